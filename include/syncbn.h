@@ -1,0 +1,205 @@
+/* syncbn — synchronized batch normalization across ranks.
+ *
+ * The public C API. See README.md for usage and docs/API.md for the contract this
+ * header implements. Compiles without CUDA or NCCL headers.
+ *
+ * Conventions: every function returns sbnResult_t; a failed call writes none of its
+ * outputs; created objects come back through the first pointer argument; asynchronous
+ * calls end with (..., stream). The library never prints unless SBN_DEBUG=WARN|INFO.
+ */
+#ifndef SYNCBN_H_
+#define SYNCBN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define SBN_API
+#else
+#define SBN_API __attribute__((visibility("default")))
+#endif
+
+/* ---- version ---------------------------------------------------------------- */
+#define SBN_VERSION_MAJOR 0
+#define SBN_VERSION_MINOR 1
+#define SBN_VERSION_PATCH 0
+#define SBN_VERSION_CODE (SBN_VERSION_MAJOR * 10000 + SBN_VERSION_MINOR * 100 + SBN_VERSION_PATCH)
+
+/* ---- results: one X-macro list generates the enum, the names and the messages --- */
+#define SBN_RESULT_LIST(X)                                                                  \
+  X(sbnSuccess, 0, "no error")                                                              \
+  X(sbnInvalidArgument, 1,                                                                  \
+    "invalid argument (NULL where data is needed, bad shape or enum, global count of 1); "  \
+    "sbnGetLastError(comm) has the detail")                                                 \
+  X(sbnInvalidUsage, 2,                                                                     \
+    "invalid usage (calls out of order, incomplete or failed group, op mismatch between "   \
+    "ranks); sbnGetLastError(comm) has the detail")                                         \
+  X(sbnUnsupported, 3,                                                                      \
+    "unsupported in this build or on this device; sbnGetLastError has the reason")          \
+  X(sbnCudaError, 4, "CUDA runtime error; run with SBN_DEBUG=WARN for the CUDA message")     \
+  X(sbnNcclError, 5, "NCCL error; run with NCCL_DEBUG=WARN for NCCL's message")              \
+  X(sbnSystemError, 6, "system error (host allocation or threads)")                         \
+  X(sbnTimeout, 7,                                                                          \
+    "a peer did not arrive within the comm's timeout (sbnConfig_t.timeout_ms or "           \
+    "SBN_TIMEOUT_MS); the team is now aborted")                                             \
+  X(sbnAborted, 8, "the comm was aborted (after a timeout or sbnCommAbort); destroy it")
+
+typedef enum {
+#define SBN_RESULT_ENUM_(name, value, text) name = value,
+  SBN_RESULT_LIST(SBN_RESULT_ENUM_)
+#undef SBN_RESULT_ENUM_
+  sbnNumResults
+} sbnResult_t;
+
+/* ---- opaque handles and foreign types ------------------------------------------- */
+typedef struct sbnComm* sbnComm_t;
+typedef struct CUstream_st* sbnStream_t; /* the same type as cudaStream_t */
+struct ncclComm;                         /* struct ncclComm* is ncclComm_t */
+
+/* Static text for a result code; never NULL ("unknown result" for out-of-range codes). */
+SBN_API const char* sbnGetErrorString(sbnResult_t r);
+/* Static name of a result code ("sbnTimeout"); never NULL. */
+SBN_API const char* sbnGetResultName(sbnResult_t r);
+/* Detail of the last failure on `comm` (or, for comm == NULL, of the last failure of a
+   call on this thread that had no comm: init functions, sbnGroupEnd, inference).
+   Thread-safe: the text is copied into a per-thread buffer, valid until this thread's
+   next call of sbnGetLastError. "" when there was no failure. Never NULL. */
+SBN_API const char* sbnGetLastError(sbnComm_t comm);
+/* *version = SBN_VERSION_CODE of the library (which may differ from the header's).
+   sbnInvalidArgument if version is NULL. */
+SBN_API sbnResult_t sbnGetVersion(int* version);
+
+/* ---- tensors ------------------------------------------------------------------- */
+typedef enum { sbnFloat32 = 0, sbnFloat16 = 1, sbnBFloat16 = 2 } sbnDataType_t;
+typedef enum {
+  sbnLayoutNCHW = 0, /* (N, C, *spatial): channels first, contiguous */
+  sbnLayoutNHWC = 1  /* (N, *spatial, C): channels last, contiguous */
+} sbnLayout_t;
+typedef struct {
+  sbnDataType_t dtype; /* of x, y, dy, dx; statistics are always accumulated in fp32 or wider */
+  sbnLayout_t layout;
+  int64_t n;       /* this rank's batch; 0 is allowed (the rank still takes part) */
+  int64_t c;       /* channels, >= 1 */
+  int64_t spatial; /* product of spatial extents, >= 1; 1 for BatchNorm1d on (N, C) */
+} sbnTensorDesc_t;
+
+/* ---- communicators ------------------------------------------------------------- */
+#define SBN_CONFIG_MAGIC 0x5b4e4366u /* "SBNf" */
+#define SBN_CONFIG_VERSION 1u
+#define SBN_DEFAULT_TIMEOUT_MS 300000
+#define SBN_DEFAULT_MAX_CHANNELS 4096
+typedef struct {
+  size_t size;
+  unsigned magic;
+  unsigned version; /* filled by SBN_CONFIG_INITIALIZER */
+  int64_t timeout_ms;   /* in-op wait for peers, > 0; default 300000; env SBN_TIMEOUT_MS overrides */
+  int64_t max_channels; /* workspace is sized at init (no allocation inside ops); default 4096 */
+} sbnConfig_t;
+#define SBN_CONFIG_INITIALIZER                                                              \
+  { sizeof(sbnConfig_t), SBN_CONFIG_MAGIC, SBN_CONFIG_VERSION, SBN_DEFAULT_TIMEOUT_MS,       \
+    SBN_DEFAULT_MAX_CHANNELS }
+
+/* Color for sbnCommSplit: this rank joins no sub-team (*newcomm = NULL). */
+#define SBN_SPLIT_NOCOLOR (-1)
+
+/* CPU team: creates `nranks` comms (ranks 0..nranks-1 in comms[0..nranks-1]) whose ranks
+   are host threads and whose data lives in host memory. config may be NULL (defaults).
+   Each comm is owned by the caller and released with sbnCommDestroy. Always available.
+   Errors: sbnInvalidArgument (comms NULL, nranks < 1, bad config), sbnSystemError. */
+SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
+/* One process, one rank per listed GPU (peer memory over NVLink/PCIe P2P, pinned host
+   memory where P2P is missing). sbnUnsupported in builds or on devices that cannot. */
+SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlist,
+                                   const sbnConfig_t* config);
+/* nranks virtual ranks on ONE GPU: the same in-kernel protocol, for tests and research.
+   sbnUnsupported in builds or on devices that cannot. */
+SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
+                                       const sbnConfig_t* config);
+/* Multi-process / multi-node: one rank per NCCL rank, collective over the NCCL comm.
+   sbnUnsupported in builds or on devices that cannot. */
+SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
+                                    const sbnConfig_t* config);
+/* Sub-teams (PyTorch process_group, apex bn_group): collective over the parent's ranks.
+   For in-process teams it is called for every rank inside one sbnGroupStart/End pair
+   (*newcomm is written by sbnGroupEnd), or, for CPU teams, by one thread per rank
+   outside a group (each call blocks until the team meets, bounded by the timeout).
+   Ranks with the same color >= 0 form a team, ordered by key then parent rank; color
+   SBN_SPLIT_NOCOLOR gives *newcomm = NULL. New comms inherit the parent's config. */
+SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm);
+/* This comm's rank in its team / the team's size. */
+SBN_API sbnResult_t sbnCommRank(sbnComm_t comm, int* rank);
+SBN_API sbnResult_t sbnCommCount(sbnComm_t comm, int* count);
+/* *async_error = sbnSuccess, or why the team stopped (sbnTimeout, sbnAborted). */
+SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_error);
+/* Aborts the whole team: ops waiting for peers return sbnAborted at once, later ops
+   return sbnAborted without running. Idempotent. */
+SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
+/* Releases this rank's handle; the team's shared state goes with its last rank.
+   NULL is accepted. Must not race with an op on the same comm. */
+SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm);
+
+/* ---- groups -------------------------------------------------------------------- */
+/* NCCL's convention: calls between sbnGroupStart and sbnGroupEnd (on this thread; groups
+   nest) are validated at once and queued; sbnGroupEnd runs them. A CPU team runs its
+   ranks on threads inside sbnGroupEnd and returns when done. If any call in the group
+   failed, or a team has ranks missing (or unequal op counts), sbnGroupEnd runs NOTHING
+   and returns sbnInvalidUsage. Otherwise it returns the first failure of the ops it ran.
+   sbnGroupEnd without sbnGroupStart: sbnInvalidUsage. */
+SBN_API sbnResult_t sbnGroupStart(void);
+SBN_API sbnResult_t sbnGroupEnd(void);
+
+/* ---- operations ---------------------------------------------------------------- */
+typedef enum {
+  sbnGradLocal = 0, /* dweight/dbias = this rank's contribution (PyTorch + DDP) */
+  sbnGradGlobal = 1 /* dweight/dbias = sum over the whole team (free in-kernel) */
+} sbnGradMode_t;
+typedef struct {
+  float eps;      /* >= 0; default 1e-5 */
+  float momentum; /* default 0.1; < 0 means cumulative average (PyTorch momentum=None) */
+  sbnGradMode_t grad_mode;
+} sbnParams_t;
+#define SBN_PARAMS_DEFAULT { 1e-5f, 0.1f, sbnGradLocal }
+
+/* Training forward over the team: mean and biased variance of each channel over all
+   ranks' n*spatial elements; y = (x - mean) * invstd * weight + bias.
+   x, y: this rank's tensor per desc (y == x allowed); may be NULL when desc->n == 0.
+   weight, bias: both NULL for affine=False. running_mean/var: both NULL for none;
+   updated with the unbiased variance. num_batches_tracked: may be NULL (required when
+   momentum < 0); incremented by 1 per call. save_mean, save_invstd: required.
+   params: NULL means SBN_PARAMS_DEFAULT. Global count M == 1: sbnInvalidArgument on
+   every rank, nothing written. M == 0: success, save_mean = 0, save_invstd =
+   1/sqrt(eps), running stats unchanged (num_batches_tracked still counts the call). */
+SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                    void* y, const float* weight, const float* bias,
+                                    float* running_mean, float* running_var,
+                                    int64_t* num_batches_tracked, float* save_mean,
+                                    float* save_invstd, const sbnParams_t* params,
+                                    sbnStream_t stream);
+
+/* Backward of sbnForwardTrain (PyTorch's formulas, sums reduced over the team).
+   x, dy: required when desc->n > 0; dx may be NULL (no input grad; dx == dy allowed).
+   weight: NULL for affine=False. save_mean/save_invstd: from the forward, required.
+   dweight/dbias: NULL to skip; local or team sums by params->grad_mode. */
+SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                const void* dy, void* dx, const float* weight,
+                                const float* save_mean, const float* save_invstd,
+                                float* dweight, float* dbias, const sbnParams_t* params,
+                                sbnStream_t stream);
+
+/* Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias (weight and
+   bias NULL: affine=False). No team, no synchronization. The pointers are either all
+   host memory (computed on the CPU, stream ignored) or all device memory (one kernel on
+   `stream`); a mix is sbnInvalidArgument. */
+SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
+                                        const float* weight, const float* bias,
+                                        const float* running_mean, const float* running_var,
+                                        float eps, sbnStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SYNCBN_H_ */

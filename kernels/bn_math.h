@@ -1,0 +1,191 @@
+/* bn_math.h — the per-channel arithmetic of SyncBN, shared by the CPU team and the GPU
+ * kernels so that CI exercises on the CPU the exact formulas the GPU runs.
+ *
+ * All math is fp32 (IEEE, no fast-math: 1/sqrtf is correctly rounded on both sides).
+ * Under nvcc every function is __host__ __device__; under a C compiler, static inline.
+ */
+#ifndef SYNCBN_BN_MATH_H_
+#define SYNCBN_BN_MATH_H_
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define SBN_HD static __host__ __device__ __forceinline__
+#else
+#define SBN_HD static inline
+#endif
+
+/* Running (count, mean, M2) of one channel. count is a float: exact up to 2^24, and past
+   that only a weight in the merge (relative error 6e-8), never the reported M. */
+typedef struct {
+  float count;
+  float mean;
+  float m2; /* sum of squared deviations from mean */
+} sbn_welford_t;
+
+SBN_HD sbn_welford_t sbn_welford_empty(void) {
+  sbn_welford_t w = {0.0f, 0.0f, 0.0f};
+  return w;
+}
+
+/* Welford's update: one element. Stable for large offsets (x = 1e4 + N(0,1)) where
+   E[x^2] - E[x]^2 in fp32 loses every significant digit. Feed it x - shift (see
+   sbn_partial_from_shifted), keep the runs short (a chunk per thread) and combine runs
+   with sbn_welford_merge: one very long fp32 run drifts. */
+SBN_HD void sbn_welford_push(sbn_welford_t* w, float x) {
+  w->count += 1.0f;
+  float delta = x - w->mean;
+  w->mean += delta / w->count;
+  w->m2 += delta * (x - w->mean);
+}
+
+/* Chan et al.'s parallel merge of two partials: the result describes the union.
+   Either side may be empty. Not commutative bitwise: callers fix the order. */
+SBN_HD sbn_welford_t sbn_welford_merge(sbn_welford_t a, sbn_welford_t b) {
+  if (b.count == 0.0f) return a;
+  if (a.count == 0.0f) return b;
+  sbn_welford_t r;
+  r.count = a.count + b.count;
+  float delta = b.mean - a.mean;
+  float wb = b.count / r.count;
+  r.mean = a.mean + delta * wb;
+  r.m2 = a.m2 + b.m2 + delta * delta * a.count * wb;
+  return r;
+}
+
+/* A rank's partial of one channel as exchanged between ranks: count, the mean as an
+   unevaluated sum hi + lo (|lo| <= ulp(hi)/2, so a mean of 1e4 keeps ~1e-11 absolute
+   precision instead of fp32's 5e-4), and M2. Merging ranks' partials with a plain fp32
+   mean would put that 5e-4 into every cross-rank delta and into y = x - mean. */
+typedef struct {
+  float count;
+  float mean_hi;
+  float mean_lo;
+  float m2;
+} sbn_partial_t;
+
+/* s + err == a + b exactly (Knuth's TwoSum: no assumption on magnitudes, no multiply for
+   a compiler to contract). */
+SBN_HD float sbn_two_sum(float a, float b, float* err) {
+  float s = a + b;
+  float bb = s - a;
+  *err = (a - (s - bb)) + (b - bb);
+  return s;
+}
+
+/* The partial of elements x = shift + x' from the Welford state of x'. Callers pick
+   shift = one of the elements (the rank's first of the channel): then x - shift is exact
+   when x is within a factor 2 of shift, and the Welford run sees small, centered values. */
+SBN_HD sbn_partial_t sbn_partial_from_shifted(sbn_welford_t w, float shift) {
+  sbn_partial_t p;
+  p.count = w.count;
+  if (w.count == 0.0f) shift = 0.0f;
+  p.mean_hi = sbn_two_sum(shift, w.mean, &p.mean_lo);
+  p.m2 = w.m2;
+  return p;
+}
+
+/* Chan merge of two partials with the mean kept as hi + lo. Either may be empty. */
+SBN_HD sbn_partial_t sbn_partial_merge(sbn_partial_t a, sbn_partial_t b) {
+  if (b.count == 0.0f) return a;
+  if (a.count == 0.0f) return b;
+  sbn_partial_t r;
+  r.count = a.count + b.count;
+  float dlo;
+  float dhi = sbn_two_sum(b.mean_hi, -a.mean_hi, &dlo);
+  float delta = dhi + (dlo + (b.mean_lo - a.mean_lo));
+  float wb = b.count / r.count;
+  float lo;
+  r.mean_hi = sbn_two_sum(a.mean_hi, a.mean_lo + delta * wb, &lo);
+  r.mean_lo = lo;
+  r.m2 = a.m2 + b.m2 + delta * delta * a.count * wb;
+  return r;
+}
+
+/* The team's statistics of one channel from the merged partial and the exact global
+   count M. M == 0: mean 0, invstd 1/sqrt(eps), var_unbiased 0 (callers leave running
+   stats alone then). M == 1 is rejected before this is called. */
+typedef struct {
+  float mean;         /* fp32 mean: save_mean, running_mean */
+  float mean_lo;      /* mean_hi + mean_lo is the mean to ~1e-11 relative: for y */
+  float invstd;       /* 1 / sqrt(var_biased + eps) */
+  float var_unbiased; /* var_biased * M / (M - 1), for the running stats */
+} sbn_stats_t;
+
+SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
+  sbn_stats_t s;
+  if (m <= 0) {
+    s.mean = 0.0f;
+    s.mean_lo = 0.0f;
+    s.invstd = 1.0f / sqrtf(eps);
+    s.var_unbiased = 0.0f;
+    return s;
+  }
+  float m2 = g.m2 > 0.0f ? g.m2 : 0.0f; /* rounding can leave -0 or a tiny negative */
+  float var = m2 / (float)m;
+  s.mean = g.mean_hi;
+  s.mean_lo = g.mean_lo;
+  s.invstd = 1.0f / sqrtf(var + eps);
+  s.var_unbiased = m > 1 ? m2 / (float)(m - 1) : 0.0f;
+  return s;
+}
+
+/* Weight of this batch in the running stats: momentum, or for momentum < 0 the
+   cumulative average 1 / (num_batches_tracked + 1), num_batches_tracked counted before
+   this call (PyTorch: increments first, then uses 1 / num_batches_tracked). */
+SBN_HD float sbn_momentum_factor(float momentum, int64_t num_batches_tracked_before) {
+  if (momentum >= 0.0f) return momentum;
+  return (float)(1.0 / (double)(num_batches_tracked_before + 1));
+}
+
+/* running = (1 - factor) * running + factor * batch. */
+SBN_HD float sbn_running_update(float running, float batch, float factor) {
+  return (1.0f - factor) * running + factor * batch;
+}
+
+/* Forward normalization of one element; scale = weight * invstd, mean = mean + mean_lo.
+   x - mean first (exact when x is near the mean) keeps large offsets exact, where
+   x*scale + shift would cancel catastrophically. Inference passes mean_lo = 0. */
+SBN_HD float sbn_forward_y(float x, float mean, float mean_lo, float scale, float bias) {
+  return ((x - mean) - mean_lo) * scale + bias;
+}
+
+/* Backward per channel, PyTorch's formulas with the team's sums and count M:
+   dx = w * invstd * (dy - sum_dy/M - (x - mean) * invstd^2 * sum_dy_xmu/M). */
+typedef struct {
+  float mean;      /* save_mean */
+  float mean_dy;   /* sum_dy / M */
+  float xmu_scale; /* invstd^2 * sum_dy_xmu / M */
+  float scale;     /* weight * invstd */
+} sbn_bwd_coef_t;
+
+SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, int64_t m,
+                                                float mean, float invstd, float weight) {
+  sbn_bwd_coef_t k;
+  float inv_m = m > 0 ? 1.0f / (float)m : 0.0f;
+  k.mean = mean;
+  k.mean_dy = sum_dy * inv_m;
+  k.xmu_scale = invstd * invstd * (sum_dy_xmu * inv_m);
+  k.scale = weight * invstd;
+  return k;
+}
+
+SBN_HD float sbn_backward_dx(sbn_bwd_coef_t k, float x, float dy) {
+  return (dy - k.mean_dy - (x - k.mean) * k.xmu_scale) * k.scale;
+}
+
+/* Per-channel backward partial: the two sums the team reduces. */
+typedef struct {
+  float sum_dy;
+  float sum_dy_xmu;
+} sbn_bwd_sums_t;
+
+SBN_HD sbn_bwd_sums_t sbn_bwd_sums_merge(sbn_bwd_sums_t a, sbn_bwd_sums_t b) {
+  sbn_bwd_sums_t r;
+  r.sum_dy = a.sum_dy + b.sum_dy;
+  r.sum_dy_xmu = a.sum_dy_xmu + b.sum_dy_xmu;
+  return r;
+}
+
+#endif /* SYNCBN_BN_MATH_H_ */

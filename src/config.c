@@ -1,0 +1,40 @@
+/* config.c — sbnConfig_t checks, defaults and the SBN_TIMEOUT_MS override. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define SBN_MAX_CHANNELS_LIMIT (1 << 20)
+
+sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
+  sbn_cfg_t cfg = {SBN_DEFAULT_TIMEOUT_MS, SBN_DEFAULT_MAX_CHANNELS};
+  if (in != NULL) {
+    if (in->size != sizeof(sbnConfig_t) || in->magic != SBN_CONFIG_MAGIC ||
+        in->version != SBN_CONFIG_VERSION)
+      return sbn_fail(NULL, sbnInvalidArgument,
+                      "config was not initialized with SBN_CONFIG_INITIALIZER "
+                      "(size %zu, magic 0x%x, version %u)",
+                      in->size, in->magic, in->version);
+    if (in->timeout_ms <= 0)
+      return sbn_fail(NULL, sbnInvalidArgument, "config.timeout_ms must be > 0, got %lld",
+                      (long long)in->timeout_ms);
+    if (in->max_channels < 1 || in->max_channels > SBN_MAX_CHANNELS_LIMIT)
+      return sbn_fail(NULL, sbnInvalidArgument, "config.max_channels must be in [1, %d], got %lld",
+                      SBN_MAX_CHANNELS_LIMIT, (long long)in->max_channels);
+    cfg.timeout_ms = in->timeout_ms;
+    cfg.max_channels = in->max_channels;
+  }
+  const char* env = getenv("SBN_TIMEOUT_MS");
+  if (env != NULL) {
+    char* end = NULL;
+    errno = 0;
+    long long v = strtoll(env, &end, 10);
+    if (errno != 0 || end == env || *end != '\0' || v <= 0)
+      return sbn_fail(NULL, sbnInvalidArgument,
+                      "SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds)", env);
+    cfg.timeout_ms = v;
+    sbn_log(SBN_LOG_INFO, "timeout %lld ms from SBN_TIMEOUT_MS", v);
+  }
+  *out = cfg;
+  return sbnSuccess;
+}

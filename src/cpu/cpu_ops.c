@@ -1,0 +1,195 @@
+/* cpu_ops.c — forward, backward and inference of the CPU team.
+ *
+ * Forward:  step 0: this rank's (mean, M2) per channel; step 1: the ONE exchange;
+ *           step 2: merge every rank's partial in RANK ORDER (same bits on every rank),
+ *           finalize; step 3: only now write y, saved and running stats.
+ * Backward: the same shape with (sum dy, sum dy*(x - mean)).
+ * Nothing is written before the exchange succeeded and M was checked, so a failed op
+ * (timeout, mismatch, M == 1) leaves every output untouched.
+ */
+#include "bn_math.h"
+#include "cpu.h"
+
+#define SBN_RUN 256 /* elements converted to fp32 at a time */
+
+/* Forward / inference coefficients of one channel: y = (x - mean) * scale + bias. */
+typedef struct {
+  float mean;
+  float mean_lo; /* the mean is mean + mean_lo (0 in inference) */
+  float scale;   /* weight * invstd */
+  float bias;
+} fwd_coef_t;
+
+/* The elementwise pass over channels [c0, c0 + cl): out = y(x) with kf (dy == NULL), or
+   out = dx(x, dy) with kb. Coefficient arrays are indexed from c0. out may alias x or dy. */
+static void elementwise(const sbnTensorDesc_t* d, const void* x, const void* dy, void* out,
+                        int64_t c0, int64_t cl, const fwd_coef_t* kf, const sbn_bwd_coef_t* kb) {
+  float xb[SBN_RUN], gb[SBN_RUN];
+  const int64_t n = d->n, c = d->c, sp = d->spatial;
+  if (d->layout == sbnLayoutNCHW) {
+    for (int64_t ni = 0; ni < n; ni++) {
+      for (int64_t j = 0; j < cl; j++) {
+        int64_t row = (ni * c + c0 + j) * sp;
+        for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
+          int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
+          sbn_cpu_load(d->dtype, x, row + s0, len, xb);
+          if (kb != NULL) {
+            sbn_cpu_load(d->dtype, dy, row + s0, len, gb);
+            for (int64_t i = 0; i < len; i++) xb[i] = sbn_backward_dx(kb[j], xb[i], gb[i]);
+          } else {
+            for (int64_t i = 0; i < len; i++)
+              xb[i] = sbn_forward_y(xb[i], kf[j].mean, kf[j].mean_lo, kf[j].scale, kf[j].bias);
+          }
+          sbn_cpu_store(d->dtype, out, row + s0, len, xb);
+        }
+      }
+    }
+  } else {
+    for (int64_t r = 0; r < n * sp; r++) {
+      for (int64_t j0 = 0; j0 < cl; j0 += SBN_RUN) {
+        int64_t len = cl - j0 < SBN_RUN ? cl - j0 : SBN_RUN;
+        int64_t at = r * c + c0 + j0;
+        sbn_cpu_load(d->dtype, x, at, len, xb);
+        if (kb != NULL) {
+          sbn_cpu_load(d->dtype, dy, at, len, gb);
+          for (int64_t j = 0; j < len; j++) xb[j] = sbn_backward_dx(kb[j0 + j], xb[j], gb[j]);
+        } else {
+          for (int64_t j = 0; j < len; j++) {
+            const fwd_coef_t* k = &kf[j0 + j];
+            xb[j] = sbn_forward_y(xb[j], k->mean, k->mean_lo, k->scale, k->bias);
+          }
+        }
+        sbn_cpu_store(d->dtype, out, at, len, xb);
+      }
+    }
+  }
+}
+
+static int64_t team_count(const sbn_peer_entry_t* peers, int w) {
+  int64_t m = 0;
+  for (int q = 0; q < w; q++) m += peers[q].count;
+  return m;
+}
+
+/* step 0 + step 1 of both ops: this rank's partials (zeros for an empty rank), then the
+   exchange. On success peers[] holds every rank's entry. */
+static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_peer_entry_t* peers) {
+  sbnComm_t comm = op->comm;
+  const sbnTensorDesc_t* d = &op->desc;
+  float* local = comm->ws_local;
+  int floats = op->kind == SBN_OP_FORWARD ? 3 : 2;
+  if (d->n == 0) {
+    for (int64_t i = 0; i < floats * d->c; i++) local[i] = 0.0f;
+  } else if (op->kind == SBN_OP_FORWARD) {
+    sbn_cpu_local_stats(d, op->x, local);
+  } else {
+    sbn_cpu_local_grad_sums(d, op->x, op->dy, op->save_mean, local);
+  }
+  return sbn_cpu_exchange(comm, sbn_op_signature(op), d->c, floats, d->n * d->spatial, local,
+                          peers);
+}
+
+sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
+  sbnComm_t comm = op->comm;
+  const sbnTensorDesc_t* d = &op->desc;
+  const int64_t c = d->c;
+  const int w = comm->team->nranks;
+  sbn_peer_entry_t peers[w];
+
+  sbnResult_t r = partials_and_exchange(op, peers);
+  if (r != sbnSuccess) return r;
+  int64_t m = team_count(peers, w);
+  if (m == 1)
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "Expected more than 1 value per channel when training (the team's batch "
+                    "has 1 element per channel)");
+
+  /* step 2: merge in rank order, finalize. ws_stats: c fwd_coef_t + c invstd (5c floats);
+     ws_local (the partials, already published) is reused for the unbiased variance. */
+  fwd_coef_t* k = (fwd_coef_t*)(void*)comm->ws_stats;
+  float* invstd = comm->ws_stats + 4 * c;
+  float* var_unbiased = comm->ws_local;
+  for (int64_t ci = 0; ci < c; ci++) {
+    sbn_partial_t g = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int q = 0; q < w; q++) {
+      const float* e = peers[q].payload + 3 * ci;
+      sbn_partial_t p = {(float)peers[q].count, e[0], e[1], e[2]};
+      g = sbn_partial_merge(g, p);
+    }
+    sbn_stats_t s = sbn_stats_finalize(g, m, op->params.eps);
+    k[ci].mean = s.mean;
+    k[ci].mean_lo = s.mean_lo;
+    k[ci].scale = (op->weight ? op->weight[ci] : 1.0f) * s.invstd;
+    k[ci].bias = op->bias ? op->bias[ci] : 0.0f;
+    invstd[ci] = s.invstd;
+    var_unbiased[ci] = s.var_unbiased;
+  }
+
+  /* step 3: outputs */
+  if (d->n > 0) elementwise(d, op->x, NULL, op->out, 0, c, k, NULL);
+  for (int64_t ci = 0; ci < c; ci++) {
+    op->save_mean[ci] = k[ci].mean;
+    op->save_invstd[ci] = invstd[ci];
+  }
+  if (op->running_mean != NULL && m > 0) {
+    int64_t nbt = op->num_batches_tracked ? *op->num_batches_tracked : 0;
+    float f = sbn_momentum_factor(op->params.momentum, nbt);
+    for (int64_t ci = 0; ci < c; ci++) {
+      op->running_mean[ci] = sbn_running_update(op->running_mean[ci], k[ci].mean, f);
+      op->running_var[ci] = sbn_running_update(op->running_var[ci], var_unbiased[ci], f);
+    }
+  }
+  if (op->num_batches_tracked != NULL) *op->num_batches_tracked += 1;
+  return sbnSuccess;
+}
+
+sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
+  sbnComm_t comm = op->comm;
+  const sbnTensorDesc_t* d = &op->desc;
+  const int64_t c = d->c;
+  const int w = comm->team->nranks;
+  sbn_peer_entry_t peers[w];
+
+  sbnResult_t r = partials_and_exchange(op, peers);
+  if (r != sbnSuccess) return r;
+  int64_t m = team_count(peers, w);
+
+  /* step 2: team sums in rank order; dweight/dbias (local or team); dx coefficients */
+  sbn_bwd_coef_t* k = (sbn_bwd_coef_t*)(void*)comm->ws_stats; /* 4 floats per channel */
+  for (int64_t ci = 0; ci < c; ci++) {
+    sbn_bwd_sums_t g = {0.0f, 0.0f};
+    for (int q = 0; q < w; q++) {
+      sbn_bwd_sums_t p = {peers[q].payload[2 * ci], peers[q].payload[2 * ci + 1]};
+      g = sbn_bwd_sums_merge(g, p);
+    }
+    sbn_bwd_sums_t mine = {comm->ws_local[2 * ci], comm->ws_local[2 * ci + 1]};
+    sbn_bwd_sums_t grads = op->params.grad_mode == sbnGradGlobal ? g : mine;
+    float invstd = op->save_invstd[ci];
+    if (op->dweight != NULL) op->dweight[ci] = grads.sum_dy_xmu * invstd;
+    if (op->dbias != NULL) op->dbias[ci] = grads.sum_dy;
+    k[ci] = sbn_backward_coefficients(g.sum_dy, g.sum_dy_xmu, m, op->save_mean[ci], invstd,
+                                      op->weight ? op->weight[ci] : 1.0f);
+  }
+
+  /* step 3: dx */
+  if (d->n > 0 && op->out != NULL) elementwise(d, op->x, op->dy, op->out, 0, c, NULL, k);
+  return sbnSuccess;
+}
+
+void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y, const float* weight,
+                       const float* bias, const float* running_mean, const float* running_var,
+                       float eps) {
+  if (d->n == 0) return;
+  fwd_coef_t k[SBN_RUN]; /* coefficients for a block of channels: no allocation */
+  for (int64_t c0 = 0; c0 < d->c; c0 += SBN_RUN) {
+    int64_t cl = d->c - c0 < SBN_RUN ? d->c - c0 : SBN_RUN;
+    for (int64_t j = 0; j < cl; j++) {
+      int64_t ci = c0 + j;
+      k[j].mean = running_mean[ci];
+      k[j].mean_lo = 0.0f;
+      k[j].scale = (weight ? weight[ci] : 1.0f) * (1.0f / sqrtf(running_var[ci] + eps));
+      k[j].bias = bias ? bias[ci] : 0.0f;
+    }
+    elementwise(d, x, NULL, y, c0, cl, k, NULL);
+  }
+}

@@ -1,0 +1,186 @@
+/* cpu_reduce.c — a rank's per-channel partial statistics and gradient sums, and the
+ * element loaders.
+ *
+ * Each channel's elements are visited in (n, spatial) order whatever the layout, in
+ * chunks of SBN_CHUNK: a chunk is reduced sequentially (Welford / plain sums), chunks are
+ * combined as a binary tree (a binary counter of merged levels, like pairwise summation),
+ * so rounding error grows with log(count) and NCHW and NHWC give the same bits. Channels
+ * are processed in blocks of SBN_CBLOCK so that NHWC rows are read contiguously and the
+ * trees stay small enough for the stack.
+ */
+#include <string.h>
+
+#include "bn_dtype.h"
+#include "bn_math.h"
+#include "cpu.h"
+
+#define SBN_CHUNK 32
+#define SBN_CBLOCK 64
+#define SBN_LEVELS 48 /* 2^48 chunks: more than any int64 count of elements */
+#define SBN_RUN 256   /* elements converted to fp32 at a time */
+
+void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t count, float* out) {
+  switch (dt) {
+    case sbnFloat32:
+      memcpy(out, (const float*)base + start, (size_t)count * sizeof(float));
+      break;
+    case sbnFloat16: {
+      const uint16_t* p = (const uint16_t*)base + start;
+      for (int64_t i = 0; i < count; i++) out[i] = sbn_f16_to_f32(p[i]);
+      break;
+    }
+    case sbnBFloat16: {
+      const uint16_t* p = (const uint16_t*)base + start;
+      for (int64_t i = 0; i < count; i++) out[i] = sbn_bf16_to_f32(p[i]);
+      break;
+    }
+  }
+}
+
+void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int64_t count, const float* in) {
+  switch (dt) {
+    case sbnFloat32:
+      memmove((float*)base + start, in, (size_t)count * sizeof(float));
+      break;
+    case sbnFloat16: {
+      uint16_t* p = (uint16_t*)base + start;
+      for (int64_t i = 0; i < count; i++) p[i] = sbn_f32_to_f16(in[i]);
+      break;
+    }
+    case sbnBFloat16: {
+      uint16_t* p = (uint16_t*)base + start;
+      for (int64_t i = 0; i < count; i++) p[i] = sbn_f32_to_bf16(in[i]);
+      break;
+    }
+  }
+}
+
+/* ---- forward: Welford chunks in a merge tree ---------------------------------------- */
+
+typedef struct {
+  sbn_welford_t chunk;  /* the chunk being filled */
+  uint64_t chunks;      /* completed chunks so far: its bits are the occupied levels */
+  sbn_welford_t level[SBN_LEVELS];
+} welford_tree_t;
+
+static void welford_tree_push(welford_tree_t* t, float v) {
+  sbn_welford_push(&t->chunk, v);
+  if (t->chunk.count < (float)SBN_CHUNK) return;
+  sbn_welford_t w = t->chunk;
+  int l = 0;
+  for (uint64_t i = t->chunks; i & 1; i >>= 1, l++) w = sbn_welford_merge(t->level[l], w);
+  t->level[l] = w;
+  t->chunks++;
+  t->chunk = sbn_welford_empty();
+}
+
+static sbn_welford_t welford_tree_result(const welford_tree_t* t) {
+  sbn_welford_t acc = t->chunk;
+  int l = 0;
+  for (uint64_t i = t->chunks; i; i >>= 1, l++)
+    if (i & 1) acc = sbn_welford_merge(t->level[l], acc);
+  return acc;
+}
+
+void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out) {
+  welford_tree_t tree[SBN_CBLOCK];
+  float buf[SBN_RUN], shift[SBN_CBLOCK];
+  const int64_t n = d->n, c = d->c, sp = d->spatial;
+  for (int64_t c0 = 0; c0 < c; c0 += SBN_CBLOCK) {
+    int64_t cb = c - c0 < SBN_CBLOCK ? c - c0 : SBN_CBLOCK;
+    memset(tree, 0, (size_t)cb * sizeof tree[0]);
+    /* shift = the channel's element (n=0, s=0): the same element in both layouts */
+    for (int64_t j = 0; j < cb; j++)
+      sbn_cpu_load(d->dtype, x, d->layout == sbnLayoutNCHW ? (c0 + j) * sp : c0 + j, 1, &shift[j]);
+    for (int64_t ni = 0; ni < n; ni++) {
+      if (d->layout == sbnLayoutNCHW) {
+        for (int64_t j = 0; j < cb; j++) {
+          int64_t row = (ni * c + c0 + j) * sp;
+          for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
+            int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
+            sbn_cpu_load(d->dtype, x, row + s0, len, buf);
+            for (int64_t i = 0; i < len; i++) welford_tree_push(&tree[j], buf[i] - shift[j]);
+          }
+        }
+      } else {
+        for (int64_t si = 0; si < sp; si++) {
+          sbn_cpu_load(d->dtype, x, (ni * sp + si) * c + c0, cb, buf);
+          for (int64_t j = 0; j < cb; j++) welford_tree_push(&tree[j], buf[j] - shift[j]);
+        }
+      }
+    }
+    for (int64_t j = 0; j < cb; j++) {
+      sbn_partial_t p = sbn_partial_from_shifted(welford_tree_result(&tree[j]), shift[j]);
+      out[3 * (c0 + j)] = p.mean_hi;
+      out[3 * (c0 + j) + 1] = p.mean_lo;
+      out[3 * (c0 + j) + 2] = p.m2;
+    }
+  }
+}
+
+/* ---- backward: the two sums, chunked the same way ------------------------------------ */
+
+typedef struct {
+  sbn_bwd_sums_t chunk;
+  int fill;
+  uint64_t chunks;
+  sbn_bwd_sums_t level[SBN_LEVELS];
+} sums_tree_t;
+
+static void sums_tree_push(sums_tree_t* t, float dy, float xmu) {
+  t->chunk.sum_dy += dy;
+  t->chunk.sum_dy_xmu += dy * xmu;
+  if (++t->fill < SBN_CHUNK) return;
+  sbn_bwd_sums_t w = t->chunk;
+  int l = 0;
+  for (uint64_t i = t->chunks; i & 1; i >>= 1, l++) w = sbn_bwd_sums_merge(t->level[l], w);
+  t->level[l] = w;
+  t->chunks++;
+  t->fill = 0;
+  t->chunk.sum_dy = t->chunk.sum_dy_xmu = 0.0f;
+}
+
+static sbn_bwd_sums_t sums_tree_result(const sums_tree_t* t) {
+  sbn_bwd_sums_t acc = t->chunk;
+  int l = 0;
+  for (uint64_t i = t->chunks; i; i >>= 1, l++)
+    if (i & 1) acc = sbn_bwd_sums_merge(t->level[l], acc);
+  return acc;
+}
+
+void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const void* x, const void* dy,
+                             const float* mean, float* out) {
+  sums_tree_t tree[SBN_CBLOCK];
+  float xb[SBN_RUN], gb[SBN_RUN];
+  const int64_t n = d->n, c = d->c, sp = d->spatial;
+  for (int64_t c0 = 0; c0 < c; c0 += SBN_CBLOCK) {
+    int64_t cb = c - c0 < SBN_CBLOCK ? c - c0 : SBN_CBLOCK;
+    memset(tree, 0, (size_t)cb * sizeof tree[0]);
+    for (int64_t ni = 0; ni < n; ni++) {
+      if (d->layout == sbnLayoutNCHW) {
+        for (int64_t j = 0; j < cb; j++) {
+          int64_t row = (ni * c + c0 + j) * sp;
+          float m = mean[c0 + j];
+          for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
+            int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
+            sbn_cpu_load(d->dtype, x, row + s0, len, xb);
+            sbn_cpu_load(d->dtype, dy, row + s0, len, gb);
+            for (int64_t i = 0; i < len; i++) sums_tree_push(&tree[j], gb[i], xb[i] - m);
+          }
+        }
+      } else {
+        for (int64_t si = 0; si < sp; si++) {
+          int64_t row = (ni * sp + si) * c + c0;
+          sbn_cpu_load(d->dtype, x, row, cb, xb);
+          sbn_cpu_load(d->dtype, dy, row, cb, gb);
+          for (int64_t j = 0; j < cb; j++) sums_tree_push(&tree[j], gb[j], xb[j] - mean[c0 + j]);
+        }
+      }
+    }
+    for (int64_t j = 0; j < cb; j++) {
+      sbn_bwd_sums_t s = sums_tree_result(&tree[j]);
+      out[2 * (c0 + j)] = s.sum_dy;
+      out[2 * (c0 + j) + 1] = s.sum_dy_xmu;
+    }
+  }
+}

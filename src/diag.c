@@ -1,0 +1,72 @@
+/* diag.c — error detail per comm / per thread, and SBN_DEBUG logging (the only output). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "internal.h"
+
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static int log_level = SBN_LOG_NONE;
+
+static void log_init(void) {
+  const char* v = getenv("SBN_DEBUG");
+  if (v == NULL) return;
+  if (strcasecmp(v, "WARN") == 0) log_level = SBN_LOG_WARN;
+  else if (strcasecmp(v, "INFO") == 0) log_level = SBN_LOG_INFO;
+}
+
+int sbn_log_level(void) {
+  pthread_once(&log_once, log_init);
+  return log_level;
+}
+
+static void vlog(int level, const char* fmt, va_list ap) {
+  if (sbn_log_level() < level) return;
+  char line[640];
+  vsnprintf(line, sizeof line, fmt, ap);
+  fprintf(stderr, "syncbn %s: %s\n", level == SBN_LOG_WARN ? "WARN" : "INFO", line);
+}
+
+void sbn_log(int level, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vlog(level, fmt, ap);
+  va_end(ap);
+}
+
+/* The calling thread's detail for failures without a comm, and the buffer
+   sbnGetLastError copies into (so the returned text cannot change under the caller). */
+static _Thread_local char thread_error[512];
+static _Thread_local char thread_copy[512];
+
+sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (comm != NULL && comm->magic == SBN_COMM_MAGIC) {
+    pthread_mutex_lock(&comm->err_mu);
+    memcpy(comm->last_error, msg, sizeof msg);
+    pthread_mutex_unlock(&comm->err_mu);
+  } else {
+    memcpy(thread_error, msg, sizeof msg);
+  }
+  sbn_log(SBN_LOG_WARN, "%s: %s", sbnGetResultName(r), msg);
+  return r;
+}
+
+SBN_API const char* sbnGetLastError(sbnComm_t comm) {
+  if (comm == NULL) {
+    memcpy(thread_copy, thread_error, sizeof thread_copy);
+  } else if (comm->magic != SBN_COMM_MAGIC) {
+    snprintf(thread_copy, sizeof thread_copy, "not a valid sbnComm_t (destroyed or garbage)");
+  } else {
+    pthread_mutex_lock(&comm->err_mu);
+    memcpy(thread_copy, comm->last_error, sizeof thread_copy);
+    pthread_mutex_unlock(&comm->err_mu);
+  }
+  return thread_copy;
+}

@@ -1,0 +1,280 @@
+/* group.c — sbnGroupStart/End: queue validated ops per thread, check every team is
+ * complete, then run each rank's queue on its own thread (CPU teams). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct {
+  int depth;
+  sbnResult_t failed; /* first failure of a call inside the group */
+  sbn_op_t* ops;
+  size_t n, cap;
+} sbn_group_t;
+
+static _Thread_local sbn_group_t group;
+
+int sbn_group_active(void) { return group.depth > 0; }
+
+static void group_reset(void) {
+  free(group.ops);
+  memset(&group, 0, sizeof group);
+}
+
+void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
+  (void)comm;
+  if (group.failed == sbnSuccess) group.failed = r;
+}
+
+sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
+  if (group.n == group.cap) {
+    size_t cap = group.cap ? 2 * group.cap : 16;
+    sbn_op_t* ops = realloc(group.ops, cap * sizeof *ops);
+    if (ops == NULL) {
+      sbn_group_mark_failed(sbnSystemError, op->comm);
+      return sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
+    }
+    group.ops = ops;
+    group.cap = cap;
+  }
+  group.ops[group.n++] = *op;
+  return sbnSuccess;
+}
+
+int sbn_group_has_comm(sbnComm_t comm) {
+  for (size_t i = 0; i < group.n; i++)
+    if (group.ops[i].comm == comm) return 1;
+  return 0;
+}
+
+SBN_API sbnResult_t sbnGroupStart(void) {
+  group.depth++;
+  return sbnSuccess;
+}
+
+/* ---- running a complete group --------------------------------------------------------- */
+
+/* The ops of one rank, in queue order (indices into group.ops). */
+typedef struct {
+  const sbn_op_t* ops;
+  size_t* idx;
+  size_t n;
+  sbnResult_t result;
+  size_t failed_at; /* queue index of the first failure */
+  pthread_t thread;
+  int started;
+} rank_queue_t;
+
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int go; /* 0 wait, 1 run, -1 cancelled (a thread could not be created) */
+} start_gate_t;
+
+typedef struct {
+  rank_queue_t* q;
+  start_gate_t* gate;
+} worker_arg_t;
+
+static void run_queue(rank_queue_t* q) {
+  q->result = sbnSuccess;
+  for (size_t i = 0; i < q->n; i++) {
+    sbnResult_t r = sbn_op_run(&q->ops[q->idx[i]]);
+    if (r != sbnSuccess && q->result == sbnSuccess) {
+      q->result = r;
+      q->failed_at = q->idx[i];
+    }
+  }
+}
+
+static void* worker_main(void* p) {
+  worker_arg_t* a = p;
+  pthread_mutex_lock(&a->gate->mu);
+  while (a->gate->go == 0) pthread_cond_wait(&a->gate->cv, &a->gate->mu);
+  int go = a->gate->go;
+  pthread_mutex_unlock(&a->gate->mu);
+  if (go > 0) run_queue(a->q);
+  return NULL;
+}
+
+/* Checks that every team touched by the group has all its ranks with the same number of
+   ops and of splits; fills `teams` (distinct, in first-appearance order). */
+static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
+  size_t nt = 0;
+  for (size_t i = 0; i < group.n; i++) {
+    sbn_team_t* t = group.ops[i].comm->team;
+    size_t j = 0;
+    while (j < nt && teams[j] != t) j++;
+    if (j == nt) teams[nt++] = t;
+  }
+  *nteams = nt;
+  for (size_t j = 0; j < nt; j++) {
+    sbn_team_t* t = teams[j];
+    size_t* cnt = calloc((size_t)t->nranks * 2, sizeof *cnt);
+    if (cnt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    for (size_t i = 0; i < group.n; i++) {
+      const sbn_op_t* op = &group.ops[i];
+      if (op->comm->team == t) cnt[op->comm->rank * 2 + (op->kind == SBN_OP_SPLIT)]++;
+    }
+    for (int r = 1; r < t->nranks; r++) {
+      for (int s = 0; s < 2; s++) {
+        if (cnt[r * 2 + s] != cnt[s]) {
+          size_t a = cnt[s], b = cnt[r * 2 + s];
+          free(cnt);
+          return sbn_fail(NULL, sbnInvalidUsage,
+                          "sbnGroupEnd: incomplete team of %d ranks: rank 0 has %zu %s, rank %d "
+                          "has %zu; every rank must be in the group; nothing was run",
+                          t->nranks, a, s ? "splits" : "ops", r, b);
+        }
+      }
+    }
+    free(cnt);
+  }
+  return sbnSuccess;
+}
+
+/* Runs the group's splits, round by round, one team at a time. */
+static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
+  for (size_t j = 0; j < nt; j++) {
+    sbn_team_t* t = teams[j];
+    int w = t->nranks;
+    int* color = malloc((size_t)w * sizeof *color);
+    int* key = malloc((size_t)w * sizeof *key);
+    sbnComm_t* res = malloc((size_t)w * sizeof *res);
+    sbn_op_t** round = malloc((size_t)w * sizeof *round);
+    size_t* next = calloc((size_t)w, sizeof *next); /* per rank: where to look for its next split */
+    sbnResult_t r = sbnSuccess;
+    if (!color || !key || !res || !round || !next)
+      r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
+    while (r == sbnSuccess) {
+      int found = 0;
+      for (int q = 0; q < w; q++) {
+        round[q] = NULL;
+        for (size_t i = next[q]; i < group.n; i++) {
+          sbn_op_t* op = &group.ops[i];
+          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && op->comm->rank == q) {
+            round[q] = op;
+            next[q] = i + 1;
+            break;
+          }
+        }
+        if (round[q] == NULL) break;
+        color[q] = round[q]->color;
+        key[q] = round[q]->key;
+        found++;
+      }
+      if (found < w) break; /* counts are equal per rank (checked), so no split is left */
+      if (atomic_load(&t->abort_reason) != sbnSuccess) {
+        r = sbn_fail(NULL, sbnAborted, "sbnGroupEnd: split on an aborted team");
+        break;
+      }
+      r = sbn_split_build(t, color, key, res);
+      if (r == sbnSuccess)
+        for (int q = 0; q < w; q++) *round[q]->newcomm = res[q];
+    }
+    free(color);
+    free(key);
+    free(res);
+    free(round);
+    free(next);
+    if (r != sbnSuccess) return r;
+  }
+  return sbnSuccess;
+}
+
+/* Runs every (team, rank) queue on its own thread; the first on the calling thread. */
+static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
+  size_t nq = 0;
+  for (size_t j = 0; j < nt; j++) nq += (size_t)teams[j]->nranks;
+  rank_queue_t* qs = calloc(nq, sizeof *qs);
+  size_t* idx = malloc((group.n ? group.n : 1) * sizeof *idx);
+  worker_arg_t* args = calloc(nq, sizeof *args);
+  if (!qs || !idx || !args) {
+    free(qs);
+    free(idx);
+    free(args);
+    return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+  }
+  /* lay the indices out queue by queue */
+  size_t pos = 0, k = 0;
+  for (size_t j = 0; j < nt; j++) {
+    for (int r = 0; r < teams[j]->nranks; r++, k++) {
+      qs[k].ops = group.ops;
+      qs[k].idx = idx + pos;
+      for (size_t i = 0; i < group.n; i++) {
+        const sbn_op_t* op = &group.ops[i];
+        if (op->kind != SBN_OP_SPLIT && op->comm->team == teams[j] && op->comm->rank == r)
+          idx[pos + qs[k].n++] = i;
+      }
+      pos += qs[k].n;
+    }
+  }
+  start_gate_t gate;
+  pthread_mutex_init(&gate.mu, NULL);
+  pthread_cond_init(&gate.cv, NULL);
+  gate.go = 0;
+  sbnResult_t result = sbnSuccess;
+  for (size_t i = 1; i < nq; i++) {
+    if (qs[i].n == 0) continue;
+    args[i].q = &qs[i];
+    args[i].gate = &gate;
+    if (pthread_create(&qs[i].thread, NULL, worker_main, &args[i]) != 0) {
+      result = sbn_fail(NULL, sbnSystemError,
+                        "sbnGroupEnd: could not create a thread for rank work; nothing was run");
+      break;
+    }
+    qs[i].started = 1;
+  }
+  pthread_mutex_lock(&gate.mu);
+  gate.go = result == sbnSuccess ? 1 : -1;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+  if (result == sbnSuccess && nq > 0 && qs[0].n > 0) run_queue(&qs[0]);
+  for (size_t i = 1; i < nq; i++)
+    if (qs[i].started) pthread_join(qs[i].thread, NULL);
+  if (result == sbnSuccess) {
+    /* the failure earliest in queue order, so the result does not depend on timing */
+    size_t first = group.n;
+    for (size_t i = 0; i < nq; i++) {
+      if (qs[i].n && qs[i].result != sbnSuccess && qs[i].failed_at < first) {
+        first = qs[i].failed_at;
+        result = qs[i].result;
+      }
+    }
+    if (result != sbnSuccess)
+      sbn_fail(NULL, result, "sbnGroupEnd: an op failed (%s): %s", sbnGetResultName(result),
+               sbnGetLastError(group.ops[first].comm));
+  }
+  pthread_cond_destroy(&gate.cv);
+  pthread_mutex_destroy(&gate.mu);
+  free(qs);
+  free(idx);
+  free(args);
+  return result;
+}
+
+SBN_API sbnResult_t sbnGroupEnd(void) {
+  if (group.depth == 0)
+    return sbn_fail(NULL, sbnInvalidUsage, "sbnGroupEnd without a matching sbnGroupStart");
+  if (--group.depth > 0) return sbnSuccess;
+  sbnResult_t r;
+  if (group.failed != sbnSuccess) {
+    r = sbn_fail(NULL, sbnInvalidUsage,
+                 "sbnGroupEnd: a call in this group failed (%s); nothing was run",
+                 sbnGetResultName(group.failed));
+    group_reset();
+    return r;
+  }
+  sbn_team_t** teams = malloc((group.n ? group.n : 1) * sizeof *teams);
+  size_t nt = 0;
+  if (teams == NULL) {
+    r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+  } else {
+    r = check_complete(teams, &nt);
+    if (r == sbnSuccess) r = run_splits(teams, nt);
+    if (r == sbnSuccess) r = run_ops(teams, nt);
+  }
+  free(teams);
+  group_reset();
+  return r;
+}

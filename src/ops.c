@@ -1,0 +1,207 @@
+/* ops.c — the public op entry points: argument checks (before anything is written or
+ * queued), then either queueing in the open group or running at once. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu/cpu.h"
+#include "internal.h"
+
+/* Largest per-rank element count accepted: keeps every index computation in int64 and
+   every count exact in the merge tree. */
+#define SBN_MAX_NUMEL ((int64_t)1 << 48)
+
+size_t sbn_dtype_size(sbnDataType_t dt) { return dt == sbnFloat32 ? 4 : 2; }
+
+uint32_t sbn_op_signature(const sbn_op_t* op) {
+  return (uint32_t)op->kind << 16 | (uint32_t)op->desc.dtype << 8 | (uint32_t)op->desc.layout;
+}
+
+static const char* op_name(sbn_op_kind_t k) {
+  return k == SBN_OP_FORWARD ? "sbnForwardTrain" : "sbnBackward";
+}
+
+static sbnResult_t check_desc(sbnComm_t comm, const char* fn, const sbnTensorDesc_t* d) {
+  if (d == NULL) return sbn_fail(comm, sbnInvalidArgument, "%s: desc is NULL", fn);
+  if (d->dtype != sbnFloat32 && d->dtype != sbnFloat16 && d->dtype != sbnBFloat16)
+    return sbn_fail(comm, sbnInvalidArgument, "%s: unknown dtype %d", fn, (int)d->dtype);
+  if (d->layout != sbnLayoutNCHW && d->layout != sbnLayoutNHWC)
+    return sbn_fail(comm, sbnInvalidArgument, "%s: unknown layout %d", fn, (int)d->layout);
+  if (d->n < 0 || d->c < 1 || d->spatial < 1)
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "%s: need n >= 0, c >= 1, spatial >= 1; got n=%lld c=%lld spatial=%lld", fn,
+                    (long long)d->n, (long long)d->c, (long long)d->spatial);
+  if (d->c > SBN_MAX_NUMEL || d->spatial > SBN_MAX_NUMEL / d->c ||
+      (d->n > 0 && d->n > SBN_MAX_NUMEL / (d->c * d->spatial)))
+    return sbn_fail(comm, sbnInvalidArgument, "%s: n*c*spatial exceeds 2^48 elements", fn);
+  return sbnSuccess;
+}
+
+static sbnResult_t check_params(sbnComm_t comm, const char* fn, const sbnParams_t* p) {
+  if (!(p->eps >= 0.0f) || isinf(p->eps))
+    return sbn_fail(comm, sbnInvalidArgument, "%s: eps must be finite and >= 0, got %g", fn,
+                    (double)p->eps);
+  if (isnan(p->momentum) || isinf(p->momentum))
+    return sbn_fail(comm, sbnInvalidArgument, "%s: momentum must be finite, got %g", fn,
+                    (double)p->momentum);
+  if (p->grad_mode != sbnGradLocal && p->grad_mode != sbnGradGlobal)
+    return sbn_fail(comm, sbnInvalidArgument, "%s: unknown grad_mode %d", fn, (int)p->grad_mode);
+  return sbnSuccess;
+}
+
+static sbnResult_t check_op(const sbn_op_t* op) {
+  sbnComm_t comm = op->comm;
+  const char* fn = op_name(op->kind);
+  sbnResult_t r = check_desc(comm, fn, &op->desc);
+  if (r != sbnSuccess) return r;
+  r = check_params(comm, fn, &op->params);
+  if (r != sbnSuccess) return r;
+  const sbnTensorDesc_t* d = &op->desc;
+  if (d->c > comm->team->cfg.max_channels)
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "%s: c=%lld exceeds the comm's max_channels=%lld (sbnConfig_t.max_channels)",
+                    fn, (long long)d->c, (long long)comm->team->cfg.max_channels);
+  int has_data = d->n > 0;
+  if (op->kind == SBN_OP_FORWARD) {
+    if (has_data && (op->x == NULL || op->out == NULL))
+      return sbn_fail(comm, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
+    if ((op->weight == NULL) != (op->bias == NULL))
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: weight and bias must both be set (affine) or both NULL", fn);
+    if ((op->running_mean == NULL) != (op->running_var == NULL))
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: running_mean and running_var must both be set or both NULL", fn);
+    if (op->params.momentum < 0.0f && op->num_batches_tracked == NULL)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: momentum < 0 (cumulative average) needs num_batches_tracked", fn);
+    if (op->save_mean == NULL || op->save_invstd == NULL)
+      return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
+                      fn);
+    if (d->n * d->spatial == 1 && comm->team->nranks == 1)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "Expected more than 1 value per channel when training, got input of "
+                      "n=1, spatial=1");
+  } else {
+    if (has_data && (op->x == NULL || op->dy == NULL))
+      return sbn_fail(comm, sbnInvalidArgument, "%s: x and dy must be non-NULL when n > 0", fn);
+    if (op->save_mean == NULL || op->save_invstd == NULL)
+      return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
+                      fn);
+  }
+  return sbnSuccess;
+}
+
+sbnResult_t sbn_op_run(const sbn_op_t* op) {
+  sbnResult_t r = sbn_comm_check_alive(op->comm);
+  if (r != sbnSuccess) return r;
+  return op->kind == SBN_OP_FORWARD ? sbn_cpu_forward(op) : sbn_cpu_backward(op);
+}
+
+/* Common tail of both ops: check, then queue in the open group or run now. */
+static sbnResult_t submit(sbn_op_t* op, const sbnParams_t* params) {
+  static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
+  sbnResult_t r = sbn_comm_check(op->comm);
+  if (r == sbnSuccess) {
+    op->params = params ? *params : defaults;
+    r = check_op(op);
+  }
+  if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
+  if (sbn_group_active()) {
+    if (r != sbnSuccess) {
+      sbn_group_mark_failed(r, op->comm);
+      return r;
+    }
+    return sbn_group_enqueue(op);
+  }
+  if (r != sbnSuccess) return r;
+  return sbn_op_run(op);
+}
+
+SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                    void* y, const float* weight, const float* bias,
+                                    float* running_mean, float* running_var,
+                                    int64_t* num_batches_tracked, float* save_mean,
+                                    float* save_invstd, const sbnParams_t* params,
+                                    sbnStream_t stream) {
+  (void)stream; /* CPU teams run on the calling thread(s) */
+  sbn_op_t op;
+  memset(&op, 0, sizeof op);
+  op.kind = SBN_OP_FORWARD;
+  op.comm = comm;
+  if (desc != NULL) op.desc = *desc;
+  op.x = x;
+  op.out = y;
+  op.weight = weight;
+  op.bias = bias;
+  op.running_mean = running_mean;
+  op.running_var = running_var;
+  op.num_batches_tracked = num_batches_tracked;
+  op.save_mean = save_mean;
+  op.save_invstd = save_invstd;
+  if (desc == NULL) {
+    sbnResult_t r = sbn_comm_check(comm);
+    if (r == sbnSuccess) r = sbn_fail(comm, sbnInvalidArgument, "sbnForwardTrain: desc is NULL");
+    if (sbn_group_active()) sbn_group_mark_failed(r, comm);
+    return r;
+  }
+  return submit(&op, params);
+}
+
+SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                const void* dy, void* dx, const float* weight,
+                                const float* save_mean, const float* save_invstd, float* dweight,
+                                float* dbias, const sbnParams_t* params, sbnStream_t stream) {
+  (void)stream;
+  sbn_op_t op;
+  memset(&op, 0, sizeof op);
+  op.kind = SBN_OP_BACKWARD;
+  op.comm = comm;
+  if (desc != NULL) op.desc = *desc;
+  op.x = x;
+  op.dy = dy;
+  op.out = dx;
+  op.weight = weight;
+  op.save_mean = (float*)(uintptr_t)save_mean; /* read-only in backward */
+  op.save_invstd = (float*)(uintptr_t)save_invstd;
+  op.dweight = dweight;
+  op.dbias = dbias;
+  if (desc == NULL) {
+    sbnResult_t r = sbn_comm_check(comm);
+    if (r == sbnSuccess) r = sbn_fail(comm, sbnInvalidArgument, "sbnBackward: desc is NULL");
+    if (sbn_group_active()) sbn_group_mark_failed(r, comm);
+    return r;
+  }
+  return submit(&op, params);
+}
+
+SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
+                                        const float* weight, const float* bias,
+                                        const float* running_mean, const float* running_var,
+                                        float eps, sbnStream_t stream) {
+  (void)stream;
+  const char* fn = "sbnForwardInference";
+  sbnResult_t r = check_desc(NULL, fn, desc);
+  if (r != sbnSuccess) return r;
+  if (desc->n > 0 && (x == NULL || y == NULL))
+    return sbn_fail(NULL, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
+  if (running_mean == NULL || running_var == NULL)
+    return sbn_fail(NULL, sbnInvalidArgument, "%s: running_mean and running_var are required", fn);
+  if ((weight == NULL) != (bias == NULL))
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "%s: weight and bias must both be set (affine) or both NULL", fn);
+  if (!(eps >= 0.0f) || isinf(eps))
+    return sbn_fail(NULL, sbnInvalidArgument, "%s: eps must be finite and >= 0, got %g", fn,
+                    (double)eps);
+  const void* ptrs[] = {x, y, weight, bias, running_mean, running_var};
+  int kinds[2] = {0, 0};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+    if (ptrs[i] != NULL) kinds[sbn_pointer_kind(ptrs[i])]++;
+  if (kinds[SBN_MEM_HOST] && kinds[SBN_MEM_DEVICE])
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "%s: pointers mix host and device memory; pass all host or all device", fn);
+  if (kinds[SBN_MEM_DEVICE])
+    return sbn_fail(NULL, sbnUnsupported,
+                    "%s: device memory is not supported by this version of syncbn (host memory "
+                    "only)", fn);
+  sbn_cpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps);
+  return sbnSuccess;
+}
