@@ -1,0 +1,414 @@
+/* test_forward.c — sbnForwardTrain on CPU teams (and sbnForwardInference on host
+ * memory) against the double-precision reference over the concatenated batch.
+ * Tolerances: see tol_for() in team_util.h (DESIGN.md's) and the comments where a test
+ * departs from them.
+ */
+#include "team_util.h"
+
+static const int kW[] = {1, 2, 3, 4, 8};
+#define NW ((int)(sizeof kW / sizeof kW[0]))
+
+static sbnParams_t params(float eps, float momentum) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.eps = eps;
+  p.momentum = momentum;
+  return p;
+}
+
+/* One forward of a team built from the arguments, checked against the reference. */
+static void one_case(int W, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
+                     const int64_t* n, int affine, int running, gen_t g, const sbnParams_t* p,
+                     tol_t tol, uint64_t seed) {
+  team_t t;
+  team_make(&t, W, dt, lay, c, sp, n, affine, running, g, seed);
+  forward_and_check(&t, MODE_GROUP, 0, p, tol);
+  team_free(&t);
+}
+
+static void test_team_equals_concat_fp32(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int lay = 0; lay < 2; lay++)
+    for (int i = 0; i < NW; i++) {
+      int64_t n[MAXW] = {2, 2, 2, 2, 2, 2, 2, 2};
+      one_case(kW[i], sbnFloat32, (sbnLayout_t)lay, 3, 5, n, 1, 1, GEN_NORMAL, &p,
+               tol_for(sbnFloat32), 100u + (uint64_t)(i * 2 + lay));
+      CHECK_();
+    }
+}
+
+/* A team of W ranks with batch b each against ONE rank holding the concatenated batch:
+   equal to the statistics tolerance (different reduction trees, not bitwise). */
+static void test_team_vs_single_rank(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int i = 1; i < NW; i++) {
+    int W = kW[i];
+    int64_t n[MAXW] = {3, 3, 3, 3, 3, 3, 3, 3}, nc = 3 * (int64_t)W;
+    team_t t, one;
+    team_make(&t, W, sbnFloat32, sbnLayoutNCHW, 4, 6, n, 1, 1, GEN_NORMAL, 200u + (uint64_t)W);
+    team_make(&one, 1, sbnFloat32, sbnLayoutNCHW, 4, 6, &nc, 1, 1, GEN_NORMAL, 1);
+    /* NCHW: the concatenation along N is the ranks' buffers one after the other */
+    size_t off = 0;
+    for (int r = 0; r < W; r++) {
+      memcpy((char*)one.x[0] + off, t.x0[r], team_bytes(&t, r));
+      memcpy((char*)one.x0[0] + off, t.x0[r], team_bytes(&t, r));
+      off += team_bytes(&t, r);
+    }
+    memcpy(one.w, t.w, 4 * sizeof(float));
+    memcpy(one.b, t.b, 4 * sizeof(float));
+    memcpy(one.rm0, t.rm0, 4 * sizeof(float));
+    memcpy(one.rv0, t.rv0, 4 * sizeof(float));
+    team_reset_running(&one);
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+    forward_and_check(&one, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+    for (int64_t ci = 0; ci < 4 && !sbn_test_cur_failed_; ci++) {
+      ASSERT_CLOSE(t.smean[0][ci], one.smean[0][ci], 1e-5, 1e-5);
+      ASSERT_CLOSE(t.sinv[0][ci], one.sinv[0][ci], 1e-5, 1e-5);
+      ASSERT_CLOSE(t.rv[0][ci], one.rv[0][ci], 1e-5, 1e-5);
+    }
+    team_free(&t);
+    team_free(&one);
+    CHECK_();
+  }
+}
+
+static void test_uneven_and_empty_ranks(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  struct { int W; int64_t n[MAXW]; int64_t sp; } cases[] = {
+      {4, {3, 0, 1, 5}, 7},
+      {3, {0, 4, 0}, 3},
+      {8, {0, 0, 0, 1, 0, 0, 0, 0}, 3},       /* one rank holds everything, M = 3 */
+      {3, {0, 2, 0}, 1},                      /* M = 2: the smallest valid count */
+      {2, {1, 1}, 1},                         /* M = 2 split across ranks */
+      {8, {1, 0, 2, 0, 3, 0, 4, 0}, 2},
+      {2, {0, 7}, 4},
+  };
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    for (int lay = 0; lay < 2; lay++) {
+      one_case(cases[k].W, sbnFloat32, (sbnLayout_t)lay, 5, cases[k].sp, cases[k].n, 1, 1,
+               GEN_NORMAL, &p, tol_for(sbnFloat32), 300u + k * 2 + (uint64_t)lay);
+      CHECK_();
+    }
+}
+
+/* M == 0: success, save_mean = 0, save_invstd = 1/sqrtf(eps), running stats unchanged
+   (bitwise), num_batches_tracked still + 1; x and y NULL on every rank. */
+static void test_all_ranks_empty(void) {
+  const float eps_list[] = {1e-5f, 1e-3f};
+  const int ws[] = {1, 3, 8};
+  for (int e = 0; e < 2; e++)
+    for (int i = 0; i < 3; i++) {
+      int64_t n[MAXW] = {0};
+      sbnParams_t p = params(eps_list[e], e ? -1.0f : 0.1f);
+      team_t t;
+      team_make(&t, ws[i], sbnFloat32, sbnLayoutNHWC, 6, 4, n, 1, 1, GEN_NORMAL, 400u + (uint64_t)i);
+      for (int call = 0; call < 2; call++) {
+        ASSERT_OK(team_run(&t, 0, MODE_GROUP, 0, &p));
+        for (int r = 0; r < t.W; r++) {
+          ASSERT_EQ_INT(t.nbt[r], call + 1);
+          ASSERT_MEMEQ(t.rm[r], t.rm0, 6 * sizeof(float));
+          ASSERT_MEMEQ(t.rv[r], t.rv0, 6 * sizeof(float));
+          for (int ci = 0; ci < 6; ci++) {
+            ASSERT_BITEQ_F32(t.smean[r][ci], 0.0f);
+            ASSERT_BITEQ_F32(t.sinv[r][ci], 1.0f / sqrtf(eps_list[e]));
+          }
+        }
+      }
+      team_free(&t);
+    }
+}
+
+/* x = 1e4 + N(0,1): the statistics keep fp32 tolerance (var relative 1e-5 shows in
+   invstd), and so does y: the library carries the mean as hi + lo (kernels/bn_math.h), so
+   y = ((x - hi) - lo) * scale + b does not inherit fp32's 4.9e-4 resolution at 1e4 and
+   meets the plain 1e-4/1e-4 output tolerance. save_mean itself is fp32: within 1 ulp. */
+static void test_large_offset(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  tol_t tol = tol_for(sbnFloat32);
+  for (int lay = 0; lay < 2; lay++) {
+    int64_t n[MAXW] = {8, 3, 0, 9};
+    team_t t;
+    team_make(&t, 4, sbnFloat32, (sbnLayout_t)lay, 3, 100, n, 1, 1, GEN_OFFSET, 500u + (uint64_t)lay);
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol);
+    const void* xs[MAXW] = {t.x0[0], t.x0[1], t.x0[2], t.x0[3]};
+    double mean[3], invstd[3], varu[3];
+    int64_t m;
+    sbn_ref_forward(4, t.d, xs, NULL, NULL, 1e-5, mean, invstd, varu, &m, NULL);
+    for (int ci = 0; ci < 3 && !sbn_test_cur_failed_; ci++) {
+      EXPECT_TRUE(fabs(t.smean[0][ci] - mean[ci]) <= 9.8e-4); /* 1 ulp at 1e4 */
+      ASSERT_CLOSE(t.sinv[0][ci], invstd[ci], 1e-5, 1e-5);
+      ASSERT_CLOSE(t.rv[0][ci], 0.9 * t.rv0[ci] + 0.1 * varu[ci], 1e-5, 1e-5);
+    }
+    team_free(&t);
+    CHECK_();
+  }
+}
+
+/* fp16 input near the top of its range (6e4 +- 4000, and U(-6e4, 6e4)): statistics are
+   accumulated in fp32, so nothing overflows (x^2 would overflow fp16 at 256); check_forward
+   asserts y finite and everything within tolerance. */
+static void test_fp16_large_values(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  const gen_t gens[] = {GEN_F16HIGH, GEN_F16SPREAD};
+  for (int g = 0; g < 2; g++)
+    for (int lay = 0; lay < 2; lay++) {
+      int64_t n[MAXW] = {4, 2, 5};
+      team_t t;
+      team_make(&t, 3, sbnFloat16, (sbnLayout_t)lay, 3, 33, n, 1, 1, gens[g], 600u + (uint64_t)(g * 2 + lay));
+      forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat16));
+      for (int ci = 0; ci < 3 && !sbn_test_cur_failed_; ci++) {
+        EXPECT_TRUE(isfinite(t.smean[0][ci]) && isfinite(t.sinv[0][ci]) && t.sinv[0][ci] > 0.0f);
+        EXPECT_TRUE(isfinite(t.rm[0][ci]) && isfinite(t.rv[0][ci]));
+      }
+      team_free(&t);
+      CHECK_();
+    }
+}
+
+static void test_dtypes(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  const sbnDataType_t dts[] = {sbnFloat16, sbnBFloat16};
+  for (int d = 0; d < 2; d++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int i = 0; i < NW; i += 2) { /* W = 1, 3, 8 */
+        int64_t n[MAXW] = {2, 1, 3, 0, 2, 2, 1, 2};
+        one_case(kW[i], dts[d], (sbnLayout_t)lay, 4, 9, n, (i + lay) % 2 == 0, 1, GEN_NORMAL, &p,
+                 tol_for(dts[d]), 700u + (uint64_t)(d * 100 + lay * 10 + i));
+        CHECK_();
+      }
+  /* bf16 with a wide spread */
+  int64_t n[MAXW] = {3, 4};
+  one_case(2, sbnBFloat16, sbnLayoutNHWC, 3, 16, n, 1, 1, GEN_F16SPREAD, &p,
+           tol_for(sbnBFloat16), 750u);
+}
+
+/* NCHW and NHWC of the same data: bitwise-identical statistics and (element for element)
+   outputs. */
+static void test_nchw_equals_nhwc_bitwise(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  for (int d = 0; d < 3; d++) {
+    int64_t n[MAXW] = {2, 0, 3};
+    team_t a, b;
+    team_make(&a, 3, dts[d], sbnLayoutNCHW, 5, 12, n, 1, 1, GEN_NORMAL, 800u + (uint64_t)d);
+    team_make_transposed(&b, &a);
+    forward_and_check(&a, MODE_GROUP, 0, &p, tol_for(dts[d]));
+    forward_and_check(&b, MODE_GROUP, 0, &p, tol_for(dts[d]));
+    size_t cb = 5 * sizeof(float), es = dt_size(dts[d]);
+    for (int r = 0; r < 3 && !sbn_test_cur_failed_; r++) {
+      ASSERT_MEMEQ(a.smean[r], b.smean[r], cb);
+      ASSERT_MEMEQ(a.sinv[r], b.sinv[r], cb);
+      ASSERT_MEMEQ(a.rm[r], b.rm[r], cb);
+      ASSERT_MEMEQ(a.rv[r], b.rv[r], cb);
+      for (int64_t ni = 0; ni < n[r]; ni++)
+        for (int64_t ci = 0; ci < 5; ci++)
+          for (int64_t si = 0; si < 12; si++) {
+            int64_t ia = sbn_ref_index(&a.d[r], ni, ci, si), ib = sbn_ref_index(&b.d[r], ni, ci, si);
+            if (memcmp((char*)a.y[r] + ia * es, (char*)b.y[r] + ib * es, es) != 0) {
+              SBN_FAIL_("dtype %d: y differs between NCHW and NHWC at rank %d (%" PRId64
+                        ",%" PRId64 ",%" PRId64 ")", d, r, ni, ci, si);
+              goto out;
+            }
+          }
+    }
+  out:
+    team_free(&a);
+    team_free(&b);
+    CHECK_();
+  }
+}
+
+/* Several calls with fresh inputs: running stats follow the reference, num_batches_tracked
+   counts 0 -> k. momentum < 0: cumulative average (factor 1/(nbt+1)). */
+static void several_calls(float momentum, int W, uint64_t seed) {
+  sbnParams_t p = params(1e-5f, momentum);
+  int64_t n[MAXW] = {2, 3, 1, 2, 2, 2, 2, 2};
+  team_t t;
+  sbn_rng_t rng = {seed};
+  team_make(&t, W, sbnFloat32, sbnLayoutNCHW, 3, 10, n, 1, 1, GEN_NORMAL, seed);
+  for (int k = 0; k < 5 && !sbn_test_cur_failed_; k++) {
+    if (k) team_new_inputs(&t, &rng, GEN_NORMAL);
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+    for (int r = 0; r < W && !sbn_test_cur_failed_; r++) ASSERT_EQ_INT(t.nbt[r], k + 1);
+  }
+  team_free(&t);
+}
+static void test_momentum_cumulative(void) {
+  several_calls(-1.0f, 3, 900);
+  CHECK_();
+  several_calls(-0.5f, 1, 901);
+}
+static void test_momentum_several_calls(void) {
+  several_calls(0.1f, 4, 910);
+  CHECK_();
+  several_calls(0.0f, 2, 911); /* running stats never move */
+  CHECK_();
+  several_calls(1.0f, 2, 912); /* running stats = this batch's */
+}
+
+/* affine=False (weight = bias = NULL) and no running stats (NULL), nbt NULL. */
+static void test_no_affine_no_running(void) {
+  sbnParams_t p = params(1e-3f, 0.1f);
+  for (int d = 0; d < 3; d++) {
+    int64_t n[MAXW] = {2, 1, 0, 4};
+    team_t t;
+    team_make(&t, 4, (sbnDataType_t)d, (sbnLayout_t)(d % 2), 6, 5, n, 0, 0, GEN_NORMAL, 1000u + (uint64_t)d);
+    t.nbt_null = 1;
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol_for((sbnDataType_t)d));
+    team_free(&t);
+    CHECK_();
+  }
+  /* affine without running stats, running stats without affine */
+  int64_t n[MAXW] = {3, 2};
+  one_case(2, sbnFloat32, sbnLayoutNHWC, 3, 4, n, 1, 0, GEN_NORMAL, &p, tol_for(sbnFloat32), 1010);
+  CHECK_();
+  one_case(2, sbnFloat32, sbnLayoutNCHW, 3, 4, n, 0, 1, GEN_NORMAL, &p, tol_for(sbnFloat32), 1011);
+}
+
+/* y == x (in place) gives the same as out of place, bitwise. */
+static void test_in_place(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int d = 0; d < 3; d++) {
+    int64_t n[MAXW] = {3, 0, 2};
+    team_t a, b;
+    team_make(&a, 3, (sbnDataType_t)d, sbnLayoutNHWC, 4, 7, n, 1, 1, GEN_NORMAL, 1100u + (uint64_t)d);
+    team_make(&b, 3, (sbnDataType_t)d, sbnLayoutNHWC, 4, 7, n, 1, 1, GEN_NORMAL, 1100u + (uint64_t)d);
+    forward_and_check(&a, MODE_GROUP, OPT_INPLACE, &p, tol_for((sbnDataType_t)d));
+    forward_and_check(&b, MODE_GROUP, 0, &p, tol_for((sbnDataType_t)d));
+    if (!sbn_test_cur_failed_) check_same_forward(&a, &b);
+    team_free(&a);
+    team_free(&b);
+    CHECK_();
+  }
+}
+
+/* Repeating a call on the same inputs: bitwise-identical outputs (rank agreement is
+   checked by every forward_and_check). Thread-per-rank mode == group mode, bitwise. */
+static void test_determinism_and_thread_mode(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int i = 0; i < NW; i++) {
+    int W = kW[i];
+    int64_t n[MAXW] = {3, 1, 4, 0, 2, 5, 1, 2};
+    team_t a, b;
+    team_make(&a, W, sbnFloat32, (sbnLayout_t)(i % 2), 5, 11, n, 1, 1, GEN_NORMAL, 1200u + (uint64_t)i);
+    team_make(&b, W, sbnFloat32, (sbnLayout_t)(i % 2), 5, 11, n, 1, 1, GEN_NORMAL, 1200u + (uint64_t)i);
+    forward_and_check(&a, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+    forward_and_check(&b, MODE_THREADS, 0, &p, tol_for(sbnFloat32));
+    if (!sbn_test_cur_failed_) check_same_forward(&a, &b);
+    /* again in group mode on the same inputs */
+    team_reset_running(&b);
+    team_poison(&b);
+    forward_and_check(&b, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+    if (!sbn_test_cur_failed_) check_same_forward(&a, &b);
+    team_free(&a);
+    team_free(&b);
+    CHECK_();
+  }
+}
+
+/* BatchNorm1d on (N, C): spatial = 1. */
+static void test_bn1d(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int lay = 0; lay < 2; lay++) {
+    int64_t n[MAXW] = {2, 3, 1, 4};
+    one_case(4, sbnFloat32, (sbnLayout_t)lay, 7, 1, n, 1, 1, GEN_NORMAL, &p, tol_for(sbnFloat32),
+             1300u + (uint64_t)lay);
+    CHECK_();
+    one_case(4, sbnBFloat16, (sbnLayout_t)lay, 7, 1, n, 0, 1, GEN_NORMAL, &p,
+             tol_for(sbnBFloat16), 1310u + (uint64_t)lay);
+    CHECK_();
+  }
+}
+
+/* Shapes past the library's internal blocking (runs of 256 elements, channel blocks of
+   64 and 256, chunks of 32): many channels in both layouts, long spatial rows. */
+static void test_larger_shapes(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  const sbnDataType_t dts[] = {sbnFloat32, sbnBFloat16};
+  for (int d = 0; d < 2; d++)
+    for (int lay = 0; lay < 2; lay++) {
+      int64_t n1[MAXW] = {2, 1, 3};
+      one_case(3, dts[d], (sbnLayout_t)lay, 300, 3, n1, 1, 1, GEN_NORMAL, &p, tol_for(dts[d]),
+               1500u + (uint64_t)(d * 2 + lay));
+      CHECK_();
+      int64_t n2[MAXW] = {2, 3};
+      one_case(2, dts[d], (sbnLayout_t)lay, 3, 700, n2, 1, 1, GEN_NORMAL, &p, tol_for(dts[d]),
+               1510u + (uint64_t)(d * 2 + lay));
+      CHECK_();
+      int64_t n3[MAXW] = {1, 0, 2, 1};
+      one_case(4, dts[d], (sbnLayout_t)lay, 65, 257, n3, 1, 1, GEN_NORMAL, &p, tol_for(dts[d]),
+               1520u + (uint64_t)(d * 2 + lay));
+      CHECK_();
+    }
+}
+
+/* A global count past 2^24 (where fp32 stops counting exactly): M = 2 * (2^23 + 5), one
+   channel, x = 1e4 + N(0,1). Statistics to tolerance, running_var's unbiased factor from
+   the exact integer M. */
+static void test_count_past_2_24(void) {
+  sbnParams_t p = params(1e-5f, 1.0f); /* running = this batch */
+  int64_t n[MAXW] = {1, 1};
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 1, (1 << 23) + 5, n, 1, 1, GEN_OFFSET, 1600);
+  for (int r = 0; r < 2; r++) { /* backward buffers are not needed: save memory */
+    free(t.dy[r]), free(t.dy0[r]), free(t.dx[r]);
+    t.dy[r] = t.dy0[r] = t.dx[r] = NULL;
+  }
+  forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+  team_free(&t);
+}
+
+/* Eval mode on host memory vs sbn_ref_inference. */
+static void test_inference_host(void) {
+  sbn_rng_t rng = {1400};
+  for (int d = 0; d < 3; d++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int affine = 0; affine < 2; affine++) {
+        sbnTensorDesc_t desc = {(sbnDataType_t)d, (sbnLayout_t)lay, 3, 5, 6};
+        int64_t ne = sbn_ref_numel(&desc);
+        void* x = gen_tensor(&desc, &rng, GEN_NORMAL);
+        void* y = malloc((size_t)ne * dt_size(desc.dtype));
+        float w[5], b[5], rm[5], rv[5];
+        for (int ci = 0; ci < 5; ci++) {
+          w[ci] = (float)(sbn_rng_normal(&rng));
+          b[ci] = (float)(sbn_rng_normal(&rng));
+          rm[ci] = (float)(sbn_rng_normal(&rng));
+          rv[ci] = (float)(0.3 + 2.0 * sbn_rng_uniform(&rng));
+        }
+        float eps = affine ? 1e-5f : 1e-2f;
+        double* ref = dvec(ne);
+        sbn_ref_inference(&desc, x, affine ? w : NULL, affine ? b : NULL, rm, rv, (double)eps, ref);
+        sbnResult_t res = sbnForwardInference(&desc, x, y, affine ? w : NULL, affine ? b : NULL,
+                                              rm, rv, eps, NULL);
+        float* yf = widen_all(y, desc.dtype, ne);
+        tol_t tol = tol_for(desc.dtype);
+        int ok = res == sbnSuccess;
+        if (!ok) SBN_FAIL_("sbnForwardInference: %s (%s)", sbnGetResultName(res), sbnGetLastError(NULL));
+        else if (!sbn_check_close_array_("inference y", yf, ref, (size_t)ne, tol.out_atol,
+                                         tol.out_rtol, __FILE__, __LINE__))
+          sbn_test_failures_++, sbn_test_cur_failed_++;
+        free(x), free(y), free(yf), free(ref);
+        CHECK_();
+      }
+}
+
+int main(void) {
+  SBN_RUN(test_team_equals_concat_fp32);
+  SBN_RUN(test_team_vs_single_rank);
+  SBN_RUN(test_uneven_and_empty_ranks);
+  SBN_RUN(test_all_ranks_empty);
+  SBN_RUN(test_large_offset);
+  SBN_RUN(test_fp16_large_values);
+  SBN_RUN(test_dtypes);
+  SBN_RUN(test_nchw_equals_nhwc_bitwise);
+  SBN_RUN(test_momentum_cumulative);
+  SBN_RUN(test_momentum_several_calls);
+  SBN_RUN(test_no_affine_no_running);
+  SBN_RUN(test_in_place);
+  SBN_RUN(test_determinism_and_thread_mode);
+  SBN_RUN(test_bn1d);
+  SBN_RUN(test_inference_host);
+  SBN_RUN(test_larger_shapes);
+  SBN_RUN(test_count_past_2_24);
+  team_comms_destroy();
+  return sbn_test_exit();
+}
