@@ -3,6 +3,9 @@
  *
  * All math is fp32 (IEEE, no fast-math: 1/sqrtf is correctly rounded on both sides).
  * Under nvcc every function is __host__ __device__; under a C compiler, static inline.
+ * Every product is written SBN_MUL so that the GPU computes the same bits as the CPU:
+ * nvcc fuses a*b+c into one fma by default, __fmul_rn is never fused; on the host,
+ * ISO C mode (-std=c11, as built) does not contract either.
  */
 #ifndef SYNCBN_BN_MATH_H_
 #define SYNCBN_BN_MATH_H_
@@ -14,6 +17,12 @@
 #define SBN_HD static __host__ __device__ __forceinline__
 #else
 #define SBN_HD static inline
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define SBN_MUL(a, b) __fmul_rn((a), (b))
+#else
+#define SBN_MUL(a, b) ((a) * (b))
 #endif
 
 /* Running (count, mean, M2) of one channel. count is a float: exact up to 2^24, and past
@@ -37,7 +46,7 @@ SBN_HD void sbn_welford_push(sbn_welford_t* w, float x) {
   w->count += 1.0f;
   float delta = x - w->mean;
   w->mean += delta / w->count;
-  w->m2 += delta * (x - w->mean);
+  w->m2 += SBN_MUL(delta, x - w->mean);
 }
 
 /* Chan et al.'s parallel merge of two partials: the result describes the union.
@@ -49,8 +58,8 @@ SBN_HD sbn_welford_t sbn_welford_merge(sbn_welford_t a, sbn_welford_t b) {
   r.count = a.count + b.count;
   float delta = b.mean - a.mean;
   float wb = b.count / r.count;
-  r.mean = a.mean + delta * wb;
-  r.m2 = a.m2 + b.m2 + delta * delta * a.count * wb;
+  r.mean = a.mean + SBN_MUL(delta, wb);
+  r.m2 = a.m2 + b.m2 + SBN_MUL(SBN_MUL(SBN_MUL(delta, delta), a.count), wb);
   return r;
 }
 
@@ -97,9 +106,9 @@ SBN_HD sbn_partial_t sbn_partial_merge(sbn_partial_t a, sbn_partial_t b) {
   float delta = dhi + (dlo + (b.mean_lo - a.mean_lo));
   float wb = b.count / r.count;
   float lo;
-  r.mean_hi = sbn_two_sum(a.mean_hi, a.mean_lo + delta * wb, &lo);
+  r.mean_hi = sbn_two_sum(a.mean_hi, a.mean_lo + SBN_MUL(delta, wb), &lo);
   r.mean_lo = lo;
-  r.m2 = a.m2 + b.m2 + delta * delta * a.count * wb;
+  r.m2 = a.m2 + b.m2 + SBN_MUL(SBN_MUL(SBN_MUL(delta, delta), a.count), wb);
   return r;
 }
 
@@ -141,14 +150,14 @@ SBN_HD float sbn_momentum_factor(float momentum, int64_t num_batches_tracked_bef
 
 /* running = (1 - factor) * running + factor * batch. */
 SBN_HD float sbn_running_update(float running, float batch, float factor) {
-  return (1.0f - factor) * running + factor * batch;
+  return SBN_MUL(1.0f - factor, running) + SBN_MUL(factor, batch);
 }
 
 /* Forward normalization of one element; scale = weight * invstd, mean = mean + mean_lo.
    x - mean first (exact when x is near the mean) keeps large offsets exact, where
    x*scale + shift would cancel catastrophically. Inference passes mean_lo = 0. */
 SBN_HD float sbn_forward_y(float x, float mean, float mean_lo, float scale, float bias) {
-  return ((x - mean) - mean_lo) * scale + bias;
+  return SBN_MUL((x - mean) - mean_lo, scale) + bias;
 }
 
 /* Backward per channel, PyTorch's formulas with the team's sums and count M:
@@ -165,14 +174,14 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
   sbn_bwd_coef_t k;
   float inv_m = m > 0 ? 1.0f / (float)m : 0.0f;
   k.mean = mean;
-  k.mean_dy = sum_dy * inv_m;
-  k.xmu_scale = invstd * invstd * (sum_dy_xmu * inv_m);
-  k.scale = weight * invstd;
+  k.mean_dy = SBN_MUL(sum_dy, inv_m);
+  k.xmu_scale = SBN_MUL(SBN_MUL(invstd, invstd), SBN_MUL(sum_dy_xmu, inv_m));
+  k.scale = SBN_MUL(weight, invstd);
   return k;
 }
 
 SBN_HD float sbn_backward_dx(sbn_bwd_coef_t k, float x, float dy) {
-  return (dy - k.mean_dy - (x - k.mean) * k.xmu_scale) * k.scale;
+  return SBN_MUL(dy - k.mean_dy - SBN_MUL(x - k.mean, k.xmu_scale), k.scale);
 }
 
 /* Per-channel backward partial: the two sums the team reduces. */

@@ -1,0 +1,698 @@
+/* test_api.c — bad input for every public function of syncbn.h.
+ *
+ * For every rejected call we check three things: the documented result code, that
+ * sbnGetLastError (of the comm, or NULL for calls without one) explains it, and that
+ * no output was written (API.md: "a failed call writes none of its outputs"). Outputs
+ * are poisoned with a byte pattern first and compared against a snapshot after.
+ * Built twice: against the static and the shared library.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include <limits.h>
+#include <pthread.h>
+
+#include "harness.h"
+
+/* ---- buffers of one rank's op, poisoned ------------------------------------------ */
+#define MAXC 16
+#define MAXE 512 /* elements per tensor */
+#define POISON 0xA5
+
+typedef struct {
+  sbnTensorDesc_t d;
+  float x[MAXE], dy[MAXE];                /* inputs */
+  float y[MAXE], dx[MAXE];                /* outputs */
+  float w[MAXC], b[MAXC];                 /* inputs */
+  float rm[MAXC], rv[MAXC];               /* in/out */
+  float sm[MAXC], si[MAXC];               /* forward outputs / backward inputs */
+  float dw[MAXC], db[MAXC];               /* outputs */
+  int64_t nbt;                            /* in/out */
+} bufs_t;
+
+/* fp32 tensors of shape (n, c, spatial), NCHW, random inputs, every output poisoned */
+static void bufs_init(bufs_t* b, int64_t n, int64_t c, int64_t spatial, uint64_t seed) {
+  memset(b, POISON, sizeof *b);
+  sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n, c, spatial};
+  b->d = d;
+  sbn_rng_t r = {seed};
+  for (int i = 0; i < MAXE; i++) {
+    b->x[i] = (float)sbn_rng_normal(&r);
+    b->dy[i] = (float)sbn_rng_normal(&r);
+  }
+  for (int i = 0; i < MAXC; i++) {
+    b->w[i] = 1.0f + 0.1f * (float)i;
+    b->b[i] = 0.01f * (float)i;
+    b->sm[i] = 0.0f; /* valid saved stats for backward calls */
+    b->si[i] = 1.0f;
+  }
+}
+
+static sbnResult_t fwd(sbnComm_t comm, bufs_t* b, const sbnParams_t* p) {
+  return sbnForwardTrain(comm, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm,
+                         b->si, p, NULL);
+}
+static sbnResult_t bwd(sbnComm_t comm, bufs_t* b, const sbnParams_t* p) {
+  return sbnBackward(comm, &b->d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, p, NULL);
+}
+
+static int last_error_set(sbnComm_t comm) {
+  const char* e = sbnGetLastError(comm);
+  return e != NULL && e[0] != '\0';
+}
+
+/* A rejected call: the code, the message, and the buffers byte-for-byte unchanged.
+   `call` may reference `a` (a modifiable copy of the argument set) and `bb` (the
+   buffers). Records the failure and goes on, so one run lists every bad case. */
+#define EXPECT_REJECTED_BUFS(bufp, errcomm, expected, call)                                \
+  do {                                                                                     \
+    bufs_t snap_;                                                                          \
+    memcpy(&snap_, (bufp), sizeof snap_);                                                  \
+    sbnResult_t got_ = (call), exp_ = (expected);                                          \
+    if (got_ != exp_)                                                                      \
+      SBN_FAIL_("%s returned %s, expected %s", #call, sbnGetResultName(got_),              \
+                sbnGetResultName(exp_));                                                   \
+    if (!last_error_set(errcomm)) SBN_FAIL_("%s: sbnGetLastError is empty", #call);        \
+    if (memcmp(&snap_, (bufp), sizeof snap_) != 0)                                         \
+      SBN_FAIL_("%s: a rejected call wrote to its buffers", #call);                        \
+  } while (0)
+
+/* For calls without op buffers. */
+#define EXPECT_REJECTED(errcomm, expected, call)                                           \
+  do {                                                                                     \
+    sbnResult_t got_ = (call), exp_ = (expected);                                          \
+    if (got_ != exp_)                                                                      \
+      SBN_FAIL_("%s returned %s, expected %s", #call, sbnGetResultName(got_),              \
+                sbnGetResultName(exp_));                                                   \
+    if (!last_error_set(errcomm)) SBN_FAIL_("%s: sbnGetLastError is empty", #call);        \
+  } while (0)
+
+#define SENTINEL_COMM ((sbnComm_t)(uintptr_t)0x5b5b5b50u)
+
+static sbnConfig_t small_config(void) {
+  /* max_channels 8 to test C > max_channels; 10 s timeout bounds any accidental wait */
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.max_channels = 8;
+  cfg.timeout_ms = 10000;
+  return cfg;
+}
+
+/* ---- results, names, version -------------------------------------------------------- */
+static void test_result_strings(void) {
+  static const struct { sbnResult_t r; const char* name; const char* text; } table[] = {
+#define ROW_(name, value, text) {name, #name, text},
+      SBN_RESULT_LIST(ROW_)
+#undef ROW_
+  };
+  const int n = (int)(sizeof table / sizeof table[0]);
+  ASSERT_EQ_INT(n, sbnNumResults);
+  for (int i = 0; i < n; i++) {
+    ASSERT_EQ_INT(table[i].r, i); /* the enum is dense 0..sbnNumResults-1 */
+    const char* name = sbnGetResultName(table[i].r);
+    const char* text = sbnGetErrorString(table[i].r);
+    ASSERT_TRUE(name != NULL && text != NULL);
+    if (strcmp(name, table[i].name) != 0) SBN_FAIL_("name of %d: '%s' != '%s'", i, name, table[i].name);
+    if (strcmp(text, table[i].text) != 0) SBN_FAIL_("text of %d: '%s' != '%s'", i, text, table[i].text);
+    for (int j = 0; j < i; j++) EXPECT_TRUE(strcmp(name, sbnGetResultName(table[j].r)) != 0);
+  }
+  /* out of range: never NULL, never empty, never a valid code's name */
+  const int bad[] = {sbnNumResults, sbnNumResults + 1, -1, 1000, INT_MAX, INT_MIN};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    sbnResult_t r = (sbnResult_t)bad[k];
+    const char* name = sbnGetResultName(r);
+    const char* text = sbnGetErrorString(r);
+    ASSERT_TRUE(name != NULL && text != NULL);
+    EXPECT_TRUE(name[0] != '\0' && text[0] != '\0');
+    EXPECT_TRUE(strstr(text, "unknown") != NULL); /* header: "unknown result" */
+    for (int j = 0; j < n; j++) EXPECT_TRUE(strcmp(name, table[j].name) != 0);
+  }
+}
+
+static void test_version(void) {
+  int v = -1;
+  ASSERT_OK(sbnGetVersion(&v));
+  ASSERT_EQ_INT(v, SBN_VERSION_CODE);
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnGetVersion(NULL));
+}
+
+/* The last-error text starts empty on a fresh thread and on a fresh comm, so the
+   non-empty checks elsewhere are meaningful at least for the first failure. */
+static void* fresh_thread_error(void* arg) {
+  const char* e = sbnGetLastError(NULL);
+  *(int*)arg = e != NULL && e[0] == '\0';
+  if (sbnGetVersion(NULL) != sbnInvalidArgument) *(int*)arg = 0;
+  if (!last_error_set(NULL)) *(int*)arg = 0;
+  return NULL;
+}
+static void test_last_error_fresh(void) {
+  int ok = 0;
+  pthread_t t;
+  ASSERT_TRUE(pthread_create(&t, NULL, fresh_thread_error, &ok) == 0);
+  ASSERT_TRUE(pthread_join(t, NULL) == 0);
+  EXPECT_TRUE(ok);
+  sbnComm_t c = NULL;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, NULL));
+  const char* e = sbnGetLastError(c);
+  ASSERT_TRUE(e != NULL);
+  EXPECT_TRUE(e[0] == '\0');
+  EXPECT_REJECTED(c, sbnInvalidArgument, sbnCommRank(c, NULL)); /* now it has one */
+  ASSERT_OK(sbnCommDestroy(c));
+}
+
+/* ---- init ------------------------------------------------------------------------- */
+static int comms_untouched(const sbnComm_t* c, int n) {
+  for (int i = 0; i < n; i++)
+    if (c[i] != SENTINEL_COMM) return 0;
+  return 1;
+}
+#define EXPECT_INIT_REJECTED(expected, call)      \
+  do {                                            \
+    for (int i_ = 0; i_ < 4; i_++) comms[i_] = SENTINEL_COMM; \
+    EXPECT_REJECTED(NULL, expected, call);        \
+    if (!comms_untouched(comms, 4)) SBN_FAIL_("%s wrote comms", #call); \
+  } while (0)
+
+static void test_init_cpu_bad(void) {
+  sbnComm_t comms[4];
+  sbnConfig_t cfg;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(NULL, 2, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 0, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, -1, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, INT_MIN, NULL));
+
+  const sbnConfig_t good = SBN_CONFIG_INITIALIZER;
+  cfg = good; cfg.size = sizeof(sbnConfig_t) - 1;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.size = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.magic = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.version = SBN_CONFIG_VERSION + 1;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.version = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.timeout_ms = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.timeout_ms = -5;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.max_channels = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.max_channels = -1;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  cfg = good; cfg.max_channels = ((int64_t)1 << 20) + 1;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+
+  /* the limits themselves are valid */
+  cfg = good; cfg.max_channels = 1; cfg.timeout_ms = 1;
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_OK(sbnCommInitCpu(comms, 1, NULL));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+}
+
+static void test_init_env_timeout_bad(void) {
+  sbnComm_t comms[4];
+  /* a non-positive or non-integer SBN_TIMEOUT_MS makes init fail, config or not */
+  const char* bad[] = {"abc", "0", "-5", "12abc", "1.5", " ", "99999999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", bad[i], 1) == 0);
+    for (int k = 0; k < 4; k++) comms[k] = SENTINEL_COMM;
+    sbnResult_t r = sbnCommInitCpu(comms, 2, NULL);
+    if (r != sbnInvalidArgument)
+      SBN_FAIL_("SBN_TIMEOUT_MS='%s': init returned %s, expected sbnInvalidArgument", bad[i],
+                sbnGetResultName(r));
+    if (!last_error_set(NULL)) SBN_FAIL_("SBN_TIMEOUT_MS='%s': no last error", bad[i]);
+    if (!comms_untouched(comms, 4)) SBN_FAIL_("SBN_TIMEOUT_MS='%s': comms written", bad[i]);
+    if (r == sbnSuccess) { sbnCommDestroy(comms[0]); sbnCommDestroy(comms[1]); }
+  }
+  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "250", 1) == 0);
+  sbnResult_t r = sbnCommInitCpu(comms, 2, NULL);
+  unsetenv("SBN_TIMEOUT_MS");
+  ASSERT_OK(r);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+}
+
+static void test_init_gpu_unsupported(void) {
+  /* GPU teams come in a later issue: NULL/bad args are invalid, everything else is
+     sbnUnsupported with an explanation. */
+  sbnComm_t comms[4];
+  const int devs[2] = {0, 1};
+  static char fake_nccl_storage[64];
+  struct ncclComm* fake_nccl = (struct ncclComm*)(void*)fake_nccl_storage;
+
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(NULL, 2, devs, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 0, devs, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, -2, devs, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 2, NULL, NULL));
+  EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
+
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(NULL, 2, 0, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, 0, 0, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, -1, 0, NULL));
+  EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
+
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(NULL, fake_nccl, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(comms, NULL, NULL));
+  EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitNccl(comms, fake_nccl, NULL));
+}
+
+/* ---- comm queries ------------------------------------------------------------------- */
+static void test_comm_queries(void) {
+  sbnComm_t comms[3];
+  sbnConfig_t cfg = small_config();
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  for (int i = 0; i < 3; i++) {
+    int rank = -1, count = -1;
+    sbnResult_t async = sbnNumResults;
+    ASSERT_OK(sbnCommRank(comms[i], &rank));
+    ASSERT_OK(sbnCommCount(comms[i], &count));
+    ASSERT_OK(sbnCommGetAsyncError(comms[i], &async));
+    ASSERT_EQ_INT(rank, i);
+    ASSERT_EQ_INT(count, 3);
+    ASSERT_RES(async, sbnSuccess);
+  }
+  int v = 12345;
+  sbnResult_t async = (sbnResult_t)77;
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommRank(NULL, &v));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommCount(NULL, &v));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommGetAsyncError(NULL, &async));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommAbort(NULL));
+  EXPECT_TRUE(v == 12345 && async == (sbnResult_t)77);
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommRank(comms[1], NULL));
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommCount(comms[1], NULL));
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommGetAsyncError(comms[1], NULL));
+  ASSERT_OK(sbnCommDestroy(NULL));
+  for (int i = 0; i < 3; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
+}
+
+static void test_split_bad(void) {
+  sbnComm_t c = NULL, nc = SENTINEL_COMM;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommSplit(NULL, 0, 0, &nc));
+  EXPECT_REJECTED(c, sbnInvalidArgument, sbnCommSplit(c, 0, 0, NULL));
+  EXPECT_REJECTED(c, sbnInvalidArgument, sbnCommSplit(c, -2, 0, &nc));
+  EXPECT_REJECTED(c, sbnInvalidArgument, sbnCommSplit(c, INT_MIN, 0, &nc));
+  EXPECT_TRUE(nc == SENTINEL_COMM);
+  /* a team of 1 splits without a group */
+  ASSERT_OK(sbnCommSplit(c, SBN_SPLIT_NOCOLOR, 0, &nc));
+  EXPECT_TRUE(nc == NULL);
+  nc = SENTINEL_COMM;
+  ASSERT_OK(sbnCommSplit(c, 7, -3, &nc));
+  ASSERT_TRUE(nc != NULL && nc != SENTINEL_COMM);
+  int rank = -1, count = -1;
+  ASSERT_OK(sbnCommRank(nc, &rank));
+  ASSERT_OK(sbnCommCount(nc, &count));
+  EXPECT_TRUE(rank == 0 && count == 1);
+  ASSERT_OK(sbnCommDestroy(nc));
+  ASSERT_OK(sbnCommDestroy(c));
+}
+
+/* ---- forward / backward argument checks (one rank, no group) ------------------------ */
+static void test_forward_bad_args(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t c = NULL;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, &cfg));
+  static bufs_t bb;
+  bufs_init(&bb, 2, 3, 5, 1);
+  bufs_t* b = &bb;
+  const sbnParams_t good = SBN_PARAMS_DEFAULT;
+  sbnParams_t p;
+  sbnTensorDesc_t d;
+#define FWD_(comm, desc, x, y, w, bi, rm, rv, nbt, sm, si, par) \
+  sbnForwardTrain(comm, desc, x, y, w, bi, rm, rv, nbt, sm, si, par, NULL)
+#define EXPECT_FWD_BAD(comm, desc, x, y, w, bi, rm, rv, nbt, sm, si, par) \
+  EXPECT_REJECTED_BUFS(b, (comm) ? (comm) : NULL, sbnInvalidArgument,    \
+                       FWD_(comm, desc, x, y, w, bi, rm, rv, nbt, sm, si, par))
+
+  EXPECT_FWD_BAD(NULL, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, NULL, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, NULL, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, NULL, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, NULL, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, NULL, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, NULL, b->rv, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, NULL, &b->nbt, b->sm, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, NULL, b->si, NULL);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, NULL, NULL);
+
+  /* descriptors: unknown enums, non-positive sizes, overflow, C > max_channels (8) */
+  const sbnTensorDesc_t bad_desc[] = {
+      {(sbnDataType_t)3, sbnLayoutNCHW, 2, 3, 5},
+      {(sbnDataType_t)-1, sbnLayoutNCHW, 2, 3, 5},
+      {sbnFloat32, (sbnLayout_t)2, 2, 3, 5},
+      {sbnFloat32, (sbnLayout_t)-1, 2, 3, 5},
+      {sbnFloat32, sbnLayoutNCHW, -1, 3, 5},
+      {sbnFloat32, sbnLayoutNCHW, INT64_MIN, 3, 5},
+      {sbnFloat32, sbnLayoutNCHW, 2, 0, 5},
+      {sbnFloat32, sbnLayoutNCHW, 2, -3, 5},
+      {sbnFloat32, sbnLayoutNCHW, 2, 3, 0},
+      {sbnFloat32, sbnLayoutNCHW, 2, 3, -5},
+      {sbnFloat32, sbnLayoutNCHW, (int64_t)1 << 40, 8, (int64_t)1 << 40}, /* n*c*s overflows */
+      {sbnFloat32, sbnLayoutNCHW, INT64_MAX, 1, 2},
+      {sbnFloat32, sbnLayoutNCHW, 2, 9, 5},  /* c > max_channels */
+      {sbnFloat32, sbnLayoutNCHW, 0, 9, 5},  /* ... also for an empty rank */
+  };
+  for (size_t i = 0; i < sizeof bad_desc / sizeof bad_desc[0]; i++) {
+    d = bad_desc[i];
+    bufs_t snap;
+    memcpy(&snap, b, sizeof snap);
+    sbnResult_t r =
+        sbnForwardTrain(c, &d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL, NULL);
+    if (r != sbnInvalidArgument)
+      SBN_FAIL_("forward with bad desc #%zu {dtype %d layout %d n %lld c %lld spatial %lld}: %s", i,
+                (int)d.dtype, (int)d.layout, (long long)d.n, (long long)d.c, (long long)d.spatial,
+                sbnGetResultName(r));
+    if (!last_error_set(c)) SBN_FAIL_("bad desc #%zu: no last error", i);
+    if (memcmp(&snap, b, sizeof snap) != 0) SBN_FAIL_("bad desc #%zu: buffers written", i);
+  }
+
+  /* params: eps < 0 / NaN, momentum NaN, momentum < 0 without num_batches_tracked,
+     unknown grad_mode */
+  p = good; p.eps = -1e-5f;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.eps = NAN;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.momentum = NAN;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.momentum = -1.0f;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, NULL, b->sm, b->si, &p);
+  p = good; p.grad_mode = (sbnGradMode_t)2;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.grad_mode = (sbnGradMode_t)-1;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+
+  /* M == 1 on a single rank (n = 1, spatial = 1): rejected after the (trivial)
+     exchange, nothing written, num_batches_tracked included */
+  bufs_init(b, 1, 3, 1, 2);
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, NULL);
+  b->d.n = 1; b->d.spatial = 1; b->d.layout = sbnLayoutNHWC;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, NULL, NULL, NULL, NULL, NULL, b->sm, b->si, NULL);
+
+  /* the same call with valid arguments succeeds (the comm survived all of the above) */
+  bufs_init(b, 2, 3, 5, 3);
+  b->nbt = 0;
+  for (int i = 0; i < 3; i++) { b->rm[i] = 0.0f; b->rv[i] = 1.0f; }
+  ASSERT_OK(fwd(c, b, NULL));
+  ASSERT_EQ_INT(b->nbt, 1);
+  /* n == 0: x and y may be NULL; M == 0 is a success */
+  b->d.n = 0;
+  ASSERT_OK(sbnForwardTrain(c, &b->d, NULL, NULL, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm,
+                            b->si, NULL, NULL));
+  ASSERT_EQ_INT(b->nbt, 2);
+  ASSERT_OK(sbnCommDestroy(c));
+#undef EXPECT_FWD_BAD
+#undef FWD_
+}
+
+static void test_backward_bad_args(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t c = NULL;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, &cfg));
+  static bufs_t bb;
+  bufs_init(&bb, 2, 3, 5, 4);
+  bufs_t* b = &bb;
+  const sbnParams_t good = SBN_PARAMS_DEFAULT;
+  sbnParams_t p;
+#define BWD_(comm, desc, x, dy, dx, w, sm, si, dw, db, par) \
+  sbnBackward(comm, desc, x, dy, dx, w, sm, si, dw, db, par, NULL)
+#define EXPECT_BWD_BAD(comm, desc, x, dy, dx, w, sm, si, dw, db, par) \
+  EXPECT_REJECTED_BUFS(b, (comm) ? (comm) : NULL, sbnInvalidArgument, \
+                       BWD_(comm, desc, x, dy, dx, w, sm, si, dw, db, par))
+
+  EXPECT_BWD_BAD(NULL, &b->d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  EXPECT_BWD_BAD(c, NULL, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  EXPECT_BWD_BAD(c, &b->d, NULL, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  EXPECT_BWD_BAD(c, &b->d, b->x, NULL, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  EXPECT_BWD_BAD(c, &b->d, b->x, b->dy, b->dx, b->w, NULL, b->si, b->dw, b->db, NULL);
+  EXPECT_BWD_BAD(c, &b->d, b->x, b->dy, b->dx, b->w, b->sm, NULL, b->dw, b->db, NULL);
+  p = good; p.grad_mode = (sbnGradMode_t)2;
+  EXPECT_BWD_BAD(c, &b->d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, &p);
+  p = good; p.grad_mode = (sbnGradMode_t)-7;
+  EXPECT_BWD_BAD(c, &b->d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, &p);
+
+  const sbnTensorDesc_t base = b->d;
+  sbnTensorDesc_t d;
+  d = base; d.dtype = (sbnDataType_t)3;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.layout = (sbnLayout_t)5;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.n = -2;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.c = 0;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.spatial = 0;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.n = (int64_t)1 << 40; d.c = 4; d.spatial = (int64_t)1 << 40;
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+  d = base; d.c = 9; /* > max_channels */
+  EXPECT_BWD_BAD(c, &d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL);
+
+  /* valid: dx, weight, dweight, dbias NULL; x/dy NULL when n == 0 */
+  ASSERT_OK(sbnBackward(c, &b->d, b->x, b->dy, NULL, NULL, b->sm, b->si, NULL, NULL, NULL, NULL));
+  b->d.n = 0;
+  ASSERT_OK(sbnBackward(c, &b->d, NULL, NULL, NULL, b->w, b->sm, b->si, b->dw, b->db, NULL, NULL));
+  EXPECT_TRUE(b->dw[0] == 0.0f && b->db[2] == 0.0f); /* M == 0: zero grads */
+  ASSERT_OK(sbnCommDestroy(c));
+#undef EXPECT_BWD_BAD
+#undef BWD_
+}
+
+static void test_inference_bad_args(void) {
+  static bufs_t bb;
+  bufs_init(&bb, 2, 3, 5, 5);
+  bufs_t* b = &bb;
+  for (int i = 0; i < MAXC; i++) { b->rm[i] = 0.5f; b->rv[i] = 2.0f; }
+  const sbnTensorDesc_t base = b->d;
+  sbnTensorDesc_t d = base;
+#define INF_(desc, x, y, w, bi, rm, rv, eps) sbnForwardInference(desc, x, y, w, bi, rm, rv, eps, NULL)
+#define EXPECT_INF_BAD(desc, x, y, w, bi, rm, rv, eps) \
+  EXPECT_REJECTED_BUFS(b, NULL, sbnInvalidArgument, INF_(desc, x, y, w, bi, rm, rv, eps))
+
+  EXPECT_INF_BAD(NULL, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, NULL, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, NULL, b->w, b->b, b->rm, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, NULL, b->b, b->rm, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, NULL, b->rm, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, NULL, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, NULL, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, -1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, NAN);
+  d = base; d.dtype = (sbnDataType_t)9;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  d = base; d.layout = (sbnLayout_t)-1;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  d = base; d.n = -1;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  d = base; d.c = 0;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  d = base; d.spatial = -1;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+  d = base; d.n = INT64_MAX; d.spatial = 3;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
+
+  /* valid: affine=False; n == 0 with NULL x/y; n == 1 is fine in eval mode */
+  d = base;
+  ASSERT_OK(sbnForwardInference(&d, b->x, b->y, NULL, NULL, b->rm, b->rv, 1e-5f, NULL));
+  d.n = 0;
+  ASSERT_OK(sbnForwardInference(&d, NULL, NULL, b->w, b->b, b->rm, b->rv, 1e-5f, NULL));
+  d.n = 1; d.spatial = 1;
+  ASSERT_OK(sbnForwardInference(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 0.0f, NULL));
+#undef EXPECT_INF_BAD
+#undef INF_
+}
+
+/* ---- M == 1 across a team of 2 (n = {1, 0}) ------------------------------------------- */
+typedef struct {
+  sbnComm_t comm;
+  bufs_t* b;
+  sbnResult_t r;
+} rank_call_t;
+static void* fwd_thread(void* arg) {
+  rank_call_t* a = (rank_call_t*)arg;
+  a->r = fwd(a->comm, a->b, NULL);
+  return NULL;
+}
+
+static void test_global_count_one_team(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], snap[2];
+  bufs_init(&b[0], 1, 3, 1, 10);
+  bufs_init(&b[1], 0, 3, 1, 11);
+  memcpy(snap, b, sizeof snap);
+
+  /* thread per rank: each rank sees sbnInvalidArgument */
+  rank_call_t a[2] = {{comms[0], &b[0], sbnSuccess}, {comms[1], &b[1], sbnSuccess}};
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(pthread_create(&t[r], NULL, fwd_thread, &a[r]) == 0);
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(pthread_join(t[r], NULL) == 0);
+  for (int r = 0; r < 2; r++) {
+    if (a[r].r != sbnInvalidArgument)
+      SBN_FAIL_("M == 1, rank %d returned %s, expected sbnInvalidArgument", r, sbnGetResultName(a[r].r));
+    if (!last_error_set(comms[r])) SBN_FAIL_("M == 1: rank %d has no last error", r);
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  /* group mode: the queued calls are fine, sbnGroupEnd reports the failure */
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  /* the team still works: M = 2 */
+  b[1].d.n = 1;
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_BITEQ_F32(b[0].sm[0], b[1].sm[0]);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* ---- groups --------------------------------------------------------------------------- */
+static void test_group_end_without_start(void) {
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  /* balanced pairs work, also empty and nested ones */
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(sbnGroupEnd());
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+}
+
+/* One call of the group is rejected: the others' valid calls were queued; sbnGroupEnd
+   runs nothing and every buffer stays as it was. The team is usable afterwards. */
+static void test_group_with_rejected_call(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[3];
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  static bufs_t b[3], snap[3];
+  for (int r = 0; r < 3; r++) bufs_init(&b[r], 2, 4, 3, 20 + (uint64_t)r);
+  memcpy(snap, b, sizeof snap);
+
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument,
+                  sbnForwardTrain(comms[1], &b[1].d, b[1].x, b[1].y, b[1].w, b[1].b, b[1].rm,
+                                  b[1].rv, &b[1].nbt, NULL, b[1].si, NULL, NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL)); /* a valid retry does not rescue the group */
+  ASSERT_OK(fwd(comms[2], &b[2], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  /* same for backward, with a NULL comm as the bad call */
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(bwd(comms[r], &b[r], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, bwd(NULL, &b[0], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  /* a bad split inside a group also fails the whole group */
+  sbnComm_t nc[3] = {SENTINEL_COMM, SENTINEL_COMM, SENTINEL_COMM};
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(sbnCommSplit(comms[0], 0, 0, &nc[0]));
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommSplit(comms[1], -5, 0, &nc[1]));
+  ASSERT_OK(sbnCommSplit(comms[2], 0, 0, &nc[2]));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  EXPECT_TRUE(comms_untouched(nc, 3));
+
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r], NULL));
+  ASSERT_OK(sbnGroupEnd());
+  EXPECT_TRUE(b[0].nbt == snap[0].nbt + 1);
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+static void test_group_rank_missing(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[3];
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  static bufs_t b[3], snap[3];
+  for (int r = 0; r < 3; r++) bufs_init(&b[r], 2, 4, 3, 30 + (uint64_t)r);
+  memcpy(snap, b, sizeof snap);
+
+  ASSERT_OK(sbnGroupStart()); /* rank 2 missing */
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  ASSERT_OK(sbnGroupStart()); /* unequal op counts: rank 1 has two */
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL));
+  ASSERT_OK(fwd(comms[1], &b[1], NULL));
+  ASSERT_OK(fwd(comms[2], &b[2], NULL));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+
+  /* nested: the inner end runs nothing, the outer one runs everything */
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r], NULL));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  ASSERT_OK(sbnGroupEnd());
+  for (int r = 0; r < 3; r++) ASSERT_EQ_INT(b[r].nbt, snap[r].nbt + 1);
+  ASSERT_BITEQ_F32(b[0].si[3], b[2].si[3]);
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* Ranks disagree on the op: every rank fails with sbnInvalidUsage, nothing is written,
+   and the team keeps working. */
+static void test_op_mismatch(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], snap[2];
+  for (int variant = 0; variant < 4; variant++) {
+    for (int r = 0; r < 2; r++) bufs_init(&b[r], 2 + r, 4, 3, 40 + (uint64_t)r);
+    if (variant == 1) b[1].d.c = 3;                   /* channels differ */
+    if (variant == 2) b[1].d.layout = sbnLayoutNHWC;  /* layout differs */
+    if (variant == 3) b[1].d.dtype = sbnBFloat16;     /* dtype differs */
+    memcpy(snap, b, sizeof snap);
+    ASSERT_OK(sbnGroupStart());
+    ASSERT_OK(fwd(comms[0], &b[0], NULL));
+    if (variant == 0)
+      ASSERT_OK(bwd(comms[1], &b[1], NULL)); /* forward on rank 0, backward on rank 1 */
+    else
+      ASSERT_OK(fwd(comms[1], &b[1], NULL));
+    sbnResult_t r = sbnGroupEnd();
+    if (r != sbnInvalidUsage)
+      SBN_FAIL_("mismatch variant %d: sbnGroupEnd returned %s, expected sbnInvalidUsage",
+                variant, sbnGetResultName(r));
+    for (int k = 0; k < 2; k++)
+      if (!last_error_set(comms[k])) SBN_FAIL_("mismatch variant %d: rank %d has no last error", variant, k);
+    if (memcmp(b, snap, sizeof b) != 0) SBN_FAIL_("mismatch variant %d: buffers written", variant);
+
+    /* usable afterwards: a matching group succeeds */
+    for (int k = 0; k < 2; k++) bufs_init(&b[k], 2 + k, 4, 3, 50 + (uint64_t)k);
+    ASSERT_OK(sbnGroupStart());
+    ASSERT_OK(fwd(comms[0], &b[0], NULL));
+    ASSERT_OK(fwd(comms[1], &b[1], NULL));
+    ASSERT_OK(sbnGroupEnd());
+    ASSERT_MEMEQ(b[0].sm, b[1].sm, 4 * sizeof(float));
+    ASSERT_MEMEQ(b[0].si, b[1].si, 4 * sizeof(float));
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+int main(void) {
+  unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
+  SBN_RUN(test_result_strings);
+  SBN_RUN(test_version);
+  SBN_RUN(test_last_error_fresh);
+  SBN_RUN(test_init_cpu_bad);
+  SBN_RUN(test_init_env_timeout_bad);
+  SBN_RUN(test_init_gpu_unsupported);
+  SBN_RUN(test_comm_queries);
+  SBN_RUN(test_split_bad);
+  SBN_RUN(test_forward_bad_args);
+  SBN_RUN(test_backward_bad_args);
+  SBN_RUN(test_inference_bad_args);
+  SBN_RUN(test_global_count_one_team);
+  SBN_RUN(test_group_end_without_start);
+  SBN_RUN(test_group_with_rejected_call);
+  SBN_RUN(test_group_rank_missing);
+  SBN_RUN(test_op_mismatch);
+  return sbn_test_exit();
+}

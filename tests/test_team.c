@@ -1,0 +1,509 @@
+/* test_team.c — how a CPU team behaves as a team: timeouts, sbnCommAbort, sub-teams
+ * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group,
+ * several teams in one group, and op mismatches in thread-per-rank mode.
+ *
+ * Thread-per-rank calls run on pthreads created here; every wait is bounded by a comm
+ * timeout, so a library bug shows as a failed assertion, not a hung test.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, setenv */
+#include <pthread.h>
+#include <time.h>
+
+#include "harness.h"
+#include "sbn_ref.h"
+
+#define MAXC 8
+#define MAXE 256
+#define POISON 0xA5
+#define SENTINEL_COMM ((sbnComm_t)(uintptr_t)0x5b5b5b50u)
+
+/* Tolerances (DESIGN.md): fp32 statistics 1e-5/1e-5, fp32 outputs 1e-4/1e-4, against
+   the double reference on the same data. */
+#define STAT_ATOL 1e-5
+#define STAT_RTOL 1e-5
+#define OUT_ATOL 1e-4
+#define OUT_RTOL 1e-4
+
+typedef struct {
+  sbnTensorDesc_t d;
+  float x[MAXE], dy[MAXE], y[MAXE], dx[MAXE];
+  float w[MAXC], b[MAXC], rm[MAXC], rv[MAXC], sm[MAXC], si[MAXC], dw[MAXC], db[MAXC];
+  int64_t nbt;
+} bufs_t;
+
+/* fp32 NCHW (n, c, spatial); random inputs; outputs poisoned; running stats 0/1 */
+static void bufs_init(bufs_t* b, int64_t n, int64_t c, int64_t spatial, uint64_t seed) {
+  memset(b, POISON, sizeof *b);
+  sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n, c, spatial};
+  b->d = d;
+  sbn_rng_t r = {seed};
+  for (int i = 0; i < MAXE; i++) {
+    b->x[i] = (float)(0.5 + 2.0 * sbn_rng_normal(&r));
+    b->dy[i] = (float)sbn_rng_normal(&r);
+  }
+  for (int i = 0; i < MAXC; i++) {
+    b->w[i] = 1.0f + 0.25f * (float)i;
+    b->b[i] = -0.5f + 0.125f * (float)i;
+    b->rm[i] = 0.0f;
+    b->rv[i] = 1.0f;
+  }
+  b->nbt = 0;
+}
+
+static sbnResult_t fwd(sbnComm_t comm, bufs_t* b) {
+  return sbnForwardTrain(comm, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm,
+                         b->si, NULL, NULL);
+}
+static sbnResult_t bwd(sbnComm_t comm, bufs_t* b) {
+  return sbnBackward(comm, &b->d, b->x, b->dy, b->dx, b->w, b->sm, b->si, b->dw, b->db, NULL,
+                     NULL);
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+static int last_error_set(sbnComm_t comm) {
+  const char* e = sbnGetLastError(comm);
+  return e != NULL && e[0] != '\0';
+}
+
+static sbnConfig_t config_ms(int64_t timeout_ms) {
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  cfg.max_channels = MAXC;
+  return cfg;
+}
+
+/* ---- thread per rank ------------------------------------------------------------------ */
+enum { JOB_FWD, JOB_BWD, JOB_SPLIT };
+typedef struct {
+  int kind;
+  sbnComm_t comm;
+  bufs_t* b;
+  int color, key;
+  sbnComm_t* newcomm;
+  sbnResult_t r;
+  double t0, t1; /* call start/end, ms */
+} job_t;
+
+static void* job_main(void* arg) {
+  job_t* j = (job_t*)arg;
+  j->t0 = now_ms();
+  switch (j->kind) {
+    case JOB_FWD: j->r = fwd(j->comm, j->b); break;
+    case JOB_BWD: j->r = bwd(j->comm, j->b); break;
+    default: j->r = sbnCommSplit(j->comm, j->color, j->key, j->newcomm); break;
+  }
+  j->t1 = now_ms();
+  return NULL;
+}
+/* Starts one thread per job and joins them all. Returns 0 if threads could not start. */
+static int run_jobs(job_t* jobs, int n) {
+  pthread_t t[16];
+  for (int i = 0; i < n; i++)
+    if (pthread_create(&t[i], NULL, job_main, &jobs[i]) != 0) return 0;
+  for (int i = 0; i < n; i++) pthread_join(t[i], NULL);
+  return 1;
+}
+
+/* ---- timeout ------------------------------------------------------------------------ */
+/* A team of 3 where only ranks 0 and 1 call: both wait timeout_ms, return sbnTimeout,
+   the team is aborted everywhere, and later calls fail fast. */
+static void test_timeout(void) {
+  const int64_t timeout = 300;
+  sbnConfig_t cfg = config_ms(timeout);
+  sbnComm_t comms[3];
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  static bufs_t b[3], snap[3];
+  for (int r = 0; r < 3; r++) bufs_init(&b[r], 2, 4, 3, 100 + (uint64_t)r);
+  memcpy(snap, b, sizeof snap);
+
+  job_t jobs[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&jobs[r], 0, sizeof jobs[r]);
+    jobs[r].kind = JOB_FWD; jobs[r].comm = comms[r]; jobs[r].b = &b[r];
+  }
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  /* The first rank to arrive times out after timeout_ms and aborts the team, which wakes
+     the other waiter at the same moment: so the lower bound is relative to the FIRST
+     arrival (a later rank may wait a little less than timeout_ms itself). */
+  double first = jobs[0].t0 < jobs[1].t0 ? jobs[0].t0 : jobs[1].t0;
+  for (int r = 0; r < 2; r++) {
+    double waited = jobs[r].t1 - jobs[r].t0;
+    fprintf(stderr, "  rank %d: %s after %.1f ms (%.1f ms after the first arrival)\n", r,
+            sbnGetResultName(jobs[r].r), waited, jobs[r].t1 - first);
+    ASSERT_RES(jobs[r].r, sbnTimeout);
+    /* at least the timeout after the first arrival (2 ms slack for clock granularity),
+       at most 3 s more than the timeout after its own call */
+    EXPECT_TRUE(jobs[r].t1 - first >= (double)timeout - 2.0);
+    EXPECT_TRUE(waited <= (double)timeout + 3000.0);
+    EXPECT_TRUE(last_error_set(comms[r]));
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b); /* a timed-out op writes nothing */
+  for (int r = 0; r < 3; r++) {
+    sbnResult_t async = sbnSuccess;
+    ASSERT_OK(sbnCommGetAsyncError(comms[r], &async));
+    ASSERT_RES(async, sbnTimeout);
+  }
+  /* later calls, on the rank that never called and on one that timed out: sbnAborted at
+     once (no group: a W > 1 team would otherwise wait for its peers) */
+  for (int r = 2; r >= 0; r -= 2) {
+    double t0 = now_ms();
+    ASSERT_RES(fwd(comms[r], &b[r]), sbnAborted);
+    ASSERT_RES(bwd(comms[r], &b[r]), sbnAborted);
+    double dt = now_ms() - t0;
+    if (dt >= 100.0) SBN_FAIL_("calls on an aborted team took %.1f ms", dt);
+    EXPECT_TRUE(last_error_set(comms[r]));
+  }
+  /* a whole group on the aborted team fails fast too (at the call or at sbnGroupEnd) */
+  double t0 = now_ms();
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) (void)fwd(comms[r], &b[r]);
+  sbnResult_t g = sbnGroupEnd();
+  EXPECT_TRUE(g == sbnAborted || g == sbnInvalidUsage);
+  EXPECT_TRUE(now_ms() - t0 < 100.0);
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* SBN_TIMEOUT_MS overrides the config's timeout at init. One thread calling a team of 2
+   without a group waits for the timeout. */
+static void test_timeout_env_override(void) {
+  sbnConfig_t cfg = config_ms(60000);
+  sbnComm_t comms[2];
+  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "200", 1) == 0);
+  sbnResult_t r = sbnCommInitCpu(comms, 2, &cfg);
+  unsetenv("SBN_TIMEOUT_MS");
+  ASSERT_OK(r);
+  static bufs_t b;
+  bufs_init(&b, 3, 2, 2, 7);
+  double t0 = now_ms();
+  ASSERT_RES(fwd(comms[0], &b), sbnTimeout);
+  double waited = now_ms() - t0;
+  fprintf(stderr, "  waited %.1f ms\n", waited);
+  EXPECT_TRUE(waited >= 195.0 && waited <= 3200.0);
+  sbnResult_t async = sbnSuccess;
+  ASSERT_OK(sbnCommGetAsyncError(comms[1], &async));
+  ASSERT_RES(async, sbnTimeout);
+  for (int i = 0; i < 2; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
+}
+
+/* ---- abort -------------------------------------------------------------------------- */
+/* Rank 0 waits for a peer that never comes (timeout 60 s); another thread aborts the
+   team through rank 1's handle, then (second round) through rank 0's own handle. */
+static void test_abort(void) {
+  for (int target = 1; target >= 0; target--) {
+    sbnConfig_t cfg = config_ms(60000);
+    sbnComm_t comms[2];
+    ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+    static bufs_t b[2], snap[2];
+    for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 200 + (uint64_t)r);
+    memcpy(snap, b, sizeof snap);
+
+    job_t job;
+    memset(&job, 0, sizeof job);
+    job.kind = JOB_FWD; job.comm = comms[0]; job.b = &b[0];
+    pthread_t t;
+    ASSERT_TRUE(pthread_create(&t, NULL, job_main, &job) == 0);
+    sleep_ms(150); /* let rank 0 start waiting (not required for correctness) */
+    double t_abort = now_ms();
+    sbnResult_t ar = sbnCommAbort(comms[target]);
+    pthread_join(t, NULL);
+    ASSERT_OK(ar);
+    double late = job.t1 - t_abort;
+    fprintf(stderr, "  abort via rank %d: waiter returned %s %.1f ms after the abort\n", target,
+            sbnGetResultName(job.r), late);
+    ASSERT_RES(job.r, sbnAborted);
+    EXPECT_TRUE(late < 1000.0);
+    EXPECT_TRUE(last_error_set(comms[0]));
+    for (int r = 0; r < 2; r++) {
+      sbnResult_t async = sbnSuccess;
+      ASSERT_OK(sbnCommGetAsyncError(comms[r], &async));
+      ASSERT_RES(async, sbnAborted);
+    }
+    double t0 = now_ms();
+    for (int r = 0; r < 2; r++) {
+      ASSERT_RES(fwd(comms[r], &b[r]), sbnAborted);
+      ASSERT_RES(bwd(comms[r], &b[r]), sbnAborted);
+    }
+    EXPECT_TRUE(now_ms() - t0 < 100.0);
+    ASSERT_MEMEQ(b, snap, sizeof b);
+    ASSERT_OK(sbnCommAbort(comms[0])); /* idempotent */
+    ASSERT_OK(sbnCommAbort(comms[1]));
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  }
+}
+
+/* ---- split ---------------------------------------------------------------------------- */
+/* Parent ranks 0..3 with colors {0,1,0,1} and keys {3,2,1,0}: sub-team 0 = parent ranks
+   (2, 0), sub-team 1 = parent ranks (3, 1), in that rank order. */
+static const int kColor[4] = {0, 1, 0, 1};
+static const int kKey[4] = {3, 2, 1, 0};
+static const int kSubRank[4] = {1, 1, 0, 0};
+
+static void check_sub_ranks(sbnComm_t* sub) {
+  for (int r = 0; r < 4; r++) {
+    ASSERT_TRUE(sub[r] != NULL && sub[r] != SENTINEL_COMM);
+    int rank = -1, count = -1;
+    ASSERT_OK(sbnCommRank(sub[r], &rank));
+    ASSERT_OK(sbnCommCount(sub[r], &count));
+    if (rank != kSubRank[r] || count != 2)
+      SBN_FAIL_("parent rank %d: sub rank %d count %d, expected %d and 2", r, rank, count,
+                kSubRank[r]);
+  }
+}
+
+/* Forward on both sub-teams (one group, two teams) and compare each with the reference
+   over that sub-team's data only, ordered by sub-rank. */
+static void check_sub_forward(sbnComm_t* sub) {
+  static bufs_t b[4];
+  for (int r = 0; r < 4; r++) bufs_init(&b[r], r + 1, 5, 3, 300 + (uint64_t)r);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 4; r++) ASSERT_OK(fwd(sub[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  for (int color = 0; color < 2; color++) {
+    int members[2]; /* parent rank of sub-rank 0, 1 */
+    for (int r = 0; r < 4; r++)
+      if (kColor[r] == color) members[kSubRank[r]] = r;
+    sbnTensorDesc_t descs[2];
+    const void* xs[2];
+    static double y0[MAXE], y1[MAXE];
+    double* ys[2] = {y0, y1};
+    double mean[MAXC], invstd[MAXC], varu[MAXC];
+    int64_t m = 0;
+    for (int k = 0; k < 2; k++) {
+      descs[k] = b[members[k]].d;
+      xs[k] = b[members[k]].x;
+    }
+    sbn_ref_forward(2, descs, xs, b[0].w, b[0].b, 1e-5, mean, invstd, varu, &m, ys);
+    ASSERT_EQ_INT(m, (members[0] + 1 + members[1] + 1) * 3);
+    for (int k = 0; k < 2; k++) {
+      const bufs_t* bk = &b[members[k]];
+      ASSERT_CLOSE_ARRAY(bk->sm, mean, 5, STAT_ATOL, STAT_RTOL);
+      ASSERT_CLOSE_ARRAY(bk->si, invstd, 5, STAT_ATOL, STAT_RTOL);
+      ASSERT_CLOSE_ARRAY(bk->y, ys[k], (size_t)sbn_ref_numel(&bk->d), OUT_ATOL, OUT_RTOL);
+      ASSERT_EQ_INT(bk->nbt, 1);
+    }
+    /* the sub-team's ranks agree bitwise */
+    ASSERT_MEMEQ(b[members[0]].sm, b[members[1]].sm, 5 * sizeof(float));
+    ASSERT_MEMEQ(b[members[0]].si, b[members[1]].si, 5 * sizeof(float));
+    ASSERT_MEMEQ(b[members[0]].rv, b[members[1]].rv, 5 * sizeof(float));
+  }
+}
+
+static void parent_still_works(sbnComm_t* parent) {
+  static bufs_t b[4];
+  for (int r = 0; r < 4; r++) bufs_init(&b[r], 2, 3, 2, 400 + (uint64_t)r);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 4; r++) ASSERT_OK(fwd(parent[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_MEMEQ(b[0].sm, b[3].sm, 3 * sizeof(float));
+}
+
+static void test_split_group(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t parent[4], sub[4];
+  ASSERT_OK(sbnCommInitCpu(parent, 4, &cfg));
+  for (int r = 0; r < 4; r++) sub[r] = SENTINEL_COMM;
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommSplit(parent[r], kColor[r], kKey[r], &sub[r]));
+  ASSERT_OK(sbnGroupEnd());
+  check_sub_ranks(sub);
+  if (sbn_test_cur_failed_) return; /* do not run ops on bad handles */
+  check_sub_forward(sub);
+  parent_still_works(parent);
+  /* children first, then the parent */
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+static void test_split_threads(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t parent[4], sub[4];
+  ASSERT_OK(sbnCommInitCpu(parent, 4, &cfg));
+  job_t jobs[4];
+  for (int r = 0; r < 4; r++) {
+    sub[r] = SENTINEL_COMM;
+    memset(&jobs[r], 0, sizeof jobs[r]);
+    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+    jobs[r].color = kColor[r]; jobs[r].key = kKey[r]; jobs[r].newcomm = &sub[r];
+  }
+  ASSERT_TRUE(run_jobs(jobs, 4));
+  for (int r = 0; r < 4; r++) ASSERT_RES(jobs[r].r, sbnSuccess);
+  check_sub_ranks(sub);
+  if (sbn_test_cur_failed_) return; /* do not run ops on bad handles */
+  check_sub_forward(sub);
+  parent_still_works(parent);
+  /* the parent first, then the children (the sub-teams do not depend on it) */
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+}
+
+/* SBN_SPLIT_NOCOLOR gives NULL; equal keys order by parent rank. */
+static void test_split_nocolor(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t parent[4], sub[4];
+  ASSERT_OK(sbnCommInitCpu(parent, 4, &cfg));
+  const int color[4] = {0, SBN_SPLIT_NOCOLOR, 0, SBN_SPLIT_NOCOLOR};
+  for (int r = 0; r < 4; r++) sub[r] = SENTINEL_COMM;
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommSplit(parent[r], color[r], 0, &sub[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_TRUE(sub[1] == NULL && sub[3] == NULL);
+  for (int r = 0; r <= 2; r += 2) {
+    ASSERT_TRUE(sub[r] != NULL && sub[r] != SENTINEL_COMM);
+    int rank = -1, count = -1;
+    ASSERT_OK(sbnCommRank(sub[r], &rank));
+    ASSERT_OK(sbnCommCount(sub[r], &count));
+    ASSERT_EQ_INT(rank, r / 2);
+    ASSERT_EQ_INT(count, 2);
+  }
+  /* the sub-team of 2 works on its own, thread per rank */
+  static bufs_t b[2];
+  job_t jobs[2];
+  for (int k = 0; k < 2; k++) {
+    bufs_init(&b[k], 2, 3, 3, 500 + (uint64_t)k);
+    memset(&jobs[k], 0, sizeof jobs[k]);
+    jobs[k].kind = JOB_FWD; jobs[k].comm = sub[2 * k]; jobs[k].b = &b[k];
+  }
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  ASSERT_OK(jobs[0].r);
+  ASSERT_OK(jobs[1].r);
+  ASSERT_MEMEQ(b[0].si, b[1].si, 3 * sizeof(float));
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(sub[r])); /* NULL accepted */
+  for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* ---- several ops per rank in one group ---------------------------------------------------- */
+/* forward then backward queued per rank in ONE group (the backward reads the forward's
+   save_mean/save_invstd, so order matters) == forward group, then backward group. */
+static void test_multi_op_group(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t one[2], two[2];
+  for (int r = 0; r < 2; r++) bufs_init(&one[r], 3 - r, 4, 5, 600 + (uint64_t)r);
+  memcpy(two, one, sizeof two);
+
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) {
+    ASSERT_OK(fwd(comms[r], &one[r]));
+    ASSERT_OK(bwd(comms[r], &one[r]));
+    ASSERT_OK(fwd(comms[r], &one[r])); /* and a second forward: nbt 2 */
+  }
+  ASSERT_OK(sbnGroupEnd());
+
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &two[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(bwd(comms[r], &two[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &two[r]));
+  ASSERT_OK(sbnGroupEnd());
+
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ_INT(one[r].nbt, 2);
+    ASSERT_MEMEQ(&one[r], &two[r], sizeof one[r]);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* Two unrelated teams (2 and 3 ranks) in one group, calls interleaved == each team in its
+   own group. */
+static void test_two_teams_one_group(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t ta[2], tb[3];
+  ASSERT_OK(sbnCommInitCpu(ta, 2, &cfg));
+  ASSERT_OK(sbnCommInitCpu(tb, 3, &cfg));
+  static bufs_t a1[2], b1[3], a2[2], b2[3];
+  for (int r = 0; r < 2; r++) bufs_init(&a1[r], 2 + r, 3, 4, 700 + (uint64_t)r);
+  for (int r = 0; r < 3; r++) bufs_init(&b1[r], 1 + r, 6, 2, 710 + (uint64_t)r);
+  memcpy(a2, a1, sizeof a2);
+  memcpy(b2, b1, sizeof b2);
+
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(tb[2], &b1[2]));
+  ASSERT_OK(fwd(ta[0], &a1[0]));
+  ASSERT_OK(fwd(tb[0], &b1[0]));
+  ASSERT_OK(bwd(tb[2], &b1[2]));
+  ASSERT_OK(fwd(ta[1], &a1[1]));
+  ASSERT_OK(fwd(tb[1], &b1[1]));
+  ASSERT_OK(bwd(tb[0], &b1[0]));
+  ASSERT_OK(bwd(tb[1], &b1[1]));
+  ASSERT_OK(sbnGroupEnd());
+
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(ta[r], &a2[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(fwd(tb[r], &b2[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(bwd(tb[r], &b2[r]));
+  ASSERT_OK(sbnGroupEnd());
+
+  ASSERT_MEMEQ(a1, a2, sizeof a1);
+  ASSERT_MEMEQ(b1, b2, sizeof b1);
+  /* and the two teams really normalized separately */
+  EXPECT_TRUE(memcmp(a1[0].sm, b1[0].sm, 3 * sizeof(float)) != 0);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(ta[r]));
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(tb[r]));
+}
+
+/* ---- op mismatch, thread per rank ----------------------------------------------------------- */
+static void test_mismatch_threads(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], snap[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 4, 2, 800 + (uint64_t)r);
+  memcpy(snap, b, sizeof snap);
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  jobs[0].kind = JOB_FWD; jobs[0].comm = comms[0]; jobs[0].b = &b[0];
+  jobs[1].kind = JOB_BWD; jobs[1].comm = comms[1]; jobs[1].b = &b[1];
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+    EXPECT_TRUE(last_error_set(comms[r]));
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  /* different C on the two ranks */
+  b[1].d.c = 3;
+  memcpy(snap, b, sizeof snap);
+  jobs[1].kind = JOB_FWD;
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  /* still usable */
+  b[1].d.c = 4;
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_RES(jobs[r].r, sbnSuccess);
+  ASSERT_MEMEQ(b[0].sm, b[1].sm, 4 * sizeof(float));
+  sbnResult_t async = sbnTimeout;
+  ASSERT_OK(sbnCommGetAsyncError(comms[0], &async));
+  ASSERT_RES(async, sbnSuccess);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+int main(void) {
+  unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
+  SBN_RUN(test_timeout);
+  SBN_RUN(test_timeout_env_override);
+  SBN_RUN(test_abort);
+  SBN_RUN(test_split_group);
+  SBN_RUN(test_split_threads);
+  SBN_RUN(test_split_nocolor);
+  SBN_RUN(test_multi_op_group);
+  SBN_RUN(test_two_teams_one_group);
+  SBN_RUN(test_mismatch_threads);
+  return sbn_test_exit();
+}
