@@ -6,7 +6,7 @@
  * combined as a binary tree (a binary counter of merged levels, like pairwise summation),
  * so rounding error grows with log(count) and NCHW and NHWC give the same bits. Channels
  * are processed in blocks of SBN_CBLOCK so that NHWC rows are read contiguously and the
- * trees stay small enough for the stack.
+ * trees stay small enough for the stack; NCHW rows go SBN_ROWS channels at a time.
  */
 #include <string.h>
 
@@ -18,6 +18,9 @@
 #define SBN_CBLOCK 64
 #define SBN_LEVELS 48 /* 2^48 chunks: more than any int64 count of elements */
 #define SBN_RUN 256   /* elements converted to fp32 at a time */
+#define SBN_ROWS 8    /* NCHW: channel rows reduced side by side, element by element, so the
+                         core has 8 independent Welford chains (each channel's order is
+                         unchanged, so NCHW still equals NHWC bitwise) */
 
 void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t count, float* out) {
   switch (dt) {
@@ -84,7 +87,7 @@ static sbn_welford_t welford_tree_result(const welford_tree_t* t) {
 
 void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out) {
   welford_tree_t tree[SBN_CBLOCK];
-  float buf[SBN_RUN], shift[SBN_CBLOCK];
+  float buf[SBN_ROWS][SBN_RUN], shift[SBN_CBLOCK];
   const int64_t n = d->n, c = d->c, sp = d->spatial;
   for (int64_t c0 = 0; c0 < c; c0 += SBN_CBLOCK) {
     int64_t cb = c - c0 < SBN_CBLOCK ? c - c0 : SBN_CBLOCK;
@@ -94,18 +97,21 @@ void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out) {
       sbn_cpu_load(d->dtype, x, d->layout == sbnLayoutNCHW ? (c0 + j) * sp : c0 + j, 1, &shift[j]);
     for (int64_t ni = 0; ni < n; ni++) {
       if (d->layout == sbnLayoutNCHW) {
-        for (int64_t j = 0; j < cb; j++) {
-          int64_t row = (ni * c + c0 + j) * sp;
+        for (int64_t j0 = 0; j0 < cb; j0 += SBN_ROWS) {
+          int64_t rows = cb - j0 < SBN_ROWS ? cb - j0 : SBN_ROWS;
           for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
             int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
-            sbn_cpu_load(d->dtype, x, row + s0, len, buf);
-            for (int64_t i = 0; i < len; i++) welford_tree_push(&tree[j], buf[i] - shift[j]);
+            for (int64_t g = 0; g < rows; g++)
+              sbn_cpu_load(d->dtype, x, (ni * c + c0 + j0 + g) * sp + s0, len, buf[g]);
+            for (int64_t i = 0; i < len; i++)
+              for (int64_t g = 0; g < rows; g++)
+                welford_tree_push(&tree[j0 + g], buf[g][i] - shift[j0 + g]);
           }
         }
       } else {
         for (int64_t si = 0; si < sp; si++) {
-          sbn_cpu_load(d->dtype, x, (ni * sp + si) * c + c0, cb, buf);
-          for (int64_t j = 0; j < cb; j++) welford_tree_push(&tree[j], buf[j] - shift[j]);
+          sbn_cpu_load(d->dtype, x, (ni * sp + si) * c + c0, cb, buf[0]);
+          for (int64_t j = 0; j < cb; j++) welford_tree_push(&tree[j], buf[0][j] - shift[j]);
         }
       }
     }
