@@ -269,7 +269,7 @@ static sbnResult_t split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
   sbnResult_t r = split_check(comm, color, newcomm);
   if (r != sbnSuccess) {
-    if (sbn_group_active()) sbn_group_mark_failed(r, comm);
+    if (sbn_group_active()) sbn_group_mark_failed(r);
     return r;
   }
   if (sbn_group_active()) {

@@ -21,8 +21,7 @@ static void group_reset(void) {
   memset(&group, 0, sizeof group);
 }
 
-void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
-  (void)comm;
+void sbn_group_mark_failed(sbnResult_t r) {
   if (group.failed == sbnSuccess) group.failed = r;
 }
 
@@ -31,7 +30,7 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     size_t cap = group.cap ? 2 * group.cap : 16;
     sbn_op_t* ops = realloc(group.ops, cap * sizeof *ops);
     if (ops == NULL) {
-      sbn_group_mark_failed(sbnSystemError, op->comm);
+      sbn_group_mark_failed(sbnSystemError);
       return sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
     }
     group.ops = ops;

@@ -119,7 +119,6 @@ typedef struct {
 } sbn_op_t;
 
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);
-SBN_INTERNAL size_t sbn_dtype_size(sbnDataType_t dt);
 /* Runs one validated op on the calling thread (CPU team: blocks until the team meets). */
 SBN_INTERNAL sbnResult_t sbn_op_run(const sbn_op_t* op);
 
@@ -127,8 +126,8 @@ SBN_INTERNAL sbnResult_t sbn_op_run(const sbn_op_t* op);
 SBN_INTERNAL int sbn_group_active(void);
 SBN_INTERNAL sbnResult_t sbn_group_enqueue(const sbn_op_t* op);
 /* Records that a call inside the current group failed (sbnGroupEnd then runs nothing). */
-SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm);
-/* sbnInvalidUsage if comm has ops queued in this thread's group. */
+SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r);
+/* Whether comm has ops queued in this thread's open group. */
 SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
 
 /* ---- memory kind (memkind.c) ------------------------------------------------------- */

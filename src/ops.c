@@ -10,8 +10,6 @@
    every count exact in the merge tree. */
 #define SBN_MAX_NUMEL ((int64_t)1 << 48)
 
-size_t sbn_dtype_size(sbnDataType_t dt) { return dt == sbnFloat32 ? 4 : 2; }
-
 uint32_t sbn_op_signature(const sbn_op_t* op) {
   return (uint32_t)op->kind << 16 | (uint32_t)op->desc.dtype << 8 | (uint32_t)op->desc.layout;
 }
@@ -96,18 +94,22 @@ sbnResult_t sbn_op_run(const sbn_op_t* op) {
   return op->kind == SBN_OP_FORWARD ? sbn_cpu_forward(op) : sbn_cpu_backward(op);
 }
 
-/* Common tail of both ops: check, then queue in the open group or run now. */
-static sbnResult_t submit(sbn_op_t* op, const sbnParams_t* params) {
+/* Common tail of both ops: check, then queue in the open group or run now. A failed
+   check inside a group also makes sbnGroupEnd run nothing. */
+static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
   sbnResult_t r = sbn_comm_check(op->comm);
+  if (r == sbnSuccess && desc == NULL)
+    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_name(op->kind));
   if (r == sbnSuccess) {
+    op->desc = *desc;
     op->params = params ? *params : defaults;
     r = check_op(op);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
   if (sbn_group_active()) {
     if (r != sbnSuccess) {
-      sbn_group_mark_failed(r, op->comm);
+      sbn_group_mark_failed(r);
       return r;
     }
     return sbn_group_enqueue(op);
@@ -127,7 +129,6 @@ SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc,
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_FORWARD;
   op.comm = comm;
-  if (desc != NULL) op.desc = *desc;
   op.x = x;
   op.out = y;
   op.weight = weight;
@@ -137,13 +138,7 @@ SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc,
   op.num_batches_tracked = num_batches_tracked;
   op.save_mean = save_mean;
   op.save_invstd = save_invstd;
-  if (desc == NULL) {
-    sbnResult_t r = sbn_comm_check(comm);
-    if (r == sbnSuccess) r = sbn_fail(comm, sbnInvalidArgument, "sbnForwardTrain: desc is NULL");
-    if (sbn_group_active()) sbn_group_mark_failed(r, comm);
-    return r;
-  }
-  return submit(&op, params);
+  return submit(&op, desc, params);
 }
 
 SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
@@ -155,7 +150,6 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_BACKWARD;
   op.comm = comm;
-  if (desc != NULL) op.desc = *desc;
   op.x = x;
   op.dy = dy;
   op.out = dx;
@@ -164,13 +158,7 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
   op.save_invstd = (float*)(uintptr_t)save_invstd;
   op.dweight = dweight;
   op.dbias = dbias;
-  if (desc == NULL) {
-    sbnResult_t r = sbn_comm_check(comm);
-    if (r == sbnSuccess) r = sbn_fail(comm, sbnInvalidArgument, "sbnBackward: desc is NULL");
-    if (sbn_group_active()) sbn_group_mark_failed(r, comm);
-    return r;
-  }
-  return submit(&op, params);
+  return submit(&op, desc, params);
 }
 
 SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
