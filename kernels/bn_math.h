@@ -112,6 +112,12 @@ SBN_HD sbn_partial_t sbn_partial_merge(sbn_partial_t a, sbn_partial_t b) {
   return r;
 }
 
+/* 1 / sqrt(var + eps): training (biased batch variance) and inference (running_var). */
+SBN_HD float sbn_invstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
+
+/* Per-channel scale of the normalization, weight * invstd (weight 1 when affine=False). */
+SBN_HD float sbn_scale(float weight, float invstd) { return SBN_MUL(weight, invstd); }
+
 /* The team's statistics of one channel from the merged partial and the exact global
    count M. M == 0: mean 0, invstd 1/sqrt(eps), var_unbiased 0 (callers leave running
    stats alone then). M == 1 is rejected before this is called. */
@@ -127,7 +133,7 @@ SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
   if (m <= 0) {
     s.mean = 0.0f;
     s.mean_lo = 0.0f;
-    s.invstd = 1.0f / sqrtf(eps);
+    s.invstd = sbn_invstd(0.0f, eps);
     s.var_unbiased = 0.0f;
     return s;
   }
@@ -135,7 +141,7 @@ SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
   float var = m2 / (float)m;
   s.mean = g.mean_hi;
   s.mean_lo = g.mean_lo;
-  s.invstd = 1.0f / sqrtf(var + eps);
+  s.invstd = sbn_invstd(var, eps);
   s.var_unbiased = m > 1 ? m2 / (float)(m - 1) : 0.0f;
   return s;
 }
@@ -176,9 +182,12 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
   k.mean = mean;
   k.mean_dy = SBN_MUL(sum_dy, inv_m);
   k.xmu_scale = SBN_MUL(SBN_MUL(invstd, invstd), SBN_MUL(sum_dy_xmu, inv_m));
-  k.scale = SBN_MUL(weight, invstd);
+  k.scale = sbn_scale(weight, invstd);
   return k;
 }
+
+/* dweight of a channel from its (local or team) sum dy * (x - mean). */
+SBN_HD float sbn_dweight(float sum_dy_xmu, float invstd) { return SBN_MUL(sum_dy_xmu, invstd); }
 
 SBN_HD float sbn_backward_dx(sbn_bwd_coef_t k, float x, float dy) {
   return SBN_MUL(dy - k.mean_dy - SBN_MUL(x - k.mean, k.xmu_scale), k.scale);

@@ -119,7 +119,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
     sbn_stats_t s = sbn_stats_finalize(g, m, op->params.eps);
     k[ci].mean = s.mean;
     k[ci].mean_lo = s.mean_lo;
-    k[ci].scale = (op->weight ? op->weight[ci] : 1.0f) * s.invstd;
+    k[ci].scale = sbn_scale(op->weight ? op->weight[ci] : 1.0f, s.invstd);
     k[ci].bias = op->bias ? op->bias[ci] : 0.0f;
     invstd[ci] = s.invstd;
     var_unbiased[ci] = s.var_unbiased;
@@ -165,7 +165,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
     sbn_bwd_sums_t mine = {comm->ws_local[2 * ci], comm->ws_local[2 * ci + 1]};
     sbn_bwd_sums_t grads = op->params.grad_mode == sbnGradGlobal ? g : mine;
     float invstd = op->save_invstd[ci];
-    if (op->dweight != NULL) op->dweight[ci] = grads.sum_dy_xmu * invstd;
+    if (op->dweight != NULL) op->dweight[ci] = sbn_dweight(grads.sum_dy_xmu, invstd);
     if (op->dbias != NULL) op->dbias[ci] = grads.sum_dy;
     k[ci] = sbn_backward_coefficients(g.sum_dy, g.sum_dy_xmu, m, op->save_mean[ci], invstd,
                                       op->weight ? op->weight[ci] : 1.0f);
@@ -187,7 +187,7 @@ void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y, const f
       int64_t ci = c0 + j;
       k[j].mean = running_mean[ci];
       k[j].mean_lo = 0.0f;
-      k[j].scale = (weight ? weight[ci] : 1.0f) * (1.0f / sqrtf(running_var[ci] + eps));
+      k[j].scale = sbn_scale(weight ? weight[ci] : 1.0f, sbn_invstd(running_var[ci], eps));
       k[j].bias = bias ? bias[ci] : 0.0f;
     }
     elementwise(d, x, NULL, y, c0, cl, k, NULL);
