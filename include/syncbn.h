@@ -103,6 +103,10 @@ typedef struct {
   { sizeof(sbnConfig_t), SBN_CONFIG_MAGIC, SBN_CONFIG_VERSION, SBN_DEFAULT_TIMEOUT_MS,       \
     SBN_DEFAULT_MAX_CHANNELS }
 
+/* Most ranks in a GPU team (sbnCommInitVirtual, sbnCommInitAll): the cooperative kernels
+   take every rank's mailbox address as a launch parameter. Wider teams: sbnUnsupported. */
+#define SBN_MAX_GPU_TEAM_RANKS 16
+
 /* Color for sbnCommSplit: this rank joins no sub-team (*newcomm = NULL). */
 #define SBN_SPLIT_NOCOLOR (-1)
 
@@ -111,12 +115,32 @@ typedef struct {
    Each comm is owned by the caller and released with sbnCommDestroy. Always available.
    Errors: sbnInvalidArgument (comms NULL, nranks < 1, bad config), sbnSystemError. */
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
-/* One process, one rank per listed GPU (peer memory over NVLink/PCIe P2P, pinned host
-   memory where P2P is missing). sbnUnsupported in builds or on devices that cannot. */
+/* GPU teams (sbnCommInitAll, sbnCommInitVirtual). Forward and backward are each ONE
+   cooperative kernel per GPU with the cross-rank exchange inside it. For their ops:
+   - every pointer (x, y, dy, dx, weight, bias, running stats, num_batches_tracked as an
+     int64_t, save_mean/save_invstd, dweight/dbias) is device memory of the rank's GPU;
+   - ops are asynchronous on `stream`; argument errors are returned at once, as for CPU
+     teams. Failures found inside the kernel (a peer that does not arrive within
+     timeout_ms, ranks running different ops, a global count of 1 that the host could not
+     see) write none of the op's outputs in the blocks that detect them, are reported by
+     sbnCommGetAsyncError, and abort the team (later ops return sbnAborted);
+   - epochs live on the device: ops can be captured into a CUDA graph and replayed.
+   At most SBN_MAX_GPU_TEAM_RANKS ranks. sbnUnsupported in builds without CUDA, without a
+   device, or on a device without cooperative launch. */
+
+/* One process, one rank per listed GPU (devlist[r] is rank r's device). Mailboxes live in
+   device memory mapped to the peers (peer access is enabled), or in pinned, mapped host
+   memory where some pair of GPUs lacks P2P. A device may be listed more than once: those
+   ranks share it, each launch sized to its share of the SMs (used to test separate
+   launches on one GPU). Ranks call their ops either from one thread per rank, or all
+   together from one thread inside sbnGroupStart/End. */
 SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlist,
                                    const sbnConfig_t* config);
-/* nranks virtual ranks on ONE GPU: the same in-kernel protocol, for tests and research.
-   sbnUnsupported in builds or on devices that cannot. */
+/* nranks virtual ranks on ONE GPU: the same in-kernel protocol as real GPUs, for tests and
+   research. With nranks > 1 every op must be called for all ranks between sbnGroupStart
+   and sbnGroupEnd, which makes ONE cooperative launch for all ranks (on rank 0's stream,
+   ordered after the work on the other ranks' streams); outside a group: sbnInvalidUsage.
+   The ranks share the GPU's co-resident blocks. */
 SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
                                        const sbnConfig_t* config);
 /* Multi-process / multi-node: one rank per NCCL rank, collective over the NCCL comm.
@@ -193,7 +217,8 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
 /* Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias (weight and
    bias NULL: affine=False). No team, no synchronization. The pointers are either all
    host memory (computed on the CPU, stream ignored) or all device memory (one kernel on
-   `stream`); a mix is sbnInvalidArgument. */
+   `stream`, on the device that holds running_mean); a mix is sbnInvalidArgument. Both
+   compute the same bits. */
 SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
                                         const float* weight, const float* bias,
                                         const float* running_mean, const float* running_var,

@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu/gpu.h"
 #include "internal.h"
 
 sbnResult_t sbn_comm_check(sbnComm_t comm) {
@@ -12,7 +13,16 @@ sbnResult_t sbn_comm_check(sbnComm_t comm) {
   return sbnSuccess;
 }
 
+/* A GPU team's kernels report failures in error words; the first one seen aborts the team
+   on the host too, so later calls return sbnAborted without launching. */
+static void poll_gpu(sbn_team_t* t) {
+  if (t->gpu == NULL) return;
+  sbnResult_t e = sbn_gpu_poll_error(t);
+  if (e != sbnSuccess) sbn_team_abort(t, e);
+}
+
 sbnResult_t sbn_comm_check_alive(sbnComm_t comm) {
+  poll_gpu(comm->team);
   int reason = atomic_load_explicit(&comm->team->abort_reason, memory_order_acquire);
   if (reason != sbnSuccess)
     return sbn_fail(comm, sbnAborted, "the team was aborted earlier (%s); destroy the comm",
@@ -32,6 +42,7 @@ void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
 
 static void team_free(sbn_team_t* t) {
   if (t == NULL) return;
+  if (t->gpu != NULL) sbn_gpu_team_detach(t);
   pthread_mutex_destroy(&t->split_mu);
   pthread_cond_destroy(&t->split_cv);
   free(t->mail);
@@ -51,9 +62,10 @@ static void comm_free(sbnComm_t c) {
   free(c);
 }
 
-/* Creates a team of `nranks` and its comms, all or nothing. */
+/* Creates a team of `nranks` and its comms, all or nothing. GPU teams: devices[] as for
+   sbn_gpu_team_attach. */
 static sbnResult_t team_create(sbn_comm_kind_t kind, int nranks, const sbn_cfg_t* cfg,
-                               sbnComm_t* comms) {
+                               const int* devices, sbnComm_t* comms) {
   size_t w = (size_t)nranks, mc = (size_t)cfg->max_channels;
   sbn_team_t* t = calloc(1, sizeof *t);
   if (t == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (team)");
@@ -77,6 +89,13 @@ static sbnResult_t team_create(sbn_comm_kind_t kind, int nranks, const sbn_cfg_t
   for (size_t i = 0; i < w * 2; i++) {
     atomic_init(&t->mail[i].epoch, 0);
     t->mail[i].payload = t->payload_store + i * SBN_PAYLOAD_FLOATS * mc;
+  }
+  if (kind != SBN_COMM_CPU) {
+    sbnResult_t r = sbn_gpu_team_attach(t, devices);
+    if (r != sbnSuccess) {
+      team_free(t);
+      return r;
+    }
   }
   sbnComm_t* made = calloc(w, sizeof *made);
   if (made == NULL) {
@@ -104,8 +123,9 @@ static sbnResult_t team_create(sbn_comm_kind_t kind, int nranks, const sbn_cfg_t
   }
   memcpy(comms, made, w * sizeof *made);
   free(made);
-  sbn_log(SBN_LOG_INFO, "CPU team %p of %d ranks, timeout %lld ms, max_channels %lld", (void*)t,
-          nranks, (long long)cfg->timeout_ms, (long long)cfg->max_channels);
+  if (kind == SBN_COMM_CPU)
+    sbn_log(SBN_LOG_INFO, "CPU team %p of %d ranks, timeout %lld ms, max_channels %lld",
+            (void*)t, nranks, (long long)cfg->timeout_ms, (long long)cfg->max_channels);
   return sbnSuccess;
 }
 
@@ -117,7 +137,7 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  return team_create(SBN_COMM_CPU, nranks, &cfg, comms);
+  return team_create(SBN_COMM_CPU, nranks, &cfg, NULL, comms);
 }
 
 SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlist,
@@ -125,12 +145,17 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
   if (comms == NULL || devlist == NULL || ndev < 1)
     return sbn_fail(NULL, sbnInvalidArgument,
                     "sbnCommInitAll: comms and devlist must be non-NULL and ndev >= 1");
+  for (int i = 0; i < ndev; i++)
+    if (devlist[i] < 0)
+      return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitAll: devlist[%d] = %d is negative", i,
+                      devlist[i]);
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  return sbn_fail(NULL, sbnUnsupported,
-                  "sbnCommInitAll: multi-GPU teams are not implemented in this version of "
-                  "syncbn (CPU teams only: sbnCommInitCpu)");
+  r = team_create(SBN_COMM_GPU_PEER, ndev, &cfg, devlist, comms);
+  if (r != sbnSuccess)
+    return sbn_fail(NULL, r, "sbnCommInitAll: %s", sbnGetLastError(NULL));
+  return sbnSuccess;
 }
 
 SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
@@ -141,9 +166,10 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  return sbn_fail(NULL, sbnUnsupported,
-                  "sbnCommInitVirtual: GPU teams are not implemented in this version of syncbn "
-                  "(CPU teams only: sbnCommInitCpu)");
+  r = team_create(SBN_COMM_GPU_VIRTUAL, nranks, &cfg, &device, comms);
+  if (r != sbnSuccess)
+    return sbn_fail(NULL, r, "sbnCommInitVirtual: %s", sbnGetLastError(NULL));
+  return sbnSuccess;
 }
 
 SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
@@ -192,7 +218,18 @@ sbnResult_t sbn_split_build(sbn_team_t* parent, const int* color, const int* key
       r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
       break;
     }
-    r = team_create(parent->kind, m, &parent->cfg, sub);
+    int* devs = NULL;
+    if (parent->kind != SBN_COMM_CPU) {
+      devs = malloc((size_t)m * sizeof *devs);
+      if (devs == NULL) {
+        free(sub);
+        r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
+        break;
+      }
+      for (int i = 0; i < m; i++) devs[i] = sbn_gpu_rank_device(parent, order[i]);
+    }
+    r = team_create(parent->kind, m, &parent->cfg, devs, sub);
+    free(devs);
     if (r == sbnSuccess)
       for (int i = 0; i < m; i++) made[order[i]] = sub[i];
     free(sub);
@@ -308,6 +345,7 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
   if (r != sbnSuccess) return r;
   if (async_error == NULL)
     return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetAsyncError: async_error is NULL");
+  poll_gpu(comm->team);
   *async_error = (sbnResult_t)atomic_load_explicit(&comm->team->abort_reason, memory_order_acquire);
   return sbnSuccess;
 }
@@ -316,6 +354,7 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm) {
   sbnResult_t r = sbn_comm_check(comm);
   if (r != sbnSuccess) return r;
   sbn_team_abort(comm->team, sbnAborted);
+  if (comm->team->gpu != NULL) sbn_gpu_abort(comm->team); /* waiting kernels return */
   return sbnSuccess;
 }
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/gpu.h"
 #include "internal.h"
 
 typedef struct {
@@ -181,10 +182,61 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   return sbnSuccess;
 }
 
-/* Runs every (team, rank) queue on its own thread; the first on the calling thread. */
+/* GPU teams: round i is the i-th op of every rank. launch == 0 checks every round (before
+   anything runs: all or nothing); launch == 1 launches them: a virtual team's round as ONE
+   cooperative launch, a peer team's as one launch per rank (asynchronous). */
+static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
+  sbnResult_t r = sbnSuccess;
+  for (size_t j = 0; j < nt && r == sbnSuccess; j++) {
+    sbn_team_t* t = teams[j];
+    if (t->kind == SBN_COMM_CPU) continue;
+    int w = t->nranks;
+    const sbn_op_t** ops = malloc((size_t)w * sizeof *ops);
+    size_t* next = calloc((size_t)w, sizeof *next);
+    if (!ops || !next) r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    while (r == sbnSuccess) {
+      int found = 0;
+      for (int q = 0; q < w; q++) {
+        ops[q] = NULL;
+        for (size_t i = next[q]; i < group.n; i++) {
+          const sbn_op_t* op = &group.ops[i];
+          if (op->kind != SBN_OP_SPLIT && op->comm->team == t && op->comm->rank == q) {
+            ops[q] = op;
+            next[q] = i + 1;
+            break;
+          }
+        }
+        if (ops[q] == NULL) break;
+        found++;
+      }
+      if (found < w) break; /* op counts are equal per rank (checked): no round is left */
+      if (!launch) {
+        r = sbn_gpu_check_round(ops, w, 1);
+        continue;
+      }
+      r = sbn_comm_check_alive(ops[0]->comm);
+      if (r != sbnSuccess) break;
+      if (t->kind == SBN_COMM_GPU_VIRTUAL) {
+        r = sbn_gpu_launch(ops, w);
+      } else {
+        for (int q = 0; q < w && r == sbnSuccess; q++) r = sbn_gpu_launch(&ops[q], 1);
+      }
+    }
+    free(ops);
+    free(next);
+  }
+  if (r != sbnSuccess)
+    sbn_fail(NULL, r, "sbnGroupEnd: %s", sbnGetLastError(NULL));
+  return r;
+}
+
+/* Runs every (team, rank) queue of the CPU teams on its own thread; the first on the
+   calling thread. */
 static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   size_t nq = 0;
-  for (size_t j = 0; j < nt; j++) nq += (size_t)teams[j]->nranks;
+  for (size_t j = 0; j < nt; j++)
+    if (teams[j]->kind == SBN_COMM_CPU) nq += (size_t)teams[j]->nranks;
+  if (nq == 0) return sbnSuccess;
   rank_queue_t* qs = calloc(nq, sizeof *qs);
   size_t* idx = malloc((group.n ? group.n : 1) * sizeof *idx);
   worker_arg_t* args = calloc(nq, sizeof *args);
@@ -197,6 +249,7 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   /* lay the indices out queue by queue */
   size_t pos = 0, k = 0;
   for (size_t j = 0; j < nt; j++) {
+    if (teams[j]->kind != SBN_COMM_CPU) continue;
     for (int r = 0; r < teams[j]->nranks; r++, k++) {
       qs[k].ops = group.ops;
       qs[k].idx = idx + pos;
@@ -264,13 +317,15 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     group_reset();
     return r;
   }
-  sbn_team_t** teams = malloc((group.n ? group.n : 1) * sizeof *teams);
+  sbn_team_t** teams = calloc(group.n ? group.n : 1, sizeof *teams);
   size_t nt = 0;
   if (teams == NULL) {
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
   } else {
     r = check_complete(teams, &nt);
+    if (r == sbnSuccess) r = gpu_rounds(teams, nt, 0);
     if (r == sbnSuccess) r = run_splits(teams, nt);
+    if (r == sbnSuccess) r = gpu_rounds(teams, nt, 1);
     if (r == sbnSuccess) r = run_ops(teams, nt);
   }
   free(teams);

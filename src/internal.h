@@ -20,7 +20,13 @@ SBN_INTERNAL sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt
     __attribute__((format(printf, 3, 4)));
 
 /* ---- comms and teams --------------------------------------------------------------- */
-typedef enum { SBN_COMM_CPU = 1 } sbn_comm_kind_t;
+typedef enum {
+  SBN_COMM_CPU = 1,         /* ranks are host threads, data in host memory */
+  SBN_COMM_GPU_VIRTUAL = 2, /* W ranks on one GPU: one cooperative launch per op for all */
+  SBN_COMM_GPU_PEER = 3     /* a rank per listed GPU (a GPU may be listed more than once) */
+} sbn_comm_kind_t;
+
+struct sbn_gpu_team; /* src/gpu/gpu_team.c */
 
 /* Resolved configuration of a team. */
 typedef struct {
@@ -51,6 +57,7 @@ typedef struct sbn_team {
   sbn_comm_kind_t kind;
   int nranks;
   sbn_cfg_t cfg;
+  struct sbn_gpu_team* gpu; /* GPU teams: device resources (NULL for CPU teams) */
   _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted */
   _Atomic int refs;         /* ranks not yet destroyed */
   sbn_mailbox_t* mail;      /* [src][parity] */
@@ -114,6 +121,7 @@ typedef struct {
   float* save_invstd;
   float* dweight;
   float* dbias;
+  sbnStream_t stream;  /* GPU teams */
   int color, key;      /* split */
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "gpu/gpu.h"
 #include "internal.h"
 
 /* Largest per-rank element count accepted: keeps every index computation in int64 and
@@ -91,6 +92,12 @@ static sbnResult_t check_op(const sbn_op_t* op) {
 sbnResult_t sbn_op_run(const sbn_op_t* op) {
   sbnResult_t r = sbn_comm_check_alive(op->comm);
   if (r != sbnSuccess) return r;
+  if (op->comm->team->kind != SBN_COMM_CPU) {
+    /* one rank of a GPU team (virtual teams of more than one rank run in groups only) */
+    r = sbn_gpu_check_round(&op, 1, op->comm->team->nranks == 1);
+    if (r == sbnSuccess) r = sbn_gpu_launch(&op, 1);
+    return r;
+  }
   return op->kind == SBN_OP_FORWARD ? sbn_cpu_forward(op) : sbn_cpu_backward(op);
 }
 
@@ -107,6 +114,12 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     r = check_op(op);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
+  if (r == sbnSuccess && !sbn_group_active() && op->comm->team->kind == SBN_COMM_GPU_VIRTUAL &&
+      op->comm->team->nranks > 1)
+    r = sbn_fail(op->comm, sbnInvalidUsage,
+                 "%s: a virtual team of %d ranks runs each op as ONE launch for all its ranks: "
+                 "call the op for every rank between sbnGroupStart and sbnGroupEnd",
+                 op_name(op->kind), op->comm->team->nranks);
   if (sbn_group_active()) {
     if (r != sbnSuccess) {
       sbn_group_mark_failed(r);
@@ -124,10 +137,10 @@ SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc,
                                     int64_t* num_batches_tracked, float* save_mean,
                                     float* save_invstd, const sbnParams_t* params,
                                     sbnStream_t stream) {
-  (void)stream; /* CPU teams run on the calling thread(s) */
-  sbn_op_t op;
+  sbn_op_t op; /* CPU teams ignore the stream: they run on the calling thread(s) */
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_FORWARD;
+  op.stream = stream;
   op.comm = comm;
   op.x = x;
   op.out = y;
@@ -145,10 +158,10 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
                                 const void* dy, void* dx, const float* weight,
                                 const float* save_mean, const float* save_invstd, float* dweight,
                                 float* dbias, const sbnParams_t* params, sbnStream_t stream) {
-  (void)stream;
   sbn_op_t op;
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_BACKWARD;
+  op.stream = stream;
   op.comm = comm;
   op.x = x;
   op.dy = dy;
@@ -165,7 +178,6 @@ SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void*
                                         const float* weight, const float* bias,
                                         const float* running_mean, const float* running_var,
                                         float eps, sbnStream_t stream) {
-  (void)stream;
   const char* fn = "sbnForwardInference";
   sbnResult_t r = check_desc(NULL, fn, desc);
   if (r != sbnSuccess) return r;
@@ -187,9 +199,7 @@ SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void*
     return sbn_fail(NULL, sbnInvalidArgument,
                     "%s: pointers mix host and device memory; pass all host or all device", fn);
   if (kinds[SBN_MEM_DEVICE])
-    return sbn_fail(NULL, sbnUnsupported,
-                    "%s: device memory is not supported by this version of syncbn (host memory "
-                    "only)", fn);
+    return sbn_gpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps, stream);
   sbn_cpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps);
   return sbnSuccess;
 }

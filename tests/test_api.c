@@ -232,11 +232,13 @@ static void test_init_env_timeout_bad(void) {
   ASSERT_OK(sbnCommDestroy(comms[1]));
 }
 
-static void test_init_gpu_unsupported(void) {
-  /* GPU teams come in a later issue: NULL/bad args are invalid, everything else is
-     sbnUnsupported with an explanation. */
-  sbnComm_t comms[4];
+static void test_init_gpu_args(void) {
+  /* NULL/bad args are invalid everywhere. Whether a GPU team can be made depends on the
+     build and the machine: a one-rank virtual team on device 0 tells which case this is,
+     and each case has its own exact expectations. */
+  sbnComm_t comms[SBN_MAX_GPU_TEAM_RANKS + 1];
   const int devs[2] = {0, 1};
+  const int bad_dev[2] = {0, 4096};
   static char fake_nccl_storage[64];
   struct ncclComm* fake_nccl = (struct ncclComm*)(void*)fake_nccl_storage;
 
@@ -244,12 +246,30 @@ static void test_init_gpu_unsupported(void) {
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 0, devs, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, -2, devs, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 2, NULL, NULL));
-  EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
+  const int neg[1] = {-1};
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 1, neg, NULL));
 
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(NULL, 2, 0, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, 0, 0, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, -1, 0, NULL));
-  EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, 2, -1, NULL));
+
+  sbnResult_t probe = sbnCommInitVirtual(comms, 1, 0, NULL);
+  if (probe == sbnSuccess) {
+    /* a CUDA device is here: bad device indices are invalid arguments, and teams wider
+       than the kernels' parameter block are unsupported */
+    printf("  (GPU present: checking GPU-team argument errors)\n");
+    ASSERT_OK(sbnCommDestroy(comms[0]));
+    EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitAll(comms, 2, bad_dev, NULL));
+    EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, 2, 4096, NULL));
+    EXPECT_INIT_REJECTED(sbnUnsupported,
+                         sbnCommInitVirtual(comms, SBN_MAX_GPU_TEAM_RANKS + 1, 0, NULL));
+  } else {
+    /* no CUDA in this build, or no device: every GPU team is unsupported, with a reason */
+    ASSERT_EQ_INT(probe, sbnUnsupported);
+    EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
+    EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
+  }
 
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(NULL, fake_nccl, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(comms, NULL, NULL));
@@ -683,7 +703,7 @@ int main(void) {
   SBN_RUN(test_last_error_fresh);
   SBN_RUN(test_init_cpu_bad);
   SBN_RUN(test_init_env_timeout_bad);
-  SBN_RUN(test_init_gpu_unsupported);
+  SBN_RUN(test_init_gpu_args);
   SBN_RUN(test_comm_queries);
   SBN_RUN(test_split_bad);
   SBN_RUN(test_forward_bad_args);

@@ -1,0 +1,101 @@
+/* coop_args.h — what the host passes to the cooperative kernels (kernels/coop.cu), and
+ * the layout of the mailboxes they exchange through. Plain C: included by the host code
+ * in src/gpu/ (a C compiler) and by the kernels (nvcc).
+ *
+ * One launch runs `nlaunch` ranks of a team of `nranks`: all of them for a virtual team
+ * (blocks [r*G, (r+1)*G) are launch slot r), one for a team with a rank per GPU.
+ */
+#ifndef SYNCBN_COOP_ARGS_H_
+#define SYNCBN_COOP_ARGS_H_
+
+#include <stdint.h>
+
+#include "syncbn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SBN_GPU_MAX_RANKS SBN_MAX_GPU_TEAM_RANKS /* kernel parameters are sized by it */
+#define SBN_GPU_THREADS 256    /* threads per block of every cooperative kernel */
+#define SBN_GPU_CHUNK 32       /* channels per mailbox record (one warp, lane = channel) */
+#define SBN_GPU_REC_FLOATS 3   /* floats per channel in a record: fwd (mean_hi, mean_lo,
+                                  m2), bwd (sum_dy, sum_dy_xmu, unused) */
+
+/* One mailbox record: what rank `src` published for SBN_GPU_CHUNK channels of one op.
+   The publisher writes count, sig and data, then a system-scope fence, then `epoch`; the
+   reader loads `epoch` with acquire (system scope) until it equals the op's epoch, then
+   reads the rest. 400 bytes, 16-byte aligned. */
+typedef struct {
+  uint32_t epoch;
+  uint32_t sig;   /* op kind, dtype, layout and C: ranks running different ops see it */
+  int64_t count;  /* n * spatial of the publishing rank */
+  float data[SBN_GPU_CHUNK * SBN_GPU_REC_FLOATS];
+} sbn_mail_rec_t;
+
+/* A rank's mailbox (the receiving side) holds records [src][parity][chunk]; parity is
+   the op's epoch & 1 (double buffering: no trailing barrier is needed). */
+#ifdef __CUDACC__
+#define SBN_ARGS_HD __host__ __device__ __forceinline__
+#else
+#define SBN_ARGS_HD inline
+#endif
+static SBN_ARGS_HD int64_t sbn_mail_index(int src, uint32_t epoch, int chunk, int nchunks_max) {
+  return ((int64_t)src * 2 + (int64_t)(epoch & 1u)) * nchunks_max + chunk;
+}
+
+/* Per-rank persistent device state (in the rank's device memory, zeroed at init). */
+typedef struct {
+  uint32_t epoch;   /* ops this rank has run; the kernel advances it */
+  uint32_t barrier; /* the rank-local barrier's arrival counter */
+  uint32_t pad[2];
+} sbn_rank_state_t;
+
+/* One rank's part of a launch. */
+typedef struct {
+  const void* x;
+  const void* dy;
+  void* out; /* y or dx (may be NULL in backward) */
+  const float* weight;
+  const float* bias;
+  float* running_mean;
+  float* running_var;
+  int64_t* nbt;
+  const float* save_mean_in; /* backward */
+  float* save_mean;          /* forward outputs */
+  float* save_invstd;        /* forward output, backward input (read) */
+  float* dweight;
+  float* dbias;
+  int64_t n;
+  int64_t spatial;
+  sbn_rank_state_t* state;
+  float* part;           /* partials workspace: SBN_GPU_REC_FLOATS floats per (slice,
+                            channel) entry, then the per-channel shifts (forward) */
+  sbn_mail_rec_t* mail;  /* this rank's own mailbox (it reads here) */
+  int rank;              /* in the team */
+  float eps;
+  float momentum;
+  int grad_global;
+} sbn_coop_rank_t;
+
+typedef struct {
+  sbn_coop_rank_t r[SBN_GPU_MAX_RANKS]; /* launch slots 0..nlaunch-1 */
+  sbn_mail_rec_t* mail[SBN_GPU_MAX_RANKS]; /* every team rank's mailbox, as seen by this device */
+  volatile int* err; /* nranks + 1 words in mapped host memory: err[rank] written by that
+                        rank's kernels, err[nranks] by the host (sbnCommAbort) */
+  int64_t c;
+  int64_t timeout_ns;
+  uint32_t sig;
+  int nranks;
+  int nlaunch;
+  int G;           /* blocks per rank */
+  int nchunks_max; /* records per (src, parity) in a mailbox */
+} sbn_coop_args_t;
+
+/* Kernel selectors. */
+enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SYNCBN_COOP_ARGS_H_ */

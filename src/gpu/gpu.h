@@ -1,0 +1,41 @@
+/* gpu.h — GPU teams (virtual ranks on one GPU, one rank per GPU in one process): their
+ * device resources and the launches of the cooperative kernels (kernels/coop.cu).
+ * Every function exists in builds without CUDA and then returns sbnUnsupported. */
+#ifndef SYNCBN_GPU_H_
+#define SYNCBN_GPU_H_
+
+#include "internal.h"
+
+/* Attaches GPU resources to a freshly created team of kind SBN_COMM_GPU_VIRTUAL (every
+   rank on devices[0]) or SBN_COMM_GPU_PEER (rank r on devices[r]). On failure the team
+   has no GPU part (team->gpu == NULL) and the caller frees it. */
+SBN_INTERNAL sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices);
+/* Releases the GPU part of a team (waits for the team's devices to be idle). */
+SBN_INTERNAL void sbn_gpu_team_detach(sbn_team_t* team);
+/* Device of a rank (for splits). */
+SBN_INTERNAL int sbn_gpu_rank_device(const sbn_team_t* team, int rank);
+
+/* Reads the team's error words (mapped host memory, written by the kernels): sbnSuccess,
+   or the failure a kernel recorded (sbnTimeout, sbnInvalidUsage, sbnInvalidArgument,
+   sbnAborted). Never blocks. */
+SBN_INTERNAL sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team);
+/* Makes the team's waiting kernels return (sbnCommAbort). */
+SBN_INTERNAL void sbn_gpu_abort(sbn_team_t* team);
+
+/* Checks that `nops` ops, one per rank in rank order for a virtual team (or of several
+   ranks of a peer team, all ranks present), can run together: same kind, dtype, layout
+   and C, and a global count other than 1 for a forward. Synchronous errors. */
+SBN_INTERNAL sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_team);
+/* Launches: a virtual team's op of every rank as ONE cooperative launch (nops ==
+   nranks, ops in rank order), or one rank's op of a peer team (nops == 1). Asynchronous
+   on the ops' stream(s). */
+SBN_INTERNAL sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops);
+
+/* sbnForwardInference with device pointers: one kernel on `stream`. */
+SBN_INTERNAL sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+                                           const float* weight, const float* bias,
+                                           const float* running_mean,
+                                           const float* running_var, float eps,
+                                           sbnStream_t stream);
+
+#endif /* SYNCBN_GPU_H_ */

@@ -1,0 +1,452 @@
+/* gpu_team.c — GPU teams: device resources at init (no allocation inside ops), the
+ * cooperative launches, error words, inference on device pointers.
+ *
+ * Resources of a team of W ranks, sized from the config's max_channels:
+ *   per rank, on its device: the persistent state (epoch, barrier counter), the partials
+ *   workspace, and the rank's mailbox (records [src][parity][chunk], written by every rank);
+ *   per team: W + 1 error words in pinned, mapped host memory (the kernels write them, the
+ *   host reads them without synchronizing; the last one is the host's abort).
+ * Mailboxes live in device memory when every pair of distinct devices has peer access
+ * (enabled here), otherwise all of them live in pinned, mapped host memory.
+ */
+#include "gpu/gpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if SYNCBN_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "coop_args.h"
+
+/* kernels/coop.cu */
+const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile) SBN_INTERNAL;
+cudaError_t sbn_gpu_inference_launch(int dtype, int nhwc, const void* x, void* y,
+                                     const float* weight, const float* bias, const float* rm,
+                                     const float* rv, float eps, int64_t n, int64_t c,
+                                     int64_t sp, cudaStream_t stream) SBN_INTERNAL;
+
+/* Elements per block below which a launch uses fewer blocks than the device holds: the
+   barrier and exchange cost per block is then larger than its share of the work. */
+#define SBN_GPU_ELEMS_PER_BLOCK 16384
+
+typedef struct {
+  int device;
+  int share; /* ranks of this team on this device */
+  int sms;
+  int occ[2][3][2]; /* blocks per SM: [kind][dtype][tile] */
+  sbn_rank_state_t* state;
+  float* part;
+  sbn_mail_rec_t* mail;
+  cudaEvent_t ev;
+} gpu_rank_t;
+
+struct sbn_gpu_team {
+  int nranks;
+  int nchunks_max;
+  int mail_on_host;
+  volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
+  gpu_rank_t* ranks;
+};
+
+static sbnResult_t cuda_fail(cudaError_t e, const char* what) {
+  (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
+  return sbn_fail(NULL, e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver
+                            ? sbnUnsupported
+                            : sbnCudaError,
+                  "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CU(call, what)                                \
+  do {                                                \
+    cudaError_t e_ = (call);                          \
+    if (e_ != cudaSuccess) {                          \
+      r = cuda_fail(e_, what);                        \
+      goto out;                                       \
+    }                                                 \
+  } while (0)
+
+int sbn_gpu_rank_device(const sbn_team_t* team, int rank) {
+  return team->gpu->ranks[rank].device;
+}
+
+/* Occupancy of every kernel on the current device. */
+static sbnResult_t query_device(gpu_rank_t* g, int dev) {
+  sbnResult_t r = sbnSuccess;
+  int coop = 0;
+  CU(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
+  if (!coop)
+    return sbn_fail(NULL, sbnUnsupported, "device %d does not support cooperative launches", dev);
+  CU(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 3; d++)
+      for (int t = 0; t < 2; t++) {
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g->occ[k][d][t],
+                                                        sbn_coop_kernel_ptr(k, d, t),
+                                                        SBN_GPU_THREADS, 0),
+           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+        if (g->occ[k][d][t] < 1)
+          return sbn_fail(NULL, sbnUnsupported,
+                          "device %d cannot hold a block of the cooperative kernel", dev);
+      }
+out:
+  return r;
+}
+
+static void gpu_team_free(struct sbn_gpu_team* gt) {
+  if (gt == NULL) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  for (int q = 0; gt->ranks && q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    if (cudaSetDevice(g->device) != cudaSuccess) continue;
+    cudaDeviceSynchronize(); /* kernels of this team may still be in flight */
+    if (g->ev) cudaEventDestroy(g->ev);
+    cudaFree(g->state);
+    cudaFree(g->part);
+    if (gt->mail_on_host)
+      cudaFreeHost(g->mail);
+    else
+      cudaFree(g->mail);
+  }
+  if (gt->err) cudaFreeHost((void*)gt->err);
+  cudaSetDevice(prev);
+  (void)cudaGetLastError();
+  free(gt->ranks);
+  free(gt);
+}
+
+void sbn_gpu_team_detach(sbn_team_t* team) {
+  gpu_team_free(team->gpu);
+  team->gpu = NULL;
+}
+
+/* Peer access between every pair of distinct devices: 1 (enabled), 0 (some pair lacks it). */
+static int enable_peers(const gpu_rank_t* ranks, int w) {
+  for (int a = 0; a < w; a++)
+    for (int b = 0; b < w; b++) {
+      int da = ranks[a].device, db = ranks[b].device, ok = 0;
+      if (da == db) continue;
+      if (cudaDeviceCanAccessPeer(&ok, da, db) != cudaSuccess || !ok) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+    }
+  for (int a = 0; a < w; a++)
+    for (int b = 0; b < w; b++) {
+      int da = ranks[a].device, db = ranks[b].device;
+      if (da == db || cudaSetDevice(da) != cudaSuccess) continue;
+      cudaError_t e = cudaDeviceEnablePeerAccess(db, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+      (void)cudaGetLastError();
+    }
+  return 1;
+}
+
+sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
+  const int w = team->nranks;
+  sbnResult_t r = sbnSuccess;
+  int prev = 0, ndev = 0;
+  if (w > SBN_GPU_MAX_RANKS)
+    return sbn_fail(NULL, sbnUnsupported, "GPU teams have at most %d ranks, got %d",
+                    SBN_GPU_MAX_RANKS, w);
+  cudaError_t e0 = cudaGetDeviceCount(&ndev);
+  if (e0 != cudaSuccess || ndev == 0) {
+    (void)cudaGetLastError();
+    return sbn_fail(NULL, sbnUnsupported, "no usable CUDA device (%s)",
+                    e0 != cudaSuccess ? cudaGetErrorString(e0) : "device count is 0");
+  }
+  for (int q = 0; q < w; q++) {
+    int d = team->kind == SBN_COMM_GPU_VIRTUAL ? devices[0] : devices[q];
+    if (d < 0 || d >= ndev)
+      return sbn_fail(NULL, sbnInvalidArgument, "device %d does not exist (%d CUDA devices)", d,
+                      ndev);
+  }
+  cudaGetDevice(&prev);
+  struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
+  if (gt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (GPU team)");
+  gt->nranks = w;
+  gt->nchunks_max = (int)((team->cfg.max_channels + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+  gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
+  if (gt->ranks == NULL) {
+    r = sbn_fail(NULL, sbnSystemError, "out of host memory (GPU team)");
+    goto out;
+  }
+  for (int q = 0; q < w; q++)
+    gt->ranks[q].device = team->kind == SBN_COMM_GPU_VIRTUAL ? devices[0] : devices[q];
+  for (int q = 0; q < w; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    for (int o = 0; o < w; o++) g->share += gt->ranks[o].device == g->device;
+    if (team->kind == SBN_COMM_GPU_VIRTUAL) g->share = 1; /* one launch holds every rank */
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    r = query_device(g, g->device);
+    if (r != sbnSuccess) goto out;
+  }
+  gt->mail_on_host = !enable_peers(gt->ranks, w);
+
+  CU(cudaHostAlloc((void**)&gt->err, (size_t)(w + 1) * sizeof(int),
+                   cudaHostAllocPortable | cudaHostAllocMapped),
+     "cudaHostAlloc (error words)");
+  memset((void*)gt->err, 0, (size_t)(w + 1) * sizeof(int));
+
+  for (int q = 0; q < w; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    int occ_max = 0;
+    for (int k = 0; k < 2; k++)
+      for (int d = 0; d < 3; d++)
+        for (int t = 0; t < 2; t++)
+          if (g->occ[k][d][t] > occ_max) occ_max = g->occ[k][d][t];
+    /* partial entries of a launch: at most max(G*32, C+32) (see kernels/coop.cu) */
+    size_t gmax = (size_t)occ_max * (size_t)g->sms;
+    size_t entries = gmax * SBN_GPU_CHUNK > (size_t)team->cfg.max_channels + SBN_GPU_CHUNK
+                         ? gmax * SBN_GPU_CHUNK
+                         : (size_t)team->cfg.max_channels + SBN_GPU_CHUNK;
+    size_t part_bytes = (SBN_GPU_REC_FLOATS * entries + (size_t)team->cfg.max_channels) * sizeof(float);
+    size_t mail_bytes = (size_t)w * 2 * (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t);
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    CU(cudaMalloc((void**)&g->state, sizeof(sbn_rank_state_t)), "cudaMalloc (rank state)");
+    CU(cudaMemset(g->state, 0, sizeof(sbn_rank_state_t)), "cudaMemset");
+    CU(cudaMalloc((void**)&g->part, part_bytes), "cudaMalloc (workspace)");
+    if (gt->mail_on_host) {
+      CU(cudaHostAlloc((void**)&g->mail, mail_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+         "cudaHostAlloc (mailbox)");
+      memset(g->mail, 0, mail_bytes);
+    } else {
+      CU(cudaMalloc((void**)&g->mail, mail_bytes), "cudaMalloc (mailbox)");
+      CU(cudaMemset(g->mail, 0, mail_bytes), "cudaMemset");
+    }
+    CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  for (int q = 0; q < w; q++) {
+    CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
+    CU(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); /* the memsets are done */
+  }
+out:
+  cudaSetDevice(prev);
+  if (r != sbnSuccess) {
+    gpu_team_free(gt);
+    return r;
+  }
+  team->gpu = gt;
+  sbn_log(SBN_LOG_INFO, "GPU %s team %p of %d ranks on device %d%s, mailboxes in %s memory",
+          team->kind == SBN_COMM_GPU_VIRTUAL ? "virtual" : "peer", (void*)team, w,
+          gt->ranks[0].device, w > 1 && team->kind == SBN_COMM_GPU_PEER ? ",..." : "",
+          gt->mail_on_host ? "pinned host" : "device");
+  return sbnSuccess;
+}
+
+sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
+  const struct sbn_gpu_team* gt = team->gpu;
+  sbnResult_t worst = sbnSuccess;
+  for (int q = 0; q <= gt->nranks; q++) {
+    int v = gt->err[q];
+    /* the cause (timeout, mismatch, count of 1) before the ranks it aborted */
+    if (v != 0 && (worst == sbnSuccess || worst == sbnAborted)) worst = (sbnResult_t)v;
+  }
+  return worst;
+}
+
+void sbn_gpu_abort(sbn_team_t* team) { team->gpu->err[team->nranks] = sbnAborted; }
+
+/* ---- launches ------------------------------------------------------------------------- */
+
+static uint32_t coop_sig(const sbn_op_t* op) {
+  return (uint32_t)(op->kind == SBN_OP_FORWARD ? 0 : 1) << 28 | (uint32_t)op->desc.dtype << 26 |
+         (uint32_t)op->desc.layout << 25 | (uint32_t)op->desc.c;
+}
+
+sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_team) {
+  const sbn_op_t* o0 = ops[0];
+  int64_t m = 0;
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    if (coop_sig(o) != coop_sig(o0))
+      return sbn_fail(NULL, sbnInvalidUsage,
+                      "sbnGroupEnd: op mismatch: rank %d runs %s (dtype %d, layout %d, C=%lld), "
+                      "rank %d runs %s (dtype %d, layout %d, C=%lld); nothing was run",
+                      o0->comm->rank, o0->kind == SBN_OP_FORWARD ? "forward" : "backward",
+                      (int)o0->desc.dtype, (int)o0->desc.layout, (long long)o0->desc.c,
+                      o->comm->rank, o->kind == SBN_OP_FORWARD ? "forward" : "backward",
+                      (int)o->desc.dtype, (int)o->desc.layout, (long long)o->desc.c);
+    m += o->desc.n * o->desc.spatial;
+  }
+  if (whole_team && o0->kind == SBN_OP_FORWARD && m == 1)
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "Expected more than 1 value per channel when training (the team's batch "
+                    "has 1 element per channel); nothing was run");
+  return sbnSuccess;
+}
+
+sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
+  const sbn_op_t* o0 = ops[0];
+  sbn_team_t* team = o0->comm->team;
+  struct sbn_gpu_team* gt = team->gpu;
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  const int kind = o0->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
+  int tile = o0->desc.layout == sbnLayoutNHWC;
+  if (!tile) {
+    tile = 1;
+    for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
+  }
+  const int occ = g0->occ[kind][o0->desc.dtype][tile];
+  const int ranks_here = team->kind == SBN_COMM_GPU_VIRTUAL ? nops : g0->share;
+  int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
+  if (gmax < 1)
+    return sbn_fail(o0->comm, sbnUnsupported,
+                    "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
+                    g0->device, occ * g0->sms);
+  int64_t numel = 0;
+  for (int i = 0; i < nops; i++) {
+    int64_t e = ops[i]->desc.n * ops[i]->desc.c * ops[i]->desc.spatial;
+    if (e > numel) numel = e;
+  }
+  int64_t G = (numel + SBN_GPU_ELEMS_PER_BLOCK - 1) / SBN_GPU_ELEMS_PER_BLOCK;
+  if (G < 1) G = 1;
+  if (G > gmax) G = gmax;
+
+  sbn_coop_args_t a;
+  memset(&a, 0, sizeof a);
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    const gpu_rank_t* g = &gt->ranks[o->comm->rank];
+    sbn_coop_rank_t* R = &a.r[i];
+    R->x = o->x;
+    R->dy = o->dy;
+    R->out = o->out;
+    R->weight = o->weight;
+    R->bias = o->bias;
+    R->running_mean = o->running_mean;
+    R->running_var = o->running_var;
+    R->nbt = o->num_batches_tracked;
+    R->save_mean_in = o->save_mean;
+    R->save_mean = o->save_mean;
+    R->save_invstd = o->save_invstd;
+    R->dweight = o->dweight;
+    R->dbias = o->dbias;
+    R->n = o->desc.n;
+    R->spatial = o->desc.spatial;
+    R->state = g->state;
+    R->part = g->part;
+    R->mail = g->mail;
+    R->rank = o->comm->rank;
+    R->eps = o->params.eps;
+    R->momentum = o->params.momentum;
+    R->grad_global = o->params.grad_mode == sbnGradGlobal;
+  }
+  for (int q = 0; q < gt->nranks; q++) a.mail[q] = gt->ranks[q].mail;
+  a.err = gt->err;
+  a.c = o0->desc.c;
+  a.timeout_ns = team->cfg.timeout_ms * 1000000;
+  a.sig = coop_sig(o0);
+  a.nranks = gt->nranks;
+  a.nlaunch = nops;
+  a.G = (int)G;
+  a.nchunks_max = gt->nchunks_max;
+
+  sbnResult_t r = sbnSuccess;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  cudaStream_t s0 = (cudaStream_t)o0->stream;
+  int joined = 0;
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+  void* args[1] = {&a};
+  if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
+  /* a virtual launch runs on rank 0's stream, after the work queued on the others */
+  for (int i = 1; i < nops; i++) {
+    cudaStream_t si = (cudaStream_t)ops[i]->stream;
+    if (si == s0) continue;
+    cudaEvent_t ev = gt->ranks[ops[i]->comm->rank].ev;
+    CU(cudaEventRecord(ev, si), "cudaEventRecord");
+    CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
+    joined = 1;
+  }
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  cfg.gridDim.x = (unsigned)(nops * G);
+  cfg.gridDim.y = cfg.gridDim.z = 1;
+  cfg.blockDim.x = SBN_GPU_THREADS;
+  cfg.blockDim.y = cfg.blockDim.z = 1;
+  cfg.stream = s0;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  CU(cudaLaunchKernelExC(&cfg, sbn_coop_kernel_ptr(kind, o0->desc.dtype, tile), args),
+     "cooperative launch (cudaLaunchKernelExC)");
+  if (joined) {
+    CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
+    for (int i = 1; i < nops; i++) {
+      cudaStream_t si = (cudaStream_t)ops[i]->stream;
+      if (si != s0) CU(cudaStreamWaitEvent(si, g0->ev, 0), "cudaStreamWaitEvent");
+    }
+  }
+out:
+  if (prev != g0->device) cudaSetDevice(prev);
+  if (r != sbnSuccess) sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
+  return r;
+}
+
+sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+                              const float* weight, const float* bias, const float* running_mean,
+                              const float* running_var, float eps, sbnStream_t stream) {
+  sbnResult_t r = sbnSuccess;
+  struct cudaPointerAttributes at;
+  int prev = 0, dev;
+  cudaGetDevice(&prev);
+  dev = prev;
+  memset(&at, 0, sizeof at);
+  if (cudaPointerGetAttributes(&at, running_mean) == cudaSuccess && at.type == cudaMemoryTypeDevice)
+    dev = at.device;
+  (void)cudaGetLastError();
+  if (dev != prev) CU(cudaSetDevice(dev), "cudaSetDevice");
+  CU(sbn_gpu_inference_launch((int)d->dtype, d->layout == sbnLayoutNHWC, x, y, weight, bias,
+                              running_mean, running_var, eps, d->n, d->c, d->spatial,
+                              (cudaStream_t)stream),
+     "sbnForwardInference kernel launch");
+out:
+  if (dev != prev) cudaSetDevice(prev);
+  return r;
+}
+
+#else /* !SYNCBN_HAVE_CUDA */
+
+static sbnResult_t no_cuda(void) {
+  return sbn_fail(NULL, sbnUnsupported, "this build of syncbn has no CUDA (SYNCBN_CUDA=OFF or "
+                                        "no nvcc at configure time)");
+}
+sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
+  (void)team, (void)devices;
+  return no_cuda();
+}
+void sbn_gpu_team_detach(sbn_team_t* team) { (void)team; }
+int sbn_gpu_rank_device(const sbn_team_t* team, int rank) {
+  (void)team, (void)rank;
+  return 0;
+}
+sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
+  (void)team;
+  return sbnSuccess;
+}
+void sbn_gpu_abort(sbn_team_t* team) { (void)team; }
+sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_team) {
+  (void)ops, (void)nops, (void)whole_team;
+  return no_cuda();
+}
+sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
+  (void)ops, (void)nops;
+  return no_cuda();
+}
+sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+                              const float* weight, const float* bias, const float* running_mean,
+                              const float* running_var, float eps, sbnStream_t stream) {
+  (void)d, (void)x, (void)y, (void)weight, (void)bias, (void)running_mean, (void)running_var;
+  (void)eps, (void)stream;
+  return no_cuda();
+}
+
+#endif
