@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# scripts/gpu-suite.sh — everything that needs a GPU, in one command, for a machine with
+# one (the CI machines have none). Steps:
+#   env       nvidia-smi, nvcc, cmake, and where NCCL / cuDNN are (toolkit or Python wheels)
+#   build     configure + build into build/gpu (Release with line info, CUDA arch 90
+#             unless CUDA_ARCH is set)
+#   test      the whole CTest suite; GPU tests must PASS here, not skip
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck over the GPU tests
+#             (SBN_TEST_QUICK=1: the tests' smaller case lists)
+#   bench     sbn-bench (GPU mode), table + JSON
+# Usage: scripts/gpu-suite.sh [OUTDIR] [steps...]   (OUTDIR default: ./gpu-out; all steps)
+# Each step logs to OUTDIR/<step>.log; the summary says which failed; exit 1 if any did.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+OUTDIR=${1:-gpu-out}
+shift || true
+mkdir -p "$OUTDIR"
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env build test sanitize bench)
+BUILD=build/gpu
+ARCH=${CUDA_ARCH:-90}
+GPU_TESTS=(test_gpu_math test_gpu_team)
+
+step_env() {
+  nvidia-smi || return 1
+  nvcc --version
+  cmake --version | head -n 1
+  command -v compute-sanitizer ncu || true
+  echo "NCCL/cuDNN in the toolkit:"
+  ls "$(dirname "$(command -v nvcc)")/../lib64" 2>/dev/null | grep -E 'libnccl|libcudnn' || echo "  none"
+  echo "NCCL/cuDNN as Python wheels:"
+  python3 - <<'EOF' || true
+import importlib.util, os
+for name in ("nvidia.nccl", "nvidia.cudnn"):
+    spec = importlib.util.find_spec(name)
+    print(" ", name, list(spec.submodule_search_locations) if spec else "not installed")
+EOF
+}
+
+step_build() {
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON &&
+    cmake --build "$BUILD" -j "$(nproc)"
+}
+
+step_test() {
+  # every test must pass; a GPU test that skips (77) on a GPU machine is a failure here
+  local log rc
+  log=$(ctest --test-dir "$BUILD" --output-on-failure 2>&1)
+  rc=$?
+  echo "$log"
+  [ $rc -eq 0 ] || return 1
+  if grep -q 'test_gpu.*Skipped' <<<"$log"; then
+    echo "!! a GPU test skipped on a GPU machine"
+    return 1
+  fi
+}
+
+step_sanitize() {
+  local t tool rc=0
+  for tool in memcheck racecheck synccheck; do
+    for t in "${GPU_TESTS[@]}"; do
+      echo "+ compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/tests/$t"
+      SBN_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        --print-limit 20 "$BUILD/tests/$t" || { echo "!! $tool $t failed"; rc=1; }
+    done
+  done
+  return $rc
+}
+
+step_bench() {
+  "$BUILD/bench/sbn-bench" --gpu on --json "$OUTDIR/bench.json"
+}
+
+declare -A RESULT
+FAILED=0
+for step in "${STEPS[@]}"; do
+  echo "==> $step"
+  t0=$SECONDS
+  "step_$step" >"$OUTDIR/$step.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then RESULT[$step]="ok"; else RESULT[$step]="FAILED ($rc)"; FAILED=1; fi
+  echo "==> $step: ${RESULT[$step]} in $((SECONDS - t0)) s"
+  tail -n 25 "$OUTDIR/$step.log"
+done
+echo "==== gpu-suite summary ===="
+for step in "${STEPS[@]}"; do printf '  %-9s %s\n' "$step" "${RESULT[$step]}"; done
+exit $FAILED
