@@ -116,19 +116,32 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 }
 
 /* Rank-local barrier over the G co-resident blocks of one rank. Every block adds to the
-   counter; block 0 adds 2^31 - (G - 1), the others 1, so the G arrivals add exactly 2^31:
-   bit 31 flips when the last block arrives, whatever the counter held before, and the
-   counter needs no reset between barriers or launches. */
-__device__ void rank_barrier(uint32_t* counter, int G, bool first) {
+   counter; block 0 adds 2^31 - (G - 1), the others 1, so the G arrivals add exactly 2^31
+   and bit 31 flips when the last block arrives. This needs the low 31 bits to be 0 on
+   entry: they are 0 at init and every completed barrier adds exactly 2^31, so the counter
+   needs no reset between barriers or launches. Co-residency (cooperative launch) makes
+   the wait finite; it is still bounded by the deadline so that a broken assumption gives
+   sbnTimeout, not a hang. Returns false on timeout (the counter is then unusable, and
+   the team is aborted). */
+__device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t deadline) {
+  __shared__ int ok;
   __syncthreads();
   if (threadIdx.x == 0) {
+    ok = 1;
     uint32_t add = first ? 0x80000000u - (uint32_t)(G - 1) : 1u;
     __threadfence(); /* release this block's writes (the partials) */
     uint32_t old = atomicAdd(counter, add);
-    while (((old ^ ld_acquire_gpu(counter)) & 0x80000000u) == 0u) __nanosleep(32);
+    for (uint32_t it = 0; ((old ^ ld_acquire_gpu(counter)) & 0x80000000u) == 0u; it++) {
+      __nanosleep(32);
+      if ((it & 255u) == 255u && globaltimer_ns() > deadline) {
+        ok = 0;
+        break;
+      }
+    }
     __threadfence();
   }
   __syncthreads();
+  return ok != 0;
 }
 
 /* Any error word set (a failed rank, or the host's abort)? Reads mapped host memory:
@@ -150,6 +163,12 @@ __device__ int wait_epoch(const uint32_t* flag, uint32_t k, const sbn_coop_args_
       __nanosleep(64);
     }
   }
+}
+
+__device__ __forceinline__ uint64_t deadline_after(int64_t timeout_ns) {
+  const uint64_t now = globaltimer_ns();
+  const uint64_t t = (uint64_t)timeout_ns;
+  return now > ~0ull - t ? ~0ull : now + t;
 }
 
 __device__ __forceinline__ sbn_welford_t shfl_down_welford(sbn_welford_t w, int off) {
@@ -474,6 +493,9 @@ __device__ int finish_unit(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, c
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
     int st = gather_chunk<KIND>(a, R, j, k, deadline, &m, v, mine);
+    /* lanes wait on their own: if any lane failed (its deadline, an error word seen), the
+       whole unit fails, so no lane uses coefficients another lane did not compute */
+    st = (int)__reduce_max_sync(0xffffffffu, (unsigned)st);
     const int slot = TILE ? lane : 0;
     const int64_t c = (int64_t)j * kChunk + lane;
     if (st == 0 && (TILE ? lane < cw : lane == lane_c)) {
@@ -577,6 +599,12 @@ __global__ void __launch_bounds__(kThreads)
     sm.k = R.state->epoch + 1u;
     sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? *R.nbt : 0;
   }
+  /* The team's error words (mapped host memory): loaded now, looked at after stage 1, so
+     the PCIe round trip overlaps the reduction. A kernel queued behind a failure (or
+     replayed from a graph after sbnCommAbort) publishes nothing: after a failure some
+     peer may not have finished reading this rank's previous records, so the double
+     buffering no longer protects them. */
+  const int err_seen = threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
   __syncthreads();
   const uint32_t k = sm.k;
 
@@ -587,15 +615,23 @@ __global__ void __launch_bounds__(kThreads)
     else
       bwd_stage1<DT, TILE>(a, R, g, u, sm);
   }
+  const bool failed_before = __syncthreads_or(err_seen != 0) != 0;
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
-  rank_barrier(&R.state->barrier, a.G, b == 0);
+  const uint64_t deadline = deadline_after(a.timeout_ns);
+  if (!rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) {
+    if (threadIdx.x == 0) a.err[R.rank] = sbnTimeout;
+    return;
+  }
+  if (failed_before) {
+    if (threadIdx.x == 0) a.err[R.rank] = sbnAborted;
+    return;
+  }
   if (b == 0 && threadIdx.x == 0) R.state->epoch = k;
 
   /* stage 3 */
   for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, TILE>(a, R, g, j, k, sm);
 
   /* stage 4 + 5 */
-  const uint64_t deadline = globaltimer_ns() + (uint64_t)a.timeout_ns;
   for (int u = b; u < g.units; u += a.G) {
     int st = finish_unit<KIND, DT, TILE>(a, R, g, u, k, deadline, sm);
     if (st != 0) {
@@ -657,16 +693,11 @@ extern "C" __attribute__((visibility("hidden"))) cudaError_t sbn_gpu_inference_l
   if (e != cudaSuccess) return e;
   int64_t blocks = (numel + 255) / 256;
   if (blocks > (int64_t)sms * 8) blocks = (int64_t)sms * 8;
-  switch (dtype) {
-    case sbnFloat32:
-      sbn_inference_kernel<sbnFloat32><<<(unsigned)blocks, 256, 0, stream>>>(x, y, weight, bias, rm, rv, eps, numel, c, sp, nhwc);
-      break;
-    case sbnFloat16:
-      sbn_inference_kernel<sbnFloat16><<<(unsigned)blocks, 256, 0, stream>>>(x, y, weight, bias, rm, rv, eps, numel, c, sp, nhwc);
-      break;
-    default:
-      sbn_inference_kernel<sbnBFloat16><<<(unsigned)blocks, 256, 0, stream>>>(x, y, weight, bias, rm, rv, eps, numel, c, sp, nhwc);
-      break;
-  }
-  return cudaGetLastError();
+  const void* fn = dtype == sbnFloat32   ? (const void*)sbn_inference_kernel<sbnFloat32>
+                   : dtype == sbnFloat16 ? (const void*)sbn_inference_kernel<sbnFloat16>
+                                         : (const void*)sbn_inference_kernel<sbnBFloat16>;
+  void* args[] = {(void*)&x,  (void*)&y,     (void*)&weight, (void*)&bias, (void*)&rm, (void*)&rv,
+                  (void*)&eps, (void*)&numel, (void*)&c,      (void*)&sp,   (void*)&nhwc};
+  /* cudaLaunchKernel returns this launch's error, not an earlier one of the caller's */
+  return cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(256), args, 0, stream);
 }

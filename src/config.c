@@ -5,6 +5,9 @@
 #include "internal.h"
 
 #define SBN_MAX_CHANNELS_LIMIT (1 << 20)
+/* Longer timeouts mean "forever" and are clamped to ~100 years, so that deadlines in
+   nanoseconds (CPU: CLOCK_MONOTONIC; GPU: %globaltimer) cannot overflow. */
+#define SBN_MAX_TIMEOUT_MS ((int64_t)100 * 365 * 24 * 3600 * 1000)
 
 sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
   sbn_cfg_t cfg = {SBN_DEFAULT_TIMEOUT_MS, SBN_DEFAULT_MAX_CHANNELS};
@@ -35,6 +38,7 @@ sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
     cfg.timeout_ms = v;
     sbn_log(SBN_LOG_INFO, "timeout %lld ms from SBN_TIMEOUT_MS", v);
   }
+  if (cfg.timeout_ms > SBN_MAX_TIMEOUT_MS) cfg.timeout_ms = SBN_MAX_TIMEOUT_MS;
   *out = cfg;
   return sbnSuccess;
 }

@@ -182,51 +182,86 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   return sbnSuccess;
 }
 
-/* GPU teams: round i is the i-th op of every rank. launch == 0 checks every round (before
-   anything runs: all or nothing); launch == 1 launches them: a virtual team's round as ONE
-   cooperative launch, a peer team's as one launch per rank (asynchronous). */
-static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
-  sbnResult_t r = sbnSuccess;
-  for (size_t j = 0; j < nt && r == sbnSuccess; j++) {
-    sbn_team_t* t = teams[j];
-    if (t->kind == SBN_COMM_CPU) continue;
-    int w = t->nranks;
-    const sbn_op_t** ops = malloc((size_t)w * sizeof *ops);
-    size_t* next = calloc((size_t)w, sizeof *next);
-    if (!ops || !next) r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
-    while (r == sbnSuccess) {
-      int found = 0;
-      for (int q = 0; q < w; q++) {
-        ops[q] = NULL;
-        for (size_t i = next[q]; i < group.n; i++) {
-          const sbn_op_t* op = &group.ops[i];
-          if (op->kind != SBN_OP_SPLIT && op->comm->team == t && op->comm->rank == q) {
-            ops[q] = op;
-            next[q] = i + 1;
-            break;
-          }
-        }
-        if (ops[q] == NULL) break;
-        found++;
-      }
-      if (found < w) break; /* op counts are equal per rank (checked): no round is left */
-      if (!launch) {
-        r = sbn_gpu_check_round(ops, w, 1);
-        continue;
-      }
-      r = sbn_comm_check_alive(ops[0]->comm);
-      if (r != sbnSuccess) break;
-      if (t->kind == SBN_COMM_GPU_VIRTUAL) {
-        r = sbn_gpu_launch(ops, w);
-      } else {
-        for (int q = 0; q < w && r == sbnSuccess; q++) r = sbn_gpu_launch(&ops[q], 1);
+/* GPU teams: round i of a team is the i-th op of each of its ranks. */
+typedef struct {
+  sbn_team_t* team;
+  const sbn_op_t** ops; /* [nranks]: the team's next round */
+  size_t* next;         /* [nranks]: where each rank's next op is searched from */
+  size_t first;         /* queue index of the next round's earliest op; group.n: none */
+} gpu_cursor_t;
+
+/* Finds the cursor's next round; first = group.n when the team has no round left. */
+static void gpu_cursor_advance(gpu_cursor_t* c) {
+  int w = c->team->nranks;
+  c->first = group.n;
+  for (int q = 0; q < w; q++) {
+    c->ops[q] = NULL;
+    for (size_t i = c->next[q]; i < group.n; i++) {
+      const sbn_op_t* op = &group.ops[i];
+      if (op->kind != SBN_OP_SPLIT && op->comm->team == c->team && op->comm->rank == q) {
+        c->ops[q] = op;
+        c->next[q] = i + 1;
+        if (i < c->first) c->first = i;
+        break;
       }
     }
-    free(ops);
-    free(next);
+    if (c->ops[q] == NULL) { /* op counts are equal per rank (checked): no round is left */
+      c->first = group.n;
+      return;
+    }
   }
+}
+
+/* launch == 0: checks every round of every GPU team (before anything runs: all or
+   nothing). launch == 1: launches the rounds in queue order (the round whose earliest op
+   was queued first goes first, so ops of different teams on one stream keep the order
+   they were called in): a virtual team's round as ONE cooperative launch, a peer team's
+   as one launch per rank. Asynchronous. */
+static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
+  sbnResult_t r = sbnSuccess;
+  size_t nc = 0;
+  gpu_cursor_t* cur = calloc(nt ? nt : 1, sizeof *cur);
+  if (cur == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+  for (size_t j = 0; j < nt && r == sbnSuccess; j++) {
+    if (teams[j]->kind == SBN_COMM_CPU) continue;
+    gpu_cursor_t* c = &cur[nc++];
+    c->team = teams[j];
+    c->ops = malloc((size_t)teams[j]->nranks * sizeof *c->ops);
+    c->next = calloc((size_t)teams[j]->nranks, sizeof *c->next);
+    if (!c->ops || !c->next) r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    else gpu_cursor_advance(c);
+  }
+  const sbn_op_t* failed = NULL;
+  while (r == sbnSuccess) {
+    gpu_cursor_t* c = NULL;
+    for (size_t j = 0; j < nc; j++)
+      if (cur[j].first < group.n && (c == NULL || cur[j].first < c->first)) c = &cur[j];
+    if (c == NULL) break;
+    int w = c->team->nranks;
+    if (!launch) {
+      r = sbn_gpu_check_round(c->ops, w, 1);
+    } else {
+      failed = c->ops[0];
+      r = sbn_comm_check_alive(c->ops[0]->comm);
+      if (r == sbnSuccess && c->team->kind == SBN_COMM_GPU_VIRTUAL) {
+        r = sbn_gpu_launch(c->ops, w);
+      } else {
+        for (int q = 0; q < w && r == sbnSuccess; q++) {
+          failed = c->ops[q];
+          r = sbn_gpu_launch(&c->ops[q], 1);
+        }
+      }
+    }
+    gpu_cursor_advance(c);
+  }
+  for (size_t j = 0; j < nc; j++) {
+    free(cur[j].ops);
+    free(cur[j].next);
+  }
+  free(cur);
   if (r != sbnSuccess)
-    sbn_fail(NULL, r, "sbnGroupEnd: %s", sbnGetLastError(NULL));
+    sbn_fail(NULL, r, "sbnGroupEnd: %s", launch && failed ? sbnGetLastError(failed->comm)
+                                                         : sbnGetLastError(NULL));
   return r;
 }
 

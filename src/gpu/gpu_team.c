@@ -36,6 +36,7 @@ typedef struct {
   int share; /* ranks of this team on this device */
   int sms;
   int occ[2][3][2]; /* blocks per SM: [kind][dtype][tile] */
+  int occ_min;      /* the lowest of them */
   sbn_rank_state_t* state;
   float* part;
   sbn_mail_rec_t* mail;
@@ -89,13 +90,16 @@ static sbnResult_t query_device(gpu_rank_t* g, int dev) {
         if (g->occ[k][d][t] < 1)
           return sbn_fail(NULL, sbnUnsupported,
                           "device %d cannot hold a block of the cooperative kernel", dev);
+        if (g->occ_min == 0 || g->occ[k][d][t] < g->occ_min) g->occ_min = g->occ[k][d][t];
       }
 out:
   return r;
 }
 
-static void gpu_team_free(struct sbn_gpu_team* gt) {
+static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (gt == NULL) return;
+  /* an aborted team's kernels may still wait for peers that will never come */
+  if (aborted && gt->err) gt->err[gt->nranks] = sbnAborted;
   int prev = 0;
   cudaGetDevice(&prev);
   for (int q = 0; gt->ranks && q < gt->nranks; q++) {
@@ -118,7 +122,7 @@ static void gpu_team_free(struct sbn_gpu_team* gt) {
 }
 
 void sbn_gpu_team_detach(sbn_team_t* team) {
-  gpu_team_free(team->gpu);
+  gpu_team_free(team->gpu, atomic_load(&team->abort_reason) != sbnSuccess);
   team->gpu = NULL;
 }
 
@@ -228,7 +232,7 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    gpu_team_free(gt);
+    gpu_team_free(gt, 0);
     return r;
   }
   team->gpu = gt;
@@ -274,6 +278,23 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
                       (int)o->desc.dtype, (int)o->desc.layout, (long long)o->desc.c);
     m += o->desc.n * o->desc.spatial;
   }
+  /* ranks of a peer team that share a GPU are separate launches that must run at the same
+     time: on one stream (or the legacy NULL stream) the second waits for the first, which
+     waits for the second until the timeout */
+  const sbn_team_t* team = o0->comm->team;
+  if (team->kind == SBN_COMM_GPU_PEER)
+    for (int i = 0; i < nops; i++)
+      for (int j = i + 1; j < nops; j++) {
+        const sbn_op_t *a = ops[i], *b = ops[j];
+        if (team->gpu->ranks[a->comm->rank].device != team->gpu->ranks[b->comm->rank].device)
+          continue;
+        if (a->stream == NULL || b->stream == NULL || a->stream == b->stream)
+          return sbn_fail(NULL, sbnInvalidUsage,
+                          "sbnGroupEnd: ranks %d and %d share device %d and must run at the "
+                          "same time: give each its own non-NULL stream; nothing was run",
+                          a->comm->rank, b->comm->rank,
+                          team->gpu->ranks[a->comm->rank].device);
+      }
   if (whole_team && o0->kind == SBN_OP_FORWARD && m == 1)
     return sbn_fail(NULL, sbnInvalidArgument,
                     "Expected more than 1 value per channel when training (the team's batch "
@@ -292,7 +313,11 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
     tile = 1;
     for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
   }
-  const int occ = g0->occ[kind][o0->desc.dtype][tile];
+  /* Ranks sharing a GPU are separate launches that must all be resident at once: size
+     each by the kernel variant with the LOWEST occupancy, so that any mix of variants
+     (tile next to plane, forward next to a mismatched backward) fits side by side. */
+  int occ = g0->occ[kind][o0->desc.dtype][tile];
+  if (team->kind == SBN_COMM_GPU_PEER && g0->share > 1) occ = g0->occ_min;
   const int ranks_here = team->kind == SBN_COMM_GPU_VIRTUAL ? nops : g0->share;
   int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
   if (gmax < 1)
@@ -340,7 +365,7 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   for (int q = 0; q < gt->nranks; q++) a.mail[q] = gt->ranks[q].mail;
   a.err = gt->err;
   a.c = o0->desc.c;
-  a.timeout_ns = team->cfg.timeout_ms * 1000000;
+  a.timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
   a.sig = coop_sig(o0);
   a.nranks = gt->nranks;
   a.nlaunch = nops;
@@ -387,7 +412,15 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   }
 out:
   if (prev != g0->device) cudaSetDevice(prev);
-  if (r != sbnSuccess) sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) {
+    sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
+    /* the team's other ranks may have launched already and would wait for this one until
+       the timeout: abort the team (their kernels see the error word and return) */
+    if (gt->nranks > 1) {
+      sbn_team_abort(team, r);
+      gt->err[gt->nranks] = sbnAborted;
+    }
+  }
   return r;
 }
 
