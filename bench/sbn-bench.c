@@ -3,24 +3,58 @@
  *
  * For each shape of bench/shapes.tsv (embedded at build time; --shapes overrides) x dtype
  * x layout, every rank of a team of W holds that shape's tensor (N, C, H*W): the shapes
- * are per GPU. Each timed call is one group: sbnGroupStart; the op for ranks 0..W-1;
- * sbnGroupEnd. Time = median of -i calls after the warm-up. Then y, save_mean,
- * save_invstd, the running stats, dx, dweight and dbias are checked against the reference
- * on up to 16 channels spread over C, and so are the bitwise guarantees (every rank has
- * the same statistics; NCHW and NHWC of the same data give the same bits).
+ * are per GPU. Inputs come from a deterministic hash of each element's logical index
+ * (generated on the host). Every row is checked: y, save_mean, save_invstd, the running
+ * stats, dx, dweight and dbias against the reference on up to 16 channels spread over C,
+ * plus the bitwise guarantees (every rank has the same statistics).
  *
- * This issue has no GPU path: the team is the CPU team (ranks are host threads).
+ * Two modes; the header says which one ran and why (--gpu auto|on|off, default auto):
  *
- *   sbn-bench                         W=2, scale 8, fp32+bf16, NCHW+NHWC, all shapes
+ * GPU mode — the build has CUDA (SBN_BENCH_HAVE_CUDA) and cudaGetDeviceCount > 0: the
+ *   cooperative path ("coop") on VIRTUAL teams, W ranks on GPU 0 (sbnCommInitVirtual),
+ *   for every W of -w (default 1,2,4,8): ONE cooperative launch per op for all W ranks.
+ *   Every rank holds the full per-GPU shape, so a W-rank row moves W x one GPU's bytes
+ *   through one GPU: the table gives GB/s per rank and in total. Real sizes (--scale 1).
+ *   Method (docs/DESIGN.md, "Benchmark methodology"): forward = sbnForwardTrain (affine,
+ *   running stats, default params), backward = sbnBackward with sbnGradGlobal; --warmup
+ *   calls (default 5), then -i calls (default 50) timed with CUDA events recorded around
+ *   the op only; before every call a cudaMemsetAsync of >= 2x the L2 size flushes the L2
+ *   (outside the events). Median, min and p90 per op. The device-to-device copy bandwidth
+ *   B is measured in the same run (cudaMemcpyAsync of 1 GiB, 256 MiB when memory is short;
+ *   median of 20; B = 2*bytes/time) and gives each row's floors, |x| = bytes of ALL W
+ *   ranks' x (they share the GPU): forward (a) 3|x|/B (x read twice, y written),
+ *   (b) 2|x|/B; backward (a) 5|x|/B (x and dy read twice, dx written), (b) 3|x|/B.
+ *   After the timed calls, one more forward + backward on freshly uploaded inputs, reset
+ *   running stats and NaN-poisoned outputs is copied back and checked as in CPU mode (with
+ *   team gradient sums, identical on every rank). Then a latency table: a tiny op
+ *   (N=4, C=512, 1x1, fp32 NCHW, like S10) and an empty one (n=0 on every rank, C=512),
+ *   forward and backward, for every W: the cost of the launch and in-kernel exchange.
+ *   The default W list is not trimmed for the large shapes: by the byte count, the GPU
+ *   time of the whole default run is seconds on an H100 (at W=8, S8 fp32 is 1.2 GB per
+ *   tensor); host-side input generation (threaded; once per shape x dtype x layout, for
+ *   the largest W), copies and the checks dominate: estimated 2-3 minutes (not measured on
+ *   a GPU machine yet).
+ *
+ * CPU mode — otherwise (a build without CUDA, no device, --gpu off): the CPU team (ranks
+ *   are host threads), W = -w (default 2), shapes scaled down by --scale (default 8).
+ *   Each timed call is one group (sbnGroupStart; the op for ranks 0..W-1; sbnGroupEnd),
+ *   timed on the wall clock; median of -i calls (default 5) after --warmup (default 1).
+ *   Also checks that NCHW and NHWC of the same data give the same bits (a CPU-team
+ *   guarantee only).
+ *
+ *   sbn-bench                         GPU: W 1,2,4,8, full size; CPU: W=2, scale 8
  *   sbn-bench --scale 1 --only S5 -i 20 --json s5.json
+ *   sbn-bench --gpu on -w 2,8 --only S8 --dtype bf16 --layout NHWC
  *
  * Exit status: 0 when every call succeeded and nothing was wrong, 1 otherwise, 2 on a
- * usage error.
+ * usage error (including --gpu on without a usable GPU).
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +67,13 @@
 #include "sbn_ref.h"
 #include "syncbn.h"
 
+#ifndef SBN_BENCH_HAVE_CUDA
+#define SBN_BENCH_HAVE_CUDA 0
+#endif
+#if SBN_BENCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define BENCH_DEFAULT_RANKS 2
 #define BENCH_DEFAULT_ITERS 5
 #define BENCH_DEFAULT_WARMUP 1
@@ -40,6 +81,16 @@
 #define BENCH_CHECK_CHANNELS 16
 #define BENCH_MAX_SHAPES 256
 #define BENCH_MAX_WRONG_PRINTED 5
+#define BENCH_MAX_RANK_LIST 32
+
+/* GPU mode defaults (DESIGN.md: median of >= 50 calls after a warm-up, real sizes). */
+#define BENCH_GPU_DEFAULT_RANKS "1,2,4,8"
+#define BENCH_GPU_DEFAULT_ITERS 50
+#define BENCH_GPU_MIN_ITERS 50
+#define BENCH_GPU_DEFAULT_WARMUP 5
+#define BENCH_GPU_DEFAULT_SCALE 1
+#define BENCH_GPU_COPY_REPS 20
+#define BENCH_GPU_TIMEOUT_MS 60000 /* in-kernel peer wait: a hang fails a row in a minute */
 
 /* Tolerances |got - ref| <= atol + rtol*|ref| (DESIGN.md; what apex and PyTorch use to test
    SyncBN). Statistics are fp32 accumulations of exactly widened inputs whatever the dtype:
@@ -51,9 +102,14 @@
 #define TOL_HALF 1e-2
 
 /* ---- options, shapes, rows ------------------------------------------------------------ */
+typedef enum { BENCH_GPU_AUTO = 0, BENCH_GPU_ON = 1, BENCH_GPU_OFF = 2 } bench_gpu_req_t;
+
 typedef struct {
-  int ranks;
-  int iters;
+  bench_gpu_req_t gpu;
+  int ranks_list[BENCH_MAX_RANK_LIST]; /* -w as given (GPU mode: every W; CPU mode: one) */
+  int nranks_list;                     /* 0: not given */
+  int ranks;                           /* CPU mode: the team size; GPU mode: the largest W */
+  int iters;                           /* -1 until resolved for the mode */
   int warmup;
   int scale;
   int check_channels; /* 0: every channel */
@@ -70,39 +126,60 @@ typedef struct {
   char where[160];
 } bench_shape_t;
 
-/* One table row: shape x dtype x layout. */
+/* GPU timings of one op over the timed calls (us). */
+typedef struct {
+  double med, min, p90; /* CUDA events around the op */
+  double host_med;      /* wall time of the enqueueing calls (sbnGroupStart..sbnGroupEnd) */
+} bench_times_t;
+
+/* One table row: shape x dtype x layout (x W in GPU mode). */
 typedef struct {
   const bench_shape_t* shape;
   int64_t spatial; /* H*W after --scale */
   sbnDataType_t dtype;
   sbnLayout_t layout;
+  int W;   /* ranks of the team */
+  int gpu; /* a GPU-mode row (coop path, virtual team) */
   double us_fwd, us_bwd;
-  double gbps_fwd, gbps_bwd;
-  int64_t checked; /* values compared */
-  int64_t wrong;   /* values outside tolerance, or bitwise guarantees broken */
-  double worst;    /* largest |got - ref| / tolerance */
+  double gbps_fwd, gbps_bwd;  /* per rank */
+  bench_times_t t_fwd, t_bwd; /* GPU mode */
+  int64_t checked;            /* values compared */
+  int64_t wrong;              /* values outside tolerance, or bitwise guarantees broken */
+  double worst;               /* largest |got - ref| / tolerance */
   char worst_what[96];
   char error[384]; /* non-empty: a call failed; the row was not checked */
 } bench_row_t;
 
 static const char* const kDtypeNames[3] = {"fp32", "fp16", "bf16"}; /* sbnDataType_t order */
 static const char* const kLayoutNames[2] = {"NCHW", "NHWC"};        /* sbnLayout_t order */
+static const char* const kGpuReqNames[3] = {"auto", "on", "off"};   /* bench_gpu_req_t order */
 
 static size_t dtype_size(sbnDataType_t t) {
   return t == sbnFloat32 ? 4 : 2;
+}
+
+/* malloc that returns a pointer for 0 bytes too (empty ranks) */
+static void* bmalloc(size_t bytes) {
+  return malloc(bytes ? bytes : 1);
 }
 
 static void usage(FILE* f, const char* argv0) {
   fprintf(f,
           "usage: %s [options]\n"
           "Times SyncBN forward + backward on per-GPU shapes and checks every result\n"
-          "against the double-precision reference. This build runs the CPU team (ranks\n"
-          "are host threads).\n"
-          "  -w, --ranks N         ranks in the team (default %d)\n"
-          "  -i, --iters N         timed calls per op; the median is reported (default %d)\n"
-          "      --warmup N        untimed calls before them (default %d)\n"
+          "against the double-precision reference. With CUDA in the build and a CUDA\n"
+          "device: the cooperative GPU path on virtual teams (W ranks on GPU 0, one\n"
+          "cooperative launch per op), timed with CUDA events. Otherwise: the CPU team\n"
+          "(ranks are host threads), and the header says why. This build: %s.\n"
+          "  --gpu auto|on|off     auto: GPU mode when a device is there (default);\n"
+          "                        on: GPU mode or exit 2; off: CPU team\n"
+          "  -w, --ranks LIST      GPU: comma list of team sizes W <= %d (default %s);\n"
+          "                        CPU: ranks in the team, one value (default %d)\n"
+          "  -i, --iters N         timed calls per op; the median is reported\n"
+          "                        (GPU default %d, the methodology's minimum; CPU default %d)\n"
+          "      --warmup N        untimed calls before them (GPU default %d, CPU default %d)\n"
           "      --scale S         divide each shape's H*W by S (kept >= 1; N, C kept);\n"
-          "                        1 = full size (default %d)\n"
+          "                        1 = full size (GPU default %d, CPU default %d)\n"
           "      --shapes FILE     shape table, lines 'id N C H W [where]', '#' comments;\n"
           "                        default: bench/shapes.tsv as embedded at build time\n"
           "      --only LIST       comma list of shape ids, e.g. S3,S5\n"
@@ -113,8 +190,10 @@ static void usage(FILE* f, const char* argv0) {
           "      --json FILE       also write the metadata and every row as JSON\n"
           "  -h, --help            this text\n"
           "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
-          argv0, BENCH_DEFAULT_RANKS, BENCH_DEFAULT_ITERS, BENCH_DEFAULT_WARMUP,
-          BENCH_DEFAULT_SCALE, BENCH_CHECK_CHANNELS);
+          argv0, SBN_BENCH_HAVE_CUDA ? "with CUDA" : "without CUDA (CPU team only)",
+          SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_DEFAULT_RANKS,
+          BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_GPU_DEFAULT_WARMUP,
+          BENCH_DEFAULT_WARMUP, BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_CHECK_CHANNELS);
 }
 
 static int usage_error(const char* argv0, const char* fmt, ...) {
@@ -133,6 +212,21 @@ static int parse_int(const char* s, int lo, int hi, int* out) {
   long v = strtol(s, &end, 10);
   if (errno || end == s || *end != '\0' || v < lo || v > hi) return -1;
   *out = (int)v;
+  return 0;
+}
+
+/* Comma list of integers in [lo, hi], at most max of them; -1 when malformed or empty. */
+static int parse_int_list(const char* list, int lo, int hi, int* out, int max, int* count) {
+  char buf[256];
+  int k = 0;
+  if (strlen(list) >= sizeof buf) return -1;
+  strcpy(buf, list);
+  for (char* tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (k == max || parse_int(tok, lo, hi, &out[k])) return -1;
+    k++;
+  }
+  if (k == 0) return -1;
+  *count = k;
   return 0;
 }
 
@@ -298,11 +392,12 @@ static void store_elem(void* p, sbnDataType_t t, int64_t i, float v) {
     ((uint16_t*)p)[i] = sbn_f32_to_f16(v);
 }
 
-/* p: (N, C, spatial) in d's layout; element (ni, ci, si) = offset[ci] + scale[ci] * noise. */
+/* p: (N, C, spatial) in d's layout; element (ni, ci, si) = offset[ci] + scale[ci] * noise.
+   Writes samples ni in [n0, n1). */
 static void fill_tensor(void* p, const sbnTensorDesc_t* d, uint64_t stream, const float* offset,
-                        const float* scale) {
+                        const float* scale, int64_t n0, int64_t n1) {
   const int64_t c = d->c, s = d->spatial;
-  for (int64_t ni = 0; ni < d->n; ni++) {
+  for (int64_t ni = n0; ni < n1; ni++) {
     if (d->layout == sbnLayoutNCHW) {
       for (int64_t ci = 0; ci < c; ci++)
         for (int64_t si = 0; si < s; si++) {
@@ -318,6 +413,51 @@ static void fill_tensor(void* p, const sbnTensorDesc_t* d, uint64_t stream, cons
         }
     }
   }
+}
+
+/* Filling is spread over host threads (the GPU mode's inputs are GBs): jobs of whole
+   samples, each a pure function of the element indices, so the data do not depend on
+   the number of threads. */
+typedef struct {
+  void* p;
+  const sbnTensorDesc_t* d;
+  uint64_t stream;
+  const float *offset, *scale;
+  int64_t n0, n1;
+} fill_job_t;
+
+typedef struct {
+  const fill_job_t* jobs;
+  int njobs;
+  atomic_int next;
+} fill_queue_t;
+
+static void* fill_worker(void* arg) {
+  fill_queue_t* q = arg;
+  for (int j = atomic_fetch_add(&q->next, 1); j < q->njobs; j = atomic_fetch_add(&q->next, 1)) {
+    const fill_job_t* jb = &q->jobs[j];
+    fill_tensor(jb->p, jb->d, jb->stream, jb->offset, jb->scale, jb->n0, jb->n1);
+  }
+  return NULL;
+}
+
+#define BENCH_MAX_FILL_THREADS 64
+static void fill_run(const fill_job_t* jobs, int njobs) {
+  fill_queue_t q;
+  q.jobs = jobs;
+  q.njobs = njobs;
+  atomic_init(&q.next, 0);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nthreads = cores < 1                        ? 1
+                 : cores > BENCH_MAX_FILL_THREADS ? BENCH_MAX_FILL_THREADS
+                                                  : (int)cores;
+  if (nthreads > njobs) nthreads = njobs;
+  pthread_t th[BENCH_MAX_FILL_THREADS];
+  int started = 0;
+  for (int t = 1; t < nthreads; t++)
+    if (pthread_create(&th[started], NULL, fill_worker, &q) == 0) started++;
+  fill_worker(&q); /* this thread works too; with no helper it does everything */
+  for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
 
 /* ---- the team's buffers ------------------------------------------------------------- */
@@ -360,7 +500,7 @@ static int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d) {
   for (size_t k = 0; k < 4; k++) {
     *tensors[k] = calloc((size_t)W, sizeof(void*));
     ok = ok && *tensors[k];
-    for (int r = 0; ok && r < W; r++) ok = ((*tensors[k])[r] = malloc(bytes)) != NULL;
+    for (int r = 0; ok && r < W; r++) ok = ((*tensors[k])[r] = bmalloc(bytes)) != NULL;
   }
   float*** chans[] = {&b->rm, &b->rv, &b->save_mean, &b->save_invstd, &b->dweight, &b->dbias};
   for (size_t k = 0; ok && k < 6; k++) {
@@ -377,13 +517,34 @@ static int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d) {
   return 0;
 }
 
-/* Inputs: x ~ offset_c + scale_c * N(0,1), different per rank; dy ~ N(0,1); affine
-   weight in [0.5, 1.5], bias in [-0.5, 0.5]; running stats start at (0, 1). */
+/* Running stats start at (0, 1), num_batches_tracked at 0. */
+static void bufs_reset_state(bench_team_bufs_t* b) {
+  for (int r = 0; r < b->W; r++) {
+    for (int64_t ci = 0; ci < b->desc.c; ci++) {
+      b->rm[r][ci] = 0.0f;
+      b->rv[r][ci] = 1.0f;
+    }
+    b->nbt[r] = 0;
+  }
+}
+
+/* Inputs: x ~ offset_c + scale_c * N(0,1), different per rank (rank r's data do not depend
+   on W); dy ~ N(0,1); affine weight in [0.5, 1.5], bias in [-0.5, 0.5]; running stats
+   start at (0, 1). */
 static int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
   const sbnTensorDesc_t* d = &b->desc;
   const uint64_t base = string_hash(shape_id);
   float* per_channel = malloc((size_t)d->c * 4 * sizeof(float));
-  if (!per_channel) return -1;
+  /* jobs of about 2^20 elements (whole samples) */
+  int64_t per_sample = d->c * d->spatial;
+  int64_t step = per_sample >= (1 << 20) ? 1 : (1 << 20) / per_sample;
+  int64_t chunks = d->n == 0 ? 0 : (d->n + step - 1) / step;
+  fill_job_t* jobs = malloc((size_t)(2 * b->W * chunks + 1) * sizeof *jobs);
+  if (!per_channel || !jobs) {
+    free(per_channel);
+    free(jobs);
+    return -1;
+  }
   float *offset = per_channel, *scale = offset + d->c, *zero = scale + d->c, *one = zero + d->c;
   for (int64_t ci = 0; ci < d->c; ci++) {
     uint64_t h = splitmix64(base ^ (uint64_t)ci);
@@ -394,15 +555,18 @@ static int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
     b->weight[ci] = (float)(0.5 + (double)(h >> 48) / 65536.0);
     b->bias[ci] = (float)((double)((h >> 8) & 0xffff) / 65536.0 - 0.5);
   }
-  for (int r = 0; r < b->W; r++) {
-    fill_tensor(b->x[r], d, base + 2 * (uint64_t)r, offset, scale);
-    fill_tensor(b->dy[r], d, base + 2 * (uint64_t)r + 1, zero, one);
-    for (int64_t ci = 0; ci < d->c; ci++) {
-      b->rm[r][ci] = 0.0f;
-      b->rv[r][ci] = 1.0f;
+  int njobs = 0;
+  for (int r = 0; r < b->W; r++)
+    for (int64_t n0 = 0; n0 < d->n; n0 += step) {
+      int64_t n1 = n0 + step < d->n ? n0 + step : d->n;
+      fill_job_t jx = {b->x[r], d, base + 2 * (uint64_t)r, offset, scale, n0, n1};
+      fill_job_t jdy = {b->dy[r], d, base + 2 * (uint64_t)r + 1, zero, one, n0, n1};
+      jobs[njobs++] = jx;
+      jobs[njobs++] = jdy;
     }
-    b->nbt[r] = 0;
-  }
+  fill_run(jobs, njobs);
+  bufs_reset_state(b);
+  free(jobs);
   free(per_channel);
   return 0;
 }
@@ -418,10 +582,11 @@ static void note_failure(char* err, size_t cap, const char* call, int rank, sbnR
     snprintf(err, cap, "%s: %s: %s", call, sbnGetResultName(res), detail);
 }
 
-/* Runs one forward (fwd != 0) or backward over the whole team as one group. Returns the
-   wall time in us, or -1 with err set. */
-static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, char* err, size_t cap) {
-  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+/* Runs one forward (fwd != 0) or backward over the whole team as one group (b holds host
+   pointers for the CPU team, device pointers for a GPU team; GPU ops are only queued on
+   `stream`). Returns the wall time of the calls in us, or -1 with err set. */
+static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnParams_t* p,
+                        sbnStream_t stream, char* err, size_t cap) {
   const sbnTensorDesc_t* d = &b->desc;
   int failed = 0;
   double t0 = now_us();
@@ -433,10 +598,10 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, char* e
   for (int r = 0; r < b->W; r++) {
     if (fwd)
       res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
-                            &b->nbt[r], b->save_mean[r], b->save_invstd[r], &params, NULL);
+                            &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
     else
       res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
-                        b->save_invstd[r], b->dweight[r], b->dbias[r], &params, NULL);
+                        b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
     if (res != sbnSuccess) {
       note_failure(err, cap, fwd ? "sbnForwardTrain" : "sbnBackward", r, res,
                    sbnGetLastError(comms[r]));
@@ -458,6 +623,16 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, char* e
 }
 
 /* ---- checking ----------------------------------------------------------------------- */
+/* "S1 fp32 NCHW", and " W=8" for GPU rows (one table holds several W). */
+static const char* row_label(const bench_row_t* r, char* buf, size_t cap) {
+  if (r->gpu)
+    snprintf(buf, cap, "%s %s %s W=%d", r->shape->id, kDtypeNames[r->dtype],
+             kLayoutNames[r->layout], r->W);
+  else
+    snprintf(buf, cap, "%s %s %s", r->shape->id, kDtypeNames[r->dtype], kLayoutNames[r->layout]);
+  return buf;
+}
+
 static void check_value(bench_row_t* row, const char* what, int rank, int64_t ci, int64_t i,
                         double got, double ref, double tol_abs, double tol_rel) {
   double err = fabs(got - ref);
@@ -467,14 +642,13 @@ static void check_value(bench_row_t* row, const char* what, int rank, int64_t ci
   if (!(err <= tol)) {
     if (isnan(used)) used = INFINITY;
     if (row->wrong++ < BENCH_MAX_WRONG_PRINTED) {
-      char elem[32] = "";
+      char elem[32] = "", label[96];
       if (i >= 0) snprintf(elem, sizeof elem, " element %" PRId64, i);
       fprintf(stderr,
-              "# WRONG %s %s %s: %s rank %d channel %" PRId64
+              "# WRONG %s: %s rank %d channel %" PRId64
               "%s: got %.9g ref %.9g "
               "(|diff| %.3g > tol %.3g)\n",
-              row->shape->id, kDtypeNames[row->dtype], kLayoutNames[row->layout], what, rank, ci,
-              elem, got, ref, err, tol);
+              row_label(row, label, sizeof label), what, rank, ci, elem, got, ref, err, tol);
     }
   }
   if (used > row->worst) {
@@ -489,13 +663,14 @@ static void check_value(bench_row_t* row, const char* what, int rank, int64_t ci
 
 static void check_bitwise(bench_row_t* row, const char* what, int64_t count, const void* got,
                           const void* want, size_t esize) {
+  char label[96];
   for (int64_t i = 0; i < count; i++) {
     row->checked++;
     if (memcmp((const char*)got + (size_t)i * esize, (const char*)want + (size_t)i * esize,
                esize) != 0 &&
         row->wrong++ < BENCH_MAX_WRONG_PRINTED)
-      fprintf(stderr, "# WRONG %s %s %s: %s differs bitwise at %" PRId64 "\n", row->shape->id,
-              kDtypeNames[row->dtype], kLayoutNames[row->layout], what, i);
+      fprintf(stderr, "# WRONG %s: %s differs bitwise at %" PRId64 "\n",
+              row_label(row, label, sizeof label), what, i);
   }
 }
 
@@ -528,10 +703,14 @@ static void pack_channels(void* out, const void* p, const sbnTensorDesc_t* d, co
 }
 
 /* Checks the outputs of the last calls (`calls` forwards, then as many backwards, on the
-   same inputs) against sbn_ref on kmax channels spread over C (first and last included),
-   and the bitwise guarantees. Out of memory sets row->error. */
+   same inputs; b: host memory) against sbn_ref on kmax channels spread over C (first and
+   last included), and the bitwise guarantees: every rank has the same statistics (and,
+   with sbnGradGlobal, the same dweight/dbias, the team sums); with keep != NULL (CPU team)
+   the NHWC row of a shape x dtype has the bits of its NCHW row. The backward ran with
+   grad_mode. Shared by both modes (GPU results are copied to the host first). Out of memory
+   sets row->error. */
 static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax,
-                      bench_layout_keep_t* keep) {
+                      bench_layout_keep_t* keep, sbnGradMode_t grad_mode) {
   const sbnTensorDesc_t* d = &b->desc;
   const int W = b->W;
   const int64_t C = d->c, S = d->spatial, n = d->n;
@@ -544,15 +723,16 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
 
   int64_t* chs = malloc((size_t)k * sizeof *chs);
   float* wk = malloc((size_t)k * 2 * sizeof(float));
-  double* stat = malloc((size_t)k * 5 * sizeof(double)); /* mean, invstd, varu, rm, rv */
+  /* mean, invstd, varu, rm, rv, team dweight, team dbias */
+  double* stat = malloc((size_t)k * 7 * sizeof(double));
   void** xs = calloc((size_t)W * 2, sizeof(void*));
   double** outs = calloc((size_t)W * 4, sizeof(double*)); /* y, dx, dweight, dbias */
   sbnTensorDesc_t* descs = malloc((size_t)W * sizeof *descs);
   ok = chs && wk && stat && xs && outs && descs;
   for (int r = 0; ok && r < W; r++) {
-    ok = (xs[r] = malloc((size_t)pn * es)) && (xs[W + r] = malloc((size_t)pn * es)) &&
-         (outs[r] = malloc((size_t)pn * sizeof(double))) &&
-         (outs[W + r] = malloc((size_t)pn * sizeof(double))) &&
+    ok = (xs[r] = bmalloc((size_t)pn * es)) && (xs[W + r] = bmalloc((size_t)pn * es)) &&
+         (outs[r] = bmalloc((size_t)pn * sizeof(double))) &&
+         (outs[W + r] = bmalloc((size_t)pn * sizeof(double))) &&
          (outs[2 * W + r] = malloc((size_t)k * sizeof(double))) &&
          (outs[3 * W + r] = malloc((size_t)k * sizeof(double)));
   }
@@ -574,7 +754,7 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
     pack_channels(xs[W + r], b->dy[r], d, chs, k);
   }
   double *mean = stat, *invstd = stat + k, *varu = stat + 2 * k, *rm = stat + 3 * k,
-         *rv = stat + 4 * k;
+         *rv = stat + 4 * k, *gdw = stat + 5 * k, *gdb = stat + 6 * k;
   int64_t m = 0;
   sbn_ref_forward(W, descs, (const void* const*)xs, wk_w, wk_b, params.eps, mean, invstd, varu, &m,
                   outs);
@@ -585,7 +765,8 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
   for (int call = 0; call < calls; call++)
     sbn_ref_running(k, m, mean, varu, params.momentum, call, rm, rv);
   sbn_ref_backward(W, descs, (const void* const*)xs, (const void* const*)(xs + W), wk_w, mean,
-                   invstd, outs + W, outs + 2 * W, outs + 3 * W, NULL, NULL);
+                   invstd, outs + W, outs + 2 * W, outs + 3 * W, gdw, gdb);
+  const int global = grad_mode == sbnGradGlobal;
 
   for (int r = 0; r < W; r++) {
     for (int64_t j = 0; j < k; j++) {
@@ -595,9 +776,10 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
                   TOL_STAT);
       check_value(row, "running_mean", r, ci, -1, b->rm[r][ci], rm[j], TOL_STAT, TOL_STAT);
       check_value(row, "running_var", r, ci, -1, b->rv[r][ci], rv[j], TOL_STAT, TOL_STAT);
-      check_value(row, "dweight", r, ci, -1, b->dweight[r][ci], outs[2 * W + r][j], TOL_F32,
-                  TOL_F32);
-      check_value(row, "dbias", r, ci, -1, b->dbias[r][ci], outs[3 * W + r][j], TOL_F32, TOL_F32);
+      check_value(row, "dweight", r, ci, -1, b->dweight[r][ci],
+                  global ? gdw[j] : outs[2 * W + r][j], TOL_F32, TOL_F32);
+      check_value(row, "dbias", r, ci, -1, b->dbias[r][ci], global ? gdb[j] : outs[3 * W + r][j],
+                  TOL_F32, TOL_F32);
       for (int64_t ni = 0; ni < n; ni++)
         for (int64_t si = 0; si < S; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si), pi = (ni * k + j) * S + si;
@@ -608,9 +790,11 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
         }
     }
     row->checked++;
-    if (b->nbt[r] != calls && row->wrong++ < BENCH_MAX_WRONG_PRINTED)
+    if (b->nbt[r] != calls && row->wrong++ < BENCH_MAX_WRONG_PRINTED) {
+      char label[96];
       fprintf(stderr, "# WRONG %s: rank %d num_batches_tracked %" PRId64 ", expected %d\n",
-              row->shape->id, r, b->nbt[r], calls);
+              row_label(row, label, sizeof label), r, b->nbt[r], calls);
+    }
     /* Every rank holds bitwise-identical statistics. */
     if (r > 0) {
       check_bitwise(row, "save_mean (rank vs rank 0)", C, b->save_mean[r], b->save_mean[0], 4);
@@ -618,10 +802,15 @@ static void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, i
                     4);
       check_bitwise(row, "running_mean (rank vs rank 0)", C, b->rm[r], b->rm[0], 4);
       check_bitwise(row, "running_var (rank vs rank 0)", C, b->rv[r], b->rv[0], 4);
+      if (global) {
+        check_bitwise(row, "dweight (rank vs rank 0)", C, b->dweight[r], b->dweight[0], 4);
+        check_bitwise(row, "dbias (rank vs rank 0)", C, b->dbias[r], b->dbias[0], 4);
+      }
     }
   }
 
   /* NCHW and NHWC of the same data: the same bits. The NCHW row keeps, the NHWC row compares. */
+  if (!keep) goto done;
   if (keep->valid && keep->shape == row->shape && keep->dtype == d->dtype && keep->c == C &&
       keep->packed_numel == pn && d->layout == sbnLayoutNHWC) {
     check_bitwise(row, "save_mean (NHWC vs NCHW)", C, b->save_mean[0], keep->save_mean, 4);
@@ -673,7 +862,7 @@ done:
   free(chs);
 }
 
-/* One row: allocate, fill, time forward then backward, check. */
+/* One CPU-team row: allocate, fill, time forward then backward, check. */
 static void run_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
                     bench_layout_keep_t* keep) {
   sbnTensorDesc_t d = {row->dtype, row->layout, row->shape->n, row->shape->c, row->spatial};
@@ -693,9 +882,10 @@ static void run_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
   }
   const double elems = (double)d.n * (double)d.c * (double)d.spatial;
   const double es = (double)dtype_size(d.dtype);
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
   for (int fwd = 1; fwd >= 0; fwd--) {
     for (int it = 0; it < o->warmup + o->iters; it++) {
-      double t = team_call(comms, &b, fwd, row->error, sizeof row->error);
+      double t = team_call(comms, &b, fwd, &params, NULL, row->error, sizeof row->error);
       if (t < 0) goto out;
       if (it >= o->warmup) times[it - o->warmup] = t;
     }
@@ -708,11 +898,435 @@ static void run_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
       row->gbps_bwd = 3.0 * elems * es / (us * 1e3); /* read x, dy; write dx */
     }
   }
-  check_row(row, &b, o->warmup + o->iters, o->check_channels, keep);
+  check_row(row, &b, o->warmup + o->iters, o->check_channels, keep, params.grad_mode);
 out:
   free(times);
   bufs_free(&b);
 }
+
+/* ---- GPU mode: the coop path on virtual teams ------------------------------------------ */
+#if SBN_BENCH_HAVE_CUDA
+typedef struct {
+  int device;
+  char name[256];
+  char pci[32];
+  int sms, cc_major, cc_minor, driver, runtime, l2_bytes;
+  size_t mem_total;
+  size_t copy_bytes; /* of the bandwidth copy */
+  double copy_us;    /* its median time */
+  double copy_gbps;  /* B = 2 * copy_bytes / copy_us (read + write), GB/s */
+  size_t flush_bytes;
+  void* flush; /* written before every timed call: evicts the L2 */
+  cudaStream_t stream;
+  cudaEvent_t* ev; /* 2 per timed call */
+  int nev;
+  char dead[256]; /* non-empty after a sticky CUDA error: later rows are not run */
+} bench_gpu_t;
+
+static void cuda_note(char* err, size_t cap, const char* what, cudaError_t e) {
+  if (err[0]) return;
+  snprintf(err, cap, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* For functions with `char* err, size_t cap` and a `fail:` label. */
+#define GPU_TRY(call, what)            \
+  do {                                 \
+    cudaError_t e_ = (call);           \
+    if (e_ != cudaSuccess) {           \
+      cuda_note(err, cap, (what), e_); \
+      goto fail;                       \
+    }                                  \
+  } while (0)
+
+/* 1 when CUDA sees a device; 0 with the reason in why. */
+static int gpu_present(char* why, size_t cap) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(why, cap, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (n < 1) {
+    snprintf(why, cap, "no CUDA device (cudaGetDeviceCount: 0)");
+    return 0;
+  }
+  return 1;
+}
+
+/* Median, min and p90 (nearest rank) of n samples; sorts v. */
+static void times_stats(double* v, int n, double* med, double* mn, double* p90) {
+  *med = median(v, n);
+  *mn = v[0];
+  int i90 = (9 * n + 9) / 10 - 1; /* ceil(0.9 n) - 1, in integers */
+  *p90 = v[i90 < 0 ? 0 : i90];
+}
+
+/* The copy bandwidth B of this device, in this run: a device-to-device cudaMemcpyAsync
+   of 1 GiB (256 MiB when less than 4 GiB is free), median of BENCH_GPU_COPY_REPS after 3
+   untimed copies; B = 2 * bytes / time (every byte is read once and written once). */
+static int gpu_copy_bandwidth(bench_gpu_t* g, char* err, size_t cap) {
+  void *src = NULL, *dst = NULL;
+  cudaEvent_t e0 = NULL, e1 = NULL;
+  double us[BENCH_GPU_COPY_REPS];
+  size_t free_b = 0, total_b = 0;
+  GPU_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  g->copy_bytes = free_b >= ((size_t)4 << 30) ? (size_t)1 << 30 : (size_t)256 << 20;
+  GPU_TRY(cudaMalloc(&src, g->copy_bytes), "cudaMalloc (copy source)");
+  GPU_TRY(cudaMalloc(&dst, g->copy_bytes), "cudaMalloc (copy destination)");
+  GPU_TRY(cudaMemsetAsync(src, 0x3c, g->copy_bytes, g->stream), "cudaMemsetAsync");
+  GPU_TRY(cudaMemsetAsync(dst, 0, g->copy_bytes, g->stream), "cudaMemsetAsync");
+  GPU_TRY(cudaEventCreate(&e0), "cudaEventCreate");
+  GPU_TRY(cudaEventCreate(&e1), "cudaEventCreate");
+  for (int it = -3; it < BENCH_GPU_COPY_REPS; it++) {
+    float ms = 0.0f;
+    GPU_TRY(cudaEventRecord(e0, g->stream), "cudaEventRecord");
+    GPU_TRY(cudaMemcpyAsync(dst, src, g->copy_bytes, cudaMemcpyDeviceToDevice, g->stream),
+            "cudaMemcpyAsync (device to device)");
+    GPU_TRY(cudaEventRecord(e1, g->stream), "cudaEventRecord");
+    GPU_TRY(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    GPU_TRY(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+    if (it >= 0) us[it] = (double)ms * 1e3;
+  }
+  g->copy_us = median(us, BENCH_GPU_COPY_REPS);
+  g->copy_gbps = 2.0 * (double)g->copy_bytes / (g->copy_us * 1e3);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(src);
+  cudaFree(dst);
+  return 0;
+fail:
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  cudaFree(src);
+  cudaFree(dst);
+  return -1;
+}
+
+static void gpu_teardown(bench_gpu_t* g) {
+  for (int i = 0; g->ev && i < g->nev; i++)
+    if (g->ev[i]) cudaEventDestroy(g->ev[i]);
+  free(g->ev);
+  if (g->flush) cudaFree(g->flush);
+  if (g->stream) cudaStreamDestroy(g->stream);
+  memset(g, 0, sizeof *g);
+}
+
+/* Device 0: its description, a stream, the events, the L2 flush buffer, B. */
+static int gpu_setup(bench_gpu_t* g, int iters, char* err, size_t cap) {
+  struct cudaDeviceProp prop;
+  memset(g, 0, sizeof *g);
+  g->device = 0;
+  GPU_TRY(cudaSetDevice(g->device), "cudaSetDevice");
+  GPU_TRY(cudaGetDeviceProperties(&prop, g->device), "cudaGetDeviceProperties");
+  snprintf(g->name, sizeof g->name, "%s", prop.name);
+  g->mem_total = prop.totalGlobalMem;
+  GPU_TRY(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, g->device),
+          "cudaDeviceGetAttribute");
+  GPU_TRY(cudaDeviceGetAttribute(&g->cc_major, cudaDevAttrComputeCapabilityMajor, g->device),
+          "cudaDeviceGetAttribute");
+  GPU_TRY(cudaDeviceGetAttribute(&g->cc_minor, cudaDevAttrComputeCapabilityMinor, g->device),
+          "cudaDeviceGetAttribute");
+  GPU_TRY(cudaDeviceGetAttribute(&g->l2_bytes, cudaDevAttrL2CacheSize, g->device),
+          "cudaDeviceGetAttribute");
+  if (cudaDeviceGetPCIBusId(g->pci, (int)sizeof g->pci, g->device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    snprintf(g->pci, sizeof g->pci, "?");
+  }
+  GPU_TRY(cudaDriverGetVersion(&g->driver), "cudaDriverGetVersion");
+  GPU_TRY(cudaRuntimeGetVersion(&g->runtime), "cudaRuntimeGetVersion");
+  GPU_TRY(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  g->nev = 2 * iters;
+  g->ev = calloc((size_t)g->nev, sizeof *g->ev);
+  if (!g->ev) {
+    snprintf(err, cap, "out of host memory");
+    goto fail;
+  }
+  for (int i = 0; i < g->nev; i++) GPU_TRY(cudaEventCreate(&g->ev[i]), "cudaEventCreate");
+  /* >= 2x the L2, whole MiB; 64 MiB when the device does not say */
+  g->flush_bytes = g->l2_bytes > 0
+                       ? (((size_t)2 * (size_t)g->l2_bytes + (1u << 20) - 1) >> 20) << 20
+                       : (size_t)64 << 20;
+  GPU_TRY(cudaMalloc(&g->flush, g->flush_bytes), "cudaMalloc (L2 flush buffer)");
+  if (gpu_copy_bandwidth(g, err, cap) != 0) goto fail;
+  return 0;
+fail:
+  gpu_teardown(g);
+  return -1;
+}
+
+/* After a failed row: clears a non-sticky error; a context that no longer synchronizes
+   (sticky error: illegal address, trap) makes the later rows fail at once. */
+static void gpu_recover(bench_gpu_t* g) {
+  (void)cudaGetLastError();
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess && !g->dead[0])
+    snprintf(g->dead, sizeof g->dead, "the CUDA context failed earlier: %s (%s)",
+             cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* Device twin of a team's host buffers (bench_team_bufs_t holding device pointers): each
+   tensor and per-channel array its own allocation (aligned as a framework's would be);
+   no tensor when n == 0 (the pointers stay NULL, which the API allows). */
+static void gpu_bufs_free(bench_team_bufs_t* b) {
+  void** per_rank[] = {b->x, b->y, b->dy, b->dx};
+  for (size_t k = 0; k < sizeof per_rank / sizeof *per_rank; k++) {
+    for (int r = 0; per_rank[k] && r < b->W; r++)
+      if (per_rank[k][r]) cudaFree(per_rank[k][r]);
+    free(per_rank[k]);
+  }
+  float** chans[] = {b->rm, b->rv, b->save_mean, b->save_invstd, b->dweight, b->dbias};
+  for (size_t k = 0; k < sizeof chans / sizeof *chans; k++) {
+    for (int r = 0; chans[k] && r < b->W; r++)
+      if (chans[k][r]) cudaFree(chans[k][r]);
+    free(chans[k]);
+  }
+  if (b->weight) cudaFree(b->weight);
+  if (b->bias) cudaFree(b->bias);
+  if (b->nbt) cudaFree(b->nbt);
+  memset(b, 0, sizeof *b);
+}
+
+static int gpu_bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d, char* err,
+                          size_t cap) {
+  memset(b, 0, sizeof *b);
+  b->W = W;
+  b->desc = *d;
+  const size_t bytes = (size_t)(d->n * d->c * d->spatial) * dtype_size(d->dtype);
+  const size_t cbytes = (size_t)d->c * sizeof(float);
+  void*** tensors[] = {&b->x, &b->y, &b->dy, &b->dx};
+  float*** chans[] = {&b->rm, &b->rv, &b->save_mean, &b->save_invstd, &b->dweight, &b->dbias};
+  for (size_t k = 0; k < 4; k++)
+    if (!(*tensors[k] = calloc((size_t)W, sizeof(void*)))) goto oom;
+  for (size_t k = 0; k < 6; k++)
+    if (!(*chans[k] = calloc((size_t)W, sizeof(float*)))) goto oom;
+  char what[96];
+  snprintf(what, sizeof what, "cudaMalloc (%d ranks x 4 tensors of %.3g MB)", W,
+           (double)bytes * 1e-6);
+  for (size_t k = 0; bytes && k < 4; k++)
+    for (int r = 0; r < W; r++) GPU_TRY(cudaMalloc(&(*tensors[k])[r], bytes), what);
+  for (size_t k = 0; k < 6; k++)
+    for (int r = 0; r < W; r++)
+      GPU_TRY(cudaMalloc((void**)&(*chans[k])[r], cbytes), "cudaMalloc (per-channel)");
+  GPU_TRY(cudaMalloc((void**)&b->weight, cbytes), "cudaMalloc (weight)");
+  GPU_TRY(cudaMalloc((void**)&b->bias, cbytes), "cudaMalloc (bias)");
+  GPU_TRY(cudaMalloc((void**)&b->nbt, (size_t)W * sizeof(int64_t)), "cudaMalloc (nbt)");
+  return 0;
+oom:
+  snprintf(err, cap, "out of host memory");
+fail:
+  gpu_bufs_free(b);
+  return -1;
+}
+
+/* Host -> device for ranks 0..dev->W-1: x, dy, weight, bias, running stats and
+   num_batches_tracked as they are in host. On `s`, the stream of the ops (a plain
+   cudaMemcpy runs on the legacy stream, which does not order the non-blocking `s`), then
+   synchronized. */
+static int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, cudaStream_t s,
+                      char* err, size_t cap) {
+  const sbnTensorDesc_t* d = &dev->desc;
+  const size_t bytes = (size_t)(d->n * d->c * d->spatial) * dtype_size(d->dtype);
+  const size_t cbytes = (size_t)d->c * sizeof(float);
+  const enum cudaMemcpyKind h2d = cudaMemcpyHostToDevice;
+  for (int r = 0; r < dev->W; r++) {
+    if (bytes) {
+      GPU_TRY(cudaMemcpyAsync(dev->x[r], host->x[r], bytes, h2d, s), "cudaMemcpyAsync (x)");
+      GPU_TRY(cudaMemcpyAsync(dev->dy[r], host->dy[r], bytes, h2d, s), "cudaMemcpyAsync (dy)");
+    }
+    GPU_TRY(cudaMemcpyAsync(dev->rm[r], host->rm[r], cbytes, h2d, s),
+            "cudaMemcpyAsync (running_mean)");
+    GPU_TRY(cudaMemcpyAsync(dev->rv[r], host->rv[r], cbytes, h2d, s),
+            "cudaMemcpyAsync (running_var)");
+  }
+  GPU_TRY(cudaMemcpyAsync(dev->weight, host->weight, cbytes, h2d, s), "cudaMemcpyAsync (weight)");
+  GPU_TRY(cudaMemcpyAsync(dev->bias, host->bias, cbytes, h2d, s), "cudaMemcpyAsync (bias)");
+  GPU_TRY(cudaMemcpyAsync(dev->nbt, host->nbt, (size_t)dev->W * sizeof(int64_t), h2d, s),
+          "cudaMemcpyAsync (num_batches_tracked)");
+  GPU_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize (copies)");
+  return 0;
+fail:
+  return -1;
+}
+
+/* Every output the ops write := all-ones bits (NaN in fp32, fp16 and bf16): a value the
+   check run does not write cannot pass. */
+static int gpu_poison(bench_team_bufs_t* dev, cudaStream_t s, char* err, size_t cap) {
+  const sbnTensorDesc_t* d = &dev->desc;
+  const size_t bytes = (size_t)(d->n * d->c * d->spatial) * dtype_size(d->dtype);
+  const size_t cbytes = (size_t)d->c * sizeof(float);
+  for (int r = 0; r < dev->W; r++) {
+    if (bytes) {
+      GPU_TRY(cudaMemsetAsync(dev->y[r], 0xff, bytes, s), "cudaMemsetAsync (y)");
+      GPU_TRY(cudaMemsetAsync(dev->dx[r], 0xff, bytes, s), "cudaMemsetAsync (dx)");
+    }
+    float* chans[] = {dev->save_mean[r], dev->save_invstd[r], dev->dweight[r], dev->dbias[r]};
+    for (size_t k = 0; k < 4; k++)
+      GPU_TRY(cudaMemsetAsync(chans[k], 0xff, cbytes, s), "cudaMemsetAsync (per-channel)");
+  }
+  return 0;
+fail:
+  return -1;
+}
+
+/* Device -> host for ranks 0..dev->W-1: every output (y, dx, running stats,
+   num_batches_tracked, saved statistics, dweight, dbias). On `s`, after the ops queued
+   there; synchronized. */
+static int gpu_download(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s,
+                        char* err, size_t cap) {
+  const sbnTensorDesc_t* d = &dev->desc;
+  const size_t bytes = (size_t)(d->n * d->c * d->spatial) * dtype_size(d->dtype);
+  const size_t cbytes = (size_t)d->c * sizeof(float);
+  const enum cudaMemcpyKind d2h = cudaMemcpyDeviceToHost;
+  for (int r = 0; r < dev->W; r++) {
+    if (bytes) {
+      GPU_TRY(cudaMemcpyAsync(host->y[r], dev->y[r], bytes, d2h, s), "cudaMemcpyAsync (y)");
+      GPU_TRY(cudaMemcpyAsync(host->dx[r], dev->dx[r], bytes, d2h, s), "cudaMemcpyAsync (dx)");
+    }
+    float* const* from[] = {dev->rm,          dev->rv,      dev->save_mean,
+                            dev->save_invstd, dev->dweight, dev->dbias};
+    float* const* to[] = {host->rm,          host->rv,      host->save_mean,
+                          host->save_invstd, host->dweight, host->dbias};
+    for (size_t k = 0; k < 6; k++)
+      GPU_TRY(cudaMemcpyAsync(to[k][r], from[k][r], cbytes, d2h, s),
+              "cudaMemcpyAsync (per-channel)");
+  }
+  GPU_TRY(cudaMemcpyAsync(host->nbt, dev->nbt, (size_t)dev->W * sizeof(int64_t), d2h, s),
+          "cudaMemcpyAsync (num_batches_tracked)");
+  GPU_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize (copies)");
+  return 0;
+fail:
+  return -1;
+}
+
+/* sbnCommGetAsyncError of every rank, after the stream was synchronized. */
+static int gpu_async_check(sbnComm_t* comms, int W, char* err, size_t cap) {
+  for (int r = 0; r < W; r++) {
+    sbnResult_t async = sbnSuccess;
+    sbnResult_t res = sbnCommGetAsyncError(comms[r], &async);
+    if (res != sbnSuccess) {
+      note_failure(err, cap, "sbnCommGetAsyncError", r, res, sbnGetLastError(comms[r]));
+      return -1;
+    }
+    if (async != sbnSuccess) {
+      note_failure(err, cap, "async error (sbnCommGetAsyncError)", r, async,
+                   sbnGetLastError(comms[r]));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* warmup + iters calls of one op, each preceded by the L2 flush; CUDA events around the op
+   of the timed ones only. ev_us, host_us: [iters]. */
+static int gpu_time_op(bench_gpu_t* g, sbnComm_t* comms, bench_team_bufs_t* dev, int fwd,
+                       const sbnParams_t* p, const bench_opts_t* o, double* ev_us, double* host_us,
+                       char* err, size_t cap) {
+  for (int it = 0; it < o->warmup + o->iters; it++) {
+    const int j = it - o->warmup;
+    GPU_TRY(cudaMemsetAsync(g->flush, it & 0xff, g->flush_bytes, g->stream),
+            "cudaMemsetAsync (L2 flush)");
+    if (j >= 0) GPU_TRY(cudaEventRecord(g->ev[2 * j], g->stream), "cudaEventRecord");
+    double t = team_call(comms, dev, fwd, p, g->stream, err, cap);
+    if (t < 0) return -1;
+    if (j >= 0) {
+      host_us[j] = t;
+      GPU_TRY(cudaEventRecord(g->ev[2 * j + 1], g->stream), "cudaEventRecord");
+    }
+  }
+  GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize");
+  if (gpu_async_check(comms, dev->W, err, cap) != 0) return -1;
+  for (int j = 0; j < o->iters; j++) {
+    float ms = 0.0f;
+    GPU_TRY(cudaEventElapsedTime(&ms, g->ev[2 * j], g->ev[2 * j + 1]), "cudaEventElapsedTime");
+    ev_us[j] = (double)ms * 1e3;
+  }
+  return 0;
+fail:
+  return -1;
+}
+
+/* One GPU row (row->W ranks): a virtual team, device buffers, the inputs of ranks
+   0..W-1 of host (generated for the largest W: rank r's data do not depend on W), the
+   timed forward and backward, then the check run. */
+static void gpu_run_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                        const bench_team_bufs_t* host_all, int64_t max_c) {
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
+  const int W = row->W;
+  const sbnTensorDesc_t d = {row->dtype, row->layout, row->shape->n, row->shape->c, row->spatial};
+  sbnComm_t comms[SBN_MAX_GPU_TEAM_RANKS];
+  int ncomms = 0;
+  bench_team_bufs_t dev;
+  bench_team_bufs_t host = *host_all; /* a view of the first W ranks */
+  host.W = W;
+  memset(&dev, 0, sizeof dev);
+  memset(comms, 0, sizeof comms);
+  double* samples = malloc((size_t)o->iters * 2 * sizeof(double));
+  if (g->dead[0]) {
+    snprintf(err, cap, "not run: %s", g->dead);
+    free(samples);
+    return;
+  }
+  if (!samples) {
+    snprintf(err, cap, "out of host memory");
+    return;
+  }
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  if (max_c > cfg.max_channels) cfg.max_channels = max_c;
+  cfg.timeout_ms = BENCH_GPU_TIMEOUT_MS;
+  sbnResult_t res = sbnCommInitVirtual(comms, W, g->device, &cfg);
+  if (res != sbnSuccess) {
+    note_failure(err, cap, "sbnCommInitVirtual", -1, res, sbnGetLastError(NULL));
+    goto out;
+  }
+  ncomms = W;
+  if (gpu_bufs_alloc(&dev, W, &d, err, cap) != 0) goto out;
+  bufs_reset_state(&host);
+  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0) goto out;
+
+  sbnParams_t params = SBN_PARAMS_DEFAULT;
+  params.grad_mode = sbnGradGlobal;
+  const double rank_bytes = (double)(d.n * d.c * d.spatial) * (double)dtype_size(d.dtype);
+  for (int fwd = 1; fwd >= 0; fwd--) {
+    double *ev_us = samples, *host_us = samples + o->iters;
+    if (gpu_time_op(g, comms, &dev, fwd, &params, o, ev_us, host_us, err, cap) != 0) goto out;
+    bench_times_t* t = fwd ? &row->t_fwd : &row->t_bwd;
+    times_stats(ev_us, o->iters, &t->med, &t->min, &t->p90);
+    t->host_med = median(host_us, o->iters);
+    /* per rank: read x, write y / read x and dy, write dx */
+    double gbps = (fwd ? 2.0 : 3.0) * rank_bytes / (t->med * 1e3);
+    if (fwd) {
+      row->us_fwd = t->med;
+      row->gbps_fwd = gbps;
+    } else {
+      row->us_bwd = t->med;
+      row->gbps_bwd = gbps;
+    }
+  }
+
+  /* The check run: fresh inputs, running stats (0, 1), poisoned outputs; one forward and
+     one backward; everything copied back and checked on the host. */
+  bufs_reset_state(&host);
+  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0 ||
+      gpu_poison(&dev, g->stream, err, cap) != 0)
+    goto out;
+  if (team_call(comms, &dev, 1, &params, g->stream, err, cap) < 0 ||
+      team_call(comms, &dev, 0, &params, g->stream, err, cap) < 0)
+    goto out;
+  GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (check run)");
+  if (gpu_async_check(comms, W, err, cap) != 0) goto out;
+  if (gpu_download(&host, &dev, g->stream, err, cap) != 0) goto out;
+  check_row(row, &host, 1, o->check_channels, NULL, sbnGradGlobal);
+  goto out;
+fail:
+out:
+  if (err[0]) gpu_recover(g);
+  for (int r = 0; r < ncomms; r++) sbnCommDestroy(comms[r]);
+  gpu_bufs_free(&dev);
+  free(samples);
+}
+#endif /* SBN_BENCH_HAVE_CUDA */
 
 /* ---- output ------------------------------------------------------------------------- */
 typedef struct {
@@ -722,9 +1336,10 @@ typedef struct {
   const char* shapes_source;
   int nshapes;
   double total_s;
+  char why_cpu[320]; /* CPU mode: why not the GPU path */
+  char device[400];  /* CPU mode: the device line */
 } bench_meta_t;
 
-static const char* kDevice = "CPU team (ranks are host threads; GPU paths come in later issues)";
 static const char* kBytesFormula =
     "per rank: fwd = 2*numel*elem_size (read x, write y); bwd = 3*numel*elem_size (read x and "
     "dy, write dx); numel = N*C*spatial; GB/s = bytes / median time";
@@ -733,7 +1348,7 @@ static void print_header(const bench_opts_t* o, const bench_meta_t* m) {
   printf("# sbn-bench  syncbn %d.%d.%d (header %d.%d.%d)  commit %s  %s\n", m->version / 10000,
          m->version / 100 % 100, m->version % 100, SBN_VERSION_MAJOR, SBN_VERSION_MINOR,
          SBN_VERSION_PATCH, SBN_BENCH_COMMIT, m->date);
-  printf("# device: %s\n", kDevice);
+  printf("# device: %s\n", m->device);
   printf("# ranks %d (one host thread each), threads %d, cores online %ld\n", o->ranks, o->ranks,
          m->cores);
   printf(
@@ -796,7 +1411,9 @@ static int write_json(const char* path, const bench_opts_t* o, const bench_meta_
   fprintf(f, ",\n  \"date\": ");
   json_string(f, m->date);
   fprintf(f, ",\n  \"device\": ");
-  json_string(f, kDevice);
+  json_string(f, m->device);
+  fprintf(f, ",\n  \"mode\": \"cpu\",\n  \"why_cpu\": ");
+  json_string(f, m->why_cpu);
   fprintf(f,
           ",\n  \"team\": \"cpu\",\n  \"ranks\": %d,\n  \"threads\": %d,\n"
           "  \"cores_online\": %ld,\n  \"scale\": %d,\n  \"warmup\": %d,\n  \"iters\": %d,\n"
@@ -846,12 +1463,267 @@ static int write_json(const char* path, const bench_opts_t* o, const bench_meta_
   return fclose(f) == 0 ? 0 : -1;
 }
 
+#if SBN_BENCH_HAVE_CUDA
+/* ---- GPU mode output -------------------------------------------------------------- */
+static const char* kGpuBytesFormula =
+    "GB/s/rk = a rank's bytes / median time: fwd 2*numel*es (read x, write y), bwd "
+    "3*numel*es (read x and dy, write dx); numel = N*C*spatial, es = element size; "
+    "GB/s all = W x GB/s/rk (all W ranks share the one GPU)";
+static const char* kGpuFloorFormula =
+    "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
+    "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
+    "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B";
+
+/* What one op of a row moved and how close it came to the copy bandwidth B (GB/s). */
+typedef struct {
+  double bytes_rank, bytes_total; /* effective bytes (floor (b) traffic) */
+  double gbps_rank, gbps_total;
+  double floor_a_us, floor_b_us, pct_a, pct_b;
+} bench_op_derived_t;
+
+static bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B) {
+  bench_op_derived_t o;
+  const double x_rank =
+      (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);
+  const double x_all = x_rank * r->W;
+  const double us = fwd ? r->t_fwd.med : r->t_bwd.med;
+  o.bytes_rank = (fwd ? 2.0 : 3.0) * x_rank;
+  o.bytes_total = (fwd ? 2.0 : 3.0) * x_all;
+  o.gbps_rank = o.bytes_rank / (us * 1e3);
+  o.gbps_total = o.bytes_total / (us * 1e3);
+  o.floor_a_us = (fwd ? 3.0 : 5.0) * x_all / (B * 1e3); /* B in GB/s = 1e3 bytes/us */
+  o.floor_b_us = (fwd ? 2.0 : 3.0) * x_all / (B * 1e3);
+  o.pct_a = o.floor_a_us / us * 100.0;
+  o.pct_b = o.floor_b_us / us * 100.0;
+  return o;
+}
+
+static void format_rank_list(const bench_opts_t* o, char* buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < o->nranks_list && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", o->ranks_list[i]);
+}
+
+static void print_gpu_header(const bench_opts_t* o, const bench_meta_t* m, const bench_gpu_t* g) {
+  char wl[160];
+  format_rank_list(o, wl, sizeof wl);
+  printf("# sbn-bench  syncbn %d.%d.%d (header %d.%d.%d)  commit %s  %s\n", m->version / 10000,
+         m->version / 100 % 100, m->version % 100, SBN_VERSION_MAJOR, SBN_VERSION_MINOR,
+         SBN_VERSION_PATCH, SBN_BENCH_COMMIT, m->date);
+  printf(
+      "# mode: GPU, path coop: virtual teams (W ranks on device %d, ONE cooperative launch "
+      "per op for all W)\n",
+      g->device);
+  printf("# device %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, PCI %s\n", g->device,
+         g->name, g->cc_major, g->cc_minor, g->sms, g->l2_bytes / 1048576.0,
+         (double)g->mem_total / 1073741824.0, g->pci);
+  printf("# driver %d.%d (%d), runtime %d.%d (%d), host cores online %ld\n", g->driver / 1000,
+         g->driver % 1000 / 10, g->driver, g->runtime / 1000, g->runtime % 1000 / 10, g->runtime,
+         m->cores);
+  printf(
+      "# copy bandwidth B = %.1f GB/s (device-to-device cudaMemcpyAsync of %zu MiB, "
+      "B = 2*bytes/time, median of %d: %.1f us)\n",
+      g->copy_gbps, g->copy_bytes >> 20, BENCH_GPU_COPY_REPS, g->copy_us);
+  printf(
+      "# W %s; warm-up %d, iters %d (CUDA events around the op; median here, min and p90 in "
+      "the JSON)%s\n",
+      wl, o->warmup, o->iters,
+      o->iters < BENCH_GPU_MIN_ITERS ? "; NOTE: fewer iters than the methodology's 50" : "");
+  printf(
+      "# L2 flushed before every call: cudaMemsetAsync of %zu MiB (>= 2 x L2), outside the "
+      "events\n",
+      g->flush_bytes >> 20);
+  printf(
+      "# forward: sbnForwardTrain (affine, running stats, eps 1e-5, momentum 0.1); "
+      "backward: sbnBackward (sbnGradGlobal)\n");
+  printf(
+      "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s%d (one more "
+      "forward + backward per row on fresh inputs, copied back)\n",
+      o->scale, o->scale, o->check_channels ? "<= " : "all",
+      o->check_channels ? o->check_channels : 0);
+  printf(
+      "# shapes: %d from %s; sizes are per rank (= per GPU): a row of W ranks moves W x "
+      "those bytes through one GPU\n",
+      m->nshapes, m->shapes_source);
+  printf("#\n");
+  printf("#%44s %45s %45s\n", "", "------------------ forward ------------------",
+         "------------------ backward -----------------");
+  printf("# %5s %5s %6s %8s %5s %6s %2s %10s %8s %9s %7s %7s %10s %8s %9s %7s %7s %6s %8s\n",
+         "shape", "N", "C", "spatial", "dtype", "layout", "W", "time(us)", "GB/s/rk", "GB/s all",
+         "%fl(a)", "%fl(b)", "time(us)", "GB/s/rk", "GB/s all", "%fl(a)", "%fl(b)", "#wrong",
+         "tol used");
+}
+
+static void print_gpu_row(const bench_row_t* r, double B) {
+  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %2d", r->shape->id, r->shape->n,
+         r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], r->W);
+  if (r->error[0]) {
+    printf("   FAILED: %s\n", r->error);
+  } else {
+    for (int fwd = 1; fwd >= 0; fwd--) {
+      bench_op_derived_t d = op_derived(r, fwd, B);
+      printf(" %10.1f %8.1f %9.1f %7.1f %7.1f", fwd ? r->t_fwd.med : r->t_bwd.med, d.gbps_rank,
+             d.gbps_total, d.pct_a, d.pct_b);
+    }
+    printf(r->worst < 1000 ? " %6" PRId64 " %8.3f\n" : " %6" PRId64 " %8.1e\n", r->wrong, r->worst);
+  }
+  fflush(stdout);
+}
+
+/* Latency rows come in pairs per W: [2*i] tiny, [2*i + 1] empty. */
+static void print_latency(const bench_row_t* lat, int nw) {
+  printf(
+      "#\n# latency: fp32 NCHW, C=512; tiny = N=4, 1x1 per rank (like S10); empty = n=0 on "
+      "every rank. Median us: GPU = CUDA events, host = the enqueueing calls\n");
+  printf("#%3s %35s %35s\n", "", "--------------- tiny --------------",
+         "-------------- empty --------------");
+  printf("# %2s %8s %8s %8s %8s %8s %8s %8s %8s %7s\n", "W", "fwd", "bwd", "host fwd", "host bwd",
+         "fwd", "bwd", "host fwd", "host bwd", "#wrong");
+  for (int i = 0; i < nw; i++) {
+    printf("  %2d", lat[2 * i].W);
+    for (int q = 0; q < 2; q++) {
+      const bench_row_t* r = &lat[2 * i + q];
+      if (r->error[0])
+        printf(" %8s %8s %8s %8s", "FAILED", "-", "-", "-");
+      else
+        printf(" %8.1f %8.1f %8.1f %8.1f", r->t_fwd.med, r->t_bwd.med, r->t_fwd.host_med,
+               r->t_bwd.host_med);
+    }
+    printf(" %7" PRId64 "\n", lat[2 * i].wrong + lat[2 * i + 1].wrong);
+    for (int q = 0; q < 2; q++)
+      if (lat[2 * i + q].error[0])
+        printf("#   W=%d %s FAILED: %s\n", lat[2 * i + q].W, lat[2 * i + q].shape->id,
+               lat[2 * i + q].error);
+  }
+  fflush(stdout);
+}
+
+static void json_gpu_op(FILE* f, const bench_row_t* r, int fwd, double B) {
+  const bench_times_t* t = fwd ? &r->t_fwd : &r->t_bwd;
+  const int ok = !r->error[0];
+  bench_op_derived_t d = op_derived(r, fwd, B);
+  const double v[] = {t->med,       t->min,        t->p90,      t->host_med,
+                      d.bytes_rank, d.bytes_total, d.gbps_rank, d.gbps_total,
+                      d.floor_a_us, d.floor_b_us,  d.pct_a,     d.pct_b};
+  static const char* const names[] = {"us_median",  "us_min",      "us_p90",      "host_us_median",
+                                      "bytes_rank", "bytes_total", "gbps_rank",   "gbps_total",
+                                      "floor_a_us", "floor_b_us",  "pct_floor_a", "pct_floor_b"};
+  fprintf(f, "{");
+  for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+    /* bytes and floors are known even for a failed row */
+    int known = ok || i == 4 || i == 5 || i == 8 || i == 9;
+    fprintf(f, "%s\"%s\": ", i ? ", " : "", names[i]);
+    if (i == 4 || i == 5)
+      fprintf(f, "%.0f", v[i]); /* bytes: exact */
+    else
+      json_number(f, known ? v[i] : NAN);
+  }
+  fprintf(f, "}");
+}
+
+static void json_gpu_row(FILE* f, const bench_row_t* r, double B) {
+  const double x_rank =
+      (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);
+  fprintf(f, "{\"path\": \"coop\", \"shape\": ");
+  json_string(f, r->shape->id);
+  fprintf(f, ", \"where\": ");
+  json_string(f, r->shape->where);
+  fprintf(f,
+          ", \"n\": %" PRId64 ", \"c\": %" PRId64 ", \"h\": %" PRId64 ", \"w\": %" PRId64
+          ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
+          r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
+          kLayoutNames[r->layout], r->W);
+  fprintf(f, ", \"bytes_x_rank\": %.0f, \"bytes_x_total\": %.0f", x_rank, x_rank * r->W);
+  fprintf(f, ",\n     \"fwd\": ");
+  json_gpu_op(f, r, 1, B);
+  fprintf(f, ",\n     \"bwd\": ");
+  json_gpu_op(f, r, 0, B);
+  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
+          r->wrong);
+  json_number(f, r->worst);
+  fprintf(f, ", \"worst\": ");
+  json_string(f, r->worst_what);
+  fprintf(f, ", \"error\": ");
+  if (r->error[0])
+    json_string(f, r->error);
+  else
+    fprintf(f, "null");
+  fprintf(f, "}");
+}
+
+static int write_json_gpu(const char* path, const bench_opts_t* o, const bench_meta_t* m,
+                          const bench_gpu_t* g, const bench_row_t* rows, int nrows,
+                          const bench_row_t* lat, int nlat, int64_t wrong, int failed) {
+  FILE* f = fopen(path, "w");
+  if (!f) return -1;
+  char ver[32], buf[64];
+  snprintf(ver, sizeof ver, "%d.%d.%d", m->version / 10000, m->version / 100 % 100,
+           m->version % 100);
+  fprintf(f, "{\n  \"tool\": \"sbn-bench\",\n  \"library_version\": ");
+  json_string(f, ver);
+  fprintf(f, ",\n  \"commit\": ");
+  json_string(f, SBN_BENCH_COMMIT);
+  fprintf(f, ",\n  \"date\": ");
+  json_string(f, m->date);
+  fprintf(f, ",\n  \"mode\": \"gpu\",\n  \"path\": \"coop\",\n  \"team\": \"virtual\",\n");
+  fprintf(f, "  \"device\": {\"index\": %d, \"name\": ", g->device);
+  json_string(f, g->name);
+  snprintf(buf, sizeof buf, "sm_%d%d", g->cc_major, g->cc_minor);
+  fprintf(f, ", \"arch\": ");
+  json_string(f, buf);
+  fprintf(f, ", \"pci\": ");
+  json_string(f, g->pci);
+  fprintf(f, ", \"sm_count\": %d, \"l2_bytes\": %d, \"memory_bytes\": %zu},\n", g->sms, g->l2_bytes,
+          g->mem_total);
+  fprintf(f, "  \"driver_version\": %d,\n  \"runtime_version\": %d,\n  \"cores_online\": %ld,\n",
+          g->driver, g->runtime, m->cores);
+  fprintf(f, "  \"copy_bandwidth\": {\"gbps\": ");
+  json_number(f, g->copy_gbps);
+  fprintf(f, ", \"bytes\": %zu, \"us_median\": ", g->copy_bytes);
+  json_number(f, g->copy_us);
+  fprintf(f,
+          ", \"reps\": %d, \"formula\": \"B = 2*bytes/time (device-to-device "
+          "cudaMemcpyAsync: every byte read and written)\"},\n",
+          BENCH_GPU_COPY_REPS);
+  fprintf(f, "  \"ranks\": [");
+  for (int i = 0; i < o->nranks_list; i++) fprintf(f, "%s%d", i ? ", " : "", o->ranks_list[i]);
+  fprintf(f,
+          "],\n  \"scale\": %d,\n  \"warmup\": %d,\n  \"iters\": %d,\n  \"l2_flush_bytes\": "
+          "%zu,\n  \"check_channels\": %d,\n  \"grad_mode\": \"global\",\n"
+          "  \"timing\": \"CUDA events recorded around the op only; L2 flushed (memset) before "
+          "every call, outside the events\",\n  \"shapes_source\": ",
+          o->scale, o->warmup, o->iters, g->flush_bytes, o->check_channels);
+  json_string(f, m->shapes_source);
+  fprintf(f, ",\n  \"bytes\": ");
+  json_string(f, kGpuBytesFormula);
+  fprintf(f, ",\n  \"floors\": ");
+  json_string(f, kGpuFloorFormula);
+  fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_STAT, TOL_F32,
+          TOL_HALF);
+  fprintf(f, "  \"rows\": [");
+  for (int i = 0; i < nrows; i++) {
+    fprintf(f, "%s\n    ", i ? "," : "");
+    json_gpu_row(f, &rows[i], g->copy_gbps);
+  }
+  fprintf(f, "\n  ],\n  \"latency\": [");
+  for (int i = 0; i < nlat; i++) {
+    fprintf(f, "%s\n    ", i ? "," : "");
+    json_gpu_row(f, &lat[i], g->copy_gbps);
+  }
+  fprintf(f, "\n  ],\n  \"wrong\": %" PRId64 ",\n  \"failed_rows\": %d,\n  \"total_s\": ", wrong,
+          failed);
+  json_number(f, m->total_s);
+  fprintf(f, ",\n  \"ok\": %s\n}\n", (wrong == 0 && failed == 0) ? "true" : "false");
+  return fclose(f) == 0 ? 0 : -1;
+}
+#endif /* SBN_BENCH_HAVE_CUDA */
+
 /* ---- main --------------------------------------------------------------------------- */
 static int parse_args(int argc, char** argv, bench_opts_t* o) {
-  o->ranks = BENCH_DEFAULT_RANKS;
-  o->iters = BENCH_DEFAULT_ITERS;
-  o->warmup = BENCH_DEFAULT_WARMUP;
-  o->scale = BENCH_DEFAULT_SCALE;
+  o->gpu = BENCH_GPU_AUTO;
+  o->nranks_list = 0;                   /* -w: default by mode (resolve_opts) */
+  o->iters = o->warmup = o->scale = -1; /* default by mode */
   o->check_channels = BENCH_CHECK_CHANNELS;
   o->dtype_on[sbnFloat32] = o->dtype_on[sbnBFloat16] = 1;
   o->layout_on[sbnLayoutNCHW] = o->layout_on[sbnLayoutNHWC] = 1;
@@ -864,7 +1736,7 @@ static int parse_args(int argc, char** argv, bench_opts_t* o) {
     /* every other option takes a value: "--opt value" or "--opt=value" */
     static const char* const known[] = {
         "-w",       "--ranks", "-i",     "--iters", "--warmup", "--scale", "--check-channels",
-        "--shapes", "--json",  "--only", "--dtype", "--layout"};
+        "--shapes", "--json",  "--only", "--dtype", "--layout", "--gpu"};
     char name[32];
     const char* val = NULL;
     const char* eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
@@ -882,7 +1754,8 @@ static int parse_args(int argc, char** argv, bench_opts_t* o) {
     else
       return usage_error(argv[0], "%s needs a value", name);
     if (!strcmp(name, "-w") || !strcmp(name, "--ranks")) {
-      if (parse_int(val, 1, 1024, &o->ranks)) return usage_error(argv[0], "bad -w '%s'", val);
+      if (parse_int_list(val, 1, 1024, o->ranks_list, BENCH_MAX_RANK_LIST, &o->nranks_list))
+        return usage_error(argv[0], "bad -w '%s'", val);
     } else if (!strcmp(name, "-i") || !strcmp(name, "--iters")) {
       if (parse_int(val, 1, 1000000, &o->iters)) return usage_error(argv[0], "bad -i '%s'", val);
     } else if (!strcmp(name, "--warmup")) {
@@ -906,11 +1779,283 @@ static int parse_args(int argc, char** argv, bench_opts_t* o) {
     } else if (!strcmp(name, "--layout")) {
       if (parse_name_list(val, kLayoutNames, 2, o->layout_on))
         return usage_error(argv[0], "bad --layout '%s' (NCHW, NHWC)", val);
+    } else if (!strcmp(name, "--gpu")) {
+      int found = 0;
+      for (int k = 0; k < 3; k++)
+        if (ascii_casecmp(val, kGpuReqNames[k]) == 0) {
+          o->gpu = (bench_gpu_req_t)k;
+          found = 1;
+        }
+      if (!found) return usage_error(argv[0], "bad --gpu '%s' (auto, on, off)", val);
     } else {
       return usage_error(argv[0], "unknown option '%s'", name);
     }
   }
   return 0;
+}
+
+/* The defaults of the mode that runs, and the checks that depend on it. */
+static int resolve_opts(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
+  if (gpu_mode) {
+    if (o->nranks_list == 0)
+      parse_int_list(BENCH_GPU_DEFAULT_RANKS, 1, SBN_MAX_GPU_TEAM_RANKS, o->ranks_list,
+                     BENCH_MAX_RANK_LIST, &o->nranks_list);
+    o->ranks = 0;
+    for (int i = 0; i < o->nranks_list; i++) {
+      if (o->ranks_list[i] > SBN_MAX_GPU_TEAM_RANKS)
+        return usage_error(argv0, "-w %d: a GPU team has at most %d ranks", o->ranks_list[i],
+                           SBN_MAX_GPU_TEAM_RANKS);
+      if (o->ranks_list[i] > o->ranks) o->ranks = o->ranks_list[i];
+    }
+    if (o->iters < 0) o->iters = BENCH_GPU_DEFAULT_ITERS;
+    if (o->warmup < 0) o->warmup = BENCH_GPU_DEFAULT_WARMUP;
+    if (o->scale < 0) o->scale = BENCH_GPU_DEFAULT_SCALE;
+  } else {
+    if (o->nranks_list > 1)
+      return usage_error(
+          argv0, "-w: the CPU team (not the GPU: %s) takes one team size, not a list", why_cpu);
+    o->ranks = o->nranks_list ? o->ranks_list[0] : BENCH_DEFAULT_RANKS;
+    o->ranks_list[0] = o->ranks;
+    o->nranks_list = 1;
+    if (o->iters < 0) o->iters = BENCH_DEFAULT_ITERS;
+    if (o->warmup < 0) o->warmup = BENCH_DEFAULT_WARMUP;
+    if (o->scale < 0) o->scale = BENCH_DEFAULT_SCALE;
+  }
+  return 0;
+}
+
+#if SBN_BENCH_HAVE_CUDA
+/* With a device present: can the library make a GPU team there? 1 yes; 0 unsupported
+   (device without cooperative launch...: CPU mode, why says so); -1 another failure. */
+static int gpu_probe(char* why, size_t cap) {
+  sbnComm_t c = NULL;
+  sbnResult_t res = sbnCommInitVirtual(&c, 1, 0, NULL);
+  if (res == sbnSuccess) {
+    sbnCommDestroy(c);
+    return 1;
+  }
+  snprintf(why, cap, "sbnCommInitVirtual(1 rank, device 0): %s: %s", sbnGetResultName(res),
+           sbnGetLastError(NULL));
+  return res == sbnUnsupported ? 0 : -1;
+}
+
+/* GPU mode: every shape x dtype x layout x W, then the latency table. */
+static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
+                    int nshapes, bench_meta_t* meta, double t_start) {
+  static const bench_shape_t lat_shapes[2] = {
+      {"tiny", 4, 512, 1, 1, "latency: N=4, C=512, 1x1 per rank (like S10)"},
+      {"empty", 0, 512, 1, 1, "latency: n=0 on every rank, C=512"}};
+  static const sbnDataType_t order[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+  bench_gpu_t g;
+  char err[384] = "";
+  if (gpu_setup(&g, o->iters, err, sizeof err) != 0) {
+    fprintf(stderr, "%s: GPU setup failed: %s\n", argv0, err);
+    return 1;
+  }
+  const int nw = o->nranks_list;
+  bench_row_t* rows = calloc((size_t)nshapes * 6 * (size_t)nw, sizeof *rows);
+  bench_row_t* lat = calloc((size_t)nw * 2, sizeof *lat);
+  if (!rows || !lat) {
+    free(rows);
+    free(lat);
+    gpu_teardown(&g);
+    return 1;
+  }
+  int64_t max_c = lat_shapes[0].c;
+  for (int s = 0; s < nshapes; s++)
+    if (shapes[s].c > max_c) max_c = shapes[s].c;
+
+  print_gpu_header(o, meta, &g);
+  int nrows = 0, failed = 0;
+  int64_t wrong = 0, checked = 0;
+  const bench_row_t* worst = NULL;
+  for (int s = 0; s < nshapes; s++) {
+    int64_t spatial = shapes[s].h * shapes[s].w / o->scale;
+    if (spatial < 1) spatial = 1;
+    for (int t = 0; t < 3; t++) {
+      if (!o->dtype_on[order[t]]) continue;
+      for (int l = 0; l < 2; l++) {
+        if (!o->layout_on[l]) continue;
+        /* inputs of the largest W, generated once: rank r's data do not depend on W */
+        sbnTensorDesc_t d = {order[t], (sbnLayout_t)l, shapes[s].n, shapes[s].c, spatial};
+        bench_team_bufs_t host;
+        int have_host = bufs_alloc(&host, o->ranks, &d) == 0;
+        if (have_host && bufs_init(&host, shapes[s].id) != 0) {
+          bufs_free(&host);
+          have_host = 0;
+        }
+        for (int wi = 0; wi < nw; wi++) {
+          bench_row_t* r = &rows[nrows++];
+          r->shape = &shapes[s];
+          r->spatial = spatial;
+          r->dtype = order[t];
+          r->layout = (sbnLayout_t)l;
+          r->W = o->ranks_list[wi];
+          r->gpu = 1;
+          if (have_host)
+            gpu_run_row(r, &g, o, &host, max_c);
+          else
+            snprintf(r->error, sizeof r->error,
+                     "out of host memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+                     o->ranks, d.n, d.c, d.spatial);
+          print_gpu_row(r, g.copy_gbps);
+          wrong += r->wrong;
+          checked += r->checked;
+          failed += r->error[0] != 0;
+          if (!r->error[0] && (!worst || r->worst > worst->worst)) worst = r;
+        }
+        if (have_host) bufs_free(&host);
+      }
+    }
+  }
+
+  /* latency: the tiny and the empty op for every W */
+  for (int wi = 0; wi < nw; wi++)
+    for (int q = 0; q < 2; q++) {
+      bench_row_t* r = &lat[2 * wi + q];
+      sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, lat_shapes[q].n, lat_shapes[q].c, 1};
+      bench_team_bufs_t host;
+      r->shape = &lat_shapes[q];
+      r->spatial = 1;
+      r->dtype = sbnFloat32;
+      r->layout = sbnLayoutNCHW;
+      r->W = o->ranks_list[wi];
+      r->gpu = 1;
+      if (bufs_alloc(&host, r->W, &d) != 0) {
+        snprintf(r->error, sizeof r->error, "out of host memory");
+      } else {
+        if (bufs_init(&host, lat_shapes[q].id) != 0)
+          snprintf(r->error, sizeof r->error, "out of host memory");
+        else
+          gpu_run_row(r, &g, o, &host, max_c);
+        bufs_free(&host);
+      }
+      wrong += r->wrong;
+      checked += r->checked;
+      failed += r->error[0] != 0;
+      if (!r->error[0] && (!worst || r->worst > worst->worst)) worst = r;
+    }
+  print_latency(lat, nw);
+  meta->total_s = (now_us() - t_start) * 1e-6;
+
+  printf("#\n# %s\n", kGpuBytesFormula);
+  printf("# %%fl(a), %%fl(b): %s; B = %.1f GB/s\n", kGpuFloorFormula, g.copy_gbps);
+  printf(
+      "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
+      "%g, fp16/bf16 %g; reference: double, sbn_ref over all W ranks) in y, dx, save_mean, "
+      "save_invstd, running stats, dweight, dbias (team sums) on the checked channels of one "
+      "more forward + backward, plus broken bitwise guarantees (ranks agree on the statistics "
+      "and the team sums)\n",
+      TOL_STAT, TOL_F32, TOL_HALF);
+  printf("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)\n");
+  char label[96] = "";
+  printf("# rows %d + latency %d, failed %d, values checked %" PRId64 ", wrong %" PRId64, nrows,
+         2 * nw, failed, checked, wrong);
+  if (worst)
+    printf(", worst %.3f of tolerance (%s: %s)", worst->worst,
+           row_label(worst, label, sizeof label), worst->worst_what);
+  printf("\n# total time %.1f s\n", meta->total_s);
+  int status = (wrong == 0 && failed == 0) ? 0 : 1;
+  if (o->json_file) {
+    if (write_json_gpu(o->json_file, o, meta, &g, rows, nrows, lat, 2 * nw, wrong, failed) != 0) {
+      fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
+      status = 1;
+    } else {
+      printf("# json: %s\n", o->json_file);
+    }
+  }
+  printf("# %s\n", status == 0 ? "OK" : "FAILED");
+  gpu_teardown(&g);
+  free(rows);
+  free(lat);
+  return status;
+}
+#endif /* SBN_BENCH_HAVE_CUDA */
+
+/* CPU mode: the CPU team of o->ranks ranks over every shape x dtype x layout. */
+static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
+                    int nshapes, bench_meta_t* meta, double t_start) {
+  /* rows */
+  int nrows = 0;
+  bench_row_t* rows = calloc((size_t)nshapes * 6, sizeof *rows);
+  if (!rows) return 1;
+  int64_t max_c = 1;
+  for (int s = 0; s < nshapes; s++) {
+    if (shapes[s].c > max_c) max_c = shapes[s].c;
+    int64_t spatial = shapes[s].h * shapes[s].w / o->scale;
+    for (int t = 0; t < 3; t++) {
+      static const sbnDataType_t order[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+      if (!o->dtype_on[order[t]]) continue;
+      for (int l = 0; l < 2; l++) {
+        if (!o->layout_on[l]) continue;
+        bench_row_t* r = &rows[nrows++];
+        r->shape = &shapes[s];
+        r->spatial = spatial > 0 ? spatial : 1;
+        r->dtype = order[t];
+        r->layout = (sbnLayout_t)l;
+        r->W = o->ranks;
+      }
+    }
+  }
+
+  /* the team */
+  sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  if (max_c > cfg.max_channels) cfg.max_channels = max_c;
+  sbnResult_t res = comms ? sbnCommInitCpu(comms, o->ranks, &cfg) : sbnSystemError;
+  if (res != sbnSuccess) {
+    fprintf(stderr, "%s: sbnCommInitCpu(%d ranks): %s: %s\n", argv0, o->ranks,
+            sbnGetResultName(res), sbnGetLastError(NULL));
+    free(comms);
+    free(rows);
+    return 1;
+  }
+
+  print_header(o, meta);
+  bench_layout_keep_t keep;
+  memset(&keep, 0, sizeof keep);
+  int64_t wrong = 0, checked = 0;
+  int failed = 0;
+  const bench_row_t* worst = NULL;
+  for (int i = 0; i < nrows; i++) {
+    run_row(&rows[i], comms, o, &keep);
+    print_row(&rows[i], o->ranks);
+    wrong += rows[i].wrong;
+    checked += rows[i].checked;
+    failed += rows[i].error[0] != 0;
+    if (!rows[i].error[0] && (!worst || rows[i].worst > worst->worst)) worst = &rows[i];
+  }
+  keep_free(&keep);
+  for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]);
+  free(comms);
+  meta->total_s = (now_us() - t_start) * 1e-6;
+
+  printf("#\n# GB/s %s\n", kBytesFormula);
+  printf(
+      "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
+      "%g, fp16/bf16 %g; reference: double, sbn_ref) in y, dx, save_mean, save_invstd, "
+      "running stats, dweight, dbias on the checked channels, plus broken bitwise "
+      "guarantees (ranks agree; NCHW == NHWC)\n",
+      TOL_STAT, TOL_F32, TOL_HALF);
+  printf("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)\n");
+  printf("# rows %d, failed %d, values checked %" PRId64 ", wrong %" PRId64, nrows, failed, checked,
+         wrong);
+  if (worst)
+    printf(", worst %.3f of tolerance (%s %s %s: %s)", worst->worst, worst->shape->id,
+           kDtypeNames[worst->dtype], kLayoutNames[worst->layout], worst->worst_what);
+  printf("\n# total time %.1f s\n", meta->total_s);
+  int status = (wrong == 0 && failed == 0) ? 0 : 1;
+  if (o->json_file) {
+    if (write_json(o->json_file, o, meta, rows, nrows, wrong, failed) != 0) {
+      fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
+      status = 1;
+    } else {
+      printf("# json: %s\n", o->json_file);
+    }
+  }
+  printf("# %s\n", status == 0 ? "OK" : "FAILED");
+  free(rows);
+  return status;
 }
 
 int main(int argc, char** argv) {
@@ -920,13 +2065,37 @@ int main(int argc, char** argv) {
   if (pa == 1) return 0; /* -h */
   if (pa) return pa;
   const double t_start = now_us();
+  bench_meta_t meta;
+  memset(&meta, 0, sizeof meta);
+
+  /* the mode: the GPU path when the build has CUDA and a device is there */
+  int gpu_mode = 0;
+#if SBN_BENCH_HAVE_CUDA
+  if (o.gpu == BENCH_GPU_OFF)
+    snprintf(meta.why_cpu, sizeof meta.why_cpu, "--gpu off");
+  else if (gpu_present(meta.why_cpu, sizeof meta.why_cpu))
+    gpu_mode = gpu_probe(meta.why_cpu, sizeof meta.why_cpu);
+  if (gpu_mode < 0) {
+    fprintf(stderr, "%s: %s\n", argv[0], meta.why_cpu);
+    return 1;
+  }
+#else
+  snprintf(meta.why_cpu, sizeof meta.why_cpu,
+           "this build has no CUDA (SYNCBN_CUDA=OFF or no nvcc at configure time)");
+#endif
+  if (!gpu_mode && o.gpu == BENCH_GPU_ON) {
+    fprintf(stderr, "%s: --gpu on: %s\n", argv[0], meta.why_cpu);
+    return 2;
+  }
+  int ro = resolve_opts(&o, gpu_mode, meta.why_cpu, argv[0]);
+  if (ro) return ro;
+  snprintf(meta.device, sizeof meta.device, "CPU team (ranks are host threads); not the GPU: %s",
+           meta.why_cpu);
 
   /* shapes */
   static bench_shape_t shapes[BENCH_MAX_SHAPES];
   char* file_text = NULL;
   const char* text = (const char*)sbn_bench_shapes_tsv;
-  bench_meta_t meta;
-  memset(&meta, 0, sizeof meta);
   meta.shapes_source = "bench/shapes.tsv (embedded)";
   if (o.shapes_file) {
     file_text = read_file(o.shapes_file);
@@ -949,40 +2118,6 @@ int main(int argc, char** argv) {
   }
   meta.nshapes = nshapes;
 
-  /* rows */
-  int nrows = 0;
-  bench_row_t* rows = calloc((size_t)nshapes * 6, sizeof *rows);
-  if (!rows) return 1;
-  int64_t max_c = 1;
-  for (int s = 0; s < nshapes; s++) {
-    if (shapes[s].c > max_c) max_c = shapes[s].c;
-    int64_t spatial = shapes[s].h * shapes[s].w / o.scale;
-    for (int t = 0; t < 3; t++) {
-      static const sbnDataType_t order[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
-      if (!o.dtype_on[order[t]]) continue;
-      for (int l = 0; l < 2; l++) {
-        if (!o.layout_on[l]) continue;
-        bench_row_t* r = &rows[nrows++];
-        r->shape = &shapes[s];
-        r->spatial = spatial > 0 ? spatial : 1;
-        r->dtype = order[t];
-        r->layout = (sbnLayout_t)l;
-      }
-    }
-  }
-
-  /* the team */
-  sbnComm_t* comms = calloc((size_t)o.ranks, sizeof *comms);
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  if (max_c > cfg.max_channels) cfg.max_channels = max_c;
-  sbnResult_t res = comms ? sbnCommInitCpu(comms, o.ranks, &cfg) : sbnSystemError;
-  if (res != sbnSuccess) {
-    fprintf(stderr, "%s: sbnCommInitCpu(%d ranks): %s: %s\n", argv[0], o.ranks,
-            sbnGetResultName(res), sbnGetLastError(NULL));
-    free(comms);
-    free(rows);
-    return 1;
-  }
   if (sbnGetVersion(&meta.version) != sbnSuccess) meta.version = -1;
   time_t now = time(NULL);
   struct tm tm_utc;
@@ -990,49 +2125,8 @@ int main(int argc, char** argv) {
   strftime(meta.date, sizeof meta.date, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
   meta.cores = sysconf(_SC_NPROCESSORS_ONLN);
 
-  print_header(&o, &meta);
-  bench_layout_keep_t keep;
-  memset(&keep, 0, sizeof keep);
-  int64_t wrong = 0, checked = 0;
-  int failed = 0;
-  const bench_row_t* worst = NULL;
-  for (int i = 0; i < nrows; i++) {
-    run_row(&rows[i], comms, &o, &keep);
-    print_row(&rows[i], o.ranks);
-    wrong += rows[i].wrong;
-    checked += rows[i].checked;
-    failed += rows[i].error[0] != 0;
-    if (!rows[i].error[0] && (!worst || rows[i].worst > worst->worst)) worst = &rows[i];
-  }
-  keep_free(&keep);
-  for (int r = 0; r < o.ranks; r++) sbnCommDestroy(comms[r]);
-  free(comms);
-  meta.total_s = (now_us() - t_start) * 1e-6;
-
-  printf("#\n# GB/s %s\n", kBytesFormula);
-  printf(
-      "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
-      "%g, fp16/bf16 %g; reference: double, sbn_ref) in y, dx, save_mean, save_invstd, "
-      "running stats, dweight, dbias on the checked channels, plus broken bitwise "
-      "guarantees (ranks agree; NCHW == NHWC)\n",
-      TOL_STAT, TOL_F32, TOL_HALF);
-  printf("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)\n");
-  printf("# rows %d, failed %d, values checked %" PRId64 ", wrong %" PRId64, nrows, failed, checked,
-         wrong);
-  if (worst)
-    printf(", worst %.3f of tolerance (%s %s %s: %s)", worst->worst, worst->shape->id,
-           kDtypeNames[worst->dtype], kLayoutNames[worst->layout], worst->worst_what);
-  printf("\n# total time %.1f s\n", meta.total_s);
-  int status = (wrong == 0 && failed == 0) ? 0 : 1;
-  if (o.json_file) {
-    if (write_json(o.json_file, &o, &meta, rows, nrows, wrong, failed) != 0) {
-      fprintf(stderr, "%s: cannot write %s: %s\n", argv[0], o.json_file, strerror(errno));
-      status = 1;
-    } else {
-      printf("# json: %s\n", o.json_file);
-    }
-  }
-  printf("# %s\n", status == 0 ? "OK" : "FAILED");
-  free(rows);
-  return status;
+#if SBN_BENCH_HAVE_CUDA
+  if (gpu_mode) return gpu_main(argv[0], &o, shapes, nshapes, &meta, t_start);
+#endif
+  return cpu_main(argv[0], &o, shapes, nshapes, &meta, t_start);
 }
