@@ -1,0 +1,1995 @@
+/* test_gpu_team.c — GPU teams (sbnCommInitVirtual, sbnCommInitAll) against the CPU team
+ * and against the double-precision reference (sbn_ref.h), on the same inputs:
+ *   - virtual teams W = 1, 2, 3, 4, 8 and InitAll teams with one GPU listed 2 and 3 times
+ *     (group mode and thread per rank): fp32/fp16/bf16 x NCHW/NHWC x shapes (C not a
+ *     multiple of 32, spatial 1..1000, uneven and empty ranks, all ranks empty, x = 1e4 +
+ *     N(0,1)), affine or not, running stats or not, momentum 0.1 and cumulative (< 0) over
+ *     3 calls, both grad modes;
+ *   - bitwise: rank agreement, run-to-run repeatability, group == thread per rank, in
+ *     place == out of place, forward + backward in one group == two groups, CUDA graph
+ *     replay == eager;
+ *   - errors: virtual W > 1 outside a group, M == 1 in a group, InitAll ranks sharing a
+ *     GPU on one stream in a group (synchronous); a stuck peer (in-kernel timeout),
+ *     sbnCommAbort, op mismatch and M == 1 across threads (asynchronous errors);
+ *   - sbnForwardInference on device pointers == on host pointers, bitwise.
+ *
+ * Every device tensor is poisoned (0xff bytes: NaN) before an op, so an output the GPU
+ * fails to write shows. Plain C11 with the CUDA runtime C API. Without a CUDA device it
+ * prints why and exits 77 (skipped). SBN_TEST_QUICK=1 (scripts/gpu-suite.sh, under
+ * compute-sanitizer) runs shorter case lists.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, unsetenv */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "team_util.h"
+
+/* ---- CUDA checks: a failed CUDA call fails the current test (it does not abort) ------ */
+static int cuda_ok_(cudaError_t e, const char* expr, const char* file, int line) {
+  if (e == cudaSuccess) return 1;
+  fprintf(stderr, "%s:%d: FAILED: %s: %s (%s)\n", file, line, expr, cudaGetErrorName(e),
+          cudaGetErrorString(e));
+  sbn_test_failures_++;
+  sbn_test_cur_failed_++;
+  return 0;
+}
+/* CUDA_OK: an expression (1 = success) for helpers; CUDA_CHECK: returns on failure. */
+#define CUDA_OK(call) cuda_ok_((call), #call, __FILE__, __LINE__)
+#define CUDA_CHECK(call)        \
+  do {                          \
+    if (!CUDA_OK(call)) return; \
+  } while (0)
+
+/* ---- globals ---------------------------------------------------------------------- */
+static int g_quick;      /* SBN_TEST_QUICK set: shorter case lists */
+static int g_ndev;       /* CUDA devices */
+static char g_case[512]; /* the current case, printed when it fails */
+/* How late a kernel may finish after its deadline (timeout, abort, mismatch): 5 s, plenty
+   for a kernel that polls the clock and the error words every few microseconds. Under
+   SBN_TEST_QUICK (compute-sanitizer instruments every load of those polling loops and
+   slows launches by orders of magnitude) 30 s. */
+static double g_slack_ms = 5000.0;
+
+/* Team timeout for the correctness tests: a protocol bug (a peer that never arrives)
+   fails within 60 s instead of the default 300 s; correct ops take milliseconds, and
+   even under compute-sanitizer a single op's wait stays far below this. */
+#define TEAM_TIMEOUT_MS 60000
+/* Stop a test after this many failing cases (each prints its description). */
+#define MAX_FAILED_CASES 8
+
+enum { MODE_DIRECT = 2 }; /* after team_util.h's MODE_GROUP, MODE_THREADS: no group */
+enum { OUT_FWD = 1, OUT_BWD = 2 };
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+static const char* dt_name(sbnDataType_t dt) {
+  return dt == sbnFloat32 ? "fp32" : dt == sbnFloat16 ? "fp16" : "bf16";
+}
+static const char* mode_name(int mode) {
+  return mode == MODE_GROUP ? "group" : mode == MODE_THREADS ? "threads" : "direct";
+}
+
+/* Cases run isolated: a failing case is reported with its description and the loop goes
+   on with the next one (CHECK_() inside a case sees only the case's own failures). */
+static int g_saved_failed;
+static void case_begin(void) {
+  g_saved_failed = sbn_test_cur_failed_;
+  sbn_test_cur_failed_ = 0;
+}
+static int case_end(void) {
+  int failed = sbn_test_cur_failed_ != 0;
+  if (failed) fprintf(stderr, "  ^ in case: %s\n", g_case);
+  sbn_test_cur_failed_ += g_saved_failed;
+  return failed;
+}
+
+/* ---- comms ------------------------------------------------------------------------ */
+static sbnConfig_t config_ms(int64_t timeout_ms) {
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  return cfg;
+}
+static int init_virtual(sbnComm_t* comms, int W, int64_t timeout_ms) {
+  sbnConfig_t cfg = config_ms(timeout_ms);
+  sbnResult_t r = sbnCommInitVirtual(comms, W, 0, &cfg);
+  if (r != sbnSuccess) {
+    SBN_FAIL_("sbnCommInitVirtual(%d ranks, device 0): %s (%s)", W, sbnGetResultName(r),
+              sbnGetLastError(NULL));
+    return 0;
+  }
+  return 1;
+}
+static int init_all(sbnComm_t* comms, int W, const int* dev, int64_t timeout_ms) {
+  sbnConfig_t cfg = config_ms(timeout_ms);
+  sbnResult_t r = sbnCommInitAll(comms, W, dev, &cfg);
+  if (r != sbnSuccess) {
+    SBN_FAIL_("sbnCommInitAll(%d ranks): %s (%s)", W, sbnGetResultName(r), sbnGetLastError(NULL));
+    return 0;
+  }
+  return 1;
+}
+static void destroy_comms(sbnComm_t* comms, int W) {
+  for (int r = 0; r < W; r++) {
+    if (comms[r]) sbnCommDestroy(comms[r]);
+    comms[r] = NULL;
+  }
+}
+static int team_healthy(const sbnComm_t* comms) {
+  sbnResult_t e = sbnSuccess;
+  return comms[0] && sbnCommGetAsyncError(comms[0], &e) == sbnSuccess && e == sbnSuccess;
+}
+
+/* Virtual teams, one per size, created on first use; a team a failed case left aborted
+   is replaced, so one failure does not cascade into every later case. */
+static sbnComm_t g_virt[MAXW + 1][MAXW];
+static sbnComm_t* virt_team(int W) {
+  if (g_virt[W][0] && !team_healthy(g_virt[W])) destroy_comms(g_virt[W], W);
+  if (!g_virt[W][0] && !init_virtual(g_virt[W], W, TEAM_TIMEOUT_MS)) return NULL;
+  return g_virt[W];
+}
+static void virt_teams_destroy(void) {
+  for (int w = 1; w <= MAXW; w++) destroy_comms(g_virt[w], w);
+}
+
+/* Non-blocking streams, one per rank, each on its rank's device. */
+static void make_streams(cudaStream_t* st, int W, const int* dev) {
+  for (int r = 0; r < W; r++) {
+    st[r] = NULL;
+    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
+    if (!CUDA_OK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking))) return;
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+static void destroy_streams(cudaStream_t* st, int W) {
+  for (int r = 0; r < W; r++)
+    if (st[r]) cudaStreamDestroy(st[r]), st[r] = NULL;
+}
+
+/* ---- a GPU team's device tensors, mirroring a host team_t ------------------------------ */
+typedef struct {
+  int W;
+  sbnComm_t comm[MAXW];
+  int dev[MAXW];
+  cudaStream_t st[MAXW]; /* rank r's stream (NULL: the legacy default stream) */
+  void *x[MAXW], *y[MAXW], *dy[MAXW], *dx[MAXW]; /* NULL when the rank is empty */
+  float *w[MAXW], *b[MAXW];                      /* NULL for affine=False */
+  float *rm[MAXW], *rv[MAXW];                    /* NULL without running stats */
+  int64_t* nbt[MAXW];
+  float *sm[MAXW], *si[MAXW], *dw[MAXW], *db[MAXW];
+} dteam_t;
+
+static void* dev_alloc(int dev, size_t bytes) {
+  void* p = NULL;
+  if (bytes == 0) return NULL;
+  if (!CUDA_OK(cudaSetDevice(dev))) return NULL;
+  if (!CUDA_OK(cudaMalloc(&p, bytes))) p = NULL;
+  CUDA_OK(cudaSetDevice(0));
+  return p;
+}
+static void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes && dst && src) CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+}
+static void d2h(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst && src) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+static void dpoison(void* p, size_t bytes, cudaStream_t s) {
+  if (bytes && p) CUDA_OK(cudaMemsetAsync(p, 0xff, bytes, s));
+}
+
+static size_t chan_bytes(const team_t* h) {
+  return (size_t)h->d[0].c * sizeof(float);
+}
+
+/* Running stats and num_batches_tracked from the host mirror (h->rm, h->rv, h->nbt). */
+static void dteam_upload_state(dteam_t* d, const team_t* h) {
+  for (int r = 0; r < d->W; r++) {
+    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
+    if (h->running) {
+      h2d(d->rm[r], h->rm[r], chan_bytes(h), d->st[r]);
+      h2d(d->rv[r], h->rv[r], chan_bytes(h), d->st[r]);
+    }
+    h2d(d->nbt[r], &h->nbt[r], sizeof(int64_t), d->st[r]);
+    /* pageable source: the copy is staged before cudaMemcpyAsync returns, but keep it
+       simple and make the host value's lifetime irrelevant */
+    CUDA_OK(cudaStreamSynchronize(d->st[r]));
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+/* x and dy from the host mirror's pristine copies, on each rank's stream (so a virtual
+   launch on rank 0's stream must be ordered after them). */
+static void dteam_upload_inputs(dteam_t* d, const team_t* h) {
+  for (int r = 0; r < d->W; r++) {
+    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
+    h2d(d->x[r], h->x0[r], team_bytes(h, r), d->st[r]);
+    h2d(d->dy[r], h->dy0[r], team_bytes(h, r), d->st[r]);
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+static void dteam_poison(dteam_t* d, const team_t* h, int what) {
+  size_t cb = chan_bytes(h);
+  for (int r = 0; r < d->W; r++) {
+    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
+    if (what & OUT_FWD) {
+      dpoison(d->y[r], team_bytes(h, r), d->st[r]);
+      dpoison(d->sm[r], cb, d->st[r]);
+      dpoison(d->si[r], cb, d->st[r]);
+    }
+    if (what & OUT_BWD) {
+      dpoison(d->dx[r], team_bytes(h, r), d->st[r]);
+      dpoison(d->dw[r], cb, d->st[r]);
+      dpoison(d->db[r], cb, d->st[r]);
+    }
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+
+/* Device copies of host team h: inputs, parameters and running state uploaded, every
+   output poisoned. Callers follow it with CHECK_(). */
+static void dteam_make(dteam_t* d, const team_t* h, const sbnComm_t* comms, const int* dev,
+                       const cudaStream_t* st) {
+  memset(d, 0, sizeof *d);
+  d->W = h->W;
+  size_t cb = chan_bytes(h);
+  for (int r = 0; r < h->W; r++) {
+    d->comm[r] = comms[r];
+    d->dev[r] = dev[r];
+    d->st[r] = st ? st[r] : NULL;
+    size_t tb = team_bytes(h, r);
+    d->x[r] = dev_alloc(dev[r], tb);
+    d->y[r] = dev_alloc(dev[r], tb);
+    d->dy[r] = dev_alloc(dev[r], tb);
+    d->dx[r] = dev_alloc(dev[r], tb);
+    if (h->w) {
+      d->w[r] = (float*)dev_alloc(dev[r], cb);
+      d->b[r] = (float*)dev_alloc(dev[r], cb);
+    }
+    if (h->running) {
+      d->rm[r] = (float*)dev_alloc(dev[r], cb);
+      d->rv[r] = (float*)dev_alloc(dev[r], cb);
+    }
+    d->nbt[r] = (int64_t*)dev_alloc(dev[r], sizeof(int64_t));
+    d->sm[r] = (float*)dev_alloc(dev[r], cb);
+    d->si[r] = (float*)dev_alloc(dev[r], cb);
+    d->dw[r] = (float*)dev_alloc(dev[r], cb);
+    d->db[r] = (float*)dev_alloc(dev[r], cb);
+  }
+  CHECK_();
+  for (int r = 0; r < h->W; r++) {
+    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
+    if (h->w) {
+      h2d(d->w[r], h->w, cb, d->st[r]);
+      h2d(d->b[r], h->b, cb, d->st[r]);
+    }
+  }
+  dteam_upload_state(d, h);
+  dteam_upload_inputs(d, h);
+  dteam_poison(d, h, OUT_FWD | OUT_BWD);
+  for (int r = 0; r < h->W; r++) {
+    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
+    CUDA_OK(cudaStreamSynchronize(d->st[r]));
+  }
+  CUDA_OK(cudaSetDevice(0));
+}
+
+static void dteam_free(dteam_t* d) {
+  /* cudaFree synchronizes the device: nothing of the team is in flight afterwards */
+  for (int r = 0; r < d->W; r++) {
+    void* ptrs[] = {d->x[r],  d->y[r],   d->dy[r], d->dx[r], d->w[r],  d->b[r], d->rm[r],
+                    d->rv[r], d->nbt[r], d->sm[r], d->si[r], d->dw[r], d->db[r]};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+      if (ptrs[i]) cudaFree(ptrs[i]);
+  }
+  memset(d, 0, sizeof *d);
+}
+
+/* One rank's op on the device tensors (team_util.h's rank_call for GPU teams). */
+static sbnResult_t gpu_call(dteam_t* d, const team_t* h, int r, int bwd, int opts,
+                            const sbnParams_t* p) {
+  if (!bwd) {
+    void* y = (opts & OPT_INPLACE) ? d->x[r] : d->y[r];
+    return sbnForwardTrain(d->comm[r], &h->d[r], d->x[r], y, d->w[r], d->b[r], d->rm[r], d->rv[r],
+                           h->nbt_null ? NULL : d->nbt[r], d->sm[r], d->si[r], p, d->st[r]);
+  }
+  void* dx = (opts & OPT_DX_NULL) ? NULL : (opts & OPT_INPLACE) ? d->dy[r] : d->dx[r];
+  int nodw = opts & OPT_NO_DWDB;
+  return sbnBackward(d->comm[r], &h->d[r], d->x[r], d->dy[r], dx, d->w[r], d->sm[r], d->si[r],
+                     nodw ? NULL : d->dw[r], nodw ? NULL : d->db[r], p, d->st[r]);
+}
+
+/* Every rank's op inside one group, from this thread. Always closes the group. */
+static sbnResult_t gpu_group(dteam_t* d, const team_t* h, int bwd, int opts, const sbnParams_t* p) {
+  sbnResult_t res = sbnGroupStart();
+  if (res != sbnSuccess) return res;
+  for (int r = 0; r < d->W; r++) {
+    sbnResult_t e = gpu_call(d, h, r, bwd, opts, p);
+    if (e != sbnSuccess && res == sbnSuccess) res = e;
+  }
+  sbnResult_t e = sbnGroupEnd();
+  return res != sbnSuccess ? res : e;
+}
+
+typedef struct {
+  dteam_t* d;
+  const team_t* h;
+  int r, bwd, opts;
+  const sbnParams_t* p;
+  sbnResult_t res;
+} gpu_job_t;
+static void* gpu_job_main(void* arg) {
+  gpu_job_t* j = (gpu_job_t*)arg;
+  j->res = gpu_call(j->d, j->h, j->r, j->bwd, j->opts, j->p);
+  return NULL;
+}
+
+/* Thread per rank: each thread enqueues its rank's op (asynchronous) and returns. */
+static sbnResult_t gpu_threads(dteam_t* d, const team_t* h, int bwd, int opts,
+                               const sbnParams_t* p) {
+  pthread_t th[MAXW];
+  gpu_job_t jobs[MAXW];
+  sbnResult_t res = sbnSuccess;
+  for (int r = 0; r < d->W; r++) {
+    gpu_job_t j = {d, h, r, bwd, opts, p, sbnSuccess};
+    jobs[r] = j;
+    if (pthread_create(&th[r], NULL, gpu_job_main, &jobs[r]) != 0) {
+      fprintf(stderr, "pthread_create failed\n");
+      exit(1);
+    }
+  }
+  for (int r = 0; r < d->W; r++) {
+    pthread_join(th[r], NULL);
+    if (jobs[r].res != sbnSuccess && res == sbnSuccess) res = jobs[r].res;
+  }
+  return res;
+}
+
+/* After the ops of `what` (OUT_FWD, OUT_BWD) were enqueued: waits for each rank's OWN
+   stream only (last rank first, so a stream that was not ordered after the virtual
+   launch on rank 0's stream shows as poison), copies the rank's outputs into the host
+   mirror, restores in-place inputs, then requires every rank's async error to be
+   sbnSuccess. */
+static void gpu_finish(dteam_t* d, team_t* h, int what, int opts) {
+  size_t cb = chan_bytes(h);
+  for (int r = d->W - 1; r >= 0; r--) {
+    size_t tb = team_bytes(h, r);
+    CUDA_CHECK(cudaSetDevice(d->dev[r]));
+    CUDA_CHECK(cudaStreamSynchronize(d->st[r]));
+    if (what & OUT_FWD) {
+      d2h(h->y[r], (opts & OPT_INPLACE) ? d->x[r] : d->y[r], tb);
+      if (opts & OPT_INPLACE) h2d(d->x[r], h->x0[r], tb, d->st[r]);
+      d2h(h->smean[r], d->sm[r], cb);
+      d2h(h->sinv[r], d->si[r], cb);
+      if (h->running) {
+        d2h(h->rm[r], d->rm[r], cb);
+        d2h(h->rv[r], d->rv[r], cb);
+      }
+      if (!h->nbt_null) d2h(&h->nbt[r], d->nbt[r], sizeof(int64_t));
+    }
+    if (what & OUT_BWD) {
+      if (!(opts & OPT_DX_NULL)) {
+        d2h(h->dx[r], (opts & OPT_INPLACE) ? d->dy[r] : d->dx[r], tb);
+        if (opts & OPT_INPLACE) h2d(d->dy[r], h->dy0[r], tb, d->st[r]);
+      }
+      if (!(opts & OPT_NO_DWDB)) {
+        d2h(h->dw[r], d->dw[r], cb);
+        d2h(h->db[r], d->db[r], cb);
+      }
+    }
+    if (opts & OPT_INPLACE) CUDA_CHECK(cudaStreamSynchronize(d->st[r]));
+  }
+  CUDA_CHECK(cudaSetDevice(0));
+  for (int r = 0; r < d->W; r++) {
+    sbnResult_t e = sbnSuccess;
+    ASSERT_OK(sbnCommGetAsyncError(d->comm[r], &e));
+    if (e != sbnSuccess) {
+      SBN_FAIL_("rank %d: asynchronous error %s after a valid op (%s)", r, sbnGetResultName(e),
+                sbnGetLastError(d->comm[r]));
+      return;
+    }
+  }
+}
+
+/* Runs one op over the GPU team in `mode` (group, thread per rank, or direct for a team
+   of one) and, when it was accepted, waits and downloads (gpu_finish). */
+static sbnResult_t gpu_run(dteam_t* d, team_t* h, int bwd, int mode, int opts,
+                           const sbnParams_t* p) {
+  sbnResult_t res;
+  if (mode == MODE_GROUP)
+    res = gpu_group(d, h, bwd, opts, p);
+  else if (mode == MODE_THREADS)
+    res = gpu_threads(d, h, bwd, opts, p);
+  else
+    res = gpu_call(d, h, 0, bwd, opts, p);
+  if (res == sbnSuccess) gpu_finish(d, h, bwd ? OUT_BWD : OUT_FWD, opts);
+  return res;
+}
+
+#define ASSERT_GPU_OK(expr, d)                                                              \
+  do {                                                                                      \
+    sbnResult_t e_ = (expr);                                                                \
+    if (e_ != sbnSuccess) {                                                                 \
+      SBN_FAIL_("%s returned %s (comm: %s; group/global: %s)", #expr, sbnGetResultName(e_), \
+                sbnGetLastError((d)->comm[0]), sbnGetLastError(NULL));                      \
+      return;                                                                               \
+    }                                                                                       \
+  } while (0)
+
+/* ---- comparisons ------------------------------------------------------------------ */
+/* Tolerances, GPU team vs CPU team on the same inputs (README: "GPU and CPU teams agree
+   to the tolerances below, not bitwise"). Both run bn_math.h's fp32 formulas, products
+   unfused, and differ only in the reduction trees (which partials merge in which order).
+
+   Statistics (save_mean, save_invstd, running stats): 1e-5 absolute + 1e-5 relative,
+   with save_mean's and running_mean's absolute part scaled by (1 + sd) as check_forward
+   does (a Welford/Chan mean is accurate relative to the data's spread, not to |mean|,
+   which may be ~0). Each side is already held to 1e-5 against the double reference; an
+   fp32 Chan tree over M <= 1e7 elements has relative error ~log2(M) * 6e-8 ~ 1.4e-6 (and
+   bn_math carries the mean as hi + lo), so the two trees differ by well under 1e-5. */
+#define GC_STAT_ATOL 1e-5
+#define GC_STAT_RTOL 1e-5
+/* fp32 y, dx and every dtype's dweight/dbias: 1e-4 absolute + 1e-4 relative (DESIGN.md's
+   output/gradient tolerance). y and dx are elementwise in the statistics (which differ by
+   ~1e-6 relative, see above): their difference is ~1e-6 * |terms| <= 1e-5 for terms up to
+   ~10 (6 sd * invstd * |w| + |b|). dweight/dbias are fp32 sums over a rank's (or the
+   team's) elements, sum_i |term_i| <= ~1e4 here, with tree error ~1e-7 * sqrt(n) * that
+   for random signs, i.e. below 1e-4 + 1e-4 * |sum|. */
+#define GC_OUT_ATOL 1e-4
+#define GC_OUT_RTOL 1e-4
+#define GC_GRAD_ATOL 1e-4
+#define GC_GRAD_RTOL 1e-4
+/* fp16/bf16 y and dx: both sides compute the value in fp32 (differing by ~1e-6 relative,
+   far below the dtype's half-ulp of 2.4e-4 (fp16) / 2e-3 (bf16) relative) and then round
+   to the dtype, so they agree exactly or differ by one ulp where the fp32 values straddle
+   a rounding boundary. Allowed: 2 ulps of the dtype at max(|gpu|, |cpu|) (1 ulp plus a
+   margin of one), plus an absolute 1e-5: near y == 0 the dtype's ulp is tiny (fp16
+   subnormals, 6e-8) while the fp32 value carries an absolute error of a few ulps of its
+   largest term (~10 -> ~4e-6), which rounding cannot remove. This is 1-2 orders tighter
+   than the 1e-2 relative that the dtype outputs get against the double reference. */
+#define GC_HALF_ULPS 2.0
+#define GC_HALF_ATOL 1e-5
+/* dweight and dbias are fp32 sums of a rank's (local) or the team's (global) terms
+   dy*(x - mean)*invstd and dy. Where the terms cancel (|sum| << sum|terms|, the usual case
+   for random dy) the rounding error of any fp32 summation scales with sum|terms|, not with
+   |sum|: a tree of depth ~log2(n) is off by at most ~log2(n) * u * sum|terms| (u = 2^-24),
+   typically far less. DESIGN.md's plain 1e-4 + 1e-4*|ref| ignores that and only holds for
+   small per-channel counts: measured on the CPU team, bf16 W=8 C=64 spatial=1000 (9000
+   elements per channel) misses it by 1.29x with an error of 0.45 u * sum|terms|. So the
+   absolute part gets GRAD_COND_U * u * sum|terms| on top: 8u (a third of the worst case of
+   a 24-deep tree, ~18x the measured 0.45u) per side, twice that for GPU vs CPU (two
+   independent roundings). A real bug (a dropped rank or term, a wrong mean) is off by
+   O(|term|) * sqrt(count), orders of magnitude above this. */
+#define GRAD_COND_U 8.0
+#define F32_U (1.0 / 16777216.0)
+
+/* Per-channel sums of |dy*(x - mean)*invstd| (aw) and |dy| (ab), exactly in double, with
+   the team's saved statistics: per rank (aw[r], ab[r]) and over the team (awg, abg). */
+static void grad_abs_sums(const team_t* t, double* const* aw, double* const* ab, double* awg,
+                          double* abg) {
+  int64_t c = t->d[0].c;
+  for (int64_t ci = 0; ci < c; ci++) awg[ci] = abg[ci] = 0.0;
+  for (int r = 0; r < t->W; r++) {
+    const sbnTensorDesc_t* d = &t->d[r];
+    for (int64_t ci = 0; ci < c; ci++) aw[r][ci] = ab[r][ci] = 0.0;
+    for (int64_t ni = 0; ni < d->n; ni++)
+      for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t si = 0; si < d->spatial; si++) {
+          int64_t i = sbn_ref_index(d, ni, ci, si);
+          double dyv = sbn_ref_load(t->dy0[r], d->dtype, i);
+          double xmu = sbn_ref_load(t->x0[r], d->dtype, i) - (double)t->smean[r][ci];
+          aw[r][ci] += fabs(dyv * xmu * (double)t->sinv[r][ci]);
+          ab[r][ci] += fabs(dyv);
+        }
+    for (int64_t ci = 0; ci < c; ci++) awg[ci] += aw[r][ci], abg[ci] += ab[r][ci];
+  }
+}
+
+/* got[c] (float) vs ref[c] (double): |got - ref| <= atolv[i] + rtol*|ref|; prints the worst. */
+static int close_ref_vec(const char* what, int r, const float* got, const double* ref,
+                         const double* atolv, int64_t n, double rtol) {
+  int64_t bad = 0, worst = 0;
+  double worst_frac = -1.0;
+  for (int64_t i = 0; i < n; i++) {
+    double frac = fabs((double)got[i] - ref[i]) / (atolv[i] + rtol * fabs(ref[i]));
+    if (isnan(frac) || isnan((double)got[i])) frac = INFINITY;
+    if (frac > 1.0) bad++;
+    if (frac > worst_frac) worst_frac = frac, worst = i;
+  }
+  if (bad) {
+    SBN_FAIL_("%s rank %d vs reference: %" PRId64 " of %" PRId64
+              " out of tolerance; worst [%" PRId64
+              "] got %.9g ref %.9g (%.2fx tolerance, atol there %.3g)",
+              what, r, bad, n, worst, (double)got[worst], ref[worst], worst_frac, atolv[worst]);
+    return 0;
+  }
+  return 1;
+}
+
+/* Unit in the last place of the dtype at |v| (subnormal spacing below the normals). */
+static double dt_ulp(sbnDataType_t dt, double v) {
+  int mant = dt == sbnFloat16 ? 10 : dt == sbnBFloat16 ? 7 : 23;
+  int emin = dt == sbnFloat16 ? -14 : -126;
+  int e = emin;
+  v = fabs(v);
+  if (v > 0.0) {
+    (void)frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+    e -= 1;
+    if (e < emin) e = emin;
+  }
+  return ldexp(1.0, e - mant);
+}
+
+/* gpu[i] vs cpu[i]: |g - c| <= atol_i + rtol * |c|, atol_i = atolv ? atolv[i] : atol.
+   Prints the worst element. */
+static int cmp_f32(const char* what, int r, const float* g, const float* c, size_t n,
+                   const double* atolv, double atol, double rtol) {
+  size_t bad = 0, worst = 0;
+  double worst_frac = -1.0;
+  for (size_t i = 0; i < n; i++) {
+    double tol = (atolv ? atolv[i] : atol) + rtol * fabs((double)c[i]);
+    double frac = fabs((double)g[i] - (double)c[i]) / tol;
+    if (isnan(frac) || isnan((double)g[i]) || isnan((double)c[i])) frac = INFINITY;
+    if (frac > 1.0) bad++;
+    if (frac > worst_frac) worst_frac = frac, worst = i;
+  }
+  if (bad) {
+    SBN_FAIL_(
+        "GPU vs CPU team: %s rank %d: %zu of %zu elements out of tolerance; worst [%zu] "
+        "gpu %.9g cpu %.9g (%.2fx tolerance)",
+        what, r, bad, n, worst, (double)g[worst], (double)c[worst], worst_frac);
+    return 0;
+  }
+  return 1;
+}
+
+/* y or dx of one rank, GPU vs CPU team, by dtype (see the tolerances above). */
+static int cmp_out(const char* what, int r, sbnDataType_t dt, const void* g, const void* c,
+                   int64_t n) {
+  if (n == 0) return 1;
+  if (dt == sbnFloat32)
+    return cmp_f32(what, r, (const float*)g, (const float*)c, (size_t)n, NULL, GC_OUT_ATOL,
+                   GC_OUT_RTOL);
+  int64_t bad = 0, worst = 0;
+  double worst_frac = -1.0;
+  for (int64_t i = 0; i < n; i++) {
+    double gv = sbn_ref_load(g, dt, i), cv = sbn_ref_load(c, dt, i);
+    double big = fabs(gv) > fabs(cv) ? fabs(gv) : fabs(cv);
+    double tol = GC_HALF_ULPS * dt_ulp(dt, big) + GC_HALF_ATOL;
+    double frac = fabs(gv - cv) / tol;
+    if (isnan(frac) || isnan(gv) || isnan(cv)) frac = INFINITY;
+    if (frac > 1.0) bad++;
+    if (frac > worst_frac) worst_frac = frac, worst = i;
+  }
+  if (bad) {
+    SBN_FAIL_("GPU vs CPU team: %s (%s) rank %d: %" PRId64 " of %" PRId64
+              " elements beyond 2 ulps; worst [%" PRId64 "] gpu %.9g cpu %.9g (%.2fx tolerance)",
+              what, dt_name(dt), r, bad, n, worst, sbn_ref_load(g, dt, worst),
+              sbn_ref_load(c, dt, worst), worst_frac);
+    return 0;
+  }
+  return 1;
+}
+
+static int64_t team_count(const team_t* t) {
+  int64_t m = 0;
+  for (int r = 0; r < t->W; r++) m += t->d[r].n * t->d[r].spatial;
+  return m;
+}
+
+/* Forward outputs of every rank, GPU (g) vs CPU team (c). */
+static void cmp_forward(const team_t* g, const team_t* c) {
+  int64_t ch = g->d[0].c, m = team_count(g);
+  double* atol = dvec(ch);
+  int ok = 1;
+  for (int r = 0; r < g->W && ok; r++) {
+    for (int64_t i = 0; i < ch; i++)
+      atol[i] = GC_STAT_ATOL * (1.0 + (m > 0 ? 1.0 / (double)c->sinv[r][i] : 0.0));
+    ok = cmp_f32("save_mean", r, g->smean[r], c->smean[r], (size_t)ch, atol, 0, GC_STAT_RTOL) &&
+         cmp_f32("save_invstd", r, g->sinv[r], c->sinv[r], (size_t)ch, NULL, GC_STAT_ATOL,
+                 GC_STAT_RTOL);
+    if (ok && g->running) {
+      for (int64_t i = 0; i < ch; i++)
+        atol[i] = GC_STAT_ATOL * (1.0 + sqrt(fabs((double)c->rv[r][i])));
+      ok = cmp_f32("running_mean", r, g->rm[r], c->rm[r], (size_t)ch, atol, 0, GC_STAT_RTOL) &&
+           cmp_f32("running_var", r, g->rv[r], c->rv[r], (size_t)ch, NULL, GC_STAT_ATOL,
+                   GC_STAT_RTOL);
+    }
+    if (ok && !g->nbt_null && g->nbt[r] != c->nbt[r]) {
+      SBN_FAIL_("rank %d: num_batches_tracked gpu %" PRId64 " cpu %" PRId64, r, g->nbt[r],
+                c->nbt[r]);
+      ok = 0;
+    }
+    ok = ok && cmp_out("y", r, g->d[r].dtype, g->y[r], c->y[r], sbn_ref_numel(&g->d[r]));
+  }
+  free(atol);
+}
+
+/* Backward outputs of every rank, GPU (g) vs CPU team (c; run with every output and the
+   GPU's saved statistics). dweight/dbias: see GRAD_COND_U. */
+static void cmp_backward(const team_t* g, const team_t* c, const sbnParams_t* p, int opts) {
+  int64_t ch = g->d[0].c;
+  int global = p->grad_mode == sbnGradGlobal;
+  double *aw[MAXW] = {0}, *ab[MAXW] = {0}, *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
+  for (int r = 0; r < g->W; r++) aw[r] = dvec(ch), ab[r] = dvec(ch);
+  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(g, aw, ab, awg, abg);
+  for (int r = 0; r < g->W; r++) {
+    if (!(opts & OPT_DX_NULL) &&
+        !cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r])))
+      break;
+    if (opts & OPT_NO_DWDB) continue;
+    for (int64_t i = 0; i < ch; i++)
+      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[r][i]);
+    if (!cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
+    for (int64_t i = 0; i < ch; i++)
+      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[r][i]);
+    if (!cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
+  }
+  for (int r = 0; r < g->W; r++) free(aw[r]), free(ab[r]);
+  free(awg), free(abg), free(atol);
+}
+
+/* dx / dweight / dbias of the last backward against the double reference computed with
+   the team's own save_mean/save_invstd (test_backward.c's check, for the GPU mirror);
+   tolerances from tol_for() (DESIGN.md), dweight/dbias's absolute part widened by
+   GRAD_COND_U * u * sum|terms| (see there). In global mode dweight/dbias must also be
+   bitwise identical on every rank. */
+static void check_backward_ref(team_t* t, const sbnParams_t* p, int opts, tol_t tol) {
+  int W = t->W;
+  int64_t c = t->d[0].c;
+  int global = p->grad_mode == sbnGradGlobal;
+  double *mean = dvec(c), *invstd = dvec(c), *dwg = dvec(c), *dbg = dvec(c);
+  double *awg = dvec(c), *abg = dvec(c), *atol = dvec(c);
+  double *dxs[MAXW] = {0}, *dwl[MAXW] = {0}, *dbl[MAXW] = {0}, *aw[MAXW] = {0}, *ab[MAXW] = {0};
+  const void *xs[MAXW] = {0}, *dys[MAXW] = {0};
+  for (int64_t ci = 0; ci < c; ci++) mean[ci] = t->smean[0][ci], invstd[ci] = t->sinv[0][ci];
+  for (int r = 0; r < W; r++) {
+    xs[r] = t->x0[r];
+    dys[r] = t->dy0[r];
+    dxs[r] = dvec(sbn_ref_numel(&t->d[r]) + 1);
+    dwl[r] = dvec(c), dbl[r] = dvec(c), aw[r] = dvec(c), ab[r] = dvec(c);
+  }
+  sbn_ref_backward(W, t->d, xs, dys, t->w, mean, invstd, dxs, dwl, dbl, dwg, dbg);
+  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(t, aw, ab, awg, abg);
+  int ok = 1;
+  for (int r = 0; r < W && ok; r++) {
+    int64_t ne = sbn_ref_numel(&t->d[r]);
+    if (ne && !(opts & OPT_DX_NULL)) {
+      float* f = widen_all(t->dx[r], t->d[r].dtype, ne);
+      ok = sbn_check_close_array_("dx vs reference", f, dxs[r], (size_t)ne, tol.out_atol,
+                                  tol.out_rtol, __FILE__, __LINE__);
+      free(f);
+      if (!ok) sbn_test_failures_++, sbn_test_cur_failed_++, fprintf(stderr, "  (rank %d)\n", r);
+    }
+    if (ok && !(opts & OPT_NO_DWDB)) {
+      for (int64_t i = 0; i < c; i++)
+        atol[i] = tol.grad_atol + GRAD_COND_U * F32_U * (global ? awg[i] : aw[r][i]);
+      ok = close_ref_vec(global ? "dweight (global)" : "dweight (local)", r, t->dw[r],
+                         global ? dwg : dwl[r], atol, c, tol.grad_rtol);
+      for (int64_t i = 0; ok && i < c; i++)
+        atol[i] = tol.grad_atol + GRAD_COND_U * F32_U * (global ? abg[i] : ab[r][i]);
+      ok = ok && close_ref_vec(global ? "dbias (global)" : "dbias (local)", r, t->db[r],
+                               global ? dbg : dbl[r], atol, c, tol.grad_rtol);
+      if (ok && global && r > 0 &&
+          (memcmp(t->dw[r], t->dw[0], (size_t)c * 4) ||
+           memcmp(t->db[r], t->db[0], (size_t)c * 4))) {
+        SBN_FAIL_("global dweight/dbias differ (bitwise) between rank 0 and rank %d", r);
+        ok = 0;
+      }
+    }
+  }
+  for (int r = 0; r < W; r++) free(dxs[r]), free(dwl[r]), free(dbl[r]), free(aw[r]), free(ab[r]);
+  free(mean), free(invstd), free(dwg), free(dbg), free(awg), free(abg), free(atol);
+}
+
+/* Every output of two runs, bitwise (what was written per opts). */
+static void check_same_all(const team_t* a, const team_t* b, int opts) {
+  size_t cb = chan_bytes(a);
+  for (int r = 0; r < a->W; r++) {
+    size_t tb = team_bytes(a, r);
+    if (tb && memcmp(a->y[r], b->y[r], tb)) {
+      SBN_FAIL_("y of rank %d differs (bitwise)", r);
+      return;
+    }
+    if (tb && !(opts & OPT_DX_NULL) && memcmp(a->dx[r], b->dx[r], tb)) {
+      SBN_FAIL_("dx of rank %d differs (bitwise)", r);
+      return;
+    }
+    if (memcmp(a->smean[r], b->smean[r], cb) || memcmp(a->sinv[r], b->sinv[r], cb)) {
+      SBN_FAIL_("save_mean/save_invstd of rank %d differ (bitwise)", r);
+      return;
+    }
+    if (a->running && (memcmp(a->rm[r], b->rm[r], cb) || memcmp(a->rv[r], b->rv[r], cb))) {
+      SBN_FAIL_("running stats of rank %d differ (bitwise)", r);
+      return;
+    }
+    if (!a->nbt_null && a->nbt[r] != b->nbt[r]) {
+      SBN_FAIL_("num_batches_tracked of rank %d: %" PRId64 " vs %" PRId64, r, a->nbt[r], b->nbt[r]);
+      return;
+    }
+    if (!(opts & OPT_NO_DWDB) &&
+        (memcmp(a->dw[r], b->dw[r], cb) || memcmp(a->db[r], b->db[r], cb))) {
+      SBN_FAIL_("dweight/dbias of rank %d differ (bitwise)", r);
+      return;
+    }
+  }
+}
+
+/* A failed op must leave rank r's outputs as they were: poison (0xff) in y, save stats,
+   dx, dweight, dbias; running stats and num_batches_tracked as uploaded from h. */
+static int all_ff(const void* p, size_t n) {
+  const unsigned char* c = (const unsigned char*)p;
+  for (size_t i = 0; i < n; i++)
+    if (c[i] != 0xff) return 0;
+  return 1;
+}
+static void check_untouched(const dteam_t* d, const team_t* h, int r) {
+  size_t cb = chan_bytes(h), tb = team_bytes(h, r);
+  unsigned char* buf = (unsigned char*)malloc(tb + cb + 16);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  struct {
+    const char* name;
+    const void* p;
+    size_t n;
+  } outs[] = {
+      {"y", d->y[r], tb},   {"save_mean", d->sm[r], cb}, {"save_invstd", d->si[r], cb},
+      {"dx", d->dx[r], tb}, {"dweight", d->dw[r], cb},   {"dbias", d->db[r], cb},
+  };
+  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+    if (!outs[i].p || !outs[i].n) continue;
+    d2h(buf, outs[i].p, outs[i].n);
+    if (!all_ff(buf, outs[i].n)) {
+      SBN_FAIL_("rank %d: %s was written by a failed op", r, outs[i].name);
+      free(buf);
+      return;
+    }
+  }
+  if (h->running) {
+    d2h(buf, d->rm[r], cb);
+    if (memcmp(buf, h->rm[r], cb)) SBN_FAIL_("rank %d: running_mean was written by a failed op", r);
+    d2h(buf, d->rv[r], cb);
+    if (memcmp(buf, h->rv[r], cb)) SBN_FAIL_("rank %d: running_var was written by a failed op", r);
+  }
+  int64_t nbt = -1;
+  d2h(&nbt, d->nbt[r], sizeof nbt);
+  if (nbt != h->nbt[r])
+    SBN_FAIL_("rank %d: num_batches_tracked %" PRId64 " after a failed op, was %" PRId64, r, nbt,
+              h->nbt[r]);
+  free(buf);
+}
+
+/* ---- one case: GPU team vs CPU team vs reference ------------------------------------- */
+typedef struct {
+  int64_t c, sp;
+  int64_t n[MAXW];
+  gen_t gen;
+  int only_dt; /* -1, or the one dtype this shape runs in (x = 1e4 + N(0,1) is
+                  meaningless in fp16/bf16: ulp 8 / 64 at 1e4; 6e4 +- 4000 is fp16's) */
+  int heavy;   /* large: only some team sizes and dtypes */
+} shape_t;
+
+/* C not a multiple of 32 (1, 3, 37, 300) and 64; spatial 1 (BatchNorm1d), 7, 64, 1000;
+   uneven n with empty ranks; every rank empty (M == 0); x = 1e4 + N(0,1) (fp32); fp16
+   x = 6e4 +- 4000 (x^2 would overflow fp16: the sums must be fp32); a large shape
+   (up to 900k elements per rank, 3.3M per team: many blocks per rank in a virtual launch
+   of 8, each block many tiles). A team of W uses n[0..W-1] (M != 1 for every W). */
+static const shape_t kShapes[] = {
+    {1, 1000, {2, 1, 0, 3, 1, 0, 2, 1}, GEN_NORMAL, -1, 0},
+    {3, 7, {3, 0, 1, 5, 2, 2, 0, 1}, GEN_NORMAL, -1, 0},
+    {37, 64, {1, 2, 0, 1, 2, 1, 0, 3}, GEN_NORMAL, -1, 0},
+    {64, 1, {5, 3, 0, 7, 2, 4, 1, 0}, GEN_NORMAL, -1, 0},
+    {300, 7, {2, 0, 3, 1, 0, 2, 1, 1}, GEN_NORMAL, -1, 0},
+    {37, 7, {0, 0, 0, 0, 0, 0, 0, 0}, GEN_NORMAL, -1, 0},
+    {3, 64, {4, 2, 0, 3, 1, 5, 0, 2}, GEN_OFFSET, sbnFloat32, 0},
+    {64, 1000, {2, 1, 0, 2, 1, 0, 1, 2}, GEN_NORMAL, -1, 0},
+    {300, 1000, {2, 0, 2, 3, 1, 2, 0, 1}, GEN_NORMAL, -1, 1},
+    {5, 33, {4, 2, 5, 0, 1, 3, 2, 2}, GEN_F16HIGH, sbnFloat16, 0},
+};
+#define NSHAPES ((int)(sizeof kShapes / sizeof kShapes[0]))
+
+typedef struct {
+  int W;
+  shape_t s;
+  sbnDataType_t dt;
+  sbnLayout_t lay;
+  int affine, running, nbt_null, nfwd, streams, mode, opts_fwd, opts_bwd;
+  float eps, momentum;
+  uint64_t seed;
+} case_t;
+
+/* The knobs cycle with the case counter i so that every combination of dtype, layout and
+   shape meets several of them: affine 2/3, running stats 3/4 (nbt NULL in some of the
+   others), momentum 0.1 (1 call) or cumulative < 0 (3 calls, nbt drives the factor), eps
+   1e-5 or 1e-3, a stream per rank or the legacy default stream. */
+static case_t make_case(int W, int s, sbnDataType_t dt, sbnLayout_t lay, int mode, int i) {
+  case_t k;
+  memset(&k, 0, sizeof k);
+  k.W = W;
+  k.s = kShapes[s];
+  k.dt = dt;
+  k.lay = lay;
+  k.affine = i % 3 != 1;
+  k.running = i % 4 != 3;
+  k.nbt_null = !k.running && i % 8 == 7;
+  k.momentum = (i % 2 && !k.nbt_null) ? -1.0f : 0.1f;
+  k.nfwd = k.momentum < 0.0f ? 3 : 1;
+  k.eps = i % 5 == 4 ? 1e-3f : 1e-5f;
+  k.streams = (i / 2) % 2;
+  k.mode = mode;
+  k.seed = 10000u + (uint64_t)i * 7919u + (uint64_t)s;
+  return k;
+}
+
+static void describe_case(const case_t* k, const char* team) {
+  char ns[64];
+  int off = 0;
+  for (int r = 0; r < k->W && off < (int)sizeof ns - 8; r++)
+    off += snprintf(ns + off, sizeof ns - (size_t)off, r ? ",%lld" : "%lld", (long long)k->s.n[r]);
+  snprintf(g_case, sizeof g_case,
+           "%s W=%d %s %s c=%lld spatial=%lld n={%s} gen=%d affine=%d running=%d nbt_null=%d "
+           "momentum=%g x%d eps=%g mode=%s streams=%s opts fwd=%d bwd=%d seed=%llu",
+           team, k->W, dt_name(k->dt), k->lay == sbnLayoutNCHW ? "NCHW" : "NHWC", (long long)k->s.c,
+           (long long)k->s.sp, ns, (int)k->s.gen, k->affine, k->running, k->nbt_null,
+           (double)k->momentum, k->nfwd, (double)k->eps, mode_name(k->mode),
+           k->streams ? "per-rank" : "legacy", k->opts_fwd, k->opts_bwd,
+           (unsigned long long)k->seed);
+}
+
+static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
+  const tol_t tol = tol_for(k->dt);
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.eps = k->eps;
+  p.momentum = k->momentum;
+  sbn_rng_t rc = {k->seed * 31u + 7u}, rg = rc;
+  for (int call = 0; call < k->nfwd; call++) {
+    if (call) { /* fresh inputs, the same on both teams; running state carries on */
+      team_new_inputs(c, &rc, k->s.gen);
+      team_new_inputs(g, &rg, k->s.gen);
+      dteam_upload_inputs(d, g);
+      dteam_poison(d, g, OUT_FWD | OUT_BWD);
+      CHECK_();
+    }
+    sbnResult_t rcpu = team_run(c, 0, MODE_GROUP, 0, &p);
+    if (rcpu != sbnSuccess) {
+      SBN_FAIL_("CPU team forward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
+      return;
+    }
+    ASSERT_GPU_OK(gpu_run(d, g, 0, k->mode, k->opts_fwd, &p), d);
+    CHECK_();
+    check_forward(g, &p, tol); /* vs reference; bitwise rank agreement */
+    CHECK_();
+    cmp_forward(g, c);
+    CHECK_();
+  }
+  for (int gm = 0; gm < 2; gm++) {
+    sbnParams_t pb = p;
+    pb.grad_mode = (sbnGradMode_t)gm;
+    /* The CPU backward gets the GPU's save_mean/save_invstd, so both backward ops see
+       identical inputs: dweight = sum dy*(x - mean)*invstd moves by sum(dy)*invstd per
+       unit of mean, and at x ~ 1e4 the two teams' means may legitimately differ by an
+       fp32 ulp (9.8e-4), which would show in dweight though neither backward is wrong. */
+    for (int r = 0; r < c->W; r++) {
+      memcpy(c->smean[r], g->smean[r], chan_bytes(c));
+      memcpy(c->sinv[r], g->sinv[r], chan_bytes(c));
+    }
+    team_poison_bwd(c);
+    team_poison_bwd(g);
+    dteam_poison(d, g, OUT_BWD);
+    CHECK_();
+    sbnResult_t rcpu = team_run(c, 1, MODE_GROUP, 0, &pb);
+    if (rcpu != sbnSuccess) {
+      SBN_FAIL_("CPU team backward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
+      return;
+    }
+    ASSERT_GPU_OK(gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb), d);
+    CHECK_();
+    check_backward_ref(g, &pb, k->opts_bwd, tol);
+    CHECK_();
+    cmp_backward(g, c, &pb, k->opts_bwd);
+    CHECK_();
+  }
+}
+
+/* Runs case k on the GPU team `comms` (rank r on dev[r]) and on a CPU team of the same
+   size, with identical inputs; checks GPU vs reference and GPU vs CPU. */
+static void run_case(const case_t* k, const char* team, const sbnComm_t* comms, const int* dev) {
+  team_t c, g;
+  dteam_t d;
+  cudaStream_t st[MAXW] = {0};
+  describe_case(k, team);
+  team_make(&c, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  team_make(&g, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  c.nbt_null = g.nbt_null = k->nbt_null;
+  if (k->streams) make_streams(st, k->W, dev);
+  if (!sbn_test_cur_failed_)
+    dteam_make(&d, &g, comms, dev, st);
+  else
+    memset(&d, 0, sizeof d);
+  if (!sbn_test_cur_failed_) case_body(k, &c, &g, &d);
+  dteam_free(&d);
+  destroy_streams(st, k->W);
+  team_free(&c);
+  team_free(&g);
+}
+
+/* ---- 1. virtual teams vs CPU team ----------------------------------------------------- */
+static const int kW[] = {1, 2, 3, 4, 8};
+#define NW ((int)(sizeof kW / sizeof kW[0]))
+
+static int quick_shape(int s) {
+  return s == 1 || s == 2 || s == 5 || s == 6 || s == 9;
+}
+
+static void test_virtual_vs_cpu(void) {
+  int i = 0, nfail = 0, ncases = 0;
+  const int dev0[MAXW] = {0};
+  for (int wi = 0; wi < NW; wi++) {
+    int W = kW[wi];
+    if (g_quick && W != 1 && W != 3) continue;
+    for (int dt = 0; dt < 3; dt++)
+      for (int lay = 0; lay < 2; lay++)
+        for (int s = 0; s < NSHAPES; s++) {
+          const shape_t* sh = &kShapes[s];
+          if (sh->only_dt >= 0 && dt != sh->only_dt) continue;
+          if (sh->heavy && (dt == sbnFloat16 || W != 8)) continue;
+          if (g_quick && !quick_shape(s)) continue;
+          /* W == 1 runs outside a group every other case (allowed for one rank) */
+          int mode = W == 1 && (i / 2) % 2 ? MODE_DIRECT : MODE_GROUP;
+          case_t k = make_case(W, s, (sbnDataType_t)dt, (sbnLayout_t)lay, mode, i++);
+          case_begin();
+          sbnComm_t* comms = virt_team(W);
+          if (comms)
+            run_case(&k, "virtual", comms, dev0);
+          else
+            describe_case(&k, "virtual");
+          ncases++;
+          if (case_end() && ++nfail >= MAX_FAILED_CASES) return;
+        }
+  }
+  fprintf(stderr, "  %d cases\n", ncases);
+}
+
+/* ---- 2. bitwise rank agreement (checked in every case) and repeatability -------------- */
+/* Runs forward + backward (global grads) of case k three times on the same device
+   buffers and comms (successive ops alternate the mailboxes' epoch parity): every output
+   bitwise equal to the first run's. The second run uses mode2 (an InitAll team: thread
+   per rank after group mode, which must give the same bits: the same launches). */
+static void repeat_case(const case_t* k, const char* team, const sbnComm_t* comms, const int* dev,
+                        int mode2) {
+  team_t a, b;
+  dteam_t d;
+  cudaStream_t st[MAXW] = {0};
+  describe_case(k, team);
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.momentum = k->momentum;
+  p.eps = k->eps;
+  sbnParams_t pb = p;
+  pb.grad_mode = sbnGradGlobal;
+  team_make(&a, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  team_make(&b, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  memset(&d, 0, sizeof d);
+  if (k->streams) make_streams(st, k->W, dev);
+  if (!sbn_test_cur_failed_) dteam_make(&d, &a, comms, dev, st);
+  if (sbn_test_cur_failed_) goto out;
+  for (int run = 0; run < 3 && !sbn_test_cur_failed_; run++) {
+    team_t* t = run == 0 ? &a : &b;
+    int mode = run == 1 ? mode2 : k->mode;
+    if (run) {
+      team_reset_running(t);
+      team_poison(t);
+      dteam_upload_state(&d, t);
+      dteam_poison(&d, t, OUT_FWD | OUT_BWD);
+      if (sbn_test_cur_failed_) break;
+    }
+    sbnResult_t e = gpu_run(&d, t, 0, mode, 0, &p);
+    if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&d, t, 1, mode, 0, &pb);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("run %d (%s): %s (%s / %s)", run, mode_name(mode), sbnGetResultName(e),
+                sbnGetLastError(d.comm[0]), sbnGetLastError(NULL));
+      break;
+    }
+    if (run == 0) {
+      check_forward(&a, &p, tol_for(k->dt)); /* includes bitwise rank agreement */
+      if (!sbn_test_cur_failed_) check_backward_ref(&a, &pb, 0, tol_for(k->dt));
+    } else {
+      check_same_all(&a, &b, 0);
+      if (sbn_test_cur_failed_) fprintf(stderr, "  (run %d, %s, vs run 0)\n", run, mode_name(mode));
+    }
+  }
+out:
+  dteam_free(&d);
+  destroy_streams(st, k->W);
+  team_free(&a);
+  team_free(&b);
+}
+
+static void test_rank_agreement_and_repeatability(void) {
+  const int dev0[MAXW] = {0}, dev00[2] = {0, 0}, dev000[3] = {0, 0, 0};
+  struct {
+    int W;
+    int s;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int virt;
+    int mode2;
+  } cfgs[] = {
+      {3, 4, sbnFloat32, sbnLayoutNHWC, 1, MODE_GROUP},
+      {8, 7, sbnBFloat16, sbnLayoutNCHW, 1, MODE_GROUP},
+      {2, 3, sbnFloat16, sbnLayoutNCHW, 1, MODE_GROUP},
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 1, MODE_DIRECT},
+      {2, 2, sbnFloat32, sbnLayoutNCHW, 0, MODE_THREADS},
+      {3, 7, sbnBFloat16, sbnLayoutNHWC, 0, MODE_THREADS},
+      {2, 8, sbnFloat32, sbnLayoutNHWC, 1, MODE_GROUP},
+  };
+  int nfail = 0;
+  for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+    if (g_quick && (cfgs[i].s == 7 || cfgs[i].s == 8)) continue;
+    case_t k = make_case(cfgs[i].W, cfgs[i].s, cfgs[i].dt, cfgs[i].lay, MODE_GROUP, (int)i);
+    k.running = 1, k.nbt_null = 0, k.affine = 1, k.momentum = i % 2 ? -1.0f : 0.1f;
+    k.streams = !cfgs[i].virt || i % 2;
+    case_begin();
+    sbnComm_t all[3] = {0};
+    if (cfgs[i].virt) {
+      sbnComm_t* comms = virt_team(cfgs[i].W);
+      if (comms) repeat_case(&k, "virtual", comms, dev0, cfgs[i].mode2);
+    } else if (init_all(all, cfgs[i].W, cfgs[i].W == 2 ? dev00 : dev000, TEAM_TIMEOUT_MS)) {
+      repeat_case(&k, "InitAll", all, cfgs[i].W == 2 ? dev00 : dev000, cfgs[i].mode2);
+      destroy_comms(all, cfgs[i].W);
+    }
+    if (case_end() && ++nfail >= MAX_FAILED_CASES) return;
+  }
+}
+
+/* Forward then backward of every rank queued in ONE group (per rank: forward, backward;
+   the backward reads the forward's save_mean/save_invstd, so the two launches must run in
+   that order) == a forward group followed by a backward group, bitwise. */
+static void fwd_bwd_one_group_case(const char* team, const sbnComm_t* comms, const int* dev, int W,
+                                   sbnDataType_t dt, uint64_t seed) {
+  int64_t n[MAXW] = {2, 0, 3};
+  team_t a, b;
+  dteam_t da, db;
+  cudaStream_t st[MAXW] = {0};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.grad_mode = sbnGradGlobal;
+  snprintf(g_case, sizeof g_case, "forward + backward in one group: %s W=%d %s", team, W,
+           dt_name(dt));
+  team_make(&a, W, dt, sbnLayoutNCHW, 37, 64, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&b, W, dt, sbnLayoutNCHW, 37, 64, n, 1, 1, GEN_NORMAL, seed);
+  memset(&da, 0, sizeof da);
+  memset(&db, 0, sizeof db);
+  make_streams(st, W, dev);
+  if (!sbn_test_cur_failed_) dteam_make(&da, &a, comms, dev, st);
+  if (!sbn_test_cur_failed_) dteam_make(&db, &b, comms, dev, st);
+  if (sbn_test_cur_failed_) goto out;
+  {
+    sbnResult_t e = gpu_run(&da, &a, 0, MODE_GROUP, 0, &p);
+    if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&da, &a, 1, MODE_GROUP, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("separate groups: %s (%s)", sbnGetResultName(e), sbnGetLastError(NULL));
+      goto out;
+    }
+    sbnResult_t calls = sbnGroupStart();
+    for (int r = 0; r < W; r++) {
+      sbnResult_t f = gpu_call(&db, &b, r, 0, 0, &p);
+      sbnResult_t g = gpu_call(&db, &b, r, 1, 0, &p);
+      if (calls == sbnSuccess) calls = f != sbnSuccess ? f : g;
+    }
+    sbnResult_t end = sbnGroupEnd();
+    if (calls != sbnSuccess || end != sbnSuccess) {
+      SBN_FAIL_("one group: calls %s, sbnGroupEnd %s (%s)", sbnGetResultName(calls),
+                sbnGetResultName(end), sbnGetLastError(NULL));
+      goto out;
+    }
+    gpu_finish(&db, &b, OUT_FWD | OUT_BWD, 0);
+  }
+  if (sbn_test_cur_failed_) goto out;
+  check_forward(&a, &p, tol_for(dt));
+  if (!sbn_test_cur_failed_) check_backward_ref(&a, &p, 0, tol_for(dt));
+  if (!sbn_test_cur_failed_) check_same_all(&a, &b, 0);
+out:
+  dteam_free(&da);
+  dteam_free(&db);
+  destroy_streams(st, W);
+  team_free(&a);
+  team_free(&b);
+}
+
+static void test_fwd_bwd_one_group(void) {
+  const int dev0[MAXW] = {0}, dev00[2] = {0, 0};
+  for (int dt = 0; dt < 3; dt += 2) {
+    case_begin();
+    sbnComm_t* v3 = virt_team(3);
+    if (v3) fwd_bwd_one_group_case("virtual", v3, dev0, 3, (sbnDataType_t)dt, 3500u + (uint64_t)dt);
+    case_end();
+    case_begin();
+    sbnComm_t all[2] = {0};
+    if (init_all(all, 2, dev00, TEAM_TIMEOUT_MS)) {
+      fwd_bwd_one_group_case("InitAll{0,0}", all, dev00, 2, (sbnDataType_t)dt,
+                             3510u + (uint64_t)dt);
+      destroy_comms(all, 2);
+    }
+    case_end();
+  }
+}
+
+/* ---- 3. InitAll teams: one GPU listed 2 and 3 times ----------------------------------- */
+static void test_initall_vs_cpu(void) {
+  static const int d00[2] = {0, 0}, d000[3] = {0, 0, 0}, d01[2] = {0, 1};
+  struct {
+    int W;
+    const int* dev;
+    const char* name;
+  } lists[] = {{2, d00, "InitAll{0,0}"}, {3, d000, "InitAll{0,0,0}"}, {2, d01, "InitAll{0,1}"}};
+  const int shapes[] = {1, 2, 3, 5, 6, 7, 9};
+  int i = 0, nfail = 0, ncases = 0;
+  for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++) {
+    if (lists[l].dev == d01 && g_ndev < 2) continue; /* two GPUs: one rank on each */
+    sbnComm_t comms[3] = {0};
+    for (int mode = MODE_GROUP; mode <= MODE_THREADS; mode++)
+      for (int dt = 0; dt < 3; dt++)
+        for (int lay = 0; lay < 2; lay++)
+          for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int s = shapes[si];
+            if (kShapes[s].only_dt >= 0 && dt != kShapes[s].only_dt) continue;
+            if (g_quick && !quick_shape(s)) continue;
+            case_t k = make_case(lists[l].W, s, (sbnDataType_t)dt, (sbnLayout_t)lay, mode, i++);
+            /* ranks sharing a GPU must be on different streams: one stream would queue
+               rank 1's kernel behind rank 0's, which waits for rank 1 */
+            k.streams = 1;
+            case_begin();
+            if (comms[0] && !team_healthy(comms)) destroy_comms(comms, lists[l].W);
+            if (comms[0] || init_all(comms, lists[l].W, lists[l].dev, TEAM_TIMEOUT_MS))
+              run_case(&k, lists[l].name, comms, lists[l].dev);
+            else
+              describe_case(&k, lists[l].name);
+            ncases++;
+            if (case_end() && ++nfail >= MAX_FAILED_CASES) {
+              destroy_comms(comms, lists[l].W);
+              return;
+            }
+          }
+    destroy_comms(comms, lists[l].W);
+  }
+  fprintf(stderr, "  %d cases\n", ncases);
+}
+
+/* ---- 4. in place, dx NULL, dweight/dbias NULL ---------------------------------------- */
+/* y == x and dx == dy give bitwise the same as out of place (the same kernel and
+   arithmetic; each element is read before its own slot is overwritten). */
+static void inplace_case(const char* team, const sbnComm_t* comms, const int* dev, int W, int mode,
+                         sbnDataType_t dt, uint64_t seed) {
+  int64_t n[MAXW] = {3, 0, 2};
+  team_t a, b;
+  dteam_t da, db;
+  cudaStream_t st[MAXW] = {0};
+  snprintf(g_case, sizeof g_case, "in place: %s W=%d %s mode=%s c=37 spatial=64 n={3,0,2}", team, W,
+           dt_name(dt), mode_name(mode));
+  sbnParams_t p = SBN_PARAMS_DEFAULT, pb = SBN_PARAMS_DEFAULT;
+  pb.grad_mode = sbnGradGlobal;
+  team_make(&a, W, dt, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&b, W, dt, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, seed);
+  memset(&da, 0, sizeof da);
+  memset(&db, 0, sizeof db);
+  make_streams(st, W, dev);
+  if (!sbn_test_cur_failed_) dteam_make(&da, &a, comms, dev, st);
+  if (!sbn_test_cur_failed_) dteam_make(&db, &b, comms, dev, st);
+  if (sbn_test_cur_failed_) goto out;
+  sbnResult_t e = gpu_run(&da, &a, 0, mode, 0, &p);
+  if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&db, &b, 0, mode, OPT_INPLACE, &p);
+  if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&da, &a, 1, mode, 0, &pb);
+  if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&db, &b, 1, mode, OPT_INPLACE, &pb);
+  if (e != sbnSuccess) {
+    SBN_FAIL_("%s (%s / %s)", sbnGetResultName(e), sbnGetLastError(comms[0]),
+              sbnGetLastError(NULL));
+    goto out;
+  }
+  if (sbn_test_cur_failed_) goto out;
+  check_forward(&b, &p, tol_for(dt));
+  if (!sbn_test_cur_failed_) check_backward_ref(&b, &pb, 0, tol_for(dt));
+  if (!sbn_test_cur_failed_) check_same_all(&a, &b, 0);
+out:
+  dteam_free(&da);
+  dteam_free(&db);
+  destroy_streams(st, W);
+  team_free(&a);
+  team_free(&b);
+}
+
+static void test_in_place_and_null_outputs(void) {
+  const int dev0[MAXW] = {0}, dev00[2] = {0, 0};
+  int nfail = 0, i = 1000;
+  sbnComm_t all[2] = {0};
+  if (!init_all(all, 2, dev00, TEAM_TIMEOUT_MS)) return;
+  for (int dt = 0; dt < 3; dt++) {
+    case_begin();
+    sbnComm_t* v3 = virt_team(3);
+    if (v3)
+      inplace_case("virtual", v3, dev0, 3, MODE_GROUP, (sbnDataType_t)dt, 3000u + (uint64_t)dt);
+    if (case_end() && ++nfail >= MAX_FAILED_CASES) break;
+    for (int mode = MODE_GROUP; mode <= MODE_THREADS; mode++) {
+      case_begin();
+      if (!team_healthy(all)) destroy_comms(all, 2), init_all(all, 2, dev00, TEAM_TIMEOUT_MS);
+      if (all[0])
+        inplace_case("InitAll{0,0}", all, dev00, 2, mode, (sbnDataType_t)dt, 3010u + (uint64_t)dt);
+      if (case_end() && ++nfail >= MAX_FAILED_CASES) break;
+    }
+  }
+  /* dx NULL (dweight/dbias still right) and dweight/dbias NULL (dx still right), against
+     the CPU team and the reference */
+  const int opts[] = {OPT_DX_NULL, OPT_NO_DWDB};
+  for (int o = 0; o < 2 && nfail < MAX_FAILED_CASES; o++)
+    for (int dt = 0; dt < 3; dt++) {
+      case_t k = make_case(3, 2, (sbnDataType_t)dt, o == 0 ? sbnLayoutNCHW : sbnLayoutNHWC,
+                           MODE_GROUP, i++);
+      k.opts_bwd = opts[o];
+      case_begin();
+      sbnComm_t* v3 = virt_team(3);
+      if (v3) run_case(&k, "virtual", v3, dev0);
+      if (case_end() && ++nfail >= MAX_FAILED_CASES) break;
+      case_t k2 = make_case(2, 1, (sbnDataType_t)dt, sbnLayoutNCHW, MODE_THREADS, i++);
+      k2.opts_bwd = opts[o];
+      k2.streams = 1;
+      case_begin();
+      if (!team_healthy(all)) destroy_comms(all, 2), init_all(all, 2, dev00, TEAM_TIMEOUT_MS);
+      if (all[0]) run_case(&k2, "InitAll{0,0}", all, dev00);
+      if (case_end() && ++nfail >= MAX_FAILED_CASES) break;
+    }
+  destroy_comms(all, 2);
+}
+
+/* ---- 5. usage errors: outside a group, M == 1 --------------------------------------- */
+/* A virtual team of 2 called outside a group: sbnInvalidUsage at once from every op,
+   nothing written, the team still usable afterwards. */
+static void usage_outside_group(void) {
+  const int dev0[MAXW] = {0};
+  int64_t n[MAXW] = {2, 3};
+  team_t h;
+  dteam_t d;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  snprintf(g_case, sizeof g_case, "virtual W=2 outside a group");
+  sbnComm_t* comms = virt_team(2);
+  if (!comms) return;
+  team_make(&h, 2, sbnFloat32, sbnLayoutNCHW, 5, 6, n, 1, 1, GEN_NORMAL, 4000);
+  h.nbt[0] = h.nbt[1] = 5; /* an unchanged count shows that nothing was written */
+  dteam_make(&d, &h, comms, dev0, NULL);
+  if (sbn_test_cur_failed_) goto out;
+  for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+    sbnResult_t e = gpu_call(&d, &h, r, 0, 0, &p);
+    if (e != sbnInvalidUsage)
+      SBN_FAIL_("rank %d forward outside a group: %s, expected sbnInvalidUsage", r,
+                sbnGetResultName(e));
+    else if (!sbnGetLastError(comms[r])[0])
+      SBN_FAIL_("rank %d: sbnGetLastError empty after sbnInvalidUsage", r);
+    e = gpu_call(&d, &h, r, 1, 0, &p);
+    if (e != sbnInvalidUsage)
+      SBN_FAIL_("rank %d backward outside a group: %s, expected sbnInvalidUsage", r,
+                sbnGetResultName(e));
+  }
+  for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) check_untouched(&d, &h, r);
+  if (sbn_test_cur_failed_) goto out;
+  /* still usable, and the refused calls left no trace: a group now is the first op */
+  h.nbt[0] = h.nbt[1] = 0;
+  team_reset_running(&h);
+  dteam_upload_state(&d, &h);
+  if (sbn_test_cur_failed_) goto out;
+  {
+    sbnResult_t e = gpu_run(&d, &h, 0, MODE_GROUP, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("group after refused calls: %s (%s)", sbnGetResultName(e), sbnGetLastError(NULL));
+      goto out;
+    }
+  }
+  if (!sbn_test_cur_failed_) check_forward(&h, &p, tol_for(sbnFloat32));
+out:
+  dteam_free(&d);
+  team_free(&h);
+}
+
+/* M == 1 over the whole team inside one group (rank 0: n = 1, spatial = 1; rank 1
+   empty): sbnGroupEnd returns sbnInvalidArgument at once and nothing is launched or
+   written (num_batches_tracked included); the team stays usable. */
+static void usage_count_one(const char* team, const sbnComm_t* comms, const int* dev,
+                            const cudaStream_t* st) {
+  int64_t n1[MAXW] = {1, 0}, n2[MAXW] = {1, 1};
+  team_t h, h2;
+  dteam_t d, d2;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  snprintf(g_case, sizeof g_case, "%s: M == 1 in a group", team);
+  team_make(&h, 2, sbnFloat32, sbnLayoutNHWC, 4, 1, n1, 1, 1, GEN_NORMAL, 4100);
+  team_make(&h2, 2, sbnFloat32, sbnLayoutNHWC, 4, 1, n2, 1, 1, GEN_NORMAL, 4101); /* M = 2 */
+  h.nbt[0] = h.nbt[1] = 5;
+  memset(&d2, 0, sizeof d2);
+  dteam_make(&d, &h, comms, dev, st);
+  if (sbn_test_cur_failed_) goto out;
+  {
+    sbnResult_t calls = sbnGroupStart();
+    for (int r = 0; r < 2; r++) {
+      sbnResult_t e = gpu_call(&d, &h, r, 0, 0, &p);
+      if (e != sbnSuccess && calls == sbnSuccess) calls = e;
+    }
+    sbnResult_t end = sbnGroupEnd();
+    if (calls != sbnSuccess)
+      SBN_FAIL_("an op call in the group returned %s (the count is only known at sbnGroupEnd)",
+                sbnGetResultName(calls));
+    if (end != sbnInvalidArgument)
+      SBN_FAIL_("sbnGroupEnd with M == 1: %s, expected sbnInvalidArgument", sbnGetResultName(end));
+    else if (!sbnGetLastError(NULL)[0])
+      SBN_FAIL_("sbnGetLastError(NULL) empty after sbnGroupEnd failed");
+  }
+  for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) check_untouched(&d, &h, r);
+  for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+    sbnResult_t e = sbnTimeout;
+    ASSERT_OK(sbnCommGetAsyncError(comms[r], &e));
+    if (e != sbnSuccess)
+      SBN_FAIL_("rank %d: async error %s after a refused group", r, sbnGetResultName(e));
+  }
+  if (sbn_test_cur_failed_) goto out;
+  /* the smallest valid count, M = 2 across the two ranks, works on the same team */
+  dteam_make(&d2, &h2, comms, dev, st);
+  if (sbn_test_cur_failed_) goto out;
+  {
+    sbnResult_t e = gpu_run(&d2, &h2, 0, MODE_GROUP, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("M == 2 after the refused group: %s (%s)", sbnGetResultName(e),
+                sbnGetLastError(NULL));
+      goto out;
+    }
+  }
+  if (!sbn_test_cur_failed_) check_forward(&h2, &p, tol_for(sbnFloat32));
+out:
+  dteam_free(&d);
+  dteam_free(&d2);
+  team_free(&h);
+  team_free(&h2);
+}
+
+/* An InitAll team whose ranks share a GPU, in one group with both ranks on the same
+   stream (or the legacy NULL stream): the two launches would serialize, the first waiting
+   for the second until the timeout, so sbnGroupEnd refuses with sbnInvalidUsage at once
+   and runs nothing; the team stays usable. */
+static void usage_shared_stream(void) {
+  const int dev00[2] = {0, 0};
+  int64_t n[MAXW] = {2, 3};
+  sbnComm_t all[2] = {0};
+  cudaStream_t s = NULL;
+  team_t h;
+  dteam_t d;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  snprintf(g_case, sizeof g_case, "InitAll{0,0}: both ranks on one stream in a group");
+  memset(&d, 0, sizeof d);
+  team_make(&h, 2, sbnFloat32, sbnLayoutNHWC, 5, 6, n, 1, 1, GEN_NORMAL, 4200);
+  h.nbt[0] = h.nbt[1] = 5;
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))) goto out;
+  if (!init_all(all, 2, dev00, 5000)) goto out; /* 5 s: a wrongly accepted group fails fast */
+  {
+    cudaStream_t st[2] = {s, s};
+    dteam_make(&d, &h, all, dev00, st);
+  }
+  for (int variant = 0; variant < 2 && !sbn_test_cur_failed_; variant++) {
+    d.st[0] = d.st[1] = variant == 0 ? s : NULL;
+    sbnResult_t r = gpu_group(&d, &h, 0, 0, &p);
+    if (r != sbnInvalidUsage) {
+      SBN_FAIL_("%s stream for both ranks: %s, expected sbnInvalidUsage", variant ? "NULL" : "one",
+                sbnGetResultName(r));
+      break;
+    }
+    for (int q = 0; q < 2 && !sbn_test_cur_failed_; q++) check_untouched(&d, &h, q);
+  }
+  if (sbn_test_cur_failed_) goto out;
+  if (!team_healthy(all)) {
+    SBN_FAIL_("the team is not usable after a refused group");
+    goto out;
+  }
+  {
+    cudaStream_t st2[2] = {NULL, NULL};
+    if (!CUDA_OK(cudaStreamCreateWithFlags(&st2[1], cudaStreamNonBlocking))) goto out;
+    d.st[0] = s, d.st[1] = st2[1];
+    h.nbt[0] = h.nbt[1] = 0;
+    team_reset_running(&h);
+    dteam_upload_state(&d, &h);
+    sbnResult_t r = sbn_test_cur_failed_ ? sbnSuccess : gpu_run(&d, &h, 0, MODE_GROUP, 0, &p);
+    if (r != sbnSuccess)
+      SBN_FAIL_("own streams after the refused groups: %s (%s)", sbnGetResultName(r),
+                sbnGetLastError(NULL));
+    else if (!sbn_test_cur_failed_)
+      check_forward(&h, &p, tol_for(sbnFloat32));
+    cudaStreamSynchronize(st2[1]);
+    cudaStreamDestroy(st2[1]);
+  }
+out:
+  dteam_free(&d);
+  destroy_comms(all, 2);
+  if (s) cudaStreamDestroy(s);
+  team_free(&h);
+}
+
+static void test_usage_errors(void) {
+  const int dev0[MAXW] = {0}, dev00[2] = {0, 0};
+  case_begin();
+  usage_outside_group();
+  case_end();
+  case_begin();
+  sbnComm_t* v2 = virt_team(2);
+  if (v2) usage_count_one("virtual W=2", v2, dev0, NULL);
+  case_end();
+  case_begin();
+  sbnComm_t all[2] = {0};
+  cudaStream_t st[2] = {0};
+  make_streams(st, 2, dev00);
+  if (!sbn_test_cur_failed_ && init_all(all, 2, dev00, TEAM_TIMEOUT_MS)) {
+    usage_count_one("InitAll{0,0}", all, dev00, st);
+    destroy_comms(all, 2);
+  }
+  destroy_streams(st, 2);
+  case_end();
+  case_begin();
+  usage_shared_stream();
+  case_end();
+}
+
+/* ---- 6. CUDA graph ------------------------------------------------------------------ */
+/* A virtual team of 2 on one stream: a group with both ranks' forward, then a group with
+   both ranks' backward, captured into one graph and replayed; before each replay new x
+   and dy go into the SAME device buffers. A second team runs the same inputs eagerly.
+   After every replay: every output bitwise equal between graph and eager, and the graph
+   against the reference. momentum < 0 makes the running-stat factor 1/(nbt + 1) depend
+   on the device-side num_batches_tracked, so a graph that baked the count in at capture
+   would drift; at the end num_batches_tracked == replays on both teams. */
+static void test_cuda_graph(void) {
+  const int replays = g_quick ? 10 : 100;
+  const int dev0[MAXW] = {0};
+  int64_t n[MAXW] = {3, 2};
+  sbnComm_t cg[2] = {0}, ce[2] = {0};
+  team_t hg, he;
+  dteam_t dg, de;
+  cudaStream_t s = NULL, se = NULL;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.momentum = -1.0f;
+  p.grad_mode = sbnGradGlobal;
+  const tol_t tol = tol_for(sbnFloat32);
+  memset(&dg, 0, sizeof dg);
+  memset(&de, 0, sizeof de);
+  team_make(&hg, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
+  team_make(&he, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
+  if (!init_virtual(cg, 2, TEAM_TIMEOUT_MS) || !init_virtual(ce, 2, TEAM_TIMEOUT_MS)) goto out;
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) ||
+      !CUDA_OK(cudaStreamCreateWithFlags(&se, cudaStreamNonBlocking)))
+    goto out;
+  {
+    cudaStream_t sg2[2] = {s, s}, se2[2] = {se, se};
+    dteam_make(&dg, &hg, cg, dev0, sg2);
+    if (!sbn_test_cur_failed_) dteam_make(&de, &he, ce, dev0, se2);
+  }
+  if (sbn_test_cur_failed_) goto out;
+
+  /* capture (global mode, PyTorch's default: any unsafe CUDA call from any thread during
+     the capture fails it) */
+  if (!CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal))) goto out;
+  {
+    sbnResult_t rf = gpu_group(&dg, &hg, 0, 0, &p);
+    sbnResult_t rb = gpu_group(&dg, &hg, 1, 0, &p);
+    cudaError_t cerr = cudaStreamEndCapture(s, &graph); /* always end the capture */
+    if (rf != sbnSuccess || rb != sbnSuccess) {
+      SBN_FAIL_("ops during capture: forward %s, backward %s (%s)", sbnGetResultName(rf),
+                sbnGetResultName(rb), sbnGetLastError(NULL));
+      goto out;
+    }
+    if (!CUDA_OK(cerr)) goto out;
+  }
+  if (!CUDA_OK(cudaGraphInstantiate(&exec, graph, 0))) goto out;
+  /* capturing ran nothing: num_batches_tracked is still 0 */
+  for (int r = 0; r < 2; r++) {
+    int64_t nbt = -1;
+    d2h(&nbt, dg.nbt[r], sizeof nbt);
+    if (nbt != 0)
+      SBN_FAIL_("rank %d: num_batches_tracked %" PRId64 " after capture (expected 0)", r, nbt);
+  }
+  if (sbn_test_cur_failed_) goto out;
+
+  sbn_rng_t rg = {5001}, re = {5001};
+  for (int k = 0; k < replays; k++) {
+    team_new_inputs(&hg, &rg, GEN_NORMAL);
+    team_new_inputs(&he, &re, GEN_NORMAL);
+    dteam_upload_inputs(&dg, &hg);
+    dteam_poison(&dg, &hg, OUT_FWD | OUT_BWD);
+    if (!CUDA_OK(cudaGraphLaunch(exec, s))) goto out;
+    dteam_upload_inputs(&de, &he);
+    dteam_poison(&de, &he, OUT_FWD | OUT_BWD);
+    if (sbn_test_cur_failed_) goto out;
+    sbnResult_t e = gpu_group(&de, &he, 0, 0, &p);
+    if (e == sbnSuccess) e = gpu_group(&de, &he, 1, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("eager team, replay %d: %s (%s)", k, sbnGetResultName(e), sbnGetLastError(NULL));
+      goto out;
+    }
+    gpu_finish(&dg, &hg, OUT_FWD | OUT_BWD, 0);
+    gpu_finish(&de, &he, OUT_FWD | OUT_BWD, 0);
+    if (sbn_test_cur_failed_) goto out;
+    check_same_all(&hg, &he, 0);
+    if (!sbn_test_cur_failed_) check_forward(&hg, &p, tol);
+    if (!sbn_test_cur_failed_) check_backward_ref(&hg, &p, 0, tol);
+    if (!sbn_test_cur_failed_ && hg.nbt[0] != k + 1)
+      SBN_FAIL_("num_batches_tracked %" PRId64 " after replay %d", hg.nbt[0], k + 1);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  (graph replay %d of %d)\n", k + 1, replays);
+      goto out;
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    if (hg.nbt[r] != replays || he.nbt[r] != replays)
+      SBN_FAIL_("rank %d: num_batches_tracked graph %" PRId64 " eager %" PRId64 ", expected %d", r,
+                hg.nbt[r], he.nbt[r], replays);
+out:
+  if (s) cudaStreamSynchronize(s);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  dteam_free(&dg);
+  dteam_free(&de);
+  destroy_comms(cg, 2);
+  destroy_comms(ce, 2);
+  if (s) cudaStreamDestroy(s);
+  if (se) cudaStreamDestroy(se);
+  team_free(&hg);
+  team_free(&he);
+}
+
+/* ---- 10 (used by 7). sbnForwardInference on device pointers ---------------------------- */
+/* Device pointers == host pointers, bitwise (the same fp32 formula, products unfused);
+   both against sbn_ref_inference with tol_for()'s output tolerance. */
+static void inference_case(sbnDataType_t dt, sbnLayout_t lay, int64_t n, int64_t c, int64_t sp,
+                           int affine, float eps, cudaStream_t s, uint64_t seed) {
+  sbn_rng_t rng = {seed};
+  sbnTensorDesc_t desc = {dt, lay, n, c, sp};
+  int64_t ne = sbn_ref_numel(&desc);
+  size_t tb = (size_t)ne * dt_size(dt), cb = (size_t)c * sizeof(float);
+  void* x = gen_tensor(&desc, &rng, GEN_NORMAL);
+  void* yh = tb ? malloc(tb) : NULL;
+  void* yd = tb ? malloc(tb) : NULL;
+  float *w = fvec(c), *b = fvec(c), *rm = fvec(c), *rv = fvec(c);
+  double* ref = dvec(ne + 1);
+  void *dx_ = NULL, *dy_ = NULL, *dw = NULL, *dbias = NULL, *drm = NULL, *drv = NULL;
+  snprintf(g_case, sizeof g_case, "inference %s %s n=%lld c=%lld spatial=%lld affine=%d eps=%g",
+           dt_name(dt), lay == sbnLayoutNCHW ? "NCHW" : "NHWC", (long long)n, (long long)c,
+           (long long)sp, affine, (double)eps);
+  for (int64_t ci = 0; ci < c; ci++) {
+    w[ci] = (float)sbn_rng_normal(&rng);
+    b[ci] = (float)sbn_rng_normal(&rng);
+    rm[ci] = (float)sbn_rng_normal(&rng);
+    rv[ci] = (float)(0.3 + 2.0 * sbn_rng_uniform(&rng));
+  }
+  dx_ = dev_alloc(0, tb), dy_ = dev_alloc(0, tb), dw = dev_alloc(0, cb), dbias = dev_alloc(0, cb);
+  drm = dev_alloc(0, cb), drv = dev_alloc(0, cb);
+  if (sbn_test_cur_failed_) goto out;
+  h2d(dx_, x, tb, s), h2d(dw, w, cb, s), h2d(dbias, b, cb, s), h2d(drm, rm, cb, s),
+      h2d(drv, rv, cb, s);
+  dpoison(dy_, tb, s);
+  if (!CUDA_OK(cudaStreamSynchronize(s))) goto out;
+  {
+    sbnResult_t eh =
+        sbnForwardInference(&desc, x, yh, affine ? w : NULL, affine ? b : NULL, rm, rv, eps, NULL);
+    if (eh != sbnSuccess) {
+      SBN_FAIL_("host inference: %s (%s)", sbnGetResultName(eh), sbnGetLastError(NULL));
+      goto out;
+    }
+    sbnResult_t ed =
+        sbnForwardInference(&desc, dx_, dy_, affine ? (float*)dw : NULL,
+                            affine ? (float*)dbias : NULL, (float*)drm, (float*)drv, eps, s);
+    if (ed != sbnSuccess) {
+      SBN_FAIL_("device inference: %s (%s)", sbnGetResultName(ed), sbnGetLastError(NULL));
+      goto out;
+    }
+  }
+  if (!CUDA_OK(cudaStreamSynchronize(s))) goto out;
+  d2h(yd, dy_, tb);
+  if (sbn_test_cur_failed_ || !tb) goto out;
+  if (memcmp(yh, yd, tb) != 0) {
+    size_t es = dt_size(dt);
+    for (int64_t i = 0; i < ne; i++)
+      if (memcmp((char*)yh + (size_t)i * es, (char*)yd + (size_t)i * es, es)) {
+        SBN_FAIL_("device inference differs from host inference at [%" PRId64
+                  "]: device %.9g, "
+                  "host %.9g (bitwise equality expected)",
+                  i, sbn_ref_load(yd, dt, i), sbn_ref_load(yh, dt, i));
+        break;
+      }
+    goto out;
+  }
+  sbn_ref_inference(&desc, x, affine ? w : NULL, affine ? b : NULL, rm, rv, (double)eps, ref);
+  {
+    float* yf = widen_all(yd, dt, ne);
+    tol_t tol = tol_for(dt);
+    if (!sbn_check_close_array_("device inference y", yf, ref, (size_t)ne, tol.out_atol,
+                                tol.out_rtol, __FILE__, __LINE__))
+      sbn_test_failures_++, sbn_test_cur_failed_++;
+    free(yf);
+  }
+out:
+  if (dx_) cudaFree(dx_);
+  if (dy_) cudaFree(dy_);
+  if (dw) cudaFree(dw);
+  if (dbias) cudaFree(dbias);
+  if (drm) cudaFree(drm);
+  if (drv) cudaFree(drv);
+  free(x), free(yh), free(yd), free(w), free(b), free(rm), free(rv), free(ref);
+}
+
+/* ---- 7. a peer that never comes: in-kernel timeout --------------------------------------- */
+/* Polls `s` until its work is done or limit_ms (from t0) passes. Returns the elapsed ms,
+   or -1 when it was still running at the limit. *err: the stream's status when done. */
+static double wait_stream(cudaStream_t s, double t0, double limit_ms, cudaError_t* err) {
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(s);
+    double el = now_ms() - t0;
+    if (e != cudaErrorNotReady) {
+      *err = e;
+      return el;
+    }
+    if (el > limit_ms) {
+      *err = cudaErrorNotReady;
+      return -1.0;
+    }
+    sleep_ms(1);
+  }
+}
+
+/* Common setup of tests 7-9 and the count-of-one test: an InitAll team {0,0} with
+   `timeout_ms`, a team_t per rank set (hs[0] for rank 0, hs[1] for rank 1; the same or
+   different shapes), device tensors poisoned, num_batches_tracked 3. */
+typedef struct {
+  sbnComm_t comms[2];
+  cudaStream_t st[2];
+  team_t h[2];
+  dteam_t d[2];
+} pair_t;
+
+static int pair_make(pair_t* P, int64_t timeout_ms, int64_t c0, int64_t c1, const int64_t* n,
+                     int64_t sp) {
+  const int dev00[2] = {0, 0};
+  memset(P, 0, sizeof *P);
+  team_make(&P->h[0], 2, sbnFloat32, sbnLayoutNCHW, c0, sp, n, 1, 1, GEN_NORMAL, 6000);
+  team_make(&P->h[1], 2, sbnFloat32, sbnLayoutNCHW, c1, sp, n, 1, 1, GEN_NORMAL, 6001);
+  for (int t = 0; t < 2; t++) P->h[t].nbt[0] = P->h[t].nbt[1] = 3;
+  make_streams(P->st, 2, dev00);
+  if (sbn_test_cur_failed_ || !init_all(P->comms, 2, dev00, timeout_ms)) return 0;
+  dteam_make(&P->d[0], &P->h[0], P->comms, dev00, P->st);
+  if (!sbn_test_cur_failed_ && c1 != c0) dteam_make(&P->d[1], &P->h[1], P->comms, dev00, P->st);
+  return !sbn_test_cur_failed_;
+}
+/* rank r's tensors (its own team_t when the ranks were given different shapes) */
+static dteam_t* pair_d(pair_t* P, int r) {
+  return P->d[1].W ? &P->d[r] : &P->d[0];
+}
+static team_t* pair_h(pair_t* P, int r) {
+  return P->d[1].W ? &P->h[r] : &P->h[0];
+}
+
+static void pair_free(pair_t* P) {
+  cudaDeviceSynchronize(); /* a kernel still waiting (after a failed check) ends at its timeout */
+  dteam_free(&P->d[0]);
+  dteam_free(&P->d[1]);
+  destroy_comms(P->comms, 2);
+  destroy_streams(P->st, 2);
+  team_free(&P->h[0]);
+  team_free(&P->h[1]);
+}
+
+/* Waits for rank r's stream at most limit_ms after t0; the stream must finish without a
+   CUDA error (no __trap). On a miss, drains it (the kernel's own timeout bounds that). */
+static double pair_wait(pair_t* P, int r, double t0, double limit_ms) {
+  cudaError_t err = cudaSuccess;
+  double el = wait_stream(P->st[r], t0, limit_ms, &err);
+  if (el < 0) {
+    SBN_FAIL_("rank %d's stream still busy %.0f ms later", r, limit_ms);
+    cudaStreamSynchronize(P->st[r]);
+  } else if (err != cudaSuccess) {
+    SBN_FAIL_("rank %d's stream finished with %s (%s): the kernel must return, not trap", r,
+              cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+  return el;
+}
+
+static void expect_async(pair_t* P, sbnResult_t want) {
+  for (int r = 0; r < 2; r++) {
+    sbnResult_t e = sbnSuccess;
+    sbnResult_t q = sbnCommGetAsyncError(P->comms[r], &e);
+    if (q != sbnSuccess)
+      SBN_FAIL_("sbnCommGetAsyncError(rank %d): %s", r, sbnGetResultName(q));
+    else if (e != want)
+      SBN_FAIL_("rank %d: async error %s, expected %s", r, sbnGetResultName(e),
+                sbnGetResultName(want));
+  }
+}
+
+/* Later ops on an aborted team return sbnAborted at once, on every rank. */
+static void expect_aborted_ops(pair_t* P) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  double t0 = now_ms();
+  for (int r = 0; r < 2; r++) {
+    dteam_t* d = pair_d(P, r);
+    team_t* h = pair_h(P, r);
+    sbnResult_t f = gpu_call(d, h, r, 0, 0, &p), b = gpu_call(d, h, r, 1, 0, &p);
+    if (f != sbnAborted || b != sbnAborted)
+      SBN_FAIL_("rank %d on the aborted team: forward %s, backward %s, expected sbnAborted", r,
+                sbnGetResultName(f), sbnGetResultName(b));
+  }
+  double dt = now_ms() - t0;
+  /* returned synchronously: nothing was enqueued, so no wait on a kernel or a peer */
+  if (dt > 1000.0) SBN_FAIL_("ops on the aborted team took %.0f ms", dt);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  for (int r = 0; r < 2; r++) check_untouched(pair_d(P, r), pair_h(P, r), r);
+}
+
+/* Only rank 0 calls (no group, its own non-blocking stream); timeout 500 ms. */
+static void test_stuck_peer_timeout(void) {
+  const int64_t timeout = 500;
+  int64_t n[MAXW] = {2, 2};
+  pair_t P;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  if (!pair_make(&P, timeout, 8, 8, n, 16)) goto out;
+  {
+    double t0 = now_ms();
+    sbnResult_t e = gpu_call(&P.d[0], &P.h[0], 0, 0, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("rank 0 alone: %s (%s); the op must be enqueued", sbnGetResultName(e),
+                sbnGetLastError(P.comms[0]));
+      goto out;
+    }
+    /* finishes within the timeout + 5 s (the kernel polls the clock while it waits) */
+    double el = pair_wait(&P, 0, t0, (double)timeout + g_slack_ms);
+    fprintf(stderr, "  rank 0's stream finished %.1f ms after the call (timeout %lld ms)\n", el,
+            (long long)timeout);
+    /* ... and not before the timeout: the host clock started before the kernel's wait.
+       10% slack for the device timer (%globaltimer) against CLOCK_MONOTONIC. */
+    if (el >= 0 && el < 0.9 * (double)timeout)
+      SBN_FAIL_("the kernel gave up after %.1f ms, before the %lld ms timeout", el,
+                (long long)timeout);
+  }
+  if (sbn_test_cur_failed_) goto out;
+  check_untouched(&P.d[0], &P.h[0], 0);
+  check_untouched(&P.d[0], &P.h[0], 1);
+  expect_async(&P, sbnTimeout);
+  expect_aborted_ops(&P);
+  /* the context is usable: a memset and another kernel run */
+  if (P.d[0].y[0]) CUDA_CHECK(cudaMemset(P.d[0].y[0], 0, team_bytes(&P.h[0], 0)));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  inference_case(sbnFloat32, sbnLayoutNCHW, 2, 8, 16, 1, 1e-5f, NULL, 6100);
+out:
+  pair_free(&P);
+}
+
+/* ---- 8. sbnCommAbort while a kernel waits ------------------------------------------- */
+static void test_abort(void) {
+  int64_t n[MAXW] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (int target = 1; target >= 0; target--) {
+    pair_t P;
+    if (!pair_make(&P, 60000, 8, 8, n, 16)) {
+      pair_free(&P);
+      return;
+    }
+    sbnResult_t e = gpu_call(&P.d[0], &P.h[0], 0, 0, 0, &p);
+    if (e != sbnSuccess) {
+      SBN_FAIL_("rank 0 alone: %s (%s)", sbnGetResultName(e), sbnGetLastError(P.comms[0]));
+      pair_free(&P);
+      return;
+    }
+    sleep_ms(200); /* let the kernel start waiting (not required for correctness) */
+    double t_abort = now_ms();
+    sbnResult_t a = sbnCommAbort(P.comms[target]);
+    if (a != sbnSuccess) SBN_FAIL_("sbnCommAbort(rank %d): %s", target, sbnGetResultName(a));
+    /* the waiting kernel returns promptly: 5 s, against the 60 s timeout */
+    double el = pair_wait(&P, 0, t_abort, g_slack_ms);
+    fprintf(stderr, "  abort via rank %d: rank 0's stream finished %.1f ms after the abort\n",
+            target, el);
+    if (!sbn_test_cur_failed_) {
+      check_untouched(&P.d[0], &P.h[0], 0);
+      expect_async(&P, sbnAborted);
+      expect_aborted_ops(&P);
+      if (sbnCommAbort(P.comms[0]) != sbnSuccess || sbnCommAbort(P.comms[1]) != sbnSuccess)
+        SBN_FAIL_("sbnCommAbort is not idempotent");
+    }
+    pair_free(&P);
+    CHECK_();
+  }
+}
+
+/* ---- 9. ranks disagree, thread per rank: asynchronous errors --------------------------- */
+typedef struct {
+  pair_t* P;
+  int r;
+  sbnResult_t res;
+} pair_job_t;
+static void* pair_job_main(void* arg) {
+  pair_job_t* j = (pair_job_t*)arg;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  j->res = gpu_call(pair_d(j->P, j->r), pair_h(j->P, j->r), j->r, 0, 0, &p);
+  return NULL;
+}
+/* Both ranks' forward from their own threads; both streams must finish within 10 s (2x
+   the slack; the timeout is 60 s: finishing is the mismatch's detection, not a timeout); the team's
+   async error is `want`, nothing written, later ops sbnAborted. */
+static void pair_threads_expect(pair_t* P, sbnResult_t want) {
+  pthread_t th[2];
+  pair_job_t jobs[2] = {{P, 0, sbnSuccess}, {P, 1, sbnSuccess}};
+  double t_launch = now_ms();
+  for (int r = 0; r < 2; r++)
+    if (pthread_create(&th[r], NULL, pair_job_main, &jobs[r]) != 0) exit(1);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < 2; r++)
+    if (jobs[r].res != sbnSuccess) {
+      SBN_FAIL_("rank %d's call: %s (%s); each call alone is valid and must be enqueued", r,
+                sbnGetResultName(jobs[r].res), sbnGetLastError(P->comms[r]));
+      return;
+    }
+  for (int r = 0; r < 2; r++) {
+    double el = pair_wait(P, r, t_launch, 2.0 * g_slack_ms);
+    fprintf(stderr, "  rank %d's stream finished %.1f ms after the calls\n", r, el);
+  }
+  CHECK_();
+  for (int r = 0; r < 2; r++) check_untouched(pair_d(P, r), pair_h(P, r), r);
+  expect_async(P, want);
+  expect_aborted_ops(P);
+}
+
+static void test_mismatch_threads(void) {
+  int64_t n[MAXW] = {2, 3};
+  pair_t P;
+  if (pair_make(&P, 60000, 8, 16, n, 5)) pair_threads_expect(&P, sbnInvalidUsage);
+  pair_free(&P);
+}
+
+/* M == 1 across threads (rank 0: n = 1, spatial = 1; rank 1 empty): only the kernel
+   sees the count (README: reported by sbnCommGetAsyncError as sbnInvalidArgument). */
+static void test_count_one_threads(void) {
+  int64_t n[MAXW] = {1, 0};
+  pair_t P;
+  if (pair_make(&P, 60000, 4, 4, n, 1)) pair_threads_expect(&P, sbnInvalidArgument);
+  pair_free(&P);
+}
+
+/* ---- 10. inference --------------------------------------------------------------------- */
+static void test_inference_device(void) {
+  cudaStream_t s = NULL;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int i = 0;
+  for (int dt = 0; dt < 3; dt++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int affine = 0; affine < 2; affine++) {
+        case_begin();
+        inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 3, 37, 64, affine,
+                       affine ? 1e-5f : 1e-2f, i % 2 ? s : NULL, 7000u + (uint64_t)i);
+        if (!g_quick && !sbn_test_cur_failed_)
+          inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 300, 1000, affine, 1e-5f, s,
+                         7100u + (uint64_t)i);
+        if (!sbn_test_cur_failed_)
+          inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 5, 3, 1, affine, 1e-3f, s,
+                         7200u + (uint64_t)i);
+        case_end();
+        i++;
+      }
+  case_begin();
+  inference_case(sbnFloat32, sbnLayoutNHWC, 0, 5, 7, 1, 1e-5f, s, 7300); /* n = 0 */
+  case_end();
+
+  /* a mix of host and device pointers: sbnInvalidArgument, nothing written */
+  snprintf(g_case, sizeof g_case, "inference with mixed host/device pointers");
+  case_begin();
+  {
+    sbnTensorDesc_t desc = {sbnFloat32, sbnLayoutNCHW, 2, 4, 3};
+    float hx[24] = {0}, hw[4] = {1, 1, 1, 1}, hb[4] = {0}, hrm[4] = {0}, hrv[4] = {1, 1, 1, 1};
+    float *dxp = (float*)dev_alloc(0, sizeof hx), *dyp = (float*)dev_alloc(0, sizeof hx);
+    float *dwp = (float*)dev_alloc(0, 16), *dbp = (float*)dev_alloc(0, 16);
+    float *drm = (float*)dev_alloc(0, 16), *drv = (float*)dev_alloc(0, 16);
+    unsigned char back[sizeof hx];
+    if (!sbn_test_cur_failed_) {
+      h2d(dxp, hx, sizeof hx, NULL), h2d(dwp, hw, 16, NULL), h2d(dbp, hb, 16, NULL);
+      h2d(drm, hrm, 16, NULL), h2d(drv, hrv, 16, NULL), dpoison(dyp, sizeof hx, NULL);
+      CUDA_OK(cudaDeviceSynchronize());
+      struct {
+        const char* what;
+        const void* x;
+        const float *w, *rm;
+      } mixes[] = {
+          {"x on the host", hx, dwp, drm},
+          {"weight on the host", dxp, hw, drm},
+          {"running_mean on the host", dxp, dwp, hrm},
+      };
+      for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
+        const float* bias = mixes[m].w == hw ? hb : dbp;
+        const float* rv = mixes[m].rm == hrm ? hrv : drv;
+        sbnResult_t e = sbnForwardInference(&desc, mixes[m].x, dyp, mixes[m].w, bias, mixes[m].rm,
+                                            rv, 1e-5f, s);
+        if (e != sbnInvalidArgument)
+          SBN_FAIL_("inference, %s: %s, expected sbnInvalidArgument", mixes[m].what,
+                    sbnGetResultName(e));
+        CUDA_OK(cudaDeviceSynchronize());
+        d2h(back, dyp, sizeof back);
+        if (!all_ff(back, sizeof back)) SBN_FAIL_("inference, %s: y was written", mixes[m].what);
+      }
+    }
+    void* ptrs[] = {dxp, dyp, dwp, dbp, drm, drv};
+    for (size_t k = 0; k < 6; k++)
+      if (ptrs[k]) cudaFree(ptrs[k]);
+  }
+  case_end();
+  cudaStreamDestroy(s);
+}
+
+/* SBN_TEST_ONLY=name,name: run only the tests whose names contain one of the words. */
+static int want_test(const char* name) {
+  const char* only = getenv("SBN_TEST_ONLY");
+  if (only == NULL || only[0] == '\0') return 1;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", only);
+  for (char* w = strtok(buf, ","); w != NULL; w = strtok(NULL, ","))
+    if (strstr(name, w) != NULL) return 1;
+  return 0;
+}
+#define RUN(fn)                                                             \
+  do {                                                                      \
+    if (want_test(#fn)) {                                                   \
+      double t_ = now_ms();                                                 \
+      SBN_RUN(fn);                                                          \
+      fprintf(stderr, "         %s: %.2f s\n", #fn, (now_ms() - t_) / 1e3); \
+    }                                                                       \
+  } while (0)
+
+int main(void) {
+  unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
+  const char* q = getenv("SBN_TEST_QUICK");
+  g_quick = q != NULL && q[0] != '\0' && strcmp(q, "0") != 0;
+  if (g_quick) g_slack_ms = 30000.0;
+
+  cudaError_t ce = cudaGetDeviceCount(&g_ndev);
+  if (ce != cudaSuccess || g_ndev == 0) {
+    printf("test_gpu_team: SKIPPED: no CUDA device (%s)\n",
+           ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
+    return SBN_TEST_SKIP;
+  }
+  /* A device exists: GPU teams must be available (sbnUnsupported here is a failure). */
+  {
+    sbnComm_t probe = NULL;
+    sbnResult_t r = sbnCommInitVirtual(&probe, 1, 0, NULL);
+    if (r != sbnSuccess) {
+      fprintf(stderr,
+              "test_gpu_team: FAILED: %d CUDA device(s), but sbnCommInitVirtual(1 rank, "
+              "device 0) returned %s: %s\n",
+              g_ndev, sbnGetResultName(r), sbnGetLastError(NULL));
+      return 1;
+    }
+    sbnCommDestroy(probe);
+  }
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+    fprintf(stderr, "test_gpu_team: %d device(s); device 0: %s, %d SMs%s\n", g_ndev, prop.name,
+            prop.multiProcessorCount, g_quick ? " (SBN_TEST_QUICK)" : "");
+
+  double t0 = now_ms();
+  RUN(test_virtual_vs_cpu);
+  RUN(test_rank_agreement_and_repeatability);
+  RUN(test_fwd_bwd_one_group);
+  RUN(test_initall_vs_cpu);
+  RUN(test_in_place_and_null_outputs);
+  RUN(test_usage_errors);
+  RUN(test_cuda_graph);
+  RUN(test_stuck_peer_timeout);
+  RUN(test_abort);
+  RUN(test_mismatch_threads);
+  RUN(test_count_one_threads);
+  RUN(test_inference_device);
+  virt_teams_destroy();
+  team_comms_destroy();
+  fprintf(stderr, "test_gpu_team: %.1f s\n", (now_ms() - t0) / 1e3);
+  return sbn_test_exit();
+}
