@@ -36,9 +36,16 @@
  * failure, sbnCommAbort), makes the block write its rank's error word (mapped host memory,
  * read by sbnCommGetAsyncError) and return. No __trap: the context stays usable.
  */
+#ifndef SBN_COOP_EMU
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#define SBN_SHARED(type, name) __shared__ type name
+#else
+/* tests/emu/: the kernels run on CPU threads (one per CUDA thread) for logic tests in CI;
+   cuda_emu.h provides the CUDA built-ins used here and SBN_SHARED per emulated block */
+#include "bn_dtype.h"
+#endif
 
 #include "bn_math.h"
 #include "coop_args.h"
@@ -63,6 +70,7 @@ template <> struct Elem<sbnFloat32> {
     static_cast<float*>(p)[i] = v;
   }
 };
+#ifndef SBN_COOP_EMU
 template <> struct Elem<sbnFloat16> {
   static __device__ __forceinline__ float load(const void* p, int64_t i) {
     return __half2float(static_cast<const __half*>(p)[i]);
@@ -79,7 +87,26 @@ template <> struct Elem<sbnBFloat16> {
     static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
   }
 };
+#else /* the same bits (tests/gpu/test_gpu_math.cu checks bn_dtype.h == the intrinsics) */
+template <> struct Elem<sbnFloat16> {
+  static float load(const void* p, int64_t i) {
+    return sbn_f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  static void store(void* p, int64_t i, float v) {
+    static_cast<uint16_t*>(p)[i] = sbn_f32_to_f16(v);
+  }
+};
+template <> struct Elem<sbnBFloat16> {
+  static float load(const void* p, int64_t i) {
+    return sbn_bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  static void store(void* p, int64_t i, float v) {
+    static_cast<uint16_t*>(p)[i] = sbn_f32_to_bf16(v);
+  }
+};
+#endif
 
+#ifndef SBN_COOP_EMU
 /* ---- memory ordering primitives (DESIGN.md's recipe) -------------------------------- */
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
   uint32_t v;
@@ -114,6 +141,7 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+#endif /* the emulation defines them with C++ atomics */
 
 /* Rank-local barrier over the G co-resident blocks of one rank. Every block adds to the
    counter; block 0 adds 2^31 - (G - 1), the others 1, so the G arrivals add exactly 2^31
@@ -124,7 +152,7 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
    sbnTimeout, not a hang. Returns false on timeout (the counter is then unusable, and
    the team is aborted). */
 __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t deadline) {
-  __shared__ int ok;
+  SBN_SHARED(int, ok);
   __syncthreads();
   if (threadIdx.x == 0) {
     ok = 1;
@@ -152,13 +180,21 @@ __device__ bool team_failed(const sbn_coop_args_t& a) {
   return false;
 }
 
+/* Records why this rank's kernel stopped, unless a cause is recorded already (a kernel
+   queued behind a timeout must not turn the cause into sbnAborted). */
+__device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
+  if (a.err[rank] == 0) a.err[rank] = code;
+}
+
 /* Waits until *flag == k. 0, sbnTimeout (deadline passed), or sbnAborted. */
 __device__ int wait_epoch(const uint32_t* flag, uint32_t k, const sbn_coop_args_t& a,
                           uint64_t deadline) {
   for (uint32_t it = 0;; it++) {
     if (ld_acquire_sys(flag) == k) return 0;
     if ((it & 31u) == 31u) {
-      if (team_failed(a)) return sbnAborted;
+      /* the flag may have arrived since it was read: a failure elsewhere must not hide
+         a success (or this op's own cause) here */
+      if (team_failed(a)) return ld_acquire_sys(flag) == k ? 0 : sbnAborted;
       if (globaltimer_ns() > deadline) return ld_acquire_sys(flag) == k ? 0 : sbnTimeout;
       __nanosleep(64);
     }
@@ -274,8 +310,7 @@ struct Smem {
 
 /* ---- stage 1 ---------------------------------------------------------------------------- */
 template <int DT, bool TILE>
-__device__ void fwd_stage1(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, const Geo& g,
-                           int unit, Smem& sm) {
+__device__ void fwd_stage1(const sbn_coop_rank_t& R, const Geo& g, int unit, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int grp = unit % g.ngroups, p = unit / g.ngroups;
   int64_t r0, r1;
@@ -321,8 +356,7 @@ __device__ void fwd_stage1(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, c
 }
 
 template <int DT, bool TILE>
-__device__ void bwd_stage1(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, const Geo& g,
-                           int unit, Smem& sm) {
+__device__ void bwd_stage1(const sbn_coop_rank_t& R, const Geo& g, int unit, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int grp = unit % g.ngroups, p = unit / g.ngroups;
   int64_t r0, r1;
@@ -495,7 +529,9 @@ __device__ int finish_unit(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, c
     int st = gather_chunk<KIND>(a, R, j, k, deadline, &m, v, mine);
     /* lanes wait on their own: if any lane failed (its deadline, an error word seen), the
        whole unit fails, so no lane uses coefficients another lane did not compute */
-    st = (int)__reduce_max_sync(0xffffffffu, (unsigned)st);
+    const unsigned cause = __reduce_max_sync(0xffffffffu, st == sbnAborted ? 0u : (unsigned)st);
+    const unsigned any = __reduce_max_sync(0xffffffffu, (unsigned)st);
+    st = (int)(cause ? cause : any); /* a cause (mismatch, count 1, timeout) over sbnAborted */
     const int slot = TILE ? lane : 0;
     const int64_t c = (int64_t)j * kChunk + lane;
     if (st == 0 && (TILE ? lane < cw : lane == lane_c)) {
@@ -590,7 +626,7 @@ __device__ int finish_unit(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, c
 template <int KIND, int DT, bool TILE>
 __global__ void __launch_bounds__(kThreads)
     sbn_coop_kernel(const __grid_constant__ sbn_coop_args_t a) {
-  __shared__ Smem sm;
+  SBN_SHARED(Smem, sm);
   const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
   const Geo g = make_geo<TILE>(a, R);
@@ -604,26 +640,26 @@ __global__ void __launch_bounds__(kThreads)
      replayed from a graph after sbnCommAbort) publishes nothing: after a failure some
      peer may not have finished reading this rank's previous records, so the double
      buffering no longer protects them. */
-  const int err_seen = threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
+  const int err_seen = (int)threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
   __syncthreads();
   const uint32_t k = sm.k;
 
   /* stage 1 */
   for (int u = b; u < g.units; u += a.G) {
     if (KIND == SBN_GPU_FWD)
-      fwd_stage1<DT, TILE>(a, R, g, u, sm);
+      fwd_stage1<DT, TILE>(R, g, u, sm);
     else
-      bwd_stage1<DT, TILE>(a, R, g, u, sm);
+      bwd_stage1<DT, TILE>(R, g, u, sm);
   }
   const bool failed_before = __syncthreads_or(err_seen != 0) != 0;
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
   const uint64_t deadline = deadline_after(a.timeout_ns);
   if (!rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) {
-    if (threadIdx.x == 0) a.err[R.rank] = sbnTimeout;
+    if (threadIdx.x == 0) record_error(a, R.rank, sbnTimeout);
     return;
   }
   if (failed_before) {
-    if (threadIdx.x == 0) a.err[R.rank] = sbnAborted;
+    if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
     return;
   }
   if (b == 0 && threadIdx.x == 0) R.state->epoch = k;
@@ -635,13 +671,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = b; u < g.units; u += a.G) {
     int st = finish_unit<KIND, DT, TILE>(a, R, g, u, k, deadline, sm);
     if (st != 0) {
-      if (threadIdx.x == 0) a.err[R.rank] = st;
+      if (threadIdx.x == 0) record_error(a, R.rank, st);
       return;
     }
     __syncthreads(); /* sm.coef is reused by the next unit */
   }
 }
 
+#ifndef SBN_COOP_EMU
 /* ---- inference: one elementwise kernel --------------------------------------------------- */
 template <int DT>
 __global__ void sbn_inference_kernel(const void* x, void* y, const float* weight,
@@ -671,7 +708,9 @@ const void* pick_dtype(int dtype, int tile) {
   return nullptr;
 }
 
+#endif /* !SBN_COOP_EMU */
 }  // namespace
+#ifndef SBN_COOP_EMU
 
 /* The host side (src/gpu/) launches these with cudaLaunchKernelEx. */
 extern "C" __attribute__((visibility("hidden"))) const void* sbn_coop_kernel_ptr(int kind,
@@ -701,3 +740,4 @@ extern "C" __attribute__((visibility("hidden"))) cudaError_t sbn_gpu_inference_l
   /* cudaLaunchKernel returns this launch's error, not an earlier one of the caller's */
   return cudaLaunchKernel(fn, dim3((unsigned)blocks), dim3(256), args, 0, stream);
 }
+#endif /* !SBN_COOP_EMU */

@@ -1,0 +1,20 @@
+/* coop_emu.h — run the cooperative kernels of kernels/coop.cu on CPU threads (see
+ * cuda_emu.h). For tests only. */
+#ifndef SYNCBN_TESTS_COOP_EMU_H_
+#define SYNCBN_TESTS_COOP_EMU_H_
+
+#include "coop_args.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Runs `grid` blocks of SBN_GPU_THREADS threads of the kernel for (kind, dtype, tile)
+   with *args, and returns when all have returned (0). Blocking; launches that must run at
+   the same time (ranks of one team) are started from separate host threads. */
+int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args, unsigned grid);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SYNCBN_TESTS_COOP_EMU_H_ */

@@ -1,0 +1,422 @@
+/* test_coop_emu.c — the cooperative GPU kernels (kernels/coop.cu) run on CPU threads
+ * through tests/emu/ (one OS thread per CUDA thread), so that CI, which has no GPU,
+ * executes the kernels' own source: indexing, reduction orders, the exchange protocol
+ * (epochs, parity double buffering, chunk records, signatures), timeouts and aborts.
+ * Host memory stands in for device memory; the host side of src/gpu/ is not involved
+ * (it needs the CUDA runtime), so this test builds the launch arguments itself, as
+ * src/gpu/gpu_team.c does.
+ *
+ * Checks: the emulated kernels against the double reference (team_util.h's
+ * check_forward, same tolerances as the CPU tests) and against the CPU team on the same
+ * inputs; bitwise rank agreement; bitwise equality of a virtual launch (all ranks in one
+ * grid) and separate concurrent launches (one per rank); op mismatch, global count 1,
+ * timeout and abort through the error words, with the outputs untouched.
+ *
+ * What this cannot show: anything about the GPU memory model (x86 and C++ atomics are
+ * stronger than PTX) or speed. Those need the GPU suite (scripts/gpu-suite.sh).
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#include <time.h>
+
+#include "coop_emu.h"
+#include "team_util.h"
+
+#define EMU_MAXC 64
+
+/* Device state of an emulated team: what sbn_gpu_team_attach allocates per rank. */
+typedef struct {
+  int W, G;
+  int nchunks;
+  sbn_rank_state_t state[MAXW];
+  float* part[MAXW];
+  sbn_mail_rec_t* mail[MAXW];
+  volatile int err[MAXW + 1];
+  int64_t timeout_ms;
+} emu_team_t;
+
+static void emu_team_init(emu_team_t* e, int W, int G, int64_t timeout_ms) {
+  memset((void*)e, 0, sizeof *e);
+  e->W = W;
+  e->G = G;
+  e->timeout_ms = timeout_ms;
+  e->nchunks = (EMU_MAXC + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK;
+  /* the bound of gpu_team.c: max(G*32, max_channels + 32) entries, then the shifts */
+  size_t entries = (size_t)G * SBN_GPU_CHUNK > EMU_MAXC + SBN_GPU_CHUNK
+                       ? (size_t)G * SBN_GPU_CHUNK
+                       : EMU_MAXC + SBN_GPU_CHUNK;
+  for (int r = 0; r < W; r++) {
+    e->part[r] = calloc(SBN_GPU_REC_FLOATS * entries + EMU_MAXC, sizeof(float));
+    e->mail[r] = calloc((size_t)W * 2 * (size_t)e->nchunks, sizeof(sbn_mail_rec_t));
+  }
+}
+
+static void emu_team_free(emu_team_t* e) {
+  for (int r = 0; r < e->W; r++) free(e->part[r]), free(e->mail[r]);
+}
+
+static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
+  return (uint32_t)bwd << 28 | (uint32_t)d->dtype << 26 | (uint32_t)d->layout << 25 |
+         (uint32_t)d->c;
+}
+
+/* The launch arguments of rank r of team_t t (slot i of a launch). */
+static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int bwd,
+                      const sbnParams_t* p) {
+  memset(R, 0, sizeof *R);
+  R->x = t->x[r];
+  R->dy = t->dy[r];
+  R->out = bwd ? t->dx[r] : t->y[r];
+  R->weight = t->w;
+  R->bias = t->b;
+  R->running_mean = t->rm[r];
+  R->running_var = t->rv[r];
+  R->nbt = t->nbt_null ? NULL : &t->nbt[r];
+  R->save_mean_in = t->smean[r];
+  R->save_mean = t->smean[r];
+  R->save_invstd = t->sinv[r];
+  R->dweight = bwd ? t->dw[r] : NULL;
+  R->dbias = bwd ? t->db[r] : NULL;
+  R->n = t->d[r].n;
+  R->spatial = t->d[r].spatial;
+  R->state = &e->state[r];
+  R->part = e->part[r];
+  R->mail = e->mail[r];
+  R->rank = r;
+  R->eps = p->eps;
+  R->momentum = p->momentum;
+  R->grad_global = p->grad_mode == sbnGradGlobal;
+}
+
+static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t* d, int bwd) {
+  for (int q = 0; q < e->W; q++) a->mail[q] = e->mail[q];
+  a->err = e->err;
+  a->c = d->c;
+  a->timeout_ns = e->timeout_ms * 1000000;
+  a->sig = sig_of(bwd, d);
+  a->nranks = e->W;
+  a->G = e->G;
+  a->nchunks_max = e->nchunks;
+}
+
+static int tile_of(const team_t* t, int W) {
+  if (t->d[0].layout == sbnLayoutNHWC) return 1;
+  for (int r = 0; r < W; r++)
+    if (t->d[r].spatial != 1) return 0;
+  return 1;
+}
+
+/* Virtual: ONE launch of W*G blocks for every rank. */
+static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p) {
+  static sbn_coop_args_t a; /* 2.7 KB: not on the stack of every emulated thread */
+  memset(&a, 0, sizeof a);
+  for (int r = 0; r < e->W; r++) fill_rank(&a.r[r], e, t, r, bwd, p);
+  fill_common(&a, e, &t->d[0], bwd);
+  a.nlaunch = e->W;
+  sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, t->d[0].dtype, tile_of(t, e->W), &a,
+                 (unsigned)(e->W * e->G));
+}
+
+/* Peer: one launch per rank (launched[r] != 0), all running at the same time. */
+typedef struct {
+  sbn_coop_args_t a;
+  int kind, dtype, tile;
+  unsigned grid;
+} launch_t;
+static void* launch_main(void* p) {
+  launch_t* l = (launch_t*)p;
+  sbn_emu_launch(l->kind, l->dtype, l->tile, &l->a, l->grid);
+  return NULL;
+}
+static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
+                         const int* launched, const sbnTensorDesc_t* per_rank_desc) {
+  launch_t* l = calloc((size_t)e->W, sizeof *l);
+  pthread_t th[MAXW];
+  for (int r = 0; r < e->W; r++) {
+    const sbnTensorDesc_t* d = per_rank_desc ? &per_rank_desc[r] : &t->d[r];
+    fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
+    fill_common(&l[r].a, e, d, bwd);
+    l[r].a.nlaunch = 1;
+    l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+    l[r].dtype = d->dtype;
+    l[r].tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+    l[r].grid = (unsigned)e->G;
+  }
+  for (int r = 0; r < e->W; r++)
+    if (!launched || launched[r]) pthread_create(&th[r], NULL, launch_main, &l[r]);
+  for (int r = 0; r < e->W; r++)
+    if (!launched || launched[r]) pthread_join(th[r], NULL);
+  free(l);
+}
+
+static int err_words_clear(const emu_team_t* e) {
+  for (int q = 0; q <= e->W; q++)
+    if (e->err[q] != 0) return 0;
+  return 1;
+}
+
+/* ---- emulated kernels vs the reference and the CPU team ------------------------------ */
+
+/* |a - b| <= atol + rtol*|b| elementwise over two teams' per-channel outputs. */
+static void close_channels(const char* what, const float* got, const float* cpu, int64_t c,
+                           double atol, double rtol) {
+  for (int64_t i = 0; i < c; i++)
+    if (!(fabs((double)got[i] - (double)cpu[i]) <= atol + rtol * fabs((double)cpu[i]))) {
+      SBN_FAIL_("%s[%" PRId64 "]: emulated kernel %.9g, CPU team %.9g", what, i, (double)got[i],
+                (double)cpu[i]);
+      return;
+    }
+}
+
+static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
+                     const int64_t* n, int peer, uint64_t seed) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.grad_mode = (seed & 1) ? sbnGradGlobal : sbnGradLocal;
+  team_t g, cpu;
+  team_make(&g, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&cpu, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  emu_team_t e;
+  emu_team_init(&e, W, G, 60000);
+  tol_t tol = tol_for(dt);
+  for (int call = 0; call < 2; call++) { /* two calls: epochs 1,2 use both parities */
+    team_poison(&g);
+    team_poison(&cpu);
+    if (peer)
+      emu_run_peer(&e, &g, 0, &p, NULL, NULL);
+    else
+      emu_run_virtual(&e, &g, 0, &p);
+    ASSERT_TRUE(err_words_clear(&e));
+    ASSERT_OK(team_run(&cpu, 0, MODE_GROUP, 0, &p));
+    check_forward(&g, &p, tol); /* vs the double reference; rank agreement */
+    CHECK_();
+    /* vs the CPU team: each within 1e-5 of the reference, so within 2e-5 of each other */
+    close_channels("save_invstd", g.sinv[0], cpu.sinv[0], c, 2e-5, 2e-5);
+    close_channels("running_var", g.rv[0], cpu.rv[0], c, 2e-5, 2e-5);
+    CHECK_();
+    if (peer)
+      emu_run_peer(&e, &g, 1, &p, NULL, NULL);
+    else
+      emu_run_virtual(&e, &g, 1, &p);
+    ASSERT_TRUE(err_words_clear(&e));
+    /* the CPU backward on the emulation's saved statistics: only the reductions differ */
+    for (int r = 0; r < W; r++) {
+      memcpy(cpu.smean[r], g.smean[r], (size_t)c * sizeof(float));
+      memcpy(cpu.sinv[r], g.sinv[r], (size_t)c * sizeof(float));
+    }
+    ASSERT_OK(team_run(&cpu, 1, MODE_GROUP, 0, &p));
+    /* fp32 sums of n*spatial (<= 300 here) terms of size ~1 in a different order: far
+       inside 1e-4 + 1e-4|ref| (DESIGN.md's gradient tolerance) */
+    for (int r = 0; r < W; r++) {
+      close_channels("dbias", g.db[r], cpu.db[r], c, tol.grad_atol, tol.grad_rtol);
+      close_channels("dweight", g.dw[r], cpu.dw[r], c, tol.grad_atol, tol.grad_rtol);
+      int64_t ne = sbn_ref_numel(&g.d[r]);
+      for (int64_t i = 0; i < ne; i++) {
+        double a = sbn_ref_load(g.dx[r], dt, i), b = sbn_ref_load(cpu.dx[r], dt, i);
+        /* dx is rounded to the dtype on both sides: an ulp of it on top of fp32's 1e-4 */
+        double tl = dt == sbnFloat32 ? 1e-4 + 1e-4 * fabs(b) : 1e-3 + 1.6e-2 * fabs(b);
+        if (!(fabs(a - b) <= tl)) {
+          SBN_FAIL_("dx[%d][%" PRId64 "]: emulated %.9g, CPU team %.9g", r, i, a, b);
+          break;
+        }
+      }
+      CHECK_();
+      if (p.grad_mode == sbnGradGlobal && r > 0) {
+        ASSERT_MEMEQ(g.dw[r], g.dw[0], (size_t)c * sizeof(float));
+        ASSERT_MEMEQ(g.db[r], g.db[0], (size_t)c * sizeof(float));
+      }
+    }
+    team_new_inputs(&g, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
+    team_new_inputs(&cpu, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
+  }
+  ASSERT_EQ_INT(e.state[0].epoch, 4); /* forward + backward, twice: the kernel advanced it */
+  emu_team_free(&e);
+  team_free(&g);
+  team_free(&cpu);
+}
+
+static void test_emulated_vs_reference(void) {
+  static const int64_t n3[3] = {2, 0, 3}, n2[2] = {1, 2}, n1[1] = {3};
+  struct {
+    int W, G;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+  } cases[] = {
+      {1, 1, sbnFloat32, sbnLayoutNCHW, 3, 5, n1},    /* plane units */
+      {1, 2, sbnFloat32, sbnLayoutNHWC, 37, 4, n1},   /* two chunks, tile */
+      {2, 3, sbnFloat32, sbnLayoutNCHW, 5, 7, n2},    /* P = 3/... slices */
+      {2, 1, sbnBFloat16, sbnLayoutNHWC, 40, 3, n2},  /* bf16, C not a multiple of 32 */
+      {3, 2, sbnFloat16, sbnLayoutNCHW, 3, 6, n3},    /* an empty rank, fp16 */
+      {3, 2, sbnFloat32, sbnLayoutNCHW, 33, 1, n3},   /* NCHW spatial 1 = tile */
+      {2, 4, sbnFloat32, sbnLayoutNCHW, 1, 60, n2},   /* one channel, 4 slices */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (int peer = 0; peer < 2; peer++) {
+      if (peer && cases[i].W == 1) continue;
+      one_case(cases[i].W, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp,
+               cases[i].n, peer, 100 + i);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  in case %zu (%s)\n", i, peer ? "peer launches" : "virtual launch");
+        return;
+      }
+    }
+  }
+}
+
+/* A virtual launch and separate per-rank launches run the same code: the same bits. */
+static void test_virtual_equals_peer(void) {
+  static const int64_t n[2] = {2, 1};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t a, b;
+  team_make(&a, 2, sbnFloat32, sbnLayoutNCHW, 6, 9, n, 1, 1, GEN_OFFSET, 7);
+  team_make(&b, 2, sbnFloat32, sbnLayoutNCHW, 6, 9, n, 1, 1, GEN_OFFSET, 7);
+  emu_team_t ea, eb;
+  emu_team_init(&ea, 2, 2, 60000);
+  emu_team_init(&eb, 2, 2, 60000);
+  emu_run_virtual(&ea, &a, 0, &p);
+  emu_run_peer(&eb, &b, 0, &p, NULL, NULL);
+  emu_run_virtual(&ea, &a, 1, &p);
+  emu_run_peer(&eb, &b, 1, &p, NULL, NULL);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_MEMEQ(a.y[r], b.y[r], team_bytes(&a, r));
+    ASSERT_MEMEQ(a.dx[r], b.dx[r], team_bytes(&a, r));
+    ASSERT_MEMEQ(a.smean[r], b.smean[r], 6 * sizeof(float));
+    ASSERT_MEMEQ(a.sinv[r], b.sinv[r], 6 * sizeof(float));
+  }
+  emu_team_free(&ea), emu_team_free(&eb);
+  team_free(&a), team_free(&b);
+}
+
+/* ---- failures through the error words ------------------------------------------------ */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int all_bytes(const void* p, size_t n, unsigned char v) {
+  const unsigned char* b = (const unsigned char*)p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != v) return 0;
+  return 1;
+}
+
+static void test_mismatch(void) {
+  /* rank 0 runs C = 8, rank 1 C = 16 (of a team buffer of 16): both see the other's
+     signature in chunk 0, write sbnInvalidUsage and nothing else */
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 16, 3, n, 1, 1, GEN_NORMAL, 3);
+  team_poison(&t);
+  sbnTensorDesc_t d[2] = {t.d[0], t.d[1]};
+  d[0].c = 8;
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, 60000);
+  int64_t t0 = now_ms();
+  emu_run_peer(&e, &t, 0, &p, NULL, d);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_EQ_INT(e.err[0], sbnInvalidUsage);
+  ASSERT_EQ_INT(e.err[1], sbnInvalidUsage);
+  ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
+  ASSERT_TRUE(all_bytes(t.smean[0], 16 * sizeof(float), 0xff));
+  ASSERT_EQ_INT(t.nbt[0], 0);
+  emu_team_free(&e);
+  team_free(&t);
+}
+
+static void test_count_one(void) {
+  static const int64_t n[2] = {1, 0};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 1, n, 1, 1, GEN_NORMAL, 4);
+  team_poison(&t);
+  float rm0 = t.rm[0][0];
+  emu_team_t e;
+  emu_team_init(&e, 2, 1, 60000);
+  emu_run_virtual(&e, &t, 0, &p);
+  ASSERT_EQ_INT(e.err[0], sbnInvalidArgument);
+  ASSERT_EQ_INT(e.err[1], sbnInvalidArgument);
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  ASSERT_TRUE(all_bytes(t.sinv[1], 4 * sizeof(float), 0xff));
+  ASSERT_TRUE(t.rm[0][0] == rm0);
+  ASSERT_EQ_INT(t.nbt[0], 0);
+  emu_team_free(&e);
+  team_free(&t);
+}
+
+static void test_timeout(void) {
+  /* only rank 0 launches: its waits give up after timeout_ms */
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 8, 2, n, 1, 1, GEN_NORMAL, 5);
+  team_poison(&t);
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, 300);
+  const int launched[2] = {1, 0};
+  int64_t t0 = now_ms();
+  emu_run_peer(&e, &t, 0, &p, launched, NULL);
+  int64_t dt = now_ms() - t0;
+  ASSERT_TRUE(dt >= 300);
+  ASSERT_TRUE(dt < 30000);
+  ASSERT_EQ_INT(e.err[0], sbnTimeout);
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  ASSERT_EQ_INT(t.nbt[0], 0);
+  /* a kernel queued behind the failure publishes nothing and returns without waiting
+     (a 60 s timeout now: returning within 30 s shows it did not wait) */
+  e.timeout_ms = 60000;
+  t0 = now_ms();
+  emu_run_peer(&e, &t, 1, &p, launched, NULL);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_EQ_INT(e.err[0], sbnTimeout); /* the cause stays */
+  ASSERT_TRUE(all_bytes(t.dx[0], team_bytes(&t, 0), 0xff));
+  emu_team_free(&e);
+  team_free(&t);
+}
+
+typedef struct {
+  emu_team_t* e;
+  int delay_ms;
+} aborter_t;
+static void* aborter_main(void* p) {
+  aborter_t* a = (aborter_t*)p;
+  struct timespec ts = {0, (long)a->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  a->e->err[a->e->W] = sbnAborted; /* what sbnCommAbort writes */
+  return NULL;
+}
+
+static void test_abort(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 6);
+  team_poison(&t);
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, 600000); /* 10 minutes: only the abort can end the wait */
+  aborter_t ab = {&e, 100};
+  pthread_t th;
+  pthread_create(&th, NULL, aborter_main, &ab);
+  const int launched[2] = {1, 0};
+  int64_t t0 = now_ms();
+  emu_run_peer(&e, &t, 0, &p, launched, NULL);
+  pthread_join(th, NULL);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_EQ_INT(e.err[0], sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  emu_team_free(&e);
+  team_free(&t);
+}
+
+int main(void) {
+  SBN_RUN(test_emulated_vs_reference);
+  SBN_RUN(test_virtual_equals_peer);
+  SBN_RUN(test_mismatch);
+  SBN_RUN(test_count_one);
+  SBN_RUN(test_timeout);
+  SBN_RUN(test_abort);
+  team_comms_destroy();
+  return sbn_test_exit();
+}
