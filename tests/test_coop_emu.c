@@ -317,8 +317,13 @@ static void test_mismatch(void) {
   int64_t t0 = now_ms();
   emu_run_peer(&e, &t, 0, &p, NULL, d);
   ASSERT_TRUE(now_ms() - t0 < 30000);
-  ASSERT_EQ_INT(e.err[0], sbnInvalidUsage);
-  ASSERT_EQ_INT(e.err[1], sbnInvalidUsage);
+  /* A rank that sees the mismatch may record it before its own chunk 0 is published;
+     the other rank, still waiting for that chunk, then stops with sbnAborted. The team's
+     cause (what sbnCommGetAsyncError reports: a word other than sbnAborted) is the
+     mismatch, and at least one rank saw it. */
+  ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[0] == sbnAborted);
+  ASSERT_TRUE(e.err[1] == sbnInvalidUsage || e.err[1] == sbnAborted);
+  ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
   ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
   ASSERT_TRUE(all_bytes(t.smean[0], 16 * sizeof(float), 0xff));
   ASSERT_EQ_INT(t.nbt[0], 0);
@@ -336,8 +341,10 @@ static void test_count_one(void) {
   emu_team_t e;
   emu_team_init(&e, 2, 1, 60000);
   emu_run_virtual(&e, &t, 0, &p);
-  ASSERT_EQ_INT(e.err[0], sbnInvalidArgument);
-  ASSERT_EQ_INT(e.err[1], sbnInvalidArgument);
+  /* as for a mismatch: each rank saw the count of 1, or stopped because the other did */
+  ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[0] == sbnAborted);
+  ASSERT_TRUE(e.err[1] == sbnInvalidArgument || e.err[1] == sbnAborted);
+  ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[1] == sbnInvalidArgument);
   ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
   ASSERT_TRUE(all_bytes(t.sinv[1], 4 * sizeof(float), 0xff));
   ASSERT_TRUE(t.rm[0][0] == rm0);
