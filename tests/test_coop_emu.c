@@ -9,8 +9,10 @@
  * Checks: the emulated kernels against the double reference (team_util.h's
  * check_forward, same tolerances as the CPU tests) and against the CPU team on the same
  * inputs; bitwise rank agreement; bitwise equality of a virtual launch (all ranks in one
- * grid) and separate concurrent launches (one per rank); op mismatch, global count 1,
- * timeout and abort through the error words, with the outputs untouched.
+ * grid) and separate concurrent launches (one per rank); M == 0, no affine / no
+ * running stats, cumulative momentum over calls, in place, dx / dweight / dbias NULL; op
+ * mismatch, global count 1, timeout and abort through the error words, with the outputs
+ * untouched.
  *
  * What this cannot show: anything about the GPU memory model (x86 and C++ atomics are
  * stronger than PTX) or speed. Those need the GPU suite (scripts/gpu-suite.sh).
@@ -60,12 +62,17 @@ static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
 }
 
 /* The launch arguments of rank r of team_t t (slot i of a launch). */
+static int all_bytes(const void* p, size_t n, unsigned char v);
+static int g_opts; /* OPT_INPLACE, OPT_DX_NULL, OPT_NO_DWDB (team_util.h) for the next ops */
+
 static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int bwd,
                       const sbnParams_t* p) {
   memset(R, 0, sizeof *R);
   R->x = t->x[r];
   R->dy = t->dy[r];
   R->out = bwd ? t->dx[r] : t->y[r];
+  if (g_opts & OPT_INPLACE) R->out = bwd ? t->dy[r] : t->x[r];
+  if (bwd && (g_opts & OPT_DX_NULL)) R->out = NULL;
   R->weight = t->w;
   R->bias = t->b;
   R->running_mean = t->rm[r];
@@ -74,8 +81,8 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
   R->save_mean_in = t->smean[r];
   R->save_mean = t->smean[r];
   R->save_invstd = t->sinv[r];
-  R->dweight = bwd ? t->dw[r] : NULL;
-  R->dbias = bwd ? t->db[r] : NULL;
+  R->dweight = bwd && !(g_opts & OPT_NO_DWDB) ? t->dw[r] : NULL;
+  R->dbias = bwd && !(g_opts & OPT_NO_DWDB) ? t->db[r] : NULL;
   R->n = t->d[r].n;
   R->spatial = t->d[r].spatial;
   R->state = &e->state[r];
@@ -287,6 +294,87 @@ static void test_virtual_equals_peer(void) {
   team_free(&a), team_free(&b);
 }
 
+/* The rest of the semantics, each against the reference or an out-of-place run. */
+static void test_emulated_semantics(void) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  emu_team_t e;
+  /* every rank empty: M == 0 (save_mean 0, save_invstd 1/sqrt(eps), running stats kept,
+     num_batches_tracked still counts); backward gives zero sums */
+  {
+    static const int64_t n[2] = {0, 0};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 5, 3, n, 1, 1, GEN_NORMAL, 11);
+    emu_team_init(&e, 2, 2, 60000);
+    emu_run_virtual(&e, &t, 0, &p);
+    ASSERT_TRUE(err_words_clear(&e));
+    check_forward(&t, &p, tol_for(sbnFloat32));
+    CHECK_();
+    emu_run_virtual(&e, &t, 1, &p);
+    for (int ci = 0; ci < 5; ci++) {
+      ASSERT_TRUE(t.dw[0][ci] == 0.0f && t.db[1][ci] == 0.0f);
+    }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  /* no affine, no running stats; cumulative momentum (< 0) over three calls */
+  {
+    static const int64_t n[3] = {1, 3, 2};
+    team_t t;
+    team_make(&t, 3, sbnFloat32, sbnLayoutNCHW, 4, 6, n, 0, 0, GEN_NORMAL, 12);
+    emu_team_init(&e, 3, 2, 60000);
+    emu_run_virtual(&e, &t, 0, &p);
+    check_forward(&t, &p, tol_for(sbnFloat32));
+    CHECK_();
+    emu_team_free(&e);
+    team_free(&t);
+    team_make(&t, 3, sbnBFloat16, sbnLayoutNHWC, 4, 6, n, 1, 1, GEN_NORMAL, 13);
+    emu_team_init(&e, 3, 1, 60000);
+    sbnParams_t pc = p;
+    pc.momentum = -1.0f;
+    for (int call = 0; call < 3; call++) {
+      team_poison(&t);
+      emu_run_virtual(&e, &t, 0, &pc);
+      check_forward(&t, &pc, tol_for(sbnBFloat16)); /* running stats, nbt == call + 1 */
+      CHECK_();
+      team_new_inputs(&t, &(sbn_rng_t){77u + (uint64_t)call}, GEN_NORMAL);
+    }
+    ASSERT_EQ_INT(t.nbt[2], 3);
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  /* in place (y == x, dx == dy) gives the out-of-place bits; dx NULL and dweight/dbias
+     NULL write nothing there */
+  {
+    static const int64_t n[2] = {2, 1};
+    team_t a, b;
+    team_make(&a, 2, sbnFloat16, sbnLayoutNCHW, 7, 9, n, 1, 1, GEN_NORMAL, 14);
+    team_make(&b, 2, sbnFloat16, sbnLayoutNCHW, 7, 9, n, 1, 1, GEN_NORMAL, 14);
+    emu_team_t eb;
+    emu_team_init(&e, 2, 3, 60000);
+    emu_team_init(&eb, 2, 3, 60000);
+    emu_run_virtual(&e, &a, 0, &p);
+    emu_run_virtual(&e, &a, 1, &p);
+    g_opts = OPT_INPLACE;
+    emu_run_virtual(&eb, &b, 0, &p); /* y lands in x */
+    for (int r = 0; r < 2; r++) ASSERT_MEMEQ(b.x[r], a.y[r], team_bytes(&a, r));
+    for (int r = 0; r < 2; r++) memcpy(b.x[r], b.x0[r], team_bytes(&b, r));
+    emu_run_virtual(&eb, &b, 1, &p); /* dx lands in dy */
+    for (int r = 0; r < 2; r++) ASSERT_MEMEQ(b.dy[r], a.dx[r], team_bytes(&a, r));
+    for (int r = 0; r < 2; r++) memcpy(b.dy[r], b.dy0[r], team_bytes(&b, r));
+    g_opts = OPT_DX_NULL | OPT_NO_DWDB;
+    team_poison_bwd(&b);
+    emu_run_virtual(&eb, &b, 1, &p);
+    g_opts = 0;
+    ASSERT_TRUE(err_words_clear(&eb));
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(all_bytes(b.dx[r], team_bytes(&b, r), 0xff));
+      ASSERT_TRUE(all_bytes(b.dw[r], 7 * sizeof(float), 0xff));
+    }
+    emu_team_free(&e), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+  }
+}
+
 /* ---- failures through the error words ------------------------------------------------ */
 
 static int64_t now_ms(void) {
@@ -420,6 +508,7 @@ static void test_abort(void) {
 int main(void) {
   SBN_RUN(test_emulated_vs_reference);
   SBN_RUN(test_virtual_equals_peer);
+  SBN_RUN(test_emulated_semantics);
   SBN_RUN(test_mismatch);
   SBN_RUN(test_count_one);
   SBN_RUN(test_timeout);
