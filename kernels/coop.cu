@@ -408,7 +408,32 @@ __device__ void bwd_stage1(const sbn_coop_rank_t& R, const Geo& g, int unit, Sme
 }
 
 /* ---- stage 3: merge a chunk over the slices and push it to every rank ------------------ */
-template <int KIND, bool TILE>
+/* Warp 0: this rank's record of chunk j into every rank's mailbox, then the flags. */
+__device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                             const Geo& g, int j, uint32_t k, float v0,
+                                             float v1, float v2) {
+  const int lane = threadIdx.x & 31;
+  const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
+  for (int dst = 0; dst < a.nranks; dst++) {
+    sbn_mail_rec_t* rec = a.mail[dst] + idx;
+    rec->data[kRec * lane] = v0;
+    rec->data[kRec * lane + 1] = v1;
+    rec->data[kRec * lane + 2] = v2;
+    if (lane == 0) {
+      rec->sig = a.sig;
+      rec->count = R.n * g.sp;
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    __threadfence_system(); /* the warp's data (ordered by __syncwarp) before the flags */
+    for (int dst = 0; dst < a.nranks; dst++) st_relaxed_sys(&(a.mail[dst] + idx)->epoch, k);
+  }
+}
+
+/* HOST: the merged record goes to the rank's own `send` only (the next launch or the
+   collective moves it), no flags. */
+template <int KIND, bool TILE, bool HOST>
 __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, const Geo& g,
                               int j, uint32_t k, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -447,46 +472,56 @@ __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R
       for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
       v0 = t.sum_dy, v1 = t.sum_dy_xmu;
     }
-    const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
-    for (int dst = 0; dst < a.nranks; dst++) {
-      sbn_mail_rec_t* rec = a.mail[dst] + idx;
+    if (HOST) {
+      sbn_mail_rec_t* rec = R.send + j;
       rec->data[kRec * lane] = v0;
       rec->data[kRec * lane + 1] = v1;
       rec->data[kRec * lane + 2] = v2;
       if (lane == 0) {
+        rec->epoch = 0u;
         rec->sig = a.sig;
         rec->count = R.n * g.sp;
       }
-    }
-    __syncwarp();
-    if (lane == 0) {
-      __threadfence_system(); /* the warp's data (ordered by __syncwarp) before the flags */
-      for (int dst = 0; dst < a.nranks; dst++) st_relaxed_sys(&(a.mail[dst] + idx)->epoch, k);
+    } else {
+      publish_push(a, R, g, j, k, v0, v1, v2);
     }
   }
   __syncthreads();
 }
 
 /* ---- stage 4: wait for every rank's record of chunk j, merge in rank order ------------- */
-/* Warp 0 only. Returns 0 or an sbnResult_t; fills the per-lane merged values. */
-template <int KIND>
+/* Rank q's record of chunk j as this rank reads it. */
+template <bool HOST>
+__device__ __forceinline__ const sbn_mail_rec_t* rec_of(const sbn_coop_args_t& a,
+                                                       const sbn_coop_rank_t& R, int q,
+                                                       uint32_t k, int j) {
+  return R.mail + (HOST ? sbn_host_index(q, j, a.nchunks_max) : sbn_mail_index(q, k, j, a.nchunks_max));
+}
+
+/* Warp 0 only. Returns 0 or an sbnResult_t; fills the per-lane merged values. HOST: the
+   records are complete already (the previous launch or the collective wrote them), there
+   is nothing to wait for. */
+template <int KIND, bool HOST>
 __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, int j,
                             uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
                             float mine[2]) {
   const int lane = threadIdx.x & 31;
-  /* Chunk 0 first: every op has it, so ranks running ops with different C meet there. */
+  /* Chunk 0 first: every op has it, so ranks running ops with different C meet there
+     (on the host path too: a rank with fewer chunks left older records behind). */
   for (int q = 0; q < a.nranks; q++) {
-    const sbn_mail_rec_t* rec = R.mail + sbn_mail_index(q, k, 0, a.nchunks_max);
-    int st = wait_epoch(&rec->epoch, k, a, deadline);
-    if (st) return st;
+    const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q, k, 0);
+    if (!HOST) {
+      int st = wait_epoch(&rec->epoch, k, a, deadline);
+      if (st) return st;
+    }
     if (ld_relaxed_sys_u32(&rec->sig) != a.sig) return sbnInvalidUsage;
   }
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
   sbn_bwd_sums_t gs = {0.0f, 0.0f};
   for (int q = 0; q < a.nranks; q++) {
-    const sbn_mail_rec_t* rec = R.mail + sbn_mail_index(q, k, j, a.nchunks_max);
-    if (j != 0) {
+    const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q, k, j);
+    if (!HOST && j != 0) {
       int st = wait_epoch(&rec->epoch, k, a, deadline);
       if (st) return st;
     }
@@ -514,7 +549,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
 }
 
 /* ---- stage 4 + 5 of one unit ------------------------------------------------------------- */
-template <int KIND, int DT, bool TILE>
+template <int KIND, int DT, bool TILE, bool HOST>
 __device__ int finish_unit(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, const Geo& g,
                            int unit, uint32_t k, uint64_t deadline, Smem& sm) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -526,7 +561,7 @@ __device__ int finish_unit(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, c
   if (w == 0) {
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
-    int st = gather_chunk<KIND>(a, R, j, k, deadline, &m, v, mine);
+    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
     /* lanes wait on their own: if any lane failed (its deadline, an error word seen), the
        whole unit fails, so no lane uses coefficients another lane did not compute */
     const unsigned cause = __reduce_max_sync(0xffffffffu, st == sbnAborted ? 0u : (unsigned)st);
@@ -665,17 +700,111 @@ __global__ void __launch_bounds__(kThreads)
   if (b == 0 && threadIdx.x == 0) R.state->epoch = k;
 
   /* stage 3 */
-  for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, TILE>(a, R, g, j, k, sm);
+  for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, TILE, false>(a, R, g, j, k, sm);
 
   /* stage 4 + 5 */
   for (int u = b; u < g.units; u += a.G) {
-    int st = finish_unit<KIND, DT, TILE>(a, R, g, u, k, deadline, sm);
+    int st = finish_unit<KIND, DT, TILE, false>(a, R, g, u, k, deadline, sm);
     if (st != 0) {
       if (threadIdx.x == 0) record_error(a, R.rank, st);
       return;
     }
     __syncthreads(); /* sm.coef is reused by the next unit */
   }
+}
+
+/* ---- the host-driven path (SBN_ALGO=nccl): the same stages as ordinary launches --------- */
+/* See coop_args.h (SBN_HOST_*). Launch slot s owns blocks [s*G, (s+1)*G) of STATS and
+   APPLY and [s*nchunks, (s+1)*nchunks) of PUBLISH. Ordered by the stream (and by the
+   collective between PUBLISH and APPLY), so no epochs and no waits. */
+template <int KIND, int DT, bool TILE>
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_stats_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const Geo g = make_geo<TILE>(a, R);
+  /* APPLY writes nbt + 1 from one block while others use nbt for the momentum factor:
+     they all read this copy instead */
+  if (KIND == SBN_GPU_FWD && b == 0 && threadIdx.x == 0)
+    R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
+  for (int u = b; u < g.units; u += a.G) {
+    if (KIND == SBN_GPU_FWD)
+      fwd_stage1<DT, TILE>(R, g, u, sm);
+    else
+      bwd_stage1<DT, TILE>(R, g, u, sm);
+  }
+}
+
+template <int KIND, bool TILE>
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_publish_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+  const int slot = blockIdx.x / nchunks, j = blockIdx.x % nchunks;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const Geo g = make_geo<TILE>(a, R);
+  publish_chunk<KIND, TILE, true>(a, R, g, j, 0u, sm);
+}
+
+/* Block (slot, src): rank src's records of this op into launch slot's gathered records. */
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_gather_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+  const int slot = blockIdx.x / a.nranks, src = blockIdx.x % a.nranks;
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(a.mail[src]);
+  uint32_t* to = reinterpret_cast<uint32_t*>(a.r[slot].mail + sbn_host_index(src, 0, a.nchunks_max));
+  const int64_t words = (int64_t)nchunks * (int64_t)(sizeof(sbn_mail_rec_t) / 4);
+  for (int64_t i = threadIdx.x; i < words; i += kThreads) to[i] = from[i];
+}
+
+template <int KIND, int DT, bool TILE>
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_apply_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const Geo g = make_geo<TILE>(a, R);
+  if (threadIdx.x == 0)
+    sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
+  /* queued behind a failure of the team (or after sbnCommAbort): write nothing */
+  const int err_seen = (int)threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
+  if (__syncthreads_or(err_seen != 0)) {
+    if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
+    return;
+  }
+  for (int u = b; u < g.units; u += a.G) {
+    int st = finish_unit<KIND, DT, TILE, true>(a, R, g, u, 0u, 0u, sm);
+    if (st != 0) {
+      if (threadIdx.x == 0) record_error(a, R.rank, st);
+      return;
+    }
+    __syncthreads();
+  }
+}
+
+/* The kernel of a host-path stage for (kind, dtype, tile), as an untyped pointer. */
+template <int KIND, int DT, bool TILE>
+const void* host_stage_ptr(int stage) {
+  switch (stage) {
+    case SBN_HOST_STATS: return (const void*)sbn_host_stats_kernel<KIND, DT, TILE>;
+    case SBN_HOST_PUBLISH: return (const void*)sbn_host_publish_kernel<KIND, TILE>;
+    case SBN_HOST_GATHER: return (const void*)sbn_host_gather_kernel;
+    default: return (const void*)sbn_host_apply_kernel<KIND, DT, TILE>;
+  }
+}
+template <int KIND, int DT>
+const void* host_pick_tile(int stage, int tile) {
+  return tile ? host_stage_ptr<KIND, DT, true>(stage) : host_stage_ptr<KIND, DT, false>(stage);
+}
+template <int KIND>
+const void* host_pick_dtype(int stage, int dtype, int tile) {
+  switch (dtype) {
+    case sbnFloat32: return host_pick_tile<KIND, sbnFloat32>(stage, tile);
+    case sbnFloat16: return host_pick_tile<KIND, sbnFloat16>(stage, tile);
+    case sbnBFloat16: return host_pick_tile<KIND, sbnBFloat16>(stage, tile);
+  }
+  return nullptr;
 }
 
 #ifndef SBN_COOP_EMU
@@ -718,6 +847,14 @@ extern "C" __attribute__((visibility("hidden"))) const void* sbn_coop_kernel_ptr
                                                                                   int tile) {
   return kind == SBN_GPU_FWD ? pick_dtype<SBN_GPU_FWD>(dtype, tile)
                              : pick_dtype<SBN_GPU_BWD>(dtype, tile);
+}
+
+extern "C" __attribute__((visibility("hidden"))) const void* sbn_host_kernel_ptr(int stage,
+                                                                                  int kind,
+                                                                                  int dtype,
+                                                                                  int tile) {
+  return kind == SBN_GPU_FWD ? host_pick_dtype<SBN_GPU_FWD>(stage, dtype, tile)
+                             : host_pick_dtype<SBN_GPU_BWD>(stage, dtype, tile);
 }
 
 extern "C" __attribute__((visibility("hidden"))) cudaError_t sbn_gpu_inference_launch(

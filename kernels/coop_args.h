@@ -48,7 +48,8 @@ static SBN_ARGS_HD int64_t sbn_mail_index(int src, uint32_t epoch, int chunk, in
 typedef struct {
   uint32_t epoch;   /* ops this rank has run; the kernel advances it */
   uint32_t barrier; /* the rank-local barrier's arrival counter */
-  uint32_t pad[2];
+  int64_t nbt_snap; /* host path: num_batches_tracked as the op found it (its stats kernel
+                       copies it, its apply kernel reads it and writes nbt + 1) */
 } sbn_rank_state_t;
 
 /* One rank's part of a launch. */
@@ -71,7 +72,9 @@ typedef struct {
   sbn_rank_state_t* state;
   float* part;           /* partials workspace: SBN_GPU_REC_FLOATS floats per (slice,
                             channel) entry, then the per-channel shifts (forward) */
-  sbn_mail_rec_t* mail;  /* this rank's own mailbox (it reads here) */
+  sbn_mail_rec_t* mail;  /* coop: this rank's own mailbox (it reads here); host path: the
+                            records of every rank gathered for this rank, [src][chunk] */
+  sbn_mail_rec_t* send;  /* host path: this rank's outgoing records [chunk] */
   int rank;              /* in the team */
   float eps;
   float momentum;
@@ -80,7 +83,8 @@ typedef struct {
 
 typedef struct {
   sbn_coop_rank_t r[SBN_GPU_MAX_RANKS]; /* launch slots 0..nlaunch-1 */
-  sbn_mail_rec_t* mail[SBN_GPU_MAX_RANKS]; /* every team rank's mailbox, as seen by this device */
+  sbn_mail_rec_t* mail[SBN_GPU_MAX_RANKS]; /* coop: every team rank's mailbox, as seen by
+                                              this device; host path: every rank's `send` */
   volatile int* err; /* nranks + 1 words in mapped host memory: err[rank] written by that
                         rank's kernels, err[nranks] by the host (sbnCommAbort) */
   int64_t c;
@@ -94,6 +98,22 @@ typedef struct {
 
 /* Kernel selectors. */
 enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };
+
+/* The host-driven path (SBN_ALGO=nccl, what PyTorch does): the same arithmetic as the
+   cooperative kernel cut into ordinary launches, with the exchange between them done by
+   the host's collective (ncclAllGather of the records) or by the gather kernel:
+     STATS   (G blocks per rank)       stage 1: per-(slice, channel) partials
+     PUBLISH (nchunks blocks per rank) the slices merged into the rank's `send` records
+     GATHER  (nlaunch*nranks blocks)   every rank's `send` copied to every rank's gathered
+                                       records, in place of ncclAllGather (one device)
+     APPLY   (G blocks per rank)       the ranks merged in rank order, finalize, normalize
+   Same G, same orders: the bits of the cooperative kernel. */
+enum { SBN_HOST_STATS = 0, SBN_HOST_PUBLISH = 1, SBN_HOST_GATHER = 2, SBN_HOST_APPLY = 3 };
+
+/* Where rank `src`'s record of `chunk` lies in a rank's gathered records (host path). */
+static SBN_ARGS_HD int64_t sbn_host_index(int src, int chunk, int nchunks_max) {
+  return (int64_t)src * nchunks_max + chunk;
+}
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,8 @@ typedef struct {
   sbn_rank_state_t state[MAXW];
   float* part[MAXW];
   sbn_mail_rec_t* mail[MAXW];
+  sbn_mail_rec_t* send[MAXW]; /* host path: a rank's outgoing records */
+  sbn_mail_rec_t* recv[MAXW]; /* host path: every rank's records gathered, [src][chunk] */
   volatile int err[MAXW + 1];
   int64_t timeout_ms;
 } emu_team_t;
@@ -49,11 +51,14 @@ static void emu_team_init(emu_team_t* e, int W, int G, int64_t timeout_ms) {
   for (int r = 0; r < W; r++) {
     e->part[r] = calloc(SBN_GPU_REC_FLOATS * entries + EMU_MAXC, sizeof(float));
     e->mail[r] = calloc((size_t)W * 2 * (size_t)e->nchunks, sizeof(sbn_mail_rec_t));
+    e->send[r] = calloc((size_t)e->nchunks, sizeof(sbn_mail_rec_t));
+    e->recv[r] = calloc((size_t)W * (size_t)e->nchunks, sizeof(sbn_mail_rec_t));
   }
 }
 
 static void emu_team_free(emu_team_t* e) {
-  for (int r = 0; r < e->W; r++) free(e->part[r]), free(e->mail[r]);
+  for (int r = 0; r < e->W; r++)
+    free(e->part[r]), free(e->mail[r]), free(e->send[r]), free(e->recv[r]);
 }
 
 static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
@@ -153,6 +158,59 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   for (int r = 0; r < e->W; r++)
     if (!launched || launched[r]) pthread_join(th[r], NULL);
   free(l);
+}
+
+/* The host-driven path (SBN_ALGO=nccl) of a virtual team: STATS, PUBLISH, GATHER (in
+   place of the collective), APPLY, each one launch for every rank, in stream order, as
+   src/gpu/gpu_host.c issues them. desc_of[r] (optional) gives a rank its own desc. */
+static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
+                         const sbnTensorDesc_t* desc_of) {
+  static sbn_coop_args_t a[MAXW];
+  const int kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+  int64_t cmax = 0;
+  for (int r = 0; r < e->W; r++) {
+    const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
+    memset(&a[r], 0, sizeof a[r]);
+    fill_rank(&a[r].r[0], e, t, r, bwd, p);
+    a[r].r[0].mail = e->recv[r];
+    a[r].r[0].send = e->send[r];
+    fill_common(&a[r], e, d, bwd);
+    for (int q = 0; q < e->W; q++) a[r].mail[q] = e->send[q];
+    a[r].nlaunch = 1;
+    if (d->c > cmax) cmax = d->c;
+  }
+  if (desc_of == NULL) { /* the library's way: one launch per stage for all ranks */
+    static sbn_coop_args_t v;
+    v = a[0];
+    for (int r = 0; r < e->W; r++) v.r[r] = a[r].r[0];
+    v.nlaunch = e->W;
+    const int tile = tile_of(t, e->W), dt = t->d[0].dtype;
+    const unsigned nch = (unsigned)((t->d[0].c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+    sbn_emu_launch_host(SBN_HOST_STATS, kind, dt, tile, &v, (unsigned)(e->W * e->G));
+    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, dt, tile, &v, (unsigned)e->W * nch);
+    sbn_emu_launch_host(SBN_HOST_GATHER, kind, dt, tile, &v, (unsigned)(e->W * e->W));
+    sbn_emu_launch_host(SBN_HOST_APPLY, kind, dt, tile, &v, (unsigned)(e->W * e->G));
+    return;
+  }
+  /* ranks running different ops (as one process per rank could): per-rank launches, and
+     a gather of the largest C standing in for a collective of fixed size */
+  for (int r = 0; r < e->W; r++) {
+    const sbnTensorDesc_t* d = &desc_of[r];
+    const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, tile, &a[r], (unsigned)e->G);
+    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, tile, &a[r],
+                        (unsigned)((d->c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK));
+  }
+  for (int r = 0; r < e->W; r++) {
+    sbn_coop_args_t g = a[r];
+    g.c = cmax;
+    sbn_emu_launch_host(SBN_HOST_GATHER, kind, desc_of[r].dtype, 1, &g, (unsigned)e->W);
+  }
+  for (int r = 0; r < e->W; r++) {
+    const sbnTensorDesc_t* d = &desc_of[r];
+    const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+    sbn_emu_launch_host(SBN_HOST_APPLY, kind, d->dtype, tile, &a[r], (unsigned)e->G);
+  }
 }
 
 static int err_words_clear(const emu_team_t* e) {
@@ -505,6 +563,132 @@ static void test_abort(void) {
   team_free(&t);
 }
 
+/* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
+
+/* Same G, same reduction orders: the host path's bits are the cooperative kernel's. */
+static void test_host_path_equals_coop(void) {
+  static const int64_t n3[3] = {2, 0, 3}, n2[2] = {1, 2}, n1[1] = {3};
+  struct {
+    int W, G;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int affine, running;
+    float momentum;
+  } cases[] = {
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 3, 5, n1, 1, 1, 0.1f},
+      {2, 3, sbnFloat32, sbnLayoutNHWC, 37, 4, n2, 1, 1, 0.1f},
+      {2, 4, sbnBFloat16, sbnLayoutNCHW, 1, 60, n2, 1, 1, -1.0f},
+      {3, 2, sbnFloat16, sbnLayoutNCHW, 33, 1, n3, 0, 0, 0.1f},
+      {3, 1, sbnFloat32, sbnLayoutNCHW, 6, 7, n3, 1, 1, -1.0f},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int W = cases[i].W;
+    const int64_t c = cases[i].c;
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.momentum = cases[i].momentum;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    /* a large offset in fp32 (the mean's hi/lo split); fp16/bf16 cannot hold one */
+    const gen_t gen = cases[i].dt == sbnFloat32 ? GEN_OFFSET : GEN_NORMAL;
+    team_t a, b;
+    team_make(&a, W, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, cases[i].affine,
+              cases[i].running, gen, 200 + i);
+    team_make(&b, W, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, cases[i].affine,
+              cases[i].running, gen, 200 + i);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, W, cases[i].G, 60000);
+    emu_team_init(&eb, W, cases[i].G, 60000);
+    for (int call = 0; call < 3; call++) { /* running stats and nbt over calls */
+      team_poison(&a);
+      team_poison(&b);
+      emu_run_virtual(&ea, &a, 0, &p);
+      emu_run_host(&eb, &b, 0, &p, NULL);
+      emu_run_virtual(&ea, &a, 1, &p);
+      emu_run_host(&eb, &b, 1, &p, NULL);
+      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      check_forward(&b, &p, tol_for(cases[i].dt)); /* and against the double reference */
+      CHECK_();
+      for (int r = 0; r < W; r++) {
+        const size_t cb = (size_t)c * sizeof(float);
+        ASSERT_MEMEQ(b.y[r], a.y[r], team_bytes(&a, r));
+        ASSERT_MEMEQ(b.dx[r], a.dx[r], team_bytes(&a, r));
+        ASSERT_MEMEQ(b.smean[r], a.smean[r], cb);
+        ASSERT_MEMEQ(b.sinv[r], a.sinv[r], cb);
+        ASSERT_MEMEQ(b.dw[r], a.dw[r], cb);
+        ASSERT_MEMEQ(b.db[r], a.db[r], cb);
+        if (cases[i].running) {
+          ASSERT_MEMEQ(b.rm[r], a.rm[r], cb);
+          ASSERT_MEMEQ(b.rv[r], a.rv[r], cb);
+          ASSERT_EQ_INT(b.nbt[r], a.nbt[r]);
+        }
+      }
+      team_new_inputs(&a, &(sbn_rng_t){900u + (uint64_t)call}, gen);
+      team_new_inputs(&b, &(sbn_rng_t){900u + (uint64_t)call}, gen);
+    }
+    if (cases[i].running) ASSERT_EQ_INT(b.nbt[0], 3);
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  in host-path case %zu\n", i);
+      return;
+    }
+  }
+}
+
+/* Ranks running different ops, a global count of 1, and a failure recorded before: the
+   apply kernel writes nothing but the error word. */
+static void test_host_path_errors(void) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  {
+    static const int64_t n[2] = {2, 2};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 21);
+    emu_team_t e;
+    emu_team_init(&e, 2, 2, 60000);
+    emu_run_host(&e, &t, 0, &p, NULL); /* a good op first: records of C = 40 are left */
+    ASSERT_TRUE(err_words_clear(&e));
+    team_poison(&t);
+    sbnTensorDesc_t d[2] = {t.d[0], t.d[1]};
+    d[0].c = 8; /* rank 0 runs C = 8 (one chunk), rank 1 C = 40 (two) */
+    emu_run_host(&e, &t, 0, &p, d);
+    /* rank 0's apply ran first and saw the mismatch; rank 1's, queued behind it, may see
+       that first (sbnAborted): the team's cause is the mismatch either way */
+    ASSERT_EQ_INT(e.err[0], sbnInvalidUsage);
+    ASSERT_TRUE(e.err[1] == sbnInvalidUsage || e.err[1] == sbnAborted);
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+      ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
+      ASSERT_EQ_INT(t.nbt[r], 1);
+    }
+    /* queued behind the failure: nothing written */
+    emu_run_host(&e, &t, 0, &p, NULL);
+    ASSERT_EQ_INT(e.err[0], sbnInvalidUsage); /* the cause stays */
+    ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  {
+    static const int64_t n[2] = {1, 0};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 1, n, 1, 1, GEN_NORMAL, 22);
+    team_poison(&t);
+    float rm0 = t.rm[0][0];
+    emu_team_t e;
+    emu_team_init(&e, 2, 1, 60000);
+    emu_run_host(&e, &t, 0, &p, NULL); /* one launch for both ranks: both see it */
+    ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[0] == sbnAborted);
+    ASSERT_TRUE(e.err[1] == sbnInvalidArgument || e.err[1] == sbnAborted);
+    ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[1] == sbnInvalidArgument);
+    ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+    ASSERT_TRUE(all_bytes(t.sinv[1], 4 * sizeof(float), 0xff));
+    ASSERT_TRUE(t.rm[0][0] == rm0);
+    ASSERT_EQ_INT(t.nbt[0], 0);
+    emu_team_free(&e);
+    team_free(&t);
+  }
+}
+
 int main(void) {
   SBN_RUN(test_emulated_vs_reference);
   SBN_RUN(test_virtual_equals_peer);
@@ -513,6 +697,8 @@ int main(void) {
   SBN_RUN(test_count_one);
   SBN_RUN(test_timeout);
   SBN_RUN(test_abort);
+  SBN_RUN(test_host_path_equals_coop);
+  SBN_RUN(test_host_path_errors);
   team_comms_destroy();
   return sbn_test_exit();
 }

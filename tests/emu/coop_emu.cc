@@ -50,11 +50,8 @@ void* thread_main(void* p) {
 
 }  // namespace
 
-extern "C" int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args,
-                              unsigned grid) {
+static int run_grid(kernel_fn fn, const sbn_coop_args_t* args, unsigned grid) {
   const unsigned nthreads = grid * SBN_GPU_THREADS;
-  kernel_fn fn = kind == SBN_GPU_FWD ? pick_kind<SBN_GPU_FWD>(dtype, tile)
-                                     : pick_kind<SBN_GPU_BWD>(dtype, tile);
   std::vector<emu::Block> blocks(grid);
   for (auto& b : blocks) {
     pthread_barrier_init(&b.bar, nullptr, SBN_GPU_THREADS);
@@ -84,4 +81,18 @@ extern "C" int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args
     for (auto& kv : b.shared) free(kv.second);
   }
   return rc;
+}
+
+extern "C" int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args,
+                              unsigned grid) {
+  return run_grid(kind == SBN_GPU_FWD ? pick_kind<SBN_GPU_FWD>(dtype, tile)
+                                      : pick_kind<SBN_GPU_BWD>(dtype, tile),
+                  args, grid);
+}
+
+extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile,
+                                   const sbn_coop_args_t* args, unsigned grid) {
+  const void* fn = kind == SBN_GPU_FWD ? host_pick_dtype<SBN_GPU_FWD>(stage, dtype, tile)
+                                       : host_pick_dtype<SBN_GPU_BWD>(stage, dtype, tile);
+  return run_grid((kernel_fn)fn, args, grid);
 }

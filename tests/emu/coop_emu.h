@@ -13,6 +13,9 @@ extern "C" {
    with *args, and returns when all have returned (0). Blocking; launches that must run at
    the same time (ranks of one team) are started from separate host threads. */
 int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args, unsigned grid);
+/* The same for one stage of the host-driven path (SBN_HOST_STATS ... SBN_HOST_APPLY). */
+int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, const sbn_coop_args_t* args,
+                        unsigned grid);
 
 #ifdef __cplusplus
 }
