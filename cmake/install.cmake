@@ -49,5 +49,8 @@ set(SYNCBN_PC_LIBS_PRIVATE "-lpthread -lm")
 if(SYNCBN_HAVE_CUDA)
   string(APPEND SYNCBN_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()
+if(SYNCBN_HAVE_NCCL)
+  string(APPEND SYNCBN_PC_LIBS_PRIVATE " ${SYNCBN_NCCL_LIBRARY}") # a wheel has no libnccl.so
+endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn.pc.in ${PROJECT_BINARY_DIR}/syncbn.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

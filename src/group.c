@@ -216,7 +216,8 @@ static void gpu_cursor_advance(gpu_cursor_t* c) {
    nothing). launch == 1: launches the rounds in queue order (the round whose earliest op
    was queued first goes first, so ops of different teams on one stream keep the order
    they were called in): a virtual team's round as ONE cooperative launch, a peer team's
-   as one launch per rank. Asynchronous. */
+   as one launch per rank; on the host-driven path (SBN_ALGO=nccl) every team's round at
+   once. Asynchronous. */
 static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
   sbnResult_t r = sbnSuccess;
   size_t nc = 0;
@@ -243,7 +244,9 @@ static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
     } else {
       failed = c->ops[0];
       r = sbn_comm_check_alive(c->ops[0]->comm);
-      if (r == sbnSuccess && c->team->kind == SBN_COMM_GPU_VIRTUAL) {
+      /* the host-driven path takes the whole round too: one NCCL group, or one device */
+      if (r == sbnSuccess &&
+          (c->team->kind == SBN_COMM_GPU_VIRTUAL || c->ops[0]->algo == SBN_ALGO_HOST)) {
         r = sbn_gpu_launch(c->ops, w);
       } else {
         for (int q = 0; q < w && r == sbnSuccess; q++) {

@@ -122,9 +122,17 @@ typedef struct {
   float* dweight;
   float* dbias;
   sbnStream_t stream;  /* GPU teams */
+  int algo;            /* GPU teams: SBN_ALGO_COOP or SBN_ALGO_HOST (SBN_ALGO at the call) */
   int color, key;      /* split */
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;
+
+/* How a GPU team runs an op, chosen per call by the environment variable SBN_ALGO:
+   "coop" (default: one cooperative kernel) or "nccl" (the host-driven path: stats,
+   collective, apply, as PyTorch does). */
+enum { SBN_ALGO_COOP = 0, SBN_ALGO_HOST = 1 };
+/* SBN_ALGO_COOP or SBN_ALGO_HOST, or -1 (an unknown value; the detail is recorded). */
+SBN_INTERNAL int sbn_algo_from_env(sbnComm_t comm);
 
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);
 /* Runs one validated op on the calling thread (CPU team: blocks until the team meets). */

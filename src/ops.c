@@ -1,6 +1,7 @@
 /* ops.c — the public op entry points: argument checks (before anything is written or
  * queued), then either queueing in the open group or running at once. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
@@ -89,6 +90,14 @@ static sbnResult_t check_op(const sbn_op_t* op) {
   return sbnSuccess;
 }
 
+int sbn_algo_from_env(sbnComm_t comm) {
+  const char* v = getenv("SBN_ALGO");
+  if (v == NULL || v[0] == '\0' || strcmp(v, "coop") == 0) return SBN_ALGO_COOP;
+  if (strcmp(v, "nccl") == 0) return SBN_ALGO_HOST;
+  sbn_fail(comm, sbnInvalidArgument, "SBN_ALGO='%s': expected 'coop' (the default) or 'nccl'", v);
+  return -1;
+}
+
 sbnResult_t sbn_op_run(const sbn_op_t* op) {
   sbnResult_t r = sbn_comm_check_alive(op->comm);
   if (r != sbnSuccess) return r;
@@ -114,6 +123,10 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     r = check_op(op);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
+  if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) {
+    op->algo = sbn_algo_from_env(op->comm);
+    if (op->algo < 0) r = sbnInvalidArgument;
+  }
   if (r == sbnSuccess && !sbn_group_active() && op->comm->team->kind == SBN_COMM_GPU_VIRTUAL &&
       op->comm->team->nranks > 1)
     r = sbn_fail(op->comm, sbnInvalidUsage,

@@ -17,11 +17,17 @@
 #if SYNCBN_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <time.h>
+#if SYNCBN_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 #include "coop_args.h"
 
 /* kernels/coop.cu */
 const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile) SBN_INTERNAL;
+const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile) SBN_INTERNAL;
 cudaError_t sbn_gpu_inference_launch(int dtype, int nhwc, const void* x, void* y,
                                      const float* weight, const float* bias, const float* rm,
                                      const float* rv, float eps, int64_t n, int64_t c,
@@ -40,7 +46,11 @@ typedef struct {
   sbn_rank_state_t* state;
   float* part;
   sbn_mail_rec_t* mail;
+  sbn_mail_rec_t* send; /* host path: this rank's records [chunk] */
+  sbn_mail_rec_t* recv; /* host path: every rank's records [src][chunk] */
   cudaEvent_t ev;
+  cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
+  _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
 } gpu_rank_t;
 
 struct sbn_gpu_team {
@@ -49,7 +59,28 @@ struct sbn_gpu_team {
   int mail_on_host;
   volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
   gpu_rank_t* ranks;
+  int64_t timeout_ms;
+#if SYNCBN_HAVE_NCCL
+  ncclComm_t* nccl; /* host path: a comm per rank (ncclCommInitAll), or NULL */
+#endif
+  char nccl_why[200];    /* why there is no NCCL comm */
+  _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
 };
+
+#if SYNCBN_HAVE_NCCL
+static int64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns). */
+static void nccl_abort_all(struct sbn_gpu_team* gt) {
+  if (gt->nccl == NULL || atomic_exchange(&gt->nccl_dead, 1)) return;
+  for (int q = 0; q < gt->nranks; q++)
+    if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
+}
+#endif
 
 static sbnResult_t cuda_fail(cudaError_t e, const char* what) {
   (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
@@ -102,13 +133,31 @@ static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (aborted && gt->err) gt->err[gt->nranks] = sbnAborted;
   int prev = 0;
   cudaGetDevice(&prev);
+#if SYNCBN_HAVE_NCCL
+  if (gt->nccl != NULL) {
+    /* a collective still waiting for a peer would never finish: abort instead of destroy */
+    int stuck = aborted;
+    for (int q = 0; q < gt->nranks && !stuck; q++)
+      if (atomic_load(&gt->ranks[q].launched_ns) != 0 &&
+          cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
+        stuck = 1;
+    (void)cudaGetLastError();
+    if (stuck) nccl_abort_all(gt);
+    for (int q = 0; q < gt->nranks && !atomic_load(&gt->nccl_dead); q++)
+      if (gt->nccl[q]) ncclCommDestroy(gt->nccl[q]);
+    free(gt->nccl);
+  }
+#endif
   for (int q = 0; gt->ranks && q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
     if (cudaSetDevice(g->device) != cudaSuccess) continue;
     cudaDeviceSynchronize(); /* kernels of this team may still be in flight */
     if (g->ev) cudaEventDestroy(g->ev);
+    if (g->ev_done) cudaEventDestroy(g->ev_done);
     cudaFree(g->state);
     cudaFree(g->part);
+    cudaFree(g->send);
+    cudaFree(g->recv);
     if (gt->mail_on_host)
       cudaFreeHost(g->mail);
     else
@@ -149,6 +198,42 @@ static int enable_peers(const gpu_rank_t* ranks, int w) {
       (void)cudaGetLastError();
     }
   return 1;
+}
+
+/* The host path's NCCL comms for a team with one rank per GPU (NCCL refuses two ranks on
+   one GPU). Their absence is not an error of the team (the coop path does not need
+   them): a host-path op that needs them says why. */
+static sbnResult_t nccl_attach(const sbn_team_t* team, struct sbn_gpu_team* gt) {
+  const int w = gt->nranks;
+  if (team->kind != SBN_COMM_GPU_PEER) {
+    snprintf(gt->nccl_why, sizeof gt->nccl_why, "a virtual team has no NCCL comm");
+    return sbnSuccess;
+  }
+  for (int a = 0; a < w; a++)
+    for (int b = a + 1; b < w; b++)
+      if (gt->ranks[a].device == gt->ranks[b].device) {
+        snprintf(gt->nccl_why, sizeof gt->nccl_why,
+                 "ranks %d and %d share device %d, and NCCL refuses two ranks on one GPU", a, b,
+                 gt->ranks[a].device);
+        return sbnSuccess;
+      }
+#if SYNCBN_HAVE_NCCL
+  int devs[SBN_GPU_MAX_RANKS];
+  for (int q = 0; q < w; q++) devs[q] = gt->ranks[q].device;
+  gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
+  if (gt->nccl == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (GPU team)");
+  ncclResult_t nr = ncclCommInitAll(gt->nccl, w, devs);
+  if (nr != ncclSuccess) {
+    snprintf(gt->nccl_why, sizeof gt->nccl_why, "ncclCommInitAll failed: %s (%s)",
+             ncclGetErrorString(nr), ncclGetLastError(NULL));
+    free(gt->nccl);
+    gt->nccl = NULL;
+    sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
+  }
+#else
+  snprintf(gt->nccl_why, sizeof gt->nccl_why, "this build of syncbn has no NCCL (SYNCBN_NCCL)");
+#endif
+  return sbnSuccess;
 }
 
 sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
@@ -224,7 +309,15 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
       CU(cudaMemset(g->mail, 0, mail_bytes), "cudaMemset");
     }
     CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
+    CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
+    const size_t nrec = (size_t)gt->nchunks_max;
+    CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
+    CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
+       "cudaMalloc (host path)");
   }
+  gt->timeout_ms = team->cfg.timeout_ms;
+  r = nccl_attach(team, gt);
+  if (r != sbnSuccess) goto out;
   for (int q = 0; q < w; q++) {
     CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
     CU(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); /* the memsets are done */
@@ -243,8 +336,41 @@ out:
   return sbnSuccess;
 }
 
+/* The host path's watchdog (NCCL comms only; the kernels' own waits are bounded
+   in-kernel): a rank whose last op has not completed timeout_ms after its launch waits in
+   a collective for a peer that does not come. The team's NCCL comms are aborted (the
+   collective returns) and the rank's error word says sbnTimeout. It runs when the host
+   polls: sbnCommGetAsyncError, and every op of the team. */
+static void host_watchdog(struct sbn_gpu_team* gt) {
+#if SYNCBN_HAVE_NCCL
+  if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
+  const int64_t now = mono_ns();
+  for (int q = 0; q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    int64_t t0 = atomic_load(&g->launched_ns);
+    if (t0 == 0) continue;
+    cudaError_t e = cudaEventQuery(g->ev_done);
+    if (e == cudaErrorNotReady) {
+      if (now - t0 > gt->timeout_ms * 1000000) {
+        if (gt->err[q] == 0) gt->err[q] = sbnTimeout;
+        gt->err[gt->nranks] = sbnAborted; /* queued APPLY kernels write nothing */
+        nccl_abort_all(gt);
+        return;
+      }
+    } else {
+      (void)cudaGetLastError();
+      /* done (a failure shows at the next launch); keep a newer launch's time */
+      atomic_compare_exchange_strong(&g->launched_ns, &t0, 0);
+    }
+  }
+#else
+  (void)gt;
+#endif
+}
+
 sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
-  const struct sbn_gpu_team* gt = team->gpu;
+  struct sbn_gpu_team* gt = team->gpu;
+  host_watchdog(gt);
   sbnResult_t worst = sbnSuccess;
   for (int q = 0; q <= gt->nranks; q++) {
     int v = gt->err[q];
@@ -261,6 +387,24 @@ void sbn_gpu_abort(sbn_team_t* team) { team->gpu->err[team->nranks] = sbnAborted
 static uint32_t coop_sig(const sbn_op_t* op) {
   return (uint32_t)(op->kind == SBN_OP_FORWARD ? 0 : 1) << 28 | (uint32_t)op->desc.dtype << 26 |
          (uint32_t)op->desc.layout << 25 | (uint32_t)op->desc.c;
+}
+
+static int has_nccl(const struct sbn_gpu_team* gt) {
+#if SYNCBN_HAVE_NCCL
+  return gt->nccl != NULL;
+#else
+  (void)gt;
+  return 0;
+#endif
+}
+
+/* Every rank of the team, all on one device: the host path can run them without NCCL. */
+static int one_device_round(const sbn_op_t* const* ops, int nops) {
+  const struct sbn_gpu_team* gt = ops[0]->comm->team->gpu;
+  if (nops != gt->nranks) return 0;
+  for (int i = 1; i < nops; i++)
+    if (gt->ranks[ops[i]->comm->rank].device != gt->ranks[ops[0]->comm->rank].device) return 0;
+  return 1;
 }
 
 sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_team) {
@@ -282,7 +426,7 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
      time: on one stream (or the legacy NULL stream) the second waits for the first, which
      waits for the second until the timeout */
   const sbn_team_t* team = o0->comm->team;
-  if (team->kind == SBN_COMM_GPU_PEER)
+  if (team->kind == SBN_COMM_GPU_PEER && o0->algo == SBN_ALGO_COOP)
     for (int i = 0; i < nops; i++)
       for (int j = i + 1; j < nops; j++) {
         const sbn_op_t *a = ops[i], *b = ops[j];
@@ -295,6 +439,14 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
                           a->comm->rank, b->comm->rank,
                           team->gpu->ranks[a->comm->rank].device);
       }
+  /* the host path without NCCL comms runs a team's ranks together, on one device */
+  if (o0->algo == SBN_ALGO_HOST && team->kind == SBN_COMM_GPU_PEER && team->nranks > 1 &&
+      !has_nccl(team->gpu) && !(whole_team && one_device_round(ops, nops)))
+    return sbn_fail(NULL, sbnInvalidUsage,
+                    "SBN_ALGO=nccl: this team has no NCCL comm (%s), so its host path runs "
+                    "only with every rank in one sbnGroupStart/sbnGroupEnd and all ranks on "
+                    "one device; nothing was run",
+                    team->gpu->nccl_why);
   if (whole_team && o0->kind == SBN_OP_FORWARD && m == 1)
     return sbn_fail(NULL, sbnInvalidArgument,
                     "Expected more than 1 value per channel when training (the team's batch "
@@ -302,10 +454,12 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
   return sbnSuccess;
 }
 
-sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
+/* The grid of a round: G blocks per rank, and the unit shape. Both paths use it, so the
+   host path reduces in the same order as the cooperative kernel (the same bits). */
+static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, int* G_out, int* tile_out) {
   const sbn_op_t* o0 = ops[0];
-  sbn_team_t* team = o0->comm->team;
-  struct sbn_gpu_team* gt = team->gpu;
+  const sbn_team_t* team = o0->comm->team;
+  const struct sbn_gpu_team* gt = team->gpu;
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
   int tile = o0->desc.layout == sbnLayoutNHWC;
@@ -332,13 +486,21 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   int64_t G = (numel + SBN_GPU_ELEMS_PER_BLOCK - 1) / SBN_GPU_ELEMS_PER_BLOCK;
   if (G < 1) G = 1;
   if (G > gmax) G = gmax;
+  *G_out = (int)G;
+  *tile_out = tile;
+  return sbnSuccess;
+}
 
-  sbn_coop_args_t a;
-  memset(&a, 0, sizeof a);
+static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops, int G) {
+  const sbn_op_t* o0 = ops[0];
+  const sbn_team_t* team = o0->comm->team;
+  const struct sbn_gpu_team* gt = team->gpu;
+  const int host = o0->algo == SBN_ALGO_HOST;
+  memset(a, 0, sizeof *a);
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
     const gpu_rank_t* g = &gt->ranks[o->comm->rank];
-    sbn_coop_rank_t* R = &a.r[i];
+    sbn_coop_rank_t* R = &a->r[i];
     R->x = o->x;
     R->dy = o->dy;
     R->out = o->out;
@@ -356,32 +518,58 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
     R->spatial = o->desc.spatial;
     R->state = g->state;
     R->part = g->part;
-    R->mail = g->mail;
+    R->mail = host ? g->recv : g->mail;
+    R->send = g->send;
     R->rank = o->comm->rank;
     R->eps = o->params.eps;
     R->momentum = o->params.momentum;
     R->grad_global = o->params.grad_mode == sbnGradGlobal;
   }
-  for (int q = 0; q < gt->nranks; q++) a.mail[q] = gt->ranks[q].mail;
-  a.err = gt->err;
-  a.c = o0->desc.c;
-  a.timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
-  a.sig = coop_sig(o0);
-  a.nranks = gt->nranks;
-  a.nlaunch = nops;
-  a.G = (int)G;
-  a.nchunks_max = gt->nchunks_max;
+  for (int q = 0; q < gt->nranks; q++) a->mail[q] = host ? gt->ranks[q].send : gt->ranks[q].mail;
+  a->err = gt->err;
+  a->c = o0->desc.c;
+  a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
+  a->sig = coop_sig(o0);
+  a->nranks = gt->nranks;
+  a->nlaunch = nops;
+  a->G = G;
+  a->nchunks_max = gt->nchunks_max;
+}
 
-  sbnResult_t r = sbnSuccess;
-  int prev = 0;
-  cudaGetDevice(&prev);
-  cudaStream_t s0 = (cudaStream_t)o0->stream;
-  int joined = 0;
+/* One launch of `fn` (cooperative or not) with the argument block. */
+static cudaError_t launch(const void* fn, unsigned grid, int cooperative, sbn_coop_args_t* a,
+                          cudaStream_t stream) {
   cudaLaunchConfig_t cfg;
   cudaLaunchAttribute attr;
-  void* args[1] = {&a};
-  if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-  /* a virtual launch runs on rank 0's stream, after the work queued on the others */
+  void* args[1] = {a};
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  cfg.gridDim.x = grid;
+  cfg.gridDim.y = cfg.gridDim.z = 1;
+  cfg.blockDim.x = SBN_GPU_THREADS;
+  cfg.blockDim.y = cfg.blockDim.z = 1;
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = cooperative ? 1 : 0;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
+/* The ranks of one device, issued together (a virtual team; the host path of ranks
+   sharing a GPU): everything runs on the first op's stream, after the work queued on the
+   others' streams, and their streams wait for it. stage < 0: the cooperative kernel. */
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
+                                     int tile) {
+  const sbn_op_t* o0 = ops[0];
+  struct sbn_gpu_team* gt = o0->comm->team->gpu;
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  const int kind = o0->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
+  const int dt = o0->desc.dtype;
+  const unsigned G = (unsigned)a->G, nl = (unsigned)nops;
+  sbnResult_t r = sbnSuccess;
+  cudaStream_t s0 = (cudaStream_t)o0->stream;
+  int joined = 0;
   for (int i = 1; i < nops; i++) {
     cudaStream_t si = (cudaStream_t)ops[i]->stream;
     if (si == s0) continue;
@@ -390,19 +578,25 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
-  memset(&cfg, 0, sizeof cfg);
-  memset(&attr, 0, sizeof attr);
-  cfg.gridDim.x = (unsigned)(nops * G);
-  cfg.gridDim.y = cfg.gridDim.z = 1;
-  cfg.blockDim.x = SBN_GPU_THREADS;
-  cfg.blockDim.y = cfg.blockDim.z = 1;
-  cfg.stream = s0;
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  CU(cudaLaunchKernelExC(&cfg, sbn_coop_kernel_ptr(kind, o0->desc.dtype, tile), args),
-     "cooperative launch (cudaLaunchKernelExC)");
+  if (o0->algo == SBN_ALGO_COOP) {
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile), nl * G, 1, a, s0),
+       "cooperative launch (cudaLaunchKernelExC)");
+  } else {
+    const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile), nl * G, 0, a, s0),
+       "host path: stats kernel launch");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile), nl * nch, 0, a, s0),
+       "host path: publish kernel launch");
+    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile),
+                nl * (unsigned)gt->nranks, 0, a, s0),
+         "host path: gather kernel launch");
+    } else {
+      a->r[0].mail = a->r[0].send; /* a team of one: its own records */
+    }
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile), nl * G, 0, a, s0),
+       "host path: apply kernel launch");
+  }
   if (joined) {
     CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
     for (int i = 1; i < nops; i++) {
@@ -411,7 +605,108 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
     }
   }
 out:
-  if (prev != g0->device) cudaSetDevice(prev);
+  return r;
+}
+
+/* The host path with NCCL (one rank per GPU): per rank STATS and PUBLISH on its stream,
+   ncclAllGather of the records (one NCCL group for the ranks issued here), per rank
+   APPLY. The records are of max_channels, so ranks running different ops (thread mode)
+   still make collectives of one size, and APPLY reports the mismatch. */
+static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
+                                    int tile) {
+  sbnResult_t r = sbnSuccess;
+#if SYNCBN_HAVE_NCCL
+  struct sbn_gpu_team* gt = ops[0]->comm->team->gpu;
+  const int kind = ops[0]->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
+  const int dt = ops[0]->desc.dtype;
+  const unsigned G = (unsigned)a->G;
+  const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+  static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
+  int in_group = 0;
+  if (atomic_load(&gt->nccl_dead))
+    return sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
+  for (int i = 0; i < nops; i++) {
+    const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+    cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    one = *a;
+    one.r[0] = a->r[i];
+    one.nlaunch = 1;
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile), G, 0, &one, s),
+       "host path: stats kernel launch");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile), nch, 0, &one, s),
+       "host path: publish kernel launch");
+  }
+  if (ncclGroupStart() != ncclSuccess) {
+    r = sbn_fail(NULL, sbnNcclError, "ncclGroupStart: %s", ncclGetLastError(NULL));
+    goto out;
+  }
+  in_group = 1;
+  for (int i = 0; i < nops; i++) {
+    const int q = ops[i]->comm->rank;
+    const gpu_rank_t* g = &gt->ranks[q];
+    ncclResult_t nr = ncclAllGather(g->send, g->recv,
+                                    (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t), ncclUint8,
+                                    gt->nccl[q], (cudaStream_t)ops[i]->stream);
+    if (nr != ncclSuccess) {
+      r = sbn_fail(NULL, sbnNcclError, "ncclAllGather (rank %d): %s (%s)", q,
+                   ncclGetErrorString(nr), ncclGetLastError(gt->nccl[q]));
+      goto out;
+    }
+  }
+  in_group = 0;
+  {
+    ncclResult_t nr = ncclGroupEnd();
+    if (nr != ncclSuccess) {
+      r = sbn_fail(NULL, sbnNcclError, "ncclGroupEnd: %s (%s)", ncclGetErrorString(nr),
+                   ncclGetLastError(NULL));
+      goto out;
+    }
+  }
+  for (int i = 0; i < nops; i++) {
+    gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+    cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    one = *a;
+    one.r[0] = a->r[i];
+    one.nlaunch = 1;
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile), G, 0, &one, s),
+       "host path: apply kernel launch");
+    CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
+    atomic_store(&g->launched_ns, mono_ns());
+  }
+out:
+  if (in_group) ncclGroupEnd(); /* close it; the error above is what is reported */
+#else
+  (void)ops, (void)nops, (void)a, (void)tile;
+#endif
+  return r;
+}
+
+sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
+  const sbn_op_t* o0 = ops[0];
+  sbn_team_t* team = o0->comm->team;
+  struct sbn_gpu_team* gt = team->gpu;
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
+  int G = 0, tile = 0;
+  sbnResult_t r = plan_round(ops, nops, &G, &tile);
+  if (r != sbnSuccess) return r;
+  fill_args(&a, ops, nops, G);
+
+  int prev = 0;
+  cudaGetDevice(&prev);
+  if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
+    r = launch_host_nccl(ops, nops, &a, tile); /* an InitAll team, one rank per GPU */
+  } else if (o0->algo == SBN_ALGO_HOST && team->kind == SBN_COMM_GPU_PEER && gt->nranks > 1 &&
+             !one_device_round(ops, nops)) {
+    r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
+  } else {
+    if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
+    r = launch_one_device(ops, nops, &a, tile);
+  }
+out:
+  cudaSetDevice(prev);
   if (r != sbnSuccess) {
     sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
     /* the team's other ranks may have launched already and would wait for this one until

@@ -43,6 +43,7 @@ static int cuda_ok_(cudaError_t e, const char* expr, const char* file, int line)
 
 /* ---- globals ---------------------------------------------------------------------- */
 static int g_quick;      /* SBN_TEST_QUICK set: shorter case lists */
+static int g_host;       /* SBN_ALGO=nccl: the whole suite on the host-driven path */
 static int g_ndev;       /* CUDA devices */
 static char g_case[512]; /* the current case, printed when it fails */
 /* How late a kernel may finish after its deadline (timeout, abort, mismatch): 5 s, plenty
@@ -398,9 +399,20 @@ static void gpu_finish(dteam_t* d, team_t* h, int what, int opts) {
 
 /* Runs one op over the GPU team in `mode` (group, thread per rank, or direct for a team
    of one) and, when it was accepted, waits and downloads (gpu_finish). */
+/* Whether two ranks of d share a device (then NCCL has no comm for the team). */
+static int shares_device(const dteam_t* d) {
+  for (int a = 0; a < d->W; a++)
+    for (int b = a + 1; b < d->W; b++)
+      if (d->dev[a] == d->dev[b]) return 1;
+  return 0;
+}
+
 static sbnResult_t gpu_run(dteam_t* d, team_t* h, int bwd, int mode, int opts,
                            const sbnParams_t* p) {
   sbnResult_t res;
+  /* The host path of ranks sharing a GPU has no NCCL comm: it runs whole groups only
+     (test_host_path checks that thread mode is refused); the case runs in a group. */
+  if (g_host && mode == MODE_THREADS && shares_device(d)) mode = MODE_GROUP;
   if (mode == MODE_GROUP)
     res = gpu_group(d, h, bwd, opts, p);
   else if (mode == MODE_THREADS)
@@ -1926,6 +1938,128 @@ static void test_inference_device(void) {
   cudaStreamDestroy(s);
 }
 
+/* ---- the host-driven path (SBN_ALGO=nccl) against the cooperative kernel --------------- */
+/* Both paths reduce with the same grid and orders: forward + backward of the host path
+   give the cooperative kernel's bits, on virtual teams (gather kernel in place of the
+   collective), on InitAll{0} (a real ncclAllGather over a 1-rank NCCL comm) and on
+   InitAll{0,0} (ranks sharing a GPU: no NCCL, the gather kernel, groups only). */
+static void host_vs_coop_case(const case_t* k, const char* team, const sbnComm_t* comms,
+                              const int* dev) {
+  team_t a, b;
+  dteam_t d;
+  cudaStream_t st[MAXW] = {0};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.momentum = k->momentum;
+  p.eps = k->eps;
+  describe_case(k, team);
+  team_make(&a, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  team_make(&b, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
+            k->seed);
+  memset(&d, 0, sizeof d);
+  if (k->streams) make_streams(st, k->W, dev);
+  if (!sbn_test_cur_failed_) dteam_make(&d, &a, comms, dev, st);
+  for (int run = 0; run < 2 && !sbn_test_cur_failed_; run++) {
+    team_t* t = run == 0 ? &a : &b;
+    setenv("SBN_ALGO", run == 0 ? "coop" : "nccl", 1);
+    if (run) {
+      team_reset_running(t);
+      team_poison(t);
+      dteam_upload_state(&d, t);
+      dteam_poison(&d, t, OUT_FWD | OUT_BWD);
+    }
+    for (int call = 0; call < 2 && !sbn_test_cur_failed_; call++) { /* nbt, running stats */
+      sbnResult_t e = gpu_run(&d, t, 0, k->mode, 0, &p);
+      if (e == sbnSuccess && !sbn_test_cur_failed_) e = gpu_run(&d, t, 1, k->mode, 0, &p);
+      if (e != sbnSuccess)
+        SBN_FAIL_("%s path, call %d: %s (%s / %s)", run ? "host" : "coop", call,
+                  sbnGetResultName(e), sbnGetLastError(d.comm[0]), sbnGetLastError(NULL));
+    }
+  }
+  unsetenv("SBN_ALGO");
+  if (!sbn_test_cur_failed_) {
+    sbnResult_t ae = sbnSuccess;
+    ASSERT_OK(sbnCommGetAsyncError(d.comm[0], &ae));
+    ASSERT_EQ_INT(ae, sbnSuccess);
+  }
+  if (!sbn_test_cur_failed_) check_same_all(&a, &b, 0);
+  dteam_free(&d);
+  destroy_streams(st, k->W);
+  team_free(&a);
+  team_free(&b);
+}
+
+static void test_host_path(void) {
+  const int dev0[MAXW] = {0}, dev00[2] = {0, 0};
+  const int shapes[] = {0, 2, 3, 6, 7};
+  int i = 5000, nfail = 0;
+  for (int dt = 0; dt < 3; dt++)
+    for (int lay = 0; lay < 2; lay++)
+      for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int s = shapes[si];
+        if (kShapes[s].only_dt >= 0 && dt != kShapes[s].only_dt) continue;
+        if (g_quick && si > 2) continue;
+        const int Ws[] = {1, 2, 4, 8};
+        for (int wi = 0; wi < 4; wi++) {
+          case_t k = make_case(Ws[wi], s, (sbnDataType_t)dt, (sbnLayout_t)lay, MODE_GROUP, i++);
+          case_begin();
+          sbnComm_t* v = virt_team(Ws[wi]);
+          if (v) host_vs_coop_case(&k, "virtual", v, dev0);
+          if (case_end() && ++nfail >= MAX_FAILED_CASES) return;
+        }
+        sbnComm_t all[2] = {0};
+        case_t k1 = make_case(1, s, (sbnDataType_t)dt, (sbnLayout_t)lay, MODE_DIRECT, i++);
+        case_begin();
+        if (init_all(all, 1, dev0, TEAM_TIMEOUT_MS)) {
+          host_vs_coop_case(&k1, "InitAll{0} (NCCL)", all, dev0);
+          destroy_comms(all, 1);
+        }
+        if (case_end() && ++nfail >= MAX_FAILED_CASES) return;
+        case_t k2 = make_case(2, s, (sbnDataType_t)dt, (sbnLayout_t)lay, MODE_GROUP, i++);
+        k2.streams = 1;
+        case_begin();
+        if (init_all(all, 2, dev00, TEAM_TIMEOUT_MS)) {
+          host_vs_coop_case(&k2, "InitAll{0,0}", all, dev00);
+          destroy_comms(all, 2);
+        }
+        if (case_end() && ++nfail >= MAX_FAILED_CASES) return;
+      }
+  /* refused synchronously, nothing written, the team still usable: the host path of ranks
+     sharing a GPU outside a group (no NCCL comm), and an unknown SBN_ALGO */
+  case_begin();
+  snprintf(g_case, sizeof g_case, "host path usage errors");
+  {
+    sbnComm_t all[2] = {0};
+    if (init_all(all, 2, dev00, TEAM_TIMEOUT_MS)) {
+      team_t h;
+      dteam_t d;
+      cudaStream_t st[MAXW] = {0};
+      int64_t n[2] = {2, 3};
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      team_make(&h, 2, sbnFloat32, sbnLayoutNCHW, 5, 7, n, 1, 1, GEN_NORMAL, 77);
+      make_streams(st, 2, dev00);
+      dteam_make(&d, &h, all, dev00, st);
+      dteam_poison(&d, &h, OUT_FWD | OUT_BWD);
+      setenv("SBN_ALGO", "nccl", 1);
+      ASSERT_EQ_INT(gpu_call(&d, &h, 0, 0, 0, &p), sbnInvalidUsage);
+      ASSERT_TRUE(strstr(sbnGetLastError(NULL), "NCCL") != NULL ||
+                  strstr(sbnGetLastError(d.comm[0]), "NCCL") != NULL);
+      setenv("SBN_ALGO", "fast", 1);
+      ASSERT_EQ_INT(gpu_call(&d, &h, 1, 0, 0, &p), sbnInvalidArgument);
+      unsetenv("SBN_ALGO");
+      CUDA_OK(cudaDeviceSynchronize());
+      check_untouched(&d, &h, 0);
+      check_untouched(&d, &h, 1);
+      ASSERT_TRUE(team_healthy(all));
+      dteam_free(&d);
+      destroy_streams(st, 2);
+      team_free(&h);
+      destroy_comms(all, 2);
+    }
+  }
+  case_end();
+}
+
 /* SBN_TEST_ONLY=name,name: run only the tests whose names contain one of the words. */
 static int want_test(const char* name) {
   const char* only = getenv("SBN_TEST_ONLY");
@@ -1949,6 +2083,8 @@ int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   const char* q = getenv("SBN_TEST_QUICK");
   g_quick = q != NULL && q[0] != '\0' && strcmp(q, "0") != 0;
+  const char* algo = getenv("SBN_ALGO");
+  g_host = algo != NULL && strcmp(algo, "nccl") == 0;
   if (g_quick) g_slack_ms = 30000.0;
 
   cudaError_t ce = cudaGetDeviceCount(&g_ndev);
@@ -1988,6 +2124,7 @@ int main(void) {
   RUN(test_mismatch_threads);
   RUN(test_count_one_threads);
   RUN(test_inference_device);
+  if (!g_host) RUN(test_host_path); /* sets SBN_ALGO itself */
   virt_teams_destroy();
   team_comms_destroy();
   fprintf(stderr, "test_gpu_team: %.1f s\n", (now_ms() - t0) / 1e3);
