@@ -7,7 +7,11 @@
 #   test      the whole CTest suite; GPU tests must PASS here, not skip
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck over the GPU tests
 #             (SBN_TEST_QUICK=1: the tests' smaller case lists)
-#   bench     sbn-bench (GPU mode), table + JSON
+#   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON
+#   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON
+#   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
+# PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are taken
+# from the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON when installed, else the toolkit.
 # Usage: scripts/gpu-suite.sh [OUTDIR] [steps...]   (OUTDIR default: ./gpu-out; all steps)
 # Each step logs to OUTDIR/<step>.log; the summary says which failed; exit 1 if any did.
 set -uo pipefail
@@ -17,7 +21,8 @@ OUTDIR=${1:-gpu-out}
 shift || true
 mkdir -p "$OUTDIR"
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env build test sanitize bench)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(env build test sanitize bench torch plot)
+PYTHON=${PYTHON:-python3}
 BUILD=build/gpu
 ARCH=${CUDA_ARCH:-90}
 GPU_TESTS=(test_gpu_math test_gpu_team)
@@ -38,10 +43,23 @@ for name in ("nvidia.nccl", "nvidia.cudnn"):
 EOF
 }
 
+# <site-packages>/nvidia/<name> of a wheel, or nothing
+wheel_root() {
+  "$PYTHON" -c 'import importlib.util, sys
+spec = importlib.util.find_spec("nvidia." + sys.argv[1])
+print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else "")' "$1" 2>/dev/null
+}
+
 step_build() {
-  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON &&
-    cmake --build "$BUILD" -j "$(nproc)"
+  local nccl cudnn
+  nccl=$(wheel_root nccl)
+  cudnn=$(wheel_root cudnn)
+  echo "NCCL wheel: ${nccl:-none}; cuDNN wheel: ${cudnn:-none} (searched before the toolkit)"
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON \
+    ${nccl:+-DSYNCBN_NCCL_ROOT="$nccl"} ${cudnn:+-DSYNCBN_CUDNN_ROOT="$cudnn"} &&
+    cmake --build "$BUILD" -j "$(nproc)" &&
+    grep -E '^SYNCBN_(NCCL|CUDNN)' "$BUILD/CMakeCache.txt"
 }
 
 step_test() {
@@ -65,12 +83,26 @@ step_sanitize() {
       SBN_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
         --print-limit 20 "$BUILD/tests/$t" || { echo "!! $tool $t failed"; rc=1; }
     done
+    echo "+ SBN_ALGO=nccl compute-sanitizer --tool $tool $BUILD/tests/test_gpu_team (host path)"
+    SBN_ALGO=nccl SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu SBN_TEST_QUICK=1 \
+      compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      "$BUILD/tests/test_gpu_team" || { echo "!! $tool test_gpu_team (SBN_ALGO=nccl) failed"; rc=1; }
   done
   return $rc
 }
 
 step_bench() {
   "$BUILD/bench/sbn-bench" --gpu on --json "$OUTDIR/bench.json"
+}
+
+step_torch() {
+  "$PYTHON" bench/torch_baseline.py --json "$OUTDIR/torch.json"
+}
+
+step_plot() {
+  local files=()
+  for f in "$OUTDIR/bench.json" "$OUTDIR/torch.json"; do [ -f "$f" ] && files+=("$f"); done
+  "$PYTHON" bench/plot.py --out "$OUTDIR/plots" "${files[@]}"
 }
 
 declare -A RESULT
