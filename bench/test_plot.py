@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""test_plot.py - tests of bench/plot.py and of bench/torch_baseline.py's CPU-side parts.
+
+The JSON built here is SYNTHETIC: every time, floor and count in it is made up (by simple
+formulas below) to exercise the plotting and table code. None of it is a measurement, and
+nothing here says anything about how fast syncbn, cuDNN or PyTorch are.
+
+Checks:
+  1. torch_baseline.py compiles (py_compile) and its shape reading and --scale arithmetic
+     give the shapes sbn-bench uses: --list-shapes against bench/shapes.tsv read here
+     independently (scale 1), and against the rows of `sbn-bench --gpu off --json` at
+     scales 7 and 4096 when an sbn-bench binary is given (--sbn-bench PATH) or found in
+     build/default/bench/ (otherwise against H*W // scale computed here). Also --only.
+  2. With PyTorch importable (never in CI; optional): a torch_baseline.py --device cpu
+     dry run on two small shapes writes a JSON in sbn-bench's GPU row schema.
+  3. plot.py on the synthetic JSON (an sbn-bench-like file with coop, nccl and cudnn rows
+     for W = 1, 2, 4 and a latency section, and a torch_baseline-like file): every PNG
+     exists and is a valid PNG (signature, IHDR with nonzero size); results.md holds the
+     ratios and % of floor computed here independently from the synthetic numbers; rows
+     with null fields, a failed row and a missing path give "-" / "n/a" and no crash.
+  4. plot.py exits 77 with a message when matplotlib cannot be imported.
+Parts 3-4 need matplotlib: without it this test exits 77 after part 1 (and says why);
+--no-plot runs parts 1-2 only (exit 0 on success).
+
+  python3 bench/test_plot.py [--sbn-bench build/default/bench/sbn-bench] [--no-plot]
+"""
+
+import argparse
+import json
+import math
+import os
+import py_compile
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PLOT = os.path.join(HERE, "plot.py")
+BASELINE = os.path.join(HERE, "torch_baseline.py")
+SHAPES = os.path.join(HERE, "shapes.tsv")
+EXIT_SKIP = 77
+PNG_SIG = b"\x89PNG\r\n\x1a\n"
+
+failures = []
+
+
+def check(cond, what):
+    if cond:
+        print(f"ok   {what}")
+    else:
+        print(f"FAIL {what}")
+        failures.append(what)
+    return cond
+
+
+def run(cmd, **kw):
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env.update(kw.pop("env", {}))
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, **kw)
+
+
+# ---- 1. torch_baseline.py: compiles, shapes ------------------------------------------------------
+def shapes_from_tsv(path):
+    """bench/shapes.tsv read independently: id N C H W per non-comment line."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            s = line.strip()
+            if not s or s.startswith("#"):
+                continue
+            p = s.split()
+            out.append((p[0], int(p[1]), int(p[2]), int(p[3]), int(p[4])))
+    return out
+
+
+def list_shapes(scale, only=None):
+    cmd = [sys.executable, BASELINE, "--list-shapes", "--scale", str(scale)]
+    if only:
+        cmd += ["--only", only]
+    r = run(cmd)
+    if r.returncode != 0:
+        return None, r.stderr
+    return [tuple([p[0]] + [int(v) for v in p[1:]]) for p in (l.split() for l in r.stdout.splitlines())], ""
+
+
+def sbn_bench_shapes(exe, scale, tmp):
+    js = os.path.join(tmp, f"sbn_scale{scale}.json")
+    r = run([exe, "--gpu", "off", "--scale", str(scale), "-i", "1", "--warmup", "0", "-w", "1",
+             "--dtype", "fp32", "--layout", "NCHW", "--check-channels", "1", "--json", js])
+    if r.returncode != 0:
+        return None, (r.stdout + r.stderr)[-2000:]
+    with open(js, encoding="utf-8") as f:
+        d = json.load(f)
+    return [(x["shape"], x["n"], x["c"], x["h"], x["w"], x["spatial"]) for x in d["rows"]], ""
+
+
+def test_baseline_shapes(sbn_exe, tmp):
+    try:
+        py_compile.compile(BASELINE, cfile=os.path.join(tmp, "tb.pyc"), doraise=True)
+        check(True, "torch_baseline.py compiles")
+    except py_compile.PyCompileError as e:
+        check(False, f"torch_baseline.py compiles: {e}")
+        return
+    tsv = shapes_from_tsv(SHAPES)
+    got, err = list_shapes(1)
+    check(got == [t + (t[3] * t[4],) for t in tsv],
+          f"--list-shapes --scale 1 = shapes.tsv with spatial H*W ({len(tsv)} shapes) {err}")
+    got, err = list_shapes(8, "s2,S10")
+    check(got == [t + (max(1, t[3] * t[4] // 8),) for t in tsv if t[0] in ("S2", "S10")],
+          f"--only s2,S10 --scale 8 keeps those two, case-insensitive {err}")
+    r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S99"])
+    check(r.returncode == 2, "--only naming no shape: exit 2")
+    for scale in (7, 4096):
+        got, err = list_shapes(scale)
+        if sbn_exe:
+            want, err2 = sbn_bench_shapes(sbn_exe, scale, tmp)
+            check(want is not None and got == want,
+                  f"--scale {scale}: the shapes of sbn-bench --gpu off --scale {scale} "
+                  f"({os.path.relpath(sbn_exe, ROOT)}) {err}{err2}")
+        else:
+            want = [t + (max(1, t[3] * t[4] // scale),) for t in tsv]
+            check(got == want, f"--scale {scale}: H*W // {scale}, >= 1 (no sbn-bench binary) {err}")
+    # without torch (the interpreter running this test may or may not have it)
+    has_torch = run([sys.executable, "-c", "import torch"]).returncode == 0
+    if not has_torch:
+        r = run([sys.executable, BASELINE, "--only", "S10"])
+        check(r.returncode == EXIT_SKIP and "PyTorch is not installed" in r.stderr,
+              "torch_baseline.py without torch: exit 77 and says why")
+    return has_torch
+
+
+# ---- 2. torch_baseline.py dry run (only where torch is installed) ------------------------------
+ROW_KEYS = {"path", "shape", "where", "n", "c", "h", "w", "spatial", "dtype", "layout", "ranks",
+            "bytes_x_rank", "bytes_x_total", "fwd", "bwd", "checked", "wrong", "tol_used", "worst",
+            "error"}
+OP_KEYS = {"us_median", "us_min", "us_p90", "host_us_median", "bytes_rank", "bytes_total",
+           "gbps_rank", "gbps_total", "floor_a_us", "floor_b_us", "pct_floor_a", "pct_floor_b"}
+
+
+def test_baseline_dryrun(tmp):
+    js = os.path.join(tmp, "torch_dry.json")
+    r = run([sys.executable, BASELINE, "--device", "cpu", "--only", "S7,S10", "--scale", "64",
+             "-i", "3", "--warmup", "1", "--check-channels", "4", "--json", js])
+    if not check(r.returncode == 0, "torch_baseline.py --device cpu dry run: exit 0"):
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        return None
+    with open(js, encoding="utf-8") as f:
+        d = json.load(f)
+    check(d.get("mode") == "cpu-dryrun" and d.get("tool") == "torch_baseline", "dry run JSON: mode, tool")
+    rows = d.get("rows", [])
+    check(len(rows) == 2 * 2 * 2 * 2, f"dry run: 16 rows (2 shapes x 2 dtypes x 2 layouts x 2 paths), got {len(rows)}")
+    check(all(ROW_KEYS <= set(x) and OP_KEYS <= set(x["fwd"]) and OP_KEYS <= set(x["bwd"]) for x in rows),
+          "dry run rows have sbn-bench's GPU row fields")
+    check(all(x["checked"] > 0 and x["wrong"] == 0 and x["error"] is None for x in rows),
+          "dry run rows: checked, nothing wrong")
+    check({(x["path"], x["shape"]) for x in d.get("latency", [])} ==
+          {(p, s) for p in ("torch_bn", "torch_syncbn") for s in ("tiny", "empty")}, "dry run latency rows")
+    s7 = [x for x in rows if x["shape"] == "S7"][0]
+    check(s7["spatial"] == 97 * 97 // 64 and s7["bytes_x_rank"] == 2 * 512 * (97 * 97 // 64) * 4
+          if s7["dtype"] == "fp32" else True, "dry run: S7 spatial and bytes at --scale 64")
+    return js
+
+
+# ---- 3. plot.py on synthetic JSON --------------------------------------------------------------
+SYN_SHAPES = [("S1", 4, 64, 256, 256, "stem"), ("S10", 4, 512, 1, 1, "pool | branch")]
+SYN_DTYPES = ["fp32", "bf16"]
+SYN_LAYOUTS = ["NCHW", "NHWC"]
+B_SBN = 3000.0
+B_TORCH = 2900.0
+
+
+def syn_us(path, si, di, li, op, W=1):
+    """Made-up median times (us). Not measurements."""
+    base = 100.0 + 40.0 * si + 10.0 * di + 4.0 * li + (30.0 if op == "bwd" else 0.0)
+    f = {"coop": 1.0, "nccl": 1.5, "cudnn": 1.2, "torch_bn": 1.3, "torch_syncbn": 2.7}[path]
+    return round(base * f * (1.0 + 0.9 * (W - 1)) + (3.0 if path != "coop" else 0.0), 3)
+
+
+def syn_row(path, s, si, dtype, di, layout, li, W, B, full=True):
+    sid, n, c, h, w, where = s
+    es = 4 if dtype == "fp32" else 2
+    xr = n * c * h * w * es
+    xt = xr * W
+    row = {"path": path, "shape": sid, "where": where, "n": n, "c": c, "h": h, "w": w, "spatial": h * w,
+           "dtype": dtype, "layout": layout, "ranks": W, "bytes_x_rank": xr, "bytes_x_total": xt,
+           "checked": 1000, "wrong": 0, "tol_used": 0.1, "worst": "y r0 c0", "error": None,
+           "some_future_field": {"x": 1}}
+    for op, ka, kb, kbytes in (("fwd", 3, 2, 2), ("bwd", 5, 3, 3)):
+        us = syn_us(path, si, di, li, op, W)
+        fa, fb = ka * xt / (B * 1e3), kb * xt / (B * 1e3)
+        o = {"us_median": us, "us_min": us * 0.95, "us_p90": us * 1.1, "host_us_median": 5.0,
+             "bytes_rank": kbytes * xr, "bytes_total": kbytes * xt, "gbps_rank": kbytes * xr / (us * 1e3),
+             "gbps_total": kbytes * xt / (us * 1e3), "floor_a_us": fa, "floor_b_us": fb,
+             "pct_floor_a": fa / us * 100, "pct_floor_b": fb / us * 100}
+        if not full:  # an older or partial file: optional fields missing or null
+            for k in ("us_min", "us_p90", "pct_floor_a", "pct_floor_b", "gbps_total"):
+                o.pop(k)
+            o["host_us_median"] = None
+        row[op] = o
+    return row
+
+
+def syn_lat(path, sid, W):
+    n = 4 if sid == "tiny" else 0
+    us = {"coop": 6.0, "nccl": 20.0, "torch_bn": 30.0, "torch_syncbn": 250.0}[path] + 1.5 * (W - 1)
+    if sid == "empty":
+        us -= 1.0
+    return {"path": path, "shape": sid, "where": "latency", "n": n, "c": 512, "h": 1, "w": 1, "spatial": 1,
+            "dtype": "fp32", "layout": "NCHW", "ranks": W, "bytes_x_rank": n * 512 * 4,
+            "bytes_x_total": n * 512 * 4 * W,
+            "fwd": {"us_median": us, "host_us_median": 3.0}, "bwd": {"us_median": us + 2.0},
+            "checked": 0, "wrong": 0, "tol_used": 0, "worst": "", "error": None}
+
+
+def synthetic_files(tmp):
+    sbn_rows, torch_rows = [], []
+    for si, s in enumerate(SYN_SHAPES):
+        for di, d in enumerate(SYN_DTYPES):
+            for li, l in enumerate(SYN_LAYOUTS):
+                for W in (1, 2, 4):
+                    sbn_rows.append(syn_row("coop", s, si, d, di, l, li, W, B_SBN))
+                    sbn_rows.append(syn_row("nccl", s, si, d, di, l, li, W, B_SBN, full=(W != 2)))
+                cud = syn_row("cudnn", s, si, d, di, l, li, 1, B_SBN)
+                if s[0] == "S10" and d == "bf16" and l == "NCHW":  # a combination "cuDNN refused"
+                    cud["error"] = "CUDNN_STATUS_NOT_SUPPORTED"
+                    cud["note"] = "cuDNN does not support this combination"
+                    cud["fwd"]["us_median"] = cud["bwd"]["us_median"] = None
+                sbn_rows.append(cud)
+                torch_rows.append(syn_row("torch_bn", s, si, d, di, l, li, 1, B_TORCH))
+                if not (s[0] == "S1" and d == "fp32" and l == "NHWC"):  # a path absent for one combo
+                    torch_rows.append(syn_row("torch_syncbn", s, si, d, di, l, li, 1, B_TORCH))
+    sbn = {"tool": "sbn-bench", "library_version": "0.1.0", "commit": "synthetic", "date": "2000-01-01T00:00:00Z",
+           "mode": "gpu", "path": "coop", "device": {"name": "Synthetic GPU (made-up numbers)", "arch": "sm_90"},
+           "driver_version": 13000, "runtime_version": 13000, "copy_bandwidth": {"gbps": B_SBN},
+           "ranks": [1, 2, 4], "iters": 50, "warmup": 5, "rows": sbn_rows,
+           "latency": [syn_lat(p, s, W) for p in ("coop", "nccl") for W in (1, 2, 3, 4) for s in ("tiny", "empty")]}
+    tl = [syn_lat(p, s, 1) for p in ("torch_bn", "torch_syncbn") for s in ("tiny", "empty")]
+    tl[1]["error"] = "RuntimeError: empty"  # torch_bn empty: rejected
+    tl[1]["note"] = "PyTorch rejected the empty op: reported, not a failure"
+    torch = {"tool": "torch_baseline", "commit": "synthetic", "date": "2000-01-01T00:00:00Z", "mode": "gpu",
+             "torch_version": "0.0-synthetic", "device": {"name": "Synthetic GPU (made-up numbers)"},
+             "copy_bandwidth": {"gbps": B_TORCH}, "ranks": [1], "rows": torch_rows, "latency": tl}
+    cpu = {"tool": "sbn-bench", "mode": "cpu", "rows": [{"shape": "S1", "us_fwd": 1.0}]}
+    files = []
+    for name, obj in (("sbn.json", sbn), ("torch.json", torch), ("cpu.json", cpu)):
+        p = os.path.join(tmp, name)
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+        files.append(p)
+    return files
+
+
+def md_tables(text):
+    """{section title: [ {header: cell} ]} for every '## title' followed by a table."""
+    out, title, header = {}, None, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            title, header = line[3:].strip(), None
+            out[title] = []
+        elif line.startswith("|") and title is not None:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif set(line.replace("|", "").strip()) <= {"-"}:
+                continue
+            else:
+                out[title].append(dict(zip(header, cells)))
+    return out
+
+
+def find(table, **kv):
+    return [r for r in table if all(r.get(k) == v for k, v in kv.items())]
+
+
+def section(tables, prefix):
+    hits = [k for k in tables if k.startswith(prefix)]
+    return tables[hits[0]] if hits else []
+
+
+def png_ok(path):
+    try:
+        with open(path, "rb") as f:
+            head = f.read(33)
+    except OSError:
+        return False
+    if len(head) < 33 or head[:8] != PNG_SIG or head[12:16] != b"IHDR":
+        return False
+    w, h = struct.unpack(">II", head[16:24])
+    return w > 0 and h > 0 and os.path.getsize(path) > 1000
+
+
+def f2(v):
+    return f"{v:.2f}"
+
+
+def fus(v):
+    """results.md's us format: 1 decimal from 10 us, 2 from 1 us, 3 below."""
+    return f"{v:.1f}" if v >= 10 else (f"{v:.2f}" if v >= 1 else f"{v:.3f}")
+
+
+def fpct(v):
+    """results.md's % format: no decimal from 10%, 1 from 1%, 2 below."""
+    return f"{v:.0f}%" if v >= 10 else (f"{v:.1f}%" if v >= 1 else f"{v:.2f}%")
+
+
+def test_plot(tmp):
+    files = synthetic_files(tmp)
+    out = os.path.join(tmp, "out")
+    r = run([sys.executable, PLOT, *files, "--out", out])
+    if not check(r.returncode == 0, f"plot.py on the synthetic JSON: exit 0 {r.stderr[-2000:]}"):
+        return
+    check("mode 'cpu'" in r.stderr, "plot.py skips a CPU-mode file and says so")
+    pngs = ["shape_S1.png", "shape_S10.png", "scaling_fp32_NCHW.png", "scaling_fp32_NHWC.png",
+            "scaling_bf16_NCHW.png", "scaling_bf16_NHWC.png", "latency.png", "summary.png"]
+    for p in pngs:
+        check(png_ok(os.path.join(out, p)), f"{p} is a valid PNG (signature, IHDR, size)")
+    listed = set(os.path.basename(l) for l in r.stdout.split())
+    check(set(pngs) | {"results.md"} <= listed, "plot.py lists what it wrote")
+    with open(os.path.join(out, "results.md"), encoding="utf-8") as f:
+        md = f.read()
+    t = md_tables(md)
+    fwd, bwd = section(t, "Forward"), section(t, "Backward")
+    head = section(t, "Headline")
+    check(len(fwd) == 8 and len(bwd) == 8 and len(head) == 2, "results.md: forward/backward 8 rows, headline 2")
+    # per combination: t_path / t_coop and coop's % of floor, computed here
+    for tab, op, ka, kb in ((fwd, "fwd", 3, 2), (bwd, "bwd", 5, 3)):
+        for si, s in enumerate(SYN_SHAPES):
+            for di, d in enumerate(SYN_DTYPES):
+                for li, l in enumerate(SYN_LAYOUTS):
+                    rows = find(tab, shape=s[0], dtype=d, layout=l)
+                    if not check(len(rows) == 1, f"results.md {op} row {s[0]} {d} {l}"):
+                        continue
+                    row = rows[0]
+                    tc = syn_us("coop", si, di, li, op)
+                    for p, col in (("nccl", "nccl/coop"), ("cudnn", "cuDNN/coop"),
+                                   ("torch_bn", "torch_bn/coop"), ("torch_syncbn", "torch_syncbn/coop")):
+                        missing = ((p == "cudnn" and s[0] == "S10" and d == "bf16" and l == "NCHW")
+                                   or (p == "torch_syncbn" and s[0] == "S1" and d == "fp32" and l == "NHWC"))
+                        want = "-" if missing else f2(syn_us(p, si, di, li, op) / tc)
+                        check(row.get(col) == want, f"{op} {s[0]} {d} {l} {col} = {want} (got {row.get(col)})")
+                    xt = s[1] * s[2] * s[3] * s[4] * (4 if d == "fp32" else 2)
+                    fa, fb = ka * xt / (B_SBN * 1e3), kb * xt / (B_SBN * 1e3)
+                    check(row.get("coop %floor(a)") == fpct(fa / tc * 100)
+                          and row.get("coop %floor(b)") == fpct(fb / tc * 100),
+                          f"{op} {s[0]} {d} {l} coop % of floor (a), (b)")
+                    check(row.get("floor (a) us") == fus(fa) and row.get("floor (b) us") == fus(fb),
+                          f"{op} {s[0]} {d} {l} floors (a), (b) in us")
+                    check(row.get("coop us") == fus(tc), f"{op} {s[0]} {d} {l} coop us")
+    cud = find(fwd, shape="S10", dtype="bf16", layout="NCHW")
+    check(cud and cud[0].get("cuDNN us") == "n/a", "a cuDNN row with an error and a note: 'n/a'")
+    miss = find(fwd, shape="S1", dtype="fp32", layout="NHWC")
+    check(miss and miss[0].get("torch_syncbn us") == "-", "a path absent for a combination: '-'")
+    # headline: geometric means over the 4 combinations
+    for si, s in enumerate(SYN_SHAPES):
+        rows = find(head, shape=s[0])
+        if not check(len(rows) == 1, f"headline row {s[0]}"):
+            continue
+        combos = [(di, li) for di in range(2) for li in range(2)]
+        for p, name in (("nccl", "nccl"), ("torch_syncbn", "torch_syncbn"), ("cudnn", "cuDNN")):
+            for op in ("fwd", "bwd"):
+                logs = []
+                for di, li in combos:
+                    d, l = SYN_DTYPES[di], SYN_LAYOUTS[li]
+                    if p == "cudnn" and s[0] == "S10" and d == "bf16" and l == "NCHW":
+                        continue
+                    if p == "torch_syncbn" and s[0] == "S1" and d == "fp32" and l == "NHWC":
+                        continue
+                    logs.append(math.log(syn_us(p, si, di, li, op) / syn_us("coop", si, di, li, op)))
+                want = f2(math.exp(sum(logs) / len(logs)))
+                got = rows[0].get(f"{name}/coop {op}")
+                check(got == want, f"headline {s[0]} {name}/coop {op} = {want} (got {got})")
+        logs = []
+        for di, li in combos:
+            xt = s[1] * s[2] * s[3] * s[4] * (4 if SYN_DTYPES[di] == "fp32" else 2)
+            logs.append(math.log(3 * xt / (B_SBN * 1e3) / syn_us("coop", si, di, li, "fwd") * 100))
+        want = fpct(math.exp(sum(logs) / len(logs)))
+        check(rows[0].get("coop %floor(a) fwd") == want, f"headline {s[0]} coop %floor(a) fwd = {want}")
+        check(rows[0].get("where") == s[5].replace("|", "/"), f"headline {s[0]} where")
+    # against W
+    wt = section(t, "coop and nccl-path against W")
+    rr = find(wt, shape="S1", dtype="bf16", layout="NHWC", path="nccl/coop")
+    want = f"{f2(syn_us('nccl', 0, 1, 1, 'fwd', 4) / syn_us('coop', 0, 1, 1, 'fwd', 4))} / " \
+           f"{f2(syn_us('nccl', 0, 1, 1, 'bwd', 4) / syn_us('coop', 0, 1, 1, 'bwd', 4))}"
+    check(rr and rr[0].get("W=4") == want, f"against W: S1 bf16 NHWC nccl/coop at W=4 = {want}")
+    rr = find(wt, shape="S10", dtype="fp32", layout="NCHW", path="coop")
+    want = f"{fus(syn_us('coop', 1, 0, 0, 'fwd', 2))} / {fus(syn_us('coop', 1, 0, 0, 'bwd', 2))}"
+    check(rr and rr[0].get("W=2") == want, f"against W: S10 fp32 NCHW coop at W=2 = {want}")
+    # latency
+    lt = section(t, "Latency")
+    rr = find(lt, path="coop", W="3")
+    check(rr and rr[0].get("tiny fwd") == fus(6.0 + 3.0) and rr[0].get("empty bwd") == fus(5.0 + 3.0 + 2.0),
+          "latency: coop W=3 tiny fwd, empty bwd")
+    rr = find(lt, path="torch_bn", W="1")
+    check(rr and rr[0].get("empty fwd") == "n/a" and rr[0].get("tiny fwd") == fus(30.0),
+          "latency: torch_bn W=1, the rejected empty op says n/a")
+    check("Synthetic GPU" in md and "copy bandwidth B = 3000.0 GB/s" in md, "results.md names the sources")
+
+    # --md-only, and a file with only torch rows (no coop: no ratios, no crash)
+    out2 = os.path.join(tmp, "out2")
+    r = run([sys.executable, PLOT, files[1], "--out", out2])
+    check(r.returncode == 0 and os.path.exists(os.path.join(out2, "results.md"))
+          and png_ok(os.path.join(out2, "shape_S1.png")) and png_ok(os.path.join(out2, "latency.png")),
+          f"plot.py with torch rows only: exit 0, results.md, shape and latency charts {r.stderr[-1500:]}")
+    r = run([sys.executable, PLOT, files[2], "--out", os.path.join(tmp, "out3")])
+    check(r.returncode == 1 and "no usable rows" in r.stderr, "plot.py with only a CPU-mode file: exit 1")
+
+
+def test_plot_without_matplotlib(tmp):
+    fake = os.path.join(tmp, "no_mpl")
+    os.makedirs(os.path.join(fake, "matplotlib"), exist_ok=True)
+    with open(os.path.join(fake, "matplotlib", "__init__.py"), "w", encoding="utf-8") as f:
+        f.write("raise ImportError('matplotlib hidden by test_plot.py')\n")
+    files = synthetic_files(tmp)
+    r = run([sys.executable, PLOT, files[0], "--out", os.path.join(tmp, "out_nompl")],
+            env={"PYTHONPATH": fake})
+    check(r.returncode == EXIT_SKIP and "matplotlib is not installed" in r.stderr,
+          "plot.py without matplotlib: exit 77 and says why")
+    r = run([sys.executable, PLOT, files[0], "--md-only", "--out", os.path.join(tmp, "out_md")],
+            env={"PYTHONPATH": fake})
+    check(r.returncode == 0 and os.path.exists(os.path.join(tmp, "out_md", "results.md")),
+          "plot.py --md-only without matplotlib: exit 0, results.md")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sbn-bench", help="sbn-bench binary to compare shapes with "
+                                        "(default: build/default/bench/sbn-bench if it exists)")
+    ap.add_argument("--no-plot", action="store_true", help="torch_baseline.py checks only (no matplotlib)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (prints it)")
+    args = ap.parse_args()
+    exe = args.sbn_bench
+    if not exe:
+        guess = os.path.join(ROOT, "build", "default", "bench", "sbn-bench")
+        exe = guess if os.access(guess, os.X_OK) else None
+    elif not os.access(exe, os.X_OK):
+        print(f"test_plot.py: --sbn-bench {exe}: not an executable", file=sys.stderr)
+        return 2
+    tmp = tempfile.mkdtemp(prefix="test_plot.")
+    try:
+        has_torch = test_baseline_shapes(exe, tmp)
+        if has_torch:
+            dry = test_baseline_dryrun(tmp)
+            if dry and not args.no_plot:
+                r = run([sys.executable, PLOT, dry, "--any-mode", "--out", os.path.join(tmp, "out_dry")])
+                check(r.returncode == 0 and png_ok(os.path.join(tmp, "out_dry", "shape_S7.png")),
+                      f"plot.py --any-mode on the dry-run JSON {r.stderr[-1500:]}")
+        else:
+            print("skip torch_baseline.py dry run: PyTorch is not installed here")
+        if args.no_plot:
+            pass
+        else:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError as e:
+                if failures:
+                    print(f"{len(failures)} failed")
+                    return 1
+                print(f"SKIP plot checks: matplotlib is not installed ({e}); "
+                      "python3 -m pip install -r bench/requirements-plot.txt")
+                return EXIT_SKIP
+            test_plot(tmp)
+            test_plot_without_matplotlib(tmp)
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failed" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
