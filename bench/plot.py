@@ -200,7 +200,7 @@ def load(files, any_mode):
                "date": top.get("date"), "commit": top.get("commit"), "B": B,
                "versions": {k: top.get(k) for k in ("library_version", "torch_version",
                                                     "cuda_version", "cudnn_version",
-                                                    "nccl_version", "driver_version",
+                                                    "nccl_version", "driver", "driver_version",
                                                     "runtime_version") if top.get(k) is not None},
                "rows": 0, "checked": 0, "wrong": 0, "errors": 0}
         data.sources.append(src)
@@ -354,7 +354,9 @@ def write_markdown(data, path):
                     if r is None:
                         cells.append("-")
                     elif r["error"]:
-                        cells.append("failed" if not r["note"] else "n/a")
+                        cells.append("failed")
+                    elif r[op]["us_median"] is None:
+                        cells.append("n/a")  # did not run; its note says why
                     else:
                         cells.append(fmt_us(r[op]["us_median"]))
                 fr = floor_row(data, sid, d, l)
@@ -425,14 +427,17 @@ def write_markdown(data, path):
     L.append("")
     for s in data.sources:
         L.append(f"- `{os.path.basename(s['file'])}`: {s['rows']} rows, {s['checked']} values "
-                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error or not run (latency rows included)")
+                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error (latency rows included)")
     bad = [r for r in list(data.rows.values()) + list(data.latency.values())
-           if r["error"] or (r["wrong"] or 0) > 0]
+           if r["error"] or (r["wrong"] or 0) > 0 or r["fwd"]["us_median"] is None]
     if bad:
+        L.append("")
+        L.append("Rows with a wrong value, an error, or no timing:")
         L.append("")
         L += md_table(["path", "shape", "dtype", "layout", "W", "wrong", "error / note"],
                       [[r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"], r["wrong"],
-                        (r["error"] or "") + (f" ({r['note']})" if r["note"] else "")] for r in bad])
+                        ("error: " + r["error"] if r["error"] else "not run")
+                        + (f" ({r['note']})" if r["note"] else "")] for r in bad])
     L.append("")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(L))
@@ -484,7 +489,7 @@ def plot_shape(plt, data, sid, out):
                     v = us_of(r, op)
                     if v is None:
                         if r is not None:
-                            ax.text(x, 0, "n/a" if r["note"] else "failed", rotation=90, fontsize=6,
+                            ax.text(x, 0, "failed" if r["error"] else "n/a", rotation=90, fontsize=6,
                                     ha="center", va="bottom", color=COLORS.get(p, "gray"))
                         continue
                     h = ax.bar(x, v, width * 0.92, color=COLORS.get(p, None), label=LABELS.get(p, p))

@@ -169,6 +169,7 @@ SYN_SHAPES = [("S1", 4, 64, 256, 256, "stem"), ("S10", 4, 512, 1, 1, "pool | bra
 SYN_DTYPES = ["fp32", "bf16"]
 SYN_LAYOUTS = ["NCHW", "NHWC"]
 B_SBN = 3000.0
+FAILED_NCCL = ("S10", "fp32", "NHWC", 1)
 B_TORCH = 2900.0
 
 
@@ -187,6 +188,7 @@ def syn_row(path, s, si, dtype, di, layout, li, W, B, full=True):
     row = {"path": path, "shape": sid, "where": where, "n": n, "c": c, "h": h, "w": w, "spatial": h * w,
            "dtype": dtype, "layout": layout, "ranks": W, "bytes_x_rank": xr, "bytes_x_total": xt,
            "checked": 1000, "wrong": 0, "tol_used": 0.1, "worst": "y r0 c0", "error": None,
+           "note": "nccl-path on a virtual team: a remark" if path == "nccl" else "",
            "some_future_field": {"x": 1}}
     for op, ka, kb, kbytes in (("fwd", 3, 2, 2), ("bwd", 5, 3, 3)):
         us = syn_us(path, si, di, li, op, W)
@@ -222,12 +224,19 @@ def synthetic_files(tmp):
             for li, l in enumerate(SYN_LAYOUTS):
                 for W in (1, 2, 4):
                     sbn_rows.append(syn_row("coop", s, si, d, di, l, li, W, B_SBN))
-                    sbn_rows.append(syn_row("nccl", s, si, d, di, l, li, W, B_SBN, full=(W != 2)))
+                    nr = syn_row("nccl", s, si, d, di, l, li, W, B_SBN, full=(W != 2))
+                    if (s[0], d, l, W) == FAILED_NCCL:  # a failed row: error set, times null
+                        nr["error"] = "sbnGroupEnd: made-up failure"
+                        for op in ("fwd", "bwd"):
+                            nr[op]["us_median"] = None
+                    sbn_rows.append(nr)
                 cud = syn_row("cudnn", s, si, d, di, l, li, 1, B_SBN)
-                if s[0] == "S10" and d == "bf16" and l == "NCHW":  # a combination "cuDNN refused"
-                    cud["error"] = "CUDNN_STATUS_NOT_SUPPORTED"
-                    cud["note"] = "cuDNN does not support this combination"
-                    cud["fwd"]["us_median"] = cud["bwd"]["us_median"] = None
+                if s[0] == "S10" and d == "bf16" and l == "NCHW":  # not run: error null, note why
+                    cud["note"] = "not supported by cuDNN: a made-up reason"
+                    for op in ("fwd", "bwd"):
+                        for k in ("us_median", "us_min", "us_p90", "host_us_median", "gbps_rank",
+                                  "gbps_total", "pct_floor_a", "pct_floor_b"):
+                            cud[op][k] = None
                 sbn_rows.append(cud)
                 torch_rows.append(syn_row("torch_bn", s, si, d, di, l, li, 1, B_TORCH))
                 if not (s[0] == "S1" and d == "fp32" and l == "NHWC"):  # a path absent for one combo
@@ -338,7 +347,8 @@ def test_plot(tmp):
                     for p, col in (("nccl", "nccl/coop"), ("cudnn", "cuDNN/coop"),
                                    ("torch_bn", "torch_bn/coop"), ("torch_syncbn", "torch_syncbn/coop")):
                         missing = ((p == "cudnn" and s[0] == "S10" and d == "bf16" and l == "NCHW")
-                                   or (p == "torch_syncbn" and s[0] == "S1" and d == "fp32" and l == "NHWC"))
+                                   or (p == "torch_syncbn" and s[0] == "S1" and d == "fp32" and l == "NHWC")
+                                   or (p == "nccl" and (s[0], d, l, 1) == FAILED_NCCL))
                         want = "-" if missing else f2(syn_us(p, si, di, li, op) / tc)
                         check(row.get(col) == want, f"{op} {s[0]} {d} {l} {col} = {want} (got {row.get(col)})")
                     xt = s[1] * s[2] * s[3] * s[4] * (4 if d == "fp32" else 2)
@@ -350,7 +360,12 @@ def test_plot(tmp):
                           f"{op} {s[0]} {d} {l} floors (a), (b) in us")
                     check(row.get("coop us") == fus(tc), f"{op} {s[0]} {d} {l} coop us")
     cud = find(fwd, shape="S10", dtype="bf16", layout="NCHW")
-    check(cud and cud[0].get("cuDNN us") == "n/a", "a cuDNN row with an error and a note: 'n/a'")
+    check(cud and cud[0].get("cuDNN us") == "n/a", "a cuDNN row that did not run (note, null times): 'n/a'")
+    fl = find(bwd, shape="S10", dtype="fp32", layout="NHWC")
+    check(fl and fl[0].get("nccl us") == "failed", "a failed nccl row: 'failed'")
+    bad = section(t, "Correctness")
+    check(find(bad, path="cudnn", shape="S10", dtype="bf16") and find(bad, path="nccl", shape="S10", W="1")
+          and not find(bad, path="coop"), "Correctness lists the failed and the not-run rows only")
     miss = find(fwd, shape="S1", dtype="fp32", layout="NHWC")
     check(miss and miss[0].get("torch_syncbn us") == "-", "a path absent for a combination: '-'")
     # headline: geometric means over the 4 combinations
@@ -367,6 +382,8 @@ def test_plot(tmp):
                     if p == "cudnn" and s[0] == "S10" and d == "bf16" and l == "NCHW":
                         continue
                     if p == "torch_syncbn" and s[0] == "S1" and d == "fp32" and l == "NHWC":
+                        continue
+                    if p == "nccl" and (s[0], d, l, 1) == FAILED_NCCL:
                         continue
                     logs.append(math.log(syn_us(p, si, di, li, op) / syn_us("coop", si, di, li, op)))
                 want = f2(math.exp(sum(logs) / len(logs)))

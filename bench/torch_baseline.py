@@ -354,8 +354,12 @@ class Bench:
         except Exception:  # noqa: BLE001
             pass
         try:
-            nv = torch.cuda.nccl.version()
-            v["nccl_version"] = ".".join(str(p) for p in nv) if isinstance(nv, tuple) else str(nv)
+            nv = torch.cuda.nccl.version()  # (2, 27, 3), or an int in old PyTorch
+            if isinstance(nv, tuple):  # NCCL_VERSION_CODE as sbn-bench's ncclGetVersion: 22703
+                v["nccl_version"] = nv[0] * 10000 + nv[1] * 100 + nv[2]
+                v["nccl_version_string"] = ".".join(str(p) for p in nv)
+            else:
+                v["nccl_version"] = int(nv)
         except Exception:  # noqa: BLE001
             pass
         if torch.version.cuda:
@@ -740,15 +744,15 @@ def finish_row(row, B):
     out["tol_used"] = num(row["_worst"]) if math.isfinite(row["_worst"]) else None
     out["worst"] = row["_worst_what"]
     out["error"] = row["_error"]
-    if row["_note"]:
-        out["note"] = row["_note"]
+    out["note"] = row["_note"] or ""  # as sbn-bench: "" or a remark
     return out
 
 
 def print_header(meta, args):
     v = meta
     print(f"# torch_baseline  torch {v['torch_version']} (CUDA {v['cuda_version']}, cuDNN "
-          f"{v['cudnn_version']}, NCCL {v['nccl_version']})  commit {v['commit']}  {v['date']}")
+          f"{v['cudnn_version']}, NCCL {v.get('nccl_version_string', v['nccl_version'])})  commit "
+          f"{v['commit']}  {v['date']}")
     d = v["device"]
     if args.device == "cuda":
         l2 = (d["l2_bytes"] or 0) / 1048576.0
@@ -789,7 +793,7 @@ def print_row(r):
     line = "  %5s %5d %6d %8d %5s %6s %12s" % (r["shape"], r["n"], r["c"], r["spatial"], r["dtype"],
                                                r["layout"], r["path"])
     if r["error"]:
-        print(f"{line}   FAILED: {r['error']}", flush=True)
+        print(f"{line}   FAILED: {r['error']}" + (f" ({r['note']})" if r["note"] else ""), flush=True)
         return
     for key in ("fwd", "bwd"):
         o = r[key]
