@@ -1329,8 +1329,8 @@ static const char* const kNoteNcclVirtual =
     "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
     "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU)";
 static const char* const kNoteNcclVirtual1 =
-    "nccl-path on a virtual team of 1: stats kernel, publish kernel, apply kernel (no gather, "
-    "no NCCL call)";
+    "nccl-path at W = 1 on an sbnCommInitAll team of one GPU: stats kernel, publish kernel, "
+    "ncclAllGather over the team's 1-rank NCCL comm (as PyTorch with one rank), apply kernel";
 
 /* SBN_ALGO for the library's calls of a row (the library reads it at every call). */
 static int set_algo(int path, char* err, size_t cap) {
@@ -1468,9 +1468,14 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
   if (max_c > cfg.max_channels) cfg.max_channels = max_c;
   cfg.timeout_ms = BENCH_GPU_TIMEOUT_MS;
-  sbnResult_t res = sbnCommInitVirtual(comms, W, g->device, &cfg);
+  /* the nccl path at W = 1: a team of one GPU made by sbnCommInitAll has an NCCL comm,
+     so the row includes a real (1-rank) ncclAllGather, as PyTorch's SyncBatchNorm does */
+  const int initall = row->path == BENCH_PATH_NCCL && W == 1;
+  sbnResult_t res = initall ? sbnCommInitAll(comms, 1, &g->device, &cfg)
+                            : sbnCommInitVirtual(comms, W, g->device, &cfg);
   if (res != sbnSuccess) {
-    note_failure(err, cap, "sbnCommInitVirtual", -1, res, sbnGetLastError(NULL));
+    note_failure(err, cap, initall ? "sbnCommInitAll" : "sbnCommInitVirtual", -1, res,
+                 sbnGetLastError(NULL));
     goto out;
   }
   ncomms = W;
@@ -2216,8 +2221,9 @@ static const char* const kGpuPathLegend[3] = {
     "for all W ranks, the exchange inside it",
     "nccl  = the library's host-driven path (SBN_ALGO=nccl, PyTorch's op sequence); "
     "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
-    "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU; at W = 1 no NCCL call "
-    "either); its outputs must be bitwise the coop row's",
+    "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU); at W = 1 an "
+    "sbnCommInitAll team of one GPU with a real 1-rank ncclAllGather; its outputs must be "
+    "bitwise the coop row's",
     "cudnn = cudnnBatchNormalizationForwardTrainingEx / BackwardEx, CUDNN_BATCHNORM_OPS_BN, "
     "mode SPATIAL_PERSISTENT (SPATIAL where cuDNN refuses it), W = 1 only: one GPU, no sync"};
 
