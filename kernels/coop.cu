@@ -40,6 +40,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <string.h>
 #define SBN_SHARED(type, name) __shared__ type name
 #else
 /* tests/emu/: the kernels run on CPU threads (one per CUDA thread) for logic tests in CI;
@@ -50,6 +51,28 @@
 #include "bn_math.h"
 #include "coop_args.h"
 #include "syncbn.h"
+
+/* The `nccl` transport (NCCL teams): mailboxes in an NCCL symmetric window, addressed
+   with NCCL's device API. NCCL >= 2.28 (nccl_device.h); the emulation stands in its own
+   window (tests/emu/cuda_emu.h: sbn_window_peer). */
+#if defined(SBN_COOP_EMU)
+#define SBN_WINDOW_TRANSPORT 1
+#elif defined(SYNCBN_HAVE_NCCL) && SYNCBN_HAVE_NCCL
+#include <nccl.h>
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#include <nccl_device.h>
+#define SBN_WINDOW_TRANSPORT 1
+/* Rank `peer`'s byte `off` of the window. The window's ranks are the NCCL comm's, which
+   are the team's (the library's own duplicate of the caller's comm, same ranks), and the
+   team is one LSA domain (checked at init), so the world rank is the peer. */
+__device__ __forceinline__ void* sbn_window_peer(const void* win, int64_t off, int peer) {
+  return ncclGetPeerPointer(static_cast<ncclWindow_t>(const_cast<void*>(win)), (size_t)off, peer);
+}
+#endif
+#endif
+#ifndef SBN_WINDOW_TRANSPORT
+#define SBN_WINDOW_TRANSPORT 0
+#endif
 
 namespace {
 
@@ -173,17 +196,54 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
 }
 
 /* Any error word set (a failed rank, or the host's abort)? Reads mapped host memory:
-   called only while already waiting. */
+   called only while already waiting. NCCL teams: also the failure words other
+   processes' kernels pushed into this rank's window. */
 __device__ bool team_failed(const sbn_coop_args_t& a) {
   for (int q = 0; q <= a.nranks; q++)
     if (a.err[q] != 0) return true;
+  if (a.fail != nullptr)
+    for (int q = 0; q < a.nranks; q++)
+      if (ld_relaxed_sys_u32(&a.fail[q]) != 0) return true;
   return false;
+}
+
+/* This thread's share of the check at a kernel's start: threads stride over the words. */
+__device__ __forceinline__ int failed_seen(const sbn_coop_args_t& a) {
+  int seen = 0;
+  for (int q = (int)threadIdx.x; q <= a.nranks; q += kThreads) {
+    seen |= a.err[q] != 0;
+    if (a.fail != nullptr && q < a.nranks) seen |= ld_relaxed_sys_u32(&a.fail[q]) != 0u;
+  }
+  return seen;
+}
+
+/* Rank `rank` failed with `code`: its word in every rank's window (NCCL teams). Each word
+   has one writer (that rank), so the first cause stays. */
+__device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
+#if SBN_WINDOW_TRANSPORT
+  if (a.win == nullptr) return;
+  for (int q = 0; q < a.nranks; q++) {
+    uint32_t* f = static_cast<uint32_t*>(sbn_window_peer(a.win, a.fail_off, q)) + rank;
+    if (ld_relaxed_sys_u32(f) == 0u) st_relaxed_sys(f, (uint32_t)code);
+  }
+#else
+  (void)a, (void)rank, (void)code;
+#endif
 }
 
 /* Records why this rank's kernel stopped, unless a cause is recorded already (a kernel
    queued behind a timeout must not turn the cause into sbnAborted). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
   if (a.err[rank] == 0) a.err[rank] = code;
+  push_failure(a, rank, code);
+}
+
+/* Rank q's mailbox as this device addresses it. */
+__device__ __forceinline__ sbn_mail_rec_t* team_mailbox(const sbn_coop_args_t& a, int q) {
+#if SBN_WINDOW_TRANSPORT
+  if (a.win != nullptr) return static_cast<sbn_mail_rec_t*>(sbn_window_peer(a.win, 0, q));
+#endif
+  return a.mail[q];
 }
 
 /* Waits until *flag == k. 0, sbnTimeout (deadline passed), or sbnAborted. */
@@ -415,7 +475,7 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
   const int lane = threadIdx.x & 31;
   const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
   for (int dst = 0; dst < a.nranks; dst++) {
-    sbn_mail_rec_t* rec = a.mail[dst] + idx;
+    sbn_mail_rec_t* rec = team_mailbox(a, dst) + idx;
     rec->data[kRec * lane] = v0;
     rec->data[kRec * lane + 1] = v1;
     rec->data[kRec * lane + 2] = v2;
@@ -427,7 +487,7 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
   __syncwarp();
   if (lane == 0) {
     __threadfence_system(); /* the warp's data (ordered by __syncwarp) before the flags */
-    for (int dst = 0; dst < a.nranks; dst++) st_relaxed_sys(&(a.mail[dst] + idx)->epoch, k);
+    for (int dst = 0; dst < a.nranks; dst++) st_relaxed_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
   }
 }
 
@@ -675,7 +735,7 @@ __global__ void __launch_bounds__(kThreads)
      replayed from a graph after sbnCommAbort) publishes nothing: after a failure some
      peer may not have finished reading this rank's previous records, so the double
      buffering no longer protects them. */
-  const int err_seen = (int)threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
+  const int err_seen = failed_seen(a);
   __syncthreads();
   const uint32_t k = sm.k;
 
@@ -768,8 +828,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0)
     sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
   /* queued behind a failure of the team (or after sbnCommAbort): write nothing */
-  const int err_seen = (int)threadIdx.x <= a.nranks ? a.err[threadIdx.x] : 0;
-  if (__syncthreads_or(err_seen != 0)) {
+  if (__syncthreads_or(failed_seen(a))) {
     if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
     return;
   }
@@ -822,6 +881,14 @@ __global__ void sbn_inference_kernel(const void* x, void* y, const float* weight
   }
 }
 
+#if SBN_WINDOW_TRANSPORT
+/* sbnCommAbort on an NCCL team: the rank's failure word in every rank's window, so that
+   the other processes' waiting kernels return now rather than at their timeout. */
+__global__ void sbn_notify_kernel(const __grid_constant__ sbn_coop_args_t a, int rank, int code) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) push_failure(a, rank, code);
+}
+#endif
+
 template <int KIND, int DT>
 const void* pick_tile(int tile) {
   return tile ? (const void*)sbn_coop_kernel<KIND, DT, true>
@@ -856,6 +923,25 @@ extern "C" __attribute__((visibility("hidden"))) const void* sbn_host_kernel_ptr
   return kind == SBN_GPU_FWD ? host_pick_dtype<SBN_GPU_FWD>(stage, dtype, tile)
                              : host_pick_dtype<SBN_GPU_BWD>(stage, dtype, tile);
 }
+
+#if SBN_WINDOW_TRANSPORT
+/* Ranks of comm's load/store-accessible (NVLink) team: nccl_device/core.h is C++ only. */
+extern "C" __attribute__((visibility("hidden"))) int sbn_nccl_lsa_size(void* comm) {
+  return ncclTeamLsa(static_cast<ncclComm_t>(comm)).nRanks;
+}
+
+/* One thread: rank `rank` of the window's team failed with `code` (src/gpu/nccl_team.c). */
+extern "C" __attribute__((visibility("hidden"))) cudaError_t sbn_gpu_notify_launch(
+    const void* win, int64_t fail_off, int rank, int nranks, int code, cudaStream_t stream) {
+  sbn_coop_args_t a;
+  memset(&a, 0, sizeof a);
+  a.win = win;
+  a.fail_off = fail_off;
+  a.nranks = nranks;
+  void* args[] = {(void*)&a, (void*)&rank, (void*)&code};
+  return cudaLaunchKernel((const void*)sbn_notify_kernel, dim3(1), dim3(32), args, 0, stream);
+}
+#endif
 
 extern "C" __attribute__((visibility("hidden"))) cudaError_t sbn_gpu_inference_launch(
     int dtype, int nhwc, const void* x, void* y, const float* weight, const float* bias,

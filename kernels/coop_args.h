@@ -94,7 +94,27 @@ typedef struct {
   int nlaunch;
   int G;           /* blocks per rank */
   int nchunks_max; /* records per (src, parity) in a mailbox */
+  /* NCCL teams (the `nccl` transport, one process per rank): every rank's mailbox is its
+     part of an NCCL symmetric window (ncclCommWindowRegister), addressed in the kernel
+     with NCCL's device API (ncclGetPeerPointer); `mail` above is then unused. NULL for
+     the other teams. The window holds, at offset 0, the rank's mailbox, then at
+     `fail_off` nranks failure words: fail[q] != 0 is what rank q's kernel recorded
+     (sbnTimeout, sbnAborted, ...), pushed into every rank's window by rank q itself, so
+     that a failure in one process makes the others' waits return at once. */
+  const void* win;  /* ncclWindow_t (device memory) */
+  uint32_t* fail;   /* this rank's failure words (local device memory) */
+  int64_t fail_off; /* byte offset of the failure words in the window */
 } sbn_coop_args_t;
+
+/* Bytes of a rank's part of an NCCL team's window: its mailbox, then nranks failure
+   words, rounded up to NCCL's window alignment (4096). */
+static SBN_ARGS_HD int64_t sbn_window_fail_off(int nranks, int nchunks_max) {
+  return (int64_t)nranks * 2 * nchunks_max * (int64_t)sizeof(sbn_mail_rec_t);
+}
+static SBN_ARGS_HD int64_t sbn_window_bytes(int nranks, int nchunks_max) {
+  const int64_t b = sbn_window_fail_off(nranks, nchunks_max) + (int64_t)nranks * 4;
+  return (b + 4095) / 4096 * 4096;
+}
 
 /* Kernel selectors. */
 enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };

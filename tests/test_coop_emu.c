@@ -689,6 +689,187 @@ static void test_host_path_errors(void) {
   }
 }
 
+/* ---- the `nccl` transport (NCCL teams, one process per rank) ------------------------ */
+
+/* An NCCL team as the kernels see it: each rank a separate process (its own error words),
+   each rank's mailbox and failure words in its part of a window (the emulation's stand-in
+   for ncclGetPeerPointer: sbn_emu_window_t), a.mail[] unused. */
+typedef struct {
+  emu_team_t e; /* state and workspace per rank; e.mail unused */
+  char* part[MAXW];
+  sbn_emu_window_t win;
+  volatile int err[MAXW][MAXW + 1]; /* per process: err[r][r] its kernels', err[r][W] abort */
+  int64_t fail_off;
+} emu_nccl_t;
+
+static void emu_nccl_init(emu_nccl_t* n, int W, int G, int64_t timeout_ms) {
+  memset((void*)n, 0, sizeof *n);
+  emu_team_init(&n->e, W, G, timeout_ms);
+  n->fail_off = sbn_window_fail_off(W, n->e.nchunks);
+  for (int r = 0; r < W; r++) {
+    n->part[r] = calloc(1, (size_t)sbn_window_bytes(W, n->e.nchunks));
+    n->win.part[r] = n->part[r];
+  }
+}
+static void emu_nccl_free(emu_nccl_t* n) {
+  for (int r = 0; r < n->e.W; r++) free(n->part[r]);
+  emu_team_free(&n->e);
+}
+static uint32_t fail_word(const emu_nccl_t* n, int at, int of) {
+  return __atomic_load_n((const uint32_t*)(n->part[at] + n->fail_off) + of, __ATOMIC_ACQUIRE);
+}
+
+/* The arguments of rank r's launch, as src/gpu/gpu_team.c fills them for an "nccl-lsa" team. */
+static void emu_nccl_args(emu_nccl_t* n, sbn_coop_args_t* a, team_t* t, int r, int bwd,
+                          const sbnParams_t* p) {
+  memset(a, 0, sizeof *a);
+  fill_rank(&a->r[0], &n->e, t, r, bwd, p);
+  fill_common(a, &n->e, &t->d[r], bwd);
+  for (int q = 0; q < MAXW; q++) a->mail[q] = NULL; /* the window only */
+  a->r[0].mail = (sbn_mail_rec_t*)n->part[r];
+  a->err = n->err[r];
+  a->nlaunch = 1;
+  a->win = &n->win;
+  a->fail = (uint32_t*)(n->part[r] + n->fail_off);
+  a->fail_off = n->fail_off;
+}
+
+static void emu_run_nccl(emu_nccl_t* n, team_t* t, int bwd, const sbnParams_t* p,
+                         const int* launched) {
+  const int W = n->e.W;
+  launch_t* l = calloc((size_t)W, sizeof *l);
+  pthread_t th[MAXW];
+  for (int r = 0; r < W; r++) {
+    emu_nccl_args(n, &l[r].a, t, r, bwd, p);
+    l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+    l[r].dtype = t->d[r].dtype;
+    l[r].tile = t->d[r].layout == sbnLayoutNHWC || t->d[r].spatial == 1;
+    l[r].grid = (unsigned)n->e.G;
+  }
+  for (int r = 0; r < W; r++)
+    if (!launched || launched[r]) pthread_create(&th[r], NULL, launch_main, &l[r]);
+  for (int r = 0; r < W; r++)
+    if (!launched || launched[r]) pthread_join(th[r], NULL);
+  free(l);
+}
+
+/* Through the window, the same bits as a virtual launch; no failure word written. */
+static void test_window_equals_virtual(void) {
+  static const int64_t n3[3] = {2, 0, 3};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.grad_mode = sbnGradGlobal;
+  for (int lay = 0; lay < 2; lay++) {
+    team_t a, b;
+    team_make(&a, 3, sbnFloat32, (sbnLayout_t)lay, 37, 5, n3, 1, 1, GEN_OFFSET, 31 + lay);
+    team_make(&b, 3, sbnFloat32, (sbnLayout_t)lay, 37, 5, n3, 1, 1, GEN_OFFSET, 31 + lay);
+    emu_team_t ea;
+    emu_nccl_t nb;
+    emu_team_init(&ea, 3, 2, 60000);
+    emu_nccl_init(&nb, 3, 2, 60000);
+    for (int call = 0; call < 3; call++) { /* both parities of the mailboxes */
+      team_poison(&a);
+      team_poison(&b);
+      emu_run_virtual(&ea, &a, 0, &p);
+      emu_run_nccl(&nb, &b, 0, &p, NULL);
+      emu_run_virtual(&ea, &a, 1, &p);
+      emu_run_nccl(&nb, &b, 1, &p, NULL);
+      for (int r = 0; r < 3; r++) {
+        const size_t cb = 37 * sizeof(float);
+        ASSERT_MEMEQ(b.y[r], a.y[r], team_bytes(&a, r));
+        ASSERT_MEMEQ(b.dx[r], a.dx[r], team_bytes(&a, r));
+        ASSERT_MEMEQ(b.smean[r], a.smean[r], cb);
+        ASSERT_MEMEQ(b.sinv[r], a.sinv[r], cb);
+        ASSERT_MEMEQ(b.rm[r], a.rm[r], cb);
+        ASSERT_MEMEQ(b.rv[r], a.rv[r], cb);
+        ASSERT_MEMEQ(b.dw[r], a.dw[r], cb);
+        ASSERT_EQ_INT(b.nbt[r], a.nbt[r]);
+        for (int q = 0; q <= 3; q++) ASSERT_EQ_INT(nb.err[r][q], 0);
+        for (int q = 0; q < 3; q++) ASSERT_EQ_INT(fail_word(&nb, r, q), 0);
+      }
+      check_forward(&b, &p, tol_for(sbnFloat32)); /* and against the double reference */
+      CHECK_();
+      team_new_inputs(&a, &(sbn_rng_t){50u + (uint64_t)call}, GEN_OFFSET);
+      team_new_inputs(&b, &(sbn_rng_t){50u + (uint64_t)call}, GEN_OFFSET);
+    }
+    emu_team_free(&ea);
+    emu_nccl_free(&nb);
+    team_free(&a), team_free(&b);
+    CHECK_();
+  }
+}
+
+/* A rank that times out tells the others through their windows: the peer's next op
+   (another process, its own error words clean) returns sbnAborted at once, writing
+   nothing. */
+static void test_window_timeout_crosses(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 8, 3, n, 1, 1, GEN_NORMAL, 41);
+  team_poison(&t);
+  emu_nccl_t nt;
+  emu_nccl_init(&nt, 2, 2, 300);
+  const int only0[2] = {1, 0}, only1[2] = {0, 1};
+  int64_t t0 = now_ms();
+  emu_run_nccl(&nt, &t, 0, &p, only0);
+  ASSERT_TRUE(now_ms() - t0 >= 300);
+  ASSERT_EQ_INT(nt.err[0][0], sbnTimeout);
+  ASSERT_EQ_INT(fail_word(&nt, 1, 0), sbnTimeout); /* in rank 1's window */
+  ASSERT_EQ_INT(fail_word(&nt, 0, 0), sbnTimeout);
+  ASSERT_EQ_INT(nt.err[1][1], 0); /* rank 1's process has seen nothing yet */
+  nt.e.timeout_ms = 600000;       /* only the failure word can end rank 1's wait early */
+  t0 = now_ms();
+  emu_run_nccl(&nt, &t, 0, &p, only1);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_EQ_INT(nt.err[1][1], sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
+  ASSERT_EQ_INT(t.nbt[1], 0);
+  emu_nccl_free(&nt);
+  team_free(&t);
+}
+
+typedef struct {
+  emu_nccl_t* n;
+  team_t* t;
+  int delay_ms;
+} notifier_t;
+static void* notifier_main(void* p) {
+  notifier_t* a = (notifier_t*)p;
+  struct timespec ts = {0, (long)a->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  /* rank 0's process: sbnCommAbort (its own abort word, and the notify kernel) */
+  static sbn_coop_args_t args;
+  sbnParams_t prm = SBN_PARAMS_DEFAULT;
+  emu_nccl_args(a->n, &args, a->t, 0, 0, &prm);
+  a->n->err[0][a->n->e.W] = sbnAborted;
+  sbn_emu_push_failure(&args, 0, sbnAborted);
+  return NULL;
+}
+
+/* sbnCommAbort in one process ends the wait of a kernel in another. */
+static void test_window_abort_crosses(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 42);
+  team_poison(&t);
+  emu_nccl_t nt;
+  emu_nccl_init(&nt, 2, 2, 600000); /* 10 minutes: only the abort can end the wait */
+  notifier_t nf = {&nt, &t, 100};
+  pthread_t th;
+  pthread_create(&th, NULL, notifier_main, &nf);
+  const int only1[2] = {0, 1};
+  int64_t t0 = now_ms();
+  emu_run_nccl(&nt, &t, 0, &p, only1);
+  pthread_join(th, NULL);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_EQ_INT(nt.err[1][1], sbnAborted);
+  ASSERT_EQ_INT(fail_word(&nt, 1, 0), sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
+  emu_nccl_free(&nt);
+  team_free(&t);
+}
+
 int main(void) {
   SBN_RUN(test_emulated_vs_reference);
   SBN_RUN(test_virtual_equals_peer);
@@ -699,6 +880,9 @@ int main(void) {
   SBN_RUN(test_abort);
   SBN_RUN(test_host_path_equals_coop);
   SBN_RUN(test_host_path_errors);
+  SBN_RUN(test_window_equals_virtual);
+  SBN_RUN(test_window_timeout_crosses);
+  SBN_RUN(test_window_abort_crosses);
   team_comms_destroy();
   return sbn_test_exit();
 }

@@ -9,9 +9,14 @@
 thread_local emu::Idx threadIdx, blockIdx;
 thread_local emu::Block* emu_block;
 
-#include "coop.cu"
-
 #include "coop_emu.h"
+
+/* What ncclGetPeerPointer is to the GPU build (kernels/coop.cu). */
+inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
+  return static_cast<const sbn_emu_window_t*>(win)->part[peer] + off;
+}
+
+#include "coop.cu"
 
 namespace {
 
@@ -95,4 +100,8 @@ extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile,
   const void* fn = kind == SBN_GPU_FWD ? host_pick_dtype<SBN_GPU_FWD>(stage, dtype, tile)
                                        : host_pick_dtype<SBN_GPU_BWD>(stage, dtype, tile);
   return run_grid((kernel_fn)fn, args, grid);
+}
+
+extern "C" void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code) {
+  push_failure(*args, rank, code);
 }
