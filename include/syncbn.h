@@ -143,8 +143,25 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
    The ranks share the GPU's co-resident blocks. */
 SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
                                        const sbnConfig_t* config);
-/* Multi-process / multi-node: one rank per NCCL rank, collective over the NCCL comm.
-   sbnUnsupported in builds or on devices that cannot. */
+/* Multi-process / multi-node: one rank per NCCL rank, collective over the NCCL comm (every
+   rank calls it; bounded by timeout_ms: a rank that never calls gives sbnTimeout). The
+   comm's rank and size are the NCCL comm's; its device is the NCCL comm's
+   (ncclCommCuDevice), which holds every tensor of its ops. The library makes its own
+   duplicate of `nccl` (ncclCommSplit), so the caller may use or destroy theirs freely.
+   Ops may be called with or without sbnGroupStart/End. Each op is, by transport:
+   - "nccl-lsa": ONE cooperative kernel per op, exchanging through an NCCL symmetric
+     window with NCCL's device API (NCCL >= 2.28), when every rank is in one NVLink
+     (load/store-accessible) domain;
+   - "nccl-host": the host-driven path (stats kernel, ncclAllGather, apply kernel) when
+     the team spans several such domains, the NCCL lacks the device API or symmetric
+     memory, or SBN_NCCL_TRANSPORT=host. The choice is made once, agreed by all ranks at
+     init, logged at SBN_DEBUG=INFO, and readable with sbnCommGetTransport.
+   Environment SBN_NCCL_TRANSPORT: auto (default), lsa (the in-kernel path or
+   sbnUnsupported), host. sbnCommSplit on an NCCL comm is collective over its team (one
+   call per process, inside a group or not). sbnCommDestroy on an NCCL comm is collective
+   too (NCCL deregisters the window), except after the team was aborted.
+   sbnUnsupported in builds without NCCL, and with NCCL < 2.28 when SBN_NCCL_TRANSPORT=lsa;
+   sbnNcclError when NCCL fails (the detail names the call). */
 SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
                                     const sbnConfig_t* config);
 /* Sub-teams (PyTorch process_group, apex bn_group): collective over the parent's ranks.
@@ -165,6 +182,11 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. Must not race with an op on the same comm. */
 SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm);
+/* How this comm's ops exchange (a static string): "cpu" (CPU team), "virtual" (ranks on one
+   GPU), "peer" (InitAll, peer device memory), "peer-pinned-host" (InitAll without P2P),
+   "nccl-lsa" or "nccl-host" (NCCL teams, see sbnCommInitNccl). SBN_ALGO=nccl at a call
+   still runs that call on the host-driven path. */
+SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
 
 /* ---- groups -------------------------------------------------------------------- */
 /* NCCL's convention: calls between sbnGroupStart and sbnGroupEnd (on this thread; groups

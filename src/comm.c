@@ -63,40 +63,53 @@ static void comm_free(sbnComm_t c) {
 }
 
 /* Creates a team of `nranks` and its comms, all or nothing. GPU teams: devices[] as for
-   sbn_gpu_team_attach. */
+   sbn_gpu_team_attach. NCCL teams: only rank `local_rank` lives here (comms[0] is its
+   comm), from `nccl` (adopt: as sbn_gpu_team_attach_nccl). */
 static sbnResult_t team_create(sbn_comm_kind_t kind, int nranks, const sbn_cfg_t* cfg,
-                               const int* devices, sbnComm_t* comms) {
+                               const int* devices, int local_rank, struct ncclComm* nccl,
+                               int adopt, sbnComm_t* comms) {
   size_t w = (size_t)nranks, mc = (size_t)cfg->max_channels;
+  const size_t nlocal = kind == SBN_COMM_GPU_NCCL ? 1 : w;
   sbn_team_t* t = calloc(1, sizeof *t);
-  if (t == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (team)");
+  if (t == NULL) {
+    if (adopt) sbn_gpu_nccl_discard(nccl);
+    return sbn_fail(NULL, sbnSystemError, "out of host memory (team)");
+  }
   t->kind = kind;
   t->nranks = nranks;
+  t->local_rank = kind == SBN_COMM_GPU_NCCL ? local_rank : -1;
   t->cfg = *cfg;
   atomic_init(&t->abort_reason, sbnSuccess);
-  atomic_init(&t->refs, nranks);
+  atomic_init(&t->refs, (int)nlocal);
   pthread_mutex_init(&t->split_mu, NULL);
   pthread_cond_init(&t->split_cv, NULL);
-  t->mail = calloc(w * 2, sizeof *t->mail);
-  t->payload_store = calloc(w * 2 * SBN_PAYLOAD_FLOATS * mc, sizeof(float));
-  t->split_color = calloc(w, sizeof(int));
-  t->split_key = calloc(w, sizeof(int));
-  t->split_result = calloc(w, sizeof(sbnComm_t));
-  if (!t->mail || !t->payload_store || !t->split_color || !t->split_key || !t->split_result) {
+  if (kind == SBN_COMM_CPU) { /* the CPU team's exchange */
+    t->mail = calloc(w * 2, sizeof *t->mail);
+    t->payload_store = calloc(w * 2 * SBN_PAYLOAD_FLOATS * mc, sizeof(float));
+  }
+  t->split_color = calloc(nlocal, sizeof(int));
+  t->split_key = calloc(nlocal, sizeof(int));
+  t->split_result = calloc(nlocal, sizeof(sbnComm_t));
+  if ((kind == SBN_COMM_CPU && (!t->mail || !t->payload_store)) || !t->split_color ||
+      !t->split_key || !t->split_result) {
     team_free(t);
+    if (adopt) sbn_gpu_nccl_discard(nccl);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (team of %d, max_channels %zu)",
                     nranks, mc);
   }
-  for (size_t i = 0; i < w * 2; i++) {
+  for (size_t i = 0; kind == SBN_COMM_CPU && i < w * 2; i++) {
     atomic_init(&t->mail[i].epoch, 0);
     t->mail[i].payload = t->payload_store + i * SBN_PAYLOAD_FLOATS * mc;
   }
   if (kind != SBN_COMM_CPU) {
-    sbnResult_t r = sbn_gpu_team_attach(t, devices);
+    sbnResult_t r = kind == SBN_COMM_GPU_NCCL ? sbn_gpu_team_attach_nccl(t, nccl, adopt)
+                                              : sbn_gpu_team_attach(t, devices);
     if (r != sbnSuccess) {
       team_free(t);
       return r;
     }
   }
+  w = nlocal; /* the comms made here */
   sbnComm_t* made = calloc(w, sizeof *made);
   if (made == NULL) {
     team_free(t);
@@ -118,7 +131,7 @@ static sbnResult_t team_create(sbn_comm_kind_t kind, int nranks, const sbn_cfg_t
     }
     c->magic = SBN_COMM_MAGIC;
     c->team = t;
-    c->rank = (int)r;
+    c->rank = kind == SBN_COMM_GPU_NCCL ? local_rank : (int)r;
     made[r] = c;
   }
   memcpy(comms, made, w * sizeof *made);
@@ -137,7 +150,7 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  return team_create(SBN_COMM_CPU, nranks, &cfg, NULL, comms);
+  return team_create(SBN_COMM_CPU, nranks, &cfg, NULL, -1, NULL, 0, comms);
 }
 
 SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlist,
@@ -152,7 +165,7 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  r = team_create(SBN_COMM_GPU_PEER, ndev, &cfg, devlist, comms);
+  r = team_create(SBN_COMM_GPU_PEER, ndev, &cfg, devlist, -1, NULL, 0, comms);
   if (r != sbnSuccess)
     return sbn_fail(NULL, r, "sbnCommInitAll: %s", sbnGetLastError(NULL));
   return sbnSuccess;
@@ -166,7 +179,7 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  r = team_create(SBN_COMM_GPU_VIRTUAL, nranks, &cfg, &device, comms);
+  r = team_create(SBN_COMM_GPU_VIRTUAL, nranks, &cfg, &device, -1, NULL, 0, comms);
   if (r != sbnSuccess)
     return sbn_fail(NULL, r, "sbnCommInitVirtual: %s", sbnGetLastError(NULL));
   return sbnSuccess;
@@ -179,9 +192,22 @@ SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  return sbn_fail(NULL, sbnUnsupported,
-                  "sbnCommInitNccl: NCCL teams are not implemented in this version of syncbn "
-                  "(CPU teams only: sbnCommInitCpu)");
+  r = sbn_comm_create_nccl(nccl, 0, &cfg, comm);
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNccl: %s", sbnGetLastError(NULL));
+  return sbnSuccess;
+}
+
+sbnResult_t sbn_comm_create_nccl(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
+                                 sbnComm_t* out) {
+  int nranks = 0, rank = 0;
+  sbnResult_t r = sbn_gpu_nccl_query(nccl, &nranks, &rank);
+  if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
+    r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
+  if (r != sbnSuccess) {
+    if (adopt) sbn_gpu_nccl_discard(nccl);
+    return r;
+  }
+  return team_create(SBN_COMM_GPU_NCCL, nranks, cfg, NULL, rank, nccl, adopt, out);
 }
 
 /* ---- split ------------------------------------------------------------------------ */
@@ -228,7 +254,7 @@ sbnResult_t sbn_split_build(sbn_team_t* parent, const int* color, const int* key
       }
       for (int i = 0; i < m; i++) devs[i] = sbn_gpu_rank_device(parent, order[i]);
     }
-    r = team_create(parent->kind, m, &parent->cfg, devs, sub);
+    r = team_create(parent->kind, m, &parent->cfg, devs, -1, NULL, 0, sub);
     free(devs);
     if (r == sbnSuccess)
       for (int i = 0; i < m; i++) made[order[i]] = sub[i];
@@ -309,7 +335,7 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
     if (sbn_group_active()) sbn_group_mark_failed(r);
     return r;
   }
-  if (sbn_group_active()) {
+  if (sbn_group_active()) { /* NCCL teams too: run at sbnGroupEnd (group.c) */
     sbn_op_t op;
     memset(&op, 0, sizeof op);
     op.kind = SBN_OP_SPLIT;
@@ -319,6 +345,7 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
     op.newcomm = newcomm;
     return sbn_group_enqueue(&op);
   }
+  if (comm->team->kind == SBN_COMM_GPU_NCCL) return sbn_gpu_nccl_split(comm, color, key, newcomm);
   return split_rendezvous(comm, color, key, newcomm);
 }
 
@@ -355,6 +382,15 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm) {
   if (r != sbnSuccess) return r;
   sbn_team_abort(comm->team, sbnAborted);
   if (comm->team->gpu != NULL) sbn_gpu_abort(comm->team); /* waiting kernels return */
+  return sbnSuccess;
+}
+
+SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport) {
+  sbnResult_t r = sbn_comm_check(comm);
+  if (r != sbnSuccess) return r;
+  if (transport == NULL)
+    return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetTransport: transport is NULL");
+  *transport = comm->team->kind == SBN_COMM_CPU ? "cpu" : sbn_gpu_transport(comm->team);
   return sbnSuccess;
 }
 

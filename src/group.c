@@ -110,13 +110,14 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
   *nteams = nt;
   for (size_t j = 0; j < nt; j++) {
     sbn_team_t* t = teams[j];
-    size_t* cnt = calloc((size_t)t->nranks * 2, sizeof *cnt);
+    const int nl = sbn_team_local_count(t); /* NCCL teams: the one rank in this process */
+    size_t* cnt = calloc((size_t)nl * 2, sizeof *cnt);
     if (cnt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
     for (size_t i = 0; i < group.n; i++) {
       const sbn_op_t* op = &group.ops[i];
-      if (op->comm->team == t) cnt[op->comm->rank * 2 + (op->kind == SBN_OP_SPLIT)]++;
+      if (op->comm->team == t) cnt[sbn_comm_local_index(op->comm) * 2 + (op->kind == SBN_OP_SPLIT)]++;
     }
-    for (int r = 1; r < t->nranks; r++) {
+    for (int r = 1; r < nl; r++) {
       for (int s = 0; s < 2; s++) {
         if (cnt[r * 2 + s] != cnt[s]) {
           size_t a = cnt[s], b = cnt[r * 2 + s];
@@ -137,7 +138,7 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
 static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   for (size_t j = 0; j < nt; j++) {
     sbn_team_t* t = teams[j];
-    int w = t->nranks;
+    int w = sbn_team_local_count(t);
     int* color = malloc((size_t)w * sizeof *color);
     int* key = malloc((size_t)w * sizeof *key);
     sbnComm_t* res = malloc((size_t)w * sizeof *res);
@@ -152,7 +153,7 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
         round[q] = NULL;
         for (size_t i = next[q]; i < group.n; i++) {
           sbn_op_t* op = &group.ops[i];
-          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && op->comm->rank == q) {
+          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && sbn_comm_local_index(op->comm) == q) {
             round[q] = op;
             next[q] = i + 1;
             break;
@@ -168,8 +169,11 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
         r = sbn_fail(NULL, sbnAborted, "sbnGroupEnd: split on an aborted team");
         break;
       }
-      r = sbn_split_build(t, color, key, res);
-      if (r == sbnSuccess)
+      if (t->kind == SBN_COMM_GPU_NCCL) /* collective with the other processes */
+        r = sbn_gpu_nccl_split(round[0]->comm, color[0], key[0], round[0]->newcomm);
+      else
+        r = sbn_split_build(t, color, key, res);
+      if (r == sbnSuccess && t->kind != SBN_COMM_GPU_NCCL)
         for (int q = 0; q < w; q++) *round[q]->newcomm = res[q];
     }
     free(color);
@@ -192,13 +196,14 @@ typedef struct {
 
 /* Finds the cursor's next round; first = group.n when the team has no round left. */
 static void gpu_cursor_advance(gpu_cursor_t* c) {
-  int w = c->team->nranks;
+  int w = sbn_team_local_count(c->team);
   c->first = group.n;
   for (int q = 0; q < w; q++) {
     c->ops[q] = NULL;
     for (size_t i = c->next[q]; i < group.n; i++) {
       const sbn_op_t* op = &group.ops[i];
-      if (op->kind != SBN_OP_SPLIT && op->comm->team == c->team && op->comm->rank == q) {
+      if (op->kind != SBN_OP_SPLIT && op->comm->team == c->team &&
+          sbn_comm_local_index(op->comm) == q) {
         c->ops[q] = op;
         c->next[q] = i + 1;
         if (i < c->first) c->first = i;
@@ -227,8 +232,8 @@ static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
     if (teams[j]->kind == SBN_COMM_CPU) continue;
     gpu_cursor_t* c = &cur[nc++];
     c->team = teams[j];
-    c->ops = malloc((size_t)teams[j]->nranks * sizeof *c->ops);
-    c->next = calloc((size_t)teams[j]->nranks, sizeof *c->next);
+    c->ops = malloc((size_t)sbn_team_local_count(teams[j]) * sizeof *c->ops);
+    c->next = calloc((size_t)sbn_team_local_count(teams[j]), sizeof *c->next);
     if (!c->ops || !c->next) r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
     else gpu_cursor_advance(c);
   }
@@ -238,9 +243,9 @@ static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
     for (size_t j = 0; j < nc; j++)
       if (cur[j].first < group.n && (c == NULL || cur[j].first < c->first)) c = &cur[j];
     if (c == NULL) break;
-    int w = c->team->nranks;
+    int w = sbn_team_local_count(c->team);
     if (!launch) {
-      r = sbn_gpu_check_round(c->ops, w, 1);
+      r = sbn_gpu_check_round(c->ops, w, w == c->team->nranks);
     } else {
       failed = c->ops[0];
       r = sbn_comm_check_alive(c->ops[0]->comm);

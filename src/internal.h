@@ -23,7 +23,9 @@ SBN_INTERNAL sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt
 typedef enum {
   SBN_COMM_CPU = 1,         /* ranks are host threads, data in host memory */
   SBN_COMM_GPU_VIRTUAL = 2, /* W ranks on one GPU: one cooperative launch per op for all */
-  SBN_COMM_GPU_PEER = 3     /* a rank per listed GPU (a GPU may be listed more than once) */
+  SBN_COMM_GPU_PEER = 3,    /* a rank per listed GPU (a GPU may be listed more than once) */
+  SBN_COMM_GPU_NCCL = 4     /* one rank of a team of processes (an NCCL communicator): only
+                               that rank lives in this process */
 } sbn_comm_kind_t;
 
 struct sbn_gpu_team; /* src/gpu/gpu_team.c */
@@ -58,6 +60,7 @@ typedef struct sbn_team {
   int nranks;
   sbn_cfg_t cfg;
   struct sbn_gpu_team* gpu; /* GPU teams: device resources (NULL for CPU teams) */
+  int local_rank;           /* NCCL teams: the one rank in this process; else -1 (all) */
   _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted */
   _Atomic int refs;         /* ranks not yet destroyed */
   sbn_mailbox_t* mail;      /* [src][parity] */
@@ -87,6 +90,20 @@ struct sbnComm {
   pthread_mutex_t err_mu;
   char last_error[512];
 };
+
+/* The team's ranks held by this process (NCCL teams: one), and a comm's index among them:
+   groups queue and check ops per local rank. */
+static inline int sbn_team_local_count(const sbn_team_t* t) {
+  return t->kind == SBN_COMM_GPU_NCCL ? 1 : t->nranks;
+}
+static inline int sbn_comm_local_index(const struct sbnComm* c) {
+  return c->team->kind == SBN_COMM_GPU_NCCL ? 0 : c->rank;
+}
+
+/* NCCL teams: a comm for this process's rank of the NCCL comm `nccl` (adopt: the team takes
+   `nccl` as its own; otherwise it makes its own duplicate). comm.c. */
+SBN_INTERNAL sbnResult_t sbn_comm_create_nccl(struct ncclComm* nccl, int adopt,
+                                             const sbn_cfg_t* cfg, sbnComm_t* out);
 
 /* Validates a comm handle; on failure records the detail on the thread slot. */
 SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm);

@@ -126,6 +126,7 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) {
     op->algo = sbn_algo_from_env(op->comm);
     if (op->algo < 0) r = sbnInvalidArgument;
+    else if (sbn_gpu_host_only(op->comm->team)) op->algo = SBN_ALGO_HOST; /* "nccl-host" */
   }
   if (r == sbnSuccess && !sbn_group_active() && op->comm->team->kind == SBN_COMM_GPU_VIRTUAL &&
       op->comm->team->nranks > 1)

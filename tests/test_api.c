@@ -273,7 +273,14 @@ static void test_init_gpu_args(void) {
 
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(NULL, fake_nccl, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(comms, NULL, NULL));
+#if !SBN_TEST_HAVE_NCCL
+  /* no NCCL in this build: unsupported, and the comm is never looked at */
   EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitNccl(comms, fake_nccl, NULL));
+#else
+  /* with NCCL the comm is handed to NCCL, which must get a real one: NCCL teams are
+     tested by tests/gpu/test_nccl_team.c (processes, GPUs) */
+  printf("  (NCCL in this build: sbnCommInitNccl on a real comm is test_nccl_team's)\n");
+#endif
 }
 
 /* ---- comm queries ------------------------------------------------------------------- */
@@ -301,6 +308,13 @@ static void test_comm_queries(void) {
   EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommRank(comms[1], NULL));
   EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommCount(comms[1], NULL));
   EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommGetAsyncError(comms[1], NULL));
+  const char* tr = "untouched";
+  ASSERT_OK(sbnCommGetTransport(comms[2], &tr));
+  ASSERT_TRUE(strcmp(tr, "cpu") == 0);
+  tr = "untouched";
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommGetTransport(NULL, &tr));
+  EXPECT_REJECTED(comms[1], sbnInvalidArgument, sbnCommGetTransport(comms[1], NULL));
+  EXPECT_TRUE(strcmp(tr, "untouched") == 0);
   ASSERT_OK(sbnCommDestroy(NULL));
   for (int i = 0; i < 3; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
 }

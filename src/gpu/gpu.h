@@ -31,6 +31,25 @@ SBN_INTERNAL sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nop
    on the ops' stream(s). */
 SBN_INTERNAL sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops);
 
+/* How the team's ops exchange: sbnCommGetTransport's names. */
+SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
+/* NCCL teams whose transport is the host-driven path ("nccl-host"): every op takes it. */
+SBN_INTERNAL int sbn_gpu_host_only(const sbn_team_t* team);
+
+/* NCCL teams (src/gpu/nccl_team.c). The NCCL comm's size and this process's rank. */
+SBN_INTERNAL sbnResult_t sbn_gpu_nccl_query(struct ncclComm* nccl, int* nranks, int* rank);
+/* Attaches the GPU part of an NCCL team (team->local_rank set): the team's own NCCL comm
+   (a duplicate of `nccl`, or `nccl` itself when adopt), device state, and the transport
+   agreed by every rank. Collective, bounded by the timeout. On failure team->gpu == NULL
+   (an adopted `nccl` is released). */
+SBN_INTERNAL sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl,
+                                                 int adopt);
+/* Releases an NCCL comm the library made and could not adopt (ncclCommAbort). */
+SBN_INTERNAL void sbn_gpu_nccl_discard(struct ncclComm* nccl);
+/* sbnCommSplit of an NCCL team's rank (collective over the team: ncclCommSplit). */
+SBN_INTERNAL sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key,
+                                           sbnComm_t* newcomm);
+
 /* sbnForwardInference with device pointers: one kernel on `stream`. */
 SBN_INTERNAL sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                                            const float* weight, const float* bias,

@@ -16,73 +16,25 @@
 
 #if SYNCBN_HAVE_CUDA
 
-#include <cuda_runtime_api.h>
-#include <stdio.h>
-#include <time.h>
-#if SYNCBN_HAVE_NCCL
-#include <nccl.h>
-#endif
+#include "gpu/gpu_internal.h"
 
-#include "coop_args.h"
-
-/* kernels/coop.cu */
-const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile) SBN_INTERNAL;
-const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile) SBN_INTERNAL;
-cudaError_t sbn_gpu_inference_launch(int dtype, int nhwc, const void* x, void* y,
-                                     const float* weight, const float* bias, const float* rm,
-                                     const float* rv, float eps, int64_t n, int64_t c,
-                                     int64_t sp, cudaStream_t stream) SBN_INTERNAL;
-
-/* Elements per block below which a launch uses fewer blocks than the device holds: the
-   barrier and exchange cost per block is then larger than its share of the work. */
-#define SBN_GPU_ELEMS_PER_BLOCK 16384
-
-typedef struct {
-  int device;
-  int share; /* ranks of this team on this device */
-  int sms;
-  int occ[2][3][2]; /* blocks per SM: [kind][dtype][tile] */
-  int occ_min;      /* the lowest of them */
-  sbn_rank_state_t* state;
-  float* part;
-  sbn_mail_rec_t* mail;
-  sbn_mail_rec_t* send; /* host path: this rank's records [chunk] */
-  sbn_mail_rec_t* recv; /* host path: every rank's records [src][chunk] */
-  cudaEvent_t ev;
-  cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
-  _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
-} gpu_rank_t;
-
-struct sbn_gpu_team {
-  int nranks;
-  int nchunks_max;
-  int mail_on_host;
-  volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
-  gpu_rank_t* ranks;
-  int64_t timeout_ms;
-#if SYNCBN_HAVE_NCCL
-  ncclComm_t* nccl; /* host path: a comm per rank (ncclCommInitAll), or NULL */
-#endif
-  char nccl_why[200];    /* why there is no NCCL comm */
-  _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
-};
-
-#if SYNCBN_HAVE_NCCL
-static int64_t mono_ns(void) {
+int64_t sbn_mono_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns). */
-static void nccl_abort_all(struct sbn_gpu_team* gt) {
+void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
+#if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_exchange(&gt->nccl_dead, 1)) return;
   for (int q = 0; q < gt->nranks; q++)
     if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
-}
+#else
+  (void)gt;
 #endif
+}
 
-static sbnResult_t cuda_fail(cudaError_t e, const char* what) {
+sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
   (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
   return sbn_fail(NULL, e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver
                             ? sbnUnsupported
@@ -90,21 +42,12 @@ static sbnResult_t cuda_fail(cudaError_t e, const char* what) {
                   "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-#define CU(call, what)                                \
-  do {                                                \
-    cudaError_t e_ = (call);                          \
-    if (e_ != cudaSuccess) {                          \
-      r = cuda_fail(e_, what);                        \
-      goto out;                                       \
-    }                                                 \
-  } while (0)
-
 int sbn_gpu_rank_device(const sbn_team_t* team, int rank) {
   return team->gpu->ranks[rank].device;
 }
 
 /* Occupancy of every kernel on the current device. */
-static sbnResult_t query_device(gpu_rank_t* g, int dev) {
+sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
   sbnResult_t r = sbnSuccess;
   int coop = 0;
   CU(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
@@ -127,12 +70,13 @@ out:
   return r;
 }
 
-static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
+void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (gt == NULL) return;
   /* an aborted team's kernels may still wait for peers that will never come */
   if (aborted && gt->err) gt->err[gt->nranks] = sbnAborted;
   int prev = 0;
   cudaGetDevice(&prev);
+  if (gt->local >= 0) sbn_gpu_nccl_release(gt, aborted); /* NCCL team: window, comm */
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL) {
     /* a collective still waiting for a peer would never finish: abort instead of destroy */
@@ -142,7 +86,7 @@ static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
           cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
         stuck = 1;
     (void)cudaGetLastError();
-    if (stuck) nccl_abort_all(gt);
+    if (stuck) sbn_nccl_abort_all(gt);
     for (int q = 0; q < gt->nranks && !atomic_load(&gt->nccl_dead); q++)
       if (gt->nccl[q]) ncclCommDestroy(gt->nccl[q]);
     free(gt->nccl);
@@ -150,7 +94,7 @@ static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
 #endif
   for (int q = 0; gt->ranks && q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
-    if (cudaSetDevice(g->device) != cudaSuccess) continue;
+    if (!g->present || cudaSetDevice(g->device) != cudaSuccess) continue;
     cudaDeviceSynchronize(); /* kernels of this team may still be in flight */
     if (g->ev) cudaEventDestroy(g->ev);
     if (g->ev_done) cudaEventDestroy(g->ev_done);
@@ -158,11 +102,16 @@ static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
     cudaFree(g->part);
     cudaFree(g->send);
     cudaFree(g->recv);
-    if (gt->mail_on_host)
+    if (gt->local >= 0)
+      ; /* NCCL team: the window's memory (released above) */
+    else if (gt->mail_on_host)
       cudaFreeHost(g->mail);
     else
       cudaFree(g->mail);
   }
+  if (gt->aux) cudaStreamDestroy(gt->aux);
+  cudaFree(gt->dscratch);
+  cudaFreeHost(gt->hscratch);
   if (gt->err) cudaFreeHost((void*)gt->err);
   cudaSetDevice(prev);
   (void)cudaGetLastError();
@@ -171,7 +120,7 @@ static void gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
 }
 
 void sbn_gpu_team_detach(sbn_team_t* team) {
-  gpu_team_free(team->gpu, atomic_load(&team->abort_reason) != sbnSuccess);
+  sbn_gpu_team_free(team->gpu, atomic_load(&team->abort_reason) != sbnSuccess);
   team->gpu = NULL;
 }
 
@@ -236,6 +185,44 @@ static sbnResult_t nccl_attach(const sbn_team_t* team, struct sbn_gpu_team* gt) 
   return sbnSuccess;
 }
 
+sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t max_channels,
+                               int mail) {
+  sbnResult_t r = sbnSuccess;
+  const int w = gt->nranks;
+  int occ_max = 0;
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 3; d++)
+      for (int t = 0; t < 2; t++)
+        if (g->occ[k][d][t] > occ_max) occ_max = g->occ[k][d][t];
+  /* partial entries of a launch: at most max(G*32, C+32) (see kernels/coop.cu) */
+  size_t gmax = (size_t)occ_max * (size_t)g->sms;
+  size_t entries = gmax * SBN_GPU_CHUNK > (size_t)max_channels + SBN_GPU_CHUNK
+                       ? gmax * SBN_GPU_CHUNK
+                       : (size_t)max_channels + SBN_GPU_CHUNK;
+  size_t part_bytes = (SBN_GPU_REC_FLOATS * entries + (size_t)max_channels) * sizeof(float);
+  size_t mail_bytes = (size_t)w * 2 * (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t);
+  g->present = 1;
+  CU(cudaMalloc((void**)&g->state, sizeof(sbn_rank_state_t)), "cudaMalloc (rank state)");
+  CU(cudaMemset(g->state, 0, sizeof(sbn_rank_state_t)), "cudaMemset");
+  CU(cudaMalloc((void**)&g->part, part_bytes), "cudaMalloc (workspace)");
+  if (mail && gt->mail_on_host) {
+    CU(cudaHostAlloc((void**)&g->mail, mail_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+       "cudaHostAlloc (mailbox)");
+    memset(g->mail, 0, mail_bytes);
+  } else if (mail) {
+    CU(cudaMalloc((void**)&g->mail, mail_bytes), "cudaMalloc (mailbox)");
+    CU(cudaMemset(g->mail, 0, mail_bytes), "cudaMemset");
+  }
+  CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
+  CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
+  const size_t nrec = (size_t)gt->nchunks_max;
+  CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
+  CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
+     "cudaMalloc (host path)");
+out:
+  return r;
+}
+
 sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
   const int w = team->nranks;
   sbnResult_t r = sbnSuccess;
@@ -259,6 +246,7 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
   if (gt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (GPU team)");
   gt->nranks = w;
+  gt->local = -1;
   gt->nchunks_max = (int)((team->cfg.max_channels + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   if (gt->ranks == NULL) {
@@ -272,7 +260,7 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
     for (int o = 0; o < w; o++) g->share += gt->ranks[o].device == g->device;
     if (team->kind == SBN_COMM_GPU_VIRTUAL) g->share = 1; /* one launch holds every rank */
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    r = query_device(g, g->device);
+    r = sbn_gpu_query_device(g, g->device);
     if (r != sbnSuccess) goto out;
   }
   gt->mail_on_host = !enable_peers(gt->ranks, w);
@@ -283,37 +271,9 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
   memset((void*)gt->err, 0, (size_t)(w + 1) * sizeof(int));
 
   for (int q = 0; q < w; q++) {
-    gpu_rank_t* g = &gt->ranks[q];
-    int occ_max = 0;
-    for (int k = 0; k < 2; k++)
-      for (int d = 0; d < 3; d++)
-        for (int t = 0; t < 2; t++)
-          if (g->occ[k][d][t] > occ_max) occ_max = g->occ[k][d][t];
-    /* partial entries of a launch: at most max(G*32, C+32) (see kernels/coop.cu) */
-    size_t gmax = (size_t)occ_max * (size_t)g->sms;
-    size_t entries = gmax * SBN_GPU_CHUNK > (size_t)team->cfg.max_channels + SBN_GPU_CHUNK
-                         ? gmax * SBN_GPU_CHUNK
-                         : (size_t)team->cfg.max_channels + SBN_GPU_CHUNK;
-    size_t part_bytes = (SBN_GPU_REC_FLOATS * entries + (size_t)team->cfg.max_channels) * sizeof(float);
-    size_t mail_bytes = (size_t)w * 2 * (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t);
-    CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(cudaMalloc((void**)&g->state, sizeof(sbn_rank_state_t)), "cudaMalloc (rank state)");
-    CU(cudaMemset(g->state, 0, sizeof(sbn_rank_state_t)), "cudaMemset");
-    CU(cudaMalloc((void**)&g->part, part_bytes), "cudaMalloc (workspace)");
-    if (gt->mail_on_host) {
-      CU(cudaHostAlloc((void**)&g->mail, mail_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
-         "cudaHostAlloc (mailbox)");
-      memset(g->mail, 0, mail_bytes);
-    } else {
-      CU(cudaMalloc((void**)&g->mail, mail_bytes), "cudaMalloc (mailbox)");
-      CU(cudaMemset(g->mail, 0, mail_bytes), "cudaMemset");
-    }
-    CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
-    CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
-    const size_t nrec = (size_t)gt->nchunks_max;
-    CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
-    CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
-       "cudaMalloc (host path)");
+    CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
+    r = sbn_gpu_rank_alloc(gt, &gt->ranks[q], team->cfg.max_channels, 1);
+    if (r != sbnSuccess) goto out;
   }
   gt->timeout_ms = team->cfg.timeout_ms;
   r = nccl_attach(team, gt);
@@ -325,7 +285,7 @@ sbnResult_t sbn_gpu_team_attach(sbn_team_t* team, const int* devices) {
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    gpu_team_free(gt, 0);
+    sbn_gpu_team_free(gt, 0);
     return r;
   }
   team->gpu = gt;
@@ -344,7 +304,7 @@ out:
 static void host_watchdog(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
-  const int64_t now = mono_ns();
+  const int64_t now = sbn_mono_ns();
   for (int q = 0; q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
     int64_t t0 = atomic_load(&g->launched_ns);
@@ -354,7 +314,7 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
       if (now - t0 > gt->timeout_ms * 1000000) {
         if (gt->err[q] == 0) gt->err[q] = sbnTimeout;
         gt->err[gt->nranks] = sbnAborted; /* queued APPLY kernels write nothing */
-        nccl_abort_all(gt);
+        sbn_nccl_abort_all(gt);
         return;
       }
     } else {
@@ -380,7 +340,24 @@ sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
   return worst;
 }
 
-void sbn_gpu_abort(sbn_team_t* team) { team->gpu->err[team->nranks] = sbnAborted; }
+const char* sbn_gpu_transport(const sbn_team_t* team) {
+  const struct sbn_gpu_team* gt = team->gpu;
+  switch (team->kind) {
+    case SBN_COMM_GPU_VIRTUAL: return "virtual";
+    case SBN_COMM_GPU_PEER: return gt->mail_on_host ? "peer-pinned-host" : "peer";
+    case SBN_COMM_GPU_NCCL: return gt->lsa ? "nccl-lsa" : "nccl-host";
+    default: return "cpu";
+  }
+}
+
+int sbn_gpu_host_only(const sbn_team_t* team) {
+  return team->kind == SBN_COMM_GPU_NCCL && !team->gpu->lsa;
+}
+
+void sbn_gpu_abort(sbn_team_t* team) {
+  team->gpu->err[team->nranks] = sbnAborted;
+  if (team->gpu->local >= 0) sbn_gpu_nccl_abort(team->gpu); /* the other processes */
+}
 
 /* ---- launches ------------------------------------------------------------------------- */
 
@@ -525,7 +502,13 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops, 
     R->momentum = o->params.momentum;
     R->grad_global = o->params.grad_mode == sbnGradGlobal;
   }
-  for (int q = 0; q < gt->nranks; q++) a->mail[q] = host ? gt->ranks[q].send : gt->ranks[q].mail;
+  if (gt->local < 0) /* NCCL teams: the window (below), or the collective */
+    for (int q = 0; q < gt->nranks; q++) a->mail[q] = host ? gt->ranks[q].send : gt->ranks[q].mail;
+  if (gt->lsa) {
+    a->win = gt->win;
+    a->fail_off = sbn_window_fail_off(gt->nranks, gt->nchunks_max);
+    a->fail = (uint32_t*)((char*)gt->win_buf + a->fail_off);
+  }
   a->err = gt->err;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
@@ -657,6 +640,10 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, sbn_co
   in_group = 0;
   {
     ncclResult_t nr = ncclGroupEnd();
+    /* NCCL teams' comms are nonblocking: the group may still be being issued */
+    for (int i = 0; i < nops && nr == ncclInProgress; i++)
+      nr = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], nr,
+                           sbn_mono_ns() + gt->timeout_ms * 1000000);
     if (nr != ncclSuccess) {
       r = sbn_fail(NULL, sbnNcclError, "ncclGroupEnd: %s (%s)", ncclGetErrorString(nr),
                    ncclGetLastError(NULL));
@@ -673,7 +660,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, sbn_co
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile), G, 0, &one, s),
        "host path: apply kernel launch");
     CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
-    atomic_store(&g->launched_ns, mono_ns());
+    atomic_store(&g->launched_ns, sbn_mono_ns());
   }
 out:
   if (in_group) ncclGroupEnd(); /* close it; the error above is what is reported */
@@ -713,7 +700,7 @@ out:
        the timeout: abort the team (their kernels see the error word and return) */
     if (gt->nranks > 1) {
       sbn_team_abort(team, r);
-      gt->err[gt->nranks] = sbnAborted;
+      sbn_gpu_abort(team);
     }
   }
   return r;
@@ -761,6 +748,14 @@ sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
   return sbnSuccess;
 }
 void sbn_gpu_abort(sbn_team_t* team) { (void)team; }
+const char* sbn_gpu_transport(const sbn_team_t* team) {
+  (void)team;
+  return "cpu";
+}
+int sbn_gpu_host_only(const sbn_team_t* team) {
+  (void)team;
+  return 0;
+}
 sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_team) {
   (void)ops, (void)nops, (void)whole_team;
   return no_cuda();

@@ -1,0 +1,114 @@
+/* gpu_internal.h — what src/gpu/gpu_team.c (every GPU team) and src/gpu/nccl_team.c (NCCL
+ * teams) share: the device resources of a team and the kernels' entry points. Only
+ * included in builds with CUDA. */
+#ifndef SYNCBN_GPU_INTERNAL_H_
+#define SYNCBN_GPU_INTERNAL_H_
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <time.h>
+#if SYNCBN_HAVE_NCCL
+#include <nccl.h>
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define SBN_NCCL_DEVICE_API 1 /* symmetric windows, ncclGetPeerPointer (kernels/coop.cu) */
+#endif
+#endif
+#ifndef SBN_NCCL_DEVICE_API
+#define SBN_NCCL_DEVICE_API 0
+#endif
+
+#include "coop_args.h"
+#include "gpu/gpu.h"
+
+/* kernels/coop.cu */
+const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile) SBN_INTERNAL;
+const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile) SBN_INTERNAL;
+cudaError_t sbn_gpu_inference_launch(int dtype, int nhwc, const void* x, void* y,
+                                     const float* weight, const float* bias, const float* rm,
+                                     const float* rv, float eps, int64_t n, int64_t c,
+                                     int64_t sp, cudaStream_t stream) SBN_INTERNAL;
+#if SBN_NCCL_DEVICE_API
+int sbn_nccl_lsa_size(void* comm) SBN_INTERNAL;
+cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, int nranks,
+                                  int code, cudaStream_t stream) SBN_INTERNAL;
+#endif
+
+/* Elements per block below which a launch uses fewer blocks than the device holds: the
+   barrier and exchange cost per block is then larger than its share of the work. */
+#define SBN_GPU_ELEMS_PER_BLOCK 16384
+
+typedef struct {
+  int present; /* the rank lives in this process (NCCL teams: only `local`) */
+  int device;
+  int share; /* ranks of this team on this device */
+  int sms;
+  int occ[2][3][2]; /* blocks per SM: [kind][dtype][tile] */
+  int occ_min;      /* the lowest of them */
+  sbn_rank_state_t* state;
+  float* part;
+  sbn_mail_rec_t* mail; /* NCCL teams: this rank's part of the window */
+  sbn_mail_rec_t* send; /* host path: this rank's records [chunk] */
+  sbn_mail_rec_t* recv; /* host path: every rank's records [src][chunk] */
+  cudaEvent_t ev;
+  cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
+  _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
+} gpu_rank_t;
+
+struct sbn_gpu_team {
+  int nranks;
+  int nchunks_max;
+  int mail_on_host;
+  volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
+  gpu_rank_t* ranks; /* [nranks]; NCCL teams: only ranks[local] is present */
+  int64_t timeout_ms;
+#if SYNCBN_HAVE_NCCL
+  ncclComm_t* nccl; /* host path: a comm per rank (ncclCommInitAll; NCCL teams: the team's
+                       own duplicate at [local]), or NULL */
+#endif
+  char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
+  _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  /* NCCL teams (nccl_team.c) */
+  int local;  /* the rank in this process; -1 for the other teams */
+  int lsa;    /* 1: "nccl-lsa" (in-kernel, through the window); 0: "nccl-host" */
+  void* win_buf;    /* ncclMemAlloc: this rank's part of the window (NULL: none) */
+  size_t win_bytes; /* sbn_window_bytes */
+  void* win;        /* ncclWindow_t, registered (NULL: none) */
+  cudaStream_t aux; /* init collectives, abort notification */
+  int* dscratch;    /* 2 ints of device memory, 2 of pinned host memory: init agreement */
+  int* hscratch;
+};
+
+SBN_INTERNAL int64_t sbn_mono_ns(void);
+/* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns). */
+SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
+/* Records a CUDA failure (sbnUnsupported without a device or driver, else sbnCudaError). */
+SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
+/* Occupancy of every kernel on device dev (current), into g. */
+SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
+/* A rank's device state (state, workspace, host-path records for a team of nranks,
+   events) on its device (current); its mailbox too when `mail` (device or pinned host
+   memory per gt->mail_on_host). */
+SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
+                                            int64_t max_channels, int mail);
+/* Frees a team's GPU part (waits for its devices to be idle). */
+SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted);
+/* NCCL teams (nccl_team.c): releases the window and the team's NCCL comm; makes the other
+   processes' kernels return (sbnCommAbort, a failed launch). */
+SBN_INTERNAL void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted);
+SBN_INTERNAL void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt);
+#if SYNCBN_HAVE_NCCL
+/* Waits for a nonblocking NCCL call on comm to finish (r == ncclInProgress): its result,
+   or ncclInProgress when deadline_ns (CLOCK_MONOTONIC) passes first. */
+SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns);
+#endif
+
+#define CU(call, what)                                \
+  do {                                                \
+    cudaError_t e_ = (call);                          \
+    if (e_ != cudaSuccess) {                          \
+      r = sbn_cuda_fail(e_, what);                    \
+      goto out;                                       \
+    }                                                 \
+  } while (0)
+
+#endif /* SYNCBN_GPU_INTERNAL_H_ */
