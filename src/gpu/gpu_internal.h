@@ -5,6 +5,7 @@
 #define SYNCBN_GPU_INTERNAL_H_
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <time.h>
 #if SYNCBN_HAVE_NCCL
@@ -67,6 +68,14 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  /* The NCCL comms are nonblocking: an issue sequence (group of collectives, until NCCL
+     has taken it) holds nccl_lock for reading, bounded by the timeout; aborting takes it
+     for writing, so no comm is freed under a call. */
+  pthread_rwlock_t nccl_lock;
+  int nccl_lock_ok;
+  pthread_t watchdog; /* polls the host path's launches (host_watchdog) while the team lives */
+  int watchdog_ok;
+  _Atomic int watchdog_stop;
   /* NCCL teams (nccl_team.c) */
   int local;  /* the rank in this process; -1 for the other teams */
   int lsa;    /* 1: "nccl-lsa" (in-kernel, through the window); 0: "nccl-host" */
@@ -79,8 +88,12 @@ struct sbn_gpu_team {
 };
 
 SBN_INTERNAL int64_t sbn_mono_ns(void);
-/* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns). */
+/* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns); first
+   the host's abort word, so that kernels queued behind the collective write nothing. Not
+   with nccl_lock held. */
 SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
+/* Starts the watchdog thread of a team with NCCL comms (and its lock). */
+SBN_INTERNAL sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt);
 /* Records a CUDA failure (sbnUnsupported without a device or driver, else sbnCudaError). */
 SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
 /* Occupancy of every kernel on device dev (current), into g. */

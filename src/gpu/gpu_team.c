@@ -26,9 +26,16 @@ int64_t sbn_mono_ns(void) {
 
 void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
-  if (gt->nccl == NULL || atomic_exchange(&gt->nccl_dead, 1)) return;
-  for (int q = 0; q < gt->nranks; q++)
-    if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
+  if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
+  if (gt->err) gt->err[gt->nranks] = sbnAborted;
+  if (gt->nccl_lock_ok) pthread_rwlock_wrlock(&gt->nccl_lock);
+  if (!atomic_exchange(&gt->nccl_dead, 1))
+    for (int q = 0; q < gt->nranks; q++)
+      if (gt->nccl[q]) {
+        ncclCommAbort(gt->nccl[q]);
+        gt->nccl[q] = NULL;
+      }
+  if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
 #else
   (void)gt;
 #endif
@@ -76,22 +83,46 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (aborted && gt->err) gt->err[gt->nranks] = sbnAborted;
   int prev = 0;
   cudaGetDevice(&prev);
-  if (gt->local >= 0) sbn_gpu_nccl_release(gt, aborted); /* NCCL team: window, comm */
+  if (gt->watchdog_ok) {
+    atomic_store(&gt->watchdog_stop, 1);
+    pthread_join(gt->watchdog, NULL);
+  }
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL) {
     /* a collective still waiting for a peer would never finish: abort instead of destroy */
     int stuck = aborted;
     for (int q = 0; q < gt->nranks && !stuck; q++)
-      if (atomic_load(&gt->ranks[q].launched_ns) != 0 &&
+      if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
           cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
         stuck = 1;
     (void)cudaGetLastError();
     if (stuck) sbn_nccl_abort_all(gt);
-    for (int q = 0; q < gt->nranks && !atomic_load(&gt->nccl_dead); q++)
-      if (gt->nccl[q]) ncclCommDestroy(gt->nccl[q]);
-    free(gt->nccl);
+    aborted |= stuck;
   }
 #endif
+  if (gt->local >= 0) sbn_gpu_nccl_release(gt, aborted); /* NCCL team: window, comm */
+#if SYNCBN_HAVE_NCCL
+  if (gt->nccl != NULL && !atomic_load(&gt->nccl_dead)) {
+    /* finalize every comm in one group (one thread for several ranks), then destroy */
+    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    ncclResult_t nr = ncclGroupStart();
+    for (int q = 0; q < gt->nranks && nr == ncclSuccess; q++)
+      if (gt->nccl[q]) nr = ncclCommFinalize(gt->nccl[q]);
+    ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess) nr = ne;
+    for (int q = 0; q < gt->nranks && nr == ncclInProgress; q++)
+      if (gt->nccl[q]) nr = sbn_nccl_settle(gt->nccl[q], nr, deadline);
+    if (nr != ncclSuccess) {
+      sbn_nccl_abort_all(gt);
+    } else {
+      for (int q = 0; q < gt->nranks; q++)
+        if (gt->nccl[q]) ncclCommDestroy(gt->nccl[q]);
+    }
+  }
+  free(gt->nccl);
+  gt->nccl = NULL;
+#endif
+  if (gt->nccl_lock_ok) pthread_rwlock_destroy(&gt->nccl_lock);
   for (int q = 0; gt->ranks && q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
     if (!g->present || cudaSetDevice(g->device) != cudaSuccess) continue;
@@ -171,13 +202,38 @@ static sbnResult_t nccl_attach(const sbn_team_t* team, struct sbn_gpu_team* gt) 
   for (int q = 0; q < w; q++) devs[q] = gt->ranks[q].device;
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
   if (gt->nccl == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (GPU team)");
-  ncclResult_t nr = ncclCommInitAll(gt->nccl, w, devs);
+  /* ncclCommInitAll's comms, but nonblocking: a collective waiting for a peer never blocks
+     the host, so the watchdog can always abort it */
+  ncclUniqueId id;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  ncclResult_t nr = ncclGetUniqueId(&id);
+  if (nr == ncclSuccess) {
+    nr = ncclGroupStart();
+    for (int q = 0; q < w && nr == ncclSuccess; q++)
+      nr = cudaSetDevice(devs[q]) == cudaSuccess
+               ? ncclCommInitRankConfig(&gt->nccl[q], w, id, q, &cfg)
+               : ncclUnhandledCudaError;
+    ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess) nr = ne;
+    for (int q = 0; q < w && (nr == ncclSuccess || nr == ncclInProgress); q++)
+      if (gt->nccl[q]) nr = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
+  }
+  cudaSetDevice(prev);
   if (nr != ncclSuccess) {
-    snprintf(gt->nccl_why, sizeof gt->nccl_why, "ncclCommInitAll failed: %s (%s)",
-             ncclGetErrorString(nr), ncclGetLastError(NULL));
+    snprintf(gt->nccl_why, sizeof gt->nccl_why,
+             "NCCL comm init (ncclCommInitRankConfig x %d) failed: %s (%s)", w,
+             nr == ncclInProgress ? "timed out" : ncclGetErrorString(nr), ncclGetLastError(NULL));
+    for (int q = 0; q < w; q++)
+      if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
     free(gt->nccl);
     gt->nccl = NULL;
     sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
+  } else {
+    return sbn_gpu_watchdog_start(gt);
   }
 #else
   snprintf(gt->nccl_why, sizeof gt->nccl_why, "this build of syncbn has no NCCL (SYNCBN_NCCL)");
@@ -311,10 +367,12 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
     if (t0 == 0) continue;
     cudaError_t e = cudaEventQuery(g->ev_done);
     if (e == cudaErrorNotReady) {
+      /* the event may be a newer launch's than t0 (another thread's op since): only the
+         launch t0 belongs to can time out */
+      if (atomic_load(&g->launched_ns) != t0) continue;
       if (now - t0 > gt->timeout_ms * 1000000) {
         if (gt->err[q] == 0) gt->err[q] = sbnTimeout;
-        gt->err[gt->nranks] = sbnAborted; /* queued APPLY kernels write nothing */
-        sbn_nccl_abort_all(gt);
+        sbn_nccl_abort_all(gt); /* sets the abort word first: queued APPLYs write nothing */
         return;
       }
     } else {
@@ -326,6 +384,26 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
 #else
   (void)gt;
 #endif
+}
+
+static void* watchdog_main(void* arg) {
+  struct sbn_gpu_team* gt = arg;
+  while (!atomic_load(&gt->watchdog_stop)) {
+    host_watchdog(gt);
+    struct timespec ts = {0, 20 * 1000000L}; /* 20 ms: far below any sensible timeout */
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
+sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt) {
+  if (pthread_rwlock_init(&gt->nccl_lock, NULL) != 0)
+    return sbn_fail(NULL, sbnSystemError, "pthread_rwlock_init failed");
+  gt->nccl_lock_ok = 1;
+  if (pthread_create(&gt->watchdog, NULL, watchdog_main, gt) != 0)
+    return sbn_fail(NULL, sbnSystemError, "could not start the host path's watchdog thread");
+  gt->watchdog_ok = 1;
+  return sbnSuccess;
 }
 
 sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
@@ -397,6 +475,12 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
                       (int)o0->desc.dtype, (int)o0->desc.layout, (long long)o0->desc.c,
                       o->comm->rank, o->kind == SBN_OP_FORWARD ? "forward" : "backward",
                       (int)o->desc.dtype, (int)o->desc.layout, (long long)o->desc.c);
+    if (o->algo != o0->algo)
+      return sbn_fail(NULL, sbnInvalidUsage,
+                      "sbnGroupEnd: rank %d's op runs SBN_ALGO=%s, rank %d's %s: the ranks of a "
+                      "team must run the same path; nothing was run",
+                      o0->comm->rank, o0->algo == SBN_ALGO_HOST ? "nccl" : "coop", o->comm->rank,
+                      o->algo == SBN_ALGO_HOST ? "nccl" : "coop");
     m += o->desc.n * o->desc.spatial;
   }
   /* ranks of a peer team that share a GPU are separate launches that must run at the same
@@ -591,81 +675,93 @@ out:
   return r;
 }
 
-/* The host path with NCCL (one rank per GPU): per rank STATS and PUBLISH on its stream,
-   ncclAllGather of the records (one NCCL group for the ranks issued here), per rank
-   APPLY. The records are of max_channels, so ranks running different ops (thread mode)
-   still make collectives of one size, and APPLY reports the mismatch. */
-static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
-                                    int tile) {
+/* The host path with NCCL (one rank per GPU; an NCCL team's one rank): per rank STATS and
+   PUBLISH on its stream, ncclAllGather of the records (one NCCL group for the ranks
+   issued here), per rank APPLY. Each rank has its own plan (G, tile), as its cooperative
+   launch would: the same bits as the coop path, and a G within the rank's own device's
+   workspace. The records are of max_channels, so ranks running different ops (thread
+   mode) still make collectives of one size, and APPLY reports the mismatch. The comms
+   are nonblocking: the group is issued under the read lock and waited for, bounded by
+   the timeout; any failure once the group has started aborts the team's comms. */
+static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   sbnResult_t r = sbnSuccess;
 #if SYNCBN_HAVE_NCCL
   struct sbn_gpu_team* gt = ops[0]->comm->team->gpu;
   const int kind = ops[0]->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
   const int dt = ops[0]->desc.dtype;
-  const unsigned G = (unsigned)a->G;
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
-  int in_group = 0;
-  if (atomic_load(&gt->nccl_dead))
-    return sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
+  int G[SBN_GPU_MAX_RANKS], tile[SBN_GPU_MAX_RANKS];
+  int locked = 0, started = 0;
+  for (int i = 0; i < nops; i++) {
+    r = plan_round(&ops[i], 1, &G[i], &tile[i]);
+    if (r != sbnSuccess) return r;
+  }
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    one = *a;
-    one.r[0] = a->r[i];
-    one.nlaunch = 1;
+    fill_args(&one, &ops[i], 1, G[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile), G, 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile[i]), (unsigned)G[i], 0, &one, s),
        "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile), nch, 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile[i]), nch, 0, &one, s),
        "host path: publish kernel launch");
   }
-  if (ncclGroupStart() != ncclSuccess) {
-    r = sbn_fail(NULL, sbnNcclError, "ncclGroupStart: %s", ncclGetLastError(NULL));
+  pthread_rwlock_rdlock(&gt->nccl_lock);
+  locked = 1;
+  if (atomic_load(&gt->nccl_dead)) {
+    r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
     goto out;
   }
-  in_group = 1;
-  for (int i = 0; i < nops; i++) {
-    const int q = ops[i]->comm->rank;
-    const gpu_rank_t* g = &gt->ranks[q];
-    ncclResult_t nr = ncclAllGather(g->send, g->recv,
-                                    (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t), ncclUint8,
-                                    gt->nccl[q], (cudaStream_t)ops[i]->stream);
-    if (nr != ncclSuccess) {
-      r = sbn_fail(NULL, sbnNcclError, "ncclAllGather (rank %d): %s (%s)", q,
-                   ncclGetErrorString(nr), ncclGetLastError(gt->nccl[q]));
-      goto out;
-    }
-  }
-  in_group = 0;
   {
-    ncclResult_t nr = ncclGroupEnd();
-    /* NCCL teams' comms are nonblocking: the group may still be being issued */
+    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    ncclResult_t nr = ncclGroupStart();
+    started = 1;
+    for (int i = 0; i < nops && nr == ncclSuccess; i++) {
+      const int q = ops[i]->comm->rank;
+      const gpu_rank_t* g = &gt->ranks[q];
+      nr = ncclAllGather(g->send, g->recv, (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t),
+                         ncclUint8, gt->nccl[q], (cudaStream_t)ops[i]->stream);
+    }
+    ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess) nr = ne;
+    /* nonblocking comms: the group may still be being issued */
     for (int i = 0; i < nops && nr == ncclInProgress; i++)
-      nr = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], nr,
-                           sbn_mono_ns() + gt->timeout_ms * 1000000);
+      nr = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], nr, deadline);
     if (nr != ncclSuccess) {
-      r = sbn_fail(NULL, sbnNcclError, "ncclGroupEnd: %s (%s)", ncclGetErrorString(nr),
-                   ncclGetLastError(NULL));
+      r = sbn_fail(NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,
+                   "ncclAllGather of the records: %s (%s)",
+                   nr == ncclInProgress ? "not issued within the timeout"
+                                        : ncclGetErrorString(nr),
+                   ncclGetLastError(gt->nccl[ops[0]->comm->rank]));
       goto out;
     }
   }
+  pthread_rwlock_unlock(&gt->nccl_lock);
+  locked = 0;
   for (int i = 0; i < nops; i++) {
     gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    one = *a;
-    one.r[0] = a->r[i];
-    one.nlaunch = 1;
+    fill_args(&one, &ops[i], 1, G[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile), G, 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile[i]), (unsigned)G[i], 0, &one, s),
        "host path: apply kernel launch");
-    CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
-    atomic_store(&g->launched_ns, sbn_mono_ns());
+    /* the watchdog times this launch (not a graph capture: a captured event cannot be
+       queried, and a replay is not watched) */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CU(cudaStreamIsCapturing(s, &cs), "cudaStreamIsCapturing");
+    if (cs == cudaStreamCaptureStatusNone) {
+      atomic_store(&g->launched_ns, 0);
+      CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
+      atomic_store(&g->launched_ns, sbn_mono_ns());
+    }
   }
 out:
-  if (in_group) ncclGroupEnd(); /* close it; the error above is what is reported */
+  if (locked) pthread_rwlock_unlock(&gt->nccl_lock);
+  /* collectives may be queued that wait for ranks which will not come: abort them */
+  if (r != sbnSuccess && started) sbn_nccl_abort_all(gt);
 #else
-  (void)ops, (void)nops, (void)a, (void)tile;
+  (void)ops, (void)nops;
 #endif
   return r;
 }
@@ -684,7 +780,7 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   int prev = 0;
   cudaGetDevice(&prev);
   if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
-    r = launch_host_nccl(ops, nops, &a, tile); /* an InitAll team, one rank per GPU */
+    r = launch_host_nccl(ops, nops); /* InitAll (a rank per GPU) or NCCL team */
   } else if (o0->algo == SBN_ALGO_HOST && team->kind == SBN_COMM_GPU_PEER && gt->nranks > 1 &&
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */

@@ -260,6 +260,7 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
   }
   if (gt->lsa) g->mail = (sbn_mail_rec_t*)gt->win_buf;
   snprintf(gt->nccl_why, sizeof gt->nccl_why, "%s", gt->lsa ? "" : obstacle);
+  r = sbn_gpu_watchdog_start(gt); /* the host path's collectives, also SBN_ALGO=nccl calls */
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
@@ -336,9 +337,12 @@ void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) {
 
 sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
   struct sbn_gpu_team* gt = comm->team->gpu;
+  pthread_rwlock_rdlock(&gt->nccl_lock); /* the comm is not aborted under the call */
   ncclComm_t parent = gt->nccl[gt->local];
-  if (parent == NULL || atomic_load(&gt->nccl_dead))
+  if (parent == NULL || atomic_load(&gt->nccl_dead)) {
+    pthread_rwlock_unlock(&gt->nccl_lock);
     return sbn_fail(comm, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
+  }
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   ncclComm_t child = NULL;
@@ -353,12 +357,14 @@ sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* ne
   if (nr != ncclSuccess) {
     if (child != NULL) ncclCommAbort(child);
     sbnResult_t r = nccl_fail(parent, nr, "sbnCommSplit: ncclCommSplit");
+    pthread_rwlock_unlock(&gt->nccl_lock);
     if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
       sbn_team_abort(comm->team, sbnTimeout);
       sbn_nccl_abort_all(gt);
     }
     return sbn_fail(comm, r, "%s", sbnGetLastError(NULL));
   }
+  pthread_rwlock_unlock(&gt->nccl_lock);
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     *newcomm = NULL;
     return sbnSuccess;
