@@ -123,6 +123,7 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     r = check_op(op);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
+  if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) r = sbn_gpu_check_pointers(op);
   if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) {
     op->algo = sbn_algo_from_env(op->comm);
     if (op->algo < 0) r = sbnInvalidArgument;

@@ -31,6 +31,10 @@ SBN_INTERNAL sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nop
    on the ops' stream(s). */
 SBN_INTERNAL sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops);
 
+/* Every non-NULL tensor of a GPU team's op is device (or managed) memory, of the rank's
+   device: sbnInvalidArgument naming the first that is not (one cudaPointerGetAttributes
+   per pointer). */
+SBN_INTERNAL sbnResult_t sbn_gpu_check_pointers(const sbn_op_t* op);
 /* How the team's ops exchange: sbnCommGetTransport's names. */
 SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
 /* NCCL teams whose transport is the host-driven path ("nccl-host"): every op takes it. */

@@ -418,6 +418,43 @@ sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
   return worst;
 }
 
+sbnResult_t sbn_gpu_check_pointers(const sbn_op_t* op) {
+  const struct sbn_gpu_team* gt = op->comm->team->gpu;
+  const int dev = gt->ranks[op->comm->rank].device;
+  const int fwd = op->kind == SBN_OP_FORWARD;
+  const struct {
+    const void* p;
+    const char* name;
+  } ps[] = {{op->x, "x"},
+            {op->out, fwd ? "y" : "dx"},
+            {fwd ? NULL : op->dy, "dy"},
+            {op->weight, "weight"},
+            {op->bias, "bias"},
+            {op->running_mean, "running_mean"},
+            {op->running_var, "running_var"},
+            {op->num_batches_tracked, "num_batches_tracked"},
+            {op->save_mean, "save_mean"},
+            {op->save_invstd, "save_invstd"},
+            {op->dweight, "dweight"},
+            {op->dbias, "dbias"}};
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    if (ps[i].p == NULL) continue;
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    if (cudaPointerGetAttributes(&at, ps[i].p) != cudaSuccess) (void)cudaGetLastError();
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+      return sbn_fail(op->comm, sbnInvalidArgument,
+                      "%s: %s (%p) is not device memory: a GPU team's tensors live on the "
+                      "rank's device (%d)",
+                      fwd ? "sbnForwardTrain" : "sbnBackward", ps[i].name, ps[i].p, dev);
+    if (at.type == cudaMemoryTypeDevice && at.device != dev)
+      return sbn_fail(op->comm, sbnInvalidArgument,
+                      "%s: %s is memory of device %d, but this rank's device is %d",
+                      fwd ? "sbnForwardTrain" : "sbnBackward", ps[i].name, at.device, dev);
+  }
+  return sbnSuccess;
+}
+
 const char* sbn_gpu_transport(const sbn_team_t* team) {
   const struct sbn_gpu_team* gt = team->gpu;
   switch (team->kind) {
@@ -847,6 +884,10 @@ void sbn_gpu_abort(sbn_team_t* team) { (void)team; }
 const char* sbn_gpu_transport(const sbn_team_t* team) {
   (void)team;
   return "cpu";
+}
+sbnResult_t sbn_gpu_check_pointers(const sbn_op_t* op) {
+  (void)op;
+  return no_cuda();
 }
 int sbn_gpu_host_only(const sbn_team_t* team) {
   (void)team;
