@@ -69,7 +69,7 @@ step_test() {
   rc=$?
   echo "$log"
   [ $rc -eq 0 ] || return 1
-  if grep -q 'test_gpu.*Skipped' <<<"$log"; then
+  if grep -Eq '(test_gpu|test_nccl_team|example_ddp_step).*Skipped' <<<"$log"; then
     echo "!! a GPU test skipped on a GPU machine"
     return 1
   fi
@@ -88,6 +88,15 @@ step_sanitize() {
       compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
       "$BUILD/tests/test_gpu_team" || { echo "!! $tool test_gpu_team (SBN_ALGO=nccl) failed"; rc=1; }
   done
+  # NCCL teams (W = 1): the test forks its ranks, so the sanitizer follows every process
+  if [ -x "$BUILD/tests/test_nccl_team" ]; then
+    for tool in memcheck synccheck; do
+      echo "+ compute-sanitizer --tool $tool --target-processes all $BUILD/tests/test_nccl_team (W = 1)"
+      SBN_TEST_QUICK=1 SBN_TEST_NCCL_W=1 compute-sanitizer --tool "$tool" --target-processes all \
+        --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_nccl_team" ||
+        { echo "!! $tool test_nccl_team failed"; rc=1; }
+    done
+  fi
   return $rc
 }
 
