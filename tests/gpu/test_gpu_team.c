@@ -2060,6 +2060,59 @@ static void test_host_path(void) {
   case_end();
 }
 
+/* sbnCommGetTransport of in-process GPU teams, and tensors that are not the rank's device
+   memory: sbnInvalidArgument at the call, nothing written. */
+static void test_transport_and_pointers(void) {
+  sbnComm_t c[2] = {NULL, NULL};
+  const char* tr = NULL;
+  if (!init_virtual(c, 2, TEAM_TIMEOUT_MS)) return;
+  ASSERT_OK(sbnCommGetTransport(c[1], &tr));
+  ASSERT_TRUE(strcmp(tr, "virtual") == 0);
+  destroy_comms(c, 2);
+  const int dev0[2] = {0, 0};
+  if (!init_all(c, 2, dev0, TEAM_TIMEOUT_MS)) return;
+  ASSERT_OK(sbnCommGetTransport(c[0], &tr));
+  ASSERT_TRUE(strcmp(tr, "peer") == 0); /* one device: no P2P pair is missing */
+  destroy_comms(c, 2);
+
+  if (!init_virtual(c, 1, TEAM_TIMEOUT_MS)) return;
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 3, 4};
+  const size_t xb = 2 * 3 * 4 * sizeof(float), cb = 3 * sizeof(float);
+  float hx[24];
+  for (int i = 0; i < 24; i++) hx[i] = (float)i;
+  float *dx = NULL, *dy = NULL, *dm = NULL, *di = NULL;
+  CUDA_CHECK(cudaMalloc((void**)&dx, xb));
+  CUDA_CHECK(cudaMalloc((void**)&dy, xb));
+  CUDA_CHECK(cudaMalloc((void**)&dm, cb));
+  CUDA_CHECK(cudaMalloc((void**)&di, cb));
+  CUDA_CHECK(cudaMemcpy(dx, hx, xb, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(dy, 0xff, xb));
+  CUDA_CHECK(cudaMemset(dm, 0xff, cb));
+  CUDA_CHECK(cudaMemset(di, 0xff, cb));
+  float hm[3] = {0, 0, 0};
+  /* x on the host; then save_mean on the host */
+  ASSERT_RES(sbnForwardTrain(c[0], &d, hx, dy, NULL, NULL, NULL, NULL, NULL, dm, di, NULL, NULL),
+             sbnInvalidArgument);
+  ASSERT_TRUE(strstr(sbnGetLastError(c[0]), "x (") != NULL);
+  ASSERT_RES(sbnForwardTrain(c[0], &d, dx, dy, NULL, NULL, NULL, NULL, NULL, hm, di, NULL, NULL),
+             sbnInvalidArgument);
+  ASSERT_TRUE(strstr(sbnGetLastError(c[0]), "save_mean") != NULL);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned char back[96];
+  CUDA_CHECK(cudaMemcpy(back, dy, xb, cudaMemcpyDeviceToHost));
+  ASSERT_TRUE(all_ff(back, xb));
+  CUDA_CHECK(cudaMemcpy(back, di, cb, cudaMemcpyDeviceToHost));
+  ASSERT_TRUE(all_ff(back, cb));
+  ASSERT_TRUE(hm[0] == 0 && hm[1] == 0 && hm[2] == 0);
+  /* the comm is still usable */
+  ASSERT_OK(sbnForwardTrain(c[0], &d, dx, dy, NULL, NULL, NULL, NULL, NULL, dm, di, NULL, NULL));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(back, dm, cb, cudaMemcpyDeviceToHost));
+  ASSERT_TRUE(!all_ff(back, cb));
+  cudaFree(dx), cudaFree(dy), cudaFree(dm), cudaFree(di);
+  destroy_comms(c, 1);
+}
+
 /* SBN_TEST_ONLY=name,name: run only the tests whose names contain one of the words. */
 static int want_test(const char* name) {
   const char* only = getenv("SBN_TEST_ONLY");
@@ -2124,6 +2177,7 @@ int main(void) {
   RUN(test_mismatch_threads);
   RUN(test_count_one_threads);
   RUN(test_inference_device);
+  RUN(test_transport_and_pointers);
   if (!g_host) RUN(test_host_path); /* sets SBN_ALGO itself */
   virt_teams_destroy();
   team_comms_destroy();
