@@ -144,14 +144,20 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
 SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
                                        const sbnConfig_t* config);
 /* Multi-process / multi-node: one rank per NCCL rank, collective over the NCCL comm (every
-   rank calls it; bounded by timeout_ms: a rank that never calls gives sbnTimeout). The
+   rank calls it). Its first step, ncclCommSplit of `nccl`, takes the blocking mode of
+   `nccl`: with a nonblocking comm (ncclConfig_t.blocking = 0) every wait of the init is
+   bounded by timeout_ms (a rank that never calls gives sbnTimeout); with a blocking one
+   that split waits for every rank as NCCL's own calls do, and the rest is bounded. A
+   failure on one rank after that (a bad SBN_NCCL_TRANSPORT, memory) fails every rank, and
+   ranks passing different max_channels get sbnInvalidArgument. The
    comm's rank and size are the NCCL comm's; its device is the NCCL comm's
    (ncclCommCuDevice), which holds every tensor of its ops. The library makes its own
    duplicate of `nccl` (ncclCommSplit), so the caller may use or destroy theirs freely.
    Ops may be called with or without sbnGroupStart/End. Each op is, by transport:
    - "nccl-lsa": ONE cooperative kernel per op, exchanging through an NCCL symmetric
-     window with NCCL's device API (NCCL >= 2.28), when every rank is in one NVLink
-     (load/store-accessible) domain;
+     window with NCCL's device API (NCCL >= 2.28), when every rank is in one
+     load/store-accessible (LSA) team of NCCL and the window is usable on every rank
+     (symmetric-memory support: P2P between the GPUs, NCCL's cuMem allocator);
    - "nccl-host": the host-driven path (stats kernel, ncclAllGather, apply kernel) when
      the team spans several such domains, the NCCL lacks the device API or symmetric
      memory, or SBN_NCCL_TRANSPORT=host. The choice is made once, agreed by all ranks at

@@ -110,8 +110,14 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
       if (gt->nccl[q]) nr = ncclCommFinalize(gt->nccl[q]);
     ncclResult_t ne = ncclGroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    for (int q = 0; q < gt->nranks && nr == ncclInProgress; q++)
-      if (gt->nccl[q]) nr = sbn_nccl_settle(gt->nccl[q], nr, deadline);
+    if (nr == ncclInProgress) { /* every comm, not just the first to finish */
+      nr = ncclSuccess;
+      for (int q = 0; q < gt->nranks; q++) {
+        if (!gt->nccl[q]) continue;
+        ncclResult_t nq = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
+        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
+      }
+    }
     if (nr != ncclSuccess) {
       sbn_nccl_abort_all(gt);
     } else {
@@ -388,6 +394,17 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
 
 static void* watchdog_main(void* arg) {
   struct sbn_gpu_team* gt = arg;
+  /* on one of the team's devices (a query on the default device 0 would make a context
+     there in every process), and relaxed about captures: a query from here must not
+     invalidate a CUDA graph another thread is capturing */
+  for (int q = 0; q < gt->nranks; q++)
+    if (gt->ranks[q].present) {
+      cudaSetDevice(gt->ranks[q].device);
+      break;
+    }
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  (void)cudaGetLastError();
   while (!atomic_load(&gt->watchdog_stop)) {
     host_watchdog(gt);
     struct timespec ts = {0, 20 * 1000000L}; /* 20 ms: far below any sensible timeout */
@@ -408,7 +425,9 @@ sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt) {
 
 sbnResult_t sbn_gpu_poll_error(const sbn_team_t* team) {
   struct sbn_gpu_team* gt = team->gpu;
-  host_watchdog(gt);
+  /* the watchdog thread aborts stuck collectives; polling only reads the error words, so it
+     never blocks (and never queries events from a thread that may be capturing) */
+  if (!gt->watchdog_ok) host_watchdog(gt);
   sbnResult_t worst = sbnSuccess;
   for (int q = 0; q <= gt->nranks; q++) {
     int v = gt->err[q];
@@ -762,9 +781,14 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
     }
     ncclResult_t ne = ncclGroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    /* nonblocking comms: the group may still be being issued */
-    for (int i = 0; i < nops && nr == ncclInProgress; i++)
-      nr = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], nr, deadline);
+    /* nonblocking comms: the group may still be being issued, on every comm */
+    if (nr == ncclInProgress) {
+      nr = ncclSuccess;
+      for (int i = 0; i < nops; i++) {
+        ncclResult_t nq = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], ncclInProgress, deadline);
+        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
+      }
+    }
     if (nr != ncclSuccess) {
       r = sbn_fail(NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,
                    "ncclAllGather of the records: %s (%s)",

@@ -75,18 +75,21 @@ static int transport_from_env(void) {
   return -1;
 }
 
-/* Element-wise min over the team of v[0..1] (bounded by the timeout). */
-static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int v[2]) {
+/* Element-wise min over the team of v[0..n-1], n <= SBN_AGREE_MAX (bounded by the timeout). */
+#define SBN_AGREE_MAX 8
+static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, int n) {
   sbnResult_t r = sbnSuccess;
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
-  gt->hscratch[0] = v[0];
-  gt->hscratch[1] = v[1];
-  CU(cudaMemcpyAsync(gt->dscratch, gt->hscratch, 2 * sizeof(int), cudaMemcpyHostToDevice, gt->aux),
+  for (int i = 0; i < n; i++) gt->hscratch[i] = v[i];
+  CU(cudaMemcpyAsync(gt->dscratch, gt->hscratch, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
+                     gt->aux),
      "cudaMemcpyAsync");
-  ncclResult_t nr = ncclAllReduce(gt->dscratch, gt->dscratch, 2, ncclInt32, ncclMin, comm, gt->aux);
+  ncclResult_t nr = ncclAllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm,
+                                  gt->aux);
   nr = sbn_nccl_settle(comm, nr, deadline);
-  if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (transport)");
-  CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, 2 * sizeof(int), cudaMemcpyDeviceToHost, gt->aux),
+  if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (agreement)");
+  CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
+                     gt->aux),
      "cudaMemcpyAsync");
   for (;;) { /* a peer that never comes: the collective does not finish */
     cudaError_t e = cudaStreamQuery(gt->aux);
@@ -99,8 +102,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int v[2])
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
   }
-  v[0] = gt->hscratch[0];
-  v[1] = gt->hscratch[1];
+  for (int i = 0; i < n; i++) v[i] = gt->hscratch[i];
 out:
   return r;
 }
@@ -132,9 +134,8 @@ static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n
 #endif
 }
 
-/* Allocates, zeroes and registers this rank's part of the window: 1 on success, 0 (with
-   the reason in why) otherwise. Collective (ncclCommWindowRegister). */
-static int window_open(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
+/* Allocates and zeroes this rank's part of the window: 1, or 0 with the reason in why. */
+static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
   gt->win_bytes = (size_t)sbn_window_bytes(gt->nranks, gt->nchunks_max);
   ncclResult_t nr = ncclMemAlloc(&gt->win_buf, gt->win_bytes);
@@ -143,23 +144,51 @@ static int window_open(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size
     snprintf(why, n, "ncclMemAlloc(%zu): %s", gt->win_bytes, ncclGetErrorString(nr));
     return 0;
   }
-  /* zero before registering: the peers write into it only after every rank's
-     registration (collective) and the agreement after it */
+  /* zeroed before registering: the peers write into it only after every rank's
+     registration and the agreement after it */
   if (cudaMemset(gt->win_buf, 0, gt->win_bytes) != cudaSuccess ||
       cudaDeviceSynchronize() != cudaSuccess) {
     (void)cudaGetLastError();
     snprintf(why, n, "cudaMemset of the window failed");
     return 0;
   }
-  ncclWindow_t w = NULL;
-  nr = ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes, &w, NCCL_WIN_COLL_SYMMETRIC);
+  return 1;
+#else
+  (void)gt;
+  snprintf(why, n, "no NCCL device API in this build");
+  return 0;
+#endif
+}
+
+/* Registers the window (collective: every rank calls it once every rank allocated).
+   1: a symmetric window; 0: NCCL registered it but not as a window the kernel can address
+   (the reason in why); -1: the registration did not finish within the timeout (fatal:
+   the comm is no longer usable for other calls). NCCL's thread may write the handle after
+   the call returns, so it goes straight into gt->win. */
+static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
+#if SBN_NCCL_DEVICE_API
+  ncclResult_t nr = ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes,
+                                           (ncclWindow_t*)&gt->win, NCCL_WIN_COLL_SYMMETRIC);
   nr = sbn_nccl_settle(comm, nr, sbn_mono_ns() + gt->timeout_ms * 1000000);
-  if (nr != ncclSuccess || w == NULL) {
+  if (nr == ncclInProgress) return -1;
+  if (nr != ncclSuccess || gt->win == NULL) {
     snprintf(why, n, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC): %s (%s)",
-             nr == ncclInProgress ? "timed out" : ncclGetErrorString(nr), ncclGetLastError(comm));
+             ncclGetErrorString(nr), ncclGetLastError(comm));
     return 0;
   }
-  gt->win = w;
+  /* Without symmetric-memory support (no P2P between the node's GPUs, NCCL_CUMEM_ENABLE=0,
+     NCCL_WIN_ENABLE=0) NCCL still succeeds, with a handle that is a host-side record:
+     the kernel would fault reading it. A usable window handle is device memory. */
+  struct cudaPointerAttributes at;
+  memset(&at, 0, sizeof at);
+  if (cudaPointerGetAttributes(&at, gt->win) != cudaSuccess) (void)cudaGetLastError();
+  if (at.type != cudaMemoryTypeDevice) {
+    snprintf(why, n,
+             "NCCL registered the buffer but not as a symmetric window (no symmetric-memory "
+             "support on this communicator: P2P between the GPUs, NCCL_CUMEM_ENABLE, "
+             "NCCL_WIN_ENABLE)");
+    return 0;
+  }
   return 1;
 #else
   (void)gt, (void)comm;
@@ -172,11 +201,9 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
   const int w = team->nranks, me = team->local_rank;
   sbnResult_t r = sbnSuccess;
   int prev = 0, dev = -1;
+  /* a bad value is reported on every rank after the first agreement (the others would
+     wait for this rank in a collective) */
   const int mode = transport_from_env();
-  if (mode < 0) {
-    if (adopt) ncclCommAbort(nccl);
-    return sbnInvalidArgument;
-  }
   ncclResult_t nr = ncclCommCuDevice(nccl, &dev);
   if (nr != ncclSuccess) {
     if (adopt) ncclCommAbort(nccl);
@@ -206,48 +233,103 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
     /* the team's own comm: aborting it on a timeout leaves the caller's intact */
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    ncclComm_t own = NULL;
-    nr = ncclCommSplit(nccl, 0, me, &own, &cfg);
-    if (nr == ncclInProgress && own != NULL) nr = sbn_nccl_settle(own, nr, deadline);
-    if (nr != ncclSuccess) {
-      if (own != NULL) ncclCommAbort(own);
-      r = nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
+    /* NCCL takes the split's blocking mode from the parent: with a blocking parent this
+       call waits for every rank (as NCCL's own init does); with a nonblocking one it
+       returns at once and NCCL's thread writes the new comm later, so it goes to the heap
+       and is waited for on the parent, bounded. On a timeout the slot is left to NCCL. */
+    ncclComm_t* slot = calloc(1, sizeof *slot);
+    if (slot == NULL) {
+      r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
       goto out;
     }
-    gt->nccl[me] = own;
+    nr = ncclCommSplit(nccl, 0, me, slot, &cfg);
+    nr = sbn_nccl_settle(nccl, nr, deadline);
+    if (nr == ncclInProgress) {
+      r = nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
+      goto out; /* slot intentionally not freed */
+    }
+    if (nr == ncclSuccess && *slot != NULL) nr = sbn_nccl_settle(*slot, ncclInProgress, deadline);
+    if (nr != ncclSuccess || *slot == NULL) {
+      if (*slot != NULL) ncclCommAbort(*slot);
+      free(slot);
+      r = nccl_fail(nccl, nr == ncclSuccess ? ncclInternalError : nr,
+                    "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
+      goto out;
+    }
+    gt->nccl[me] = *slot;
+    free(slot);
   }
   ncclComm_t comm = gt->nccl[me];
   gpu_rank_t* g = &gt->ranks[me];
   g->device = dev;
   g->share = 1;
-  r = sbn_gpu_query_device(g, dev);
-  if (r != sbnSuccess) goto out;
-  CU(cudaHostAlloc((void**)&gt->err, (size_t)(w + 1) * sizeof(int),
-                   cudaHostAllocPortable | cudaHostAllocMapped),
-     "cudaHostAlloc (error words)");
-  memset((void*)gt->err, 0, (size_t)(w + 1) * sizeof(int));
-  r = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
-  if (r != sbnSuccess) goto out;
+  /* what the agreement needs first; a failure here leaves the peers to time out */
   CU(cudaStreamCreateWithFlags(&gt->aux, cudaStreamNonBlocking), "cudaStreamCreate");
-  CU(cudaMalloc((void**)&gt->dscratch, 2 * sizeof(int)), "cudaMalloc");
-  CU(cudaHostAlloc((void**)&gt->hscratch, 2 * sizeof(int), cudaHostAllocPortable),
+  CU(cudaMalloc((void**)&gt->dscratch, SBN_AGREE_MAX * sizeof(int)), "cudaMalloc");
+  CU(cudaHostAlloc((void**)&gt->hscratch, SBN_AGREE_MAX * sizeof(int), cudaHostAllocPortable),
      "cudaHostAlloc");
-  CU(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  /* this rank's own resources: a failure is agreed on, so every rank fails at once */
+  sbnResult_t mine = mode < 0 ? sbnInvalidArgument : sbn_gpu_query_device(g, dev);
+  if (mine == sbnSuccess) {
+    cudaError_t e = cudaHostAlloc((void**)&gt->err, (size_t)(w + 1) * sizeof(int),
+                                  cudaHostAllocPortable | cudaHostAllocMapped);
+    if (e != cudaSuccess) {
+      gt->err = NULL;
+      mine = sbn_cuda_fail(e, "cudaHostAlloc (error words)");
+    } else {
+      memset((void*)gt->err, 0, (size_t)(w + 1) * sizeof(int));
+    }
+  }
+  if (mine == sbnSuccess) mine = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
+  if (mine == sbnSuccess && cudaDeviceSynchronize() != cudaSuccess)
+    mine = sbn_cuda_fail(cudaGetLastError(), "cudaDeviceSynchronize");
+  char mine_why[256];
+  snprintf(mine_why, sizeof mine_why, "%s", mine == sbnSuccess ? "" : sbnGetLastError(NULL));
 
-  /* the transport, agreed: every rank must make the same (collective) calls */
+  /* agreement 1: every rank ready, the same max_channels, the transport's preconditions */
   char why[256];
   const char* obstacle = mode == 2 ? "SBN_NCCL_TRANSPORT=host" : lsa_obstacle(comm, w, why, sizeof why);
-  int v[2] = {obstacle == NULL, mode == 1 ? -1 : 0}; /* min: all can; -max: one requires */
-  r = agree_min(gt, comm, v);
+  const int mc = team->cfg.max_channels > 0x7fffffff ? 0x7fffffff : (int)team->cfg.max_channels;
+  int v[5] = {mine == sbnSuccess, obstacle == NULL, mode == 1 ? -1 : 0, mc, -mc};
+  r = agree_min(gt, comm, v, 5);
   if (r != sbnSuccess) goto out;
-  const int require = v[1] < 0;
-  if (v[0]) {
-    int ok[2] = {window_open(gt, comm, why, sizeof why), 0};
-    r = agree_min(gt, comm, ok);
+  if (!v[0]) {
+    r = mine != sbnSuccess
+            ? sbn_fail(NULL, mine, "%s", mine_why)
+            : sbn_fail(NULL, sbnInvalidUsage,
+                       "sbnCommInitNccl: another rank of the team failed its init (its own "
+                       "error says why); no comm was made");
+    goto out;
+  }
+  if (v[3] != -v[4]) {
+    r = sbn_fail(NULL, sbnInvalidArgument,
+                 "sbnCommInitNccl: the ranks' max_channels differ (from %d to %d): every rank "
+                 "of a team must pass the same config",
+                 v[3], -v[4]);
+    goto out;
+  }
+  const int require = v[2] < 0;
+  if (v[1]) {
+    /* agreement 2: every rank has its part; then all register (collective) */
+    int ok = window_alloc(gt, why, sizeof why);
+    r = agree_min(gt, comm, &ok, 1);
     if (r != sbnSuccess) goto out;
-    gt->lsa = ok[0];
-    if (!gt->lsa)
-      obstacle = gt->win != NULL ? "the symmetric window failed on another rank" : why;
+    if (ok) {
+      ok = window_register(gt, comm, why, sizeof why);
+      if (ok < 0) {
+        r = sbn_fail(NULL, sbnTimeout,
+                     "sbnCommInitNccl: ncclCommWindowRegister did not finish within %lld ms",
+                     (long long)gt->timeout_ms);
+        goto out;
+      }
+      int reg = ok; /* agreement 3: a usable window on every rank */
+      r = agree_min(gt, comm, &reg, 1);
+      if (r != sbnSuccess) goto out;
+      gt->lsa = reg;
+      if (!reg) obstacle = ok ? "the symmetric window is not usable on another rank" : why;
+    } else {
+      obstacle = gt->win_buf != NULL ? "another rank could not allocate its window part" : why;
+    }
   } else if (obstacle == NULL) {
     obstacle = "another rank cannot use the in-kernel transport (see its SBN_DEBUG=INFO)";
   }
@@ -329,10 +411,18 @@ void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) {
     sbn_gpu_notify_launch(gt->win, sbn_window_fail_off(gt->nranks, gt->nchunks_max), gt->local,
                           gt->nranks, sbnAborted, gt->aux);
 #endif
+  /* the notification goes through the window, which the comm's abort unmaps: let it land
+     first (bounded: it queues behind nothing but a kernel that sees the abort word) */
+  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  while (gt->aux != NULL && cudaStreamQuery(gt->aux) == cudaErrorNotReady &&
+         sbn_mono_ns() < deadline) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
   (void)cudaGetLastError();
   cudaSetDevice(prev);
-  /* a collective of the host path waiting for a peer returns */
-  if (!gt->lsa) sbn_nccl_abort_all(gt);
+  /* a collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns */
+  sbn_nccl_abort_all(gt);
 }
 
 sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
