@@ -25,6 +25,8 @@
 
 #include "team_util.h"
 
+#include "gpu_cmp.h"
+
 /* ---- CUDA checks: a failed CUDA call fails the current test (it does not abort) ------ */
 static int cuda_ok_(cudaError_t e, const char* expr, const char* file, int line) {
   if (e == cudaSuccess) return 1;
@@ -70,9 +72,6 @@ static double now_ms(void) {
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
-}
-static const char* dt_name(sbnDataType_t dt) {
-  return dt == sbnFloat32 ? "fp32" : dt == sbnFloat16 ? "fp16" : "bf16";
 }
 static const char* mode_name(int mode) {
   return mode == MODE_GROUP ? "group" : mode == MODE_THREADS ? "threads" : "direct";
@@ -434,51 +433,8 @@ static sbnResult_t gpu_run(dteam_t* d, team_t* h, int bwd, int mode, int opts,
   } while (0)
 
 /* ---- comparisons ------------------------------------------------------------------ */
-/* Tolerances, GPU team vs CPU team on the same inputs (README: "GPU and CPU teams agree
-   to the tolerances below, not bitwise"). Both run bn_math.h's fp32 formulas, products
-   unfused, and differ only in the reduction trees (which partials merge in which order).
-
-   Statistics (save_mean, save_invstd, running stats): 1e-5 absolute + 1e-5 relative,
-   with save_mean's and running_mean's absolute part scaled by (1 + sd) as check_forward
-   does (a Welford/Chan mean is accurate relative to the data's spread, not to |mean|,
-   which may be ~0). Each side is already held to 1e-5 against the double reference; an
-   fp32 Chan tree over M <= 1e7 elements has relative error ~log2(M) * 6e-8 ~ 1.4e-6 (and
-   bn_math carries the mean as hi + lo), so the two trees differ by well under 1e-5. */
-#define GC_STAT_ATOL 1e-5
-#define GC_STAT_RTOL 1e-5
-/* fp32 y, dx and every dtype's dweight/dbias: 1e-4 absolute + 1e-4 relative (DESIGN.md's
-   output/gradient tolerance). y and dx are elementwise in the statistics (which differ by
-   ~1e-6 relative, see above): their difference is ~1e-6 * |terms| <= 1e-5 for terms up to
-   ~10 (6 sd * invstd * |w| + |b|). dweight/dbias are fp32 sums over a rank's (or the
-   team's) elements, sum_i |term_i| <= ~1e4 here, with tree error ~1e-7 * sqrt(n) * that
-   for random signs, i.e. below 1e-4 + 1e-4 * |sum|. */
-#define GC_OUT_ATOL 1e-4
-#define GC_OUT_RTOL 1e-4
-#define GC_GRAD_ATOL 1e-4
-#define GC_GRAD_RTOL 1e-4
-/* fp16/bf16 y and dx: both sides compute the value in fp32 (differing by ~1e-6 relative,
-   far below the dtype's half-ulp of 2.4e-4 (fp16) / 2e-3 (bf16) relative) and then round
-   to the dtype, so they agree exactly or differ by one ulp where the fp32 values straddle
-   a rounding boundary. Allowed: 2 ulps of the dtype at max(|gpu|, |cpu|) (1 ulp plus a
-   margin of one), plus an absolute 1e-5: near y == 0 the dtype's ulp is tiny (fp16
-   subnormals, 6e-8) while the fp32 value carries an absolute error of a few ulps of its
-   largest term (~10 -> ~4e-6), which rounding cannot remove. This is 1-2 orders tighter
-   than the 1e-2 relative that the dtype outputs get against the double reference. */
-#define GC_HALF_ULPS 2.0
-#define GC_HALF_ATOL 1e-5
-/* dweight and dbias are fp32 sums of a rank's (local) or the team's (global) terms
-   dy*(x - mean)*invstd and dy. Where the terms cancel (|sum| << sum|terms|, the usual case
-   for random dy) the rounding error of any fp32 summation scales with sum|terms|, not with
-   |sum|: a tree of depth ~log2(n) is off by at most ~log2(n) * u * sum|terms| (u = 2^-24),
-   typically far less. DESIGN.md's plain 1e-4 + 1e-4*|ref| ignores that and only holds for
-   small per-channel counts: measured on the CPU team, bf16 W=8 C=64 spatial=1000 (9000
-   elements per channel) misses it by 1.29x with an error of 0.45 u * sum|terms|. So the
-   absolute part gets GRAD_COND_U * u * sum|terms| on top: 8u (a third of the worst case of
-   a 24-deep tree, ~18x the measured 0.45u) per side, twice that for GPU vs CPU (two
-   independent roundings). A real bug (a dropped rank or term, a wrong mean) is off by
-   O(|term|) * sqrt(count), orders of magnitude above this. */
-#define GRAD_COND_U 8.0
-#define F32_U (1.0 / 16777216.0)
+/* The tolerances (GC_*, GRAD_COND_U, F32_U) and cmp_f32 / cmp_out / cmp_forward_rank:
+   gpu_cmp.h, shared with test_nccl_team.c. */
 
 /* Per-channel sums of |dy*(x - mean)*invstd| (aw) and |dy| (ab), exactly in double, with
    the team's saved statistics: per rank (aw[r], ab[r]) and over the team (awg, abg). */
@@ -523,103 +479,10 @@ static int close_ref_vec(const char* what, int r, const float* got, const double
   return 1;
 }
 
-/* Unit in the last place of the dtype at |v| (subnormal spacing below the normals). */
-static double dt_ulp(sbnDataType_t dt, double v) {
-  int mant = dt == sbnFloat16 ? 10 : dt == sbnBFloat16 ? 7 : 23;
-  int emin = dt == sbnFloat16 ? -14 : -126;
-  int e = emin;
-  v = fabs(v);
-  if (v > 0.0) {
-    (void)frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
-    e -= 1;
-    if (e < emin) e = emin;
-  }
-  return ldexp(1.0, e - mant);
-}
-
-/* gpu[i] vs cpu[i]: |g - c| <= atol_i + rtol * |c|, atol_i = atolv ? atolv[i] : atol.
-   Prints the worst element. */
-static int cmp_f32(const char* what, int r, const float* g, const float* c, size_t n,
-                   const double* atolv, double atol, double rtol) {
-  size_t bad = 0, worst = 0;
-  double worst_frac = -1.0;
-  for (size_t i = 0; i < n; i++) {
-    double tol = (atolv ? atolv[i] : atol) + rtol * fabs((double)c[i]);
-    double frac = fabs((double)g[i] - (double)c[i]) / tol;
-    if (isnan(frac) || isnan((double)g[i]) || isnan((double)c[i])) frac = INFINITY;
-    if (frac > 1.0) bad++;
-    if (frac > worst_frac) worst_frac = frac, worst = i;
-  }
-  if (bad) {
-    SBN_FAIL_(
-        "GPU vs CPU team: %s rank %d: %zu of %zu elements out of tolerance; worst [%zu] "
-        "gpu %.9g cpu %.9g (%.2fx tolerance)",
-        what, r, bad, n, worst, (double)g[worst], (double)c[worst], worst_frac);
-    return 0;
-  }
-  return 1;
-}
-
-/* y or dx of one rank, GPU vs CPU team, by dtype (see the tolerances above). */
-static int cmp_out(const char* what, int r, sbnDataType_t dt, const void* g, const void* c,
-                   int64_t n) {
-  if (n == 0) return 1;
-  if (dt == sbnFloat32)
-    return cmp_f32(what, r, (const float*)g, (const float*)c, (size_t)n, NULL, GC_OUT_ATOL,
-                   GC_OUT_RTOL);
-  int64_t bad = 0, worst = 0;
-  double worst_frac = -1.0;
-  for (int64_t i = 0; i < n; i++) {
-    double gv = sbn_ref_load(g, dt, i), cv = sbn_ref_load(c, dt, i);
-    double big = fabs(gv) > fabs(cv) ? fabs(gv) : fabs(cv);
-    double tol = GC_HALF_ULPS * dt_ulp(dt, big) + GC_HALF_ATOL;
-    double frac = fabs(gv - cv) / tol;
-    if (isnan(frac) || isnan(gv) || isnan(cv)) frac = INFINITY;
-    if (frac > 1.0) bad++;
-    if (frac > worst_frac) worst_frac = frac, worst = i;
-  }
-  if (bad) {
-    SBN_FAIL_("GPU vs CPU team: %s (%s) rank %d: %" PRId64 " of %" PRId64
-              " elements beyond 2 ulps; worst [%" PRId64 "] gpu %.9g cpu %.9g (%.2fx tolerance)",
-              what, dt_name(dt), r, bad, n, worst, sbn_ref_load(g, dt, worst),
-              sbn_ref_load(c, dt, worst), worst_frac);
-    return 0;
-  }
-  return 1;
-}
-
-static int64_t team_count(const team_t* t) {
-  int64_t m = 0;
-  for (int r = 0; r < t->W; r++) m += t->d[r].n * t->d[r].spatial;
-  return m;
-}
-
 /* Forward outputs of every rank, GPU (g) vs CPU team (c). */
 static void cmp_forward(const team_t* g, const team_t* c) {
-  int64_t ch = g->d[0].c, m = team_count(g);
-  double* atol = dvec(ch);
-  int ok = 1;
-  for (int r = 0; r < g->W && ok; r++) {
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_STAT_ATOL * (1.0 + (m > 0 ? 1.0 / (double)c->sinv[r][i] : 0.0));
-    ok = cmp_f32("save_mean", r, g->smean[r], c->smean[r], (size_t)ch, atol, 0, GC_STAT_RTOL) &&
-         cmp_f32("save_invstd", r, g->sinv[r], c->sinv[r], (size_t)ch, NULL, GC_STAT_ATOL,
-                 GC_STAT_RTOL);
-    if (ok && g->running) {
-      for (int64_t i = 0; i < ch; i++)
-        atol[i] = GC_STAT_ATOL * (1.0 + sqrt(fabs((double)c->rv[r][i])));
-      ok = cmp_f32("running_mean", r, g->rm[r], c->rm[r], (size_t)ch, atol, 0, GC_STAT_RTOL) &&
-           cmp_f32("running_var", r, g->rv[r], c->rv[r], (size_t)ch, NULL, GC_STAT_ATOL,
-                   GC_STAT_RTOL);
-    }
-    if (ok && !g->nbt_null && g->nbt[r] != c->nbt[r]) {
-      SBN_FAIL_("rank %d: num_batches_tracked gpu %" PRId64 " cpu %" PRId64, r, g->nbt[r],
-                c->nbt[r]);
-      ok = 0;
-    }
-    ok = ok && cmp_out("y", r, g->d[r].dtype, g->y[r], c->y[r], sbn_ref_numel(&g->d[r]));
-  }
-  free(atol);
+  for (int r = 0; r < g->W; r++)
+    if (!cmp_forward_rank(g, c, r)) break;
 }
 
 /* Backward outputs of every rank, GPU (g) vs CPU team (c; run with every output and the
