@@ -834,18 +834,19 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
   int G = 0, tile = 0;
-  sbnResult_t r = plan_round(ops, nops, &G, &tile);
-  if (r != sbnSuccess) return r;
-  fill_args(&a, ops, nops, G);
+  sbnResult_t r = sbnSuccess;
 
   int prev = 0;
   cudaGetDevice(&prev);
   if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
-    r = launch_host_nccl(ops, nops); /* InitAll (a rank per GPU) or NCCL team */
+    r = launch_host_nccl(ops, nops); /* InitAll (a rank per GPU) or NCCL team: own plans */
   } else if (o0->algo == SBN_ALGO_HOST && team->kind == SBN_COMM_GPU_PEER && gt->nranks > 1 &&
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
+    r = plan_round(ops, nops, &G, &tile);
+    if (r != sbnSuccess) return r; /* nothing launched, device unchanged */
+    fill_args(&a, ops, nops, G);
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
     r = launch_one_device(ops, nops, &a, tile);
   }
