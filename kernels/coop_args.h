@@ -94,6 +94,8 @@ typedef struct {
   int nlaunch;
   int G;           /* blocks per rank */
   int nchunks_max; /* records per (src, parity) in a mailbox */
+  int hold_slots;  /* onchip variant: batches per thread held in dynamic shared memory
+                      (coop_plan.h: sbn_hold_bytes of them per block) */
   /* NCCL teams (the `nccl` transport, one process per rank): every rank's mailbox is its
      part of an NCCL symmetric window (ncclCommWindowRegister), addressed in the kernel
      with NCCL's device API (ncclGetPeerPointer); `mail` above is then unused. NULL for
@@ -129,6 +131,32 @@ enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };
      APPLY   (G blocks per rank)       the ranks merged in rank order, finalize, normalize
    Same G, same orders: the bits of the cooperative kernel. */
 enum { SBN_HOST_STATS = 0, SBN_HOST_PUBLISH = 1, SBN_HOST_GATHER = 2, SBN_HOST_APPLY = 3 };
+
+/* sbnForwardInference with device pointers: one elementwise kernel (kernels/coop.cu). */
+typedef struct {
+  const void* x;
+  void* y;
+  const float* weight;
+  const float* bias;
+  const float* rm;
+  const float* rv;
+  float eps;
+  int group; /* plane kernel: threads per plane (sbn_infer_group) */
+  int64_t n, c, sp;
+} sbn_infer_args_t;
+
+/* The kernels' addresses (kernels/coop.cu), for launches by address. vec: 1 for the
+   16-byte kernels, 0 for the scalar ones; variant: SBN_VAR_* (coop_plan.h). NULL for a
+   combination that is not built (onchip is 16-byte only). */
+#ifdef SBN_COOP_EMU
+#define SBN_KERNEL_API
+#else
+#define SBN_KERNEL_API __attribute__((visibility("hidden")))
+#endif
+SBN_KERNEL_API const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant);
+SBN_KERNEL_API const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec);
+SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec);
+SBN_KERNEL_API int sbn_infer_group(int64_t sp);
 
 /* Where rank `src`'s record of `chunk` lies in a rank's gathered records (host path). */
 static SBN_ARGS_HD int64_t sbn_host_index(int src, int chunk, int nchunks_max) {

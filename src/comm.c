@@ -394,6 +394,15 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport) 
   return sbnSuccess;
 }
 
+SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel) {
+  sbnResult_t r = sbn_comm_check(comm);
+  if (r != sbnSuccess) return r;
+  if (kernel == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetKernel: kernel is NULL");
+  const char* k = atomic_load(&comm->kernel);
+  *kernel = k != NULL ? k : "none";
+  return sbnSuccess;
+}
+
 SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm) {
   if (comm == NULL) return sbnSuccess;
   sbnResult_t r = sbn_comm_check(comm);

@@ -89,6 +89,7 @@ struct sbnComm {
   float* ws_stats;  /* SBN_WS_STATS_FLOATS * max_channels: per-channel results */
   pthread_mutex_t err_mu;
   char last_error[512];
+  _Atomic(const char*) kernel; /* sbnCommGetKernel: what ran this rank's latest op */
 };
 
 /* The team's ranks held by this process (NCCL teams: one), and a comm's index among them:
@@ -140,6 +141,7 @@ typedef struct {
   float* dbias;
   sbnStream_t stream;  /* GPU teams */
   int algo;            /* GPU teams: SBN_ALGO_COOP or SBN_ALGO_HOST (SBN_ALGO at the call) */
+  int kernel;          /* GPU teams: SBN_KERNEL_* (kernels/coop_plan.h; SBN_KERNEL at the call) */
   int color, key;      /* split */
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;
@@ -150,6 +152,10 @@ typedef struct {
 enum { SBN_ALGO_COOP = 0, SBN_ALGO_HOST = 1 };
 /* SBN_ALGO_COOP or SBN_ALGO_HOST, or -1 (an unknown value; the detail is recorded). */
 SBN_INTERNAL int sbn_algo_from_env(sbnComm_t comm);
+/* The cooperative kernel's variant a GPU team's call asks for, from SBN_KERNEL:
+   "auto" (default), "onchip", "stream", "legacy" (SBN_KERNEL_* of kernels/coop_plan.h),
+   or -1 (an unknown value; the detail is recorded). */
+SBN_INTERNAL int sbn_kernel_from_env(sbnComm_t comm);
 
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);
 /* Runs one validated op on the calling thread (CPU team: blocks until the team meets). */

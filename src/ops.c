@@ -6,6 +6,7 @@
 
 #include "cpu/cpu.h"
 #include "gpu/gpu.h"
+#include "coop_plan.h"
 #include "internal.h"
 
 /* Largest per-rank element count accepted: keeps every index computation in int64 and
@@ -98,6 +99,17 @@ int sbn_algo_from_env(sbnComm_t comm) {
   return -1;
 }
 
+int sbn_kernel_from_env(sbnComm_t comm) {
+  static const char* const names[] = {"auto", "onchip", "stream", "legacy"}; /* SBN_KERNEL_* */
+  const char* v = getenv("SBN_KERNEL");
+  if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+    if (strcmp(v, names[i]) == 0) return i;
+  sbn_fail(comm, sbnInvalidArgument,
+           "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip', 'stream' or 'legacy'", v);
+  return -1;
+}
+
 sbnResult_t sbn_op_run(const sbn_op_t* op) {
   sbnResult_t r = sbn_comm_check_alive(op->comm);
   if (r != sbnSuccess) return r;
@@ -128,6 +140,8 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     op->algo = sbn_algo_from_env(op->comm);
     if (op->algo < 0) r = sbnInvalidArgument;
     else if (sbn_gpu_host_only(op->comm->team)) op->algo = SBN_ALGO_HOST; /* "nccl-host" */
+    op->kernel = r == sbnSuccess ? sbn_kernel_from_env(op->comm) : 0;
+    if (op->kernel < 0) r = sbnInvalidArgument;
   }
   if (r == sbnSuccess && !sbn_group_active() && op->comm->team->kind == SBN_COMM_GPU_VIRTUAL &&
       op->comm->team->nranks > 1)

@@ -49,7 +49,7 @@ static void emu_team_init(emu_team_t* e, int W, int G, int64_t timeout_ms) {
                        ? (size_t)G * SBN_GPU_CHUNK
                        : EMU_MAXC + SBN_GPU_CHUNK;
   for (int r = 0; r < W; r++) {
-    e->part[r] = calloc(SBN_GPU_REC_FLOATS * entries + EMU_MAXC, sizeof(float));
+    e->part[r] = calloc(SBN_GPU_PART_FLOATS * entries, sizeof(float));
     e->mail[r] = calloc((size_t)W * 2 * (size_t)e->nchunks, sizeof(sbn_mail_rec_t));
     e->send[r] = calloc((size_t)e->nchunks, sizeof(sbn_mail_rec_t));
     e->recv[r] = calloc((size_t)W * (size_t)e->nchunks, sizeof(sbn_mail_rec_t));
@@ -110,6 +110,35 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
   a->nchunks_max = e->nchunks;
 }
 
+/* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
+   to stream for the scalar kernels, as the library's auto does), chosen per launch as
+   src/gpu/gpu_team.c's plan does: the 16-byte kernels unless NHWC has C % VEC != 0 (host
+   memory from malloc is 16-byte aligned); onchip with the shared-memory batches the
+   geometry needs (the bound of coop_plan.h). */
+static int g_variant = SBN_VAR_ONCHIP;
+typedef struct {
+  int tile, vec, variant, hold_slots;
+} emu_plan_t;
+static emu_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
+  emu_plan_t pl;
+  pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+  pl.vec = g_variant != SBN_VAR_LEGACY && (!pl.tile || d->c % sbn_vec_of(d->dtype) == 0);
+  pl.variant = g_variant == SBN_VAR_ONCHIP && !pl.vec ? SBN_VAR_STREAM : g_variant;
+  pl.hold_slots = 0;
+  if (pl.variant == SBN_VAR_ONCHIP) {
+    const sbn_geo_t g = sbn_geo_make(n_max, d->c, d->spatial, pl.tile, sbn_vec_of(d->dtype), G);
+    const int64_t need = sbn_thread_batches_bound(&g, bwd ? SBN_GPU_BWD : SBN_GPU_FWD, G) -
+                         SBN_HOLD_REG_BATCHES(d->dtype, pl.tile);
+    pl.hold_slots = need > 0 ? (int)need : 0;
+  }
+  return pl;
+}
+static int64_t n_max_of(const team_t* t, int W) {
+  int64_t m = 0;
+  for (int r = 0; r < W; r++) m = t->d[r].n > m ? t->d[r].n : m;
+  return m;
+}
+
 static int tile_of(const team_t* t, int W) {
   if (t->d[0].layout == sbnLayoutNHWC) return 1;
   for (int r = 0; r < W; r++)
@@ -124,19 +153,25 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
   for (int r = 0; r < e->W; r++) fill_rank(&a.r[r], e, t, r, bwd, p);
   fill_common(&a, e, &t->d[0], bwd);
   a.nlaunch = e->W;
-  sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, t->d[0].dtype, tile_of(t, e->W), &a,
-                 (unsigned)(e->W * e->G));
+  emu_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
+  pl.tile = tile_of(t, e->W);
+  a.hold_slots = pl.hold_slots;
+  ASSERT_EQ_INT(sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, t->d[0].dtype, pl.tile, pl.vec,
+                               pl.variant, &a, (unsigned)(e->W * e->G)),
+                0);
 }
 
 /* Peer: one launch per rank (launched[r] != 0), all running at the same time. */
 typedef struct {
   sbn_coop_args_t a;
-  int kind, dtype, tile;
+  int kind, dtype;
+  emu_plan_t pl;
   unsigned grid;
 } launch_t;
 static void* launch_main(void* p) {
   launch_t* l = (launch_t*)p;
-  sbn_emu_launch(l->kind, l->dtype, l->tile, &l->a, l->grid);
+  if (sbn_emu_launch(l->kind, l->dtype, l->pl.tile, l->pl.vec, l->pl.variant, &l->a, l->grid) != 0)
+    abort(); /* a kernel that is not built: a bug of the test's plan */
   return NULL;
 }
 static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
@@ -150,7 +185,8 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].a.nlaunch = 1;
     l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
     l[r].dtype = d->dtype;
-    l[r].tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+    l[r].pl = emu_plan(d, d->n, e->G, bwd);
+    l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)e->G;
   }
   for (int r = 0; r < e->W; r++)
@@ -185,11 +221,12 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     for (int r = 0; r < e->W; r++) v.r[r] = a[r].r[0];
     v.nlaunch = e->W;
     const int tile = tile_of(t, e->W), dt = t->d[0].dtype;
+    const int vec = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd).vec;
     const unsigned nch = (unsigned)((t->d[0].c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-    sbn_emu_launch_host(SBN_HOST_STATS, kind, dt, tile, &v, (unsigned)(e->W * e->G));
-    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, dt, tile, &v, (unsigned)e->W * nch);
-    sbn_emu_launch_host(SBN_HOST_GATHER, kind, dt, tile, &v, (unsigned)(e->W * e->W));
-    sbn_emu_launch_host(SBN_HOST_APPLY, kind, dt, tile, &v, (unsigned)(e->W * e->G));
+    sbn_emu_launch_host(SBN_HOST_STATS, kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
+    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, dt, tile, vec, &v, (unsigned)e->W * nch);
+    sbn_emu_launch_host(SBN_HOST_GATHER, kind, dt, tile, vec, &v, (unsigned)(e->W * e->W));
+    sbn_emu_launch_host(SBN_HOST_APPLY, kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
     return;
   }
   /* ranks running different ops (as one process per rank could): per-rank launches, and
@@ -197,19 +234,21 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = &desc_of[r];
     const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, tile, &a[r], (unsigned)e->G);
-    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, tile, &a[r],
+    const int vec = emu_plan(d, d->n, e->G, bwd).vec;
+    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, tile, vec, &a[r], (unsigned)e->G);
+    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, tile, vec, &a[r],
                         (unsigned)((d->c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK));
   }
   for (int r = 0; r < e->W; r++) {
     sbn_coop_args_t g = a[r];
     g.c = cmax;
-    sbn_emu_launch_host(SBN_HOST_GATHER, kind, desc_of[r].dtype, 1, &g, (unsigned)e->W);
+    sbn_emu_launch_host(SBN_HOST_GATHER, kind, desc_of[r].dtype, 1, 1, &g, (unsigned)e->W);
   }
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = &desc_of[r];
     const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-    sbn_emu_launch_host(SBN_HOST_APPLY, kind, d->dtype, tile, &a[r], (unsigned)e->G);
+    const int vec = emu_plan(d, d->n, e->G, bwd).vec;
+    sbn_emu_launch_host(SBN_HOST_APPLY, kind, d->dtype, tile, vec, &a[r], (unsigned)e->G);
   }
 }
 
@@ -743,7 +782,8 @@ static void emu_run_nccl(emu_nccl_t* n, team_t* t, int bwd, const sbnParams_t* p
     emu_nccl_args(n, &l[r].a, t, r, bwd, p);
     l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
     l[r].dtype = t->d[r].dtype;
-    l[r].tile = t->d[r].layout == sbnLayoutNHWC || t->d[r].spatial == 1;
+    l[r].pl = emu_plan(&t->d[r], t->d[r].n, n->e.G, bwd);
+    l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)n->e.G;
   }
   for (int r = 0; r < W; r++)

@@ -91,6 +91,7 @@ static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_peer_entry_t* p
 
 sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
   sbnComm_t comm = op->comm;
+  atomic_store(&comm->kernel, "cpu");
   const sbnTensorDesc_t* d = &op->desc;
   const int64_t c = d->c;
   const int w = comm->team->nranks;
@@ -145,6 +146,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
 
 sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   sbnComm_t comm = op->comm;
+  atomic_store(&comm->kernel, "cpu");
   const sbnTensorDesc_t* d = &op->desc;
   const int64_t c = d->c;
   const int w = comm->team->nranks;

@@ -19,15 +19,10 @@
 #endif
 
 #include "coop_args.h"
+#include "coop_plan.h"
 #include "gpu/gpu.h"
 
-/* kernels/coop.cu */
-const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile) SBN_INTERNAL;
-const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile) SBN_INTERNAL;
-cudaError_t sbn_gpu_inference_launch(int dtype, int nhwc, const void* x, void* y,
-                                     const float* weight, const float* bias, const float* rm,
-                                     const float* rv, float eps, int64_t n, int64_t c,
-                                     int64_t sp, cudaStream_t stream) SBN_INTERNAL;
+/* kernels/coop.cu: the kernels' addresses are declared in coop_args.h */
 #if SBN_NCCL_DEVICE_API
 int sbn_nccl_lsa_size(void* comm) SBN_INTERNAL;
 cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, int nranks,
@@ -43,8 +38,12 @@ typedef struct {
   int device;
   int share; /* ranks of this team on this device */
   int sms;
-  int occ[2][3][2]; /* blocks per SM: [kind][dtype][tile] */
-  int occ_min;      /* the lowest of them */
+  /* blocks per SM of every cooperative kernel: [kind][dtype][tile][vec][variant] (0: not
+     built), the onchip ones with their dynamic shared memory */
+  int occ[2][3][2][2][SBN_VAR_COUNT];
+  int occ_min; /* the lowest of them */
+  int occ_max; /* the highest of them and of the host path's */
+  int hold_slots[2][3][2]; /* onchip: shared-memory batches per thread [kind][dtype][tile] */
   sbn_rank_state_t* state;
   float* part;
   sbn_mail_rec_t* mail; /* NCCL teams: this rank's part of the window */

@@ -11,6 +11,7 @@
  */
 #include "gpu/gpu.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,26 +54,46 @@ int sbn_gpu_rank_device(const sbn_team_t* team, int rank) {
   return team->gpu->ranks[rank].device;
 }
 
-/* Occupancy of every kernel on the current device. */
+/* Occupancy of every cooperative kernel on the current device; the onchip kernels get
+   as many shared-memory batches per thread as one block per SM can have. */
 sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
   sbnResult_t r = sbnSuccess;
-  int coop = 0;
+  int coop = 0, optin = 0;
   CU(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
   if (!coop)
     return sbn_fail(NULL, sbnUnsupported, "device %d does not support cooperative launches", dev);
   CU(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+     "cudaDeviceGetAttribute");
   for (int k = 0; k < 2; k++)
     for (int d = 0; d < 3; d++)
-      for (int t = 0; t < 2; t++) {
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&g->occ[k][d][t],
-                                                        sbn_coop_kernel_ptr(k, d, t),
-                                                        SBN_GPU_THREADS, 0),
-           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-        if (g->occ[k][d][t] < 1)
-          return sbn_fail(NULL, sbnUnsupported,
-                          "device %d cannot hold a block of the cooperative kernel", dev);
-        if (g->occ_min == 0 || g->occ[k][d][t] < g->occ_min) g->occ_min = g->occ[k][d][t];
-      }
+      for (int t = 0; t < 2; t++)
+        for (int v = 0; v < 2; v++)
+          for (int var = 0; var < SBN_VAR_COUNT; var++) {
+            int* occ = &g->occ[k][d][t][v][var];
+            const void* fn = sbn_coop_kernel_ptr(k, d, t, v, var);
+            *occ = 0;
+            if (fn == NULL || (var == SBN_VAR_LEGACY && v)) continue; /* not built / the same */
+            size_t dyn = 0;
+            if (var == SBN_VAR_ONCHIP) {
+              struct cudaFuncAttributes fa;
+              CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
+              const int64_t per = sbn_hold_bytes(k, 1);
+              int64_t slots = ((int64_t)optin - (int64_t)fa.sharedSizeBytes) / per;
+              if (slots < 0) slots = 0;
+              g->hold_slots[k][d][t] = (int)slots;
+              dyn = (size_t)(slots * per);
+              CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn),
+                 "cudaFuncSetAttribute");
+            }
+            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, fn, SBN_GPU_THREADS, dyn),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+            if (*occ < 1)
+              return sbn_fail(NULL, sbnUnsupported,
+                              "device %d cannot hold a block of the cooperative kernel", dev);
+            if (g->occ_min == 0 || *occ < g->occ_min) g->occ_min = *occ;
+            if (*occ > g->occ_max) g->occ_max = *occ;
+          }
 out:
   return r;
 }
@@ -251,17 +272,12 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
                                int mail) {
   sbnResult_t r = sbnSuccess;
   const int w = gt->nranks;
-  int occ_max = 0;
-  for (int k = 0; k < 2; k++)
-    for (int d = 0; d < 3; d++)
-      for (int t = 0; t < 2; t++)
-        if (g->occ[k][d][t] > occ_max) occ_max = g->occ[k][d][t];
-  /* partial entries of a launch: at most max(G*32, C+32) (see kernels/coop.cu) */
-  size_t gmax = (size_t)occ_max * (size_t)g->sms;
+  /* partial entries of a launch: at most max(G*32, C+32) (kernels/coop_plan.h: P*C) */
+  size_t gmax = (size_t)g->occ_max * (size_t)g->sms;
   size_t entries = gmax * SBN_GPU_CHUNK > (size_t)max_channels + SBN_GPU_CHUNK
                        ? gmax * SBN_GPU_CHUNK
                        : (size_t)max_channels + SBN_GPU_CHUNK;
-  size_t part_bytes = (SBN_GPU_REC_FLOATS * entries + (size_t)max_channels) * sizeof(float);
+  size_t part_bytes = SBN_GPU_PART_FLOATS * entries * sizeof(float);
   size_t mail_bytes = (size_t)w * 2 * (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t);
   g->present = 1;
   CU(cudaMalloc((void**)&g->state, sizeof(sbn_rank_state_t)), "cudaMalloc (rank state)");
@@ -571,44 +587,98 @@ sbnResult_t sbn_gpu_check_round(const sbn_op_t* const* ops, int nops, int whole_
   return sbnSuccess;
 }
 
-/* The grid of a round: G blocks per rank, and the unit shape. Both paths use it, so the
-   host path reduces in the same order as the cooperative kernel (the same bits). */
-static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, int* G_out, int* tile_out) {
+/* The plan of a round: the kernel variant and width, G blocks per rank, the unit shape.
+   Both paths use it, so the host path reduces in the same order as the cooperative
+   kernel (the same bits). */
+typedef struct {
+  int G, tile, vec, variant, hold_slots;
+} gpu_plan_t;
+
+static int aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = team->gpu;
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind == SBN_OP_FORWARD ? SBN_GPU_FWD : SBN_GPU_BWD;
+  const int dt = o0->desc.dtype, V = sbn_vec_of(dt);
   int tile = o0->desc.layout == sbnLayoutNHWC;
   if (!tile) {
     tile = 1;
     for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
   }
-  /* Ranks sharing a GPU are separate launches that must all be resident at once: size
-     each by the kernel variant with the LOWEST occupancy, so that any mix of variants
-     (tile next to plane, forward next to a mismatched backward) fits side by side. */
-  int occ = g0->occ[kind][o0->desc.dtype][tile];
-  if (team->kind == SBN_COMM_GPU_PEER && g0->share > 1) occ = g0->occ_min;
-  const int ranks_here = team->kind == SBN_COMM_GPU_VIRTUAL ? nops : g0->share;
-  int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
-  if (gmax < 1)
-    return sbn_fail(o0->comm, sbnUnsupported,
-                    "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
-                    g0->device, occ * g0->sms);
+  /* the 16-byte kernels: every tensor 16-byte aligned, and whole vectors of channels */
+  int vec = !tile || o0->desc.c % V == 0;
   int64_t numel = 0;
   for (int i = 0; i < nops; i++) {
-    int64_t e = ops[i]->desc.n * ops[i]->desc.c * ops[i]->desc.spatial;
+    const sbn_op_t* o = ops[i];
+    vec &= aligned16(o->x) && aligned16(o->dy) && aligned16(o->out);
+    int64_t e = o->desc.n * o->desc.c * o->desc.spatial;
     if (e > numel) numel = e;
   }
-  int64_t G = (numel + SBN_GPU_ELEMS_PER_BLOCK - 1) / SBN_GPU_ELEMS_PER_BLOCK;
-  if (G < 1) G = 1;
-  if (G > gmax) G = gmax;
-  *G_out = (int)G;
-  *tile_out = tile;
-  return sbnSuccess;
+  int var = o0->kernel == SBN_KERNEL_LEGACY ? SBN_VAR_LEGACY
+            : o0->kernel == SBN_KERNEL_STREAM || !vec ? SBN_VAR_STREAM
+                                                      : SBN_VAR_ONCHIP;
+  if (o0->kernel == SBN_KERNEL_ONCHIP && !vec)
+    return sbn_fail(o0->comm, sbnUnsupported,
+                    "SBN_KERNEL=onchip: the onchip kernel needs x, dy and y/dx 16-byte aligned "
+                    "and, for NHWC, C a multiple of %d; nothing was run", V);
+  if (var == SBN_VAR_LEGACY) vec = 0;
+  const int ranks_here = team->kind == SBN_COMM_GPU_VIRTUAL ? nops : g0->share;
+  for (;;) {
+    /* Ranks sharing a GPU are separate launches that must all be resident at once: size
+       each by the kernel with the LOWEST occupancy, so that any mix (tile next to plane,
+       onchip next to stream, forward next to a mismatched backward) fits side by side. */
+    int occ = g0->occ[kind][dt][tile][vec][var];
+    if (team->kind == SBN_COMM_GPU_PEER && g0->share > 1) occ = g0->occ_min;
+    const int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
+    if (gmax < 1)
+      return sbn_fail(o0->comm, sbnUnsupported,
+                      "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
+                      g0->device, occ * g0->sms);
+    int64_t G;
+    if (var == SBN_VAR_LEGACY) {
+      G = (numel + SBN_LEGACY_ELEMS_PER_BLOCK - 1) / SBN_LEGACY_ELEMS_PER_BLOCK;
+      G = G < 1 ? 1 : G > gmax ? gmax : G;
+    } else {
+      G = sbn_plan_blocks(numel, o0->desc.c, gmax);
+    }
+    pl->G = (int)G;
+    pl->tile = tile;
+    pl->vec = vec;
+    pl->variant = var;
+    pl->hold_slots = 0;
+    if (var != SBN_VAR_ONCHIP) return sbnSuccess;
+    pl->hold_slots = g0->hold_slots[kind][dt][tile];
+    int fits = 1;
+    int64_t need = 0;
+    for (int i = 0; i < nops; i++) {
+      const sbn_geo_t geo = sbn_geo_make(ops[i]->desc.n, ops[i]->desc.c, ops[i]->desc.spatial,
+                                         tile, V, (int)G);
+      fits &= sbn_onchip_fits(&geo, kind, dt, (int)G, pl->hold_slots);
+      const int64_t b = sbn_thread_batches_bound(&geo, kind, (int)G);
+      if (b > need) need = b;
+    }
+    if (fits) return sbnSuccess;
+    if (o0->kernel == SBN_KERNEL_ONCHIP)
+      return sbn_fail(o0->comm, sbnUnsupported,
+                      "SBN_KERNEL=onchip: the tensor does not fit on chip (%" PRId64
+                      " batches per thread, %d held with %d blocks per rank); nothing was run",
+                      need, SBN_HOLD_REG_BATCHES(dt, tile) + pl->hold_slots, (int)G);
+    var = SBN_VAR_STREAM; /* auto: the stream kernel */
+  }
 }
 
-static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops, int G) {
+/* sbnCommGetKernel's name of a plan. */
+static const char* plan_kernel_name(const gpu_plan_t* pl) {
+  if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
+  if (pl->variant == SBN_VAR_LEGACY) return "legacy";
+  return pl->vec ? "stream" : "stream-scalar";
+}
+
+static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
+                      const gpu_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = team->gpu;
@@ -655,13 +725,16 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops, 
   a->sig = coop_sig(o0);
   a->nranks = gt->nranks;
   a->nlaunch = nops;
-  a->G = G;
+  a->G = pl->G;
   a->nchunks_max = gt->nchunks_max;
+  a->hold_slots = pl->hold_slots;
+  for (int i = 0; i < nops; i++)
+    atomic_store(&ops[i]->comm->kernel, host ? "host" : plan_kernel_name(pl));
 }
 
 /* One launch of `fn` (cooperative or not) with the argument block. */
-static cudaError_t launch(const void* fn, unsigned grid, int cooperative, sbn_coop_args_t* a,
-                          cudaStream_t stream) {
+static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t dyn,
+                          sbn_coop_args_t* a, cudaStream_t stream) {
   cudaLaunchConfig_t cfg;
   cudaLaunchAttribute attr;
   void* args[1] = {a};
@@ -672,6 +745,7 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, sbn_co
   cfg.blockDim.x = SBN_GPU_THREADS;
   cfg.blockDim.y = cfg.blockDim.z = 1;
   cfg.stream = stream;
+  cfg.dynamicSmemBytes = dyn;
   attr.id = cudaLaunchAttributeCooperative;
   attr.val.cooperative = 1;
   cfg.attrs = &attr;
@@ -683,7 +757,7 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, sbn_co
    sharing a GPU): everything runs on the first op's stream, after the work queued on the
    others' streams, and their streams wait for it. stage < 0: the cooperative kernel. */
 static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
-                                     int tile) {
+                                     const gpu_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = o0->comm->team->gpu;
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
@@ -701,23 +775,26 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_c
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
+  const int tile = pl->tile, vec = pl->vec;
   if (o0->algo == SBN_ALGO_COOP) {
-    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile), nl * G, 1, a, s0),
+    const size_t dyn =
+        pl->variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl->hold_slots) : 0;
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile, vec, pl->variant), nl * G, 1, dyn, a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
   } else {
     const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile), nl * G, 0, a, s0),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
        "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile), nl * nch, 0, a, s0),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile, vec), nl * nch, 0, 0, a, s0),
        "host path: publish kernel launch");
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile),
-                nl * (unsigned)gt->nranks, 0, a, s0),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile, vec),
+                nl * (unsigned)gt->nranks, 0, 0, a, s0),
          "host path: gather kernel launch");
     } else {
       a->r[0].mail = a->r[0].send; /* a team of one: its own records */
     }
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile), nl * G, 0, a, s0),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
        "host path: apply kernel launch");
   }
   if (joined) {
@@ -747,20 +824,22 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   const int dt = ops[0]->desc.dtype;
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
-  int G[SBN_GPU_MAX_RANKS], tile[SBN_GPU_MAX_RANKS];
+  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
   int locked = 0, started = 0;
   for (int i = 0; i < nops; i++) {
-    r = plan_round(&ops[i], 1, &G[i], &tile[i]);
+    r = plan_round(&ops[i], 1, &pl[i]);
     if (r != sbnSuccess) return r;
   }
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    fill_args(&one, &ops[i], 1, G[i]);
+    fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile[i]), (unsigned)G[i], 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+              (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile[i]), nch, 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec), nch, 0, 0,
+              &one, s),
        "host path: publish kernel launch");
   }
   pthread_rwlock_rdlock(&gt->nccl_lock);
@@ -803,9 +882,10 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   for (int i = 0; i < nops; i++) {
     gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    fill_args(&one, &ops[i], 1, G[i]);
+    fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile[i]), (unsigned)G[i], 0, &one, s),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+              (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
     /* the watchdog times this launch (not a graph capture: a captured event cannot be
        queried, and a replay is not watched) */
@@ -833,7 +913,7 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   struct sbn_gpu_team* gt = team->gpu;
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
-  int G = 0, tile = 0;
+  gpu_plan_t pl;
   sbnResult_t r = sbnSuccess;
 
   int prev = 0;
@@ -844,11 +924,11 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
-    r = plan_round(ops, nops, &G, &tile);
+    r = plan_round(ops, nops, &pl);
     if (r != sbnSuccess) return r; /* nothing launched, device unchanged */
-    fill_args(&a, ops, nops, G);
+    fill_args(&a, ops, nops, &pl);
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-    r = launch_one_device(ops, nops, &a, tile);
+    r = launch_one_device(ops, nops, &a, &pl);
   }
 out:
   cudaSetDevice(prev);
@@ -864,6 +944,38 @@ out:
   return r;
 }
 
+/* The inference kernel (kernels/coop.cu): 16-byte vectors when x and y are 16-byte
+   aligned (and, tile layouts, C a multiple of the vector width); at most 8 blocks per SM,
+   each thread four positions at a time. */
+static cudaError_t inference_launch(const sbnTensorDesc_t* d, const void* x, void* y,
+                                    const float* weight, const float* bias, const float* rm,
+                                    const float* rv, float eps, cudaStream_t stream) {
+  const int64_t numel = d->n * d->c * d->spatial;
+  if (numel == 0) return cudaSuccess;
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+  const int V = sbn_vec_of(d->dtype);
+  const int vec = aligned16(x) && aligned16(y) && (!tile || d->c % V == 0);
+  sbn_infer_args_t a;
+  memset(&a, 0, sizeof a);
+  a.x = x, a.y = y, a.weight = weight, a.bias = bias, a.rm = rm, a.rv = rv, a.eps = eps;
+  a.group = sbn_infer_group(d->spatial);
+  a.n = d->n, a.c = d->c, a.sp = d->spatial;
+  const int64_t per_block = tile ? (int64_t)SBN_GPU_THREADS * 4 * (vec ? V : 1)
+                                 : (int64_t)(SBN_GPU_THREADS / a.group) * d->spatial;
+  int64_t blocks = (numel + per_block - 1) / per_block;
+  if (blocks > (int64_t)sms * 8) blocks = (int64_t)sms * 8;
+  if (blocks < 1) blocks = 1;
+  void* args[] = {(void*)&a};
+  const dim3 grid = {(unsigned)blocks, 1, 1}, block = {SBN_GPU_THREADS, 1, 1};
+  /* cudaLaunchKernel returns this launch's error, not an earlier one of the caller's */
+  return cudaLaunchKernel(sbn_infer_kernel_ptr((int)d->dtype, tile, vec), grid, block, args, 0,
+                          stream);
+}
+
 sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                               const float* weight, const float* bias, const float* running_mean,
                               const float* running_var, float eps, sbnStream_t stream) {
@@ -877,9 +989,8 @@ sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
     dev = at.device;
   (void)cudaGetLastError();
   if (dev != prev) CU(cudaSetDevice(dev), "cudaSetDevice");
-  CU(sbn_gpu_inference_launch((int)d->dtype, d->layout == sbnLayoutNHWC, x, y, weight, bias,
-                              running_mean, running_var, eps, d->n, d->c, d->spatial,
-                              (cudaStream_t)stream),
+  CU(inference_launch(d, x, y, weight, bias, running_mean, running_var, eps,
+                      (cudaStream_t)stream),
      "sbnForwardInference kernel launch");
 out:
   if (dev != prev) cudaSetDevice(prev);
@@ -926,6 +1037,38 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
   (void)ops, (void)nops;
   return no_cuda();
 }
+/* The inference kernel (kernels/coop.cu): 16-byte vectors when x and y are 16-byte
+   aligned (and, tile layouts, C a multiple of the vector width); at most 8 blocks per SM,
+   each thread four positions at a time. */
+static cudaError_t inference_launch(const sbnTensorDesc_t* d, const void* x, void* y,
+                                    const float* weight, const float* bias, const float* rm,
+                                    const float* rv, float eps, cudaStream_t stream) {
+  const int64_t numel = d->n * d->c * d->spatial;
+  if (numel == 0) return cudaSuccess;
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+  const int V = sbn_vec_of(d->dtype);
+  const int vec = aligned16(x) && aligned16(y) && (!tile || d->c % V == 0);
+  sbn_infer_args_t a;
+  memset(&a, 0, sizeof a);
+  a.x = x, a.y = y, a.weight = weight, a.bias = bias, a.rm = rm, a.rv = rv, a.eps = eps;
+  a.group = sbn_infer_group(d->spatial);
+  a.n = d->n, a.c = d->c, a.sp = d->spatial;
+  const int64_t per_block = tile ? (int64_t)SBN_GPU_THREADS * 4 * (vec ? V : 1)
+                                 : (int64_t)(SBN_GPU_THREADS / a.group) * d->spatial;
+  int64_t blocks = (numel + per_block - 1) / per_block;
+  if (blocks > (int64_t)sms * 8) blocks = (int64_t)sms * 8;
+  if (blocks < 1) blocks = 1;
+  void* args[] = {(void*)&a};
+  const dim3 grid = {(unsigned)blocks, 1, 1}, block = {SBN_GPU_THREADS, 1, 1};
+  /* cudaLaunchKernel returns this launch's error, not an earlier one of the caller's */
+  return cudaLaunchKernel(sbn_infer_kernel_ptr((int)d->dtype, tile, vec), grid, block, args, 0,
+                          stream);
+}
+
 sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                               const float* weight, const float* bias, const float* running_mean,
                               const float* running_var, float eps, sbnStream_t stream) {

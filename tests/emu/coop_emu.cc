@@ -1,12 +1,18 @@
 /* coop_emu.cc — kernels/coop.cu compiled for the CPU emulation (cuda_emu.h), and a
  * "launch" that runs a grid of its kernels on OS threads until every thread returns. */
+/* The kernels' entry points under names of their own: the tests link the library too. */
+#define sbn_coop_kernel_ptr sbn_emu_coop_kernel_ptr
+#define sbn_host_kernel_ptr sbn_emu_host_kernel_ptr
+#define sbn_infer_kernel_ptr sbn_emu_infer_kernel_ptr
+#define sbn_infer_group sbn_emu_infer_group
+
 #include "cuda_emu.h"
 
 #include <stdlib.h>
 
 #include <vector>
 
-thread_local emu::Idx threadIdx, blockIdx;
+thread_local emu::Idx threadIdx, blockIdx, gridDim;
 thread_local emu::Block* emu_block;
 
 #include "coop_emu.h"
@@ -18,88 +24,120 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
 
 #include "coop.cu"
 
+/* ---- byte counting --------------------------------------------------------------------- */
+namespace {
+struct Range {
+  const char* lo;
+  const char* hi;
+  std::atomic<uint64_t> read{0}, written{0};
+};
+Range g_ranges[64];
+std::atomic<int> g_nranges{0};
+}  // namespace
+
+void emu_count(const void* p, size_t bytes, int write) {
+  const char* c = static_cast<const char*>(p);
+  const int n = g_nranges.load(std::memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) {
+      (write ? g_ranges[i].written : g_ranges[i].read).fetch_add(bytes, std::memory_order_relaxed);
+      return;
+    }
+}
+
+extern "C" void sbn_emu_count_reset(void) { g_nranges.store(0); }
+
+extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
+  const int i = g_nranges.load();
+  if (i >= 64 || p == nullptr) return -1;
+  g_ranges[i].lo = static_cast<const char*>(p);
+  g_ranges[i].hi = g_ranges[i].lo + bytes;
+  g_ranges[i].read = 0;
+  g_ranges[i].written = 0;
+  g_nranges.store(i + 1, std::memory_order_release);
+  return i;
+}
+
+extern "C" void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written) {
+  *read = slot >= 0 ? g_ranges[slot].read.load() : 0;
+  *written = slot >= 0 ? g_ranges[slot].written.load() : 0;
+}
+
+/* ---- launches -------------------------------------------------------------------------- */
 namespace {
 
-typedef void (*kernel_fn)(const sbn_coop_args_t);
-
-template <int KIND, int DT>
-kernel_fn pick(int tile) {
-  return tile ? (kernel_fn)sbn_coop_kernel<KIND, DT, true> : (kernel_fn)sbn_coop_kernel<KIND, DT, false>;
-}
-template <int KIND>
-kernel_fn pick_kind(int dtype, int tile) {
-  switch (dtype) {
-    case sbnFloat32: return pick<KIND, sbnFloat32>(tile);
-    case sbnFloat16: return pick<KIND, sbnFloat16>(tile);
-    default: return pick<KIND, sbnBFloat16>(tile);
-  }
-}
-
+template <typename A>
 struct ThreadArg {
-  kernel_fn fn;
-  const sbn_coop_args_t* args;
+  void (*fn)(const A);
+  const A* args;
   emu::Block* block;
-  unsigned block_idx, thread_idx;
+  unsigned block_idx, thread_idx, grid;
 };
 
+template <typename A>
 void* thread_main(void* p) {
-  ThreadArg* t = static_cast<ThreadArg*>(p);
+  ThreadArg<A>* t = static_cast<ThreadArg<A>*>(p);
   threadIdx.x = t->thread_idx;
   threadIdx.y = threadIdx.z = 0;
   blockIdx.x = t->block_idx;
   blockIdx.y = blockIdx.z = 0;
+  gridDim.x = t->grid;
+  gridDim.y = gridDim.z = 1;
   emu_block = t->block;
   t->fn(*t->args);
   return nullptr;
 }
 
-}  // namespace
-
-static int run_grid(kernel_fn fn, const sbn_coop_args_t* args, unsigned grid) {
+template <typename A>
+int run_grid(const void* kernel, const A* args, unsigned grid, size_t dyn_bytes) {
+  if (kernel == nullptr) return -1;
+  typedef void (*fn_t)(const A);
+  const fn_t fn = reinterpret_cast<fn_t>(const_cast<void*>(kernel));
   const unsigned nthreads = grid * SBN_GPU_THREADS;
   std::vector<emu::Block> blocks(grid);
   for (auto& b : blocks) {
     pthread_barrier_init(&b.bar, nullptr, SBN_GPU_THREADS);
     for (int w = 0; w < SBN_GPU_THREADS / 32; w++) pthread_barrier_init(&b.warp[w].bar, nullptr, 32);
+    if (dyn_bytes) b.dyn = calloc(1, dyn_bytes);
   }
-  std::vector<ThreadArg> targs(nthreads);
+  std::vector<ThreadArg<A>> targs(nthreads);
   std::vector<pthread_t> th(nthreads);
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setstacksize(&attr, 256 * 1024);
-  int rc = 0;
-  unsigned started = 0;
   for (unsigned i = 0; i < nthreads; i++) {
-    targs[i] = ThreadArg{fn, args, &blocks[i / SBN_GPU_THREADS], i / SBN_GPU_THREADS,
-                         i % SBN_GPU_THREADS};
-    if (pthread_create(&th[i], &attr, thread_main, &targs[i]) != 0) {
-      rc = -1; /* the started threads would wait forever for the rest of their block */
-      abort();
-    }
-    started++;
+    targs[i] = ThreadArg<A>{fn, args, &blocks[i / SBN_GPU_THREADS], i / SBN_GPU_THREADS,
+                            i % SBN_GPU_THREADS, grid};
+    /* the started threads would wait forever for the rest of their block */
+    if (pthread_create(&th[i], &attr, thread_main<A>, &targs[i]) != 0) abort();
   }
-  for (unsigned i = 0; i < started; i++) pthread_join(th[i], nullptr);
+  for (unsigned i = 0; i < nthreads; i++) pthread_join(th[i], nullptr);
   pthread_attr_destroy(&attr);
   for (auto& b : blocks) {
     pthread_barrier_destroy(&b.bar);
     for (int w = 0; w < SBN_GPU_THREADS / 32; w++) pthread_barrier_destroy(&b.warp[w].bar);
     for (auto& kv : b.shared) free(kv.second);
+    free(b.dyn);
   }
-  return rc;
+  return 0;
 }
 
-extern "C" int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args,
-                              unsigned grid) {
-  return run_grid(kind == SBN_GPU_FWD ? pick_kind<SBN_GPU_FWD>(dtype, tile)
-                                      : pick_kind<SBN_GPU_BWD>(dtype, tile),
-                  args, grid);
+}  // namespace
+
+extern "C" int sbn_emu_launch(int kind, int dtype, int tile, int vec, int variant,
+                              const sbn_coop_args_t* args, unsigned grid) {
+  const size_t dyn = variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, args->hold_slots) : 0;
+  return run_grid(sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant), args, grid, dyn);
 }
 
-extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile,
+extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
                                    const sbn_coop_args_t* args, unsigned grid) {
-  const void* fn = kind == SBN_GPU_FWD ? host_pick_dtype<SBN_GPU_FWD>(stage, dtype, tile)
-                                       : host_pick_dtype<SBN_GPU_BWD>(stage, dtype, tile);
-  return run_grid((kernel_fn)fn, args, grid);
+  return run_grid(sbn_host_kernel_ptr(stage, kind, dtype, tile, vec), args, grid, 0);
+}
+
+extern "C" int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args,
+                                    unsigned grid) {
+  return run_grid(sbn_infer_kernel_ptr(dtype, tile, vec), args, grid, 0);
 }
 
 extern "C" void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code) {

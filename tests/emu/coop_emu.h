@@ -3,29 +3,49 @@
 #ifndef SYNCBN_TESTS_COOP_EMU_H_
 #define SYNCBN_TESTS_COOP_EMU_H_
 
+#include <stddef.h>
+
 #include "coop_args.h"
+#include "coop_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Runs `grid` blocks of SBN_GPU_THREADS threads of the kernel for (kind, dtype, tile)
-   with *args, and returns when all have returned (0). Blocking; launches that must run at
-   the same time (ranks of one team) are started from separate host threads. */
 /* The emulation's stand-in for an NCCL symmetric window (the `nccl` transport): each
    rank's part by rank; the kernels address byte `off` of rank q's part as part[q] + off. */
 typedef struct {
   char* part[SBN_GPU_MAX_RANKS];
 } sbn_emu_window_t;
 
-int sbn_emu_launch(int kind, int dtype, int tile, const sbn_coop_args_t* args, unsigned grid);
+/* Runs `grid` blocks of SBN_GPU_THREADS threads of the cooperative kernel for (kind,
+   dtype, tile, vec, variant: coop_plan.h's SBN_VAR_*) with *args (onchip: with
+   sbn_hold_bytes(kind, args->hold_slots) of dynamic shared memory per block), and
+   returns when all have returned: 0, or -1 for a kernel that is not built. Blocking;
+   launches that must run at the same time (ranks of one team) are started from
+   separate host threads. */
+int sbn_emu_launch(int kind, int dtype, int tile, int vec, int variant,
+                   const sbn_coop_args_t* args, unsigned grid);
 /* The same for one stage of the host-driven path (SBN_HOST_STATS ... SBN_HOST_APPLY). */
-int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, const sbn_coop_args_t* args,
-                        unsigned grid);
+int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
+                        const sbn_coop_args_t* args, unsigned grid);
+/* The inference kernel (tile: NHWC or spatial 1; vec: 16-byte kernel). */
+int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args, unsigned grid);
+
+/* Threads per plane of the plane inference kernel (the library's sbn_infer_group). */
+int sbn_emu_infer_group(int64_t sp);
 
 /* What the notify kernel does for sbnCommAbort on an NCCL team (kernels/coop.cu,
    push_failure): rank `rank`'s failure word = code in every rank's part of args->win. */
 void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
+
+/* Byte counts of the kernels' accesses to the caller's tensors (coop_mem.cuh's loads and
+   stores): sbn_emu_count_track registers [p, p + bytes) (at most 64 ranges, cleared by
+   sbn_emu_count_reset) and returns its slot; sbn_emu_count_get reads what the kernels
+   read from and wrote to it since. */
+void sbn_emu_count_reset(void);
+int sbn_emu_count_track(const void* p, size_t bytes);
+void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,379 @@
+/* coop_exchange.cuh — stages 2 to 4 of the cooperative kernels, shared by every variant:
+ * the rank-local barrier, the team's failure words, the merge of a chunk's slices and
+ * its publication into every rank's mailbox (the ONE exchange of an op), and the wait
+ * for every rank's record, merged in rank order into the unit's coefficients.
+ *
+ * Memory ordering (DESIGN.md's recipe, as built):
+ *   publish: the warp writes the record's data, sig and count into each destination,
+ *            __syncwarp (orders the lanes' writes), then lane q stores the epoch into
+ *            destination q's record with st.release.sys (one release per destination,
+ *            the lanes in parallel; no fence.sc);
+ *   wait:    lane q polls source q's epoch with ld.relaxed.sys (no L1 invalidation per
+ *            poll); once every lane sees the op's epoch, each does ONE ld.acquire.sys of
+ *            its flag, __syncwarp, and the lanes read the data (ld.relaxed.sys).
+ * Failure words (the team's err words in mapped host memory; NCCL teams' failure words
+ * in the window) are read by the lanes in parallel, every 32 polls, and at a kernel's
+ * start only by the blocks that publish, off the critical path: loaded before stage 1,
+ * looked at after the rank barrier, before anything is published.
+ */
+#ifndef SYNCBN_COOP_EXCHANGE_CUH_
+#define SYNCBN_COOP_EXCHANGE_CUH_
+
+/* Shared memory of a block (besides the onchip variant's held batches). */
+struct Smem {
+  union {
+    sbn_welford_t w[kWarps][kChunk];  /* legacy stage 1 */
+    sbn_partial_t p[kWarps][kChunk];  /* forward: per-warp partials of a channel */
+    sbn_bwd_sums_t s[kWarps][kChunk]; /* backward */
+  } red;
+  float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t */
+  float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
+  int64_t m;
+  int64_t nbt_before;
+  uint32_t k;
+  int status;
+};
+
+/* ---- stage 2: rank-local barrier ------------------------------------------------------ */
+/* Over the G co-resident blocks of one rank. Every block adds to the counter; block 0 adds
+   2^31 - (G - 1), the others 1, so the G arrivals add exactly 2^31 and bit 31 flips when
+   the last block arrives. This needs the low 31 bits to be 0 on entry: they are 0 at init
+   and every completed barrier adds exactly 2^31, so the counter needs no reset between
+   barriers or launches. Co-residency (cooperative launch) makes the wait finite; it is
+   still bounded by the deadline so that a broken assumption gives sbnTimeout, not a hang.
+   Returns false on timeout (the counter is then unusable, and the team is aborted). */
+__device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t deadline) {
+  SBN_SHARED(int, ok);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ok = 1;
+    uint32_t add = first ? 0x80000000u - (uint32_t)(G - 1) : 1u;
+    __threadfence(); /* release this block's writes (the partials) */
+    uint32_t old = atomicAdd(counter, add);
+    for (uint32_t it = 0; ((old ^ ld_acquire_gpu(counter)) & 0x80000000u) == 0u; it++) {
+      __nanosleep(32);
+      if ((it & 255u) == 255u && globaltimer_ns() > deadline) {
+        ok = 0;
+        break;
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+/* ---- failure words -------------------------------------------------------------------- */
+/* This lane's share of the team's failure words: err[q] (q <= nranks: the ranks' and the
+   host's abort word, mapped host memory) and, for NCCL teams, fail[q] (what rank q's
+   process pushed into this rank's window). Lanes take q = lane, lane + 32, ... */
+__device__ __forceinline__ int failure_words_lane(const sbn_coop_args_t& a) {
+  int seen = 0;
+  for (int q = (int)(threadIdx.x & 31); q <= a.nranks; q += 32) {
+    seen |= a.err[q] != 0;
+    if (a.fail != nullptr && q < a.nranks) seen |= ld_relaxed_sys_u32(&a.fail[q]) != 0u;
+  }
+  return seen;
+}
+/* Any failure word set? The calling warp's lanes read them in parallel. */
+__device__ __forceinline__ bool team_failed_warp(const sbn_coop_args_t& a) {
+  return __any_sync(0xffffffffu, failure_words_lane(a)) != 0;
+}
+
+/* Rank `rank` failed with `code`: its word in every rank's window (NCCL teams). Each word
+   has one writer (that rank), so the first cause stays. */
+__device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
+#if SBN_WINDOW_TRANSPORT
+  if (a.win == nullptr) return;
+  for (int q = 0; q < a.nranks; q++) {
+    uint32_t* f = static_cast<uint32_t*>(sbn_window_peer(a.win, a.fail_off, q)) + rank;
+    if (ld_relaxed_sys_u32(f) == 0u) st_relaxed_sys(f, (uint32_t)code);
+  }
+#else
+  (void)a, (void)rank, (void)code;
+#endif
+}
+
+/* Records why this rank's kernel stopped, unless a cause is recorded already (a kernel
+   queued behind a timeout must not turn the cause into sbnAborted). */
+__device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
+  if (a.err[rank] == 0) a.err[rank] = code;
+  push_failure(a, rank, code);
+}
+
+/* Rank q's mailbox as this device addresses it. */
+__device__ __forceinline__ sbn_mail_rec_t* team_mailbox(const sbn_coop_args_t& a, int q) {
+#if SBN_WINDOW_TRANSPORT
+  if (a.win != nullptr) return static_cast<sbn_mail_rec_t*>(sbn_window_peer(a.win, 0, q));
+#endif
+  return a.mail[q];
+}
+
+__device__ __forceinline__ uint64_t deadline_after(int64_t timeout_ns) {
+  const uint64_t now = globaltimer_ns();
+  const uint64_t t = (uint64_t)timeout_ns;
+  return now > ~0ull - t ? ~0ull : now + t;
+}
+
+/* ---- stage 3: merge a chunk over the slices, push it to every rank --------------------- */
+/* Partial entry (slice p, channel c) of a rank's workspace. */
+__device__ __forceinline__ const float* part_entry(const sbn_coop_rank_t& R, const sbn_geo_t& g,
+                                                   int p, int64_t c) {
+  return R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
+}
+
+/* The chunk's record into every rank's mailbox (warp 0): data, then the flags. */
+__device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                             const sbn_geo_t& g, int j, uint32_t k, float v0,
+                                             float v1, float v2) {
+  const int lane = threadIdx.x & 31;
+  const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
+  for (int dst = 0; dst < a.nranks; dst++) {
+    sbn_mail_rec_t* rec = team_mailbox(a, dst) + idx;
+    rec->data[kRec * lane] = v0;
+    rec->data[kRec * lane + 1] = v1;
+    rec->data[kRec * lane + 2] = v2;
+    if (lane == 0) {
+      rec->sig = a.sig;
+      rec->count = g.rows;
+    }
+  }
+  __syncwarp(); /* every lane's data before any lane's flag */
+  for (int dst = lane; dst < a.nranks; dst += 32)
+    st_release_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
+}
+
+/* Chunk j: the P slices' partials merged in slice order (warp w takes the contiguous
+   slices [w*P/8, (w+1)*P/8), four loads in flight; then the 8 warps' results in warp
+   order), published. HOST: into the rank's own `send` record only (the collective or
+   the gather kernel moves it; no flag). */
+template <int KIND, bool HOST>
+__device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                              const sbn_geo_t& g, int j, uint32_t k, Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int64_t c = (int64_t)j * kChunk + lane;
+  const bool active = c < g.c;
+  const int p0 = (int)((int64_t)g.P * w / kWarps), p1 = (int)((int64_t)g.P * (w + 1) / kWarps);
+  if (KIND == SBN_GPU_FWD) {
+    sbn_partial_t t = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int p = p0; active && p < p1; p += 4) {
+      float4 e[4];
+SBN_UNROLL
+      for (int i = 0; i < 4; i++)
+        if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
+SBN_UNROLL
+      for (int i = 0; i < 4; i++)
+        if (p + i < p1) {
+          const sbn_partial_t o = {e[i].x, e[i].y, e[i].z, e[i].w};
+          t = sbn_partial_merge(t, o);
+        }
+    }
+    sm.red.p[w][lane] = t;
+  } else {
+    sbn_bwd_sums_t t = {0.0f, 0.0f};
+    for (int p = p0; active && p < p1; p += 4) {
+      float4 e[4];
+SBN_UNROLL
+      for (int i = 0; i < 4; i++)
+        if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
+SBN_UNROLL
+      for (int i = 0; i < 4; i++)
+        if (p + i < p1) {
+          const sbn_bwd_sums_t o = {e[i].x, e[i].y};
+          t = sbn_bwd_sums_merge(t, o);
+        }
+    }
+    sm.red.s[w][lane] = t;
+  }
+  __syncthreads();
+  if (w == 0) {
+    float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f;
+    if (active && KIND == SBN_GPU_FWD) {
+      sbn_partial_t t = sm.red.p[0][lane];
+      for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][lane]);
+      v0 = t.mean_hi, v1 = t.mean_lo, v2 = t.m2;
+    } else if (active) {
+      sbn_bwd_sums_t t = sm.red.s[0][lane];
+      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
+      v0 = t.sum_dy, v1 = t.sum_dy_xmu;
+    }
+    if (HOST) {
+      sbn_mail_rec_t* rec = R.send + j;
+      rec->data[kRec * lane] = v0;
+      rec->data[kRec * lane + 1] = v1;
+      rec->data[kRec * lane + 2] = v2;
+      if (lane == 0) {
+        rec->epoch = 0u;
+        rec->sig = a.sig;
+        rec->count = g.rows;
+      }
+    } else {
+      publish_push(a, R, g, j, k, v0, v1, v2);
+    }
+  }
+  __syncthreads();
+}
+
+/* ---- stage 4: wait for every rank's record of a chunk, merge in rank order --------------- */
+/* Rank q's record of chunk j as this rank reads it. */
+template <bool HOST>
+__device__ __forceinline__ const sbn_mail_rec_t* rec_of(const sbn_coop_args_t& a,
+                                                       const sbn_coop_rank_t& R, int q,
+                                                       uint32_t k, int j) {
+  return R.mail + (HOST ? sbn_host_index(q, j, a.nchunks_max) : sbn_mail_index(q, k, j, a.nchunks_max));
+}
+
+/* Warp 0: until every rank's record of chunk j carries epoch k. Lane q polls source q
+   (q = lane, lane + 32, ...) relaxed; then one acquire per flag. 0, sbnTimeout (the
+   deadline passed) or sbnAborted (a failure word is set). */
+__device__ int wait_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, int j, uint32_t k,
+                          uint64_t deadline) {
+  const int lane = threadIdx.x & 31;
+  for (int q0 = 0; q0 < a.nranks; q0 += 32) {
+    const int q = q0 + lane;
+    const uint32_t* flag = q < a.nranks ? &rec_of<false>(a, R, q, k, j)->epoch : nullptr;
+    bool here = flag == nullptr;
+    for (uint32_t it = 0;; it++) {
+      if (!here) here = ld_relaxed_sys_u32(flag) == k;
+      if (__all_sync(0xffffffffu, here)) break;
+      if ((it & 31u) == 31u) {
+        /* the flags may have arrived since they were read: a failure elsewhere must not
+           hide a success (or this op's own cause) here */
+        const bool failed = team_failed_warp(a); /* warp-uniform, as the return must be */
+        const bool late = __any_sync(0xffffffffu, globaltimer_ns() > deadline) != 0;
+        if (failed || late) {
+          if (!here) here = ld_relaxed_sys_u32(flag) == k;
+          if (__all_sync(0xffffffffu, here)) break;
+          return failed ? sbnAborted : sbnTimeout;
+        }
+        __nanosleep(64);
+      }
+    }
+    if (flag != nullptr) (void)ld_acquire_sys(flag); /* the record's data after its flag */
+    __syncwarp();
+  }
+  return 0;
+}
+
+/* Warp 0. Returns 0 or an sbnResult_t; fills the per-lane merged values. HOST: the
+   records are complete already (the previous launch or the collective wrote them). */
+template <int KIND, bool HOST>
+__device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, int j,
+                            uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
+                            float mine[2]) {
+  const int lane = threadIdx.x & 31;
+  /* Chunk 0 first: every op has it, so ranks running ops with different C meet there
+     (on the host path too: a rank with fewer chunks left older records behind). */
+  if (!HOST) {
+    const int st = wait_chunk(a, R, 0, k, deadline);
+    if (st) return st;
+  }
+  bool sig_ok = true;
+  for (int q = lane; q < a.nranks; q += 32)
+    sig_ok &= ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig) == a.sig;
+  if (!__all_sync(0xffffffffu, sig_ok)) return sbnInvalidUsage;
+  if (!HOST && j != 0) {
+    const int st = wait_chunk(a, R, j, k, deadline);
+    if (st) return st;
+  }
+  int64_t m = 0;
+  sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
+  sbn_bwd_sums_t gs = {0.0f, 0.0f};
+  for (int q = 0; q < a.nranks; q++) {
+    const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q, k, j);
+    const int64_t cnt = ld_relaxed_sys_s64(&rec->count);
+    m += cnt;
+    const float d0 = ld_relaxed_sys_f32(&rec->data[kRec * lane]);
+    const float d1 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 1]);
+    if (KIND == SBN_GPU_FWD) {
+      const sbn_partial_t pt = {(float)cnt, d0, d1, ld_relaxed_sys_f32(&rec->data[kRec * lane + 2])};
+      gp = sbn_partial_merge(gp, pt);
+    } else {
+      const sbn_bwd_sums_t s = {d0, d1};
+      gs = sbn_bwd_sums_merge(gs, s);
+      if (q == R.rank) mine[0] = d0, mine[1] = d1;
+    }
+  }
+  *m_out = m;
+  if (KIND == SBN_GPU_FWD) {
+    out[0] = gp.mean_hi, out[1] = gp.mean_lo, out[2] = gp.m2;
+    if (m == 1) return sbnInvalidArgument;
+  } else {
+    out[0] = gs.sum_dy, out[1] = gs.sum_dy_xmu;
+  }
+  return 0;
+}
+
+/* Stage 4 of unit (group grp, slice p): the team's statistics of the unit's channels into
+   sm.coef (slot = channel - c0 for tile units, 0 for plane units), and, by the unit's
+   slice-0 block, the per-channel outputs. Returns 0 or the failure (nothing written). */
+template <int KIND, bool TILE, bool HOST>
+__device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                            const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
+                            Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
+  const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
+  const int j = (int)(c0 / kChunk);
+  const int lane_c = TILE ? lane : (int)(c0 % kChunk); /* this unit's channel's lane */
+  if (w == 0) {
+    float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
+    int64_t m = 0;
+    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
+    const int slot = TILE ? lane : 0;
+    const int64_t c = (int64_t)j * kChunk + lane;
+    if (st == 0 && (TILE ? lane < cw : lane == lane_c)) {
+      if (KIND == SBN_GPU_FWD) {
+        sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
+        sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
+        sm.coef[slot][0] = s.mean;
+        sm.coef[slot][1] = s.mean_lo;
+        sm.coef[slot][2] = sbn_scale(R.weight ? R.weight[c] : 1.0f, s.invstd);
+        sm.coef[slot][3] = R.bias ? R.bias[c] : 0.0f;
+        sm.extra[slot][0] = s.invstd;
+        sm.extra[slot][1] = s.var_unbiased;
+      } else {
+        const float invstd = R.save_invstd[c];
+        sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, R.save_mean_in[c], invstd,
+                                                      R.weight ? R.weight[c] : 1.0f);
+        sm.coef[slot][0] = kc.mean;
+        sm.coef[slot][1] = kc.mean_dy;
+        sm.coef[slot][2] = kc.xmu_scale;
+        sm.coef[slot][3] = kc.scale;
+        const float sdy = R.grad_global ? v[0] : mine[0];
+        const float sdx = R.grad_global ? v[1] : mine[1];
+        sm.extra[slot][0] = sbn_dweight(sdx, invstd);
+        sm.extra[slot][1] = sdy;
+      }
+    }
+    if (lane == 0) {
+      sm.status = st;
+      sm.m = m;
+    }
+  }
+  __syncthreads();
+  const int st = sm.status;
+  if (st != 0) return st;
+
+  /* per-channel outputs: the unit's slice-0 block */
+  if (p == 0 && w == 0 && lane < cw) {
+    const int slot = TILE ? lane : 0;
+    const int64_t c = c0 + lane;
+    if (KIND == SBN_GPU_FWD) {
+      R.save_mean[c] = sm.coef[slot][0];
+      R.save_invstd[c] = sm.extra[slot][0];
+      if (R.running_mean != nullptr && sm.m > 0) {
+        float f = sbn_momentum_factor(R.momentum, sm.nbt_before);
+        R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
+        R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
+      }
+      if (R.nbt != nullptr && c == 0) *R.nbt = sm.nbt_before + 1;
+    } else {
+      if (R.dweight != nullptr) R.dweight[c] = sm.extra[slot][0];
+      if (R.dbias != nullptr) R.dbias[c] = sm.extra[slot][1];
+    }
+  }
+  return 0;
+}
+
+#endif /* SYNCBN_COOP_EXCHANGE_CUH_ */

@@ -1,0 +1,238 @@
+/* coop_legacy.cuh — stages 1 and 5 of the first cooperative kernel (SBN_KERNEL=legacy),
+ * kept as a named variant until a GPU run has compared it with the stream and onchip
+ * variants (kernels/coop_vec.cuh). One element per load (32-bit, or 16-bit for
+ * fp16/bf16), a Welford step (a division) per element, x read again in stage 5.
+ *
+ * Tile units: lane = channel, the 8 warps over interleaved rows. Plane units: threads
+ * along the channel's rows, (n, s) kept incrementally. Each (slice, channel) partial is
+ * the Welford state of x - shift (shift = the rank's first element of the channel), kept
+ * as (count, mean_hi, mean_lo, m2) in the workspace like the other variants'.
+ */
+#ifndef SYNCBN_COOP_LEGACY_CUH_
+#define SYNCBN_COOP_LEGACY_CUH_
+
+/* ---- element access ---------------------------------------------------------------- */
+template <int DT> struct Elem;
+template <> struct Elem<sbnFloat32> {
+  static __device__ __forceinline__ float load(const void* p, int64_t i) {
+    return static_cast<const float*>(p)[i];
+  }
+  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+    static_cast<float*>(p)[i] = v;
+  }
+};
+template <> struct Elem<sbnFloat16> {
+  static __device__ __forceinline__ float load(const void* p, int64_t i) {
+    return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+    static_cast<uint16_t*>(p)[i] = (uint16_t)f32_to_f16_bits(v);
+  }
+};
+template <> struct Elem<sbnBFloat16> {
+  static __device__ __forceinline__ float load(const void* p, int64_t i) {
+    return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
+    static_cast<uint16_t*>(p)[i] = (uint16_t)f32_to_bf16_bits(v);
+  }
+};
+
+/* Walks rows r = r0 + first, r0 + first + step, ... < r1 of channel c in a plane layout,
+   calling f(element index). Keeps (n, s) incrementally: no division per element. */
+template <typename F>
+__device__ __forceinline__ void plane_walk(const sbn_geo_t& g, int64_t c, int64_t r0, int64_t r1,
+                                           int first, int step, F f) {
+  int64_t r = r0 + first;
+  if (r >= r1) return;
+  int64_t n = r / g.sp, s = r - n * g.sp;
+  const int64_t dn = step / g.sp, ds = step - dn * g.sp;
+  for (; r < r1; r += step) {
+    f((n * g.c + c) * g.sp + s);
+    s += ds;
+    n += dn;
+    if (s >= g.sp) {
+      s -= g.sp;
+      n++;
+    }
+  }
+}
+
+/* ---- per-channel arithmetic of a run of elements -------------------------------------- */
+constexpr int kLegacyRun = 32; /* elements per Welford run before it is merged into the total */
+
+struct WelfordRun {
+  sbn_welford_t total, run;
+  __device__ WelfordRun() : total(sbn_welford_empty()), run(sbn_welford_empty()) {}
+  __device__ __forceinline__ void push(float v) {
+    sbn_welford_push(&run, v);
+    if (run.count == (float)kLegacyRun) {
+      total = sbn_welford_merge(total, run);
+      run = sbn_welford_empty();
+    }
+  }
+  __device__ __forceinline__ sbn_welford_t result() const { return sbn_welford_merge(total, run); }
+};
+
+struct SumsRun {
+  sbn_bwd_sums_t total, run;
+  int fill;
+  __device__ SumsRun() : fill(0) { total.sum_dy = total.sum_dy_xmu = run.sum_dy = run.sum_dy_xmu = 0.0f; }
+  __device__ __forceinline__ void push(float dy, float xmu) {
+    run.sum_dy += dy;
+    run.sum_dy_xmu += SBN_MUL(dy, xmu);
+    if (++fill == kLegacyRun) {
+      total = sbn_bwd_sums_merge(total, run);
+      run.sum_dy = run.sum_dy_xmu = 0.0f;
+      fill = 0;
+    }
+  }
+  __device__ __forceinline__ sbn_bwd_sums_t result() const { return sbn_bwd_sums_merge(total, run); }
+};
+
+__device__ __forceinline__ sbn_welford_t shfl_down_welford(sbn_welford_t w, int off) {
+  sbn_welford_t o;
+  o.count = __shfl_down_sync(0xffffffffu, w.count, off);
+  o.mean = __shfl_down_sync(0xffffffffu, w.mean, off);
+  o.m2 = __shfl_down_sync(0xffffffffu, w.m2, off);
+  return o;
+}
+
+__device__ __forceinline__ void put_partial(float* e, sbn_welford_t t, float shift) {
+  const sbn_partial_t pt = sbn_partial_from_shifted(t, shift);
+  e[0] = pt.count, e[1] = pt.mean_hi, e[2] = pt.mean_lo, e[3] = pt.m2;
+}
+
+/* ---- stage 1 ---------------------------------------------------------------------------- */
+template <int DT, bool TILE>
+__device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int unit, Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int grp = unit % g.ngroups, p = unit / g.ngroups;
+  int64_t r0, r1;
+  sbn_geo_slice(&g, p, &r0, &r1);
+  if (TILE) {
+    const int64_t c = (int64_t)grp * kChunk + lane;
+    const bool active = c < g.c;
+    float shift = active && g.rows > 0 ? Elem<DT>::load(R.x, c) : 0.0f;
+    WelfordRun acc;
+    if (active)
+      for (int64_t r = r0 + w; r < r1; r += kWarps) acc.push(Elem<DT>::load(R.x, r * g.c + c) - shift);
+    sm.red.w[w][lane] = acc.result();
+    __syncthreads();
+    if (w == 0 && active) {
+      sbn_welford_t t = sm.red.w[0][lane];
+      for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][lane]);
+      put_partial(R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c), t, shift);
+    }
+    __syncthreads();
+  } else {
+    const int64_t c = grp;
+    float shift = g.rows > 0 ? Elem<DT>::load(R.x, c * g.sp) : 0.0f;
+    WelfordRun acc;
+    plane_walk(g, c, r0, r1, tid, kThreads,
+               [&](int64_t i) { acc.push(Elem<DT>::load(R.x, i) - shift); });
+    sbn_welford_t t = acc.result();
+    for (int off = 16; off > 0; off >>= 1) t = sbn_welford_merge(t, shfl_down_welford(t, off));
+    if (lane == 0) sm.red.w[w][0] = t;
+    __syncthreads();
+    if (tid == 0) {
+      t = sm.red.w[0][0];
+      for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][0]);
+      put_partial(R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c), t, shift);
+    }
+    __syncthreads();
+  }
+}
+
+template <int DT, bool TILE>
+__device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int unit, Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int grp = unit % g.ngroups, p = unit / g.ngroups;
+  int64_t r0, r1;
+  sbn_geo_slice(&g, p, &r0, &r1);
+  if (TILE) {
+    const int64_t c = (int64_t)grp * kChunk + lane;
+    const bool active = c < g.c;
+    SumsRun acc;
+    if (active) {
+      const float mean = R.save_mean_in[c];
+      for (int64_t r = r0 + w; r < r1; r += kWarps) {
+        int64_t i = r * g.c + c;
+        acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i) - mean);
+      }
+    }
+    sm.red.s[w][lane] = acc.result();
+    __syncthreads();
+    if (w == 0 && active) {
+      sbn_bwd_sums_t t = sm.red.s[0][lane];
+      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
+      float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
+      e[0] = t.sum_dy, e[1] = t.sum_dy_xmu;
+    }
+    __syncthreads();
+  } else {
+    const int64_t c = grp;
+    const float mean = R.save_mean_in[c];
+    SumsRun acc;
+    plane_walk(g, c, r0, r1, tid, kThreads, [&](int64_t i) {
+      acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i) - mean);
+    });
+    sbn_bwd_sums_t t = acc.result();
+    for (int off = 16; off > 0; off >>= 1) {
+      sbn_bwd_sums_t o;
+      o.sum_dy = __shfl_down_sync(0xffffffffu, t.sum_dy, off);
+      o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off);
+      t = sbn_bwd_sums_merge(t, o);
+    }
+    if (lane == 0) sm.red.s[w][0] = t;
+    __syncthreads();
+    if (tid == 0) {
+      t = sm.red.s[0][0];
+      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
+      float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
+      e[0] = t.sum_dy, e[1] = t.sum_dy_xmu;
+    }
+    __syncthreads();
+  }
+}
+
+/* ---- stage 5: the unit's elements, from x (and dy) read again ---------------------------- */
+template <int KIND, int DT, bool TILE>
+__device__ void legacy_stage5(const sbn_coop_rank_t& R, const sbn_geo_t& g, int unit, const Smem& sm) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const int grp = unit % g.ngroups, p = unit / g.ngroups;
+  if (g.rows == 0 || R.out == nullptr) return;
+  int64_t r0, r1;
+  sbn_geo_slice(&g, p, &r0, &r1);
+  if (TILE) {
+    const int64_t c = (int64_t)grp * kChunk + lane;
+    if (c >= g.c) return;
+    const float k0 = sm.coef[lane][0], k1 = sm.coef[lane][1], k2 = sm.coef[lane][2],
+                k3 = sm.coef[lane][3];
+    for (int64_t r = r0 + w; r < r1; r += kWarps) {
+      const int64_t i = r * g.c + c;
+      float xv = Elem<DT>::load(R.x, i), o;
+      if (KIND == SBN_GPU_FWD) {
+        o = sbn_forward_y(xv, k0, k1, k2, k3);
+      } else {
+        sbn_bwd_coef_t kc = {k0, k1, k2, k3};
+        o = sbn_backward_dx(kc, xv, Elem<DT>::load(R.dy, i));
+      }
+      Elem<DT>::store(R.out, i, o);
+    }
+  } else {
+    const float k0 = sm.coef[0][0], k1 = sm.coef[0][1], k2 = sm.coef[0][2], k3 = sm.coef[0][3];
+    plane_walk(g, (int64_t)grp, r0, r1, tid, kThreads, [&](int64_t i) {
+      float xv = Elem<DT>::load(R.x, i), o;
+      if (KIND == SBN_GPU_FWD) {
+        o = sbn_forward_y(xv, k0, k1, k2, k3);
+      } else {
+        sbn_bwd_coef_t kc = {k0, k1, k2, k3};
+        o = sbn_backward_dx(kc, xv, Elem<DT>::load(R.dy, i));
+      }
+      Elem<DT>::store(R.out, i, o);
+    });
+  }
+}
+
+#endif /* SYNCBN_COOP_LEGACY_CUH_ */

@@ -1,0 +1,220 @@
+/* coop_mem.cuh — how the cooperative kernels touch memory: the caller's tensors (16-byte
+ * vectors with L2 eviction hints, single elements at unaligned edges), the element
+ * conversions, and the memory-ordering primitives of the exchange (DESIGN.md's recipe).
+ *
+ * Every access to the caller's x, dy, y and dx goes through ld_v16 / st_v16 / ld_e16 /
+ * ld_e32 / st_e16 / st_e32, so that the emulation (tests/emu/cuda_emu.h, which defines
+ * them for the CPU) can count the bytes each op moves. They are asm volatile: the
+ * compiler keeps them in program order, so a batch's loads are all issued before its
+ * first use and, in stage 5, before its stores (y may alias x, dx may alias dy).
+ */
+#ifndef SYNCBN_COOP_MEM_CUH_
+#define SYNCBN_COOP_MEM_CUH_
+
+#ifndef SBN_COOP_EMU
+/* ---- the caller's tensors ------------------------------------------------------------- */
+/* L2 policies (sm_80+): keep what stage 5 reads again, let go of what no one will. */
+__device__ __forceinline__ uint64_t policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint4 ld_v16(const void* p, uint64_t pol) {
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ void st_v16(void* p, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w));
+}
+__device__ __forceinline__ uint32_t ld_e32(const void* p, uint64_t pol) {
+  uint32_t v;
+  asm volatile("ld.global.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_e16(const void* p, uint64_t pol) {
+  unsigned short v;
+  asm volatile("ld.global.L2::cache_hint.b16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
+  return v;
+}
+__device__ __forceinline__ void st_e32(void* p, uint32_t v) {
+  asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(v));
+}
+__device__ __forceinline__ void st_e16(void* p, uint32_t v) {
+  asm volatile("st.global.b16 [%0], %1;" ::"l"(p), "h"((unsigned short)v));
+}
+
+/* 16 bytes of global memory into shared memory without registers (sm_80+): the onchip
+   variant's held positions; cp_async_wait_all before the thread reads them. */
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint64_t pol) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem),
+               "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* ---- element bits <-> fp32 (round to nearest even; bn_dtype.h has the same bits) --------- */
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {
+  return __half2float(__ushort_as_half((unsigned short)h));
+}
+__device__ __forceinline__ uint32_t f32_to_f16_bits(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+__device__ __forceinline__ float bits_to_f32(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint32_t f32_to_bits(float f) { return __float_as_uint(f); }
+
+/* ---- memory ordering primitives (DESIGN.md's recipe) ------------------------------------ */
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ float ld_relaxed_sys_f32(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.sys.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_relaxed_sys_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int64_t ld_relaxed_sys_s64(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.relaxed.sys.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif /* the emulation defines all of the above for the CPU (tests/emu/cuda_emu.h) */
+
+/* ---- a dtype's elements in a position ------------------------------------------------------ */
+/* A position holds VEC elements of one dtype in a uint4 (VEC == 1: the element in .x). */
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ void set_word(uint4& v, int i, uint32_t u) {
+  if (i == 0) v.x = u;
+  else if (i == 1) v.y = u;
+  else if (i == 2) v.z = u;
+  else v.w = u;
+}
+
+template <int DT> struct Dt;
+template <> struct Dt<sbnFloat32> {
+  static constexpr int kSize = 4;
+  static __device__ __forceinline__ float to_f32(uint32_t u) { return bits_to_f32(u); }
+  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_bits(f); }
+};
+template <> struct Dt<sbnFloat16> {
+  static constexpr int kSize = 2;
+  static __device__ __forceinline__ float to_f32(uint32_t u) { return f16_bits_to_f32(u); }
+  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_f16_bits(f); }
+};
+template <> struct Dt<sbnBFloat16> {
+  static constexpr int kSize = 2;
+  static __device__ __forceinline__ float to_f32(uint32_t u) { return bf16_bits_to_f32(u); }
+  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_bf16_bits(f); }
+};
+
+/* Element e (a compile-time constant once unrolled) of a position, as fp32. */
+template <int DT, int VEC>
+__device__ __forceinline__ float elem_get(const uint4& v, int e) {
+  if (Dt<DT>::kSize == 4 || VEC == 1) return Dt<DT>::to_f32(word_of(v, e));
+  const uint32_t w = word_of(v, e >> 1);
+  return Dt<DT>::to_f32((e & 1) ? w >> 16 : w & 0xffffu);
+}
+template <int DT, int VEC>
+__device__ __forceinline__ void elem_set(uint4& v, int e, float f) {
+  const uint32_t b = Dt<DT>::from_f32(f);
+  if (Dt<DT>::kSize == 4 || VEC == 1) {
+    set_word(v, e, b);
+    return;
+  }
+  const uint32_t w = word_of(v, e >> 1);
+  set_word(v, e >> 1, (e & 1) ? (w & 0xffffu) | (b << 16) : (w & 0xffff0000u) | b);
+}
+
+/* One element of a tensor, element index i. */
+template <int DT>
+__device__ __forceinline__ uint32_t tensor_ld_elem(const void* base, int64_t i, uint64_t pol) {
+  const char* p = static_cast<const char*>(base) + i * Dt<DT>::kSize;
+  return Dt<DT>::kSize == 4 ? ld_e32(p, pol) : ld_e16(p, pol);
+}
+template <int DT>
+__device__ __forceinline__ void tensor_st_elem(void* base, int64_t i, uint32_t bits) {
+  char* p = static_cast<char*>(base) + i * Dt<DT>::kSize;
+  if (Dt<DT>::kSize == 4)
+    st_e32(p, bits);
+  else
+    st_e16(p, bits);
+}
+
+/* The position of VEC elements starting at element i (i % VEC == 0, the tensor 16-byte
+   aligned); mask bit e set: element i + e belongs to the caller's unit. A full mask is
+   one 16-byte load; a partial one loads only its elements (never outside the piece, so
+   never outside the tensor), the others read as 0. */
+template <int DT, int VEC>
+__device__ __forceinline__ uint4 load_pos(const void* base, int64_t i, unsigned mask, uint64_t pol) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (VEC == 1) {
+    if (mask) v.x = tensor_ld_elem<DT>(base, i, pol);
+  } else if (mask == (1u << VEC) - 1u) {
+    v = ld_v16(static_cast<const char*>(base) + i * Dt<DT>::kSize, pol);
+  } else {
+SBN_UNROLL
+    for (int e = 0; e < VEC; e++)
+      if (mask >> e & 1u) {
+        const uint32_t b = tensor_ld_elem<DT>(base, i + e, pol);
+        if (Dt<DT>::kSize == 4)
+          set_word(v, e, b);
+        else
+          set_word(v, e >> 1, word_of(v, e >> 1) | (b << ((e & 1) * 16)));
+      }
+  }
+  return v;
+}
+template <int DT, int VEC>
+__device__ __forceinline__ void store_pos(void* base, int64_t i, unsigned mask, const uint4& v) {
+  if (VEC == 1) {
+    if (mask) tensor_st_elem<DT>(base, i, v.x);
+  } else if (mask == (1u << VEC) - 1u) {
+    st_v16(static_cast<char*>(base) + i * Dt<DT>::kSize, v);
+  } else {
+SBN_UNROLL
+    for (int e = 0; e < VEC; e++)
+      if (mask >> e & 1u) {
+        const uint32_t w = word_of(v, Dt<DT>::kSize == 4 ? e : e >> 1);
+        tensor_st_elem<DT>(base, i + e, Dt<DT>::kSize == 4 ? w : (e & 1) ? w >> 16 : w & 0xffffu);
+      }
+  }
+}
+
+#endif /* SYNCBN_COOP_MEM_CUH_ */

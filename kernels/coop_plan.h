@@ -1,0 +1,208 @@
+/* coop_plan.h — how one rank's op is cut into work for the cooperative kernels
+ * (kernels/coop.cu): the kernel variants, units and slices, which 16-byte vectors
+ * ("positions") each thread reads, and how many of them fit on chip. Plain C, shared by
+ * the kernels (nvcc), the host (src/gpu/gpu_team.c plans every launch with it) and the
+ * CPU tests (test_coop_plan checks the bounds below against an enumeration).
+ *
+ * Units. A rank's work is cut into units = (channel group, slice of its rows), row =
+ * n*spatial + s. "Tile" layouts (NHWC, and NCHW with spatial == 1, the same addresses)
+ * group 32 channels (one mailbox chunk); "plane" layouts (NCHW, spatial > 1) one
+ * channel. When there are fewer groups than blocks, each group is cut into P = G/groups
+ * slices; block b owns units b, b+G, b+2G, ...
+ *
+ * Positions (the stream and onchip variants). VEC = 16 / element size (4 fp32, 8
+ * fp16/bf16), or 1 in the scalar kernels (tensors not 16-byte aligned, or NHWC with C not
+ * a multiple of VEC). A position is one VEC-wide vector of x (backward: of x and of dy at
+ * the same offset):
+ *   tile:  thread (warp w, lane l) reads the vector column vc = l % (32/VEC) of its group
+ *          (channels group*32 + vc*VEC ...) in rows r0 + w*VEC + l/(32/VEC) + k*8*VEC;
+ *   plane: the unit's elements are its slice's piece of each plane (n, c); the aligned
+ *          vectors overlapping those pieces, piece after piece, are the unit's list, and
+ *          thread t reads entries t, t + 256, t + 512, ...; a vector that sticks out of its
+ *          piece (odd spatial sizes) is read element by element, only its piece's part.
+ * A thread's positions are taken in batches of SBN_BATCH(kind) (all loads of a batch in
+ * flight before the first use). The onchip variant keeps every batch of the block's units
+ * on chip between stage 1 and stage 5: the first SBN_HOLD_REG_BATCHES() of a thread in
+ * registers, the others in dynamic shared memory (hold_slots batches per thread). The
+ * stream variant reads them again in stage 5. Both compute the same arithmetic in the
+ * same order: for the same G they give the same bits. (Onchip: every load of the
+ * block is issued, into registers or with cp.async into shared memory, before stage 1
+ * computes anything.)
+ */
+#ifndef SYNCBN_COOP_PLAN_H_
+#define SYNCBN_COOP_PLAN_H_
+
+#include <stdint.h>
+
+#include "coop_args.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Kernel variants of the cooperative kernel (the data path of stages 1 and 5). */
+enum {
+  SBN_VAR_LEGACY = 0, /* the first kernel: 32-bit loads, a Welford step per element, x read
+                         twice, G = ceil(elements / 16384); kept until a GPU compares it */
+  SBN_VAR_STREAM = 1, /* 16-byte loads in batches; x (and dy) read again in stage 5 */
+  SBN_VAR_ONCHIP = 2  /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
+};
+#define SBN_VAR_COUNT 3
+
+/* What the caller asked for (SBN_KERNEL at the call). */
+enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KERNEL_LEGACY = 3 };
+
+#define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
+#define SBN_BATCH_BWD 2           /* backward: 2 of x and 2 of dy */
+/* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
+   whose two passes over 32 unpacked values per batch need the room) */
+#define SBN_HOLD_REG_BATCHES(dtype, tile) ((dtype) != sbnFloat32 && !(tile) ? 3 : 6)
+#define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
+                                      at most 128 registers */
+#define SBN_ONCHIP_BLOCKS_PER_SM 1 /* of the onchip kernels: the whole register file and
+                                      shared memory of an SM hold one block's data;
+                                      scripts/check-sass.sh checks both */
+#define SBN_ELEMS_PER_BLOCK 8192  /* stream/onchip: elements per block below which a launch
+                                     uses fewer blocks than the device holds */
+#define SBN_LEGACY_ELEMS_PER_BLOCK 16384 /* the legacy variant's grid rule */
+#define SBN_GPU_PART_FLOATS 4     /* floats per (slice, channel) partial: forward (count,
+                                     mean_hi, mean_lo, m2), backward (sum_dy, sum_dy_xmu) */
+
+static SBN_ARGS_HD int sbn_batch(int kind) { return kind == SBN_GPU_FWD ? SBN_BATCH_FWD : SBN_BATCH_BWD; }
+/* Bytes of one held position: x (forward), x and dy (backward). */
+static SBN_ARGS_HD int sbn_pos_bytes(int kind) { return kind == SBN_GPU_FWD ? 16 : 32; }
+/* Dynamic shared memory of an onchip block holding `slots` batches per thread. */
+static SBN_ARGS_HD int64_t sbn_hold_bytes(int kind, int slots) {
+  return (int64_t)slots * sbn_batch(kind) * SBN_GPU_THREADS * sbn_pos_bytes(kind);
+}
+/* Elements per 16-byte vector of a dtype (sbnFloat32: 4, fp16/bf16: 8). */
+static SBN_ARGS_HD int sbn_vec_of(int dtype) { return dtype == sbnFloat32 ? 4 : 8; }
+
+/* One rank's work. */
+typedef struct {
+  int64_t n, c, sp;
+  int64_t rows; /* n * sp */
+  int tile;     /* tile units (32 channels) or plane units (one channel) */
+  int vec;      /* elements per position (1: scalar kernels) */
+  int ngroups;  /* channel groups: tile ceil(c / 32), plane c */
+  int P;        /* slices per group */
+  int units;    /* ngroups * P */
+  int nchunks;  /* mailbox records of the op: ceil(c / 32) */
+} sbn_geo_t;
+
+static SBN_ARGS_HD sbn_geo_t sbn_geo_make(int64_t n, int64_t c, int64_t sp, int tile, int vec,
+                                          int G) {
+  sbn_geo_t g;
+  g.n = n;
+  g.c = c;
+  g.sp = sp;
+  g.rows = n * sp;
+  g.tile = tile;
+  g.vec = vec;
+  g.nchunks = (int)((c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+  g.ngroups = tile ? g.nchunks : (int)c;
+  g.P = G > g.ngroups ? G / g.ngroups : 1;
+  g.units = g.ngroups * g.P;
+  return g;
+}
+
+/* Rows [*r0, *r1) of slice p: cut at multiples of vec, so that with spatial % vec == 0
+   every plane piece starts on a 16-byte boundary. */
+static SBN_ARGS_HD int64_t sbn_slice_start(const sbn_geo_t* g, int p) {
+  if (p >= g->P) return g->rows;
+  const int64_t r = g->rows * p / g->P;
+  return r - r % g->vec;
+}
+static SBN_ARGS_HD void sbn_geo_slice(const sbn_geo_t* g, int p, int64_t* r0, int64_t* r1) {
+  *r0 = sbn_slice_start(g, p);
+  *r1 = sbn_slice_start(g, p + 1);
+}
+
+/* Tile units: rows one block step covers, and the positions thread (w, lane) of a unit
+   with rows [r0, r1) reads (0 for a thread whose vector column lies past C). */
+static SBN_ARGS_HD int sbn_tile_step(const sbn_geo_t* g) { return (SBN_GPU_THREADS / 32) * g->vec; }
+static SBN_ARGS_HD int64_t sbn_tile_positions(const sbn_geo_t* g, int grp, int64_t r0, int64_t r1,
+                                              int w, int lane) {
+  const int vpg = SBN_GPU_CHUNK / g->vec;
+  const int64_t c0 = (int64_t)grp * SBN_GPU_CHUNK + (int64_t)(lane % vpg) * g->vec;
+  const int64_t to = (int64_t)w * g->vec + lane / vpg;
+  if (c0 >= g->c || r1 - r0 <= to) return 0;
+  const int64_t bs = sbn_tile_step(g);
+  return (r1 - r0 - to + bs - 1) / bs;
+}
+
+/* Plane units: the vectors of channel c's piece of plane nn within rows [r0, r1), as
+   [first, end) in units of vec elements (element index = vector index * vec), and the
+   piece's elements [*e0, *e1). Returns 0 when the plane has no rows in the slice. */
+static SBN_ARGS_HD int sbn_plane_piece(const sbn_geo_t* g, int64_t c, int64_t nn, int64_t r0,
+                                       int64_t r1, int64_t* e0, int64_t* e1, int64_t* first,
+                                       int64_t* end) {
+  const int64_t p0 = nn * g->sp;
+  const int64_t lo = r0 > p0 ? r0 - p0 : 0;
+  const int64_t hi = r1 - p0 < g->sp ? r1 - p0 : g->sp;
+  if (hi <= lo) return 0;
+  const int64_t base = (nn * g->c + c) * g->sp;
+  *e0 = base + lo;
+  *e1 = base + hi;
+  *first = *e0 / g->vec;
+  *end = (*e1 + g->vec - 1) / g->vec;
+  return 1;
+}
+/* All vectors of a plane unit (channel c, rows [r0, r1)). */
+static SBN_ARGS_HD int64_t sbn_plane_vectors(const sbn_geo_t* g, int64_t c, int64_t r0, int64_t r1) {
+  int64_t v = 0, e0, e1, f, e;
+  if (r1 <= r0) return 0;
+  for (int64_t nn = r0 / g->sp; nn * g->sp < r1; nn++)
+    if (sbn_plane_piece(g, c, nn, r0, r1, &e0, &e1, &f, &e)) v += e - f;
+  return v;
+}
+
+/* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
+static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {
+  const int64_t srows = (g->rows + g->P - 1) / g->P + g->vec; /* a slice, its rounding included */
+  if (g->tile) return (srows + sbn_tile_step(g) - 1) / sbn_tile_step(g);
+  const int64_t pieces = srows / g->sp + 2;
+  const int64_t vecs = srows / g->vec + 2 * pieces; /* each piece adds at most 2 part-vectors */
+  return (vecs + SBN_GPU_THREADS - 1) / SBN_GPU_THREADS;
+}
+/* An upper bound of the batches any thread of any block reads over all its units. */
+static SBN_ARGS_HD int64_t sbn_thread_batches_bound(const sbn_geo_t* g, int kind, int G) {
+  const int64_t per_unit = (sbn_unit_positions_bound(g) + sbn_batch(kind) - 1) / sbn_batch(kind);
+  const int64_t units_per_block = (g->units + G - 1) / G;
+  return units_per_block * per_unit;
+}
+/* Whether the onchip variant with `hold_slots` shared-memory batches per thread can hold
+   this rank's whole tensor(s) with G blocks. */
+static SBN_ARGS_HD int sbn_onchip_fits(const sbn_geo_t* g, int kind, int dtype, int G,
+                                       int hold_slots) {
+  if (g->vec == 1) return 0; /* the onchip kernels are the 16-byte ones */
+  return sbn_thread_batches_bound(g, kind, G) <=
+         (int64_t)SBN_HOLD_REG_BATCHES(dtype, g->tile) + hold_slots;
+}
+
+/* Blocks per rank for the stream and onchip variants: at least one per 32-channel chunk,
+   one per SBN_ELEMS_PER_BLOCK elements, at most gmax (the co-resident grid). */
+static SBN_ARGS_HD int64_t sbn_plan_blocks(int64_t numel, int64_t c, int64_t gmax) {
+  int64_t G = (numel + SBN_ELEMS_PER_BLOCK - 1) / SBN_ELEMS_PER_BLOCK;
+  const int64_t nchunks = (c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK;
+  if (G < nchunks) G = nchunks;
+  if (G > gmax) G = gmax;
+  return G < 1 ? 1 : G;
+}
+
+/* Bytes of the caller's tensors one rank's op moves through device memory, per variant
+   (tests/test_coop_emu.c asserts them in the emulator; the bench reports them):
+   forward reads x and writes y, backward reads x and dy and writes dx (when dx is
+   requested); the stream variant reads x (and dy) a second time in stage 5, where there
+   is one (legacy: the same, plus one element per channel and unit for its shift).
+   bytes = the elements of one tensor * their size. */
+static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
+  const int64_t inputs = kind == SBN_GPU_FWD ? 1 : 2;
+  const int64_t reads = variant == SBN_VAR_ONCHIP || !write_out ? inputs : 2 * inputs;
+  return (reads + (write_out ? 1 : 0)) * bytes;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SYNCBN_COOP_PLAN_H_ */

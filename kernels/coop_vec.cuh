@@ -1,0 +1,583 @@
+/* coop_vec.cuh — stages 1 and 5 of the stream and onchip variants of the cooperative
+ * kernel (and of the host-driven path's stats and apply kernels, which are the stream
+ * variant's). Positions, batches and held batches are described in coop_plan.h.
+ *
+ * Stage 1 of a unit, per thread: its positions in batches of U (all U loads issued before
+ * the first use). A forward batch gives, per channel, the two-pass statistics of its
+ * values d = x - shift (shift: the thread's first element of the channel): mean_b =
+ * sum(d) / cnt, m2_b = sum((d - mean_b)^2), merged into the thread's running (count,
+ * mean, m2) with Chan's formula: one division per batch, none per element. A backward
+ * batch gives per channel sum(dy) and sum(dy * (x - mean)), added to the thread's sums.
+ * The threads' results are merged in a fixed tree (shuffles, then the warps in order)
+ * into the unit's (slice, channel) partials: the forward's as (count, mean_hi, mean_lo,
+ * m2), so that threads with different shifts merge exactly (sbn_partial_merge).
+ * Products go through SBN_MUL (never contracted into an FMA): the stream and onchip
+ * variants, the host path and the CPU emulation compute the same bits.
+ *
+ * Stage 5 of a unit: the same positions again, y (dx) from the unit's coefficients; the
+ * onchip variant takes the values it held, the stream variant reads them again (L2
+ * evict-first; its stage 1 asked L2 to keep them).
+ */
+#ifndef SYNCBN_COOP_VEC_CUH_
+#define SYNCBN_COOP_VEC_CUH_
+
+/* The positions of one batch: tile units, kv whole positions i0 + k * step (k < kv);
+   plane units, U element indices and 8 mask bits each. */
+template <bool TILE, int U> struct BatchPos;
+template <int U> struct BatchPos<true, U> {
+  int64_t i0, step;
+  int kv;
+  __device__ __forceinline__ int64_t idx(int k) const { return i0 + k * step; }
+  __device__ __forceinline__ unsigned mask(int k, unsigned full) const { return k < kv ? full : 0u; }
+  __device__ __forceinline__ bool empty() const { return kv == 0; }
+};
+template <int U> struct BatchPos<false, U> {
+  int64_t i[U];
+  uint64_t mk;
+  __device__ __forceinline__ int64_t idx(int k) const { return i[k]; }
+  __device__ __forceinline__ unsigned mask(int k, unsigned) const {
+    return (unsigned)(mk >> (8 * k)) & 0xffu;
+  }
+  __device__ __forceinline__ bool empty() const { return mk == 0; }
+};
+
+/* ---- the positions of one thread in one unit ------------------------------------------- */
+template <bool TILE, int VEC> struct Walker;
+
+/* Tile units: rows r0 + w*VEC + lane/(32/VEC) + k*8*VEC of the thread's vector column. */
+template <int VEC> struct Walker<true, VEC> {
+  int64_t i, step, left, K;
+  __device__ Walker(const sbn_geo_t& g, int grp, int64_t r0, int64_t r1) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    constexpr int vpg = kChunk / VEC;
+    K = left = sbn_tile_positions(&g, grp, r0, r1, w, lane);
+    i = (r0 + (int64_t)w * VEC + lane / vpg) * g.c + (int64_t)grp * kChunk + (lane % vpg) * VEC;
+    step = (int64_t)sbn_tile_step(&g) * g.c;
+  }
+  template <int U> __device__ __forceinline__ void batch(BatchPos<true, U>& bp) {
+    bp.i0 = i;
+    bp.step = step;
+    bp.kv = (int)(left < U ? left : U);
+    left -= bp.kv;
+    i += U * step;
+  }
+};
+
+/* Plane units: entries t, t + 256, ... of the list of vectors overlapping the unit's
+   plane pieces (coop_plan.h: sbn_plane_piece), each masked to its piece. */
+template <int VEC> struct Walker<false, VEC> {
+  const sbn_geo_t* g;
+  int64_t c, r0, r1;
+  int64_t nn, e0, e1, v, vend;
+  int64_t left, K;
+  __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
+      : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0) {
+    const int64_t V = sbn_plane_vectors(g, c, r0, r1);
+    const int t = threadIdx.x;
+    K = left = V > t ? (V - t + kThreads - 1) / kThreads : 0;
+    if (K == 0) return;
+    nn = r0 / g->sp;
+    sbn_plane_piece(g, c, nn, r0, r1, &e0, &e1, &v, &vend);
+    advance(t);
+  }
+  __device__ __forceinline__ void advance(int64_t d) {
+    v += d;
+    while (v >= vend) { /* into the next plane's piece, carrying what is left of d */
+      const int64_t over = v - vend;
+      if (!sbn_plane_piece(g, c, ++nn, r0, r1, &e0, &e1, &v, &vend)) return;
+      v += over;
+    }
+  }
+  __device__ __forceinline__ unsigned next(int64_t* idx) {
+    const int64_t s = v * VEC;
+    *idx = s;
+    if (left <= 0) return 0u;
+    left--;
+    const int lo = (int)(e0 - s > 0 ? e0 - s : 0), hi = (int)(e1 - s < VEC ? e1 - s : VEC);
+    if (left > 0) advance(kThreads);
+    return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
+  }
+  template <int U> __device__ __forceinline__ void batch(BatchPos<false, U>& bp) {
+    bp.mk = 0;
+SBN_UNROLL
+    for (int k = 0; k < U; k++) bp.mk |= (uint64_t)next(&bp.i[k]) << (8 * k);
+  }
+};
+
+/* ---- per-thread accumulators ----------------------------------------------------------- */
+template <int NCH> struct FwdAcc {
+  float count;      /* values merged so far (the same for every channel of the thread) */
+  float shift[NCH]; /* the thread's first value of each channel */
+  float mean[NCH];  /* of x - shift */
+  float m2[NCH];
+};
+template <int NCH> struct BwdAcc {
+  float mean[NCH]; /* save_mean of each channel */
+  float sdy[NCH];
+  float sdx[NCH]; /* sum dy * (x - mean) */
+};
+
+/* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
+   statistics; wb = cnt / (count + cnt). sbn_welford_merge's arithmetic. */
+template <int NCH>
+__device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float qb, float wb) {
+  if (A.count == 0.0f) {
+    A.mean[e] = mb;
+    A.m2[e] = qb;
+  } else {
+    const float delta = mb - A.mean[e];
+    A.mean[e] = A.mean[e] + SBN_MUL(delta, wb);
+    A.m2[e] = A.m2[e] + qb + SBN_MUL(SBN_MUL(SBN_MUL(delta, delta), A.count), wb);
+  }
+}
+
+/* ---- the data path of one variant ------------------------------------------------------ */
+template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP>
+struct VecPath {
+  static constexpr int U = KIND == SBN_GPU_FWD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
+  static constexpr int NV = KIND == SBN_GPU_FWD ? 1 : 2; /* x; x and dy */
+  static constexpr int NBR = ONCHIP ? SBN_HOLD_REG_BATCHES(DT, TILE) : 1;
+  static constexpr int NCH = TILE ? VEC : 1; /* channels of a thread */
+  static constexpr unsigned kFull = (1u << VEC) - 1u;
+  typedef BatchPos<TILE, U> Pos;
+  typedef uint4 Batch[U][NV];
+
+  Batch hold[NBR]; /* onchip: the thread's first NBR batches (over the block's units) */
+
+  static __device__ __forceinline__ uint64_t full_mask() {
+    uint64_t m = 0;
+SBN_UNROLL
+    for (int k = 0; k < U; k++) m |= (uint64_t)kFull << (8 * k);
+    return m;
+  }
+
+  /* Unit u: group (tile) or channel (plane), slice, rows. */
+  static __device__ __forceinline__ void unit_rows(const sbn_geo_t& g, int u, int* grp, int* p,
+                                                   int64_t* r0, int64_t* r1) {
+    *grp = u % g.ngroups;
+    *p = u / g.ngroups;
+    sbn_geo_slice(&g, *p, r0, r1);
+  }
+  static __device__ __forceinline__ int unit_batches(const sbn_geo_t& g, int u) {
+    int grp, p;
+    int64_t r0, r1;
+    unit_rows(g, u, &grp, &p, &r0, &r1);
+    const Walker<TILE, VEC> wk(g, grp, r0, r1);
+    return (int)((wk.K + U - 1) / U);
+  }
+
+  static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
+                                                    Batch& bt, uint64_t pol) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++) {
+      bt[k][0] = load_pos<DT, VEC>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
+      if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
+    }
+  }
+  static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
+                                                     const Batch& bt) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++) store_pos<DT, VEC>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
+  }
+
+  /* ---- held batches in shared memory (onchip) ---- */
+  static __device__ __forceinline__ uint4* smem_at(uint4* hs, int slot, int k, int nv) {
+    return hs + ((int64_t)(slot * U + k) * NV + nv) * kThreads + threadIdx.x;
+  }
+  static __device__ __forceinline__ void copy_to_smem(const sbn_coop_rank_t& R, const Pos& bp,
+                                                      uint4* hs, int slot, uint64_t pol) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++) {
+      const unsigned m = bp.mask(k, kFull);
+      if (m == 0u) continue;
+SBN_UNROLL
+      for (int nv = 0; nv < NV; nv++) {
+        const void* src = nv == 0 ? R.x : R.dy;
+        if (m == kFull)
+          cp_async16(smem_at(hs, slot, k, nv),
+                     static_cast<const char*>(src) + bp.idx(k) * Dt<DT>::kSize, pol);
+        else /* a position at an unaligned plane end: element by element */
+          *smem_at(hs, slot, k, nv) = load_pos<DT, VEC>(src, bp.idx(k), m, pol);
+      }
+    }
+  }
+  static __device__ __forceinline__ void read_smem(uint4* hs, int slot, Batch& bt) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++)
+SBN_UNROLL
+      for (int nv = 0; nv < NV; nv++) bt[k][nv] = *smem_at(hs, slot, k, nv);
+  }
+
+  /* ---- batch statistics ---- */
+  static __device__ __forceinline__ void fwd_batch(FwdAcc<NCH>& A, const Batch& bt, const Pos& bp) {
+    if (bp.empty()) return;
+    if constexpr (TILE) { /* whole positions: the first kv are valid */
+      const int kv = bp.kv;
+      if (A.count == 0.0f) {
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) A.shift[e] = elem_get<DT, VEC>(bt[0][0], e);
+      }
+      const float nb = (float)kv, wb = nb / (A.count + nb);
+SBN_UNROLL
+      for (int e = 0; e < NCH; e++) {
+        float s = 0.0f;
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+          if (k < kv) s += elem_get<DT, VEC>(bt[k][0], e) - A.shift[e];
+        const float mb = kv == U ? SBN_MUL(s, 1.0f / U) : s / nb;
+        float q = 0.0f;
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+          if (k < kv) {
+            const float d = (elem_get<DT, VEC>(bt[k][0], e) - A.shift[e]) - mb;
+            q += SBN_MUL(d, d);
+          }
+        fwd_merge(A, e, mb, q, wb);
+      }
+      A.count += nb;
+    } else { /* one channel; the batch's elements in (position, element) order */
+      if (A.count == 0.0f) { /* a thread's first position has an element */
+        const unsigned m0 = bp.mask(0, kFull);
+        int e0 = 0;
+        while (!(m0 >> e0 & 1u)) e0++;
+        A.shift[0] = elem_get<DT, VEC>(bt[0][0], e0);
+      }
+      const float sh = A.shift[0];
+      float s = 0.0f, q = 0.0f, nb;
+      if (bp.mk == full_mask()) {
+        nb = (float)(U * VEC);
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++) s += elem_get<DT, VEC>(bt[k][0], e) - sh;
+        const float mb = SBN_MUL(s, 1.0f / (U * VEC));
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++) {
+            const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
+            q += SBN_MUL(d, d);
+          }
+        fwd_merge(A, 0, mb, q, nb / (A.count + nb));
+      } else {
+        int cnt = 0;
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++)
+            if (bp.mask(k, kFull) >> e & 1u) {
+              s += elem_get<DT, VEC>(bt[k][0], e) - sh;
+              cnt++;
+            }
+        nb = (float)cnt;
+        const float mb = s / nb;
+SBN_UNROLL
+        for (int k = 0; k < U; k++)
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++)
+            if (bp.mask(k, kFull) >> e & 1u) {
+              const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
+              q += SBN_MUL(d, d);
+            }
+        fwd_merge(A, 0, mb, q, nb / (A.count + nb));
+      }
+      A.count += nb;
+    }
+  }
+
+  static __device__ __forceinline__ void bwd_batch(BwdAcc<NCH>& A, const Batch& bt, const Pos& bp) {
+    if (bp.empty()) return;
+SBN_UNROLL
+    for (int ch = 0; ch < NCH; ch++) {
+      float s1 = 0.0f, s2 = 0.0f;
+SBN_UNROLL
+      for (int k = 0; k < U; k++)
+SBN_UNROLL
+        for (int e = 0; e < VEC; e++) {
+          if (TILE && e != ch) continue; /* tile: element e is channel e */
+          if (!(bp.mask(k, kFull) >> e & 1u)) continue;
+          const float dy = elem_get<DT, VEC>(bt[k][NV - 1], e);
+          const float xmu = elem_get<DT, VEC>(bt[k][0], e) - A.mean[ch];
+          s1 += dy;
+          s2 += SBN_MUL(dy, xmu);
+        }
+      A.sdy[ch] += s1;
+      A.sdx[ch] += s2;
+    }
+  }
+
+  /* ---- a unit's partials: the threads merged in a fixed tree ---- */
+  static __device__ __forceinline__ sbn_partial_t shfl_down_partial(sbn_partial_t t, int off) {
+    sbn_partial_t o;
+    o.count = __shfl_down_sync(0xffffffffu, t.count, off);
+    o.mean_hi = __shfl_down_sync(0xffffffffu, t.mean_hi, off);
+    o.mean_lo = __shfl_down_sync(0xffffffffu, t.mean_lo, off);
+    o.m2 = __shfl_down_sync(0xffffffffu, t.m2, off);
+    return o;
+  }
+  static __device__ __forceinline__ void put_entry(const sbn_coop_rank_t& R, const sbn_geo_t& g,
+                                                   int p, int64_t c, float a0, float a1, float a2,
+                                                   float a3) {
+    float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
+    e[0] = a0, e[1] = a1, e[2] = a2, e[3] = a3;
+  }
+
+  static __device__ void fwd_reduce(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
+                                    const FwdAcc<NCH>& A, Smem& sm) {
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    sbn_partial_t pt[NCH];
+SBN_UNROLL
+    for (int e = 0; e < NCH; e++) {
+      const sbn_welford_t t = {A.count, A.mean[e], A.m2[e]};
+      pt[e] = sbn_partial_from_shifted(t, A.shift[e]);
+    }
+    if constexpr (TILE) {
+      constexpr int vpg = kChunk / VEC;
+      const int ro = lane / vpg; /* the thread's row within its warp's step */
+SBN_UNROLL
+      for (int off = VEC / 2; off >= 1; off /= 2)
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) {
+          const sbn_partial_t o = shfl_down_partial(pt[e], off * vpg);
+          if (ro < off) pt[e] = sbn_partial_merge(pt[e], o);
+        }
+      if (ro == 0)
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) sm.red.p[w][(lane % vpg) * VEC + e] = pt[e];
+      __syncthreads();
+      const int64_t c = (int64_t)grp * kChunk + lane;
+      if (w == 0 && c < g.c) {
+        sbn_partial_t t = sm.red.p[0][lane];
+        for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][lane]);
+        put_entry(R, g, p, c, t.count, t.mean_hi, t.mean_lo, t.m2);
+      }
+    } else {
+      sbn_partial_t t = pt[0];
+SBN_UNROLL
+      for (int off = 16; off > 0; off >>= 1) t = sbn_partial_merge(t, shfl_down_partial(t, off));
+      if (lane == 0) sm.red.p[w][0] = t;
+      __syncthreads();
+      if (tid == 0) {
+        t = sm.red.p[0][0];
+        for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][0]);
+        put_entry(R, g, p, grp, t.count, t.mean_hi, t.mean_lo, t.m2);
+      }
+    }
+    __syncthreads();
+  }
+
+  static __device__ void bwd_reduce(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
+                                    const BwdAcc<NCH>& A, Smem& sm) {
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    sbn_bwd_sums_t st[NCH];
+SBN_UNROLL
+    for (int e = 0; e < NCH; e++) st[e].sum_dy = A.sdy[e], st[e].sum_dy_xmu = A.sdx[e];
+    if constexpr (TILE) {
+      constexpr int vpg = kChunk / VEC;
+      const int ro = lane / vpg;
+SBN_UNROLL
+      for (int off = VEC / 2; off >= 1; off /= 2)
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) {
+          sbn_bwd_sums_t o;
+          o.sum_dy = __shfl_down_sync(0xffffffffu, st[e].sum_dy, off * vpg);
+          o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, st[e].sum_dy_xmu, off * vpg);
+          if (ro < off) st[e] = sbn_bwd_sums_merge(st[e], o);
+        }
+      if (ro == 0)
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) sm.red.s[w][(lane % vpg) * VEC + e] = st[e];
+      __syncthreads();
+      const int64_t c = (int64_t)grp * kChunk + lane;
+      if (w == 0 && c < g.c) {
+        sbn_bwd_sums_t t = sm.red.s[0][lane];
+        for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
+        put_entry(R, g, p, c, t.sum_dy, t.sum_dy_xmu, 0.0f, 0.0f);
+      }
+    } else {
+      sbn_bwd_sums_t t = st[0];
+SBN_UNROLL
+      for (int off = 16; off > 0; off >>= 1) {
+        sbn_bwd_sums_t o;
+        o.sum_dy = __shfl_down_sync(0xffffffffu, t.sum_dy, off);
+        o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off);
+        t = sbn_bwd_sums_merge(t, o);
+      }
+      if (lane == 0) sm.red.s[w][0] = t;
+      __syncthreads();
+      if (tid == 0) {
+        t = sm.red.s[0][0];
+        for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
+        put_entry(R, g, p, grp, t.sum_dy, t.sum_dy_xmu, 0.0f, 0.0f);
+      }
+    }
+    __syncthreads();
+  }
+
+  /* ---- stage 1 ---- */
+  /* Unit u's statistics from its batches: held (onchip: the first NBR of the thread's
+     batches, counted by gb over the block's units, in registers, the others in shared
+     memory slot gb - NBR) or read now (stream: L2 asked to keep them for stage 5). */
+  __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
+                             uint4* hs, Smem& sm) {
+    int grp, p;
+    int64_t r0, r1;
+    unit_rows(g, u, &grp, &p, &r0, &r1);
+    Walker<TILE, VEC> wk(g, grp, r0, r1);
+    const int nb = (int)((wk.K + U - 1) / U);
+    const uint64_t pol = policy_evict_last();
+    FwdAcc<NCH> F;
+    BwdAcc<NCH> B;
+    if (KIND == SBN_GPU_FWD) {
+      F.count = 0.0f;
+SBN_UNROLL
+      for (int e = 0; e < NCH; e++) F.shift[e] = F.mean[e] = F.m2[e] = 0.0f;
+    } else {
+SBN_UNROLL
+      for (int ch = 0; ch < NCH; ch++) {
+        const int64_t c = TILE ? (int64_t)grp * kChunk + (threadIdx.x & 31) % (kChunk / VEC) * VEC + ch
+                               : (int64_t)grp;
+        B.mean[ch] = wk.K > 0 ? R.save_mean_in[c] : 0.0f;
+        B.sdy[ch] = B.sdx[ch] = 0.0f;
+      }
+    }
+    int bt = 0;
+    if (ONCHIP) {
+SBN_UNROLL
+      for (int s = 0; s < NBR; s++)
+        if (*gb == s && bt < nb) {
+          Pos bp;
+          wk.batch(bp);
+          if (KIND == SBN_GPU_FWD)
+            fwd_batch(F, hold[s], bp);
+          else
+            bwd_batch(B, hold[s], bp);
+          bt++, (*gb)++;
+        }
+    }
+    for (; bt < nb; bt++) {
+      Pos bp;
+      wk.batch(bp);
+      Batch tmp;
+      if (ONCHIP) {
+        read_smem(hs, *gb - NBR, tmp);
+        (*gb)++;
+      } else {
+        load_batch(R, bp, tmp, pol);
+      }
+      if (KIND == SBN_GPU_FWD)
+        fwd_batch(F, tmp, bp);
+      else
+        bwd_batch(B, tmp, bp);
+    }
+    if (KIND == SBN_GPU_FWD)
+      fwd_reduce(R, g, grp, p, F, sm);
+    else
+      bwd_reduce(R, g, grp, p, B, sm);
+  }
+
+  /* Stage 1 of every unit of block b. Onchip: first every load of the block's units is
+     issued (registers, or cp.async into shared memory), then the statistics. */
+  __device__ void stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int b, int G, uint4* hs,
+                         Smem& sm) {
+    if (ONCHIP) {
+      const uint64_t pol = policy_evict_first();
+      int gb = 0;
+      for (int u = b; u < g.units; u += G) {
+        int grp, p;
+        int64_t r0, r1;
+        unit_rows(g, u, &grp, &p, &r0, &r1);
+        Walker<TILE, VEC> wk(g, grp, r0, r1);
+        const int nb = (int)((wk.K + U - 1) / U);
+        int bt = 0;
+SBN_UNROLL
+        for (int s = 0; s < NBR; s++)
+          if (gb == s && bt < nb) {
+            Pos bp;
+            wk.batch(bp);
+            load_batch(R, bp, hold[s], pol);
+            bt++, gb++;
+          }
+        for (; bt < nb; bt++, gb++) {
+          Pos bp;
+          wk.batch(bp);
+          copy_to_smem(R, bp, hs, gb - NBR, pol);
+        }
+      }
+      cp_async_wait_all(); /* this thread's copies (each thread reads only its own) */
+    }
+    int gb = 0;
+    for (int u = b; u < g.units; u += G) stats_unit(R, g, u, &gb, hs, sm);
+  }
+
+  /* ---- stage 5 ---- */
+  /* The outputs of a batch in place of its x. */
+  static __device__ __forceinline__ void outputs(Batch& bt, const float (&kc)[NCH][4]) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++) {
+      uint4 o = bt[k][0];
+SBN_UNROLL
+      for (int e = 0; e < VEC; e++) {
+        const int ch = TILE ? e : 0;
+        const float xv = elem_get<DT, VEC>(bt[k][0], e);
+        float r;
+        if (KIND == SBN_GPU_FWD) {
+          r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
+        } else {
+          const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};
+          r = sbn_backward_dx(c4, xv, elem_get<DT, VEC>(bt[k][NV - 1], e));
+        }
+        elem_set<DT, VEC>(o, e, r);
+      }
+      bt[k][0] = o;
+    }
+  }
+
+  /* Stage 5 of unit u (its coefficients in sm.coef); *gb as in stats_unit. */
+  __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
+                              uint4* hs, const Smem& sm) {
+    int grp, p;
+    int64_t r0, r1;
+    unit_rows(g, u, &grp, &p, &r0, &r1);
+    Walker<TILE, VEC> wk(g, grp, r0, r1);
+    const int nb = (int)((wk.K + U - 1) / U);
+    if (g.rows == 0 || R.out == nullptr || nb == 0) {
+      *gb += nb;
+      return;
+    }
+    float kc[NCH][4];
+    const int slot0 = TILE ? ((threadIdx.x & 31) % (kChunk / VEC)) * VEC : 0;
+SBN_UNROLL
+    for (int ch = 0; ch < NCH; ch++)
+SBN_UNROLL
+      for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
+    const uint64_t pol = policy_evict_first();
+    int bt = 0;
+    if (ONCHIP) {
+SBN_UNROLL
+      for (int s = 0; s < NBR; s++)
+        if (*gb == s && bt < nb) {
+          Pos bp;
+          wk.batch(bp);
+          outputs(hold[s], kc);
+          store_batch(R, bp, hold[s]);
+          bt++, (*gb)++;
+        }
+    }
+    for (; bt < nb; bt++) {
+      Pos bp;
+      wk.batch(bp);
+      Batch tmp;
+      if (ONCHIP) {
+        read_smem(hs, *gb - NBR, tmp);
+        (*gb)++;
+      } else {
+        load_batch(R, bp, tmp, pol);
+      }
+      outputs(tmp, kc);
+      store_batch(R, bp, tmp);
+    }
+  }
+};
+
+#endif /* SYNCBN_COOP_VEC_CUH_ */
