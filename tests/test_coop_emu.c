@@ -354,17 +354,231 @@ static void test_emulated_vs_reference(void) {
       {3, 2, sbnFloat32, sbnLayoutNCHW, 33, 1, n3},   /* NCHW spatial 1 = tile */
       {2, 4, sbnFloat32, sbnLayoutNCHW, 1, 60, n2},   /* one channel, 4 slices */
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    for (int peer = 0; peer < 2; peer++) {
-      if (peer && cases[i].W == 1) continue;
-      one_case(cases[i].W, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp,
-               cases[i].n, peer, 100 + i);
-      if (sbn_test_cur_failed_) {
-        fprintf(stderr, "  in case %zu (%s)\n", i, peer ? "peer launches" : "virtual launch");
-        return;
+  /* every variant; separate per-rank launches for the default (onchip) only */
+  static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  for (int v = 0; v < 3; v++) {
+    g_variant = variants[v];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      for (int peer = 0; peer < (v == 0 ? 2 : 1); peer++) {
+        if (peer && cases[i].W == 1) continue;
+        one_case(cases[i].W, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp,
+                 cases[i].n, peer, 100 + i);
+        if (sbn_test_cur_failed_) {
+          fprintf(stderr, "  in case %zu (%s, variant %d)\n", i,
+                  peer ? "peer launches" : "virtual launch", g_variant);
+          g_variant = SBN_VAR_ONCHIP;
+          return;
+        }
       }
     }
   }
+  g_variant = SBN_VAR_ONCHIP;
+}
+
+/* ---- the stream and onchip variants: the same bits; held batches; bytes moved ---------- */
+
+/* One forward + backward of team t with variant `var` (a virtual launch). */
+static void run_fwd_bwd(emu_team_t* e, team_t* t, const sbnParams_t* p, int var) {
+  g_variant = var;
+  emu_run_virtual(e, t, 0, p);
+  emu_run_virtual(e, t, 1, p);
+  g_variant = SBN_VAR_ONCHIP;
+}
+
+/* Shapes where a thread has more batches than it holds in registers (so the onchip
+   variant holds the rest in shared memory), several units per block (G = 1 with two
+   channel groups or planes), unaligned plane ends (odd spatial), large offsets (fp32) and
+   values near fp16's top: onchip and stream give the same bits, both within the
+   reference's tolerances. */
+static void test_onchip_equals_stream(void) {
+  static const int64_t n2[2] = {2, 1};
+  struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    gen_t gen;
+  } cases[] = {
+      {sbnFloat32, sbnLayoutNCHW, 2, 20001, GEN_OFFSET},  /* 10 fwd batches, 20 bwd per thread */
+      {sbnBFloat16, sbnLayoutNCHW, 2, 10001, GEN_NORMAL}, /* masked plane ends, bf16 */
+      {sbnFloat16, sbnLayoutNCHW, 1, 20000, GEN_F16HIGH}, /* near 6e4 */
+      {sbnFloat32, sbnLayoutNHWC, 40, 500, GEN_OFFSET},   /* two groups, 31 rows per thread */
+      {sbnBFloat16, sbnLayoutNHWC, 64, 1000, GEN_NORMAL}, /* bf16 tile: 8 channels a thread */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    team_t a, b;
+    team_make(&a, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n2, 1, 1, cases[i].gen, 300 + i);
+    team_make(&b, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n2, 1, 1, cases[i].gen, 300 + i);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, 2, 1, 60000);
+    emu_team_init(&eb, 2, 1, 60000);
+    for (int bwd = 0; bwd < 2; bwd++) { /* the onchip plan holds batches in shared memory */
+      const emu_plan_t pl = emu_plan(&a.d[0], 2, 1, bwd);
+      ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
+      ASSERT_TRUE(pl.hold_slots > 0);
+    }
+    run_fwd_bwd(&ea, &a, &p, SBN_VAR_ONCHIP);
+    run_fwd_bwd(&eb, &b, &p, SBN_VAR_STREAM);
+    ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+    for (int r = 0; r < 2; r++) {
+      const size_t cb = (size_t)cases[i].c * sizeof(float);
+      ASSERT_MEMEQ(a.y[r], b.y[r], team_bytes(&a, r));
+      ASSERT_MEMEQ(a.dx[r], b.dx[r], team_bytes(&a, r));
+      ASSERT_MEMEQ(a.smean[r], b.smean[r], cb);
+      ASSERT_MEMEQ(a.sinv[r], b.sinv[r], cb);
+      ASSERT_MEMEQ(a.rv[r], b.rv[r], cb);
+      ASSERT_MEMEQ(a.dw[r], b.dw[r], cb);
+      ASSERT_MEMEQ(a.db[r], b.db[r], cb);
+    }
+    check_forward(&a, &p, tol_for(cases[i].dt)); /* y and the statistics vs the reference */
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  in case %zu\n", i);
+      return;
+    }
+  }
+}
+
+/* The bytes each op moves through the caller's tensors, counted by the emulation at every
+   load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
+   reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
+   unaligned plane ends (spatial 9) and uneven ranks. */
+static void test_bytes_moved(void) {
+  static const int64_t n2[2] = {3, 2};
+  static const int variants[2] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM};
+  for (int dt = 0; dt < 3; dt++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int v = 0; v < 2; v++) {
+        sbnParams_t p = SBN_PARAMS_DEFAULT;
+        team_t t;
+        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, 9, n2, 1, 1, GEN_NORMAL, 400 + dt);
+        emu_team_t e;
+        emu_team_init(&e, 2, 3, 60000);
+        for (int bwd = 0; bwd < 2; bwd++) {
+          int sx[2], sdy[2], sout[2];
+          sbn_emu_count_reset();
+          for (int r = 0; r < 2; r++) {
+            sx[r] = sbn_emu_count_track(t.x[r], team_bytes(&t, r));
+            sdy[r] = sbn_emu_count_track(t.dy[r], team_bytes(&t, r));
+            sout[r] = sbn_emu_count_track(bwd ? t.dx[r] : t.y[r], team_bytes(&t, r));
+          }
+          g_variant = variants[v];
+          emu_run_virtual(&e, &t, bwd, &p);
+          g_variant = SBN_VAR_ONCHIP;
+          ASSERT_TRUE(err_words_clear(&e));
+          for (int r = 0; r < 2; r++) {
+            const int64_t bytes = (int64_t)team_bytes(&t, r);
+            const int kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+            uint64_t xr, xw, dr, dw, orr, ow;
+            sbn_emu_count_get(sx[r], &xr, &xw);
+            sbn_emu_count_get(sdy[r], &dr, &dw);
+            sbn_emu_count_get(sout[r], &orr, &ow);
+            /* reads of x (and dy), writes of the output, nothing else */
+            const int64_t total = sbn_variant_bytes(variants[v], kind, bytes, 1);
+            ASSERT_EQ_INT((int64_t)(xr + dr + ow), total);
+            ASSERT_EQ_INT((int64_t)xr, (total - bytes) / (bwd ? 2 : 1));
+            ASSERT_EQ_INT((int64_t)dr, bwd ? (total - bytes) / 2 : 0);
+            ASSERT_EQ_INT((int64_t)ow, bytes);
+            ASSERT_EQ_INT((int64_t)(xw + dw + orr), 0);
+          }
+          if (sbn_test_cur_failed_) {
+            fprintf(stderr, "  dtype %d layout %d variant %d %s\n", dt, lay, variants[v],
+                    bwd ? "backward" : "forward");
+            break;
+          }
+        }
+        emu_team_free(&e);
+        team_free(&t);
+        CHECK_();
+      }
+}
+
+/* coop_plan.h's bound of a thread's batches (the on-chip fit) is never below what the
+   kernels' walkers produce: enumerated over many geometries. */
+static void test_plan_bound(void) {
+  sbn_rng_t rng = {77};
+  for (int it = 0; it < 3000; it++) {
+    const int tile = it & 1, dt = (it >> 1) % 3, kind = (it >> 2) & 1;
+    const int vec = sbn_vec_of(dt);
+    const int64_t n = 1 + (int64_t)(sbn_rng_uniform(&rng) * 4);
+    const int64_t c = tile ? vec * (1 + (int64_t)(sbn_rng_uniform(&rng) * 24))
+                           : 1 + (int64_t)(sbn_rng_uniform(&rng) * 40);
+    const int64_t sp = tile && (it & 2) ? 1 : 1 + (int64_t)(sbn_rng_uniform(&rng) * 3000);
+    const int G = 1 + (int)(sbn_rng_uniform(&rng) * 70);
+    const sbn_geo_t g = sbn_geo_make(n, c, sp, tile, vec, G);
+    const int U = sbn_batch(kind);
+    int64_t worst = 0;
+    for (int b = 0; b < G; b++) {
+      int64_t per_thread[SBN_GPU_THREADS] = {0};
+      for (int u = b; u < g.units; u += G) {
+        int64_t r0, r1;
+        sbn_geo_slice(&g, u / g.ngroups, &r0, &r1);
+        const int64_t V = tile ? 0 : sbn_plane_vectors(&g, u % g.ngroups, r0, r1);
+        for (int t = 0; t < SBN_GPU_THREADS; t++) {
+          const int64_t K = tile ? sbn_tile_positions(&g, u % g.ngroups, r0, r1, t >> 5, t & 31)
+                                 : (V > t ? (V - t + SBN_GPU_THREADS - 1) / SBN_GPU_THREADS : 0);
+          per_thread[t] += (K + U - 1) / U;
+        }
+      }
+      for (int t = 0; t < SBN_GPU_THREADS; t++) worst = per_thread[t] > worst ? per_thread[t] : worst;
+    }
+    if (!(worst <= sbn_thread_batches_bound(&g, kind, G))) {
+      SBN_FAIL_("n %" PRId64 " c %" PRId64 " sp %" PRId64 " tile %d dtype %d G %d: %" PRId64
+                " batches, bound %" PRId64,
+                n, c, sp, tile, dt, G, worst, sbn_thread_batches_bound(&g, kind, G));
+      return;
+    }
+  }
+}
+
+/* ---- inference ------------------------------------------------------------------------- */
+/* The inference kernel against the CPU's sbnForwardInference: the same bits, for every
+   dtype and layout, 16-byte and scalar kernels (x and y one element off alignment),
+   large and small planes (a block or a warp per plane). */
+static void test_inference(void) {
+  struct {
+    int64_t n, c, sp;
+  } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int dt = 0; dt < 3; dt++)
+      for (int lay = 0; lay < 2; lay++)
+        for (int off = 0; off < 2; off++) {
+          sbnTensorDesc_t d = {(sbnDataType_t)dt, (sbnLayout_t)lay, shapes[si].n, shapes[si].c,
+                               shapes[si].sp};
+          sbn_rng_t rng = {500 + si};
+          const int64_t ne = sbn_ref_numel(&d);
+          const size_t es = dt_size(d.dtype), bytes = (size_t)ne * es;
+          void* xb = gen_tensor(&d, &rng, GEN_NORMAL);
+          char* x = malloc(bytes + 16);
+          char* y = malloc(bytes + 16);
+          char* ycpu = malloc(bytes);
+          memcpy(x + off * es, xb, bytes);
+          float* w = fvec(d.c);
+          float* b = fvec(d.c);
+          float* rm = fvec(d.c);
+          float* rv = fvec(d.c);
+          for (int64_t c = 0; c < d.c; c++) {
+            w[c] = (float)(0.5 + sbn_rng_uniform(&rng));
+            b[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
+            rm[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
+            rv[c] = (float)(0.5 + sbn_rng_uniform(&rng));
+          }
+          ASSERT_OK(sbnForwardInference(&d, x + off * es, ycpu, w, b, rm, rv, 1e-5f, NULL));
+          const int tile = lay == sbnLayoutNHWC || d.spatial == 1;
+          const int vec = off == 0 && (!tile || d.c % sbn_vec_of(dt) == 0);
+          sbn_infer_args_t a = {x + off * es, y + off * es, w, b, rm, rv, 1e-5f,
+                                sbn_emu_infer_group(d.spatial), d.n, d.c, d.spatial};
+          memset(y, 0xff, bytes + 16);
+          ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
+          ASSERT_MEMEQ(y + off * es, ycpu, bytes);
+          free(xb), free(x), free(y), free(ycpu), free(w), free(b), free(rm), free(rv);
+          if (sbn_test_cur_failed_) {
+            fprintf(stderr, "  shape %zu dtype %d layout %d misaligned %d\n", si, dt, lay, off);
+            return;
+          }
+        }
 }
 
 /* A virtual launch and separate per-rank launches run the same code: the same bits. */
@@ -913,6 +1127,10 @@ static void test_window_abort_crosses(void) {
 int main(void) {
   SBN_RUN(test_emulated_vs_reference);
   SBN_RUN(test_virtual_equals_peer);
+  SBN_RUN(test_onchip_equals_stream);
+  SBN_RUN(test_bytes_moved);
+  SBN_RUN(test_plan_bound);
+  SBN_RUN(test_inference);
   SBN_RUN(test_emulated_semantics);
   SBN_RUN(test_mismatch);
   SBN_RUN(test_count_one);
