@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# check-sass.sh — what the compiled kernels of kernels/coop.cu look like on the GPU the
+# project targets first (sm_90, H100/H200), read from the machine code without a GPU.
+#
+# For every cooperative kernel instantiation (and the host path's and inference
+# kernels) it prints registers, stack and local memory (spills), static shared memory,
+# the blocks per SM those allow, and how many global loads of each width the SASS has
+# (LDGSTS: cp.async into shared memory). It FAILS when
+#   - a kernel spills (stack frame or local memory),
+#   - a hot kernel (the 16-byte stream/onchip kernels, the host path's 16-byte stats and
+#     apply kernels, the 16-byte inference kernels) has no 128-bit global load,
+#   - a kernel's registers or shared memory allow fewer blocks per SM than the plan
+#     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, host path), SBN_ONCHIP_BLOCKS_PER_SM
+#     (onchip; its held batches then take the rest of the SM's shared memory), 1 (legacy).
+# Where no nvcc is found it says so and exits 0. cuobjdump and nvdisasm come from the
+# toolkit, or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (installed
+# into ${SBN_TOOLS_DIR:-~/.cache/syncbn-tools} when missing).
+#
+# Usage: scripts/check-sass.sh [OUTDIR]   (OUTDIR keeps the cubin, SASS and report)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/check-sass.XXXXXX")}
+mkdir -p "$OUT"
+
+NVCC=$(command -v nvcc || true)
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+if [ -z "$NVCC" ]; then
+  echo "check-sass: skipped: no nvcc on PATH or in /usr/local/cuda/bin (a CPU-only machine)"
+  exit 0
+fi
+CUDA_BIN=$(dirname "$NVCC")
+
+find_tool() { # name: echoes a path to an executable, or nothing
+  local t
+  t=$(command -v "$1" || true)
+  [ -n "$t" ] && { echo "$t"; return; }
+  [ -x "$CUDA_BIN/$1" ] && { echo "$CUDA_BIN/$1"; return; }
+  t=$(find "${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}" -name "$1" -type f -perm -u+x 2>/dev/null | head -n 1)
+  [ -n "$t" ] && echo "$t"
+  return 0
+}
+CUOBJDUMP=$(find_tool cuobjdump)
+NVDISASM=$(find_tool nvdisasm)
+if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
+  TOOLS=${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}
+  echo "check-sass: installing cuobjdump and nvdisasm (PyPI wheels) into $TOOLS"
+  python3 -m pip install --quiet --disable-pip-version-check --target "$TOOLS" \
+    nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+  CUOBJDUMP=$(find_tool cuobjdump)
+  NVDISASM=$(find_tool nvdisasm)
+fi
+if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
+  echo "check-sass: FAILED: no cuobjdump/nvdisasm (toolkit or wheels)" >&2
+  exit 1
+fi
+export PATH="$(dirname "$NVDISASM"):$PATH"
+
+# The kernels as the library builds them (NCCL's window transport where NCCL is found).
+DEFS=(-DSYNCBN_HAVE_CUDA=1)
+NCCL_H=$(find "$CUDA_BIN/../include" ${SYNCBN_NCCL_ROOT:+"$SYNCBN_NCCL_ROOT/include"} -maxdepth 1 -name nccl.h 2>/dev/null | head -n 1)
+if [ -n "$NCCL_H" ]; then DEFS+=(-DSYNCBN_HAVE_NCCL=1 -I"$(dirname "$NCCL_H")"); fi
+echo "check-sass: $("$NVCC" --version | tail -n 1); $("$CUOBJDUMP" --version | tail -n 1)"
+echo "+ nvcc -arch=sm_90 -cubin kernels/coop.cu ${DEFS[*]}"
+"$NVCC" -arch=sm_90 -cubin -std=c++17 -lineinfo -Iinclude -Ikernels "${DEFS[@]}" \
+  -o "$OUT/coop_sm90.cubin" kernels/coop.cu
+"$CUOBJDUMP" -res-usage "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.res"
+"$CUOBJDUMP" -sass "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.sass"
+
+STREAM_OCC=$(sed -n 's/^#define SBN_STREAM_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kernels/coop_plan.h)
+ONCHIP_OCC=$(sed -n 's/^#define SBN_ONCHIP_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kernels/coop_plan.h)
+
+python3 - "$OUT/coop_sm90.res" "$OUT/coop_sm90.sass" "$STREAM_OCC" "$ONCHIP_OCC" \
+  > "$OUT/report.txt" <<'PY' || { cat "$OUT/report.txt"; exit 1; }
+import re, subprocess, sys
+
+res_path, sass_path, stream_occ, onchip_occ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+KIND = {"0": "fwd", "1": "bwd"}
+DT = {"0": "fp32", "1": "fp16", "2": "bf16"}
+VAR = {"0": "legacy", "1": "stream", "2": "onchip"}
+
+def demangle(m):
+    return subprocess.run(["c++filt", m], capture_output=True, text=True).stdout.strip()
+
+# resources per kernel
+res = {}
+cur = None
+for line in open(res_path):
+    m = re.match(r"\s*Function (\S+):", line)
+    if m:
+        cur = m.group(1)
+        continue
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+    if m and cur:
+        res[cur] = tuple(int(v) for v in m.groups())
+        cur = None
+# global loads per kernel, by width
+loads = {}
+cur = None
+for line in open(sass_path):
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        cur = m.group(1)
+        loads[cur] = {"128": 0, "64": 0, "32": 0, "16": 0, "8": 0}
+        continue
+    if cur is None:
+        continue
+    m = re.search(r"\b(LDG|LDGSTS)(\.[A-Z0-9_.]+)?\s", line)
+    if not m:
+        continue
+    mods = (m.group(2) or "").split(".")
+    w = "128" if "128" in mods else "64" if "64" in mods else \
+        "16" if ("U16" in mods or "S16" in mods) else "8" if ("U8" in mods or "S8" in mods) else "32"
+    loads[cur][w] += 1
+
+def occupancy(regs, smem):
+    r8 = (max(regs, 1) + 7) // 8 * 8
+    per_warp = (r8 * 32 + 255) // 256 * 256
+    by_regs = 65536 // (per_warp * 8)  # 8 warps per block
+    by_smem = 233472 // (smem + 1024)
+    return min(by_regs, by_smem, 8, 32)
+
+rows, failures = [], []
+for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
+    name = demangle(mangled).replace("(anonymous namespace)::", "")
+    m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
+    base = m.group(1) if m else re.match(r"(?:void )?(sbn_\w+)", name).group(1)
+    args = [a.strip() for a in m.group(2).split(",")] if m else []
+    hot, want, label = False, 1, base
+    if base == "sbn_coop_kernel":
+        kind, dt, tile, vec, var = args
+        label = f"coop {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec} {VAR[var]}"
+        hot = var in ("1", "2") and vec != "1"
+        want = {"0": 1, "1": stream_occ, "2": onchip_occ}[var]
+    elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
+        kind, dt, tile, vec = args
+        label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}"
+        hot, want = vec != "1", stream_occ
+    elif base in ("sbn_infer_tile_kernel", "sbn_infer_plane_kernel"):
+        dt, vec = args
+        label = f"infer-{base.split('_')[2]} {DT[dt]} x{vec}"
+        hot = vec != "1"
+    elif base == "sbn_host_publish_kernel":
+        label = f"host-publish {KIND[args[0]]} {'tile' if args[1] == 'true' else 'plane'}"
+    elif base in ("sbn_host_gather_kernel", "sbn_notify_kernel"):
+        label = base.replace("sbn_", "").replace("_kernel", "")
+    occ = occupancy(regs, smem)
+    ld = loads.get(mangled, {})
+    why = []
+    if stack or local:
+        why.append(f"spills (stack {stack} B, local {local} B)")
+    if hot and ld.get("128", 0) == 0:
+        why.append("no 128-bit global load")
+    if occ < want:
+        why.append(f"{occ} blocks/SM < {want} planned")
+    rows.append((label, regs, stack, local, smem, occ, want, ld, "FAIL: " + "; ".join(why) if why else ("hot" if hot else "")))
+    if why:
+        failures.append(f"{label}: {'; '.join(why)}")
+
+print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
+      f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5}  note")
+for label, regs, stack, local, smem, occ, want, ld, note in rows:
+    print(f"{label:<38} {regs:>4} {stack:>5} {local:>5} {smem:>6} {occ:>6} {want:>4}  "
+          f"{ld.get('128', 0):>6} {ld.get('64', 0):>5} {ld.get('32', 0):>5} {ld.get('16', 0):>5}  {note}")
+print(f"# {len(rows)} kernels; blk/SM from registers and static shared memory (the onchip "
+      f"kernels add their held batches at launch, filling the SM for {onchip_occ} block); "
+      f"LDG128 includes cp.async (LDGSTS.128)")
+if failures:
+    print(f"check-sass: FAILED ({len(failures)}):")
+    for f in failures:
+        print("  " + f)
+    sys.exit(1)
+print("check-sass: OK")
+PY
+cat "$OUT/report.txt"
