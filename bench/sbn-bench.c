@@ -193,7 +193,25 @@ typedef struct {
   double worst;               /* largest |got - ref| / tolerance */
   char worst_what[96];
   char error[384]; /* non-empty: a call failed; the row was not checked */
+  char kernel[2][24]; /* what ran [bwd, fwd]: sbnCommGetKernel ("onchip", "stream", ...,
+                         "host", "cpu"), "cudnn"; "" when nothing ran */
 } bench_row_t;
+
+/* The kernel rank 0's latest op ran (sbnCommGetKernel), into row->kernel[fwd]. */
+static void note_kernel(bench_row_t* row, sbnComm_t comm, int fwd) {
+  const char* k = NULL;
+  if (sbnCommGetKernel(comm, &k) != sbnSuccess || k == NULL) k = "?";
+  snprintf(row->kernel[fwd], sizeof row->kernel[fwd], "%s", k);
+}
+/* "onchip" when forward and backward ran the same kernel, else "onchip/stream" (fwd/bwd). */
+static const char* kernel_label(const bench_row_t* r, char* buf, size_t cap) {
+  if (strcmp(r->kernel[1], r->kernel[0]) == 0)
+    snprintf(buf, cap, "%s", r->kernel[1][0] ? r->kernel[1] : "-");
+  else
+    snprintf(buf, cap, "%s/%s", r->kernel[1][0] ? r->kernel[1] : "-",
+             r->kernel[0][0] ? r->kernel[0] : "-");
+  return buf;
+}
 
 static const char* const kDtypeNames[3] = {"fp32", "fp16", "bf16"}; /* sbnDataType_t order */
 static const char* const kLayoutNames[2] = {"NCHW", "NHWC"};        /* sbnLayout_t order */
@@ -945,6 +963,7 @@ static void run_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
       if (t < 0) goto out;
       if (it >= o->warmup) times[it - o->warmup] = t;
     }
+    note_kernel(row, comms[0], fwd);
     double us = median(times, o->iters);
     if (fwd) {
       row->us_fwd = us;
@@ -1491,6 +1510,7 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
         gpu_async_check(comms, W, err, cap) != 0)
       goto out;
     row_set_times(row, fwd, ev_us, host_us, o->iters);
+    note_kernel(row, comms[0], fwd);
   }
 
   /* The check run: fresh inputs, running stats (0, 1), poisoned outputs; one forward and
@@ -2042,6 +2062,7 @@ static void gpu_run_cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts
   for (int fwd = 1; fwd >= 0; fwd--) {
     double *ev_us = samples, *host_us = samples + o->iters;
     if (gpu_time_op(g, cudnn_op, &k, fwd, o, ev_us, host_us, err, cap) != 0) goto out;
+    snprintf(row->kernel[fwd], sizeof row->kernel[fwd], "cudnn");
     row_set_times(row, fwd, ev_us, host_us, o->iters);
   }
 
@@ -2099,13 +2120,16 @@ static void print_header(const bench_opts_t* o, const bench_meta_t* m) {
   printf("# shapes: %d from %s; sizes are per rank (= per GPU)\n", m->nshapes, m->shapes_source);
   printf("#\n");
   printf("#%47s %20s %20s\n", "", "------- forward ----", "------ backward ----");
-  printf("# %5s %5s %6s %8s %5s %6s %5s %11s %8s %11s %8s %7s %8s\n", "shape", "N", "C", "spatial",
-         "dtype", "layout", "ranks", "time(us)", "GB/s", "time(us)", "GB/s", "#wrong", "tol used");
+  printf("# %5s %5s %6s %8s %5s %6s %5s %-6s %11s %8s %11s %8s %7s %8s\n", "shape", "N", "C",
+         "spatial", "dtype", "layout", "ranks", "kernel", "time(us)", "GB/s", "time(us)", "GB/s",
+         "#wrong", "tol used");
 }
 
 static void print_row(const bench_row_t* r, int ranks) {
-  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %5d", r->shape->id, r->shape->n,
-         r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], ranks);
+  char kl[52];
+  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %5d %-6s", r->shape->id, r->shape->n,
+         r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], ranks,
+         kernel_label(r, kl, sizeof kl));
   if (r->error[0]) {
     printf("   FAILED: %s\n", r->error);
   } else {
@@ -2176,7 +2200,11 @@ static int write_json(const char* path, const bench_opts_t* o, const bench_meta_
             ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
             r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
             kLayoutNames[r->layout], o->ranks);
-    fprintf(f, ", \"us_fwd\": ");
+    fprintf(f, ", \"kernel\": {\"fwd\": ");
+    json_string(f, r->kernel[1]);
+    fprintf(f, ", \"bwd\": ");
+    json_string(f, r->kernel[0]);
+    fprintf(f, "}, \"us_fwd\": ");
     json_number(f, r->error[0] ? NAN : r->us_fwd);
     fprintf(f, ", \"us_bwd\": ");
     json_number(f, r->error[0] ? NAN : r->us_bwd);
@@ -2322,6 +2350,9 @@ static void print_gpu_header(const bench_opts_t* o, const bench_meta_t* m, const
       "# SBN_ALGO: set by the bench around each library row's calls (coop rows: coop, nccl "
       "rows: nccl); the caller's value (%s) is put back at the end\n",
       libs->algo_env ? libs->algo_env : "unset");
+  printf("# SBN_KERNEL (the cooperative kernel's variant, read by the library at each call): "
+         "%s; each row's kernel column says what ran (forward/backward when they differ)\n",
+         getenv("SBN_KERNEL") && getenv("SBN_KERNEL")[0] ? getenv("SBN_KERNEL") : "auto");
   printf(
       "# copy bandwidth B = %.1f GB/s (device-to-device cudaMemcpyAsync of %zu MiB, "
       "B = 2*bytes/time, median of %d: %.1f us)\n",
@@ -2353,8 +2384,8 @@ static void print_gpu_header(const bench_opts_t* o, const bench_meta_t* m, const
   printf("#\n#%50s", "");
   print_title("forward", 52);
   print_title("backward", 52);
-  printf("\n# %5s %5s %6s %8s %5s %6s %2s %-5s", "shape", "N", "C", "spatial", "dtype", "layout",
-         "W", "path");
+  printf("\n# %5s %5s %6s %8s %5s %6s %2s %-5s %-13s", "shape", "N", "C", "spatial", "dtype",
+         "layout", "W", "path", "kernel");
   for (int k = 0; k < 2; k++)
     printf(" %10s %8s %9s %7s %7s %6s", "time(us)", "GB/s/rk", "GB/s all", "%fl(a)", "%fl(b)",
            "t/coop");
@@ -2364,9 +2395,10 @@ static void print_gpu_header(const bench_opts_t* o, const bench_meta_t* m, const
 
 /* coop: the row the speed ratio compares with (NULL: none). */
 static void print_gpu_row(const bench_row_t* r, double B, const bench_row_t* coop) {
-  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %2d %-5s", r->shape->id, r->shape->n,
-         r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], r->W,
-         kPathNames[r->path]);
+  char kl[52];
+  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %2d %-5s %-13s", r->shape->id,
+         r->shape->n, r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], r->W,
+         kPathNames[r->path], kernel_label(r, kl, sizeof kl));
   if (r->error[0]) {
     printf("   FAILED: %s\n", r->error);
   } else if (r->skipped) {
@@ -2525,6 +2557,11 @@ static void json_gpu_row(FILE* f, const bench_row_t* r, double B) {
           ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
           r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
           kLayoutNames[r->layout], r->W);
+  fprintf(f, ", \"kernel\": {\"fwd\": ");
+  json_string(f, r->kernel[1]);
+  fprintf(f, ", \"bwd\": ");
+  json_string(f, r->kernel[0]);
+  fprintf(f, "}");
   fprintf(f, ", \"bytes_x_rank\": %.0f, \"bytes_x_total\": %.0f", x_rank, x_rank * r->W);
   fprintf(f, ",\n     \"fwd\": ");
   json_gpu_op(f, r, 1, B);
@@ -2602,6 +2639,8 @@ static int write_json_gpu(const char* path, const bench_opts_t* o, const bench_m
   json_string(f, libs->cudnn.why[0] ? libs->cudnn.why : "ok");
   fprintf(f, ",\n  \"sbn_algo_env\": ");
   json_string_or_null(f, libs->algo_env);
+  fprintf(f, ",\n  \"sbn_kernel_env\": ");
+  json_string_or_null(f, getenv("SBN_KERNEL"));
   fprintf(f, ",\n  \"cores_online\": %ld,\n", m->cores);
   fprintf(f, "  \"copy_bandwidth\": {\"gbps\": ");
   json_number(f, g->copy_gbps);
