@@ -7,7 +7,8 @@
 #   test      the whole CTest suite; GPU tests must PASS here, not skip
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck over the GPU tests
 #             (SBN_TEST_QUICK=1: the tests' smaller case lists)
-#   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON
+#   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON; then the coop
+#             path again with SBN_KERNEL=stream and SBN_KERNEL=legacy
 #   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
 # PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are taken
@@ -101,7 +102,15 @@ step_sanitize() {
 }
 
 step_bench() {
-  "$BUILD/bench/sbn-bench" --gpu on --json "$OUTDIR/bench.json"
+  "$BUILD/bench/sbn-bench" --gpu on --json "$OUTDIR/bench.json" || return 1
+  # the cooperative kernel's other variants, side by side with the default (auto: onchip
+  # where the tensors fit, else stream): the first kernel stays until a GPU has compared it
+  local v
+  for v in stream legacy; do
+    echo "+ SBN_KERNEL=$v sbn-bench --gpu on --paths coop"
+    SBN_KERNEL=$v "$BUILD/bench/sbn-bench" --gpu on --paths coop --json "$OUTDIR/bench-$v.json" ||
+      return 1
+  done
 }
 
 step_torch() {

@@ -319,6 +319,31 @@ static void test_comm_queries(void) {
   for (int i = 0; i < 3; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
 }
 
+/* sbnCommGetKernel: "none" before the first op, then what ran ("cpu" for a CPU team, which
+   ignores SBN_KERNEL); a NULL comm or result pointer is rejected, writing nothing. */
+static void test_comm_kernel(void) {
+  sbnComm_t c = NULL;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, NULL));
+  const char* k = "untouched";
+  ASSERT_OK(sbnCommGetKernel(c, &k));
+  ASSERT_TRUE(strcmp(k, "none") == 0);
+  static bufs_t b;
+  bufs_init(&b, 2, 3, 5, 11);
+  ASSERT_OK(setenv("SBN_KERNEL", "no-such-kernel", 1) == 0 ? sbnSuccess : sbnSystemError);
+  ASSERT_OK(fwd(c, &b, NULL));
+  ASSERT_OK(unsetenv("SBN_KERNEL") == 0 ? sbnSuccess : sbnSystemError);
+  ASSERT_OK(sbnCommGetKernel(c, &k));
+  ASSERT_TRUE(strcmp(k, "cpu") == 0);
+  ASSERT_OK(bwd(c, &b, NULL));
+  ASSERT_OK(sbnCommGetKernel(c, &k));
+  ASSERT_TRUE(strcmp(k, "cpu") == 0);
+  k = "untouched";
+  EXPECT_REJECTED(NULL, sbnInvalidArgument, sbnCommGetKernel(NULL, &k));
+  EXPECT_REJECTED(c, sbnInvalidArgument, sbnCommGetKernel(c, NULL));
+  EXPECT_TRUE(strcmp(k, "untouched") == 0);
+  ASSERT_OK(sbnCommDestroy(c));
+}
+
 static void test_split_bad(void) {
   sbnComm_t c = NULL, nc = SENTINEL_COMM;
   ASSERT_OK(sbnCommInitCpu(&c, 1, NULL));
@@ -719,6 +744,7 @@ int main(void) {
   SBN_RUN(test_init_env_timeout_bad);
   SBN_RUN(test_init_gpu_args);
   SBN_RUN(test_comm_queries);
+  SBN_RUN(test_comm_kernel);
   SBN_RUN(test_split_bad);
   SBN_RUN(test_forward_bad_args);
   SBN_RUN(test_backward_bad_args);
