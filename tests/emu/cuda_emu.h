@@ -5,8 +5,12 @@
  * It says nothing about the GPU's memory model or speed: x86 with C++ atomics is stronger
  * than PTX, so ordering bugs can hide here; compute-sanitizer on a GPU is for those.
  *
- * Warp collectives (shuffle, reduce, __syncwarp) need all 32 lanes, as the kernels call
- * them. __shared__ variables are declared with SBN_SHARED and live per emulated block.
+ * Warp collectives (shuffle, reduce, vote, __syncwarp) need all 32 lanes, as the kernels
+ * call them. __shared__ variables are declared with SBN_SHARED and live per emulated
+ * block, dynamic shared memory (SBN_DYN_SHARED) too. The memory primitives of
+ * kernels/coop_mem.cuh are defined here: 16-byte vectors and cp.async are plain copies
+ * (a cp.async completes at once), cache policies are ignored, and every access to the
+ * caller's tensors is counted (emu_count: test_coop_emu asserts the bytes each op moves).
  */
 #ifndef SYNCBN_TESTS_CUDA_EMU_H_
 #define SYNCBN_TESTS_CUDA_EMU_H_
