@@ -196,8 +196,9 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
 /* What ran this rank's most recent sbnForwardTrain / sbnBackward (a static string): "cpu"
    (CPU team); for GPU teams the cooperative kernel's variant, "onchip" (x, and dy, held on
    chip: read once), "stream" (16-byte loads, read again in stage 5), "stream-scalar" (the
-   same one element at a time: tensors not 16-byte aligned, or NHWC with C not a multiple
-   of 4 (fp32) / 8 (fp16, bf16)), "legacy" (SBN_KERNEL=legacy), or "host" (SBN_ALGO=nccl);
+   same one element at a time: tensors not 16-byte aligned, NHWC with C not a multiple
+   of 4 (fp32) / 8 (fp16, bf16), NCHW with H*W not a multiple of it and below 1024),
+   "legacy" (SBN_KERNEL=legacy), or "host" (SBN_ALGO=nccl);
    "none" before the first op. Chosen per call: SBN_KERNEL=auto (onchip when the rank's
    tensors fit on chip, else stream), onchip, stream or legacy. */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);

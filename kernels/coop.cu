@@ -138,8 +138,11 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       else
         legacy_bwd_stage1<DT, TILE>(R, g, u, sm);
     }
-  } else {
-    path.stage1(R, g, b, a.G, hold_smem, sm);
+  } else if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
+    /* a plan the onchip kernel cannot hold (never from the library's plan): the other
+       blocks of the rank time out at the barrier; nothing is written */
+    if (threadIdx.x == 0) record_error(a, R.rank, sbnInvalidUsage);
+    return;
   }
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
   const uint64_t deadline = deadline_after(a.timeout_ns);
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   if (KIND == SBN_GPU_FWD && b == 0 && threadIdx.x == 0)
     R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
   VecPath<KIND, DT, TILE, VEC, false> path;
-  path.stage1(R, g, b, a.G, nullptr, sm);
+  path.stage1(R, g, b, a.G, nullptr, 0, sm);
 }
 
 template <int KIND, bool TILE>

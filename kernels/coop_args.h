@@ -70,8 +70,8 @@ typedef struct {
   int64_t n;
   int64_t spatial;
   sbn_rank_state_t* state;
-  float* part;           /* partials workspace: SBN_GPU_REC_FLOATS floats per (slice,
-                            channel) entry, then the per-channel shifts (forward) */
+  float* part;           /* partials workspace: SBN_GPU_PART_FLOATS floats per (slice,
+                            channel) entry (coop_plan.h) */
   sbn_mail_rec_t* mail;  /* coop: this rank's own mailbox (it reads here); host path: the
                             records of every rank gathered for this rank, [src][chunk] */
   sbn_mail_rec_t* send;  /* host path: this rank's outgoing records [chunk] */

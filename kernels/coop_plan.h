@@ -157,6 +157,17 @@ static SBN_ARGS_HD int64_t sbn_plane_vectors(const sbn_geo_t* g, int64_t c, int6
   return v;
 }
 
+/* Whether a shape can use the 16-byte kernels (besides 16-byte aligned tensors): tile
+   units need whole vectors of channels; plane units need planes of whole vectors (then a
+   thread steps through its unit in O(1) per position) or planes long enough that a
+   thread's walk over their unaligned pieces stays short (odd sizes such as 97x97);
+   small odd planes (7x7 with a large batch) take the scalar kernels instead. */
+#define SBN_PLANE_VEC_MIN_SPATIAL 1024
+static SBN_ARGS_HD int sbn_vec_shape_ok(int tile, int64_t c, int64_t sp, int dtype) {
+  const int v = sbn_vec_of(dtype);
+  return tile ? c % v == 0 : (sp % v == 0 || sp >= SBN_PLANE_VEC_MIN_SPATIAL);
+}
+
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
 static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {
   const int64_t srows = (g->rows + g->P - 1) / g->P + g->vec; /* a slice, its rounding included */

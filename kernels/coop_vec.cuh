@@ -64,18 +64,33 @@ template <int VEC> struct Walker<true, VEC> {
 };
 
 /* Plane units: entries t, t + 256, ... of the list of vectors overlapping the unit's
-   plane pieces (coop_plan.h: sbn_plane_piece), each masked to its piece. */
+   plane pieces (coop_plan.h: sbn_plane_piece), each masked to its piece. When the planes
+   are whole vectors (spatial % VEC == 0; slices start at multiples of VEC), entry j is
+   row r0 + j*VEC and the walk keeps (plane, offset) incrementally: O(1) per position
+   whatever the number of planes. Otherwise (odd spatial sizes, which the plan sends here
+   only for planes of at least SBN_PLANE_VEC_MIN_SPATIAL elements) it steps over pieces. */
 template <int VEC> struct Walker<false, VEC> {
   const sbn_geo_t* g;
   int64_t c, r0, r1;
-  int64_t nn, e0, e1, v, vend;
+  int64_t nn, e0, e1, v, vend; /* pieces: plane, its elements, the vector, its end */
+  int64_t s, dn, ds;           /* aligned: offset in plane nn, the step in planes and rows */
   int64_t left, K;
+  bool aligned;
   __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
-      : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0) {
-    const int64_t V = sbn_plane_vectors(g, c, r0, r1);
+      : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {
+    aligned = g->sp % VEC == 0;
+    const int64_t V = aligned ? (r1 > r0 ? (r1 - r0) / VEC : 0) : sbn_plane_vectors(g, c, r0, r1);
     const int t = threadIdx.x;
     K = left = V > t ? (V - t + kThreads - 1) / kThreads : 0;
     if (K == 0) return;
+    if (aligned) {
+      const int64_t r = r0 + (int64_t)t * VEC, step = (int64_t)kThreads * VEC;
+      nn = r / g->sp;
+      s = r - nn * g->sp;
+      dn = step / g->sp;
+      ds = step - dn * g->sp;
+      return;
+    }
     nn = r0 / g->sp;
     sbn_plane_piece(g, c, nn, r0, r1, &e0, &e1, &v, &vend);
     advance(t);
@@ -89,17 +104,29 @@ template <int VEC> struct Walker<false, VEC> {
     }
   }
   __device__ __forceinline__ unsigned next(int64_t* idx) {
-    const int64_t s = v * VEC;
-    *idx = s;
+    if (aligned) {
+      *idx = (nn * g->c + c) * g->sp + s;
+      if (left <= 0) return 0u;
+      left--;
+      s += ds;
+      nn += dn;
+      if (s >= g->sp) {
+        s -= g->sp;
+        nn++;
+      }
+      return (1u << VEC) - 1u;
+    }
+    const int64_t s0 = v * VEC;
+    *idx = s0;
     if (left <= 0) return 0u;
     left--;
-    const int lo = (int)(e0 - s > 0 ? e0 - s : 0), hi = (int)(e1 - s < VEC ? e1 - s : VEC);
+    const int lo = (int)(e0 - s0 > 0 ? e0 - s0 : 0), hi = (int)(e1 - s0 < VEC ? e1 - s0 : VEC);
     if (left > 0) advance(kThreads);
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U>& bp) {
     bp.mk = 0;
-SBN_UNROLL
+    SBN_UNROLL
     for (int k = 0; k < U; k++) bp.mk |= (uint64_t)next(&bp.i[k]) << (8 * k);
   }
 };
@@ -477,12 +504,16 @@ SBN_UNROLL
   }
 
   /* Stage 1 of every unit of block b. Onchip: first every load of the block's units is
-     issued (registers, or cp.async into shared memory), then the statistics. */
-  __device__ void stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int b, int G, uint4* hs,
-                         Smem& sm) {
+     issued (registers, or cp.async into shared memory), then the statistics. False (the
+     block's threads agree) when a thread has more batches than the registers and the
+     hold_slots of shared memory hold: the host's plan guarantees it never happens
+     (coop_plan.h: sbn_onchip_fits); this only keeps a broken plan from writing past the
+     shared memory. */
+  __device__ bool stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int b, int G, uint4* hs,
+                         int hold_slots, Smem& sm) {
     if (ONCHIP) {
       const uint64_t pol = policy_evict_first();
-      int gb = 0;
+      int gb = 0, overflow = 0;
       for (int u = b; u < g.units; u += G) {
         int grp, p;
         int64_t r0, r1;
@@ -501,13 +532,18 @@ SBN_UNROLL
         for (; bt < nb; bt++, gb++) {
           Pos bp;
           wk.batch(bp);
-          copy_to_smem(R, bp, hs, gb - NBR, pol);
+          if (gb - NBR < hold_slots)
+            copy_to_smem(R, bp, hs, gb - NBR, pol);
+          else
+            overflow = 1;
         }
       }
       cp_async_wait_all(); /* this thread's copies (each thread reads only its own) */
+      if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
     for (int u = b; u < g.units; u += G) stats_unit(R, g, u, &gb, hs, sm);
+    return true;
   }
 
   /* ---- stage 5 ---- */

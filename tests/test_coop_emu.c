@@ -112,9 +112,9 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
 
 /* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
    to stream for the scalar kernels, as the library's auto does), chosen per launch as
-   src/gpu/gpu_team.c's plan does: the 16-byte kernels unless NHWC has C % VEC != 0 (host
-   memory from malloc is 16-byte aligned); onchip with the shared-memory batches the
-   geometry needs (the bound of coop_plan.h). */
+   src/gpu/gpu_team.c's plan does: the 16-byte kernels where the shape allows them
+   (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip with the
+   shared-memory batches the geometry needs (the bound of coop_plan.h). */
 static int g_variant = SBN_VAR_ONCHIP;
 typedef struct {
   int tile, vec, variant, hold_slots;
@@ -122,7 +122,7 @@ typedef struct {
 static emu_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   emu_plan_t pl;
   pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-  pl.vec = g_variant != SBN_VAR_LEGACY && (!pl.tile || d->c % sbn_vec_of(d->dtype) == 0);
+  pl.vec = g_variant != SBN_VAR_LEGACY && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
   pl.variant = g_variant == SBN_VAR_ONCHIP && !pl.vec ? SBN_VAR_STREAM : g_variant;
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
@@ -391,32 +391,38 @@ static void run_fwd_bwd(emu_team_t* e, team_t* t, const sbnParams_t* p, int var)
    values near fp16's top: onchip and stream give the same bits, both within the
    reference's tolerances. */
 static void test_onchip_equals_stream(void) {
-  static const int64_t n2[2] = {2, 1};
+  static const int64_t n2[2] = {2, 1}, nmany[2] = {300, 200};
   struct {
     sbnDataType_t dt;
     sbnLayout_t lay;
     int64_t c, sp;
     gen_t gen;
+    const int64_t* n;
   } cases[] = {
-      {sbnFloat32, sbnLayoutNCHW, 2, 20001, GEN_OFFSET},  /* 10 fwd batches, 20 bwd per thread */
-      {sbnBFloat16, sbnLayoutNCHW, 2, 10001, GEN_NORMAL}, /* masked plane ends, bf16 */
-      {sbnFloat16, sbnLayoutNCHW, 1, 20000, GEN_F16HIGH}, /* near 6e4 */
-      {sbnFloat32, sbnLayoutNHWC, 40, 500, GEN_OFFSET},   /* two groups, 31 rows per thread */
-      {sbnBFloat16, sbnLayoutNHWC, 64, 1000, GEN_NORMAL}, /* bf16 tile: 8 channels a thread */
+      {sbnFloat32, sbnLayoutNCHW, 2, 20001, GEN_OFFSET, n2},  /* 10 fwd, 20 bwd batches a thread */
+      {sbnBFloat16, sbnLayoutNCHW, 2, 10001, GEN_NORMAL, n2}, /* masked plane ends, bf16 */
+      {sbnFloat16, sbnLayoutNCHW, 1, 20000, GEN_F16HIGH, n2}, /* near 6e4 */
+      {sbnFloat32, sbnLayoutNCHW, 2, 12, GEN_NORMAL, nmany},  /* 300 small planes a unit */
+      {sbnBFloat16, sbnLayoutNCHW, 1, 64, GEN_NORMAL, nmany}, /* the same, bf16 */
+      {sbnFloat32, sbnLayoutNHWC, 40, 500, GEN_OFFSET, n2},   /* two groups, 31 rows a thread */
+      {sbnBFloat16, sbnLayoutNHWC, 64, 1000, GEN_NORMAL, n2}, /* bf16 tile: 8 channels a thread */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     sbnParams_t p = SBN_PARAMS_DEFAULT;
     p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
     team_t a, b;
-    team_make(&a, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n2, 1, 1, cases[i].gen, 300 + i);
-    team_make(&b, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n2, 1, 1, cases[i].gen, 300 + i);
+    team_make(&a, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+              cases[i].gen, 300 + i);
+    team_make(&b, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+              cases[i].gen, 300 + i);
     emu_team_t ea, eb;
     emu_team_init(&ea, 2, 1, 60000);
     emu_team_init(&eb, 2, 1, 60000);
-    for (int bwd = 0; bwd < 2; bwd++) { /* the onchip plan holds batches in shared memory */
-      const emu_plan_t pl = emu_plan(&a.d[0], 2, 1, bwd);
+    for (int bwd = 0; bwd < 2; bwd++) { /* onchip; the large planes and tiles hold batches
+                                            in shared memory too */
+      const emu_plan_t pl = emu_plan(&a.d[0], cases[i].n[0], 1, bwd);
       ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
-      ASSERT_TRUE(pl.hold_slots > 0);
+      ASSERT_TRUE(pl.hold_slots > 0 || cases[i].n == nmany);
     }
     run_fwd_bwd(&ea, &a, &p, SBN_VAR_ONCHIP);
     run_fwd_bwd(&eb, &b, &p, SBN_VAR_STREAM);
@@ -444,7 +450,7 @@ static void test_onchip_equals_stream(void) {
 /* The bytes each op moves through the caller's tensors, counted by the emulation at every
    load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
    reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
-   unaligned plane ends (spatial 9) and uneven ranks. */
+   unaligned plane ends (spatial 1031) and uneven ranks. */
 static void test_bytes_moved(void) {
   static const int64_t n2[2] = {3, 2};
   static const int variants[2] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM};
@@ -453,7 +459,8 @@ static void test_bytes_moved(void) {
       for (int v = 0; v < 2; v++) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
-        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, 9, n2, 1, 1, GEN_NORMAL, 400 + dt);
+        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1031, n2, 1, 1,
+                  GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
         for (int bwd = 0; bwd < 2; bwd++) {

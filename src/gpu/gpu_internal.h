@@ -41,8 +41,8 @@ typedef struct {
   /* blocks per SM of every cooperative kernel: [kind][dtype][tile][vec][variant] (0: not
      built), the onchip ones with their dynamic shared memory */
   int occ[2][3][2][2][SBN_VAR_COUNT];
-  int occ_min; /* the lowest of them */
-  int occ_max; /* the highest of them and of the host path's */
+  int occ_min; /* the lowest of the non-onchip ones (ranks sharing a GPU) */
+  int occ_max; /* the highest of them (the workspace is sized by it) */
   int hold_slots[2][3][2]; /* onchip: shared-memory batches per thread [kind][dtype][tile] */
   sbn_rank_state_t* state;
   float* part;

@@ -91,7 +91,8 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
             if (*occ < 1)
               return sbn_fail(NULL, sbnUnsupported,
                               "device %d cannot hold a block of the cooperative kernel", dev);
-            if (g->occ_min == 0 || *occ < g->occ_min) g->occ_min = *occ;
+            /* ranks sharing a GPU never run onchip (plan_round): occ_min is theirs */
+            if (var != SBN_VAR_ONCHIP && (g->occ_min == 0 || *occ < g->occ_min)) g->occ_min = *occ;
             if (*occ > g->occ_max) g->occ_max = *occ;
           }
 out:
@@ -608,31 +609,43 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
     tile = 1;
     for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
   }
-  /* the 16-byte kernels: every tensor 16-byte aligned, and whole vectors of channels */
-  int vec = !tile || o0->desc.c % V == 0;
+  /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
+  int vec = 1;
   int64_t numel = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    vec &= aligned16(o->x) && aligned16(o->dy) && aligned16(o->out);
+    vec &= aligned16(o->x) && aligned16(o->dy) && aligned16(o->out) &&
+           sbn_vec_shape_ok(tile, o->desc.c, o->desc.spatial, dt);
     int64_t e = o->desc.n * o->desc.c * o->desc.spatial;
     if (e > numel) numel = e;
   }
-  int var = o0->kernel == SBN_KERNEL_LEGACY ? SBN_VAR_LEGACY
-            : o0->kernel == SBN_KERNEL_STREAM || !vec ? SBN_VAR_STREAM
-                                                      : SBN_VAR_ONCHIP;
-  if (o0->kernel == SBN_KERNEL_ONCHIP && !vec)
+  /* The host path runs the stream stages whatever SBN_KERNEL asks (it keeps the plan's G
+     and width, so its bits are the coop kernel's). Ranks sharing a GPU are separate
+     launches that must all be resident at once: they run stream, sized by the lowest
+     occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
+     next to a mismatched backward) fits side by side. */
+  const int shared_gpu = team->kind == SBN_COMM_GPU_PEER && g0->share > 1;
+  const int want = o0->algo == SBN_ALGO_HOST && o0->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO
+                                                                                : o0->kernel;
+  int var = want == SBN_KERNEL_LEGACY                           ? SBN_VAR_LEGACY
+            : want == SBN_KERNEL_STREAM || !vec || shared_gpu ? SBN_VAR_STREAM
+                                                                : SBN_VAR_ONCHIP;
+  if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
     return sbn_fail(o0->comm, sbnUnsupported,
-                    "SBN_KERNEL=onchip: the onchip kernel needs x, dy and y/dx 16-byte aligned "
-                    "and, for NHWC, C a multiple of %d; nothing was run", V);
+                    "SBN_KERNEL=onchip: %s; nothing was run",
+                    shared_gpu ? "ranks sharing a GPU run the stream kernel"
+                               : "the onchip kernel needs x, dy and y/dx 16-byte aligned and a "
+                                 "shape of whole 16-byte vectors (NHWC: C a multiple of the "
+                                 "vector width; NCHW: H*W a multiple of it, or at least 1024)");
   if (var == SBN_VAR_LEGACY) vec = 0;
   const int ranks_here = team->kind == SBN_COMM_GPU_VIRTUAL ? nops : g0->share;
   for (;;) {
-    /* Ranks sharing a GPU are separate launches that must all be resident at once: size
-       each by the kernel with the LOWEST occupancy, so that any mix (tile next to plane,
-       onchip next to stream, forward next to a mismatched backward) fits side by side. */
-    int occ = g0->occ[kind][dt][tile][vec][var];
-    if (team->kind == SBN_COMM_GPU_PEER && g0->share > 1) occ = g0->occ_min;
+    int occ = shared_gpu ? g0->occ_min : g0->occ[kind][dt][tile][vec][var];
     const int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
+    if (gmax < 1 && var == SBN_VAR_ONCHIP && want != SBN_KERNEL_ONCHIP) {
+      var = SBN_VAR_STREAM; /* more ranks on the device than SMs: the stream kernel's 2 per SM */
+      continue;
+    }
     if (gmax < 1)
       return sbn_fail(o0->comm, sbnUnsupported,
                       "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
@@ -661,7 +674,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
       if (b > need) need = b;
     }
     if (fits) return sbnSuccess;
-    if (o0->kernel == SBN_KERNEL_ONCHIP)
+    if (want == SBN_KERNEL_ONCHIP)
       return sbn_fail(o0->comm, sbnUnsupported,
                       "SBN_KERNEL=onchip: the tensor does not fit on chip (%" PRId64
                       " batches per thread, %d held with %d blocks per rank); nothing was run",
@@ -925,7 +938,15 @@ sbnResult_t sbn_gpu_launch(const sbn_op_t* const* ops, int nops) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
     r = plan_round(ops, nops, &pl);
-    if (r != sbnSuccess) return r; /* nothing launched, device unchanged */
+    if (r != sbnSuccess) {
+      /* nothing launched, device unchanged; where the ranks launch separately the others
+         may have launched already and would wait for this one: abort the team */
+      if (team->kind != SBN_COMM_GPU_VIRTUAL && gt->nranks > 1) {
+        sbn_team_abort(team, r);
+        sbn_gpu_abort(team);
+      }
+      return r;
+    }
     fill_args(&a, ops, nops, &pl);
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
     r = launch_one_device(ops, nops, &a, &pl);
