@@ -234,6 +234,17 @@ SBN_UNROLL
 SBN_UNROLL
       for (int nv = 0; nv < NV; nv++) bt[k][nv] = *smem_at(hs, slot, k, nv);
   }
+  /* A batch past the registers' ones: onchip, from shared memory slot *gb - NBR (and *gb
+     advances); stream, read now with L2 policy pol. */
+  static __device__ __forceinline__ void fetch_batch(const sbn_coop_rank_t& R, const Pos& bp,
+                                                     uint4* hs, int* gb, Batch& bt, uint64_t pol) {
+    if (ONCHIP) {
+      read_smem(hs, *gb - NBR, bt);
+      (*gb)++;
+    } else {
+      load_batch(R, bp, bt, pol);
+    }
+  }
 
   /* ---- batch statistics ---- */
   static __device__ __forceinline__ void fwd_batch(FwdAcc<NCH>& A, const Batch& bt, const Pos& bp) {
@@ -486,12 +497,7 @@ SBN_UNROLL
       Pos bp;
       wk.batch(bp);
       Batch tmp;
-      if (ONCHIP) {
-        read_smem(hs, *gb - NBR, tmp);
-        (*gb)++;
-      } else {
-        load_batch(R, bp, tmp, pol);
-      }
+      fetch_batch(R, bp, hs, gb, tmp, pol);
       if (KIND == SBN_GPU_FWD)
         fwd_batch(F, tmp, bp);
       else
@@ -604,12 +610,7 @@ SBN_UNROLL
       Pos bp;
       wk.batch(bp);
       Batch tmp;
-      if (ONCHIP) {
-        read_smem(hs, *gb - NBR, tmp);
-        (*gb)++;
-      } else {
-        load_batch(R, bp, tmp, pol);
-      }
+      fetch_batch(R, bp, hs, gb, tmp, pol);
       outputs(tmp, kc);
       store_batch(R, bp, tmp);
     }
