@@ -34,6 +34,46 @@ struct Smem {
   int status;
 };
 
+/* The per-(slice, channel) partial of each op kind, as stages 1 and 3 merge it: forward
+   (count, mean_hi, mean_lo, m2), Chan's merge; backward (sum dy, sum dy*(x - mean)),
+   added. An entry of the workspace holds SBN_GPU_PART_FLOATS floats; `out` gives what a
+   mailbox record carries per channel (SBN_GPU_REC_FLOATS). */
+template <int KIND> struct Part;
+template <> struct Part<SBN_GPU_FWD> {
+  typedef sbn_partial_t T;
+  static __device__ __forceinline__ T empty() { return T{0.0f, 0.0f, 0.0f, 0.0f}; }
+  static __device__ __forceinline__ T merge(T a, T b) { return sbn_partial_merge(a, b); }
+  static __device__ __forceinline__ T of_entry(float4 e) { return T{e.x, e.y, e.z, e.w}; }
+  static __device__ __forceinline__ void put(float* e, T t) {
+    e[0] = t.count, e[1] = t.mean_hi, e[2] = t.mean_lo, e[3] = t.m2;
+  }
+  static __device__ __forceinline__ void out(T t, float v[3]) {
+    v[0] = t.mean_hi, v[1] = t.mean_lo, v[2] = t.m2;
+  }
+  static __device__ __forceinline__ T shfl_down(T t, int off) {
+    return T{__shfl_down_sync(0xffffffffu, t.count, off), __shfl_down_sync(0xffffffffu, t.mean_hi, off),
+             __shfl_down_sync(0xffffffffu, t.mean_lo, off), __shfl_down_sync(0xffffffffu, t.m2, off)};
+  }
+  static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.p; }
+};
+template <> struct Part<SBN_GPU_BWD> {
+  typedef sbn_bwd_sums_t T;
+  static __device__ __forceinline__ T empty() { return T{0.0f, 0.0f}; }
+  static __device__ __forceinline__ T merge(T a, T b) { return sbn_bwd_sums_merge(a, b); }
+  static __device__ __forceinline__ T of_entry(float4 e) { return T{e.x, e.y}; }
+  static __device__ __forceinline__ void put(float* e, T t) {
+    e[0] = t.sum_dy, e[1] = t.sum_dy_xmu, e[2] = 0.0f, e[3] = 0.0f;
+  }
+  static __device__ __forceinline__ void out(T t, float v[3]) {
+    v[0] = t.sum_dy, v[1] = t.sum_dy_xmu, v[2] = 0.0f;
+  }
+  static __device__ __forceinline__ T shfl_down(T t, int off) {
+    return T{__shfl_down_sync(0xffffffffu, t.sum_dy, off),
+             __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off)};
+  }
+  static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.s; }
+};
+
 /* ---- stage 2: rank-local barrier ------------------------------------------------------ */
 /* Over the G co-resident blocks of one rank. Every block adds to the counter; block 0 adds
    2^31 - (G - 1), the others 1, so the G arrivals add exactly 2^31 and bit 31 flips when
@@ -117,27 +157,31 @@ __device__ __forceinline__ uint64_t deadline_after(int64_t timeout_ns) {
 
 /* ---- stage 3: merge a chunk over the slices, push it to every rank --------------------- */
 /* Partial entry (slice p, channel c) of a rank's workspace. */
-__device__ __forceinline__ const float* part_entry(const sbn_coop_rank_t& R, const sbn_geo_t& g,
-                                                   int p, int64_t c) {
+__device__ __forceinline__ float* part_entry(const sbn_coop_rank_t& R, const sbn_geo_t& g, int p,
+                                             int64_t c) {
   return R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
+}
+
+/* One lane's channel of a record, and (lane 0) its sig and count. */
+__device__ __forceinline__ void write_record(sbn_mail_rec_t* rec, const sbn_coop_args_t& a,
+                                             const sbn_geo_t& g, const float v[3]) {
+  const int lane = threadIdx.x & 31;
+  rec->data[kRec * lane] = v[0];
+  rec->data[kRec * lane + 1] = v[1];
+  rec->data[kRec * lane + 2] = v[2];
+  if (lane == 0) {
+    rec->sig = a.sig;
+    rec->count = g.rows;
+  }
 }
 
 /* The chunk's record into every rank's mailbox (warp 0): data, then the flags. */
 __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
-                                             const sbn_geo_t& g, int j, uint32_t k, float v0,
-                                             float v1, float v2) {
+                                             const sbn_geo_t& g, int j, uint32_t k,
+                                             const float v[3]) {
   const int lane = threadIdx.x & 31;
   const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
-  for (int dst = 0; dst < a.nranks; dst++) {
-    sbn_mail_rec_t* rec = team_mailbox(a, dst) + idx;
-    rec->data[kRec * lane] = v0;
-    rec->data[kRec * lane + 1] = v1;
-    rec->data[kRec * lane + 2] = v2;
-    if (lane == 0) {
-      rec->sig = a.sig;
-      rec->count = g.rows;
-    }
-  }
+  for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g, v);
   __syncwarp(); /* every lane's data before any lane's flag */
   for (int dst = lane; dst < a.nranks; dst += 32)
     st_release_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
@@ -150,65 +194,35 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
 template <int KIND, bool HOST>
 __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                               const sbn_geo_t& g, int j, uint32_t k, Smem& sm) {
+  typedef Part<KIND> P;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c = (int64_t)j * kChunk + lane;
   const bool active = c < g.c;
   const int p0 = (int)((int64_t)g.P * w / kWarps), p1 = (int)((int64_t)g.P * (w + 1) / kWarps);
-  if (KIND == SBN_GPU_FWD) {
-    sbn_partial_t t = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int p = p0; active && p < p1; p += 4) {
-      float4 e[4];
+  typename P::T t = P::empty();
+  for (int p = p0; active && p < p1; p += 4) {
+    float4 e[4];
 SBN_UNROLL
-      for (int i = 0; i < 4; i++)
-        if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
+    for (int i = 0; i < 4; i++)
+      if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
 SBN_UNROLL
-      for (int i = 0; i < 4; i++)
-        if (p + i < p1) {
-          const sbn_partial_t o = {e[i].x, e[i].y, e[i].z, e[i].w};
-          t = sbn_partial_merge(t, o);
-        }
-    }
-    sm.red.p[w][lane] = t;
-  } else {
-    sbn_bwd_sums_t t = {0.0f, 0.0f};
-    for (int p = p0; active && p < p1; p += 4) {
-      float4 e[4];
-SBN_UNROLL
-      for (int i = 0; i < 4; i++)
-        if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
-SBN_UNROLL
-      for (int i = 0; i < 4; i++)
-        if (p + i < p1) {
-          const sbn_bwd_sums_t o = {e[i].x, e[i].y};
-          t = sbn_bwd_sums_merge(t, o);
-        }
-    }
-    sm.red.s[w][lane] = t;
+    for (int i = 0; i < 4; i++)
+      if (p + i < p1) t = P::merge(t, P::of_entry(e[i]));
   }
+  P::red(sm)[w][lane] = t;
   __syncthreads();
   if (w == 0) {
-    float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f;
-    if (active && KIND == SBN_GPU_FWD) {
-      sbn_partial_t t = sm.red.p[0][lane];
-      for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][lane]);
-      v0 = t.mean_hi, v1 = t.mean_lo, v2 = t.m2;
-    } else if (active) {
-      sbn_bwd_sums_t t = sm.red.s[0][lane];
-      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
-      v0 = t.sum_dy, v1 = t.sum_dy_xmu;
+    float v[3] = {0.0f, 0.0f, 0.0f};
+    if (active) {
+      t = P::red(sm)[0][lane];
+      for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
+      P::out(t, v);
     }
     if (HOST) {
-      sbn_mail_rec_t* rec = R.send + j;
-      rec->data[kRec * lane] = v0;
-      rec->data[kRec * lane + 1] = v1;
-      rec->data[kRec * lane + 2] = v2;
-      if (lane == 0) {
-        rec->epoch = 0u;
-        rec->sig = a.sig;
-        rec->count = g.rows;
-      }
+      write_record(R.send + j, a, g, v);
+      if (lane == 0) R.send[j].epoch = 0u;
     } else {
-      publish_push(a, R, g, j, k, v0, v1, v2);
+      publish_push(a, R, g, j, k, v);
     }
   }
   __syncthreads();

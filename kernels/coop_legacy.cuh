@@ -98,11 +98,6 @@ __device__ __forceinline__ sbn_welford_t shfl_down_welford(sbn_welford_t w, int 
   return o;
 }
 
-__device__ __forceinline__ void put_partial(float* e, sbn_welford_t t, float shift) {
-  const sbn_partial_t pt = sbn_partial_from_shifted(t, shift);
-  e[0] = pt.count, e[1] = pt.mean_hi, e[2] = pt.mean_lo, e[3] = pt.m2;
-}
-
 /* ---- stage 1 ---------------------------------------------------------------------------- */
 template <int DT, bool TILE>
 __device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int unit, Smem& sm) {
@@ -122,7 +117,7 @@ __device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (w == 0 && active) {
       sbn_welford_t t = sm.red.w[0][lane];
       for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][lane]);
-      put_partial(R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c), t, shift);
+      Part<SBN_GPU_FWD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
     }
     __syncthreads();
   } else {
@@ -138,7 +133,7 @@ __device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (tid == 0) {
       t = sm.red.w[0][0];
       for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][0]);
-      put_partial(R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c), t, shift);
+      Part<SBN_GPU_FWD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
     }
     __syncthreads();
   }
@@ -166,8 +161,7 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (w == 0 && active) {
       sbn_bwd_sums_t t = sm.red.s[0][lane];
       for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
-      float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
-      e[0] = t.sum_dy, e[1] = t.sum_dy_xmu;
+      Part<SBN_GPU_BWD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();
   } else {
@@ -189,8 +183,7 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (tid == 0) {
       t = sm.red.s[0][0];
       for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
-      float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
-      e[0] = t.sum_dy, e[1] = t.sum_dy_xmu;
+      Part<SBN_GPU_BWD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();
   }

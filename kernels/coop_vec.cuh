@@ -345,30 +345,13 @@ SBN_UNROLL
   }
 
   /* ---- a unit's partials: the threads merged in a fixed tree ---- */
-  static __device__ __forceinline__ sbn_partial_t shfl_down_partial(sbn_partial_t t, int off) {
-    sbn_partial_t o;
-    o.count = __shfl_down_sync(0xffffffffu, t.count, off);
-    o.mean_hi = __shfl_down_sync(0xffffffffu, t.mean_hi, off);
-    o.mean_lo = __shfl_down_sync(0xffffffffu, t.mean_lo, off);
-    o.m2 = __shfl_down_sync(0xffffffffu, t.m2, off);
-    return o;
-  }
-  static __device__ __forceinline__ void put_entry(const sbn_coop_rank_t& R, const sbn_geo_t& g,
-                                                   int p, int64_t c, float a0, float a1, float a2,
-                                                   float a3) {
-    float* e = R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
-    e[0] = a0, e[1] = a1, e[2] = a2, e[3] = a3;
-  }
-
-  static __device__ void fwd_reduce(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
-                                    const FwdAcc<NCH>& A, Smem& sm) {
+  /* pt[e]: the thread's partial of its channel e. Tile units: the threads of a vector
+     column (rows of the warp's step) by shuffles, then the warps in order; plane units:
+     the warp by shuffles, then the warps in order. Into the (slice p, channel) entries. */
+  static __device__ void reduce_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
+                                     typename Part<KIND>::T (&pt)[NCH], Smem& sm) {
+    typedef Part<KIND> P;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    sbn_partial_t pt[NCH];
-SBN_UNROLL
-    for (int e = 0; e < NCH; e++) {
-      const sbn_welford_t t = {A.count, A.mean[e], A.m2[e]};
-      pt[e] = sbn_partial_from_shifted(t, A.shift[e]);
-    }
     if constexpr (TILE) {
       constexpr int vpg = kChunk / VEC;
       const int ro = lane / vpg; /* the thread's row within its warp's step */
@@ -376,77 +359,29 @@ SBN_UNROLL
       for (int off = VEC / 2; off >= 1; off /= 2)
 SBN_UNROLL
         for (int e = 0; e < NCH; e++) {
-          const sbn_partial_t o = shfl_down_partial(pt[e], off * vpg);
-          if (ro < off) pt[e] = sbn_partial_merge(pt[e], o);
+          const typename P::T o = P::shfl_down(pt[e], off * vpg);
+          if (ro < off) pt[e] = P::merge(pt[e], o);
         }
       if (ro == 0)
 SBN_UNROLL
-        for (int e = 0; e < NCH; e++) sm.red.p[w][(lane % vpg) * VEC + e] = pt[e];
+        for (int e = 0; e < NCH; e++) P::red(sm)[w][(lane % vpg) * VEC + e] = pt[e];
       __syncthreads();
       const int64_t c = (int64_t)grp * kChunk + lane;
       if (w == 0 && c < g.c) {
-        sbn_partial_t t = sm.red.p[0][lane];
-        for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][lane]);
-        put_entry(R, g, p, c, t.count, t.mean_hi, t.mean_lo, t.m2);
+        typename P::T t = P::red(sm)[0][lane];
+        for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
+        P::put(part_entry(R, g, p, c), t);
       }
     } else {
-      sbn_partial_t t = pt[0];
+      typename P::T t = pt[0];
 SBN_UNROLL
-      for (int off = 16; off > 0; off >>= 1) t = sbn_partial_merge(t, shfl_down_partial(t, off));
-      if (lane == 0) sm.red.p[w][0] = t;
+      for (int off = 16; off > 0; off >>= 1) t = P::merge(t, P::shfl_down(t, off));
+      if (lane == 0) P::red(sm)[w][0] = t;
       __syncthreads();
       if (tid == 0) {
-        t = sm.red.p[0][0];
-        for (int q = 1; q < kWarps; q++) t = sbn_partial_merge(t, sm.red.p[q][0]);
-        put_entry(R, g, p, grp, t.count, t.mean_hi, t.mean_lo, t.m2);
-      }
-    }
-    __syncthreads();
-  }
-
-  static __device__ void bwd_reduce(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
-                                    const BwdAcc<NCH>& A, Smem& sm) {
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    sbn_bwd_sums_t st[NCH];
-SBN_UNROLL
-    for (int e = 0; e < NCH; e++) st[e].sum_dy = A.sdy[e], st[e].sum_dy_xmu = A.sdx[e];
-    if constexpr (TILE) {
-      constexpr int vpg = kChunk / VEC;
-      const int ro = lane / vpg;
-SBN_UNROLL
-      for (int off = VEC / 2; off >= 1; off /= 2)
-SBN_UNROLL
-        for (int e = 0; e < NCH; e++) {
-          sbn_bwd_sums_t o;
-          o.sum_dy = __shfl_down_sync(0xffffffffu, st[e].sum_dy, off * vpg);
-          o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, st[e].sum_dy_xmu, off * vpg);
-          if (ro < off) st[e] = sbn_bwd_sums_merge(st[e], o);
-        }
-      if (ro == 0)
-SBN_UNROLL
-        for (int e = 0; e < NCH; e++) sm.red.s[w][(lane % vpg) * VEC + e] = st[e];
-      __syncthreads();
-      const int64_t c = (int64_t)grp * kChunk + lane;
-      if (w == 0 && c < g.c) {
-        sbn_bwd_sums_t t = sm.red.s[0][lane];
-        for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
-        put_entry(R, g, p, c, t.sum_dy, t.sum_dy_xmu, 0.0f, 0.0f);
-      }
-    } else {
-      sbn_bwd_sums_t t = st[0];
-SBN_UNROLL
-      for (int off = 16; off > 0; off >>= 1) {
-        sbn_bwd_sums_t o;
-        o.sum_dy = __shfl_down_sync(0xffffffffu, t.sum_dy, off);
-        o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off);
-        t = sbn_bwd_sums_merge(t, o);
-      }
-      if (lane == 0) sm.red.s[w][0] = t;
-      __syncthreads();
-      if (tid == 0) {
-        t = sm.red.s[0][0];
-        for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
-        put_entry(R, g, p, grp, t.sum_dy, t.sum_dy_xmu, 0.0f, 0.0f);
+        t = P::red(sm)[0][0];
+        for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][0]);
+        P::put(part_entry(R, g, p, grp), t);
       }
     }
     __syncthreads();
@@ -503,10 +438,17 @@ SBN_UNROLL
       else
         bwd_batch(B, tmp, bp);
     }
-    if (KIND == SBN_GPU_FWD)
-      fwd_reduce(R, g, grp, p, F, sm);
-    else
-      bwd_reduce(R, g, grp, p, B, sm);
+    typename Part<KIND>::T pt[NCH];
+SBN_UNROLL
+    for (int e = 0; e < NCH; e++) {
+      if constexpr (KIND == SBN_GPU_FWD) {
+        const sbn_welford_t t = {F.count, F.mean[e], F.m2[e]};
+        pt[e] = sbn_partial_from_shifted(t, F.shift[e]);
+      } else {
+        pt[e] = sbn_bwd_sums_t{B.sdy[e], B.sdx[e]};
+      }
+    }
+    reduce_unit(R, g, grp, p, pt, sm);
   }
 
   /* Stage 1 of every unit of block b. Onchip: first every load of the block's units is

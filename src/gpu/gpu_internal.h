@@ -29,10 +29,6 @@ cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, i
                                   int code, cudaStream_t stream) SBN_INTERNAL;
 #endif
 
-/* Elements per block below which a launch uses fewer blocks than the device holds: the
-   barrier and exchange cost per block is then larger than its share of the work. */
-#define SBN_GPU_ELEMS_PER_BLOCK 16384
-
 typedef struct {
   int present; /* the rank lives in this process (NCCL teams: only `local`) */
   int device;
