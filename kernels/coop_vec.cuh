@@ -234,15 +234,35 @@ SBN_UNROLL
 SBN_UNROLL
       for (int nv = 0; nv < NV; nv++) bt[k][nv] = *smem_at(hs, slot, k, nv);
   }
-  /* A batch past the registers' ones: onchip, from shared memory slot *gb - NBR (and *gb
-     advances); stream, read now with L2 policy pol. */
-  static __device__ __forceinline__ void fetch_batch(const sbn_coop_rank_t& R, const Pos& bp,
-                                                     uint4* hs, int* gb, Batch& bt, uint64_t pol) {
+  /* The nb batches of a unit in order, f(batch, positions): onchip, the thread's first
+     NBR batches over the block's units (counted by *gb) from registers, the others from
+     shared memory slot *gb - NBR; stream, each read now with L2 policy pol. Stage 1 and
+     stage 5 visit the same batches in the same order through here. */
+  template <typename F>
+  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walker<TILE, VEC>& wk,
+                                             int nb, int* gb, uint4* hs, uint64_t pol, F f) {
+    int bt = 0;
     if (ONCHIP) {
-      read_smem(hs, *gb - NBR, bt);
-      (*gb)++;
-    } else {
-      load_batch(R, bp, bt, pol);
+SBN_UNROLL
+      for (int s = 0; s < NBR; s++)
+        if (*gb == s && bt < nb) {
+          Pos bp;
+          wk.batch(bp);
+          f(hold[s], bp);
+          bt++, (*gb)++;
+        }
+    }
+    for (; bt < nb; bt++) {
+      Pos bp;
+      wk.batch(bp);
+      Batch tmp;
+      if (ONCHIP) {
+        read_smem(hs, *gb - NBR, tmp);
+        (*gb)++;
+      } else {
+        load_batch(R, bp, tmp, pol);
+      }
+      f(tmp, bp);
     }
   }
 
@@ -414,30 +434,12 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = 0.0f;
       }
     }
-    int bt = 0;
-    if (ONCHIP) {
-SBN_UNROLL
-      for (int s = 0; s < NBR; s++)
-        if (*gb == s && bt < nb) {
-          Pos bp;
-          wk.batch(bp);
-          if (KIND == SBN_GPU_FWD)
-            fwd_batch(F, hold[s], bp);
-          else
-            bwd_batch(B, hold[s], bp);
-          bt++, (*gb)++;
-        }
-    }
-    for (; bt < nb; bt++) {
-      Pos bp;
-      wk.batch(bp);
-      Batch tmp;
-      fetch_batch(R, bp, hs, gb, tmp, pol);
+    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_GPU_FWD)
-        fwd_batch(F, tmp, bp);
+        fwd_batch(F, bt, bp);
       else
-        bwd_batch(B, tmp, bp);
-    }
+        bwd_batch(B, bt, bp);
+    });
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
     for (int e = 0; e < NCH; e++) {
@@ -536,26 +538,10 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
-    int bt = 0;
-    if (ONCHIP) {
-SBN_UNROLL
-      for (int s = 0; s < NBR; s++)
-        if (*gb == s && bt < nb) {
-          Pos bp;
-          wk.batch(bp);
-          outputs(hold[s], kc);
-          store_batch(R, bp, hold[s]);
-          bt++, (*gb)++;
-        }
-    }
-    for (; bt < nb; bt++) {
-      Pos bp;
-      wk.batch(bp);
-      Batch tmp;
-      fetch_batch(R, bp, hs, gb, tmp, pol);
-      outputs(tmp, kc);
-      store_batch(R, bp, tmp);
-    }
+    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
+      outputs(bt, kc);
+      store_batch(R, bp, bt);
+    });
   }
 };
 
