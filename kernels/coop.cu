@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   VecPath<KIND, DT, TILE, VEC, kOnchip> path;
 
   if (threadIdx.x == 0) {
-    sm.k = R.state->epoch + 1u;
+    sm.k = ld_weak_u32(&R.state->epoch) + 1u;
     sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? *R.nbt : 0;
   }
   /* Blocks that publish load the failure words now (the last warp's lanes, in parallel)
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
     return;
   }
-  if (b == 0 && threadIdx.x == 0) R.state->epoch = k;
+  if (b == 0 && threadIdx.x == 0) st_weak_u32(&R.state->epoch, k);
 
   /* stage 3 */
   for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm);

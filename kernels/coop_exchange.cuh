@@ -45,7 +45,8 @@ template <> struct Part<SBN_GPU_FWD> {
   static __device__ __forceinline__ T merge(T a, T b) { return sbn_partial_merge(a, b); }
   static __device__ __forceinline__ T of_entry(float4 e) { return T{e.x, e.y, e.z, e.w}; }
   static __device__ __forceinline__ void put(float* e, T t) {
-    e[0] = t.count, e[1] = t.mean_hi, e[2] = t.mean_lo, e[3] = t.m2;
+    st_weak_f32(e, t.count), st_weak_f32(e + 1, t.mean_hi), st_weak_f32(e + 2, t.mean_lo),
+        st_weak_f32(e + 3, t.m2);
   }
   static __device__ __forceinline__ void out(T t, float v[3]) {
     v[0] = t.mean_hi, v[1] = t.mean_lo, v[2] = t.m2;
@@ -62,7 +63,8 @@ template <> struct Part<SBN_GPU_BWD> {
   static __device__ __forceinline__ T merge(T a, T b) { return sbn_bwd_sums_merge(a, b); }
   static __device__ __forceinline__ T of_entry(float4 e) { return T{e.x, e.y}; }
   static __device__ __forceinline__ void put(float* e, T t) {
-    e[0] = t.sum_dy, e[1] = t.sum_dy_xmu, e[2] = 0.0f, e[3] = 0.0f;
+    st_weak_f32(e, t.sum_dy), st_weak_f32(e + 1, t.sum_dy_xmu), st_weak_f32(e + 2, 0.0f),
+        st_weak_f32(e + 3, 0.0f);
   }
   static __device__ __forceinline__ void out(T t, float v[3]) {
     v[0] = t.sum_dy, v[1] = t.sum_dy_xmu, v[2] = 0.0f;
@@ -110,7 +112,7 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
 __device__ __forceinline__ int failure_words_lane(const sbn_coop_args_t& a) {
   int seen = 0;
   for (int q = (int)(threadIdx.x & 31); q <= a.nranks; q += 32) {
-    seen |= a.err[q] != 0;
+    seen |= ld_err(&a.err[q]) != 0;
     if (a.fail != nullptr && q < a.nranks) seen |= ld_relaxed_sys_u32(&a.fail[q]) != 0u;
   }
   return seen;
@@ -137,7 +139,7 @@ __device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
 /* Records why this rank's kernel stopped, unless a cause is recorded already (a kernel
    queued behind a timeout must not turn the cause into sbnAborted). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
-  if (a.err[rank] == 0) a.err[rank] = code;
+  if (ld_err(&a.err[rank]) == 0) st_err(&a.err[rank], code);
   push_failure(a, rank, code);
 }
 
@@ -166,12 +168,12 @@ __device__ __forceinline__ float* part_entry(const sbn_coop_rank_t& R, const sbn
 __device__ __forceinline__ void write_record(sbn_mail_rec_t* rec, const sbn_coop_args_t& a,
                                              const sbn_geo_t& g, const float v[3]) {
   const int lane = threadIdx.x & 31;
-  rec->data[kRec * lane] = v[0];
-  rec->data[kRec * lane + 1] = v[1];
-  rec->data[kRec * lane + 2] = v[2];
+  st_weak_f32(&rec->data[kRec * lane], v[0]);
+  st_weak_f32(&rec->data[kRec * lane + 1], v[1]);
+  st_weak_f32(&rec->data[kRec * lane + 2], v[2]);
   if (lane == 0) {
-    rec->sig = a.sig;
-    rec->count = g.rows;
+    st_weak_u32(&rec->sig, a.sig);
+    st_weak_s64(&rec->count, g.rows);
   }
 }
 
@@ -180,7 +182,7 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
                                              const sbn_geo_t& g, int j, uint32_t k,
                                              const float v[3]) {
   const int lane = threadIdx.x & 31;
-  const int64_t idx = sbn_mail_index(R.rank, k, j, a.nchunks_max);
+  const int64_t idx = mail_index(R.rank, k, j, a.nchunks_max);
   for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g, v);
   __syncwarp(); /* every lane's data before any lane's flag */
   for (int dst = lane; dst < a.nranks; dst += 32)
@@ -204,7 +206,7 @@ __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R
     float4 e[4];
 SBN_UNROLL
     for (int i = 0; i < 4; i++)
-      if (p + i < p1) e[i] = *reinterpret_cast<const float4*>(part_entry(R, g, p + i, c));
+      if (p + i < p1) e[i] = ld_weak_f4(part_entry(R, g, p + i, c));
 SBN_UNROLL
     for (int i = 0; i < 4; i++)
       if (p + i < p1) t = P::merge(t, P::of_entry(e[i]));
@@ -220,7 +222,7 @@ SBN_UNROLL
     }
     if (HOST) {
       write_record(R.send + j, a, g, v);
-      if (lane == 0) R.send[j].epoch = 0u;
+      if (lane == 0) st_weak_u32(&R.send[j].epoch, 0u);
     } else {
       publish_push(a, R, g, j, k, v);
     }
@@ -234,7 +236,7 @@ template <bool HOST>
 __device__ __forceinline__ const sbn_mail_rec_t* rec_of(const sbn_coop_args_t& a,
                                                        const sbn_coop_rank_t& R, int q,
                                                        uint32_t k, int j) {
-  return R.mail + (HOST ? sbn_host_index(q, j, a.nchunks_max) : sbn_mail_index(q, k, j, a.nchunks_max));
+  return R.mail + (HOST ? sbn_host_index(q, j, a.nchunks_max) : mail_index(q, k, j, a.nchunks_max));
 }
 
 /* Warp 0: until every rank's record of chunk j carries epoch k. Lane q polls source q

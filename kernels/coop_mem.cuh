@@ -108,6 +108,24 @@ __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+/* Memory that other blocks or ranks read (partials, mailbox records, the epoch, error
+   words), outside the flags: plain ("weak" in PTX) accesses, ordered by the barrier's
+   fences and the flags' release/acquire. They are named so that the emulation can send
+   them through its weak memory model (tests/emu/emu_rt.h). */
+__device__ __forceinline__ void st_weak_f32(float* p, float v) { *p = v; }
+__device__ __forceinline__ void st_weak_u32(uint32_t* p, uint32_t v) { *p = v; }
+__device__ __forceinline__ void st_weak_s64(int64_t* p, int64_t v) { *p = v; }
+__device__ __forceinline__ uint32_t ld_weak_u32(const uint32_t* p) { return *p; }
+__device__ __forceinline__ float4 ld_weak_f4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+/* The team's error words (mapped host memory): volatile, one word each. */
+__device__ __forceinline__ int ld_err(const volatile int* p) { return *p; }
+__device__ __forceinline__ void st_err(volatile int* p, int v) { *p = v; }
+/* Where a rank's record of op `epoch` goes in a mailbox (coop_args.h). */
+__device__ __forceinline__ int64_t mail_index(int src, uint32_t epoch, int chunk, int nchunks_max) {
+  return sbn_mail_index(src, epoch, chunk, nchunks_max);
+}
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

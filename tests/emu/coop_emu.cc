@@ -1,5 +1,6 @@
 /* coop_emu.cc — kernels/coop.cu compiled for the CPU emulation (cuda_emu.h), and a
- * "launch" that runs a grid of its kernels on OS threads until every thread returns. */
+ * "launch" that runs a grid of its kernels as fibers of the calling OS thread until every
+ * thread returns (tests/emu/emu_rt.h). */
 /* The kernels' entry points under names of their own: the tests link the library too. */
 #define sbn_coop_kernel_ptr sbn_emu_coop_kernel_ptr
 #define sbn_host_kernel_ptr sbn_emu_host_kernel_ptr
@@ -10,10 +11,7 @@
 
 #include <stdlib.h>
 
-#include <vector>
-
-thread_local emu::Idx threadIdx, blockIdx, gridDim;
-thread_local emu::Block* emu_block;
+#include <atomic>
 
 #include "coop_emu.h"
 
@@ -67,58 +65,20 @@ extern "C" void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written) {
 namespace {
 
 template <typename A>
-struct ThreadArg {
+struct Entry {
   void (*fn)(const A);
   const A* args;
-  emu::Block* block;
-  unsigned block_idx, thread_idx, grid;
+  static void run(void* p) {
+    const Entry* e = static_cast<const Entry*>(p);
+    e->fn(*e->args);
+  }
 };
-
-template <typename A>
-void* thread_main(void* p) {
-  ThreadArg<A>* t = static_cast<ThreadArg<A>*>(p);
-  threadIdx.x = t->thread_idx;
-  threadIdx.y = threadIdx.z = 0;
-  blockIdx.x = t->block_idx;
-  blockIdx.y = blockIdx.z = 0;
-  gridDim.x = t->grid;
-  gridDim.y = gridDim.z = 1;
-  emu_block = t->block;
-  t->fn(*t->args);
-  return nullptr;
-}
 
 template <typename A>
 int run_grid(const void* kernel, const A* args, unsigned grid, size_t dyn_bytes) {
   if (kernel == nullptr) return -1;
-  typedef void (*fn_t)(const A);
-  const fn_t fn = reinterpret_cast<fn_t>(const_cast<void*>(kernel));
-  const unsigned nthreads = grid * SBN_GPU_THREADS;
-  std::vector<emu::Block> blocks(grid);
-  for (auto& b : blocks) {
-    pthread_barrier_init(&b.bar, nullptr, SBN_GPU_THREADS);
-    for (int w = 0; w < SBN_GPU_THREADS / 32; w++) pthread_barrier_init(&b.warp[w].bar, nullptr, 32);
-    if (dyn_bytes) b.dyn = calloc(1, dyn_bytes);
-  }
-  std::vector<ThreadArg<A>> targs(nthreads);
-  std::vector<pthread_t> th(nthreads);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 256 * 1024);
-  for (unsigned i = 0; i < nthreads; i++) {
-    targs[i] = ThreadArg<A>{fn, args, &blocks[i / SBN_GPU_THREADS], i / SBN_GPU_THREADS,
-                            i % SBN_GPU_THREADS, grid};
-    /* the started threads would wait forever for the rest of their block */
-    if (pthread_create(&th[i], &attr, thread_main<A>, &targs[i]) != 0) abort();
-  }
-  for (unsigned i = 0; i < nthreads; i++) pthread_join(th[i], nullptr);
-  pthread_attr_destroy(&attr);
-  for (auto& b : blocks) {
-    pthread_barrier_destroy(&b.bar);
-    for (int w = 0; w < SBN_GPU_THREADS / 32; w++) pthread_barrier_destroy(&b.warp[w].bar);
-    for (auto& kv : b.shared) free(kv.second);
-    free(b.dyn);
-  }
+  Entry<A> e{reinterpret_cast<void (*)(const A)>(const_cast<void*>(kernel)), args};
+  emu::run_launch(&Entry<A>::run, &e, grid, SBN_GPU_THREADS, dyn_bytes);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #define SYNCBN_TESTS_COOP_EMU_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "coop_args.h"
 #include "coop_plan.h"
@@ -46,6 +47,27 @@ void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
 void sbn_emu_count_reset(void);
 int sbn_emu_count_track(const void* p, size_t bytes);
 void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
+
+/* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
+/* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'
+   strength); the model's state is cleared. seed != 0 also makes the scheduler pick the
+   next fiber at random (seeded), and seeds the model's choices; 0: FIFO. */
+void sbn_emu_set_weak(int on, uint64_t seed);
+/* Spinning launches sleep up to max_us microseconds now and then (0: never): ranks
+   launched separately drift apart, as on separate GPUs. */
+void sbn_emu_set_jitter(unsigned max_us);
+/* At most max_blocks blocks of a launch resident at a time (0: all). */
+void sbn_emu_set_residency(unsigned max_blocks);
+/* Mutants of the memory-ordering primitives (weak model only; 0: none): */
+#define SBN_EMU_MUT_PUBLISH_FENCE 1 /* the flag's st.release.sys becomes relaxed */
+#define SBN_EMU_MUT_POLL_ACQUIRE 2  /* the poll's ld.acquire.sys becomes relaxed */
+#define SBN_EMU_MUT_BARRIER_FENCE 4 /* the rank barrier's __threadfence()s dropped */
+#define SBN_EMU_MUT_SINGLE_BUFFER 8 /* one mailbox buffer: the epoch parity ignored */
+void sbn_emu_set_mutant(int flags);
+/* Loads the weak model answered with a store older than the newest (since start). */
+uint64_t sbn_emu_stale_loads(void);
+/* Forget the model's locations (memory about to be freed and reused). */
+void sbn_emu_weak_forget(void);
 
 #ifdef __cplusplus
 }

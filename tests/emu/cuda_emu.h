@@ -1,32 +1,29 @@
-/* cuda_emu.h — the few CUDA built-ins kernels/coop.cu uses, on CPU threads: one OS thread
- * per CUDA thread, a barrier per block and per warp. It runs the kernels' own source in
- * CI (no GPU there) to test their logic: indexing, reduction orders, the exchange
- * protocol (epochs, parity, chunk records, signatures, timeouts, abort), the barriers.
- * It says nothing about the GPU's memory model or speed: x86 with C++ atomics is stronger
- * than PTX, so ordering bugs can hide here; compute-sanitizer on a GPU is for those.
+/* cuda_emu.h — the few CUDA built-ins kernels/coop.cu uses, for the CPU: each CUDA thread
+ * is a fiber of the launch's OS thread (tests/emu/emu_rt.h), the barriers, shuffles and
+ * votes are the runtime's. It runs the kernels' own source in CI (no GPU there) to test
+ * their logic: indexing, reduction orders, the exchange protocol (epochs, parity, chunk
+ * records, signatures, timeouts, abort), the barriers; with the weak memory model on
+ * (sbn_emu_set_weak), the memory ordering of the exchange as far as emu_rt.h describes.
+ * It says nothing about speed.
  *
  * Warp collectives (shuffle, reduce, vote, __syncwarp) need all 32 lanes, as the kernels
  * call them. __shared__ variables are declared with SBN_SHARED and live per emulated
  * block, dynamic shared memory (SBN_DYN_SHARED) too. The memory primitives of
  * kernels/coop_mem.cuh are defined here: 16-byte vectors and cp.async are plain copies
  * (a cp.async completes at once), cache policies are ignored, and every access to the
- * caller's tensors is counted (emu_count: test_coop_emu asserts the bytes each op moves).
+ * caller's tensors is counted (emu_count: test_coop_emu asserts the bytes each op moves);
+ * the accessors of memory other blocks or ranks read go through the weak model.
  */
 #ifndef SYNCBN_TESTS_CUDA_EMU_H_
 #define SYNCBN_TESTS_CUDA_EMU_H_
 
-#include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
-#include <atomic>
-#include <map>
-#include <mutex>
-#include <string>
-
 #include "bn_dtype.h"
+#include "coop_args.h"
+#include "emu_rt.h"
 
 #define SBN_COOP_EMU 1
 #define __device__
@@ -46,37 +43,9 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 
 namespace emu {
 
-struct Warp {
-  pthread_barrier_t bar;
-  uint64_t buf[32];
-};
-
-struct Block {
-  pthread_barrier_t bar;
-  Warp warp[32];
-  std::atomic<int> or_acc{0};
-  std::mutex mu;
-  std::map<std::string, void*> shared;
-  void* dyn = nullptr; /* the launch's dynamic shared memory */
-};
-
-struct Idx {
-  unsigned x, y, z;
-};
-
-}  // namespace emu
-
-extern thread_local emu::Idx threadIdx, blockIdx, gridDim;
-extern thread_local emu::Block* emu_block;
-
-namespace emu {
-
 template <typename T>
 T& block_shared(const char* name) {
-  std::lock_guard<std::mutex> lock(emu_block->mu);
-  void*& p = emu_block->shared[name];
-  if (p == nullptr) p = calloc(1, sizeof(T));
-  return *static_cast<T*>(p);
+  return *static_cast<T*>(block_shared(name, sizeof(T)));
 }
 
 inline Warp& my_warp() { return emu_block->warp[threadIdx.x >> 5]; }
@@ -89,10 +58,10 @@ T shfl_down(T v, int off) {
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof v);
   w.buf[lane] = bits;
-  pthread_barrier_wait(&w.bar);
+  bar_warp(false);
   T r = v;
   if (lane + (unsigned)off < 32) memcpy(&r, &w.buf[lane + off], sizeof r);
-  pthread_barrier_wait(&w.bar);
+  bar_warp(false);
   return r;
 }
 
@@ -101,19 +70,19 @@ T shfl_down(T v, int off) {
 #define SBN_SHARED(type, name) type& name = emu::block_shared<type>(#name)
 #define SBN_DYN_SHARED(type, name) type* name = static_cast<type*>(emu_block->dyn)
 
-inline void __syncthreads() { pthread_barrier_wait(&emu_block->bar); }
+inline void __syncthreads() { emu::bar_block(); }
 inline int __syncthreads_or(int p) {
-  if (p) emu_block->or_acc.fetch_or(1);
+  if (p) emu_block->or_acc = 1;
   __syncthreads();
-  int r = emu_block->or_acc.load();
+  int r = emu_block->or_acc;
   __syncthreads();
-  if (threadIdx.x == 0) emu_block->or_acc.store(0);
+  if (threadIdx.x == 0) emu_block->or_acc = 0;
   __syncthreads();
   return r;
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
   (void)mask;
-  pthread_barrier_wait(&emu::my_warp().bar);
+  emu::bar_warp(true);
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T v, int off) {
@@ -124,19 +93,19 @@ inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
   (void)mask;
   emu::Warp& w = emu::my_warp();
   w.buf[threadIdx.x & 31] = v;
-  pthread_barrier_wait(&w.bar);
+  emu::bar_warp(false);
   unsigned m = 0;
   for (int i = 0; i < 32; i++) m = w.buf[i] > m ? (unsigned)w.buf[i] : m;
-  pthread_barrier_wait(&w.bar);
+  emu::bar_warp(false);
   return m;
 }
 inline unsigned emu_vote(int p, bool all) {
   emu::Warp& w = emu::my_warp();
   w.buf[threadIdx.x & 31] = p != 0;
-  pthread_barrier_wait(&w.bar);
+  emu::bar_warp(false);
   unsigned r = all ? 1u : 0u;
   for (int i = 0; i < 32; i++) r = all ? (r & (unsigned)w.buf[i]) : (r | (unsigned)w.buf[i]);
-  pthread_barrier_wait(&w.bar);
+  emu::bar_warp(false);
   return r;
 }
 inline int __any_sync(unsigned mask, int p) {
@@ -147,28 +116,49 @@ inline int __all_sync(unsigned mask, int p) {
   (void)mask;
   return (int)emu_vote(p, true);
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() { emu::mem_fence(); }
 inline void __nanosleep(unsigned ns) {
   (void)ns;
-  sched_yield();
+  emu::spin_yield();
 }
-inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-}
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return emu::mem_add_u32(p, v); }
 
-/* the PTX helpers of coop.cu, with C++ atomics of the same strength */
-inline uint32_t ld_acquire_sys(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline uint32_t ld_acquire_gpu(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-inline void st_relaxed_sys(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-inline void st_release_sys(uint32_t* p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-inline uint32_t ld_relaxed_sys_u32(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-inline int64_t ld_relaxed_sys_s64(const int64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-inline float ld_relaxed_sys_f32(const float* p) {
-  uint32_t u = __atomic_load_n(reinterpret_cast<const uint32_t*>(p), __ATOMIC_RELAXED);
+/* The ordering primitives of coop_mem.cuh and the accessors of memory other blocks or
+   ranks read, through the runtime: C++ atomics of the same strength, or the weak model.
+   The mutants (emu::g_mutant) act only in the weak model. */
+inline uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+inline float u2f(uint32_t u) {
   float f;
-  memcpy(&f, &u, sizeof f);
+  memcpy(&f, &u, 4);
   return f;
+}
+inline uint32_t ld_acquire_sys(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquire); }
+inline uint32_t ld_acquire_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquire); }
+inline void st_relaxed_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
+inline void st_release_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelease); }
+inline uint32_t ld_relaxed_sys_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }
+inline int64_t ld_relaxed_sys_s64(const int64_t* p) { return (int64_t)emu::mem_load(p, 8, emu::kRelaxed); }
+inline float ld_relaxed_sys_f32(const float* p) { return u2f((uint32_t)emu::mem_load(p, 4, emu::kRelaxed)); }
+inline void st_weak_f32(float* p, float v) { emu::mem_store(p, 4, f2u(v), emu::kWeak); }
+inline void st_weak_u32(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kWeak); }
+inline void st_weak_s64(int64_t* p, int64_t v) { emu::mem_store(p, 8, (uint64_t)v, emu::kWeak); }
+inline uint32_t ld_weak_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kWeak); }
+inline float4 ld_weak_f4(const float* p) {
+  return float4{u2f((uint32_t)emu::mem_load(p, 4, emu::kWeak)), u2f((uint32_t)emu::mem_load(p + 1, 4, emu::kWeak)),
+                u2f((uint32_t)emu::mem_load(p + 2, 4, emu::kWeak)), u2f((uint32_t)emu::mem_load(p + 3, 4, emu::kWeak))};
+}
+inline int ld_err(const volatile int* p) {
+  return (int)(uint32_t)emu::mem_load(const_cast<const int*>(p), 4, emu::kRelaxed);
+}
+inline void st_err(volatile int* p, int v) { emu::mem_store(const_cast<int*>(p), 4, (uint32_t)v, emu::kRelaxed); }
+/* Where a rank's record of op `epoch` goes in a mailbox (coop_args.h); the single-buffer
+   mutant ignores the parity. */
+inline int64_t mail_index(int src, uint32_t epoch, int chunk, int nchunks_max) {
+  return sbn_mail_index(src, (emu::g_mutant & emu::kMutSingleBuffer) ? 0u : epoch, chunk, nchunks_max);
 }
 inline uint64_t globaltimer_ns() {
   struct timespec ts;

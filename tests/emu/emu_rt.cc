@@ -1,0 +1,718 @@
+/* emu_rt.cc — fibers, the launch scheduler, barriers and the weak memory model of the
+ * emulator (see emu_rt.h). */
+#include "emu_rt.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "coop_emu.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+
+#ifdef EMU_TSAN
+#include <sanitizer/tsan_interface.h>
+/* The runtime's own bookkeeping (run queue, barriers, shared-variable map) is touched by
+   the fibers of one OS thread in turn; TSan, which sees each fiber as a thread and no
+   synchronization in a switch, must not look at it. Kernel memory is not covered. */
+extern "C" void AnnotateIgnoreReadsBegin(const char* f, int l);
+extern "C" void AnnotateIgnoreReadsEnd(const char* f, int l);
+extern "C" void AnnotateIgnoreWritesBegin(const char* f, int l);
+extern "C" void AnnotateIgnoreWritesEnd(const char* f, int l);
+struct RtIgnore {
+  RtIgnore() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~RtIgnore() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+};
+#define RT_IGNORE RtIgnore rt_ignore_
+#else
+#define RT_IGNORE (void)0
+#endif
+#ifdef EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+thread_local emu::Idx threadIdx, blockIdx, gridDim, blockDim;
+thread_local emu::Block* emu_block;
+
+namespace emu {
+
+bool g_weak = false;
+int g_mutant = 0;
+namespace {
+uint64_t g_seed = 0;   /* 0: FIFO scheduling, no jitter */
+unsigned g_resident;   /* 0: every block of a launch at once */
+unsigned g_jitter_us;  /* weak/seeded runs: occasional OS sleeps of the spinning launch */
+
+/* ---- context switch ---------------------------------------------------------------- */
+#if defined(__x86_64__)
+/* Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
+   stores the stack pointer in *from, loads `to` and restores the same from there. */
+extern "C" void emu_ctx_switch(void** from, void* to);
+extern "C" void emu_ctx_start();
+__asm__(
+    ".text\n"
+    ".globl emu_ctx_switch\n"
+    ".type emu_ctx_switch,@function\n"
+    "emu_ctx_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_ctx_switch,.-emu_ctx_switch\n"
+    ".globl emu_ctx_start\n"
+    ".type emu_ctx_start,@function\n"
+    "emu_ctx_start:\n" /* first entry of a fiber: fn(arg) from r13(r12); never returns */
+    "  movq %r12, %rdi\n  callq *%r13\n  ud2\n"
+    ".size emu_ctx_start,.-emu_ctx_start\n");
+
+void* ctx_make(char* stack, size_t size, void (*fn)(void*), void* arg) {
+  uintptr_t top = ((uintptr_t)(stack + size) & ~(uintptr_t)15) - 16; /* rsp after `ret` */
+  uint64_t* sp = (uint64_t*)top;
+  *--sp = (uint64_t)(uintptr_t)emu_ctx_start; /* ret */
+  *--sp = 0;                                  /* rbp */
+  *--sp = 0;                                  /* rbx */
+  *--sp = (uint64_t)(uintptr_t)arg;           /* r12 */
+  *--sp = (uint64_t)(uintptr_t)fn;            /* r13 */
+  *--sp = 0;                                  /* r14 */
+  *--sp = 0;                                  /* r15 */
+  *--sp = (uint64_t)0x037f << 32 | 0x1f80;    /* mxcsr, x87 control word */
+  return sp;
+}
+#else
+#include <ucontext.h>
+/* Elsewhere: ucontext (slower: a signal-mask system call per switch). */
+struct UCtx {
+  ucontext_t uc;
+};
+void emu_ctx_switch(void** from, void* to) {
+  UCtx* self = static_cast<UCtx*>(*from);
+  if (self == nullptr) *from = self = new UCtx; /* the scheduler's context */
+  swapcontext(&self->uc, &static_cast<UCtx*>(to)->uc);
+}
+void* ctx_make(char* stack, size_t size, void (*fn)(void*), void* arg) {
+  UCtx* c = new UCtx;
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = size;
+  c->uc.uc_link = nullptr;
+  makecontext(&c->uc, (void (*)())fn, 1, arg);
+  return c;
+}
+#endif
+
+#if defined(EMU_TSAN) || defined(EMU_ASAN)
+constexpr size_t kStack = 512 * 1024;
+#else
+constexpr size_t kStack = 128 * 1024;
+#endif
+
+/* Stacks are reused across launches of the OS thread (touched pages only count). */
+thread_local std::vector<char*> t_stacks;
+char* stack_get() {
+  if (!t_stacks.empty()) {
+    char* s = t_stacks.back();
+    t_stacks.pop_back();
+    return s;
+  }
+  void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, "emu: mmap of a fiber stack failed\n");
+    abort();
+  }
+  return static_cast<char*>(p);
+}
+void stack_put(char* s) { t_stacks.push_back(s); }
+
+uint64_t mix(uint64_t x) { /* splitmix64 */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+struct Rng {
+  uint64_t s = 1;
+  uint64_t next() { return s = mix(s); }
+  unsigned below(unsigned n) { return (unsigned)(next() % n); }
+};
+
+/* ---- weak memory: views, stores, locations ------------------------------------------ */
+struct View {
+  std::unordered_map<uintptr_t, uint32_t> m;
+  uint32_t get(uintptr_t a) const {
+    auto it = m.find(a);
+    return it == m.end() ? 0u : it->second;
+  }
+  void bump(uintptr_t a, uint32_t t) {
+    uint32_t& x = m[a];
+    if (t > x) x = t;
+  }
+  void join(const View& o) {
+    for (const auto& kv : o.m) bump(kv.first, kv.second);
+  }
+};
+typedef std::shared_ptr<const View> ViewP;
+/* What a release carries: the storing fiber's view and its launch's base view. */
+struct Rel {
+  ViewP base;
+  View cur;
+};
+typedef std::shared_ptr<const Rel> RelP;
+struct Store {
+  uint64_t val;
+  uint32_t ts;
+  RelP rel;
+};
+struct Loc {
+  int size = 0;
+  uint32_t next = 1;
+  std::vector<Store> h; /* by timestamp; the newest is in memory too */
+};
+constexpr size_t kHistory = 8;
+
+struct WThr { /* a fiber's views */
+  View cur;     /* the oldest store it may read, per location */
+  View acq;     /* what its relaxed loads read since the last fence carried */
+  ViewP acq_base;
+  RelP relf;    /* its view at its last fence: carried by its later relaxed stores */
+  ViewP base;   /* its launch's view of completed launches */
+  uint32_t eff(uintptr_t a) const { return std::max(cur.get(a), base ? base->get(a) : 0u); }
+};
+
+std::mutex g_mu; /* the model (launches of several OS threads share it) */
+std::unordered_map<uintptr_t, Loc> g_locs;
+View g_completed;
+uint64_t g_stale; /* loads that returned a store older than the newest */
+
+}  // namespace
+
+/* ---- fibers, blocks, launches -------------------------------------------------------- */
+struct Launch;
+struct Fiber {
+  void* sp = nullptr;
+  char* stack = nullptr;
+  unsigned block = 0, tid = 0;
+  bool done = false;
+  Rng rng;
+  std::unique_ptr<WThr> w;
+  Launch* l = nullptr;
+#ifdef EMU_TSAN
+  void* tsan = nullptr;
+#endif
+};
+struct Bar {
+  unsigned n = 0, arrived = 0;
+  std::vector<Fiber*> waiting;
+};
+struct BlockRt {
+  Block pub;
+  Bar bar;
+  Bar wbar[32];
+  std::vector<Fiber> fibers;
+  unsigned live = 0;
+  char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
+};
+struct Launch {
+  void (*fn)(void*);
+  void* ctx;
+  unsigned grid, threads;
+  size_t dyn;
+  std::vector<std::unique_ptr<BlockRt>> blocks;
+  std::vector<Fiber*> runq;
+  size_t runq_head = 0;
+  Fiber* cur = nullptr;
+  void* sched_sp = nullptr;
+  unsigned started = 0, finished = 0, resident = 0, limit = 0;
+  Rng rng;
+  bool random = false;
+  uint64_t spins = 0;
+  ViewP base;                                        /* weak: completed stores at the start */
+  std::vector<std::pair<uintptr_t, uint32_t>> log;   /* weak: this launch's stores */
+#ifdef EMU_TSAN
+  void* tsan_sched = nullptr;
+#endif
+#ifdef EMU_ASAN
+  const void* sched_stack = nullptr;
+  size_t sched_stack_size = 0;
+#endif
+};
+
+namespace {
+thread_local Launch* t_launch;
+thread_local uint64_t t_launch_seq; /* launches run by this OS thread (seeds) */
+
+void set_idx(Fiber* f) {
+  Launch* l = f->l;
+  threadIdx = Idx{f->tid, 0, 0};
+  blockIdx = Idx{f->block, 0, 0};
+  gridDim = Idx{l->grid, 1, 1};
+  blockDim = Idx{l->threads, 1, 1};
+  emu_block = &l->blocks[f->block]->pub;
+}
+
+void runq_push(Launch* l, Fiber* f) { l->runq.push_back(f); }
+Fiber* runq_pop(Launch* l) {
+  const size_t n = l->runq.size() - l->runq_head;
+  if (n == 0) return nullptr;
+  size_t i = l->runq_head;
+  if (l->random && n > 1) {
+    i += l->rng.below((unsigned)n);
+    std::swap(l->runq[i], l->runq[l->runq_head]);
+    i = l->runq_head;
+  }
+  Fiber* f = l->runq[i];
+  l->runq_head++;
+  if (l->runq_head > 4096 && l->runq_head * 2 > l->runq.size()) {
+    l->runq.erase(l->runq.begin(), l->runq.begin() + (long)l->runq_head);
+    l->runq_head = 0;
+  }
+  return f;
+}
+
+/* From the running fiber to the scheduler; returns when the scheduler resumes it. */
+void to_scheduler(Fiber* f, bool dying) {
+  Launch* l = f->l;
+#ifdef EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, l->sched_stack, l->sched_stack_size);
+#endif
+#ifdef EMU_TSAN
+  __tsan_switch_to_fiber(l->tsan_sched, 1 /* __tsan_switch_to_fiber_no_sync */);
+#endif
+  (void)dying;
+  emu_ctx_switch(&f->sp, l->sched_sp);
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+}
+
+void fiber_exit_bookkeeping(Fiber* f);
+
+void fiber_main(void* arg) {
+  Fiber* f = static_cast<Fiber*>(arg);
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &f->l->sched_stack, &f->l->sched_stack_size);
+#endif
+  f->l->fn(f->l->ctx);
+  fiber_exit_bookkeeping(f);
+  to_scheduler(f, true);
+  abort(); /* never resumed */
+}
+
+void weak_join_all(std::vector<Fiber*>& ps);
+
+/* The barrier's last arrival releases the others (who are in `waiting`). */
+void bar_release(Launch* l, Bar& b, bool ordering, Fiber* last) {
+  if (ordering && g_weak) {
+    std::vector<Fiber*> ps(b.waiting);
+    if (last != nullptr) ps.push_back(last);
+    weak_join_all(ps);
+  }
+  for (Fiber* w : b.waiting) runq_push(l, w);
+  b.waiting.clear();
+  b.arrived = 0;
+}
+
+void bar_arrive(Bar& b, bool ordering, void* sync_obj) {
+  Launch* l = t_launch;
+  Fiber* f = l->cur;
+#ifdef EMU_TSAN
+  __tsan_release(sync_obj);
+#else
+  (void)sync_obj;
+#endif
+  bool wait;
+  {
+    RT_IGNORE;
+    wait = ++b.arrived < b.n;
+    if (wait)
+      b.waiting.push_back(f);
+    else
+      bar_release(l, b, ordering, f);
+  }
+  if (wait) to_scheduler(f, false);
+#ifdef EMU_TSAN
+  __tsan_acquire(sync_obj);
+#endif
+}
+
+/* An exited thread counts as arrived at its block's and warp's barriers (as on the GPU,
+   where the barrier expects the threads that have not exited). */
+void fiber_exit_bookkeeping(Fiber* f) {
+  RT_IGNORE;
+  Launch* l = f->l;
+  BlockRt& B = *l->blocks[f->block];
+  f->done = true;
+  B.live--;
+  Bar* bars[2] = {&B.bar, &B.wbar[f->tid >> 5]};
+  for (Bar* b : bars) {
+    b->n--;
+    if (b->n > 0 && b->arrived == b->n) bar_release(l, *b, true, nullptr);
+  }
+}
+
+void block_start(Launch* l, unsigned bi) {
+  BlockRt& B = *l->blocks[bi];
+  B.fibers = std::vector<Fiber>(l->threads);
+  B.live = l->threads;
+  B.bar.n = l->threads;
+  for (unsigned w = 0; w < (l->threads + 31) / 32; w++)
+    B.wbar[w].n = std::min(32u, l->threads - w * 32);
+  if (l->dyn) B.pub.dyn = calloc(1, l->dyn);
+  for (unsigned t = 0; t < l->threads; t++) {
+    Fiber& f = B.fibers[t];
+    f.l = l;
+    f.block = bi;
+    f.tid = t;
+    f.rng.s = mix(g_seed ^ mix(t_launch_seq * 0x10001ull + bi * 1024ull + t));
+    f.stack = stack_get();
+    f.sp = ctx_make(f.stack, kStack, fiber_main, &f);
+#ifdef EMU_TSAN
+    f.tsan = __tsan_create_fiber(0);
+#endif
+    runq_push(l, &f);
+  }
+  l->resident++;
+}
+
+void block_finish(Launch* l, unsigned bi) {
+  BlockRt& B = *l->blocks[bi];
+  for (Fiber& f : B.fibers) {
+    stack_put(f.stack);
+#ifdef EMU_TSAN
+    __tsan_destroy_fiber(f.tsan);
+#endif
+  }
+  B.fibers.clear();
+  for (auto& kv : B.pub.shared) free(kv.second);
+  B.pub.shared.clear();
+  free(B.pub.dyn);
+  B.pub.dyn = nullptr;
+  l->resident--;
+  l->finished++;
+}
+
+}  // namespace
+
+void run_launch(void (*fn)(void*), void* ctx, unsigned grid, unsigned threads, size_t dyn_bytes) {
+  if (grid == 0) return;
+  Launch l;
+  l.fn = fn;
+  l.ctx = ctx;
+  l.grid = grid;
+  l.threads = threads;
+  l.dyn = dyn_bytes;
+  l.limit = g_resident == 0 || g_resident > grid ? grid : g_resident;
+  t_launch_seq++;
+  l.rng.s = mix(g_seed ^ t_launch_seq);
+  l.random = g_seed != 0;
+  for (unsigned b = 0; b < grid; b++) l.blocks.emplace_back(new BlockRt);
+  if (g_weak) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    l.base = std::make_shared<const View>(g_completed);
+  }
+#ifdef EMU_TSAN
+  l.tsan_sched = __tsan_get_current_fiber();
+#endif
+  Launch* outer = t_launch;
+  t_launch = &l;
+  while (l.started < l.limit) block_start(&l, l.started++);
+  while (l.finished < grid) {
+    Fiber* f;
+    {
+      RT_IGNORE;
+      f = runq_pop(&l);
+    }
+    if (f == nullptr) {
+      fprintf(stderr, "emu: every live thread of the launch waits at a barrier (a kernel bug)\n");
+      abort();
+    }
+    l.cur = f;
+    set_idx(f);
+#ifdef EMU_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, f->stack, kStack);
+#endif
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(f->tsan, 1);
+#endif
+    emu_ctx_switch(&l.sched_sp, f->sp);
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#endif
+    l.cur = nullptr;
+    if (f->done && l.blocks[f->block]->live == 0) {
+      block_finish(&l, f->block);
+      if (l.started < grid) block_start(&l, l.started++);
+    }
+  }
+  t_launch = outer;
+  if (g_weak) { /* a kernel's end: its stores are visible to every later launch */
+    std::lock_guard<std::mutex> lock(g_mu);
+    for (const auto& e : l.log) g_completed.bump(e.first, e.second);
+  }
+}
+
+void bar_block() {
+  BlockRt& B = *t_launch->blocks[t_launch->cur->block];
+  bar_arrive(B.bar, true, &B.bar_sync_obj);
+}
+
+void bar_warp(bool ordering) {
+  Fiber* f = t_launch->cur;
+  BlockRt& B = *t_launch->blocks[f->block];
+  bar_arrive(B.wbar[f->tid >> 5], ordering, &B.wbar_sync_obj[f->tid >> 5]);
+}
+
+void spin_yield() {
+  Launch* l = t_launch;
+  Fiber* f = l->cur;
+  {
+    RT_IGNORE;
+    runq_push(l, f);
+  }
+  /* let the other launches (OS threads) run: a spinning launch waits for them */
+  if ((++l->spins & 63u) == 0) sched_yield();
+  if (g_jitter_us && f->rng.below(256) == 0) {
+    const unsigned us = f->rng.below(g_jitter_us) + 1;
+    struct timespec ts = {0, (long)us * 1000};
+    nanosleep(&ts, nullptr);
+  }
+  to_scheduler(f, false);
+}
+
+void* block_shared(const char* name, size_t size) {
+  RT_IGNORE;
+  void*& p = emu_block->shared[name];
+  if (p == nullptr) p = calloc(1, size);
+  return p;
+}
+
+/* ---- weak memory ----------------------------------------------------------------------- */
+namespace {
+
+WThr& wthr() {
+  Fiber* f = t_launch->cur;
+  if (!f->w) {
+    f->w.reset(new WThr);
+    f->w->base = t_launch->base;
+  }
+  return *f->w;
+}
+
+uint64_t raw_load(const void* p, int size) {
+  uint64_t v = 0;
+  memcpy(&v, p, (size_t)size);
+  return v;
+}
+
+/* The location at p, with a store from outside the model (the host, or memory reused by
+   the tests) taken as the one newest store everyone sees. */
+Loc& loc_at(const void* p, int size) {
+  const uintptr_t a = (uintptr_t)p;
+  Loc& L = g_locs[a];
+  const uint64_t mem = raw_load(p, size);
+  if (L.size != size || L.h.empty() || L.h.back().val != mem) {
+    L.size = size;
+    L.h.clear();
+    L.h.push_back(Store{mem, L.next++, nullptr});
+  }
+  return L;
+}
+
+void join_rel(WThr& w, View& into, const RelP& r) {
+  if (!r) return;
+  into.join(r->cur);
+  if (r->base && r->base != w.base) into.join(*r->base);
+}
+
+RelP snapshot(const WThr& w) {
+  std::shared_ptr<Rel> r = std::make_shared<Rel>();
+  r->base = w.base;
+  r->cur = w.cur;
+  return r;
+}
+
+const Store& choose(WThr& w, Loc& L, uintptr_t a) {
+  const uint32_t v = w.eff(a);
+  size_t i0 = L.h.size() - 1;
+  while (i0 > 0 && L.h[i0 - 1].ts >= v) i0--;
+  const size_t n = L.h.size() - i0;
+  size_t pick = L.h.size() - 1;
+  if (n > 1) {
+    Rng& rng = t_launch->cur->rng;
+    if (rng.below(2) == 0) pick = i0 + rng.below((unsigned)n);
+  }
+  if (pick != L.h.size() - 1) g_stale++;
+  w.cur.bump(a, L.h[pick].ts);
+  return L.h[pick];
+}
+
+void append(WThr& w, Loc& L, void* p, uint64_t val, RelP rel) {
+  const uintptr_t a = (uintptr_t)p;
+  Store s{val, L.next++, std::move(rel)};
+  memcpy(p, &val, (size_t)L.size);
+  w.cur.bump(a, s.ts);
+  t_launch->log.emplace_back(a, s.ts);
+  L.h.push_back(std::move(s));
+  if (L.h.size() > kHistory) L.h.erase(L.h.begin());
+}
+
+void weak_join_all(std::vector<Fiber*>& ps) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  View j;
+  bool any = false;
+  for (Fiber* f : ps)
+    if (f->w && !f->w->cur.m.empty()) j.join(f->w->cur), any = true;
+  if (!any) return;
+  for (Fiber* f : ps) {
+    if (!f->w) {
+      f->w.reset(new WThr);
+      f->w->base = f->l->base;
+    }
+    f->w->cur = j;
+  }
+}
+
+}  // namespace
+
+uint64_t mem_load(const void* p, int size, int ord) {
+  if (!g_weak) {
+    uint64_t v = 0;
+    if (ord == kWeak) return raw_load(p, size);
+    if (size == 4) v = __atomic_load_n((const uint32_t*)p, ord == kAcquire ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
+    else v = (uint64_t)__atomic_load_n((const uint64_t*)p, ord == kAcquire ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
+    return v;
+  }
+  if (ord == kAcquire && (g_mutant & kMutPollAcquire)) ord = kRelaxed;
+  std::lock_guard<std::mutex> lock(g_mu);
+  WThr& w = wthr();
+  Loc& L = loc_at(p, size);
+  const Store& s = choose(w, L, (uintptr_t)p);
+  if (ord == kAcquire) {
+    join_rel(w, w.cur, s.rel);
+  } else if (ord == kRelaxed && s.rel) {
+    w.acq.join(s.rel->cur);
+    if (s.rel->base && s.rel->base != w.base) w.acq.join(*s.rel->base);
+  }
+  return s.val;
+}
+
+void mem_store(void* p, int size, uint64_t v, int ord) {
+  if (!g_weak) {
+    if (ord == kWeak) {
+      memcpy(p, &v, (size_t)size);
+    } else {
+      const int mo = ord == kRelease ? __ATOMIC_RELEASE : __ATOMIC_RELAXED;
+      if (size == 4) __atomic_store_n((uint32_t*)p, (uint32_t)v, mo);
+      else __atomic_store_n((uint64_t*)p, v, mo);
+    }
+    return;
+  }
+  if (ord == kRelease && (g_mutant & kMutPublishFence)) ord = kRelaxed;
+  std::lock_guard<std::mutex> lock(g_mu);
+  WThr& w = wthr();
+  Loc& L = loc_at(p, size);
+  RelP rel;
+  if (ord == kRelease) {
+    w.cur.bump((uintptr_t)p, L.next); /* the store itself */
+    rel = snapshot(w);
+  } else if (ord == kRelaxed) {
+    rel = w.relf;
+  }
+  append(w, L, p, v, std::move(rel));
+}
+
+uint32_t mem_add_u32(uint32_t* p, uint32_t v) {
+  if (!g_weak) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+  std::lock_guard<std::mutex> lock(g_mu);
+  WThr& w = wthr();
+  Loc& L = loc_at(p, 4);
+  const Store& last = L.h.back(); /* an RMW reads the newest store */
+  const uint32_t old = (uint32_t)last.val;
+  w.cur.bump((uintptr_t)p, last.ts);
+  /* relaxed: what it read carries to a later fence; it continues the release sequence
+     of the store it read, and carries this fiber's last fence */
+  std::shared_ptr<Rel> rel = std::make_shared<Rel>();
+  if (last.rel) {
+    w.acq.join(last.rel->cur);
+    if (last.rel->base && last.rel->base != w.base) w.acq.join(*last.rel->base);
+    rel->cur = last.rel->cur;
+    rel->base = last.rel->base;
+  }
+  if (w.relf) {
+    rel->cur.join(w.relf->cur);
+    if (w.relf->base && w.relf->base != rel->base) {
+      if (rel->base) rel->cur.join(*rel->base);
+      rel->base = w.relf->base;
+    }
+  }
+  append(w, L, p, (uint64_t)(old + v), rel->cur.m.empty() && !rel->base ? nullptr : RelP(rel));
+  return old;
+}
+
+void mem_fence() {
+  if (!g_weak) {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return;
+  }
+  if (g_mutant & kMutBarrierFence) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  WThr& w = wthr();
+  w.cur.join(w.acq);
+  w.acq.m.clear();
+  w.relf = snapshot(w);
+}
+
+}  // namespace emu
+
+/* ---- options (coop_emu.h) ------------------------------------------------------------------- */
+extern "C" void sbn_emu_set_weak(int on, uint64_t seed) {
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  emu::g_weak = on != 0;
+  emu::g_seed = seed;
+  emu::g_locs.clear();
+  emu::g_completed.m.clear();
+}
+extern "C" void sbn_emu_set_jitter(unsigned max_us) { emu::g_jitter_us = max_us; }
+extern "C" void sbn_emu_set_residency(unsigned max_blocks) { emu::g_resident = max_blocks; }
+extern "C" void sbn_emu_set_mutant(int flags) { emu::g_mutant = flags; }
+extern "C" uint64_t sbn_emu_stale_loads(void) {
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  return emu::g_stale;
+}
+extern "C" void sbn_emu_weak_forget(void) {
+  std::lock_guard<std::mutex> lock(emu::g_mu);
+  emu::g_locs.clear();
+  emu::g_completed.m.clear();
+}
