@@ -271,6 +271,44 @@ static void close_channels(const char* what, const float* got, const float* cpu,
     }
 }
 
+/* The CPU team's backward on the emulation's saved statistics against the emulation's
+   backward (dx, dweight, dbias; bitwise rank agreement of dweight/dbias under
+   sbnGradGlobal). */
+static void check_backward_vs_cpu(team_t* g, team_t* cpu, const sbnParams_t* pp) {
+  const int W = g->W;
+  const int64_t c = g->d[0].c;
+  const sbnDataType_t dt = g->d[0].dtype;
+  const tol_t tol = tol_for(dt);
+  sbnParams_t p = *pp;
+  /* the CPU backward on the emulation's saved statistics: only the reductions differ */
+  for (int r = 0; r < W; r++) {
+    memcpy(cpu->smean[r], g->smean[r], (size_t)c * sizeof(float));
+    memcpy(cpu->sinv[r], g->sinv[r], (size_t)c * sizeof(float));
+  }
+  ASSERT_OK(team_run(cpu, 1, MODE_GROUP, 0, &p));
+  /* fp32 sums of n*spatial (<= 300 here) terms of size ~1 in a different order: far
+     inside 1e-4 + 1e-4|ref| (DESIGN.md's gradient tolerance) */
+  for (int r = 0; r < W; r++) {
+    close_channels("dbias", g->db[r], cpu->db[r], c, tol.grad_atol, tol.grad_rtol);
+    close_channels("dweight", g->dw[r], cpu->dw[r], c, tol.grad_atol, tol.grad_rtol);
+    int64_t ne = sbn_ref_numel(&g->d[r]);
+    for (int64_t i = 0; i < ne; i++) {
+      double a = sbn_ref_load(g->dx[r], dt, i), b = sbn_ref_load(cpu->dx[r], dt, i);
+      /* dx is rounded to the dtype on both sides: an ulp of it on top of fp32's 1e-4 */
+      double tl = dt == sbnFloat32 ? 1e-4 + 1e-4 * fabs(b) : 1e-3 + 1.6e-2 * fabs(b);
+      if (!(fabs(a - b) <= tl)) {
+        SBN_FAIL_("dx[%d][%" PRId64 "]: emulated %.9g, CPU team %.9g", r, i, a, b);
+        break;
+      }
+    }
+    CHECK_();
+    if (p.grad_mode == sbnGradGlobal && r > 0) {
+      ASSERT_MEMEQ(g->dw[r], g->dw[0], (size_t)c * sizeof(float));
+      ASSERT_MEMEQ(g->db[r], g->db[0], (size_t)c * sizeof(float));
+    }
+  }
+}
+
 static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
                      const int64_t* n, int peer, uint64_t seed) {
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -301,33 +339,8 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
     else
       emu_run_virtual(&e, &g, 1, &p);
     ASSERT_TRUE(err_words_clear(&e));
-    /* the CPU backward on the emulation's saved statistics: only the reductions differ */
-    for (int r = 0; r < W; r++) {
-      memcpy(cpu.smean[r], g.smean[r], (size_t)c * sizeof(float));
-      memcpy(cpu.sinv[r], g.sinv[r], (size_t)c * sizeof(float));
-    }
-    ASSERT_OK(team_run(&cpu, 1, MODE_GROUP, 0, &p));
-    /* fp32 sums of n*spatial (<= 300 here) terms of size ~1 in a different order: far
-       inside 1e-4 + 1e-4|ref| (DESIGN.md's gradient tolerance) */
-    for (int r = 0; r < W; r++) {
-      close_channels("dbias", g.db[r], cpu.db[r], c, tol.grad_atol, tol.grad_rtol);
-      close_channels("dweight", g.dw[r], cpu.dw[r], c, tol.grad_atol, tol.grad_rtol);
-      int64_t ne = sbn_ref_numel(&g.d[r]);
-      for (int64_t i = 0; i < ne; i++) {
-        double a = sbn_ref_load(g.dx[r], dt, i), b = sbn_ref_load(cpu.dx[r], dt, i);
-        /* dx is rounded to the dtype on both sides: an ulp of it on top of fp32's 1e-4 */
-        double tl = dt == sbnFloat32 ? 1e-4 + 1e-4 * fabs(b) : 1e-3 + 1.6e-2 * fabs(b);
-        if (!(fabs(a - b) <= tl)) {
-          SBN_FAIL_("dx[%d][%" PRId64 "]: emulated %.9g, CPU team %.9g", r, i, a, b);
-          break;
-        }
-      }
-      CHECK_();
-      if (p.grad_mode == sbnGradGlobal && r > 0) {
-        ASSERT_MEMEQ(g.dw[r], g.dw[0], (size_t)c * sizeof(float));
-        ASSERT_MEMEQ(g.db[r], g.db[0], (size_t)c * sizeof(float));
-      }
-    }
+    check_backward_vs_cpu(&g, &cpu, &p);
+    CHECK_();
     team_new_inputs(&g, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
     team_new_inputs(&cpu, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
   }
@@ -797,7 +810,7 @@ static void* aborter_main(void* p) {
   aborter_t* a = (aborter_t*)p;
   struct timespec ts = {0, (long)a->delay_ms * 1000000L};
   nanosleep(&ts, NULL);
-  a->e->err[a->e->W] = sbnAborted; /* what sbnCommAbort writes */
+  __atomic_store_n((int*)&a->e->err[a->e->W], sbnAborted, __ATOMIC_RELAXED); /* sbnCommAbort */
   return NULL;
 }
 
@@ -1131,7 +1144,210 @@ static void test_window_abort_crosses(void) {
   team_free(&t);
 }
 
-int main(void) {
+
+/* ---- ranks that run ahead, limited residency, the weak memory model ------------------- */
+
+/* Each rank launches its ops back to back on its own host thread, as separate GPUs do:
+   a rank may publish op k+1 while a peer still reads its record of op k (the parity
+   double buffering is what keeps them apart). Op i is forward then backward on inputs
+   of its own (ops[i], seed + i): a record merged into the wrong op changes the result. */
+typedef struct {
+  emu_team_t* e;
+  team_t* ops;
+  int nops, r;
+  const sbnParams_t* p;
+} pipe_rank_t;
+static void* pipe_rank_main(void* arg) {
+  pipe_rank_t* pr = (pipe_rank_t*)arg;
+  sbn_coop_args_t* a = calloc(1, sizeof *a);
+  /* the last rank is slow to read a record once its flag is seen: the others run ahead
+     into their next op meanwhile */
+  sbn_emu_set_acquire_delay(pr->r == pr->e->W - 1 ? 20000 : 0);
+  for (int i = 0; i < pr->nops; i++)
+    for (int bwd = 0; bwd < 2; bwd++) {
+      team_t* t = &pr->ops[i];
+      const sbnTensorDesc_t* d = &t->d[pr->r];
+      memset(a, 0, sizeof *a);
+      fill_rank(&a->r[0], pr->e, t, pr->r, bwd, pr->p);
+      fill_common(a, pr->e, d, bwd);
+      a->nlaunch = 1;
+      const emu_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
+      a->hold_slots = pl.hold_slots;
+      if (sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, d->dtype, pl.tile, pl.vec, pl.variant, a,
+                         (unsigned)pr->e->G) != 0)
+        abort(); /* a kernel that is not built: a bug of the test's plan */
+    }
+  free(a);
+  return NULL;
+}
+
+static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n,
+                          int nops, uint64_t seed) {
+  enum { kMaxOps = 8 };
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t ops[kMaxOps], cpu[kMaxOps];
+  for (int i = 0; i < nops; i++) {
+    team_make(&ops[i], W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed * 100 + (uint64_t)i);
+    team_make(&cpu[i], W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed * 100 + (uint64_t)i);
+  }
+  emu_team_t e;
+  emu_team_init(&e, W, G, 2000); /* a rank left waiting (a mutant) gives up after 2 s */
+  pthread_t th[MAXW];
+  pipe_rank_t pr[MAXW];
+  for (int r = 0; r < W; r++) {
+    pr[r] = (pipe_rank_t){&e, ops, nops, r, &p};
+    pthread_create(&th[r], NULL, pipe_rank_main, &pr[r]);
+  }
+  for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  if (!err_words_clear(&e))
+    SBN_FAIL_("pipeline W=%d G=%d: error words %d %d %d", W, G, e.err[0], e.err[1], e.err[2]);
+  for (int i = 0; i < nops && err_words_clear(&e); i++) {
+    check_forward(&ops[i], &p, tol_for(sbnFloat32));
+    check_backward_vs_cpu(&ops[i], &cpu[i], &p);
+  }
+  for (int r = 0; err_words_clear(&e) && r < W; r++)
+    if (e.state[r].epoch != (uint32_t)(2 * nops)) SBN_FAIL_("rank %d epoch %u", r, e.state[r].epoch);
+  sbn_emu_weak_forget();
+  emu_team_free(&e);
+  for (int i = 0; i < nops; i++) team_free(&ops[i]), team_free(&cpu[i]);
+}
+
+static void test_pipeline(void) {
+  static const int64_t n2[2] = {2, 1}, n3[3] = {1, 2, 1};
+  pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, 1);
+  pipeline_case(3, 1, sbnLayoutNHWC, 8, 3, n3, 4, 2);
+}
+
+/* At most K blocks resident (as under a tool that serialises kernels): the rank-local
+   barrier cannot complete, and the kernel must end in sbnTimeout, never hang; a rank left
+   waiting for a peer that timed out ends too (sbnTimeout or sbnAborted) and writes
+   nothing. A rank may still succeed when its peer's record was published before the
+   peer timed out (the outcome of a timed-out op is per rank, as in NCCL): its outputs are
+   then those of an unrestricted run. */
+static void test_limited_residency(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t ref;
+  team_make(&ref, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 8);
+  emu_team_t er;
+  emu_team_init(&er, 2, 2, 60000);
+  emu_run_virtual(&er, &ref, 0, &p);
+  ASSERT_TRUE(err_words_clear(&er));
+  emu_team_free(&er);
+  for (unsigned k = 1; k <= 3; k++)
+    for (int peer = 0; peer < 2; peer++) {
+      team_t t;
+      team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 8);
+      team_poison(&t);
+      emu_team_t e;
+      emu_team_init(&e, 2, 2, 200);
+      sbn_emu_set_residency(k);
+      const int64_t t0 = now_ms();
+      if (peer)
+        emu_run_peer(&e, &t, 0, &p, NULL, NULL);
+      else
+        emu_run_virtual(&e, &t, 0, &p);
+      sbn_emu_set_residency(0);
+      const int64_t dt = now_ms() - t0;
+      int timeouts = 0;
+      for (int r = 0; r < 2; r++) {
+        timeouts += e.err[r] == sbnTimeout;
+        if (e.err[r] == 0) {
+          if (memcmp(t.y[r], ref.y[r], team_bytes(&t, r)) != 0)
+            SBN_FAIL_("K=%u peer=%d: rank %d succeeded with other outputs", k, peer, r);
+        } else if (e.err[r] != sbnTimeout && e.err[r] != sbnAborted) {
+          SBN_FAIL_("K=%u peer=%d: rank %d ended with %d", k, peer, r, e.err[r]);
+        } else if (!all_bytes(t.y[r], team_bytes(&t, r), 0xff)) {
+          SBN_FAIL_("K=%u peer=%d: rank %d failed and wrote y", k, peer, r);
+        }
+      }
+      /* a per-rank launch holds K blocks of its own: K >= G = 2 lets it run */
+      if (peer && k >= 2) {
+        if (!err_words_clear(&e)) SBN_FAIL_("K=%u peer: errors %d %d", k, e.err[0], e.err[1]);
+      } else if (timeouts == 0) {
+        SBN_FAIL_("K=%u peer=%d: no rank timed out (%d %d)", k, peer, e.err[0], e.err[1]);
+      }
+      ASSERT_TRUE(dt < 30000); /* ended: bounded by the timeouts, not a hang */
+      emu_team_free(&e);
+      team_free(&t);
+    }
+  team_free(&ref);
+}
+
+/* The exchange under the weak memory model (tests/emu/emu_rt.h), seeded: virtual and
+   per-rank launches, several chunks, both parities, ranks running ahead (jitter). */
+static void weak_suite(uint64_t seed) {
+  static const int64_t n2[2] = {2, 1}, n3[3] = {1, 2, 1};
+  sbn_emu_set_weak(1, seed);
+  sbn_emu_set_jitter(1000);
+  const uint64_t stale0 = sbn_emu_stale_loads();
+  one_case(2, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n2, 0, seed);
+  sbn_emu_weak_forget();
+  one_case(3, 2, sbnFloat32, sbnLayoutNHWC, 8, 3, n3, 1, seed + 1);
+  sbn_emu_weak_forget();
+  pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, seed);
+  /* the model did answer loads with older stores: the suite can see a missing fence */
+  if (sbn_emu_stale_loads() == stale0) SBN_FAIL_("seed %" PRIu64 ": no stale load served", seed);
+  sbn_emu_set_jitter(0);
+  sbn_emu_set_weak(0, 0);
+}
+
+static uint64_t g_weak_seeds = 4;
+static void test_weak_memory(void) {
+  for (uint64_t s = 1; s <= g_weak_seeds; s++) weak_suite(s);
+}
+
+static const struct {
+  const char* name;
+  int flag;
+} kMutants[] = {{"publish_fence", SBN_EMU_MUT_PUBLISH_FENCE},
+                {"poll_acquire", SBN_EMU_MUT_POLL_ACQUIRE},
+                {"barrier_fence", SBN_EMU_MUT_BARRIER_FENCE},
+                {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER}};
+
+/* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
+   (some check fails on some seed); exit 0 iff it does. */
+static int run_mutant(const char* name) {
+  int flag = 0;
+  for (size_t i = 0; i < sizeof kMutants / sizeof kMutants[0]; i++)
+    if (strcmp(name, kMutants[i].name) == 0) flag = kMutants[i].flag;
+  if (flag == 0) {
+    fprintf(stderr, "unknown mutant '%s'\n", name);
+    return 2;
+  }
+  sbn_emu_set_mutant(flag);
+  uint64_t s;
+  for (s = 1; s <= 8 && sbn_test_failures_ == 0; s++) weak_suite(s);
+  sbn_emu_set_mutant(0);
+  const int caught = sbn_test_failures_ > 0;
+  printf("mutant %s: %s (%d failed checks, seeds 1..%" PRIu64 ")\n", name,
+         caught ? "CAUGHT" : "NOT CAUGHT", sbn_test_failures_, s - 1);
+  return caught ? 0 : 1;
+}
+
+/* `test_coop_emu race NAME`: a mutant without the weak model (C++ atomics), for
+   ThreadSanitizer to see the data race it makes (the tsan build's test passes iff TSan
+   reports one; the values here stay right: x86 is stronger than what the code asks). */
+static int run_race(const char* name) {
+  static const int64_t n2[2] = {2, 1};
+  int flag = 0;
+  for (size_t i = 0; i < sizeof kMutants / sizeof kMutants[0]; i++)
+    if (strcmp(name, kMutants[i].name) == 0) flag = kMutants[i].flag;
+  if (flag == 0) return 2;
+  sbn_emu_set_mutant(flag);
+  one_case(2, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n2, 1, 3);
+  sbn_emu_set_mutant(0);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && strcmp(argv[1], "mutant") == 0) return run_mutant(argv[2]);
+  if (argc >= 3 && strcmp(argv[1], "race") == 0) return run_race(argv[2]);
+  if (argc >= 2 && strcmp(argv[1], "weak") == 0) {
+    if (argc >= 3) g_weak_seeds = strtoull(argv[2], NULL, 10);
+    SBN_RUN(test_weak_memory);
+    return sbn_test_exit();
+  }
   SBN_RUN(test_emulated_vs_reference);
   SBN_RUN(test_virtual_equals_peer);
   SBN_RUN(test_onchip_equals_stream);
@@ -1148,6 +1364,8 @@ int main(void) {
   SBN_RUN(test_window_equals_virtual);
   SBN_RUN(test_window_timeout_crosses);
   SBN_RUN(test_window_abort_crosses);
+  SBN_RUN(test_pipeline);
+  SBN_RUN(test_limited_residency);
   team_comms_destroy();
   return sbn_test_exit();
 }

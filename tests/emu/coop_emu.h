@@ -56,6 +56,9 @@ void sbn_emu_set_weak(int on, uint64_t seed);
 /* Spinning launches sleep up to max_us microseconds now and then (0: never): ranks
    launched separately drift apart, as on separate GPUs. */
 void sbn_emu_set_jitter(unsigned max_us);
+/* Each block of a launch of the calling OS thread sleeps `us` microseconds after its
+   first acquire load of a flag (a rank slow to read what it saw published; 0: never). */
+void sbn_emu_set_acquire_delay(unsigned us);
 /* At most max_blocks blocks of a launch resident at a time (0: all). */
 void sbn_emu_set_residency(unsigned max_blocks);
 /* Mutants of the memory-ordering primitives (weak model only; 0: none): */

@@ -72,11 +72,11 @@ T shfl_down(T v, int off) {
 
 inline void __syncthreads() { emu::bar_block(); }
 inline int __syncthreads_or(int p) {
-  if (p) emu_block->or_acc = 1;
+  if (p) __atomic_store_n(&emu_block->or_acc, 1, __ATOMIC_RELAXED); /* any may write */
   __syncthreads();
-  int r = emu_block->or_acc;
+  int r = __atomic_load_n(&emu_block->or_acc, __ATOMIC_RELAXED);
   __syncthreads();
-  if (threadIdx.x == 0) emu_block->or_acc = 0;
+  if (threadIdx.x == 0) __atomic_store_n(&emu_block->or_acc, 0, __ATOMIC_RELAXED);
   __syncthreads();
   return r;
 }
@@ -137,7 +137,7 @@ inline float u2f(uint32_t u) {
   return f;
 }
 inline uint32_t ld_acquire_sys(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquire); }
-inline uint32_t ld_acquire_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquire); }
+inline uint32_t ld_acquire_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquireGpu); }
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
 inline void st_release_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelease); }
 inline uint32_t ld_relaxed_sys_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }

@@ -70,6 +70,7 @@ namespace {
 uint64_t g_seed = 0;   /* 0: FIFO scheduling, no jitter */
 unsigned g_resident;   /* 0: every block of a launch at once */
 unsigned g_jitter_us;  /* weak/seeded runs: occasional OS sleeps of the spinning launch */
+thread_local unsigned t_acquire_delay_us; /* this OS thread's launches: a late reader */
 
 /* ---- context switch ---------------------------------------------------------------- */
 #if defined(__x86_64__)
@@ -131,18 +132,23 @@ void* ctx_make(char* stack, size_t size, void (*fn)(void*), void* arg) {
 #endif
 
 #if defined(EMU_TSAN) || defined(EMU_ASAN)
-constexpr size_t kStack = 512 * 1024;
+constexpr size_t kStack = 128 * 1024;
 #else
 constexpr size_t kStack = 128 * 1024;
 #endif
 
-/* Stacks are reused across launches of the OS thread (touched pages only count). */
-thread_local std::vector<char*> t_stacks;
+/* Stacks are reused across launches (of any OS thread: the launch threads of per-rank
+   launches come and go); touched pages only count. */
+std::mutex g_stacks_mu;
+std::vector<char*> g_stacks;
 char* stack_get() {
-  if (!t_stacks.empty()) {
-    char* s = t_stacks.back();
-    t_stacks.pop_back();
-    return s;
+  {
+    std::lock_guard<std::mutex> lock(g_stacks_mu);
+    if (!g_stacks.empty()) {
+      char* s = g_stacks.back();
+      g_stacks.pop_back();
+      return s;
+    }
   }
   void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
@@ -152,7 +158,10 @@ char* stack_get() {
   }
   return static_cast<char*>(p);
 }
-void stack_put(char* s) { t_stacks.push_back(s); }
+void stack_put(char* s) {
+  std::lock_guard<std::mutex> lock(g_stacks_mu);
+  g_stacks.push_back(s);
+}
 
 uint64_t mix(uint64_t x) { /* splitmix64 */
   x += 0x9e3779b97f4a7c15ull;
@@ -182,10 +191,22 @@ struct View {
   }
 };
 typedef std::shared_ptr<const View> ViewP;
-/* What a release carries: the storing fiber's view and its launch's base view. */
+/* The stores of the launches completed when a launch started. These snapshots only grow
+   (gen counts the completions), so the join of two is the newer one. */
+struct Base {
+  View v;
+  uint64_t gen;
+};
+typedef std::shared_ptr<const Base> BaseP;
+BaseP newer(const BaseP& a, const BaseP& b) {
+  if (!a) return b;
+  if (!b) return a;
+  return b->gen > a->gen ? b : a;
+}
+/* What a release carries: the storing fiber's view and its launch's base. */
 struct Rel {
-  ViewP base;
-  View cur;
+  BaseP base;
+  ViewP cur;
 };
 typedef std::shared_ptr<const Rel> RelP;
 struct Store {
@@ -200,18 +221,30 @@ struct Loc {
 };
 constexpr size_t kHistory = 8;
 
-struct WThr { /* a fiber's views */
-  View cur;     /* the oldest store it may read, per location */
-  View acq;     /* what its relaxed loads read since the last fence carried */
-  ViewP acq_base;
-  RelP relf;    /* its view at its last fence: carried by its later relaxed stores */
-  ViewP base;   /* its launch's view of completed launches */
-  uint32_t eff(uintptr_t a) const { return std::max(cur.get(a), base ? base->get(a) : 0u); }
+/* A fiber's views. `cur` is shared (copy on write) with the fibers it met at a barrier
+   and with the releases it made since it last changed. */
+struct WThr {
+  std::shared_ptr<View> cur; /* the oldest store it may read, per location */
+  View acq;                  /* what its relaxed loads read since its last fence carried */
+  RelP relf;                 /* its view at its last fence: carried by its relaxed stores */
+  BaseP base;                /* completed launches it knows of (its launch's, or newer) */
+  uint32_t eff(uintptr_t a) const {
+    return std::max(cur ? cur->get(a) : 0u, base ? base->v.get(a) : 0u);
+  }
+  View& mut() {
+    if (!cur)
+      cur = std::make_shared<View>();
+    else if (cur.use_count() > 1)
+      cur = std::make_shared<View>(*cur);
+    return *cur;
+  }
 };
 
 std::mutex g_mu; /* the model (launches of several OS threads share it) */
 std::unordered_map<uintptr_t, Loc> g_locs;
 View g_completed;
+uint64_t g_completed_gen;
+BaseP g_base; /* the snapshot of g_completed at g_completed_gen */
 uint64_t g_stale; /* loads that returned a store older than the newest */
 
 }  // namespace
@@ -240,6 +273,7 @@ struct BlockRt {
   Bar wbar[32];
   std::vector<Fiber> fibers;
   unsigned live = 0;
+  bool delayed = false; /* the reader delay (sbn_emu_set_acquire_delay) was served */
   char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
 };
 struct Launch {
@@ -256,10 +290,11 @@ struct Launch {
   Rng rng;
   bool random = false;
   uint64_t spins = 0;
-  ViewP base;                                        /* weak: completed stores at the start */
+  BaseP base;                                        /* weak: completed stores at the start */
   std::vector<std::pair<uintptr_t, uint32_t>> log;   /* weak: this launch's stores */
 #ifdef EMU_TSAN
   void* tsan_sched = nullptr;
+  char sync_start = 0, sync_end = 0; /* a launch's start and end, for TSan (stream order) */
 #endif
 #ifdef EMU_ASAN
   const void* sched_stack = nullptr;
@@ -272,6 +307,7 @@ thread_local Launch* t_launch;
 thread_local uint64_t t_launch_seq; /* launches run by this OS thread (seeds) */
 
 void set_idx(Fiber* f) {
+  RT_IGNORE; /* the fiber's built-in variables, read by it only */
   Launch* l = f->l;
   threadIdx = Idx{f->tid, 0, 0};
   blockIdx = Idx{f->block, 0, 0};
@@ -301,16 +337,37 @@ Fiber* runq_pop(Launch* l) {
 
 /* From the running fiber to the scheduler; returns when the scheduler resumes it. */
 void to_scheduler(Fiber* f, bool dying) {
-  Launch* l = f->l;
+  void** save;
+  void* to;
 #ifdef EMU_ASAN
-  void* fake = nullptr;
-  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, l->sched_stack, l->sched_stack_size);
+  const void* sched_stack;
+  size_t sched_stack_size;
 #endif
 #ifdef EMU_TSAN
-  __tsan_switch_to_fiber(l->tsan_sched, 1 /* __tsan_switch_to_fiber_no_sync */);
+  void* sched_fiber;
+#endif
+  {
+    RT_IGNORE; /* ended before the switch: a dying fiber must not keep it */
+    Launch* l = f->l;
+    save = &f->sp;
+    to = l->sched_sp;
+#ifdef EMU_ASAN
+    sched_stack = l->sched_stack;
+    sched_stack_size = l->sched_stack_size;
+#endif
+#ifdef EMU_TSAN
+    sched_fiber = l->tsan_sched;
+#endif
+  }
+#ifdef EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, sched_stack, sched_stack_size);
+#endif
+#ifdef EMU_TSAN
+  __tsan_switch_to_fiber(sched_fiber, 1 /* __tsan_switch_to_fiber_no_sync */);
 #endif
   (void)dying;
-  emu_ctx_switch(&f->sp, l->sched_sp);
+  emu_ctx_switch(save, to);
 #ifdef EMU_ASAN
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
@@ -320,10 +377,23 @@ void fiber_exit_bookkeeping(Fiber* f);
 
 void fiber_main(void* arg) {
   Fiber* f = static_cast<Fiber*>(arg);
+  void (*fn)(void*);
+  void* ctx;
+  {
+    RT_IGNORE;
+    fn = f->l->fn;
+    ctx = f->l->ctx;
+  }
+#ifdef EMU_TSAN
+  __tsan_acquire(&f->l->sync_start); /* what the host wrote before the launch */
+#endif
 #ifdef EMU_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &f->l->sched_stack, &f->l->sched_stack_size);
 #endif
-  f->l->fn(f->l->ctx);
+  fn(ctx);
+#ifdef EMU_TSAN
+  __tsan_release(&f->l->sync_end); /* to the launch's end */
+#endif
   fiber_exit_bookkeeping(f);
   to_scheduler(f, true);
   abort(); /* never resumed */
@@ -351,15 +421,11 @@ void bar_arrive(Bar& b, bool ordering, void* sync_obj) {
 #else
   (void)sync_obj;
 #endif
-  bool wait;
-  {
-    RT_IGNORE;
-    wait = ++b.arrived < b.n;
-    if (wait)
-      b.waiting.push_back(f);
-    else
-      bar_release(l, b, ordering, f);
-  }
+  const bool wait = ++b.arrived < b.n;
+  if (wait)
+    b.waiting.push_back(f);
+  else
+    bar_release(l, b, ordering, f);
   if (wait) to_scheduler(f, false);
 #ifdef EMU_TSAN
   __tsan_acquire(sync_obj);
@@ -407,6 +473,9 @@ void block_start(Launch* l, unsigned bi) {
 
 void block_finish(Launch* l, unsigned bi) {
   BlockRt& B = *l->blocks[bi];
+#ifdef EMU_TSAN
+  __tsan_acquire(&l->sync_end); /* the block's threads have returned */
+#endif
   for (Fiber& f : B.fibers) {
     stack_put(f.stack);
 #ifdef EMU_TSAN
@@ -439,10 +508,13 @@ void run_launch(void (*fn)(void*), void* ctx, unsigned grid, unsigned threads, s
   for (unsigned b = 0; b < grid; b++) l.blocks.emplace_back(new BlockRt);
   if (g_weak) {
     std::lock_guard<std::mutex> lock(g_mu);
-    l.base = std::make_shared<const View>(g_completed);
+    if (!g_base || g_base->gen != g_completed_gen)
+      g_base = std::make_shared<const Base>(Base{g_completed, g_completed_gen});
+    l.base = g_base;
   }
 #ifdef EMU_TSAN
   l.tsan_sched = __tsan_get_current_fiber();
+  __tsan_release(&l.sync_start);
 #endif
   Launch* outer = t_launch;
   t_launch = &l;
@@ -477,37 +549,49 @@ void run_launch(void (*fn)(void*), void* ctx, unsigned grid, unsigned threads, s
     }
   }
   t_launch = outer;
+#ifdef EMU_TSAN
+  __tsan_acquire(&l.sync_end); /* the host sees what the kernel wrote */
+#endif
   if (g_weak) { /* a kernel's end: its stores are visible to every later launch */
     std::lock_guard<std::mutex> lock(g_mu);
     for (const auto& e : l.log) g_completed.bump(e.first, e.second);
+    g_completed_gen++;
   }
 }
 
 void bar_block() {
+  RT_IGNORE;
   BlockRt& B = *t_launch->blocks[t_launch->cur->block];
   bar_arrive(B.bar, true, &B.bar_sync_obj);
 }
 
 void bar_warp(bool ordering) {
+  RT_IGNORE;
   Fiber* f = t_launch->cur;
   BlockRt& B = *t_launch->blocks[f->block];
   bar_arrive(B.wbar[f->tid >> 5], ordering, &B.wbar_sync_obj[f->tid >> 5]);
 }
 
+/* With jitter on, the launch's OS thread sleeps now and then (1 in `odds`): in a spin,
+   and after an acquire (a reader late after it saw a flag) — ranks drift apart. */
+static void jitter(Fiber* f, unsigned odds) {
+  if (g_jitter_us == 0 || f->rng.below(odds) != 0) return;
+  const unsigned us = f->rng.below(g_jitter_us) + 1;
+  struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+  nanosleep(&ts, nullptr);
+}
+
 void spin_yield() {
+  RT_IGNORE;
   Launch* l = t_launch;
   Fiber* f = l->cur;
-  {
-    RT_IGNORE;
-    runq_push(l, f);
-  }
+  runq_push(l, f);
   /* let the other launches (OS threads) run: a spinning launch waits for them */
-  if ((++l->spins & 63u) == 0) sched_yield();
-  if (g_jitter_us && f->rng.below(256) == 0) {
-    const unsigned us = f->rng.below(g_jitter_us) + 1;
-    struct timespec ts = {0, (long)us * 1000};
+  if ((++l->spins & 31u) == 0) {
+    struct timespec ts = {0, 50000}; /* a launch left spinning does not hog a core */
     nanosleep(&ts, nullptr);
   }
+  jitter(f, 256);
   to_scheduler(f, false);
 }
 
@@ -522,6 +606,7 @@ void* block_shared(const char* name, size_t size) {
 namespace {
 
 WThr& wthr() {
+  RT_IGNORE;
   Fiber* f = t_launch->cur;
   if (!f->w) {
     f->w.reset(new WThr);
@@ -550,16 +635,18 @@ Loc& loc_at(const void* p, int size) {
   return L;
 }
 
+/* What release r carries, into view `into` of fiber w (the base: w's own). */
 void join_rel(WThr& w, View& into, const RelP& r) {
   if (!r) return;
-  into.join(r->cur);
-  if (r->base && r->base != w.base) into.join(*r->base);
+  if (r->cur) into.join(*r->cur);
+  w.base = newer(w.base, r->base);
 }
 
-RelP snapshot(const WThr& w) {
+RelP snapshot(WThr& w) {
   std::shared_ptr<Rel> r = std::make_shared<Rel>();
   r->base = w.base;
-  r->cur = w.cur;
+  if (!w.cur) w.cur = std::make_shared<View>();
+  r->cur = w.cur; /* shared until the fiber's next change */
   return r;
 }
 
@@ -574,7 +661,7 @@ const Store& choose(WThr& w, Loc& L, uintptr_t a) {
     if (rng.below(2) == 0) pick = i0 + rng.below((unsigned)n);
   }
   if (pick != L.h.size() - 1) g_stale++;
-  w.cur.bump(a, L.h[pick].ts);
+  if (w.eff(a) < L.h[pick].ts) w.mut().bump(a, L.h[pick].ts);
   return L.h[pick];
 }
 
@@ -582,7 +669,7 @@ void append(WThr& w, Loc& L, void* p, uint64_t val, RelP rel) {
   const uintptr_t a = (uintptr_t)p;
   Store s{val, L.next++, std::move(rel)};
   memcpy(p, &val, (size_t)L.size);
-  w.cur.bump(a, s.ts);
+  w.mut().bump(a, s.ts);
   t_launch->log.emplace_back(a, s.ts);
   L.h.push_back(std::move(s));
   if (L.h.size() > kHistory) L.h.erase(L.h.begin());
@@ -590,11 +677,20 @@ void append(WThr& w, Loc& L, void* p, uint64_t val, RelP rel) {
 
 void weak_join_all(std::vector<Fiber*>& ps) {
   std::lock_guard<std::mutex> lock(g_mu);
-  View j;
-  bool any = false;
+  std::vector<const View*> seen;
   for (Fiber* f : ps)
-    if (f->w && !f->w->cur.m.empty()) j.join(f->w->cur), any = true;
-  if (!any) return;
+    if (f->w && f->w->cur && !f->w->cur->m.empty() &&
+        std::find(seen.begin(), seen.end(), f->w->cur.get()) == seen.end())
+      seen.push_back(f->w->cur.get());
+  if (seen.empty()) return;
+  std::shared_ptr<View> j;
+  if (seen.size() == 1) {
+    for (Fiber* f : ps)
+      if (f->w && f->w->cur.get() == seen[0]) j = f->w->cur;
+  } else {
+    j = std::make_shared<View>();
+    for (const View* v : seen) j->join(*v);
+  }
   for (Fiber* f : ps) {
     if (!f->w) {
       f->w.reset(new WThr);
@@ -606,29 +702,48 @@ void weak_join_all(std::vector<Fiber*>& ps) {
 
 }  // namespace
 
+static uint64_t load_impl(const void* p, int size, int ord);
+
 uint64_t mem_load(const void* p, int size, int ord) {
+  const uint64_t v = load_impl(p, size, ord);
+  if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
+    jitter(t_launch->cur, 4);
+    BlockRt& B = *t_launch->blocks[t_launch->cur->block];
+    if (t_acquire_delay_us && !B.delayed) {
+      B.delayed = true;
+      struct timespec ts = {(time_t)(t_acquire_delay_us / 1000000),
+                            (long)(t_acquire_delay_us % 1000000) * 1000};
+      nanosleep(&ts, nullptr);
+    }
+  }
+  return v;
+}
+
+static uint64_t load_impl(const void* p, int size, int ord) {
+  if (ord == kAcquire && (g_mutant & kMutPollAcquire)) ord = kRelaxed;
   if (!g_weak) {
     uint64_t v = 0;
     if (ord == kWeak) return raw_load(p, size);
-    if (size == 4) v = __atomic_load_n((const uint32_t*)p, ord == kAcquire ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
-    else v = (uint64_t)__atomic_load_n((const uint64_t*)p, ord == kAcquire ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
+    const int mo = ord == kRelaxed ? __ATOMIC_RELAXED : __ATOMIC_ACQUIRE;
+    if (size == 4) v = __atomic_load_n((const uint32_t*)p, mo);
+    else v = (uint64_t)__atomic_load_n((const uint64_t*)p, mo);
     return v;
   }
-  if (ord == kAcquire && (g_mutant & kMutPollAcquire)) ord = kRelaxed;
+  if (ord == kAcquireGpu) ord = kAcquire;
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();
   Loc& L = loc_at(p, size);
   const Store& s = choose(w, L, (uintptr_t)p);
-  if (ord == kAcquire) {
-    join_rel(w, w.cur, s.rel);
+  if (ord == kAcquire && s.rel) {
+    join_rel(w, w.mut(), s.rel);
   } else if (ord == kRelaxed && s.rel) {
-    w.acq.join(s.rel->cur);
-    if (s.rel->base && s.rel->base != w.base) w.acq.join(*s.rel->base);
+    join_rel(w, w.acq, s.rel);
   }
   return s.val;
 }
 
 void mem_store(void* p, int size, uint64_t v, int ord) {
+  if (ord == kRelease && (g_mutant & kMutPublishFence)) ord = kRelaxed;
   if (!g_weak) {
     if (ord == kWeak) {
       memcpy(p, &v, (size_t)size);
@@ -639,13 +754,12 @@ void mem_store(void* p, int size, uint64_t v, int ord) {
     }
     return;
   }
-  if (ord == kRelease && (g_mutant & kMutPublishFence)) ord = kRelaxed;
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();
   Loc& L = loc_at(p, size);
   RelP rel;
   if (ord == kRelease) {
-    w.cur.bump((uintptr_t)p, L.next); /* the store itself */
+    w.mut().bump((uintptr_t)p, L.next); /* the store itself */
     rel = snapshot(w);
   } else if (ord == kRelaxed) {
     rel = w.relf;
@@ -660,24 +774,23 @@ uint32_t mem_add_u32(uint32_t* p, uint32_t v) {
   Loc& L = loc_at(p, 4);
   const Store& last = L.h.back(); /* an RMW reads the newest store */
   const uint32_t old = (uint32_t)last.val;
-  w.cur.bump((uintptr_t)p, last.ts);
   /* relaxed: what it read carries to a later fence; it continues the release sequence
      of the store it read, and carries this fiber's last fence */
-  std::shared_ptr<Rel> rel = std::make_shared<Rel>();
-  if (last.rel) {
-    w.acq.join(last.rel->cur);
-    if (last.rel->base && last.rel->base != w.base) w.acq.join(*last.rel->base);
-    rel->cur = last.rel->cur;
-    rel->base = last.rel->base;
+  join_rel(w, w.acq, last.rel);
+  RelP rel;
+  if (last.rel && w.relf) {
+    std::shared_ptr<View> j = std::make_shared<View>();
+    if (last.rel->cur) j->join(*last.rel->cur);
+    if (w.relf->cur) j->join(*w.relf->cur);
+    std::shared_ptr<Rel> r = std::make_shared<Rel>();
+    r->base = newer(last.rel->base, w.relf->base);
+    r->cur = j;
+    rel = r;
+  } else {
+    rel = last.rel ? last.rel : w.relf;
   }
-  if (w.relf) {
-    rel->cur.join(w.relf->cur);
-    if (w.relf->base && w.relf->base != rel->base) {
-      if (rel->base) rel->cur.join(*rel->base);
-      rel->base = w.relf->base;
-    }
-  }
-  append(w, L, p, (uint64_t)(old + v), rel->cur.m.empty() && !rel->base ? nullptr : RelP(rel));
+  const uint64_t nv = (uint64_t)(old + v);
+  append(w, L, p, nv, std::move(rel));
   return old;
 }
 
@@ -689,7 +802,7 @@ void mem_fence() {
   if (g_mutant & kMutBarrierFence) return;
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();
-  w.cur.join(w.acq);
+  if (!w.acq.m.empty()) w.mut().join(w.acq);
   w.acq.m.clear();
   w.relf = snapshot(w);
 }
@@ -703,8 +816,10 @@ extern "C" void sbn_emu_set_weak(int on, uint64_t seed) {
   emu::g_seed = seed;
   emu::g_locs.clear();
   emu::g_completed.m.clear();
+  emu::g_completed_gen++;
 }
 extern "C" void sbn_emu_set_jitter(unsigned max_us) { emu::g_jitter_us = max_us; }
+extern "C" void sbn_emu_set_acquire_delay(unsigned us) { emu::t_acquire_delay_us = us; }
 extern "C" void sbn_emu_set_residency(unsigned max_blocks) { emu::g_resident = max_blocks; }
 extern "C" void sbn_emu_set_mutant(int flags) { emu::g_mutant = flags; }
 extern "C" uint64_t sbn_emu_stale_loads(void) {
@@ -715,4 +830,5 @@ extern "C" void sbn_emu_weak_forget(void) {
   std::lock_guard<std::mutex> lock(emu::g_mu);
   emu::g_locs.clear();
   emu::g_completed.m.clear();
+  emu::g_completed_gen++;
 }

@@ -63,14 +63,19 @@ void spin_yield();             /* __nanosleep: another fiber runs */
 void* block_shared(const char* name, size_t size);
 
 /* ---- weak memory (kernels/coop_mem.cuh's accessors of shared locations) ---- */
-enum Ord { kWeak = 0, kRelaxed = 1, kAcquire = 2, kRelease = 3 };
+/* kAcquire: ld.acquire.sys (the flags' polls: the poll mutant and the reader delays act
+   on it); kAcquireGpu: ld.acquire.gpu (the rank barrier's poll). */
+enum Ord { kWeak = 0, kRelaxed = 1, kAcquire = 2, kRelease = 3, kAcquireGpu = 4 };
 uint64_t mem_load(const void* p, int size, int ord);
 void mem_store(void* p, int size, uint64_t v, int ord);
 uint32_t mem_add_u32(uint32_t* p, uint32_t v); /* atomicAdd: relaxed RMW */
 void mem_fence();                              /* __threadfence */
 extern bool g_weak;                            /* the weak model is on */
 
-/* Mutants of the primitives (sbn_emu_set_mutant): what the weak model must catch. */
+/* Mutants of the primitives (sbn_emu_set_mutant): what the weak model must catch. The
+   first two also act without it (C++ atomics: ThreadSanitizer sees the missing order);
+   the barrier's fences act only in the weak model (TSan does not model fences, so there
+   atomicAdd is a seq_cst RMW). */
 enum {
   kMutPublishFence = 1, /* st.release.sys of the flag becomes relaxed */
   kMutPollAcquire = 2,  /* the flag's ld.acquire.sys becomes relaxed */
