@@ -707,6 +707,7 @@ static uint64_t load_impl(const void* p, int size, int ord);
 uint64_t mem_load(const void* p, int size, int ord) {
   const uint64_t v = load_impl(p, size, ord);
   if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
+    RT_IGNORE;
     jitter(t_launch->cur, 4);
     BlockRt& B = *t_launch->blocks[t_launch->cur->block];
     if (t_acquire_delay_us && !B.delayed) {
