@@ -69,9 +69,10 @@ static int sbn_test_count_[3];     /* passed, failed, tests run */
     }                                                                                \
   } while (0)
 
+/* (no bytes: equal, whatever the pointers; memcmp must not see NULL) */
 #define ASSERT_MEMEQ(a, b, nbytes)                                                   \
   do {                                                                               \
-    if (memcmp((a), (b), (nbytes)) != 0) {                                           \
+    if ((nbytes) != 0 && memcmp((a), (b), (nbytes)) != 0) {                          \
       SBN_FAIL_("%s and %s differ (bitwise, %zu bytes)", #a, #b, (size_t)(nbytes));  \
       return;                                                                        \
     }                                                                                \
