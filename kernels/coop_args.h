@@ -23,9 +23,9 @@ extern "C" {
                                   m2), bwd (sum_dy, sum_dy_xmu, unused) */
 
 /* One mailbox record: what rank `src` published for SBN_GPU_CHUNK channels of one op.
-   The publisher writes count, sig and data, then a system-scope fence, then `epoch`; the
-   reader loads `epoch` with acquire (system scope) until it equals the op's epoch, then
-   reads the rest. 400 bytes, 16-byte aligned. */
+   The publisher writes count, sig and data, then stores `epoch` with st.release.sys; the
+   reader polls `epoch` (relaxed) until it equals the op's epoch, loads it once with
+   ld.acquire.sys, then reads the rest (coop_exchange.cuh). 400 bytes, 16-byte aligned. */
 typedef struct {
   uint32_t epoch;
   uint32_t sig;   /* op kind, dtype, layout and C: ranks running different ops see it */
