@@ -104,6 +104,25 @@ static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's mas
 #include "coop_legacy.cuh"
 #include "coop_vec.cuh"
 
+/* ---- compile-time limits (nvcc and the emulation's compiler both check them) ---------- */
+/* Kernel parameters: the argument blocks are passed by value (__grid_constant__). 4 KB is
+   the limit of every CUDA version and architecture (CUDA 12.1+ with a recent driver allows
+   32764 bytes on Volta and later); within 4 KB a launch needs neither. */
+static_assert(sizeof(sbn_coop_args_t) <= 4096, "the cooperative kernels' arguments exceed 4 KB");
+static_assert(sizeof(sbn_infer_args_t) <= 4096, "the inference kernel's arguments exceed 4 KB");
+/* Static shared memory (Smem, the legacy stage 1's union included) within the 48 KB a
+   block gets without opting in. */
+static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory above 48 KB");
+/* The onchip kernels: Smem and at least one held batch per thread (backward: x and dy, 32
+   bytes a position) within the smallest opt-in limit of the built architectures (sm_80:
+   163 KB; sm_90, sm_100: 227 KB). src/gpu/gpu_team.c sizes the held slots from the
+   device's own limit at init. */
+static_assert(sizeof(Smem) + (size_t)SBN_BATCH_BWD * SBN_GPU_THREADS * 32 <= 163 * 1024,
+              "no onchip slot fits in sm_80's shared memory");
+/* A partial entry is read as one 16-byte vector (ld_weak_f4): 4 floats, 16-byte aligned
+   as the workspace is (cudaMalloc). */
+static_assert(SBN_GPU_PART_FLOATS == 4, "a partial entry is one float4");
+
 /* ---- the cooperative kernel ---------------------------------------------------------------- */
 template <int KIND, int DT, bool TILE, int VEC, int VAR>
 __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_BLOCKS_PER_SM
