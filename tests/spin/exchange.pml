@@ -1,0 +1,195 @@
+/* exchange.pml — a model of the cooperative kernels' cross-rank exchange, for SPIN.
+ * docs/MODEL.md sets each part beside the kernel code it stands for (kernels/coop.cu,
+ * kernels/coop_exchange.cuh). Memory is sequentially consistent here: the ordering of the
+ * publish and the polls is the emulator's weak model's job (tests/emu/emu_rt.h).
+ *
+ * W ranks, G blocks per rank (block b publishes chunk b and waits for every rank's
+ * chunk b), OPS kernels per rank launched in stream order. Each kernel reads its op's
+ * epoch from device state (so a replayed graph is the next op), meets the rank's other
+ * blocks at the rank barrier, publishes its record into every rank's mailbox at parity
+ * epoch % 2 (data, then the flag), and waits for every rank's record of its chunk.
+ *
+ * Options (spin -D...): TIMEOUTS (every wait may give up: sbnTimeout), ABORT (the host
+ * may set the abort word at any time), PEER_STOPS (the last rank launches one op fewer:
+ * a peer that never arrives), SINGLE_BUFFER (the mutant: one record per source, no
+ * parity).
+ *
+ * Checked: (1) no rank merges a record written for another op (assertion in the wait);
+ * (2) no record is overwritten before its reader read it, unless that reader has failed
+ * (assertion in the publish); (3) every wait ends — success, timeout or abort: no invalid
+ * end state (SPIN's deadlock check) in every configuration that has a way out;
+ * (4) agreement: with no failure injected every op of every rank succeeds; with failures,
+ * no block succeeds in an op after the first op that failed anywhere, and a kernel queued
+ * behind a failure publishes nothing (assertion).
+ */
+#ifndef W
+#define W 2
+#endif
+#ifndef G
+#define G 1
+#endif
+#ifndef OPS
+#define OPS 3
+#endif
+
+#ifdef SINGLE_BUFFER
+#define PAR(k) 0
+#else
+#define PAR(k) ((k) % 2)
+#endif
+/* record (src, parity, chunk) of a mailbox; mailboxes by destination */
+#define NREC (W * 2 * G)
+#define RIDX(src, k, chunk) (((src) * 2 + PAR(k)) * G + (chunk))
+
+#define OK 0
+#define TIMEOUT 2
+#define ABORTED 3
+
+typedef Rec {
+  byte flag; /* the epoch of the op that wrote it (sbn_mail_rec_t.epoch) */
+  byte data; /* stands for sig, count and data: the op they were written for */
+};
+typedef Box {
+  Rec rec[NREC];
+  bit pending[NREC]; /* published, not yet read by this mailbox's rank */
+};
+Box mail[W];
+
+byte epoch[W];     /* sbn_rank_state_t.epoch: ops this rank has run (device memory) */
+byte arrived[W];   /* the rank barrier's arrivals, over all ops */
+byte err[W + 1];   /* the error words: err[r] by rank r's kernels, err[W] by the host */
+byte done[W];      /* blocks of rank r whose kernel ended, over all ops (stream order) */
+byte failed[W * OPS]; /* the first error a block of rank r recorded in op k (0: none) */
+byte fail_op;      /* the first op in which any rank recorded an error (0: none) */
+
+#if W == 2
+#define ANY_ERR (err[0] != 0 || err[1] != 0 || err[2] != 0)
+#elif W == 3
+#define ANY_ERR (err[0] != 0 || err[1] != 0 || err[2] != 0 || err[3] != 0)
+#else
+#error "W is 2 or 3"
+#endif
+
+/* record_error: the first cause stays (coop_exchange.cuh) */
+inline record_error(r, op, code) {
+  d_step {
+    if
+    :: err[r] == 0 -> err[r] = code
+    :: else -> skip
+    fi;
+    if
+    :: failed[r * OPS + op - 1] == 0 -> failed[r * OPS + op - 1] = code
+    :: else -> skip
+    fi;
+    if
+    :: fail_op == 0 || op < fail_op -> fail_op = op
+    :: else -> skip
+    fi
+  }
+}
+
+proctype Block(byte r; byte b) {
+  byte op = 1, k, q, d, dst, st;
+  bit seen;
+  do
+  :: op > OPS -> break
+#ifdef PEER_STOPS
+  :: op == OPS && r == W - 1 -> break /* this rank never launches its last op */
+#endif
+  :: else ->
+    (done[r] >= G * (op - 1)); /* the rank's previous kernel has ended */
+    /* every block reads the epoch before the barrier; publishing blocks read the
+       failure words at their start (coop.cu: sbn_coop_kernel) */
+    d_step { k = epoch[r] + 1; seen = ANY_ERR; st = OK }
+    /* stage 2: the rank barrier, bounded by the deadline */
+    arrived[r]++;
+    if
+    :: arrived[r] >= G * op -> skip
+#ifdef TIMEOUTS
+    :: true -> st = TIMEOUT
+#endif
+    fi;
+    if
+    :: st != OK -> record_error(r, op, st); goto next_op
+    :: st == OK && seen -> record_error(r, op, ABORTED); goto next_op
+    :: else -> skip
+    fi;
+    if
+    :: b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier */
+    :: else -> skip
+    fi;
+    dst = 0;
+    do
+    :: dst == W -> break
+    :: dst < W ->
+      /* (2): the record this overwrites was read, or its reader has failed */
+      assert(mail[dst].pending[RIDX(r, k, b)] == 0 || err[dst] != 0);
+      d_step {
+        mail[dst].rec[RIDX(r, k, b)].data = k;
+        mail[dst].pending[RIDX(r, k, b)] = 1
+      }
+      mail[dst].rec[RIDX(r, k, b)].flag = k; /* st.release.sys after the data */
+      dst++
+    od;
+    /* stage 4: every rank's record of chunk b */
+    q = 0;
+    do
+    :: q == W -> break
+    :: q < W ->
+      if
+      :: mail[r].rec[RIDX(q, k, b)].flag == k ->
+        d = mail[r].rec[RIDX(q, k, b)].data; /* the data after the flag */
+        assert(d == k);                       /* (1) */
+        mail[r].pending[RIDX(q, k, b)] = 0;
+        q++
+      :: ANY_ERR -> st = ABORTED; break
+#ifdef TIMEOUTS
+      :: true -> st = TIMEOUT; break
+#endif
+      fi
+    od;
+    if
+    :: st != OK -> record_error(r, op, st)
+    :: else -> assert(fail_op == 0 || op <= fail_op) /* (4) */
+    fi;
+next_op:
+    done[r]++;
+    op++
+  od
+}
+
+#ifdef ABORT
+proctype Host() {
+  if
+  :: err[W] = ABORTED /* sbnCommAbort, at any moment */
+  :: skip
+  fi
+}
+#endif
+
+init {
+  byte r = 0, b, i = 0;
+  atomic {
+    do
+    :: r == W -> break
+    :: r < W ->
+      b = 0;
+      do
+      :: b == G -> break
+      :: b < G -> run Block(r, b); b++
+      od;
+      r++
+    od;
+#ifdef ABORT
+    run Host()
+#endif
+  }
+  (_nr_pr == 1); /* every block (and the host) has ended */
+#if !defined(TIMEOUTS) && !defined(ABORT) && !defined(PEER_STOPS)
+  /* (4) without failures: every op of every rank succeeded */
+  do
+  :: i == W * OPS -> break
+  :: i < W * OPS -> assert(failed[i] == 0); i++
+  od
+#endif
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# run-spin.sh — checks tests/spin/exchange.pml with SPIN (docs/MODEL.md): the model in
+# each configuration must give no error (assertions, invalid end states); the
+# single-buffer mutant must give a counterexample, and so must a peer that never
+# arrives when nothing can end the wait (the check can see a hang). Exits 77 without spin
+# (1 under CI=true). Usage: run-spin.sh [all|model|mutant]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+SPIN=$(command -v spin || true)
+if [ -z "$SPIN" ]; then
+  # in CI (.ci/run installs spin) a missing checker is a failure, not a skip
+  if [ "${CI:-}" = true ]; then echo "run-spin: FAILED: spin not found (CI=true)"; exit 1; fi
+  echo "run-spin: SKIPPED: spin not found (Debian: apt-get install spin)"
+  exit 77
+fi
+CC=${CC:-cc}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/spin.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+cp exchange.pml "$WORK/"
+cd "$WORK"
+echo "run-spin: $("$SPIN" -V)"
+
+FAILED=0
+# check EXPECT FLAGS...: EXPECT is "pass" (errors: 0) or "fail" (errors > 0)
+check() {
+  local expect=$1
+  shift
+  "$SPIN" -a "$@" exchange.pml > spin.log
+  "$CC" -O2 -DSAFETY -DVECTORSZ=4096 -o pan pan.c
+  ./pan -m1000000 > pan.log 2>&1 || true
+  local errors states what
+  errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' pan.log | head -n 1)
+  states=$(sed -n 's/^ *\([0-9e+.]*\) states, stored.*/\1/p' pan.log | head -n 1)
+  what=$(grep -m 1 -E '^pan:1:' pan.log || true)
+  if [ -z "$errors" ]; then
+    echo "  FAILED (no verdict): $*"; cat pan.log; FAILED=1; return
+  fi
+  if { [ "$expect" = pass ] && [ "$errors" = 0 ]; } || { [ "$expect" = fail ] && [ "$errors" != 0 ]; }; then
+    printf '  ok    %-4s %-44s errors %s, %s states %s\n' "$expect" "$*" "$errors" "$states" "$what"
+  else
+    printf '  FAILED (expected %s) %s: errors %s %s\n' "$expect" "$*" "$errors" "$what"
+    FAILED=1
+  fi
+}
+
+MODE=${1:-all}
+if [ "$MODE" = all ] || [ "$MODE" = model ]; then
+  echo "the model (no error expected):"
+  check pass -DW=2 -DG=1 -DOPS=3
+  check pass -DW=2 -DG=2 -DOPS=3
+  check pass -DW=3 -DG=1 -DOPS=3
+  check pass -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT
+  check pass -DW=2 -DG=1 -DOPS=4 -DPEER_STOPS -DTIMEOUTS
+fi
+if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
+  echo "mutants (a counterexample expected):"
+  check fail -DW=2 -DG=1 -DOPS=3 -DSINGLE_BUFFER
+  check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DSINGLE_BUFFER
+  check fail -DW=2 -DG=1 -DOPS=3 -DPEER_STOPS
+fi
+[ $FAILED = 0 ] && echo "run-spin: OK" || echo "run-spin: FAILED"
+exit $FAILED
