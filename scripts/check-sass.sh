@@ -11,10 +11,19 @@
 #     apply kernels, the 16-byte inference kernels) has no 128-bit global load,
 #   - a kernel's registers or shared memory allow fewer blocks per SM than the plan
 #     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, host path), SBN_ONCHIP_BLOCKS_PER_SM
-#     (onchip; its held batches then take the rest of the SM's shared memory), 1 (legacy).
+#     (onchip; its held batches then take the rest of the SM's shared memory), 1 (legacy),
+#   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
+#     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
+#   - kernels/coop.cu does not compile for sm_100.
 # Where no nvcc is found it says so and exits 0. cuobjdump and nvdisasm come from the
 # toolkit, or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (installed
 # into ${SBN_TOOLS_DIR:-~/.cache/syncbn-tools} when missing).
+#
+# The ordering check was shown to fail on source mutants (2026-11-23): a copy of kernels/
+# with st.release.sys -> st.relaxed.sys in coop_mem.cuh fails all 48 cooperative kernels
+# ("no release store of a flag"), and one with ld.acquire.sys -> ld.relaxed.sys ("no
+# acquire after the flag polls"). To repeat: copy kernels/ and include/, apply the sed,
+# run this script's nvcc line and report on the copy.
 #
 # Usage: scripts/check-sass.sh [OUTDIR]   (OUTDIR keeps the cubin, SASS and report)
 set -euo pipefail
@@ -94,17 +103,21 @@ for line in open(res_path):
     if m and cur:
         res[cur] = tuple(int(v) for v in m.groups())
         cur = None
-# global loads per kernel, by width
-loads = {}
+# global loads per kernel, by width; each kernel's instructions in order
+loads, insns = {}, {}
 cur = None
 for line in open(sass_path):
     m = re.search(r"Function : (\S+)", line)
     if m:
         cur = m.group(1)
         loads[cur] = {"128": 0, "64": 0, "32": 0, "16": 0, "8": 0}
+        insns[cur] = []
         continue
     if cur is None:
         continue
+    m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+    if m:
+        insns[cur].append(m.group(1))
     m = re.search(r"\b(LDG|LDGSTS)(\.[A-Z0-9_.]+)?\s", line)
     if not m:
         continue
@@ -113,6 +126,37 @@ for line in open(sass_path):
         "16" if ("U16" in mods or "S16" in mods) else "8" if ("U8" in mods or "S8" in mods) else "32"
     loads[cur][w] += 1
 
+def ordering(ins):
+    """The exchange's memory ordering in a cooperative kernel's SASS (DESIGN.md's recipe):
+    the flag's st.release.sys is a MEMBAR.ALL.SYS then a strong system-scope store; the
+    poll's ld.acquire.sys an L1 invalidation (CCTL.IVALL) after the relaxed polls
+    (LD.E.STRONG.SYS); the rank barrier: MEMBAR.SC.GPU (__threadfence) around a GPU-scope
+    atomic add, polled with ld.acquire.gpu (LD.E.STRONG.GPU, CCTL.IVALL). No fence.sc at
+    system scope. Returns what is missing."""
+    why = []
+    def near(i, pat, before):
+        lo, hi = (max(0, i - before), i) if before > 0 else (i + 1, i + 1 - before)
+        return any(re.match(pat, x) for x in ins[lo:hi])
+    rel = sum(1 for i, x in enumerate(ins)
+              if re.match(r"STG?\.E(\.\d+)?\.STRONG\.SYS", x) and near(i, r"MEMBAR\.ALL\.SYS", 4))
+    if rel == 0:
+        why.append("no release store of a flag (MEMBAR.ALL.SYS before a strong .SYS store)")
+    if any(x.startswith("MEMBAR.SC.SYS") for x in ins):
+        why.append("a fence.sc at system scope (MEMBAR.SC.SYS)")
+    gpu_side = r"(LD\.E\.STRONG\.GPU|MEMBAR\.SC\.GPU|ATOMG)"
+    acq = sum(1 for i, x in enumerate(ins) if x == "CCTL.IVALL" and not near(i, gpu_side, 4))
+    if acq == 0:
+        why.append("no acquire after the flag polls (CCTL.IVALL outside the rank barrier)")
+    if not any(re.match(r"LDG?\.E\.STRONG\.SYS", x) for x in ins):
+        why.append("no system-scope polls (LD.E.STRONG.SYS)")
+    if sum(1 for x in ins if x == "MEMBAR.SC.GPU") < 2:
+        why.append("the rank barrier's two __threadfence (MEMBAR.SC.GPU) missing")
+    if not any(x.startswith("ATOMG.E.ADD") or x.startswith("RED.E.ADD") for x in ins):
+        why.append("the rank barrier's atomic add missing")
+    if not any(x == "CCTL.IVALL" and near(i, r"LD\.E\.STRONG\.GPU", 3) for i, x in enumerate(ins)):
+        why.append("the rank barrier's acquire poll (LD.E.STRONG.GPU + CCTL.IVALL) missing")
+    return why, rel, acq
+
 def occupancy(regs, smem):
     r8 = (max(regs, 1) + 7) // 8 * 8
     per_warp = (r8 * 32 + 255) // 256 * 256
@@ -120,7 +164,7 @@ def occupancy(regs, smem):
     by_smem = 233472 // (smem + 1024)
     return min(by_regs, by_smem, 8, 32)
 
-rows, failures = [], []
+rows, failures, order_rows = [], [], []
 for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
     name = demangle(mangled).replace("(anonymous namespace)::", "")
     m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
@@ -153,6 +197,10 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         why.append("no 128-bit global load")
     if occ < want:
         why.append(f"{occ} blocks/SM < {want} planned")
+    if base == "sbn_coop_kernel":
+        miss, nrel, nacq = ordering(insns.get(mangled, []))
+        why += miss
+        order_rows.append((label, nrel, nacq))
     rows.append((label, regs, stack, local, smem, occ, want, ld, "FAIL: " + "; ".join(why) if why else ("hot" if hot else "")))
     if why:
         failures.append(f"{label}: {'; '.join(why)}")
@@ -165,6 +213,11 @@ for label, regs, stack, local, smem, occ, want, ld, note in rows:
 print(f"# {len(rows)} kernels; blk/SM from registers and static shared memory (the onchip "
       f"kernels add their held batches at launch, filling the SM for {onchip_occ} block); "
       f"LDG128 includes cp.async (LDGSTS.128)")
+print(f"# ordering: {len(order_rows)} cooperative kernels each publish with MEMBAR.ALL.SYS + a strong "
+      f"system-scope store (release; {min(r[1] for r in order_rows)}-{max(r[1] for r in order_rows)} "
+      f"per kernel), poll with LD.E.STRONG.SYS and acquire with CCTL.IVALL "
+      f"({min(r[2] for r in order_rows)}-{max(r[2] for r in order_rows)}), no MEMBAR.SC.SYS; "
+      f"the rank barrier: MEMBAR.SC.GPU x2, atomic add, LD.E.STRONG.GPU + CCTL.IVALL")
 if failures:
     print(f"check-sass: FAILED ({len(failures)}):")
     for f in failures:
@@ -173,3 +226,15 @@ if failures:
 print("check-sass: OK")
 PY
 cat "$OUT/report.txt"
+
+# The other architectures: the default build compiles sm_80 and sm_90 (CMakeLists.txt);
+# here the next one, sm_100 (Blackwell), must compile too (not run, not checked further).
+if "$NVCC" --list-gpu-arch | grep -qx compute_100; then
+  echo "+ nvcc -arch=sm_100 -cubin kernels/coop.cu"
+  "$NVCC" -arch=sm_100 -cubin -std=c++17 -Iinclude -Ikernels "${DEFS[@]}" \
+    -o "$OUT/coop_sm100.cubin" kernels/coop.cu
+  echo "check-sass: sm_100 build OK ($(stat -c %s "$OUT/coop_sm100.cubin") bytes)"
+else
+  echo "check-sass: FAILED: this nvcc cannot target sm_100" >&2
+  exit 1
+fi
