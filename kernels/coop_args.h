@@ -130,7 +130,7 @@ enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };
                                        records, in place of ncclAllGather (one device)
      APPLY   (G blocks per rank)       the ranks merged in rank order, finalize, normalize
    Same G, same orders: the bits of the cooperative kernel. */
-enum { SBN_HOST_STATS = 0, SBN_HOST_PUBLISH = 1, SBN_HOST_GATHER = 2, SBN_HOST_APPLY = 3 };
+enum { SBN_HOST_STATS = 0, SBN_HOST_PUBLISH = 1, SBN_HOST_GATHER = 2, SBN_HOST_APPLY = 3, SBN_HOST_STAGES = 4 };
 
 /* sbnForwardInference with device pointers: one elementwise kernel (kernels/coop.cu). */
 typedef struct {

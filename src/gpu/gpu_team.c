@@ -44,10 +44,17 @@ void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
 
 sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
   (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
-  return sbn_fail(NULL, e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver
+  /* kernels built for other GPUs (CMAKE_CUDA_ARCHITECTURES), or PTX newer than the driver */
+  const int no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidKernelImage ||
+                       e == cudaErrorInvalidPtx || e == cudaErrorUnsupportedPtxVersion ||
+                       e == cudaErrorJitCompilerNotFound;
+  return sbn_fail(NULL, e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || no_image
                             ? sbnUnsupported
                             : sbnCudaError,
-                  "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+                  "%s: %s (%s)%s", what, cudaGetErrorName(e), cudaGetErrorString(e),
+                  no_image ? "; syncbn's kernels were not built for this GPU or driver: rebuild "
+                             "with CMAKE_CUDA_ARCHITECTURES naming its architecture (README)"
+                           : "");
 }
 
 int sbn_gpu_rank_device(const sbn_team_t* team, int rank) {
@@ -95,6 +102,19 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
             if (var != SBN_VAR_ONCHIP && (g->occ_min == 0 || *occ < g->occ_min)) g->occ_min = *occ;
             if (*occ > g->occ_max) g->occ_max = *occ;
           }
+  /* Load every other kernel a team may launch now (the host path's stages, inference):
+     a build without machine code for this GPU is compiled from PTX by the driver at load,
+     and lazy loading loads a kernel at its first launch. Either belongs in init, not in
+     an op whose peers wait for this rank under the comm's timeout. */
+  for (int k = 0; k < 2; k++)
+    for (int d = 0; d < 3; d++)
+      for (int t = 0; t < 2; t++)
+        for (int v = 0; v < 2; v++) {
+          struct cudaFuncAttributes fa;
+          for (int st = 0; st < SBN_HOST_STAGES; st++)
+            CU(cudaFuncGetAttributes(&fa, sbn_host_kernel_ptr(st, k, d, t, v)), "cudaFuncGetAttributes");
+          if (k == 0) CU(cudaFuncGetAttributes(&fa, sbn_infer_kernel_ptr(d, t, v)), "cudaFuncGetAttributes");
+        }
 out:
   return r;
 }
