@@ -1,5 +1,5 @@
 /* sbn-bench — times SyncBN forward and backward on real per-GPU shapes and checks every
- * result against the double-precision reference (tests/sbn_ref.c).
+ * result against the double-precision reference (reference/sbn_ref.c).
  *
  * For each shape of bench/shapes.tsv (embedded at build time; --shapes overrides) x dtype
  * x layout, every rank of a team of W holds that shape's tensor (N, C, H*W): the shapes

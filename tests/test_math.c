@@ -1,6 +1,6 @@
 /* test_math.c — unit tests of kernels/bn_math.h and kernels/bn_dtype.h (the arithmetic
  * shared by the CPU team and the GPU kernels), checked against the double-precision
- * reference (tests/sbn_ref.c), which converts fp16/bf16 with independent code.
+ * reference (reference/sbn_ref.c), which converts fp16/bf16 with independent code.
  */
 #include <float.h>
 

@@ -7,8 +7,8 @@
  * Per-channel arrays have length c. Element index i of a rank's tensor follows its
  * layout: NCHW i = (ni*c + ci)*spatial + si; NHWC i = (ni*spatial + si)*c + ci.
  */
-#ifndef SYNCBN_TESTS_SBN_REF_H_
-#define SYNCBN_TESTS_SBN_REF_H_
+#ifndef SYNCBN_REFERENCE_SBN_REF_H_
+#define SYNCBN_REFERENCE_SBN_REF_H_
 
 #include <stdint.h>
 
@@ -58,4 +58,4 @@ void sbn_ref_inference(const sbnTensorDesc_t* d, const void* x, const float* wei
 #ifdef __cplusplus
 }
 #endif
-#endif /* SYNCBN_TESTS_SBN_REF_H_ */
+#endif /* SYNCBN_REFERENCE_SBN_REF_H_ */
