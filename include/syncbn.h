@@ -186,7 +186,9 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
    return sbnAborted without running. Idempotent. */
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
-   NULL is accepted. Must not race with an op on the same comm. */
+   NULL is accepted. Must not race with an op on the same comm. As with free(), the handle
+   is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
+   memory is released; the library does not keep a registry of live handles). */
 SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm);
 /* How this comm's ops exchange (a static string): "cpu" (CPU team), "virtual" (ranks on one
    GPU), "peer" (InitAll, peer device memory), "peer-pinned-host" (InitAll without P2P),

@@ -1,4 +1,5 @@
-/* bn_dtype.h — fp16 / bf16 <-> fp32 conversions, bit-exact on host and device.
+/* bn_dtype.h — the element types: one table (SBN_DTYPES) of every dtype the library
+ * runs, and the fp16 / bf16 <-> fp32 conversions, bit-exact on host and device.
  *
  * Widening is exact. Narrowing rounds to nearest, ties to even, with IEEE overflow to
  * infinity and NaN kept NaN (quiet), matching __float2half_rn / __float2bfloat16_rn.
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "bn_math.h" /* SBN_HD */
+#include "syncbn.h"   /* sbnDataType_t */
 
 SBN_HD uint32_t sbn_f32_bits(float f) {
   uint32_t u;
@@ -67,5 +69,56 @@ SBN_HD uint16_t sbn_f32_to_f16(float f) {
   r += 0xfffu + ((r >> 13) & 1u);
   return (uint16_t)(sign | (r >> 13));
 }
+
+/* ---- the dtypes: one row each ------------------------------------------------------------ */
+/* X(value, bytes, name, tag). Generated from it: the count, validity, sizes and names
+   below, the CPU team's element loops (src/cpu/cpu_reduce.c), the kernels' element traits
+   (Dt<> in kernels/coop_mem.cuh) and their kernel tables (kernels/coop.cu). `tag` names
+   the row's conversions: sbn_<tag>_get / sbn_<tag>_put here, <tag>_bits_to_f32 /
+   f32_to_<tag>_bits in coop_mem.cuh (device intrinsics, the same bits). A new dtype is a
+   value in syncbn.h's sbnDataType_t, a row here, and its conversions. */
+#define SBN_DTYPES(X)           \
+  X(sbnFloat32, 4, "fp32", f32) \
+  X(sbnFloat16, 2, "fp16", f16) \
+  X(sbnBFloat16, 2, "bf16", bf16)
+
+#define SBN_DT_COUNT_(value, bytes, name, tag) +1
+enum { SBN_DTYPE_COUNT = 0 SBN_DTYPES(SBN_DT_COUNT_) };
+#undef SBN_DT_COUNT_
+/* the values are 0 .. SBN_DTYPE_COUNT - 1: tables are indexed by them */
+#define SBN_DT_CHECK_(value, bytes, name, tag) \
+  typedef char sbn_dtype_check_##tag[(int)(value) >= 0 && (int)(value) < SBN_DTYPE_COUNT ? 1 : -1];
+SBN_DTYPES(SBN_DT_CHECK_)
+#undef SBN_DT_CHECK_
+
+SBN_HD int sbn_dtype_valid(int dt) { return dt >= 0 && dt < SBN_DTYPE_COUNT; }
+
+SBN_HD int sbn_dtype_size(int dt) {
+  switch (dt) {
+#define SBN_DT_CASE_(value, bytes, name, tag) \
+  case value: return bytes;
+    SBN_DTYPES(SBN_DT_CASE_)
+#undef SBN_DT_CASE_
+  }
+  return 0;
+}
+
+SBN_HD const char* sbn_dtype_name(int dt) {
+  switch (dt) {
+#define SBN_DT_CASE_(value, bytes, name, tag) \
+  case value: return name;
+    SBN_DTYPES(SBN_DT_CASE_)
+#undef SBN_DT_CASE_
+  }
+  return "unknown";
+}
+
+/* Element i of a tensor as fp32, and fp32 stored as element i (rounded to nearest even). */
+SBN_HD float sbn_f32_get(const void* p, int64_t i) { return ((const float*)p)[i]; }
+SBN_HD void sbn_f32_put(void* p, int64_t i, float v) { ((float*)p)[i] = v; }
+SBN_HD float sbn_f16_get(const void* p, int64_t i) { return sbn_f16_to_f32(((const uint16_t*)p)[i]); }
+SBN_HD void sbn_f16_put(void* p, int64_t i, float v) { ((uint16_t*)p)[i] = sbn_f32_to_f16(v); }
+SBN_HD float sbn_bf16_get(const void* p, int64_t i) { return sbn_bf16_to_f32(((const uint16_t*)p)[i]); }
+SBN_HD void sbn_bf16_put(void* p, int64_t i, float v) { ((uint16_t*)p)[i] = sbn_f32_to_bf16(v); }
 
 #endif /* SYNCBN_BN_DTYPE_H_ */

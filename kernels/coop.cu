@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
 
   if (threadIdx.x == 0) {
     sm.k = ld_weak_u32(&R.state->epoch) + 1u;
-    sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? *R.nbt : 0;
+    sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? *R.nbt : 0;
   }
   /* Blocks that publish load the failure words now (the last warp's lanes, in parallel)
      and look at them after the barrier: the round trip to host memory overlaps stage 1
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   /* stage 1 */
   if constexpr (kLegacy) {
     for (int u = b; u < g.units; u += a.G) {
-      if (KIND == SBN_GPU_FWD)
+      if (KIND == SBN_OP_FORWARD)
         legacy_fwd_stage1<DT, TILE>(R, g, u, sm);
       else
         legacy_bwd_stage1<DT, TILE>(R, g, u, sm);
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
   /* APPLY writes nbt + 1 from one block while others use nbt for the momentum factor:
      they all read this copy instead */
-  if (KIND == SBN_GPU_FWD && b == 0 && threadIdx.x == 0)
+  if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
     R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
   VecPath<KIND, DT, TILE, VEC, false> path;
   path.stage1(R, g, b, a.G, nullptr, 0, sm);
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
   VecPath<KIND, DT, TILE, VEC, false> path;
   if (threadIdx.x == 0)
-    sm.nbt_before = (KIND == SBN_GPU_FWD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
+    sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
   /* queued behind a failure of the team (or after sbnCommAbort): write nothing */
   int seen = (threadIdx.x >> 5) == 0 ? failure_words_lane(a) : 0;
   if (__syncthreads_or(seen)) {
@@ -375,19 +375,19 @@ const void* host_pick_stage(int stage, int vec) {
 }
 /* f(kind, dtype, tile) over the instantiated combinations. */
 #define SBN_PICK(fn, kind, dtype, tile, ...)                                                   \
-  ((kind) == SBN_GPU_FWD                                                                     \
-       ? ((dtype) == sbnFloat32 ? ((tile) ? fn<SBN_GPU_FWD, sbnFloat32, true>(__VA_ARGS__)     \
-                                          : fn<SBN_GPU_FWD, sbnFloat32, false>(__VA_ARGS__))   \
-          : (dtype) == sbnFloat16 ? ((tile) ? fn<SBN_GPU_FWD, sbnFloat16, true>(__VA_ARGS__)   \
-                                            : fn<SBN_GPU_FWD, sbnFloat16, false>(__VA_ARGS__)) \
-          : ((tile) ? fn<SBN_GPU_FWD, sbnBFloat16, true>(__VA_ARGS__)                        \
-                    : fn<SBN_GPU_FWD, sbnBFloat16, false>(__VA_ARGS__)))                     \
-       : ((dtype) == sbnFloat32 ? ((tile) ? fn<SBN_GPU_BWD, sbnFloat32, true>(__VA_ARGS__)     \
-                                          : fn<SBN_GPU_BWD, sbnFloat32, false>(__VA_ARGS__))   \
-          : (dtype) == sbnFloat16 ? ((tile) ? fn<SBN_GPU_BWD, sbnFloat16, true>(__VA_ARGS__)   \
-                                            : fn<SBN_GPU_BWD, sbnFloat16, false>(__VA_ARGS__)) \
-          : ((tile) ? fn<SBN_GPU_BWD, sbnBFloat16, true>(__VA_ARGS__)                        \
-                    : fn<SBN_GPU_BWD, sbnBFloat16, false>(__VA_ARGS__))))
+  ((kind) == SBN_OP_FORWARD                                                                     \
+       ? ((dtype) == sbnFloat32 ? ((tile) ? fn<SBN_OP_FORWARD, sbnFloat32, true>(__VA_ARGS__)     \
+                                          : fn<SBN_OP_FORWARD, sbnFloat32, false>(__VA_ARGS__))   \
+          : (dtype) == sbnFloat16 ? ((tile) ? fn<SBN_OP_FORWARD, sbnFloat16, true>(__VA_ARGS__)   \
+                                            : fn<SBN_OP_FORWARD, sbnFloat16, false>(__VA_ARGS__)) \
+          : ((tile) ? fn<SBN_OP_FORWARD, sbnBFloat16, true>(__VA_ARGS__)                        \
+                    : fn<SBN_OP_FORWARD, sbnBFloat16, false>(__VA_ARGS__)))                     \
+       : ((dtype) == sbnFloat32 ? ((tile) ? fn<SBN_OP_BACKWARD, sbnFloat32, true>(__VA_ARGS__)     \
+                                          : fn<SBN_OP_BACKWARD, sbnFloat32, false>(__VA_ARGS__))   \
+          : (dtype) == sbnFloat16 ? ((tile) ? fn<SBN_OP_BACKWARD, sbnFloat16, true>(__VA_ARGS__)   \
+                                            : fn<SBN_OP_BACKWARD, sbnFloat16, false>(__VA_ARGS__)) \
+          : ((tile) ? fn<SBN_OP_BACKWARD, sbnBFloat16, true>(__VA_ARGS__)                        \
+                    : fn<SBN_OP_BACKWARD, sbnBFloat16, false>(__VA_ARGS__))))
 
 const void* infer_pick(int dtype, int tile, int vec) {
 #define SBN_INFER(DT)                                                                          \

@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "bn_mailbox.h" /* the records: sbn_mail_rec_t, sbn_mail_index */
+#include "bn_op.h"      /* SBN_OP_FORWARD, SBN_OP_BACKWARD: the kernels' KIND */
 #include "syncbn.h"
 
 #ifdef __cplusplus
@@ -18,31 +20,14 @@ extern "C" {
 
 #define SBN_GPU_MAX_RANKS SBN_MAX_GPU_TEAM_RANKS /* kernel parameters are sized by it */
 #define SBN_GPU_THREADS 256    /* threads per block of every cooperative kernel */
-#define SBN_GPU_CHUNK 32       /* channels per mailbox record (one warp, lane = channel) */
-#define SBN_GPU_REC_FLOATS 3   /* floats per channel in a record: fwd (mean_hi, mean_lo,
-                                  m2), bwd (sum_dy, sum_dy_xmu, unused) */
+#define SBN_GPU_CHUNK SBN_MAIL_CHUNK           /* channels per mailbox record */
+#define SBN_GPU_REC_FLOATS SBN_MAIL_REC_FLOATS /* floats per channel in a record */
 
-/* One mailbox record: what rank `src` published for SBN_GPU_CHUNK channels of one op.
-   The publisher writes count, sig and data, then stores `epoch` with st.release.sys; the
-   reader polls `epoch` (relaxed) until it equals the op's epoch, loads it once with
-   ld.acquire.sys, then reads the rest (coop_exchange.cuh). 400 bytes, 16-byte aligned. */
-typedef struct {
-  uint32_t epoch;
-  uint32_t sig;   /* op kind, dtype, layout and C: ranks running different ops see it */
-  int64_t count;  /* n * spatial of the publishing rank */
-  float data[SBN_GPU_CHUNK * SBN_GPU_REC_FLOATS];
-} sbn_mail_rec_t;
-
-/* A rank's mailbox (the receiving side) holds records [src][parity][chunk]; parity is
-   the op's epoch & 1 (double buffering: no trailing barrier is needed). */
 #ifdef __CUDACC__
 #define SBN_ARGS_HD __host__ __device__ __forceinline__
 #else
 #define SBN_ARGS_HD inline
 #endif
-static SBN_ARGS_HD int64_t sbn_mail_index(int src, uint32_t epoch, int chunk, int nchunks_max) {
-  return ((int64_t)src * 2 + (int64_t)(epoch & 1u)) * nchunks_max + chunk;
-}
 
 /* Per-rank persistent device state (in the rank's device memory, zeroed at init). */
 typedef struct {
@@ -117,9 +102,6 @@ static SBN_ARGS_HD int64_t sbn_window_bytes(int nranks, int nchunks_max) {
   const int64_t b = sbn_window_fail_off(nranks, nchunks_max) + (int64_t)nranks * 4;
   return (b + 4095) / 4096 * 4096;
 }
-
-/* Kernel selectors. */
-enum { SBN_GPU_FWD = 0, SBN_GPU_BWD = 1 };
 
 /* The host-driven path (SBN_ALGO=nccl, what PyTorch does): the same arithmetic as the
    cooperative kernel cut into ordinary launches, with the exchange between them done by

@@ -39,7 +39,7 @@ struct Smem {
    added. An entry of the workspace holds SBN_GPU_PART_FLOATS floats; `out` gives what a
    mailbox record carries per channel (SBN_GPU_REC_FLOATS). */
 template <int KIND> struct Part;
-template <> struct Part<SBN_GPU_FWD> {
+template <> struct Part<SBN_OP_FORWARD> {
   typedef sbn_partial_t T;
   static __device__ __forceinline__ T empty() { return T{0.0f, 0.0f, 0.0f, 0.0f}; }
   static __device__ __forceinline__ T merge(T a, T b) { return sbn_partial_merge(a, b); }
@@ -57,7 +57,7 @@ template <> struct Part<SBN_GPU_FWD> {
   }
   static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.p; }
 };
-template <> struct Part<SBN_GPU_BWD> {
+template <> struct Part<SBN_OP_BACKWARD> {
   typedef sbn_bwd_sums_t T;
   static __device__ __forceinline__ T empty() { return T{0.0f, 0.0f}; }
   static __device__ __forceinline__ T merge(T a, T b) { return sbn_bwd_sums_merge(a, b); }
@@ -301,7 +301,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     m += cnt;
     const float d0 = ld_relaxed_sys_f32(&rec->data[kRec * lane]);
     const float d1 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 1]);
-    if (KIND == SBN_GPU_FWD) {
+    if (KIND == SBN_OP_FORWARD) {
       const sbn_partial_t pt = {(float)cnt, d0, d1, ld_relaxed_sys_f32(&rec->data[kRec * lane + 2])};
       gp = sbn_partial_merge(gp, pt);
     } else {
@@ -311,7 +311,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     }
   }
   *m_out = m;
-  if (KIND == SBN_GPU_FWD) {
+  if (KIND == SBN_OP_FORWARD) {
     out[0] = gp.mean_hi, out[1] = gp.mean_lo, out[2] = gp.m2;
     if (m == 1) return sbnInvalidArgument;
   } else {
@@ -339,7 +339,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
     const int slot = TILE ? lane : 0;
     const int64_t c = (int64_t)j * kChunk + lane;
     if (st == 0 && (TILE ? lane < cw : lane == lane_c)) {
-      if (KIND == SBN_GPU_FWD) {
+      if (KIND == SBN_OP_FORWARD) {
         sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
         sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
         sm.coef[slot][0] = s.mean;
@@ -375,7 +375,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   if (p == 0 && w == 0 && lane < cw) {
     const int slot = TILE ? lane : 0;
     const int64_t c = c0 + lane;
-    if (KIND == SBN_GPU_FWD) {
+    if (KIND == SBN_OP_FORWARD) {
       R.save_mean[c] = sm.coef[slot][0];
       R.save_invstd[c] = sm.extra[slot][0];
       if (R.running_mean != nullptr && sm.m > 0) {

@@ -117,7 +117,7 @@ __device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (w == 0 && active) {
       sbn_welford_t t = sm.red.w[0][lane];
       for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][lane]);
-      Part<SBN_GPU_FWD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
+      Part<SBN_OP_FORWARD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
     }
     __syncthreads();
   } else {
@@ -133,7 +133,7 @@ __device__ void legacy_fwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (tid == 0) {
       t = sm.red.w[0][0];
       for (int q = 1; q < kWarps; q++) t = sbn_welford_merge(t, sm.red.w[q][0]);
-      Part<SBN_GPU_FWD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
+      Part<SBN_OP_FORWARD>::put(part_entry(R, g, p, c), sbn_partial_from_shifted(t, shift));
     }
     __syncthreads();
   }
@@ -161,7 +161,7 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (w == 0 && active) {
       sbn_bwd_sums_t t = sm.red.s[0][lane];
       for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
-      Part<SBN_GPU_BWD>::put(part_entry(R, g, p, c), t);
+      Part<SBN_OP_BACKWARD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();
   } else {
@@ -183,7 +183,7 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     if (tid == 0) {
       t = sm.red.s[0][0];
       for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
-      Part<SBN_GPU_BWD>::put(part_entry(R, g, p, c), t);
+      Part<SBN_OP_BACKWARD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();
   }
@@ -205,7 +205,7 @@ __device__ void legacy_stage5(const sbn_coop_rank_t& R, const sbn_geo_t& g, int 
     for (int64_t r = r0 + w; r < r1; r += kWarps) {
       const int64_t i = r * g.c + c;
       float xv = Elem<DT>::load(R.x, i), o;
-      if (KIND == SBN_GPU_FWD) {
+      if (KIND == SBN_OP_FORWARD) {
         o = sbn_forward_y(xv, k0, k1, k2, k3);
       } else {
         sbn_bwd_coef_t kc = {k0, k1, k2, k3};
@@ -217,7 +217,7 @@ __device__ void legacy_stage5(const sbn_coop_rank_t& R, const sbn_geo_t& g, int 
     const float k0 = sm.coef[0][0], k1 = sm.coef[0][1], k2 = sm.coef[0][2], k3 = sm.coef[0][3];
     plane_walk(g, (int64_t)grp, r0, r1, tid, kThreads, [&](int64_t i) {
       float xv = Elem<DT>::load(R.x, i), o;
-      if (KIND == SBN_GPU_FWD) {
+      if (KIND == SBN_OP_FORWARD) {
         o = sbn_forward_y(xv, k0, k1, k2, k3);
       } else {
         sbn_bwd_coef_t kc = {k0, k1, k2, k3};

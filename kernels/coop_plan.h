@@ -68,9 +68,9 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KE
 #define SBN_GPU_PART_FLOATS 4     /* floats per (slice, channel) partial: forward (count,
                                      mean_hi, mean_lo, m2), backward (sum_dy, sum_dy_xmu) */
 
-static SBN_ARGS_HD int sbn_batch(int kind) { return kind == SBN_GPU_FWD ? SBN_BATCH_FWD : SBN_BATCH_BWD; }
+static SBN_ARGS_HD int sbn_batch(int kind) { return kind == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD; }
 /* Bytes of one held position: x (forward), x and dy (backward). */
-static SBN_ARGS_HD int sbn_pos_bytes(int kind) { return kind == SBN_GPU_FWD ? 16 : 32; }
+static SBN_ARGS_HD int sbn_pos_bytes(int kind) { return kind == SBN_OP_FORWARD ? 16 : 32; }
 /* Dynamic shared memory of an onchip block holding `slots` batches per thread. */
 static SBN_ARGS_HD int64_t sbn_hold_bytes(int kind, int slots) {
   return (int64_t)slots * sbn_batch(kind) * SBN_GPU_THREADS * sbn_pos_bytes(kind);
@@ -208,7 +208,7 @@ static SBN_ARGS_HD int64_t sbn_plan_blocks(int64_t numel, int64_t c, int64_t gma
    is one (legacy: the same, plus one element per channel and unit for its shift).
    bytes = the elements of one tensor * their size. */
 static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
-  const int64_t inputs = kind == SBN_GPU_FWD ? 1 : 2;
+  const int64_t inputs = kind == SBN_OP_FORWARD ? 1 : 2;
   const int64_t reads = variant == SBN_VAR_ONCHIP || !write_out ? inputs : 2 * inputs;
   return (reads + (write_out ? 1 : 0)) * bytes;
 }

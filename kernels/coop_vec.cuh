@@ -161,8 +161,8 @@ __device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float
 /* ---- the data path of one variant ------------------------------------------------------ */
 template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP>
 struct VecPath {
-  static constexpr int U = KIND == SBN_GPU_FWD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
-  static constexpr int NV = KIND == SBN_GPU_FWD ? 1 : 2; /* x; x and dy */
+  static constexpr int U = KIND == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
+  static constexpr int NV = KIND == SBN_OP_FORWARD ? 1 : 2; /* x; x and dy */
   static constexpr int NBR = ONCHIP ? SBN_HOLD_REG_BATCHES(DT, TILE) : 1;
   static constexpr int NCH = TILE ? VEC : 1; /* channels of a thread */
   static constexpr unsigned kFull = (1u << VEC) - 1u;
@@ -421,7 +421,7 @@ SBN_UNROLL
     const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
     BwdAcc<NCH> B;
-    if (KIND == SBN_GPU_FWD) {
+    if (KIND == SBN_OP_FORWARD) {
       F.count = 0.0f;
 SBN_UNROLL
       for (int e = 0; e < NCH; e++) F.shift[e] = F.mean[e] = F.m2[e] = 0.0f;
@@ -435,7 +435,7 @@ SBN_UNROLL
       }
     }
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
-      if (KIND == SBN_GPU_FWD)
+      if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else
         bwd_batch(B, bt, bp);
@@ -443,7 +443,7 @@ SBN_UNROLL
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
     for (int e = 0; e < NCH; e++) {
-      if constexpr (KIND == SBN_GPU_FWD) {
+      if constexpr (KIND == SBN_OP_FORWARD) {
         const sbn_welford_t t = {F.count, F.mean[e], F.m2[e]};
         pt[e] = sbn_partial_from_shifted(t, F.shift[e]);
       } else {
@@ -507,7 +507,7 @@ SBN_UNROLL
         const int ch = TILE ? e : 0;
         const float xv = elem_get<DT, VEC>(bt[k][0], e);
         float r;
-        if (KIND == SBN_GPU_FWD) {
+        if (KIND == SBN_OP_FORWARD) {
           r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
         } else {
           const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};

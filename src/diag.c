@@ -62,7 +62,7 @@ SBN_API const char* sbnGetLastError(sbnComm_t comm) {
   if (comm == NULL) {
     memcpy(thread_copy, thread_error, sizeof thread_copy);
   } else if (comm->magic != SBN_COMM_MAGIC) {
-    snprintf(thread_copy, sizeof thread_copy, "not a valid sbnComm_t (destroyed or garbage)");
+    snprintf(thread_copy, sizeof thread_copy, "not a valid sbnComm_t");
   } else {
     pthread_mutex_lock(&comm->err_mu);
     memcpy(thread_copy, comm->last_error, sizeof thread_copy);

@@ -1,9 +1,11 @@
 /* group.c — sbnGroupStart/End: queue validated ops per thread, check every team is
- * complete, then run each rank's queue on its own thread (CPU teams). */
+ * complete, then run them: the splits, the rounds of the teams whose ops are issued
+ * asynchronously (GPU teams), and each local rank's queue on a thread of its own for the
+ * teams whose ops block until the team meets (CPU teams). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpu/gpu.h"
+#include "front.h"
 #include "internal.h"
 
 typedef struct {
@@ -110,12 +112,12 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
   *nteams = nt;
   for (size_t j = 0; j < nt; j++) {
     sbn_team_t* t = teams[j];
-    const int nl = sbn_team_local_count(t); /* NCCL teams: the one rank in this process */
+    const int nl = t->nlocal; /* NCCL teams: the one rank in this process */
     size_t* cnt = calloc((size_t)nl * 2, sizeof *cnt);
     if (cnt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
     for (size_t i = 0; i < group.n; i++) {
       const sbn_op_t* op = &group.ops[i];
-      if (op->comm->team == t) cnt[sbn_comm_local_index(op->comm) * 2 + (op->kind == SBN_OP_SPLIT)]++;
+      if (op->comm->team == t) cnt[op->comm->local * 2 + (op->kind == SBN_OP_SPLIT)]++;
     }
     for (int r = 1; r < nl; r++) {
       for (int s = 0; s < 2; s++) {
@@ -138,7 +140,7 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
 static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   for (size_t j = 0; j < nt; j++) {
     sbn_team_t* t = teams[j];
-    int w = sbn_team_local_count(t);
+    int w = t->nlocal;
     int* color = malloc((size_t)w * sizeof *color);
     int* key = malloc((size_t)w * sizeof *key);
     sbnComm_t* res = malloc((size_t)w * sizeof *res);
@@ -153,7 +155,7 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
         round[q] = NULL;
         for (size_t i = next[q]; i < group.n; i++) {
           sbn_op_t* op = &group.ops[i];
-          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && sbn_comm_local_index(op->comm) == q) {
+          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && op->comm->local == q) {
             round[q] = op;
             next[q] = i + 1;
             break;
@@ -169,11 +171,8 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
         r = sbn_fail(NULL, sbnAborted, "sbnGroupEnd: split on an aborted team");
         break;
       }
-      if (t->kind == SBN_COMM_GPU_NCCL) /* collective with the other processes */
-        r = sbn_gpu_nccl_split(round[0]->comm, color[0], key[0], round[0]->newcomm);
-      else
-        r = sbn_split_build(t, color, key, res);
-      if (r == sbnSuccess && t->kind != SBN_COMM_GPU_NCCL)
+      r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
+      if (r == sbnSuccess)
         for (int q = 0; q < w; q++) *round[q]->newcomm = res[q];
     }
     free(color);
@@ -186,24 +185,24 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   return sbnSuccess;
 }
 
-/* GPU teams: round i of a team is the i-th op of each of its ranks. */
+/* Teams whose ops are issued asynchronously (ops->threaded == 0): round i of a team is
+   the i-th op of each of its local ranks. */
 typedef struct {
   sbn_team_t* team;
-  const sbn_op_t** ops; /* [nranks]: the team's next round */
-  size_t* next;         /* [nranks]: where each rank's next op is searched from */
+  const sbn_op_t** ops; /* [nlocal]: the team's next round */
+  size_t* next;         /* [nlocal]: where each rank's next op is searched from */
   size_t first;         /* queue index of the next round's earliest op; group.n: none */
-} gpu_cursor_t;
+} round_cursor_t;
 
 /* Finds the cursor's next round; first = group.n when the team has no round left. */
-static void gpu_cursor_advance(gpu_cursor_t* c) {
-  int w = sbn_team_local_count(c->team);
+static void round_cursor_advance(round_cursor_t* c) {
+  int w = c->team->nlocal;
   c->first = group.n;
   for (int q = 0; q < w; q++) {
     c->ops[q] = NULL;
     for (size_t i = c->next[q]; i < group.n; i++) {
       const sbn_op_t* op = &group.ops[i];
-      if (op->kind != SBN_OP_SPLIT && op->comm->team == c->team &&
-          sbn_comm_local_index(op->comm) == q) {
+      if (op->kind != SBN_OP_SPLIT && op->comm->team == c->team && op->comm->local == q) {
         c->ops[q] = op;
         c->next[q] = i + 1;
         if (i < c->first) c->first = i;
@@ -217,68 +216,56 @@ static void gpu_cursor_advance(gpu_cursor_t* c) {
   }
 }
 
-/* launch == 0: checks every round of every GPU team (before anything runs: all or
-   nothing). launch == 1: launches the rounds in queue order (the round whose earliest op
-   was queued first goes first, so ops of different teams on one stream keep the order
-   they were called in): a virtual team's round as ONE cooperative launch, a peer team's
-   as one launch per rank; on the host-driven path (SBN_ALGO=nccl) every team's round at
-   once. Asynchronous. */
-static sbnResult_t gpu_rounds(sbn_team_t* const* teams, size_t nt, int launch) {
+/* run == 0: checks every round of every such team (before anything runs: all or
+   nothing). run == 1: runs the rounds in queue order (the round whose earliest op was
+   queued first goes first, so ops of different teams on one stream keep the order they
+   were called in). The backend decides how a round is issued (a virtual team's as ONE
+   cooperative launch). Asynchronous. */
+static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
   sbnResult_t r = sbnSuccess;
   size_t nc = 0;
-  gpu_cursor_t* cur = calloc(nt ? nt : 1, sizeof *cur);
+  round_cursor_t* cur = calloc(nt ? nt : 1, sizeof *cur);
   if (cur == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
   for (size_t j = 0; j < nt && r == sbnSuccess; j++) {
-    if (teams[j]->kind == SBN_COMM_CPU) continue;
-    gpu_cursor_t* c = &cur[nc++];
+    if (teams[j]->ops->threaded) continue;
+    round_cursor_t* c = &cur[nc++];
     c->team = teams[j];
-    c->ops = malloc((size_t)sbn_team_local_count(teams[j]) * sizeof *c->ops);
-    c->next = calloc((size_t)sbn_team_local_count(teams[j]), sizeof *c->next);
+    c->ops = malloc((size_t)teams[j]->nlocal * sizeof *c->ops);
+    c->next = calloc((size_t)teams[j]->nlocal, sizeof *c->next);
     if (!c->ops || !c->next) r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
-    else gpu_cursor_advance(c);
+    else round_cursor_advance(c);
   }
-  const sbn_op_t* failed = NULL;
   while (r == sbnSuccess) {
-    gpu_cursor_t* c = NULL;
+    round_cursor_t* c = NULL;
     for (size_t j = 0; j < nc; j++)
       if (cur[j].first < group.n && (c == NULL || cur[j].first < c->first)) c = &cur[j];
     if (c == NULL) break;
-    int w = sbn_team_local_count(c->team);
-    if (!launch) {
-      r = sbn_gpu_check_round(c->ops, w, w == c->team->nranks);
+    const sbn_team_ops_t* ops = c->team->ops;
+    const int w = c->team->nlocal;
+    if (!run) {
+      if (ops->check != NULL) r = ops->check(c->ops, w);
     } else {
-      failed = c->ops[0];
       r = sbn_comm_check_alive(c->ops[0]->comm);
-      /* the host-driven path takes the whole round too: one NCCL group, or one device */
-      if (r == sbnSuccess &&
-          (c->team->kind == SBN_COMM_GPU_VIRTUAL || c->ops[0]->algo == SBN_ALGO_HOST)) {
-        r = sbn_gpu_launch(c->ops, w);
-      } else {
-        for (int q = 0; q < w && r == sbnSuccess; q++) {
-          failed = c->ops[q];
-          r = sbn_gpu_launch(&c->ops[q], 1);
-        }
-      }
+      if (r != sbnSuccess) sbn_fail(NULL, r, "%s", sbnGetLastError(c->ops[0]->comm));
+      else r = ops->run(c->ops, w);
     }
-    gpu_cursor_advance(c);
+    round_cursor_advance(c);
   }
   for (size_t j = 0; j < nc; j++) {
     free(cur[j].ops);
     free(cur[j].next);
   }
   free(cur);
-  if (r != sbnSuccess)
-    sbn_fail(NULL, r, "sbnGroupEnd: %s", launch && failed ? sbnGetLastError(failed->comm)
-                                                         : sbnGetLastError(NULL));
+  if (r != sbnSuccess) sbn_fail(NULL, r, "sbnGroupEnd: %s", sbnGetLastError(NULL));
   return r;
 }
 
-/* Runs every (team, rank) queue of the CPU teams on its own thread; the first on the
-   calling thread. */
+/* Runs every (team, local rank) queue of the threaded teams (CPU teams) on its own
+   thread; the first on the calling thread. */
 static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   size_t nq = 0;
   for (size_t j = 0; j < nt; j++)
-    if (teams[j]->kind == SBN_COMM_CPU) nq += (size_t)teams[j]->nranks;
+    if (teams[j]->ops->threaded) nq += (size_t)teams[j]->nlocal;
   if (nq == 0) return sbnSuccess;
   rank_queue_t* qs = calloc(nq, sizeof *qs);
   size_t* idx = malloc((group.n ? group.n : 1) * sizeof *idx);
@@ -292,13 +279,13 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   /* lay the indices out queue by queue */
   size_t pos = 0, k = 0;
   for (size_t j = 0; j < nt; j++) {
-    if (teams[j]->kind != SBN_COMM_CPU) continue;
-    for (int r = 0; r < teams[j]->nranks; r++, k++) {
+    if (!teams[j]->ops->threaded) continue;
+    for (int r = 0; r < teams[j]->nlocal; r++, k++) {
       qs[k].ops = group.ops;
       qs[k].idx = idx + pos;
       for (size_t i = 0; i < group.n; i++) {
         const sbn_op_t* op = &group.ops[i];
-        if (op->kind != SBN_OP_SPLIT && op->comm->team == teams[j] && op->comm->rank == r)
+        if (op->kind != SBN_OP_SPLIT && op->comm->team == teams[j] && op->comm->local == r)
           idx[pos + qs[k].n++] = i;
       }
       pos += qs[k].n;
@@ -366,9 +353,9 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
   } else {
     r = check_complete(teams, &nt);
-    if (r == sbnSuccess) r = gpu_rounds(teams, nt, 0);
+    if (r == sbnSuccess) r = rounds(teams, nt, 0);
     if (r == sbnSuccess) r = run_splits(teams, nt);
-    if (r == sbnSuccess) r = gpu_rounds(teams, nt, 1);
+    if (r == sbnSuccess) r = rounds(teams, nt, 1);
     if (r == sbnSuccess) r = run_ops(teams, nt);
   }
   free(teams);

@@ -1,11 +1,17 @@
-/* internal.h — the library's private types and helpers shared by src/ files. */
+/* internal.h — the core of the library: the types every layer shares (teams, comms, ops,
+ * the team-ops table a backend implements) and the core's functions (diagnostics,
+ * configuration, team lifecycle). The front (comm.c, ops.c, group.c) calls the backends
+ * through the table; the backends (cpu/, gpu/) include this and never the front.
+ */
 #ifndef SYNCBN_INTERNAL_H_
 #define SYNCBN_INTERNAL_H_
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
+#include "bn_op.h"
 #include "syncbn.h"
 
 #define SBN_INTERNAL __attribute__((visibility("hidden")))
@@ -19,18 +25,7 @@ SBN_INTERNAL void sbn_log(int level, const char* fmt, ...) __attribute__((format
 SBN_INTERNAL sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* ---- comms and teams --------------------------------------------------------------- */
-typedef enum {
-  SBN_COMM_CPU = 1,         /* ranks are host threads, data in host memory */
-  SBN_COMM_GPU_VIRTUAL = 2, /* W ranks on one GPU: one cooperative launch per op for all */
-  SBN_COMM_GPU_PEER = 3,    /* a rank per listed GPU (a GPU may be listed more than once) */
-  SBN_COMM_GPU_NCCL = 4     /* one rank of a team of processes (an NCCL communicator): only
-                               that rank lives in this process */
-} sbn_comm_kind_t;
-
-struct sbn_gpu_team; /* src/gpu/gpu_team.c */
-
-/* Resolved configuration of a team. */
+/* ---- configuration (config.c) -------------------------------------------------------- */
 typedef struct {
   int64_t timeout_ms;
   int64_t max_channels;
@@ -38,88 +33,10 @@ typedef struct {
 
 SBN_INTERNAL sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out);
 
-/* One mailbox slot: what rank `src` published for the op whose epoch has parity p
-   (double buffering: a rank can only overwrite parity p at op k+2 after every rank has
-   published op k+1, which each does only after it finished reading op k). The payload is
-   written first, then `epoch` with release; readers acquire `epoch`, then read the rest. */
-typedef struct {
-  _Atomic uint64_t epoch;
-  int64_t count;   /* n * spatial of the publishing rank */
-  uint32_t op;     /* op signature: kind, dtype, layout (see sbn_op_signature) */
-  int64_t c;       /* channels of the op */
-  float* payload;  /* SBN_PAYLOAD_FLOATS * max_channels: fwd (mean_hi, mean_lo, m2),
-                      bwd (sum_dy, sum_dy_xmu) per channel */
-} sbn_mailbox_t;
-
-/* Floats per channel in a mailbox and in a rank's partials (the forward's is largest). */
-#define SBN_PAYLOAD_FLOATS 3
-
-/* State shared by every rank of a team. */
-typedef struct sbn_team {
-  sbn_comm_kind_t kind;
-  int nranks;
-  sbn_cfg_t cfg;
-  struct sbn_gpu_team* gpu; /* GPU teams: device resources (NULL for CPU teams) */
-  int local_rank;           /* NCCL teams: the one rank in this process; else -1 (all) */
-  _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted */
-  _Atomic int refs;         /* ranks not yet destroyed */
-  sbn_mailbox_t* mail;      /* [src][parity] */
-  float* payload_store;
-  /* rendezvous for sbnCommSplit driven one thread per rank */
-  pthread_mutex_t split_mu;
-  pthread_cond_t split_cv;
-  uint64_t split_gen;
-  int split_arrived;
-  int* split_color;
-  int* split_key;
-  sbnComm_t* split_result;
-  sbnResult_t split_status;
-} sbn_team_t;
-
-#define SBN_WS_STATS_FLOATS 5
-#define SBN_COMM_MAGIC 0x53424e43u /* "SBNC" */
-
-struct sbnComm {
-  unsigned magic;
-  sbn_team_t* team;
-  int rank;
-  uint64_t epoch; /* ops this rank has exchanged; the next op uses epoch + 1 */
-  /* per-rank workspace sized at init from max_channels */
-  float* ws_local;  /* SBN_PAYLOAD_FLOATS * max_channels: this rank's partials */
-  float* ws_stats;  /* SBN_WS_STATS_FLOATS * max_channels: per-channel results */
-  pthread_mutex_t err_mu;
-  char last_error[512];
-  _Atomic(const char*) kernel; /* sbnCommGetKernel: what ran this rank's latest op */
-};
-
-/* The team's ranks held by this process (NCCL teams: one), and a comm's index among them:
-   groups queue and check ops per local rank. */
-static inline int sbn_team_local_count(const sbn_team_t* t) {
-  return t->kind == SBN_COMM_GPU_NCCL ? 1 : t->nranks;
-}
-static inline int sbn_comm_local_index(const struct sbnComm* c) {
-  return c->team->kind == SBN_COMM_GPU_NCCL ? 0 : c->rank;
-}
-
-/* NCCL teams: a comm for this process's rank of the NCCL comm `nccl` (adopt: the team takes
-   `nccl` as its own; otherwise it makes its own duplicate). comm.c. */
-SBN_INTERNAL sbnResult_t sbn_comm_create_nccl(struct ncclComm* nccl, int adopt,
-                                             const sbn_cfg_t* cfg, sbnComm_t* out);
-
-/* Validates a comm handle; on failure records the detail on the thread slot. */
-SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm);
-/* sbnAborted with a message when the team was aborted, else sbnSuccess. */
-SBN_INTERNAL sbnResult_t sbn_comm_check_alive(sbnComm_t comm);
-/* Marks the team aborted with `reason` (first reason wins). */
-SBN_INTERNAL void sbn_team_abort(sbn_team_t* team, sbnResult_t reason);
-
-/* Builds the sub-teams of a split from every parent rank's (color, key); result[r] is
-   parent rank r's new comm or NULL. All-or-nothing. */
-SBN_INTERNAL sbnResult_t sbn_split_build(sbn_team_t* parent, const int* color, const int* key,
-                                         sbnComm_t* result);
-
-/* ---- operations -------------------------------------------------------------------- */
-typedef enum { SBN_OP_FORWARD = 1, SBN_OP_BACKWARD = 2, SBN_OP_SPLIT = 3 } sbn_op_kind_t;
+/* ---- ops ------------------------------------------------------------------------------ */
+/* SBN_OP_FORWARD, SBN_OP_BACKWARD (kernels/bn_op.h), or a split queued in a group. */
+enum { SBN_OP_SPLIT = SBN_OP_KINDS };
+typedef int sbn_op_kind_t;
 
 /* The arguments of one op, validated, as queued in a group or run at once. */
 typedef struct {
@@ -140,34 +57,127 @@ typedef struct {
   float* dweight;
   float* dbias;
   sbnStream_t stream;  /* GPU teams */
-  int algo;            /* GPU teams: SBN_ALGO_COOP or SBN_ALGO_HOST (SBN_ALGO at the call) */
-  int kernel;          /* GPU teams: SBN_KERNEL_* (kernels/coop_plan.h; SBN_KERNEL at the call) */
+  int algo;            /* set by the backend's prepare: how the op runs (GPU teams: SBN_ALGO_*) */
+  int kernel;          /* set by the backend's prepare (GPU teams: SBN_KERNEL_*) */
   int color, key;      /* split */
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;
 
-/* How a GPU team runs an op, chosen per call by the environment variable SBN_ALGO:
-   "coop" (default: one cooperative kernel) or "nccl" (the host-driven path: stats,
-   collective, apply, as PyTorch does). */
-enum { SBN_ALGO_COOP = 0, SBN_ALGO_HOST = 1 };
-/* SBN_ALGO_COOP or SBN_ALGO_HOST, or -1 (an unknown value; the detail is recorded). */
-SBN_INTERNAL int sbn_algo_from_env(sbnComm_t comm);
-/* The cooperative kernel's variant a GPU team's call asks for, from SBN_KERNEL:
-   "auto" (default), "onchip", "stream", "legacy" (SBN_KERNEL_* of kernels/coop_plan.h),
-   or -1 (an unknown value; the detail is recorded). */
-SBN_INTERNAL int sbn_kernel_from_env(sbnComm_t comm);
-
+/* The op's signature (kernels/bn_op.h), and its description for messages, e.g.
+   "forward fp32 NCHW C=64" (ops.c). */
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);
-/* Runs one validated op on the calling thread (CPU team: blocks until the team meets). */
-SBN_INTERNAL sbnResult_t sbn_op_run(const sbn_op_t* op);
+SBN_INTERNAL const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n);
+/* "sbnForwardTrain" or "sbnBackward". */
+SBN_INTERNAL const char* sbn_op_name(sbn_op_kind_t kind);
 
-/* groups (group.c) */
-SBN_INTERNAL int sbn_group_active(void);
-SBN_INTERNAL sbnResult_t sbn_group_enqueue(const sbn_op_t* op);
-/* Records that a call inside the current group failed (sbnGroupEnd then runs nothing). */
-SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r);
-/* Whether comm has ops queued in this thread's open group. */
-SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
+/* ---- teams and comms ------------------------------------------------------------------- */
+struct sbn_team_ops;
+
+/* What a backend's attach gets besides the team. */
+typedef struct {
+  const int* devices;    /* in-process GPU teams: rank r's device (a virtual team: [0]) */
+  struct ncclComm* nccl; /* NCCL teams: the comm the team is made from; with `adopt`, the
+                            team takes it as its own and attach sets nccl = NULL (what
+                            the caller still holds after a failure is the caller's) */
+  int adopt;
+} sbn_team_init_t;
+
+/* State shared by every rank of a team. */
+typedef struct sbn_team {
+  const struct sbn_team_ops* ops; /* the backend */
+  void* impl;                     /* the backend's state: attach makes it, detach frees it */
+  int nranks;
+  int first_local, nlocal; /* the ranks whose comms live in this process */
+  sbn_cfg_t cfg;
+  _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted / ... */
+  _Atomic int refs;         /* local ranks not yet destroyed */
+  /* sbnCommSplit driven one thread per rank: the local ranks meet here (team.c) */
+  pthread_mutex_t split_mu;
+  pthread_cond_t split_cv;
+  uint64_t split_gen;
+  int split_arrived;
+  int* split_color; /* [nlocal] */
+  int* split_key;
+  sbnComm_t* split_result;
+  sbnResult_t split_status;
+} sbn_team_t;
+
+#define SBN_COMM_MAGIC 0x53424e43u /* "SBNC" */
+
+struct sbnComm {
+  unsigned magic;
+  sbn_team_t* team;
+  int rank;  /* in the team */
+  int local; /* rank - team->first_local: its index among this process's ranks */
+  pthread_mutex_t err_mu;
+  char last_error[512];
+  _Atomic(const char*) kernel; /* sbnCommGetKernel: what ran this rank's latest op */
+};
+
+/* The team-ops table: what a backend (a kind of team) does. The front calls these and
+   nothing else of a backend; a backend calls the core, never the front. Entries marked
+   "may be NULL" are skipped when absent. */
+typedef struct sbn_team_ops {
+  const char* name; /* for logs: "cpu", "gpu-virtual", "gpu-peer", "nccl" */
+  /* 1: an op blocks its thread until the team meets, so a group runs each local rank's
+     queue on a thread of its own; 0: ops are issued asynchronously, and a group issues
+     them round by round (round i: the i-th op of every local rank) from its thread. */
+  int threaded;
+  /* Makes team->impl (team->nranks, first_local, nlocal and cfg are set). On failure
+     team->impl stays NULL and nothing is left allocated. */
+  sbnResult_t (*attach)(sbn_team_t* team, sbn_team_init_t* init);
+  /* Frees team->impl (the last local comm was destroyed). */
+  void (*detach)(sbn_team_t* team);
+  /* At the call, after the front's argument checks: the backend's own checks of the op
+     and its per-call choices (op->algo, op->kernel). in_group: inside sbnGroupStart/End.
+     May be NULL. */
+  sbnResult_t (*prepare)(sbn_op_t* op, int in_group);
+  /* Before anything runs: whether a round of n ops (one per local rank, in local order,
+     or one op outside a group) can run. May be NULL. */
+  sbnResult_t (*check)(const sbn_op_t* const* round, int n);
+  /* Runs a round (threaded backends: n == 1, blocking until the team meets). On failure
+     the detail is on the failed op's comm and on the calling thread's slot. */
+  sbnResult_t (*run)(const sbn_op_t* const* round, int n);
+  /* A failure the backend recorded asynchronously (e.g. a kernel's), never blocking:
+     sbnSuccess or the failure. May be NULL. */
+  sbnResult_t (*poll)(const sbn_team_t* team);
+  /* sbnCommAbort, after the core marked the team aborted: make waiting work return.
+     May be NULL. */
+  void (*abort)(sbn_team_t* team);
+  /* Split by color and key: one entry per local rank (local order); result[i] is local
+     rank i's new comm or NULL (SBN_SPLIT_NOCOLOR). Collective over the team. */
+  sbnResult_t (*split)(sbn_team_t* team, const int* color, const int* key, sbnComm_t* result);
+  /* sbnCommGetTransport's name: how the team's ranks exchange. */
+  const char* (*transport)(const sbn_team_t* team);
+} sbn_team_ops_t;
+
+/* team.c: the life of teams and comms. */
+/* A team of nranks of which [first_local, first_local + nlocal) live here; comms[i] is
+   local rank i's comm. All or nothing. */
+SBN_INTERNAL sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_local,
+                                        int nlocal, const sbn_cfg_t* cfg, sbn_team_init_t* init,
+                                        sbnComm_t* comms);
+/* Destroys one comm; the last of a team frees the team (detach). */
+SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
+/* Validates a comm handle; on failure records the detail on the thread slot. */
+SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm);
+/* sbnAborted with a message when the team was aborted (or its backend reports a failure:
+   the team is aborted then), else sbnSuccess. */
+SBN_INTERNAL sbnResult_t sbn_comm_check_alive(sbnComm_t comm);
+/* Asks the backend for a failure it recorded asynchronously; the first seen aborts the
+   team (never blocks). */
+SBN_INTERNAL void sbn_team_poll(sbn_team_t* team);
+/* Marks the team aborted with `reason` (first reason wins); wakes a waiting split. */
+SBN_INTERNAL void sbn_team_abort(sbn_team_t* team, sbnResult_t reason);
+/* The split of a team whose ranks all live here: sub-teams of the same backend, ranks
+   ordered by (key, parent rank); rank_devices[r] (NULL: none) is parent rank r's device,
+   handed to the sub-teams' attach. All or nothing. */
+SBN_INTERNAL sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int* key,
+                                             const int* rank_devices, sbnComm_t* result);
+/* sbnCommSplit outside a group: the team's local ranks meet (one thread each), the last
+   to arrive runs the backend's split for all; bounded by the timeout. */
+SBN_INTERNAL sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key,
+                                             sbnComm_t* newcomm);
 
 /* ---- memory kind (memkind.c) ------------------------------------------------------- */
 typedef enum { SBN_MEM_HOST = 0, SBN_MEM_DEVICE = 1 } sbn_mem_kind_t;

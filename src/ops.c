@@ -1,29 +1,22 @@
 /* ops.c — the public op entry points: argument checks (before anything is written or
- * queued), then either queueing in the open group or running at once. */
+ * queued), the backend's own checks (its table's prepare), then either queueing in the
+ * open group or running at once. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu.h"
+#include "front.h"
 #include "gpu/gpu.h"
-#include "coop_plan.h"
 #include "internal.h"
 
 /* Largest per-rank element count accepted: keeps every index computation in int64 and
    every count exact in the merge tree. */
 #define SBN_MAX_NUMEL ((int64_t)1 << 48)
 
-uint32_t sbn_op_signature(const sbn_op_t* op) {
-  return (uint32_t)op->kind << 16 | (uint32_t)op->desc.dtype << 8 | (uint32_t)op->desc.layout;
-}
-
-static const char* op_name(sbn_op_kind_t k) {
-  return k == SBN_OP_FORWARD ? "sbnForwardTrain" : "sbnBackward";
-}
-
 static sbnResult_t check_desc(sbnComm_t comm, const char* fn, const sbnTensorDesc_t* d) {
   if (d == NULL) return sbn_fail(comm, sbnInvalidArgument, "%s: desc is NULL", fn);
-  if (d->dtype != sbnFloat32 && d->dtype != sbnFloat16 && d->dtype != sbnBFloat16)
+  if (!sbn_dtype_valid((int)d->dtype))
     return sbn_fail(comm, sbnInvalidArgument, "%s: unknown dtype %d", fn, (int)d->dtype);
   if (d->layout != sbnLayoutNCHW && d->layout != sbnLayoutNHWC)
     return sbn_fail(comm, sbnInvalidArgument, "%s: unknown layout %d", fn, (int)d->layout);
@@ -51,7 +44,7 @@ static sbnResult_t check_params(sbnComm_t comm, const char* fn, const sbnParams_
 
 static sbnResult_t check_op(const sbn_op_t* op) {
   sbnComm_t comm = op->comm;
-  const char* fn = op_name(op->kind);
+  const char* fn = sbn_op_name(op->kind);
   sbnResult_t r = check_desc(comm, fn, &op->desc);
   if (r != sbnSuccess) return r;
   r = check_params(comm, fn, &op->params);
@@ -91,65 +84,32 @@ static sbnResult_t check_op(const sbn_op_t* op) {
   return sbnSuccess;
 }
 
-int sbn_algo_from_env(sbnComm_t comm) {
-  const char* v = getenv("SBN_ALGO");
-  if (v == NULL || v[0] == '\0' || strcmp(v, "coop") == 0) return SBN_ALGO_COOP;
-  if (strcmp(v, "nccl") == 0) return SBN_ALGO_HOST;
-  sbn_fail(comm, sbnInvalidArgument, "SBN_ALGO='%s': expected 'coop' (the default) or 'nccl'", v);
-  return -1;
-}
-
-int sbn_kernel_from_env(sbnComm_t comm) {
-  static const char* const names[] = {"auto", "onchip", "stream", "legacy"}; /* SBN_KERNEL_* */
-  const char* v = getenv("SBN_KERNEL");
-  if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
-  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
-    if (strcmp(v, names[i]) == 0) return i;
-  sbn_fail(comm, sbnInvalidArgument,
-           "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip', 'stream' or 'legacy'", v);
-  return -1;
-}
-
 sbnResult_t sbn_op_run(const sbn_op_t* op) {
   sbnResult_t r = sbn_comm_check_alive(op->comm);
   if (r != sbnSuccess) return r;
-  if (op->comm->team->kind != SBN_COMM_CPU) {
-    /* one rank of a GPU team (virtual teams of more than one rank run in groups only) */
-    r = sbn_gpu_check_round(&op, 1, op->comm->team->nranks == 1);
-    if (r == sbnSuccess) r = sbn_gpu_launch(&op, 1);
-    return r;
-  }
-  return op->kind == SBN_OP_FORWARD ? sbn_cpu_forward(op) : sbn_cpu_backward(op);
+  const sbn_team_ops_t* ops = op->comm->team->ops;
+  if (ops->check != NULL) r = ops->check(&op, 1);
+  if (r == sbnSuccess) r = ops->run(&op, 1);
+  return r;
 }
 
 /* Common tail of both ops: check, then queue in the open group or run now. A failed
    check inside a group also makes sbnGroupEnd run nothing. */
 static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
+  const int in_group = sbn_group_active();
   sbnResult_t r = sbn_comm_check(op->comm);
   if (r == sbnSuccess && desc == NULL)
-    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_name(op->kind));
+    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", sbn_op_name(op->kind));
   if (r == sbnSuccess) {
     op->desc = *desc;
     op->params = params ? *params : defaults;
     r = check_op(op);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
-  if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) r = sbn_gpu_check_pointers(op);
-  if (r == sbnSuccess && op->comm->team->kind != SBN_COMM_CPU) {
-    op->algo = sbn_algo_from_env(op->comm);
-    if (op->algo < 0) r = sbnInvalidArgument;
-    else if (sbn_gpu_host_only(op->comm->team)) op->algo = SBN_ALGO_HOST; /* "nccl-host" */
-    op->kernel = r == sbnSuccess ? sbn_kernel_from_env(op->comm) : 0;
-    if (op->kernel < 0) r = sbnInvalidArgument;
-  }
-  if (r == sbnSuccess && !sbn_group_active() && op->comm->team->kind == SBN_COMM_GPU_VIRTUAL &&
-      op->comm->team->nranks > 1)
-    r = sbn_fail(op->comm, sbnInvalidUsage,
-                 "%s: a virtual team of %d ranks runs each op as ONE launch for all its ranks: "
-                 "call the op for every rank between sbnGroupStart and sbnGroupEnd",
-                 op_name(op->kind), op->comm->team->nranks);
-  if (sbn_group_active()) {
+  const sbn_team_ops_t* ops = r == sbnSuccess ? op->comm->team->ops : NULL;
+  if (r == sbnSuccess && ops->prepare != NULL) r = ops->prepare(op, in_group);
+  if (in_group) {
     if (r != sbnSuccess) {
       sbn_group_mark_failed(r);
       return r;

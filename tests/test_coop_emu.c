@@ -62,8 +62,7 @@ static void emu_team_free(emu_team_t* e) {
 }
 
 static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
-  return (uint32_t)bwd << 28 | (uint32_t)d->dtype << 26 | (uint32_t)d->layout << 25 |
-         (uint32_t)d->c;
+  return sbn_op_sig(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, d->layout, d->c);
 }
 
 /* The launch arguments of rank r of team_t t (slot i of a launch). */
@@ -127,7 +126,7 @@ static emu_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int b
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
     const sbn_geo_t g = sbn_geo_make(n_max, d->c, d->spatial, pl.tile, sbn_vec_of(d->dtype), G);
-    const int64_t need = sbn_thread_batches_bound(&g, bwd ? SBN_GPU_BWD : SBN_GPU_FWD, G) -
+    const int64_t need = sbn_thread_batches_bound(&g, bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, G) -
                          SBN_HOLD_REG_BATCHES(d->dtype, pl.tile);
     pl.hold_slots = need > 0 ? (int)need : 0;
   }
@@ -156,7 +155,7 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
   emu_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
   pl.tile = tile_of(t, e->W);
   a.hold_slots = pl.hold_slots;
-  ASSERT_EQ_INT(sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, t->d[0].dtype, pl.tile, pl.vec,
+  ASSERT_EQ_INT(sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, t->d[0].dtype, pl.tile, pl.vec,
                                pl.variant, &a, (unsigned)(e->W * e->G)),
                 0);
 }
@@ -183,7 +182,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
     fill_common(&l[r].a, e, d, bwd);
     l[r].a.nlaunch = 1;
-    l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+    l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
     l[r].dtype = d->dtype;
     l[r].pl = emu_plan(d, d->n, e->G, bwd);
     l[r].a.hold_slots = l[r].pl.hold_slots;
@@ -202,7 +201,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
 static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
                          const sbnTensorDesc_t* desc_of) {
   static sbn_coop_args_t a[MAXW];
-  const int kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+  const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
   int64_t cmax = 0;
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
@@ -490,7 +489,7 @@ static void test_bytes_moved(void) {
           ASSERT_TRUE(err_words_clear(&e));
           for (int r = 0; r < 2; r++) {
             const int64_t bytes = (int64_t)team_bytes(&t, r);
-            const int kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+            const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
             uint64_t xr, xw, dr, dw, orr, ow;
             sbn_emu_count_get(sx[r], &xr, &xw);
             sbn_emu_count_get(sdy[r], &dr, &dw);
@@ -1014,7 +1013,7 @@ static void emu_run_nccl(emu_nccl_t* n, team_t* t, int bwd, const sbnParams_t* p
   pthread_t th[MAXW];
   for (int r = 0; r < W; r++) {
     emu_nccl_args(n, &l[r].a, t, r, bwd, p);
-    l[r].kind = bwd ? SBN_GPU_BWD : SBN_GPU_FWD;
+    l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
     l[r].dtype = t->d[r].dtype;
     l[r].pl = emu_plan(&t->d[r], t->d[r].n, n->e.G, bwd);
     l[r].a.hold_slots = l[r].pl.hold_slots;
@@ -1173,7 +1172,7 @@ static void* pipe_rank_main(void* arg) {
       a->nlaunch = 1;
       const emu_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
       a->hold_slots = pl.hold_slots;
-      if (sbn_emu_launch(bwd ? SBN_GPU_BWD : SBN_GPU_FWD, d->dtype, pl.tile, pl.vec, pl.variant, a,
+      if (sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, pl.tile, pl.vec, pl.variant, a,
                          (unsigned)pr->e->G) != 0)
         abort(); /* a kernel that is not built: a bug of the test's plan */
     }

@@ -459,6 +459,14 @@ static void test_two_teams_one_group(void) {
 }
 
 /* ---- op mismatch, thread per rank ----------------------------------------------------------- */
+/* Whether comm's last error contains `what` (printed when it does not). */
+static int error_names(sbnComm_t comm, const char* what) {
+  const char* e = sbnGetLastError(comm);
+  if (strstr(e, what) != NULL) return 1;
+  fprintf(stderr, "  last error \"%s\" does not name \"%s\"\n", e, what);
+  return 0;
+}
+
 static void test_mismatch_threads(void) {
   sbnConfig_t cfg = config_ms(20000);
   sbnComm_t comms[2];
@@ -474,6 +482,9 @@ static void test_mismatch_threads(void) {
   for (int r = 0; r < 2; r++) {
     ASSERT_RES(jobs[r].r, sbnInvalidUsage);
     EXPECT_TRUE(last_error_set(comms[r]));
+    /* the message names both ops: kind, dtype, layout and C */
+    EXPECT_TRUE(error_names(comms[r], "forward fp32 NCHW C=4"));
+    EXPECT_TRUE(error_names(comms[r], "backward fp32 NCHW C=4"));
   }
   ASSERT_MEMEQ(b, snap, sizeof b);
   /* different C on the two ranks */
@@ -481,7 +492,11 @@ static void test_mismatch_threads(void) {
   memcpy(snap, b, sizeof snap);
   jobs[1].kind = JOB_FWD;
   ASSERT_TRUE(run_jobs(jobs, 2));
-  for (int r = 0; r < 2; r++) ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+    EXPECT_TRUE(error_names(comms[r], "forward fp32 NCHW C=4"));
+    EXPECT_TRUE(error_names(comms[r], "forward fp32 NCHW C=3"));
+  }
   ASSERT_MEMEQ(b, snap, sizeof b);
   /* still usable */
   b[1].d.c = 4;

@@ -1,23 +1,63 @@
-/* cpu.h — the CPU team: ranks are host threads, data in host memory. */
+/* cpu.h — the CPU team: ranks are host threads, data in host memory. The reference every
+ * other path is checked against. */
 #ifndef SYNCBN_CPU_H_
 #define SYNCBN_CPU_H_
 
+#include "bn_mailbox.h"
 #include "internal.h"
 
-/* ---- cpu_exchange.c: the cross-rank exchange (the protocol the GPU kernels use) ---- */
-/* A peer's published entry, valid until this rank publishes its next op. */
-typedef struct {
-  int64_t count;
-  const float* payload; /* floats_per_channel * c floats */
-} sbn_peer_entry_t;
+/* The backend's table (cpu_team.c). */
+SBN_INTERNAL extern const sbn_team_ops_t sbn_cpu_team_ops;
 
-/* The ONE exchange of an op: publishes (count, floats_per_channel*c of `local`) under signature
-   `sig`, waits (bounded by the team's timeout) for every rank's entry of the same op
-   and fills peers[0..nranks-1]. sbnTimeout / sbnAborted when a peer does not arrive;
-   sbnInvalidUsage when a peer runs a different op. */
-SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int64_t c,
-                                          int floats_per_channel, int64_t count,
-                                          const float* local, sbn_peer_entry_t* peers);
+/* Floats per channel of a rank's partials (the forward's (mean_hi, mean_lo, m2) is the
+   largest) and of its per-channel results. */
+#define SBN_CPU_PART_FLOATS 3
+#define SBN_CPU_STATS_FLOATS 5
+
+/* A rank's state: its exchange epoch and the workspaces sized at init from max_channels
+   (no allocation inside ops). */
+typedef struct {
+  uint32_t epoch; /* ops this rank has exchanged; the next op uses epoch + 1 */
+  float* local;   /* SBN_CPU_PART_FLOATS * max_channels: this rank's partials */
+  float* stats;   /* SBN_CPU_STATS_FLOATS * max_channels: per-channel results */
+} sbn_cpu_rank_t;
+
+/* team->impl of a CPU team. */
+typedef struct {
+  sbn_mail_rec_t* mail; /* the team's mailbox, [src][parity][chunk] (bn_mailbox.h) */
+  int nchunks_max;
+  sbn_cpu_rank_t* ranks; /* [nranks] */
+} sbn_cpu_team_t;
+
+static inline sbn_cpu_team_t* sbn_cpu_team(const sbn_team_t* t) { return (sbn_cpu_team_t*)t->impl; }
+static inline sbn_cpu_rank_t* sbn_cpu_rank(sbnComm_t c) { return &sbn_cpu_team(c->team)->ranks[c->rank]; }
+
+/* ---- cpu_exchange.c: the cross-rank exchange (the protocol the GPU kernels use) ---- */
+/* Every rank's records of one op, as this rank sees them after the exchange: valid until
+   this rank publishes its next op. */
+typedef struct {
+  const sbn_mail_rec_t* mail;
+  int nchunks_max;
+  uint32_t epoch;
+} sbn_cpu_peers_t;
+
+/* Rank q's count (n * spatial) and its floats of channel ci. */
+static inline int64_t sbn_cpu_peer_count(const sbn_cpu_peers_t* p, int q) {
+  return p->mail[sbn_mail_index(q, p->epoch, 0, p->nchunks_max)].count;
+}
+static inline const float* sbn_cpu_peer_values(const sbn_cpu_peers_t* p, int q, int64_t ci) {
+  const sbn_mail_rec_t* rec =
+      &p->mail[sbn_mail_index(q, p->epoch, (int)(ci / SBN_MAIL_CHUNK), p->nchunks_max)];
+  return rec->data + SBN_MAIL_REC_FLOATS * (ci % SBN_MAIL_CHUNK);
+}
+
+/* The ONE exchange of an op: publishes (count, floats_per_channel * c floats of `local`)
+   under signature `sig` (which holds c), waits (bounded by the team's timeout) for every
+   rank's records of the same op and describes them in *peers. sbnTimeout / sbnAborted
+   when a peer does not arrive; sbnInvalidUsage when a peer runs a different op. */
+SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channel,
+                                          int64_t count, const float* local,
+                                          sbn_cpu_peers_t* peers);
 
 /* ---- cpu_reduce.c: this rank's per-channel partials ---------------------------------- */
 /* out[3*ci .. 3*ci+2] = (mean_hi, mean_lo, m2) of channel ci over the rank's n*spatial
@@ -35,6 +75,7 @@ SBN_INTERNAL void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int
 /* ---- cpu_ops.c -------------------------------------------------------------------- */
 SBN_INTERNAL sbnResult_t sbn_cpu_forward(const sbn_op_t* op);
 SBN_INTERNAL sbnResult_t sbn_cpu_backward(const sbn_op_t* op);
+/* sbnForwardInference with host pointers. */
 SBN_INTERNAL void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                                     const float* weight, const float* bias,
                                     const float* running_mean, const float* running_var,

@@ -65,18 +65,18 @@ static void elementwise(const sbnTensorDesc_t* d, const void* x, const void* dy,
   }
 }
 
-static int64_t team_count(const sbn_peer_entry_t* peers, int w) {
+static int64_t team_count(const sbn_cpu_peers_t* peers, int w) {
   int64_t m = 0;
-  for (int q = 0; q < w; q++) m += peers[q].count;
+  for (int q = 0; q < w; q++) m += sbn_cpu_peer_count(peers, q);
   return m;
 }
 
 /* step 0 + step 1 of both ops: this rank's partials (zeros for an empty rank), then the
-   exchange. On success peers[] holds every rank's entry. */
-static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_peer_entry_t* peers) {
+   exchange. On success *peers describes every rank's records. */
+static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_cpu_peers_t* peers) {
   sbnComm_t comm = op->comm;
   const sbnTensorDesc_t* d = &op->desc;
-  float* local = comm->ws_local;
+  float* local = sbn_cpu_rank(comm)->local;
   int floats = op->kind == SBN_OP_FORWARD ? 3 : 2;
   if (d->n == 0) {
     for (int64_t i = 0; i < floats * d->c; i++) local[i] = 0.0f;
@@ -85,8 +85,7 @@ static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_peer_entry_t* p
   } else {
     sbn_cpu_local_grad_sums(d, op->x, op->dy, op->save_mean, local);
   }
-  return sbn_cpu_exchange(comm, sbn_op_signature(op), d->c, floats, d->n * d->spatial, local,
-                          peers);
+  return sbn_cpu_exchange(comm, sbn_op_signature(op), floats, d->n * d->spatial, local, peers);
 }
 
 sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
@@ -95,26 +94,27 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
   const sbnTensorDesc_t* d = &op->desc;
   const int64_t c = d->c;
   const int w = comm->team->nranks;
-  sbn_peer_entry_t peers[w];
+  sbn_cpu_rank_t* me = sbn_cpu_rank(comm);
+  sbn_cpu_peers_t peers;
 
-  sbnResult_t r = partials_and_exchange(op, peers);
+  sbnResult_t r = partials_and_exchange(op, &peers);
   if (r != sbnSuccess) return r;
-  int64_t m = team_count(peers, w);
+  int64_t m = team_count(&peers, w);
   if (m == 1)
     return sbn_fail(comm, sbnInvalidArgument,
                     "Expected more than 1 value per channel when training (the team's batch "
                     "has 1 element per channel)");
 
-  /* step 2: merge in rank order, finalize. ws_stats: c fwd_coef_t + c invstd (5c floats);
-     ws_local (the partials, already published) is reused for the unbiased variance. */
-  fwd_coef_t* k = (fwd_coef_t*)(void*)comm->ws_stats;
-  float* invstd = comm->ws_stats + 4 * c;
-  float* var_unbiased = comm->ws_local;
+  /* step 2: merge in rank order, finalize. stats: c fwd_coef_t + c invstd (5c floats);
+     local (the partials, already published) is reused for the unbiased variance. */
+  fwd_coef_t* k = (fwd_coef_t*)(void*)me->stats;
+  float* invstd = me->stats + 4 * c;
+  float* var_unbiased = me->local;
   for (int64_t ci = 0; ci < c; ci++) {
     sbn_partial_t g = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int q = 0; q < w; q++) {
-      const float* e = peers[q].payload + 3 * ci;
-      sbn_partial_t p = {(float)peers[q].count, e[0], e[1], e[2]};
+      const float* e = sbn_cpu_peer_values(&peers, q, ci);
+      sbn_partial_t p = {(float)sbn_cpu_peer_count(&peers, q), e[0], e[1], e[2]};
       g = sbn_partial_merge(g, p);
     }
     sbn_stats_t s = sbn_stats_finalize(g, m, op->params.eps);
@@ -150,21 +150,23 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   const sbnTensorDesc_t* d = &op->desc;
   const int64_t c = d->c;
   const int w = comm->team->nranks;
-  sbn_peer_entry_t peers[w];
+  sbn_cpu_rank_t* me = sbn_cpu_rank(comm);
+  sbn_cpu_peers_t peers;
 
-  sbnResult_t r = partials_and_exchange(op, peers);
+  sbnResult_t r = partials_and_exchange(op, &peers);
   if (r != sbnSuccess) return r;
-  int64_t m = team_count(peers, w);
+  int64_t m = team_count(&peers, w);
 
   /* step 2: team sums in rank order; dweight/dbias (local or team); dx coefficients */
-  sbn_bwd_coef_t* k = (sbn_bwd_coef_t*)(void*)comm->ws_stats; /* 4 floats per channel */
+  sbn_bwd_coef_t* k = (sbn_bwd_coef_t*)(void*)me->stats; /* 4 floats per channel */
   for (int64_t ci = 0; ci < c; ci++) {
     sbn_bwd_sums_t g = {0.0f, 0.0f};
     for (int q = 0; q < w; q++) {
-      sbn_bwd_sums_t p = {peers[q].payload[2 * ci], peers[q].payload[2 * ci + 1]};
+      const float* e = sbn_cpu_peer_values(&peers, q, ci);
+      sbn_bwd_sums_t p = {e[0], e[1]};
       g = sbn_bwd_sums_merge(g, p);
     }
-    sbn_bwd_sums_t mine = {comm->ws_local[2 * ci], comm->ws_local[2 * ci + 1]};
+    sbn_bwd_sums_t mine = {me->local[2 * ci], me->local[2 * ci + 1]};
     sbn_bwd_sums_t grads = op->params.grad_mode == sbnGradGlobal ? g : mine;
     float invstd = op->save_invstd[ci];
     if (op->dweight != NULL) op->dweight[ci] = sbn_dweight(grads.sum_dy_xmu, invstd);

@@ -24,37 +24,23 @@
 
 void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t count, float* out) {
   switch (dt) {
-    case sbnFloat32:
-      memcpy(out, (const float*)base + start, (size_t)count * sizeof(float));
-      break;
-    case sbnFloat16: {
-      const uint16_t* p = (const uint16_t*)base + start;
-      for (int64_t i = 0; i < count; i++) out[i] = sbn_f16_to_f32(p[i]);
-      break;
-    }
-    case sbnBFloat16: {
-      const uint16_t* p = (const uint16_t*)base + start;
-      for (int64_t i = 0; i < count; i++) out[i] = sbn_bf16_to_f32(p[i]);
-      break;
-    }
+#define SBN_DT_LOAD_(value, bytes, name, tag)                          \
+  case value:                                                          \
+    for (int64_t i = 0; i < count; i++) out[i] = sbn_##tag##_get(base, start + i); \
+    break;
+    SBN_DTYPES(SBN_DT_LOAD_)
+#undef SBN_DT_LOAD_
   }
 }
 
 void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int64_t count, const float* in) {
   switch (dt) {
-    case sbnFloat32:
-      memmove((float*)base + start, in, (size_t)count * sizeof(float));
-      break;
-    case sbnFloat16: {
-      uint16_t* p = (uint16_t*)base + start;
-      for (int64_t i = 0; i < count; i++) p[i] = sbn_f32_to_f16(in[i]);
-      break;
-    }
-    case sbnBFloat16: {
-      uint16_t* p = (uint16_t*)base + start;
-      for (int64_t i = 0; i < count; i++) p[i] = sbn_f32_to_bf16(in[i]);
-      break;
-    }
+#define SBN_DT_STORE_(value, bytes, name, tag)                        \
+  case value:                                                         \
+    for (int64_t i = 0; i < count; i++) sbn_##tag##_put(base, start + i, in[i]); \
+    break;
+    SBN_DTYPES(SBN_DT_STORE_)
+#undef SBN_DT_STORE_
   }
 }
 

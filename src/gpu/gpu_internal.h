@@ -1,6 +1,6 @@
-/* gpu_internal.h — what src/gpu/gpu_team.c (every GPU team) and src/gpu/nccl_team.c (NCCL
- * teams) share: the device resources of a team and the kernels' entry points. Only
- * included in builds with CUDA. */
+/* gpu_internal.h — what the GPU backend's files share: the device resources of a team
+ * (gpu_team.c), its transport, the launches (gpu_launch.c), NCCL teams (nccl_team.c) and
+ * the kernels' entry points. Only included in builds with CUDA. */
 #ifndef SYNCBN_GPU_INTERNAL_H_
 #define SYNCBN_GPU_INTERNAL_H_
 
@@ -29,6 +29,24 @@ cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, i
                                   int code, cudaStream_t stream) SBN_INTERNAL;
 #endif
 
+/* How a team's ranks exchange their records: sbnCommGetTransport's names. Chosen once,
+   at init (gpu_team.c, nccl_team.c). Every transport but nccl-host has an in-kernel path
+   (the cooperative kernel reads and writes the mailboxes); how an op runs, its
+   algorithm (SBN_ALGO_*), is chosen per call among those the transport allows. */
+typedef enum {
+  SBN_TR_VIRTUAL = 0,     /* "virtual": every rank on one device, one launch for all */
+  SBN_TR_PEER = 1,        /* "peer": a rank per GPU, mailboxes in device memory (P2P) */
+  SBN_TR_PEER_HOST = 2,   /* "peer-pinned-host": mailboxes in pinned, mapped host memory */
+  SBN_TR_NCCL_WINDOW = 3, /* "nccl-lsa": a process per rank, mailboxes in an NCCL window */
+  SBN_TR_NCCL_COLL = 4    /* "nccl-host": a process per rank, NCCL collectives only */
+} sbn_transport_t;
+
+/* How a GPU team's op runs, chosen per call by the environment variable SBN_ALGO:
+   "coop" (default: one cooperative kernel) or "nccl" (the host-driven path: stats,
+   collective, apply, as PyTorch does); a transport without an in-kernel path takes the
+   host path. */
+enum { SBN_ALGO_COOP = 0, SBN_ALGO_HOST = 1 };
+
 typedef struct {
   int present; /* the rank lives in this process (NCCL teams: only `local`) */
   int device;
@@ -36,10 +54,11 @@ typedef struct {
   int sms;
   /* blocks per SM of every cooperative kernel: [kind][dtype][tile][vec][variant] (0: not
      built), the onchip ones with their dynamic shared memory */
-  int occ[2][3][2][2][SBN_VAR_COUNT];
+  int occ[SBN_OP_KINDS][SBN_DTYPE_COUNT][2][2][SBN_VAR_COUNT];
   int occ_min; /* the lowest of the non-onchip ones (ranks sharing a GPU) */
   int occ_max; /* the highest of them (the workspace is sized by it) */
-  int hold_slots[2][3][2]; /* onchip: shared-memory batches per thread [kind][dtype][tile] */
+  int hold_slots[SBN_OP_KINDS][SBN_DTYPE_COUNT][2]; /* onchip: shared-memory batches per
+                                                       thread [kind][dtype][tile] */
   sbn_rank_state_t* state;
   float* part;
   sbn_mail_rec_t* mail; /* NCCL teams: this rank's part of the window */
@@ -53,7 +72,7 @@ typedef struct {
 struct sbn_gpu_team {
   int nranks;
   int nchunks_max;
-  int mail_on_host;
+  sbn_transport_t transport;
   volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
   gpu_rank_t* ranks; /* [nranks]; NCCL teams: only ranks[local] is present */
   int64_t timeout_ms;
@@ -73,7 +92,6 @@ struct sbn_gpu_team {
   _Atomic int watchdog_stop;
   /* NCCL teams (nccl_team.c) */
   int local;  /* the rank in this process; -1 for the other teams */
-  int lsa;    /* 1: "nccl-lsa" (in-kernel, through the window); 0: "nccl-host" */
   void* win_buf;    /* ncclMemAlloc: this rank's part of the window (NULL: none) */
   size_t win_bytes; /* sbn_window_bytes */
   void* win;        /* ncclWindow_t, registered (NULL: none) */
@@ -82,26 +100,59 @@ struct sbn_gpu_team {
   int* hscratch;
 };
 
+static inline struct sbn_gpu_team* sbn_gpu(const sbn_team_t* t) {
+  return (struct sbn_gpu_team*)t->impl;
+}
+static inline int sbn_mail_on_host(const struct sbn_gpu_team* gt) {
+  return gt->transport == SBN_TR_PEER_HOST;
+}
+/* Whether the cooperative kernel can exchange through the transport (all but nccl-host). */
+static inline int sbn_transport_in_kernel(sbn_transport_t tr) { return tr != SBN_TR_NCCL_COLL; }
+static inline int sbn_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
 SBN_INTERNAL int64_t sbn_mono_ns(void);
+
+/* ---- gpu_team.c: resources, error words, the tables' other entries ------------------ */
 /* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns); first
    the host's abort word, so that kernels queued behind the collective write nothing. Not
    with nccl_lock held. */
 SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
 /* Starts the watchdog thread of a team with NCCL comms (and its lock). */
 SBN_INTERNAL sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt);
-/* Records a CUDA failure (sbnUnsupported without a device or driver, else sbnCudaError). */
+/* Records a CUDA failure (sbnUnsupported without a device, driver or kernel image for
+   the device, else sbnCudaError). */
 SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
-/* Occupancy of every kernel on device dev (current), into g. */
+/* Occupancy of every kernel on device dev (current), into g; loads every kernel. */
 SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
 /* A rank's device state (state, workspace, host-path records for a team of nranks,
    events) on its device (current); its mailbox too when `mail` (device or pinned host
-   memory per gt->mail_on_host). */
+   memory per the transport). */
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
 /* Frees a team's GPU part (waits for its devices to be idle). */
 SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted);
-/* NCCL teams (nccl_team.c): releases the window and the team's NCCL comm; makes the other
-   processes' kernels return (sbnCommAbort, a failed launch). */
+/* Table entries shared by every GPU team. */
+SBN_INTERNAL void sbn_gpu_detach(sbn_team_t* team);
+SBN_INTERNAL sbnResult_t sbn_gpu_poll(const sbn_team_t* team);
+SBN_INTERNAL void sbn_gpu_abort(sbn_team_t* team);
+SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
+
+/* ---- gpu_launch.c: the ops ---------------------------------------------------------- */
+/* At the call: device pointers of the rank's device, SBN_ALGO (forced to the host path
+   where the transport has no in-kernel path), SBN_KERNEL; a virtual team of several
+   ranks only in a group. */
+SBN_INTERNAL sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group);
+/* A round of n ops (every local rank, or one op outside a group) can run together: same
+   op, same path, streams of ranks sharing a GPU, the host path's needs, a global count
+   other than 1 for a forward of the whole team. Synchronous errors, nothing run. */
+SBN_INTERNAL sbnResult_t sbn_gpu_check(const sbn_op_t* const* round, int n);
+/* Issues a round: a virtual team's (and the host path's) as one launch sequence, a peer
+   team's as one launch per rank. Asynchronous on the ops' streams. */
+SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n);
+
+/* ---- nccl_team.c ---------------------------------------------------------------------- */
+/* Releases the window and the team's NCCL comm; makes the other processes' kernels return
+   (sbnCommAbort, a failed launch). */
 SBN_INTERNAL void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted);
 SBN_INTERNAL void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt);
 #if SYNCBN_HAVE_NCCL

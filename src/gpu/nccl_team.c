@@ -20,14 +20,12 @@
  * return sbnAborted at once; sbnCommAbort launches a one-thread kernel that does the same.
  * The host path has the watchdog of gpu_team.c (ncclCommAbort of the team's own comm).
  */
-#include "gpu/gpu.h"
-
 #include <stdlib.h>
 #include <string.h>
 
-#if SYNCBN_HAVE_CUDA && SYNCBN_HAVE_NCCL
-
 #include "gpu/gpu_internal.h"
+
+#if SYNCBN_HAVE_NCCL
 
 ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns) {
   while (r == ncclInProgress) {
@@ -51,11 +49,7 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
                   ncclGetLastError(comm));
 }
 
-void sbn_gpu_nccl_discard(struct ncclComm* nccl) {
-  if (nccl != NULL) ncclCommAbort(nccl); /* local and immediate, unlike ncclCommDestroy */
-}
-
-sbnResult_t sbn_gpu_nccl_query(struct ncclComm* nccl, int* nranks, int* rank) {
+static sbnResult_t nccl_query(struct ncclComm* nccl, int* nranks, int* rank) {
   ncclResult_t nr = ncclCommCount(nccl, nranks);
   if (nr == ncclSuccess) nr = ncclCommUserRank(nccl, rank);
   if (nr != ncclSuccess)
@@ -197,8 +191,15 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
 #endif
 }
 
-sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, int adopt) {
-  const int w = team->nranks, me = team->local_rank;
+/* The team's GPU part: the team's own NCCL comm (a duplicate of init->nccl, or init->nccl
+   itself when init->adopt: then taken, init->nccl = NULL), device state, and the transport
+   agreed by every rank. Collective, bounded by the timeout. On failure team->impl stays
+   NULL (an adopted comm is released). */
+static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
+  const int w = team->nranks, me = team->first_local;
+  const int adopt = init->adopt;
+  struct ncclComm* nccl = init->nccl;
+  if (adopt) init->nccl = NULL;
   sbnResult_t r = sbnSuccess;
   int prev = 0, dev = -1;
   /* a bad value is reported on every rank after the first agreement (the others would
@@ -217,6 +218,7 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
   }
   gt->nranks = w;
   gt->local = me;
+  gt->transport = SBN_TR_NCCL_COLL;
   gt->timeout_ms = team->cfg.timeout_ms;
   gt->nchunks_max = (int)((team->cfg.max_channels + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
@@ -325,7 +327,7 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
       int reg = ok; /* agreement 3: a usable window on every rank */
       r = agree_min(gt, comm, &reg, 1);
       if (r != sbnSuccess) goto out;
-      gt->lsa = reg;
+      if (reg) gt->transport = SBN_TR_NCCL_WINDOW;
       if (!reg) obstacle = ok ? "the symmetric window is not usable on another rank" : why;
     } else {
       obstacle = gt->win_buf != NULL ? "another rank could not allocate its window part" : why;
@@ -333,15 +335,16 @@ sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, in
   } else if (obstacle == NULL) {
     obstacle = "another rank cannot use the in-kernel transport (see its SBN_DEBUG=INFO)";
   }
-  if (!gt->lsa && require) {
+  const int lsa = gt->transport == SBN_TR_NCCL_WINDOW;
+  if (!lsa && require) {
     r = sbn_fail(NULL, sbnUnsupported,
                  "sbnCommInitNccl: SBN_NCCL_TRANSPORT=lsa, but the in-kernel transport is not "
                  "possible: %s",
                  obstacle);
     goto out;
   }
-  if (gt->lsa) g->mail = (sbn_mail_rec_t*)gt->win_buf;
-  snprintf(gt->nccl_why, sizeof gt->nccl_why, "%s", gt->lsa ? "" : obstacle);
+  if (lsa) g->mail = (sbn_mail_rec_t*)gt->win_buf;
+  snprintf(gt->nccl_why, sizeof gt->nccl_why, "%s", lsa ? "" : obstacle);
   r = sbn_gpu_watchdog_start(gt); /* the host path's collectives, also SBN_ALGO=nccl calls */
 out:
   cudaSetDevice(prev);
@@ -355,8 +358,8 @@ out:
     sbn_gpu_team_free(gt, 0);
     return r;
   }
-  team->gpu = gt;
-  if (gt->lsa)
+  team->impl = gt;
+  if (gt->transport == SBN_TR_NCCL_WINDOW)
     sbn_log(SBN_LOG_INFO,
             "NCCL team %p: rank %d of %d on device %d, transport nccl-lsa (one cooperative "
             "kernel per op, NCCL symmetric window of %zu bytes)",
@@ -407,7 +410,7 @@ void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) {
   cudaGetDevice(&prev);
 #if SBN_NCCL_DEVICE_API
   /* the other processes' kernels waiting for this rank return now */
-  if (gt->lsa && gt->win != NULL && cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess)
+  if (gt->transport == SBN_TR_NCCL_WINDOW && gt->win != NULL && cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess)
     sbn_gpu_notify_launch(gt->win, sbn_window_fail_off(gt->nranks, gt->nchunks_max), gt->local,
                           gt->nranks, sbnAborted, gt->aux);
 #endif
@@ -425,13 +428,19 @@ void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) {
   sbn_nccl_abort_all(gt);
 }
 
-sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
-  struct sbn_gpu_team* gt = comm->team->gpu;
+static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
+                               sbnComm_t* out);
+
+/* sbnCommSplit: ncclCommSplit of the team's comm (collective over the team's processes),
+   and a team made of the child, which it adopts. color[0], key[0]: this process's rank. */
+static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key,
+                              sbnComm_t* result) {
+  struct sbn_gpu_team* gt = sbn_gpu(team);
   pthread_rwlock_rdlock(&gt->nccl_lock); /* the comm is not aborted under the call */
   ncclComm_t parent = gt->nccl[gt->local];
   if (parent == NULL || atomic_load(&gt->nccl_dead)) {
     pthread_rwlock_unlock(&gt->nccl_lock);
-    return sbn_fail(comm, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
+    return sbn_fail(NULL, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
   }
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -439,8 +448,8 @@ sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* ne
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(gt->ranks[gt->local].device);
-  ncclResult_t nr =
-      ncclCommSplit(parent, color == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color, key, &child, &cfg);
+  ncclResult_t nr = ncclCommSplit(parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0],
+                                  key[0], &child, &cfg);
   nr = sbn_nccl_settle(child != NULL ? child : parent, nr,
                        sbn_mono_ns() + gt->timeout_ms * 1000000);
   cudaSetDevice(prev);
@@ -449,45 +458,66 @@ sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* ne
     sbnResult_t r = nccl_fail(parent, nr, "sbnCommSplit: ncclCommSplit");
     pthread_rwlock_unlock(&gt->nccl_lock);
     if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
-      sbn_team_abort(comm->team, sbnTimeout);
+      sbn_team_abort(team, sbnTimeout);
       sbn_nccl_abort_all(gt);
     }
-    return sbn_fail(comm, r, "%s", sbnGetLastError(NULL));
+    return r;
   }
   pthread_rwlock_unlock(&gt->nccl_lock);
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
-    *newcomm = NULL;
+    result[0] = NULL;
     return sbnSuccess;
   }
-  sbnResult_t r = sbn_comm_create_nccl(child, 1, &comm->team->cfg, newcomm);
-  if (r != sbnSuccess) return sbn_fail(comm, r, "sbnCommSplit: %s", sbnGetLastError(NULL));
+  sbnResult_t r = nccl_create(child, 1, &team->cfg, &result[0]);
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbnGetLastError(NULL));
   return sbnSuccess;
 }
 
-#else /* no CUDA or no NCCL in this build */
+static const sbn_team_ops_t nccl_team_ops = {
+    .name = "NCCL",
+    .threaded = 0,
+    .attach = nccl_attach,
+    .detach = sbn_gpu_detach,
+    .prepare = sbn_gpu_prepare,
+    .check = sbn_gpu_check,
+    .run = sbn_gpu_run,
+    .poll = sbn_gpu_poll,
+    .abort = sbn_gpu_abort,
+    .split = nccl_split,
+    .transport = sbn_gpu_transport,
+};
 
-static sbnResult_t no_nccl(void) {
+/* This process's rank of a team made from `nccl` (adopt: the team takes it as its own;
+   otherwise it makes its own duplicate). */
+static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
+                               sbnComm_t* out) {
+  int nranks = 0, rank = 0;
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank);
+  if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
+    r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
+  if (r == sbnSuccess) {
+    sbn_team_init_t init = {NULL, nccl, adopt};
+    r = sbn_team_create(&nccl_team_ops, nranks, rank, 1, cfg, &init, out);
+    nccl = init.nccl; /* NULL once attach took it */
+  }
+  /* an adopted comm the team did not take: local and immediate, unlike ncclCommDestroy */
+  if (r != sbnSuccess && adopt && nccl != NULL) ncclCommAbort(nccl);
+  return r;
+}
+
+sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
+  return nccl_create(nccl, 0, cfg, comm);
+}
+
+#else /* no NCCL in this build */
+
+sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
+  (void)nccl, (void)cfg, (void)comm;
   return sbn_fail(NULL, sbnUnsupported,
                   "this build of syncbn has no NCCL (SYNCBN_NCCL=OFF, or no CUDA/NCCL at "
                   "configure time; SYNCBN_NCCL_ROOT points CMake at an NCCL)");
 }
-void sbn_gpu_nccl_discard(struct ncclComm* nccl) { (void)nccl; }
-sbnResult_t sbn_gpu_nccl_query(struct ncclComm* nccl, int* nranks, int* rank) {
-  (void)nccl, (void)nranks, (void)rank;
-  return no_nccl();
-}
-sbnResult_t sbn_gpu_team_attach_nccl(sbn_team_t* team, struct ncclComm* nccl, int adopt) {
-  (void)team, (void)nccl, (void)adopt;
-  return no_nccl();
-}
-sbnResult_t sbn_gpu_nccl_split(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
-  (void)comm, (void)color, (void)key, (void)newcomm;
-  return no_nccl();
-}
-#if SYNCBN_HAVE_CUDA
-#include "gpu/gpu_internal.h"
 void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) { (void)gt, (void)aborted; }
 void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) { (void)gt; }
-#endif
 
 #endif

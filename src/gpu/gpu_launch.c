@@ -1,0 +1,564 @@
+/* gpu_launch.c — how a GPU team's ops run: the checks at the call (prepare) and before a
+ * round runs (check), the plan of a round (kernel variant, blocks per rank), the
+ * argument block, and the launches: one cooperative kernel per op, or the host-driven
+ * path (stats, collective, apply). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gpu_internal.h"
+
+/* ---- at the call ----------------------------------------------------------------------- */
+
+/* Every non-NULL tensor is device (or managed) memory of the rank's device:
+   sbnInvalidArgument naming the first that is not (one cudaPointerGetAttributes each). */
+static sbnResult_t check_pointers(const sbn_op_t* op) {
+  const struct sbn_gpu_team* gt = sbn_gpu(op->comm->team);
+  const int dev = gt->ranks[op->comm->rank].device;
+  const int fwd = op->kind == SBN_OP_FORWARD;
+  const struct {
+    const void* p;
+    const char* name;
+  } ps[] = {{op->x, "x"},
+            {op->out, fwd ? "y" : "dx"},
+            {fwd ? NULL : op->dy, "dy"},
+            {op->weight, "weight"},
+            {op->bias, "bias"},
+            {op->running_mean, "running_mean"},
+            {op->running_var, "running_var"},
+            {op->num_batches_tracked, "num_batches_tracked"},
+            {op->save_mean, "save_mean"},
+            {op->save_invstd, "save_invstd"},
+            {op->dweight, "dweight"},
+            {op->dbias, "dbias"}};
+  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+    if (ps[i].p == NULL) continue;
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    if (cudaPointerGetAttributes(&at, ps[i].p) != cudaSuccess) (void)cudaGetLastError();
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+      return sbn_fail(op->comm, sbnInvalidArgument,
+                      "%s: %s (%p) is not device memory: a GPU team's tensors live on the "
+                      "rank's device (%d)",
+                      sbn_op_name(op->kind), ps[i].name, ps[i].p, dev);
+    if (at.type == cudaMemoryTypeDevice && at.device != dev)
+      return sbn_fail(op->comm, sbnInvalidArgument,
+                      "%s: %s is memory of device %d, but this rank's device is %d",
+                      sbn_op_name(op->kind), ps[i].name, at.device, dev);
+  }
+  return sbnSuccess;
+}
+
+/* SBN_ALGO_COOP or SBN_ALGO_HOST, or -1 (an unknown value; the detail is recorded). */
+static int algo_from_env(sbnComm_t comm) {
+  const char* v = getenv("SBN_ALGO");
+  if (v == NULL || v[0] == '\0' || strcmp(v, "coop") == 0) return SBN_ALGO_COOP;
+  if (strcmp(v, "nccl") == 0) return SBN_ALGO_HOST;
+  sbn_fail(comm, sbnInvalidArgument, "SBN_ALGO='%s': expected 'coop' (the default) or 'nccl'", v);
+  return -1;
+}
+
+/* The cooperative kernel's variant the call asks for, from SBN_KERNEL: "auto" (default),
+   "onchip", "stream", "legacy" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown
+   value; the detail is recorded). */
+static int kernel_from_env(sbnComm_t comm) {
+  static const char* const names[] = {"auto", "onchip", "stream", "legacy"}; /* SBN_KERNEL_* */
+  const char* v = getenv("SBN_KERNEL");
+  if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+    if (strcmp(v, names[i]) == 0) return i;
+  sbn_fail(comm, sbnInvalidArgument,
+           "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip', 'stream' or 'legacy'", v);
+  return -1;
+}
+
+sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group) {
+  const sbn_team_t* team = op->comm->team;
+  sbnResult_t r = check_pointers(op);
+  if (r != sbnSuccess) return r;
+  op->algo = algo_from_env(op->comm);
+  if (op->algo < 0) return sbnInvalidArgument;
+  if (!sbn_transport_in_kernel(sbn_gpu(team)->transport)) op->algo = SBN_ALGO_HOST; /* "nccl-host" */
+  op->kernel = kernel_from_env(op->comm);
+  if (op->kernel < 0) return sbnInvalidArgument;
+  if (!in_group && sbn_gpu(team)->transport == SBN_TR_VIRTUAL && team->nranks > 1)
+    return sbn_fail(op->comm, sbnInvalidUsage,
+                    "%s: a virtual team of %d ranks runs each op as ONE launch for all its ranks: "
+                    "call the op for every rank between sbnGroupStart and sbnGroupEnd",
+                    sbn_op_name(op->kind), team->nranks);
+  return sbnSuccess;
+}
+
+/* ---- before a round runs ----------------------------------------------------------------- */
+
+static int has_nccl(const struct sbn_gpu_team* gt) {
+#if SYNCBN_HAVE_NCCL
+  return gt->nccl != NULL;
+#else
+  (void)gt;
+  return 0;
+#endif
+}
+
+/* Every rank of the team, all on one device: the host path can run them without NCCL. */
+static int one_device_round(const sbn_op_t* const* ops, int nops) {
+  const struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
+  if (nops != gt->nranks) return 0;
+  for (int i = 1; i < nops; i++)
+    if (gt->ranks[ops[i]->comm->rank].device != gt->ranks[ops[0]->comm->rank].device) return 0;
+  return 1;
+}
+
+/* A team with a rank per GPU in this process (sbnCommInitAll). */
+static int peer_team(const struct sbn_gpu_team* gt) {
+  return gt->transport == SBN_TR_PEER || gt->transport == SBN_TR_PEER_HOST;
+}
+
+sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
+  const sbn_op_t* o0 = ops[0];
+  const sbn_team_t* team = o0->comm->team;
+  const struct sbn_gpu_team* gt = sbn_gpu(team);
+  const int whole_team = nops == team->nranks;
+  int64_t m = 0;
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    if (sbn_op_signature(o) != sbn_op_signature(o0)) {
+      char a[64], b[64];
+      return sbn_fail(NULL, sbnInvalidUsage,
+                      "sbnGroupEnd: op mismatch: rank %d runs %s, rank %d runs %s; nothing was run",
+                      o0->comm->rank, sbn_sig_describe(sbn_op_signature(o0), a, sizeof a),
+                      o->comm->rank, sbn_sig_describe(sbn_op_signature(o), b, sizeof b));
+    }
+    if (o->algo != o0->algo)
+      return sbn_fail(NULL, sbnInvalidUsage,
+                      "sbnGroupEnd: rank %d's op runs SBN_ALGO=%s, rank %d's %s: the ranks of a "
+                      "team must run the same path; nothing was run",
+                      o0->comm->rank, o0->algo == SBN_ALGO_HOST ? "nccl" : "coop", o->comm->rank,
+                      o->algo == SBN_ALGO_HOST ? "nccl" : "coop");
+    m += o->desc.n * o->desc.spatial;
+  }
+  /* ranks of a peer team that share a GPU are separate launches that must run at the same
+     time: on one stream (or the legacy NULL stream) the second waits for the first, which
+     waits for the second until the timeout */
+  if (peer_team(gt) && o0->algo == SBN_ALGO_COOP)
+    for (int i = 0; i < nops; i++)
+      for (int j = i + 1; j < nops; j++) {
+        const sbn_op_t *a = ops[i], *b = ops[j];
+        if (gt->ranks[a->comm->rank].device != gt->ranks[b->comm->rank].device)
+          continue;
+        if (a->stream == NULL || b->stream == NULL || a->stream == b->stream)
+          return sbn_fail(NULL, sbnInvalidUsage,
+                          "sbnGroupEnd: ranks %d and %d share device %d and must run at the "
+                          "same time: give each its own non-NULL stream; nothing was run",
+                          a->comm->rank, b->comm->rank,
+                          gt->ranks[a->comm->rank].device);
+      }
+  /* the host path without NCCL comms runs a team's ranks together, on one device */
+  if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && team->nranks > 1 && !has_nccl(gt) &&
+      !(whole_team && one_device_round(ops, nops)))
+    return sbn_fail(NULL, sbnInvalidUsage,
+                    "SBN_ALGO=nccl: this team has no NCCL comm (%s), so its host path runs "
+                    "only with every rank in one sbnGroupStart/sbnGroupEnd and all ranks on "
+                    "one device; nothing was run",
+                    gt->nccl_why);
+  if (whole_team && o0->kind == SBN_OP_FORWARD && m == 1)
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "Expected more than 1 value per channel when training (the team's batch "
+                    "has 1 element per channel); nothing was run");
+  return sbnSuccess;
+}
+
+/* The plan of a round: the kernel variant and width, G blocks per rank, the unit shape.
+   Both paths use it, so the host path reduces in the same order as the cooperative
+   kernel (the same bits). */
+typedef struct {
+  int G, tile, vec, variant, hold_slots;
+} gpu_plan_t;
+
+static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* pl) {
+  const sbn_op_t* o0 = ops[0];
+  const sbn_team_t* team = o0->comm->team;
+  const struct sbn_gpu_team* gt = sbn_gpu(team);
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  const int kind = o0->kind;
+  const int dt = o0->desc.dtype, V = sbn_vec_of(dt);
+  int tile = o0->desc.layout == sbnLayoutNHWC;
+  if (!tile) {
+    tile = 1;
+    for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
+  }
+  /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
+  int vec = 1;
+  int64_t numel = 0;
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    vec &= sbn_aligned16(o->x) && sbn_aligned16(o->dy) && sbn_aligned16(o->out) &&
+           sbn_vec_shape_ok(tile, o->desc.c, o->desc.spatial, dt);
+    int64_t e = o->desc.n * o->desc.c * o->desc.spatial;
+    if (e > numel) numel = e;
+  }
+  /* The host path runs the stream stages whatever SBN_KERNEL asks (it keeps the plan's G
+     and width, so its bits are the coop kernel's). Ranks sharing a GPU are separate
+     launches that must all be resident at once: they run stream, sized by the lowest
+     occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
+     next to a mismatched backward) fits side by side. */
+  const int shared_gpu = peer_team(gt) && g0->share > 1;
+  const int want = o0->algo == SBN_ALGO_HOST && o0->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO
+                                                                                : o0->kernel;
+  int var = want == SBN_KERNEL_LEGACY                           ? SBN_VAR_LEGACY
+            : want == SBN_KERNEL_STREAM || !vec || shared_gpu ? SBN_VAR_STREAM
+                                                                : SBN_VAR_ONCHIP;
+  if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
+    return sbn_fail(o0->comm, sbnUnsupported,
+                    "SBN_KERNEL=onchip: %s; nothing was run",
+                    shared_gpu ? "ranks sharing a GPU run the stream kernel"
+                               : "the onchip kernel needs x, dy and y/dx 16-byte aligned and a "
+                                 "shape of whole 16-byte vectors (NHWC: C a multiple of the "
+                                 "vector width; NCHW: H*W a multiple of it, or at least 1024)");
+  if (var == SBN_VAR_LEGACY) vec = 0;
+  const int ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
+  for (;;) {
+    int occ = shared_gpu ? g0->occ_min : g0->occ[kind][dt][tile][vec][var];
+    const int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
+    if (gmax < 1 && var == SBN_VAR_ONCHIP && want != SBN_KERNEL_ONCHIP) {
+      var = SBN_VAR_STREAM; /* more ranks on the device than SMs: the stream kernel's 2 per SM */
+      continue;
+    }
+    if (gmax < 1)
+      return sbn_fail(o0->comm, sbnUnsupported,
+                      "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
+                      g0->device, occ * g0->sms);
+    int64_t G;
+    if (var == SBN_VAR_LEGACY) {
+      G = (numel + SBN_LEGACY_ELEMS_PER_BLOCK - 1) / SBN_LEGACY_ELEMS_PER_BLOCK;
+      G = G < 1 ? 1 : G > gmax ? gmax : G;
+    } else {
+      G = sbn_plan_blocks(numel, o0->desc.c, gmax);
+    }
+    pl->G = (int)G;
+    pl->tile = tile;
+    pl->vec = vec;
+    pl->variant = var;
+    pl->hold_slots = 0;
+    if (var != SBN_VAR_ONCHIP) return sbnSuccess;
+    pl->hold_slots = g0->hold_slots[kind][dt][tile];
+    int fits = 1;
+    int64_t need = 0;
+    for (int i = 0; i < nops; i++) {
+      const sbn_geo_t geo = sbn_geo_make(ops[i]->desc.n, ops[i]->desc.c, ops[i]->desc.spatial,
+                                         tile, V, (int)G);
+      fits &= sbn_onchip_fits(&geo, kind, dt, (int)G, pl->hold_slots);
+      const int64_t b = sbn_thread_batches_bound(&geo, kind, (int)G);
+      if (b > need) need = b;
+    }
+    if (fits) return sbnSuccess;
+    if (want == SBN_KERNEL_ONCHIP)
+      return sbn_fail(o0->comm, sbnUnsupported,
+                      "SBN_KERNEL=onchip: the tensor does not fit on chip (%" PRId64
+                      " batches per thread, %d held with %d blocks per rank); nothing was run",
+                      need, SBN_HOLD_REG_BATCHES(dt, tile) + pl->hold_slots, (int)G);
+    var = SBN_VAR_STREAM; /* auto: the stream kernel */
+  }
+}
+
+/* sbnCommGetKernel's name of a plan. */
+static const char* plan_kernel_name(const gpu_plan_t* pl) {
+  if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
+  if (pl->variant == SBN_VAR_LEGACY) return "legacy";
+  return pl->vec ? "stream" : "stream-scalar";
+}
+
+static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
+                      const gpu_plan_t* pl) {
+  const sbn_op_t* o0 = ops[0];
+  const sbn_team_t* team = o0->comm->team;
+  const struct sbn_gpu_team* gt = sbn_gpu(team);
+  const int host = o0->algo == SBN_ALGO_HOST;
+  memset(a, 0, sizeof *a);
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    const gpu_rank_t* g = &gt->ranks[o->comm->rank];
+    sbn_coop_rank_t* R = &a->r[i];
+    R->x = o->x;
+    R->dy = o->dy;
+    R->out = o->out;
+    R->weight = o->weight;
+    R->bias = o->bias;
+    R->running_mean = o->running_mean;
+    R->running_var = o->running_var;
+    R->nbt = o->num_batches_tracked;
+    R->save_mean_in = o->save_mean;
+    R->save_mean = o->save_mean;
+    R->save_invstd = o->save_invstd;
+    R->dweight = o->dweight;
+    R->dbias = o->dbias;
+    R->n = o->desc.n;
+    R->spatial = o->desc.spatial;
+    R->state = g->state;
+    R->part = g->part;
+    R->mail = host ? g->recv : g->mail;
+    R->send = g->send;
+    R->rank = o->comm->rank;
+    R->eps = o->params.eps;
+    R->momentum = o->params.momentum;
+    R->grad_global = o->params.grad_mode == sbnGradGlobal;
+  }
+  if (gt->local < 0) /* NCCL teams: the window (below), or the collective */
+    for (int q = 0; q < gt->nranks; q++) a->mail[q] = host ? gt->ranks[q].send : gt->ranks[q].mail;
+  if (gt->transport == SBN_TR_NCCL_WINDOW) {
+    a->win = gt->win;
+    a->fail_off = sbn_window_fail_off(gt->nranks, gt->nchunks_max);
+    a->fail = (uint32_t*)((char*)gt->win_buf + a->fail_off);
+  }
+  a->err = gt->err;
+  a->c = o0->desc.c;
+  a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
+  a->sig = sbn_op_signature(o0);
+  a->nranks = gt->nranks;
+  a->nlaunch = nops;
+  a->G = pl->G;
+  a->nchunks_max = gt->nchunks_max;
+  a->hold_slots = pl->hold_slots;
+  for (int i = 0; i < nops; i++)
+    atomic_store(&ops[i]->comm->kernel, host ? "host" : plan_kernel_name(pl));
+}
+
+/* One launch of `fn` (cooperative or not) with the argument block. */
+static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t dyn,
+                          sbn_coop_args_t* a, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg;
+  cudaLaunchAttribute attr;
+  void* args[1] = {a};
+  memset(&cfg, 0, sizeof cfg);
+  memset(&attr, 0, sizeof attr);
+  cfg.gridDim.x = grid;
+  cfg.gridDim.y = cfg.gridDim.z = 1;
+  cfg.blockDim.x = SBN_GPU_THREADS;
+  cfg.blockDim.y = cfg.blockDim.z = 1;
+  cfg.stream = stream;
+  cfg.dynamicSmemBytes = dyn;
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = cooperative ? 1 : 0;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
+/* The ranks of one device, issued together (a virtual team; the host path of ranks
+   sharing a GPU): everything runs on the first op's stream, after the work queued on the
+   others' streams, and their streams wait for it. stage < 0: the cooperative kernel. */
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
+                                     const gpu_plan_t* pl) {
+  const sbn_op_t* o0 = ops[0];
+  struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  const int kind = o0->kind;
+  const int dt = o0->desc.dtype;
+  const unsigned G = (unsigned)a->G, nl = (unsigned)nops;
+  sbnResult_t r = sbnSuccess;
+  cudaStream_t s0 = (cudaStream_t)o0->stream;
+  int joined = 0;
+  for (int i = 1; i < nops; i++) {
+    cudaStream_t si = (cudaStream_t)ops[i]->stream;
+    if (si == s0) continue;
+    cudaEvent_t ev = gt->ranks[ops[i]->comm->rank].ev;
+    CU(cudaEventRecord(ev, si), "cudaEventRecord");
+    CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
+    joined = 1;
+  }
+  const int tile = pl->tile, vec = pl->vec;
+  if (o0->algo == SBN_ALGO_COOP) {
+    const size_t dyn =
+        pl->variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl->hold_slots) : 0;
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile, vec, pl->variant), nl * G, 1, dyn, a, s0),
+       "cooperative launch (cudaLaunchKernelExC)");
+  } else {
+    const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
+       "host path: stats kernel launch");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile, vec), nl * nch, 0, 0, a, s0),
+       "host path: publish kernel launch");
+    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile, vec),
+                nl * (unsigned)gt->nranks, 0, 0, a, s0),
+         "host path: gather kernel launch");
+    } else {
+      a->r[0].mail = a->r[0].send; /* a team of one: its own records */
+    }
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
+       "host path: apply kernel launch");
+  }
+  if (joined) {
+    CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
+    for (int i = 1; i < nops; i++) {
+      cudaStream_t si = (cudaStream_t)ops[i]->stream;
+      if (si != s0) CU(cudaStreamWaitEvent(si, g0->ev, 0), "cudaStreamWaitEvent");
+    }
+  }
+out:
+  return r;
+}
+
+/* The host path with NCCL (one rank per GPU; an NCCL team's one rank): per rank STATS and
+   PUBLISH on its stream, ncclAllGather of the records (one NCCL group for the ranks
+   issued here), per rank APPLY. Each rank has its own plan (G, tile), as its cooperative
+   launch would: the same bits as the coop path, and a G within the rank's own device's
+   workspace. The records are of max_channels, so ranks running different ops (thread
+   mode) still make collectives of one size, and APPLY reports the mismatch. The comms
+   are nonblocking: the group is issued under the read lock and waited for, bounded by
+   the timeout; any failure once the group has started aborts the team's comms. */
+static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
+  sbnResult_t r = sbnSuccess;
+#if SYNCBN_HAVE_NCCL
+  struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
+  const int kind = ops[0]->kind;
+  const int dt = ops[0]->desc.dtype;
+  const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+  static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
+  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
+  int locked = 0, started = 0;
+  for (int i = 0; i < nops; i++) {
+    r = plan_round(&ops[i], 1, &pl[i]);
+    if (r != sbnSuccess) return r;
+  }
+  for (int i = 0; i < nops; i++) {
+    const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+    cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    fill_args(&one, &ops[i], 1, &pl[i]);
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+              (unsigned)pl[i].G, 0, 0, &one, s),
+       "host path: stats kernel launch");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec), nch, 0, 0,
+              &one, s),
+       "host path: publish kernel launch");
+  }
+  pthread_rwlock_rdlock(&gt->nccl_lock);
+  locked = 1;
+  if (atomic_load(&gt->nccl_dead)) {
+    r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
+    goto out;
+  }
+  {
+    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    ncclResult_t nr = ncclGroupStart();
+    started = 1;
+    for (int i = 0; i < nops && nr == ncclSuccess; i++) {
+      const int q = ops[i]->comm->rank;
+      const gpu_rank_t* g = &gt->ranks[q];
+      nr = ncclAllGather(g->send, g->recv, (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t),
+                         ncclUint8, gt->nccl[q], (cudaStream_t)ops[i]->stream);
+    }
+    ncclResult_t ne = ncclGroupEnd();
+    if (nr == ncclSuccess) nr = ne;
+    /* nonblocking comms: the group may still be being issued, on every comm */
+    if (nr == ncclInProgress) {
+      nr = ncclSuccess;
+      for (int i = 0; i < nops; i++) {
+        ncclResult_t nq = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], ncclInProgress, deadline);
+        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
+      }
+    }
+    if (nr != ncclSuccess) {
+      r = sbn_fail(NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,
+                   "ncclAllGather of the records: %s (%s)",
+                   nr == ncclInProgress ? "not issued within the timeout"
+                                        : ncclGetErrorString(nr),
+                   ncclGetLastError(gt->nccl[ops[0]->comm->rank]));
+      goto out;
+    }
+  }
+  pthread_rwlock_unlock(&gt->nccl_lock);
+  locked = 0;
+  for (int i = 0; i < nops; i++) {
+    gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+    cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    fill_args(&one, &ops[i], 1, &pl[i]);
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+              (unsigned)pl[i].G, 0, 0, &one, s),
+       "host path: apply kernel launch");
+    /* the watchdog times this launch (not a graph capture: a captured event cannot be
+       queried, and a replay is not watched) */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CU(cudaStreamIsCapturing(s, &cs), "cudaStreamIsCapturing");
+    if (cs == cudaStreamCaptureStatusNone) {
+      atomic_store(&g->launched_ns, 0);
+      CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
+      atomic_store(&g->launched_ns, sbn_mono_ns());
+    }
+  }
+out:
+  if (locked) pthread_rwlock_unlock(&gt->nccl_lock);
+  /* collectives may be queued that wait for ranks which will not come: abort them */
+  if (r != sbnSuccess && started) sbn_nccl_abort_all(gt);
+#else
+  (void)ops, (void)nops;
+#endif
+  return r;
+}
+
+/* Launches a virtual team's op of every rank as ONE cooperative launch (nops == nranks,
+   in rank order), or one rank's op of a peer team (nops == 1), or the host path's ranks
+   of this process together. */
+static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
+  const sbn_op_t* o0 = ops[0];
+  sbn_team_t* team = o0->comm->team;
+  struct sbn_gpu_team* gt = sbn_gpu(team);
+  const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
+  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
+  gpu_plan_t pl;
+  sbnResult_t r = sbnSuccess;
+
+  int prev = 0;
+  cudaGetDevice(&prev);
+  if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
+    r = launch_host_nccl(ops, nops); /* InitAll (a rank per GPU) or NCCL team: own plans */
+  } else if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && gt->nranks > 1 &&
+             !one_device_round(ops, nops)) {
+    r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
+  } else {
+    r = plan_round(ops, nops, &pl);
+    if (r != sbnSuccess) {
+      /* nothing launched, device unchanged; where the ranks launch separately the others
+         may have launched already and would wait for this one: abort the team */
+      if (gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1) {
+        sbn_team_abort(team, r);
+        sbn_gpu_abort(team);
+      }
+      return r;
+    }
+    fill_args(&a, ops, nops, &pl);
+    if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
+    r = launch_one_device(ops, nops, &a, &pl);
+  }
+out:
+  cudaSetDevice(prev);
+  if (r != sbnSuccess) {
+    sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
+    /* the team's other ranks may have launched already and would wait for this one until
+       the timeout: abort the team (their kernels see the error word and return) */
+    if (gt->nranks > 1) {
+      sbn_team_abort(team, r);
+      sbn_gpu_abort(team);
+    }
+  }
+  return r;
+}
+
+sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n) {
+  const struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
+  const sbn_op_t* failed = ops[0];
+  sbnResult_t r = sbnSuccess;
+  /* the host-driven path takes the whole round too: one NCCL group, or one device */
+  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) {
+    r = launch_ops(ops, n);
+  } else {
+    for (int q = 0; q < n && r == sbnSuccess; q++) {
+      failed = ops[q];
+      r = launch_ops(&ops[q], 1);
+    }
+  }
+  if (r != sbnSuccess) sbn_fail(NULL, r, "%s", sbnGetLastError(failed->comm));
+  return r;
+}

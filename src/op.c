@@ -1,0 +1,20 @@
+/* op.c — the core's part of ops: their signature, description and names, for every
+ * layer's messages and checks. */
+#include <stdio.h>
+
+#include "internal.h"
+
+uint32_t sbn_op_signature(const sbn_op_t* op) {
+  return sbn_op_sig(op->kind, op->desc.dtype, op->desc.layout, op->desc.c);
+}
+
+const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n) {
+  snprintf(buf, n, "%s %s %s C=%lld", sbn_sig_kind(sig) == SBN_OP_FORWARD ? "forward" : "backward",
+           sbn_dtype_name(sbn_sig_dtype(sig)), sbn_sig_layout(sig) == sbnLayoutNHWC ? "NHWC" : "NCHW",
+           (long long)sbn_sig_c(sig));
+  return buf;
+}
+
+const char* sbn_op_name(sbn_op_kind_t k) {
+  return k == SBN_OP_FORWARD ? "sbnForwardTrain" : "sbnBackward";
+}

@@ -1,0 +1,221 @@
+/* team.c — the core's part of teams and comms: creation and release around a backend's
+ * attach and detach, the abort state, the split of in-process teams and the rendezvous
+ * of a split driven one thread per rank. Backend-neutral: a team's backend is reached
+ * only through its table (team->ops).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+sbnResult_t sbn_comm_check(sbnComm_t comm) {
+  if (comm == NULL) return sbn_fail(NULL, sbnInvalidArgument, "comm is NULL");
+  /* A best-effort check against a pointer that was never a comm: a destroyed comm's
+     memory is freed, and using it is undefined (include/syncbn.h, sbnCommDestroy). */
+  if (comm->magic != SBN_COMM_MAGIC)
+    return sbn_fail(NULL, sbnInvalidArgument, "comm is not a valid sbnComm_t");
+  return sbnSuccess;
+}
+
+void sbn_team_poll(sbn_team_t* t) {
+  if (t->ops->poll == NULL) return;
+  sbnResult_t e = t->ops->poll(t);
+  if (e != sbnSuccess) sbn_team_abort(t, e);
+}
+
+sbnResult_t sbn_comm_check_alive(sbnComm_t comm) {
+  sbn_team_t* t = comm->team;
+  sbn_team_poll(t);
+  int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
+  if (reason != sbnSuccess)
+    return sbn_fail(comm, sbnAborted, "the team was aborted earlier (%s); destroy the comm",
+                    sbnGetResultName((sbnResult_t)reason));
+  return sbnSuccess;
+}
+
+void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
+  int expected = sbnSuccess;
+  if (atomic_compare_exchange_strong(&team->abort_reason, &expected, (int)reason))
+    sbn_log(SBN_LOG_INFO, "team %p aborted: %s", (void*)team, sbnGetResultName(reason));
+  /* wake ranks waiting in a thread-per-rank split */
+  pthread_mutex_lock(&team->split_mu);
+  pthread_cond_broadcast(&team->split_cv);
+  pthread_mutex_unlock(&team->split_mu);
+}
+
+static void team_free(sbn_team_t* t) {
+  if (t == NULL) return;
+  if (t->impl != NULL) t->ops->detach(t);
+  pthread_mutex_destroy(&t->split_mu);
+  pthread_cond_destroy(&t->split_cv);
+  free(t->split_color);
+  free(t->split_key);
+  free(t->split_result);
+  free(t);
+}
+
+static void comm_free(sbnComm_t c) {
+  if (c == NULL) return;
+  c->magic = 0;
+  pthread_mutex_destroy(&c->err_mu);
+  free(c);
+}
+
+sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_local, int nlocal,
+                            const sbn_cfg_t* cfg, sbn_team_init_t* init, sbnComm_t* comms) {
+  sbn_team_init_t none;
+  memset(&none, 0, sizeof none);
+  if (init == NULL) init = &none;
+  const size_t nl = (size_t)nlocal;
+  sbn_team_t* t = calloc(1, sizeof *t);
+  sbnComm_t* made = calloc(nl, sizeof *made);
+  if (t != NULL) {
+    t->split_color = calloc(nl, sizeof(int));
+    t->split_key = calloc(nl, sizeof(int));
+    t->split_result = calloc(nl, sizeof(sbnComm_t));
+    pthread_mutex_init(&t->split_mu, NULL);
+    pthread_cond_init(&t->split_cv, NULL);
+  }
+  if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_result) {
+    team_free(t);
+    free(made);
+    return sbn_fail(NULL, sbnSystemError, "out of host memory (team of %d ranks)", nranks);
+  }
+  t->ops = ops;
+  t->nranks = nranks;
+  t->first_local = first_local;
+  t->nlocal = nlocal;
+  t->cfg = *cfg;
+  atomic_init(&t->abort_reason, sbnSuccess);
+  atomic_init(&t->refs, nlocal);
+  sbnResult_t r = ops->attach(t, init);
+  for (size_t i = 0; r == sbnSuccess && i < nl; i++) {
+    sbnComm_t c = calloc(1, sizeof *c);
+    if (c == NULL) {
+      r = sbn_fail(NULL, sbnSystemError, "out of host memory (comms)");
+      break;
+    }
+    pthread_mutex_init(&c->err_mu, NULL);
+    c->magic = SBN_COMM_MAGIC;
+    c->team = t;
+    c->rank = first_local + (int)i;
+    c->local = (int)i;
+    made[i] = c;
+  }
+  if (r != sbnSuccess) {
+    for (size_t i = 0; i < nl; i++) comm_free(made[i]);
+    free(made);
+    team_free(t);
+    return r;
+  }
+  memcpy(comms, made, nl * sizeof *made);
+  free(made);
+  sbn_log(SBN_LOG_INFO, "%s team %p of %d ranks (%d here), timeout %lld ms, max_channels %lld",
+          ops->name, (void*)t, nranks, nlocal, (long long)cfg->timeout_ms,
+          (long long)cfg->max_channels);
+  return sbnSuccess;
+}
+
+void sbn_comm_release(sbnComm_t comm) {
+  sbn_team_t* t = comm->team;
+  comm_free(comm);
+  if (atomic_fetch_sub(&t->refs, 1) == 1) team_free(t);
+}
+
+/* ---- split ------------------------------------------------------------------------ */
+
+sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int* key,
+                                 const int* rank_devices, sbnComm_t* result) {
+  const int w = parent->nranks;
+  int* order = malloc((size_t)w * sizeof *order);
+  int* devs = malloc((size_t)w * sizeof *devs);
+  char* done = calloc((size_t)w, 1);
+  sbnComm_t* made = calloc((size_t)w, sizeof *made);
+  sbnComm_t* sub = malloc((size_t)w * sizeof *sub);
+  sbnResult_t r = sbnSuccess;
+  if (!order || !devs || !done || !made || !sub)
+    r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
+  for (int first = 0; first < w && r == sbnSuccess; first++) {
+    if (done[first] || color[first] < 0) continue;
+    /* members of this color, insertion-sorted by (key, parent rank) */
+    int m = 0;
+    for (int q = first; q < w; q++) {
+      if (color[q] != color[first]) continue;
+      done[q] = 1;
+      int i = m++;
+      while (i > 0 && key[order[i - 1]] > key[q]) {
+        order[i] = order[i - 1];
+        i--;
+      }
+      order[i] = q;
+    }
+    sbn_team_init_t init;
+    memset(&init, 0, sizeof init);
+    if (rank_devices != NULL) {
+      for (int i = 0; i < m; i++) devs[i] = rank_devices[order[i]];
+      init.devices = devs;
+    }
+    r = sbn_team_create(parent->ops, m, 0, m, &parent->cfg, &init, sub);
+    if (r == sbnSuccess)
+      for (int i = 0; i < m; i++) made[order[i]] = sub[i];
+  }
+  if (r != sbnSuccess) {
+    for (int q = 0; made != NULL && q < w; q++)
+      if (made[q] != NULL) sbn_comm_release(made[q]);
+  } else {
+    memcpy(result, made, (size_t)w * sizeof *made);
+  }
+  free(order);
+  free(devs);
+  free(done);
+  free(made);
+  free(sub);
+  return r;
+}
+
+sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
+  sbn_team_t* t = comm->team;
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += (time_t)(t->cfg.timeout_ms / 1000);
+  deadline.tv_nsec += (long)(t->cfg.timeout_ms % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) {
+    deadline.tv_sec++;
+    deadline.tv_nsec -= 1000000000L;
+  }
+  sbnResult_t r;
+  pthread_mutex_lock(&t->split_mu);
+  uint64_t gen = t->split_gen;
+  t->split_color[comm->local] = color;
+  t->split_key[comm->local] = key;
+  if (++t->split_arrived == t->nlocal) {
+    t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
+    t->split_arrived = 0;
+    t->split_gen++;
+    pthread_cond_broadcast(&t->split_cv);
+  }
+  for (;;) {
+    if (t->split_gen != gen) {
+      r = t->split_status;
+      if (r == sbnSuccess) *newcomm = t->split_result[comm->local];
+      break;
+    }
+    int reason = atomic_load(&t->abort_reason);
+    if (reason != sbnSuccess) {
+      r = (sbnResult_t)reason;
+      break;
+    }
+    if (pthread_cond_timedwait(&t->split_cv, &t->split_mu, &deadline) != 0 &&
+        t->split_gen == gen) {
+      pthread_mutex_unlock(&t->split_mu);
+      sbn_team_abort(t, sbnTimeout);
+      pthread_mutex_lock(&t->split_mu);
+    }
+  }
+  pthread_mutex_unlock(&t->split_mu);
+  if (r != sbnSuccess)
+    return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
+                    sbnGetResultName(r));
+  return sbnSuccess;
+}
