@@ -93,7 +93,13 @@ SBN_DTYPES(SBN_DT_CHECK_)
 
 SBN_HD int sbn_dtype_valid(int dt) { return dt >= 0 && dt < SBN_DTYPE_COUNT; }
 
-SBN_HD int sbn_dtype_size(int dt) {
+/* constexpr in C++: the kernels size their held registers by it (coop_plan.h) */
+#ifdef __cplusplus
+#define SBN_DT_CONSTEXPR constexpr
+#else
+#define SBN_DT_CONSTEXPR
+#endif
+SBN_HD SBN_DT_CONSTEXPR int sbn_dtype_size(int dt) {
   switch (dt) {
 #define SBN_DT_CASE_(value, bytes, name, tag) \
   case value: return bytes;

@@ -12,29 +12,17 @@
 #define SYNCBN_COOP_LEGACY_CUH_
 
 /* ---- element access ---------------------------------------------------------------- */
-template <int DT> struct Elem;
-template <> struct Elem<sbnFloat32> {
+/* One element per access (32-bit, or 16-bit for 2-byte dtypes), through Dt<DT>. */
+template <int DT> struct Elem {
   static __device__ __forceinline__ float load(const void* p, int64_t i) {
-    return static_cast<const float*>(p)[i];
+    if (Dt<DT>::kSize == 4) return Dt<DT>::to_f32(static_cast<const uint32_t*>(p)[i]);
+    return Dt<DT>::to_f32(static_cast<const uint16_t*>(p)[i]);
   }
   static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
-    static_cast<float*>(p)[i] = v;
-  }
-};
-template <> struct Elem<sbnFloat16> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) {
-    return f16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
-    static_cast<uint16_t*>(p)[i] = (uint16_t)f32_to_f16_bits(v);
-  }
-};
-template <> struct Elem<sbnBFloat16> {
-  static __device__ __forceinline__ float load(const void* p, int64_t i) {
-    return bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-  static __device__ __forceinline__ void store(void* p, int64_t i, float v) {
-    static_cast<uint16_t*>(p)[i] = (uint16_t)f32_to_bf16_bits(v);
+    if (Dt<DT>::kSize == 4)
+      static_cast<uint32_t*>(p)[i] = Dt<DT>::from_f32(v);
+    else
+      static_cast<uint16_t*>(p)[i] = (uint16_t)Dt<DT>::from_f32(v);
   }
 };
 

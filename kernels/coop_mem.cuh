@@ -73,8 +73,8 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as
 __device__ __forceinline__ uint32_t f32_to_bf16_bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
-__device__ __forceinline__ float bits_to_f32(uint32_t u) { return __uint_as_float(u); }
-__device__ __forceinline__ uint32_t f32_to_bits(float f) { return __float_as_uint(f); }
+__device__ __forceinline__ float f32_bits_to_f32(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint32_t f32_to_f32_bits(float f) { return __float_as_uint(f); }
 
 /* ---- memory ordering primitives (DESIGN.md's recipe) ------------------------------------ */
 __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
@@ -145,22 +145,19 @@ __device__ __forceinline__ void set_word(uint4& v, int i, uint32_t u) {
   else v.w = u;
 }
 
+/* The element traits of every dtype of SBN_DTYPES (bn_dtype.h): bytes, and the bits of an
+   element to and from fp32 through <tag>_bits_to_f32 / f32_to_<tag>_bits above. */
 template <int DT> struct Dt;
-template <> struct Dt<sbnFloat32> {
-  static constexpr int kSize = 4;
-  static __device__ __forceinline__ float to_f32(uint32_t u) { return bits_to_f32(u); }
-  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_bits(f); }
-};
-template <> struct Dt<sbnFloat16> {
-  static constexpr int kSize = 2;
-  static __device__ __forceinline__ float to_f32(uint32_t u) { return f16_bits_to_f32(u); }
-  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_f16_bits(f); }
-};
-template <> struct Dt<sbnBFloat16> {
-  static constexpr int kSize = 2;
-  static __device__ __forceinline__ float to_f32(uint32_t u) { return bf16_bits_to_f32(u); }
-  static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_bf16_bits(f); }
-};
+#define SBN_DT_TRAITS_(value, bytes, name, tag)                                                \
+  template <> struct Dt<value> {                                                               \
+    static constexpr int kSize = bytes;                                                        \
+    static __device__ __forceinline__ float to_f32(uint32_t u) { return tag##_bits_to_f32(u); } \
+    static __device__ __forceinline__ uint32_t from_f32(float f) { return f32_to_##tag##_bits(f); } \
+  };
+SBN_DTYPES(SBN_DT_TRAITS_)
+#undef SBN_DT_TRAITS_
+/* Elements per 16-byte position. */
+template <int DT> constexpr int kVec = 16 / Dt<DT>::kSize;
 
 /* Element e (a compile-time constant once unrolled) of a position, as fp32. */
 template <int DT, int VEC>

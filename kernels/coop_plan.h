@@ -34,6 +34,7 @@
 
 #include <stdint.h>
 
+#include "bn_dtype.h" /* sbn_dtype_size */
 #include "coop_args.h"
 
 #ifdef __cplusplus
@@ -56,7 +57,7 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KE
 #define SBN_BATCH_BWD 2           /* backward: 2 of x and 2 of dy */
 /* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
    whose two passes over 32 unpacked values per batch need the room) */
-#define SBN_HOLD_REG_BATCHES(dtype, tile) ((dtype) != sbnFloat32 && !(tile) ? 3 : 6)
+#define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
 #define SBN_ONCHIP_BLOCKS_PER_SM 1 /* of the onchip kernels: the whole register file and
@@ -76,7 +77,10 @@ static SBN_ARGS_HD int64_t sbn_hold_bytes(int kind, int slots) {
   return (int64_t)slots * sbn_batch(kind) * SBN_GPU_THREADS * sbn_pos_bytes(kind);
 }
 /* Elements per 16-byte vector of a dtype (sbnFloat32: 4, fp16/bf16: 8). */
-static SBN_ARGS_HD int sbn_vec_of(int dtype) { return dtype == sbnFloat32 ? 4 : 8; }
+static SBN_ARGS_HD int sbn_vec_of(int dtype) {
+  const int size = sbn_dtype_size(dtype);
+  return size > 0 ? 16 / size : 1;
+}
 
 /* One rank's work. */
 typedef struct {

@@ -213,7 +213,7 @@ inline float f16_bits_to_f32(uint32_t h) { return sbn_f16_to_f32((uint16_t)h); }
 inline uint32_t f32_to_f16_bits(float f) { return sbn_f32_to_f16(f); }
 inline float bf16_bits_to_f32(uint32_t h) { return sbn_bf16_to_f32((uint16_t)h); }
 inline uint32_t f32_to_bf16_bits(float f) { return sbn_f32_to_bf16(f); }
-inline float bits_to_f32(uint32_t u) { return sbn_f32_from_bits(u); }
-inline uint32_t f32_to_bits(float f) { return sbn_f32_bits(f); }
+inline float f32_bits_to_f32(uint32_t u) { return sbn_f32_from_bits(u); }
+inline uint32_t f32_to_f32_bits(float f) { return sbn_f32_bits(f); }
 
 #endif /* SYNCBN_TESTS_CUDA_EMU_H_ */

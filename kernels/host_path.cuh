@@ -1,0 +1,77 @@
+/* host_path.cuh — the host-driven path's kernels (SBN_ALGO=nccl, what PyTorch does): the
+ * stream variant's stages as ordinary launches, with the exchange between them done by the
+ * host's collective or by the gather kernel (coop_args.h: SBN_HOST_*). Included by
+ * kernels/coop.cu.
+ */
+#ifndef SYNCBN_HOST_PATH_CUH_
+#define SYNCBN_HOST_PATH_CUH_
+
+/* See coop_args.h (SBN_HOST_*). Launch slot s owns blocks [s*G, (s+1)*G) of STATS and
+   APPLY and [s*nchunks, (s+1)*nchunks) of PUBLISH. Ordered by the stream (and by the
+   collective between PUBLISH and APPLY), so no epochs and no waits. */
+template <int KIND, int DT, bool TILE, int VEC>
+__global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
+    sbn_host_stats_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
+  /* APPLY writes nbt + 1 from one block while others use nbt for the momentum factor:
+     they all read this copy instead */
+  if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
+    R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
+  VecPath<KIND, DT, TILE, VEC, false> path;
+  path.stage1(R, g, b, a.G, nullptr, 0, sm);
+}
+
+template <int KIND, bool TILE>
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_publish_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+  const int slot = blockIdx.x / nchunks, j = blockIdx.x % nchunks;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, 1, a.G); /* P does not depend on vec */
+  publish_chunk<KIND, true>(a, R, g, j, 0u, sm);
+}
+
+/* Block (slot, src): rank src's records of this op into launch slot's gathered records. */
+__global__ void __launch_bounds__(kThreads)
+    sbn_host_gather_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+  const int slot = blockIdx.x / a.nranks, src = blockIdx.x % a.nranks;
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(a.mail[src]);
+  uint32_t* to = reinterpret_cast<uint32_t*>(a.r[slot].mail + sbn_host_index(src, 0, a.nchunks_max));
+  const int64_t words = (int64_t)nchunks * (int64_t)(sizeof(sbn_mail_rec_t) / 4);
+  for (int64_t i = threadIdx.x; i < words; i += kThreads) to[i] = from[i];
+}
+
+template <int KIND, int DT, bool TILE, int VEC>
+__global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
+    sbn_host_apply_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  SBN_SHARED(Smem, sm);
+  const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
+  const sbn_coop_rank_t& R = a.r[slot];
+  const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
+  VecPath<KIND, DT, TILE, VEC, false> path;
+  if (threadIdx.x == 0)
+    sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
+  /* queued behind a failure of the team (or after sbnCommAbort): write nothing */
+  int seen = (threadIdx.x >> 5) == 0 ? failure_words_lane(a) : 0;
+  if (__syncthreads_or(seen)) {
+    if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
+    return;
+  }
+  for (int u = b; u < g.units; u += a.G) {
+    const int st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
+    if (st != 0) {
+      if (threadIdx.x == 0) record_error(a, R.rank, st);
+      return;
+    }
+    int gb = 0;
+    path.stage5_unit(R, g, u, &gb, nullptr, sm);
+    __syncthreads();
+  }
+}
+
+#endif /* SYNCBN_HOST_PATH_CUH_ */
