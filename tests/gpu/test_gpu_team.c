@@ -196,30 +196,8 @@ static sbnResult_t gpu_run(dteam_t* d, team_t* h, int bwd, int mode, int opts,
   } while (0)
 
 /* ---- comparisons ------------------------------------------------------------------ */
-/* The tolerances (GC_*, GRAD_COND_U, F32_U) and cmp_f32 / cmp_out / cmp_forward_rank:
-   gpu_cmp.h, shared with test_nccl_team.c. */
-
-/* Per-channel sums of |dy*(x - mean)*invstd| (aw) and |dy| (ab), exactly in double, with
-   the team's saved statistics: per rank (aw[r], ab[r]) and over the team (awg, abg). */
-static void grad_abs_sums(const team_t* t, double* const* aw, double* const* ab, double* awg,
-                          double* abg) {
-  int64_t c = t->d[0].c;
-  for (int64_t ci = 0; ci < c; ci++) awg[ci] = abg[ci] = 0.0;
-  for (int r = 0; r < t->W; r++) {
-    const sbnTensorDesc_t* d = &t->d[r];
-    for (int64_t ci = 0; ci < c; ci++) aw[r][ci] = ab[r][ci] = 0.0;
-    for (int64_t ni = 0; ni < d->n; ni++)
-      for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t si = 0; si < d->spatial; si++) {
-          int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dyv = sbn_ref_load(t->dy0[r], d->dtype, i);
-          double xmu = sbn_ref_load(t->x0[r], d->dtype, i) - (double)t->smean[r][ci];
-          aw[r][ci] += fabs(dyv * xmu * (double)t->sinv[r][ci]);
-          ab[r][ci] += fabs(dyv);
-        }
-    for (int64_t ci = 0; ci < c; ci++) awg[ci] += aw[r][ci], abg[ci] += ab[r][ci];
-  }
-}
+/* The tolerances (GC_*, GRAD_COND_U, F32_U), cmp_f32 / cmp_out / cmp_forward_rank /
+   cmp_backward, grad_abs_sums and same_rank: gpu_cmp.h, shared with test_nccl_team.c. */
 
 /* got[c] (float) vs ref[c] (double): |got - ref| <= atolv[i] + rtol*|ref|; prints the worst. */
 static int close_ref_vec(const char* what, int r, const float* got, const double* ref,
@@ -248,30 +226,6 @@ static void cmp_forward(const team_t* g, const team_t* c) {
     if (!cmp_forward_rank(g, c, r)) break;
 }
 
-/* Backward outputs of every rank, GPU (g) vs CPU team (c; run with every output and the
-   GPU's saved statistics). dweight/dbias: see GRAD_COND_U. */
-static void cmp_backward(const team_t* g, const team_t* c, const sbnParams_t* p, int opts) {
-  int64_t ch = g->d[0].c;
-  int global = p->grad_mode == sbnGradGlobal;
-  double *aw[MAXW] = {0}, *ab[MAXW] = {0}, *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
-  for (int r = 0; r < g->W; r++) aw[r] = dvec(ch), ab[r] = dvec(ch);
-  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(g, aw, ab, awg, abg);
-  for (int r = 0; r < g->W; r++) {
-    if (!(opts & OPT_DX_NULL) &&
-        !cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r])))
-      break;
-    if (opts & OPT_NO_DWDB) continue;
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[r][i]);
-    if (!cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[r][i]);
-    if (!cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
-  }
-  for (int r = 0; r < g->W; r++) free(aw[r]), free(ab[r]);
-  free(awg), free(abg), free(atol);
-}
-
 /* dx / dweight / dbias of the last backward against the double reference computed with
    the team's own save_mean/save_invstd (test_backward.c's check, for the GPU mirror);
    tolerances from tol_for() (DESIGN.md), dweight/dbias's absolute part widened by
@@ -293,7 +247,7 @@ static void check_backward_ref(team_t* t, const sbnParams_t* p, int opts, tol_t 
     dwl[r] = dvec(c), dbl[r] = dvec(c), aw[r] = dvec(c), ab[r] = dvec(c);
   }
   sbn_ref_backward(W, t->d, xs, dys, t->w, mean, invstd, dxs, dwl, dbl, dwg, dbg);
-  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(t, aw, ab, awg, abg);
+  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(t, -1, aw, ab, awg, abg);
   int ok = 1;
   for (int r = 0; r < W && ok; r++) {
     int64_t ne = sbn_ref_numel(&t->d[r]);
@@ -327,35 +281,8 @@ static void check_backward_ref(team_t* t, const sbnParams_t* p, int opts, tol_t 
 
 /* Every output of two runs, bitwise (what was written per opts). */
 static void check_same_all(const team_t* a, const team_t* b, int opts) {
-  size_t cb = chan_bytes(a);
-  for (int r = 0; r < a->W; r++) {
-    size_t tb = team_bytes(a, r);
-    if (tb && memcmp(a->y[r], b->y[r], tb)) {
-      SBN_FAIL_("y of rank %d differs (bitwise)", r);
-      return;
-    }
-    if (tb && !(opts & OPT_DX_NULL) && memcmp(a->dx[r], b->dx[r], tb)) {
-      SBN_FAIL_("dx of rank %d differs (bitwise)", r);
-      return;
-    }
-    if (memcmp(a->smean[r], b->smean[r], cb) || memcmp(a->sinv[r], b->sinv[r], cb)) {
-      SBN_FAIL_("save_mean/save_invstd of rank %d differ (bitwise)", r);
-      return;
-    }
-    if (a->running && (memcmp(a->rm[r], b->rm[r], cb) || memcmp(a->rv[r], b->rv[r], cb))) {
-      SBN_FAIL_("running stats of rank %d differ (bitwise)", r);
-      return;
-    }
-    if (!a->nbt_null && a->nbt[r] != b->nbt[r]) {
-      SBN_FAIL_("num_batches_tracked of rank %d: %" PRId64 " vs %" PRId64, r, a->nbt[r], b->nbt[r]);
-      return;
-    }
-    if (!(opts & OPT_NO_DWDB) &&
-        (memcmp(a->dw[r], b->dw[r], cb) || memcmp(a->db[r], b->db[r], cb))) {
-      SBN_FAIL_("dweight/dbias of rank %d differ (bitwise)", r);
-      return;
-    }
-  }
+  for (int r = 0; r < a->W; r++)
+    if (!same_rank(a, b, r, OUT_FWD | OUT_BWD, opts, "two GPU runs")) return;
 }
 
 /* A failed op must leave rank r's outputs as they were (dteam_check_untouched), once the
@@ -492,7 +419,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     CHECK_();
     check_backward_ref(g, &pb, k->opts_bwd, tol);
     CHECK_();
-    cmp_backward(g, c, &pb, k->opts_bwd);
+    cmp_backward(g, c, &pb, k->opts_bwd, -1);
     CHECK_();
   }
 }

@@ -168,68 +168,9 @@ static void dset_finish(dteam_t* d, team_t* h, int what) {
 }
 
 /* ---- comparisons: gpu_cmp.h (test_gpu_team.c's tolerances and comparisons) ------------ */
-
-/* Rank r's backward outputs, GPU mirror g vs CPU team c (which ran with rank r's GPU saved
-   statistics on every rank: they are the same bits on every rank, checked by the logs).
-   dweight/dbias: see GRAD_COND_U; the sums of |terms| use those statistics too. */
-static void cmp_backward_rank(const team_t* g, const team_t* c, int r, const sbnParams_t* p) {
-  int64_t ch = g->d[0].c;
-  int global = p->grad_mode == sbnGradGlobal;
-  double *aw = dvec(ch), *ab = dvec(ch), *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
-  for (int q = 0; q < g->W; q++) {
-    const sbnTensorDesc_t* d = &g->d[q];
-    for (int64_t ni = 0; ni < d->n; ni++)
-      for (int64_t ci = 0; ci < ch; ci++)
-        for (int64_t si = 0; si < d->spatial; si++) {
-          int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dyv = sbn_ref_load(g->dy0[q], d->dtype, i);
-          double xmu = sbn_ref_load(g->x0[q], d->dtype, i) - (double)g->smean[r][ci];
-          double tw = fabs(dyv * xmu * (double)g->sinv[r][ci]), tb = fabs(dyv);
-          awg[ci] += tw, abg[ci] += tb;
-          if (q == r) aw[ci] += tw, ab[ci] += tb;
-        }
-  }
-  if (cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r]))) {
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[i]);
-    if (cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) {
-      for (int64_t i = 0; i < ch; i++)
-        atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[i]);
-      cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL);
-    }
-  }
-  free(aw), free(ab), free(awg), free(abg), free(atol);
-}
-
-/* Rank r's outputs of two GPU runs, bitwise ("both paths give the same bits, and the same
-   as a virtual team of the same W with the same per-rank inputs"). */
-static void same_rank(const team_t* a, const team_t* b, int r, int what, const char* names) {
-  size_t cb = chan_bytes(a), tb = team_bytes(a, r);
-  const char* bad = NULL;
-  if (what & OUT_FWD) {
-    if (tb && memcmp(a->y[r], b->y[r], tb))
-      bad = "y";
-    else if (memcmp(a->smean[r], b->smean[r], cb))
-      bad = "save_mean";
-    else if (memcmp(a->sinv[r], b->sinv[r], cb))
-      bad = "save_invstd";
-    else if (a->running && memcmp(a->rm[r], b->rm[r], cb))
-      bad = "running_mean";
-    else if (a->running && memcmp(a->rv[r], b->rv[r], cb))
-      bad = "running_var";
-    else if (!a->nbt_null && a->nbt[r] != b->nbt[r])
-      bad = "num_batches_tracked";
-  }
-  if (!bad && (what & OUT_BWD)) {
-    if (tb && memcmp(a->dx[r], b->dx[r], tb))
-      bad = "dx";
-    else if (memcmp(a->dw[r], b->dw[r], cb))
-      bad = "dweight";
-    else if (memcmp(a->db[r], b->db[r], cb))
-      bad = "dbias";
-  }
-  if (bad) SBN_FAIL_("%s: rank %d's %s differs (bitwise)", names, r, bad);
-}
+/* Rank r's backward outputs are compared with cmp_backward(g, c, p, 0, r): the CPU team
+   ran with rank r's GPU saved statistics on every rank (they are the same bits on every
+   rank, checked by the logs), and the sums of |terms| use those statistics too. */
 
 /* ---- cases ---------------------------------------------------------------------------- */
 typedef struct {
@@ -349,12 +290,12 @@ static void case_step(case_teams_t* T, const case_t* k, int bwd, const sbnParams
       log_hash(l3, &T->g.nbt[r], sizeof(int64_t), NULL, 0);
     }
   } else {
-    cmp_backward_rank(&T->g, &T->c, r, p);
+    cmp_backward(&T->g, &T->c, p, 0, r);
     if (p->grad_mode == sbnGradGlobal)
       log_hash(label, T->g.dw[r], chan_bytes(&T->g), T->g.db[r], chan_bytes(&T->g));
   }
-  same_rank(&T->g, &T->v, r, what, "NCCL comm vs virtual team");
-  if (T->have_host) same_rank(&T->g, &T->gh, r, what, "NCCL comm vs host-path NCCL comm");
+  same_rank(&T->g, &T->v, r, what, 0, "NCCL comm vs virtual team");
+  if (T->have_host) same_rank(&T->g, &T->gh, r, what, 0, "NCCL comm vs host-path NCCL comm");
 }
 
 static void case_body(case_teams_t* T, const case_t* k) {
@@ -581,7 +522,7 @@ static void split_op_vs_cpu(sbnComm_t sub, int m, int nr, uint64_t seed, int gro
   }
   if (!g_fatal) dset_finish(&d, &g, OUT_BWD);
   if (!g_fatal) {
-    cmp_backward_rank(&g, &c, nr, &pb);
+    cmp_backward(&g, &c, &pb, 0, nr);
     snprintf(l, sizeof l, "%s.bwdglobal", label);
     log_hash(l, g.dw[nr], chan_bytes(&g), g.db[nr], chan_bytes(&g));
   }
