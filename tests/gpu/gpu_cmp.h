@@ -1,4 +1,5 @@
-/* gpu_cmp.h — GPU outputs against the CPU team on the same inputs: the tolerances and
+/* gpu_cmp.h — GPU outputs (downloaded into a host mirror team_t, gpu_fixture.h) against
+ * the CPU team on the same inputs, and two GPU runs against each other: the tolerances and
  * comparisons shared by test_gpu_team.c and test_nccl_team.c. Define GPU_CMP_WHO (the
  * GPU side's name in failure messages) before including. */
 #ifndef SYNCBN_TESTS_GPU_CMP_H_
@@ -6,6 +7,7 @@
 
 #include <math.h>
 
+#include "gpu_fixture.h"
 #include "team_util.h"
 
 static const char* dt_name(sbnDataType_t dt) {
@@ -157,6 +159,95 @@ static int cmp_forward_rank(const team_t* g, const team_t* c, int r) {
   ok = ok && cmp_out("y", r, g->d[r].dtype, g->y[r], c->y[r], sbn_ref_numel(&g->d[r]));
   free(atol);
   return ok;
+}
+
+/* Per-channel sums of |dy*(x - mean)*invstd| (aw) and |dy| (ab), exactly in double: per
+   rank (aw[r], ab[r]) and over the team (awg, abg). mean/invstd: each rank's own saved
+   statistics (stat_rank < 0), or rank stat_rank's for every rank (a process that
+   downloaded only that rank's: the ranks' saved statistics are the same bits). */
+static void grad_abs_sums(const team_t* t, int stat_rank, double* const* aw, double* const* ab,
+                          double* awg, double* abg) {
+  int64_t c = t->d[0].c;
+  for (int64_t ci = 0; ci < c; ci++) awg[ci] = abg[ci] = 0.0;
+  for (int r = 0; r < t->W; r++) {
+    const sbnTensorDesc_t* d = &t->d[r];
+    int sr = stat_rank < 0 ? r : stat_rank;
+    for (int64_t ci = 0; ci < c; ci++) aw[r][ci] = ab[r][ci] = 0.0;
+    for (int64_t ni = 0; ni < d->n; ni++)
+      for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t si = 0; si < d->spatial; si++) {
+          int64_t i = sbn_ref_index(d, ni, ci, si);
+          double dyv = sbn_ref_load(t->dy0[r], d->dtype, i);
+          double xmu = sbn_ref_load(t->x0[r], d->dtype, i) - (double)t->smean[sr][ci];
+          aw[r][ci] += fabs(dyv * xmu * (double)t->sinv[sr][ci]);
+          ab[r][ci] += fabs(dyv);
+        }
+    for (int64_t ci = 0; ci < c; ci++) awg[ci] += aw[r][ci], abg[ci] += ab[r][ci];
+  }
+}
+
+/* Backward outputs, GPU (g) vs CPU team (c; run with every output and the GPU's saved
+   statistics): every rank's (rank < 0), or only rank `rank`'s (a process that downloaded
+   only that rank's; the sums of |terms| then use its saved statistics for every rank).
+   opts: the outputs not written (OPT_DX_NULL, OPT_NO_DWDB). dweight/dbias: see
+   GRAD_COND_U. */
+static void cmp_backward(const team_t* g, const team_t* c, const sbnParams_t* p, int opts,
+                         int rank) {
+  int64_t ch = g->d[0].c;
+  int global = p->grad_mode == sbnGradGlobal;
+  double *aw[MAXW] = {0}, *ab[MAXW] = {0}, *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
+  for (int r = 0; r < g->W; r++) aw[r] = dvec(ch), ab[r] = dvec(ch);
+  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(g, rank, aw, ab, awg, abg);
+  for (int r = rank < 0 ? 0 : rank; r < (rank < 0 ? g->W : rank + 1); r++) {
+    if (!(opts & OPT_DX_NULL) &&
+        !cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r])))
+      break;
+    if (opts & OPT_NO_DWDB) continue;
+    for (int64_t i = 0; i < ch; i++)
+      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[r][i]);
+    if (!cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
+    for (int64_t i = 0; i < ch; i++)
+      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[r][i]);
+    if (!cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
+  }
+  for (int r = 0; r < g->W; r++) free(aw[r]), free(ab[r]);
+  free(awg), free(abg), free(atol);
+}
+
+/* Rank r's outputs of two GPU runs a and b, bitwise: those of `what` (OUT_FWD, OUT_BWD)
+   that were written (opts: OPT_DX_NULL, OPT_NO_DWDB). 1 if equal; else fails naming the
+   first output that differs, after `names` (the two runs). */
+static int same_rank(const team_t* a, const team_t* b, int r, int what, int opts,
+                     const char* names) {
+  size_t cb = chan_bytes(a), tb = team_bytes(a, r);
+  const char* bad = NULL;
+  if (what & OUT_FWD) {
+    if (tb && memcmp(a->y[r], b->y[r], tb))
+      bad = "y";
+    else if (memcmp(a->smean[r], b->smean[r], cb))
+      bad = "save_mean";
+    else if (memcmp(a->sinv[r], b->sinv[r], cb))
+      bad = "save_invstd";
+    else if (a->running && memcmp(a->rm[r], b->rm[r], cb))
+      bad = "running_mean";
+    else if (a->running && memcmp(a->rv[r], b->rv[r], cb))
+      bad = "running_var";
+    else if (!a->nbt_null && a->nbt[r] != b->nbt[r]) {
+      SBN_FAIL_("%s: rank %d's num_batches_tracked: %" PRId64 " vs %" PRId64, names, r, a->nbt[r],
+                b->nbt[r]);
+      return 0;
+    }
+  }
+  if (!bad && (what & OUT_BWD)) {
+    if (tb && !(opts & OPT_DX_NULL) && memcmp(a->dx[r], b->dx[r], tb))
+      bad = "dx";
+    else if (!(opts & OPT_NO_DWDB) && memcmp(a->dw[r], b->dw[r], cb))
+      bad = "dweight";
+    else if (!(opts & OPT_NO_DWDB) && memcmp(a->db[r], b->db[r], cb))
+      bad = "dbias";
+  }
+  if (bad) SBN_FAIL_("%s: rank %d's %s differs (bitwise)", names, r, bad);
+  return bad == NULL;
 }
 
 #endif /* SYNCBN_TESTS_GPU_CMP_H_ */

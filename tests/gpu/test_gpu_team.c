@@ -21,27 +21,11 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, unsetenv */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
-#include <time.h>
 
 #include "team_util.h"
 
 #include "gpu_cmp.h"
-
-/* ---- CUDA checks: a failed CUDA call fails the current test (it does not abort) ------ */
-static int cuda_ok_(cudaError_t e, const char* expr, const char* file, int line) {
-  if (e == cudaSuccess) return 1;
-  fprintf(stderr, "%s:%d: FAILED: %s: %s (%s)\n", file, line, expr, cudaGetErrorName(e),
-          cudaGetErrorString(e));
-  sbn_test_failures_++;
-  sbn_test_cur_failed_++;
-  return 0;
-}
-/* CUDA_OK: an expression (1 = success) for helpers; CUDA_CHECK: returns on failure. */
-#define CUDA_OK(call) cuda_ok_((call), #call, __FILE__, __LINE__)
-#define CUDA_CHECK(call)        \
-  do {                          \
-    if (!CUDA_OK(call)) return; \
-  } while (0)
+#include "gpu_fixture.h" /* CUDA_OK, CUDA_CHECK, dteam_t: the device tensors */
 
 /* ---- globals ---------------------------------------------------------------------- */
 static int g_quick;      /* SBN_TEST_QUICK set: shorter case lists */
@@ -62,17 +46,7 @@ static double g_slack_ms = 5000.0;
 #define MAX_FAILED_CASES 8
 
 enum { MODE_DIRECT = 2 }; /* after team_util.h's MODE_GROUP, MODE_THREADS: no group */
-enum { OUT_FWD = 1, OUT_BWD = 2 };
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
 static const char* mode_name(int mode) {
   return mode == MODE_GROUP ? "group" : mode == MODE_THREADS ? "threads" : "direct";
 }
@@ -91,22 +65,7 @@ static int case_end(void) {
   return failed;
 }
 
-/* ---- comms ------------------------------------------------------------------------ */
-static sbnConfig_t config_ms(int64_t timeout_ms) {
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = timeout_ms;
-  return cfg;
-}
-static int init_virtual(sbnComm_t* comms, int W, int64_t timeout_ms) {
-  sbnConfig_t cfg = config_ms(timeout_ms);
-  sbnResult_t r = sbnCommInitVirtual(comms, W, 0, &cfg);
-  if (r != sbnSuccess) {
-    SBN_FAIL_("sbnCommInitVirtual(%d ranks, device 0): %s (%s)", W, sbnGetResultName(r),
-              sbnGetLastError(NULL));
-    return 0;
-  }
-  return 1;
-}
+/* ---- comms (init_virtual: gpu_fixture.h) ------------------------------------------- */
 static int init_all(sbnComm_t* comms, int W, const int* dev, int64_t timeout_ms) {
   sbnConfig_t cfg = config_ms(timeout_ms);
   sbnResult_t r = sbnCommInitAll(comms, W, dev, &cfg);
@@ -132,189 +91,15 @@ static int team_healthy(const sbnComm_t* comms) {
 static sbnComm_t g_virt[MAXW + 1][MAXW];
 static sbnComm_t* virt_team(int W) {
   if (g_virt[W][0] && !team_healthy(g_virt[W])) destroy_comms(g_virt[W], W);
-  if (!g_virt[W][0] && !init_virtual(g_virt[W], W, TEAM_TIMEOUT_MS)) return NULL;
+  if (!g_virt[W][0] && !init_virtual(g_virt[W], W, 0, TEAM_TIMEOUT_MS)) return NULL;
   return g_virt[W];
 }
 static void virt_teams_destroy(void) {
   for (int w = 1; w <= MAXW; w++) destroy_comms(g_virt[w], w);
 }
 
-/* Non-blocking streams, one per rank, each on its rank's device. */
-static void make_streams(cudaStream_t* st, int W, const int* dev) {
-  for (int r = 0; r < W; r++) {
-    st[r] = NULL;
-    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
-    if (!CUDA_OK(cudaStreamCreateWithFlags(&st[r], cudaStreamNonBlocking))) return;
-  }
-  CUDA_OK(cudaSetDevice(0));
-}
-static void destroy_streams(cudaStream_t* st, int W) {
-  for (int r = 0; r < W; r++)
-    if (st[r]) cudaStreamDestroy(st[r]), st[r] = NULL;
-}
-
-/* ---- a GPU team's device tensors, mirroring a host team_t ------------------------------ */
-typedef struct {
-  int W;
-  sbnComm_t comm[MAXW];
-  int dev[MAXW];
-  cudaStream_t st[MAXW]; /* rank r's stream (NULL: the legacy default stream) */
-  void *x[MAXW], *y[MAXW], *dy[MAXW], *dx[MAXW]; /* NULL when the rank is empty */
-  float *w[MAXW], *b[MAXW];                      /* NULL for affine=False */
-  float *rm[MAXW], *rv[MAXW];                    /* NULL without running stats */
-  int64_t* nbt[MAXW];
-  float *sm[MAXW], *si[MAXW], *dw[MAXW], *db[MAXW];
-} dteam_t;
-
-static void* dev_alloc(int dev, size_t bytes) {
-  void* p = NULL;
-  if (bytes == 0) return NULL;
-  if (!CUDA_OK(cudaSetDevice(dev))) return NULL;
-  if (!CUDA_OK(cudaMalloc(&p, bytes))) p = NULL;
-  CUDA_OK(cudaSetDevice(0));
-  return p;
-}
-static void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
-  if (bytes && dst && src) CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-}
-static void d2h(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst && src) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-static void dpoison(void* p, size_t bytes, cudaStream_t s) {
-  if (bytes && p) CUDA_OK(cudaMemsetAsync(p, 0xff, bytes, s));
-}
-
-static size_t chan_bytes(const team_t* h) {
-  return (size_t)h->d[0].c * sizeof(float);
-}
-
-/* Running stats and num_batches_tracked from the host mirror (h->rm, h->rv, h->nbt). */
-static void dteam_upload_state(dteam_t* d, const team_t* h) {
-  for (int r = 0; r < d->W; r++) {
-    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
-    if (h->running) {
-      h2d(d->rm[r], h->rm[r], chan_bytes(h), d->st[r]);
-      h2d(d->rv[r], h->rv[r], chan_bytes(h), d->st[r]);
-    }
-    h2d(d->nbt[r], &h->nbt[r], sizeof(int64_t), d->st[r]);
-    /* pageable source: the copy is staged before cudaMemcpyAsync returns, but keep it
-       simple and make the host value's lifetime irrelevant */
-    CUDA_OK(cudaStreamSynchronize(d->st[r]));
-  }
-  CUDA_OK(cudaSetDevice(0));
-}
-/* x and dy from the host mirror's pristine copies, on each rank's stream (so a virtual
-   launch on rank 0's stream must be ordered after them). */
-static void dteam_upload_inputs(dteam_t* d, const team_t* h) {
-  for (int r = 0; r < d->W; r++) {
-    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
-    h2d(d->x[r], h->x0[r], team_bytes(h, r), d->st[r]);
-    h2d(d->dy[r], h->dy0[r], team_bytes(h, r), d->st[r]);
-  }
-  CUDA_OK(cudaSetDevice(0));
-}
-static void dteam_poison(dteam_t* d, const team_t* h, int what) {
-  size_t cb = chan_bytes(h);
-  for (int r = 0; r < d->W; r++) {
-    if (!CUDA_OK(cudaSetDevice(d->dev[r]))) return;
-    if (what & OUT_FWD) {
-      dpoison(d->y[r], team_bytes(h, r), d->st[r]);
-      dpoison(d->sm[r], cb, d->st[r]);
-      dpoison(d->si[r], cb, d->st[r]);
-    }
-    if (what & OUT_BWD) {
-      dpoison(d->dx[r], team_bytes(h, r), d->st[r]);
-      dpoison(d->dw[r], cb, d->st[r]);
-      dpoison(d->db[r], cb, d->st[r]);
-    }
-  }
-  CUDA_OK(cudaSetDevice(0));
-}
-
-/* Device copies of host team h: inputs, parameters and running state uploaded, every
-   output poisoned. Callers follow it with CHECK_(). */
-static void dteam_make(dteam_t* d, const team_t* h, const sbnComm_t* comms, const int* dev,
-                       const cudaStream_t* st) {
-  memset(d, 0, sizeof *d);
-  d->W = h->W;
-  size_t cb = chan_bytes(h);
-  for (int r = 0; r < h->W; r++) {
-    d->comm[r] = comms[r];
-    d->dev[r] = dev[r];
-    d->st[r] = st ? st[r] : NULL;
-    size_t tb = team_bytes(h, r);
-    d->x[r] = dev_alloc(dev[r], tb);
-    d->y[r] = dev_alloc(dev[r], tb);
-    d->dy[r] = dev_alloc(dev[r], tb);
-    d->dx[r] = dev_alloc(dev[r], tb);
-    if (h->w) {
-      d->w[r] = (float*)dev_alloc(dev[r], cb);
-      d->b[r] = (float*)dev_alloc(dev[r], cb);
-    }
-    if (h->running) {
-      d->rm[r] = (float*)dev_alloc(dev[r], cb);
-      d->rv[r] = (float*)dev_alloc(dev[r], cb);
-    }
-    d->nbt[r] = (int64_t*)dev_alloc(dev[r], sizeof(int64_t));
-    d->sm[r] = (float*)dev_alloc(dev[r], cb);
-    d->si[r] = (float*)dev_alloc(dev[r], cb);
-    d->dw[r] = (float*)dev_alloc(dev[r], cb);
-    d->db[r] = (float*)dev_alloc(dev[r], cb);
-  }
-  CHECK_();
-  for (int r = 0; r < h->W; r++) {
-    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
-    if (h->w) {
-      h2d(d->w[r], h->w, cb, d->st[r]);
-      h2d(d->b[r], h->b, cb, d->st[r]);
-    }
-  }
-  dteam_upload_state(d, h);
-  dteam_upload_inputs(d, h);
-  dteam_poison(d, h, OUT_FWD | OUT_BWD);
-  for (int r = 0; r < h->W; r++) {
-    if (!CUDA_OK(cudaSetDevice(dev[r]))) return;
-    CUDA_OK(cudaStreamSynchronize(d->st[r]));
-  }
-  CUDA_OK(cudaSetDevice(0));
-}
-
-static void dteam_free(dteam_t* d) {
-  /* cudaFree synchronizes the device: nothing of the team is in flight afterwards */
-  for (int r = 0; r < d->W; r++) {
-    void* ptrs[] = {d->x[r],  d->y[r],   d->dy[r], d->dx[r], d->w[r],  d->b[r], d->rm[r],
-                    d->rv[r], d->nbt[r], d->sm[r], d->si[r], d->dw[r], d->db[r]};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-      if (ptrs[i]) cudaFree(ptrs[i]);
-  }
-  memset(d, 0, sizeof *d);
-}
-
-/* One rank's op on the device tensors (team_util.h's rank_call for GPU teams). */
-static sbnResult_t gpu_call(dteam_t* d, const team_t* h, int r, int bwd, int opts,
-                            const sbnParams_t* p) {
-  if (!bwd) {
-    void* y = (opts & OPT_INPLACE) ? d->x[r] : d->y[r];
-    return sbnForwardTrain(d->comm[r], &h->d[r], d->x[r], y, d->w[r], d->b[r], d->rm[r], d->rv[r],
-                           h->nbt_null ? NULL : d->nbt[r], d->sm[r], d->si[r], p, d->st[r]);
-  }
-  void* dx = (opts & OPT_DX_NULL) ? NULL : (opts & OPT_INPLACE) ? d->dy[r] : d->dx[r];
-  int nodw = opts & OPT_NO_DWDB;
-  return sbnBackward(d->comm[r], &h->d[r], d->x[r], d->dy[r], dx, d->w[r], d->sm[r], d->si[r],
-                     nodw ? NULL : d->dw[r], nodw ? NULL : d->db[r], p, d->st[r]);
-}
-
-/* Every rank's op inside one group, from this thread. Always closes the group. */
-static sbnResult_t gpu_group(dteam_t* d, const team_t* h, int bwd, int opts, const sbnParams_t* p) {
-  sbnResult_t res = sbnGroupStart();
-  if (res != sbnSuccess) return res;
-  for (int r = 0; r < d->W; r++) {
-    sbnResult_t e = gpu_call(d, h, r, bwd, opts, p);
-    if (e != sbnSuccess && res == sbnSuccess) res = e;
-  }
-  sbnResult_t e = sbnGroupEnd();
-  return res != sbnSuccess ? res : e;
-}
+/* Streams (make_streams), the device tensors (dteam_t), one rank's op (gpu_call) and all
+   of them in one group (gpu_group): gpu_fixture.h. */
 
 typedef struct {
   dteam_t* d;
@@ -335,7 +120,7 @@ static sbnResult_t gpu_threads(dteam_t* d, const team_t* h, int bwd, int opts,
   pthread_t th[MAXW];
   gpu_job_t jobs[MAXW];
   sbnResult_t res = sbnSuccess;
-  for (int r = 0; r < d->W; r++) {
+  for (int r = 0; r < d->ns; r++) {
     gpu_job_t j = {d, h, r, bwd, opts, p, sbnSuccess};
     jobs[r] = j;
     if (pthread_create(&th[r], NULL, gpu_job_main, &jobs[r]) != 0) {
@@ -343,7 +128,7 @@ static sbnResult_t gpu_threads(dteam_t* d, const team_t* h, int bwd, int opts,
       exit(1);
     }
   }
-  for (int r = 0; r < d->W; r++) {
+  for (int r = 0; r < d->ns; r++) {
     pthread_join(th[r], NULL);
     if (jobs[r].res != sbnSuccess && res == sbnSuccess) res = jobs[r].res;
   }
@@ -356,36 +141,14 @@ static sbnResult_t gpu_threads(dteam_t* d, const team_t* h, int bwd, int opts,
    mirror, restores in-place inputs, then requires every rank's async error to be
    sbnSuccess. */
 static void gpu_finish(dteam_t* d, team_t* h, int what, int opts) {
-  size_t cb = chan_bytes(h);
-  for (int r = d->W - 1; r >= 0; r--) {
-    size_t tb = team_bytes(h, r);
+  for (int r = d->ns - 1; r >= 0; r--) {
     CUDA_CHECK(cudaSetDevice(d->dev[r]));
     CUDA_CHECK(cudaStreamSynchronize(d->st[r]));
-    if (what & OUT_FWD) {
-      d2h(h->y[r], (opts & OPT_INPLACE) ? d->x[r] : d->y[r], tb);
-      if (opts & OPT_INPLACE) h2d(d->x[r], h->x0[r], tb, d->st[r]);
-      d2h(h->smean[r], d->sm[r], cb);
-      d2h(h->sinv[r], d->si[r], cb);
-      if (h->running) {
-        d2h(h->rm[r], d->rm[r], cb);
-        d2h(h->rv[r], d->rv[r], cb);
-      }
-      if (!h->nbt_null) d2h(&h->nbt[r], d->nbt[r], sizeof(int64_t));
-    }
-    if (what & OUT_BWD) {
-      if (!(opts & OPT_DX_NULL)) {
-        d2h(h->dx[r], (opts & OPT_INPLACE) ? d->dy[r] : d->dx[r], tb);
-        if (opts & OPT_INPLACE) h2d(d->dy[r], h->dy0[r], tb, d->st[r]);
-      }
-      if (!(opts & OPT_NO_DWDB)) {
-        d2h(h->dw[r], d->dw[r], cb);
-        d2h(h->db[r], d->db[r], cb);
-      }
-    }
+    dteam_download(d, h, r, what, opts);
     if (opts & OPT_INPLACE) CUDA_CHECK(cudaStreamSynchronize(d->st[r]));
   }
   CUDA_CHECK(cudaSetDevice(0));
-  for (int r = 0; r < d->W; r++) {
+  for (int r = 0; r < d->ns; r++) {
     sbnResult_t e = sbnSuccess;
     ASSERT_OK(sbnCommGetAsyncError(d->comm[r], &e));
     if (e != sbnSuccess) {
@@ -400,8 +163,8 @@ static void gpu_finish(dteam_t* d, team_t* h, int what, int opts) {
    of one) and, when it was accepted, waits and downloads (gpu_finish). */
 /* Whether two ranks of d share a device (then NCCL has no comm for the team). */
 static int shares_device(const dteam_t* d) {
-  for (int a = 0; a < d->W; a++)
-    for (int b = a + 1; b < d->W; b++)
+  for (int a = 0; a < d->ns; a++)
+    for (int b = a + 1; b < d->ns; b++)
       if (d->dev[a] == d->dev[b]) return 1;
   return 0;
 }
@@ -433,30 +196,8 @@ static sbnResult_t gpu_run(dteam_t* d, team_t* h, int bwd, int mode, int opts,
   } while (0)
 
 /* ---- comparisons ------------------------------------------------------------------ */
-/* The tolerances (GC_*, GRAD_COND_U, F32_U) and cmp_f32 / cmp_out / cmp_forward_rank:
-   gpu_cmp.h, shared with test_nccl_team.c. */
-
-/* Per-channel sums of |dy*(x - mean)*invstd| (aw) and |dy| (ab), exactly in double, with
-   the team's saved statistics: per rank (aw[r], ab[r]) and over the team (awg, abg). */
-static void grad_abs_sums(const team_t* t, double* const* aw, double* const* ab, double* awg,
-                          double* abg) {
-  int64_t c = t->d[0].c;
-  for (int64_t ci = 0; ci < c; ci++) awg[ci] = abg[ci] = 0.0;
-  for (int r = 0; r < t->W; r++) {
-    const sbnTensorDesc_t* d = &t->d[r];
-    for (int64_t ci = 0; ci < c; ci++) aw[r][ci] = ab[r][ci] = 0.0;
-    for (int64_t ni = 0; ni < d->n; ni++)
-      for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t si = 0; si < d->spatial; si++) {
-          int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dyv = sbn_ref_load(t->dy0[r], d->dtype, i);
-          double xmu = sbn_ref_load(t->x0[r], d->dtype, i) - (double)t->smean[r][ci];
-          aw[r][ci] += fabs(dyv * xmu * (double)t->sinv[r][ci]);
-          ab[r][ci] += fabs(dyv);
-        }
-    for (int64_t ci = 0; ci < c; ci++) awg[ci] += aw[r][ci], abg[ci] += ab[r][ci];
-  }
-}
+/* The tolerances (GC_*, GRAD_COND_U, F32_U), cmp_f32 / cmp_out / cmp_forward_rank /
+   cmp_backward, grad_abs_sums and same_rank: gpu_cmp.h, shared with test_nccl_team.c. */
 
 /* got[c] (float) vs ref[c] (double): |got - ref| <= atolv[i] + rtol*|ref|; prints the worst. */
 static int close_ref_vec(const char* what, int r, const float* got, const double* ref,
@@ -485,30 +226,6 @@ static void cmp_forward(const team_t* g, const team_t* c) {
     if (!cmp_forward_rank(g, c, r)) break;
 }
 
-/* Backward outputs of every rank, GPU (g) vs CPU team (c; run with every output and the
-   GPU's saved statistics). dweight/dbias: see GRAD_COND_U. */
-static void cmp_backward(const team_t* g, const team_t* c, const sbnParams_t* p, int opts) {
-  int64_t ch = g->d[0].c;
-  int global = p->grad_mode == sbnGradGlobal;
-  double *aw[MAXW] = {0}, *ab[MAXW] = {0}, *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
-  for (int r = 0; r < g->W; r++) aw[r] = dvec(ch), ab[r] = dvec(ch);
-  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(g, aw, ab, awg, abg);
-  for (int r = 0; r < g->W; r++) {
-    if (!(opts & OPT_DX_NULL) &&
-        !cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r])))
-      break;
-    if (opts & OPT_NO_DWDB) continue;
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[r][i]);
-    if (!cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[r][i]);
-    if (!cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) break;
-  }
-  for (int r = 0; r < g->W; r++) free(aw[r]), free(ab[r]);
-  free(awg), free(abg), free(atol);
-}
-
 /* dx / dweight / dbias of the last backward against the double reference computed with
    the team's own save_mean/save_invstd (test_backward.c's check, for the GPU mirror);
    tolerances from tol_for() (DESIGN.md), dweight/dbias's absolute part widened by
@@ -530,7 +247,7 @@ static void check_backward_ref(team_t* t, const sbnParams_t* p, int opts, tol_t 
     dwl[r] = dvec(c), dbl[r] = dvec(c), aw[r] = dvec(c), ab[r] = dvec(c);
   }
   sbn_ref_backward(W, t->d, xs, dys, t->w, mean, invstd, dxs, dwl, dbl, dwg, dbg);
-  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(t, aw, ab, awg, abg);
+  if (!(opts & OPT_NO_DWDB)) grad_abs_sums(t, -1, aw, ab, awg, abg);
   int ok = 1;
   for (int r = 0; r < W && ok; r++) {
     int64_t ne = sbn_ref_numel(&t->d[r]);
@@ -564,78 +281,15 @@ static void check_backward_ref(team_t* t, const sbnParams_t* p, int opts, tol_t 
 
 /* Every output of two runs, bitwise (what was written per opts). */
 static void check_same_all(const team_t* a, const team_t* b, int opts) {
-  size_t cb = chan_bytes(a);
-  for (int r = 0; r < a->W; r++) {
-    size_t tb = team_bytes(a, r);
-    if (tb && memcmp(a->y[r], b->y[r], tb)) {
-      SBN_FAIL_("y of rank %d differs (bitwise)", r);
-      return;
-    }
-    if (tb && !(opts & OPT_DX_NULL) && memcmp(a->dx[r], b->dx[r], tb)) {
-      SBN_FAIL_("dx of rank %d differs (bitwise)", r);
-      return;
-    }
-    if (memcmp(a->smean[r], b->smean[r], cb) || memcmp(a->sinv[r], b->sinv[r], cb)) {
-      SBN_FAIL_("save_mean/save_invstd of rank %d differ (bitwise)", r);
-      return;
-    }
-    if (a->running && (memcmp(a->rm[r], b->rm[r], cb) || memcmp(a->rv[r], b->rv[r], cb))) {
-      SBN_FAIL_("running stats of rank %d differ (bitwise)", r);
-      return;
-    }
-    if (!a->nbt_null && a->nbt[r] != b->nbt[r]) {
-      SBN_FAIL_("num_batches_tracked of rank %d: %" PRId64 " vs %" PRId64, r, a->nbt[r], b->nbt[r]);
-      return;
-    }
-    if (!(opts & OPT_NO_DWDB) &&
-        (memcmp(a->dw[r], b->dw[r], cb) || memcmp(a->db[r], b->db[r], cb))) {
-      SBN_FAIL_("dweight/dbias of rank %d differ (bitwise)", r);
-      return;
-    }
-  }
+  for (int r = 0; r < a->W; r++)
+    if (!same_rank(a, b, r, OUT_FWD | OUT_BWD, opts, "two GPU runs")) return;
 }
 
-/* A failed op must leave rank r's outputs as they were: poison (0xff) in y, save stats,
-   dx, dweight, dbias; running stats and num_batches_tracked as uploaded from h. */
-static int all_ff(const void* p, size_t n) {
-  const unsigned char* c = (const unsigned char*)p;
-  for (size_t i = 0; i < n; i++)
-    if (c[i] != 0xff) return 0;
-  return 1;
-}
+/* A failed op must leave rank r's outputs as they were (dteam_check_untouched), once the
+   device is idle. */
 static void check_untouched(const dteam_t* d, const team_t* h, int r) {
-  size_t cb = chan_bytes(h), tb = team_bytes(h, r);
-  unsigned char* buf = (unsigned char*)malloc(tb + cb + 16);
   CUDA_CHECK(cudaDeviceSynchronize());
-  struct {
-    const char* name;
-    const void* p;
-    size_t n;
-  } outs[] = {
-      {"y", d->y[r], tb},   {"save_mean", d->sm[r], cb}, {"save_invstd", d->si[r], cb},
-      {"dx", d->dx[r], tb}, {"dweight", d->dw[r], cb},   {"dbias", d->db[r], cb},
-  };
-  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-    if (!outs[i].p || !outs[i].n) continue;
-    d2h(buf, outs[i].p, outs[i].n);
-    if (!all_ff(buf, outs[i].n)) {
-      SBN_FAIL_("rank %d: %s was written by a failed op", r, outs[i].name);
-      free(buf);
-      return;
-    }
-  }
-  if (h->running) {
-    d2h(buf, d->rm[r], cb);
-    if (memcmp(buf, h->rm[r], cb)) SBN_FAIL_("rank %d: running_mean was written by a failed op", r);
-    d2h(buf, d->rv[r], cb);
-    if (memcmp(buf, h->rv[r], cb)) SBN_FAIL_("rank %d: running_var was written by a failed op", r);
-  }
-  int64_t nbt = -1;
-  d2h(&nbt, d->nbt[r], sizeof nbt);
-  if (nbt != h->nbt[r])
-    SBN_FAIL_("rank %d: num_batches_tracked %" PRId64 " after a failed op, was %" PRId64, r, nbt,
-              h->nbt[r]);
-  free(buf);
+  dteam_check_untouched(d, h, r, "a failed op");
 }
 
 /* ---- one case: GPU team vs CPU team vs reference ------------------------------------- */
@@ -765,7 +419,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     CHECK_();
     check_backward_ref(g, &pb, k->opts_bwd, tol);
     CHECK_();
-    cmp_backward(g, c, &pb, k->opts_bwd);
+    cmp_backward(g, c, &pb, k->opts_bwd, -1);
     CHECK_();
   }
 }
@@ -1337,7 +991,8 @@ static void test_cuda_graph(void) {
   memset(&de, 0, sizeof de);
   team_make(&hg, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
   team_make(&he, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
-  if (!init_virtual(cg, 2, TEAM_TIMEOUT_MS) || !init_virtual(ce, 2, TEAM_TIMEOUT_MS)) goto out;
+  if (!init_virtual(cg, 2, 0, TEAM_TIMEOUT_MS) || !init_virtual(ce, 2, 0, TEAM_TIMEOUT_MS))
+    goto out;
   if (!CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) ||
       !CUDA_OK(cudaStreamCreateWithFlags(&se, cudaStreamNonBlocking)))
     goto out;
@@ -1500,24 +1155,6 @@ out:
 }
 
 /* ---- 7. a peer that never comes: in-kernel timeout --------------------------------------- */
-/* Polls `s` until its work is done or limit_ms (from t0) passes. Returns the elapsed ms,
-   or -1 when it was still running at the limit. *err: the stream's status when done. */
-static double wait_stream(cudaStream_t s, double t0, double limit_ms, cudaError_t* err) {
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(s);
-    double el = now_ms() - t0;
-    if (e != cudaErrorNotReady) {
-      *err = e;
-      return el;
-    }
-    if (el > limit_ms) {
-      *err = cudaErrorNotReady;
-      return -1.0;
-    }
-    sleep_ms(1);
-  }
-}
-
 /* Common setup of tests 7-9 and the count-of-one test: an InitAll team {0,0} with
    `timeout_ms`, a team_t per rank set (hs[0] for rank 0, hs[1] for rank 1; the same or
    different shapes), device tensors poisoned, num_batches_tracked 3. */
@@ -1543,10 +1180,10 @@ static int pair_make(pair_t* P, int64_t timeout_ms, int64_t c0, int64_t c1, cons
 }
 /* rank r's tensors (its own team_t when the ranks were given different shapes) */
 static dteam_t* pair_d(pair_t* P, int r) {
-  return P->d[1].W ? &P->d[r] : &P->d[0];
+  return P->d[1].ns ? &P->d[r] : &P->d[0];
 }
 static team_t* pair_h(pair_t* P, int r) {
-  return P->d[1].W ? &P->h[r] : &P->h[0];
+  return P->d[1].ns ? &P->h[r] : &P->h[0];
 }
 
 static void pair_free(pair_t* P) {
@@ -1563,7 +1200,7 @@ static void pair_free(pair_t* P) {
    CUDA error (no __trap). On a miss, drains it (the kernel's own timeout bounds that). */
 static double pair_wait(pair_t* P, int r, double t0, double limit_ms) {
   cudaError_t err = cudaSuccess;
-  double el = wait_stream(P->st[r], t0, limit_ms, &err);
+  double el = wait_stream(P->st[r], NULL, t0, limit_ms, &err);
   if (el < 0) {
     SBN_FAIL_("rank %d's stream still busy %.0f ms later", r, limit_ms);
     cudaStreamSynchronize(P->st[r]);
@@ -1928,7 +1565,7 @@ static void test_host_path(void) {
 static void test_transport_and_pointers(void) {
   sbnComm_t c[2] = {NULL, NULL};
   const char* tr = NULL;
-  if (!init_virtual(c, 2, TEAM_TIMEOUT_MS)) return;
+  if (!init_virtual(c, 2, 0, TEAM_TIMEOUT_MS)) return;
   ASSERT_OK(sbnCommGetTransport(c[1], &tr));
   ASSERT_TRUE(strcmp(tr, "virtual") == 0);
   destroy_comms(c, 2);
@@ -1938,7 +1575,7 @@ static void test_transport_and_pointers(void) {
   ASSERT_TRUE(strcmp(tr, "peer") == 0); /* one device: no P2P pair is missing */
   destroy_comms(c, 2);
 
-  if (!init_virtual(c, 1, TEAM_TIMEOUT_MS)) return;
+  if (!init_virtual(c, 1, 0, TEAM_TIMEOUT_MS)) return;
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 3, 4};
   const size_t xb = 2 * 3 * 4 * sizeof(float), cb = 3 * sizeof(float);
   float hx[24];
@@ -2004,11 +1641,9 @@ int main(void) {
   if (g_quick) g_slack_ms = 30000.0;
 
   cudaError_t ce = cudaGetDeviceCount(&g_ndev);
-  if (ce != cudaSuccess || g_ndev == 0) {
-    printf("test_gpu_team: SKIPPED: no CUDA device (%s)\n",
-           ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
-    return SBN_TEST_SKIP;
-  }
+  if (ce != cudaSuccess || g_ndev == 0)
+    return gpu_skip_no_device("test_gpu_team",
+                              ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
   /* A device exists: GPU teams must be available (sbnUnsupported here is a failure). */
   {
     sbnComm_t probe = NULL;

@@ -48,7 +48,6 @@
 #include <fcntl.h>
 #include <nccl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mp_cuda.h"
@@ -57,6 +56,7 @@
 
 #define GPU_CMP_WHO "NCCL team" /* in failure messages */
 #include "gpu_cmp.h"
+#include "gpu_fixture.h" /* CUDA_OK, dteam_t: this rank's device tensors */
 
 /* ---- globals of a child (rank g_rank of g_W) --------------------------------------------- */
 static int g_rank, g_W;
@@ -83,32 +83,7 @@ static const run_ctx_t* g_ctx;
 /* How late a failure may be reported after its deadline (test_gpu_team.c's g_slack_ms). */
 #define SLACK_MS 5000.0
 
-enum { OUT_FWD = 1, OUT_BWD = 2 };
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-/* ---- CUDA / NCCL checks: a failed call fails the current test ------------------------- */
-static int cuda_ok_(cudaError_t e, const char* expr, const char* file, int line) {
-  if (e == cudaSuccess) return 1;
-  fprintf(stderr, "%s:%d: FAILED: %s: %s (%s)\n", file, line, expr, cudaGetErrorName(e),
-          cudaGetErrorString(e));
-  sbn_test_failures_++;
-  sbn_test_cur_failed_++;
-  return 0;
-}
-#define CUDA_OK(call) cuda_ok_((call), #call, __FILE__, __LINE__)
-#define CUDA_CHECK(call)        \
-  do {                          \
-    if (!CUDA_OK(call)) return; \
-  } while (0)
+/* ---- NCCL checks: a failed call fails the current test (CUDA_OK: gpu_fixture.h) ------- */
 static int nccl_ok_(ncclResult_t e, const char* expr, const char* file, int line) {
   if (e == ncclSuccess) return 1;
   fprintf(stderr, "%s:%d: FAILED: %s: %s\n", file, line, expr, ncclGetErrorString(e));
@@ -145,179 +120,30 @@ static void log_hash(const char* label, const void* a, size_t na, const void* b,
   fprintf(g_log, "%s %016llx\n", label, (unsigned long long)h);
 }
 
-/* ---- device tensors of some ranks of a host mirror team_t -------------------------------- */
-/* Slot s holds team rank rk[s] (its desc h->d[rk[s]]), op'd through comm[s] on stream
-   st[s]; every buffer is on the current device (this rank's GPU). */
-typedef struct {
-  int ns;
-  int rk[MAXW];
-  sbnComm_t comm[MAXW];
-  cudaStream_t st[MAXW];
-  void *x[MAXW], *y[MAXW], *dy[MAXW], *dx[MAXW]; /* NULL when the rank is empty */
-  float *w[MAXW], *b[MAXW];                      /* NULL for affine=False */
-  float *rm[MAXW], *rv[MAXW];                    /* NULL without running stats */
-  int64_t* nbt[MAXW];
-  float *sm[MAXW], *si[MAXW], *dw[MAXW], *db[MAXW];
-} dset_t;
-
-static size_t chan_bytes(const team_t* h) {
-  return (size_t)h->d[0].c * sizeof(float);
-}
-
-static void* dev_alloc(size_t bytes) {
-  void* p = NULL;
-  if (bytes == 0) return NULL;
-  if (!CUDA_OK(cudaMalloc(&p, bytes))) return NULL;
-  return p;
-}
-static void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
-  if (bytes && dst && src) CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-}
-static void d2h(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst && src) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-}
-static void dpoison(void* p, size_t bytes, cudaStream_t s) {
-  if (bytes && p) CUDA_OK(cudaMemsetAsync(p, 0xff, bytes, s));
-}
-
-static void dset_sync(dset_t* d) {
-  for (int s = 0; s < d->ns; s++) CUDA_OK(cudaStreamSynchronize(d->st[s]));
-}
-static void dset_upload_state(dset_t* d, const team_t* h) {
-  for (int s = 0; s < d->ns; s++) {
-    int r = d->rk[s];
-    if (h->running) {
-      h2d(d->rm[s], h->rm[r], chan_bytes(h), d->st[s]);
-      h2d(d->rv[s], h->rv[r], chan_bytes(h), d->st[s]);
-    }
-    h2d(d->nbt[s], &h->nbt[r], sizeof(int64_t), d->st[s]);
-  }
-  dset_sync(d); /* pageable sources: keep their lifetime irrelevant */
-}
-static void dset_upload_inputs(dset_t* d, const team_t* h) {
-  for (int s = 0; s < d->ns; s++) {
-    h2d(d->x[s], h->x0[d->rk[s]], team_bytes(h, d->rk[s]), d->st[s]);
-    h2d(d->dy[s], h->dy0[d->rk[s]], team_bytes(h, d->rk[s]), d->st[s]);
-  }
-  dset_sync(d);
-}
-static void dset_poison(dset_t* d, const team_t* h, int what) {
-  size_t cb = chan_bytes(h);
-  for (int s = 0; s < d->ns; s++) {
-    size_t tb = team_bytes(h, d->rk[s]);
-    if (what & OUT_FWD) {
-      dpoison(d->y[s], tb, d->st[s]);
-      dpoison(d->sm[s], cb, d->st[s]);
-      dpoison(d->si[s], cb, d->st[s]);
-    }
-    if (what & OUT_BWD) {
-      dpoison(d->dx[s], tb, d->st[s]);
-      dpoison(d->dw[s], cb, d->st[s]);
-      dpoison(d->db[s], cb, d->st[s]);
-    }
-  }
-  dset_sync(d);
-}
-
-/* ns slots (team ranks rk[0..ns)) of host team h, ops through comms[0..ns). */
-static void dset_make(dset_t* d, const team_t* h, int ns, const int* rk, const sbnComm_t* comms) {
-  memset(d, 0, sizeof *d);
-  d->ns = ns;
-  size_t cb = chan_bytes(h);
-  for (int s = 0; s < ns; s++) {
-    d->rk[s] = rk[s];
-    d->comm[s] = comms[s];
-    CUDA_OK(cudaStreamCreateWithFlags(&d->st[s], cudaStreamNonBlocking));
-    size_t tb = team_bytes(h, rk[s]);
-    d->x[s] = dev_alloc(tb);
-    d->y[s] = dev_alloc(tb);
-    d->dy[s] = dev_alloc(tb);
-    d->dx[s] = dev_alloc(tb);
-    if (h->w) d->w[s] = (float*)dev_alloc(cb), d->b[s] = (float*)dev_alloc(cb);
-    if (h->running) d->rm[s] = (float*)dev_alloc(cb), d->rv[s] = (float*)dev_alloc(cb);
-    d->nbt[s] = (int64_t*)dev_alloc(sizeof(int64_t));
-    d->sm[s] = (float*)dev_alloc(cb);
-    d->si[s] = (float*)dev_alloc(cb);
-    d->dw[s] = (float*)dev_alloc(cb);
-    d->db[s] = (float*)dev_alloc(cb);
-  }
-  CHECK_();
-  for (int s = 0; s < ns; s++)
-    if (h->w) h2d(d->w[s], h->w, cb, d->st[s]), h2d(d->b[s], h->b, cb, d->st[s]);
-  dset_upload_state(d, h);
-  dset_upload_inputs(d, h);
-  dset_poison(d, h, OUT_FWD | OUT_BWD);
-}
-
-static void dset_free(dset_t* d) {
-  for (int s = 0; s < d->ns; s++) {
-    if (d->st[s]) cudaStreamSynchronize(d->st[s]);
-    void* ptrs[] = {d->x[s],  d->y[s],   d->dy[s], d->dx[s], d->w[s],  d->b[s], d->rm[s],
-                    d->rv[s], d->nbt[s], d->sm[s], d->si[s], d->dw[s], d->db[s]};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-      if (ptrs[i]) cudaFree(ptrs[i]);
-    if (d->st[s]) cudaStreamDestroy(d->st[s]);
-  }
-  memset(d, 0, sizeof *d);
-}
-
-/* Slot s's op (forward: bwd = 0). */
-static sbnResult_t dset_call(dset_t* d, const team_t* h, int s, int bwd, const sbnParams_t* p) {
-  const sbnTensorDesc_t* desc = &h->d[d->rk[s]];
-  if (!bwd)
-    return sbnForwardTrain(d->comm[s], desc, d->x[s], d->y[s], d->w[s], d->b[s], d->rm[s], d->rv[s],
-                           h->nbt_null ? NULL : d->nbt[s], d->sm[s], d->si[s], p, d->st[s]);
-  return sbnBackward(d->comm[s], desc, d->x[s], d->dy[s], d->dx[s], d->w[s], d->sm[s], d->si[s],
-                     d->dw[s], d->db[s], p, d->st[s]);
-}
+/* ---- this rank's device tensors (dteam_t: gpu_fixture.h) -------------------------------- */
+/* A case's slots are on this rank's GPU, each on a stream of its own (dteam_make_own with
+   device g_rank); these add what an NCCL rank does differently from test_gpu_team.c. */
 
 /* Every slot's op inside one group (group = 1), or slot 0's op directly (one slot). */
-static sbnResult_t dset_run(dset_t* d, const team_t* h, int bwd, int group, const sbnParams_t* p) {
-  if (!group) return dset_call(d, h, 0, bwd, p);
-  sbnResult_t res = sbnGroupStart();
-  if (res != sbnSuccess) return res;
-  for (int s = 0; s < d->ns; s++) {
-    sbnResult_t e = dset_call(d, h, s, bwd, p);
-    if (e != sbnSuccess && res == sbnSuccess) res = e;
-  }
-  sbnResult_t e = sbnGroupEnd();
-  return res != sbnSuccess ? res : e;
+static sbnResult_t dset_run(dteam_t* d, const team_t* h, int bwd, int group, const sbnParams_t* p) {
+  return group ? gpu_group(d, h, bwd, 0, p) : gpu_call(d, h, 0, bwd, 0, p);
 }
 
-/* Waits for stream s, polling sbnCommGetAsyncError meanwhile (as a user would: the
-   host path's watchdog also runs when the host polls), never longer than limit_ms: a
-   plain cudaStreamSynchronize on a collective whose peer is gone would hang the test if
-   the library's own bound failed. Returns the elapsed ms, or -1 when the stream was still
-   busy at limit_ms. *err: the stream's status. */
-static double wait_polling(cudaStream_t st, sbnComm_t comm, double t0, double limit_ms,
-                           cudaError_t* err) {
-  for (;;) {
-    cudaError_t e = cudaStreamQuery(st);
-    double el = now_ms() - t0;
-    if (e != cudaErrorNotReady) {
-      *err = e;
-      return el;
-    }
-    if (el > limit_ms) {
-      *err = cudaErrorNotReady;
-      return -1.0;
-    }
-    sbnResult_t a = sbnSuccess;
-    if (comm) (void)sbnCommGetAsyncError(comm, &a);
-    sleep_ms(1);
-  }
+/* Fresh inputs (new_inputs) and poisoned outputs of `what` uploaded, waited for. */
+static void dset_refresh(dteam_t* d, const team_t* h, int new_inputs, int what) {
+  if (new_inputs) dteam_upload_inputs(d, h);
+  dteam_poison(d, h, what);
+  dteam_sync(d);
 }
 
 /* After ops of `what`: waits for every slot's stream (bounded by the team timeout + slack),
    downloads the outputs into h's rank rk[s], requires async error sbnSuccess. A stream
    that does not finish, or an async error, is fatal (the team is gone). */
-static void dset_finish(dset_t* d, team_t* h, int what) {
-  size_t cb = chan_bytes(h);
+static void dset_finish(dteam_t* d, team_t* h, int what) {
   for (int s = d->ns - 1; s >= 0; s--) {
     int r = d->rk[s];
-    size_t tb = team_bytes(h, r);
     cudaError_t err = cudaSuccess;
-    if (wait_polling(d->st[s], d->comm[s], now_ms(), TEAM_TIMEOUT_MS + SLACK_MS, &err) < 0) {
+    if (wait_stream(d->st[s], d->comm[s], now_ms(), TEAM_TIMEOUT_MS + SLACK_MS, &err) < 0) {
       SBN_FAIL_("slot %d (rank %d): stream still busy %.0f ms after the op", s, r,
                 TEAM_TIMEOUT_MS + SLACK_MS);
       g_fatal = 1;
@@ -327,18 +153,7 @@ static void dset_finish(dset_t* d, team_t* h, int what) {
       g_fatal = 1;
       return;
     }
-    if (what & OUT_FWD) {
-      d2h(h->y[r], d->y[s], tb);
-      d2h(h->smean[r], d->sm[s], cb);
-      d2h(h->sinv[r], d->si[s], cb);
-      if (h->running) d2h(h->rm[r], d->rm[s], cb), d2h(h->rv[r], d->rv[s], cb);
-      if (!h->nbt_null) d2h(&h->nbt[r], d->nbt[s], sizeof(int64_t));
-    }
-    if (what & OUT_BWD) {
-      d2h(h->dx[r], d->dx[s], tb);
-      d2h(h->dw[r], d->dw[s], cb);
-      d2h(h->db[r], d->db[s], cb);
-    }
+    dteam_download(d, h, s, what, 0);
   }
   for (int s = 0; s < d->ns; s++) {
     sbnResult_t e = sbnSuccess;
@@ -353,107 +168,9 @@ static void dset_finish(dset_t* d, team_t* h, int what) {
 }
 
 /* ---- comparisons: gpu_cmp.h (test_gpu_team.c's tolerances and comparisons) ------------ */
-
-/* Rank r's backward outputs, GPU mirror g vs CPU team c (which ran with rank r's GPU saved
-   statistics on every rank: they are the same bits on every rank, checked by the logs).
-   dweight/dbias: see GRAD_COND_U; the sums of |terms| use those statistics too. */
-static void cmp_backward_rank(const team_t* g, const team_t* c, int r, const sbnParams_t* p) {
-  int64_t ch = g->d[0].c;
-  int global = p->grad_mode == sbnGradGlobal;
-  double *aw = dvec(ch), *ab = dvec(ch), *awg = dvec(ch), *abg = dvec(ch), *atol = dvec(ch);
-  for (int q = 0; q < g->W; q++) {
-    const sbnTensorDesc_t* d = &g->d[q];
-    for (int64_t ni = 0; ni < d->n; ni++)
-      for (int64_t ci = 0; ci < ch; ci++)
-        for (int64_t si = 0; si < d->spatial; si++) {
-          int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dyv = sbn_ref_load(g->dy0[q], d->dtype, i);
-          double xmu = sbn_ref_load(g->x0[q], d->dtype, i) - (double)g->smean[r][ci];
-          double tw = fabs(dyv * xmu * (double)g->sinv[r][ci]), tb = fabs(dyv);
-          awg[ci] += tw, abg[ci] += tb;
-          if (q == r) aw[ci] += tw, ab[ci] += tb;
-        }
-  }
-  if (cmp_out("dx", r, g->d[r].dtype, g->dx[r], c->dx[r], sbn_ref_numel(&g->d[r]))) {
-    for (int64_t i = 0; i < ch; i++)
-      atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? awg[i] : aw[i]);
-    if (cmp_f32("dweight", r, g->dw[r], c->dw[r], (size_t)ch, atol, 0, GC_GRAD_RTOL)) {
-      for (int64_t i = 0; i < ch; i++)
-        atol[i] = GC_GRAD_ATOL + 2.0 * GRAD_COND_U * F32_U * (global ? abg[i] : ab[i]);
-      cmp_f32("dbias", r, g->db[r], c->db[r], (size_t)ch, atol, 0, GC_GRAD_RTOL);
-    }
-  }
-  free(aw), free(ab), free(awg), free(abg), free(atol);
-}
-
-/* Rank r's outputs of two GPU runs, bitwise ("both paths give the same bits, and the same
-   as a virtual team of the same W with the same per-rank inputs"). */
-static void same_rank(const team_t* a, const team_t* b, int r, int what, const char* names) {
-  size_t cb = chan_bytes(a), tb = team_bytes(a, r);
-  const char* bad = NULL;
-  if (what & OUT_FWD) {
-    if (tb && memcmp(a->y[r], b->y[r], tb))
-      bad = "y";
-    else if (memcmp(a->smean[r], b->smean[r], cb))
-      bad = "save_mean";
-    else if (memcmp(a->sinv[r], b->sinv[r], cb))
-      bad = "save_invstd";
-    else if (a->running && memcmp(a->rm[r], b->rm[r], cb))
-      bad = "running_mean";
-    else if (a->running && memcmp(a->rv[r], b->rv[r], cb))
-      bad = "running_var";
-    else if (!a->nbt_null && a->nbt[r] != b->nbt[r])
-      bad = "num_batches_tracked";
-  }
-  if (!bad && (what & OUT_BWD)) {
-    if (tb && memcmp(a->dx[r], b->dx[r], tb))
-      bad = "dx";
-    else if (memcmp(a->dw[r], b->dw[r], cb))
-      bad = "dweight";
-    else if (memcmp(a->db[r], b->db[r], cb))
-      bad = "dbias";
-  }
-  if (bad) SBN_FAIL_("%s: rank %d's %s differs (bitwise)", names, r, bad);
-}
-
-/* A failed op must leave slot s's outputs as they were: poison (0xff) in y, saved stats,
-   dx, dweight, dbias; running stats and num_batches_tracked as uploaded from h. */
-static int all_ff(const void* p, size_t n) {
-  const unsigned char* c = (const unsigned char*)p;
-  for (size_t i = 0; i < n; i++)
-    if (c[i] != 0xff) return 0;
-  return 1;
-}
-static void check_untouched(const dset_t* d, const team_t* h, int s, const char* after) {
-  int r = d->rk[s];
-  size_t cb = chan_bytes(h), tb = team_bytes(h, r);
-  unsigned char* buf = (unsigned char*)malloc(tb + cb + 16);
-  struct {
-    const char* name;
-    const void* p;
-    size_t n;
-  } outs[] = {
-      {"y", d->y[s], tb},   {"save_mean", d->sm[s], cb}, {"save_invstd", d->si[s], cb},
-      {"dx", d->dx[s], tb}, {"dweight", d->dw[s], cb},   {"dbias", d->db[s], cb},
-  };
-  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-    if (!outs[i].p || !outs[i].n) continue;
-    d2h(buf, outs[i].p, outs[i].n);
-    if (!all_ff(buf, outs[i].n)) SBN_FAIL_("rank %d: %s was written by %s", r, outs[i].name, after);
-  }
-  if (h->running) {
-    d2h(buf, d->rm[s], cb);
-    if (memcmp(buf, h->rm[r], cb)) SBN_FAIL_("rank %d: running_mean was written by %s", r, after);
-    d2h(buf, d->rv[s], cb);
-    if (memcmp(buf, h->rv[r], cb)) SBN_FAIL_("rank %d: running_var was written by %s", r, after);
-  }
-  int64_t nbt = -1;
-  d2h(&nbt, d->nbt[s], sizeof nbt);
-  if (nbt != h->nbt[r])
-    SBN_FAIL_("rank %d: num_batches_tracked %" PRId64 " after %s, was %" PRId64, r, nbt, after,
-              h->nbt[r]);
-  free(buf);
-}
+/* Rank r's backward outputs are compared with cmp_backward(g, c, p, 0, r): the CPU team
+   ran with rank r's GPU saved statistics on every rank (they are the same bits on every
+   rank, checked by the logs), and the sums of |terms| use those statistics too. */
 
 /* ---- cases ---------------------------------------------------------------------------- */
 typedef struct {
@@ -528,7 +245,7 @@ static void describe_case(const case_t* k) {
    Ops are issued even after a comparison failed: the ranks' collectives stay in step. */
 typedef struct {
   team_t c, g, gh, v; /* CPU team; mirrors of the NCCL comm, the host-path comm, virtual */
-  dset_t dg, dh, dv;
+  dteam_t dg, dh, dv;
   int have_host;
 } case_teams_t;
 
@@ -573,12 +290,12 @@ static void case_step(case_teams_t* T, const case_t* k, int bwd, const sbnParams
       log_hash(l3, &T->g.nbt[r], sizeof(int64_t), NULL, 0);
     }
   } else {
-    cmp_backward_rank(&T->g, &T->c, r, p);
+    cmp_backward(&T->g, &T->c, p, 0, r);
     if (p->grad_mode == sbnGradGlobal)
       log_hash(label, T->g.dw[r], chan_bytes(&T->g), T->g.db[r], chan_bytes(&T->g));
   }
-  same_rank(&T->g, &T->v, r, what, "NCCL comm vs virtual team");
-  if (T->have_host) same_rank(&T->g, &T->gh, r, what, "NCCL comm vs host-path NCCL comm");
+  same_rank(&T->g, &T->v, r, what, 0, "NCCL comm vs virtual team");
+  if (T->have_host) same_rank(&T->g, &T->gh, r, what, 0, "NCCL comm vs host-path NCCL comm");
 }
 
 static void case_body(case_teams_t* T, const case_t* k) {
@@ -593,14 +310,9 @@ static void case_body(case_teams_t* T, const case_t* k) {
       team_new_inputs(&T->g, &rg, k->s.gen);
       team_new_inputs(&T->gh, &rh, k->s.gen);
       team_new_inputs(&T->v, &rv, k->s.gen);
-      dset_upload_inputs(&T->dg, &T->g);
-      dset_poison(&T->dg, &T->g, OUT_FWD | OUT_BWD);
-      if (T->have_host) {
-        dset_upload_inputs(&T->dh, &T->gh);
-        dset_poison(&T->dh, &T->gh, OUT_FWD | OUT_BWD);
-      }
-      dset_upload_inputs(&T->dv, &T->v);
-      dset_poison(&T->dv, &T->v, OUT_FWD | OUT_BWD);
+      dset_refresh(&T->dg, &T->g, 1, OUT_FWD | OUT_BWD);
+      if (T->have_host) dset_refresh(&T->dh, &T->gh, 1, OUT_FWD | OUT_BWD);
+      dset_refresh(&T->dv, &T->v, 1, OUT_FWD | OUT_BWD);
     }
     snprintf(label, sizeof label, "case%d.call%d.fwd", k->idx, call);
     case_step(T, k, 0, &p, label);
@@ -619,9 +331,9 @@ static void case_body(case_teams_t* T, const case_t* k) {
     team_poison_bwd(&T->g);
     team_poison_bwd(&T->gh);
     team_poison_bwd(&T->v);
-    dset_poison(&T->dg, &T->g, OUT_BWD);
-    if (T->have_host) dset_poison(&T->dh, &T->gh, OUT_BWD);
-    dset_poison(&T->dv, &T->v, OUT_BWD);
+    dset_refresh(&T->dg, &T->g, 0, OUT_BWD);
+    if (T->have_host) dset_refresh(&T->dh, &T->gh, 0, OUT_BWD);
+    dset_refresh(&T->dv, &T->v, 0, OUT_BWD);
     snprintf(label, sizeof label, "case%d.bwd%s", k->idx, gm ? "global" : "local");
     case_step(T, k, 1, &pb, label);
   }
@@ -645,14 +357,14 @@ static void run_case(const case_t* k) {
   T.have_host = g_comm_host != NULL;
   int all[MAXW];
   for (int q = 0; q < W; q++) all[q] = q;
-  dset_make(&T.dg, &T.g, 1, &r, &g_comm);
-  if (T.have_host) dset_make(&T.dh, &T.gh, 1, &r, &g_comm_host);
-  dset_make(&T.dv, &T.v, W, all, g_virt);
+  dteam_make_own(&T.dg, &T.g, 1, &r, &g_comm, g_rank);
+  if (T.have_host) dteam_make_own(&T.dh, &T.gh, 1, &r, &g_comm_host, g_rank);
+  dteam_make_own(&T.dv, &T.v, W, all, g_virt, g_rank);
   if (sbn_test_cur_failed_) g_fatal = 1; /* could not set up: the op sequence breaks */
   if (!g_fatal) case_body(&T, k);
-  dset_free(&T.dg);
-  dset_free(&T.dh);
-  dset_free(&T.dv);
+  dteam_free(&T.dg);
+  dteam_free(&T.dh);
+  dteam_free(&T.dv);
   for (int i = 0; i < 4; i++) team_free(mirrors[i]);
   if (sbn_test_cur_failed_) fprintf(stderr, "  ^ in %s\n", g_case);
   sbn_test_cur_failed_ += saved_failed;
@@ -668,12 +380,6 @@ static const char* transport_of(sbnComm_t comm) {
   }
   if (name == NULL) SBN_FAIL_("sbnCommGetTransport gave a NULL name");
   return name;
-}
-
-static sbnConfig_t config_ms(int64_t timeout_ms) {
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = timeout_ms;
-  return cfg;
 }
 
 /* sbnCommInitNccl on `nc` with SBN_NCCL_TRANSPORT temporarily set to `transport` (NULL:
@@ -747,13 +453,8 @@ static void test_init(void) {
   if (g_nc_stuck) NCCL_OK(ncclCommDestroy(g_nc_stuck));
   g_nc_stuck = NULL;
   g_fatal = 0;
-  sbnConfig_t cfg = config_ms(TEAM_TIMEOUT_MS);
-  sbnResult_t e = sbnCommInitVirtual(g_virt, W, r, &cfg);
-  if (e != sbnSuccess) {
-    SBN_FAIL_("sbnCommInitVirtual(%d ranks, device %d): %s (%s)", W, r, sbnGetResultName(e),
-              sbnGetLastError(NULL));
+  if (!init_virtual(g_virt, W, r, TEAM_TIMEOUT_MS))
     g_fatal = 1; /* the cases need it; the other ranks stop at their team timeout */
-  }
 }
 
 static void test_cases_vs_cpu(void) {
@@ -783,10 +484,10 @@ static void split_op_vs_cpu(sbnComm_t sub, int m, int nr, uint64_t seed, int gro
   int64_t n[MAXW];
   for (int i = 0; i < MAXW; i++) n[i] = (i + 1) % 3;
   team_t c, g;
-  dset_t d;
+  dteam_t d;
   team_make(&c, m, sbnFloat32, sbnLayoutNCHW, 13, 5, n, 1, 1, GEN_NORMAL, seed);
   team_make(&g, m, sbnFloat32, sbnLayoutNCHW, 13, 5, n, 1, 1, GEN_NORMAL, seed);
-  dset_make(&d, &g, 1, &nr, &sub);
+  dteam_make_own(&d, &g, 1, &nr, &sub, g_rank);
   if (sbn_test_cur_failed_) g_fatal = 1;
   sbnParams_t p = SBN_PARAMS_DEFAULT, pb = p;
   pb.grad_mode = sbnGradGlobal;
@@ -821,11 +522,11 @@ static void split_op_vs_cpu(sbnComm_t sub, int m, int nr, uint64_t seed, int gro
   }
   if (!g_fatal) dset_finish(&d, &g, OUT_BWD);
   if (!g_fatal) {
-    cmp_backward_rank(&g, &c, nr, &pb);
+    cmp_backward(&g, &c, &pb, 0, nr);
     snprintf(l, sizeof l, "%s.bwdglobal", label);
     log_hash(l, g.dw[nr], chan_bytes(&g), g.db[nr], chan_bytes(&g));
   }
-  dset_free(&d);
+  dteam_free(&d);
   team_free(&c);
   team_free(&g);
 }
@@ -891,10 +592,10 @@ static void test_argument_errors(void) {
   int r = g_rank, W = g_W;
   int64_t n[MAXW] = {2, 2, 2, 2, 2, 2, 2, 2};
   team_t c, g;
-  dset_t d;
+  dteam_t d;
   team_make(&c, W, sbnFloat32, sbnLayoutNCHW, 8, 16, n, 1, 1, GEN_NORMAL, 7000);
   team_make(&g, W, sbnFloat32, sbnLayoutNCHW, 8, 16, n, 1, 1, GEN_NORMAL, 7000);
-  dset_make(&d, &g, 1, &r, &g_comm);
+  dteam_make_own(&d, &g, 1, &r, &g_comm, g_rank);
   if (sbn_test_cur_failed_) {
     g_fatal = 1;
     goto out;
@@ -933,7 +634,7 @@ static void test_argument_errors(void) {
           "sbnInvalidUsage)",
           sbnGetResultName(e), sbnGetResultName(ge));
     CUDA_OK(cudaDeviceSynchronize());
-    check_untouched(&d, &g, 0, "a refused op");
+    dteam_check_untouched(&d, &g, 0, "a refused op");
     if (!all_ff(hsm, cb)) SBN_FAIL_("the host save_mean of a refused op was written");
     free(hx);
     free(hsm);
@@ -953,7 +654,7 @@ static void test_argument_errors(void) {
     }
   }
 out:
-  dset_free(&d);
+  dteam_free(&d);
   team_free(&c);
   team_free(&g);
 }
@@ -994,15 +695,15 @@ static void test_stuck_peer(void) {
     return;
   }
   team_t h;
-  dset_t d;
+  dteam_t d;
   int r0 = 0;
   team_make(&h, g_W, sbnFloat32, sbnLayoutNCHW, 8, 16, n, 1, 1, GEN_NORMAL, 6000);
   for (int q = 0; q < g_W; q++) h.nbt[q] = 3;
-  dset_make(&d, &h, 1, &r0, &g_stuck);
+  dteam_make_own(&d, &h, 1, &r0, &g_stuck, g_rank);
   if (!sbn_test_cur_failed_) {
     sbnParams_t p = SBN_PARAMS_DEFAULT;
     double t0 = now_ms();
-    sbnResult_t e = dset_call(&d, &h, 0, 0, &p);
+    sbnResult_t e = gpu_call(&d, &h, 0, 0, 0, &p);
     /* enqueued (success), or refused at once by a host path that blocks: then sbnTimeout */
     if (e != sbnSuccess && e != sbnTimeout)
       SBN_FAIL_("rank 0 alone: %s (%s); expected the op to be enqueued", sbnGetResultName(e),
@@ -1026,15 +727,15 @@ static void test_stuck_peer(void) {
       SBN_FAIL_("the op gave up after %.1f ms, before the %d ms timeout", el, STUCK_TIMEOUT_MS);
     /* the stream finishes (bounded), without a CUDA error: the kernel returns, no trap */
     cudaError_t err = cudaSuccess;
-    if (wait_polling(d.st[0], g_stuck, now_ms(), 10000.0, &err) < 0)
+    if (wait_stream(d.st[0], g_stuck, now_ms(), 10000.0, &err) < 0)
       SBN_FAIL_("rank 0's stream still busy 10 s after the timeout was reported");
     else if (err != cudaSuccess)
       SBN_FAIL_("rank 0's stream finished with %s (%s)", cudaGetErrorName(err),
                 cudaGetErrorString(err));
     else
-      check_untouched(&d, &h, 0, "the timed-out op");
+      dteam_check_untouched(&d, &h, 0, "the timed-out op");
     double t1 = now_ms();
-    sbnResult_t f = dset_call(&d, &h, 0, 0, &p), b = dset_call(&d, &h, 0, 1, &p);
+    sbnResult_t f = gpu_call(&d, &h, 0, 0, 0, &p), b = gpu_call(&d, &h, 0, 1, 0, &p);
     if (f != sbnAborted || b != sbnAborted)
       SBN_FAIL_("after the timeout: forward %s, backward %s, expected sbnAborted",
                 sbnGetResultName(f), sbnGetResultName(b));
@@ -1044,7 +745,7 @@ static void test_stuck_peer(void) {
   if (f) fclose(f);
   sbnCommDestroy(g_stuck);
   g_stuck = NULL;
-  dset_free(&d);
+  dteam_free(&d);
   team_free(&h);
 }
 
@@ -1062,6 +763,7 @@ static int rank_main(int rank, int W, const void* blob, void* vctx) {
     return 1;
   }
   if (cudaSetDevice(rank) != cudaSuccess) return 1;
+  g_home_device = rank; /* gpu_fixture.h's helpers return to it */
   char path[320];
   snprintf(path, sizeof path, "%s/agree.%d", g_ctx->dir, rank);
   g_log = fopen(path, "w");
@@ -1218,10 +920,7 @@ int main(int argc, char** argv) {
   /* no CUDA in this process before the forks: the device count comes from a child */
   char why[256] = "";
   int ndev = mp_probe_devices(why, sizeof why);
-  if (ndev == 0) {
-    printf("test_nccl_team: SKIPPED: no CUDA device (%s)\n", why);
-    return MP_SKIP;
-  }
+  if (ndev == 0) return gpu_skip_no_device("test_nccl_team", why);
   int req[64], nreq = 0;
   const char* wenv = getenv("SBN_TEST_NCCL_W");
   if (argc > 1) {
