@@ -45,6 +45,11 @@ static lines_t read_lines(const char* path) {
   return L;
 }
 
+static void free_lines(lines_t* L) {
+  for (int k = 0; k < L->n; k++) free(L->line[k]);
+  free(L->line);
+}
+
 static int is_blank(const char* s) {
   return s[strspn(s, " \t")] == '\0';
 }
@@ -103,8 +108,7 @@ static int check_block(const char* root, const char* path, char** b, int nb, int
     from = at + n;
     while (i < nb && !is_elision(b[i])) i++;
   }
-  for (int k = 0; k < F.n; k++) free(F.line[k]);
-  free(F.line);
+  free_lines(&F);
   return ok;
 }
 
@@ -138,5 +142,6 @@ int main(int argc, char** argv) {
     bad++;
   }
   printf("check_excerpts: %d excerpt(s) in %s, %d wrong\n", excerpts, argv[1], bad);
+  free_lines(&M);
   return bad ? 1 : 0;
 }
