@@ -1,5 +1,6 @@
 # Installation: the shared and static libraries, the header, a CMake package
-# (find_package(syncbn) -> syncbn::syncbn, syncbn::syncbn_static) and a pkg-config file.
+# (find_package(syncbn) -> syncbn::syncbn, syncbn::syncbn_static) and pkg-config modules
+# (syncbn: the shared library; syncbn-static: the static one).
 # tests/install/ is a consumer project that .ci/run builds against an installed copy.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -44,13 +45,27 @@ if(IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
 else()
   set(SYNCBN_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
-# The static library's own dependencies (pkg-config --static).
+# The static library's own dependencies: Libs.private of syncbn.pc (pkg-config --static)
+# and Libs of syncbn-static.pc, which also gets -rpath for the shared ones outside the
+# linker's default path, so that its programs start as linked.
 set(SYNCBN_PC_LIBS_PRIVATE "-lpthread -lm")
+set(SYNCBN_PC_STATIC_DEPS "-lpthread -lm")
 if(SYNCBN_HAVE_CUDA)
   string(APPEND SYNCBN_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+  string(APPEND SYNCBN_PC_STATIC_DEPS
+    " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()
 if(SYNCBN_HAVE_NCCL)
+  get_filename_component(SYNCBN_NCCL_LIBRARY_DIR "${SYNCBN_NCCL_LIBRARY}" DIRECTORY)
   string(APPEND SYNCBN_PC_LIBS_PRIVATE " ${SYNCBN_NCCL_LIBRARY}") # a wheel has no libnccl.so
+  string(APPEND SYNCBN_PC_STATIC_DEPS " ${SYNCBN_NCCL_LIBRARY}")
+  if(NOT SYNCBN_NCCL_LIBRARY_DIR STREQUAL CUDAToolkit_LIBRARY_DIR)
+    string(APPEND SYNCBN_PC_STATIC_DEPS " -Wl,-rpath,${SYNCBN_NCCL_LIBRARY_DIR}")
+  endif()
 endif()
+set(SYNCBN_PC_STATIC_LIB ${CMAKE_STATIC_LIBRARY_PREFIX}syncbn${CMAKE_STATIC_LIBRARY_SUFFIX})
 configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn.pc.in ${PROJECT_BINARY_DIR}/syncbn.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn-static.pc.in ${PROJECT_BINARY_DIR}/syncbn-static.pc
+  @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc ${PROJECT_BINARY_DIR}/syncbn-static.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

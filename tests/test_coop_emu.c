@@ -707,6 +707,12 @@ static void test_emulated_semantics(void) {
 
 /* ---- failures through the error words ------------------------------------------------ */
 
+/* No test bounds how long a run takes (a loaded machine, ThreadSanitizer, are slow):
+   what ended a wait is read from the error words (sbnTimeout only from a deadline), and
+   where only an event (an abort, a failure word) may end a wait, the timeout is beyond
+   CTest's TIMEOUT for this test, so a wait the event does not end fails as a hang. */
+#define BEYOND_CTEST_TIMEOUT_MS 3600000
+
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -732,13 +738,12 @@ static void test_mismatch(void) {
   d[0].c = 8;
   emu_team_t e;
   emu_team_init(&e, 2, 2, 60000);
-  int64_t t0 = now_ms();
   emu_run_peer(&e, &t, 0, &p, NULL, d);
-  ASSERT_TRUE(now_ms() - t0 < 30000);
   /* A rank that sees the mismatch may record it before its own chunk 0 is published;
      the other rank, still waiting for that chunk, then stops with sbnAborted. The team's
      cause (what sbnCommGetAsyncError reports: a word other than sbnAborted) is the
-     mismatch, and at least one rank saw it. */
+     mismatch, and at least one rank saw it. A wait the mismatch did not end would end
+     in sbnTimeout, which fails here. */
   ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[0] == sbnAborted);
   ASSERT_TRUE(e.err[1] == sbnInvalidUsage || e.err[1] == sbnAborted);
   ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
@@ -783,18 +788,14 @@ static void test_timeout(void) {
   const int launched[2] = {1, 0};
   int64_t t0 = now_ms();
   emu_run_peer(&e, &t, 0, &p, launched, NULL);
-  int64_t dt = now_ms() - t0;
-  ASSERT_TRUE(dt >= 300);
-  ASSERT_TRUE(dt < 30000);
+  ASSERT_TRUE(now_ms() - t0 >= 300); /* not before the deadline; no upper bound */
   ASSERT_EQ_INT(e.err[0], sbnTimeout);
   ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
   ASSERT_EQ_INT(t.nbt[0], 0);
-  /* a kernel queued behind the failure publishes nothing and returns without waiting
-     (a 60 s timeout now: returning within 30 s shows it did not wait) */
-  e.timeout_ms = 60000;
-  t0 = now_ms();
+  /* a kernel queued behind the failure publishes nothing and returns without waiting:
+     with a timeout beyond CTest's TIMEOUT, a wait would be a hang CTest fails */
+  e.timeout_ms = BEYOND_CTEST_TIMEOUT_MS;
   emu_run_peer(&e, &t, 1, &p, launched, NULL);
-  ASSERT_TRUE(now_ms() - t0 < 30000);
   ASSERT_EQ_INT(e.err[0], sbnTimeout); /* the cause stays */
   ASSERT_TRUE(all_bytes(t.dx[0], team_bytes(&t, 0), 0xff));
   emu_team_free(&e);
@@ -820,15 +821,13 @@ static void test_abort(void) {
   team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 6);
   team_poison(&t);
   emu_team_t e;
-  emu_team_init(&e, 2, 2, 600000); /* 10 minutes: only the abort can end the wait */
+  emu_team_init(&e, 2, 2, BEYOND_CTEST_TIMEOUT_MS); /* only the abort can end the wait */
   aborter_t ab = {&e, 100};
   pthread_t th;
   pthread_create(&th, NULL, aborter_main, &ab);
   const int launched[2] = {1, 0};
-  int64_t t0 = now_ms();
   emu_run_peer(&e, &t, 0, &p, launched, NULL);
   pthread_join(th, NULL);
-  ASSERT_TRUE(now_ms() - t0 < 30000);
   ASSERT_EQ_INT(e.err[0], sbnAborted);
   ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
   emu_team_free(&e);
@@ -1090,10 +1089,8 @@ static void test_window_timeout_crosses(void) {
   ASSERT_EQ_INT(fail_word(&nt, 1, 0), sbnTimeout); /* in rank 1's window */
   ASSERT_EQ_INT(fail_word(&nt, 0, 0), sbnTimeout);
   ASSERT_EQ_INT(nt.err[1][1], 0); /* rank 1's process has seen nothing yet */
-  nt.e.timeout_ms = 600000;       /* only the failure word can end rank 1's wait early */
-  t0 = now_ms();
+  nt.e.timeout_ms = BEYOND_CTEST_TIMEOUT_MS; /* only the failure word can end rank 1's wait */
   emu_run_nccl(&nt, &t, 0, &p, only1);
-  ASSERT_TRUE(now_ms() - t0 < 30000);
   ASSERT_EQ_INT(nt.err[1][1], sbnAborted);
   ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
   ASSERT_EQ_INT(t.nbt[1], 0);
@@ -1127,15 +1124,13 @@ static void test_window_abort_crosses(void) {
   team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, GEN_NORMAL, 42);
   team_poison(&t);
   emu_nccl_t nt;
-  emu_nccl_init(&nt, 2, 2, 600000); /* 10 minutes: only the abort can end the wait */
+  emu_nccl_init(&nt, 2, 2, BEYOND_CTEST_TIMEOUT_MS); /* only the abort can end the wait */
   notifier_t nf = {&nt, &t, 100};
   pthread_t th;
   pthread_create(&th, NULL, notifier_main, &nf);
   const int only1[2] = {0, 1};
-  int64_t t0 = now_ms();
   emu_run_nccl(&nt, &t, 0, &p, only1);
   pthread_join(th, NULL);
-  ASSERT_TRUE(now_ms() - t0 < 30000);
   ASSERT_EQ_INT(nt.err[1][1], sbnAborted);
   ASSERT_EQ_INT(fail_word(&nt, 1, 0), sbnAborted);
   ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
@@ -1241,13 +1236,11 @@ static void test_limited_residency(void) {
       emu_team_t e;
       emu_team_init(&e, 2, 2, 200);
       sbn_emu_set_residency(k);
-      const int64_t t0 = now_ms();
       if (peer)
         emu_run_peer(&e, &t, 0, &p, NULL, NULL);
       else
         emu_run_virtual(&e, &t, 0, &p);
       sbn_emu_set_residency(0);
-      const int64_t dt = now_ms() - t0;
       int timeouts = 0;
       for (int r = 0; r < 2; r++) {
         timeouts += e.err[r] == sbnTimeout;
@@ -1266,7 +1259,6 @@ static void test_limited_residency(void) {
       } else if (timeouts == 0) {
         SBN_FAIL_("K=%u peer=%d: no rank timed out (%d %d)", k, peer, e.err[0], e.err[1]);
       }
-      ASSERT_TRUE(dt < 30000); /* ended: bounded by the timeouts, not a hang */
       emu_team_free(&e);
       team_free(&t);
     }

@@ -3,14 +3,19 @@
  *     pipe's buffer); every rank 0..W-1 runs exactly once, each in its own process;
  *   - aggregation: all 0 -> 0, all 77 -> 77, one rank 3 / a 0-77 mix / a signal / a return
  *     value outside 0..255 -> 1, with the right per-rank status;
- *   - a hanging rank (and a grandchild it forked) is killed at a 2 s timeout, reported as
- *     hung, and the run ends within a few seconds; with fail-fast, ranks still running
- *     0.5 s after another rank failed are killed;
+ *   - a hanging rank (and a grandchild it forked) is killed at a 2 s timeout (not
+ *     before), reported as hung; with fail-fast, ranks still running 0.5 s (not less)
+ *     after another rank failed are killed, reported as stopped, not as hung at the
+ *     timeout;
  *   - make_blob failing: the other ranks exit with MP_EXIT_NO_BLOB at once (no hang) and
  *     no child function runs;
  *   - output: every child line arrives whole, prefixed with its rank, in order;
- *   - mp_call_in_child: the value comes back; a hang is killed; a crash gives -1.
- * The whole test takes a few seconds.
+ *   - mp_call_in_child: the value comes back; a hang is killed at its timeout; a crash
+ *     gives -1.
+ * No assertion bounds how long anything takes (a loaded machine is slow): what ended a
+ * rank is read from its status (exited, hung at the timeout, stopped by fail-fast), and
+ * elapsed times only bound from below (a kill before its deadline is a bug). A launcher
+ * that never ends a hang is a hang of this test, which CTest's TIMEOUT fails.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -352,7 +357,8 @@ static void test_hang_killed(void) {
   close(hold[1]);
   fprintf(stderr, "  hanging rank: mp_run returned %d after %.2f s\n", rc, el);
   if (rc != 1) SBN_FAIL_("a hanging rank: mp_run returned %d, expected 1", rc);
-  if (el < 1.9 || el > 8.0) SBN_FAIL_("a hanging rank with a 2 s timeout: mp_run took %.2f s", el);
+  /* rank 1 never returns (pause), so HUNG can only be the timeout's kill; not before it */
+  if (el < 2.0) SBN_FAIL_("a hanging rank with a 2 s timeout: killed after %.2f s", el);
   if (st[1].state != MP_RANK_HUNG)
     SBN_FAIL_("rank 1: state %d, expected MP_RANK_HUNG", (int)st[1].state);
   for (int r = 0; r < 3; r += 2)
@@ -368,7 +374,7 @@ static void test_hang_killed(void) {
 }
 
 /* fail-fast: rank 0 fails at once, ranks 1 and 2 hang; with fail_fast_s = 0.5 they are
-   killed about 0.5 s later, long before the 30 s timeout. */
+   killed 0.5 s later (MP_RANK_STOPPED), not at the 30 s timeout (MP_RANK_HUNG). */
 static void test_fail_fast(void) {
   tctx_t t;
   tctx_init(&t, 3, DO_HANG);
@@ -380,7 +386,7 @@ static void test_fail_fast(void) {
   double el = now_s() - t0;
   tctx_cleanup(&t);
   if (rc != 1) SBN_FAIL_("fail-fast: mp_run returned %d, expected 1", rc);
-  if (el < 0.4 || el > 5.0) SBN_FAIL_("fail-fast after 0.5 s: mp_run took %.2f s", el);
+  if (el < 0.5) SBN_FAIL_("fail-fast after 0.5 s: the ranks were killed after %.2f s", el);
   if (st[0].state != MP_RANK_EXITED || st[0].code != 4)
     SBN_FAIL_("rank 0: state %d code %d, expected exit 4", (int)st[0].state, st[0].code);
   for (int r = 1; r < 3; r++)
@@ -395,11 +401,10 @@ static void test_make_blob_fails(void) {
     t.make_fails = 5;
     g_blob_size = 128;
     mp_rank_status_t st[4];
-    double t0 = now_s();
-    int rc = mp_run_ex(W, 128, make_random_blob, child_fn, &t, 10.0, st);
-    double el = now_s() - t0;
+    /* a rank that waited for the blob would be killed at the timeout (MP_RANK_HUNG),
+       not exit with MP_EXIT_NO_BLOB */
+    int rc = mp_run_ex(W, 128, make_random_blob, child_fn, &t, 30.0, st);
     if (rc != 1) SBN_FAIL_("W = %d, make_blob fails: mp_run returned %d, expected 1", W, rc);
-    if (el > 5.0) SBN_FAIL_("W = %d, make_blob fails: mp_run took %.1f s (a rank waited)", W, el);
     if (st[0].state != MP_RANK_EXITED || st[0].code != 5)
       SBN_FAIL_("rank 0: state %d code %d, expected exit 5 (make_blob's code)", (int)st[0].state,
                 st[0].code);
@@ -493,7 +498,8 @@ static void test_call_in_child(void) {
   double t0 = now_s();
   ASSERT_EQ_INT(mp_call_in_child(fn_hang, NULL, &v, sizeof v, 1.0), -1);
   double el = now_s() - t0;
-  if (el > 5.0) SBN_FAIL_("a hanging child with a 1 s timeout took %.1f s", el);
+  /* fn_hang never returns: -1 after at least the timeout is the timeout's kill */
+  if (el < 1.0) SBN_FAIL_("a hanging child with a 1 s timeout: -1 after %.2f s", el);
   ASSERT_EQ_INT(v, -1); /* untouched */
   ASSERT_EQ_INT(mp_call_in_child(fn_crash, NULL, &v, sizeof v, 30.0), -1);
   ASSERT_EQ_INT(v, -1);
@@ -518,11 +524,6 @@ int main(void) {
   SBN_RUN(test_output_relay);
   SBN_RUN(test_call_in_child);
   SBN_RUN(test_bad_arguments);
-  double el = now_s() - t0;
-  fprintf(stderr, "test_mp_launch: %.2f s\n", el);
-  if (el > 10.0) {
-    fprintf(stderr, "FAILED: the launcher tests took %.1f s (> 10 s)\n", el);
-    return 1;
-  }
+  fprintf(stderr, "test_mp_launch: %.2f s\n", now_s() - t0);
   return sbn_test_exit();
 }
