@@ -101,10 +101,14 @@ extern const char* const kPathNames[4];   /* bench_path_t order */
 int opts_parse(int argc, char** argv, bench_opts_t* o);
 /* The defaults of the mode that runs, and the checks that depend on it: 0 or 2. */
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0);
-/* The shape table (--shapes FILE or the embedded one) after --only: the count, or -1 after
-   printing why not. */
+/* The shape table (--shapes FILE or the embedded one) after --only: the count (>= 1), or -1
+   after printing why not (no file, a bad line, no shape rows, --only names none). */
 int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
                 const char** source);
+/* Before any work: 0, or 2 after saying that the run would take more host memory than the
+   host has to give (mode resolved: o->ranks is the team size, or the largest W). */
+int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes, int gpu_mode,
+                      const char* argv0);
 /* H*W / scale, kept >= 1. */
 int64_t shape_spatial(const bench_shape_t* s, int scale);
 
@@ -156,6 +160,9 @@ sbnTensorDesc_t row_desc(const bench_row_t* r);
 /* malloc that returns a pointer for 0 bytes too (empty ranks) */
 void* bmalloc(size_t bytes);
 uint64_t splitmix64(uint64_t z);
+/* The host memory bufs_alloc and bufs_init take for W ranks of d (an estimate, in double:
+   the shapes may be absurd). */
+double bufs_bytes(int W, const sbnTensorDesc_t* d);
 /* Host buffers of W ranks: 0, or -1 when out of memory (nothing left allocated). */
 int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d);
 void bufs_free(bench_team_bufs_t* b);
@@ -177,6 +184,8 @@ typedef struct {
 } bench_layout_keep_t;
 void keep_free(bench_layout_keep_t* k);
 
+/* The host memory check_row takes for W ranks of d (keep: also the bits it keeps). */
+double check_bytes(int W, const sbnTensorDesc_t* d, int kmax, int keep);
 /* Checks the outputs of the last calls (`calls` forwards, then as many backwards, on the
    same inputs; b: host memory) against the reference; see check.c. */
 void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax,
@@ -260,6 +269,13 @@ typedef struct {
   size_t flush_bytes; /* written before every timed call: evicts the L2 */
 } bench_device_info_t;
 
+/* --json's file: opened before any work, written at the end. */
+typedef struct {
+  const char* path;
+  FILE* f;     /* open until written or discarded */
+  int created; /* json_open made the file (it did not exist) */
+} bench_json_t;
+
 typedef struct {
   int version; /* sbnGetVersion */
   char date[32];
@@ -274,6 +290,7 @@ typedef struct {
   bench_lib_info_t nccl, cudnn;   /* GPU mode */
   const char* algo_env;           /* SBN_ALGO as the caller had it; NULL when unset */
   int lat_w;                      /* the latency table covers W = 1..lat_w */
+  bench_json_t json;              /* --json; path NULL without it */
 } bench_run_t;
 
 /* The rows of a run and their totals. */
@@ -309,8 +326,13 @@ void report_row(const bench_run_t* run, const bench_row_t* r);
 void report_footer(const bench_run_t* run, const bench_results_t* res);
 void report_end(const char* json_path, int status);
 
-/* Writes the run as JSON (json.c has the schema); 0, or -1 with errno set. */
-int json_write(const char* path, const bench_opts_t* o, const bench_run_t* run,
+/* Opens path for writing (created if missing; nothing truncated yet): 0, or -1 with errno. */
+int json_open(bench_json_t* j, const char* path);
+/* Writes the run into j's file as JSON (json.c has the schema) and closes it; 0, or -1 with
+   errno set. */
+int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
                const bench_results_t* res);
+/* A run that wrote no JSON: closes j's file, and removes it when json_open created it. */
+void json_discard(bench_json_t* j);
 
 #endif

@@ -86,6 +86,16 @@ static void pack_channels(void* out, const void* p, const sbnTensorDesc_t* d, co
    grad_mode. `how`: the tolerances, and whether the running stats and num_batches_tracked
    are compared. Shared by both modes (GPU results are copied to the host first). Out of
    memory sets row->error. */
+double check_bytes(int W, const sbnTensorDesc_t* d, int kmax, int keep) {
+  const double k = (kmax <= 0 || kmax >= d->c) ? (double)d->c : (double)kmax;
+  const double pn = (double)d->n * k * (double)d->spatial, es = (double)dtype_size(d->dtype);
+  /* per rank: the packed x and dy, the reference's y and dx (doubles), its dweight and dbias;
+     then the reference's statistics, the channel list and the packed affine parameters */
+  double b = W * (2.0 * pn * es + 2.0 * pn * 8.0 + 2.0 * k * 8.0) + k * (7.0 * 8 + 8 + 2 * 4);
+  if (keep) b += 4.0 * (double)d->c * sizeof(float) + 2.0 * pn * es;
+  return b;
+}
+
 void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax,
                bench_layout_keep_t* keep, sbnGradMode_t grad_mode, const bench_check_t* how) {
   const sbnTensorDesc_t* d = &b->desc;

@@ -127,6 +127,13 @@ static void fill_run(const fill_job_t* jobs, int njobs) {
   for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
 }
 
+double bufs_bytes(int W, const sbnTensorDesc_t* d) {
+  const double tensor = (double)d->n * (double)d->c * (double)d->spatial * dtype_size(d->dtype);
+  /* x, y, dy, dx of every rank; per channel: 6 arrays per rank, weight, bias, and the 4 of
+     bufs_init (offset, scale, zero, one) */
+  return 4.0 * W * tensor + (6.0 * W + 6.0) * (double)d->c * sizeof(float);
+}
+
 void bufs_free(bench_team_bufs_t* b) {
   void** per_rank[] = {b->x, b->y, b->dy, b->dx};
   for (size_t k = 0; k < sizeof per_rank / sizeof *per_rank; k++) {

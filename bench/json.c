@@ -44,9 +44,12 @@
  * Schema 1 (no "schema" key) was two: GPU-mode rows with fwd and bwd objects, CPU-mode rows
  * with us_fwd, us_bwd, gbps_fwd and gbps_bwd alone. Schema 2 writes both in every row of
  * either mode and adds floor_a_bytes, floor_b_bytes. */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "sbn_bench_build.h" /* generated: SBN_BENCH_COMMIT */
@@ -186,10 +189,33 @@ static void json_gpu_top(FILE* f, const bench_run_t* run) {
   fprintf(f, ",\n");
 }
 
-int json_write(const char* path, const bench_opts_t* o, const bench_run_t* run,
+int json_open(bench_json_t* j, const char* path) {
+  j->path = path;
+  j->created = access(path, F_OK) != 0;
+  /* append mode: an existing file is checked for writing, not emptied before the run */
+  j->f = fopen(path, "a");
+  return j->f ? 0 : -1;
+}
+
+void json_discard(bench_json_t* j) {
+  if (!j->f) return;
+  fclose(j->f);
+  j->f = NULL;
+  if (j->created) remove(j->path);
+}
+
+int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
                const bench_results_t* res) {
-  FILE* f = fopen(path, "w");
-  if (!f) return -1;
+  FILE* f = j->f;
+  j->f = NULL;
+  /* a regular file is emptied now; a pipe or a terminal (/dev/stdout) is written as it is */
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || (S_ISREG(st.st_mode) && ftruncate(fileno(f), 0) != 0)) {
+    const int e = errno;
+    fclose(f);
+    errno = e;
+    return -1;
+  }
   const int gpu = run->dev != NULL;
   char ver[32];
   snprintf(ver, sizeof ver, "%d.%d.%d", run->version / 10000, run->version / 100 % 100,
@@ -294,5 +320,6 @@ int json_write(const char* path, const bench_opts_t* o, const bench_run_t* run,
           res->wrong, res->failed, res->skipped);
   json_number(f, run->total_s);
   fprintf(f, ",\n  \"ok\": %s\n}\n", (res->wrong == 0 && res->failed == 0) ? "true" : "false");
-  return fclose(f) == 0 ? 0 : -1;
+  const int failed = ferror(f);
+  return fclose(f) == 0 && !failed ? 0 : -1;
 }

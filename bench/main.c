@@ -65,12 +65,12 @@ static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial
 }
 
 /* Writes the JSON (when asked) and the last lines; the exit status. */
-static int finish(const char* argv0, const bench_opts_t* o, const bench_run_t* run,
+static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
                   const bench_results_t* res) {
   int status = (res->wrong == 0 && res->failed == 0) ? 0 : 1;
   const char* written = NULL;
-  if (o->json_file) {
-    if (json_write(o->json_file, o, run, res) != 0) {
+  if (run->json.f) {
+    if (json_write(&run->json, o, run, res) != 0) {
       fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
       status = 1;
     } else {
@@ -279,6 +279,11 @@ int main(int argc, char** argv) {
   bench_run_t run;
   memset(&run, 0, sizeof run);
   run.B = NAN;
+  /* every check that needs no device comes first: nothing below runs on bad input */
+  static bench_shape_t shapes[BENCH_MAX_SHAPES];
+  int nshapes = shapes_load(&o, argv[0], shapes, BENCH_MAX_SHAPES, &run.shapes_source);
+  if (nshapes < 0) return 2;
+  run.nshapes = nshapes;
 
   /* the mode: the GPU path when the build has CUDA and a device is there */
   int gpu_mode = 0;
@@ -301,13 +306,14 @@ int main(int argc, char** argv) {
   }
   int ro = opts_resolve(&o, gpu_mode, run.why_cpu, argv[0]);
   if (ro) return ro;
+  if (opts_check_memory(&o, shapes, nshapes, gpu_mode, argv[0])) return 2;
+  if (o.json_file && json_open(&run.json, o.json_file) != 0) {
+    fprintf(stderr, "%s: --json '%s': cannot open it for writing: %s (try -h)\n", argv[0],
+            o.json_file, strerror(errno));
+    return 2;
+  }
   snprintf(run.device, sizeof run.device, "CPU team (ranks are host threads); not the GPU: %s",
            run.why_cpu);
-
-  static bench_shape_t shapes[BENCH_MAX_SHAPES];
-  int nshapes = shapes_load(&o, argv[0], shapes, BENCH_MAX_SHAPES, &run.shapes_source);
-  if (nshapes < 0) return 2;
-  run.nshapes = nshapes;
 
   if (sbnGetVersion(&run.version) != sbnSuccess) run.version = -1;
   time_t now = time(NULL);
@@ -327,6 +333,7 @@ int main(int argc, char** argv) {
   else
 #endif
     status = cpu_main(argv[0], &o, shapes, nshapes, &run, t_start);
+  json_discard(&run.json); /* a run that ended before its JSON: no empty file left */
   free(algo_env);
   return status;
 }
