@@ -9,7 +9,7 @@ wins, with a warning), and writes into --out:
 
   shape_<id>.png            per shape, one panel per dtype x layout: median us of every path
                             at W = 1, forward and backward, with floor (a) and floor (b) drawn
-                            (from the coop row, else the first row that has them)
+                            (the coop row's, else the first row that has them)
   scaling_<dtype>_<layout>.png  per shape: coop and nccl-path us against W, with coop's
                             floor (a) (only when some row has W > 1)
   latency.png               the latency section: tiny and empty op, us against W
@@ -20,7 +20,10 @@ wins, with a warning), and writes into --out:
                             latency, correctness
 
 Ratios are t_path / t_coop on median times of the same shape, dtype, layout and W (> 1:
-coop is faster), as sbn-bench prints them. % of floor = floor / median time x 100.
+coop is faster), as sbn-bench prints them. The floors are read from each row (floor_a_us,
+floor_b_us: sbn-bench defines them once, bench/floors.c, and torch_baseline.py takes them
+from sbn-bench's JSON), never recomputed here; a row without them has none. % of floor =
+floor / median time x 100 (pct_floor_a/b, or from the row's own floor and time).
 Fields may be missing or null (a path that did not run, a failed row, an older file): such
 cells say "-", and charts leave them out. Files whose mode is not "gpu" (sbn-bench's CPU
 mode, torch_baseline's --device cpu dry run) are skipped unless --any-mode is given.
@@ -125,7 +128,7 @@ def norm_op(o):
                                         "pct_floor_a", "pct_floor_b")}
 
 
-def norm_row(r, top, src_idx, B):
+def norm_row(r, top, src_idx):
     if not isinstance(r, dict):
         return None
     try:
@@ -148,16 +151,12 @@ def norm_row(r, top, src_idx, B):
         "checked": r.get("checked") or 0,
         "src": src_idx,
     }
-    for op, k_a, k_b in (("fwd", 3.0, 2.0), ("bwd", 5.0, 3.0)):
+    for op in OPS:
         o = norm_op(r.get(op))
         if row["error"]:
             for k in ("us_median", "us_min", "us_p90", "host_us_median", "gbps_rank",
                       "gbps_total", "pct_floor_a", "pct_floor_b"):
                 o[k] = None
-        if o["floor_a_us"] is None and row["bytes_x_total"] and B:
-            o["floor_a_us"] = k_a * row["bytes_x_total"] / (B * 1e3)
-        if o["floor_b_us"] is None and row["bytes_x_total"] and B:
-            o["floor_b_us"] = k_b * row["bytes_x_total"] / (B * 1e3)
         us = o["us_median"]
         if us and o["pct_floor_a"] is None and o["floor_a_us"]:
             o["pct_floor_a"] = o["floor_a_us"] / us * 100.0
@@ -202,11 +201,12 @@ def load(files, any_mode):
                                                     "cuda_version", "cudnn_version",
                                                     "nccl_version", "driver", "driver_version",
                                                     "runtime_version") if top.get(k) is not None},
+               "floors": top.get("floors") if isinstance(top.get("floors"), str) else None,
                "rows": 0, "checked": 0, "wrong": 0, "errors": 0}
         data.sources.append(src)
         for dest, items in ((data.rows, top["rows"]), (data.latency, latency_list(top))):
             for r in items:
-                row = norm_row(r, top, idx, B)
+                row = norm_row(r, top, idx)
                 if row is None:
                     continue
                 key = (row["path"], row["shape"], row["dtype"], row["layout"], row["ranks"])
@@ -300,8 +300,13 @@ def write_markdown(data, path):
                  "GB/s); each row's floors use its own file's B.")
     L.append("")
     L.append(f"Ratios are t_path / t_{REF} on median times at W = 1 (> 1: {REF} is faster). "
-             "% of floor = floor / median time x 100 (100% = at the copy-bandwidth limit); floor "
-             "(a): forward 3|x|/B, backward 5|x|/B; floor (b): forward 2|x|/B, backward 3|x|/B.")
+             "% of floor = floor / median time x 100 (100% = at the copy-bandwidth limit); the "
+             "floors are each row's own, as its JSON gives them.")
+    for text in sorted({s["floors"] for s in data.sources if s["floors"]}):
+        files = ", ".join(f"`{os.path.basename(s['file'])}`" for s in data.sources
+                          if s["floors"] == text)
+        L.append("")
+        L.append(f"Floors ({files}): {text}")
     L.append("")
 
     # headline per shape

@@ -11,13 +11,21 @@ Checks:
      independently (scale 1), and against the rows of `sbn-bench --gpu off --json` at
      scales 7 and 4096 when an sbn-bench binary is given (--sbn-bench PATH) or found in
      build/default/bench/ (otherwise against H*W // scale computed here). Also --only.
+     The floors: sbn-bench's JSON (schema 2) carries them in every row, with the values
+     asserted here (fwd 3|x| and 2|x|, bwd 5|x| and 3|x|); torch_baseline.py reads them
+     from it (--floors-from) and does not compute its own: its rows get the sbn-bench
+     row's bytes and floors, floor (us) = floor bytes / B; a bad --floors-from is exit 2.
   2. With PyTorch importable (never in CI; optional): a torch_baseline.py --device cpu
-     dry run on two small shapes writes a JSON in sbn-bench's GPU row schema.
+     dry run on two small shapes, --floors-from sbn-bench's JSON when a binary is there,
+     writes a JSON in sbn-bench's GPU row schema with sbn-bench's floor bytes.
   3. plot.py on the synthetic JSON (an sbn-bench-like file with coop, nccl and cudnn rows
      for W = 1, 2, 4 and a latency section, and a torch_baseline-like file): every PNG
      exists and is a valid PNG (signature, IHDR with nonzero size); results.md holds the
-     ratios and % of floor computed here independently from the synthetic numbers; rows
-     with null fields, a failed row and a missing path give "-" / "n/a" and no crash.
+     ratios and % of floor computed here independently from the synthetic numbers, and
+     the floors exactly as the rows give them (made-up values that follow no formula, so
+     a plot.py that recomputed them would fail; a coop row without floors makes plot.py
+     take the next path's, and its % of floor is "-"); rows with null fields, a failed
+     row and a missing path give "-" / "n/a" and no crash.
   4. plot.py exits 77 with a message when matplotlib cannot be imported.
 Parts 3-4 need matplotlib: without it this test exits 77 after part 1 (and says why);
 --no-plot runs parts 1-2 only (exit 0 on success).
@@ -26,6 +34,7 @@ Parts 3-4 need matplotlib: without it this test exits 77 after part 1 (and says 
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -132,18 +141,121 @@ def test_baseline_shapes(sbn_exe, tmp):
     return has_torch
 
 
+def sbn_bench_json(exe, tmp):
+    """sbn-bench --gpu off -w 1 on S7 and S10 at scale 64, fp32 and bf16: (path, JSON)."""
+    js = os.path.join(tmp, "sbn_floors.json")
+    r = run([exe, "--gpu", "off", "-w", "1", "--only", "S7,S10", "--scale", "64", "-i", "1",
+             "--warmup", "0", "--dtype", "fp32,bf16", "--check-channels", "1", "--json", js])
+    if not check(r.returncode == 0, "sbn-bench --gpu off --json: exit 0"):
+        print((r.stdout + r.stderr)[-1500:])
+        return None, None
+    with open(js, encoding="utf-8") as f:
+        return js, json.load(f)
+
+
+SCHEMA2_ROW_KEYS = {"path", "shape", "where", "n", "c", "h", "w", "spatial", "dtype", "layout",
+                    "ranks", "kernel", "bytes_x_rank", "bytes_x_total", "us_fwd", "us_bwd",
+                    "gbps_fwd", "gbps_bwd", "fwd", "bwd", "checked", "wrong", "tol_used", "worst",
+                    "error", "note"}
+
+
+def test_sbn_bench_floors(d):
+    """The floors of sbn-bench's CPU-mode JSON: there in every row, the values of the
+    definition (asserted here, independently of bench/floors.c)."""
+    rows = d.get("rows", [])
+    check(d.get("schema") == 2 and d.get("mode") == "cpu" and len(rows) == 8,
+          "sbn-bench JSON: schema 2, CPU mode, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
+    check(all(SCHEMA2_ROW_KEYS <= set(x) for x in rows), "sbn-bench CPU rows have every schema-2 row key")
+    ok = True
+    for x in rows:
+        xt, xr = x["bytes_x_total"], x["bytes_x_rank"]
+        es = 4 if x["dtype"] == "fp32" else 2
+        ok &= xr == x["n"] * x["c"] * x["spatial"] * es and xt == xr * x["ranks"]
+        for op, ka, kb in (("fwd", 3, 2), ("bwd", 5, 3)):
+            o = x[op]
+            ok &= o["floor_a_bytes"] == ka * xt and o["floor_b_bytes"] == kb * xt
+            ok &= o["bytes_rank"] == kb * xr and o["bytes_total"] == kb * xt
+            # CPU mode measures no copy bandwidth: no floor in us, no % of floor
+            ok &= all(o[k] is None for k in ("floor_a_us", "floor_b_us", "pct_floor_a", "pct_floor_b"))
+            ok &= o["us_median"] is not None and o["us_median"] == x["us_" + op]
+    check(ok, "sbn-bench rows: floor_a_bytes = 3|x| fwd, 5|x| bwd; floor_b_bytes = bytes_total = "
+              "2|x|, 3|x|; floor us and % null in CPU mode; us_fwd/us_bwd = fwd/bwd us_median")
+    check(isinstance(d.get("floors"), str) and isinstance(d.get("bytes"), str),
+          "sbn-bench JSON: the floors and bytes formulas as text")
+
+
+def import_baseline():
+    spec = importlib.util.spec_from_file_location("torch_baseline", BASELINE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # imports no torch: that happens in main()
+    return mod
+
+
+def test_baseline_floors(js, d, tmp):
+    """torch_baseline.py reads the bytes and floors of sbn-bench's JSON, and computes none."""
+    tb = import_baseline()
+    floors = tb.load_floors(js)
+    check(len(floors["rows"]) == len(d["rows"]) and floors["floors"] == d["floors"],
+          "load_floors: one entry per ranks-1 row, and the floors text")
+    B, us = 50.0, 100.0
+    ok = True
+    for x in d["rows"]:
+        r = tb.new_row({"id": x["shape"], "n": x["n"], "c": x["c"], "h": x["h"], "w": x["w"],
+                        "where": x["where"]}, x["spatial"], x["dtype"], x["layout"], "torch_bn")
+        r["_t"] = {op: {"us_median": us} for op in ("fwd", "bwd")}
+        out = tb.finish_row(r, B, floors)
+        for op in ("fwd", "bwd"):
+            o, ref = out[op], x[op]
+            ok &= o["floor_a_bytes"] == ref["floor_a_bytes"] and o["floor_b_bytes"] == ref["floor_b_bytes"]
+            ok &= o["bytes_rank"] == ref["bytes_rank"] and o["bytes_total"] == ref["bytes_total"]
+            ok &= math.isclose(o["floor_a_us"], ref["floor_a_bytes"] / (B * 1e3), rel_tol=1e-5)
+            ok &= math.isclose(o["floor_b_us"], ref["floor_b_bytes"] / (B * 1e3), rel_tol=1e-5)
+            ok &= math.isclose(o["pct_floor_a"], ref["floor_a_bytes"] / (B * 1e3) / us * 100, rel_tol=1e-5)
+            ok &= math.isclose(o["gbps_rank"], ref["bytes_rank"] / (us * 1e3), rel_tol=1e-5)
+    check(ok, "torch_baseline rows: sbn-bench's bytes and floor bytes; floor us = bytes / B")
+    def unknown_row():
+        r = tb.new_row({"id": "S99", "n": 1, "c": 1, "h": 1, "w": 1, "where": ""}, 1, "fp32", "NCHW",
+                       "torch_bn")
+        r["_t"] = {op: {"us_median": us} for op in ("fwd", "bwd")}
+        return r
+
+    out = tb.finish_row(unknown_row(), B, floors)
+    check(all(out[op][k] is None for op in ("fwd", "bwd")
+              for k in ("bytes_rank", "floor_a_bytes", "floor_a_us", "pct_floor_b", "gbps_rank"))
+          and "no bytes or floors" in out["note"],
+          "torch_baseline row without an sbn-bench twin: bytes and floors null, the note says why")
+    x = d["rows"][0]
+    r = tb.new_row({"id": x["shape"], "n": x["n"], "c": x["c"], "h": x["h"], "w": x["w"], "where": ""},
+                   x["spatial"], x["dtype"], x["layout"], "torch_bn")
+    r["_t"] = {op: {"us_median": us} for op in ("fwd", "bwd")}
+    out = tb.finish_row(r, B, None)
+    check(all(out[op]["floor_b_us"] is None for op in ("fwd", "bwd")) and out["note"] == "",
+          "torch_baseline without --floors-from: floors null, nothing recomputed")
+    r = run([sys.executable, BASELINE, "--list-shapes", "--floors-from", os.path.join(tmp, "missing.json")])
+    check(r.returncode == 2 and "--floors-from" in r.stderr and "cannot read" in r.stderr,
+          "torch_baseline --floors-from a missing file: exit 2 naming it")
+    bad = os.path.join(tmp, "not_sbn.json")
+    with open(bad, "w", encoding="utf-8") as f:
+        json.dump({"tool": "torch_baseline", "rows": []}, f)
+    r = run([sys.executable, BASELINE, "--list-shapes", "--floors-from", bad])
+    check(r.returncode == 2 and "not an sbn-bench" in r.stderr,
+          "torch_baseline --floors-from a JSON that is not sbn-bench's: exit 2")
+
+
 # ---- 2. torch_baseline.py dry run (only where torch is installed) ------------------------------
 ROW_KEYS = {"path", "shape", "where", "n", "c", "h", "w", "spatial", "dtype", "layout", "ranks",
             "bytes_x_rank", "bytes_x_total", "fwd", "bwd", "checked", "wrong", "tol_used", "worst",
             "error"}
 OP_KEYS = {"us_median", "us_min", "us_p90", "host_us_median", "bytes_rank", "bytes_total",
-           "gbps_rank", "gbps_total", "floor_a_us", "floor_b_us", "pct_floor_a", "pct_floor_b"}
+           "gbps_rank", "gbps_total", "floor_a_bytes", "floor_b_bytes", "floor_a_us", "floor_b_us",
+           "pct_floor_a", "pct_floor_b"}
 
 
-def test_baseline_dryrun(tmp):
+def test_baseline_dryrun(tmp, sbn_js, sbn):
     js = os.path.join(tmp, "torch_dry.json")
     r = run([sys.executable, BASELINE, "--device", "cpu", "--only", "S7,S10", "--scale", "64",
-             "-i", "3", "--warmup", "1", "--check-channels", "4", "--json", js])
+             "-i", "3", "--warmup", "1", "--check-channels", "4", "--json", js]
+            + (["--floors-from", sbn_js] if sbn_js else []))
     if not check(r.returncode == 0, "torch_baseline.py --device cpu dry run: exit 0"):
         print(r.stdout[-3000:], r.stderr[-3000:])
         return None
@@ -161,6 +273,11 @@ def test_baseline_dryrun(tmp):
     s7 = [x for x in rows if x["shape"] == "S7"][0]
     check(s7["spatial"] == 97 * 97 // 64 and s7["bytes_x_rank"] == 2 * 512 * (97 * 97 // 64) * 4
           if s7["dtype"] == "fp32" else True, "dry run: S7 spatial and bytes at --scale 64")
+    if sbn:
+        twins = {(x["shape"], x["dtype"], x["layout"]): x for x in sbn["rows"]}
+        check(all(x[op]["floor_a_bytes"] == twins[(x["shape"], x["dtype"], x["layout"])][op]["floor_a_bytes"]
+                  for x in rows for op in ("fwd", "bwd")),
+              "dry run rows: sbn-bench's floor bytes (--floors-from)")
     return js
 
 
@@ -170,6 +287,7 @@ SYN_DTYPES = ["fp32", "bf16"]
 SYN_LAYOUTS = ["NCHW", "NHWC"]
 B_SBN = 3000.0
 FAILED_NCCL = ("S10", "fp32", "NHWC", 1)
+FLOORLESS_COOP = ("S10", "bf16", "NHWC", 1)  # a coop row without floors: plot.py takes nccl's
 B_TORCH = 2900.0
 
 
@@ -178,6 +296,13 @@ def syn_us(path, si, di, li, op, W=1):
     base = 100.0 + 40.0 * si + 10.0 * di + 4.0 * li + (30.0 if op == "bwd" else 0.0)
     f = {"coop": 1.0, "nccl": 1.5, "cudnn": 1.2, "torch_bn": 1.3, "torch_syncbn": 2.7}[path]
     return round(base * f * (1.0 + 0.9 * (W - 1)) + (3.0 if path != "coop" else 0.0), 3)
+
+
+def syn_floor(path, si, di, li, op, W, which):
+    """Made-up floors (us), on purpose no formula of the bytes or of B: plot.py must show
+    what the JSON says. The nccl rows' differ from coop's so the tests see whose is used."""
+    base = 17.0 + 7.0 * si + 3.0 * di + 1.0 * li + (5.0 if op == "bwd" else 0.0) + 2.0 * W
+    return round(base * (1.0 if which == "a" else 0.55) + (0.25 if path == "nccl" else 0.0), 3)
 
 
 def syn_row(path, s, si, dtype, di, layout, li, W, B, full=True):
@@ -190,13 +315,16 @@ def syn_row(path, s, si, dtype, di, layout, li, W, B, full=True):
            "checked": 1000, "wrong": 0, "tol_used": 0.1, "worst": "y r0 c0", "error": None,
            "note": "nccl-path on a virtual team: a remark" if path == "nccl" else "",
            "some_future_field": {"x": 1}}
-    for op, ka, kb, kbytes in (("fwd", 3, 2, 2), ("bwd", 5, 3, 3)):
+    for op, kbytes in (("fwd", 2), ("bwd", 3)):
         us = syn_us(path, si, di, li, op, W)
-        fa, fb = ka * xt / (B * 1e3), kb * xt / (B * 1e3)
+        fa, fb = syn_floor(path, si, di, li, op, W, "a"), syn_floor(path, si, di, li, op, W, "b")
         o = {"us_median": us, "us_min": us * 0.95, "us_p90": us * 1.1, "host_us_median": 5.0,
              "bytes_rank": kbytes * xr, "bytes_total": kbytes * xt, "gbps_rank": kbytes * xr / (us * 1e3),
-             "gbps_total": kbytes * xt / (us * 1e3), "floor_a_us": fa, "floor_b_us": fb,
-             "pct_floor_a": fa / us * 100, "pct_floor_b": fb / us * 100}
+             "gbps_total": kbytes * xt / (us * 1e3), "floor_a_bytes": fa * B * 1e3, "floor_b_bytes": fb * B * 1e3,
+             "floor_a_us": fa, "floor_b_us": fb, "pct_floor_a": fa / us * 100, "pct_floor_b": fb / us * 100}
+        if path == "coop" and (sid, dtype, layout, W) == FLOORLESS_COOP:
+            for k in ("floor_a_bytes", "floor_b_bytes", "floor_a_us", "floor_b_us", "pct_floor_a", "pct_floor_b"):
+                o[k] = None
         if not full:  # an older or partial file: optional fields missing or null
             for k in ("us_min", "us_p90", "pct_floor_a", "pct_floor_b", "gbps_total"):
                 o.pop(k)
@@ -242,7 +370,7 @@ def synthetic_files(tmp):
                 if not (s[0] == "S1" and d == "fp32" and l == "NHWC"):  # a path absent for one combo
                     torch_rows.append(syn_row("torch_syncbn", s, si, d, di, l, li, 1, B_TORCH))
     sbn = {"tool": "sbn-bench", "library_version": "0.1.0", "commit": "synthetic", "date": "2000-01-01T00:00:00Z",
-           "mode": "gpu", "path": "coop", "device": {"name": "Synthetic GPU (made-up numbers)", "arch": "sm_90"},
+           "mode": "gpu", "path": "coop", "floors": "made-up floors, synthetic", "device": {"name": "Synthetic GPU (made-up numbers)", "arch": "sm_90"},
            "driver_version": 13000, "runtime_version": 13000, "copy_bandwidth": {"gbps": B_SBN},
            "ranks": [1, 2, 4], "iters": 50, "warmup": 5, "rows": sbn_rows,
            "latency": [syn_lat(p, s, W) for p in ("coop", "nccl") for W in (1, 2, 3, 4) for s in ("tiny", "empty")]}
@@ -335,7 +463,7 @@ def test_plot(tmp):
     head = section(t, "Headline")
     check(len(fwd) == 8 and len(bwd) == 8 and len(head) == 2, "results.md: forward/backward 8 rows, headline 2")
     # per combination: t_path / t_coop and coop's % of floor, computed here
-    for tab, op, ka, kb in ((fwd, "fwd", 3, 2), (bwd, "bwd", 5, 3)):
+    for tab, op in ((fwd, "fwd"), (bwd, "bwd")):
         for si, s in enumerate(SYN_SHAPES):
             for di, d in enumerate(SYN_DTYPES):
                 for li, l in enumerate(SYN_LAYOUTS):
@@ -351,13 +479,15 @@ def test_plot(tmp):
                                    or (p == "nccl" and (s[0], d, l, 1) == FAILED_NCCL))
                         want = "-" if missing else f2(syn_us(p, si, di, li, op) / tc)
                         check(row.get(col) == want, f"{op} {s[0]} {d} {l} {col} = {want} (got {row.get(col)})")
-                    xt = s[1] * s[2] * s[3] * s[4] * (4 if d == "fp32" else 2)
-                    fa, fb = ka * xt / (B_SBN * 1e3), kb * xt / (B_SBN * 1e3)
-                    check(row.get("coop %floor(a)") == fpct(fa / tc * 100)
-                          and row.get("coop %floor(b)") == fpct(fb / tc * 100),
-                          f"{op} {s[0]} {d} {l} coop % of floor (a), (b)")
+                    floorless = (s[0], d, l, 1) == FLOORLESS_COOP
+                    fp = "nccl" if floorless else "coop"  # whose floors the table shows
+                    fa = syn_floor(fp, si, di, li, op, 1, "a")
+                    fb = syn_floor(fp, si, di, li, op, 1, "b")
+                    want = ("-", "-") if floorless else (fpct(fa / tc * 100), fpct(fb / tc * 100))
+                    check((row.get("coop %floor(a)"), row.get("coop %floor(b)")) == want,
+                          f"{op} {s[0]} {d} {l} coop % of floor (a), (b) = {want}")
                     check(row.get("floor (a) us") == fus(fa) and row.get("floor (b) us") == fus(fb),
-                          f"{op} {s[0]} {d} {l} floors (a), (b) in us")
+                          f"{op} {s[0]} {d} {l} floors (a), (b) in us: the JSON's ({fp} row)")
                     check(row.get("coop us") == fus(tc), f"{op} {s[0]} {d} {l} coop us")
     cud = find(fwd, shape="S10", dtype="bf16", layout="NCHW")
     check(cud and cud[0].get("cuDNN us") == "n/a", "a cuDNN row that did not run (note, null times): 'n/a'")
@@ -391,8 +521,10 @@ def test_plot(tmp):
                 check(got == want, f"headline {s[0]} {name}/coop {op} = {want} (got {got})")
         logs = []
         for di, li in combos:
-            xt = s[1] * s[2] * s[3] * s[4] * (4 if SYN_DTYPES[di] == "fp32" else 2)
-            logs.append(math.log(3 * xt / (B_SBN * 1e3) / syn_us("coop", si, di, li, "fwd") * 100))
+            if (s[0], SYN_DTYPES[di], SYN_LAYOUTS[li], 1) == FLOORLESS_COOP:
+                continue
+            fa = syn_floor("coop", si, di, li, "fwd", 1, "a")
+            logs.append(math.log(fa / syn_us("coop", si, di, li, "fwd") * 100))
         want = fpct(math.exp(sum(logs) / len(logs)))
         check(rows[0].get("coop %floor(a) fwd") == want, f"headline {s[0]} coop %floor(a) fwd = {want}")
         check(rows[0].get("where") == s[5].replace("|", "/"), f"headline {s[0]} where")
@@ -414,6 +546,7 @@ def test_plot(tmp):
     check(rr and rr[0].get("empty fwd") == "n/a" and rr[0].get("tiny fwd") == fus(30.0),
           "latency: torch_bn W=1, the rejected empty op says n/a")
     check("Synthetic GPU" in md and "copy bandwidth B = 3000.0 GB/s" in md, "results.md names the sources")
+    check("Floors (`sbn.json`): made-up floors, synthetic" in md, "results.md quotes the JSON's floors text")
 
     # --md-only, and a file with only torch rows (no coop: no ratios, no crash)
     out2 = os.path.join(tmp, "out2")
@@ -458,8 +591,14 @@ def main():
     tmp = tempfile.mkdtemp(prefix="test_plot.")
     try:
         has_torch = test_baseline_shapes(exe, tmp)
+        sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
+        if sbn:
+            test_sbn_bench_floors(sbn)
+            test_baseline_floors(sbn_js, sbn, tmp)
+        elif not exe:
+            print("skip the floors checks: no sbn-bench binary (--sbn-bench PATH)")
         if has_torch:
-            dry = test_baseline_dryrun(tmp)
+            dry = test_baseline_dryrun(tmp, sbn_js, sbn)
             if dry and not args.no_plot:
                 r = run([sys.executable, PLOT, dry, "--any-mode", "--out", os.path.join(tmp, "out_dry")])
                 check(r.returncode == 0 and png_ok(os.path.join(tmp, "out_dry", "shape_S7.png")),

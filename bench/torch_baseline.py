@@ -29,8 +29,11 @@ around the op only; before every call a buffer of >= 2x the L2 size is written (
 memset-like kernel) outside the events. Median, min and p90 (nearest rank) per op, and the
 median host time of the calls that enqueue the op. The device-to-device copy bandwidth B
 is measured in the same run (copy_ of 1 GiB, 256 MiB when less than 4 GiB is free; 3
-untimed, median of 20; B = 2*bytes/time) and gives each row's floors: forward (a)
-3|x|/B, (b) 2|x|/B; backward (a) 5|x|/B, (b) 3|x|/B.
+untimed, median of 20; B = 2*bytes/time). The bytes each op moves and its floors (the bytes-moved
+lower bounds, defined once in sbn-bench: bench/floors.c) are READ from an sbn-bench JSON of
+the same shapes (--floors-from FILE, any mode: its rows of ranks 1 with the same shape,
+dtype, layout and size): GB/s = those bytes / median time, floor (us) = floor bytes / B.
+Without --floors-from, GB/s and % of floor are "-" (null in the JSON).
 
 After the timed calls, one more forward + backward (running stats reset to (0, 1)) is
 checked against a float64 reference computed on the CPU from the tensors' own values (for
@@ -55,7 +58,8 @@ counted as a failure).
 Output: a table on stdout; --json FILE in sbn-bench's GPU schema (rows with path
 "torch_bn" / "torch_syncbn", ranks 1).
 
-  python3 bench/torch_baseline.py --json bench/results/torch.json
+  python3 bench/torch_baseline.py --floors-from bench/results/sbn-bench.json \
+      --json bench/results/torch.json
   python3 bench/torch_baseline.py --only S5 --dtype bf16 -i 100
   python3 bench/torch_baseline.py --list-shapes --scale 8     (no torch needed)
 
@@ -95,15 +99,7 @@ PATHS = ("torch_bn", "torch_syncbn")
 DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-BYTES_FORMULA = (
-    "GB/s/rk = a rank's bytes / median time: fwd 2*numel*es (read x, write y), bwd "
-    "3*numel*es (read x and dy, write dx); numel = N*C*spatial, es = element size; "
-    "GB/s all = W x GB/s/rk (W = 1 here)")
-FLOOR_FORMULA = (
-    "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
-    "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
-    "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B")
+NO_FLOORS = "none: no --floors-from (sbn-bench's JSON defines the bytes and the floors)"
 
 
 # ---- shapes (no torch needed) -------------------------------------------------------------
@@ -198,21 +194,63 @@ def elem_size(dtype):
     return 4 if dtype == "fp32" else 2
 
 
-def op_derived(x_bytes_total, us, fwd, B):
-    """sbn-bench's op_derived for W = 1: effective bytes, GB/s, floors (a)/(b), % of floor."""
-    k_b = 2.0 if fwd else 3.0
-    floor_a = (3.0 if fwd else 5.0) * x_bytes_total / (B * 1e3) if B else None
-    floor_b = k_b * x_bytes_total / (B * 1e3) if B else None
-    ok = us is not None and us > 0
+# ---- bytes and floors, read from sbn-bench's JSON --------------------------------------------
+class FloorsError(ValueError):
+    pass
+
+
+def floor_key(shape, dtype, layout, n, c, spatial):
+    return (str(shape).lower(), dtype, layout, n, c, spatial)
+
+
+def load_floors(path):
+    """{floor_key: {"fwd": {...}, "bwd": {...}}} from an sbn-bench --json file (rows and
+    latency, any mode): the bytes and floors of its rows of ranks 1 (a row of W ranks moves W
+    ranks' bytes), and its "bytes" and "floors" texts. Rows without floor bytes (a JSON from
+    before schema 2) are left out."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            top = json.load(f)
+    except (OSError, ValueError) as e:
+        raise FloorsError(f"--floors-from {path}: cannot read: {e}")
+    if not isinstance(top, dict) or top.get("tool") != "sbn-bench" or \
+            not isinstance(top.get("rows"), list):
+        raise FloorsError(f"--floors-from {path}: not an sbn-bench --json file")
+    table = {}
+    for r in top["rows"] + (top.get("latency") or []):
+        if not isinstance(r, dict) or r.get("ranks") != 1:
+            continue
+        ops = {op: r.get(op) for op in ("fwd", "bwd")}
+        if not all(isinstance(o, dict) and o.get("floor_a_bytes") is not None for o in ops.values()):
+            continue
+        key = floor_key(r.get("shape"), r.get("dtype"), r.get("layout"), r.get("n"), r.get("c"),
+                        r.get("spatial"))
+        table[key] = {op: {k: o.get(k) for k in ("bytes_rank", "bytes_total", "floor_a_bytes",
+                                                  "floor_b_bytes")} for op, o in ops.items()}
+    return {"file": path, "rows": table, "bytes": top.get("bytes"), "floors": top.get("floors")}
+
+
+def op_derived(ref, us, B):
+    """One op's bytes, GB/s, floors (a)/(b) in us and % of floor, from ref: the sbn-bench
+    row's fwd or bwd bytes and floor bytes (None: unknown, every value None)."""
+    def div(a, b):
+        return a / b if a is not None and b else None
+
+    ref = ref or {}
+    us = us if us is not None and us > 0 else None
+    fa = div(ref.get("floor_a_bytes"), B * 1e3 if B else None)  # B in GB/s = 1e3 bytes/us
+    fb = div(ref.get("floor_b_bytes"), B * 1e3 if B else None)
     return {
-        "bytes_rank": k_b * x_bytes_total,
-        "bytes_total": k_b * x_bytes_total,
-        "gbps_rank": k_b * x_bytes_total / (us * 1e3) if ok else None,
-        "gbps_total": k_b * x_bytes_total / (us * 1e3) if ok else None,
-        "floor_a_us": floor_a,
-        "floor_b_us": floor_b,
-        "pct_floor_a": floor_a / us * 100.0 if ok and floor_a else None,
-        "pct_floor_b": floor_b / us * 100.0 if ok and floor_b else None,
+        "bytes_rank": ref.get("bytes_rank"),
+        "bytes_total": ref.get("bytes_total"),
+        "gbps_rank": div(ref.get("bytes_rank"), us * 1e3 if us else None),
+        "gbps_total": div(ref.get("bytes_total"), us * 1e3 if us else None),
+        "floor_a_bytes": ref.get("floor_a_bytes"),
+        "floor_b_bytes": ref.get("floor_b_bytes"),
+        "floor_a_us": fa,
+        "floor_b_us": fb,
+        "pct_floor_a": div(fa, us) * 100.0 if div(fa, us) is not None else None,
+        "pct_floor_b": div(fb, us) * 100.0 if div(fb, us) is not None else None,
     }
 
 
@@ -728,17 +766,26 @@ def new_row(shape, spatial, dtype, layout, path):
             "_note": None, "_optional_error": False}
 
 
-def finish_row(row, B):
+def finish_row(row, B, floors):
+    """The row as JSON. floors: load_floors() or None; the row's bytes and floors are its
+    sbn-bench twin's (same shape, dtype, layout and size at ranks 1), null without one."""
     out = {k: v for k, v in row.items() if not k.startswith("_")}
-    for key, fwd in (("fwd", True), ("bwd", False)):
+    twin = None
+    if floors:
+        twin = floors["rows"].get(floor_key(row["shape"], row["dtype"], row["layout"], row["n"],
+                                            row["c"], row["spatial"]))
+    for key in ("fwd", "bwd"):
         t = row["_t"].get(key, {}) if row["_error"] is None else {}
-        d = op_derived(row["bytes_x_total"], t.get("us_median"), fwd, B)
+        d = op_derived(twin[key] if twin else None, t.get("us_median"), B)
         out[key] = {"us_median": num(t.get("us_median")), "us_min": num(t.get("us_min")),
                     "us_p90": num(t.get("us_p90")), "host_us_median": num(t.get("host_us_median")),
-                    "bytes_rank": int(d["bytes_rank"]), "bytes_total": int(d["bytes_total"]),
+                    "bytes_rank": d["bytes_rank"], "bytes_total": d["bytes_total"],
                     "gbps_rank": num(d["gbps_rank"]), "gbps_total": num(d["gbps_total"]),
+                    "floor_a_bytes": d["floor_a_bytes"], "floor_b_bytes": d["floor_b_bytes"],
                     "floor_a_us": num(d["floor_a_us"]), "floor_b_us": num(d["floor_b_us"]),
                     "pct_floor_a": num(d["pct_floor_a"]), "pct_floor_b": num(d["pct_floor_b"])}
+    if floors and twin is None and not row["_note"]:
+        row["_note"] = f"no bytes or floors: {floors['file']} has no ranks-1 row of this shape"
     out["checked"] = row["_checked"]
     out["wrong"] = row["_wrong"]
     out["tol_used"] = num(row["_worst"]) if math.isfinite(row["_worst"]) else None
@@ -764,6 +811,8 @@ def print_header(meta, args):
     cb = v["copy_bandwidth"]
     print(f"# copy bandwidth B = {cb['gbps']:.1f} GB/s (device-to-device copy_ of "
           f"{cb['bytes'] >> 20} MiB, B = 2*bytes/time, median of {COPY_REPS}: {cb['us_median']:.1f} us)")
+    print("# bytes and floors: " + (f"read from {v['floors_from']} (sbn-bench's rows of ranks 1)"
+                                    if v["floors_from"] else NO_FLOORS))
     note = "; NOTE: fewer iters than the methodology's 50" if args.iters < MIN_ITERS else ""
     clock = "CUDA events around the op" if args.device == "cuda" else "wall clock, DRY RUN"
     print(f"# W 1; warm-up {args.warmup}, iters {args.iters} ({clock}; median here, min and p90 "
@@ -827,6 +876,10 @@ def parse_args(argv):
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")
     p.add_argument("--json", help="also write the metadata and every row as JSON")
+    p.add_argument("--floors-from", metavar="FILE",
+                   help="an sbn-bench --json file of the same shapes (any mode): each row's "
+                        "bytes and floors are read from it (sbn-bench defines them); without "
+                        "it GB/s and %% of floor are '-'")
     p.add_argument("--list-shapes", action="store_true",
                    help="print 'id N C H W spatial' after --scale/--only and exit (no torch needed)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -858,6 +911,13 @@ def main(argv=None):
     except (OSError, ShapeError) as e:
         print(f"torch_baseline: {e}", file=sys.stderr)
         return 2
+    floors = None
+    if args.floors_from:
+        try:
+            floors = load_floors(args.floors_from)
+        except FloorsError as e:
+            print(f"torch_baseline: {e}", file=sys.stderr)
+            return 2
     if args.list_shapes:
         for s in shapes:
             print(s["id"], s["n"], s["c"], s["h"], s["w"], s["spatial"])
@@ -899,8 +959,9 @@ def main(argv=None):
                       "DRY RUN: wall clock around each call on the CPU; not a baseline")
     meta["shapes_source"] = os.path.relpath(args.shapes, os.path.dirname(HERE)) \
         if os.path.abspath(args.shapes).startswith(os.path.dirname(HERE) + os.sep) else args.shapes
-    meta["bytes"] = BYTES_FORMULA
-    meta["floors"] = FLOOR_FORMULA
+    meta["bytes"] = floors["bytes"] if floors else NO_FLOORS
+    meta["floors"] = floors["floors"] if floors else NO_FLOORS
+    meta["floors_from"] = floors["file"] if floors else None
     meta["tolerance"] = {"stat": TOL_F32, "fp32": TOL_F32, "half": TOL_HALF}
     meta["process_group_error"] = bench.pg_error
     print_header(meta, args)
@@ -925,7 +986,7 @@ def main(argv=None):
                                 bench.run_row(r, s, dtype, layout, path, inputs)
                             except Exception as e:  # noqa: BLE001
                                 r["_error"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-                        out = finish_row(r, bench.B)
+                        out = finish_row(r, bench.B, floors)
                         print_row(out)
                         rows.append(out)
                         wrong += out["wrong"]
@@ -951,7 +1012,7 @@ def main(argv=None):
                         if s["n"] == 0:
                             r["_note"] = "PyTorch rejected the empty op: reported, not a failure"
                             r["_optional_error"] = True
-                    out = finish_row(r, bench.B)
+                    out = finish_row(r, bench.B, floors)
                     lat.append(out)
                     wrong += out["wrong"]
                     checked += out["checked"]
@@ -981,8 +1042,9 @@ def main(argv=None):
     finally:
         bench.teardown()
     total_s = time.perf_counter() - t_start
-    print("#\n# " + BYTES_FORMULA)
-    print(f"# %fl(a), %fl(b): {FLOOR_FORMULA}; B = {bench.B:.1f} GB/s")
+    print(f"#\n# GB/s: {meta['bytes']}")
+    print(f"# %fl(a), %fl(b): {meta['floors']}; B = {bench.B:.1f} GB/s"
+          + (f" (bytes and floors from {floors['file']})" if floors else ""))
     print(f"# #wrong: checked values outside |got-ref| <= tol + tol*|ref| (fp32 values and every "
           f"per-channel value {TOL_F32}, bf16/fp16 y and dx {TOL_HALF}; reference: float64 on the "
           "CPU from the tensors' own values) in y, dx, dweight, dbias, running stats (and saved "

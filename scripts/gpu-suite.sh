@@ -9,7 +9,8 @@
 #             (SBN_TEST_QUICK=1: the tests' smaller case lists)
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON; then the coop
 #             path again with SBN_KERNEL=stream and SBN_KERNEL=legacy
-#   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON
+#   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON;
+#             its bytes and floors read from the bench step's JSON
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
 # PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are taken
 # from the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON when installed, else the toolkit.
@@ -114,7 +115,10 @@ step_bench() {
 }
 
 step_torch() {
-  "$PYTHON" bench/torch_baseline.py --json "$OUTDIR/torch.json"
+  # the bytes and floors of its rows are sbn-bench's (bench/floors.c), read from its JSON
+  local floors=()
+  [ -f "$OUTDIR/bench.json" ] && floors=(--floors-from "$OUTDIR/bench.json")
+  "$PYTHON" bench/torch_baseline.py "${floors[@]}" --json "$OUTDIR/torch.json"
 }
 
 step_plot() {

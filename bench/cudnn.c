@@ -1,0 +1,442 @@
+/* cudnn.c — the cuDNN path (W = 1: one GPU, no sync, the speed a user gives up nothing to):
+ * cudnnBatchNormalizationForwardTrainingEx / BackwardEx, bnOps CUDNN_BATCHNORM_OPS_BN, mode
+ * CUDNN_BATCHNORM_SPATIAL_PERSISTENT, or CUDNN_BATCHNORM_SPATIAL where cuDNN refuses it.
+ * libcudnn.so.9 is loaded with dlopen at run time (the build only needs cudnn.h, found by
+ * CMake: SBN_BENCH_HAVE_CUDNN_H), so sbn-bench runs where cuDNN is absent and the row says
+ * why; a combination cuDNN does not support is a row that says so, not a failure. Workspace
+ * and reserve space are allocated once, outside the timing. */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "paths.h"
+#include "sbn_bench_build.h" /* generated: SBN_BENCH_CUDNN_LIBRARY */
+
+#ifndef SBN_BENCH_HAVE_CUDNN_H
+#define SBN_BENCH_HAVE_CUDNN_H 0
+#endif
+#if SBN_BENCH_HAVE_CUDNN_H
+#include <cudnn.h> /* types only: every cuDNN function is resolved with dlsym */
+#endif
+
+/* cuDNN: every function through a pointer from dlsym; the types come from cudnn.h when the
+   build found it (SBN_BENCH_HAVE_CUDNN_H), else only the version is read. */
+struct bench_cudnn {
+  bench_lib_info_t* info; /* the caller's: what was loaded; why non-empty: the rows do not run */
+#if SBN_BENCH_HAVE_CUDNN_H
+  int handle_tried;
+  cudnnHandle_t handle; /* created at the first cuDNN row, on the bench stream */
+  const char* (*GetErrorString)(cudnnStatus_t);
+  void (*GetLastErrorString)(char*, size_t); /* NULL before cuDNN 9 */
+  cudnnStatus_t (*Create)(cudnnHandle_t*);
+  cudnnStatus_t (*Destroy)(cudnnHandle_t);
+  cudnnStatus_t (*SetStream)(cudnnHandle_t, cudaStream_t);
+  cudnnStatus_t (*CreateTensorDescriptor)(cudnnTensorDescriptor_t*);
+  cudnnStatus_t (*DestroyTensorDescriptor)(cudnnTensorDescriptor_t);
+  cudnnStatus_t (*SetTensor4dDescriptor)(cudnnTensorDescriptor_t, cudnnTensorFormat_t,
+                                         cudnnDataType_t, int, int, int, int);
+  cudnnStatus_t (*DeriveBNTensorDescriptor)(cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                            cudnnBatchNormMode_t);
+  cudnnStatus_t (*GetFwdWorkspaceSize)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                       const cudnnActivationDescriptor_t, size_t*);
+  cudnnStatus_t (*GetBwdWorkspaceSize)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                       const cudnnActivationDescriptor_t, size_t*);
+  cudnnStatus_t (*GetReserveSize)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                  const cudnnActivationDescriptor_t, const cudnnTensorDescriptor_t,
+                                  size_t*);
+  cudnnStatus_t (*ForwardTrainingEx)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                     const void*, const void*, const cudnnTensorDescriptor_t,
+                                     const void*, const cudnnTensorDescriptor_t, const void*,
+                                     const cudnnTensorDescriptor_t, void*,
+                                     const cudnnTensorDescriptor_t, const void*, const void*,
+                                     double, void*, void*, double, void*, void*,
+                                     cudnnActivationDescriptor_t, void*, size_t, void*, size_t);
+  cudnnStatus_t (*BackwardEx)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t, const void*,
+                              const void*, const void*, const void*, const cudnnTensorDescriptor_t,
+                              const void*, const cudnnTensorDescriptor_t, const void*,
+                              const cudnnTensorDescriptor_t, const void*,
+                              const cudnnTensorDescriptor_t, void*, const cudnnTensorDescriptor_t,
+                              void*, const cudnnTensorDescriptor_t, const void*, const void*, void*,
+                              void*, double, const void*, const void*, cudnnActivationDescriptor_t,
+                              void*, size_t, void*, size_t);
+#endif
+};
+
+#if SBN_BENCH_HAVE_CUDNN_H && defined(__GNUC__)
+/* Each pointer has exactly the type of the function cudnn.h declares. */
+#define BENCH_CUDNN_SAME_TYPE(field, fn)                                                     \
+  _Static_assert(                                                                            \
+      __builtin_types_compatible_p(__typeof__(((bench_cudnn_t*)0)->field), __typeof__(&fn)), \
+      #fn ": the pointer type differs from cudnn.h")
+BENCH_CUDNN_SAME_TYPE(GetErrorString, cudnnGetErrorString);
+BENCH_CUDNN_SAME_TYPE(GetLastErrorString, cudnnGetLastErrorString);
+BENCH_CUDNN_SAME_TYPE(Create, cudnnCreate);
+BENCH_CUDNN_SAME_TYPE(Destroy, cudnnDestroy);
+BENCH_CUDNN_SAME_TYPE(SetStream, cudnnSetStream);
+BENCH_CUDNN_SAME_TYPE(CreateTensorDescriptor, cudnnCreateTensorDescriptor);
+BENCH_CUDNN_SAME_TYPE(DestroyTensorDescriptor, cudnnDestroyTensorDescriptor);
+BENCH_CUDNN_SAME_TYPE(SetTensor4dDescriptor, cudnnSetTensor4dDescriptor);
+BENCH_CUDNN_SAME_TYPE(DeriveBNTensorDescriptor, cudnnDeriveBNTensorDescriptor);
+BENCH_CUDNN_SAME_TYPE(GetFwdWorkspaceSize,
+                      cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize);
+BENCH_CUDNN_SAME_TYPE(GetBwdWorkspaceSize, cudnnGetBatchNormalizationBackwardExWorkspaceSize);
+BENCH_CUDNN_SAME_TYPE(GetReserveSize, cudnnGetBatchNormalizationTrainingExReserveSpaceSize);
+BENCH_CUDNN_SAME_TYPE(ForwardTrainingEx, cudnnBatchNormalizationForwardTrainingEx);
+BENCH_CUDNN_SAME_TYPE(BackwardEx, cudnnBatchNormalizationBackwardEx);
+#undef BENCH_CUDNN_SAME_TYPE
+#endif
+
+/* One per process: cuDNN is loaded once. */
+static bench_cudnn_t the_cudnn;
+
+bench_cudnn_t* cudnn_load(bench_lib_info_t* info) {
+  bench_cudnn_t* c = &the_cudnn;
+  memset(c, 0, sizeof *c);
+  memset(info, 0, sizeof *info);
+  c->info = info;
+  info->version = -1;
+  /* the library next to the cudnn.h the bench was compiled with (e.g. the wheel's that
+     PyTorch uses) first, then whatever the loader finds as libcudnn.so.9 */
+  static const char* const names[2] = {SBN_BENCH_CUDNN_LIBRARY, "libcudnn.so.9"};
+  /* the library stays loaded until exit: its own teardown may run at exit */
+  void* lib = lib_open(names, info->from, sizeof info->from, info->why, sizeof info->why);
+  if (!lib) return c;
+  info->loaded = 1;
+  size_t (*get_version)(void) = NULL;
+  char why[400] = "";
+  if (lib_sym(lib, "cudnnGetVersion", &get_version, sizeof get_version, why, sizeof why) == 0)
+    info->version = (long long)get_version();
+#if SBN_BENCH_HAVE_CUDNN_H
+  struct {
+    const char* name;
+    void* fn;
+    size_t size;
+    int optional;
+  } syms[] = {
+#define BENCH_SYM(field, name, optional) {name, &c->field, sizeof c->field, optional}
+      BENCH_SYM(GetErrorString, "cudnnGetErrorString", 0),
+      BENCH_SYM(GetLastErrorString, "cudnnGetLastErrorString", 1),
+      BENCH_SYM(Create, "cudnnCreate", 0),
+      BENCH_SYM(Destroy, "cudnnDestroy", 0),
+      BENCH_SYM(SetStream, "cudnnSetStream", 0),
+      BENCH_SYM(CreateTensorDescriptor, "cudnnCreateTensorDescriptor", 0),
+      BENCH_SYM(DestroyTensorDescriptor, "cudnnDestroyTensorDescriptor", 0),
+      BENCH_SYM(SetTensor4dDescriptor, "cudnnSetTensor4dDescriptor", 0),
+      BENCH_SYM(DeriveBNTensorDescriptor, "cudnnDeriveBNTensorDescriptor", 0),
+      BENCH_SYM(GetFwdWorkspaceSize, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", 0),
+      BENCH_SYM(GetBwdWorkspaceSize, "cudnnGetBatchNormalizationBackwardExWorkspaceSize", 0),
+      BENCH_SYM(GetReserveSize, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", 0),
+      BENCH_SYM(ForwardTrainingEx, "cudnnBatchNormalizationForwardTrainingEx", 0),
+      BENCH_SYM(BackwardEx, "cudnnBatchNormalizationBackwardEx", 0),
+#undef BENCH_SYM
+  };
+  for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
+    if (lib_sym(lib, syms[i].name, syms[i].fn, syms[i].size, why, sizeof why) != 0 &&
+        !syms[i].optional) {
+      snprintf(info->why, sizeof info->why, "%s", why);
+      return c;
+    }
+#else
+  snprintf(info->why, sizeof info->why,
+           "sbn-bench was built without cudnn.h (CMake did not find it: set SYNCBN_CUDNN_ROOT "
+           "to a directory with include/cudnn.h)");
+#endif
+  return c;
+}
+
+void cudnn_unload(bench_cudnn_t* c) {
+#if SBN_BENCH_HAVE_CUDNN_H
+  if (c->handle) c->Destroy(c->handle);
+  c->handle = NULL;
+#else
+  (void)c;
+#endif
+}
+
+#if SBN_BENCH_HAVE_CUDNN_H
+/* "CUDNN_STATUS_NOT_SUPPORTED (3000): <cuDNN's last error message>" */
+static void cudnn_status_text(const bench_cudnn_t* c, cudnnStatus_t st, char* buf, size_t cap) {
+  char last[200] = "";
+  if (c->GetLastErrorString) c->GetLastErrorString(last, sizeof last);
+  last[sizeof last - 1] = '\0';
+  const char* name = c->GetErrorString(st);
+  snprintf(buf, cap, "%s (%d)%s%s", name ? name : "?", (int)st, last[0] ? ": " : "", last);
+}
+
+/* 1 when cuDNN is usable: loaded, resolved, and a handle exists on the bench stream (made at
+   the first call); 0 with c->info->why set. */
+static int cudnn_ready(bench_cudnn_t* c, const bench_gpu_t* g) {
+  if (c->info->why[0]) return 0;
+  if (!c->handle_tried) {
+    c->handle_tried = 1;
+    char text[300];
+    cudnnStatus_t st = c->Create(&c->handle);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      c->handle = NULL;
+      cudnn_status_text(c, st, text, sizeof text);
+      snprintf(c->info->why, sizeof c->info->why, "cudnnCreate: %s", text);
+      return 0;
+    }
+    st = c->SetStream(c->handle, g->stream);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      cudnn_status_text(c, st, text, sizeof text);
+      snprintf(c->info->why, sizeof c->info->why, "cudnnSetStream: %s", text);
+      c->Destroy(c->handle);
+      c->handle = NULL;
+      return 0;
+    }
+  }
+  return c->handle != NULL;
+}
+
+typedef struct {
+  bench_cudnn_t* cu;
+  cudnnBatchNormMode_t mode;
+  cudnnTensorDescriptor_t xd, bnd; /* x, y, dy, dx: xd; weight, bias, statistics: bnd */
+  bench_team_bufs_t* dev;          /* one rank */
+  double eps, momentum;
+  void* ws;
+  size_t ws_bytes;
+  void* reserve;
+  size_t reserve_bytes;
+  cudnnStatus_t status; /* of the last call */
+} bench_cudnn_ctx_t;
+
+/* One cudnnBatchNormalizationForwardTrainingEx or BackwardEx, queued on the bench stream. */
+static cudnnStatus_t cudnn_call(bench_cudnn_ctx_t* k, int fwd) {
+  const float one = 1.0f, zero = 0.0f;
+  const bench_team_bufs_t* b = k->dev;
+  const bench_cudnn_t* cu = k->cu;
+  if (fwd)
+    return cu->ForwardTrainingEx(
+        cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, &one, &zero, k->xd, b->x[0], NULL, NULL, k->xd,
+        b->y[0], k->bnd, b->weight, b->bias, k->momentum, b->rm[0], b->rv[0], k->eps,
+        b->save_mean[0], b->save_invstd[0], NULL, k->ws, k->ws_bytes, k->reserve, k->reserve_bytes);
+  /* alpha/beta for dx, then for dweight/dbias: overwrite both; y is not read without an
+     activation but is a valid tensor */
+  return cu->BackwardEx(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero,
+                        k->xd, b->x[0], k->xd, b->y[0], k->xd, b->dy[0], NULL, NULL, k->xd,
+                        b->dx[0], k->bnd, b->weight, b->bias, b->dweight[0], b->dbias[0], k->eps,
+                        b->save_mean[0], b->save_invstd[0], NULL, k->ws, k->ws_bytes, k->reserve,
+                        k->reserve_bytes);
+}
+
+static double cudnn_op(void* ctx, int fwd, char* err, size_t cap) {
+  bench_cudnn_ctx_t* k = ctx;
+  double t0 = now_us();
+  k->status = cudnn_call(k, fwd);
+  double t = now_us() - t0;
+  if (k->status != CUDNN_STATUS_SUCCESS) {
+    char text[300];
+    cudnn_status_text(k->cu, k->status, text, sizeof text);
+    snprintf(err, cap, "%s: %s",
+             fwd ? "cudnnBatchNormalizationForwardTrainingEx" : "cudnnBatchNormalizationBackwardEx",
+             text);
+    return -1;
+  }
+  return t;
+}
+
+static int cudnn_not_supported(cudnnStatus_t st) {
+  return CUDNN_STATUS_CATEGORY((int)st) == CUDNN_STATUS_NOT_SUPPORTED;
+}
+
+/* Workspace (forward and backward share one) and reserve space for k->mode, allocated here,
+   outside the timing. Returns the first cuDNN status that is not a success, or
+   CUDNN_STATUS_SUCCESS; -1 (as a status) after a CUDA allocation failure, with err set. */
+static int cudnn_prepare(bench_cudnn_ctx_t* k, char* err, size_t cap) {
+  const bench_cudnn_t* cu = k->cu;
+  size_t ws_f = 0, ws_b = 0, res = 0;
+  cudnnStatus_t st = cu->GetFwdWorkspaceSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, k->xd,
+                                             NULL, k->xd, k->bnd, NULL, &ws_f);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cu->GetBwdWorkspaceSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, k->xd, k->xd, k->xd,
+                                 NULL, k->xd, k->bnd, NULL, &ws_b);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cu->GetReserveSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, NULL, k->xd, &res);
+  if (st != CUDNN_STATUS_SUCCESS) return (int)st;
+  if (k->ws) cudaFree(k->ws);
+  if (k->reserve) cudaFree(k->reserve);
+  k->ws = k->reserve = NULL;
+  k->ws_bytes = ws_f > ws_b ? ws_f : ws_b;
+  k->reserve_bytes = res;
+  if (k->ws_bytes) GPU_TRY(cudaMalloc(&k->ws, k->ws_bytes), "cudaMalloc (cuDNN workspace)");
+  if (k->reserve_bytes)
+    GPU_TRY(cudaMalloc(&k->reserve, k->reserve_bytes), "cudaMalloc (cuDNN reserve space)");
+  return (int)CUDNN_STATUS_SUCCESS;
+fail:
+  return -1;
+}
+#endif /* SBN_BENCH_HAVE_CUDNN_H */
+
+/* One cuDNN row (W = 1: one GPU, no sync) on rank 0's inputs of host_all: its own device
+   buffers, descriptors, workspace; SPATIAL_PERSISTENT, or SPATIAL where cuDNN refuses it;
+   the timed forward and backward, then the check run. A combination cuDNN does not support,
+   or cuDNN not loadable, makes a skipped row (note says why), not a failure. */
+void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+               const bench_team_bufs_t* host_all, bench_cudnn_t* cu) {
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
+  if (g->dead[0]) {
+    snprintf(err, cap, "not run: %s", g->dead);
+    return;
+  }
+#if !SBN_BENCH_HAVE_CUDNN_H
+  (void)o;
+  (void)host_all;
+  row->skipped = 1;
+  snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
+#else
+  if (!cudnn_ready(cu, g)) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
+    return;
+  }
+  const sbnTensorDesc_t d = row_desc(row);
+  if (d.n * d.c * d.spatial > INT_MAX || d.c > INT_MAX || d.n > INT_MAX || d.spatial > INT_MAX) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note,
+             "not run: %" PRId64 " elements do not fit a cuDNN 4-d descriptor (int strides)",
+             d.n * d.c * d.spatial);
+    return;
+  }
+  static const char* const kModeNames[2] = {"CUDNN_BATCHNORM_SPATIAL_PERSISTENT",
+                                            "CUDNN_BATCHNORM_SPATIAL"};
+  static const cudnnBatchNormMode_t kModes[2] = {CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
+                                                 CUDNN_BATCHNORM_SPATIAL};
+  const cudnnDataType_t dt = d.dtype == sbnFloat32    ? CUDNN_DATA_FLOAT
+                             : d.dtype == sbnBFloat16 ? CUDNN_DATA_BFLOAT16
+                                                      : CUDNN_DATA_HALF;
+  /* the shape's own H and W when spatial is H*W (--scale 1), else (spatial, 1): BN does not
+     care how the spatial extent is split */
+  int h = (int)d.spatial, w = 1;
+  if (row->shape->h * row->shape->w == d.spatial) {
+    h = (int)row->shape->h;
+    w = (int)row->shape->w;
+  }
+  bench_team_bufs_t host = *host_all; /* rank 0 only */
+  host.W = 1;
+  bench_team_bufs_t dev;
+  memset(&dev, 0, sizeof dev);
+  bench_cudnn_ctx_t k;
+  memset(&k, 0, sizeof k);
+  k.cu = cu;
+  k.dev = &dev;
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  k.eps = (double)params.eps;
+  k.momentum = (double)params.momentum;
+  char text[300], refused[360] = "";
+  double* samples = malloc((size_t)o->iters * 2 * sizeof(double));
+  if (!samples) {
+    snprintf(err, cap, "out of host memory");
+    goto out;
+  }
+  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0) goto out;
+  bufs_reset_state(&host);
+  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0) goto out;
+
+  cudnnStatus_t st = cu->CreateTensorDescriptor(&k.xd);
+  if (st == CUDNN_STATUS_SUCCESS) st = cu->CreateTensorDescriptor(&k.bnd);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    cudnn_status_text(cu, st, text, sizeof text);
+    snprintf(err, cap, "cudnnCreateTensorDescriptor: %s", text);
+    goto out;
+  }
+  st = cu->SetTensor4dDescriptor(k.xd,
+                                 d.layout == sbnLayoutNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                 dt, (int)d.n, (int)d.c, h, w);
+  if (st == CUDNN_STATUS_SUCCESS)
+    st = cu->DeriveBNTensorDescriptor(k.bnd, k.xd, CUDNN_BATCHNORM_SPATIAL);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    cudnn_status_text(cu, st, text, sizeof text);
+    if (cudnn_not_supported(st)) {
+      row->skipped = 1;
+      snprintf(row->note, sizeof row->note, "not supported by cuDNN: tensor descriptor: %s", text);
+    } else {
+      snprintf(err, cap, "cudnnSetTensor4dDescriptor / cudnnDeriveBNTensorDescriptor: %s", text);
+    }
+    goto out;
+  }
+
+  /* The mode: one untimed forward + backward (counted as warm-up) tells whether cuDNN takes
+     it; SPATIAL_PERSISTENT refused (not supported, or a bad parameter for this shape) falls
+     back to SPATIAL. */
+  int chosen = -1;
+  for (int m = 0; m < 2 && chosen < 0; m++) {
+    k.mode = kModes[m];
+    int pst = cudnn_prepare(&k, err, cap);
+    if (pst < 0) goto out; /* CUDA allocation failure */
+    st = (cudnnStatus_t)pst;
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnn_call(&k, 1);
+    if (st == CUDNN_STATUS_SUCCESS) st = cudnn_call(&k, 0);
+    if (st == CUDNN_STATUS_SUCCESS) {
+      GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (cuDNN probe)");
+      chosen = m;
+      break;
+    }
+    cudnn_status_text(cu, st, text, sizeof text);
+    size_t len = strlen(refused);
+    if (len + 2 < sizeof refused)
+      snprintf(refused + len, sizeof refused - len, "%s%s: %s", len ? "; " : "", kModeNames[m],
+               text);
+    const int cat = CUDNN_STATUS_CATEGORY((int)st);
+    const int fall_back =
+        m == 0 && (cat == CUDNN_STATUS_NOT_SUPPORTED || cat == CUDNN_STATUS_BAD_PARAM);
+    if (!fall_back && !cudnn_not_supported(st)) {
+      snprintf(err, cap, "cuDNN %s", refused);
+      goto out;
+    }
+  }
+  if (chosen < 0) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note, "not supported by cuDNN: %s", refused);
+    goto out;
+  }
+  {
+    char ver[32];
+    format_cudnn_version(cu->info->version, ver, sizeof ver);
+    snprintf(row->note, sizeof row->note,
+             "cuDNN %s, %s, CUDNN_BATCHNORM_OPS_BN, one GPU, no sync; checked at 10x the "
+             "library's tolerance, running stats not compared",
+             ver, kModeNames[chosen]);
+    if (chosen == 1) {
+      row_note_append(row, "refused first: ");
+      size_t len = strlen(row->note);
+      snprintf(row->note + len, sizeof row->note - len, "%s", refused);
+    }
+  }
+
+  for (int fwd = 1; fwd >= 0; fwd--) {
+    double *ev_us = samples, *host_us = samples + o->iters;
+    if (gpu_time_op(g, cudnn_op, &k, fwd, o, ev_us, host_us, err, cap) != 0) goto out;
+    snprintf(row->kernel[fwd], sizeof row->kernel[fwd], "cudnn");
+    row_set_times(row, fwd, ev_us, host_us, o->iters);
+  }
+
+  /* The check run, as for the library's rows. */
+  bufs_reset_state(&host);
+  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0 ||
+      gpu_poison(&dev, g->stream, err, cap) != 0)
+    goto out;
+  if (cudnn_op(&k, 1, err, cap) < 0 || cudnn_op(&k, 0, err, cap) < 0) goto out;
+  GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (check run)");
+  if (gpu_download(&host, &dev, g->stream, err, cap) != 0) goto out;
+  check_row(row, &host, 1, o->check_channels, NULL, sbnGradGlobal, &kCheckCudnn);
+  goto out;
+fail:
+out:
+  if (k.xd) cu->DestroyTensorDescriptor(k.xd);
+  if (k.bnd) cu->DestroyTensorDescriptor(k.bnd);
+  if (k.ws) cudaFree(k.ws);
+  if (k.reserve) cudaFree(k.reserve);
+  if (err[0]) gpu_recover(g);
+  gpu_bufs_free(&dev);
+  free(samples);
+#endif
+}

@@ -1,0 +1,44 @@
+/* floors.c — the floors, defined once: the bytes one BatchNorm op must move (its lower
+ * bounds at the copy bandwidth B), and the effective bytes behind GB/s. The table, the JSON
+ * (every row carries them) and bench/plot.py, bench/torch_baseline.py (which read them from
+ * the JSON) all come from op_derived. */
+#include <math.h>
+
+#include "bench.h"
+
+/* Multiples of |x| (the bytes of ALL W ranks' x: they share the GPU), [0] backward, [1]
+   forward. Floor (a): every input read twice (the statistics pass, then the normalize pass)
+   and the output written once: forward x, x, y; backward x and dy twice, dx. Floor (b): each
+   tensor once (inputs held on chip between the passes): forward x, y; backward x, dy, dx. */
+static const double kFloorA[2] = {5.0, 3.0};
+static const double kFloorB[2] = {3.0, 2.0};
+
+const char* const kFloorFormula =
+    "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
+    "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
+    "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B";
+const char* const kBytesFormula =
+    "GB/s/rk = a rank's bytes / median time, the bytes of floor (b): fwd 2*numel*es (read x, "
+    "write y), bwd 3*numel*es (read x and dy, write dx); numel = N*C*spatial, es = element "
+    "size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one GPU)";
+
+double row_x_bytes(const bench_row_t* r) {
+  return (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);
+}
+
+bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B) {
+  bench_op_derived_t o;
+  const double x_rank = row_x_bytes(r), x_all = x_rank * r->W;
+  const double us = row_timed(r) ? r->t[fwd].med : NAN;
+  o.bytes_rank = kFloorB[fwd] * x_rank;
+  o.bytes_total = kFloorB[fwd] * x_all;
+  o.gbps_rank = o.bytes_rank / (us * 1e3); /* 1 GB/s = 1e3 bytes/us */
+  o.gbps_total = o.bytes_total / (us * 1e3);
+  o.floor_a_bytes = kFloorA[fwd] * x_all;
+  o.floor_b_bytes = kFloorB[fwd] * x_all;
+  o.floor_a_us = o.floor_a_bytes / (B * 1e3);
+  o.floor_b_us = o.floor_b_bytes / (B * 1e3);
+  o.pct_a = o.floor_a_us / us * 100.0;
+  o.pct_b = o.floor_b_us / us * 100.0;
+  return o;
+}

@@ -1,0 +1,325 @@
+/* json.c — the one JSON writer (--json FILE), for both modes. The schema, schema 2 (every
+ * key always present; null where the mode has no value):
+ *
+ * Top level: schema 2, tool "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO
+ *   8601), mode "cpu" | "gpu", why_cpu (CPU mode: why not the GPU; null in GPU mode), path
+ *   (the path under test: "coop", CPU mode "cpu"; every row has its own), paths [the paths
+ *   run: "coop", "nccl", "cudnn"; CPU mode ["cpu"]], team "virtual" | "cpu", device (GPU
+ *   mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
+ *   string: the CPU team and why not the GPU), driver_version, runtime_version and
+ *   cuda_runtime_version (both cudaRuntimeGetVersion, e.g. 13000), nccl_version
+ *   (ncclGetVersion of a dlopen'd libnccl.so.2, e.g. 22809 = 2.28.9; null when not
+ *   loadable), nccl_library (what was loaded, or null), cudnn_version (cudnnGetVersion of the
+ *   dlopen'd libcudnn.so.9, e.g. 91900 = 9.19.0; null when not loadable), cudnn_library (or
+ *   null), cudnn_status ("ok", or why the cudnn rows did not run) — these seven null in CPU
+ *   mode —, sbn_algo_env, sbn_kernel_env (SBN_ALGO, SBN_KERNEL as the caller set them, or
+ *   null), cores_online, threads (CPU mode: the team's threads; null), copy_bandwidth {gbps,
+ *   bytes, us_median, reps, formula} (null in CPU mode: no B, so no floor in us), ranks (GPU
+ *   mode: the W list; CPU mode: the team size, a number), latency_ranks [1..max W] ([] in
+ *   CPU mode), scale, warmup, iters, l2_flush_bytes (null in CPU mode), check_channels,
+ *   grad_mode "global" | "local" (CPU mode: the library's default), timing, shapes_source,
+ *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, half},
+ *   tolerance_cudnn {stat, fp32, half}, rows [...], latency [...] ([] in CPU mode), wrong,
+ *   failed_rows, skipped_rows, total_s, ok.
+ * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
+ *   path        "coop" | "nccl" | "cudnn" | "cpu"
+ *   shape, where, n, c, h, w, spatial, dtype ("fp32" | "bf16" | "fp16"), layout ("NCHW" |
+ *               "NHWC"), ranks (W; 1 for cudnn), kernel {fwd, bwd} (what ran, "" if nothing)
+ *   bytes_x_rank, bytes_x_total   bytes of one rank's x, of all W ranks' x
+ *   us_fwd, us_bwd, gbps_fwd, gbps_bwd   the median times and GB/s per rank of fwd and bwd
+ *   fwd, bwd    {us_median, us_min, us_p90, host_us_median, bytes_rank, bytes_total,
+ *               gbps_rank, gbps_total, floor_a_bytes, floor_b_bytes, floor_a_us, floor_b_us,
+ *               pct_floor_a, pct_floor_b}; times in us (GPU: CUDA events, host_us_median the
+ *               enqueueing calls; CPU: the wall time of the calls, both), null when the row
+ *               failed or did not run. bytes and floors (floors.c, the one definition:
+ *               floor_*_bytes of all W ranks, floor_*_us = bytes / B) are always there;
+ *               floor_*_us and pct_floor_* are null in CPU mode (no B)
+ *   checked, wrong, tol_used (worst |got-ref| / tolerance; cudnn rows: of tolerance_cudnn),
+ *               worst (where), error (null, or why the row failed)
+ *   note        "" or the path's remark: "nccl-path on a virtual team: stats kernel, ...",
+ *               the cuDNN mode used, "cuDNN not available: ...", "not supported by cuDNN:
+ *               ..." (a row that did not run has error null, timings null and says why here)
+ * Speed ratios are not stored: t_path / t_coop from the rows of the same shape, dtype,
+ * layout and W (cudnn: the coop row with ranks 1).
+ * Schema 1 (no "schema" key) was two: GPU-mode rows with fwd and bwd objects, CPU-mode rows
+ * with us_fwd, us_bwd, gbps_fwd and gbps_bwd alone. Schema 2 writes both in every row of
+ * either mode and adds floor_a_bytes, floor_b_bytes. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "sbn_bench_build.h" /* generated: SBN_BENCH_COMMIT */
+
+static void json_string(FILE* f, const char* s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+static void json_string_or_null(FILE* f, const char* s) {
+  if (s)
+    json_string(f, s);
+  else
+    fprintf(f, "null");
+}
+
+static void json_number(FILE* f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.6g", v);
+  else
+    fprintf(f, "null");
+}
+
+static void json_op(FILE* f, const bench_row_t* r, int fwd, double B) {
+  const bench_times_t* t = &r->t[fwd];
+  const int ok = row_timed(r);
+  const bench_op_derived_t d = op_derived(r, fwd, B);
+  fprintf(f, "{\"us_median\": ");
+  json_number(f, ok ? t->med : NAN);
+  fprintf(f, ", \"us_min\": ");
+  json_number(f, ok ? t->min : NAN);
+  fprintf(f, ", \"us_p90\": ");
+  json_number(f, ok ? t->p90 : NAN);
+  fprintf(f, ", \"host_us_median\": ");
+  json_number(f, ok ? t->host_med : NAN);
+  /* bytes: exact */
+  fprintf(f, ", \"bytes_rank\": %.0f, \"bytes_total\": %.0f", d.bytes_rank, d.bytes_total);
+  fprintf(f, ", \"gbps_rank\": ");
+  json_number(f, d.gbps_rank);
+  fprintf(f, ", \"gbps_total\": ");
+  json_number(f, d.gbps_total);
+  fprintf(f, ", \"floor_a_bytes\": %.0f, \"floor_b_bytes\": %.0f", d.floor_a_bytes,
+          d.floor_b_bytes);
+  fprintf(f, ", \"floor_a_us\": ");
+  json_number(f, d.floor_a_us);
+  fprintf(f, ", \"floor_b_us\": ");
+  json_number(f, d.floor_b_us);
+  fprintf(f, ", \"pct_floor_a\": ");
+  json_number(f, d.pct_a);
+  fprintf(f, ", \"pct_floor_b\": ");
+  json_number(f, d.pct_b);
+  fprintf(f, "}");
+}
+
+static void json_row(FILE* f, const bench_row_t* r, double B) {
+  const int ok = row_timed(r);
+  fprintf(f, "{\"path\": \"%s\", \"shape\": ", kPathNames[r->path]);
+  json_string(f, r->shape->id);
+  fprintf(f, ", \"where\": ");
+  json_string(f, r->shape->where);
+  fprintf(f,
+          ", \"n\": %" PRId64 ", \"c\": %" PRId64 ", \"h\": %" PRId64 ", \"w\": %" PRId64
+          ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
+          r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
+          kLayoutNames[r->layout], r->W);
+  fprintf(f, ", \"kernel\": {\"fwd\": ");
+  json_string(f, r->kernel[1]);
+  fprintf(f, ", \"bwd\": ");
+  json_string(f, r->kernel[0]);
+  fprintf(f, "}, \"bytes_x_rank\": %.0f, \"bytes_x_total\": %.0f", row_x_bytes(r),
+          row_x_bytes(r) * r->W);
+  fprintf(f, ",\n     \"us_fwd\": ");
+  json_number(f, ok ? r->t[1].med : NAN);
+  fprintf(f, ", \"us_bwd\": ");
+  json_number(f, ok ? r->t[0].med : NAN);
+  fprintf(f, ", \"gbps_fwd\": ");
+  json_number(f, op_derived(r, 1, B).gbps_rank);
+  fprintf(f, ", \"gbps_bwd\": ");
+  json_number(f, op_derived(r, 0, B).gbps_rank);
+  fprintf(f, ",\n     \"fwd\": ");
+  json_op(f, r, 1, B);
+  fprintf(f, ",\n     \"bwd\": ");
+  json_op(f, r, 0, B);
+  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
+          r->wrong);
+  json_number(f, r->worst);
+  fprintf(f, ", \"worst\": ");
+  json_string(f, r->worst_what);
+  fprintf(f, ", \"error\": ");
+  json_string_or_null(f, r->error[0] ? r->error : NULL);
+  fprintf(f, ", \"note\": ");
+  json_string(f, r->note);
+  fprintf(f, "}");
+}
+
+/* What only GPU mode knows: the device, the runtime libraries, B. */
+static void json_gpu_top(FILE* f, const bench_run_t* run) {
+  const bench_device_info_t* g = run->dev;
+  char arch[32];
+  fprintf(f, "  \"device\": {\"index\": %d, \"name\": ", g->index);
+  json_string(f, g->name);
+  snprintf(arch, sizeof arch, "sm_%d%d", g->cc_major, g->cc_minor);
+  fprintf(f, ", \"arch\": ");
+  json_string(f, arch);
+  fprintf(f, ", \"pci\": ");
+  json_string(f, g->pci);
+  fprintf(f, ", \"sm_count\": %d, \"l2_bytes\": %d, \"memory_bytes\": %zu},\n", g->sms, g->l2_bytes,
+          g->mem_total);
+  fprintf(f,
+          "  \"driver_version\": %d,\n  \"runtime_version\": %d,\n"
+          "  \"cuda_runtime_version\": %d,\n  \"nccl_version\": ",
+          g->driver, g->runtime, g->runtime);
+  if (run->nccl.version >= 0)
+    fprintf(f, "%lld", run->nccl.version);
+  else
+    fprintf(f, "null");
+  fprintf(f, ",\n  \"nccl_library\": ");
+  json_string_or_null(f, run->nccl.loaded ? run->nccl.from : NULL);
+  fprintf(f, ",\n  \"cudnn_version\": ");
+  if (run->cudnn.version >= 0)
+    fprintf(f, "%lld", run->cudnn.version);
+  else
+    fprintf(f, "null");
+  fprintf(f, ",\n  \"cudnn_library\": ");
+  json_string_or_null(f, run->cudnn.loaded ? run->cudnn.from : NULL);
+  fprintf(f, ",\n  \"cudnn_status\": ");
+  json_string(f, run->cudnn.why[0] ? run->cudnn.why : "ok");
+  fprintf(f, ",\n");
+}
+
+int json_open(bench_json_t* j, const char* path) {
+  j->path = path;
+  j->created = access(path, F_OK) != 0;
+  /* append mode: an existing file is checked for writing, not emptied before the run */
+  j->f = fopen(path, "a");
+  return j->f ? 0 : -1;
+}
+
+void json_discard(bench_json_t* j) {
+  if (!j->f) return;
+  fclose(j->f);
+  j->f = NULL;
+  if (j->created) remove(j->path);
+}
+
+int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
+               const bench_results_t* res) {
+  FILE* f = j->f;
+  j->f = NULL;
+  /* a regular file is emptied now; a pipe or a terminal (/dev/stdout) is written as it is */
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || (S_ISREG(st.st_mode) && ftruncate(fileno(f), 0) != 0)) {
+    const int e = errno;
+    fclose(f);
+    errno = e;
+    return -1;
+  }
+  const int gpu = run->dev != NULL;
+  char ver[32];
+  snprintf(ver, sizeof ver, "%d.%d.%d", run->version / 10000, run->version / 100 % 100,
+           run->version % 100);
+  fprintf(f, "{\n  \"schema\": 2,\n  \"tool\": \"sbn-bench\",\n  \"library_version\": ");
+  json_string(f, ver);
+  fprintf(f, ",\n  \"commit\": ");
+  json_string(f, SBN_BENCH_COMMIT);
+  fprintf(f, ",\n  \"date\": ");
+  json_string(f, run->date);
+  fprintf(f, ",\n  \"mode\": \"%s\",\n  \"why_cpu\": ", gpu ? "gpu" : "cpu");
+  json_string_or_null(f, gpu ? NULL : run->why_cpu);
+  fprintf(f, ",\n  \"path\": \"%s\",\n  \"paths\": [", gpu ? "coop" : "cpu");
+  if (gpu) {
+    for (int p = 0, k = 0; p < BENCH_GPU_PATHS; p++)
+      if (o->path_on[p]) fprintf(f, "%s\"%s\"", k++ ? ", " : "", kPathNames[p]);
+  } else {
+    fprintf(f, "\"%s\"", kPathNames[BENCH_PATH_CPU]);
+  }
+  fprintf(f, "],\n  \"team\": \"%s\",\n", gpu ? "virtual" : "cpu");
+  if (gpu) {
+    json_gpu_top(f, run);
+  } else {
+    fprintf(f, "  \"device\": ");
+    json_string(f, run->device);
+    fprintf(f,
+            ",\n  \"driver_version\": null,\n  \"runtime_version\": null,\n"
+            "  \"cuda_runtime_version\": null,\n  \"nccl_version\": null,\n"
+            "  \"nccl_library\": null,\n  \"cudnn_version\": null,\n  \"cudnn_library\": null,\n"
+            "  \"cudnn_status\": null,\n");
+  }
+  fprintf(f, "  \"sbn_algo_env\": ");
+  json_string_or_null(f, run->algo_env);
+  fprintf(f, ",\n  \"sbn_kernel_env\": ");
+  json_string_or_null(f, getenv("SBN_KERNEL"));
+  fprintf(f, ",\n  \"cores_online\": %ld,\n  \"threads\": ", run->cores);
+  if (gpu)
+    fprintf(f, "null");
+  else
+    fprintf(f, "%d", o->ranks);
+  fprintf(f, ",\n  \"copy_bandwidth\": ");
+  if (gpu) {
+    fprintf(f, "{\"gbps\": ");
+    json_number(f, run->dev->copy_gbps);
+    fprintf(f, ", \"bytes\": %zu, \"us_median\": ", run->dev->copy_bytes);
+    json_number(f, run->dev->copy_us);
+    fprintf(f,
+            ", \"reps\": %d, \"formula\": \"B = 2*bytes/time (device-to-device "
+            "cudaMemcpyAsync: every byte read and written)\"}",
+            BENCH_GPU_COPY_REPS);
+  } else {
+    fprintf(f, "null");
+  }
+  fprintf(f, ",\n  \"ranks\": ");
+  if (gpu) {
+    fprintf(f, "[");
+    for (int i = 0; i < o->nranks_list; i++) fprintf(f, "%s%d", i ? ", " : "", o->ranks_list[i]);
+    fprintf(f, "]");
+  } else {
+    fprintf(f, "%d", o->ranks);
+  }
+  fprintf(f, ",\n  \"latency_ranks\": [");
+  for (int W = 1; W <= run->lat_w; W++) fprintf(f, "%s%d", W > 1 ? ", " : "", W);
+  fprintf(f, "],\n  \"scale\": %d,\n  \"warmup\": %d,\n  \"iters\": %d,\n  \"l2_flush_bytes\": ",
+          o->scale, o->warmup, o->iters);
+  if (gpu)
+    fprintf(f, "%zu", run->dev->flush_bytes);
+  else
+    fprintf(f, "null");
+  fprintf(f, ",\n  \"check_channels\": %d,\n  \"grad_mode\": \"%s\",\n  \"timing\": ",
+          o->check_channels, gpu ? "global" : "local");
+  json_string(f, gpu ? "CUDA events recorded around the op only; L2 flushed (memset) before "
+                       "every call, outside the events"
+                     : "wall clock around each op's group (sbnGroupStart..sbnGroupEnd)");
+  fprintf(f, ",\n  \"shapes_source\": ");
+  json_string(f, run->shapes_source);
+  fprintf(f, ",\n  \"bytes\": ");
+  json_string(f, kBytesFormula);
+  fprintf(f, ",\n  \"floors\": ");
+  json_string(f, kFloorFormula);
+  fprintf(f, ",\n  \"ratio\": ");
+  json_string(f, kRatioFormula);
+  fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_STAT, TOL_F32,
+          TOL_HALF);
+  fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_CUDNN_STAT,
+          TOL_CUDNN_F32, TOL_CUDNN_HALF);
+  fprintf(f, "  \"rows\": [");
+  for (int i = 0; i < res->nrows; i++) {
+    fprintf(f, "%s\n    ", i ? "," : "");
+    json_row(f, &res->rows[i], run->B);
+  }
+  fprintf(f, "\n  ],\n  \"latency\": [");
+  for (int i = 0, k = 0; i < res->nlat; i++) {
+    if (!res->lat[i].shape) continue;
+    fprintf(f, "%s\n    ", k++ ? "," : "");
+    json_row(f, &res->lat[i], run->B);
+  }
+  fprintf(f,
+          "\n  ],\n  \"wrong\": %" PRId64
+          ",\n  \"failed_rows\": %d,\n  \"skipped_rows\": %d,\n"
+          "  \"total_s\": ",
+          res->wrong, res->failed, res->skipped);
+  json_number(f, run->total_s);
+  fprintf(f, ",\n  \"ok\": %s\n}\n", (res->wrong == 0 && res->failed == 0) ? "true" : "false");
+  const int failed = ferror(f);
+  return fclose(f) == 0 && !failed ? 0 : -1;
+}

@@ -1,0 +1,339 @@
+/* sbn-bench — times SyncBN forward and backward on real per-GPU shapes and checks every
+ * result against the double-precision reference (reference/sbn_ref.h). main.c chooses the
+ * mode and runs the rows; the other files each have one job (bench.h lists them).
+ *
+ * For each shape of bench/shapes.tsv (embedded at build time; --shapes overrides) x dtype
+ * x layout, every rank of a team of W holds that shape's tensor (N, C, H*W): the shapes
+ * are per GPU. Every row is checked: y, save_mean, save_invstd, the running stats, dx,
+ * dweight and dbias against the reference on up to 16 channels spread over C, plus the
+ * bitwise guarantees (every rank has the same statistics).
+ *
+ * Two modes; the header says which one ran and why (--gpu auto|on|off, default auto):
+ *
+ * GPU mode — the build has CUDA (SBN_BENCH_HAVE_CUDA) and cudaGetDeviceCount > 0: VIRTUAL
+ *   teams, W ranks on GPU 0 (sbnCommInitVirtual), for every W of -w (default 1,2,4,8), and
+ *   per row one of three paths (--paths, default all): coop and nccl (syncbn.c), cudnn at
+ *   W = 1 (cudnn.c). Every rank holds the full per-GPU shape, so a W-rank row moves W x one
+ *   GPU's bytes through one GPU. Real sizes (--scale 1). Every path is timed the same way
+ *   (gpu.c: CUDA events, L2 flushed before every call, median / min / p90 of -i calls after
+ *   --warmup); B, the copy bandwidth measured in the same run, gives each row's floors
+ *   (floors.c). After the timed calls, one more forward + backward on fresh inputs is
+ *   copied back and checked. Then a latency table for every W from 1 to the largest of -w,
+ *   coop and nccl: a tiny op (N=4, C=512, 1x1, fp32 NCHW, like S10) and an empty one (n=0
+ *   on every rank), forward and backward: empty(W) - empty(1) is what the exchange with
+ *   W-1 peers adds. The default W list is not trimmed for the large shapes: by the byte
+ *   count, the GPU time of the whole default run is seconds on an H100 (at W=8, S8 fp32 is
+ *   1.2 GB per tensor); host-side input generation (threaded; once per shape x dtype x
+ *   layout, for the largest W), copies and the checks dominate: estimated 3-5 minutes (not
+ *   measured on a GPU machine yet).
+ *
+ * CPU mode — otherwise (a build without CUDA, no device, --gpu off): the CPU team (ranks
+ *   are host threads), W = -w (default 2), shapes scaled down by --scale (default 8).
+ *   Each timed call is one group, timed on the wall clock; median of -i calls (default 5)
+ *   after --warmup (default 1). Also checks that NCHW and NHWC of the same data give the
+ *   same bits (a CPU-team guarantee only).
+ *
+ *   sbn-bench                         GPU: W 1,2,4,8, full size; CPU: W=2, scale 8
+ *   sbn-bench --scale 1 --only S5 -i 20 --json s5.json
+ *   sbn-bench --gpu on -w 2,8 --only S8 --dtype bf16 --layout NHWC
+ *   sbn-bench --gpu on -w 1 --paths coop,cudnn --json cudnn.json
+ *
+ * Exit status: 0 when every call succeeded and nothing was wrong, 1 otherwise, 2 on a
+ * usage error (including --gpu on without a usable GPU). A cuDNN row that could not run
+ * (cuDNN not loadable, or the combination not supported) is neither.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "paths.h"
+
+static const sbnDataType_t kDtypeOrder[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+
+static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial,
+                     sbnDataType_t dtype, sbnLayout_t layout, int W, bench_path_t path) {
+  r->shape = shape;
+  r->spatial = spatial;
+  r->dtype = dtype;
+  r->layout = layout;
+  r->W = W;
+  r->path = path;
+}
+
+/* Writes the JSON (when asked) and the last lines; the exit status. */
+static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
+                  const bench_results_t* res) {
+  int status = (res->wrong == 0 && res->failed == 0) ? 0 : 1;
+  const char* written = NULL;
+  if (run->json.f) {
+    if (json_write(&run->json, o, run, res) != 0) {
+      fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
+      status = 1;
+    } else {
+      written = o->json_file;
+    }
+  }
+  report_end(written, status);
+  return status;
+}
+
+/* CPU mode: the CPU team of o->ranks ranks over every shape x dtype x layout. */
+static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
+                    int nshapes, bench_run_t* run, double t_start) {
+  bench_results_t res;
+  memset(&res, 0, sizeof res);
+  res.rows = calloc((size_t)nshapes * 6, sizeof *res.rows);
+  if (!res.rows) return 1;
+  int64_t max_c = 1;
+  for (int s = 0; s < nshapes; s++) {
+    if (shapes[s].c > max_c) max_c = shapes[s].c;
+    for (int t = 0; t < 3; t++) {
+      if (!o->dtype_on[kDtypeOrder[t]]) continue;
+      for (int l = 0; l < 2; l++)
+        if (o->layout_on[l])
+          row_init(&res.rows[res.nrows++], &shapes[s], shape_spatial(&shapes[s], o->scale),
+                   kDtypeOrder[t], (sbnLayout_t)l, o->ranks, BENCH_PATH_CPU);
+    }
+  }
+
+  sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  if (max_c > cfg.max_channels) cfg.max_channels = max_c;
+  sbnResult_t rc = comms ? sbnCommInitCpu(comms, o->ranks, &cfg) : sbnSystemError;
+  if (rc != sbnSuccess) {
+    fprintf(stderr, "%s: sbnCommInitCpu(%d ranks): %s: %s\n", argv0, o->ranks, sbnGetResultName(rc),
+            sbnGetLastError(NULL));
+    free(comms);
+    free(res.rows);
+    return 1;
+  }
+
+  report_header(o, run);
+  bench_layout_keep_t keep;
+  memset(&keep, 0, sizeof keep);
+  for (int i = 0; i < res.nrows; i++) {
+    syncbn_cpu_row(&res.rows[i], comms, o, &keep);
+    report_row(run, &res.rows[i]);
+    results_add(&res, &res.rows[i]);
+  }
+  keep_free(&keep);
+  for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]);
+  free(comms);
+  run->total_s = (now_us() - t_start) * 1e-6;
+  report_footer(run, &res);
+  int status = finish(argv0, o, run, &res);
+  free(res.rows);
+  return status;
+}
+
+#if SBN_BENCH_HAVE_CUDA
+/* GPU mode: every shape x dtype x layout x W x path, then the latency table. */
+static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
+                    int nshapes, bench_run_t* run, double t_start) {
+  static const bench_shape_t lat_shapes[2] = {
+      {"tiny", 4, 512, 1, 1, "latency: N=4, C=512, 1x1 per rank (like S10)"},
+      {"empty", 0, 512, 1, 1, "latency: n=0 on every rank, C=512"}};
+  bench_gpu_t g;
+  char err[384] = "";
+  if (gpu_setup(&g, o->iters, err, sizeof err) != 0) {
+    fprintf(stderr, "%s: GPU setup failed: %s\n", argv0, err);
+    return 1;
+  }
+  run->dev = &g.info;
+  run->B = g.info.copy_gbps;
+  nccl_load(&run->nccl);
+  /* also without the cudnn path: its version, for the record */
+  bench_cudnn_t* cudnn = cudnn_load(&run->cudnn);
+  int has_w1 = 0;
+  for (int wi = 0; wi < o->nranks_list; wi++) has_w1 |= o->ranks_list[wi] == 1;
+  const int run_cudnn = o->path_on[BENCH_PATH_CUDNN] && has_w1;
+  const int lib_paths = o->path_on[BENCH_PATH_COOP] + o->path_on[BENCH_PATH_NCCL];
+  run->lat_w = lib_paths ? o->ranks : 0;
+
+  const int nw = o->nranks_list;
+  bench_results_t res;
+  memset(&res, 0, sizeof res);
+  /* per shape x dtype x layout and W: coop, nccl, and cudnn when W is 1 (-w may repeat 1) */
+  res.rows = calloc((size_t)nshapes * 6 * (size_t)nw * 3, sizeof *res.rows);
+  res.nlat = run->lat_w * 4;
+  res.lat = calloc((size_t)(run->lat_w > 0 ? run->lat_w : 1) * 4, sizeof *res.lat);
+  if (!res.rows || !res.lat) {
+    free(res.rows);
+    free(res.lat);
+    cudnn_unload(cudnn);
+    gpu_teardown(&g);
+    return 1;
+  }
+  int64_t max_c = lat_shapes[0].c;
+  for (int s = 0; s < nshapes; s++)
+    if (shapes[s].c > max_c) max_c = shapes[s].c;
+
+  report_header(o, run);
+  for (int s = 0; s < nshapes; s++) {
+    const int64_t spatial = shape_spatial(&shapes[s], o->scale);
+    for (int t = 0; t < 3; t++) {
+      if (!o->dtype_on[kDtypeOrder[t]]) continue;
+      for (int l = 0; l < 2; l++) {
+        if (!o->layout_on[l]) continue;
+        /* inputs of the largest W, generated once: rank r's data do not depend on W */
+        sbnTensorDesc_t d = {kDtypeOrder[t], (sbnLayout_t)l, shapes[s].n, shapes[s].c, spatial};
+        bench_team_bufs_t host;
+        int have_host = bufs_alloc(&host, o->ranks, &d) == 0;
+        if (have_host && bufs_init(&host, shapes[s].id) != 0) {
+          bufs_free(&host);
+          have_host = 0;
+        }
+        char oom[384];
+        snprintf(oom, sizeof oom,
+                 "out of host memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+                 o->ranks, d.n, d.c, d.spatial);
+        for (int wi = 0; wi < nw; wi++) {
+          const int W = o->ranks_list[wi];
+          bench_row_t* team[2] = {NULL, NULL};
+          for (int p = 0; p < 2; p++) {
+            if (!o->path_on[p]) continue;
+            team[p] = &res.rows[res.nrows++];
+            row_init(team[p], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, W,
+                     (bench_path_t)p);
+            if (!have_host) snprintf(team[p]->error, sizeof team[p]->error, "%s", oom);
+          }
+          if (team[BENCH_PATH_NCCL]) team[BENCH_PATH_NCCL]->coop = team[BENCH_PATH_COOP];
+          if (have_host) syncbn_gpu_rows(team, &g, o, &host, max_c);
+          for (int p = 0; p < 2; p++) {
+            if (!team[p]) continue;
+            report_row(run, team[p]);
+            results_add(&res, team[p]);
+          }
+          if (W == 1 && run_cudnn) {
+            bench_row_t* r = &res.rows[res.nrows++];
+            row_init(r, &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1, BENCH_PATH_CUDNN);
+            r->coop = team[BENCH_PATH_COOP];
+            if (have_host)
+              cudnn_row(r, &g, o, &host, cudnn);
+            else
+              snprintf(r->error, sizeof r->error, "%s", oom);
+            report_row(run, r);
+            results_add(&res, r);
+          }
+        }
+        if (have_host) bufs_free(&host);
+      }
+    }
+  }
+
+  /* latency: the tiny and the empty op for every W from 1 to the largest, coop and nccl */
+  for (int W = 1; W <= run->lat_w; W++)
+    for (int q = 0; q < 2; q++) {
+      sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, lat_shapes[q].n, lat_shapes[q].c, 1};
+      bench_row_t* team[2] = {NULL, NULL};
+      for (int p = 0; p < 2; p++) {
+        if (!o->path_on[p]) continue;
+        team[p] = lat_slot(res.lat, W, q, p);
+        row_init(team[p], &lat_shapes[q], 1, sbnFloat32, sbnLayoutNCHW, W, (bench_path_t)p);
+      }
+      bench_team_bufs_t host;
+      if (bufs_alloc(&host, W, &d) != 0) {
+        for (int p = 0; p < 2; p++)
+          if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "out of host memory");
+      } else {
+        if (bufs_init(&host, lat_shapes[q].id) != 0) {
+          for (int p = 0; p < 2; p++)
+            if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "out of host memory");
+        } else {
+          syncbn_gpu_rows(team, &g, o, &host, max_c);
+        }
+        bufs_free(&host);
+      }
+      for (int p = 0; p < 2; p++)
+        if (team[p]) results_add(&res, team[p]);
+    }
+  run->total_s = (now_us() - t_start) * 1e-6;
+
+  /* the caller's SBN_ALGO back (the library rows set it for their calls) */
+  if (run->algo_env)
+    setenv("SBN_ALGO", run->algo_env, 1);
+  else
+    unsetenv("SBN_ALGO");
+
+  report_footer(run, &res);
+  int status = finish(argv0, o, run, &res);
+  cudnn_unload(cudnn);
+  gpu_teardown(&g);
+  free(res.rows);
+  free(res.lat);
+  return status;
+}
+#endif /* SBN_BENCH_HAVE_CUDA */
+
+int main(int argc, char** argv) {
+  bench_opts_t o;
+  memset(&o, 0, sizeof o);
+  int pa = opts_parse(argc, argv, &o);
+  if (pa == 1) return 0; /* -h */
+  if (pa) return pa;
+  const double t_start = now_us();
+  bench_run_t run;
+  memset(&run, 0, sizeof run);
+  run.B = NAN;
+  /* every check that needs no device comes first: nothing below runs on bad input */
+  static bench_shape_t shapes[BENCH_MAX_SHAPES];
+  int nshapes = shapes_load(&o, argv[0], shapes, BENCH_MAX_SHAPES, &run.shapes_source);
+  if (nshapes < 0) return 2;
+  run.nshapes = nshapes;
+
+  /* the mode: the GPU path when the build has CUDA and a device is there */
+  int gpu_mode = 0;
+#if SBN_BENCH_HAVE_CUDA
+  if (o.gpu == BENCH_GPU_OFF)
+    snprintf(run.why_cpu, sizeof run.why_cpu, "--gpu off");
+  else if (gpu_present(run.why_cpu, sizeof run.why_cpu))
+    gpu_mode = syncbn_gpu_probe(run.why_cpu, sizeof run.why_cpu);
+  if (gpu_mode < 0) {
+    fprintf(stderr, "%s: %s\n", argv[0], run.why_cpu);
+    return 1;
+  }
+#else
+  snprintf(run.why_cpu, sizeof run.why_cpu,
+           "this build has no CUDA (SYNCBN_CUDA=OFF or no nvcc at configure time)");
+#endif
+  if (!gpu_mode && o.gpu == BENCH_GPU_ON) {
+    fprintf(stderr, "%s: --gpu on: %s\n", argv[0], run.why_cpu);
+    return 2;
+  }
+  int ro = opts_resolve(&o, gpu_mode, run.why_cpu, argv[0]);
+  if (ro) return ro;
+  if (opts_check_memory(&o, shapes, nshapes, gpu_mode, argv[0])) return 2;
+  if (o.json_file && json_open(&run.json, o.json_file) != 0) {
+    fprintf(stderr, "%s: --json '%s': cannot open it for writing: %s (try -h)\n", argv[0],
+            o.json_file, strerror(errno));
+    return 2;
+  }
+  snprintf(run.device, sizeof run.device, "CPU team (ranks are host threads); not the GPU: %s",
+           run.why_cpu);
+
+  if (sbnGetVersion(&run.version) != sbnSuccess) run.version = -1;
+  time_t now = time(NULL);
+  struct tm tm_utc;
+  gmtime_r(&now, &tm_utc);
+  strftime(run.date, sizeof run.date, "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
+  run.cores = sysconf(_SC_NPROCESSORS_ONLN);
+  /* the caller's SBN_ALGO (a copy: GPU mode sets it around the library rows' calls) */
+  const char* env = getenv("SBN_ALGO");
+  char* algo_env = env ? strdup(env) : NULL;
+  run.algo_env = algo_env;
+
+  int status;
+#if SBN_BENCH_HAVE_CUDA
+  if (gpu_mode)
+    status = gpu_main(argv[0], &o, shapes, nshapes, &run, t_start);
+  else
+#endif
+    status = cpu_main(argv[0], &o, shapes, nshapes, &run, t_start);
+  json_discard(&run.json); /* a run that ended before its JSON: no empty file left */
+  free(algo_env);
+  return status;
+}

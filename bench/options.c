@@ -1,0 +1,499 @@
+/* options.c — sbn-bench's command line and shape table: parsing, defaults per mode, usage,
+ * and every check of them that can fail, made before any work (exit 2 with the option, the
+ * value and what is allowed): bounds, the shape table, the host memory the run will take. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "sbn_bench_build.h" /* generated: sbn_bench_shapes_tsv[] */
+
+/* Bounds of the options' values. */
+#define BENCH_CPU_MAX_RANKS 4096    /* sbnCommInitCpu's limit (docs/API.md) */
+#define BENCH_MAX_ITERS 100000      /* -i, --warmup: GPU mode makes 2 CUDA events per timed call */
+#define BENCH_MAX_DIVISOR (1 << 30) /* --scale, --check-channels: any larger is the same */
+/* A shape's tensor, elements per rank: 2^40 (4 TB in fp32) is past any host; the bound keeps
+   the int64 arithmetic on sizes far from overflow. */
+#define BENCH_MAX_ELEMENTS (1LL << 40)
+/* Host memory: what a rank costs besides its tensors (its thread's stack, the library's
+   per-rank workspace: a few floats per channel), generously; the share of the available
+   memory a run may plan to take (the rest: the library, the allocator, other processes). */
+#define BENCH_RANK_ALLOWANCE (256.0 * 1024)
+#define BENCH_MEMORY_SHARE 0.9
+
+const char* const kDtypeNames[3] = {"fp32", "fp16", "bf16"};
+const char* const kLayoutNames[2] = {"NCHW", "NHWC"};
+const char* const kPathNames[4] = {"coop", "nccl", "cudnn", "cpu"};
+static const char* const kGpuReqNames[3] = {"auto", "on", "off"}; /* bench_gpu_req_t order */
+
+static void usage(FILE* f, const char* argv0) {
+  fprintf(f,
+          "usage: %s [options]\n"
+          "Times SyncBN forward + backward on per-GPU shapes and checks every result\n"
+          "against the double-precision reference. With CUDA in the build and a CUDA\n"
+          "device: virtual teams (W ranks on GPU 0), the library's cooperative path\n"
+          "(coop) and host-driven path (nccl, SBN_ALGO=nccl) side by side, and cuDNN's\n"
+          "batch norm at W = 1 (libcudnn.so.9 loaded at run time), timed with CUDA\n"
+          "events. Otherwise: the CPU team (ranks are host threads), and the header says\n"
+          "why. This build: %s.\n"
+          "  --gpu auto|on|off     auto: GPU mode when a device is there (default);\n"
+          "                        on: GPU mode or exit 2; off: CPU team\n"
+          "  -w, --ranks LIST      GPU: comma list of team sizes W in [1, %d] (default %s);\n"
+          "                        CPU: ranks in the team, one value in [1, %d] (default %d)\n"
+          "  -i, --iters N         timed calls per op, in [1, %d]; the median is reported\n"
+          "                        (GPU default %d, the methodology's minimum; CPU default %d)\n"
+          "      --warmup N        untimed calls before them, in [0, %d]\n"
+          "                        (GPU default %d, CPU default %d)\n"
+          "      --scale S         divide each shape's H*W by S, in [1, %d] (kept >= 1;\n"
+          "                        N, C kept); 1 = full size (GPU default %d, CPU default %d)\n"
+          "      --shapes FILE     shape table, lines 'id N C H W [where]', '#' comments;\n"
+          "                        default: bench/shapes.tsv as embedded at build time\n"
+          "      --only LIST       comma list of shape ids, e.g. S3,S5\n"
+          "      --dtype LIST      comma list of fp32, bf16, fp16 (default fp32,bf16)\n"
+          "      --layout LIST     comma list of NCHW, NHWC (default NCHW,NHWC)\n"
+          "      --paths LIST      GPU: comma list of coop, nccl, cudnn (default all three;\n"
+          "                        cudnn runs at W = 1 only)\n"
+          "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
+          "                        0 = all (default %d)\n"
+          "      --json FILE       also write the metadata and every row as JSON (the file\n"
+          "                        is opened before the run: a path that cannot be written\n"
+          "                        is a usage error)\n"
+          "  -h, --help            this text\n"
+          "Before any work, a run that would need more than %.0f%% of the host memory\n"
+          "available (MemAvailable, the cgroup's limit, ulimit -v) is refused.\n"
+          "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
+          argv0, SBN_BENCH_HAVE_CUDA ? "with CUDA" : "without CUDA (CPU team only)",
+          SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS, BENCH_DEFAULT_RANKS,
+          BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_MAX_ITERS,
+          BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
+          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR, BENCH_CHECK_CHANNELS,
+          BENCH_MEMORY_SHARE * 100);
+}
+
+static int usage_error(const char* argv0, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", argv0);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, " (try -h)\n");
+  va_end(ap);
+  return 2;
+}
+
+static int parse_int(const char* s, int lo, int hi, int* out) {
+  char* end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end != '\0' || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+/* Comma list of integers in [lo, hi], at most max of them; -1 when malformed or empty. */
+static int parse_int_list(const char* list, int lo, int hi, int* out, int max, int* count) {
+  char buf[256];
+  int k = 0;
+  if (strlen(list) >= sizeof buf) return -1;
+  strcpy(buf, list);
+  for (char* tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (k == max || parse_int(tok, lo, hi, &out[k])) return -1;
+    k++;
+  }
+  if (k == 0) return -1;
+  *count = k;
+  return 0;
+}
+
+static int ascii_casecmp(const char* a, const char* b) {
+  for (;; a++, b++) {
+    int ca = (*a >= 'A' && *a <= 'Z') ? *a + 32 : *a;
+    int cb = (*b >= 'A' && *b <= 'Z') ? *b + 32 : *b;
+    if (ca != cb || ca == 0) return ca - cb;
+  }
+}
+
+/* Sets on[0..count) from a comma list of names; -1 on an unknown name or an empty list. */
+static int parse_name_list(const char* list, const char* const* names, int count, int* on) {
+  char buf[256];
+  int any = 0;
+  if (strlen(list) >= sizeof buf) return -1;
+  strcpy(buf, list);
+  for (int i = 0; i < count; i++) on[i] = 0;
+  for (char* tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    int found = 0;
+    for (int i = 0; i < count; i++)
+      if (ascii_casecmp(tok, names[i]) == 0) on[i] = found = any = 1;
+    if (!found) return -1;
+  }
+  return any ? 0 : -1;
+}
+
+/* 1 if id is in the comma list (exact, case-insensitive). */
+static int list_has(const char* list, const char* id) {
+  size_t len = strlen(id);
+  for (const char* p = list; *p;) {
+    const char* end = strchr(p, ',');
+    size_t tl = end ? (size_t)(end - p) : strlen(p);
+    if (tl == len) {
+      char tok[64];
+      if (tl < sizeof tok) {
+        memcpy(tok, p, tl);
+        tok[tl] = '\0';
+        if (ascii_casecmp(tok, id) == 0) return 1;
+      }
+    }
+    if (!end) break;
+    p = end + 1;
+  }
+  return 0;
+}
+
+/* Every option but -h takes a value; long and short names of one option share an entry. */
+static const char* const kOptionList =
+    "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
+    "--layout, --paths, --gpu, --json, -h/--help";
+
+int opts_parse(int argc, char** argv, bench_opts_t* o) {
+  const char* argv0 = argv[0];
+  o->gpu = BENCH_GPU_AUTO;
+  o->nranks_list = 0;                   /* -w: default by mode (opts_resolve) */
+  o->iters = o->warmup = o->scale = -1; /* default by mode */
+  o->check_channels = BENCH_CHECK_CHANNELS;
+  o->dtype_on[sbnFloat32] = o->dtype_on[sbnBFloat16] = 1;
+  o->layout_on[sbnLayoutNCHW] = o->layout_on[sbnLayoutNHWC] = 1;
+  o->path_on[BENCH_PATH_COOP] = o->path_on[BENCH_PATH_NCCL] = o->path_on[BENCH_PATH_CUDNN] = 1;
+  for (int i = 1; i < argc; i++) {
+    const char* a = argv[i];
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout, argv0);
+      return 1;
+    }
+    if (a[0] != '-')
+      return usage_error(argv0, "unexpected argument '%s': sbn-bench takes options only (%s)", a,
+                         kOptionList);
+    /* "--opt value" or "--opt=value" */
+    static const char* const known[] = {
+        "-w",       "--ranks", "-i",     "--iters", "--warmup", "--scale", "--check-channels",
+        "--shapes", "--json",  "--only", "--dtype", "--layout", "--gpu",   "--paths"};
+    char name[32];
+    const char* val = NULL;
+    const char* eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+    size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
+    int is_known = 0;
+    if (name_len < sizeof name) {
+      memcpy(name, a, name_len);
+      name[name_len] = '\0';
+      for (size_t k = 0; k < sizeof known / sizeof *known; k++) is_known |= !strcmp(name, known[k]);
+    }
+    if (!is_known)
+      return usage_error(argv0, "unknown option '%s' (the options: %s)", a, kOptionList);
+    if (eq)
+      val = eq + 1;
+    else if (i + 1 < argc)
+      val = argv[++i];
+    else
+      return usage_error(argv0, "%s needs a value", name);
+    if (!strcmp(name, "-w") || !strcmp(name, "--ranks")) {
+      if (parse_int_list(val, 1, BENCH_CPU_MAX_RANKS, o->ranks_list, BENCH_MAX_RANK_LIST,
+                         &o->nranks_list))
+        return usage_error(argv0,
+                           "%s '%s': a comma list of at most %d team sizes, each an integer in "
+                           "[1, %d] (a CPU team; a GPU team: [1, %d])",
+                           name, val, BENCH_MAX_RANK_LIST, BENCH_CPU_MAX_RANKS,
+                           SBN_MAX_GPU_TEAM_RANKS);
+    } else if (!strcmp(name, "-i") || !strcmp(name, "--iters")) {
+      if (parse_int(val, 1, BENCH_MAX_ITERS, &o->iters))
+        return usage_error(argv0, "%s '%s': an integer in [1, %d]", name, val, BENCH_MAX_ITERS);
+    } else if (!strcmp(name, "--warmup")) {
+      if (parse_int(val, 0, BENCH_MAX_ITERS, &o->warmup))
+        return usage_error(argv0, "%s '%s': an integer in [0, %d]", name, val, BENCH_MAX_ITERS);
+    } else if (!strcmp(name, "--scale")) {
+      if (parse_int(val, 1, BENCH_MAX_DIVISOR, &o->scale))
+        return usage_error(argv0, "%s '%s': an integer in [1, %d]", name, val, BENCH_MAX_DIVISOR);
+    } else if (!strcmp(name, "--check-channels")) {
+      if (parse_int(val, 0, BENCH_MAX_DIVISOR, &o->check_channels))
+        return usage_error(argv0, "%s '%s': an integer in [0, %d] (0: every channel)", name, val,
+                           BENCH_MAX_DIVISOR);
+    } else if (!strcmp(name, "--shapes")) {
+      o->shapes_file = val;
+    } else if (!strcmp(name, "--json")) {
+      o->json_file = val;
+    } else if (!strcmp(name, "--only")) {
+      o->only = val;
+    } else if (!strcmp(name, "--dtype")) {
+      if (parse_name_list(val, kDtypeNames, 3, o->dtype_on))
+        return usage_error(argv0, "%s '%s': a comma list of fp32, bf16, fp16", name, val);
+    } else if (!strcmp(name, "--layout")) {
+      if (parse_name_list(val, kLayoutNames, 2, o->layout_on))
+        return usage_error(argv0, "%s '%s': a comma list of NCHW, NHWC", name, val);
+    } else if (!strcmp(name, "--paths")) {
+      if (parse_name_list(val, kPathNames, BENCH_GPU_PATHS, o->path_on))
+        return usage_error(argv0, "%s '%s': a comma list of coop, nccl, cudnn", name, val);
+      o->paths_given = 1;
+    } else {
+      int found = 0;
+      for (int k = 0; k < 3; k++)
+        if (ascii_casecmp(val, kGpuReqNames[k]) == 0) {
+          o->gpu = (bench_gpu_req_t)k;
+          found = 1;
+        }
+      if (!found) return usage_error(argv0, "%s '%s': auto, on or off", name, val);
+    }
+  }
+  return 0;
+}
+
+int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
+  if (gpu_mode) {
+    if (o->nranks_list == 0)
+      parse_int_list(BENCH_GPU_DEFAULT_RANKS, 1, SBN_MAX_GPU_TEAM_RANKS, o->ranks_list,
+                     BENCH_MAX_RANK_LIST, &o->nranks_list);
+    o->ranks = 0;
+    for (int i = 0; i < o->nranks_list; i++) {
+      if (o->ranks_list[i] > SBN_MAX_GPU_TEAM_RANKS)
+        return usage_error(argv0, "-w %d: a GPU team has at most %d ranks (W in [1, %d])",
+                           o->ranks_list[i], SBN_MAX_GPU_TEAM_RANKS, SBN_MAX_GPU_TEAM_RANKS);
+      if (o->ranks_list[i] > o->ranks) o->ranks = o->ranks_list[i];
+    }
+    if (o->iters < 0) o->iters = BENCH_GPU_DEFAULT_ITERS;
+    if (o->warmup < 0) o->warmup = BENCH_GPU_DEFAULT_WARMUP;
+    if (o->scale < 0) o->scale = BENCH_GPU_DEFAULT_SCALE;
+  } else {
+    if (o->nranks_list > 1)
+      return usage_error(
+          argv0, "-w: the CPU team (not the GPU: %s) takes one team size, not a list", why_cpu);
+    if (o->paths_given)
+      return usage_error(argv0, "--paths: GPU mode only (not the GPU: %s)", why_cpu);
+    o->ranks = o->nranks_list ? o->ranks_list[0] : BENCH_DEFAULT_RANKS;
+    o->ranks_list[0] = o->ranks;
+    o->nranks_list = 1;
+    if (o->iters < 0) o->iters = BENCH_DEFAULT_ITERS;
+    if (o->warmup < 0) o->warmup = BENCH_DEFAULT_WARMUP;
+    if (o->scale < 0) o->scale = BENCH_DEFAULT_SCALE;
+  }
+  return 0;
+}
+
+/* ---- the shape table ---------------------------------------------------------------------- */
+/* Parses a shape table: 'id N C H W [where...]' per line, '#' starts a comment line.
+   Returns the number of shapes, or -1 after printing what is wrong. */
+static int parse_shapes(const char* text, const char* source, bench_shape_t* shapes, int max) {
+  int count = 0, lineno = 0;
+  const char* p = text;
+  while (*p) {
+    const char* eol = strchr(p, '\n');
+    size_t len = eol ? (size_t)(eol - p) : strlen(p);
+    char line[512];
+    lineno++;
+    if (len >= sizeof line) {
+      fprintf(stderr, "%s:%d: line too long\n", source, lineno);
+      return -1;
+    }
+    memcpy(line, p, len);
+    line[len] = '\0';
+    p += len + (eol ? 1 : 0);
+    char* s = line;
+    while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+    if (*s == '\0' || *s == '#') continue;
+    if (count == max) {
+      fprintf(stderr, "%s: more than %d shapes\n", source, max);
+      return -1;
+    }
+    bench_shape_t* sh = &shapes[count];
+    long long n, c, h, w;
+    int used = 0;
+    if (sscanf(s, "%31s %lld %lld %lld %lld %n", sh->id, &n, &c, &h, &w, &used) < 5 || n < 1 ||
+        c < 1 || h < 1 || w < 1) {
+      fprintf(stderr, "%s:%d: expected 'id N C H W [where]' with N, C, H, W >= 1\n", source,
+              lineno);
+      return -1;
+    }
+    if ((double)n * (double)c * (double)h * (double)w > (double)BENCH_MAX_ELEMENTS) {
+      fprintf(stderr, "%s:%d: %s: N*C*H*W = %.3g elements, more than 2^40 per rank\n", source,
+              lineno, sh->id, (double)n * (double)c * (double)h * (double)w);
+      return -1;
+    }
+    sh->n = n;
+    sh->c = c;
+    sh->h = h;
+    sh->w = w;
+    snprintf(sh->where, sizeof sh->where, "%s", s + used);
+    for (size_t i = strlen(sh->where);
+         i > 0 && (sh->where[i - 1] == '\r' || sh->where[i - 1] == ' '); i--)
+      sh->where[i - 1] = '\0';
+    count++;
+  }
+  return count;
+}
+
+static char* read_file(const char* path) {
+  FILE* f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, len = 0;
+  char* buf = malloc(cap);
+  while (buf) {
+    len += fread(buf + len, 1, cap - len - 1, f);
+    if (len < cap - 1) break;
+    char* bigger = realloc(buf, cap * 2);
+    if (!bigger) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  if (buf) buf[len] = '\0';
+  fclose(f);
+  return buf;
+}
+
+int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
+                const char** source) {
+  char* file_text = NULL;
+  const char* text = (const char*)sbn_bench_shapes_tsv;
+  *source = "bench/shapes.tsv (embedded)";
+  if (o->shapes_file) {
+    file_text = read_file(o->shapes_file);
+    if (!file_text) {
+      fprintf(stderr, "%s: --shapes '%s': cannot read it: %s (try -h)\n", argv0, o->shapes_file,
+              strerror(errno));
+      return -1;
+    }
+    text = file_text;
+    *source = o->shapes_file;
+  }
+  int nshapes = parse_shapes(text, *source, shapes, max);
+  free(file_text);
+  if (nshapes < 0) return -1;
+  if (nshapes == 0) {
+    fprintf(stderr,
+            "%s: %s: no shape rows (expected lines 'id N C H W [where]'; '#' starts a "
+            "comment)\n",
+            argv0, *source);
+    return -1;
+  }
+  if (o->only) {
+    char ids[512] = "";
+    for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
+      len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
+    int kept = 0;
+    for (int i = 0; i < nshapes; i++)
+      if (list_has(o->only, shapes[i].id)) shapes[kept++] = shapes[i];
+    if (kept == 0) {
+      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", o->only, *source,
+                  ids);
+      return -1;
+    }
+    nshapes = kept;
+  }
+  return nshapes;
+}
+
+int64_t shape_spatial(const bench_shape_t* s, int scale) {
+  int64_t spatial = s->h * s->w / scale;
+  return spatial < 1 ? 1 : spatial;
+}
+
+/* ---- the host memory a run takes ---------------------------------------------------------- */
+/* A number read from the first line of a file, or -1 (missing, "max", not a number). */
+static double read_number(const char* path) {
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  double v = -1;
+  if (fscanf(f, "%lf", &v) != 1) v = -1;
+  fclose(f);
+  return v;
+}
+
+/* Keeps the smaller of what is known (*best < 0: nothing yet). */
+static void consider(double v, const char* what, double* best, char* from, size_t cap) {
+  if (v < 0 || (*best >= 0 && v >= *best)) return;
+  *best = v;
+  snprintf(from, cap, "%s", what);
+}
+
+/* The bytes this process can still take before the kernel refuses or kills it, and where
+   that number comes from; -1 when nothing says. The smallest of: MemAvailable
+   (/proc/meminfo; else the free physical pages), the memory cgroup's limit minus its usage
+   (v2, v1), RLIMIT_AS (ulimit -v) minus the address space in use. */
+static double memory_available(char* from, size_t cap) {
+  double best = -1, kb = -1;
+  FILE* f = fopen("/proc/meminfo", "r");
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+    fclose(f);
+  }
+  if (kb >= 0)
+    consider(kb * 1024.0, "MemAvailable in /proc/meminfo", &best, from, cap);
+  else if (sysconf(_SC_AVPHYS_PAGES) > 0 && sysconf(_SC_PAGESIZE) > 0)
+    consider((double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE),
+             "free physical memory (sysconf)", &best, from, cap);
+  static const char* const cgroup[2][2] = {
+      {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+      {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+       "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+  for (int v = 0; v < 2; v++) {
+    const double limit = read_number(cgroup[v][0]), used = read_number(cgroup[v][1]);
+    char what[128];
+    snprintf(what, sizeof what, "the memory cgroup's limit (%s) minus its usage", cgroup[v][0]);
+    if (limit >= 0 && used >= 0) consider(limit > used ? limit - used : 0, what, &best, from, cap);
+  }
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    double pages = -1;
+    f = fopen("/proc/self/statm", "r");
+    if (f) {
+      if (fscanf(f, "%lf", &pages) != 1) pages = -1;
+      fclose(f);
+    }
+    const double used = pages > 0 ? pages * (double)sysconf(_SC_PAGESIZE) : 0;
+    const double limit = (double)rl.rlim_cur;
+    consider(limit > used ? limit - used : 0,
+             "RLIMIT_AS (ulimit -v) minus the address space in use", &best, from, cap);
+  }
+  return best;
+}
+
+int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes, int gpu_mode,
+                      const char* argv0) {
+  static const sbnDataType_t dtypes[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+  /* rows run one after the other: the run's peak is its largest row's. CPU mode: the team's
+     buffers, the check's, and the NCHW row's bits kept for the NHWC row. GPU mode: the
+     inputs of the largest W (kept for every W of a shape x dtype x layout) and the check of
+     the largest W (device memory is not counted: a row that cannot have it fails alone). */
+  double peak = 0, per_tensor = 0;
+  const bench_shape_t* worst = NULL;
+  sbnDataType_t worst_dtype = sbnFloat32;
+  const int keep = !gpu_mode && o->layout_on[sbnLayoutNCHW] && o->layout_on[sbnLayoutNHWC];
+  for (int s = 0; s < nshapes; s++)
+    for (int t = 0; t < 3; t++) {
+      if (!o->dtype_on[dtypes[t]]) continue;
+      const sbnTensorDesc_t d = {dtypes[t], sbnLayoutNCHW, shapes[s].n, shapes[s].c,
+                                 shape_spatial(&shapes[s], o->scale)};
+      const double bytes = bufs_bytes(o->ranks, &d) +
+                           check_bytes(o->ranks, &d, o->check_channels, keep) +
+                           (gpu_mode ? 0.0 : o->ranks * BENCH_RANK_ALLOWANCE);
+      if (bytes > peak) {
+        peak = bytes;
+        worst = &shapes[s];
+        worst_dtype = dtypes[t];
+        per_tensor = (double)d.n * (double)d.c * (double)d.spatial * dtype_size(d.dtype);
+      }
+    }
+  char from[160] = "";
+  const double avail = memory_available(from, sizeof from);
+  if (avail < 0 || peak <= BENCH_MEMORY_SHARE * avail) return 0;
+  return usage_error(argv0,
+                     "this run needs about %.3g GB of host memory at once (%s %s, scale %d: %d "
+                     "ranks x 4 tensors of %.3g MB, plus the check's buffers), more than %.0f%% of "
+                     "the %.3g GB available (%s); use fewer ranks (-w), a larger --scale, fewer "
+                     "--check-channels, or fewer shapes (--only)",
+                     peak * 1e-9, worst->id, kDtypeNames[worst_dtype], o->scale, o->ranks,
+                     per_tensor * 1e-6, BENCH_MEMORY_SHARE * 100, avail * 1e-9, from);
+}

@@ -1,0 +1,367 @@
+/* report.c — the one table printer, for both modes (nccl-tests style): the header says what
+ * ran and how it was measured, one line per row as soon as it is done, the latency table
+ * (GPU mode), and the footer with the formulas and the totals. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "sbn_bench_build.h" /* generated: SBN_BENCH_COMMIT */
+
+const char* const kRatioFormula =
+    "speed ratio = t_path / t_coop of the same op (median times), shape, dtype, layout and W "
+    "(cudnn: the coop row at W = 1); > 1: coop is faster, < 1: coop is slower";
+static const char* const kGpuPathLegend[3] = {
+    "coop  = the library's cooperative kernel (SBN_ALGO=coop): one cooperative launch per op "
+    "for all W ranks, the exchange inside it",
+    "nccl  = the library's host-driven path (SBN_ALGO=nccl, PyTorch's op sequence); "
+    "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
+    "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU); at W = 1 an "
+    "sbnCommInitAll team of one GPU with a real 1-rank ncclAllGather; its outputs must be "
+    "bitwise the coop row's",
+    "cudnn = cudnnBatchNormalizationForwardTrainingEx / BackwardEx, CUDNN_BATCHNORM_OPS_BN, "
+    "mode SPATIAL_PERSISTENT (SPATIAL where cuDNN refuses it), W = 1 only: one GPU, no sync"};
+
+/* Column widths: the row's description, one op (time, GB/s/rk, GB/s all; in GPU mode also
+   % of floor (a), (b) and t/coop). */
+#define COLS_LEFT 67
+#define COLS_OP 30
+#define COLS_OP_GPU 23
+
+/* ---- rows ----------------------------------------------------------------------------------- */
+const char* row_label(const bench_row_t* r, char* buf, size_t cap) {
+  snprintf(buf, cap, "%s %s %s W=%d %s", r->shape->id, kDtypeNames[r->dtype],
+           kLayoutNames[r->layout], r->W, kPathNames[r->path]);
+  return buf;
+}
+
+int row_timed(const bench_row_t* r) {
+  return r && r->shape && !r->error[0] && !r->skipped;
+}
+
+void row_note_append(bench_row_t* row, const char* text) {
+  size_t len = strlen(row->note);
+  if (len + 3 >= sizeof row->note) return;
+  snprintf(row->note + len, sizeof row->note - len, "%s%s", len ? "; " : "", text);
+}
+
+/* Latency rows: lat[((W - 1) * 2 + q) * 2 + path], q = 0 tiny, 1 empty; path coop or nccl. */
+bench_row_t* lat_slot(bench_row_t* lat, int W, int q, int path) {
+  return &lat[((W - 1) * 2 + q) * 2 + path];
+}
+
+const bench_row_t* lat_row(const bench_row_t* lat, int W, int q, int path) {
+  const bench_row_t* r = &lat[((W - 1) * 2 + q) * 2 + path];
+  return r->shape ? r : NULL;
+}
+
+void results_add(bench_results_t* res, const bench_row_t* r) {
+  res->wrong += r->wrong;
+  res->checked += r->checked;
+  res->failed += r->error[0] != 0;
+  res->skipped += r->skipped;
+  if (row_timed(r) && (!res->worst || r->worst > res->worst->worst)) res->worst = r;
+}
+
+/* "onchip" when forward and backward ran the same kernel, else "onchip/stream" (fwd/bwd). */
+static const char* kernel_label(const bench_row_t* r, char* buf, size_t cap) {
+  if (strcmp(r->kernel[1], r->kernel[0]) == 0)
+    snprintf(buf, cap, "%s", r->kernel[1][0] ? r->kernel[1] : "-");
+  else
+    snprintf(buf, cap, "%s/%s", r->kernel[1][0] ? r->kernel[1] : "-",
+             r->kernel[0][0] ? r->kernel[0] : "-");
+  return buf;
+}
+
+/* t_path / t_coop of one op; NaN when either is missing. */
+static double speed_ratio(const bench_row_t* r, int fwd) {
+  const bench_row_t* coop = r->coop;
+  if (!row_timed(r) || !row_timed(coop) || r == coop) return NAN;
+  const double t = r->t[fwd].med, tc = coop->t[fwd].med;
+  return tc > 0 ? t / tc : NAN;
+}
+
+/* "2.28.9" from NCCL_VERSION_CODE (>= 2.9: major*10000 + minor*100 + patch; before:
+   major*1000 + minor*100 + patch); cuDNN uses the same two encodings (9.x: *10000). */
+static void format_version(long long v, int new_encoding, char* buf, size_t cap) {
+  if (v < 0)
+    snprintf(buf, cap, "unknown");
+  else if (new_encoding)
+    snprintf(buf, cap, "%lld.%lld.%lld", v / 10000, v / 100 % 100, v % 100);
+  else
+    snprintf(buf, cap, "%lld.%lld.%lld", v / 1000, v / 100 % 10, v % 100);
+}
+void format_nccl_version(long long v, char* buf, size_t cap) {
+  format_version(v, v >= 20900, buf, cap);
+}
+void format_cudnn_version(long long v, char* buf, size_t cap) {
+  format_version(v, v >= 90000, buf, cap);
+}
+
+/* ---- the header ------------------------------------------------------------------------------ */
+static void format_rank_list(const bench_opts_t* o, char* buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < o->nranks_list && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? "," : "", o->ranks_list[i]);
+}
+
+/* " ---- title ----" in width + 1 columns */
+static void print_title(const char* title, int width) {
+  const int len = (int)strlen(title) + 2;
+  const int left = (width - len) / 2, right = width - len - left;
+  putchar(' ');
+  for (int i = 0; i < left; i++) putchar('-');
+  printf(" %s ", title);
+  for (int i = 0; i < right; i++) putchar('-');
+}
+
+static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
+  const bench_device_info_t* g = run->dev;
+  char wl[160], ver[32];
+  format_rank_list(o, wl, sizeof wl);
+  printf("# mode: GPU, virtual teams (W ranks on device %d) and cuDNN (W = 1); paths:%s%s%s\n",
+         g->index, o->path_on[BENCH_PATH_COOP] ? " coop" : "",
+         o->path_on[BENCH_PATH_NCCL] ? " nccl" : "", o->path_on[BENCH_PATH_CUDNN] ? " cudnn" : "");
+  printf("# device %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, PCI %s\n", g->index,
+         g->name, g->cc_major, g->cc_minor, g->sms, g->l2_bytes / 1048576.0,
+         (double)g->mem_total / 1073741824.0, g->pci);
+  printf("# driver %d.%d (%d), runtime %d.%d (%d), host cores online %ld\n", g->driver / 1000,
+         g->driver % 1000 / 10, g->driver, g->runtime / 1000, g->runtime % 1000 / 10, g->runtime,
+         run->cores);
+  if (run->nccl.version >= 0) {
+    format_nccl_version(run->nccl.version, ver, sizeof ver);
+    printf("# NCCL %s (%s; for the record: virtual teams make no NCCL call)\n", ver,
+           run->nccl.from);
+  } else {
+    printf("# NCCL: no version: %s\n", run->nccl.why);
+  }
+  format_cudnn_version(run->cudnn.version, ver, sizeof ver);
+  if (!run->cudnn.loaded)
+    printf("# cuDNN not available: %s\n", run->cudnn.why);
+  else if (run->cudnn.why[0])
+    printf("# cuDNN %s (%s) not usable: %s\n", ver, run->cudnn.from, run->cudnn.why);
+  else
+    printf("# cuDNN %s (%s, loaded at run time)\n", ver, run->cudnn.from);
+  printf(
+      "# SBN_ALGO: set by the bench around each library row's calls (coop rows: coop, nccl "
+      "rows: nccl); the caller's value (%s) is put back at the end\n",
+      run->algo_env ? run->algo_env : "unset");
+  const char* kernel_env = getenv("SBN_KERNEL");
+  printf(
+      "# SBN_KERNEL (the cooperative kernel's variant, read by the library at each call): "
+      "%s; each row's kernel column says what ran (forward/backward when they differ)\n",
+      kernel_env && kernel_env[0] ? kernel_env : "auto");
+  printf(
+      "# copy bandwidth B = %.1f GB/s (device-to-device cudaMemcpyAsync of %zu MiB, "
+      "B = 2*bytes/time, median of %d: %.1f us)\n",
+      g->copy_gbps, g->copy_bytes >> 20, BENCH_GPU_COPY_REPS, g->copy_us);
+  int has_w1 = 0;
+  for (int i = 0; i < o->nranks_list; i++) has_w1 |= o->ranks_list[i] == 1;
+  printf(
+      "# W %s%s; warm-up %d, iters %d (CUDA events around the op; median here, min and p90 in "
+      "the JSON)%s\n",
+      wl, o->path_on[BENCH_PATH_CUDNN] && !has_w1 ? " (no 1: no cudnn rows)" : "", o->warmup,
+      o->iters,
+      o->iters < BENCH_GPU_MIN_ITERS ? "; NOTE: fewer iters than the methodology's 50" : "");
+  printf(
+      "# L2 flushed before every call: cudaMemsetAsync of %zu MiB (>= 2 x L2), outside the "
+      "events\n",
+      g->flush_bytes >> 20);
+  printf(
+      "# forward: sbnForwardTrain (affine, running stats, eps 1e-5, momentum 0.1); "
+      "backward: sbnBackward (sbnGradGlobal); cudnn: the same eps and momentum\n");
+  printf(
+      "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s%d (one more "
+      "forward + backward per row on fresh inputs, copied back)\n",
+      o->scale, o->scale, o->check_channels ? "<= " : "all",
+      o->check_channels ? o->check_channels : 0);
+  printf(
+      "# shapes: %d from %s; sizes are per rank (= per GPU): a row of W ranks moves W x "
+      "those bytes through one GPU\n",
+      run->nshapes, run->shapes_source);
+}
+
+static void print_cpu_lines(const bench_opts_t* o, const bench_run_t* run) {
+  printf("# device: %s\n", run->device);
+  printf("# ranks %d (one host thread each), threads %d, cores online %ld\n", o->ranks, o->ranks,
+         run->cores);
+  printf(
+      "# scale %d (spatial = H*W / %d, >= 1), warm-up %d, iters %d (median), checked "
+      "channels per row %s%d\n",
+      o->scale, o->scale, o->warmup, o->iters, o->check_channels ? "<= " : "all",
+      o->check_channels ? o->check_channels : 0);
+  printf("# shapes: %d from %s; sizes are per rank (= per GPU)\n", run->nshapes,
+         run->shapes_source);
+}
+
+void report_header(const bench_opts_t* o, const bench_run_t* run) {
+  printf("# sbn-bench  syncbn %d.%d.%d (header %d.%d.%d)  commit %s  %s\n", run->version / 10000,
+         run->version / 100 % 100, run->version % 100, SBN_VERSION_MAJOR, SBN_VERSION_MINOR,
+         SBN_VERSION_PATCH, SBN_BENCH_COMMIT, run->date);
+  if (run->dev)
+    print_gpu_lines(o, run);
+  else
+    print_cpu_lines(o, run);
+  const int op_width = COLS_OP + (run->dev ? COLS_OP_GPU : 0);
+  printf("#\n#%*s", COLS_LEFT - 1, "");
+  print_title("forward", op_width - 1);
+  print_title("backward", op_width - 1);
+  printf("\n# %5s %5s %6s %8s %5s %6s %4s %-5s %-13s", "shape", "N", "C", "spatial", "dtype",
+         "layout", "W", "path", "kernel");
+  for (int k = 0; k < 2; k++) {
+    printf(" %10s %8s %9s", "time(us)", "GB/s/rk", "GB/s all");
+    if (run->dev) printf(" %7s %7s %6s", "%fl(a)", "%fl(b)", "t/coop");
+  }
+  printf(" %7s %8s\n", "#wrong", "tol used");
+  fflush(stdout);
+}
+
+/* ---- rows ------------------------------------------------------------------------------------ */
+void report_row(const bench_run_t* run, const bench_row_t* r) {
+  char kl[52];
+  printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %4d %-5s %-13s", r->shape->id,
+         r->shape->n, r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], r->W,
+         kPathNames[r->path], kernel_label(r, kl, sizeof kl));
+  if (r->error[0]) {
+    printf("   FAILED: %s\n", r->error);
+  } else if (r->skipped) {
+    printf("   -- %s\n", r->note);
+  } else {
+    for (int fwd = 1; fwd >= 0; fwd--) {
+      bench_op_derived_t d = op_derived(r, fwd, run->B);
+      printf(" %10.1f %8.2f %9.2f", r->t[fwd].med, d.gbps_rank, d.gbps_total);
+      if (run->dev) {
+        char ratio[16] = "-";
+        double q = speed_ratio(r, fwd);
+        if (isfinite(q)) snprintf(ratio, sizeof ratio, "%.2f", q);
+        printf(" %7.1f %7.1f %6s", d.pct_a, d.pct_b, ratio);
+      }
+    }
+    printf(r->worst < 1000 ? " %7" PRId64 " %8.3f\n" : " %7" PRId64 " %8.1e\n", r->wrong, r->worst);
+  }
+  fflush(stdout);
+}
+
+static void print_latency(const bench_row_t* lat, int lat_w) {
+  printf(
+      "#\n# latency: fp32 NCHW, C=512; tiny = N=4, 1x1 per rank (like S10); empty = n=0 on "
+      "every rank (the launches and the exchange, no data). Median us: GPU = CUDA events, "
+      "host = the enqueueing calls; exch = empty(W) - empty(W=1) of the same path: what the "
+      "exchange with W-1 peers adds\n");
+  printf("#%9s", "");
+  print_title("tiny", 35);
+  print_title("empty", 35);
+  print_title("exch", 15);
+  printf("\n# %2s %-5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %7s %7s\n", "W", "path", "fwd", "bwd",
+         "host fwd", "host bwd", "fwd", "bwd", "host fwd", "host bwd", "fwd", "bwd", "#wrong");
+  for (int W = 1; W <= lat_w; W++)
+    for (int p = 0; p < 2; p++) {
+      const bench_row_t* rq[2] = {lat_row(lat, W, 0, p), lat_row(lat, W, 1, p)};
+      if (!rq[0] && !rq[1]) continue;
+      printf("  %2d %-5s", W, kPathNames[p]);
+      int64_t wrong = 0;
+      for (int q = 0; q < 2; q++) {
+        if (row_timed(rq[q]))
+          printf(" %8.1f %8.1f %8.1f %8.1f", rq[q]->t[1].med, rq[q]->t[0].med, rq[q]->t[1].host_med,
+                 rq[q]->t[0].host_med);
+        else
+          printf(" %8s %8s %8s %8s", rq[q] ? "FAILED" : "-", "-", "-", "-");
+        if (rq[q]) wrong += rq[q]->wrong;
+      }
+      const bench_row_t* e1 = lat_row(lat, 1, 1, p);
+      for (int fwd = 1; fwd >= 0; fwd--) {
+        if (W > 1 && row_timed(rq[1]) && row_timed(e1))
+          printf(" %7.1f", rq[1]->t[fwd].med - e1->t[fwd].med);
+        else
+          printf(" %7s", "-");
+      }
+      printf(" %7" PRId64 "\n", wrong);
+      for (int q = 0; q < 2; q++)
+        if (rq[q] && rq[q]->error[0])
+          printf("#   W=%d %s %s FAILED: %s\n", W, kPathNames[p], rq[q]->shape->id, rq[q]->error);
+    }
+}
+
+/* Median of the speed ratios t_path / t_coop over the main table's rows of one path. */
+static void print_ratio_summary(const bench_row_t* rows, int nrows) {
+  for (int p = BENCH_PATH_NCCL; p <= BENCH_PATH_CUDNN; p++) {
+    double* q[2];
+    int n[2] = {0, 0};
+    q[0] = malloc((size_t)(nrows + 1) * sizeof(double));
+    q[1] = malloc((size_t)(nrows + 1) * sizeof(double));
+    if (q[0] && q[1])
+      for (int i = 0; i < nrows; i++) {
+        if (rows[i].path != (bench_path_t)p) continue;
+        for (int fwd = 1; fwd >= 0; fwd--) {
+          double v = speed_ratio(&rows[i], fwd);
+          if (isfinite(v)) q[fwd][n[fwd]++] = v;
+        }
+      }
+    if (n[0] && n[1])
+      printf("# t_%s / t_coop, median over %d rows: fwd %.2f, bwd %.2f (> 1: coop is faster)\n",
+             kPathNames[p], n[1], median(q[1], n[1]), median(q[0], n[0]));
+    free(q[0]);
+    free(q[1]);
+  }
+}
+
+/* ---- the footer ------------------------------------------------------------------------------ */
+void report_footer(const bench_run_t* run, const bench_results_t* res) {
+  if (run->lat_w > 0) print_latency(res->lat, run->lat_w);
+  printf("#\n");
+  if (run->dev) {
+    printf("# path: %s\n#       %s\n#       %s\n", kGpuPathLegend[0], kGpuPathLegend[1],
+           kGpuPathLegend[2]);
+    printf("# t/coop: %s\n", kRatioFormula);
+  }
+  printf("# %s\n", kBytesFormula);
+  if (run->dev) {
+    printf("# %%fl(a), %%fl(b): %s; B = %.1f GB/s\n", kFloorFormula, run->B);
+    printf(
+        "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
+        "%g, fp16/bf16 %g; reference: double, sbn_ref over all W ranks) in y, dx, save_mean, "
+        "save_invstd, running stats, dweight, dbias (team sums) on the checked channels of one "
+        "more forward + backward, plus broken bitwise guarantees (ranks agree on the statistics "
+        "and the team sums; nccl rows: every output bitwise the coop row's, one per differing "
+        "buffer)\n",
+        TOL_STAT, TOL_F32, TOL_HALF);
+    printf(
+        "#         cudnn rows: y, dx, save_mean, save_invstd, dweight, dbias (not the running "
+        "stats) at 10x: statistics %g, fp32 %g, fp16/bf16 %g (cuDNN's reduction and variance "
+        "algorithm are not ours; a wrong descriptor, layout or channel order gives errors of "
+        "order 1)\n",
+        TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF);
+  } else {
+    printf(
+        "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
+        "%g, fp16/bf16 %g; reference: double, sbn_ref) in y, dx, save_mean, save_invstd, "
+        "running stats, dweight, dbias on the checked channels, plus broken bitwise "
+        "guarantees (ranks agree; NCHW == NHWC)\n",
+        TOL_STAT, TOL_F32, TOL_HALF);
+  }
+  printf("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)\n");
+  if (run->dev)
+    printf(
+        "# --: the row did not run (cuDNN not available, or not supported by cuDNN): not a "
+        "failure\n");
+  print_ratio_summary(res->rows, res->nrows);
+  int nlat = 0;
+  for (int i = 0; i < res->nlat; i++) nlat += res->lat[i].shape != NULL;
+  printf("# rows %d + latency %d, failed %d, not run %d, values checked %" PRId64
+         ", wrong %" PRId64,
+         res->nrows, nlat, res->failed, res->skipped, res->checked, res->wrong);
+  if (res->worst) {
+    char label[96];
+    printf(", worst %.3f of tolerance (%s: %s)", res->worst->worst,
+           row_label(res->worst, label, sizeof label), res->worst->worst_what);
+  }
+  printf("\n# total time %.1f s\n", run->total_s);
+  fflush(stdout);
+}
+
+void report_end(const char* json_path, int status) {
+  if (json_path) printf("# json: %s\n", json_path);
+  printf("# %s\n", status == 0 ? "OK" : "FAILED");
+}

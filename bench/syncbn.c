@@ -1,0 +1,267 @@
+/* syncbn.c — the library's paths: the CPU team (CPU mode), and on virtual GPU teams the
+ * cooperative kernel (coop) and the host-driven path (nccl, SBN_ALGO=nccl). Every call of a
+ * row goes through team_call: one group for the whole team. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "paths.h"
+
+/* Records the first failure in err (empty until then); later ones are dropped. */
+static void note_failure(char* err, size_t cap, const char* call, int rank, sbnResult_t res,
+                         const char* detail) {
+  if (err[0]) return;
+  if (rank >= 0)
+    snprintf(err, cap, "rank %d %s: %s: %s", rank, call, sbnGetResultName(res), detail);
+  else
+    snprintf(err, cap, "%s: %s: %s", call, sbnGetResultName(res), detail);
+}
+
+/* Runs one forward (fwd != 0) or backward over the whole team as one group (b holds host
+   pointers for the CPU team, device pointers for a GPU team; GPU ops are only queued on
+   `stream`). Returns the wall time of the calls in us, or -1 with err set. */
+static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnParams_t* p,
+                        sbnStream_t stream, char* err, size_t cap) {
+  const sbnTensorDesc_t* d = &b->desc;
+  int failed = 0;
+  double t0 = now_us();
+  sbnResult_t res = sbnGroupStart();
+  if (res != sbnSuccess) {
+    note_failure(err, cap, "sbnGroupStart", -1, res, sbnGetLastError(NULL));
+    return -1;
+  }
+  for (int r = 0; r < b->W; r++) {
+    if (fwd)
+      res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
+                            &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
+    else
+      res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
+                        b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
+    if (res != sbnSuccess) {
+      note_failure(err, cap, fwd ? "sbnForwardTrain" : "sbnBackward", r, res,
+                   sbnGetLastError(comms[r]));
+      failed = 1;
+    }
+  }
+  res = sbnGroupEnd();
+  double t = now_us() - t0;
+  if (res != sbnSuccess) {
+    const char* detail = sbnGetLastError(NULL);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", detail);
+    for (int r = 0; !buf[0] && r < b->W; r++)
+      snprintf(buf, sizeof buf, "%s", sbnGetLastError(comms[r]));
+    note_failure(err, cap, "sbnGroupEnd", -1, res, buf);
+    failed = 1;
+  }
+  return failed ? -1 : t;
+}
+
+/* The kernel rank 0's latest op ran (sbnCommGetKernel), into row->kernel[fwd]. */
+static void note_kernel(bench_row_t* row, sbnComm_t comm, int fwd) {
+  const char* k = NULL;
+  if (sbnCommGetKernel(comm, &k) != sbnSuccess || k == NULL) k = "?";
+  snprintf(row->kernel[fwd], sizeof row->kernel[fwd], "%s", k);
+}
+
+/* A team's calls as a timed op (bench_op_fn). */
+typedef struct {
+  sbnComm_t* comms;
+  bench_team_bufs_t* bufs; /* host pointers (CPU team) or device pointers (GPU team) */
+  const sbnParams_t* params;
+  sbnStream_t stream;
+} bench_team_ctx_t;
+
+static double team_op(void* ctx, int fwd, char* err, size_t cap) {
+  bench_team_ctx_t* t = ctx;
+  return team_call(t->comms, t->bufs, fwd, t->params, t->stream, err, cap);
+}
+
+void syncbn_cpu_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
+                    bench_layout_keep_t* keep) {
+  const sbnTensorDesc_t d = row_desc(row);
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, o->ranks, &d) != 0) {
+    snprintf(row->error, sizeof row->error,
+             "out of memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")", o->ranks, d.n,
+             d.c, d.spatial);
+    return;
+  }
+  double* times = malloc((size_t)o->iters * sizeof(double));
+  if (!times || bufs_init(&b, row->shape->id) != 0) {
+    free(times);
+    snprintf(row->error, sizeof row->error, "out of memory");
+    bufs_free(&b);
+    return;
+  }
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  bench_team_ctx_t ctx = {comms, &b, &params, NULL};
+  for (int fwd = 1; fwd >= 0; fwd--) {
+    if (time_wall(team_op, &ctx, fwd, o, times, row->error, sizeof row->error) != 0) goto out;
+    note_kernel(row, comms[0], fwd);
+    row_set_times(row, fwd, times, times, o->iters);
+  }
+  check_row(row, &b, o->warmup + o->iters, o->check_channels, keep, params.grad_mode,
+            &kCheckLibrary);
+out:
+  free(times);
+  bufs_free(&b);
+}
+
+#if SBN_BENCH_HAVE_CUDA
+int syncbn_gpu_probe(char* why, size_t cap) {
+  sbnComm_t c = NULL;
+  sbnResult_t res = sbnCommInitVirtual(&c, 1, 0, NULL);
+  if (res == sbnSuccess) {
+    sbnCommDestroy(c);
+    return 1;
+  }
+  snprintf(why, cap, "sbnCommInitVirtual(1 rank, device 0): %s: %s", sbnGetResultName(res),
+           sbnGetLastError(NULL));
+  return res == sbnUnsupported ? 0 : -1;
+}
+
+/* sbnCommGetAsyncError of every rank, after the stream was synchronized. */
+static int gpu_async_check(sbnComm_t* comms, int W, char* err, size_t cap) {
+  for (int r = 0; r < W; r++) {
+    sbnResult_t async = sbnSuccess;
+    sbnResult_t res = sbnCommGetAsyncError(comms[r], &async);
+    if (res != sbnSuccess) {
+      note_failure(err, cap, "sbnCommGetAsyncError", r, res, sbnGetLastError(comms[r]));
+      return -1;
+    }
+    if (async != sbnSuccess) {
+      note_failure(err, cap, "async error (sbnCommGetAsyncError)", r, async,
+                   sbnGetLastError(comms[r]));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static const char* const kNoteNcclVirtual =
+    "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
+    "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU)";
+static const char* const kNoteNcclVirtual1 =
+    "nccl-path at W = 1 on an sbnCommInitAll team of one GPU: stats kernel, publish kernel, "
+    "ncclAllGather over the team's 1-rank NCCL comm (as PyTorch with one rank), apply kernel";
+
+/* SBN_ALGO for the library's calls of a row (the library reads it at every call). */
+static int set_algo(int path, char* err, size_t cap) {
+  if (setenv("SBN_ALGO", path == BENCH_PATH_NCCL ? "nccl" : "coop", 1) != 0) {
+    snprintf(err, cap, "setenv(SBN_ALGO): %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+/* One row of a library path (coop or nccl) on the device buffers `dev` of row->W ranks: a
+   virtual team of its own, SBN_ALGO set for its calls, the timed forward and backward, then
+   the check run (host: the inputs of ranks 0..W-1; the outputs are copied back there).
+   dig_out: where to leave this row's digests (the coop row); dig_ref: the digests to compare
+   with bitwise (the nccl row). */
+static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                         bench_team_bufs_t* host, bench_team_bufs_t* dev, double* samples,
+                         int64_t max_c, bench_digest_t* dig_out, const bench_digest_t* dig_ref) {
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
+  const int W = row->W;
+  sbnComm_t comms[SBN_MAX_GPU_TEAM_RANKS];
+  int ncomms = 0;
+  memset(comms, 0, sizeof comms);
+  if (row->path == BENCH_PATH_NCCL)
+    snprintf(row->note, sizeof row->note, "%s", W > 1 ? kNoteNcclVirtual : kNoteNcclVirtual1);
+  if (g->dead[0]) {
+    snprintf(err, cap, "not run: %s", g->dead);
+    return;
+  }
+  if (set_algo(row->path, err, cap) != 0) return;
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  if (max_c > cfg.max_channels) cfg.max_channels = max_c;
+  cfg.timeout_ms = BENCH_GPU_TIMEOUT_MS;
+  /* the nccl path at W = 1: a team of one GPU made by sbnCommInitAll has an NCCL comm,
+     so the row includes a real (1-rank) ncclAllGather, as PyTorch's SyncBatchNorm does */
+  const int initall = row->path == BENCH_PATH_NCCL && W == 1;
+  sbnResult_t res = initall ? sbnCommInitAll(comms, 1, &g->info.index, &cfg)
+                            : sbnCommInitVirtual(comms, W, g->info.index, &cfg);
+  if (res != sbnSuccess) {
+    note_failure(err, cap, initall ? "sbnCommInitAll" : "sbnCommInitVirtual", -1, res,
+                 sbnGetLastError(NULL));
+    goto out;
+  }
+  ncomms = W;
+  bufs_reset_state(host);
+  if (gpu_upload(dev, host, g->stream, err, cap) != 0) goto out;
+
+  sbnParams_t params = SBN_PARAMS_DEFAULT;
+  params.grad_mode = sbnGradGlobal;
+  bench_team_ctx_t ctx = {comms, dev, &params, g->stream};
+  for (int fwd = 1; fwd >= 0; fwd--) {
+    double *ev_us = samples, *host_us = samples + o->iters;
+    if (gpu_time_op(g, team_op, &ctx, fwd, o, ev_us, host_us, err, cap) != 0 ||
+        gpu_async_check(comms, W, err, cap) != 0)
+      goto out;
+    row_set_times(row, fwd, ev_us, host_us, o->iters);
+    note_kernel(row, comms[0], fwd);
+  }
+
+  /* The check run: fresh inputs, running stats (0, 1), poisoned outputs; one forward and
+     one backward; everything copied back and checked on the host. */
+  bufs_reset_state(host);
+  if (gpu_upload(dev, host, g->stream, err, cap) != 0 || gpu_poison(dev, g->stream, err, cap) != 0)
+    goto out;
+  if (team_call(comms, dev, 1, &params, g->stream, err, cap) < 0 ||
+      team_call(comms, dev, 0, &params, g->stream, err, cap) < 0)
+    goto out;
+  GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (check run)");
+  if (gpu_async_check(comms, W, err, cap) != 0) goto out;
+  if (gpu_download(host, dev, g->stream, err, cap) != 0) goto out;
+  check_row(row, host, 1, o->check_channels, NULL, sbnGradGlobal, &kCheckLibrary);
+  if (dig_out) digest_team(dig_out, host);
+  if (dig_ref) {
+    if (dig_ref->valid && dig_ref->W == W)
+      digest_compare(row, dig_ref, host);
+    else
+      row_note_append(row, "not compared bitwise with coop (the coop row has no result)");
+  }
+  goto out;
+fail:
+out:
+  if (err[0]) gpu_recover(g);
+  for (int r = 0; r < ncomms; r++) sbnCommDestroy(comms[r]);
+}
+
+void syncbn_gpu_rows(bench_row_t* const rows[2], bench_gpu_t* g, const bench_opts_t* o,
+                     const bench_team_bufs_t* host_all, int64_t max_c) {
+  const bench_row_t* r0 = rows[0] ? rows[0] : rows[1];
+  if (!r0) return;
+  const int W = r0->W;
+  const sbnTensorDesc_t d = row_desc(r0);
+  bench_team_bufs_t host = *host_all; /* a view of the first W ranks */
+  host.W = W;
+  bench_team_bufs_t dev;
+  memset(&dev, 0, sizeof dev);
+  bench_digest_t dig;
+  memset(&dig, 0, sizeof dig);
+  char err[384] = "";
+  double* samples = malloc((size_t)o->iters * 2 * sizeof(double));
+  if (g->dead[0])
+    snprintf(err, sizeof err, "not run: %s", g->dead);
+  else if (!samples)
+    snprintf(err, sizeof err, "out of host memory");
+  else if (gpu_bufs_alloc(&dev, W, &d, err, sizeof err) != 0)
+    gpu_recover(g);
+  for (int p = 0; p < 2; p++) {
+    if (!rows[p]) continue;
+    if (err[0])
+      snprintf(rows[p]->error, sizeof rows[p]->error, "%s", err);
+    else
+      gpu_run_path(rows[p], g, o, &host, &dev, samples, max_c,
+                   p == BENCH_PATH_COOP && rows[BENCH_PATH_NCCL] ? &dig : NULL,
+                   p == BENCH_PATH_NCCL && rows[BENCH_PATH_COOP] ? &dig : NULL);
+  }
+  gpu_bufs_free(&dev);
+  free(samples);
+}
+#endif /* SBN_BENCH_HAVE_CUDA */
