@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "bn_dtype.h" /* SBN_DTYPES: the dtypes, their names and sizes */
 #include "syncbn.h"
 
 #ifndef SBN_BENCH_HAVE_CUDA
@@ -81,7 +82,7 @@ typedef struct {
   const char* shapes_file;
   const char* json_file;
   const char* only;
-  int dtype_on[3];              /* indexed by sbnDataType_t */
+  int dtype_on[SBN_DTYPE_COUNT]; /* indexed by sbnDataType_t */
   int layout_on[2];             /* indexed by sbnLayout_t */
   int path_on[BENCH_GPU_PATHS]; /* GPU mode, indexed by bench_path_t */
   int paths_given;              /* --paths was given */
@@ -93,7 +94,9 @@ typedef struct {
   char where[160];
 } bench_shape_t;
 
-extern const char* const kDtypeNames[3];  /* sbnDataType_t order */
+extern const char* const kDtypeNames[SBN_DTYPE_COUNT]; /* sbnDataType_t order */
+/* The order rows of the dtypes run in (every dtype of SBN_DTYPES once). */
+extern const sbnDataType_t kDtypeOrder[]; /* SBN_DTYPE_COUNT entries (options.c checks) */
 extern const char* const kLayoutNames[2]; /* sbnLayout_t order */
 extern const char* const kPathNames[4];   /* bench_path_t order */
 

@@ -51,12 +51,12 @@ static uint64_t string_hash(const char* s) {
 }
 
 static void store_elem(void* p, sbnDataType_t t, int64_t i, float v) {
-  if (t == sbnFloat32)
-    ((float*)p)[i] = v;
-  else if (t == sbnBFloat16)
-    ((uint16_t*)p)[i] = sbn_f32_to_bf16(v);
-  else
-    ((uint16_t*)p)[i] = sbn_f32_to_f16(v);
+  switch (t) {
+#define SBN_DT_PUT_(value, bytes, name, tag) \
+  case value: sbn_##tag##_put(p, i, v); break;
+    SBN_DTYPES(SBN_DT_PUT_)
+#undef SBN_DT_PUT_
+  }
 }
 
 /* p: (N, C, spatial) in d's layout; element (ni, ci, si) = offset[ci] + scale[ci] * noise.

@@ -52,7 +52,6 @@
 
 #include "paths.h"
 
-static const sbnDataType_t kDtypeOrder[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
 
 static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial,
                      sbnDataType_t dtype, sbnLayout_t layout, int W, bench_path_t path) {
@@ -91,7 +90,7 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   int64_t max_c = 1;
   for (int s = 0; s < nshapes; s++) {
     if (shapes[s].c > max_c) max_c = shapes[s].c;
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
       if (!o->dtype_on[kDtypeOrder[t]]) continue;
       for (int l = 0; l < 2; l++)
         if (o->layout_on[l])
@@ -175,7 +174,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   report_header(o, run);
   for (int s = 0; s < nshapes; s++) {
     const int64_t spatial = shape_spatial(&shapes[s], o->scale);
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
       if (!o->dtype_on[kDtypeOrder[t]]) continue;
       for (int l = 0; l < 2; l++) {
         if (!o->layout_on[l]) continue;

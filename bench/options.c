@@ -24,7 +24,14 @@
 #define BENCH_RANK_ALLOWANCE (256.0 * 1024)
 #define BENCH_MEMORY_SHARE 0.9
 
-const char* const kDtypeNames[3] = {"fp32", "fp16", "bf16"};
+const char* const kDtypeNames[SBN_DTYPE_COUNT] = {
+#define SBN_DT_NAME_(value, bytes, name, tag) [value] = name,
+    SBN_DTYPES(SBN_DT_NAME_)
+#undef SBN_DT_NAME_
+};
+const sbnDataType_t kDtypeOrder[] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+_Static_assert(sizeof kDtypeOrder / sizeof kDtypeOrder[0] == SBN_DTYPE_COUNT,
+               "kDtypeOrder lists every dtype of SBN_DTYPES once");
 const char* const kLayoutNames[2] = {"NCHW", "NHWC"};
 const char* const kPathNames[4] = {"coop", "nccl", "cudnn", "cpu"};
 static const char* const kGpuReqNames[3] = {"auto", "on", "off"}; /* bench_gpu_req_t order */
@@ -224,7 +231,7 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
     } else if (!strcmp(name, "--only")) {
       o->only = val;
     } else if (!strcmp(name, "--dtype")) {
-      if (parse_name_list(val, kDtypeNames, 3, o->dtype_on))
+      if (parse_name_list(val, kDtypeNames, SBN_DTYPE_COUNT, o->dtype_on))
         return usage_error(argv0, "%s '%s': a comma list of fp32, bf16, fp16", name, val);
     } else if (!strcmp(name, "--layout")) {
       if (parse_name_list(val, kLayoutNames, 2, o->layout_on))
@@ -462,7 +469,6 @@ static double memory_available(char* from, size_t cap) {
 
 int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes, int gpu_mode,
                       const char* argv0) {
-  static const sbnDataType_t dtypes[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
   /* rows run one after the other: the run's peak is its largest row's. CPU mode: the team's
      buffers, the check's, and the NCHW row's bits kept for the NHWC row. GPU mode: the
      inputs of the largest W (kept for every W of a shape x dtype x layout) and the check of
@@ -472,9 +478,9 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
   sbnDataType_t worst_dtype = sbnFloat32;
   const int keep = !gpu_mode && o->layout_on[sbnLayoutNCHW] && o->layout_on[sbnLayoutNHWC];
   for (int s = 0; s < nshapes; s++)
-    for (int t = 0; t < 3; t++) {
-      if (!o->dtype_on[dtypes[t]]) continue;
-      const sbnTensorDesc_t d = {dtypes[t], sbnLayoutNCHW, shapes[s].n, shapes[s].c,
+    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
+      if (!o->dtype_on[kDtypeOrder[t]]) continue;
+      const sbnTensorDesc_t d = {kDtypeOrder[t], sbnLayoutNCHW, shapes[s].n, shapes[s].c,
                                  shape_spatial(&shapes[s], o->scale)};
       const double bytes = bufs_bytes(o->ranks, &d) +
                            check_bytes(o->ranks, &d, o->check_channels, keep) +
@@ -482,7 +488,7 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
       if (bytes > peak) {
         peak = bytes;
         worst = &shapes[s];
-        worst_dtype = dtypes[t];
+        worst_dtype = kDtypeOrder[t];
         per_tensor = (double)d.n * (double)d.c * (double)d.spatial * dtype_size(d.dtype);
       }
     }
