@@ -27,9 +27,10 @@
  *     written (device and host outputs keep their poison); inside a group the group fails
  *     with sbnInvalidUsage; the comm stays usable (an op afterwards vs the CPU team);
  *   - W >= 2, stuck peer: on a comm with timeout_ms = 2000 only rank 0 calls a forward;
- *     sbnCommGetAsyncError reports sbnTimeout within timeout + 5 s (not before the
- *     timeout), the stream finishes without a CUDA error, nothing is written, later ops
- *     return sbnAborted at once.
+ *     sbnCommGetAsyncError reports sbnTimeout (not before the timeout), the stream
+ *     finishes without a CUDA error, nothing is written, later ops return sbnAborted.
+ *     No wall-clock upper bounds: a wait the library fails to end is the launcher's
+ *     timeout.
  *
  * Team sizes: arguments (test_nccl_team 1 2 4) or SBN_TEST_NCCL_W=1,2,4; default W = 1,
  * then every W in 2..8 up to the device count (mp_probe_devices: asked in a child, the
@@ -80,8 +81,6 @@ static const run_ctx_t* g_ctx;
 /* Team timeout for the correctness ops: a protocol bug fails within 60 s, not 300 s. */
 #define TEAM_TIMEOUT_MS 60000
 #define STUCK_TIMEOUT_MS 2000
-/* How late a failure may be reported after its deadline (test_gpu_team.c's g_slack_ms). */
-#define SLACK_MS 5000.0
 
 /* ---- NCCL checks: a failed call fails the current test (CUDA_OK: gpu_fixture.h) ------- */
 static int nccl_ok_(ncclResult_t e, const char* expr, const char* file, int line) {
@@ -136,19 +135,13 @@ static void dset_refresh(dteam_t* d, const team_t* h, int new_inputs, int what) 
   dteam_sync(d);
 }
 
-/* After ops of `what`: waits for every slot's stream (bounded by the team timeout + slack),
+/* After ops of `what`: waits for every slot's stream (the team's timeout bounds the work),
    downloads the outputs into h's rank rk[s], requires async error sbnSuccess. A stream
-   that does not finish, or an async error, is fatal (the team is gone). */
+   that finishes with a CUDA error, or an async error, is fatal (the team is gone). */
 static void dset_finish(dteam_t* d, team_t* h, int what) {
   for (int s = d->ns - 1; s >= 0; s--) {
-    int r = d->rk[s];
     cudaError_t err = cudaSuccess;
-    if (wait_stream(d->st[s], d->comm[s], now_ms(), TEAM_TIMEOUT_MS + SLACK_MS, &err) < 0) {
-      SBN_FAIL_("slot %d (rank %d): stream still busy %.0f ms after the op", s, r,
-                TEAM_TIMEOUT_MS + SLACK_MS);
-      g_fatal = 1;
-      return;
-    }
+    (void)wait_stream_done(d->st[s], d->comm[s], now_ms(), &err);
     if (!CUDA_OK(err)) {
       g_fatal = 1;
       return;
@@ -681,11 +674,10 @@ static void test_stuck_peer(void) {
   stuck_path(path, sizeof path);
   int64_t n[MAXW] = {2, 2, 2, 2, 2, 2, 2, 2};
   if (g_rank != 0) {
-    /* wait for rank 0 (bounded: its whole test takes timeout + a few seconds) */
-    double t0 = now_ms();
+    /* wait for rank 0 (its test ends at its op's timeout; a rank 0 that never finishes
+       is the launcher's timeout) */
     struct stat sb;
-    while (stat(path, &sb) != 0 && now_ms() - t0 < STUCK_TIMEOUT_MS + 60000.0) sleep_ms(10);
-    if (stat(path, &sb) != 0) SBN_FAIL_("rank 0 did not finish the stuck-peer test in time");
+    while (stat(path, &sb) != 0) sleep_ms(10);
     sbnResult_t a = sbnSuccess;
     sbnCommGetAsyncError(g_stuck, &a);
     printf("rank %d: the peer that never called: async error %s\n", g_rank, sbnGetResultName(a));
@@ -708,9 +700,11 @@ static void test_stuck_peer(void) {
     if (e != sbnSuccess && e != sbnTimeout)
       SBN_FAIL_("rank 0 alone: %s (%s); expected the op to be enqueued", sbnGetResultName(e),
                 sbnGetLastError(g_stuck));
+    /* until the comm reports its failure (the op's timeout ends the wait; an async error
+       that never comes is the launcher's timeout) */
     sbnResult_t a = sbnSuccess;
     double el = -1.0;
-    while (now_ms() - t0 < STUCK_TIMEOUT_MS + SLACK_MS) {
+    for (;;) {
       if (sbnCommGetAsyncError(g_stuck, &a) != sbnSuccess) break;
       if (a != sbnSuccess) {
         el = now_ms() - t0;
@@ -721,25 +715,21 @@ static void test_stuck_peer(void) {
     fprintf(stderr, "  rank 0: async error %s %.1f ms after the call (timeout %d ms)\n",
             sbnGetResultName(a), el, STUCK_TIMEOUT_MS);
     if (a != sbnTimeout)
-      SBN_FAIL_("rank 0 alone: async error %s within %.0f ms, expected sbnTimeout",
-                sbnGetResultName(a), STUCK_TIMEOUT_MS + SLACK_MS);
+      SBN_FAIL_("rank 0 alone: async error %s, expected sbnTimeout", sbnGetResultName(a));
     else if (el < 0.9 * STUCK_TIMEOUT_MS)
       SBN_FAIL_("the op gave up after %.1f ms, before the %d ms timeout", el, STUCK_TIMEOUT_MS);
-    /* the stream finishes (bounded), without a CUDA error: the kernel returns, no trap */
+    /* the stream finishes without a CUDA error: the kernel returns, no trap */
     cudaError_t err = cudaSuccess;
-    if (wait_stream(d.st[0], g_stuck, now_ms(), 10000.0, &err) < 0)
-      SBN_FAIL_("rank 0's stream still busy 10 s after the timeout was reported");
-    else if (err != cudaSuccess)
+    (void)wait_stream_done(d.st[0], g_stuck, now_ms(), &err);
+    if (err != cudaSuccess)
       SBN_FAIL_("rank 0's stream finished with %s (%s)", cudaGetErrorName(err),
                 cudaGetErrorString(err));
     else
       dteam_check_untouched(&d, &h, 0, "the timed-out op");
-    double t1 = now_ms();
     sbnResult_t f = gpu_call(&d, &h, 0, 0, 0, &p), b = gpu_call(&d, &h, 0, 1, 0, &p);
     if (f != sbnAborted || b != sbnAborted)
       SBN_FAIL_("after the timeout: forward %s, backward %s, expected sbnAborted",
                 sbnGetResultName(f), sbnGetResultName(b));
-    if (now_ms() - t1 > 1000.0) SBN_FAIL_("ops on the aborted comm took %.0f ms", now_ms() - t1);
   }
   FILE* f = fopen(path, "w");
   if (f) fclose(f);
@@ -967,7 +957,9 @@ int main(int argc, char** argv) {
   if (strcmp(ctx.transport, "auto") == 0) ctx.transport[0] = '\0';
   const char* ah = getenv("SBN_TEST_ALLOW_NCCL_HOST");
   ctx.allow_host = ah && strcmp(ah, "1") == 0;
-  mp_opts_t opts = {300.0, (TEAM_TIMEOUT_MS + 2 * SLACK_MS) / 1e3};
+  /* the launcher's guards against a hang, not assertions: once a rank failed, the others
+     get their team timeout (their waits end there) and 10 s more before they are stopped */
+  mp_opts_t opts = {300.0, (TEAM_TIMEOUT_MS + 10000.0) / 1e3};
   const char* ts = getenv("SBN_TEST_NCCL_TIMEOUT_S");
   if (ts && atof(ts) > 0) opts.timeout_s = atof(ts);
 
