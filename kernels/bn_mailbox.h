@@ -3,7 +3,9 @@
  *
  * A record carries what one rank publishes for SBN_MAIL_CHUNK channels of one op. The
  * publisher writes count, sig and data, then stores `epoch` with release; a reader waits
- * until `epoch` equals the op's epoch (acquire), then reads the rest. Records live in
+ * until `epoch` equals the op's epoch (acquire), then reads the rest. Every reader waits
+ * for chunk 0 of EVERY rank before it compares signatures or leaves the op on a
+ * mismatch: leaving earlier would let it run two ops ahead of a peer still reading. Records live in
  * mailboxes [src][parity][chunk]; parity is the op's epoch & 1 (double buffering: a rank
  * can overwrite parity p only at op k + 2, after every rank published op k + 1, which
  * each does only after it finished reading op k). The CPU team has one mailbox that every
@@ -23,7 +25,10 @@
 /* 400 bytes, 16-byte aligned. data[SBN_MAIL_REC_FLOATS * i + f]: float f of the chunk's
    channel i. */
 typedef struct {
-  uint32_t epoch; /* the op's epoch: 1, 2, ... per rank (0: never published) */
+  uint32_t epoch; /* the op's epoch: 1, 2, ... per rank (0: never published). 32 bits:
+                     a team runs at most 2^32 - 1 ops (at 10 us an op, 12 hours of
+                     nothing but SyncBN); at the wrap a chunk never used before could
+                     match its zeroed record */
   uint32_t sig;   /* sbn_op_sig (bn_op.h): ranks running different ops see it */
   int64_t count;  /* n * spatial of the publishing rank */
   float data[SBN_MAIL_CHUNK * SBN_MAIL_REC_FLOATS];

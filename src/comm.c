@@ -96,8 +96,8 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
   sbn_team_t* t = comm->team;
   if (t->nlocal > 1) return sbn_split_rendezvous(comm, color, key, newcomm);
   r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
-  if (r != sbnSuccess) return sbn_fail(comm, r, "%s", sbnGetLastError(NULL));
-  return sbnSuccess;
+  if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
+  return r;
 }
 
 /* ---- queries, abort, destroy --------------------------------------------------------- */

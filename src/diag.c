@@ -58,6 +58,18 @@ sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...) {
   return r;
 }
 
+void sbn_note(sbnComm_t comm, const char* msg) {
+  char copy[512]; /* msg may be the buffer sbnGetLastError returned */
+  snprintf(copy, sizeof copy, "%s", msg);
+  if (comm != NULL && comm->magic == SBN_COMM_MAGIC) {
+    pthread_mutex_lock(&comm->err_mu);
+    memcpy(comm->last_error, copy, sizeof copy);
+    pthread_mutex_unlock(&comm->err_mu);
+  } else {
+    memcpy(thread_error, copy, sizeof copy);
+  }
+}
+
 SBN_API const char* sbnGetLastError(sbnComm_t comm) {
   if (comm == NULL) {
     memcpy(thread_copy, thread_error, sizeof thread_copy);

@@ -172,8 +172,10 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
         break;
       }
       r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
-      if (r == sbnSuccess)
-        for (int q = 0; q < w; q++) *round[q]->newcomm = res[q];
+      for (int q = 0; q < w; q++) {
+        if (r == sbnSuccess) *round[q]->newcomm = res[q];
+        else sbn_note(round[q]->comm, sbnGetLastError(NULL)); /* the detail on each rank's comm */
+      }
     }
     free(color);
     free(key);
@@ -245,9 +247,10 @@ static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
     if (!run) {
       if (ops->check != NULL) r = ops->check(c->ops, w);
     } else {
+      int failed = 0;
       r = sbn_comm_check_alive(c->ops[0]->comm);
-      if (r != sbnSuccess) sbn_fail(NULL, r, "%s", sbnGetLastError(c->ops[0]->comm));
-      else r = ops->run(c->ops, w);
+      if (r == sbnSuccess) r = ops->run(c->ops, w, &failed);
+      if (r != sbnSuccess) sbn_note(NULL, sbnGetLastError(c->ops[failed]->comm));
     }
     round_cursor_advance(c);
   }

@@ -25,6 +25,10 @@ SBN_INTERNAL void sbn_log(int level, const char* fmt, ...) __attribute__((format
 SBN_INTERNAL sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Records msg as comm's detail (NULL: the thread's slot) without logging it: a detail
+   already logged when it was first recorded, carried to where the caller reads it. */
+SBN_INTERNAL void sbn_note(sbnComm_t comm, const char* msg);
+
 /* ---- configuration (config.c) -------------------------------------------------------- */
 typedef struct {
   int64_t timeout_ms;
@@ -136,8 +140,8 @@ typedef struct sbn_team_ops {
      or one op outside a group) can run. May be NULL. */
   sbnResult_t (*check)(const sbn_op_t* const* round, int n);
   /* Runs a round (threaded backends: n == 1, blocking until the team meets). On failure
-     the detail is on the failed op's comm and on the calling thread's slot. */
-  sbnResult_t (*run)(const sbn_op_t* const* round, int n);
+     *failed is the index of the op that failed, and the detail is on its comm. */
+  sbnResult_t (*run)(const sbn_op_t* const* round, int n, int* failed);
   /* A failure the backend recorded asynchronously (e.g. a kernel's), never blocking:
      sbnSuccess or the failure. May be NULL. */
   sbnResult_t (*poll)(const sbn_team_t* team);

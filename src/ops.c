@@ -88,8 +88,12 @@ sbnResult_t sbn_op_run(const sbn_op_t* op) {
   sbnResult_t r = sbn_comm_check_alive(op->comm);
   if (r != sbnSuccess) return r;
   const sbn_team_ops_t* ops = op->comm->team->ops;
-  if (ops->check != NULL) r = ops->check(&op, 1);
-  if (r == sbnSuccess) r = ops->run(&op, 1);
+  if (ops->check != NULL) {
+    r = ops->check(&op, 1);
+    if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL)); /* the op's comm too */
+  }
+  int failed = 0;
+  if (r == sbnSuccess) r = ops->run(&op, 1, &failed);
   return r;
 }
 

@@ -510,6 +510,79 @@ static void test_mismatch_threads(void) {
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
+/* ---- mismatches among several ranks, thread per rank, back to back -------------------- */
+/* 4 ranks each run the same long sequence of forwards and backwards on its own thread;
+   every 4th op one rank (1, 2 or 3 in turn) runs the other kind or another C. Every
+   rank must see sbnInvalidUsage on exactly the planned ops and succeed on the others,
+   with the same statistics on every rank. A rank that leaves a mismatched op before it
+   saw every rank's record could run two ops ahead and overwrite records a slower peer
+   has not read yet (the double buffering's condition): that peer then waits for an epoch
+   that never comes (sbnTimeout) or reads another op's data (statistics differ). */
+enum { PIPE_W = 4, PIPE_OPS = 1200 };
+typedef struct {
+  sbnComm_t comm;
+  int rank;
+  sbnResult_t res[PIPE_OPS];
+  float sm[PIPE_OPS][MAXC];
+} pipe_rank_t;
+static int pipe_planned(int op, int rank, int* kind, int64_t* c) {
+  *kind = op % 2;
+  *c = 1 + op % MAXC;
+  if (op % 4 != 3 || rank != 1 + (op / 4) % 3) return 0;
+  if ((op / 12) % 2) *kind ^= 1;
+  else *c = 1 + (*c % MAXC);
+  return 1;
+}
+static void* pipe_main(void* arg) {
+  pipe_rank_t* p = (pipe_rank_t*)arg;
+  static _Thread_local bufs_t b;
+  bufs_init(&b, 2, MAXC, 3, 900 + (uint64_t)p->rank);
+  for (int op = 0; op < PIPE_OPS; op++) {
+    int kind;
+    int64_t c;
+    (void)pipe_planned(op, p->rank, &kind, &c);
+    b.d.c = c;
+    p->res[op] = kind == 0 ? fwd(p->comm, &b) : bwd(p->comm, &b);
+    memcpy(p->sm[op], b.sm, sizeof b.sm);
+  }
+  return NULL;
+}
+static void test_mismatch_pipeline(void) {
+  /* a correct run never waits long; a peer stuck on an overwritten record fails here as
+     sbnTimeout after 60 s */
+  sbnConfig_t cfg = config_ms(60000);
+  sbnComm_t comms[PIPE_W];
+  ASSERT_OK(sbnCommInitCpu(comms, PIPE_W, &cfg));
+  static pipe_rank_t ranks[PIPE_W];
+  pthread_t th[PIPE_W];
+  for (int r = 0; r < PIPE_W; r++) {
+    ranks[r].comm = comms[r];
+    ranks[r].rank = r;
+    ASSERT_TRUE(pthread_create(&th[r], NULL, pipe_main, &ranks[r]) == 0);
+  }
+  for (int r = 0; r < PIPE_W; r++) pthread_join(th[r], NULL);
+  int bad = 0;
+  for (int op = 0; op < PIPE_OPS && bad < 5; op++) {
+    int mismatched = 0, kind;
+    int64_t c;
+    for (int r = 0; r < PIPE_W; r++) mismatched |= pipe_planned(op, r, &kind, &c);
+    (void)pipe_planned(op, 0, &kind, &c);
+    for (int r = 0; r < PIPE_W; r++) {
+      const sbnResult_t want = mismatched ? sbnInvalidUsage : sbnSuccess;
+      if (ranks[r].res[op] != want) {
+        SBN_FAIL_("op %d rank %d: %s, expected %s (%s)", op, r, sbnGetResultName(ranks[r].res[op]),
+                  sbnGetResultName(want), sbnGetLastError(comms[r]));
+        bad++;
+      } else if (!mismatched && kind == 0 &&
+                 memcmp(ranks[r].sm[op], ranks[0].sm[op], (size_t)c * sizeof(float)) != 0) {
+        SBN_FAIL_("op %d: rank %d's save_mean differs from rank 0's", op, r);
+        bad++;
+      }
+    }
+  }
+  for (int r = 0; r < PIPE_W; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_timeout);
@@ -521,5 +594,6 @@ int main(void) {
   SBN_RUN(test_multi_op_group);
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
+  SBN_RUN(test_mismatch_pipeline);
   return sbn_test_exit();
 }

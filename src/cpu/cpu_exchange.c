@@ -6,9 +6,12 @@
  *   step 1: for each chunk of 32 channels, write count, signature and data into this
  *           rank's record, then store the record's epoch k with release: the flag is
  *           published after the data;
- *   step 2: for every rank and chunk, load the record's epoch with acquire until it equals
+ *   step 2: for every rank, load its chunk-0 record's epoch with acquire until it equals
  *           k (then its data is visible), bounded by the team's timeout;
- *   step 3: check every rank published the same op (the signatures of chunk 0).
+ *   step 3: check every rank published the same op (the signatures of chunk 0), then
+ *           wait for the other chunks of every rank.
+ * Every rank waits for every rank's chunk 0 before it may fail on a mismatch: that is
+ * what keeps the double buffering sound (bn_mailbox.h), as in the GPU's gather_chunk.
  * Epochs are per-rank counters advanced by the op itself: nothing comes from the caller.
  */
 #include <sched.h>
@@ -46,6 +49,23 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
   }
 }
 
+/* Waits for rank q's record of chunk j of op k; the failure, recorded on comm. */
+static sbnResult_t wait_record(sbnComm_t comm, int q, int j, uint32_t k, int64_t deadline) {
+  sbn_team_t* t = comm->team;
+  sbn_cpu_team_t* ct = sbn_cpu_team(t);
+  const sbn_mail_rec_t* rec = &ct->mail[sbn_mail_index(q, k, j, ct->nchunks_max)];
+  sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline);
+  if (r == sbnTimeout)
+    return sbn_fail(comm, r,
+                    "rank %d waited %lld ms for rank %d (op %u of the team); the team is "
+                    "aborted. Every rank must make the same calls (SBN_TIMEOUT_MS sets the wait)",
+                    comm->rank, (long long)t->cfg.timeout_ms, q, (unsigned)k);
+  if (r != sbnSuccess)
+    return sbn_fail(comm, r, "rank %d: the team was aborted (%s) while waiting for rank %d",
+                    comm->rank, sbnGetResultName(r), q);
+  return sbnSuccess;
+}
+
 sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channel,
                              int64_t count, const float* local, sbn_cpu_peers_t* peers) {
   sbn_team_t* t = comm->team;
@@ -68,33 +88,32 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
   }
   me->epoch = k;
 
-  /* step 2: wait for every rank's records (chunk 0 first: every op has it, so ranks
-     running ops with different C meet there) */
+  /* step 2: wait for every rank's records, chunk 0 of every rank first: every op has
+     it, so ranks running ops with different C meet there; step 3 needs it of all ranks
+     before any rank may leave (a rank that left at the first mismatch it saw could reach
+     op k + 2 and overwrite its op-k records while a peer still waits for them) */
   const int64_t deadline = now_ns() + t->cfg.timeout_ms * 1000000;
   for (int q = 0; q < t->nranks; q++) {
-    for (int j = 0; j < nchunks; j++) {
-      const sbn_mail_rec_t* rec = &ct->mail[sbn_mail_index(q, k, j, ct->nchunks_max)];
-      sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline);
-      if (r == sbnTimeout)
-        return sbn_fail(comm, r,
-                        "rank %d waited %lld ms for rank %d (op %u of the team); the team is "
-                        "aborted. Every rank must make the same calls (SBN_TIMEOUT_MS sets the "
-                        "wait)",
-                        comm->rank, (long long)t->cfg.timeout_ms, q, (unsigned)k);
-      if (r != sbnSuccess)
-        return sbn_fail(comm, r, "rank %d: the team was aborted (%s) while waiting for rank %d",
-                        comm->rank, sbnGetResultName(r), q);
-      /* step 3: every rank must run the same op; a peer's chunks past its own C never come */
-      if (j == 0 && rec->sig != sig) {
-        char mine[64], theirs[64];
-        return sbn_fail(comm, sbnInvalidUsage,
-                        "op mismatch: rank %d runs %s, rank %d runs %s (every rank must call "
-                        "the same op with the same C, dtype and layout)",
-                        comm->rank, sbn_sig_describe(sig, mine, sizeof mine), q,
-                        sbn_sig_describe(rec->sig, theirs, sizeof theirs));
-      }
+    sbnResult_t r = wait_record(comm, q, 0, k, deadline);
+    if (r != sbnSuccess) return r;
+  }
+  /* step 3: every rank must run the same op; a peer's chunks past its own C never come */
+  for (int q = 0; q < t->nranks; q++) {
+    const uint32_t theirs = ct->mail[sbn_mail_index(q, k, 0, ct->nchunks_max)].sig;
+    if (theirs != sig) {
+      char a[64], b[64];
+      return sbn_fail(comm, sbnInvalidUsage,
+                      "op mismatch: rank %d runs %s, rank %d runs %s (every rank must call "
+                      "the same op with the same C, dtype and layout)",
+                      comm->rank, sbn_sig_describe(sig, a, sizeof a), q,
+                      sbn_sig_describe(theirs, b, sizeof b));
     }
   }
+  for (int q = 0; q < t->nranks; q++)
+    for (int j = 1; j < nchunks; j++) {
+      sbnResult_t r = wait_record(comm, q, j, k, deadline);
+      if (r != sbnSuccess) return r;
+    }
   peers->mail = ct->mail;
   peers->nchunks_max = ct->nchunks_max;
   peers->epoch = k;

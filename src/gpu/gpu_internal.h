@@ -148,7 +148,7 @@ SBN_INTERNAL sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group);
 SBN_INTERNAL sbnResult_t sbn_gpu_check(const sbn_op_t* const* round, int n);
 /* Issues a round: a virtual team's (and the host path's) as one launch sequence, a peer
    team's as one launch per rank. Asynchronous on the ops' streams. */
-SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n);
+SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* failed);
 
 /* ---- nccl_team.c ---------------------------------------------------------------------- */
 /* Releases the window and the team's NCCL comm; makes the other processes' kernels return

@@ -125,13 +125,13 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
     if (sbn_op_signature(o) != sbn_op_signature(o0)) {
       char a[64], b[64];
       return sbn_fail(NULL, sbnInvalidUsage,
-                      "sbnGroupEnd: op mismatch: rank %d runs %s, rank %d runs %s; nothing was run",
+                      "op mismatch: rank %d runs %s, rank %d runs %s; nothing was run",
                       o0->comm->rank, sbn_sig_describe(sbn_op_signature(o0), a, sizeof a),
                       o->comm->rank, sbn_sig_describe(sbn_op_signature(o), b, sizeof b));
     }
     if (o->algo != o0->algo)
       return sbn_fail(NULL, sbnInvalidUsage,
-                      "sbnGroupEnd: rank %d's op runs SBN_ALGO=%s, rank %d's %s: the ranks of a "
+                      "rank %d's op runs SBN_ALGO=%s, rank %d's %s: the ranks of a "
                       "team must run the same path; nothing was run",
                       o0->comm->rank, o0->algo == SBN_ALGO_HOST ? "nccl" : "coop", o->comm->rank,
                       o->algo == SBN_ALGO_HOST ? "nccl" : "coop");
@@ -148,7 +148,7 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
           continue;
         if (a->stream == NULL || b->stream == NULL || a->stream == b->stream)
           return sbn_fail(NULL, sbnInvalidUsage,
-                          "sbnGroupEnd: ranks %d and %d share device %d and must run at the "
+                          "ranks %d and %d share device %d and must run at the "
                           "same time: give each its own non-NULL stream; nothing was run",
                           a->comm->rank, b->comm->rank,
                           gt->ranks[a->comm->rank].device);
@@ -175,6 +175,7 @@ typedef struct {
   int G, tile, vec, variant, hold_slots;
 } gpu_plan_t;
 
+/* A failure's detail goes to the calling thread's slot. */
 static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
@@ -209,7 +210,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
             : want == SBN_KERNEL_STREAM || !vec || shared_gpu ? SBN_VAR_STREAM
                                                                 : SBN_VAR_ONCHIP;
   if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
-    return sbn_fail(o0->comm, sbnUnsupported,
+    return sbn_fail(NULL, sbnUnsupported,
                     "SBN_KERNEL=onchip: %s; nothing was run",
                     shared_gpu ? "ranks sharing a GPU run the stream kernel"
                                : "the onchip kernel needs x, dy and y/dx 16-byte aligned and a "
@@ -225,7 +226,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
       continue;
     }
     if (gmax < 1)
-      return sbn_fail(o0->comm, sbnUnsupported,
+      return sbn_fail(NULL, sbnUnsupported,
                       "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
                       g0->device, occ * g0->sms);
     int64_t G;
@@ -253,7 +254,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
     }
     if (fits) return sbnSuccess;
     if (want == SBN_KERNEL_ONCHIP)
-      return sbn_fail(o0->comm, sbnUnsupported,
+      return sbn_fail(NULL, sbnUnsupported,
                       "SBN_KERNEL=onchip: the tensor does not fit on chip (%" PRId64
                       " batches per thread, %d held with %d blocks per rank); nothing was run",
                       need, SBN_HOLD_REG_BATCHES(dt, tile) + pl->hold_slots, (int)G);
@@ -520,6 +521,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
   } else {
     r = plan_round(ops, nops, &pl);
     if (r != sbnSuccess) {
+      sbn_note(o0->comm, sbnGetLastError(NULL));
       /* nothing launched, device unchanged; where the ranks launch separately the others
          may have launched already and would wait for this one: abort the team */
       if (gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1) {
@@ -535,7 +537,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    sbn_fail(o0->comm, r, "%s", sbnGetLastError(NULL));
+    sbn_note(o0->comm, sbnGetLastError(NULL));
     /* the team's other ranks may have launched already and would wait for this one until
        the timeout: abort the team (their kernels see the error word and return) */
     if (gt->nranks > 1) {
@@ -546,19 +548,15 @@ out:
   return r;
 }
 
-sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n) {
+sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   const struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
-  const sbn_op_t* failed = ops[0];
-  sbnResult_t r = sbnSuccess;
+  *failed = 0;
   /* the host-driven path takes the whole round too: one NCCL group, or one device */
-  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) {
-    r = launch_ops(ops, n);
-  } else {
-    for (int q = 0; q < n && r == sbnSuccess; q++) {
-      failed = ops[q];
-      r = launch_ops(&ops[q], 1);
-    }
+  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n);
+  sbnResult_t r = sbnSuccess;
+  for (int q = 0; q < n && r == sbnSuccess; q++) {
+    *failed = q;
+    r = launch_ops(&ops[q], 1);
   }
-  if (r != sbnSuccess) sbn_fail(NULL, r, "%s", sbnGetLastError(failed->comm));
   return r;
 }

@@ -126,7 +126,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (gt->nccl != NULL) {
     /* a collective still waiting for a peer would never finish: abort instead of destroy */
     int stuck = aborted;
-    for (int q = 0; q < gt->nranks && !stuck; q++)
+    for (int q = 0; gt->ranks != NULL && q < gt->nranks && !stuck; q++)
       if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
           cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
         stuck = 1;
