@@ -41,23 +41,6 @@ void sbn_log(int level, const char* fmt, ...) {
 static _Thread_local char thread_error[512];
 static _Thread_local char thread_copy[512];
 
-sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (comm != NULL && comm->magic == SBN_COMM_MAGIC) {
-    pthread_mutex_lock(&comm->err_mu);
-    memcpy(comm->last_error, msg, sizeof msg);
-    pthread_mutex_unlock(&comm->err_mu);
-  } else {
-    memcpy(thread_error, msg, sizeof msg);
-  }
-  sbn_log(SBN_LOG_WARN, "%s: %s", sbnGetResultName(r), msg);
-  return r;
-}
-
 void sbn_note(sbnComm_t comm, const char* msg) {
   char copy[512]; /* msg may be the buffer sbnGetLastError returned */
   snprintf(copy, sizeof copy, "%s", msg);
@@ -68,6 +51,17 @@ void sbn_note(sbnComm_t comm, const char* msg) {
   } else {
     memcpy(thread_error, copy, sizeof copy);
   }
+}
+
+sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  sbn_note(comm, msg);
+  sbn_log(SBN_LOG_WARN, "%s: %s", sbnGetResultName(r), msg);
+  return r;
 }
 
 SBN_API const char* sbnGetLastError(sbnComm_t comm) {

@@ -150,6 +150,13 @@ SBN_INTERNAL sbnResult_t sbn_gpu_check(const sbn_op_t* const* round, int n);
    team's as one launch per rank. Asynchronous on the ops' streams. */
 SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* failed);
 
+/* The table of a kind of GPU team: they differ in name, attach and split only. */
+#define SBN_GPU_TEAM_OPS(label, attach_fn, split_fn)                                         \
+  {.name = label, .threaded = 0, .attach = attach_fn, .detach = sbn_gpu_detach,              \
+   .prepare = sbn_gpu_prepare, .check = sbn_gpu_check, .run = sbn_gpu_run,                   \
+   .poll = sbn_gpu_poll, .abort = sbn_gpu_abort, .split = split_fn,                          \
+   .transport = sbn_gpu_transport}
+
 /* ---- nccl_team.c ---------------------------------------------------------------------- */
 /* Releases the window and the team's NCCL comm; makes the other processes' kernels return
    (sbnCommAbort, a failed launch). */

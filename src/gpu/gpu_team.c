@@ -497,30 +497,6 @@ static sbnResult_t peer_attach(sbn_team_t* team, sbn_team_init_t* init) {
   return gpu_attach(team, init->devices, 0);
 }
 
-const sbn_team_ops_t sbn_gpu_virtual_team_ops = {
-    .name = "GPU virtual",
-    .threaded = 0,
-    .attach = virtual_attach,
-    .detach = sbn_gpu_detach,
-    .prepare = sbn_gpu_prepare,
-    .check = sbn_gpu_check,
-    .run = sbn_gpu_run,
-    .poll = sbn_gpu_poll,
-    .abort = sbn_gpu_abort,
-    .split = gpu_split,
-    .transport = sbn_gpu_transport,
-};
-
-const sbn_team_ops_t sbn_gpu_peer_team_ops = {
-    .name = "GPU peer",
-    .threaded = 0,
-    .attach = peer_attach,
-    .detach = sbn_gpu_detach,
-    .prepare = sbn_gpu_prepare,
-    .check = sbn_gpu_check,
-    .run = sbn_gpu_run,
-    .poll = sbn_gpu_poll,
-    .abort = sbn_gpu_abort,
-    .split = gpu_split,
-    .transport = sbn_gpu_transport,
-};
+const sbn_team_ops_t sbn_gpu_virtual_team_ops =
+    SBN_GPU_TEAM_OPS("GPU virtual", virtual_attach, gpu_split);
+const sbn_team_ops_t sbn_gpu_peer_team_ops = SBN_GPU_TEAM_OPS("GPU peer", peer_attach, gpu_split);

@@ -473,19 +473,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   return sbnSuccess;
 }
 
-static const sbn_team_ops_t nccl_team_ops = {
-    .name = "NCCL",
-    .threaded = 0,
-    .attach = nccl_attach,
-    .detach = sbn_gpu_detach,
-    .prepare = sbn_gpu_prepare,
-    .check = sbn_gpu_check,
-    .run = sbn_gpu_run,
-    .poll = sbn_gpu_poll,
-    .abort = sbn_gpu_abort,
-    .split = nccl_split,
-    .transport = sbn_gpu_transport,
-};
+static const sbn_team_ops_t nccl_team_ops = SBN_GPU_TEAM_OPS("NCCL", nccl_attach, nccl_split);
 
 /* This process's rank of a team made from `nccl` (adopt: the team takes it as its own;
    otherwise it makes its own duplicate). */
