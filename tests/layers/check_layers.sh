@@ -29,19 +29,18 @@ undefined() { # object: its undefined symbols
 front_syms=$(defined "${front[@]}")
 upper_syms=$(printf '%s\n%s\n' "$front_syms" "$(defined "${backend[@]}")" | sort -u)
 bad=0
-for o in "${backend[@]}"; do
-  hits=$(comm -12 <(undefined "$o") <(printf '%s\n' "$front_syms"))
-  if [ -n "$hits" ]; then
-    echo "check_layers: backend $(basename "$o") calls the front: $(echo $hits)"
-    bad=1
-  fi
-done
-for o in "${core[@]}"; do
-  hits=$(comm -12 <(undefined "$o") <(printf '%s\n' "$upper_syms"))
-  if [ -n "$hits" ]; then
-    echo "check_layers: core $(basename "$o") calls the front or a backend: $(echo $hits)"
-    bad=1
-  fi
-done
+check() { # layer, what it must not call, those symbols, objects...
+  local layer=$1 what=$2 syms=$3 o hits
+  shift 3
+  for o in "$@"; do
+    hits=$(comm -12 <(undefined "$o") <(printf '%s\n' "$syms"))
+    if [ -n "$hits" ]; then
+      echo "check_layers: $layer $(basename "$o") calls $what: $(echo $hits)"
+      bad=1
+    fi
+  done
+}
+check backend "the front" "$front_syms" "${backend[@]}"
+check core "the front or a backend" "$upper_syms" "${core[@]}"
 if [ $bad -ne 0 ]; then exit 1; fi
 echo "check_layers: OK (${#core[@]} core, ${#front[@]} front, ${#backend[@]} backend objects)"
