@@ -5,6 +5,8 @@
 #include "internal.h"
 
 #define SBN_MAX_CHANNELS_LIMIT (1 << 20)
+/* an op's signature holds C in SBN_SIG_C_BITS bits (kernels/bn_op.h) */
+_Static_assert(SBN_MAX_CHANNELS_LIMIT < (1 << SBN_SIG_C_BITS), "C must fit the op signature");
 /* Longer timeouts mean "forever" and are clamped to ~100 years, so that deadlines in
    nanoseconds (CPU: CLOCK_MONOTONIC; GPU: %globaltimer) cannot overflow. */
 #define SBN_MAX_TIMEOUT_MS ((int64_t)100 * 365 * 24 * 3600 * 1000)
