@@ -23,7 +23,7 @@
 # with st.release.sys -> st.relaxed.sys in coop_mem.cuh fails all 48 cooperative kernels
 # ("no release store of a flag"), and one with ld.acquire.sys -> ld.relaxed.sys ("no
 # acquire after the flag polls"). To repeat: copy kernels/ and include/, apply the sed,
-# run this script's nvcc line and report on the copy.
+# run sbn_coop_cubin (scripts/cuda-tools.sh) there and report on the copy.
 #
 # Usage: scripts/check-sass.sh [OUTDIR]   (OUTDIR keeps the cubin, SASS and report)
 set -euo pipefail
@@ -32,32 +32,22 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/check-sass.XXXXXX")}
 mkdir -p "$OUT"
 
-NVCC=$(command -v nvcc || true)
-[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+. scripts/cuda-tools.sh
+sbn_find_nvcc
 if [ -z "$NVCC" ]; then
   echo "check-sass: skipped: no nvcc on PATH or in /usr/local/cuda/bin (a CPU-only machine)"
   exit 0
 fi
-CUDA_BIN=$(dirname "$NVCC")
 
-find_tool() { # name: echoes a path to an executable, or nothing
-  local t
-  t=$(command -v "$1" || true)
-  [ -n "$t" ] && { echo "$t"; return; }
-  [ -x "$CUDA_BIN/$1" ] && { echo "$CUDA_BIN/$1"; return; }
-  t=$(find "${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}" -name "$1" -type f -perm -u+x 2>/dev/null | head -n 1)
-  [ -n "$t" ] && echo "$t"
-  return 0
-}
-CUOBJDUMP=$(find_tool cuobjdump)
-NVDISASM=$(find_tool nvdisasm)
+CUOBJDUMP=$(sbn_find_tool cuobjdump)
+NVDISASM=$(sbn_find_tool nvdisasm)
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   TOOLS=${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}
   echo "check-sass: installing cuobjdump and nvdisasm (PyPI wheels) into $TOOLS"
   python3 -m pip install --quiet --disable-pip-version-check --target "$TOOLS" \
     nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
-  CUOBJDUMP=$(find_tool cuobjdump)
-  NVDISASM=$(find_tool nvdisasm)
+  CUOBJDUMP=$(sbn_find_tool cuobjdump)
+  NVDISASM=$(sbn_find_tool nvdisasm)
 fi
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   echo "check-sass: FAILED: no cuobjdump/nvdisasm (toolkit or wheels)" >&2
@@ -66,13 +56,10 @@ fi
 export PATH="$(dirname "$NVDISASM"):$PATH"
 
 # The kernels as the library builds them (NCCL's window transport where NCCL is found).
-DEFS=(-DSYNCBN_HAVE_CUDA=1)
-NCCL_H=$(find "$CUDA_BIN/../include" ${SYNCBN_NCCL_ROOT:+"$SYNCBN_NCCL_ROOT/include"} -maxdepth 1 -name nccl.h 2>/dev/null | head -n 1)
-if [ -n "$NCCL_H" ]; then DEFS+=(-DSYNCBN_HAVE_NCCL=1 -I"$(dirname "$NCCL_H")"); fi
+sbn_kernel_defs
 echo "check-sass: $("$NVCC" --version | tail -n 1); $("$CUOBJDUMP" --version | tail -n 1)"
 echo "+ nvcc -arch=sm_90 -cubin kernels/coop.cu ${DEFS[*]}"
-"$NVCC" -arch=sm_90 -cubin -std=c++17 -lineinfo -Iinclude -Ikernels "${DEFS[@]}" \
-  -o "$OUT/coop_sm90.cubin" kernels/coop.cu
+sbn_coop_cubin 90 "$OUT/coop_sm90.cubin" -lineinfo
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.res"
 "$CUOBJDUMP" -sass "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.sass"
 
@@ -239,8 +226,7 @@ done
 echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu"
 pids=()
 for sm in 80 100; do
-  "$NVCC" -arch=sm_$sm -cubin -std=c++17 -Iinclude -Ikernels "${DEFS[@]}" \
-    -o "$OUT/coop_sm$sm.cubin" kernels/coop.cu &
+  sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
   pids+=($!)
 done
 rc=0

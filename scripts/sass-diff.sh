@@ -11,14 +11,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REV=${1:?usage: scripts/sass-diff.sh REV [ARCH]}
 ARCH=${2:-90}
-NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-[ -x "$NVCC" ] || { echo "sass-diff: no nvcc" >&2; exit 2; }
-tool() {
-  command -v "$1" 2>/dev/null || find "$(dirname "$NVCC")" "${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}" \
-    -name "$1" -type f -perm -u+x 2>/dev/null | head -n 1
-}
-CUOBJDUMP=$(tool cuobjdump)
-NVDISASM=$(tool nvdisasm)
+. scripts/cuda-tools.sh
+sbn_find_nvcc
+[ -n "$NVCC" ] || { echo "sass-diff: no nvcc" >&2; exit 2; }
+CUOBJDUMP=$(sbn_find_tool cuobjdump)
+NVDISASM=$(sbn_find_tool nvdisasm)
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   echo "sass-diff: no cuobjdump/nvdisasm (run scripts/check-sass.sh once: it installs them)" >&2
   exit 2
@@ -26,14 +23,11 @@ fi
 export PATH="$(dirname "$NVDISASM"):$PATH"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sass-diff.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-DEFS=(-DSYNCBN_HAVE_CUDA=1)
-NCCL_H=$(find "$(dirname "$NVCC")/../include" -maxdepth 1 -name nccl.h 2>/dev/null | head -n 1)
-[ -n "$NCCL_H" ] && DEFS+=(-DSYNCBN_HAVE_NCCL=1 -I"$(dirname "$NCCL_H")")
+sbn_kernel_defs
 mkdir -p "$TMP/base"
 git archive "$REV" kernels include | tar -x -C "$TMP/base"
 build() { # dir out
-  (cd "$1" && "$NVCC" -arch=sm_$ARCH -cubin -std=c++17 -lineinfo -Iinclude -Ikernels "${DEFS[@]}" \
-    -o "$2" kernels/coop.cu)
+  (cd "$1" && sbn_coop_cubin "$ARCH" "$2" -lineinfo)
 }
 echo "sass-diff: sm_$ARCH, $REV vs the working tree"
 build "$TMP/base" "$TMP/base.cubin" &
