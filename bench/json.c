@@ -75,6 +75,14 @@ static void json_string_or_null(FILE* f, const char* s) {
     fprintf(f, "null");
 }
 
+/* An integer where there is one (have != 0), else null. */
+static void json_int_or_null(FILE* f, int have, long long v) {
+  if (have)
+    fprintf(f, "%lld", v);
+  else
+    fprintf(f, "null");
+}
+
 static void json_number(FILE* f, double v) {
   if (isfinite(v))
     fprintf(f, "%.6g", v);
@@ -171,17 +179,11 @@ static void json_gpu_top(FILE* f, const bench_run_t* run) {
           "  \"driver_version\": %d,\n  \"runtime_version\": %d,\n"
           "  \"cuda_runtime_version\": %d,\n  \"nccl_version\": ",
           g->driver, g->runtime, g->runtime);
-  if (run->nccl.version >= 0)
-    fprintf(f, "%lld", run->nccl.version);
-  else
-    fprintf(f, "null");
+  json_int_or_null(f, run->nccl.version >= 0, run->nccl.version);
   fprintf(f, ",\n  \"nccl_library\": ");
   json_string_or_null(f, run->nccl.loaded ? run->nccl.from : NULL);
   fprintf(f, ",\n  \"cudnn_version\": ");
-  if (run->cudnn.version >= 0)
-    fprintf(f, "%lld", run->cudnn.version);
-  else
-    fprintf(f, "null");
+  json_int_or_null(f, run->cudnn.version >= 0, run->cudnn.version);
   fprintf(f, ",\n  \"cudnn_library\": ");
   json_string_or_null(f, run->cudnn.loaded ? run->cudnn.from : NULL);
   fprintf(f, ",\n  \"cudnn_status\": ");
@@ -252,10 +254,7 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
   fprintf(f, ",\n  \"sbn_kernel_env\": ");
   json_string_or_null(f, getenv("SBN_KERNEL"));
   fprintf(f, ",\n  \"cores_online\": %ld,\n  \"threads\": ", run->cores);
-  if (gpu)
-    fprintf(f, "null");
-  else
-    fprintf(f, "%d", o->ranks);
+  json_int_or_null(f, !gpu, o->ranks);
   fprintf(f, ",\n  \"copy_bandwidth\": ");
   if (gpu) {
     fprintf(f, "{\"gbps\": ");
@@ -281,10 +280,7 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
   for (int W = 1; W <= run->lat_w; W++) fprintf(f, "%s%d", W > 1 ? ", " : "", W);
   fprintf(f, "],\n  \"scale\": %d,\n  \"warmup\": %d,\n  \"iters\": %d,\n  \"l2_flush_bytes\": ",
           o->scale, o->warmup, o->iters);
-  if (gpu)
-    fprintf(f, "%zu", run->dev->flush_bytes);
-  else
-    fprintf(f, "null");
+  json_int_or_null(f, gpu, gpu ? (long long)run->dev->flush_bytes : 0);
   fprintf(f, ",\n  \"check_channels\": %d,\n  \"grad_mode\": \"%s\",\n  \"timing\": ",
           o->check_channels, gpu ? "global" : "local");
   json_string(f, gpu ? "CUDA events recorded around the op only; L2 flushed (memset) before "
