@@ -12,9 +12,19 @@ def safe_name(s):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", str(s))
 
 
+def finish_figure(plt, fig, data, handles, labels, ncol, name):
+    """A legend centred under the axes and a device/B line under it, the axes laid out above
+    them; then the figure is written to `name` (a PNG) and closed. Returns `name`."""
+    bottom = legend_and_footer(fig, data, handles, labels, ncol)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def legend_and_footer(fig, data, handles, labels, ncol):
-    """A legend centred under the axes and a device/B line under it; returns the fraction of
-    the figure's height they take (the bottom of tight_layout's rect)."""
+    """finish_figure's legend and footer; returns the fraction of the figure's height they
+    take (the bottom of tight_layout's rect)."""
     h_in = fig.get_size_inches()[1]
     foot = 0.22 / h_in
     devs = sorted({s["device"] for s in data.sources if s["device"]})
@@ -80,13 +90,9 @@ def plot_shape(plt, data, sid, out):
         dims += f" (scaled: spatial {info['spatial']})"
     fig.suptitle(f"{sid}: {dims}, W = 1\n{info.get('where', '')}", fontsize=11)
     order = [p for p in paths if p in handles] + [n for n in ("floor (a)", "floor (b)") if n in handles]
-    bottom = legend_and_footer(fig, data, [handles[k] for k in order],
-                               [LABELS.get(k, k) for k in order], 2 if len(lys) == 1 else 4)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    name = os.path.join(out, f"shape_{safe_name(sid)}.png")
-    fig.savefig(name, dpi=110)
-    plt.close(fig)
-    return name
+    return finish_figure(plt, fig, data, [handles[k] for k in order],
+                         [LABELS.get(k, k) for k in order], 2 if len(lys) == 1 else 4,
+                         os.path.join(out, f"shape_{safe_name(sid)}.png"))
 
 
 def plot_scaling(plt, data, out):
@@ -142,13 +148,9 @@ def plot_scaling(plt, data, out):
         for idx in range(len(shapes), nrows * ncols):
             axes[idx // ncols][idx % ncols].axis("off")
         fig.suptitle(f"{REF} vs nccl-path against W: {d} {l} (every rank holds the full shape)", fontsize=11)
-        bottom = legend_and_footer(fig, data, list(handles.values()), list(handles.keys()),
-                                   max(2, int(fig.get_size_inches()[0] // 2.3)))
-        fig.tight_layout(rect=(0, bottom, 1, 1))
-        name = os.path.join(out, f"scaling_{safe_name(d)}_{safe_name(l)}.png")
-        fig.savefig(name, dpi=110)
-        plt.close(fig)
-        names.append(name)
+        names.append(finish_figure(plt, fig, data, list(handles.values()), list(handles.keys()),
+                                   max(2, int(fig.get_size_inches()[0] // 2.3)),
+                                   os.path.join(out, f"scaling_{safe_name(d)}_{safe_name(l)}.png")))
     return names
 
 
@@ -189,12 +191,8 @@ def plot_latency(plt, data, out):
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3, which="both")
     fig.suptitle("Latency: fp32 NCHW, C=512 (launches and the exchange)", fontsize=11)
-    bottom = legend_and_footer(fig, data, list(handles.values()), list(handles.keys()), 4)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    name = os.path.join(out, "latency.png")
-    fig.savefig(name, dpi=110)
-    plt.close(fig)
-    return name
+    return finish_figure(plt, fig, data, list(handles.values()), list(handles.keys()), 4,
+                         os.path.join(out, "latency.png"))
 
 
 def plot_summary(plt, data, out):
@@ -244,10 +242,6 @@ def plot_summary(plt, data, out):
         ax2.set_title(f"{OP_NAMES[op]}: {REF} % of floor (100% = copy bandwidth)", fontsize=10)
         ax2.grid(axis="y", alpha=0.3)
     fig.suptitle("Per shape, W = 1, geometric mean over dtype x layout", fontsize=11)
-    bottom = legend_and_footer(fig, data, list(handles.values()), list(handles.keys()), 3)
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    name = os.path.join(out, "summary.png")
-    fig.savefig(name, dpi=110)
-    plt.close(fig)
-    return name
+    return finish_figure(plt, fig, data, list(handles.values()), list(handles.keys()), 3,
+                         os.path.join(out, "summary.png"))
 
