@@ -39,21 +39,18 @@ if [ -z "$NVCC" ]; then
   exit 0
 fi
 
-CUOBJDUMP=$(sbn_find_tool cuobjdump)
-NVDISASM=$(sbn_find_tool nvdisasm)
+sbn_find_disasm
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   TOOLS=${SBN_TOOLS_DIR:-$HOME/.cache/syncbn-tools}
   echo "check-sass: installing cuobjdump and nvdisasm (PyPI wheels) into $TOOLS"
   python3 -m pip install --quiet --disable-pip-version-check --target "$TOOLS" \
     nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
-  CUOBJDUMP=$(sbn_find_tool cuobjdump)
-  NVDISASM=$(sbn_find_tool nvdisasm)
+  sbn_find_disasm
 fi
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   echo "check-sass: FAILED: no cuobjdump/nvdisasm (toolkit or wheels)" >&2
   exit 1
 fi
-export PATH="$(dirname "$NVDISASM"):$PATH"
 
 # The kernels as the library builds them (NCCL's window transport where NCCL is found).
 sbn_kernel_defs

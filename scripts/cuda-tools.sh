@@ -25,6 +25,18 @@ sbn_find_tool() {
   return 0
 }
 
+# CUOBJDUMP, NVDISASM := sbn_find_tool of each (empty where not found). Where both are
+# found, nvdisasm's folder goes first on PATH: cuobjdump -sass runs nvdisasm from PATH.
+sbn_find_disasm() {
+  CUOBJDUMP=$(sbn_find_tool cuobjdump)
+  NVDISASM=$(sbn_find_tool nvdisasm)
+  if [ -n "$CUOBJDUMP" ] && [ -n "$NVDISASM" ]; then
+    PATH="$(dirname "$NVDISASM"):$PATH"
+    export PATH
+  fi
+  return 0
+}
+
 # DEFS := the defines the library compiles the kernels with: CUDA, and NCCL's window
 # transport where nccl.h is found (the toolkit, or $SYNCBN_NCCL_ROOT as CMake takes it).
 sbn_kernel_defs() {

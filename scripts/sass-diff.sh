@@ -14,13 +14,11 @@ ARCH=${2:-90}
 . scripts/cuda-tools.sh
 sbn_find_nvcc
 [ -n "$NVCC" ] || { echo "sass-diff: no nvcc" >&2; exit 2; }
-CUOBJDUMP=$(sbn_find_tool cuobjdump)
-NVDISASM=$(sbn_find_tool nvdisasm)
+sbn_find_disasm
 if [ -z "$CUOBJDUMP" ] || [ -z "$NVDISASM" ]; then
   echo "sass-diff: no cuobjdump/nvdisasm (run scripts/check-sass.sh once: it installs them)" >&2
   exit 2
 fi
-export PATH="$(dirname "$NVDISASM"):$PATH"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/sass-diff.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 sbn_kernel_defs
