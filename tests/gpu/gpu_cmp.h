@@ -7,8 +7,10 @@
 
 #include <math.h>
 
+#include "bn_dtype.h"
 #include "gpu_fixture.h"
 #include "team_util.h"
+#include "unwritten.h"
 
 static const char* dt_name(sbnDataType_t dt) {
   return dt == sbnFloat32 ? "fp32" : dt == sbnFloat16 ? "fp16" : "bf16";
@@ -78,10 +80,25 @@ static double dt_ulp(sbnDataType_t dt, double v) {
   return ldexp(1.0, e - mant);
 }
 
+/* Every element of a GPU output was written: 1, or 0 after a failure that says which were
+   not (still GPU_POISON, where the CPU team's value is not that pattern), before any
+   comparison of values. */
+static int gc_all_written(const char* what, int r, const void* g, const void* c, size_t n,
+                          size_t size) {
+  char name[128];
+  snprintf(name, sizeof name, GPU_CMP_WHO " %s rank %d", what, r);
+  if (SBN_REPORT_UNWRITTEN(name, sbn_unwritten(g, c, n, size, GPU_POISON), n, GPU_POISON))
+    return 1;
+  sbn_test_failures_++;
+  sbn_test_cur_failed_++;
+  return 0;
+}
+
 /* gpu[i] vs cpu[i]: |g - c| <= atol_i + rtol * |c|, atol_i = atolv ? atolv[i] : atol.
    Prints the worst element. */
 static int cmp_f32(const char* what, int r, const float* g, const float* c, size_t n,
                    const double* atolv, double atol, double rtol) {
+  if (!gc_all_written(what, r, g, c, n, sizeof(float))) return 0;
   size_t bad = 0, worst = 0;
   double worst_frac = -1.0;
   for (size_t i = 0; i < n; i++) {
@@ -108,6 +125,7 @@ static int cmp_out(const char* what, int r, sbnDataType_t dt, const void* g, con
   if (dt == sbnFloat32)
     return cmp_f32(what, r, (const float*)g, (const float*)c, (size_t)n, NULL, GC_OUT_ATOL,
                    GC_OUT_RTOL);
+  if (!gc_all_written(what, r, g, c, (size_t)n, (size_t)sbn_dtype_size(dt))) return 0;
   int64_t bad = 0, worst = 0;
   double worst_frac = -1.0;
   for (int64_t i = 0; i < n; i++) {

@@ -119,8 +119,11 @@ static inline void h2d(void* dst, const void* src, size_t bytes, cudaStream_t s)
 static inline void d2h(void* dst, const void* src, size_t bytes) {
   if (bytes && dst && src) CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
+/* The poison byte of every output before an op (0xff: a NaN in fp32, fp16 and bf16);
+   gpu_cmp.h reports an output still holding it as never written (tests/gpu/unwritten.h). */
+#define GPU_POISON 0xff
 static inline void dpoison(void* p, size_t bytes, cudaStream_t s) {
-  if (bytes && p) CUDA_OK(cudaMemsetAsync(p, 0xff, bytes, s));
+  if (bytes && p) CUDA_OK(cudaMemsetAsync(p, GPU_POISON, bytes, s));
 }
 
 /* ---- device tensors of some ranks of a host mirror team_t ----------------------------- */
@@ -343,7 +346,7 @@ static inline void dteam_download(dteam_t* d, team_t* h, int s, int what, int op
 static inline int all_ff(const void* p, size_t n) {
   const unsigned char* c = (const unsigned char*)p;
   for (size_t i = 0; i < n; i++)
-    if (c[i] != 0xff) return 0;
+    if (c[i] != GPU_POISON) return 0;
   return 1;
 }
 static inline void dteam_check_untouched(const dteam_t* d, const team_t* h, int s,

@@ -4,6 +4,10 @@
  * formulas. A kernel evaluates every function on many inputs, the host evaluates the same
  * functions on the same inputs, and every output bit is compared.
  *
+ * Every output buffer is poisoned (0xcd bytes) before its launch, and before any value is
+ * compared the test checks that the launch wrote every output (tests/gpu/unwritten.h): an
+ * output the grid did not cover is reported as never written, not as a mismatch.
+ *
  * nvcc contracts a*b+c into an FMA by default (-fmad=true). bn_math.h writes every
  * product as SBN_MUL (__fmul_rn on the device, never fused), so this test is built with
  * nvcc's defaults, like the library's kernels, and must still agree bitwise. The test
@@ -14,20 +18,30 @@
  * __bfloat162float / __float2bfloat16_rn on every non-NaN input (bn_dtype.h promises it),
  * and every fp16/bf16 pattern survives widen+narrow.
  *
- * Without a GPU it prints why and exits 77 (skipped).
+ * Without a GPU it prints why and exits 77 (skipped). Built by a host C++ compiler instead
+ * of nvcc (test_gpu_math_host.cc, every build with CUDA headers), the same kernels run as
+ * host loops over the same grid (launch_1d below): that says nothing about the GPU's
+ * arithmetic, but runs the test's launches, poison and coverage checks in CI; built with
+ * SBN_GPU_MATH_MUTANT_LAUNCH (the first GPU run's bug: blocks sized for kThreads threads,
+ * launched with half as many) it must report outputs never written.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifdef __CUDACC__
 #include <cuda_runtime.h>
+#endif
 
 #include <float.h>
+#include <stdlib.h>
 
 #include <vector>
 
 #include "bn_dtype.h"
 #include "bn_math.h"
 #include "harness.h"
+#include "unwritten.h"
 
+#ifdef __CUDACC__
 #define CUDA_CHECK(call)                                                                \
   do {                                                                                  \
     cudaError_t e_ = (call);                                                            \
@@ -37,17 +51,61 @@
       exit(1);                                                                          \
     }                                                                                   \
   } while (0)
-
 /* Launch check: the launch itself, then the kernel's completion. */
 #define CUDA_CHECK_LAUNCH()                 \
   do {                                      \
     CUDA_CHECK(cudaGetLastError());         \
     CUDA_CHECK(cudaDeviceSynchronize());    \
   } while (0)
+#else
+/* Host mode: "device" memory is host memory; the grid's indices are these variables. */
+struct HostIdx {
+  unsigned x, y, z;
+};
+static HostIdx blockIdx, threadIdx, blockDim, gridDim;
+#endif
+
+/* Every launch of this test is 1-D, kThreads threads per block, blocks_for(n) blocks:
+   one definition, so the grid always covers the n cases (the kernels return for i >= n). */
+static const unsigned kThreads = 256;
+static unsigned blocks_for(size_t n) { return (unsigned)((n + kThreads - 1) / kThreads); }
+
+template <typename... P, typename... A>
+static void launch_1d(void (*kernel)(P...), size_t n, A... args) {
+  unsigned threads = kThreads;
+#ifdef SBN_GPU_MATH_MUTANT_LAUNCH
+  threads = kThreads / 2; /* the first GPU run's launch: blocks for 256, 128 threads each */
+#endif
+#ifdef __CUDACC__
+  kernel<<<blocks_for(n), threads>>>(args...);
+  CUDA_CHECK_LAUNCH();
+#else
+  gridDim = HostIdx{blocks_for(n), 1, 1};
+  blockDim = HostIdx{threads, 1, 1};
+  for (unsigned b = 0; b < gridDim.x; b++)
+    for (unsigned t = 0; t < threads; t++) {
+      blockIdx = HostIdx{b, 0, 0};
+      threadIdx = HostIdx{t, 0, 0};
+      kernel(args...);
+    }
+#endif
+}
+
+static const unsigned char kPoison = 0xcd;
+
+/* Every output of a launch was written: 1, or 0 after saying which were not. expected:
+   the host's values of the same outputs (an output whose right value is the poison
+   pattern is not flagged). */
+template <typename T>
+static int all_written(const char* what, const std::vector<T>& dev, const std::vector<T>& expected) {
+  return SBN_REPORT_UNWRITTEN(what, sbn_unwritten(dev.data(), expected.data(), dev.size(), sizeof(T), kPoison),
+                              dev.size(), kPoison);
+}
 
 static bool g_fma_contracted = false; /* set by detect_fma_contraction() */
 
 /* ---- device buffers ------------------------------------------------------------- */
+#ifdef __CUDACC__
 template <typename T>
 static T* to_device(const std::vector<T>& h) {
   T* d = nullptr;
@@ -59,7 +117,7 @@ template <typename T>
 static T* device_alloc(size_t n) {
   T* d = nullptr;
   CUDA_CHECK(cudaMalloc(&d, n * sizeof(T) + 1));
-  CUDA_CHECK(cudaMemset(d, 0xcd, n * sizeof(T))); /* poison: an unwritten slot shows */
+  CUDA_CHECK(cudaMemset(d, kPoison, n * sizeof(T))); /* poison: an unwritten slot shows */
   return d;
 }
 template <typename T>
@@ -68,7 +126,28 @@ static std::vector<T> to_host(const T* d, size_t n) {
   if (n) CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
 }
-static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256); }
+static void device_free(void* d) { CUDA_CHECK(cudaFree(d)); }
+#else
+template <typename T>
+static T* to_device(const std::vector<T>& h) {
+  T* d = static_cast<T*>(malloc(h.size() * sizeof(T) + 1));
+  if (d == nullptr) abort();
+  if (!h.empty()) memcpy(d, h.data(), h.size() * sizeof(T));
+  return d;
+}
+template <typename T>
+static T* device_alloc(size_t n) {
+  T* d = static_cast<T*>(malloc(n * sizeof(T) + 1));
+  if (d == nullptr) abort();
+  memset(d, kPoison, n * sizeof(T));
+  return d;
+}
+template <typename T>
+static std::vector<T> to_host(const T* d, size_t n) {
+  return std::vector<T>(d, d + n);
+}
+static void device_free(void* d) { free(d); }
+#endif
 
 static uint32_t fbits(float f) { return sbn_f32_bits(f); }
 
@@ -101,20 +180,19 @@ static void no_description(size_t) {}
 /* a = b = 1 + 2^-12, c = -(1 + 2^-11): a*b rounds to 1 + 2^-11 (the 2^-24 term is a tie
    broken to even), so unfused a*b + c = 0 while fma(a, b, c) = 2^-24. */
 __global__ void fma_probe_kernel(const float* in, float* out) {
-  out[0] = in[0] * in[1] + in[2];
+  if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = in[0] * in[1] + in[2];
 }
 static void detect_fma_contraction(void) {
   std::vector<float> in = {1.0f + 0x1p-12f, 1.0f + 0x1p-12f, -(1.0f + 0x1p-11f)};
   float* din = to_device(in);
   float* dout = device_alloc<float>(1);
-  fma_probe_kernel<<<1, 1>>>(din, dout);
-  CUDA_CHECK_LAUNCH();
+  launch_1d(fma_probe_kernel, 1, (const float*)din, dout);
   std::vector<float> out = to_host(dout, 1);
   g_fma_contracted = out[0] != 0.0f;
   fprintf(stderr, "note: device code %s a*b+c (probe gave %g)\n",
           g_fma_contracted ? "CONTRACTS (fma, -fmad=true)" : "does not contract", (double)out[0]);
-  CUDA_CHECK(cudaFree(din));
-  CUDA_CHECK(cudaFree(dout));
+  device_free(din);
+  device_free(dout);
 }
 
 /* ---- 1. widening: all 65536 fp16 and bf16 patterns ---------------------------------- */
@@ -139,20 +217,29 @@ static void test_widen_all_patterns(void) {
   float* d_bf16c = device_alloc<float>(n);
   uint16_t* d_f16r = device_alloc<uint16_t>(n);
   uint16_t* d_bf16r = device_alloc<uint16_t>(n);
-  widen_kernel<<<blocks_for(n), 256>>>(d_f16, d_bf16, d_f16c, d_bf16c, d_f16r, d_bf16r);
-  CUDA_CHECK_LAUNCH();
+  launch_1d(widen_kernel, n, d_f16, d_bf16, d_f16c, d_bf16c, d_f16r, d_bf16r);
   std::vector<float> f16 = to_host(d_f16, n), bf16 = to_host(d_bf16, n);
   std::vector<float> f16c = to_host(d_f16c, n), bf16c = to_host(d_bf16c, n);
   std::vector<uint16_t> f16r = to_host(d_f16r, n), bf16r = to_host(d_bf16r, n);
-  CUDA_CHECK(cudaFree(d_f16)); CUDA_CHECK(cudaFree(d_bf16));
-  CUDA_CHECK(cudaFree(d_f16c)); CUDA_CHECK(cudaFree(d_bf16c));
-  CUDA_CHECK(cudaFree(d_f16r)); CUDA_CHECK(cudaFree(d_bf16r));
+  device_free(d_f16); device_free(d_bf16);
+  device_free(d_f16c); device_free(d_bf16c);
+  device_free(d_f16r); device_free(d_bf16r);
 
-  std::vector<float> hf16(n), hbf16(n);
+  std::vector<float> hf16(n), hbf16(n), hf16c(n), hbf16c(n);
+  std::vector<uint16_t> identity(n);
   for (size_t i = 0; i < n; i++) {
     hf16[i] = sbn_f16_to_f32((uint16_t)i);
     hbf16[i] = sbn_bf16_to_f32((uint16_t)i);
+    hf16c[i] = __half2float(__ushort_as_half((unsigned short)i));
+    hbf16c[i] = __bfloat162float(__ushort_as_bfloat16((unsigned short)i));
+    identity[i] = (uint16_t)i;
   }
+  /* every output written, before any value is compared */
+  ASSERT_TRUE(all_written("widen: f16_to_f32", f16, hf16) & all_written("widen: bf16_to_f32", bf16, hbf16) &
+              all_written("widen: __half2float", f16c, hf16c) &
+              all_written("widen: __bfloat162float", bf16c, hbf16c) &
+              all_written("widen: f16 round trip", f16r, identity) &
+              all_written("widen: bf16 round trip", bf16r, identity));
   auto pat = [](size_t i) { fprintf(stderr, "pattern 0x%04zx", i); };
   EXPECT_TRUE(count_bit_mismatches("f16_to_f32", f16.data(), hf16.data(), n, pat) == 0);
   EXPECT_TRUE(count_bit_mismatches("bf16_to_f32", bf16.data(), hbf16.data(), n, pat) == 0);
@@ -244,16 +331,27 @@ static void test_narrow(void) {
   uint16_t* d_bf16 = device_alloc<uint16_t>(n);
   uint16_t* d_f16c = device_alloc<uint16_t>(n);
   uint16_t* d_bf16c = device_alloc<uint16_t>(n);
-  narrow_kernel<<<blocks_for(n), 256>>>(d_in, n, d_f16, d_bf16, d_f16c, d_bf16c);
-  CUDA_CHECK_LAUNCH();
+  launch_1d(narrow_kernel, n, (const float*)d_in, n, d_f16, d_bf16, d_f16c, d_bf16c);
   std::vector<uint16_t> f16 = to_host(d_f16, n), bf16 = to_host(d_bf16, n);
   std::vector<uint16_t> f16c = to_host(d_f16c, n), bf16c = to_host(d_bf16c, n);
-  CUDA_CHECK(cudaFree(d_in)); CUDA_CHECK(cudaFree(d_f16)); CUDA_CHECK(cudaFree(d_bf16));
-  CUDA_CHECK(cudaFree(d_f16c)); CUDA_CHECK(cudaFree(d_bf16c));
+  device_free(d_in); device_free(d_f16); device_free(d_bf16);
+  device_free(d_f16c); device_free(d_bf16c);
+
+  std::vector<uint16_t> hf16(n), hbf16(n), hf16c(n), hbf16c(n);
+  for (size_t i = 0; i < n; i++) {
+    hf16[i] = sbn_f32_to_f16(in[i]);
+    hbf16[i] = sbn_f32_to_bf16(in[i]);
+    hf16c[i] = __half_as_ushort(__float2half_rn(in[i]));
+    hbf16c[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
+  }
+  /* every output written, before any value is compared */
+  ASSERT_TRUE(all_written("narrow: f32_to_f16", f16, hf16) & all_written("narrow: f32_to_bf16", bf16, hbf16) &
+              all_written("narrow: __float2half_rn", f16c, hf16c) &
+              all_written("narrow: __float2bfloat16_rn", bf16c, hbf16c));
 
   size_t bad_host = 0, bad_cuda = 0;
   for (size_t i = 0; i < n; i++) {
-    const uint16_t host[2] = {sbn_f32_to_f16(in[i]), sbn_f32_to_bf16(in[i])};
+    const uint16_t host[2] = {hf16[i], hbf16[i]};
     const uint16_t dev[2] = {f16[i], bf16[i]}, cu[2] = {f16c[i], bf16c[i]};
     for (int k = 0; k < 2; k++) {
       if (dev[k] != host[k] && bad_host++ < 5)
@@ -367,13 +465,14 @@ static void test_welford(void) {
   float* d_data = to_device(data);
   WelfordCase* d_cases = to_device(cases);
   WelfordOut* d_out = device_alloc<WelfordOut>(cases.size());
-  welford_kernel<<<blocks_for(cases.size()), 128>>>(d_data, d_cases, (int)cases.size(), d_out);
-  CUDA_CHECK_LAUNCH();
+  launch_1d(welford_kernel, cases.size(), (const float*)d_data, (const WelfordCase*)d_cases,
+            (int)cases.size(), d_out);
   std::vector<WelfordOut> dev = to_host(d_out, cases.size());
-  CUDA_CHECK(cudaFree(d_data)); CUDA_CHECK(cudaFree(d_cases)); CUDA_CHECK(cudaFree(d_out));
+  device_free(d_data); device_free(d_cases); device_free(d_out);
 
   std::vector<WelfordOut> host(cases.size());
   for (size_t i = 0; i < cases.size(); i++) welford_case(data.data(), cases[i], &host[i]);
+  ASSERT_TRUE(all_written("welford: cases", dev, host)); /* before any value is compared */
   const size_t nf = sizeof(WelfordOut) / sizeof(float);
   const char* field[] = {"seq.count", "seq.mean", "seq.m2",
                          "wchunk.count", "wchunk.mean", "wchunk.m2",
@@ -464,13 +563,13 @@ static void test_elementwise(void) {
   }
   ElemIn* d_in = to_device(in);
   ElemOut* d_out = device_alloc<ElemOut>(in.size());
-  elem_kernel<<<blocks_for(in.size()), 256>>>(d_in, (int)in.size(), d_out);
-  CUDA_CHECK_LAUNCH();
+  launch_1d(elem_kernel, in.size(), (const ElemIn*)d_in, (int)in.size(), d_out);
   std::vector<ElemOut> dev = to_host(d_out, in.size());
-  CUDA_CHECK(cudaFree(d_in)); CUDA_CHECK(cudaFree(d_out));
+  device_free(d_in); device_free(d_out);
 
   std::vector<ElemOut> host(in.size());
   for (size_t i = 0; i < in.size(); i++) elem_case(&in[i], &host[i]);
+  ASSERT_TRUE(all_written("elementwise: cases", dev, host)); /* before any value is compared */
   const size_t nf = sizeof(ElemOut) / sizeof(float);
   static_assert(sizeof(ElemOut) == 12 * sizeof(float), "field names");
   const char* field[] = {"momentum_factor", "running_update", "forward_y", "coef.mean",
@@ -487,6 +586,10 @@ static void test_elementwise(void) {
 }
 
 int main(void) {
+#ifndef __CUDACC__
+  fprintf(stderr, "test_gpu_math (host build): the kernels run as host loops over the same "
+                  "grid; this checks the launches and the coverage checks, not a GPU\n");
+#else
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
@@ -497,6 +600,7 @@ int main(void) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   fprintf(stderr, "device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+#endif
   detect_fma_contraction();
   (void)no_description;
   SBN_RUN(test_widen_all_patterns);
