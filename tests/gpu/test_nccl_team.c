@@ -242,6 +242,8 @@ typedef struct {
   int have_host;
 } case_teams_t;
 
+#define CASE_LABEL_LEN 96 /* a case step's label, with its terminating NUL */
+
 static void case_step(case_teams_t* T, const case_t* k, int bwd, const sbnParams_t* p,
                       const char* label) {
   int r = g_rank, what = bwd ? OUT_BWD : OUT_FWD;
@@ -273,12 +275,12 @@ static void case_step(case_teams_t* T, const case_t* k, int bwd, const sbnParams
     cmp_forward_rank(&T->g, &T->c, r);
     log_hash(label, T->g.smean[r], chan_bytes(&T->g), T->g.sinv[r], chan_bytes(&T->g));
     if (T->g.running) {
-      char l2[96];
+      char l2[CASE_LABEL_LEN + sizeof ".running"]; /* no truncation (-Wformat-truncation) */
       snprintf(l2, sizeof l2, "%s.running", label);
       log_hash(l2, T->g.rm[r], chan_bytes(&T->g), T->g.rv[r], chan_bytes(&T->g));
     }
     if (!T->g.nbt_null) {
-      char l3[96];
+      char l3[CASE_LABEL_LEN + sizeof ".nbt"];
       snprintf(l3, sizeof l3, "%s.nbt", label);
       log_hash(l3, &T->g.nbt[r], sizeof(int64_t), NULL, 0);
     }
@@ -296,7 +298,7 @@ static void case_body(case_teams_t* T, const case_t* k) {
   p.eps = k->eps;
   p.momentum = k->momentum;
   sbn_rng_t rc = {k->seed * 31u + 7u}, rg = rc, rh = rc, rv = rc;
-  char label[96];
+  char label[CASE_LABEL_LEN];
   for (int call = 0; call < k->nfwd && !g_fatal; call++) {
     if (call) { /* fresh inputs, the same on every team; running state carries on */
       team_new_inputs(&T->c, &rc, k->s.gen);
