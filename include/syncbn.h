@@ -110,10 +110,18 @@ typedef struct {
 /* Color for sbnCommSplit: this rank joins no sub-team (*newcomm = NULL). */
 #define SBN_SPLIT_NOCOLOR (-1)
 
+/* Most ranks in a CPU team (sbnCommInitCpu). */
+#define SBN_MAX_CPU_TEAM_RANKS 4096
+
 /* CPU team: creates `nranks` comms (ranks 0..nranks-1 in comms[0..nranks-1]) whose ranks
    are host threads and whose data lives in host memory. config may be NULL (defaults).
    Each comm is owned by the caller and released with sbnCommDestroy. Always available.
-   Errors: sbnInvalidArgument (comms NULL, nranks < 1, bad config), sbnSystemError. */
+   Cost: every rank of an op reads every rank's records, and the nranks threads share the
+   host's cores, so an op's time grows about quadratically with nranks once they outnumber
+   the cores (measured on 2 cores, C = 512: 0.7 s per forward at 256 ranks, 14-22 s at
+   1024-2048); SBN_DEBUG=WARN says so at init above 256 ranks.
+   Errors: sbnInvalidArgument (comms NULL, nranks < 1 or > SBN_MAX_CPU_TEAM_RANKS, bad
+   config), sbnSystemError. */
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
 /* GPU teams (sbnCommInitAll, sbnCommInitVirtual). Forward and backward are each ONE
    cooperative kernel per GPU with the cross-rank exchange inside it. For their ops:

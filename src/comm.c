@@ -10,12 +10,18 @@
 
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config) {
   if (comms == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitCpu: comms is NULL");
-  if (nranks < 1 || nranks > 4096)
-    return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitCpu: nranks must be in [1, 4096], got %d",
-                    nranks);
+  if (nranks < 1 || nranks > SBN_MAX_CPU_TEAM_RANKS)
+    return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitCpu: nranks must be in [1, %d], got %d",
+                    SBN_MAX_CPU_TEAM_RANKS, nranks);
   sbn_cfg_t cfg;
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
+  if (nranks > 256)
+    sbn_log(SBN_LOG_WARN,
+            "sbnCommInitCpu: a CPU team of %d ranks: an op's time grows about quadratically "
+            "with the ranks (each reads every rank's records; %d threads share the cores), "
+            "seconds per op from about 1000 ranks (syncbn.h)",
+            nranks, nranks);
   return sbn_team_create(&sbn_cpu_team_ops, nranks, 0, nranks, &cfg, NULL, comms);
 }
 

@@ -177,6 +177,8 @@ static void test_init_cpu_bad(void) {
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 0, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, -1, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, INT_MIN, NULL));
+  EXPECT_INIT_REJECTED(sbnInvalidArgument,
+                       sbnCommInitCpu(comms, SBN_MAX_CPU_TEAM_RANKS + 1, NULL)); /* syncbn.h's limit */
 
   const sbnConfig_t good = SBN_CONFIG_INITIALIZER;
   cfg = good; cfg.size = sizeof(sbnConfig_t) - 1;

@@ -21,5 +21,13 @@ int main(void) {
     return 1;
   }
   sbnCommDestroy(comm);
+  /* a team whose ops cost seconds (syncbn.h: SBN_MAX_CPU_TEAM_RANKS): warned at WARN */
+  static sbnComm_t wide[257];
+  r = sbnCommInitCpu(wide, 257, NULL);
+  if (r != sbnSuccess) {
+    fprintf(stderr, "FAILED: sbnCommInitCpu of 257 ranks returned %s\n", sbnGetResultName(r));
+    return 1;
+  }
+  for (int i = 0; i < 257; i++) sbnCommDestroy(wide[i]);
   return 0;
 }
