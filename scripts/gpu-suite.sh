@@ -1,58 +1,154 @@
 #!/usr/bin/env bash
-# scripts/gpu-suite.sh — everything that needs a GPU, in one command, for a machine with
-# one (the CI machines have none). Steps:
+# scripts/gpu-suite.sh — everything that needs a GPU, in one command. Three ways to use it:
+#
+#   scripts/gpu-suite.sh prebuild [DIR]        on a CPU machine with the CUDA toolkit (CI has
+#       one): build everything for sm_90 (CUDA_ARCH to change) in Release with -Werror, NCCL
+#       from the nvidia-nccl-cu13 wheel (installed into build/wheels when PYTHON has none),
+#       and put what a GPU run needs into DIR (default build/prebuilt, at most 64 MiB): the
+#       GPU tests, the examples and sbn-bench linked with the static libsyncbn, a CTest file
+#       naming them relative to DIR (scripts/prebuilt_ctest.py), the bench's Python scripts,
+#       the compute-sanitizer suppressions, this script, BUILD-INFO. DIR runs from any path.
+#   DIR/gpu-suite.sh [OUTDIR] [steps...]       on the GPU machine, in a prebuilt folder: no
+#       build; steps env test sanitize bench torch plot, each under a time limit so that the
+#       whole ends within 8 minutes (LIMITS below), the sanitizers on the quick case lists,
+#       sbn-bench --quick. OUTDIR (default ./gpu-out) then holds summary.txt and
+#       gpu-suite.tar.gz (every step's log, the JSON, the charts, results.md).
+#   scripts/gpu-suite.sh [OUTDIR] [steps...]   on a GPU machine, from a source tree: steps
+#       env build test sanitize bench torch plot; the build into build/gpu; the sanitizers
+#       on the full case lists; the bench's default run and its kernel variants. No limits.
+#
+# Steps:
 #   env       nvidia-smi, nvcc, cmake, and where NCCL / cuDNN are (toolkit or Python wheels)
-#   build     configure + build into build/gpu (Release with line info, CUDA arch 90
-#             unless CUDA_ARCH is set)
-#   test      the whole CTest suite; GPU tests must PASS here, not skip
-#   sanitize  compute-sanitizer memcheck, racecheck, synccheck over the GPU tests
-#             (SBN_TEST_QUICK=1: the tests' smaller case lists)
-#   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON; then the coop
-#             path again with SBN_KERNEL=stream and SBN_KERNEL=legacy
+#   build     configure + build into build/gpu (source tree only)
+#   test      the GPU tests (CTest); they must PASS here, not skip
+#   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),
+#             racecheck, synccheck over the GPU tests
+#   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
 #   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON;
 #             its bytes and floors read from the bench step's JSON
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
-# PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are taken
-# from the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON when installed, else the toolkit.
-# Usage: scripts/gpu-suite.sh [OUTDIR] [steps...]   (OUTDIR default: ./gpu-out; all steps)
+# PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are found at run
+# time in the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON (their lib folders go
+# first on LD_LIBRARY_PATH), else where the loader finds them.
 # Each step logs to OUTDIR/<step>.log; the summary says which failed; exit 1 if any did.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+ARCH=${CUDA_ARCH:-90}
+NCCL_WHEEL=${SBN_NCCL_WHEEL:-nvidia-nccl-cu13==2.28.9} # the NCCL of the first GPU machine's torch
+PREBUILT_MAX_BYTES=$((64 * 1024 * 1024))
+
+# <site-packages>/nvidia/<name> of a wheel importable by PYTHON (or under $2), or nothing
+wheel_root() {
+  PYTHONPATH="${2:-}${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -c 'import importlib.util, sys
+spec = importlib.util.find_spec("nvidia." + sys.argv[1])
+print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else "")' "$1" 2>/dev/null
+}
+
+# ---- prebuild: on a CPU machine ----------------------------------------------------------
+if [ "${1:-}" = prebuild ]; then
+  cd "$HERE/.." || exit 2
+  DIR=${2:-build/prebuilt}
+  BUILD=build/prebuilt-build
+  nccl=${SYNCBN_NCCL_ROOT:-$(wheel_root nccl)}
+  if [ -z "$nccl" ]; then
+    nccl=$(wheel_root nccl "$PWD/build/wheels")
+    if [ -z "$nccl" ]; then
+      echo "+ $PYTHON -m pip install --target build/wheels $NCCL_WHEEL"
+      "$PYTHON" -m pip install -q --no-deps --target build/wheels "$NCCL_WHEEL" || exit 1
+      nccl=$(wheel_root nccl "$PWD/build/wheels")
+    fi
+  fi
+  [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
+  echo "prebuild: NCCL from $nccl; CUDA architecture $ARCH; Release, -Werror"
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON -DSYNCBN_NCCL_ROOT="$nccl" || exit 1
+  cmake --build "$BUILD" -j "$(nproc)" || exit 1
+  rm -rf "$DIR"
+  mkdir -p "$DIR/bench"
+  echo "prebuild: tests of $DIR/CTestTestfile.cmake:"
+  "$PYTHON" scripts/prebuilt_ctest.py "$BUILD" "$DIR" | sed 's/^/  /' || exit 1
+  cp "$BUILD/bench/sbn-bench" "$DIR/bin/" &&
+    cp bench/*.py bench/requirements-plot.txt "$DIR/bench/" &&
+    rm -f "$DIR/bench/test_plot.py" &&
+    cp scripts/compute-sanitizer-supp.xml "$DIR/sanitizer-supp.xml" &&
+    cp scripts/gpu-suite.sh "$DIR/gpu-suite.sh" || exit 1
+  {
+    echo "syncbn prebuilt folder: run ./gpu-suite.sh OUTDIR here on a machine with a GPU"
+    echo "commit: $(git describe --always --dirty --tags 2>/dev/null || echo unknown)"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -n)"
+    echo "cuda_arch: $ARCH"
+    echo "nvcc: $(nvcc --version | tail -n 1)"
+    echo "nccl_headers: $(grep -E '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$nccl/include/nccl.h" | awk '{print $3}' | paste -sd.)"
+    echo "cmake: -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DSYNCBN_WERROR=ON"
+  } >"$DIR/BUILD-INFO"
+  bytes=$(du -sb "$DIR" | cut -f1)
+  echo "prebuild: $DIR is $((bytes / 1024 / 1024)) MiB ($bytes bytes; the limit is 64 MiB)"
+  if [ "$bytes" -gt "$PREBUILT_MAX_BYTES" ]; then
+    echo "prebuild: FAILED: $DIR is larger than 64 MiB" >&2
+    exit 1
+  fi
+  exit 0
+fi
+
+# ---- a GPU run: from a prebuilt folder, or from a source tree -----------------------------
+if [ -f "$HERE/BUILD-INFO" ]; then
+  PREBUILT=1
+  TESTS=$HERE            # CTest folder
+  BIN=$HERE/bin
+  BENCH=$HERE/bin/sbn-bench
+  PYDIR=$HERE/bench
+  SUPP=$HERE/sanitizer-supp.xml
+  DEFAULT_STEPS=(env test sanitize bench torch plot)
+  QUICK=1
+else
+  PREBUILT=0
+  cd "$HERE/.." || exit 2
+  BUILD=build/gpu
+  TESTS=$BUILD
+  BIN=$BUILD/tests
+  BENCH=$BUILD/bench/sbn-bench
+  PYDIR=bench
+  SUPP=scripts/compute-sanitizer-supp.xml
+  DEFAULT_STEPS=(env build test sanitize bench torch plot)
+  QUICK=${SBN_SUITE_QUICK:-0}
+fi
+# Seconds per step in a prebuilt run (8 minutes in all, and the archive is written after
+# the last): a step past its limit is stopped and counted as failed, the others still run.
+declare -A LIMITS=([env]=15 [test]=200 [sanitize]=120 [bench]=60 [torch]=60 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(env build test sanitize bench torch plot)
-PYTHON=${PYTHON:-python3}
-BUILD=build/gpu
-ARCH=${CUDA_ARCH:-90}
-GPU_TESTS=(test_gpu_math test_gpu_team)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${DEFAULT_STEPS[@]}")
+
+# the wheels' NCCL and cuDNN first, where PYTHON has them
+for w in nccl cudnn; do
+  root=$(wheel_root "$w")
+  [ -n "$root" ] && [ -d "$root/lib" ] && export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
 
 step_env() {
   nvidia-smi || return 1
-  nvcc --version
+  command -v nvcc >/dev/null && nvcc --version
   cmake --version | head -n 1
   command -v compute-sanitizer ncu || true
-  echo "NCCL/cuDNN in the toolkit:"
-  ls "$(dirname "$(command -v nvcc)")/../lib64" 2>/dev/null | grep -E 'libnccl|libcudnn' || echo "  none"
+  [ $PREBUILT = 1 ] && cat "$HERE/BUILD-INFO"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   echo "NCCL/cuDNN as Python wheels:"
-  python3 - <<'EOF' || true
-import importlib.util, os
+  "$PYTHON" - <<'EOF' || true
+import importlib.util
 for name in ("nvidia.nccl", "nvidia.cudnn"):
     spec = importlib.util.find_spec(name)
     print(" ", name, list(spec.submodule_search_locations) if spec else "not installed")
 EOF
 }
 
-# <site-packages>/nvidia/<name> of a wheel, or nothing
-wheel_root() {
-  "$PYTHON" -c 'import importlib.util, sys
-spec = importlib.util.find_spec("nvidia." + sys.argv[1])
-print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else "")' "$1" 2>/dev/null
-}
-
 step_build() {
+  [ $PREBUILT = 0 ] || { echo "a prebuilt folder has no build step"; return 1; }
   local nccl cudnn
   nccl=$(wheel_root nccl)
   cudnn=$(wheel_root cudnn)
@@ -65,9 +161,9 @@ step_build() {
 }
 
 step_test() {
-  # every test must pass; a GPU test that skips (77) on a GPU machine is a failure here
+  # every GPU test must pass; one that skips (77) on a GPU machine is a failure here
   local log rc
-  log=$(ctest --test-dir "$BUILD" --output-on-failure 2>&1)
+  log=$(ctest --test-dir "$TESTS" -L 'gpu|prebuilt' --output-on-failure 2>&1)
   rc=$?
   echo "$log"
   [ $rc -eq 0 ] || return 1
@@ -77,67 +173,126 @@ step_test() {
   fi
 }
 
+# compute-sanitizer TOOL [env...] -- PROGRAM: one run, its errors fail the step. memcheck
+# takes the suppressions of NCCL's deliberate API errors (scripts/compute-sanitizer-supp.xml:
+# error 209 of cudaFuncGetAttributes / cudaGetLastError under ncclInitKernelsForDevice in
+# libnccl.so.2, nothing else).
+sanitize_one() {
+  local tool=$1 rc=0
+  shift
+  local -a envs=() supp=()
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  [ "$tool" = memcheck ] && supp=(--suppressions "$SUPP")
+  echo "+ ${envs[*]} compute-sanitizer --tool $tool ${supp[*]} $*"
+  env "${envs[@]}" compute-sanitizer --tool "$tool" "${supp[@]}" --error-exitcode 99 \
+    --print-limit 20 "$@" || rc=$?
+  [ $rc -eq 0 ] || echo "!! $tool $* failed ($rc)"
+  return $rc
+}
+
 step_sanitize() {
-  local t tool rc=0
+  # quick (prebuilt runs): the tests' shorter case lists, which keep the shapes that caught
+  # bugs on the first GPU run; otherwise every case
+  local rc=0 tool q=()
+  [ "$QUICK" = 1 ] && q=(SBN_TEST_QUICK=1)
+  # the suppressions hide NCCL's probes only: an API error of anyone else's (here the CUDA
+  # runtime's cudaSetDevice(9999) from Python) must still fail memcheck with them
+  echo "+ control: compute-sanitizer --tool memcheck --suppressions $SUPP python3 (cudaSetDevice(9999))"
+  compute-sanitizer --tool memcheck --suppressions "$SUPP" --error-exitcode 99 "$PYTHON" -c '
+import ctypes, glob
+lib = (glob.glob("/usr/local/cuda*/lib64/libcudart.so.13") + ["libcudart.so.13"])[0]
+print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
+  local crc=$?
+  if [ $crc -ne 99 ]; then
+    echo "!! control: memcheck with the suppressions exited $crc, not 99: they hide more than NCCL's probes"
+    rc=1
+  fi
   for tool in memcheck racecheck synccheck; do
-    for t in "${GPU_TESTS[@]}"; do
-      echo "+ compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/tests/$t"
-      SBN_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        --print-limit 20 "$BUILD/tests/$t" || { echo "!! $tool $t failed"; rc=1; }
-    done
-    echo "+ SBN_ALGO=nccl compute-sanitizer --tool $tool $BUILD/tests/test_gpu_team (host path)"
-    SBN_ALGO=nccl SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu SBN_TEST_QUICK=1 \
-      compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      "$BUILD/tests/test_gpu_team" || { echo "!! $tool test_gpu_team (SBN_ALGO=nccl) failed"; rc=1; }
+    sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_math" || rc=1
+    sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_team" || rc=1
+    sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
+      SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
   # NCCL teams (W = 1): the test forks its ranks, so the sanitizer follows every process
-  if [ -x "$BUILD/tests/test_nccl_team" ]; then
+  if [ -x "$BIN/test_nccl_team" ]; then
     for tool in memcheck synccheck; do
-      echo "+ compute-sanitizer --tool $tool --target-processes all $BUILD/tests/test_nccl_team (W = 1)"
-      SBN_TEST_QUICK=1 SBN_TEST_NCCL_W=1 compute-sanitizer --tool "$tool" --target-processes all \
-        --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_nccl_team" ||
-        { echo "!! $tool test_nccl_team failed"; rc=1; }
+      sanitize_one $tool "${q[@]}" SBN_TEST_NCCL_W=1 -- --target-processes all "$BIN/test_nccl_team" || rc=1
     done
   fi
   return $rc
 }
 
 step_bench() {
-  "$BUILD/bench/sbn-bench" --gpu on --json "$OUTDIR/bench.json" || return 1
+  if [ "$QUICK" = 1 ]; then
+    "$BENCH" --gpu on --quick --json "$OUTDIR/bench.json"
+    return
+  fi
+  "$BENCH" --gpu on --json "$OUTDIR/bench.json" || return 1
   # the cooperative kernel's other variants, side by side with the default (auto: onchip
-  # where the tensors fit, else stream): the first kernel stays until a GPU has compared it
+  # where the tensors fit, else stream)
   local v
   for v in stream legacy; do
     echo "+ SBN_KERNEL=$v sbn-bench --gpu on --paths coop"
-    SBN_KERNEL=$v "$BUILD/bench/sbn-bench" --gpu on --paths coop --json "$OUTDIR/bench-$v.json" ||
-      return 1
+    SBN_KERNEL=$v "$BENCH" --gpu on --paths coop --json "$OUTDIR/bench-$v.json" || return 1
   done
 }
 
 step_torch() {
   # the bytes and floors of its rows are sbn-bench's (bench/floors.c), read from its JSON
-  local floors=()
+  local floors=() quick=()
   [ -f "$OUTDIR/bench.json" ] && floors=(--floors-from "$OUTDIR/bench.json")
-  "$PYTHON" bench/torch_baseline.py "${floors[@]}" --json "$OUTDIR/torch.json"
+  [ "$QUICK" = 1 ] && quick=(--only S1,S2,S5,S10)
+  "$PYTHON" "$PYDIR/torch_baseline.py" "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json"
 }
 
 step_plot() {
   local files=()
   for f in "$OUTDIR/bench.json" "$OUTDIR/torch.json"; do [ -f "$f" ] && files+=("$f"); done
-  "$PYTHON" bench/plot.py --out "$OUTDIR/plots" "${files[@]}"
+  "$PYTHON" "$PYDIR/plot.py" --out "$OUTDIR/plots" "${files[@]}"
 }
 
 declare -A RESULT
 FAILED=0
+T0=$SECONDS
 for step in "${STEPS[@]}"; do
+  if ! declare -F "step_$step" >/dev/null; then
+    echo "unknown step '$step' (steps: ${DEFAULT_STEPS[*]})" >&2
+    exit 2
+  fi
   echo "==> $step"
   t0=$SECONDS
-  "step_$step" >"$OUTDIR/$step.log" 2>&1
+  if [ $PREBUILT = 1 ] && [ -n "${LIMITS[$step]:-}" ]; then
+    # the step in a subshell under a limit (timeout sends TERM, then KILL 5 s later)
+    export -f "step_$step" sanitize_one wheel_root 2>/dev/null
+    export HERE PYTHON ARCH PREBUILT TESTS BIN BENCH PYDIR SUPP QUICK OUTDIR LD_LIBRARY_PATH
+    timeout -k 5 "${LIMITS[$step]}" bash -c "step_$step" >"$OUTDIR/$step.log" 2>&1
+  else
+    "step_$step" >"$OUTDIR/$step.log" 2>&1
+  fi
   rc=$?
-  if [ $rc -eq 0 ]; then RESULT[$step]="ok"; else RESULT[$step]="FAILED ($rc)"; FAILED=1; fi
+  if [ $rc -eq 0 ]; then
+    RESULT[$step]="ok"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    RESULT[$step]="FAILED (stopped at its limit of ${LIMITS[$step]} s)"
+    FAILED=1
+  else
+    RESULT[$step]="FAILED ($rc)"
+    FAILED=1
+  fi
   echo "==> $step: ${RESULT[$step]} in $((SECONDS - t0)) s"
   tail -n 25 "$OUTDIR/$step.log"
 done
-echo "==== gpu-suite summary ===="
-for step in "${STEPS[@]}"; do printf '  %-9s %s\n' "$step" "${RESULT[$step]}"; done
+{
+  echo "==== gpu-suite summary ($((SECONDS - T0)) s) ===="
+  [ $PREBUILT = 1 ] && cat "$HERE/BUILD-INFO"
+  for step in "${STEPS[@]}"; do printf '  %-9s %s\n' "$step" "${RESULT[$step]}"; done
+} | tee "$OUTDIR/summary.txt"
+if [ $PREBUILT = 1 ]; then
+  # everything else into one archive: OUTDIR keeps summary.txt and gpu-suite.tar.gz
+  (cd "$OUTDIR" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name gpu-suite.tar.gz \
+    -printf '%P\n' | tar -czf gpu-suite.tar.gz -T - && find . -mindepth 1 -maxdepth 1 \
+    ! -name summary.txt ! -name gpu-suite.tar.gz -exec rm -rf {} +)
+  echo "OUTDIR: $(cd "$OUTDIR" && ls)"
+fi
 exit $FAILED

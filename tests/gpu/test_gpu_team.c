@@ -1488,7 +1488,9 @@ static void test_host_path(void) {
       for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int s = shapes[si];
         if (kShapes[s].only_dt >= 0 && dt != kShapes[s].only_dt) continue;
-        if (g_quick && si > 2) continue;
+        /* quick (the sanitizers' runs): shape 7 too, whose uneven ranks n = {2, 1} caught
+           the host path's one plan for all ranks of a GPU (first GPU run, InitAll{0,0} NHWC) */
+        if (g_quick && s != 0 && s != 2 && s != 7) continue;
         const int Ws[] = {1, 2, 4, 8};
         for (int wi = 0; wi < 4; wi++) {
           case_t k = make_case(Ws[wi], s, (sbnDataType_t)dt, (sbnLayout_t)lay, MODE_GROUP, i++);
