@@ -94,6 +94,34 @@ static int gc_all_written(const char* what, int r, const void* g, const void* c,
   return 0;
 }
 
+/* Every output of `what` (OUT_FWD: y, save_mean, save_invstd; OUT_BWD: dx unless
+   OPT_DX_NULL, dweight and dbias unless OPT_NO_DWDB) of every rank of the GPU mirror g
+   holds no item still all GPU_POISON (the all-ones NaN, which no output of these tests'
+   finite inputs is): 1, or 0 after one failure per output naming what was never written.
+   For the comparisons against the reference, which come first and know no CPU value. */
+static int gc_outputs_written(const team_t* g, int what, int opts) {
+  int ok = 1;
+  const size_t cn = (size_t)g->d[0].c;
+  for (int r = 0; r < g->W; r++) {
+    const size_t ne = (size_t)sbn_ref_numel(&g->d[r]), es = (size_t)sbn_dtype_size(g->d[r].dtype);
+    const struct {
+      int on;
+      const char* name;
+      const void* p;
+      size_t n, size;
+    } outs[] = {{what & OUT_FWD, "y", g->y[r], ne, es},
+                {what & OUT_FWD, "save_mean", g->smean[r], cn, sizeof(float)},
+                {what & OUT_FWD, "save_invstd", g->sinv[r], cn, sizeof(float)},
+                {(what & OUT_BWD) && !(opts & OPT_DX_NULL), "dx", g->dx[r], ne, es},
+                {(what & OUT_BWD) && !(opts & OPT_NO_DWDB), "dweight", g->dw[r], cn, sizeof(float)},
+                {(what & OUT_BWD) && !(opts & OPT_NO_DWDB), "dbias", g->db[r], cn, sizeof(float)}};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+      if (outs[i].on && outs[i].p != NULL && outs[i].n > 0)
+        ok &= gc_all_written(outs[i].name, r, outs[i].p, NULL, outs[i].n, outs[i].size);
+  }
+  return ok;
+}
+
 /* gpu[i] vs cpu[i]: |g - c| <= atol_i + rtol * |c|, atol_i = atolv ? atolv[i] : atol.
    Prints the worst element. */
 static int cmp_f32(const char* what, int r, const float* g, const float* c, size_t n,

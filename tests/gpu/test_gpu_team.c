@@ -385,6 +385,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     }
     ASSERT_GPU_OK(gpu_run(d, g, 0, k->mode, k->opts_fwd, &p), d);
     CHECK_();
+    if (!gc_outputs_written(g, OUT_FWD, k->opts_fwd)) return; /* before any other diagnosis */
     check_forward(g, &p, tol); /* vs reference; bitwise rank agreement */
     CHECK_();
     cmp_forward(g, c);
@@ -412,6 +413,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     }
     ASSERT_GPU_OK(gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb), d);
     CHECK_();
+    if (!gc_outputs_written(g, OUT_BWD, k->opts_bwd)) return; /* before any other diagnosis */
     check_backward_ref(g, &pb, k->opts_bwd, tol);
     CHECK_();
     cmp_backward(g, c, &pb, k->opts_bwd, -1);
@@ -1118,6 +1120,7 @@ static void inference_case(sbnDataType_t dt, sbnLayout_t lay, int64_t n, int64_t
   if (!CUDA_OK(cudaStreamSynchronize(s))) goto out;
   d2h(yd, dy_, tb);
   if (sbn_test_cur_failed_ || !tb) goto out;
+  if (!gc_all_written("inference y", 0, yd, yh, (size_t)ne, dt_size(dt))) goto out;
   if (memcmp(yh, yd, tb) != 0) {
     size_t es = dt_size(dt);
     for (int64_t i = 0; i < ne; i++)
