@@ -99,7 +99,7 @@ static int gc_all_written(const char* what, int r, const void* g, const void* c,
    holds no item still all GPU_POISON (the all-ones NaN, which no output of these tests'
    finite inputs is): 1, or 0 after one failure per output naming what was never written.
    For the comparisons against the reference, which come first and know no CPU value. */
-static int gc_outputs_written(const team_t* g, int what, int opts) {
+static inline int gc_outputs_written(const team_t* g, int what, int opts) {
   int ok = 1;
   const size_t cn = (size_t)g->d[0].c;
   for (int r = 0; r < g->W; r++) {
