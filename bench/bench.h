@@ -104,8 +104,12 @@ extern const char* const kPathNames[4];   /* bench_path_t order */
 int opts_parse(int argc, char** argv, bench_opts_t* o);
 /* The defaults of the mode that runs, and the checks that depend on it: 0 or 2. */
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0);
+/* Before reading any file: 0, or 2 after saying that --json names the file --shapes reads
+   (the same device and inode when both exist, the same path otherwise). */
+int opts_check_files(const bench_opts_t* o, const char* argv0);
 /* The shape table (--shapes FILE or the embedded one) after --only: the count (>= 1), or -1
-   after printing why not (no file, a bad line, no shape rows, --only names none). */
+   after printing why not, naming --shapes and its value (not a readable file, a bad line,
+   a repeated id, no shape rows), or --only naming none. */
 int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
                 const char** source);
 /* Before any work: 0, or 2 after saying that the run would take more host memory than the

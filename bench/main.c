@@ -274,6 +274,7 @@ int main(int argc, char** argv) {
   int pa = opts_parse(argc, argv, &o);
   if (pa == 1) return 0; /* -h */
   if (pa) return pa;
+  if (opts_check_files(&o, argv[0])) return 2;
   const double t_start = now_us();
   bench_run_t run;
   memset(&run, 0, sizeof run);
