@@ -19,7 +19,8 @@
  *   CPU mode), scale, warmup, iters, l2_flush_bytes (null in CPU mode), check_channels,
  *   grad_mode "global" | "local" (CPU mode: the library's default), timing, shapes_source,
  *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, half},
- *   tolerance_cudnn {stat, fp32, half}, rows [...], latency [...] ([] in CPU mode), wrong,
+ *   tolerance_sums {depth, u, formula} (the bound of dweight and dbias: check.c),
+ *   tolerance_cudnn {stat, fp32, half, sums}, rows [...], latency [...] ([] in CPU mode), wrong,
  *   failed_rows, skipped_rows, total_s, ok.
  * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
  *   path        "coop" | "nccl" | "cudnn" | "cpu"
@@ -296,8 +297,12 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
   json_string(f, kRatioFormula);
   fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_STAT, TOL_F32,
           TOL_HALF);
-  fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_CUDNN_STAT,
-          TOL_CUDNN_F32, TOL_CUDNN_HALF);
+  fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g, \"sums\": %g},\n",
+          TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF, TOL_CUDNN_F32);
+  fprintf(f, "  \"tolerance_sums\": {\"depth\": %d, \"u\": %.9g, \"formula\": ", BENCH_SUM_DEPTH,
+          1.0 / 16777216.0);
+  json_string(f, kSumsFormula);
+  fprintf(f, "},\n");
   fprintf(f, "  \"rows\": [");
   for (int i = 0; i < res->nrows; i++) {
     fprintf(f, "%s\n    ", i ? "," : "");
