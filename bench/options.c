@@ -65,11 +65,17 @@ static void usage(FILE* f, const char* argv0) {
           "      --paths LIST      GPU: comma list of coop, nccl, cudnn (default all three;\n"
           "                        cudnn runs at W = 1 only)\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
-          "                        0 = all (default %d)\n"
-          "      --json FILE       also write the metadata and every row as JSON (the file\n"
-          "                        is opened before the run: a path that cannot be written\n"
-          "                        is a usage error)\n"
+          "                        0 = all (GPU default %d, CPU default %d)\n"
+          "      --quick           the shapes %s (of the embedded table; every shape\n"
+          "                        of --shapes FILE) at W %s in GPU mode, and the latency\n"
+          "                        table: a run of <= 60 s on an H100/H200 (options given\n"
+          "                        with it win)\n"
+          "      --json FILE       also write the metadata and every row as JSON, the whole\n"
+          "                        file again after every row (\"complete\": false until the\n"
+          "                        end; checked before the run: a path that cannot be\n"
+          "                        written is a usage error)\n"
           "  -h, --help            this text\n"
+          "The planned rows, then each row as it finishes, go to stderr.\n"
           "Before any work, a run that would need more than %.0f%% of the host memory\n"
           "available (MemAvailable, the cgroup's limit, ulimit -v) is refused.\n"
           "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
@@ -77,7 +83,8 @@ static void usage(FILE* f, const char* argv0) {
           SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS, BENCH_DEFAULT_RANKS,
           BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_MAX_ITERS,
           BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
-          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR, BENCH_CHECK_CHANNELS,
+          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR,
+          BENCH_GPU_CHECK_CHANNELS, BENCH_CHECK_CHANNELS, BENCH_QUICK_SHAPES, BENCH_QUICK_RANKS,
           BENCH_MEMORY_SHARE * 100);
 }
 
@@ -162,14 +169,14 @@ static int list_has(const char* list, const char* id) {
 /* Every option but -h takes a value; long and short names of one option share an entry. */
 static const char* const kOptionList =
     "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
-    "--layout, --paths, --gpu, --json, -h/--help";
+    "--layout, --paths, --gpu, --json, --quick, -h/--help";
 
 int opts_parse(int argc, char** argv, bench_opts_t* o) {
   const char* argv0 = argv[0];
   o->gpu = BENCH_GPU_AUTO;
   o->nranks_list = 0;                   /* -w: default by mode (opts_resolve) */
   o->iters = o->warmup = o->scale = -1; /* default by mode */
-  o->check_channels = BENCH_CHECK_CHANNELS;
+  o->check_channels = -1; /* default by mode */
   o->dtype_on[sbnFloat32] = o->dtype_on[sbnBFloat16] = 1;
   o->layout_on[sbnLayoutNCHW] = o->layout_on[sbnLayoutNHWC] = 1;
   o->path_on[BENCH_PATH_COOP] = o->path_on[BENCH_PATH_NCCL] = o->path_on[BENCH_PATH_CUDNN] = 1;
@@ -178,6 +185,10 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout, argv0);
       return 1;
+    }
+    if (!strcmp(a, "--quick")) {
+      o->quick = 1;
+      continue;
     }
     if (a[0] != '-')
       return usage_error(argv0, "unexpected argument '%s': sbn-bench takes options only (%s)", a,
@@ -257,8 +268,8 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
   if (gpu_mode) {
     if (o->nranks_list == 0)
-      parse_int_list(BENCH_GPU_DEFAULT_RANKS, 1, SBN_MAX_GPU_TEAM_RANKS, o->ranks_list,
-                     BENCH_MAX_RANK_LIST, &o->nranks_list);
+      parse_int_list(o->quick ? BENCH_QUICK_RANKS : BENCH_GPU_DEFAULT_RANKS, 1,
+                     SBN_MAX_GPU_TEAM_RANKS, o->ranks_list, BENCH_MAX_RANK_LIST, &o->nranks_list);
     o->ranks = 0;
     for (int i = 0; i < o->nranks_list; i++) {
       if (o->ranks_list[i] > SBN_MAX_GPU_TEAM_RANKS)
@@ -269,6 +280,7 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
     if (o->iters < 0) o->iters = BENCH_GPU_DEFAULT_ITERS;
     if (o->warmup < 0) o->warmup = BENCH_GPU_DEFAULT_WARMUP;
     if (o->scale < 0) o->scale = BENCH_GPU_DEFAULT_SCALE;
+    if (o->check_channels < 0) o->check_channels = BENCH_GPU_CHECK_CHANNELS;
   } else {
     if (o->nranks_list > 1)
       return usage_error(
@@ -281,6 +293,7 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
     if (o->iters < 0) o->iters = BENCH_DEFAULT_ITERS;
     if (o->warmup < 0) o->warmup = BENCH_DEFAULT_WARMUP;
     if (o->scale < 0) o->scale = BENCH_DEFAULT_SCALE;
+    if (o->check_channels < 0) o->check_channels = BENCH_CHECK_CHANNELS;
   }
   return 0;
 }
@@ -449,15 +462,17 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
                  "no shape rows (expected lines 'id N C H W [where]'; '#' starts a comment)");
     return -1;
   }
-  if (o->only) {
+  const char* only = o->only;
+  if (!only && o->quick && !o->shapes_file) only = BENCH_QUICK_SHAPES;
+  if (only) {
     char ids[512] = "";
     for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
       len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
     int kept = 0;
     for (int i = 0; i < nshapes; i++)
-      if (list_has(o->only, shapes[i].id)) shapes[kept++] = shapes[i];
+      if (list_has(only, shapes[i].id)) shapes[kept++] = shapes[i];
     if (kept == 0) {
-      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", o->only, *source,
+      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", only, *source,
                   ids);
       return -1;
     }

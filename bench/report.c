@@ -218,6 +218,37 @@ void report_header(const bench_opts_t* o, const bench_run_t* run) {
   fflush(stdout);
 }
 
+/* ---- progress (stderr) ------------------------------------------------------------------------ */
+void report_plan(bench_run_t* run, const bench_results_t* res) {
+  const int nlat = run->planned - res->nrows;
+  char label[96];
+  fprintf(stderr, "sbn-bench: plan: %d rows + %d latency rows\n", res->nrows, nlat);
+  int k = 0;
+  for (int i = 0; i < res->nrows; i++)
+    fprintf(stderr, "sbn-bench: plan %d/%d: %s\n", ++k, run->planned,
+            row_label(&res->rows[i], label, sizeof label));
+  for (int i = 0; i < res->nlat; i++)
+    if (res->lat[i].shape)
+      fprintf(stderr, "sbn-bench: plan %d/%d: latency %s\n", ++k, run->planned,
+              row_label(&res->lat[i], label, sizeof label));
+  run->t_last = now_us();
+}
+
+void report_progress(bench_run_t* run, const bench_row_t* r) {
+  const double now = now_us();
+  char label[96], what[64] = "";
+  if (r->error[0])
+    snprintf(what, sizeof what, ", FAILED");
+  else if (r->skipped)
+    snprintf(what, sizeof what, ", not run");
+  else if (r->wrong)
+    snprintf(what, sizeof what, ", %" PRId64 " wrong", r->wrong);
+  fprintf(stderr, "sbn-bench: done %d/%d: %s%s: %.2f s, elapsed %.1f s\n", run->finished,
+          run->planned, row_label(r, label, sizeof label), what, (now - run->t_last) * 1e-6,
+          (now - run->t_start) * 1e-6);
+  run->t_last = now;
+}
+
 /* ---- rows ------------------------------------------------------------------------------------ */
 void report_row(const bench_run_t* run, const bench_row_t* r) {
   char kl[52];

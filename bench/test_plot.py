@@ -11,7 +11,7 @@ Checks:
      independently (scale 1), and against the rows of `sbn-bench --gpu off --json` at
      scales 7 and 4096 when an sbn-bench binary is given (--sbn-bench PATH) or found in
      build/default/bench/ (otherwise against H*W // scale computed here). Also --only.
-     The floors: sbn-bench's JSON (schema 2) carries them in every row, with the values
+     The floors: sbn-bench's JSON (schema 2 and later) carries them in every row, with the values
      asserted here (fwd 3|x| and 2|x|, bwd 5|x| and 3|x|); torch_baseline.py reads them
      from it (--floors-from) and does not compute its own: its rows get the sbn-bench
      row's bytes and floors, floor (us) = floor bytes / B; a bad --floors-from is exit 2.
@@ -163,8 +163,9 @@ def test_sbn_bench_floors(d):
     """The floors of sbn-bench's CPU-mode JSON: there in every row, the values of the
     definition (asserted here, independently of bench/floors.c)."""
     rows = d.get("rows", [])
-    check(d.get("schema") == 2 and d.get("mode") == "cpu" and len(rows) == 8,
-          "sbn-bench JSON: schema 2, CPU mode, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
+    check(d.get("schema") == 3 and d.get("mode") == "cpu" and len(rows) == 8 and
+          d.get("complete") is True and d.get("rows_planned") == 8,
+          "sbn-bench JSON: schema 3, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
     check(all(SCHEMA2_ROW_KEYS <= set(x) for x in rows), "sbn-bench CPU rows have every schema-2 row key")
     ok = True
     for x in rows:
