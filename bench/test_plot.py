@@ -192,6 +192,33 @@ def import_baseline():
     return mod
 
 
+def test_baseline_accuracy():
+    """PyTorch's own accuracy (torch_baseline_util): reported, not a failure, only where its
+    rounding explains it (fp16/bf16 NCHW dweight and dbias, within gamma(12) * sum|term|);
+    elsewhere a value beyond the tolerance is wrong and the exit status is 1."""
+    sys.path.insert(0, HERE)
+    import torch_baseline_util as u
+    b = u.torch_own_bound("dweight", "bf16", "NCHW")
+    check(b is not None and abs(b - 12 * 2.0 ** -8 / (1 - 12 * 2.0 ** -8)) < 1e-15,
+          "PyTorch's own bound: bf16 NCHW dweight, gamma(12) at u = 2^-8")
+    check(all(u.torch_own_bound(n, dt, lay) is None for n, dt, lay in (
+        ("dweight", "bf16", "NHWC"), ("dbias", "fp32", "NCHW"), ("dx", "bf16", "NCHW"),
+        ("y", "fp16", "NCHW"), ("save_mean", "bf16", "NCHW"))),
+          "PyTorch is held to sbn-bench's tolerance elsewhere (NHWC, fp32, y, dx, statistics)")
+    # S1 bf16 NCHW channel 12 of the first GPU run: |diff| 4.63 on -155.3, tol 0.0156;
+    # sum|term| there ~ 0.6 * 262144
+    check(u.classify(4.63, 0.0156, 0.6 * 262144, b) == "torch",
+          "the GPU run's bf16 NCHW dweight miss (300x the tolerance) is PyTorch's accuracy")
+    check(u.classify(4.63, 0.0156, 0.6 * 262144, None) == "wrong",
+          "the same miss on an NHWC or fp32 row is wrong")
+    check(u.classify(1e-3, 0.0156, 1.0, b) == "ok" and
+          u.classify(0.5, 0.0156, 10.0, b) == "wrong" and
+          u.classify(float("nan"), 0.0156, 10.0, b) == "wrong",
+          "within tolerance: ok; beyond PyTorch's own bound, or NaN: wrong")
+    check(u.run_status(0, 0) == 0 and u.run_status(1, 0) == 1 and u.run_status(0, 1) == 1,
+          "exit status: 1 only for wrong values or failed rows")
+
+
 def test_baseline_floors(js, d, tmp):
     """torch_baseline.py reads the bytes and floors of sbn-bench's JSON, and computes none."""
     tb = import_baseline()
@@ -592,6 +619,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="test_plot.")
     try:
         has_torch = test_baseline_shapes(exe, tmp)
+        test_baseline_accuracy()
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
         if sbn:
             test_sbn_bench_floors(sbn)
