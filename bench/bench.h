@@ -36,15 +36,26 @@
 #define BENCH_GPU_DEFAULT_SCALE 1
 #define BENCH_GPU_COPY_REPS 20
 #define BENCH_GPU_TIMEOUT_MS 60000 /* in-kernel peer wait: a hang fails a row in a minute */
+/* The CPU reference check of every row's y and dx is what a GPU run's host spends most on
+   (bench/notes/run-time.md): 4 channels per row, first and last included. */
+#define BENCH_GPU_CHECK_CHANNELS 4
+/* --quick: these shapes (of the embedded table) at these W, every dtype, layout and path of
+   the defaults, and the latency table: <= 60 s on an H100/H200 (bench/notes/run-time.md). */
+#define BENCH_QUICK_SHAPES "S1,S2,S5,S10"
+#define BENCH_QUICK_RANKS "1,8"
 
 /* Tolerances |got - ref| <= atol + rtol*|ref| (DESIGN.md; what apex and PyTorch use to test
    SyncBN). Statistics are fp32 accumulations of exactly widened inputs whatever the dtype:
-   1e-5. fp32 outputs and the fp32 gradient sums: 1e-4. fp16/bf16 outputs are stored
-   rounded (bf16 keeps 8 significant bits: half an ulp is 2e-3 relative), so 1e-2 against
-   the double reference of the ROUNDED inputs. */
+   1e-5. fp32 outputs: 1e-4. fp16/bf16 outputs are stored rounded (bf16 keeps 8 significant
+   bits: half an ulp is 2e-3 relative), so 1e-2 against the double reference of the ROUNDED
+   inputs. The gradient sums dweight and dbias have a bound of their own: check.c,
+   BENCH_SUM_DEPTH. */
 #define TOL_STAT 1e-5
 #define TOL_F32 1e-4
 #define TOL_HALF 1e-2
+/* Additions any term of a rank's per-channel sum passes through in the library (check.c
+   derives it); the team sums add W. */
+#define BENCH_SUM_DEPTH 128
 /* cuDNN rows: 10x for the statistics and fp32 values (see kCheckCudnn in check.c). */
 #define TOL_CUDNN_STAT 1e-4
 #define TOL_CUDNN_F32 1e-3
@@ -53,9 +64,12 @@
 /* What a row's check compares, and how closely. */
 typedef struct {
   double stat, f32, half; /* atol = rtol for statistics, fp32 values, fp16/bf16 outputs */
+  double sums;            /* dweight, dbias: atol = rtol on top of the rounding bound (0: the
+                             bound alone) */
   int running;            /* also running_mean, running_var and num_batches_tracked */
 } bench_check_t;
 extern const bench_check_t kCheckLibrary, kCheckCudnn;
+extern const char* const kSumsFormula; /* the bound of dweight and dbias, as text */
 
 /* ---- options and shapes ----------------------------------------------------------------- */
 typedef enum { BENCH_GPU_AUTO = 0, BENCH_GPU_ON = 1, BENCH_GPU_OFF = 2 } bench_gpu_req_t;
@@ -78,7 +92,8 @@ typedef struct {
   int iters;                           /* -1 until resolved for the mode */
   int warmup;
   int scale;
-  int check_channels; /* 0: every channel */
+  int check_channels; /* 0: every channel; -1 until resolved for the mode */
+  int quick;          /* --quick */
   const char* shapes_file;
   const char* json_file;
   const char* only;
@@ -104,8 +119,12 @@ extern const char* const kPathNames[4];   /* bench_path_t order */
 int opts_parse(int argc, char** argv, bench_opts_t* o);
 /* The defaults of the mode that runs, and the checks that depend on it: 0 or 2. */
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0);
+/* Before reading any file: 0, or 2 after saying that --json names the file --shapes reads
+   (the same device and inode when both exist, the same path otherwise). */
+int opts_check_files(const bench_opts_t* o, const char* argv0);
 /* The shape table (--shapes FILE or the embedded one) after --only: the count (>= 1), or -1
-   after printing why not (no file, a bad line, no shape rows, --only names none). */
+   after printing why not, naming --shapes and its value (not a readable file, a bad line,
+   a repeated id, no shape rows), or --only naming none. */
 int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
                 const char** source);
 /* Before any work: 0, or 2 after saying that the run would take more host memory than the
@@ -133,6 +152,7 @@ typedef struct bench_row {
   bench_path_t path;
   const struct bench_row* coop; /* the row t/coop compares with (NULL: none) */
   int skipped;    /* did not run, not a failure (cuDNN absent or refusing); see note */
+  int done;       /* finished: in the totals, the table and the JSON */
   char note[400]; /* what the path did or why it did not run ("" when nothing to say) */
   bench_times_t t[2];
   int64_t checked; /* values compared */
@@ -272,11 +292,16 @@ typedef struct {
   size_t flush_bytes; /* written before every timed call: evicts the L2 */
 } bench_device_info_t;
 
-/* --json's file: opened before any work, written at the end. */
+/* --json's file: checked before any work. A regular file (or a new one) is written whole
+   after every row, into a temporary file beside it renamed over it, so that it is valid
+   JSON whenever a run is cut short; anything else (a pipe, /dev/stdout) once, at the end. */
 typedef struct {
   const char* path;
-  FILE* f;     /* open until written or discarded */
-  int created; /* json_open made the file (it did not exist) */
+  char target[4096]; /* the file written: path, or what the symbolic link path names */
+  char tmp[4112];    /* target + ".tmpPID" */
+  FILE* f;           /* not a regular file: open until written or discarded */
+  int created;       /* json_open made the file (it did not exist) */
+  int written;       /* a version of the file has been written */
 } bench_json_t;
 
 typedef struct {
@@ -293,14 +318,19 @@ typedef struct {
   bench_lib_info_t nccl, cudnn;   /* GPU mode */
   const char* algo_env;           /* SBN_ALGO as the caller had it; NULL when unset */
   int lat_w;                      /* the latency table covers W = 1..lat_w */
+  double t_start;                 /* now_us() at the start */
+  double t_last;                  /* now_us() when the plan was printed or the last row ended */
+  int planned, finished;          /* rows of both tables: planned, finished so far */
+  int json_failed;                /* --json's file could not be written: the run fails */
   bench_json_t json;              /* --json; path NULL without it */
 } bench_run_t;
 
-/* The rows of a run and their totals. */
+/* The rows of a run (planned before any runs, marked done as they finish) and the totals
+   of the finished ones. */
 typedef struct {
   bench_row_t* rows;
   int nrows;
-  bench_row_t* lat; /* latency rows of W = 1..lat_w: lat_row(); shape NULL where not run */
+  bench_row_t* lat; /* latency rows of W = 1..lat_w: lat_row(); shape NULL where not planned */
   int nlat;
   int64_t wrong, checked;
   int failed, skipped;
@@ -326,16 +356,22 @@ void format_cudnn_version(long long v, char* buf, size_t cap);
    and the footer; the last line says OK or FAILED. */
 void report_header(const bench_opts_t* o, const bench_run_t* run);
 void report_row(const bench_run_t* run, const bench_row_t* r);
+/* On stderr: the planned rows, one line each, and then one line per finished row with the
+   seconds since the previous one finished and since the start. */
+void report_plan(bench_run_t* run, const bench_results_t* res);
+void report_progress(bench_run_t* run, const bench_row_t* r);
 void report_footer(const bench_run_t* run, const bench_results_t* res);
 void report_end(const char* json_path, int status);
 
-/* Opens path for writing (created if missing; nothing truncated yet): 0, or -1 with errno. */
+/* Checks that path can be written (created if missing, nothing truncated yet; a regular
+   file also needs its temporary file beside it): 0, or -1 with errno. */
 int json_open(bench_json_t* j, const char* path);
-/* Writes the run into j's file as JSON (json.c has the schema) and closes it; 0, or -1 with
-   errno set. */
+/* Writes the run so far (complete: the run has ended) as JSON (json.c has the schema): a
+   regular file after every call, anything else only when complete. 0, or -1 with errno. */
 int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
-               const bench_results_t* res);
-/* A run that wrote no JSON: closes j's file, and removes it when json_open created it. */
+               const bench_results_t* res, int complete);
+/* A run that ended before its JSON: closes j's file, and removes it when json_open created
+   it and no row was written into it. */
 void json_discard(bench_json_t* j);
 
 #endif

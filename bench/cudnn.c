@@ -339,7 +339,7 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
   }
   if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0) goto out;
   bufs_reset_state(&host);
-  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0) goto out;
+  if (gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0) goto out;
 
   cudnnStatus_t st = cu->CreateTensorDescriptor(&k.xd);
   if (st == CUDNN_STATUS_SUCCESS) st = cu->CreateTensorDescriptor(&k.bnd);
@@ -421,7 +421,7 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
 
   /* The check run, as for the library's rows. */
   bufs_reset_state(&host);
-  if (gpu_upload(&dev, &host, g->stream, err, cap) != 0 ||
+  if (gpu_upload(&dev, &host, 0, g->stream, err, cap) != 0 ||
       gpu_poison(&dev, g->stream, err, cap) != 0)
     goto out;
   if (cudnn_op(&k, 1, err, cap) < 0 || cudnn_op(&k, 0, err, cap) < 0) goto out;

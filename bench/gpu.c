@@ -189,10 +189,10 @@ fail:
    num_batches_tracked as they are in host. On `s`, the stream of the ops (a plain
    cudaMemcpy runs on the legacy stream, which does not order the non-blocking `s`), then
    synchronized. */
-int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, cudaStream_t s, char* err,
-               size_t cap) {
+int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, int inputs, cudaStream_t s,
+               char* err, size_t cap) {
   const sbnTensorDesc_t* d = &dev->desc;
-  const size_t bytes = tensor_bytes(d);
+  const size_t bytes = inputs ? tensor_bytes(d) : 0;
   const size_t cbytes = (size_t)d->c * sizeof(float);
   const enum cudaMemcpyKind h2d = cudaMemcpyHostToDevice;
   for (int r = 0; r < dev->W; r++) {

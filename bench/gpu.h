@@ -41,9 +41,10 @@ void gpu_recover(bench_gpu_t* g);
 /* Device twin of a team's host buffers (bench_team_bufs_t holding device pointers). */
 int gpu_bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d, char* err, size_t cap);
 void gpu_bufs_free(bench_team_bufs_t* b);
-/* Host -> device: inputs, parameters and state of ranks 0..dev->W-1; synchronized. */
-int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, cudaStream_t s, char* err,
-               size_t cap);
+/* Host -> device: parameters and state of ranks 0..dev->W-1, and with `inputs` also x and dy
+   (the ops only read them: once per team's buffers is enough); synchronized. */
+int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, int inputs, cudaStream_t s,
+               char* err, size_t cap);
 /* Every output := NaN bits. */
 int gpu_poison(bench_team_bufs_t* dev, cudaStream_t s, char* err, size_t cap);
 /* Device -> host: every output of ranks 0..dev->W-1; synchronized. */

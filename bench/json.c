@@ -1,7 +1,10 @@
-/* json.c — the one JSON writer (--json FILE), for both modes. The schema, schema 2 (every
- * key always present; null where the mode has no value):
+/* json.c — the one JSON writer (--json FILE), for both modes. A regular file is written whole
+ * after every row (a temporary file beside it, renamed over it: valid JSON at any moment, a
+ * run cut short leaves the rows it finished); anything else (a pipe) once, at the end. The
+ * schema, schema 3 (every key always present; null where the mode has no value):
  *
- * Top level: schema 2, tool "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO
+ * Top level: schema 3, complete (false while the run goes on, or when it was cut short),
+ *   rows_planned, latency_planned (the rows the run meant to write), tool "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO
  *   8601), mode "cpu" | "gpu", why_cpu (CPU mode: why not the GPU; null in GPU mode), path
  *   (the path under test: "coop", CPU mode "cpu"; every row has its own), paths [the paths
  *   run: "coop", "nccl", "cudnn"; CPU mode ["cpu"]], team "virtual" | "cpu", device (GPU
@@ -19,8 +22,9 @@
  *   CPU mode), scale, warmup, iters, l2_flush_bytes (null in CPU mode), check_channels,
  *   grad_mode "global" | "local" (CPU mode: the library's default), timing, shapes_source,
  *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, half},
- *   tolerance_cudnn {stat, fp32, half}, rows [...], latency [...] ([] in CPU mode), wrong,
- *   failed_rows, skipped_rows, total_s, ok.
+ *   tolerance_sums {depth, u, formula} (the bound of dweight and dbias: check.c),
+ *   tolerance_cudnn {stat, fp32, half, sums}, rows [...], latency [...] ([] in CPU mode), wrong,
+ *   failed_rows, skipped_rows, total_s (so far), ok (complete, and nothing wrong or failed).
  * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
  *   path        "coop" | "nccl" | "cudnn" | "cpu"
  *   shape, where, n, c, h, w, spatial, dtype ("fp32" | "bf16" | "fp16"), layout ("NCHW" |
@@ -43,11 +47,15 @@
  * layout and W (cudnn: the coop row with ranks 1).
  * Schema 1 (no "schema" key) was two: GPU-mode rows with fwd and bwd objects, CPU-mode rows
  * with us_fwd, us_bwd, gbps_fwd and gbps_bwd alone. Schema 2 writes both in every row of
- * either mode and adds floor_a_bytes, floor_b_bytes. */
+ * either mode and adds floor_a_bytes, floor_b_bytes. Schema 3 adds complete, rows_planned,
+ * latency_planned (a file may hold part of a run), tolerance_sums and tolerance_cudnn.sums;
+ * rows and latency hold the finished rows only. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -192,37 +200,93 @@ static void json_gpu_top(FILE* f, const bench_run_t* run) {
 }
 
 int json_open(bench_json_t* j, const char* path) {
+  memset(j, 0, sizeof *j);
   j->path = path;
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+    /* a pipe or a terminal: written as it is, at the end */
+    j->f = fopen(path, "a");
+    return j->f ? 0 : -1;
+  }
   j->created = access(path, F_OK) != 0;
   /* append mode: an existing file is checked for writing, not emptied before the run */
-  j->f = fopen(path, "a");
-  return j->f ? 0 : -1;
-}
-
-void json_discard(bench_json_t* j) {
-  if (!j->f) return;
-  fclose(j->f);
-  j->f = NULL;
-  if (j->created) remove(j->path);
-}
-
-int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
-               const bench_results_t* res) {
-  FILE* f = j->f;
-  j->f = NULL;
-  /* a regular file is emptied now; a pipe or a terminal (/dev/stdout) is written as it is */
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || (S_ISREG(st.st_mode) && ftruncate(fileno(f), 0) != 0)) {
+  FILE* f = fopen(path, "a");
+  if (!f) return -1;
+  fclose(f);
+  /* renaming over a symbolic link would replace the link: write what it names */
+  char* real = realpath(path, NULL);
+  if (!real) return -1;
+  if (strlen(real) >= sizeof j->target) {
+    free(real);
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  snprintf(j->target, sizeof j->target, "%s", real);
+  free(real);
+  snprintf(j->tmp, sizeof j->tmp, "%s.tmp%ld", j->target, (long)getpid());
+  f = fopen(j->tmp, "w");
+  if (!f) {
     const int e = errno;
-    fclose(f);
+    if (j->created) remove(path);
     errno = e;
     return -1;
   }
+  fclose(f);
+  remove(j->tmp);
+  return 0;
+}
+
+void json_discard(bench_json_t* j) {
+  if (j->f) {
+    fclose(j->f);
+    j->f = NULL;
+  } else if (j->path && j->created && !j->written) {
+    remove(j->path);
+  }
+  j->path = NULL;
+}
+
+static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
+                      const bench_results_t* res, int complete);
+
+int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
+               const bench_results_t* res, int complete) {
+  if (!j->path) return 0;
+  if (j->f) {
+    if (!complete) return 0;
+    FILE* f = j->f;
+    j->f = NULL;
+    json_emit(f, o, run, res, complete);
+    const int failed = ferror(f);
+    j->written = 1;
+    return fclose(f) == 0 && !failed ? 0 : -1;
+  }
+  FILE* f = fopen(j->tmp, "w");
+  if (!f) return -1;
+  json_emit(f, o, run, res, complete);
+  const int failed = ferror(f);
+  if (fclose(f) != 0 || failed || rename(j->tmp, j->target) != 0) {
+    const int e = errno;
+    remove(j->tmp);
+    errno = e;
+    return -1;
+  }
+  j->written = 1;
+  return 0;
+}
+
+static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
+                      const bench_results_t* res, int complete) {
   const int gpu = run->dev != NULL;
   char ver[32];
   snprintf(ver, sizeof ver, "%d.%d.%d", run->version / 10000, run->version / 100 % 100,
            run->version % 100);
-  fprintf(f, "{\n  \"schema\": 2,\n  \"tool\": \"sbn-bench\",\n  \"library_version\": ");
+  int nlat = 0;
+  for (int i = 0; i < res->nlat; i++) nlat += res->lat[i].shape != NULL;
+  fprintf(f,
+          "{\n  \"schema\": 3,\n  \"complete\": %s,\n  \"rows_planned\": %d,\n"
+          "  \"latency_planned\": %d,\n  \"tool\": \"sbn-bench\",\n  \"library_version\": ",
+          complete ? "true" : "false", res->nrows, nlat);
   json_string(f, ver);
   fprintf(f, ",\n  \"commit\": ");
   json_string(f, SBN_BENCH_COMMIT);
@@ -296,16 +360,21 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
   json_string(f, kRatioFormula);
   fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_STAT, TOL_F32,
           TOL_HALF);
-  fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_CUDNN_STAT,
-          TOL_CUDNN_F32, TOL_CUDNN_HALF);
+  fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g, \"sums\": %g},\n",
+          TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF, TOL_CUDNN_F32);
+  fprintf(f, "  \"tolerance_sums\": {\"depth\": %d, \"u\": %.9g, \"formula\": ", BENCH_SUM_DEPTH,
+          1.0 / 16777216.0);
+  json_string(f, kSumsFormula);
+  fprintf(f, "},\n");
   fprintf(f, "  \"rows\": [");
-  for (int i = 0; i < res->nrows; i++) {
-    fprintf(f, "%s\n    ", i ? "," : "");
+  for (int i = 0, k = 0; i < res->nrows; i++) {
+    if (!res->rows[i].done) continue;
+    fprintf(f, "%s\n    ", k++ ? "," : "");
     json_row(f, &res->rows[i], run->B);
   }
   fprintf(f, "\n  ],\n  \"latency\": [");
   for (int i = 0, k = 0; i < res->nlat; i++) {
-    if (!res->lat[i].shape) continue;
+    if (!res->lat[i].done) continue;
     fprintf(f, "%s\n    ", k++ ? "," : "");
     json_row(f, &res->lat[i], run->B);
   }
@@ -314,8 +383,7 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
           ",\n  \"failed_rows\": %d,\n  \"skipped_rows\": %d,\n"
           "  \"total_s\": ",
           res->wrong, res->failed, res->skipped);
-  json_number(f, run->total_s);
-  fprintf(f, ",\n  \"ok\": %s\n}\n", (res->wrong == 0 && res->failed == 0) ? "true" : "false");
-  const int failed = ferror(f);
-  return fclose(f) == 0 && !failed ? 0 : -1;
+  json_number(f, complete ? run->total_s : (now_us() - run->t_start) * 1e-6);
+  fprintf(f, ",\n  \"ok\": %s\n}\n",
+          complete && res->wrong == 0 && res->failed == 0 ? "true" : "false");
 }

@@ -52,7 +52,6 @@
 
 #include "paths.h"
 
-
 static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial,
                      sbnDataType_t dtype, sbnLayout_t layout, int W, bench_path_t path) {
   r->shape = shape;
@@ -63,13 +62,29 @@ static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial
   r->path = path;
 }
 
-/* Writes the JSON (when asked) and the last lines; the exit status. */
+/* A row has finished: into the totals, the table (stdout), the progress (stderr) and the
+   JSON (rewritten whole; a failure to write it is said once and ends the rewriting). */
+static void row_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
+                     bench_results_t* res, bench_row_t* r, int in_table) {
+  r->done = 1;
+  run->finished++;
+  results_add(res, r);
+  if (in_table) report_row(run, r);
+  report_progress(run, r);
+  if (run->json.path && json_write(&run->json, o, run, res, 0) != 0) {
+    fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
+    run->json_failed = 1;
+    json_discard(&run->json);
+  }
+}
+
+/* Writes the JSON (when asked) a last time, complete, and the last lines; the exit status. */
 static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
                   const bench_results_t* res) {
-  int status = (res->wrong == 0 && res->failed == 0) ? 0 : 1;
+  int status = (res->wrong == 0 && res->failed == 0 && !run->json_failed) ? 0 : 1;
   const char* written = NULL;
-  if (run->json.f) {
-    if (json_write(&run->json, o, run, res) != 0) {
+  if (run->json.path) {
+    if (json_write(&run->json, o, run, res, 1) != 0) {
       fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
       status = 1;
     } else {
@@ -82,7 +97,7 @@ static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
 
 /* CPU mode: the CPU team of o->ranks ranks over every shape x dtype x layout. */
 static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
-                    int nshapes, bench_run_t* run, double t_start) {
+                    int nshapes, bench_run_t* run) {
   bench_results_t res;
   memset(&res, 0, sizeof res);
   res.rows = calloc((size_t)nshapes * 6, sizeof *res.rows);
@@ -98,6 +113,7 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
                    kDtypeOrder[t], (sbnLayout_t)l, o->ranks, BENCH_PATH_CPU);
     }
   }
+  run->planned = res.nrows;
 
   sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
@@ -112,17 +128,17 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   }
 
   report_header(o, run);
+  report_plan(run, &res);
   bench_layout_keep_t keep;
   memset(&keep, 0, sizeof keep);
   for (int i = 0; i < res.nrows; i++) {
     syncbn_cpu_row(&res.rows[i], comms, o, &keep);
-    report_row(run, &res.rows[i]);
-    results_add(&res, &res.rows[i]);
+    row_done(argv0, o, run, &res, &res.rows[i], 1);
   }
   keep_free(&keep);
   for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]);
   free(comms);
-  run->total_s = (now_us() - t_start) * 1e-6;
+  run->total_s = (now_us() - run->t_start) * 1e-6;
   report_footer(run, &res);
   int status = finish(argv0, o, run, &res);
   free(res.rows);
@@ -130,9 +146,48 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
 }
 
 #if SBN_BENCH_HAVE_CUDA
-/* GPU mode: every shape x dtype x layout x W x path, then the latency table. */
+static int same_sdl(const bench_row_t* a, const bench_row_t* b) {
+  return a->shape == b->shape && a->dtype == b->dtype && a->layout == b->layout;
+}
+
+/* GPU mode's rows in run order: per shape x dtype x layout, per W of -w: coop, nccl, then
+   cudnn when W is 1 (-w may repeat 1). The count. */
+static int gpu_plan(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes,
+                    bench_row_t* rows) {
+  const int run_cudnn = o->path_on[BENCH_PATH_CUDNN];
+  int n = 0;
+  for (int s = 0; s < nshapes; s++) {
+    const int64_t spatial = shape_spatial(&shapes[s], o->scale);
+    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
+      if (!o->dtype_on[kDtypeOrder[t]]) continue;
+      for (int l = 0; l < 2; l++) {
+        if (!o->layout_on[l]) continue;
+        for (int wi = 0; wi < o->nranks_list; wi++) {
+          const int W = o->ranks_list[wi];
+          bench_row_t* coop = NULL;
+          for (int p = 0; p < 2; p++) {
+            if (!o->path_on[p]) continue;
+            row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, W,
+                     (bench_path_t)p);
+            if (p == BENCH_PATH_COOP) coop = &rows[n];
+            if (p == BENCH_PATH_NCCL) rows[n].coop = coop;
+            n++;
+          }
+          if (W == 1 && run_cudnn) {
+            row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1,
+                     BENCH_PATH_CUDNN);
+            rows[n++].coop = coop;
+          }
+        }
+      }
+    }
+  }
+  return n;
+}
+
+/* GPU mode: every planned row, then the latency table. */
 static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
-                    int nshapes, bench_run_t* run, double t_start) {
+                    int nshapes, bench_run_t* run) {
   static const bench_shape_t lat_shapes[2] = {
       {"tiny", 4, 512, 1, 1, "latency: N=4, C=512, 1x1 per rank (like S10)"},
       {"empty", 0, 512, 1, 1, "latency: n=0 on every rank, C=512"}};
@@ -147,17 +202,13 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   nccl_load(&run->nccl);
   /* also without the cudnn path: its version, for the record */
   bench_cudnn_t* cudnn = cudnn_load(&run->cudnn);
-  int has_w1 = 0;
-  for (int wi = 0; wi < o->nranks_list; wi++) has_w1 |= o->ranks_list[wi] == 1;
-  const int run_cudnn = o->path_on[BENCH_PATH_CUDNN] && has_w1;
   const int lib_paths = o->path_on[BENCH_PATH_COOP] + o->path_on[BENCH_PATH_NCCL];
   run->lat_w = lib_paths ? o->ranks : 0;
 
-  const int nw = o->nranks_list;
   bench_results_t res;
   memset(&res, 0, sizeof res);
-  /* per shape x dtype x layout and W: coop, nccl, and cudnn when W is 1 (-w may repeat 1) */
-  res.rows = calloc((size_t)nshapes * 6 * (size_t)nw * 3, sizeof *res.rows);
+  /* per shape x dtype x layout and W: coop, nccl, and cudnn when W is 1 */
+  res.rows = calloc((size_t)nshapes * 6 * (size_t)o->nranks_list * 3 + 1, sizeof *res.rows);
   res.nlat = run->lat_w * 4;
   res.lat = calloc((size_t)(run->lat_w > 0 ? run->lat_w : 1) * 4, sizeof *res.lat);
   if (!res.rows || !res.lat) {
@@ -167,90 +218,92 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
     gpu_teardown(&g);
     return 1;
   }
+  res.nrows = gpu_plan(o, shapes, nshapes, res.rows);
+  run->planned = res.nrows;
+  /* latency: the tiny and the empty op for every W from 1 to the largest, coop and nccl */
+  for (int W = 1; W <= run->lat_w; W++)
+    for (int q = 0; q < 2; q++)
+      for (int p = 0; p < 2; p++)
+        if (o->path_on[p]) {
+          row_init(lat_slot(res.lat, W, q, p), &lat_shapes[q], 1, sbnFloat32, sbnLayoutNCHW, W,
+                   (bench_path_t)p);
+          run->planned++;
+        }
   int64_t max_c = lat_shapes[0].c;
   for (int s = 0; s < nshapes; s++)
     if (shapes[s].c > max_c) max_c = shapes[s].c;
 
   report_header(o, run);
-  for (int s = 0; s < nshapes; s++) {
-    const int64_t spatial = shape_spatial(&shapes[s], o->scale);
-    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
-      if (!o->dtype_on[kDtypeOrder[t]]) continue;
-      for (int l = 0; l < 2; l++) {
-        if (!o->layout_on[l]) continue;
-        /* inputs of the largest W, generated once: rank r's data do not depend on W */
-        sbnTensorDesc_t d = {kDtypeOrder[t], (sbnLayout_t)l, shapes[s].n, shapes[s].c, spatial};
-        bench_team_bufs_t host;
-        int have_host = bufs_alloc(&host, o->ranks, &d) == 0;
-        if (have_host && bufs_init(&host, shapes[s].id) != 0) {
-          bufs_free(&host);
-          have_host = 0;
-        }
-        char oom[384];
-        snprintf(oom, sizeof oom,
-                 "out of host memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
-                 o->ranks, d.n, d.c, d.spatial);
-        for (int wi = 0; wi < nw; wi++) {
-          const int W = o->ranks_list[wi];
-          bench_row_t* team[2] = {NULL, NULL};
-          for (int p = 0; p < 2; p++) {
-            if (!o->path_on[p]) continue;
-            team[p] = &res.rows[res.nrows++];
-            row_init(team[p], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, W,
-                     (bench_path_t)p);
-            if (!have_host) snprintf(team[p]->error, sizeof team[p]->error, "%s", oom);
-          }
-          if (team[BENCH_PATH_NCCL]) team[BENCH_PATH_NCCL]->coop = team[BENCH_PATH_COOP];
-          if (have_host) syncbn_gpu_rows(team, &g, o, &host, max_c);
-          for (int p = 0; p < 2; p++) {
-            if (!team[p]) continue;
-            report_row(run, team[p]);
-            results_add(&res, team[p]);
-          }
-          if (W == 1 && run_cudnn) {
-            bench_row_t* r = &res.rows[res.nrows++];
-            row_init(r, &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1, BENCH_PATH_CUDNN);
-            r->coop = team[BENCH_PATH_COOP];
-            if (have_host)
-              cudnn_row(r, &g, o, &host, cudnn);
-            else
-              snprintf(r->error, sizeof r->error, "%s", oom);
-            report_row(run, r);
-            results_add(&res, r);
-          }
-        }
-        if (have_host) bufs_free(&host);
+  report_plan(run, &res);
+  /* the inputs of the largest W, generated once per shape x dtype x layout: rank r's data
+     do not depend on W */
+  bench_team_bufs_t host;
+  const bench_row_t* host_of = NULL; /* the row whose shape x dtype x layout host holds */
+  int have_host = 0;
+  char oom[384] = "";
+  for (int i = 0; i < res.nrows;) {
+    bench_row_t* r = &res.rows[i];
+    if (!host_of || !same_sdl(host_of, r)) {
+      if (have_host) bufs_free(&host);
+      sbnTensorDesc_t d = row_desc(r);
+      have_host = bufs_alloc(&host, o->ranks, &d) == 0;
+      if (have_host && bufs_init(&host, r->shape->id) != 0) {
+        bufs_free(&host);
+        have_host = 0;
       }
+      host_of = r;
+      snprintf(oom, sizeof oom,
+               "out of host memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+               o->ranks, d.n, d.c, d.spatial);
     }
+    if (r->path == BENCH_PATH_CUDNN) {
+      if (have_host)
+        cudnn_row(r, &g, o, &host, cudnn);
+      else
+        snprintf(r->error, sizeof r->error, "%s", oom);
+      row_done(argv0, o, run, &res, r, 1);
+      i++;
+      continue;
+    }
+    /* the library rows of one W: one team's buffers, coop then nccl */
+    bench_row_t* team[2] = {NULL, NULL};
+    int j = i;
+    for (; j < res.nrows && same_sdl(&res.rows[j], r) && res.rows[j].W == r->W &&
+           res.rows[j].path != BENCH_PATH_CUDNN && !team[res.rows[j].path];
+         j++)
+      team[res.rows[j].path] = &res.rows[j];
+    if (have_host)
+      syncbn_gpu_rows(team, &g, o, &host, max_c);
+    else
+      for (int p = 0; p < 2; p++)
+        if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "%s", oom);
+    for (; i < j; i++) row_done(argv0, o, run, &res, &res.rows[i], 1);
   }
+  if (have_host) bufs_free(&host);
 
-  /* latency: the tiny and the empty op for every W from 1 to the largest, coop and nccl */
   for (int W = 1; W <= run->lat_w; W++)
     for (int q = 0; q < 2; q++) {
       sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, lat_shapes[q].n, lat_shapes[q].c, 1};
       bench_row_t* team[2] = {NULL, NULL};
-      for (int p = 0; p < 2; p++) {
-        if (!o->path_on[p]) continue;
-        team[p] = lat_slot(res.lat, W, q, p);
-        row_init(team[p], &lat_shapes[q], 1, sbnFloat32, sbnLayoutNCHW, W, (bench_path_t)p);
-      }
-      bench_team_bufs_t host;
-      if (bufs_alloc(&host, W, &d) != 0) {
+      for (int p = 0; p < 2; p++)
+        if (o->path_on[p]) team[p] = lat_slot(res.lat, W, q, p);
+      bench_team_bufs_t lh;
+      if (bufs_alloc(&lh, W, &d) != 0) {
         for (int p = 0; p < 2; p++)
           if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "out of host memory");
       } else {
-        if (bufs_init(&host, lat_shapes[q].id) != 0) {
+        if (bufs_init(&lh, lat_shapes[q].id) != 0) {
           for (int p = 0; p < 2; p++)
             if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "out of host memory");
         } else {
-          syncbn_gpu_rows(team, &g, o, &host, max_c);
+          syncbn_gpu_rows(team, &g, o, &lh, max_c);
         }
-        bufs_free(&host);
+        bufs_free(&lh);
       }
       for (int p = 0; p < 2; p++)
-        if (team[p]) results_add(&res, team[p]);
+        if (team[p]) row_done(argv0, o, run, &res, team[p], 0);
     }
-  run->total_s = (now_us() - t_start) * 1e-6;
+  run->total_s = (now_us() - run->t_start) * 1e-6;
 
   /* the caller's SBN_ALGO back (the library rows set it for their calls) */
   if (run->algo_env)
@@ -274,9 +327,10 @@ int main(int argc, char** argv) {
   int pa = opts_parse(argc, argv, &o);
   if (pa == 1) return 0; /* -h */
   if (pa) return pa;
-  const double t_start = now_us();
+  if (opts_check_files(&o, argv[0])) return 2;
   bench_run_t run;
   memset(&run, 0, sizeof run);
+  run.t_start = now_us();
   run.B = NAN;
   /* every check that needs no device comes first: nothing below runs on bad input */
   static bench_shape_t shapes[BENCH_MAX_SHAPES];
@@ -328,10 +382,10 @@ int main(int argc, char** argv) {
   int status;
 #if SBN_BENCH_HAVE_CUDA
   if (gpu_mode)
-    status = gpu_main(argv[0], &o, shapes, nshapes, &run, t_start);
+    status = gpu_main(argv[0], &o, shapes, nshapes, &run);
   else
 #endif
-    status = cpu_main(argv[0], &o, shapes, nshapes, &run, t_start);
+    status = cpu_main(argv[0], &o, shapes, nshapes, &run);
   json_discard(&run.json); /* a run that ended before its JSON: no empty file left */
   free(algo_env);
   return status;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -64,11 +65,17 @@ static void usage(FILE* f, const char* argv0) {
           "      --paths LIST      GPU: comma list of coop, nccl, cudnn (default all three;\n"
           "                        cudnn runs at W = 1 only)\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
-          "                        0 = all (default %d)\n"
-          "      --json FILE       also write the metadata and every row as JSON (the file\n"
-          "                        is opened before the run: a path that cannot be written\n"
-          "                        is a usage error)\n"
+          "                        0 = all (GPU default %d, CPU default %d)\n"
+          "      --quick           the shapes %s (of the embedded table; every shape\n"
+          "                        of --shapes FILE) at W %s in GPU mode, and the latency\n"
+          "                        table: a run of <= 60 s on an H100/H200 (options given\n"
+          "                        with it win)\n"
+          "      --json FILE       also write the metadata and every row as JSON, the whole\n"
+          "                        file again after every row (\"complete\": false until the\n"
+          "                        end; checked before the run: a path that cannot be\n"
+          "                        written is a usage error)\n"
           "  -h, --help            this text\n"
+          "The planned rows, then each row as it finishes, go to stderr.\n"
           "Before any work, a run that would need more than %.0f%% of the host memory\n"
           "available (MemAvailable, the cgroup's limit, ulimit -v) is refused.\n"
           "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
@@ -76,7 +83,8 @@ static void usage(FILE* f, const char* argv0) {
           SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS, BENCH_DEFAULT_RANKS,
           BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_MAX_ITERS,
           BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
-          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR, BENCH_CHECK_CHANNELS,
+          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR,
+          BENCH_GPU_CHECK_CHANNELS, BENCH_CHECK_CHANNELS, BENCH_QUICK_SHAPES, BENCH_QUICK_RANKS,
           BENCH_MEMORY_SHARE * 100);
 }
 
@@ -161,14 +169,14 @@ static int list_has(const char* list, const char* id) {
 /* Every option but -h takes a value; long and short names of one option share an entry. */
 static const char* const kOptionList =
     "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
-    "--layout, --paths, --gpu, --json, -h/--help";
+    "--layout, --paths, --gpu, --json, --quick, -h/--help";
 
 int opts_parse(int argc, char** argv, bench_opts_t* o) {
   const char* argv0 = argv[0];
   o->gpu = BENCH_GPU_AUTO;
   o->nranks_list = 0;                   /* -w: default by mode (opts_resolve) */
   o->iters = o->warmup = o->scale = -1; /* default by mode */
-  o->check_channels = BENCH_CHECK_CHANNELS;
+  o->check_channels = -1; /* default by mode */
   o->dtype_on[sbnFloat32] = o->dtype_on[sbnBFloat16] = 1;
   o->layout_on[sbnLayoutNCHW] = o->layout_on[sbnLayoutNHWC] = 1;
   o->path_on[BENCH_PATH_COOP] = o->path_on[BENCH_PATH_NCCL] = o->path_on[BENCH_PATH_CUDNN] = 1;
@@ -177,6 +185,10 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout, argv0);
       return 1;
+    }
+    if (!strcmp(a, "--quick")) {
+      o->quick = 1;
+      continue;
     }
     if (a[0] != '-')
       return usage_error(argv0, "unexpected argument '%s': sbn-bench takes options only (%s)", a,
@@ -256,8 +268,8 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
   if (gpu_mode) {
     if (o->nranks_list == 0)
-      parse_int_list(BENCH_GPU_DEFAULT_RANKS, 1, SBN_MAX_GPU_TEAM_RANKS, o->ranks_list,
-                     BENCH_MAX_RANK_LIST, &o->nranks_list);
+      parse_int_list(o->quick ? BENCH_QUICK_RANKS : BENCH_GPU_DEFAULT_RANKS, 1,
+                     SBN_MAX_GPU_TEAM_RANKS, o->ranks_list, BENCH_MAX_RANK_LIST, &o->nranks_list);
     o->ranks = 0;
     for (int i = 0; i < o->nranks_list; i++) {
       if (o->ranks_list[i] > SBN_MAX_GPU_TEAM_RANKS)
@@ -268,6 +280,7 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
     if (o->iters < 0) o->iters = BENCH_GPU_DEFAULT_ITERS;
     if (o->warmup < 0) o->warmup = BENCH_GPU_DEFAULT_WARMUP;
     if (o->scale < 0) o->scale = BENCH_GPU_DEFAULT_SCALE;
+    if (o->check_channels < 0) o->check_channels = BENCH_GPU_CHECK_CHANNELS;
   } else {
     if (o->nranks_list > 1)
       return usage_error(
@@ -280,15 +293,35 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
     if (o->iters < 0) o->iters = BENCH_DEFAULT_ITERS;
     if (o->warmup < 0) o->warmup = BENCH_DEFAULT_WARMUP;
     if (o->scale < 0) o->scale = BENCH_DEFAULT_SCALE;
+    if (o->check_channels < 0) o->check_channels = BENCH_CHECK_CHANNELS;
   }
   return 0;
 }
 
 /* ---- the shape table ---------------------------------------------------------------------- */
-/* Parses a shape table: 'id N C H W [where...]' per line, '#' starts a comment line.
-   Returns the number of shapes, or -1 after printing what is wrong. */
-static int parse_shapes(const char* text, const char* source, bench_shape_t* shapes, int max) {
+/* A shape table's error: "--shapes 'FILE': line N: what (try -h)", or the embedded table's
+   name in place of the option (a build error: bench/shapes.tsv itself is wrong). */
+static void shapes_error(const char* argv0, const char* label, int lineno, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: %s: ", argv0, label);
+  if (lineno > 0) fprintf(stderr, "line %d: ", lineno);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, " (try -h)\n");
+  va_end(ap);
+}
+
+/* Parses a shape table: 'id N C H W [where...]' per line, '#' starts a comment line; ids
+   unique (case-insensitively, as --only matches them). Returns the number of shapes, or -1
+   after printing what is wrong (label: how the messages name the table). */
+static int parse_shapes(const char* text, const char* label, const char* argv0,
+                        bench_shape_t* shapes, int max) {
   int count = 0, lineno = 0;
+  int* lines = malloc((size_t)max * sizeof *lines); /* where each shape was defined */
+  if (!lines) {
+    shapes_error(argv0, label, 0, "out of memory");
+    return -1;
+  }
   const char* p = text;
   while (*p) {
     const char* eol = strchr(p, '\n');
@@ -296,8 +329,8 @@ static int parse_shapes(const char* text, const char* source, bench_shape_t* sha
     char line[512];
     lineno++;
     if (len >= sizeof line) {
-      fprintf(stderr, "%s:%d: line too long\n", source, lineno);
-      return -1;
+      shapes_error(argv0, label, lineno, "longer than %zu characters", sizeof line - 1);
+      goto fail;
     }
     memcpy(line, p, len);
     line[len] = '\0';
@@ -306,22 +339,29 @@ static int parse_shapes(const char* text, const char* source, bench_shape_t* sha
     while (*s == ' ' || *s == '\t' || *s == '\r') s++;
     if (*s == '\0' || *s == '#') continue;
     if (count == max) {
-      fprintf(stderr, "%s: more than %d shapes\n", source, max);
-      return -1;
+      shapes_error(argv0, label, lineno, "more than %d shapes", max);
+      goto fail;
     }
     bench_shape_t* sh = &shapes[count];
     long long n, c, h, w;
     int used = 0;
     if (sscanf(s, "%31s %lld %lld %lld %lld %n", sh->id, &n, &c, &h, &w, &used) < 5 || n < 1 ||
         c < 1 || h < 1 || w < 1) {
-      fprintf(stderr, "%s:%d: expected 'id N C H W [where]' with N, C, H, W >= 1\n", source,
-              lineno);
-      return -1;
+      shapes_error(argv0, label, lineno, "expected 'id N C H W [where]' with N, C, H, W >= 1");
+      goto fail;
     }
+    for (int k = 0; k < count; k++)
+      if (ascii_casecmp(shapes[k].id, sh->id) == 0) {
+        shapes_error(argv0, label, lineno,
+                     "shape id '%s' again (line %d has '%s'); each id must be unique, "
+                     "ignoring case (--only selects shapes by id)",
+                     sh->id, lines[k], shapes[k].id);
+        goto fail;
+      }
     if ((double)n * (double)c * (double)h * (double)w > (double)BENCH_MAX_ELEMENTS) {
-      fprintf(stderr, "%s:%d: %s: N*C*H*W = %.3g elements, more than 2^40 per rank\n", source,
-              lineno, sh->id, (double)n * (double)c * (double)h * (double)w);
-      return -1;
+      shapes_error(argv0, label, lineno, "%s: N*C*H*W = %.3g elements, more than 2^40 per rank",
+                   sh->id, (double)n * (double)c * (double)h * (double)w);
+      goto fail;
     }
     sh->n = n;
     sh->c = c;
@@ -331,14 +371,26 @@ static int parse_shapes(const char* text, const char* source, bench_shape_t* sha
     for (size_t i = strlen(sh->where);
          i > 0 && (sh->where[i - 1] == '\r' || sh->where[i - 1] == ' '); i--)
       sh->where[i - 1] = '\0';
-    count++;
+    lines[count++] = lineno;
   }
+  free(lines);
   return count;
+fail:
+  free(lines);
+  return -1;
 }
 
+/* The whole of a regular file, NUL-terminated; NULL with errno set (EISDIR: a directory). */
 static char* read_file(const char* path) {
   FILE* f = fopen(path, "rb");
   if (!f) return NULL;
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || S_ISDIR(st.st_mode)) {
+    const int e = S_ISDIR(st.st_mode) ? EISDIR : errno;
+    fclose(f);
+    errno = e;
+    return NULL;
+  }
   size_t cap = 4096, len = 0;
   char* buf = malloc(cap);
   while (buf) {
@@ -353,45 +405,74 @@ static char* read_file(const char* path) {
     buf = bigger;
     cap *= 2;
   }
-  if (buf) buf[len] = '\0';
+  if (buf && ferror(f)) {
+    free(buf);
+    buf = NULL;
+    errno = EIO;
+  } else if (!buf) {
+    errno = ENOMEM;
+  } else {
+    buf[len] = '\0';
+  }
+  const int e = errno;
   fclose(f);
+  errno = e;
   return buf;
+}
+
+int opts_check_files(const bench_opts_t* o, const char* argv0) {
+  if (!o->shapes_file || !o->json_file) return 0;
+  struct stat ss, js;
+  const int same = stat(o->shapes_file, &ss) == 0 && stat(o->json_file, &js) == 0
+                       ? ss.st_dev == js.st_dev && ss.st_ino == js.st_ino
+                       : strcmp(o->shapes_file, o->json_file) == 0;
+  if (!same) return 0;
+  return usage_error(argv0,
+                     "--json '%s' is the file --shapes '%s' names: the run would overwrite the "
+                     "shape table it reads; --json takes another file",
+                     o->json_file, o->shapes_file);
 }
 
 int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
                 const char** source) {
   char* file_text = NULL;
   const char* text = (const char*)sbn_bench_shapes_tsv;
+  char label[300];
   *source = "bench/shapes.tsv (embedded)";
+  snprintf(label, sizeof label, "%s", *source);
   if (o->shapes_file) {
+    snprintf(label, sizeof label, "--shapes '%s'", o->shapes_file);
     file_text = read_file(o->shapes_file);
     if (!file_text) {
-      fprintf(stderr, "%s: --shapes '%s': cannot read it: %s (try -h)\n", argv0, o->shapes_file,
-              strerror(errno));
+      if (errno == EISDIR)
+        shapes_error(argv0, label, 0,
+                     "a directory; --shapes takes a file of lines 'id N C H W [where]'");
+      else
+        shapes_error(argv0, label, 0, "cannot read it: %s", strerror(errno));
       return -1;
     }
     text = file_text;
     *source = o->shapes_file;
   }
-  int nshapes = parse_shapes(text, *source, shapes, max);
+  int nshapes = parse_shapes(text, label, argv0, shapes, max);
   free(file_text);
   if (nshapes < 0) return -1;
   if (nshapes == 0) {
-    fprintf(stderr,
-            "%s: %s: no shape rows (expected lines 'id N C H W [where]'; '#' starts a "
-            "comment)\n",
-            argv0, *source);
+    shapes_error(argv0, label, 0,
+                 "no shape rows (expected lines 'id N C H W [where]'; '#' starts a comment)");
     return -1;
   }
-  if (o->only) {
+  const char* only = o->only;
+  if (!only && o->quick && !o->shapes_file) only = BENCH_QUICK_SHAPES;
+  if (only) {
     char ids[512] = "";
     for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
       len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
     int kept = 0;
     for (int i = 0; i < nshapes; i++)
-      if (list_has(o->only, shapes[i].id)) shapes[kept++] = shapes[i];
+      if (list_has(only, shapes[i].id)) shapes[kept++] = shapes[i];
     if (kept == 0) {
-      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", o->only, *source,
+      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", only, *source,
                   ids);
       return -1;
     }

@@ -11,7 +11,7 @@ Checks:
      independently (scale 1), and against the rows of `sbn-bench --gpu off --json` at
      scales 7 and 4096 when an sbn-bench binary is given (--sbn-bench PATH) or found in
      build/default/bench/ (otherwise against H*W // scale computed here). Also --only.
-     The floors: sbn-bench's JSON (schema 2) carries them in every row, with the values
+     The floors: sbn-bench's JSON (schema 2 and later) carries them in every row, with the values
      asserted here (fwd 3|x| and 2|x|, bwd 5|x| and 3|x|); torch_baseline.py reads them
      from it (--floors-from) and does not compute its own: its rows get the sbn-bench
      row's bytes and floors, floor (us) = floor bytes / B; a bad --floors-from is exit 2.
@@ -163,8 +163,9 @@ def test_sbn_bench_floors(d):
     """The floors of sbn-bench's CPU-mode JSON: there in every row, the values of the
     definition (asserted here, independently of bench/floors.c)."""
     rows = d.get("rows", [])
-    check(d.get("schema") == 2 and d.get("mode") == "cpu" and len(rows) == 8,
-          "sbn-bench JSON: schema 2, CPU mode, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
+    check(d.get("schema") == 3 and d.get("mode") == "cpu" and len(rows) == 8 and
+          d.get("complete") is True and d.get("rows_planned") == 8,
+          "sbn-bench JSON: schema 3, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
     check(all(SCHEMA2_ROW_KEYS <= set(x) for x in rows), "sbn-bench CPU rows have every schema-2 row key")
     ok = True
     for x in rows:
@@ -189,6 +190,33 @@ def import_baseline():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # imports no torch: that happens in main()
     return mod
+
+
+def test_baseline_accuracy():
+    """PyTorch's own accuracy (torch_baseline_util): reported, not a failure, only where its
+    rounding explains it (fp16/bf16 NCHW dweight and dbias, within gamma(12) * sum|term|);
+    elsewhere a value beyond the tolerance is wrong and the exit status is 1."""
+    sys.path.insert(0, HERE)
+    import torch_baseline_util as u
+    b = u.torch_own_bound("dweight", "bf16", "NCHW")
+    check(b is not None and abs(b - 12 * 2.0 ** -8 / (1 - 12 * 2.0 ** -8)) < 1e-15,
+          "PyTorch's own bound: bf16 NCHW dweight, gamma(12) at u = 2^-8")
+    check(all(u.torch_own_bound(n, dt, lay) is None for n, dt, lay in (
+        ("dweight", "bf16", "NHWC"), ("dbias", "fp32", "NCHW"), ("dx", "bf16", "NCHW"),
+        ("y", "fp16", "NCHW"), ("save_mean", "bf16", "NCHW"))),
+          "PyTorch is held to sbn-bench's tolerance elsewhere (NHWC, fp32, y, dx, statistics)")
+    # S1 bf16 NCHW channel 12 of the first GPU run: |diff| 4.63 on -155.3, tol 0.0156;
+    # sum|term| there ~ 0.6 * 262144
+    check(u.classify(4.63, 0.0156, 0.6 * 262144, b) == "torch",
+          "the GPU run's bf16 NCHW dweight miss (300x the tolerance) is PyTorch's accuracy")
+    check(u.classify(4.63, 0.0156, 0.6 * 262144, None) == "wrong",
+          "the same miss on an NHWC or fp32 row is wrong")
+    check(u.classify(1e-3, 0.0156, 1.0, b) == "ok" and
+          u.classify(0.5, 0.0156, 10.0, b) == "wrong" and
+          u.classify(float("nan"), 0.0156, 10.0, b) == "wrong",
+          "within tolerance: ok; beyond PyTorch's own bound, or NaN: wrong")
+    check(u.run_status(0, 0) == 0 and u.run_status(1, 0) == 1 and u.run_status(0, 1) == 1,
+          "exit status: 1 only for wrong values or failed rows")
 
 
 def test_baseline_floors(js, d, tmp):
@@ -591,6 +619,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="test_plot.")
     try:
         has_torch = test_baseline_shapes(exe, tmp)
+        test_baseline_accuracy()
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
         if sbn:
             test_sbn_bench_floors(sbn)

@@ -68,8 +68,17 @@ backend, wall-clock timing, and float32 emulations (written here) of the five Sy
 that PyTorch has only for CUDA. Its numbers are not a baseline; its JSON says mode
 "cpu-dryrun" and plot.py skips it.
 
-Exit status: 0 all checked values within tolerance, 1 a wrong value or a failed row,
-2 usage error, 77 no torch or no CUDA device (with a message).
+PyTorch's own accuracy is reported, not failed: its channels-first backward reduction rounds
+each product dy*(x-mean) and each partial sum a warp shuffle moves to the input dtype
+(bench/notes/pytorch-bf16.md), so fp16/bf16 NCHW dweight and dbias miss the tolerance above
+by 100-3500x. Such values, when within PyTorch's own rounding bound (gamma(12) * sum|term|
+at the dtype's unit roundoff), are counted in the row's "beyond_tol_torch" (table: #torch),
+not in "wrong"; the row's tol_used is PyTorch's, tol_used_sbn sbn-bench's coop row's of the
+same shape, dtype and layout at W = 1 (from --floors-from).
+
+Exit status: 0 all checked values within tolerance or within PyTorch's own accuracy as
+above, 1 a wrong value or a failed row, 2 usage error, 77 no torch or no CUDA device (with
+a message).
 """
 
 import argparse
@@ -88,7 +97,7 @@ from torch_baseline_bench import Bench  # noqa: E402
 from torch_baseline_floors import FloorsError, floor_key, load_floors, op_derived  # noqa: E402
 from torch_baseline_shapes import ShapeError, load_shapes  # noqa: E402
 from torch_baseline_util import (COPY_REPS, TOL_F32, TOL_HALF, elem_size, git_commit,  # noqa: E402
-                                 num)
+                                 num, run_status)
 
 EXIT_SKIP = 77
 DEFAULT_ITERS = 50
@@ -108,7 +117,7 @@ def new_row(shape, spatial, dtype, layout, path):
     return {"path": path, "shape": shape["id"], "where": shape["where"], "n": shape["n"],
             "c": shape["c"], "h": shape["h"], "w": shape["w"], "spatial": spatial,
             "dtype": dtype, "layout": layout, "ranks": 1, "bytes_x_rank": xb, "bytes_x_total": xb,
-            "_t": {}, "_checked": 0, "_wrong": 0, "_worst": 0.0, "_worst_what": "",
+            "_t": {}, "_checked": 0, "_wrong": 0, "_beyond": 0, "_worst": 0.0, "_worst_what": "",
             "_printed": 0, "_label": f"{shape['id']} {dtype} {layout} {path}", "_error": None,
             "_note": None, "_optional_error": False}
 
@@ -135,7 +144,14 @@ def finish_row(row, B, floors):
         row["_note"] = f"no bytes or floors: {floors['file']} has no ranks-1 row of this shape"
     out["checked"] = row["_checked"]
     out["wrong"] = row["_wrong"]
+    # PyTorch's accuracy next to ours: the values only PyTorch's own rounding put beyond the
+    # tolerance (not failures), and the tol_used of sbn-bench's coop (or CPU) row of the
+    # same shape, dtype, layout and size at W = 1 (from --floors-from; null without one)
+    out["beyond_tol_torch"] = row["_beyond"]
     out["tol_used"] = num(row["_worst"]) if math.isfinite(row["_worst"]) else None
+    out["tol_used_sbn"] = num(floors["tol_used"].get(floor_key(
+        row["shape"], row["dtype"], row["layout"], row["n"], row["c"], row["spatial"]))) \
+        if floors else None
     out["worst"] = row["_worst_what"]
     out["error"] = row["_error"]
     out["note"] = row["_note"] or ""  # as sbn-bench: "" or a remark
@@ -175,10 +191,10 @@ def print_header(meta, args):
     print("#")
     print("#%56s %45s %45s" % ("", "------------------ forward ------------------",
                                "------------------ backward -----------------"))
-    print("# %5s %5s %6s %8s %5s %6s %12s %10s %8s %9s %7s %7s %10s %8s %9s %7s %7s %6s %8s" % (
-        "shape", "N", "C", "spatial", "dtype", "layout", "path", "time(us)", "GB/s/rk", "GB/s all",
-        "%fl(a)", "%fl(b)", "time(us)", "GB/s/rk", "GB/s all", "%fl(a)", "%fl(b)", "#wrong",
-        "tol used"))
+    print("# %5s %5s %6s %8s %5s %6s %12s %10s %8s %9s %7s %7s %10s %8s %9s %7s %7s %6s %6s %8s %8s"
+          % ("shape", "N", "C", "spatial", "dtype", "layout", "path", "time(us)", "GB/s/rk",
+             "GB/s all", "%fl(a)", "%fl(b)", "time(us)", "GB/s/rk", "GB/s all", "%fl(a)",
+             "%fl(b)", "#wrong", "#torch", "tol used", "sbn tol"))
 
 
 def fmt(v, spec):
@@ -196,9 +212,10 @@ def print_row(r):
         line += " %10s %8s %9s %7s %7s" % (fmt(o["us_median"], ".1f"), fmt(o["gbps_rank"], ".1f"),
                                            fmt(o["gbps_total"], ".1f"), fmt(o["pct_floor_a"], ".1f"),
                                            fmt(o["pct_floor_b"], ".1f"))
-    tu = r["tol_used"]
-    tus = "inf" if tu is None else (f"{tu:.3f}" if tu < 1000 else f"{tu:.1e}")
-    line += " %6d %8s" % (r["wrong"], tus)
+    def tol(tu):
+        return "inf" if tu is None else (f"{tu:.3f}" if tu < 1000 else f"{tu:.1e}")
+    sbn = "-" if r["tol_used_sbn"] is None else tol(r["tol_used_sbn"])
+    line += " %6d %6d %8s %8s" % (r["wrong"], r["beyond_tol_torch"], tol(r["tol_used"]), sbn)
     print(line, flush=True)
 
 
@@ -314,7 +331,7 @@ def main(argv=None):
     print_header(meta, args)
 
     rows, lat = [], []
-    wrong = checked = failed = 0
+    wrong = checked = failed = beyond = 0
     try:
         for s in shapes:
             for dtype in args.dtypes:
@@ -337,6 +354,7 @@ def main(argv=None):
                         print_row(out)
                         rows.append(out)
                         wrong += out["wrong"]
+                        beyond += out["beyond_tol_torch"]
                         checked += out["checked"]
                         failed += out["error"] is not None
                     del inputs
@@ -396,15 +414,23 @@ def main(argv=None):
           f"per-channel value {TOL_F32}, bf16/fp16 y and dx {TOL_HALF}; reference: float64 on the "
           "CPU from the tensors' own values) in y, dx, dweight, dbias, running stats (and saved "
           "mean/invstd for torch_syncbn) on the checked channels of one more forward + backward")
-    print("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)")
+    print("# #torch: values beyond that tolerance where PyTorch's own rounding puts them (fp16/"
+          "bf16 channels-first dweight and dbias: its backward reduction rounds each product and "
+          "each shuffled partial sum to the input dtype, within gamma(12) * sum|term| at the "
+          "dtype's unit roundoff; bench/notes/pytorch-bf16.md): PyTorch's accuracy, reported, "
+          "not a failure of the run")
+    print("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit), #torch values "
+          "included; sbn tol: the same for sbn-bench's coop row of this shape, dtype and layout "
+          "at W = 1 (from --floors-from)")
     print(f"# rows {len(rows)} + latency {len(lat)}, failed {failed}, values checked {checked}, "
-          f"wrong {wrong}")
+          f"wrong {wrong}, beyond tolerance by PyTorch's own accuracy {beyond}")
     print(f"# total time {total_s:.1f} s")
-    status = 0 if wrong == 0 and failed == 0 else 1
+    status = run_status(wrong, failed)
     if args.json:
         meta["rows"] = rows
         meta["latency"] = lat
         meta["wrong"] = wrong
+        meta["beyond_tol_torch"] = beyond
         meta["failed_rows"] = failed
         meta["total_s"] = num(total_s)
         meta["ok"] = status == 0

@@ -25,10 +25,13 @@ def load_floors(path):
     if not isinstance(top, dict) or top.get("tool") != "sbn-bench" or \
             not isinstance(top.get("rows"), list):
         raise FloorsError(f"--floors-from {path}: not an sbn-bench --json file")
-    table = {}
+    table, tol_used = {}, {}
     for r in top["rows"] + (top.get("latency") or []):
         if not isinstance(r, dict) or r.get("ranks") != 1:
             continue
+        if r.get("path") in ("coop", "cpu"):  # the library's accuracy on the same shape
+            tol_used[floor_key(r.get("shape"), r.get("dtype"), r.get("layout"), r.get("n"),
+                               r.get("c"), r.get("spatial"))] = r.get("tol_used")
         ops = {op: r.get(op) for op in ("fwd", "bwd")}
         if not all(isinstance(o, dict) and o.get("floor_a_bytes") is not None for o in ops.values()):
             continue
@@ -36,7 +39,8 @@ def load_floors(path):
                         r.get("spatial"))
         table[key] = {op: {k: o.get(k) for k in ("bytes_rank", "bytes_total", "floor_a_bytes",
                                                   "floor_b_bytes")} for op, o in ops.items()}
-    return {"file": path, "rows": table, "bytes": top.get("bytes"), "floors": top.get("floors")}
+    return {"file": path, "rows": table, "tol_used": tol_used, "bytes": top.get("bytes"),
+            "floors": top.get("floors")}
 
 
 def op_derived(ref, us, B):

@@ -1,0 +1,154 @@
+/* test_check.c — the bench's check of dweight and dbias (check.c) on the CPU team's
+ * results: what a correct result gets, and what a wrong one does not.
+ *
+ * A team of 2 ranks, fp32 NCHW, N = 2, 4 channels of 2048 positions (8192 terms per team
+ * sum), built so that each channel tests one thing:
+ *   c0: dy = sign(x - mean) * a, a in [0.5, 1.5): dweight's terms all positive (no
+ *       cancellation: sum |term| = |sum|);
+ *   c1: dy = a > 0: dbias's terms all positive;
+ *   c2: x ~ N(0, 1), dy ~ N(0, 1): both sums cancel (the bench's usual data);
+ *   c3: x = 10000 + N(0, 1), dy = a: the fp32 save_mean is ~1e4 with an ulp of 1e-3, so a
+ *       backward reference built from the exact mean differs from what the library computes
+ *       from the fp32 save_mean it is given: dweight by sum(dy) * invstd * (mean -
+ *       save_mean), ~1 here, far more than 1e-4 (1 + |ref|), and dx with it.
+ * Checks: (1) the library's results pass (c3 fails a backward reference built from the
+ * reference's own statistics, as check.c had it); (2) dweight off by 1e-4 relative on c0,
+ * and dbias off by 1e-4 relative on c1, are each caught on every rank (the old rule,
+ * 1e-4 (1 + |ref|), let both through). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define TW 2 /* ranks */
+#define TN 2
+#define TC 4
+#define TSP 2048
+
+static int failures = 0;
+#define EXPECT(cond, ...)           \
+  do {                              \
+    if (!(cond)) {                  \
+      printf("FAIL: " __VA_ARGS__); \
+      printf("\n");                 \
+      failures++;                   \
+    }                               \
+  } while (0)
+
+/* Uniform in [0, 1) from a hash of (stream, i). */
+static double unif(uint64_t stream, uint64_t i) {
+  return (double)(splitmix64(stream * 0x9e3779b97f4a7c15ull ^ i) >> 11) / 9007199254740992.0;
+}
+/* Roughly N(0, 1): the sum of 12 uniforms minus 6. */
+static double gauss(uint64_t stream, uint64_t i) {
+  double s = -6.0;
+  for (uint64_t k = 0; k < 12; k++) s += unif(stream, i * 12 + k);
+  return s;
+}
+
+static int team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnParams_t* p) {
+  if (sbnGroupStart() != sbnSuccess) return -1;
+  for (int r = 0; r < TW; r++) {
+    sbnResult_t res =
+        fwd ? sbnForwardTrain(comms[r], &b->desc, b->x[r], b->y[r], b->weight, b->bias, b->rm[r],
+                              b->rv[r], &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, NULL)
+            : sbnBackward(comms[r], &b->desc, b->x[r], b->dy[r], b->dx[r], b->weight,
+                          b->save_mean[r], b->save_invstd[r], b->dweight[r], b->dbias[r], p, NULL);
+    if (res != sbnSuccess) return -1;
+  }
+  return sbnGroupEnd() == sbnSuccess ? 0 : -1;
+}
+
+/* check_row on b as the GPU rows are checked (one forward + backward, team sums). */
+static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+  bench_row_t row;
+  memset(&row, 0, sizeof row);
+  row.shape = shape;
+  row.spatial = TSP;
+  row.dtype = sbnFloat32;
+  row.layout = sbnLayoutNCHW;
+  row.W = TW;
+  row.path = BENCH_PATH_CPU;
+  check_row(&row, b, 1, 0, NULL, sbnGradGlobal, &kCheckLibrary);
+  return row;
+}
+
+int main(void) {
+  static const bench_shape_t shape = {"T", TN, TC, TSP, 1, "test_check.c"};
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, TW, &d) != 0) return 1;
+  for (int64_t c = 0; c < TC; c++) {
+    b.weight[c] = 1.0f;
+    b.bias[c] = 0.0f;
+  }
+  for (int r = 0; r < TW; r++) {
+    float* x = b.x[r];
+    for (int64_t n = 0; n < TN; n++)
+      for (int64_t c = 0; c < TC; c++)
+        for (int64_t s = 0; s < TSP; s++) {
+          const int64_t i = (n * TC + c) * TSP + s;
+          x[i] = (float)((c == 3 ? 10000.0 : 0.0) + gauss(10 + (uint64_t)r, (uint64_t)i));
+        }
+  }
+  bufs_reset_state(&b);
+  sbnComm_t comms[TW];
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  sbnParams_t params = SBN_PARAMS_DEFAULT;
+  params.grad_mode = sbnGradGlobal;
+  if (sbnCommInitCpu(comms, TW, &cfg) != sbnSuccess || team_call(comms, &b, 1, &params) != 0) {
+    printf("FAIL: the CPU team's forward: %s\n", sbnGetLastError(NULL));
+    return 1;
+  }
+  /* dy from the saved mean (the same bits on every rank) */
+  for (int r = 0; r < TW; r++) {
+    const float* x = b.x[r];
+    float* dy = b.dy[r];
+    for (int64_t n = 0; n < TN; n++)
+      for (int64_t c = 0; c < TC; c++)
+        for (int64_t s = 0; s < TSP; s++) {
+          const int64_t i = (n * TC + c) * TSP + s;
+          const double a = 0.5 + unif(20 + (uint64_t)r, (uint64_t)i);
+          dy[i] = (float)(c == 0   ? (x[i] >= b.save_mean[r][c] ? a : -a)
+                          : c == 2 ? gauss(30 + (uint64_t)r, (uint64_t)i)
+                                   : a);
+        }
+  }
+  if (team_call(comms, &b, 0, &params) != 0) {
+    printf("FAIL: the CPU team's backward: %s\n", sbnGetLastError(NULL));
+    return 1;
+  }
+  for (int r = 0; r < TW; r++) sbnCommDestroy(comms[r]);
+
+  bench_row_t row = check(&b, &shape);
+  EXPECT(row.error[0] == '\0', "check_row: %s", row.error);
+  EXPECT(row.wrong == 0, "the CPU team's results: %lld wrong (worst %.3g of tolerance: %s)",
+         (long long)row.wrong, row.worst, row.worst_what);
+  printf("correct results: %lld values checked, %lld wrong, worst %.3g of tolerance (%s)\n",
+         (long long)row.checked, (long long)row.wrong, row.worst, row.worst_what);
+
+  /* a wrong team sum, 1e-4 relative, on every rank (the ranks still agree bitwise) */
+  static const struct {
+    const char* what;
+    int64_t c;
+  } wrong[2] = {{"dweight", 0}, {"dbias", 1}};
+  for (int k = 0; k < 2; k++) {
+    float** v = k == 0 ? b.dweight : b.dbias;
+    const float good = v[0][wrong[k].c];
+    for (int r = 0; r < TW; r++) v[r][wrong[k].c] = (float)(good * (1.0 + 1e-4));
+    row = check(&b, &shape);
+    char where[64];
+    snprintf(where, sizeof where, "%s r", wrong[k].what);
+    EXPECT(row.wrong == TW && strncmp(row.worst_what, where, strlen(where)) == 0,
+           "%s of channel %lld off by 1e-4 relative: %lld wrong (expected %d), worst %s",
+           wrong[k].what, (long long)wrong[k].c, (long long)row.wrong, TW, row.worst_what);
+    printf("%s c%lld * (1 + 1e-4): %lld wrong, worst %.3g of tolerance (%s)\n", wrong[k].what,
+           (long long)wrong[k].c, (long long)row.wrong, row.worst, row.worst_what);
+    for (int r = 0; r < TW; r++) v[r][wrong[k].c] = good;
+  }
+  bufs_free(&b);
+  printf("%d passed, %d failed\n", 3 - (failures > 3 ? 3 : failures), failures);
+  return failures ? 1 : 0;
+}
