@@ -62,8 +62,28 @@ static void row_init(bench_row_t* r, const bench_shape_t* shape, int64_t spatial
   r->path = path;
 }
 
+/* The JSON of the run so far, rewritten whole (a failure to write it is said once and ends
+   the rewriting). */
+static void json_progress(const char* argv0, const bench_opts_t* o, bench_run_t* run,
+                          const bench_results_t* res) {
+  if (run->json.path && json_write(&run->json, o, run, res, 0) != 0) {
+    fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
+    run->json_failed = 1;
+    json_discard(&run->json);
+  }
+}
+
+/* The rows are planned: the JSON is valid (no row yet, complete: false) before the first
+   row runs, so a run stopped during it leaves a file that parses; then the plan is said on
+   stderr. */
+static void plan_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
+                      const bench_results_t* res) {
+  json_progress(argv0, o, run, res);
+  report_plan(run, res);
+}
+
 /* A row has finished: into the totals, the table (stdout), the progress (stderr) and the
-   JSON (rewritten whole; a failure to write it is said once and ends the rewriting). */
+   JSON. */
 static void row_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
                      bench_results_t* res, bench_row_t* r, int in_table) {
   r->done = 1;
@@ -71,11 +91,7 @@ static void row_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
   results_add(res, r);
   if (in_table) report_row(run, r);
   report_progress(run, r);
-  if (run->json.path && json_write(&run->json, o, run, res, 0) != 0) {
-    fprintf(stderr, "%s: cannot write %s: %s\n", argv0, o->json_file, strerror(errno));
-    run->json_failed = 1;
-    json_discard(&run->json);
-  }
+  json_progress(argv0, o, run, res);
 }
 
 /* Writes the JSON (when asked) a last time, complete, and the last lines; the exit status. */
@@ -128,7 +144,7 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   }
 
   report_header(o, run);
-  report_plan(run, &res);
+  plan_done(argv0, o, run, &res);
   bench_layout_keep_t keep;
   memset(&keep, 0, sizeof keep);
   for (int i = 0; i < res.nrows; i++) {
@@ -234,7 +250,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
     if (shapes[s].c > max_c) max_c = shapes[s].c;
 
   report_header(o, run);
-  report_plan(run, &res);
+  plan_done(argv0, o, run, &res);
   /* the inputs of the largest W, generated once per shape x dtype x layout: rank r's data
      do not depend on W */
   bench_team_bufs_t host;

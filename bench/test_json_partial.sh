@@ -1,8 +1,9 @@
 #!/bin/sh
-# test_json_partial.sh — sbn-bench's --json file is valid JSON after every row. A CPU-mode run
-# is read while it runs (every read must parse) and killed with SIGKILL once the file holds
-# 3 rows; what it leaves must parse, say "complete": false, plan more rows than it holds,
-# and hold finished rows (checked values, no error).
+# test_json_partial.sh — sbn-bench's --json file is valid JSON from the plan on and after every
+# row. A CPU-mode run is read while it runs: once its plan is on stderr the file must parse
+# (before the first row has finished), every later read must parse; it is killed with SIGKILL
+# once the file holds 3 rows; what it leaves must parse, say "complete": false, plan more rows
+# than it holds, and hold finished rows (checked values, no error).
 #   test_json_partial.sh PYTHON SBN_BENCH DIR
 py=$1
 exe=$2
@@ -12,7 +13,16 @@ rm -f "$f" "$f".tmp*
 "$exe" --gpu off --json "$f" >/dev/null 2>"$dir/partial.err" &
 pid=$!
 rows() { "$py" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' "$f"; }
-n=0
+i=0
+while [ "$i" -lt 600 ] && ! grep -q 'plan:' "$dir/partial.err"; do # the plan is said
+  sleep 0.05
+  i=$((i + 1))
+done
+if ! n=$(rows); then
+  echo "test_json_partial.sh: $f is not valid JSON once the plan is said (before any row)"
+  kill -KILL "$pid" 2>/dev/null
+  exit 1
+fi
 i=0
 while [ "$i" -lt 1200 ]; do # 60 s at most
   if [ -s "$f" ]; then
