@@ -2,7 +2,7 @@
  * (kernels/coop.cu): the kernel variants, units and slices, which 16-byte vectors
  * ("positions") each thread reads, how many of them fit on chip, and the plan of a launch
  * (variant, width, blocks). Plain C, shared by the kernels (nvcc), the host
- * (src/gpu/gpu_launch.c plans every launch with sbn_plan_launch) and the CPU tests
+ * (src/gpu/gpu_launch.c plans every round with sbn_plan_round) and the CPU tests
  * (test_coop_emu: the bounds below against an enumeration; the emulated launches planned
  * as the library plans them).
  *
@@ -321,6 +321,26 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     if (want == SBN_KERNEL_ONCHIP) return SBN_PLAN_ONCHIP_NOFIT;
     var = SBN_VAR_STREAM; /* auto: the stream kernel */
   }
+}
+
+/* The plans of a round's ranks on one device, plans[i] for ranks[i]. One launch for all
+   of them (one_launch: a virtual team) has one plan. Otherwise every rank is planned from
+   its own op alone, whichever path issues it: the cooperative path launches each rank by
+   itself, and the host path, which issues a device's ranks together, must cut each rank
+   into the same slices (G, width, unit shape) to reduce in the same order (its bits). */
+static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t* ranks, int nranks,
+                                 int one_launch, const sbn_plan_dev_t* dev, sbn_plan_t* plans,
+                                 int64_t* detail) {
+  if (one_launch) {
+    const int st = sbn_plan_launch(op, ranks, nranks, dev, &plans[0], detail);
+    for (int i = 1; st == SBN_PLAN_OK && i < nranks; i++) plans[i] = plans[0];
+    return st;
+  }
+  for (int i = 0; i < nranks; i++) {
+    const int st = sbn_plan_launch(op, &ranks[i], 1, dev, &plans[i], detail);
+    if (st != SBN_PLAN_OK) return st;
+  }
+  return SBN_PLAN_OK;
 }
 
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant

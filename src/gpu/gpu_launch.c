@@ -168,8 +168,9 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   return sbnSuccess;
 }
 
-/* The plan of a round (kernels/coop_plan.h: sbn_plan_launch): the kernel variant and
-   width, G blocks per rank, the unit shape. Both paths use it, so the host path reduces
+/* The plans of a round (kernels/coop_plan.h: sbn_plan_round), pl[i] for ops[i]: the
+   kernel variant and width, G blocks per rank, the unit shape; one plan for a virtual
+   team's launch, each other rank its own. Both paths use them, so the host path reduces
    in the same order as the cooperative kernel (the same bits). */
 typedef sbn_plan_t gpu_plan_t;
 
@@ -197,7 +198,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
   dev.occ_min = g0->occ_min;
   memcpy(dev.hold_slots, g0->hold_slots[kind][dt], sizeof dev.hold_slots);
   int64_t detail = 0;
-  switch (sbn_plan_launch(&op, ranks, nops, &dev, pl, &detail)) {
+  switch (sbn_plan_round(&op, ranks, nops, gt->transport == SBN_TR_VIRTUAL, &dev, pl, &detail)) {
     case SBN_PLAN_OK: return sbnSuccess;
     case SBN_PLAN_ONCHIP_SHARED:
       return sbn_fail(NULL, sbnUnsupported,
@@ -305,16 +306,18 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
 }
 
 /* The ranks of one device, issued together (a virtual team; the host path of ranks
-   sharing a GPU): everything runs on the first op's stream, after the work queued on the
-   others' streams, and their streams wait for it. stage < 0: the cooperative kernel. */
-static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
-                                     const gpu_plan_t* pl) {
+   sharing a GPU), with their plans pl[i]: everything runs on the first op's stream, after
+   the work queued on the others' streams, and their streams wait for it. The cooperative
+   kernel is one launch (all of a virtual team's ranks, or one rank). The host path's
+   stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
+   (each rank's own plan: tile and width may differ, so may the kernels). */
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const gpu_plan_t* pl) {
+  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind;
   const int dt = o0->desc.dtype;
-  const unsigned G = (unsigned)a->G, nl = (unsigned)nops;
   sbnResult_t r = sbnSuccess;
   cudaStream_t s0 = (cudaStream_t)o0->stream;
   int joined = 0;
@@ -326,27 +329,38 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_c
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
-  const int tile = pl->tile, vec = pl->vec;
   if (o0->algo == SBN_ALGO_COOP) {
     const size_t dyn =
-        pl->variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl->hold_slots) : 0;
-    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile, vec, pl->variant), nl * G, 1, dyn, a, s0),
+        pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
+    fill_args(&a, ops, nops, &pl[0]);
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant),
+              (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
   } else {
     const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
-       "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile, vec), nl * nch, 0, 0, a, s0),
-       "host path: publish kernel launch");
-    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile, vec),
-                nl * (unsigned)gt->nranks, 0, 0, a, s0),
-         "host path: gather kernel launch");
-    } else {
-      a->r[0].mail = a->r[0].send; /* a team of one: its own records */
+    const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
+    for (int i = 0; i < nops; i += per) {
+      fill_args(&a, &ops[i], per, &pl[i]);
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)(per * pl[i].G), 0, 0, &a, s0),
+         "host path: stats kernel launch");
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)per * nch, 0, 0, &a, s0),
+         "host path: publish kernel launch");
     }
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
-       "host path: apply kernel launch");
+    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
+      fill_args(&a, ops, nops, &pl[0]);
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec),
+                (unsigned)nops * (unsigned)gt->nranks, 0, 0, &a, s0),
+         "host path: gather kernel launch");
+    }
+    for (int i = 0; i < nops; i += per) {
+      fill_args(&a, &ops[i], per, &pl[i]);
+      if (gt->nranks == 1) a.r[0].mail = a.r[0].send; /* a team of one: its own records */
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)(per * pl[i].G), 0, 0, &a, s0),
+         "host path: apply kernel launch");
+    }
   }
   if (joined) {
     CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
@@ -466,8 +480,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
-  gpu_plan_t pl;
+  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
   sbnResult_t r = sbnSuccess;
 
   int prev = 0;
@@ -478,7 +491,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
-    r = plan_round(ops, nops, &pl);
+    r = plan_round(ops, nops, pl);
     if (r != sbnSuccess) {
       sbn_note(o0->comm, sbnGetLastError(NULL));
       /* nothing launched, device unchanged; where the ranks launch separately the others
@@ -489,9 +502,8 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
       }
       return r;
     }
-    fill_args(&a, ops, nops, &pl);
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-    r = launch_one_device(ops, nops, &a, &pl);
+    r = launch_one_device(ops, nops, pl);
   }
 out:
   cudaSetDevice(prev);
