@@ -1,8 +1,10 @@
 /* coop_plan.h — how one rank's op is cut into work for the cooperative kernels
  * (kernels/coop.cu): the kernel variants, units and slices, which 16-byte vectors
- * ("positions") each thread reads, and how many of them fit on chip. Plain C, shared by
- * the kernels (nvcc), the host (src/gpu/gpu_team.c plans every launch with it) and the
- * CPU tests (test_coop_plan checks the bounds below against an enumeration).
+ * ("positions") each thread reads, how many of them fit on chip, and the plan of a launch
+ * (variant, width, blocks). Plain C, shared by the kernels (nvcc), the host
+ * (src/gpu/gpu_launch.c plans every round with sbn_plan_round) and the CPU tests
+ * (test_coop_emu: the bounds below against an enumeration; the emulated launches planned
+ * as the library plans them).
  *
  * Units. A rank's work is cut into units = (channel group, slice of its rows), row =
  * n*spatial + s. "Tile" layouts (NHWC, and NCHW with spatial == 1, the same addresses)
@@ -203,6 +205,142 @@ static SBN_ARGS_HD int64_t sbn_plan_blocks(int64_t numel, int64_t c, int64_t gma
   if (G < nchunks) G = nchunks;
   if (G > gmax) G = gmax;
   return G < 1 ? 1 : G;
+}
+
+/* ---- the plan of a launch --------------------------------------------------------------
+   Host code (src/gpu/gpu_launch.c plans every launch with it; the emulator's tests plan
+   theirs with it too, so that what they compare is what the library launches). */
+
+/* What the plan reads of the op, the same on every rank (the signature). */
+typedef struct {
+  int kind, dtype;
+  int nhwc;
+  int64_t c;
+  int host;   /* the host-driven path (SBN_ALGO=nccl): the stream stages as ordinary launches */
+  int kernel; /* SBN_KERNEL_* asked for */
+} sbn_plan_op_t;
+
+/* What it reads of one rank's op. */
+typedef struct {
+  int64_t n, sp;
+  int aligned; /* x, dy and y/dx all 16-byte aligned */
+} sbn_plan_rank_t;
+
+/* What it reads of the device, for the op's kind and dtype. */
+typedef struct {
+  int sms;
+  int ranks_here; /* ranks whose launches share the device's co-resident blocks */
+  int shared;     /* ranks of a team launched separately share this GPU */
+  int occ[2][2][SBN_VAR_COUNT]; /* blocks per SM of the kernels [tile][vec][variant]
+                                   (0: not built) */
+  int occ_min;                  /* the lowest of the non-onchip kernels' */
+  int hold_slots[2];            /* onchip: shared-memory batches per thread [tile] */
+} sbn_plan_dev_t;
+
+/* The plan of a launch: the kernel variant and width, G blocks per rank, the unit shape. */
+typedef struct {
+  int G, tile, vec, variant, hold_slots;
+} sbn_plan_t;
+
+/* Why a launch has no plan (the host words the message). */
+enum {
+  SBN_PLAN_OK = 0,
+  SBN_PLAN_ONCHIP_SHARED, /* SBN_KERNEL=onchip on ranks that share a GPU */
+  SBN_PLAN_ONCHIP_SHAPE,  /* SBN_KERNEL=onchip on tensors the 16-byte kernels cannot take */
+  SBN_PLAN_NO_BLOCKS,     /* more ranks on the device than its co-resident blocks */
+  SBN_PLAN_ONCHIP_NOFIT   /* SBN_KERNEL=onchip: the tensors do not fit on chip */
+};
+
+/* The plan of ONE launch running `nranks` ranks (a virtual team's round, or one rank):
+   SBN_PLAN_OK and *pl, or why not, with *detail for the message: the device's co-resident
+   blocks (SBN_PLAN_NO_BLOCKS), the batches per thread (SBN_PLAN_ONCHIP_NOFIT, *pl as
+   tried). */
+static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t* ranks,
+                                  int nranks, const sbn_plan_dev_t* dev, sbn_plan_t* pl,
+                                  int64_t* detail) {
+  const int V = sbn_vec_of(op->dtype);
+  int tile = op->nhwc;
+  if (!tile) {
+    tile = 1;
+    for (int i = 0; i < nranks; i++) tile &= ranks[i].sp == 1;
+  }
+  /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
+  int vec = 1;
+  int64_t numel = 0;
+  for (int i = 0; i < nranks; i++) {
+    vec &= ranks[i].aligned && sbn_vec_shape_ok(tile, op->c, ranks[i].sp, op->dtype);
+    const int64_t e = ranks[i].n * op->c * ranks[i].sp;
+    if (e > numel) numel = e;
+  }
+  /* The host path runs the stream stages whatever SBN_KERNEL asks (it keeps the plan's G
+     and width, so its bits are the coop kernel's). Ranks sharing a GPU are separate
+     launches that must all be resident at once: they run stream, sized by the lowest
+     occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
+     next to a mismatched backward) fits side by side. */
+  const int want = op->host && op->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO : op->kernel;
+  int var = want == SBN_KERNEL_LEGACY                            ? SBN_VAR_LEGACY
+            : want == SBN_KERNEL_STREAM || !vec || dev->shared ? SBN_VAR_STREAM
+                                                                 : SBN_VAR_ONCHIP;
+  if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
+    return dev->shared ? SBN_PLAN_ONCHIP_SHARED : SBN_PLAN_ONCHIP_SHAPE;
+  if (var == SBN_VAR_LEGACY) vec = 0;
+  for (;;) {
+    const int occ = dev->shared ? dev->occ_min : dev->occ[tile][vec][var];
+    const int64_t gmax = (int64_t)occ * dev->sms / dev->ranks_here;
+    if (gmax < 1 && var == SBN_VAR_ONCHIP && want != SBN_KERNEL_ONCHIP) {
+      var = SBN_VAR_STREAM; /* more ranks on the device than SMs: the stream kernel's 2 per SM */
+      continue;
+    }
+    if (gmax < 1) {
+      *detail = (int64_t)occ * dev->sms;
+      return SBN_PLAN_NO_BLOCKS;
+    }
+    int64_t G;
+    if (var == SBN_VAR_LEGACY) {
+      G = (numel + SBN_LEGACY_ELEMS_PER_BLOCK - 1) / SBN_LEGACY_ELEMS_PER_BLOCK;
+      G = G < 1 ? 1 : G > gmax ? gmax : G;
+    } else {
+      G = sbn_plan_blocks(numel, op->c, gmax);
+    }
+    pl->G = (int)G;
+    pl->tile = tile;
+    pl->vec = vec;
+    pl->variant = var;
+    pl->hold_slots = 0;
+    if (var != SBN_VAR_ONCHIP) return SBN_PLAN_OK;
+    pl->hold_slots = dev->hold_slots[tile];
+    int fits = 1;
+    *detail = 0;
+    for (int i = 0; i < nranks; i++) {
+      const sbn_geo_t geo = sbn_geo_make(ranks[i].n, op->c, ranks[i].sp, tile, V, (int)G);
+      fits &= sbn_onchip_fits(&geo, op->kind, op->dtype, (int)G, pl->hold_slots);
+      const int64_t b = sbn_thread_batches_bound(&geo, op->kind, (int)G);
+      if (b > *detail) *detail = b;
+    }
+    if (fits) return SBN_PLAN_OK;
+    if (want == SBN_KERNEL_ONCHIP) return SBN_PLAN_ONCHIP_NOFIT;
+    var = SBN_VAR_STREAM; /* auto: the stream kernel */
+  }
+}
+
+/* The plans of a round's ranks on one device, plans[i] for ranks[i]. One launch for all
+   of them (one_launch: a virtual team) has one plan. Otherwise every rank is planned from
+   its own op alone, whichever path issues it: the cooperative path launches each rank by
+   itself, and the host path, which issues a device's ranks together, must cut each rank
+   into the same slices (G, width, unit shape) to reduce in the same order (its bits). */
+static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t* ranks, int nranks,
+                                 int one_launch, const sbn_plan_dev_t* dev, sbn_plan_t* plans,
+                                 int64_t* detail) {
+  if (one_launch) {
+    const int st = sbn_plan_launch(op, ranks, nranks, dev, &plans[0], detail);
+    for (int i = 1; st == SBN_PLAN_OK && i < nranks; i++) plans[i] = plans[0];
+    return st;
+  }
+  for (int i = 0; i < nranks; i++) {
+    const int st = sbn_plan_launch(op, &ranks[i], 1, dev, &plans[i], detail);
+    if (st != SBN_PLAN_OK) return st;
+  }
+  return SBN_PLAN_OK;
 }
 
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant

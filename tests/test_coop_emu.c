@@ -111,15 +111,13 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
 
 /* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
    to stream for the scalar kernels, as the library's auto does), chosen per launch as
-   src/gpu/gpu_team.c's plan does: the 16-byte kernels where the shape allows them
-   (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip with the
-   shared-memory batches the geometry needs (the bound of coop_plan.h). */
+   the library's plan does, for the test's own G: the 16-byte kernels where the shape
+   allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
+   with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
 static int g_variant = SBN_VAR_ONCHIP;
-typedef struct {
-  int tile, vec, variant, hold_slots;
-} emu_plan_t;
-static emu_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
-  emu_plan_t pl;
+static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
+  sbn_plan_t pl;
+  pl.G = G;
   pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
   pl.vec = g_variant != SBN_VAR_LEGACY && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
   pl.variant = g_variant == SBN_VAR_ONCHIP && !pl.vec ? SBN_VAR_STREAM : g_variant;
@@ -152,7 +150,7 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
   for (int r = 0; r < e->W; r++) fill_rank(&a.r[r], e, t, r, bwd, p);
   fill_common(&a, e, &t->d[0], bwd);
   a.nlaunch = e->W;
-  emu_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
+  sbn_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
   pl.tile = tile_of(t, e->W);
   a.hold_slots = pl.hold_slots;
   ASSERT_EQ_INT(sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, t->d[0].dtype, pl.tile, pl.vec,
@@ -160,11 +158,12 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
                 0);
 }
 
-/* Peer: one launch per rank (launched[r] != 0), all running at the same time. */
+/* Peer: one launch per rank (launched[r] != 0), all running at the same time; plans[r]
+   (optional) gives rank r its own plan (G, width, unit shape) in place of the test's. */
 typedef struct {
   sbn_coop_args_t a;
   int kind, dtype;
-  emu_plan_t pl;
+  sbn_plan_t pl;
   unsigned grid;
 } launch_t;
 static void* launch_main(void* p) {
@@ -174,7 +173,8 @@ static void* launch_main(void* p) {
   return NULL;
 }
 static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
-                         const int* launched, const sbnTensorDesc_t* per_rank_desc) {
+                         const int* launched, const sbnTensorDesc_t* per_rank_desc,
+                         const sbn_plan_t* plans) {
   launch_t* l = calloc((size_t)e->W, sizeof *l);
   pthread_t th[MAXW];
   for (int r = 0; r < e->W; r++) {
@@ -184,9 +184,10 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].a.nlaunch = 1;
     l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
     l[r].dtype = d->dtype;
-    l[r].pl = emu_plan(d, d->n, e->G, bwd);
+    l[r].pl = plans ? plans[r] : emu_plan(d, d->n, e->G, bwd);
+    l[r].a.G = l[r].pl.G;
     l[r].a.hold_slots = l[r].pl.hold_slots;
-    l[r].grid = (unsigned)e->G;
+    l[r].grid = (unsigned)l[r].pl.G;
   }
   for (int r = 0; r < e->W; r++)
     if (!launched || launched[r]) pthread_create(&th[r], NULL, launch_main, &l[r]);
@@ -195,11 +196,14 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   free(l);
 }
 
-/* The host-driven path (SBN_ALGO=nccl) of a virtual team: STATS, PUBLISH, GATHER (in
-   place of the collective), APPLY, each one launch for every rank, in stream order, as
-   src/gpu/gpu_host.c issues them. desc_of[r] (optional) gives a rank its own desc. */
+/* The host-driven path (SBN_ALGO=nccl): STATS, PUBLISH, GATHER (in place of the
+   collective), APPLY, in stream order, as src/gpu/gpu_launch.c issues them. A virtual
+   team's way (desc_of and plans NULL): one launch per stage for every rank, the test's G.
+   Otherwise a launch per rank: desc_of[r] gives rank r its own desc (ranks running
+   different ops, as one process per rank could), plans[r] its own plan (a peer team's
+   ranks sharing a GPU). */
 static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
-                         const sbnTensorDesc_t* desc_of) {
+                         const sbnTensorDesc_t* desc_of, const sbn_plan_t* plans) {
   static sbn_coop_args_t a[MAXW];
   const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
   int64_t cmax = 0;
@@ -212,9 +216,10 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     fill_common(&a[r], e, d, bwd);
     for (int q = 0; q < e->W; q++) a[r].mail[q] = e->send[q];
     a[r].nlaunch = 1;
+    if (plans) a[r].G = plans[r].G;
     if (d->c > cmax) cmax = d->c;
   }
-  if (desc_of == NULL) { /* the library's way: one launch per stage for all ranks */
+  if (desc_of == NULL && plans == NULL) { /* a virtual team: one launch per stage */
     static sbn_coop_args_t v;
     v = a[0];
     for (int r = 0; r < e->W; r++) v.r[r] = a[r].r[0];
@@ -228,26 +233,26 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     sbn_emu_launch_host(SBN_HOST_APPLY, kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
     return;
   }
-  /* ranks running different ops (as one process per rank could): per-rank launches, and
-     a gather of the largest C standing in for a collective of fixed size */
+  /* per rank; the gather of the largest C stands in for a collective of fixed size */
+  sbn_plan_t pl[MAXW];
   for (int r = 0; r < e->W; r++) {
-    const sbnTensorDesc_t* d = &desc_of[r];
-    const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-    const int vec = emu_plan(d, d->n, e->G, bwd).vec;
-    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, tile, vec, &a[r], (unsigned)e->G);
-    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, tile, vec, &a[r],
+    const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
+    pl[r] = plans ? plans[r] : emu_plan(d, d->n, e->G, bwd);
+    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
+                        (unsigned)pl[r].G);
+    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
                         (unsigned)((d->c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK));
   }
   for (int r = 0; r < e->W; r++) {
     sbn_coop_args_t g = a[r];
     g.c = cmax;
-    sbn_emu_launch_host(SBN_HOST_GATHER, kind, desc_of[r].dtype, 1, 1, &g, (unsigned)e->W);
+    sbn_emu_launch_host(SBN_HOST_GATHER, kind, desc_of ? desc_of[r].dtype : t->d[r].dtype, 1, 1,
+                        &g, (unsigned)e->W);
   }
   for (int r = 0; r < e->W; r++) {
-    const sbnTensorDesc_t* d = &desc_of[r];
-    const int tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-    const int vec = emu_plan(d, d->n, e->G, bwd).vec;
-    sbn_emu_launch_host(SBN_HOST_APPLY, kind, d->dtype, tile, vec, &a[r], (unsigned)e->G);
+    const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
+    sbn_emu_launch_host(SBN_HOST_APPLY, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
+                        (unsigned)pl[r].G);
   }
 }
 
@@ -322,7 +327,7 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
     team_poison(&g);
     team_poison(&cpu);
     if (peer)
-      emu_run_peer(&e, &g, 0, &p, NULL, NULL);
+      emu_run_peer(&e, &g, 0, &p, NULL, NULL, NULL);
     else
       emu_run_virtual(&e, &g, 0, &p);
     ASSERT_TRUE(err_words_clear(&e));
@@ -334,7 +339,7 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
     close_channels("running_var", g.rv[0], cpu.rv[0], c, 2e-5, 2e-5);
     CHECK_();
     if (peer)
-      emu_run_peer(&e, &g, 1, &p, NULL, NULL);
+      emu_run_peer(&e, &g, 1, &p, NULL, NULL, NULL);
     else
       emu_run_virtual(&e, &g, 1, &p);
     ASSERT_TRUE(err_words_clear(&e));
@@ -432,7 +437,7 @@ static void test_onchip_equals_stream(void) {
     emu_team_init(&eb, 2, 1, 60000);
     for (int bwd = 0; bwd < 2; bwd++) { /* onchip; the large planes and tiles hold batches
                                             in shared memory too */
-      const emu_plan_t pl = emu_plan(&a.d[0], cases[i].n[0], 1, bwd);
+      const sbn_plan_t pl = emu_plan(&a.d[0], cases[i].n[0], 1, bwd);
       ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
       ASSERT_TRUE(pl.hold_slots > 0 || cases[i].n == nmany);
     }
@@ -611,9 +616,9 @@ static void test_virtual_equals_peer(void) {
   emu_team_init(&ea, 2, 2, 60000);
   emu_team_init(&eb, 2, 2, 60000);
   emu_run_virtual(&ea, &a, 0, &p);
-  emu_run_peer(&eb, &b, 0, &p, NULL, NULL);
+  emu_run_peer(&eb, &b, 0, &p, NULL, NULL, NULL);
   emu_run_virtual(&ea, &a, 1, &p);
-  emu_run_peer(&eb, &b, 1, &p, NULL, NULL);
+  emu_run_peer(&eb, &b, 1, &p, NULL, NULL, NULL);
   for (int r = 0; r < 2; r++) {
     ASSERT_MEMEQ(a.y[r], b.y[r], team_bytes(&a, r));
     ASSERT_MEMEQ(a.dx[r], b.dx[r], team_bytes(&a, r));
@@ -738,7 +743,7 @@ static void test_mismatch(void) {
   d[0].c = 8;
   emu_team_t e;
   emu_team_init(&e, 2, 2, 60000);
-  emu_run_peer(&e, &t, 0, &p, NULL, d);
+  emu_run_peer(&e, &t, 0, &p, NULL, d, NULL);
   /* A rank that sees the mismatch may record it before its own chunk 0 is published;
      the other rank, still waiting for that chunk, then stops with sbnAborted. The team's
      cause (what sbnCommGetAsyncError reports: a word other than sbnAborted) is the
@@ -787,7 +792,7 @@ static void test_timeout(void) {
   emu_team_init(&e, 2, 2, 300);
   const int launched[2] = {1, 0};
   int64_t t0 = now_ms();
-  emu_run_peer(&e, &t, 0, &p, launched, NULL);
+  emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
   ASSERT_TRUE(now_ms() - t0 >= 300); /* not before the deadline; no upper bound */
   ASSERT_EQ_INT(e.err[0], sbnTimeout);
   ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
@@ -795,7 +800,7 @@ static void test_timeout(void) {
   /* a kernel queued behind the failure publishes nothing and returns without waiting:
      with a timeout beyond CTest's TIMEOUT, a wait would be a hang CTest fails */
   e.timeout_ms = BEYOND_CTEST_TIMEOUT_MS;
-  emu_run_peer(&e, &t, 1, &p, launched, NULL);
+  emu_run_peer(&e, &t, 1, &p, launched, NULL, NULL);
   ASSERT_EQ_INT(e.err[0], sbnTimeout); /* the cause stays */
   ASSERT_TRUE(all_bytes(t.dx[0], team_bytes(&t, 0), 0xff));
   emu_team_free(&e);
@@ -826,7 +831,7 @@ static void test_abort(void) {
   pthread_t th;
   pthread_create(&th, NULL, aborter_main, &ab);
   const int launched[2] = {1, 0};
-  emu_run_peer(&e, &t, 0, &p, launched, NULL);
+  emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
   pthread_join(th, NULL);
   ASSERT_EQ_INT(e.err[0], sbnAborted);
   ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
@@ -874,9 +879,9 @@ static void test_host_path_equals_coop(void) {
       team_poison(&a);
       team_poison(&b);
       emu_run_virtual(&ea, &a, 0, &p);
-      emu_run_host(&eb, &b, 0, &p, NULL);
+      emu_run_host(&eb, &b, 0, &p, NULL, NULL);
       emu_run_virtual(&ea, &a, 1, &p);
-      emu_run_host(&eb, &b, 1, &p, NULL);
+      emu_run_host(&eb, &b, 1, &p, NULL, NULL);
       ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
       check_forward(&b, &p, tol_for(cases[i].dt)); /* and against the double reference */
       CHECK_();
@@ -917,12 +922,12 @@ static void test_host_path_errors(void) {
     team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 21);
     emu_team_t e;
     emu_team_init(&e, 2, 2, 60000);
-    emu_run_host(&e, &t, 0, &p, NULL); /* a good op first: records of C = 40 are left */
+    emu_run_host(&e, &t, 0, &p, NULL, NULL); /* a good op first: records of C = 40 are left */
     ASSERT_TRUE(err_words_clear(&e));
     team_poison(&t);
     sbnTensorDesc_t d[2] = {t.d[0], t.d[1]};
     d[0].c = 8; /* rank 0 runs C = 8 (one chunk), rank 1 C = 40 (two) */
-    emu_run_host(&e, &t, 0, &p, d);
+    emu_run_host(&e, &t, 0, &p, d, NULL);
     /* rank 0's apply ran first and saw the mismatch; rank 1's, queued behind it, may see
        that first (sbnAborted): the team's cause is the mismatch either way */
     ASSERT_EQ_INT(e.err[0], sbnInvalidUsage);
@@ -933,7 +938,7 @@ static void test_host_path_errors(void) {
       ASSERT_EQ_INT(t.nbt[r], 1);
     }
     /* queued behind the failure: nothing written */
-    emu_run_host(&e, &t, 0, &p, NULL);
+    emu_run_host(&e, &t, 0, &p, NULL, NULL);
     ASSERT_EQ_INT(e.err[0], sbnInvalidUsage); /* the cause stays */
     ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
     emu_team_free(&e);
@@ -947,7 +952,7 @@ static void test_host_path_errors(void) {
     float rm0 = t.rm[0][0];
     emu_team_t e;
     emu_team_init(&e, 2, 1, 60000);
-    emu_run_host(&e, &t, 0, &p, NULL); /* one launch for both ranks: both see it */
+    emu_run_host(&e, &t, 0, &p, NULL, NULL); /* one launch for both ranks: both see it */
     ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[0] == sbnAborted);
     ASSERT_TRUE(e.err[1] == sbnInvalidArgument || e.err[1] == sbnAborted);
     ASSERT_TRUE(e.err[0] == sbnInvalidArgument || e.err[1] == sbnInvalidArgument);
@@ -957,6 +962,132 @@ static void test_host_path_errors(void) {
     ASSERT_EQ_INT(t.nbt[0], 0);
     emu_team_free(&e);
     team_free(&t);
+  }
+}
+
+/* ---- a peer team's ranks sharing a GPU, planned as the library plans them ------------- */
+
+static int aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The plans of ranks [r0, r0 + nranks) of team t, a peer team whose t->W ranks share one
+   GPU (sbnCommInitAll listing a device W times), as src/gpu/gpu_launch.c's plan_round makes
+   them: the cooperative path plans each rank's launch by itself (nranks 1), the host path
+   the device's ranks of a round together (nranks W). Ranks sharing a GPU are sized by the
+   lowest occupancy of the non-onchip kernels: 2 blocks per SM on sm_90 (check-sass.sh),
+   here on an H100/H200's 132 SMs. */
+static void emu_plan_shared_gpu(const team_t* t, int r0, int nranks, int bwd, int host,
+                                sbn_plan_t* pl) {
+  const sbnTensorDesc_t* d = &t->d[r0];
+  const sbn_plan_op_t op = {bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype,
+                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO};
+  sbn_plan_rank_t ranks[MAXW];
+  for (int i = 0; i < nranks; i++) {
+    const int r = r0 + i;
+    ranks[i].n = t->d[r].n;
+    ranks[i].sp = t->d[r].spatial;
+    ranks[i].aligned = aligned16(t->x[r]) && (!bwd || aligned16(t->dy[r])) &&
+                       aligned16(bwd ? t->dx[r] : t->y[r]);
+  }
+  sbn_plan_dev_t dev;
+  memset(&dev, 0, sizeof dev);
+  dev.sms = 132;
+  dev.ranks_here = t->W;
+  dev.shared = 1;
+  dev.occ_min = 2;
+  int64_t detail = 0;
+  const int st = sbn_plan_round(&op, ranks, nranks, 0, &dev, pl, &detail);
+  if (st != SBN_PLAN_OK)
+    SBN_FAIL_("no plan for ranks %d..%d: SBN_PLAN %d", r0, r0 + nranks - 1, st);
+}
+
+/* Rank r's x moved one element off 16-byte alignment (so its plan takes the scalar
+   kernels); *keep is the aligned buffer, given back by realign_x. */
+static void misalign_x(team_t* t, int r, void** keep) {
+  const size_t es = dt_size(t->d[r].dtype), bytes = team_bytes(t, r);
+  char* buf = malloc(bytes + es);
+  memcpy(buf + es, t->x[r], bytes);
+  *keep = t->x[r];
+  t->x[r] = buf + es;
+}
+static void realign_x(team_t* t, int r, void* keep) {
+  free((char*)t->x[r] - dt_size(t->d[r].dtype));
+  t->x[r] = keep;
+}
+
+/* Output `what` of rank r in case i: the host path's bits are the cooperative kernel's. */
+static void same_bits(const void* host, const void* coop, size_t bytes, const char* what,
+                      size_t i, int r) {
+  if (bytes != 0 && memcmp(host, coop, bytes) != 0)
+    SBN_FAIL_("case %zu, rank %d: the host path's %s differs from the cooperative kernel's "
+              "(bitwise)", i, r, what);
+}
+
+/* The host path's bits are the cooperative kernel's on a peer team whose ranks share a
+   GPU, each path planned as the library plans it: ranks of uneven size get different G
+   (tile units: different slices, another summation order unless each rank keeps its own
+   plan on the host path too), a misaligned rank another width. The first case is the one
+   test_host_path failed on an H200 (InitAll{0,0}, NHWC, C 64, spatial 1000, n = {2, 1}). */
+static void test_host_path_shared_gpu_equals_coop(void) {
+  static const int64_t n21[2] = {2, 1}, n301[3] = {3, 0, 1};
+  struct {
+    int W;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int misaligned; /* the rank whose x is off 16-byte alignment, or -1 */
+  } cases[] = {
+      {2, sbnFloat32, sbnLayoutNHWC, 64, 1000, n21, -1},  /* G 16 and 8: 8 and 4 slices */
+      {2, sbnBFloat16, sbnLayoutNHWC, 64, 1000, n21, -1}, /* the same, bf16 */
+      {3, sbnFloat16, sbnLayoutNHWC, 40, 700, n301, -1},  /* G 11, 2, 4; an empty rank */
+      {2, sbnFloat32, sbnLayoutNCHW, 8, 1031, n21, 1},    /* rank 1 scalar, rank 0 16-byte */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int W = cases[i].W, m = cases[i].misaligned;
+    const int64_t c = cases[i].c;
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    const gen_t gen = cases[i].dt == sbnFloat32 ? GEN_OFFSET : GEN_NORMAL;
+    team_t a, b; /* a: the cooperative path, b: the host path */
+    team_make(&a, W, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, 1, 1, gen, 600 + i);
+    team_make(&b, W, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, 1, 1, gen, 600 + i);
+    void *keep_a = NULL, *keep_b = NULL;
+    if (m >= 0) misalign_x(&a, m, &keep_a), misalign_x(&b, m, &keep_b);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, W, 132, 60000); /* workspace for any G of the plans */
+    emu_team_init(&eb, W, 132, 60000);
+    team_poison(&a);
+    team_poison(&b);
+    for (int bwd = 0; bwd < 2 && !sbn_test_cur_failed_; bwd++) {
+      sbn_plan_t coop[MAXW], host[MAXW];
+      for (int r = 0; r < W; r++) emu_plan_shared_gpu(&a, r, 1, bwd, 0, &coop[r]);
+      emu_plan_shared_gpu(&b, 0, W, bwd, 1, host);
+      /* the case is what it is for: its first and last ranks' launches differ */
+      if (coop[0].G == coop[W - 1].G && coop[0].vec == coop[W - 1].vec)
+        SBN_FAIL_("case %zu: the ranks' plans are the same (G %d)", i, coop[0].G);
+      if (sbn_test_cur_failed_) break;
+      emu_run_peer(&ea, &a, bwd, &p, NULL, NULL, coop);
+      emu_run_host(&eb, &b, bwd, &p, NULL, host);
+      if (!err_words_clear(&ea) || !err_words_clear(&eb)) SBN_FAIL_("case %zu: error words", i);
+    }
+    if (!sbn_test_cur_failed_) {
+      check_forward(&a, &p, tol_for(cases[i].dt)); /* y and the statistics vs the reference */
+      for (int r = 0; r < W && !sbn_test_cur_failed_; r++) {
+        const size_t cb = (size_t)c * sizeof(float);
+        same_bits(b.y[r], a.y[r], team_bytes(&a, r), "y", i, r);
+        same_bits(b.dx[r], a.dx[r], team_bytes(&a, r), "dx", i, r);
+        same_bits(b.smean[r], a.smean[r], cb, "save_mean", i, r);
+        same_bits(b.sinv[r], a.sinv[r], cb, "save_invstd", i, r);
+        same_bits(b.rm[r], a.rm[r], cb, "running_mean", i, r);
+        same_bits(b.rv[r], a.rv[r], cb, "running_var", i, r);
+        same_bits(b.dw[r], a.dw[r], cb, "dweight", i, r);
+        same_bits(b.db[r], a.db[r], cb, "dbias", i, r);
+      }
+    }
+    if (m >= 0) realign_x(&a, m, keep_a), realign_x(&b, m, keep_b);
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    CHECK_();
   }
 }
 
@@ -1165,7 +1296,7 @@ static void* pipe_rank_main(void* arg) {
       fill_rank(&a->r[0], pr->e, t, pr->r, bwd, pr->p);
       fill_common(a, pr->e, d, bwd);
       a->nlaunch = 1;
-      const emu_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
+      const sbn_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
       a->hold_slots = pl.hold_slots;
       if (sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, pl.tile, pl.vec, pl.variant, a,
                          (unsigned)pr->e->G) != 0)
@@ -1237,7 +1368,7 @@ static void test_limited_residency(void) {
       emu_team_init(&e, 2, 2, 200);
       sbn_emu_set_residency(k);
       if (peer)
-        emu_run_peer(&e, &t, 0, &p, NULL, NULL);
+        emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
       else
         emu_run_virtual(&e, &t, 0, &p);
       sbn_emu_set_residency(0);
@@ -1358,6 +1489,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_abort, 1);
   EMU_TEST(test_host_path_equals_coop, 0);
   EMU_TEST(test_host_path_errors, 1);
+  EMU_TEST(test_host_path_shared_gpu_equals_coop, 0);
   EMU_TEST(test_window_equals_virtual, 0);
   EMU_TEST(test_window_timeout_crosses, 1);
   EMU_TEST(test_window_abort_crosses, 1);

@@ -168,12 +168,11 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   return sbnSuccess;
 }
 
-/* The plan of a round: the kernel variant and width, G blocks per rank, the unit shape.
-   Both paths use it, so the host path reduces in the same order as the cooperative
-   kernel (the same bits). */
-typedef struct {
-  int G, tile, vec, variant, hold_slots;
-} gpu_plan_t;
+/* The plans of a round (kernels/coop_plan.h: sbn_plan_round), pl[i] for ops[i]: the
+   kernel variant and width, G blocks per rank, the unit shape; one plan for a virtual
+   team's launch, each other rank its own. Both paths use them, so the host path reduces
+   in the same order as the cooperative kernel (the same bits). */
+typedef sbn_plan_t gpu_plan_t;
 
 /* A failure's detail goes to the calling thread's slot. */
 static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* pl) {
@@ -181,84 +180,45 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  const int kind = o0->kind;
-  const int dt = o0->desc.dtype, V = sbn_vec_of(dt);
-  int tile = o0->desc.layout == sbnLayoutNHWC;
-  if (!tile) {
-    tile = 1;
-    for (int i = 0; i < nops; i++) tile &= ops[i]->desc.spatial == 1;
-  }
-  /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
-  int vec = 1;
-  int64_t numel = 0;
+  const int kind = o0->kind, dt = o0->desc.dtype;
+  const sbn_plan_op_t op = {kind, dt, o0->desc.layout == sbnLayoutNHWC, o0->desc.c,
+                            o0->algo == SBN_ALGO_HOST, o0->kernel};
+  sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    vec &= sbn_aligned16(o->x) && sbn_aligned16(o->dy) && sbn_aligned16(o->out) &&
-           sbn_vec_shape_ok(tile, o->desc.c, o->desc.spatial, dt);
-    int64_t e = o->desc.n * o->desc.c * o->desc.spatial;
-    if (e > numel) numel = e;
+    ranks[i].n = o->desc.n;
+    ranks[i].sp = o->desc.spatial;
+    ranks[i].aligned = sbn_aligned16(o->x) && sbn_aligned16(o->dy) && sbn_aligned16(o->out);
   }
-  /* The host path runs the stream stages whatever SBN_KERNEL asks (it keeps the plan's G
-     and width, so its bits are the coop kernel's). Ranks sharing a GPU are separate
-     launches that must all be resident at once: they run stream, sized by the lowest
-     occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
-     next to a mismatched backward) fits side by side. */
-  const int shared_gpu = peer_team(gt) && g0->share > 1;
-  const int want = o0->algo == SBN_ALGO_HOST && o0->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO
-                                                                                : o0->kernel;
-  int var = want == SBN_KERNEL_LEGACY                           ? SBN_VAR_LEGACY
-            : want == SBN_KERNEL_STREAM || !vec || shared_gpu ? SBN_VAR_STREAM
-                                                                : SBN_VAR_ONCHIP;
-  if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
-    return sbn_fail(NULL, sbnUnsupported,
-                    "SBN_KERNEL=onchip: %s; nothing was run",
-                    shared_gpu ? "ranks sharing a GPU run the stream kernel"
-                               : "the onchip kernel needs x, dy and y/dx 16-byte aligned and a "
-                                 "shape of whole 16-byte vectors (NHWC: C a multiple of the "
-                                 "vector width; NCHW: H*W a multiple of it, or at least 1024)");
-  if (var == SBN_VAR_LEGACY) vec = 0;
-  const int ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
-  for (;;) {
-    int occ = shared_gpu ? g0->occ_min : g0->occ[kind][dt][tile][vec][var];
-    const int64_t gmax = (int64_t)occ * g0->sms / ranks_here;
-    if (gmax < 1 && var == SBN_VAR_ONCHIP && want != SBN_KERNEL_ONCHIP) {
-      var = SBN_VAR_STREAM; /* more ranks on the device than SMs: the stream kernel's 2 per SM */
-      continue;
-    }
-    if (gmax < 1)
+  sbn_plan_dev_t dev;
+  dev.sms = g0->sms;
+  dev.ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
+  dev.shared = peer_team(gt) && g0->share > 1;
+  memcpy(dev.occ, g0->occ[kind][dt], sizeof dev.occ);
+  dev.occ_min = g0->occ_min;
+  memcpy(dev.hold_slots, g0->hold_slots[kind][dt], sizeof dev.hold_slots);
+  int64_t detail = 0;
+  switch (sbn_plan_round(&op, ranks, nops, gt->transport == SBN_TR_VIRTUAL, &dev, pl, &detail)) {
+    case SBN_PLAN_OK: return sbnSuccess;
+    case SBN_PLAN_ONCHIP_SHARED:
       return sbn_fail(NULL, sbnUnsupported,
-                      "%d ranks on device %d: more than its %d co-resident blocks", ranks_here,
-                      g0->device, occ * g0->sms);
-    int64_t G;
-    if (var == SBN_VAR_LEGACY) {
-      G = (numel + SBN_LEGACY_ELEMS_PER_BLOCK - 1) / SBN_LEGACY_ELEMS_PER_BLOCK;
-      G = G < 1 ? 1 : G > gmax ? gmax : G;
-    } else {
-      G = sbn_plan_blocks(numel, o0->desc.c, gmax);
-    }
-    pl->G = (int)G;
-    pl->tile = tile;
-    pl->vec = vec;
-    pl->variant = var;
-    pl->hold_slots = 0;
-    if (var != SBN_VAR_ONCHIP) return sbnSuccess;
-    pl->hold_slots = g0->hold_slots[kind][dt][tile];
-    int fits = 1;
-    int64_t need = 0;
-    for (int i = 0; i < nops; i++) {
-      const sbn_geo_t geo = sbn_geo_make(ops[i]->desc.n, ops[i]->desc.c, ops[i]->desc.spatial,
-                                         tile, V, (int)G);
-      fits &= sbn_onchip_fits(&geo, kind, dt, (int)G, pl->hold_slots);
-      const int64_t b = sbn_thread_batches_bound(&geo, kind, (int)G);
-      if (b > need) need = b;
-    }
-    if (fits) return sbnSuccess;
-    if (want == SBN_KERNEL_ONCHIP)
+                      "SBN_KERNEL=onchip: ranks sharing a GPU run the stream kernel; nothing "
+                      "was run");
+    case SBN_PLAN_ONCHIP_SHAPE:
+      return sbn_fail(NULL, sbnUnsupported,
+                      "SBN_KERNEL=onchip: the onchip kernel needs x, dy and y/dx 16-byte "
+                      "aligned and a shape of whole 16-byte vectors (NHWC: C a multiple of the "
+                      "vector width; NCHW: H*W a multiple of it, or at least 1024); nothing "
+                      "was run");
+    case SBN_PLAN_NO_BLOCKS:
+      return sbn_fail(NULL, sbnUnsupported,
+                      "%d ranks on device %d: more than its %" PRId64 " co-resident blocks",
+                      dev.ranks_here, g0->device, detail);
+    default:
       return sbn_fail(NULL, sbnUnsupported,
                       "SBN_KERNEL=onchip: the tensor does not fit on chip (%" PRId64
                       " batches per thread, %d held with %d blocks per rank); nothing was run",
-                      need, SBN_HOLD_REG_BATCHES(dt, tile) + pl->hold_slots, (int)G);
-    var = SBN_VAR_STREAM; /* auto: the stream kernel */
+                      detail, SBN_HOLD_REG_BATCHES(dt, pl->tile) + pl->hold_slots, pl->G);
   }
 }
 
@@ -346,16 +306,18 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
 }
 
 /* The ranks of one device, issued together (a virtual team; the host path of ranks
-   sharing a GPU): everything runs on the first op's stream, after the work queued on the
-   others' streams, and their streams wait for it. stage < 0: the cooperative kernel. */
-static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_coop_args_t* a,
-                                     const gpu_plan_t* pl) {
+   sharing a GPU), with their plans pl[i]: everything runs on the first op's stream, after
+   the work queued on the others' streams, and their streams wait for it. The cooperative
+   kernel is one launch (all of a virtual team's ranks, or one rank). The host path's
+   stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
+   (each rank's own plan: tile and width may differ, so may the kernels). */
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const gpu_plan_t* pl) {
+  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind;
   const int dt = o0->desc.dtype;
-  const unsigned G = (unsigned)a->G, nl = (unsigned)nops;
   sbnResult_t r = sbnSuccess;
   cudaStream_t s0 = (cudaStream_t)o0->stream;
   int joined = 0;
@@ -367,27 +329,38 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, sbn_c
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
-  const int tile = pl->tile, vec = pl->vec;
   if (o0->algo == SBN_ALGO_COOP) {
     const size_t dyn =
-        pl->variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl->hold_slots) : 0;
-    CU(launch(sbn_coop_kernel_ptr(kind, dt, tile, vec, pl->variant), nl * G, 1, dyn, a, s0),
+        pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
+    fill_args(&a, ops, nops, &pl[0]);
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant),
+              (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
   } else {
     const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
-       "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, tile, vec), nl * nch, 0, 0, a, s0),
-       "host path: publish kernel launch");
-    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, tile, vec),
-                nl * (unsigned)gt->nranks, 0, 0, a, s0),
-         "host path: gather kernel launch");
-    } else {
-      a->r[0].mail = a->r[0].send; /* a team of one: its own records */
+    const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
+    for (int i = 0; i < nops; i += per) {
+      fill_args(&a, &ops[i], per, &pl[i]);
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)(per * pl[i].G), 0, 0, &a, s0),
+         "host path: stats kernel launch");
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)per * nch, 0, 0, &a, s0),
+         "host path: publish kernel launch");
     }
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, tile, vec), nl * G, 0, 0, a, s0),
-       "host path: apply kernel launch");
+    if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
+      fill_args(&a, ops, nops, &pl[0]);
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec),
+                (unsigned)nops * (unsigned)gt->nranks, 0, 0, &a, s0),
+         "host path: gather kernel launch");
+    }
+    for (int i = 0; i < nops; i += per) {
+      fill_args(&a, &ops[i], per, &pl[i]);
+      if (gt->nranks == 1) a.r[0].mail = a.r[0].send; /* a team of one: its own records */
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+                (unsigned)(per * pl[i].G), 0, 0, &a, s0),
+         "host path: apply kernel launch");
+    }
   }
   if (joined) {
     CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
@@ -507,8 +480,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
-  gpu_plan_t pl;
+  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
   sbnResult_t r = sbnSuccess;
 
   int prev = 0;
@@ -519,7 +491,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
-    r = plan_round(ops, nops, &pl);
+    r = plan_round(ops, nops, pl);
     if (r != sbnSuccess) {
       sbn_note(o0->comm, sbnGetLastError(NULL));
       /* nothing launched, device unchanged; where the ranks launch separately the others
@@ -530,9 +502,8 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
       }
       return r;
     }
-    fill_args(&a, ops, nops, &pl);
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-    r = launch_one_device(ops, nops, &a, &pl);
+    r = launch_one_device(ops, nops, pl);
   }
 out:
   cudaSetDevice(prev);
