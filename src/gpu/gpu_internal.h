@@ -163,9 +163,13 @@ SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* f
 SBN_INTERNAL void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted);
 SBN_INTERNAL void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt);
 #if SYNCBN_HAVE_NCCL
-/* Waits for a nonblocking NCCL call on comm to finish (r == ncclInProgress): its result,
-   or ncclInProgress when deadline_ns (CLOCK_MONOTONIC) passes first. */
-SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns);
+/* ---- nccl_wait.c ---------------------------------------------------------------------- */
+/* The rule every NCCL call on a comm goes through (nccl_wait.c says why): r is what the
+   call returned; unless it is an error other than ncclInProgress, waits until each
+   non-NULL comms[0..n-1] is no longer in progress. The first failure, ncclInProgress when
+   deadline_ns (CLOCK_MONOTONIC) passed first, or ncclSuccess. */
+SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n,
+                                          int64_t deadline_ns);
 #endif
 
 #define CU(call, what)                                \

@@ -145,14 +145,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
       if (gt->nccl[q]) nr = ncclCommFinalize(gt->nccl[q]);
     ncclResult_t ne = ncclGroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    if (nr == ncclInProgress) { /* every comm, not just the first to finish */
-      nr = ncclSuccess;
-      for (int q = 0; q < gt->nranks; q++) {
-        if (!gt->nccl[q]) continue;
-        ncclResult_t nq = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
-        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
-      }
-    }
+    nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline); /* every comm of the group */
     if (nr != ncclSuccess) {
       sbn_nccl_abort_all(gt);
     } else {
@@ -253,6 +246,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
   cudaGetDevice(&prev);
   ncclResult_t nr = ncclGetUniqueId(&id);
   if (nr == ncclSuccess) {
+    /* NCCL writes the comms into gt->nccl (heap) */
     nr = ncclGroupStart();
     for (int q = 0; q < w && nr == ncclSuccess; q++)
       nr = cudaSetDevice(devs[q]) == cudaSuccess
@@ -260,8 +254,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
                : ncclUnhandledCudaError;
     ncclResult_t ne = ncclGroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    for (int q = 0; q < w && (nr == ncclSuccess || nr == ncclInProgress); q++)
-      if (gt->nccl[q]) nr = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
+    nr = sbn_nccl_settle(nr, gt->nccl, w, deadline); /* every comm of the group */
   }
   cudaSetDevice(prev);
   if (nr != ncclSuccess) {
@@ -270,7 +263,8 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
              nr == ncclInProgress ? "timed out" : ncclGetErrorString(nr), ncclGetLastError(NULL));
     for (int q = 0; q < w; q++)
       if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
-    free(gt->nccl);
+    /* after a timeout NCCL may still write a comm it had not written yet: leaked */
+    if (nr != ncclInProgress) free(gt->nccl);
     gt->nccl = NULL;
     sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
   } else {

@@ -27,18 +27,6 @@
 
 #if SYNCBN_HAVE_NCCL
 
-ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns) {
-  while (r == ncclInProgress) {
-    if (sbn_mono_ns() > deadline_ns) return ncclInProgress;
-    struct timespec ts = {0, 100000}; /* 100 us */
-    nanosleep(&ts, NULL);
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &async);
-    r = q != ncclSuccess ? q : async;
-  }
-  return r;
-}
-
 static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what) {
   if (nr == ncclInProgress)
     return sbn_fail(NULL, sbnTimeout,
@@ -49,12 +37,43 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
                   ncclGetLastError(comm));
 }
 
-static sbnResult_t nccl_query(struct ncclComm* nccl, int* nranks, int* rank) {
-  ncclResult_t nr = ncclCommCount(nccl, nranks);
-  if (nr == ncclSuccess) nr = ncclCommUserRank(nccl, rank);
-  if (nr != ncclSuccess)
-    return sbn_fail(NULL, sbnNcclError, "sbnCommInitNccl: ncclCommCount/UserRank: %s",
-                    ncclGetErrorString(nr));
+/* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
+   finishing its own init or last call (bounded by the deadline). */
+static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
+  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclCommCount(nccl, nranks), &nccl, 1, deadline);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclCommUserRank(nccl, rank), &nccl, 1, deadline);
+  if (nr != ncclSuccess) return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCount/UserRank");
+  return sbnSuccess;
+}
+
+/* ncclCommSplit of parent into a nonblocking child, waited for (nccl_wait.c): the parent,
+   then the child. *child: the new comm, ready, or NULL (color NCCL_SPLIT_NOCOLOR).
+   sbnTimeout when the parent's split did not finish by the deadline (a rank of the parent
+   has not made the call): the parent is left to the caller to abort. Any other failure
+   aborts the child. NCCL writes the child when the parent's part is done, even after a
+   timeout, so the slot lives on the heap and is leaked then. `what` names the call in
+   the detail. */
+static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
+                                      const char* what, ncclComm_t* child) {
+  *child = NULL;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t* slot = calloc(1, sizeof *slot);
+  if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
+  ncclResult_t nr =
+      sbn_nccl_settle(ncclCommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline);
+  if (nr == ncclInProgress) return nccl_fail(parent, nr, what); /* slot leaked */
+  ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
+  free(slot);
+  if (nr == ncclSuccess && c == NULL && color != NCCL_SPLIT_NOCOLOR)
+    return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline); /* its init */
+  if (nr != ncclSuccess) {
+    if (c != NULL) ncclCommAbort(c);
+    return nccl_fail(parent, nr, what);
+  }
+  *child = c;
   return sbnSuccess;
 }
 
@@ -78,9 +97,9 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
   CU(cudaMemcpyAsync(gt->dscratch, gt->hscratch, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
                      gt->aux),
      "cudaMemcpyAsync");
-  ncclResult_t nr = ncclAllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm,
-                                  gt->aux);
-  nr = sbn_nccl_settle(comm, nr, deadline);
+  ncclResult_t nr = sbn_nccl_settle(
+      ncclAllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
+      &comm, 1, deadline);
   if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
                      gt->aux),
@@ -157,14 +176,22 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 /* Registers the window (collective: every rank calls it once every rank allocated).
    1: a symmetric window; 0: NCCL registered it but not as a window the kernel can address
    (the reason in why); -1: the registration did not finish within the timeout (fatal:
-   the comm is no longer usable for other calls). NCCL's thread may write the handle after
-   the call returns, so it goes straight into gt->win. */
+   the comm is no longer usable for other calls). NCCL's thread writes the handle when the
+   registration is done, which may be after a timeout, when gt is gone: it goes to a slot
+   of its own on the heap, leaked after a timeout. */
 static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
-  ncclResult_t nr = ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes,
-                                           (ncclWindow_t*)&gt->win, NCCL_WIN_COLL_SYMMETRIC);
-  nr = sbn_nccl_settle(comm, nr, sbn_mono_ns() + gt->timeout_ms * 1000000);
-  if (nr == ncclInProgress) return -1;
+  ncclWindow_t* slot = calloc(1, sizeof *slot);
+  if (slot == NULL) {
+    snprintf(why, n, "out of host memory (window handle)");
+    return 0;
+  }
+  ncclResult_t nr = sbn_nccl_settle(
+      ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
+      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000);
+  if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
+  gt->win = *slot;
+  free(slot);
   if (nr != ncclSuccess || gt->win == NULL) {
     snprintf(why, n, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC): %s (%s)",
              ncclGetErrorString(nr), ncclGetLastError(comm));
@@ -205,10 +232,11 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   /* a bad value is reported on every rank after the first agreement (the others would
      wait for this rank in a collective) */
   const int mode = transport_from_env();
-  ncclResult_t nr = ncclCommCuDevice(nccl, &dev);
+  const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
+  ncclResult_t nr = sbn_nccl_settle(ncclCommCuDevice(nccl, &dev), &nccl, 1, deadline);
   if (nr != ncclSuccess) {
     if (adopt) ncclCommAbort(nccl);
-    return sbn_fail(NULL, sbnNcclError, "ncclCommCuDevice: %s", ncclGetErrorString(nr));
+    return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCuDevice");
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
@@ -228,38 +256,18 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team of %d ranks)", w);
     goto out;
   }
-  if (adopt) gt->nccl[me] = nccl; /* a split made for this team (nonblocking already) */
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  if (adopt) gt->nccl[me] = nccl; /* a split made for this team (settled by nccl_split) */
   CU(cudaSetDevice(dev), "cudaSetDevice (the NCCL comm's device)");
   if (!adopt) {
-    /* the team's own comm: aborting it on a timeout leaves the caller's intact */
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    /* NCCL takes the split's blocking mode from the parent: with a blocking parent this
-       call waits for every rank (as NCCL's own init does); with a nonblocking one it
-       returns at once and NCCL's thread writes the new comm later, so it goes to the heap
-       and is waited for on the parent, bounded. On a timeout the slot is left to NCCL. */
-    ncclComm_t* slot = calloc(1, sizeof *slot);
-    if (slot == NULL) {
-      r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
-      goto out;
-    }
-    nr = ncclCommSplit(nccl, 0, me, slot, &cfg);
-    nr = sbn_nccl_settle(nccl, nr, deadline);
-    if (nr == ncclInProgress) {
-      r = nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
-      goto out; /* slot intentionally not freed */
-    }
-    if (nr == ncclSuccess && *slot != NULL) nr = sbn_nccl_settle(*slot, ncclInProgress, deadline);
-    if (nr != ncclSuccess || *slot == NULL) {
-      if (*slot != NULL) ncclCommAbort(*slot);
-      free(slot);
-      r = nccl_fail(nccl, nr == ncclSuccess ? ncclInternalError : nr,
-                    "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
-      goto out;
-    }
-    gt->nccl[me] = *slot;
-    free(slot);
+    /* the team's own comm: aborting it on a timeout leaves the caller's intact. NCCL
+       takes the split's blocking mode from the parent: with a blocking parent this call
+       waits for every rank (as NCCL's own init does); with a nonblocking one it returns
+       at once. Either way the child is nonblocking and may still be initialising. */
+    ncclComm_t child = NULL;
+    r = nccl_split_settled(nccl, 0, me, deadline,
+                           "sbnCommInitNccl: ncclCommSplit (the team's own comm)", &child);
+    if (r != sbnSuccess) goto out;
+    gt->nccl[me] = child;
   }
   ncclComm_t comm = gt->nccl[me];
   gpu_rank_t* g = &gt->ranks[me];
@@ -387,10 +395,12 @@ void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) {
     /* an aborted team's peers may never make the collective calls below */
     if (!aborted && gt->win != NULL) {
 #if SBN_NCCL_DEVICE_API
-      nr = sbn_nccl_settle(comm, ncclCommWindowDeregister(comm, (ncclWindow_t)gt->win), deadline);
+      nr = sbn_nccl_settle(ncclCommWindowDeregister(comm, (ncclWindow_t)gt->win), &comm, 1,
+                           deadline);
 #endif
     }
-    if (!aborted && nr == ncclSuccess) nr = sbn_nccl_settle(comm, ncclCommFinalize(comm), deadline);
+    if (!aborted && nr == ncclSuccess)
+      nr = sbn_nccl_settle(ncclCommFinalize(comm), &comm, 1, deadline);
     if (!aborted && nr == ncclSuccess)
       ncclCommDestroy(comm);
     else
@@ -442,33 +452,25 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     pthread_rwlock_unlock(&gt->nccl_lock);
     return sbn_fail(NULL, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
   }
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
   ncclComm_t child = NULL;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(gt->ranks[gt->local].device);
-  ncclResult_t nr = ncclCommSplit(parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0],
-                                  key[0], &child, &cfg);
-  nr = sbn_nccl_settle(child != NULL ? child : parent, nr,
-                       sbn_mono_ns() + gt->timeout_ms * 1000000);
+  sbnResult_t r = nccl_split_settled(
+      parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0], key[0],
+      sbn_mono_ns() + gt->timeout_ms * 1000000, "sbnCommSplit: ncclCommSplit", &child);
   cudaSetDevice(prev);
-  if (nr != ncclSuccess) {
-    if (child != NULL) ncclCommAbort(child);
-    sbnResult_t r = nccl_fail(parent, nr, "sbnCommSplit: ncclCommSplit");
-    pthread_rwlock_unlock(&gt->nccl_lock);
-    if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
-      sbn_team_abort(team, sbnTimeout);
-      sbn_nccl_abort_all(gt);
-    }
-    return r;
-  }
   pthread_rwlock_unlock(&gt->nccl_lock);
+  if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
+    sbn_team_abort(team, sbnTimeout);
+    sbn_nccl_abort_all(gt);
+  }
+  if (r != sbnSuccess) return r;
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     result[0] = NULL;
     return sbnSuccess;
   }
-  sbnResult_t r = nccl_create(child, 1, &team->cfg, &result[0]);
+  r = nccl_create(child, 1, &team->cfg, &result[0]);
   if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbnGetLastError(NULL));
   return sbnSuccess;
 }
@@ -480,7 +482,7 @@ static const sbn_team_ops_t nccl_team_ops = SBN_GPU_TEAM_OPS("NCCL", nccl_attach
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
                                sbnComm_t* out) {
   int nranks = 0, rank = 0;
-  sbnResult_t r = nccl_query(nccl, &nranks, &rank);
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000);
   if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
     r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
   if (r == sbnSuccess) {
