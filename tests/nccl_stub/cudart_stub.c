@@ -244,6 +244,7 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, v
 void** __cudaRegisterFatBinary(void* fat_cubin);
 void __cudaRegisterFatBinaryEnd(void** handle);
 void __cudaUnregisterFatBinary(void** handle);
+char __cudaInitModule(void** handle);
 void __cudaRegisterFunction(void** handle, const char* host_fn, char* device_fn, const char* name,
                             int thread_limit, uint3* tid, uint3* bid, dim3* block, dim3* grid,
                             int* warp_size);
@@ -263,6 +264,10 @@ void __cudaRegisterFatBinaryEnd(void** handle) {
 }
 void __cudaUnregisterFatBinary(void** handle) {
   (void)handle;
+}
+char __cudaInitModule(void** handle) {
+  (void)handle;
+  return 1;
 }
 void __cudaRegisterFunction(void** handle, const char* host_fn, char* device_fn, const char* name,
                             int thread_limit, uint3* tid, uint3* bid, dim3* block, dim3* grid,
