@@ -9,12 +9,8 @@
 #include <stdio.h>
 #include <time.h>
 #if SYNCBN_HAVE_NCCL
-#include <nccl.h>
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-#define SBN_NCCL_DEVICE_API 1 /* symmetric windows, ncclGetPeerPointer (kernels/coop.cu) */
-#endif
-#endif
-#ifndef SBN_NCCL_DEVICE_API
+#include "gpu/nccl_api.h" /* NCCL's types; its functions through sbn_nccl */
+#else
 #define SBN_NCCL_DEVICE_API 0
 #endif
 
@@ -24,7 +20,8 @@
 
 /* kernels/coop.cu: the kernels' addresses are declared in coop_args.h */
 #if SBN_NCCL_DEVICE_API
-int sbn_nccl_lsa_size(void* comm) SBN_INTERNAL;
+/* Ranks of comm's load/store-accessible team; team_lsa is sbn_nccl.TeamLsa. */
+int sbn_nccl_lsa_size(void* comm, void (*team_lsa)(void)) SBN_INTERNAL;
 cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, int nranks,
                                   int code, cudaStream_t stream) SBN_INTERNAL;
 #endif

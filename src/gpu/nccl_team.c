@@ -33,16 +33,17 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
                     "%s did not complete within the timeout: some rank of the NCCL comm has not "
                     "made the same call",
                     what);
-  return sbn_fail(NULL, sbnNcclError, "%s: %s (%s)", what, ncclGetErrorString(nr),
-                  ncclGetLastError(comm));
+  return sbn_fail(NULL, sbnNcclError, "%s: %s (%s)", what, sbn_nccl.GetErrorString(nr),
+                  sbn_nccl.GetLastError(comm));
 }
 
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
    finishing its own init or last call (bounded by the deadline). */
 static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
   ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline);
-  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclCommCount(nccl, nranks), &nccl, 1, deadline);
-  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclCommUserRank(nccl, rank), &nccl, 1, deadline);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline);
+  if (nr == ncclSuccess)
+    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline);
   if (nr != ncclSuccess) return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCount/UserRank");
   return sbnSuccess;
 }
@@ -62,7 +63,7 @@ static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int
   ncclComm_t* slot = calloc(1, sizeof *slot);
   if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
   ncclResult_t nr =
-      sbn_nccl_settle(ncclCommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline);
+      sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline);
   if (nr == ncclInProgress) return nccl_fail(parent, nr, what); /* slot leaked */
   ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
   free(slot);
@@ -70,7 +71,7 @@ static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int
     return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
   if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline); /* its init */
   if (nr != ncclSuccess) {
-    if (c != NULL) ncclCommAbort(c);
+    if (c != NULL) sbn_nccl.CommAbort(c);
     return nccl_fail(parent, nr, what);
   }
   *child = c;
@@ -98,7 +99,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
                      gt->aux),
      "cudaMemcpyAsync");
   ncclResult_t nr = sbn_nccl_settle(
-      ncclAllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
+      sbn_nccl.AllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
       &comm, 1, deadline);
   if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
@@ -124,13 +125,18 @@ out:
 static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n) {
 #if SBN_NCCL_DEVICE_API
   int ver = 0;
-  ncclGetVersion(&ver);
+  sbn_nccl.GetVersion(&ver);
   if (ver < NCCL_VERSION(2, 28, 0)) {
     snprintf(buf, n, "the NCCL library is %d.%d.%d, the device API needs 2.28", ver / 10000,
              ver / 100 % 100, ver % 100);
     return buf;
   }
-  const int lsa = sbn_nccl_lsa_size(comm);
+  if (sbn_nccl.TeamLsa == NULL || sbn_nccl.MemAlloc == NULL || sbn_nccl.MemFree == NULL ||
+      sbn_nccl.CommWindowRegister == NULL || sbn_nccl.CommWindowDeregister == NULL) {
+    snprintf(buf, n, "the NCCL library lacks the device API's host functions");
+    return buf;
+  }
+  const int lsa = sbn_nccl_lsa_size(comm, sbn_nccl.TeamLsa);
   if (lsa != nranks) {
     snprintf(buf, n,
              "the team spans several NVLink (load/store) domains: %d of its %d ranks share "
@@ -151,10 +157,10 @@ static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n
 static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
   gt->win_bytes = (size_t)sbn_window_bytes(gt->nranks, gt->nchunks_max);
-  ncclResult_t nr = ncclMemAlloc(&gt->win_buf, gt->win_bytes);
+  ncclResult_t nr = sbn_nccl.MemAlloc(&gt->win_buf, gt->win_bytes);
   if (nr != ncclSuccess) {
     gt->win_buf = NULL;
-    snprintf(why, n, "ncclMemAlloc(%zu): %s", gt->win_bytes, ncclGetErrorString(nr));
+    snprintf(why, n, "ncclMemAlloc(%zu): %s", gt->win_bytes, sbn_nccl.GetErrorString(nr));
     return 0;
   }
   /* zeroed before registering: the peers write into it only after every rank's
@@ -187,14 +193,14 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
     return 0;
   }
   ncclResult_t nr = sbn_nccl_settle(
-      ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
+      sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
       &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000);
   if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
   gt->win = *slot;
   free(slot);
   if (nr != ncclSuccess || gt->win == NULL) {
     snprintf(why, n, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC): %s (%s)",
-             ncclGetErrorString(nr), ncclGetLastError(comm));
+             sbn_nccl.GetErrorString(nr), sbn_nccl.GetLastError(comm));
     return 0;
   }
   /* Without symmetric-memory support (no P2P between the node's GPUs, NCCL_CUMEM_ENABLE=0,
@@ -233,15 +239,15 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
      wait for this rank in a collective) */
   const int mode = transport_from_env();
   const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
-  ncclResult_t nr = sbn_nccl_settle(ncclCommCuDevice(nccl, &dev), &nccl, 1, deadline);
+  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline);
   if (nr != ncclSuccess) {
-    if (adopt) ncclCommAbort(nccl);
+    if (adopt) sbn_nccl.CommAbort(nccl);
     return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCuDevice");
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
   if (gt == NULL) {
-    if (adopt) ncclCommAbort(nccl);
+    if (adopt) sbn_nccl.CommAbort(nccl);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
   }
   gt->nranks = w;
@@ -252,7 +258,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
   if (gt->ranks == NULL || gt->nccl == NULL) {
-    if (adopt) ncclCommAbort(nccl);
+    if (adopt) sbn_nccl.CommAbort(nccl);
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team of %d ranks)", w);
     goto out;
   }
@@ -359,7 +365,7 @@ out:
   if (r != sbnSuccess) {
     /* the peers may be inside a collective with this rank: abort, do not destroy */
     if (gt->nccl != NULL && gt->nccl[me] != NULL) {
-      ncclCommAbort(gt->nccl[me]);
+      sbn_nccl.CommAbort(gt->nccl[me]);
       gt->nccl[me] = NULL;
     }
     atomic_store(&gt->nccl_dead, 1);
@@ -395,21 +401,21 @@ void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) {
     /* an aborted team's peers may never make the collective calls below */
     if (!aborted && gt->win != NULL) {
 #if SBN_NCCL_DEVICE_API
-      nr = sbn_nccl_settle(ncclCommWindowDeregister(comm, (ncclWindow_t)gt->win), &comm, 1,
+      nr = sbn_nccl_settle(sbn_nccl.CommWindowDeregister(comm, (ncclWindow_t)gt->win), &comm, 1,
                            deadline);
 #endif
     }
     if (!aborted && nr == ncclSuccess)
-      nr = sbn_nccl_settle(ncclCommFinalize(comm), &comm, 1, deadline);
+      nr = sbn_nccl_settle(sbn_nccl.CommFinalize(comm), &comm, 1, deadline);
     if (!aborted && nr == ncclSuccess)
-      ncclCommDestroy(comm);
+      sbn_nccl.CommDestroy(comm);
     else
-      ncclCommAbort(comm);
+      sbn_nccl.CommAbort(comm);
   }
   if (gt->nccl != NULL) gt->nccl[me] = NULL;
   gt->win = NULL;
 #if SBN_NCCL_DEVICE_API
-  if (gt->win_buf != NULL) ncclMemFree(gt->win_buf);
+  if (gt->win_buf != NULL) sbn_nccl.MemFree(gt->win_buf);
 #endif
   gt->win_buf = NULL;
   if (gt->ranks != NULL) gt->ranks[me].mail = NULL;
@@ -491,11 +497,13 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t
     nccl = init.nccl; /* NULL once attach took it */
   }
   /* an adopted comm the team did not take: local and immediate, unlike ncclCommDestroy */
-  if (r != sbnSuccess && adopt && nccl != NULL) ncclCommAbort(nccl);
+  if (r != sbnSuccess && adopt && nccl != NULL) sbn_nccl.CommAbort(nccl);
   return r;
 }
 
 sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
+  const char* why = NULL;
+  if (sbn_nccl_load(&why) != sbnSuccess) return sbn_fail(NULL, sbnUnsupported, "%s", why);
   return nccl_create(nccl, 0, cfg, comm);
 }
 

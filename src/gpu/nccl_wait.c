@@ -37,7 +37,7 @@ ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n, int
     ncclResult_t s;
     for (;;) { /* polled once even past the deadline: a finished call is not a timeout */
       ncclResult_t async = ncclSuccess;
-      ncclResult_t q = ncclCommGetAsyncError(comms[i], &async);
+      ncclResult_t q = sbn_nccl.CommGetAsyncError(comms[i], &async);
       s = q != ncclSuccess ? q : async;
       if (s != ncclInProgress || sbn_mono_ns() > deadline_ns) break;
       struct timespec ts = {0, 100000}; /* 100 us */
