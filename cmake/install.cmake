@@ -46,22 +46,12 @@ else()
   set(SYNCBN_PC_INCLUDEDIR "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
 # The static library's own dependencies: Libs.private of syncbn.pc (pkg-config --static)
-# and Libs of syncbn-static.pc, which also gets -rpath for the shared ones outside the
-# linker's default path, so that its programs start as linked.
-set(SYNCBN_PC_LIBS_PRIVATE "-lpthread -lm")
-set(SYNCBN_PC_STATIC_DEPS "-lpthread -lm")
+# and Libs of syncbn-static.pc. All static or the system's: the CUDA runtime is linked in
+# (libcudart_static.a, which needs -ldl -lrt -lpthread after it) and NCCL is loaded at run
+# time, so the programs start without libcudart, libnccl or a driver.
+set(SYNCBN_PC_DEPS "-lpthread -lm -ldl")
 if(SYNCBN_HAVE_CUDA)
-  string(APPEND SYNCBN_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
-  string(APPEND SYNCBN_PC_STATIC_DEPS
-    " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcudart")
-endif()
-if(SYNCBN_HAVE_NCCL)
-  get_filename_component(SYNCBN_NCCL_LIBRARY_DIR "${SYNCBN_NCCL_LIBRARY}" DIRECTORY)
-  string(APPEND SYNCBN_PC_LIBS_PRIVATE " ${SYNCBN_NCCL_LIBRARY}") # a wheel has no libnccl.so
-  string(APPEND SYNCBN_PC_STATIC_DEPS " ${SYNCBN_NCCL_LIBRARY}")
-  if(NOT SYNCBN_NCCL_LIBRARY_DIR STREQUAL CUDAToolkit_LIBRARY_DIR)
-    string(APPEND SYNCBN_PC_STATIC_DEPS " -Wl,-rpath,${SYNCBN_NCCL_LIBRARY_DIR}")
-  endif()
+  set(SYNCBN_PC_DEPS "-L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -lrt ${SYNCBN_PC_DEPS}")
 endif()
 set(SYNCBN_PC_STATIC_LIB ${CMAKE_STATIC_LIBRARY_PREFIX}syncbn${CMAKE_STATIC_LIBRARY_SUFFIX})
 configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn.pc.in ${PROJECT_BINARY_DIR}/syncbn.pc @ONLY)

@@ -184,9 +184,16 @@ extern "C" int sbn_infer_group(int64_t sp) { return sp >= 2048 ? kThreads : 32; 
 
 #ifndef SBN_COOP_EMU
 #if SBN_WINDOW_TRANSPORT
-/* Ranks of comm's load/store-accessible (NVLink) team: nccl_device/core.h is C++ only. */
-extern "C" __attribute__((visibility("hidden"))) int sbn_nccl_lsa_size(void* comm) {
-  return ncclTeamLsa(static_cast<ncclComm_t>(comm)).nRanks;
+/* Ranks of comm's load/store-accessible (NVLink) team: nccl_device/core.h is C++ only.
+   NCCL is loaded at run time (src/gpu/nccl_api.c): team_lsa is its ncclTeamLsa. The
+   static_cast compiles only while the header declares that overload with this type
+   (unevaluated: the symbol is not referenced). */
+using sbn_team_lsa_fn = ncclTeam_t (*)(ncclComm_t);
+static_assert(sizeof(static_cast<sbn_team_lsa_fn>(&ncclTeamLsa)) == sizeof(sbn_team_lsa_fn),
+              "ncclTeamLsa(ncclComm_t)'s type");
+extern "C" __attribute__((visibility("hidden"))) int sbn_nccl_lsa_size(void* comm,
+                                                                       void (*team_lsa)(void)) {
+  return reinterpret_cast<sbn_team_lsa_fn>(team_lsa)(static_cast<ncclComm_t>(comm)).nRanks;
 }
 
 /* One thread: rank `rank` of the window's team failed with `code` (src/gpu/nccl_team.c). */

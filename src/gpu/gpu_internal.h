@@ -9,12 +9,8 @@
 #include <stdio.h>
 #include <time.h>
 #if SYNCBN_HAVE_NCCL
-#include <nccl.h>
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-#define SBN_NCCL_DEVICE_API 1 /* symmetric windows, ncclGetPeerPointer (kernels/coop.cu) */
-#endif
-#endif
-#ifndef SBN_NCCL_DEVICE_API
+#include "gpu/nccl_api.h" /* NCCL's types; its functions through sbn_nccl */
+#else
 #define SBN_NCCL_DEVICE_API 0
 #endif
 
@@ -24,7 +20,8 @@
 
 /* kernels/coop.cu: the kernels' addresses are declared in coop_args.h */
 #if SBN_NCCL_DEVICE_API
-int sbn_nccl_lsa_size(void* comm) SBN_INTERNAL;
+/* Ranks of comm's load/store-accessible team; team_lsa is sbn_nccl.TeamLsa. */
+int sbn_nccl_lsa_size(void* comm, void (*team_lsa)(void)) SBN_INTERNAL;
 cudaError_t sbn_gpu_notify_launch(const void* win, int64_t fail_off, int rank, int nranks,
                                   int code, cudaStream_t stream) SBN_INTERNAL;
 #endif
@@ -163,9 +160,13 @@ SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* f
 SBN_INTERNAL void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted);
 SBN_INTERNAL void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt);
 #if SYNCBN_HAVE_NCCL
-/* Waits for a nonblocking NCCL call on comm to finish (r == ncclInProgress): its result,
-   or ncclInProgress when deadline_ns (CLOCK_MONOTONIC) passes first. */
-SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns);
+/* ---- nccl_wait.c ---------------------------------------------------------------------- */
+/* The rule every NCCL call on a comm goes through (nccl_wait.c says why): r is what the
+   call returned; unless it is an error other than ncclInProgress, waits until each
+   non-NULL comms[0..n-1] is no longer in progress. The first failure, ncclInProgress when
+   deadline_ns (CLOCK_MONOTONIC) passed first, or ncclSuccess. */
+SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n,
+                                          int64_t deadline_ns);
 #endif
 
 #define CU(call, what)                                \

@@ -415,30 +415,25 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   }
   {
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
-    ncclResult_t nr = ncclGroupStart();
+    ncclComm_t comms[SBN_GPU_MAX_RANKS];
+    for (int i = 0; i < nops; i++) comms[i] = gt->nccl[ops[i]->comm->rank];
+    ncclResult_t nr = sbn_nccl.GroupStart();
     started = 1;
     for (int i = 0; i < nops && nr == ncclSuccess; i++) {
-      const int q = ops[i]->comm->rank;
-      const gpu_rank_t* g = &gt->ranks[q];
-      nr = ncclAllGather(g->send, g->recv, (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t),
-                         ncclUint8, gt->nccl[q], (cudaStream_t)ops[i]->stream);
+      const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+      nr = sbn_nccl.AllGather(g->send, g->recv, (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t),
+                              ncclUint8, comms[i], (cudaStream_t)ops[i]->stream);
     }
-    ncclResult_t ne = ncclGroupEnd();
+    ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
     /* nonblocking comms: the group may still be being issued, on every comm */
-    if (nr == ncclInProgress) {
-      nr = ncclSuccess;
-      for (int i = 0; i < nops; i++) {
-        ncclResult_t nq = sbn_nccl_settle(gt->nccl[ops[i]->comm->rank], ncclInProgress, deadline);
-        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
-      }
-    }
+    nr = sbn_nccl_settle(nr, comms, nops, deadline);
     if (nr != ncclSuccess) {
-      r = sbn_fail(NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,
-                   "ncclAllGather of the records: %s (%s)",
-                   nr == ncclInProgress ? "not issued within the timeout"
-                                        : ncclGetErrorString(nr),
-                   ncclGetLastError(gt->nccl[ops[0]->comm->rank]));
+      r = sbn_fail(
+          NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,
+          "ncclAllGather of the records: %s (%s)",
+          nr == ncclInProgress ? "not issued within the timeout" : sbn_nccl.GetErrorString(nr),
+          sbn_nccl.GetLastError(gt->nccl[ops[0]->comm->rank]));
       goto out;
     }
   }

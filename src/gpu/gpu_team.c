@@ -30,7 +30,7 @@ void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
   if (!atomic_exchange(&gt->nccl_dead, 1))
     for (int q = 0; q < gt->nranks; q++)
       if (gt->nccl[q]) {
-        ncclCommAbort(gt->nccl[q]);
+        sbn_nccl.CommAbort(gt->nccl[q]);
         gt->nccl[q] = NULL;
       }
   if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
@@ -140,24 +140,17 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (gt->nccl != NULL && !atomic_load(&gt->nccl_dead)) {
     /* finalize every comm in one group (one thread for several ranks), then destroy */
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
-    ncclResult_t nr = ncclGroupStart();
+    ncclResult_t nr = sbn_nccl.GroupStart();
     for (int q = 0; q < gt->nranks && nr == ncclSuccess; q++)
-      if (gt->nccl[q]) nr = ncclCommFinalize(gt->nccl[q]);
-    ncclResult_t ne = ncclGroupEnd();
+      if (gt->nccl[q]) nr = sbn_nccl.CommFinalize(gt->nccl[q]);
+    ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    if (nr == ncclInProgress) { /* every comm, not just the first to finish */
-      nr = ncclSuccess;
-      for (int q = 0; q < gt->nranks; q++) {
-        if (!gt->nccl[q]) continue;
-        ncclResult_t nq = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
-        if (nq != ncclSuccess && nr == ncclSuccess) nr = nq;
-      }
-    }
+    nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline); /* every comm of the group */
     if (nr != ncclSuccess) {
       sbn_nccl_abort_all(gt);
     } else {
       for (int q = 0; q < gt->nranks; q++)
-        if (gt->nccl[q]) ncclCommDestroy(gt->nccl[q]);
+        if (gt->nccl[q]) sbn_nccl.CommDestroy(gt->nccl[q]);
     }
   }
   free(gt->nccl);
@@ -239,6 +232,12 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
         return sbnSuccess;
       }
 #if SYNCBN_HAVE_NCCL
+  const char* load_why = NULL;
+  if (sbn_nccl_load(&load_why) != sbnSuccess) {
+    snprintf(gt->nccl_why, sizeof gt->nccl_why, "%s", load_why);
+    sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
+    return sbnSuccess;
+  }
   int devs[SBN_GPU_MAX_RANKS];
   for (int q = 0; q < w; q++) devs[q] = gt->ranks[q].device;
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
@@ -251,26 +250,28 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
   int prev = 0;
   cudaGetDevice(&prev);
-  ncclResult_t nr = ncclGetUniqueId(&id);
+  ncclResult_t nr = sbn_nccl.GetUniqueId(&id);
   if (nr == ncclSuccess) {
-    nr = ncclGroupStart();
+    /* NCCL writes the comms into gt->nccl (heap) */
+    nr = sbn_nccl.GroupStart();
     for (int q = 0; q < w && nr == ncclSuccess; q++)
       nr = cudaSetDevice(devs[q]) == cudaSuccess
-               ? ncclCommInitRankConfig(&gt->nccl[q], w, id, q, &cfg)
+               ? sbn_nccl.CommInitRankConfig(&gt->nccl[q], w, id, q, &cfg)
                : ncclUnhandledCudaError;
-    ncclResult_t ne = ncclGroupEnd();
+    ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    for (int q = 0; q < w && (nr == ncclSuccess || nr == ncclInProgress); q++)
-      if (gt->nccl[q]) nr = sbn_nccl_settle(gt->nccl[q], ncclInProgress, deadline);
+    nr = sbn_nccl_settle(nr, gt->nccl, w, deadline); /* every comm of the group */
   }
   cudaSetDevice(prev);
   if (nr != ncclSuccess) {
     snprintf(gt->nccl_why, sizeof gt->nccl_why,
              "NCCL comm init (ncclCommInitRankConfig x %d) failed: %s (%s)", w,
-             nr == ncclInProgress ? "timed out" : ncclGetErrorString(nr), ncclGetLastError(NULL));
+             nr == ncclInProgress ? "timed out" : sbn_nccl.GetErrorString(nr),
+             sbn_nccl.GetLastError(NULL));
     for (int q = 0; q < w; q++)
-      if (gt->nccl[q]) ncclCommAbort(gt->nccl[q]);
-    free(gt->nccl);
+      if (gt->nccl[q]) sbn_nccl.CommAbort(gt->nccl[q]);
+    /* after a timeout NCCL may still write a comm it had not written yet: leaked */
+    if (nr != ncclInProgress) free(gt->nccl);
     gt->nccl = NULL;
     sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
   } else {

@@ -27,34 +27,54 @@
 
 #if SYNCBN_HAVE_NCCL
 
-ncclResult_t sbn_nccl_settle(ncclComm_t comm, ncclResult_t r, int64_t deadline_ns) {
-  while (r == ncclInProgress) {
-    if (sbn_mono_ns() > deadline_ns) return ncclInProgress;
-    struct timespec ts = {0, 100000}; /* 100 us */
-    nanosleep(&ts, NULL);
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &async);
-    r = q != ncclSuccess ? q : async;
-  }
-  return r;
-}
-
 static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what) {
   if (nr == ncclInProgress)
     return sbn_fail(NULL, sbnTimeout,
                     "%s did not complete within the timeout: some rank of the NCCL comm has not "
                     "made the same call",
                     what);
-  return sbn_fail(NULL, sbnNcclError, "%s: %s (%s)", what, ncclGetErrorString(nr),
-                  ncclGetLastError(comm));
+  return sbn_fail(NULL, sbnNcclError, "%s: %s (%s)", what, sbn_nccl.GetErrorString(nr),
+                  sbn_nccl.GetLastError(comm));
 }
 
-static sbnResult_t nccl_query(struct ncclComm* nccl, int* nranks, int* rank) {
-  ncclResult_t nr = ncclCommCount(nccl, nranks);
-  if (nr == ncclSuccess) nr = ncclCommUserRank(nccl, rank);
-  if (nr != ncclSuccess)
-    return sbn_fail(NULL, sbnNcclError, "sbnCommInitNccl: ncclCommCount/UserRank: %s",
-                    ncclGetErrorString(nr));
+/* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
+   finishing its own init or last call (bounded by the deadline). */
+static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
+  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline);
+  if (nr == ncclSuccess)
+    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline);
+  if (nr != ncclSuccess) return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCount/UserRank");
+  return sbnSuccess;
+}
+
+/* ncclCommSplit of parent into a nonblocking child, waited for (nccl_wait.c): the parent,
+   then the child. *child: the new comm, ready, or NULL (color NCCL_SPLIT_NOCOLOR).
+   sbnTimeout when the parent's split did not finish by the deadline (a rank of the parent
+   has not made the call): the parent is left to the caller to abort. Any other failure
+   aborts the child. NCCL writes the child when the parent's part is done, even after a
+   timeout, so the slot lives on the heap and is leaked then. `what` names the call in
+   the detail. */
+static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
+                                      const char* what, ncclComm_t* child) {
+  *child = NULL;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t* slot = calloc(1, sizeof *slot);
+  if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
+  ncclResult_t nr =
+      sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline);
+  if (nr == ncclInProgress) return nccl_fail(parent, nr, what); /* slot leaked */
+  ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
+  free(slot);
+  if (nr == ncclSuccess && c == NULL && color != NCCL_SPLIT_NOCOLOR)
+    return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline); /* its init */
+  if (nr != ncclSuccess) {
+    if (c != NULL) sbn_nccl.CommAbort(c);
+    return nccl_fail(parent, nr, what);
+  }
+  *child = c;
   return sbnSuccess;
 }
 
@@ -78,9 +98,9 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
   CU(cudaMemcpyAsync(gt->dscratch, gt->hscratch, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
                      gt->aux),
      "cudaMemcpyAsync");
-  ncclResult_t nr = ncclAllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm,
-                                  gt->aux);
-  nr = sbn_nccl_settle(comm, nr, deadline);
+  ncclResult_t nr = sbn_nccl_settle(
+      sbn_nccl.AllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
+      &comm, 1, deadline);
   if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
                      gt->aux),
@@ -105,13 +125,18 @@ out:
 static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n) {
 #if SBN_NCCL_DEVICE_API
   int ver = 0;
-  ncclGetVersion(&ver);
+  sbn_nccl.GetVersion(&ver);
   if (ver < NCCL_VERSION(2, 28, 0)) {
     snprintf(buf, n, "the NCCL library is %d.%d.%d, the device API needs 2.28", ver / 10000,
              ver / 100 % 100, ver % 100);
     return buf;
   }
-  const int lsa = sbn_nccl_lsa_size(comm);
+  if (sbn_nccl.TeamLsa == NULL || sbn_nccl.MemAlloc == NULL || sbn_nccl.MemFree == NULL ||
+      sbn_nccl.CommWindowRegister == NULL || sbn_nccl.CommWindowDeregister == NULL) {
+    snprintf(buf, n, "the NCCL library lacks the device API's host functions");
+    return buf;
+  }
+  const int lsa = sbn_nccl_lsa_size(comm, sbn_nccl.TeamLsa);
   if (lsa != nranks) {
     snprintf(buf, n,
              "the team spans several NVLink (load/store) domains: %d of its %d ranks share "
@@ -132,10 +157,10 @@ static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n
 static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
   gt->win_bytes = (size_t)sbn_window_bytes(gt->nranks, gt->nchunks_max);
-  ncclResult_t nr = ncclMemAlloc(&gt->win_buf, gt->win_bytes);
+  ncclResult_t nr = sbn_nccl.MemAlloc(&gt->win_buf, gt->win_bytes);
   if (nr != ncclSuccess) {
     gt->win_buf = NULL;
-    snprintf(why, n, "ncclMemAlloc(%zu): %s", gt->win_bytes, ncclGetErrorString(nr));
+    snprintf(why, n, "ncclMemAlloc(%zu): %s", gt->win_bytes, sbn_nccl.GetErrorString(nr));
     return 0;
   }
   /* zeroed before registering: the peers write into it only after every rank's
@@ -157,17 +182,25 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 /* Registers the window (collective: every rank calls it once every rank allocated).
    1: a symmetric window; 0: NCCL registered it but not as a window the kernel can address
    (the reason in why); -1: the registration did not finish within the timeout (fatal:
-   the comm is no longer usable for other calls). NCCL's thread may write the handle after
-   the call returns, so it goes straight into gt->win. */
+   the comm is no longer usable for other calls). NCCL's thread writes the handle when the
+   registration is done, which may be after a timeout, when gt is gone: it goes to a slot
+   of its own on the heap, leaked after a timeout. */
 static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
-  ncclResult_t nr = ncclCommWindowRegister(comm, gt->win_buf, gt->win_bytes,
-                                           (ncclWindow_t*)&gt->win, NCCL_WIN_COLL_SYMMETRIC);
-  nr = sbn_nccl_settle(comm, nr, sbn_mono_ns() + gt->timeout_ms * 1000000);
-  if (nr == ncclInProgress) return -1;
+  ncclWindow_t* slot = calloc(1, sizeof *slot);
+  if (slot == NULL) {
+    snprintf(why, n, "out of host memory (window handle)");
+    return 0;
+  }
+  ncclResult_t nr = sbn_nccl_settle(
+      sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
+      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000);
+  if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
+  gt->win = *slot;
+  free(slot);
   if (nr != ncclSuccess || gt->win == NULL) {
     snprintf(why, n, "ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC): %s (%s)",
-             ncclGetErrorString(nr), ncclGetLastError(comm));
+             sbn_nccl.GetErrorString(nr), sbn_nccl.GetLastError(comm));
     return 0;
   }
   /* Without symmetric-memory support (no P2P between the node's GPUs, NCCL_CUMEM_ENABLE=0,
@@ -205,15 +238,16 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   /* a bad value is reported on every rank after the first agreement (the others would
      wait for this rank in a collective) */
   const int mode = transport_from_env();
-  ncclResult_t nr = ncclCommCuDevice(nccl, &dev);
+  const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
+  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline);
   if (nr != ncclSuccess) {
-    if (adopt) ncclCommAbort(nccl);
-    return sbn_fail(NULL, sbnNcclError, "ncclCommCuDevice: %s", ncclGetErrorString(nr));
+    if (adopt) sbn_nccl.CommAbort(nccl);
+    return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCuDevice");
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
   if (gt == NULL) {
-    if (adopt) ncclCommAbort(nccl);
+    if (adopt) sbn_nccl.CommAbort(nccl);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
   }
   gt->nranks = w;
@@ -224,42 +258,22 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
   if (gt->ranks == NULL || gt->nccl == NULL) {
-    if (adopt) ncclCommAbort(nccl);
+    if (adopt) sbn_nccl.CommAbort(nccl);
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team of %d ranks)", w);
     goto out;
   }
-  if (adopt) gt->nccl[me] = nccl; /* a split made for this team (nonblocking already) */
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  if (adopt) gt->nccl[me] = nccl; /* a split made for this team (settled by nccl_split) */
   CU(cudaSetDevice(dev), "cudaSetDevice (the NCCL comm's device)");
   if (!adopt) {
-    /* the team's own comm: aborting it on a timeout leaves the caller's intact */
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    /* NCCL takes the split's blocking mode from the parent: with a blocking parent this
-       call waits for every rank (as NCCL's own init does); with a nonblocking one it
-       returns at once and NCCL's thread writes the new comm later, so it goes to the heap
-       and is waited for on the parent, bounded. On a timeout the slot is left to NCCL. */
-    ncclComm_t* slot = calloc(1, sizeof *slot);
-    if (slot == NULL) {
-      r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
-      goto out;
-    }
-    nr = ncclCommSplit(nccl, 0, me, slot, &cfg);
-    nr = sbn_nccl_settle(nccl, nr, deadline);
-    if (nr == ncclInProgress) {
-      r = nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
-      goto out; /* slot intentionally not freed */
-    }
-    if (nr == ncclSuccess && *slot != NULL) nr = sbn_nccl_settle(*slot, ncclInProgress, deadline);
-    if (nr != ncclSuccess || *slot == NULL) {
-      if (*slot != NULL) ncclCommAbort(*slot);
-      free(slot);
-      r = nccl_fail(nccl, nr == ncclSuccess ? ncclInternalError : nr,
-                    "sbnCommInitNccl: ncclCommSplit (the team's own comm)");
-      goto out;
-    }
-    gt->nccl[me] = *slot;
-    free(slot);
+    /* the team's own comm: aborting it on a timeout leaves the caller's intact. NCCL
+       takes the split's blocking mode from the parent: with a blocking parent this call
+       waits for every rank (as NCCL's own init does); with a nonblocking one it returns
+       at once. Either way the child is nonblocking and may still be initialising. */
+    ncclComm_t child = NULL;
+    r = nccl_split_settled(nccl, 0, me, deadline,
+                           "sbnCommInitNccl: ncclCommSplit (the team's own comm)", &child);
+    if (r != sbnSuccess) goto out;
+    gt->nccl[me] = child;
   }
   ncclComm_t comm = gt->nccl[me];
   gpu_rank_t* g = &gt->ranks[me];
@@ -351,7 +365,7 @@ out:
   if (r != sbnSuccess) {
     /* the peers may be inside a collective with this rank: abort, do not destroy */
     if (gt->nccl != NULL && gt->nccl[me] != NULL) {
-      ncclCommAbort(gt->nccl[me]);
+      sbn_nccl.CommAbort(gt->nccl[me]);
       gt->nccl[me] = NULL;
     }
     atomic_store(&gt->nccl_dead, 1);
@@ -387,19 +401,21 @@ void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) {
     /* an aborted team's peers may never make the collective calls below */
     if (!aborted && gt->win != NULL) {
 #if SBN_NCCL_DEVICE_API
-      nr = sbn_nccl_settle(comm, ncclCommWindowDeregister(comm, (ncclWindow_t)gt->win), deadline);
+      nr = sbn_nccl_settle(sbn_nccl.CommWindowDeregister(comm, (ncclWindow_t)gt->win), &comm, 1,
+                           deadline);
 #endif
     }
-    if (!aborted && nr == ncclSuccess) nr = sbn_nccl_settle(comm, ncclCommFinalize(comm), deadline);
     if (!aborted && nr == ncclSuccess)
-      ncclCommDestroy(comm);
+      nr = sbn_nccl_settle(sbn_nccl.CommFinalize(comm), &comm, 1, deadline);
+    if (!aborted && nr == ncclSuccess)
+      sbn_nccl.CommDestroy(comm);
     else
-      ncclCommAbort(comm);
+      sbn_nccl.CommAbort(comm);
   }
   if (gt->nccl != NULL) gt->nccl[me] = NULL;
   gt->win = NULL;
 #if SBN_NCCL_DEVICE_API
-  if (gt->win_buf != NULL) ncclMemFree(gt->win_buf);
+  if (gt->win_buf != NULL) sbn_nccl.MemFree(gt->win_buf);
 #endif
   gt->win_buf = NULL;
   if (gt->ranks != NULL) gt->ranks[me].mail = NULL;
@@ -442,33 +458,25 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     pthread_rwlock_unlock(&gt->nccl_lock);
     return sbn_fail(NULL, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
   }
-  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  cfg.blocking = 0;
   ncclComm_t child = NULL;
   int prev = 0;
   cudaGetDevice(&prev);
   cudaSetDevice(gt->ranks[gt->local].device);
-  ncclResult_t nr = ncclCommSplit(parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0],
-                                  key[0], &child, &cfg);
-  nr = sbn_nccl_settle(child != NULL ? child : parent, nr,
-                       sbn_mono_ns() + gt->timeout_ms * 1000000);
+  sbnResult_t r = nccl_split_settled(
+      parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0], key[0],
+      sbn_mono_ns() + gt->timeout_ms * 1000000, "sbnCommSplit: ncclCommSplit", &child);
   cudaSetDevice(prev);
-  if (nr != ncclSuccess) {
-    if (child != NULL) ncclCommAbort(child);
-    sbnResult_t r = nccl_fail(parent, nr, "sbnCommSplit: ncclCommSplit");
-    pthread_rwlock_unlock(&gt->nccl_lock);
-    if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
-      sbn_team_abort(team, sbnTimeout);
-      sbn_nccl_abort_all(gt);
-    }
-    return r;
-  }
   pthread_rwlock_unlock(&gt->nccl_lock);
+  if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
+    sbn_team_abort(team, sbnTimeout);
+    sbn_nccl_abort_all(gt);
+  }
+  if (r != sbnSuccess) return r;
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     result[0] = NULL;
     return sbnSuccess;
   }
-  sbnResult_t r = nccl_create(child, 1, &team->cfg, &result[0]);
+  r = nccl_create(child, 1, &team->cfg, &result[0]);
   if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbnGetLastError(NULL));
   return sbnSuccess;
 }
@@ -480,7 +488,7 @@ static const sbn_team_ops_t nccl_team_ops = SBN_GPU_TEAM_OPS("NCCL", nccl_attach
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
                                sbnComm_t* out) {
   int nranks = 0, rank = 0;
-  sbnResult_t r = nccl_query(nccl, &nranks, &rank);
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000);
   if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
     r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
   if (r == sbnSuccess) {
@@ -489,11 +497,13 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t
     nccl = init.nccl; /* NULL once attach took it */
   }
   /* an adopted comm the team did not take: local and immediate, unlike ncclCommDestroy */
-  if (r != sbnSuccess && adopt && nccl != NULL) ncclCommAbort(nccl);
+  if (r != sbnSuccess && adopt && nccl != NULL) sbn_nccl.CommAbort(nccl);
   return r;
 }
 
 sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
+  const char* why = NULL;
+  if (sbn_nccl_load(&why) != sbnSuccess) return sbn_fail(NULL, sbnUnsupported, "%s", why);
   return nccl_create(nccl, 0, cfg, comm);
 }
 

@@ -1,0 +1,297 @@
+/* cudart_stub.c — a stand-in CUDA runtime for running libsyncbn's GPU host code on a
+ * machine without a GPU (test_nccl_stub): exactly the runtime calls that libsyncbn, the
+ * NCCL stand-in and the test make, and the entry points nvcc's generated code calls at
+ * load time to register kernels/coop.cu's fat binary.
+ *
+ * What it models: CUDA_STUB_DEVICES devices (default 2) that support cooperative
+ * launches; device memory is host memory (calloc) remembered with its device, so
+ * cudaPointerGetAttributes tells device, pinned host and unknown memory apart and copies
+ * are memcpy; every stream and event is always complete; a kernel launch does nothing and
+ * succeeds. Nothing here computes a kernel's result: the tests that use it check the
+ * host's protocol (NCCL calls, waits, results), never values. */
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+typedef struct {
+  char* p;
+  size_t bytes;
+  enum cudaMemoryType type;
+  int device;
+} alloc_t;
+static alloc_t* allocs;
+static size_t nallocs, cap_allocs;
+static _Thread_local int current_device;
+
+static int device_count(void) {
+  const char* v = getenv("CUDA_STUB_DEVICES");
+  int n = v != NULL ? atoi(v) : 2;
+  return n < 0 ? 0 : n;
+}
+
+static cudaError_t remember(void** out, size_t bytes, enum cudaMemoryType type) {
+  if (out == NULL) return cudaErrorInvalidValue;
+  void* p = calloc(1, bytes ? bytes : 1);
+  if (p == NULL) return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&mu);
+  if (nallocs == cap_allocs) {
+    size_t cap = cap_allocs ? 2 * cap_allocs : 64;
+    alloc_t* a = realloc(allocs, cap * sizeof *a);
+    if (a == NULL) {
+      pthread_mutex_unlock(&mu);
+      free(p);
+      return cudaErrorMemoryAllocation;
+    }
+    allocs = a;
+    cap_allocs = cap;
+  }
+  allocs[nallocs++] = (alloc_t){p, bytes, type, current_device};
+  pthread_mutex_unlock(&mu);
+  *out = p;
+  return cudaSuccess;
+}
+
+static cudaError_t forget(void* p, enum cudaMemoryType type) {
+  if (p == NULL) return cudaSuccess;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (allocs[i].p == p && allocs[i].type == type) {
+      allocs[i] = allocs[--nallocs];
+      pthread_mutex_unlock(&mu);
+      free(p);
+      return cudaSuccess;
+    }
+  pthread_mutex_unlock(&mu);
+  return cudaErrorInvalidValue;
+}
+
+/* ---- devices ------------------------------------------------------------------------ */
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = device_count();
+  return *count > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrCooperativeLaunch:
+      *value = 1;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 4;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 * 1024;
+      break;
+    default:
+      *value = 0;
+      break;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  *can = device != peer;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
+  (void)peer, (void)flags;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  return cudaSuccess;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaError (stand-in)";
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "error (CUDA stand-in)";
+}
+
+/* ---- memory ------------------------------------------------------------------------- */
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  return remember(p, bytes, cudaMemoryTypeDevice);
+}
+cudaError_t cudaFree(void* p) {
+  return forget(p, cudaMemoryTypeDevice);
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
+  (void)flags;
+  return remember(p, bytes, cudaMemoryTypeHost);
+}
+cudaError_t cudaFreeHost(void* p) {
+  return forget(p, cudaMemoryTypeHost);
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {
+  memset(at, 0, sizeof *at);
+  at->type = cudaMemoryTypeUnregistered;
+  at->device = -1;
+  const char* c = ptr;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (c >= allocs[i].p && c < allocs[i].p + (allocs[i].bytes ? allocs[i].bytes : 1)) {
+      at->type = allocs[i].type;
+      at->device = allocs[i].device;
+      at->devicePointer = (void*)ptr;
+      at->hostPointer = allocs[i].type == cudaMemoryTypeHost ? (void*)ptr : NULL;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
+  (void)kind;
+  if (bytes) memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  (void)stream;
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  if (bytes) memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+/* ---- streams and events: always complete ---------------------------------------------- */
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  (void)flags;
+  *s = malloc(1);
+  return *s != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  free(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  (void)s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  (void)s, (void)e, (void)flags;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* status) {
+  (void)s;
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+  *mode = cudaStreamCaptureModeGlobal;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+  (void)flags;
+  *e = malloc(1);
+  return *e != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  free(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  (void)e, (void)s;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  (void)e;
+  return cudaSuccess;
+}
+
+/* ---- kernels: known to exist, launched as no-ops ---------------------------------------- */
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* fa, const void* fn) {
+  (void)fn;
+  memset(fa, 0, sizeof *fa);
+  fa->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* fn, enum cudaFuncAttribute attr, int value) {
+  (void)fn, (void)attr, (void)value;
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* fn, int threads,
+                                                          size_t dyn) {
+  (void)fn, (void)threads, (void)dyn;
+  *blocks = 2;
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args, size_t dyn,
+                             cudaStream_t s) {
+  (void)fn, (void)grid, (void)block, (void)args, (void)dyn, (void)s;
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {
+  (void)cfg, (void)fn, (void)args;
+  return cudaSuccess;
+}
+
+/* ---- what nvcc's generated host code calls (crt/host_runtime.h, device_functions.h) ---- */
+void** __cudaRegisterFatBinary(void* fat_cubin);
+void __cudaRegisterFatBinaryEnd(void** handle);
+void __cudaUnregisterFatBinary(void** handle);
+char __cudaInitModule(void** handle);
+void __cudaRegisterFunction(void** handle, const char* host_fn, char* device_fn, const char* name,
+                            int thread_limit, uint3* tid, uint3* bid, dim3* block, dim3* grid,
+                            int* warp_size);
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t dyn, cudaStream_t s);
+cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* dyn, void* s);
+cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* fn);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t dyn,
+                               cudaStream_t s);
+
+static void* fat_binary_handle;
+void** __cudaRegisterFatBinary(void* fat_cubin) {
+  (void)fat_cubin;
+  return &fat_binary_handle;
+}
+void __cudaRegisterFatBinaryEnd(void** handle) {
+  (void)handle;
+}
+void __cudaUnregisterFatBinary(void** handle) {
+  (void)handle;
+}
+char __cudaInitModule(void** handle) {
+  (void)handle;
+  return 1;
+}
+void __cudaRegisterFunction(void** handle, const char* host_fn, char* device_fn, const char* name,
+                            int thread_limit, uint3* tid, uint3* bid, dim3* block, dim3* grid,
+                            int* warp_size) {
+  (void)handle, (void)host_fn, (void)device_fn, (void)name, (void)thread_limit, (void)tid,
+      (void)bid, (void)block, (void)grid, (void)warp_size;
+}
+unsigned __cudaPushCallConfiguration(dim3 grid, dim3 block, size_t dyn, cudaStream_t s) {
+  (void)grid, (void)block, (void)dyn, (void)s;
+  return 0;
+}
+cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* dyn, void* s) {
+  *grid = (dim3){1, 1, 1};
+  *block = (dim3){1, 1, 1};
+  *dyn = 0;
+  *(cudaStream_t*)s = NULL;
+  return cudaSuccess;
+}
+cudaError_t __cudaGetKernel(cudaKernel_t* kernel, const void* fn) {
+  *kernel = (cudaKernel_t)(uintptr_t)fn;
+  return cudaSuccess;
+}
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t dyn,
+                               cudaStream_t s) {
+  (void)kernel, (void)grid, (void)block, (void)args, (void)dyn, (void)s;
+  return cudaSuccess;
+}

@@ -1,0 +1,503 @@
+/* test_nccl_stub.c — libsyncbn's NCCL protocol without a GPU: the library's objects linked
+ * with a stand-in CUDA runtime (cudart_stub.c: memory, streams, no-op kernels) and a
+ * stand-in libnccl.so.2 (nccl_stub.c) that behaves as NCCL 2.28.9 does on nonblocking
+ * comms: a call returns ncclSuccess while its operation is still in progress, a call on a
+ * comm in progress is refused, a split's child is written only when the parent's part is
+ * done, and a peer that never comes is an operation that never finishes.
+ *
+ * What it checks, through the public API (SBN_ALGO=nccl: every op on the host path):
+ *   - sbnCommInitNccl from a blocking and from a nonblocking caller comm (the latter handed
+ *     over still initialising), on both transports (nccl-lsa: ncclMemAlloc and
+ *     ncclCommWindowRegister; SBN_NCCL_TRANSPORT=host), ops, sbnCommSplit with and without
+ *     a colour, sbnCommAbort, sbnCommDestroy; sbnCommInitAll's NCCL comms (two stand-in
+ *     devices: ncclCommInitRankConfig in a group, a group of ncclAllGather, finalize);
+ *   - that the stand-in saw no violation (nccl_stub.h: a call on a comm in progress, an
+ *     output slot on the stack, a use after abort) and that every comm the library made is
+ *     released (live comms);
+ *   - a peer that never comes, at every NCCL call that waits for peers: sbnTimeout (not
+ *     before timeout_ms; no upper bound is asserted: a hang is CTest's timeout), the
+ *     caller's comm left to the caller, the team's own comm aborted.
+ * The kernels are no-ops here: no value is checked (the GPU suites do that).
+ * Environment: the stand-in's (NCCL_STUB_POLLS, NCCL_STUB_RETURN) as CTest sets them. */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <time.h>
+
+#include "harness.h"
+#include "nccl_stub.h"
+
+#define TIMEOUT_MS 20000 /* never reached by the cases that succeed */
+#define CHECK_()                      \
+  do {                                \
+    if (sbn_test_cur_failed_) return; \
+  } while (0)
+#define STUCK_TIMEOUT_MS 300
+
+/* ---- the stand-in's record ---------------------------------------------------------------- */
+static void print_record(void) {
+  fprintf(stderr, "stand-in NCCL's record:\n%s", nccl_stub_log());
+}
+
+/* Starts a case: the stand-in forgets its record; `hang` (or NULL) is NCCL_STUB_HANG. */
+static void stub_case(const char* hang) {
+  if (hang != NULL)
+    setenv("NCCL_STUB_HANG", hang, 1);
+  else
+    unsetenv("NCCL_STUB_HANG");
+  nccl_stub_reset();
+}
+
+/* The stand-in saw no violation. */
+#define ASSERT_CLEAN()                                                            \
+  do {                                                                            \
+    if (nccl_stub_violations() != 0) {                                            \
+      SBN_FAIL_("the stand-in NCCL saw %d violation(s)", nccl_stub_violations()); \
+      print_record();                                                             \
+      return;                                                                     \
+    }                                                                             \
+  } while (0)
+
+/* The record has these lines' beginnings, in this order (other lines between them). */
+static int record_has(const char* const* lines, int n) {
+  const char* at = nccl_stub_log();
+  for (int i = 0; i < n; i++) {
+    const char* p = at;
+    for (;;) {
+      p = strstr(p, lines[i]);
+      if (p == NULL) {
+        fprintf(stderr, "the record lacks '%s' (after the lines before it)\n", lines[i]);
+        print_record();
+        return 0;
+      }
+      if (p == nccl_stub_log() || p[-1] == '\n') break; /* at a line's beginning */
+      p++;
+    }
+    at = p + strlen(lines[i]);
+  }
+  return 1;
+}
+#define ASSERT_RECORD(...)                                              \
+  do {                                                                  \
+    static const char* const lines_[] = {__VA_ARGS__};                  \
+    if (!record_has(lines_, (int)(sizeof lines_ / sizeof lines_[0]))) { \
+      SBN_FAIL_("record order: %s", #__VA_ARGS__);                      \
+      return;                                                           \
+    }                                                                   \
+  } while (0)
+#define ASSERT_NO_RECORD(line)                   \
+  do {                                           \
+    if (strstr(nccl_stub_log(), line) != NULL) { \
+      SBN_FAIL_("the record has '%s'", line);    \
+      print_record();                            \
+      return;                                    \
+    }                                            \
+  } while (0)
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- comms ------------------------------------------------------------------------------- */
+/* The caller's comm of one rank on device 0; nonblocking ones are waited for unless
+   `ready` is 0 (handed over while NCCL still initialises it). */
+static ncclComm_t caller_comm(int blocking, int ready) {
+  ncclUniqueId id;
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t c = NULL;
+  cfg.blocking = blocking;
+  cudaSetDevice(0);
+  ncclGetUniqueId(&id);
+  ncclResult_t r = ncclCommInitRankConfig(&c, 1, id, 0, &cfg);
+  while (ready && (r == ncclSuccess || r == ncclInProgress)) {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(c, &async);
+    if (async != ncclInProgress) break;
+  }
+  return c;
+}
+
+static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transport,
+                             int64_t timeout_ms) {
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  cfg.max_channels = 64;
+  if (transport != NULL)
+    setenv("SBN_NCCL_TRANSPORT", transport, 1);
+  else
+    unsetenv("SBN_NCCL_TRANSPORT");
+  *comm = NULL;
+  sbnResult_t r = sbnCommInitNccl(comm, nc, &cfg);
+  unsetenv("SBN_NCCL_TRANSPORT");
+  if (r != sbnSuccess) fprintf(stderr, "  init: %s\n", sbnGetLastError(NULL));
+  return r;
+}
+
+static const char* transport_of(sbnComm_t comm) {
+  const char* t = "";
+  return sbnCommGetTransport(comm, &t) == sbnSuccess ? t : "(error)";
+}
+
+/* ---- one rank's tensors (device memory of the stand-in's device 0) ------------------------- */
+enum { N_ = 2, C_ = 8, S_ = 4 };
+typedef struct {
+  float *x, *y, *dy, *dx, *weight, *bias, *rmean, *rvar, *smean, *sinvstd, *dweight, *dbias;
+  int64_t* nbt;
+} tensors_t;
+
+static void* dalloc(size_t bytes) {
+  void* p = NULL;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+static void tensors_alloc(tensors_t* t, int device) {
+  cudaSetDevice(device);
+  const size_t big = (size_t)N_ * C_ * S_ * sizeof(float), small = C_ * sizeof(float);
+  t->x = dalloc(big), t->y = dalloc(big), t->dy = dalloc(big), t->dx = dalloc(big);
+  t->weight = dalloc(small), t->bias = dalloc(small), t->rmean = dalloc(small);
+  t->rvar = dalloc(small), t->smean = dalloc(small), t->sinvstd = dalloc(small);
+  t->dweight = dalloc(small), t->dbias = dalloc(small);
+  t->nbt = dalloc(sizeof(int64_t));
+}
+static void tensors_free(tensors_t* t) {
+  void* all[] = {t->x,    t->y,     t->dy,      t->dx,      t->weight, t->bias, t->rmean,
+                 t->rvar, t->smean, t->sinvstd, t->dweight, t->dbias,  t->nbt};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cudaFree(all[i]);
+}
+static const sbnTensorDesc_t g_desc = {sbnFloat32, sbnLayoutNCHW, N_, C_, S_};
+
+static sbnResult_t forward(sbnComm_t comm, tensors_t* t) {
+  return sbnForwardTrain(comm, &g_desc, t->x, t->y, t->weight, t->bias, t->rmean, t->rvar, t->nbt,
+                         t->smean, t->sinvstd, NULL, NULL);
+}
+static sbnResult_t backward(sbnComm_t comm, tensors_t* t) {
+  return sbnBackward(comm, &g_desc, t->x, t->dy, t->dx, t->weight, t->smean, t->sinvstd, t->dweight,
+                     t->dbias, NULL, NULL);
+}
+
+/* A forward and a backward on the host path, and no failure reported afterwards. */
+static void ops_ok(sbnComm_t comm) {
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  sbnResult_t fr = forward(comm, &t), br = backward(comm, &t),
+              async = sbnSystemError; /* overwritten */
+  tensors_free(&t);
+  if (fr != sbnSuccess || br != sbnSuccess) fprintf(stderr, "  op: %s\n", sbnGetLastError(comm));
+  ASSERT_OK(fr);
+  ASSERT_OK(br);
+  const char* kernel = "";
+  ASSERT_OK(sbnCommGetKernel(comm, &kernel));
+  ASSERT_TRUE(strcmp(kernel, "host") == 0);
+  ASSERT_OK(sbnCommGetAsyncError(comm, &async));
+  ASSERT_RES(async, sbnSuccess);
+}
+
+/* ---- the cases ---------------------------------------------------------------------------- */
+
+/* A blocking caller comm (as ncclCommInitRank makes, and as test_nccl_team and ddp_step
+   pass): the split returns at once, but its child is still initialising. */
+static void test_init_window_blocking_caller(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(1, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  ops_ok(comm);
+  CHECK_();
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_RECORD("ncclCommSplit", "ncclAllReduce", "ncclMemAlloc", "ncclAllReduce",
+                "ncclCommWindowRegister", "ncclAllReduce", "ncclAllGather", "ncclAllGather",
+                "ncclCommWindowDeregister", "ncclCommFinalize", "ncclCommDestroy");
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0 + 1); /* the caller's */
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_CLEAN();
+}
+
+/* A nonblocking caller comm handed over while NCCL still initialises it, and the host
+   transport: no window. */
+static void test_init_host_nonblocking_caller(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 0);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, "host", TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-host") == 0);
+  ops_ok(comm);
+  CHECK_();
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_RECORD("ncclCommSplit", "ncclAllReduce", "ncclAllGather", "ncclCommFinalize",
+                "ncclCommDestroy");
+  ASSERT_NO_RECORD("ncclCommWindowRegister");
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0 + 1);
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_CLEAN();
+}
+
+/* sbnCommSplit with a colour gives a comm (NCCL writes it only once the parent is done);
+   without one, NULL. On both transports. */
+static void split_case(const char* transport, const char* want) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL, sub = NULL, none = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, transport, TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);                   /* the library keeps its own */
+  if (transport != NULL) setenv("SBN_NCCL_TRANSPORT", transport, 1); /* read by each init */
+  const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
+  unsetenv("SBN_NCCL_TRANSPORT");
+  ASSERT_OK(sr);
+  if (sub == NULL) {
+    SBN_FAIL_("sbnCommSplit with colour 0 returned no comm");
+    print_record();
+    return;
+  }
+  int rank = -1, count = -1;
+  ASSERT_OK(sbnCommRank(sub, &rank));
+  ASSERT_OK(sbnCommCount(sub, &count));
+  ASSERT_EQ_INT(rank, 0);
+  ASSERT_EQ_INT(count, 1);
+  ASSERT_TRUE(strcmp(transport_of(sub), want) == 0);
+  ops_ok(sub);
+  CHECK_();
+  none = (sbnComm_t)&none; /* must be overwritten with NULL */
+  ASSERT_OK(sbnCommSplit(comm, SBN_SPLIT_NOCOLOR, 0, &none));
+  ASSERT_TRUE(none == NULL);
+  ops_ok(comm); /* the parent is usable after its splits */
+  CHECK_();
+  ASSERT_OK(sbnCommDestroy(sub));
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_split_lsa(void) {
+  split_case(NULL, "nccl-lsa");
+}
+static void test_split_host(void) {
+  split_case("host", "nccl-host");
+}
+
+/* sbnCommAbort: the team's comm is aborted (not finalized), later ops are refused, the
+   destroy that follows makes no collective call. */
+static void test_abort(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ops_ok(comm);
+  CHECK_();
+  stub_case(NULL);
+  ASSERT_OK(sbnCommAbort(comm));
+  ASSERT_RECORD("ncclCommAbort");
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  sbnResult_t fr = forward(comm, &t);
+  tensors_free(&t);
+  ASSERT_RES(fr, sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_NO_RECORD("ncclCommWindowDeregister");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommInitAll on two (stand-in) devices: its NCCL comms, made in one group, settle
+   before the host path's group of ncclAllGather uses them; finalized in a group. */
+static void test_initall(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  const int devs[2] = {0, 1};
+  sbnComm_t comms[2] = {NULL, NULL};
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = TIMEOUT_MS;
+  cfg.max_channels = 64;
+  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 1);
+  ASSERT_OK(sbnGroupStart());
+  sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
+  sbnResult_t ge = sbnGroupEnd();
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  if (ge != sbnSuccess) fprintf(stderr, "  sbnGroupEnd: %s\n", sbnGetLastError(NULL));
+  ASSERT_OK(f0);
+  ASSERT_OK(f1);
+  ASSERT_OK(ge);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_CLEAN();
+  ASSERT_RECORD("ncclCommInitRankConfig", "ncclCommInitRankConfig", "ncclGroupEnd", "ncclAllGather",
+                "ncclAllGather", "ncclGroupEnd", "ncclCommFinalize", "ncclCommFinalize",
+                "ncclGroupEnd", "ncclCommDestroy", "ncclCommDestroy");
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* ---- a peer that never comes ------------------------------------------------------------ */
+
+/* sbnCommInitNccl with NCCL call `hang` never finishing: sbnTimeout, not before the
+   timeout; every comm the library made is released; the caller's comm is the caller's
+   (aborted here by the test when its own split hangs on it: the library must not have). */
+static void init_stuck(const char* hang, const char* transport) {
+  stub_case(hang);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  const double t0 = now_ms();
+  const sbnResult_t r = init_nccl(&comm, nc, transport, STUCK_TIMEOUT_MS);
+  const double waited = now_ms() - t0;
+  ASSERT_RES(r, sbnTimeout);
+  ASSERT_TRUE(comm == NULL);
+  if (waited < STUCK_TIMEOUT_MS) {
+    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
+    return;
+  }
+  ASSERT_TRUE(ncclCommAbort(nc) == ncclSuccess); /* still alive: the library left it alone */
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_stuck_split_of_callers_comm(void) {
+  init_stuck("ncclCommSplit", NULL);
+}
+static void test_stuck_split_child_init(void) {
+  init_stuck("init (split child)", NULL);
+}
+static void test_stuck_agreement(void) {
+  init_stuck("ncclAllReduce", NULL);
+}
+static void test_stuck_window_register(void) {
+  init_stuck("ncclCommWindowRegister", NULL);
+}
+
+/* An op whose ncclAllGather never finishes: sbnTimeout, the team aborted (later ops
+   sbnAborted), its comm aborted; the destroy after it makes no collective call. */
+static void stuck_op(const char* transport) {
+  stub_case("ncclAllGather");
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, transport, STUCK_TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  const double t0 = now_ms();
+  const sbnResult_t fr = forward(comm, &t);
+  const double waited = now_ms() - t0;
+  const sbnResult_t again = forward(comm, &t);
+  tensors_free(&t);
+  ASSERT_RES(fr, sbnTimeout);
+  if (waited < STUCK_TIMEOUT_MS) {
+    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
+    return;
+  }
+  ASSERT_RES(again, sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_RECORD("ncclAllGather", "ncclCommAbort");
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_stuck_allgather_lsa(void) {
+  stuck_op(NULL);
+}
+static void test_stuck_allgather_host(void) {
+  stuck_op("host");
+}
+
+/* sbnCommSplit whose ncclCommSplit never finishes (the team's own comm made the first):
+   sbnTimeout, the parent team aborted. */
+static void test_stuck_team_split(void) {
+  stub_case("ncclCommSplit:2");
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL, sub = (sbnComm_t)&sub;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, STUCK_TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  const double t0 = now_ms();
+  const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
+  const double waited = now_ms() - t0;
+  ASSERT_RES(sr, sbnTimeout);
+  if (waited < STUCK_TIMEOUT_MS) {
+    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
+    return;
+  }
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  const sbnResult_t fr = forward(comm, &t);
+  tensors_free(&t);
+  ASSERT_RES(fr, sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommDestroy whose ncclCommFinalize never finishes: the destroy returns (bounded by the
+   timeout), the comm aborted. */
+static void test_stuck_finalize(void) {
+  stub_case("ncclCommFinalize");
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, "host", STUCK_TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_RECORD("ncclCommFinalize", "ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommInitAll whose NCCL comms never finish their init: the team works without them
+   (the coop path does not need them), and a host-path op says why it cannot run. */
+static void test_stuck_initall_comms(void) {
+  stub_case("ncclCommInitRankConfig");
+  const int live0 = nccl_stub_live_comms();
+  const int devs[2] = {0, 1};
+  sbnComm_t comms[2] = {NULL, NULL};
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = STUCK_TIMEOUT_MS;
+  cfg.max_channels = 64;
+  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  const sbnResult_t fr = forward(comms[0], &t);
+  tensors_free(&t);
+  ASSERT_RES(fr, sbnInvalidUsage);
+  ASSERT_TRUE(strstr(sbnGetLastError(comms[0]), "timed out") != NULL);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_RECORD("ncclCommAbort", "ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+int main(void) {
+  /* every op on the host path, whose NCCL calls are the subject; the configs' timeouts */
+  setenv("SBN_ALGO", "nccl", 1);
+  unsetenv("SBN_TIMEOUT_MS");
+  unsetenv("SBN_NCCL_TRANSPORT");
+  unsetenv("SBN_KERNEL");
+  fprintf(stderr, "stand-in NCCL: NCCL_STUB_POLLS=%s NCCL_STUB_RETURN=%s\n",
+          getenv("NCCL_STUB_POLLS") ? getenv("NCCL_STUB_POLLS") : "(3)",
+          getenv("NCCL_STUB_RETURN") ? getenv("NCCL_STUB_RETURN") : "(success)");
+  SBN_RUN(test_init_window_blocking_caller);
+  SBN_RUN(test_init_host_nonblocking_caller);
+  SBN_RUN(test_split_lsa);
+  SBN_RUN(test_split_host);
+  SBN_RUN(test_abort);
+  SBN_RUN(test_initall);
+  SBN_RUN(test_stuck_split_of_callers_comm);
+  SBN_RUN(test_stuck_split_child_init);
+  SBN_RUN(test_stuck_agreement);
+  SBN_RUN(test_stuck_window_register);
+  SBN_RUN(test_stuck_allgather_lsa);
+  SBN_RUN(test_stuck_allgather_host);
+  SBN_RUN(test_stuck_team_split);
+  SBN_RUN(test_stuck_finalize);
+  SBN_RUN(test_stuck_initall_comms);
+  return sbn_test_exit();
+}
