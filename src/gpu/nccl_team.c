@@ -44,7 +44,7 @@ static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t d
   if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline);
   if (nr == ncclSuccess)
     nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline);
-  if (nr != ncclSuccess) return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCount/UserRank");
+  if (nr != ncclSuccess) return nccl_fail(nccl, nr, "ncclCommCount/UserRank");
   return sbnSuccess;
 }
 
@@ -101,7 +101,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.AllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
       &comm, 1, deadline);
-  if (nr != ncclSuccess) return nccl_fail(comm, nr, "sbnCommInitNccl: ncclAllReduce (agreement)");
+  if (nr != ncclSuccess) return nccl_fail(comm, nr, "ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
                      gt->aux),
      "cudaMemcpyAsync");
@@ -111,7 +111,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
     if (e != cudaErrorNotReady) CU(e, "cudaStreamQuery");
     if (sbn_mono_ns() > deadline)
       return sbn_fail(NULL, sbnTimeout,
-                      "sbnCommInitNccl: the team's ranks did not all arrive within %lld ms",
+                      "the team's ranks did not all arrive within %lld ms",
                       (long long)gt->timeout_ms);
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
@@ -242,7 +242,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline);
   if (nr != ncclSuccess) {
     if (adopt) sbn_nccl.CommAbort(nccl);
-    return nccl_fail(nccl, nr, "sbnCommInitNccl: ncclCommCuDevice");
+    return nccl_fail(nccl, nr, "ncclCommCuDevice");
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
@@ -271,7 +271,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
        at once. Either way the child is nonblocking and may still be initialising. */
     ncclComm_t child = NULL;
     r = nccl_split_settled(nccl, 0, me, deadline,
-                           "sbnCommInitNccl: ncclCommSplit (the team's own comm)", &child);
+                           "ncclCommSplit (the team's own comm)", &child);
     if (r != sbnSuccess) goto out;
     gt->nccl[me] = child;
   }
@@ -313,13 +313,13 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
     r = mine != sbnSuccess
             ? sbn_fail(NULL, mine, "%s", mine_why)
             : sbn_fail(NULL, sbnInvalidUsage,
-                       "sbnCommInitNccl: another rank of the team failed its init (its own "
+                       "another rank of the team failed its init (its own "
                        "error says why); no comm was made");
     goto out;
   }
   if (v[3] != -v[4]) {
     r = sbn_fail(NULL, sbnInvalidArgument,
-                 "sbnCommInitNccl: the ranks' max_channels differ (from %d to %d): every rank "
+                 "the ranks' max_channels differ (from %d to %d): every rank "
                  "of a team must pass the same config",
                  v[3], -v[4]);
     goto out;
@@ -334,7 +334,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
       ok = window_register(gt, comm, why, sizeof why);
       if (ok < 0) {
         r = sbn_fail(NULL, sbnTimeout,
-                     "sbnCommInitNccl: ncclCommWindowRegister did not finish within %lld ms",
+                     "ncclCommWindowRegister did not finish within %lld ms",
                      (long long)gt->timeout_ms);
         goto out;
       }
@@ -352,7 +352,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int lsa = gt->transport == SBN_TR_NCCL_WINDOW;
   if (!lsa && require) {
     r = sbn_fail(NULL, sbnUnsupported,
-                 "sbnCommInitNccl: SBN_NCCL_TRANSPORT=lsa, but the in-kernel transport is not "
+                 "SBN_NCCL_TRANSPORT=lsa, but the in-kernel transport is not "
                  "possible: %s",
                  obstacle);
     goto out;
