@@ -19,10 +19,11 @@
 #include <stdint.h>
 
 #define SBN_MAIL_CHUNK 32     /* channels per record (on the GPU: one warp, lane = channel) */
-#define SBN_MAIL_REC_FLOATS 3 /* floats per channel: forward (mean_hi, mean_lo, m2),
-                                 backward (sum_dy, sum_dy_xmu, unused) */
+#define SBN_MAIL_REC_FLOATS 4 /* floats per channel: forward (mean_hi, mean_lo, m2, unused),
+                                 backward: the GPU's compensated sums (sum_dy hi, lo,
+                                 sum_dy_xmu hi, lo), the CPU team's (sum_dy, sum_dy_xmu) */
 
-/* 400 bytes, 16-byte aligned. data[SBN_MAIL_REC_FLOATS * i + f]: float f of the chunk's
+/* 528 bytes, 16-byte aligned. data[SBN_MAIL_REC_FLOATS * i + f]: float f of the chunk's
    channel i. */
 typedef struct {
   uint32_t epoch; /* the op's epoch: 1, 2, ... per rank (0: never published). 32 bits:

@@ -5,7 +5,8 @@
  * Under nvcc every function is __host__ __device__; under a C compiler, static inline.
  * Every product is written SBN_MUL so that the GPU computes the same bits as the CPU:
  * nvcc fuses a*b+c into one fma by default, __fmul_rn is never fused; on the host,
- * ISO C mode (-std=c11, as built) does not contract either.
+ * ISO C mode (-std=c11, as built) does not contract either. Where a fused multiply-add is
+ * meant (the exact error of a product), it is written SBN_FMA: correctly rounded on both.
  */
 #ifndef SYNCBN_BN_MATH_H_
 #define SYNCBN_BN_MATH_H_
@@ -21,8 +22,10 @@
 
 #if defined(__CUDA_ARCH__)
 #define SBN_MUL(a, b) __fmul_rn((a), (b))
+#define SBN_FMA(a, b, c) __fmaf_rn((a), (b), (c))
 #else
 #define SBN_MUL(a, b) ((a) * (b))
+#define SBN_FMA(a, b, c) fmaf((a), (b), (c))
 #endif
 
 /* Running (count, mean, M2) of one channel. count is a float: exact up to 2^24, and past
@@ -193,7 +196,8 @@ SBN_HD float sbn_backward_dx(sbn_bwd_coef_t k, float x, float dy) {
   return SBN_MUL(dy - k.mean_dy - SBN_MUL(x - k.mean, k.xmu_scale), k.scale);
 }
 
-/* Per-channel backward partial: the two sums the team reduces. */
+/* Per-channel backward partial: the two sums the team reduces (the CPU team: plain fp32
+   sums in a chunked pairwise tree, src/cpu/cpu_reduce.c). */
 typedef struct {
   float sum_dy;
   float sum_dy_xmu;
@@ -203,6 +207,65 @@ SBN_HD sbn_bwd_sums_t sbn_bwd_sums_merge(sbn_bwd_sums_t a, sbn_bwd_sums_t b) {
   sbn_bwd_sums_t r;
   r.sum_dy = a.sum_dy + b.sum_dy;
   r.sum_dy_xmu = a.sum_dy_xmu + b.sum_dy_xmu;
+  return r;
+}
+
+/* A compensated sum: hi the fp32 sum of the terms, lo the sum of its additions' rounding
+   errors (each exact by TwoSum), so hi + lo is the exact sum up to lo's own roundings
+   (of order u^2 of the partial sums). The kernels sum a channel's dy and dy (x - mean)
+   this way, term by term, through every merge: a thread runs over a thousand terms in a
+   row, and over millions of values a channel's sum can be 10^7 times smaller than its
+   terms (S1 at W = 8), where a plain fp32 sum loses it (bench/notes/
+   backward-sums-accuracy.md). */
+typedef struct {
+  float hi, lo;
+} sbn_csum_t;
+
+SBN_HD void sbn_csum_add(sbn_csum_t* s, float t) {
+  float e;
+  s->hi = sbn_two_sum(s->hi, t, &e);
+  s->lo += e;
+}
+
+/* Adds a term given as t + t_err (sbn_grad_term's). */
+SBN_HD void sbn_csum_add2(sbn_csum_t* s, float t, float t_err) {
+  float e;
+  s->hi = sbn_two_sum(s->hi, t, &e);
+  s->lo += e + t_err;
+}
+
+SBN_HD sbn_csum_t sbn_csum_merge(sbn_csum_t a, sbn_csum_t b) {
+  sbn_csum_t r;
+  float e;
+  r.hi = sbn_two_sum(a.hi, b.hi, &e);
+  r.lo = (a.lo + b.lo) + e;
+  return r;
+}
+
+/* The sum, rounded once. */
+SBN_HD float sbn_csum_value(sbn_csum_t s) { return s.hi + s.lo; }
+
+/* The backward's term dy * (x - mean) as p + *err, exact but for the rounding of *err (of
+   order u^2 |p|): the difference's rounding by TwoSum, the product's by an fma. p is the
+   plain fp32 term; the kernels sum both parts (the roundings of the terms, as large as
+   the plain sum's own on a channel that cancels, would otherwise remain). */
+SBN_HD float sbn_grad_term(float dy, float x, float mean, float* err) {
+  float dlo;
+  const float d = sbn_two_sum(x, -mean, &dlo);
+  const float p = SBN_MUL(dy, d);
+  *err = SBN_FMA(dy, dlo, SBN_FMA(dy, d, -p));
+  return p;
+}
+
+/* The kernels' per-channel backward partial: both sums compensated. */
+typedef struct {
+  sbn_csum_t dy, dy_xmu;
+} sbn_bwd_csums_t;
+
+SBN_HD sbn_bwd_csums_t sbn_bwd_csums_merge(sbn_bwd_csums_t a, sbn_bwd_csums_t b) {
+  sbn_bwd_csums_t r;
+  r.dy = sbn_csum_merge(a.dy, b.dy);
+  r.dy_xmu = sbn_csum_merge(a.dy_xmu, b.dy_xmu);
   return r;
 }
 

@@ -62,6 +62,7 @@ constexpr int kChunk = SBN_GPU_CHUNK;
 constexpr int kRec = SBN_GPU_REC_FLOATS;
 static_assert(kThreads == 256 && kChunk == 32, "the units' thread layouts assume 8 warps of 32");
 static_assert(sizeof(sbn_mail_rec_t) % 16 == 0, "mailbox records are 16-byte aligned");
+static_assert(kRec == 4, "a record carries the backward's two compensated sums (Part::out)");
 static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's masks fit 64 bits");
 
 #include "coop_mem.cuh"

@@ -22,9 +22,9 @@
 /* Shared memory of a block (besides the onchip variant's held batches). */
 struct Smem {
   union {
-    sbn_welford_t w[kWarps][kChunk];  /* legacy stage 1 */
-    sbn_partial_t p[kWarps][kChunk];  /* forward: per-warp partials of a channel */
-    sbn_bwd_sums_t s[kWarps][kChunk]; /* backward */
+    sbn_welford_t w[kWarps][kChunk];   /* legacy stage 1 */
+    sbn_partial_t p[kWarps][kChunk];   /* forward: per-warp partials of a channel */
+    sbn_bwd_csums_t s[kWarps][kChunk]; /* backward */
   } red;
   float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t */
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
@@ -35,9 +35,10 @@ struct Smem {
 };
 
 /* The per-(slice, channel) partial of each op kind, as stages 1 and 3 merge it: forward
-   (count, mean_hi, mean_lo, m2), Chan's merge; backward (sum dy, sum dy*(x - mean)),
-   added. An entry of the workspace holds SBN_GPU_PART_FLOATS floats; `out` gives what a
-   mailbox record carries per channel (SBN_GPU_REC_FLOATS). */
+   (count, mean_hi, mean_lo, m2), Chan's merge; backward (sum dy, sum dy*(x - mean)), each
+   a compensated sum (hi, lo), added with TwoSum. An entry of the workspace holds
+   SBN_GPU_PART_FLOATS floats; `out` gives what a mailbox record carries per channel
+   (SBN_GPU_REC_FLOATS). */
 template <int KIND> struct Part;
 template <> struct Part<SBN_OP_FORWARD> {
   typedef sbn_partial_t T;
@@ -48,8 +49,8 @@ template <> struct Part<SBN_OP_FORWARD> {
     st_weak_f32(e, t.count), st_weak_f32(e + 1, t.mean_hi), st_weak_f32(e + 2, t.mean_lo),
         st_weak_f32(e + 3, t.m2);
   }
-  static __device__ __forceinline__ void out(T t, float v[3]) {
-    v[0] = t.mean_hi, v[1] = t.mean_lo, v[2] = t.m2;
+  static __device__ __forceinline__ void out(T t, float (&v)[kRec]) {
+    v[0] = t.mean_hi, v[1] = t.mean_lo, v[2] = t.m2, v[3] = 0.0f;
   }
   static __device__ __forceinline__ T shfl_down(T t, int off) {
     return T{__shfl_down_sync(0xffffffffu, t.count, off), __shfl_down_sync(0xffffffffu, t.mean_hi, off),
@@ -58,20 +59,22 @@ template <> struct Part<SBN_OP_FORWARD> {
   static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.p; }
 };
 template <> struct Part<SBN_OP_BACKWARD> {
-  typedef sbn_bwd_sums_t T;
-  static __device__ __forceinline__ T empty() { return T{0.0f, 0.0f}; }
-  static __device__ __forceinline__ T merge(T a, T b) { return sbn_bwd_sums_merge(a, b); }
-  static __device__ __forceinline__ T of_entry(float4 e) { return T{e.x, e.y}; }
+  typedef sbn_bwd_csums_t T;
+  static __device__ __forceinline__ T empty() { return T{{0.0f, 0.0f}, {0.0f, 0.0f}}; }
+  static __device__ __forceinline__ T merge(T a, T b) { return sbn_bwd_csums_merge(a, b); }
+  static __device__ __forceinline__ T of_entry(float4 e) { return T{{e.x, e.y}, {e.z, e.w}}; }
   static __device__ __forceinline__ void put(float* e, T t) {
-    st_weak_f32(e, t.sum_dy), st_weak_f32(e + 1, t.sum_dy_xmu), st_weak_f32(e + 2, 0.0f),
-        st_weak_f32(e + 3, 0.0f);
+    st_weak_f32(e, t.dy.hi), st_weak_f32(e + 1, t.dy.lo), st_weak_f32(e + 2, t.dy_xmu.hi),
+        st_weak_f32(e + 3, t.dy_xmu.lo);
   }
-  static __device__ __forceinline__ void out(T t, float v[3]) {
-    v[0] = t.sum_dy, v[1] = t.sum_dy_xmu, v[2] = 0.0f;
+  static __device__ __forceinline__ void out(T t, float (&v)[kRec]) {
+    v[0] = t.dy.hi, v[1] = t.dy.lo, v[2] = t.dy_xmu.hi, v[3] = t.dy_xmu.lo;
   }
   static __device__ __forceinline__ T shfl_down(T t, int off) {
-    return T{__shfl_down_sync(0xffffffffu, t.sum_dy, off),
-             __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off)};
+    return T{{__shfl_down_sync(0xffffffffu, t.dy.hi, off),
+              __shfl_down_sync(0xffffffffu, t.dy.lo, off)},
+             {__shfl_down_sync(0xffffffffu, t.dy_xmu.hi, off),
+              __shfl_down_sync(0xffffffffu, t.dy_xmu.lo, off)}};
   }
   static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.s; }
 };
@@ -166,11 +169,10 @@ __device__ __forceinline__ float* part_entry(const sbn_coop_rank_t& R, const sbn
 
 /* One lane's channel of a record, and (lane 0) its sig and count. */
 __device__ __forceinline__ void write_record(sbn_mail_rec_t* rec, const sbn_coop_args_t& a,
-                                             const sbn_geo_t& g, const float v[3]) {
+                                             const sbn_geo_t& g, const float (&v)[kRec]) {
   const int lane = threadIdx.x & 31;
-  st_weak_f32(&rec->data[kRec * lane], v[0]);
-  st_weak_f32(&rec->data[kRec * lane + 1], v[1]);
-  st_weak_f32(&rec->data[kRec * lane + 2], v[2]);
+SBN_UNROLL
+  for (int f = 0; f < kRec; f++) st_weak_f32(&rec->data[kRec * lane + f], v[f]);
   if (lane == 0) {
     st_weak_u32(&rec->sig, a.sig);
     st_weak_s64(&rec->count, g.rows);
@@ -180,7 +182,7 @@ __device__ __forceinline__ void write_record(sbn_mail_rec_t* rec, const sbn_coop
 /* The chunk's record into every rank's mailbox (warp 0): data, then the flags. */
 __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                                              const sbn_geo_t& g, int j, uint32_t k,
-                                             const float v[3]) {
+                                             const float (&v)[kRec]) {
   const int lane = threadIdx.x & 31;
   const int64_t idx = mail_index(R.rank, k, j, a.nchunks_max);
   for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g, v);
@@ -214,7 +216,7 @@ SBN_UNROLL
   P::red(sm)[w][lane] = t;
   __syncthreads();
   if (w == 0) {
-    float v[3] = {0.0f, 0.0f, 0.0f};
+    float v[kRec] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (active) {
       t = P::red(sm)[0][lane];
       for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
@@ -294,20 +296,21 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
   }
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
-  sbn_bwd_sums_t gs = {0.0f, 0.0f};
+  sbn_bwd_csums_t gs = Part<SBN_OP_BACKWARD>::empty();
   for (int q = 0; q < a.nranks; q++) {
     const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q, k, j);
     const int64_t cnt = ld_relaxed_sys_s64(&rec->count);
     m += cnt;
     const float d0 = ld_relaxed_sys_f32(&rec->data[kRec * lane]);
     const float d1 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 1]);
+    const float d2 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 2]);
     if (KIND == SBN_OP_FORWARD) {
-      const sbn_partial_t pt = {(float)cnt, d0, d1, ld_relaxed_sys_f32(&rec->data[kRec * lane + 2])};
+      const sbn_partial_t pt = {(float)cnt, d0, d1, d2};
       gp = sbn_partial_merge(gp, pt);
     } else {
-      const sbn_bwd_sums_t s = {d0, d1};
-      gs = sbn_bwd_sums_merge(gs, s);
-      if (q == R.rank) mine[0] = d0, mine[1] = d1;
+      const sbn_bwd_csums_t s = {{d0, d1}, {d2, ld_relaxed_sys_f32(&rec->data[kRec * lane + 3])}};
+      gs = sbn_bwd_csums_merge(gs, s);
+      if (q == R.rank) mine[0] = sbn_csum_value(s.dy), mine[1] = sbn_csum_value(s.dy_xmu);
     }
   }
   *m_out = m;
@@ -315,7 +318,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     out[0] = gp.mean_hi, out[1] = gp.mean_lo, out[2] = gp.m2;
     if (m == 1) return sbnInvalidArgument;
   } else {
-    out[0] = gs.sum_dy, out[1] = gs.sum_dy_xmu;
+    out[0] = sbn_csum_value(gs.dy), out[1] = sbn_csum_value(gs.dy_xmu);
   }
   return 0;
 }

@@ -62,20 +62,17 @@ struct WelfordRun {
   __device__ __forceinline__ sbn_welford_t result() const { return sbn_welford_merge(total, run); }
 };
 
+/* The backward's sums: compensated, term by term, as the other variants' (coop_vec.cuh). */
 struct SumsRun {
-  sbn_bwd_sums_t total, run;
-  int fill;
-  __device__ SumsRun() : fill(0) { total.sum_dy = total.sum_dy_xmu = run.sum_dy = run.sum_dy_xmu = 0.0f; }
-  __device__ __forceinline__ void push(float dy, float xmu) {
-    run.sum_dy += dy;
-    run.sum_dy_xmu += SBN_MUL(dy, xmu);
-    if (++fill == kLegacyRun) {
-      total = sbn_bwd_sums_merge(total, run);
-      run.sum_dy = run.sum_dy_xmu = 0.0f;
-      fill = 0;
-    }
+  sbn_bwd_csums_t s;
+  __device__ SumsRun() : s(Part<SBN_OP_BACKWARD>::empty()) {}
+  __device__ __forceinline__ void push(float dy, float x, float mean) {
+    float err;
+    const float t = sbn_grad_term(dy, x, mean, &err);
+    sbn_csum_add(&s.dy, dy);
+    sbn_csum_add2(&s.dy_xmu, t, err);
   }
-  __device__ __forceinline__ sbn_bwd_sums_t result() const { return sbn_bwd_sums_merge(total, run); }
+  __device__ __forceinline__ sbn_bwd_csums_t result() const { return s; }
 };
 
 __device__ __forceinline__ sbn_welford_t shfl_down_welford(sbn_welford_t w, int off) {
@@ -141,14 +138,14 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
       const float mean = R.save_mean_in[c];
       for (int64_t r = r0 + w; r < r1; r += kWarps) {
         int64_t i = r * g.c + c;
-        acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i) - mean);
+        acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i), mean);
       }
     }
     sm.red.s[w][lane] = acc.result();
     __syncthreads();
     if (w == 0 && active) {
-      sbn_bwd_sums_t t = sm.red.s[0][lane];
-      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][lane]);
+      sbn_bwd_csums_t t = sm.red.s[0][lane];
+      for (int q = 1; q < kWarps; q++) t = sbn_bwd_csums_merge(t, sm.red.s[q][lane]);
       Part<SBN_OP_BACKWARD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();
@@ -157,20 +154,16 @@ __device__ void legacy_bwd_stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, 
     const float mean = R.save_mean_in[c];
     SumsRun acc;
     plane_walk(g, c, r0, r1, tid, kThreads, [&](int64_t i) {
-      acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i) - mean);
+      acc.push(Elem<DT>::load(R.dy, i), Elem<DT>::load(R.x, i), mean);
     });
-    sbn_bwd_sums_t t = acc.result();
-    for (int off = 16; off > 0; off >>= 1) {
-      sbn_bwd_sums_t o;
-      o.sum_dy = __shfl_down_sync(0xffffffffu, t.sum_dy, off);
-      o.sum_dy_xmu = __shfl_down_sync(0xffffffffu, t.sum_dy_xmu, off);
-      t = sbn_bwd_sums_merge(t, o);
-    }
+    sbn_bwd_csums_t t = acc.result();
+    for (int off = 16; off > 0; off >>= 1)
+      t = sbn_bwd_csums_merge(t, Part<SBN_OP_BACKWARD>::shfl_down(t, off));
     if (lane == 0) sm.red.s[w][0] = t;
     __syncthreads();
     if (tid == 0) {
       t = sm.red.s[0][0];
-      for (int q = 1; q < kWarps; q++) t = sbn_bwd_sums_merge(t, sm.red.s[q][0]);
+      for (int q = 1; q < kWarps; q++) t = sbn_bwd_csums_merge(t, sm.red.s[q][0]);
       Part<SBN_OP_BACKWARD>::put(part_entry(R, g, p, c), t);
     }
     __syncthreads();

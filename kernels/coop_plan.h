@@ -69,7 +69,8 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KE
                                      uses fewer blocks than the device holds */
 #define SBN_LEGACY_ELEMS_PER_BLOCK 16384 /* the legacy variant's grid rule */
 #define SBN_GPU_PART_FLOATS 4     /* floats per (slice, channel) partial: forward (count,
-                                     mean_hi, mean_lo, m2), backward (sum_dy, sum_dy_xmu) */
+                                     mean_hi, mean_lo, m2), backward (sum_dy hi, lo,
+                                     sum_dy_xmu hi, lo) */
 
 static SBN_ARGS_HD int sbn_batch(int kind) { return kind == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD; }
 /* Bytes of one held position: x (forward), x and dy (backward). */

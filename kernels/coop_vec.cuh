@@ -7,7 +7,9 @@
  * values d = x - shift (shift: the thread's first element of the channel): mean_b =
  * sum(d) / cnt, m2_b = sum((d - mean_b)^2), merged into the thread's running (count,
  * mean, m2) with Chan's formula: one division per batch, none per element. A backward
- * batch gives per channel sum(dy) and sum(dy * (x - mean)), added to the thread's sums.
+ * batch adds each element's dy and dy * (x - mean) (with its rounding errors:
+ * sbn_grad_term) to the thread's compensated sums of its channels (bn_math.h: sbn_csum_t,
+ * TwoSum per term; the partials stay (hi, lo) through every merge up to the ranks').
  * The threads' results are merged in a fixed tree (shuffles, then the warps in order)
  * into the unit's (slice, channel) partials: the forward's as (count, mean_hi, mean_lo,
  * m2), so that threads with different shifts merge exactly (sbn_partial_merge).
@@ -140,8 +142,8 @@ template <int NCH> struct FwdAcc {
 };
 template <int NCH> struct BwdAcc {
   float mean[NCH]; /* save_mean of each channel */
-  float sdy[NCH];
-  float sdx[NCH]; /* sum dy * (x - mean) */
+  sbn_csum_t sdy[NCH];
+  sbn_csum_t sdx[NCH]; /* sum dy * (x - mean) */
 };
 
 /* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
@@ -347,7 +349,6 @@ SBN_UNROLL
     if (bp.empty()) return;
 SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++) {
-      float s1 = 0.0f, s2 = 0.0f;
 SBN_UNROLL
       for (int k = 0; k < U; k++)
 SBN_UNROLL
@@ -355,12 +356,11 @@ SBN_UNROLL
           if (TILE && e != ch) continue; /* tile: element e is channel e */
           if (!(bp.mask(k, kFull) >> e & 1u)) continue;
           const float dy = elem_get<DT, VEC>(bt[k][NV - 1], e);
-          const float xmu = elem_get<DT, VEC>(bt[k][0], e) - A.mean[ch];
-          s1 += dy;
-          s2 += SBN_MUL(dy, xmu);
+          float err;
+          const float t = sbn_grad_term(dy, elem_get<DT, VEC>(bt[k][0], e), A.mean[ch], &err);
+          sbn_csum_add(&A.sdy[ch], dy);
+          sbn_csum_add2(&A.sdx[ch], t, err);
         }
-      A.sdy[ch] += s1;
-      A.sdx[ch] += s2;
     }
   }
 
@@ -431,7 +431,7 @@ SBN_UNROLL
         const int64_t c = TILE ? (int64_t)grp * kChunk + (threadIdx.x & 31) % (kChunk / VEC) * VEC + ch
                                : (int64_t)grp;
         B.mean[ch] = wk.K > 0 ? R.save_mean_in[c] : 0.0f;
-        B.sdy[ch] = B.sdx[ch] = 0.0f;
+        B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
@@ -447,7 +447,7 @@ SBN_UNROLL
         const sbn_welford_t t = {F.count, F.mean[e], F.m2[e]};
         pt[e] = sbn_partial_from_shifted(t, F.shift[e]);
       } else {
-        pt[e] = sbn_bwd_sums_t{B.sdy[e], B.sdx[e]};
+        pt[e] = sbn_bwd_csums_t{B.sdy[e], B.sdx[e]};
       }
     }
     reduce_unit(R, g, grp, p, pt, sm);
