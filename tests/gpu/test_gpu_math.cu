@@ -9,7 +9,8 @@
  * output the grid did not cover is reported as never written, not as a mismatch.
  *
  * nvcc contracts a*b+c into an FMA by default (-fmad=true). bn_math.h writes every
- * product as SBN_MUL (__fmul_rn on the device, never fused), so this test is built with
+ * product as SBN_MUL (__fmul_rn on the device, never fused) and every fma it means as
+ * SBN_FMA (correctly rounded on both: sbn_grad_term's exact term), so this test is built with
  * nvcc's defaults, like the library's kernels, and must still agree bitwise. The test
  * reports whether the device contracts plain a*b+c, to explain a failure if a product
  * without SBN_MUL slips into bn_math.h.
@@ -507,6 +508,8 @@ struct ElemOut {
   float dx;
   float sums[2];
   float two_sum[2]; /* s, err */
+  float grad_term[2]; /* sbn_grad_term(dy, x, mean): p, err (uses SBN_FMA) */
+  float csum[2];      /* a compensated sum of p, err and the a/b values, merged: hi, lo */
 };
 
 SBN_HD void elem_case(const ElemIn* in, ElemOut* o) {
@@ -521,6 +524,14 @@ SBN_HD void elem_case(const ElemIn* in, ElemOut* o) {
   sbn_bwd_sums_t a = {in->a_dy, in->a_xmu}, b = {in->b_dy, in->b_xmu};
   sbn_bwd_sums_t r = sbn_bwd_sums_merge(a, b);
   o->sums[0] = r.sum_dy; o->sums[1] = r.sum_dy_xmu;
+  float terr = 0.0f;
+  o->grad_term[0] = sbn_grad_term(in->dy, in->x, in->mean, &terr);
+  o->grad_term[1] = terr;
+  sbn_csum_t c1 = {in->a_dy, 0.0f}, c2 = {in->b_dy, in->b_xmu * 0x1p-30f};
+  sbn_csum_add2(&c1, o->grad_term[0], terr);
+  sbn_csum_add(&c2, in->a_xmu);
+  c1 = sbn_csum_merge(c1, c2);
+  o->csum[0] = c1.hi; o->csum[1] = c1.lo;
 }
 
 __global__ void elem_kernel(const ElemIn* in, int n, ElemOut* out) {
@@ -571,10 +582,11 @@ static void test_elementwise(void) {
   for (size_t i = 0; i < in.size(); i++) elem_case(&in[i], &host[i]);
   ASSERT_TRUE(all_written("elementwise: cases", dev, host)); /* before any value is compared */
   const size_t nf = sizeof(ElemOut) / sizeof(float);
-  static_assert(sizeof(ElemOut) == 12 * sizeof(float), "field names");
+  static_assert(sizeof(ElemOut) == 16 * sizeof(float), "field names");
   const char* field[] = {"momentum_factor", "running_update", "forward_y", "coef.mean",
                          "coef.mean_dy", "coef.xmu_scale", "coef.scale", "backward_dx",
-                         "sums.sum_dy", "sums.sum_dy_xmu", "two_sum.s", "two_sum.err"};
+                         "sums.sum_dy", "sums.sum_dy_xmu", "two_sum.s", "two_sum.err",
+                         "grad_term.p", "grad_term.err", "csum.hi", "csum.lo"};
   auto describe = [&](size_t j) {
     const ElemIn& e = in[j / nf];
     fprintf(stderr, "case %zu (%s): momentum %g nbt %lld x %.9g mean %.9g dy %.9g m %lld",
