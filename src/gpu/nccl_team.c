@@ -306,8 +306,12 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   char why[256];
   const char* obstacle = mode == 2 ? "SBN_NCCL_TRANSPORT=host" : lsa_obstacle(comm, w, why, sizeof why);
   const int mc = team->cfg.max_channels > 0x7fffffff ? 0x7fffffff : (int)team->cfg.max_channels;
-  int v[5] = {mine == sbnSuccess, obstacle == NULL, mode == 1 ? -1 : 0, mc, -mc};
-  r = agree_min(gt, comm, v, 5);
+  /* the mailbox record's size stands for the exchange's layout: processes running builds
+     of syncbn that exchange different records (the backward's record grew from 3 to 4
+     floats per channel) must refuse to team up, not exchange garbage */
+  const int rec = (int)sizeof(sbn_mail_rec_t);
+  int v[7] = {mine == sbnSuccess, obstacle == NULL, mode == 1 ? -1 : 0, mc, -mc, rec, -rec};
+  r = agree_min(gt, comm, v, 7);
   if (r != sbnSuccess) goto out;
   if (!v[0]) {
     r = mine != sbnSuccess
@@ -322,6 +326,13 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
                  "the ranks' max_channels differ (from %d to %d): every rank "
                  "of a team must pass the same config",
                  v[3], -v[4]);
+    goto out;
+  }
+  if (v[5] != -v[6]) {
+    r = sbn_fail(NULL, sbnInvalidUsage,
+                 "the ranks' syncbn builds exchange different records (%d to %d bytes per "
+                 "chunk): every process of a team must run the same syncbn version",
+                 v[5], -v[6]);
     goto out;
   }
   const int require = v[2] < 0;
