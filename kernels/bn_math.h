@@ -242,8 +242,10 @@ SBN_HD sbn_csum_t sbn_csum_merge(sbn_csum_t a, sbn_csum_t b) {
   return r;
 }
 
-/* The sum, rounded once. */
-SBN_HD float sbn_csum_value(sbn_csum_t s) { return s.hi + s.lo; }
+/* The sum, rounded once. Where the sum is not finite, hi is what a plain fp32 sum gives
+   (+-inf, NaN) while lo holds TwoSum's inf - inf = NaN: hi then, so that a channel whose
+   terms overflow reads +-inf, as the CPU team's plain sums do, not NaN. */
+SBN_HD float sbn_csum_value(sbn_csum_t s) { return isfinite(s.hi) ? s.hi + s.lo : s.hi; }
 
 /* The backward's term dy * (x - mean) as p + *err, exact but for the rounding of *err (of
    order u^2 |p|): the difference's rounding by TwoSum, the product's by an fma. p is the

@@ -478,6 +478,33 @@ static void test_backward_coefficients(void) {
   ASSERT_BITEQ_F32(ab.sum_dy_xmu, 2.0f);
 }
 
+/* The kernels' compensated sums where the terms overflow: +-inf as a plain fp32 sum
+   (and the CPU team) gives, not the NaN of TwoSum's inf - inf in the low part. */
+static void test_csum_not_finite(void) {
+  const float dy[3] = {1.0f, INFINITY, 2.0f};
+  sbn_csum_t s = {0.0f, 0.0f};
+  for (int i = 0; i < 3; i++) sbn_csum_add(&s, dy[i]);
+  ASSERT_TRUE(isinf(sbn_csum_value(s)) && sbn_csum_value(s) > 0);
+  sbn_csum_t a = {3e38f, 0.0f}, b = {3e38f, 0.0f};
+  ASSERT_TRUE(isinf(sbn_csum_value(sbn_csum_merge(a, b))));
+  sbn_csum_t c = {-3e38f, 0.0f}, d = {-3e38f, 0.0f};
+  ASSERT_TRUE(isinf(sbn_csum_value(sbn_csum_merge(c, d))) && sbn_csum_value(sbn_csum_merge(c, d)) < 0);
+  float err = 0.0f;
+  const float p = sbn_grad_term(1e30f, 1e10f, 0.0f, &err); /* the product overflows */
+  sbn_csum_t g = {0.0f, 0.0f};
+  sbn_csum_add2(&g, p, err);
+  ASSERT_TRUE(isinf(sbn_csum_value(g)) && sbn_csum_value(g) > 0);
+  /* a NaN term stays NaN */
+  sbn_csum_t n = {1.0f, 0.0f};
+  sbn_csum_add(&n, NAN);
+  ASSERT_TRUE(isnan(sbn_csum_value(n)));
+  /* finite sums keep their low part: 1 + 2^-30 held as hi + lo */
+  sbn_csum_t f = {0.0f, 0.0f};
+  sbn_csum_add(&f, 1.0f);
+  sbn_csum_add(&f, 0x1p-30f);
+  ASSERT_TRUE(f.lo == 0x1p-30f && sbn_csum_value(f) == 1.0f);
+}
+
 int main(void) {
   SBN_RUN(test_f16_widen_exhaustive);
   SBN_RUN(test_bf16_widen_exhaustive);
@@ -494,5 +521,6 @@ int main(void) {
   SBN_RUN(test_momentum_factor);
   SBN_RUN(test_forward_y);
   SBN_RUN(test_backward_coefficients);
+  SBN_RUN(test_csum_not_finite);
   return sbn_test_exit();
 }
