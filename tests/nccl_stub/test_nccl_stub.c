@@ -306,17 +306,22 @@ static void test_abort(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* An sbnCommInitAll team of two (stand-in) devices, 0 and 1. */
+static sbnResult_t init_all_two(sbnComm_t comms[2], int64_t timeout_ms) {
+  const int devs[2] = {0, 1};
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  cfg.max_channels = 64;
+  return sbnCommInitAll(comms, 2, devs, &cfg);
+}
+
 /* sbnCommInitAll on two (stand-in) devices: its NCCL comms, made in one group, settle
    before the host path's group of ncclAllGather uses them; finalized in a group. */
 static void test_initall(void) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
-  const int devs[2] = {0, 1};
   sbnComm_t comms[2] = {NULL, NULL};
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = TIMEOUT_MS;
-  cfg.max_channels = 64;
-  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
   tensors_t t[2];
   tensors_alloc(&t[0], 0);
   tensors_alloc(&t[1], 1);
@@ -456,12 +461,8 @@ static void test_stuck_finalize(void) {
 static void test_stuck_initall_comms(void) {
   stub_case("ncclCommInitRankConfig");
   const int live0 = nccl_stub_live_comms();
-  const int devs[2] = {0, 1};
   sbnComm_t comms[2] = {NULL, NULL};
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = STUCK_TIMEOUT_MS;
-  cfg.max_channels = 64;
-  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
   tensors_t t;
   tensors_alloc(&t, 0);
   const sbnResult_t fr = forward(comms[0], &t);
