@@ -394,8 +394,9 @@ out:
 /* The host path's watchdog (NCCL comms only; the kernels' own waits are bounded
    in-kernel): a rank whose last op has not completed timeout_ms after its launch waits in
    a collective for a peer that does not come. The team's NCCL comms are aborted (the
-   collective returns) and the rank's error word says sbnTimeout. It runs when the host
-   polls: sbnCommGetAsyncError, and every op of the team. */
+   collective returns) and the rank's error word says sbnTimeout. It runs in the team's
+   watchdog thread every 20 ms (watchdog_main), or when the host polls if that thread
+   could not start. */
 static void host_watchdog(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;

@@ -2,7 +2,8 @@
  * communicator.
  *
  * At init the team makes its own duplicate of the caller's comm (ncclCommSplit, nonblocking,
- * so every wait is bounded by the team's timeout) and agrees, with a 2-int ncclAllReduce,
+ * so every wait is bounded by the team's timeout) and agrees, with an ncclAllReduce (min)
+ * of a few ints (readiness, the transport's preconditions, max_channels, the record's size),
  * on a transport that every rank can use:
  *   "nccl-lsa"  every rank is in one load/store-accessible (NVLink) domain and NCCL has the
  *               device API (>= 2.28): each rank's mailbox is its part of an NCCL symmetric
