@@ -171,11 +171,9 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
 /* The plans of a round (kernels/coop_plan.h: sbn_plan_round), pl[i] for ops[i]: the
    kernel variant and width, G blocks per rank, the unit shape; one plan for a virtual
    team's launch, each other rank its own. Both paths use them, so the host path reduces
-   in the same order as the cooperative kernel (the same bits). */
-typedef sbn_plan_t gpu_plan_t;
-
-/* A failure's detail goes to the calling thread's slot. */
-static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* pl) {
+   in the same order as the cooperative kernel (the same bits). A failure's detail goes to
+   the calling thread's slot. */
+static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -223,14 +221,14 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, gpu_plan_t* 
 }
 
 /* sbnCommGetKernel's name of a plan. */
-static const char* plan_kernel_name(const gpu_plan_t* pl) {
+static const char* plan_kernel_name(const sbn_plan_t* pl) {
   if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
   if (pl->variant == SBN_VAR_LEGACY) return "legacy";
   return pl->vec ? "stream" : "stream-scalar";
 }
 
 static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
-                      const gpu_plan_t* pl) {
+                      const sbn_plan_t* pl) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -311,7 +309,7 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
    kernel is one launch (all of a virtual team's ranks, or one rank). The host path's
    stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
    (each rank's own plan: tile and width may differ, so may the kernels). */
-static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const gpu_plan_t* pl) {
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl) {
   static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
@@ -389,7 +387,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   const int dt = ops[0]->desc.dtype;
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
-  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
+  sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   int locked = 0, started = 0;
   for (int i = 0; i < nops; i++) {
     r = plan_round(&ops[i], 1, &pl[i]);
@@ -475,7 +473,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  gpu_plan_t pl[SBN_GPU_MAX_RANKS];
+  sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   sbnResult_t r = sbnSuccess;
 
   int prev = 0;
