@@ -29,12 +29,26 @@ extern "C" {
 #define SBN_ARGS_HD inline
 #endif
 
+/* A waiting rank's watcher block reads the team's error words (host memory) at most
+   once per 20 us: a read of host memory takes about a microsecond and such reads are
+   served one at a time, so a watcher that waits spends at most ~5 % of its time on them,
+   and notices a failure that reaches it no other way within ~21 us. */
+#define SBN_HOST_POLL_NS 20000
+
 /* Per-rank persistent device state (in the rank's device memory, zeroed at init). */
 typedef struct {
   uint32_t epoch;   /* ops this rank has run; the kernel advances it */
   uint32_t barrier; /* the rank-local barrier's arrival counter */
   int64_t nbt_snap; /* host path: num_batches_tracked as the op found it (its stats kernel
                        copies it, its apply kernel reads it and writes nbt + 1) */
+  uint32_t stop;    /* != 0: this rank's kernels publish nothing, write nothing and stop
+                       waiting (the sbnResult_t that stopped it). Written by the rank's own
+                       kernel when it fails (and, in a launch of several ranks, into each
+                       of them), and by the host's abort (an asynchronous copy on a stream
+                       of the rank's own, gpu_team.c: sbn_gpu_stop_ranks). Device memory:
+                       the kernels read it at their start and while they wait, never a
+                       word of host memory on the success path (DESIGN.md, "Failures") */
+  uint32_t pad;
 } sbn_rank_state_t;
 
 /* One rank's part of a launch. */
@@ -71,7 +85,17 @@ typedef struct {
   sbn_mail_rec_t* mail[SBN_GPU_MAX_RANKS]; /* coop: every team rank's mailbox, as seen by
                                               this device; host path: every rank's `send` */
   volatile int* err; /* nranks + 1 words in mapped host memory: err[rank] written by that
-                        rank's kernels, err[nranks] by the host (sbnCommAbort) */
+                        rank's kernels, err[nranks] by the host (sbnCommAbort). The kernels
+                        write them when they fail, and read them only through a waiting
+                        rank's watcher block, rate-limited (coop_exchange.cuh) */
+  uint32_t* stop[SBN_GPU_MAX_RANKS]; /* every team rank's stop word (sbn_rank_state_t) as
+                        this device addresses it; NULL where it cannot (another process,
+                        or another device without peer access): a failing kernel sets
+                        them all */
+  int host_words_at_start; /* the peer-pinned-host transport (mailboxes in host memory, no
+                              peer access to the stop words): a kernel's start reads err */
+  int64_t host_poll_ns; /* a waiting watcher reads err at most once per host_poll_ns, and
+                           not in the first host_poll_ns of a wait (SBN_HOST_POLL_NS) */
   int64_t c;
   int64_t timeout_ns;
   uint32_t sig;

@@ -11,10 +11,9 @@
  *   wait:    lane q polls source q's epoch with ld.relaxed.sys (no L1 invalidation per
  *            poll); once every lane sees the op's epoch, each does ONE ld.acquire.sys of
  *            its flag, __syncwarp, and the lanes read the data (ld.relaxed.sys).
- * Failure words (the team's err words in mapped host memory; NCCL teams' failure words
- * in the window) are read by the lanes in parallel, every 32 polls, and at a kernel's
- * start only by the blocks that publish, off the critical path: loaded before stage 1,
- * looked at after the rank barrier, before anything is published.
+ * Failures: see "failures" below. No success path reads host memory: the rank's stop
+ * word and NCCL teams' failure words (device memory) every 32 polls, the team's error
+ * words (host memory) only by a waiting watcher block, rate-limited.
  */
 #ifndef SYNCBN_COOP_EXCHANGE_CUH_
 #define SYNCBN_COOP_EXCHANGE_CUH_
@@ -108,21 +107,66 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
   return ok != 0;
 }
 
-/* ---- failure words -------------------------------------------------------------------- */
-/* This lane's share of the team's failure words: err[q] (q <= nranks: the ranks' and the
-   host's abort word, mapped host memory) and, for NCCL teams, fail[q] (what rank q's
-   process pushed into this rank's window). Lanes take q = lane, lane + 32, ... */
-__device__ __forceinline__ int failure_words_lane(const sbn_coop_args_t& a) {
+/* ---- failures ------------------------------------------------------------------------- */
+/* Where a kernel learns that it must stop (DESIGN.md, "Failures"):
+     - its rank's stop word (sbn_rank_state_t.stop, device memory): set by any failing
+       kernel of the team's ranks in this process (record_error, through a.stop) and by
+       the host's abort (an asynchronous copy). Read at the kernel's start by the blocks
+       that publish, and every 32 polls of a wait. A peer GPU's store into it is a
+       system-scope store read here at GPU scope: it carries no data, only "stop", and a
+       relaxed load of the word reads it from this GPU's L2, where the store lands;
+     - NCCL teams' failure words (fail[q], device memory of the window, pushed by rank q's
+       process): at the start and every 32 polls of a wait;
+     - the team's error words (err[q], mapped HOST memory: every rank's cause, the host's
+       abort word): only by the rank's watcher block (its block 0), only while it waits,
+       at most once per a.host_poll_ns (SBN_HOST_POLL_NS), all words in one coalesced
+       load. A read of host
+       memory costs about a microsecond and such reads are served one at a time (the
+       first GPU run), so no success path reads one: the watcher, once it sees a failure,
+       sets the stop words and the other blocks see those.
+   A kernel writes err[rank] (host memory) only when it fails. */
+/* This lane's share of the team's error words (host memory): err[q], q <= nranks, the
+   lanes q = lane, lane + 32, ... (one coalesced load for teams of up to 31 ranks). */
+__device__ __forceinline__ int host_words_lane(const sbn_coop_args_t& a) {
   int seen = 0;
-  for (int q = (int)(threadIdx.x & 31); q <= a.nranks; q += 32) {
-    seen |= ld_err(&a.err[q]) != 0;
-    if (a.fail != nullptr && q < a.nranks) seen |= ld_relaxed_sys_u32(&a.fail[q]) != 0u;
-  }
+  for (int q = (int)(threadIdx.x & 31); q <= a.nranks; q += 32) seen |= ld_err(&a.err[q]) != 0;
   return seen;
 }
-/* Any failure word set? The calling warp's lanes read them in parallel. */
-__device__ __forceinline__ bool team_failed_warp(const sbn_coop_args_t& a) {
-  return __any_sync(0xffffffffu, failure_words_lane(a)) != 0;
+/* This lane's share of what lies in device memory: the rank's stop word (lane 0), NCCL
+   teams' failure words (lanes q = lane, lane + 32, ...). Relaxed loads at GPU scope: the
+   words carry no data, only "stop", and such a load reads this GPU's L2, where a peer's
+   system-scope store lands. */
+__device__ __forceinline__ int device_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
+  const int lane = (int)(threadIdx.x & 31);
+  int seen = lane == 0 && ld_relaxed_gpu_u32(&R.state->stop) != 0u;
+  if (a.fail != nullptr)
+    for (int q = lane; q < a.nranks; q += 32) seen |= ld_relaxed_gpu_u32(&a.fail[q]) != 0u;
+  return seen;
+}
+/* At a kernel's start (the publishing blocks' last warp): has the team failed? The
+   device words; the host words only where the mailboxes are in host memory anyway (the
+   peer-pinned-host transport, whose ranks cannot reach each other's stop words). */
+__device__ __forceinline__ int start_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
+  int seen = device_words_lane(a, R);
+  if (a.host_words_at_start || SBN_MUTANT(SBN_MUT_HOST_WORDS_AT_START)) seen |= host_words_lane(a);
+  return seen;
+}
+/* A wait's failure check (the calling warp, warp-uniform): the device words, and, for
+   the rank's watcher block once *host_next has passed, the host words. */
+__device__ __forceinline__ bool team_failed_warp(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                                 uint64_t* host_next) {
+  int seen = device_words_lane(a, R);
+  if (SBN_MUTANT(SBN_MUT_HOST_WORDS_EVERY_BLOCK)) seen |= host_words_lane(a);
+  if (blockIdx.x % (unsigned)a.G == 0u) { /* the watcher */
+    const uint64_t now = globaltimer_ns();
+    if (*host_next == 0) {
+      *host_next = now + (uint64_t)a.host_poll_ns; /* not in the first host_poll_ns */
+    } else if (__any_sync(0xffffffffu, now >= *host_next)) { /* warp-uniform */
+      seen |= host_words_lane(a);
+      *host_next = now + (uint64_t)a.host_poll_ns;
+    }
+  }
+  return __any_sync(0xffffffffu, seen) != 0;
 }
 
 /* Rank `rank` failed with `code`: its word in every rank's window (NCCL teams). Each word
@@ -140,9 +184,14 @@ __device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
 }
 
 /* Records why this rank's kernel stopped, unless a cause is recorded already (a kernel
-   queued behind a timeout must not turn the cause into sbnAborted). */
+   queued behind a timeout must not turn the cause into sbnAborted), and stops every rank
+   this device can address (a.stop: the team's ranks in this process, on this GPU or a
+   peer): their later kernels publish nothing, and their blocks still waiting return
+   within 32 polls. Failure path only (it reads and writes host memory). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
   if (ld_err(&a.err[rank]) == 0) st_err(&a.err[rank], code);
+  for (int q = 0; q < a.nranks; q++)
+    if (a.stop[q] != nullptr) st_relaxed_sys(a.stop[q], (uint32_t)code);
   push_failure(a, rank, code);
 }
 
@@ -247,6 +296,7 @@ __device__ __forceinline__ const sbn_mail_rec_t* rec_of(const sbn_coop_args_t& a
 __device__ int wait_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, int j, uint32_t k,
                           uint64_t deadline) {
   const int lane = threadIdx.x & 31;
+  uint64_t host_next = 0; /* the watcher's next read of host memory (team_failed_warp) */
   for (int q0 = 0; q0 < a.nranks; q0 += 32) {
     const int q = q0 + lane;
     const uint32_t* flag = q < a.nranks ? &rec_of<false>(a, R, q, k, j)->epoch : nullptr;
@@ -257,7 +307,7 @@ __device__ int wait_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, in
       if ((it & 31u) == 31u) {
         /* the flags may have arrived since they were read: a failure elsewhere must not
            hide a success (or this op's own cause) here */
-        const bool failed = team_failed_warp(a); /* warp-uniform, as the return must be */
+        const bool failed = team_failed_warp(a, R, &host_next); /* warp-uniform */
         const bool late = __any_sync(0xffffffffu, globaltimer_ns() > deadline) != 0;
         if (failed || late) {
           if (!here) here = ld_relaxed_sys_u32(flag) == k;

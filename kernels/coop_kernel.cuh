@@ -32,13 +32,17 @@
  * parity: a rank overwrites parity p at op k+2 only after all ranks published op k+1,
  * which each did only after its previous kernel (op k) had finished reading.
  *
- * Errors: a wait that passes the deadline, or sees an error word set (another rank's
- * failure, sbnCommAbort), makes the block write its rank's error word (mapped host memory,
- * read by sbnCommGetAsyncError) and return. No __trap: the context stays usable. A
- * kernel queued behind a failure (or replayed after sbnCommAbort) publishes nothing: its
- * publishing blocks read the failure words at their start and look at them before they
- * publish (after a failure some peer may not have finished reading this rank's previous
- * records, so the double buffering no longer protects them).
+ * Errors: a wait that passes the deadline, or sees that the team failed (the rank's stop
+ * word, NCCL teams' failure words; the error words of host memory only through the
+ * rank's watcher block: coop_exchange.cuh, "failures"), makes the block write its rank's
+ * error word (mapped host memory, read by sbnCommGetAsyncError) and the stop words of
+ * the launch's ranks, and return. No __trap: the context stays usable. A kernel queued
+ * behind a failure of the team (or replayed after sbnCommAbort) publishes nothing: its
+ * publishing blocks read the rank's stop word (and NCCL teams' failure words) at their
+ * start and look at them before they publish (after a failure some peer may not have finished reading this rank's previous
+ * records, so the double buffering no longer protects them; a rank whose previous
+ * kernel succeeded saw every rank's records of it, so every peer had finished the kernel
+ * before: publishing is safe, and a peer that failed since makes its wait end).
  */
 #ifndef SYNCBN_COOP_KERNEL_CUH_
 #define SYNCBN_COOP_KERNEL_CUH_
@@ -60,11 +64,11 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     sm.k = ld_weak_u32(&R.state->epoch) + 1u;
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? *R.nbt : 0;
   }
-  /* Blocks that publish load the failure words now (the last warp's lanes, in parallel)
-     and look at them after the barrier: the round trip to host memory overlaps stage 1
-     and the barrier instead of delaying the barrier. */
+  /* Blocks that publish load the rank's stop word and NCCL teams' failure words now
+     (device memory; the last warp's lanes) and look at them after the barrier. No host
+     memory: see coop_exchange.cuh, "failures". */
   int err_seen = 0;
-  if (b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = failure_words_lane(a);
+  if (b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
   __syncthreads();
   const uint32_t k = sm.k;
 

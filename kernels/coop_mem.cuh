@@ -11,7 +11,18 @@
 #ifndef SYNCBN_COOP_MEM_CUH_
 #define SYNCBN_COOP_MEM_CUH_
 
+/* Mutants built into the kernels for the tests that must catch them (0 in the library:
+   no code). check-sass.sh compiles one with -DSBN_KERNEL_MUTANTS=...; the emulation
+   switches them at run time (tests/emu/cuda_emu.h defines SBN_MUTANT there). */
+#define SBN_MUT_HOST_WORDS_AT_START 16 /* every publishing block reads the team's error
+                                          words (host memory) at its start: the old way */
+#define SBN_MUT_HOST_WORDS_EVERY_BLOCK 32 /* every waiting block reads them every 32 polls
+                                             (no watcher, no rate limit): the old way */
 #ifndef SBN_COOP_EMU
+#ifndef SBN_KERNEL_MUTANTS
+#define SBN_KERNEL_MUTANTS 0
+#endif
+#define SBN_MUTANT(f) ((SBN_KERNEL_MUTANTS & (f)) != 0)
 /* ---- the caller's tensors ------------------------------------------------------------- */
 /* L2 policies (sm_80+): keep what stage 5 reads again, let go of what no one will. */
 __device__ __forceinline__ uint64_t policy_evict_last() {
@@ -102,6 +113,16 @@ __device__ __forceinline__ int64_t ld_relaxed_sys_s64(const int64_t* p) {
   int64_t v;
   asm volatile("ld.relaxed.sys.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+/* A rank's stop word (sbn_rank_state_t.stop: device memory, written by this device's
+   kernels and by the host's copy engine): relaxed at GPU scope, no trip to host memory. */
+__device__ __forceinline__ uint32_t ld_relaxed_gpu_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("st.relaxed.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;

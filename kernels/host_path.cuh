@@ -56,8 +56,10 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   VecPath<KIND, DT, TILE, VEC, false> path;
   if (threadIdx.x == 0)
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
-  /* queued behind a failure of the team (or after sbnCommAbort): write nothing */
-  int seen = (threadIdx.x >> 5) == 0 ? failure_words_lane(a) : 0;
+  /* queued behind a failure of the rank (or after sbnCommAbort, or the watchdog's abort
+     of the collective a peer never joined): write nothing. The rank's stop word, device
+     memory (coop_exchange.cuh, "failures"), which any failing rank of this process sets. */
+  int seen = (threadIdx.x >> 5) == 0 ? start_words_lane(a, R) : 0;
   if (__syncthreads_or(seen)) {
     if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
     return;

@@ -101,11 +101,20 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
   R->grad_global = p->grad_mode == sbnGradGlobal;
 }
 
+/* The watchers' interval between reads of the error words: the library's, or (the test
+   of the success path) one no emulated wait reaches, so that any access it counts is
+   one made outside the watchers' rate-limited reads. */
+static int64_t g_host_poll_ns = SBN_HOST_POLL_NS;
+
 static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t* d, int bwd) {
   for (int q = 0; q < e->W; q++) a->mail[q] = e->mail[q];
   a->err = e->err;
+  /* as gpu_launch.c: the stop word of every rank in this process (a virtual team's, a
+     peer team's with peer access) */
+  for (int q = 0; q < e->W; q++) a->stop[q] = &e->state[q].stop;
   a->c = d->c;
   a->timeout_ns = e->timeout_ms * 1000000;
+  a->host_poll_ns = g_host_poll_ns;
   a->sig = sig_of(bwd, d);
   a->nranks = e->W;
   a->G = e->G;
@@ -168,9 +177,15 @@ typedef struct {
   int kind, dtype;
   sbn_plan_t pl;
   unsigned grid;
+  int delay_ms; /* the launch starts this late (g_delay_ms) */
 } launch_t;
+static int g_delay_ms[MAXW]; /* emu_run_peer: rank r's launch starts g_delay_ms[r] late */
 static void* launch_main(void* p) {
   launch_t* l = (launch_t*)p;
+  if (l->delay_ms > 0) {
+    struct timespec ts = {l->delay_ms / 1000, (long)(l->delay_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   if (sbn_emu_launch(l->kind, l->dtype, l->pl.tile, l->pl.vec, l->pl.variant, &l->a, l->grid) != 0)
     abort(); /* a kernel that is not built: a bug of the test's plan */
   return NULL;
@@ -191,6 +206,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].a.G = l[r].pl.G;
     l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)l[r].pl.G;
+    l[r].delay_ms = g_delay_ms[r];
   }
   for (int r = 0; r < e->W; r++)
     if (!launched || launched[r]) pthread_create(&th[r], NULL, launch_main, &l[r]);
@@ -1313,6 +1329,7 @@ static void emu_nccl_args(emu_nccl_t* n, sbn_coop_args_t* a, team_t* t, int r, i
   for (int q = 0; q < MAXW; q++) a->mail[q] = NULL; /* the window only */
   a->r[0].mail = (sbn_mail_rec_t*)n->part[r];
   a->err = n->err[r];
+  for (int q = 0; q < MAXW; q++) a->stop[q] = q == r ? &n->e.state[r].stop : NULL; /* its own */
   a->nlaunch = 1;
   a->win = &n->win;
   a->fail = (uint32_t*)(n->part[r] + n->fail_off);
@@ -1451,6 +1468,159 @@ static void test_window_abort_crosses(void) {
   emu_nccl_free(&nt);
   team_free(&t);
 }
+
+/* ---- host memory off the critical path ------------------------------------------------ */
+/* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
+   reads served one at a time (an empty op: 27 us; 16 blocks reading the error words). The
+   success path reads none: every kernel of every path (virtual, peer, NCCL window, host
+   path; onchip, stream, legacy; forward and backward; an empty op) makes ZERO accesses
+   to the team's error words, which the emulation counts by address
+   (sbn_emu_host_track). The only reads left, the watchers' while they wait (the next
+   test), are kept out by an interval no emulated wait reaches. */
+static void host_memory_success_paths(void) {
+  /* the emulation runs a wait for microseconds to milliseconds: the watchers' reads
+     (the waiting test's subject) are kept out of this one */
+  g_host_poll_ns = 3600 * (int64_t)1000000000;
+  static const int64_t n2[2] = {3, 2}, n0[2] = {0, 0};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  for (int empty = 0; empty < 2; empty++)
+    for (int lay = 0; lay < 2; lay++) {
+      team_t t;
+      team_make(&t, 2, sbnFloat32, lay ? sbnLayoutNHWC : sbnLayoutNCHW, 40, 3, empty ? n0 : n2, 1,
+                1, GEN_NORMAL, 60 + (uint64_t)lay);
+      emu_team_t e;
+      emu_team_init(&e, 2, 2, 60000);
+      sbn_emu_host_reset();
+      ASSERT_TRUE(sbn_emu_host_track((const void*)e.err, sizeof e.err) >= 0);
+      for (int v = 0; v < 3; v++) run_fwd_bwd(&e, &t, &p, vars[v]);
+      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+      emu_run_peer(&e, &t, 1, &p, NULL, NULL, NULL);
+      emu_run_host(&e, &t, 0, &p, NULL, NULL);
+      emu_run_host(&e, &t, 1, &p, NULL, NULL);
+      ASSERT_TRUE(err_words_clear(&e));
+      uint64_t total, most, blocks, ids;
+      sbn_emu_host_get(&total, &most, &blocks, &ids);
+      if (total != 0)
+        SBN_FAIL_("%s %s: %" PRIu64 " accesses to host memory on the success path (%" PRIu64
+                  " blocks, at most %" PRIu64 " by one)",
+                  empty ? "empty op" : "op", lay ? "NHWC" : "NCHW", total, blocks, most);
+      emu_team_free(&e);
+      team_free(&t);
+    }
+  /* the NCCL window transport: its failure words are device memory too */
+  {
+    static const int64_t n3[3] = {2, 0, 3};
+    team_t t;
+    team_make(&t, 3, sbnFloat32, sbnLayoutNHWC, 40, 3, n3, 1, 1, GEN_NORMAL, 62);
+    emu_nccl_t nt;
+    emu_nccl_init(&nt, 3, 2, 60000);
+    sbn_emu_host_reset();
+    ASSERT_TRUE(sbn_emu_host_track((const void*)nt.err, sizeof nt.err) >= 0);
+    emu_run_nccl(&nt, &t, 0, &p, NULL);
+    emu_run_nccl(&nt, &t, 1, &p, NULL);
+    for (int r = 0; r < 3; r++) ASSERT_EQ_INT(nt.err[r][r], 0);
+    uint64_t total, most, blocks, ids;
+    sbn_emu_host_get(&total, &most, &blocks, &ids);
+    if (total != 0) SBN_FAIL_("NCCL window: %" PRIu64 " accesses to host memory", total);
+    emu_nccl_free(&nt);
+    team_free(&t);
+  }
+  sbn_emu_host_reset();
+  g_host_poll_ns = SBN_HOST_POLL_NS;
+}
+
+static void test_host_memory_success_path(void) { host_memory_success_paths(); }
+
+/* While a rank waits for a late peer, only its watcher block (block 0) reads the error
+   words (the team's failures that reach it no other way), at most once per host_poll_ns
+   of waiting (the library's SBN_HOST_POLL_NS: 20 us; here 5 ms), W + 1 words a time.
+   Rank 1 starts 40 ms late: rank 0's watcher makes at least one read (the fallback is
+   alive) and at most (W + 1) * (T / 5 ms + 2) accesses over the T the op took, no block
+   but a watcher any; the op succeeds. */
+static void host_memory_waiting(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 64, 3, n, 1, 1, GEN_NORMAL, 63); /* 2 units */
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, 60000);
+  sbn_emu_host_reset();
+  ASSERT_TRUE(sbn_emu_host_track((const void*)e.err, sizeof e.err) >= 0);
+  /* an interval the emulation's polls (32 take ~0.1 ms here) are far below, so that a
+     read per check (no rate limit) exceeds the bound; the library's 20 us is the same
+     code with another number */
+  g_host_poll_ns = 5000000;
+  g_delay_ms[1] = 40;
+  const int64_t t0 = now_ms();
+  emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+  const int64_t took_ms = now_ms() - t0;
+  g_delay_ms[1] = 0;
+  g_host_poll_ns = SBN_HOST_POLL_NS;
+  ASSERT_TRUE(err_words_clear(&e));
+  check_forward(&t, &p, tol_for(sbnFloat32));
+  uint64_t total, most, blocks, ids;
+  sbn_emu_host_get(&total, &most, &blocks, &ids);
+  const uint64_t bound = (uint64_t)(e.W + 1) * ((uint64_t)took_ms / 5 + 2);
+  printf("  waiting 40 ms: %" PRIu64 " accesses to host memory by %" PRIu64
+         " blocks (at most %" PRIu64 " by one; bound %" PRIu64 " per watcher: a read per 5 ms over %" PRId64 " ms)\n",
+         total, blocks, most, bound, took_ms);
+  if (total == 0) SBN_FAIL_("the waiting watcher never read the error words");
+  /* one launch per rank: the watchers are block 0 of each */
+  if (ids != 1u) SBN_FAIL_("blocks %#" PRIx64 " (bit = blockIdx.x) read host memory: only the watchers (block 0) may", ids);
+  if (most > bound) SBN_FAIL_("a block read host memory %" PRIu64 " times (bound %" PRIu64 ")", most, bound);
+  sbn_emu_host_reset();
+  emu_team_free(&e);
+  team_free(&t);
+}
+
+static void test_host_memory_waiting(void) { host_memory_waiting(); }
+
+/* sbnCommAbort's way into the kernels: the host's copy into the rank's stop word ends a
+   wait (no error word set), and a kernel launched after it publishes nothing and writes
+   nothing; the abort word alone (err[W], where no copy could be made) still ends a wait
+   through the watcher. */
+typedef struct {
+  emu_team_t* e;
+  int delay_ms;
+} stopper_t;
+static void* stopper_main(void* p) {
+  stopper_t* a = (stopper_t*)p;
+  struct timespec ts = {0, (long)a->delay_ms * 1000000L};
+  nanosleep(&ts, NULL);
+  for (int r = 0; r < a->e->W; r++) /* gpu_team.c: sbn_gpu_stop_ranks' copies */
+    __atomic_store_n(&a->e->state[r].stop, (uint32_t)sbnAborted, __ATOMIC_RELAXED);
+  return NULL;
+}
+static void test_abort_stop_word(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 64, 3, n, 1, 1, GEN_NORMAL, 64);
+  team_poison(&t);
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, BEYOND_CTEST_TIMEOUT_MS); /* only the stop word can end the wait */
+  stopper_t st = {&e, 100};
+  pthread_t th;
+  pthread_create(&th, NULL, stopper_main, &st);
+  const int launched[2] = {1, 0};
+  emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
+  pthread_join(th, NULL);
+  ASSERT_EQ_INT(e.err[0], sbnAborted);
+  ASSERT_EQ_INT(e.err[2], 0); /* the host's abort word was never set */
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  /* launched after the abort: rank 1 publishes nothing (rank 0 still waits for it, until
+     its deadline: a timeout), writes nothing */
+  e.timeout_ms = 300;
+  emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+  ASSERT_EQ_INT(e.err[1], sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
+  ASSERT_TRUE(all_bytes(t.smean[1], 64 * sizeof(float), 0xff));
+  ASSERT_EQ_INT(t.nbt[1], 0);
+  emu_team_free(&e);
+  team_free(&t);
+}
+
 
 
 /* ---- ranks that run ahead, limited residency, the weak memory model ------------------- */
@@ -1611,7 +1781,9 @@ static const struct {
 } kMutants[] = {{"publish_fence", SBN_EMU_MUT_PUBLISH_FENCE},
                 {"poll_acquire", SBN_EMU_MUT_POLL_ACQUIRE},
                 {"barrier_fence", SBN_EMU_MUT_BARRIER_FENCE},
-                {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER}};
+                {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER},
+                {"host_at_start", SBN_EMU_MUT_HOST_AT_START},
+                {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -1624,6 +1796,17 @@ static int run_mutant(const char* name) {
     return 2;
   }
   sbn_emu_set_mutant(flag);
+  if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK) {
+    /* the kernels' own mutants of the failure checks: the counts of host accesses must
+       see them (no weak model needed) */
+    host_memory_success_paths();
+    host_memory_waiting();
+    sbn_emu_set_mutant(0);
+    const int caught = sbn_test_failures_ > 0;
+    printf("mutant %s: %s (%d failed checks)\n", name, caught ? "CAUGHT" : "NOT CAUGHT",
+           sbn_test_failures_);
+    return caught ? 0 : 1;
+  }
   uint64_t s;
   /* up to 24 seeds (it stops at the first that catches it): the single-buffer mutant is
      caught only when a rank runs an op ahead while a peer still reads, which the jitter
@@ -1677,6 +1860,9 @@ int main(int argc, char** argv) {
   EMU_TEST(test_count_one, 1);
   EMU_TEST(test_timeout, 1);
   EMU_TEST(test_abort, 1);
+  EMU_TEST(test_abort_stop_word, 1);
+  EMU_TEST(test_host_memory_success_path, 1);
+  EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);
   EMU_TEST(test_host_path_errors, 1);
   EMU_TEST(test_host_path_shared_gpu_equals_coop, 0);

@@ -63,6 +63,8 @@ typedef struct {
   sbn_mail_rec_t* recv; /* host path: every rank's records [src][chunk] */
   cudaEvent_t ev;
   cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
+  cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
+                                  beside the rank's kernels (sbn_gpu_stop_ranks) */
   _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
 } gpu_rank_t;
 
@@ -124,6 +126,9 @@ SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
 /* A rank's device state (state, workspace, host-path records for a team of nranks,
    events) on its device (current); its mailbox too when `mail` (device or pinned host
    memory per the transport). */
+/* The host's abort reaches the kernels: err[nranks] = sbnAborted, then every present
+   rank's stop word (device memory) through its stop_stream, waited for (bounded). */
+SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
 /* Frees a team's GPU part (waits for its devices to be idle). */

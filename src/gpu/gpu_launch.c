@@ -270,6 +270,17 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     a->fail = (uint32_t*)((char*)gt->win_buf + a->fail_off);
   }
   a->err = gt->err;
+  /* the stop words a failing kernel sets (coop_args.h): every rank of this process on
+     this device, or on any device when they all have peer access */
+  const int dev = gt->ranks[o0->comm->rank].device;
+  for (int q = 0; q < gt->nranks; q++) {
+    const gpu_rank_t* g = &gt->ranks[q];
+    if (g->present && g->state != NULL &&
+        (g->device == dev || gt->transport == SBN_TR_VIRTUAL || gt->transport == SBN_TR_PEER))
+      a->stop[q] = &g->state->stop;
+  }
+  a->host_words_at_start = gt->transport == SBN_TR_PEER_HOST;
+  a->host_poll_ns = SBN_HOST_POLL_NS;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
   a->sig = sbn_op_signature(o0);

@@ -5,8 +5,9 @@
  * Resources of a team of W ranks, sized from the config's max_channels:
  *   per rank, on its device: the persistent state (epoch, barrier counter), the partials
  *   workspace, and the rank's mailbox (records [src][parity][chunk], written by every rank);
- *   per team: W + 1 error words in pinned, mapped host memory (the kernels write them, the
- *   host reads them without synchronizing; the last one is the host's abort).
+ *   per team: W + 1 error words in pinned, mapped host memory (the kernels write them when
+ *   they fail, the host reads them without synchronizing; the last one is the host's
+ *   abort, which reaches the kernels through each rank's stop word: sbn_gpu_stop_ranks).
  * Mailboxes live in device memory when every pair of distinct devices has peer access
  * (enabled here), otherwise all of them live in pinned, mapped host memory.
  */
@@ -22,10 +23,49 @@ int64_t sbn_mono_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The kernels read no host memory on their success path (coop_exchange.cuh,
+   "failures"): the host's abort reaches them through each rank's stop word in device
+   memory, a 4-byte copy from the abort word (pinned host memory, set first) on the rank's
+   own non-blocking stream. A copy engine runs it beside a kernel that fills every SM.
+   It is waited for, so that a kernel that starts after this returns (one queued behind
+   a stuck collective, a graph replayed after sbnCommAbort) sees it at its start; the
+   wait is bounded by the comm's timeout. Where a copy cannot be made (a context in an
+   error state), a waiting kernel's watcher still reads the abort word itself. Called
+   from any thread, also one capturing a graph: relaxed about captures. */
+void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
+  if (gt->err == NULL) return;
+  gt->err[gt->nranks] = sbnAborted;
+  if (gt->ranks == NULL) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  for (int q = 0; q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    if (!g->present || g->state == NULL || g->stop_stream == NULL ||
+        cudaSetDevice(g->device) != cudaSuccess ||
+        cudaMemcpyAsync(&g->state->stop, (const void*)&gt->err[gt->nranks], sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, g->stop_stream) != cudaSuccess)
+      (void)cudaGetLastError();
+  }
+  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  for (int q = 0; q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    if (!g->present || g->stop_stream == NULL || cudaSetDevice(g->device) != cudaSuccess) continue;
+    while (cudaStreamQuery(g->stop_stream) == cudaErrorNotReady && sbn_mono_ns() < deadline) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  (void)cudaGetLastError();
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaSetDevice(prev);
+}
+
 void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
-  if (gt->err) gt->err[gt->nranks] = sbnAborted;
+  sbn_gpu_stop_ranks(gt); /* first: the APPLYs queued behind the collective write nothing */
   if (gt->nccl_lock_ok) pthread_rwlock_wrlock(&gt->nccl_lock);
   if (!atomic_exchange(&gt->nccl_dead, 1))
     for (int q = 0; q < gt->nranks; q++)
@@ -115,7 +155,7 @@ out:
 void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
   if (gt == NULL) return;
   /* an aborted team's kernels may still wait for peers that will never come */
-  if (aborted && gt->err) gt->err[gt->nranks] = sbnAborted;
+  if (aborted) sbn_gpu_stop_ranks(gt);
   int prev = 0;
   cudaGetDevice(&prev);
   if (gt->watchdog_ok) {
@@ -163,6 +203,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
     cudaDeviceSynchronize(); /* kernels of this team may still be in flight */
     if (g->ev) cudaEventDestroy(g->ev);
     if (g->ev_done) cudaEventDestroy(g->ev_done);
+    if (g->stop_stream) cudaStreamDestroy(g->stop_stream);
     cudaFree(g->state);
     cudaFree(g->part);
     cudaFree(g->send);
@@ -308,6 +349,7 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
   }
   CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
   CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
+  CU(cudaStreamCreateWithFlags(&g->stop_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t nrec = (size_t)gt->nchunks_max;
   CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
   CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
@@ -479,7 +521,7 @@ const char* sbn_gpu_transport(const sbn_team_t* team) {
 
 void sbn_gpu_abort(sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
-  gt->err[team->nranks] = sbnAborted;
+  sbn_gpu_stop_ranks(gt);
   if (gt->local >= 0) sbn_gpu_nccl_abort(gt); /* the other processes */
 }
 

@@ -66,7 +66,19 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_POLL_ACQUIRE 2  /* the poll's ld.acquire.sys becomes relaxed */
 #define SBN_EMU_MUT_BARRIER_FENCE 4 /* the rank barrier's __threadfence()s dropped */
 #define SBN_EMU_MUT_SINGLE_BUFFER 8 /* one mailbox buffer: the epoch parity ignored */
+#define SBN_EMU_MUT_HOST_AT_START 16 /* the kernels' SBN_MUT_HOST_WORDS_AT_START: every
+                                        publishing block reads the error words at start */
+#define SBN_EMU_MUT_HOST_EVERY_BLOCK 32 /* SBN_MUT_HOST_WORDS_EVERY_BLOCK: every waiting
+                                           block reads them every 32 polls, no rate limit */
 void sbn_emu_set_mutant(int flags);
+/* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
+   as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
+   counts); sbn_emu_host_get gives the loads and stores of the blocks that ended since,
+   in all, the most of one block, how many blocks made any, and which blockIdx.x they
+   had (bit blockIdx.x % 64). */
+void sbn_emu_host_reset(void);
+int sbn_emu_host_track(const void* p, size_t bytes);
+void sbn_emu_host_get(uint64_t* total, uint64_t* max_block, uint64_t* blocks, uint64_t* block_ids);
 /* Loads the weak model answered with a store older than the newest (since start). */
 uint64_t sbn_emu_stale_loads(void);
 /* Forget the model's locations (memory about to be freed and reused). */

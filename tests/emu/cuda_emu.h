@@ -137,6 +137,10 @@ inline float u2f(uint32_t u) {
   return f;
 }
 inline uint32_t ld_acquire_sys(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquire); }
+/* The kernels' built-in mutants (kernels/coop_mem.cuh), switched by sbn_emu_set_mutant. */
+#define SBN_MUTANT(f) ((emu::g_mutant & (f)) != 0)
+inline uint32_t ld_relaxed_gpu_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }
+inline void st_relaxed_gpu(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
 inline uint32_t ld_acquire_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquireGpu); }
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
 inline void st_release_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelease); }

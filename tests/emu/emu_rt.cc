@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -274,6 +275,7 @@ struct BlockRt {
   std::vector<Fiber> fibers;
   unsigned live = 0;
   bool delayed = false; /* the reader delay (sbn_emu_set_acquire_delay) was served */
+  uint64_t host_acc = 0; /* accesses to registered host memory (sbn_emu_host_track) */
   char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
 };
 struct Launch {
@@ -471,8 +473,11 @@ void block_start(Launch* l, unsigned bi) {
   l->resident++;
 }
 
+void host_count_block(uint64_t n, unsigned bi);
+
 void block_finish(Launch* l, unsigned bi) {
   BlockRt& B = *l->blocks[bi];
+  host_count_block(B.host_acc, bi);
 #ifdef EMU_TSAN
   __tsan_acquire(&l->sync_end); /* the block's threads have returned */
 #endif
@@ -702,9 +707,43 @@ void weak_join_all(std::vector<Fiber*>& ps) {
 
 }  // namespace
 
+/* ---- accesses to host memory (sbn_emu_host_track) ---------------------------------------
+   The ranges the test registers as mapped host memory (the team's error words); every
+   access of a block to them through the accessors is counted in its BlockRt, and added
+   at the block's end to the totals. */
+namespace {
+struct HostRange {
+  std::atomic<const char*> lo{nullptr}, hi{nullptr};
+};
+HostRange g_host[16];
+std::atomic<int> g_nhost{0};
+std::atomic<uint64_t> g_host_total{0}, g_host_max{0}, g_host_blocks{0}, g_host_ids{0};
+
+void host_access(const void* p) {
+  const int n = g_nhost.load(std::memory_order_acquire);
+  if (n == 0 || t_launch == nullptr || t_launch->cur == nullptr) return;
+  const char* c = static_cast<const char*>(p);
+  for (int i = 0; i < n; i++)
+    if (c >= g_host[i].lo.load() && c < g_host[i].hi.load()) {
+      t_launch->blocks[t_launch->cur->block]->host_acc++;
+      return;
+    }
+}
+void host_count_block(uint64_t n, unsigned bi) {
+  if (n == 0) return;
+  g_host_total += n;
+  g_host_blocks += 1;
+  g_host_ids |= 1ull << (bi % 64);
+  uint64_t m = g_host_max.load();
+  while (n > m && !g_host_max.compare_exchange_weak(m, n)) {
+  }
+}
+}  // namespace
+
 static uint64_t load_impl(const void* p, int size, int ord);
 
 uint64_t mem_load(const void* p, int size, int ord) {
+  host_access(p);
   const uint64_t v = load_impl(p, size, ord);
   if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
     RT_IGNORE;
@@ -744,6 +783,7 @@ static uint64_t load_impl(const void* p, int size, int ord) {
 }
 
 void mem_store(void* p, int size, uint64_t v, int ord) {
+  host_access(p);
   if (ord == kRelease && (g_mutant & kMutPublishFence)) ord = kRelaxed;
   if (!g_weak) {
     if (ord == kWeak) {
@@ -769,6 +809,7 @@ void mem_store(void* p, int size, uint64_t v, int ord) {
 }
 
 uint32_t mem_add_u32(uint32_t* p, uint32_t v) {
+  host_access(p);
   if (!g_weak) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();
@@ -823,6 +864,28 @@ extern "C" void sbn_emu_set_jitter(unsigned max_us) { emu::g_jitter_us = max_us;
 extern "C" void sbn_emu_set_acquire_delay(unsigned us) { emu::t_acquire_delay_us = us; }
 extern "C" void sbn_emu_set_residency(unsigned max_blocks) { emu::g_resident = max_blocks; }
 extern "C" void sbn_emu_set_mutant(int flags) { emu::g_mutant = flags; }
+extern "C" void sbn_emu_host_reset(void) {
+  emu::g_nhost.store(0);
+  emu::g_host_total = 0;
+  emu::g_host_max = 0;
+  emu::g_host_blocks = 0;
+  emu::g_host_ids = 0;
+}
+extern "C" int sbn_emu_host_track(const void* p, size_t bytes) {
+  const int i = emu::g_nhost.load();
+  if (i >= 16 || p == nullptr) return -1;
+  emu::g_host[i].lo = static_cast<const char*>(p);
+  emu::g_host[i].hi = static_cast<const char*>(p) + bytes;
+  emu::g_nhost.store(i + 1, std::memory_order_release);
+  return i;
+}
+extern "C" void sbn_emu_host_get(uint64_t* total, uint64_t* max_block, uint64_t* blocks,
+                                 uint64_t* block_ids) {
+  *block_ids = emu::g_host_ids.load();
+  *total = emu::g_host_total.load();
+  *max_block = emu::g_host_max.load();
+  *blocks = emu::g_host_blocks.load();
+}
 extern "C" uint64_t sbn_emu_stale_loads(void) {
   std::lock_guard<std::mutex> lock(emu::g_mu);
   return emu::g_stale;

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cudart_stub.h"
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct {
@@ -67,6 +69,21 @@ static cudaError_t forget(void* p, enum cudaMemoryType type) {
     }
   pthread_mutex_unlock(&mu);
   return cudaErrorInvalidValue;
+}
+
+size_t cudart_stub_find(size_t bytes, void** out, int* dev, size_t max) {
+  size_t n = 0;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (allocs[i].type == cudaMemoryTypeDevice && allocs[i].bytes == bytes) {
+      if (n < max) {
+        out[n] = allocs[i].p;
+        if (dev != NULL) dev[n] = allocs[i].device;
+      }
+      n++;
+    }
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 /* ---- devices ------------------------------------------------------------------------ */

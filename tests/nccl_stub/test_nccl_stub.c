@@ -24,6 +24,8 @@
 #include <nccl.h>
 #include <time.h>
 
+#include "coop_args.h" /* sbn_rank_state_t: the stop words the abort writes */
+#include "cudart_stub.h"
 #include "harness.h"
 #include "nccl_stub.h"
 
@@ -306,6 +308,38 @@ static void test_abort(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* The stop word of every live rank state (the device allocations of its size), by
+   device: stop[d], or -1 where device d has none. Returns how many there are. */
+static int stop_words(int stop[2]) {
+  void* p[8];
+  int dev[8];
+  stop[0] = stop[1] = -1;
+  const size_t n = cudart_stub_find(sizeof(sbn_rank_state_t), p, dev, 8);
+  for (size_t i = 0; i < n && i < 8; i++)
+    if (dev[i] >= 0 && dev[i] < 2) stop[dev[i]] = (int)((const sbn_rank_state_t*)p[i])->stop;
+  return (int)n;
+}
+
+/* sbnCommAbort reaches the kernels through each rank's stop word in device memory (the
+   kernels read no host memory on their success path): after it returns, the word says
+   sbnAborted on the rank's device (the copy is waited for), so a kernel launched after
+   the abort publishes nothing. Before it, the word is 0. */
+static void test_abort_sets_stop_words(void) {
+  stub_case(NULL);
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  int stop[2];
+  ASSERT_EQ_INT(stop_words(stop), 1);
+  ASSERT_EQ_INT(stop[0], 0);
+  ASSERT_OK(sbnCommAbort(comm));
+  ASSERT_EQ_INT(stop_words(stop), 1);
+  ASSERT_EQ_INT(stop[0], sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_EQ_INT(stop_words(stop), 0);
+}
+
 /* An sbnCommInitAll team of two (stand-in) devices, 0 and 1. */
 static sbnResult_t init_all_two(sbnComm_t comms[2], int64_t timeout_ms) {
   const int devs[2] = {0, 1};
@@ -341,6 +375,25 @@ static void test_initall(void) {
                 "ncclAllGather", "ncclGroupEnd", "ncclCommFinalize", "ncclCommFinalize",
                 "ncclGroupEnd", "ncclCommDestroy", "ncclCommDestroy");
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommAbort on one comm of an sbnCommInitAll team stops both ranks' kernels: each
+   rank's stop word on its own device says sbnAborted. */
+static void test_abort_two_devices_stop_words(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  int stop[2];
+  ASSERT_EQ_INT(stop_words(stop), 2);
+  ASSERT_EQ_INT(stop[0], 0);
+  ASSERT_EQ_INT(stop[1], 0);
+  ASSERT_OK(sbnCommAbort(comms[1]));
+  ASSERT_EQ_INT(stop_words(stop), 2);
+  ASSERT_EQ_INT(stop[0], sbnAborted);
+  ASSERT_EQ_INT(stop[1], sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_EQ_INT(stop_words(stop), 0);
 }
 
 /* ---- a peer that never comes ------------------------------------------------------------ */
@@ -490,6 +543,8 @@ int main(void) {
   SBN_RUN(test_split_lsa);
   SBN_RUN(test_split_host);
   SBN_RUN(test_abort);
+  SBN_RUN(test_abort_sets_stop_words);
+  SBN_RUN(test_abort_two_devices_stop_words);
   SBN_RUN(test_initall);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
