@@ -50,8 +50,10 @@ __device__ __forceinline__ void* sbn_window_peer(const void* win, int64_t off, i
    compile-time constants only); the emulation's compiler need not. */
 #ifdef __CUDACC__
 #define SBN_UNROLL _Pragma("unroll")
+#define SBN_NO_UNROLL _Pragma("unroll 1") /* loops of the failure path: code size is time */
 #else
 #define SBN_UNROLL
+#define SBN_NO_UNROLL
 #endif
 
 namespace {

@@ -129,6 +129,7 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
    lanes q = lane, lane + 32, ... (one coalesced load for teams of up to 31 ranks). */
 __device__ __forceinline__ int host_words_lane(const sbn_coop_args_t& a) {
   int seen = 0;
+SBN_NO_UNROLL
   for (int q = (int)(threadIdx.x & 31); q <= a.nranks; q += 32) seen |= ld_err(&a.err[q]) != 0;
   return seen;
 }
@@ -140,15 +141,17 @@ __device__ __forceinline__ int device_words_lane(const sbn_coop_args_t& a, const
   const int lane = (int)(threadIdx.x & 31);
   int seen = lane == 0 && ld_relaxed_gpu_u32(&R.state->stop) != 0u;
   if (a.fail != nullptr)
+SBN_NO_UNROLL
     for (int q = lane; q < a.nranks; q += 32) seen |= ld_relaxed_gpu_u32(&a.fail[q]) != 0u;
   return seen;
 }
 /* At a kernel's start (the publishing blocks' last warp): has the team failed? The
-   device words; the host words only where the mailboxes are in host memory anyway (the
-   peer-pinned-host transport, whose ranks cannot reach each other's stop words). */
+   device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
+   stop words, reads the host words too, after the block's first barrier: the kernels'
+   callers, coop_kernel.cuh and host_path.cuh. Its mailboxes are in host memory anyway.) */
 __device__ __forceinline__ int start_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
   int seen = device_words_lane(a, R);
-  if (a.host_words_at_start || SBN_MUTANT(SBN_MUT_HOST_WORDS_AT_START)) seen |= host_words_lane(a);
+  if (SBN_MUTANT(SBN_MUT_HOST_WORDS_AT_START)) seen |= host_words_lane(a);
   return seen;
 }
 /* A wait's failure check (the calling warp, warp-uniform): the device words, and, for
@@ -190,6 +193,7 @@ __device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
    within 32 polls. Failure path only (it reads and writes host memory). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
   if (ld_err(&a.err[rank]) == 0) st_err(&a.err[rank], code);
+SBN_NO_UNROLL
   for (int q = 0; q < a.nranks; q++)
     if (a.stop[q] != nullptr) st_relaxed_sys(a.stop[q], (uint32_t)code);
   push_failure(a, rank, code);

@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, kLegacy ? 1 : VEC, a.G);
   VecPath<KIND, DT, TILE, VEC, kOnchip> path;
 
+  SBN_STAMP(0); /* the block runs */
   if (threadIdx.x == 0) {
     sm.k = ld_weak_u32(&R.state->epoch) + 1u;
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? *R.nbt : 0;
@@ -71,7 +72,11 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
   __syncthreads();
   const uint32_t k = sm.k;
+  SBN_STAMP(1); /* its start's loads are back */
 
+  /* Every failure ends at the one exit below (st: block-uniform), which records it:
+     one inlined copy of the failure path (code size is time: check-sass.sh). */
+  int st = 0;
   /* stage 1 */
   if constexpr (kLegacy) {
     for (int u = b; u < g.units; u += a.G) {
@@ -83,40 +88,44 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   } else if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
     /* a plan the onchip kernel cannot hold (never from the library's plan): the other
        blocks of the rank time out at the barrier; nothing is written */
-    if (threadIdx.x == 0) record_error(a, R.rank, sbnInvalidUsage);
-    return;
+    st = sbnInvalidUsage;
   }
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
+  SBN_STAMP(2); /* stage 1 done */
   const uint64_t deadline = deadline_after(a.timeout_ns);
-  if (!rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) {
-    if (threadIdx.x == 0) record_error(a, R.rank, sbnTimeout);
+  if (st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
+  if (st == 0) {
+    if (a.host_words_at_start && b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1)
+      err_seen |= host_words_lane(a); /* peer-pinned-host: the failures of the other GPUs */
+    if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
+  }
+  if (st == 0) {
+    if (b == 0 && threadIdx.x == 0) st_weak_u32(&R.state->epoch, k);
+    SBN_STAMP(3); /* past the rank barrier */
+
+    /* stage 3 */
+    for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm);
+    SBN_STAMP(4); /* published */
+
+    /* stage 4 + 5 */
+    int gbase = 0;
+    for (int u = b; u < g.units; u += a.G) {
+      st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm);
+      if (st != 0) break;
+      if (u == b) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
+      if constexpr (kLegacy) {
+        legacy_stage5<KIND, DT, TILE>(R, g, u, sm);
+      } else {
+        path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
+      }
+      __syncthreads(); /* sm.coef is reused by the next unit */
+    }
+  }
+  if (st != 0) {
+    if (threadIdx.x == 0) record_error(a, R.rank, st);
     return;
   }
-  if (__syncthreads_or(err_seen != 0)) {
-    if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
-    return;
-  }
-  if (b == 0 && threadIdx.x == 0) st_weak_u32(&R.state->epoch, k);
-
-  /* stage 3 */
-  for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm);
-
-  /* stage 4 + 5 */
-  int gbase = 0;
-  for (int u = b; u < g.units; u += a.G) {
-    const int st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k,
-                                                   deadline, sm);
-    if (st != 0) {
-      if (threadIdx.x == 0) record_error(a, R.rank, st);
-      return;
-    }
-    if constexpr (kLegacy) {
-      legacy_stage5<KIND, DT, TILE>(R, g, u, sm);
-    } else {
-      path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
-    }
-    __syncthreads(); /* sm.coef is reused by the next unit */
-  }
+  SBN_STAMP(6); /* done */
 }
 
 #endif /* SYNCBN_COOP_KERNEL_CUH_ */

@@ -18,6 +18,11 @@
                                           words (host memory) at its start: the old way */
 #define SBN_MUT_HOST_WORDS_EVERY_BLOCK 32 /* every waiting block reads them every 32 polls
                                              (no watcher, no rate limit): the old way */
+/* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
+   per block at the cooperative kernel's stage boundaries; nothing in the library. */
+#ifndef SBN_STAMP
+#define SBN_STAMP(i) ((void)0)
+#endif
 #ifndef SBN_COOP_EMU
 #ifndef SBN_KERNEL_MUTANTS
 #define SBN_KERNEL_MUTANTS 0

@@ -60,20 +60,19 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
      of the collective a peer never joined): write nothing. The rank's stop word, device
      memory (coop_exchange.cuh, "failures"), which any failing rank of this process sets. */
   int seen = (threadIdx.x >> 5) == 0 ? start_words_lane(a, R) : 0;
-  if (__syncthreads_or(seen)) {
-    if (threadIdx.x == 0) record_error(a, R.rank, sbnAborted);
-    return;
+  if (a.host_words_at_start) { /* peer-pinned-host: the failures of the other GPUs too */
+    seen = __syncthreads_or(seen);
+    if ((threadIdx.x >> 5) == 0) seen |= host_words_lane(a);
   }
-  for (int u = b; u < g.units; u += a.G) {
-    const int st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
-    if (st != 0) {
-      if (threadIdx.x == 0) record_error(a, R.rank, st);
-      return;
-    }
+  int st = __syncthreads_or(seen) ? sbnAborted : 0; /* block-uniform, as below */
+  for (int u = b; st == 0 && u < g.units; u += a.G) {
+    st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
+    if (st != 0) break;
     int gb = 0;
     path.stage5_unit(R, g, u, &gb, nullptr, sm);
     __syncthreads();
   }
+  if (st != 0 && threadIdx.x == 0) record_error(a, R.rank, st); /* the one failure exit */
 }
 
 #endif /* SYNCBN_HOST_PATH_CUH_ */

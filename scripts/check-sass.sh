@@ -14,6 +14,17 @@
 #     (onchip; its held batches then take the rest of the SM's shared memory), 1 (legacy),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
 #     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
+#   - a cooperative kernel or a host-path kernel makes a system-scope load (LD/LDG
+#     .STRONG.SYS) before its first block barrier: the load that the first GPU run
+#     found on every op's critical path (each publishing block read the error words in
+#     mapped host memory at its start, ~1.15 us each, served one at a time). The
+#     kernels' start reads device memory only, at GPU scope (coop_exchange.cuh,
+#     "failures"). The check must fail on kernels built with the old read
+#     (-DSBN_KERNEL_MUTANTS=16, SBN_MUT_HOST_WORDS_AT_START): it is built and checked
+#     below, and check-sass fails if the check passes on it,
+#   - a kernel's machine code is larger than its bound (code_bound() below: from the
+#     first run's measurement that a small op's time grows by 0.23 us per KB of the
+#     kernel's code),
 #   - kernels/coop.cu does not compile for sm_80 or sm_100.
 # Where no nvcc is found it says so and exits 0. cuobjdump and nvdisasm come from the
 # toolkit, or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (installed
@@ -63,11 +74,13 @@ sbn_coop_cubin 90 "$OUT/coop_sm90.cubin" -lineinfo
 STREAM_OCC=$(sed -n 's/^#define SBN_STREAM_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kernels/coop_plan.h)
 ONCHIP_OCC=$(sed -n 's/^#define SBN_ONCHIP_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kernels/coop_plan.h)
 
-python3 - "$OUT/coop_sm90.res" "$OUT/coop_sm90.sass" "$STREAM_OCC" "$ONCHIP_OCC" \
-  > "$OUT/report.txt" <<'PY' || { cat "$OUT/report.txt"; exit 1; }
+# The report (python below): argv res, sass, stream occupancy, onchip occupancy, mode
+# ("full", or "mutant": only the system-scope check, which must FAIL).
+cat > "$OUT/report.py" <<'PY'
 import re, subprocess, sys
 
 res_path, sass_path, stream_occ, onchip_occ = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+mode = sys.argv[5] if len(sys.argv) > 5 else "full"
 KIND = {"0": "fwd", "1": "bwd"}
 DT = {"0": "fp32", "1": "fp16", "2": "bf16"}
 VAR = {"0": "legacy", "1": "stream", "2": "onchip"}
@@ -141,6 +154,33 @@ def ordering(ins):
         why.append("the rank barrier's acquire poll (LD.E.STRONG.GPU + CCTL.IVALL) missing")
     return why, rel, acq
 
+def sys_load_before_barrier(ins):
+    """The first system-scope load before the kernel's first block barrier (BAR.SYNC,
+    BAR.RED: __syncthreads, __syncthreads_or), or None. A load of the mapped error words
+    is LD/LDG .STRONG.SYS (volatile or ld.relaxed.sys); the kernels' start reads only
+    device memory, with GPU-scope (LD.E.STRONG.GPU) or weak loads."""
+    for x in ins:
+        if re.match(r"BAR\.(SYNC|RED|ARV)", x):
+            return None
+        if re.match(r"LDG?\.E(\.\d+)?\.STRONG\.SYS", x):
+            return x
+    return None
+
+# Code size. The first GPU run (H200, S2 shapes) measured a small op's time growing with
+# the size of the kernel's machine code: about 4.7 us + 0.23 us per KB (each instruction
+# a block executes once is fetched from L2: the onchip kernels' code, unrolled per held
+# batch, is 2-4x the stream kernels'). A kernel of 128 KB (8192 instructions of 16 bytes)
+# costs ~34 us by that fit, the stream kernels' time on S2 (31 us) today. The bounds are
+# ceilings that stop growth while issue 27 shrinks the code (cuDNN's 18.4 us on S2 needs
+# <= ~60 KB, 3700 instructions, by the same fit):
+#   stream, legacy, host path, inference: 8192 instructions (128 KB);
+#   onchip: 22528 (352 KB: the largest, fp32 plane forward, is 22.1k; 86 us on S2 at 22.4k).
+CODE_BOUND = {"onchip": 22528, "other": 8192}
+def code_bound(base, args):
+    if base == "sbn_coop_kernel" and args and args[4] == "2":
+        return CODE_BOUND["onchip"]
+    return CODE_BOUND["other"]
+
 def occupancy(regs, smem):
     r8 = (max(regs, 1) + 7) // 8 * 8
     per_warp = (r8 * 32 + 255) // 256 * 256
@@ -175,6 +215,19 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     occ = occupancy(regs, smem)
     ld = loads.get(mangled, {})
     why = []
+    ins = insns.get(mangled, [])
+    if base in ("sbn_coop_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
+                "sbn_host_publish_kernel", "sbn_host_gather_kernel"):
+        x = sys_load_before_barrier(ins)
+        if x:
+            why.append(f"a system-scope load ({x}) before the first block barrier")
+    if mode == "mutant":
+        if why:
+            failures.append(f"{label}: {'; '.join(why)}")
+        continue
+    ninsn = len(ins)
+    if ninsn > code_bound(base, args):
+        why.append(f"{ninsn} instructions > {code_bound(base, args)}")
     if stack or local:
         why.append(f"spills (stack {stack} B, local {local} B)")
     if hot and ld.get("128", 0) == 0:
@@ -185,15 +238,24 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         miss, nrel, nacq = ordering(insns.get(mangled, []))
         why += miss
         order_rows.append((label, nrel, nacq))
-    rows.append((label, regs, stack, local, smem, occ, want, ld, "FAIL: " + "; ".join(why) if why else ("hot" if hot else "")))
+    rows.append((label, regs, stack, local, smem, occ, want, ld, ninsn,
+                 "FAIL: " + "; ".join(why) if why else ("hot" if hot else "")))
     if why:
         failures.append(f"{label}: {'; '.join(why)}")
 
+if mode == "mutant":
+    # the kernels built with the old start-of-kernel read of host memory: the check must
+    # see it (exit 1 = caught, what the caller wants)
+    print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
+          f"load before the first barrier")
+    sys.exit(1 if failures else 0)
+
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
-      f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5}  note")
-for label, regs, stack, local, smem, occ, want, ld, note in rows:
+      f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
+for label, regs, stack, local, smem, occ, want, ld, ninsn, note in rows:
     print(f"{label:<38} {regs:>4} {stack:>5} {local:>5} {smem:>6} {occ:>6} {want:>4}  "
-          f"{ld.get('128', 0):>6} {ld.get('64', 0):>5} {ld.get('32', 0):>5} {ld.get('16', 0):>5}  {note}")
+          f"{ld.get('128', 0):>6} {ld.get('64', 0):>5} {ld.get('32', 0):>5} {ld.get('16', 0):>5} "
+          f"{ninsn:>6} {ninsn * 16 // 1024:>4} {4.7 + 0.23 * ninsn * 16 / 1024:>6.1f}  {note}")
 print(f"# {len(rows)} kernels; blk/SM from registers and static shared memory (the onchip "
       f"kernels add their held batches at launch, filling the SM for {onchip_occ} block); "
       f"LDG128 includes cp.async (LDGSTS.128)")
@@ -202,6 +264,10 @@ print(f"# ordering: {len(order_rows)} cooperative kernels each publish with MEMB
       f"per kernel), poll with LD.E.STRONG.SYS and acquire with CCTL.IVALL "
       f"({min(r[2] for r in order_rows)}-{max(r[2] for r in order_rows)}), no MEMBAR.SC.SYS; "
       f"the rank barrier: MEMBAR.SC.GPU x2, atomic add, LD.E.STRONG.GPU + CCTL.IVALL")
+print(f"# no system-scope load before the first block barrier in any cooperative or host-path "
+      f"kernel; insns: SASS instructions (16 B each), bound {CODE_BOUND['other']} "
+      f"({CODE_BOUND['onchip']} onchip); fit us: 4.7 + 0.23 us/KB, the first run's small-op "
+      f"time by code size (a model, not a measurement of this build)")
 if failures:
     print(f"check-sass: FAILED ({len(failures)}):")
     for f in failures:
@@ -209,6 +275,8 @@ if failures:
     sys.exit(1)
 print("check-sass: OK")
 PY
+python3 "$OUT/report.py" "$OUT/coop_sm90.res" "$OUT/coop_sm90.sass" "$STREAM_OCC" "$ONCHIP_OCC" \
+  > "$OUT/report.txt" || { cat "$OUT/report.txt"; exit 1; }
 cat "$OUT/report.txt"
 
 # The other architectures: sm_80 (A100, the oldest syncbn supports) and sm_100 (Blackwell)
@@ -220,14 +288,33 @@ for sm in 80 100; do
     exit 1
   fi
 done
-echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu"
+echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
+  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=16 kernels/coop.cu"
 pids=()
 for sm in 80 100; do
   sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
   pids+=($!)
 done
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=16 &
+mpid=$!
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
+# The system-scope check on the mutant (every publishing block reads the error words at
+# its start, as before 2026-11-26): it must fail there.
+if ! wait $mpid; then
+  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=16) did not compile" >&2
+  exit 1
+fi
+"$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
+"$CUOBJDUMP" -sass "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.sass"
+if python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass" \
+  "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt"; then
+  cat "$OUT/report_mutant.txt"
+  echo "check-sass: FAILED: the check of system-scope loads before the first barrier passes on" \
+    "the mutant that reads host memory there" >&2
+  exit 1
+fi
+echo "check-sass: $(cat "$OUT/report_mutant.txt") (the check catches the mutant)"
 for sm in 80 100; do
   if [ -s "$OUT/coop_sm$sm.cubin" ] && [ $rc -eq 0 ]; then
     echo "check-sass: sm_$sm build OK ($(stat -c %s "$OUT/coop_sm$sm.cubin") bytes)"

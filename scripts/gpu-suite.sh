@@ -9,16 +9,19 @@
 #       naming them relative to DIR (scripts/prebuilt_ctest.py), the bench's Python scripts,
 #       the compute-sanitizer suppressions, this script, BUILD-INFO. DIR runs from any path.
 #   DIR/gpu-suite.sh [OUTDIR] [steps...]       on the GPU machine, in a prebuilt folder: no
-#       build; steps env test sanitize bench torch plot, each under a time limit so that the
-#       whole ends within 8 minutes (LIMITS below), the sanitizers on the quick case lists,
+#       build; steps env probe test sanitize bench torch plot, each under a time limit so
+#       that the whole ends within 8.5 minutes (LIMITS below), the sanitizers on the quick case lists,
 #       sbn-bench --quick. OUTDIR (default ./gpu-out) then holds summary.txt and
 #       gpu-suite.tar.gz (every step's log, the JSON, the charts, results.md).
 #   scripts/gpu-suite.sh [OUTDIR] [steps...]   on a GPU machine, from a source tree: steps
-#       env build test sanitize bench torch plot; the build into build/gpu; the sanitizers
+#       env build probe test sanitize bench torch plot; the build into build/gpu; the sanitizers
 #       on the full case lists; the bench's default run and its kernel variants. No limits.
 #
 # Steps:
 #   env       nvidia-smi, nvcc, cmake, and where NCCL / cuDNN are (toolkit or Python wheels)
+#   probe     sbn-probe (bench/probe.cu): reads of mapped host vs device memory by N blocks,
+#             flag round trips at .gpu/.sys scope, instruction fetch per KB, the empty op's
+#             stages with and without the old start-of-kernel host read; probe.json
 #   build     configure + build into build/gpu (source tree only)
 #   test      the GPU tests (CTest); they must PASS here, not skip
 #   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),
@@ -63,13 +66,14 @@ if [ "${1:-}" = prebuild ]; then
   [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
   echo "prebuild: NCCL from $nccl; CUDA architecture $ARCH; Release, -Werror"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON -DSYNCBN_NCCL_ROOT="$nccl" || exit 1
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON -DSYNCBN_NCCL_ROOT="$nccl" \
+    -DSYNCBN_BUILD_PROBE=ON || exit 1
   cmake --build "$BUILD" -j "$(nproc)" || exit 1
   rm -rf "$DIR"
   mkdir -p "$DIR/bench"
   echo "prebuild: tests of $DIR/CTestTestfile.cmake:"
   "$PYTHON" scripts/prebuilt_ctest.py "$BUILD" "$DIR" | sed 's/^/  /' || exit 1
-  cp "$BUILD/bench/sbn-bench" "$DIR/bin/" &&
+  cp "$BUILD/bench/sbn-bench" "$BUILD/bench/sbn-probe" "$DIR/bin/" &&
     cp bench/*.py bench/requirements-plot.txt "$DIR/bench/" &&
     rm -f "$DIR/bench/test_plot.py" &&
     cp scripts/compute-sanitizer-supp.xml "$DIR/sanitizer-supp.xml" &&
@@ -98,9 +102,10 @@ if [ -f "$HERE/BUILD-INFO" ]; then
   TESTS=$HERE            # CTest folder
   BIN=$HERE/bin
   BENCH=$HERE/bin/sbn-bench
+  PROBE=$HERE/bin/sbn-probe
   PYDIR=$HERE/bench
   SUPP=$HERE/sanitizer-supp.xml
-  DEFAULT_STEPS=(env test sanitize bench torch plot)
+  DEFAULT_STEPS=(env probe test sanitize bench torch plot)
   QUICK=1
 else
   PREBUILT=0
@@ -109,14 +114,15 @@ else
   TESTS=$BUILD
   BIN=$BUILD/tests
   BENCH=$BUILD/bench/sbn-bench
+  PROBE=$BUILD/bench/sbn-probe
   PYDIR=bench
   SUPP=scripts/compute-sanitizer-supp.xml
-  DEFAULT_STEPS=(env build test sanitize bench torch plot)
+  DEFAULT_STEPS=(env build probe test sanitize bench torch plot)
   QUICK=${SBN_SUITE_QUICK:-0}
 fi
-# Seconds per step in a prebuilt run (8 minutes in all, and the archive is written after
+# Seconds per step in a prebuilt run (8.5 minutes in all, and the archive is written after
 # the last): a step past its limit is stopped and counted as failed, the others still run.
-declare -A LIMITS=([env]=15 [test]=200 [sanitize]=120 [bench]=60 [torch]=60 [plot]=20)
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=120 [bench]=60 [torch]=60 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -154,10 +160,18 @@ step_build() {
   cudnn=$(wheel_root cudnn)
   echo "NCCL wheel: ${nccl:-none}; cuDNN wheel: ${cudnn:-none} (searched before the toolkit)"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON -DSYNCBN_BUILD_PROBE=ON \
     ${nccl:+-DSYNCBN_NCCL_ROOT="$nccl"} ${cudnn:+-DSYNCBN_CUDNN_ROOT="$cudnn"} &&
     cmake --build "$BUILD" -j "$(nproc)" &&
     grep -E '^SYNCBN_(NCCL|CUDNN)' "$BUILD/CMakeCache.txt"
+}
+
+step_probe() {
+  # host-memory reads, round trips, instruction fetch, the empty op's stages (issue 27):
+  # numbers only, nothing judged; JSON lines into probe.json
+  local q=()
+  [ "$QUICK" = 1 ] && q=(--quick)
+  "$PROBE" "${q[@]}" --json "$OUTDIR/probe.json"
 }
 
 step_test() {

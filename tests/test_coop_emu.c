@@ -180,6 +180,8 @@ typedef struct {
   int delay_ms; /* the launch starts this late (g_delay_ms) */
 } launch_t;
 static int g_delay_ms[MAXW]; /* emu_run_peer: rank r's launch starts g_delay_ms[r] late */
+static int g_pinned_host;    /* emu_run_peer: as gpu_launch.c fills a peer-pinned-host
+                                team's launches (each rank on its own GPU, no peer access) */
 static void* launch_main(void* p) {
   launch_t* l = (launch_t*)p;
   if (l->delay_ms > 0) {
@@ -207,6 +209,10 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)l[r].pl.G;
     l[r].delay_ms = g_delay_ms[r];
+    if (g_pinned_host) {
+      l[r].a.host_words_at_start = 1;
+      for (int q = 0; q < e->W; q++) l[r].a.stop[q] = q == r ? &e->state[r].stop : NULL;
+    }
   }
   for (int r = 0; r < e->W; r++)
     if (!launched || launched[r]) pthread_create(&th[r], NULL, launch_main, &l[r]);
@@ -1469,6 +1475,33 @@ static void test_window_abort_crosses(void) {
   team_free(&t);
 }
 
+/* The peer-pinned-host transport (GPUs without peer access: a rank cannot set another's
+   stop word): a kernel learns of another GPU's failure from the error words, which its
+   publishing blocks read after the rank barrier; it publishes nothing and returns at
+   once (the wait would not end: the timeout is beyond CTest's). */
+static void test_pinned_host_failure_crosses(void) {
+  static const int64_t n[2] = {2, 2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 64, 3, n, 1, 1, GEN_NORMAL, 65);
+  team_poison(&t);
+  emu_team_t e;
+  emu_team_init(&e, 2, 2, BEYOND_CTEST_TIMEOUT_MS);
+  e.err[1] = sbnTimeout; /* rank 1's kernel on the other GPU timed out */
+  g_pinned_host = 1;
+  const int launched[2] = {1, 0};
+  emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
+  g_pinned_host = 0;
+  ASSERT_EQ_INT(e.err[0], sbnAborted);
+  ASSERT_EQ_INT(e.err[1], sbnTimeout);
+  ASSERT_EQ_INT(e.state[0].stop, sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  for (int j = 0; j < e.nchunks; j++) /* nothing published: no record has an epoch */
+    for (int q = 0; q < 2; q++) ASSERT_EQ_INT(e.mail[q][sbn_mail_index(0, 1, j, e.nchunks)].epoch, 0);
+  emu_team_free(&e);
+  team_free(&t);
+}
+
 /* ---- host memory off the critical path ------------------------------------------------ */
 /* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
    reads served one at a time (an empty op: 27 us; 16 blocks reading the error words). The
@@ -1861,6 +1894,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_timeout, 1);
   EMU_TEST(test_abort, 1);
   EMU_TEST(test_abort_stop_word, 1);
+  EMU_TEST(test_pinned_host_failure_crosses, 1);
   EMU_TEST(test_host_memory_success_path, 1);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);

@@ -1,0 +1,480 @@
+/* probe.cu — sbn-probe: the questions issue 27 asks of a GPU, answered in seconds (< 30 s).
+ *
+ * The first GPU run (H200) measured an EMPTY op (n = 0 on every rank) at 26-29 us and
+ * +15 us per virtual rank, and a small op's time growing with its kernel's code size. Its
+ * explanations (reads of mapped host memory served one at a time, ~1.15 us each; the
+ * instruction fetch of unrolled code; dependent round trips of the exchange) are
+ * hypotheses until measured. Each part below measures one of them, with nothing else in
+ * the kernel, and prints a line of JSON per result (and a table):
+ *
+ *   host_word    N blocks (1 .. 4 per SM) each read ONE word once, as the cooperative
+ *                kernel read its error words: mapped host memory vs device memory. Per
+ *                block: the load's latency; in all: the span. Served one at a time, the
+ *                host reads' span grows ~1.15 us per block; device reads stay ~1 us.
+ *   round_trip   two blocks of one GPU ping-pong through a flag: st.release + ld.acquire
+ *                at .gpu and .sys scope (device memory), and .sys in mapped host memory;
+ *                __threadfence() and __threadfence_system() each alone.
+ *   code_fetch   kernels of 16, 64, 256 KB of straight-line code (v = v * v + k), one
+ *                block per SM: the time per KB executed once (the first run's fit: 0.23
+ *                us per KB of the kernel), cold (first launch) and warm (the next).
+ *   empty_op     the library's cooperative kernel (kernels/coop.cu, compiled into this
+ *                program with stage stamps: SBN_STAMP) on an empty op, C = 512, fp32,
+ *                W = 1, 2, 4, 8 virtual ranks, stream and legacy: the median op time and,
+ *                per stage, when the median block got there (%globaltimer, from the
+ *                launch's first block start). Once as built, once with the old read of
+ *                host memory at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START,
+ *                switched at run time here): the difference is what the fix saved.
+ *
+ * Usage: sbn-probe [--quick] [--json FILE]   (no arguments: everything, ~10 s on an H100)
+ * Exit status 0 when every part ran (the numbers are reported, never judged), 77 without
+ * a GPU, 1 on a CUDA error.
+ */
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+/* ---- the library's kernels, with the probe's stage stamps and run-time mutants ---------- */
+__device__ int sbn_probe_mutants; /* SBN_MUT_* switched on by the probe */
+#define SBN_KERNEL_MUTANTS sbn_probe_mutants
+#define SBN_PROBE_MAX_BLOCKS 4096
+__device__ unsigned long long sbn_probe_stamps[SBN_PROBE_MAX_BLOCKS * 8];
+__device__ __forceinline__ unsigned long long probe_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define SBN_STAMP(i)                                                                        \
+  do {                                                                                      \
+    if (threadIdx.x == 0 && blockIdx.x < SBN_PROBE_MAX_BLOCKS)                              \
+      sbn_probe_stamps[blockIdx.x * 8 + (i)] = probe_now();                                 \
+  } while (0)
+#include "coop.cu"
+
+#define CK(call)                                                                            \
+  do {                                                                                      \
+    cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      fprintf(stderr, "sbn-probe: %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
+              __LINE__);                                                                    \
+      exit(1);                                                                              \
+    }                                                                                       \
+  } while (0)
+
+static FILE* g_json;
+static void json(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static void json(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+  if (g_json) {
+    va_start(ap, fmt);
+    vfprintf(g_json, fmt, ap);
+    va_end(ap);
+    fprintf(g_json, "\n");
+  }
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/* ---- host_word -------------------------------------------------------------------------- */
+__global__ void read_word_kernel(const volatile int* w, unsigned long long* out) {
+  if (threadIdx.x != 0) return;
+  const unsigned long long t0 = probe_now();
+  const int v = *w;
+  const unsigned long long t1 = probe_now() + (v == 12345 ? 1 : 0); /* depends on the load */
+  out[2 * blockIdx.x] = t0;
+  out[2 * blockIdx.x + 1] = t1;
+}
+
+static void probe_host_word(int sms, bool quick) {
+  int *hw = nullptr, *dw = nullptr;
+  unsigned long long* out = nullptr;
+  CK(cudaHostAlloc((void**)&hw, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(hw, 0, 64);
+  CK(cudaMalloc((void**)&dw, 64));
+  CK(cudaMemset(dw, 0, 64));
+  const int maxb = 4 * sms;
+  CK(cudaMalloc((void**)&out, (size_t)maxb * 2 * sizeof(unsigned long long)));
+  std::vector<unsigned long long> h((size_t)maxb * 2);
+  const int counts[] = {1, 16, sms, 2 * sms, 4 * sms};
+  for (int where = 0; where < 2; where++)
+    for (int ci = 0; ci < 5; ci++) {
+      const int nb = counts[ci];
+      std::vector<double> lat, slowest, span;
+      for (int rep = 0; rep < (quick ? 3 : 7); rep++) {
+        read_word_kernel<<<nb, 32>>>(where ? dw : hw, out);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(h.data(), out, (size_t)nb * 2 * sizeof(unsigned long long),
+                      cudaMemcpyDeviceToHost));
+        if (rep == 0) continue; /* the first launch loads the kernel */
+        unsigned long long lo = ~0ull, hi = 0;
+        std::vector<double> l;
+        for (int b = 0; b < nb; b++) {
+          l.push_back((double)(h[2 * b + 1] - h[2 * b]) / 1000.0);
+          lo = std::min(lo, h[2 * b]);
+          hi = std::max(hi, h[2 * b + 1]);
+        }
+        lat.push_back(median(l));
+        slowest.push_back(*std::max_element(l.begin(), l.end()));
+        span.push_back((double)(hi - lo) / 1000.0);
+      }
+      json("{\"probe\": \"host_word\", \"memory\": \"%s\", \"blocks\": %d, "
+           "\"median_load_us\": %.3f, \"slowest_load_us\": %.3f, \"span_us\": %.3f, "
+           "\"span_per_block_us\": %.3f}",
+           where ? "device" : "mapped-host", nb, median(lat), median(slowest), median(span),
+           median(span) / nb);
+    }
+  CK(cudaFreeHost(hw));
+  CK(cudaFree(dw));
+  CK(cudaFree(out));
+}
+
+/* ---- round_trip ------------------------------------------------------------------------- */
+template <int SCOPE> /* 0: gpu, 1: sys */
+__device__ __forceinline__ void st_rel(unsigned* p, unsigned v) {
+  if (SCOPE == 0) asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  else asm volatile("st.release.sys.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+template <int SCOPE>
+__device__ __forceinline__ unsigned ld_acq(const unsigned* p) {
+  unsigned v;
+  if (SCOPE == 0) asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  else asm volatile("ld.acquire.sys.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+/* Block 0 sends i (odd), block 1 answers i + 1; flag[0] carries both ways. out: ns per
+   round trip (block 0), and the time of `iters` fences of each kind. */
+template <int SCOPE>
+__global__ void ping_pong_kernel(unsigned* flag, int iters, unsigned long long* out) {
+  if (threadIdx.x != 0) return;
+  const unsigned long long deadline = probe_now() + 2000000000ull; /* never a hang */
+  if (blockIdx.x == 0) {
+    const unsigned long long t0 = probe_now();
+    for (int i = 0; i < iters; i++) {
+      st_rel<SCOPE>(flag, 2u * i + 1u);
+      while (ld_acq<SCOPE>(flag) != 2u * i + 2u)
+        if (probe_now() > deadline) return;
+    }
+    out[0] = probe_now() - t0;
+  } else if (blockIdx.x == 1) {
+    for (int i = 0; i < iters; i++) {
+      while (ld_acq<SCOPE>(flag) != 2u * i + 1u)
+        if (probe_now() > deadline) return;
+      st_rel<SCOPE>(flag, 2u * i + 2u);
+    }
+  }
+}
+__global__ void fence_kernel(int iters, unsigned long long* out, unsigned* sink) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t0 = probe_now();
+  for (int i = 0; i < iters; i++) {
+    sink[0] = i;
+    __threadfence();
+  }
+  unsigned long long t1 = probe_now();
+  for (int i = 0; i < iters; i++) {
+    sink[1] = i;
+    __threadfence_system();
+  }
+  out[1] = t1 - t0;
+  out[2] = probe_now() - t1;
+}
+
+static void probe_round_trip(bool quick) {
+  const int iters = quick ? 200 : 2000;
+  unsigned *dflag = nullptr, *hflag = nullptr;
+  unsigned long long* out = nullptr;
+  CK(cudaMalloc((void**)&dflag, 64));
+  CK(cudaHostAlloc((void**)&hflag, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  CK(cudaMalloc((void**)&out, 4 * sizeof(unsigned long long)));
+  const struct {
+    const char* name;
+    int sys;
+    bool host;
+  } cases[] = {{"gpu scope, device memory", 0, false},
+               {"sys scope, device memory", 1, false},
+               {"sys scope, mapped host memory", 1, true}};
+  for (const auto& c : cases) {
+    unsigned long long ns = 0;
+    CK(cudaMemset(dflag, 0, 64));
+    memset(hflag, 0, 64);
+    CK(cudaMemset(out, 0, 4 * sizeof(unsigned long long)));
+    unsigned* f = c.host ? hflag : dflag;
+    if (c.sys) ping_pong_kernel<1><<<2, 32>>>(f, iters, out);
+    else ping_pong_kernel<0><<<2, 32>>>(f, iters, out);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(&ns, out, sizeof ns, cudaMemcpyDeviceToHost));
+    json("{\"probe\": \"round_trip\", \"case\": \"%s\", \"iters\": %d, \"round_trip_ns\": %.1f%s}",
+         c.name, iters, ns ? (double)ns / iters : -1.0, ns ? "" : ", \"note\": \"did not finish\"");
+  }
+  unsigned long long h[3] = {0, 0, 0};
+  fence_kernel<<<1, 32>>>(iters, out, dflag);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
+  json("{\"probe\": \"round_trip\", \"case\": \"fence\", \"threadfence_ns\": %.1f, "
+       "\"threadfence_system_ns\": %.1f}",
+       (double)h[1] / iters, (double)h[2] / iters);
+  CK(cudaFree(dflag));
+  CK(cudaFreeHost(hflag));
+  CK(cudaFree(out));
+}
+
+/* ---- code_fetch ------------------------------------------------------------------------- */
+/* 1024 dependent multiply-adds (one 16-byte SASS instruction each: 16 KB), unfoldable. */
+#define P_I1 asm volatile("mad.lo.u32 %0, %0, %0, %1;" : "+r"(v) : "r"(k));
+#define P_I4 P_I1 P_I1 P_I1 P_I1
+#define P_I16 P_I4 P_I4 P_I4 P_I4
+#define P_I64 P_I16 P_I16 P_I16 P_I16
+#define P_I256 P_I64 P_I64 P_I64 P_I64
+#define P_I1024 P_I256 P_I256 P_I256 P_I256
+template <int KB16> /* KB16 x 16 KB of code */
+__global__ void code_kernel(unsigned k, unsigned* out, unsigned long long* t) {
+  unsigned v = threadIdx.x;
+  const unsigned long long t0 = probe_now();
+  if (KB16 >= 1) { P_I1024 }
+  if (KB16 >= 4) { P_I1024 P_I1024 P_I1024 }
+  if (KB16 >= 16) { P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 }
+  if (v == 0x12345678u) out[0] = v; /* keeps the chain */
+  if (threadIdx.x == 0) {
+    t[2 * blockIdx.x] = t0;
+    t[2 * blockIdx.x + 1] = probe_now();
+  }
+}
+
+static void probe_code_fetch(int sms, bool quick) {
+  unsigned* out = nullptr;
+  unsigned long long* t = nullptr;
+  CK(cudaMalloc((void**)&out, 64));
+  CK(cudaMalloc((void**)&t, (size_t)sms * 2 * sizeof(unsigned long long)));
+  std::vector<unsigned long long> h((size_t)sms * 2);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  const int sizes_kb[3] = {16, 64, 256};
+  for (int si = 0; si < 3; si++) {
+    std::vector<double> ev_us, blk_us;
+    for (int rep = 0; rep < (quick ? 4 : 11); rep++) {
+      CK(cudaEventRecord(e0));
+      if (si == 0) code_kernel<1><<<sms, 256>>>(3u, out, t);
+      if (si == 1) code_kernel<4><<<sms, 256>>>(3u, out, t);
+      if (si == 2) code_kernel<16><<<sms, 256>>>(3u, out, t);
+      CK(cudaEventRecord(e1));
+      CK(cudaGetLastError());
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      CK(cudaMemcpy(h.data(), t, h.size() * sizeof h[0], cudaMemcpyDeviceToHost));
+      std::vector<double> b;
+      for (int i = 0; i < sms; i++) b.push_back((double)(h[2 * i + 1] - h[2 * i]) / 1000.0);
+      const double blk = median(b);
+      if (rep == 0) {
+        json("{\"probe\": \"code_fetch\", \"kb\": %d, \"launch\": \"first\", \"event_us\": %.2f, "
+             "\"block_median_us\": %.2f}",
+             sizes_kb[si], ms * 1000.0, blk);
+        continue;
+      }
+      ev_us.push_back(ms * 1000.0);
+      blk_us.push_back(blk);
+    }
+    json("{\"probe\": \"code_fetch\", \"kb\": %d, \"launch\": \"warm\", \"event_us\": %.2f, "
+         "\"block_median_us\": %.2f, \"block_us_per_kb\": %.4f}",
+         sizes_kb[si], median(ev_us), median(blk_us), median(blk_us) / sizes_kb[si]);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(out));
+  CK(cudaFree(t));
+}
+
+/* ---- empty_op --------------------------------------------------------------------------- */
+/* A virtual team of W ranks on this GPU, as src/gpu/gpu_team.c allocates it, and the
+   arguments of an empty forward (n = 0, C = 512, fp32, spatial 1) as gpu_launch.c fills
+   them for the library's plan of that op (G = 16 blocks per rank: one per chunk). */
+struct Team {
+  int W, G, nchunks;
+  sbn_rank_state_t* state[8];
+  float* part[8];
+  sbn_mail_rec_t* mail[8];
+  float* smean[8];
+  float* sinv[8];
+  int* err;
+};
+
+static void team_make(Team* t, int W, int64_t C) {
+  memset(t, 0, sizeof *t);
+  t->W = W;
+  t->nchunks = (int)((C + 31) / 32);
+  t->G = t->nchunks;
+  const size_t entries = (size_t)std::max<int64_t>((int64_t)t->G * 32, C + 32);
+  CK(cudaHostAlloc((void**)&t->err, (size_t)(W + 1) * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(t->err, 0, (size_t)(W + 1) * sizeof(int));
+  for (int r = 0; r < W; r++) {
+    CK(cudaMalloc((void**)&t->state[r], sizeof(sbn_rank_state_t)));
+    CK(cudaMemset(t->state[r], 0, sizeof(sbn_rank_state_t)));
+    CK(cudaMalloc((void**)&t->part[r], entries * SBN_GPU_PART_FLOATS * sizeof(float)));
+    const size_t mb = (size_t)W * 2 * t->nchunks * sizeof(sbn_mail_rec_t);
+    CK(cudaMalloc((void**)&t->mail[r], mb));
+    CK(cudaMemset(t->mail[r], 0, mb));
+    CK(cudaMalloc((void**)&t->smean[r], (size_t)C * sizeof(float)));
+    CK(cudaMalloc((void**)&t->sinv[r], (size_t)C * sizeof(float)));
+  }
+  CK(cudaDeviceSynchronize());
+}
+static void team_free(Team* t) {
+  for (int r = 0; r < t->W; r++) {
+    CK(cudaFree(t->state[r]));
+    CK(cudaFree(t->part[r]));
+    CK(cudaFree(t->mail[r]));
+    CK(cudaFree(t->smean[r]));
+    CK(cudaFree(t->sinv[r]));
+  }
+  CK(cudaFreeHost(t->err));
+}
+
+static void probe_empty_op(bool quick) {
+  const int64_t C = 512;
+  static sbn_coop_args_t a;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<unsigned long long> st((size_t)SBN_PROBE_MAX_BLOCKS * 8);
+  const int Ws[4] = {1, 2, 4, 8};
+  const int vars[2] = {SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  for (int mut = 0; mut < 2; mut++)
+    for (int vi = 0; vi < 2; vi++)
+      for (int wi = 0; wi < 4; wi++) {
+        const int W = Ws[wi], var = vars[vi];
+        if (quick && W == 8) continue;
+        const int flags = mut ? SBN_MUT_HOST_WORDS_AT_START : 0;
+        CK(cudaMemcpyToSymbol(sbn_probe_mutants, &flags, sizeof flags));
+        Team t;
+        team_make(&t, W, C);
+        memset(&a, 0, sizeof a);
+        for (int r = 0; r < W; r++) {
+          sbn_coop_rank_t* R = &a.r[r];
+          R->n = 0;
+          R->spatial = 1;
+          R->save_mean = t.smean[r];
+          R->save_invstd = t.sinv[r];
+          R->state = t.state[r];
+          R->part = t.part[r];
+          R->mail = t.mail[r];
+          R->rank = r;
+          R->eps = 1e-5f;
+          R->momentum = 0.1f;
+          a.mail[r] = t.mail[r];
+          a.stop[r] = &t.state[r]->stop;
+        }
+        a.err = t.err;
+        a.host_poll_ns = SBN_HOST_POLL_NS;
+        a.c = C;
+        a.timeout_ns = 2000000000ll;
+        a.sig = sbn_op_sig(SBN_OP_FORWARD, sbnFloat32, sbnLayoutNCHW, C);
+        a.nranks = W;
+        a.nlaunch = W;
+        a.G = t.G;
+        a.nchunks_max = t.nchunks;
+        const int vec = var == SBN_VAR_LEGACY ? 0 : 1;
+        const void* fn = sbn_coop_kernel_ptr(SBN_OP_FORWARD, sbnFloat32, 1, vec, var);
+        const unsigned grid = (unsigned)(W * t.G);
+        std::vector<double> us;
+        std::vector<std::vector<double>> stage(7);
+        for (int rep = 0; rep < (quick ? 6 : 21); rep++) {
+          cudaLaunchConfig_t cfg;
+          cudaLaunchAttribute attr;
+          void* args[1] = {&a};
+          memset(&cfg, 0, sizeof cfg);
+          memset(&attr, 0, sizeof attr);
+          cfg.gridDim = dim3(grid);
+          cfg.blockDim = dim3(SBN_GPU_THREADS);
+          attr.id = cudaLaunchAttributeCooperative;
+          attr.val.cooperative = 1;
+          cfg.attrs = &attr;
+          cfg.numAttrs = 1;
+          CK(cudaEventRecord(e0));
+          CK(cudaLaunchKernelExC(&cfg, fn, args));
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          for (int q = 0; q <= W; q++)
+            if (t.err[q] != 0) {
+              fprintf(stderr, "sbn-probe: empty op W=%d: error word %d = %d\n", W, q, t.err[q]);
+              exit(1);
+            }
+          if (rep == 0) continue;
+          us.push_back(ms * 1000.0);
+          CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
+          unsigned long long t0 = ~0ull;
+          for (unsigned b = 0; b < grid; b++) t0 = std::min(t0, st[b * 8]);
+          for (int s = 0; s < 7; s++) {
+            std::vector<double> v;
+            for (unsigned b = 0; b < grid; b++)
+              if (st[b * 8 + s] >= t0) v.push_back((double)(st[b * 8 + s] - t0) / 1000.0);
+            stage[s].push_back(median(v));
+          }
+        }
+        json("{\"probe\": \"empty_op\", \"kernel\": \"%s\", \"host_read_at_start\": %s, "
+             "\"W\": %d, \"blocks\": %u, \"op_us\": %.2f, \"stages_us\": {\"start_loads\": %.2f, "
+             "\"stage1\": %.2f, \"rank_barrier\": %.2f, \"published\": %.2f, "
+             "\"first_gather\": %.2f, \"done\": %.2f}}",
+             var == SBN_VAR_LEGACY ? "legacy" : "stream", mut ? "true" : "false", W, grid,
+             median(us), median(stage[1]), median(stage[2]), median(stage[3]), median(stage[4]),
+             median(stage[5]), median(stage[6]));
+        team_free(&t);
+      }
+  const int zero = 0;
+  CK(cudaMemcpyToSymbol(sbn_probe_mutants, &zero, sizeof zero));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+}
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      g_json = fopen(argv[++i], "w");
+      if (!g_json) {
+        perror(argv[i]);
+        return 1;
+      }
+    } else {
+      fprintf(stderr, "usage: sbn-probe [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    printf("sbn-probe: skipped: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp p;
+  CK(cudaGetDeviceProperties(&p, 0));
+  int drv = 0;
+  CK(cudaDriverGetVersion(&drv));
+  json("{\"probe\": \"device\", \"name\": \"%s\", \"sms\": %d, \"driver\": %d, \"quick\": %s}", p.name,
+       p.multiProcessorCount, drv, quick ? "true" : "false");
+  probe_host_word(p.multiProcessorCount, quick);
+  probe_round_trip(quick);
+  probe_code_fetch(p.multiProcessorCount, quick);
+  probe_empty_op(quick);
+  if (g_json) fclose(g_json);
+  return 0;
+}
