@@ -351,20 +351,34 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
   sbn_bwd_csums_t gs = Part<SBN_OP_BACKWARD>::empty();
-  for (int q = 0; q < a.nranks; q++) {
-    const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q, k, j);
-    const int64_t cnt = ld_relaxed_sys_s64(&rec->count);
-    m += cnt;
-    const float d0 = ld_relaxed_sys_f32(&rec->data[kRec * lane]);
-    const float d1 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 1]);
-    const float d2 = ld_relaxed_sys_f32(&rec->data[kRec * lane + 2]);
-    if (KIND == SBN_OP_FORWARD) {
-      const sbn_partial_t pt = {(float)cnt, d0, d1, d2};
-      gp = sbn_partial_merge(gp, pt);
-    } else {
-      const sbn_bwd_csums_t s = {{d0, d1}, {d2, ld_relaxed_sys_f32(&rec->data[kRec * lane + 3])}};
-      gs = sbn_bwd_csums_merge(gs, s);
-      if (q == R.rank) mine[0] = sbn_csum_value(s.dy), mine[1] = sbn_csum_value(s.dy_xmu);
+  /* The ranks' records, merged in rank order. Their loads do not depend on the merges:
+     the records of kGatherBatch ranks are loaded before the first of them is merged,
+     so a team of W ranks waits ceil(W / kGatherBatch) memory round trips here, not W. */
+  constexpr int kGatherBatch = 2;
+  for (int q0 = 0; q0 < a.nranks; q0 += kGatherBatch) {
+    int64_t cnt[kGatherBatch];
+    float d[kGatherBatch][kRec];
+SBN_UNROLL
+    for (int i = 0; i < kGatherBatch; i++) {
+      if (q0 + i >= a.nranks) break;
+      const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q0 + i, k, j);
+      cnt[i] = ld_relaxed_sys_s64(&rec->count);
+SBN_UNROLL
+      for (int f = 0; f < (KIND == SBN_OP_FORWARD ? 3 : kRec); f++)
+        d[i][f] = ld_relaxed_sys_f32(&rec->data[kRec * lane + f]);
+    }
+SBN_UNROLL
+    for (int i = 0; i < kGatherBatch; i++) {
+      if (q0 + i >= a.nranks) break;
+      m += cnt[i];
+      if (KIND == SBN_OP_FORWARD) {
+        const sbn_partial_t pt = {(float)cnt[i], d[i][0], d[i][1], d[i][2]};
+        gp = sbn_partial_merge(gp, pt);
+      } else {
+        const sbn_bwd_csums_t s = {{d[i][0], d[i][1]}, {d[i][2], d[i][3]}};
+        gs = sbn_bwd_csums_merge(gs, s);
+        if (q0 + i == R.rank) mine[0] = sbn_csum_value(s.dy), mine[1] = sbn_csum_value(s.dy_xmu);
+      }
     }
   }
   *m_out = m;
@@ -392,23 +406,36 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   if (w == 0) {
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
-    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
     const int slot = TILE ? lane : 0;
     const int64_t c = (int64_t)j * kChunk + lane;
-    if (st == 0 && (TILE ? lane < cw : lane == lane_c)) {
+    const bool mine_c = TILE ? lane < cw : lane == lane_c;
+    /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
+       it instead of following the gather (forward: weight, bias; backward: the saved
+       mean and invstd, weight) */
+    float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, p_invstd = 0.0f;
+    if (mine_c) {
+      if (R.weight) p_w = R.weight[c];
+      if (KIND == SBN_OP_FORWARD) {
+        if (R.bias) p_b = R.bias[c];
+      } else {
+        p_mean = R.save_mean_in[c];
+        p_invstd = R.save_invstd[c];
+      }
+    }
+    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
+    if (st == 0 && mine_c) {
       if (KIND == SBN_OP_FORWARD) {
         sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
         sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
         sm.coef[slot][0] = s.mean;
         sm.coef[slot][1] = s.mean_lo;
-        sm.coef[slot][2] = sbn_scale(R.weight ? R.weight[c] : 1.0f, s.invstd);
-        sm.coef[slot][3] = R.bias ? R.bias[c] : 0.0f;
+        sm.coef[slot][2] = sbn_scale(p_w, s.invstd);
+        sm.coef[slot][3] = p_b;
         sm.extra[slot][0] = s.invstd;
         sm.extra[slot][1] = s.var_unbiased;
       } else {
-        const float invstd = R.save_invstd[c];
-        sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, R.save_mean_in[c], invstd,
-                                                      R.weight ? R.weight[c] : 1.0f);
+        const float invstd = p_invstd;
+        sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, p_mean, invstd, p_w);
         sm.coef[slot][0] = kc.mean;
         sm.coef[slot][1] = kc.mean_dy;
         sm.coef[slot][2] = kc.xmu_scale;

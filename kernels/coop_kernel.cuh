@@ -94,6 +94,9 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   SBN_STAMP(2); /* stage 1 done */
   const uint64_t deadline = deadline_after(a.timeout_ns);
   if (st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
+  if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
+      !rank_barrier(&R.state->barrier, a.G, b == 0, deadline))
+    st = sbnTimeout;
   if (st == 0) {
     if (a.host_words_at_start && b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1)
       err_seen |= host_words_lane(a); /* peer-pinned-host: the failures of the other GPUs */

@@ -18,6 +18,8 @@
                                           words (host memory) at its start: the old way */
 #define SBN_MUT_HOST_WORDS_EVERY_BLOCK 32 /* every waiting block reads them every 32 polls
                                              (no watcher, no rate limit): the old way */
+#define SBN_MUT_SECOND_BARRIER 64 /* a second rank barrier before publishing: one more
+                                     dependent round trip in the exchange */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

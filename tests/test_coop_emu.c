@@ -381,6 +381,7 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
 
 static void test_emulated_vs_reference(void) {
   static const int64_t n3[3] = {2, 0, 3}, n2[2] = {1, 2}, n1[1] = {3};
+  static const int64_t n6[6] = {1, 0, 2, 1, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1};
   struct {
     int W, G;
     sbnDataType_t dt;
@@ -395,6 +396,8 @@ static void test_emulated_vs_reference(void) {
       {3, 2, sbnFloat16, sbnLayoutNCHW, 3, 6, n3},    /* an empty rank, fp16 */
       {3, 2, sbnFloat32, sbnLayoutNCHW, 33, 1, n3},   /* NCHW spatial 1 = tile */
       {2, 4, sbnFloat32, sbnLayoutNCHW, 1, 60, n2},   /* one channel, 4 slices */
+      {6, 1, sbnFloat32, sbnLayoutNHWC, 40, 2, n6},   /* the gather's batches of ranks, */
+      {8, 1, sbnFloat32, sbnLayoutNCHW, 3, 3, n8},    /* several of them, W odd and even */
   };
   /* every variant; separate per-rank launches for the default (onchip) only */
   static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
@@ -1502,6 +1505,63 @@ static void test_pinned_host_failure_crosses(void) {
   team_free(&t);
 }
 
+/* ---- the exchange's chain of dependent round trips --------------------------------------- */
+/* The longest chain of cross-block dependences (block A stores, block B's load returns
+   it: one round trip through memory that B must wait for) behind any thread of an op, as
+   the emulation counts it (sbn_emu_hops_*: the arrivals at a counter are pipelined, not
+   a chain; the one that reads the last of them pays a round trip). As built it is 2 for
+   every op with more than one block per rank, any W, every variant and path of launch:
+     1. the rank barrier: the last arrival's add reaches the others' polls (the last
+        arrival itself learns from its atomic that it is last);
+     2. a reader's poll returns the flag a publishing block stored after the barrier.
+   The data, signatures and counts read after a flag are the same hop as the flag (their
+   stores precede it in the publishing thread). Not counted: the fences (the release's
+   MEMBAR.SYS waits for the data's stores) and loads whose issue waits on a hop (the
+   partials read after the barrier, the records after the flag): the probe's stage
+   stamps measure those. This test holds the number, and a mutant with one more round
+   trip (a second rank barrier before publishing: test_coop_emu_mutant_second_barrier)
+   must fail it. */
+static unsigned op_hops(emu_team_t* e, team_t* t, int bwd, int peer, const sbnParams_t* p) {
+  sbn_emu_hops_reset(1);
+  if (peer) emu_run_peer(e, t, bwd, p, NULL, NULL, NULL);
+  else emu_run_virtual(e, t, bwd, p);
+  const unsigned h = sbn_emu_hops_max();
+  sbn_emu_hops_reset(0);
+  return h;
+}
+static void exchange_hops(void) {
+  static const int64_t n1[1] = {3}, n2[2] = {2, 1}, n4[4] = {1, 0, 2, 1}, z4[4] = {0, 0, 0, 0};
+  const struct {
+    int W;
+    const int64_t* n;
+  } teams[] = {{1, n1}, {2, n2}, {4, n4}, {4, z4}};
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
+    for (int v = 0; v < 3; v++)
+      for (int peer = 0; peer < 2; peer++) {
+        if (peer && teams[ti].W == 1) continue;
+        team_t t;
+        team_make(&t, teams[ti].W, sbnFloat32, sbnLayoutNHWC, 64, 3, teams[ti].n, 1, 1, GEN_NORMAL,
+                  70 + ti);
+        emu_team_t e;
+        emu_team_init(&e, teams[ti].W, 3, 60000);
+        g_variant = vars[v];
+        for (int bwd = 0; bwd < 2; bwd++) {
+          const unsigned h = op_hops(&e, &t, bwd, peer, &p);
+          if (h != 2)
+            SBN_FAIL_("W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not 2",
+                      teams[ti].W, teams[ti].n == z4 ? " (empty)" : "", vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
+                      peer ? "peer" : "virtual", bwd ? "backward" : "forward", h);
+        }
+        g_variant = SBN_VAR_ONCHIP;
+        ASSERT_TRUE(err_words_clear(&e));
+        emu_team_free(&e);
+        team_free(&t);
+      }
+}
+static void test_exchange_hops(void) { exchange_hops(); }
+
 /* ---- host memory off the critical path ------------------------------------------------ */
 /* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
    reads served one at a time (an empty op: 27 us; 16 blocks reading the error words). The
@@ -1816,7 +1876,8 @@ static const struct {
                 {"barrier_fence", SBN_EMU_MUT_BARRIER_FENCE},
                 {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER},
                 {"host_at_start", SBN_EMU_MUT_HOST_AT_START},
-                {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK}};
+                {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
+                {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -1829,11 +1890,16 @@ static int run_mutant(const char* name) {
     return 2;
   }
   sbn_emu_set_mutant(flag);
-  if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK) {
-    /* the kernels' own mutants of the failure checks: the counts of host accesses must
-       see them (no weak model needed) */
-    host_memory_success_paths();
-    host_memory_waiting();
+  if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
+      flag == SBN_EMU_MUT_SECOND_BARRIER) {
+    /* the kernels' own mutants: the counts of host accesses and of round trips must see
+       them (no weak model needed) */
+    if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
+      exchange_hops();
+    } else {
+      host_memory_success_paths();
+      host_memory_waiting();
+    }
     sbn_emu_set_mutant(0);
     const int caught = sbn_test_failures_ > 0;
     printf("mutant %s: %s (%d failed checks)\n", name, caught ? "CAUGHT" : "NOT CAUGHT",
@@ -1895,6 +1961,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_abort, 1);
   EMU_TEST(test_abort_stop_word, 1);
   EMU_TEST(test_pinned_host_failure_crosses, 1);
+  EMU_TEST(test_exchange_hops, 1);
   EMU_TEST(test_host_memory_success_path, 1);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);

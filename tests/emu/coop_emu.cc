@@ -23,7 +23,8 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
 #include "coop.cu"
 
 static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
-                  SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK,
+                  SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK &&
+                  SBN_EMU_MUT_SECOND_BARRIER == SBN_MUT_SECOND_BARRIER,
               "coop_emu.h's names of the kernels' mutants");
 
 /* ---- byte counting --------------------------------------------------------------------- */

@@ -70,12 +70,19 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                         publishing block reads the error words at start */
 #define SBN_EMU_MUT_HOST_EVERY_BLOCK 32 /* SBN_MUT_HOST_WORDS_EVERY_BLOCK: every waiting
                                            block reads them every 32 polls, no rate limit */
+#define SBN_EMU_MUT_SECOND_BARRIER 64 /* SBN_MUT_SECOND_BARRIER: one more round trip */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
    counts); sbn_emu_host_get gives the loads and stores of the blocks that ended since,
    in all, the most of one block, how many blocks made any, and which blockIdx.x they
    had (bit blockIdx.x % 64). */
+/* The longest chain of cross-block dependences (a block's store read by another block:
+   a dependent round trip through memory) behind any thread of the launches since
+   sbn_emu_hops_reset(1) (which clears what earlier stores recorded); barriers, votes
+   and shuffles pass a thread's chain to the others. sbn_emu_hops_reset(0): off. */
+void sbn_emu_hops_reset(int on);
+unsigned sbn_emu_hops_max(void);
 void sbn_emu_host_reset(void);
 int sbn_emu_host_track(const void* p, size_t bytes);
 void sbn_emu_host_get(uint64_t* total, uint64_t* max_block, uint64_t* blocks, uint64_t* block_ids);

@@ -260,6 +260,7 @@ struct Fiber {
   Rng rng;
   std::unique_ptr<WThr> w;
   Launch* l = nullptr;
+  uint32_t hops = 0; /* sbn_emu_hops: the longest chain of cross-block dependences behind it */
 #ifdef EMU_TSAN
   void* tsan = nullptr;
 #endif
@@ -403,8 +404,11 @@ void fiber_main(void* arg) {
 
 void weak_join_all(std::vector<Fiber*>& ps);
 
+void hops_join(std::vector<Fiber*>& ps, Fiber* last);
+
 /* The barrier's last arrival releases the others (who are in `waiting`). */
 void bar_release(Launch* l, Bar& b, bool ordering, Fiber* last) {
+  hops_join(b.waiting, last); /* a barrier, a vote, a shuffle: what one knew, all know */
   if (ordering && g_weak) {
     std::vector<Fiber*> ps(b.waiting);
     if (last != nullptr) ps.push_back(last);
@@ -474,10 +478,12 @@ void block_start(Launch* l, unsigned bi) {
 }
 
 void host_count_block(uint64_t n, unsigned bi);
+void hops_finish(uint32_t h);
 
 void block_finish(Launch* l, unsigned bi) {
   BlockRt& B = *l->blocks[bi];
   host_count_block(B.host_acc, bi);
+  for (Fiber& f : B.fibers) hops_finish(f.hops);
 #ifdef EMU_TSAN
   __tsan_acquire(&l->sync_end); /* the block's threads have returned */
 #endif
@@ -729,6 +735,67 @@ void host_access(const void* p) {
       return;
     }
 }
+/* ---- chains of cross-block dependences (sbn_emu_hops_*) ----------------------------------
+   Every store through the accessors records the storing fiber's hops and its block (a
+   key of launch and block); a load, or an atomic, that returns a value another block
+   stored makes the loading fiber's hops at least that store's + 1; barriers, votes and
+   shuffles join the hops of their participants. A fiber's hops at its end is then the
+   length of the longest chain of "block A stored, block B read it" behind everything it
+   did: the dependent cross-block round trips on its path. */
+struct HopStore {
+  uint32_t hops;
+  uintptr_t key;
+};
+std::mutex g_hop_mu;
+std::unordered_map<uintptr_t, HopStore> g_hop_map;
+std::atomic<bool> g_hops_on{false};
+std::atomic<uint32_t> g_hops_max{0};
+
+uintptr_t hop_key() {
+  return reinterpret_cast<uintptr_t>(t_launch) * 65536u + t_launch->cur->block;
+}
+void hop_load(const void* p) {
+  if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_hop_mu);
+  auto it = g_hop_map.find(reinterpret_cast<uintptr_t>(p));
+  if (it != g_hop_map.end() && it->second.key != hop_key())
+    t_launch->cur->hops = std::max(t_launch->cur->hops, it->second.hops + 1);
+}
+void hop_store(const void* p) {
+  if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_hop_mu);
+  g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{t_launch->cur->hops, hop_key()};
+}
+void hops_join(std::vector<Fiber*>& ps, Fiber* last) {
+  uint32_t m = last != nullptr ? last->hops : 0;
+  for (Fiber* f : ps) m = std::max(m, f->hops);
+  for (Fiber* f : ps) f->hops = m;
+  if (last != nullptr) last->hops = m;
+}
+
+/* An atomic add: the fiber waits a round trip for what the others added (hops + 1 from
+   another block's store), but the value it leaves carries only what was known before it
+   (the max, no + 1): arrivals at a counter are not a chain of round trips, they are
+   pipelined at the memory; the one that reads the last of them pays one. */
+void hop_rmw(const void* p) {
+  if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_hop_mu);
+  Fiber* f = t_launch->cur;
+  const uintptr_t key = hop_key();
+  auto it = g_hop_map.find(reinterpret_cast<uintptr_t>(p));
+  uint32_t stored = f->hops;
+  if (it != g_hop_map.end()) {
+    stored = std::max(stored, it->second.hops);
+    if (it->second.key != key) f->hops = std::max(f->hops, it->second.hops + 1);
+  }
+  g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{stored, key};
+}
+void hops_finish(uint32_t h) {
+  uint32_t m = g_hops_max.load();
+  while (h > m && !g_hops_max.compare_exchange_weak(m, h)) {
+  }
+}
+
 void host_count_block(uint64_t n, unsigned bi) {
   if (n == 0) return;
   g_host_total += n;
@@ -744,6 +811,7 @@ static uint64_t load_impl(const void* p, int size, int ord);
 
 uint64_t mem_load(const void* p, int size, int ord) {
   host_access(p);
+  hop_load(p);
   const uint64_t v = load_impl(p, size, ord);
   if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
     RT_IGNORE;
@@ -784,6 +852,7 @@ static uint64_t load_impl(const void* p, int size, int ord) {
 
 void mem_store(void* p, int size, uint64_t v, int ord) {
   host_access(p);
+  hop_store(p);
   if (ord == kRelease && (g_mutant & kMutPublishFence)) ord = kRelaxed;
   if (!g_weak) {
     if (ord == kWeak) {
@@ -810,6 +879,7 @@ void mem_store(void* p, int size, uint64_t v, int ord) {
 
 uint32_t mem_add_u32(uint32_t* p, uint32_t v) {
   host_access(p);
+  hop_rmw(p);
   if (!g_weak) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();
@@ -864,6 +934,13 @@ extern "C" void sbn_emu_set_jitter(unsigned max_us) { emu::g_jitter_us = max_us;
 extern "C" void sbn_emu_set_acquire_delay(unsigned us) { emu::t_acquire_delay_us = us; }
 extern "C" void sbn_emu_set_residency(unsigned max_blocks) { emu::g_resident = max_blocks; }
 extern "C" void sbn_emu_set_mutant(int flags) { emu::g_mutant = flags; }
+extern "C" void sbn_emu_hops_reset(int on) {
+  std::lock_guard<std::mutex> lock(emu::g_hop_mu);
+  emu::g_hop_map.clear();
+  emu::g_hops_max = 0;
+  emu::g_hops_on = on != 0;
+}
+extern "C" unsigned sbn_emu_hops_max(void) { return emu::g_hops_max.load(); }
 extern "C" void sbn_emu_host_reset(void) {
   emu::g_nhost.store(0);
   emu::g_host_total = 0;

@@ -81,7 +81,7 @@ enum {
   kMutPollAcquire = 2,  /* the flag's ld.acquire.sys becomes relaxed */
   kMutBarrierFence = 4, /* the rank barrier's __threadfence()s are dropped */
   kMutSingleBuffer = 8, /* records published into one buffer (no epoch parity) */
-  /* 16, 32: the kernels' own mutants (kernels/coop_mem.cuh: SBN_MUT_*), which read
+  /* 16, 32, 64: the kernels' own mutants (kernels/coop_mem.cuh: SBN_MUT_*), which read
      g_mutant through SBN_MUTANT (cuda_emu.h) */
 };
 extern int g_mutant;
