@@ -444,6 +444,188 @@ static void probe_empty_op(bool quick) {
   CK(cudaEventDestroy(e1));
 }
 
+/* ---- ops: real shapes, the library's plan, the stages ------------------------------------ */
+/* The forward of a benchmark shape (fp32 NCHW, x = 0: the time does not depend on the
+   values) on a virtual team of W ranks, planned as gpu_launch.c plans it (sbn_plan_launch
+   with this device's occupancy and onchip capacity) for SBN_KERNEL=auto or stream: the
+   op's median time and, per stage, when the median and the LAST block got there (the
+   last block's stamps are the critical path). */
+static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, int kernel, int sms,
+                     bool quick) {
+  const int kind = SBN_OP_FORWARD, dt = sbnFloat32;
+  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel};
+  sbn_plan_rank_t rk[8];
+  for (int r = 0; r < W; r++) rk[r] = sbn_plan_rank_t{N, sp, 1};
+  sbn_plan_dev_t dev;
+  memset(&dev, 0, sizeof dev);
+  dev.sms = sms;
+  dev.ranks_here = W;
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  for (int t = 0; t < 2; t++)
+    for (int v = 0; v < 2; v++)
+      for (int var = 0; var < SBN_VAR_COUNT; var++) {
+        const void* fn = sbn_coop_kernel_ptr(kind, dt, t, v, var);
+        if (fn == nullptr || (var == SBN_VAR_LEGACY && v)) continue;
+        size_t dyn = 0;
+        if (var == SBN_VAR_ONCHIP) {
+          cudaFuncAttributes fa;
+          CK(cudaFuncGetAttributes(&fa, fn));
+          const int64_t per = sbn_hold_bytes(kind, 1);
+          const int64_t slots = std::max<int64_t>(0, ((int64_t)optin - (int64_t)fa.sharedSizeBytes) / per);
+          dev.hold_slots[t] = (int)slots;
+          dyn = (size_t)(slots * per);
+          CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+        }
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dev.occ[t][v][var], fn, SBN_GPU_THREADS, dyn));
+        if (var != SBN_VAR_ONCHIP && (dev.occ_min == 0 || dev.occ[t][v][var] < dev.occ_min))
+          dev.occ_min = dev.occ[t][v][var];
+      }
+  sbn_plan_t pl;
+  int64_t detail = 0;
+  if (sbn_plan_launch(&op, rk, W, &dev, &pl, &detail) != SBN_PLAN_OK) {
+    json("{\"probe\": \"op\", \"shape\": \"%s\", \"W\": %d, \"note\": \"no plan\"}", name, W);
+    return;
+  }
+  const int64_t numel = N * C * sp, nch = (C + 31) / 32;
+  const size_t entries = (size_t)std::max<int64_t>((int64_t)pl.G * 32, C + 32);
+  float *x, *y, *prm;
+  int64_t* nbt;
+  int* err;
+  CK(cudaMalloc((void**)&x, (size_t)(numel * W) * 4 + 16));
+  CK(cudaMalloc((void**)&y, (size_t)(numel * W) * 4 + 16));
+  CK(cudaMemset(x, 0, (size_t)(numel * W) * 4));
+  CK(cudaMalloc((void**)&prm, (size_t)(C * (2 + 4 * W)) * 4));
+  CK(cudaMemset(prm, 0, (size_t)(C * (2 + 4 * W)) * 4));
+  CK(cudaMalloc((void**)&nbt, (size_t)W * 8));
+  CK(cudaMemset(nbt, 0, (size_t)W * 8));
+  CK(cudaHostAlloc((void**)&err, (size_t)(W + 1) * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(err, 0, (size_t)(W + 1) * sizeof(int));
+  std::vector<sbn_rank_state_t*> state(W);
+  std::vector<float*> part(W);
+  std::vector<sbn_mail_rec_t*> mail(W);
+  static sbn_coop_args_t a;
+  memset(&a, 0, sizeof a);
+  for (int r = 0; r < W; r++) {
+    CK(cudaMalloc((void**)&state[r], sizeof(sbn_rank_state_t)));
+    CK(cudaMemset(state[r], 0, sizeof(sbn_rank_state_t)));
+    CK(cudaMalloc((void**)&part[r], entries * SBN_GPU_PART_FLOATS * sizeof(float)));
+    const size_t mb = (size_t)W * 2 * nch * sizeof(sbn_mail_rec_t);
+    CK(cudaMalloc((void**)&mail[r], mb));
+    CK(cudaMemset(mail[r], 0, mb));
+    sbn_coop_rank_t* R = &a.r[r];
+    R->x = x + r * numel;
+    R->out = y + r * numel;
+    R->weight = prm;
+    R->bias = prm + C;
+    R->running_mean = prm + C * (2 + 4 * r);
+    R->running_var = prm + C * (3 + 4 * r);
+    R->save_mean = prm + C * (4 + 4 * r);
+    R->save_invstd = prm + C * (5 + 4 * r);
+    R->nbt = nbt + r;
+    R->n = N;
+    R->spatial = sp;
+    R->state = state[r];
+    R->part = part[r];
+    R->mail = mail[r];
+    R->rank = r;
+    R->eps = 1e-5f;
+    R->momentum = 0.1f;
+    a.mail[r] = mail[r];
+    a.stop[r] = &state[r]->stop;
+  }
+  a.err = err;
+  a.host_poll_ns = SBN_HOST_POLL_NS;
+  a.c = C;
+  a.timeout_ns = 2000000000ll;
+  a.sig = sbn_op_sig(kind, dt, sbnLayoutNCHW, C);
+  a.nranks = W;
+  a.nlaunch = W;
+  a.G = pl.G;
+  a.nchunks_max = (int)nch;
+  a.hold_slots = pl.hold_slots;
+  CK(cudaDeviceSynchronize());
+  const void* fn = sbn_coop_kernel_ptr(kind, dt, pl.tile, pl.vec, pl.variant);
+  const unsigned grid = (unsigned)(W * pl.G);
+  const size_t dyn = pl.variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl.hold_slots) : 0;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<unsigned long long> st((size_t)SBN_PROBE_MAX_BLOCKS * 8);
+  std::vector<double> us;
+  std::vector<std::vector<double>> med(7), last(7);
+  for (int rep = 0; rep < (quick ? 6 : 21); rep++) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    void* args[1] = {&a};
+    memset(&cfg, 0, sizeof cfg);
+    memset(&attr, 0, sizeof attr);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(SBN_GPU_THREADS);
+    cfg.dynamicSmemBytes = dyn;
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CK(cudaEventRecord(e0));
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    for (int q = 0; q <= W; q++)
+      if (err[q] != 0) {
+        fprintf(stderr, "sbn-probe: %s W=%d: error word %d = %d\n", name, W, q, err[q]);
+        exit(1);
+      }
+    if (rep == 0) continue;
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    us.push_back(ms * 1000.0);
+    if (grid > SBN_PROBE_MAX_BLOCKS) continue;
+    CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
+    unsigned long long t0 = ~0ull;
+    for (unsigned b = 0; b < grid; b++) t0 = std::min(t0, st[b * 8]);
+    for (int sg = 0; sg < 7; sg++) {
+      std::vector<double> v;
+      for (unsigned b = 0; b < grid; b++)
+        if (st[b * 8 + sg] >= t0) v.push_back((double)(st[b * 8 + sg] - t0) / 1000.0);
+      med[sg].push_back(median(v));
+      last[sg].push_back(v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
+    }
+  }
+  static const char* const vname[] = {"legacy", "stream", "onchip"};
+  json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
+       "\"W\": %d, \"kernel\": \"%s%s\", \"G\": %d, \"op_us\": %.2f, "
+       "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
+       "\"last_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
+       "\"stages\": \"start_loads, stage1, rank_barrier, published, first_gather, done\"}",
+       name, (long long)N, (long long)C, (long long)sp, W, vname[pl.variant], pl.vec ? "" : "-scalar",
+       pl.G, median(us), median(med[1]), median(med[2]), median(med[3]), median(med[4]),
+       median(med[5]), median(med[6]), median(last[1]), median(last[2]), median(last[3]),
+       median(last[4]), median(last[5]), median(last[6]));
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  for (int r = 0; r < W; r++) {
+    CK(cudaFree(state[r]));
+    CK(cudaFree(part[r]));
+    CK(cudaFree(mail[r]));
+  }
+  CK(cudaFree(x));
+  CK(cudaFree(y));
+  CK(cudaFree(prm));
+  CK(cudaFree(nbt));
+  CK(cudaFreeHost(err));
+}
+
+static void probe_ops(int sms, bool quick) {
+  /* S10 (pure latency), S2 (a layer3 conv: onchip by auto at W = 1, 86 vs 31 us for
+     stream on the first run), S2 at W = 8 (934 us there: where does it go?) */
+  probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
+  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
+  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
+  probe_op("S2", 4, 256, 4096, 8, SBN_KERNEL_AUTO, sms, quick);
+  if (!quick) probe_op("S5", 4, 2048, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
+}
+
 int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; i++) {
@@ -475,6 +657,7 @@ int main(int argc, char** argv) {
   probe_round_trip(quick);
   probe_code_fetch(p.multiProcessorCount, quick);
   probe_empty_op(quick);
+  probe_ops(p.multiProcessorCount, quick);
   if (g_json) fclose(g_json);
   return 0;
 }
