@@ -392,6 +392,16 @@ static void probe_empty_op(bool quick) {
         const int vec = var == SBN_VAR_LEGACY ? 0 : 1;
         const void* fn = sbn_coop_kernel_ptr(SBN_OP_FORWARD, sbnFloat32, 1, vec, var);
         const unsigned grid = (unsigned)(W * t.G);
+        int occ = 0, sms = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, SBN_GPU_THREADS, 0));
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        if (grid > (unsigned)(occ * sms)) { /* not co-resident: the library would not plan it */
+          json("{\"probe\": \"empty_op\", \"kernel\": \"%s\", \"W\": %d, \"note\": "
+               "\"%u blocks > %d co-resident\"}",
+               var == SBN_VAR_LEGACY ? "legacy" : "stream", W, grid, occ * sms);
+          team_free(&t);
+          continue;
+        }
         std::vector<double> us;
         std::vector<std::vector<double>> stage(7);
         for (int rep = 0; rep < (quick ? 6 : 21); rep++) {

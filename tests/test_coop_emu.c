@@ -178,12 +178,18 @@ typedef struct {
   sbn_plan_t pl;
   unsigned grid;
   int delay_ms; /* the launch starts this late (g_delay_ms) */
+  const uint32_t* after; /* ... after this word became nonzero (g_delay_after) */
 } launch_t;
-static int g_delay_ms[MAXW]; /* emu_run_peer: rank r's launch starts g_delay_ms[r] late */
+static int g_delay_ms[MAXW]; /* emu_run_peer: rank r's launch starts g_delay_ms[r] late, */
+static const uint32_t* g_delay_after[MAXW]; /* counted from when this word is nonzero */
 static int g_pinned_host;    /* emu_run_peer: as gpu_launch.c fills a peer-pinned-host
                                 team's launches (each rank on its own GPU, no peer access) */
 static void* launch_main(void* p) {
   launch_t* l = (launch_t*)p;
+  while (l->after != NULL && __atomic_load_n(l->after, __ATOMIC_ACQUIRE) == 0) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
   if (l->delay_ms > 0) {
     struct timespec ts = {l->delay_ms / 1000, (long)(l->delay_ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -209,6 +215,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)l[r].pl.G;
     l[r].delay_ms = g_delay_ms[r];
+    l[r].after = g_delay_after[r];
     if (g_pinned_host) {
       l[r].a.host_words_at_start = 1;
       for (int q = 0; q < e->W; q++) l[r].a.stop[q] = q == r ? &e->state[r].stop : NULL;
@@ -1628,8 +1635,8 @@ static void test_host_memory_success_path(void) { host_memory_success_paths(); }
 /* While a rank waits for a late peer, only its watcher block (block 0) reads the error
    words (the team's failures that reach it no other way), at most once per host_poll_ns
    of waiting (the library's SBN_HOST_POLL_NS: 20 us; here 5 ms), W + 1 words a time.
-   Rank 1 starts 40 ms late: rank 0's watcher makes at least one read (the fallback is
-   alive) and at most (W + 1) * (T / 5 ms + 2) accesses over the T the op took, no block
+   Rank 1 starts 40 ms after rank 0 published: rank 0's watcher makes at least one read
+   (the fallback is alive) and at most (W + 1) * (T / 5 ms + 2) accesses over the T the op took, no block
    but a watcher any; the op succeeds. */
 static void host_memory_waiting(void) {
   static const int64_t n[2] = {2, 2};
@@ -1644,11 +1651,15 @@ static void host_memory_waiting(void) {
      read per check (no rate limit) exceeds the bound; the library's 20 us is the same
      code with another number */
   g_host_poll_ns = 5000000;
+  /* rank 1 starts 40 ms after rank 0 published its first record into rank 1's mailbox:
+     rank 0 then waits at least 40 ms, however slow the emulation (a sanitizer) is */
   g_delay_ms[1] = 40;
+  g_delay_after[1] = &e.mail[1][sbn_mail_index(0, 1, 0, e.nchunks)].epoch;
   const int64_t t0 = now_ms();
   emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
   const int64_t took_ms = now_ms() - t0;
   g_delay_ms[1] = 0;
+  g_delay_after[1] = NULL;
   g_host_poll_ns = SBN_HOST_POLL_NS;
   ASSERT_TRUE(err_words_clear(&e));
   check_forward(&t, &p, tol_for(sbnFloat32));

@@ -482,8 +482,11 @@ void hops_finish(uint32_t h);
 
 void block_finish(Launch* l, unsigned bi) {
   BlockRt& B = *l->blocks[bi];
-  host_count_block(B.host_acc, bi);
-  for (Fiber& f : B.fibers) hops_finish(f.hops);
+  {
+    RT_IGNORE; /* the block's counters and its fibers' hops: the runtime's bookkeeping */
+    host_count_block(B.host_acc, bi);
+    for (Fiber& f : B.fibers) hops_finish(f.hops);
+  }
 #ifdef EMU_TSAN
   __tsan_acquire(&l->sync_end); /* the block's threads have returned */
 #endif
@@ -726,6 +729,7 @@ std::atomic<int> g_nhost{0};
 std::atomic<uint64_t> g_host_total{0}, g_host_max{0}, g_host_blocks{0}, g_host_ids{0};
 
 void host_access(const void* p) {
+  RT_IGNORE; /* the runtime's bookkeeping (the current fiber, its block's counter) */
   const int n = g_nhost.load(std::memory_order_acquire);
   if (n == 0 || t_launch == nullptr || t_launch->cur == nullptr) return;
   const char* c = static_cast<const char*>(p);
@@ -755,6 +759,7 @@ uintptr_t hop_key() {
   return reinterpret_cast<uintptr_t>(t_launch) * 65536u + t_launch->cur->block;
 }
 void hop_load(const void* p) {
+  RT_IGNORE; /* the runtime's bookkeeping (the current fiber and its hops) */
   if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
   std::lock_guard<std::mutex> lock(g_hop_mu);
   auto it = g_hop_map.find(reinterpret_cast<uintptr_t>(p));
@@ -762,11 +767,13 @@ void hop_load(const void* p) {
     t_launch->cur->hops = std::max(t_launch->cur->hops, it->second.hops + 1);
 }
 void hop_store(const void* p) {
+  RT_IGNORE;
   if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
   std::lock_guard<std::mutex> lock(g_hop_mu);
   g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{t_launch->cur->hops, hop_key()};
 }
 void hops_join(std::vector<Fiber*>& ps, Fiber* last) {
+  RT_IGNORE; /* the fibers' hops: the runtime's bookkeeping */
   uint32_t m = last != nullptr ? last->hops : 0;
   for (Fiber* f : ps) m = std::max(m, f->hops);
   for (Fiber* f : ps) f->hops = m;
@@ -778,6 +785,7 @@ void hops_join(std::vector<Fiber*>& ps, Fiber* last) {
    (the max, no + 1): arrivals at a counter are not a chain of round trips, they are
    pipelined at the memory; the one that reads the last of them pays one. */
 void hop_rmw(const void* p) {
+  RT_IGNORE;
   if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
   std::lock_guard<std::mutex> lock(g_hop_mu);
   Fiber* f = t_launch->cur;
