@@ -17,13 +17,19 @@
  *   code_fetch   kernels of 16, 64, 256 KB of straight-line code (v = v * v + k), one
  *                block per SM: the time per KB executed once (the first run's fit: 0.23
  *                us per KB of the kernel), cold (first launch) and warm (the next).
- *   empty_op     the library's cooperative kernel (kernels/coop.cu, compiled into this
- *                program with stage stamps: SBN_STAMP) on an empty op, C = 512, fp32,
- *                W = 1, 2, 4, 8 virtual ranks, stream and legacy: the median op time and,
- *                per stage, when the median block got there (%globaltimer, from the
- *                launch's first block start). Once as built, once with the old read of
- *                host memory at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START,
- *                switched at run time here): the difference is what the fix saved.
+ *   op           the library's cooperative kernel (kernels/coop.cu, compiled into this
+ *                program with stage stamps: SBN_STAMP), planned as the library plans it,
+ *                fp32 forward: the median op time (events) and, per stage, when the
+ *                median and the last block got there (%globaltimer, from the launch's
+ *                first block start; the last block is the critical path). Shapes:
+ *                "empty" (n = 0 on every rank, C = 512), stream and legacy, W = 1, 2, 4,
+ *                8 virtual ranks, once as built and once with the old read of host memory
+ *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
+ *                at run time here: the difference is what the fix saved); then S10, S2
+ *                (W = 1 auto and stream, W = 8: 934 us on the first run) and S5.
+ *
+ * The probe's kernels read their mutant switch from device memory (sbn_probe_mutants): a
+ * load the library's kernels do not make, in the failure checks only.
  *
  * Usage: sbn-probe [--quick] [--json FILE]   (no arguments: everything, ~10 s on an H100)
  * Exit status 0 when every part ran (the numbers are reported, never judged), 77 without
@@ -301,155 +307,60 @@ static void probe_code_fetch(int sms, bool quick) {
   CK(cudaFree(t));
 }
 
-/* ---- empty_op --------------------------------------------------------------------------- */
-/* A virtual team of W ranks on this GPU, as src/gpu/gpu_team.c allocates it, and the
-   arguments of an empty forward (n = 0, C = 512, fp32, spatial 1) as gpu_launch.c fills
-   them for the library's plan of that op (G = 16 blocks per rank: one per chunk). */
-struct Team {
-  int W, G, nchunks;
-  sbn_rank_state_t* state[8];
-  float* part[8];
-  sbn_mail_rec_t* mail[8];
-  float* smean[8];
-  float* sinv[8];
-  int* err;
+/* ---- a timed cooperative launch with stage stamps --------------------------------------- */
+/* reps launches of fn (cooperative, grid x SBN_GPU_THREADS, dyn bytes of dynamic shared
+   memory) with *a; the first is not counted (it loads the kernel). Per launch: the event
+   time, and per stage stamp (SBN_STAMP 0..6) the median and the last block's time from
+   the launch's first block start. A kernel that fails (an error word set) ends the probe. */
+struct StageTimes {
+  std::vector<double> us;
+  std::vector<std::vector<double>> med = std::vector<std::vector<double>>(7);
+  std::vector<std::vector<double>> last = std::vector<std::vector<double>>(7);
 };
-
-static void team_make(Team* t, int W, int64_t C) {
-  memset(t, 0, sizeof *t);
-  t->W = W;
-  t->nchunks = (int)((C + 31) / 32);
-  t->G = t->nchunks;
-  const size_t entries = (size_t)std::max<int64_t>((int64_t)t->G * 32, C + 32);
-  CK(cudaHostAlloc((void**)&t->err, (size_t)(W + 1) * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-  memset(t->err, 0, (size_t)(W + 1) * sizeof(int));
-  for (int r = 0; r < W; r++) {
-    CK(cudaMalloc((void**)&t->state[r], sizeof(sbn_rank_state_t)));
-    CK(cudaMemset(t->state[r], 0, sizeof(sbn_rank_state_t)));
-    CK(cudaMalloc((void**)&t->part[r], entries * SBN_GPU_PART_FLOATS * sizeof(float)));
-    const size_t mb = (size_t)W * 2 * t->nchunks * sizeof(sbn_mail_rec_t);
-    CK(cudaMalloc((void**)&t->mail[r], mb));
-    CK(cudaMemset(t->mail[r], 0, mb));
-    CK(cudaMalloc((void**)&t->smean[r], (size_t)C * sizeof(float)));
-    CK(cudaMalloc((void**)&t->sinv[r], (size_t)C * sizeof(float)));
-  }
-  CK(cudaDeviceSynchronize());
-}
-static void team_free(Team* t) {
-  for (int r = 0; r < t->W; r++) {
-    CK(cudaFree(t->state[r]));
-    CK(cudaFree(t->part[r]));
-    CK(cudaFree(t->mail[r]));
-    CK(cudaFree(t->smean[r]));
-    CK(cudaFree(t->sinv[r]));
-  }
-  CK(cudaFreeHost(t->err));
-}
-
-static void probe_empty_op(bool quick) {
-  const int64_t C = 512;
-  static sbn_coop_args_t a;
+static void run_timed(const void* fn, unsigned grid, size_t dyn, sbn_coop_args_t* a, const int* err,
+                      int reps, const char* what, StageTimes* out) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   std::vector<unsigned long long> st((size_t)SBN_PROBE_MAX_BLOCKS * 8);
-  const int Ws[4] = {1, 2, 4, 8};
-  const int vars[2] = {SBN_VAR_STREAM, SBN_VAR_LEGACY};
-  for (int mut = 0; mut < 2; mut++)
-    for (int vi = 0; vi < 2; vi++)
-      for (int wi = 0; wi < 4; wi++) {
-        const int W = Ws[wi], var = vars[vi];
-        if (quick && W == 8) continue;
-        const int flags = mut ? SBN_MUT_HOST_WORDS_AT_START : 0;
-        CK(cudaMemcpyToSymbol(sbn_probe_mutants, &flags, sizeof flags));
-        Team t;
-        team_make(&t, W, C);
-        memset(&a, 0, sizeof a);
-        for (int r = 0; r < W; r++) {
-          sbn_coop_rank_t* R = &a.r[r];
-          R->n = 0;
-          R->spatial = 1;
-          R->save_mean = t.smean[r];
-          R->save_invstd = t.sinv[r];
-          R->state = t.state[r];
-          R->part = t.part[r];
-          R->mail = t.mail[r];
-          R->rank = r;
-          R->eps = 1e-5f;
-          R->momentum = 0.1f;
-          a.mail[r] = t.mail[r];
-          a.stop[r] = &t.state[r]->stop;
-        }
-        a.err = t.err;
-        a.host_poll_ns = SBN_HOST_POLL_NS;
-        a.c = C;
-        a.timeout_ns = 2000000000ll;
-        a.sig = sbn_op_sig(SBN_OP_FORWARD, sbnFloat32, sbnLayoutNCHW, C);
-        a.nranks = W;
-        a.nlaunch = W;
-        a.G = t.G;
-        a.nchunks_max = t.nchunks;
-        const int vec = var == SBN_VAR_LEGACY ? 0 : 1;
-        const void* fn = sbn_coop_kernel_ptr(SBN_OP_FORWARD, sbnFloat32, 1, vec, var);
-        const unsigned grid = (unsigned)(W * t.G);
-        int occ = 0, sms = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, SBN_GPU_THREADS, 0));
-        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-        if (grid > (unsigned)(occ * sms)) { /* not co-resident: the library would not plan it */
-          json("{\"probe\": \"empty_op\", \"kernel\": \"%s\", \"W\": %d, \"note\": "
-               "\"%u blocks > %d co-resident\"}",
-               var == SBN_VAR_LEGACY ? "legacy" : "stream", W, grid, occ * sms);
-          team_free(&t);
-          continue;
-        }
-        std::vector<double> us;
-        std::vector<std::vector<double>> stage(7);
-        for (int rep = 0; rep < (quick ? 6 : 21); rep++) {
-          cudaLaunchConfig_t cfg;
-          cudaLaunchAttribute attr;
-          void* args[1] = {&a};
-          memset(&cfg, 0, sizeof cfg);
-          memset(&attr, 0, sizeof attr);
-          cfg.gridDim = dim3(grid);
-          cfg.blockDim = dim3(SBN_GPU_THREADS);
-          attr.id = cudaLaunchAttributeCooperative;
-          attr.val.cooperative = 1;
-          cfg.attrs = &attr;
-          cfg.numAttrs = 1;
-          CK(cudaEventRecord(e0));
-          CK(cudaLaunchKernelExC(&cfg, fn, args));
-          CK(cudaEventRecord(e1));
-          CK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          for (int q = 0; q <= W; q++)
-            if (t.err[q] != 0) {
-              fprintf(stderr, "sbn-probe: empty op W=%d: error word %d = %d\n", W, q, t.err[q]);
-              exit(1);
-            }
-          if (rep == 0) continue;
-          us.push_back(ms * 1000.0);
-          CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
-          unsigned long long t0 = ~0ull;
-          for (unsigned b = 0; b < grid; b++) t0 = std::min(t0, st[b * 8]);
-          for (int s = 0; s < 7; s++) {
-            std::vector<double> v;
-            for (unsigned b = 0; b < grid; b++)
-              if (st[b * 8 + s] >= t0) v.push_back((double)(st[b * 8 + s] - t0) / 1000.0);
-            stage[s].push_back(median(v));
-          }
-        }
-        json("{\"probe\": \"empty_op\", \"kernel\": \"%s\", \"host_read_at_start\": %s, "
-             "\"W\": %d, \"blocks\": %u, \"op_us\": %.2f, \"stages_us\": {\"start_loads\": %.2f, "
-             "\"stage1\": %.2f, \"rank_barrier\": %.2f, \"published\": %.2f, "
-             "\"first_gather\": %.2f, \"done\": %.2f}}",
-             var == SBN_VAR_LEGACY ? "legacy" : "stream", mut ? "true" : "false", W, grid,
-             median(us), median(stage[1]), median(stage[2]), median(stage[3]), median(stage[4]),
-             median(stage[5]), median(stage[6]));
-        team_free(&t);
+  for (int rep = 0; rep < reps; rep++) {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr;
+    void* args[1] = {a};
+    memset(&cfg, 0, sizeof cfg);
+    memset(&attr, 0, sizeof attr);
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(SBN_GPU_THREADS);
+    cfg.dynamicSmemBytes = dyn;
+    attr.id = cudaLaunchAttributeCooperative;
+    attr.val.cooperative = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CK(cudaEventRecord(e0));
+    CK(cudaLaunchKernelExC(&cfg, fn, args));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    for (int q = 0; q <= a->nranks; q++)
+      if (err[q] != 0) {
+        fprintf(stderr, "sbn-probe: %s: error word %d = %d\n", what, q, err[q]);
+        exit(1);
       }
-  const int zero = 0;
-  CK(cudaMemcpyToSymbol(sbn_probe_mutants, &zero, sizeof zero));
+    if (rep == 0) continue;
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    out->us.push_back(ms * 1000.0);
+    if (grid > SBN_PROBE_MAX_BLOCKS) continue;
+    CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
+    unsigned long long t0 = ~0ull;
+    for (unsigned b = 0; b < grid; b++) t0 = std::min(t0, st[b * 8]);
+    for (int sg = 0; sg < 7; sg++) {
+      std::vector<double> v;
+      for (unsigned b = 0; b < grid; b++)
+        if (st[b * 8 + sg] >= t0) v.push_back((double)(st[b * 8 + sg] - t0) / 1000.0);
+      out->med[sg].push_back(median(v));
+      out->last[sg].push_back(v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
+    }
+  }
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
 }
@@ -461,8 +372,9 @@ static void probe_empty_op(bool quick) {
    op's median time and, per stage, when the median and the LAST block got there (the
    last block's stamps are the critical path). */
 static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, int kernel, int sms,
-                     bool quick) {
+                     bool quick, int mutants = 0) {
   const int kind = SBN_OP_FORWARD, dt = sbnFloat32;
+  CK(cudaMemcpyToSymbol(sbn_probe_mutants, &mutants, sizeof mutants));
   sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel};
   sbn_plan_rank_t rk[8];
   for (int r = 0; r < W; r++) rk[r] = sbn_plan_rank_t{N, sp, 1};
@@ -494,7 +406,8 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   sbn_plan_t pl;
   int64_t detail = 0;
   if (sbn_plan_launch(&op, rk, W, &dev, &pl, &detail) != SBN_PLAN_OK) {
-    json("{\"probe\": \"op\", \"shape\": \"%s\", \"W\": %d, \"note\": \"no plan\"}", name, W);
+    json("{\"probe\": \"op\", \"shape\": \"%s\", \"W\": %d, \"note\": \"no plan (%lld)\"}",
+         name, W, (long long)detail);
     return;
   }
   const int64_t numel = N * C * sp, nch = (C + 31) / 32;
@@ -558,62 +471,21 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   const void* fn = sbn_coop_kernel_ptr(kind, dt, pl.tile, pl.vec, pl.variant);
   const unsigned grid = (unsigned)(W * pl.G);
   const size_t dyn = pl.variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl.hold_slots) : 0;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<unsigned long long> st((size_t)SBN_PROBE_MAX_BLOCKS * 8);
-  std::vector<double> us;
-  std::vector<std::vector<double>> med(7), last(7);
-  for (int rep = 0; rep < (quick ? 6 : 21); rep++) {
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr;
-    void* args[1] = {&a};
-    memset(&cfg, 0, sizeof cfg);
-    memset(&attr, 0, sizeof attr);
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(SBN_GPU_THREADS);
-    cfg.dynamicSmemBytes = dyn;
-    attr.id = cudaLaunchAttributeCooperative;
-    attr.val.cooperative = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    CK(cudaEventRecord(e0));
-    CK(cudaLaunchKernelExC(&cfg, fn, args));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    for (int q = 0; q <= W; q++)
-      if (err[q] != 0) {
-        fprintf(stderr, "sbn-probe: %s W=%d: error word %d = %d\n", name, W, q, err[q]);
-        exit(1);
-      }
-    if (rep == 0) continue;
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(ms * 1000.0);
-    if (grid > SBN_PROBE_MAX_BLOCKS) continue;
-    CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
-    unsigned long long t0 = ~0ull;
-    for (unsigned b = 0; b < grid; b++) t0 = std::min(t0, st[b * 8]);
-    for (int sg = 0; sg < 7; sg++) {
-      std::vector<double> v;
-      for (unsigned b = 0; b < grid; b++)
-        if (st[b * 8 + sg] >= t0) v.push_back((double)(st[b * 8 + sg] - t0) / 1000.0);
-      med[sg].push_back(median(v));
-      last[sg].push_back(v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()));
-    }
-  }
+  char what[64];
+  snprintf(what, sizeof what, "%s W=%d", name, W);
+  StageTimes tm;
+  run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
   static const char* const vname[] = {"legacy", "stream", "onchip"};
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
-       "\"W\": %d, \"kernel\": \"%s%s\", \"G\": %d, \"op_us\": %.2f, "
+       "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, "
        "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
        "\"last_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
        "\"stages\": \"start_loads, stage1, rank_barrier, published, first_gather, done\"}",
        name, (long long)N, (long long)C, (long long)sp, W, vname[pl.variant], pl.vec ? "" : "-scalar",
-       pl.G, median(us), median(med[1]), median(med[2]), median(med[3]), median(med[4]),
-       median(med[5]), median(med[6]), median(last[1]), median(last[2]), median(last[3]),
-       median(last[4]), median(last[5]), median(last[6]));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+       mutants ? "true" : "false", pl.G, median(tm.us), median(tm.med[1]), median(tm.med[2]), median(tm.med[3]),
+       median(tm.med[4]), median(tm.med[5]), median(tm.med[6]), median(tm.last[1]),
+       median(tm.last[2]), median(tm.last[3]), median(tm.last[4]), median(tm.last[5]),
+       median(tm.last[6]));
   for (int r = 0; r < W; r++) {
     CK(cudaFree(state[r]));
     CK(cudaFree(part[r]));
@@ -624,6 +496,19 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   CK(cudaFree(prm));
   CK(cudaFree(nbt));
   CK(cudaFreeHost(err));
+}
+
+/* The empty op (n = 0 on every rank, C = 512, as the first run's latency table): stream
+   and legacy, W = 1, 2, 4, 8 (quick: to 4), as built and with every publishing block's
+   old read of the error words (host memory) at its start. */
+static void probe_empty_op(int sms, bool quick) {
+  for (int mut = 0; mut < 2; mut++)
+    for (int k = 0; k < 2; k++)
+      for (int W = 1; W <= (quick ? 4 : 8); W *= 2)
+        probe_op("empty", 0, 512, 1, W, k ? SBN_KERNEL_LEGACY : SBN_KERNEL_STREAM, sms, quick,
+                 mut ? SBN_MUT_HOST_WORDS_AT_START : 0);
+  const int zero = 0;
+  CK(cudaMemcpyToSymbol(sbn_probe_mutants, &zero, sizeof zero));
 }
 
 static void probe_ops(int sms, bool quick) {
@@ -666,7 +551,7 @@ int main(int argc, char** argv) {
   probe_host_word(p.multiProcessorCount, quick);
   probe_round_trip(quick);
   probe_code_fetch(p.multiProcessorCount, quick);
-  probe_empty_op(quick);
+  probe_empty_op(p.multiProcessorCount, quick);
   probe_ops(p.multiProcessorCount, quick);
   if (g_json) fclose(g_json);
   return 0;

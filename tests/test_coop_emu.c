@@ -842,15 +842,23 @@ static void test_timeout(void) {
   team_free(&t);
 }
 
+/* sbnCommAbort after delay_ms, by one of its two ways into the kernels: the host's abort
+   word (err[W], mapped host memory: a waiting watcher reads it), or (stop_words) the
+   copies into every rank's stop word (device memory; gpu_team.c: sbn_gpu_stop_ranks). */
 typedef struct {
   emu_team_t* e;
   int delay_ms;
+  int stop_words;
 } aborter_t;
 static void* aborter_main(void* p) {
   aborter_t* a = (aborter_t*)p;
   struct timespec ts = {0, (long)a->delay_ms * 1000000L};
   nanosleep(&ts, NULL);
-  __atomic_store_n((int*)&a->e->err[a->e->W], sbnAborted, __ATOMIC_RELAXED); /* sbnCommAbort */
+  if (a->stop_words)
+    for (int r = 0; r < a->e->W; r++)
+      __atomic_store_n(&a->e->state[r].stop, (uint32_t)sbnAborted, __ATOMIC_RELAXED);
+  else
+    __atomic_store_n((int*)&a->e->err[a->e->W], sbnAborted, __ATOMIC_RELAXED);
   return NULL;
 }
 
@@ -862,7 +870,7 @@ static void test_abort(void) {
   team_poison(&t);
   emu_team_t e;
   emu_team_init(&e, 2, 2, BEYOND_CTEST_TIMEOUT_MS); /* only the abort can end the wait */
-  aborter_t ab = {&e, 100};
+  aborter_t ab = {&e, 100, 0};
   pthread_t th;
   pthread_create(&th, NULL, aborter_main, &ab);
   const int launched[2] = {1, 0};
@@ -1684,18 +1692,6 @@ static void test_host_memory_waiting(void) { host_memory_waiting(); }
    wait (no error word set), and a kernel launched after it publishes nothing and writes
    nothing; the abort word alone (err[W], where no copy could be made) still ends a wait
    through the watcher. */
-typedef struct {
-  emu_team_t* e;
-  int delay_ms;
-} stopper_t;
-static void* stopper_main(void* p) {
-  stopper_t* a = (stopper_t*)p;
-  struct timespec ts = {0, (long)a->delay_ms * 1000000L};
-  nanosleep(&ts, NULL);
-  for (int r = 0; r < a->e->W; r++) /* gpu_team.c: sbn_gpu_stop_ranks' copies */
-    __atomic_store_n(&a->e->state[r].stop, (uint32_t)sbnAborted, __ATOMIC_RELAXED);
-  return NULL;
-}
 static void test_abort_stop_word(void) {
   static const int64_t n[2] = {2, 2};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -1704,9 +1700,9 @@ static void test_abort_stop_word(void) {
   team_poison(&t);
   emu_team_t e;
   emu_team_init(&e, 2, 2, BEYOND_CTEST_TIMEOUT_MS); /* only the stop word can end the wait */
-  stopper_t st = {&e, 100};
+  aborter_t st = {&e, 100, 1};
   pthread_t th;
-  pthread_create(&th, NULL, stopper_main, &st);
+  pthread_create(&th, NULL, aborter_main, &st);
   const int launched[2] = {1, 0};
   emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
   pthread_join(th, NULL);
