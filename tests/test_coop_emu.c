@@ -1968,8 +1968,10 @@ int main(int argc, char** argv) {
   EMU_TEST(test_abort, 1);
   EMU_TEST(test_abort_stop_word, 1);
   EMU_TEST(test_pinned_host_failure_crosses, 1);
-  EMU_TEST(test_exchange_hops, 1);
-  EMU_TEST(test_host_memory_success_path, 1);
+  /* counts over many launches (not the protocol's concurrency): not under TSan, where
+     they took 5 minutes */
+  EMU_TEST(test_exchange_hops, 0);
+  EMU_TEST(test_host_memory_success_path, 0);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);
   EMU_TEST(test_host_path_errors, 1);
