@@ -34,6 +34,10 @@ extern "C" {
    served one at a time, so a watcher that waits spends at most ~5 % of its time on them,
    and notices a failure that reaches it no other way within ~21 us. */
 #define SBN_HOST_POLL_NS 20000
+/* Where every failure and abort also reaches the kernels through the stop words (every
+   transport but peer-pinned-host), the error words are only a fallback (an abort whose
+   copy could not be made): once per millisecond. */
+#define SBN_HOST_POLL_FALLBACK_NS 1000000
 
 /* Per-rank persistent device state (in the rank's device memory, zeroed at init). */
 typedef struct {
@@ -95,7 +99,8 @@ typedef struct {
   int host_words_at_start; /* the peer-pinned-host transport (mailboxes in host memory, no
                               peer access to the stop words): a kernel's start reads err */
   int64_t host_poll_ns; /* a waiting watcher reads err at most once per host_poll_ns, and
-                           not in the first host_poll_ns of a wait (SBN_HOST_POLL_NS) */
+                           not in the first host_poll_ns of a wait (SBN_HOST_POLL_NS on
+                           peer-pinned-host, SBN_HOST_POLL_FALLBACK_NS elsewhere) */
   int64_t c;
   int64_t timeout_ns;
   uint32_t sig;

@@ -119,8 +119,10 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
        process): at the start and every 32 polls of a wait;
      - the team's error words (err[q], mapped HOST memory: every rank's cause, the host's
        abort word): only by the rank's watcher block (its block 0), only while it waits,
-       at most once per a.host_poll_ns (SBN_HOST_POLL_NS), all words in one coalesced
-       load. A read of host
+       at most once per a.host_poll_ns, all words in one coalesced load: every 20 us
+       (SBN_HOST_POLL_NS) on the peer-pinned-host transport, where they are how another
+       GPU's failure arrives; every 1 ms (SBN_HOST_POLL_FALLBACK_NS) elsewhere, where
+       every failure and abort also sets the stop words and they are only a fallback. A read of host
        memory costs about a microsecond and such reads are served one at a time (the
        first GPU run), so no success path reads one: the watcher, once it sees a failure,
        sets the stop words and the other blocks see those.
@@ -140,15 +142,19 @@ SBN_NO_UNROLL
 __device__ __forceinline__ int device_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
   const int lane = (int)(threadIdx.x & 31);
   int seen = lane == 0 && ld_relaxed_gpu_u32(&R.state->stop) != 0u;
-  if (a.fail != nullptr)
+  if (a.fail != nullptr) {
 SBN_NO_UNROLL
     for (int q = lane; q < a.nranks; q += 32) seen |= ld_relaxed_gpu_u32(&a.fail[q]) != 0u;
+  }
   return seen;
 }
 /* At a kernel's start (the publishing blocks' last warp): has the team failed? The
    device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
-   stop words, reads the host words too, after the block's first barrier: the kernels'
-   callers, coop_kernel.cuh and host_path.cuh. Its mailboxes are in host memory anyway.) */
+   stop words, reads the host words too: in the cooperative kernel block 0 alone, before
+   it arrives at the rank barrier, turning a failure it sees into the rank's stop word,
+   which every publishing block reads again after the barrier, so that the rank's blocks
+   publish all their chunks or none; in APPLY after the block's first barrier. Its
+   mailboxes are in host memory anyway.) */
 __device__ __forceinline__ int start_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
   int seen = device_words_lane(a, R);
   if (SBN_MUTANT(SBN_MUT_HOST_WORDS_AT_START)) seen |= host_words_lane(a);
@@ -193,6 +199,9 @@ __device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
    within 32 polls. Failure path only (it reads and writes host memory). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
   if (ld_err(&a.err[rank]) == 0) st_err(&a.err[rank], code);
+  /* the cause in host memory before any rank can see "stop" and record sbnAborted as its
+     own word: sbnCommGetAsyncError reports the cause, not the aborts it caused */
+  fence_release_sys();
 SBN_NO_UNROLL
   for (int q = 0; q < a.nranks; q++)
     if (a.stop[q] != nullptr) st_relaxed_sys(a.stop[q], (uint32_t)code);

@@ -93,13 +93,19 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
   SBN_STAMP(2); /* stage 1 done */
   const uint64_t deadline = deadline_after(a.timeout_ns);
+  if (a.host_words_at_start && b == 0 && st == 0) {
+    /* peer-pinned-host: one read of the error words for the rank, made into its stop
+       word before the barrier (whose fences order it): all its blocks decide alike */
+    const int seen = (int)(threadIdx.x >> 5) == 0 ? host_words_lane(a) : 0;
+    if (__syncthreads_or(seen) && threadIdx.x == 0) st_relaxed_gpu(&R.state->stop, sbnAborted);
+  }
   if (st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
   if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
       !rank_barrier(&R.state->barrier, a.G, b == 0, deadline))
     st = sbnTimeout;
   if (st == 0) {
-    if (a.host_words_at_start && b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1)
-      err_seen |= host_words_lane(a); /* peer-pinned-host: the failures of the other GPUs */
+    if (a.host_words_at_start && b < g.nchunks && threadIdx.x == kThreads - 1)
+      err_seen |= ld_relaxed_gpu_u32(&R.state->stop) != 0u; /* block 0's read, above */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
   if (st == 0) {

@@ -127,7 +127,8 @@ SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
    events) on its device (current); its mailbox too when `mail` (device or pinned host
    memory per the transport). */
 /* The host's abort reaches the kernels: err[nranks] = sbnAborted, then every present
-   rank's stop word (device memory) through its stop_stream, waited for (bounded). */
+   rank's stop word (device memory) through its stop_stream, waited for (bounded); where
+   that fails, it says so at SBN_DEBUG=WARN. */
 SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);

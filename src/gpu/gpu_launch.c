@@ -279,8 +279,10 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
         (g->device == dev || gt->transport == SBN_TR_VIRTUAL || gt->transport == SBN_TR_PEER))
       a->stop[q] = &g->state->stop;
   }
+  /* the error words at a kernel's start only where they are how a failure arrives:
+     another GPU without peer access */
   a->host_words_at_start = gt->transport == SBN_TR_PEER_HOST;
-  a->host_poll_ns = SBN_HOST_POLL_NS;
+  a->host_poll_ns = gt->transport == SBN_TR_PEER_HOST ? SBN_HOST_POLL_NS : SBN_HOST_POLL_FALLBACK_NS;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
   a->sig = sbn_op_signature(o0);

@@ -40,24 +40,39 @@ void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   cudaGetDevice(&prev);
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
+  int unsent = 0;
   for (int q = 0; q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
-    if (!g->present || g->state == NULL || g->stop_stream == NULL ||
-        cudaSetDevice(g->device) != cudaSuccess ||
+    if (!g->present || g->state == NULL) continue; /* nothing of this rank runs here */
+    if (g->stop_stream == NULL || cudaSetDevice(g->device) != cudaSuccess ||
         cudaMemcpyAsync(&g->state->stop, (const void*)&gt->err[gt->nranks], sizeof(uint32_t),
-                        cudaMemcpyHostToDevice, g->stop_stream) != cudaSuccess)
+                        cudaMemcpyHostToDevice, g->stop_stream) != cudaSuccess) {
       (void)cudaGetLastError();
+      unsent = 1;
+    }
   }
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
   for (int q = 0; q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
-    if (!g->present || g->stop_stream == NULL || cudaSetDevice(g->device) != cudaSuccess) continue;
-    while (cudaStreamQuery(g->stop_stream) == cudaErrorNotReady && sbn_mono_ns() < deadline) {
+    if (!g->present || g->state == NULL || g->stop_stream == NULL ||
+        cudaSetDevice(g->device) != cudaSuccess)
+      continue;
+    cudaError_t e;
+    while ((e = cudaStreamQuery(g->stop_stream)) == cudaErrorNotReady && sbn_mono_ns() < deadline) {
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
     }
+    if (e != cudaSuccess) unsent = 1;
   }
   (void)cudaGetLastError();
+  if (unsent) {
+    /* a waiting cooperative kernel still sees the abort word (its watcher, within a
+       millisecond); an APPLY queued behind a collective about to be aborted reads only
+       its stop word, and may run on the records it has (later ops are refused anyway) */
+    sbn_log(SBN_LOG_WARN, "GPU team: the abort could not reach every rank's stop word (a "
+                          "CUDA error or a copy that did not finish within the timeout); "
+                          "kernels already queued may still run");
+  }
   cudaThreadExchangeStreamCaptureMode(&mode);
   cudaSetDevice(prev);
 }
@@ -502,7 +517,9 @@ sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt) {
 sbnResult_t sbn_gpu_poll(const sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
   /* the watchdog thread aborts stuck collectives; polling only reads the error words, so it
-     never blocks (and never queries events from a thread that may be capturing) */
+     never blocks (and never queries events from a thread that may be capturing). Where
+     that thread could not start, the watchdog runs here, and an abort it makes waits
+     (bounded by the timeout) for its copies into the stop words. */
   if (!gt->watchdog_ok) host_watchdog(gt);
   sbnResult_t worst = sbnSuccess;
   for (int q = 0; q <= gt->nranks; q++) {

@@ -117,6 +117,7 @@ inline int __all_sync(unsigned mask, int p) {
   return (int)emu_vote(p, true);
 }
 inline void __threadfence() { emu::mem_fence(); }
+inline void fence_release_sys() { emu::mem_fence(); }
 inline void __nanosleep(unsigned ns) {
   (void)ns;
   emu::spin_yield();
