@@ -368,7 +368,9 @@ static void run_timed(const void* fn, unsigned grid, size_t dyn, sbn_coop_args_t
 /* ---- ops: real shapes, the library's plan, the stages ------------------------------------ */
 /* The forward of a benchmark shape (fp32 NCHW, x = 0: the time does not depend on the
    values) on a virtual team of W ranks, planned as gpu_launch.c plans it (sbn_plan_launch
-   with this device's occupancy and onchip capacity) for SBN_KERNEL=auto or stream: the
+   with this device's occupancy and onchip capacity, computed as src/gpu/gpu_team.c's
+   sbn_gpu_query_device does: the probe links its own, stamped copy of the kernels, not
+   the library, so it cannot call that) for SBN_KERNEL=auto or stream: the
    op's median time and, per stage, when the median and the LAST block got there (the
    last block's stamps are the critical path). */
 static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, int kernel, int sms,

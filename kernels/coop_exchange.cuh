@@ -122,10 +122,10 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
        at most once per a.host_poll_ns, all words in one coalesced load: every 20 us
        (SBN_HOST_POLL_NS) on the peer-pinned-host transport, where they are how another
        GPU's failure arrives; every 1 ms (SBN_HOST_POLL_FALLBACK_NS) elsewhere, where
-       every failure and abort also sets the stop words and they are only a fallback. A read of host
-       memory costs about a microsecond and such reads are served one at a time (the
-       first GPU run), so no success path reads one: the watcher, once it sees a failure,
-       sets the stop words and the other blocks see those.
+       every failure and abort also sets the stop words and they are only a fallback.
+       A read of host memory costs about a microsecond and such reads are served one at
+       a time (the first GPU run), so no success path reads one: the watcher, once it
+       sees a failure, sets the stop words and the other blocks see those.
    A kernel writes err[rank] (host memory) only when it fails. */
 /* This lane's share of the team's error words (host memory): err[q], q <= nranks, the
    lanes q = lane, lane + 32, ... (one coalesced load for teams of up to 31 ranks). */
@@ -421,14 +421,14 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
     /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
        it instead of following the gather (forward: weight, bias; backward: the saved
        mean and invstd, weight) */
-    float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, p_invstd = 0.0f;
+    float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, invstd = 0.0f;
     if (mine_c) {
       if (R.weight) p_w = R.weight[c];
       if (KIND == SBN_OP_FORWARD) {
         if (R.bias) p_b = R.bias[c];
       } else {
         p_mean = R.save_mean_in[c];
-        p_invstd = R.save_invstd[c];
+        invstd = R.save_invstd[c];
       }
     }
     int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
@@ -443,7 +443,6 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
         sm.extra[slot][0] = s.invstd;
         sm.extra[slot][1] = s.var_unbiased;
       } else {
-        const float invstd = p_invstd;
         sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, p_mean, invstd, p_w);
         sm.coef[slot][0] = kc.mean;
         sm.coef[slot][1] = kc.mean_dy;

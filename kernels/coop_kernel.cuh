@@ -39,10 +39,11 @@
  * the launch's ranks, and return. No __trap: the context stays usable. A kernel queued
  * behind a failure of the team (or replayed after sbnCommAbort) publishes nothing: its
  * publishing blocks read the rank's stop word (and NCCL teams' failure words) at their
- * start and look at them before they publish (after a failure some peer may not have finished reading this rank's previous
- * records, so the double buffering no longer protects them; a rank whose previous
- * kernel succeeded saw every rank's records of it, so every peer had finished the kernel
- * before: publishing is safe, and a peer that failed since makes its wait end).
+ * start and look at them before they publish (after a failure some peer may not have
+ * finished reading this rank's previous records, so the double buffering no longer
+ * protects them; a rank whose previous kernel succeeded saw every rank's records of it,
+ * so every peer had finished the kernel before: publishing is safe, and a peer that
+ * failed since makes its wait end).
  */
 #ifndef SYNCBN_COOP_KERNEL_CUH_
 #define SYNCBN_COOP_KERNEL_CUH_
