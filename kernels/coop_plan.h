@@ -175,6 +175,15 @@ static SBN_ARGS_HD int sbn_vec_shape_ok(int tile, int64_t c, int64_t sp, int dty
   return tile ? c % v == 0 : (sp % v == 0 || sp >= SBN_PLANE_VEC_MIN_SPATIAL);
 }
 
+/* Whether the onchip kernels take a shape the 16-byte kernels take: tile units, or plane
+   units whose planes are whole vectors (spatial % vec == 0). The onchip kernels compile
+   only that walk (coop_vec.cuh: WHOLE): the walk over odd planes' pieces, unrolled once
+   per batch held in registers, was half of their machine code (check-sass.sh), and code
+   size is time on small ops. Odd planes (97x97) take the stream kernels. */
+static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
+  return tile || sp % vec == 0;
+}
+
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
 static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {
   const int64_t srows = (g->rows + g->P - 1) / g->P + g->vec; /* a slice, its rounding included */
@@ -194,6 +203,7 @@ static SBN_ARGS_HD int64_t sbn_thread_batches_bound(const sbn_geo_t* g, int kind
 static SBN_ARGS_HD int sbn_onchip_fits(const sbn_geo_t* g, int kind, int dtype, int G,
                                        int hold_slots) {
   if (g->vec == 1) return 0; /* the onchip kernels are the 16-byte ones */
+  if (!sbn_onchip_shape_ok(g->tile, g->sp, g->vec)) return 0;
   return sbn_thread_batches_bound(g, kind, G) <=
          (int64_t)SBN_HOLD_REG_BATCHES(dtype, g->tile) + hold_slots;
 }
@@ -247,7 +257,9 @@ typedef struct {
 enum {
   SBN_PLAN_OK = 0,
   SBN_PLAN_ONCHIP_SHARED, /* SBN_KERNEL=onchip on ranks that share a GPU */
-  SBN_PLAN_ONCHIP_SHAPE,  /* SBN_KERNEL=onchip on tensors the 16-byte kernels cannot take */
+  SBN_PLAN_ONCHIP_SHAPE,  /* SBN_KERNEL=onchip on tensors the onchip kernels cannot take:
+                             not 16-byte aligned, or not whole vectors (sbn_vec_shape_ok,
+                             sbn_onchip_shape_ok) */
   SBN_PLAN_NO_BLOCKS,     /* more ranks on the device than its co-resident blocks */
   SBN_PLAN_ONCHIP_NOFIT   /* SBN_KERNEL=onchip: the tensors do not fit on chip */
 };
@@ -266,10 +278,11 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     for (int i = 0; i < nranks; i++) tile &= ranks[i].sp == 1;
   }
   /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
-  int vec = 1;
+  int vec = 1, whole = 1;
   int64_t numel = 0;
   for (int i = 0; i < nranks; i++) {
     vec &= ranks[i].aligned && sbn_vec_shape_ok(tile, op->c, ranks[i].sp, op->dtype);
+    whole &= sbn_onchip_shape_ok(tile, ranks[i].sp, V);
     const int64_t e = ranks[i].n * op->c * ranks[i].sp;
     if (e > numel) numel = e;
   }
@@ -279,9 +292,9 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
      next to a mismatched backward) fits side by side. */
   const int want = op->host && op->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO : op->kernel;
-  int var = want == SBN_KERNEL_LEGACY                            ? SBN_VAR_LEGACY
-            : want == SBN_KERNEL_STREAM || !vec || dev->shared ? SBN_VAR_STREAM
-                                                                 : SBN_VAR_ONCHIP;
+  int var = want == SBN_KERNEL_LEGACY                                      ? SBN_VAR_LEGACY
+            : want == SBN_KERNEL_STREAM || !vec || !whole || dev->shared ? SBN_VAR_STREAM
+                                                                           : SBN_VAR_ONCHIP;
   if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
     return dev->shared ? SBN_PLAN_ONCHIP_SHARED : SBN_PLAN_ONCHIP_SHAPE;
   if (var == SBN_VAR_LEGACY) vec = 0;

@@ -24,16 +24,20 @@
 #define SYNCBN_COOP_VEC_CUH_
 
 /* The positions of one batch: tile units, kv whole positions i0 + k * step (k < kv);
-   plane units, U element indices and 8 mask bits each. */
-template <bool TILE, int U> struct BatchPos;
-template <int U> struct BatchPos<true, U> {
+   plane units, U element indices and 8 mask bits each; plane units of whole vectors
+   (WHOLE: spatial % VEC == 0, the onchip kernels' only plane units), U element indices
+   of which the first kv are whole positions (what the general form says of them, with
+   masks the compiler knows to be full or empty). */
+template <bool TILE, int U, bool WHOLE> struct BatchPos;
+template <int U, bool WHOLE> struct BatchPos<true, U, WHOLE> {
   int64_t i0, step;
   int kv;
   __device__ __forceinline__ int64_t idx(int k) const { return i0 + k * step; }
   __device__ __forceinline__ unsigned mask(int k, unsigned full) const { return k < kv ? full : 0u; }
   __device__ __forceinline__ bool empty() const { return kv == 0; }
+  __device__ __forceinline__ bool all(uint64_t) const { return kv == U; }
 };
-template <int U> struct BatchPos<false, U> {
+template <int U> struct BatchPos<false, U, false> {
   int64_t i[U];
   uint64_t mk;
   __device__ __forceinline__ int64_t idx(int k) const { return i[k]; }
@@ -41,13 +45,22 @@ template <int U> struct BatchPos<false, U> {
     return (unsigned)(mk >> (8 * k)) & 0xffu;
   }
   __device__ __forceinline__ bool empty() const { return mk == 0; }
+  __device__ __forceinline__ bool all(uint64_t full) const { return mk == full; }
+};
+template <int U> struct BatchPos<false, U, true> {
+  int64_t i[U];
+  int kv;
+  __device__ __forceinline__ int64_t idx(int k) const { return i[k]; }
+  __device__ __forceinline__ unsigned mask(int k, unsigned full) const { return k < kv ? full : 0u; }
+  __device__ __forceinline__ bool empty() const { return kv == 0; }
+  __device__ __forceinline__ bool all(uint64_t) const { return kv == U; }
 };
 
 /* ---- the positions of one thread in one unit ------------------------------------------- */
-template <bool TILE, int VEC> struct Walker;
+template <bool TILE, int VEC, bool WHOLE> struct Walker;
 
 /* Tile units: rows r0 + w*VEC + lane/(32/VEC) + k*8*VEC of the thread's vector column. */
-template <int VEC> struct Walker<true, VEC> {
+template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
   int64_t i, step, left, K;
   __device__ Walker(const sbn_geo_t& g, int grp, int64_t r0, int64_t r1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -56,7 +69,7 @@ template <int VEC> struct Walker<true, VEC> {
     i = (r0 + (int64_t)w * VEC + lane / vpg) * g.c + (int64_t)grp * kChunk + (lane % vpg) * VEC;
     step = (int64_t)sbn_tile_step(&g) * g.c;
   }
-  template <int U> __device__ __forceinline__ void batch(BatchPos<true, U>& bp) {
+  template <int U> __device__ __forceinline__ void batch(BatchPos<true, U, WHOLE>& bp) {
     bp.i0 = i;
     bp.step = step;
     bp.kv = (int)(left < U ? left : U);
@@ -70,8 +83,10 @@ template <int VEC> struct Walker<true, VEC> {
    are whole vectors (spatial % VEC == 0; slices start at multiples of VEC), entry j is
    row r0 + j*VEC and the walk keeps (plane, offset) incrementally: O(1) per position
    whatever the number of planes. Otherwise (odd spatial sizes, which the plan sends here
-   only for planes of at least SBN_PLANE_VEC_MIN_SPATIAL elements) it steps over pieces. */
-template <int VEC> struct Walker<false, VEC> {
+   only for planes of at least SBN_PLANE_VEC_MIN_SPATIAL elements, and only to the stream
+   kernels) it steps over pieces. WHOLE: the planes are whole vectors, known at compile
+   time (the onchip kernels): only the first walk is compiled. */
+template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   const sbn_geo_t* g;
   int64_t c, r0, r1;
   int64_t nn, e0, e1, v, vend; /* pieces: plane, its elements, the vector, its end */
@@ -80,12 +95,12 @@ template <int VEC> struct Walker<false, VEC> {
   bool aligned;
   __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
       : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {
-    aligned = g->sp % VEC == 0;
+    aligned = WHOLE || g->sp % VEC == 0;
     const int64_t V = aligned ? (r1 > r0 ? (r1 - r0) / VEC : 0) : sbn_plane_vectors(g, c, r0, r1);
     const int t = threadIdx.x;
     K = left = V > t ? (V - t + kThreads - 1) / kThreads : 0;
     if (K == 0) return;
-    if (aligned) {
+    if (WHOLE || aligned) {
       const int64_t r = r0 + (int64_t)t * VEC, step = (int64_t)kThreads * VEC;
       nn = r / g->sp;
       s = r - nn * g->sp;
@@ -106,7 +121,7 @@ template <int VEC> struct Walker<false, VEC> {
     }
   }
   __device__ __forceinline__ unsigned next(int64_t* idx) {
-    if (aligned) {
+    if (WHOLE || aligned) {
       *idx = (nn * g->c + c) * g->sp + s;
       if (left <= 0) return 0u;
       left--;
@@ -126,10 +141,16 @@ template <int VEC> struct Walker<false, VEC> {
     if (left > 0) advance(kThreads);
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
   }
-  template <int U> __device__ __forceinline__ void batch(BatchPos<false, U>& bp) {
+  template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
     SBN_UNROLL
     for (int k = 0; k < U; k++) bp.mk |= (uint64_t)next(&bp.i[k]) << (8 * k);
+  }
+  template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, true>& bp) {
+    const int64_t kv = left < U ? left : U;
+    SBN_UNROLL
+    for (int k = 0; k < U; k++) (void)next(&bp.i[k]);
+    bp.kv = (int)kv;
   }
 };
 
@@ -168,7 +189,12 @@ struct VecPath {
   static constexpr int NBR = ONCHIP ? SBN_HOLD_REG_BATCHES(DT, TILE) : 1;
   static constexpr int NCH = TILE ? VEC : 1; /* channels of a thread */
   static constexpr unsigned kFull = (1u << VEC) - 1u;
-  typedef BatchPos<TILE, U> Pos;
+  /* onchip plane units: planes of whole vectors only (the plan sends odd spatial sizes to
+     the stream kernels), so that only the O(1) walk and whole-vector batches are compiled:
+     the other walk was half the onchip kernels' code (check-sass.sh) */
+  static constexpr bool WHOLE = ONCHIP;
+  typedef BatchPos<TILE, U, WHOLE> Pos;
+  typedef Walker<TILE, VEC, WHOLE> Walk;
   typedef uint4 Batch[U][NV];
 
   Batch hold[NBR]; /* onchip: the thread's first NBR batches (over the block's units) */
@@ -191,7 +217,7 @@ SBN_UNROLL
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
-    const Walker<TILE, VEC> wk(g, grp, r0, r1);
+    const Walk wk(g, grp, r0, r1);
     return (int)((wk.K + U - 1) / U);
   }
 
@@ -241,7 +267,7 @@ SBN_UNROLL
      shared memory slot *gb - NBR; stream, each read now with L2 policy pol. Stage 1 and
      stage 5 visit the same batches in the same order through here. */
   template <typename F>
-  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walker<TILE, VEC>& wk,
+  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, F f) {
     int bt = 0;
     if (ONCHIP) {
@@ -297,14 +323,14 @@ SBN_UNROLL
       A.count += nb;
     } else { /* one channel; the batch's elements in (position, element) order */
       if (A.count == 0.0f) { /* a thread's first position has an element */
-        const unsigned m0 = bp.mask(0, kFull);
+        const unsigned m0 = WHOLE ? kFull : bp.mask(0, kFull);
         int e0 = 0;
         while (!(m0 >> e0 & 1u)) e0++;
         A.shift[0] = elem_get<DT, VEC>(bt[0][0], e0);
       }
       const float sh = A.shift[0];
       float s = 0.0f, q = 0.0f, nb;
-      if (bp.mk == full_mask()) {
+      if (bp.all(full_mask())) {
         nb = (float)(U * VEC);
 SBN_UNROLL
         for (int k = 0; k < U; k++)
@@ -416,7 +442,7 @@ SBN_UNROLL
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
-    Walker<TILE, VEC> wk(g, grp, r0, r1);
+    Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
     const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
@@ -458,17 +484,19 @@ SBN_UNROLL
      block's threads agree) when a thread has more batches than the registers and the
      hold_slots of shared memory hold: the host's plan guarantees it never happens
      (coop_plan.h: sbn_onchip_fits); this only keeps a broken plan from writing past the
-     shared memory. */
+     shared memory. Likewise false for plane units whose planes are not whole vectors
+     (the onchip kernels walk only whole ones; the plan never sends them here). */
   __device__ bool stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int b, int G, uint4* hs,
                          int hold_slots, Smem& sm) {
     if (ONCHIP) {
+      if (!TILE && g.sp % VEC != 0) return false; /* block-uniform */
       const uint64_t pol = policy_evict_first();
       int gb = 0, overflow = 0;
       for (int u = b; u < g.units; u += G) {
         int grp, p;
         int64_t r0, r1;
         unit_rows(g, u, &grp, &p, &r0, &r1);
-        Walker<TILE, VEC> wk(g, grp, r0, r1);
+        Walk wk(g, grp, r0, r1);
         const int nb = (int)((wk.K + U - 1) / U);
         int bt = 0;
 SBN_UNROLL
@@ -525,7 +553,7 @@ SBN_UNROLL
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
-    Walker<TILE, VEC> wk(g, grp, r0, r1);
+    Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
     if (g.rows == 0 || R.out == nullptr || nb == 0) {
       *gb += nb;

@@ -122,17 +122,23 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
 }
 
 /* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
-   to stream for the scalar kernels, as the library's auto does), chosen per launch as
+   to stream for the scalar kernels and for planes that are not whole vectors, as the
+   library's auto does: sbn_plan_launch), chosen per launch as
    the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
 static int g_variant = SBN_VAR_ONCHIP;
+static int g_onchip_any_plane; /* test_onchip_whole_planes: onchip on any plane (a broken plan) */
 static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   sbn_plan_t pl;
   pl.G = G;
   pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
   pl.vec = g_variant != SBN_VAR_LEGACY && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
-  pl.variant = g_variant == SBN_VAR_ONCHIP && !pl.vec ? SBN_VAR_STREAM : g_variant;
+  pl.variant = g_variant == SBN_VAR_ONCHIP &&
+                       (!pl.vec || (!sbn_onchip_shape_ok(pl.tile, d->spatial, sbn_vec_of(d->dtype)) &&
+                                    !g_onchip_any_plane))
+                   ? SBN_VAR_STREAM
+                   : g_variant;
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
     const sbn_geo_t g = sbn_geo_make(n_max, d->c, d->spatial, pl.tile, sbn_vec_of(d->dtype), G);
@@ -439,9 +445,10 @@ static void run_fwd_bwd(emu_team_t* e, team_t* t, const sbnParams_t* p, int var)
 
 /* Shapes where a thread has more batches than it holds in registers (so the onchip
    variant holds the rest in shared memory), several units per block (G = 1 with two
-   channel groups or planes), unaligned plane ends (odd spatial), large offsets (fp32) and
-   values near fp16's top: onchip and stream give the same bits, both within the
-   reference's tolerances. */
+   channel groups or planes), a thread's last batch part-full (planes of whole vectors
+   whose count is no multiple of the batch), large offsets (fp32) and values near fp16's
+   top: onchip and stream give the same bits, both within the reference's tolerances.
+   (Planes that are not whole vectors never run onchip: test_onchip_whole_planes.) */
 static void test_onchip_equals_stream(void) {
   static const int64_t n2[2] = {2, 1}, nmany[2] = {300, 200};
   struct {
@@ -451,8 +458,8 @@ static void test_onchip_equals_stream(void) {
     gen_t gen;
     const int64_t* n;
   } cases[] = {
-      {sbnFloat32, sbnLayoutNCHW, 2, 20001, GEN_OFFSET, n2},  /* 10 fwd, 20 bwd batches a thread */
-      {sbnBFloat16, sbnLayoutNCHW, 2, 10001, GEN_NORMAL, n2}, /* masked plane ends, bf16 */
+      {sbnFloat32, sbnLayoutNCHW, 2, 20004, GEN_OFFSET, n2},  /* 10 fwd, 20 bwd batches a thread */
+      {sbnBFloat16, sbnLayoutNCHW, 2, 10008, GEN_NORMAL, n2}, /* bf16, part-full last batches */
       {sbnFloat16, sbnLayoutNCHW, 1, 20000, GEN_F16HIGH, n2}, /* near 6e4 */
       {sbnFloat32, sbnLayoutNCHW, 2, 12, GEN_NORMAL, nmany},  /* 300 small planes a unit */
       {sbnBFloat16, sbnLayoutNCHW, 1, 64, GEN_NORMAL, nmany}, /* the same, bf16 */
@@ -502,7 +509,8 @@ static void test_onchip_equals_stream(void) {
 /* The bytes each op moves through the caller's tensors, counted by the emulation at every
    load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
    reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
-   unaligned plane ends (spatial 1031) and uneven ranks. */
+   unaligned plane ends (spatial 1031: stream; onchip takes planes of whole vectors only,
+   spatial 1032) and uneven ranks. */
 static void test_bytes_moved(void) {
   static const int64_t n2[2] = {3, 2};
   static const int variants[2] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM};
@@ -511,8 +519,8 @@ static void test_bytes_moved(void) {
       for (int v = 0; v < 2; v++) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
-        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1031, n2, 1, 1,
-                  GEN_NORMAL, 400 + dt);
+        const int64_t sp = lay ? 9 : variants[v] == SBN_VAR_ONCHIP ? 1032 : 1031;
+        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, sp, n2, 1, 1, GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
         for (int bwd = 0; bwd < 2; bwd++) {
@@ -552,6 +560,91 @@ static void test_bytes_moved(void) {
         team_free(&t);
         CHECK_();
       }
+}
+
+/* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
+   walk over odd planes' pieces is not compiled into them, half their code before):
+   the plan sends odd planes to stream under auto, refuses them under SBN_KERNEL=onchip,
+   keeps onchip for whole ones; and an onchip kernel given odd planes anyway (a broken
+   plan) writes nothing but sbnInvalidUsage in every rank (no block reaches the rank
+   barrier, so none is left to end in sbnTimeout). */
+static void test_onchip_whole_planes(void) {
+  sbn_plan_dev_t dev;
+  memset(&dev, 0, sizeof dev);
+  dev.sms = 132;
+  dev.ranks_here = 1;
+  for (int tile = 0; tile < 2; tile++)
+    for (int vec = 0; vec < 2; vec++) {
+      dev.occ[tile][vec][SBN_VAR_LEGACY] = 1;
+      dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
+      dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
+    }
+  dev.occ_min = 1;
+  dev.hold_slots[0] = dev.hold_slots[1] = 4;
+  static const struct {
+    sbnDataType_t dt;
+    int64_t sp;
+    int whole;
+  } shapes[] = {{sbnFloat32, 97 * 97, 0}, {sbnFloat32, 96 * 97, 1}, {sbnBFloat16, 1030, 0},
+                {sbnFloat16, 1032, 1},    {sbnFloat32, 1026, 0},    {sbnFloat32, 2, 0}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
+      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel};
+      const sbn_plan_rank_t rk = {1, shapes[i].sp, 1};
+      sbn_plan_t pl;
+      int64_t detail = 0;
+      const int st = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl, &detail);
+      const int vec_ok = sbn_vec_shape_ok(0, 8, shapes[i].sp, shapes[i].dt);
+      if (shapes[i].whole) {
+        ASSERT_EQ_INT(st, SBN_PLAN_OK);
+        ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
+      } else if (kernel == SBN_KERNEL_AUTO) {
+        ASSERT_EQ_INT(st, SBN_PLAN_OK);
+        ASSERT_EQ_INT(pl.variant, SBN_VAR_STREAM);
+        ASSERT_EQ_INT(pl.vec, vec_ok);
+      } else {
+        ASSERT_EQ_INT(st, SBN_PLAN_ONCHIP_SHAPE);
+      }
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  shape %zu, SBN_KERNEL %d\n", i, kernel);
+        return;
+      }
+    }
+  /* a broken plan: the onchip kernel on planes of 1026 fp32 (16-byte kernels take them:
+     >= SBN_PLANE_VEC_MIN_SPATIAL) */
+  static const int64_t n[2] = {2, 1};
+  for (int bwd = 0; bwd < 2; bwd++) {
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 3, 1026, n, 1, 1, GEN_NORMAL, 340 + bwd);
+    emu_team_t e;
+    emu_team_init(&e, 2, 4, 60000); /* a block left waiting would end in sbnTimeout */
+    if (bwd) { /* backward's inputs from a good forward */
+      g_variant = SBN_VAR_STREAM;
+      emu_run_virtual(&e, &t, 0, &p);
+      ASSERT_TRUE(err_words_clear(&e));
+    }
+    team_poison_bwd(&t);
+    if (!bwd) team_poison(&t);
+    g_variant = SBN_VAR_ONCHIP;
+    g_onchip_any_plane = 1;
+    emu_run_virtual(&e, &t, bwd, &p);
+    g_onchip_any_plane = 0;
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+      if (bwd) {
+        ASSERT_TRUE(all_bytes(t.dx[r], team_bytes(&t, r), 0xff));
+        ASSERT_TRUE(all_bytes(t.dw[r], 3 * sizeof(float), 0xff));
+      } else {
+        ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+        ASSERT_TRUE(all_bytes(t.smean[r], 3 * sizeof(float), 0xff));
+        ASSERT_EQ_INT(t.nbt[r], 0);
+      }
+    }
+    ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
+    emu_team_free(&e);
+    team_free(&t);
+  }
 }
 
 /* coop_plan.h's bound of a thread's batches (the on-chip fit) is never below what the
@@ -1958,6 +2051,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_emulated_vs_reference, 0);
   EMU_TEST(test_virtual_equals_peer, 1);
   EMU_TEST(test_onchip_equals_stream, 0);
+  EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_inference, 0);

@@ -206,8 +206,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
       return sbn_fail(NULL, sbnUnsupported,
                       "SBN_KERNEL=onchip: the onchip kernel needs x, dy and y/dx 16-byte "
                       "aligned and a shape of whole 16-byte vectors (NHWC: C a multiple of the "
-                      "vector width; NCHW: H*W a multiple of it, or at least 1024); nothing "
-                      "was run");
+                      "vector width; NCHW: H*W a multiple of it); nothing was run");
     case SBN_PLAN_NO_BLOCKS:
       return sbn_fail(NULL, sbnUnsupported,
                       "%d ranks on device %d: more than its %" PRId64 " co-resident blocks",
