@@ -262,35 +262,44 @@ SBN_UNROLL
 SBN_UNROLL
       for (int nv = 0; nv < NV; nv++) bt[k][nv] = *smem_at(hs, slot, k, nv);
   }
+  /* Onchip: the held batches turned one place through t (t gets hold[0], every other
+     moves down one, hold[NBR - 1] gets t's copy): the thread's next held batch is always
+     in hold[0], and NBR turns give back the first order. A turn is 16 * NBR register
+     moves; it lets one copy of a batch's arithmetic serve every held batch (compiled once
+     per held batch before, 7x the code: code size is time on small ops, check-sass.sh). */
+  __device__ __forceinline__ void turn_hold(Batch& t) {
+SBN_UNROLL
+    for (int k = 0; k < U; k++)
+SBN_UNROLL
+      for (int nv = 0; nv < NV; nv++) {
+        t[k][nv] = hold[0][k][nv];
+SBN_UNROLL
+        for (int s = 0; s + 1 < NBR; s++) hold[s][k][nv] = hold[s + 1][k][nv];
+        hold[NBR - 1][k][nv] = t[k][nv];
+      }
+  }
   /* The nb batches of a unit in order, f(batch, positions): onchip, the thread's first
-     NBR batches over the block's units (counted by *gb) from registers, the others from
-     shared memory slot *gb - NBR; stream, each read now with L2 policy pol. Stage 1 and
-     stage 5 visit the same batches in the same order through here. */
+     NBR batches over the block's units (counted by *gb) from registers (turn_hold), the
+     others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
+     Stage 1 and stage 5 visit the same batches in the same order through here; one copy
+     of f. */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, F f) {
-    int bt = 0;
-    if (ONCHIP) {
-SBN_UNROLL
-      for (int s = 0; s < NBR; s++)
-        if (*gb == s && bt < nb) {
-          Pos bp;
-          wk.batch(bp);
-          f(hold[s], bp);
-          bt++, (*gb)++;
-        }
-    }
-    for (; bt < nb; bt++) {
+    for (int bt = 0; bt < nb; bt++) {
       Pos bp;
       wk.batch(bp);
-      Batch tmp;
+      Batch cur;
       if (ONCHIP) {
-        read_smem(hs, *gb - NBR, tmp);
+        if (*gb < NBR)
+          turn_hold(cur);
+        else
+          read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        load_batch(R, bp, tmp, pol);
+        load_batch(R, bp, cur, pol);
       }
-      f(tmp, bp);
+      f(cur, bp);
     }
   }
 
@@ -521,6 +530,13 @@ SBN_UNROLL
     }
     int gb = 0;
     for (int u = b; u < g.units; u += G) stats_unit(R, g, u, &gb, hs, sm);
+    if (ONCHIP) { /* fewer than NBR batches: the held ones back in their first order */
+SBN_NO_UNROLL
+      for (int s = gb; s < NBR; s++) {
+        Batch t;
+        turn_hold(t);
+      }
+    }
     return true;
   }
 
