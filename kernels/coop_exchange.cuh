@@ -55,6 +55,10 @@ template <> struct Part<SBN_OP_FORWARD> {
     return T{__shfl_down_sync(0xffffffffu, t.count, off), __shfl_down_sync(0xffffffffu, t.mean_hi, off),
              __shfl_down_sync(0xffffffffu, t.mean_lo, off), __shfl_down_sync(0xffffffffu, t.m2, off)};
   }
+  static __device__ __forceinline__ T shfl_xor(T t, int m) {
+    return T{__shfl_xor_sync(0xffffffffu, t.count, m), __shfl_xor_sync(0xffffffffu, t.mean_hi, m),
+             __shfl_xor_sync(0xffffffffu, t.mean_lo, m), __shfl_xor_sync(0xffffffffu, t.m2, m)};
+  }
   static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.p; }
 };
 template <> struct Part<SBN_OP_BACKWARD> {
@@ -74,6 +78,11 @@ template <> struct Part<SBN_OP_BACKWARD> {
               __shfl_down_sync(0xffffffffu, t.dy.lo, off)},
              {__shfl_down_sync(0xffffffffu, t.dy_xmu.hi, off),
               __shfl_down_sync(0xffffffffu, t.dy_xmu.lo, off)}};
+  }
+  static __device__ __forceinline__ T shfl_xor(T t, int m) {
+    return T{{__shfl_xor_sync(0xffffffffu, t.dy.hi, m), __shfl_xor_sync(0xffffffffu, t.dy.lo, m)},
+             {__shfl_xor_sync(0xffffffffu, t.dy_xmu.hi, m),
+              __shfl_xor_sync(0xffffffffu, t.dy_xmu.lo, m)}};
   }
   static __device__ __forceinline__ T (&red(Smem& sm))[kWarps][kChunk] { return sm.red.s; }
 };

@@ -226,15 +226,16 @@ __device__ __forceinline__ void tensor_st_elem(void* base, int64_t i, uint32_t b
 /* The position of VEC elements starting at element i (i % VEC == 0, the tensor 16-byte
    aligned); mask bit e set: element i + e belongs to the caller's unit. A full mask is
    one 16-byte load; a partial one loads only its elements (never outside the piece, so
-   never outside the tensor), the others read as 0. */
-template <int DT, int VEC>
+   never outside the tensor), the others read as 0. WHOLE: the caller's masks are full
+   or empty (tile units, planes of whole vectors): the element-wise path is not compiled. */
+template <int DT, int VEC, bool WHOLE = false>
 __device__ __forceinline__ uint4 load_pos(const void* base, int64_t i, unsigned mask, uint64_t pol) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
   if (VEC == 1) {
     if (mask) v.x = tensor_ld_elem<DT>(base, i, pol);
-  } else if (mask == (1u << VEC) - 1u) {
+  } else if (WHOLE ? mask != 0u : mask == (1u << VEC) - 1u) {
     v = ld_v16(static_cast<const char*>(base) + i * Dt<DT>::kSize, pol);
-  } else {
+  } else if (!WHOLE) {
 SBN_UNROLL
     for (int e = 0; e < VEC; e++)
       if (mask >> e & 1u) {
@@ -247,13 +248,13 @@ SBN_UNROLL
   }
   return v;
 }
-template <int DT, int VEC>
+template <int DT, int VEC, bool WHOLE = false>
 __device__ __forceinline__ void store_pos(void* base, int64_t i, unsigned mask, const uint4& v) {
   if (VEC == 1) {
     if (mask) tensor_st_elem<DT>(base, i, v.x);
-  } else if (mask == (1u << VEC) - 1u) {
+  } else if (WHOLE ? mask != 0u : mask == (1u << VEC) - 1u) {
     st_v16(static_cast<char*>(base) + i * Dt<DT>::kSize, v);
-  } else {
+  } else if (!WHOLE) {
 SBN_UNROLL
     for (int e = 0; e < VEC; e++)
       if (mask >> e & 1u) {

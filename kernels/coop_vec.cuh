@@ -193,6 +193,8 @@ struct VecPath {
      the stream kernels), so that only the O(1) walk and whole-vector batches are compiled:
      the other walk was half the onchip kernels' code (check-sass.sh) */
   static constexpr bool WHOLE = ONCHIP;
+  /* every position whole or empty: tile units (C a multiple of VEC), WHOLE planes */
+  static constexpr bool kWholePos = TILE || WHOLE;
   typedef BatchPos<TILE, U, WHOLE> Pos;
   typedef Walker<TILE, VEC, WHOLE> Walk;
   typedef uint4 Batch[U][NV];
@@ -225,14 +227,15 @@ SBN_UNROLL
                                                     Batch& bt, uint64_t pol) {
 SBN_UNROLL
     for (int k = 0; k < U; k++) {
-      bt[k][0] = load_pos<DT, VEC>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
-      if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
+      bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
+      if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
     }
   }
   static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                      const Batch& bt) {
 SBN_UNROLL
-    for (int k = 0; k < U; k++) store_pos<DT, VEC>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
+    for (int k = 0; k < U; k++)
+      store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
   }
 
   /* ---- held batches in shared memory (onchip) ---- */
@@ -248,11 +251,11 @@ SBN_UNROLL
 SBN_UNROLL
       for (int nv = 0; nv < NV; nv++) {
         const void* src = nv == 0 ? R.x : R.dy;
-        if (m == kFull)
+        if (kWholePos || m == kFull)
           cp_async16(smem_at(hs, slot, k, nv),
                      static_cast<const char*>(src) + bp.idx(k) * Dt<DT>::kSize, pol);
         else /* a position at an unaligned plane end: element by element */
-          *smem_at(hs, slot, k, nv) = load_pos<DT, VEC>(src, bp.idx(k), m, pol);
+          *smem_at(hs, slot, k, nv) = load_pos<DT, VEC, kWholePos>(src, bp.idx(k), m, pol);
       }
     }
   }
@@ -410,16 +413,28 @@ SBN_UNROLL
     if constexpr (TILE) {
       constexpr int vpg = kChunk / VEC;
       const int ro = lane / vpg; /* the thread's row within its warp's step */
+      /* The rows' tree: at level `off` (VEC/2, ..., 1) rows ro and ro + off merge, the
+         lower row first. Each level halves the channels a thread carries (a butterfly):
+         the thread of the pair whose row has bit `off` clear keeps the lower half of its
+         channels and gives the upper half to its partner, which keeps the upper half.
+         After the levels, the thread of row ro holds channel ro of its vector column,
+         merged over the VEC rows in the tree's order (the bits of a shuffle-down tree
+         that merged every channel at row 0: 2 - 2/VEC of the merges, VEC/2 - ... code). */
+      int h = NCH; /* the channels the thread carries: pt[0, h) */
 SBN_UNROLL
-      for (int off = VEC / 2; off >= 1; off /= 2)
+      for (int off = VEC / 2; off >= 1; off /= 2) {
+        h /= 2;
+        const bool up = (ro & off) != 0; /* the upper row of its pair: keeps the upper half */
 SBN_UNROLL
-        for (int e = 0; e < NCH; e++) {
-          const typename P::T o = P::shfl_down(pt[e], off * vpg);
-          if (ro < off) pt[e] = P::merge(pt[e], o);
+        for (int e = 0; e < NCH / 2; e++) {
+          if (e >= h) break;
+          const typename P::T give = up ? pt[e] : pt[e + h];
+          const typename P::T keep = up ? pt[e + h] : pt[e];
+          const typename P::T got = P::shfl_xor(give, off * vpg);
+          pt[e] = up ? P::merge(got, keep) : P::merge(keep, got);
         }
-      if (ro == 0)
-SBN_UNROLL
-        for (int e = 0; e < NCH; e++) P::red(sm)[w][(lane % vpg) * VEC + e] = pt[e];
+      }
+      P::red(sm)[w][(lane % vpg) * VEC + ro] = pt[0];
       __syncthreads();
       const int64_t c = (int64_t)grp * kChunk + lane;
       if (w == 0 && c < g.c) {

@@ -65,6 +65,22 @@ T shfl_down(T v, int off) {
   return r;
 }
 
+/* __shfl_xor_sync: lane l gets lane (l ^ m)'s value (m < 32). */
+template <typename T>
+T shfl_xor(T v, int m) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of at most 8 bytes");
+  Warp& w = my_warp();
+  const unsigned lane = threadIdx.x & 31;
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof v);
+  w.buf[lane] = bits;
+  bar_warp(false);
+  T r = v;
+  memcpy(&r, &w.buf[lane ^ (unsigned)m], sizeof r);
+  bar_warp(false);
+  return r;
+}
+
 }  // namespace emu
 
 #define SBN_SHARED(type, name) type& name = emu::block_shared<type>(#name)
@@ -88,6 +104,11 @@ template <typename T>
 T __shfl_down_sync(unsigned mask, T v, int off) {
   (void)mask;
   return emu::shfl_down(v, off);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int m) {
+  (void)mask;
+  return emu::shfl_xor(v, m);
 }
 inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
   (void)mask;
