@@ -20,6 +20,8 @@
                                              (no watcher, no rate limit): the old way */
 #define SBN_MUT_SECOND_BARRIER 64 /* a second rank barrier before publishing: one more
                                      dependent round trip in the exchange */
+#define SBN_MUT_HELD_COPIES 128 /* onchip: a copy of a batch's arithmetic per batch held in
+                                   registers (no turn_hold): the old way, 7x that code */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

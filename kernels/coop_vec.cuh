@@ -289,7 +289,18 @@ SBN_UNROLL
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, F f) {
-    for (int bt = 0; bt < nb; bt++) {
+    int bt = 0;
+    if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
+SBN_UNROLL
+      for (int s = 0; s < NBR; s++)
+        if (*gb == s && bt < nb) {
+          Pos bp;
+          wk.batch(bp);
+          f(hold[s], bp);
+          bt++, (*gb)++;
+        }
+    }
+    for (; bt < nb; bt++) {
       Pos bp;
       wk.batch(bp);
       Batch cur;
@@ -545,7 +556,8 @@ SBN_UNROLL
     }
     int gb = 0;
     for (int u = b; u < g.units; u += G) stats_unit(R, g, u, &gb, hs, sm);
-    if (ONCHIP) { /* fewer than NBR batches: the held ones back in their first order */
+    if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
+                                                        ones back in their first order */
 SBN_NO_UNROLL
       for (int s = gb; s < NBR; s++) {
         Batch t;

@@ -22,9 +22,11 @@
 #     "failures"). The check must fail on kernels built with the old read
 #     (-DSBN_KERNEL_MUTANTS=16, SBN_MUT_HOST_WORDS_AT_START): it is built and checked
 #     below, and check-sass fails if the check passes on it,
-#   - a kernel's machine code is larger than its bound (code_bound() below: from the
-#     first run's measurement that a small op's time grows by 0.23 us per KB of the
-#     kernel's code),
+#   - a kernel's machine code is larger than 8192 instructions (128 KB, an SM's
+#     instruction cache: CODE_BOUND below). The check must fail on kernels built with a
+#     copy of a batch's arithmetic per batch held in registers, as the onchip kernels
+#     were until 2026-11-26 (-DSBN_KERNEL_MUTANTS=128, SBN_MUT_HELD_COPIES): built and
+#     checked with the mutant below,
 #   - kernels/coop.cu does not compile for sm_80 or sm_100.
 # Where no nvcc is found it says so and exits 0. cuobjdump and nvdisasm come from the
 # toolkit, or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (installed
@@ -167,15 +169,16 @@ def sys_load_before_barrier(ins):
     return None
 
 # Code size. The first GPU run (H200, S2 shapes) measured a small op's time growing with
-# the size of the kernel's machine code: about 4.7 us + 0.23 us per KB (each instruction
-# a block executes once is fetched from L2: the onchip kernels' code, unrolled per held
-# batch, is 2-4x the stream kernels'). A kernel of 128 KB (8192 instructions of 16 bytes)
-# costs ~34 us by that fit, the stream kernels' time on S2 (31 us) today. The bounds are
-# ceilings that stop growth while issue 27 shrinks the code (cuDNN's 18.4 us on S2 needs
-# <= ~60 KB, 3700 instructions, by the same fit):
-#   stream, legacy, host path, inference: 8192 instructions (128 KB);
-#   onchip: 22528 (352 KB: the largest, fp32 plane forward, is 22.1k; 86 us on S2 at 22.4k).
-CODE_BOUND = {"onchip": 22528, "other": 8192}
+# the size of the kernel's machine code: about 4.7 us + 0.23 us per KB (the onchip
+# kernels, then 2-4x the stream kernels' code, were the slowest). An instruction a block
+# executes once is fetched from L2 into the SM's instruction caches; what fits in the
+# SM's L1 instruction cache (128 KB measured on Volta and Turing, Jia et al. 2018/2019;
+# assumed on Hopper until sbn-probe's code_fetch row measures it) is fetched once per SM
+# and launch, what does not is fetched again by every block of the SM. Bound: 8192
+# instructions (128 KB) for every kernel. The onchip kernels reached it on 2026-11-26
+# (whole-vector planes only, one copy of a batch's arithmetic, the tile butterfly: the
+# fp32 plane forward went from 22.1k to 7.1k instructions).
+CODE_BOUND = {"onchip": 8192, "other": 8192}
 def code_bound(base, args):
     if base == "sbn_coop_kernel" and args and args[4] == "2":
         return CODE_BOUND["onchip"]
@@ -188,7 +191,7 @@ def occupancy(regs, smem):
     by_smem = 233472 // (smem + 1024)
     return min(by_regs, by_smem, 8, 32)
 
-rows, failures, order_rows = [], [], []
+rows, failures, order_rows, code_failures = [], [], [], []
 for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
     name = demangle(mangled).replace("(anonymous namespace)::", "")
     m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
@@ -221,11 +224,13 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         x = sys_load_before_barrier(ins)
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")
+    ninsn = len(ins)
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
+        if ninsn > code_bound(base, args):
+            code_failures.append(label)
         continue
-    ninsn = len(ins)
     if ninsn > code_bound(base, args):
         why.append(f"{ninsn} instructions > {code_bound(base, args)}")
     if stack or local:
@@ -244,11 +249,13 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         failures.append(f"{label}: {'; '.join(why)}")
 
 if mode == "mutant":
-    # the kernels built with the old start-of-kernel read of host memory: the check must
-    # see it (exit 1 = caught, what the caller wants)
+    # the kernels built with the old start-of-kernel read of host memory and the old copy
+    # of a batch's arithmetic per held batch: each check must see its mutant (exit 1 =
+    # both caught, what the caller wants)
     print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
-          f"load before the first barrier")
-    sys.exit(1 if failures else 0)
+          f"load before the first barrier; mutant SBN_MUT_HELD_COPIES: {len(code_failures)} "
+          f"kernels above {CODE_BOUND['onchip']} instructions ({', '.join(code_failures)})")
+    sys.exit(1 if failures and code_failures else 0)
 
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
       f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
@@ -265,8 +272,8 @@ print(f"# ordering: {len(order_rows)} cooperative kernels each publish with MEMB
       f"({min(r[2] for r in order_rows)}-{max(r[2] for r in order_rows)}), no MEMBAR.SC.SYS; "
       f"the rank barrier: MEMBAR.SC.GPU x2, atomic add, LD.E.STRONG.GPU + CCTL.IVALL")
 print(f"# no system-scope load before the first block barrier in any cooperative or host-path "
-      f"kernel; insns: SASS instructions (16 B each), bound {CODE_BOUND['other']} "
-      f"({CODE_BOUND['onchip']} onchip); fit us: 4.7 + 0.23 us/KB, the first run's small-op "
+      f"kernel; insns: SASS instructions (16 B each), bound {CODE_BOUND['other']} (128 KB, "
+      f"an SM's instruction cache); fit us: 4.7 + 0.23 us/KB, the first run's small-op "
       f"time by code size (a model, not a measurement of this build)")
 if failures:
     print(f"check-sass: FAILED ({len(failures)}):")
@@ -289,20 +296,21 @@ for sm in 80 100; do
   fi
 done
 echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
-  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=16 kernels/coop.cu"
+  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 kernels/coop.cu"
 pids=()
 for sm in 80 100; do
   sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
   pids+=($!)
 done
-sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=16 &
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 &
 mpid=$!
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
-# The system-scope check on the mutant (every publishing block reads the error words at
-# its start, as before 2026-11-26): it must fail there.
+# The system-scope check and the code-size check on the mutants (144 = 16 + 128: every
+# publishing block reads the error words at its start, and the onchip kernels compile a
+# batch's arithmetic per held batch, both as before 2026-11-26): each must fail there.
 if ! wait $mpid; then
-  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=16) did not compile" >&2
+  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=144) did not compile" >&2
   exit 1
 fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
@@ -310,11 +318,11 @@ fi
 if python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass" \
   "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt"; then
   cat "$OUT/report_mutant.txt"
-  echo "check-sass: FAILED: the check of system-scope loads before the first barrier passes on" \
-    "the mutant that reads host memory there" >&2
+  echo "check-sass: FAILED: the check of system-scope loads before the first barrier or the" \
+    "code-size check passes on its mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES)" >&2
   exit 1
 fi
-echo "check-sass: $(cat "$OUT/report_mutant.txt") (the check catches the mutant)"
+echo "check-sass: $(cat "$OUT/report_mutant.txt") (each check catches its mutant)"
 for sm in 80 100; do
   if [ -s "$OUT/coop_sm$sm.cubin" ] && [ $rc -eq 0 ]; then
     echo "check-sass: sm_$sm build OK ($(stat -c %s "$OUT/coop_sm$sm.cubin") bytes)"

@@ -82,7 +82,8 @@ enum {
   kMutBarrierFence = 4, /* the rank barrier's __threadfence()s are dropped */
   kMutSingleBuffer = 8, /* records published into one buffer (no epoch parity) */
   /* 16, 32, 64: the kernels' own mutants (kernels/coop_mem.cuh: SBN_MUT_*), which read
-     g_mutant through SBN_MUTANT (cuda_emu.h) */
+     g_mutant through SBN_MUTANT (cuda_emu.h); 128 (SBN_MUT_HELD_COPIES) is a code-size
+     mutant for check-sass.sh, the same arithmetic */
 };
 extern int g_mutant;
 
