@@ -22,6 +22,7 @@
                                      dependent round trip in the exchange */
 #define SBN_MUT_HELD_COPIES 128 /* onchip: a copy of a batch's arithmetic per batch held in
                                    registers (no turn_hold): the old way, 7x that code */
+#define SBN_MUT_NO_PREFETCH 256 /* stream plane units ask L2 for nothing ahead: the old way */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP
@@ -81,6 +82,20 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint64_
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* `bytes` of global memory from p into L2, asynchronously and without registers (sm_90:
+   the bulk copy engine's prefetch, with L2 policy pol; earlier GPUs: nothing, it is a
+   hint). p 16-byte aligned, bytes a multiple of 16; the stream variant's plane units
+   (coop_vec.cuh: prefetch_unit). */
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes),
+               "l"(pol)
+               : "memory");
+#else
+  (void)p, (void)bytes, (void)pol;
+#endif
+}
 
 /* ---- element bits <-> fp32 (round to nearest even; bn_dtype.h has the same bits) --------- */
 __device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {

@@ -184,6 +184,20 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
   return tile || sp % vec == 0;
 }
 
+/* The stream variant's plane units of whole vectors ask L2 for their data ahead of the
+   loads (coop_vec.cuh: Walker::prefetch): the block's batch m + SBN_PREFETCH_AHEAD while
+   its threads load batch m, so that a block keeps ~(1 + AHEAD) x 16 KB in flight instead
+   of its threads' 16 KB between computations (the first GPU run: ~20-24 KB per SM in
+   flight, ~30-40 KB needed at 4.2 TB/s). Only planes of at least
+   SBN_PREFETCH_MIN_PLANE_BYTES (a block batch then spans at most 10 pieces, one prefetch
+   each); smaller planes interleave with the other channels' in memory. */
+#define SBN_PREFETCH_AHEAD 2
+#define SBN_PREFETCH_MIN_PLANE_BYTES 2048
+static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {
+  return !g->tile && g->vec > 1 && g->sp % g->vec == 0 &&
+         g->sp * sbn_dtype_size(dtype) >= SBN_PREFETCH_MIN_PLANE_BYTES;
+}
+
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
 static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {
   const int64_t srows = (g->rows + g->P - 1) / g->P + g->vec; /* a slice, its rounding included */

@@ -141,6 +141,24 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     if (left > 0) advance(kThreads);
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
   }
+  /* Lane 0 (the thread with the most batches): L2 is asked for the block's batch m of
+     the unit, entries [m * 256 * U, (m + 1) * 256 * U) of its list (the vectors of its
+     threads' batch m), one prefetch per plane piece. Whole planes only (aligned, and
+     sbn_prefetch_planes). */
+  template <int U, int SIZE>
+  __device__ __forceinline__ void prefetch(const void* base, int64_t m, uint64_t pol) const {
+    const int64_t V = (r1 - r0) / VEC;
+    const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
+    if (j0 >= j1) return;
+    const int64_t a = r0 + j0 * VEC, b = r0 + j1 * VEC; /* rows */
+SBN_NO_UNROLL
+    for (int64_t nn = a / g->sp; nn * g->sp < b; nn++) {
+      const int64_t p0 = nn * g->sp;
+      const int64_t lo = a > p0 ? a - p0 : 0, hi = b - p0 < g->sp ? b - p0 : g->sp;
+      const int64_t e0 = (nn * g->c + c) * g->sp + lo;
+      prefetch_l2(static_cast<const char*>(base) + e0 * SIZE, (uint32_t)((hi - lo) * SIZE), pol);
+    }
+  }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
     SBN_UNROLL
@@ -311,10 +329,23 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
+        if constexpr (!TILE && VEC > 1) { /* stream plane units: L2 asked ahead (coop_plan.h) */
+          if (threadIdx.x == 0 && wk.aligned && g_prefetches(*wk.g) &&
+              !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
+SBN_NO_UNROLL
+            for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
+              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bt + d, pol);
+              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bt + d, pol);
+            }
+          }
+        }
         load_batch(R, bp, cur, pol);
       }
       f(cur, bp);
     }
+  }
+  static __device__ __forceinline__ bool g_prefetches(const sbn_geo_t& g) {
+    return sbn_prefetch_planes(&g, DT);
   }
 
   /* ---- batch statistics ---- */

@@ -22,6 +22,10 @@
 #     "failures"). The check must fail on kernels built with the old read
 #     (-DSBN_KERNEL_MUTANTS=16, SBN_MUT_HOST_WORDS_AT_START): it is built and checked
 #     below, and check-sass fails if the check passes on it,
+#   - a stream or host-path kernel of 16-byte plane units has no L2 bulk prefetch
+#     (UBLKPF.L2: coop_vec.cuh, Walker::prefetch, asking L2 for the block's batch m + 2
+#     while its threads load batch m). The check must fail on kernels built without it
+#     (-DSBN_KERNEL_MUTANTS=256, SBN_MUT_NO_PREFETCH): built and checked below,
 #   - a kernel's machine code is larger than 8192 instructions (128 KB, an SM's
 #     instruction cache: CODE_BOUND below). The check must fail on kernels built with a
 #     copy of a batch's arithmetic per batch held in registers, as the onchip kernels
@@ -191,7 +195,7 @@ def occupancy(regs, smem):
     by_smem = 233472 // (smem + 1024)
     return min(by_regs, by_smem, 8, 32)
 
-rows, failures, order_rows, code_failures = [], [], [], []
+rows, failures, order_rows, code_failures, prefetch_failures = [], [], [], [], []
 for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
     name = demangle(mangled).replace("(anonymous namespace)::", "")
     m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
@@ -225,12 +229,21 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")
     ninsn = len(ins)
+    # stream and host-path kernels of 16-byte plane units ask L2 ahead (UBLKPF.L2)
+    wants_prefetch = ((base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel") or
+                       (base == "sbn_coop_kernel" and args[4] == "1")) and
+                      args[3] != "1" and args[2] == "false")
+    no_prefetch = wants_prefetch and not any(x.startswith("UBLKPF.L2") for x in ins)
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
         if ninsn > code_bound(base, args):
             code_failures.append(label)
+        if no_prefetch:
+            prefetch_failures.append(label)
         continue
+    if no_prefetch:
+        why.append("no L2 bulk prefetch (UBLKPF.L2) in a stream plane kernel")
     if ninsn > code_bound(base, args):
         why.append(f"{ninsn} instructions > {code_bound(base, args)}")
     if stack or local:
@@ -254,8 +267,10 @@ if mode == "mutant":
     # both caught, what the caller wants)
     print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
           f"load before the first barrier; mutant SBN_MUT_HELD_COPIES: {len(code_failures)} "
-          f"kernels above {CODE_BOUND['onchip']} instructions ({', '.join(code_failures)})")
-    sys.exit(1 if failures and code_failures else 0)
+          f"kernels above {CODE_BOUND['onchip']} instructions ({', '.join(code_failures)}); "
+          f"mutant SBN_MUT_NO_PREFETCH: {len(prefetch_failures)} stream plane kernels "
+          f"without an L2 prefetch")
+    sys.exit(1 if failures and code_failures and prefetch_failures else 0)
 
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
       f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
@@ -296,21 +311,22 @@ for sm in 80 100; do
   fi
 done
 echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
-  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 kernels/coop.cu"
+  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=400 kernels/coop.cu"
 pids=()
 for sm in 80 100; do
   sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
   pids+=($!)
 done
-sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 &
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=400 &
 mpid=$!
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
-# The system-scope check and the code-size check on the mutants (144 = 16 + 128: every
-# publishing block reads the error words at its start, and the onchip kernels compile a
-# batch's arithmetic per held batch, both as before 2026-11-26): each must fail there.
+# The system-scope, code-size and prefetch checks on the mutants (400 = 16 + 128 + 256:
+# every publishing block reads the error words at its start, the onchip kernels compile
+# a batch's arithmetic per held batch, the stream plane kernels prefetch nothing, all as
+# before 2026-11-26): each must fail there.
 if ! wait $mpid; then
-  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=144) did not compile" >&2
+  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=400) did not compile" >&2
   exit 1
 fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
@@ -318,8 +334,8 @@ fi
 if python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass" \
   "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt"; then
   cat "$OUT/report_mutant.txt"
-  echo "check-sass: FAILED: the check of system-scope loads before the first barrier or the" \
-    "code-size check passes on its mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES)" >&2
+  echo "check-sass: FAILED: the system-scope, code-size or prefetch check passes on its" \
+    "mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES, SBN_MUT_NO_PREFETCH)" >&2
   exit 1
 fi
 echo "check-sass: $(cat "$OUT/report_mutant.txt") (each check catches its mutant)"

@@ -510,16 +510,20 @@ static void test_onchip_equals_stream(void) {
    load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
    reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
    unaligned plane ends (spatial 1031: stream; onchip takes planes of whole vectors only,
-   spatial 1032) and uneven ranks. */
+   spatial 1032) and uneven ranks. The stream kernels' L2 prefetch (plane units of whole
+   planes of >= SBN_PREFETCH_MIN_PLANE_BYTES: 4104 here) asks for exactly the bytes they
+   read, each once per pass, aligned, nothing outside x and dy; none elsewhere. */
 static void test_bytes_moved(void) {
   static const int64_t n2[2] = {3, 2};
-  static const int variants[2] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM};
+  static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_STREAM};
+  static const int64_t plane_sp[3] = {1032, 1031, 4104}; /* 4104: 4 to 7 block batches a unit */
   for (int dt = 0; dt < 3; dt++)
     for (int lay = 0; lay < 2; lay++)
-      for (int v = 0; v < 2; v++) {
+      for (int v = 0; v < 3; v++) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
-        const int64_t sp = lay ? 9 : variants[v] == SBN_VAR_ONCHIP ? 1032 : 1031;
+        const int64_t sp = lay ? 9 : plane_sp[v];
+        const int prefetch = variants[v] == SBN_VAR_STREAM && !lay && sp % sbn_vec_of(dt) == 0;
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, sp, n2, 1, 1, GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
@@ -549,6 +553,14 @@ static void test_bytes_moved(void) {
             ASSERT_EQ_INT((int64_t)dr, bwd ? (total - bytes) / 2 : 0);
             ASSERT_EQ_INT((int64_t)ow, bytes);
             ASSERT_EQ_INT((int64_t)(xw + dw + orr), 0);
+            uint64_t xp, dp, op, bad;
+            sbn_emu_count_prefetch(sx[r], &xp, &bad);
+            sbn_emu_count_prefetch(sdy[r], &dp, &bad);
+            sbn_emu_count_prefetch(sout[r], &op, &bad);
+            ASSERT_EQ_INT((int64_t)bad, 0);
+            ASSERT_EQ_INT((int64_t)xp, prefetch ? (int64_t)xr : 0);
+            ASSERT_EQ_INT((int64_t)dp, prefetch ? (int64_t)dr : 0);
+            ASSERT_EQ_INT((int64_t)op, 0);
           }
           if (sbn_test_cur_failed_) {
             fprintf(stderr, "  dtype %d layout %d variant %d %s\n", dt, lay, variants[v],

@@ -32,11 +32,33 @@ namespace {
 struct Range {
   const char* lo;
   const char* hi;
-  std::atomic<uint64_t> read{0}, written{0};
+  std::atomic<uint64_t> read{0}, written{0}, prefetched{0};
 };
 Range g_ranges[64];
 std::atomic<int> g_nranges{0};
+std::atomic<uint64_t> g_prefetch_bad{0}; /* prefetches outside every tracked range, or
+                                            misaligned (p % 16, bytes % 16, 0 bytes) */
 }  // namespace
+
+void emu_count_prefetch(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0 || bytes == 0) {
+    g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const int n = g_nranges.load(std::memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) {
+      g_ranges[i].prefetched.fetch_add(bytes, std::memory_order_relaxed);
+      return;
+    }
+  g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
+}
+
+extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad) {
+  *prefetched = slot >= 0 ? g_ranges[slot].prefetched.load() : 0;
+  *bad = g_prefetch_bad.load();
+}
 
 void emu_count(const void* p, size_t bytes, int write) {
   const char* c = static_cast<const char*>(p);
@@ -48,7 +70,10 @@ void emu_count(const void* p, size_t bytes, int write) {
     }
 }
 
-extern "C" void sbn_emu_count_reset(void) { g_nranges.store(0); }
+extern "C" void sbn_emu_count_reset(void) {
+  g_nranges.store(0);
+  g_prefetch_bad.store(0);
+}
 
 extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
   const int i = g_nranges.load();
@@ -57,6 +82,7 @@ extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
   g_ranges[i].hi = g_ranges[i].lo + bytes;
   g_ranges[i].read = 0;
   g_ranges[i].written = 0;
+  g_ranges[i].prefetched = 0;
   g_nranges.store(i + 1, std::memory_order_release);
   return i;
 }

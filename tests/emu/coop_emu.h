@@ -47,6 +47,9 @@ void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
 void sbn_emu_count_reset(void);
 int sbn_emu_count_track(const void* p, size_t bytes);
 void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
+/* Bytes the kernels prefetched into L2 (prefetch_l2) inside tracked range `slot`, and the
+   prefetches since sbn_emu_count_reset that were misaligned or inside no tracked range. */
+void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad);
 
 /* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
 /* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'

@@ -83,7 +83,8 @@ enum {
   kMutSingleBuffer = 8, /* records published into one buffer (no epoch parity) */
   /* 16, 32, 64: the kernels' own mutants (kernels/coop_mem.cuh: SBN_MUT_*), which read
      g_mutant through SBN_MUTANT (cuda_emu.h); 128 (SBN_MUT_HELD_COPIES) is a code-size
-     mutant for check-sass.sh, the same arithmetic */
+     mutant for check-sass.sh, the same arithmetic; 256 (SBN_MUT_NO_PREFETCH) drops the
+     stream kernels' L2 prefetch (check-sass.sh; test_bytes_moved fails on it) */
 };
 extern int g_mutant;
 
