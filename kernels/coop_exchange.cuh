@@ -371,31 +371,39 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
   sbn_bwd_csums_t gs = Part<SBN_OP_BACKWARD>::empty();
   /* The ranks' records, merged in rank order. Their loads do not depend on the merges:
      the records of kGatherBatch ranks are loaded before the first of them is merged,
-     so a team of W ranks waits ceil(W / kGatherBatch) memory round trips here, not W. */
-  constexpr int kGatherBatch = 2;
+     so a team of W ranks waits ceil(W / kGatherBatch) memory round trips here, not W
+     (W = 8: 2). The loaded records then shift down one place per merge, so that one
+     copy of the merge serves them all (code size is time: check-sass.sh). */
+  constexpr int kGatherBatch = 4;
+  constexpr int kF = KIND == SBN_OP_FORWARD ? 3 : kRec; /* floats of a record's channel */
   for (int q0 = 0; q0 < a.nranks; q0 += kGatherBatch) {
-    int64_t cnt[kGatherBatch];
-    float d[kGatherBatch][kRec];
+    const int nq = a.nranks - q0 < kGatherBatch ? a.nranks - q0 : kGatherBatch;
+    int64_t cnt[kGatherBatch] = {};
+    float d[kGatherBatch][kF] = {};
 SBN_UNROLL
     for (int i = 0; i < kGatherBatch; i++) {
-      if (q0 + i >= a.nranks) break;
+      if (i >= nq) break;
       const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q0 + i, k, j);
       cnt[i] = ld_relaxed_sys_s64(&rec->count);
 SBN_UNROLL
-      for (int f = 0; f < (KIND == SBN_OP_FORWARD ? 3 : kRec); f++)
-        d[i][f] = ld_relaxed_sys_f32(&rec->data[kRec * lane + f]);
+      for (int f = 0; f < kF; f++) d[i][f] = ld_relaxed_sys_f32(&rec->data[kRec * lane + f]);
     }
-SBN_UNROLL
-    for (int i = 0; i < kGatherBatch; i++) {
-      if (q0 + i >= a.nranks) break;
-      m += cnt[i];
+SBN_NO_UNROLL
+    for (int i = 0; i < nq; i++) { /* rank q0 + i's record is in cnt[0], d[0] */
+      m += cnt[0];
       if (KIND == SBN_OP_FORWARD) {
-        const sbn_partial_t pt = {(float)cnt[i], d[i][0], d[i][1], d[i][2]};
+        const sbn_partial_t pt = {(float)cnt[0], d[0][0], d[0][1], d[0][2]};
         gp = sbn_partial_merge(gp, pt);
       } else {
-        const sbn_bwd_csums_t s = {{d[i][0], d[i][1]}, {d[i][2], d[i][3]}};
+        const sbn_bwd_csums_t s = {{d[0][0], d[0][1]}, {d[0][kF - 2], d[0][kF - 1]}};
         gs = sbn_bwd_csums_merge(gs, s);
         if (q0 + i == R.rank) mine[0] = sbn_csum_value(s.dy), mine[1] = sbn_csum_value(s.dy_xmu);
+      }
+SBN_UNROLL
+      for (int t = 0; t + 1 < kGatherBatch; t++) {
+        cnt[t] = cnt[t + 1];
+SBN_UNROLL
+        for (int f = 0; f < kF; f++) d[t][f] = d[t + 1][f];
       }
     }
   }
