@@ -3,9 +3,14 @@
  *
  * A record carries what one rank publishes for SBN_MAIL_CHUNK channels of one op. The
  * publisher writes count, sig and data, then stores `epoch` with release; a reader waits
- * until `epoch` equals the op's epoch (acquire), then reads the rest. Every reader waits
+ * until `epoch` equals the op's epoch (acquire), then reads the rest. The CPU team waits
  * for chunk 0 of EVERY rank before it compares signatures or leaves the op on a
- * mismatch: leaving earlier would let it run two ops ahead of a peer still reading. Records live in
+ * mismatch: leaving earlier would let it run two ops ahead of a peer still reading. A
+ * GPU block waits for its chunk j of every rank (whose records carry the signature: one
+ * round trip for signature and data); a peer running an op with fewer chunks is seen by
+ * the rank's block of chunk 0, whose failure (the rank's stop word) ends the other
+ * blocks' waits; a GPU rank that leaves on a mismatch records the failure, and its later
+ * kernels publish nothing (coop_exchange.cuh, "failures"), so it cannot run ahead. Records live in
  * mailboxes [src][parity][chunk]; parity is the op's epoch & 1 (double buffering: a rank
  * can overwrite parity p only at op k + 2, after every rank published op k + 1, which
  * each does only after it finished reading op k). The CPU team has one mailbox that every

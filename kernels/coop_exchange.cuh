@@ -10,7 +10,9 @@
  *            the lanes in parallel; no fence.sc);
  *   wait:    lane q polls source q's epoch with ld.relaxed.sys (no L1 invalidation per
  *            poll); once every lane sees the op's epoch, each does ONE ld.acquire.sys of
- *            its flag, __syncwarp, and the lanes read the data (ld.relaxed.sys).
+ *            its flag, __syncwarp, and the lanes read the data (ld.relaxed.sys), the
+ *            signature with it (a block waits for its unit's chunk only; see
+ *            gather_chunk for a peer running an op with fewer chunks).
  * Failures: see "failures" below. No success path reads host memory: the rank's stop
  * word and NCCL teams' failure words (device memory) every 32 polls, the team's error
  * words (host memory) only by a waiting watcher block, rate-limited.
@@ -352,19 +354,21 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
                             uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
                             float mine[2]) {
   const int lane = threadIdx.x & 31;
-  /* Chunk 0 first: every op has it, so ranks running ops with different C meet there
-     (on the host path too: a rank with fewer chunks left older records behind). */
+  /* Every rank must run the same op (the signature: kind, dtype, layout, C). Cooperative
+     path: chunk j's records carry it and are checked with their data, one round trip.
+     A peer running an op with fewer chunks never publishes chunk j: the block of this
+     rank that owns a unit of chunk 0 (every op has one) sees the mismatch there and
+     records it, which sets this rank's stop word, and this wait ends within 32 polls.
+     Host path: chunk 0's records, which every op has (a rank with fewer chunks left
+     older records of chunk j behind, possibly of an op with the same signature). */
   if (!HOST) {
-    const int st = wait_chunk(a, R, 0, k, deadline);
-    if (st) return st;
-  }
-  bool sig_ok = true;
-  for (int q = lane; q < a.nranks; q += 32)
-    sig_ok &= ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig) == a.sig;
-  if (!__all_sync(0xffffffffu, sig_ok)) return sbnInvalidUsage;
-  if (!HOST && j != 0) {
     const int st = wait_chunk(a, R, j, k, deadline);
     if (st) return st;
+  } else {
+    bool sig_ok = true;
+    for (int q = lane; q < a.nranks; q += 32)
+      sig_ok &= ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig) == a.sig;
+    if (!__all_sync(0xffffffffu, sig_ok)) return sbnInvalidUsage;
   }
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -380,14 +384,17 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     const int nq = a.nranks - q0 < kGatherBatch ? a.nranks - q0 : kGatherBatch;
     int64_t cnt[kGatherBatch] = {};
     float d[kGatherBatch][kF] = {};
+    bool sig_bad = false;
 SBN_UNROLL
     for (int i = 0; i < kGatherBatch; i++) {
       if (i >= nq) break;
       const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q0 + i, k, j);
+      if (!HOST) sig_bad |= ld_relaxed_sys_u32(&rec->sig) != a.sig;
       cnt[i] = ld_relaxed_sys_s64(&rec->count);
 SBN_UNROLL
       for (int f = 0; f < kF; f++) d[i][f] = ld_relaxed_sys_f32(&rec->data[kRec * lane + f]);
     }
+    if (!HOST && __any_sync(0xffffffffu, sig_bad)) return sbnInvalidUsage;
 SBN_NO_UNROLL
     for (int i = 0; i < nq; i++) { /* rank q0 + i's record is in cnt[0], d[0] */
       m += cnt[0];

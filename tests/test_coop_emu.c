@@ -897,6 +897,30 @@ static void test_mismatch(void) {
   ASSERT_EQ_INT(t.nbt[0], 0);
   emu_team_free(&e);
   team_free(&t);
+  /* Rank 0 runs C = 32 (one chunk), rank 1 C = 64 (two): rank 1's block of chunk 1 waits
+     for a record rank 0 never publishes; rank 1's block of chunk 0 sees the mismatch and
+     records it, and the stop word ends the other wait (sbnAborted), not the timeout
+     (which would fail here: sbnTimeout). */
+  for (int bwd = 0; bwd < 2; bwd++) {
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 64, 3, n, 1, 1, GEN_NORMAL, 4);
+    emu_team_init(&e, 2, 2, 60000);
+    if (bwd) { /* the saved statistics of a good forward */
+      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+      ASSERT_TRUE(err_words_clear(&e));
+      team_poison_bwd(&t);
+    } else {
+      team_poison(&t);
+    }
+    sbnTensorDesc_t d2[2] = {t.d[0], t.d[1]};
+    d2[0].c = 32;
+    emu_run_peer(&e, &t, bwd, &p, NULL, d2, NULL);
+    for (int r = 0; r < 2; r++) ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+    ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
+    ASSERT_TRUE(all_bytes(bwd ? t.dx[1] : t.y[1], team_bytes(&t, 1), 0xff));
+    ASSERT_TRUE(all_bytes(bwd ? t.dw[1] : t.smean[1], 64 * sizeof(float), 0xff));
+    emu_team_free(&e);
+    team_free(&t);
+  }
 }
 
 static void test_count_one(void) {
@@ -1630,10 +1654,14 @@ static void test_pinned_host_failure_crosses(void) {
    it: one round trip through memory that B must wait for) behind any thread of an op, as
    the emulation counts it (sbn_emu_hops_*: the arrivals at a counter are pipelined, not
    a chain; the one that reads the last of them pays a round trip). As built it is 2 for
-   every op with more than one block per rank, any W, every variant and path of launch:
+   every op of a team of W >= 2 with more than one block per rank, every variant and
+   path of launch:
      1. the rank barrier: the last arrival's add reaches the others' polls (the last
         arrival itself learns from its atomic that it is last);
      2. a reader's poll returns the flag a publishing block stored after the barrier.
+   W = 1 on this shape (NHWC, C = 64: each chunk's one unit lies in the block that
+   publishes it) is 1: the barrier alone (a block waits only for its unit's chunk, not
+   for chunk 0 first: the signature travels with chunk j's records).
    The data, signatures and counts read after a flag are the same hop as the flag (their
    stores precede it in the publishing thread). Not counted: the fences (the release's
    MEMBAR.SYS waits for the data's stores) and loads whose issue waits on a hop (the
@@ -1668,11 +1696,11 @@ static void exchange_hops(void) {
         emu_team_init(&e, teams[ti].W, 3, 60000);
         g_variant = vars[v];
         for (int bwd = 0; bwd < 2; bwd++) {
-          const unsigned h = op_hops(&e, &t, bwd, peer, &p);
-          if (h != 2)
-            SBN_FAIL_("W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not 2",
+          const unsigned h = op_hops(&e, &t, bwd, peer, &p), want = teams[ti].W == 1 ? 1u : 2u;
+          if (h != want)
+            SBN_FAIL_("W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not %u",
                       teams[ti].W, teams[ti].n == z4 ? " (empty)" : "", vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
-                      peer ? "peer" : "virtual", bwd ? "backward" : "forward", h);
+                      peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
         }
         g_variant = SBN_VAR_ONCHIP;
         ASSERT_TRUE(err_words_clear(&e));
