@@ -83,15 +83,24 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint64_
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+/* The L2 line of position p asked for ahead of its load (sm_80+; no registers): to keep
+   (stage 1, read again in stage 5: evict_last) or not (stage 5: evict_normal). The
+   stream variant's tile units (coop_vec.cuh: Walker<true>::prefetch). */
+__device__ __forceinline__ void prefetch_line_l2(const void* p, bool keep) {
+  if (keep)
+    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
+  else
+    asm volatile("prefetch.global.L2::evict_normal [%0];" ::"l"(p));
+}
+
 /* `bytes` of global memory from p into L2, asynchronously and without registers (sm_90:
    the bulk copy engine's prefetch, with L2 policy pol; earlier GPUs: nothing, it is a
    hint). p 16-byte aligned, bytes a multiple of 16; the stream variant's plane units
-   (coop_vec.cuh: prefetch_unit). */
+   (coop_vec.cuh: Walker<false>::prefetch). No "memory" clobber: a hint orders nothing. */
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t pol) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes),
-               "l"(pol)
-               : "memory");
+               "l"(pol));
 #else
   (void)p, (void)bytes, (void)pol;
 #endif

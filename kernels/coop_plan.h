@@ -184,13 +184,15 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
   return tile || sp % vec == 0;
 }
 
-/* The stream variant's plane units of whole vectors ask L2 for their data ahead of the
-   loads (coop_vec.cuh: Walker::prefetch): the block's batch m + SBN_PREFETCH_AHEAD while
-   its threads load batch m, so that a block keeps ~(1 + AHEAD) x 16 KB in flight instead
-   of its threads' 16 KB between computations (the first GPU run: ~20-24 KB per SM in
-   flight, ~30-40 KB needed at 4.2 TB/s). Only planes of at least
-   SBN_PREFETCH_MIN_PLANE_BYTES (a block batch then spans at most 10 pieces, one prefetch
-   each); smaller planes interleave with the other channels' in memory. */
+/* The stream variant asks L2 for its data ahead of the loads (coop_vec.cuh:
+   Walker::prefetch), SBN_PREFETCH_AHEAD batches ahead, so that a block keeps ~(1 + AHEAD)
+   x 16 KB in flight instead of its threads' 16 KB between computations (the first GPU
+   run: ~20-24 KB per SM in flight, ~30-40 KB needed at 4.2 TB/s). Plane units of whole
+   vectors: thread 0 asks for the block's batch m + AHEAD while its threads load batch m,
+   one bulk prefetch per plane piece, for planes of at least SBN_PREFETCH_MIN_PLANE_BYTES
+   (a block batch then spans at most 10 pieces; smaller planes interleave with the other
+   channels' in memory). Tile units (16-byte kernels): each thread its own positions'
+   lines, AHEAD batches ahead. */
 #define SBN_PREFETCH_AHEAD 2
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048
 static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {

@@ -76,6 +76,19 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
     left -= bp.kv;
     i += U * step;
   }
+  /* Stream: the lines of this thread's batch d after bp (the one batch() gave last; d = 0:
+     bp itself) asked of L2, one per position. */
+  template <int U, int SIZE>
+  __device__ __forceinline__ void prefetch(const void* base, const BatchPos<true, U, WHOLE>& bp,
+                                           int d, bool keep) const {
+SBN_UNROLL
+    for (int k = 0; k < U; k++) {
+      const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's */
+      if (d == 0 ? k < bp.kv : q < left)
+        prefetch_line_l2(static_cast<const char*>(base) + (d == 0 ? bp.i0 + k * step : i + q * step) * SIZE,
+                         keep);
+    }
+  }
 };
 
 /* Plane units: entries t, t + 256, ... of the list of vectors overlapping the unit's
@@ -217,7 +230,13 @@ struct VecPath {
   typedef Walker<TILE, VEC, WHOLE> Walk;
   typedef uint4 Batch[U][NV];
 
+#ifdef SBN_COOP_EMU
+  /* the emulation's C++: turn_hold moves slots a thread never loaded (fewer than NBR
+     batches); on the GPU a register move, in C++ a read of an indeterminate value */
+  Batch hold[NBR] = {};
+#else
   Batch hold[NBR]; /* onchip: the thread's first NBR batches (over the block's units) */
+#endif
 
   static __device__ __forceinline__ uint64_t full_mask() {
     uint64_t m = 0;
@@ -306,7 +325,8 @@ SBN_UNROLL
      of f. */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
-                                             int nb, int* gb, uint4* hs, uint64_t pol, F f) {
+                                             int nb, int* gb, uint4* hs, uint64_t pol, bool keep,
+                                             F f) {
     int bt = 0;
     if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
 SBN_UNROLL
@@ -336,6 +356,15 @@ SBN_NO_UNROLL
             for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
               wk.template prefetch<U, Dt<DT>::kSize>(R.x, bt + d, pol);
               if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bt + d, pol);
+            }
+          }
+        }
+        if constexpr (TILE && VEC > 1) { /* stream tile units: each thread its own lines */
+          if (!SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
+SBN_NO_UNROLL
+            for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
+              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, d, keep);
+              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, d, keep);
             }
           }
         }
@@ -526,7 +555,7 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
-    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, true, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else
@@ -629,6 +658,10 @@ SBN_UNROLL
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
+    /* Skipping a unit that holds batches in registers (onchip) would leave the turns of
+       turn_hold behind: every later unit would read another batch. It never happens:
+       R.out and g.rows are the launch slot's, the same for every unit of the block, so
+       either every unit is skipped or none; nb == 0 holds nothing. */
     if (g.rows == 0 || R.out == nullptr || nb == 0) {
       *gb += nb;
       return;
@@ -640,7 +673,7 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
-    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
     });

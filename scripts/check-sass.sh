@@ -22,9 +22,10 @@
 #     "failures"). The check must fail on kernels built with the old read
 #     (-DSBN_KERNEL_MUTANTS=16, SBN_MUT_HOST_WORDS_AT_START): it is built and checked
 #     below, and check-sass fails if the check passes on it,
-#   - a stream or host-path kernel of 16-byte plane units has no L2 bulk prefetch
-#     (UBLKPF.L2: coop_vec.cuh, Walker::prefetch, asking L2 for the block's batch m + 2
-#     while its threads load batch m). The check must fail on kernels built without it
+#   - a 16-byte stream or host-path kernel has no L2 prefetch (coop_vec.cuh,
+#     Walker::prefetch: plane units ask for the block's batch m + 2 while its threads load
+#     batch m, UBLKPF.L2; tile units each thread its own lines two batches ahead,
+#     CCTL.E.PF2 / CCTL.E.PML2). The check must fail on kernels built without it
 #     (-DSBN_KERNEL_MUTANTS=256, SBN_MUT_NO_PREFETCH): built and checked below,
 #   - a kernel's machine code is larger than 8192 instructions (128 KB, an SM's
 #     instruction cache: CODE_BOUND below). The check must fail on kernels built with a
@@ -182,11 +183,9 @@ def sys_load_before_barrier(ins):
 # instructions (128 KB) for every kernel. The onchip kernels reached it on 2026-11-26
 # (whole-vector planes only, one copy of a batch's arithmetic, the tile butterfly: the
 # fp32 plane forward went from 22.1k to 7.1k instructions).
-CODE_BOUND = {"onchip": 8192, "other": 8192}
+CODE_BOUND = 8192
 def code_bound(base, args):
-    if base == "sbn_coop_kernel" and args and args[4] == "2":
-        return CODE_BOUND["onchip"]
-    return CODE_BOUND["other"]
+    return CODE_BOUND
 
 def occupancy(regs, smem):
     r8 = (max(regs, 1) + 7) // 8 * 8
@@ -229,11 +228,13 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")
     ninsn = len(ins)
-    # stream and host-path kernels of 16-byte plane units ask L2 ahead (UBLKPF.L2)
+    # stream and host-path 16-byte kernels ask L2 ahead: plane units a block batch at a
+    # time (UBLKPF.L2, the bulk prefetch), tile units each thread its lines (CCTL.E.PF2:
+    # prefetch.global.L2::evict_last; CCTL.E.PML2: ::evict_normal)
     wants_prefetch = ((base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel") or
-                       (base == "sbn_coop_kernel" and args[4] == "1")) and
-                      args[3] != "1" and args[2] == "false")
-    no_prefetch = wants_prefetch and not any(x.startswith("UBLKPF.L2") for x in ins)
+                       (base == "sbn_coop_kernel" and args[4] == "1")) and args[3] != "1")
+    pf_insn = ("UBLKPF.L2",) if wants_prefetch and args[2] == "false" else ("CCTL.E.PF2", "CCTL.E.PML2")
+    no_prefetch = wants_prefetch and not any(x.startswith(pf_insn) for x in ins)
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
@@ -243,7 +244,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
             prefetch_failures.append(label)
         continue
     if no_prefetch:
-        why.append("no L2 bulk prefetch (UBLKPF.L2) in a stream plane kernel")
+        why.append(f"no L2 prefetch ({' or '.join(pf_insn)}) in a stream kernel")
     if ninsn > code_bound(base, args):
         why.append(f"{ninsn} instructions > {code_bound(base, args)}")
     if stack or local:
@@ -262,15 +263,16 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         failures.append(f"{label}: {'; '.join(why)}")
 
 if mode == "mutant":
-    # the kernels built with the old start-of-kernel read of host memory and the old copy
-    # of a batch's arithmetic per held batch: each check must see its mutant (exit 1 =
-    # both caught, what the caller wants)
+    # the kernels built with the old start-of-kernel read of host memory, the old copy
+    # of a batch's arithmetic per held batch and no prefetch: each check must see its
+    # mutant (exit 3 = all three caught, what the caller wants: a crash of this script
+    # exits 1 and must not pass for "caught")
     print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
           f"load before the first barrier; mutant SBN_MUT_HELD_COPIES: {len(code_failures)} "
-          f"kernels above {CODE_BOUND['onchip']} instructions ({', '.join(code_failures)}); "
-          f"mutant SBN_MUT_NO_PREFETCH: {len(prefetch_failures)} stream plane kernels "
+          f"kernels above {CODE_BOUND} instructions ({', '.join(code_failures)}); "
+          f"mutant SBN_MUT_NO_PREFETCH: {len(prefetch_failures)} stream kernels "
           f"without an L2 prefetch")
-    sys.exit(1 if failures and code_failures and prefetch_failures else 0)
+    sys.exit(3 if failures and code_failures and prefetch_failures else 0)
 
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
       f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
@@ -287,7 +289,7 @@ print(f"# ordering: {len(order_rows)} cooperative kernels each publish with MEMB
       f"({min(r[2] for r in order_rows)}-{max(r[2] for r in order_rows)}), no MEMBAR.SC.SYS; "
       f"the rank barrier: MEMBAR.SC.GPU x2, atomic add, LD.E.STRONG.GPU + CCTL.IVALL")
 print(f"# no system-scope load before the first block barrier in any cooperative or host-path "
-      f"kernel; insns: SASS instructions (16 B each), bound {CODE_BOUND['other']} (128 KB, "
+      f"kernel; insns: SASS instructions (16 B each), bound {CODE_BOUND} (128 KB, "
       f"an SM's instruction cache); fit us: 4.7 + 0.23 us/KB, the first run's small-op "
       f"time by code size (a model, not a measurement of this build)")
 if failures:
@@ -323,7 +325,7 @@ rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
 # The system-scope, code-size and prefetch checks on the mutants (400 = 16 + 128 + 256:
 # every publishing block reads the error words at its start, the onchip kernels compile
-# a batch's arithmetic per held batch, the stream plane kernels prefetch nothing, all as
+# a batch's arithmetic per held batch, the stream kernels prefetch nothing, all as
 # before 2026-11-26): each must fail there.
 if ! wait $mpid; then
   echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=400) did not compile" >&2
@@ -331,8 +333,10 @@ if ! wait $mpid; then
 fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
 "$CUOBJDUMP" -sass "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.sass"
-if python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass" \
-  "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt"; then
+mrc=0
+python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass" \
+  "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt" || mrc=$?
+if [ "$mrc" -ne 3 ]; then
   cat "$OUT/report_mutant.txt"
   echo "check-sass: FAILED: the system-scope, code-size or prefetch check passes on its" \
     "mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES, SBN_MUT_NO_PREFETCH)" >&2

@@ -510,9 +510,11 @@ static void test_onchip_equals_stream(void) {
    load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
    reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
    unaligned plane ends (spatial 1031: stream; onchip takes planes of whole vectors only,
-   spatial 1032) and uneven ranks. The stream kernels' L2 prefetch (plane units of whole
-   planes of >= SBN_PREFETCH_MIN_PLANE_BYTES: 4104 here) asks for exactly the bytes they
-   read, each once per pass, aligned, nothing outside x and dy; none elsewhere. */
+   spatial 1032) and uneven ranks. The stream kernels' L2 prefetch (tile units of the
+   16-byte kernels, each thread its positions; plane units of whole planes of >=
+   SBN_PREFETCH_MIN_PLANE_BYTES, a block batch at a time: 4104 here) asks for exactly the
+   bytes they read, each once per pass, aligned, nothing outside x and dy; none for odd
+   planes or onchip. */
 static void test_bytes_moved(void) {
   static const int64_t n2[2] = {3, 2};
   static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_STREAM};
@@ -522,8 +524,8 @@ static void test_bytes_moved(void) {
       for (int v = 0; v < 3; v++) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
-        const int64_t sp = lay ? 9 : plane_sp[v];
-        const int prefetch = variants[v] == SBN_VAR_STREAM && !lay && sp % sbn_vec_of(dt) == 0;
+        const int64_t sp = lay ? (v == 2 ? 1000 : 9) : plane_sp[v]; /* NHWC 1000: 24 batches a thread */
+        const int prefetch = variants[v] == SBN_VAR_STREAM && (lay || sp % sbn_vec_of(dt) == 0);
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, sp, n2, 1, 1, GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
@@ -572,6 +574,68 @@ static void test_bytes_moved(void) {
         team_free(&t);
         CHECK_();
       }
+}
+
+/* The onchip kernels' held register batches turn through hold[0] (coop_vec.cuh:
+   turn_hold), and stage 1 turns them back when a thread had fewer than NBR: stage 5 must
+   see every batch where stage 1 saw it, whatever a thread's count over its block's units
+   (0, fewer than NBR = 6, exactly 6, more: in shared memory), with several units per
+   block, and after a backward that writes no dx (stage 5 skipped). Onchip against
+   stream, bitwise (the same G: the same arithmetic in the same order), and the
+   reference. A missing turn-back fails it (checked by hand). */
+static void test_onchip_turns(void) {
+  static const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp, n0, n1;
+    int G;
+  } cases[] = {
+      {sbnFloat32, sbnLayoutNCHW, 2, 12288, 1, 1, 1},   /* forward: 2 units x 3 batches: 6 */
+      {sbnFloat32, sbnLayoutNCHW, 3, 4096, 1, 1, 1},    /* 3 units x 1 batch: fewer than 6 */
+      {sbnFloat32, sbnLayoutNCHW, 3, 4100, 1, 1, 1},    /* part-full last batches */
+      {sbnFloat32, sbnLayoutNCHW, 5, 8, 300, 7, 2},     /* units per block uneven, idle threads */
+      {sbnFloat32, sbnLayoutNCHW, 4, 6144, 2, 1, 3},    /* more than 6: shared memory too */
+      {sbnBFloat16, sbnLayoutNCHW, 3, 2048, 3, 2, 1},   /* NBR 3 */
+      {sbnFloat32, sbnLayoutNHWC, 64, 300, 2, 1, 1},    /* two groups in one block */
+      {sbnBFloat16, sbnLayoutNHWC, 56, 100, 3, 1, 1},   /* a part group */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int dx_null = 0; dx_null < 2; dx_null++) {
+      const int64_t n[2] = {cases[i].n0, cases[i].n1};
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      team_t t[2];
+      emu_team_t e[2];
+      for (int v = 0; v < 2; v++) { /* 0: onchip, 1: stream */
+        team_make(&t[v], 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n, 1, 1,
+                  GEN_NORMAL, 900 + i);
+        emu_team_init(&e[v], 2, cases[i].G, 60000);
+        if (v == 0) {
+          const sbn_plan_t pl = emu_plan(&t[0].d[0], n[0] > n[1] ? n[0] : n[1], cases[i].G, 1);
+          ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
+        }
+        g_variant = v == 0 ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
+        emu_run_virtual(&e[v], &t[v], 0, &p);
+        if (dx_null) {
+          g_opts = OPT_DX_NULL;
+          emu_run_virtual(&e[v], &t[v], 1, &p);
+          g_opts = 0;
+        }
+        emu_run_virtual(&e[v], &t[v], 1, &p);
+        g_variant = SBN_VAR_ONCHIP;
+        ASSERT_TRUE(err_words_clear(&e[v]));
+      }
+      for (int r = 0; r < 2; r++) {
+        ASSERT_MEMEQ(t[0].y[r], t[1].y[r], team_bytes(&t[0], r));
+        ASSERT_MEMEQ(t[0].dx[r], t[1].dx[r], team_bytes(&t[0], r));
+        ASSERT_MEMEQ(t[0].dw[r], t[1].dw[r], (size_t)cases[i].c * sizeof(float));
+      }
+      check_forward(&t[0], &p, tol_for(cases[i].dt));
+      for (int v = 0; v < 2; v++) emu_team_free(&e[v]), team_free(&t[v]);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  case %zu, dx NULL before: %d\n", i, dx_null);
+        return;
+      }
+    }
 }
 
 /* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
@@ -2091,6 +2155,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_emulated_vs_reference, 0);
   EMU_TEST(test_virtual_equals_peer, 1);
   EMU_TEST(test_onchip_equals_stream, 0);
+  EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_plan_bound, 0);
