@@ -59,3 +59,10 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn-static.pc.in ${PROJECT_BINARY_DI
   @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc ${PROJECT_BINARY_DIR}/syncbn-static.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# The Python package (pyproject.toml, scikit-build-core: install.components = python):
+# the shared library alone, as syncbn/lib/libsyncbn.so inside the wheel (one file, not
+# the soname's symlinks, which a wheel would turn into copies); python/syncbn loads it by
+# path with ctypes. Nothing of the C install above goes into the wheel.
+install(FILES $<TARGET_FILE:syncbn> DESTINATION syncbn/lib RENAME libsyncbn.so
+  COMPONENT python EXCLUDE_FROM_ALL)

@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 /* ---- version ---------------------------------------------------------------- */
+/* The one definition of syncbn's version: CMakeLists.txt (the library, the CMake package,
+   pkg-config) and pyproject.toml (the Python package) read these three lines. */
 #define SBN_VERSION_MAJOR 0
 #define SBN_VERSION_MINOR 1
 #define SBN_VERSION_PATCH 0

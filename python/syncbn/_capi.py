@@ -1,0 +1,139 @@
+"""The C API of libsyncbn (include/syncbn.h) through ctypes: the library, its structs and
+its functions' prototypes. Internal: syncbn/__init__.py is the package's interface.
+
+No compiled Python module: the library is loaded by path, so one build works with any
+Python >= 3.9 (and any PyTorch, for syncbn.torch). ctypes releases the GIL for every
+call, which the CPU team needs: its ranks are threads that wait for each other inside
+the calls.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+c_float_p = ctypes.POINTER(ctypes.c_float)
+
+# Mirrors of syncbn.h (tests/python/test_capi.py compares them with the header).
+SBN_CONFIG_MAGIC = 0x5B4E4366
+SBN_CONFIG_VERSION = 1
+SBN_DEFAULT_TIMEOUT_MS = 300000
+SBN_DEFAULT_MAX_CHANNELS = 4096
+SBN_MAX_CPU_TEAM_RANKS = 4096
+
+
+class TensorDesc(ctypes.Structure):
+    """sbnTensorDesc_t: dtype (0 fp32, 1 fp16, 2 bf16), layout (0 NCHW, 1 NHWC), n, c,
+    spatial (the product of the spatial extents; 1 for (N, C))."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("layout", ctypes.c_int),
+        ("n", ctypes.c_int64),
+        ("c", ctypes.c_int64),
+        ("spatial", ctypes.c_int64),
+    ]
+
+
+class Config(ctypes.Structure):
+    """sbnConfig_t, filled as SBN_CONFIG_INITIALIZER fills it."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("timeout_ms", ctypes.c_int64),
+        ("max_channels", ctypes.c_int64),
+    ]
+
+    @classmethod
+    def make(cls, timeout_ms=None, max_channels=None):
+        return cls(
+            ctypes.sizeof(cls),
+            SBN_CONFIG_MAGIC,
+            SBN_CONFIG_VERSION,
+            SBN_DEFAULT_TIMEOUT_MS if timeout_ms is None else int(timeout_ms),
+            SBN_DEFAULT_MAX_CHANNELS if max_channels is None else int(max_channels),
+        )
+
+
+class Params(ctypes.Structure):
+    """sbnParams_t: eps, momentum (< 0: cumulative average, PyTorch's momentum=None),
+    grad_mode (0 local, 1 global)."""
+
+    _fields_ = [("eps", ctypes.c_float), ("momentum", ctypes.c_float), ("grad_mode", ctypes.c_int)]
+
+
+def _candidates():
+    env = os.environ.get("SYNCBN_LIBRARY")
+    if env:
+        return [pathlib.Path(env)]
+    here = pathlib.Path(__file__).resolve().parent
+    found = [here / "lib" / "libsyncbn.so"]
+    system = ctypes.util.find_library("syncbn")
+    if system:
+        found.append(pathlib.Path(system))
+    return found
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in str(path) and not path.exists():
+            tried.append(f"{path} (not found)")
+            continue
+        try:
+            return ctypes.CDLL(str(path)), str(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise ImportError(
+        "syncbn: libsyncbn.so not found (SYNCBN_LIBRARY names one explicitly); tried: "
+        + "; ".join(tried)
+    )
+
+
+lib, library_path = _load()
+
+_P = ctypes.c_void_p
+_PROTOTYPES = {
+    "sbnGetErrorString": (ctypes.c_char_p, [ctypes.c_int]),
+    "sbnGetResultName": (ctypes.c_char_p, [ctypes.c_int]),
+    "sbnGetLastError": (ctypes.c_char_p, [_P]),
+    "sbnGetVersion": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "sbnCommInitCpu": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_int, ctypes.POINTER(Config)]),
+    "sbnCommRank": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
+    "sbnCommCount": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
+    "sbnCommGetAsyncError": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
+    "sbnCommAbort": (ctypes.c_int, [_P]),
+    "sbnCommDestroy": (ctypes.c_int, [_P]),
+    "sbnCommGetTransport": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_char_p)]),
+    "sbnForwardTrain": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, _P, _P,
+         ctypes.POINTER(Params), _P],
+    ),
+    "sbnBackward": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, _P,
+         ctypes.POINTER(Params), _P],
+    ),
+    "sbnForwardInference": (
+        ctypes.c_int,
+        [ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, ctypes.c_float, _P],
+    ),
+}
+for _name, (_res, _args) in _PROTOTYPES.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+
+def result_name(code):
+    """sbnGetResultName: "sbnSuccess", "sbnTimeout", ..."""
+    return lib.sbnGetResultName(int(code)).decode()
+
+
+def error_string(code):
+    """sbnGetErrorString: the result's message."""
+    return lib.sbnGetErrorString(int(code)).decode()

@@ -1,0 +1,224 @@
+"""The Python package's C API wrapper (python/syncbn) against a float64 NumPy reference.
+
+Run against the installed package (.ci/run python: a fresh virtual environment, `pip
+install .`), or from a source tree with PYTHONPATH=python and SYNCBN_LIBRARY=<build>/src/
+libsyncbn.so (then the package-metadata check is skipped, and says so).
+
+What is under test is the binding (structs, argument order, pointers, errors, threads),
+not the arithmetic, which the C tests hold to much tighter bounds: a swapped or dropped
+argument gives errors of order 1, far above the tolerances here. Tolerances: fp32
+outputs within 2e-5 (relative) + 2e-5 (absolute) of the float64 values: the library's
+fp32 results are within a few ulp (6e-8 relative each) of the exact ones for these
+small, well-conditioned inputs (N(0,1) + 3, 10-50 values per channel); fp16 y within
+2e-3 (relative) + 2e-3 (absolute): one fp16 rounding of the output (2^-11 = 4.9e-4
+relative) plus the input's own.
+"""
+
+import importlib.metadata
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+
+import syncbn
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_ranks(comms, fn):
+    """fn(r) on a thread per rank (the CPU team's ranks are threads); the exceptions by rank."""
+    errs = [None] * len(comms)
+
+    def body(r):
+        try:
+            fn(r)
+        except Exception as e:  # noqa: BLE001 (reported per rank)
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(len(comms))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errs
+
+
+def to_nc(x, layout):
+    """(n, c, spatial) view of a rank's tensor in either layout, as float64."""
+    x = np.asarray(x, dtype=np.float64)
+    return x if layout == syncbn.NCHW else np.transpose(x, (0, 2, 1))
+
+
+class TestCapi(unittest.TestCase):
+    def test_version_defined_once(self):
+        h = (ROOT / "include" / "syncbn.h").read_text()
+        parts = [re.search(rf"#define SBN_VERSION_{p} (\d+)", h).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+        header = ".".join(parts)
+        self.assertEqual(syncbn.__version__, header)
+        self.assertEqual(syncbn.library_version(), header)
+        if os.environ.get("SYNCBN_LIBRARY"):
+            print("test_version_defined_once: source tree (SYNCBN_LIBRARY): package metadata not checked")
+        else:
+            self.assertEqual(importlib.metadata.version("syncbn"), header)
+
+    def test_struct_layout_matches_header(self):
+        cc = shutil.which(os.environ.get("CC", "cc"))
+        self.assertIsNotNone(cc, "a C compiler is needed to read the header's struct sizes")
+        src = (
+            '#include <stddef.h>\n#include <stdio.h>\n#include "syncbn.h"\n'
+            "int main(void) { printf(\"%zu %zu %zu %zu %zu %zu\\n\", sizeof(sbnTensorDesc_t),"
+            " offsetof(sbnTensorDesc_t, n), sizeof(sbnConfig_t), offsetof(sbnConfig_t, timeout_ms),"
+            " sizeof(sbnParams_t), offsetof(sbnParams_t, grad_mode)); return 0; }\n"
+        )
+        with tempfile.TemporaryDirectory() as d:
+            c = pathlib.Path(d) / "sizes.c"
+            c.write_text(src)
+            exe = pathlib.Path(d) / "sizes"
+            subprocess.run([cc, "-I", str(ROOT / "include"), str(c), "-o", str(exe)], check=True)
+            got = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+        import ctypes
+
+        want = [ctypes.sizeof(syncbn.TensorDesc), syncbn.TensorDesc.n.offset, ctypes.sizeof(syncbn.Config),
+                syncbn.Config.timeout_ms.offset, ctypes.sizeof(syncbn.Params), syncbn.Params.grad_mode.offset]
+        self.assertEqual(got, want)
+
+    def _team_case(self, layout, dtype, ns, c, sp, momentum, seed):
+        rng = np.random.default_rng(seed)
+        W = len(ns)
+        npdt = np.float32 if dtype == syncbn.FLOAT32 else np.float16
+        shape = (lambda n: (n, c, sp)) if layout == syncbn.NCHW else (lambda n: (n, sp, c))
+        x = [(rng.standard_normal(shape(n)) + 3.0).astype(npdt) for n in ns]
+        dy = [rng.standard_normal(shape(n)).astype(npdt) for n in ns]
+        y = [np.full(shape(n), np.nan, npdt) for n in ns]
+        dx = [np.full(shape(n), np.nan, npdt) for n in ns]
+        w = (rng.random(c) + 0.5).astype(np.float32)
+        b = (rng.random(c) - 0.5).astype(np.float32)
+        rm = [np.zeros(c, np.float32) for _ in ns]
+        rv = [np.ones(c, np.float32) for _ in ns]
+        nbt = [np.zeros(1, np.int64) for _ in ns]
+        smean = [np.zeros(c, np.float32) for _ in ns]
+        sinv = [np.zeros(c, np.float32) for _ in ns]
+        dw = [np.zeros(c, np.float32) for _ in ns]
+        db = [np.zeros(c, np.float32) for _ in ns]
+        comms = syncbn.cpu_team(W, timeout_ms=60000)
+        try:
+            def fwd(r):
+                comms[r].forward_train(syncbn.desc(dtype, layout, ns[r], c, sp), x[r], y[r], smean[r], sinv[r],
+                                       weight=w, bias=b, running_mean=rm[r], running_var=rv[r],
+                                       num_batches_tracked=nbt[r], momentum=momentum)
+
+            def bwd(r):
+                comms[r].backward(syncbn.desc(dtype, layout, ns[r], c, sp), x[r], dy[r], dx[r], smean[r], sinv[r],
+                                  weight=w, dweight=dw[r], dbias=db[r])
+
+            self.assertEqual(run_ranks(comms, fwd), [None] * W)
+            self.assertEqual(run_ranks(comms, bwd), [None] * W)
+        finally:
+            for cm in comms:
+                cm.destroy()
+        # the float64 reference: nn.BatchNorm of the concatenated batch
+        X = np.concatenate([to_nc(v, layout) for v in x], axis=0)  # (N, c, sp)
+        DY = np.concatenate([to_nc(v, layout) for v in dy], axis=0)
+        M = X.shape[0] * sp
+        mean = X.mean(axis=(0, 2))
+        var = X.var(axis=(0, 2))
+        invstd = 1.0 / np.sqrt(var + 1e-5)
+        xhat = (X - mean[None, :, None]) * invstd[None, :, None]
+        Y = xhat * w[None, :, None] + b[None, :, None]
+        f = 1.0 if momentum is None else momentum  # None: cumulative, the first call's factor is 1/1
+        rm_ref = (1 - f) * 0.0 + f * mean
+        rv_ref = (1 - f) * 1.0 + f * var * M / (M - 1)
+        sdy = DY.sum(axis=(0, 2))
+        sdyx = (DY * xhat).sum(axis=(0, 2))
+        DX = (w * invstd)[None, :, None] * (DY - sdy[None, :, None] / M - xhat * sdyx[None, :, None] / M)
+        tol = dict(rtol=2e-5, atol=2e-5) if dtype == syncbn.FLOAT32 else dict(rtol=2e-3, atol=2e-3)
+        o = 0
+        for r, n in enumerate(ns):
+            np.testing.assert_allclose(to_nc(y[r], layout), Y[o:o + n], **tol)
+            np.testing.assert_allclose(to_nc(dx[r], layout), DX[o:o + n], **tol)
+            np.testing.assert_allclose(smean[r], mean, rtol=2e-5, atol=2e-5)
+            np.testing.assert_allclose(sinv[r], invstd, rtol=2e-5, atol=2e-5)
+            np.testing.assert_allclose(rm[r], rm_ref, rtol=2e-5, atol=2e-5)
+            np.testing.assert_allclose(rv[r], rv_ref, rtol=2e-5, atol=2e-5)
+            self.assertEqual(int(nbt[r][0]), 1)
+            # local gradients (PyTorch + DDP): this rank's sums only
+            xh_r = xhat[o:o + n]
+            np.testing.assert_allclose(dw[r], (DY[o:o + n] * xh_r).sum(axis=(0, 2)), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(db[r], DY[o:o + n].sum(axis=(0, 2)), rtol=1e-4, atol=1e-4)
+            o += n
+
+    def test_team_fp32_nchw_uneven(self):
+        self._team_case(syncbn.NCHW, syncbn.FLOAT32, [2, 0, 3], 5, 7, 0.1, 1)
+
+    def test_team_fp32_nhwc_momentum_none(self):
+        self._team_case(syncbn.NHWC, syncbn.FLOAT32, [1, 4], 40, 3, None, 2)
+
+    def test_team_fp16_nchw(self):
+        self._team_case(syncbn.NCHW, syncbn.FLOAT16, [3, 2], 4, 9, 0.1, 3)
+
+    def test_error_names_and_detail(self):
+        comms = syncbn.cpu_team(1)
+        try:
+            with self.assertRaises(syncbn.SyncBNError) as cm:
+                comms[0].forward_train(syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 0, 3), None, None, None, None)
+            self.assertEqual(cm.exception.name, "sbnInvalidArgument")
+            self.assertIn("c >= 1", cm.exception.detail)
+        finally:
+            comms[0].destroy()
+        with self.assertRaises(syncbn.SyncBNError):
+            comms[0].rank  # destroyed
+        with self.assertRaises(ValueError):
+            syncbn.cpu_team(0)
+
+    def test_missing_rank_times_out(self):
+        """One rank never calls: the other's call raises sbnTimeout (no hang)."""
+        comms = syncbn.cpu_team(2, timeout_ms=300)
+        try:
+            x = np.ones((2, 3, 4), np.float32)
+            y = np.zeros_like(x)
+            sm, si = np.zeros(3, np.float32), np.zeros(3, np.float32)
+            with self.assertRaises(syncbn.SyncBNError) as cm:
+                comms[0].forward_train(syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4), x, y, sm, si)
+            self.assertEqual(cm.exception.name, "sbnTimeout")
+            self.assertTrue(np.all(y == 0))  # nothing written
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_readme_example(self):
+        """The README's Python example, as written, runs and computes the team's mean."""
+        text = (ROOT / "README.md").read_text()
+        block = re.search(r"#### Python\n.*?```python\n(.*?)```", text, re.S)
+        self.assertIsNotNone(block, "README: no ```python block under #### Python")
+        env = {}
+        exec(compile(block.group(1), "README.md", "exec"), env)  # noqa: S102 (our own README)
+        x, m, comms = env["x"], env["m"], env["comms"]
+        want = np.concatenate([v.astype(np.float64) for v in x]).mean(axis=(0, 2))
+        for r in range(len(comms)):
+            np.testing.assert_allclose(m[r], want, rtol=2e-5, atol=2e-5)
+            self.assertTrue(np.all(np.isfinite(env["y"][r])))
+        for c in comms:
+            c.destroy()
+
+    def test_inference(self):
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((3, 6, 10)).astype(np.float32)
+        y = np.zeros_like(x)
+        rm = rng.standard_normal(6).astype(np.float32)
+        rv = (rng.random(6) + 0.5).astype(np.float32)
+        w = (rng.random(6) + 0.5).astype(np.float32)
+        b = rng.standard_normal(6).astype(np.float32)
+        syncbn.forward_inference(syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 3, 6, 10), x, y, rm, rv, weight=w, bias=b)
+        ref = (x.astype(np.float64) - rm[None, :, None]) / np.sqrt(rv[None, :, None].astype(np.float64) + 1e-5)
+        ref = ref * w[None, :, None] + b[None, :, None]
+        np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
