@@ -1,7 +1,8 @@
 """syncbn: synchronized batch normalization across ranks (the C library libsyncbn).
 
-This module is the C API's thin wrapper, importable without PyTorch: teams (``cpu_team``
-today; GPU and NCCL teams come with ``syncbn.torch``), and the three operations on raw
+This module is the C API's thin wrapper, importable without PyTorch (``syncbn.torch``
+has the PyTorch layer): teams (``cpu_team`` today; GPU and NCCL teams are not bound
+yet), and the three operations on raw
 data pointers, exactly as include/syncbn.h defines them. Every failure raises
 ``SyncBNError`` carrying the sbnResult_t (``.code``, ``.name``: "sbnTimeout", ...) and the
 library's detail (sbnGetLastError).

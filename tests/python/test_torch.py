@@ -1,0 +1,210 @@
+"""syncbn.torch on CPU teams (ranks as threads, each with its own replica of the layer or
+model) against float64 PyTorch: nn.BatchNorm of the concatenated batch, and
+nn.SyncBatchNorm.convert_sync_batchnorm's model in float64.
+
+Tolerances: fp32 within 3e-5 relative + 3e-5 absolute of the float64 values (the
+library's fp32 results are within a few ulp, 6e-8 each, of exact for these inputs: 10-60
+values per channel, N(0, 1) + 3; a wrong binding gives errors of order 1); gradients
+summed over ranks (DDP's sum) within 1e-4 (sums of up to 60 fp32 products; the
+reference takes the incoming gradient as the layer got it, rounded to its dtype);
+fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf16
+1.6e-2 relative, 2^-11 and 2^-8 with margin) plus the same absolute.
+"""
+
+import threading
+import unittest
+
+import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
+import torch
+
+import syncbn
+import syncbn.torch as sbt
+
+
+def run_ranks(n, fn):
+    errs = [None] * n
+
+    def body(r):
+        try:
+            fn(r)
+        except Exception as e:  # noqa: BLE001 (reported per rank)
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errs
+
+
+TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+class TestTorch(unittest.TestCase):
+    def _train_case(self, ns, c, hw, dtype=torch.float32, channels_last=False, momentum=0.1, steps=2,
+                    affine=True, seed=0):
+        torch.manual_seed(seed)
+        W = len(ns)
+        comms = syncbn.cpu_team(W, timeout_ms=60000)
+        ref = torch.nn.BatchNorm2d(c, momentum=momentum, affine=affine).double()
+        if affine:
+            with torch.no_grad():
+                ref.weight.uniform_(0.5, 1.5)
+                ref.bias.uniform_(-0.5, 0.5)
+        layers = [sbt.SyncBatchNorm(c, momentum=momentum, affine=affine, comm=comms[r]) for r in range(W)]
+        for m in layers:
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+        try:
+            for step in range(steps):
+                xs = [(torch.randn(n, c, *hw, dtype=torch.float64) + 3.0) for n in ns]
+                gs = [torch.randn(n, c, *hw, dtype=torch.float64) for n in ns]
+                xin = [x.to(dtype) for x in xs]
+                if channels_last:
+                    xin = [x.contiguous(memory_format=torch.channels_last) for x in xin]
+                xin = [x.requires_grad_() for x in xin]
+                ys = [None] * W
+                for m in layers:
+                    m.zero_grad()
+
+                def rank(r):
+                    y = layers[r](xin[r])
+                    ys[r] = y
+                    (y.to(torch.float64) * gs[r]).sum().backward()
+
+                self.assertEqual(run_ranks(W, rank), [None] * W)
+                # the reference: the whole batch at once, in float64, from the same inputs
+                X = torch.cat([x.detach().to(torch.float64) for x in xin]).requires_grad_()
+                ref.zero_grad()
+                Y = ref(X)
+                # the gradient the layer received: gs rounded to its dtype (y's)
+                (Y * torch.cat([g.to(dtype).double() for g in gs])).sum().backward()
+                rtol, atol = TOL[dtype]
+                o = 0
+                for r, n in enumerate(ns):
+                    torch.testing.assert_close(ys[r].to(torch.float64), Y[o:o + n].detach(), rtol=rtol, atol=atol)
+                    torch.testing.assert_close(xin[r].grad.to(torch.float64), X.grad[o:o + n], rtol=rtol, atol=atol)
+                    if channels_last and n > 0:
+                        self.assertTrue(ys[r].is_contiguous(memory_format=torch.channels_last))
+                    o += n
+                for r in range(W):
+                    torch.testing.assert_close(layers[r].running_mean.double(), ref.running_mean, rtol=3e-5, atol=3e-5)
+                    torch.testing.assert_close(layers[r].running_var.double(), ref.running_var, rtol=3e-5, atol=3e-5)
+                    self.assertEqual(int(layers[r].num_batches_tracked), int(ref.num_batches_tracked))
+                if affine:  # local gradients; DDP sums them
+                    gw = sum(m.weight.grad.double() for m in layers)
+                    gb = sum(m.bias.grad.double() for m in layers)
+                    torch.testing.assert_close(gw, ref.weight.grad, rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(gb, ref.bias.grad, rtol=1e-4, atol=1e-4)
+            # eval: the running statistics, each rank alone (the library's inference)
+            for m in layers:
+                m.eval()
+            ref.eval()
+            x = torch.randn(2, c, *hw, dtype=torch.float64) + 3.0
+            xe = x.to(dtype).requires_grad_()
+            ye = layers[0](xe)
+            (ye.double() * x).sum().backward()
+            Xe = x.to(dtype).to(torch.float64).requires_grad_()
+            Ye = ref(Xe)
+            (Ye * x.to(dtype).double()).sum().backward()
+            rtol, atol = TOL[dtype]
+            torch.testing.assert_close(ye.double(), Ye.detach(), rtol=rtol, atol=atol)
+            torch.testing.assert_close(xe.grad.double(), Xe.grad, rtol=rtol, atol=atol)
+        finally:
+            for cm in comms:
+                cm.destroy()
+
+    def test_fp32_nchw_uneven_and_empty_ranks(self):
+        self._train_case([2, 0, 3], 5, (3, 4), seed=1)
+
+    def test_fp32_channels_last_momentum_none(self):
+        self._train_case([1, 3], 6, (2, 5), channels_last=True, momentum=None, steps=3, seed=2)
+
+    def test_fp32_no_affine(self):
+        self._train_case([2, 2], 3, (4, 4), affine=False, seed=3)
+
+    def test_fp16(self):
+        self._train_case([2, 3], 4, (3, 3), dtype=torch.float16, seed=4)
+
+    def test_bf16_channels_last(self):
+        self._train_case([3, 2], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, seed=5)
+
+    def test_state_dict_round_trip(self):
+        theirs = torch.nn.SyncBatchNorm(7)
+        with torch.no_grad():
+            theirs.running_mean.uniform_()
+            theirs.weight.uniform_()
+        theirs.num_batches_tracked += 5
+        ours = sbt.SyncBatchNorm(7)
+        ours.load_state_dict(theirs.state_dict())
+        self.assertEqual(list(ours.state_dict().keys()), list(theirs.state_dict().keys()))
+        back = torch.nn.SyncBatchNorm(7)
+        back.load_state_dict(ours.state_dict())
+        for k, v in theirs.state_dict().items():
+            torch.testing.assert_close(back.state_dict()[k], v, rtol=0, atol=0)
+
+    def test_convert_model_matches_pytorch_float64(self):
+        torch.manual_seed(6)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8, momentum=None), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(
+            torch.nn.Sequential(*[m for m in __import__("copy").deepcopy(model)])).double()
+        comms = syncbn.cpu_team(1)
+        try:
+            ours = sbt.convert_sync_batchnorm(__import__("copy").deepcopy(model), comm=comms[0])
+            self.assertEqual(sum(isinstance(m, sbt.SyncBatchNorm) for m in ours.modules()), 3)
+            x = torch.randn(4, 3, 6, 6)
+            y_ours = ours(x)
+            y_theirs = theirs(x.double())  # one process, no process group: plain batch norm
+            torch.testing.assert_close(y_ours.double(), y_theirs, rtol=1e-4, atol=1e-4)
+            y_ours.sum().backward()
+            y_theirs.sum().backward()
+            for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+                torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
+            for (n, b), (_, q) in zip(ours.named_buffers(), theirs.named_buffers()):
+                torch.testing.assert_close(b.double() if b.is_floating_point() else b,
+                                           q if q.is_floating_point() else q, rtol=1e-4, atol=1e-5, msg=n)
+        finally:
+            comms[0].destroy()
+
+    def test_readme_example(self):
+        """The README's PyTorch example, as written, runs; its model's layers are ours."""
+        import pathlib
+        import re
+
+        text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+        block = re.search(r"#### Python\n.*?```python\n(.*?)```", text, re.S)
+        self.assertIsNotNone(block)
+        self.assertIn("syncbn.torch", block.group(1))
+        env = {}
+        exec(compile(block.group(1), "README.md", "exec"), env)  # noqa: S102 (our own README)
+        self.assertTrue(any(isinstance(m, sbt.SyncBatchNorm) for m in env["model"].modules()))
+        self.assertIsNotNone(env["model"][1].weight.grad)
+        env["comm"].destroy()
+
+    def test_missing_rank_raises_timeout(self):
+        comms = syncbn.cpu_team(2, timeout_ms=300)
+        try:
+            m = sbt.SyncBatchNorm(3, comm=comms[0])
+            with self.assertRaises(syncbn.SyncBNError) as cm:
+                m(torch.randn(2, 3, 4))
+            self.assertEqual(cm.exception.name, "sbnTimeout")
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_no_team_says_so(self):
+        with self.assertRaisesRegex(RuntimeError, "no team"):
+            sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
+        with self.assertRaises(TypeError):
+            comms = syncbn.cpu_team(1)
+            try:
+                sbt.SyncBatchNorm(3, comm=comms[0])(torch.randn(2, 3, 4, dtype=torch.float64))
+            finally:
+                comms[0].destroy()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
