@@ -159,6 +159,15 @@ class Comm:
             h, self._h = self._h, ctypes.c_void_p()
             _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
 
+    def __copy__(self):
+        return self  # a rank of a team is one resource: copies of a layer share it
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("syncbn.Comm cannot be pickled: a team's rank lives in this process")
+
     def __enter__(self):
         return self
 

@@ -102,6 +102,7 @@ _PROTOTYPES = {
     "sbnGetLastError": (ctypes.c_char_p, [_P]),
     "sbnGetVersion": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
     "sbnCommInitCpu": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_int, ctypes.POINTER(Config)]),
+    "sbnCommInitNccl": (ctypes.c_int, [ctypes.POINTER(_P), _P, ctypes.POINTER(Config)]),
     "sbnCommRank": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "sbnCommCount": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "sbnCommGetAsyncError": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),

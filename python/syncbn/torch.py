@@ -11,15 +11,23 @@ the call, the running statistics written back). Gradients come from ``sbnBackwar
 through an ``autograd.Function``; ``dweight``/``dbias`` are this rank's contributions
 (PyTorch + DDP: DDP sums them).
 
-The team: ``comm=`` (a ``syncbn.Comm``: a CPU team's rank for CPU tensors, today's
-tested path), set at construction, by ``convert_sync_batchnorm(..., comm=)`` or
-``module.comm = ...``. Teams made from a ``torch.distributed`` process group (one NCCL
-team per group and device) are issue 28's next step and not built: without ``comm`` a
-training forward raises a ``RuntimeError`` that says so. A missing rank raises
-``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout, never a hang.
+The team: ``comm=`` (a ``syncbn.Comm``: a CPU team's rank for CPU tensors, the path CI
+tests), set at construction, by ``convert_sync_batchnorm(..., comm=)`` or
+``module.comm = ...``; otherwise, for CUDA tensors in an initialized ``torch.distributed``,
+the team of the layer's ``process_group`` (the world by default) on the tensor's GPU:
+made at its first use and cached (``team_for``): rank 0 of the group makes an
+``ncclUniqueId``, the group broadcasts it (``broadcast_object_list``), every rank makes an
+NCCL comm with it (libnccl through ctypes, the one PyTorch loaded) and ``sbnCommInitNccl``
+duplicates it into the team; the NCCL comm is then destroyed. Not run on a GPU yet
+(tests/python/test_torch_gpu.py, scripts/gpu-suite.sh's ``pytorch`` step). A missing
+rank in an op raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's
+timeout; at the team's creation the group's broadcast waits as PyTorch's collectives do
+(its process group's timeout).
 """
 
+import ctypes
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +35,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 import syncbn as _sbn
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "team_for"]
 
 _DTYPES = {torch.float32: _sbn.FLOAT32, torch.float16: _sbn.FLOAT16, torch.bfloat16: _sbn.BFLOAT16}
 
@@ -152,6 +160,77 @@ class _Infer(torch.autograd.Function):
         return dx, gw, gb, None, None, None
 
 
+# ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
+_TEAMS = {}  # (group, device index) -> syncbn.Comm
+
+
+class _NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+
+_NCCL = None
+
+
+def _nccl():
+    """libnccl: the one already in the process (PyTorch's), else SBN_NCCL_LIBRARY, else
+    the soname; the three calls a team's creation needs."""
+    global _NCCL
+    if _NCCL is None:
+        name = os.environ.get("SBN_NCCL_LIBRARY", "libnccl.so.2")
+        lib = ctypes.CDLL(name)
+        lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(_NcclUniqueId)]
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _NcclUniqueId, ctypes.c_int]
+        lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        _NCCL = lib
+    return _NCCL
+
+
+def _nccl_check(rc, what):
+    if rc != 0:
+        msg = _nccl().ncclGetErrorString(rc)
+        raise _sbn.SyncBNError(5, what, f"NCCL error {rc}: {msg.decode() if msg else ''}")
+
+
+def team_for(process_group, device, timeout_ms=None):
+    """The syncbn team of (process_group, device): one rank per process of the group,
+    made collectively at the first call and cached. CUDA devices only."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "syncbn.torch.SyncBatchNorm: no team (comm=None) and torch.distributed is not initialized: "
+            "pass comm= (a syncbn.Comm, e.g. a rank of syncbn.cpu_team(W)) or initialize a process group")
+    if device.type != "cuda":
+        raise RuntimeError("syncbn.torch: teams from a process group take CUDA tensors; for CPU tensors pass comm=")
+    group = process_group if process_group is not None else dist.group.WORLD
+    key = (group, device.index)
+    team = _TEAMS.get(key)
+    if team is not None:
+        return team
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    nccl = _nccl()
+    uid = _NcclUniqueId()
+    if rank == 0:
+        _nccl_check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    box = [bytes(uid.internal) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    uid = _NcclUniqueId.from_buffer_copy(box[0])
+    with torch.cuda.device(device):
+        ncomm = ctypes.c_void_p()
+        _nccl_check(nccl.ncclCommInitRank(ctypes.byref(ncomm), size, uid, rank), "ncclCommInitRank")
+        try:
+            h = ctypes.c_void_p()
+            cfg = _sbn.Config.make(timeout_ms)
+            rc = _sbn._capi.lib.sbnCommInitNccl(ctypes.byref(h), ncomm, ctypes.byref(cfg))
+            _sbn._check(rc, "sbnCommInitNccl")
+        finally:
+            nccl.ncclCommDestroy(ncomm)  # the team holds its own duplicate
+    team = _sbn.Comm(h.value)
+    _TEAMS[key] = team
+    return team
+
+
 class SyncBatchNorm(_BatchNorm):
     """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring)."""
 
@@ -176,16 +255,12 @@ class SyncBatchNorm(_BatchNorm):
                 # this rank's own batch, no sync (PyTorch's op, as there)
                 return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
             return _Infer.apply(input, self.weight, self.bias, self.running_mean, self.running_var, self.eps)
-        if self.comm is None:
-            raise RuntimeError(
-                "syncbn.torch.SyncBatchNorm: no team (comm=None). Pass comm= (a syncbn.Comm, e.g. a "
-                "rank of syncbn.cpu_team(W)); teams from a torch.distributed process group are not "
-                "built yet")
+        comm = self.comm if self.comm is not None else team_for(self.process_group, input.device)
         track = self.training and self.track_running_stats
         rm = self.running_mean if track else None
         rv = self.running_var if track else None
         nbt = self.num_batches_tracked if track else None
-        return _Train.apply(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, self.comm)
+        return _Train.apply(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm)
 
 
 def convert_sync_batchnorm(module, process_group=None, comm=None):

@@ -184,6 +184,35 @@ class TestTorch(unittest.TestCase):
         self.assertIsNotNone(env["model"][1].weight.grad)
         env["comm"].destroy()
 
+    def test_deepcopy_shares_the_team(self):
+        """copy.deepcopy of a layer (DDP, EMA models) shares its rank, never duplicates the
+        handle (a duplicate would destroy the comm twice)."""
+        import copy
+        import gc
+
+        comms = syncbn.cpu_team(1)
+        m = sbt.SyncBatchNorm(3, comm=comms[0])
+        m2 = copy.deepcopy(m)
+        self.assertIs(m2.comm, comms[0])
+        del m2
+        gc.collect()
+        y = m(torch.randn(2, 3, 4) + 1)  # the team still works
+        self.assertEqual(tuple(y.shape), (2, 3, 4))
+        comms[0].destroy()
+
+    def test_process_group_team_needs_cuda(self):
+        import tempfile
+
+        import torch.distributed as dist
+
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+            try:
+                with self.assertRaisesRegex(RuntimeError, "CUDA tensors"):
+                    sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
+            finally:
+                dist.destroy_process_group()
+
     def test_missing_rank_raises_timeout(self):
         comms = syncbn.cpu_team(2, timeout_ms=300)
         try:

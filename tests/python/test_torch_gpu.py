@@ -1,0 +1,136 @@
+"""syncbn.torch on a GPU (issue 28): run by scripts/gpu-suite.sh's `pytorch` step, with
+PYTHONPATH naming the package and SYNCBN_LIBRARY the library. Exits 77 (and says why)
+where torch has no CUDA device; on a GPU machine the suite counts that as a failure.
+Not yet run on a GPU: these are the checks the next device session makes.
+
+  - a team from a one-process torch.distributed group (gloo for the id's broadcast):
+    ncclUniqueId -> ncclCommInitRank -> sbnCommInitNccl, cached per (group, device);
+  - a training step of a small residual block converted by syncbn.torch vs by
+    torch.nn.SyncBatchNorm.convert_sync_batchnorm (one rank: PyTorch's batch norm): loss,
+    every gradient and the running statistics within 1e-4 (fp32; the same arithmetic
+    to a few ulp, TF32 off);
+  - CUDA graph capture of the layer's forward + backward on a team, replayed: output,
+    input gradient and weight gradient bitwise equal to eager (the library's epochs live
+    on the device);
+  - the binding's cost per forward (printed, not judged: speed belongs to the bench).
+"""
+
+import copy
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+try:
+    import torch
+except ImportError:
+    print("test_torch_gpu: SKIP: no torch")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("test_torch_gpu: SKIP: torch sees no CUDA device")
+    sys.exit(77)
+
+import torch.distributed as dist  # noqa: E402
+
+import syncbn  # noqa: E402
+import syncbn.torch as sbt  # noqa: E402
+
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def block():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8))
+
+
+class TestTorchGpu(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp()
+        dist.init_process_group("gloo", init_method=f"file://{cls.tmp}/store", rank=0, world_size=1)
+        torch.cuda.set_device(0)
+
+    @classmethod
+    def tearDownClass(cls):
+        dist.destroy_process_group()
+
+    def test_team_from_group(self):
+        t = sbt.team_for(None, torch.device("cuda", 0))
+        self.assertEqual((t.rank, t.size), (0, 1))
+        self.assertIs(sbt.team_for(None, torch.device("cuda", 0)), t)  # cached
+        print("test_torch_gpu: team transport", t.transport)
+
+    def test_training_step_vs_pytorch(self):
+        torch.manual_seed(0)
+        base = block().cuda()
+        ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
+        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
+        x = torch.randn(4, 8, 32, 32, device="cuda") + 2.0
+        for model in (ours, theirs):
+            out = model(x)
+            (out.float() ** 2).mean().backward()
+        lo, lt = (ours(x) ** 2).mean(), (theirs(x) ** 2).mean()
+        torch.testing.assert_close(lo, lt, rtol=1e-4, atol=1e-4)
+        for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=n)
+        for (n, b), (_, q) in zip(ours.named_buffers(), theirs.named_buffers()):
+            torch.testing.assert_close(b, q, rtol=1e-4, atol=1e-4, msg=n)
+
+    def test_cuda_graph_replay_bitwise(self):
+        torch.manual_seed(1)
+        layer = sbt.SyncBatchNorm(16).cuda()
+        x = (torch.randn(4, 16, 16, 16, device="cuda") + 1.0).requires_grad_()
+        g = torch.randn(4, 16, 16, 16, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # warm up (the team is made here, outside capture)
+            for _ in range(2):
+                layer.zero_grad(set_to_none=False)
+                x.grad = None
+                layer(x).backward(g)
+        torch.cuda.current_stream().wait_stream(s)
+        layer.zero_grad(set_to_none=False)
+        x.grad = torch.zeros_like(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_static = layer(x)
+            y_static.backward(g)
+        eager_layer = copy.deepcopy(layer)
+        layer.weight.grad.zero_()
+        x.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        xe = x.detach().clone().requires_grad_()
+        ye = eager_layer(xe)
+        eager_layer.weight.grad = None
+        ye.backward(g)
+        self.assertTrue(torch.equal(y_static, ye))
+        self.assertTrue(torch.equal(x.grad, xe.grad))
+        self.assertTrue(torch.equal(layer.weight.grad, eager_layer.weight.grad))
+
+    def test_binding_cost_printed(self):
+        layer = sbt.SyncBatchNorm(512).cuda()
+        ref = torch.nn.BatchNorm2d(512).cuda()
+        x = torch.randn(4, 512, 1, 1, device="cuda")
+        for m in (layer, ref):
+            for _ in range(20):
+                m(x)
+        torch.cuda.synchronize()
+        res = {}
+        for name, m in (("syncbn.torch", layer), ("nn.BatchNorm2d", ref)):
+            t0 = time.perf_counter()
+            for _ in range(200):
+                m(x)
+            torch.cuda.synchronize()
+            res[name] = (time.perf_counter() - t0) / 200 * 1e6
+        print("test_torch_gpu: S10 forward, us per call (host time incl. launch): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("SBN_DEBUG", "WARN")
+    result = unittest.main(verbosity=2, exit=False).result
+    sys.exit(0 if result.wasSuccessful() else 1)
