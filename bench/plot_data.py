@@ -8,7 +8,7 @@ import math
 import re
 import sys
 
-PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_syncbn"]
+PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_syncbn", "syncbn_torch"]
 PATH_ALIASES = {"nccl-path": "nccl", "nccl_path": "nccl", "cuDNN": "cudnn", "torch": "torch_bn"}
 LABELS = {
     "coop": "coop (syncbn, one kernel)",
@@ -16,11 +16,12 @@ LABELS = {
     "cudnn": "cuDNN (no sync)",
     "torch_bn": "PyTorch F.batch_norm (no sync)",
     "torch_syncbn": "PyTorch SyncBN ops (1-rank NCCL)",
+    "syncbn_torch": "syncbn.torch.SyncBatchNorm (1-rank team)",
 }
 SHORT = {"coop": "coop", "nccl": "nccl", "cudnn": "cuDNN", "torch_bn": "torch_bn",
-         "torch_syncbn": "torch_syncbn"}
+         "torch_syncbn": "torch_syncbn", "syncbn_torch": "syncbn_torch"}
 COLORS = {"coop": "#1f77b4", "nccl": "#ff7f0e", "cudnn": "#2ca02c", "torch_bn": "#9467bd",
-          "torch_syncbn": "#d62728"}
+          "torch_syncbn": "#d62728", "syncbn_torch": "#8c564b"}
 DTYPE_ORDER = ["fp32", "bf16", "fp16"]
 LAYOUT_ORDER = ["NCHW", "NHWC"]
 OPS = ("fwd", "bwd")

@@ -19,6 +19,11 @@ NHWC = channels_last) it times two paths on GPU 0, W = 1 rank:
                          sum_dy_xmu)) -> torch.batch_norm_backward_elemt
                 The sequence is called directly: nn.SyncBatchNorm on one rank falls back
                 to F.batch_norm and would not sync at all.
+  syncbn_torch  (--paths only) syncbn.torch.SyncBatchNorm, this project's layer, on the
+                team of the same process group (libsyncbn through ctypes; PYTHONPATH and
+                SYNCBN_LIBRARY as scripts/gpu-suite.sh sets them): forward = the layer,
+                backward = torch.autograd.grad of (x, weight, bias), as torch_bn. Its
+                time minus coop's in sbn-bench is the binding's cost.
 
 weight, bias and running stats are fp32 for every dtype, as in sbn-bench (and in PyTorch
 mixed precision, where BatchNorm parameters stay fp32).
@@ -105,7 +110,8 @@ MIN_ITERS = 50
 DEFAULT_WARMUP = 5
 DEFAULT_SCALE = 1
 DEFAULT_CHECK_CHANNELS = 16
-PATHS = ("torch_bn", "torch_syncbn")
+PATHS = ("torch_bn", "torch_syncbn", "syncbn_torch")
+DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
 NO_FLOORS = "none: no --floors-from (sbn-bench's JSON defines the bytes and the floors)"
@@ -235,7 +241,8 @@ def parse_args(argv):
     p.add_argument("--only", help="comma list of shape ids, e.g. S3,S5")
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--layout", default="NCHW,NHWC", help="comma list of NCHW, NHWC (default both)")
-    p.add_argument("--paths", default=",".join(PATHS), help="comma list of torch_bn, torch_syncbn")
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
+                   help="comma list of torch_bn, torch_syncbn, syncbn_torch (default: the first two)")
     p.add_argument("--check-channels", type=int, default=DEFAULT_CHECK_CHANNELS,
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")

@@ -217,6 +217,25 @@ class Bench:
         gpu = [s.elapsed_time(e) * 1e3 for s, e in ev] if self.cuda else wall
         return gpu, host
 
+    # -- syncbn.torch (the syncbn_torch path) -------------------------------------------------
+    def syncbn_layer(self, c):
+        """syncbn.torch.SyncBatchNorm(c) on this process group's team (CUDA; a 1-rank CPU
+        team with --device cpu), momentum and eps as the other paths."""
+        try:
+            import syncbn
+            import syncbn.torch as sbt
+        except ImportError as e:
+            raise RuntimeError(f"syncbn_torch: syncbn is not importable ({e}): PYTHONPATH=<tree>/python "
+                               "and SYNCBN_LIBRARY=<build>/src/libsyncbn.so, or pip install .") from e
+        if getattr(self, "_sbn_comm", None) is None:
+            if self.cuda:
+                if self.pg is None:
+                    raise RuntimeError(self.pg_error or "no process group")
+                self._sbn_comm = sbt.team_for(self.pg, self.dev)
+            else:
+                self._sbn_comm = syncbn.cpu_team(1)[0]
+        return sbt.SyncBatchNorm(c, eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm).to(self.dev)
+
     # -- the SyncBatchNorm op sequence --------------------------------------------------------
     def ops(self):
         return CudaOps(self.torch) if self.cuda else EmulatedOps(self.torch)
@@ -330,7 +349,32 @@ class Bench:
         c = shape["c"]
         rm = torch.zeros(c, dtype=torch.float32, device=self.dev)
         rv = torch.ones(c, dtype=torch.float32, device=self.dev)
-        if path == "torch_bn":
+        if path == "syncbn_torch":
+            layer = self.syncbn_layer(c)
+            with torch.no_grad():
+                layer.weight.copy_(weight)
+                layer.bias.copy_(bias)
+            layer.running_mean, layer.running_var = rm, rv
+            layer.num_batches_tracked.zero_()
+            xg = x.detach().requires_grad_(True)
+            params = (xg, layer.weight, layer.bias)
+
+            def fwd():
+                return layer(xg)
+
+            tf = self.time_op(fwd)
+            y = fwd()
+            tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))
+            del y
+            if check:
+                rm.zero_()
+                rv.fill_(1.0)
+                y = fwd()
+                dx, dw, db = torch.autograd.grad(y, params, dy)
+                self.sync()
+                got = {"y": y.detach(), "dx": dx, "dweight": dw, "dbias": db,
+                       "running_mean": rm, "running_var": rv}
+        elif path == "torch_bn":
             w = weight.clone().requires_grad_(True)
             b = bias.clone().requires_grad_(True)
             xg = x.detach().requires_grad_(True)

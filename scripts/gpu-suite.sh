@@ -27,7 +27,8 @@
 #   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),
 #             racecheck, synccheck over the GPU tests
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
-#   torch     bench/torch_baseline.py (PyTorch BN and the SyncBatchNorm op sequence), JSON;
+#   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
+#             syncbn.torch's layer: --paths ...,syncbn_torch), JSON;
 #             its bytes and floors read from the bench step's JSON
 #   pytorch   tests/python/test_torch_gpu.py: syncbn.torch on the GPU (a team from a process
 #             group, a training step vs PyTorch's SyncBatchNorm, CUDA graph replay)
@@ -269,7 +270,10 @@ step_torch() {
   local floors=() quick=()
   [ -f "$OUTDIR/bench.json" ] && floors=(--floors-from "$OUTDIR/bench.json")
   [ "$QUICK" = 1 ] && quick=(--only S1,S2,S5,S10)
-  "$PYTHON" "$PYDIR/torch_baseline.py" "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json"
+  # syncbn_torch: this project's PyTorch layer on the same process group (issue 28)
+  PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
+    "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch \
+    "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json"
 }
 
 step_pytorch() {
