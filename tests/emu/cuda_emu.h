@@ -50,35 +50,28 @@ T& block_shared(const char* name) {
 
 inline Warp& my_warp() { return emu_block->warp[threadIdx.x >> 5]; }
 
+/* A warp shuffle: every lane posts v, then reads lane src's (src >= 32: keeps its own). */
 template <typename T>
-T shfl_down(T v, int off) {
-  static_assert(sizeof(T) <= 8, "shuffle of a small type");
+T shfl_from(T v, unsigned src) {
+  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of at most 8 bytes");
   Warp& w = my_warp();
-  const unsigned lane = threadIdx.x & 31;
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof v);
-  w.buf[lane] = bits;
+  w.buf[threadIdx.x & 31] = bits;
   bar_warp(false);
   T r = v;
-  if (lane + (unsigned)off < 32) memcpy(&r, &w.buf[lane + off], sizeof r);
+  if (src < 32) memcpy(&r, &w.buf[src], sizeof r);
   bar_warp(false);
   return r;
 }
-
-/* __shfl_xor_sync: lane l gets lane (l ^ m)'s value (m < 32). */
+/* __shfl_down_sync (lanes past 31 keep their value) and __shfl_xor_sync (m < 32). */
+template <typename T>
+T shfl_down(T v, int off) {
+  return shfl_from(v, (threadIdx.x & 31) + (unsigned)off);
+}
 template <typename T>
 T shfl_xor(T v, int m) {
-  static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of at most 8 bytes");
-  Warp& w = my_warp();
-  const unsigned lane = threadIdx.x & 31;
-  uint64_t bits = 0;
-  memcpy(&bits, &v, sizeof v);
-  w.buf[lane] = bits;
-  bar_warp(false);
-  T r = v;
-  memcpy(&r, &w.buf[lane ^ (unsigned)m], sizeof r);
-  bar_warp(false);
-  return r;
+  return shfl_from(v, (threadIdx.x & 31) ^ (unsigned)m);
 }
 
 }  // namespace emu
