@@ -129,6 +129,33 @@ class TestTorch(unittest.TestCase):
     def test_bf16_channels_last(self):
         self._train_case([3, 2], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, seed=5)
 
+    def test_no_running_stats(self):
+        """track_running_stats=False: no buffers; training normalizes with the team's batch,
+        eval with this rank's own batch (nn.SyncBatchNorm's rule), as float64 nn.BatchNorm."""
+        torch.manual_seed(7)
+        comms = syncbn.cpu_team(2, timeout_ms=60000)
+        try:
+            layers = [sbt.SyncBatchNorm(4, track_running_stats=False, comm=c) for c in comms]
+            self.assertIsNone(layers[0].running_mean)
+            self.assertNotIn("running_mean", layers[0].state_dict())
+            xs = [torch.randn(n, 4, 5) + 2 for n in (3, 1)]
+            ys = [None, None]
+
+            def rank(r):
+                ys[r] = layers[r](xs[r])
+
+            self.assertEqual(run_ranks(2, rank), [None, None])
+            ref = torch.nn.BatchNorm1d(4, track_running_stats=False).double()
+            Y = ref(torch.cat(xs).double())
+            torch.testing.assert_close(torch.cat(ys).double(), Y, rtol=3e-5, atol=3e-5)
+            for m in layers:
+                m.eval()
+            y0 = layers[0](xs[0])  # eval: rank 0 alone, no team call (rank 1 does not call)
+            torch.testing.assert_close(y0.double(), ref(xs[0].double()), rtol=3e-5, atol=3e-5)
+        finally:
+            for c in comms:
+                c.destroy()
+
     def test_state_dict_round_trip(self):
         theirs = torch.nn.SyncBatchNorm(7)
         with torch.no_grad():
