@@ -183,6 +183,27 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
    sbnNcclError when NCCL fails (the detail names the call). */
 SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
                                     const sbnConfig_t* config);
+/* An NCCL unique id (ncclUniqueId: NCCL_UNIQUE_ID_BYTES = 128 bytes), made on one rank by
+   sbnGetNcclUniqueId and handed by the caller to the others (MPI, torch.distributed, a
+   file) for sbnCommInitNcclRank. */
+#define SBN_NCCL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[SBN_NCCL_UNIQUE_ID_BYTES];
+} sbnNcclUniqueId_t;
+/* ncclGetUniqueId through the library's NCCL (loaded as for sbnCommInitNccl).
+   sbnInvalidArgument (id NULL), sbnUnsupported (no NCCL), sbnNcclError. */
+SBN_API sbnResult_t sbnGetNcclUniqueId(sbnNcclUniqueId_t* id);
+/* Multi-process from an id, for callers without an NCCL comm of their own (Python through
+   ctypes): every rank calls it with the same id and nranks and its own rank, on the CUDA
+   device that will hold its tensors (the calling thread's current device). The library
+   makes the NCCL comm itself (ncclCommInitRankConfig, nonblocking) and the team takes it
+   as its own, so every wait of the init, that comm's included, is bounded by timeout_ms:
+   a rank that never calls gives sbnTimeout on the others (their comm aborted), never a
+   hang. Otherwise as sbnCommInitNccl (transports, SBN_NCCL_TRANSPORT, sbnCommSplit,
+   collective destroy). Errors: sbnInvalidArgument (comm or id NULL, nranks < 1, rank
+   outside [0, nranks), bad config), sbnUnsupported, sbnNcclError, sbnTimeout. */
+SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t* id, int nranks,
+                                        int rank, const sbnConfig_t* config);
 /* Sub-teams (PyTorch process_group, apex bn_group): collective over the parent's ranks.
    For in-process teams it is called for every rank inside one sbnGroupStart/End pair
    (*newcomm is written by sbnGroupEnd), or, for CPU teams, by one thread per rank

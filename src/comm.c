@@ -71,6 +71,31 @@ SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
   return sbnSuccess;
 }
 
+SBN_API sbnResult_t sbnGetNcclUniqueId(sbnNcclUniqueId_t* id) {
+  if (id == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnGetNcclUniqueId: id is NULL");
+  sbnNcclUniqueId_t made;
+  const sbnResult_t r = sbn_nccl_unique_id(made.internal);
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnGetNcclUniqueId: %s", sbnGetLastError(NULL));
+  *id = made; /* a rejected call writes nothing */
+  return sbnSuccess;
+}
+
+SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t* id, int nranks,
+                                        int rank, const sbnConfig_t* config) {
+  if (comm == NULL || id == NULL)
+    return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitNcclRank: comm and id must be non-NULL");
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "sbnCommInitNcclRank: need nranks >= 1 and 0 <= rank < nranks; got rank %d of %d",
+                    rank, nranks);
+  sbn_cfg_t cfg;
+  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  if (r != sbnSuccess) return r;
+  r = sbn_nccl_team_create_rank(id->internal, nranks, rank, &cfg, comm);
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNcclRank: %s", sbnGetLastError(NULL));
+  return sbnSuccess;
+}
+
 /* ---- split ------------------------------------------------------------------------ */
 
 static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {

@@ -1,8 +1,8 @@
 """syncbn: synchronized batch normalization across ranks (the C library libsyncbn).
 
 This module is the C API's thin wrapper, importable without PyTorch (``syncbn.torch``
-has the PyTorch layer): teams (``cpu_team`` today; GPU and NCCL teams are not bound
-yet), and the three operations on raw
+has the PyTorch layer): teams (``cpu_team``; ``nccl_team`` from an ``nccl_unique_id``,
+one process per GPU), and the three operations on raw
 data pointers, exactly as include/syncbn.h defines them. Every failure raises
 ``SyncBNError`` carrying the sbnResult_t (``.code``, ``.name``: "sbnTimeout", ...) and the
 library's detail (sbnGetLastError).
@@ -34,6 +34,8 @@ __all__ = [
     "SyncBNError",
     "TensorDesc",
     "cpu_team",
+    "nccl_team",
+    "nccl_unique_id",
     "desc",
     "forward_inference",
     "library_path",
@@ -214,6 +216,29 @@ def cpu_team(nranks, timeout_ms=None, max_channels=None):
     cfg = Config.make(timeout_ms, max_channels)
     _check(_capi.lib.sbnCommInitCpu(handles, int(nranks), ctypes.byref(cfg)), "sbnCommInitCpu")
     return [Comm(h) for h in handles]
+
+
+def nccl_unique_id():
+    """sbnGetNcclUniqueId: 128 bytes for nccl_team (made on one rank, sent to the others)."""
+    uid = _capi.NcclUniqueId()
+    _check(_capi.lib.sbnGetNcclUniqueId(ctypes.byref(uid)), "sbnGetNcclUniqueId")
+    return bytes(uid)  # all 128 bytes (uid.internal would stop at the first zero byte)
+
+
+def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
+    """sbnCommInitNcclRank: this process's rank of a team of nranks processes, one per
+    GPU (the calling thread's current CUDA device), from the id every rank got from the
+    same nccl_unique_id(). A rank that never calls: sbnTimeout on the others, no hang."""
+    raw = bytes(unique_id)
+    if len(raw) != ctypes.sizeof(_capi.NcclUniqueId):
+        raise ValueError(f"syncbn.nccl_team: an NCCL unique id is {ctypes.sizeof(_capi.NcclUniqueId)} bytes, "
+                         f"got {len(raw)}")
+    uid = _capi.NcclUniqueId.from_buffer_copy(raw)
+    h = ctypes.c_void_p()
+    cfg = Config.make(timeout_ms, max_channels)
+    _check(_capi.lib.sbnCommInitNcclRank(ctypes.byref(h), ctypes.byref(uid), int(nranks), int(rank),
+                                         ctypes.byref(cfg)), "sbnCommInitNcclRank")
+    return Comm(h.value)
 
 
 def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,

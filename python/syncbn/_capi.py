@@ -58,6 +58,12 @@ class Config(ctypes.Structure):
         )
 
 
+class NcclUniqueId(ctypes.Structure):
+    """sbnNcclUniqueId_t (SBN_NCCL_UNIQUE_ID_BYTES = 128)."""
+
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
 class Params(ctypes.Structure):
     """sbnParams_t: eps, momentum (< 0: cumulative average, PyTorch's momentum=None),
     grad_mode (0 local, 1 global)."""
@@ -103,6 +109,11 @@ _PROTOTYPES = {
     "sbnGetVersion": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
     "sbnCommInitCpu": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_int, ctypes.POINTER(Config)]),
     "sbnCommInitNccl": (ctypes.c_int, [ctypes.POINTER(_P), _P, ctypes.POINTER(Config)]),
+    "sbnGetNcclUniqueId": (ctypes.c_int, [ctypes.POINTER(NcclUniqueId)]),
+    "sbnCommInitNcclRank": (
+        ctypes.c_int,
+        [ctypes.POINTER(_P), ctypes.POINTER(NcclUniqueId), ctypes.c_int, ctypes.c_int, ctypes.POINTER(Config)],
+    ),
     "sbnCommRank": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "sbnCommCount": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),
     "sbnCommGetAsyncError": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int)]),

@@ -15,19 +15,17 @@ The team: ``comm=`` (a ``syncbn.Comm``: a CPU team's rank for CPU tensors, the p
 tests), set at construction, by ``convert_sync_batchnorm(..., comm=)`` or
 ``module.comm = ...``; otherwise, for CUDA tensors in an initialized ``torch.distributed``,
 the team of the layer's ``process_group`` (the world by default) on the tensor's GPU:
-made at its first use and cached (``team_for``): rank 0 of the group makes an
-``ncclUniqueId``, the group broadcasts it (``broadcast_object_list``), every rank makes an
-NCCL comm with it (libnccl through ctypes, the one PyTorch loaded) and ``sbnCommInitNccl``
-duplicates it into the team; the NCCL comm is then destroyed. Not run on a GPU yet
+made at its first use and cached (``team_for``): rank 0 of the group makes an NCCL
+unique id (``sbnGetNcclUniqueId``), the group broadcasts it (``broadcast_object_list``),
+and every rank calls ``sbnCommInitNcclRank``, where the library makes the NCCL comm
+itself, nonblocking, bounded by the team's timeout. Not run on a GPU yet
 (tests/python/test_torch_gpu.py, scripts/gpu-suite.sh's ``pytorch`` step). A missing
-rank in an op raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's
-timeout; at the team's creation the group's broadcast waits as PyTorch's collectives do
-(its process group's timeout).
+rank raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout, in an
+op or in the team's creation; the group's broadcast before it waits as PyTorch's
+collectives do (its process group's timeout).
 """
 
-import ctypes
 import math
-import os
 
 import torch
 import torch.nn.functional as F
@@ -164,34 +162,6 @@ class _Infer(torch.autograd.Function):
 _TEAMS = {}  # (group, device index) -> syncbn.Comm
 
 
-class _NcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]  # NCCL_UNIQUE_ID_BYTES
-
-
-_NCCL = None
-
-
-def _nccl():
-    """libnccl: the one already in the process (PyTorch's), else SBN_NCCL_LIBRARY, else
-    the soname; the three calls a team's creation needs."""
-    global _NCCL
-    if _NCCL is None:
-        name = os.environ.get("SBN_NCCL_LIBRARY", "libnccl.so.2")
-        lib = ctypes.CDLL(name)
-        lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(_NcclUniqueId)]
-        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _NcclUniqueId, ctypes.c_int]
-        lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
-        lib.ncclGetErrorString.restype = ctypes.c_char_p
-        _NCCL = lib
-    return _NCCL
-
-
-def _nccl_check(rc, what):
-    if rc != 0:
-        msg = _nccl().ncclGetErrorString(rc)
-        raise _sbn.SyncBNError(5, what, f"NCCL error {rc}: {msg.decode() if msg else ''}")
-
-
 def team_for(process_group, device, timeout_ms=None):
     """The syncbn team of (process_group, device): one rank per process of the group,
     made collectively at the first call and cached. CUDA devices only."""
@@ -209,24 +179,10 @@ def team_for(process_group, device, timeout_ms=None):
     if team is not None:
         return team
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    nccl = _nccl()
-    uid = _NcclUniqueId()
-    if rank == 0:
-        _nccl_check(nccl.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-    box = [bytes(uid.internal) if rank == 0 else None]
+    box = [_sbn.nccl_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    uid = _NcclUniqueId.from_buffer_copy(box[0])
     with torch.cuda.device(device):
-        ncomm = ctypes.c_void_p()
-        _nccl_check(nccl.ncclCommInitRank(ctypes.byref(ncomm), size, uid, rank), "ncclCommInitRank")
-        try:
-            h = ctypes.c_void_p()
-            cfg = _sbn.Config.make(timeout_ms)
-            rc = _sbn._capi.lib.sbnCommInitNccl(ctypes.byref(h), ncomm, ctypes.byref(cfg))
-            _sbn._check(rc, "sbnCommInitNccl")
-        finally:
-            nccl.ncclCommDestroy(ncomm)  # the team holds its own duplicate
-    team = _sbn.Comm(h.value)
+        team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms)
     _TEAMS[key] = team
     return team
 

@@ -18,6 +18,13 @@ SBN_INTERNAL extern const sbn_team_ops_t sbn_gpu_peer_team_ops;
 SBN_INTERNAL sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg,
                                              sbnComm_t* comm);
 
+/* sbnGetNcclUniqueId: SBN_NCCL_UNIQUE_ID_BYTES bytes into out (nccl_team.c). */
+SBN_INTERNAL sbnResult_t sbn_nccl_unique_id(char* out);
+/* sbnCommInitNcclRank: the NCCL comm made here from the id (nonblocking, bounded by the
+   timeout) and adopted by the team (nccl_team.c). */
+SBN_INTERNAL sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank,
+                                                  const sbn_cfg_t* cfg, sbnComm_t* comm);
+
 /* sbnForwardInference with device pointers: one kernel on `stream` (gpu_infer.c). */
 SBN_INTERNAL sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                                            const float* weight, const float* bias,

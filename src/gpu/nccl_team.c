@@ -519,13 +519,61 @@ sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sb
   return nccl_create(nccl, 0, cfg, comm);
 }
 
+_Static_assert(sizeof(ncclUniqueId) == SBN_NCCL_UNIQUE_ID_BYTES, "sbnNcclUniqueId_t is ncclUniqueId");
+
+sbnResult_t sbn_nccl_unique_id(char* out) {
+  const char* why = NULL;
+  if (sbn_nccl_load(&why) != sbnSuccess) return sbn_fail(NULL, sbnUnsupported, "%s", why);
+  ncclUniqueId id;
+  const ncclResult_t nr = sbn_nccl.GetUniqueId(&id);
+  if (nr != ncclSuccess) return nccl_fail(NULL, nr, "ncclGetUniqueId");
+  memcpy(out, &id, sizeof id);
+  return sbnSuccess;
+}
+
+/* The comm of this rank made from the id, nonblocking so that its init is waited for with
+   the deadline (a rank that never calls leaves it in progress: aborted, sbnTimeout), then
+   adopted by the team (no duplicate: nccl_create with adopt). */
+sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, const sbn_cfg_t* cfg,
+                                      sbnComm_t* comm) {
+  const char* why = NULL;
+  if (sbn_nccl_load(&why) != sbnSuccess) return sbn_fail(NULL, sbnUnsupported, "%s", why);
+  ncclUniqueId uid;
+  memcpy(&uid, id, sizeof uid);
+  ncclConfig_t nc = NCCL_CONFIG_INITIALIZER;
+  nc.blocking = 0;
+  ncclComm_t c = NULL;
+  const int64_t deadline = sbn_mono_ns() + cfg->timeout_ms * 1000000;
+  ncclResult_t nr = sbn_nccl.CommInitRankConfig(&c, nranks, uid, rank, &nc);
+  if (c == NULL) return nccl_fail(NULL, nr == ncclSuccess ? ncclInternalError : nr, "ncclCommInitRankConfig");
+  nr = sbn_nccl_settle(nr, &c, 1, deadline);
+  if (nr != ncclSuccess) {
+    const sbnResult_t r = nccl_fail(c, nr, "ncclCommInitRankConfig");
+    sbn_nccl.CommAbort(c); /* local and immediate: the peers that came time out alike */
+    return r;
+  }
+  return nccl_create(c, 1, cfg, comm);
+}
+
 #else /* no NCCL in this build */
 
-sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
-  (void)nccl, (void)cfg, (void)comm;
+static sbnResult_t no_nccl(void) {
   return sbn_fail(NULL, sbnUnsupported,
                   "this build of syncbn has no NCCL (SYNCBN_NCCL=OFF, or no CUDA/NCCL at "
                   "configure time; SYNCBN_NCCL_ROOT points CMake at an NCCL)");
+}
+sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
+  (void)nccl, (void)cfg, (void)comm;
+  return no_nccl();
+}
+sbnResult_t sbn_nccl_unique_id(char* out) {
+  (void)out;
+  return no_nccl();
+}
+sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, const sbn_cfg_t* cfg,
+                                      sbnComm_t* comm) {
+  (void)id, (void)nranks, (void)rank, (void)cfg, (void)comm;
+  return no_nccl();
 }
 void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) { (void)gt, (void)aborted; }
 void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) { (void)gt; }

@@ -239,6 +239,75 @@ static void test_init_host_nonblocking_caller(void) {
   ASSERT_CLEAN();
 }
 
+/* sbnCommInitNcclRank (for callers without an NCCL comm: the Python package): the id from
+   sbnGetNcclUniqueId, the NCCL comm made by the library (nonblocking) and adopted by the
+   team: no split, one comm, gone with the team. */
+static sbnResult_t init_rank(sbnComm_t* comm, const sbnNcclUniqueId_t* id, int nranks, int rank,
+                             int64_t timeout_ms) {
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = timeout_ms;
+  cfg.max_channels = 64;
+  cudaSetDevice(0);
+  *comm = NULL;
+  const sbnResult_t r = sbnCommInitNcclRank(comm, id, nranks, rank, &cfg);
+  if (r != sbnSuccess) fprintf(stderr, "  init: %s\n", sbnGetLastError(NULL));
+  return r;
+}
+static void test_init_rank_from_id(void) {
+  for (int host = 0; host < 2; host++) {
+    stub_case(NULL);
+    const int live0 = nccl_stub_live_comms();
+    sbnNcclUniqueId_t id;
+    ASSERT_OK(sbnGetNcclUniqueId(&id));
+    sbnComm_t comm = NULL;
+    if (host) setenv("SBN_NCCL_TRANSPORT", "host", 1);
+    const sbnResult_t r = init_rank(&comm, &id, 1, 0, TIMEOUT_MS);
+    unsetenv("SBN_NCCL_TRANSPORT");
+    ASSERT_OK(r);
+    ASSERT_TRUE(strcmp(transport_of(comm), host ? "nccl-host" : "nccl-lsa") == 0);
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0 + 1); /* the one comm, the team's */
+    ops_ok(comm);
+    CHECK_();
+    ASSERT_OK(sbnCommDestroy(comm));
+    ASSERT_CLEAN();
+    ASSERT_RECORD("ncclGetUniqueId", "ncclCommInitRankConfig", "ncclAllReduce", "ncclAllGather",
+                  "ncclCommFinalize", "ncclCommDestroy");
+    ASSERT_NO_RECORD("ncclCommSplit");
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  }
+}
+/* A rank of the id's comm that never calls: the init waits until the timeout, then
+   sbnTimeout, nothing written, the comm aborted (no hang, no leak). Arguments checked
+   before anything is made. */
+static void test_init_rank_stuck_and_arguments(void) {
+  stub_case("ncclCommInitRankConfig");
+  const int live0 = nccl_stub_live_comms();
+  sbnNcclUniqueId_t id;
+  ASSERT_OK(sbnGetNcclUniqueId(&id));
+  sbnComm_t comm = NULL;
+  const double t0 = now_ms();
+  const sbnResult_t r = init_rank(&comm, &id, 2, 0, STUCK_TIMEOUT_MS);
+  const double waited = now_ms() - t0;
+  ASSERT_RES(r, sbnTimeout);
+  ASSERT_TRUE(comm == NULL);
+  if (waited < STUCK_TIMEOUT_MS) {
+    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
+    return;
+  }
+  ASSERT_RECORD("ncclCommInitRankConfig", "ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  stub_case(NULL);
+  sbnComm_t untouched = (sbnComm_t)&untouched;
+  ASSERT_RES(sbnCommInitNcclRank(&untouched, NULL, 1, 0, NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnCommInitNcclRank(&untouched, &id, 2, 2, NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnCommInitNcclRank(&untouched, &id, 0, 0, NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnCommInitNcclRank(NULL, &id, 1, 0, NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnGetNcclUniqueId(NULL), sbnInvalidArgument);
+  ASSERT_TRUE(untouched == (sbnComm_t)&untouched);
+  ASSERT_NO_RECORD("ncclCommInitRankConfig");
+}
+
 /* sbnCommSplit with a colour gives a comm (NCCL writes it only once the parent is done);
    without one, NULL. On both transports. */
 static void split_case(const char* transport, const char* want) {
@@ -540,6 +609,8 @@ int main(void) {
           getenv("NCCL_STUB_RETURN") ? getenv("NCCL_STUB_RETURN") : "(success)");
   SBN_RUN(test_init_window_blocking_caller);
   SBN_RUN(test_init_host_nonblocking_caller);
+  SBN_RUN(test_init_rank_from_id);
+  SBN_RUN(test_init_rank_stuck_and_arguments);
   SBN_RUN(test_split_lsa);
   SBN_RUN(test_split_host);
   SBN_RUN(test_abort);

@@ -176,6 +176,28 @@ class TestCapi(unittest.TestCase):
         with self.assertRaises(ValueError):
             syncbn.cpu_team(0)
 
+    def test_nccl_team_arguments(self):
+        """sbnCommInitNcclRank's arguments are checked before NCCL is touched."""
+        for nranks, rank in ((2, 2), (0, 0), (3, -1)):
+            with self.assertRaises(syncbn.SyncBNError) as cm:
+                syncbn.nccl_team(bytes(128), nranks, rank)
+            self.assertEqual(cm.exception.name, "sbnInvalidArgument")
+        for n in (127, 129):
+            with self.assertRaises(ValueError):
+                syncbn.nccl_team(bytes(n), 1, 0)  # not an id
+
+    def test_nccl_unique_id_is_whole(self):
+        """All 128 bytes of the id (a ctypes char array would stop at its first zero byte),
+        or sbnUnsupported where this build or machine has no NCCL."""
+        try:
+            uid = syncbn.nccl_unique_id()
+        except syncbn.SyncBNError as e:
+            self.assertEqual(e.name, "sbnUnsupported")
+            print(f"test_nccl_unique_id_is_whole: no NCCL here ({e.detail})")
+            return
+        self.assertEqual(len(uid), 128)
+        self.assertNotEqual(uid, bytes(128))
+
     def test_missing_rank_times_out(self):
         """One rank never calls: the other's call raises sbnTimeout (no hang)."""
         comms = syncbn.cpu_team(2, timeout_ms=300)
