@@ -4,7 +4,7 @@ where torch has no CUDA device; on a GPU machine the suite counts that as a fail
 Not yet run on a GPU: these are the checks the next device session makes.
 
   - a team from a one-process torch.distributed group (gloo for the id's broadcast):
-    ncclUniqueId -> ncclCommInitRank -> sbnCommInitNccl, cached per (group, device);
+    sbnGetNcclUniqueId -> sbnCommInitNcclRank, cached per (group, device);
   - a training step of a small residual block converted by syncbn.torch vs by
     torch.nn.SyncBatchNorm.convert_sync_batchnorm (one rank: PyTorch's batch norm): loss,
     every gradient and the running statistics within 1e-4 (fp32; the same arithmetic
