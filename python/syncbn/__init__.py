@@ -91,15 +91,18 @@ def _ptr(obj):
         return None
     if isinstance(obj, int):
         return obj
+    # data_ptr() first: a torch.Tensor that requires grad raises (RuntimeError, not
+    # AttributeError) from __cuda_array_interface__, and inside an autograd.Function the
+    # inputs still require grad
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):
+        return data_ptr()
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return cai["data"][0]
     ai = getattr(obj, "__array_interface__", None)
     if ai is not None:
         return ai["data"][0]
-    data_ptr = getattr(obj, "data_ptr", None)
-    if data_ptr is not None:
-        return data_ptr()
     raise TypeError(f"syncbn: not a pointer, an array or a tensor: {type(obj).__name__}")
 
 

@@ -102,6 +102,7 @@ class _Train(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the C backward is not differentiable again
     def backward(ctx, dy):
         x, w32, save_mean, save_invstd = ctx.saved_tensors
         layout = ctx.layout
