@@ -77,7 +77,7 @@ if [ "${1:-}" = prebuild ]; then
   echo "prebuild: tests of $DIR/CTestTestfile.cmake:"
   "$PYTHON" scripts/prebuilt_ctest.py "$BUILD" "$DIR" | sed 's/^/  /' || exit 1
   cp "$BUILD/bench/sbn-bench" "$BUILD/bench/sbn-probe" "$DIR/bin/" &&
-    cp bench/*.py bench/requirements-plot.txt "$DIR/bench/" &&
+    cp bench/*.py bench/shapes.tsv bench/requirements-plot.txt "$DIR/bench/" &&
     rm -f "$DIR/bench/test_plot.py" &&
     cp scripts/compute-sanitizer-supp.xml "$DIR/sanitizer-supp.xml" &&
     cp scripts/gpu-suite.sh "$DIR/gpu-suite.sh" &&
@@ -135,7 +135,9 @@ else
 fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
 # the last): a step past its limit is stopped and counted as failed, the others still run.
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=120 [bench]=60 [torch]=60 [pytorch]=40 [plot]=20)
+# sanitize: the quick lists took ~280 s on an H200 (2026-11-26, session 31: 120 s were not
+# enough); with it the steps need two calls of the device tool (next-gpu-run.md)
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=60 [torch]=60 [pytorch]=40 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -305,7 +307,7 @@ for step in "${STEPS[@]}"; do
   if [ $PREBUILT = 1 ] && [ -n "${LIMITS[$step]:-}" ]; then
     # the step in a subshell under a limit (timeout sends TERM, then KILL 5 s later)
     export -f "step_$step" sanitize_one wheel_root 2>/dev/null
-    export HERE PYTHON ARCH PREBUILT TESTS BIN BENCH PYDIR PYPKG SBNLIB TORCHGPU SUPP QUICK OUTDIR LD_LIBRARY_PATH
+    export HERE PYTHON ARCH PREBUILT TESTS BIN BENCH PROBE PYDIR PYPKG SBNLIB TORCHGPU SUPP QUICK OUTDIR LD_LIBRARY_PATH
     timeout -k 5 "${LIMITS[$step]}" bash -c "step_$step" >"$OUTDIR/$step.log" 2>&1
   else
     "step_$step" >"$OUTDIR/$step.log" 2>&1
