@@ -171,7 +171,9 @@ class Comm:
         return self
 
     def __reduce__(self):
-        raise TypeError("syncbn.Comm cannot be pickled: a team's rank lives in this process")
+        # pickled (torch.save of a whole model): a team's rank lives in this process, so it
+        # loads as None (a layer then takes its process group's team, or comm= again)
+        return (_no_comm, ())
 
     def __enter__(self):
         return self
@@ -208,6 +210,10 @@ class Comm:
                 _ptr(save_mean), _ptr(save_invstd), _ptr(dweight), _ptr(dbias),
                 ctypes.byref(p), _ptr(stream)),
             "sbnBackward", self._h)
+
+
+def _no_comm():
+    return None
 
 
 def cpu_team(nranks, timeout_ms=None, max_channels=None):

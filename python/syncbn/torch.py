@@ -26,6 +26,7 @@ collectives do (its process group's timeout).
 """
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +162,7 @@ class _Infer(torch.autograd.Function):
 
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
 _TEAMS = {}  # (group, device index) -> syncbn.Comm
+_TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
 
 
 def team_for(process_group, device, timeout_ms=None):
@@ -176,16 +178,24 @@ def team_for(process_group, device, timeout_ms=None):
         raise RuntimeError("syncbn.torch: teams from a process group take CUDA tensors; for CPU tensors pass comm=")
     group = process_group if process_group is not None else dist.group.WORLD
     key = (group, device.index)
-    team = _TEAMS.get(key)
-    if team is not None:
+    with _TEAMS_LOCK:
+        team = _TEAMS.get(key)
+        if team is not None:
+            return team
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        box = [None]
+        if rank == 0:  # a failure here reaches every rank, not only rank 0
+            try:
+                box = [_sbn.nccl_unique_id()]
+            except _sbn.SyncBNError as e:
+                box = [("error", str(e))]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group, device=device)
+        if isinstance(box[0], tuple):
+            raise RuntimeError(f"syncbn.torch: rank 0 of the group could not make the team's NCCL id: {box[0][1]}")
+        with torch.cuda.device(device):
+            team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms)
+        _TEAMS[key] = team
         return team
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    box = [_sbn.nccl_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    with torch.cuda.device(device):
-        team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms)
-    _TEAMS[key] = team
-    return team
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -196,6 +206,8 @@ class SyncBatchNorm(_BatchNorm):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
         self.comm = comm
+
+    convert_sync_batchnorm = None  # set below: the classmethod nn.SyncBatchNorm has
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -242,3 +254,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         out.add_module(name, convert_sync_batchnorm(child, process_group, comm))
     del module
     return out
+
+
+SyncBatchNorm.convert_sync_batchnorm = classmethod(
+    lambda cls, module, process_group=None, comm=None: convert_sync_batchnorm(module, process_group, comm))

@@ -156,6 +156,26 @@ class TestTorch(unittest.TestCase):
             for c in comms:
                 c.destroy()
 
+    def test_pickle_and_classmethod(self):
+        """torch.save of a whole layer drops its team (comm None after loading), and
+        SyncBatchNorm.convert_sync_batchnorm exists as nn.SyncBatchNorm's does."""
+        import io
+
+        comms = syncbn.cpu_team(1)
+        try:
+            m = sbt.SyncBatchNorm(3, comm=comms[0])
+            buf = io.BytesIO()
+            torch.save(m, buf)
+            buf.seek(0)
+            m2 = torch.load(buf, weights_only=False)
+            self.assertIsNone(m2.comm)
+            self.assertIs(m.comm, comms[0])
+            net = sbt.SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(3)), comm=comms[0])
+            self.assertIsInstance(net[0], sbt.SyncBatchNorm)
+            self.assertIs(net[0].comm, comms[0])
+        finally:
+            comms[0].destroy()
+
     def test_state_dict_round_trip(self):
         theirs = torch.nn.SyncBatchNorm(7)
         with torch.no_grad():
