@@ -189,7 +189,10 @@ def team_for(process_group, device, timeout_ms=None):
                 box = [_sbn.nccl_unique_id()]
             except _sbn.SyncBNError as e:
                 box = [("error", str(e))]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group, device=device)
+        # an NCCL group broadcasts through this rank's GPU (not cuda:0 unless set); gloo
+        # through the host, as torch picks for it
+        dev = {"device": device} if dist.get_backend(group) == "nccl" else {}
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group, **dev)
         if isinstance(box[0], tuple):
             raise RuntimeError(f"syncbn.torch: rank 0 of the group could not make the team's NCCL id: {box[0][1]}")
         with torch.cuda.device(device):
