@@ -184,8 +184,6 @@ def sys_load_before_barrier(ins):
 # (whole-vector planes only, one copy of a batch's arithmetic, the tile butterfly: the
 # fp32 plane forward went from 22.1k to 7.1k instructions).
 CODE_BOUND = 8192
-def code_bound(base, args):
-    return CODE_BOUND
 
 def occupancy(regs, smem):
     r8 = (max(regs, 1) + 7) // 8 * 8
@@ -238,15 +236,15 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
-        if ninsn > code_bound(base, args):
+        if ninsn > CODE_BOUND:
             code_failures.append(label)
         if no_prefetch:
             prefetch_failures.append(label)
         continue
     if no_prefetch:
         why.append(f"no L2 prefetch ({' or '.join(pf_insn)}) in a stream kernel")
-    if ninsn > code_bound(base, args):
-        why.append(f"{ninsn} instructions > {code_bound(base, args)}")
+    if ninsn > CODE_BOUND:
+        why.append(f"{ninsn} instructions > {CODE_BOUND}")
     if stack or local:
         why.append(f"spills (stack {stack} B, local {local} B)")
     if hot and ld.get("128", 0) == 0:

@@ -36,24 +36,7 @@ static const char* none_transport(const sbn_team_t* team) {
 const sbn_team_ops_t sbn_gpu_virtual_team_ops = SBN_NONE_TABLE("GPU virtual");
 const sbn_team_ops_t sbn_gpu_peer_team_ops = SBN_NONE_TABLE("GPU peer");
 
-static sbnResult_t no_nccl(void) {
-  return sbn_fail(NULL, sbnUnsupported,
-                  "this build of syncbn has no NCCL (SYNCBN_NCCL=OFF, or no CUDA/NCCL at "
-                  "configure time; SYNCBN_NCCL_ROOT points CMake at an NCCL)");
-}
-sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
-  (void)nccl, (void)cfg, (void)comm;
-  return no_nccl();
-}
-sbnResult_t sbn_nccl_unique_id(char* out) {
-  (void)out;
-  return no_nccl();
-}
-sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, const sbn_cfg_t* cfg,
-                                      sbnComm_t* comm) {
-  (void)id, (void)nranks, (void)rank, (void)cfg, (void)comm;
-  return no_nccl();
-}
+/* sbn_nccl_team_create and the other NCCL entry points: nccl_none.c */
 
 sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
                               const float* weight, const float* bias, const float* running_mean,

@@ -555,26 +555,8 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   return nccl_create(c, 1, cfg, comm);
 }
 
-#else /* no NCCL in this build */
+#else /* no NCCL in this build: the front's entry points are in nccl_none.c */
 
-static sbnResult_t no_nccl(void) {
-  return sbn_fail(NULL, sbnUnsupported,
-                  "this build of syncbn has no NCCL (SYNCBN_NCCL=OFF, or no CUDA/NCCL at "
-                  "configure time; SYNCBN_NCCL_ROOT points CMake at an NCCL)");
-}
-sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
-  (void)nccl, (void)cfg, (void)comm;
-  return no_nccl();
-}
-sbnResult_t sbn_nccl_unique_id(char* out) {
-  (void)out;
-  return no_nccl();
-}
-sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, const sbn_cfg_t* cfg,
-                                      sbnComm_t* comm) {
-  (void)id, (void)nranks, (void)rank, (void)cfg, (void)comm;
-  return no_nccl();
-}
 void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) { (void)gt, (void)aborted; }
 void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) { (void)gt; }
 

@@ -121,11 +121,17 @@ static ncclComm_t caller_comm(int blocking, int ready) {
   return c;
 }
 
-static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transport,
-                             int64_t timeout_ms) {
+/* The config of every team here: the case's timeout, 64 channels. */
+static sbnConfig_t case_config(int64_t timeout_ms) {
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
   cfg.timeout_ms = timeout_ms;
   cfg.max_channels = 64;
+  return cfg;
+}
+
+static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transport,
+                             int64_t timeout_ms) {
+  const sbnConfig_t cfg = case_config(timeout_ms);
   if (transport != NULL)
     setenv("SBN_NCCL_TRANSPORT", transport, 1);
   else
@@ -244,9 +250,7 @@ static void test_init_host_nonblocking_caller(void) {
    team: no split, one comm, gone with the team. */
 static sbnResult_t init_rank(sbnComm_t* comm, const sbnNcclUniqueId_t* id, int nranks, int rank,
                              int64_t timeout_ms) {
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = timeout_ms;
-  cfg.max_channels = 64;
+  const sbnConfig_t cfg = case_config(timeout_ms);
   cudaSetDevice(0);
   *comm = NULL;
   const sbnResult_t r = sbnCommInitNcclRank(comm, id, nranks, rank, &cfg);
@@ -412,9 +416,7 @@ static void test_abort_sets_stop_words(void) {
 /* An sbnCommInitAll team of two (stand-in) devices, 0 and 1. */
 static sbnResult_t init_all_two(sbnComm_t comms[2], int64_t timeout_ms) {
   const int devs[2] = {0, 1};
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = timeout_ms;
-  cfg.max_channels = 64;
+  const sbnConfig_t cfg = case_config(timeout_ms);
   return sbnCommInitAll(comms, 2, devs, &cfg);
 }
 
