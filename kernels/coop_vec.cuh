@@ -76,11 +76,17 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
     left -= bp.kv;
     i += U * step;
   }
-  /* Stream: the lines of this thread's batch d after bp (the one batch() gave last; d = 0:
-     bp itself) asked of L2, one per position. */
+  /* Stream, tile units: every thread asks L2 for its own lines. */
+  __device__ __forceinline__ bool prefetches(int dtype) const {
+    (void)dtype;
+    return true;
+  }
+  /* The lines of this thread's batch bt + d, d batches after bp (the one batch() gave
+     last, batch bt; d = 0: bp itself), one per position. */
   template <int U, int SIZE>
   __device__ __forceinline__ void prefetch(const void* base, const BatchPos<true, U, WHOLE>& bp,
-                                           int d, bool keep) const {
+                                           int bt, int d, uint64_t pol, bool keep) const {
+    (void)bt, (void)pol;
 SBN_UNROLL
     for (int k = 0; k < U; k++) {
       const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's */
@@ -154,12 +160,19 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     if (left > 0) advance(kThreads);
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
   }
-  /* Lane 0 (the thread with the most batches): L2 is asked for the block's batch m of
-     the unit, entries [m * 256 * U, (m + 1) * 256 * U) of its list (the vectors of its
-     threads' batch m), one prefetch per plane piece. Whole planes only (aligned, and
-     sbn_prefetch_planes). */
-  template <int U, int SIZE>
-  __device__ __forceinline__ void prefetch(const void* base, int64_t m, uint64_t pol) const {
+  /* Stream, plane units: thread 0 (the thread with the most batches) asks for the
+     block, on whole planes only (aligned, and sbn_prefetch_planes). */
+  __device__ __forceinline__ bool prefetches(int dtype) const {
+    return threadIdx.x == 0 && aligned && sbn_prefetch_planes(g, dtype);
+  }
+  /* L2 is asked for the block's batch m = bt + d of the unit, entries [m * 256 * U,
+     (m + 1) * 256 * U) of its list (the vectors of its threads' batch m), one prefetch per
+     plane piece, with the pass's policy. */
+  template <int U, int SIZE, typename P>
+  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d,
+                                           uint64_t pol, bool keep) const {
+    (void)bp, (void)keep;
+    const int64_t m = (int64_t)bt + d;
     const int64_t V = (r1 - r0) / VEC;
     const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
     if (j0 >= j1) return;
@@ -349,22 +362,13 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        if constexpr (!TILE && VEC > 1) { /* stream plane units: L2 asked ahead (coop_plan.h) */
-          if (threadIdx.x == 0 && wk.aligned && g_prefetches(*wk.g) &&
-              !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
+        if constexpr (VEC > 1) { /* L2 asked ahead: batches 0..AHEAD at a unit's first,
+                                      bt + AHEAD at the others (coop_plan.h) */
+          if (wk.prefetches(DT) && !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
 SBN_NO_UNROLL
             for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
-              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bt + d, pol);
-              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bt + d, pol);
-            }
-          }
-        }
-        if constexpr (TILE && VEC > 1) { /* stream tile units: each thread its own lines */
-          if (!SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
-SBN_NO_UNROLL
-            for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
-              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, d, keep);
-              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, d, keep);
+              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, pol, keep);
+              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, pol, keep);
             }
           }
         }
@@ -372,9 +376,6 @@ SBN_NO_UNROLL
       }
       f(cur, bp);
     }
-  }
-  static __device__ __forceinline__ bool g_prefetches(const sbn_geo_t& g) {
-    return sbn_prefetch_planes(&g, DT);
   }
 
   /* ---- batch statistics ---- */
