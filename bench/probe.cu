@@ -17,9 +17,15 @@
  *   code_fetch   kernels of 16, 64, 256 KB of straight-line code (v = v * v + k), one
  *                block per SM: the time per KB executed once (the first run's fit: 0.23
  *                us per KB of the kernel), cold (first launch) and warm (the next).
+ *   launch       what an op pays outside its kernel: an empty kernel launched ordinary or
+ *                cooperative, with 16 B or the library's ~2.9 KB of parameters, with no or
+ *                the most dynamic shared memory; event-timed busy (behind a memset, as
+ *                sbn-bench), idle, chained and from a CUDA graph; the host's launch call,
+ *                cudaPointerGetAttributes, cudaGetDevice/SetDevice (probe_launch).
  *   op           the library's cooperative kernel (kernels/coop.cu, compiled into this
  *                program with stage stamps: SBN_STAMP), planned as the library plans it,
- *                fp32 forward: the median op time (events) and, per stage, when the
+ *                fp32 forward: the median op time (events; idle and busy, as in
+ *                launch) and, per stage, when the
  *                median and the last block got there (%globaltimer, from the launch's
  *                first block start; the last block is the critical path). Shapes:
  *                "empty" (n = 0 on every rank, C = 512), stream and legacy, W = 1, 2, 4,
@@ -41,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <vector>
@@ -307,6 +314,146 @@ static void probe_code_fetch(int sms, bool quick) {
   CK(cudaFree(t));
 }
 
+/* ---- launch: what an op pays outside its kernel ------------------------------------------ */
+/* The first runs measured an event-timed op of ~12.8 us (bench: after the L2 flush's
+   memset, so the host's work is hidden) around a 7.0 us kernel (the stamps), and 16.3 us
+   when the GPU waits for the host's launch call (the op rows below). What the ~6 us are
+   made of: an empty kernel of 256 threads, 16 blocks (an empty op's G) or one per SM,
+   launched
+     - ordinary or cooperative (cudaLaunchAttributeCooperative),
+     - with 8 bytes of parameters or as many as the library's (sizeof(sbn_coop_args_t),
+       __grid_constant__),
+     - with no dynamic shared memory or the most a block may have (the onchip kernel's
+       carveout: the SM's shared/L1 split changes from the memset's),
+   timed by events "busy" (a 64 MB memset first: the launch is queued before the GPU gets
+   to it, so the event time is the GPU's alone, as in sbn-bench), "idle" (the GPU waits
+   for the launch call), "chain" (20 launches between the events, busy: the cost per
+   launch when they queue), and "graph" (the launch captured in a CUDA graph, replayed
+   busy). Host: the median time of the launch call itself, and of the calls the library
+   makes per op (cudaPointerGetAttributes: 8-9 per op; cudaGetDevice/cudaSetDevice). */
+struct ProbeBigParams {
+  unsigned char b[sizeof(sbn_coop_args_t)];
+};
+__global__ void __launch_bounds__(256) launch_small_kernel(int v, unsigned* sink) {
+  if (v == 12345 && threadIdx.x == 0) sink[blockIdx.x] = (unsigned)v;
+}
+__global__ void __launch_bounds__(256) launch_big_kernel(const __grid_constant__ ProbeBigParams p,
+                                                         unsigned* sink) {
+  if (p.b[0] == 123 && threadIdx.x == 0) sink[blockIdx.x] = p.b[sizeof p.b - 1];
+}
+static double host_us_since(const struct timespec& t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+}
+static void probe_launch(int sms, bool quick) {
+  unsigned* sink = nullptr;
+  void* flush = nullptr;
+  const size_t flush_bytes = (size_t)64 << 20;
+  CK(cudaMalloc((void**)&sink, (size_t)4 * sms * sizeof(unsigned)));
+  CK(cudaMalloc(&flush, flush_bytes));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  int optin = 0;
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  CK(cudaFuncSetAttribute((const void*)launch_small_kernel,
+                          cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  CK(cudaFuncSetAttribute((const void*)launch_big_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          optin));
+  static ProbeBigParams big; /* zero: the kernel does nothing */
+  int small_v = 0;
+  const int reps = quick ? 21 : 101;
+  for (int grid_i = 0; grid_i < 2; grid_i++)
+    for (int coop = 0; coop < 2; coop++)
+      for (int bigp = 0; bigp < 2; bigp++)
+        for (int dyn_i = 0; dyn_i < 2; dyn_i++) {
+          const unsigned grid = grid_i ? (unsigned)sms : 16u;
+          const size_t dyn = dyn_i ? (size_t)optin : 0;
+          const void* fn = bigp ? (const void*)launch_big_kernel : (const void*)launch_small_kernel;
+          void* args_small[2] = {&small_v, &sink};
+          void* args_big[2] = {&big, &sink};
+          cudaLaunchConfig_t cfg;
+          cudaLaunchAttribute attr;
+          memset(&cfg, 0, sizeof cfg);
+          memset(&attr, 0, sizeof attr);
+          cfg.gridDim = dim3(grid);
+          cfg.blockDim = dim3(256);
+          cfg.dynamicSmemBytes = dyn;
+          cfg.stream = s;
+          attr.id = cudaLaunchAttributeCooperative;
+          attr.val.cooperative = 1;
+          cfg.attrs = &attr;
+          cfg.numAttrs = coop ? 1 : 0;
+          void** args = bigp ? args_big : args_small;
+          const char* modes[4] = {"busy", "idle", "chain", "graph"};
+          cudaGraphExec_t gx = nullptr;
+          {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            CK(cudaLaunchKernelExC(&cfg, fn, args));
+            CK(cudaStreamEndCapture(s, &g));
+            CK(cudaGraphInstantiate(&gx, g, 0));
+            CK(cudaGraphDestroy(g));
+          }
+          for (int mode = 0; mode < 4; mode++) {
+            if (mode >= 2 && (grid_i || dyn_i)) continue; /* chain, graph: the small grid, no dyn */
+            std::vector<double> ev, host;
+            for (int rep = 0; rep < reps; rep++) {
+              if (mode != 1) CK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes, s));
+              CK(cudaEventRecord(e0, s));
+              struct timespec t0;
+              clock_gettime(CLOCK_MONOTONIC, &t0);
+              if (mode == 3) {
+                CK(cudaGraphLaunch(gx, s));
+              } else {
+                for (int i = 0; i < (mode == 2 ? 20 : 1); i++) CK(cudaLaunchKernelExC(&cfg, fn, args));
+              }
+              const double h = host_us_since(t0);
+              CK(cudaEventRecord(e1, s));
+              CK(cudaEventSynchronize(e1));
+              if (rep == 0) continue; /* the first launch loads the kernel */
+              float ms = 0;
+              CK(cudaEventElapsedTime(&ms, e0, e1));
+              ev.push_back(ms * 1000.0 / (mode == 2 ? 20 : 1));
+              host.push_back(h / (mode == 2 ? 20 : 1));
+            }
+            json("{\"probe\": \"launch\", \"mode\": \"%s\", \"grid\": %u, \"cooperative\": %s, "
+                 "\"param_bytes\": %zu, \"dyn_smem\": %zu, \"event_us\": %.2f, \"host_call_us\": %.2f}",
+                 modes[mode], grid, coop ? "true" : "false", bigp ? sizeof(ProbeBigParams) : (size_t)16,
+                 dyn, median(ev), median(host));
+          }
+          CK(cudaGraphExecDestroy(gx));
+        }
+  /* the host calls the library makes per op besides the launch */
+  {
+    const int n = quick ? 2000 : 20000;
+    std::vector<double> per(3);
+    struct timespec t0;
+    struct cudaPointerAttributes at;
+    int dev = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n; i++) CK(cudaPointerGetAttributes(&at, sink + (i & 7)));
+    per[0] = host_us_since(t0) / n;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n; i++) CK(cudaGetDevice(&dev));
+    per[1] = host_us_since(t0) / n;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n; i++) CK(cudaSetDevice(dev));
+    per[2] = host_us_since(t0) / n;
+    json("{\"probe\": \"host_calls\", \"cudaPointerGetAttributes_us\": %.3f, \"cudaGetDevice_us\": %.3f, "
+         "\"cudaSetDevice_us\": %.3f}",
+         per[0], per[1], per[2]);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaStreamDestroy(s));
+  CK(cudaFree(flush));
+  CK(cudaFree(sink));
+}
+
 /* ---- a timed cooperative launch with stage stamps --------------------------------------- */
 /* reps launches of fn (cooperative, grid x SBN_GPU_THREADS, dyn bytes of dynamic shared
    memory) with *a; the first is not counted (it loads the kernel). Per launch: the event
@@ -314,6 +461,7 @@ static void probe_code_fetch(int sms, bool quick) {
    the launch's first block start. A kernel that fails (an error word set) ends the probe. */
 struct StageTimes {
   std::vector<double> us;
+  std::vector<double> us_busy; /* queued behind a memset (sbn-bench's timing) */
   std::vector<std::vector<double>> med = std::vector<std::vector<double>>(7);
   std::vector<std::vector<double>> last = std::vector<std::vector<double>>(7);
 };
@@ -349,6 +497,20 @@ static void run_timed(const void* fn, unsigned grid, size_t dyn, sbn_coop_args_t
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     out->us.push_back(ms * 1000.0);
+    { /* the same launch queued behind a 64 MB memset, as sbn-bench times it (the L2
+         flush): the launch call's host time is hidden, the event time is the GPU's */
+      static void* flush = nullptr;
+      const size_t flush_bytes = (size_t)64 << 20;
+      if (flush == nullptr) CK(cudaMalloc(&flush, flush_bytes));
+      CK(cudaMemsetAsync(flush, rep & 0xff, flush_bytes));
+      CK(cudaEventRecord(e0));
+      CK(cudaLaunchKernelExC(&cfg, fn, args));
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float msb = 0;
+      CK(cudaEventElapsedTime(&msb, e0, e1));
+      out->us_busy.push_back(msb * 1000.0);
+    }
     if (grid > SBN_PROBE_MAX_BLOCKS) continue;
     CK(cudaMemcpyFromSymbol(st.data(), sbn_probe_stamps, (size_t)grid * 8 * sizeof(st[0])));
     unsigned long long t0 = ~0ull;
@@ -479,12 +641,12 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
   static const char* const vname[] = {"legacy", "stream", "onchip"};
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
-       "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, "
+       "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, \"op_busy_us\": %.2f, "
        "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
        "\"last_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
        "\"stages\": \"start_loads, stage1, rank_barrier, published, first_gather, done\"}",
        name, (long long)N, (long long)C, (long long)sp, W, vname[pl.variant], pl.vec ? "" : "-scalar",
-       mutants ? "true" : "false", pl.G, median(tm.us), median(tm.med[1]), median(tm.med[2]), median(tm.med[3]),
+       mutants ? "true" : "false", pl.G, median(tm.us), median(tm.us_busy), median(tm.med[1]), median(tm.med[2]), median(tm.med[3]),
        median(tm.med[4]), median(tm.med[5]), median(tm.med[6]), median(tm.last[1]),
        median(tm.last[2]), median(tm.last[3]), median(tm.last[4]), median(tm.last[5]),
        median(tm.last[6]));
@@ -553,6 +715,7 @@ int main(int argc, char** argv) {
   probe_host_word(p.multiProcessorCount, quick);
   probe_round_trip(quick);
   probe_code_fetch(p.multiProcessorCount, quick);
+  probe_launch(p.multiProcessorCount, quick);
   probe_empty_op(p.multiProcessorCount, quick);
   probe_ops(p.multiProcessorCount, quick);
   if (g_json) fclose(g_json);
