@@ -29,6 +29,8 @@ struct Smem {
   } red;
   float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t */
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
+  float own[kChunk][kRec]; /* a team of one's solo op: the block's chunk record, kept here
+                              in place of its mailbox (publish_chunk, gather_chunk) */
   int64_t m;
   int64_t nbt_before;
   uint32_t k;
@@ -116,6 +118,35 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
   }
   __syncthreads();
   return ok != 0;
+}
+
+/* ---- solo ops: arrivals instead of the barrier ------------------------------------------ */
+/* In a solo op (coop_kernel.cuh: every unit of a chunk lies in the block that publishes
+   the chunk) no block reads another's partials, so the blocks do not wait for each other:
+   each only ARRIVES at the rank's barrier counter, after it read the epoch and
+   num_batches_tracked, adding the barrier's amounts (a red: no value comes back, nobody
+   waits). An op adds 2^31 in all, barrier or arrivals, so bit 31 of the counter is the
+   parity of the ops all of whose blocks arrived: k & 1 once op k's have. Block 0, the one
+   writer of the epoch and of num_batches_tracked, checks that before it writes them, at
+   its end (rank_arrivals_done), with a load it made while its gather waited: every block
+   read them before. */
+__device__ __forceinline__ void rank_arrive(uint32_t* counter, int G, bool first) {
+  __threadfence(); /* the block's reads of the epoch and nbt before its arrival */
+  red_add_gpu(counter, first ? 0x80000000u - (uint32_t)(G - 1) : 1u);
+}
+/* Thread 0 of block 0: true once every block of op k arrived (`seen`: the counter as an
+   earlier load found it, usually already complete), then a fence orders what it writes
+   after their reads; false when the deadline passes first. */
+__device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t k, uint32_t seen,
+                                   uint64_t deadline) {
+  if (SBN_MUTANT(SBN_MUT_NO_ARRIVAL_WAIT)) return true;
+  for (uint32_t it = 0; (seen >> 31) != (k & 1u); it++) {
+    if ((it & 255u) == 255u && globaltimer_ns() > deadline) return false;
+    __nanosleep(32);
+    seen = ld_relaxed_gpu_u32(counter);
+  }
+  __threadfence();
+  return true;
 }
 
 /* ---- failures ------------------------------------------------------------------------- */
@@ -267,10 +298,12 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
 /* Chunk j: the P slices' partials merged in slice order (warp w takes the contiguous
    slices [w*P/8, (w+1)*P/8), four loads in flight; then the 8 warps' results in warp
    order), published. HOST: into the rank's own `send` record only (the collective or
-   the gather kernel moves it; no flag). */
+   the gather kernel moves it; no flag). `local` (a team of one, a solo op, one chunk per
+   block): into sm.own, which the block's own gather reads; no mailbox. */
 template <int KIND, bool HOST>
 __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
-                              const sbn_geo_t& g, int j, uint32_t k, Smem& sm) {
+                              const sbn_geo_t& g, int j, uint32_t k, Smem& sm,
+                              bool local = false) {
   typedef Part<KIND> P;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c = (int64_t)j * kChunk + lane;
@@ -298,6 +331,9 @@ SBN_UNROLL
     if (HOST) {
       write_record(R.send + j, a, g, v);
       if (lane == 0) st_weak_u32(&R.send[j].epoch, 0u);
+    } else if (local) {
+SBN_UNROLL
+      for (int f = 0; f < kRec; f++) sm.own[lane][f] = v[f];
     } else {
       publish_push(a, R, g, j, k, v);
     }
@@ -352,7 +388,7 @@ __device__ int wait_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, in
 template <int KIND, bool HOST>
 __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, int j,
                             uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
-                            float mine[2]) {
+                            float mine[2], const float* own, int64_t own_rows) {
   const int lane = threadIdx.x & 31;
   /* Every rank must run the same op (the signature: kind, dtype, layout, C). Cooperative
      path: chunk j's records carry it and are checked with their data, one round trip.
@@ -361,7 +397,9 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
      records it, which sets this rank's stop word, and this wait ends within 32 polls.
      Host path: chunk 0's records, which every op has (a rank with fewer chunks left
      older records of chunk j behind, possibly of an op with the same signature). */
-  if (!HOST) {
+  if (own != nullptr) {
+    /* a team of one's solo op: its own record, in shared memory (publish_chunk) */
+  } else if (!HOST) {
     const int st = wait_chunk(a, R, j, k, deadline);
     if (st) return st;
   } else {
@@ -389,6 +427,12 @@ SBN_UNROLL
     for (int i = 0; i < kGatherBatch; i++) {
       if (i >= nq) break;
       const sbn_mail_rec_t* rec = rec_of<HOST>(a, R, q0 + i, k, j);
+      if (own != nullptr) { /* the record's values, as publish_chunk would have written them */
+        cnt[i] = own_rows;
+SBN_UNROLL
+        for (int f = 0; f < kF; f++) d[i][f] = own[f];
+        continue;
+      }
       if (!HOST) sig_bad |= ld_relaxed_sys_u32(&rec->sig) != a.sig;
       cnt[i] = ld_relaxed_sys_s64(&rec->count);
 SBN_UNROLL
@@ -426,11 +470,13 @@ SBN_UNROLL
 
 /* Stage 4 of unit (group grp, slice p): the team's statistics of the unit's channels into
    sm.coef (slot = channel - c0 for tile units, 0 for plane units), and, by the unit's
-   slice-0 block, the per-channel outputs. Returns 0 or the failure (nothing written). */
+   slice-0 block, the per-channel outputs (num_batches_tracked only if nbt_here: a solo
+   op's block 0 writes it at its end). `local`: the chunk's record is the block's own, in
+   sm.own (publish_chunk). Returns 0 or the failure (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
-                            Smem& sm) {
+                            Smem& sm, bool nbt_here = true, bool local = false) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
@@ -455,7 +501,8 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
         invstd = R.save_invstd[c];
       }
     }
-    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine);
+    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
+                                      local ? sm.own[lane] : nullptr, g.rows);
     if (st == 0 && mine_c) {
       if (KIND == SBN_OP_FORWARD) {
         sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
@@ -499,7 +546,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
         R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
         R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
       }
-      if (R.nbt != nullptr && c == 0) *R.nbt = sm.nbt_before + 1;
+      if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sm.nbt_before + 1;
     } else {
       if (R.dweight != nullptr) R.dweight[c] = sm.extra[slot][0];
       if (R.dbias != nullptr) R.dbias[c] = sm.extra[slot][1];

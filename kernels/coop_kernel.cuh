@@ -7,7 +7,8 @@
  *   stage 1: the rank's blocks reduce their units (coop_plan.h) into per-(slice, channel)
  *            partials in the rank's workspace: forward (count, mean_hi, mean_lo, m2),
  *            backward (sum dy, sum dy*(x - mean)); fixed orders only;
- *   stage 2: rank-local barrier over the rank's G blocks (co-resident: cooperative launch);
+ *   stage 2: rank-local barrier over the rank's G blocks (co-resident: cooperative launch),
+ *            left out of "solo" ops, whose chunks each lie in one block (below);
  *   stage 3: each chunk of 32 channels is merged over the slices in slice order by one
  *            block and PUSHED into every rank's mailbox: data, then the record's epoch
  *            with a release store (the ONE exchange of the op);
@@ -27,7 +28,8 @@
  * write nothing (others may have finished their units).
  *
  * Epochs: each rank's op counter lives in device memory; every block reads it before the
- * rank-local barrier and block 0 advances it after, so nothing comes from the host and a
+ * rank-local barrier and block 0 advances it after (solo ops: after every block arrived
+ * at the barrier's counter, coop_exchange.cuh), so nothing comes from the host and a
  * captured CUDA graph replays correctly. Mailbox records are double-buffered by epoch
  * parity: a rank overwrites parity p at op k+2 only after all ranks published op k+1,
  * which each did only after its previous kernel (op k) had finished reading.
@@ -75,8 +77,24 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const uint32_t k = sm.k;
   SBN_STAMP(1); /* its start's loads are back */
 
-  /* Every failure ends at the one exit below (st: block-uniform), which records it:
-     one inlined copy of the failure path (code size is time: check-sass.sh). */
+  /* Solo: every unit of a chunk lies in the block that publishes the chunk (tile units
+     with one slice per group, P == 1: G = max(chunks, values / 8192) < 2 chunks, so ops
+     of fewer than ~500 rows (N x H x W) per rank, such as S10 and the empty op; or one
+     block per rank), so no block reads another's partials, and the rank barrier
+     (a dependent round trip on every op's path) is left out: the blocks only arrive, and
+     block 0 checks the arrivals before it advances the epoch (coop_exchange.cuh, "solo
+     ops"). Not on the peer-pinned-host transport, whose start-of-kernel read of the
+     error words is made the rank's decision by the barrier. */
+  const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
+  if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
+  /* A team of one's solo op of tile units, a chunk per block: the block's chunk record is
+     the whole team's, so it stays in shared memory (sm.own) and the mailbox, its release
+     and its polls are left out; the same values are merged the same way (same bits). */
+  const bool local = solo && TILE && a.nranks == 1 && a.G >= g.nchunks;
+
+  /* Every failure ends at the one exit below (st: block-uniform, but for block 0's
+     thread 0 at a solo op's end), which records it: one inlined copy of the failure path
+     (code size is time: check-sass.sh). */
   int st = 0;
   /* stage 1 */
   if constexpr (kLegacy) {
@@ -100,35 +118,51 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     const int seen = (int)(threadIdx.x >> 5) == 0 ? host_words_lane(a) : 0;
     if (__syncthreads_or(seen) && threadIdx.x == 0) st_relaxed_gpu(&R.state->stop, sbnAborted);
   }
-  if (st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
+  if (!solo && st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
   if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
-      !rank_barrier(&R.state->barrier, a.G, b == 0, deadline))
+      !rank_barrier(&R.state->pad, a.G, b == 0, deadline)) /* its own counter */
     st = sbnTimeout;
   if (st == 0) {
     if (a.host_words_at_start && b < g.nchunks && threadIdx.x == kThreads - 1)
       err_seen |= ld_relaxed_gpu_u32(&R.state->stop) != 0u; /* block 0's read, above */
+    /* (also orders a solo block's partials before its own stage 3 reads them) */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
+  /* the thread that advances the epoch: block 0's thread 0, when the rank goes on */
+  const bool advance = st == 0 && b == 0 && threadIdx.x == 0;
+  uint32_t arrivals = 0; /* solo: the counter, loaded while the gather waits */
+  bool nbt_due = false;  /* solo: channel 0's outputs were written; nbt follows */
   if (st == 0) {
-    if (b == 0 && threadIdx.x == 0) st_weak_u32(&R.state->epoch, k);
+    if (advance && !solo) st_weak_u32(&R.state->epoch, k);
     SBN_STAMP(3); /* past the rank barrier */
 
     /* stage 3 */
-    for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm);
+    for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm, local);
     SBN_STAMP(4); /* published */
+    if (advance && solo) arrivals = ld_relaxed_gpu_u32(&R.state->barrier);
 
     /* stage 4 + 5 */
     int gbase = 0;
     for (int u = b; u < g.units; u += a.G) {
-      st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm);
+      st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
+                                           !solo, local);
       if (st != 0) break;
       if (u == b) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
+      nbt_due |= u == 0;
       if constexpr (kLegacy) {
         legacy_stage5<KIND, DT, TILE>(R, g, u, sm);
       } else {
         path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
       }
       __syncthreads(); /* sm.coef is reused by the next unit */
+    }
+  }
+  if (advance && solo) {
+    if (rank_arrivals_done(&R.state->barrier, k, arrivals, deadline)) {
+      st_weak_u32(&R.state->epoch, k);
+      if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sm.nbt_before + 1;
+    } else if (st == 0) {
+      st = sbnTimeout;
     }
   }
   if (st != 0) {

@@ -23,6 +23,9 @@
 #define SBN_MUT_HELD_COPIES 128 /* onchip: a copy of a batch's arithmetic per batch held in
                                    registers (no turn_hold): the old way, 7x that code */
 #define SBN_MUT_NO_PREFETCH 256 /* stream plane units ask L2 for nothing ahead: the old way */
+#define SBN_MUT_NO_ARRIVAL_WAIT 512 /* solo ops: block 0 advances the epoch and writes
+                                       num_batches_tracked without waiting for every block's
+                                       arrival (after its reads of them) */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP
@@ -160,6 +163,10 @@ __device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
 /* A release fence at system scope (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the fence.sc of
    __threadfence_system, which check-sass.sh keeps out of the cooperative kernels). */
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+/* An add that returns nothing (red): the issuing thread waits for no round trip. */
+__device__ __forceinline__ void red_add_gpu(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");

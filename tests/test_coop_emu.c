@@ -26,7 +26,7 @@
 #include "coop_emu.h"
 #include "team_util.h"
 
-#define EMU_MAXC 64
+#define EMU_MAXC 96 /* the widest op of these tests: 3 chunks */
 
 /* Device state of an emulated team: what sbn_gpu_team_attach allocates per rank. */
 typedef struct {
@@ -1090,6 +1090,10 @@ static void test_host_path_equals_coop(void) {
     float momentum;
   } cases[] = {
       {1, 2, sbnFloat32, sbnLayoutNCHW, 3, 5, n1, 1, 1, 0.1f},
+      /* a team of one's solo ops (tile units, a chunk per block): the record stays in
+         shared memory (coop_kernel.cuh, `local`); one block idle in the second */
+      {1, 2, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, -1.0f},
+      {1, 3, sbnFloat16, sbnLayoutNHWC, 64, 3, n1, 1, 1, 0.1f},
       {2, 3, sbnFloat32, sbnLayoutNHWC, 37, 4, n2, 1, 1, 0.1f},
       {2, 4, sbnBFloat16, sbnLayoutNCHW, 1, 60, n2, 1, 1, -1.0f},
       {3, 2, sbnFloat16, sbnLayoutNCHW, 33, 1, n3, 0, 0, 0.1f},
@@ -1717,22 +1721,25 @@ static void test_pinned_host_failure_crosses(void) {
 /* The longest chain of cross-block dependences (block A stores, block B's load returns
    it: one round trip through memory that B must wait for) behind any thread of an op, as
    the emulation counts it (sbn_emu_hops_*: the arrivals at a counter are pipelined, not
-   a chain; the one that reads the last of them pays a round trip). As built it is 2 for
-   every op of a team of W >= 2 with more than one block per rank, every variant and
-   path of launch:
-     1. the rank barrier: the last arrival's add reaches the others' polls (the last
-        arrival itself learns from its atomic that it is last);
-     2. a reader's poll returns the flag a publishing block stored after the barrier.
-   W = 1 on this shape (NHWC, C = 64: each chunk's one unit lies in the block that
-   publishes it) is 1: the barrier alone (a block waits only for its unit's chunk, not
-   for chunk 0 first: the signature travels with chunk j's records).
-   The data, signatures and counts read after a flag are the same hop as the flag (their
-   stores precede it in the publishing thread). Not counted: the fences (the release's
-   MEMBAR.SYS waits for the data's stores) and loads whose issue waits on a hop (the
-   partials read after the barrier, the records after the flag): the probe's stage
-   stamps measure those. This test holds the number, and a mutant with one more round
-   trip (a second rank barrier before publishing: test_coop_emu_mutant_second_barrier)
-   must fail it. */
+   a chain; the one that reads the last of them pays a round trip; a red returns nothing
+   and costs its issuer none). As built:
+   - Plane units (NCHW, spatial 3, C = 64, two blocks per rank: a chunk's 32 channels lie
+     in both blocks) are 2 for every W and path of launch:
+       1. the rank barrier: the last arrival's add reaches the others' polls (the last
+          arrival itself learns from its atomic that it is last);
+       2. a reader's poll returns the flag a publishing block stored after the barrier
+          (at W = 1 too: the other block of the rank publishes half of its chunk).
+   - Solo ops (NHWC, C = 64, two blocks per rank, one chunk each: coop_kernel.cuh) have no
+     barrier, and are 1 for every W: at W >= 2 the poll of a peer's flag, stored with
+     nothing before it; at W = 1 (a block's own records) block 0's load of the arrivals
+     before it advances the epoch, which its gather overlaps.
+   (Before 2026-11-26's solo ops: 2 for every op of W >= 2.) The data, signatures and
+   counts read after a flag are the same hop as the flag (their stores precede it in the
+   publishing thread). Not counted: the fences (the release's MEMBAR.SYS waits for the
+   data's stores) and loads whose issue waits on a hop (the partials read after the
+   barrier, the records after the flag): the probe's stage stamps measure those. This
+   test holds the numbers, and a mutant with one more round trip (a second rank barrier
+   before publishing: test_coop_emu_mutant_second_barrier) must fail it on both shapes. */
 static unsigned op_hops(emu_team_t* e, team_t* t, int bwd, int peer, const sbnParams_t* p) {
   sbn_emu_hops_reset(1);
   if (peer) emu_run_peer(e, t, bwd, p, NULL, NULL, NULL);
@@ -1749,28 +1756,31 @@ static void exchange_hops(void) {
   } teams[] = {{1, n1}, {2, n2}, {4, n4}, {4, z4}};
   const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
-  for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
-    for (int v = 0; v < 3; v++)
-      for (int peer = 0; peer < 2; peer++) {
-        if (peer && teams[ti].W == 1) continue;
-        team_t t;
-        team_make(&t, teams[ti].W, sbnFloat32, sbnLayoutNHWC, 64, 3, teams[ti].n, 1, 1, GEN_NORMAL,
-                  70 + ti);
-        emu_team_t e;
-        emu_team_init(&e, teams[ti].W, 3, 60000);
-        g_variant = vars[v];
-        for (int bwd = 0; bwd < 2; bwd++) {
-          const unsigned h = op_hops(&e, &t, bwd, peer, &p), want = teams[ti].W == 1 ? 1u : 2u;
-          if (h != want)
-            SBN_FAIL_("W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not %u",
-                      teams[ti].W, teams[ti].n == z4 ? " (empty)" : "", vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
-                      peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
+  for (int solo = 0; solo < 2; solo++)
+    for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
+      for (int v = 0; v < 3; v++)
+        for (int peer = 0; peer < 2; peer++) {
+          if (peer && teams[ti].W == 1) continue;
+          team_t t;
+          team_make(&t, teams[ti].W, sbnFloat32, solo ? sbnLayoutNHWC : sbnLayoutNCHW, 64, 3,
+                    teams[ti].n, 1, 1, GEN_NORMAL, 70 + ti);
+          emu_team_t e;
+          emu_team_init(&e, teams[ti].W, 2, 60000);
+          g_variant = vars[v];
+          for (int bwd = 0; bwd < 2; bwd++) {
+            const unsigned h = op_hops(&e, &t, bwd, peer, &p), want = solo ? 1u : 2u;
+            if (h != want)
+              SBN_FAIL_("%s W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not %u",
+                        solo ? "solo (NHWC)" : "planes (NCHW)", teams[ti].W,
+                        teams[ti].n == z4 ? " (empty)" : "",
+                        vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
+                        peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
+          }
+          g_variant = SBN_VAR_ONCHIP;
+          ASSERT_TRUE(err_words_clear(&e));
+          emu_team_free(&e);
+          team_free(&t);
         }
-        g_variant = SBN_VAR_ONCHIP;
-        ASSERT_TRUE(err_words_clear(&e));
-        emu_team_free(&e);
-        team_free(&t);
-      }
 }
 static void test_exchange_hops(void) { exchange_hops(); }
 
@@ -2049,6 +2059,83 @@ static void test_limited_residency(void) {
   team_free(&ref);
 }
 
+/* ---- solo ops: arrivals instead of the rank barrier --------------------------------------- */
+/* An op whose chunks each lie in one block (tile units, P == 1: coop_kernel.cuh) runs
+   without the rank barrier; block 0 advances the epoch and writes num_batches_tracked at
+   its end, once every block arrived (after it read them). Checked here:
+   - cumulative momentum (< 0: the factor is 1 / (nbt + 1), so a block that read nbt
+     after block 0 wrote it gives other running stats) over three calls of a team of 2
+     with 3 blocks per rank, virtual and per-rank launches: running stats against the
+     reference, nbt == 3, the epoch == 3 (the kernels advanced it once per op);
+   - a team of one (W = 1, a chunk per block): forward and backward write no mailbox
+     record (the block's record stays in its shared memory) and are right;
+   - one block resident at a time (G = 3, W = 1: block 0 waits at its end for blocks
+     that cannot start): sbnTimeout, not a late block running as the next op. The mutant
+     without the wait (SBN_MUT_NO_ARRIVAL_WAIT: test_coop_emu_mutant_no_arrival_wait)
+     must fail this. */
+static void solo_arrivals(void) {
+  static const int64_t n2[2] = {2, 3}, n1[1] = {3};
+  sbnParams_t pc = SBN_PARAMS_DEFAULT;
+  pc.momentum = -1.0f;
+  for (int peer = 0; peer < 2; peer++) {
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 1, 1, GEN_NORMAL, 31 + peer);
+    emu_team_t e;
+    emu_team_init(&e, 2, 3, 60000);
+    for (int call = 0; call < 3; call++) {
+      team_poison(&t);
+      if (peer)
+        emu_run_peer(&e, &t, 0, &pc, NULL, NULL, NULL);
+      else
+        emu_run_virtual(&e, &t, 0, &pc);
+      ASSERT_TRUE(err_words_clear(&e));
+      check_forward(&t, &pc, tol_for(sbnFloat32)); /* running stats, nbt == call + 1 */
+      CHECK_();
+      team_new_inputs(&t, &(sbn_rng_t){91u + (uint64_t)call}, GEN_NORMAL);
+    }
+    for (int r = 0; r < 2; r++) {
+      ASSERT_EQ_INT(t.nbt[r], 3);
+      ASSERT_EQ_INT(e.state[r].epoch, 3);
+    }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  { /* a team of one: its records stay in shared memory, no mailbox is written */
+    team_t t;
+    team_make(&t, 1, sbnFloat32, sbnLayoutNHWC, 80, 2, n1, 1, 1, GEN_NORMAL, 34);
+    emu_team_t e;
+    emu_team_init(&e, 1, 3, 60000);
+    emu_run_virtual(&e, &t, 0, &pc);
+    emu_run_virtual(&e, &t, 1, &pc);
+    ASSERT_TRUE(err_words_clear(&e));
+    check_forward(&t, &pc, tol_for(sbnFloat32));
+    CHECK_();
+    for (int i = 0; i < 2 * e.nchunks; i++)
+      if (e.mail[0][i].epoch != 0 || e.mail[0][i].count != 0)
+        SBN_FAIL_("a team of one wrote mailbox record %d (epoch %u)", i, e.mail[0][i].epoch);
+    ASSERT_EQ_INT(e.state[0].epoch, 2);
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  {
+    team_t t;
+    team_make(&t, 1, sbnFloat32, sbnLayoutNHWC, 80, 2, n1, 1, 1, GEN_NORMAL, 33);
+    emu_team_t e;
+    emu_team_init(&e, 1, 3, 200);
+    sbn_emu_set_residency(1);
+    emu_run_virtual(&e, &t, 0, &pc);
+    sbn_emu_set_residency(0);
+    if (e.err[0] != sbnTimeout)
+      SBN_FAIL_("one block resident at a time: error word %d, not sbnTimeout (%d): a block "
+                "ran after block 0 advanced the epoch",
+                e.err[0], (int)sbnTimeout);
+    ASSERT_EQ_INT(t.nbt[0], 0); /* not written */
+    emu_team_free(&e);
+    team_free(&t);
+  }
+}
+static void test_solo_arrivals(void) { solo_arrivals(); }
+
 /* The exchange under the weak memory model (tests/emu/emu_rt.h), seeded: virtual and
    per-rank launches, several chunks, both parities, ranks running ahead (jitter). */
 static void weak_suite(uint64_t seed) {
@@ -2059,6 +2146,9 @@ static void weak_suite(uint64_t seed) {
   one_case(2, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n2, 0, seed);
   sbn_emu_weak_forget();
   one_case(3, 2, sbnFloat32, sbnLayoutNHWC, 8, 3, n3, 1, seed + 1);
+  sbn_emu_weak_forget();
+  /* a solo op of 3 blocks per rank (NHWC, 3 chunks: no rank barrier) */
+  one_case(2, 3, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, (int)(seed & 1), seed + 2);
   sbn_emu_weak_forget();
   pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, seed);
   /* the model did answer loads with older stores: the suite can see a missing fence */
@@ -2081,7 +2171,8 @@ static const struct {
                 {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER},
                 {"host_at_start", SBN_EMU_MUT_HOST_AT_START},
                 {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
-                {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER}};
+                {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
+                {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -2095,11 +2186,13 @@ static int run_mutant(const char* name) {
   }
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
-      flag == SBN_EMU_MUT_SECOND_BARRIER) {
-    /* the kernels' own mutants: the counts of host accesses and of round trips must see
-       them (no weak model needed) */
+      flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
+    /* the kernels' own mutants: the counts of host accesses and of round trips, and the
+       solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
       exchange_hops();
+    } else if (flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
+      solo_arrivals();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -2181,6 +2274,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_window_abort_crosses, 1);
   EMU_TEST(test_pipeline, 1);
   EMU_TEST(test_limited_residency, 1);
+  EMU_TEST(test_solo_arrivals, 1);
   team_comms_destroy();
   return sbn_test_exit();
 }

@@ -74,6 +74,8 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_HOST_EVERY_BLOCK 32 /* SBN_MUT_HOST_WORDS_EVERY_BLOCK: every waiting
                                            block reads them every 32 polls, no rate limit */
 #define SBN_EMU_MUT_SECOND_BARRIER 64 /* SBN_MUT_SECOND_BARRIER: one more round trip */
+#define SBN_EMU_MUT_NO_ARRIVAL_WAIT 512 /* SBN_MUT_NO_ARRIVAL_WAIT: a solo op's block 0
+                                           writes the epoch and nbt before all blocks read them */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

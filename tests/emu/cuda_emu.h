@@ -137,6 +137,7 @@ inline void __nanosleep(unsigned ns) {
   emu::spin_yield();
 }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return emu::mem_add_u32(p, v); }
+inline void red_add_gpu(uint32_t* p, uint32_t v) { emu::mem_red_u32(p, v); }
 
 /* The ordering primitives of coop_mem.cuh and the accessors of memory other blocks or
    ranks read, through the runtime: C++ atomics of the same strength, or the weak model.

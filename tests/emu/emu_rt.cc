@@ -798,6 +798,18 @@ void hop_rmw(const void* p) {
   }
   g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{stored, key};
 }
+
+/* A reduction (red.add: no value comes back): the fiber waits for nothing, so its hops
+   stay; the value it leaves carries what it knew, joined with what was there. */
+void hop_red(const void* p) {
+  RT_IGNORE;
+  if (!g_hops_on.load(std::memory_order_relaxed) || t_launch == nullptr || t_launch->cur == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_hop_mu);
+  Fiber* f = t_launch->cur;
+  auto it = g_hop_map.find(reinterpret_cast<uintptr_t>(p));
+  const uint32_t stored = it != g_hop_map.end() ? std::max(f->hops, it->second.hops) : f->hops;
+  g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{stored, hop_key()};
+}
 void hops_finish(uint32_t h) {
   uint32_t m = g_hops_max.load();
   while (h > m && !g_hops_max.compare_exchange_weak(m, h)) {
@@ -885,9 +897,16 @@ void mem_store(void* p, int size, uint64_t v, int ord) {
   append(w, L, p, v, std::move(rel));
 }
 
-uint32_t mem_add_u32(uint32_t* p, uint32_t v) {
+uint32_t mem_add_u32(uint32_t* p, uint32_t v) { return mem_rmw_add_u32(p, v, true); }
+void mem_red_u32(uint32_t* p, uint32_t v) { (void)mem_rmw_add_u32(p, v, false); }
+
+uint32_t mem_rmw_add_u32(uint32_t* p, uint32_t v, bool returns) {
   host_access(p);
-  hop_rmw(p);
+  if (returns) {
+    hop_rmw(p);
+  } else {
+    hop_red(p);
+  }
   if (!g_weak) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
   std::lock_guard<std::mutex> lock(g_mu);
   WThr& w = wthr();

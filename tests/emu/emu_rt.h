@@ -69,6 +69,8 @@ enum Ord { kWeak = 0, kRelaxed = 1, kAcquire = 2, kRelease = 3, kAcquireGpu = 4 
 uint64_t mem_load(const void* p, int size, int ord);
 void mem_store(void* p, int size, uint64_t v, int ord);
 uint32_t mem_add_u32(uint32_t* p, uint32_t v); /* atomicAdd: relaxed RMW */
+void mem_red_u32(uint32_t* p, uint32_t v);     /* red.relaxed.gpu.add: the same, no value back */
+uint32_t mem_rmw_add_u32(uint32_t* p, uint32_t v, bool returns);
 void mem_fence();                              /* __threadfence */
 extern bool g_weak;                            /* the weak model is on */
 

@@ -12,7 +12,9 @@
  * Options (spin -D...): TIMEOUTS (every wait may give up: sbnTimeout), ABORT (the host
  * may set the abort word at any time), PEER_STOPS (the last rank launches one op fewer:
  * a peer that never arrives), SINGLE_BUFFER (the mutant: one record per source, no
- * parity).
+ * parity), SOLO (the kernels' solo ops: no rank barrier; the blocks only arrive, and
+ * block 0 advances the epoch at its end once every block of the op has arrived),
+ * NO_ARRIVAL_WAIT (with SOLO, the mutant: block 0 advances it without that check).
  *
  * Checked: (1) no rank merges a record written for another op (assertion in the wait);
  * (2) no record is overwritten before its reader read it, unless that reader has failed
@@ -20,7 +22,9 @@
  * end state (SPIN's deadlock check) in every configuration that has a way out;
  * (4) agreement: with no failure injected every op of every rank succeeds; with failures,
  * no block succeeds in an op after the first op that failed anywhere, and a kernel queued
- * behind a failure publishes nothing (assertion).
+ * behind a failure publishes nothing (assertion); (5) every block of op k reads epoch
+ * k - 1 (the epoch is advanced only after all the op's blocks read it), unless an op
+ * failed before.
  */
 #ifndef W
 #define W 2
@@ -101,6 +105,10 @@ proctype Block(byte r; byte b) {
     /* every block reads the epoch before the barrier; publishing blocks read the
        failure words at their start (coop.cu: sbn_coop_kernel) */
     d_step { k = epoch[r] + 1; seen = ANY_ERR; st = OK }
+    assert(k == op || fail_op != 0); /* (5) */
+#ifdef SOLO
+    arrived[r]++; /* rank_arrive: a red, after the reads; nobody waits */
+#else
     /* stage 2: the rank barrier, bounded by the deadline */
     arrived[r]++;
     if
@@ -109,15 +117,18 @@ proctype Block(byte r; byte b) {
     :: true -> st = TIMEOUT
 #endif
     fi;
+#endif
     if
     :: st != OK -> record_error(r, op, st); goto next_op
     :: st == OK && seen -> record_error(r, op, ABORTED); goto next_op
     :: else -> skip
     fi;
+#ifndef SOLO
     if
     :: b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier */
     :: else -> skip
     fi;
+#endif
     dst = 0;
     do
     :: dst == W -> break
@@ -152,6 +163,24 @@ proctype Block(byte r; byte b) {
     :: st != OK -> record_error(r, op, st)
     :: else -> assert(fail_op == 0 || op <= fail_op) /* (4) */
     fi;
+#ifdef SOLO
+    /* block 0 (past the failure check): every block of the op arrived, then the epoch
+       (rank_arrivals_done, bounded by the deadline) */
+    if
+    :: b == 0 ->
+      if
+#ifdef NO_ARRIVAL_WAIT
+      :: true -> epoch[r] = k
+#else
+      :: arrived[r] >= G * op -> epoch[r] = k
+#endif
+#ifdef TIMEOUTS
+      :: true -> record_error(r, op, TIMEOUT)
+#endif
+      fi
+    :: else -> skip
+    fi;
+#endif
 next_op:
     done[r]++;
     op++

@@ -2,7 +2,8 @@
 # run-spin.sh — checks tests/spin/exchange.pml with SPIN (docs/MODEL.md): the model in
 # each configuration must give no error (assertions, invalid end states); the
 # single-buffer mutant must give a counterexample, and so must a peer that never
-# arrives when nothing can end the wait (the check can see a hang). Exits 77 without spin
+# arrives when nothing can end the wait (the check can see a hang), and a solo op whose
+# block 0 advances the epoch before every block read it. Exits 77 without spin
 # (1 under CI=true). Usage: run-spin.sh [all|model|mutant]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -51,12 +52,15 @@ if [ "$MODE" = all ] || [ "$MODE" = model ]; then
   check pass -DW=3 -DG=1 -DOPS=3
   check pass -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT
   check pass -DW=2 -DG=1 -DOPS=4 -DPEER_STOPS -DTIMEOUTS
+  check pass -DW=2 -DG=2 -DOPS=3 -DSOLO
+  check pass -DW=2 -DG=1 -DOPS=3 -DSOLO -DTIMEOUTS -DABORT
 fi
 if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
   echo "mutants (a counterexample expected):"
   check fail -DW=2 -DG=1 -DOPS=3 -DSINGLE_BUFFER
   check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DSINGLE_BUFFER
   check fail -DW=2 -DG=1 -DOPS=3 -DPEER_STOPS
+  check fail -DW=2 -DG=2 -DOPS=3 -DSOLO -DNO_ARRIVAL_WAIT
 fi
 [ $FAILED = 0 ] && echo "run-spin: OK" || echo "run-spin: FAILED"
 exit $FAILED
