@@ -14,9 +14,10 @@
  *   round_trip   two blocks of one GPU ping-pong through a flag: st.release + ld.acquire
  *                at .gpu and .sys scope (device memory), and .sys in mapped host memory;
  *                __threadfence() and __threadfence_system() each alone.
- *   code_fetch   kernels of 16, 64, 256 KB of straight-line code (v = v * v + k), one
- *                block per SM: the time per KB executed once (the first run's fit: 0.23
- *                us per KB of the kernel), cold (first launch) and warm (the next).
+ *   code_fetch   16, 64, 256 KB of multiply-adds (four independent chains), one block
+ *                per SM, executed once from straight-line code or as a 1 KB loop body
+ *                (the same work): the difference per KB is the instruction fetch (the
+ *                first run's fit: 0.23 us per KB of the kernel), cold and warm.
  *   launch       what an op pays outside its kernel: an empty kernel launched ordinary or
  *                cooperative, with 16 B or the library's ~2.9 KB of parameters, with no or
  *                the most dynamic shared memory; event-timed busy (behind a memset, as
@@ -248,21 +249,35 @@ static void probe_round_trip(bool quick) {
 }
 
 /* ---- code_fetch ------------------------------------------------------------------------- */
-/* 1024 dependent multiply-adds (one 16-byte SASS instruction each: 16 KB), unfoldable. */
-#define P_I1 asm volatile("mad.lo.u32 %0, %0, %0, %1;" : "+r"(v) : "r"(k));
-#define P_I4 P_I1 P_I1 P_I1 P_I1
-#define P_I16 P_I4 P_I4 P_I4 P_I4
-#define P_I64 P_I16 P_I16 P_I16 P_I16
-#define P_I256 P_I64 P_I64 P_I64 P_I64
-#define P_I1024 P_I256 P_I256 P_I256 P_I256
-template <int KB16> /* KB16 x 16 KB of code */
+/* The same instructions executed once from S KB of straight-line code ("straight") or as
+   a 1 KB body looped S times ("loop"): the same dynamic count and dependences, S KB vs
+   1 KB of code to fetch, so the difference is the fetch. Four independent chains of
+   multiply-adds (one 16-byte SASS instruction each), unfoldable.
+   (Until 2026-11-26 this probe timed ONE dependent chain, straight only: its 0.13-0.18
+   us per KB on the H200 was the multiply-add's latency, ~4.3 cycles an instruction, not
+   the fetch.) */
+#define P_J1                                                                                 \
+  asm volatile("mad.lo.u32 %0, %0, %0, %4;\n\tmad.lo.u32 %1, %1, %1, %4;\n\t"                \
+               "mad.lo.u32 %2, %2, %2, %4;\n\tmad.lo.u32 %3, %3, %3, %4;"                    \
+               : "+r"(v0), "+r"(v1), "+r"(v2), "+r"(v3)                                      \
+               : "r"(k));
+#define P_J4 P_J1 P_J1 P_J1 P_J1
+#define P_J16 P_J4 P_J4 P_J4 P_J4 /* 64 instructions: 1 KB */
+#define P_J64 P_J16 P_J16 P_J16 P_J16
+#define P_J256 P_J64 P_J64 P_J64 P_J64 /* 16 KB */
+template <int KB16, bool LOOP> /* KB16 x 16 KB of instructions executed */
 __global__ void code_kernel(unsigned k, unsigned* out, unsigned long long* t) {
-  unsigned v = threadIdx.x;
+  unsigned v0 = threadIdx.x, v1 = v0 + 1, v2 = v0 + 2, v3 = v0 + 3;
   const unsigned long long t0 = probe_now();
-  if (KB16 >= 1) { P_I1024 }
-  if (KB16 >= 4) { P_I1024 P_I1024 P_I1024 }
-  if (KB16 >= 16) { P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 P_I1024 }
-  if (v == 0x12345678u) out[0] = v; /* keeps the chain */
+  if (LOOP) {
+#pragma unroll 1
+    for (int i = 0; i < 16 * KB16; i++) { P_J16 }
+  } else {
+    if (KB16 >= 1) { P_J256 }
+    if (KB16 >= 4) { P_J256 P_J256 P_J256 }
+    if (KB16 >= 16) { P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 P_J256 }
+  }
+  if ((v0 ^ v1 ^ v2 ^ v3) == 0x12345678u) out[0] = v0; /* keeps the chains */
   if (threadIdx.x == 0) {
     t[2 * blockIdx.x] = t0;
     t[2 * blockIdx.x + 1] = probe_now();
@@ -280,33 +295,40 @@ static void probe_code_fetch(int sms, bool quick) {
   CK(cudaEventCreate(&e1));
   const int sizes_kb[3] = {16, 64, 256};
   for (int si = 0; si < 3; si++) {
-    std::vector<double> ev_us, blk_us;
-    for (int rep = 0; rep < (quick ? 4 : 11); rep++) {
-      CK(cudaEventRecord(e0));
-      if (si == 0) code_kernel<1><<<sms, 256>>>(3u, out, t);
-      if (si == 1) code_kernel<4><<<sms, 256>>>(3u, out, t);
-      if (si == 2) code_kernel<16><<<sms, 256>>>(3u, out, t);
-      CK(cudaEventRecord(e1));
-      CK(cudaGetLastError());
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      CK(cudaMemcpy(h.data(), t, h.size() * sizeof h[0], cudaMemcpyDeviceToHost));
-      std::vector<double> b;
-      for (int i = 0; i < sms; i++) b.push_back((double)(h[2 * i + 1] - h[2 * i]) / 1000.0);
-      const double blk = median(b);
-      if (rep == 0) {
-        json("{\"probe\": \"code_fetch\", \"kb\": %d, \"launch\": \"first\", \"event_us\": %.2f, "
-             "\"block_median_us\": %.2f}",
-             sizes_kb[si], ms * 1000.0, blk);
-        continue;
+    double warm_blk[2] = {0, 0};
+    for (int loop = 0; loop < 2; loop++) {
+      std::vector<double> ev_us, blk_us;
+      for (int rep = 0; rep < (quick ? 4 : 11); rep++) {
+        CK(cudaEventRecord(e0));
+        if (si == 0) loop ? code_kernel<1, true><<<sms, 256>>>(3u, out, t) : code_kernel<1, false><<<sms, 256>>>(3u, out, t);
+        if (si == 1) loop ? code_kernel<4, true><<<sms, 256>>>(3u, out, t) : code_kernel<4, false><<<sms, 256>>>(3u, out, t);
+        if (si == 2) loop ? code_kernel<16, true><<<sms, 256>>>(3u, out, t) : code_kernel<16, false><<<sms, 256>>>(3u, out, t);
+        CK(cudaEventRecord(e1));
+        CK(cudaGetLastError());
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CK(cudaMemcpy(h.data(), t, h.size() * sizeof h[0], cudaMemcpyDeviceToHost));
+        std::vector<double> b;
+        for (int i = 0; i < sms; i++) b.push_back((double)(h[2 * i + 1] - h[2 * i]) / 1000.0);
+        const double blk = median(b);
+        if (rep == 0) {
+          json("{\"probe\": \"code_fetch\", \"kb\": %d, \"code\": \"%s\", \"launch\": \"first\", "
+               "\"event_us\": %.2f, \"block_median_us\": %.2f}",
+               sizes_kb[si], loop ? "loop" : "straight", ms * 1000.0, blk);
+          continue;
+        }
+        ev_us.push_back(ms * 1000.0);
+        blk_us.push_back(blk);
       }
-      ev_us.push_back(ms * 1000.0);
-      blk_us.push_back(blk);
+      warm_blk[loop] = median(blk_us);
+      json("{\"probe\": \"code_fetch\", \"kb\": %d, \"code\": \"%s\", \"launch\": \"warm\", "
+           "\"event_us\": %.2f, \"block_median_us\": %.2f}",
+           sizes_kb[si], loop ? "loop" : "straight", median(ev_us), median(blk_us));
     }
-    json("{\"probe\": \"code_fetch\", \"kb\": %d, \"launch\": \"warm\", \"event_us\": %.2f, "
-         "\"block_median_us\": %.2f, \"block_us_per_kb\": %.4f}",
-         sizes_kb[si], median(ev_us), median(blk_us), median(blk_us) / sizes_kb[si]);
+    json("{\"probe\": \"code_fetch\", \"kb\": %d, \"fetch_us_per_kb\": %.4f, "
+         "\"note\": \"(straight - loop) / KB, warm\"}",
+         sizes_kb[si], (warm_blk[0] - warm_blk[1]) / sizes_kb[si]);
   }
   CK(cudaEventDestroy(e0));
   CK(cudaEventDestroy(e1));
