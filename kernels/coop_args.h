@@ -42,7 +42,8 @@ extern "C" {
 /* Per-rank persistent device state (in the rank's device memory, zeroed at init). */
 typedef struct {
   uint32_t epoch;   /* ops this rank has run; the kernel advances it */
-  uint32_t barrier; /* the rank-local barrier's arrival counter */
+  uint32_t barrier; /* the rank-local barrier's arrival counter (and the solo ops'
+                       arrivals: coop_exchange.cuh) */
   int64_t nbt_snap; /* host path: num_batches_tracked as the op found it (its stats kernel
                        copies it, its apply kernel reads it and writes nbt + 1) */
   uint32_t stop;    /* != 0: this rank's kernels publish nothing, write nothing and stop
@@ -52,7 +53,9 @@ typedef struct {
                        of the rank's own, gpu_team.c: sbn_gpu_stop_ranks). Device memory:
                        the kernels read it at their start and while they wait, never a
                        word of host memory on the success path (DESIGN.md, "Failures") */
-  uint32_t pad;
+  uint32_t pad;     /* zero; the counter of the test mutant SBN_MUT_SECOND_BARRIER's extra
+                       barrier (coop_kernel.cuh), which must not touch `barrier`: the solo
+                       ops' arrivals need its bit 31 in step with the epoch's parity */
 } sbn_rank_state_t;
 
 /* One rank's part of a launch. */

@@ -126,12 +126,14 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
    each only ARRIVES at the rank's barrier counter, after it read the epoch and
    num_batches_tracked, adding the barrier's amounts (a red: no value comes back, nobody
    waits). An op adds 2^31 in all, barrier or arrivals, so bit 31 of the counter is the
-   parity of the ops all of whose blocks arrived: k & 1 once op k's have. Block 0, the one
-   writer of the epoch and of num_batches_tracked, checks that before it writes them, at
-   its end (rank_arrivals_done), with a load it made while its gather waited: every block
-   read them before. */
+   parity of the ops all of whose blocks arrived: k & 1 once op k's have, because block 0
+   advances the epoch once per completed arrival or barrier (coop_kernel.cuh, `advance`).
+   Block 0, the one writer of the epoch and of num_batches_tracked, checks that before it
+   writes them, at its end (rank_arrivals_done), with a load it made while its gather
+   waited: every block read them before. The fences are acq_rel (a release pattern before
+   the red, an acquire pattern after the load), not the fence.sc of __threadfence. */
 __device__ __forceinline__ void rank_arrive(uint32_t* counter, int G, bool first) {
-  __threadfence(); /* the block's reads of the epoch and nbt before its arrival */
+  fence_acq_rel_gpu(); /* the block's reads of the epoch and nbt before its arrival */
   red_add_gpu(counter, first ? 0x80000000u - (uint32_t)(G - 1) : 1u);
 }
 /* Thread 0 of block 0: true once every block of op k arrived (`seen`: the counter as an
@@ -145,7 +147,7 @@ __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t k, uint32_t
     __nanosleep(32);
     seen = ld_relaxed_gpu_u32(counter);
   }
-  __threadfence();
+  fence_acq_rel_gpu(); /* with the relaxed load: an acquire */
   return true;
 }
 

@@ -34,7 +34,9 @@
  * parity: a rank overwrites parity p at op k+2 only after all ranks published op k+1,
  * which each did only after its previous kernel (op k) had finished reading.
  *
- * Errors: a wait that passes the deadline, or sees that the team failed (the rank's stop
+ * Errors (a solo op's block 0 checks the arrivals after its units: when that check times
+ * out, which needs blocks that are not co-resident, its units' outputs are written and
+ * the op still fails with sbnTimeout): a wait that passes the deadline, or sees that the team failed (the rank's stop
  * word, NCCL teams' failure words; the error words of host memory only through the
  * rank's watcher block: coop_exchange.cuh, "failures"), makes the block write its rank's
  * error word (mapped host memory, read by sbnCommGetAsyncError) and the stop words of
@@ -79,8 +81,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
 
   /* Solo: every unit of a chunk lies in the block that publishes the chunk (tile units
      with one slice per group, P == 1: G = max(chunks, values / 8192) < 2 chunks, so ops
-     of fewer than ~500 rows (N x H x W) per rank, such as S10 and the empty op; or one
-     block per rank), so no block reads another's partials, and the rank barrier
+     of fewer than ~500 rows (N x H x W) per rank, such as S10 and the empty op, and wide
+     ops whose G the co-resident grid caps below 2 chunks; or one block per rank), so no block reads another's partials, and the rank barrier
      (a dependent round trip on every op's path) is left out: the blocks only arrive, and
      block 0 checks the arrivals before it advances the epoch (coop_exchange.cuh, "solo
      ops"). Not on the peer-pinned-host transport, whose start-of-kernel read of the
@@ -106,7 +108,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     }
   } else if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
     /* a plan the onchip kernel cannot hold (never from the library's plan): the other
-       blocks of the rank time out at the barrier; nothing is written */
+       blocks of the rank time out at the barrier, nothing is written (a solo op: the
+       other blocks finish their units) */
     st = sbnInvalidUsage;
   }
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
@@ -119,6 +122,14 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     if (__syncthreads_or(seen) && threadIdx.x == 0) st_relaxed_gpu(&R.state->stop, sbnAborted);
   }
   if (!solo && st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
+  /* Block 0's thread 0 advances the epoch once every block of the op has read it, whether
+     or not the op goes on: right after the barrier, or (solo) at its end once all
+     arrived. So the counter's bit 31 and the epoch's parity stay in step, which
+     rank_arrivals_done relies on, on every path but a barrier's or arrivals' timeout,
+     after which the counter is unusable and the rank stopped for good (its stop word is
+     only ever cleared at init, with the counter and the epoch). */
+  const bool advance = b == 0 && threadIdx.x == 0 && (solo || st == 0);
+  if (advance && !solo) st_weak_u32(&R.state->epoch, k);
   if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
       !rank_barrier(&R.state->pad, a.G, b == 0, deadline)) /* its own counter */
     st = sbnTimeout;
@@ -128,12 +139,9 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     /* (also orders a solo block's partials before its own stage 3 reads them) */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
-  /* the thread that advances the epoch: block 0's thread 0, when the rank goes on */
-  const bool advance = st == 0 && b == 0 && threadIdx.x == 0;
   uint32_t arrivals = 0; /* solo: the counter, loaded while the gather waits */
   bool nbt_due = false;  /* solo: channel 0's outputs were written; nbt follows */
   if (st == 0) {
-    if (advance && !solo) st_weak_u32(&R.state->epoch, k);
     SBN_STAMP(3); /* past the rank barrier */
 
     /* stage 3 */

@@ -163,6 +163,9 @@ __device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
 /* A release fence at system scope (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the fence.sc of
    __threadfence_system, which check-sass.sh keeps out of the cooperative kernels). */
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+/* fence.acq_rel.gpu (MEMBAR.GPU): with a strong write after it, a release; with a strong
+   read before it, an acquire (the solo ops' arrivals: coop_exchange.cuh). */
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 /* An add that returns nothing (red): the issuing thread waits for no round trip. */
 __device__ __forceinline__ void red_add_gpu(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

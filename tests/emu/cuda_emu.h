@@ -132,6 +132,7 @@ inline int __all_sync(unsigned mask, int p) {
 }
 inline void __threadfence() { emu::mem_fence(); }
 inline void fence_release_sys() { emu::mem_fence(); }
+inline void fence_acq_rel_gpu() { emu::mem_fence(); }
 inline void __nanosleep(unsigned ns) {
   (void)ns;
   emu::spin_yield();

@@ -120,15 +120,18 @@ proctype Block(byte r; byte b) {
 #endif
     if
     :: st != OK -> record_error(r, op, st); goto next_op
-    :: st == OK && seen -> record_error(r, op, ABORTED); goto next_op
     :: else -> skip
     fi;
 #ifndef SOLO
     if
-    :: b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier */
+    :: b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier, aborted or not */
     :: else -> skip
     fi;
 #endif
+    if
+    :: seen -> record_error(r, op, ABORTED); goto advance
+    :: else -> skip
+    fi;
     dst = 0;
     do
     :: dst == W -> break
@@ -163,8 +166,9 @@ proctype Block(byte r; byte b) {
     :: st != OK -> record_error(r, op, st)
     :: else -> assert(fail_op == 0 || op <= fail_op) /* (4) */
     fi;
+advance:
 #ifdef SOLO
-    /* block 0 (past the failure check): every block of the op arrived, then the epoch
+    /* block 0, aborted or not: every block of the op arrived, then the epoch
        (rank_arrivals_done, bounded by the deadline) */
     if
     :: b == 0 ->
