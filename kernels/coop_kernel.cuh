@@ -89,10 +89,16 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
      error words is made the rank's decision by the barrier. */
   const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
   if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
-  /* A team of one's solo op of tile units, a chunk per block: the block's chunk record is
-     the whole team's, so it stays in shared memory (sm.own) and the mailbox, its release
-     and its polls are left out; the same values are merged the same way (same bits). */
-  const bool local = solo && TILE && a.nranks == 1 && a.G >= g.nchunks;
+  /* A team of one: the record of a chunk is the whole team's, so where it is cheap each
+     block merges its units' chunks itself (publish_chunk into sm.own, before each unit's
+     stage 4) and the mailbox, its release, its polls and the chunk owners' publishing
+     are left out; the same values are merged the same way (same bits). Cheap: a solo op
+     of tile units (the block's own partials), or an op of at most kLocalSlices slices per
+     chunk and 2 units per block (after the barrier: at most one load per warp and unit,
+     where the owner's publish and the readers' poll cost 2-3 round trips more). */
+  constexpr int kLocalSlices = 8;
+  const bool local = a.nranks == 1 &&
+                     (solo ? TILE : g.P <= kLocalSlices && g.units <= 2 * a.G);
 
   /* Every failure ends at the one exit below (st: block-uniform, but for block 0's
      thread 0 at a solo op's end), which records it: one inlined copy of the failure path
@@ -144,14 +150,22 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (st == 0) {
     SBN_STAMP(3); /* past the rank barrier */
 
-    /* stage 3 */
-    for (int j = b; j < g.nchunks; j += a.G) publish_chunk<KIND, false>(a, R, g, j, k, sm, local);
-    SBN_STAMP(4); /* published */
-    if (advance && solo) arrivals = ld_relaxed_gpu_u32(&R.state->barrier);
-
-    /* stage 4 + 5 */
-    int gbase = 0;
-    for (int u = b; u < g.units; u += a.G) {
+    /* stage 3 (the block's chunks published), then stages 4 + 5 per unit (a team of one:
+       each unit's chunk merged first, into sm.own): one loop, so that publish_chunk has
+       one call site (code size: check-sass.sh) */
+    const int npub = local || b >= g.nchunks ? 0 : (g.nchunks - 1 - b) / a.G + 1;
+    int gbase = 0, u = b;
+    for (int step = 0;; step++) {
+      const bool pub = step < npub;
+      if (step == npub) {
+        SBN_STAMP(4); /* published */
+        if (advance && solo) arrivals = ld_relaxed_gpu_u32(&R.state->barrier);
+      }
+      if (!pub && u >= g.units) break;
+      if (pub || local)
+        publish_chunk<KIND, false>(a, R, g, pub ? b + step * a.G : u % g.ngroups / (TILE ? 1 : kChunk),
+                                   k, sm, !pub);
+      if (pub) continue;
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local);
       if (st != 0) break;
@@ -163,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
         path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
       }
       __syncthreads(); /* sm.coef is reused by the next unit */
+      u += a.G;
     }
   }
   if (advance && solo) {

@@ -1094,6 +1094,9 @@ static void test_host_path_equals_coop(void) {
          shared memory (coop_kernel.cuh, `local`); one block idle in the second */
       {1, 2, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, -1.0f},
       {1, 3, sbnFloat16, sbnLayoutNHWC, 64, 3, n1, 1, 1, 0.1f},
+      /* a team of one, tile units in 2 slices (not solo): each block merges its unit's
+         chunk from both slices' partials itself, after the barrier */
+      {1, 5, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, 0.1f},
       {2, 3, sbnFloat32, sbnLayoutNHWC, 37, 4, n2, 1, 1, 0.1f},
       {2, 4, sbnBFloat16, sbnLayoutNCHW, 1, 60, n2, 1, 1, -1.0f},
       {3, 2, sbnFloat16, sbnLayoutNCHW, 33, 1, n3, 0, 0, 0.1f},
@@ -1728,7 +1731,10 @@ static void test_pinned_host_failure_crosses(void) {
        1. the rank barrier: the last arrival's add reaches the others' polls (the last
           arrival itself learns from its atomic that it is last);
        2. a reader's poll returns the flag a publishing block stored after the barrier
-          (at W = 1 too: the other block of the rank publishes half of its chunk).
+          (at W = 1 too: with 32 units per block a team of one still publishes).
+   - Plane units with at most 2 per block (NCHW, C = 4, spatial 30): the same, but 1 at
+     W = 1, where each block merges its units' chunks from the partials itself (after
+     the barrier: no publish, no poll; coop_kernel.cuh, `local`).
    - Solo ops (NHWC, C = 64, two blocks per rank, one chunk each: coop_kernel.cuh) have no
      barrier, and are 1 for every W: at W >= 2 the poll of a peer's flag, stored with
      nothing before it; at W = 1 (a block's own records) block 0's load of the arrivals
@@ -1755,23 +1761,34 @@ static void exchange_hops(void) {
     const int64_t* n;
   } teams[] = {{1, n1}, {2, n2}, {4, n4}, {4, z4}};
   const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  /* the shapes: C, spatial, layout; the chain at W = 1 and at W >= 2 */
+  const struct {
+    const char* name;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    unsigned w1, wn;
+  } shapes[] = {{"planes (NCHW, 32 units per block)", sbnLayoutNCHW, 64, 3, 2, 2},
+                {"planes (NCHW, 2 units per block: a team of one merges them itself)",
+                 sbnLayoutNCHW, 4, 30, 1, 2},
+                {"solo (NHWC)", sbnLayoutNHWC, 64, 3, 1, 1}};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
-  for (int solo = 0; solo < 2; solo++)
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
       for (int v = 0; v < 3; v++)
         for (int peer = 0; peer < 2; peer++) {
           if (peer && teams[ti].W == 1) continue;
           team_t t;
-          team_make(&t, teams[ti].W, sbnFloat32, solo ? sbnLayoutNHWC : sbnLayoutNCHW, 64, 3,
+          team_make(&t, teams[ti].W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp,
                     teams[ti].n, 1, 1, GEN_NORMAL, 70 + ti);
           emu_team_t e;
           emu_team_init(&e, teams[ti].W, 2, 60000);
           g_variant = vars[v];
           for (int bwd = 0; bwd < 2; bwd++) {
-            const unsigned h = op_hops(&e, &t, bwd, peer, &p), want = solo ? 1u : 2u;
+            const unsigned h = op_hops(&e, &t, bwd, peer, &p),
+                           want = teams[ti].W == 1 ? shapes[si].w1 : shapes[si].wn;
             if (h != want)
               SBN_FAIL_("%s W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not %u",
-                        solo ? "solo (NHWC)" : "planes (NCHW)", teams[ti].W,
+                        shapes[si].name, teams[ti].W,
                         teams[ti].n == z4 ? " (empty)" : "",
                         vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
                         peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
