@@ -29,7 +29,7 @@
  *                launch) and, per stage, when the
  *                median and the last block got there (%globaltimer, from the launch's
  *                first block start; the last block is the critical path). Shapes:
- *                "empty" (n = 0 on every rank, C = 512), stream and legacy, W = 1, 2, 4,
+ *                "empty" (n = 0 on every rank, C = 512), stream and auto (onchip), W = 1, 2, 4,
  *                8 virtual ranks, once as built and once with the old read of host memory
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
@@ -574,7 +574,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
     for (int v = 0; v < 2; v++)
       for (int var = 0; var < SBN_VAR_COUNT; var++) {
         const void* fn = sbn_coop_kernel_ptr(kind, dt, t, v, var);
-        if (fn == nullptr || (var == SBN_VAR_LEGACY && v)) continue;
+        if (fn == nullptr) continue;
         size_t dyn = 0;
         if (var == SBN_VAR_ONCHIP) {
           cudaFuncAttributes fa;
@@ -661,7 +661,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   snprintf(what, sizeof what, "%s W=%d", name, W);
   StageTimes tm;
   run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
-  static const char* const vname[] = {"legacy", "stream", "onchip"};
+  static const char* const vname[] = {"stream", "onchip"}; /* SBN_VAR_* */
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
        "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, \"op_busy_us\": %.2f, "
        "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
@@ -685,13 +685,14 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
 }
 
 /* The empty op (n = 0 on every rank, C = 512, as the first run's latency table): stream
-   and legacy, W = 1, 2, 4, 8 (quick: to 4), as built and with every publishing block's
-   old read of the error words (host memory) at its start. */
+   and auto (onchip, as sbn-bench's latency rows run it), W = 1, 2, 4, 8 (quick: to 4), as
+   built and with every publishing block's old read of the error words (host memory) at
+   its start. (Until 2026-11-26 the second was the legacy kernel, removed since.) */
 static void probe_empty_op(int sms, bool quick) {
   for (int mut = 0; mut < 2; mut++)
     for (int k = 0; k < 2; k++)
       for (int W = 1; W <= (quick ? 4 : 8); W *= 2)
-        probe_op("empty", 0, 512, 1, W, k ? SBN_KERNEL_LEGACY : SBN_KERNEL_STREAM, sms, quick,
+        probe_op("empty", 0, 512, 1, W, k ? SBN_KERNEL_AUTO : SBN_KERNEL_STREAM, sms, quick,
                  mut ? SBN_MUT_HOST_WORDS_AT_START : 0);
   const int zero = 0;
   CK(cudaMemcpyToSymbol(sbn_probe_mutants, &zero, sizeof zero));

@@ -1,6 +1,6 @@
 /* coop.cu — the one translation unit of the kernels (nvcc, and tests/emu/ for the CPU
  * emulation): the cooperative kernel (coop_kernel.cuh) over its shared stages
- * (coop_exchange.cuh; stages 1 and 5: coop_vec.cuh, coop_legacy.cuh), the host-driven
+ * (coop_exchange.cuh; stages 1 and 5: coop_vec.cuh), the host-driven
  * path's kernels (host_path.cuh), the inference kernel (infer.cuh); here the limits
  * checked at compile time, the kernel tables the host picks from (one row per dtype of
  * bn_dtype.h's SBN_DTYPES), and the host's entry points.
@@ -69,7 +69,6 @@ static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's mas
 
 #include "coop_mem.cuh"
 #include "coop_exchange.cuh"
-#include "coop_legacy.cuh"
 #include "coop_vec.cuh"
 #include "coop_kernel.cuh"
 #include "host_path.cuh"
@@ -81,7 +80,7 @@ static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's mas
    32764 bytes on Volta and later); within 4 KB a launch needs neither. */
 static_assert(sizeof(sbn_coop_args_t) <= 4096, "the cooperative kernels' arguments exceed 4 KB");
 static_assert(sizeof(sbn_infer_args_t) <= 4096, "the inference kernel's arguments exceed 4 KB");
-/* Static shared memory (Smem, the legacy stage 1's union included) within the 48 KB a
+/* Static shared memory (Smem) within the 48 KB a
    block gets without opting in. */
 static_assert(sizeof(Smem) <= 48 * 1024, "static shared memory above 48 KB");
 /* The onchip kernels: Smem and at least one held batch per thread (backward: x and dy, 32
@@ -100,7 +99,6 @@ template <int KIND, int DT, bool TILE> struct CoopKernels {
   static const void* pick(int vec, int variant) {
     constexpr int V = kVec<DT>;
     switch (variant) {
-      case SBN_VAR_LEGACY: return (const void*)sbn_coop_kernel<KIND, DT, TILE, 1, SBN_VAR_LEGACY>;
       case SBN_VAR_ONCHIP:
         return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_ONCHIP> : nullptr;
       default:

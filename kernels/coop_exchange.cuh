@@ -23,7 +23,6 @@
 /* Shared memory of a block (besides the onchip variant's held batches). */
 struct Smem {
   union {
-    sbn_welford_t w[kWarps][kChunk];   /* legacy stage 1 */
     sbn_partial_t p[kWarps][kChunk];   /* forward: per-warp partials of a channel */
     sbn_bwd_csums_t s[kWarps][kChunk]; /* backward */
   } red;

@@ -19,10 +19,10 @@
  *            finalizes;
  *   stage 5: normalize (y or dx) the unit's elements; the unit's slice-0 block writes the
  *            per-channel outputs (save stats, running stats, dweight/dbias).
- * Stages 1 and 5 come in three variants (coop_plan.h): onchip (x, and dy, held in
- * registers and shared memory between them: each crosses HBM once), stream (16-byte
- * loads again in stage 5), legacy (the first kernel: coop_legacy.cuh). Stages 2-4 are
- * the same for all (coop_exchange.cuh).
+ * Stages 1 and 5 come in two variants (coop_plan.h, coop_vec.cuh): onchip (x, and dy,
+ * held in registers and shared memory between them: each crosses HBM once) and stream
+ * (16-byte loads, again in stage 5; its scalar form for unaligned tensors). Stages 2-4
+ * are the same for both (coop_exchange.cuh).
  * Nothing is written to the caller's outputs before stage 4 succeeded, so an op mismatch
  * or a global count of 1 leaves them untouched; on a timeout the blocks that timed out
  * write nothing (others may have finished their units).
@@ -54,15 +54,14 @@
 
 template <int KIND, int DT, bool TILE, int VEC, int VAR>
 __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_BLOCKS_PER_SM
-                                            : VAR == SBN_VAR_ONCHIP ? SBN_ONCHIP_BLOCKS_PER_SM
-                                                                    : 1)
+                                                                  : SBN_ONCHIP_BLOCKS_PER_SM)
     sbn_coop_kernel(const __grid_constant__ sbn_coop_args_t a) {
   SBN_SHARED(Smem, sm);
   SBN_DYN_SHARED(uint4, hold_smem); /* onchip: hold_slots batches per thread */
-  constexpr bool kLegacy = VAR == SBN_VAR_LEGACY, kOnchip = VAR == SBN_VAR_ONCHIP;
+  constexpr bool kOnchip = VAR == SBN_VAR_ONCHIP;
   const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
-  const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, kLegacy ? 1 : VEC, a.G);
+  const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
   VecPath<KIND, DT, TILE, VEC, kOnchip> path;
 
   SBN_STAMP(0); /* the block runs */
@@ -105,14 +104,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
      (code size is time: check-sass.sh). */
   int st = 0;
   /* stage 1 */
-  if constexpr (kLegacy) {
-    for (int u = b; u < g.units; u += a.G) {
-      if (KIND == SBN_OP_FORWARD)
-        legacy_fwd_stage1<DT, TILE>(R, g, u, sm);
-      else
-        legacy_bwd_stage1<DT, TILE>(R, g, u, sm);
-    }
-  } else if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
+  if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
     /* a plan the onchip kernel cannot hold (never from the library's plan): the other
        blocks of the rank time out at the barrier, nothing is written (a solo op: the
        other blocks finish their units) */
@@ -171,11 +163,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       if (st != 0) break;
       if (u == b) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
       nbt_due |= u == 0;
-      if constexpr (kLegacy) {
-        legacy_stage5<KIND, DT, TILE>(R, g, u, sm);
-      } else {
-        path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
-      }
+      path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
       __syncthreads(); /* sm.coef is reused by the next unit */
       u += a.G;
     }

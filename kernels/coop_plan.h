@@ -45,15 +45,16 @@ extern "C" {
 
 /* Kernel variants of the cooperative kernel (the data path of stages 1 and 5). */
 enum {
-  SBN_VAR_LEGACY = 0, /* the first kernel: 32-bit loads, a Welford step per element, x read
-                         twice, G = ceil(elements / 16384); kept until a GPU compares it */
-  SBN_VAR_STREAM = 1, /* 16-byte loads in batches; x (and dy) read again in stage 5 */
-  SBN_VAR_ONCHIP = 2  /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
+  SBN_VAR_STREAM = 0, /* 16-byte loads in batches; x (and dy) read again in stage 5 */
+  SBN_VAR_ONCHIP = 1  /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
 };
-#define SBN_VAR_COUNT 3
+#define SBN_VAR_COUNT 2
+/* (The first kernel, "legacy": 32-bit loads and a Welford step per element, was removed on
+   2026-11-26 after the H200 runs: it lost to stream on every row but S10 at W = 8, where
+   stream's loss was the start-of-kernel host read that is gone since; README, Kernels.) */
 
 /* What the caller asked for (SBN_KERNEL at the call). */
-enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KERNEL_LEGACY = 3 };
+enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 
 #define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
 #define SBN_BATCH_BWD 2           /* backward: 2 of x and 2 of dy */
@@ -67,7 +68,6 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KE
                                       scripts/check-sass.sh checks both */
 #define SBN_ELEMS_PER_BLOCK 8192  /* stream/onchip: elements per block below which a launch
                                      uses fewer blocks than the device holds */
-#define SBN_LEGACY_ELEMS_PER_BLOCK 16384 /* the legacy variant's grid rule */
 #define SBN_GPU_PART_FLOATS 4     /* floats per (slice, channel) partial: forward (count,
                                      mean_hi, mean_lo, m2), backward (sum_dy hi, lo,
                                      sum_dy_xmu hi, lo) */
@@ -308,12 +308,10 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
      next to a mismatched backward) fits side by side. */
   const int want = op->host && op->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO : op->kernel;
-  int var = want == SBN_KERNEL_LEGACY                                      ? SBN_VAR_LEGACY
-            : want == SBN_KERNEL_STREAM || !vec || !whole || dev->shared ? SBN_VAR_STREAM
-                                                                           : SBN_VAR_ONCHIP;
+  int var = want == SBN_KERNEL_STREAM || !vec || !whole || dev->shared ? SBN_VAR_STREAM
+                                                                       : SBN_VAR_ONCHIP;
   if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
     return dev->shared ? SBN_PLAN_ONCHIP_SHARED : SBN_PLAN_ONCHIP_SHAPE;
-  if (var == SBN_VAR_LEGACY) vec = 0;
   for (;;) {
     const int occ = dev->shared ? dev->occ_min : dev->occ[tile][vec][var];
     const int64_t gmax = (int64_t)occ * dev->sms / dev->ranks_here;
@@ -325,13 +323,7 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
       *detail = (int64_t)occ * dev->sms;
       return SBN_PLAN_NO_BLOCKS;
     }
-    int64_t G;
-    if (var == SBN_VAR_LEGACY) {
-      G = (numel + SBN_LEGACY_ELEMS_PER_BLOCK - 1) / SBN_LEGACY_ELEMS_PER_BLOCK;
-      G = G < 1 ? 1 : G > gmax ? gmax : G;
-    } else {
-      G = sbn_plan_blocks(numel, op->c, gmax);
-    }
+    const int64_t G = sbn_plan_blocks(numel, op->c, gmax);
     pl->G = (int)G;
     pl->tile = tile;
     pl->vec = vec;
@@ -377,7 +369,7 @@ static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t*
    (tests/test_coop_emu.c asserts them in the emulator; the bench reports them):
    forward reads x and writes y, backward reads x and dy and writes dx (when dx is
    requested); the stream variant reads x (and dy) a second time in stage 5, where there
-   is one (legacy: the same, plus one element per channel and unit for its shift).
+   is one.
    bytes = the elements of one tensor * their size. */
 static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
   const int64_t inputs = kind == SBN_OP_FORWARD ? 1 : 2;

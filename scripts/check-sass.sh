@@ -11,7 +11,7 @@
 #     apply kernels, the 16-byte inference kernels) has no 128-bit global load,
 #   - a kernel's registers or shared memory allow fewer blocks per SM than the plan
 #     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, host path), SBN_ONCHIP_BLOCKS_PER_SM
-#     (onchip; its held batches then take the rest of the SM's shared memory), 1 (legacy),
+#     (onchip; its held batches then take the rest of the SM's shared memory),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
 #     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
 #   - a cooperative kernel or a host-path kernel makes a system-scope load (LD/LDG
@@ -90,7 +90,7 @@ res_path, sass_path, stream_occ, onchip_occ = sys.argv[1], sys.argv[2], int(sys.
 mode = sys.argv[5] if len(sys.argv) > 5 else "full"
 KIND = {"0": "fwd", "1": "bwd"}
 DT = {"0": "fp32", "1": "fp16", "2": "bf16"}
-VAR = {"0": "legacy", "1": "stream", "2": "onchip"}
+VAR = {"0": "stream", "1": "onchip"}  # SBN_VAR_* (coop_plan.h)
 
 def demangle(m):
     return subprocess.run(["c++filt", m], capture_output=True, text=True).stdout.strip()
@@ -202,8 +202,8 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     if base == "sbn_coop_kernel":
         kind, dt, tile, vec, var = args
         label = f"coop {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec} {VAR[var]}"
-        hot = var in ("1", "2") and vec != "1"
-        want = {"0": 1, "1": stream_occ, "2": onchip_occ}[var]
+        hot = vec != "1"
+        want = {"0": stream_occ, "1": onchip_occ}[var]
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
         kind, dt, tile, vec = args
         label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}"
@@ -230,7 +230,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     # time (UBLKPF.L2, the bulk prefetch), tile units each thread its lines (CCTL.E.PF2:
     # prefetch.global.L2::evict_last; CCTL.E.PML2: ::evict_normal)
     wants_prefetch = ((base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel") or
-                       (base == "sbn_coop_kernel" and args[4] == "1")) and args[3] != "1")
+                       (base == "sbn_coop_kernel" and args[4] == "0")) and args[3] != "1")
     pf_insn = ("UBLKPF.L2",) if wants_prefetch and args[2] == "false" else ("CCTL.E.PF2", "CCTL.E.PML2")
     no_prefetch = wants_prefetch and not any(x.startswith(pf_insn) for x in ins)
     if mode == "mutant":

@@ -258,10 +258,10 @@ step_bench() {
     return
   fi
   "$BENCH" --gpu on --json "$OUTDIR/bench.json" || return 1
-  # the cooperative kernel's other variants, side by side with the default (auto: onchip
+  # the cooperative kernel's other variant, side by side with the default (auto: onchip
   # where the tensors fit, else stream)
   local v
-  for v in stream legacy; do
+  for v in stream; do
     echo "+ SBN_KERNEL=$v sbn-bench --gpu on --paths coop"
     SBN_KERNEL=$v "$BENCH" --gpu on --paths coop --json "$OUTDIR/bench-$v.json" || return 1
   done

@@ -128,15 +128,21 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
 static int g_variant = SBN_VAR_ONCHIP;
+/* g_variant's third value, for the tests only: the stream variant's scalar kernels (one
+   element per load) on every shape, not only where the library picks them (unaligned
+   tensors, odd small planes, NHWC with C not a multiple of the vector width). It took
+   the place of the legacy variant, removed on 2026-11-26. */
+#define EMU_VAR_SCALAR 100
 static int g_onchip_any_plane; /* test_onchip_whole_planes: onchip on any plane (a broken plan) */
 static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   sbn_plan_t pl;
   pl.G = G;
   pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
-  pl.vec = g_variant != SBN_VAR_LEGACY && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
-  pl.variant = g_variant == SBN_VAR_ONCHIP &&
-                       (!pl.vec || (!sbn_onchip_shape_ok(pl.tile, d->spatial, sbn_vec_of(d->dtype)) &&
-                                    !g_onchip_any_plane))
+  pl.vec = g_variant != EMU_VAR_SCALAR && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
+  pl.variant = g_variant == EMU_VAR_SCALAR ||
+                       (g_variant == SBN_VAR_ONCHIP &&
+                        (!pl.vec || (!sbn_onchip_shape_ok(pl.tile, d->spatial, sbn_vec_of(d->dtype)) &&
+                                     !g_onchip_any_plane)))
                    ? SBN_VAR_STREAM
                    : g_variant;
   pl.hold_slots = 0;
@@ -413,7 +419,7 @@ static void test_emulated_vs_reference(void) {
       {8, 1, sbnFloat32, sbnLayoutNCHW, 3, 3, n8},    /* several of them, W odd and even */
   };
   /* every variant; separate per-rank launches for the default (onchip) only */
-  static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
   for (int v = 0; v < 3; v++) {
     g_variant = variants[v];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -651,7 +657,6 @@ static void test_onchip_whole_planes(void) {
   dev.ranks_here = 1;
   for (int tile = 0; tile < 2; tile++)
     for (int vec = 0; vec < 2; vec++) {
-      dev.occ[tile][vec][SBN_VAR_LEGACY] = 1;
       dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
       dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
     }
@@ -1465,8 +1470,8 @@ static double ulp_of(double v) {
    plain sums err by 10^4 ulp and more). Both layouts, in the geometry
    the library plans for S1 at W = 8 on one GPU (G = 33 blocks per rank): NCHW one block per
    (channel, rank) (P = 1: a thread sums 1024 values), NHWC 16 slices of the rows (a thread
-   sums 512 values per channel); the stream and legacy variants (the onchip variant and
-   the host path give the stream variant's bits: the tests above). */
+   sums 512 values per channel); the stream variant's 16-byte and scalar kernels (the
+   onchip variant and the host path give the stream variant's bits: the tests above). */
 static void test_sums_accuracy(void) {
   for (int lay = 0; lay < 2; lay++) {
     cancel_data_t cd;
@@ -1481,7 +1486,7 @@ static void test_sums_accuracy(void) {
     team_t cpu, k;
     cancel_team(&cpu, &cd);
     ASSERT_OK(team_run(&cpu, 1, MODE_GROUP, OPT_DX_NULL, &p));
-    static const int variants[2] = {SBN_VAR_STREAM, SBN_VAR_LEGACY};
+    static const int variants[2] = {SBN_VAR_STREAM, EMU_VAR_SCALAR};
     for (int v = 0; v < 2 && !sbn_test_cur_failed_; v++) {
       cancel_team(&k, &cd);
       emu_team_t e;
@@ -1760,7 +1765,7 @@ static void exchange_hops(void) {
     int W;
     const int64_t* n;
   } teams[] = {{1, n1}, {2, n2}, {4, n4}, {4, z4}};
-  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
   /* the shapes: C, spatial, layout; the chain at W = 1 and at W >= 2 */
   const struct {
     const char* name;
@@ -1790,7 +1795,7 @@ static void exchange_hops(void) {
               SBN_FAIL_("%s W=%d%s %s %s %s: a chain of %u dependent cross-block round trips, not %u",
                         shapes[si].name, teams[ti].W,
                         teams[ti].n == z4 ? " (empty)" : "",
-                        vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "legacy",
+                        vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "stream-scalar",
                         peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
           }
           g_variant = SBN_VAR_ONCHIP;
@@ -1805,7 +1810,7 @@ static void test_exchange_hops(void) { exchange_hops(); }
 /* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
    reads served one at a time (an empty op: 27 us; 16 blocks reading the error words). The
    success path reads none: every kernel of every path (virtual, peer, NCCL window, host
-   path; onchip, stream, legacy; forward and backward; an empty op) makes ZERO accesses
+   path; onchip, stream, stream-scalar; forward and backward; an empty op) makes ZERO accesses
    to the team's error words, which the emulation counts by address
    (sbn_emu_host_track). The only reads left, the watchers' while they wait (the next
    test), are kept out by an interval no emulated wait reaches. */
@@ -1815,7 +1820,7 @@ static void host_memory_success_paths(void) {
   g_host_poll_ns = 3600 * (int64_t)1000000000;
   static const int64_t n2[2] = {3, 2}, n0[2] = {0, 0};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
-  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_LEGACY};
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
   for (int empty = 0; empty < 2; empty++)
     for (int lay = 0; lay < 2; lay++) {
       team_t t;

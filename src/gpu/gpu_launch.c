@@ -59,16 +59,22 @@ static int algo_from_env(sbnComm_t comm) {
 }
 
 /* The cooperative kernel's variant the call asks for, from SBN_KERNEL: "auto" (default),
-   "onchip", "stream", "legacy" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown
-   value; the detail is recorded). */
+   "onchip", "stream" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown value, or
+   "legacy", the first kernel, removed: the detail is recorded). */
 static int kernel_from_env(sbnComm_t comm) {
-  static const char* const names[] = {"auto", "onchip", "stream", "legacy"}; /* SBN_KERNEL_* */
+  static const char* const names[] = {"auto", "onchip", "stream"}; /* SBN_KERNEL_* */
   const char* v = getenv("SBN_KERNEL");
   if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (strcmp(v, names[i]) == 0) return i;
-  sbn_fail(comm, sbnInvalidArgument,
-           "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip', 'stream' or 'legacy'", v);
+  if (strcmp(v, "legacy") == 0)
+    sbn_fail(comm, sbnInvalidArgument,
+             "SBN_KERNEL='legacy': the first kernel was removed in 0.1.0 (it lost to 'stream' "
+             "on every row of the GPU runs); expected 'auto' (the default), 'onchip' or "
+             "'stream'");
+  else
+    sbn_fail(comm, sbnInvalidArgument,
+             "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip' or 'stream'", v);
   return -1;
 }
 
@@ -222,7 +228,6 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
 /* sbnCommGetKernel's name of a plan. */
 static const char* plan_kernel_name(const sbn_plan_t* pl) {
   if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
-  if (pl->variant == SBN_VAR_LEGACY) return "legacy";
   return pl->vec ? "stream" : "stream-scalar";
 }
 

@@ -128,7 +128,7 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
             int* occ = &g->occ[k][d][t][v][var];
             const void* fn = sbn_coop_kernel_ptr(k, d, t, v, var);
             *occ = 0;
-            if (fn == NULL || (var == SBN_VAR_LEGACY && v)) continue; /* not built / the same */
+            if (fn == NULL) continue; /* not built */
             size_t dyn = 0;
             if (var == SBN_VAR_ONCHIP) {
               struct cudaFuncAttributes fa;

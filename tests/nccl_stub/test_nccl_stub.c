@@ -280,6 +280,39 @@ static void test_init_rank_from_id(void) {
     ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
   }
 }
+/* SBN_KERNEL, read at every call: an unknown value, and "legacy" (the first kernel, removed
+   on 2026-11-26), fail the call with sbnInvalidArgument and a message saying so, before
+   anything is launched or recorded; the team still works afterwards. */
+static void test_kernel_env(void) {
+  stub_case(NULL);
+  sbnNcclUniqueId_t id;
+  ASSERT_OK(sbnGetNcclUniqueId(&id));
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_rank(&comm, &id, 1, 0, TIMEOUT_MS));
+  static const struct {
+    const char* value;
+    const char* says;
+  } cases[] = {{"legacy", "was removed"}, {"no-such-kernel", "expected 'auto'"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    tensors_t t;
+    tensors_alloc(&t, 0);
+    nccl_stub_reset(); /* the record from here */
+    setenv("SBN_KERNEL", cases[i].value, 1);
+    const sbnResult_t r = forward(comm, &t);
+    unsetenv("SBN_KERNEL");
+    tensors_free(&t);
+    ASSERT_RES(r, sbnInvalidArgument);
+    if (strstr(sbnGetLastError(comm), cases[i].says) == NULL)
+      SBN_FAIL_("SBN_KERNEL=%s: '%s' does not say '%s'", cases[i].value, sbnGetLastError(comm),
+                cases[i].says);
+    ASSERT_NO_RECORD("ncclAllGather");
+  }
+  ops_ok(comm); /* SBN_KERNEL unset: the call runs */
+  CHECK_();
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+}
+
 /* A rank of the id's comm that never calls: the init waits until the timeout, then
    sbnTimeout, nothing written, the comm aborted (no hang, no leak). Arguments checked
    before anything is made. */
@@ -613,6 +646,7 @@ int main(void) {
   SBN_RUN(test_init_host_nonblocking_caller);
   SBN_RUN(test_init_rank_from_id);
   SBN_RUN(test_init_rank_stuck_and_arguments);
+  SBN_RUN(test_kernel_env);
   SBN_RUN(test_split_lsa);
   SBN_RUN(test_split_host);
   SBN_RUN(test_abort);
