@@ -363,6 +363,23 @@ __global__ void __launch_bounds__(256) launch_big_kernel(const __grid_constant__
                                                          unsigned* sink) {
   if (p.b[0] == 123 && threadIdx.x == 0) sink[blockIdx.x] = p.b[sizeof p.b - 1];
 }
+/* A launch of `grid` blocks of 256 threads (SBN_GPU_THREADS) with `dyn` bytes of dynamic
+   shared memory on `s`, cooperative or not (*attr holds the attribute). */
+static cudaLaunchConfig_t launch_config(unsigned grid, size_t dyn, cudaStream_t s, bool coop,
+                                        cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  memset(attr, 0, sizeof *attr);
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(SBN_GPU_THREADS);
+  cfg.dynamicSmemBytes = dyn;
+  cfg.stream = s;
+  attr->id = cudaLaunchAttributeCooperative;
+  attr->val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = coop ? 1 : 0;
+  return cfg;
+}
 static double host_us_since(const struct timespec& t0) {
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -397,18 +414,8 @@ static void probe_launch(int sms, bool quick) {
           const void* fn = bigp ? (const void*)launch_big_kernel : (const void*)launch_small_kernel;
           void* args_small[2] = {&small_v, &sink};
           void* args_big[2] = {&big, &sink};
-          cudaLaunchConfig_t cfg;
           cudaLaunchAttribute attr;
-          memset(&cfg, 0, sizeof cfg);
-          memset(&attr, 0, sizeof attr);
-          cfg.gridDim = dim3(grid);
-          cfg.blockDim = dim3(256);
-          cfg.dynamicSmemBytes = dyn;
-          cfg.stream = s;
-          attr.id = cudaLaunchAttributeCooperative;
-          attr.val.cooperative = 1;
-          cfg.attrs = &attr;
-          cfg.numAttrs = coop ? 1 : 0;
+          const cudaLaunchConfig_t cfg = launch_config(grid, dyn, s, coop != 0, &attr);
           void** args = bigp ? args_big : args_small;
           const char* modes[4] = {"busy", "idle", "chain", "graph"};
           cudaGraphExec_t gx = nullptr;
@@ -494,18 +501,9 @@ static void run_timed(const void* fn, unsigned grid, size_t dyn, sbn_coop_args_t
   CK(cudaEventCreate(&e1));
   std::vector<unsigned long long> st((size_t)SBN_PROBE_MAX_BLOCKS * 8);
   for (int rep = 0; rep < reps; rep++) {
-    cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr;
     void* args[1] = {a};
-    memset(&cfg, 0, sizeof cfg);
-    memset(&attr, 0, sizeof attr);
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(SBN_GPU_THREADS);
-    cfg.dynamicSmemBytes = dyn;
-    attr.id = cudaLaunchAttributeCooperative;
-    attr.val.cooperative = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = launch_config(grid, dyn, 0, true, &attr);
     CK(cudaEventRecord(e0));
     CK(cudaLaunchKernelExC(&cfg, fn, args));
     CK(cudaEventRecord(e1));
