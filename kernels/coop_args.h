@@ -54,8 +54,7 @@ typedef struct {
                        the kernels read it at their start and while they wait, never a
                        word of host memory on the success path (DESIGN.md, "Failures") */
   uint32_t pad;     /* zero; the counter of the test mutant SBN_MUT_SECOND_BARRIER's extra
-                       barrier (coop_kernel.cuh), which must not touch `barrier`: the solo
-                       ops' arrivals need its bit 31 in step with the epoch's parity */
+                       barrier (coop_kernel.cuh), which must not touch `barrier` */
 } sbn_rank_state_t;
 
 /* One rank's part of a launch. */

@@ -124,27 +124,29 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
    the chunk) no block reads another's partials, so the blocks do not wait for each other:
    each only ARRIVES at the rank's barrier counter, after it read the epoch and
    num_batches_tracked, adding the barrier's amounts (a red: no value comes back, nobody
-   waits). An op adds 2^31 in all, barrier or arrivals, so bit 31 of the counter is the
-   parity of the ops all of whose blocks arrived: k & 1 once op k's have, because block 0
-   advances the epoch once per completed arrival or barrier (coop_kernel.cuh, `advance`).
-   Block 0, the one writer of the epoch and of num_batches_tracked, checks that before it
-   writes them, at its end (rank_arrivals_done), with a load it made while its gather
-   waited: every block read them before. The fences are acq_rel (a release pattern before
-   the red, an acquire pattern after the load), not the fence.sc of __threadfence. */
+   waits). The counter's low 31 bits are 0 between ops (every completed barrier or set of
+   arrivals adds exactly 2^31), and while an op's arrivals are under way they are not:
+   block 0's own add makes them 2^31 - (G - 1) and each other arrival adds 1, so once
+   block 0 has arrived they are 0 again exactly when all G have. Block 0, the one writer
+   of the epoch and of num_batches_tracked, checks that before it writes them, at its end
+   (rank_arrivals_done), with a load it made while its gather waited: every block read
+   them before. Nothing else is assumed (not the epoch's parity): a counter left uneven by
+   a barrier that timed out makes the check time out too, never pass early. The fences
+   are acq_rel (a release pattern before the red, an acquire pattern after the load),
+   not the fence.sc of __threadfence. */
 __device__ __forceinline__ void rank_arrive(uint32_t* counter, int G, bool first) {
   fence_acq_rel_gpu(); /* the block's reads of the epoch and nbt before its arrival */
   red_add_gpu(counter, first ? 0x80000000u - (uint32_t)(G - 1) : 1u);
 }
-/* Thread 0 of block 0: true once every block of op k arrived (`seen`: the counter as an
-   earlier load found it, usually already complete), then a fence orders what it writes
-   after their reads; false when the deadline passes first. */
-__device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t k, uint32_t seen,
-                                   uint64_t deadline) {
+/* Thread 0 of block 0, after its own arrival: true once every block of the op arrived
+   (`seen`: the counter as an earlier load found it, usually already complete), then a
+   fence orders what it writes after their reads; false when the deadline passes first. */
+__device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint64_t deadline) {
   if (SBN_MUTANT(SBN_MUT_NO_ARRIVAL_WAIT)) return true;
-  for (uint32_t it = 0; (seen >> 31) != (k & 1u); it++) {
+  for (uint32_t it = 0; (seen & 0x7fffffffu) != 0u; it++) {
     if ((it & 255u) == 255u && globaltimer_ns() > deadline) return false;
     __nanosleep(32);
-    seen = ld_relaxed_gpu_u32(counter);
+    seen = ld_arrivals_gpu(counter);
   }
   fence_acq_rel_gpu(); /* with the relaxed load: an acquire */
   return true;

@@ -89,15 +89,15 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
   if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
   /* A team of one: the record of a chunk is the whole team's, so where it is cheap each
-     block merges its units' chunks itself (publish_chunk into sm.own, before each unit's
-     stage 4) and the mailbox, its release, its polls and the chunk owners' publishing
-     are left out; the same values are merged the same way (same bits). Cheap: a solo op
-     of tile units (the block's own partials), or an op of at most kLocalSlices slices per
-     chunk and 2 units per block (after the barrier: at most one load per warp and unit,
-     where the owner's publish and the readers' poll cost 2-3 round trips more). */
+     block merges its units' chunks itself (publish_chunk into sm.own, before the stage 4
+     of the first of its units in that chunk) and the mailbox, its release, its polls and
+     the chunk owners' publishing are left out; the same values are merged the same way
+     (same bits). Cheap: at most kLocalSlices slices per chunk, so that a merge is one
+     load per warp (after the barrier, or of the block's own partials in a solo op),
+     where the owner's publish and a reader's poll, acquire and loads cost 2-3 dependent
+     round trips more per unit. */
   constexpr int kLocalSlices = 8;
-  const bool local = a.nranks == 1 &&
-                     (solo ? TILE : g.P <= kLocalSlices && g.units <= 2 * a.G);
+  const bool local = a.nranks == 1 && g.P <= kLocalSlices;
 
   /* Every failure ends at the one exit below (st: block-uniform, but for block 0's
      thread 0 at a solo op's end), which records it: one inlined copy of the failure path
@@ -122,10 +122,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (!solo && st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
   /* Block 0's thread 0 advances the epoch once every block of the op has read it, whether
      or not the op goes on: right after the barrier, or (solo) at its end once all
-     arrived. So the counter's bit 31 and the epoch's parity stay in step, which
-     rank_arrivals_done relies on, on every path but a barrier's or arrivals' timeout,
-     after which the counter is unusable and the rank stopped for good (its stop word is
-     only ever cleared at init, with the counter and the epoch). */
+     arrived (rank_arrivals_done). */
   const bool advance = b == 0 && threadIdx.x == 0 && (solo || st == 0);
   if (advance && !solo) st_weak_u32(&R.state->epoch, k);
   if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
@@ -137,7 +134,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     /* (also orders a solo block's partials before its own stage 3 reads them) */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
-  uint32_t arrivals = 0; /* solo: the counter, loaded while the gather waits */
+  uint32_t arrivals = ~0u; /* solo: the counter, loaded while the gather waits (~0u: not
+                              loaded, an aborted op: rank_arrivals_done loads it) */
   bool nbt_due = false;  /* solo: channel 0's outputs were written; nbt follows */
   if (st == 0) {
     SBN_STAMP(3); /* past the rank barrier */
@@ -146,17 +144,19 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
        each unit's chunk merged first, into sm.own): one loop, so that publish_chunk has
        one call site (code size: check-sass.sh) */
     const int npub = local || b >= g.nchunks ? 0 : (g.nchunks - 1 - b) / a.G + 1;
-    int gbase = 0, u = b;
+    int gbase = 0, u = b, own_chunk = -1; /* local: the chunk sm.own holds */
     for (int step = 0;; step++) {
       const bool pub = step < npub;
       if (step == npub) {
         SBN_STAMP(4); /* published */
-        if (advance && solo) arrivals = ld_relaxed_gpu_u32(&R.state->barrier);
+        if (advance && solo) arrivals = ld_arrivals_gpu(&R.state->barrier);
       }
       if (!pub && u >= g.units) break;
-      if (pub || local)
-        publish_chunk<KIND, false>(a, R, g, pub ? b + step * a.G : u % g.ngroups / (TILE ? 1 : kChunk),
-                                   k, sm, !pub);
+      const int chunk = pub ? b + step * a.G : u % g.ngroups / (TILE ? 1 : kChunk);
+      if (pub || (local && chunk != own_chunk)) {
+        publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
+        own_chunk = pub ? -1 : chunk;
+      }
       if (pub) continue;
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     }
   }
   if (advance && solo) {
-    if (rank_arrivals_done(&R.state->barrier, k, arrivals, deadline)) {
+    if (rank_arrivals_done(&R.state->barrier, arrivals, deadline)) {
       st_weak_u32(&R.state->epoch, k);
       if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sm.nbt_before + 1;
     } else if (st == 0) {

@@ -1102,6 +1102,9 @@ static void test_host_path_equals_coop(void) {
       /* a team of one, tile units in 2 slices (not solo): each block merges its unit's
          chunk from both slices' partials itself, after the barrier */
       {1, 5, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, 0.1f},
+      /* a team of one, planes: each block's units lie in both chunks (merged anew when
+         the chunk changes) */
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n1, 1, 1, -1.0f},
       {2, 3, sbnFloat32, sbnLayoutNHWC, 37, 4, n2, 1, 1, 0.1f},
       {2, 4, sbnBFloat16, sbnLayoutNCHW, 1, 60, n2, 1, 1, -1.0f},
       {3, 2, sbnFloat16, sbnLayoutNCHW, 33, 1, n3, 0, 0, 0.1f},
@@ -1731,15 +1734,16 @@ static void test_pinned_host_failure_crosses(void) {
    the emulation counts it (sbn_emu_hops_*: the arrivals at a counter are pipelined, not
    a chain; the one that reads the last of them pays a round trip; a red returns nothing
    and costs its issuer none). As built:
-   - Plane units (NCHW, spatial 3, C = 64, two blocks per rank: a chunk's 32 channels lie
-     in both blocks) are 2 for every W and path of launch:
+   - Tile units in 10 slices (NHWC, C = 32, G = 10: a chunk's partials come from all
+     ten blocks) are 2 for every W and path of launch:
        1. the rank barrier: the last arrival's add reaches the others' polls (the last
           arrival itself learns from its atomic that it is last);
        2. a reader's poll returns the flag a publishing block stored after the barrier
-          (at W = 1 too: with 32 units per block a team of one still publishes).
-   - Plane units with at most 2 per block (NCHW, C = 4, spatial 30): the same, but 1 at
-     W = 1, where each block merges its units' chunks from the partials itself (after
-     the barrier: no publish, no poll; coop_kernel.cuh, `local`).
+          (at W = 1 too: with more than 8 slices a team of one still publishes).
+   - Plane units (NCHW, C = 64, spatial 3, two blocks per rank: a chunk's 32 channels lie
+     in both blocks): the same, but 1 at W = 1, where each block merges its units' chunks
+     from the partials itself (after the barrier: no publish, no poll; coop_kernel.cuh,
+     `local`).
    - Solo ops (NHWC, C = 64, two blocks per rank, one chunk each: coop_kernel.cuh) have no
      barrier, and are 1 for every W: at W >= 2 the poll of a peer's flag, stored with
      nothing before it; at W = 1 (a block's own records) block 0's load of the arrivals
@@ -1771,11 +1775,13 @@ static void exchange_hops(void) {
     const char* name;
     sbnLayout_t lay;
     int64_t c, sp;
+    int G;
     unsigned w1, wn;
-  } shapes[] = {{"planes (NCHW, 32 units per block)", sbnLayoutNCHW, 64, 3, 2, 2},
-                {"planes (NCHW, 2 units per block: a team of one merges them itself)",
-                 sbnLayoutNCHW, 4, 30, 1, 2},
-                {"solo (NHWC)", sbnLayoutNHWC, 64, 3, 1, 1}};
+  } shapes[] = {{"tile in 10 slices (NHWC, C = 32, G = 10: a team of one still publishes)",
+                 sbnLayoutNHWC, 32, 3, 10, 2, 2},
+                {"planes (NCHW, C = 64, G = 2: a team of one merges its chunks itself)",
+                 sbnLayoutNCHW, 64, 3, 2, 1, 2},
+                {"solo (NHWC, C = 64, G = 2)", sbnLayoutNHWC, 64, 3, 2, 1, 1}};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
@@ -1786,7 +1792,7 @@ static void exchange_hops(void) {
           team_make(&t, teams[ti].W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp,
                     teams[ti].n, 1, 1, GEN_NORMAL, 70 + ti);
           emu_team_t e;
-          emu_team_init(&e, teams[ti].W, 2, 60000);
+          emu_team_init(&e, teams[ti].W, shapes[si].G, 60000);
           g_variant = vars[v];
           for (int bwd = 0; bwd < 2; bwd++) {
             const unsigned h = op_hops(&e, &t, bwd, peer, &p),
