@@ -96,6 +96,16 @@ static int record_has(const char* const* lines, int n) {
     }                                            \
   } while (0)
 
+/* A call that ended in sbnTimeout waited the whole timeout first (a stuck peer). */
+#define ASSERT_NOT_BEFORE_TIMEOUT(waited_ms)                                              \
+  do {                                                                                 \
+    if ((waited_ms) < STUCK_TIMEOUT_MS) {                                              \
+      SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", (waited_ms),     \
+                STUCK_TIMEOUT_MS);                                                     \
+      return;                                                                          \
+    }                                                                                  \
+  } while (0)
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -327,10 +337,7 @@ static void test_init_rank_stuck_and_arguments(void) {
   const double waited = now_ms() - t0;
   ASSERT_RES(r, sbnTimeout);
   ASSERT_TRUE(comm == NULL);
-  if (waited < STUCK_TIMEOUT_MS) {
-    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
-    return;
-  }
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
   ASSERT_RECORD("ncclCommInitRankConfig", "ncclCommAbort");
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
@@ -515,10 +522,7 @@ static void init_stuck(const char* hang, const char* transport) {
   const double waited = now_ms() - t0;
   ASSERT_RES(r, sbnTimeout);
   ASSERT_TRUE(comm == NULL);
-  if (waited < STUCK_TIMEOUT_MS) {
-    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
-    return;
-  }
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
   ASSERT_TRUE(ncclCommAbort(nc) == ncclSuccess); /* still alive: the library left it alone */
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
@@ -553,10 +557,7 @@ static void stuck_op(const char* transport) {
   const sbnResult_t again = forward(comm, &t);
   tensors_free(&t);
   ASSERT_RES(fr, sbnTimeout);
-  if (waited < STUCK_TIMEOUT_MS) {
-    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
-    return;
-  }
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
   ASSERT_RES(again, sbnAborted);
   ASSERT_OK(sbnCommDestroy(comm));
   ASSERT_RECORD("ncclAllGather", "ncclCommAbort");
@@ -584,10 +585,7 @@ static void test_stuck_team_split(void) {
   const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
   const double waited = now_ms() - t0;
   ASSERT_RES(sr, sbnTimeout);
-  if (waited < STUCK_TIMEOUT_MS) {
-    SBN_FAIL_("sbnTimeout after %.1f ms, before the timeout (%d ms)", waited, STUCK_TIMEOUT_MS);
-    return;
-  }
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
   tensors_t t;
   tensors_alloc(&t, 0);
   const sbnResult_t fr = forward(comm, &t);
