@@ -36,18 +36,18 @@
  *
  * Errors (a solo op's block 0 checks the arrivals after its units: when that check times
  * out, which needs blocks that are not co-resident, its units' outputs are written and
- * the op still fails with sbnTimeout): a wait that passes the deadline, or sees that the team failed (the rank's stop
- * word, NCCL teams' failure words; the error words of host memory only through the
- * rank's watcher block: coop_exchange.cuh, "failures"), makes the block write its rank's
- * error word (mapped host memory, read by sbnCommGetAsyncError) and the stop words of
- * the launch's ranks, and return. No __trap: the context stays usable. A kernel queued
- * behind a failure of the team (or replayed after sbnCommAbort) publishes nothing: its
- * publishing blocks read the rank's stop word (and NCCL teams' failure words) at their
- * start and look at them before they publish (after a failure some peer may not have
- * finished reading this rank's previous records, so the double buffering no longer
- * protects them; a rank whose previous kernel succeeded saw every rank's records of it,
- * so every peer had finished the kernel before: publishing is safe, and a peer that
- * failed since makes its wait end).
+ * the op still fails with sbnTimeout): a wait that passes the deadline, or sees that the
+ * team failed (the rank's stop word, NCCL teams' failure words; the error words of host
+ * memory only through the rank's watcher block: coop_exchange.cuh, "failures"), makes the
+ * block write its rank's error word (mapped host memory, read by sbnCommGetAsyncError)
+ * and the stop words of the launch's ranks, and return. No __trap: the context stays
+ * usable. A kernel queued behind a failure of the team (or replayed after sbnCommAbort)
+ * publishes nothing: its publishing blocks read the rank's stop word (and NCCL teams'
+ * failure words) at their start and look at them before they publish (after a failure
+ * some peer may not have finished reading this rank's previous records, so the double
+ * buffering no longer protects them; a rank whose previous kernel succeeded saw every
+ * rank's records of it, so every peer had finished the kernel before: publishing is safe,
+ * and a peer that failed since makes its wait end).
  */
 #ifndef SYNCBN_COOP_KERNEL_CUH_
 #define SYNCBN_COOP_KERNEL_CUH_
@@ -81,11 +81,12 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   /* Solo: every unit of a chunk lies in the block that publishes the chunk (tile units
      with one slice per group, P == 1: G = max(chunks, values / 8192) < 2 chunks, so ops
      of fewer than ~500 rows (N x H x W) per rank, such as S10 and the empty op, and wide
-     ops whose G the co-resident grid caps below 2 chunks; or one block per rank), so no block reads another's partials, and the rank barrier
-     (a dependent round trip on every op's path) is left out: the blocks only arrive, and
-     block 0 checks the arrivals before it advances the epoch (coop_exchange.cuh, "solo
-     ops"). Not on the peer-pinned-host transport, whose start-of-kernel read of the
-     error words is made the rank's decision by the barrier. */
+     ops whose G the co-resident grid caps below 2 chunks; or one block per rank), so no
+     block reads another's partials, and the rank barrier (a dependent round trip on
+     every op's path) is left out: the blocks only arrive, and block 0 checks the
+     arrivals before it advances the epoch (coop_exchange.cuh, "solo ops"). Not on the
+     peer-pinned-host transport, whose start-of-kernel read of the error words is made
+     the rank's decision by the barrier. */
   const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
   if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
   /* A team of one: the record of a chunk is the whole team's, so where it is cheap each

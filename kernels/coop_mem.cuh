@@ -165,11 +165,15 @@ __device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 /* fence.acq_rel.gpu (MEMBAR.GPU): with a strong write after it, a release; with a strong
    read before it, an acquire (the solo ops' arrivals: coop_exchange.cuh). */
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 /* The solo ops' load of the arrivals counter (coop_exchange.cuh: rank_arrivals_done):
    relaxed, and with the fence.acq_rel after it an acquire (the emulation's plain runs and
    ThreadSanitizer, which do not model fences, take it as an acquire load). */
-__device__ __forceinline__ uint32_t ld_arrivals_gpu(const uint32_t* p) { return ld_relaxed_gpu_u32(p); }
+__device__ __forceinline__ uint32_t ld_arrivals_gpu(const uint32_t* p) {
+  return ld_relaxed_gpu_u32(p);
+}
 /* An add that returns nothing (red): the issuing thread waits for no round trip. */
 __device__ __forceinline__ void red_add_gpu(uint32_t* p, uint32_t v) {
   asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
