@@ -240,6 +240,14 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   free(l);
 }
 
+/* One op of every rank: a virtual launch, or (peer) a launch per rank. */
+static void emu_run(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p, int peer) {
+  if (peer)
+    emu_run_peer(e, t, bwd, p, NULL, NULL, NULL);
+  else
+    emu_run_virtual(e, t, bwd, p);
+}
+
 /* The host-driven path (SBN_ALGO=nccl): STATS, PUBLISH, GATHER (in place of the
    collective), APPLY, in stream order, as src/gpu/gpu_launch.c issues them. A virtual
    team's way (desc_of and plans NULL): one launch per stage for every rank, the test's G.
@@ -370,10 +378,7 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
   for (int call = 0; call < 2; call++) { /* two calls: epochs 1,2 use both parities */
     team_poison(&g);
     team_poison(&cpu);
-    if (peer)
-      emu_run_peer(&e, &g, 0, &p, NULL, NULL, NULL);
-    else
-      emu_run_virtual(&e, &g, 0, &p);
+    emu_run(&e, &g, 0, &p, peer);
     ASSERT_TRUE(err_words_clear(&e));
     ASSERT_OK(team_run(&cpu, 0, MODE_GROUP, 0, &p));
     check_forward(&g, &p, tol); /* vs the double reference; rank agreement */
@@ -382,10 +387,7 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
     close_channels("save_invstd", g.sinv[0], cpu.sinv[0], c, 2e-5, 2e-5);
     close_channels("running_var", g.rv[0], cpu.rv[0], c, 2e-5, 2e-5);
     CHECK_();
-    if (peer)
-      emu_run_peer(&e, &g, 1, &p, NULL, NULL, NULL);
-    else
-      emu_run_virtual(&e, &g, 1, &p);
+    emu_run(&e, &g, 1, &p, peer);
     ASSERT_TRUE(err_words_clear(&e));
     check_backward_vs_cpu(&g, &cpu, &p);
     CHECK_();
@@ -1754,11 +1756,10 @@ static void test_pinned_host_failure_crosses(void) {
    data's stores) and loads whose issue waits on a hop (the partials read after the
    barrier, the records after the flag): the probe's stage stamps measure those. This
    test holds the numbers, and a mutant with one more round trip (a second rank barrier
-   before publishing: test_coop_emu_mutant_second_barrier) must fail it on both shapes. */
+   before publishing: test_coop_emu_mutant_second_barrier) must fail it on every shape. */
 static unsigned op_hops(emu_team_t* e, team_t* t, int bwd, int peer, const sbnParams_t* p) {
   sbn_emu_hops_reset(1);
-  if (peer) emu_run_peer(e, t, bwd, p, NULL, NULL, NULL);
-  else emu_run_virtual(e, t, bwd, p);
+  emu_run(e, t, bwd, p, peer);
   const unsigned h = sbn_emu_hops_max();
   sbn_emu_hops_reset(0);
   return h;
@@ -2058,10 +2059,7 @@ static void test_limited_residency(void) {
          succeeds can take longer than 200 ms, and that is no failure of the protocol */
       emu_team_init(&e, 2, 2, peer && k >= 2 ? 60000 : 200);
       sbn_emu_set_residency(k);
-      if (peer)
-        emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
-      else
-        emu_run_virtual(&e, &t, 0, &p);
+      emu_run(&e, &t, 0, &p, peer);
       sbn_emu_set_residency(0);
       int timeouts = 0;
       for (int r = 0; r < 2; r++) {
@@ -2112,10 +2110,7 @@ static void solo_arrivals(void) {
     emu_team_init(&e, 2, 3, 60000);
     for (int call = 0; call < 3; call++) {
       team_poison(&t);
-      if (peer)
-        emu_run_peer(&e, &t, 0, &pc, NULL, NULL, NULL);
-      else
-        emu_run_virtual(&e, &t, 0, &pc);
+      emu_run(&e, &t, 0, &pc, peer);
       ASSERT_TRUE(err_words_clear(&e));
       check_forward(&t, &pc, tol_for(sbnFloat32)); /* running stats, nbt == call + 1 */
       CHECK_();
