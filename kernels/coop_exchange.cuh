@@ -26,7 +26,8 @@ struct Smem {
     sbn_partial_t p[kWarps][kChunk];   /* forward: per-warp partials of a channel */
     sbn_bwd_csums_t s[kWarps][kChunk]; /* backward */
   } red;
-  float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t */
+  float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t; of
+                             channel chunk*32 + slot, every channel of the chunk */
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
   float own[kChunk][kRec]; /* a team of one's solo op: the block's chunk record, kept here
                               in place of its mailbox (publish_chunk, gather_chunk) */
@@ -34,6 +35,7 @@ struct Smem {
   int64_t nbt_before;
   uint32_t k;
   int status;
+  int coef_chunk; /* the chunk whose coefficients coef and extra hold (-1: none yet) */
 };
 
 /* The per-(slice, channel) partial of each op kind, as stages 1 and 3 merge it: forward
@@ -471,11 +473,13 @@ SBN_UNROLL
   return 0;
 }
 
-/* Stage 4 of unit (group grp, slice p): the team's statistics of the unit's channels into
-   sm.coef (slot = channel - c0 for tile units, 0 for plane units), and, by the unit's
-   slice-0 block, the per-channel outputs (num_batches_tracked only if nbt_here: a solo
-   op's block 0 writes it at its end). `local`: the chunk's record is the block's own, in
-   sm.own (publish_chunk). Returns 0 or the failure (nothing written). */
+/* Stage 4 of unit (group grp, slice p): the team's statistics of every channel of the
+   unit's chunk into sm.coef and sm.extra (slot = channel % 32), unless they hold that
+   chunk's already (sm.coef_chunk: a block's plane units share one or two chunks,
+   coop_plan.h, and one gather serves them all), and, by the unit's slice-0 block, the
+   unit's per-channel outputs (num_batches_tracked only if nbt_here: a solo op's block 0
+   writes it at its end). `local`: the chunk's record is the block's own, in sm.own
+   (publish_chunk). Returns 0 or the failure (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
@@ -484,13 +488,13 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
   const int j = (int)(c0 / kChunk);
-  const int lane_c = TILE ? lane : (int)(c0 % kChunk); /* this unit's channel's lane */
-  if (w == 0) {
+  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start) */
+  if (w == 0 && (sm.coef_chunk != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
-    const int slot = TILE ? lane : 0;
+    const int slot = lane;
     const int64_t c = (int64_t)j * kChunk + lane;
-    const bool mine_c = TILE ? lane < cw : lane == lane_c;
+    const bool mine_c = c < g.c;
     /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
        it instead of following the gather (forward: weight, bias; backward: the saved
        mean and invstd, weight) */
@@ -531,6 +535,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
     if (lane == 0) {
       sm.status = st;
       sm.m = m;
+      sm.coef_chunk = st == 0 ? j : -1;
     }
   }
   __syncthreads();
@@ -539,7 +544,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
 
   /* per-channel outputs: the unit's slice-0 block */
   if (p == 0 && w == 0 && lane < cw) {
-    const int slot = TILE ? lane : 0;
+    const int slot = (int)((c0 + lane) % kChunk);
     const int64_t c = c0 + lane;
     if (KIND == SBN_OP_FORWARD) {
       R.save_mean[c] = sm.coef[slot][0];

@@ -12,11 +12,12 @@
  *   stage 3: each chunk of 32 channels is merged over the slices in slice order by one
  *            block and PUSHED into every rank's mailbox: data, then the record's epoch
  *            with a release store (the ONE exchange of the op);
- *   stage 4: for every unit it owns, a block waits (relaxed polls and one acquire,
- *            bounded by the timeout via %globaltimer, abortable) until every rank's record
- *            of the unit's chunk carries this op's epoch, checks they all run the same op,
- *            merges the ranks' entries in RANK ORDER (the same bits on every rank), and
- *            finalizes;
+ *   stage 4: for every chunk its units (contiguous: coop_plan.h) lie in, a block waits
+ *            (relaxed polls and one acquire, bounded by the timeout via %globaltimer,
+ *            abortable) until every rank's record of the chunk carries this op's epoch,
+ *            checks they all run the same op, merges the ranks' entries in RANK ORDER
+ *            (the same bits on every rank), and finalizes the chunk's channels, which
+ *            its units of that chunk then share;
  *   stage 5: normalize (y or dx) the unit's elements; the unit's slice-0 block writes the
  *            per-channel outputs (save stats, running stats, dweight/dbias).
  * Stages 1 and 5 come in two variants (coop_plan.h, coop_vec.cuh): onchip (x, and dy,
@@ -68,12 +69,28 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (threadIdx.x == 0) {
     sm.k = ld_weak_u32(&R.state->epoch) + 1u;
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? *R.nbt : 0;
+    sm.coef_chunk = -1;
   }
-  /* Blocks that publish load the rank's stop word and NCCL teams' failure words now
+  /* A team of one: the record of a chunk is the whole team's, so where it is cheap each
+     block merges its units' chunks itself (publish_chunk into sm.own, before the stage 4
+     of the first of its units in that chunk) and the mailbox, its release, its polls and
+     the chunk owners' publishing are left out; the same values are merged the same way
+     (same bits). Cheap: at most kLocalSlices slices per chunk, so that a merge is one
+     load per warp (after the barrier, or of the block's own partials in a solo op),
+     where the owner's publish and a reader's poll, acquire and loads cost 2-3 dependent
+     round trips more per unit. */
+  constexpr int kLocalSlices = 8;
+  const bool local = a.nranks == 1 && g.P <= kLocalSlices;
+  const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G); /* its units */
+  int j0, j1; /* the chunks it publishes (coop_plan.h) */
+  sbn_pub_chunks(&g, u0, u1, &j0, &j1);
+  /* Blocks that publish, and every block of a team of one (each merges its own chunks
+     and waits for no one), load the rank's stop word and NCCL teams' failure words now
      (device memory; the last warp's lanes) and look at them after the barrier. No host
      memory: see coop_exchange.cuh, "failures". */
+  const bool looks = local || j1 > j0;
   int err_seen = 0;
-  if (b < g.nchunks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
+  if (looks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
   __syncthreads();
   const uint32_t k = sm.k;
   SBN_STAMP(1); /* its start's loads are back */
@@ -89,23 +106,13 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
      the rank's decision by the barrier. */
   const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
   if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
-  /* A team of one: the record of a chunk is the whole team's, so where it is cheap each
-     block merges its units' chunks itself (publish_chunk into sm.own, before the stage 4
-     of the first of its units in that chunk) and the mailbox, its release, its polls and
-     the chunk owners' publishing are left out; the same values are merged the same way
-     (same bits). Cheap: at most kLocalSlices slices per chunk, so that a merge is one
-     load per warp (after the barrier, or of the block's own partials in a solo op),
-     where the owner's publish and a reader's poll, acquire and loads cost 2-3 dependent
-     round trips more per unit. */
-  constexpr int kLocalSlices = 8;
-  const bool local = a.nranks == 1 && g.P <= kLocalSlices;
 
   /* Every failure ends at the one exit below (st: block-uniform, but for block 0's
      thread 0 at a solo op's end), which records it: one inlined copy of the failure path
      (code size is time: check-sass.sh). */
   int st = 0;
   /* stage 1 */
-  if (!path.stage1(R, g, b, a.G, hold_smem, a.hold_slots, sm)) {
+  if (!path.stage1(R, g, u0, u1, hold_smem, a.hold_slots, sm)) {
     /* a plan the onchip kernel cannot hold (never from the library's plan): the other
        blocks of the rank time out at the barrier, nothing is written (a solo op: the
        other blocks finish their units) */
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       !rank_barrier(&R.state->pad, a.G, b == 0, deadline)) /* its own counter */
     st = sbnTimeout;
   if (st == 0) {
-    if (a.host_words_at_start && b < g.nchunks && threadIdx.x == kThreads - 1)
+    if (a.host_words_at_start && looks && threadIdx.x == kThreads - 1)
       err_seen |= ld_relaxed_gpu_u32(&R.state->stop) != 0u; /* block 0's read, above */
     /* (also orders a solo block's partials before its own stage 3 reads them) */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
@@ -144,29 +151,28 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     /* stage 3 (the block's chunks published), then stages 4 + 5 per unit (a team of one:
        each unit's chunk merged first, into sm.own): one loop, so that publish_chunk has
        one call site (code size: check-sass.sh) */
-    const int npub = local || b >= g.nchunks ? 0 : (g.nchunks - 1 - b) / a.G + 1;
-    int gbase = 0, u = b, own_chunk = -1; /* local: the chunk sm.own holds */
+    const int npub = local ? 0 : j1 - j0;
+    int gbase = 0, u = u0;
     for (int step = 0;; step++) {
       const bool pub = step < npub;
       if (step == npub) {
         SBN_STAMP(4); /* published */
         if (advance && solo) arrivals = ld_arrivals_gpu(&R.state->barrier);
       }
-      if (!pub && u >= g.units) break;
-      const int chunk = pub ? b + step * a.G : u % g.ngroups / (TILE ? 1 : kChunk);
-      if (pub || (local && chunk != own_chunk)) {
-        publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
-        own_chunk = pub ? -1 : chunk;
-      }
+      if (!pub && u >= u1) break;
+      const int chunk = pub ? j0 + step : u % g.ngroups / (TILE ? 1 : kChunk);
+      /* local: merged once per chunk, when the block's coefficients are of another one
+         (sm.coef_chunk: finish_coefs) */
+      if (pub || (local && chunk != sm.coef_chunk)) publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
       if (pub) continue;
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local);
       if (st != 0) break;
-      if (u == b) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
+      if (u == u0) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
       nbt_due |= u == 0;
       path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
-      __syncthreads(); /* sm.coef is reused by the next unit */
-      u += a.G;
+      __syncthreads(); /* sm.coef is replaced when the next unit's chunk is another */
+      u++;
     }
   }
   if (advance && solo) {

@@ -26,6 +26,8 @@
 #define SBN_MUT_NO_ARRIVAL_WAIT 512 /* solo ops: block 0 advances the epoch and writes
                                        num_batches_tracked without waiting for every block's
                                        arrival (after its reads of them) */
+#define SBN_MUT_NO_COEF_REUSE 1024 /* a block gathers its chunk's records again for every
+                                      unit (finish_coefs ignores sm.coef_chunk): the old way */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

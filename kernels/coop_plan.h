@@ -10,7 +10,10 @@
  * n*spatial + s. "Tile" layouts (NHWC, and NCHW with spatial == 1, the same addresses)
  * group 32 channels (one mailbox chunk); "plane" layouts (NCHW, spatial > 1) one
  * channel. When there are fewer groups than blocks, each group is cut into P = G/groups
- * slices; block b owns units b, b+G, b+2G, ...
+ * slices. Unit u = group + slice * groups; block b owns the contiguous units
+ * [ceil(U*b/G), ceil(U*(b+1)/G)) (sbn_unit_begin), so that a block's plane units share
+ * one or two chunks and one gather serves them all (coop_exchange.cuh: finish_coefs),
+ * and publishes the chunks whose first channel's slice-0 unit it owns (sbn_pub_chunks).
  *
  * Positions (the stream and onchip variants). VEC = 16 / element size (4 fp32, 8
  * fp16/bf16), or 1 in the scalar kernels (tensors not 16-byte aligned, or NHWC with C not
@@ -111,6 +114,35 @@ static SBN_ARGS_HD sbn_geo_t sbn_geo_make(int64_t n, int64_t c, int64_t sp, int 
   g.P = G > g.ngroups ? G / g.ngroups : 1;
   g.units = g.ngroups * g.P;
   return g;
+}
+
+/* Block b of G owns units [sbn_unit_begin(g, b, G), sbn_unit_begin(g, b + 1, G)) =
+   [ceil(U*b/G), ceil(U*(b+1)/G)): at most ceil(U/G) of them, the same count as a round
+   robin deal, but contiguous; block 0 owns unit 0 (channel 0's slice 0: a solo op's
+   block 0 writes num_batches_tracked, coop_kernel.cuh). 32-bit arithmetic (a 64-bit
+   division is ~100 instructions of every kernel: check-sass.sh): U <= max(C, G), C <=
+   2^20 (config.c) and G <= SBN_MAX_RANK_BLOCKS = 2^11 (sbn_plan_blocks), so U*G + G <
+   2^32. */
+#define SBN_MAX_RANK_BLOCKS 2048
+static SBN_ARGS_HD int sbn_unit_begin(const sbn_geo_t* g, int b, int G) {
+  return (int)(((uint32_t)g->units * (uint32_t)b + (uint32_t)G - 1u) / (uint32_t)G);
+}
+/* The block that owns unit u: ceil(U*b/G) <= u < ceil(U*(b+1)/G) iff U*b <= u*G < U*(b+1). */
+static SBN_ARGS_HD int sbn_unit_owner(const sbn_geo_t* g, int u, int G) {
+  return (int)((int64_t)u * G / g->units);
+}
+/* The chunks [*j0, *j1) published by the block that owns units [u0, u1): those whose
+   first channel's slice-0 unit (unit j of tile units, unit 32*j of plane units) it owns.
+   Every chunk has one publisher; with tile units of one slice (unit = chunk) it is the
+   owner of all of the chunk's units (the solo ops, coop_kernel.cuh). */
+static SBN_ARGS_HD void sbn_pub_chunks(const sbn_geo_t* g, int u0, int u1, int* j0, int* j1) {
+  const int sh = g->tile ? 0 : 5; /* log2 of a chunk's units in slice 0 (SBN_GPU_CHUNK = 32:
+                                     coop.cu asserts it) */
+  int end = (u1 + (1 << sh) - 1) >> sh;
+  if (end > g->nchunks) end = g->nchunks;
+  const int first = (u0 + (1 << sh) - 1) >> sh;
+  *j0 = first < end ? first : end;
+  *j1 = end;
 }
 
 /* Rows [*r0, *r1) of slice p: cut at multiples of vec, so that with spatial % vec == 0
@@ -231,6 +263,7 @@ static SBN_ARGS_HD int64_t sbn_plan_blocks(int64_t numel, int64_t c, int64_t gma
   const int64_t nchunks = (c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK;
   if (G < nchunks) G = nchunks;
   if (G > gmax) G = gmax;
+  if (G > SBN_MAX_RANK_BLOCKS) G = SBN_MAX_RANK_BLOCKS; /* sbn_unit_begin's 32 bits */
   return G < 1 ? 1 : G;
 }
 

@@ -575,20 +575,21 @@ SBN_UNROLL
     reduce_unit(R, g, grp, p, pt, sm);
   }
 
-  /* Stage 1 of every unit of block b. Onchip: first every load of the block's units is
-     issued (registers, or cp.async into shared memory), then the statistics. False (the
+  /* Stage 1 of the block's units [u0, u1) (coop_plan.h: sbn_unit_begin). Onchip: first
+     every load of the block's units is issued (registers, or cp.async into shared
+     memory), then the statistics. False (the
      block's threads agree) when a thread has more batches than the registers and the
      hold_slots of shared memory hold: the host's plan guarantees it never happens
      (coop_plan.h: sbn_onchip_fits); this only keeps a broken plan from writing past the
      shared memory. Likewise false for plane units whose planes are not whole vectors
      (the onchip kernels walk only whole ones; the plan never sends them here). */
-  __device__ bool stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int b, int G, uint4* hs,
+  __device__ bool stage1(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u0, int u1, uint4* hs,
                          int hold_slots, Smem& sm) {
     if (ONCHIP) {
       if (!TILE && g.sp % VEC != 0) return false; /* block-uniform */
       const uint64_t pol = policy_evict_first();
       int gb = 0, overflow = 0;
-      for (int u = b; u < g.units; u += G) {
+      for (int u = u0; u < u1; u++) {
         int grp, p;
         int64_t r0, r1;
         unit_rows(g, u, &grp, &p, &r0, &r1);
@@ -616,7 +617,7 @@ SBN_UNROLL
       if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
-    for (int u = b; u < g.units; u += G) stats_unit(R, g, u, &gb, hs, sm);
+    for (int u = u0; u < u1; u++) stats_unit(R, g, u, &gb, hs, sm);
     if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
                                                         ones back in their first order */
 SBN_NO_UNROLL
@@ -668,7 +669,7 @@ SBN_UNROLL
       return;
     }
     float kc[NCH][4];
-    const int slot0 = TILE ? ((threadIdx.x & 31) % (kChunk / VEC)) * VEC : 0;
+    const int slot0 = TILE ? ((threadIdx.x & 31) % (kChunk / VEC)) * VEC : grp % kChunk;
 SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++)
 SBN_UNROLL

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
     R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
   VecPath<KIND, DT, TILE, VEC, false> path;
-  path.stage1(R, g, b, a.G, nullptr, 0, sm);
+  path.stage1(R, g, sbn_unit_begin(&g, b, a.G), sbn_unit_begin(&g, b + 1, a.G), nullptr, 0, sm);
 }
 
 template <int KIND, bool TILE>
@@ -54,8 +54,10 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_coop_rank_t& R = a.r[slot];
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
   VecPath<KIND, DT, TILE, VEC, false> path;
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
+    sm.coef_chunk = -1; /* finish_coefs: no chunk's coefficients yet */
+  }
   /* queued behind a failure of the rank (or after sbnCommAbort, or the watchdog's abort
      of the collective a peer never joined): write nothing. The rank's stop word, device
      memory (coop_exchange.cuh, "failures"), which any failing rank of this process sets. */
@@ -65,7 +67,8 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     if ((threadIdx.x >> 5) == 0) seen |= host_words_lane(a);
   }
   int st = __syncthreads_or(seen) ? sbnAborted : 0; /* block-uniform, as below */
-  for (int u = b; st == 0 && u < g.units; u += a.G) {
+  const int u1 = sbn_unit_begin(&g, b + 1, a.G);
+  for (int u = sbn_unit_begin(&g, b, a.G); st == 0 && u < u1; u++) {
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
     if (st != 0) break;
     int gb = 0;

@@ -26,7 +26,7 @@
 #include "coop_emu.h"
 #include "team_util.h"
 
-#define EMU_MAXC 96 /* the widest op of these tests: 3 chunks */
+#define EMU_MAXC 128 /* the widest op of these tests: 4 chunks */
 
 /* Device state of an emulated team: what sbn_gpu_team_attach allocates per rank. */
 typedef struct {
@@ -747,7 +747,7 @@ static void test_plan_bound(void) {
     int64_t worst = 0;
     for (int b = 0; b < G; b++) {
       int64_t per_thread[SBN_GPU_THREADS] = {0};
-      for (int u = b; u < g.units; u += G) {
+      for (int u = sbn_unit_begin(&g, b, G); u < sbn_unit_begin(&g, b + 1, G); u++) {
         int64_t r0, r1;
         sbn_geo_slice(&g, u / g.ngroups, &r0, &r1);
         const int64_t V = tile ? 0 : sbn_plane_vectors(&g, u % g.ngroups, r0, r1);
@@ -763,6 +763,54 @@ static void test_plan_bound(void) {
       SBN_FAIL_("n %" PRId64 " c %" PRId64 " sp %" PRId64 " tile %d dtype %d G %d: %" PRId64
                 " batches, bound %" PRId64,
                 n, c, sp, tile, dt, G, worst, sbn_thread_batches_bound(&g, kind, G));
+      return;
+    }
+  }
+}
+
+/* coop_plan.h's deal of units to blocks and of chunks to publishers, over many
+   geometries: every unit has one block, the blocks' units are contiguous and at most
+   ceil(U/G) each (the on-chip fit's count), sbn_unit_owner inverts it, block 0 owns unit
+   0 (a solo op's block 0 writes num_batches_tracked: coop_kernel.cuh), every chunk has
+   one publisher, the owner of its first channel's slice-0 unit (tile units of one slice:
+   of every unit of the chunk, which the solo ops need), and a block's plane units of one
+   slice span at most ceil(units / 32) + 1 chunks (one gather each: finish_coefs). */
+static void test_unit_map(void) {
+  sbn_rng_t rng = {78};
+  for (int it = 0; it < 4000; it++) {
+    const int tile = it & 1;
+    const int64_t c = 1 + (int64_t)(sbn_rng_uniform(&rng) * (it & 2 ? 3000 : 100));
+    const int G = 1 + (int)(sbn_rng_uniform(&rng) * (it & 4 ? 600 : 40));
+    const sbn_geo_t g = sbn_geo_make(2, c, 5, tile, 4, G);
+    const int s = tile ? 1 : SBN_GPU_CHUNK, most = (g.units + G - 1) / G;
+    int bad = sbn_unit_begin(&g, 0, G) != 0 || sbn_unit_begin(&g, G, G) != g.units ||
+              sbn_unit_owner(&g, 0, G) != 0;
+    int* pubs = calloc((size_t)g.nchunks, sizeof(int));
+    for (int b = 0; b < G && !bad; b++) {
+      const int u0 = sbn_unit_begin(&g, b, G), u1 = sbn_unit_begin(&g, b + 1, G);
+      bad |= u1 < u0 || u1 - u0 > most;
+      int chunks = 0, last = -1;
+      for (int u = u0; u < u1; u++) {
+        bad |= sbn_unit_owner(&g, u, G) != b;
+        const int j = u % g.ngroups / s;
+        chunks += j != last;
+        last = j;
+      }
+      if (g.P == 1 && !tile) bad |= u1 > u0 && chunks > (u1 - u0 + s - 1) / s + 1;
+      int j0, j1;
+      sbn_pub_chunks(&g, u0, u1, &j0, &j1);
+      bad |= j0 < 0 || j1 > g.nchunks || j1 < j0;
+      for (int j = j0; j < j1 && !bad; j++) {
+        pubs[j]++;
+        bad |= sbn_unit_owner(&g, j * s, G) != b;
+        if (tile && g.P == 1) bad |= u0 > j || j >= u1;
+      }
+    }
+    for (int j = 0; j < g.nchunks && !bad; j++) bad |= pubs[j] != 1;
+    free(pubs);
+    if (bad) {
+      SBN_FAIL_("tile %d c %" PRId64 " G %d (units %d, P %d): the deal breaks a property",
+                tile, c, G, g.units, g.P);
       return;
     }
   }
@@ -1104,9 +1152,12 @@ static void test_host_path_equals_coop(void) {
       /* a team of one, tile units in 2 slices (not solo): each block merges its unit's
          chunk from both slices' partials itself, after the barrier */
       {1, 5, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, 0.1f},
-      /* a team of one, planes: each block's units lie in both chunks (merged anew when
-         the chunk changes) */
+      /* a team of one, planes: block 1's units lie in both chunks (merged anew when the
+         chunk changes) */
       {1, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n1, 1, 1, -1.0f},
+      /* planes, W = 2: each block's units span two chunks, one gather each (the
+         coefficients of a chunk kept for its next units: finish_coefs) */
+      {2, 2, sbnFloat32, sbnLayoutNCHW, 72, 5, n2, 1, 1, 0.1f},
       {2, 3, sbnFloat32, sbnLayoutNHWC, 37, 4, n2, 1, 1, 0.1f},
       {2, 4, sbnBFloat16, sbnLayoutNCHW, 1, 60, n2, 1, 1, -1.0f},
       {3, 2, sbnFloat16, sbnLayoutNCHW, 33, 1, n3, 0, 0, 0.1f},
@@ -1742,8 +1793,8 @@ static void test_pinned_host_failure_crosses(void) {
           arrival itself learns from its atomic that it is last);
        2. a reader's poll returns the flag a publishing block stored after the barrier
           (at W = 1 too: with more than 8 slices a team of one still publishes).
-   - Plane units (NCHW, C = 64, spatial 3, two blocks per rank: a chunk's 32 channels lie
-     in both blocks): the same, but 1 at W = 1, where each block merges its units' chunks
+   - Plane units (NCHW, C = 80, spatial 3, two blocks per rank: channels [0, 40) and
+     [40, 80), so chunk 1 lies in both blocks): the same, but 1 at W = 1, where each block merges its units' chunks
      from the partials itself (after the barrier: no publish, no poll; coop_kernel.cuh,
      `local`).
    - Solo ops (NHWC, C = 64, two blocks per rank, one chunk each: coop_kernel.cuh) have no
@@ -1780,8 +1831,8 @@ static void exchange_hops(void) {
     unsigned w1, wn;
   } shapes[] = {{"tile in 10 slices (NHWC, C = 32, G = 10: a team of one still publishes)",
                  sbnLayoutNHWC, 32, 3, 10, 2, 2},
-                {"planes (NCHW, C = 64, G = 2: a team of one merges its chunks itself)",
-                 sbnLayoutNCHW, 64, 3, 2, 1, 2},
+                {"planes (NCHW, C = 80, G = 2: a team of one merges its chunks itself)",
+                 sbnLayoutNCHW, 80, 3, 2, 1, 2},
                 {"solo (NHWC, C = 64, G = 2)", sbnLayoutNHWC, 64, 3, 2, 1, 1}};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -1812,6 +1863,80 @@ static void exchange_hops(void) {
         }
 }
 static void test_exchange_hops(void) { exchange_hops(); }
+
+/* One gather per chunk and block, not per unit (issue 27: "one exchange per block"): a
+   block's plane units are contiguous channels (coop_plan.h: sbn_unit_begin), and
+   finish_coefs keeps the coefficients of every channel of the chunk it gathered
+   (sm.coef_chunk). The emulation counts the flags' ld.acquire.sys loads, one per rank
+   per gather: a block makes W x (the chunks its units span) of them. NCHW, C = 100 in
+   three blocks per rank: units [0, 34), [34, 67), [67, 100) span chunks {0, 1}, {1, 2},
+   {2, 3}: 2 gathers per block, 2W acquires, where a gather per unit (round robin, or the
+   mutant SBN_MUT_NO_COEF_REUSE: test_coop_emu_mutant_no_coef_reuse) makes 34W. Also
+   planes in 2 slices and tile units (a chunk each: one gather per unit, as before), and
+   every path of launch; the totals against the plan's deal. */
+static void gathers_per_block(void) {
+  static const int64_t n2[2] = {2, 1}, n3[3] = {1, 0, 2};
+  const struct {
+    int W;
+    const int64_t* n;
+  } teams[] = {{2, n2}, {3, n3}};
+  const struct {
+    sbnLayout_t lay;
+    int64_t c, sp;
+    int G;
+    int most; /* the most gathers of one block (0: not stated by hand) */
+  } shapes[] = {{sbnLayoutNCHW, 100, 5, 3, 2}, {sbnLayoutNCHW, 40, 8, 7, 2},
+                {sbnLayoutNCHW, 3, 600, 7, 1}, {sbnLayoutNHWC, 72, 3, 2, 2}};
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++) {
+      const int W = teams[ti].W, G = shapes[si].G;
+      const sbn_geo_t g = sbn_geo_make(1, shapes[si].c, shapes[si].sp,
+                                       shapes[si].lay == sbnLayoutNHWC, 1, G);
+      uint64_t want_total = 0, want_most = 0; /* gathers, from the deal */
+      for (int b = 0; b < G; b++) {
+        uint64_t seen = 0, k = 0; /* chunks (fewer than 64) */
+        for (int u = sbn_unit_begin(&g, b, G); u < sbn_unit_begin(&g, b + 1, G); u++) {
+          const int j = u % g.ngroups / (g.tile ? 1 : SBN_GPU_CHUNK);
+          k += (seen >> j & 1u) == 0 ? 1 : 0;
+          seen |= 1ull << j;
+        }
+        want_total += k;
+        want_most = k > want_most ? k : want_most;
+      }
+      if (shapes[si].most != 0 && want_most != (uint64_t)shapes[si].most)
+        SBN_FAIL_("shape %zu: the deal gives a block %" PRIu64 " chunks, not %d", si, want_most,
+                  shapes[si].most);
+      for (int v = 0; v < 3; v++)
+        for (int peer = 0; peer < 2; peer++) {
+          team_t t;
+          team_make(&t, W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp, teams[ti].n,
+                    1, 1, GEN_NORMAL, 90 + si);
+          emu_team_t e;
+          emu_team_init(&e, W, G, 60000);
+          g_variant = vars[v];
+          for (int bwd = 0; bwd < 2; bwd++) {
+            uint64_t total, most;
+            sbn_emu_acquires_reset();
+            emu_run(&e, &t, bwd, &p, peer);
+            sbn_emu_acquires_get(&total, &most);
+            if (total != want_total * (uint64_t)(W * W) || most != want_most * (uint64_t)W)
+              SBN_FAIL_("shape %zu W=%d var %d %s %s: %" PRIu64 " flag acquires (the most by "
+                        "one block %" PRIu64 "), not %" PRIu64 " (%" PRIu64 ")",
+                        si, W, vars[v], peer ? "peer" : "virtual", bwd ? "backward" : "forward",
+                        total, most, want_total * (uint64_t)(W * W), want_most * (uint64_t)W);
+          }
+          g_variant = SBN_VAR_ONCHIP;
+          ASSERT_TRUE(err_words_clear(&e));
+          check_forward(&t, &p, tol_for(sbnFloat32));
+          emu_team_free(&e);
+          team_free(&t);
+          if (sbn_test_cur_failed_) return;
+        }
+    }
+}
+static void test_gathers_per_block(void) { gathers_per_block(); }
 
 /* ---- host memory off the critical path ------------------------------------------------ */
 /* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
@@ -1953,6 +2078,25 @@ static void test_abort_stop_word(void) {
   ASSERT_TRUE(all_bytes(t.y[1], team_bytes(&t, 1), 0xff));
   ASSERT_TRUE(all_bytes(t.smean[1], 64 * sizeof(float), 0xff));
   ASSERT_EQ_INT(t.nbt[1], 0);
+  emu_team_free(&e);
+  team_free(&t);
+
+  /* a team of one, aborted: its blocks merge their chunks themselves and wait for no one
+     (coop_kernel.cuh, `local`), so every block, not only the chunks' publishers, must
+     look at the stop word before it writes. NCHW, C = 40, four blocks: blocks 1 and 2
+     publish no chunk (units [10, 20), [20, 30)). */
+  static const int64_t n1[1] = {2};
+  team_make(&t, 1, sbnFloat32, sbnLayoutNCHW, 40, 5, n1, 1, 1, GEN_NORMAL, 65);
+  team_poison(&t);
+  emu_team_init(&e, 1, 4, 60000);
+  e.state[0].stop = sbnAborted;
+  for (int bwd = 0; bwd < 2; bwd++) emu_run_virtual(&e, &t, bwd, &p);
+  ASSERT_EQ_INT(e.err[0], sbnAborted);
+  ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+  ASSERT_TRUE(all_bytes(t.dx[0], team_bytes(&t, 0), 0xff));
+  ASSERT_TRUE(all_bytes(t.smean[0], 40 * sizeof(float), 0xff));
+  ASSERT_TRUE(all_bytes(t.dw[0], 40 * sizeof(float), 0xff));
+  ASSERT_EQ_INT(t.nbt[0], 0);
   emu_team_free(&e);
   team_free(&t);
 }
@@ -2195,7 +2339,8 @@ static const struct {
                 {"host_at_start", SBN_EMU_MUT_HOST_AT_START},
                 {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
-                {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT}};
+                {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
+                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -2209,13 +2354,16 @@ static int run_mutant(const char* name) {
   }
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
-      flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
+      flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
+      flag == SBN_EMU_MUT_NO_COEF_REUSE) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
       exchange_hops();
     } else if (flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
       solo_arrivals();
+    } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
+      gathers_per_block();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -2275,6 +2423,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_plan_bound, 0);
+  EMU_TEST(test_unit_map, 0);
   EMU_TEST(test_inference, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_mismatch, 1);
@@ -2286,6 +2435,7 @@ int main(int argc, char** argv) {
   /* counts over many launches (not the protocol's concurrency): not under TSan, where
      they took 5 minutes */
   EMU_TEST(test_exchange_hops, 0);
+  EMU_TEST(test_gathers_per_block, 0);
   EMU_TEST(test_host_memory_success_path, 0);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);

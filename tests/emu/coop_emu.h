@@ -76,6 +76,7 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_SECOND_BARRIER 64 /* SBN_MUT_SECOND_BARRIER: one more round trip */
 #define SBN_EMU_MUT_NO_ARRIVAL_WAIT 512 /* SBN_MUT_NO_ARRIVAL_WAIT: a solo op's block 0
                                            writes the epoch and nbt before all blocks read them */
+#define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
@@ -88,6 +89,11 @@ void sbn_emu_set_mutant(int flags);
    and shuffles pass a thread's chain to the others. sbn_emu_hops_reset(0): off. */
 void sbn_emu_hops_reset(int on);
 unsigned sbn_emu_hops_max(void);
+/* The ld.acquire.sys loads of the blocks that ended since sbn_emu_acquires_reset (the
+   flags' acquires: one per rank per gather of a chunk's records), in all and the most by
+   one block. */
+void sbn_emu_acquires_reset(void);
+void sbn_emu_acquires_get(uint64_t* total, uint64_t* max_block);
 void sbn_emu_host_reset(void);
 int sbn_emu_host_track(const void* p, size_t bytes);
 void sbn_emu_host_get(uint64_t* total, uint64_t* max_block, uint64_t* blocks, uint64_t* block_ids);

@@ -277,6 +277,7 @@ struct BlockRt {
   unsigned live = 0;
   bool delayed = false; /* the reader delay (sbn_emu_set_acquire_delay) was served */
   uint64_t host_acc = 0; /* accesses to registered host memory (sbn_emu_host_track) */
+  uint64_t acq_sys = 0;  /* ld.acquire.sys loads: one per rank's flag per gather (sbn_emu_acquires) */
   char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
 };
 struct Launch {
@@ -479,12 +480,14 @@ void block_start(Launch* l, unsigned bi) {
 
 void host_count_block(uint64_t n, unsigned bi);
 void hops_finish(uint32_t h);
+void acq_count_block(uint64_t n);
 
 void block_finish(Launch* l, unsigned bi) {
   BlockRt& B = *l->blocks[bi];
   {
     RT_IGNORE; /* the block's counters and its fibers' hops: the runtime's bookkeeping */
     host_count_block(B.host_acc, bi);
+    acq_count_block(B.acq_sys);
     for (Fiber& f : B.fibers) hops_finish(f.hops);
   }
 #ifdef EMU_TSAN
@@ -816,6 +819,14 @@ void hops_finish(uint32_t h) {
   }
 }
 
+/* ---- ld.acquire.sys loads per block (sbn_emu_acquires_*): the gathers' count ---------- */
+std::atomic<uint64_t> g_acq_total{0}, g_acq_max{0};
+void acq_count_block(uint64_t n) {
+  g_acq_total += n;
+  uint64_t m = g_acq_max.load();
+  while (n > m && !g_acq_max.compare_exchange_weak(m, n)) {
+  }
+}
 void host_count_block(uint64_t n, unsigned bi) {
   if (n == 0) return;
   g_host_total += n;
@@ -831,6 +842,10 @@ static uint64_t load_impl(const void* p, int size, int ord);
 
 uint64_t mem_load(const void* p, int size, int ord) {
   host_access(p);
+  if (ord == kAcquire && t_launch != nullptr && t_launch->cur != nullptr) {
+    RT_IGNORE; /* the block's counter: the runtime's bookkeeping */
+    t_launch->blocks[t_launch->cur->block]->acq_sys++;
+  }
   hop_load(p);
   const uint64_t v = load_impl(p, size, ord);
   if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
@@ -968,6 +983,14 @@ extern "C" void sbn_emu_hops_reset(int on) {
   emu::g_hops_on = on != 0;
 }
 extern "C" unsigned sbn_emu_hops_max(void) { return emu::g_hops_max.load(); }
+extern "C" void sbn_emu_acquires_reset(void) {
+  emu::g_acq_total = 0;
+  emu::g_acq_max = 0;
+}
+extern "C" void sbn_emu_acquires_get(uint64_t* total, uint64_t* max_block) {
+  *total = emu::g_acq_total.load();
+  *max_block = emu::g_acq_max.load();
+}
 extern "C" void sbn_emu_host_reset(void) {
   emu::g_nhost.store(0);
   emu::g_host_total = 0;
