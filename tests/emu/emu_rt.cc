@@ -840,12 +840,16 @@ void host_count_block(uint64_t n, unsigned bi) {
 
 static uint64_t load_impl(const void* p, int size, int ord);
 
+/* an ld.acquire.sys, counted in its block (sbn_emu_acquires_*) */
+static void acq_access() {
+  RT_IGNORE; /* the runtime's bookkeeping (the current fiber, its block's counter) */
+  if (t_launch == nullptr || t_launch->cur == nullptr) return;
+  t_launch->blocks[t_launch->cur->block]->acq_sys++;
+}
+
 uint64_t mem_load(const void* p, int size, int ord) {
   host_access(p);
-  if (ord == kAcquire && t_launch != nullptr && t_launch->cur != nullptr) {
-    RT_IGNORE; /* the block's counter: the runtime's bookkeeping */
-    t_launch->blocks[t_launch->cur->block]->acq_sys++;
-  }
+  if (ord == kAcquire) acq_access();
   hop_load(p);
   const uint64_t v = load_impl(p, size, ord);
   if (ord == kAcquire && (g_jitter_us || t_acquire_delay_us)) {
