@@ -28,6 +28,9 @@
                                        arrival (after its reads of them) */
 #define SBN_MUT_NO_COEF_REUSE 1024 /* a block gathers its chunk's records again for every
                                       unit (finish_coefs ignores sm.coef_chunk): the old way */
+#define SBN_MUT_NO_CROSS_PREFETCH 2048 /* stream plane units: the prefetch stops at the
+                                          unit's end and starts anew at the next one's first
+                                          batch (cold): the old way */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

@@ -223,8 +223,10 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    vectors: thread 0 asks for the block's batch m + AHEAD while its threads load batch m,
    one bulk prefetch per plane piece, for planes of at least SBN_PREFETCH_MIN_PLANE_BYTES
    (a block batch then spans at most 10 pieces; smaller planes interleave with the other
-   channels' in memory). Tile units (16-byte kernels): each thread its own positions'
-   lines, AHEAD batches ahead. */
+   channels' in memory); a block's next unit (channel c + 1 over the same rows, units of
+   one slice) has its first AHEAD batches asked for at this unit's first batch, so that
+   only the block's first unit of a pass starts cold. Tile units (16-byte kernels): each
+   thread its own positions' lines, AHEAD batches ahead. */
 #define SBN_PREFETCH_AHEAD 2
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048
 static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {

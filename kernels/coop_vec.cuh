@@ -167,12 +167,11 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   }
   /* L2 is asked for the block's batch m = bt + d of the unit, entries [m * 256 * U,
      (m + 1) * 256 * U) of its list (the vectors of its threads' batch m), one prefetch per
-     plane piece, with the pass's policy. */
-  template <int U, int SIZE, typename P>
-  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d,
-                                           uint64_t pol, bool keep) const {
-    (void)bp, (void)keep;
-    const int64_t m = (int64_t)bt + d;
+     plane piece, with the pass's policy: of channel ch (c, or c + 1 for the block's next
+     unit: the same rows, so the same list). */
+  template <int U, int SIZE>
+  __device__ __forceinline__ void prefetch_batch(const void* base, int64_t ch, int64_t m,
+                                                 uint64_t pol) const {
     const int64_t V = (r1 - r0) / VEC;
     const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
     if (j0 >= j1) return;
@@ -181,9 +180,19 @@ SBN_NO_UNROLL
     for (int64_t nn = a / g->sp; nn * g->sp < b; nn++) {
       const int64_t p0 = nn * g->sp;
       const int64_t lo = a > p0 ? a - p0 : 0, hi = b - p0 < g->sp ? b - p0 : g->sp;
-      const int64_t e0 = (nn * g->c + c) * g->sp + lo;
+      const int64_t e0 = (nn * g->c + ch) * g->sp + lo;
       prefetch_l2(static_cast<const char*>(base) + e0 * SIZE, (uint32_t)((hi - lo) * SIZE), pol);
     }
+  }
+  /* d <= AHEAD: this unit's batch bt + d; d > AHEAD (at bt == 0 only, each_batch): the
+     next unit's batch d - AHEAD - 1. */
+  template <int U, int SIZE, typename P>
+  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d,
+                                           uint64_t pol, bool keep) const {
+    (void)bp, (void)keep;
+    const bool next = d > SBN_PREFETCH_AHEAD;
+    prefetch_batch<U, SIZE>(base, next ? c + 1 : c,
+                            next ? (int64_t)d - SBN_PREFETCH_AHEAD - 1 : (int64_t)bt + d, pol);
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
@@ -265,6 +274,11 @@ SBN_UNROLL
     *p = u / g.ngroups;
     sbn_geo_slice(&g, *p, r0, r1);
   }
+  /* Plane units of one slice (P == 1: every unit all the rows) next to unit u among the
+     block's [u0, u1), for each_batch's `nbr`: bit 0, one before it; bit 1, one after. */
+  static __device__ __forceinline__ int neighbours(const sbn_geo_t& g, int u, int u0, int u1) {
+    return TILE || g.P != 1 ? 0 : (u > u0 ? 1 : 0) | (u + 1 < u1 ? 2 : 0);
+  }
   static __device__ __forceinline__ int unit_batches(const sbn_geo_t& g, int u) {
     int grp, p;
     int64_t r0, r1;
@@ -335,11 +349,13 @@ SBN_UNROLL
      NBR batches over the block's units (counted by *gb) from registers (turn_hold), the
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
-     of f. */
+     of f. `nbr` (stream plane units of one slice, neighbours): bit 0, the block's unit
+     before this one asked L2 for this one's first min(AHEAD, nb) batches; bit 1, this one
+     asks for the next unit's (channel c + 1, the same rows and nb) now, a unit ahead. */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, bool keep,
-                                             F f) {
+                                             F f, int nbr = 0) {
     int bt = 0;
     if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
 SBN_UNROLL
@@ -350,6 +366,18 @@ SBN_UNROLL
           f(hold[s], bp);
           bt++, (*gb)++;
         }
+    }
+    /* L2 asked ahead (coop_plan.h): at a unit's first batch d in [d_lo, d_hi], this
+       unit's batches d_lo..AHEAD (Walker::prefetch) and, plane units of one slice, the
+       next unit's first min(AHEAD, nb) (d > AHEAD), a unit ahead of their loads; at the
+       others bt + AHEAD */
+    int d_lo = 0, d_hi = SBN_PREFETCH_AHEAD;
+    if constexpr (!ONCHIP && !TILE && VEC > 1) {
+      if (!SBN_MUTANT(SBN_MUT_NO_CROSS_PREFETCH)) {
+        const int ahead = nb < SBN_PREFETCH_AHEAD ? nb : SBN_PREFETCH_AHEAD;
+        if (nbr & 1) d_lo = ahead;
+        if (nbr & 2) d_hi += ahead;
+      }
     }
     for (; bt < nb; bt++) {
       Pos bp;
@@ -362,16 +390,16 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        if constexpr (VEC > 1) { /* L2 asked ahead: batches 0..AHEAD at a unit's first,
-                                      bt + AHEAD at the others (coop_plan.h) */
+        if constexpr (VEC > 1) {
           if (wk.prefetches(DT) && !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
 SBN_NO_UNROLL
-            for (int d = bt == 0 ? 0 : SBN_PREFETCH_AHEAD; d <= SBN_PREFETCH_AHEAD; d++) {
+            for (int d = d_lo; d <= d_hi; d++) {
               wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, pol, keep);
               if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, pol, keep);
             }
           }
         }
+        d_lo = d_hi = SBN_PREFETCH_AHEAD;
         load_batch(R, bp, cur, pol);
       }
       f(cur, bp);
@@ -533,12 +561,13 @@ SBN_UNROLL
   /* Unit u's statistics from its batches: held (onchip: the first NBR of the thread's
      batches, counted by gb over the block's units, in registers, the others in shared
      memory slot gb - NBR) or read now (stream: L2 asked to keep them for stage 5). */
-  __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
-                             uint4* hs, Smem& sm) {
+  __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int u0,
+                             int u1, int* gb, uint4* hs, Smem& sm) {
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
+    const int nbr = neighbours(g, u, u0, u1);
     const int nb = (int)((wk.K + U - 1) / U);
     const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
@@ -561,7 +590,7 @@ SBN_UNROLL
         fwd_batch(F, bt, bp);
       else
         bwd_batch(B, bt, bp);
-    });
+    }, nbr);
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
     for (int e = 0; e < NCH; e++) {
@@ -617,7 +646,7 @@ SBN_UNROLL
       if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
-    for (int u = u0; u < u1; u++) stats_unit(R, g, u, &gb, hs, sm);
+    for (int u = u0; u < u1; u++) stats_unit(R, g, u, u0, u1, &gb, hs, sm);
     if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
                                                         ones back in their first order */
 SBN_NO_UNROLL
@@ -652,13 +681,15 @@ SBN_UNROLL
     }
   }
 
-  /* Stage 5 of unit u (its coefficients in sm.coef); *gb as in stats_unit. */
-  __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
-                              uint4* hs, const Smem& sm) {
+  /* Stage 5 of unit u of the block's units [u0, u1) (its coefficients in sm.coef); *gb
+     as in stats_unit. */
+  __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int u0,
+                              int u1, int* gb, uint4* hs, const Smem& sm) {
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
+    const int nbr = neighbours(g, u, u0, u1);
     const int nb = (int)((wk.K + U - 1) / U);
     /* Skipping a unit that holds batches in registers (onchip) would leave the turns of
        turn_hold behind: every later unit would read another batch. It never happens:
@@ -678,7 +709,7 @@ SBN_UNROLL
     each_batch(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
-    });
+    }, nbr);
   }
 };
 

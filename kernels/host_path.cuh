@@ -67,12 +67,12 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     if ((threadIdx.x >> 5) == 0) seen |= host_words_lane(a);
   }
   int st = __syncthreads_or(seen) ? sbnAborted : 0; /* block-uniform, as below */
-  const int u1 = sbn_unit_begin(&g, b + 1, a.G);
-  for (int u = sbn_unit_begin(&g, b, a.G); st == 0 && u < u1; u++) {
+  const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G);
+  for (int u = u0; st == 0 && u < u1; u++) {
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
     if (st != 0) break;
     int gb = 0;
-    path.stage5_unit(R, g, u, &gb, nullptr, sm);
+    path.stage5_unit(R, g, u, u0, u1, &gb, nullptr, sm);
     __syncthreads();
   }
   if (st != 0 && threadIdx.x == 0) record_error(a, R.rank, st); /* the one failure exit */

@@ -40,8 +40,30 @@ std::atomic<uint64_t> g_prefetch_bad{0}; /* prefetches outside every tracked ran
                                             misaligned (p % 16, bytes % 16, 0 bytes) */
 }  // namespace
 
+/* The prefetches' lead (sbn_emu_lead_*): thread 0 of a block asks L2 for its block's
+   batches (the stream plane units, coop_vec.cuh); each of its own 16-byte loads of a
+   tracked tensor is counted as "short" when the granule was asked for less than
+   kLeadLoads of its loads before (in the same batch: 4 loads a batch, forward 4 of x,
+   backward 2 of x and 2 of dy), or "none" when it never was (then forgotten: stage 5
+   reads it again). */
+constexpr uint64_t kLeadLoads = 4;
+std::atomic<uint64_t> g_lead_short{0}, g_lead_none{0};
+std::atomic<bool> g_lead_on{false};
+static bool lead_thread() {
+  return g_lead_on.load(std::memory_order_relaxed) && threadIdx.x == 0 && emu_block != nullptr;
+}
+static bool tracked(const char* c, size_t bytes) {
+  const int n = g_nranges.load(std::memory_order_acquire);
+  for (int i = 0; i < n; i++)
+    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) return true;
+  return false;
+}
+
 void emu_count_prefetch(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
+  if (lead_thread() && tracked(c, bytes))
+    for (size_t o = 0; o + 16 <= bytes; o += 16)
+      emu_block->pf0[reinterpret_cast<uintptr_t>(c + o)] = emu_block->loads0;
   if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0 || bytes == 0) {
     g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -62,12 +84,32 @@ extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t*
 
 void emu_count(const void* p, size_t bytes, int write) {
   const char* c = static_cast<const char*>(p);
+  if (!write && bytes == 16 && lead_thread() && tracked(c, bytes)) {
+    const uint64_t now = emu_block->loads0++;
+    const auto it = emu_block->pf0.find(reinterpret_cast<uintptr_t>(c));
+    if (it == emu_block->pf0.end()) {
+      g_lead_none++;
+    } else {
+      if (now - it->second < kLeadLoads) g_lead_short++;
+      emu_block->pf0.erase(it);
+    }
+  }
   const int n = g_nranges.load(std::memory_order_acquire);
   for (int i = 0; i < n; i++)
     if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) {
       (write ? g_ranges[i].written : g_ranges[i].read).fetch_add(bytes, std::memory_order_relaxed);
       return;
     }
+}
+
+extern "C" void sbn_emu_lead_reset(int on) {
+  g_lead_short = 0;
+  g_lead_none = 0;
+  g_lead_on = on != 0;
+}
+extern "C" void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* none) {
+  *short_lead = g_lead_short.load();
+  *none = g_lead_none.load();
 }
 
 extern "C" void sbn_emu_count_reset(void) {

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include <map>
+#include <unordered_map>
 #include <string>
 
 namespace emu {
@@ -52,6 +53,10 @@ struct Block {
   int or_acc = 0;
   std::map<std::string, void*> shared; /* SBN_SHARED variables by name */
   void* dyn = nullptr;                 /* the launch's dynamic shared memory */
+  /* thread 0's prefetches (coop_emu.cc, sbn_emu_lead_*): the 16-byte granules it asked
+     L2 for, each with the count of its 16-byte loads of tracked tensors at the time */
+  std::unordered_map<uintptr_t, uint64_t> pf0;
+  uint64_t loads0 = 0;
 };
 
 /* Runs grid x threads fibers of fn(ctx); returns when all have returned. */
