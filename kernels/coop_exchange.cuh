@@ -29,8 +29,9 @@ struct Smem {
   float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t; of
                              channel chunk*32 + slot, every channel of the chunk */
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
-  float own[kChunk][kRec]; /* a team of one's solo op: the block's chunk record, kept here
-                              in place of its mailbox (publish_chunk, gather_chunk) */
+  float own[kChunk][kRec]; /* a team of one (`local`, coop_kernel.cuh): the record of the
+                              chunk the block merged itself, kept here in place of its
+                              mailbox (publish_chunk, gather_chunk) */
   int64_t m;
   int64_t nbt_before;
   uint32_t k;
@@ -159,7 +160,8 @@ __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint6
      - its rank's stop word (sbn_rank_state_t.stop, device memory): set by any failing
        kernel of the team's ranks in this process (record_error, through a.stop) and by
        the host's abort (an asynchronous copy). Read at the kernel's start by the blocks
-       that publish, and every 32 polls of a wait. A peer GPU's store into it is a
+       that publish (and every block of a team of one merging its chunks itself,
+       coop_kernel.cuh: `local`), and every 32 polls of a wait. A peer GPU's store into it is a
        system-scope store read here at GPU scope: it carries no data, only "stop", and a
        relaxed load of the word reads it from this GPU's L2, where the store lands;
      - NCCL teams' failure words (fail[q], device memory of the window, pushed by rank q's
@@ -195,7 +197,8 @@ SBN_NO_UNROLL
   }
   return seen;
 }
-/* At a kernel's start (the publishing blocks' last warp): has the team failed? The
+/* At a kernel's start (the publishing blocks' last warp; `local`: every block's): has the
+   team failed? The
    device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
    stop words, reads the host words too: in the cooperative kernel block 0 alone, before
    it arrives at the rank barrier, turning a failure it sees into the rank's stop word,
@@ -303,8 +306,9 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
 /* Chunk j: the P slices' partials merged in slice order (warp w takes the contiguous
    slices [w*P/8, (w+1)*P/8), four loads in flight; then the 8 warps' results in warp
    order), published. HOST: into the rank's own `send` record only (the collective or
-   the gather kernel moves it; no flag). `local` (a team of one, a solo op, one chunk per
-   block): into sm.own, which the block's own gather reads; no mailbox. */
+   the gather kernel moves it; no flag). `local` (a team of one, at most 8 slices: each
+   block merges its units' chunks itself): into sm.own, which the block's own gather
+   reads; no mailbox. */
 template <int KIND, bool HOST>
 __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                               const sbn_geo_t& g, int j, uint32_t k, Smem& sm,
@@ -403,7 +407,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
      Host path: chunk 0's records, which every op has (a rank with fewer chunks left
      older records of chunk j behind, possibly of an op with the same signature). */
   if (own != nullptr) {
-    /* a team of one's solo op: its own record, in shared memory (publish_chunk) */
+    /* a team of one (`local`): the block's own record, in shared memory (publish_chunk) */
   } else if (!HOST) {
     const int st = wait_chunk(a, R, j, k, deadline);
     if (st) return st;
@@ -475,10 +479,10 @@ SBN_UNROLL
 
 /* Stage 4 of unit (group grp, slice p): the team's statistics of every channel of the
    unit's chunk into sm.coef and sm.extra (slot = channel % 32), unless they hold that
-   chunk's already (sm.coef_chunk: a block's plane units share one or two chunks,
-   coop_plan.h, and one gather serves them all), and, by the unit's slice-0 block, the
-   unit's per-channel outputs (num_batches_tracked only if nbt_here: a solo op's block 0
-   writes it at its end). `local`: the chunk's record is the block's own, in sm.own
+   chunk's already (sm.coef_chunk: a block's k plane units are contiguous channels,
+   coop_plan.h, in at most ceil(k/32) + 1 chunks, each gathered once), and, by the unit's
+   slice-0 block, the unit's per-channel outputs (num_batches_tracked only if nbt_here: a
+   solo op's block 0 writes it at its end). `local`: the chunk's record is the block's own, in sm.own
    (publish_chunk). Returns 0 or the failure (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
@@ -532,6 +536,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
         sm.extra[slot][1] = sdy;
       }
     }
+    __syncwarp(); /* every lane read sm.coef_chunk (above) before lane 0 replaces it */
     if (lane == 0) {
       sm.status = st;
       sm.m = m;

@@ -43,8 +43,9 @@
  * block write its rank's error word (mapped host memory, read by sbnCommGetAsyncError)
  * and the stop words of the launch's ranks, and return. No __trap: the context stays
  * usable. A kernel queued behind a failure of the team (or replayed after sbnCommAbort)
- * publishes nothing: its publishing blocks read the rank's stop word (and NCCL teams'
- * failure words) at their start and look at them before they publish (after a failure
+ * publishes nothing: its publishing blocks (and every block of a team of one that merges
+ * its chunks itself, `local`, which waits for no one) read the rank's stop word (and NCCL
+ * teams' failure words) at their start and look at them before they publish (after a failure
  * some peer may not have finished reading this rank's previous records, so the double
  * buffering no longer protects them; a rank whose previous kernel succeeded saw every
  * rank's records of it, so every peer had finished the kernel before: publishing is safe,
@@ -84,8 +85,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G); /* its units */
   int j0, j1; /* the chunks it publishes (coop_plan.h) */
   sbn_pub_chunks(&g, u0, u1, &j0, &j1);
-  /* Blocks that publish, and every block of a team of one (each merges its own chunks
-     and waits for no one), load the rank's stop word and NCCL teams' failure words now
+  /* Blocks that publish, and every block of a team of one that merges its chunks itself
+     (`local`: it waits for no one), load the rank's stop word and NCCL teams' failure words now
      (device memory; the last warp's lanes) and look at them after the barrier. No host
      memory: see coop_exchange.cuh, "failures". */
   const bool looks = local || j1 > j0;
@@ -148,9 +149,9 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (st == 0) {
     SBN_STAMP(3); /* past the rank barrier */
 
-    /* stage 3 (the block's chunks published), then stages 4 + 5 per unit (a team of one:
-       each unit's chunk merged first, into sm.own): one loop, so that publish_chunk has
-       one call site (code size: check-sass.sh) */
+    /* stage 3 (the block's chunks published), then stages 4 + 5 per unit (`local`: each
+       chunk of the block's units merged once, before its first unit, into sm.own): one
+       loop, so that publish_chunk has one call site (code size: check-sass.sh) */
     const int npub = local ? 0 : j1 - j0;
     int gbase = 0, u = u0;
     for (int step = 0;; step++) {

@@ -11,8 +11,8 @@
  * group 32 channels (one mailbox chunk); "plane" layouts (NCHW, spatial > 1) one
  * channel. When there are fewer groups than blocks, each group is cut into P = G/groups
  * slices. Unit u = group + slice * groups; block b owns the contiguous units
- * [ceil(U*b/G), ceil(U*(b+1)/G)) (sbn_unit_begin), so that a block's plane units share
- * one or two chunks and one gather serves them all (coop_exchange.cuh: finish_coefs),
+ * [ceil(U*b/G), ceil(U*(b+1)/G)) (sbn_unit_begin), so that a block's k plane units lie in
+ * at most ceil(k/32) + 1 chunks, one gather each (coop_exchange.cuh: finish_coefs),
  * and publishes the chunks whose first channel's slice-0 unit it owns (sbn_pub_chunks).
  *
  * Positions (the stream and onchip variants). VEC = 16 / element size (4 fp32, 8
@@ -223,9 +223,9 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    vectors: thread 0 asks for the block's batch m + AHEAD while its threads load batch m,
    one bulk prefetch per plane piece, for planes of at least SBN_PREFETCH_MIN_PLANE_BYTES
    (a block batch then spans at most 10 pieces; smaller planes interleave with the other
-   channels' in memory); a block's next unit (channel c + 1 over the same rows, units of
-   one slice) has its first AHEAD batches asked for at this unit's first batch, so that
-   only the block's first unit of a pass starts cold. Tile units (16-byte kernels): each
+   channels' in memory); past a unit's last batch the prefetch runs on into the block's
+   next unit (channel c + 1 over the same rows, units of one slice), AHEAD batches ahead
+   as within a unit, so that only the block's first unit of a pass starts cold. Tile units (16-byte kernels): each
    thread its own positions' lines, AHEAD batches ahead. */
 #define SBN_PREFETCH_AHEAD 2
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048

@@ -85,8 +85,9 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
      last, batch bt; d = 0: bp itself), one per position. */
   template <int U, int SIZE>
   __device__ __forceinline__ void prefetch(const void* base, const BatchPos<true, U, WHOLE>& bp,
-                                           int bt, int d, uint64_t pol, bool keep) const {
-    (void)bt, (void)pol;
+                                           int bt, int d, int nb, int limit, uint64_t pol,
+                                           bool keep) const {
+    (void)bt, (void)nb, (void)limit, (void)pol;
 SBN_UNROLL
     for (int k = 0; k < U; k++) {
       const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's */
@@ -184,15 +185,16 @@ SBN_NO_UNROLL
       prefetch_l2(static_cast<const char*>(base) + e0 * SIZE, (uint32_t)((hi - lo) * SIZE), pol);
     }
   }
-  /* d <= AHEAD: this unit's batch bt + d; d > AHEAD (at bt == 0 only, each_batch): the
-     next unit's batch d - AHEAD - 1. */
+  /* Batch m = bt + d of the unit's nb, or past them, below `limit` (each_batch), the
+     block's next unit's batch m - nb. */
   template <int U, int SIZE, typename P>
-  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d,
-                                           uint64_t pol, bool keep) const {
+  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d, int nb,
+                                           int limit, uint64_t pol, bool keep) const {
     (void)bp, (void)keep;
-    const bool next = d > SBN_PREFETCH_AHEAD;
-    prefetch_batch<U, SIZE>(base, next ? c + 1 : c,
-                            next ? (int64_t)d - SBN_PREFETCH_AHEAD - 1 : (int64_t)bt + d, pol);
+    const int m = bt + d;
+    if (m >= limit) return;
+    const bool next = m >= nb;
+    prefetch_batch<U, SIZE>(base, next ? c + 1 : c, next ? m - nb : m, pol);
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
@@ -351,7 +353,8 @@ SBN_UNROLL
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
      of f. `nbr` (stream plane units of one slice, neighbours): bit 0, the block's unit
      before this one asked L2 for this one's first min(AHEAD, nb) batches; bit 1, this one
-     asks for the next unit's (channel c + 1, the same rows and nb) now, a unit ahead. */
+     asks for the next unit's (channel c + 1, the same rows and nb) during its last
+     batches, AHEAD ahead as its own. */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, bool keep,
@@ -367,16 +370,17 @@ SBN_UNROLL
           bt++, (*gb)++;
         }
     }
-    /* L2 asked ahead (coop_plan.h): at a unit's first batch d in [d_lo, d_hi], this
-       unit's batches d_lo..AHEAD (Walker::prefetch) and, plane units of one slice, the
-       next unit's first min(AHEAD, nb) (d > AHEAD), a unit ahead of their loads; at the
-       others bt + AHEAD */
-    int d_lo = 0, d_hi = SBN_PREFETCH_AHEAD;
+    /* L2 asked ahead (coop_plan.h): batches d_lo..AHEAD at a unit's first, bt + AHEAD at
+       the others, and for plane units of one slice on past the unit's nb into the
+       block's next unit's first min(AHEAD, nb) (below nb + `over`), AHEAD batches ahead
+       of their loads too; a unit after one of the block's starts at d_lo = min(AHEAD,
+       nb). One register for both: pf = d_lo | over << 4 (the stream fp16 plane forward
+       is at its 128, check-sass.sh) */
+    int pf = 0;
     if constexpr (!ONCHIP && !TILE && VEC > 1) {
       if (!SBN_MUTANT(SBN_MUT_NO_CROSS_PREFETCH)) {
         const int ahead = nb < SBN_PREFETCH_AHEAD ? nb : SBN_PREFETCH_AHEAD;
-        if (nbr & 1) d_lo = ahead;
-        if (nbr & 2) d_hi += ahead;
+        pf = ((nbr & 1) ? ahead : 0) | ((nbr & 2) ? ahead << 4 : 0);
       }
     }
     for (; bt < nb; bt++) {
@@ -392,14 +396,17 @@ SBN_UNROLL
       } else {
         if constexpr (VEC > 1) {
           if (wk.prefetches(DT) && !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
+            const int d0 = TILE ? (bt == 0 ? 0 : SBN_PREFETCH_AHEAD) : pf & 15;
+            const int limit = TILE ? 0 : nb + (pf >> 4);
 SBN_NO_UNROLL
-            for (int d = d_lo; d <= d_hi; d++) {
-              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, pol, keep);
-              if (NV == 2) wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, pol, keep);
+            for (int d = d0; d <= SBN_PREFETCH_AHEAD; d++) {
+              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, nb, limit, pol, keep);
+              if (NV == 2)
+                wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, nb, limit, pol, keep);
             }
           }
         }
-        d_lo = d_hi = SBN_PREFETCH_AHEAD;
+        if constexpr (!TILE) pf = (pf & ~15) | SBN_PREFETCH_AHEAD;
         load_batch(R, bp, cur, pol);
       }
       f(cur, bp);

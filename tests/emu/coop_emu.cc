@@ -44,10 +44,11 @@ std::atomic<uint64_t> g_prefetch_bad{0}; /* prefetches outside every tracked ran
    batches (the stream plane units, coop_vec.cuh); each of its own 16-byte loads of a
    tracked tensor is counted as "short" when the granule was asked for less than
    kLeadLoads of its loads before (in the same batch: 4 loads a batch, forward 4 of x,
-   backward 2 of x and 2 of dy), or "none" when it never was (then forgotten: stage 5
-   reads it again). */
+   backward 2 of x and 2 of dy), "far" when SBN_PREFETCH_AHEAD + 1 batches or more
+   before (L2 may let it go before its load), or "none" when it never was (then forgotten:
+   stage 5 reads it again). */
 constexpr uint64_t kLeadLoads = 4;
-std::atomic<uint64_t> g_lead_short{0}, g_lead_none{0};
+std::atomic<uint64_t> g_lead_short{0}, g_lead_far{0}, g_lead_none{0};
 std::atomic<bool> g_lead_on{false};
 static bool lead_thread() {
   return g_lead_on.load(std::memory_order_relaxed) && threadIdx.x == 0 && emu_block != nullptr;
@@ -91,6 +92,7 @@ void emu_count(const void* p, size_t bytes, int write) {
       g_lead_none++;
     } else {
       if (now - it->second < kLeadLoads) g_lead_short++;
+      if (now - it->second >= kLeadLoads * (SBN_PREFETCH_AHEAD + 1)) g_lead_far++;
       emu_block->pf0.erase(it);
     }
   }
@@ -104,11 +106,13 @@ void emu_count(const void* p, size_t bytes, int write) {
 
 extern "C" void sbn_emu_lead_reset(int on) {
   g_lead_short = 0;
+  g_lead_far = 0;
   g_lead_none = 0;
   g_lead_on = on != 0;
 }
-extern "C" void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* none) {
+extern "C" void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* far, uint64_t* none) {
   *short_lead = g_lead_short.load();
+  *far = g_lead_far.load();
   *none = g_lead_none.load();
 }
 

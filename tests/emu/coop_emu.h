@@ -52,9 +52,10 @@ void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
 void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad);
 /* The lead of the prefetches, over the tracked ranges (sbn_emu_count_track), while on
    (sbn_emu_lead_reset(1); 0: off): thread 0's 16-byte loads whose granule it had asked
-   L2 for less than one batch (4 of its loads) before ("short"), or never ("none"). */
+   L2 for less than one batch (4 of its loads) before ("short"), more than
+   SBN_PREFETCH_AHEAD batches before ("far"), or never ("none"). */
 void sbn_emu_lead_reset(int on);
-void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* none);
+void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* far, uint64_t* none);
 
 /* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
 /* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'
