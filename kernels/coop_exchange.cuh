@@ -161,9 +161,9 @@ __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint6
        kernel of the team's ranks in this process (record_error, through a.stop) and by
        the host's abort (an asynchronous copy). Read at the kernel's start by the blocks
        that publish (and every block of a team of one merging its chunks itself,
-       coop_kernel.cuh: `local`), and every 32 polls of a wait. A peer GPU's store into it is a
-       system-scope store read here at GPU scope: it carries no data, only "stop", and a
-       relaxed load of the word reads it from this GPU's L2, where the store lands;
+       coop_kernel.cuh: `local`), and every 32 polls of a wait. A peer GPU's store into
+       it is a system-scope store read here at GPU scope: it carries no data, only "stop",
+       and a relaxed load of the word reads it from this GPU's L2, where the store lands;
      - NCCL teams' failure words (fail[q], device memory of the window, pushed by rank q's
        process): at the start and every 32 polls of a wait;
      - the team's error words (err[q], mapped HOST memory: every rank's cause, the host's
@@ -198,8 +198,7 @@ SBN_NO_UNROLL
   return seen;
 }
 /* At a kernel's start (the publishing blocks' last warp; `local`: every block's): has the
-   team failed? The
-   device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
+   team failed? The device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
    stop words, reads the host words too: in the cooperative kernel block 0 alone, before
    it arrives at the rank barrier, turning a failure it sees into the rank's stop word,
    which every publishing block reads again after the barrier, so that the rank's blocks
@@ -482,8 +481,8 @@ SBN_UNROLL
    chunk's already (sm.coef_chunk: a block's k plane units are contiguous channels,
    coop_plan.h, in at most ceil(k/32) + 1 chunks, each gathered once), and, by the unit's
    slice-0 block, the unit's per-channel outputs (num_batches_tracked only if nbt_here: a
-   solo op's block 0 writes it at its end). `local`: the chunk's record is the block's own, in sm.own
-   (publish_chunk). Returns 0 or the failure (nothing written). */
+   solo op's block 0 writes it at its end). `local`: the chunk's record is the block's
+   own, in sm.own (publish_chunk). Returns 0 or the failure (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,

@@ -45,8 +45,8 @@
  * usable. A kernel queued behind a failure of the team (or replayed after sbnCommAbort)
  * publishes nothing: its publishing blocks (and every block of a team of one that merges
  * its chunks itself, `local`, which waits for no one) read the rank's stop word (and NCCL
- * teams' failure words) at their start and look at them before they publish (after a failure
- * some peer may not have finished reading this rank's previous records, so the double
+ * teams' failure words) at their start and look at them before they publish (after a
+ * failure some peer may not have finished reading this rank's previous records, so the double
  * buffering no longer protects them; a rank whose previous kernel succeeded saw every
  * rank's records of it, so every peer had finished the kernel before: publishing is safe,
  * and a peer that failed since makes its wait end).
@@ -86,9 +86,9 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   int j0, j1; /* the chunks it publishes (coop_plan.h) */
   sbn_pub_chunks(&g, u0, u1, &j0, &j1);
   /* Blocks that publish, and every block of a team of one that merges its chunks itself
-     (`local`: it waits for no one), load the rank's stop word and NCCL teams' failure words now
-     (device memory; the last warp's lanes) and look at them after the barrier. No host
-     memory: see coop_exchange.cuh, "failures". */
+     (`local`: it waits for no one), load the rank's stop word and NCCL teams' failure
+     words now (device memory; the last warp's lanes) and look at them after the barrier.
+     No host memory: see coop_exchange.cuh, "failures". */
   const bool looks = local || j1 > j0;
   int err_seen = 0;
   if (looks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       const int chunk = pub ? j0 + step : u % g.ngroups / (TILE ? 1 : kChunk);
       /* local: merged once per chunk, when the block's coefficients are of another one
          (sm.coef_chunk: finish_coefs) */
-      if (pub || (local && chunk != sm.coef_chunk)) publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
+      if (pub || (local && chunk != sm.coef_chunk))
+        publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
       if (pub) continue;
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local);

@@ -225,8 +225,8 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    (a block batch then spans at most 10 pieces; smaller planes interleave with the other
    channels' in memory); past a unit's last batch the prefetch runs on into the block's
    next unit (channel c + 1 over the same rows, units of one slice), AHEAD batches ahead
-   as within a unit, so that only the block's first unit of a pass starts cold. Tile units (16-byte kernels): each
-   thread its own positions' lines, AHEAD batches ahead. */
+   as within a unit, so that only the block's first unit of a pass starts cold. Tile
+   units (16-byte kernels): each thread its own positions' lines, AHEAD batches ahead. */
 #define SBN_PREFETCH_AHEAD 2
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048
 static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {

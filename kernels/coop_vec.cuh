@@ -168,11 +168,17 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   }
   /* L2 is asked for the block's batch m = bt + d of the unit, entries [m * 256 * U,
      (m + 1) * 256 * U) of its list (the vectors of its threads' batch m), one prefetch per
-     plane piece, with the pass's policy: of channel ch (c, or c + 1 for the block's next
-     unit: the same rows, so the same list). */
-  template <int U, int SIZE>
-  __device__ __forceinline__ void prefetch_batch(const void* base, int64_t ch, int64_t m,
-                                                 uint64_t pol) const {
+     plane piece, with the pass's policy; past the unit's nb batches, below `limit`
+     (each_batch), for the block's next unit's batch m - nb (channel c + 1: the same rows,
+     so the same list). */
+  template <int U, int SIZE, typename P>
+  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d, int nb,
+                                           int limit, uint64_t pol, bool keep) const {
+    (void)bp, (void)keep;
+    const int md = bt + d;
+    if (md >= limit) return;
+    const bool next = md >= nb;
+    const int64_t m = next ? md - nb : md, ch = next ? c + 1 : c;
     const int64_t V = (r1 - r0) / VEC;
     const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
     if (j0 >= j1) return;
@@ -184,17 +190,6 @@ SBN_NO_UNROLL
       const int64_t e0 = (nn * g->c + ch) * g->sp + lo;
       prefetch_l2(static_cast<const char*>(base) + e0 * SIZE, (uint32_t)((hi - lo) * SIZE), pol);
     }
-  }
-  /* Batch m = bt + d of the unit's nb, or past them, below `limit` (each_batch), the
-     block's next unit's batch m - nb. */
-  template <int U, int SIZE, typename P>
-  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d, int nb,
-                                           int limit, uint64_t pol, bool keep) const {
-    (void)bp, (void)keep;
-    const int m = bt + d;
-    if (m >= limit) return;
-    const bool next = m >= nb;
-    prefetch_batch<U, SIZE>(base, next ? c + 1 : c, next ? m - nb : m, pol);
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
@@ -613,9 +608,9 @@ SBN_UNROLL
 
   /* Stage 1 of the block's units [u0, u1) (coop_plan.h: sbn_unit_begin). Onchip: first
      every load of the block's units is issued (registers, or cp.async into shared
-     memory), then the statistics. False (the
-     block's threads agree) when a thread has more batches than the registers and the
-     hold_slots of shared memory hold: the host's plan guarantees it never happens
+     memory), then the statistics. False (the block's threads agree) when a thread has
+     more batches than the registers and the hold_slots of shared memory hold: the
+     host's plan guarantees it never happens
      (coop_plan.h: sbn_onchip_fits); this only keeps a broken plan from writing past the
      shared memory. Likewise false for plane units whose planes are not whole vectors
      (the onchip kernels walk only whole ones; the plan never sends them here). */

@@ -819,6 +819,18 @@ static void test_plan_bound(void) {
   }
 }
 
+/* The gathers block b of G makes (coop_exchange.cuh: finish_coefs keeps the coefficients
+   of the last chunk it gathered): the changes of chunk along its units [u0, u1). */
+static int block_gathers(const sbn_geo_t* g, int b, int G) {
+  int n = 0, last = -1;
+  for (int u = sbn_unit_begin(g, b, G); u < sbn_unit_begin(g, b + 1, G); u++) {
+    const int j = u % g->ngroups / (g->tile ? 1 : SBN_GPU_CHUNK);
+    n += j != last;
+    last = j;
+  }
+  return n;
+}
+
 /* coop_plan.h's deal of units to blocks and of chunks to publishers, over many
    geometries: every unit has one block, the blocks' units are contiguous and at most
    ceil(U/G) each (the on-chip fit's count), sbn_unit_owner inverts it, block 0 owns unit
@@ -840,14 +852,8 @@ static void test_unit_map(void) {
     for (int b = 0; b < G && !bad; b++) {
       const int u0 = sbn_unit_begin(&g, b, G), u1 = sbn_unit_begin(&g, b + 1, G);
       bad |= u1 < u0 || u1 - u0 > most;
-      int chunks = 0, last = -1;
-      for (int u = u0; u < u1; u++) {
-        bad |= sbn_unit_owner(&g, u, G) != b;
-        const int j = u % g.ngroups / s;
-        chunks += j != last;
-        last = j;
-      }
-      if (g.P == 1 && !tile) bad |= u1 > u0 && chunks > (u1 - u0 + s - 1) / s + 1;
+      for (int u = u0; u < u1; u++) bad |= sbn_unit_owner(&g, u, G) != b;
+      if (g.P == 1 && !tile) bad |= u1 > u0 && block_gathers(&g, b, G) > (u1 - u0 + s - 1) / s + 1;
       int j0, j1;
       sbn_pub_chunks(&g, u0, u1, &j0, &j1);
       bad |= j0 < 0 || j1 > g.nchunks || j1 < j0;
@@ -1947,12 +1953,7 @@ static void gathers_per_block(void) {
                                        shapes[si].lay == sbnLayoutNHWC, 1, G);
       uint64_t want_total = 0, want_most = 0; /* gathers, from the deal */
       for (int b = 0; b < G; b++) {
-        uint64_t seen = 0, k = 0; /* chunks (fewer than 64) */
-        for (int u = sbn_unit_begin(&g, b, G); u < sbn_unit_begin(&g, b + 1, G); u++) {
-          const int j = u % g.ngroups / (g.tile ? 1 : SBN_GPU_CHUNK);
-          k += (seen >> j & 1u) == 0 ? 1 : 0;
-          seen |= 1ull << j;
-        }
+        const uint64_t k = (uint64_t)block_gathers(&g, b, G);
         want_total += k;
         want_most = k > want_most ? k : want_most;
       }
