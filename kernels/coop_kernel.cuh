@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
         if (advance && solo) arrivals = ld_arrivals_gpu(&R.state->barrier);
       }
       if (!pub && u >= u1) break;
-      const int chunk = pub ? j0 + step : u % g.ngroups / (TILE ? 1 : kChunk);
+      const int chunk = pub ? j0 + step : sbn_unit_chunk(&g, u);
       /* local: merged once per chunk, when the block's coefficients are of another one
          (sm.coef_chunk: finish_coefs) */
       if (pub || (local && chunk != sm.coef_chunk))

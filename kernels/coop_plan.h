@@ -131,6 +131,11 @@ static SBN_ARGS_HD int sbn_unit_begin(const sbn_geo_t* g, int b, int G) {
 static SBN_ARGS_HD int sbn_unit_owner(const sbn_geo_t* g, int u, int G) {
   return (int)((int64_t)u * G / g->units);
 }
+/* The mailbox chunk of unit u's channels (tile units: its group; plane units: the chunk
+   of its channel), whose gather its stage 4 needs (coop_exchange.cuh: finish_coefs). */
+static SBN_ARGS_HD int sbn_unit_chunk(const sbn_geo_t* g, int u) {
+  return u % g->ngroups / (g->tile ? 1 : SBN_GPU_CHUNK);
+}
 /* The chunks [*j0, *j1) published by the block that owns units [u0, u1): those whose
    first channel's slice-0 unit (unit j of tile units, unit 32*j of plane units) it owns.
    Every chunk has one publisher; with tile units of one slice (unit = chunk) it is the

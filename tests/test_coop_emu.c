@@ -824,7 +824,7 @@ static void test_plan_bound(void) {
 static int block_gathers(const sbn_geo_t* g, int b, int G) {
   int n = 0, last = -1;
   for (int u = sbn_unit_begin(g, b, G); u < sbn_unit_begin(g, b + 1, G); u++) {
-    const int j = u % g->ngroups / (g->tile ? 1 : SBN_GPU_CHUNK);
+    const int j = sbn_unit_chunk(g, u);
     n += j != last;
     last = j;
   }
