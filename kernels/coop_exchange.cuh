@@ -198,12 +198,12 @@ SBN_NO_UNROLL
   return seen;
 }
 /* At a kernel's start (the publishing blocks' last warp; `local`: every block's): has the
-   team failed? The device words. (The peer-pinned-host transport, whose ranks cannot reach each other's
-   stop words, reads the host words too: in the cooperative kernel block 0 alone, before
-   it arrives at the rank barrier, turning a failure it sees into the rank's stop word,
-   which every publishing block reads again after the barrier, so that the rank's blocks
-   publish all their chunks or none; in APPLY after the block's first barrier. Its
-   mailboxes are in host memory anyway.) */
+   team failed? The device words. (The peer-pinned-host transport, whose ranks cannot
+   reach each other's stop words, reads the host words too: in the cooperative kernel
+   block 0 alone, before it arrives at the rank barrier, turning a failure it sees into
+   the rank's stop word, which every publishing block reads again after the barrier, so
+   that the rank's blocks publish all their chunks or none; in APPLY after the block's
+   first barrier. Its mailboxes are in host memory anyway.) */
 __device__ __forceinline__ int start_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {
   int seen = device_words_lane(a, R);
   if (SBN_MUTANT(SBN_MUT_HOST_WORDS_AT_START)) seen |= host_words_lane(a);
