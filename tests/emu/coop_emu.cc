@@ -53,29 +53,26 @@ std::atomic<bool> g_lead_on{false};
 static bool lead_thread() {
   return g_lead_on.load(std::memory_order_relaxed) && threadIdx.x == 0 && emu_block != nullptr;
 }
-static bool tracked(const char* c, size_t bytes) {
+/* The tracked range that holds [c, c + bytes), or null. */
+static Range* range_of(const char* c, size_t bytes) {
   const int n = g_nranges.load(std::memory_order_acquire);
   for (int i = 0; i < n; i++)
-    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) return true;
-  return false;
+    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) return &g_ranges[i];
+  return nullptr;
 }
 
 void emu_count_prefetch(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
-  if (lead_thread() && tracked(c, bytes))
+  Range* r = range_of(c, bytes);
+  if (r != nullptr && lead_thread())
     for (size_t o = 0; o + 16 <= bytes; o += 16)
       emu_block->pf0[reinterpret_cast<uintptr_t>(c + o)] = emu_block->loads0;
-  if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0 || bytes == 0) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0 || bytes == 0 ||
+      r == nullptr) {
     g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  const int n = g_nranges.load(std::memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) {
-      g_ranges[i].prefetched.fetch_add(bytes, std::memory_order_relaxed);
-      return;
-    }
-  g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
+  r->prefetched.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad) {
@@ -85,7 +82,9 @@ extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t*
 
 void emu_count(const void* p, size_t bytes, int write) {
   const char* c = static_cast<const char*>(p);
-  if (!write && bytes == 16 && lead_thread() && tracked(c, bytes)) {
+  Range* r = range_of(c, bytes);
+  if (r == nullptr) return;
+  if (!write && bytes == 16 && lead_thread()) {
     const uint64_t now = emu_block->loads0++;
     const auto it = emu_block->pf0.find(reinterpret_cast<uintptr_t>(c));
     if (it == emu_block->pf0.end()) {
@@ -96,12 +95,7 @@ void emu_count(const void* p, size_t bytes, int write) {
       emu_block->pf0.erase(it);
     }
   }
-  const int n = g_nranges.load(std::memory_order_acquire);
-  for (int i = 0; i < n; i++)
-    if (c >= g_ranges[i].lo && c + bytes <= g_ranges[i].hi) {
-      (write ? g_ranges[i].written : g_ranges[i].read).fetch_add(bytes, std::memory_order_relaxed);
-      return;
-    }
+  (write ? r->written : r->read).fetch_add(bytes, std::memory_order_relaxed);
 }
 
 extern "C" void sbn_emu_lead_reset(int on) {

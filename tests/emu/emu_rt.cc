@@ -724,6 +724,14 @@ void weak_join_all(std::vector<Fiber*>& ps) {
    access of a block to them through the accessors is counted in its BlockRt, and added
    at the block's end to the totals. */
 namespace {
+/* v into a running maximum that blocks finishing on several threads update */
+template <typename T>
+void atomic_max(std::atomic<T>& m, T v) {
+  T cur = m.load();
+  while (v > cur && !m.compare_exchange_weak(cur, v)) {
+  }
+}
+
 struct HostRange {
   std::atomic<const char*> lo{nullptr}, hi{nullptr};
 };
@@ -813,28 +821,20 @@ void hop_red(const void* p) {
   const uint32_t stored = it != g_hop_map.end() ? std::max(f->hops, it->second.hops) : f->hops;
   g_hop_map[reinterpret_cast<uintptr_t>(p)] = HopStore{stored, hop_key()};
 }
-void hops_finish(uint32_t h) {
-  uint32_t m = g_hops_max.load();
-  while (h > m && !g_hops_max.compare_exchange_weak(m, h)) {
-  }
-}
+void hops_finish(uint32_t h) { atomic_max(g_hops_max, h); }
 
 /* ---- ld.acquire.sys loads per block (sbn_emu_acquires_*): the gathers' count ---------- */
 std::atomic<uint64_t> g_acq_total{0}, g_acq_max{0};
 void acq_count_block(uint64_t n) {
   g_acq_total += n;
-  uint64_t m = g_acq_max.load();
-  while (n > m && !g_acq_max.compare_exchange_weak(m, n)) {
-  }
+  atomic_max(g_acq_max, n);
 }
 void host_count_block(uint64_t n, unsigned bi) {
   if (n == 0) return;
   g_host_total += n;
   g_host_blocks += 1;
   g_host_ids |= 1ull << (bi % 64);
-  uint64_t m = g_host_max.load();
-  while (n > m && !g_host_max.compare_exchange_weak(m, n)) {
-  }
+  atomic_max(g_host_max, n);
 }
 }  // namespace
 
