@@ -67,14 +67,11 @@ static int kernel_from_env(sbnComm_t comm) {
   if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (strcmp(v, names[i]) == 0) return i;
-  if (strcmp(v, "legacy") == 0)
-    sbn_fail(comm, sbnInvalidArgument,
-             "SBN_KERNEL='legacy': the first kernel was removed in 0.1.0 (it lost to 'stream' "
-             "on every row of the GPU runs); expected 'auto' (the default), 'onchip' or "
-             "'stream'");
-  else
-    sbn_fail(comm, sbnInvalidArgument,
-             "SBN_KERNEL='%s': expected 'auto' (the default), 'onchip' or 'stream'", v);
+  const char* why = strcmp(v, "legacy") == 0 ? "the first kernel was removed in 0.1.0 (it lost "
+                                               "to 'stream' on every row of the GPU runs); "
+                                             : "";
+  sbn_fail(comm, sbnInvalidArgument,
+           "SBN_KERNEL='%s': %sexpected 'auto' (the default), 'onchip' or 'stream'", v, why);
   return -1;
 }
 
