@@ -590,14 +590,14 @@ static void test_bytes_moved(void) {
    block's batches) loads its first batch of the pass right after asking for it ("short":
    asked less than a batch, 4 of its loads, before), every other granule it loads was
    asked for at least a batch ahead and at most AHEAD = 2 batches ahead (not "far": a
-   unit ahead, L2 might let it go before its load), and none was never asked for. Per op: 8 short loads
-   per block (2 passes x 4 loads), where a prefetch that starts anew with each unit (the
-   mutant SBN_MUT_NO_CROSS_PREFETCH, the way before 2026-11-26: test_coop_emu_mutant_
-   no_cross_prefetch) makes 8 per unit. NCHW, C = 48, three blocks per rank (16 units
-   each), planes of 1024 vectors (sp = 1024 x VEC), so that thread 0 has 4 loads in
-   every batch (the measure counts loads): units of 2 block batches (rank 0, N = 2) and
-   of 1 (rank 1: the next unit's batch is asked for during this one's only batch) forward,
-   4 and 2 backward; fp32 and fp16. */
+   unit ahead, L2 might let it go before its load), and it loads none it never asked for
+   ("none"). Per op: 8 short loads per block (2 passes x 4 loads), where a prefetch that
+   starts anew with each unit (the mutant SBN_MUT_NO_CROSS_PREFETCH, the way before
+   2026-11-26: test_coop_emu_mutant_no_cross_prefetch) makes 8 per unit. NCHW, C = 48,
+   three blocks per rank (16 units each), planes of 1024 vectors (sp = 1024 x VEC), so
+   that thread 0 has 4 loads in every batch (the measure counts loads): units of 2 block
+   batches (rank 0, N = 2) and of 1 (rank 1: the next unit's batch is asked for during
+   this one's only batch) forward, 4 and 2 backward; fp32 and fp16. */
 static void prefetch_lead(void) {
   static const int64_t n2[2] = {2, 1};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -1851,9 +1851,9 @@ static void test_pinned_host_failure_crosses(void) {
        2. a reader's poll returns the flag a publishing block stored after the barrier
           (at W = 1 too: with more than 8 slices a team of one still publishes).
    - Plane units (NCHW, C = 80, spatial 3, two blocks per rank: channels [0, 40) and
-     [40, 80), so chunk 1 lies in both blocks): the same, but 1 at W = 1, where each block merges its units' chunks
-     from the partials itself (after the barrier: no publish, no poll; coop_kernel.cuh,
-     `local`).
+     [40, 80), so chunk 1 lies in both blocks): the same, but 1 at W = 1, where each
+     block merges its units' chunks from the partials itself (after the barrier: no
+     publish, no poll; coop_kernel.cuh, `local`).
    - Solo ops (NHWC, C = 64, two blocks per rank, one chunk each: coop_kernel.cuh) have no
      barrier, and are 1 for every W: at W >= 2 the poll of a peer's flag, stored with
      nothing before it; at W = 1 (a block's own records) block 0's load of the arrivals

@@ -277,7 +277,8 @@ struct BlockRt {
   unsigned live = 0;
   bool delayed = false; /* the reader delay (sbn_emu_set_acquire_delay) was served */
   uint64_t host_acc = 0; /* accesses to registered host memory (sbn_emu_host_track) */
-  uint64_t acq_sys = 0;  /* ld.acquire.sys loads: one per rank's flag per gather (sbn_emu_acquires) */
+  uint64_t acq_sys = 0;  /* ld.acquire.sys loads: one per rank's flag per gather
+                            (sbn_emu_acquires) */
   char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
 };
 struct Launch {
