@@ -491,8 +491,11 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
   const int j = (int)(c0 / kChunk);
-  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start) */
-  if (w == 0 && (sm.coef_chunk != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
+  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start).
+     Read by warp 0 only, through a volatile load: a plain one may be hoisted ahead of the
+     w == 0 test into every warp, where it races with lane 0's write below (racecheck on
+     an H100, 2026-11-26: 2107 hazards, 495 vs 542, in every instance of this function) */
+  if (w == 0 && (*(volatile const int*)&sm.coef_chunk != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
     const int slot = lane;
