@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""check_supp.py - the compute-sanitizer suppressions file suppresses NCCL's probes only.
+"""check_supp.py - the compute-sanitizer suppressions file suppresses NCCL's own errors only.
 
 scripts/compute-sanitizer-supp.xml lets memcheck pass over the API errors NCCL makes on
 purpose while it looks for kernel images (first GPU run: 144 errors, exit 99), and the ones
@@ -9,8 +9,8 @@ record that matched more (any API, any result, any stack) would hide real errors
 record must name: kind Api, one of the APIs of ALLOWED with its result, and a host stack
 whose last listed frame is ALLOWED's NCCL function of that API in libnccl.so.2, with only
 libcuda/libnccl frames before it (compute-sanitizer matches frames by position from the
-driver's entry point; see the file's comments). The GPU run checks that it works (scripts/gpu-suite.sh: a control error outside
-NCCL must still fail memcheck).
+driver's entry point; see the file's comments). The GPU run checks that it works
+(scripts/gpu-suite.sh: a control error outside NCCL must still fail memcheck).
 
 Usage: check_supp.py FILE   (exit 0: narrow; 1: a record is too wide, said why)
 """
