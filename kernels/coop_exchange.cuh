@@ -38,6 +38,14 @@ struct Smem {
   int status;
   int coef_chunk; /* the chunk whose coefficients coef and extra hold (-1: none yet) */
 };
+/* sm.coef_chunk, read where only some threads need it (warp 0 in finish_coefs; a `local`
+   block's loop in coop_kernel.cuh), by a volatile load: the compiler cannot hoist it above
+   the test that guards it. A plain load was hoisted into every thread, where it raced
+   with lane 0's write in finish_coefs (racecheck on an H100, 2026-11-26: 2107 hazards in
+   finish_coefs, then 1288 in the kernel's loop; the value was unused where it raced). */
+__device__ __forceinline__ int coef_chunk_now(const Smem& sm) {
+  return *(volatile const int*)&sm.coef_chunk;
+}
 
 /* The per-(slice, channel) partial of each op kind, as stages 1 and 3 merge it: forward
    (count, mean_hi, mean_lo, m2), Chan's merge; backward (sum dy, sum dy*(x - mean)), each
@@ -491,11 +499,9 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
   const int j = (int)(c0 / kChunk);
-  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start).
-     Read by warp 0 only, through a volatile load: a plain one may be hoisted ahead of the
-     w == 0 test into every warp, where it races with lane 0's write below (racecheck on
-     an H100, 2026-11-26: 2107 hazards, 495 vs 542, in every instance of this function) */
-  if (w == 0 && (*(volatile const int*)&sm.coef_chunk != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
+  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start;
+     read by warp 0 only: coef_chunk_now) */
+  if (w == 0 && (coef_chunk_now(sm) != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
     float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
     int64_t m = 0;
     const int slot = lane;

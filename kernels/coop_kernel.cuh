@@ -163,11 +163,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       if (!pub && u >= u1) break;
       const int chunk = pub ? j0 + step : sbn_unit_chunk(&g, u);
       /* local: merged once per chunk, when the block's coefficients are of another one
-         (sm.coef_chunk: finish_coefs). Loaded only if local, through a volatile load: a
-         plain one was hoisted ahead of the test, and without local (no publish_chunk and
-         its barrier before finish_coefs) it raced with warp 0's write of sm.coef_chunk
-         (racecheck, H100, 2f278ce: 1288 hazards, 167 vs coop_exchange.cuh:545) */
-      if (pub || (local && chunk != *(volatile const int*)&sm.coef_chunk))
+         (sm.coef_chunk: finish_coefs; read only if local: coef_chunk_now) */
+      if (pub || (local && chunk != coef_chunk_now(sm)))
         publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
       if (pub) continue;
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
