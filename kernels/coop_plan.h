@@ -59,13 +59,19 @@ enum {
 /* What the caller asked for (SBN_KERNEL at the call). */
 enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 
+#ifndef SBN_BATCH_FWD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
+#endif
+#ifndef SBN_BATCH_BWD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_BATCH_BWD 2           /* backward: 2 of x and 2 of dy */
+#endif
 /* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
    whose two passes over 32 unpacked values per batch need the room) */
 #define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
+#ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
+#endif
 #define SBN_ONCHIP_BLOCKS_PER_SM 1 /* of the onchip kernels: the whole register file and
                                       shared memory of an SM hold one block's data;
                                       scripts/check-sass.sh checks both */
@@ -232,8 +238,20 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    next unit (channel c + 1 over the same rows, units of one slice), AHEAD batches ahead
    as within a unit, so that only the block's first unit of a pass starts cold. Tile
    units (16-byte kernels): each thread its own positions' lines, AHEAD batches ahead. */
+#ifndef SBN_PREFETCH_AHEAD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_PREFETCH_AHEAD 2
+#endif
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048
+/* The stream variant's stage 5 visits a block's units, and each unit's batches, in the
+   reverse of stage 1's order (coop_vec.cuh: batch_rev; coop_kernel.cuh): L2 holds the
+   bytes stage 1 read last (it keeps the most recent lines), so stage 5 reads them first,
+   while they are there, instead of evicting them on its way to them. Where x (and dy)
+   fit in L2 nothing changes; where they are larger, up to about L2's size of the second
+   read comes from L2 (bench/notes/issue13-stream.md). 0: stage 1's order (a bench
+   variant). The outputs do not depend on the order: the same bits. */
+#ifndef SBN_STAGE5_REVERSE
+#define SBN_STAGE5_REVERSE 1
+#endif
 static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {
   return !g->tile && g->vec > 1 && g->sp % g->vec == 0 &&
          g->sp * sbn_dtype_size(dtype) >= SBN_PREFETCH_MIN_PLANE_BYTES;
