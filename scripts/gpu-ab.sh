@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# gpu-ab.sh — variants of sbn-bench side by side on one warm GPU (issue 13: every variant
+# on the same machine, in one command, table last, full numbers in files).
+#
+#   scripts/gpu-ab.sh OUTDIR ROUNDS LABEL=BINARY... -- SBN-BENCH OPTIONS...
+#
+# Runs each BINARY (an sbn-bench built with the variant's -D flags, see
+# bench/notes/issue13-stream.md) with the same options, ROUNDS times, alternating
+# (A B C A B C ...) so that drift of the machine falls on every variant alike; each run's
+# JSON and log go to OUTDIR/LABEL.rN.{json,log}. The table (scripts/gpu_ab_table.py): per
+# row, each variant's median over its rounds of the per-run medians, and its ratio to the
+# first variant. Exit status: 1 if any run failed or had a wrong value.
+set -u
+OUT=$1
+ROUNDS=$2
+shift 2
+labels=()
+bins=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  labels+=("${1%%=*}")
+  bins+=("${1#*=}")
+  shift
+done
+[ "${1:-}" = "--" ] && shift
+mkdir -p "$OUT"
+rc=0
+for r in $(seq 1 "$ROUNDS"); do
+  for i in "${!labels[@]}"; do
+    l=${labels[$i]}
+    echo "==> round $r: $l (${bins[$i]})"
+    "${bins[$i]}" --gpu on "$@" --json "$OUT/$l.r$r.json" > "$OUT/$l.r$r.log" 2>&1 || {
+      echo "    FAILED (exit $?): $OUT/$l.r$r.log"
+      rc=1
+    }
+    grep -E "^# (rows|copy bandwidth)" "$OUT/$l.r$r.log" | sed 's/^/    /'
+  done
+done
+python3 "$(dirname "$0")/gpu_ab_table.py" "$OUT" "$ROUNDS" "${labels[@]}" | tee "$OUT/table.txt"
+exit $rc
