@@ -153,19 +153,14 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
        chunk of the block's units merged once, before its first unit, into sm.own): one
        loop, so that publish_chunk has one call site (code size: check-sass.sh) */
     const int npub = local ? 0 : j1 - j0;
-    /* the stream variant visits its units from the last (SBN_STAGE5_REVERSE: L2 still
-       holds what stage 1 read last) */
-    constexpr bool kRev = !kOnchip && SBN_STAGE5_REVERSE;
-    const bool rev = kRev && !SBN_MUTANT(SBN_MUT_FORWARD_STAGE5);
-    int gbase = 0, ui = 0; /* units visited */
+    int gbase = 0, u = u0;
     for (int step = 0;; step++) {
       const bool pub = step < npub;
       if (step == npub) {
         SBN_STAMP(4); /* published */
         if (advance && solo) arrivals = ld_arrivals_gpu(&R.state->barrier);
       }
-      if (!pub && ui >= u1 - u0) break;
-      const int u = rev ? u1 - 1 - ui : u0 + ui;
+      if (!pub && u >= u1) break;
       const int chunk = pub ? j0 + step : sbn_unit_chunk(&g, u);
       /* local: merged once per chunk, when the block's coefficients are of another one
          (sm.coef_chunk: finish_coefs; read only if local: coef_chunk_now) */
@@ -175,14 +170,11 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local);
       if (st != 0) break;
-      if (ui == 0) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
+      if (u == u0) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
       nbt_due |= u == 0;
-      if (kRev && !rev) /* the mutant (the emulation only: no code in the library) */
-        path.template stage5_unit<false>(R, g, u, u0, u1, &gbase, hold_smem, sm);
-      else
-        path.template stage5_unit<kRev>(R, g, u, u0, u1, &gbase, hold_smem, sm);
+      path.stage5_unit(R, g, u, u0, u1, &gbase, hold_smem, sm);
       __syncthreads(); /* sm.coef is replaced when the next unit's chunk is another */
-      ui++;
+      u++;
     }
   }
   if (advance && solo) {

@@ -31,9 +31,6 @@
 #define SBN_MUT_NO_CROSS_PREFETCH 2048 /* stream plane units: the prefetch stops at the
                                           unit's end and starts anew at the next one's first
                                           batch (cold): the old way */
-#define SBN_MUT_FORWARD_STAGE5 4096 /* the stream variant's stage 5 visits a block's units and
-                                       their batches in stage 1's order (no
-                                       SBN_STAGE5_REVERSE): the old way */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

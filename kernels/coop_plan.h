@@ -242,16 +242,6 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
 #define SBN_PREFETCH_AHEAD 2
 #endif
 #define SBN_PREFETCH_MIN_PLANE_BYTES 2048
-/* The stream variant's stage 5 visits a block's units, and each unit's batches, in the
-   reverse of stage 1's order (coop_vec.cuh: batch_rev; coop_kernel.cuh): L2 holds the
-   bytes stage 1 read last (it keeps the most recent lines), so stage 5 reads them first,
-   while they are there, instead of evicting them on its way to them. Where x (and dy)
-   fit in L2 nothing changes; where they are larger, up to about L2's size of the second
-   read comes from L2 (bench/notes/issue13-stream.md). 0: stage 1's order (a bench
-   variant). The outputs do not depend on the order: the same bits. */
-#ifndef SBN_STAGE5_REVERSE
-#define SBN_STAGE5_REVERSE 1
-#endif
 static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {
   return !g->tile && g->vec > 1 && g->sp % g->vec == 0 &&
          g->sp * sbn_dtype_size(dtype) >= SBN_PREFETCH_MIN_PLANE_BYTES;

@@ -37,8 +37,8 @@ template <int U, bool WHOLE> struct BatchPos<true, U, WHOLE> {
   __device__ __forceinline__ bool empty() const { return kv == 0; }
   __device__ __forceinline__ bool all(uint64_t) const { return kv == U; }
 };
-/* 8 mask bits per position in one register where they fit (U <= 4: the register budget
-   of the stream fp16 plane forward, check-sass.sh) */
+/* 8 mask bits per position, in one register where they fit (U <= 4; the stream fp16
+   plane forward is at its 128 registers: check-sass.sh) */
 template <bool SMALL> struct MaskBits { typedef uint64_t T; };
 template <> struct MaskBits<true> { typedef uint32_t T; };
 template <int U> struct BatchPos<false, U, false> {
@@ -67,14 +67,12 @@ template <bool TILE, int VEC, bool WHOLE> struct Walker;
 /* Tile units: rows r0 + w*VEC + lane/(32/VEC) + k*8*VEC of the thread's vector column. */
 template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
   int64_t i, step, left, K;
-  /* rev: 0, or U (a power of two) to walk the batches of U in reverse (batch_rev) */
-  __device__ Walker(const sbn_geo_t& g, int grp, int64_t r0, int64_t r1, int rev = 0) {
+  __device__ Walker(const sbn_geo_t& g, int grp, int64_t r0, int64_t r1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     constexpr int vpg = kChunk / VEC;
     K = left = sbn_tile_positions(&g, grp, r0, r1, w, lane);
     i = (r0 + (int64_t)w * VEC + lane / vpg) * g.c + (int64_t)grp * kChunk + (lane % vpg) * VEC;
     step = (int64_t)sbn_tile_step(&g) * g.c;
-    if (rev > 0 && K > 0) i += ((K - 1) & -(int64_t)rev) * step; /* the last batch */
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<true, U, WHOLE>& bp) {
     bp.i0 = i;
@@ -83,39 +81,24 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
     left -= bp.kv;
     i += U * step;
   }
-  /* The stream variant's stage 5 visits the batches in reverse (coop_plan.h:
-     SBN_STAGE5_REVERSE): batch m is the same positions [m*U, m*U + kv) as batch() gives,
-     batches nb - 1, ..., 0. The walker made with rev = U starts on the last batch;
-     batch_rev leaves `left` = the positions of the batches before it (all whole) and i on
-     the first of the batch before. U: a power of two. */
-  template <int U> __device__ __forceinline__ void batch_rev(BatchPos<true, U, WHOLE>& bp) {
-    static_assert((U & (U - 1)) == 0, "U: a power of two");
-    bp.i0 = i;
-    bp.step = step;
-    bp.kv = left > 0 ? (int)((left - 1) & (U - 1)) + 1 : 0;
-    left -= bp.kv;
-    i -= U * step;
-  }
   /* Stream, tile units: every thread asks L2 for its own lines. */
   __device__ __forceinline__ bool prefetches(int dtype) const {
     (void)dtype;
     return true;
   }
-  /* The lines of this thread's batch visited d after bp (the one batch() or batch_rev
-     gave last; d = 0: bp itself), one per position: forward, batch bt + d; REV, the
-     batch d before bp's (every one whole). */
-  template <int U, int SIZE, bool REV = false>
+  /* The lines of this thread's batch bt + d, d batches after bp (the one batch() gave
+     last, batch bt; d = 0: bp itself), one per position. */
+  template <int U, int SIZE>
   __device__ __forceinline__ void prefetch(const void* base, const BatchPos<true, U, WHOLE>& bp,
                                            int bt, int d, int nb, int limit, uint64_t pol,
                                            bool keep) const {
     (void)bt, (void)nb, (void)limit, (void)pol;
 SBN_UNROLL
     for (int k = 0; k < U; k++) {
-      const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's (REV: its batch
-                                                     d - 1 before i's, position k) */
-      const int64_t at = REV ? i + (k - (int64_t)(d - 1) * U) * step : i + q * step;
+      const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's */
       if (d == 0 ? k < bp.kv : q < left)
-        prefetch_line_l2(static_cast<const char*>(base) + (d == 0 ? bp.i0 + k * step : at) * SIZE, keep);
+        prefetch_line_l2(static_cast<const char*>(base) + (d == 0 ? bp.i0 + k * step : i + q * step) * SIZE,
+                         keep);
     }
   }
 };
@@ -135,9 +118,7 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   int64_t s, dn, ds;           /* aligned: offset in plane nn, the step in planes and rows */
   int left, K; /* the thread's positions: V / kThreads, far below 2^31 */
   bool aligned;
-  /* rev: 0, or U (a power of two) to walk the batches of U in reverse (batch_rev; planes
-     of whole vectors only) */
-  __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1, int rev = 0)
+  __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
       : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {
     aligned = WHOLE || g->sp % VEC == 0;
     const int64_t V = aligned ? (r1 > r0 ? (r1 - r0) / VEC : 0) : sbn_plane_vectors(g, c, r0, r1);
@@ -145,9 +126,7 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     K = left = V > t ? (int)((V - t + kThreads - 1) / kThreads) : 0;
     if (K == 0) return;
     if (WHOLE || aligned) {
-      /* the thread's first entry, or (rev) the first of its last batch of rev */
-      const int64_t q0 = rev > 0 ? (K - 1) & -(int64_t)rev : 0;
-      const int64_t r = r0 + ((int64_t)t + q0 * kThreads) * VEC, step = (int64_t)kThreads * VEC;
+      const int64_t r = r0 + (int64_t)t * VEC, step = (int64_t)kThreads * VEC;
       nn = r / g->sp;
       s = r - nn * g->sp;
       dn = step / g->sp;
@@ -197,17 +176,14 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
      plane piece, with the pass's policy; past the unit's nb batches, below `limit`
      (each_batch), for the block's next unit's batch m - nb (channel c + 1: the same rows,
      so the same list). */
-  template <int U, int SIZE, bool REV = false, typename P>
+  template <int U, int SIZE, typename P>
   __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d, int nb,
                                            int limit, uint64_t pol, bool keep) const {
     (void)bp, (void)keep;
     const int md = bt + d;
     if (md >= limit) return;
     const bool next = md >= nb;
-    /* REV (stage 5, SBN_STAGE5_REVERSE): visit md is batch nb - 1 - md, and the block's
-       next unit is the one before (channel c - 1), visited from its last batch too */
-    const int64_t mv = next ? md - nb : md;
-    const int64_t m = REV ? nb - 1 - mv : mv, ch = next ? (REV ? c - 1 : c + 1) : c;
+    const int64_t m = next ? md - nb : md, ch = next ? c + 1 : c;
     const int64_t V = (r1 - r0) / VEC;
     const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
     if (j0 >= j1) return;
@@ -225,42 +201,6 @@ SBN_NO_UNROLL
     SBN_UNROLL
     for (int k = 0; k < U; k++)
       bp.mk |= (typename BatchPos<false, U, false>::Mask)next(&bp.i[k]) << (8 * k);
-  }
-  /* Stage 5 of the stream variant in reverse (Walker<true>::batch_rev): on planes of whole
-     vectors (aligned) batch m is the entries [m*U, m*U + kv) that batch() gives, visited
-     nb - 1, ..., 0: the walker made with rev = U starts on the last batch's first entry
-     (the constructor's one division); batch_rev steps through the batch's kv entries and
-     back kv + U to the batch before. Odd planes (not aligned) are walked forward: their
-     pieces' walk has no cheap way back, and they are not asked ahead (prefetches). */
-  template <int U> __device__ __forceinline__ void batch_rev(BatchPos<false, U, false>& bp) {
-    static_assert((U & (U - 1)) == 0, "U: a power of two");
-    if (!aligned) { /* odd planes: forward */
-      batch(bp);
-      return;
-    }
-    const int kv = left > 0 ? (int)((left - 1) & (U - 1)) + 1 : 0;
-    bp.mk = 0;
-    SBN_UNROLL
-    for (int k = 0; k < U; k++) {
-      bp.i[k] = (nn * g->c + c) * g->sp + s;
-      if (k < kv) {
-        bp.mk |= (typename BatchPos<false, U, false>::Mask)((1u << VEC) - 1u) << (8 * k);
-        s += ds;
-        nn += dn;
-        if (s >= g->sp) {
-          s -= g->sp;
-          nn++;
-        }
-      }
-    }
-    left -= kv;
-    const int back = kv + U;
-    s -= back * ds;
-    nn -= back * dn;
-    while (s < 0) { /* at most 2U times: ds < sp */
-      s += g->sp;
-      nn--;
-    }
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, true>& bp) {
     const int64_t kv = left < U ? left : U;
@@ -415,10 +355,8 @@ SBN_UNROLL
      of f. `nbr` (stream plane units of one slice, neighbours): bit 0, the block's unit
      before this one asked L2 for this one's first min(AHEAD, nb) batches; bit 1, this one
      asks for the next unit's (channel c + 1, the same rows and nb) during its last
-     batches, AHEAD ahead as its own. REV (the stream variant's stage 5: coop_plan.h,
-     SBN_STAGE5_REVERSE): the batches from the last to the first (batch_rev), and "next"
-     is the order of the visits (the block's units visited from the last one too). */
-  template <bool REV = false, typename F>
+     batches, AHEAD ahead as its own. */
+  template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, bool keep,
                                              F f, int nbr = 0) {
@@ -448,10 +386,7 @@ SBN_UNROLL
     }
     for (; bt < nb; bt++) {
       Pos bp;
-      if constexpr (REV)
-        wk.template batch_rev<U>(bp);
-      else
-        wk.batch(bp);
+      wk.batch(bp);
       Batch cur;
       if (ONCHIP) {
         if (*gb < NBR)
@@ -466,9 +401,9 @@ SBN_UNROLL
             const int limit = TILE ? 0 : nb + (pf >> 4);
 SBN_NO_UNROLL
             for (int d = d0; d <= SBN_PREFETCH_AHEAD; d++) {
-              wk.template prefetch<U, Dt<DT>::kSize, REV>(R.x, bp, bt, d, nb, limit, pol, keep);
+              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, nb, limit, pol, keep);
               if (NV == 2)
-                wk.template prefetch<U, Dt<DT>::kSize, REV>(R.dy, bp, bt, d, nb, limit, pol, keep);
+                wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, nb, limit, pol, keep);
             }
           }
         }
@@ -755,20 +690,14 @@ SBN_UNROLL
   }
 
   /* Stage 5 of unit u of the block's units [u0, u1) (its coefficients in sm.coef); *gb
-     as in stats_unit. REV: the caller visits the block's units from u1 - 1 down to u0,
-     and the unit's batches are visited from its last (each_batch); the stream variant
-     only (coop_plan.h: SBN_STAGE5_REVERSE). */
-  template <bool REV = false>
+     as in stats_unit. */
   __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int u0,
                               int u1, int* gb, uint4* hs, const Smem& sm) {
-    static_assert(!(REV && ONCHIP), "the onchip variant's held batches are in stage 1's order");
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
-    Walk wk(g, grp, r0, r1, REV ? U : 0);
-    const int nb0 = neighbours(g, u, u0, u1);
-    /* REV: the unit visited before this one is u + 1, the one after it u - 1 */
-    const int nbr = REV ? ((nb0 & 1) << 1) | (nb0 >> 1) : nb0;
+    Walk wk(g, grp, r0, r1);
+    const int nbr = neighbours(g, u, u0, u1);
     const int nb = (int)((wk.K + U - 1) / U);
     /* Skipping a unit that holds batches in registers (onchip) would leave the turns of
        turn_hold behind: every later unit would read another batch. It never happens:
@@ -785,7 +714,7 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
-    each_batch<REV>(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
     }, nbr);

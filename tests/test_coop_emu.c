@@ -635,68 +635,6 @@ static void prefetch_lead(void) {
 }
 static void test_prefetch_lead(void) { prefetch_lead(); }
 
-/* The stream variant's stage 5 visits a block's units, and each unit's batches, from the
-   last (coop_plan.h: SBN_STAGE5_REVERSE), so that it reads first what stage 1 read last,
-   which L2 still holds. The emulation's model of it (sbn_emu_reuse_*): each thread's
-   16-byte loads of x and dy through an LRU cache of its own of K = 8 granules (two
-   batches: a batch is 4 loads, forward 4 of x, backward 2 of x and 2 of dy). A thread
-   reads its granules once per pass, so every hit is stage 5 finding what stage 1 left:
-   at best min(K, the thread's granules) ("ideal"). In reverse, a thread loses at most the
-   granules of the batch where the cached suffix begins (3 of 4: a batch read from its
-   first position misses its older half, whose misses evict the rest), so hits >= ideal
-   - 3 per thread; in stage 1's order (the mutant SBN_MUT_FORWARD_STAGE5, the way before
-   2026-11-26: test_coop_emu_mutant_forward_stage5) a thread whose pass is longer than K
-   finds nothing. NCHW planes of whole vectors, 3 units per block with 1 or 2 batches a
-   thread (rank 1, rank 0), part-full last batches (sp 4104); NHWC tiles (2 groups, 31
-   rows a thread); fp32 and bf16, forward and backward. Odd planes (sp % VEC != 0) are
-   walked forward within a unit (coop_vec.cuh: batch_rev) and are not asserted here. */
-static void stage5_reuse(void) {
-  static const int64_t n2[2] = {2, 1};
-  static const struct {
-    sbnDataType_t dt;
-    sbnLayout_t lay;
-    int64_t c, sp;
-  } cases[] = {
-      {sbnFloat32, sbnLayoutNCHW, 3, 4096},  {sbnFloat32, sbnLayoutNCHW, 3, 4104},
-      {sbnBFloat16, sbnLayoutNCHW, 3, 8192}, {sbnFloat32, sbnLayoutNHWC, 40, 500},
-      {sbnBFloat16, sbnLayoutNHWC, 64, 500},
-  };
-  const int K = 8;
-  sbnParams_t p = SBN_PARAMS_DEFAULT;
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    team_t t;
-    team_make(&t, 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n2, 1, 1, GEN_NORMAL,
-              420 + i);
-    emu_team_t e;
-    emu_team_init(&e, 2, 1, 60000);
-    for (int bwd = 0; bwd < 2; bwd++) {
-      sbn_emu_count_reset();
-      for (int r = 0; r < 2; r++) {
-        sbn_emu_count_track(t.x[r], team_bytes(&t, r));
-        sbn_emu_count_track(t.dy[r], team_bytes(&t, r));
-      }
-      sbn_emu_reuse_reset(K);
-      g_variant = SBN_VAR_STREAM;
-      emu_run_virtual(&e, &t, bwd, &p);
-      g_variant = SBN_VAR_ONCHIP;
-      uint64_t loads, hits, ideal, threads;
-      sbn_emu_reuse_get(&loads, &hits, &ideal, &threads);
-      sbn_emu_reuse_reset(0);
-      ASSERT_TRUE(err_words_clear(&e));
-      if (ideal == 0 || hits > ideal || hits + 3 * threads < ideal)
-        SBN_FAIL_("case %zu %s: %" PRIu64 " of %" PRIu64 " loads found in a thread's last %d "
-                  "granules; at best %" PRIu64 ", at least %" PRIu64 " (%" PRIu64 " threads)",
-                  i, bwd ? "backward" : "forward", hits, loads, K, ideal,
-                  ideal > 3 * threads ? ideal - 3 * threads : 0, threads);
-    }
-    check_forward(&t, &p, tol_for(cases[i].dt));
-    emu_team_free(&e);
-    team_free(&t);
-    if (sbn_test_cur_failed_) return;
-  }
-}
-static void test_stage5_reuse(void) { stage5_reuse(); }
-
 /* The onchip kernels' held register batches turn through hold[0] (coop_vec.cuh:
    turn_hold), and stage 1 turns them back when a thread had fewer than NBR: stage 5 must
    see every batch where stage 1 saw it, whatever a thread's count over its block's units
@@ -2455,8 +2393,7 @@ static const struct {
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
                 {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
-                {"no_cross_prefetch", SBN_EMU_MUT_NO_CROSS_PREFETCH},
-                {"forward_stage5", SBN_EMU_MUT_FORWARD_STAGE5}};
+                {"no_cross_prefetch", SBN_EMU_MUT_NO_CROSS_PREFETCH}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -2471,8 +2408,7 @@ static int run_mutant(const char* name) {
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_NO_CROSS_PREFETCH ||
-      flag == SBN_EMU_MUT_FORWARD_STAGE5) {
+      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -2483,8 +2419,6 @@ static int run_mutant(const char* name) {
       gathers_per_block();
     } else if (flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
       prefetch_lead();
-    } else if (flag == SBN_EMU_MUT_FORWARD_STAGE5) {
-      stage5_reuse();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -2544,7 +2478,6 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_prefetch_lead, 0);
-  EMU_TEST(test_stage5_reuse, 0);
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_unit_map, 0);
   EMU_TEST(test_inference, 0);

@@ -12,10 +12,6 @@
 #include <stdlib.h>
 
 #include <atomic>
-#include <list>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "coop_emu.h"
 
@@ -26,8 +22,7 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
 
 #include "coop.cu"
 
-static_assert(SBN_EMU_MUT_FORWARD_STAGE5 == SBN_MUT_FORWARD_STAGE5 &&
-                  SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
+static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK &&
                   SBN_EMU_MUT_SECOND_BARRIER == SBN_MUT_SECOND_BARRIER,
               "coop_emu.h's names of the kernels' mutants");
@@ -85,60 +80,10 @@ extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t*
   *bad = g_prefetch_bad.load();
 }
 
-/* The reuse model (sbn_emu_reuse_*): an LRU list of granules per (block, thread). */
-namespace {
-struct Lru {
-  uint64_t loads = 0;
-  std::list<uintptr_t> order; /* most recent first */
-  std::unordered_map<uintptr_t, std::list<uintptr_t>::iterator> at;
-};
-std::mutex g_reuse_mu;
-int g_reuse_granules = 0;
-std::map<std::pair<const void*, unsigned>, Lru> g_reuse;
-uint64_t g_reuse_loads = 0, g_reuse_hits = 0;
-void reuse_load(uintptr_t gr) {
-  std::lock_guard<std::mutex> lk(g_reuse_mu);
-  if (g_reuse_granules <= 0 || emu_block == nullptr) return;
-  Lru& l = g_reuse[{emu_block, threadIdx.x}];
-  g_reuse_loads++;
-  l.loads++;
-  const auto it = l.at.find(gr);
-  if (it != l.at.end()) {
-    g_reuse_hits++;
-    l.order.erase(it->second);
-  } else if ((int)l.order.size() >= g_reuse_granules) {
-    l.at.erase(l.order.back());
-    l.order.pop_back();
-  }
-  l.order.push_front(gr);
-  l.at[gr] = l.order.begin();
-}
-}  // namespace
-
-extern "C" void sbn_emu_reuse_reset(int granules) {
-  std::lock_guard<std::mutex> lk(g_reuse_mu);
-  g_reuse.clear();
-  g_reuse_granules = granules;
-  g_reuse_loads = g_reuse_hits = 0;
-}
-extern "C" void sbn_emu_reuse_get(uint64_t* loads, uint64_t* hits, uint64_t* ideal,
-                                  uint64_t* threads) {
-  std::lock_guard<std::mutex> lk(g_reuse_mu);
-  *loads = g_reuse_loads;
-  *hits = g_reuse_hits;
-  *ideal = *threads = 0;
-  for (const auto& kv : g_reuse) {
-    const uint64_t pass = kv.second.loads / 2, k = (uint64_t)g_reuse_granules;
-    *ideal += pass < k ? pass : k;
-    *threads += 1;
-  }
-}
-
 void emu_count(const void* p, size_t bytes, int write) {
   const char* c = static_cast<const char*>(p);
   Range* r = range_of(c, bytes);
   if (r == nullptr) return;
-  if (!write && bytes == 16) reuse_load(reinterpret_cast<uintptr_t>(c));
   if (!write && bytes == 16 && lead_thread()) {
     const uint64_t now = emu_block->loads0++;
     const auto it = emu_block->pf0.find(reinterpret_cast<uintptr_t>(c));

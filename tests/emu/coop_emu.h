@@ -56,16 +56,6 @@ void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad);
    SBN_PREFETCH_AHEAD batches before ("far"), or never ("none"). */
 void sbn_emu_lead_reset(int on);
 void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* far, uint64_t* none);
-/* A model of what L2 gives back (the order of the passes): while on (sbn_emu_reuse_reset
-   with granules > 0; 0: off), every thread's 16-byte loads of the tracked ranges go
-   through an LRU cache of its own of `granules` 16-byte granules; sbn_emu_reuse_get: the
-   loads since, and how many of them the cache held. One thread's order, not the GPU's
-   interleaving of many: a thread that reads its bytes once in stage 1 and again in
-   stage 5 gets hits only when stage 5 starts with what stage 1 read last. *ideal: what
-   the caches would hold for stage 5 at best, the sum over the threads that loaded of
-   min(granules, half their loads: one pass); *threads: how many loaded. */
-void sbn_emu_reuse_reset(int granules);
-void sbn_emu_reuse_get(uint64_t* loads, uint64_t* hits, uint64_t* ideal, uint64_t* threads);
 
 /* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
 /* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'
@@ -95,8 +85,6 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
 #define SBN_EMU_MUT_NO_CROSS_PREFETCH 2048 /* SBN_MUT_NO_CROSS_PREFETCH: a unit's first
                                               batch asked for only when it is loaded */
-#define SBN_EMU_MUT_FORWARD_STAGE5 4096 /* SBN_MUT_FORWARD_STAGE5: stream stage 5 in stage
-                                           1's order */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
