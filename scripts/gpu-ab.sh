@@ -9,7 +9,8 @@
 # (A B C A B C ...) so that drift of the machine falls on every variant alike; each run's
 # JSON and log go to OUTDIR/LABEL.rN.{json,log}. The table (scripts/gpu_ab_table.py): per
 # row, each variant's median over its rounds of the per-run medians, and its ratio to the
-# first variant. Exit status: 1 if any run failed or had a wrong value.
+# first variant; OUTDIR.tar.gz holds the folder. Exit status: 1 if any run failed or had a
+# wrong value.
 set -u
 OUT=$1
 ROUNDS=$2
@@ -36,4 +37,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 python3 "$(dirname "$0")/gpu_ab_table.py" "$OUT" "$ROUNDS" "${labels[@]}" | tee "$OUT/table.txt"
+# one file next to OUTDIR with all of it: the device tool brings back a limited number of
+# files (session 39 lost the per-run JSON of a 6-run A/B to that limit)
+tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" || rc=1
 exit $rc
