@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# gpu-variants.sh — build sbn-bench once per kernel variant, here (no GPU needed), into one
+# folder the device tool carries; scripts/gpu-ab.sh then times them side by side there.
+#
+#   scripts/gpu-variants.sh OUTDIR NAME=FLAGS...
+#
+# NAME=FLAGS: a label and the -D flags of the variant, e.g.
+#   base=  ahead4=-DSBN_PREFETCH_AHEAD=4  u8="-DSBN_BATCH_FWD=8 -DSBN_BATCH_BWD=4"
+# (the knobs kernels/coop_plan.h leaves open with #ifndef: SBN_BATCH_FWD, SBN_BATCH_BWD,
+# SBN_STREAM_BLOCKS_PER_SM, SBN_PREFETCH_AHEAD). The flags go to the C, C++ and CUDA
+# compilers alike: the host's plan uses the same constants as the kernels. Each variant is
+# built in build/var-NAME (Release, sm_90, NCCL headers as scripts/gpu-suite.sh prebuild
+# finds them) and copied to OUTDIR/sbn-bench.NAME; OUTDIR/VARIANTS.txt lists name, flags,
+# commit, and how many cooperative kernels have a stack frame (spills; cuobjdump where
+# found: a variant that spills is timed all the same, and says so); OUTDIR/run.sh is the
+# device command:
+#
+#   bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]   (default: 2 rounds,
+#                                          --only S1,S2,S5 -w 1,8 --paths coop)
+#
+# which runs scripts/gpu-ab.sh over every variant (the first is the base of the ratios)
+# with the wheels' NCCL and cuDNN on LD_LIBRARY_PATH, and leaves $OUT/ab.tar.gz.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT=$1
+shift
+[ $# -gt 0 ] || { echo "usage: $0 OUTDIR NAME=FLAGS..." >&2; exit 2; }
+. scripts/cuda-tools.sh
+sbn_find_nvcc
+sbn_find_disasm
+[ -n "$NVCC" ] || { echo "gpu-variants: no nvcc" >&2; exit 1; }
+nccl=${SYNCBN_NCCL_ROOT:-}
+if [ -z "$nccl" ]; then
+  for d in build/wheels/nvidia/nccl \
+    "$(python3 -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/nvidia/nccl"; do
+    [ -f "$d/include/nccl.h" ] && { nccl=$d; break; }
+  done
+fi
+mkdir -p "$OUT"
+commit=$(git describe --always --dirty --tags 2>/dev/null || echo unknown)
+echo "# variants of commit $commit, built $(date -u +%FT%TZ)" > "$OUT/VARIANTS.txt"
+names=()
+for v in "$@"; do
+  name=${v%%=*}
+  flags=${v#*=}
+  b=build/var-$name
+  echo "==> $name: '${flags}' in $b"
+  cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 ${nccl:+-DSYNCBN_NCCL_ROOT="$nccl"} \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_CUDA_FLAGS="$flags" \
+    > "$b.cfg.log" 2>&1 || { echo "configure failed: $b.cfg.log" >&2; exit 1; }
+  cmake --build "$b" -j "$(nproc)" --target sbn-bench > "$b.build.log" 2>&1 ||
+    { echo "build failed: $b.build.log" >&2; exit 1; }
+  cp "$b/bench/sbn-bench" "$OUT/sbn-bench.$name"
+  stack="?"
+  if [ -n "$CUOBJDUMP" ]; then
+    stack=$("$CUOBJDUMP" -res-usage "$b/bench/sbn-bench" 2>/dev/null | grep -A1 sbn_coop_kernel |
+      grep -c "STACK:[1-9]" || true)
+  fi
+  printf '%s\t%s\t%s\tcooperative kernels with a stack frame (spills): %s\n' \
+    "$name" "$flags" "$commit" "$stack" >> "$OUT/VARIANTS.txt"
+  names+=("$name")
+done
+{
+  echo '#!/usr/bin/env bash'
+  echo '# written by scripts/gpu-variants.sh: bash THIS $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]'
+  echo 'set -u'
+  echo 'D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); O=${1:?OUT}; R=${2:-2}'
+  echo 'shift $(( $# < 2 ? $# : 2 ))'
+  echo '[ "${1:-}" = "--" ] && shift'
+  echo '[ $# -gt 0 ] || set -- --only S1,S2,S5 -w 1,8 --paths coop'
+  echo 'P=$(python3 -c '"'"'import sysconfig;print(sysconfig.get_paths()["purelib"])'"'"')'
+  echo 'export LD_LIBRARY_PATH=$P/nvidia/cudnn/lib:$P/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}'
+  echo 'cp "$D/VARIANTS.txt" "$O/"'
+  printf 'scripts/gpu-ab.sh "$O/ab" "$R"'
+  for n in "${names[@]}"; do printf ' %s="$D/sbn-bench.%s"' "$n" "$n"; done
+  echo ' -- "$@"'
+} > "$OUT/run.sh"
+chmod +x "$OUT/run.sh"
+du -sh "$OUT"
+cat "$OUT/VARIANTS.txt"
