@@ -116,7 +116,8 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   int64_t c, r0, r1;
   int64_t nn, e0, e1, v, vend; /* pieces: plane, its elements, the vector, its end */
   int64_t s, dn, ds;           /* aligned: offset in plane nn, the step in planes and rows */
-  int left, K; /* the thread's positions: V / kThreads, far below 2^31 */
+  int left, K; /* the thread's positions, ceil(V / kThreads): device memory (< 2^38
+                  bytes) holds < 2^37 elements of 2 bytes, so V < 2^37 and K < 2^29 */
   bool aligned;
   __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
       : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {

@@ -12,9 +12,16 @@
 # first variant; OUTDIR.tar.gz holds the folder. Exit status: 1 if any run failed or had a
 # wrong value.
 set -u
-OUT=$1
+if [ $# -lt 3 ]; then
+  echo "usage: $0 OUTDIR ROUNDS LABEL=BINARY... -- SBN-BENCH OPTIONS..." >&2
+  exit 2
+fi
+OUT=${1%/}
 ROUNDS=$2
 shift 2
+case "$ROUNDS" in
+  "" | *[!0-9]*) echo "gpu-ab: ROUNDS is a number, not '$ROUNDS'" >&2; exit 2 ;;
+esac
 labels=()
 bins=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
@@ -23,7 +30,8 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   shift
 done
 [ "${1:-}" = "--" ] && shift
-mkdir -p "$OUT"
+[ ${#labels[@]} -gt 0 ] || { echo "gpu-ab: no LABEL=BINARY" >&2; exit 2; }
+mkdir -p "$OUT" || exit 1
 rc=0
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!labels[@]}"; do
@@ -36,7 +44,8 @@ for r in $(seq 1 "$ROUNDS"); do
     grep -E "^# (rows|copy bandwidth)" "$OUT/$l.r$r.log" | sed 's/^/    /'
   done
 done
-python3 "$(dirname "$0")/gpu_ab_table.py" "$OUT" "$ROUNDS" "${labels[@]}" | tee "$OUT/table.txt"
+python3 "$(dirname "$0")/gpu_ab_table.py" "$OUT" "$ROUNDS" "${labels[@]}" > "$OUT/table.txt" || rc=1
+cat "$OUT/table.txt"
 # one file next to OUTDIR with all of it: the device tool brings back a limited number of
 # files (session 39 lost the per-run JSON of a 6-run A/B to that limit)
 tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" || rc=1

@@ -19,7 +19,9 @@
 #                                          --only S1,S2,S5 -w 1,8 --paths coop)
 #
 # which runs scripts/gpu-ab.sh over every variant (the first is the base of the ratios)
-# with the wheels' NCCL and cuDNN on LD_LIBRARY_PATH, and leaves $OUT/ab.tar.gz.
+# with the wheels' NCCL and cuDNN on LD_LIBRARY_PATH, and leaves $OUT/ab.tar.gz. Both run
+# from the repository root (the device tool's working folder); OUTDIR is taken from there.
+# NAME without "=FLAGS" is an error.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=$1
@@ -41,6 +43,7 @@ commit=$(git describe --always --dirty --tags 2>/dev/null || echo unknown)
 echo "# variants of commit $commit, built $(date -u +%FT%TZ)" > "$OUT/VARIANTS.txt"
 names=()
 for v in "$@"; do
+  case "$v" in *=*) ;; *) echo "gpu-variants: '$v' is not NAME=FLAGS" >&2; exit 2 ;; esac
   name=${v%%=*}
   flags=${v#*=}
   b=build/var-$name
@@ -65,15 +68,17 @@ done
   echo '#!/usr/bin/env bash'
   echo '# written by scripts/gpu-variants.sh: bash THIS $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]'
   echo 'set -u'
-  echo 'D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); O=${1:?OUT}; R=${2:-2}'
-  echo 'shift $(( $# < 2 ? $# : 2 ))'
+  echo 'D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd); O=${1:?OUT}; shift; R=2'
+  echo 'case "${1:-}" in ""|--) ;; *[!0-9]*) echo "ROUNDS: a number, not $1" >&2; exit 2 ;;'
+  echo '  *) R=$1; shift ;; esac'
   echo '[ "${1:-}" = "--" ] && shift'
   echo '[ $# -gt 0 ] || set -- --only S1,S2,S5 -w 1,8 --paths coop'
+  echo 'mkdir -p "$O" || exit 1'
   echo 'P=$(python3 -c '"'"'import sysconfig;print(sysconfig.get_paths()["purelib"])'"'"')'
   echo 'export LD_LIBRARY_PATH=$P/nvidia/cudnn/lib:$P/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}'
   echo 'cp "$D/VARIANTS.txt" "$O/"'
   printf 'scripts/gpu-ab.sh "$O/ab" "$R"'
-  for n in "${names[@]}"; do printf ' %s="$D/sbn-bench.%s"' "$n" "$n"; done
+  for n in "${names[@]}"; do printf ' "%s=$D/sbn-bench.%s"' "$n" "$n"; done
   echo ' -- "$@"'
 } > "$OUT/run.sh"
 chmod +x "$OUT/run.sh"

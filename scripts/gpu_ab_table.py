@@ -44,7 +44,7 @@ def main():
                   f"(median of {len(bw[l])} runs)")
     head = f"{'path':6} {'shape':5} {'dtype':5} {'layout':6} {'W':>2}"
     for l in labels:
-        head += f" {l + ' fwd':>14} {'bwd':>9}"
+        head += f" {l + ' fwd':>14} {'bwd':>12}"
     print(head)
     for k in keys:
         line = f"{k[0]:6} {k[1]:5} {k[2]:5} {k[3]:6} {k[4]:>2}"
@@ -52,7 +52,7 @@ def main():
         for l in labels:
             v = times[l].get(k)
             if not v:
-                line += f" {'--':>14} {'--':>9}"
+                line += f" {'--':>14} {'--':>12}"
                 continue
             f = statistics.median(x[0] for x in v)
             b = statistics.median(x[1] for x in v)
@@ -61,7 +61,7 @@ def main():
                 b0 = statistics.median(x[1] for x in base)
                 line += f" {f:8.1f}({f / f0:4.2f}) {b:6.1f}({b / b0:4.2f})"
             else:
-                line += f" {f:14.1f} {b:9.1f}"
+                line += f" {f:14.1f} {b:12.1f}"
         print(line)
 
 
