@@ -2166,13 +2166,14 @@ typedef struct {
   team_t* ops;
   int nops, r;
   const sbnParams_t* p;
+  unsigned delay_us; /* the last rank's late read (pipeline_case) */
 } pipe_rank_t;
 static void* pipe_rank_main(void* arg) {
   pipe_rank_t* pr = (pipe_rank_t*)arg;
   sbn_coop_args_t* a = calloc(1, sizeof *a);
   /* the last rank is slow to read a record once its flag is seen: the others run ahead
      into their next op meanwhile */
-  sbn_emu_set_acquire_delay(pr->r == pr->e->W - 1 ? 20000 : 0);
+  sbn_emu_set_acquire_delay(pr->r == pr->e->W - 1 ? pr->delay_us : 0);
   for (int i = 0; i < pr->nops; i++)
     for (int bwd = 0; bwd < 2; bwd++) {
       team_t* t = &pr->ops[i];
@@ -2200,12 +2201,32 @@ static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, 
     team_make(&ops[i], W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed * 100 + (uint64_t)i);
     team_make(&cpu[i], W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed * 100 + (uint64_t)i);
   }
+  /* The late read must outlast what the others do meanwhile (finish the op, launch the
+     next, publish it: about one op), or a rank that overwrites a record still being read
+     (the single-buffer mutant) is not caught: twice the time this machine takes now for
+     one op of the same shape (timed: the virtual launch of all W ranks, so about 2W of
+     a rank's ops), at least 20 ms, at most 500 ms. A fixed 20 ms let the mutant
+     through on a loaded 2-core machine (24 seeds, CI, 2026-11-26). The deadline grows
+     with it: a rank left waiting by a mutant gives up after 2 s + 8 late reads. */
+  unsigned delay_us = 20000;
+  {
+    team_t t1;
+    emu_team_t e1;
+    team_make(&t1, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed * 100 + 99);
+    emu_team_init(&e1, W, G, 60000);
+    const int64_t t0 = now_ms();
+    emu_run_virtual(&e1, &t1, 0, &p);
+    const int64_t op_ms = now_ms() - t0;
+    if (op_ms * 2 > 20) delay_us = (unsigned)(op_ms * 2 > 500 ? 500000 : op_ms * 2000);
+    emu_team_free(&e1);
+    team_free(&t1);
+  }
   emu_team_t e;
-  emu_team_init(&e, W, G, 2000); /* a rank left waiting (a mutant) gives up after 2 s */
+  emu_team_init(&e, W, G, 2000 + 8 * (int)(delay_us / 1000));
   pthread_t th[MAXW];
   pipe_rank_t pr[MAXW];
   for (int r = 0; r < W; r++) {
-    pr[r] = (pipe_rank_t){&e, ops, nops, r, &p};
+    pr[r] = (pipe_rank_t){&e, ops, nops, r, &p, delay_us};
     pthread_create(&th[r], NULL, pipe_rank_main, &pr[r]);
   }
   for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
