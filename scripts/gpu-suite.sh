@@ -16,6 +16,7 @@
 #   scripts/gpu-suite.sh [OUTDIR] [steps...]   on a GPU machine, from a source tree: steps
 #       env build probe test sanitize bench torch pytorch plot; the build into build/gpu; the sanitizers
 #       on the full case lists; the bench's default run and its kernel variants. No limits.
+# (Two helpers for other scripts, below the functions: nccl-root, with-libs CMD.)
 #
 # Steps:
 #   env       nvidia-smi, nvcc, cmake, and where NCCL / cuDNN are (toolkit or Python wheels)
@@ -52,20 +53,54 @@ spec = importlib.util.find_spec("nvidia." + sys.argv[1])
 print(list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else "")' "$1" 2>/dev/null
 }
 
+# The NCCL a build uses: SYNCBN_NCCL_ROOT, else PYTHON's wheel, else build/wheels' (the
+# wheel installed there when neither has one); its root on stdout, empty on failure
+nccl_build_root() {
+  local nccl=${SYNCBN_NCCL_ROOT:-$(wheel_root nccl)}
+  if [ -z "$nccl" ]; then
+    nccl=$(wheel_root nccl "$PWD/build/wheels")
+    if [ -z "$nccl" ]; then
+      echo "+ $PYTHON -m pip install --target build/wheels $NCCL_WHEEL" >&2
+      "$PYTHON" -m pip install -q --no-deps --target build/wheels "$NCCL_WHEEL" >&2 || return 1
+      nccl=$(wheel_root nccl "$PWD/build/wheels")
+    fi
+  fi
+  echo "$nccl"
+}
+
+# The wheels' NCCL and cuDNN first on LD_LIBRARY_PATH, where PYTHON has them
+wheel_libs() {
+  local w root
+  for w in nccl cudnn; do
+    root=$(wheel_root "$w")
+    [ -n "$root" ] && [ -d "$root/lib" ] &&
+      export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  return 0
+}
+
+# ---- for other scripts (scripts/gpu-variants.sh): the same NCCL, the same libraries -------
+#   scripts/gpu-suite.sh nccl-root          the NCCL root a build here uses (as prebuild)
+#   scripts/gpu-suite.sh with-libs CMD...   CMD with the steps' LD_LIBRARY_PATH
+case "${1:-}" in
+  nccl-root)
+    cd "$HERE/.." || exit 2
+    nccl_build_root
+    exit $?
+    ;;
+  with-libs)
+    shift
+    wheel_libs
+    exec "$@"
+    ;;
+esac
+
 # ---- prebuild: on a CPU machine ----------------------------------------------------------
 if [ "${1:-}" = prebuild ]; then
   cd "$HERE/.." || exit 2
   DIR=${2:-build/prebuilt}
   BUILD=build/prebuilt-build
-  nccl=${SYNCBN_NCCL_ROOT:-$(wheel_root nccl)}
-  if [ -z "$nccl" ]; then
-    nccl=$(wheel_root nccl "$PWD/build/wheels")
-    if [ -z "$nccl" ]; then
-      echo "+ $PYTHON -m pip install --target build/wheels $NCCL_WHEEL"
-      "$PYTHON" -m pip install -q --no-deps --target build/wheels "$NCCL_WHEEL" || exit 1
-      nccl=$(wheel_root nccl "$PWD/build/wheels")
-    fi
-  fi
+  nccl=$(nccl_build_root) || exit 1
   [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
   echo "prebuild: NCCL from $nccl; CUDA architecture $ARCH; Release, -Werror"
   cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
@@ -146,11 +181,7 @@ OUTDIR=$(cd "$OUTDIR" && pwd)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${DEFAULT_STEPS[@]}")
 
-# the wheels' NCCL and cuDNN first, where PYTHON has them
-for w in nccl cudnn; do
-  root=$(wheel_root "$w")
-  [ -n "$root" ] && [ -d "$root/lib" ] && export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-done
+wheel_libs
 
 step_env() {
   nvidia-smi || return 1

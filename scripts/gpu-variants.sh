@@ -31,13 +31,8 @@ shift
 sbn_find_nvcc
 sbn_find_disasm
 [ -n "$NVCC" ] || { echo "gpu-variants: no nvcc" >&2; exit 1; }
-nccl=${SYNCBN_NCCL_ROOT:-}
-if [ -z "$nccl" ]; then
-  for d in build/wheels/nvidia/nccl \
-    "$(python3 -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/nvidia/nccl"; do
-    [ -f "$d/include/nccl.h" ] && { nccl=$d; break; }
-  done
-fi
+nccl=$(scripts/gpu-suite.sh nccl-root) # the prebuild's NCCL
+[ -f "$nccl/include/nccl.h" ] || { echo "gpu-variants: no nccl.h under '$nccl'" >&2; exit 1; }
 mkdir -p "$OUT"
 commit=$(git describe --always --dirty --tags 2>/dev/null || echo unknown)
 echo "# variants of commit $commit, built $(date -u +%FT%TZ)" > "$OUT/VARIANTS.txt"
@@ -49,7 +44,7 @@ for v in "$@"; do
   b=build/var-$name
   echo "==> $name: '${flags}' in $b"
   cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release -DSYNCBN_CUDA=ON -DSYNCBN_NCCL=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 ${nccl:+-DSYNCBN_NCCL_ROOT="$nccl"} \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSYNCBN_NCCL_ROOT="$nccl" \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_CUDA_FLAGS="$flags" \
     > "$b.cfg.log" 2>&1 || { echo "configure failed: $b.cfg.log" >&2; exit 1; }
   cmake --build "$b" -j "$(nproc)" --target sbn-bench > "$b.build.log" 2>&1 ||
@@ -74,10 +69,8 @@ done
   echo '[ "${1:-}" = "--" ] && shift'
   echo '[ $# -gt 0 ] || set -- --only S1,S2,S5 -w 1,8 --paths coop'
   echo 'mkdir -p "$O" || exit 1'
-  echo 'P=$(python3 -c '"'"'import sysconfig;print(sysconfig.get_paths()["purelib"])'"'"')'
-  echo 'export LD_LIBRARY_PATH=$P/nvidia/cudnn/lib:$P/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}'
   echo 'cp "$D/VARIANTS.txt" "$O/"'
-  printf 'scripts/gpu-ab.sh "$O/ab" "$R"'
+  printf 'scripts/gpu-suite.sh with-libs scripts/gpu-ab.sh "$O/ab" "$R"'
   for n in "${names[@]}"; do printf ' "%s=$D/sbn-bench.%s"' "$n" "$n"; done
   echo ' -- "$@"'
 } > "$OUT/run.sh"
