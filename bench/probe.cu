@@ -573,9 +573,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
       for (int var = 0; var < SBN_VAR_COUNT; var++) {
         const void* fn = sbn_coop_kernel_ptr(kind, dt, t, v, var);
         if (fn == nullptr) continue;
-        size_t dyn = (size_t)sbn_pipe_bytes(kind); /* stream: the pipeline's, or 0 */
-        if (var == SBN_VAR_STREAM && dyn > 0)
-          CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+        size_t dyn = 0;
         if (var == SBN_VAR_ONCHIP) {
           cudaFuncAttributes fa;
           CK(cudaFuncGetAttributes(&fa, fn));
@@ -656,7 +654,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   CK(cudaDeviceSynchronize());
   const void* fn = sbn_coop_kernel_ptr(kind, dt, pl.tile, pl.vec, pl.variant);
   const unsigned grid = (unsigned)(W * pl.G);
-  const size_t dyn = (size_t)sbn_coop_dyn_bytes(kind, pl.variant, pl.hold_slots);
+  const size_t dyn = pl.variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl.hold_slots) : 0;
   char what[64];
   snprintf(what, sizeof what, "%s W=%d", name, W);
   StageTimes tm;

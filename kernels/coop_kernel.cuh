@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
-  VecPath<KIND, DT, TILE, VEC, kOnchip, VAR == SBN_VAR_STREAM ? SBN_STREAM_PIPE : 0> path;
+  VecPath<KIND, DT, TILE, VEC, kOnchip> path;
 
   SBN_STAMP(0); /* the block runs */
   if (threadIdx.x == 0) {
@@ -119,8 +119,6 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
        other blocks finish their units) */
     st = sbnInvalidUsage;
   }
-  if (st == 0) path.stage5_start(R, g, u0, u1, hold_smem); /* stream pipeline: stage 5's first
-                                                              copies, during the exchange */
   /* stage 2: every block read the epoch (and nbt) above, so block 0 may advance it */
   SBN_STAMP(2); /* stage 1 done */
   const uint64_t deadline = deadline_after(a.timeout_ns);
@@ -188,7 +186,6 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     }
   }
   if (st != 0) {
-    path.drain();
     if (threadIdx.x == 0) record_error(a, R.rank, st);
     return;
   }

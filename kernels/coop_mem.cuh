@@ -31,11 +31,6 @@
 #define SBN_MUT_NO_CROSS_PREFETCH 2048 /* stream plane units: the prefetch stops at the
                                           unit's end and starts anew at the next one's first
                                           batch (cold): the old way */
-#define SBN_MUT_PIPE_SHALLOW_WAIT 4096 /* the stream pipeline (SBN_STREAM_PIPE) reads a slot
-                                          after waiting for all but PIPE + 1 groups: one
-                                          batch before its copies landed */
-#define SBN_MUT_PIPE_FEW_SLOTS 8192 /* the stream pipeline with PIPE slots, not PIPE + 1: a
-                                       batch's copies overwrite the slot of one not yet read */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP
@@ -95,12 +90,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint64_
                : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-/* The stream pipeline (coop_vec.cuh): the thread's copies since the last commit made one
-   group; wait until at most N of its groups are still in flight (the older ones landed). */
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* The L2 line of position p asked for ahead of its load (sm_80+; no registers): to keep
    (stage 1, read again in stage 5: evict_last) or not (stage 5: evict_normal). The

@@ -88,29 +88,6 @@ static SBN_ARGS_HD int sbn_pos_bytes(int kind) { return kind == SBN_OP_FORWARD ?
 static SBN_ARGS_HD int64_t sbn_hold_bytes(int kind, int slots) {
   return (int64_t)slots * sbn_batch(kind) * SBN_GPU_THREADS * sbn_pos_bytes(kind);
 }
-/* The stream kernels' copy pipeline (coop_vec.cuh: VecPath::pipe_issue), a tuning
-   variant (bench/notes/issue13-stream.md, "The copy pipeline"): with SBN_STREAM_PIPE = D > 0
-   each thread keeps its next D batches in flight as cp.async copies into its own slots of
-   dynamic shared memory (D + 1 slots: the one it reads and the D in flight), across the
-   block's units, with the batch's positions beside them (the consumer needs no walker),
-   and no L2 prefetch; 0: the loads into registers as before. 16-byte kernels only (VEC >
-   1); the host path's kernels never. */
-#ifndef SBN_STREAM_PIPE
-#define SBN_STREAM_PIPE 0
-#endif
-#define SBN_PIPE_POS_WORDS(kind) (2 * sbn_batch(kind) + 2) /* a batch's positions, 32-bit words:
-                                      at most U 64-bit indices and a 64-bit mask */
-/* Dynamic shared memory of a stream block (0 without the pipeline). */
-static SBN_ARGS_HD int64_t sbn_pipe_bytes(int kind) {
-  return SBN_STREAM_PIPE > 0 ? (int64_t)(SBN_STREAM_PIPE + 1) * SBN_GPU_THREADS *
-                                   (sbn_batch(kind) * sbn_pos_bytes(kind) + 4 * SBN_PIPE_POS_WORDS(kind))
-                             : 0;
-}
-/* Dynamic shared memory of a cooperative launch: onchip, its hold slots; stream, the
-   pipeline's slots. */
-static SBN_ARGS_HD int64_t sbn_coop_dyn_bytes(int kind, int variant, int hold_slots) {
-  return variant == SBN_VAR_ONCHIP ? sbn_hold_bytes(kind, hold_slots) : sbn_pipe_bytes(kind);
-}
 /* Elements per 16-byte vector of a dtype (sbnFloat32: 4, fp16/bf16: 8). */
 static SBN_ARGS_HD int sbn_vec_of(int dtype) {
   const int size = sbn_dtype_size(dtype);

@@ -67,7 +67,6 @@ template <bool TILE, int VEC, bool WHOLE> struct Walker;
 /* Tile units: rows r0 + w*VEC + lane/(32/VEC) + k*8*VEC of the thread's vector column. */
 template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
   int64_t i, step, left, K;
-  __device__ Walker() {} /* the stream pipeline's cursor, set per unit */
   __device__ Walker(const sbn_geo_t& g, int grp, int64_t r0, int64_t r1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     constexpr int vpg = kChunk / VEC;
@@ -120,7 +119,6 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   int left, K; /* the thread's positions, ceil(V / kThreads): device memory (< 2^38
                   bytes) holds < 2^37 elements of 2 bytes, so V < 2^37 and K < 2^29 */
   bool aligned;
-  __device__ Walker() {} /* the stream pipeline's cursor, set per unit */
   __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
       : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {
     aligned = WHOLE || g->sp % VEC == 0;
@@ -241,8 +239,7 @@ __device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float
 }
 
 /* ---- the data path of one variant ------------------------------------------------------ */
-/* PIPE_IN: the stream kernels' SBN_STREAM_PIPE (0 elsewhere; coop_plan.h). */
-template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP, int PIPE_IN = 0>
+template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP>
 struct VecPath {
   static constexpr int U = KIND == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
   static constexpr int NV = KIND == SBN_OP_FORWARD ? 1 : 2; /* x; x and dy */
@@ -266,24 +263,6 @@ struct VecPath {
 #else
   Batch hold[NBR]; /* onchip: the thread's first NBR batches (over the block's units) */
 #endif
-
-  /* The stream copy pipeline (coop_plan.h: SBN_STREAM_PIPE; 16-byte kernels only). A pass
-     (stage 1, stage 5) over the block's units [u0, u1) keeps the thread's next PIPE
-     batches in flight: batch n of the pass (counted over its units, *gb) is copied with
-     cp.async into the thread's slot n % (PIPE + 1) of dynamic shared memory, its
-     positions (Pos) stored beside it, PIPE batches before it is read; a commit group per
-     batch (empty past the pass's end), so that "all but the PIPE newest groups landed"
-     is batch n. The copies of batch n + PIPE are issued before the wait for batch n, into
-     the slot batch n - 1 was read from (its values used before, in program order: a
-     slot is never written while the thread may still read it; PIPE slots would overwrite
-     batch n's: the mutant SBN_MUT_PIPE_FEW_SLOTS). The thread's slots are its own (no
-     block barrier). Stage 5's first PIPE batches are issued before the rank barrier
-     (stage5_start), so that they load while the exchange waits. */
-  static constexpr int PIPE = (!ONCHIP && VEC > 1) ? PIPE_IN : 0;
-  static constexpr int kPosWords = 2 * U + 2; /* SBN_PIPE_POS_WORDS */
-  static_assert(sizeof(Pos) % 4 == 0 && sizeof(Pos) <= 4 * kPosWords, "a batch's positions fit");
-  Walk pwk;           /* the issuing cursor: unit pu's walk, its batch pbt of pnb */
-  int pu, pu1, pbt, pnb, pn; /* pn: batches issued in the pass */
 
   static __device__ __forceinline__ uint64_t full_mask() {
     uint64_t m = 0;
@@ -370,87 +349,6 @@ SBN_UNROLL
         hold[NBR - 1][k][nv] = t[k][nv];
       }
   }
-  /* ---- the stream copy pipeline ---- */
-  static __device__ __forceinline__ int pipe_slots() {
-    return SBN_MUTANT(SBN_MUT_PIPE_FEW_SLOTS) ? PIPE : PIPE + 1;
-  }
-  static __device__ __forceinline__ uint32_t* pos_at(uint4* hs, int slot, int w) {
-    return reinterpret_cast<uint32_t*>(hs + (int64_t)(PIPE + 1) * U * NV * kThreads) +
-           (int64_t)(slot * kPosWords + w) * kThreads + threadIdx.x;
-  }
-  /* The thread's next batch of the pass, if it has one: its copies into slot pn % slots,
-     its positions beside them. */
-  __device__ __forceinline__ void pipe_issue(const sbn_coop_rank_t& R, const sbn_geo_t& g,
-                                             uint4* hs, uint64_t pol) {
-    while (pbt >= pnb) { /* into the next unit with batches */
-      if (pu + 1 >= pu1) return;
-      pu++;
-      int grp, p;
-      int64_t r0, r1;
-      unit_rows(g, pu, &grp, &p, &r0, &r1);
-      pwk = Walk(g, grp, r0, r1);
-      pnb = (int)((pwk.K + U - 1) / U);
-      pbt = 0;
-    }
-    Pos bp;
-    pwk.batch(bp);
-    pbt++;
-    const int slot = pn % pipe_slots();
-    pn++;
-    copy_to_smem(R, bp, hs, slot, pol);
-    uint32_t w[sizeof(Pos) / 4];
-    memcpy(w, &bp, sizeof bp);
-SBN_UNROLL
-    for (int i = 0; i < (int)(sizeof(Pos) / 4); i++) *pos_at(hs, slot, i) = w[i];
-  }
-  /* A pass over the block's units [u0, u1) begins: its first PIPE batches issued. */
-  __device__ __forceinline__ void pipe_start(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u0,
-                                             int u1, uint4* hs, uint64_t pol) {
-    pu = u0 - 1;
-    pu1 = u1;
-    pbt = pnb = pn = 0;
-SBN_NO_UNROLL
-    for (int d = 0; d < PIPE; d++) {
-      pipe_issue(R, g, hs, pol);
-      cp_async_commit();
-    }
-  }
-  /* The pass's next nb batches (one unit's), f(batch, positions); *gb counts them. */
-  template <typename F>
-  __device__ __forceinline__ void pipe_each(const sbn_coop_rank_t& R, const sbn_geo_t& g, int nb,
-                                            int* gb, uint4* hs, uint64_t pol, F f) {
-    for (int bt = 0; bt < nb; bt++) {
-      pipe_issue(R, g, hs, pol); /* batch *gb + PIPE */
-      cp_async_commit();
-      if (SBN_MUTANT(SBN_MUT_PIPE_SHALLOW_WAIT))
-        cp_async_wait_group<PIPE + 1>();
-      else
-        cp_async_wait_group<PIPE>(); /* batch *gb landed */
-      const int slot = *gb % pipe_slots();
-      (*gb)++;
-      Batch cur;
-      read_smem(hs, slot, cur);
-      uint32_t w[sizeof(Pos) / 4];
-SBN_UNROLL
-      for (int i = 0; i < (int)(sizeof(Pos) / 4); i++) w[i] = *pos_at(hs, slot, i);
-      Pos bp;
-      memcpy(&bp, w, sizeof bp);
-      f(cur, bp);
-    }
-  }
-  /* Stage 5's pass begins (before the rank barrier: its first copies load while the
-     exchange waits), unless stage 5 writes nothing (stage5_unit). */
-  __device__ __forceinline__ void stage5_start(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u0,
-                                               int u1, uint4* hs) {
-    if constexpr (PIPE > 0) {
-      if (g.rows != 0 && R.out != nullptr) pipe_start(R, g, u0, u1, hs, policy_evict_first());
-    }
-  }
-  /* Before a failing block returns: its copies in flight land first. */
-  __device__ __forceinline__ void drain() {
-    if constexpr (PIPE > 0) cp_async_wait_all();
-  }
-
   /* The nb batches of a unit in order, f(batch, positions): onchip, the thread's first
      NBR batches over the block's units (counted by *gb) from registers (turn_hold), the
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
@@ -696,16 +594,12 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
-    auto f = [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, true, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else
         bwd_batch(B, bt, bp);
-    };
-    if constexpr (PIPE > 0)
-      pipe_each(R, g, nb, gb, hs, pol, f);
-    else
-      each_batch(R, wk, nb, gb, hs, pol, true, f, nbr);
+    }, nbr);
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
     for (int e = 0; e < NCH; e++) {
@@ -761,7 +655,6 @@ SBN_UNROLL
       if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
-    if constexpr (PIPE > 0) pipe_start(R, g, u0, u1, hs, policy_evict_last());
     for (int u = u0; u < u1; u++) stats_unit(R, g, u, u0, u1, &gb, hs, sm);
     if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
                                                         ones back in their first order */
@@ -822,14 +715,10 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
-    auto f = [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
-    };
-    if constexpr (PIPE > 0)
-      pipe_each(R, g, nb, gb, hs, pol, f);
-    else
-      each_batch(R, wk, nb, gb, hs, pol, false, f, nbr);
+    }, nbr);
   }
 };
 

@@ -533,10 +533,7 @@ static void test_bytes_moved(void) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
         const int64_t sp = lay ? (v == 2 ? 1000 : 9) : plane_sp[v]; /* NHWC 1000: 24 batches a thread */
-        /* (the stream copy pipeline, SBN_STREAM_PIPE, asks L2 for nothing: its copies are the
-           loads ahead) */
-        const int prefetch = variants[v] == SBN_VAR_STREAM && (lay || sp % sbn_vec_of(dt) == 0) &&
-                             SBN_STREAM_PIPE == 0;
+        const int prefetch = variants[v] == SBN_VAR_STREAM && (lay || sp % sbn_vec_of(dt) == 0);
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, sp, n2, 1, 1, GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
@@ -624,11 +621,8 @@ static void prefetch_lead(void) {
       sbn_emu_lead_get(&short_lead, &far, &none);
       sbn_emu_lead_reset(0);
       ASSERT_TRUE(err_words_clear(&e));
-      /* 2 ranks x 3 blocks x (2 passes x 4 loads); the copy pipeline (SBN_STREAM_PIPE) asks
-         L2 for nothing: every load "never" asked for (its copies run ahead instead:
-         test_stream_pipe) */
-      const uint64_t want = SBN_STREAM_PIPE > 0 ? 0 : 2 * 3 * 8;
-      if (short_lead != want || far != 0 || (none != 0) != (SBN_STREAM_PIPE > 0))
+      const uint64_t want = 2 * 3 * 8; /* 2 ranks x 3 blocks x (2 passes x 4 loads) */
+      if (short_lead != want || far != 0 || none != 0)
         SBN_FAIL_("dtype %d %s: %" PRIu64 " loads asked for less than a batch ahead (not "
                   "%" PRIu64 "), %" PRIu64 " more than 2 batches ahead, %" PRIu64 " never",
                   dt, bwd ? "backward" : "forward", short_lead, want, far, none);
@@ -640,27 +634,6 @@ static void prefetch_lead(void) {
   }
 }
 static void test_prefetch_lead(void) { prefetch_lead(); }
-
-#if SBN_STREAM_PIPE > 0
-/* The stream kernels' copy pipeline (coop_vec.cuh: VecPath::pipe_issue): the stream
-   variant's cases of test_emulated_vs_reference and test_onchip_equals_stream (bitwise
-   equal to onchip: many batches a thread, units of many small planes, part-full batches,
-   tiles; unaligned plane ends, whose positions are copied element by element) with
-   copies that land only at the wait covering them (sbn_emu_set_cp_async_late): a batch
-   read before its wait reads the bytes of an older batch (the mutant
-   SBN_MUT_PIPE_SHALLOW_WAIT must fail here); and with copies that land at their issue: a
-   slot overwritten before it was read (SBN_MUT_PIPE_FEW_SLOTS) must fail there. */
-static void stream_pipe(int late) {
-  sbn_emu_set_cp_async_late(late);
-  test_emulated_vs_reference();
-  if (!sbn_test_cur_failed_) test_onchip_equals_stream();
-  sbn_emu_set_cp_async_late(0);
-}
-static void test_stream_pipe(void) {
-  stream_pipe(1);
-  if (!sbn_test_cur_failed_) stream_pipe(0);
-}
-#endif
 
 /* The onchip kernels' held register batches turn through hold[0] (coop_vec.cuh:
    turn_hold), and stage 1 turns them back when a thread had fewer than NBR: stage 5 must
@@ -2441,9 +2414,7 @@ static const struct {
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
                 {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
-                {"no_cross_prefetch", SBN_EMU_MUT_NO_CROSS_PREFETCH},
-                {"pipe_shallow_wait", SBN_EMU_MUT_PIPE_SHALLOW_WAIT},
-                {"pipe_few_slots", SBN_EMU_MUT_PIPE_FEW_SLOTS}};
+                {"no_cross_prefetch", SBN_EMU_MUT_NO_CROSS_PREFETCH}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -2458,8 +2429,7 @@ static int run_mutant(const char* name) {
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_NO_CROSS_PREFETCH ||
-      flag == SBN_EMU_MUT_PIPE_SHALLOW_WAIT || flag == SBN_EMU_MUT_PIPE_FEW_SLOTS) {
+      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -2470,14 +2440,6 @@ static int run_mutant(const char* name) {
       gathers_per_block();
     } else if (flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
       prefetch_lead();
-    } else if (flag == SBN_EMU_MUT_PIPE_SHALLOW_WAIT || flag == SBN_EMU_MUT_PIPE_FEW_SLOTS) {
-#if SBN_STREAM_PIPE > 0
-      /* the first only where copies land late, the second only where they land at once */
-      stream_pipe(flag == SBN_EMU_MUT_PIPE_SHALLOW_WAIT);
-#else
-      fprintf(stderr, "mutant %s: this build has no stream pipeline (SBN_STREAM_PIPE 0)\n", name);
-      return 2;
-#endif
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -2537,9 +2499,6 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_prefetch_lead, 0);
-#if SBN_STREAM_PIPE > 0
-  EMU_TEST(test_stream_pipe, 0);
-#endif
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_unit_map, 0);
   EMU_TEST(test_inference, 0);

@@ -342,7 +342,8 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     joined = 1;
   }
   if (o0->algo == SBN_ALGO_COOP) {
-    const size_t dyn = (size_t)sbn_coop_dyn_bytes(kind, pl[0].variant, pl[0].hold_slots);
+    const size_t dyn =
+        pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
     fill_args(&a, ops, nops, &pl[0]);
     CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant),
               (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),

@@ -129,10 +129,7 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
             const void* fn = sbn_coop_kernel_ptr(k, d, t, v, var);
             *occ = 0;
             if (fn == NULL) continue; /* not built */
-            size_t dyn = (size_t)sbn_pipe_bytes(k); /* stream: the pipeline's, or 0 */
-            if (var == SBN_VAR_STREAM && dyn > 0)
-              CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn),
-                 "cudaFuncSetAttribute");
+            size_t dyn = 0;
             if (var == SBN_VAR_ONCHIP) {
               struct cudaFuncAttributes fa;
               CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");

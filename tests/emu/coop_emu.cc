@@ -157,7 +157,7 @@ int run_grid(const void* kernel, const A* args, unsigned grid, size_t dyn_bytes)
 
 extern "C" int sbn_emu_launch(int kind, int dtype, int tile, int vec, int variant,
                               const sbn_coop_args_t* args, unsigned grid) {
-  const size_t dyn = (size_t)sbn_coop_dyn_bytes(kind, variant, args->hold_slots);
+  const size_t dyn = variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, args->hold_slots) : 0;
   return run_grid(sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant), args, grid, dyn);
 }
 

@@ -85,15 +85,7 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
 #define SBN_EMU_MUT_NO_CROSS_PREFETCH 2048 /* SBN_MUT_NO_CROSS_PREFETCH: a unit's first
                                               batch asked for only when it is loaded */
-#define SBN_EMU_MUT_PIPE_SHALLOW_WAIT 4096 /* SBN_MUT_PIPE_SHALLOW_WAIT: the stream pipeline
-                                              reads a batch one wait too early */
-#define SBN_EMU_MUT_PIPE_FEW_SLOTS 8192 /* SBN_MUT_PIPE_FEW_SLOTS: PIPE slots, not PIPE + 1 */
 void sbn_emu_set_mutant(int flags);
-/* cp.async (1): a copy reads its source at its issue and lands in shared memory only at
-   the cp.async.wait_group / wait_all that covers its group (a read of the slot before
-   then sees the old bytes); 0 (the default): it lands at its issue (a slot overwritten
-   too early is seen). The stream pipeline (SBN_STREAM_PIPE) is checked in both. */
-void sbn_emu_set_cp_async_late(int on);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
    counts); sbn_emu_host_get gives the loads and stores of the blocks that ended since,

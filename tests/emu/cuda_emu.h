@@ -230,38 +230,11 @@ inline void st_e16(void* p, uint32_t v) {
   memcpy(p, &h, 2);
   emu_count(p, 2, 1);
 }
-/* cp.async: lands at once, or (emu::g_cp_late) at the wait that covers its group */
-inline std::vector<std::vector<emu::CpCopy>>& cp_groups() {
-  std::vector<std::vector<emu::CpCopy>>& q = emu_block->cpa[threadIdx.x];
-  if (q.empty()) q.emplace_back(); /* the open group */
-  return q;
-}
 inline void cp_async16(void* smem, const void* gmem, uint64_t) {
+  memcpy(smem, gmem, 16);
   emu_count(gmem, 16, 0);
-  if (!emu::g_cp_late) {
-    memcpy(smem, gmem, 16);
-    return;
-  }
-  emu::CpCopy c;
-  c.dst = smem;
-  memcpy(c.v, gmem, 16);
-  cp_groups().back().push_back(c);
 }
-inline void cp_async_commit() {
-  if (emu::g_cp_late) cp_groups().emplace_back();
-}
-/* Lands the oldest groups until at most `keep` committed ones are left (keep < 0: all,
-   the open one too). */
-inline void cp_land(int keep) {
-  if (!emu::g_cp_late) return;
-  std::vector<std::vector<emu::CpCopy>>& q = cp_groups();
-  size_t n = keep < 0 ? q.size() : (q.size() - 1 > (size_t)keep ? q.size() - 1 - (size_t)keep : 0);
-  for (size_t i = 0; i < n; i++)
-    for (const emu::CpCopy& c : q[i]) memcpy(c.dst, c.v, 16);
-  q.erase(q.begin(), q.begin() + (ptrdiff_t)n);
-}
-inline void cp_async_wait_all() { cp_land(-1); }
-template <int N> inline void cp_async_wait_group() { cp_land(N); }
+inline void cp_async_wait_all() {}
 /* L2 prefetch: counted apart from reads (sbn_emu_count_prefetch), with its alignment and
    whether it lies inside a tracked range. */
 void emu_count_prefetch(const void* p, size_t bytes);

@@ -66,7 +66,6 @@ thread_local emu::Block* emu_block;
 namespace emu {
 
 bool g_weak = false;
-bool g_cp_late = false;
 int g_mutant = 0;
 namespace {
 uint64_t g_seed = 0;   /* 0: FIFO scheduling, no jitter */
@@ -506,7 +505,6 @@ void block_finish(Launch* l, unsigned bi) {
   B.pub.shared.clear();
   free(B.pub.dyn);
   B.pub.dyn = nullptr;
-  B.pub.cpa.clear(); /* copies of threads that returned without waiting: never land */
   l->resident--;
   l->finished++;
 }
@@ -983,7 +981,6 @@ extern "C" void sbn_emu_set_jitter(unsigned max_us) { emu::g_jitter_us = max_us;
 extern "C" void sbn_emu_set_acquire_delay(unsigned us) { emu::t_acquire_delay_us = us; }
 extern "C" void sbn_emu_set_residency(unsigned max_blocks) { emu::g_resident = max_blocks; }
 extern "C" void sbn_emu_set_mutant(int flags) { emu::g_mutant = flags; }
-extern "C" void sbn_emu_set_cp_async_late(int on) { emu::g_cp_late = on != 0; }
 extern "C" void sbn_emu_hops_reset(int on) {
   std::lock_guard<std::mutex> lock(emu::g_hop_mu);
   emu::g_hop_map.clear();

@@ -37,7 +37,6 @@
 #include <map>
 #include <unordered_map>
 #include <string>
-#include <vector>
 
 namespace emu {
 
@@ -45,12 +44,6 @@ struct Idx {
   unsigned x, y, z;
 };
 
-/* A cp.async copy that has not landed yet (late mode: sbn_emu_set_cp_async_late): its
-   destination and the 16 bytes it read at its issue. */
-struct CpCopy {
-  void* dst;
-  unsigned char v[16];
-};
 /* What a block's CUDA threads share, besides their barriers (emu_rt.cc). */
 struct Warp {
   uint64_t buf[32]; /* the lanes' values of a shuffle or vote */
@@ -64,9 +57,6 @@ struct Block {
      L2 for, each with the count of its 16-byte loads of tracked tensors at the time */
   std::unordered_map<uintptr_t, uint64_t> pf0;
   uint64_t loads0 = 0;
-  /* late mode: each thread's cp.async groups not yet landed, oldest first, the last one
-     open (not committed) */
-  std::map<unsigned, std::vector<std::vector<CpCopy>>> cpa;
 };
 
 /* Runs grid x threads fibers of fn(ctx); returns when all have returned. */
@@ -88,7 +78,6 @@ void mem_red_u32(uint32_t* p, uint32_t v);     /* red.relaxed.gpu.add: the same,
 uint32_t mem_rmw_add_u32(uint32_t* p, uint32_t v, bool returns);
 void mem_fence();                              /* __threadfence */
 extern bool g_weak;                            /* the weak model is on */
-extern bool g_cp_late; /* cp.async copies land at the wait that covers them, not at issue */
 
 /* Mutants of the primitives (sbn_emu_set_mutant): what the weak model must catch. The
    first two also act without it (C++ atomics: ThreadSanitizer sees the missing order);
