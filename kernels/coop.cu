@@ -66,8 +66,6 @@ static_assert(kThreads == 256 && kChunk == 32, "the units' thread layouts assume
 static_assert(sizeof(sbn_mail_rec_t) % 16 == 0, "mailbox records are 16-byte aligned");
 static_assert(kRec == 4, "a record carries the backward's two compensated sums (Part::out)");
 static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's masks fit 64 bits");
-static_assert(SBN_PREFETCH_AHEAD >= 1 && SBN_PREFETCH_AHEAD < 16,
-              "each_batch keeps the prefetch's first batch in 4 bits (coop_vec.cuh: pf)");
 
 #include "coop_mem.cuh"
 #include "coop_exchange.cuh"

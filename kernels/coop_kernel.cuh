@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       if (st != 0) break;
       if (u == u0) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
       nbt_due |= u == 0;
-      path.stage5_unit(R, g, u, u0, u1, &gbase, hold_smem, sm);
+      path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
       __syncthreads(); /* sm.coef is replaced when the next unit's chunk is another */
       u++;
     }

@@ -22,15 +22,11 @@
                                      dependent round trip in the exchange */
 #define SBN_MUT_HELD_COPIES 128 /* onchip: a copy of a batch's arithmetic per batch held in
                                    registers (no turn_hold): the old way, 7x that code */
-#define SBN_MUT_NO_PREFETCH 256 /* stream plane units ask L2 for nothing ahead: the old way */
 #define SBN_MUT_NO_ARRIVAL_WAIT 512 /* solo ops: block 0 advances the epoch and writes
                                        num_batches_tracked without waiting for every block's
                                        arrival (after its reads of them) */
 #define SBN_MUT_NO_COEF_REUSE 1024 /* a block gathers its chunk's records again for every
                                       unit (finish_coefs ignores sm.coef_chunk): the old way */
-#define SBN_MUT_NO_CROSS_PREFETCH 2048 /* stream plane units: the prefetch stops at the
-                                          unit's end and starts anew at the next one's first
-                                          batch (cold): the old way */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP
@@ -91,28 +87,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, uint64_
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-/* The L2 line of position p asked for ahead of its load (sm_80+; no registers): to keep
-   (stage 1, read again in stage 5: evict_last) or not (stage 5: evict_normal). The
-   stream variant's tile units (coop_vec.cuh: Walker<true>::prefetch). */
-__device__ __forceinline__ void prefetch_line_l2(const void* p, bool keep) {
-  if (keep)
-    asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-  else
-    asm volatile("prefetch.global.L2::evict_normal [%0];" ::"l"(p));
-}
-
-/* `bytes` of global memory from p into L2, asynchronously and without registers (sm_90:
-   the bulk copy engine's prefetch, with L2 policy pol; earlier GPUs: nothing, it is a
-   hint). p 16-byte aligned, bytes a multiple of 16; the stream variant's plane units
-   (coop_vec.cuh: Walker<false>::prefetch). No "memory" clobber: a hint orders nothing. */
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes, uint64_t pol) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes),
-               "l"(pol));
-#else
-  (void)p, (void)bytes, (void)pol;
-#endif
-}
 
 /* ---- element bits <-> fp32 (round to nearest even; bn_dtype.h has the same bits) --------- */
 __device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {

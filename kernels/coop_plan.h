@@ -227,25 +227,12 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
   return tile || sp % vec == 0;
 }
 
-/* The stream variant asks L2 for its data ahead of the loads (coop_vec.cuh:
-   Walker::prefetch), SBN_PREFETCH_AHEAD batches ahead, so that a block keeps ~(1 + AHEAD)
-   x 16 KB in flight instead of its threads' 16 KB between computations (the first GPU
-   run: ~20-24 KB per SM in flight, ~30-40 KB needed at 4.2 TB/s). Plane units of whole
-   vectors: thread 0 asks for the block's batch m + AHEAD while its threads load batch m,
-   one bulk prefetch per plane piece, for planes of at least SBN_PREFETCH_MIN_PLANE_BYTES
-   (a block batch then spans at most 10 pieces; smaller planes interleave with the other
-   channels' in memory); past a unit's last batch the prefetch runs on into the block's
-   next unit (channel c + 1 over the same rows, units of one slice), AHEAD batches ahead
-   as within a unit, so that only the block's first unit of a pass starts cold. Tile
-   units (16-byte kernels): each thread its own positions' lines, AHEAD batches ahead. */
-#ifndef SBN_PREFETCH_AHEAD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
-#define SBN_PREFETCH_AHEAD 2
-#endif
-#define SBN_PREFETCH_MIN_PLANE_BYTES 2048
-static SBN_ARGS_HD int sbn_prefetch_planes(const sbn_geo_t* g, int dtype) {
-  return !g->tile && g->vec > 1 && g->sp % g->vec == 0 &&
-         g->sp * sbn_dtype_size(dtype) >= SBN_PREFETCH_MIN_PLANE_BYTES;
-}
+/* The stream variant asks L2 for nothing ahead of its loads. Until 2026-11-26 it did
+   (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
+   lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
+   than two, four 5-17 % slower, and none 5 % (forward) and 9 % (backward) faster than
+   two, up to 18 % (bench/notes/issue13-stream.md, session 41; what it was: git show
+   613a6e9:kernels/coop_vec.cuh, Walker::prefetch). */
 
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
 static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {

@@ -18,7 +18,8 @@
  *
  * Stage 5 of a unit: the same positions again, y (dx) from the unit's coefficients; the
  * onchip variant takes the values it held, the stream variant reads them again (L2
- * evict-first; its stage 1 asked L2 to keep them).
+ * evict-first; its stage 1 asked L2 to keep them, evict-last). Nothing is asked of L2
+ * ahead of the loads (bench/notes/issue13-stream.md, session 41).
  */
 #ifndef SYNCBN_COOP_VEC_CUH_
 #define SYNCBN_COOP_VEC_CUH_
@@ -80,26 +81,6 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
     bp.kv = (int)(left < U ? left : U);
     left -= bp.kv;
     i += U * step;
-  }
-  /* Stream, tile units: every thread asks L2 for its own lines. */
-  __device__ __forceinline__ bool prefetches(int dtype) const {
-    (void)dtype;
-    return true;
-  }
-  /* The lines of this thread's batch bt + d, d batches after bp (the one batch() gave
-     last, batch bt; d = 0: bp itself), one per position. */
-  template <int U, int SIZE>
-  __device__ __forceinline__ void prefetch(const void* base, const BatchPos<true, U, WHOLE>& bp,
-                                           int bt, int d, int nb, int limit, uint64_t pol,
-                                           bool keep) const {
-    (void)bt, (void)nb, (void)limit, (void)pol;
-SBN_UNROLL
-    for (int k = 0; k < U; k++) {
-      const int64_t q = (int64_t)(d - 1) * U + k; /* positions after bp's */
-      if (d == 0 ? k < bp.kv : q < left)
-        prefetch_line_l2(static_cast<const char*>(base) + (d == 0 ? bp.i0 + k * step : i + q * step) * SIZE,
-                         keep);
-    }
   }
 };
 
@@ -166,36 +147,6 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     const int lo = (int)(e0 - s0 > 0 ? e0 - s0 : 0), hi = (int)(e1 - s0 < VEC ? e1 - s0 : VEC);
     if (left > 0) advance(kThreads);
     return ((1u << hi) - 1u) & ~((1u << lo) - 1u);
-  }
-  /* Stream, plane units: thread 0 (the thread with the most batches) asks for the
-     block, on whole planes only (aligned, and sbn_prefetch_planes). */
-  __device__ __forceinline__ bool prefetches(int dtype) const {
-    return threadIdx.x == 0 && aligned && sbn_prefetch_planes(g, dtype);
-  }
-  /* L2 is asked for the block's batch m = bt + d of the unit, entries [m * 256 * U,
-     (m + 1) * 256 * U) of its list (the vectors of its threads' batch m), one prefetch per
-     plane piece, with the pass's policy; past the unit's nb batches, below `limit`
-     (each_batch), for the block's next unit's batch m - nb (channel c + 1: the same rows,
-     so the same list). */
-  template <int U, int SIZE, typename P>
-  __device__ __forceinline__ void prefetch(const void* base, const P& bp, int bt, int d, int nb,
-                                           int limit, uint64_t pol, bool keep) const {
-    (void)bp, (void)keep;
-    const int md = bt + d;
-    if (md >= limit) return;
-    const bool next = md >= nb;
-    const int64_t m = next ? md - nb : md, ch = next ? c + 1 : c;
-    const int64_t V = (r1 - r0) / VEC;
-    const int64_t j0 = m * kThreads * U, j1 = j0 + kThreads * U < V ? j0 + kThreads * U : V;
-    if (j0 >= j1) return;
-    const int64_t a = r0 + j0 * VEC, b = r0 + j1 * VEC; /* rows */
-SBN_NO_UNROLL
-    for (int64_t nn = a / g->sp; nn * g->sp < b; nn++) {
-      const int64_t p0 = nn * g->sp;
-      const int64_t lo = a > p0 ? a - p0 : 0, hi = b - p0 < g->sp ? b - p0 : g->sp;
-      const int64_t e0 = (nn * g->c + ch) * g->sp + lo;
-      prefetch_l2(static_cast<const char*>(base) + e0 * SIZE, (uint32_t)((hi - lo) * SIZE), pol);
-    }
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, false>& bp) {
     bp.mk = 0;
@@ -278,11 +229,6 @@ SBN_UNROLL
     *p = u / g.ngroups;
     sbn_geo_slice(&g, *p, r0, r1);
   }
-  /* Plane units of one slice (P == 1: every unit all the rows) next to unit u among the
-     block's [u0, u1), for each_batch's `nbr`: bit 0, one before it; bit 1, one after. */
-  static __device__ __forceinline__ int neighbours(const sbn_geo_t& g, int u, int u0, int u1) {
-    return TILE || g.P != 1 ? 0 : (u > u0 ? 1 : 0) | (u + 1 < u1 ? 2 : 0);
-  }
   static __device__ __forceinline__ int unit_batches(const sbn_geo_t& g, int u) {
     int grp, p;
     int64_t r0, r1;
@@ -353,14 +299,11 @@ SBN_UNROLL
      NBR batches over the block's units (counted by *gb) from registers (turn_hold), the
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
-     of f. `nbr` (stream plane units of one slice, neighbours): bit 0, the block's unit
-     before this one asked L2 for this one's first min(AHEAD, nb) batches; bit 1, this one
-     asks for the next unit's (channel c + 1, the same rows and nb) during its last
-     batches, AHEAD ahead as its own. */
+     of f. No L2 prefetch: asking L2 for the block's batches ahead cost 5-18 % on the H100
+     (bench/notes/issue13-stream.md, session 41). */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
-                                             int nb, int* gb, uint4* hs, uint64_t pol, bool keep,
-                                             F f, int nbr = 0) {
+                                             int nb, int* gb, uint4* hs, uint64_t pol, F f) {
     int bt = 0;
     if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
 SBN_UNROLL
@@ -371,19 +314,6 @@ SBN_UNROLL
           f(hold[s], bp);
           bt++, (*gb)++;
         }
-    }
-    /* L2 asked ahead (coop_plan.h): batches d_lo..AHEAD at a unit's first, bt + AHEAD at
-       the others, and for plane units of one slice on past the unit's nb into the
-       block's next unit's first min(AHEAD, nb) (below nb + `over`), AHEAD batches ahead
-       of their loads too; a unit after one of the block's starts at d_lo = min(AHEAD,
-       nb). One register for both: pf = d_lo | over << 4 (the stream fp16 plane forward
-       is at its 128, check-sass.sh) */
-    int pf = 0;
-    if constexpr (!ONCHIP && !TILE && VEC > 1) {
-      if (!SBN_MUTANT(SBN_MUT_NO_CROSS_PREFETCH)) {
-        const int ahead = nb < SBN_PREFETCH_AHEAD ? nb : SBN_PREFETCH_AHEAD;
-        pf = ((nbr & 1) ? ahead : 0) | ((nbr & 2) ? ahead << 4 : 0);
-      }
     }
     for (; bt < nb; bt++) {
       Pos bp;
@@ -396,19 +326,6 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        if constexpr (VEC > 1) {
-          if (wk.prefetches(DT) && !SBN_MUTANT(SBN_MUT_NO_PREFETCH)) {
-            const int d0 = TILE ? (bt == 0 ? 0 : SBN_PREFETCH_AHEAD) : pf & 15;
-            const int limit = TILE ? 0 : nb + (pf >> 4);
-SBN_NO_UNROLL
-            for (int d = d0; d <= SBN_PREFETCH_AHEAD; d++) {
-              wk.template prefetch<U, Dt<DT>::kSize>(R.x, bp, bt, d, nb, limit, pol, keep);
-              if (NV == 2)
-                wk.template prefetch<U, Dt<DT>::kSize>(R.dy, bp, bt, d, nb, limit, pol, keep);
-            }
-          }
-        }
-        if constexpr (!TILE) pf = (pf & ~15) | SBN_PREFETCH_AHEAD;
         load_batch(R, bp, cur, pol);
       }
       f(cur, bp);
@@ -570,13 +487,12 @@ SBN_UNROLL
   /* Unit u's statistics from its batches: held (onchip: the first NBR of the thread's
      batches, counted by gb over the block's units, in registers, the others in shared
      memory slot gb - NBR) or read now (stream: L2 asked to keep them for stage 5). */
-  __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int u0,
-                             int u1, int* gb, uint4* hs, Smem& sm) {
+  __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
+                             uint4* hs, Smem& sm) {
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
-    const int nbr = neighbours(g, u, u0, u1);
     const int nb = (int)((wk.K + U - 1) / U);
     const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
@@ -594,12 +510,12 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
-    each_batch(R, wk, nb, gb, hs, pol, true, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else
         bwd_batch(B, bt, bp);
-    }, nbr);
+    });
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
     for (int e = 0; e < NCH; e++) {
@@ -655,7 +571,7 @@ SBN_UNROLL
       if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
-    for (int u = u0; u < u1; u++) stats_unit(R, g, u, u0, u1, &gb, hs, sm);
+    for (int u = u0; u < u1; u++) stats_unit(R, g, u, &gb, hs, sm);
     if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
                                                         ones back in their first order */
 SBN_NO_UNROLL
@@ -690,15 +606,13 @@ SBN_UNROLL
     }
   }
 
-  /* Stage 5 of unit u of the block's units [u0, u1) (its coefficients in sm.coef); *gb
-     as in stats_unit. */
-  __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int u0,
-                              int u1, int* gb, uint4* hs, const Smem& sm) {
+  /* Stage 5 of unit u (its coefficients in sm.coef); *gb as in stats_unit. */
+  __device__ void stage5_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
+                              uint4* hs, const Smem& sm) {
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
-    const int nbr = neighbours(g, u, u0, u1);
     const int nb = (int)((wk.K + U - 1) / U);
     /* Skipping a unit that holds batches in registers (onchip) would leave the turns of
        turn_hold behind: every later unit would read another batch. It never happens:
@@ -715,10 +629,10 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
-    each_batch(R, wk, nb, gb, hs, pol, false, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
-    }, nbr);
+    });
   }
 };
 

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
     if (st != 0) break;
     int gb = 0;
-    path.stage5_unit(R, g, u, u0, u1, &gb, nullptr, sm);
+    path.stage5_unit(R, g, u, &gb, nullptr, sm);
     __syncthreads();
   }
   if (st != 0 && threadIdx.x == 0) record_error(a, R.rank, st); /* the one failure exit */

@@ -22,11 +22,6 @@
 #     "failures"). The check must fail on kernels built with the old read
 #     (-DSBN_KERNEL_MUTANTS=16, SBN_MUT_HOST_WORDS_AT_START): it is built and checked
 #     below, and check-sass fails if the check passes on it,
-#   - a 16-byte stream or host-path kernel has no L2 prefetch (coop_vec.cuh,
-#     Walker::prefetch: plane units ask for the block's batch m + 2 while its threads load
-#     batch m, UBLKPF.L2; tile units each thread its own lines two batches ahead,
-#     CCTL.E.PF2 / CCTL.E.PML2). The check must fail on kernels built without it
-#     (-DSBN_KERNEL_MUTANTS=256, SBN_MUT_NO_PREFETCH): built and checked below,
 #   - a kernel's machine code is larger than 8192 instructions (128 KB, an SM's
 #     instruction cache: CODE_BOUND below). The check must fail on kernels built with a
 #     copy of a batch's arithmetic per batch held in registers, as the onchip kernels
@@ -192,7 +187,7 @@ def occupancy(regs, smem):
     by_smem = 233472 // (smem + 1024)
     return min(by_regs, by_smem, 8, 32)
 
-rows, failures, order_rows, code_failures, prefetch_failures = [], [], [], [], []
+rows, failures, order_rows, code_failures = [], [], [], []
 for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
     name = demangle(mangled).replace("(anonymous namespace)::", "")
     m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
@@ -226,23 +221,12 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")
     ninsn = len(ins)
-    # stream and host-path 16-byte kernels ask L2 ahead: plane units a block batch at a
-    # time (UBLKPF.L2, the bulk prefetch), tile units each thread its lines (CCTL.E.PF2:
-    # prefetch.global.L2::evict_last; CCTL.E.PML2: ::evict_normal)
-    wants_prefetch = ((base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel") or
-                       (base == "sbn_coop_kernel" and args[4] == "0")) and args[3] != "1")
-    pf_insn = ("UBLKPF.L2",) if wants_prefetch and args[2] == "false" else ("CCTL.E.PF2", "CCTL.E.PML2")
-    no_prefetch = wants_prefetch and not any(x.startswith(pf_insn) for x in ins)
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
         if ninsn > CODE_BOUND:
             code_failures.append(label)
-        if no_prefetch:
-            prefetch_failures.append(label)
         continue
-    if no_prefetch:
-        why.append(f"no L2 prefetch ({' or '.join(pf_insn)}) in a stream kernel")
     if ninsn > CODE_BOUND:
         why.append(f"{ninsn} instructions > {CODE_BOUND}")
     if stack or local:
@@ -261,16 +245,14 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         failures.append(f"{label}: {'; '.join(why)}")
 
 if mode == "mutant":
-    # the kernels built with the old start-of-kernel read of host memory, the old copy
-    # of a batch's arithmetic per held batch and no prefetch: each check must see its
-    # mutant (exit 3 = all three caught, what the caller wants: a crash of this script
-    # exits 1 and must not pass for "caught")
+    # the kernels built with the old start-of-kernel read of host memory and the old copy
+    # of a batch's arithmetic per held batch: each check must see its mutant (exit 3 =
+    # both caught, what the caller wants: a crash of this script exits 1 and must not
+    # pass for "caught")
     print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
           f"load before the first barrier; mutant SBN_MUT_HELD_COPIES: {len(code_failures)} "
-          f"kernels above {CODE_BOUND} instructions ({', '.join(code_failures)}); "
-          f"mutant SBN_MUT_NO_PREFETCH: {len(prefetch_failures)} stream kernels "
-          f"without an L2 prefetch")
-    sys.exit(3 if failures and code_failures and prefetch_failures else 0)
+          f"kernels above {CODE_BOUND} instructions ({', '.join(code_failures)})")
+    sys.exit(3 if failures and code_failures else 0)
 
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
       f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
@@ -311,22 +293,21 @@ for sm in 80 100; do
   fi
 done
 echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
-  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=400 kernels/coop.cu"
+  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 kernels/coop.cu"
 pids=()
 for sm in 80 100; do
   sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
   pids+=($!)
 done
-sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=400 &
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 &
 mpid=$!
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
-# The system-scope, code-size and prefetch checks on the mutants (400 = 16 + 128 + 256:
-# every publishing block reads the error words at its start, the onchip kernels compile
-# a batch's arithmetic per held batch, the stream kernels prefetch nothing, all as
-# before 2026-11-26): each must fail there.
+# The system-scope and code-size checks on the mutants (144 = 16 + 128: every publishing
+# block reads the error words at its start, the onchip kernels compile a batch's
+# arithmetic per held batch, both as before 2026-11-26): each must fail there.
 if ! wait $mpid; then
-  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=400) did not compile" >&2
+  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=144) did not compile" >&2
   exit 1
 fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
@@ -336,8 +317,8 @@ python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass
   "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt" || mrc=$?
 if [ "$mrc" -ne 3 ]; then
   cat "$OUT/report_mutant.txt"
-  echo "check-sass: FAILED: the system-scope, code-size or prefetch check passes on its" \
-    "mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES, SBN_MUT_NO_PREFETCH)" >&2
+  echo "check-sass: FAILED: the system-scope or code-size check passes on its" \
+    "mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES)" >&2
   exit 1
 fi
 echo "check-sass: $(cat "$OUT/report_mutant.txt") (each check catches its mutant)"

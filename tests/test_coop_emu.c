@@ -518,11 +518,7 @@ static void test_onchip_equals_stream(void) {
    load and store: onchip reads x (backward: x and dy) once and writes y (dx) once; stream
    reads them twice (coop_plan.h: sbn_variant_bytes); for every dtype and layout, with
    unaligned plane ends (spatial 1031: stream; onchip takes planes of whole vectors only,
-   spatial 1032) and uneven ranks. The stream kernels' L2 prefetch (tile units of the
-   16-byte kernels, each thread its positions; plane units of whole planes of >=
-   SBN_PREFETCH_MIN_PLANE_BYTES, a block batch at a time: 4104 here) asks for exactly the
-   bytes they read, each once per pass, aligned, nothing outside x and dy; none for odd
-   planes or onchip. */
+   spatial 1032) and uneven ranks. */
 static void test_bytes_moved(void) {
   static const int64_t n2[2] = {3, 2};
   static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, SBN_VAR_STREAM};
@@ -533,7 +529,6 @@ static void test_bytes_moved(void) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
         const int64_t sp = lay ? (v == 2 ? 1000 : 9) : plane_sp[v]; /* NHWC 1000: 24 batches a thread */
-        const int prefetch = variants[v] == SBN_VAR_STREAM && (lay || sp % sbn_vec_of(dt) == 0);
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, sp, n2, 1, 1, GEN_NORMAL, 400 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
@@ -563,14 +558,6 @@ static void test_bytes_moved(void) {
             ASSERT_EQ_INT((int64_t)dr, bwd ? (total - bytes) / 2 : 0);
             ASSERT_EQ_INT((int64_t)ow, bytes);
             ASSERT_EQ_INT((int64_t)(xw + dw + orr), 0);
-            uint64_t xp, dp, op, bad;
-            sbn_emu_count_prefetch(sx[r], &xp, &bad);
-            sbn_emu_count_prefetch(sdy[r], &dp, &bad);
-            sbn_emu_count_prefetch(sout[r], &op, &bad);
-            ASSERT_EQ_INT((int64_t)bad, 0);
-            ASSERT_EQ_INT((int64_t)xp, prefetch ? (int64_t)xr : 0);
-            ASSERT_EQ_INT((int64_t)dp, prefetch ? (int64_t)dr : 0);
-            ASSERT_EQ_INT((int64_t)op, 0);
           }
           if (sbn_test_cur_failed_) {
             fprintf(stderr, "  dtype %d layout %d variant %d %s\n", dt, lay, variants[v],
@@ -583,57 +570,6 @@ static void test_bytes_moved(void) {
         CHECK_();
       }
 }
-
-/* The stream plane units' prefetch runs on from one unit of a block into the next
-   (coop_vec.cuh: Walker::prefetch, contiguous units of one slice: coop_plan.h), so that
-   only a block's first unit starts cold in each pass: thread 0 (which asks L2 for the
-   block's batches) loads its first batch of the pass right after asking for it ("short":
-   asked less than a batch, 4 of its loads, before), every other granule it loads was
-   asked for at least a batch ahead and at most AHEAD = 2 batches ahead (not "far": a
-   unit ahead, L2 might let it go before its load), and it loads none it never asked for
-   ("none"). Per op: 8 short loads per block (2 passes x 4 loads), where a prefetch that
-   starts anew with each unit (the mutant SBN_MUT_NO_CROSS_PREFETCH, the way before
-   2026-11-26: test_coop_emu_mutant_no_cross_prefetch) makes 8 per unit. NCHW, C = 48,
-   three blocks per rank (16 units each), planes of 1024 vectors (sp = 1024 x VEC), so
-   that thread 0 has 4 loads in every batch (the measure counts loads): units of 2 block
-   batches (rank 0, N = 2) and of 1 (rank 1: the next unit's batch is asked for during
-   this one's only batch) forward, 4 and 2 backward; fp32 and fp16. */
-static void prefetch_lead(void) {
-  static const int64_t n2[2] = {2, 1};
-  sbnParams_t p = SBN_PARAMS_DEFAULT;
-  for (int dt = 0; dt < 2; dt++) {
-    const int64_t sp = 1024 * sbn_vec_of(dt);
-    team_t t;
-    team_make(&t, 2, (sbnDataType_t)dt, sbnLayoutNCHW, 48, sp, n2, 1, 1, GEN_NORMAL, 410 + dt);
-    emu_team_t e;
-    emu_team_init(&e, 2, 3, 60000);
-    for (int bwd = 0; bwd < 2; bwd++) {
-      sbn_emu_count_reset();
-      for (int r = 0; r < 2; r++) {
-        sbn_emu_count_track(t.x[r], team_bytes(&t, r));
-        sbn_emu_count_track(t.dy[r], team_bytes(&t, r));
-      }
-      sbn_emu_lead_reset(1);
-      g_variant = SBN_VAR_STREAM;
-      emu_run_virtual(&e, &t, bwd, &p);
-      g_variant = SBN_VAR_ONCHIP;
-      uint64_t short_lead, far, none;
-      sbn_emu_lead_get(&short_lead, &far, &none);
-      sbn_emu_lead_reset(0);
-      ASSERT_TRUE(err_words_clear(&e));
-      const uint64_t want = 2 * 3 * 8; /* 2 ranks x 3 blocks x (2 passes x 4 loads) */
-      if (short_lead != want || far != 0 || none != 0)
-        SBN_FAIL_("dtype %d %s: %" PRIu64 " loads asked for less than a batch ahead (not "
-                  "%" PRIu64 "), %" PRIu64 " more than 2 batches ahead, %" PRIu64 " never",
-                  dt, bwd ? "backward" : "forward", short_lead, want, far, none);
-    }
-    check_forward(&t, &p, tol_for((sbnDataType_t)dt));
-    emu_team_free(&e);
-    team_free(&t);
-    if (sbn_test_cur_failed_) return;
-  }
-}
-static void test_prefetch_lead(void) { prefetch_lead(); }
 
 /* The onchip kernels' held register batches turn through hold[0] (coop_vec.cuh:
    turn_hold), and stage 1 turns them back when a thread had fewer than NBR: stage 5 must
@@ -2413,8 +2349,7 @@ static const struct {
                 {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
-                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
-                {"no_cross_prefetch", SBN_EMU_MUT_NO_CROSS_PREFETCH}};
+                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -2429,7 +2364,7 @@ static int run_mutant(const char* name) {
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
+      flag == SBN_EMU_MUT_NO_COEF_REUSE) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -2438,8 +2373,6 @@ static int run_mutant(const char* name) {
       solo_arrivals();
     } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
       gathers_per_block();
-    } else if (flag == SBN_EMU_MUT_NO_CROSS_PREFETCH) {
-      prefetch_lead();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -2498,7 +2431,6 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_bytes_moved, 0);
-  EMU_TEST(test_prefetch_lead, 0);
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_unit_map, 0);
   EMU_TEST(test_inference, 0);

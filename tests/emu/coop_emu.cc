@@ -32,27 +32,12 @@ namespace {
 struct Range {
   const char* lo;
   const char* hi;
-  std::atomic<uint64_t> read{0}, written{0}, prefetched{0};
+  std::atomic<uint64_t> read{0}, written{0};
 };
 Range g_ranges[64];
 std::atomic<int> g_nranges{0};
-std::atomic<uint64_t> g_prefetch_bad{0}; /* prefetches outside every tracked range, or
-                                            misaligned (p % 16, bytes % 16, 0 bytes) */
 }  // namespace
 
-/* The prefetches' lead (sbn_emu_lead_*): thread 0 of a block asks L2 for its block's
-   batches (the stream plane units, coop_vec.cuh); each of its own 16-byte loads of a
-   tracked tensor is counted as "short" when the granule was asked for less than
-   kLeadLoads of its loads before (in the same batch: 4 loads a batch, forward 4 of x,
-   backward 2 of x and 2 of dy), "far" when SBN_PREFETCH_AHEAD + 1 batches or more
-   before (L2 may let it go before its load), or "none" when it never was (then forgotten:
-   stage 5 reads it again). */
-constexpr uint64_t kLeadLoads = 4;
-std::atomic<uint64_t> g_lead_short{0}, g_lead_far{0}, g_lead_none{0};
-std::atomic<bool> g_lead_on{false};
-static bool lead_thread() {
-  return g_lead_on.load(std::memory_order_relaxed) && threadIdx.x == 0 && emu_block != nullptr;
-}
 /* The tracked range that holds [c, c + bytes), or null. */
 static Range* range_of(const char* c, size_t bytes) {
   const int n = g_nranges.load(std::memory_order_acquire);
@@ -61,58 +46,15 @@ static Range* range_of(const char* c, size_t bytes) {
   return nullptr;
 }
 
-void emu_count_prefetch(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  Range* r = range_of(c, bytes);
-  if (r != nullptr && lead_thread())
-    for (size_t o = 0; o + 16 <= bytes; o += 16)
-      emu_block->pf0[reinterpret_cast<uintptr_t>(c + o)] = emu_block->loads0;
-  if ((reinterpret_cast<uintptr_t>(p) & 15u) != 0 || bytes % 16 != 0 || bytes == 0 ||
-      r == nullptr) {
-    g_prefetch_bad.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  r->prefetched.fetch_add(bytes, std::memory_order_relaxed);
-}
-
-extern "C" void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad) {
-  *prefetched = slot >= 0 ? g_ranges[slot].prefetched.load() : 0;
-  *bad = g_prefetch_bad.load();
-}
-
 void emu_count(const void* p, size_t bytes, int write) {
   const char* c = static_cast<const char*>(p);
   Range* r = range_of(c, bytes);
   if (r == nullptr) return;
-  if (!write && bytes == 16 && lead_thread()) {
-    const uint64_t now = emu_block->loads0++;
-    const auto it = emu_block->pf0.find(reinterpret_cast<uintptr_t>(c));
-    if (it == emu_block->pf0.end()) {
-      g_lead_none++;
-    } else {
-      if (now - it->second < kLeadLoads) g_lead_short++;
-      if (now - it->second >= kLeadLoads * (SBN_PREFETCH_AHEAD + 1)) g_lead_far++;
-      emu_block->pf0.erase(it);
-    }
-  }
   (write ? r->written : r->read).fetch_add(bytes, std::memory_order_relaxed);
-}
-
-extern "C" void sbn_emu_lead_reset(int on) {
-  g_lead_short = 0;
-  g_lead_far = 0;
-  g_lead_none = 0;
-  g_lead_on = on != 0;
-}
-extern "C" void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* far, uint64_t* none) {
-  *short_lead = g_lead_short.load();
-  *far = g_lead_far.load();
-  *none = g_lead_none.load();
 }
 
 extern "C" void sbn_emu_count_reset(void) {
   g_nranges.store(0);
-  g_prefetch_bad.store(0);
 }
 
 extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
@@ -122,7 +64,6 @@ extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
   g_ranges[i].hi = g_ranges[i].lo + bytes;
   g_ranges[i].read = 0;
   g_ranges[i].written = 0;
-  g_ranges[i].prefetched = 0;
   g_nranges.store(i + 1, std::memory_order_release);
   return i;
 }

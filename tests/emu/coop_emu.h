@@ -47,15 +47,6 @@ void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
 void sbn_emu_count_reset(void);
 int sbn_emu_count_track(const void* p, size_t bytes);
 void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
-/* Bytes the kernels prefetched into L2 (prefetch_l2) inside tracked range `slot`, and the
-   prefetches since sbn_emu_count_reset that were misaligned or inside no tracked range. */
-void sbn_emu_count_prefetch(int slot, uint64_t* prefetched, uint64_t* bad);
-/* The lead of the prefetches, over the tracked ranges (sbn_emu_count_track), while on
-   (sbn_emu_lead_reset(1); 0: off): thread 0's 16-byte loads whose granule it had asked
-   L2 for less than one batch (4 of its loads) before ("short"), more than
-   SBN_PREFETCH_AHEAD batches before ("far"), or never ("none"). */
-void sbn_emu_lead_reset(int on);
-void sbn_emu_lead_get(uint64_t* short_lead, uint64_t* far, uint64_t* none);
 
 /* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
 /* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'
@@ -83,8 +74,6 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_NO_ARRIVAL_WAIT 512 /* SBN_MUT_NO_ARRIVAL_WAIT: a solo op's block 0
                                            writes the epoch and nbt before all blocks read them */
 #define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
-#define SBN_EMU_MUT_NO_CROSS_PREFETCH 2048 /* SBN_MUT_NO_CROSS_PREFETCH: a unit's first
-                                              batch asked for only when it is loaded */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

@@ -235,11 +235,6 @@ inline void cp_async16(void* smem, const void* gmem, uint64_t) {
   emu_count(gmem, 16, 0);
 }
 inline void cp_async_wait_all() {}
-/* L2 prefetch: counted apart from reads (sbn_emu_count_prefetch), with its alignment and
-   whether it lies inside a tracked range. */
-void emu_count_prefetch(const void* p, size_t bytes);
-inline void prefetch_l2(const void* p, uint32_t bytes, uint64_t) { emu_count_prefetch(p, bytes); }
-inline void prefetch_line_l2(const void* p, bool) { emu_count_prefetch(p, 16); } /* a position */
 inline float f16_bits_to_f32(uint32_t h) { return sbn_f16_to_f32((uint16_t)h); }
 inline uint32_t f32_to_f16_bits(float f) { return sbn_f32_to_f16(f); }
 inline float bf16_bits_to_f32(uint32_t h) { return sbn_bf16_to_f32((uint16_t)h); }

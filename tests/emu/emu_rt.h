@@ -53,10 +53,6 @@ struct Block {
   int or_acc = 0;
   std::map<std::string, void*> shared; /* SBN_SHARED variables by name */
   void* dyn = nullptr;                 /* the launch's dynamic shared memory */
-  /* thread 0's prefetches (coop_emu.cc, sbn_emu_lead_*): the 16-byte granules it asked
-     L2 for, each with the count of its 16-byte loads of tracked tensors at the time */
-  std::unordered_map<uintptr_t, uint64_t> pf0;
-  uint64_t loads0 = 0;
 };
 
 /* Runs grid x threads fibers of fn(ctx); returns when all have returned. */
@@ -90,8 +86,7 @@ enum {
   kMutSingleBuffer = 8, /* records published into one buffer (no epoch parity) */
   /* 16, 32, 64: the kernels' own mutants (kernels/coop_mem.cuh: SBN_MUT_*), which read
      g_mutant through SBN_MUTANT (cuda_emu.h); 128 (SBN_MUT_HELD_COPIES) is a code-size
-     mutant for check-sass.sh, the same arithmetic; 256 (SBN_MUT_NO_PREFETCH) drops the
-     stream kernels' L2 prefetch (check-sass.sh; test_bytes_moved fails on it) */
+     mutant for check-sass.sh, the same arithmetic */
 };
 extern int g_mutant;
 
