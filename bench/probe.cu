@@ -23,6 +23,11 @@
  *                the most dynamic shared memory; event-timed busy (behind a memset, as
  *                sbn-bench), idle, chained and from a CUDA graph; the host's launch call,
  *                cudaPointerGetAttributes, cudaGetDevice/SetDevice (probe_launch).
+ *   bandwidth    kernels that only read, write or copy 1 GiB with 16-byte accesses, at the
+ *                stream kernel's 2 blocks of 256 threads per SM and at 8, U = 4 or 8
+ *                loads in flight per thread, laid out per block or per grid round, with
+ *                and without evict_last (probe_bandwidth): the ceiling the stream kernel's
+ *                loads have on this GPU, beside B (a copy's rate).
  *   op           the library's cooperative kernel (kernels/coop.cu, compiled into this
  *                program with stage stamps: SBN_STAMP), planned as the library plans it,
  *                fp32 forward: the median op time (events; idle and busy, as in
@@ -334,6 +339,119 @@ static void probe_code_fetch(int sms, bool quick) {
   CK(cudaEventDestroy(e1));
   CK(cudaFree(out));
   CK(cudaFree(t));
+}
+
+/* ---- bandwidth: what DRAM gives a streaming kernel shaped like the stream kernel ---------- */
+/* The stream kernel moves 1.9-2.0 TB/s of DRAM traffic whatever it keeps in flight (session
+   41: the L2 prefetch, a cp.async pipeline with 64 KB per SM in flight), cuDNN's one-pass
+   kernel 1.83, a device-to-device copy 3.0 (B, the floors' yardstick: read + write at
+   once). Is ~2 TB/s what reads give at the stream kernel's shape? Kernels that only move
+   bytes, over 1 GiB (beyond L2), with nothing else between the loads than an XOR:
+     read  U 16-byte loads per thread in flight (ld.global.v4, as the stream kernel's
+           batches), then the next U;
+     write U 16-byte stores per thread;
+     copy  U loads, then their U stores elsewhere;
+   at 2 blocks of 256 threads per SM (the stream kernel's occupancy) and at 8 (all 2048
+   threads of an SM), U = 4 and 8; the bytes laid out "grid" (each round of the grid
+   reads one contiguous stretch: vector (r * G + b) * 256 + t) or "block" (block b reads
+   its own contiguous 1/G of the buffer, as the stream kernel's units lie); reads with
+   no L2 hint or with evict_last (the stream kernel's stage 1). GB/s = bytes moved /
+   median event time (copy: read + written, as B). */
+template <int U, int MODE, bool BLOCK, bool KEEP> /* MODE 0 read, 1 write, 2 copy */
+__global__ void __launch_bounds__(256) bw_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                                 int64_t nvec, unsigned* sink) {
+  const int64_t G = gridDim.x, t = threadIdx.x, b = blockIdx.x;
+  const int64_t per_block = nvec / G;             /* BLOCK: vectors of each block */
+  const int64_t rounds = nvec / (G * 256 * U);     /* U vectors per thread per round */
+  unsigned acc = 0;
+  uint64_t pol = 0;
+  if (KEEP) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  for (int64_t r = 0; r < rounds; r++) {
+    uint4 v[U];
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+      const int64_t j = BLOCK ? b * per_block + (r * U + k) * 256 + t : ((r * U + k) * G + b) * 256 + t;
+      if (MODE == 1) {
+        v[k] = make_uint4((unsigned)j, 1u, 2u, 3u);
+      } else if (KEEP) {
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                     : "l"(src + j), "l"(pol));
+      } else {
+        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w)
+                     : "l"(src + j));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < U; k++) {
+      const int64_t j = BLOCK ? b * per_block + (r * U + k) * 256 + t : ((r * U + k) * G + b) * 256 + t;
+      if (MODE == 0)
+        acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+      else
+        dst[j] = v[k];
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc; /* keeps the loads */
+}
+
+static void probe_bandwidth(int sms, bool quick) {
+  const int64_t bytes = (int64_t)1 << 30, nvec = bytes / 16;
+  uint4 *a = nullptr, *c = nullptr;
+  unsigned* sink = nullptr;
+  CK(cudaMalloc((void**)&a, (size_t)bytes));
+  CK(cudaMalloc((void**)&c, (size_t)bytes));
+  CK(cudaMalloc((void**)&sink, 64));
+  CK(cudaMemset(a, 1, (size_t)bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  struct Cfg {
+    const char* mode;
+    int u, bpsm;
+    bool block, keep;
+    void (*fn)(const uint4*, uint4*, int64_t, unsigned*);
+  };
+  const Cfg cfgs[] = {
+      {"read", 4, 2, true, false, bw_kernel<4, 0, true, false>},
+      {"read", 4, 2, true, true, bw_kernel<4, 0, true, true>},
+      {"read", 4, 2, false, false, bw_kernel<4, 0, false, false>},
+      {"read", 8, 2, true, false, bw_kernel<8, 0, true, false>},
+      {"read", 4, 8, true, false, bw_kernel<4, 0, true, false>},
+      {"read", 4, 8, false, false, bw_kernel<4, 0, false, false>},
+      {"write", 4, 2, true, false, bw_kernel<4, 1, true, false>},
+      {"write", 4, 8, false, false, bw_kernel<4, 1, false, false>},
+      {"copy", 4, 2, true, false, bw_kernel<4, 2, true, false>},
+      {"copy", 4, 8, false, false, bw_kernel<4, 2, false, false>},
+  };
+  for (const Cfg& cf : cfgs) {
+    const unsigned grid = (unsigned)(sms * cf.bpsm);
+    /* whole rounds only: the bytes actually moved */
+    const int64_t rounds = nvec / ((int64_t)grid * 256 * cf.u);
+    const int64_t moved_vec = rounds * grid * 256 * cf.u;
+    std::vector<double> us;
+    for (int rep = 0; rep < (quick ? 5 : 11); rep++) {
+      CK(cudaEventRecord(e0));
+      cf.fn<<<grid, 256>>>(a, c, nvec, sink);
+      CK(cudaEventRecord(e1));
+      CK(cudaGetLastError());
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      if (rep > 0) us.push_back(ms * 1000.0); /* the first: warm-up */
+    }
+    const double t = median(us);
+    const double moved = (double)moved_vec * 16.0 * (strcmp(cf.mode, "copy") == 0 ? 2.0 : 1.0);
+    json("{\"probe\": \"bandwidth\", \"mode\": \"%s\", \"loads_per_thread\": %d, \"blocks_per_sm\": %d, "
+         "\"layout\": \"%s\", \"hint\": \"%s\", \"bytes\": %.0f, \"us\": %.2f, \"gbps\": %.1f}",
+         cf.mode, cf.u, cf.bpsm, cf.block ? "block" : "grid", cf.keep ? "evict_last" : "none", moved,
+         t, moved / t / 1000.0);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(a));
+  CK(cudaFree(c));
+  CK(cudaFree(sink));
 }
 
 /* ---- launch: what an op pays outside its kernel ------------------------------------------ */
@@ -737,6 +855,7 @@ int main(int argc, char** argv) {
   probe_round_trip(quick);
   probe_code_fetch(p.multiProcessorCount, quick);
   probe_launch(p.multiProcessorCount, quick);
+  probe_bandwidth(p.multiProcessorCount, quick);
   probe_empty_op(p.multiProcessorCount, quick);
   probe_ops(p.multiProcessorCount, quick);
   if (g_json) fclose(g_json);

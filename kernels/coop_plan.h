@@ -68,6 +68,11 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 /* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
    whose two passes over 32 unpacked values per batch need the room) */
 #define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
+#ifndef SBN_STREAM_L2_HINTS /* a tuning variant may set it to 0 (bench/notes/issue13-stream.md) */
+#define SBN_STREAM_L2_HINTS 1      /* stream: stage 1 loads with L2 evict_last (kept for stage 5,
+                                      within the ~10 MB persisting set-aside of an H100), stage 5
+                                      with evict_first; 0: evict_normal for both (plain LRU) */
+#endif
 #ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
