@@ -355,17 +355,23 @@ static void probe_code_fetch(int sms, bool quick) {
    threads of an SM), U = 4 and 8; the bytes laid out "grid" (each round of the grid
    reads one contiguous stretch: vector (r * G + b) * 256 + t) or "block" (block b reads
    its own contiguous 1/G of the buffer, as the stream kernel's units lie); reads with
-   no L2 hint or with evict_last (the stream kernel's stage 1). GB/s = bytes moved /
+   no L2 hint or with evict_last (the stream kernel's stage 1). The rounds are not
+   unrolled (a thread's next U loads issue after it used the last U, as the stream
+   kernel's batches); the blocks per SM are what the launch gets: 8 needs <= 32
+   registers (__launch_bounds__), 2 is forced with 100 KB of dynamic shared memory per
+   block; the JSON reports the occupancy the runtime computes. GB/s = bytes moved /
    median event time (copy: read + written, as B). */
-template <int U, int MODE, bool BLOCK, bool KEEP> /* MODE 0 read, 1 write, 2 copy */
-__global__ void __launch_bounds__(256) bw_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
-                                                 int64_t nvec, unsigned* sink) {
+template <int U, int MODE, bool BLOCK, bool KEEP, int BPSM> /* MODE 0 read, 1 write, 2 copy */
+__global__ void __launch_bounds__(256, BPSM) bw_kernel(const uint4* __restrict__ src,
+                                                       uint4* __restrict__ dst, int64_t nvec,
+                                                       unsigned* sink) {
   const int64_t G = gridDim.x, t = threadIdx.x, b = blockIdx.x;
   const int64_t per_block = nvec / G;             /* BLOCK: vectors of each block */
   const int64_t rounds = nvec / (G * 256 * U);     /* U vectors per thread per round */
   unsigned acc = 0;
   uint64_t pol = 0;
   if (KEEP) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+#pragma unroll 1
   for (int64_t r = 0; r < rounds; r++) {
     uint4 v[U];
 #pragma unroll
@@ -413,26 +419,31 @@ static void probe_bandwidth(int sms, bool quick) {
     void (*fn)(const uint4*, uint4*, int64_t, unsigned*);
   };
   const Cfg cfgs[] = {
-      {"read", 4, 2, true, false, bw_kernel<4, 0, true, false>},
-      {"read", 4, 2, true, true, bw_kernel<4, 0, true, true>},
-      {"read", 4, 2, false, false, bw_kernel<4, 0, false, false>},
-      {"read", 8, 2, true, false, bw_kernel<8, 0, true, false>},
-      {"read", 4, 8, true, false, bw_kernel<4, 0, true, false>},
-      {"read", 4, 8, false, false, bw_kernel<4, 0, false, false>},
-      {"write", 4, 2, true, false, bw_kernel<4, 1, true, false>},
-      {"write", 4, 8, false, false, bw_kernel<4, 1, false, false>},
-      {"copy", 4, 2, true, false, bw_kernel<4, 2, true, false>},
-      {"copy", 4, 8, false, false, bw_kernel<4, 2, false, false>},
+      {"read", 4, 2, true, false, bw_kernel<4, 0, true, false, 2>},
+      {"read", 4, 2, true, true, bw_kernel<4, 0, true, true, 2>},
+      {"read", 4, 2, false, false, bw_kernel<4, 0, false, false, 2>},
+      {"read", 8, 2, true, false, bw_kernel<8, 0, true, false, 2>},
+      {"read", 4, 8, true, false, bw_kernel<4, 0, true, false, 8>},
+      {"read", 4, 8, false, false, bw_kernel<4, 0, false, false, 8>},
+      {"write", 4, 2, true, false, bw_kernel<4, 1, true, false, 2>},
+      {"write", 4, 8, false, false, bw_kernel<4, 1, false, false, 8>},
+      {"copy", 4, 2, true, false, bw_kernel<4, 2, true, false, 2>},
+      {"copy", 4, 8, false, false, bw_kernel<4, 2, false, false, 8>},
   };
   for (const Cfg& cf : cfgs) {
     const unsigned grid = (unsigned)(sms * cf.bpsm);
+    /* 2 per SM: 100 KB of (unused) dynamic shared memory per block, so that no third fits */
+    const size_t dyn = cf.bpsm == 2 ? (size_t)100 * 1024 : 0;
+    if (dyn) CK(cudaFuncSetAttribute((const void*)cf.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, (const void*)cf.fn, 256, dyn));
     /* whole rounds only: the bytes actually moved */
     const int64_t rounds = nvec / ((int64_t)grid * 256 * cf.u);
     const int64_t moved_vec = rounds * grid * 256 * cf.u;
     std::vector<double> us;
     for (int rep = 0; rep < (quick ? 5 : 11); rep++) {
       CK(cudaEventRecord(e0));
-      cf.fn<<<grid, 256>>>(a, c, nvec, sink);
+      cf.fn<<<grid, 256, dyn>>>(a, c, nvec, sink);
       CK(cudaEventRecord(e1));
       CK(cudaGetLastError());
       CK(cudaEventSynchronize(e1));
@@ -443,8 +454,9 @@ static void probe_bandwidth(int sms, bool quick) {
     const double t = median(us);
     const double moved = (double)moved_vec * 16.0 * (strcmp(cf.mode, "copy") == 0 ? 2.0 : 1.0);
     json("{\"probe\": \"bandwidth\", \"mode\": \"%s\", \"loads_per_thread\": %d, \"blocks_per_sm\": %d, "
-         "\"layout\": \"%s\", \"hint\": \"%s\", \"bytes\": %.0f, \"us\": %.2f, \"gbps\": %.1f}",
-         cf.mode, cf.u, cf.bpsm, cf.block ? "block" : "grid", cf.keep ? "evict_last" : "none", moved,
+         "\"occupancy\": %d, \"layout\": \"%s\", \"hint\": \"%s\", \"bytes\": %.0f, \"us\": %.2f, "
+         "\"gbps\": %.1f}",
+         cf.mode, cf.u, cf.bpsm, occ, cf.block ? "block" : "grid", cf.keep ? "evict_last" : "none", moved,
          t, moved / t / 1000.0);
   }
   CK(cudaEventDestroy(e0));

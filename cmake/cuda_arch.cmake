@@ -13,9 +13,7 @@
 #     build; scripts/check-sass.sh compiles and checks the machine code for sm_80, sm_90
 #     and sm_100 in CI. To ship machine code from such a machine, say which, e.g.
 #     -DCMAKE_CUDA_ARCHITECTURES="80-real;90-real;100" (SASS for A100, H100/H200 and
-#     B200, plus compute_100 PTX for later GPUs). compute_80 PTX leaves out what needs
-#     sm_90 (the stream kernels' L2 bulk prefetch, bench/notes/stream-prefetch.md): the
-#     kernels are correct without it, slower on large NCHW tensors.
+#     B200, plus compute_100 PTX for later GPUs).
 #
 # The kernels need sm_80 or later (cp.async, the L2 cache hints); an older GPU is left
 # out of the list (teams on it are refused at init: "no kernel image").

@@ -235,7 +235,7 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
 /* The stream variant asks L2 for nothing ahead of its loads. Until 2026-11-26 it did
    (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
    lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
-   than two, four 5-17 % slower, and none 5 % (forward) and 9 % (backward) faster than
+   than two, four 3-17 % slower, and none 5 % (forward) and 9 % (backward) faster than
    two, up to 18 % (bench/notes/issue13-stream.md, session 41; what it was: git show
    613a6e9:kernels/coop_vec.cuh, Walker::prefetch). */
 

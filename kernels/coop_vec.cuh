@@ -495,7 +495,7 @@ SBN_UNROLL
     Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
     /* stage 1 asks L2 to keep x (and dy) for stage 5 (SBN_STREAM_L2_HINTS, coop_plan.h) */
-    const uint64_t pol = SBN_STREAM_L2_HINTS || ONCHIP ? policy_evict_last() : policy_evict_normal();
+    const uint64_t pol = (SBN_STREAM_L2_HINTS || ONCHIP) ? policy_evict_last() : policy_evict_normal();
     FwdAcc<NCH> F;
     BwdAcc<NCH> B;
     if (KIND == SBN_OP_FORWARD) {
@@ -629,7 +629,7 @@ SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++)
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
-    const uint64_t pol = SBN_STREAM_L2_HINTS || ONCHIP ? policy_evict_first() : policy_evict_normal();
+    const uint64_t pol = (SBN_STREAM_L2_HINTS || ONCHIP) ? policy_evict_first() : policy_evict_normal();
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);

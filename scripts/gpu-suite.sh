@@ -21,8 +21,9 @@
 # Steps:
 #   env       nvidia-smi, nvcc, cmake, and where NCCL / cuDNN are (toolkit or Python wheels)
 #   probe     sbn-probe (bench/probe.cu): reads of mapped host vs device memory by N blocks,
-#             flag round trips at .gpu/.sys scope, instruction fetch per KB, the empty op's
-#             stages with and without the old start-of-kernel host read; probe.json
+#             flag round trips at .gpu/.sys scope, instruction fetch per KB, read/write/copy
+#             rates at the stream kernel's shape, the empty op's stages with and without
+#             the old start-of-kernel host read; probe.json
 #   build     configure + build into build/gpu (source tree only)
 #   test      the GPU tests (CTest); they must PASS here, not skip
 #   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),

@@ -35,7 +35,6 @@
 #include <stdint.h>
 
 #include <map>
-#include <unordered_map>
 #include <string>
 
 namespace emu {
