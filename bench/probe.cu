@@ -38,7 +38,8 @@
  *                8 virtual ranks, once as built and once with the old read of host memory
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
- *                (W = 1 auto and stream, W = 8: 934 us on the first run) and S5.
+ *                (W = 1 auto and stream, W = 8: 934 us on the first run), S10 and S3 auto
+ *                and stream, and S5.
  *
  * The probe's kernels read their mutant switch from device memory (sbn_probe_mutants): a
  * load the library's kernels do not make, in the failure checks only.
@@ -830,8 +831,14 @@ static void probe_ops(int sms, bool quick) {
   /* S10 (pure latency), S2 (a layer3 conv: onchip by auto at W = 1, 86 vs 31 us for
      stream on the first run), S2 at W = 8 (934 us there: where does it go?) */
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
+  /* auto takes onchip where x fits; the probe's S2 and empty rows have measured stream
+     faster on the H100 (sessions 37-41: S2 busy 28-32 vs 35 us, the empty op 9.7 vs 11.8):
+     S10 and S3 (33.5 MB, onchip by auto) both ways too, for auto's next choice */
+  probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
+  probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
+  probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S2", 4, 256, 4096, 8, SBN_KERNEL_AUTO, sms, quick);
   if (!quick) probe_op("S5", 4, 2048, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
 }
