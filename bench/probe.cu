@@ -372,12 +372,16 @@ __global__ void __launch_bounds__(256, BPSM) bw_kernel(const uint4* __restrict__
   unsigned acc = 0;
   uint64_t pol = 0;
   if (KEEP) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  /* vector k of round r of this thread */
+  auto at = [&](int64_t r, int k) -> int64_t {
+    return BLOCK ? b * per_block + (r * U + k) * 256 + t : ((r * U + k) * G + b) * 256 + t;
+  };
 #pragma unroll 1
   for (int64_t r = 0; r < rounds; r++) {
     uint4 v[U];
 #pragma unroll
     for (int k = 0; k < U; k++) {
-      const int64_t j = BLOCK ? b * per_block + (r * U + k) * 256 + t : ((r * U + k) * G + b) * 256 + t;
+      const int64_t j = at(r, k);
       if (MODE == 1) {
         v[k] = make_uint4((unsigned)j, 1u, 2u, 3u);
       } else if (KEEP) {
@@ -392,7 +396,7 @@ __global__ void __launch_bounds__(256, BPSM) bw_kernel(const uint4* __restrict__
     }
 #pragma unroll
     for (int k = 0; k < U; k++) {
-      const int64_t j = BLOCK ? b * per_block + (r * U + k) * 256 + t : ((r * U + k) * G + b) * 256 + t;
+      const int64_t j = at(r, k);
       if (MODE == 0)
         acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
       else

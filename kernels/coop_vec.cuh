@@ -229,13 +229,6 @@ SBN_UNROLL
     *p = u / g.ngroups;
     sbn_geo_slice(&g, *p, r0, r1);
   }
-  static __device__ __forceinline__ int unit_batches(const sbn_geo_t& g, int u) {
-    int grp, p;
-    int64_t r0, r1;
-    unit_rows(g, u, &grp, &p, &r0, &r1);
-    const Walk wk(g, grp, r0, r1);
-    return (int)((wk.K + U - 1) / U);
-  }
 
   static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                     Batch& bt, uint64_t pol) {
@@ -299,8 +292,8 @@ SBN_UNROLL
      NBR batches over the block's units (counted by *gb) from registers (turn_hold), the
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
-     of f. No L2 prefetch: asking L2 for the block's batches ahead cost 5-18 % on the H100
-     (bench/notes/issue13-stream.md, session 41). */
+     of f. No L2 prefetch: the kernels that asked L2 for the block's batches ahead took up
+     to 1.22x the time of these on the H100 (bench/notes/issue13-stream.md, session 41). */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, F f) {
@@ -494,8 +487,9 @@ SBN_UNROLL
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
-    /* stage 1 asks L2 to keep x (and dy) for stage 5 (SBN_STREAM_L2_HINTS, coop_plan.h) */
-    const uint64_t pol = (SBN_STREAM_L2_HINTS || ONCHIP) ? policy_evict_last() : policy_evict_normal();
+    /* stream: stage 1 asks L2 to keep x (and dy) for stage 5 (SBN_STREAM_L2_HINTS,
+       coop_plan.h); onchip loads nothing here */
+    const uint64_t pol = SBN_STREAM_L2_HINTS ? policy_evict_last() : policy_evict_normal();
     FwdAcc<NCH> F;
     BwdAcc<NCH> B;
     if (KIND == SBN_OP_FORWARD) {
@@ -629,7 +623,7 @@ SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++)
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
-    const uint64_t pol = (SBN_STREAM_L2_HINTS || ONCHIP) ? policy_evict_first() : policy_evict_normal();
+    const uint64_t pol = SBN_STREAM_L2_HINTS ? policy_evict_first() : policy_evict_normal();
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);
