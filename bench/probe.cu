@@ -34,7 +34,7 @@
  *                launch) and, per stage, when the
  *                median and the last block got there (%globaltimer, from the launch's
  *                first block start; the last block is the critical path). Shapes:
- *                "empty" (n = 0 on every rank, C = 512), stream and auto (onchip), W = 1, 2, 4,
+ *                "empty" (n = 0 on every rank, C = 512), stream and onchip, W = 1, 2, 4,
  *                8 virtual ranks, once as built and once with the old read of host memory
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
@@ -818,31 +818,30 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
 }
 
 /* The empty op (n = 0 on every rank, C = 512, as the first run's latency table): stream
-   and auto (onchip, as sbn-bench's latency rows run it), W = 1, 2, 4, 8 (quick: to 4), as
+   (auto's, as sbn-bench's latency rows run it) and onchip, W = 1, 2, 4, 8 (quick: to 4), as
    built and with every publishing block's old read of the error words (host memory) at
    its start. (Until 2026-11-26 the second was the legacy kernel, removed since.) */
 static void probe_empty_op(int sms, bool quick) {
   for (int mut = 0; mut < 2; mut++)
     for (int k = 0; k < 2; k++)
       for (int W = 1; W <= (quick ? 4 : 8); W *= 2)
-        probe_op("empty", 0, 512, 1, W, k ? SBN_KERNEL_AUTO : SBN_KERNEL_STREAM, sms, quick,
+        probe_op("empty", 0, 512, 1, W, k ? SBN_KERNEL_ONCHIP : SBN_KERNEL_STREAM, sms, quick,
                  mut ? SBN_MUT_HOST_WORDS_AT_START : 0);
   const int zero = 0;
   CK(cudaMemcpyToSymbol(sbn_probe_mutants, &zero, sizeof zero));
 }
 
 static void probe_ops(int sms, bool quick) {
-  /* S10 (pure latency), S2 (a layer3 conv: onchip by auto at W = 1, 86 vs 31 us for
-     stream on the first run), S2 at W = 8 (934 us there: where does it go?) */
+  /* S10 (pure latency) and S2 (a layer3 conv) both ways: auto ran onchip on them until
+     session 42, when stream was measured faster on each (S10 busy 12.7 vs 15.5 us, S2
+     28.3 vs 35.1; sbn-bench's rows too) and became auto's choice everywhere; S3 (33.5 MB:
+     onchip does not hold it) by auto; S2 at W = 8 (934 us on the first run: where does it
+     go?) */
+  probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
-  /* auto takes onchip where x fits; the probe's S2 and empty rows have measured stream
-     faster on the H100 (sessions 37-41: S2 busy 28-32 vs 35 us, the empty op 9.7 vs 11.8):
-     S10 and S3 (33.5 MB, onchip by auto) both ways too, for auto's next choice */
-  probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_STREAM, sms, quick);
+  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
-  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
-  probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S2", 4, 256, 4096, 8, SBN_KERNEL_AUTO, sms, quick);
   if (!quick) probe_op("S5", 4, 2048, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
 }

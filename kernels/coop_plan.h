@@ -68,11 +68,10 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 /* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
    whose two passes over 32 unpacked values per batch need the room) */
 #define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
-#ifndef SBN_STREAM_L2_HINTS /* a tuning variant may set it to 0 (bench/notes/issue13-stream.md) */
-#define SBN_STREAM_L2_HINTS 1      /* stream: stage 1 loads with L2 evict_last (kept for stage 5,
-                                      within the ~10 MB persisting set-aside of an H100), stage 5
-                                      with evict_first; 0: evict_normal for both (plain LRU) */
-#endif
+/* (stream: stage 1 loads with L2 evict_last, kept for stage 5, which loads with
+   evict_first. A knob for evict_normal in both, SBN_STREAM_L2_HINTS=0, was measured on an
+   H100 in session 42, S1 and S4-S9 at W = 1: 1.01-1.09x the time on 44 of 48 rows
+   (bench/notes/issue13-stream.md), and removed.) */
 #ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
@@ -342,47 +341,56 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     const int64_t e = ranks[i].n * op->c * ranks[i].sp;
     if (e > numel) numel = e;
   }
-  /* The host path runs the stream stages whatever SBN_KERNEL asks (it keeps the plan's G
-     and width, so its bits are the coop kernel's). Ranks sharing a GPU are separate
-     launches that must all be resident at once: they run stream, sized by the lowest
-     occupancy of the non-onchip kernels, so that any mix (tile next to plane, forward
-     next to a mismatched backward) fits side by side. */
-  const int want = op->host && op->kernel == SBN_KERNEL_ONCHIP ? SBN_KERNEL_AUTO : op->kernel;
-  int var = want == SBN_KERNEL_STREAM || !vec || !whole || dev->shared ? SBN_VAR_STREAM
-                                                                       : SBN_VAR_ONCHIP;
-  if (want == SBN_KERNEL_ONCHIP && var != SBN_VAR_ONCHIP)
-    return dev->shared ? SBN_PLAN_ONCHIP_SHARED : SBN_PLAN_ONCHIP_SHAPE;
-  for (;;) {
-    const int occ = dev->shared ? dev->occ_min : dev->occ[tile][vec][var];
-    const int64_t gmax = (int64_t)occ * dev->sms / dev->ranks_here;
-    if (gmax < 1 && var == SBN_VAR_ONCHIP && want != SBN_KERNEL_ONCHIP) {
-      var = SBN_VAR_STREAM; /* more ranks on the device than SMs: the stream kernel's 2 per SM */
-      continue;
+  /* auto runs stream. Until session 42 it ran onchip where the tensors fit; on the H100
+     stream was faster on every row where auto had picked onchip (sbn-bench --quick,
+     every row both ways: 0.79-0.98x the time forward, 0.82-1.00x backward; S10, S2, S1
+     bf16 NHWC forward; bench/notes/issue13-stream.md, "Auto's choice"): whatever fits on
+     chip (at most ~41 MB of x) also fits in the L2 (50 MB on an H100/H200), where stage
+     5's second read lands, and the stream kernels run 2 blocks per SM with half the code.
+     onchip runs when SBN_KERNEL=onchip asks for it. The host path runs the stream stages
+     whatever SBN_KERNEL asks, cut as the cooperative kernel would be (the same G and
+     width, so the same bits): under SBN_KERNEL=onchip onchip's plan where it has one,
+     else stream's. Ranks sharing a GPU are separate launches that must all be resident
+     at once: they run stream, sized by the lowest occupancy of the non-onchip kernels, so
+     that any mix (tile next to plane, forward next to a mismatched backward) fits side by
+     side. */
+  if (op->host && op->kernel == SBN_KERNEL_ONCHIP) {
+    sbn_plan_op_t coop = *op;
+    coop.host = 0;
+    if (sbn_plan_launch(&coop, ranks, nranks, dev, pl, detail) == SBN_PLAN_OK) {
+      pl->variant = SBN_VAR_STREAM;
+      pl->hold_slots = 0;
+      return SBN_PLAN_OK;
     }
-    if (gmax < 1) {
-      *detail = (int64_t)occ * dev->sms;
-      return SBN_PLAN_NO_BLOCKS;
-    }
-    const int64_t G = sbn_plan_blocks(numel, op->c, gmax);
-    pl->G = (int)G;
-    pl->tile = tile;
-    pl->vec = vec;
-    pl->variant = var;
-    pl->hold_slots = 0;
-    if (var != SBN_VAR_ONCHIP) return SBN_PLAN_OK;
-    pl->hold_slots = dev->hold_slots[tile];
-    int fits = 1;
-    *detail = 0;
-    for (int i = 0; i < nranks; i++) {
-      const sbn_geo_t geo = sbn_geo_make(ranks[i].n, op->c, ranks[i].sp, tile, V, (int)G);
-      fits &= sbn_onchip_fits(&geo, op->kind, op->dtype, (int)G, pl->hold_slots);
-      const int64_t b = sbn_thread_batches_bound(&geo, op->kind, (int)G);
-      if (b > *detail) *detail = b;
-    }
-    if (fits) return SBN_PLAN_OK;
-    if (want == SBN_KERNEL_ONCHIP) return SBN_PLAN_ONCHIP_NOFIT;
-    var = SBN_VAR_STREAM; /* auto: the stream kernel */
+    coop.kernel = SBN_KERNEL_STREAM;
+    return sbn_plan_launch(&coop, ranks, nranks, dev, pl, detail);
   }
+  const int onchip = op->kernel == SBN_KERNEL_ONCHIP;
+  if (onchip && (!vec || !whole || dev->shared))
+    return dev->shared ? SBN_PLAN_ONCHIP_SHARED : SBN_PLAN_ONCHIP_SHAPE;
+  const int var = onchip ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
+  const int occ = dev->shared ? dev->occ_min : dev->occ[tile][vec][var];
+  const int64_t gmax = (int64_t)occ * dev->sms / dev->ranks_here;
+  if (gmax < 1) {
+    *detail = (int64_t)occ * dev->sms;
+    return SBN_PLAN_NO_BLOCKS;
+  }
+  const int64_t G = sbn_plan_blocks(numel, op->c, gmax);
+  pl->G = (int)G;
+  pl->tile = tile;
+  pl->vec = vec;
+  pl->variant = var;
+  pl->hold_slots = onchip ? dev->hold_slots[tile] : 0;
+  if (!onchip) return SBN_PLAN_OK;
+  int fits = 1;
+  *detail = 0;
+  for (int i = 0; i < nranks; i++) {
+    const sbn_geo_t geo = sbn_geo_make(ranks[i].n, op->c, ranks[i].sp, tile, V, (int)G);
+    fits &= sbn_onchip_fits(&geo, op->kind, op->dtype, (int)G, pl->hold_slots);
+    const int64_t b = sbn_thread_batches_bound(&geo, op->kind, (int)G);
+    if (b > *detail) *detail = b;
+  }
+  return fits ? SBN_PLAN_OK : SBN_PLAN_ONCHIP_NOFIT;
 }
 
 /* The plans of a round's ranks on one device, plans[i] for ranks[i]. One launch for all

@@ -487,9 +487,9 @@ SBN_UNROLL
     unit_rows(g, u, &grp, &p, &r0, &r1);
     Walk wk(g, grp, r0, r1);
     const int nb = (int)((wk.K + U - 1) / U);
-    /* stream: stage 1 asks L2 to keep x (and dy) for stage 5 (SBN_STREAM_L2_HINTS,
-       coop_plan.h); onchip loads nothing here */
-    const uint64_t pol = SBN_STREAM_L2_HINTS ? policy_evict_last() : policy_evict_normal();
+    /* stream: stage 1 asks L2 to keep x (and dy) for stage 5 (coop_plan.h: measured
+       against evict_normal); onchip loads nothing here */
+    const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
     BwdAcc<NCH> B;
     if (KIND == SBN_OP_FORWARD) {
@@ -623,7 +623,7 @@ SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++)
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
-    const uint64_t pol = SBN_STREAM_L2_HINTS ? policy_evict_first() : policy_evict_normal();
+    const uint64_t pol = policy_evict_first();
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       outputs(bt, kc);
       store_batch(R, bp, bt);

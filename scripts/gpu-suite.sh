@@ -173,7 +173,7 @@ fi
 # the last): a step past its limit is stopped and counted as failed, the others still run.
 # sanitize: the quick lists took ~280 s on an H200 (2026-11-26, session 31: 120 s were not
 # enough); with it the steps need two calls of the device tool (next-gpu-run.md)
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=60 [torch]=60 [pytorch]=40 [plot]=20)
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [torch]=60 [pytorch]=40 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -273,6 +273,8 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
   for tool in memcheck racecheck synccheck; do
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_math" || rc=1
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_team" || rc=1
+    # the onchip kernels run only when asked (auto: stream)
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
@@ -286,15 +288,14 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
 }
 
 step_bench() {
-  if [ "$QUICK" = 1 ]; then
-    "$BENCH" --gpu on --quick --json "$OUTDIR/bench.json"
-    return
-  fi
-  "$BENCH" --gpu on --json "$OUTDIR/bench.json" || return 1
-  # the cooperative kernel's other variant, side by side with the default (auto: onchip
-  # where the tensors fit, else stream)
-  echo "+ SBN_KERNEL=stream sbn-bench --gpu on --paths coop"
-  SBN_KERNEL=stream "$BENCH" --gpu on --paths coop --json "$OUTDIR/bench-stream.json" || return 1
+  local quick=()
+  [ "$QUICK" = 1 ] && quick=(--quick)
+  "$BENCH" --gpu on "${quick[@]}" --json "$OUTDIR/bench.json" || return 1
+  # the cooperative kernel's other variant, side by side with the default (auto: stream),
+  # on the W = 1 shapes it holds on chip (S2, S10) and the latency rows
+  echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
+  SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
+    --json "$OUTDIR/bench-onchip.json"
 }
 
 step_torch() {

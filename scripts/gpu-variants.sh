@@ -7,7 +7,7 @@
 # NAME=FLAGS: a label and the -D flags of the variant, e.g.
 #   base=  u8="-DSBN_BATCH_FWD=8 -DSBN_BATCH_BWD=4"  bps3=-DSBN_STREAM_BLOCKS_PER_SM=3
 # (the knobs kernels/coop_plan.h leaves open with #ifndef: SBN_BATCH_FWD, SBN_BATCH_BWD,
-# SBN_STREAM_BLOCKS_PER_SM, SBN_STREAM_L2_HINTS; a mutant, -DSBN_KERNEL_MUTANTS=...). The flags go to the C, C++ and CUDA
+# SBN_STREAM_BLOCKS_PER_SM; a mutant, -DSBN_KERNEL_MUTANTS=...). The flags go to the C, C++ and CUDA
 # compilers alike: the host's plan uses the same constants as the kernels. Each variant is
 # built in build/var-NAME (Release, sm_90, NCCL headers as scripts/gpu-suite.sh prebuild
 # finds them) and copied to OUTDIR/sbn-bench.NAME; OUTDIR/VARIANTS.txt lists name, flags,

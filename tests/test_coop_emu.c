@@ -122,9 +122,9 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
 }
 
 /* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
-   to stream for the scalar kernels and for planes that are not whole vectors, as the
-   library's auto does: sbn_plan_launch), chosen per launch as
-   the library's plan does, for the test's own G: the 16-byte kernels where the shape
+   to stream for the scalar kernels and for planes that are not whole vectors, where the
+   library's plan would refuse SBN_KERNEL=onchip: sbn_plan_launch, whose auto runs stream),
+   chosen per launch as the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
 static int g_variant = SBN_VAR_ONCHIP;
@@ -635,10 +635,10 @@ static void test_onchip_turns(void) {
 
 /* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
    walk over odd planes' pieces is not compiled into them, half their code before):
-   the plan sends odd planes to stream under auto, refuses them under SBN_KERNEL=onchip,
-   keeps onchip for whole ones; and an onchip kernel given odd planes anyway (a broken
-   plan) writes nothing but sbnInvalidUsage in every rank (no block reaches the rank
-   barrier, so none is left to end in sbnTimeout). */
+   the plan refuses odd planes under SBN_KERNEL=onchip and runs onchip on whole ones
+   (auto runs stream on both: test_plan_auto_stream); and an onchip kernel given odd
+   planes anyway (a broken plan) writes nothing but sbnInvalidUsage in every rank (no
+   block reaches the rank barrier, so none is left to end in sbnTimeout). */
 static void test_onchip_whole_planes(void) {
   sbn_plan_dev_t dev;
   memset(&dev, 0, sizeof dev);
@@ -665,13 +665,13 @@ static void test_onchip_whole_planes(void) {
       int64_t detail = 0;
       const int st = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl, &detail);
       const int vec_ok = sbn_vec_shape_ok(0, 8, shapes[i].sp, shapes[i].dt);
-      if (shapes[i].whole) {
-        ASSERT_EQ_INT(st, SBN_PLAN_OK);
-        ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
-      } else if (kernel == SBN_KERNEL_AUTO) {
+      if (kernel == SBN_KERNEL_AUTO) { /* auto runs stream, whole planes or not */
         ASSERT_EQ_INT(st, SBN_PLAN_OK);
         ASSERT_EQ_INT(pl.variant, SBN_VAR_STREAM);
         ASSERT_EQ_INT(pl.vec, vec_ok);
+      } else if (shapes[i].whole) {
+        ASSERT_EQ_INT(st, SBN_PLAN_OK);
+        ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
       } else {
         ASSERT_EQ_INT(st, SBN_PLAN_ONCHIP_SHAPE);
       }
@@ -715,6 +715,74 @@ static void test_onchip_whole_planes(void) {
     emu_team_free(&e);
     team_free(&t);
   }
+}
+
+/* The library's plan (coop_plan.h, sbn_plan_launch) on an H100's numbers (132 SMs; onchip
+   1 block per SM with 12 shared-memory batches per thread, ~190 KB, stream 2): auto runs stream on
+   every shape, those onchip holds included (S10, S2 and the empty op: auto's onchip rows
+   until session 42, slower on the H100 than stream on each), with stream's G;
+   SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
+   path (stream stages always) takes the G the cooperative kernel takes under the same
+   SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */
+static void test_plan_auto_stream(void) {
+  sbn_plan_dev_t dev;
+  memset(&dev, 0, sizeof dev);
+  dev.sms = 132;
+  dev.ranks_here = 1;
+  for (int tile = 0; tile < 2; tile++)
+    for (int vec = 0; vec < 2; vec++) {
+      dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
+      dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
+    }
+  dev.occ_min = 2;
+  dev.hold_slots[0] = dev.hold_slots[1] = 12;
+  static const struct {
+    int64_t n, c, sp;
+    int nhwc;
+    sbnDataType_t dt;
+    int holds; /* onchip holds it, forward and backward */
+  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1},         /* S10 */
+                {4, 256, 64 * 64, 0, sbnFloat32, 1},   /* S2 */
+                {4, 256, 64 * 64, 1, sbnBFloat16, 1},
+                {0, 512, 1, 0, sbnFloat32, 1},         /* the empty op */
+                {4, 64, 256 * 256, 0, sbnFloat32, 0}}; /* S1 */
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    for (int kind = 0; kind < 2; kind++) {
+      const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
+      sbn_plan_t pl[3][2]; /* [SBN_KERNEL][host] */
+      int st[3][2];
+      for (int kernel = 0; kernel < 3; kernel++)
+        for (int host = 0; host < 2; host++) {
+          const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, host, kernel};
+          int64_t detail = 0;
+          memset(&pl[kernel][host], 0, sizeof pl[kernel][host]);
+          st[kernel][host] = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl[kernel][host], &detail);
+        }
+      const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
+      ASSERT_EQ_INT(st[SBN_KERNEL_AUTO][0], SBN_PLAN_OK);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant, SBN_VAR_STREAM);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].hold_slots, 0);
+      const int holds = shapes[i].holds;
+      if (holds) {
+        ASSERT_EQ_INT(st[SBN_KERNEL_ONCHIP][0], SBN_PLAN_OK);
+        ASSERT_EQ_INT(pl[SBN_KERNEL_ONCHIP][0].variant, SBN_VAR_ONCHIP);
+      } else {
+        ASSERT_EQ_INT(st[SBN_KERNEL_ONCHIP][0], SBN_PLAN_ONCHIP_NOFIT);
+      }
+      for (int kernel = 0; kernel < 3; kernel++) {
+        /* the host path: stream stages, the cooperative plan's G (onchip's where it holds) */
+        const int coop = kernel == SBN_KERNEL_ONCHIP && !holds ? SBN_KERNEL_STREAM : kernel;
+        ASSERT_EQ_INT(st[kernel][1], SBN_PLAN_OK);
+        ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
+        ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
+        ASSERT_EQ_INT(pl[kernel][1].vec, pl[coop][0].vec);
+      }
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  shape %zu, kind %d\n", i, kind);
+        return;
+      }
+    }
 }
 
 /* coop_plan.h's bound of a thread's batches (the on-chip fit) is never below what the
@@ -2430,6 +2498,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_equals_stream, 0);
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
+  EMU_TEST(test_plan_auto_stream, 0);
   EMU_TEST(test_bytes_moved, 0);
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_unit_map, 0);

@@ -199,7 +199,6 @@ void emu_count(const void* p, size_t bytes, int write);
 
 inline uint64_t policy_evict_last() { return 0; }
 inline uint64_t policy_evict_first() { return 0; }
-inline uint64_t policy_evict_normal() { return 0; }
 inline uint4 ld_v16(const void* p, uint64_t) {
   uint4 v;
   memcpy(&v, p, 16);

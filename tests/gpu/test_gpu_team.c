@@ -32,6 +32,12 @@ static int g_quick;      /* SBN_TEST_QUICK set: shorter case lists */
 static int g_host;       /* SBN_ALGO=nccl: the whole suite on the host-driven path */
 static int g_ndev;       /* CUDA devices */
 static char g_case[512]; /* the current case, printed when it fails */
+/* SBN_KERNEL=onchip (test_gpu_team_onchip, virtual_vs_cpu only): auto runs stream since
+   session 42, so the onchip kernels run only when asked. A case the onchip plan refuses
+   (sbnUnsupported: tensors it cannot hold, odd planes) must leave every output as it was
+   and is counted; every op that ran must say "onchip" (sbnCommGetKernel); some must run. */
+static int g_onchip;
+static int g_onchip_ran, g_onchip_refused;
 
 /* Team timeout for the correctness tests: a protocol bug (a peer that never arrives)
    fails within 60 s instead of the default 300 s; correct ops take milliseconds, and
@@ -287,6 +293,30 @@ static void check_untouched(const dteam_t* d, const team_t* h, int r) {
   dteam_check_untouched(d, h, r, "a failed op");
 }
 
+/* SBN_KERNEL=onchip: whether op result `res` was the onchip plan's refusal (then every
+   rank's outputs must be untouched), else (a success) whether every rank ran onchip;
+   counted in g_onchip_ran / g_onchip_refused. */
+static int onchip_refused(sbnResult_t res, const dteam_t* d, const team_t* h) {
+  if (!g_onchip) return 0;
+  if (res == sbnUnsupported) {
+    for (int r = 0; r < h->W && !sbn_test_cur_failed_; r++) check_untouched(d, h, r);
+    g_onchip_refused++;
+    return 1;
+  }
+  if (res == sbnSuccess) {
+    for (int r = 0; r < h->W; r++) {
+      const char* kern = "?";
+      const sbnResult_t e = sbnCommGetKernel(d->comm[r], &kern);
+      if (e != sbnSuccess || strcmp(kern, "onchip") != 0) {
+        SBN_FAIL_("SBN_KERNEL=onchip: rank %d ran '%s' (%s)", r, kern, sbnGetResultName(e));
+        return 1;
+      }
+    }
+    g_onchip_ran++;
+  }
+  return 0;
+}
+
 /* ---- one case: GPU team vs CPU team vs reference ------------------------------------- */
 typedef struct {
   int64_t c, sp;
@@ -383,7 +413,9 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       SBN_FAIL_("CPU team forward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
       return;
     }
-    ASSERT_GPU_OK(gpu_run(d, g, 0, k->mode, k->opts_fwd, &p), d);
+    const sbnResult_t rf = gpu_run(d, g, 0, k->mode, k->opts_fwd, &p);
+    if (onchip_refused(rf, d, g)) return;
+    ASSERT_GPU_OK(rf, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_FWD, k->opts_fwd)) return; /* before any other diagnosis */
     check_forward(g, &p, tol); /* vs reference; bitwise rank agreement */
@@ -411,7 +443,9 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       SBN_FAIL_("CPU team backward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
       return;
     }
-    ASSERT_GPU_OK(gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb), d);
+    const sbnResult_t rb = gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb);
+    if (onchip_refused(rb, d, g)) return;
+    ASSERT_GPU_OK(rb, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_BWD, k->opts_bwd)) return; /* before any other diagnosis */
     check_backward_ref(g, &pb, k->opts_bwd, tol);
@@ -480,6 +514,11 @@ static void test_virtual_vs_cpu(void) {
         }
   }
   fprintf(stderr, "  %d cases\n", ncases);
+  if (g_onchip) {
+    fprintf(stderr, "  SBN_KERNEL=onchip: %d ops ran onchip, %d refused (nothing written)\n",
+            g_onchip_ran, g_onchip_refused);
+    ASSERT_TRUE(g_onchip_ran > 0);
+  }
 }
 
 /* ---- 2. bitwise rank agreement (checked in every case) and repeatability -------------- */
@@ -1633,6 +1672,8 @@ int main(void) {
   g_quick = q != NULL && q[0] != '\0' && strcmp(q, "0") != 0;
   const char* algo = getenv("SBN_ALGO");
   g_host = algo != NULL && strcmp(algo, "nccl") == 0;
+  const char* kern = getenv("SBN_KERNEL");
+  g_onchip = kern != NULL && strcmp(kern, "onchip") == 0;
 
   cudaError_t ce = cudaGetDeviceCount(&g_ndev);
   if (ce != cudaSuccess || g_ndev == 0)
