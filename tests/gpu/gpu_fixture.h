@@ -340,17 +340,17 @@ static inline void dteam_download(dteam_t* d, team_t* h, int s, int what, int op
   }
 }
 
-/* A refused or failed op must leave slot s's outputs as they were: poison (0xff) in y,
-   save stats, dx, dweight, dbias; running stats and num_batches_tracked as uploaded from
-   h. `after` names the op in the failure messages. */
 static inline int all_ff(const void* p, size_t n) {
   const unsigned char* c = (const unsigned char*)p;
   for (size_t i = 0; i < n; i++)
     if (c[i] != GPU_POISON) return 0;
   return 1;
 }
-static inline void dteam_check_untouched(const dteam_t* d, const team_t* h, int s,
-                                         const char* after) {
+/* A refused or failed op must leave slot s's outputs as they were: poison (0xff) in the
+   outputs of `what` (OUT_FWD: y, save stats; OUT_BWD: dx, dweight, dbias); running stats
+   and num_batches_tracked as h has them. `after` names the op in the failure messages. */
+static inline void dteam_check_untouched_of(const dteam_t* d, const team_t* h, int s, int what,
+                                            const char* after) {
   int r = d->rk[s];
   size_t cb = chan_bytes(h), tb = team_bytes(h, r);
   unsigned char* buf = (unsigned char*)malloc(tb + cb + 16);
@@ -358,15 +358,22 @@ static inline void dteam_check_untouched(const dteam_t* d, const team_t* h, int 
     const char* name;
     const void* p;
     size_t n;
+    int what;
   } outs[] = {
-      {"y", d->y[s], tb},   {"save_mean", d->sm[s], cb}, {"save_invstd", d->si[s], cb},
-      {"dx", d->dx[s], tb}, {"dweight", d->dw[s], cb},   {"dbias", d->db[s], cb},
+      {"y", d->y[s], tb, OUT_FWD},
+      {"save_mean", d->sm[s], cb, OUT_FWD},
+      {"save_invstd", d->si[s], cb, OUT_FWD},
+      {"dx", d->dx[s], tb, OUT_BWD},
+      {"dweight", d->dw[s], cb, OUT_BWD},
+      {"dbias", d->db[s], cb, OUT_BWD},
   };
   for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-    if (!outs[i].p || !outs[i].n) continue;
+    if (!outs[i].p || !outs[i].n || !(outs[i].what & what)) continue;
     d2h(buf, outs[i].p, outs[i].n);
     if (!all_ff(buf, outs[i].n)) SBN_FAIL_("rank %d: %s was written by %s", r, outs[i].name, after);
   }
+  /* (a backward leaves the running state and num_batches_tracked alone: the forward's,
+     downloaded into h, must still be there) */
   if (h->running) {
     d2h(buf, d->rm[s], cb);
     if (memcmp(buf, h->rm[r], cb)) SBN_FAIL_("rank %d: running_mean was written by %s", r, after);
@@ -379,6 +386,12 @@ static inline void dteam_check_untouched(const dteam_t* d, const team_t* h, int 
     SBN_FAIL_("rank %d: num_batches_tracked %" PRId64 " after %s, was %" PRId64, r, nbt, after,
               h->nbt[r]);
   free(buf);
+}
+/* Every output of slot s (y, save_mean, save_invstd, dx, dweight, dbias) still poisoned,
+   and the running state and num_batches_tracked as h has them. */
+static inline void dteam_check_untouched(const dteam_t* d, const team_t* h, int s,
+                                         const char* after) {
+  dteam_check_untouched_of(d, h, s, OUT_FWD | OUT_BWD, after);
 }
 
 #endif /* SYNCBN_TESTS_GPU_FIXTURE_H_ */

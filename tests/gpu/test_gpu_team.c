@@ -293,13 +293,22 @@ static void check_untouched(const dteam_t* d, const team_t* h, int r) {
   dteam_check_untouched(d, h, r, "a failed op");
 }
 
-/* SBN_KERNEL=onchip: whether op result `res` was the onchip plan's refusal (then every
-   rank's outputs must be untouched), else (a success) whether every rank ran onchip;
-   counted in g_onchip_ran / g_onchip_refused. */
-static int onchip_refused(sbnResult_t res, const dteam_t* d, const team_t* h) {
+/* SBN_KERNEL=onchip: whether op result `res` of the op of `what` (OUT_FWD, OUT_BWD) was
+   the onchip plan's refusal (then every rank's outputs of that op must be untouched: a
+   backward refused after a forward that ran finds the forward's y and statistics in
+   place), else (a success) whether every rank ran onchip; counted in g_onchip_ran /
+   g_onchip_refused. */
+static int onchip_refused(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
   if (!g_onchip) return 0;
   if (res == sbnUnsupported) {
-    for (int r = 0; r < h->W && !sbn_test_cur_failed_; r++) check_untouched(d, h, r);
+    const cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess) {
+      SBN_FAIL_("cudaDeviceSynchronize: %s", cudaGetErrorString(ce));
+      return 1;
+    }
+    for (int r = 0; r < h->W && !sbn_test_cur_failed_; r++)
+      dteam_check_untouched_of(d, h, r, what, "an op SBN_KERNEL=onchip refused");
+    if (sbn_test_cur_failed_) fprintf(stderr, "  refused with: %s\n", sbnGetLastError(NULL));
     g_onchip_refused++;
     return 1;
   }
@@ -414,7 +423,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       return;
     }
     const sbnResult_t rf = gpu_run(d, g, 0, k->mode, k->opts_fwd, &p);
-    if (onchip_refused(rf, d, g)) return;
+    if (onchip_refused(rf, OUT_FWD, d, g)) return;
     ASSERT_GPU_OK(rf, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_FWD, k->opts_fwd)) return; /* before any other diagnosis */
@@ -444,7 +453,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       return;
     }
     const sbnResult_t rb = gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb);
-    if (onchip_refused(rb, d, g)) return;
+    if (onchip_refused(rb, OUT_BWD, d, g)) return;
     ASSERT_GPU_OK(rb, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_BWD, k->opts_bwd)) return; /* before any other diagnosis */
