@@ -70,8 +70,8 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 #define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
 /* (stream: stage 1 loads with L2 evict_last, kept for stage 5, which loads with
    evict_first. A knob for evict_normal in both, SBN_STREAM_L2_HINTS=0, was measured on an
-   H100 in session 42, S1 and S4-S9 at W = 1: 1.01-1.09x the time on 44 of 48 rows
-   (bench/notes/issue13-stream.md), and removed.) */
+   H100 in session 42, S1 and S4-S9 at W = 1: 1.01-1.09x the time on 39 of 48 cells,
+   0.97-1.00 on 9 (bench/notes/issue13-stream.md), and removed.) */
 #ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
