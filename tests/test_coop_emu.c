@@ -127,7 +127,10 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
    chosen per launch as the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
-static int g_variant = SBN_VAR_ONCHIP;
+/* The variant between tests: the library's auto (stream, since session 42; onchip before,
+   which the tests still run by name: test_onchip_equals_stream, the variant loops). */
+#define EMU_VAR_DEFAULT SBN_VAR_STREAM
+static int g_variant = EMU_VAR_DEFAULT;
 /* g_variant's third value, for the tests only: the stream variant's scalar kernels (one
    element per load) on every shape, not only where the library picks them (unaligned
    tensors, odd small planes, NHWC with C not a multiple of the vector width). It took
@@ -420,8 +423,8 @@ static void test_emulated_vs_reference(void) {
       {6, 1, sbnFloat32, sbnLayoutNHWC, 40, 2, n6},   /* the gather's batches of ranks, */
       {8, 1, sbnFloat32, sbnLayoutNCHW, 3, 3, n8},    /* several of them, W odd and even */
   };
-  /* every variant; separate per-rank launches for the default (onchip) only */
-  static const int variants[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
+  /* every variant; separate per-rank launches for the default (stream) only */
+  static const int variants[3] = {EMU_VAR_DEFAULT, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
   for (int v = 0; v < 3; v++) {
     g_variant = variants[v];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -432,13 +435,13 @@ static void test_emulated_vs_reference(void) {
         if (sbn_test_cur_failed_) {
           fprintf(stderr, "  in case %zu (%s, variant %d)\n", i,
                   peer ? "peer launches" : "virtual launch", g_variant);
-          g_variant = SBN_VAR_ONCHIP;
+          g_variant = EMU_VAR_DEFAULT;
           return;
         }
       }
     }
   }
-  g_variant = SBN_VAR_ONCHIP;
+  g_variant = EMU_VAR_DEFAULT;
 }
 
 /* ---- the stream and onchip variants: the same bits; held batches; bytes moved ---------- */
@@ -448,7 +451,7 @@ static void run_fwd_bwd(emu_team_t* e, team_t* t, const sbnParams_t* p, int var)
   g_variant = var;
   emu_run_virtual(e, t, 0, p);
   emu_run_virtual(e, t, 1, p);
-  g_variant = SBN_VAR_ONCHIP;
+  g_variant = EMU_VAR_DEFAULT;
 }
 
 /* Shapes where a thread has more batches than it holds in registers (so the onchip
@@ -487,7 +490,9 @@ static void test_onchip_equals_stream(void) {
     emu_team_init(&eb, 2, 1, 60000);
     for (int bwd = 0; bwd < 2; bwd++) { /* onchip; the large planes and tiles hold batches
                                             in shared memory too */
+      g_variant = SBN_VAR_ONCHIP;
       const sbn_plan_t pl = emu_plan(&a.d[0], cases[i].n[0], 1, bwd);
+      g_variant = EMU_VAR_DEFAULT;
       ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
       ASSERT_TRUE(pl.hold_slots > 0 || cases[i].n == nmany);
     }
@@ -542,7 +547,7 @@ static void test_bytes_moved(void) {
           }
           g_variant = variants[v];
           emu_run_virtual(&e, &t, bwd, &p);
-          g_variant = SBN_VAR_ONCHIP;
+          g_variant = EMU_VAR_DEFAULT;
           ASSERT_TRUE(err_words_clear(&e));
           for (int r = 0; r < 2; r++) {
             const int64_t bytes = (int64_t)team_bytes(&t, r);
@@ -604,11 +609,11 @@ static void test_onchip_turns(void) {
         team_make(&t[v], 2, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, n, 1, 1,
                   GEN_NORMAL, 900 + i);
         emu_team_init(&e[v], 2, cases[i].G, 60000);
+        g_variant = v == 0 ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
         if (v == 0) {
           const sbn_plan_t pl = emu_plan(&t[0].d[0], n[0] > n[1] ? n[0] : n[1], cases[i].G, 1);
           ASSERT_EQ_INT(pl.variant, SBN_VAR_ONCHIP);
         }
-        g_variant = v == 0 ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
         emu_run_virtual(&e[v], &t[v], 0, &p);
         if (dx_null) {
           g_opts = OPT_DX_NULL;
@@ -616,7 +621,7 @@ static void test_onchip_turns(void) {
           g_opts = 0;
         }
         emu_run_virtual(&e[v], &t[v], 1, &p);
-        g_variant = SBN_VAR_ONCHIP;
+        g_variant = EMU_VAR_DEFAULT;
         ASSERT_TRUE(err_words_clear(&e[v]));
       }
       for (int r = 0; r < 2; r++) {
@@ -700,6 +705,7 @@ static void test_onchip_whole_planes(void) {
     g_onchip_any_plane = 1;
     emu_run_virtual(&e, &t, bwd, &p);
     g_onchip_any_plane = 0;
+    g_variant = EMU_VAR_DEFAULT;
     for (int r = 0; r < 2; r++) {
       ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
       if (bwd) {
@@ -718,8 +724,8 @@ static void test_onchip_whole_planes(void) {
 }
 
 /* The library's plan (coop_plan.h, sbn_plan_launch) on an H100's numbers (132 SMs; onchip
-   1 block per SM with 12 shared-memory batches per thread, ~190 KB, stream 2): auto runs stream on
-   every shape, those onchip holds included (S10, S2 and the empty op: auto's onchip rows
+   1 block per SM with 12 shared-memory batches per thread, ~190 KB; stream 2): auto runs
+   stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's onchip rows
    until session 42, slower on the H100 than stream on each), with stream's G;
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages always) takes the G the cooperative kernel takes under the same
@@ -741,11 +747,12 @@ static void test_plan_auto_stream(void) {
     int nhwc;
     sbnDataType_t dt;
     int holds; /* onchip holds it, forward and backward */
-  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1},         /* S10 */
-                {4, 256, 64 * 64, 0, sbnFloat32, 1},   /* S2 */
-                {4, 256, 64 * 64, 1, sbnBFloat16, 1},
-                {0, 512, 1, 0, sbnFloat32, 1},         /* the empty op */
-                {4, 64, 256 * 256, 0, sbnFloat32, 0}}; /* S1 */
+    int G;     /* stream's blocks: max(chunks, elements / 8192), at most 2 x 132 */
+  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16},          /* S10 */
+                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264},   /* S2 */
+                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264},
+                {0, 512, 1, 0, sbnFloat32, 1, 16},          /* the empty op */
+                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264}}; /* S1 */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
@@ -759,6 +766,7 @@ static void test_plan_auto_stream(void) {
           st[kernel][host] = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl[kernel][host], &detail);
         }
       const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
+      ASSERT_EQ_INT(G_stream, shapes[i].G);
       ASSERT_EQ_INT(st[SBN_KERNEL_AUTO][0], SBN_PLAN_OK);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant, SBN_VAR_STREAM);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
@@ -783,6 +791,73 @@ static void test_plan_auto_stream(void) {
         return;
       }
     }
+  /* The same relations over other devices and launches: ranks sharing the GPU (separate
+     launches sized by occ_min), many ranks per device (300: no block left), a virtual
+     launch of 3 ranks, unaligned tensors, odd planes, NHWC with C not a multiple of the
+     width: auto's plan is stream's (or both refuse: SBN_PLAN_NO_BLOCKS); the host path's
+     is the cooperative one's under the same SBN_KERNEL, else stream's where that refuses
+     (and refuses only where stream does). */
+  static const struct {
+    int64_t n[3], c, sp;
+    int nhwc;
+    sbnDataType_t dt;
+  } more[] = {{{4, 2, 0}, 512, 1, 0, sbnFloat32},   {{4, 4, 4}, 256, 4096, 0, sbnFloat32},
+              {{2, 3, 1}, 37, 97 * 97, 0, sbnFloat32}, {{1, 0, 2}, 36, 64, 1, sbnBFloat16},
+              {{4, 1, 2}, 64, 1000, 0, sbnFloat16},  {{4, 4, 4}, 64, 65536, 0, sbnFloat32}};
+  static const int here[] = {1, 8, 200, 300};
+  for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int shared = 0; shared < 2; shared++)
+        for (size_t h = 0; h < sizeof here / sizeof here[0]; h++)
+          for (int aligned = 0; aligned < 2; aligned++)
+            for (int nr = 1; nr <= 3; nr += 2) {
+              if (shared && nr > 1) continue; /* a virtual launch's ranks never share */
+              dev.shared = shared;
+              dev.ranks_here = here[h];
+              sbn_plan_rank_t rk[3];
+              for (int q = 0; q < nr; q++) {
+                rk[q].n = more[i].n[q];
+                rk[q].sp = more[i].sp;
+                rk[q].aligned = aligned;
+              }
+              sbn_plan_t pl[3][2], each[3]; /* a round's plans: one per rank */
+              int st[3][2];
+              for (int kernel = 0; kernel < 3; kernel++)
+                for (int host = 0; host < 2; host++) {
+                  const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, host, kernel};
+                  int64_t detail = 0;
+                  memset(each, 0, sizeof each);
+                  st[kernel][host] = sbn_plan_round(&op, rk, nr, nr > 1, &dev, each, &detail);
+                  pl[kernel][host] = each[0];
+                  for (int q = 1; q < nr && st[kernel][host] == SBN_PLAN_OK; q++)
+                    ASSERT_TRUE(memcmp(&each[q], &each[0], sizeof each[0]) == 0);
+                }
+              const int S = SBN_KERNEL_STREAM, O = SBN_KERNEL_ONCHIP, A = SBN_KERNEL_AUTO;
+              ASSERT_EQ_INT(st[A][0], st[S][0]);
+              ASSERT_TRUE(st[S][0] == SBN_PLAN_OK || st[S][0] == SBN_PLAN_NO_BLOCKS);
+              ASSERT_EQ_INT(st[S][0] == SBN_PLAN_NO_BLOCKS, (int64_t)2 * 132 / here[h] < 1);
+              if (st[S][0] == SBN_PLAN_OK) {
+                ASSERT_TRUE(memcmp(&pl[A][0], &pl[S][0], sizeof pl[A][0]) == 0);
+                ASSERT_EQ_INT(pl[S][0].variant, SBN_VAR_STREAM);
+              }
+              if (st[O][0] == SBN_PLAN_OK) ASSERT_EQ_INT(pl[O][0].variant, SBN_VAR_ONCHIP);
+              if (shared) ASSERT_TRUE(st[O][0] != SBN_PLAN_OK);
+              for (int kernel = 0; kernel < 3; kernel++) {
+                const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : S;
+                ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
+                if (st[kernel][1] != SBN_PLAN_OK) continue;
+                ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
+                ASSERT_EQ_INT(pl[kernel][1].hold_slots, 0);
+                ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
+                ASSERT_EQ_INT(pl[kernel][1].vec, pl[coop][0].vec);
+                ASSERT_EQ_INT(pl[kernel][1].tile, pl[coop][0].tile);
+              }
+              if (sbn_test_cur_failed_) {
+                fprintf(stderr, "  more %zu, kind %d, shared %d, here %d, aligned %d, ranks %d\n",
+                        i, kind, shared, here[h], aligned, nr);
+                return;
+              }
+            }
 }
 
 /* coop_plan.h's bound of a thread's batches (the on-chip fit) is never below what the
@@ -1612,7 +1687,7 @@ static void test_sums_accuracy(void) {
       g_opts = OPT_DX_NULL;
       emu_run_virtual(&e, &k, 1, &p);
       g_opts = 0;
-      g_variant = SBN_VAR_ONCHIP;
+      g_variant = EMU_VAR_DEFAULT;
       if (!err_words_clear(&e)) SBN_FAIL_("layout %d variant %d: error words", lay, variants[v]);
       for (int c = 0; c < CANCEL_C; c++)
         for (int o = 0; o < 2; o++) {
@@ -1917,7 +1992,7 @@ static void exchange_hops(void) {
                         vars[v] == SBN_VAR_ONCHIP ? "onchip" : vars[v] == SBN_VAR_STREAM ? "stream" : "stream-scalar",
                         peer ? "peer" : "virtual", bwd ? "backward" : "forward", h, want);
           }
-          g_variant = SBN_VAR_ONCHIP;
+          g_variant = EMU_VAR_DEFAULT;
           ASSERT_TRUE(err_words_clear(&e));
           emu_team_free(&e);
           team_free(&t);
@@ -1983,7 +2058,7 @@ static void gathers_per_block(void) {
                         si, W, vars[v], peer ? "peer" : "virtual", bwd ? "backward" : "forward",
                         total, most, want_total * (uint64_t)(W * W), want_most * (uint64_t)W);
           }
-          g_variant = SBN_VAR_ONCHIP;
+          g_variant = EMU_VAR_DEFAULT;
           ASSERT_TRUE(err_words_clear(&e));
           check_forward(&t, &p, tol_for(sbnFloat32));
           emu_team_free(&e);
