@@ -638,13 +638,10 @@ static void test_onchip_turns(void) {
     }
 }
 
-/* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
-   walk over odd planes' pieces is not compiled into them, half their code before):
-   the plan refuses odd planes under SBN_KERNEL=onchip and runs onchip on whole ones
-   (auto runs stream on both: test_plan_auto_stream); and an onchip kernel given odd
-   planes anyway (a broken plan) writes nothing but sbnInvalidUsage in every rank (no
-   block reaches the rank barrier, so none is left to end in sbnTimeout). */
-static void test_onchip_whole_planes(void) {
+/* The plan's view of one H100 / H200 (132 SMs) with a rank of its own: the stream
+   kernels 2 blocks per SM (check-sass.sh), the 16-byte onchip ones 1 with `hold_slots`
+   shared-memory batches per thread (the scalar kernels have no onchip form). */
+static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
   sbn_plan_dev_t dev;
   memset(&dev, 0, sizeof dev);
   dev.sms = 132;
@@ -654,8 +651,19 @@ static void test_onchip_whole_planes(void) {
       dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
       dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
     }
-  dev.occ_min = 1;
-  dev.hold_slots[0] = dev.hold_slots[1] = 4;
+  dev.occ_min = 2; /* the lowest of the non-onchip kernels' */
+  dev.hold_slots[0] = dev.hold_slots[1] = hold_slots;
+  return dev;
+}
+
+/* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
+   walk over odd planes' pieces is not compiled into them, half their code before):
+   the plan refuses odd planes under SBN_KERNEL=onchip and runs onchip on whole ones
+   (auto runs stream on both: test_plan_auto_stream); and an onchip kernel given odd
+   planes anyway (a broken plan) writes nothing but sbnInvalidUsage in every rank (no
+   block reaches the rank barrier, so none is left to end in sbnTimeout). */
+static void test_onchip_whole_planes(void) {
+  sbn_plan_dev_t dev = h100_plan_dev(4);
   static const struct {
     sbnDataType_t dt;
     int64_t sp;
@@ -723,25 +731,51 @@ static void test_onchip_whole_planes(void) {
   }
 }
 
+/* The plans of op (its kind, dtype, layout, C) for ranks rk[0..nr) (one launch if nr > 1,
+   as a virtual team's round; then every rank's plan must be the same) under each
+   SBN_KERNEL, cooperative and host path: pl[kernel][host], st[kernel][host]. */
+static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int nr,
+                       const sbn_plan_dev_t* dev, sbn_plan_t pl[3][2], int st[3][2]) {
+  for (int kernel = 0; kernel < 3; kernel++)
+    for (int host = 0; host < 2; host++) {
+      sbn_plan_op_t o = *op;
+      o.host = host;
+      o.kernel = kernel;
+      sbn_plan_t each[3]; /* a round's plans: one per rank */
+      int64_t detail = 0;
+      memset(each, 0, sizeof each);
+      st[kernel][host] = sbn_plan_round(&o, rk, nr, nr > 1, dev, each, &detail);
+      pl[kernel][host] = each[0];
+      for (int q = 1; q < nr && st[kernel][host] == SBN_PLAN_OK; q++)
+        ASSERT_TRUE(memcmp(&each[q], &each[0], sizeof each[0]) == 0);
+    }
+}
+
+/* The host path's plans (stream stages always) under each SBN_KERNEL: those of the
+   cooperative kernel under the same SBN_KERNEL (G, width, unit shape: the same slices,
+   the same bits), or of stream where that refuses; refused only where that refuses. */
+static void check_host_plans(const sbn_plan_t pl[3][2], const int st[3][2]) {
+  for (int kernel = 0; kernel < 3; kernel++) {
+    const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : SBN_KERNEL_STREAM;
+    ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
+    if (st[kernel][1] != SBN_PLAN_OK) continue;
+    ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
+    ASSERT_EQ_INT(pl[kernel][1].hold_slots, 0);
+    ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
+    ASSERT_EQ_INT(pl[kernel][1].vec, pl[coop][0].vec);
+    ASSERT_EQ_INT(pl[kernel][1].tile, pl[coop][0].tile);
+  }
+}
+
 /* The library's plan (coop_plan.h, sbn_plan_launch) on an H100's numbers (132 SMs; onchip
    1 block per SM with 12 shared-memory batches per thread, ~190 KB; stream 2): auto runs
-   stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's onchip rows
-   until session 42, slower on the H100 than stream on each), with stream's G;
+   stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's
+   onchip rows until session 42, slower on the H100 than stream on each), with stream's G;
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages always) takes the G the cooperative kernel takes under the same
    SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */
 static void test_plan_auto_stream(void) {
-  sbn_plan_dev_t dev;
-  memset(&dev, 0, sizeof dev);
-  dev.sms = 132;
-  dev.ranks_here = 1;
-  for (int tile = 0; tile < 2; tile++)
-    for (int vec = 0; vec < 2; vec++) {
-      dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
-      dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
-    }
-  dev.occ_min = 2;
-  dev.hold_slots[0] = dev.hold_slots[1] = 12;
+  sbn_plan_dev_t dev = h100_plan_dev(12);
   static const struct {
     int64_t n, c, sp;
     int nhwc;
@@ -756,15 +790,11 @@ static void test_plan_auto_stream(void) {
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
-      sbn_plan_t pl[3][2]; /* [SBN_KERNEL][host] */
+      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0};
+      sbn_plan_t pl[3][2];
       int st[3][2];
-      for (int kernel = 0; kernel < 3; kernel++)
-        for (int host = 0; host < 2; host++) {
-          const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, host, kernel};
-          int64_t detail = 0;
-          memset(&pl[kernel][host], 0, sizeof pl[kernel][host]);
-          st[kernel][host] = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl[kernel][host], &detail);
-        }
+      plan_table(&op, &rk, 1, &dev, pl, st);
+      ASSERT_EQ_INT(st[SBN_KERNEL_STREAM][0], SBN_PLAN_OK);
       const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
       ASSERT_EQ_INT(G_stream, shapes[i].G);
       ASSERT_EQ_INT(st[SBN_KERNEL_AUTO][0], SBN_PLAN_OK);
@@ -778,14 +808,7 @@ static void test_plan_auto_stream(void) {
       } else {
         ASSERT_EQ_INT(st[SBN_KERNEL_ONCHIP][0], SBN_PLAN_ONCHIP_NOFIT);
       }
-      for (int kernel = 0; kernel < 3; kernel++) {
-        /* the host path: stream stages, the cooperative plan's G (onchip's where it holds) */
-        const int coop = kernel == SBN_KERNEL_ONCHIP && !holds ? SBN_KERNEL_STREAM : kernel;
-        ASSERT_EQ_INT(st[kernel][1], SBN_PLAN_OK);
-        ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
-        ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
-        ASSERT_EQ_INT(pl[kernel][1].vec, pl[coop][0].vec);
-      }
+      check_host_plans(pl, st); /* onchip's G where it holds, else stream's */
       if (sbn_test_cur_failed_) {
         fprintf(stderr, "  shape %zu, kind %d\n", i, kind);
         return;
@@ -820,18 +843,10 @@ static void test_plan_auto_stream(void) {
                 rk[q].sp = more[i].sp;
                 rk[q].aligned = aligned;
               }
-              sbn_plan_t pl[3][2], each[3]; /* a round's plans: one per rank */
+              const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, 0, 0};
+              sbn_plan_t pl[3][2];
               int st[3][2];
-              for (int kernel = 0; kernel < 3; kernel++)
-                for (int host = 0; host < 2; host++) {
-                  const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, host, kernel};
-                  int64_t detail = 0;
-                  memset(each, 0, sizeof each);
-                  st[kernel][host] = sbn_plan_round(&op, rk, nr, nr > 1, &dev, each, &detail);
-                  pl[kernel][host] = each[0];
-                  for (int q = 1; q < nr && st[kernel][host] == SBN_PLAN_OK; q++)
-                    ASSERT_TRUE(memcmp(&each[q], &each[0], sizeof each[0]) == 0);
-                }
+              plan_table(&op, rk, nr, &dev, pl, st);
               const int S = SBN_KERNEL_STREAM, O = SBN_KERNEL_ONCHIP, A = SBN_KERNEL_AUTO;
               ASSERT_EQ_INT(st[A][0], st[S][0]);
               ASSERT_TRUE(st[S][0] == SBN_PLAN_OK || st[S][0] == SBN_PLAN_NO_BLOCKS);
@@ -842,16 +857,7 @@ static void test_plan_auto_stream(void) {
               }
               if (st[O][0] == SBN_PLAN_OK) ASSERT_EQ_INT(pl[O][0].variant, SBN_VAR_ONCHIP);
               if (shared) ASSERT_TRUE(st[O][0] != SBN_PLAN_OK);
-              for (int kernel = 0; kernel < 3; kernel++) {
-                const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : S;
-                ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
-                if (st[kernel][1] != SBN_PLAN_OK) continue;
-                ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
-                ASSERT_EQ_INT(pl[kernel][1].hold_slots, 0);
-                ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
-                ASSERT_EQ_INT(pl[kernel][1].vec, pl[coop][0].vec);
-                ASSERT_EQ_INT(pl[kernel][1].tile, pl[coop][0].tile);
-              }
+              check_host_plans(pl, st);
               if (sbn_test_cur_failed_) {
                 fprintf(stderr, "  more %zu, kind %d, shared %d, here %d, aligned %d, ranks %d\n",
                         i, kind, shared, here[h], aligned, nr);
@@ -1428,12 +1434,9 @@ static void emu_plan_shared_gpu(const team_t* t, int r0, int nranks, int bwd, in
     ranks[i].aligned = aligned16(t->x[r]) && (!bwd || aligned16(t->dy[r])) &&
                        aligned16(bwd ? t->dx[r] : t->y[r]);
   }
-  sbn_plan_dev_t dev;
-  memset(&dev, 0, sizeof dev);
-  dev.sms = 132;
+  sbn_plan_dev_t dev = h100_plan_dev(0);
   dev.ranks_here = t->W;
   dev.shared = 1;
-  dev.occ_min = 2;
   int64_t detail = 0;
   const int st = sbn_plan_round(&op, ranks, nranks, 0, &dev, pl, &detail);
   if (st != SBN_PLAN_OK)

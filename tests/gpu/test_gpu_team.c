@@ -289,31 +289,41 @@ static void check_same_all(const team_t* a, const team_t* b, int opts) {
     if (!same_rank(a, b, r, OUT_FWD | OUT_BWD, opts, "two GPU runs")) return;
 }
 
-/* A failed op must leave rank r's outputs as they were (dteam_check_untouched), once the
-   device is idle. */
-static void check_untouched(const dteam_t* d, const team_t* h, int r) {
+/* A failed op must leave rank r's outputs of `what` (OUT_FWD, OUT_BWD) as they were
+   (dteam_check_untouched_of), once the device is idle. */
+static void check_untouched_of(const dteam_t* d, const team_t* h, int r, int what,
+                               const char* after) {
   CUDA_CHECK(cudaDeviceSynchronize());
-  dteam_check_untouched(d, h, r, "a failed op");
+  dteam_check_untouched_of(d, h, r, what, after);
+}
+static void check_untouched(const dteam_t* d, const team_t* h, int r) {
+  check_untouched_of(d, h, r, OUT_FWD | OUT_BWD, "a failed op");
 }
 
-/* SBN_KERNEL=onchip: whether op result `res` of the op of `what` (OUT_FWD, OUT_BWD) was
-   the onchip plan's refusal (then every rank's outputs of that op must be untouched: a
-   backward refused after a forward that ran finds the forward's y and statistics in
-   place), else (a success) whether every rank ran onchip; counted in g_onchip_ran /
-   g_onchip_refused. */
-static int onchip_refused(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
-  if (!g_onchip) {
-    /* auto: the stream kernel (or its scalar form), never onchip */
-    for (int r = 0; r < h->W && res == sbnSuccess && !g_host; r++) {
-      const char* kern = "?";
-      const sbnResult_t e = sbnCommGetKernel(d->comm[r], &kern);
-      if (e != sbnSuccess || strncmp(kern, "stream", 6) != 0) {
-        SBN_FAIL_("SBN_KERNEL=auto: rank %d ran '%s' (%s)", r, kern, sbnGetResultName(e));
-        return 1;
-      }
+/* Whether every rank of d ran kernel `want` in its last op (sbnCommGetKernel; `prefix`:
+   any name that starts with it, e.g. "stream" for stream and stream-scalar); else fails
+   the case, naming what SBN_KERNEL (`asked`) ran instead. */
+static int ranks_ran(const dteam_t* d, int W, const char* want, int prefix, const char* asked) {
+  for (int r = 0; r < W; r++) {
+    const char* kern = "?";
+    const sbnResult_t e = sbnCommGetKernel(d->comm[r], &kern);
+    if (e != sbnSuccess ||
+        (prefix ? strncmp(kern, want, strlen(want)) != 0 : strcmp(kern, want) != 0)) {
+      SBN_FAIL_("SBN_KERNEL=%s: rank %d ran '%s' (%s)", asked, r, kern, sbnGetResultName(e));
+      return 0;
     }
-    return 0;
   }
+  return 1;
+}
+
+/* The kernel of the op of `what` (OUT_FWD, OUT_BWD) that returned `res`: whether the case
+   ends here (1: refused, or failed). auto: a success ran stream (or its scalar form) on
+   every rank. SBN_KERNEL=onchip: a success ran onchip on every rank; sbnUnsupported must
+   be the onchip plan's refusal, and every rank's outputs of that op must be untouched (a
+   backward refused after a forward that ran finds the forward's y and statistics in
+   place); counted in g_onchip_ran / g_onchip_refused. */
+static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
+  if (!g_onchip) return res == sbnSuccess && !g_host && !ranks_ran(d, h->W, "stream", 1, "auto");
   if (res == sbnUnsupported) {
     /* the plan's refusal, not another sbnUnsupported (more ranks than co-resident blocks):
        its message is on the comm of the round's first op, and on the planning thread */
@@ -325,26 +335,14 @@ static int onchip_refused(sbnResult_t res, int what, const dteam_t* d, const tea
                 sbnGetLastError(d->comm[0]), sbnGetLastError(NULL));
       return 1;
     }
-    const cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess) {
-      SBN_FAIL_("cudaDeviceSynchronize: %s", cudaGetErrorString(ce));
-      return 1;
-    }
     for (int r = 0; r < h->W && !sbn_test_cur_failed_; r++)
-      dteam_check_untouched_of(d, h, r, what, "an op SBN_KERNEL=onchip refused");
+      check_untouched_of(d, h, r, what, "an op SBN_KERNEL=onchip refused");
     if (sbn_test_cur_failed_) fprintf(stderr, "  refused with: %s\n", sbnGetLastError(NULL));
     g_onchip_refused++;
     return 1;
   }
   if (res == sbnSuccess) {
-    for (int r = 0; r < h->W; r++) {
-      const char* kern = "?";
-      const sbnResult_t e = sbnCommGetKernel(d->comm[r], &kern);
-      if (e != sbnSuccess || strcmp(kern, "onchip") != 0) {
-        SBN_FAIL_("SBN_KERNEL=onchip: rank %d ran '%s' (%s)", r, kern, sbnGetResultName(e));
-        return 1;
-      }
-    }
+    if (!ranks_ran(d, h->W, "onchip", 0, "onchip")) return 1;
     g_onchip_ran++;
   }
   return 0;
@@ -447,7 +445,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       return;
     }
     const sbnResult_t rf = gpu_run(d, g, 0, k->mode, k->opts_fwd, &p);
-    if (onchip_refused(rf, OUT_FWD, d, g)) return;
+    if (kernel_ends_case(rf, OUT_FWD, d, g)) return;
     ASSERT_GPU_OK(rf, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_FWD, k->opts_fwd)) return; /* before any other diagnosis */
@@ -477,7 +475,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
       return;
     }
     const sbnResult_t rb = gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb);
-    if (onchip_refused(rb, OUT_BWD, d, g)) return;
+    if (kernel_ends_case(rb, OUT_BWD, d, g)) return;
     ASSERT_GPU_OK(rb, d);
     CHECK_();
     if (!gc_outputs_written(g, OUT_BWD, k->opts_bwd)) return; /* before any other diagnosis */
