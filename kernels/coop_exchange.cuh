@@ -490,70 +490,77 @@ SBN_UNROLL
    coop_plan.h, in at most ceil(k/32) + 1 chunks, each gathered once), and, by the unit's
    slice-0 block, the unit's per-channel outputs (num_batches_tracked only if nbt_here: a
    solo op's block 0 writes it at its end). `local`: the chunk's record is the block's
-   own, in sm.own (publish_chunk). Returns 0 or the failure (nothing written). */
+   own, in sm.own (publish_chunk). `same` (block-uniform, from the caller's units): the
+   block's previous unit was of this chunk and succeeded, so sm.coef holds it and nothing
+   is gathered or written to shared memory: no barrier (the caller's loop leaves out its
+   own between two units of one chunk, coop_kernel.cuh). Returns 0 or the failure
+   (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
-                            Smem& sm, bool nbt_here = true, bool local = false) {
+                            Smem& sm, bool nbt_here = true, bool local = false,
+                            bool same = false) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
   const int j = (int)(c0 / kChunk);
-  /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start;
-     read by warp 0 only: coef_chunk_now) */
-  if (w == 0 && (coef_chunk_now(sm) != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
-    float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
-    int64_t m = 0;
-    const int slot = lane;
-    const int64_t c = (int64_t)j * kChunk + lane;
-    const bool mine_c = c < g.c;
-    /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
-       it instead of following the gather (forward: weight, bias; backward: the saved
-       mean and invstd, weight) */
-    float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, invstd = 0.0f;
-    if (mine_c) {
-      if (R.weight) p_w = R.weight[c];
-      if (KIND == SBN_OP_FORWARD) {
-        if (R.bias) p_b = R.bias[c];
-      } else {
-        p_mean = R.save_mean_in[c];
-        invstd = R.save_invstd[c];
+  if (!same || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE)) {
+    /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start;
+       read by warp 0 only: coef_chunk_now) */
+    if (w == 0 && (coef_chunk_now(sm) != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {
+      float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
+      int64_t m = 0;
+      const int slot = lane;
+      const int64_t c = (int64_t)j * kChunk + lane;
+      const bool mine_c = c < g.c;
+      /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
+         it instead of following the gather (forward: weight, bias; backward: the saved
+         mean and invstd, weight) */
+      float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, invstd = 0.0f;
+      if (mine_c) {
+        if (R.weight) p_w = R.weight[c];
+        if (KIND == SBN_OP_FORWARD) {
+          if (R.bias) p_b = R.bias[c];
+        } else {
+          p_mean = R.save_mean_in[c];
+          invstd = R.save_invstd[c];
+        }
+      }
+      int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
+                                        local ? sm.own[lane] : nullptr, g.rows);
+      if (st == 0 && mine_c) {
+        if (KIND == SBN_OP_FORWARD) {
+          sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
+          sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
+          sm.coef[slot][0] = s.mean;
+          sm.coef[slot][1] = s.mean_lo;
+          sm.coef[slot][2] = sbn_scale(p_w, s.invstd);
+          sm.coef[slot][3] = p_b;
+          sm.extra[slot][0] = s.invstd;
+          sm.extra[slot][1] = s.var_unbiased;
+        } else {
+          sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, p_mean, invstd, p_w);
+          sm.coef[slot][0] = kc.mean;
+          sm.coef[slot][1] = kc.mean_dy;
+          sm.coef[slot][2] = kc.xmu_scale;
+          sm.coef[slot][3] = kc.scale;
+          const float sdy = R.grad_global ? v[0] : mine[0];
+          const float sdx = R.grad_global ? v[1] : mine[1];
+          sm.extra[slot][0] = sbn_dweight(sdx, invstd);
+          sm.extra[slot][1] = sdy;
+        }
+      }
+      __syncwarp(); /* every lane read sm.coef_chunk (above) before lane 0 replaces it */
+      if (lane == 0) {
+        sm.status = st;
+        sm.m = m;
+        sm.coef_chunk = st == 0 ? j : -1;
       }
     }
-    int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
-                                      local ? sm.own[lane] : nullptr, g.rows);
-    if (st == 0 && mine_c) {
-      if (KIND == SBN_OP_FORWARD) {
-        sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
-        sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
-        sm.coef[slot][0] = s.mean;
-        sm.coef[slot][1] = s.mean_lo;
-        sm.coef[slot][2] = sbn_scale(p_w, s.invstd);
-        sm.coef[slot][3] = p_b;
-        sm.extra[slot][0] = s.invstd;
-        sm.extra[slot][1] = s.var_unbiased;
-      } else {
-        sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, p_mean, invstd, p_w);
-        sm.coef[slot][0] = kc.mean;
-        sm.coef[slot][1] = kc.mean_dy;
-        sm.coef[slot][2] = kc.xmu_scale;
-        sm.coef[slot][3] = kc.scale;
-        const float sdy = R.grad_global ? v[0] : mine[0];
-        const float sdx = R.grad_global ? v[1] : mine[1];
-        sm.extra[slot][0] = sbn_dweight(sdx, invstd);
-        sm.extra[slot][1] = sdy;
-      }
-    }
-    __syncwarp(); /* every lane read sm.coef_chunk (above) before lane 0 replaces it */
-    if (lane == 0) {
-      sm.status = st;
-      sm.m = m;
-      sm.coef_chunk = st == 0 ? j : -1;
-    }
+    __syncthreads();
+    const int st = sm.status;
+    if (st != 0) return st;
   }
-  __syncthreads();
-  const int st = sm.status;
-  if (st != 0) return st;
 
   /* per-channel outputs: the unit's slice-0 block */
   if (p == 0 && w == 0 && lane < cw) {

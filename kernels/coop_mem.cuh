@@ -27,6 +27,9 @@
                                        arrival (after its reads of them) */
 #define SBN_MUT_NO_COEF_REUSE 1024 /* a block gathers its chunk's records again for every
                                       unit (finish_coefs ignores sm.coef_chunk): the old way */
+#define SBN_MUT_COEF_NO_BARRIER 2048 /* stage 5 leaves out the barrier between units of
+                                        different chunks too: a shared-memory race of
+                                        sm.coef that compute-sanitizer racecheck must find */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

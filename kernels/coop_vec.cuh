@@ -363,6 +363,35 @@ SBN_UNROLL
       float s = 0.0f, q = 0.0f, nb;
       if (bp.all(full_mask())) {
         nb = (float)(U * VEC);
+#if SBN_FWD_SPLIT_SUMS /* an experiment (issue 13): U independent chains, then a tree */
+        float sk[U], qk[U];
+SBN_UNROLL
+        for (int k = 0; k < U; k++) {
+          sk[k] = 0.0f;
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++) sk[k] += elem_get<DT, VEC>(bt[k][0], e) - sh;
+        }
+SBN_UNROLL
+        for (int h = 1; h < U; h *= 2)
+SBN_UNROLL
+          for (int k = 0; k + h < U; k += 2 * h) sk[k] += sk[k + h];
+        s = sk[0];
+        const float mb = SBN_MUL(s, 1.0f / (U * VEC));
+SBN_UNROLL
+        for (int k = 0; k < U; k++) {
+          qk[k] = 0.0f;
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++) {
+            const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
+            qk[k] += SBN_MUL(d, d);
+          }
+        }
+SBN_UNROLL
+        for (int h = 1; h < U; h *= 2)
+SBN_UNROLL
+          for (int k = 0; k + h < U; k += 2 * h) qk[k] += qk[k + h];
+        q = qk[0];
+#else
 SBN_UNROLL
         for (int k = 0; k < U; k++)
 SBN_UNROLL
@@ -375,6 +404,7 @@ SBN_UNROLL
             const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
             q += SBN_MUL(d, d);
           }
+#endif
         fwd_merge(A, 0, mb, q, nb / (A.count + nb));
       } else {
         int cnt = 0;
@@ -426,7 +456,7 @@ SBN_UNROLL
      column (rows of the warp's step) by shuffles, then the warps in order; plane units:
      the warp by shuffles, then the warps in order. Into the (slice p, channel) entries. */
   static __device__ void reduce_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
-                                     typename Part<KIND>::T (&pt)[NCH], Smem& sm) {
+                                     typename Part<KIND>::T (&pt)[NCH], Smem& sm, int q) {
     typedef Part<KIND> P;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     if constexpr (TILE) {
@@ -461,17 +491,36 @@ SBN_UNROLL
         for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
         P::put(part_entry(R, g, p, c), t);
       }
-    } else {
+      __syncthreads();
+    } else { /* the warp's partial into the unit's pending slot q; the warps' merge waits
+                for flush_planes (no barrier per unit) */
       typename P::T t = pt[0];
 SBN_UNROLL
       for (int off = 16; off > 0; off >>= 1) t = P::merge(t, P::shfl_down(t, off));
-      if (lane == 0) P::red(sm)[w][0] = t;
-      __syncthreads();
-      if (tid == 0) {
-        t = P::red(sm)[0][0];
-        for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][0]);
-        P::put(part_entry(R, g, p, grp), t);
-      }
+      if (lane == 0) P::red(sm)[w][q] = t;
+    }
+  }
+
+  /* Plane units: the n pending units from u (slot v % kChunk of sm.red for unit v; n <=
+     kChunk, within one run of kChunk slots), each
+     merged over the warps in order (the bits of a merge per unit) by lane q of warp 0 and
+     stored. One barrier before (every warp's partial is in), one after (sm.red is free
+     again): two per kChunk units where reduce_unit had two per unit, each a wait for the
+     block's slowest warp with no load in flight (ncu, S5 fp32 NCHW forward on an H100:
+     10.7 % of the stall samples in the per-unit barriers; bench/notes/issue13-stream.md). */
+  static __device__ void flush_planes(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int n,
+                                      Smem& sm) {
+    typedef Part<KIND> P;
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    if ((threadIdx.x >> 5) == 0 && lane < n) {
+      int grp, p;
+      int64_t r0, r1;
+      unit_rows(g, u + lane, &grp, &p, &r0, &r1);
+      const int q = (u + lane) % kChunk;
+      typename P::T t = P::red(sm)[0][q];
+      for (int w = 1; w < kWarps; w++) t = P::merge(t, P::red(sm)[w][q]);
+      P::put(part_entry(R, g, p, grp), t);
     }
     __syncthreads();
   }
@@ -521,7 +570,7 @@ SBN_UNROLL
         pt[e] = sbn_bwd_csums_t{B.sdy[e], B.sdx[e]};
       }
     }
-    reduce_unit(R, g, grp, p, pt, sm);
+    reduce_unit(R, g, grp, p, pt, sm, u % kChunk);
   }
 
   /* Stage 1 of the block's units [u0, u1) (coop_plan.h: sbn_unit_begin). Onchip: first
@@ -566,7 +615,16 @@ SBN_UNROLL
       if (__syncthreads_or(overflow)) return false;
     }
     int gb = 0;
-    for (int u = u0; u < u1; u++) stats_unit(R, g, u, &gb, hs, sm);
+    for (int u = u0; u < u1; u++) {
+      stats_unit(R, g, u, &gb, hs, sm);
+      /* plane units wait in slot u % kChunk of sm.red (reduce_unit), flushed at the last
+         slot and after the block's last unit (slots of the units since the later of u0
+         and the last flush) */
+      if (!TILE && (u % kChunk == kChunk - 1 || u + 1 == u1)) {
+        const int first = u - u % kChunk > u0 ? u - u % kChunk : u0;
+        flush_planes(R, g, first, u + 1 - first, sm);
+      }
+    }
     if (ONCHIP && !SBN_MUTANT(SBN_MUT_HELD_COPIES)) { /* fewer than NBR batches: the held
                                                         ones back in their first order */
 SBN_NO_UNROLL

@@ -69,11 +69,16 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   int st = __syncthreads_or(seen) ? sbnAborted : 0; /* block-uniform, as below */
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G);
   for (int u = u0; st == 0 && u < u1; u++) {
-    st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm);
+    /* as the cooperative kernel's loop: no barrier between two units of one chunk */
+    const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == sbn_unit_chunk(&g, u);
+    st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm, true,
+                                        false, same);
     if (st != 0) break;
     int gb = 0;
     path.stage5_unit(R, g, u, &gb, nullptr, sm);
-    __syncthreads();
+    if (TILE || !(u + 1 < u1 && sbn_unit_chunk(&g, u + 1) == sbn_unit_chunk(&g, u)) ||
+        SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))
+      __syncthreads();
   }
   if (st != 0 && threadIdx.x == 0) record_error(a, R.rank, st); /* the one failure exit */
 }
