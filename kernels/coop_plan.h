@@ -72,10 +72,6 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
    evict_first. A knob for evict_normal in both, SBN_STREAM_L2_HINTS=0, was measured on an
    H100 in session 42, S1 and S4-S9 at W = 1: 1.01-1.09x the time on 39 of 48 cells,
    0.97-1.00 on 9 (bench/notes/issue13-stream.md), and removed.) */
-#ifndef SBN_FWD_SPLIT_SUMS /* an experiment of issue 13 (coop_vec.cuh, fwd_batch): 1 sums a
-                             full plane batch in U chains, then a tree; 0 (the library) in one */
-#define SBN_FWD_SPLIT_SUMS 0
-#endif
 #ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */

@@ -363,35 +363,6 @@ SBN_UNROLL
       float s = 0.0f, q = 0.0f, nb;
       if (bp.all(full_mask())) {
         nb = (float)(U * VEC);
-#if SBN_FWD_SPLIT_SUMS /* an experiment (issue 13): U independent chains, then a tree */
-        float sk[U], qk[U];
-SBN_UNROLL
-        for (int k = 0; k < U; k++) {
-          sk[k] = 0.0f;
-SBN_UNROLL
-          for (int e = 0; e < VEC; e++) sk[k] += elem_get<DT, VEC>(bt[k][0], e) - sh;
-        }
-SBN_UNROLL
-        for (int h = 1; h < U; h *= 2)
-SBN_UNROLL
-          for (int k = 0; k + h < U; k += 2 * h) sk[k] += sk[k + h];
-        s = sk[0];
-        const float mb = SBN_MUL(s, 1.0f / (U * VEC));
-SBN_UNROLL
-        for (int k = 0; k < U; k++) {
-          qk[k] = 0.0f;
-SBN_UNROLL
-          for (int e = 0; e < VEC; e++) {
-            const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
-            qk[k] += SBN_MUL(d, d);
-          }
-        }
-SBN_UNROLL
-        for (int h = 1; h < U; h *= 2)
-SBN_UNROLL
-          for (int k = 0; k + h < U; k += 2 * h) qk[k] += qk[k + h];
-        q = qk[0];
-#else
 SBN_UNROLL
         for (int k = 0; k < U; k++)
 SBN_UNROLL
@@ -404,7 +375,6 @@ SBN_UNROLL
             const float d = (elem_get<DT, VEC>(bt[k][0], e) - sh) - mb;
             q += SBN_MUL(d, d);
           }
-#endif
         fwd_merge(A, 0, mb, q, nb / (A.count + nb));
       } else {
         int cnt = 0;
