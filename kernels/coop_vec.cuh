@@ -87,21 +87,31 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
 /* Plane units: entries t, t + 256, ... of the list of vectors overlapping the unit's
    plane pieces (coop_plan.h: sbn_plane_piece), each masked to its piece. When the planes
    are whole vectors (spatial % VEC == 0; slices start at multiples of VEC), entry j is
-   row r0 + j*VEC and the walk keeps (plane, offset) incrementally: O(1) per position
-   whatever the number of planes. Otherwise (odd spatial sizes, which the plan sends here
+   row r0 + j*VEC and the walk keeps the position's element index and its offset in its
+   plane incrementally: a few adds per position whatever the number of planes (no
+   multiply: the (plane * C + channel) * spatial + offset of each position was ~25 of the
+   ~37 instructions per position on an H100, session 44's ncu). Otherwise (odd spatial sizes, which the plan sends here
    only for planes of at least SBN_PLANE_VEC_MIN_SPATIAL elements, and only to the stream
    kernels) it steps over pieces. WHOLE: the planes are whole vectors, known at compile
    time (the onchip kernels): only the first walk is compiled. */
 template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   const sbn_geo_t* g;
   int64_t c, r0, r1;
-  int64_t nn, e0, e1, v, vend; /* pieces: plane, its elements, the vector, its end */
-  int64_t s, dn, ds;           /* aligned: offset in plane nn, the step in planes and rows */
+  /* pieces: the plane nn, its elements [e0, e1), the vector v, its end vend. Aligned:
+     the position's offset s in its plane and the step's ds (below sp); the position's
+     element index at, what a step adds to it da (s not wrapping), and what a wrap of s
+     adds besides, wrap = (C - 1) * sp. A walk is one or the other (`aligned`): the
+     fields of the two share registers (anonymous unions; the fp16 plane kernels are at
+     128 registers: check-sass.sh) */
+  union { int64_t nn; int64_t at; };
+  union { int64_t e0; int64_t da; };
+  union { int64_t e1; int64_t wrap; };
+  int64_t v, vend, s, ds;
   int left, K; /* the thread's positions, ceil(V / kThreads): device memory (< 2^38
                   bytes) holds < 2^37 elements of 2 bytes, so V < 2^37 and K < 2^29 */
   bool aligned;
   __device__ Walker(const sbn_geo_t& geo, int64_t ch, int64_t a0, int64_t a1)
-      : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), dn(0), ds(0) {
+      : g(&geo), c(ch), r0(a0), r1(a1), nn(0), e0(0), e1(0), v(0), vend(0), s(0), ds(0) {
     aligned = WHOLE || g->sp % VEC == 0;
     const int64_t V = aligned ? (r1 > r0 ? (r1 - r0) / VEC : 0) : sbn_plane_vectors(g, c, r0, r1);
     const int t = threadIdx.x;
@@ -109,10 +119,12 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     if (K == 0) return;
     if (WHOLE || aligned) {
       const int64_t r = r0 + (int64_t)t * VEC, step = (int64_t)kThreads * VEC;
-      nn = r / g->sp;
-      s = r - nn * g->sp;
-      dn = step / g->sp;
+      const int64_t n0 = r / g->sp, dn = step / g->sp;
+      s = r - n0 * g->sp;
       ds = step - dn * g->sp;
+      at = (n0 * g->c + c) * g->sp + s;
+      da = dn * g->c * g->sp + ds;
+      wrap = (g->c - 1) * g->sp;
       return;
     }
     nn = r0 / g->sp;
@@ -129,16 +141,19 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   }
   __device__ __forceinline__ unsigned next(int64_t* idx) {
     if (WHOLE || aligned) {
-      *idx = (nn * g->c + c) * g->sp + s;
-      if (left <= 0) return 0u;
+      /* no branch: past the thread's last position the walk goes on all the same (its
+         positions are masked off, and the walk ends with the unit); a branch here made
+         the compiler copy the walk's state at every position (session 44's SASS) */
+      *idx = at;
+      const unsigned m = left > 0 ? (1u << VEC) - 1u : 0u;
       left--;
       s += ds;
-      nn += dn;
-      if (s >= g->sp) {
+      at += da;
+      if (s >= g->sp) { /* into the next plane: sp - ds further on, (C - 1) planes on */
         s -= g->sp;
-        nn++;
+        at += wrap;
       }
-      return (1u << VEC) - 1u;
+      return m;
     }
     const int64_t s0 = v * VEC;
     *idx = s0;
@@ -155,7 +170,8 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
       bp.mk |= (typename BatchPos<false, U, false>::Mask)next(&bp.i[k]) << (8 * k);
   }
   template <int U> __device__ __forceinline__ void batch(BatchPos<false, U, true>& bp) {
-    const int64_t kv = left < U ? left : U;
+    const int64_t kv = left < U ? (left > 0 ? left : 0) : U; /* (left < 0 only past the
+                                                                 unit's last batch) */
     SBN_UNROLL
     for (int k = 0; k < U; k++) (void)next(&bp.i[k]);
     bp.kv = (int)kv;
