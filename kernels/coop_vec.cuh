@@ -246,8 +246,20 @@ SBN_UNROLL
     sbn_geo_slice(&g, *p, r0, r1);
   }
 
+  /* A batch of U whole positions (every batch but a thread's last of a unit, where its
+     planes are whole vectors) takes plain 16-byte accesses, without a test of each
+     position's mask (~7 instructions a position: session 44's SASS); the others go
+     position by position (whole, partial or empty). */
   static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                     Batch& bt, uint64_t pol) {
+    if (!kWholePos && VEC > 1 && bp.all(full_mask())) {
+SBN_UNROLL
+      for (int k = 0; k < U; k++) {
+        bt[k][0] = load_pos<DT, VEC, true>(R.x, bp.idx(k), kFull, pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(R.dy, bp.idx(k), kFull, pol);
+      }
+      return;
+    }
 SBN_UNROLL
     for (int k = 0; k < U; k++) {
       bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
@@ -256,6 +268,11 @@ SBN_UNROLL
   }
   static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                      const Batch& bt) {
+    if (!kWholePos && VEC > 1 && bp.all(full_mask())) {
+SBN_UNROLL
+      for (int k = 0; k < U; k++) store_pos<DT, VEC, true>(R.out, bp.idx(k), kFull, bt[k][0]);
+      return;
+    }
 SBN_UNROLL
     for (int k = 0; k < U; k++)
       store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
