@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
          needed before it or after the first (finish_coefs: `same`). Tile units (a chunk
          each but for C <= 32) keep both: the code as it was (their fp16 forward is at 128
          registers: check-sass.sh) */
-      const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == chunk;
+      const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == chunk &&
+                        !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local, same);
       if (st != 0) break;

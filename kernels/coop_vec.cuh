@@ -143,7 +143,10 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     if (WHOLE || aligned) {
       /* no branch: past the thread's last position the walk goes on all the same (its
          positions are masked off, and the walk ends with the unit); a branch here made
-         the compiler copy the walk's state at every position (session 44's SASS) */
+         the compiler copy the walk's state at every position (session 44's SASS). Such
+         an index may lie past the tensor: every access tests the mask before it forms
+         an address (load_pos, store_pos, copy_to_smem), and so must anything added
+         (a prefetch, a zero-filling cp.async) */
       *idx = at;
       const unsigned m = left > 0 ? (1u << VEC) - 1u : 0u;
       left--;
@@ -459,7 +462,7 @@ SBN_UNROLL
      column (rows of the warp's step) by shuffles, then the warps in order; plane units:
      the warp by shuffles, then the warps in order. Into the (slice p, channel) entries. */
   static __device__ void reduce_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, int p,
-                                     typename Part<KIND>::T (&pt)[NCH], Smem& sm, int q) {
+                                     typename Part<KIND>::T (&pt)[NCH], Smem& sm, int slot) {
     typedef Part<KIND> P;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     if constexpr (TILE) {
@@ -495,12 +498,12 @@ SBN_UNROLL
         P::put(part_entry(R, g, p, c), t);
       }
       __syncthreads();
-    } else { /* the warp's partial into the unit's pending slot q; the warps' merge waits
+    } else { /* the warp's partial into the unit's pending slot; the warps' merge waits
                 for flush_planes (no barrier per unit) */
       typename P::T t = pt[0];
 SBN_UNROLL
       for (int off = 16; off > 0; off >>= 1) t = P::merge(t, P::shfl_down(t, off));
-      if (lane == 0) P::red(sm)[w][q] = t;
+      if (lane == 0) P::red(sm)[w][slot] = t;
     }
   }
 
@@ -517,10 +520,8 @@ SBN_UNROLL
     __syncthreads();
     const int lane = threadIdx.x & 31;
     if ((threadIdx.x >> 5) == 0 && lane < n) {
-      int grp, p;
-      int64_t r0, r1;
-      unit_rows(g, u + lane, &grp, &p, &r0, &r1);
-      const int q = (u + lane) % kChunk;
+      const int v = u + lane, grp = v % g.ngroups, p = v / g.ngroups; /* as unit_rows */
+      const int q = v % kChunk;
       typename P::T t = P::red(sm)[0][q];
       for (int w = 1; w < kWarps; w++) t = P::merge(t, P::red(sm)[w][q]);
       P::put(part_entry(R, g, p, grp), t);

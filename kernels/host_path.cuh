@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G);
   for (int u = u0; st == 0 && u < u1; u++) {
     /* as the cooperative kernel's loop: no barrier between two units of one chunk */
-    const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == sbn_unit_chunk(&g, u);
+    const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == sbn_unit_chunk(&g, u) &&
+                      !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm, true,
                                         false, same);
     if (st != 0) break;
