@@ -484,17 +484,28 @@ SBN_UNROLL
   return 0;
 }
 
+/* Units a and b of a block (contiguous) find one chunk's coefficients in sm.coef: plane
+   units of one chunk (a block's plane units are contiguous channels). Tile units never
+   (a chunk each but for C <= 32: they keep their barriers, the code as it was; their fp16
+   forward is at 128 registers: check-sass.sh), nor under the mutant that gathers again
+   for every unit. Block-uniform: the loops of stage 5 (the cooperative kernel's and the
+   host path's apply kernel) leave out finish_coefs' gather and barrier (`same`) and the
+   barrier between two such units. */
+template <bool TILE>
+__device__ __forceinline__ bool coef_shared(const sbn_geo_t& g, int a, int b) {
+  return !TILE && sbn_unit_chunk(&g, a) == sbn_unit_chunk(&g, b) &&
+         !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
+}
+
 /* Stage 4 of unit (group grp, slice p): the team's statistics of every channel of the
    unit's chunk into sm.coef and sm.extra (slot = channel % 32), unless they hold that
    chunk's already (sm.coef_chunk: a block's k plane units are contiguous channels,
    coop_plan.h, in at most ceil(k/32) + 1 chunks, each gathered once), and, by the unit's
    slice-0 block, the unit's per-channel outputs (num_batches_tracked only if nbt_here: a
    solo op's block 0 writes it at its end). `local`: the chunk's record is the block's
-   own, in sm.own (publish_chunk). `same` (block-uniform, from the caller's units): the
-   block's previous unit was of this chunk and succeeded, so sm.coef holds it and nothing
-   is gathered or written to shared memory: no barrier (the caller's loop leaves out its
-   own between two units of one chunk, coop_kernel.cuh). Returns 0 or the failure
-   (nothing written). */
+   own, in sm.own (publish_chunk). `same` (coef_shared of the block's previous unit and
+   this one, which succeeded): sm.coef holds the chunk, and nothing is gathered or written
+   to shared memory: no barrier. Returns 0 or the failure (nothing written). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
@@ -504,7 +515,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
   const int j = (int)(c0 / kChunk);
-  if (!same || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE)) {
+  if (!same) {
     /* (block-uniform: written by warp 0 before the barrier below, or at the kernel's start;
        read by warp 0 only: coef_chunk_now) */
     if (w == 0 && (coef_chunk_now(sm) != j || SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))) {

@@ -167,13 +167,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       if (pub || (local && chunk != coef_chunk_now(sm)))
         publish_chunk<KIND, false>(a, R, g, chunk, k, sm, !pub);
       if (pub) continue;
-      /* two plane units of one chunk in a row (a block's plane units are contiguous
-         channels): the second finds the chunk's coefficients in sm.coef, and no barrier is
-         needed before it or after the first (finish_coefs: `same`). Tile units (a chunk
-         each but for C <= 32) keep both: the code as it was (their fp16 forward is at 128
-         registers: check-sass.sh) */
-      const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == chunk &&
-                        !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
+      /* no gather or barrier before a unit of the previous one's chunk (coef_shared) */
+      const bool same = u > u0 && coef_shared<TILE>(g, u - 1, u);
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
                                            !solo, local, same);
       if (st != 0) break;
@@ -182,9 +177,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       path.stage5_unit(R, g, u, &gbase, hold_smem, sm);
       /* sm.coef is replaced when the next unit's chunk is another (computed here, not
          kept across stage 5: the fp16 plane kernels are at 128 registers) */
-      const bool same_next = !TILE && u + 1 < u1 &&
-                             sbn_unit_chunk(&g, u + 1) == sbn_unit_chunk(&g, u) &&
-                             !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
+      const bool same_next = u + 1 < u1 && coef_shared<TILE>(g, u, u + 1);
       if (!same_next && !SBN_MUTANT(SBN_MUT_COEF_NO_BARRIER)) __syncthreads();
       u++;
     }

@@ -70,16 +70,13 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G);
   for (int u = u0; st == 0 && u < u1; u++) {
     /* as the cooperative kernel's loop: no barrier between two units of one chunk */
-    const bool same = !TILE && u > u0 && sbn_unit_chunk(&g, u - 1) == sbn_unit_chunk(&g, u) &&
-                      !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
+    const bool same = u > u0 && coef_shared<TILE>(g, u - 1, u);
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm, true,
                                         false, same);
     if (st != 0) break;
     int gb = 0;
     path.stage5_unit(R, g, u, &gb, nullptr, sm);
-    if (TILE || !(u + 1 < u1 && sbn_unit_chunk(&g, u + 1) == sbn_unit_chunk(&g, u)) ||
-        SBN_MUTANT(SBN_MUT_NO_COEF_REUSE))
-      __syncthreads();
+    if (!(u + 1 < u1 && coef_shared<TILE>(g, u, u + 1))) __syncthreads();
   }
   if (st != 0 && threadIdx.x == 0) record_error(a, R.rank, st); /* the one failure exit */
 }
