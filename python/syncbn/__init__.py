@@ -7,10 +7,17 @@ data pointers, exactly as include/syncbn.h defines them. Every failure raises
 ``SyncBNError`` carrying the sbnResult_t (``.code``, ``.name``: "sbnTimeout", ...) and the
 library's detail (sbnGetLastError).
 
-Pointers: an int (an address), None (NULL), or an object with ``__array_interface__``
-(NumPy; host memory), ``__cuda_array_interface__`` or ``data_ptr()`` (a torch.Tensor).
-The wrapper checks no shapes: like the C API, the caller passes tensors that match the
-descriptor.
+Buffers: None (NULL), an object with ``__array_interface__`` (NumPy; host memory),
+``__cuda_array_interface__`` (device memory) or ``data_ptr()`` (a torch.Tensor), or an int
+(a raw address). Before calling C the wrapper checks everything it can see of an array or
+a tensor against the descriptor: its element count (n * c * spatial for x, y, dy, dx; c
+for the per-channel vectors; 1 for num_batches_tracked), its dtype (the descriptor's for
+x, y, dy, dx; float32 for the per-channel vectors; int64 for num_batches_tracked), that it
+is dense (C-contiguous; a torch tensor in NHWC may also be channels_last), that outputs are
+writable, and host against device memory (a CPU team takes host memory, GPU and NCCL
+teams device memory). It raises ValueError or TypeError naming the argument, and nothing
+is written. A raw int address is the caller's responsibility: nothing about it can be
+checked, and a buffer smaller than the descriptor says is undefined behaviour, as in C.
 
 Example (a CPU team of 2 ranks as threads)::
 
@@ -21,7 +28,9 @@ Example (a CPU team of 2 ranks as threads)::
 """
 
 import ctypes
+import itertools
 import math
+import weakref
 
 from . import _capi
 from ._capi import Config, Params, TensorDesc, error_string, library_path, result_name
@@ -32,6 +41,7 @@ __all__ = [
     "Config",
     "Params",
     "SyncBNError",
+    "SyncBNValueError",
     "TensorDesc",
     "cpu_team",
     "nccl_team",
@@ -57,22 +67,37 @@ GRAD_LOCAL, GRAD_GLOBAL = 0, 1  # sbnGradMode_t
 
 
 class SyncBNError(RuntimeError):
-    """A call of libsyncbn returned something other than sbnSuccess."""
+    """A call of libsyncbn returned something other than sbnSuccess: ``.code`` (the
+    sbnResult_t), ``.name`` ("sbnTimeout", ...), ``.detail`` (sbnGetLastError's text). The
+    message says what failed first, then the result's name: "sbnForwardTrain: rank 0
+    waited 300000 ms for rank 1 ... [sbnTimeout]"; the code's generic text only where the
+    library gave no detail."""
 
     def __init__(self, code, what, detail=""):
         self.code = int(code)
         self.name = result_name(code)
         self.detail = detail
-        msg = f"{what}: {self.name} ({error_string(code)})"
-        if detail:
-            msg += f": {detail}"
-        super().__init__(msg)
+        super().__init__(f"{what}: {detail or error_string(code)} [{self.name}]")
+
+
+class SyncBNValueError(SyncBNError, ValueError):
+    """A SyncBNError that nn.BatchNorm raises as ValueError: the team's batch has one value
+    per channel in training ("Expected more than 1 value per channel when training")."""
+
+
+_VALUE_ERRORS = ("Expected more than 1 value per channel",)
+
+
+def _raise(code, what, comm=None):
+    detail = _capi.lib.sbnGetLastError(comm)
+    detail = detail.decode() if detail else ""
+    cls = SyncBNValueError if detail.startswith(_VALUE_ERRORS) else SyncBNError
+    raise cls(code, what, detail)
 
 
 def _check(code, what, comm=None):
     if code != 0:
-        detail = _capi.lib.sbnGetLastError(comm)
-        raise SyncBNError(code, what, detail.decode() if detail else "")
+        _raise(code, what, comm)
 
 
 def library_version():
@@ -85,25 +110,98 @@ def library_version():
 __version__ = library_version()
 
 
-def _ptr(obj):
-    """The address behind obj (see the module's docstring), or None for NULL."""
+# ---- buffers: what the wrapper can check before C ----------------------------------------
+# typestr (NumPy / CUDA array interface) accepted for each dtype; bfloat16 has no NumPy
+# dtype: 2-byte raw ('<V2', ml_dtypes) or uint16 bits ('<u2')
+_TYPESTRS = {
+    FLOAT32: ("<f4", "=f4"),
+    FLOAT16: ("<f2", "=f2"),
+    BFLOAT16: ("<V2", "|V2", "<u2", "=u2"),
+    "f32": ("<f4", "=f4"),
+    "i64": ("<i8", "=i8"),
+}
+_DTYPE_NAMES = {FLOAT32: "float32", FLOAT16: "float16", BFLOAT16: "bfloat16", "f32": "float32", "i64": "int64"}
+_TORCH_DTYPES = {}  # filled at the first tensor: {FLOAT32: torch.float32, ...}
+
+
+def _torch_dtypes():
+    if not _TORCH_DTYPES:
+        import torch
+
+        _TORCH_DTYPES.update({FLOAT32: torch.float32, FLOAT16: torch.float16, BFLOAT16: torch.bfloat16,
+                              "f32": torch.float32, "i64": torch.int64})
+    return _TORCH_DTYPES
+
+
+def _dense_c(shape, strides, itemsize):
+    """Whether (shape, strides in bytes) is C-contiguous (strides None: it is)."""
+    if strides is None:
+        return True
+    want = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != want:
+            return False
+        want *= n
+    return True
+
+
+def _buf(obj, what, count, kind, host, out=False, nhwc=False):
+    """The address of buffer `what` after checking it holds `count` elements of `kind`
+    (a dtype code, "f32" or "i64"), densely, in host (True) or device (False) memory, and
+    is writable when `out`; None for None, an int as it is (unchecked)."""
     if obj is None:
         return None
-    if isinstance(obj, int):
+    if isinstance(obj, int) and not isinstance(obj, bool):
         return obj
-    # data_ptr() first: a torch.Tensor that requires grad raises (RuntimeError, not
-    # AttributeError) from __cuda_array_interface__, and inside an autograd.Function the
-    # inputs still require grad
     data_ptr = getattr(obj, "data_ptr", None)
-    if callable(data_ptr):
-        return data_ptr()
+    if callable(data_ptr) and hasattr(obj, "is_contiguous"):  # a torch.Tensor
+        dt = _torch_dtypes()[kind]
+        if obj.dtype != dt:
+            raise TypeError(f"syncbn: {what} is a {obj.dtype} tensor; it must be {dt}")
+        if obj.numel() != count:
+            raise ValueError(f"syncbn: {what} has {obj.numel()} elements; the descriptor needs {count}")
+        dense = obj.is_contiguous()
+        if not dense and nhwc and obj.dim() in (4, 5):
+            import torch
+
+            fmt = torch.channels_last if obj.dim() == 4 else torch.channels_last_3d
+            dense = obj.is_contiguous(memory_format=fmt)
+        if not dense:
+            raise ValueError(f"syncbn: {what} is not contiguous" + (" (nor channels_last)" if nhwc else ""))
+        if obj.device.type == "meta":
+            raise ValueError(f"syncbn: {what} is a meta tensor (it has no data)")
+        if obj.is_cuda == host:
+            raise ValueError(f"syncbn: {what} is on {obj.device}; this call takes "
+                             + ("host memory (a CPU team)" if host else "device memory (a GPU or NCCL team)"))
+        return data_ptr() or None
     cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is not None:
-        return cai["data"][0]
-    ai = getattr(obj, "__array_interface__", None)
-    if ai is not None:
-        return ai["data"][0]
-    raise TypeError(f"syncbn: not a pointer, an array or a tensor: {type(obj).__name__}")
+    ai = None if cai is not None else getattr(obj, "__array_interface__", None)
+    iface = cai if cai is not None else ai
+    if iface is None:
+        raise TypeError(f"syncbn: {what} is not a pointer, an array or a tensor: {type(obj).__name__}")
+    if (cai is not None) == host:
+        raise ValueError(f"syncbn: {what} is " + ("device" if cai is not None else "host") + " memory; this call takes "
+                         + ("host memory (a CPU team)" if host else "device memory (a GPU or NCCL team)"))
+    typestr = iface.get("typestr", "")
+    if typestr not in _TYPESTRS[kind]:
+        raise TypeError(f"syncbn: {what} has dtype {typestr!r}; it must be {_DTYPE_NAMES[kind]} "
+                        f"({' or '.join(repr(t) for t in _TYPESTRS[kind])})")
+    shape = tuple(iface.get("shape", ()))
+    n = 1
+    for e in shape:
+        n *= int(e)
+    if n != count:
+        raise ValueError(f"syncbn: {what} has {n} elements; the descriptor needs {count}")
+    if not _dense_c(shape, iface.get("strides"), int(typestr[2:])):
+        raise ValueError(f"syncbn: {what} is not C-contiguous")
+    addr, readonly = iface["data"][0], iface["data"][1]
+    if out and readonly:
+        raise ValueError(f"syncbn: {what} is read-only; it is written")
+    return addr or None
+
+
+def _sane(d):
+    return d.n >= 0 and d.c >= 1 and d.spatial >= 1 and d.dtype in (FLOAT32, FLOAT16, BFLOAT16)
 
 
 def desc(dtype, layout, n, c, spatial=1):
@@ -118,10 +216,38 @@ def _params(eps, momentum, grad_mode):
 
 class Comm:
     """One rank of a team (sbnComm_t). Destroyed by destroy(), at the end of a with
-    block, or when collected."""
+    block, or when collected. The ranks of a team made in this process (cpu_team) keep
+    each other alive: a rank is collected only with all of its team, so a peer never
+    vanishes under a rank that still calls. Destroying one rank of a CPU team explicitly
+    aborts its team: the others' calls raise at once (sbnAborted), naming that rank.
+
+    ``id``: a small int naming this rank in this process (syncbn.torch's operators take
+    it; ``Comm.from_id``)."""
+
+    _ids = itertools.count(1)
+    _by_id = weakref.WeakValueDictionary()
 
     def __init__(self, handle):
         self._h = ctypes.c_void_p(handle)
+        self._team = None  # the list of the team's Comms in this process (cpu_team)
+        self.id = next(Comm._ids)
+        Comm._by_id[self.id] = self
+        t = ctypes.c_char_p()
+        _check(_capi.lib.sbnCommGetTransport(self._h, ctypes.byref(t)), "sbnCommGetTransport", self._h)
+        self._transport = t.value.decode()
+        self.host = self._transport == "cpu"  # its ops take host memory (a CPU team)
+        n = ctypes.c_int()
+        _check(_capi.lib.sbnCommCount(self._h, ctypes.byref(n)), "sbnCommCount", self._h)
+        self._size = n.value
+
+    @staticmethod
+    def from_id(comm_id):
+        """The live Comm whose ``id`` is comm_id; SyncBNError (sbnInvalidUsage) if it was
+        destroyed or collected, or never existed."""
+        c = Comm._by_id.get(comm_id)
+        if c is None or not c._h.value:
+            raise SyncBNError(2, "syncbn.Comm", f"no live comm has id {comm_id}: it was destroyed")
+        return c
 
     @property
     def handle(self):
@@ -140,15 +266,13 @@ class Comm:
 
     @property
     def size(self):
-        r = ctypes.c_int()
-        _check(_capi.lib.sbnCommCount(self._live(), ctypes.byref(r)), "sbnCommCount", self._h)
-        return r.value
+        self._live()
+        return self._size
 
     @property
     def transport(self):
-        t = ctypes.c_char_p()
-        _check(_capi.lib.sbnCommGetTransport(self._live(), ctypes.byref(t)), "sbnCommGetTransport", self._h)
-        return t.value.decode()
+        self._live()
+        return self._transport
 
     def async_error(self):
         """sbnCommGetAsyncError: 0 or the sbnResult_t that stopped the team."""
@@ -187,30 +311,76 @@ class Comm:
         except Exception:  # noqa: BLE001 (interpreter shutdown: nothing to report to)
             pass
 
+    def __repr__(self):
+        if not self._h.value:
+            return f"<syncbn.Comm id={self.id} destroyed>"
+        return f"<syncbn.Comm id={self.id} rank {self.rank} of {self._size}, {self._transport}>"
+
+    def _bufs_fwd(self, d, x, y, save_mean, save_invstd, weight, bias, running_mean, running_var, nbt):
+        h = self.host
+        if not _sane(d):  # the library rejects the descriptor and writes nothing
+            return [_buf(o, "", 0, FLOAT32, h) if isinstance(o, int) else _raw(o)
+                    for o in (x, y, weight, bias, running_mean, running_var, nbt, save_mean, save_invstd)]
+        m, c, dt, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, d.layout == NHWC
+        return [_buf(x, "x", m, dt, h, nhwc=nhwc), _buf(y, "y", m, dt, h, True, nhwc),
+                _buf(weight, "weight", c, "f32", h), _buf(bias, "bias", c, "f32", h),
+                _buf(running_mean, "running_mean", c, "f32", h, True),
+                _buf(running_var, "running_var", c, "f32", h, True),
+                _buf(nbt, "num_batches_tracked", 1, "i64", h, True),
+                _buf(save_mean, "save_mean", c, "f32", h, True), _buf(save_invstd, "save_invstd", c, "f32", h, True)]
+
     def forward_train(self, d, x, y, save_mean, save_invstd, weight=None, bias=None,
                       running_mean=None, running_var=None, num_batches_tracked=None,
                       eps=1e-5, momentum=0.1, grad_mode=GRAD_LOCAL, stream=None):
         """sbnForwardTrain on this rank (momentum None: cumulative average, which needs
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams)."""
+        h = self._live()
+        if not isinstance(d, TensorDesc):
+            raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
+        ptrs = self._bufs_fwd(d, x, y, save_mean, save_invstd, weight, bias, running_mean, running_var,
+                              num_batches_tracked)
         p = _params(eps, momentum, grad_mode)
         _check(
-            _capi.lib.sbnForwardTrain(
-                self._live(), ctypes.byref(d), _ptr(x), _ptr(y), _ptr(weight), _ptr(bias),
-                _ptr(running_mean), _ptr(running_var), _ptr(num_batches_tracked),
-                _ptr(save_mean), _ptr(save_invstd), ctypes.byref(p), _ptr(stream)),
+            _capi.lib.sbnForwardTrain(h, ctypes.byref(d), ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5],
+                                      ptrs[6], ptrs[7], ptrs[8], ctypes.byref(p), _raw(stream)),
             "sbnForwardTrain", self._h)
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None):
         """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip)."""
+        h = self._live()
+        if not isinstance(d, TensorDesc):
+            raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
+        objs = (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias)
+        if _sane(d):
+            m, c, dt, hst, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, self.host, d.layout == NHWC
+            ptrs = [_buf(x, "x", m, dt, hst, nhwc=nhwc), _buf(dy, "dy", m, dt, hst, nhwc=nhwc),
+                    _buf(dx, "dx", m, dt, hst, True, nhwc), _buf(weight, "weight", c, "f32", hst),
+                    _buf(save_mean, "save_mean", c, "f32", hst), _buf(save_invstd, "save_invstd", c, "f32", hst),
+                    _buf(dweight, "dweight", c, "f32", hst, True), _buf(dbias, "dbias", c, "f32", hst, True)]
+        else:
+            ptrs = [_raw(o) for o in objs]
         p = _params(eps, 0.1, grad_mode)
         _check(
-            _capi.lib.sbnBackward(
-                self._live(), ctypes.byref(d), _ptr(x), _ptr(dy), _ptr(dx), _ptr(weight),
-                _ptr(save_mean), _ptr(save_invstd), _ptr(dweight), _ptr(dbias),
-                ctypes.byref(p), _ptr(stream)),
+            _capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
             "sbnBackward", self._h)
 
+
+def _raw(obj):
+    """The address behind obj without checks (a stream, or buffers of a descriptor the
+    library rejects anyway); None for NULL."""
+    if obj is None or (isinstance(obj, int) and not isinstance(obj, bool)):
+        return obj
+    data_ptr = getattr(obj, "data_ptr", None)
+    if callable(data_ptr):
+        return data_ptr()
+    for name in ("__cuda_array_interface__", "__array_interface__"):
+        iface = getattr(obj, name, None)
+        if iface is not None:
+            return iface["data"][0]
+    if hasattr(obj, "cuda_stream"):  # a torch.cuda.Stream
+        return obj.cuda_stream
+    raise TypeError(f"syncbn: not a pointer, an array or a tensor: {type(obj).__name__}")
 
 def _no_comm():
     return None
@@ -224,7 +394,10 @@ def cpu_team(nranks, timeout_ms=None, max_channels=None):
     handles = (ctypes.c_void_p * int(nranks))()
     cfg = Config.make(timeout_ms, max_channels)
     _check(_capi.lib.sbnCommInitCpu(handles, int(nranks), ctypes.byref(cfg)), "sbnCommInitCpu")
-    return [Comm(h) for h in handles]
+    comms = [Comm(h) for h in handles]
+    for c in comms:  # the ranks keep each other alive (a reference cycle: collected together)
+        c._team = comms
+    return comms
 
 
 def nccl_unique_id():
@@ -250,14 +423,38 @@ def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
     return Comm(h.value)
 
 
+def _is_host(obj):
+    """Whether the buffer obj is host memory (None when it cannot tell: an int, None)."""
+    if obj is None or isinstance(obj, int):
+        return None
+    if hasattr(obj, "is_cuda") and callable(getattr(obj, "data_ptr", None)):
+        return not obj.is_cuda
+    if getattr(obj, "__cuda_array_interface__", None) is not None:
+        return False
+    if getattr(obj, "__array_interface__", None) is not None:
+        return True
+    raise TypeError(f"syncbn: x is not a pointer, an array or a tensor: {type(obj).__name__}")
+
+
 def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,
                       stream=None):
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
-    all pointers host memory or all device memory of one GPU."""
+    all pointers host memory or all device memory of one GPU (x decides which)."""
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
+    if not isinstance(d, TensorDesc):
+        raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
+    objs = (x, y, weight, bias, running_mean, running_var)
+    host = _is_host(x)
+    if host is None:
+        host = _is_host(y)
+    if _sane(d) and host is not None:
+        m, c, dt, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, d.layout == NHWC
+        ptrs = [_buf(x, "x", m, dt, host, nhwc=nhwc), _buf(y, "y", m, dt, host, True, nhwc),
+                _buf(weight, "weight", c, "f32", host), _buf(bias, "bias", c, "f32", host),
+                _buf(running_mean, "running_mean", c, "f32", host), _buf(running_var, "running_var", c, "f32", host)]
+    else:
+        ptrs = [_raw(o) for o in objs]
     _check(
-        _capi.lib.sbnForwardInference(
-            ctypes.byref(d), _ptr(x), _ptr(y), _ptr(weight), _ptr(bias), _ptr(running_mean),
-            _ptr(running_var), ctypes.c_float(eps), _ptr(stream)),
+        _capi.lib.sbnForwardInference(ctypes.byref(d), *ptrs, ctypes.c_float(eps), _raw(stream)),
         "sbnForwardInference")

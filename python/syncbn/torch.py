@@ -25,7 +25,6 @@ op or in the team's creation; the group's broadcast before it waits as PyTorch's
 collectives do (its process group's timeout).
 """
 
-import math
 import threading
 
 import torch
@@ -33,136 +32,25 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import syncbn as _sbn
+from syncbn import _ops
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "team_for"]
 
-_DTYPES = {torch.float32: _sbn.FLOAT32, torch.float16: _sbn.FLOAT16, torch.bfloat16: _sbn.BFLOAT16}
-
-
-def _layout(x):
-    """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
-    channels_last (3d) one, otherwise a contiguous copy."""
-    if x.is_contiguous():
-        return x, _sbn.NCHW
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return x, _sbn.NHWC
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return x, _sbn.NHWC
-    return x.contiguous(), _sbn.NCHW
-
-
-def _desc(x, layout):
-    if x.dtype not in _DTYPES:
-        raise TypeError(f"syncbn.torch: input dtype {x.dtype} (libsyncbn takes float32, float16, bfloat16)")
-    spatial = math.prod(x.shape[2:]) if x.dim() > 2 else 1
-    return _sbn.desc(_DTYPES[x.dtype], layout, x.shape[0], x.shape[1], spatial)
-
-
-def _f32(t):
-    return None if t is None else t.detach().to(torch.float32).contiguous()
-
-
-def _stream(x):
-    return torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else None
-
-
-def _like(x, layout):
-    fmt = torch.contiguous_format
-    if layout == _sbn.NHWC:
-        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    return torch.empty_like(x, memory_format=fmt)
-
-
-def _reduce_dims(x):
-    return [0] + list(range(2, x.dim()))
-
-
-class _Train(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
-        x, layout = _layout(x)
-        d = _desc(x, layout)
-        c = x.shape[1]
-        w32, b32 = _f32(weight), _f32(bias)
-        rm32 = rv32 = None
-        if running_mean is not None:
-            rm32 = running_mean if running_mean.dtype == torch.float32 and running_mean.is_contiguous() else _f32(running_mean)
-            rv32 = running_var if running_var.dtype == torch.float32 and running_var.is_contiguous() else _f32(running_var)
-        y = _like(x, layout)
-        save_mean = torch.empty(c, dtype=torch.float32, device=x.device)
-        save_invstd = torch.empty(c, dtype=torch.float32, device=x.device)
-        comm.forward_train(d, x, y, save_mean, save_invstd, weight=w32, bias=b32, running_mean=rm32,
-                           running_var=rv32, num_batches_tracked=nbt, eps=eps, momentum=momentum,
-                           stream=_stream(x))
-        if rm32 is not None and rm32 is not running_mean:
-            running_mean.copy_(rm32)
-            running_var.copy_(rv32)
-        ctx.save_for_backward(x, w32, save_mean, save_invstd)
-        ctx.layout, ctx.eps, ctx.comm = layout, eps, comm
-        ctx.wdtype = None if weight is None else weight.dtype
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # the C backward is not differentiable again
-    def backward(ctx, dy):
-        x, w32, save_mean, save_invstd = ctx.saved_tensors
-        layout = ctx.layout
-        if layout == _sbn.NHWC:
-            fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-            dy = dy.contiguous(memory_format=fmt)
-        else:
-            dy = dy.contiguous()
-        d = _desc(x, layout)
-        c = x.shape[1]
-        dx = _like(x, layout) if ctx.needs_input_grad[0] else None
-        want_w = w32 is not None and (ctx.needs_input_grad[1] or ctx.needs_input_grad[2])
-        dw = torch.empty(c, dtype=torch.float32, device=x.device) if want_w else None
-        db = torch.empty(c, dtype=torch.float32, device=x.device) if want_w else None
-        ctx.comm.backward(d, x, dy, dx, save_mean, save_invstd, weight=w32, dweight=dw, dbias=db,
-                          eps=ctx.eps, stream=_stream(x))
-        gw = dw.to(ctx.wdtype) if want_w and ctx.needs_input_grad[1] else None
-        gb = db.to(ctx.wdtype) if want_w and ctx.needs_input_grad[2] else None
-        return dx, gw, gb, None, None, None, None, None, None
-
-
-class _Infer(torch.autograd.Function):
-    """Eval: the library's inference (no team); its backward with torch ops (local)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, eps):
-        x, layout = _layout(x)
-        d = _desc(x, layout)
-        w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)
-        y = _like(x, layout)
-        _sbn.forward_inference(d, x, y, rm32, rv32, weight=w32, bias=b32, eps=eps, stream=_stream(x))
-        ctx.save_for_backward(x, w32, rm32, rv32)
-        ctx.eps = eps
-        ctx.wdtype = None if weight is None else weight.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w32, rm32, rv32 = ctx.saved_tensors
-        shape = [1, -1] + [1] * (x.dim() - 2)
-        scale = torch.rsqrt(rv32 + ctx.eps)
-        g = dy.to(torch.float32)
-        dx = None
-        if ctx.needs_input_grad[0]:
-            k = scale if w32 is None else scale * w32
-            dx = (g * k.view(shape)).to(x.dtype)
-        gw = gb = None
-        dims = _reduce_dims(x)
-        if w32 is not None and ctx.needs_input_grad[1]:
-            xhat = (x.to(torch.float32) - rm32.view(shape)) * scale.view(shape)
-            gw = (g * xhat).sum(dims).to(ctx.wdtype)
-        if w32 is not None and ctx.needs_input_grad[2]:
-            gb = g.sum(dims).to(ctx.wdtype)
-        return dx, gw, gb, None, None, None
+_TRAIN = _ops.batch_norm_train
+_INFER = _ops.batch_norm_infer
+_train_eager, _infer_eager = _ops.train_eager, _ops.infer_eager
+_Tensor = torch.Tensor
+_compiling = torch.compiler.is_compiling
 
 
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
 _TEAMS = {}  # (group, device index) -> syncbn.Comm
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
+
+
+@torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
+def _group_team(process_group, device):
+    return team_for(process_group, device)
 
 
 def team_for(process_group, device, timeout_ms=None):
@@ -201,6 +89,13 @@ def team_for(process_group, device, timeout_ms=None):
         return team
 
 
+def _check_comm(comm, who):
+    if comm is not None and not isinstance(comm, _sbn.Comm):
+        raise TypeError(f"{who}: comm must be a syncbn.Comm (a rank of syncbn.cpu_team or nccl_team) or None, "
+                        f"got {type(comm).__name__}")
+    return comm
+
+
 class SyncBatchNorm(_BatchNorm):
     """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring)."""
 
@@ -212,27 +107,49 @@ class SyncBatchNorm(_BatchNorm):
 
     convert_sync_batchnorm = None  # set below: the classmethod nn.SyncBatchNorm has
 
+    @property
+    def comm(self):
+        """The team's rank this layer runs on (a syncbn.Comm), or None: the team of
+        process_group on the input's GPU."""
+        return self._comm
+
+    @comm.setter
+    def comm(self, value):
+        self._comm = _check_comm(value, "syncbn.torch.SyncBatchNorm")
+
     def _check_input_dim(self, input):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input):
-        self._check_input_dim(input)
+        if input.dim() < 2:
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         if input.shape[1] != self.num_features:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
                              f"the layer has {self.num_features}")
         if not self.training:
-            if self.running_mean is None and self.running_var is None:
+            if self.running_mean is None:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there)
                 return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
-            return _Infer.apply(input, self.weight, self.bias, self.running_mean, self.running_var, self.eps)
-        comm = self.comm if self.comm is not None else team_for(self.process_group, input.device)
-        track = self.training and self.track_running_stats
-        rm = self.running_mean if track else None
-        rv = self.running_var if track else None
-        nbt = self.num_batches_tracked if track else None
-        return _Train.apply(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm)
+            if type(input) is _Tensor and not _compiling():
+                return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+            return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+        comm = self._comm
+        if comm is None:
+            comm = _group_team(self.process_group, input.device)
+        if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
+        if self.track_running_stats:
+            rm, rv, nbt = self.running_mean, self.running_var, self.num_batches_tracked
+        else:
+            rm = rv = nbt = None
+        # Plain tensors outside torch.compile: the operator's kernels and autograd without
+        # the dispatcher's two Python-kernel calls (~8 us a call); everything else
+        # (torch.compile, export, FX, fake or functional tensors): the operator
+        if type(input) is _Tensor and not _compiling():
+            return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm.id)
+        return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm.id)[0]
 
 
 def convert_sync_batchnorm(module, process_group=None, comm=None):

@@ -1,0 +1,454 @@
+"""syncbn's operators in PyTorch's dispatcher (namespace ``syncbn``): what syncbn.torch's
+layer calls, and what torch.compile, CUDA graphs, autocast and torch.library.opcheck see.
+
+    syncbn::batch_norm_train(Tensor input, Tensor? weight, Tensor? bias,
+        Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,
+        float eps, float? momentum, int comm) -> (Tensor out, Tensor stats)
+    syncbn::batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor stats,
+        float eps, int comm, bool input_grad, bool weight_grad)
+        -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
+    syncbn::batch_norm_infer(Tensor input, Tensor running_mean, Tensor running_var,
+        Tensor? weight, Tensor? bias, float eps) -> Tensor
+
+``comm`` is a ``syncbn.Comm``'s ``id`` (an int: operators take no Python objects); the
+running statistics are updated in place by the library's forward (momentum None: the
+cumulative average through num_batches_tracked). ``stats`` is (2, C) float32: the batch
+mean and 1/sqrt(var + eps) of the team's batch. ``out`` has the input's memory format
+(contiguous, or channels_last); an input that is neither is copied to contiguous first.
+The backward returns empty (0-element) tensors for the gradients it was not asked for.
+
+Each operator has a CPU and a CUDA kernel (the same Python function: it checks its
+arguments, allocates, and calls the C library through ctypes, on the current CUDA stream
+as the dispatcher's thread sees it), a fake kernel (the same checks and allocations, no
+call: torch.compile's shape inference), and an Autograd kernel (an autograd.Function whose
+backward calls batch_norm_backward, or torch ops for the inference). Registered with
+torch.library's low-level API: the per-call cost is the dispatcher's, ~2 us less than
+torch.library.custom_op's wrappers (bench/notes/torch-binding.md), and an operator that
+mutates its inputs may have an Autograd kernel (custom_op refuses autograd for those).
+"""
+
+import ctypes
+
+import torch
+
+from . import FLOAT16, FLOAT32, BFLOAT16, GRAD_LOCAL, NCHW, NHWC, Comm, SyncBNError, TensorDesc, _capi, _raise
+
+NS = "syncbn"
+_DTYPES = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}
+_LIB = _capi.lib
+_fwd_c, _bwd_c, _inf_c = _LIB.sbnForwardTrain, _LIB.sbnBackward, _LIB.sbnForwardInference
+_byref = ctypes.byref
+
+
+def _raw_stream(device):
+    """The current CUDA stream of `device` as the dispatcher keeps it (the stream PyTorch's
+    own kernels run on, also under CUDA graph capture), as an int; no Stream object."""
+    return _cuda_raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+try:
+    _cuda_raw_stream = torch._C._cuda_getCurrentRawStream  # what inductor's generated code calls
+except AttributeError:  # a build without CUDA: no CUDA tensors either
+    def _cuda_raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+# ---- argument checks: the same in the real kernels and the fake ones ----------------------
+def _same_device(x, name, t, who):
+    if t is not None and t.device != x.device:
+        raise RuntimeError(f"syncbn.{who}: {name} is on {t.device} and the input on {x.device}: "
+                           "every tensor argument must be on the input's device")
+
+
+def _per_channel(x, name, t, who):
+    if t is not None:
+        _same_device(x, name, t, who)
+        if t.dim() != 1 or t.shape[0] != x.shape[1]:
+            raise RuntimeError(f"syncbn.{who}: {name} has shape {tuple(t.shape)}; the input has "
+                               f"{x.shape[1]} channels, so it must be ({x.shape[1]},)")
+
+
+def _vectors(x, who, names, tensors):
+    """Checks the per-channel tensors (None: absent): on x's device, of shape (C,),
+    floating point; the detail from _per_channel when one is not."""
+    dev, shape = x.device, (x.shape[1],)
+    for name, t in zip(names, tensors):
+        if t is not None and (t.shape != shape or t.device != dev):
+            _per_channel(x, name, t, who)
+
+
+def _check_input(x, who):
+    if x.dim() >= 2 and x.dtype in _DTYPES:
+        return
+    if x.dim() < 2:
+        raise ValueError(f"syncbn.{who}: expected at least 2D input (got {x.dim()}D input)")
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"syncbn.{who}: input dtype {x.dtype}; libsyncbn takes float32, float16 and bfloat16")
+
+
+def _dense(x):
+    """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
+    channels_last (3d) one, else a contiguous copy (NCHW)."""
+    if x.is_contiguous():
+        return x, NCHW
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+        return x, NHWC
+    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return x, NHWC
+    return x.contiguous(), NCHW
+
+
+_TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _check_train(x, weight, bias, running_mean, running_var, nbt):
+    who = "batch_norm_train"
+    _check_input(x, who)
+    _vectors(x, who, _TRAIN_VECTORS, (weight, bias, running_mean, running_var))
+    if (running_mean is None) != (running_var is None):
+        raise RuntimeError(f"syncbn.{who}: running_mean and running_var come together (both or neither)")
+    if nbt is not None:
+        _same_device(x, "num_batches_tracked", nbt, who)
+        if nbt.numel() != 1 or nbt.dtype != torch.int64:
+            raise RuntimeError(f"syncbn.{who}: num_batches_tracked must be one int64 (got {nbt.dtype}, "
+                               f"{nbt.numel()} elements)")
+
+
+def _comm(comm_id, x, who):
+    c = Comm.from_id(comm_id)
+    if c.host == x.is_cuda:
+        raise RuntimeError(f"syncbn.{who}: the input is on {x.device}, and the team ({c.transport}) takes "
+                           + ("CPU tensors" if c.host else "CUDA tensors"))
+    return c
+
+
+# ---- the C call's small structs, made once per distinct value ------------------------------
+_descs = {}
+_params = {}
+
+
+def _desc(x, layout):
+    s = x.shape
+    sp = 1
+    for e in s[2:]:
+        sp *= e
+    key = (_DTYPES[x.dtype], layout, s[0], s[1], sp)
+    d = _descs.get(key)
+    if d is None:
+        if len(_descs) > 4096:
+            _descs.clear()
+        d = _descs[key] = _byref(TensorDesc(*key))
+    return d
+
+
+def _param(eps, momentum):
+    key = (eps, momentum)
+    p = _params.get(key)
+    if p is None:
+        if len(_params) > 256:
+            _params.clear()
+        p = _params[key] = _byref(_capi.Params(eps, -1.0 if momentum is None else momentum, GRAD_LOCAL))
+    return p
+
+
+def _f32(t):
+    """t as the library reads it (float32, contiguous), or None."""
+    if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
+        return t
+    return t.detach().to(torch.float32).contiguous()
+
+
+def _ptr(t):
+    return None if t is None else t.data_ptr()
+
+
+# ---- syncbn::batch_norm_train ------------------------------------------------------------
+def _train_alloc(x, layout):
+    return torch.empty_like(x), x.new_empty((2, x.shape[1]), dtype=torch.float32)
+
+
+def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+    _check_train(x, weight, bias, running_mean, running_var, nbt)
+    c = _comm(comm, x, "batch_norm_train")
+    x, layout = _dense(x)
+    y, stats = _train_alloc(x, layout)
+    rm, rv, nb = _f32(running_mean), _f32(running_var), nbt
+    if nbt is not None and not nbt.is_contiguous():
+        nb = nbt.contiguous()
+    sp = stats.data_ptr()
+    r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(_f32(weight)), _ptr(_f32(bias)),
+               _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
+               _raw_stream(x.device) if x.is_cuda else None)
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
+    if rm is not running_mean:  # not float32 or not contiguous: written back
+        running_mean.copy_(rm)
+        running_var.copy_(rv)
+    if nb is not nbt:
+        nbt.copy_(nb)
+    return y, stats
+
+
+def _train_fake(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+    _check_train(x, weight, bias, running_mean, running_var, nbt)
+    x, layout = _dense(x)
+    return _train_alloc(x, layout)
+
+
+# ---- syncbn::batch_norm_backward ---------------------------------------------------------
+def _check_backward(dy, x, weight, stats):
+    who = "batch_norm_backward"
+    _check_input(x, who)
+    _same_device(x, "grad_out", dy, who)
+    _same_device(x, "stats", stats, who)
+    _vectors(x, who, ("weight",), (weight,))
+    if dy.shape != x.shape or dy.dtype != x.dtype:
+        raise RuntimeError(f"syncbn.{who}: grad_out is {dy.dtype} {tuple(dy.shape)}; the input is "
+                           f"{x.dtype} {tuple(x.shape)}")
+    if stats.shape != (2, x.shape[1]) or stats.dtype != torch.float32:
+        raise RuntimeError(f"syncbn.{who}: stats must be float32 (2, {x.shape[1]}) (the forward's), got "
+                           f"{stats.dtype} {tuple(stats.shape)}")
+
+
+def _backward_alloc(x, weight, input_grad, weight_grad):
+    c = x.shape[1]
+    dx = torch.empty_like(x) if input_grad else x.new_empty((0,))
+    want_w = weight_grad and weight is not None
+    n = c if want_w else 0
+    dw = torch.empty((n,), dtype=torch.float32, device=x.device)
+    db = torch.empty((n,), dtype=torch.float32, device=x.device)
+    return dx, dw, db
+
+
+def _like_x(dy, layout, x):
+    if layout == NHWC:
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        return dy.contiguous(memory_format=fmt)
+    return dy.contiguous()
+
+
+def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
+    _check_backward(dy, x, weight, stats)
+    c = _comm(comm, x, "batch_norm_backward")
+    x, layout = _dense(x)
+    dy = _like_x(dy, layout, x)
+    dx, dw, db = _backward_alloc(x, weight, input_grad, weight_grad)
+    st = stats if stats.is_contiguous() else stats.contiguous()
+    sp = st.data_ptr()
+    w32 = _f32(weight)
+    if weight_grad and weight is not None:
+        dwp, dbp = dw.data_ptr(), db.data_ptr()
+    else:
+        dwp = dbp = None
+    r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
+               _ptr(w32), sp, sp + 4 * x.shape[1], dwp, dbp, _param(eps, 0.1),
+               _raw_stream(x.device) if x.is_cuda else None)
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
+    return dx, dw, db
+
+
+def _backward_fake(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
+    _check_backward(dy, x, weight, stats)
+    x, layout = _dense(x)
+    return _backward_alloc(x, weight, input_grad, weight_grad)
+
+
+# ---- syncbn::batch_norm_infer ------------------------------------------------------------
+_INFER_VECTORS = ("running_mean", "running_var", "weight", "bias")
+
+
+def _check_infer(x, running_mean, running_var, weight, bias):
+    who = "batch_norm_infer"
+    _check_input(x, who)
+    _vectors(x, who, _INFER_VECTORS, (running_mean, running_var, weight, bias))
+
+
+def _infer_kernel(x, running_mean, running_var, weight, bias, eps):
+    _check_infer(x, running_mean, running_var, weight, bias)
+    x, layout = _dense(x)
+    y = torch.empty_like(x)
+    r = _inf_c(_desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(_f32(weight)), _ptr(_f32(bias)),
+               _ptr(_f32(running_mean)), _ptr(_f32(running_var)), ctypes.c_float(eps),
+               _raw_stream(x.device) if x.is_cuda else None)
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_infer (sbnForwardInference)")
+    return y
+
+
+def _infer_fake(x, running_mean, running_var, weight, bias, eps):
+    _check_infer(x, running_mean, running_var, weight, bias)
+    x, layout = _dense(x)
+    return torch.empty_like(x)
+
+
+# ---- autograd ----------------------------------------------------------------------------
+def _bump(rm, rv, nbt):
+    """Version counters of the tensors the library wrote in place (autograd's check that
+    a tensor saved for a backward was not modified since); inference tensors have none."""
+    if rm is not None:
+        _increment_version((rm, rv) if nbt is None else (rm, rv, nbt))
+    elif nbt is not None:
+        _increment_version((nbt,))
+
+
+try:  # one call for a tuple (torch >= 2.5); older: one per tensor, as increment_version did
+    _increment_version = torch._C._increment_version
+    _increment_version((torch.zeros(1), torch.zeros(1)))
+except (AttributeError, TypeError):
+    def _increment_version(ts):
+        for t in ts:
+            torch.autograd.graph.increment_version(t)
+
+
+def _train_function(train, backward, below):
+    """The autograd.Function of batch_norm_train over `train` and `backward` (the
+    operators, inside the Autograd kernel: `below` dispatches past autograd; or their
+    kernels, for the layer's eager calls)."""
+
+    class TrainFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+            if below:
+                with torch._C._AutoDispatchBelowAutograd():
+                    y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
+            else:
+                y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
+            ctx.save_for_backward(x, weight, stats)
+            ctx.eps, ctx.comm = eps, comm
+            ctx.mark_non_differentiable(stats)
+            return y, stats
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable  # the library's backward is not differentiable
+        def backward(ctx, dy, _dstats):
+            x, weight, stats = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            want_w = weight is not None and (need[1] or need[2])
+            dx, dw, db = backward(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
+            return (dx if need[0] else None, dw.to(weight.dtype) if need[1] else None,
+                    db.to(weight.dtype) if need[2] else None, None, None, None, None, None, None)
+
+    return TrainFn
+
+
+def _infer_function(infer, below):
+    """The autograd.Function of batch_norm_infer over `infer` (as _train_function); its
+    backward with torch ops (the running statistics are constants: a local gradient)."""
+
+    class InferFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, running_mean, running_var, weight, bias, eps):
+            if below:
+                with torch._C._AutoDispatchBelowAutograd():
+                    y = infer(x, running_mean, running_var, weight, bias, eps)
+            else:
+                y = infer(x, running_mean, running_var, weight, bias, eps)
+            ctx.save_for_backward(x, running_mean, running_var, weight)
+            ctx.eps = eps
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, rm, rv, w = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            scale = torch.rsqrt(rv.float() + ctx.eps)
+            g = dy.float()
+            dx = gw = gb = None
+            if need[0]:
+                k = scale if w is None else scale * w.float()
+                dx = (g * k.view(shape)).to(x.dtype)
+            dims = [0] + list(range(2, x.dim()))
+            if w is not None and need[3]:
+                xhat = (x.float() - rm.float().view(shape)) * scale.view(shape)
+                gw = (g * xhat).sum(dims).to(w.dtype)
+            if w is not None and need[4]:
+                gb = g.sum(dims).to(w.dtype)
+            return dx, None, None, gw, gb, None
+
+    return InferFn
+
+
+def _autograd_kernels(train, backward, infer):
+    """The Autograd kernels of the operators `train`, `backward`, `infer` (one
+    namespace's): autograd.Functions that dispatch past autograd to them."""
+    train_fn = _train_function(train, backward, below=True)
+    infer_fn = _infer_function(infer, below=True)
+
+    def train_autograd(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+        out = train_fn.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
+        _bump(running_mean, running_var, nbt)
+        return out
+
+    def backward_autograd(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, weight)):
+            raise RuntimeError("syncbn.batch_norm_backward is not differentiable (no double backward through "
+                               "syncbn.torch.SyncBatchNorm)")
+        with torch._C._AutoDispatchBelowAutograd():
+            return backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
+
+    def infer_autograd(x, running_mean, running_var, weight, bias, eps):
+        return infer_fn.apply(x, running_mean, running_var, weight, bias, eps)
+
+    return {"batch_norm_train": train_autograd, "batch_norm_backward": backward_autograd,
+            "batch_norm_infer": infer_autograd}
+
+
+def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+    """batch_norm_train's output `out` by the kernels without the dispatcher (the layer's
+    eager calls on plain tensors: the same kernels and autograd, ~8 us less host time)."""
+    y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
+    _bump(running_mean, running_var, nbt)
+    return y
+
+
+def infer_eager(x, running_mean, running_var, weight, bias, eps):
+    """batch_norm_infer by its kernel without the dispatcher (as train_eager)."""
+    return _InferEager.apply(x, running_mean, running_var, weight, bias, eps)
+
+
+# ---- registration ------------------------------------------------------------------------
+_SCHEMAS = {
+    "batch_norm_train": "(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+                        "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float eps, float? momentum, "
+                        "int comm) -> (Tensor out, Tensor stats)",
+    "batch_norm_backward": "(Tensor grad_out, Tensor input, Tensor? weight, Tensor stats, float eps, int comm, "
+                           "bool input_grad, bool weight_grad) -> (Tensor grad_input, Tensor grad_weight, "
+                           "Tensor grad_bias)",
+    "batch_norm_infer": "(Tensor input, Tensor running_mean, Tensor running_var, Tensor? weight, Tensor? bias, "
+                        "float eps) -> Tensor",
+}
+_KERNELS = {  # each operator's kernel (CPU and CUDA) and fake kernel
+    "batch_norm_train": (_train_kernel, _train_fake),
+    "batch_norm_backward": (_backward_kernel, _backward_fake),
+    "batch_norm_infer": (_infer_kernel, _infer_fake),
+}
+
+
+def _register(lib, drop=()):
+    """Defines the operators in lib's namespace with their kernels, fake kernels and
+    Autograd kernels; `drop` ("fake", "autograd") leaves those out (the mutants of
+    tests/python/test_torch_ops.py, in namespaces of their own). Returns the operators
+    (train, backward, infer)."""
+    for name, schema in _SCHEMAS.items():
+        lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        kernel, fake = _KERNELS[name]
+        lib.impl(name, kernel, "CPU")
+        lib.impl(name, kernel, "CUDA")
+        if "fake" not in drop:
+            torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
+    ns = getattr(torch.ops, lib.ns)
+    ops = (ns.batch_norm_train.default, ns.batch_norm_backward.default, ns.batch_norm_infer.default)
+    if "autograd" not in drop:
+        for name, kernel in _autograd_kernels(*ops).items():
+            lib.impl(name, kernel, "Autograd")
+    return ops
+
+
+_lib = torch.library.Library(NS, "DEF")
+batch_norm_train, batch_norm_backward, batch_norm_infer = _register(_lib)
+_TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+_InferEager = _infer_function(_infer_kernel, below=False)
+
+__all__ = ["batch_norm_train", "batch_norm_backward", "batch_norm_infer", "SyncBNError"]

@@ -1,0 +1,394 @@
+"""syncbn's PyTorch operators (syncbn._ops: syncbn::batch_norm_train, batch_norm_backward,
+batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's refusals.
+
+- torch.library.opcheck on every operator: fp32/fp16/bf16, contiguous and channels_last,
+  with and without affine and running statistics (its schema, autograd-registration,
+  fake-tensor and AOT-dispatch tests compare the real kernels with the fake ones and
+  with autograd);
+- torch.compile(model, fullgraph=True) of a converted model trains 3 steps like eager:
+  losses within 2e-6 relative (the same kernels on the same data: the compiled graph
+  differs only in how PyTorch's own conv/linear/SGD are fused, a few fp32 roundings of
+  values of order 1), parameters and running statistics within 1e-5; torch._dynamo.explain
+  reports one graph and 0 graph breaks;
+- the mutants: the same operators registered without the fake kernel, or without the
+  Autograd kernel, in namespaces of their own; the compile test must fail on each, and
+  opcheck (no fake kernel) or the gradient check through the operator (no Autograd
+  kernel) too, while both pass on syncbn's own (so these tests can fail);
+- refusals: a tensor argument on another device than the input, a comm that is not a
+  syncbn.Comm, one value per channel (ValueError, as nn.BatchNorm), a destroyed peer
+  (at once, naming it), the error text (the specific message first).
+"""
+
+import copy
+import gc
+import threading
+import time
+import unittest
+
+import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
+import torch
+
+import syncbn
+import syncbn.torch as sbt
+from syncbn import _ops
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def small_model():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8, momentum=None), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+
+
+def train_args(comm, dtype, channels_last, affine, running, requires_grad=True):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5, 5) + 2.0
+    x = x.to(dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(requires_grad)
+    w = (torch.rand(4) + 0.5).requires_grad_(requires_grad) if affine else None
+    b = torch.rand(4).requires_grad_(requires_grad) if affine else None
+    rm, rv = (torch.zeros(4), torch.ones(4)) if running else (None, None)
+    nbt = torch.zeros((), dtype=torch.int64) if running else None
+    return x, w, b, rm, rv, nbt
+
+
+def mutant_ops(ns, drop):
+    """(lib, train, backward, infer): the operators registered in namespace ns without
+    `drop` ("fake" or "autograd"); lib must be kept while they are used."""
+    lib = torch.library.Library(ns, "DEF")
+    return (lib, *_ops._register(lib, drop=(drop,)))
+
+
+def op_gradients_match(test, comm, train):
+    """x, weight and bias gradients of sum(g * train(...).out) against float64 autograd
+    of the same batch norm, within 1e-4 (fp32: sums of 75 products of order 1)."""
+    x, w, b, rm, rv, nbt = train_args(comm, torch.float32, False, True, True)
+    g = torch.randn(x.shape)
+    y, _ = train(x, w, b, rm, rv, nbt, 1e-5, 0.1, comm.id)
+    (y * g).sum().backward()
+    X, W, B = (t.detach().double().requires_grad_() for t in (x, w, b))
+    Y = torch.nn.functional.batch_norm(X, None, None, W, B, True, 0.1, 1e-5)
+    (Y * g.double()).sum().backward()
+    for got, want, name in ((x.grad, X.grad, "x"), (w.grad, W.grad, "weight"), (b.grad, B.grad, "bias")):
+        test.assertIsNotNone(got, name)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def compile_matches_eager(test, comm, train_op=None, steps=3):
+    """Trains a converted model eagerly and compiled (fullgraph) for `steps` SGD steps on
+    the same batches; asserts the losses, parameters and buffers agree. With train_op,
+    the compiled layers call that operator (a mutant's) instead of syncbn's."""
+    torch.manual_seed(3)
+    base = small_model()
+    eager = sbt.convert_sync_batchnorm(copy.deepcopy(base), comm=comm)
+    model = sbt.convert_sync_batchnorm(copy.deepcopy(base), comm=comm)
+    saved = sbt._TRAIN
+    if train_op is not None:
+        sbt._TRAIN = train_op
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True)
+        opt_e = torch.optim.SGD(eager.parameters(), lr=0.1)
+        opt_c = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(steps):
+            x = torch.randn(4, 3, 8, 8)
+            le = eager(x).square().mean()
+            lc = compiled(x).square().mean()
+            le.backward()
+            lc.backward()
+            test.assertTrue(torch.isfinite(lc))
+            torch.testing.assert_close(lc, le, rtol=2e-6, atol=2e-6, msg=f"step {step}")
+            opt_e.step()
+            opt_c.step()
+            opt_e.zero_grad()
+            opt_c.zero_grad()
+    finally:
+        sbt._TRAIN = saved
+        torch._dynamo.reset()
+    for (n, a), (_, b) in zip(eager.named_parameters(), model.named_parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=n)
+    for (n, a), (_, b) in zip(eager.named_buffers(), model.named_buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=n)
+
+
+class TestOpcheck(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.comm = syncbn.cpu_team(1)[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+    def _cases(self):
+        for dtype in DTYPES:
+            for cl in (False, True):
+                for affine in (False, True):
+                    for running in (False, True):
+                        yield dtype, cl, affine, running
+
+    def test_train(self):
+        for dtype, cl, affine, running in self._cases():
+            with self.subTest(dtype=dtype, channels_last=cl, affine=affine, running=running):
+                args = train_args(self.comm, dtype, cl, affine, running)
+                momentum = None if running and cl else 0.1  # None: the cumulative average
+                torch.library.opcheck(_ops.batch_norm_train, (*args, 1e-5, momentum, self.comm.id))
+
+    def test_backward(self):
+        for dtype, cl, affine, _ in self._cases():
+            for input_grad in (False, True):
+                with self.subTest(dtype=dtype, channels_last=cl, affine=affine, input_grad=input_grad):
+                    x, w, b, rm, rv, nbt = train_args(self.comm, dtype, cl, affine, False, requires_grad=False)
+                    _, stats = _ops.batch_norm_train(x, w, b, rm, rv, nbt, 1e-5, 0.1, self.comm.id)
+                    dy = torch.randn_like(x)
+                    torch.library.opcheck(_ops.batch_norm_backward,
+                                          (dy, x, w, stats, 1e-5, self.comm.id, input_grad, affine))
+
+    def test_infer(self):
+        for dtype, cl, affine, _ in self._cases():
+            with self.subTest(dtype=dtype, channels_last=cl, affine=affine):
+                x, w, b, _, _, _ = train_args(self.comm, dtype, cl, affine, False)
+                rm, rv = torch.randn(4), torch.rand(4) + 0.5
+                torch.library.opcheck(_ops.batch_norm_infer, (x, rm, rv, w, b, 1e-5))
+
+    def test_layouts_and_values(self):
+        """The operators' outputs (through the layer, eager and by the operator) equal a
+        float64 batch norm: y and stats within 3e-5, in the input's memory format."""
+        for cl in (False, True):
+            x, w, b, rm, rv, nbt = train_args(self.comm, torch.float32, cl, True, True, requires_grad=False)
+            y, stats = _ops.batch_norm_train(x, w, b, rm, rv, nbt, 1e-5, 0.1, self.comm.id)
+            X = x.double()
+            mean = X.mean((0, 2, 3))
+            var = X.var((0, 2, 3), unbiased=False)
+            ref = (X - mean.view(1, -1, 1, 1)) / (var.view(1, -1, 1, 1) + 1e-5).sqrt() * w.double().view(
+                1, -1, 1, 1) + b.double().view(1, -1, 1, 1)
+            torch.testing.assert_close(y.double(), ref, rtol=3e-5, atol=3e-5)
+            torch.testing.assert_close(stats[0].double(), mean, rtol=3e-5, atol=3e-5)
+            torch.testing.assert_close(stats[1].double(), (var + 1e-5).rsqrt(), rtol=3e-5, atol=3e-5)
+            self.assertEqual(y.stride(), x.stride())
+            self.assertEqual(int(nbt), 1)
+
+
+class TestCompile(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.comm = syncbn.cpu_team(1)[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+    def test_fullgraph_trains_like_eager(self):
+        compile_matches_eager(self, self.comm)
+
+    def test_explain_no_graph_breaks(self):
+        model = sbt.convert_sync_batchnorm(small_model(), comm=self.comm)
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
+        self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
+        self.assertEqual(ex.graph_count, 1)
+        model.eval()  # inference: batch_norm_infer
+        torch._dynamo.reset()
+        ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
+        self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
+        torch._dynamo.reset()
+
+    def test_compiled_graph_calls_the_operators(self):
+        """The compiled forward and backward run syncbn's operators (one each per layer),
+        not a Python function traced through."""
+        from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+        backend = AotEagerAndRecordGraphs()
+        model = sbt.convert_sync_batchnorm(small_model(), comm=self.comm)
+        torch._dynamo.reset()
+        torch.compile(model, backend=backend, fullgraph=True)(torch.randn(4, 3, 8, 8)).sum().backward()
+        fw = "".join(g.code for g in backend.fw_graphs)
+        bw = "".join(g.code for g in backend.bw_graphs)
+        self.assertEqual(fw.count("syncbn.batch_norm_train"), 3)
+        self.assertEqual(bw.count("syncbn.batch_norm_backward"), 3)
+        torch._dynamo.reset()
+
+
+class TestMutants(unittest.TestCase):
+    """Each registration matters: without it, opcheck and the compile test fail."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.comm = syncbn.cpu_team(1)[0]
+        cls.nofake = mutant_ops("syncbn_mutant_nofake", "fake")
+        cls.noautograd = mutant_ops("syncbn_mutant_noautograd", "autograd")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+    def _opcheck_fails(self, train):
+        args = train_args(self.comm, torch.float32, False, True, True)
+        with self.assertRaises(Exception):  # opcheck raises OpCheckError (or the test's own error)
+            torch.library.opcheck(train, (*args, 1e-5, 0.1, self.comm.id))
+
+    def test_the_real_operators_pass(self):
+        """The control: what fails on the mutants passes on syncbn's operators."""
+        op_gradients_match(self, self.comm, _ops.batch_norm_train)
+        args = train_args(self.comm, torch.float32, False, True, True)
+        torch.library.opcheck(_ops.batch_norm_train, (*args, 1e-5, 0.1, self.comm.id))
+
+    def test_without_fake_kernel(self):
+        _, train, _, _ = self.nofake
+        self._opcheck_fails(train)
+        with self.assertRaises(Exception):
+            compile_matches_eager(self, self.comm, train_op=train, steps=1)
+
+    def test_without_autograd_kernel(self):
+        """No Autograd kernel: the op's output has no gradient to x, weight, bias
+        (PyTorch only warns), so the gradient check and the compiled training fail.
+        opcheck's autograd-registration test cannot see this (it finds only autograd
+        registered at a backend key), which is why the gradient check exists."""
+        _, train, _, _ = self.noautograd
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with self.assertRaises(Exception):
+                op_gradients_match(self, self.comm, train)
+            with self.assertRaises(Exception):
+                compile_matches_eager(self, self.comm, train_op=train, steps=3)
+
+
+class TestRefusals(unittest.TestCase):
+    def test_parameters_on_another_device(self):
+        """A weight, bias, running statistic or num_batches_tracked on another device than
+        the input (meta against CPU here) raises, as nn.BatchNorm2d does, and nothing is
+        counted or written."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
+                with self.subTest(name=name):
+                    m = sbt.SyncBatchNorm(4, comm=comm)
+                    t = getattr(m, name)
+                    meta = t.to("meta")
+                    if name in ("weight", "bias"):
+                        setattr(m, name, torch.nn.Parameter(meta))
+                    else:
+                        setattr(m, name, meta)
+                    before = {k: v.clone() for k, v in m.state_dict().items() if v.device.type == "cpu"}
+                    x = torch.randn(2, 4, 3) + 1
+                    with self.assertRaisesRegex(RuntimeError, f"{name} is on meta"):
+                        m(x)
+                    for k, v in before.items():
+                        self.assertTrue(torch.equal(m.state_dict()[k], v), k)
+                    with self.assertRaisesRegex(RuntimeError, f"{name} is on meta"):
+                        sbt._TRAIN(x, m.weight, m.bias, m.running_mean, m.running_var, m.num_batches_tracked,
+                                   1e-5, 0.1, comm.id)
+        finally:
+            comm.destroy()
+
+    def test_comm_of_the_wrong_type(self):
+        with self.assertRaisesRegex(TypeError, "comm must be a syncbn.Comm"):
+            sbt.SyncBatchNorm(3, comm=42)
+        m = sbt.SyncBatchNorm(3)
+        with self.assertRaisesRegex(TypeError, "comm must be a syncbn.Comm"):
+            m.comm = "rank 0"
+        with self.assertRaisesRegex(TypeError, "comm must be a syncbn.Comm"):
+            sbt.convert_sync_batchnorm(torch.nn.BatchNorm2d(3), comm=object())
+
+    def test_one_value_per_channel_is_a_value_error(self):
+        """nn.BatchNorm2d's ValueError, for a team of one (checked before the call) and for
+        a team whose whole batch has one value per channel (the library's check)."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            with self.assertRaisesRegex(ValueError, "Expected more than 1 value per channel"):
+                sbt.SyncBatchNorm(3, comm=comm)(torch.randn(1, 3))
+            with self.assertRaises(ValueError):
+                torch.nn.BatchNorm1d(3)(torch.randn(1, 3))  # PyTorch's own, the same type
+        finally:
+            comm.destroy()
+        comms = syncbn.cpu_team(2, timeout_ms=60000)
+        errs = [None, None]
+        layers = [sbt.SyncBatchNorm(3, comm=c) for c in comms]
+        xs = [torch.randn(1, 3), torch.randn(0, 3)]
+
+        def rank(r):
+            try:
+                layers[r](xs[r])
+            except Exception as e:  # noqa: BLE001
+                errs[r] = e
+
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for e in errs:
+            self.assertIsInstance(e, ValueError)
+            self.assertIsInstance(e, syncbn.SyncBNError)
+            self.assertTrue(str(e).startswith("syncbn.batch_norm_train (sbnForwardTrain): Expected more"), str(e))
+        self.assertEqual(int(layers[0].num_batches_tracked), 0)  # nothing counted
+        for c in comms:
+            c.destroy()
+
+    def test_error_text_specific_first(self):
+        comms = syncbn.cpu_team(2, timeout_ms=200)
+        try:
+            with self.assertRaises(syncbn.SyncBNError) as cm:
+                sbt.SyncBatchNorm(3, comm=comms[0])(torch.randn(2, 3, 4))
+            msg = str(cm.exception)
+            self.assertTrue(msg.startswith("syncbn.batch_norm_train (sbnForwardTrain): rank 0 waited"), msg)
+            self.assertTrue(msg.endswith("[sbnTimeout]"), msg)
+            self.assertNotIn("sbnGetLastError", msg)
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_team_keeps_its_ranks_alive(self):
+        """A rank taken from a team keeps its peers alive (they are collected together)."""
+        c0 = syncbn.cpu_team(2)[0]
+        gc.collect()
+        peer = c0._team[1]
+        self.assertTrue(peer.handle)
+        self.assertEqual(peer.rank, 1)
+        c0.destroy()
+        peer.destroy()
+
+    def test_destroyed_peer_is_named_at_once(self):
+        """A peer destroyed explicitly: the next op raises at once (not after the team's
+        timeout of 60 s), naming the destroyed rank."""
+        comms = syncbn.cpu_team(2, timeout_ms=60000)
+        m = sbt.SyncBatchNorm(3, comm=comms[0])
+        comms[1].destroy()
+        t0 = time.monotonic()
+        with self.assertRaises(syncbn.SyncBNError) as cm:
+            m(torch.randn(2, 3, 4))
+        self.assertLess(time.monotonic() - t0, 5.0)
+        self.assertIn("rank 1", str(cm.exception))
+        self.assertIn("destroyed", str(cm.exception))
+        self.assertEqual(int(m.num_batches_tracked), 0)
+        comms[0].destroy()
+
+    def test_destroyed_comm_says_so(self):
+        comm = syncbn.cpu_team(1)[0]
+        m = sbt.SyncBatchNorm(3, comm=comm)
+        comm.destroy()
+        with self.assertRaisesRegex(syncbn.SyncBNError, "destroyed"):
+            m(torch.randn(2, 3, 4))
+
+    def test_cuda_team_refuses_cpu_tensors_and_back(self):
+        """A CPU team takes CPU tensors only (its ops read host memory)."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            x = torch.randn(2, 3, 4)
+            self.assertTrue(comm.host)
+            y, _ = _ops.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, comm.id)
+            self.assertEqual(tuple(y.shape), (2, 3, 4))
+            with self.assertRaisesRegex(syncbn.SyncBNError, "no live comm"):
+                _ops.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, 10 ** 9)
+        finally:
+            comm.destroy()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
