@@ -228,6 +228,91 @@ class TestCapi(unittest.TestCase):
         for c in comms:
             c.destroy()
 
+    def test_buffers_checked_before_c(self):
+        """What the wrapper can see of an array or tensor is checked against the
+        descriptor before C: an undersized array (which crashed the interpreter), a wrong
+        dtype (float64 under FLOAT32 ran), a non-contiguous or read-only output, device
+        memory for a CPU team; each raises naming the argument, and nothing is written.
+        A raw int address passes unchecked (the caller's responsibility)."""
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+        comms = syncbn.cpu_team(1)
+        c = comms[0]
+        x = np.ones((2, 3, 4), np.float32) + np.arange(4, dtype=np.float32)
+        y = np.full((2, 3, 4), -7.0, np.float32)
+        sm, si = np.zeros(3, np.float32), np.zeros(3, np.float32)
+        readonly = np.zeros((2, 3, 4), np.float32)
+        readonly.setflags(write=False)
+        cases = [
+            ("x has 12 elements", ValueError, dict(x=np.ones((1, 3, 4), np.float32))),
+            ("y has 23 elements", ValueError, dict(y=np.zeros(23, np.float32))),
+            ("x has dtype '<f8'", TypeError, dict(x=x.astype(np.float64))),
+            ("save_mean has 2 elements", ValueError, dict(save_mean=np.zeros(2, np.float32))),
+            ("weight has dtype '<f2'", TypeError, dict(weight=np.ones(3, np.float16))),
+            ("num_batches_tracked has dtype '<i4'", TypeError, dict(num_batches_tracked=np.zeros(1, np.int32))),
+            ("x is not C-contiguous", ValueError, dict(x=np.ones((2, 4, 3), np.float32).transpose(0, 2, 1))),
+            ("y is read-only", ValueError, dict(y=readonly)),
+            ("y is not C-contiguous", ValueError, dict(y=np.broadcast_to(np.float32(0), (2, 3, 4)))),
+            ("x is not a pointer", TypeError, dict(x="x")),
+        ]
+        try:
+            for text, exc, over in cases:
+                with self.subTest(text):
+                    args = dict(x=x, y=y, save_mean=sm, save_invstd=si)
+                    args.update(over)
+                    with self.assertRaisesRegex(exc, text):
+                        c.forward_train(d, args.pop("x"), args.pop("y"), args.pop("save_mean"),
+                                        args.pop("save_invstd"), **args)
+                    self.assertTrue(np.all(y == -7.0))  # nothing written
+                    self.assertTrue(np.all(sm == 0))
+            # a raw address is taken as it is
+            c.forward_train(d, x.ctypes.data, y.ctypes.data, sm.ctypes.data, si.ctypes.data)
+            np.testing.assert_allclose(sm, x.astype(np.float64).mean(axis=(0, 2)), rtol=2e-5, atol=2e-5)
+            with self.assertRaisesRegex(TypeError, "must be a syncbn.TensorDesc"):
+                c.forward_train((2, 3, 4), x, y, sm, si)
+            with self.assertRaisesRegex(ValueError, "dx has 4 elements"):
+                c.backward(d, x, x, np.zeros(4, np.float32), sm, si)
+            with self.assertRaisesRegex(ValueError, "y has 3 elements"):
+                syncbn.forward_inference(d, x, np.zeros(3, np.float32), sm, si)
+        finally:
+            c.destroy()
+
+    def test_tensors_checked_before_c(self):
+        """The same for torch tensors (when torch is installed): dtype, size, density
+        (channels_last is dense for NHWC), meta tensors, and CUDA-array-interface objects
+        (device memory) refused by a CPU team."""
+        try:
+            import torch
+        except ImportError:
+            print("test_tensors_checked_before_c: no torch here; the NumPy checks ran in test_buffers_checked_before_c")
+            return
+        comms = syncbn.cpu_team(1)
+        c = comms[0]
+        sm, si = torch.zeros(3), torch.zeros(3)
+        x = torch.randn(2, 3, 2, 2)
+        try:
+            nchw = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+            nhwc = syncbn.desc(syncbn.FLOAT32, syncbn.NHWC, 2, 3, 4)
+            with self.assertRaisesRegex(TypeError, "x is a torch.float64 tensor"):
+                c.forward_train(nchw, x.double(), torch.empty_like(x), sm, si)
+            with self.assertRaisesRegex(ValueError, "y has 8 elements"):
+                c.forward_train(nchw, x, torch.empty(8), sm, si)
+            cl = x.contiguous(memory_format=torch.channels_last)
+            with self.assertRaisesRegex(ValueError, "x is not contiguous"):
+                c.forward_train(nchw, cl, torch.empty_like(x), sm, si)
+            c.forward_train(nhwc, cl, torch.empty_like(cl), sm, si)  # dense as NHWC
+            with self.assertRaisesRegex(ValueError, "weight is a meta tensor"):
+                c.forward_train(nchw, x, torch.empty_like(x), sm, si, weight=torch.empty(3, device="meta"))
+
+            class DeviceArray:  # what CuPy/Numba arrays show: device memory
+                __cuda_array_interface__ = {"shape": (2, 3, 4), "typestr": "<f4", "data": (1 << 40, False),
+                                            "version": 3, "strides": None}
+
+            with self.assertRaisesRegex(ValueError, "x is device memory; this call takes host memory"):
+                c.forward_train(nchw, DeviceArray(), torch.empty_like(x), sm, si)
+            self.assertTrue(torch.all(sm == sm))
+        finally:
+            c.destroy()
+
     def test_inference(self):
         rng = np.random.default_rng(4)
         x = rng.standard_normal((3, 6, 10)).astype(np.float32)
