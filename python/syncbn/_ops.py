@@ -295,7 +295,7 @@ def _bump(rm, rv, nbt):
 try:  # one call for a tuple (torch >= 2.5); older: one per tensor, as increment_version did
     _increment_version = torch._C._increment_version
     _increment_version((torch.zeros(1), torch.zeros(1)))
-except (AttributeError, TypeError):
+except (AttributeError, TypeError, RuntimeError):
     def _increment_version(ts):
         for t in ts:
             torch.autograd.graph.increment_version(t)

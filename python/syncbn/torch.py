@@ -48,11 +48,6 @@ _TEAMS = {}  # (group, device index) -> syncbn.Comm
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
 
 
-@torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
-def _group_team(process_group, device):
-    return team_for(process_group, device)
-
-
 def team_for(process_group, device, timeout_ms=None):
     """The syncbn team of (process_group, device): one rank per process of the group,
     made collectively at the first call and cached. CUDA devices only."""
@@ -106,6 +101,15 @@ class SyncBatchNorm(_BatchNorm):
         self.comm = comm
 
     convert_sync_batchnorm = None  # set below: the classmethod nn.SyncBatchNorm has
+    _comm = None  # class defaults: layers pickled before these attributes existed
+    _group_comm = None  # the process group's team on _group_device, found at the first training call
+    _group_device = None
+
+    @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
+    def _find_group_team(self, device):
+        self._group_comm = team_for(self.process_group, device)
+        self._group_device = device
+        return self._group_comm
 
     @property
     def comm(self):
@@ -137,7 +141,9 @@ class SyncBatchNorm(_BatchNorm):
             return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
         comm = self._comm
         if comm is None:
-            comm = _group_team(self.process_group, input.device)
+            comm = self._group_comm
+            if comm is None or self._group_device != input.device:  # once: later calls find it here
+                comm = self._find_group_team(input.device)
         if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         if self.track_running_stats:

@@ -200,14 +200,21 @@ class TestCompile(unittest.TestCase):
     def test_compiled_graph_calls_the_operators(self):
         """The compiled forward and backward run syncbn's operators (one each per layer),
         not a Python function traced through."""
-        from torch._dynamo.testing import AotEagerAndRecordGraphs
+        from torch._dynamo.backends.common import aot_autograd
 
-        backend = AotEagerAndRecordGraphs()
+        graphs = {"fw": [], "bw": []}
+
+        def recorder(kind):
+            def compiler(gm, example_inputs):
+                graphs[kind].append(gm.code)
+                return gm  # run as traced (aot_eager)
+            return compiler
+
+        backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"))
         model = sbt.convert_sync_batchnorm(small_model(), comm=self.comm)
         torch._dynamo.reset()
         torch.compile(model, backend=backend, fullgraph=True)(torch.randn(4, 3, 8, 8)).sum().backward()
-        fw = "".join(g.code for g in backend.fw_graphs)
-        bw = "".join(g.code for g in backend.bw_graphs)
+        fw, bw = "".join(graphs["fw"]), "".join(graphs["bw"])
         self.assertEqual(fw.count("syncbn.batch_norm_train"), 3)
         self.assertEqual(bw.count("syncbn.batch_norm_backward"), 3)
         torch._dynamo.reset()
