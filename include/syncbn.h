@@ -48,7 +48,9 @@ extern "C" {
   X(sbnTimeout, 7,                                                                          \
     "a peer did not arrive within the comm's timeout (sbnConfig_t.timeout_ms or "           \
     "SBN_TIMEOUT_MS); the team is now aborted")                                             \
-  X(sbnAborted, 8, "the comm was aborted (after a timeout or sbnCommAbort); destroy it")
+  X(sbnAborted, 8,                                                                          \
+    "the comm was aborted (after a timeout, sbnCommAbort, or, in a CPU team, "              \
+    "sbnCommDestroy of another rank); destroy it")
 
 typedef enum {
 #define SBN_RESULT_ENUM_(name, value, text) name = value,
@@ -222,7 +224,28 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. Must not race with an op on the same comm. As with free(), the handle
    is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
-   memory is released; the library does not keep a registry of live handles). */
+   memory is released; the library does not keep a registry of live handles).
+   A rank destroyed while other ranks of its team live leaves a team none of whose ops can
+   complete again. What its peers see:
+   - CPU teams (sbnCommInitCpu): at once. A CPU team's ops are synchronous, so the
+     destroyed rank has none in flight, and the team is aborted by the destroy: peers
+     waiting in an op (or in a thread-per-rank sbnCommSplit) return sbnAborted at once,
+     later ops return sbnAborted without running (writing nothing), sbnCommGetAsyncError
+     reports sbnAborted, and sbnGetLastError names the rank ("rank 1 of the team was
+     destroyed (sbnCommDestroy) ..."). An op the destroyed rank had completed completes
+     on every peer too, so destroying every rank after its last op (the usual teardown,
+     in any order, from any thread) fails no op; from the first destroy on, the others'
+     sbnCommGetAsyncError reports sbnAborted. A team aborted before keeps its reason.
+   - GPU teams (sbnCommInitAll, sbnCommInitVirtual): not aborted by a destroy, since their
+     kernels run asynchronously and a destroy must not fail a peer's kernel that is still
+     finishing an op the destroyed rank took part in. A peer's later op waits in its
+     kernel for the destroyed rank until the team's timeout, then ends with sbnTimeout
+     (sbnCommGetAsyncError) and aborts the team; a group lacking the destroyed rank is
+     sbnInvalidUsage (its team is incomplete).
+   - NCCL teams: the peers are other processes and learn of neither a destroy nor a
+     process's exit; their waits end at the team's timeout, as sbnTimeout, or as
+     sbnNcclError where NCCL reports the lost peer first. (Destroy is collective for them
+     anyway: see sbnCommInitNccl.) */
 SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm);
 /* How this comm's ops exchange (a static string): "cpu" (CPU team), "virtual" (ranks on one
    GPU), "peer" (InitAll, peer device memory), "peer-pinned-host" (InitAll without P2P),

@@ -95,6 +95,9 @@ typedef struct sbn_team {
   sbn_cfg_t cfg;
   _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted / ... */
   _Atomic int refs;         /* local ranks not yet destroyed */
+  /* Threaded teams (ops->threaded): the rank whose sbnCommDestroy aborted the team while
+     other local ranks lived, -1 when none (sbn_comm_release; sbn_team_departed) */
+  _Atomic int departed;
   /* sbnCommSplit driven one thread per rank: the local ranks meet here (team.c) */
   pthread_mutex_t split_mu;
   pthread_cond_t split_cv;
@@ -161,8 +164,17 @@ typedef struct sbn_team_ops {
 SBN_INTERNAL sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_local,
                                         int nlocal, const sbn_cfg_t* cfg, sbn_team_init_t* init,
                                         sbnComm_t* comms);
-/* Destroys one comm; the last of a team frees the team (detach). */
+/* Destroys one comm; the last of a team frees the team (detach). In a threaded team
+   (ops->threaded == 1: ops are synchronous, so the destroyed rank has no op in flight)
+   with other local ranks still alive, it first records the rank (team->departed) and
+   aborts the team with sbnAborted: the peers' waits return at once and name it. Teams
+   whose ops run asynchronously (GPU, NCCL) are not aborted: a peer's kernel may still
+   be finishing an op that the destroyed rank took part in. */
 SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
+/* The rank whose sbnCommDestroy aborted the team (a destroy racing sbnCommAbort may be
+   named too: both happened), or -1 (the team is not aborted with sbnAborted, or was
+   aborted before any rank left). */
+SBN_INTERNAL int sbn_team_departed(const sbn_team_t* team);
 /* Validates a comm handle; on failure records the detail on the thread slot. */
 SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm);
 /* sbnAborted with a message when the team was aborted (or its backend reports a failure:

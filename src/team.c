@@ -28,10 +28,22 @@ sbnResult_t sbn_comm_check_alive(sbnComm_t comm) {
   sbn_team_t* t = comm->team;
   sbn_team_poll(t);
   int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
-  if (reason != sbnSuccess)
-    return sbn_fail(comm, sbnAborted, "the team was aborted earlier (%s); destroy the comm",
-                    sbnGetResultName((sbnResult_t)reason));
-  return sbnSuccess;
+  if (reason == sbnSuccess) return sbnSuccess;
+  const int gone = sbn_team_departed(t);
+  if (gone >= 0)
+    return sbn_fail(comm, sbnAborted,
+                    "rank %d of the team was destroyed (sbnCommDestroy) before this call on "
+                    "rank %d; the team is aborted: no op of it can complete, destroy the comm",
+                    gone, comm->rank);
+  return sbn_fail(comm, sbnAborted, "the team was aborted earlier (%s); destroy the comm",
+                  sbnGetResultName((sbnResult_t)reason));
+}
+
+int sbn_team_departed(const sbn_team_t* t) {
+  /* departed is stored before the abort it causes (sbn_comm_release), so a reader that
+     saw that abort sees the rank */
+  if (atomic_load_explicit(&t->abort_reason, memory_order_acquire) != sbnAborted) return -1;
+  return atomic_load_explicit(&t->departed, memory_order_acquire);
 }
 
 void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
@@ -89,6 +101,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   t->cfg = *cfg;
   atomic_init(&t->abort_reason, sbnSuccess);
   atomic_init(&t->refs, nlocal);
+  atomic_init(&t->departed, -1);
   sbnResult_t r = ops->attach(t, init);
   for (size_t i = 0; r == sbnSuccess && i < nl; i++) {
     sbnComm_t c = calloc(1, sizeof *c);
@@ -117,9 +130,28 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   return sbnSuccess;
 }
 
+/* A rank of a threaded team leaves while others of the team live: none of the team's ops
+   can complete any more, so the team is aborted now and its peers' waits name the rank,
+   instead of ending at the timeout. Its ops were synchronous, so it has none in flight;
+   an op it finished saw every rank's records of that op, so a peer still finishing the
+   same op finds them (wait_epoch tests the epoch before the abort) and succeeds. The
+   first departure names the team's abort; a team aborted already keeps its reason. */
+static void team_depart(sbn_team_t* t, int rank) {
+  if (atomic_load_explicit(&t->abort_reason, memory_order_acquire) != sbnSuccess) return;
+  int none = -1;
+  atomic_compare_exchange_strong(&t->departed, &none, rank);
+  sbn_log(SBN_LOG_INFO, "%s team %p: rank %d destroyed while %d local ranks live; aborting it",
+          t->ops->name, (void*)t, rank, atomic_load(&t->refs) - 1);
+  sbn_team_abort(t, sbnAborted);
+  if (t->ops->abort != NULL) t->ops->abort(t);
+}
+
 void sbn_comm_release(sbnComm_t comm) {
   sbn_team_t* t = comm->team;
+  const int rank = comm->rank;
   comm_free(comm);
+  /* this rank's reference keeps t alive until the fetch_sub below */
+  if (t->ops->threaded && atomic_load(&t->refs) > 1) team_depart(t, rank);
   if (atomic_fetch_sub(&t->refs, 1) == 1) team_free(t);
 }
 
@@ -214,8 +246,13 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     }
   }
   pthread_mutex_unlock(&t->split_mu);
-  if (r != sbnSuccess)
-    return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
-                    sbnGetResultName(r));
-  return sbnSuccess;
+  if (r == sbnSuccess) return sbnSuccess;
+  const int gone = sbn_team_departed(t);
+  if (r == sbnAborted && gone >= 0)
+    return sbn_fail(comm, r,
+                    "sbnCommSplit: rank %d of the team was destroyed (sbnCommDestroy) while "
+                    "rank %d waited for the team's other ranks; the team is aborted",
+                    gone, comm->rank);
+  return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
+                  sbnGetResultName(r));
 }

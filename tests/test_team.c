@@ -1,6 +1,7 @@
 /* test_team.c — how a CPU team behaves as a team: timeouts, sbnCommAbort, sub-teams
  * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group,
- * several teams in one group, and op mismatches in thread-per-rank mode.
+ * several teams in one group, op mismatches in thread-per-rank mode, and a rank destroyed
+ * while its peers live (and the normal teardown).
  *
  * Thread-per-rank calls run on pthreads created here; every wait is bounded by a comm
  * timeout, so a library bug shows as a failed assertion, not a hung test.
@@ -583,6 +584,169 @@ static void test_mismatch_pipeline(void) {
   for (int r = 0; r < PIPE_W; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
+/* ---- a destroyed rank ------------------------------------------------------------------ */
+/* sbnCommDestroy of one rank of a CPU team while others live aborts the team at once: the
+   peers' waits and later calls return sbnAborted naming that rank, never the timeout. The
+   team timeout here is short, so that a library that only timed out fails these tests in
+   seconds (sbnTimeout, or a return later than DEPART_PROMPT_MS) instead of hanging. */
+#define DEPART_TIMEOUT_MS 3000
+#define DEPART_PROMPT_MS 1500.0
+
+/* Whether comm's last error says that `rank` was destroyed. */
+static int error_names_destroyed(sbnComm_t comm, int rank) {
+  char what[64];
+  snprintf(what, sizeof what, "rank %d of the team was destroyed", rank);
+  return error_names(comm, what);
+}
+
+/* A team of 2 runs a forward together; rank 1 is destroyed; rank 0's next forward and
+   backward return sbnAborted at once, name rank 1 and write nothing. */
+static void test_destroyed_rank_later_ops(void) {
+  sbnConfig_t cfg = config_ms(DEPART_TIMEOUT_MS);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], snap[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 1000 + (uint64_t)r);
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].kind = JOB_FWD; jobs[r].comm = comms[r]; jobs[r].b = &b[r];
+  }
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_OK(jobs[r].r);
+  memcpy(snap, b, sizeof snap);
+
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  double t0 = now_ms();
+  sbnResult_t res = fwd(comms[0], &b[0]);
+  double took = now_ms() - t0;
+  fprintf(stderr, "  forward after rank 1's destroy: %s after %.1f ms: %s\n",
+          sbnGetResultName(res), took, sbnGetLastError(comms[0]));
+  ASSERT_RES(res, sbnAborted);
+  EXPECT_TRUE(took < DEPART_PROMPT_MS);
+  EXPECT_TRUE(error_names_destroyed(comms[0], 1));
+  EXPECT_TRUE(error_names(comms[0], "sbnCommDestroy"));
+  ASSERT_MEMEQ(&b[0], &snap[0], sizeof b[0]); /* a rejected call writes nothing */
+  t0 = now_ms();
+  ASSERT_RES(bwd(comms[0], &b[0]), sbnAborted);
+  EXPECT_TRUE(now_ms() - t0 < DEPART_PROMPT_MS);
+  EXPECT_TRUE(error_names_destroyed(comms[0], 1));
+  ASSERT_MEMEQ(&b[0], &snap[0], sizeof b[0]);
+  /* in a group: the call itself fails, naming rank 1, and the group runs nothing */
+  ASSERT_OK(sbnGroupStart());
+  EXPECT_TRUE(fwd(comms[0], &b[0]) == sbnAborted);
+  sbnResult_t g = sbnGroupEnd();
+  EXPECT_TRUE(g == sbnAborted || g == sbnInvalidUsage);
+  EXPECT_TRUE(error_names_destroyed(comms[0], 1));
+  ASSERT_MEMEQ(&b[0], &snap[0], sizeof b[0]);
+  sbnResult_t async = sbnSuccess;
+  ASSERT_OK(sbnCommGetAsyncError(comms[0], &async));
+  ASSERT_RES(async, sbnAborted);
+  ASSERT_OK(sbnCommAbort(comms[0])); /* already aborted: still fine */
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+}
+
+/* Rank 0 already waits in a forward (or a thread-per-rank sbnCommSplit) on its thread
+   when the team's last rank is destroyed from this thread: rank 0 returns sbnAborted at
+   once, naming the destroyed rank, also when the rank it waits for is another one (team
+   of 3: rank 0 waits for rank 1, which never calls, and rank 2 is destroyed). */
+static void test_destroyed_rank_wakes_waiter(void) {
+  static const struct { int w, kind; } cases[] = {{2, JOB_FWD}, {3, JOB_FWD}, {2, JOB_SPLIT}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int w = cases[i].w, gone = w - 1;
+    sbnConfig_t cfg = config_ms(DEPART_TIMEOUT_MS);
+    sbnComm_t comms[3], sub = SENTINEL_COMM;
+    ASSERT_OK(sbnCommInitCpu(comms, w, &cfg));
+    static bufs_t b, snap;
+    bufs_init(&b, 2, 3, 2, 1100 + (uint64_t)i);
+    memcpy(&snap, &b, sizeof snap);
+    job_t job;
+    memset(&job, 0, sizeof job);
+    job.kind = cases[i].kind; job.comm = comms[0]; job.b = &b;
+    job.color = 0; job.key = 0; job.newcomm = &sub;
+    pthread_t th;
+    ASSERT_TRUE(pthread_create(&th, NULL, job_main, &job) == 0);
+    sleep_ms(150); /* let rank 0 start waiting (not required for correctness) */
+    double t_destroy = now_ms();
+    sbnResult_t dr = sbnCommDestroy(comms[gone]);
+    pthread_join(th, NULL);
+    ASSERT_OK(dr);
+    double late = job.t1 - t_destroy;
+    fprintf(stderr, "  %s, team of %d, rank %d destroyed: rank 0 returned %s %.1f ms later: %s\n",
+            job.kind == JOB_FWD ? "forward" : "split", w, gone, sbnGetResultName(job.r), late,
+            sbnGetLastError(comms[0]));
+    ASSERT_RES(job.r, sbnAborted);
+    EXPECT_TRUE(late < DEPART_PROMPT_MS);
+    EXPECT_TRUE(error_names_destroyed(comms[0], gone));
+    ASSERT_MEMEQ(&b, &snap, sizeof b);
+    ASSERT_TRUE(sub == SENTINEL_COMM);
+    for (int r = 0; r < gone; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  }
+}
+
+/* The normal teardown: every rank runs its ops, then is destroyed. (1) Each rank's thread
+   destroys its own comm right after its last op, while slower peers may still be
+   finishing that op (they must succeed: the destroyed rank's records of it are there);
+   (2) ops in a group, then the comms destroyed one after another from this thread. No
+   error; the sanitizer presets find any leak or race. */
+typedef struct {
+  sbnComm_t comm;
+  bufs_t* b;
+  sbnResult_t r[2], d;
+} own_teardown_t;
+static void* own_teardown_main(void* arg) {
+  own_teardown_t* a = (own_teardown_t*)arg;
+  a->r[0] = fwd(a->comm, a->b);
+  a->r[1] = bwd(a->comm, a->b);
+  a->d = sbnCommDestroy(a->comm);
+  return NULL;
+}
+static void test_destroy_after_last_op(void) {
+  enum { W = 3, ROUNDS = 25 };
+  sbnConfig_t cfg = config_ms(20000);
+  static bufs_t b[W];
+  for (int round = 0; round < ROUNDS; round++) {
+    sbnComm_t comms[W];
+    ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
+    own_teardown_t a[W];
+    pthread_t th[W];
+    for (int r = 0; r < W; r++) {
+      bufs_init(&b[r], 1 + r, 4, 3, 1200 + (uint64_t)r);
+      a[r].comm = comms[r];
+      a[r].b = &b[r];
+      ASSERT_TRUE(pthread_create(&th[r], NULL, own_teardown_main, &a[r]) == 0);
+    }
+    for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < W; r++) {
+      if (a[r].r[0] != sbnSuccess || a[r].r[1] != sbnSuccess || a[r].d != sbnSuccess)
+        SBN_FAIL_("round %d rank %d: forward %s, backward %s, destroy %s", round, r,
+                  sbnGetResultName(a[r].r[0]), sbnGetResultName(a[r].r[1]),
+                  sbnGetResultName(a[r].d));
+    }
+    if (sbn_test_cur_failed_) return;
+    ASSERT_MEMEQ(b[0].sm, b[2].sm, 4 * sizeof(float));
+  }
+
+  sbnComm_t comms[W];
+  ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
+  for (int r = 0; r < W; r++) bufs_init(&b[r], 1 + r, 4, 3, 1300 + (uint64_t)r);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < W; r++) {
+    ASSERT_OK(fwd(comms[r], &b[r]));
+    ASSERT_OK(bwd(comms[r], &b[r]));
+  }
+  ASSERT_OK(sbnGroupEnd());
+  sbnResult_t async = sbnTimeout;
+  ASSERT_OK(sbnCommGetAsyncError(comms[2], &async));
+  ASSERT_RES(async, sbnSuccess);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  /* the rest of the team is aborted now: that is what its async error says */
+  ASSERT_OK(sbnCommGetAsyncError(comms[2], &async));
+  ASSERT_RES(async, sbnAborted);
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_OK(sbnCommDestroy(comms[2]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_timeout);
@@ -595,5 +759,8 @@ int main(void) {
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
   SBN_RUN(test_mismatch_pipeline);
+  SBN_RUN(test_destroyed_rank_later_ops);
+  SBN_RUN(test_destroyed_rank_wakes_waiter);
+  SBN_RUN(test_destroy_after_last_op);
   return sbn_test_exit();
 }

@@ -60,10 +60,16 @@ static sbnResult_t wait_record(sbnComm_t comm, int q, int j, uint32_t k, int64_t
                     "rank %d waited %lld ms for rank %d (op %u of the team); the team is "
                     "aborted. Every rank must make the same calls (SBN_TIMEOUT_MS sets the wait)",
                     comm->rank, (long long)t->cfg.timeout_ms, q, (unsigned)k);
-  if (r != sbnSuccess)
-    return sbn_fail(comm, r, "rank %d: the team was aborted (%s) while waiting for rank %d",
-                    comm->rank, sbnGetResultName(r), q);
-  return sbnSuccess;
+  if (r == sbnSuccess) return sbnSuccess;
+  const int gone = sbn_team_departed(t);
+  if (r == sbnAborted && gone >= 0)
+    return sbn_fail(comm, r,
+                    "rank %d of the team was destroyed (sbnCommDestroy) while rank %d waited for "
+                    "rank %d (op %u of the team); the team is aborted: no op of it can "
+                    "complete, destroy the comm",
+                    gone, comm->rank, q, (unsigned)k);
+  return sbn_fail(comm, r, "rank %d: the team was aborted (%s) while waiting for rank %d",
+                  comm->rank, sbnGetResultName(r), q);
 }
 
 sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channel,
