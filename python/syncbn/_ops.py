@@ -6,7 +6,7 @@ layer calls, and what torch.compile, CUDA graphs, autocast and torch.library.opc
         float eps, float? momentum, int comm) -> (Tensor out, Tensor stats)
     syncbn::batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor stats,
         float eps, int comm, bool input_grad, bool weight_grad)
-        -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)
+        -> (Tensor grad_input, Tensor grad_weight_bias)
     syncbn::batch_norm_infer(Tensor input, Tensor running_mean, Tensor running_var,
         Tensor? weight, Tensor? bias, float eps) -> Tensor
 
@@ -15,7 +15,9 @@ running statistics are updated in place by the library's forward (momentum None:
 cumulative average through num_batches_tracked). ``stats`` is (2, C) float32: the batch
 mean and 1/sqrt(var + eps) of the team's batch. ``out`` has the input's memory format
 (contiguous, or channels_last); an input that is neither is copied to contiguous first.
-The backward returns empty (0-element) tensors for the gradients it was not asked for.
+The backward's grad_weight_bias is (2, C) float32, the weight's and the bias's gradients
+(this rank's sums: DDP adds them up); it returns empty (0-element) tensors for what it was
+not asked for.
 
 Each operator has a CPU and a CUDA kernel (the same Python function: it checks its
 arguments, allocates, and calls the C library through ctypes, on the current CUDA stream
@@ -211,13 +213,9 @@ def _check_backward(dy, x, weight, stats):
 
 
 def _backward_alloc(x, weight, input_grad, weight_grad):
-    c = x.shape[1]
     dx = torch.empty_like(x) if input_grad else x.new_empty((0,))
-    want_w = weight_grad and weight is not None
-    n = c if want_w else 0
-    dw = torch.empty((n,), dtype=torch.float32, device=x.device)
-    db = torch.empty((n,), dtype=torch.float32, device=x.device)
-    return dx, dw, db
+    dwb = x.new_empty((2, x.shape[1]) if weight_grad and weight is not None else (0,), dtype=torch.float32)
+    return dx, dwb
 
 
 def _like_x(dy, layout, x):
@@ -232,12 +230,13 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
     c = _comm(comm, x, "batch_norm_backward")
     x, layout = _dense(x)
     dy = _like_x(dy, layout, x)
-    dx, dw, db = _backward_alloc(x, weight, input_grad, weight_grad)
+    dx, dwb = _backward_alloc(x, weight, input_grad, weight_grad)
     st = stats if stats.is_contiguous() else stats.contiguous()
     sp = st.data_ptr()
     w32 = _f32(weight)
     if weight_grad and weight is not None:
-        dwp, dbp = dw.data_ptr(), db.data_ptr()
+        dwp = dwb.data_ptr()
+        dbp = dwp + 4 * x.shape[1]
     else:
         dwp = dbp = None
     r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
@@ -245,7 +244,7 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
                _raw_stream(x.device) if x.is_cuda else None)
     if r != 0:
         _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
-    return dx, dw, db
+    return dx, dwb
 
 
 def _backward_fake(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
@@ -325,9 +324,13 @@ def _train_function(train, backward, below):
             x, weight, stats = ctx.saved_tensors
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[1] or need[2])
-            dx, dw, db = backward(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
-            return (dx if need[0] else None, dw.to(weight.dtype) if need[1] else None,
-                    db.to(weight.dtype) if need[2] else None, None, None, None, None, None, None)
+            dx, dwb = backward(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
+            dw = db = None
+            if want_w:
+                if weight.dtype != torch.float32:
+                    dwb = dwb.to(weight.dtype)
+                dw, db = dwb[0] if need[1] else None, dwb[1] if need[2] else None
+            return dx if need[0] else None, dw, db, None, None, None, None, None, None
 
     return TrainFn
 
@@ -414,8 +417,7 @@ _SCHEMAS = {
                         "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float eps, float? momentum, "
                         "int comm) -> (Tensor out, Tensor stats)",
     "batch_norm_backward": "(Tensor grad_out, Tensor input, Tensor? weight, Tensor stats, float eps, int comm, "
-                           "bool input_grad, bool weight_grad) -> (Tensor grad_input, Tensor grad_weight, "
-                           "Tensor grad_bias)",
+                           "bool input_grad, bool weight_grad) -> (Tensor grad_input, Tensor grad_weight_bias)",
     "batch_norm_infer": "(Tensor input, Tensor running_mean, Tensor running_var, Tensor? weight, Tensor? bias, "
                         "float eps) -> Tensor",
 }

@@ -21,9 +21,15 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
 
 import copy
 import gc
+import os
+import tempfile
 import threading
 import time
 import unittest
+
+# inductor's own cache of compiled graphs, fresh: a cache left by an earlier version of
+# these operators (another schema) is keyed by their names and would be taken as valid
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="syncbn-inductor-"))
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
