@@ -229,6 +229,8 @@ class TestTorch(unittest.TestCase):
         exec(compile(block.group(1), "README.md", "exec"), env)  # noqa: S102 (our own README)
         self.assertTrue(any(isinstance(m, sbt.SyncBatchNorm) for m in env["model"].modules()))
         self.assertIsNotNone(env["model"][1].weight.grad)
+        if "compiled" in env:  # the compiled model trained the same layer once more
+            self.assertEqual(int(env["model"][1].num_batches_tracked), 2)
         env["comm"].destroy()
 
     def test_deepcopy_shares_the_team(self):
