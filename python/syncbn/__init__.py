@@ -170,7 +170,7 @@ def _buf(obj, what, count, kind, host, out=False, nhwc=False):
             raise ValueError(f"syncbn: {what} is not contiguous" + (" (nor channels_last)" if nhwc else ""))
         if obj.device.type == "meta":
             raise ValueError(f"syncbn: {what} is a meta tensor (it has no data)")
-        if obj.is_cuda == host:
+        if obj.device.type != ("cpu" if host else "cuda"):
             raise ValueError(f"syncbn: {what} is on {obj.device}; this call takes "
                              + ("host memory (a CPU team)" if host else "device memory (a GPU or NCCL team)"))
         return data_ptr() or None

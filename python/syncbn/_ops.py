@@ -68,6 +68,8 @@ def _per_channel(x, name, t, who):
         if t.dim() != 1 or t.shape[0] != x.shape[1]:
             raise RuntimeError(f"syncbn.{who}: {name} has shape {tuple(t.shape)}; the input has "
                                f"{x.shape[1]} channels, so it must be ({x.shape[1]},)")
+        if not t.is_floating_point():
+            raise TypeError(f"syncbn.{who}: {name} is {t.dtype}; it must be floating point")
 
 
 def _vectors(x, who, names, tensors):
@@ -75,7 +77,7 @@ def _vectors(x, who, names, tensors):
     floating point; the detail from _per_channel when one is not."""
     dev, shape = x.device, (x.shape[1],)
     for name, t in zip(names, tensors):
-        if t is not None and (t.shape != shape or t.device != dev):
+        if t is not None and (t.shape != shape or t.device != dev or not t.is_floating_point()):
             _per_channel(x, name, t, who)
 
 
@@ -109,6 +111,8 @@ def _check_train(x, weight, bias, running_mean, running_var, nbt):
     _vectors(x, who, _TRAIN_VECTORS, (weight, bias, running_mean, running_var))
     if (running_mean is None) != (running_var is None):
         raise RuntimeError(f"syncbn.{who}: running_mean and running_var come together (both or neither)")
+    if weight is None and bias is not None:
+        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
     if nbt is not None:
         _same_device(x, "num_batches_tracked", nbt, who)
         if nbt.numel() != 1 or nbt.dtype != torch.int64:
@@ -118,7 +122,7 @@ def _check_train(x, weight, bias, running_mean, running_var, nbt):
 
 def _comm(comm_id, x, who):
     c = Comm.from_id(comm_id)
-    if c.host == x.is_cuda:
+    if x.device.type != ("cpu" if c.host else "cuda"):
         raise RuntimeError(f"syncbn.{who}: the input is on {x.device}, and the team ({c.transport}) takes "
                            + ("CPU tensors" if c.host else "CUDA tensors"))
     return c
@@ -134,7 +138,8 @@ def _desc(x, layout):
     sp = 1
     for e in s[2:]:
         sp *= e
-    key = (_DTYPES[x.dtype], layout, s[0], s[1], sp)
+    # a spatial extent of 0: no elements on this rank, which still takes part (n = 0)
+    key = (_DTYPES[x.dtype], layout, s[0], s[1], sp) if sp else (_DTYPES[x.dtype], layout, 0, s[1], 1)
     d = _descs.get(key)
     if d is None:
         if len(_descs) > 4096:
@@ -178,13 +183,15 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     if nbt is not None and not nbt.is_contiguous():
         nb = nbt.contiguous()
     sp = stats.data_ptr()
-    r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(_f32(weight)), _ptr(_f32(bias)),
+    w32, b32 = _f32(weight), _f32(bias)  # converted copies live until the call is done
+    r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
                _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
                _raw_stream(x.device) if x.is_cuda else None)
     if r != 0:
         _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
-    if rm is not running_mean:  # not float32 or not contiguous: written back
+    if rm is not running_mean:  # not float32 or not contiguous: written back, each on its own
         running_mean.copy_(rm)
+    if rv is not running_var:
         running_var.copy_(rv)
     if nb is not nbt:
         nbt.copy_(nb)
@@ -261,14 +268,17 @@ def _check_infer(x, running_mean, running_var, weight, bias):
     who = "batch_norm_infer"
     _check_input(x, who)
     _vectors(x, who, _INFER_VECTORS, (running_mean, running_var, weight, bias))
+    if weight is None and bias is not None:
+        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
 
 
 def _infer_kernel(x, running_mean, running_var, weight, bias, eps):
     _check_infer(x, running_mean, running_var, weight, bias)
     x, layout = _dense(x)
     y = torch.empty_like(x)
-    r = _inf_c(_desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(_f32(weight)), _ptr(_f32(bias)),
-               _ptr(_f32(running_mean)), _ptr(_f32(running_var)), ctypes.c_float(eps),
+    w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)  # live until done
+    r = _inf_c(_desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm32), _ptr(rv32),
+               ctypes.c_float(eps),
                _raw_stream(x.device) if x.is_cuda else None)
     if r != 0:
         _raise(r, "syncbn.batch_norm_infer (sbnForwardInference)")

@@ -289,6 +289,7 @@ class TestCapi(unittest.TestCase):
         c = comms[0]
         sm, si = torch.zeros(3), torch.zeros(3)
         x = torch.randn(2, 3, 2, 2)
+        y = torch.full_like(x, -7.0)
         try:
             nchw = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
             nhwc = syncbn.desc(syncbn.FLOAT32, syncbn.NHWC, 2, 3, 4)
@@ -299,17 +300,18 @@ class TestCapi(unittest.TestCase):
             cl = x.contiguous(memory_format=torch.channels_last)
             with self.assertRaisesRegex(ValueError, "x is not contiguous"):
                 c.forward_train(nchw, cl, torch.empty_like(x), sm, si)
-            c.forward_train(nhwc, cl, torch.empty_like(cl), sm, si)  # dense as NHWC
             with self.assertRaisesRegex(ValueError, "weight is a meta tensor"):
-                c.forward_train(nchw, x, torch.empty_like(x), sm, si, weight=torch.empty(3, device="meta"))
+                c.forward_train(nchw, x, y, sm, si, weight=torch.empty(3, device="meta"))
 
             class DeviceArray:  # what CuPy/Numba arrays show: device memory
                 __cuda_array_interface__ = {"shape": (2, 3, 4), "typestr": "<f4", "data": (1 << 40, False),
                                             "version": 3, "strides": None}
 
             with self.assertRaisesRegex(ValueError, "x is device memory; this call takes host memory"):
-                c.forward_train(nchw, DeviceArray(), torch.empty_like(x), sm, si)
-            self.assertTrue(torch.all(sm == sm))
+                c.forward_train(nchw, DeviceArray(), y, sm, si)
+            self.assertTrue(torch.all(y == -7.0) and torch.all(sm == 0))  # every refusal wrote nothing
+            c.forward_train(nhwc, cl, torch.empty_like(cl), sm, si)  # dense as NHWC: runs
+            torch.testing.assert_close(sm, x.mean((0, 2, 3)), rtol=2e-5, atol=2e-5)
         finally:
             c.destroy()
 
