@@ -121,7 +121,9 @@ def compile_matches_eager(test, comm, train_op=None, steps=3):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=n)
 
 
-class TestOpcheck(unittest.TestCase):
+class TeamOfOne(unittest.TestCase):
+    """A CPU team of one rank for the class's tests (self.comm)."""
+
     @classmethod
     def setUpClass(cls):
         cls.comm = syncbn.cpu_team(1)[0]
@@ -130,6 +132,8 @@ class TestOpcheck(unittest.TestCase):
     def tearDownClass(cls):
         cls.comm.destroy()
 
+
+class TestOpcheck(TeamOfOne):
     def _cases(self):
         for dtype in DTYPES:
             for cl in (False, True):
@@ -179,15 +183,7 @@ class TestOpcheck(unittest.TestCase):
             self.assertEqual(int(nbt), 1)
 
 
-class TestCompile(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.comm = syncbn.cpu_team(1)[0]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.comm.destroy()
-
+class TestCompile(TeamOfOne):
     def test_fullgraph_trains_like_eager(self):
         compile_matches_eager(self, self.comm)
 
@@ -226,18 +222,14 @@ class TestCompile(unittest.TestCase):
         torch._dynamo.reset()
 
 
-class TestMutants(unittest.TestCase):
+class TestMutants(TeamOfOne):
     """Each registration matters: without it, opcheck and the compile test fail."""
 
     @classmethod
     def setUpClass(cls):
-        cls.comm = syncbn.cpu_team(1)[0]
+        super().setUpClass()
         cls.nofake = mutant_ops("syncbn_mutant_nofake", "fake")
         cls.noautograd = mutant_ops("syncbn_mutant_noautograd", "autograd")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.comm.destroy()
 
     def _opcheck_fails(self, train):
         args = train_args(self.comm, torch.float32, False, True, True)
