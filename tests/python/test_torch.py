@@ -222,7 +222,7 @@ class TestTorch(unittest.TestCase):
         import re
 
         text = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-        block = re.search(r"#### Python\n.*?```python\n(.*?)```", text, re.S)
+        block = re.search(r"## Python quick start\n.*?```python\n(.*?)```", text, re.S)
         self.assertIsNotNone(block)
         self.assertIn("syncbn.torch", block.group(1))
         env = {}
