@@ -1,4 +1,5 @@
-/* diag.c — error detail per comm / per thread, and SBN_DEBUG logging (the only output). */
+/* diag.c — error detail per comm / per thread, SBN_DEBUG logging (the only output), and
+ * sbnGetVersion (its refusal records a detail). Uses result.c's names, never the reverse. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,4 +76,10 @@ SBN_API const char* sbnGetLastError(sbnComm_t comm) {
     pthread_mutex_unlock(&comm->err_mu);
   }
   return thread_copy;
+}
+
+SBN_API sbnResult_t sbnGetVersion(int* version) {
+  if (version == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnGetVersion: version is NULL");
+  *version = SBN_VERSION_CODE;
+  return sbnSuccess;
 }

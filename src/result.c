@@ -1,4 +1,5 @@
-/* result.c — result names and messages (generated from SBN_RESULT_LIST) and the version. */
+/* result.c — result names and messages (generated from SBN_RESULT_LIST). The lowest layer:
+ * it uses no other file of the library (sbnGetVersion, which records a detail, is diag.c's). */
 #include "internal.h"
 
 static const char* const kResultText[sbnNumResults] = {
@@ -21,10 +22,4 @@ SBN_API const char* sbnGetErrorString(sbnResult_t r) {
 SBN_API const char* sbnGetResultName(sbnResult_t r) {
   if ((int)r < 0 || r >= sbnNumResults) return "sbnUnknownResult";
   return kResultName[r];
-}
-
-SBN_API sbnResult_t sbnGetVersion(int* version) {
-  if (version == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnGetVersion: version is NULL");
-  *version = SBN_VERSION_CODE;
-  return sbnSuccess;
 }
