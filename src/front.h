@@ -13,8 +13,8 @@ SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r);
 /* Whether comm has ops queued in this thread's open group. */
 SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
 
-/* Runs one validated op of a rank now, on the calling thread (ops.c): the team's check of
-   the op alone, then its run (a CPU team's blocks until the team meets). */
+/* Runs one validated op of a rank now, on the calling thread (group.c): the team's check
+   of the op alone, then its run (a CPU team's blocks until the team meets). */
 SBN_INTERNAL sbnResult_t sbn_op_run(const sbn_op_t* op);
 
 #endif /* SYNCBN_FRONT_H_ */

@@ -1,7 +1,8 @@
 /* group.c — sbnGroupStart/End: queue validated ops per thread, check every team is
  * complete, then run them: the splits, the rounds of the teams whose ops are issued
  * asynchronously (GPU teams), and each local rank's queue on a thread of its own for the
- * teams whose ops block until the team meets (CPU teams). */
+ * teams whose ops block until the team meets (CPU teams); and one op run at once
+ * (sbn_op_run: an op outside a group, each op of such a queue). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,22 @@ int sbn_group_has_comm(sbnComm_t comm) {
 SBN_API sbnResult_t sbnGroupStart(void) {
   group.depth++;
   return sbnSuccess;
+}
+
+/* ---- running ops ---------------------------------------------------------------------- */
+
+/* One op now: an op called outside a group (ops.c), each op of a threaded team's queue. */
+sbnResult_t sbn_op_run(const sbn_op_t* op) {
+  sbnResult_t r = sbn_comm_check_alive(op->comm);
+  if (r != sbnSuccess) return r;
+  const sbn_team_ops_t* ops = op->comm->team->ops;
+  if (ops->check != NULL) {
+    r = ops->check(&op, 1);
+    if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL)); /* the op's comm too */
+  }
+  int failed = 0;
+  if (r == sbnSuccess) r = ops->run(&op, 1, &failed);
+  return r;
 }
 
 /* ---- running a complete group --------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /* ops.c — the public op entry points: argument checks (before anything is written or
  * queued), the backend's own checks (its table's prepare), then either queueing in the
- * open group or running at once. */
+ * open group or running at once (both group.c's: ops.c uses group.c, never the reverse). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,19 +82,6 @@ static sbnResult_t check_op(const sbn_op_t* op) {
                       fn);
   }
   return sbnSuccess;
-}
-
-sbnResult_t sbn_op_run(const sbn_op_t* op) {
-  sbnResult_t r = sbn_comm_check_alive(op->comm);
-  if (r != sbnSuccess) return r;
-  const sbn_team_ops_t* ops = op->comm->team->ops;
-  if (ops->check != NULL) {
-    r = ops->check(&op, 1);
-    if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL)); /* the op's comm too */
-  }
-  int failed = 0;
-  if (r == sbnSuccess) r = ops->run(&op, 1, &failed);
-  return r;
 }
 
 /* Common tail of both ops: check, then queue in the open group or run now. A failed
