@@ -27,10 +27,22 @@ Checks:
      take the next path's, and its % of floor is "-"); rows with null fields, a failed
      row and a missing path give "-" / "n/a" and no crash.
   4. plot.py exits 77 with a message when matplotlib cannot be imported.
-Parts 3-4 need matplotlib: without it this test exits 77 after part 1 (and says why);
---no-plot runs parts 1-2 only (exit 0 on success).
+  5. plot.py --history on the COMMITTED GPU runs (bench/results, runs.tsv; real measurements,
+     not synthetic): --check passes (bench/results/README.md's table is what the JSON files
+     give), and every cell of the committed table equals the number read here from the run's
+     JSON with json (independently of plot_history.py), one row per run folder, in date order;
+     in a copy of two runs, numbers changed in their JSON files (S5 forward, a cuDNN time, an
+     empty-op time, a torch_bn time, a date) make --check fail until the table is regenerated,
+     then change exactly those cells, the coop >= cuDNN count and the row order, and the
+     series history.png draws; a run folder missing from runs.tsv, a missing file and a JSON
+     of the wrong tool are exit 1. With matplotlib: history.png is written and is a PNG.
+Parts 3-4 and 5's picture need matplotlib: without it this test exits 77 after parts 1 and
+5's table (and says why); --no-plot runs parts 1-2 only (exit 0 on success);
+--history-only runs part 5 (--history-only --no-plot: its table alone, exit 0 on success;
+CTest's test_results_history).
 
   python3 bench/test_plot.py [--sbn-bench build/default/bench/sbn-bench] [--no-plot]
+                             [--history-only]
 """
 
 import argparse
@@ -39,6 +51,7 @@ import json
 import math
 import os
 import py_compile
+import re
 import shutil
 import struct
 import subprocess
@@ -602,11 +615,249 @@ def test_plot_without_matplotlib(tmp):
           "plot.py --md-only without matplotlib: exit 0, results.md")
 
 
+# ---- 5. plot.py --history: the index of the committed GPU runs ---------------------------------
+RESULTS = os.path.join(HERE, "results")
+HIST_BEGIN, HIST_END = "<!-- history:begin -->", "<!-- history:end -->"
+RUN_DIR = r"^\d{4}-\d{2}-\d{2}-[a-z0-9]+-[0-9a-f]{7,40}$"
+
+
+def runs_tsv(root):
+    """runs.tsv read here, independently of plot_history.py: [(folder, bench, torch, ran)]."""
+    out = []
+    with open(os.path.join(root, "runs.tsv"), encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                out.append(tuple(c.strip() for c in line.rstrip("\n").split("\t")))
+    return out
+
+
+def history_table(readme):
+    """The rows ({header: cell}) of the table between the history markers of `readme`."""
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    b, e = text.find(HIST_BEGIN), text.find(HIST_END)
+    if not 0 <= b < e:
+        return None
+    return md_tables("## history\n" + text[b:e]).get("history", [])
+
+
+def raw_row(rows, path, shape, ranks=1):
+    hit = None
+    for r in rows:
+        if (r.get("path"), r.get("shape"), r.get("dtype"), r.get("layout"), r.get("ranks")) == \
+                (path, shape, "fp32", "NCHW", ranks):
+            hit = r
+    return hit
+
+
+def raw_cells(root, folder, bench, torch):
+    """The cells a run's row must hold, computed here from its JSON files read with json."""
+    with open(os.path.join(root, folder, bench), encoding="utf-8") as f:
+        b = json.load(f)
+    t = None
+    if torch != "-":
+        with open(os.path.join(root, folder, torch), encoding="utf-8") as f:
+            t = json.load(f)
+
+    def fb(r):
+        return r["fwd"]["us_median"], r["bwd"]["us_median"]
+
+    def plus(r):
+        if r is None:
+            return "-"
+        a, c = fb(r)
+        return f"{fus(a)} + {fus(c)} = {fus(a + c)}"
+    s5, s10 = raw_row(b["rows"], "coop", "S5"), raw_row(b["rows"], "coop", "S10")
+    lat = {r["ranks"]: r for r in b["latency"] if r["path"] == "coop" and r["shape"] == "empty"}
+    ge = cells = 0
+    for r in b["rows"]:
+        if r["path"] != "coop" or r["ranks"] != 1:
+            continue
+        cu = [x for x in b["rows"] if x["path"] == "cudnn" and x["ranks"] == 1 and
+              (x["shape"], x["dtype"], x["layout"]) == (r["shape"], r["dtype"], r["layout"])]
+        for op in ("fwd", "bwd"):
+            if cu and cu[-1][op]["us_median"] is not None and r[op]["us_median"] is not None:
+                cells += 1
+                ge += cu[-1][op]["us_median"] >= r[op]["us_median"]
+    commit = folder.split("-")[-1]
+    date = b["date"][:10] + " " + b["date"][11:16] + "Z"
+    return b["date"], {
+        "date (bench JSON)": f"[{date}]({folder}/)",
+        "device": b["device"]["name"],
+        "commit": commit + (f" (bench: {b['commit']})" if b["commit"] != commit else ""),
+        "S5 fwd / bwd": "{} / {}".format(*map(fus, fb(s5))),
+        "S10 fwd + bwd": plus(s10),
+        "empty op W = 1 fwd / bwd": "{} / {}".format(*map(fus, fb(lat[1]))),
+        "empty op W = 8 fwd / bwd": "{} / {}".format(*map(fus, fb(lat[8]))),
+        "coop >= cuDNN (W = 1 cells)": f"{ge} of {cells}",
+        "torch_bn S10 fwd + bwd": plus(raw_row(t["rows"], "torch_bn", "S10")) if t else "-",
+        "syncbn_torch S10 fwd + bwd": plus(raw_row(t["rows"], "syncbn_torch", "S10")) if t else "-",
+    }
+
+
+def check_history_table(root, readme, what):
+    """Every row of `readme`'s table is what the JSON files of `root` give (read here), one row
+    per runs.tsv line and per run folder, in date order. Returns the table."""
+    table = history_table(readme)
+    if not check(table is not None, f"{what}: a table between the history markers"):
+        return []
+    runs = runs_tsv(root)
+    folders = sorted(d for d in os.listdir(root) if re.match(RUN_DIR, d))
+    check(sorted(r[0] for r in runs) == folders and len(table) == len(folders),
+          f"{what}: one row per run folder ({len(folders)}), each in runs.tsv")
+    want = sorted((raw_cells(root, f, b, t) + (f,) for f, b, t, _ in runs),
+                  key=lambda x: (x[0], x[2].split("-")[-1]))
+    for (_, cells, folder), got in zip(want, table):
+        bad = {k: (got.get(k), v) for k, v in cells.items() if got.get(k) != v}
+        check(not bad, f"{what}: {folder}: the cells are the JSON's numbers"
+                       + (f" (got, want: {bad})" if bad else ""))
+    return table
+
+
+def edit_json(path, fn):
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    fn(d)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(d, f)
+
+
+def set_us(rows, path, shape, op, value, dtype="fp32", layout="NCHW", ranks=1):
+    hits = [r for r in rows if (r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"]) ==
+            (path, shape, dtype, layout, ranks)]
+    for r in hits:
+        r[op]["us_median"] = value
+        r["us_" + op] = value
+    assert hits, (path, shape, op)
+
+
+def test_history(tmp, with_plot):
+    """plot.py --history: the committed README's table is what the committed JSON files give
+    (--check, and each cell against the JSON read here); in a copy of two runs, a number
+    changed in a JSON file changes that cell of the table and the chart's series, and
+    --check catches the stale table until it is regenerated."""
+    readme = os.path.join(RESULTS, "README.md")
+    r = run([sys.executable, PLOT, "--history", RESULTS, "--out", RESULTS, "--check"])
+    check(r.returncode == 0, "committed bench/results/README.md: plot.py --history --check passes "
+                             f"(the table is what the files give) {r.stderr[-3000:]}")
+    check_history_table(RESULTS, readme, "committed README.md")
+
+    # a copy of two runs, then numbers changed in their JSON files
+    root = os.path.join(tmp, "results")
+    keep = {"2026-11-26-h200-1599faa", "2026-11-27-h200-b83448e"}
+    os.makedirs(root)
+    for d in keep:
+        shutil.copytree(os.path.join(RESULTS, d), os.path.join(root, d))
+    with open(os.path.join(root, "runs.tsv"), "w", encoding="utf-8") as f:
+        f.write("# two runs copied by test_plot.py\n")
+        for run_ in runs_tsv(RESULTS):
+            if run_[0] in keep:
+                f.write("\t".join(run_) + "\n")
+    hreadme = os.path.join(root, "README.md")
+    with open(hreadme, "w", encoding="utf-8") as f:
+        f.write(f"# copied runs\n\ntext above\n\n{HIST_BEGIN}\nstale\n{HIST_END}\n\ntext below\n")
+    hist = [sys.executable, PLOT, "--history", root, "--out", root]
+    r = run(hist + ["--check"])
+    check(r.returncode == 1 and "differs" in r.stderr, "--check on a stale table: exit 1 with a diff")
+    r = run(hist + ["--md-only"])
+    check(r.returncode == 0, f"plot.py --history --md-only: exit 0 {r.stderr[-2000:]}")
+    with open(hreadme, encoding="utf-8") as f:
+        text = f.read()
+    check(text.startswith("# copied runs\n\ntext above\n\n" + HIST_BEGIN) and
+          text.endswith(HIST_END + "\n\ntext below\n") and "stale" not in text,
+          "the block between the markers is rewritten, the text around it kept")
+    before = check_history_table(root, hreadme, "copy")
+    check(run(hist + ["--check"]).returncode == 0, "--check after regenerating: exit 0")
+
+    new = os.path.join(root, "2026-11-27-h200-b83448e")
+    bq, tq = os.path.join(new, "bench-quick.json"), os.path.join(new, "torch.json")
+
+    def change(d):
+        set_us(d["rows"], "coop", "S5", "fwd", 123.456)
+        set_us(d["rows"], "cudnn", "S10", "fwd", 1000.0)  # was faster than coop: now slower
+        set_us(d["latency"], "coop", "empty", "bwd", 7.777)
+        d["date"] = "2026-11-25T00:00:00Z"  # before the other run: the rows swap
+    edit_json(bq, change)
+    edit_json(tq, lambda d: set_us(d["rows"], "torch_bn", "S10", "fwd", 50.0))
+    r = run(hist + ["--check"])
+    check(r.returncode == 1 and "123.5" in r.stderr,
+          "--check after a JSON number changed: exit 1, the diff shows the new number")
+    r = run(hist + ["--md-only"])
+    after = check_history_table(root, hreadme, "copy after the change")
+    g1 = None
+    if check(r.returncode == 0 and len(before) == 2 and len(after) == 2,
+             "regenerated: two rows before and after"):
+        old, upd, other = before[1], after[0], after[1]
+        check(other == before[0], "the other run's row is unchanged (and now second: date order)")
+        check(upd["S5 fwd / bwd"] == "123.5 / " + old["S5 fwd / bwd"].split(" / ")[1],
+              f"S5 forward cell follows the JSON: {old['S5 fwd / bwd']} -> {upd['S5 fwd / bwd']}")
+        g0, g1 = (int(x["coop >= cuDNN (W = 1 cells)"].split()[0]) for x in (old, upd))
+        check(g1 == g0 + 1, f"coop >= cuDNN count follows the JSON: {g0} -> {g1}")
+        check(upd["empty op W = 1 fwd / bwd"].endswith(" / 7.78"),
+              f"empty op cell follows the JSON: {upd['empty op W = 1 fwd / bwd']}")
+        check(upd["torch_bn S10 fwd + bwd"].startswith("50.0 + "),
+              f"torch_bn S10 cell follows the torch JSON: {upd['torch_bn S10 fwd + bwd']}")
+        same = [k for k in old if k not in ("date (bench JSON)", "S5 fwd / bwd", "empty op W = 1 fwd / bwd",
+                                            "coop >= cuDNN (W = 1 cells)", "torch_bn S10 fwd + bwd")]
+        check(all(upd[k] == old[k] for k in same), "the run's other cells are unchanged")
+    # the chart's numbers: plot_history.series, which history.png draws
+    sys.path.insert(0, HERE)
+    import plot_history
+    s = plot_history.series(plot_history.history(root))
+    s5 = dict(s["S5 fp32 NCHW, W = 1, coop (us)"])
+    check(s5["forward"][0] == 123.456 and s["labels"][0].endswith("b83448e"),
+          "history.png's series: the changed S5 forward, first in date order")
+    cells = dict(s["W = 1 cells where coop >= cuDNN"])
+    check(g1 is not None and cells["coop >= cuDNN"][0] == g1,
+          "history.png's series: the changed coop >= cuDNN count")
+
+    # runs.tsv against the folders
+    os.makedirs(os.path.join(root, "2026-11-28-h100-abcdef1"))
+    r = run(hist + ["--md-only"])
+    check(r.returncode == 1 and "2026-11-28-h100-abcdef1" in r.stderr,
+          "a run folder without a runs.tsv line: exit 1 naming it")
+    os.rmdir(os.path.join(root, "2026-11-28-h100-abcdef1"))
+    os.remove(tq)
+    r = run(hist + ["--md-only"])
+    check(r.returncode == 1 and "torch.json: no such file" in r.stderr,
+          "a runs.tsv line naming a missing file: exit 1 naming it")
+    shutil.copy(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "torch.json"), tq)
+    shutil.copy(tq, bq)
+    r = run(hist + ["--md-only"])
+    check(r.returncode == 1 and "not a GPU-mode sbn-bench JSON" in r.stderr,
+          "a torch_baseline JSON where the bench JSON goes: exit 1")
+    if with_plot:
+        shutil.copy(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "bench-quick.json"), bq)
+        r = run(hist)
+        check(r.returncode == 0 and png_ok(os.path.join(root, "history.png")),
+              f"plot.py --history: exit 0, history.png {r.stderr[-2000:]}")
+        check(png_ok(os.path.join(RESULTS, "history.png")), "the committed bench/results/history.png is a PNG")
+
+
+def history_only(tmp, with_plot):
+    """--history-only: part 5; the picture too unless --no-plot (exit 77 without matplotlib,
+    after the table's checks, which need none)."""
+    has_mpl = importlib.util.find_spec("matplotlib") is not None
+    test_history(tmp, with_plot and has_mpl)
+    if failures:
+        print(f"{len(failures)} failed")
+        return 1
+    if with_plot and not has_mpl:
+        print("SKIP the history.png checks: matplotlib is not installed; "
+              "python3 -m pip install -r bench/requirements-plot.txt (the table's checks passed)")
+        return EXIT_SKIP
+    print("all passed")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sbn-bench", help="sbn-bench binary to compare shapes with "
                                         "(default: build/default/bench/sbn-bench if it exists)")
     ap.add_argument("--no-plot", action="store_true", help="torch_baseline.py checks only (no matplotlib)")
+    ap.add_argument("--history-only", action="store_true",
+                    help="part 5 only: plot.py --history on bench/results (with --no-plot: the "
+                         "table alone, no matplotlib)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (prints it)")
     args = ap.parse_args()
     exe = args.sbn_bench
@@ -618,6 +869,8 @@ def main():
         return 2
     tmp = tempfile.mkdtemp(prefix="test_plot.")
     try:
+        if args.history_only:
+            return history_only(tmp, not args.no_plot)
         has_torch = test_baseline_shapes(exe, tmp)
         test_baseline_accuracy()
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
@@ -640,6 +893,7 @@ def main():
             try:
                 import matplotlib  # noqa: F401
             except ImportError as e:
+                test_history(tmp, False)  # the table needs no matplotlib
                 if failures:
                     print(f"{len(failures)} failed")
                     return 1
@@ -648,6 +902,7 @@ def main():
                 return EXIT_SKIP
             test_plot(tmp)
             test_plot_without_matplotlib(tmp)
+            test_history(tmp, True)
     finally:
         if args.keep:
             print(f"kept {tmp}")
