@@ -1,6 +1,7 @@
 /* gpu_internal.h — what the GPU backend's files share: the device resources of a team
- * (gpu_team.c), its transport, the launches (gpu_launch.c), NCCL teams (nccl_team.c) and
- * the kernels' entry points. Only included in builds with CUDA. */
+ * (gpu_team.c), its transport, the launches (gpu_launch.c), NCCL teams (nccl_team.c), what
+ * all of them share below (gpu_util.c) and the kernels' entry points. Only included in
+ * builds with CUDA. */
 #ifndef SYNCBN_GPU_INTERNAL_H_
 #define SYNCBN_GPU_INTERNAL_H_
 
@@ -109,27 +110,29 @@ static inline int sbn_mail_on_host(const struct sbn_gpu_team* gt) {
 static inline int sbn_transport_in_kernel(sbn_transport_t tr) { return tr != SBN_TR_NCCL_COLL; }
 static inline int sbn_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */
+/* CLOCK_MONOTONIC in nanoseconds: the host's deadlines. */
 SBN_INTERNAL int64_t sbn_mono_ns(void);
-
-/* ---- gpu_team.c: resources, error words, the tables' other entries ------------------ */
+/* Records a CUDA failure (sbnUnsupported without a device, driver or kernel image for
+   the device, else sbnCudaError). */
+SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
+/* The host's abort reaches the kernels: err[nranks] = sbnAborted, then every present
+   rank's stop word (device memory) through its stop_stream, waited for (bounded); where
+   that fails, it says so at SBN_DEBUG=WARN. */
+SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 /* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns); first
    the host's abort word, so that kernels queued behind the collective write nothing. Not
    with nccl_lock held. */
 SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
+
+/* ---- gpu_team.c: resources, error words, the tables' other entries ------------------ */
 /* Starts the watchdog thread of a team with NCCL comms (and its lock). */
 SBN_INTERNAL sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt);
-/* Records a CUDA failure (sbnUnsupported without a device, driver or kernel image for
-   the device, else sbnCudaError). */
-SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
 /* Occupancy of every kernel on device dev (current), into g; loads every kernel. */
 SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
 /* A rank's device state (state, workspace, host-path records for a team of nranks,
    events) on its device (current); its mailbox too when `mail` (device or pinned host
    memory per the transport). */
-/* The host's abort reaches the kernels: err[nranks] = sbnAborted, then every present
-   rank's stop word (device memory) through its stop_stream, waited for (bounded); where
-   that fails, it says so at SBN_DEBUG=WARN. */
-SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
 /* Frees a team's GPU part (waits for its devices to be idle). */

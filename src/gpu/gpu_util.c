@@ -1,0 +1,98 @@
+/* gpu_util.c — what every file of the GPU backends shares, below the teams: the host's
+ * clock for deadlines, a CUDA failure as an sbnResult_t, and the host's abort reaching a
+ * team's kernels (the stop words) and its NCCL comms. It uses the core and nccl_api.c
+ * only: gpu_team.c, gpu_launch.c, gpu_infer.c, nccl_team.c and nccl_wait.c depend on it,
+ * and it on none of them (scripts/import-graph.py). */
+#include "gpu/gpu_internal.h"
+
+int64_t sbn_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
+  (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
+  /* kernels built for other GPUs (CMAKE_CUDA_ARCHITECTURES), or PTX newer than the driver */
+  const int no_image = e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidKernelImage ||
+                       e == cudaErrorInvalidPtx || e == cudaErrorUnsupportedPtxVersion ||
+                       e == cudaErrorJitCompilerNotFound;
+  return sbn_fail(NULL, e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || no_image
+                            ? sbnUnsupported
+                            : sbnCudaError,
+                  "%s: %s (%s)%s", what, cudaGetErrorName(e), cudaGetErrorString(e),
+                  no_image ? "; syncbn's kernels were not built for this GPU or driver: rebuild "
+                             "with CMAKE_CUDA_ARCHITECTURES naming its architecture (README)"
+                           : "");
+}
+
+/* The kernels read no host memory on their success path (coop_exchange.cuh,
+   "failures"): the host's abort reaches them through each rank's stop word in device
+   memory, a 4-byte copy from the abort word (pinned host memory, set first) on the rank's
+   own non-blocking stream. A copy engine runs it beside a kernel that fills every SM.
+   It is waited for, so that a kernel that starts after this returns (one queued behind
+   a stuck collective, a graph replayed after sbnCommAbort) sees it at its start; the
+   wait is bounded by the comm's timeout. Where a copy cannot be made (a context in an
+   error state), a waiting kernel's watcher still reads the abort word itself. Called
+   from any thread, also one capturing a graph: relaxed about captures. */
+void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
+  if (gt->err == NULL) return;
+  gt->err[gt->nranks] = sbnAborted;
+  if (gt->ranks == NULL) return;
+  int prev = 0;
+  cudaGetDevice(&prev);
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  int unsent = 0;
+  for (int q = 0; q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    if (!g->present || g->state == NULL) continue; /* nothing of this rank runs here */
+    if (g->stop_stream == NULL || cudaSetDevice(g->device) != cudaSuccess ||
+        cudaMemcpyAsync(&g->state->stop, (const void*)&gt->err[gt->nranks], sizeof(uint32_t),
+                        cudaMemcpyHostToDevice, g->stop_stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      unsent = 1;
+    }
+  }
+  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  for (int q = 0; q < gt->nranks; q++) {
+    gpu_rank_t* g = &gt->ranks[q];
+    if (!g->present || g->state == NULL || g->stop_stream == NULL ||
+        cudaSetDevice(g->device) != cudaSuccess)
+      continue;
+    cudaError_t e;
+    while ((e = cudaStreamQuery(g->stop_stream)) == cudaErrorNotReady && sbn_mono_ns() < deadline) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+    if (e != cudaSuccess) unsent = 1;
+  }
+  (void)cudaGetLastError();
+  if (unsent) {
+    /* a waiting cooperative kernel still sees the abort word (its watcher, within a
+       millisecond); an APPLY queued behind a collective about to be aborted reads only
+       its stop word, and may run on the records it has (later ops are refused anyway) */
+    sbn_log(SBN_LOG_WARN, "GPU team: the abort could not reach every rank's stop word (a "
+                          "CUDA error or a copy that did not finish within the timeout); "
+                          "kernels already queued may still run");
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaSetDevice(prev);
+}
+
+void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
+#if SYNCBN_HAVE_NCCL
+  if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
+  sbn_gpu_stop_ranks(gt); /* first: the APPLYs queued behind the collective write nothing */
+  if (gt->nccl_lock_ok) pthread_rwlock_wrlock(&gt->nccl_lock);
+  if (!atomic_exchange(&gt->nccl_dead, 1))
+    for (int q = 0; q < gt->nranks; q++)
+      if (gt->nccl[q]) {
+        sbn_nccl.CommAbort(gt->nccl[q]);
+        gt->nccl[q] = NULL;
+      }
+  if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
+#else
+  (void)gt;
+#endif
+}
