@@ -343,11 +343,12 @@ static void probe_code_fetch(int sms, bool quick) {
 }
 
 /* ---- bandwidth: what DRAM gives a streaming kernel shaped like the stream kernel ---------- */
-/* The stream kernel moves 1.9-2.0 TB/s of DRAM traffic whatever it keeps in flight (session
-   41: the L2 prefetch, a cp.async pipeline with 64 KB per SM in flight), cuDNN's one-pass
-   kernel 1.83, a device-to-device copy 3.0 (B, the floors' yardstick: read + write at
-   once). Is ~2 TB/s what reads give at the stream kernel's shape? Kernels that only move
-   bytes, over 1 GiB (beyond L2), with nothing else between the loads than an XOR:
+/* The stream kernel moves 1.9-2.0 TB/s of DRAM traffic whatever it keeps in flight (the
+   H100 run at ad98116, 2026-11-26: the L2 prefetch, a cp.async pipeline with 64 KB per SM
+   in flight), cuDNN's one-pass kernel 1.83, a device-to-device copy 3.0 (B, the floors'
+   yardstick: read + write at once). Is ~2 TB/s what reads give at the stream kernel's
+   shape? Kernels that only move bytes, over 1 GiB (beyond L2), with nothing else between
+   the loads than an XOR:
      read  U 16-byte loads per thread in flight (ld.global.v4, as the stream kernel's
            batches), then the next U;
      write U 16-byte stores per thread;
@@ -833,10 +834,10 @@ static void probe_empty_op(int sms, bool quick) {
 
 static void probe_ops(int sms, bool quick) {
   /* S10 (pure latency) and S2 (a layer3 conv) both ways: auto ran onchip on them until
-     session 42, when stream was measured faster on each (S10 busy 12.7 vs 15.5 us, S2
-     28.3 vs 35.1; sbn-bench's rows too) and became auto's choice everywhere; S3 (33.5 MB:
-     onchip does not hold it) by auto; S2 at W = 8 (934 us on the first run: where does it
-     go?) */
+     1be20b9 (the H100 run of 2026-11-26), when stream was measured faster on each (S10
+     busy 12.7 vs 15.5 us, S2 28.3 vs 35.1; sbn-bench's rows too) and became auto's choice
+     everywhere; S3 (33.5 MB: onchip does not hold it) by auto; S2 at W = 8 (934 us on the
+     first run: where does it go?) */
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_ONCHIP, sms, quick);

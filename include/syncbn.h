@@ -258,11 +258,10 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    same one element at a time: tensors not 16-byte aligned, NHWC with C not a multiple
    of 4 (fp32) / 8 (fp16, bf16), NCHW with H*W not a multiple of it and below 1024),
    or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call: SBN_KERNEL=auto
-   (stream, or stream-scalar; until session 42 onchip where the rank's tensors fit on
-   chip), onchip (where they fit as whole 16-byte vectors, not for sbnCommInitAll ranks
-   sharing a GPU; else sbnUnsupported; SBN_ALGO=nccl runs "host" whatever it asks) or
-   stream (the first kernel, "legacy", was removed in 0.1.0: SBN_KERNEL=legacy fails
-   with sbnInvalidArgument). */
+   (stream, or stream-scalar), onchip (where the rank's tensors fit on chip as whole
+   16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else sbnUnsupported;
+   SBN_ALGO=nccl runs "host" whatever it asks) or stream (the first kernel, "legacy", was
+   removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 
 /* ---- groups -------------------------------------------------------------------- */

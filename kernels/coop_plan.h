@@ -70,8 +70,9 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 #define SBN_HOLD_REG_BATCHES(dtype, tile) (sbn_dtype_size(dtype) < 4 && !(tile) ? 3 : 6)
 /* (stream: stage 1 loads with L2 evict_last, kept for stage 5, which loads with
    evict_first. A knob for evict_normal in both, SBN_STREAM_L2_HINTS=0, was measured on an
-   H100 in session 42, S1 and S4-S9 at W = 1: 1.01-1.09x the time on 39 of 48 cells,
-   0.97-1.00 on 9 (bench/notes/issue13-stream.md), and removed.) */
+   H100 (bench/results/2026-11-26-h100-1be20b9, call 1), S1 and S4-S9 at W = 1: 1.01-1.09x
+   the time on 39 of 48 cells, 0.97-1.00 on 9 (bench/notes/issue13-stream.md), and
+   removed.) */
 #ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
@@ -235,8 +236,8 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
    lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
    than two, four 3-17 % slower, and none 5 % (forward) and 9 % (backward) faster than
-   two, up to 18 % (bench/notes/issue13-stream.md, session 41; what it was: git show
-   613a6e9:kernels/coop_vec.cuh, Walker::prefetch). */
+   two, up to 18 % (bench/results/2026-11-26-h100-ad98116, bench/notes/issue13-stream.md;
+   what it was: git show 613a6e9:kernels/coop_vec.cuh, Walker::prefetch). */
 
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
 static SBN_ARGS_HD int64_t sbn_unit_positions_bound(const sbn_geo_t* g) {
@@ -341,12 +342,13 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     const int64_t e = ranks[i].n * op->c * ranks[i].sp;
     if (e > numel) numel = e;
   }
-  /* auto runs stream. Until session 42 it ran onchip where the tensors fit; on the H100
-     stream was faster on every row where auto had picked onchip (sbn-bench --quick,
-     every row both ways: 0.79-0.98x the time forward, 0.82-1.00x backward; S10, S2, S1
-     bf16 NHWC forward; bench/notes/issue13-stream.md, "Auto's choice"): whatever fits on
-     chip (at most ~41 MB of x) also fits in the L2 (50 MB on an H100/H200), where stage
-     5's second read lands, and the stream kernels run 2 blocks per SM with half the code.
+  /* auto runs stream. Until 1be20b9 it ran onchip where the tensors fit; on the H100
+     (bench/results/2026-11-26-h100-1be20b9) stream was faster on every row where auto had
+     picked onchip (sbn-bench --quick, every row both ways: 0.79-0.98x the time forward,
+     0.82-1.00x backward; S10, S2, S1 bf16 NHWC forward; bench/notes/issue13-stream.md,
+     "Auto's choice"): whatever fits on chip (at most ~41 MB of x) also fits in the L2 (50
+     MB on an H100/H200), where stage 5's second read lands, and the stream kernels run 2
+     blocks per SM with half the code.
      onchip runs when SBN_KERNEL=onchip asks for it. The host path runs the stream stages
      whatever SBN_KERNEL asks, cut as the cooperative kernel would be (the same G and
      width, so the same bits): under SBN_KERNEL=onchip onchip's plan where it has one,

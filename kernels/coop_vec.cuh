@@ -19,7 +19,8 @@
  * Stage 5 of a unit: the same positions again, y (dx) from the unit's coefficients; the
  * onchip variant takes the values it held, the stream variant reads them again (L2
  * evict-first; its stage 1 asked L2 to keep them, evict-last). Nothing is asked of L2
- * ahead of the loads (bench/notes/issue13-stream.md, session 41).
+ * ahead of the loads (bench/results/2026-11-26-h100-ad98116,
+ * bench/notes/issue13-stream.md).
  */
 #ifndef SYNCBN_COOP_VEC_CUH_
 #define SYNCBN_COOP_VEC_CUH_
@@ -90,9 +91,10 @@ template <int VEC, bool WHOLE> struct Walker<true, VEC, WHOLE> {
    row r0 + j*VEC and the walk keeps the position's element index and its offset in its
    plane incrementally: a few adds per position whatever the number of planes (no
    multiply: the (plane * C + channel) * spatial + offset of each position was ~25 of the
-   ~37 instructions per position on an H100, session 44's ncu). Otherwise (odd spatial sizes, which the plan sends here
-   only for planes of at least SBN_PLANE_VEC_MIN_SPATIAL elements, and only to the stream
-   kernels) it steps over pieces. WHOLE: the planes are whole vectors, known at compile
+   ~37 instructions per position on an H100, ncu in bench/results/2026-11-26-h100-0083b00).
+   Otherwise (odd spatial sizes, which the plan sends here only for planes of at least
+   SBN_PLANE_VEC_MIN_SPATIAL elements, and only to the stream kernels) it steps over
+   pieces. WHOLE: the planes are whole vectors, known at compile
    time (the onchip kernels): only the first walk is compiled. */
 template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
   const sbn_geo_t* g;
@@ -143,7 +145,7 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
     if (WHOLE || aligned) {
       /* no branch: past the thread's last position the walk goes on all the same (its
          positions are masked off, and the walk ends with the unit); a branch here made
-         the compiler copy the walk's state at every position (session 44's SASS). Such
+         the compiler copy the walk's state at every position (sm_90 SASS, 10783ac). Such
          an index may lie past the tensor: every access tests the mask before it forms
          an address (load_pos, store_pos, copy_to_smem), and so must anything added
          (a prefetch, a zero-filling cp.async) */
@@ -251,7 +253,7 @@ SBN_UNROLL
 
   /* A batch of U whole positions (every batch but a thread's last of a unit, where its
      planes are whole vectors) takes plain 16-byte accesses, without a test of each
-     position's mask (~7 instructions a position: session 44's SASS); the others go
+     position's mask (~7 instructions a position: sm_90 SASS, d560f07); the others go
      position by position (whole, partial or empty). */
   static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                     Batch& bt, uint64_t pol) {
@@ -329,7 +331,7 @@ SBN_UNROLL
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
      of f. No L2 prefetch: the kernels that asked L2 for the block's batches ahead took up
-     to 1.22x the time of these on the H100 (bench/notes/issue13-stream.md, session 41). */
+     to 1.22x the time of these on the H100 (bench/results/2026-11-26-h100-ad98116). */
   template <typename F>
   __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
                                              int nb, int* gb, uint4* hs, uint64_t pol, F f) {

@@ -47,6 +47,7 @@ done
 python3 "$(dirname "$0")/gpu_ab_table.py" "$OUT" "$ROUNDS" "${labels[@]}" > "$OUT/table.txt" || rc=1
 cat "$OUT/table.txt"
 # one file next to OUTDIR with all of it: the device tool brings back a limited number of
-# files (session 39 lost the per-run JSON of a 6-run A/B to that limit)
+# files (the H100 run of 1110a5d, bench/results/2026-11-26-h100-1110a5d, lost the per-run
+# JSON of a 6-run A/B to that limit)
 tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")" || rc=1
 exit $rc

@@ -127,8 +127,8 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
    chosen per launch as the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
-/* The variant between tests: the library's auto (stream, since session 42; onchip before,
-   which the tests still run by name: test_onchip_equals_stream, the variant loops). */
+/* The variant between tests: the library's auto, stream (onchip runs by name:
+   test_onchip_equals_stream, the variant loops). */
 #define EMU_VAR_DEFAULT SBN_VAR_STREAM
 static int g_variant = EMU_VAR_DEFAULT;
 /* g_variant's third value, for the tests only: the stream variant's scalar kernels (one
@@ -770,7 +770,7 @@ static void check_host_plans(const sbn_plan_t pl[3][2], const int st[3][2]) {
 /* The library's plan (coop_plan.h, sbn_plan_launch) on an H100's numbers (132 SMs; onchip
    1 block per SM with 12 shared-memory batches per thread, ~190 KB; stream 2): auto runs
    stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's
-   onchip rows until session 42, slower on the H100 than stream on each), with stream's G;
+   onchip rows until 1be20b9, slower on the H100 than stream on each), with stream's G;
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages always) takes the G the cooperative kernel takes under the same
    SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */

@@ -33,8 +33,8 @@ static int g_host;       /* SBN_ALGO=nccl: the whole suite on the host-driven pa
 static int g_ndev;       /* CUDA devices */
 static char g_case[512]; /* the current case, printed when it fails */
 /* SBN_KERNEL=onchip (test_gpu_team_onchip, virtual_vs_cpu only; not with SBN_ALGO=nccl,
-   whose ops run the host path whatever SBN_KERNEL asks): auto runs stream since session
-   42, so the onchip kernels run only when asked. A case the onchip plan refuses
+   whose ops run the host path whatever SBN_KERNEL asks): auto runs stream (since
+   1be20b9), so the onchip kernels run only when asked. A case the onchip plan refuses
    (sbnUnsupported with the plan's "SBN_KERNEL=onchip: ..." message: tensors it cannot
    hold, odd planes) must leave its op's outputs as they were and is counted; every op
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every

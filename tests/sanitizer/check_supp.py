@@ -4,7 +4,7 @@
 scripts/compute-sanitizer-supp.xml lets memcheck pass over the API errors NCCL makes on
 purpose while it looks for kernel images (first GPU run: 144 errors, exit 99), and the ones
 of NCCL's symmetric-memory allocation that only memcheck provokes (its cuMemCreate refused
-with 800, then NCCL's cleanup unmapping what it never mapped: session 31's H200 run). A
+with 800, then NCCL's cleanup unmapping what it never mapped: the H200 run at 1599faa). A
 record that matched more (any API, any result, any stack) would hide real errors, so every
 record must name: kind Api, one of the APIs of ALLOWED with its result, and a host stack
 whose last listed frame is ALLOWED's NCCL function of that API in libnccl.so.2, with only
