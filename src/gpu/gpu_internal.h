@@ -135,11 +135,17 @@ SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
    memory per the transport). */
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
-/* Frees a team's GPU part (waits for its devices to be idle). */
-SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted);
-/* Table entries shared by every GPU team. */
+/* Frees a team's GPU part (waits for its devices to be idle). release (NULL: none) is
+   the kind of team's own part (NCCL teams: the window and the team's comm), called once
+   the watchdog has stopped and a stuck collective was aborted, before the devices' memory
+   is freed. */
+SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
+                                    void (*release)(struct sbn_gpu_team* gt, int aborted));
+/* Table entries shared by every GPU team. detach and abort are the in-process teams';
+   an NCCL team's own (nccl_team.c) call them and do its part. */
 SBN_INTERNAL void sbn_gpu_detach(sbn_team_t* team);
 SBN_INTERNAL sbnResult_t sbn_gpu_poll(const sbn_team_t* team);
+/* The host's abort reaches this process's kernels (sbn_gpu_stop_ranks). */
 SBN_INTERNAL void sbn_gpu_abort(sbn_team_t* team);
 SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
 
@@ -156,18 +162,15 @@ SBN_INTERNAL sbnResult_t sbn_gpu_check(const sbn_op_t* const* round, int n);
    team's as one launch per rank. Asynchronous on the ops' streams. */
 SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* failed);
 
-/* The table of a kind of GPU team: they differ in name, attach and split only. */
-#define SBN_GPU_TEAM_OPS(label, attach_fn, split_fn)                                         \
-  {.name = label, .threaded = 0, .attach = attach_fn, .detach = sbn_gpu_detach,              \
+/* The table of a kind of GPU team: they differ in name, attach and split, and NCCL teams
+   in detach and abort (sbn_gpu_detach and sbn_gpu_abort, then their window, comm and the
+   other processes). The GPU files reach an NCCL team's part through its table only. */
+#define SBN_GPU_TEAM_OPS(label, attach_fn, detach_fn, abort_fn, split_fn)                    \
+  {.name = label, .threaded = 0, .attach = attach_fn, .detach = detach_fn,                   \
    .prepare = sbn_gpu_prepare, .check = sbn_gpu_check, .run = sbn_gpu_run,                   \
-   .poll = sbn_gpu_poll, .abort = sbn_gpu_abort, .split = split_fn,                          \
+   .poll = sbn_gpu_poll, .abort = abort_fn, .split = split_fn,                               \
    .transport = sbn_gpu_transport}
 
-/* ---- nccl_team.c ---------------------------------------------------------------------- */
-/* Releases the window and the team's NCCL comm; makes the other processes' kernels return
-   (sbnCommAbort, a failed launch). */
-SBN_INTERNAL void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted);
-SBN_INTERNAL void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt);
 #if SYNCBN_HAVE_NCCL
 /* ---- nccl_wait.c ---------------------------------------------------------------------- */
 /* The rule every NCCL call on a comm goes through (nccl_wait.c says why): r is what the

@@ -505,7 +505,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
          may have launched already and would wait for this one: abort the team */
       if (gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1) {
         sbn_team_abort(team, r);
-        sbn_gpu_abort(team);
+        team->ops->abort(team); /* its table's: an NCCL team's tells the other processes */
       }
       return r;
     }
@@ -520,7 +520,7 @@ out:
        the timeout: abort the team (their kernels see the error word and return) */
     if (gt->nranks > 1) {
       sbn_team_abort(team, r);
-      sbn_gpu_abort(team);
+      team->ops->abort(team);
     }
   }
   return r;

@@ -76,7 +76,8 @@ out:
   return r;
 }
 
-void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
+void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
+                       void (*release)(struct sbn_gpu_team* gt, int aborted)) {
   if (gt == NULL) return;
   /* an aborted team's kernels may still wait for peers that will never come */
   if (aborted) sbn_gpu_stop_ranks(gt);
@@ -99,7 +100,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
     aborted |= stuck;
   }
 #endif
-  if (gt->local >= 0) sbn_gpu_nccl_release(gt, aborted); /* NCCL team: window, comm */
+  if (release != NULL) release(gt, aborted); /* NCCL team: window, comm */
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL && !atomic_load(&gt->nccl_dead)) {
     /* finalize every comm in one group (one thread for several ranks), then destroy */
@@ -150,7 +151,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted) {
 }
 
 void sbn_gpu_detach(sbn_team_t* team) {
-  sbn_gpu_team_free(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess);
+  sbn_gpu_team_free(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, NULL);
   team->impl = NULL;
 }
 
@@ -347,7 +348,7 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    sbn_gpu_team_free(gt, 0);
+    sbn_gpu_team_free(gt, 0, NULL);
     return r;
   }
   team->impl = gt;
@@ -445,11 +446,7 @@ const char* sbn_gpu_transport(const sbn_team_t* team) {
   return names[sbn_gpu(team)->transport];
 }
 
-void sbn_gpu_abort(sbn_team_t* team) {
-  struct sbn_gpu_team* gt = sbn_gpu(team);
-  sbn_gpu_stop_ranks(gt);
-  if (gt->local >= 0) sbn_gpu_nccl_abort(gt); /* the other processes */
-}
+void sbn_gpu_abort(sbn_team_t* team) { sbn_gpu_stop_ranks(sbn_gpu(team)); }
 
 /* A split of an in-process team: sub-teams of the same table on the members' devices. */
 static sbnResult_t gpu_split(sbn_team_t* team, const int* color, const int* key,
@@ -467,6 +464,7 @@ static sbnResult_t peer_attach(sbn_team_t* team, sbn_team_init_t* init) {
   return gpu_attach(team, init->devices, 0);
 }
 
-const sbn_team_ops_t sbn_gpu_virtual_team_ops =
-    SBN_GPU_TEAM_OPS("GPU virtual", virtual_attach, gpu_split);
-const sbn_team_ops_t sbn_gpu_peer_team_ops = SBN_GPU_TEAM_OPS("GPU peer", peer_attach, gpu_split);
+const sbn_team_ops_t sbn_gpu_virtual_team_ops = SBN_GPU_TEAM_OPS(
+    "GPU virtual", virtual_attach, sbn_gpu_detach, sbn_gpu_abort, gpu_split);
+const sbn_team_ops_t sbn_gpu_peer_team_ops =
+    SBN_GPU_TEAM_OPS("GPU peer", peer_attach, sbn_gpu_detach, sbn_gpu_abort, gpu_split);

@@ -225,6 +225,8 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
 #endif
 }
 
+static void nccl_release(struct sbn_gpu_team* gt, int aborted);
+
 /* The team's GPU part: the team's own NCCL comm (a duplicate of init->nccl, or init->nccl
    itself when init->adopt: then taken, init->nccl = NULL), device state, and the transport
    agreed by every rank. Collective, bounded by the timeout. On failure team->impl stays
@@ -381,7 +383,7 @@ out:
       gt->nccl[me] = NULL;
     }
     atomic_store(&gt->nccl_dead, 1);
-    sbn_gpu_team_free(gt, 0);
+    sbn_gpu_team_free(gt, 0, nccl_release);
     return r;
   }
   team->impl = gt;
@@ -398,7 +400,9 @@ out:
   return sbnSuccess;
 }
 
-void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) {
+/* The NCCL team's part of sbn_gpu_team_free: releases the window and the team's comm
+   (finalized and destroyed, or aborted when the team was). */
+static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
   const int me = gt->local;
   ncclComm_t comm = gt->nccl != NULL ? gt->nccl[me] : NULL;
   const int dead = atomic_exchange(&gt->nccl_dead, 1);
@@ -433,7 +437,17 @@ void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) {
   if (gt->ranks != NULL) gt->ranks[me].mail = NULL;
 }
 
-void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) {
+/* The table's detach: sbn_gpu_detach's, with the window and the comm released. */
+static void nccl_detach(sbn_team_t* team) {
+  sbn_gpu_team_free(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, nccl_release);
+  team->impl = NULL;
+}
+
+/* The table's abort (sbnCommAbort, a failed launch): this process's kernels
+   (sbn_gpu_abort), then the other processes' kernels, then the comm. */
+static void nccl_abort(sbn_team_t* team) {
+  struct sbn_gpu_team* gt = sbn_gpu(team);
+  sbn_gpu_abort(team);
   int prev = 0;
   cudaGetDevice(&prev);
 #if SBN_NCCL_DEVICE_API
@@ -493,7 +507,8 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   return sbnSuccess;
 }
 
-static const sbn_team_ops_t nccl_team_ops = SBN_GPU_TEAM_OPS("NCCL", nccl_attach, nccl_split);
+static const sbn_team_ops_t nccl_team_ops =
+    SBN_GPU_TEAM_OPS("NCCL", nccl_attach, nccl_detach, nccl_abort, nccl_split);
 
 /* This process's rank of a team made from `nccl` (adopt: the team takes it as its own;
    otherwise it makes its own duplicate). */
@@ -555,9 +570,4 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   return nccl_create(c, 1, cfg, comm);
 }
 
-#else /* no NCCL in this build: the front's entry points are in nccl_none.c */
-
-void sbn_gpu_nccl_release(struct sbn_gpu_team* gt, int aborted) { (void)gt, (void)aborted; }
-void sbn_gpu_nccl_abort(struct sbn_gpu_team* gt) { (void)gt; }
-
-#endif
+#endif /* SYNCBN_HAVE_NCCL; without NCCL the front's entry points are nccl_none.c's */
