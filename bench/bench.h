@@ -37,10 +37,10 @@
 #define BENCH_GPU_COPY_REPS 20
 #define BENCH_GPU_TIMEOUT_MS 60000 /* in-kernel peer wait: a hang fails a row in a minute */
 /* The CPU reference check of every row's y and dx is what a GPU run's host spends most on
-   (bench/notes/run-time.md): 4 channels per row, first and last included. */
+   (bench/notes/gpu-run.md): 4 channels per row, first and last included. */
 #define BENCH_GPU_CHECK_CHANNELS 4
 /* --quick: these shapes (of the embedded table) at these W, every dtype, layout and path of
-   the defaults, and the latency table: <= 60 s on an H100/H200 (bench/notes/run-time.md). */
+   the defaults, and the latency table: <= 60 s on an H100/H200 (bench/notes/gpu-run.md). */
 #define BENCH_QUICK_SHAPES "S1,S2,S5,S10"
 #define BENCH_QUICK_RANKS "1,8"
 

@@ -57,7 +57,7 @@ static double gamma_k(double k, double u) {
    plain fp32 runs of a thread as the stream/onchip kernels had them (numel * W / (2048 * G)
    + 8 additions: ~140 on S1 at W = 8, ~600 on S8 at W = 8 with G = 33 blocks per rank on
    132 SMs) or the legacy kernel's (runs of 32 merged in order: ~120-230 at W = 8); their
-   actual errors are orders below the bound (bench/notes/tolerance.md: S1 at W = 8).
+   actual errors are orders below the bound (bench/notes/tolerances.md: S1 at W = 8).
    Strictness: on a channel whose terms do not cancel (sum |term| = |sum|), the bound is
    gamma(139) = 8.3e-6 relative at W = 8, so a sum off by 1e-4 relative is caught; where the
    terms cancel (random dy: sum |term| ~ 0.6 * count, |sum| ~ sqrt(count)) it is what fp32

@@ -75,7 +75,7 @@ that PyTorch has only for CUDA. Its numbers are not a baseline; its JSON says mo
 
 PyTorch's own accuracy is reported, not failed: its channels-first backward reduction rounds
 each product dy*(x-mean) and each partial sum a warp shuffle moves to the input dtype
-(bench/notes/pytorch-bf16.md), so fp16/bf16 NCHW dweight and dbias miss the tolerance above
+(bench/notes/tolerances.md), so fp16/bf16 NCHW dweight and dbias miss the tolerance above
 by 100-3500x. Such values, when within PyTorch's own rounding bound (gamma(12) * sum|term|
 at the dtype's unit roundoff), are counted in the row's "beyond_tol_torch" (table: #torch),
 not in "wrong"; the row's tol_used is PyTorch's, tol_used_sbn sbn-bench's coop row's of the
@@ -424,7 +424,7 @@ def main(argv=None):
     print("# #torch: values beyond that tolerance where PyTorch's own rounding puts them (fp16/"
           "bf16 channels-first dweight and dbias: its backward reduction rounds each product and "
           "each shuffled partial sum to the input dtype, within gamma(12) * sum|term| at the "
-          "dtype's unit roundoff; bench/notes/pytorch-bf16.md): PyTorch's accuracy, reported, "
+          "dtype's unit roundoff; bench/notes/tolerances.md): PyTorch's accuracy, reported, "
           "not a failure of the run")
     print("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit), #torch values "
           "included; sbn tol: the same for sbn-bench's coop row of this shape, dtype and layout "

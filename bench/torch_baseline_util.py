@@ -11,7 +11,7 @@ EPS = 1e-5
 MOMENTUM = 0.1
 COPY_REPS = 20
 MAX_WRONG_PRINTED = 5
-# PyTorch's own accuracy (bench/notes/pytorch-bf16.md): its channels-first backward reduction
+# PyTorch's own accuracy (bench/notes/tolerances.md): its channels-first backward reduction
 # (aten/src/ATen/native/cuda/Normalization.cuh: GradOp, Float2, SumReduceOp) rounds every
 # product dy * (x - mean) and every partial sum a warp shuffle moves to the input dtype
 # before adding it in fp32. A term then passes through at most 1 + 10 (two warp reductions

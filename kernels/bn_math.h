@@ -216,7 +216,7 @@ SBN_HD sbn_bwd_sums_t sbn_bwd_sums_merge(sbn_bwd_sums_t a, sbn_bwd_sums_t b) {
    this way, term by term, through every merge: a thread runs over a thousand terms in a
    row, and over millions of values a channel's sum can be 10^7 times smaller than its
    terms (S1 at W = 8), where a plain fp32 sum loses it (bench/notes/
-   backward-sums-accuracy.md). */
+   tolerances.md). */
 typedef struct {
   float hi, lo;
 } sbn_csum_t;

@@ -59,10 +59,10 @@ enum {
 /* What the caller asked for (SBN_KERNEL at the call). */
 enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 
-#ifndef SBN_BATCH_FWD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
+#ifndef SBN_BATCH_FWD /* a tuning variant may set it (bench/notes/experiments.md, E20) */
 #define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
 #endif
-#ifndef SBN_BATCH_BWD /* a tuning variant may set it (bench/notes/issue13-stream.md) */
+#ifndef SBN_BATCH_BWD /* a tuning variant may set it (bench/notes/experiments.md, E20) */
 #define SBN_BATCH_BWD 2           /* backward: 2 of x and 2 of dy */
 #endif
 /* onchip: a thread's first batches, held in registers (fewer for fp16/bf16 plane units,
@@ -71,9 +71,9 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 /* (stream: stage 1 loads with L2 evict_last, kept for stage 5, which loads with
    evict_first. A knob for evict_normal in both, SBN_STREAM_L2_HINTS=0, was measured on an
    H100 (bench/results/2026-11-26-h100-1be20b9, call 1), S1 and S4-S9 at W = 1: 1.01-1.09x
-   the time on 39 of 48 cells, 0.97-1.00 on 9 (bench/notes/issue13-stream.md), and
+   the time on 39 of 48 cells, 0.97-1.00 on 9 (bench/notes/experiments.md, E24), and
    removed.) */
-#ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/issue13-stream.md) */
+#ifndef SBN_STREAM_BLOCKS_PER_SM /* a tuning variant may set it (bench/notes/experiments.md, E20) */
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
 #endif
@@ -236,7 +236,7 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
    (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
    lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
    than two, four 3-17 % slower, and none 5 % (forward) and 9 % (backward) faster than
-   two, up to 18 % (bench/results/2026-11-26-h100-ad98116, bench/notes/issue13-stream.md;
+   two, up to 18 % (bench/results/2026-11-26-h100-ad98116, bench/notes/experiments.md, E20-E21;
    what it was: git show 613a6e9:kernels/coop_vec.cuh, Walker::prefetch). */
 
 /* An upper bound of the positions any thread reads in any one unit (the on-chip fit). */
@@ -345,8 +345,8 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
   /* auto runs stream. Until 1be20b9 it ran onchip where the tensors fit; on the H100
      (bench/results/2026-11-26-h100-1be20b9) stream was faster on every row where auto had
      picked onchip (sbn-bench --quick, every row both ways: 0.79-0.98x the time forward,
-     0.82-1.00x backward; S10, S2, S1 bf16 NHWC forward; bench/notes/issue13-stream.md,
-     "Auto's choice"): whatever fits on chip (at most ~41 MB of x) also fits in the L2 (50
+     0.82-1.00x backward; S10, S2, S1 bf16 NHWC forward; bench/notes/experiments.md,
+     E25): whatever fits on chip (at most ~41 MB of x) also fits in the L2 (50
      MB on an H100/H200), where stage 5's second read lands, and the stream kernels run 2
      blocks per SM with half the code.
      onchip runs when SBN_KERNEL=onchip asks for it. The host path runs the stream stages

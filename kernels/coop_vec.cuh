@@ -20,7 +20,7 @@
  * onchip variant takes the values it held, the stream variant reads them again (L2
  * evict-first; its stage 1 asked L2 to keep them, evict-last). Nothing is asked of L2
  * ahead of the loads (bench/results/2026-11-26-h100-ad98116,
- * bench/notes/issue13-stream.md).
+ * bench/notes/experiments.md, E21).
  */
 #ifndef SYNCBN_COOP_VEC_CUH_
 #define SYNCBN_COOP_VEC_CUH_
@@ -515,7 +515,7 @@ SBN_UNROLL
      stored. One barrier before (every warp's partial is in), one after (sm.red is free
      again): two per kChunk units where reduce_unit had two per unit, each a wait for the
      block's slowest warp with no load in flight (ncu, S5 fp32 NCHW forward on an H100:
-     10.7 % of the stall samples in the per-unit barriers; bench/notes/issue13-stream.md). */
+     10.7 % of the stall samples in the per-unit barriers; bench/notes/experiments.md, E27). */
   static __device__ void flush_planes(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int n,
                                       Smem& sm) {
     typedef Part<KIND> P;

@@ -5,7 +5,7 @@
 #   scripts/gpu-ab.sh OUTDIR ROUNDS LABEL=BINARY... -- SBN-BENCH OPTIONS...
 #
 # Runs each BINARY (an sbn-bench built with the variant's -D flags, see
-# bench/notes/issue13-stream.md) with the same options, ROUNDS times, alternating
+# bench/notes/gpu-run.md) with the same options, ROUNDS times, alternating
 # (A B C A B C ...) so that drift of the machine falls on every variant alike; each run's
 # JSON and log go to OUTDIR/LABEL.rN.{json,log}. The table (scripts/gpu_ab_table.py): per
 # row, each variant's median over its rounds of the per-run medians, and its ratio to the

@@ -172,7 +172,7 @@ fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
 # the last): a step past its limit is stopped and counted as failed, the others still run.
 # sanitize: the quick lists took ~280 s on an H200 (2026-11-26, commit 1599faa: 120 s were
-# not enough); with it the steps need two calls of the device tool (next-gpu-run.md)
+# not enough); with it the steps need two calls of the device tool (bench/notes/gpu-run.md)
 # pytorch: test_torch_gpu.py compiles a small model four times (inductor on CUDA: ~20-40 s
 # each, predicted; not yet measured), so its step has 240 s
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [torch]=60 [pytorch]=240 [plot]=20)

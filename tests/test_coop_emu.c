@@ -1660,7 +1660,7 @@ static double ulp_of(double v) {
    exact| <= 2 ulp of the result (the last roundings, of the sum to fp32 and of sum *
    invstd, take at most 1.5; the compensated sums' own error, the roundings of their lo
    parts, stays far below an ulp: at most 1 ulp in all in 256 measured cases,
-   bench/notes/backward-sums-accuracy.md). So they are at least as accurate as the CPU
+   bench/notes/tolerances.md). So they are at least as accurate as the CPU
    team's on the same data: |kernel - exact| <= |CPU team - exact| + the same 2 ulp (the
    plain sums err by 10^4 ulp and more). Both layouts, in the geometry
    the library plans for S1 at W = 8 on one GPU (G = 33 blocks per rank): NCHW one block per
