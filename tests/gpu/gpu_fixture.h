@@ -1,7 +1,7 @@
 /* gpu_fixture.h — the device side of the GPU team tests (test_gpu_team.c, test_nccl_team.c):
- * CUDA calls that fail the current test, the skip line without a device, and a team's
- * device tensors mirroring a host team_t (team_util.h): allocated on each rank's device,
- * inputs and state uploaded, outputs poisoned, each rank's op on them, the outputs
+ * CUDA calls that fail the current test, the skip line without a device (gpu_skip.h), and
+ * a team's device tensors mirroring a host team_t (team_util.h): allocated on each rank's
+ * device, inputs and state uploaded, outputs poisoned, each rank's op on them, the outputs
  * downloaded into the mirror, the check that a refused op wrote nothing, freed. The
  * comparisons of the downloaded outputs are gpu_cmp.h's.
  *
@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <time.h>
 
+#include "gpu_skip.h" /* gpu_skip_no_device, gpu_count_devices: the skip line and its reason */
 #include "team_util.h"
 
 /* ---- CUDA checks: a failed CUDA call fails the current test (it does not abort) ------ */
@@ -32,12 +33,6 @@ static inline int cuda_ok_(cudaError_t e, const char* expr, const char* file, in
   do {                          \
     if (!CUDA_OK(call)) return; \
   } while (0)
-
-/* Without a CUDA device: the line the test prints before it exits 77 (skipped). */
-static inline int gpu_skip_no_device(const char* test, const char* why) {
-  printf("%s: SKIPPED: no CUDA device (%s)\n", test, why);
-  return SBN_TEST_SKIP;
-}
 
 static inline double now_ms(void) {
   struct timespec ts;

@@ -12,8 +12,9 @@ extern "C" {
 
 /* Number of CUDA devices, as cudaGetDeviceCount says in a child process; 0 on any error
    (no driver, no device, the child crashed or hung for 60 s). When the count is 0 and
-   why != NULL, why[0..why_size) receives the reason ("cudaErrorNoDevice: no CUDA-capable
-   device is detected"). The parent creates no CUDA context. */
+   why != NULL, why[0..why_size) receives the reason: gpu_skip.h's ("no NVIDIA driver on
+   this machine (libcuda.so.1 not found)", "no CUDA device (the driver sees none)", ...),
+   or why the probe process failed. The parent creates no CUDA context. */
 int mp_probe_devices(char* why, size_t why_size);
 /* mp_probe_devices(NULL, 0). */
 int mp_probe_device_count(void);

@@ -30,6 +30,8 @@
 #include <cuda_fp16.h>
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
+
+#include "gpu_skip.h" /* the skip line without a device */
 #endif
 
 #include <float.h>
@@ -602,13 +604,8 @@ int main(void) {
   fprintf(stderr, "test_gpu_math (host build): the kernels run as host loops over the same "
                   "grid; this checks the launches and the coverage checks, not a GPU\n");
 #else
-  int ndev = 0;
-  cudaError_t e = cudaGetDeviceCount(&ndev);
-  if (e != cudaSuccess || ndev == 0) {
-    printf("test_gpu_math: skipped: no usable GPU (%s)\n",
-           e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
-    return SBN_TEST_SKIP;
-  }
+  char why[320];
+  if (gpu_count_devices(why, sizeof why) == 0) return gpu_skip_no_device("test_gpu_math", why);
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   fprintf(stderr, "device 0: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);

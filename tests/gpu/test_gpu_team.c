@@ -1708,10 +1708,9 @@ int main(void) {
   const char* kern = getenv("SBN_KERNEL");
   g_onchip = kern != NULL && strcmp(kern, "onchip") == 0 && !g_host;
 
-  cudaError_t ce = cudaGetDeviceCount(&g_ndev);
-  if (ce != cudaSuccess || g_ndev == 0)
-    return gpu_skip_no_device("test_gpu_team",
-                              ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
+  char why[320];
+  g_ndev = gpu_count_devices(why, sizeof why);
+  if (g_ndev == 0) return gpu_skip_no_device("test_gpu_team", why);
   /* A device exists: GPU teams must be available (sbnUnsupported here is a failure). */
   {
     sbnComm_t probe = NULL;
