@@ -1,7 +1,7 @@
 # ctest_skip_reasons.cmake — prints why each test of the last CTest run did not run.
 #   cmake -DJUNIT=<the run's JUnit file> -DNOT_RUN_LOG=<its LastTestsDisabled.log> -P this
 # CTest runs it after the tests (CTEST_CUSTOM_POST_TEST, cmake/CTestCustom.cmake.in).
-# A skipped test says why in its output (a GPU test: "SKIPPED: no CUDA device (...)"):
+# A skipped test says why in its output (a GPU test: "SKIPPED: no NVIDIA driver on this machine (...)"):
 # its lines that mention a skip are printed, else its last lines. Always exits 0: this
 # only reports (a skip still never counts as a pass: CTest says "Skipped").
 cmake_minimum_required(VERSION 3.25)

@@ -137,8 +137,12 @@ int main(void) {
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess || ndev == 0) {
-    printf("ddp_step: SKIPPED: no CUDA device (%s)\n",
-           ce != cudaSuccess ? cudaGetErrorString(ce) : "device count is 0");
+    /* the runtime says "driver version is insufficient" also where there is no driver */
+    printf("ddp_step: SKIPPED: %s\n",
+           ce == cudaErrorInsufficientDriver
+               ? "no usable NVIDIA driver (none on this machine, or older than this build's CUDA)"
+           : ce != cudaSuccess ? cudaGetErrorString(ce)
+                               : "no CUDA device (the driver sees none)");
     return 77;
   }
   int dev = env_int("LOCAL_RANK", rank % ndev);
