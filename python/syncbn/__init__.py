@@ -204,6 +204,31 @@ def _sane(d):
     return d.n >= 0 and d.c >= 1 and d.spatial >= 1 and d.dtype in (FLOAT32, FLOAT16, BFLOAT16)
 
 
+# Each call's buffers in the C argument order: (name, size, written); size "x": n * c *
+# spatial elements of the descriptor's dtype, "c": c float32, "1": one int64
+_FWD_BUFS = (("x", "x", False), ("y", "x", True), ("weight", "c", False), ("bias", "c", False),
+             ("running_mean", "c", True), ("running_var", "c", True), ("num_batches_tracked", "1", True),
+             ("save_mean", "c", True), ("save_invstd", "c", True))
+_BWD_BUFS = (("x", "x", False), ("dy", "x", False), ("dx", "x", True), ("weight", "c", False),
+             ("save_mean", "c", False), ("save_invstd", "c", False), ("dweight", "c", True), ("dbias", "c", True))
+_INF_BUFS = (("x", "x", False), ("y", "x", True), ("weight", "c", False), ("bias", "c", False),
+             ("running_mean", "c", False), ("running_var", "c", False))
+
+
+def _bufs(d, host, spec, objs):
+    """The addresses of objs, the buffers `spec` describes, each checked against the
+    descriptor d (_buf) in host (True) or device (False) memory; unchecked where nothing
+    can be checked: host None (unknown), or a descriptor the library rejects (and then
+    writes nothing)."""
+    if not isinstance(d, TensorDesc):
+        raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
+    if host is None or not _sane(d):
+        return [_raw(o) for o in objs]
+    sizes = {"x": (d.n * d.c * d.spatial, d.dtype), "c": (d.c, "f32"), "1": (1, "i64")}
+    nhwc = d.layout == NHWC
+    return [_buf(o, name, *sizes[size], host, out, nhwc) for (name, size, out), o in zip(spec, objs)]
+
+
 def desc(dtype, layout, n, c, spatial=1):
     """A TensorDesc: dtype FLOAT32/FLOAT16/BFLOAT16, layout NCHW/NHWC, this rank's batch n
     (0 allowed), channels c, spatial = the product of the spatial extents."""
@@ -316,54 +341,26 @@ class Comm:
             return f"<syncbn.Comm id={self.id} destroyed>"
         return f"<syncbn.Comm id={self.id} rank {self.rank} of {self._size}, {self._transport}>"
 
-    def _bufs_fwd(self, d, x, y, save_mean, save_invstd, weight, bias, running_mean, running_var, nbt):
-        h = self.host
-        if not _sane(d):  # the library rejects the descriptor and writes nothing
-            return [_buf(o, "", 0, FLOAT32, h) if isinstance(o, int) else _raw(o)
-                    for o in (x, y, weight, bias, running_mean, running_var, nbt, save_mean, save_invstd)]
-        m, c, dt, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, d.layout == NHWC
-        return [_buf(x, "x", m, dt, h, nhwc=nhwc), _buf(y, "y", m, dt, h, True, nhwc),
-                _buf(weight, "weight", c, "f32", h), _buf(bias, "bias", c, "f32", h),
-                _buf(running_mean, "running_mean", c, "f32", h, True),
-                _buf(running_var, "running_var", c, "f32", h, True),
-                _buf(nbt, "num_batches_tracked", 1, "i64", h, True),
-                _buf(save_mean, "save_mean", c, "f32", h, True), _buf(save_invstd, "save_invstd", c, "f32", h, True)]
-
     def forward_train(self, d, x, y, save_mean, save_invstd, weight=None, bias=None,
                       running_mean=None, running_var=None, num_batches_tracked=None,
                       eps=1e-5, momentum=0.1, grad_mode=GRAD_LOCAL, stream=None):
         """sbnForwardTrain on this rank (momentum None: cumulative average, which needs
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams)."""
         h = self._live()
-        if not isinstance(d, TensorDesc):
-            raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
-        ptrs = self._bufs_fwd(d, x, y, save_mean, save_invstd, weight, bias, running_mean, running_var,
-                              num_batches_tracked)
+        ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
+                                               num_batches_tracked, save_mean, save_invstd))
         p = _params(eps, momentum, grad_mode)
-        _check(
-            _capi.lib.sbnForwardTrain(h, ctypes.byref(d), ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5],
-                                      ptrs[6], ptrs[7], ptrs[8], ctypes.byref(p), _raw(stream)),
-            "sbnForwardTrain", self._h)
+        _check(_capi.lib.sbnForwardTrain(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
+               "sbnForwardTrain", self._h)
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None):
         """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip)."""
         h = self._live()
-        if not isinstance(d, TensorDesc):
-            raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
-        objs = (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias)
-        if _sane(d):
-            m, c, dt, hst, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, self.host, d.layout == NHWC
-            ptrs = [_buf(x, "x", m, dt, hst, nhwc=nhwc), _buf(dy, "dy", m, dt, hst, nhwc=nhwc),
-                    _buf(dx, "dx", m, dt, hst, True, nhwc), _buf(weight, "weight", c, "f32", hst),
-                    _buf(save_mean, "save_mean", c, "f32", hst), _buf(save_invstd, "save_invstd", c, "f32", hst),
-                    _buf(dweight, "dweight", c, "f32", hst, True), _buf(dbias, "dbias", c, "f32", hst, True)]
-        else:
-            ptrs = [_raw(o) for o in objs]
+        ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
         p = _params(eps, 0.1, grad_mode)
-        _check(
-            _capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
-            "sbnBackward", self._h)
+        _check(_capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
+               "sbnBackward", self._h)
 
 
 def _raw(obj):
@@ -442,19 +439,10 @@ def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None
     all pointers host memory or all device memory of one GPU (x decides which)."""
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
-    if not isinstance(d, TensorDesc):
-        raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
-    objs = (x, y, weight, bias, running_mean, running_var)
     host = _is_host(x)
     if host is None:
         host = _is_host(y)
-    if _sane(d) and host is not None:
-        m, c, dt, nhwc = d.n * d.c * d.spatial, d.c, d.dtype, d.layout == NHWC
-        ptrs = [_buf(x, "x", m, dt, host, nhwc=nhwc), _buf(y, "y", m, dt, host, True, nhwc),
-                _buf(weight, "weight", c, "f32", host), _buf(bias, "bias", c, "f32", host),
-                _buf(running_mean, "running_mean", c, "f32", host), _buf(running_var, "running_var", c, "f32", host)]
-    else:
-        ptrs = [_raw(o) for o in objs]
+    ptrs = _bufs(d, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
     _check(
         _capi.lib.sbnForwardInference(ctypes.byref(d), *ptrs, ctypes.c_float(eps), _raw(stream)),
         "sbnForwardInference")
