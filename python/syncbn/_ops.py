@@ -42,10 +42,13 @@ _fwd_c, _bwd_c, _inf_c = _LIB.sbnForwardTrain, _LIB.sbnBackward, _LIB.sbnForward
 _byref = ctypes.byref
 
 
-def _raw_stream(device):
-    """The current CUDA stream of `device` as the dispatcher keeps it (the stream PyTorch's
-    own kernels run on, also under CUDA graph capture), as an int; no Stream object."""
-    return _cuda_raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+def _stream(x):
+    """The current CUDA stream of x's device as the dispatcher keeps it (the stream
+    PyTorch's own kernels run on, also under CUDA graph capture), as an int, no Stream
+    object; None (no stream) for a CPU tensor."""
+    if not x.is_cuda:
+        return None
+    return _cuda_raw_stream(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 try:
@@ -90,14 +93,21 @@ def _check_input(x, who):
         raise TypeError(f"syncbn.{who}: input dtype {x.dtype}; libsyncbn takes float32, float16 and bfloat16")
 
 
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _channels_last(x):
+    """The channels-last memory format of x's rank (None: only 4D and 5D tensors have one)."""
+    return _CHANNELS_LAST.get(x.dim())
+
+
 def _dense(x):
     """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
     channels_last (3d) one, else a contiguous copy (NCHW)."""
     if x.is_contiguous():
         return x, NCHW
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
-        return x, NHWC
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+    fmt = _channels_last(x)
+    if fmt is not None and x.is_contiguous(memory_format=fmt):
         return x, NHWC
     return x.contiguous(), NCHW
 
@@ -170,7 +180,7 @@ def _ptr(t):
 
 
 # ---- syncbn::batch_norm_train ------------------------------------------------------------
-def _train_alloc(x, layout):
+def _train_alloc(x):
     return torch.empty_like(x), x.new_empty((2, x.shape[1]), dtype=torch.float32)
 
 
@@ -178,7 +188,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     _check_train(x, weight, bias, running_mean, running_var, nbt)
     c = _comm(comm, x, "batch_norm_train")
     x, layout = _dense(x)
-    y, stats = _train_alloc(x, layout)
+    y, stats = _train_alloc(x)
     rm, rv, nb = _f32(running_mean), _f32(running_var), nbt
     if nbt is not None and not nbt.is_contiguous():
         nb = nbt.contiguous()
@@ -186,7 +196,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     w32, b32 = _f32(weight), _f32(bias)  # converted copies live until the call is done
     r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
                _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
-               _raw_stream(x.device) if x.is_cuda else None)
+               _stream(x))
     if r != 0:
         _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
     if rm is not running_mean:  # not float32 or not contiguous: written back, each on its own
@@ -201,7 +211,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
 def _train_fake(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
     _check_train(x, weight, bias, running_mean, running_var, nbt)
     x, layout = _dense(x)
-    return _train_alloc(x, layout)
+    return _train_alloc(x)
 
 
 # ---- syncbn::batch_norm_backward ---------------------------------------------------------
@@ -226,10 +236,7 @@ def _backward_alloc(x, weight, input_grad, weight_grad):
 
 
 def _like_x(dy, layout, x):
-    if layout == NHWC:
-        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-        return dy.contiguous(memory_format=fmt)
-    return dy.contiguous()
+    return dy.contiguous(memory_format=_channels_last(x)) if layout == NHWC else dy.contiguous()
 
 
 def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
@@ -248,7 +255,7 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
         dwp = dbp = None
     r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
                _ptr(w32), sp, sp + 4 * x.shape[1], dwp, dbp, _param(eps, 0.1),
-               _raw_stream(x.device) if x.is_cuda else None)
+               _stream(x))
     if r != 0:
         _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
     return dx, dwb
@@ -278,8 +285,7 @@ def _infer_kernel(x, running_mean, running_var, weight, bias, eps):
     y = torch.empty_like(x)
     w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)  # live until done
     r = _inf_c(_desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm32), _ptr(rv32),
-               ctypes.c_float(eps),
-               _raw_stream(x.device) if x.is_cuda else None)
+               ctypes.c_float(eps), _stream(x))
     if r != 0:
         _raise(r, "syncbn.batch_norm_infer (sbnForwardInference)")
     return y
