@@ -163,8 +163,7 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm) {
   sbnResult_t r = sbn_comm_check(comm);
   if (r != sbnSuccess) return r;
-  sbn_team_abort(comm->team, sbnAborted);
-  if (comm->team->ops->abort != NULL) comm->team->ops->abort(comm->team); /* waiting work returns */
+  sbn_team_abort_waiting(comm->team);
   return sbnSuccess;
 }
 

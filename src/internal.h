@@ -185,6 +185,9 @@ SBN_INTERNAL sbnResult_t sbn_comm_check_alive(sbnComm_t comm);
 SBN_INTERNAL void sbn_team_poll(sbn_team_t* team);
 /* Marks the team aborted with `reason` (first reason wins); wakes a waiting split. */
 SBN_INTERNAL void sbn_team_abort(sbn_team_t* team, sbnResult_t reason);
+/* sbnCommAbort's abort: sbn_team_abort(team, sbnAborted), then the backend's abort hook
+   (when it has one), so that work already waiting returns at once. */
+SBN_INTERNAL void sbn_team_abort_waiting(sbn_team_t* team);
 /* The split of a team whose ranks all live here: sub-teams of the same backend, ranks
    ordered by (key, parent rank); rank_devices[r] (NULL: none) is parent rank r's device,
    handed to the sub-teams' attach. All or nothing. */

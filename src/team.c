@@ -56,6 +56,11 @@ void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
   pthread_mutex_unlock(&team->split_mu);
 }
 
+void sbn_team_abort_waiting(sbn_team_t* team) {
+  sbn_team_abort(team, sbnAborted);
+  if (team->ops->abort != NULL) team->ops->abort(team); /* waiting work returns */
+}
+
 static void team_free(sbn_team_t* t) {
   if (t == NULL) return;
   if (t->impl != NULL) t->ops->detach(t);
@@ -142,8 +147,7 @@ static void team_depart(sbn_team_t* t, int rank) {
   atomic_compare_exchange_strong(&t->departed, &none, rank);
   sbn_log(SBN_LOG_INFO, "%s team %p: rank %d destroyed while %d local ranks live; aborting it",
           t->ops->name, (void*)t, rank, atomic_load(&t->refs) - 1);
-  sbn_team_abort(t, sbnAborted);
-  if (t->ops->abort != NULL) t->ops->abort(t);
+  sbn_team_abort_waiting(t);
 }
 
 void sbn_comm_release(sbnComm_t comm) {
