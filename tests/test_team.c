@@ -198,6 +198,22 @@ static void test_timeout_env_override(void) {
 }
 
 /* ---- abort -------------------------------------------------------------------------- */
+/* Runs job on a thread of its own (a rank that will wait for a peer), lets it start
+   waiting, then calls act(target) from this thread (sbnCommAbort, sbnCommDestroy) and
+   joins: *act_r is act's result, *late_ms how long after act the job returned. */
+static void act_on_waiter(job_t* job, sbnResult_t (*act)(sbnComm_t), sbnComm_t target,
+                          sbnResult_t* act_r, double* late_ms) {
+  *act_r = sbnSystemError; /* what the caller sees if the thread cannot start */
+  *late_ms = -1.0;
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, job_main, job) == 0);
+  sleep_ms(150); /* let the job start waiting (not required for correctness) */
+  const double t_act = now_ms();
+  *act_r = act(target);
+  pthread_join(th, NULL);
+  *late_ms = job->t1 - t_act;
+}
+
 /* Rank 0 waits for a peer that never comes; another thread aborts the team through rank
    1's handle, then (second round) through rank 0's own handle. The team's timeout is
    longer than CTest's TIMEOUT for this test: only the abort can end the wait, and later
@@ -214,14 +230,10 @@ static void test_abort(void) {
     job_t job;
     memset(&job, 0, sizeof job);
     job.kind = JOB_FWD; job.comm = comms[0]; job.b = &b[0];
-    pthread_t t;
-    ASSERT_TRUE(pthread_create(&t, NULL, job_main, &job) == 0);
-    sleep_ms(150); /* let rank 0 start waiting (not required for correctness) */
-    double t_abort = now_ms();
-    sbnResult_t ar = sbnCommAbort(comms[target]);
-    pthread_join(t, NULL);
+    sbnResult_t ar;
+    double late;
+    act_on_waiter(&job, sbnCommAbort, comms[target], &ar, &late);
     ASSERT_OK(ar);
-    double late = job.t1 - t_abort;
     fprintf(stderr, "  abort via rank %d: waiter returned %s %.1f ms after the abort\n", target,
             sbnGetResultName(job.r), late);
     ASSERT_RES(job.r, sbnAborted);
@@ -664,14 +676,10 @@ static void test_destroyed_rank_wakes_waiter(void) {
     memset(&job, 0, sizeof job);
     job.kind = cases[i].kind; job.comm = comms[0]; job.b = &b;
     job.color = 0; job.key = 0; job.newcomm = &sub;
-    pthread_t th;
-    ASSERT_TRUE(pthread_create(&th, NULL, job_main, &job) == 0);
-    sleep_ms(150); /* let rank 0 start waiting (not required for correctness) */
-    double t_destroy = now_ms();
-    sbnResult_t dr = sbnCommDestroy(comms[gone]);
-    pthread_join(th, NULL);
+    sbnResult_t dr;
+    double late;
+    act_on_waiter(&job, sbnCommDestroy, comms[gone], &dr, &late);
     ASSERT_OK(dr);
-    double late = job.t1 - t_destroy;
     fprintf(stderr, "  %s, team of %d, rank %d destroyed: rank 0 returned %s %.1f ms later: %s\n",
             job.kind == JOB_FWD ? "forward" : "split", w, gone, sbnGetResultName(job.r), late,
             sbnGetLastError(comms[0]));
