@@ -251,6 +251,7 @@ class Comm:
 
     _ids = itertools.count(1)
     _by_id = weakref.WeakValueDictionary()
+    _native = None  # syncbn._native's loaded C++ operators: told of each live comm by id
 
     def __init__(self, handle):
         self._h = ctypes.c_void_p(handle)
@@ -264,6 +265,8 @@ class Comm:
         n = ctypes.c_int()
         _check(_capi.lib.sbnCommCount(self._h, ctypes.byref(n)), "sbnCommCount", self._h)
         self._size = n.value
+        if Comm._native is not None:
+            Comm._native.comm_put(self)
 
     @staticmethod
     def from_id(comm_id):
@@ -311,6 +314,8 @@ class Comm:
     def destroy(self):
         if self._h.value:
             h, self._h = self._h, ctypes.c_void_p()
+            if Comm._native is not None:
+                Comm._native.comm_drop(self.id)
             _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
 
     def __copy__(self):

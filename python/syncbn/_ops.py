@@ -30,10 +30,13 @@ mutates its inputs may have an Autograd kernel (custom_op refuses autograd for t
 """
 
 import ctypes
+import re
+import warnings
 
 import torch
 
-from . import FLOAT16, FLOAT32, BFLOAT16, GRAD_LOCAL, NCHW, NHWC, Comm, SyncBNError, TensorDesc, _capi, _raise
+from . import (FLOAT16, FLOAT32, BFLOAT16, GRAD_LOCAL, NCHW, NHWC, Comm, SyncBNError, SyncBNValueError, TensorDesc,
+               _VALUE_ERRORS, _capi, _native, _raise)
 
 NS = "syncbn"
 _DTYPES = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}
@@ -415,8 +418,9 @@ def _autograd_kernels(train, backward, infer):
 
 
 def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
-    """batch_norm_train's output `out` by the kernels without the dispatcher (the layer's
-    eager calls on plain tensors: the same kernels and autograd, ~8 us less host time)."""
+    """batch_norm_train's output `out` by the Python kernels without the dispatcher (the
+    layer's eager calls on plain tensors: the same kernels and autograd, ~8 us less host
+    time); the C++ operators' own below."""
     y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     _bump(running_mean, running_var, nbt)
     return y
@@ -464,9 +468,69 @@ def _register(lib, drop=()):
     return ops
 
 
-_lib = torch.library.Library(NS, "DEF")
-batch_norm_train, batch_norm_backward, batch_norm_infer = _register(_lib)
-_TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
-_InferEager = _infer_function(_infer_kernel, below=False)
+def _library_error(e):
+    """The SyncBNError (SyncBNValueError) that the C++ operators' error e stands for: its
+    text is SyncBNError's, "<what>: <detail> [<result name>]"; e itself when it is not a
+    failed library call (an argument check's TypeError, ...)."""
+    m = _LIBRARY_ERROR.fullmatch(str(e))
+    if m is None or m.group(3) not in _RESULT_CODES:
+        return e
+    what, detail, name = m.groups()
+    cls = SyncBNValueError if detail.startswith(_VALUE_ERRORS) else SyncBNError
+    return cls(_RESULT_CODES[name], what, detail)
+
+
+_LIBRARY_ERROR = re.compile(r"(syncbn\.[A-Za-z_]+(?: \(sbn[A-Za-z]+\))?): (.*) \[(sbn[A-Za-z]+)\]", re.S)
+_RESULT_CODES = {n: code for code in range(1, 64) if (n := _capi.result_name(code)).startswith("sbn")}
+
+
+def _native_eager(op):
+    """The layer's eager call of a C++ operator: its C++ entry point without
+    OpOverload's Python __call__, and a failed library call raised as SyncBNError (as the
+    Python kernels raise it)."""
+    call = op._op
+
+    def eager(*args):
+        try:
+            return call(*args)
+        except (RuntimeError, ValueError) as e:
+            raise _library_error(e) from None
+
+    return eager
+
+
+def _native_ops(ns, lib, fake=True):
+    """The C++ operators of namespace ns (train, backward, infer), with the fake kernels
+    registered on them through lib unless not `fake` (a test's mutant)."""
+    if fake:
+        for name, (_, fake_kernel) in _KERNELS.items():
+            torch.library.register_fake(f"{ns}::{name}", fake_kernel, lib=lib)
+    n = getattr(torch.ops, ns)
+    return n.batch_norm_train.default, n.batch_norm_backward.default, n.batch_norm_infer.default
+
+
+NATIVE, NATIVE_WHY = _native.load()  # the C++ operators, or why not (then the Python ones)
+if NATIVE is not None:
+    Comm._native = NATIVE  # comms made from now on are put into the operators' table ...
+    for _c in list(Comm._by_id.values()):  # ... and those alive already
+        if _c._h.value:
+            NATIVE.comm_put(_c)
+    _lib = torch.library.Library(NS, "FRAGMENT")
+    batch_norm_train, batch_norm_backward, batch_norm_infer = _native_ops(NS, _lib)
+    _train_native = _native_eager(batch_norm_train)
+    infer_eager = _native_eager(batch_norm_infer)
+
+    def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+        """batch_norm_train's output `out` (the layer's eager calls)."""
+        return _train_native(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
+else:
+    if NATIVE_WHY != "SYNCBN_TORCH_NATIVE=0":
+        warnings.warn(f"syncbn.torch: the C++ operators are not available ({NATIVE_WHY}); using the Python "
+                      "ones: the same results, with ~10-15 us more host time per call "
+                      "(SYNCBN_TORCH_NATIVE=0 silences this)", RuntimeWarning, stacklevel=2)
+    _lib = torch.library.Library(NS, "DEF")
+    batch_norm_train, batch_norm_backward, batch_norm_infer = _register(_lib)
+    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+    _InferEager = _infer_function(_infer_kernel, below=False)
 
 __all__ = ["batch_norm_train", "batch_norm_backward", "batch_norm_infer", "SyncBNError"]

@@ -36,7 +36,7 @@ import torch
 
 import syncbn
 import syncbn.torch as sbt
-from syncbn import _ops
+from syncbn import _native, _ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -62,11 +62,19 @@ def train_args(comm, dtype, channels_last, affine, running, requires_grad=True):
     return x, w, b, rm, rv, nbt
 
 
-def mutant_ops(ns, drop):
-    """(lib, train, backward, infer): the operators registered in namespace ns without
-    `drop` ("fake" or "autograd"); lib must be kept while they are used."""
-    lib = torch.library.Library(ns, "DEF")
-    return (lib, *_ops._register(lib, drop=(drop,)))
+def mutant_ops(ns, drop, comm):
+    """(keep, train, backward, infer): the operators in namespace ns without `drop`
+    ("fake" or "autograd"), of the kind syncbn.torch runs on: the C++ operators built
+    again into ns (-DSBN_TORCH_NO_AUTOGRAD: no Autograd kernels), with comm in their
+    table of comms; or the Python ones. `keep` must be kept while they are used."""
+    if _ops.NATIVE is None:
+        lib = torch.library.Library(ns, "DEF")
+        return (lib, *_ops._register(lib, drop=(drop,)))
+    defines = [f"-DSBN_TORCH_NS={ns}"] + (["-DSBN_TORCH_NO_AUTOGRAD"] if drop == "autograd" else [])
+    native = _native.Native(_native.built_library(defines))
+    native.comm_put(comm)
+    lib = torch.library.Library(ns, "FRAGMENT")
+    return ((native, lib), *_ops._native_ops(ns, lib, fake=drop != "fake"))
 
 
 def op_gradients_match(test, comm, train):
@@ -228,8 +236,8 @@ class TestMutants(TeamOfOne):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.nofake = mutant_ops("syncbn_mutant_nofake", "fake")
-        cls.noautograd = mutant_ops("syncbn_mutant_noautograd", "autograd")
+        cls.nofake = mutant_ops("syncbn_mutant_nofake", "fake", cls.comm)
+        cls.noautograd = mutant_ops("syncbn_mutant_noautograd", "autograd", cls.comm)
 
     def _opcheck_fails(self, train):
         args = train_args(self.comm, torch.float32, False, True, True)
@@ -476,14 +484,18 @@ class TestRefusals(unittest.TestCase):
             m(torch.randn(2, 3, 4))
 
     def test_cuda_team_refuses_cpu_tensors_and_back(self):
-        """A CPU team takes CPU tensors only (its ops read host memory)."""
+        """A CPU team takes CPU tensors only (its ops read host memory). A destroyed comm's
+        id: the operator called directly raises SyncBNError's text (a SyncBNError from the
+        Python operators, a RuntimeError from the C++ ones; the layer raises SyncBNError
+        from both)."""
         comm = syncbn.cpu_team(1)[0]
         try:
             x = torch.randn(2, 3, 4)
             self.assertTrue(comm.host)
             y, _ = _ops.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, comm.id)
             self.assertEqual(tuple(y.shape), (2, 3, 4))
-            with self.assertRaisesRegex(syncbn.SyncBNError, "no live comm"):
+            with self.assertRaisesRegex(RuntimeError, r"^syncbn\.Comm: no live comm has id 1000000000: it was "
+                                        r"destroyed \[sbnInvalidUsage\]$"):
                 _ops.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, 10 ** 9)
         finally:
             comm.destroy()

@@ -1,0 +1,181 @@
+"""syncbn's operators in C++ (csrc/torch_ops.cpp): built on first use against the running
+PyTorch, cached, and loaded into PyTorch's dispatcher. Internal: syncbn._ops uses them
+when ``load()`` succeeds, and its Python kernels otherwise.
+
+Why built here and not by ``pip install``: a C++ operator is compiled against one
+PyTorch's headers and C++ ABI, and the PyTorch a user runs is only known at run time (a
+build with pip's build isolation would download a PyTorch of its own). So the first
+``import syncbn.torch`` with a new PyTorch (or a new syncbn) compiles one file, about 15 s
+on 2 cores, into the cache, ``$SYNCBN_CACHE_DIR``, else ``$XDG_CACHE_HOME/syncbn``, else
+``~/.cache/syncbn``; later imports load it in milliseconds. Processes that start together
+(one per GPU) wait for one build (a file lock), not one each.
+
+``SYNCBN_TORCH_NATIVE``: ``auto`` (the default: the C++ operators where they build, else
+the Python ones with a RuntimeWarning that says why), ``1`` (the C++ operators or an
+ImportError that says why), ``0`` (the Python operators).
+
+The library itself is not linked into the operators: they get the functions of the
+libsyncbn that ``syncbn`` loaded (``sbn_torch_bind``), and the live comms by id
+(``comm_put`` / ``comm_drop``, called by ``syncbn.Comm``).
+"""
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import torch
+
+from . import _capi
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCE = HERE / "csrc" / "torch_ops.cpp"
+BUILD_TIMEOUT_S = 900
+
+
+def mode():
+    """SYNCBN_TORCH_NATIVE: "auto", "1" or "0" (anything else is refused, naming it)."""
+    m = os.environ.get("SYNCBN_TORCH_NATIVE", "auto").strip().lower() or "auto"
+    if m not in ("auto", "0", "1"):
+        raise ImportError(f"syncbn: SYNCBN_TORCH_NATIVE={m!r}: expected auto, 1 or 0")
+    return m
+
+
+def _header_dir():
+    """The directory of syncbn.h: the installed package's copy, or the source tree's."""
+    for d in (HERE / "include", HERE.parent.parent / "include"):
+        if (d / "syncbn.h").is_file():
+            return d
+    return None
+
+
+def cache_dir():
+    env = os.environ.get("SYNCBN_CACHE_DIR")
+    if env:
+        return pathlib.Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (pathlib.Path(xdg) if xdg else pathlib.Path.home() / ".cache") / "syncbn"
+
+
+def _torch_include_dirs():
+    """([include dirs], lib dir) of the running PyTorch: what torch.utils.cpp_extension's
+    include_paths() and library_paths() give a CPU extension (not imported: it logs about
+    CUDA_HOME at import)."""
+    root = pathlib.Path(torch.__file__).resolve().parent
+    inc = root / "include"
+    return [str(inc), str(inc / "torch" / "csrc" / "api" / "include")], str(root / "lib")
+
+
+def command(source, header_dir, out, defines=()):
+    """The compiler's command line for the operators' library `out` (defines: -D flags,
+    the test's mutants)."""
+    incs, libdir = _torch_include_dirs()
+    cxx = os.environ.get("CXX", "c++")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+             *defines, *(f"-I{d}" for d in incs), f"-I{header_dir}", str(source),
+             f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}", "-o", str(out)])
+
+
+def _why_not():
+    """Why this PyTorch or machine cannot build the operators, or None."""
+    if _header_dir() is None:
+        return "syncbn.h is not next to the package (an incomplete install)"
+    if not SOURCE.is_file():
+        return f"{SOURCE} is missing (an incomplete install)"
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler ({cxx!r} not found; CXX names one)"
+    incs, _ = _torch_include_dirs()
+    stream_h = next((pathlib.Path(d) / "c10/core/Stream.h" for d in incs
+                     if (pathlib.Path(d) / "c10/core/Stream.h").is_file()), None)
+    if stream_h is None:
+        return "this PyTorch ships no C++ headers"
+    if "native_handle()" not in stream_h.read_text(errors="replace"):
+        return f"PyTorch {torch.__version__}'s c10::Stream has no native_handle() (a CUDA stream from C++)"
+    return None
+
+
+def built_library(defines=()):
+    """The path of the operators' library for this PyTorch and this source (and defines),
+    built into the cache if it is not there yet (one build at a time: a lock file).
+    Raises RuntimeError naming the file with the compiler's output when the build fails."""
+    import fcntl
+
+    hdr = _header_dir()
+    probe = command(SOURCE, hdr, "OUT", defines)
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), (hdr / "syncbn.h").read_bytes(), torch.__version__.encode(),
+                 str(pathlib.Path(torch.__file__).parent).encode(), " ".join(probe).encode()):
+        h.update(part)
+        h.update(b"\0")
+    d = cache_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / f"syncbn_torch_ops-{torch.__version__.replace('+', '_')}-{h.hexdigest()[:16]}.so"
+    if out.is_file():
+        return out
+    with open(d / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same file
+        if out.is_file():
+            return out
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+        os.close(fd)
+        try:
+            cmd = command(SOURCE, hdr, tmp, defines)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if r.returncode != 0:
+                log = d / (out.stem + ".log")
+                log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
+                raise RuntimeError(f"the C++ operators did not compile (exit {r.returncode}); the compiler's output "
+                                   f"is in {log}")
+            os.replace(tmp, out)  # whole or not at all: a reader never sees a partial file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
+
+
+class Native:
+    """The loaded C++ operators: `path`, and the comm registry's two functions."""
+
+    def __init__(self, path):
+        torch.ops.load_library(str(path))
+        so = ctypes.CDLL(str(path))  # the same loaded object: its extern "C" functions
+        p = ctypes.c_void_p
+        so.sbn_torch_bind.restype = ctypes.c_int
+        so.sbn_torch_bind.argtypes = [p] * 6
+        lib = _capi.lib
+        fns = [ctypes.cast(f, p) for f in (lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference,
+                                           lib.sbnGetLastError, lib.sbnGetErrorString, lib.sbnGetResultName)]
+        so.sbn_torch_bind(*fns)
+        so.sbn_torch_comm_put.restype = None
+        so.sbn_torch_comm_put.argtypes = [ctypes.c_int64, p, ctypes.c_int, ctypes.c_char_p]
+        so.sbn_torch_comm_drop.restype = None
+        so.sbn_torch_comm_drop.argtypes = [ctypes.c_int64]
+        self.path = str(path)
+        self._put, self._drop = so.sbn_torch_comm_put, so.sbn_torch_comm_drop
+
+    def comm_put(self, comm):
+        self._put(comm.id, comm._h.value, int(comm.host), comm._transport.encode())
+
+    def comm_drop(self, comm_id):
+        self._drop(comm_id)
+
+
+def load():
+    """(Native, None) when the C++ operators are loaded; (None, why) when not, per mode()."""
+    m = mode()
+    if m == "0":
+        return None, "SYNCBN_TORCH_NATIVE=0"
+    why = _why_not()
+    if why is None:
+        try:
+            return Native(built_library()), None
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            why = str(e)
+    if m == "1":
+        raise ImportError(f"syncbn: SYNCBN_TORCH_NATIVE=1, and the C++ operators are not available: {why}")
+    return None, why

@@ -1,0 +1,569 @@
+// syncbn's operators in PyTorch's dispatcher, in C++: the same three operators, schemas,
+// checks, messages and autograd as python/syncbn/_ops.py's Python kernels, at a C++
+// kernel's host cost (bench/notes/torch-binding.md). Built on first use by
+// python/syncbn/_native.py against the running PyTorch's headers and loaded with
+// torch.ops.load_library; _ops.py registers the fake kernels (Python) on these operators.
+//
+// libsyncbn itself is not linked: _native.py hands over the functions of the library that
+// the package already loaded (ctypes), and the live comms by id (sbn_torch_comm_put /
+// _drop), through the extern "C" functions at the end.
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+#include "syncbn.h"
+
+// The operators' namespace: syncbn; another for the mutants of tests/python/test_torch_ops.py,
+// which also build without the Autograd kernels (SBN_TORCH_NO_AUTOGRAD).
+#ifndef SBN_TORCH_NS
+#define SBN_TORCH_NS syncbn
+#endif
+#define SBN_STR2(x) #x
+#define SBN_STR(x) SBN_STR2(x)
+#define SBN_OP(name) SBN_STR(SBN_TORCH_NS) "::" name
+#define SBN_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define SBN_LIBRARY_IMPL(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+
+namespace {
+
+using at::Tensor;
+using std::optional;
+using torch::autograd::variable_list;
+
+// ---- what _native.py hands over -----------------------------------------------------
+struct Api {
+  decltype(&sbnForwardTrain) forward_train = nullptr;
+  decltype(&sbnBackward) backward = nullptr;
+  decltype(&sbnForwardInference) forward_inference = nullptr;
+  decltype(&sbnGetLastError) last_error = nullptr;
+  decltype(&sbnGetErrorString) error_string = nullptr;
+  decltype(&sbnGetResultName) result_name = nullptr;
+};
+Api api;
+
+struct CommEntry {
+  sbnComm_t handle;
+  bool host;  // a CPU team: its ops take host memory
+  std::string transport;
+};
+std::mutex comms_mutex;
+std::unordered_map<int64_t, CommEntry> comms;
+
+// ---- text as the Python kernels write it --------------------------------------------
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    default: {
+      std::string s = c10::toString(t);
+      for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      return "torch." + s;
+    }
+  }
+}
+
+std::string shape_str(at::IntArrayRef s) {  // a Python tuple: (3,), (2, 3)
+  std::ostringstream o;
+  o << "(";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  if (s.size() == 1) o << ",";
+  o << ")";
+  return o.str();
+}
+
+[[noreturn]] void fail(const std::string& msg) { TORCH_CHECK(false, msg); }
+[[noreturn]] void fail_type(const std::string& msg) { TORCH_CHECK_TYPE(false, msg); }
+[[noreturn]] void fail_value(const std::string& msg) { TORCH_CHECK_VALUE(false, msg); }
+
+// A failed library call: "<what>: <detail> [<result name>]" (SyncBNError's text; a
+// ValueError for the one-value-per-channel case, as nn.BatchNorm raises it).
+[[noreturn]] void fail_call(sbnResult_t r, const char* what, sbnComm_t comm) {
+  std::string detail = api.last_error(comm);
+  std::string msg = std::string(what) + ": " + (detail.empty() ? api.error_string(r) : detail) + " [" +
+                    api.result_name(r) + "]";
+  if (detail.rfind("Expected more than 1 value per channel", 0) == 0) fail_value(msg);
+  fail(msg);
+}
+
+// ---- argument checks (_ops.py's, with its messages) -----------------------------------
+bool supported(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+void same_device(const Tensor& x, const char* name, const optional<Tensor>& t, const char* who) {
+  if (t.has_value() && t->device() != x.device())
+    fail(std::string("syncbn.") + who + ": " + name + " is on " + t->device().str() + " and the input on " +
+         x.device().str() + ": every tensor argument must be on the input's device");
+}
+
+void per_channel(const Tensor& x, const char* name, const optional<Tensor>& t, const char* who) {
+  if (!t.has_value()) return;
+  same_device(x, name, t, who);
+  const int64_t c = x.size(1);
+  if (t->dim() != 1 || t->size(0) != c)
+    fail(std::string("syncbn.") + who + ": " + name + " has shape " + shape_str(t->sizes()) +
+         "; the input has " + std::to_string(c) + " channels, so it must be (" + std::to_string(c) + ",)");
+  if (!t->is_floating_point())
+    fail_type(std::string("syncbn.") + who + ": " + name + " is " + dtype_name(t->scalar_type()) +
+              "; it must be floating point");
+}
+
+void check_input(const Tensor& x, const char* who) {
+  if (x.dim() < 2)
+    fail_value(std::string("syncbn.") + who + ": expected at least 2D input (got " + std::to_string(x.dim()) +
+               "D input)");
+  if (!supported(x.scalar_type()))
+    fail_type(std::string("syncbn.") + who + ": input dtype " + dtype_name(x.scalar_type()) +
+              "; libsyncbn takes float32, float16 and bfloat16");
+}
+
+void check_train(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias,
+                 const optional<Tensor>& rm, const optional<Tensor>& rv, const optional<Tensor>& nbt) {
+  const char* who = "batch_norm_train";
+  check_input(x, who);
+  per_channel(x, "weight", weight, who);
+  per_channel(x, "bias", bias, who);
+  per_channel(x, "running_mean", rm, who);
+  per_channel(x, "running_var", rv, who);
+  if (rm.has_value() != rv.has_value())
+    fail(std::string("syncbn.") + who + ": running_mean and running_var come together (both or neither)");
+  if (!weight.has_value() && bias.has_value())
+    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
+  if (nbt.has_value()) {
+    same_device(x, "num_batches_tracked", nbt, who);
+    if (nbt->numel() != 1 || nbt->scalar_type() != at::kLong)
+      fail(std::string("syncbn.") + who + ": num_batches_tracked must be one int64 (got " +
+           dtype_name(nbt->scalar_type()) + ", " + std::to_string(nbt->numel()) + " elements)");
+  }
+}
+
+CommEntry find_comm(int64_t id, const Tensor& x, const char* who) {
+  CommEntry e;
+  {
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    auto it = comms.find(id);
+    if (it == comms.end())
+      fail("syncbn.Comm: no live comm has id " + std::to_string(id) + ": it was destroyed [" +
+           api.result_name(sbnInvalidUsage) + "]");
+    e = it->second;
+  }
+  if (x.device().is_cpu() != e.host || !(x.device().is_cpu() || x.device().is_cuda()))
+    fail(std::string("syncbn.") + who + ": the input is on " + x.device().str() + ", and the team (" + e.transport +
+         ") takes " + (e.host ? "CPU tensors" : "CUDA tensors"));
+  return e;
+}
+
+// ---- the C call's arguments ------------------------------------------------------------
+optional<at::MemoryFormat> channels_last(const Tensor& x) {
+  if (x.dim() == 4) return at::MemoryFormat::ChannelsLast;
+  if (x.dim() == 5) return at::MemoryFormat::ChannelsLast3d;
+  return std::nullopt;
+}
+
+// x as the library reads it: NCHW if contiguous, NHWC if channels_last(_3d), else a
+// contiguous copy (NCHW).
+std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
+  if (x.is_contiguous()) return {x, sbnLayoutNCHW};
+  auto fmt = channels_last(x);
+  if (fmt && x.is_contiguous(*fmt)) return {x, sbnLayoutNHWC};
+  return {x.contiguous(), sbnLayoutNCHW};
+}
+
+sbnTensorDesc_t desc(const Tensor& x, sbnLayout_t layout) {
+  sbnDataType_t dt = x.scalar_type() == at::kFloat ? sbnFloat32 : x.scalar_type() == at::kHalf ? sbnFloat16
+                                                                                                  : sbnBFloat16;
+  int64_t sp = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) sp *= x.size(d);
+  // a spatial extent of 0: no elements on this rank, which still takes part (n = 0)
+  if (sp == 0) return {dt, layout, 0, x.size(1), 1};
+  return {dt, layout, x.size(0), x.size(1), sp};
+}
+
+optional<Tensor> f32(const optional<Tensor>& t) {  // float32 and contiguous, as the library reads it
+  if (!t.has_value() || (t->scalar_type() == at::kFloat && t->is_contiguous())) return t;
+  return t->detach().to(at::kFloat).contiguous();
+}
+
+template <typename T>
+T* ptr(const optional<Tensor>& t) {
+  return t.has_value() ? static_cast<T*>(t->data_ptr()) : nullptr;
+}
+
+// The current stream of x's device as the dispatcher keeps it (PyTorch's kernels run on
+// it, also under CUDA graph capture); none for host tensors.
+sbnStream_t stream_of(const Tensor& x) {
+  if (!x.is_cuda()) return nullptr;
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return static_cast<sbnStream_t>(impl->getStream(x.device()).native_handle());
+}
+
+sbnParams_t params(double eps, double momentum) {
+  sbnParams_t p;
+  p.eps = static_cast<float>(eps);
+  p.momentum = static_cast<float>(momentum);
+  p.grad_mode = sbnGradLocal;
+  return p;
+}
+
+// ---- syncbn::batch_norm_train ----------------------------------------------------------
+std::tuple<Tensor, Tensor> train_kernel(const Tensor& input, const optional<Tensor>& weight,
+                                        const optional<Tensor>& bias, const optional<Tensor>& running_mean,
+                                        const optional<Tensor>& running_var, const optional<Tensor>& nbt,
+                                        double eps, optional<double> momentum, int64_t comm) {
+  check_train(input, weight, bias, running_mean, running_var, nbt);
+  const CommEntry c = find_comm(comm, input, "batch_norm_train");
+  auto [x, layout] = dense(input);
+  Tensor y = at::empty_like(x);
+  Tensor stats = at::empty({2, x.size(1)}, x.options().dtype(at::kFloat));
+  optional<Tensor> rm = f32(running_mean), rv = f32(running_var), nb = nbt;
+  if (nbt.has_value() && !nbt->is_contiguous()) nb = nbt->contiguous();
+  optional<Tensor> w32 = f32(weight), b32 = f32(bias);  // converted copies live until the call is done
+  const sbnTensorDesc_t d = desc(x, layout);
+  const sbnParams_t p = params(eps, momentum.has_value() ? *momentum : -1.0);
+  float* sp = stats.data_ptr<float>();
+  sbnResult_t r = api.forward_train(c.handle, &d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32),
+                                    ptr<const float>(b32), ptr<float>(rm), ptr<float>(rv), ptr<int64_t>(nb),
+                                    sp, sp + x.size(1), &p, stream_of(x));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.handle);
+  // not float32 or not contiguous: written back, each on its own
+  if (rm.has_value() && !rm->is_same(*running_mean)) running_mean->copy_(*rm);
+  if (rv.has_value() && !rv->is_same(*running_var)) running_var->copy_(*rv);
+  if (nb.has_value() && !nb->is_same(*nbt)) nbt->copy_(*nb);
+  return {y, stats};
+}
+
+// ---- syncbn::batch_norm_backward -------------------------------------------------------
+void check_backward(const Tensor& dy, const Tensor& x, const optional<Tensor>& weight, const Tensor& stats) {
+  const char* who = "batch_norm_backward";
+  check_input(x, who);
+  same_device(x, "grad_out", dy, who);
+  same_device(x, "stats", stats, who);
+  per_channel(x, "weight", weight, who);
+  if (dy.sizes() != x.sizes() || dy.scalar_type() != x.scalar_type())
+    fail(std::string("syncbn.") + who + ": grad_out is " + dtype_name(dy.scalar_type()) + " " +
+         shape_str(dy.sizes()) + "; the input is " + dtype_name(x.scalar_type()) + " " + shape_str(x.sizes()));
+  if (stats.dim() != 2 || stats.size(0) != 2 || stats.size(1) != x.size(1) || stats.scalar_type() != at::kFloat)
+    fail(std::string("syncbn.") + who + ": stats must be float32 (2, " + std::to_string(x.size(1)) +
+         ") (the forward's), got " + dtype_name(stats.scalar_type()) + " " + shape_str(stats.sizes()));
+}
+
+std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_out, const Tensor& input,
+                                           const optional<Tensor>& weight, const Tensor& stats, double eps,
+                                           int64_t comm, bool input_grad, bool weight_grad) {
+  check_backward(grad_out, input, weight, stats);
+  const CommEntry c = find_comm(comm, input, "batch_norm_backward");
+  auto [x, layout] = dense(input);
+  Tensor dy = layout == sbnLayoutNHWC ? grad_out.contiguous(*channels_last(x)) : grad_out.contiguous();
+  Tensor dx = input_grad ? at::empty_like(x) : x.new_empty({0});
+  const bool dwb_wanted = weight_grad && weight.has_value();
+  Tensor dwb = dwb_wanted ? x.new_empty({2, x.size(1)}, x.options().dtype(at::kFloat))
+                          : x.new_empty({0}, x.options().dtype(at::kFloat));
+  Tensor st = stats.contiguous();
+  optional<Tensor> w32 = f32(weight);
+  const sbnTensorDesc_t d = desc(x, layout);
+  const sbnParams_t p = params(eps, 0.1);
+  const float* sp = st.data_ptr<float>();
+  float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
+  sbnResult_t r = api.backward(c.handle, &d, x.data_ptr(), dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
+                               ptr<const float>(w32), sp, sp + x.size(1), dwp, dwp ? dwp + x.size(1) : nullptr,
+                               &p, stream_of(x));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_backward (sbnBackward)", c.handle);
+  return {dx, dwb};
+}
+
+// ---- syncbn::batch_norm_infer ----------------------------------------------------------
+Tensor infer_kernel(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                    const optional<Tensor>& weight, const optional<Tensor>& bias, double eps) {
+  const char* who = "batch_norm_infer";
+  check_input(input, who);
+  per_channel(input, "running_mean", running_mean, who);
+  per_channel(input, "running_var", running_var, who);
+  per_channel(input, "weight", weight, who);
+  per_channel(input, "bias", bias, who);
+  if (!weight.has_value() && bias.has_value())
+    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
+  auto [x, layout] = dense(input);
+  Tensor y = at::empty_like(x);
+  optional<Tensor> w32 = f32(weight), b32 = f32(bias), rm32 = f32(running_mean), rv32 = f32(running_var);
+  const sbnTensorDesc_t d = desc(x, layout);
+  sbnResult_t r = api.forward_inference(&d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32), ptr<const float>(b32),
+                                        ptr<const float>(rm32), ptr<const float>(rv32), static_cast<float>(eps),
+                                        stream_of(x));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_infer (sbnForwardInference)", nullptr);
+  return y;
+}
+
+// ---- autograd --------------------------------------------------------------------------
+// The operators below autograd go through the dispatcher (not the kernels above), so
+// that torch.compile's fake tensors and functionalization see them.
+auto& train_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_train"), "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const optional<Tensor>&,
+                                                         const optional<Tensor>&, const optional<Tensor>&,
+                                                         const optional<Tensor>&, const optional<Tensor>&, double,
+                                                         optional<double>, int64_t)>();
+  return op;
+}
+auto& backward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_backward"), "")
+                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const optional<Tensor>&,
+                                                         const Tensor&, double, int64_t, bool, bool)>();
+  return op;
+}
+auto& infer_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_infer"), "")
+                       .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const optional<Tensor>&,
+                                     const optional<Tensor>&, double)>();
+  return op;
+}
+
+// The autograd nodes, written as PyTorch's generated ones are (a Node subclass, its next
+// edges, its saved variables), not with torch::autograd::Function: that one's node costs
+// ~1.3 us more per backward (its name is demangled on every call, and gradients are
+// materialized for every output; bench/notes/torch-binding.md).
+using torch::autograd::Node;
+using torch::autograd::SavedVariable;
+using NodePtr = decltype(torch::autograd::Edge::function);  // std::shared_ptr or c10::intrusive_ptr
+
+template <typename T>
+NodePtr new_node() {
+  if constexpr (std::is_same_v<NodePtr, c10::intrusive_ptr<Node>>) {
+    return c10::make_intrusive<T>();
+  } else {
+    return NodePtr(new T());
+  }
+}
+
+bool any_requires_grad(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias) {
+  return at::GradMode::is_enabled() && (x.requires_grad() || (weight.has_value() && weight->requires_grad()) ||
+                                        (bias.has_value() && bias->requires_grad()));
+}
+
+// Gradients of batch_norm_train's out, to (input, weight, bias): sbnBackward.
+struct TrainBackward : public Node {
+  SavedVariable x_, weight_, stats_;
+  double eps = 0.0;
+  int64_t comm = 0;
+  bool has_bias = false;
+
+  std::string name() const override { return "SyncBatchNormBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    weight_.reset_data();
+    stats_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Tensor x = x_.unpack(), weight = weight_.unpack(), stats = stats_.unpack();
+    // the next edges: input (0), weight (1), bias (2)
+    const bool need_x = task_should_compute_output(0);
+    const bool need_w = weight.defined() && task_should_compute_output(1);
+    const bool need_b = has_bias && task_should_compute_output(2);
+    const bool want_w = need_w || need_b;
+    const optional<Tensor> w = weight.defined() ? optional<Tensor>(weight) : std::nullopt;
+    at::AutoDispatchBelowADInplaceOrView below;  // also for the two views below: no autograd there
+    const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(x);  // out unused: its gradient is 0
+    auto [dx, dwb] = backward_op().call(dy, x, w, stats, eps, comm, need_x, want_w);
+    Tensor dw, db;
+    if (want_w) {
+      if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
+      if (need_w) dw = dwb.select(0, 0);
+      if (need_b) db = dwb.select(0, 1);
+    }
+    return {need_x ? dx : Tensor(), dw, db};
+  }
+};
+
+void bump(const optional<Tensor>& t) {
+  if (t.has_value() && !t->is_inference()) torch::autograd::impl::bump_version(*t);
+}
+
+std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor>& weight,
+                                          const optional<Tensor>& bias, const optional<Tensor>& rm,
+                                          const optional<Tensor>& rv, const optional<Tensor>& nbt, double eps,
+                                          optional<double> momentum, int64_t comm) {
+  const bool grad = any_requires_grad(x, weight, bias);
+  Tensor y, stats;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(y, stats) = train_op().call(x, weight, bias, rm, rv, nbt, eps, momentum, comm);
+  }
+  if (grad) {  // stats: not differentiable (no history)
+    NodePtr node = new_node<TrainBackward>();
+    auto* n = static_cast<TrainBackward*>(node.get());
+    n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
+    n->x_ = SavedVariable(x, false);
+    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->stats_ = SavedVariable(stats, false);
+    n->eps = eps;
+    n->comm = comm;
+    n->has_bias = bias.has_value();
+    torch::autograd::set_history(y, node);
+  }
+  // version counters of what the library wrote in place (autograd's check that a
+  // tensor saved for a backward was not modified since)
+  bump(rm);
+  bump(rv);
+  bump(nbt);
+  return {y, stats};
+}
+
+std::tuple<Tensor, Tensor> backward_autograd(const Tensor& dy, const Tensor& x, const optional<Tensor>& weight,
+                                             const Tensor& stats, double eps, int64_t comm, bool input_grad,
+                                             bool weight_grad) {
+  if (at::GradMode::is_enabled() &&
+      (dy.requires_grad() || x.requires_grad() || (weight.has_value() && weight->requires_grad())))
+    fail("syncbn.batch_norm_backward is not differentiable (no double backward through "
+         "syncbn.torch.SyncBatchNorm)");
+  at::AutoDispatchBelowADInplaceOrView below;
+  return backward_op().call(dy, x, weight, stats, eps, comm, input_grad, weight_grad);
+}
+
+// Gradients of batch_norm_infer to (input, weight, bias): the running statistics are
+// constants, so the gradient is local (torch ops).
+struct InferBackward : public Node {
+  SavedVariable x_, rm_, rv_, weight_;
+  double eps = 0.0;
+  bool has_bias = false;
+
+  std::string name() const override { return "SyncBatchNormInferBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    rm_.reset_data();
+    rv_.reset_data();
+    weight_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Tensor x = x_.unpack(), rm = rm_.unpack(), rv = rv_.unpack(), w = weight_.unpack();
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    std::vector<int64_t> shape(x.dim(), 1), dims{0};
+    shape[1] = -1;
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
+    const Tensor g = grads[0].to(at::kFloat);
+    Tensor dx, gw, gb;
+    if (task_should_compute_output(0)) {
+      const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
+      dx = (g * k.view(shape)).to(x.scalar_type());
+    }
+    if (w.defined() && task_should_compute_output(1)) {
+      const Tensor xhat = (x.to(at::kFloat) - rm.to(at::kFloat).view(shape)) * scale.view(shape);
+      gw = (g * xhat).sum(dims).to(w.scalar_type());
+    }
+    if (has_bias && task_should_compute_output(2)) gb = g.sum(dims).to(w.scalar_type());
+    return {dx, gw, gb};
+  }
+};
+
+Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const optional<Tensor>& weight,
+                      const optional<Tensor>& bias, double eps) {
+  const bool grad = any_requires_grad(x, weight, bias);
+  Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    y = infer_op().call(x, rm, rv, weight, bias, eps);
+  }
+  if (grad) {
+    NodePtr node = new_node<InferBackward>();
+    auto* n = static_cast<InferBackward*>(node.get());
+    n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
+    n->x_ = SavedVariable(x, false);
+    n->rm_ = SavedVariable(rm, false);
+    n->rv_ = SavedVariable(rv, false);
+    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->eps = eps;
+    n->has_bias = bias.has_value();
+    torch::autograd::set_history(y, node);
+  }
+  return y;
+}
+
+}  // namespace
+
+// The schemas: _ops.py's _SCHEMAS (test_torch_ops.py compares them).
+SBN_LIBRARY(SBN_TORCH_NS, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  m.def(
+      "batch_norm_train(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float eps, float? momentum, "
+      "int comm) -> (Tensor out, Tensor stats)",
+      tags);
+  m.def(
+      "batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor stats, float eps, int comm, "
+      "bool input_grad, bool weight_grad) -> (Tensor grad_input, Tensor grad_weight_bias)",
+      tags);
+  m.def(
+      "batch_norm_infer(Tensor input, Tensor running_mean, Tensor running_var, Tensor? weight, Tensor? bias, "
+      "float eps) -> Tensor",
+      tags);
+}
+
+SBN_LIBRARY_IMPL(SBN_TORCH_NS, CPU, m) {
+  m.impl("batch_norm_train", &train_kernel);
+  m.impl("batch_norm_backward", &backward_kernel);
+  m.impl("batch_norm_infer", &infer_kernel);
+}
+
+SBN_LIBRARY_IMPL(SBN_TORCH_NS, CUDA, m) {
+  m.impl("batch_norm_train", &train_kernel);
+  m.impl("batch_norm_backward", &backward_kernel);
+  m.impl("batch_norm_infer", &infer_kernel);
+}
+
+#ifndef SBN_TORCH_NO_AUTOGRAD
+SBN_LIBRARY_IMPL(SBN_TORCH_NS, Autograd, m) {
+  m.impl("batch_norm_train", &train_autograd);
+  m.impl("batch_norm_backward", &backward_autograd);
+  m.impl("batch_norm_infer", &infer_autograd);
+}
+#endif
+
+// ---- what _native.py calls through ctypes ------------------------------------------------
+extern "C" {
+__attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, void* backward,
+                                                          void* forward_inference, void* last_error,
+                                                          void* error_string, void* result_name) {
+  api.forward_train = reinterpret_cast<decltype(&sbnForwardTrain)>(forward_train);
+  api.backward = reinterpret_cast<decltype(&sbnBackward)>(backward);
+  api.forward_inference = reinterpret_cast<decltype(&sbnForwardInference)>(forward_inference);
+  api.last_error = reinterpret_cast<decltype(&sbnGetLastError)>(last_error);
+  api.error_string = reinterpret_cast<decltype(&sbnGetErrorString)>(error_string);
+  api.result_name = reinterpret_cast<decltype(&sbnGetResultName)>(result_name);
+  return SBN_VERSION_CODE;
+}
+
+__attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void* handle, int host,
+                                                               const char* transport) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  comms[id] = CommEntry{static_cast<sbnComm_t>(handle), host != 0, transport};
+}
+
+__attribute__((visibility("default"))) void sbn_torch_comm_drop(int64_t id) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  comms.erase(id);
+}
+}
