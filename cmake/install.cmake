@@ -66,3 +66,7 @@ install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc ${PROJECT_BINARY_DIR}/syncbn-stati
 # path with ctypes. Nothing of the C install above goes into the wheel.
 install(FILES $<TARGET_FILE:syncbn> DESTINATION syncbn/lib RENAME libsyncbn.so
   COMPONENT python EXCLUDE_FROM_ALL)
+# and syncbn.h, which syncbn.torch's C++ operators (python/syncbn/csrc, compiled on first
+# use against the installed PyTorch: python/syncbn/_native.py) include
+install(FILES ${PROJECT_SOURCE_DIR}/include/syncbn.h DESTINATION syncbn/include
+  COMPONENT python EXCLUDE_FROM_ALL)

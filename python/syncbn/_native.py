@@ -7,7 +7,8 @@ PyTorch's headers and C++ ABI, and the PyTorch a user runs is only known at run 
 build with pip's build isolation would download a PyTorch of its own). So the first
 ``import syncbn.torch`` with a new PyTorch (or a new syncbn) compiles one file, about 15 s
 on 2 cores, into the cache, ``$SYNCBN_CACHE_DIR``, else ``$XDG_CACHE_HOME/syncbn``, else
-``~/.cache/syncbn``; later imports load it in milliseconds. Processes that start together
+``~/.cache/syncbn`` (``builds.txt`` there lists each build); later imports load it in
+milliseconds. Processes that start together
 (one per GPU) wait for one build (a file lock), not one each.
 
 ``SYNCBN_TORCH_NATIVE``: ``auto`` (the default: the C++ operators where they build, else
@@ -26,6 +27,7 @@ import pathlib
 import shutil
 import subprocess
 import tempfile
+import time
 
 import torch
 
@@ -125,6 +127,7 @@ def built_library(defines=()):
         os.close(fd)
         try:
             cmd = command(SOURCE, hdr, tmp, defines)
+            t0 = time.monotonic()
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             if r.returncode != 0:
                 log = d / (out.stem + ".log")
@@ -132,6 +135,9 @@ def built_library(defines=()):
                 raise RuntimeError(f"the C++ operators did not compile (exit {r.returncode}); the compiler's output "
                                    f"is in {log}")
             os.replace(tmp, out)  # whole or not at all: a reader never sees a partial file
+            with open(d / "builds.txt", "a") as f:  # what was built, when, in how long
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {out.name}  {time.monotonic() - t0:.1f} s  "
+                        f"pid {os.getpid()}\n")
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

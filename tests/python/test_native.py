@@ -1,0 +1,166 @@
+"""syncbn.torch's C++ operators (python/syncbn/csrc/torch_ops.cpp, built and loaded by
+syncbn._native): what is loaded, its schemas, its cache, and what happens when it cannot
+be built.
+
+- with SYNCBN_TORCH_NATIVE=1 (how CI runs it) the operators' CPU, CUDA and Autograd
+  kernels are the C++ ones (the dispatcher says where each was registered), with the
+  Python fake kernels; their schemas are the Python operators' (_ops._SCHEMAS), character
+  for character: the two kinds are one interface;
+- the cache: a second build request returns the same file without compiling; another
+  variant (defines) is another file;
+- a compiler that fails: SYNCBN_TORCH_NATIVE=1 raises ImportError naming the log, which
+  has the compiler's output; auto warns (RuntimeWarning, saying why) and trains with the
+  Python operators, equal to nn.BatchNorm2d; an unknown SYNCBN_TORCH_NATIVE is refused;
+- two processes that import together with an empty cache: both load, one of them
+  compiles (the lock; builds.txt has one line);
+- a comm made before the operators were loaded is in their table (a layer runs on it).
+
+The subprocess tests run `python -c` with this process's environment (PYTHONPATH,
+SYNCBN_LIBRARY) and a cache of their own.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import torch
+
+import syncbn.torch  # noqa: F401 (loads the operators)
+from syncbn import _native, _ops
+
+
+def run_python(code, **env):
+    e = dict(os.environ)
+    e.update({k: str(v) for k, v in env.items()})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          timeout=600)
+
+
+TRAIN_ONE_STEP = """
+    import warnings
+    warnings.simplefilter("always")
+    import torch, syncbn, syncbn.torch as sbt
+    from syncbn import _ops
+    comm = syncbn.cpu_team(1)[0]
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64).float()
+    m, bn = sbt.SyncBatchNorm(3, comm=comm), torch.nn.BatchNorm2d(3)
+    torch.testing.assert_close(m(x), bn(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(m.running_var, bn.running_var, rtol=1e-6, atol=1e-6)
+    print("native" if _ops.NATIVE is not None else "python")
+"""
+
+
+@unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
+class TestLoaded(unittest.TestCase):
+    def test_kernels_are_the_cpp_ones(self):
+        self.assertIsNotNone(_ops.NATIVE)
+        for name in _ops._SCHEMAS:
+            dump = torch._C._dispatch_dump(f"syncbn::{name}")
+            for key in ("CPU", "CUDA", "Autograd[alias]"):
+                line = next((ln for ln in dump.splitlines() if ln.startswith(key + ":")), "")
+                self.assertIn("csrc/torch_ops.cpp", line, f"{name} {key}:\n{dump}")
+            meta = next(ln for ln in dump.splitlines() if ln.startswith("Meta:"))
+            self.assertIn("_ops.py", meta, dump)  # the fake kernel, from Python
+
+    def test_schemas_are_the_python_operators(self):
+        for name, schema in _ops._SCHEMAS.items():
+            op = getattr(torch.ops.syncbn, name).default
+            self.assertEqual(str(op._schema), str(torch._C.parse_schema(f"syncbn::{name}{schema}")))
+
+    def test_cache_is_reused(self):
+        path = _native.built_library()
+        self.assertEqual(str(path), _ops.NATIVE.path)
+        mtime = path.stat().st_mtime_ns
+        self.assertEqual(_native.built_library(), path)
+        self.assertEqual(path.stat().st_mtime_ns, mtime)  # not built again
+        self.assertNotIn("-DX", _native.command(_native.SOURCE, "h", "o"))
+        self.assertIn("-DX", _native.command(_native.SOURCE, "h", "o", ["-DX"]))
+
+
+class TestBuildFailure(unittest.TestCase):
+    """A compiler that fails (CXX=false), with an empty cache."""
+
+    def setUp(self):
+        # why this machine and PyTorch cannot build the operators even with a compiler
+        # (an older PyTorch): then that is the reason given, and nothing is compiled
+        os.environ["CXX"], saved = "false", os.environ.get("CXX")
+        try:
+            self.why = _native._why_not()
+        finally:
+            os.environ.pop("CXX") if saved is None else os.environ.__setitem__("CXX", saved)
+        self.reason = self.why or "the C++ operators did not compile (exit 1)"
+
+    def test_required_raises_with_the_log(self):
+        with tempfile.TemporaryDirectory() as cache:
+            r = run_python("import syncbn.torch", SYNCBN_TORCH_NATIVE=1, CXX="false", SYNCBN_CACHE_DIR=cache)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("ImportError: syncbn: SYNCBN_TORCH_NATIVE=1, and the C++ operators are not available: "
+                          + self.reason, r.stderr)
+            if self.why is not None:
+                return
+            logs = list(pathlib.Path(cache).glob("*.log"))
+            self.assertEqual(len(logs), 1, r.stderr)
+            self.assertTrue(logs[0].read_text().startswith("false -O2 -std=c++20"))
+            self.assertEqual(list(pathlib.Path(cache).glob("*.so")), [])  # nothing half-built left
+
+    def test_auto_warns_and_trains_with_the_python_operators(self):
+        with tempfile.TemporaryDirectory() as cache:
+            r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX="false", SYNCBN_CACHE_DIR=cache)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.split(), ["python"])
+            self.assertIn("RuntimeWarning: syncbn.torch: the C++ operators are not available (" + self.reason, r.stderr)
+
+    def test_off_is_silent(self):
+        r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=0)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["python"])
+        self.assertNotIn("Warning", r.stderr)
+
+    def test_unknown_mode_refused(self):
+        r = run_python("import syncbn.torch", SYNCBN_TORCH_NATIVE="yes")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("SYNCBN_TORCH_NATIVE='yes': expected auto, 1 or 0", r.stderr)
+
+
+@unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
+class TestBuildTogether(unittest.TestCase):
+    def test_two_processes_one_build(self):
+        """Two processes with an empty cache import at once (as one process per GPU
+        does): both load the operators and train; the cache holds one library."""
+        with tempfile.TemporaryDirectory() as cache:
+            e = dict(os.environ, SYNCBN_TORCH_NATIVE="1", SYNCBN_CACHE_DIR=cache)
+            procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAIN_ONE_STEP)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+            outs = [p.communicate(timeout=900) for p in procs]
+            for p, (out, err) in zip(procs, outs):
+                self.assertEqual(p.returncode, 0, err)
+                self.assertEqual(out.split(), ["native"])
+            self.assertEqual(len(list(pathlib.Path(cache).glob("*.so"))), 1)
+            builds = (pathlib.Path(cache) / "builds.txt").read_text().splitlines()
+            self.assertEqual(len(builds), 1, builds)  # one compiled, the other waited and loaded it
+
+
+class TestCommsBeforeLoad(unittest.TestCase):
+    def test_comm_made_before_the_operators(self):
+        """A comm made before syncbn.torch was imported is in the C++ operators' table."""
+        r = run_python("""
+            import torch, syncbn
+            comm = syncbn.cpu_team(1)[0]          # before the operators are loaded
+            import syncbn.torch as sbt
+            from syncbn import _ops
+            y = sbt.SyncBatchNorm(3, comm=comm)(torch.randn(4, 3, 5))
+            print("native" if _ops.NATIVE is not None else "python", tuple(y.shape))
+        """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(4, 3, 5)", r.stdout)
+        if _native.mode() == "1":
+            self.assertIn("native", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
