@@ -9,12 +9,12 @@
 #       naming them relative to DIR (scripts/prebuilt_ctest.py), the bench's Python scripts,
 #       the compute-sanitizer suppressions, this script, BUILD-INFO. DIR runs from any path.
 #   DIR/gpu-suite.sh [OUTDIR] [steps...]       on the GPU machine, in a prebuilt folder: no
-#       build; steps env probe test sanitize bench torch pytorch plot, each under a time
+#       build; steps env probe test sanitize bench native torch pytorch plot, each under a time
 #       limit so that the whole ends within 9 minutes (LIMITS below), the sanitizers on the quick case lists,
 #       sbn-bench --quick. OUTDIR (default ./gpu-out) then holds summary.txt and
 #       gpu-suite.tar.gz (every step's log, the JSON, the charts, results.md).
 #   scripts/gpu-suite.sh [OUTDIR] [steps...]   on a GPU machine, from a source tree: steps
-#       env build probe test sanitize bench torch pytorch plot; the build into build/gpu; the sanitizers
+#       env build probe test sanitize bench native torch pytorch plot; the build into build/gpu; the sanitizers
 #       on the full case lists; the bench's default run and its kernel variants. No limits.
 # (Two helpers for other scripts, below the functions: nccl-root, with-libs CMD.)
 #
@@ -29,6 +29,8 @@
 #   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),
 #             racecheck, synccheck over the GPU tests
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
+#   native    syncbn.torch's C++ operators built against the machine's PyTorch (python/syncbn/
+#             _native.py), and which operators the torch steps run on; fails if not the C++ ones
 #   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
 #             syncbn.torch's layer: --paths ...,syncbn_torch), JSON;
 #             its bytes and floors read from the bench step's JSON
@@ -119,6 +121,7 @@ if [ "${1:-}" = prebuild ]; then
     cp scripts/gpu-suite.sh "$DIR/gpu-suite.sh" &&
     mkdir -p "$DIR/python" && cp -r python/syncbn "$DIR/python/" &&
     rm -rf "$DIR/python/syncbn/__pycache__" &&
+    mkdir -p "$DIR/python/syncbn/include" && cp include/syncbn.h "$DIR/python/syncbn/include/" &&
     cp tests/python/test_torch_gpu.py "$DIR/python/" &&
     cp -L "$BUILD/src/libsyncbn.so" "$DIR/python/libsyncbn.so" || exit 1
   {
@@ -151,7 +154,7 @@ if [ -f "$HERE/BUILD-INFO" ]; then
   SBNLIB=$HERE/python/libsyncbn.so
   TORCHGPU=$HERE/python/test_torch_gpu.py
   SUPP=$HERE/sanitizer-supp.xml
-  DEFAULT_STEPS=(env probe test sanitize bench torch pytorch plot)
+  DEFAULT_STEPS=(env probe test sanitize bench native torch pytorch plot)
   QUICK=1
 else
   PREBUILT=0
@@ -166,7 +169,7 @@ else
   SBNLIB=$BUILD/src/libsyncbn.so
   TORCHGPU=tests/python/test_torch_gpu.py
   SUPP=scripts/compute-sanitizer-supp.xml
-  DEFAULT_STEPS=(env build probe test sanitize bench torch pytorch plot)
+  DEFAULT_STEPS=(env build probe test sanitize bench native torch pytorch plot)
   QUICK=${SBN_SUITE_QUICK:-0}
 fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
@@ -175,7 +178,10 @@ fi
 # not enough); with it the steps need two calls of the device tool (bench/notes/gpu-run.md)
 # pytorch: test_torch_gpu.py compiles a small model four times (inductor on CUDA: ~20-40 s
 # each, predicted; not yet measured), so its step has 240 s
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [torch]=60 [pytorch]=240 [plot]=20)
+# native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
+# cores here; once per machine, into ~/.cache/syncbn)
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [native]=60 [torch]=60 [pytorch]=240
+  [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -298,6 +304,20 @@ step_bench() {
   echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
     --json "$OUTDIR/bench-onchip.json"
+}
+
+step_native() {
+  # syncbn.torch's C++ operators, built here before the steps that time and test the layer
+  # (a build inside them would count against their limits); says what they will run on.
+  # A failed build: the Python operators (auto), and test_torch_gpu.py fails, naming why.
+  PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" "$PYTHON" -c '
+import time; t = time.monotonic()
+import torch, syncbn.torch
+from syncbn import _ops
+print("torch", torch.__version__, "- syncbn.torch runs on the",
+      f"C++ operators ({_ops.NATIVE.path})" if _ops.NATIVE else f"Python operators ({_ops.NATIVE_WHY})",
+      f"- import and build {time.monotonic() - t:.1f} s")
+raise SystemExit(_ops.NATIVE is None)'
 }
 
 step_torch() {

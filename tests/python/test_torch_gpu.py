@@ -1,7 +1,7 @@
 """syncbn.torch on a GPU (issue 28): run by scripts/gpu-suite.sh's `pytorch` step, with
 PYTHONPATH naming the package and SYNCBN_LIBRARY the library. Exits 77 (and says why)
 where torch has no CUDA device; on a GPU machine the suite counts that as a failure.
-Not yet run on a GPU: these are the checks the next device session makes.
+Not yet run on a GPU: these are the checks the next GPU run makes.
 
   - a team from a one-process torch.distributed group (gloo for the id's broadcast):
     sbnGetNcclUniqueId -> sbnCommInitNcclRank, cached per (group, device);
@@ -12,6 +12,9 @@ Not yet run on a GPU: these are the checks the next device session makes.
   - CUDA graph capture of the layer's forward + backward on a team, replayed: output,
     input gradient and weight gradient bitwise equal to eager (the library's epochs live
     on the device);
+  - the C++ operators are what runs (unless SYNCBN_TORCH_NATIVE=0), and on the caller's
+    current stream: a side stream delayed by a GPU sleep gives the default stream's
+    output and gradients bitwise;
   - the binding's cost per forward (printed, not judged: speed belongs to the bench);
   - torch.compile of a converted model on CUDA (default and mode="reduce-overhead", and
     with AMP bf16 + channels_last): 3 SGD steps whose losses match eager within 1e-5
@@ -189,6 +192,42 @@ class TestTorchGpu(unittest.TestCase):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=n)
         finally:
             dist.destroy_process_group(nccl)
+
+    def test_cpp_operators_on_cuda(self):
+        """The layer runs on the C++ operators (syncbn._native built them against this
+        PyTorch), unless SYNCBN_TORCH_NATIVE=0 asks for the Python ones."""
+        from syncbn import _native, _ops
+
+        if _native.mode() == "0":
+            self.skipTest("SYNCBN_TORCH_NATIVE=0")
+        self.assertIsNotNone(_ops.NATIVE, _ops.NATIVE_WHY)
+
+    def test_runs_on_the_current_stream(self):
+        """Forward and backward go on the caller's current stream: on a side stream whose
+        input is computed after a GPU sleep of ~25 ms there, output and gradients equal
+        (bitwise) a run on the default stream. A launch on any other stream would read x,
+        or dy, before they are written."""
+        torch.manual_seed(0)
+        base = torch.randn(8, 64, 16, 16, device="cuda")
+        layer = sbt.SyncBatchNorm(64).cuda()
+        ref = copy.deepcopy(layer)
+        xr = (base * 2 + 1).requires_grad_()
+        yr = ref(xr)
+        yr.backward(torch.ones_like(yr) * 0.5)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)  # cycles: ~25 ms at 2 GHz, on s only
+            x = (base * 2 + 1).requires_grad_()
+            y = layer(x)
+            torch.cuda._sleep(50_000_000)
+            y.backward(torch.ones_like(y) * 0.5)
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(y, yr))
+        self.assertTrue(torch.equal(x.grad, xr.grad))
+        self.assertTrue(torch.equal(layer.weight.grad, ref.weight.grad))
+        self.assertTrue(torch.equal(layer.running_var, ref.running_var))
 
     def test_binding_cost_printed(self):
         layer = sbt.SyncBatchNorm(512).cuda()
