@@ -30,6 +30,7 @@ Example (a CPU team of 2 ranks as threads)::
 import ctypes
 import itertools
 import math
+import threading
 import weakref
 
 from . import _capi
@@ -251,7 +252,8 @@ class Comm:
 
     _ids = itertools.count(1)
     _by_id = weakref.WeakValueDictionary()
-    _native = None  # syncbn._native's loaded C++ operators: told of each live comm by id
+    _native = None  # syncbn._native's loaded C++ operators: they own each live comm, by id
+    _native_lock = threading.RLock()  # handing comms over vs loading the operators (re-entered by __del__)
 
     def __init__(self, handle):
         self._h = ctypes.c_void_p(handle)
@@ -265,8 +267,9 @@ class Comm:
         n = ctypes.c_int()
         _check(_capi.lib.sbnCommCount(self._h, ctypes.byref(n)), "sbnCommCount", self._h)
         self._size = n.value
-        if Comm._native is not None:
-            Comm._native.comm_put(self)
+        with Comm._native_lock:
+            if Comm._native is not None:
+                Comm._native.comm_put(self)
 
     @staticmethod
     def from_id(comm_id):
@@ -314,9 +317,12 @@ class Comm:
     def destroy(self):
         if self._h.value:
             h, self._h = self._h, ctypes.c_void_p()
-            if Comm._native is not None:
-                Comm._native.comm_drop(self.id)
-            _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
+            with Comm._native_lock:  # the C++ operators own it: destroyed now, or after their call using it
+                r = Comm._native.comm_drop(self.id) if Comm._native is not None else -2
+            if r == -2:
+                _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
+            elif r > 0:
+                _check(r, "sbnCommDestroy")
 
     def __copy__(self):
         return self  # a rank of a team is one resource: copies of a layer share it

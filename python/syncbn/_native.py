@@ -24,8 +24,11 @@ import ctypes
 import hashlib
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import time
 
@@ -71,15 +74,42 @@ def _torch_include_dirs():
     return [str(inc), str(inc / "torch" / "csrc" / "api" / "include")], str(root / "lib")
 
 
+def _compiler():
+    """The C++ compiler's command ($CXX may carry arguments: "ccache g++")."""
+    return shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+
+
+def _python_include():
+    """Python's C headers (SyncBNError raised from C++), or None where not installed."""
+    d = sysconfig.get_paths().get("include")
+    return d if d and os.path.isfile(os.path.join(d, "Python.h")) else None
+
+
+def features():
+    """The -D flags this PyTorch and Python allow: SBN_TORCH_NATIVE_HANDLE (c10::Stream's
+    native_handle(), else the CUDA stream through libc10_cuda's CUDAStream::stream) and
+    SBN_TORCH_PYTHON (failed calls raise syncbn.SyncBNError, else a RuntimeError with its
+    text)."""
+    flags = []
+    incs, _ = _torch_include_dirs()
+    stream_h = pathlib.Path(incs[0]) / "c10" / "core" / "Stream.h"
+    if stream_h.is_file() and "native_handle()" in stream_h.read_text(errors="replace"):
+        flags.append("-DSBN_TORCH_NATIVE_HANDLE")
+    if _python_include() is not None:
+        flags.append("-DSBN_TORCH_PYTHON")
+    return flags
+
+
 def command(source, header_dir, out, defines=()):
     """The compiler's command line for the operators' library `out` (defines: -D flags,
-    the test's mutants)."""
+    the test's mutants; the features() of this PyTorch and Python come first)."""
     incs, libdir = _torch_include_dirs()
-    cxx = os.environ.get("CXX", "c++")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return ([cxx, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-             *defines, *(f"-I{d}" for d in incs), f"-I{header_dir}", str(source),
-             f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}", "-o", str(out)])
+    feats = features()
+    py = [f"-I{_python_include()}", "-ltorch_python"] if "-DSBN_TORCH_PYTHON" in feats else []
+    return ([*_compiler(), "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *feats, *defines, *(f"-I{d}" for d in incs), f"-I{header_dir}",
+             str(source), f"-L{libdir}", "-lc10", "-ltorch_cpu", *py, f"-Wl,-rpath,{libdir}", "-o", str(out)])
 
 
 def _why_not():
@@ -88,16 +118,12 @@ def _why_not():
         return "syncbn.h is not next to the package (an incomplete install)"
     if not SOURCE.is_file():
         return f"{SOURCE} is missing (an incomplete install)"
-    cxx = os.environ.get("CXX", "c++")
+    cxx = _compiler()[0]
     if shutil.which(cxx) is None:
         return f"no C++ compiler ({cxx!r} not found; CXX names one)"
     incs, _ = _torch_include_dirs()
-    stream_h = next((pathlib.Path(d) / "c10/core/Stream.h" for d in incs
-                     if (pathlib.Path(d) / "c10/core/Stream.h").is_file()), None)
-    if stream_h is None:
-        return "this PyTorch ships no C++ headers"
-    if "native_handle()" not in stream_h.read_text(errors="replace"):
-        return f"PyTorch {torch.__version__}'s c10::Stream has no native_handle() (a CUDA stream from C++)"
+    if not (pathlib.Path(incs[0]) / "torch" / "library.h").is_file():
+        return f"PyTorch {torch.__version__} ships no C++ headers"
     return None
 
 
@@ -111,7 +137,7 @@ def built_library(defines=()):
     probe = command(SOURCE, hdr, "OUT", defines)
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), (hdr / "syncbn.h").read_bytes(), torch.__version__.encode(),
-                 str(pathlib.Path(torch.__file__).parent).encode(), " ".join(probe).encode()):
+                 str(pathlib.Path(torch.__file__).parent).encode(), sys.version.encode(), " ".join(probe).encode()):
         h.update(part)
         h.update(b"\0")
     d = cache_dir()
@@ -134,6 +160,9 @@ def built_library(defines=()):
                 log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
                 raise RuntimeError(f"the C++ operators did not compile (exit {r.returncode}); the compiler's output "
                                    f"is in {log}")
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep other users of a shared cache out
             os.replace(tmp, out)  # whole or not at all: a reader never sees a partial file
             with open(d / "builds.txt", "a") as f:  # what was built, when, in how long
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {out.name}  {time.monotonic() - t0:.1f} s  "
@@ -152,23 +181,28 @@ class Native:
         so = ctypes.CDLL(str(path))  # the same loaded object: its extern "C" functions
         p = ctypes.c_void_p
         so.sbn_torch_bind.restype = ctypes.c_int
-        so.sbn_torch_bind.argtypes = [p] * 6
+        so.sbn_torch_bind.argtypes = [p] * 7
         lib = _capi.lib
         fns = [ctypes.cast(f, p) for f in (lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference,
-                                           lib.sbnGetLastError, lib.sbnGetErrorString, lib.sbnGetResultName)]
+                                           lib.sbnGetLastError, lib.sbnGetErrorString, lib.sbnGetResultName,
+                                           lib.sbnCommDestroy)]
         so.sbn_torch_bind(*fns)
         so.sbn_torch_comm_put.restype = None
         so.sbn_torch_comm_put.argtypes = [ctypes.c_int64, p, ctypes.c_int, ctypes.c_char_p]
-        so.sbn_torch_comm_drop.restype = None
+        so.sbn_torch_comm_drop.restype = ctypes.c_int
         so.sbn_torch_comm_drop.argtypes = [ctypes.c_int64]
         self.path = str(path)
         self._put, self._drop = so.sbn_torch_comm_put, so.sbn_torch_comm_drop
 
     def comm_put(self, comm):
+        """Hands the live comm over: the operators destroy it from now on (comm_drop)."""
         self._put(comm.id, comm._h.value, int(comm.host), comm._transport.encode())
 
     def comm_drop(self, comm_id):
-        self._drop(comm_id)
+        """Takes comm_id out of the table and destroys it, at once (sbnCommDestroy's result)
+        or, when an operator call is using it, when that call returns (-1); -2 when it was
+        never handed over (the caller destroys it)."""
+        return self._drop(comm_id)
 
 
 def load():

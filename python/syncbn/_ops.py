@@ -472,7 +472,7 @@ def _library_error(e):
     """The SyncBNError (SyncBNValueError) that the C++ operators' error e stands for: its
     text is SyncBNError's, "<what>: <detail> [<result name>]"; e itself when it is not a
     failed library call (an argument check's TypeError, ...)."""
-    m = _LIBRARY_ERROR.fullmatch(str(e))
+    m = _LIBRARY_ERROR.match(str(e))
     if m is None or m.group(3) not in _RESULT_CODES:
         return e
     what, detail, name = m.groups()
@@ -480,7 +480,8 @@ def _library_error(e):
     return cls(_RESULT_CODES[name], what, detail)
 
 
-_LIBRARY_ERROR = re.compile(r"(syncbn\.[A-Za-z_]+(?: \(sbn[A-Za-z]+\))?): (.*) \[(sbn[A-Za-z]+)\]", re.S)
+# what, detail, result name; then the end, or C++'s stack trace (TORCH_SHOW_CPP_STACKTRACES=1)
+_LIBRARY_ERROR = re.compile(r"(syncbn\.[A-Za-z_]+(?: \(sbn[A-Za-z]+\))?): (.*?) \[(sbn[A-Za-z]+)\](?:$|\n)", re.S)
 _RESULT_CODES = {n: code for code in range(1, 64) if (n := _capi.result_name(code)).startswith("sbn")}
 
 
@@ -511,10 +512,11 @@ def _native_ops(ns, lib, fake=True):
 
 NATIVE, NATIVE_WHY = _native.load()  # the C++ operators, or why not (then the Python ones)
 if NATIVE is not None:
-    Comm._native = NATIVE  # comms made from now on are put into the operators' table ...
-    for _c in list(Comm._by_id.values()):  # ... and those alive already
-        if _c._h.value:
-            NATIVE.comm_put(_c)
+    with Comm._native_lock:
+        Comm._native = NATIVE  # comms made from now on are handed over to the operators ...
+        for _c in list(Comm._by_id.values()):  # ... and those alive already
+            if _c._h.value:
+                NATIVE.comm_put(_c)
     _lib = torch.library.Library(NS, "FRAGMENT")
     batch_norm_train, batch_norm_backward, batch_norm_infer = _native_ops(NS, _lib)
     _train_native = _native_eager(batch_norm_train)

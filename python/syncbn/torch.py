@@ -156,16 +156,18 @@ class SyncBatchNorm(_BatchNorm):
                 comm = self._find_group_team(input.device)
         if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
+        momentum = self.momentum
         if self.track_running_stats:
             rm, rv, nbt = self.running_mean, self.running_var, self.num_batches_tracked
         else:
             rm = rv = nbt = None
+            momentum = 0.0  # no running statistics to update (momentum None would ask for num_batches_tracked)
         # Plain tensors outside torch.compile and modes: the operator's kernels and autograd
         # without the dispatcher's two Python-kernel calls (~4 us a call); everything else
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         if _plain(input):
-            return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm.id)
-        return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, self.momentum, comm.id)[0]
+            return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)
+        return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)[0]
 
 
 def convert_sync_batchnorm(module, process_group=None, comm=None):

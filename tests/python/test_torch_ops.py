@@ -22,6 +22,8 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
 import copy
 import gc
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -364,6 +366,162 @@ class TestParameters(unittest.TestCase):
             mm = sbt.SyncBatchNorm(3, comm=self.comm)
             y = mm(torch.empty(2, 3, 4))
         self.assertEqual((y.device.type, tuple(y.shape)), ("meta", (2, 3, 4)))
+
+
+def raises_syncbn_error():
+    """Whether the loaded operators raise syncbn.SyncBNError themselves (called directly,
+    in the backward): the Python ones, and the C++ ones built with Python's headers."""
+    return _ops.NATIVE is None or "-DSBN_TORCH_PYTHON" in _native.features()
+
+
+class TestAutogradAndLifetimes(unittest.TestCase):
+    """What the C++ operators must do as the Python ones do (both kinds run these)."""
+
+    def setUp(self):
+        self.comm = syncbn.cpu_team(1)[0]
+
+    def tearDown(self):
+        self.comm.destroy()
+
+    def test_no_double_backward(self):
+        """create_graph=True: the gradients exist and carry a node that refuses to be
+        differentiated (once_differentiable), never a second derivative that silently
+        leaves the batch norm out."""
+        m = sbt.SyncBatchNorm(3, comm=self.comm)
+        x = torch.randn(4, 3, requires_grad=True)
+        y = m(x)
+        gx, = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+        self.assertTrue(gx.requires_grad)
+        with self.assertRaisesRegex(RuntimeError, "differentiate twice|not differentiable"):
+            (gx ** 2).sum().backward()
+
+    def test_no_forward_mode_ad(self):
+        x, t = torch.randn(4, 3), torch.randn(4, 3)
+        rm, rv = torch.zeros(3), torch.ones(3)
+        with self.assertRaisesRegex(RuntimeError, "forward-mode AD|setup_context"):
+            torch.func.jvp(lambda v: _ops.batch_norm_infer(v, rm, rv, None, None, 1e-5), (x,), (t,))
+        with self.assertRaisesRegex(RuntimeError, "forward-mode AD|setup_context"):
+            torch.func.jvp(lambda v: _ops.batch_norm_train(v, None, None, None, None, None, 1e-5, 0.1,
+                                                           self.comm.id)[0], (x,), (t,))
+
+    def test_requires_grad_from_any_tensor_argument(self):
+        """An output requires grad when any tensor argument does (running statistics too,
+        as an autograd.Function decides); they get no gradient."""
+        x = torch.randn(4, 3)
+        rm, rv = torch.zeros(3, requires_grad=True), torch.ones(3)
+        self.assertTrue(_ops.batch_norm_infer(x, rm, rv, None, None, 1e-5).requires_grad)
+        with torch.no_grad():
+            self.assertFalse(_ops.batch_norm_infer(x, rm, rv, None, None, 1e-5).requires_grad)
+        self.assertFalse(_ops.batch_norm_infer(x, rm.detach(), rv, None, None, 1e-5).requires_grad)
+
+    def test_momentum_none_without_running_statistics(self):
+        """momentum=None with track_running_stats=False trains as nn.BatchNorm1d does (no
+        running statistics: momentum plays no part)."""
+        m = sbt.SyncBatchNorm(3, momentum=None, track_running_stats=False, comm=self.comm)
+        ref = torch.nn.BatchNorm1d(3, momentum=None, track_running_stats=False)
+        x = torch.randn(6, 3)
+        torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
+
+    def test_complex_input_named_as_python_names_it(self):
+        x = torch.randn(4, 3).to(torch.complex64)
+        with self.assertRaisesRegex(TypeError, r"input dtype torch\.complex64;"):
+            _ops.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, self.comm.id)
+        w = torch.ones(3, dtype=torch.complex128)
+        with self.assertRaisesRegex(TypeError, r"weight is torch\.complex128; it must be floating point"):
+            _ops.batch_norm_train(torch.randn(4, 3), w, None, None, None, None, 1e-5, 0.1, self.comm.id)
+
+    def test_library_errors_are_syncbn_errors(self):
+        """A destroyed comm, found in the backward and by a direct call: SyncBNError
+        (sbnInvalidUsage), as the layer's forward raises it."""
+        if not raises_syncbn_error():
+            self.skipTest("C++ operators built without Python's headers: RuntimeError with SyncBNError's text")
+        comm = syncbn.cpu_team(1)[0]
+        m = sbt.SyncBatchNorm(3, comm=comm)
+        y = m(torch.randn(4, 3, requires_grad=True))
+        comm.destroy()
+        with self.assertRaises(syncbn.SyncBNError) as cm:
+            y.sum().backward()
+        self.assertEqual(cm.exception.name, "sbnInvalidUsage")
+        self.assertIn(f"no live comm has id {comm.id}", str(cm.exception))
+        with self.assertRaises(syncbn.SyncBNError):
+            _ops.batch_norm_train(torch.randn(4, 3), None, None, None, None, None, 1e-5, 0.1, comm.id)
+
+    def test_team_collected_during_a_call(self):
+        """A team whose Comms are collected while rank 0 waits inside its backward: rank
+        0's comm is not freed under the call (it is destroyed when the call returns); rank
+        0 learns that rank 1 was destroyed, and rank 1's own call that its comm was. Run
+        in a process of its own (a freed comm read by the call would be memory misuse,
+        caught by the error text or a crash)."""
+        r = subprocess.run([sys.executable, "-c", TEAM_COLLECTED], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        outcome = dict(line.split(": ", 1) for line in r.stdout.splitlines() if line.startswith("rank"))
+        for rank in ("rank 0", "rank 1"):
+            self.assertIn(rank, outcome, r.stdout)
+            self.assertRegex(outcome[rank], r"^(ok|SyncBNError: .*(destroyed|no live comm))", r.stdout)
+        self.assertNotIn("not a valid sbnComm_t", r.stdout)
+        self.assertNotIn("rank 0 of the team was destroyed", outcome["rank 0"])  # its own comm, under its call
+
+    def test_comm_destroyed_during_its_call(self):
+        """The C++ operators own the comms handed to them: one destroyed while a call on it
+        waits (rank 0 in its exchange) leaves the table at once and is destroyed when the
+        call returns; the call completes with its peer. (The Python operators hold the
+        Comm object itself; destroying a comm during its own call is then the caller's
+        error, as in the C API.)"""
+        if _ops.NATIVE is None:
+            self.skipTest("the Python operators: no table of comms")
+        comms = syncbn.cpu_team(2, timeout_ms=20000)
+        ids = [c.id for c in comms]
+        xs = [torch.randn(3, 4, 5) for _ in ids]
+        res = {}
+
+        def rank0():
+            try:
+                _ops.batch_norm_train(xs[0], None, None, None, None, None, 1e-5, 0.1, ids[0])
+                res[0] = "ok"
+            except Exception as e:  # noqa: BLE001
+                res[0] = repr(e)
+
+        t = threading.Thread(target=rank0)
+        t.start()
+        time.sleep(0.3)  # rank 0 waits for rank 1 in its exchange
+        comms[0].destroy()  # during rank 0's call
+        with self.assertRaisesRegex(RuntimeError, "no live comm"):
+            _ops.batch_norm_train(xs[0], None, None, None, None, None, 1e-5, 0.1, ids[0])
+        _ops.batch_norm_train(xs[1], None, None, None, None, None, 1e-5, 0.1, ids[1])
+        t.join()
+        self.assertEqual(res[0], "ok")
+        comms[1].destroy()
+
+
+TEAM_COLLECTED = """
+import gc, threading, time, torch, syncbn, syncbn.torch as sbt
+from syncbn import _ops
+gc.disable()
+comms = syncbn.cpu_team(2, timeout_ms=20000)
+ids = [c.id for c in comms]
+xs = [torch.randn(3, 4, 5, requires_grad=True) for _ in ids]
+out = [None, None]
+def fwd(r):
+    out[r] = _ops.batch_norm_train(xs[r], None, None, None, None, None, 1e-5, 0.1, ids[r])
+ts = [threading.Thread(target=fwd, args=(r,)) for r in (0, 1)]
+[t.start() for t in ts]; [t.join() for t in ts]
+del comms, ts
+res = {}
+def bwd(r):
+    try:
+        out[r][0].sum().backward()
+        res[r] = "ok"
+    except Exception as e:
+        res[r] = f"{type(e).__name__}: {e}"
+t0 = threading.Thread(target=bwd, args=(0,))
+t0.start()
+time.sleep(0.5)          # rank 0 is waiting for rank 1 inside its backward
+gc.collect()             # collects the whole team (its Comms refer to each other)
+bwd(1)
+t0.join()
+for r in (0, 1):
+    print(f"rank {r}: {res[r]}")
+"""
 
 
 class TestRefusals(unittest.TestCase):

@@ -7,9 +7,19 @@
 // libsyncbn itself is not linked: _native.py hands over the functions of the library that
 // the package already loaded (ctypes), and the live comms by id (sbn_torch_comm_put /
 // _drop), through the extern "C" functions at the end.
+#ifdef SBN_TORCH_PYTHON
+// failed library calls raise syncbn.SyncBNError itself (a Python exception carried
+// through the dispatcher and the autograd engine as PyTorch carries its own)
+#include <Python.h>
+#pragma GCC visibility push(default)
+#include <torch/csrc/Exceptions.h>
+#pragma GCC visibility pop
+#endif
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
@@ -48,12 +58,23 @@ struct Api {
   decltype(&sbnGetLastError) last_error = nullptr;
   decltype(&sbnGetErrorString) error_string = nullptr;
   decltype(&sbnGetResultName) result_name = nullptr;
+  decltype(&sbnCommDestroy) comm_destroy = nullptr;
 };
 Api api;
 
-struct CommEntry {
+// A live comm, owned here once syncbn.Comm has handed it over: destroyed (sbnCommDestroy)
+// when Python has dropped it AND no operator call is using it, whichever comes last, so
+// that a comm collected or destroyed by another thread is never freed under a call.
+struct CommOwner {
   sbnComm_t handle;
-  bool host;  // a CPU team: its ops take host memory
+  ~CommOwner() {
+    if (handle != nullptr) api.comm_destroy(handle);
+  }
+};
+
+struct CommEntry {
+  std::shared_ptr<CommOwner> owner;  // each call holds a copy while it runs
+  bool host;                         // a CPU team: its ops take host memory
   std::string transport;
 };
 std::mutex comms_mutex;
@@ -72,6 +93,9 @@ std::string dtype_name(at::ScalarType t) {
     case at::kChar: return "torch.int8";
     case at::kByte: return "torch.uint8";
     case at::kBool: return "torch.bool";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
     default: {
       std::string s = c10::toString(t);
       for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -93,14 +117,45 @@ std::string shape_str(at::IntArrayRef s) {  // a Python tuple: (3,), (2, 3)
 [[noreturn]] void fail_type(const std::string& msg) { TORCH_CHECK_TYPE(false, msg); }
 [[noreturn]] void fail_value(const std::string& msg) { TORCH_CHECK_VALUE(false, msg); }
 
-// A failed library call: "<what>: <detail> [<result name>]" (SyncBNError's text; a
-// ValueError for the one-value-per-channel case, as nn.BatchNorm raises it).
-[[noreturn]] void fail_call(sbnResult_t r, const char* what, sbnComm_t comm) {
-  std::string detail = api.last_error(comm);
-  std::string msg = std::string(what) + ": " + (detail.empty() ? api.error_string(r) : detail) + " [" +
-                    api.result_name(r) + "]";
-  if (detail.rfind("Expected more than 1 value per channel", 0) == 0) fail_value(msg);
+// A failed library call (or a comm that is not live): syncbn.SyncBNError(code, what,
+// detail), or SyncBNValueError for the one-value-per-channel case (a ValueError, as
+// nn.BatchNorm raises it). Without Python's headers at build time: a RuntimeError
+// (ValueError) with SyncBNError's text, "<what>: <detail> [<result name>]".
+[[noreturn]] void fail_library(sbnResult_t r, const std::string& what, const std::string& detail) {
+  const bool value = detail.rfind("Expected more than 1 value per channel", 0) == 0;
+#ifdef SBN_TORCH_PYTHON
+  if (Py_IsInitialized()) {
+    pybind11::gil_scoped_acquire gil;
+    PyObject* mod = PyImport_ImportModule("syncbn");
+    PyObject* cls = mod ? PyObject_GetAttrString(mod, value ? "SyncBNValueError" : "SyncBNError") : nullptr;
+    PyObject* exc = cls ? PyObject_CallFunction(cls, "iss", static_cast<int>(r), what.c_str(), detail.c_str())
+                        : nullptr;
+    if (exc != nullptr) PyErr_SetObject(cls, exc);
+    Py_XDECREF(exc);
+    Py_XDECREF(cls);
+    Py_XDECREF(mod);
+    if (PyErr_Occurred()) {  // SyncBNError, or what failed in making it, kept for any thread
+      python_error err;
+      err.persist();
+      throw std::move(err);
+    }
+  }
+#endif
+  const std::string msg = what + ": " + (detail.empty() ? api.error_string(r) : detail) + " [" + api.result_name(r) + "]";
+  if (value) fail_value(msg);
   fail(msg);
+}
+
+[[noreturn]] void fail_call(sbnResult_t r, const char* what, sbnComm_t comm) {
+  fail_library(r, what, api.last_error(comm));
+}
+
+// Forward-mode AD (jvp, dual tensors): no formula; refused, as PyTorch's own operators
+// without one refuse, rather than giving zero tangents.
+void no_forward_ad(const char* who, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->_fw_grad(/*level=*/0).defined())
+      fail(std::string("syncbn.") + who + ": forward-mode AD (jvp, dual tensors) is not implemented");
 }
 
 // ---- argument checks (_ops.py's, with its messages) -----------------------------------
@@ -153,16 +208,16 @@ void check_train(const Tensor& x, const optional<Tensor>& weight, const optional
   }
 }
 
+// The live comm `id`, held (e.owner) for the caller's call.
 CommEntry find_comm(int64_t id, const Tensor& x, const char* who) {
   CommEntry e;
   {
     std::lock_guard<std::mutex> lock(comms_mutex);
     auto it = comms.find(id);
-    if (it == comms.end())
-      fail("syncbn.Comm: no live comm has id " + std::to_string(id) + ": it was destroyed [" +
-           api.result_name(sbnInvalidUsage) + "]");
-    e = it->second;
+    if (it != comms.end()) e = it->second;
   }
+  if (e.owner == nullptr)
+    fail_library(sbnInvalidUsage, "syncbn.Comm", "no live comm has id " + std::to_string(id) + ": it was destroyed");
   if (x.device().is_cpu() != e.host || !(x.device().is_cpu() || x.device().is_cuda()))
     fail(std::string("syncbn.") + who + ": the input is on " + x.device().str() + ", and the team (" + e.transport +
          ") takes " + (e.host ? "CPU tensors" : "CUDA tensors"));
@@ -205,12 +260,29 @@ T* ptr(const optional<Tensor>& t) {
   return t.has_value() ? static_cast<T*>(t->data_ptr()) : nullptr;
 }
 
+#ifndef SBN_TORCH_NATIVE_HANDLE
+// A PyTorch whose c10::Stream has no native_handle(): c10::cuda::CUDAStream::stream() of
+// libc10_cuda (loaded with PyTorch's CUDA), on the c10::Stream that a CUDAStream wraps
+// (its one member).
+using CudaStreamFn = void* (*)(const c10::Stream*);
+CudaStreamFn cuda_stream_fn() {
+  void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+  return lib ? reinterpret_cast<CudaStreamFn>(dlsym(lib, "_ZNK3c104cuda10CUDAStream6streamEv")) : nullptr;
+}
+#endif
+
 // The current stream of x's device as the dispatcher keeps it (PyTorch's kernels run on
 // it, also under CUDA graph capture); none for host tensors.
 sbnStream_t stream_of(const Tensor& x) {
   if (!x.is_cuda()) return nullptr;
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return static_cast<sbnStream_t>(impl->getStream(x.device()).native_handle());
+  const c10::Stream s = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device());
+#ifdef SBN_TORCH_NATIVE_HANDLE
+  return static_cast<sbnStream_t>(s.native_handle());
+#else
+  static const CudaStreamFn fn = cuda_stream_fn();
+  TORCH_CHECK(fn != nullptr, "syncbn: c10::cuda::CUDAStream::stream not found in libc10_cuda.so");
+  return static_cast<sbnStream_t>(fn(&s));
+#endif
 }
 
 sbnParams_t params(double eps, double momentum) {
@@ -237,10 +309,10 @@ std::tuple<Tensor, Tensor> train_kernel(const Tensor& input, const optional<Tens
   const sbnTensorDesc_t d = desc(x, layout);
   const sbnParams_t p = params(eps, momentum.has_value() ? *momentum : -1.0);
   float* sp = stats.data_ptr<float>();
-  sbnResult_t r = api.forward_train(c.handle, &d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32),
+  sbnResult_t r = api.forward_train(c.owner->handle, &d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32),
                                     ptr<const float>(b32), ptr<float>(rm), ptr<float>(rv), ptr<int64_t>(nb),
                                     sp, sp + x.size(1), &p, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.handle);
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.owner->handle);
   // not float32 or not contiguous: written back, each on its own
   if (rm.has_value() && !rm->is_same(*running_mean)) running_mean->copy_(*rm);
   if (rv.has_value() && !rv->is_same(*running_var)) running_var->copy_(*rv);
@@ -280,10 +352,10 @@ std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_out, const Tensor&
   const sbnParams_t p = params(eps, 0.1);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
-  sbnResult_t r = api.backward(c.handle, &d, x.data_ptr(), dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
+  sbnResult_t r = api.backward(c.owner->handle, &d, x.data_ptr(), dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
                                ptr<const float>(w32), sp, sp + x.size(1), dwp, dwp ? dwp + x.size(1) : nullptr,
                                &p, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_backward (sbnBackward)", c.handle);
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_backward (sbnBackward)", c.owner->handle);
   return {dx, dwb};
 }
 
@@ -344,18 +416,36 @@ using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using NodePtr = decltype(torch::autograd::Edge::function);  // std::shared_ptr or c10::intrusive_ptr
 
-template <typename T>
-NodePtr new_node() {
+template <typename T, typename... Args>
+NodePtr new_node(Args&&... args) {
   if constexpr (std::is_same_v<NodePtr, c10::intrusive_ptr<Node>>) {
-    return c10::make_intrusive<T>();
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
   } else {
-    return NodePtr(new T());
+    return NodePtr(new T(std::forward<Args>(args)...));
   }
 }
 
-bool any_requires_grad(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias) {
-  return at::GradMode::is_enabled() && (x.requires_grad() || (weight.has_value() && weight->requires_grad()) ||
-                                        (bias.has_value() && bias->requires_grad()));
+// Whether the output gets an autograd node: grad mode on and any tensor argument
+// requiring grad (the running statistics too, as an autograd.Function decides; they get
+// no gradient).
+bool any_requires_grad(std::initializer_list<const optional<Tensor>*> ts) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const optional<Tensor>* t : ts)
+    if (t->has_value() && (*t)->requires_grad()) return true;
+  return false;
+}
+
+// create_graph=True: the gradients computed here get an Error node, so that
+// differentiating them raises (as autograd.Function's once_differentiable does) instead
+// of giving a second derivative that leaves this backward out.
+void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor& x, const Tensor& weight) {
+  if (!at::GradMode::is_enabled()) return;
+  if (!(dy.requires_grad() || x.requires_grad() || (weight.defined() && weight.requires_grad()))) return;
+  NodePtr err = new_node<torch::autograd::Error>(
+      "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it)",
+      torch::autograd::collect_next_edges(dy, x, weight));
+  for (Tensor& t : outputs)
+    if (t.defined()) torch::autograd::set_history(t, err);
 }
 
 // Gradients of batch_norm_train's out, to (input, weight, bias): sbnBackward.
@@ -391,7 +481,9 @@ struct TrainBackward : public Node {
       if (need_w) dw = dwb.select(0, 0);
       if (need_b) db = dwb.select(0, 1);
     }
-    return {need_x ? dx : Tensor(), dw, db};
+    variable_list out{need_x ? dx : Tensor(), dw, db};
+    once_differentiable(out, dy, x, weight);
+    return out;
   }
 };
 
@@ -403,7 +495,9 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
                                           const optional<Tensor>& bias, const optional<Tensor>& rm,
                                           const optional<Tensor>& rv, const optional<Tensor>& nbt, double eps,
                                           optional<double> momentum, int64_t comm) {
-  const bool grad = any_requires_grad(x, weight, bias);
+  const optional<Tensor> xo(x);
+  const bool grad = any_requires_grad({&xo, &weight, &bias, &rm, &rv});
+  no_forward_ad("batch_norm_train", {&x, weight ? &*weight : &x, bias ? &*bias : &x});
   Tensor y, stats;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -459,12 +553,11 @@ struct InferBackward : public Node {
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const Tensor x = x_.unpack(), rm = rm_.unpack(), rv = rv_.unpack(), w = weight_.unpack();
-    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     std::vector<int64_t> shape(x.dim(), 1), dims{0};
     shape[1] = -1;
     for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
     const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
-    const Tensor g = grads[0].to(at::kFloat);
+    const Tensor g = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
     Tensor dx, gw, gb;
     if (task_should_compute_output(0)) {
       const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
@@ -475,13 +568,17 @@ struct InferBackward : public Node {
       gw = (g * xhat).sum(dims).to(w.scalar_type());
     }
     if (has_bias && task_should_compute_output(2)) gb = g.sum(dims).to(w.scalar_type());
-    return {dx, gw, gb};
+    variable_list out{dx, gw, gb};
+    once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
+    return out;
   }
 };
 
 Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const optional<Tensor>& weight,
                       const optional<Tensor>& bias, double eps) {
-  const bool grad = any_requires_grad(x, weight, bias);
+  const optional<Tensor> xo(x), rmo(rm), rvo(rv);
+  const bool grad = any_requires_grad({&xo, &weight, &bias, &rmo, &rvo});
+  no_forward_ad("batch_norm_infer", {&x, weight ? &*weight : &x, bias ? &*bias : &x});
   Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -546,7 +643,9 @@ SBN_LIBRARY_IMPL(SBN_TORCH_NS, Autograd, m) {
 extern "C" {
 __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, void* backward,
                                                           void* forward_inference, void* last_error,
-                                                          void* error_string, void* result_name) {
+                                                          void* error_string, void* result_name,
+                                                          void* comm_destroy) {
+  api.comm_destroy = reinterpret_cast<decltype(&sbnCommDestroy)>(comm_destroy);
   api.forward_train = reinterpret_cast<decltype(&sbnForwardTrain)>(forward_train);
   api.backward = reinterpret_cast<decltype(&sbnBackward)>(backward);
   api.forward_inference = reinterpret_cast<decltype(&sbnForwardInference)>(forward_inference);
@@ -556,14 +655,31 @@ __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, v
   return SBN_VERSION_CODE;
 }
 
+// syncbn.Comm hands over a live comm: from now on it is destroyed here (sbn_torch_comm_drop).
 __attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void* handle, int host,
                                                                const char* transport) {
+  auto owner = std::make_shared<CommOwner>();
+  owner->handle = static_cast<sbnComm_t>(handle);
   std::lock_guard<std::mutex> lock(comms_mutex);
-  comms[id] = CommEntry{static_cast<sbnComm_t>(handle), host != 0, transport};
+  comms[id] = CommEntry{std::move(owner), host != 0, transport};
 }
 
-__attribute__((visibility("default"))) void sbn_torch_comm_drop(int64_t id) {
-  std::lock_guard<std::mutex> lock(comms_mutex);
-  comms.erase(id);
+// syncbn.Comm's destroy: the comm leaves the table (calls from now on say it was
+// destroyed) and is destroyed now if no call is using it: returns sbnCommDestroy's result;
+// else when the last such call returns: -1. -2: not in the table (the caller destroys it).
+__attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id) {
+  std::shared_ptr<CommOwner> owner;
+  {
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    auto it = comms.find(id);
+    if (it == comms.end()) return -2;
+    owner = std::move(it->second.owner);
+    comms.erase(it);
+  }
+  // out of the table: no call can take it any more, so a count of 1 stays 1
+  if (owner.use_count() > 1) return -1;
+  sbnComm_t h = owner->handle;
+  owner->handle = nullptr;
+  return static_cast<int>(api.comm_destroy(h));
 }
 }
