@@ -322,6 +322,66 @@ SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void*
                                         const float* running_mean, const float* running_var,
                                         float eps, sbnStream_t stream);
 
+/* ---- batch norm + activation (+ residual) in one op ---------------------------------
+   The forward's epilogue: y = act(bn(x) + z), bn(x) = (x - mean) * invstd * weight + bias
+   as above, z an optional tensor of x's desc (a residual). The backward takes the
+   forward's output y for the activation's mask: g = dy * act'(y), dz = g, and dx is
+   sbnBackward's with g for dy. PyTorch's rules: ReLU's gradient is 0 where y <= 0 (as
+   threshold_backward of the result), leaky ReLU's is slope where y <= 0 (as
+   leaky_relu_backward of the result; y > 0 exactly where v = bn(x) + z > 0 when
+   slope >= 0). */
+typedef enum {
+  sbnActivationIdentity = 0,
+  sbnActivationRelu = 1,     /* max(v, 0) */
+  sbnActivationLeakyRelu = 2 /* v > 0 ? v : slope * v */
+} sbnActivation_t;
+typedef struct {
+  size_t size;                /* sizeof(sbnEpilogue_t): fields may be added at the end */
+  sbnActivation_t activation; /* default identity */
+  float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's) */
+} sbnEpilogue_t;
+#define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f }
+
+/* sbnForwardTrain with the epilogue: y = act(bn(x) + z). z: NULL (none) or this rank's
+   tensor per desc. y == x and y == z are allowed (in place). epilogue: NULL means
+   SBN_EPILOGUE_INITIALIZER (then this is sbnForwardTrain). Every rank of a team must
+   pass the same activation (it is part of the op's signature: ranks that differ get
+   sbnInvalidUsage). This version: CPU teams; GPU teams return sbnUnsupported for an
+   activation other than identity or a z. */
+SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                      const void* z, void* y, const float* weight,
+                                      const float* bias, float* running_mean, float* running_var,
+                                      int64_t* num_batches_tracked, float* save_mean,
+                                      float* save_invstd, const sbnParams_t* params,
+                                      const sbnEpilogue_t* epilogue, sbnStream_t stream);
+
+/* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
+   identity when x is given). dz: NULL, or where to write the residual's gradient
+   dy * act'(y) (dz == dy allowed). x NULL: the in-place backward, which needs no copy of
+   x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with slope > 0: ReLU
+   is not invertible; and a forward without z: dz must be NULL), so bias is read then
+   (weight, bias NULL: affine=False); a channel whose |weight| < SBN_RECOVER_MIN_WEIGHT
+   divides by SBN_RECOVER_MIN_WEIGHT with weight's sign instead (+ for 0): its x_hat, and
+   so its dweight, is then scaled by |weight| / SBN_RECOVER_MIN_WEIGHT. Accuracy against
+   the x-based backward: bench/notes/tolerances.md. Every rank must pass the same activation and the same
+   choice of x or y. This version: CPU teams (GPU teams: sbnUnsupported unless identity
+   with x and no dz). */
+#define SBN_RECOVER_MIN_WEIGHT 1e-5f
+SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                  const void* y, const void* dy, void* dx, void* dz,
+                                  const float* weight, const float* bias, const float* save_mean,
+                                  const float* save_invstd, float* dweight, float* dbias,
+                                  const sbnParams_t* params, const sbnEpilogue_t* epilogue,
+                                  sbnStream_t stream);
+
+/* sbnForwardInference with the epilogue: y = act(bn_eval(x) + z), the training formula
+   with the running statistics. z: NULL or a tensor per desc (the same memory as x). */
+SBN_API sbnResult_t sbnForwardInferenceEx(const sbnTensorDesc_t* desc, const void* x,
+                                          const void* z, void* y, const float* weight,
+                                          const float* bias, const float* running_mean,
+                                          const float* running_var, float eps,
+                                          const sbnEpilogue_t* epilogue, sbnStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

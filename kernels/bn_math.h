@@ -192,8 +192,13 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
 /* dweight of a channel from its (local or team) sum dy * (x - mean). */
 SBN_HD float sbn_dweight(float sum_dy_xmu, float invstd) { return SBN_MUL(sum_dy_xmu, invstd); }
 
+/* dx from x - mean (xmu) and the gradient dy reaching the normalization. */
+SBN_HD float sbn_backward_dx_xmu(sbn_bwd_coef_t k, float xmu, float dy) {
+  return SBN_MUL(dy - k.mean_dy - SBN_MUL(xmu, k.xmu_scale), k.scale);
+}
+
 SBN_HD float sbn_backward_dx(sbn_bwd_coef_t k, float x, float dy) {
-  return SBN_MUL(dy - k.mean_dy - SBN_MUL(x - k.mean, k.xmu_scale), k.scale);
+  return sbn_backward_dx_xmu(k, x - k.mean, dy);
 }
 
 /* Per-channel backward partial: the two sums the team reduces (the CPU team: plain fp32
@@ -269,6 +274,46 @@ SBN_HD sbn_bwd_csums_t sbn_bwd_csums_merge(sbn_bwd_csums_t a, sbn_bwd_csums_t b)
   r.dy = sbn_csum_merge(a.dy, b.dy);
   r.dy_xmu = sbn_csum_merge(a.dy_xmu, b.dy_xmu);
   return r;
+}
+
+/* ---- the epilogue: activation after the normalization (sbnForwardTrainEx) ----------
+   act: sbnActivation_t's values (0 identity, 1 ReLU, 2 leaky ReLU). */
+#define SBN_ACT_IDENTITY 0
+#define SBN_ACT_RELU 1
+#define SBN_ACT_LEAKY 2
+
+/* act(v). NaN stays NaN (as PyTorch's relu and leaky_relu). */
+SBN_HD float sbn_act(int act, float slope, float v) {
+  if (act == SBN_ACT_RELU) return v < 0.0f ? 0.0f : v;
+  if (act == SBN_ACT_LEAKY) return v > 0.0f ? v : SBN_MUL(slope, v);
+  return v;
+}
+
+/* The gradient through the activation from its OUTPUT y (what the backward keeps):
+   ReLU passes g where y > 0, leaky ReLU where y > 0 and slope * g elsewhere. */
+SBN_HD float sbn_act_grad(int act, float slope, float y, float g) {
+  if (act == SBN_ACT_RELU) return y > 0.0f ? g : 0.0f;
+  if (act == SBN_ACT_LEAKY) return y > 0.0f ? g : SBN_MUL(slope, g);
+  return g;
+}
+
+/* v = act^-1(y) for the invertible activations (identity; leaky ReLU with slope > 0). */
+SBN_HD float sbn_act_inverse(int act, float slope, float y) {
+  if (act == SBN_ACT_LEAKY) return y > 0.0f ? y : y / slope;
+  return y;
+}
+
+/* The weight that the in-place backward divides by: weight, or +-min_weight where
+   |weight| < min_weight (SBN_RECOVER_MIN_WEIGHT; + for 0). */
+SBN_HD float sbn_recover_weight(float weight, float min_weight) {
+  if (fabsf(weight) >= min_weight) return weight;
+  return weight < 0.0f ? -min_weight : min_weight;
+}
+
+/* x - mean recovered from the forward's output: (act^-1(y) - bias) / w_eff / invstd.
+   The backward's sums and dx take x - mean, so this is all they need of x. */
+SBN_HD float sbn_xmu_from_y(int act, float slope, float y, float bias, float w_eff, float invstd) {
+  return (sbn_act_inverse(act, slope, y) - bias) / w_eff / invstd;
 }
 
 #endif /* SYNCBN_BN_MATH_H_ */

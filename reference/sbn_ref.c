@@ -140,11 +140,20 @@ void sbn_ref_running(int64_t c, int64_t m, const double* mean, const double* var
 }
 
 /* ---- backward --------------------------------------------------------------------- */
-void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
-                      const void* const* dys, const float* weight, const double* mean,
-                      const double* invstd, double* const* dxs, double* const* dweight_local,
-                      double* const* dbias_local, double* dweight_global,
-                      double* dbias_global) {
+/* The gradient reaching the normalization: dy through the activation, from its output
+   y (ReLU: 0 where y <= 0; leaky ReLU: slope * dy there). */
+static double ref_act_grad(int act, double slope, const void* y, sbnDataType_t dt, int64_t i, double dy) {
+  if (act == sbnActivationIdentity || y == NULL) return dy;
+  double yv = sbn_ref_load(y, dt, i);
+  if (yv > 0.0) return dy;
+  return act == sbnActivationRelu ? 0.0 : slope * dy;
+}
+
+void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
+                         const void* const* ys, const void* const* dys, int act, double slope,
+                         const float* weight, const double* mean, const double* invstd,
+                         double* const* dxs, double* const* dzs, double* const* dweight_local,
+                         double* const* dbias_local, double* dweight_global, double* dbias_global) {
   int64_t c = descs[0].c;
   int64_t total = 0;
   for (int r = 0; r < nranks; r++) total += descs[r].n * descs[r].spatial;
@@ -153,13 +162,15 @@ void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* cons
     double g_dy = 0.0, g_dyxmu = 0.0;
     for (int r = 0; r < nranks; r++) {
       const sbnTensorDesc_t* d = &descs[r];
+      const void* y = ys ? ys[r] : NULL;
       double l_dy = 0.0, l_dyxmu = 0.0;
       for (int64_t ni = 0; ni < d->n; ni++)
         for (int64_t si = 0; si < d->spatial; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dy = sbn_ref_load(dys[r], d->dtype, i);
-          l_dy += dy;
-          l_dyxmu += dy * (sbn_ref_load(xs[r], d->dtype, i) - mu);
+          double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
+          if (dzs && dzs[r]) dzs[r][i] = g;
+          l_dy += g;
+          l_dyxmu += g * (sbn_ref_load(xs[r], d->dtype, i) - mu);
         }
       if (dweight_local && dweight_local[r]) dweight_local[r][ci] = l_dyxmu * is;
       if (dbias_local && dbias_local[r]) dbias_local[r][ci] = l_dy;
@@ -173,15 +184,35 @@ void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* cons
     double mdy = g_dy / (double)total, mdyxmu = g_dyxmu / (double)total;
     for (int r = 0; r < nranks; r++) {
       const sbnTensorDesc_t* d = &descs[r];
+      const void* y = ys ? ys[r] : NULL;
       if (!dxs[r]) continue;
       for (int64_t ni = 0; ni < d->n; ni++)
         for (int64_t si = 0; si < d->spatial; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si);
-          double dy = sbn_ref_load(dys[r], d->dtype, i);
+          double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
           double xm = sbn_ref_load(xs[r], d->dtype, i) - mu;
-          dxs[r][i] = w * is * (dy - mdy - xm * is * is * mdyxmu);
+          dxs[r][i] = w * is * (g - mdy - xm * is * is * mdyxmu);
         }
     }
+  }
+}
+
+void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
+                      const void* const* dys, const float* weight, const double* mean,
+                      const double* invstd, double* const* dxs, double* const* dweight_local,
+                      double* const* dbias_local, double* dweight_global,
+                      double* dbias_global) {
+  sbn_ref_backward_ex(nranks, descs, xs, NULL, dys, sbnActivationIdentity, 0.0, weight, mean, invstd,
+                      dxs, NULL, dweight_local, dbias_local, dweight_global, dbias_global);
+}
+
+void sbn_ref_epilogue(const sbnTensorDesc_t* d, const void* z, int act, double slope, double* y) {
+  int64_t numel = sbn_ref_numel(d);
+  for (int64_t i = 0; i < numel; i++) {
+    double v = y[i] + (z ? sbn_ref_load(z, d->dtype, i) : 0.0);
+    if (act == sbnActivationRelu) v = v > 0.0 ? v : 0.0;
+    if (act == sbnActivationLeakyRelu) v = v > 0.0 ? v : slope * v;
+    y[i] = v;
   }
 }
 

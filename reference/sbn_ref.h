@@ -50,6 +50,19 @@ void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* cons
                       double* const* dbias_local, double* dweight_global,
                       double* dbias_global);
 
+/* sbn_ref_backward after an activation: the gradient reaching the normalization is
+   g = dy * act'(y) from the forward's output ys[r] (act: sbnActivation_t; ys NULL or
+   identity: g = dy); dzs: NULL or per-rank outputs of g (the residual's gradient). */
+void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
+                         const void* const* ys, const void* const* dys, int act, double slope,
+                         const float* weight, const double* mean, const double* invstd,
+                         double* const* dxs, double* const* dzs, double* const* dweight_local,
+                         double* const* dbias_local, double* dweight_global, double* dbias_global);
+
+/* The forward's epilogue on a normalized tensor y (double, in place): y = act(y + z)
+   (z NULL: none; act: sbnActivation_t). */
+void sbn_ref_epilogue(const sbnTensorDesc_t* d, const void* z, int act, double slope, double* y);
+
 /* Eval-mode forward of one tensor into y (double, same layout). */
 void sbn_ref_inference(const sbnTensorDesc_t* d, const void* x, const float* weight,
                        const float* bias, const float* running_mean, const float* running_var,

@@ -60,6 +60,12 @@ typedef struct {
   float* save_invstd;
   float* dweight;
   float* dbias;
+  /* the epilogue (sbnForwardTrainEx / sbnBackwardEx; zero for the plain ops) */
+  const void* z;       /* forward: the residual, or NULL */
+  const void* y;       /* backward: the forward's output (the activation's mask), or NULL */
+  void* dz;            /* backward: the residual's gradient, or NULL */
+  int act;             /* SBN_ACT_* (kernels/bn_math.h) */
+  float slope;         /* leaky ReLU's */
   sbnStream_t stream;  /* GPU teams */
   int algo;            /* set by the backend's prepare: how the op runs (GPU teams: SBN_ALGO_*) */
   int kernel;          /* set by the backend's prepare (GPU teams: SBN_KERNEL_*) */
@@ -130,6 +136,10 @@ typedef struct sbn_team_ops {
      queue on a thread of its own; 0: ops are issued asynchronously, and a group issues
      them round by round (round i: the i-th op of every local rank) from its thread. */
   int threaded;
+  /* 1: runs the epilogue of sbnForwardTrainEx / sbnBackwardEx (an activation other than
+     identity, a residual z / dz, the in-place backward from y); 0: those ops are
+     refused with sbnUnsupported at the call. */
+  int epilogue;
   /* Makes team->impl (team->nranks, first_local, nlocal and cfg are set). On failure
      team->impl stays NULL and nothing is left allocated. */
   sbnResult_t (*attach)(sbn_team_t* team, sbn_team_init_t* init);

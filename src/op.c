@@ -5,13 +5,14 @@
 #include "internal.h"
 
 uint32_t sbn_op_signature(const sbn_op_t* op) {
-  return sbn_op_sig(op->kind, op->desc.dtype, op->desc.layout, op->desc.c);
+  return sbn_sig_with_act(sbn_op_sig(op->kind, op->desc.dtype, op->desc.layout, op->desc.c), op->act);
 }
 
 const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n) {
-  snprintf(buf, n, "%s %s %s C=%lld", sbn_sig_kind(sig) == SBN_OP_FORWARD ? "forward" : "backward",
+  static const char* const acts[] = {"", " + ReLU", " + leaky ReLU", " + ?"};
+  snprintf(buf, n, "%s %s %s C=%lld%s", sbn_sig_kind(sig) == SBN_OP_FORWARD ? "forward" : "backward",
            sbn_dtype_name(sbn_sig_dtype(sig)), sbn_sig_layout(sig) == sbnLayoutNHWC ? "NHWC" : "NCHW",
-           (long long)sbn_sig_c(sig));
+           (long long)sbn_sig_c(sig), acts[sbn_sig_act(sig)]);
   return buf;
 }
 

@@ -42,9 +42,42 @@ static sbnResult_t check_params(sbnComm_t comm, const char* fn, const sbnParams_
   return sbnSuccess;
 }
 
-static sbnResult_t check_op(const sbn_op_t* op) {
+/* The entry point's name, for messages. */
+static const char* op_fn(const sbn_op_t* op, int ex) {
+  if (!ex) return sbn_op_name(op->kind);
+  return op->kind == SBN_OP_FORWARD ? "sbnForwardTrainEx" : "sbnBackwardEx";
+}
+
+/* The epilogue's activation and slope (NULL: SBN_EPILOGUE_INITIALIZER's). */
+static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilogue_t* e, int* act,
+                                 float* slope) {
+  *act = sbnActivationIdentity;
+  *slope = 0.01f;
+  if (e == NULL) return sbnSuccess;
+  if (e->size < sizeof(sbnEpilogue_t))
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "%s: epilogue->size is %zu, less than sizeof(sbnEpilogue_t) = %zu "
+                    "(SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size, sizeof(sbnEpilogue_t));
+  if (e->activation != sbnActivationIdentity && e->activation != sbnActivationRelu &&
+      e->activation != sbnActivationLeakyRelu)
+    return sbn_fail(comm, sbnInvalidArgument, "%s: unknown activation %d", fn, (int)e->activation);
+  if (e->activation == sbnActivationLeakyRelu && !(e->slope >= 0.0f && !isinf(e->slope)))
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "%s: leaky ReLU's slope must be finite and >= 0, got %g", fn, (double)e->slope);
+  *act = (int)e->activation;
+  *slope = e->slope;
+  return sbnSuccess;
+}
+
+/* Whether the op needs a backend that runs the epilogue (sbn_team_ops_t.epilogue). */
+static int uses_epilogue(const sbn_op_t* op) {
+  return op->act != sbnActivationIdentity || op->z != NULL || op->dz != NULL ||
+         (op->kind == SBN_OP_BACKWARD && op->x == NULL && op->y != NULL);
+}
+
+static sbnResult_t check_op(const sbn_op_t* op, int ex) {
   sbnComm_t comm = op->comm;
-  const char* fn = sbn_op_name(op->kind);
+  const char* fn = op_fn(op, ex);
   sbnResult_t r = check_desc(comm, fn, &op->desc);
   if (r != sbnSuccess) return r;
   r = check_params(comm, fn, &op->params);
@@ -75,27 +108,54 @@ static sbnResult_t check_op(const sbn_op_t* op) {
                       "Expected more than 1 value per channel when training, got input of "
                       "n=1, spatial=1");
   } else {
-    if (has_data && (op->x == NULL || op->dy == NULL))
-      return sbn_fail(comm, sbnInvalidArgument, "%s: x and dy must be non-NULL when n > 0", fn);
+    const int recover = op->x == NULL && op->y != NULL; /* the in-place backward */
+    if (has_data && (op->dy == NULL || (op->x == NULL && !recover)))
+      return sbn_fail(comm, sbnInvalidArgument,
+                      ex ? "%s: dy, and x or y (the in-place backward), must be non-NULL when n > 0"
+                         : "%s: x and dy must be non-NULL when n > 0", fn);
     if (op->save_mean == NULL || op->save_invstd == NULL)
       return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
                       fn);
+    if (has_data && op->act != sbnActivationIdentity && op->y == NULL)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: y (the forward's output) is required for the activation's gradient", fn);
+    if (recover && has_data) {
+      if (op->act == sbnActivationRelu || (op->act == sbnActivationLeakyRelu && !(op->slope > 0.0f)))
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: the in-place backward (x NULL) recovers x from y, which needs an "
+                        "invertible activation (identity, or leaky ReLU with slope > 0): %s is not",
+                        fn, op->act == sbnActivationRelu ? "ReLU" : "leaky ReLU with slope 0");
+      if (op->dz != NULL)
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: the in-place backward (x NULL) recovers x from y, which a residual z "
+                        "(dz non-NULL) makes impossible: pass x", fn);
+      if ((op->weight == NULL) != (op->bias == NULL))
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: the in-place backward reads weight and bias: both set (affine) or "
+                        "both NULL", fn);
+    }
   }
+  if (uses_epilogue(op) && !comm->team->ops->epilogue)
+    return sbn_fail(comm, sbnUnsupported,
+                    "%s: the activation, the residual and the in-place backward run on CPU teams "
+                    "in this version (this team: %s)", fn, comm->team->ops->name);
   return sbnSuccess;
 }
 
 /* Common tail of both ops: check, then queue in the open group or run now. A failed
    check inside a group also makes sbnGroupEnd run nothing. */
-static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params) {
+static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params,
+                          int ex, const sbnEpilogue_t* epilogue) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
   const int in_group = sbn_group_active();
   sbnResult_t r = sbn_comm_check(op->comm);
   if (r == sbnSuccess && desc == NULL)
-    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", sbn_op_name(op->kind));
+    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
+  if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope);
   if (r == sbnSuccess) {
     op->desc = *desc;
     op->params = params ? *params : defaults;
-    r = check_op(op);
+    r = check_op(op, ex);
   }
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
   const sbn_team_ops_t* ops = r == sbnSuccess ? op->comm->team->ops : NULL;
@@ -131,7 +191,31 @@ SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc,
   op.num_batches_tracked = num_batches_tracked;
   op.save_mean = save_mean;
   op.save_invstd = save_invstd;
-  return submit(&op, desc, params);
+  return submit(&op, desc, params, 0, NULL);
+}
+
+SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                      const void* z, void* y, const float* weight,
+                                      const float* bias, float* running_mean, float* running_var,
+                                      int64_t* num_batches_tracked, float* save_mean,
+                                      float* save_invstd, const sbnParams_t* params,
+                                      const sbnEpilogue_t* epilogue, sbnStream_t stream) {
+  sbn_op_t op;
+  memset(&op, 0, sizeof op);
+  op.kind = SBN_OP_FORWARD;
+  op.stream = stream;
+  op.comm = comm;
+  op.x = x;
+  op.z = z;
+  op.out = y;
+  op.weight = weight;
+  op.bias = bias;
+  op.running_mean = running_mean;
+  op.running_var = running_var;
+  op.num_batches_tracked = num_batches_tracked;
+  op.save_mean = save_mean;
+  op.save_invstd = save_invstd;
+  return submit(&op, desc, params, 1, epilogue);
 }
 
 SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
@@ -151,15 +235,43 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
   op.save_invstd = (float*)(uintptr_t)save_invstd;
   op.dweight = dweight;
   op.dbias = dbias;
-  return submit(&op, desc, params);
+  return submit(&op, desc, params, 0, NULL);
 }
 
-SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
-                                        const float* weight, const float* bias,
-                                        const float* running_mean, const float* running_var,
-                                        float eps, sbnStream_t stream) {
-  const char* fn = "sbnForwardInference";
+SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                  const void* y, const void* dy, void* dx, void* dz,
+                                  const float* weight, const float* bias, const float* save_mean,
+                                  const float* save_invstd, float* dweight, float* dbias,
+                                  const sbnParams_t* params, const sbnEpilogue_t* epilogue,
+                                  sbnStream_t stream) {
+  sbn_op_t op;
+  memset(&op, 0, sizeof op);
+  op.kind = SBN_OP_BACKWARD;
+  op.stream = stream;
+  op.comm = comm;
+  op.x = x;
+  op.y = y;
+  op.dy = dy;
+  op.out = dx;
+  op.dz = dz;
+  op.weight = weight;
+  op.bias = bias; /* read by the in-place backward only */
+  op.save_mean = (float*)(uintptr_t)save_mean;
+  op.save_invstd = (float*)(uintptr_t)save_invstd;
+  op.dweight = dweight;
+  op.dbias = dbias;
+  return submit(&op, desc, params, 1, epilogue);
+}
+
+static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const void* x, const void* z,
+                             void* y, const float* weight, const float* bias, const float* running_mean,
+                             const float* running_var, float eps, const sbnEpilogue_t* epilogue,
+                             sbnStream_t stream) {
   sbnResult_t r = check_desc(NULL, fn, desc);
+  if (r != sbnSuccess) return r;
+  int act;
+  float slope;
+  r = read_epilogue(NULL, fn, epilogue, &act, &slope);
   if (r != sbnSuccess) return r;
   if (desc->n > 0 && (x == NULL || y == NULL))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
@@ -171,15 +283,35 @@ SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void*
   if (!(eps >= 0.0f) || isinf(eps))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: eps must be finite and >= 0, got %g", fn,
                     (double)eps);
-  const void* ptrs[] = {x, y, weight, bias, running_mean, running_var};
+  const void* ptrs[] = {x, y, weight, bias, running_mean, running_var, z};
   int kinds[2] = {0, 0};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
     if (ptrs[i] != NULL) kinds[sbn_pointer_kind(ptrs[i])]++;
   if (kinds[SBN_MEM_HOST] && kinds[SBN_MEM_DEVICE])
     return sbn_fail(NULL, sbnInvalidArgument,
                     "%s: pointers mix host and device memory; pass all host or all device", fn);
-  if (kinds[SBN_MEM_DEVICE])
+  if (kinds[SBN_MEM_DEVICE]) {
+    if (act != sbnActivationIdentity || z != NULL)
+      return sbn_fail(NULL, sbnUnsupported,
+                      "%s: the activation and the residual run on host memory in this version", fn);
     return sbn_gpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps, stream);
-  sbn_cpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps);
+  }
+  sbn_cpu_inference(desc, x, z, y, weight, bias, running_mean, running_var, eps, act, slope);
   return sbnSuccess;
+}
+
+SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
+                                        const float* weight, const float* bias,
+                                        const float* running_mean, const float* running_var,
+                                        float eps, sbnStream_t stream) {
+  return inference("sbnForwardInference", desc, x, NULL, y, weight, bias, running_mean, running_var, eps,
+                   NULL, stream);
+}
+
+SBN_API sbnResult_t sbnForwardInferenceEx(const sbnTensorDesc_t* desc, const void* x, const void* z,
+                                          void* y, const float* weight, const float* bias,
+                                          const float* running_mean, const float* running_var,
+                                          float eps, const sbnEpilogue_t* epilogue, sbnStream_t stream) {
+  return inference("sbnForwardInferenceEx", desc, x, z, y, weight, bias, running_mean, running_var, eps,
+                   epilogue, stream);
 }

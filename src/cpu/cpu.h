@@ -63,9 +63,27 @@ SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floa
 /* out[3*ci .. 3*ci+2] = (mean_hi, mean_lo, m2) of channel ci over the rank's n*spatial
    elements (an sbn_partial_t without its count, which is n*spatial). */
 SBN_INTERNAL void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out);
-/* out[2*ci] = sum dy, out[2*ci+1] = sum dy*(x - mean[ci]). */
-SBN_INTERNAL void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const void* x, const void* dy,
-                                          const float* mean, float* out);
+/* What the backward reads of a rank's tensors: g = dy * act'(y) (y NULL: identity, g =
+   dy) and x - mean, from x, or, when x is NULL (the in-place backward), from y:
+   (act^-1(y) - bias) / w_eff / invstd per channel (w_eff = sbn_recover_weight's). */
+typedef struct {
+  const void* x;
+  const void* y;
+  const void* dy;
+  const float* mean;   /* [c]: save_mean */
+  int act;
+  float slope;
+  const float* bias;   /* [c], x NULL: the forward's bias (NULL: 0) */
+  const float* w_eff;  /* [c], x NULL */
+  const float* invstd; /* [c], x NULL: save_invstd */
+} sbn_cpu_bwd_src_t;
+/* g and x - mean of `len` elements from element `at`, whose channel is ch (NCHW: the
+   same for the run) or ch + i (nhwc: element i of the run). */
+SBN_INTERNAL void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64_t at,
+                                  int64_t len, int64_t ch, int nhwc, float* g, float* xmu);
+/* out[2*ci] = sum g, out[2*ci+1] = sum g*(x - mean[ci]). */
+SBN_INTERNAL void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s,
+                                          float* out);
 /* Element loaders/storers for a run of `count` elements starting at element `start`. */
 SBN_INTERNAL void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t count,
                                float* out);
@@ -76,9 +94,9 @@ SBN_INTERNAL void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int
 SBN_INTERNAL sbnResult_t sbn_cpu_forward(const sbn_op_t* op);
 SBN_INTERNAL sbnResult_t sbn_cpu_backward(const sbn_op_t* op);
 /* sbnForwardInference with host pointers. */
-SBN_INTERNAL void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+SBN_INTERNAL void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, const void* z, void* y,
                                     const float* weight, const float* bias,
                                     const float* running_mean, const float* running_var,
-                                    float eps);
+                                    float eps, int act, float slope);
 
 #endif /* SYNCBN_CPU_H_ */

@@ -20,46 +20,51 @@ typedef struct {
   float bias;
 } fwd_coef_t;
 
-/* The elementwise pass over channels [c0, c0 + cl): out = y(x) with kf (dy == NULL), or
-   out = dx(x, dy) with kb. Coefficient arrays are indexed from c0. out may alias x or dy. */
-static void elementwise(const sbnTensorDesc_t* d, const void* x, const void* dy, void* out,
-                        int64_t c0, int64_t cl, const fwd_coef_t* kf, const sbn_bwd_coef_t* kb) {
+/* The forward's elementwise pass over channels [c0, c0 + cl): y = act(y(x) + z) with kf
+   (z NULL: none). Coefficient arrays are indexed from c0. y may alias x or z. */
+static void elementwise_forward(const sbnTensorDesc_t* d, const void* x, const void* z, void* y, int act,
+                                float slope, int64_t c0, int64_t cl, const fwd_coef_t* kf) {
+  float xb[SBN_RUN], zb[SBN_RUN];
+  const int64_t n = d->n, c = d->c, sp = d->spatial;
+  const int nhwc = d->layout == sbnLayoutNHWC;
+  /* runs: NCHW along a channel's row, NHWC across the channels of a position */
+  const int64_t rows = nhwc ? n * sp : n * cl, width = nhwc ? cl : sp;
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t w0 = 0; w0 < width; w0 += SBN_RUN) {
+      const int64_t len = width - w0 < SBN_RUN ? width - w0 : SBN_RUN;
+      const int64_t j = nhwc ? w0 : r % cl; /* the run's (first) channel, from c0 */
+      const int64_t at = nhwc ? r * c + c0 + w0 : ((r / cl) * c + c0 + j) * sp + w0;
+      sbn_cpu_load(d->dtype, x, at, len, xb);
+      if (z != NULL) sbn_cpu_load(d->dtype, z, at, len, zb);
+      for (int64_t i = 0; i < len; i++) {
+        const fwd_coef_t* k = &kf[nhwc ? j + i : j];
+        float v = sbn_forward_y(xb[i], k->mean, k->mean_lo, k->scale, k->bias);
+        if (z != NULL) v += zb[i];
+        xb[i] = sbn_act(act, slope, v);
+      }
+      sbn_cpu_store(d->dtype, y, at, len, xb);
+    }
+  }
+}
+
+/* The backward's elementwise pass: dx = dx(x - mean, g) with kb (dx NULL: none), dz = g
+   (dz NULL: none). dx and dz may alias dy. */
+static void elementwise_backward(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* src, void* dx, void* dz,
+                                 const sbn_bwd_coef_t* kb) {
   float xb[SBN_RUN], gb[SBN_RUN];
   const int64_t n = d->n, c = d->c, sp = d->spatial;
-  if (d->layout == sbnLayoutNCHW) {
-    for (int64_t ni = 0; ni < n; ni++) {
-      for (int64_t j = 0; j < cl; j++) {
-        int64_t row = (ni * c + c0 + j) * sp;
-        for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
-          int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
-          sbn_cpu_load(d->dtype, x, row + s0, len, xb);
-          if (kb != NULL) {
-            sbn_cpu_load(d->dtype, dy, row + s0, len, gb);
-            for (int64_t i = 0; i < len; i++) xb[i] = sbn_backward_dx(kb[j], xb[i], gb[i]);
-          } else {
-            for (int64_t i = 0; i < len; i++)
-              xb[i] = sbn_forward_y(xb[i], kf[j].mean, kf[j].mean_lo, kf[j].scale, kf[j].bias);
-          }
-          sbn_cpu_store(d->dtype, out, row + s0, len, xb);
-        }
-      }
-    }
-  } else {
-    for (int64_t r = 0; r < n * sp; r++) {
-      for (int64_t j0 = 0; j0 < cl; j0 += SBN_RUN) {
-        int64_t len = cl - j0 < SBN_RUN ? cl - j0 : SBN_RUN;
-        int64_t at = r * c + c0 + j0;
-        sbn_cpu_load(d->dtype, x, at, len, xb);
-        if (kb != NULL) {
-          sbn_cpu_load(d->dtype, dy, at, len, gb);
-          for (int64_t j = 0; j < len; j++) xb[j] = sbn_backward_dx(kb[j0 + j], xb[j], gb[j]);
-        } else {
-          for (int64_t j = 0; j < len; j++) {
-            const fwd_coef_t* k = &kf[j0 + j];
-            xb[j] = sbn_forward_y(xb[j], k->mean, k->mean_lo, k->scale, k->bias);
-          }
-        }
-        sbn_cpu_store(d->dtype, out, at, len, xb);
+  const int nhwc = d->layout == sbnLayoutNHWC;
+  const int64_t rows = nhwc ? n * sp : n * c, width = nhwc ? c : sp;
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t w0 = 0; w0 < width; w0 += SBN_RUN) {
+      const int64_t len = width - w0 < SBN_RUN ? width - w0 : SBN_RUN;
+      const int64_t ch = nhwc ? w0 : r % c;
+      const int64_t at = nhwc ? r * c + w0 : r * sp + w0;
+      sbn_cpu_bwd_run(d, src, at, len, ch, nhwc, gb, xb);
+      if (dz != NULL) sbn_cpu_store(d->dtype, dz, at, len, gb);
+      if (dx != NULL) {
+        for (int64_t i = 0; i < len; i++) xb[i] = sbn_backward_dx_xmu(kb[nhwc ? ch + i : ch], xb[i], gb[i]);
+        sbn_cpu_store(d->dtype, dx, at, len, xb);
       }
     }
   }
@@ -72,8 +77,9 @@ static int64_t team_count(const sbn_cpu_peers_t* peers, int w) {
 }
 
 /* step 0 + step 1 of both ops: this rank's partials (zeros for an empty rank), then the
-   exchange. On success *peers describes every rank's records. */
-static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_cpu_peers_t* peers) {
+   exchange. On success *peers describes every rank's records. src: the backward's. */
+static sbnResult_t partials_and_exchange(const sbn_op_t* op, const sbn_cpu_bwd_src_t* src,
+                                         sbn_cpu_peers_t* peers) {
   sbnComm_t comm = op->comm;
   const sbnTensorDesc_t* d = &op->desc;
   float* local = sbn_cpu_rank(comm)->local;
@@ -83,7 +89,7 @@ static sbnResult_t partials_and_exchange(const sbn_op_t* op, sbn_cpu_peers_t* pe
   } else if (op->kind == SBN_OP_FORWARD) {
     sbn_cpu_local_stats(d, op->x, local);
   } else {
-    sbn_cpu_local_grad_sums(d, op->x, op->dy, op->save_mean, local);
+    sbn_cpu_local_grad_sums(d, src, local);
   }
   return sbn_cpu_exchange(comm, sbn_op_signature(op), floats, d->n * d->spatial, local, peers);
 }
@@ -97,7 +103,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
   sbn_cpu_rank_t* me = sbn_cpu_rank(comm);
   sbn_cpu_peers_t peers;
 
-  sbnResult_t r = partials_and_exchange(op, &peers);
+  sbnResult_t r = partials_and_exchange(op, NULL, &peers);
   if (r != sbnSuccess) return r;
   int64_t m = team_count(&peers, w);
   if (m == 1)
@@ -127,7 +133,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
   }
 
   /* step 3: outputs */
-  if (d->n > 0) elementwise(d, op->x, NULL, op->out, 0, c, k, NULL);
+  if (d->n > 0) elementwise_forward(d, op->x, op->z, op->out, op->act, op->slope, 0, c, k);
   for (int64_t ci = 0; ci < c; ci++) {
     op->save_mean[ci] = k[ci].mean;
     op->save_invstd[ci] = invstd[ci];
@@ -153,7 +159,17 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   sbn_cpu_rank_t* me = sbn_cpu_rank(comm);
   sbn_cpu_peers_t peers;
 
-  sbnResult_t r = partials_and_exchange(op, &peers);
+  /* what the backward reads: x - mean from x, or from y (the in-place backward: x NULL;
+     the weights it divides by go where the dx coefficients go after the sums) */
+  sbn_cpu_bwd_src_t src = {op->x, op->act != SBN_ACT_IDENTITY || op->x == NULL ? op->y : NULL, op->dy,
+                           op->save_mean, op->act, op->slope, op->bias, NULL, op->save_invstd};
+  float* w_eff = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
+  if (op->x == NULL && d->n > 0) {
+    for (int64_t ci = 0; ci < c; ci++)
+      w_eff[ci] = sbn_recover_weight(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT);
+    src.w_eff = w_eff;
+  }
+  sbnResult_t r = partials_and_exchange(op, &src, &peers);
   if (r != sbnSuccess) return r;
   int64_t m = team_count(&peers, w);
 
@@ -175,14 +191,14 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
                                       op->weight ? op->weight[ci] : 1.0f);
   }
 
-  /* step 3: dx */
-  if (d->n > 0 && op->out != NULL) elementwise(d, op->x, op->dy, op->out, 0, c, NULL, k);
+  /* step 3: dx and dz */
+  if (d->n > 0 && (op->out != NULL || op->dz != NULL)) elementwise_backward(d, &src, op->out, op->dz, k);
   return sbnSuccess;
 }
 
-void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y, const float* weight,
-                       const float* bias, const float* running_mean, const float* running_var,
-                       float eps) {
+void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, const void* z, void* y,
+                       const float* weight, const float* bias, const float* running_mean,
+                       const float* running_var, float eps, int act, float slope) {
   if (d->n == 0) return;
   fwd_coef_t k[SBN_RUN]; /* coefficients for a block of channels: no allocation */
   for (int64_t c0 = 0; c0 < d->c; c0 += SBN_RUN) {
@@ -194,6 +210,6 @@ void sbn_cpu_inference(const sbnTensorDesc_t* d, const void* x, void* y, const f
       k[j].scale = sbn_scale(weight ? weight[ci] : 1.0f, sbn_invstd(running_var[ci], eps));
       k[j].bias = bias ? bias[ci] : 0.0f;
     }
-    elementwise(d, x, NULL, y, c0, cl, k, NULL);
+    elementwise_forward(d, x, z, y, act, slope, c0, cl, k);
   }
 }

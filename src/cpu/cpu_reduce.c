@@ -140,8 +140,25 @@ static sbn_bwd_sums_t sums_tree_result(const sums_tree_t* t) {
   return acc;
 }
 
-void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const void* x, const void* dy,
-                             const float* mean, float* out) {
+void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64_t at, int64_t len,
+                     int64_t ch, int nhwc, float* g, float* xmu) {
+  float yb[SBN_RUN];
+  sbn_cpu_load(d->dtype, s->dy, at, len, g);
+  if (s->y != NULL) sbn_cpu_load(d->dtype, s->y, at, len, yb);
+  if (s->y != NULL && s->act != SBN_ACT_IDENTITY)
+    for (int64_t i = 0; i < len; i++) g[i] = sbn_act_grad(s->act, s->slope, yb[i], g[i]);
+  if (s->x != NULL) {
+    sbn_cpu_load(d->dtype, s->x, at, len, xmu);
+    for (int64_t i = 0; i < len; i++) xmu[i] = xmu[i] - s->mean[nhwc ? ch + i : ch];
+  } else {
+    for (int64_t i = 0; i < len; i++) {
+      const int64_t c = nhwc ? ch + i : ch;
+      xmu[i] = sbn_xmu_from_y(s->act, s->slope, yb[i], s->bias ? s->bias[c] : 0.0f, s->w_eff[c], s->invstd[c]);
+    }
+  }
+}
+
+void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, float* out) {
   sums_tree_t tree[SBN_CBLOCK];
   float xb[SBN_RUN], gb[SBN_RUN];
   const int64_t n = d->n, c = d->c, sp = d->spatial;
@@ -152,27 +169,24 @@ void sbn_cpu_local_grad_sums(const sbnTensorDesc_t* d, const void* x, const void
       if (d->layout == sbnLayoutNCHW) {
         for (int64_t j = 0; j < cb; j++) {
           int64_t row = (ni * c + c0 + j) * sp;
-          float m = mean[c0 + j];
           for (int64_t s0 = 0; s0 < sp; s0 += SBN_RUN) {
             int64_t len = sp - s0 < SBN_RUN ? sp - s0 : SBN_RUN;
-            sbn_cpu_load(d->dtype, x, row + s0, len, xb);
-            sbn_cpu_load(d->dtype, dy, row + s0, len, gb);
-            for (int64_t i = 0; i < len; i++) sums_tree_push(&tree[j], gb[i], xb[i] - m);
+            sbn_cpu_bwd_run(d, s, row + s0, len, c0 + j, 0, gb, xb);
+            for (int64_t i = 0; i < len; i++) sums_tree_push(&tree[j], gb[i], xb[i]);
           }
         }
       } else {
         for (int64_t si = 0; si < sp; si++) {
           int64_t row = (ni * sp + si) * c + c0;
-          sbn_cpu_load(d->dtype, x, row, cb, xb);
-          sbn_cpu_load(d->dtype, dy, row, cb, gb);
-          for (int64_t j = 0; j < cb; j++) sums_tree_push(&tree[j], gb[j], xb[j] - mean[c0 + j]);
+          sbn_cpu_bwd_run(d, s, row, cb, c0, 1, gb, xb);
+          for (int64_t j = 0; j < cb; j++) sums_tree_push(&tree[j], gb[j], xb[j]);
         }
       }
     }
     for (int64_t j = 0; j < cb; j++) {
-      sbn_bwd_sums_t s = sums_tree_result(&tree[j]);
-      out[2 * (c0 + j)] = s.sum_dy;
-      out[2 * (c0 + j) + 1] = s.sum_dy_xmu;
+      sbn_bwd_sums_t r = sums_tree_result(&tree[j]);
+      out[2 * (c0 + j)] = r.sum_dy;
+      out[2 * (c0 + j) + 1] = r.sum_dy_xmu;
     }
   }
 }

@@ -60,6 +60,7 @@ static const char* cpu_transport(const sbn_team_t* team) {
 const sbn_team_ops_t sbn_cpu_team_ops = {
     .name = "CPU",
     .threaded = 1,
+    .epilogue = 1,
     .attach = cpu_attach,
     .detach = cpu_detach,
     .prepare = NULL,

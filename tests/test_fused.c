@@ -1,0 +1,462 @@
+/* test_fused.c — batch norm + activation (+ residual) in one op on CPU teams:
+ * sbnForwardTrainEx, sbnBackwardEx and sbnForwardInferenceEx against the double-precision
+ * reference (sbn_ref_forward + sbn_ref_epilogue; sbn_ref_backward_ex with the library's
+ * own y for the mask and its saved statistics), for identity, ReLU and leaky ReLU, with
+ * and without a residual z, y in place of x or z, dz (also in place of dy), every dtype
+ * and layout, teams of 1 to 8 with uneven and empty ranks; the in-place backward (x
+ * recovered from y) against the x-based reference within its error bound (below); the
+ * refusals (nothing written); ranks that disagree on the activation.
+ *
+ * Tolerances: tol_for() (team_util.h). The epilogue adds z (exact in fp32) and a
+ * piecewise-linear activation to the normalized value, so y keeps the forward's
+ * tolerance; g = dy * act'(y) is dy, 0 or slope * dy (one fp32 rounding), so dx, dz and
+ * dweight/dbias keep the backward's.
+ *
+ * The in-place backward's bound (bench/notes/tolerances.md): y is the forward's output
+ * rounded to the dtype (unit roundoff u: 2^-24 fp32, 2^-11 fp16, 2^-8 bf16), so
+ * v = act^-1(y) is off by |v| u (leaky ReLU's division adds one fp32 rounding), and
+ * x_hat = (v - bias) / weight by e_i = (|v_i| u + |v_i - bias| 2^-23) / |weight|. Then
+ * |d dweight| <= sum_i |g_i| e_i and |d dx_i| <= |w| invstd (e_i |mean(g x_hat)| +
+ * |x_hat_i| mean(|g| e)), both over the team; the test allows twice that plus the
+ * x-based tolerances.
+ */
+#include "team_util.h"
+
+typedef struct {
+  int act;
+  float slope;
+} epi_t;
+
+static sbnEpilogue_t epilogue(epi_t e) {
+  sbnEpilogue_t s = SBN_EPILOGUE_INITIALIZER;
+  s.activation = (sbnActivation_t)e.act;
+  s.slope = e.slope;
+  return s;
+}
+
+static const epi_t kEpis[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationRelu, 0.01f},
+                              {sbnActivationLeakyRelu, 0.01f}, {sbnActivationLeakyRelu, 0.2f}};
+#define NEPI ((int)(sizeof kEpis / sizeof kEpis[0]))
+
+enum { Y_SEPARATE = 0, Y_IN_X = 1, Y_IN_Z = 2 };
+
+/* A team's tensors for the fused ops: team_t's, plus z and dz. */
+typedef struct {
+  team_t t;
+  void* z[MAXW];
+  void* z0[MAXW];
+  void* dz[MAXW];
+  epi_t e;
+} fused_t;
+
+static void fused_make(fused_t* f, int W, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
+                       const int64_t* n, int affine, int with_z, epi_t e, uint64_t seed) {
+  memset(f, 0, sizeof *f);
+  team_make(&f->t, W, dt, lay, c, sp, n, affine, 1, GEN_NORMAL, seed);
+  f->e = e;
+  sbn_rng_t rng = {seed * 7 + 1};
+  for (int r = 0; r < W; r++) {
+    size_t bytes = team_bytes(&f->t, r);
+    if (with_z && bytes) {
+      f->z0[r] = gen_tensor(&f->t.d[r], &rng, GEN_NORMAL);
+      f->z[r] = dup_mem(f->z0[r], bytes);
+    }
+    f->dz[r] = bytes ? malloc(bytes) : NULL;
+  }
+}
+
+static void fused_free(fused_t* f) {
+  for (int r = 0; r < f->t.W; r++) free(f->z[r]), free(f->z0[r]), free(f->dz[r]);
+  team_free(&f->t);
+}
+
+/* ---- running the fused ops on one thread per rank ---------------------------------- */
+typedef struct {
+  fused_t* f;
+  int r;
+  int kind;     /* 0 forward, 1 backward, 2 backward from y (x NULL) */
+  int where;    /* forward: Y_*; backward: 1 = dz in place of dy, 2 = no dz */
+  epi_t e;      /* this rank's epilogue */
+  sbnResult_t res;
+} call_t;
+
+static void* fused_call(void* arg) {
+  call_t* a = (call_t*)arg;
+  team_t* t = &a->f->t;
+  const int r = a->r;
+  sbnComm_t comm = team_comms(t->W)[r];
+  sbnEpilogue_t e = epilogue(a->e);
+  if (a->kind == 0) {
+    void* y = a->where == Y_IN_X ? t->x[r] : a->where == Y_IN_Z ? a->f->z[r] : t->y[r];
+    a->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], a->f->z[r], y, t->w, t->b, t->rm[r], t->rv[r],
+                               &t->nbt[r], t->smean[r], t->sinv[r], NULL, &e, NULL);
+  } else {
+    void* dz = a->where == 2 ? NULL : a->where == 1 ? t->dy[r] : a->f->dz[r];
+    a->res = sbnBackwardEx(comm, &t->d[r], a->kind == 2 ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
+                           t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], NULL, &e, NULL);
+  }
+  return NULL;
+}
+
+/* Runs kind over the team; rank r uses es[r] (NULL: f->e everywhere). In-place results
+   are moved to y / dz and the inputs restored. Returns the first failure. */
+static sbnResult_t fused_run(fused_t* f, int kind, int where, const epi_t* es) {
+  team_t* t = &f->t;
+  pthread_t th[MAXW];
+  call_t a[MAXW];
+  (void)team_comms(t->W); /* made here, once: not by the rank threads at the same time */
+  for (int r = 0; r < t->W; r++) {
+    call_t ar = {f, r, kind, where, es ? es[r] : f->e, sbnSuccess};
+    a[r] = ar;
+    if (pthread_create(&th[r], NULL, fused_call, &a[r]) != 0) abort();
+  }
+  sbnResult_t res = sbnSuccess;
+  for (int r = 0; r < t->W; r++) {
+    pthread_join(th[r], NULL);
+    if (a[r].res != sbnSuccess && res == sbnSuccess) res = a[r].res;
+  }
+  for (int r = 0; r < t->W; r++) {
+    size_t bytes = team_bytes(t, r);
+    if (!bytes) continue;
+    if (kind == 0 && where == Y_IN_X) memcpy(t->y[r], t->x[r], bytes), memcpy(t->x[r], t->x0[r], bytes);
+    if (kind == 0 && where == Y_IN_Z) memcpy(t->y[r], f->z[r], bytes), memcpy(f->z[r], f->z0[r], bytes);
+    if (kind != 0 && where == 1) memcpy(f->dz[r], t->dy[r], bytes), memcpy(t->dy[r], t->dy0[r], bytes);
+  }
+  return res;
+}
+
+/* ---- checks ----------------------------------------------------------------------- */
+static int check_array(const char* what, const void* got, sbnDataType_t dt, const double* ref, int64_t n,
+                       double atol, double rtol) {
+  float* g = widen_all(got, dt, n);
+  int ok = sbn_check_close_array_(what, g, ref, (size_t)n, atol, rtol, __FILE__, __LINE__);
+  free(g);
+  if (!ok) sbn_test_failures_++, sbn_test_cur_failed_++;
+  return ok;
+}
+
+/* The forward's y against the reference act(bn(x) + z), and its statistics against the
+   reference's (the epilogue changes none of them). */
+static void check_fused_forward(fused_t* f, tol_t tol) {
+  team_t* t = &f->t;
+  const int W = t->W;
+  const int64_t c = t->d[0].c;
+  double *mean = dvec(c), *invstd = dvec(c), *varu = dvec(c), *ys[MAXW] = {0};
+  const void* xs[MAXW] = {0};
+  int64_t m = 0;
+  for (int r = 0; r < W; r++) xs[r] = t->x0[r], ys[r] = dvec(sbn_ref_numel(&t->d[r]) + 1);
+  sbn_ref_forward(W, t->d, xs, t->w, t->b, 1e-5, mean, invstd, varu, &m, ys);
+  for (int r = 0; r < W; r++) {
+    sbn_ref_epilogue(&t->d[r], f->z0[r], f->e.act, f->e.slope, ys[r]);
+    int64_t ne = sbn_ref_numel(&t->d[r]);
+    if (ne && !check_array("y", t->y[r], t->d[r].dtype, ys[r], ne, tol.out_atol, tol.out_rtol)) {
+      fprintf(stderr, "  (rank %d of %d, activation %d, slope %g, z %s)\n", r, W, f->e.act,
+              (double)f->e.slope, f->z0[r] ? "yes" : "no");
+      break;
+    }
+    for (int64_t ci = 0; ci < c; ci++) {
+      ASSERT_CLOSE(t->sinv[r][ci], invstd[ci], tol.stat_atol, tol.stat_rtol);
+      ASSERT_CLOSE(t->smean[r][ci], mean[ci], tol.stat_atol / invstd[ci], tol.stat_rtol);
+    }
+  }
+  for (int r = 0; r < W; r++) free(ys[r]);
+  free(mean), free(invstd), free(varu);
+}
+
+/* The x-based reference backward of the last forward: dx, dz (g), local dweight/dbias. */
+typedef struct {
+  double *dx[MAXW], *dz[MAXW], *dw[MAXW], *db[MAXW];
+} ref_bwd_t;
+
+static void ref_backward(fused_t* f, ref_bwd_t* o) {
+  team_t* t = &f->t;
+  const int64_t c = t->d[0].c;
+  double *mean = dvec(c), *invstd = dvec(c);
+  const void *xs[MAXW] = {0}, *ys[MAXW] = {0}, *dys[MAXW] = {0};
+  for (int64_t ci = 0; ci < c; ci++) mean[ci] = t->smean[0][ci], invstd[ci] = t->sinv[0][ci];
+  for (int r = 0; r < t->W; r++) {
+    int64_t ne = sbn_ref_numel(&t->d[r]);
+    xs[r] = t->x0[r], ys[r] = t->y[r], dys[r] = t->dy0[r];
+    o->dx[r] = dvec(ne + 1), o->dz[r] = dvec(ne + 1), o->dw[r] = dvec(c), o->db[r] = dvec(c);
+  }
+  sbn_ref_backward_ex(t->W, t->d, xs, ys, dys, f->e.act, f->e.slope, t->w, mean, invstd, o->dx, o->dz, o->dw,
+                      o->db, NULL, NULL);
+  free(mean), free(invstd);
+}
+
+static void ref_free(ref_bwd_t* o, int W) {
+  for (int r = 0; r < W; r++) free(o->dx[r]), free(o->dz[r]), free(o->dw[r]), free(o->db[r]);
+}
+
+static void check_fused_backward(fused_t* f, int with_dz, tol_t tol) {
+  team_t* t = &f->t;
+  ref_bwd_t o;
+  ref_backward(f, &o);
+  for (int r = 0; r < t->W; r++) {
+    int64_t ne = sbn_ref_numel(&t->d[r]);
+    int ok = !ne || check_array("dx", t->dx[r], t->d[r].dtype, o.dx[r], ne, tol.out_atol, tol.out_rtol);
+    if (ok && ne && with_dz) ok = check_array("dz", f->dz[r], t->d[r].dtype, o.dz[r], ne, tol.out_atol, tol.out_rtol);
+    if (ok) {
+      ok = sbn_check_close_array_("dweight", t->dw[r], o.dw[r], (size_t)t->d[0].c, tol.grad_atol, tol.grad_rtol,
+                                  __FILE__, __LINE__) &&
+           sbn_check_close_array_("dbias", t->db[r], o.db[r], (size_t)t->d[0].c, tol.grad_atol, tol.grad_rtol,
+                                  __FILE__, __LINE__);
+      if (!ok) sbn_test_failures_++, sbn_test_cur_failed_++;
+    }
+    if (!ok) {
+      fprintf(stderr, "  (rank %d of %d, activation %d, slope %g)\n", r, t->W, f->e.act, (double)f->e.slope);
+      break;
+    }
+  }
+  ref_free(&o, t->W);
+}
+
+/* ---- tests -------------------------------------------------------------------------- */
+static void fused_case(int W, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n,
+                       int affine, int with_z, epi_t e, int where, uint64_t seed) {
+  fused_t f;
+  fused_make(&f, W, dt, lay, c, sp, n, affine, with_z, e, seed);
+  ASSERT_OK(fused_run(&f, 0, where, NULL));
+  check_fused_forward(&f, tol_for(dt));
+  CHECK_();
+  /* backward: dz written apart, in place of dy, or not at all (no z) */
+  const int dz_where = with_z ? (int)(seed % 2) : 2;
+  ASSERT_OK(fused_run(&f, 1, dz_where, NULL));
+  check_fused_backward(&f, dz_where != 2, tol_for(dt));
+  fused_free(&f);
+}
+
+static void test_fused_vs_ref(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  uint64_t seed = 5000;
+  for (int d = 0; d < 3; d++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int k = 0; k < NEPI; k++)
+        for (int with_z = 0; with_z < 2; with_z++) {
+          int64_t n[MAXW] = {2, 3, 1};
+          const int where = with_z ? (int)(seed % 3) : (int)(seed % 2); /* y apart, in x, or in z */
+          fused_case(3, dts[d], (sbnLayout_t)lay, 5, 6, n, (k + lay) % 2 == 0 || with_z, with_z, kEpis[k], where,
+                     seed++);
+          CHECK_();
+        }
+}
+
+static void test_fused_uneven_empty_wide(void) {
+  struct { int W; int64_t n[MAXW]; int64_t sp; } cases[] = {
+      {1, {4}, 9}, {4, {3, 0, 1, 5}, 7}, {8, {1, 0, 2, 0, 3, 0, 4, 0}, 2}, {8, {0, 0, 0, 1, 0, 0, 0, 1}, 3},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int k = 1; k < NEPI; k++) {
+      fused_case(cases[i].W, sbnFloat32, (sbnLayout_t)((i + (size_t)k) % 2), 4, cases[i].sp, cases[i].n, 1, 1,
+                 kEpis[k], Y_SEPARATE, 5200u + i * 10 + (uint64_t)k);
+      CHECK_();
+    }
+}
+
+/* The identity epilogue without z is the plain op, bit for bit. */
+static void test_identity_is_the_plain_op(void) {
+  int64_t n[MAXW] = {3, 2};
+  fused_t f;
+  fused_make(&f, 2, sbnFloat16, sbnLayoutNHWC, 6, 5, n, 1, 0, kEpis[0], 5300);
+  team_t plain;
+  team_make(&plain, 2, sbnFloat16, sbnLayoutNHWC, 6, 5, n, 1, 1, GEN_NORMAL, 5300);
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  ASSERT_OK(team_run(&plain, 0, MODE_THREADS, 0, &p));
+  ASSERT_OK(fused_run(&f, 1, 2, NULL));
+  ASSERT_OK(team_run(&plain, 1, MODE_THREADS, 0, &p));
+  for (int r = 0; r < 2; r++) {
+    size_t bytes = team_bytes(&plain, r);
+    ASSERT_MEMEQ(f.t.y[r], plain.y[r], bytes);
+    ASSERT_MEMEQ(f.t.dx[r], plain.dx[r], bytes);
+    ASSERT_MEMEQ(f.t.dw[r], plain.dw[r], 6 * sizeof(float));
+    ASSERT_MEMEQ(f.t.smean[r], plain.smean[r], 6 * sizeof(float));
+  }
+  team_free(&plain);
+  fused_free(&f);
+}
+
+/* The in-place backward (x NULL, recovered from y) against the x-based reference, within
+   the bound of the file's comment. */
+static double unit_roundoff(sbnDataType_t dt) {
+  return dt == sbnFloat32 ? ldexp(1.0, -24) : dt == sbnFloat16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+}
+
+static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale, uint64_t seed) {
+  int64_t n[MAXW] = {3, 2, 0, 4};
+  const int W = 4;
+  const int64_t c = 5, sp = 6;
+  fused_t f;
+  fused_make(&f, W, dt, lay, c, sp, n, affine, 0, e, seed);
+  team_t* t = &f.t;
+  if (affine)
+    for (int64_t ci = 0; ci < c; ci++) t->w[ci] *= w_scale;
+  ASSERT_OK(fused_run(&f, 0, Y_IN_X, NULL));
+  ASSERT_OK(fused_run(&f, 2, 2, NULL)); /* x NULL */
+  ref_bwd_t o;
+  ref_backward(&f, &o);
+  tol_t tol = tol_for(dt);
+  const double u = unit_roundoff(dt);
+  for (int64_t ci = 0; ci < c; ci++) {
+    const double w = affine ? fabs((double)t->w[ci]) : 1.0, b = affine ? (double)t->b[ci] : 0.0;
+    const double is = t->sinv[0][ci];
+    /* e_i, and the team's sums of what the bound needs */
+    double sum_g_e = 0.0, sum_g_xhat = 0.0, sum_abs_g_e = 0.0;
+    int64_t m = 0;
+    for (int r = 0; r < W; r++)
+      for (int64_t ni = 0; ni < n[r]; ni++)
+        for (int64_t si = 0; si < sp; si++) {
+          int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
+          double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
+          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w;
+          double g = o.dz[r][i], xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
+          sum_g_e += fabs(g) * ei, sum_abs_g_e += fabs(g) * ei, sum_g_xhat += g * xhat;
+          m++;
+        }
+    (void)sum_g_e;
+    for (int r = 0; r < W; r++) {
+      const double bound_dw = 2.0 * sum_abs_g_e;
+      ASSERT_CLOSE(t->dw[r][ci], o.dw[r][ci], tol.grad_atol + bound_dw, tol.grad_rtol);
+      ASSERT_CLOSE(t->db[r][ci], o.db[r][ci], tol.grad_atol, tol.grad_rtol); /* needs no x */
+      for (int64_t ni = 0; ni < n[r]; ni++)
+        for (int64_t si = 0; si < sp; si++) {
+          int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
+          double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
+          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w;
+          double xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
+          double wabs = affine ? fabs((double)t->w[ci]) : 1.0;
+          double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
+          ASSERT_CLOSE(sbn_ref_load(t->dx[r], dt, i), o.dx[r][i], tol.out_atol + bound, tol.out_rtol);
+        }
+    }
+  }
+  ref_free(&o, W);
+  fused_free(&f);
+}
+
+static void test_inplace_backward_within_bound(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 0.01f},
+                      {sbnActivationLeakyRelu, 0.2f}};
+  uint64_t seed = 5400;
+  for (int d = 0; d < 3; d++)
+    for (int k = 0; k < 3; k++)
+      for (int affine = 0; affine < 2; affine++) {
+        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, seed++);
+        CHECK_();
+      }
+  /* small weights: |weight| 1e-3 (x_hat's error grows as 1/|weight|, within the bound) */
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, seed++);
+}
+
+/* A channel whose weight is 0 (below SBN_RECOVER_MIN_WEIGHT): y is its bias, x_hat cannot
+   be recovered; the in-place backward divides by SBN_RECOVER_MIN_WEIGHT: its x_hat reads
+   0, so its dweight is 0 (the x-based one is not: what is lost, as documented), and its
+   dx is 0, as the x-based one (weight 0). The other channels are unaffected. */
+static void test_inplace_backward_zero_weight(void) {
+  int64_t n[MAXW] = {4, 3};
+  fused_t f;
+  fused_make(&f, 2, sbnFloat32, sbnLayoutNHWC, 3, 5, n, 1, 0, kEpis[0], 5450);
+  team_t* t = &f.t;
+  t->w[1] = 0.0f;
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  ASSERT_OK(fused_run(&f, 2, 2, NULL));
+  ref_bwd_t o;
+  ref_backward(&f, &o);
+  for (int r = 0; r < 2; r++) {
+    EXPECT_TRUE(t->dw[r][1] == 0.0f);
+    EXPECT_TRUE(fabs(o.dw[r][1]) > 1e-3); /* what the x-based backward has */
+    for (int64_t ni = 0; ni < n[r]; ni++)
+      for (int64_t si = 0; si < 5; si++) EXPECT_TRUE(sbn_ref_load(t->dx[r], sbnFloat32, sbn_ref_index(&t->d[r], ni, 1, si)) == 0.0);
+    for (int ci = 0; ci < 3; ci += 2) ASSERT_CLOSE(t->dw[r][ci], o.dw[r][ci], 1e-4, 1e-4);
+  }
+  ref_free(&o, 2);
+  fused_free(&f);
+}
+
+/* What is refused, with nothing written: ReLU (not invertible) or a dz in the in-place
+   backward, an activation without y, a bad epilogue; ranks whose activations differ. */
+static void test_refusals(void) {
+  int64_t n[MAXW] = {3};
+  fused_t f;
+  fused_make(&f, 1, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 0, kEpis[1], 5500);
+  team_t* t = &f.t;
+  sbnComm_t comm = team_comms(1)[0];
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  const size_t bytes = team_bytes(t, 0);
+  memset(t->dx[0], 0x7f, bytes);
+  void* before = dup_mem(t->dx[0], bytes);
+  sbnEpilogue_t relu = epilogue(kEpis[1]), leaky0 = epilogue((epi_t){sbnActivationLeakyRelu, 0.0f}),
+                leaky = epilogue(kEpis[2]);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "invertible") != NULL);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &leaky0, NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], f.dz[0], t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "residual") != NULL);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], NULL, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "y (the forward's output) is required") != NULL);
+  sbnEpilogue_t bad = relu;
+  bad.size = sizeof(sbnEpilogue_t) - 1;
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &bad, NULL), sbnInvalidArgument);
+  bad = relu;
+  bad.activation = (sbnActivation_t)7;
+  ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                               t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
+  bad = leaky;
+  bad.slope = -0.1f;
+  ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                               t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
+  ASSERT_MEMEQ(t->dx[0], before, bytes);
+  free(before);
+  fused_free(&f);
+
+  /* two ranks, two activations: the op's signature differs, both refuse */
+  int64_t n2[MAXW] = {2, 2};
+  fused_make(&f, 2, sbnFloat32, sbnLayoutNHWC, 3, 4, n2, 1, 0, kEpis[1], 5501);
+  const epi_t mixed[2] = {kEpis[1], kEpis[0]};
+  ASSERT_RES(fused_run(&f, 0, Y_SEPARATE, mixed), sbnInvalidUsage);
+  EXPECT_TRUE(strstr(sbnGetLastError(team_comms(2)[0]), "ReLU") != NULL);
+  fused_free(&f);
+  team_comms_destroy(); /* the mismatch aborted that team */
+}
+
+/* Inference: act(bn_eval(x) + z), the training formula with the running statistics. */
+static void test_inference_ex(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnBFloat16};
+  for (int d = 0; d < 2; d++)
+    for (int k = 0; k < NEPI; k++) {
+      int64_t n[MAXW] = {3};
+      fused_t f;
+      fused_make(&f, 1, dts[d], (sbnLayout_t)(k % 2), 5, 7, n, 1, 1, kEpis[k], 5600u + (uint64_t)(d * 10 + k));
+      team_t* t = &f.t;
+      sbnEpilogue_t e = epilogue(kEpis[k]);
+      ASSERT_OK(sbnForwardInferenceEx(&t->d[0], t->x[0], f.z[0], t->y[0], t->w, t->b, t->rm0, t->rv0, 1e-5f, &e,
+                                      NULL));
+      int64_t ne = sbn_ref_numel(&t->d[0]);
+      double* ref = dvec(ne);
+      sbn_ref_inference(&t->d[0], t->x0[0], t->w, t->b, t->rm0, t->rv0, 1e-5, ref);
+      sbn_ref_epilogue(&t->d[0], f.z0[0], kEpis[k].act, kEpis[k].slope, ref);
+      tol_t tol = tol_for(dts[d]);
+      check_array("y (inference)", t->y[0], dts[d], ref, ne, tol.out_atol, tol.out_rtol);
+      free(ref);
+      fused_free(&f);
+      CHECK_();
+    }
+}
+
+int main(void) {
+  SBN_RUN(test_fused_vs_ref);
+  SBN_RUN(test_fused_uneven_empty_wide);
+  SBN_RUN(test_identity_is_the_plain_op);
+  SBN_RUN(test_inplace_backward_within_bound);
+  SBN_RUN(test_inplace_backward_zero_weight);
+  SBN_RUN(test_refusals);
+  SBN_RUN(test_inference_ex);
+  team_comms_destroy();
+  return sbn_test_exit();
+}
