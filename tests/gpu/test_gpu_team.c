@@ -1034,6 +1034,44 @@ static void test_usage_errors(void) {
   case_end();
 }
 
+/* The fused ops (sbnForwardTrainEx, sbnBackwardEx) on a GPU team: their epilogue
+   (activation, residual, in-place backward) runs on CPU teams in this version, so a GPU
+   team refuses it with sbnUnsupported, naming CPU teams, before writing anything; the
+   identity epilogue without z is the plain op and runs. */
+static void test_fused_refused(void) {
+  case_begin();
+  snprintf(g_case, sizeof g_case, "fused ops on a virtual team of 1");
+  sbnComm_t* v1 = virt_team(1);
+  float *x = NULL, *y = NULL, *st = NULL;
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 4, 8};
+  const size_t bytes = 2 * 4 * 8 * sizeof(float);
+  if (v1 && CUDA_OK(cudaMalloc((void**)&x, bytes)) && CUDA_OK(cudaMalloc((void**)&y, bytes)) &&
+      CUDA_OK(cudaMalloc((void**)&st, 8 * sizeof(float))) && CUDA_OK(cudaMemset(x, 0, bytes)) &&
+      CUDA_OK(cudaMemset(y, 0x7f, bytes))) {
+    sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+    e.activation = sbnActivationRelu;
+    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
+                                  NULL) == sbnUnsupported);
+    EXPECT_TRUE(strstr(sbnGetLastError(v1[0]), "CPU teams") != NULL);
+    e.activation = sbnActivationIdentity;
+    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, x, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
+                                  NULL) == sbnUnsupported); /* a residual z */
+    float host[64];
+    if (CUDA_OK(cudaMemcpy(host, y, bytes, cudaMemcpyDeviceToHost))) {
+      unsigned char want[sizeof host];
+      memset(want, 0x7f, sizeof want);
+      EXPECT_TRUE(memcmp(host, want, bytes) == 0); /* nothing written */
+    }
+    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
+                                  NULL) == sbnSuccess);
+    EXPECT_TRUE(CUDA_OK(cudaDeviceSynchronize()));
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(st);
+  case_end();
+}
+
 /* ---- 6. CUDA graph ------------------------------------------------------------------ */
 /* A virtual team of 2 on one stream: a group with both ranks' forward, then a group with
    both ranks' backward, captured into one graph and replayed; before each replay new x
@@ -1736,6 +1774,7 @@ int main(void) {
   RUN(test_initall_vs_cpu);
   RUN(test_in_place_and_null_outputs);
   RUN(test_usage_errors);
+  RUN(test_fused_refused);
   RUN(test_cuda_graph);
   RUN(test_stuck_peer_timeout);
   RUN(test_abort);
