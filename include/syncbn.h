@@ -357,14 +357,17 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
 
 /* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
    identity when x is given). dz: NULL, or where to write the residual's gradient
-   dy * act'(y) (dz == dy allowed). x NULL: the in-place backward, which needs no copy of
+   dy * act'(y) (dz == dy allowed; dz == dx refused). x NULL: the in-place backward, which needs no copy of
    x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with slope > 0: ReLU
    is not invertible; and a forward without z: dz must be NULL), so bias is read then
    (weight, bias NULL: affine=False); a channel whose |weight| < SBN_RECOVER_MIN_WEIGHT
    divides by SBN_RECOVER_MIN_WEIGHT with weight's sign instead (+ for 0): its x_hat, and
    so its dweight, is then scaled by |weight| / SBN_RECOVER_MIN_WEIGHT. Accuracy against
-   the x-based backward: bench/notes/tolerances.md. Every rank must pass the same activation and the same
-   choice of x or y. This version: CPU teams (GPU teams: sbnUnsupported unless identity
+   the x-based backward: bench/notes/tolerances.md (y must not underflow: a leaky slope
+   so small that slope * v leaves the dtype's normal range loses x). Every rank must pass
+   the same activation and the same choice of x or y (a rank with n == 0 cannot check the
+   in-place backward's conditions: where they fail, it waits for its peers, which refuse,
+   and returns sbnTimeout). This version: CPU teams (GPU teams: sbnUnsupported unless identity
    with x and no dz). */
 #define SBN_RECOVER_MIN_WEIGHT 1e-5f
 SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,

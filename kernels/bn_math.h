@@ -289,10 +289,11 @@ SBN_HD float sbn_act(int act, float slope, float v) {
   return v;
 }
 
-/* The gradient through the activation from its OUTPUT y (what the backward keeps):
-   ReLU passes g where y > 0, leaky ReLU where y > 0 and slope * g elsewhere. */
+/* The gradient through the activation from its OUTPUT y (what the backward keeps), as
+   PyTorch's threshold_backward and leaky_relu_backward: ReLU gives 0 where y <= 0 and g
+   elsewhere (a NaN y passes g), leaky ReLU g where y > 0 and slope * g elsewhere. */
 SBN_HD float sbn_act_grad(int act, float slope, float y, float g) {
-  if (act == SBN_ACT_RELU) return y > 0.0f ? g : 0.0f;
+  if (act == SBN_ACT_RELU) return y <= 0.0f ? 0.0f : g;
   if (act == SBN_ACT_LEAKY) return y > 0.0f ? g : SBN_MUL(slope, g);
   return g;
 }

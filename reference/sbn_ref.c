@@ -141,12 +141,13 @@ void sbn_ref_running(int64_t c, int64_t m, const double* mean, const double* var
 
 /* ---- backward --------------------------------------------------------------------- */
 /* The gradient reaching the normalization: dy through the activation, from its output
-   y (ReLU: 0 where y <= 0; leaky ReLU: slope * dy there). */
+   y, as PyTorch's backward of relu (0 where y <= 0; NaN passes dy) and leaky_relu (dy
+   where y > 0, slope * dy elsewhere). */
 static double ref_act_grad(int act, double slope, const void* y, sbnDataType_t dt, int64_t i, double dy) {
   if (act == sbnActivationIdentity || y == NULL) return dy;
   double yv = sbn_ref_load(y, dt, i);
-  if (yv > 0.0) return dy;
-  return act == sbnActivationRelu ? 0.0 : slope * dy;
+  if (act == sbnActivationRelu) return yv <= 0.0 ? 0.0 : dy;
+  return yv > 0.0 ? dy : slope * dy;
 }
 
 void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,

@@ -116,6 +116,8 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
     if (op->save_mean == NULL || op->save_invstd == NULL)
       return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
                       fn);
+    if (has_data && op->dz != NULL && op->dz == op->out)
+      return sbn_fail(comm, sbnInvalidArgument, "%s: dx and dz are the same memory: one would be lost", fn);
     if (has_data && op->act != sbnActivationIdentity && op->y == NULL)
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: y (the forward's output) is required for the activation's gradient", fn);

@@ -251,6 +251,11 @@ static void test_fused_uneven_empty_wide(void) {
                  kEpis[k], Y_SEPARATE, 5200u + i * 10 + (uint64_t)k);
       CHECK_();
     }
+  /* runs longer than a buffer (256): C = 300 in NHWC, spatial 300 in NCHW */
+  int64_t n2[MAXW] = {2, 1};
+  fused_case(2, sbnFloat32, sbnLayoutNHWC, 300, 3, n2, 1, 1, kEpis[1], Y_SEPARATE, 5290);
+  CHECK_();
+  fused_case(2, sbnBFloat16, sbnLayoutNCHW, 3, 300, n2, 1, 1, kEpis[2], Y_IN_Z, 5291);
 }
 
 /* The identity epilogue without z is the plain op, bit for bit. */
@@ -282,13 +287,18 @@ static double unit_roundoff(sbnDataType_t dt) {
   return dt == sbnFloat32 ? ldexp(1.0, -24) : dt == sbnFloat16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
 }
 
-static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale, uint64_t seed) {
+static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale, gen_t gen,
+                         uint64_t seed) {
   int64_t n[MAXW] = {3, 2, 0, 4};
   const int W = 4;
   const int64_t c = 5, sp = 6;
   fused_t f;
   fused_make(&f, W, dt, lay, c, sp, n, affine, 0, e, seed);
   team_t* t = &f.t;
+  if (gen != GEN_NORMAL) {
+    sbn_rng_t rng = {seed + 99};
+    team_new_inputs(t, &rng, gen);
+  }
   if (affine)
     for (int64_t ci = 0; ci < c; ci++) t->w[ci] *= w_scale;
   ASSERT_OK(fused_run(&f, 0, Y_IN_X, NULL));
@@ -300,6 +310,9 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
   for (int64_t ci = 0; ci < c; ci++) {
     const double w = affine ? fabs((double)t->w[ci]) : 1.0, b = affine ? (double)t->b[ci] : 0.0;
     const double is = t->sinv[0][ci];
+    /* the forward subtracted mean + mean_lo (|mean_lo| <= ulp(save_mean) / 2), which the
+       recovered x - mean keeps and the x-based backward (x - save_mean) does not */
+    const double mean_lo_bound = fabs((double)t->smean[0][ci]) * ldexp(1.0, -24) * is;
     /* e_i, and the team's sums of what the bound needs */
     double sum_g_e = 0.0, sum_g_xhat = 0.0, sum_abs_g_e = 0.0;
     int64_t m = 0;
@@ -308,7 +321,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
           double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
-          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w;
+          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w + mean_lo_bound;
           double g = o.dz[r][i], xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           sum_g_e += fabs(g) * ei, sum_abs_g_e += fabs(g) * ei, sum_g_xhat += g * xhat;
           m++;
@@ -322,7 +335,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
           double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
-          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w;
+          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -23)) / w + mean_lo_bound;
           double xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           double wabs = affine ? fabs((double)t->w[ci]) : 1.0;
           double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
@@ -342,23 +355,30 @@ static void test_inplace_backward_within_bound(void) {
   for (int d = 0; d < 3; d++)
     for (int k = 0; k < 3; k++)
       for (int affine = 0; affine < 2; affine++) {
-        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, seed++);
+        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, GEN_NORMAL, seed++);
         CHECK_();
       }
   /* small weights: |weight| 1e-3 (x_hat's error grows as 1/|weight|, within the bound) */
-  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, seed++);
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, GEN_NORMAL, seed++);
+  CHECK_();
+  /* a mean far from 0 against the spread (x = 1e4 + N(0, 1)): the forward's mean_lo */
+  recover_case(sbnFloat32, sbnLayoutNHWC, es[0], 1, 1.0f, GEN_OFFSET, seed++);
+  CHECK_();
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, GEN_OFFSET, seed++);
 }
 
 /* A channel whose weight is 0 (below SBN_RECOVER_MIN_WEIGHT): y is its bias, x_hat cannot
    be recovered; the in-place backward divides by SBN_RECOVER_MIN_WEIGHT: its x_hat reads
    0, so its dweight is 0 (the x-based one is not: what is lost, as documented), and its
-   dx is 0, as the x-based one (weight 0). The other channels are unaffected. */
+   dx is 0, as the x-based one (weight 0). A channel of weight -5e-6 divides by -1e-5: its
+   dweight is half the x-based one, with its sign. Channel 0 is unaffected. */
 static void test_inplace_backward_zero_weight(void) {
   int64_t n[MAXW] = {4, 3};
   fused_t f;
   fused_make(&f, 2, sbnFloat32, sbnLayoutNHWC, 3, 5, n, 1, 0, kEpis[0], 5450);
   team_t* t = &f.t;
   t->w[1] = 0.0f;
+  t->w[2] = -5e-6f; /* below SBN_RECOVER_MIN_WEIGHT: x_hat, dweight scaled by 5e-6 / 1e-5 = 0.5 */
   ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
   ASSERT_OK(fused_run(&f, 2, 2, NULL));
   ref_bwd_t o;
@@ -368,7 +388,11 @@ static void test_inplace_backward_zero_weight(void) {
     EXPECT_TRUE(fabs(o.dw[r][1]) > 1e-3); /* what the x-based backward has */
     for (int64_t ni = 0; ni < n[r]; ni++)
       for (int64_t si = 0; si < 5; si++) EXPECT_TRUE(sbn_ref_load(t->dx[r], sbnFloat32, sbn_ref_index(&t->d[r], ni, 1, si)) == 0.0);
-    for (int ci = 0; ci < 3; ci += 2) ASSERT_CLOSE(t->dw[r][ci], o.dw[r][ci], 1e-4, 1e-4);
+    ASSERT_CLOSE(t->dw[r][0], o.dw[r][0], 1e-4, 1e-4);
+    /* its sign kept; 5 %: y holds weight * x_hat + bias to fp32's rounding of the bias
+       (~6e-8 |bias|), ~1 % of x_hat at |weight| 5e-6 (the in-place bound's |v| u / |w|) */
+    ASSERT_CLOSE(t->dw[r][2], 0.5 * o.dw[r][2], 1e-4, 5e-2);
+    EXPECT_TRUE(fabs(o.dw[r][2]) > 1e-3);
   }
   ref_free(&o, 2);
   fused_free(&f);
@@ -425,14 +449,36 @@ static void test_refusals(void) {
   team_comms_destroy(); /* the mismatch aborted that team */
 }
 
+/* ReLU's gradient where y is NaN (a NaN in z): passed on, as PyTorch's threshold_backward
+   (only y <= 0 stops it); and dx == dz refused (one would be lost). */
+static void test_relu_nan_and_aliasing(void) {
+  int64_t n[MAXW] = {4};
+  fused_t f;
+  fused_make(&f, 1, sbnFloat32, sbnLayoutNCHW, 2, 3, n, 1, 1, kEpis[1], 5700);
+  ((float*)f.z[0])[0] = NAN;
+  ((float*)f.z0[0])[0] = NAN;
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  EXPECT_TRUE(isnan(((float*)f.t.y[0])[0]));
+  ASSERT_OK(fused_run(&f, 1, 0, NULL));
+  ASSERT_BITEQ_F32(((float*)f.dz[0])[0], ((float*)f.t.dy0[0])[0]);
+  team_t* t = &f.t;
+  sbnEpilogue_t e = epilogue(kEpis[1]);
+  sbnComm_t comm = team_comms(1)[0];
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], t->dx[0], t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &e, NULL), sbnInvalidArgument);
+  fused_free(&f);
+}
+
 /* Inference: act(bn_eval(x) + z), the training formula with the running statistics. */
 static void test_inference_ex(void) {
   const sbnDataType_t dts[] = {sbnFloat32, sbnBFloat16};
-  for (int d = 0; d < 2; d++)
+  for (int d = 0; d < 3; d++)
     for (int k = 0; k < NEPI; k++) {
       int64_t n[MAXW] = {3};
+      /* d == 2: C = 300 (channel blocks of 256: the second starts at c0 = 256) */
+      const int64_t c = d == 2 ? 300 : 5, sp = d == 2 ? 3 : 7;
       fused_t f;
-      fused_make(&f, 1, dts[d], (sbnLayout_t)(k % 2), 5, 7, n, 1, 1, kEpis[k], 5600u + (uint64_t)(d * 10 + k));
+      fused_make(&f, 1, dts[d % 2], (sbnLayout_t)(k % 2), c, sp, n, 1, 1, kEpis[k], 5600u + (uint64_t)(d * 10 + k));
       team_t* t = &f.t;
       sbnEpilogue_t e = epilogue(kEpis[k]);
       ASSERT_OK(sbnForwardInferenceEx(&t->d[0], t->x[0], f.z[0], t->y[0], t->w, t->b, t->rm0, t->rv0, 1e-5f, &e,
@@ -441,8 +487,8 @@ static void test_inference_ex(void) {
       double* ref = dvec(ne);
       sbn_ref_inference(&t->d[0], t->x0[0], t->w, t->b, t->rm0, t->rv0, 1e-5, ref);
       sbn_ref_epilogue(&t->d[0], f.z0[0], kEpis[k].act, kEpis[k].slope, ref);
-      tol_t tol = tol_for(dts[d]);
-      check_array("y (inference)", t->y[0], dts[d], ref, ne, tol.out_atol, tol.out_rtol);
+      tol_t tol = tol_for(dts[d % 2]);
+      check_array("y (inference)", t->y[0], dts[d % 2], ref, ne, tol.out_atol, tol.out_rtol);
       free(ref);
       fused_free(&f);
       CHECK_();
@@ -456,6 +502,7 @@ int main(void) {
   SBN_RUN(test_inplace_backward_within_bound);
   SBN_RUN(test_inplace_backward_zero_weight);
   SBN_RUN(test_refusals);
+  SBN_RUN(test_relu_nan_and_aliasing);
   SBN_RUN(test_inference_ex);
   team_comms_destroy();
   return sbn_test_exit();
