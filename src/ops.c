@@ -173,36 +173,14 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   return sbn_op_run(op);
 }
 
-SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
-                                    void* y, const float* weight, const float* bias,
-                                    float* running_mean, float* running_var,
-                                    int64_t* num_batches_tracked, float* save_mean,
-                                    float* save_invstd, const sbnParams_t* params,
-                                    sbnStream_t stream) {
+/* The two forwards and the two backwards: one op each, `ex` naming the entry point in
+   messages (the plain ops pass no z, y, dz or epilogue). */
+static sbnResult_t forward_train(int ex, sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                 const void* z, void* y, const float* weight, const float* bias,
+                                 float* running_mean, float* running_var, int64_t* num_batches_tracked,
+                                 float* save_mean, float* save_invstd, const sbnParams_t* params,
+                                 const sbnEpilogue_t* epilogue, sbnStream_t stream) {
   sbn_op_t op; /* CPU teams ignore the stream: they run on the calling thread(s) */
-  memset(&op, 0, sizeof op);
-  op.kind = SBN_OP_FORWARD;
-  op.stream = stream;
-  op.comm = comm;
-  op.x = x;
-  op.out = y;
-  op.weight = weight;
-  op.bias = bias;
-  op.running_mean = running_mean;
-  op.running_var = running_var;
-  op.num_batches_tracked = num_batches_tracked;
-  op.save_mean = save_mean;
-  op.save_invstd = save_invstd;
-  return submit(&op, desc, params, 0, NULL);
-}
-
-SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
-                                      const void* z, void* y, const float* weight,
-                                      const float* bias, float* running_mean, float* running_var,
-                                      int64_t* num_batches_tracked, float* save_mean,
-                                      float* save_invstd, const sbnParams_t* params,
-                                      const sbnEpilogue_t* epilogue, sbnStream_t stream) {
-  sbn_op_t op;
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_FORWARD;
   op.stream = stream;
@@ -217,35 +195,13 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
   op.num_batches_tracked = num_batches_tracked;
   op.save_mean = save_mean;
   op.save_invstd = save_invstd;
-  return submit(&op, desc, params, 1, epilogue);
+  return submit(&op, desc, params, ex, epilogue);
 }
 
-SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
-                                const void* dy, void* dx, const float* weight,
-                                const float* save_mean, const float* save_invstd, float* dweight,
-                                float* dbias, const sbnParams_t* params, sbnStream_t stream) {
-  sbn_op_t op;
-  memset(&op, 0, sizeof op);
-  op.kind = SBN_OP_BACKWARD;
-  op.stream = stream;
-  op.comm = comm;
-  op.x = x;
-  op.dy = dy;
-  op.out = dx;
-  op.weight = weight;
-  op.save_mean = (float*)(uintptr_t)save_mean; /* read-only in backward */
-  op.save_invstd = (float*)(uintptr_t)save_invstd;
-  op.dweight = dweight;
-  op.dbias = dbias;
-  return submit(&op, desc, params, 0, NULL);
-}
-
-SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
-                                  const void* y, const void* dy, void* dx, void* dz,
-                                  const float* weight, const float* bias, const float* save_mean,
-                                  const float* save_invstd, float* dweight, float* dbias,
-                                  const sbnParams_t* params, const sbnEpilogue_t* epilogue,
-                                  sbnStream_t stream) {
+static sbnResult_t backward(int ex, sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x, const void* y,
+                            const void* dy, void* dx, void* dz, const float* weight, const float* bias,
+                            const float* save_mean, const float* save_invstd, float* dweight, float* dbias,
+                            const sbnParams_t* params, const sbnEpilogue_t* epilogue, sbnStream_t stream) {
   sbn_op_t op;
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_BACKWARD;
@@ -258,11 +214,49 @@ SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, c
   op.dz = dz;
   op.weight = weight;
   op.bias = bias; /* read by the in-place backward only */
-  op.save_mean = (float*)(uintptr_t)save_mean;
+  op.save_mean = (float*)(uintptr_t)save_mean; /* read-only in backward */
   op.save_invstd = (float*)(uintptr_t)save_invstd;
   op.dweight = dweight;
   op.dbias = dbias;
-  return submit(&op, desc, params, 1, epilogue);
+  return submit(&op, desc, params, ex, epilogue);
+}
+
+SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                    void* y, const float* weight, const float* bias,
+                                    float* running_mean, float* running_var,
+                                    int64_t* num_batches_tracked, float* save_mean,
+                                    float* save_invstd, const sbnParams_t* params,
+                                    sbnStream_t stream) {
+  return forward_train(0, comm, desc, x, NULL, y, weight, bias, running_mean, running_var, num_batches_tracked,
+                       save_mean, save_invstd, params, NULL, stream);
+}
+
+SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                      const void* z, void* y, const float* weight,
+                                      const float* bias, float* running_mean, float* running_var,
+                                      int64_t* num_batches_tracked, float* save_mean,
+                                      float* save_invstd, const sbnParams_t* params,
+                                      const sbnEpilogue_t* epilogue, sbnStream_t stream) {
+  return forward_train(1, comm, desc, x, z, y, weight, bias, running_mean, running_var, num_batches_tracked,
+                       save_mean, save_invstd, params, epilogue, stream);
+}
+
+SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                const void* dy, void* dx, const float* weight,
+                                const float* save_mean, const float* save_invstd, float* dweight,
+                                float* dbias, const sbnParams_t* params, sbnStream_t stream) {
+  return backward(0, comm, desc, x, NULL, dy, dx, NULL, weight, NULL, save_mean, save_invstd, dweight, dbias,
+                  params, NULL, stream);
+}
+
+SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
+                                  const void* y, const void* dy, void* dx, void* dz,
+                                  const float* weight, const float* bias, const float* save_mean,
+                                  const float* save_invstd, float* dweight, float* dbias,
+                                  const sbnParams_t* params, const sbnEpilogue_t* epilogue,
+                                  sbnStream_t stream) {
+  return backward(1, comm, desc, x, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight, dbias, params,
+                  epilogue, stream);
 }
 
 static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const void* x, const void* z,
