@@ -60,11 +60,15 @@ __all__ = [
     "NHWC",
     "GRAD_LOCAL",
     "GRAD_GLOBAL",
+    "IDENTITY",
+    "RELU",
+    "LEAKY_RELU",
 ]
 
 FLOAT32, FLOAT16, BFLOAT16 = 0, 1, 2  # sbnDataType_t
 NCHW, NHWC = 0, 1  # sbnLayout_t
 GRAD_LOCAL, GRAD_GLOBAL = 0, 1  # sbnGradMode_t
+IDENTITY, RELU, LEAKY_RELU = 0, 1, 2  # sbnActivation_t (the fused ops' epilogue)
 
 
 class SyncBNError(RuntimeError):
@@ -214,6 +218,17 @@ _BWD_BUFS = (("x", "x", False), ("dy", "x", False), ("dx", "x", True), ("weight"
              ("save_mean", "c", False), ("save_invstd", "c", False), ("dweight", "c", True), ("dbias", "c", True))
 _INF_BUFS = (("x", "x", False), ("y", "x", True), ("weight", "c", False), ("bias", "c", False),
              ("running_mean", "c", False), ("running_var", "c", False))
+# the fused ops' (sbnForwardTrainEx, sbnBackwardEx, sbnForwardInferenceEx)
+_FWDX_BUFS = (_FWD_BUFS[0], ("z", "x", False)) + _FWD_BUFS[1:]
+_BWDX_BUFS = (("x", "x", False), ("y", "x", False), ("dy", "x", False), ("dx", "x", True), ("dz", "x", True),
+              ("weight", "c", False), ("bias", "c", False), ("save_mean", "c", False), ("save_invstd", "c", False),
+              ("dweight", "c", True), ("dbias", "c", True))
+_INFX_BUFS = (_INF_BUFS[0], ("z", "x", False)) + _INF_BUFS[1:]
+
+
+def _epilogue(activation, slope):
+    """The sbnEpilogue_t of the fused ops."""
+    return _capi.Epilogue.make(activation, slope)
 
 
 def _bufs(d, host, spec, objs):
@@ -354,24 +369,45 @@ class Comm:
 
     def forward_train(self, d, x, y, save_mean, save_invstd, weight=None, bias=None,
                       running_mean=None, running_var=None, num_batches_tracked=None,
-                      eps=1e-5, momentum=0.1, grad_mode=GRAD_LOCAL, stream=None):
+                      eps=1e-5, momentum=0.1, grad_mode=GRAD_LOCAL, stream=None, z=None,
+                      activation=IDENTITY, slope=0.01):
         """sbnForwardTrain on this rank (momentum None: cumulative average, which needs
-        num_batches_tracked). Blocks until the team's exchange is done (CPU teams)."""
+        num_batches_tracked). Blocks until the team's exchange is done (CPU teams). With a
+        residual z or an activation (RELU, LEAKY_RELU with slope): sbnForwardTrainEx,
+        y = act(bn(x) + z) (CPU teams)."""
         h = self._live()
-        ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
-                                               num_batches_tracked, save_mean, save_invstd))
         p = _params(eps, momentum, grad_mode)
-        _check(_capi.lib.sbnForwardTrain(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
-               "sbnForwardTrain", self._h)
+        if z is None and activation == IDENTITY:
+            ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
+                                                   num_batches_tracked, save_mean, save_invstd))
+            _check(_capi.lib.sbnForwardTrain(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
+                   "sbnForwardTrain", self._h)
+            return
+        ptrs = _bufs(d, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
+                                                num_batches_tracked, save_mean, save_invstd))
+        e = _epilogue(activation, slope)
+        _check(_capi.lib.sbnForwardTrainEx(h, ctypes.byref(d), *ptrs, ctypes.byref(p), ctypes.byref(e),
+                                           _raw(stream)), "sbnForwardTrainEx", self._h)
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
-                 dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None):
-        """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip)."""
+                 dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None, y=None, dz=None, bias=None,
+                 activation=IDENTITY, slope=0.01):
+        """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip).
+        After a fused forward: y (its output: the activation's mask), dz (the residual's
+        gradient), and x None for the in-place backward (x recovered from y, weight and
+        bias): sbnBackwardEx (CPU teams)."""
         h = self._live()
-        ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
         p = _params(eps, 0.1, grad_mode)
-        _check(_capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
-               "sbnBackward", self._h)
+        if y is None and dz is None and activation == IDENTITY:
+            ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
+            _check(_capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
+                   "sbnBackward", self._h)
+            return
+        ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight,
+                                                dbias))
+        e = _epilogue(activation, slope)
+        _check(_capi.lib.sbnBackwardEx(h, ctypes.byref(d), *ptrs, ctypes.byref(p), ctypes.byref(e), _raw(stream)),
+               "sbnBackwardEx", self._h)
 
 
 def _raw(obj):
@@ -445,15 +481,22 @@ def _is_host(obj):
 
 
 def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,
-                      stream=None):
+                      stream=None, z=None, activation=IDENTITY, slope=0.01):
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
-    all pointers host memory or all device memory of one GPU (x decides which)."""
+    all pointers host memory or all device memory of one GPU (x decides which). With z or
+    an activation: sbnForwardInferenceEx, y = act(that + z) (host memory)."""
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
     host = _is_host(x)
     if host is None:
         host = _is_host(y)
-    ptrs = _bufs(d, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
-    _check(
-        _capi.lib.sbnForwardInference(ctypes.byref(d), *ptrs, ctypes.c_float(eps), _raw(stream)),
-        "sbnForwardInference")
+    if z is None and activation == IDENTITY:
+        ptrs = _bufs(d, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
+        _check(
+            _capi.lib.sbnForwardInference(ctypes.byref(d), *ptrs, ctypes.c_float(eps), _raw(stream)),
+            "sbnForwardInference")
+        return
+    ptrs = _bufs(d, host, _INFX_BUFS, (x, z, y, weight, bias, running_mean, running_var))
+    e = _epilogue(activation, slope)
+    _check(_capi.lib.sbnForwardInferenceEx(ctypes.byref(d), *ptrs, ctypes.c_float(eps), ctypes.byref(e),
+                                           _raw(stream)), "sbnForwardInferenceEx")

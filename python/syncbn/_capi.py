@@ -71,6 +71,16 @@ class Params(ctypes.Structure):
     _fields_ = [("eps", ctypes.c_float), ("momentum", ctypes.c_float), ("grad_mode", ctypes.c_int)]
 
 
+class Epilogue(ctypes.Structure):
+    """sbnEpilogue_t: size (sizeof), activation (0 identity, 1 ReLU, 2 leaky ReLU), slope."""
+
+    _fields_ = [("size", ctypes.c_size_t), ("activation", ctypes.c_int), ("slope", ctypes.c_float)]
+
+    @classmethod
+    def make(cls, activation, slope):
+        return cls(ctypes.sizeof(cls), int(activation), float(slope))
+
+
 def _candidates():
     env = os.environ.get("SYNCBN_LIBRARY")
     if env:
@@ -133,6 +143,20 @@ _PROTOTYPES = {
     "sbnForwardInference": (
         ctypes.c_int,
         [ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, ctypes.c_float, _P],
+    ),
+    "sbnForwardTrainEx": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+         ctypes.POINTER(Params), ctypes.POINTER(Epilogue), _P],
+    ),
+    "sbnBackwardEx": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+         ctypes.POINTER(Params), ctypes.POINTER(Epilogue), _P],
+    ),
+    "sbnForwardInferenceEx": (
+        ctypes.c_int,
+        [ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, ctypes.c_float, ctypes.POINTER(Epilogue), _P],
     ),
 }
 for _name, (_res, _args) in _PROTOTYPES.items():

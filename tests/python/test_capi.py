@@ -72,9 +72,10 @@ class TestCapi(unittest.TestCase):
         self.assertIsNotNone(cc, "a C compiler is needed to read the header's struct sizes")
         src = (
             '#include <stddef.h>\n#include <stdio.h>\n#include "syncbn.h"\n'
-            "int main(void) { printf(\"%zu %zu %zu %zu %zu %zu\\n\", sizeof(sbnTensorDesc_t),"
+            "int main(void) { printf(\"%zu %zu %zu %zu %zu %zu %zu %zu\\n\", sizeof(sbnTensorDesc_t),"
             " offsetof(sbnTensorDesc_t, n), sizeof(sbnConfig_t), offsetof(sbnConfig_t, timeout_ms),"
-            " sizeof(sbnParams_t), offsetof(sbnParams_t, grad_mode)); return 0; }\n"
+            " sizeof(sbnParams_t), offsetof(sbnParams_t, grad_mode), sizeof(sbnEpilogue_t),"
+            " offsetof(sbnEpilogue_t, slope)); return 0; }\n"
         )
         with tempfile.TemporaryDirectory() as d:
             c = pathlib.Path(d) / "sizes.c"
@@ -84,8 +85,11 @@ class TestCapi(unittest.TestCase):
             got = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
         import ctypes
 
+        from syncbn._capi import Epilogue
+
         want = [ctypes.sizeof(syncbn.TensorDesc), syncbn.TensorDesc.n.offset, ctypes.sizeof(syncbn.Config),
-                syncbn.Config.timeout_ms.offset, ctypes.sizeof(syncbn.Params), syncbn.Params.grad_mode.offset]
+                syncbn.Config.timeout_ms.offset, ctypes.sizeof(syncbn.Params), syncbn.Params.grad_mode.offset,
+                ctypes.sizeof(Epilogue), Epilogue.slope.offset]
         self.assertEqual(got, want)
 
     def _team_case(self, layout, dtype, ns, c, sp, momentum, seed):
@@ -314,6 +318,75 @@ class TestCapi(unittest.TestCase):
             torch.testing.assert_close(sm, x.mean((0, 2, 3)), rtol=2e-5, atol=2e-5)
         finally:
             c.destroy()
+
+    def test_fused_ops_against_pytorch_float64(self):
+        """sbnForwardTrainEx / sbnBackwardEx through the wrapper on a team of two CPU ranks
+        (uneven batches), against float64 PyTorch act(batch_norm(x) + z) over the whole
+        batch and its autograd: y, dx, dz (z's gradient), dweight and dbias (GRAD_GLOBAL);
+        ReLU and leaky ReLU; then, for leaky ReLU, a forward without z and the in-place
+        backward (x None, recovered from y). fp32: 1e-4 (tests/test_fused.c's tolerances;
+        the in-place bound is ~1e-6 here)."""
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("no torch: the reference is PyTorch's")
+        F = torch.nn.functional
+        rng = np.random.default_rng(7)
+        ns, c, sp = (3, 2), 4, 5
+        for act, slope in ((syncbn.RELU, 0.01), (syncbn.LEAKY_RELU, 0.1)):
+            x = [(rng.standard_normal((n, c, sp)) + 1.0).astype(np.float32) for n in ns]
+            z = [rng.standard_normal((n, c, sp)).astype(np.float32) for n in ns]
+            dy = [rng.standard_normal((n, c, sp)).astype(np.float32) for n in ns]
+            w, b = (rng.random(c) + 0.5).astype(np.float32), (rng.random(c) - 0.5).astype(np.float32)
+            y, y2, dx, dz, dx2 = ([np.empty_like(v) for v in x] for _ in range(5))
+            sm, si = [np.empty(c, np.float32) for _ in ns], [np.empty(c, np.float32) for _ in ns]
+            dw, db = [np.empty(c, np.float32) for _ in ns], [np.empty(c, np.float32) for _ in ns]
+            comms = syncbn.cpu_team(2)
+            ds = [syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, n, c, sp) for n in ns]
+            errors = []
+
+            def on_ranks(fn):
+                def rank(r):
+                    try:
+                        fn(r)
+                    except Exception as e:  # noqa: BLE001
+                        errors.append(e)
+                ts = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+                [t.start() for t in ts]
+                [t.join() for t in ts]
+                self.assertEqual(errors, [])
+
+            try:
+                on_ranks(lambda r: comms[r].forward_train(ds[r], x[r], y[r], sm[r], si[r], w, b, z=z[r],
+                                                          activation=act, slope=slope))
+                on_ranks(lambda r: comms[r].backward(ds[r], x[r], dy[r], dx[r], sm[r], si[r], w, dw[r], db[r],
+                                                     grad_mode=syncbn.GRAD_GLOBAL, y=y[r], dz=dz[r],
+                                                     activation=act, slope=slope))
+                if act == syncbn.LEAKY_RELU:  # the in-place backward (a forward without z): x from y
+                    on_ranks(lambda r: comms[r].forward_train(ds[r], x[r], y2[r], sm[r], si[r], w, b,
+                                                              activation=act, slope=slope))
+                    on_ranks(lambda r: comms[r].backward(ds[r], None, dy[r], dx2[r], sm[r], si[r], w, y=y2[r],
+                                                         bias=b, activation=act, slope=slope))
+            finally:
+                for cm in comms:
+                    cm.destroy()
+            X, Z = (torch.tensor(np.concatenate(v), dtype=torch.float64, requires_grad=True) for v in (x, z))
+            W, B = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (w, b))
+            V = F.batch_norm(X, None, None, W, B, training=True, eps=1e-5) + Z
+            Y = F.relu(V) if act == syncbn.RELU else F.leaky_relu(V, slope)
+            Y.backward(torch.tensor(np.concatenate(dy), dtype=torch.float64))
+            close = dict(rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(np.concatenate(y), Y.detach().numpy(), **close)
+            np.testing.assert_allclose(np.concatenate(dx), X.grad.numpy(), **close)
+            np.testing.assert_allclose(np.concatenate(dz), Z.grad.numpy(), **close)
+            for r in (0, 1):
+                np.testing.assert_allclose(dw[r], W.grad.numpy(), **close)
+                np.testing.assert_allclose(db[r], B.grad.numpy(), **close)
+            if act == syncbn.LEAKY_RELU:
+                X.grad = None
+                Y2 = F.leaky_relu(F.batch_norm(X, None, None, W, B, training=True, eps=1e-5), slope)
+                Y2.backward(torch.tensor(np.concatenate(dy), dtype=torch.float64))
+                np.testing.assert_allclose(np.concatenate(dx2), X.grad.numpy(), **close)
 
     def test_inference(self):
         rng = np.random.default_rng(4)
