@@ -20,20 +20,38 @@ typedef struct {
   float bias;
 } fwd_coef_t;
 
+/* The runs of an elementwise pass over channels [c0, c0 + cl): NCHW along a channel's
+   row (n * cl rows of `spatial` elements), NHWC across the channels of a position
+   (n * spatial rows of cl). Rows and their width: */
+static void runs_of(const sbnTensorDesc_t* d, int64_t cl, int64_t* rows, int64_t* width) {
+  const int nhwc = d->layout == sbnLayoutNHWC;
+  *rows = nhwc ? d->n * d->spatial : d->n * cl;
+  *width = nhwc ? cl : d->spatial;
+}
+
+/* The first element of the run at offset w0 of row r, and (*j) its channel counted from
+   c0 (NHWC: the run's element i has channel *j + i). */
+static int64_t run_at(const sbnTensorDesc_t* d, int64_t c0, int64_t cl, int64_t r, int64_t w0, int64_t* j) {
+  if (d->layout == sbnLayoutNHWC) {
+    *j = w0;
+    return r * d->c + c0 + w0;
+  }
+  *j = r % cl;
+  return ((r / cl) * d->c + c0 + *j) * d->spatial + w0;
+}
+
 /* The forward's elementwise pass over channels [c0, c0 + cl): y = act(y(x) + z) with kf
    (z NULL: none). Coefficient arrays are indexed from c0. y may alias x or z. */
 static void elementwise_forward(const sbnTensorDesc_t* d, const void* x, const void* z, void* y, int act,
                                 float slope, int64_t c0, int64_t cl, const fwd_coef_t* kf) {
   float xb[SBN_RUN], zb[SBN_RUN];
-  const int64_t n = d->n, c = d->c, sp = d->spatial;
   const int nhwc = d->layout == sbnLayoutNHWC;
-  /* runs: NCHW along a channel's row, NHWC across the channels of a position */
-  const int64_t rows = nhwc ? n * sp : n * cl, width = nhwc ? cl : sp;
+  int64_t rows, width, j;
+  runs_of(d, cl, &rows, &width);
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t w0 = 0; w0 < width; w0 += SBN_RUN) {
       const int64_t len = width - w0 < SBN_RUN ? width - w0 : SBN_RUN;
-      const int64_t j = nhwc ? w0 : r % cl; /* the run's (first) channel, from c0 */
-      const int64_t at = nhwc ? r * c + c0 + w0 : ((r / cl) * c + c0 + j) * sp + w0;
+      const int64_t at = run_at(d, c0, cl, r, w0, &j);
       sbn_cpu_load(d->dtype, x, at, len, xb);
       if (z != NULL) sbn_cpu_load(d->dtype, z, at, len, zb);
       for (int64_t i = 0; i < len; i++) {
@@ -47,19 +65,18 @@ static void elementwise_forward(const sbnTensorDesc_t* d, const void* x, const v
   }
 }
 
-/* The backward's elementwise pass: dx = dx(x - mean, g) with kb (dx NULL: none), dz = g
-   (dz NULL: none). dx and dz may alias dy. */
+/* The backward's elementwise pass over every channel: dx = dx(x - mean, g) with kb (dx
+   NULL: none), dz = g (dz NULL: none). dx and dz may alias dy. */
 static void elementwise_backward(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* src, void* dx, void* dz,
                                  const sbn_bwd_coef_t* kb) {
   float xb[SBN_RUN], gb[SBN_RUN];
-  const int64_t n = d->n, c = d->c, sp = d->spatial;
   const int nhwc = d->layout == sbnLayoutNHWC;
-  const int64_t rows = nhwc ? n * sp : n * c, width = nhwc ? c : sp;
+  int64_t rows, width, ch;
+  runs_of(d, d->c, &rows, &width);
   for (int64_t r = 0; r < rows; r++) {
     for (int64_t w0 = 0; w0 < width; w0 += SBN_RUN) {
       const int64_t len = width - w0 < SBN_RUN ? width - w0 : SBN_RUN;
-      const int64_t ch = nhwc ? w0 : r % c;
-      const int64_t at = nhwc ? r * c + w0 : r * sp + w0;
+      const int64_t at = run_at(d, 0, d->c, r, w0, &ch);
       sbn_cpu_bwd_run(d, src, at, len, ch, nhwc, gb, xb);
       if (dz != NULL) sbn_cpu_store(d->dtype, dz, at, len, gb);
       if (dx != NULL) {

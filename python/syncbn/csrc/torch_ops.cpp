@@ -152,9 +152,9 @@ std::string shape_str(at::IntArrayRef s) {  // a Python tuple: (3,), (2, 3)
 
 // Forward-mode AD (jvp, dual tensors): no formula; refused, as PyTorch's own operators
 // without one refuse, rather than giving zero tangents.
-void no_forward_ad(const char* who, std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->defined() && t->_fw_grad(/*level=*/0).defined())
+void no_forward_ad(const char* who, std::initializer_list<const optional<Tensor>*> ts) {
+  for (const optional<Tensor>* t : ts)
+    if (t->has_value() && (*t)->defined() && (*t)->_fw_grad(/*level=*/0).defined())
       fail(std::string("syncbn.") + who + ": forward-mode AD (jvp, dual tensors) is not implemented");
 }
 
@@ -497,7 +497,7 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
                                           optional<double> momentum, int64_t comm) {
   const optional<Tensor> xo(x);
   const bool grad = any_requires_grad({&xo, &weight, &bias, &rm, &rv});
-  no_forward_ad("batch_norm_train", {&x, weight ? &*weight : &x, bias ? &*bias : &x});
+  no_forward_ad("batch_norm_train", {&xo, &weight, &bias});
   Tensor y, stats;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -578,7 +578,7 @@ Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const
                       const optional<Tensor>& bias, double eps) {
   const optional<Tensor> xo(x), rmo(rm), rvo(rv);
   const bool grad = any_requires_grad({&xo, &weight, &bias, &rmo, &rvo});
-  no_forward_ad("batch_norm_infer", {&x, weight ? &*weight : &x, bias ? &*bias : &x});
+  no_forward_ad("batch_norm_infer", {&xo, &weight, &bias});
   Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below;
