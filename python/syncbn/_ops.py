@@ -535,4 +535,18 @@ else:
     _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
     _InferEager = _infer_function(_infer_kernel, below=False)
 
-__all__ = ["batch_norm_train", "batch_norm_backward", "batch_norm_infer", "SyncBNError"]
+# the fused operators (batch norm + activation + residual; syncbn._fused): Python kernels
+# with either kind of plain operators, in the same namespace
+# (it imports this module's helpers and registers them into _lib; imported first, it finds
+# this module whole: hence the names below are looked up there when asked for)
+from . import _fused  # noqa: E402,F401
+
+
+def __getattr__(name):
+    if name in ("batch_norm_act_train", "batch_norm_act_backward", "batch_norm_act_infer"):
+        return getattr(_fused, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["batch_norm_train", "batch_norm_backward", "batch_norm_infer", "batch_norm_act_train",
+           "batch_norm_act_backward", "batch_norm_act_infer", "SyncBNError"]

@@ -32,13 +32,17 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import syncbn as _sbn
-from syncbn import _ops
+from syncbn import _fused, _ops
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "team_for"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "FusedBasicBlock", "FusedBottleneck",
+           "team_for"]
 
 _TRAIN = _ops.batch_norm_train
 _INFER = _ops.batch_norm_infer
+_TRAIN_ACT = _fused.batch_norm_act_train
+_INFER_ACT = _fused.batch_norm_act_infer
 _train_eager, _infer_eager = _ops.train_eager, _ops.infer_eager
+_train_act_eager, _infer_act_eager = _fused.train_eager, _fused.infer_eager
 _Tensor = torch.Tensor
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
@@ -102,18 +106,64 @@ def _check_comm(comm, who):
 
 
 class SyncBatchNorm(_BatchNorm):
-    """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring)."""
+    """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring),
+    with an optional fused epilogue: ``activation`` ("identity", "relu", "leaky_relu" with
+    negative slope ``slope``) and ``forward(input, residual=None)`` compute
+    act(batch_norm(input) + residual) in one op, in training (the team's statistics) and
+    in eval (the running statistics: the same formula). ``inplace=True``: autograd keeps
+    only the output, not the input (the backward recovers the input from it, as
+    inplace_abn): for identity or leaky_relu with slope > 0 and no residual (ReLU is not
+    invertible: refused here, at construction). The output is still a new tensor."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 process_group=None, device=None, dtype=None, comm=None):
+                 process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
+                 inplace=False):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
         self.comm = comm
+        self.set_activation(activation, slope, inplace)
 
     convert_sync_batchnorm = None  # set below: the classmethod nn.SyncBatchNorm has
     _comm = None  # class defaults: layers pickled before these attributes existed
     _group_comm = None  # the process group's team on _group_device, found at the first training call
     _group_device = None
+    _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
+    _slope = 0.01
+    _inplace = False
+
+    def set_activation(self, activation="identity", slope=0.01, inplace=False):
+        """Sets the fused epilogue: activation "identity", "relu" or "leaky_relu" (negative
+        slope `slope`), and the in-place mode; ValueError naming what is refused (ReLU or
+        slope 0 in place: not invertible)."""
+        who = "syncbn.torch.SyncBatchNorm"
+        if activation not in _fused.ACTIVATIONS:
+            raise ValueError(f"{who}: activation {activation!r}: one of \"identity\", \"relu\", \"leaky_relu\"")
+        slope = float(slope)
+        _fused.check_activation(_fused.ACTIVATIONS[activation], slope, bool(inplace), who)
+        self._act, self._slope, self._inplace = _fused.ACTIVATIONS[activation], slope, bool(inplace)
+        return self
+
+    @property
+    def activation(self):
+        return {v: k for k, v in _fused.ACTIVATIONS.items()}[self._act]
+
+    @property
+    def slope(self):
+        return self._slope
+
+    @property
+    def inplace(self):
+        return self._inplace
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        if self._act != _sbn.IDENTITY:
+            s += f", activation={self.activation!r}"
+            if self._act == _sbn.LEAKY_RELU:
+                s += f", slope={self._slope}"
+        if self._inplace:
+            s += ", inplace=True"
+        return s
 
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
@@ -135,20 +185,34 @@ class SyncBatchNorm(_BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input):
+    def forward(self, input, residual=None):
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         if input.shape[1] != self.num_features:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
                              f"the layer has {self.num_features}")
+        act = self._act
+        fused = residual is not None or act != _sbn.IDENTITY or self._inplace
+        if fused and residual is not None and self._inplace:
+            raise ValueError("syncbn.torch.SyncBatchNorm: the in-place mode cannot take a residual: x cannot be "
+                             "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
+                             "a residual")
         if not self.training:
             if self.running_mean is None:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there)
-                return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
-            if _plain(input):
-                return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
-            return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+                y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+                return _epilogue(y, residual, act, self._slope) if fused else y
+            if not fused:
+                if _plain(input):
+                    return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias,
+                                        self.eps)
+                return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+            if _plain(input) and (residual is None or _plain(residual)):
+                return _infer_act_eager(input, residual, self.running_mean, self.running_var, self.weight,
+                                        self.bias, self.eps, act, self._slope)
+            return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,
+                              self.eps, act, self._slope)
         comm = self._comm
         if comm is None:
             comm = self._group_comm
@@ -165,9 +229,26 @@ class SyncBatchNorm(_BatchNorm):
         # Plain tensors outside torch.compile and modes: the operator's kernels and autograd
         # without the dispatcher's two Python-kernel calls (~4 us a call); everything else
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
-        if _plain(input):
-            return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)
-        return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)[0]
+        if not fused:
+            if _plain(input):
+                return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)
+            return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)[0]
+        if _plain(input) and (residual is None or _plain(residual)):
+            return _train_act_eager(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum,
+                                    comm.id, act, self._slope, self._inplace)
+        return _TRAIN_ACT(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id, act,
+                          self._slope, self._inplace)[0]
+
+
+def _epilogue(y, residual, act, slope):
+    """act(y + residual) with torch ops (eval without running statistics)."""
+    if residual is not None:
+        y = y + residual
+    if act == _sbn.RELU:
+        return F.relu(y)
+    if act == _sbn.LEAKY_RELU:
+        return F.leaky_relu(y, slope)
+    return y
 
 
 def convert_sync_batchnorm(module, process_group=None, comm=None):
@@ -196,3 +277,191 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
 
 SyncBatchNorm.convert_sync_batchnorm = classmethod(
     lambda cls, module, process_group=None, comm=None: convert_sync_batchnorm(module, process_group, comm))
+
+
+# ---- the converter of fusable patterns ---------------------------------------------------
+# torchvision's ResNet blocks, recognized by their children and by their forward's code
+# being exactly these (compiled by the same interpreter: the same bytecode, names and
+# constants); anything else, even with the same children, is left alone.
+def _basic_block_forward(self, x):
+    identity = x
+
+    out = self.conv1(x)
+    out = self.bn1(out)
+    out = self.relu(out)
+
+    out = self.conv2(out)
+    out = self.bn2(out)
+
+    if self.downsample is not None:
+        identity = self.downsample(x)
+
+    out += identity
+    out = self.relu(out)
+
+    return out
+
+
+def _bottleneck_forward(self, x):
+    identity = x
+
+    out = self.conv1(x)
+    out = self.bn1(out)
+    out = self.relu(out)
+
+    out = self.conv2(out)
+    out = self.bn2(out)
+    out = self.relu(out)
+
+    out = self.conv3(out)
+    out = self.bn3(out)
+
+    if self.downsample is not None:
+        identity = self.downsample(x)
+
+    out += identity
+    out = self.relu(out)
+
+    return out
+
+
+def _same_code(f, g):
+    a, b = getattr(f, "__code__", None), g.__code__
+    return a is not None and all(getattr(a, k) == getattr(b, k) for k in (
+        "co_code", "co_names", "co_varnames", "co_consts", "co_argcount", "co_kwonlyargcount", "co_freevars"))
+
+
+def _no_hooks(m):
+    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None))
+
+
+class _FusedBlock(torch.nn.Module):
+    """A torchvision BasicBlock / Bottleneck after convert_fused: the same children (so the
+    same parameters and state_dict keys) and attributes, its batch norms fused: the
+    activation into each, and the last one's residual add + ReLU into that one."""
+
+    _convs = ()
+
+    def __init__(self, block):
+        super().__init__()
+        for name, child in block.named_children():
+            self.add_module(name, child)
+        for name, value in vars(block).items():  # stride, downsample None, ...
+            if not name.startswith("_") and name != "training" and name not in self._modules:
+                setattr(self, name, value)
+        self.train(block.training)
+        self.block_type = type(block)  # what it was (a class: not part of the state_dict)
+
+    def forward(self, x):
+        out = x
+        last = len(self._convs) - 1
+        for i, (conv, bn) in enumerate(self._convs):
+            out = getattr(self, conv)(out)
+            if i < last:
+                out = getattr(self, bn)(out)  # its ReLU fused
+        identity = x if self.downsample is None else self.downsample(x)
+        return getattr(self, self._convs[last][1])(out, identity)  # ReLU(bn(out) + identity)
+
+
+class FusedBasicBlock(_FusedBlock):
+    _convs = (("conv1", "bn1"), ("conv2", "bn2"))
+
+
+class FusedBottleneck(_FusedBlock):
+    _convs = (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"))
+
+
+_BLOCKS = ((_basic_block_forward, FusedBasicBlock), (_bottleneck_forward, FusedBottleneck))
+
+
+def _fusable_bn(m, uses):
+    """A layer the converter may give an epilogue: syncbn's SyncBatchNorm, plain (no
+    epilogue yet), used once in the model, without hooks (a hook sees its output)."""
+    return (type(m) is SyncBatchNorm and m._act == _sbn.IDENTITY and not m._inplace and uses[id(m)] == 1
+            and _no_hooks(m))
+
+
+def _act_of(m):
+    """(activation, slope) of an nn.ReLU / nn.LeakyReLU module without hooks, else None."""
+    if type(m) is torch.nn.ReLU and _no_hooks(m):
+        return "relu", 0.01
+    if type(m) is torch.nn.LeakyReLU and _no_hooks(m):
+        return "leaky_relu", float(m.negative_slope)
+    return None
+
+
+def _fused_block(m, uses):
+    """The fused replacement of a torchvision BasicBlock / Bottleneck, or None."""
+    if not _no_hooks(m) or uses[id(m)] != 1:
+        return None
+    for forward, cls in _BLOCKS:
+        if not _same_code(type(m).forward, forward):
+            continue
+        names = [n for pair in cls._convs for n in pair]
+        kids = m._modules
+        if not all(isinstance(kids.get(n), torch.nn.Module) for n in names):
+            return None
+        if not all(_fusable_bn(kids[bn], uses) for _, bn in cls._convs):
+            return None
+        if type(kids.get("relu")) is not torch.nn.ReLU or not _no_hooks(kids["relu"]):
+            return None
+        down = getattr(m, "downsample", None)
+        if down is not None and not isinstance(down, torch.nn.Module):
+            return None
+        fused = cls(m)
+        for _, bn in cls._convs:
+            getattr(fused, bn).set_activation("relu")
+        return fused
+    return None
+
+
+def _fuse(module, uses, inplace):
+    for name, child in list(module.named_children()):
+        block = _fused_block(child, uses)
+        if block is not None:
+            setattr(module, name, block)
+            child = block
+        _fuse(child, uses, inplace)
+    if isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward:
+        kids = list(module._modules.items())
+        for i in range(len(kids) - 1):
+            (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
+            act = _act_of(act_mod)
+            if act is None or not _fusable_bn(bn, uses):
+                continue
+            nxt = kids[i + 2][1] if i + 2 < len(kids) else None
+            # in place: an invertible activation, and nothing after it here that writes
+            # over the output autograd keeps (an in-place module)
+            keep_y = not getattr(nxt, "inplace", False)
+            ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] > 0
+            bn.set_activation(act[0], act[1], ip)
+            module._modules[act_name] = torch.nn.Identity()
+            kids[i + 1] = (act_name, module._modules[act_name])
+
+
+def convert_fused(module, process_group=None, comm=None, inplace=False):
+    """convert_sync_batchnorm, then fuses the patterns whose results it cannot change:
+
+    - in an ``nn.Sequential`` (one that runs its children in order), a batch norm followed
+      at once by ``nn.ReLU`` or ``nn.LeakyReLU``: the batch norm takes the activation, and
+      an ``nn.Identity`` takes the activation's place (indices and state_dict keys stay);
+    - a torchvision ``BasicBlock`` / ``Bottleneck`` (its children, and a forward with
+      exactly torchvision's code): replaced by a ``FusedBasicBlock`` / ``FusedBottleneck``
+      with the same children, whose batch norms take the ReLU, the last one also the
+      residual add (ReLU(bn(out) + identity) in one op).
+
+    Left alone: a batch norm used more than once in the model or with hooks (its output is
+    seen elsewhere), an activation not right after the batch norm, another activation
+    class, blocks of any other code. ``inplace=True``: the fused leaky ReLU layers (slope
+    > 0) not followed by an in-place module become in-place (autograd keeps their output
+    only); ReLU layers and residuals cannot (not invertible) and stay as they are."""
+    module = convert_sync_batchnorm(module, process_group, comm)
+    uses = {}
+    for _, m in module.named_modules(remove_duplicate=False):
+        uses[id(m)] = uses.get(id(m), 0) + 1
+    block = _fused_block(module, uses)
+    if block is not None:
+        module = block
+    _fuse(module, uses, inplace)
+    return module

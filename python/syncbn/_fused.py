@@ -1,0 +1,459 @@
+"""syncbn's fused operators in PyTorch's dispatcher: batch norm + activation (+ residual)
+in one op, y = act(batch_norm(x) + z), over the library's sbnForwardTrainEx,
+sbnBackwardEx and sbnForwardInferenceEx (CPU teams in this version; GPU teams refuse
+them with sbnUnsupported until the kernels land).
+
+    syncbn::batch_norm_act_train(Tensor input, Tensor? residual, Tensor? weight,
+        Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var,
+        Tensor(c!)? num_batches_tracked, float eps, float? momentum, int comm,
+        int activation, float slope, bool inplace) -> (Tensor out, Tensor stats)
+    syncbn::batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out,
+        Tensor? weight, Tensor? bias, Tensor stats, float eps, int comm, int activation,
+        float slope, bool input_grad, bool residual_grad, bool weight_grad)
+        -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)
+    syncbn::batch_norm_act_infer(Tensor input, Tensor? residual, Tensor running_mean,
+        Tensor running_var, Tensor? weight, Tensor? bias, float eps, int activation,
+        float slope) -> Tensor
+
+``activation``: 0 identity, 1 ReLU, 2 leaky ReLU with negative slope ``slope`` (syncbn's
+IDENTITY, RELU, LEAKY_RELU). The conventions are the plain operators' (syncbn._ops):
+``comm`` a Comm's id, stats (2, C) float32 (mean, invstd), grad_weight_bias (2, C) float32,
+empty tensors for the gradients not asked for, out in the input's memory format. The
+residual must have the input's shape, dtype, device and memory format (the library reads
+both in one layout); anything else is refused with an error naming it.
+
+``inplace`` (the train op) asks for the in-place backward: its Autograd kernel saves only
+``out`` (not the input), and the backward recovers x - mean from out, weight and bias
+(inplace_abn's rule; accuracy: bench/notes/tolerances.md). That needs an invertible
+activation (identity, or leaky ReLU with slope > 0) and no residual: ReLU, a slope of 0
+and a residual are refused with an error naming them. The backward op takes input None
+for it. The forward never writes over its input: out is a new tensor (the memory saved is
+what autograd keeps, not the forward's transient one).
+
+The kernels are Python (ctypes), like the plain operators' fallback; a C++ version of
+these three (csrc/torch_ops.cpp) is a later step. They are registered whether or not the
+C++ operators loaded, into the same ``syncbn`` namespace (a FRAGMENT library then).
+"""
+
+import ctypes
+import math
+
+import torch
+
+from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
+from ._ops import (_bump, _channels_last, _check_input, _comm, _dense, _desc, _f32, _like_x, _param, _ptr,
+                   _same_device, _stream, _vectors)
+
+_LIB = _capi.lib
+_fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
+_byref = ctypes.byref
+
+ACTIVATIONS = {"identity": IDENTITY, "relu": RELU, "leaky_relu": LEAKY_RELU}
+_ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
+
+_epilogues = {}
+
+
+def _epi(activation, slope):
+    key = (activation, slope)
+    e = _epilogues.get(key)
+    if e is None:
+        if len(_epilogues) > 256:
+            _epilogues.clear()
+        e = _epilogues[key] = _byref(_capi.Epilogue.make(activation, slope))
+    return e
+
+
+# ---- argument checks: the same in the real kernels and the fake ones ----------------------
+def check_activation(activation, slope, inplace, who, residual=False):
+    """Refuses an unknown activation, a negative or non-finite slope, and what the
+    in-place backward cannot do (ReLU, slope 0, a residual), naming it (ValueError)."""
+    if activation not in _ACT_NAMES:
+        raise ValueError(f"{who}: activation {activation!r}: 0 (identity), 1 (relu) or 2 (leaky_relu)")
+    if not math.isfinite(slope) or slope < 0:
+        raise ValueError(f"{who}: slope {slope}: leaky ReLU's negative slope must be finite and >= 0")
+    if inplace:
+        if activation == RELU:
+            raise ValueError(f"{who}: the in-place mode cannot take ReLU: ReLU is not invertible (its output "
+                             "loses x where it is 0, and the in-place backward recovers x from the output); "
+                             "use leaky_relu with a slope > 0, or inplace=False")
+        if activation == LEAKY_RELU and slope == 0:
+            raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not "
+                             "invertible); use a slope > 0, or inplace=False")
+        if residual:
+            raise ValueError(f"{who}: the in-place mode cannot take a residual: x cannot be recovered from "
+                             "act(batch_norm(x) + residual); use inplace=False for a layer with a residual")
+
+
+def _layout_of(x):
+    """The layout the library reads x in (as _dense, without copying)."""
+    if x.is_contiguous():
+        return NCHW
+    fmt = _channels_last(x)
+    return NHWC if fmt is not None and x.is_contiguous(memory_format=fmt) else NCHW
+
+
+def _format_name(t):
+    if t.is_contiguous():
+        return "contiguous"
+    fmt = _channels_last(t)
+    if fmt is not None and t.is_contiguous(memory_format=fmt):
+        return "channels_last"
+    return f"strided {tuple(t.stride())} (neither contiguous nor channels_last)"
+
+
+def _check_residual(x, z, who):
+    if z is None:
+        return
+    _same_device(x, "residual", z, who)
+    if z.shape != x.shape:
+        raise RuntimeError(f"syncbn.{who}: the residual has shape {tuple(z.shape)} and the input "
+                           f"{tuple(x.shape)}: they must be equal")
+    if z.dtype != x.dtype:
+        raise TypeError(f"syncbn.{who}: the residual is {z.dtype} and the input {x.dtype}: they must be equal")
+    layout = _layout_of(x)
+    ok = z.is_contiguous() if layout == NCHW else z.is_contiguous(memory_format=_channels_last(x))
+    if not ok:
+        read = "contiguous" if layout == NCHW else "channels_last"
+        raise RuntimeError(f"syncbn.{who}: the residual's memory format ({_format_name(z)}) differs from the "
+                           f"input's ({read}, as the library reads it): the residual must be {read} too")
+
+
+def _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation, slope, inplace):
+    who = "batch_norm_act_train"
+    _check_input(x, who)
+    check_activation(activation, slope, inplace, f"syncbn.{who}", z is not None)
+    _check_residual(x, z, who)
+    _vectors(x, who, ("weight", "bias", "running_mean", "running_var"), (weight, bias, running_mean, running_var))
+    if (running_mean is None) != (running_var is None):
+        raise RuntimeError(f"syncbn.{who}: running_mean and running_var come together (both or neither)")
+    if weight is None and bias is not None:
+        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
+    if nbt is not None:
+        _same_device(x, "num_batches_tracked", nbt, who)
+        if nbt.numel() != 1 or nbt.dtype != torch.int64:
+            raise RuntimeError(f"syncbn.{who}: num_batches_tracked must be one int64 (got {nbt.dtype}, "
+                               f"{nbt.numel()} elements)")
+
+
+# ---- syncbn::batch_norm_act_train --------------------------------------------------------
+def _train_alloc(x):
+    return torch.empty_like(x), x.new_empty((2, x.shape[1]), dtype=torch.float32)
+
+
+def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                  inplace):
+    _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation, slope, inplace)
+    c = _comm(comm, x, "batch_norm_act_train")
+    x, layout = _dense(x)
+    y, stats = _train_alloc(x)
+    rm, rv, nb = _f32(running_mean), _f32(running_var), nbt
+    if nbt is not None and not nbt.is_contiguous():
+        nb = nbt.contiguous()
+    sp = stats.data_ptr()
+    w32, b32 = _f32(weight), _f32(bias)
+    r = _fwdx_c(c._h, _desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32),
+                _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
+                _epi(activation, slope), _stream(x))
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c._h)
+    if rm is not running_mean:
+        running_mean.copy_(rm)
+    if rv is not running_var:
+        running_var.copy_(rv)
+    if nb is not nbt:
+        nbt.copy_(nb)
+    return y, stats
+
+
+def _train_fake(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                inplace):
+    _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation, slope, inplace)
+    x, _ = _dense(x)
+    return _train_alloc(x)
+
+
+# ---- syncbn::batch_norm_act_backward -----------------------------------------------------
+def _check_backward(dy, x, out, weight, bias, stats, activation, slope):
+    who = "batch_norm_act_backward"
+    base = x if x is not None else out
+    if base is None:
+        raise RuntimeError(f"syncbn.{who}: input and out are both None (the in-place backward takes out)")
+    _check_input(base, who)
+    check_activation(activation, slope, x is None, f"syncbn.{who}")
+    if out is None and activation != IDENTITY:
+        raise RuntimeError(f"syncbn.{who}: out is None: {_ACT_NAMES[activation]}'s gradient needs the "
+                           "forward's output")
+    _same_device(base, "grad_out", dy, who)
+    _same_device(base, "stats", stats, who)
+    _vectors(base, who, ("weight", "bias"), (weight, bias))
+    for name, t in (("grad_out", dy), ("out", out)):
+        if t is not None and (t.shape != base.shape or t.dtype != base.dtype):
+            raise RuntimeError(f"syncbn.{who}: {name} is {t.dtype} {tuple(t.shape)}; the "
+                               f"{'input' if x is not None else 'out'} is {base.dtype} {tuple(base.shape)}")
+    if out is not None:
+        _same_device(base, "out", out, who)
+    if stats.shape != (2, base.shape[1]) or stats.dtype != torch.float32:
+        raise RuntimeError(f"syncbn.{who}: stats must be float32 (2, {base.shape[1]}) (the forward's), got "
+                           f"{stats.dtype} {tuple(stats.shape)}")
+
+
+def _backward_alloc(base, weight, input_grad, residual_grad, weight_grad):
+    dx = torch.empty_like(base) if input_grad else base.new_empty((0,))
+    dz = torch.empty_like(base) if residual_grad else base.new_empty((0,))
+    dwb = base.new_empty((2, base.shape[1]) if weight_grad and weight is not None else (0,), dtype=torch.float32)
+    return dx, dz, dwb
+
+
+def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
+                     weight_grad):
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope)
+    if x is not None:
+        x, layout = _dense(x)
+        base = x
+    else:
+        out, layout = _dense(out)
+        base = out
+    c = _comm(comm, base, "batch_norm_act_backward")
+    dy = _like_x(dy, layout, base)
+    if out is not None:
+        out = _like_x(out, layout, base)
+    dx, dz, dwb = _backward_alloc(base, weight, input_grad, residual_grad, weight_grad)
+    st = stats if stats.is_contiguous() else stats.contiguous()
+    sp = st.data_ptr()
+    w32 = _f32(weight)
+    b32 = _f32(bias) if x is None else None  # the in-place backward reads the bias (x from out)
+    if weight_grad and weight is not None:
+        dwp = dwb.data_ptr()
+        dbp = dwp + 4 * base.shape[1]
+    else:
+        dwp = dbp = None
+    r = _bwdx_c(c._h, _desc(base, layout), _ptr(x), _ptr(out), dy.data_ptr(),
+                dx.data_ptr() if input_grad else None, dz.data_ptr() if residual_grad else None,
+                _ptr(w32), _ptr(b32), sp, sp + 4 * base.shape[1], dwp, dbp, _param(eps, 0.1),
+                _epi(activation, slope), _stream(base))
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_act_backward (sbnBackwardEx)", c._h)
+    return dx, dz, dwb
+
+
+def _backward_fake(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
+                   weight_grad):
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope)
+    base, _ = _dense(x if x is not None else out)
+    return _backward_alloc(base, weight, input_grad, residual_grad, weight_grad)
+
+
+# ---- syncbn::batch_norm_act_infer --------------------------------------------------------
+def _check_infer(x, z, running_mean, running_var, weight, bias, activation, slope):
+    who = "batch_norm_act_infer"
+    _check_input(x, who)
+    check_activation(activation, slope, False, f"syncbn.{who}")
+    _check_residual(x, z, who)
+    _vectors(x, who, ("running_mean", "running_var", "weight", "bias"), (running_mean, running_var, weight, bias))
+    if weight is None and bias is not None:
+        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
+
+
+def _infer_kernel(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+    _check_infer(x, z, running_mean, running_var, weight, bias, activation, slope)
+    x, layout = _dense(x)
+    y = torch.empty_like(x)
+    w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)
+    r = _infx_c(_desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm32),
+                _ptr(rv32), ctypes.c_float(eps), _epi(activation, slope), _stream(x))
+    if r != 0:
+        _raise(r, "syncbn.batch_norm_act_infer (sbnForwardInferenceEx)")
+    return y
+
+
+def _infer_fake(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+    _check_infer(x, z, running_mean, running_var, weight, bias, activation, slope)
+    x, _ = _dense(x)
+    return torch.empty_like(x)
+
+
+# ---- autograd ----------------------------------------------------------------------------
+def act_grad(g, out, activation, slope):
+    """g * act'(out), PyTorch's rules: ReLU's threshold_backward of the result (0 where
+    out <= 0; NaN passes), leaky ReLU's leaky_relu_backward (slope where out <= 0)."""
+    if activation == RELU:
+        return torch.where(out <= 0, torch.zeros_like(g), g)
+    if activation == LEAKY_RELU:
+        return torch.where(out > 0, g, g * slope)
+    return g
+
+
+def _train_function(train, backward, below):
+    """The autograd.Function of batch_norm_act_train over `train` and `backward` (the
+    operators, dispatched past autograd when `below`; or their kernels, eagerly). It saves
+    the input and (for an activation) out; in-place: out only (x comes back from it)."""
+
+    class TrainActFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
+                    slope, inplace):
+            args = (x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                    inplace)
+            if below:
+                with torch._C._AutoDispatchBelowAutograd():
+                    y, stats = train(*args)
+            else:
+                y, stats = train(*args)
+            if inplace:
+                ctx.save_for_backward(None, y, weight, bias, stats)
+            elif activation == IDENTITY:  # no mask: out is not needed
+                ctx.save_for_backward(x, None, weight, None, stats)
+            else:
+                ctx.save_for_backward(x, y, weight, None, stats)
+            ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
+            ctx.mark_non_differentiable(stats)
+            return y, stats
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, dy, _dstats):
+            x, y, weight, bias, stats = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            want_w = weight is not None and (need[2] or need[3])
+            dx, dz, dwb = backward(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm, ctx.activation, ctx.slope,
+                                   need[0], need[1], want_w)
+            dw = db = None
+            if want_w:
+                if weight.dtype != torch.float32:
+                    dwb = dwb.to(weight.dtype)
+                dw, db = dwb[0] if need[2] else None, dwb[1] if need[3] else None
+            return (dx if need[0] else None, dz if need[1] else None, dw, db) + (None,) * 9
+
+    return TrainActFn
+
+
+def _infer_function(infer, below):
+    """The autograd.Function of batch_norm_act_infer; its backward with torch ops (the
+    running statistics are constants)."""
+
+    class InferActFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+            args = (x, z, running_mean, running_var, weight, bias, eps, activation, slope)
+            if below:
+                with torch._C._AutoDispatchBelowAutograd():
+                    y = infer(*args)
+            else:
+                y = infer(*args)
+            ctx.save_for_backward(x, y if activation != IDENTITY else None, running_mean, running_var, weight)
+            ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, y, rm, rv, w = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            scale = torch.rsqrt(rv.float() + ctx.eps)
+            g = act_grad(dy.float(), y, ctx.activation, ctx.slope)
+            dx = dz = gw = gb = None
+            if need[0]:
+                k = scale if w is None else scale * w.float()
+                dx = (g * k.view(shape)).to(x.dtype)
+            if need[1]:
+                dz = g.to(x.dtype)
+            dims = [0] + list(range(2, x.dim()))
+            if w is not None and need[4]:
+                xhat = (x.float() - rm.float().view(shape)) * scale.view(shape)
+                gw = (g * xhat).sum(dims).to(w.dtype)
+            if w is not None and need[5]:
+                gb = g.sum(dims).to(w.dtype)
+            return dx, dz, None, None, gw, gb, None, None, None
+
+    return InferActFn
+
+
+def _autograd_kernels(train, backward, infer):
+    train_fn = _train_function(train, backward, below=True)
+    infer_fn = _infer_function(infer, below=True)
+
+    def train_autograd(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                       inplace):
+        out = train_fn.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
+                             slope, inplace)
+        _bump(running_mean, running_var, nbt)
+        return out
+
+    def backward_autograd(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
+                          weight_grad):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, out, weight, bias)):
+            raise RuntimeError("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
+                               "syncbn.torch.SyncBatchNorm)")
+        with torch._C._AutoDispatchBelowAutograd():
+            return backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
+                            residual_grad, weight_grad)
+
+    def infer_autograd(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+        return infer_fn.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
+
+    return {"batch_norm_act_train": train_autograd, "batch_norm_act_backward": backward_autograd,
+            "batch_norm_act_infer": infer_autograd}
+
+
+# ---- registration ------------------------------------------------------------------------
+SCHEMAS = {
+    "batch_norm_act_train": "(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, "
+                            "Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, "
+                            "float eps, float? momentum, int comm, int activation, float slope, bool inplace) "
+                            "-> (Tensor out, Tensor stats)",
+    "batch_norm_act_backward": "(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
+                               "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, "
+                               "bool residual_grad, bool weight_grad) "
+                               "-> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)",
+    "batch_norm_act_infer": "(Tensor input, Tensor? residual, Tensor running_mean, Tensor running_var, "
+                            "Tensor? weight, Tensor? bias, float eps, int activation, float slope) -> Tensor",
+}
+KERNELS = {
+    "batch_norm_act_train": (_train_kernel, _train_fake),
+    "batch_norm_act_backward": (_backward_kernel, _backward_fake),
+    "batch_norm_act_infer": (_infer_kernel, _infer_fake),
+}
+
+
+def register(lib, drop=(), kernels=None):
+    """Defines the fused operators in lib's namespace with their CPU and CUDA kernels,
+    fake kernels and Autograd kernels; `drop` ("fake", "autograd") leaves those out, and
+    `kernels` replaces some kernels (the tests' mutants, in namespaces of their own).
+    Returns the operators (train, backward, infer)."""
+    table = dict(KERNELS, **(kernels or {}))
+    for name, schema in SCHEMAS.items():
+        lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        kernel, fake = table[name]
+        lib.impl(name, kernel, "CPU")
+        lib.impl(name, kernel, "CUDA")
+        if "fake" not in drop:
+            torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
+    ns = getattr(torch.ops, lib.ns)
+    ops = (ns.batch_norm_act_train.default, ns.batch_norm_act_backward.default, ns.batch_norm_act_infer.default)
+    if "autograd" not in drop:
+        for name, kernel in _autograd_kernels(*ops).items():
+            lib.impl(name, kernel, "Autograd")
+    return ops
+
+
+# the operators, in the namespace of the plain ones (the C++ operators' FRAGMENT, or the
+# Python ones' library)
+batch_norm_act_train, batch_norm_act_backward, batch_norm_act_infer = register(_ops._lib)
+
+_TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+_InferEager = _infer_function(_infer_kernel, below=False)
+
+
+def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                inplace):
+    """batch_norm_act_train's out by its kernels without the dispatcher (the layer's eager
+    calls on plain tensors: the same kernels and autograd)."""
+    y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
+                          slope, inplace)[0]
+    _bump(running_mean, running_var, nbt)
+    return y
+
+
+def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+    return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
