@@ -456,10 +456,15 @@ def convert_fused(module, process_group=None, comm=None, inplace=False):
     class, blocks of any other code. ``inplace=True``: the fused leaky ReLU layers (slope
     > 0) not followed by an in-place module become in-place (autograd keeps their output
     only); ReLU layers and residuals cannot (not invertible) and stay as they are."""
+    # hooks on the batch norms before their conversion (which, as PyTorch's, does not
+    # carry them over): a hook sees the output, so such a layer keeps it to itself
+    hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]
     module = convert_sync_batchnorm(module, process_group, comm)
     uses = {}
     for _, m in module.named_modules(remove_duplicate=False):
         uses[id(m)] = uses.get(id(m), 0) + 1
+    for name in hooked:
+        uses[id(module.get_submodule(name))] = 2  # as if used twice: left alone
     block = _fused_block(module, uses)
     if block is not None:
         module = block

@@ -1,0 +1,683 @@
+"""syncbn.torch's fused batch norm + activation (+ residual) on CPU teams (ranks as
+threads), against float64 PyTorch act(batch_norm(x) + z) of the team's whole batch and its
+autograd: the layer (SyncBatchNorm(activation=, slope=, inplace=), forward(x, residual)),
+its operators (syncbn::batch_norm_act_train / _backward / _infer: opcheck, torch.compile),
+the refusals, and convert_fused (what it fuses gives the original model's results; what it
+must not fuse is left alone).
+
+Tolerances (test_torch.py's, bench/notes/tolerances.md): fp32 y, dx, dz within 3e-5
+relative + 3e-5 absolute, dweight/dbias (sums over the ranks) 1e-4; fp16/bf16 within one
+rounding of the output and the input (2e-3, 1.6e-2) relative and absolute, their
+parameter gradients (fp32 sums of up to 60 products of dtype-rounded terms) 4x that. The
+in-place backward adds the bound of tolerances.md ("The in-place backward"), doubled, per
+element: e_i = (|v_i| u + |v_i - bias| 2^-23) / |weight| (v = bn(x) + z before the
+activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx within
+|weight| invstd (e_i |mean(g x_hat)| + |x_hat_i| mean(|g| e)), g = dy act'(y).
+"""
+
+import copy
+import threading
+import unittest
+
+import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import syncbn
+import syncbn.torch as sbt
+from syncbn import _fused
+
+TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+PTOL = {torch.float32: (1e-4, 1e-4), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6.4e-2, 6.4e-2)}
+UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
+
+def run_ranks(n, fn):
+    errs = [None] * n
+
+    def body(r):
+        try:
+            fn(r)
+        except Exception as e:  # noqa: BLE001 (reported per rank)
+            errs[r] = e
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errs
+
+
+def act_ref(v, activation, slope):
+    if activation == "relu":
+        return F.relu(v)
+    if activation == "leaky_relu":
+        return F.leaky_relu(v, slope)
+    return v
+
+
+def inplace_bound(V, Y, G, W, B, invstd, xhat, activation, slope, dtype):
+    """The in-place backward's first-order error bound (tolerances.md), doubled: per
+    element for dx, per channel for dweight (all float64, whole batch)."""
+    shape = [1, -1] + [1] * (V.dim() - 2)
+    dims = [0] + list(range(2, V.dim()))
+    ones = [1, V.shape[1]] + [1] * (V.dim() - 2)
+    w = W.abs().view(shape) if W is not None else torch.ones(ones, dtype=V.dtype)
+    b = B.view(shape) if B is not None else torch.zeros(ones, dtype=V.dtype)
+    e = (V.abs() * UNIT[dtype] + (V - b).abs() * 2.0 ** -23) / w
+    g = G if activation == "identity" else torch.where(Y > 0, G, G * (0.0 if activation == "relu" else slope))
+    dweight = (g.abs() * e).sum(dims)
+    m = V.numel() / V.shape[1]
+    mean_gx = (g * xhat).sum(dims).abs().view(shape) / m
+    mean_ge = (g.abs() * e).sum(dims).view(shape) / m
+    dx = w * invstd.view(shape) * (e * mean_gx + xhat.abs() * mean_ge)
+    return 2 * dx, 2 * dweight
+
+
+def assert_within(test, got, want, rtol, atol, extra=0.0, msg=""):
+    if want.numel() == 0:
+        return
+    got, want = got.detach(), want.detach()
+    err = (got.double() - want).abs()
+    lim = atol + rtol * want.abs() + extra
+    bad = err > lim
+    test.assertFalse(bool(bad.any()), f"{msg}: {int(bad.sum())} elements off, max excess "
+                                      f"{float((err - lim).max()):.3g}")
+
+
+class TestFusedLayer(unittest.TestCase):
+    def _case(self, ns, c, hw, dtype=torch.float32, channels_last=False, activation="relu", slope=0.01,
+              residual=True, inplace=False, affine=True, momentum=0.1, steps=2, seed=0):
+        """Trains `steps` steps on a team of len(ns) ranks and checks y, dx, dz, dweight,
+        dbias and the running statistics against float64 PyTorch over the whole batch;
+        then eval against the formula with the running statistics."""
+        torch.manual_seed(seed)
+        W = len(ns)
+        comms = syncbn.cpu_team(W, timeout_ms=60000)
+        ref = nn.BatchNorm2d(c, momentum=momentum, affine=affine).double()
+        if affine:
+            with torch.no_grad():
+                ref.weight.uniform_(0.5, 1.5)
+                ref.bias.uniform_(-0.5, 0.5)
+        layers = [sbt.SyncBatchNorm(c, momentum=momentum, affine=affine, comm=comms[r], activation=activation,
+                                    slope=slope, inplace=inplace) for r in range(W)]
+        for m in layers:
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        rtol, atol = TOL[dtype]
+        prtol, patol = PTOL[dtype]
+        try:
+            for step in range(steps):
+                xs = [(torch.randn(n, c, *hw, dtype=torch.float64) + 1.0) for n in ns]
+                zs = [torch.randn(n, c, *hw, dtype=torch.float64) for n in ns]
+                gs = [torch.randn(n, c, *hw, dtype=torch.float64) for n in ns]
+                xin = [x.to(dtype).contiguous(memory_format=fmt).requires_grad_() for x in xs]
+                zin = [z.to(dtype).contiguous(memory_format=fmt).requires_grad_() for z in zs]
+                ys = [None] * W
+                for m in layers:
+                    m.zero_grad()
+
+                def rank(r):
+                    y = layers[r](xin[r], zin[r] if residual else None)
+                    ys[r] = y
+                    (y.to(torch.float64) * gs[r]).sum().backward()
+
+                self.assertEqual(run_ranks(W, rank), [None] * W)
+                X = torch.cat([x.detach().double() for x in xin]).requires_grad_()
+                Z = torch.cat([z.detach().double() for z in zin]).requires_grad_()
+                G = torch.cat([g.to(dtype).double() for g in gs])
+                ref.zero_grad()
+                Vn = ref(X)
+                V = Vn + Z if residual else Vn
+                Y = act_ref(V, activation, slope)
+                (Y * G).sum().backward()
+                ex = exw = 0.0
+                if inplace:
+                    dims = [0] + list(range(2, X.dim()))
+                    mean = X.detach().mean(dims)
+                    invstd = (X.detach().var(dims, unbiased=False) + ref.eps).rsqrt()
+                    xhat = (X.detach() - mean.view(1, -1, 1, 1)) * invstd.view(1, -1, 1, 1)
+                    ex, exw = inplace_bound(V.detach(), Y.detach(), G, ref.weight.detach() if affine else None,
+                                            ref.bias.detach() if affine else None, invstd, xhat, activation, slope,
+                                            dtype)
+                o = 0
+                for r, n in enumerate(ns):
+                    sl = slice(o, o + n)
+                    assert_within(self, ys[r], Y[sl].detach(), rtol, atol, msg=f"y rank {r} step {step}")
+                    extra = ex[sl] if inplace else 0.0
+                    assert_within(self, xin[r].grad, X.grad[sl], rtol, atol, extra, msg=f"dx rank {r} step {step}")
+                    if residual:
+                        assert_within(self, zin[r].grad, Z.grad[sl], rtol, atol, msg=f"dz rank {r}")
+                    else:
+                        self.assertIsNone(zin[r].grad)
+                    if channels_last and n > 0:
+                        self.assertTrue(ys[r].is_contiguous(memory_format=torch.channels_last))
+                    o += n
+                for r in range(W):
+                    torch.testing.assert_close(layers[r].running_mean.double(), ref.running_mean, rtol=3e-5,
+                                               atol=3e-5)
+                    torch.testing.assert_close(layers[r].running_var.double(), ref.running_var, rtol=3e-5,
+                                               atol=3e-5)
+                    self.assertEqual(int(layers[r].num_batches_tracked), int(ref.num_batches_tracked))
+                if affine:
+                    gw = sum(m.weight.grad.double() for m in layers)
+                    gb = sum(m.bias.grad.double() for m in layers)
+                    assert_within(self, gw, ref.weight.grad, prtol, patol, exw, msg="dweight")
+                    assert_within(self, gb, ref.bias.grad, prtol, patol, msg="dbias")
+            # eval: the same formula with the running statistics (rank 0 alone)
+            for m in layers:
+                m.eval()
+            ref.eval()
+            x = (torch.randn(2, c, *hw, dtype=torch.float64) + 1.0).to(dtype).contiguous(memory_format=fmt)
+            z = torch.randn(2, c, *hw, dtype=torch.float64).to(dtype).contiguous(memory_format=fmt)
+            xe, ze = x.clone().requires_grad_(), z.clone().requires_grad_()
+            ye = layers[0](xe, ze if residual and not inplace else None)
+            g = torch.randn(ye.shape, dtype=torch.float64)
+            (ye.double() * g).sum().backward()
+            Xe, Ze = x.double().requires_grad_(), z.double().requires_grad_()
+            Ve = ref(Xe) + (Ze if residual and not inplace else 0)
+            Ye = act_ref(Ve, activation, slope)
+            (Ye * g.to(dtype).double()).sum().backward()
+            assert_within(self, ye, Ye.detach(), rtol, atol, msg="eval y")
+            assert_within(self, xe.grad, Xe.grad, rtol, atol, msg="eval dx")
+            if residual and not inplace:
+                assert_within(self, ze.grad, Ze.grad, rtol, atol, msg="eval dz")
+        finally:
+            for cm in comms:
+                cm.destroy()
+
+    def test_relu_residual_fp32(self):
+        self._case([2, 3], 5, (3, 4), seed=1)
+
+    def test_relu_residual_uneven_and_empty_ranks(self):
+        self._case([2, 0, 3], 4, (3, 3), seed=2)
+
+    def test_leaky_residual_channels_last_momentum_none(self):
+        self._case([1, 3], 6, (2, 5), channels_last=True, activation="leaky_relu", slope=0.2, momentum=None,
+                   steps=3, seed=3)
+
+    def test_identity_residual_no_affine(self):
+        self._case([2, 2], 3, (4, 4), activation="identity", affine=False, seed=4)
+
+    def test_relu_without_residual_team_of_one(self):
+        self._case([4], 3, (3, 3), residual=False, seed=5)
+
+    def test_fp16_relu_residual(self):
+        self._case([2, 3], 4, (3, 3), dtype=torch.float16, seed=6)
+
+    def test_bf16_leaky_channels_last(self):
+        self._case([3, 2], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, activation="leaky_relu",
+                   slope=0.1, seed=7)
+
+    def test_inplace_leaky_fp32(self):
+        self._case([3, 2], 5, (3, 4), activation="leaky_relu", slope=0.01, residual=False, inplace=True, seed=8)
+
+    def test_inplace_identity_channels_last(self):
+        self._case([2, 2], 4, (3, 3), channels_last=True, activation="identity", residual=False, inplace=True,
+                   seed=9)
+
+    def test_inplace_fp16_bf16(self):
+        self._case([2, 3], 4, (3, 3), dtype=torch.float16, activation="leaky_relu", slope=0.2, residual=False,
+                   inplace=True, seed=10)
+        self._case([2, 3], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, activation="leaky_relu",
+                   slope=0.2, residual=False, inplace=True, seed=11)
+
+    def test_inplace_no_affine(self):
+        self._case([2, 2], 3, (4, 4), activation="leaky_relu", residual=False, inplace=True, affine=False, seed=12)
+
+
+def saved_storages(fn):
+    """The storages (data_ptr) autograd saves while fn() runs, and fn's result."""
+    ptrs = []
+
+    def pack(t):
+        ptrs.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return set(ptrs), out
+
+
+class TeamOfOne(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.comm = syncbn.cpu_team(1)[0]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.comm.destroy()
+
+
+class TestSavedTensors(TeamOfOne):
+    def test_inplace_saves_the_output_not_the_input(self):
+        """inplace=True: autograd keeps y, never x (the memory saving); without it, x and
+        (for the mask) y. Through the layer eagerly and through the operator."""
+        for through_op in (False, True):
+            x = (torch.randn(4, 3, 5, 5) + 1).requires_grad_()
+            m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+            if through_op:
+                fn = lambda: _fused.batch_norm_act_train(x, None, m.weight, m.bias, None, None, None, 1e-5, 0.1,  # noqa
+                                                         self.comm.id, syncbn.LEAKY_RELU, 0.01, True)[0]
+            else:
+                fn = lambda: m(x)  # noqa: E731
+            saved, y = saved_storages(fn)
+            xp, yp = x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()
+            self.assertNotIn(xp, saved, f"in-place saved x (through_op={through_op})")
+            self.assertIn(yp, saved)
+            y.sum().backward()
+            self.assertIsNotNone(x.grad)
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu")
+        x = (torch.randn(4, 3, 5, 5) + 1).requires_grad_()
+        saved, y = saved_storages(lambda: m(x))
+        self.assertTrue({x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()} <= saved)
+
+    def test_modified_output_is_caught(self):
+        """An in-place op on the saved output before the backward: autograd's error, not
+        a wrong gradient."""
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+        x = (torch.randn(4, 3, 5) + 1).requires_grad_()
+        y = m(x)
+        y.mul_(2)
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            y.sum().backward()
+
+
+class TestRefusals(TeamOfOne):
+    def test_inplace_relu_refused_at_construction(self):
+        with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
+            sbt.SyncBatchNorm(3, activation="relu", inplace=True)
+        with self.assertRaisesRegex(ValueError, "slope 0"):
+            sbt.SyncBatchNorm(3, activation="leaky_relu", slope=0.0, inplace=True)
+        with self.assertRaisesRegex(ValueError, "activation 'gelu'"):
+            sbt.SyncBatchNorm(3, activation="gelu")
+        with self.assertRaisesRegex(ValueError, "slope -1"):
+            sbt.SyncBatchNorm(3, activation="leaky_relu", slope=-1)
+
+    def test_inplace_with_residual_refused(self):
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+        x = torch.randn(2, 3, 4)
+        with self.assertRaisesRegex(ValueError, "cannot take a residual"):
+            m(x, torch.randn(2, 3, 4))
+        with self.assertRaisesRegex(ValueError, "cannot take a residual"):
+            _fused.batch_norm_act_train(x, x, None, None, None, None, None, 1e-5, 0.1, self.comm.id,
+                                        syncbn.LEAKY_RELU, 0.01, True)
+        with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
+            _fused.batch_norm_act_backward(x, None, x, None, None, torch.zeros(2, 3), 1e-5, self.comm.id,
+                                           syncbn.RELU, 0.01, True, False, False)
+
+    def test_bad_residual_named(self):
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="relu")
+        x = torch.randn(2, 3, 4, 4)
+        before = m.running_mean.clone()
+        for z, err, pattern in (
+                (torch.randn(2, 3, 4, 5), RuntimeError, r"residual has shape \(2, 3, 4, 5\) and the input"),
+                (torch.randn(2, 3, 4, 4, dtype=torch.float16), TypeError, "residual is torch.float16"),
+                (torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last), RuntimeError,
+                 r"residual's memory format \(channels_last\) differs"),
+                (torch.randn(2, 3, 4, 8)[..., ::2], RuntimeError, "residual's memory format .strided")):
+            for training in (True, False):
+                m.train(training)
+                with self.subTest(z=tuple(z.shape), dtype=z.dtype, training=training):
+                    with self.assertRaisesRegex(err, pattern):
+                        m(x, z)
+        with self.assertRaisesRegex(RuntimeError, r"memory format \(contiguous\) differs"):
+            m.train()
+            m(x.contiguous(memory_format=torch.channels_last), torch.randn(2, 3, 4, 4))
+        torch.testing.assert_close(m.running_mean, before, rtol=0, atol=0)  # a refused call wrote nothing
+
+    def test_residual_on_meta_device_named(self):
+        m = sbt.SyncBatchNorm(3, comm=self.comm)
+        with self.assertRaisesRegex(RuntimeError, "residual is on meta"):
+            m(torch.randn(2, 3, 4), torch.empty(2, 3, 4, device="meta"))
+
+
+class TestOps(TeamOfOne):
+    def _args(self, dtype, cl, affine, running, residual, requires_grad=True):
+        torch.manual_seed(0)
+        fmt = torch.channels_last if cl else torch.contiguous_format
+        x = (torch.randn(3, 4, 5, 5) + 1).to(dtype).contiguous(memory_format=fmt).requires_grad_(requires_grad)
+        z = torch.randn(3, 4, 5, 5).to(dtype).contiguous(memory_format=fmt).requires_grad_(requires_grad) \
+            if residual else None
+        w = (torch.rand(4) + 0.5).requires_grad_(requires_grad) if affine else None
+        b = (torch.rand(4) - 0.5).requires_grad_(requires_grad) if affine else None
+        rm, rv = (torch.zeros(4), torch.ones(4)) if running else (None, None)
+        nbt = torch.zeros((), dtype=torch.int64) if running else None
+        return x, z, w, b, rm, rv, nbt
+
+    def _cases(self):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for cl in (False, True):
+                for affine in (False, True):
+                    yield dtype, cl, affine
+
+    def test_opcheck_train(self):
+        for dtype, cl, affine in self._cases():
+            for act, residual, inplace in ((syncbn.RELU, True, False), (syncbn.LEAKY_RELU, False, True),
+                                           (syncbn.IDENTITY, True, False)):
+                with self.subTest(dtype=dtype, cl=cl, affine=affine, act=act, inplace=inplace):
+                    args = self._args(dtype, cl, affine, affine, residual)
+                    momentum = None if affine and cl else 0.1
+                    torch.library.opcheck(_fused.batch_norm_act_train,
+                                          (*args, 1e-5, momentum, self.comm.id, act, 0.1, inplace))
+
+    def test_opcheck_backward(self):
+        for dtype, cl, affine in self._cases():
+            for inplace in (False, True):
+                with self.subTest(dtype=dtype, cl=cl, affine=affine, inplace=inplace):
+                    x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, not inplace, requires_grad=False)
+                    y, stats = _fused.batch_norm_act_train(x, z, w, b, None, None, None, 1e-5, 0.1, self.comm.id,
+                                                           syncbn.LEAKY_RELU, 0.1, inplace)
+                    dy = torch.randn_like(y)
+                    torch.library.opcheck(_fused.batch_norm_act_backward,
+                                          (dy, None if inplace else x, y, w, b, stats, 1e-5, self.comm.id,
+                                           syncbn.LEAKY_RELU, 0.1, True, not inplace, affine))
+
+    def test_opcheck_infer(self):
+        for dtype, cl, affine in self._cases():
+            with self.subTest(dtype=dtype, cl=cl, affine=affine):
+                x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, True)
+                rm, rv = torch.randn(4), torch.rand(4) + 0.5
+                torch.library.opcheck(_fused.batch_norm_act_infer, (x, z, rm, rv, w, b, 1e-5, syncbn.RELU, 0.01))
+
+
+# ---- models: torchvision's blocks as torchvision writes them (torchvision is not needed) --
+def conv3x3(i, o, stride=1):
+    return nn.Conv2d(i, o, 3, stride, 1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+
+        if self.downsample is not None:
+            identity = self.downsample(x)
+
+        out += identity
+        out = self.relu(out)
+
+        return out
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        width = planes
+        self.conv1 = nn.Conv2d(inplanes, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = conv3x3(width, width, stride)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, planes * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+        out = self.relu(out)
+
+        out = self.conv3(out)
+        out = self.bn3(out)
+
+        if self.downsample is not None:
+            identity = self.downsample(x)
+
+        out += identity
+        out = self.relu(out)
+
+        return out
+
+
+class PreActBlock(BasicBlock):
+    """BasicBlock's children, another forward (bn after the add): not to be fused."""
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.conv2(out) + x
+        return self.relu(self.bn2(out))
+
+
+class Tap(nn.Module):
+    """A module whose forward uses its batch norm's output twice (through the ReLU, and
+    as it is): conv, bn, relu children, but no Sequential and no known block."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return self.relu(y) + y
+
+
+def ds(i, o, stride):
+    return nn.Sequential(nn.Conv2d(i, o, 1, stride, bias=False), nn.BatchNorm2d(o))
+
+
+def resnet_like():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+        BasicBlock(8, 8), BasicBlock(8, 16, 2, ds(8, 16, 2)),
+        Bottleneck(16, 4), Bottleneck(16, 8, 1, ds(16, 32, 1)),
+        nn.Conv2d(32, 8, 1), nn.BatchNorm2d(8), nn.LeakyReLU(0.1), nn.Dropout(0.0),
+        nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.Dropout(0.0), nn.ReLU(),  # ReLU not right after: left
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+
+
+def randomize_bn(model):
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+
+
+def fused_layers(model):
+    return [(n, m.activation, m.inplace) for n, m in model.named_modules()
+            if isinstance(m, sbt.SyncBatchNorm) and (m.activation != "identity" or m.inplace)]
+
+
+class TestConvert(TeamOfOne):
+    def _matches(self, model, x, converted, steps=2):
+        """converted (a convert_fused copy of model, on self.comm) gives the float64
+        original's outputs, gradients and buffers, training and eval."""
+        ref = copy.deepcopy(model).double()
+        for step in range(steps):
+            y = converted(x)
+            Y = ref(x.double())
+            torch.testing.assert_close(y.double(), Y, rtol=1e-4, atol=1e-4, msg=f"step {step}")
+            g = torch.randn(y.shape, dtype=torch.float64)
+            (y.double() * g).sum().backward()
+            (Y * g).sum().backward()
+        for (n, p), (_, q) in zip(converted.named_parameters(), ref.named_parameters()):
+            torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
+        for (n, b), (_, q) in zip(converted.named_buffers(), ref.named_buffers()):
+            torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
+                                       msg=n)
+        converted.eval()
+        ref.eval()
+        torch.testing.assert_close(converted(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
+
+    def test_resnet_like_fused_and_equal(self):
+        torch.manual_seed(0)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))
+        self.assertIsInstance(conv[3], sbt.FusedBasicBlock)
+        self.assertIsInstance(conv[4], sbt.FusedBasicBlock)
+        self.assertIsInstance(conv[5], sbt.FusedBottleneck)
+        self.assertIsInstance(conv[6], sbt.FusedBottleneck)
+        self.assertIs(conv[4].block_type, BasicBlock)
+        self.assertEqual(conv[4].stride, 2)
+        self.assertIsInstance(conv[2], nn.Identity)
+        self.assertIsInstance(conv[9], nn.Identity)
+        self.assertIsInstance(conv[14], nn.ReLU)  # not right after its batch norm: kept
+        acts = dict((n, a) for n, a, _ in fused_layers(conv))
+        self.assertEqual(acts, {"1": "relu", "3.bn1": "relu", "3.bn2": "relu", "4.bn1": "relu", "4.bn2": "relu",
+                                "5.bn1": "relu", "5.bn2": "relu", "5.bn3": "relu", "6.bn1": "relu",
+                                "6.bn2": "relu", "6.bn3": "relu", "8": "leaky_relu"})
+        self.assertEqual(conv[8].slope, 0.1)
+        self._matches(model, torch.randn(4, 3, 8, 8), conv)
+
+    def test_loads_a_batchnorm_checkpoint(self):
+        torch.manual_seed(1)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(resnet_like(), comm=self.comm)
+        conv.load_state_dict(model.state_dict())
+        self._matches(model, torch.randn(2, 3, 8, 8), conv, steps=1)
+
+    def test_inplace_conversion(self):
+        """inplace=True: the leaky ReLU layer becomes in-place, the ReLU ones cannot."""
+        torch.manual_seed(2)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
+        self.assertEqual([n for n, _, ip in fused_layers(conv) if ip], ["8"])
+        self._matches(model, torch.randn(4, 3, 8, 8), conv)
+        seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(), nn.Dropout(0.0, inplace=True)),
+                                comm=self.comm, inplace=True)
+        self.assertFalse(seq[0].inplace)  # an in-place module after it would write over the saved y
+        self.assertEqual(seq[0].activation, "leaky_relu")
+
+    def test_left_alone(self):
+        """What fusing would change is not fused: a batch norm used elsewhere (twice in the
+        model, a hook on it), the activation not right after, an unknown block with
+        torchvision's children, a Sequential subclass with its own forward."""
+        torch.manual_seed(3)
+        tap = Tap()
+        randomize_bn(tap)
+        c = sbt.convert_fused(copy.deepcopy(tap), comm=self.comm)
+        self.assertEqual(fused_layers(c), [])
+        self._matches(tap, torch.randn(2, 3, 5, 5), c, steps=1)
+
+        # one layer in two places (convert_sync_batchnorm, as PyTorch's, would make an
+        # nn.BatchNorm2d in two places two layers sharing parameters: then fusable)
+        shared = sbt.SyncBatchNorm(4, comm=self.comm)
+        twice = nn.Sequential(nn.Conv2d(3, 4, 1), shared, nn.ReLU(), nn.Conv2d(4, 4, 1), shared)
+        self.assertEqual(fused_layers(sbt.convert_fused(twice, comm=self.comm)), [])
+
+        hooked = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU())
+        seen = []
+        hooked[0].register_forward_hook(lambda m, i, o: seen.append(o))
+        self.assertEqual(fused_layers(sbt.convert_fused(hooked, comm=self.comm)), [])
+
+        pre = nn.Sequential(PreActBlock(4, 4))
+        randomize_bn(pre)
+        c = sbt.convert_fused(copy.deepcopy(pre), comm=self.comm)
+        self.assertIsInstance(c[0], PreActBlock)
+        self.assertEqual(fused_layers(c), [])
+        self._matches(pre, torch.randn(2, 4, 5, 5), c, steps=1)
+
+        class Skip(nn.Sequential):
+            def forward(self, x):
+                y = self[0](x)
+                return self[1](y) + y
+
+        sk = Skip(nn.BatchNorm2d(4), nn.ReLU())
+        randomize_bn(sk)
+        c = sbt.convert_fused(copy.deepcopy(sk), comm=self.comm)
+        self.assertEqual(fused_layers(c), [])
+        self._matches(sk, torch.randn(2, 4, 5, 5), c, steps=1)
+
+    def test_block_at_the_top(self):
+        torch.manual_seed(4)
+        blk = Bottleneck(16, 4)
+        randomize_bn(blk)
+        c = sbt.convert_fused(copy.deepcopy(blk), comm=self.comm)
+        self.assertIsInstance(c, sbt.FusedBottleneck)
+        self._matches(blk, torch.randn(2, 16, 5, 5), c)
+
+
+class TestCompile(TeamOfOne):
+    def test_fullgraph_trains_like_eager(self):
+        """A converted model (fused blocks and layers, one in place) trained 3 SGD steps
+        compiled (fullgraph) and eagerly: the same losses and parameters; 0 graph breaks;
+        the graphs call the fused operators."""
+        from torch._dynamo.backends.common import aot_autograd
+
+        torch.manual_seed(5)
+        base = resnet_like()
+        randomize_bn(base)
+        eager = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True)
+        model = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True)
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(model, fullgraph=True)
+            opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+            opt_c = torch.optim.SGD(model.parameters(), lr=0.05)
+            for step in range(3):
+                x = torch.randn(4, 3, 8, 8)
+                le = eager(x).square().mean()
+                lc = compiled(x).square().mean()
+                le.backward()
+                lc.backward()
+                torch.testing.assert_close(lc, le, rtol=2e-5, atol=2e-6, msg=f"step {step}")
+                for o in (opt_e, opt_c):
+                    o.step()
+                    o.zero_grad()
+            for (n, a), (_, b) in zip(eager.named_parameters(), model.named_parameters()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=n)
+            for (n, a), (_, b) in zip(eager.named_buffers(), model.named_buffers()):
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=n)
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
+            self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
+            graphs = {"fw": [], "bw": []}
+
+            def recorder(kind):
+                def compiler(gm, example_inputs):
+                    graphs[kind].append(gm.code)
+                    return gm
+                return compiler
+
+            torch._dynamo.reset()
+            backend = aot_autograd(fw_compiler=recorder("fw"), bw_compiler=recorder("bw"))
+            torch.compile(model, backend=backend, fullgraph=True)(torch.randn(4, 3, 8, 8)).sum().backward()
+            fw, bw = "".join(graphs["fw"]), "".join(graphs["bw"])
+            self.assertEqual(fw.count("syncbn.batch_norm_act_train"), 12)
+            self.assertEqual(bw.count("syncbn.batch_norm_act_backward"), 12)
+            model.eval()
+            torch._dynamo.reset()
+            ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
+            self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
+        finally:
+            torch._dynamo.reset()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
