@@ -1,0 +1,243 @@
+"""The activation memory of a training step of a DeepLab-like stack: unfused
+(syncbn.torch.SyncBatchNorm + nn.ReLU / nn.LeakyReLU), converted by
+syncbn.torch.convert_fused, and converted in place (convert_fused(inplace=True)).
+
+The stack: a stem of conv-BN-LeakyReLU layers, torchvision-style residual blocks
+(BasicBlock, Bottleneck: ReLU, fused with their residual add), and an ASPP-like head of
+dilated conv-BN-LeakyReLU layers (LeakyReLU, slope 0.01, as inplace_abn's models: the
+in-place backward needs an invertible activation, so ReLU layers stay as they are).
+
+Activation memory = what a training step needs beyond the parameters, gradients and
+optimizer state:
+- CUDA (--device cuda): torch.cuda.max_memory_allocated over forward + backward +
+  optimizer step, minus the memory allocated before it (after a first step made the
+  gradients and the optimizer state); a team of one GPU (an NCCL team of one rank).
+- CPU (the default): an estimate, the bytes of the tensors autograd saves for the
+  backward (torch.autograd.graph.saved_tensors_hooks), each storage counted once,
+  parameters left out. This is the part that in-place saves; the forward's and the
+  backward's transients come on top on a GPU.
+
+Prints a table and the run's device, torch version, commit and date; --json PATH writes
+them. `python bench/torch_fused_memory.py` takes a few seconds on CPU (CI runs it);
+on a GPU: `python bench/torch_fused_memory.py --device cuda --batch 8 --size 256`.
+Until the GPU kernels of the fused ops land, GPU teams refuse them (sbnUnsupported):
+the fused rows then say so.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+
+import syncbn
+import syncbn.torch as sbt
+
+
+def conv_bn_act(i, o, k=3, stride=1, dilation=1, act_inplace=False):
+    return nn.Sequential(nn.Conv2d(i, o, k, stride, dilation * (k // 2), dilation, bias=False), nn.BatchNorm2d(o),
+                         nn.LeakyReLU(0.01, inplace=act_inplace))
+
+
+class BasicBlock(nn.Module):
+    """torchvision's BasicBlock (children and forward)."""
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+
+        if self.downsample is not None:
+            identity = self.downsample(x)
+
+        out += identity
+        out = self.relu(out)
+
+        return out
+
+
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (children and forward; expansion 4)."""
+
+    def __init__(self, inplanes, planes, stride=1, downsample=None, dilation=1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, dilation, dilation, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+        self.stride = stride
+
+    def forward(self, x):
+        identity = x
+
+        out = self.conv1(x)
+        out = self.bn1(out)
+        out = self.relu(out)
+
+        out = self.conv2(out)
+        out = self.bn2(out)
+        out = self.relu(out)
+
+        out = self.conv3(out)
+        out = self.bn3(out)
+
+        if self.downsample is not None:
+            identity = self.downsample(x)
+
+        out += identity
+        out = self.relu(out)
+
+        return out
+
+
+def deeplab_like(width=32, classes=8, act_inplace=False):
+    w = width
+
+    def cba(*args, **kw):
+        return conv_bn_act(*args, act_inplace=act_inplace, **kw)
+
+    down = nn.Sequential(nn.Conv2d(w, 2 * w, 1, 2, bias=False), nn.BatchNorm2d(2 * w))
+    return nn.Sequential(
+        cba(3, w, stride=2), cba(w, w), cba(w, w),
+        BasicBlock(w, w), BasicBlock(w, 2 * w, 2, down),
+        Bottleneck(2 * w, w // 2, dilation=2),
+        cba(2 * w, w, 1), cba(w, w, dilation=2), cba(w, w, dilation=4),
+        cba(w, w, dilation=6), cba(w, w),
+        nn.Conv2d(w, classes, 1))
+
+
+def saved_bytes(model, x):
+    """The bytes autograd saves in model(x)'s forward (storages counted once, parameters
+    left out), then runs its backward."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).float().square().mean()
+    loss.backward()
+    return sum(seen.values())
+
+
+def cuda_step_bytes(model, x):
+    """Peak bytes of a training step beyond what is allocated before it (CUDA)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        model(x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    step()  # gradients and optimizer state exist from here on
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def commit():
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--size", type=int, default=64, help="input height and width")
+    ap.add_argument("--width", type=int, default=32, help="the stack's base channel count")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--json", help="write the results here too")
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(0)
+        comm = syncbn.nccl_team(syncbn.nccl_unique_id(), 1, 0)
+    else:
+        comm = syncbn.cpu_team(1)[0]
+    dtype = getattr(torch, a.dtype)
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    x = torch.randn(a.batch, 3, a.size, a.size).to(dev, dtype).contiguous(memory_format=fmt)
+    # the same weights in each (seeded); "unfused, in-place act": nn.LeakyReLU(inplace=True),
+    # which keeps one tensor fewer than nn.LeakyReLU() (its output over its input)
+    variants = {
+        "unfused": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width), comm=comm),
+        "unfused, in-place act": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width, act_inplace=True),
+                                                                    comm=comm),
+        "fused": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm),
+        "fused in-place": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm, inplace=True),
+    }
+    rows = []
+    for name, make in variants.items():
+        torch.manual_seed(0)
+        model = make().to(dev, dtype).to(memory_format=fmt).train()
+        n_fused = sum(isinstance(m, sbt.SyncBatchNorm) and m.activation != "identity" for m in model.modules())
+        n_inplace = sum(isinstance(m, sbt.SyncBatchNorm) and m.inplace for m in model.modules())
+        try:
+            nbytes = cuda_step_bytes(model, x) if dev.type == "cuda" else saved_bytes(model, x)
+            rows.append({"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": nbytes})
+        except syncbn.SyncBNError as e:
+            rows.append({"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": None,
+                         "error": e.name})
+    ref = rows[0]["bytes"]
+    meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "measure": "torch.cuda.max_memory_allocated over a step, minus before" if dev.type == "cuda"
+            else "bytes autograd saves (saved_tensors_hooks, storages once, parameters out)",
+            "torch": torch.__version__, "syncbn": syncbn.__version__, "commit": commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "input": [a.batch, 3, a.size, a.size], "width": a.width, "dtype": a.dtype,
+            "channels_last": a.channels_last}
+    print("# " + ", ".join(f"{k} {v}" for k, v in meta.items()))
+    print(f"{'model':<22} {'fused':>5} {'in-place':>8} {'activation MiB':>14} {'vs unfused':>10}")
+    for r in rows:
+        if r["bytes"] is None:
+            print(f"{r['model']:<22} {r['fused_layers']:>5} {r['inplace_layers']:>8} {'refused: ' + r['error']:>25}")
+            continue
+        ratio = r["bytes"] / ref if ref else float("nan")
+        r["ratio"] = ratio
+        print(f"{r['model']:<22} {r['fused_layers']:>5} {r['inplace_layers']:>8} {r['bytes'] / 2**20:>14.2f} "
+              f"{ratio:>10.2f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    comm.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
