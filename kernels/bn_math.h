@@ -264,6 +264,14 @@ SBN_HD float sbn_grad_term(float dy, float x, float mean, float* err) {
   return p;
 }
 
+/* sbn_grad_term for an x - mean given as one float (the in-place backward's, recovered
+   from y: sbn_xmu_from_y): p + *err with the product's rounding by an fma. */
+SBN_HD float sbn_grad_term_xmu(float dy, float xmu, float* err) {
+  const float p = SBN_MUL(dy, xmu);
+  *err = SBN_FMA(dy, xmu, -p);
+  return p;
+}
+
 /* The kernels' per-channel backward partial: both sums compensated. */
 typedef struct {
   sbn_csum_t dy, dy_xmu;
@@ -298,11 +306,13 @@ SBN_HD float sbn_act_grad(int act, float slope, float y, float g) {
   return g;
 }
 
-/* v = act^-1(y) for the invertible activations (identity; leaky ReLU with slope > 0). */
-SBN_HD float sbn_act_inverse(int act, float slope, float y) {
-  if (act == SBN_ACT_LEAKY) return y > 0.0f ? y : y / slope;
+/* v = act^-1(y) for the invertible activations (identity; leaky ReLU with slope > 0),
+   given inv_slope = sbn_inv_slope's: a product per element, no division. */
+SBN_HD float sbn_act_inverse(int act, float inv_slope, float y) {
+  if (act == SBN_ACT_LEAKY) return y > 0.0f ? y : SBN_MUL(y, inv_slope);
   return y;
 }
+SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ? 1.0f / slope : 1.0f; }
 
 /* The weight that the in-place backward divides by: weight, or +-min_weight where
    |weight| < min_weight (SBN_RECOVER_MIN_WEIGHT; + for 0). */
@@ -311,10 +321,16 @@ SBN_HD float sbn_recover_weight(float weight, float min_weight) {
   return weight < 0.0f ? -min_weight : min_weight;
 }
 
-/* x - mean recovered from the forward's output: (act^-1(y) - bias) / w_eff / invstd.
-   The backward's sums and dx take x - mean, so this is all they need of x. */
-SBN_HD float sbn_xmu_from_y(int act, float slope, float y, float bias, float w_eff, float invstd) {
-  return (sbn_act_inverse(act, slope, y) - bias) / w_eff / invstd;
+/* The per-channel factor of the recovery: 1 / (w_eff * invstd), w_eff the clamped weight
+   (sbn_recover_weight). */
+SBN_HD float sbn_recover_rcp(float w_eff, float invstd) { return 1.0f / SBN_MUL(w_eff, invstd); }
+
+/* x - mean recovered from the forward's output: (act^-1(y) - bias) * rcp, rcp =
+   sbn_recover_rcp's: two products and a difference per element, no division (each
+   rounding is one ulp of the result at most: bench/notes/tolerances.md, "The in-place
+   backward"). The backward's sums and dx take x - mean, so this is all they need of x. */
+SBN_HD float sbn_xmu_from_y(int act, float inv_slope, float y, float bias, float rcp) {
+  return SBN_MUL(sbn_act_inverse(act, inv_slope, y) - bias, rcp);
 }
 
 #endif /* SYNCBN_BN_MATH_H_ */

@@ -65,7 +65,7 @@ SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floa
 SBN_INTERNAL void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out);
 /* What the backward reads of a rank's tensors: g = dy * act'(y) (y NULL: identity, g =
    dy) and x - mean, from x, or, when x is NULL (the in-place backward), from y:
-   (act^-1(y) - bias) / w_eff / invstd per channel (w_eff = sbn_recover_weight's). */
+   sbn_xmu_from_y's (act^-1(y) - bias) * rcp per channel (rcp = sbn_recover_rcp's). */
 typedef struct {
   const void* x;
   const void* y;
@@ -74,8 +74,7 @@ typedef struct {
   int act;
   float slope;
   const float* bias;   /* [c], x NULL: the forward's bias (NULL: 0) */
-  const float* w_eff;  /* [c], x NULL */
-  const float* invstd; /* [c], x NULL: save_invstd */
+  const float* rcp;    /* [c], x NULL: sbn_recover_rcp of the clamped weight and save_invstd */
 } sbn_cpu_bwd_src_t;
 /* g and x - mean of `len` elements from element `at`, whose channel is ch (NCHW: the
    same for the run) or ch + i (nhwc: element i of the run). */

@@ -177,14 +177,15 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   sbn_cpu_peers_t peers;
 
   /* what the backward reads: x - mean from x, or from y (the in-place backward: x NULL;
-     the weights it divides by go where the dx coefficients go after the sums) */
+     its per-channel factors go where the dx coefficients go after the sums) */
   sbn_cpu_bwd_src_t src = {op->x, op->act != SBN_ACT_IDENTITY || op->x == NULL ? op->y : NULL, op->dy,
-                           op->save_mean, op->act, op->slope, op->bias, NULL, op->save_invstd};
-  float* w_eff = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
+                           op->save_mean, op->act, op->slope, op->bias, NULL};
+  float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {
     for (int64_t ci = 0; ci < c; ci++)
-      w_eff[ci] = sbn_recover_weight(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT);
-    src.w_eff = w_eff;
+      rcp[ci] = sbn_recover_rcp(sbn_recover_weight(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT),
+                                op->save_invstd[ci]);
+    src.rcp = rcp;
   }
   sbnResult_t r = partials_and_exchange(op, &src, &peers);
   if (r != sbnSuccess) return r;

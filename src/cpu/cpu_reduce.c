@@ -151,9 +151,10 @@ void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64
     sbn_cpu_load(d->dtype, s->x, at, len, xmu);
     for (int64_t i = 0; i < len; i++) xmu[i] = xmu[i] - s->mean[nhwc ? ch + i : ch];
   } else {
+    const float inv_slope = sbn_inv_slope(s->act, s->slope);
     for (int64_t i = 0; i < len; i++) {
       const int64_t c = nhwc ? ch + i : ch;
-      xmu[i] = sbn_xmu_from_y(s->act, s->slope, yb[i], s->bias ? s->bias[c] : 0.0f, s->w_eff[c], s->invstd[c]);
+      xmu[i] = sbn_xmu_from_y(s->act, inv_slope, yb[i], s->bias ? s->bias[c] : 0.0f, s->rcp[c]);
     }
   }
 }
