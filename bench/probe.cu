@@ -707,7 +707,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   for (int t = 0; t < 2; t++)
     for (int v = 0; v < 2; v++)
       for (int var = 0; var < SBN_VAR_COUNT; var++) {
-        const void* fn = sbn_coop_kernel_ptr(kind, dt, t, v, var);
+        const void* fn = sbn_coop_kernel_ptr(kind, dt, t, v, var, 0);
         if (fn == nullptr) continue;
         size_t dyn = 0;
         if (var == SBN_VAR_ONCHIP) {
@@ -788,7 +788,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   a.nchunks_max = (int)nch;
   a.hold_slots = pl.hold_slots;
   CK(cudaDeviceSynchronize());
-  const void* fn = sbn_coop_kernel_ptr(kind, dt, pl.tile, pl.vec, pl.variant);
+  const void* fn = sbn_coop_kernel_ptr(kind, dt, pl.tile, pl.vec, pl.variant, 0);
   const unsigned grid = (unsigned)(W * pl.G);
   const size_t dyn = pl.variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl.hold_slots) : 0;
   char what[64];

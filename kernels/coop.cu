@@ -95,31 +95,50 @@ static_assert(SBN_GPU_PART_FLOATS == 4, "a partial entry is one float4");
 
 /* ---- kernel tables ------------------------------------------------------------------------- */
 /* vec: 1 for the 16-byte kernels (VEC = 16 / element size), 0 for the scalar ones. */
+/* epi: SBN_EPI_* (coop_args.h: sbn_args_epilogue): the kernels with the epilogue, and the
+   in-place backward's, copies of each, so that the plain ops' kernels keep their code and
+   registers. A forward never recovers x: SBN_EPI_RECOVER is its SBN_EPI_ACT. */
+template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, int variant) {
+  constexpr int V = kVec<DT>;
+  switch (variant) {
+    case SBN_VAR_ONCHIP:
+      return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_ONCHIP, EPI> : nullptr;
+    default:
+      return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM, EPI>
+                 : (const void*)sbn_coop_kernel<KIND, DT, TILE, 1, SBN_VAR_STREAM, EPI>;
+  }
+}
 template <int KIND, int DT, bool TILE> struct CoopKernels {
-  static const void* pick(int vec, int variant) {
-    constexpr int V = kVec<DT>;
-    switch (variant) {
-      case SBN_VAR_ONCHIP:
-        return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_ONCHIP> : nullptr;
-      default:
-        return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM>
-                   : (const void*)sbn_coop_kernel<KIND, DT, TILE, 1, SBN_VAR_STREAM>;
+  static const void* pick(int vec, int variant, int epi) {
+    if (epi == SBN_EPI_NONE) return coop_pick<KIND, DT, TILE, SBN_EPI_NONE>(vec, variant);
+    if constexpr (KIND == SBN_OP_BACKWARD) {
+      if (epi == SBN_EPI_RECOVER) return coop_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(vec, variant);
     }
+    return coop_pick<KIND, DT, TILE, SBN_EPI_ACT>(vec, variant);
   }
 };
+template <int KIND, int DT, bool TILE, int EPI> const void* host_pick(int stage, int vec) {
+  constexpr int V = kVec<DT>;
+  switch (stage) {
+    case SBN_HOST_STATS:
+      return vec ? (const void*)sbn_host_stats_kernel<KIND, DT, TILE, V, EPI>
+                 : (const void*)sbn_host_stats_kernel<KIND, DT, TILE, 1, EPI>;
+    case SBN_HOST_PUBLISH: return (const void*)sbn_host_publish_kernel<KIND, TILE>;
+    case SBN_HOST_GATHER: return (const void*)sbn_host_gather_kernel;
+    default:
+      return vec ? (const void*)sbn_host_apply_kernel<KIND, DT, TILE, V, EPI>
+                 : (const void*)sbn_host_apply_kernel<KIND, DT, TILE, 1, EPI>;
+  }
+}
 template <int KIND, int DT, bool TILE> struct HostKernels {
-  static const void* pick(int stage, int vec) {
-    constexpr int V = kVec<DT>;
-    switch (stage) {
-      case SBN_HOST_STATS:
-        return vec ? (const void*)sbn_host_stats_kernel<KIND, DT, TILE, V>
-                   : (const void*)sbn_host_stats_kernel<KIND, DT, TILE, 1>;
-      case SBN_HOST_PUBLISH: return (const void*)sbn_host_publish_kernel<KIND, TILE>;
-      case SBN_HOST_GATHER: return (const void*)sbn_host_gather_kernel;
-      default:
-        return vec ? (const void*)sbn_host_apply_kernel<KIND, DT, TILE, V>
-                   : (const void*)sbn_host_apply_kernel<KIND, DT, TILE, 1>;
+  static const void* pick(int stage, int vec, int epi) {
+    /* the forward's statistics read x only: the plain kernel */
+    if (epi == SBN_EPI_NONE || (KIND == SBN_OP_FORWARD && stage == SBN_HOST_STATS))
+      return host_pick<KIND, DT, TILE, SBN_EPI_NONE>(stage, vec);
+    if constexpr (KIND == SBN_OP_BACKWARD) {
+      if (epi == SBN_EPI_RECOVER) return host_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(stage, vec);
     }
+    return host_pick<KIND, DT, TILE, SBN_EPI_ACT>(stage, vec);
   }
 };
 /* Table<KIND, DT, TILE>::pick(a...) for a run-time kind, dtype and tile: every kind, every
@@ -140,14 +159,16 @@ const void* pick(int kind, int dtype, int tile, A... a) {
                                 : pick_dtype<Table, SBN_OP_BACKWARD>(dtype, tile, a...);
 }
 
-const void* infer_pick(int dtype, int tile, int vec) {
+template <int DT, bool EPI> const void* infer_pick_dt(int tile, int vec) {
+  return tile ? (vec ? (const void*)sbn_infer_tile_kernel<DT, kVec<DT>, EPI>
+                     : (const void*)sbn_infer_tile_kernel<DT, 1, EPI>)
+              : (vec ? (const void*)sbn_infer_plane_kernel<DT, kVec<DT>, EPI>
+                     : (const void*)sbn_infer_plane_kernel<DT, 1, EPI>);
+}
+const void* infer_pick(int dtype, int tile, int vec, int epi) {
   switch (dtype) {
-#define SBN_PICK_INFER_(value, bytes, name, tag)                                             \
-  case value:                                                                                \
-    return tile ? (vec ? (const void*)sbn_infer_tile_kernel<value, kVec<value>>                \
-                       : (const void*)sbn_infer_tile_kernel<value, 1>)                        \
-                : (vec ? (const void*)sbn_infer_plane_kernel<value, kVec<value>>               \
-                       : (const void*)sbn_infer_plane_kernel<value, 1>);
+#define SBN_PICK_INFER_(value, bytes, name, tag) \
+  case value: return epi ? infer_pick_dt<value, true>(tile, vec) : infer_pick_dt<value, false>(tile, vec);
     SBN_DTYPES(SBN_PICK_INFER_)
 #undef SBN_PICK_INFER_
   }
@@ -165,18 +186,16 @@ __global__ void sbn_notify_kernel(const __grid_constant__ sbn_coop_args_t a, int
 }  // namespace
 
 /* The host side (src/gpu/) and the emulation (tests/emu/) take the kernels from here. */
-extern "C" const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec,
-                                                          int variant) {
-  return pick<CoopKernels>(kind, dtype, tile, vec, variant);
+extern "C" const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant, int epi) {
+  return pick<CoopKernels>(kind, dtype, tile, vec, variant, epi);
 }
 
-extern "C" const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile,
-                                                          int vec) {
-  return pick<HostKernels>(kind, dtype, tile, stage, vec);
+extern "C" const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec, int epi) {
+  return pick<HostKernels>(kind, dtype, tile, stage, vec, epi);
 }
 
-extern "C" const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec) {
-  return infer_pick(dtype, tile, vec);
+extern "C" const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int epi) {
+  return infer_pick(dtype, tile, vec, epi);
 }
 
 /* Threads per plane of the plane inference kernel: a warp for small planes, the block

@@ -84,6 +84,18 @@ typedef struct {
   float eps;
   float momentum;
   int grad_global;
+  /* the epilogue (sbnForwardTrainEx / sbnBackwardEx), read only by the kernels built with
+     it (sbn_args_epilogue): act (SBN_ACT_*: bn_math.h) and its slope; forward: y =
+     act(bn(x) + z), z NULL for none; backward: the gradient reaching the normalization
+     is act'(y) dy (y the forward's output), written to dz when dz is non-NULL, and
+     `recover`: x is NULL and x - mean comes from y (the in-place backward: `x` above
+     then points at y, which is what the kernels read in its place) */
+  const void* z;
+  const void* y;
+  void* dz;
+  int act;
+  float slope;
+  int recover;
 } sbn_coop_rank_t;
 
 typedef struct {
@@ -156,19 +168,42 @@ typedef struct {
   float eps;
   int group; /* plane kernel: threads per plane (sbn_infer_group) */
   int64_t n, c, sp;
+  /* the epilogue (sbnForwardInferenceEx): y = act(that + z); the kernels built with it
+     only (act != identity or z non-NULL) */
+  const void* z;
+  int act;
+  float slope;
 } sbn_infer_args_t;
+
+/* Whether a launch's ranks run an epilogue, and so take the kernels built with it: the
+   plain ops' kernels have none (their code, registers and speed stay as they were). */
+enum { SBN_EPI_NONE = 0, SBN_EPI_ACT = 1, SBN_EPI_RECOVER = 2, SBN_EPI_KINDS = 3 };
+static SBN_ARGS_HD int sbn_rank_epilogue(const sbn_coop_rank_t* r) {
+  if (r->recover) return SBN_EPI_RECOVER; /* the in-place backward, its own kernels */
+  return r->act != 0 || r->z != 0 || r->dz != 0 ? SBN_EPI_ACT : SBN_EPI_NONE;
+}
+/* The launch's: its ranks with data all recover x or none does (gpu_launch.c checks);
+   empty ranks take any. */
+static SBN_ARGS_HD int sbn_args_epilogue(const sbn_coop_args_t* a) {
+  int e = SBN_EPI_NONE;
+  for (int i = 0; i < a->nlaunch; i++)
+    if (sbn_rank_epilogue(&a->r[i]) > e) e = sbn_rank_epilogue(&a->r[i]);
+  return e;
+}
+static SBN_ARGS_HD int sbn_infer_epilogue(const sbn_infer_args_t* a) { return a->act != 0 || a->z != 0; }
 
 /* The kernels' addresses (kernels/coop.cu), for launches by address. vec: 1 for the
    16-byte kernels, 0 for the scalar ones; variant: SBN_VAR_* (coop_plan.h). NULL for a
-   combination that is not built (onchip is 16-byte only). */
+   combination that is not built (onchip is 16-byte only). epi: SBN_EPI_* (sbn_args_epilogue;
+   inference: 0 or 1, sbn_infer_epilogue). */
 #ifdef SBN_COOP_EMU
 #define SBN_KERNEL_API
 #else
 #define SBN_KERNEL_API __attribute__((visibility("hidden")))
 #endif
-SBN_KERNEL_API const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant);
-SBN_KERNEL_API const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec);
-SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec);
+SBN_KERNEL_API const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant, int epi);
+SBN_KERNEL_API const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec, int epi);
+SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int epi);
 SBN_KERNEL_API int sbn_infer_group(int64_t sp);
 
 /* Where rank `src`'s record of `chunk` lies in a rank's gathered records (host path). */

@@ -54,7 +54,7 @@
 #ifndef SYNCBN_COOP_KERNEL_CUH_
 #define SYNCBN_COOP_KERNEL_CUH_
 
-template <int KIND, int DT, bool TILE, int VEC, int VAR>
+template <int KIND, int DT, bool TILE, int VEC, int VAR, int EPI>
 __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_BLOCKS_PER_SM
                                                                   : SBN_ONCHIP_BLOCKS_PER_SM)
     sbn_coop_kernel(const __grid_constant__ sbn_coop_args_t a) {
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
-  VecPath<KIND, DT, TILE, VEC, kOnchip> path;
+  VecPath<KIND, DT, TILE, VEC, kOnchip, EPI> path; /* EPI: SBN_EPI_* (coop_args.h) */
 
   SBN_STAMP(0); /* the block runs */
   if (threadIdx.x == 0) {

@@ -196,6 +196,16 @@ template <int NCH> struct BwdAcc {
   sbn_csum_t sdx[NCH]; /* sum dy * (x - mean) */
 };
 
+/* The epilogue of a thread's channels (the EPI kernels): the activation, and for the
+   in-place backward (recover) what x - mean is recovered with, sbn_xmu_from_y's
+   inv_slope, bias and rcp. */
+template <int NCH> struct EpiCoef {
+  int act;
+  float slope, inv_slope;
+  bool recover;
+  float bias[NCH], rcp[NCH];
+};
+
 /* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
    statistics; wb = cnt / (count + cnt). sbn_welford_merge's arithmetic. */
 template <int NCH>
@@ -211,7 +221,10 @@ __device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float
 }
 
 /* ---- the data path of one variant ------------------------------------------------------ */
-template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP>
+/* EPI: 0 the plain ops; 1 the epilogue (SBN_EPI_ACT: an activation, z, dz); 2 the in-place
+   backward (SBN_EPI_RECOVER: x - mean recovered from y, which the kernel reads in x's
+   place). A kernel of each, so that each keeps only the registers it needs. */
+template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP, int EPI = SBN_EPI_NONE>
 struct VecPath {
   static constexpr int U = KIND == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
   static constexpr int NV = KIND == SBN_OP_FORWARD ? 1 : 2; /* x; x and dy */
@@ -227,6 +240,11 @@ struct VecPath {
   typedef BatchPos<TILE, U, WHOLE> Pos;
   typedef Walker<TILE, VEC, WHOLE> Walk;
   typedef uint4 Batch[U][NV];
+  /* the backward of the EPI kernels (the gradient reaching the normalization is act'(y)
+     dy: grad_at), and of the in-place backward's (y in slot 0) */
+  static constexpr bool kBwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_BACKWARD;
+  static constexpr bool kRecover = EPI == SBN_EPI_RECOVER && KIND == SBN_OP_BACKWARD;
+  static constexpr bool kFwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_FORWARD;
 
 #ifdef SBN_COOP_EMU
   /* the emulation's C++: turn_hold moves slots a thread never loaded (fewer than NBR
@@ -263,13 +281,38 @@ SBN_UNROLL
         bt[k][0] = load_pos<DT, VEC, true>(R.x, bp.idx(k), kFull, pol);
         if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(R.dy, bp.idx(k), kFull, pol);
       }
-      return;
-    }
+    } else {
 SBN_UNROLL
-    for (int k = 0; k < U; k++) {
-      bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
-      if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
+      for (int k = 0; k < U; k++) {
+        bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
+      }
     }
+  }
+  /* The backward's epilogue: y's batch (the activation's mask) where the kernel reads it
+     besides x and dy (an activation, x given), in stage 1 and again in stage 5 (the
+     onchip kernels hold x and dy only); false: no y, or y is the batch's slot 0 (the
+     in-place backward). */
+  static __device__ __forceinline__ bool load_y(const sbn_coop_rank_t& R, const Pos& bp, uint4 (&yb)[U],
+                                                uint64_t pol) {
+    if constexpr (kBwdEpi && !kRecover) {
+      if (R.act == SBN_ACT_IDENTITY) return false;
+SBN_UNROLL
+      for (int k = 0; k < U; k++) yb[k] = load_pos<DT, VEC, kWholePos>(R.y, bp.idx(k), bp.mask(k, kFull), pol);
+      return true;
+    } else {
+      return false;
+    }
+  }
+  /* The gradient reaching the normalization at element e of position k: dy, or (EPI)
+     act'(y) dy in fp32 as the CPU team computes it (y from yb, or the batch's slot 0). */
+  template <int UB>
+  static __device__ __forceinline__ float grad_at(const uint4 (&bt)[UB][NV], int k, int e, const EpiCoef<NCH>& ep,
+                                                  const uint4 (&yb)[UB], bool has_y) {
+    const float dy = elem_get<DT, VEC>(bt[k][NV - 1], e);
+    if constexpr (!kBwdEpi) return dy;
+    if (ep.act == SBN_ACT_IDENTITY) return dy;
+    return sbn_act_grad(ep.act, ep.slope, elem_get<DT, VEC>(!kRecover && has_y ? yb[k] : bt[k][0], e), dy);
   }
   static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                      const Batch& bt) {
@@ -440,7 +483,8 @@ SBN_UNROLL
     }
   }
 
-  static __device__ __forceinline__ void bwd_batch(BwdAcc<NCH>& A, const Batch& bt, const Pos& bp) {
+  static __device__ __forceinline__ void bwd_batch(BwdAcc<NCH>& A, const Batch& bt, const Pos& bp,
+                                                   const EpiCoef<NCH>& ep, const uint4 (&yb)[U], bool has_y) {
     if (bp.empty()) return;
 SBN_UNROLL
     for (int ch = 0; ch < NCH; ch++) {
@@ -450,9 +494,14 @@ SBN_UNROLL
         for (int e = 0; e < VEC; e++) {
           if (TILE && e != ch) continue; /* tile: element e is channel e */
           if (!(bp.mask(k, kFull) >> e & 1u)) continue;
-          const float dy = elem_get<DT, VEC>(bt[k][NV - 1], e);
-          float err;
-          const float t = sbn_grad_term(dy, elem_get<DT, VEC>(bt[k][0], e), A.mean[ch], &err);
+          const float dy = grad_at(bt, k, e, ep, yb, has_y);
+          float err, t;
+          if (kRecover)
+            t = sbn_grad_term_xmu(
+                dy, sbn_xmu_from_y(ep.act, ep.inv_slope, elem_get<DT, VEC>(bt[k][0], e), ep.bias[ch], ep.rcp[ch]),
+                &err);
+          else
+            t = sbn_grad_term(dy, elem_get<DT, VEC>(bt[k][0], e), A.mean[ch], &err);
           sbn_csum_add(&A.sdy[ch], dy);
           sbn_csum_add2(&A.sdx[ch], t, err);
         }
@@ -531,6 +580,31 @@ SBN_UNROLL
     __syncthreads();
   }
 
+  /* The thread's channel ch of unit group grp (tile: its vector column's; plane: grp). */
+  static __device__ __forceinline__ int64_t thread_channel(int grp, int ch) {
+    return TILE ? (int64_t)grp * kChunk + (threadIdx.x & 31) % (kChunk / VEC) * VEC + ch : (int64_t)grp;
+  }
+  /* The epilogue of the thread's channels (EPI kernels); `has`: the thread has positions
+     in the unit (else its channels may lie past C, and nothing is read). */
+  static __device__ __forceinline__ void epi_coef(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp,
+                                                  bool has, EpiCoef<NCH>& ep) {
+    ep.act = R.act;
+    ep.slope = R.slope;
+    ep.inv_slope = sbn_inv_slope(R.act, R.slope);
+    ep.recover = kRecover;
+    if constexpr (kRecover) {
+SBN_UNROLL
+      for (int ch = 0; ch < NCH; ch++) {
+        const int64_t c = thread_channel(grp, ch);
+        const bool in = has && c < g.c;
+        ep.bias[ch] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
+        ep.rcp[ch] = sbn_recover_rcp(sbn_recover_weight(in && R.weight != nullptr ? R.weight[c] : 1.0f,
+                                                        SBN_RECOVER_MIN_WEIGHT),
+                                     in ? R.save_invstd[c] : 1.0f);
+      }
+    }
+  }
+
   /* ---- stage 1 ---- */
   /* Unit u's statistics from its batches: held (onchip: the first NBR of the thread's
      batches, counted by gb over the block's units, in registers, the others in shared
@@ -547,6 +621,8 @@ SBN_UNROLL
     const uint64_t pol = policy_evict_last();
     FwdAcc<NCH> F;
     BwdAcc<NCH> B;
+    EpiCoef<NCH> ep;
+    if constexpr (kBwdEpi) epi_coef(R, g, grp, wk.K > 0, ep);
     if (KIND == SBN_OP_FORWARD) {
       F.count = 0.0f;
 SBN_UNROLL
@@ -554,8 +630,7 @@ SBN_UNROLL
     } else {
 SBN_UNROLL
       for (int ch = 0; ch < NCH; ch++) {
-        const int64_t c = TILE ? (int64_t)grp * kChunk + (threadIdx.x & 31) % (kChunk / VEC) * VEC + ch
-                               : (int64_t)grp;
+        const int64_t c = thread_channel(grp, ch);
         B.mean[ch] = wk.K > 0 ? R.save_mean_in[c] : 0.0f;
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
@@ -563,8 +638,11 @@ SBN_UNROLL
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
-      else
-        bwd_batch(B, bt, bp);
+      else {
+        uint4 yb[U];
+        const bool has_y = load_y(R, bp, yb, pol);
+        bwd_batch(B, bt, bp, ep, yb, has_y);
+      }
     });
     typename Part<KIND>::T pt[NCH];
 SBN_UNROLL
@@ -643,10 +721,16 @@ SBN_NO_UNROLL
   }
 
   /* ---- stage 5 ---- */
-  /* The outputs of a batch in place of its x. */
-  static __device__ __forceinline__ void outputs(Batch& bt, const float (&kc)[NCH][4]) {
+  /* The outputs of a batch in place of its x. EPI: forward, act(y + z) (zb: z's batch,
+     null for none); backward, the gradient act'(y) dy (yb: y's batch, else slot 0;
+     grad_at) in place of dy when `grads` (dz), and x - mean recovered from y where
+     ep.recover. */
+  template <int UB>
+  static __device__ __forceinline__ void outputs(uint4 (&bt)[UB][NV], const float (&kc)[NCH][4],
+                                                 const EpiCoef<NCH>& ep, const uint4 (&zb)[UB], bool has_z,
+                                                 const uint4 (&yb)[UB], bool has_y, bool grads) {
 SBN_UNROLL
-    for (int k = 0; k < U; k++) {
+    for (int k = 0; k < UB; k++) {
       uint4 o = bt[k][0];
 SBN_UNROLL
       for (int e = 0; e < VEC; e++) {
@@ -655,13 +739,47 @@ SBN_UNROLL
         float r;
         if (KIND == SBN_OP_FORWARD) {
           r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
+          if constexpr (kFwdEpi) {
+            if (has_z) r += elem_get<DT, VEC>(zb[k], e);
+            r = sbn_act(ep.act, ep.slope, r);
+          }
         } else {
           const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};
-          r = sbn_backward_dx(c4, xv, elem_get<DT, VEC>(bt[k][NV - 1], e));
+          const float gr = grad_at(bt, k, e, ep, yb, has_y);
+          if (kRecover)
+            r = sbn_backward_dx_xmu(c4, sbn_xmu_from_y(ep.act, ep.inv_slope, xv, ep.bias[ch], ep.rcp[ch]), gr);
+          else
+            r = sbn_backward_dx(c4, xv, gr);
+          if (kBwdEpi && grads) elem_set<DT, VEC>(bt[k][NV - 1], e, gr);
         }
         elem_set<DT, VEC>(o, e, r);
       }
       bt[k][0] = o;
+    }
+  }
+
+  /* Stage 5 of the stream kernels' forward with the epilogue: the unit's positions again
+     (stage 5 of the stream variant walks them on its own), in batches of half as many
+     positions, x and z of each: two tensors in the registers of one plain batch (the fp16
+     plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
+     before the next batch's loads (y may be x's or z's memory: they stay behind). */
+  __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
+                                                        const EpiCoef<NCH>& ep, uint64_t pol) {
+    constexpr int H = U > 1 ? U / 2 : 1;
+    const bool has_z = R.z != nullptr;
+    const int nbh = (int)((wk.K + H - 1) / H);
+    for (int b = 0; b < nbh; b++) {
+      BatchPos<TILE, H, WHOLE> bp;
+      wk.batch(bp);
+      uint4 bt[H][NV], zb[H];
+SBN_UNROLL
+      for (int k = 0; k < H; k++) {
+        bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
+        if (has_z) zb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
+      }
+      outputs<H>(bt, kc, ep, zb, has_z, zb, false, false);
+SBN_UNROLL
+      for (int k = 0; k < H; k++) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
     }
   }
 
@@ -677,7 +795,7 @@ SBN_UNROLL
        turn_hold behind: every later unit would read another batch. It never happens:
        R.out and g.rows are the launch slot's, the same for every unit of the block, so
        either every unit is skipped or none; nb == 0 holds nothing. */
-    if (g.rows == 0 || R.out == nullptr || nb == 0) {
+    if (g.rows == 0 || (R.out == nullptr && (!kBwdEpi || R.dz == nullptr)) || nb == 0) {
       *gb += nb;
       return;
     }
@@ -688,9 +806,35 @@ SBN_UNROLL
 SBN_UNROLL
       for (int q = 0; q < 4; q++) kc[ch][q] = sm.coef[slot0 + ch][q];
     const uint64_t pol = policy_evict_first();
+    EpiCoef<NCH> ep;
+    if constexpr (EPI != SBN_EPI_NONE) epi_coef(R, g, grp, true, ep);
+    if constexpr (kFwdEpi && !ONCHIP) {
+      stage5_fwd_epi_stream(R, wk, kc, ep, pol);
+      *gb += nb;
+      return;
+    }
     each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
-      outputs(bt, kc);
-      store_batch(R, bp, bt);
+      uint4 eb[U]; /* EPI: the forward's z, or the backward's y */
+      if constexpr (kFwdEpi) {
+        const bool has_z = R.z != nullptr;
+        if (has_z) {
+SBN_UNROLL
+          for (int k = 0; k < U; k++) eb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
+        }
+        outputs(bt, kc, ep, eb, has_z, eb, false, false);
+      } else if constexpr (kBwdEpi) {
+        const bool dz = R.dz != nullptr;
+        const bool has_y = load_y(R, bp, eb, pol);
+        outputs(bt, kc, ep, eb, false, eb, has_y, dz);
+        if (dz) { /* the gradient, rounded to the dtype, where dy was */
+SBN_UNROLL
+          for (int k = 0; k < U; k++)
+            store_pos<DT, VEC, kWholePos>(R.dz, bp.idx(k), bp.mask(k, kFull), bt[k][NV - 1]);
+        }
+      } else {
+        outputs(bt, kc, ep, eb, false, eb, false, false);
+      }
+      if (!kBwdEpi || R.out != nullptr) store_batch(R, bp, bt);
     });
   }
 };

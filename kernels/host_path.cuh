@@ -9,7 +9,7 @@
 /* See coop_args.h (SBN_HOST_*). Launch slot s owns blocks [s*G, (s+1)*G) of STATS and
    APPLY and [s*nchunks, (s+1)*nchunks) of PUBLISH. Ordered by the stream (and by the
    collective between PUBLISH and APPLY), so no epochs and no waits. */
-template <int KIND, int DT, bool TILE, int VEC>
+template <int KIND, int DT, bool TILE, int VEC, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_host_stats_kernel(const __grid_constant__ sbn_coop_args_t a) {
   SBN_SHARED(Smem, sm);
@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
      they all read this copy instead */
   if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
     R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
-  VecPath<KIND, DT, TILE, VEC, false> path;
+  VecPath<KIND, DT, TILE, VEC, false, EPI> path;
   path.stage1(R, g, sbn_unit_begin(&g, b, a.G), sbn_unit_begin(&g, b + 1, a.G), nullptr, 0, sm);
 }
 
@@ -46,14 +46,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < words; i += kThreads) to[i] = from[i];
 }
 
-template <int KIND, int DT, bool TILE, int VEC>
+template <int KIND, int DT, bool TILE, int VEC, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_host_apply_kernel(const __grid_constant__ sbn_coop_args_t a) {
   SBN_SHARED(Smem, sm);
   const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
   const sbn_geo_t g = sbn_geo_make(R.n, a.c, R.spatial, TILE, VEC, a.G);
-  VecPath<KIND, DT, TILE, VEC, false> path;
+  VecPath<KIND, DT, TILE, VEC, false, EPI> path;
   if (threadIdx.x == 0) {
     sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? R.state->nbt_snap : 0;
     sm.coef_chunk = -1; /* finish_coefs: no chunk's coefficients yet */

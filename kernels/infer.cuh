@@ -8,11 +8,23 @@
  * column t % (C/VEC) and takes rows t / (C/VEC) + k * (T / (C/VEC)) (several columns in
  * turn when C/VEC > T). Plane layouts: a group of `group` threads per plane (n, c), the
  * plane's vectors masked at its unaligned ends. Four positions in flight per thread.
+ * EPI: the kernels of sbnForwardInferenceEx, act(y + z) (a second copy of each).
  */
 #ifndef SYNCBN_INFER_CUH_
 #define SYNCBN_INFER_CUH_
 
 constexpr int kInferBatch = 4;
+
+/* The epilogue of the EPI kernels (sbnForwardInferenceEx): act(y + z), z's position
+   loaded with the same mask (z null: none). The CPU's order (cpu_ops.c): the same bits. */
+template <int DT, int VEC, bool EPI>
+__device__ __forceinline__ float infer_epilogue(const sbn_infer_args_t& a, float y, const uint4& zv, int e) {
+  if constexpr (EPI) {
+    if (a.z != nullptr) y += elem_get<DT, VEC>(zv, e);
+    y = sbn_act(a.act, a.slope, y);
+  }
+  return y;
+}
 
 template <int DT, int VEC>
 __device__ __forceinline__ void infer_coef(const sbn_infer_args_t& a, int64_t c, float* mean,
@@ -22,7 +34,7 @@ __device__ __forceinline__ void infer_coef(const sbn_infer_args_t& a, int64_t c,
   *bias = a.bias ? a.bias[c] : 0.0f;
 }
 
-template <int DT, int VEC>
+template <int DT, int VEC, bool EPI>
 __global__ void __launch_bounds__(kThreads) sbn_infer_tile_kernel(const __grid_constant__ sbn_infer_args_t a) {
   const int64_t T = (int64_t)gridDim.x * kThreads, t = (int64_t)blockIdx.x * kThreads + threadIdx.x;
   const int64_t cv = a.c / VEC, rows = a.n * a.sp;
@@ -35,26 +47,30 @@ __global__ void __launch_bounds__(kThreads) sbn_infer_tile_kernel(const __grid_c
 SBN_UNROLL
     for (int e = 0; e < VEC; e++) infer_coef<DT, VEC>(a, col * VEC + e, &mean[e], &scale[e], &bias[e]);
     for (int64_t r = r0; r < rows; r += kInferBatch * rstep) {
-      uint4 v[kInferBatch];
+      uint4 v[kInferBatch], zv[kInferBatch];
       unsigned m[kInferBatch];
 SBN_UNROLL
       for (int k = 0; k < kInferBatch; k++) {
         m[k] = r + k * rstep < rows ? (1u << VEC) - 1u : 0u;
         v[k] = load_pos<DT, VEC>(a.x, ((r + k * rstep) * cv + col) * VEC, m[k], pol);
+        if (EPI && a.z != nullptr) zv[k] = load_pos<DT, VEC>(a.z, ((r + k * rstep) * cv + col) * VEC, m[k], pol);
       }
 SBN_UNROLL
       for (int k = 0; k < kInferBatch; k++) {
 SBN_UNROLL
         for (int e = 0; e < VEC; e++)
-          elem_set<DT, VEC>(v[k], e, sbn_forward_y(elem_get<DT, VEC>(v[k], e), mean[e], 0.0f,
-                                                   scale[e], bias[e]));
+          elem_set<DT, VEC>(v[k], e,
+                            infer_epilogue<DT, VEC, EPI>(a,
+                                                         sbn_forward_y(elem_get<DT, VEC>(v[k], e), mean[e], 0.0f,
+                                                                       scale[e], bias[e]),
+                                                         zv[k], e));
         store_pos<DT, VEC>(a.y, ((r + k * rstep) * cv + col) * VEC, m[k], v[k]);
       }
     }
   }
 }
 
-template <int DT, int VEC>
+template <int DT, int VEC, bool EPI>
 __global__ void __launch_bounds__(kThreads) sbn_infer_plane_kernel(const __grid_constant__ sbn_infer_args_t a) {
   const int groups = kThreads / a.group, gi = threadIdx.x / a.group, li = threadIdx.x % a.group;
   const int64_t planes = a.n * a.c;
@@ -65,7 +81,7 @@ __global__ void __launch_bounds__(kThreads) sbn_infer_plane_kernel(const __grid_
     const int64_t e0 = pl * a.sp, e1 = e0 + a.sp;
     const int64_t first = e0 / VEC, end = (e1 + VEC - 1) / VEC;
     for (int64_t v0 = first + li; v0 < end; v0 += (int64_t)kInferBatch * a.group) {
-      uint4 v[kInferBatch];
+      uint4 v[kInferBatch], zv[kInferBatch];
       unsigned m[kInferBatch];
 SBN_UNROLL
       for (int k = 0; k < kInferBatch; k++) {
@@ -73,12 +89,15 @@ SBN_UNROLL
         const int lo = (int)(e0 - s > 0 ? e0 - s : 0), hi = (int)(e1 - s < VEC ? e1 - s : VEC);
         m[k] = hi > lo ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u;
         v[k] = load_pos<DT, VEC>(a.x, s, m[k], pol);
+        if (EPI && a.z != nullptr) zv[k] = load_pos<DT, VEC>(a.z, s, m[k], pol);
       }
 SBN_UNROLL
       for (int k = 0; k < kInferBatch; k++) {
 SBN_UNROLL
         for (int e = 0; e < VEC; e++)
-          elem_set<DT, VEC>(v[k], e, sbn_forward_y(elem_get<DT, VEC>(v[k], e), mean, 0.0f, scale, bias));
+          elem_set<DT, VEC>(v[k], e,
+                            infer_epilogue<DT, VEC, EPI>(
+                                a, sbn_forward_y(elem_get<DT, VEC>(v[k], e), mean, 0.0f, scale, bias), zv[k], e));
         store_pos<DT, VEC>(a.y, (v0 + (int64_t)k * a.group) * VEC, m[k], v[k]);
       }
     }

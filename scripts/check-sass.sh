@@ -86,6 +86,8 @@ mode = sys.argv[5] if len(sys.argv) > 5 else "full"
 KIND = {"0": "fwd", "1": "bwd"}
 DT = {"0": "fp32", "1": "fp16", "2": "bf16"}
 VAR = {"0": "stream", "1": "onchip"}  # SBN_VAR_* (coop_plan.h)
+EPI = {"0": "", "1": " +epi", "2": " +recover",  # SBN_EPI_* (coop_args.h): the epilogue's kernels
+       "false": "", "true": " +epi"}  # the inference kernels' (sbn_infer_epilogue)
 
 def demangle(m):
     return subprocess.run(["c++filt", m], capture_output=True, text=True).stdout.strip()
@@ -195,17 +197,17 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     args = [a.strip() for a in m.group(2).split(",")] if m else []
     hot, want, label = False, 1, base
     if base == "sbn_coop_kernel":
-        kind, dt, tile, vec, var = args
-        label = f"coop {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec} {VAR[var]}"
+        kind, dt, tile, vec, var, epi = args  # epi: the kernels with the epilogue (sbnForwardTrainEx ...)
+        label = f"coop {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec} {VAR[var]}{EPI[epi]}"
         hot = vec != "1"
         want = {"0": stream_occ, "1": onchip_occ}[var]
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
-        kind, dt, tile, vec = args
-        label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}"
+        kind, dt, tile, vec, epi = args
+        label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}{EPI[epi]}"
         hot, want = vec != "1", stream_occ
     elif base in ("sbn_infer_tile_kernel", "sbn_infer_plane_kernel"):
-        dt, vec = args
-        label = f"infer-{base.split('_')[2]} {DT[dt]} x{vec}"
+        dt, vec, epi = args
+        label = f"infer-{base.split('_')[2]} {DT[dt]} x{vec}{EPI[epi]}"
         hot = vec != "1"
     elif base == "sbn_host_publish_kernel":
         label = f"host-publish {KIND[args[0]]} {'tile' if args[1] == 'true' else 'plane'}"

@@ -73,6 +73,13 @@ typedef struct {
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;
 
+/* Whether the op runs the epilogue: an activation, a residual (forward: z; backward: dz),
+   or the in-place backward (x NULL, x recovered from y). */
+static inline int sbn_op_uses_epilogue(const sbn_op_t* op) {
+  return op->act != 0 || op->z != NULL || op->dz != NULL ||
+         (op->kind == SBN_OP_BACKWARD && op->x == NULL && op->y != NULL);
+}
+
 /* The op's signature (kernels/bn_op.h), and its description for messages, e.g.
    "forward fp32 NCHW C=64" (ops.c). */
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);

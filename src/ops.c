@@ -69,12 +69,6 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
   return sbnSuccess;
 }
 
-/* Whether the op needs a backend that runs the epilogue (sbn_team_ops_t.epilogue). */
-static int uses_epilogue(const sbn_op_t* op) {
-  return op->act != sbnActivationIdentity || op->z != NULL || op->dz != NULL ||
-         (op->kind == SBN_OP_BACKWARD && op->x == NULL && op->y != NULL);
-}
-
 static sbnResult_t check_op(const sbn_op_t* op, int ex) {
   sbnComm_t comm = op->comm;
   const char* fn = op_fn(op, ex);
@@ -137,7 +131,7 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
                         "both NULL", fn);
     }
   }
-  if (uses_epilogue(op) && !comm->team->ops->epilogue)
+  if (sbn_op_uses_epilogue(op) && !comm->team->ops->epilogue)
     return sbn_fail(comm, sbnUnsupported,
                     "%s: the activation, the residual and the in-place backward run on CPU teams "
                     "in this version (this team: %s)", fn, comm->team->ops->name);
@@ -287,10 +281,7 @@ static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const 
     return sbn_fail(NULL, sbnInvalidArgument,
                     "%s: pointers mix host and device memory; pass all host or all device", fn);
   if (kinds[SBN_MEM_DEVICE]) {
-    if (act != sbnActivationIdentity || z != NULL)
-      return sbn_fail(NULL, sbnUnsupported,
-                      "%s: the activation and the residual run on host memory in this version", fn);
-    return sbn_gpu_inference(desc, x, y, weight, bias, running_mean, running_var, eps, stream);
+    return sbn_gpu_inference(desc, x, z, y, weight, bias, running_mean, running_var, eps, act, slope, stream);
   }
   sbn_cpu_inference(desc, x, z, y, weight, bias, running_mean, running_var, eps, act, slope);
   return sbnSuccess;

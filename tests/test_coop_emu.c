@@ -71,6 +71,18 @@ static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
 /* The launch arguments of rank r of team_t t (slot i of a launch). */
 static int all_bytes(const void* p, size_t n, unsigned char v);
 static int g_opts; /* OPT_INPLACE, OPT_DX_NULL, OPT_NO_DWDB (team_util.h) for the next ops */
+/* The epilogue of the next ops (sbnForwardTrainEx / sbnBackwardEx; NULL: the plain ops),
+   as gpu_launch.c fills it: forward z; backward the forward's output y, dz, and recover
+   (the in-place backward: x NULL, y read in its place). */
+typedef struct {
+  int act;
+  float slope;
+  int recover;
+  void* z[MAXW];
+  void* y[MAXW];
+  void* dz[MAXW];
+} emu_epi_t;
+static const emu_epi_t* g_epi;
 
 static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int bwd,
                       const sbnParams_t* p) {
@@ -99,6 +111,18 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
   R->eps = p->eps;
   R->momentum = p->momentum;
   R->grad_global = p->grad_mode == sbnGradGlobal;
+  if (g_epi != NULL) {
+    R->act = g_epi->act;
+    R->slope = g_epi->slope;
+    if (!bwd) {
+      R->z = g_epi->z[r];
+    } else {
+      R->y = g_epi->y[r];
+      R->dz = g_epi->dz[r];
+      R->recover = g_epi->recover;
+      if (g_epi->recover) R->x = g_epi->y[r];
+    }
+  }
 }
 
 /* The watchers' interval between reads of the error words: the library's, or (the test
@@ -116,6 +140,7 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
   a->timeout_ns = e->timeout_ms * 1000000;
   a->host_poll_ns = g_host_poll_ns;
   a->sig = sig_of(bwd, d);
+  if (g_epi != NULL) a->sig = sbn_sig_with_act(a->sig, g_epi->act);
   a->nranks = e->W;
   a->G = e->G;
   a->nchunks_max = e->nchunks;
@@ -959,51 +984,340 @@ static void test_unit_map(void) {
 }
 
 /* ---- inference ------------------------------------------------------------------------- */
-/* The inference kernel against the CPU's sbnForwardInference: the same bits, for every
-   dtype and layout, 16-byte and scalar kernels (x and y one element off alignment),
-   large and small planes (a block or a warp per plane). */
+/* The inference kernel against the CPU's sbnForwardInference(Ex): the same bits, for every
+   dtype and layout, 16-byte and scalar kernels (x, z and y one element off alignment),
+   large and small planes (a block or a warp per plane); the plain op, and the epilogue's
+   kernels with ReLU and a residual z, and with leaky ReLU alone (z aliasing y too). */
 static void test_inference(void) {
   struct {
     int64_t n, c, sp;
   } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}};
+  static const struct {
+    sbnActivation_t act;
+    int z;
+  } epis[] = {{sbnActivationIdentity, 0}, {sbnActivationRelu, 1}, {sbnActivationLeakyRelu, 0},
+              {sbnActivationIdentity, 1}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (int dt = 0; dt < 3; dt++)
       for (int lay = 0; lay < 2; lay++)
-        for (int off = 0; off < 2; off++) {
-          sbnTensorDesc_t d = {(sbnDataType_t)dt, (sbnLayout_t)lay, shapes[si].n, shapes[si].c,
-                               shapes[si].sp};
-          sbn_rng_t rng = {500 + si};
-          const int64_t ne = sbn_ref_numel(&d);
-          const size_t es = dt_size(d.dtype), bytes = (size_t)ne * es;
-          void* xb = gen_tensor(&d, &rng, GEN_NORMAL);
-          char* x = malloc(bytes + 16);
-          char* y = malloc(bytes + 16);
-          char* ycpu = malloc(bytes);
-          memcpy(x + off * es, xb, bytes);
-          float* w = fvec(d.c);
-          float* b = fvec(d.c);
-          float* rm = fvec(d.c);
-          float* rv = fvec(d.c);
-          for (int64_t c = 0; c < d.c; c++) {
-            w[c] = (float)(0.5 + sbn_rng_uniform(&rng));
-            b[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
-            rm[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
-            rv[c] = (float)(0.5 + sbn_rng_uniform(&rng));
+        for (int off = 0; off < 2; off++)
+          for (int ep = 0; ep < 4; ep++) {
+            sbnTensorDesc_t d = {(sbnDataType_t)dt, (sbnLayout_t)lay, shapes[si].n, shapes[si].c,
+                                 shapes[si].sp};
+            sbn_rng_t rng = {500 + si};
+            const int64_t ne = sbn_ref_numel(&d);
+            const size_t es = dt_size(d.dtype), bytes = (size_t)ne * es;
+            void* xb = gen_tensor(&d, &rng, GEN_NORMAL);
+            void* zb = gen_tensor(&d, &rng, GEN_NORMAL);
+            char* x = malloc(bytes + 16);
+            char* z = malloc(bytes + 16);
+            char* y = malloc(bytes + 16);
+            char* ycpu = malloc(bytes);
+            memcpy(x + off * es, xb, bytes);
+            memcpy(z + off * es, zb, bytes);
+            float* w = fvec(d.c);
+            float* b = fvec(d.c);
+            float* rm = fvec(d.c);
+            float* rv = fvec(d.c);
+            for (int64_t c = 0; c < d.c; c++) {
+              w[c] = (float)(0.5 + sbn_rng_uniform(&rng));
+              b[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
+              rm[c] = (float)(sbn_rng_uniform(&rng) - 0.5);
+              rv[c] = (float)(0.5 + sbn_rng_uniform(&rng));
+            }
+            sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+            e.activation = epis[ep].act;
+            e.slope = 0.1f;
+            const char* zp = epis[ep].z ? z + off * es : NULL;
+            ASSERT_OK(sbnForwardInferenceEx(&d, x + off * es, zp, ycpu, w, b, rm, rv, 1e-5f, &e, NULL));
+            const int tile = lay == sbnLayoutNHWC || d.spatial == 1;
+            const int vec = off == 0 && (!tile || d.c % sbn_vec_of(dt) == 0);
+            sbn_infer_args_t a = {x + off * es, y + off * es, w, b, rm, rv, 1e-5f,
+                                  sbn_emu_infer_group(d.spatial), d.n, d.c, d.spatial, zp, (int)e.activation,
+                                  e.slope};
+            memset(y, 0xff, bytes + 16);
+            ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
+            ASSERT_MEMEQ(y + off * es, ycpu, bytes);
+            if (zp != NULL) { /* y over z: each position read before it is written */
+              a.y = z + off * es;
+              ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
+              ASSERT_MEMEQ(z + off * es, ycpu, bytes);
+            }
+            free(xb), free(zb), free(x), free(z), free(y), free(ycpu), free(w), free(b), free(rm), free(rv);
+            if (sbn_test_cur_failed_) {
+              fprintf(stderr, "  shape %zu dtype %d layout %d misaligned %d epilogue %d\n", si, dt, lay, off, ep);
+              return;
+            }
           }
-          ASSERT_OK(sbnForwardInference(&d, x + off * es, ycpu, w, b, rm, rv, 1e-5f, NULL));
-          const int tile = lay == sbnLayoutNHWC || d.spatial == 1;
-          const int vec = off == 0 && (!tile || d.c % sbn_vec_of(dt) == 0);
-          sbn_infer_args_t a = {x + off * es, y + off * es, w, b, rm, rv, 1e-5f,
-                                sbn_emu_infer_group(d.spatial), d.n, d.c, d.spatial};
-          memset(y, 0xff, bytes + 16);
-          ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
-          ASSERT_MEMEQ(y + off * es, ycpu, bytes);
-          free(xb), free(x), free(y), free(ycpu), free(w), free(b), free(rm), free(rv);
-          if (sbn_test_cur_failed_) {
-            fprintf(stderr, "  shape %zu dtype %d layout %d misaligned %d\n", si, dt, lay, off);
-            return;
+}
+
+
+/* ---- the epilogue: batch norm + activation (+ residual) in the kernels ------------------ */
+/* The CPU team's sbnForwardTrainEx / sbnBackwardEx of rank r (a thread each). */
+typedef struct {
+  team_t* t;
+  const emu_epi_t* ep;
+  const sbnParams_t* p;
+  int r, bwd;
+  sbnResult_t res;
+} ex_call_t;
+static void* ex_thread(void* arg) {
+  ex_call_t* c = (ex_call_t*)arg;
+  team_t* t = c->t;
+  const int r = c->r;
+  sbnComm_t comm = team_comms(t->W)[r];
+  sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+  e.activation = (sbnActivation_t)c->ep->act;
+  e.slope = c->ep->slope;
+  if (!c->bwd)
+    c->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], c->ep->z[r], t->y[r], t->w, t->b, t->rm[r], t->rv[r],
+                               &t->nbt[r], t->smean[r], t->sinv[r], c->p, &e, NULL);
+  else
+    c->res = sbnBackwardEx(comm, &t->d[r], c->ep->recover ? NULL : t->x[r], c->ep->y[r], t->dy[r], t->dx[r],
+                           c->ep->dz[r], t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e, NULL);
+  return NULL;
+}
+static void cpu_ex_run(team_t* t, const emu_epi_t* ep, int bwd, const sbnParams_t* p) {
+  (void)team_comms(t->W); /* before the threads: one team */
+  pthread_t th[MAXW];
+  ex_call_t c[MAXW];
+  for (int r = 0; r < t->W; r++) {
+    c[r] = (ex_call_t){t, ep, p, r, bwd, sbnSuccess};
+    pthread_create(&th[r], NULL, ex_thread, &c[r]);
+  }
+  for (int r = 0; r < t->W; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < t->W; r++) ASSERT_OK(c[r].res);
+}
+
+/* |a - b| within the dx tolerance of check_backward_vs_cpu over a tensor of rank r. */
+static void close_tensor(const char* what, int r, const void* got, const void* cpu, const sbnTensorDesc_t* d) {
+  const int64_t ne = sbn_ref_numel(d);
+  for (int64_t i = 0; i < ne; i++) {
+    const double a = sbn_ref_load(got, d->dtype, i), b = sbn_ref_load(cpu, d->dtype, i);
+    const double tl = d->dtype == sbnFloat32 ? 1e-4 + 1e-4 * fabs(b) : 1e-3 + 1.6e-2 * fabs(b);
+    if (!(fabs(a - b) <= tl) && !(isnan(a) && isnan(b))) {
+      SBN_FAIL_("%s[%d][%" PRId64 "]: emulated %.9g, CPU team %.9g", what, r, i, a, b);
+      return;
+    }
+  }
+}
+
+/* Which way the emulated op runs. */
+enum { EPI_VIRTUAL = 0, EPI_PEER = 1, EPI_HOST = 2 };
+
+/* The emulated team g's fused forward and backward (ep: act, slope, recover; z and dz
+   per `with_z`, y = g's forward output), the CPU team's on the same inputs (its backward
+   on the emulation's saved statistics and y, so that only the reductions differ: the
+   masks and dz are the same bits), compared. Returns nothing; g keeps its outputs (the
+   callers compare runs bitwise). */
+static void fused_run_and_check(team_t* g, team_t* cpu, emu_team_t* e, emu_epi_t* ep, int with_z, int how,
+                                const sbnParams_t* p, uint64_t seed) {
+  const int W = g->W;
+  const int64_t c = g->d[0].c;
+  emu_epi_t cep = *ep; /* the CPU team's buffers */
+  sbn_rng_t rng = {seed};
+  for (int r = 0; r < W; r++) {
+    const size_t bytes = team_bytes(g, r);
+    if (g->d[r].n > 0 && with_z) {
+      void* z = gen_tensor(&g->d[r], &rng, GEN_NORMAL);
+      free(ep->z[r]), free(cep.z[r]);
+      ep->z[r] = z;
+      cep.z[r] = dup_mem(z, bytes);
+    }
+    if (g->d[r].n > 0 && with_z) {
+      ep->dz[r] = malloc(bytes);
+      cep.dz[r] = malloc(bytes);
+      memset(ep->dz[r], 0xff, bytes);
+      memset(cep.dz[r], 0xff, bytes);
+    }
+    ep->y[r] = g->y[r];
+    cep.y[r] = g->y[r]; /* the emulation's y: the same masks */
+  }
+  g_epi = ep;
+  if (how == EPI_HOST)
+    emu_run_host(e, g, 0, p, NULL, NULL);
+  else
+    emu_run(e, g, 0, p, how == EPI_PEER);
+  g_epi = NULL;
+  ASSERT_TRUE(err_words_clear(e));
+  cpu_ex_run(cpu, &cep, 0, p);
+  CHECK_();
+  close_channels("save_invstd", g->sinv[0], cpu->sinv[0], c, 2e-5, 2e-5);
+  for (int r = 0; r < W; r++) {
+    if (g->d[r].n > 0) close_tensor("y", r, g->y[r], cpu->y[r], &g->d[r]);
+    CHECK_();
+    memcpy(cpu->smean[r], g->smean[r], (size_t)c * sizeof(float));
+    memcpy(cpu->sinv[r], g->sinv[r], (size_t)c * sizeof(float));
+  }
+  g_epi = ep;
+  if (how == EPI_HOST)
+    emu_run_host(e, g, 1, p, NULL, NULL);
+  else
+    emu_run(e, g, 1, p, how == EPI_PEER);
+  g_epi = NULL;
+  ASSERT_TRUE(err_words_clear(e));
+  cpu_ex_run(cpu, &cep, 1, p);
+  CHECK_();
+  const tol_t tol = tol_for(g->d[0].dtype);
+  /* the in-place backward's dweight: x - mean recovered, within the bound of
+     bench/notes/tolerances.md ("The in-place backward"), far inside these for unit data */
+  const double gscale = ep->recover ? 10.0 : 1.0;
+  for (int r = 0; r < W; r++) {
+    close_channels("dbias", g->db[r], cpu->db[r], c, tol.grad_atol, tol.grad_rtol);
+    close_channels("dweight", g->dw[r], cpu->dw[r], c, gscale * tol.grad_atol, gscale * tol.grad_rtol);
+    if (g->d[r].n > 0) {
+      close_tensor("dx", r, g->dx[r], cpu->dx[r], &g->d[r]);
+      /* dz = act'(y) dy rounded to the dtype: the same bits (same y, same dy) */
+      if (with_z) ASSERT_MEMEQ(ep->dz[r], cep.dz[r], team_bytes(g, r));
+    }
+    CHECK_();
+  }
+  for (int r = 0; r < W; r++) free(cep.z[r]), free(cep.dz[r]);
+}
+
+static void epi_free(emu_epi_t* ep) {
+  for (int r = 0; r < MAXW; r++) free(ep->z[r]), free(ep->dz[r]), ep->z[r] = ep->dz[r] = NULL;
+}
+
+/* The kernels' epilogue against the CPU team's (itself against float64 in test_fused.c):
+   ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
+   (identity, leaky); every dtype and layout, uneven and empty ranks, W up to 8, every
+   variant (stream, onchip, scalar), virtual and per-rank launches and the host path;
+   then the host path, the per-rank launches and onchip equal the virtual stream launch
+   bitwise (y, dx, dz, dweight, dbias). */
+static void test_fused_vs_cpu(void) {
+  static const int64_t n1[1] = {3}, n2[2] = {2, 1}, n3[3] = {2, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1};
+  struct {
+    int W, G;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+  } cases[] = {
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 3, 40, n1},  /* plane units */
+      {2, 2, sbnFloat16, sbnLayoutNHWC, 40, 6, n2},  /* tile, two chunks */
+      {3, 2, sbnBFloat16, sbnLayoutNCHW, 5, 16, n3}, /* an empty rank */
+      {2, 3, sbnFloat32, sbnLayoutNHWC, 32, 30, n2}, /* tile, one chunk, 3 slices */
+      {8, 1, sbnFloat32, sbnLayoutNCHW, 3, 8, n8},   /* W = 8 */
+  };
+  static const struct {
+    int act, z, recover;
+  } epis[] = {{SBN_ACT_RELU, 1, 0}, {SBN_ACT_LEAKY, 0, 0}, {SBN_ACT_IDENTITY, 1, 0},
+              {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1}};
+  static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t k = 0; k < sizeof epis / sizeof epis[0]; k++) {
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      p.grad_mode = (i + k) & 1 ? sbnGradGlobal : sbnGradLocal;
+      const uint64_t seed = 900 + 10 * i + k;
+      void* snap[MAXW][3] = {{0}}; /* the virtual stream launch's y, dx, dz: the bits of */
+      float* snapw[MAXW][2] = {{0}}; /* onchip, peer and host (dweight, dbias too) */
+      for (int run = 0; run < 5; run++) { /* stream virtual, onchip, scalar, peer, host */
+        const int var = run < 3 ? variants[run] : SBN_VAR_STREAM;
+        const int how = run == 3 ? EPI_PEER : run == 4 ? EPI_HOST : EPI_VIRTUAL;
+        if (how == EPI_PEER && cases[i].W == 1) continue;
+        team_t g, cpu;
+        team_make(&g, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+                  GEN_NORMAL, seed);
+        team_make(&cpu, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+                  GEN_NORMAL, seed);
+        emu_team_t e;
+        emu_team_init(&e, cases[i].W, cases[i].G, 60000);
+        emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}};
+        g_variant = var;
+        fused_run_and_check(&g, &cpu, &e, &ep, epis[k].z, how, &p, seed);
+        g_variant = EMU_VAR_DEFAULT;
+        for (int r = 0; r < cases[i].W && !sbn_test_cur_failed_; r++) {
+          const size_t bytes = team_bytes(&g, r), cb = (size_t)cases[i].c * sizeof(float);
+          const void* out[3] = {g.y[r], g.dx[r], ep.dz[r]};
+          if (run == 0) {
+            for (int q = 0; q < 3; q++) snap[r][q] = out[q] ? dup_mem(out[q], bytes) : NULL;
+            snapw[r][0] = dup_mem(g.dw[r], cb);
+            snapw[r][1] = dup_mem(g.db[r], cb);
+          } else if (run != 2) { /* the scalar kernels' thread layout is another: not bitwise */
+            for (int q = 0; q < 3; q++)
+              if (out[q] != NULL) ASSERT_MEMEQ(out[q], snap[r][q], bytes);
+            ASSERT_MEMEQ(g.dw[r], snapw[r][0], cb);
+            ASSERT_MEMEQ(g.db[r], snapw[r][1], cb);
           }
         }
+        epi_free(&ep);
+        emu_team_free(&e);
+        team_free(&g);
+        team_free(&cpu);
+        if (sbn_test_cur_failed_) {
+          fprintf(stderr, "  case %zu epilogue %zu run %d\n", i, k, run);
+          break;
+        }
+      }
+      for (int r = 0; r < MAXW; r++) free(snap[r][0]), free(snap[r][1]), free(snap[r][2]), free(snapw[r][0]),
+                                     free(snapw[r][1]);
+      CHECK_();
+    }
+}
+
+/* The epilogue's bytes on the onchip kernels: the forward reads x and z once and writes
+   y once; the in-place backward reads y (in x's place) and dy once and writes dx once;
+   the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
+   stage 5: the kernel holds x and dy only), and writes dx and dz once. Nothing else. */
+static void test_fused_bytes(void) {
+  static const int64_t n2[2] = {3, 2};
+  for (int dt = 0; dt < 3; dt++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int mode = 0; mode < 3; mode++) { /* forward; in-place backward; ReLU backward + dz */
+        sbnParams_t p = SBN_PARAMS_DEFAULT;
+        team_t t;
+        team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
+        emu_team_t e;
+        emu_team_init(&e, 2, 3, 60000);
+        emu_epi_t ep = {mode == 1 ? SBN_ACT_LEAKY : SBN_ACT_RELU, 0.1f, mode == 1, {0}, {0}, {0}};
+        for (int r = 0; r < 2; r++) {
+          ep.z[r] = calloc(1, team_bytes(&t, r));
+          ep.dz[r] = mode == 2 ? calloc(1, team_bytes(&t, r)) : NULL;
+          ep.y[r] = t.y[r];
+        }
+        g_epi = &ep;
+        if (mode > 0) { /* the forward that makes y (no z when the backward recovers x) */
+          if (mode == 1) free(ep.z[0]), free(ep.z[1]), ep.z[0] = ep.z[1] = NULL;
+          emu_run_virtual(&e, &t, 0, &p);
+        }
+        int sx[2], sz[2], sy[2], sdy[2], sdx[2], sdz[2];
+        sbn_emu_count_reset();
+        for (int r = 0; r < 2; r++) {
+          const size_t b = team_bytes(&t, r);
+          sx[r] = sbn_emu_count_track(t.x[r], b);
+          sz[r] = sbn_emu_count_track(ep.z[r], b);
+          sy[r] = sbn_emu_count_track(t.y[r], b);
+          sdy[r] = sbn_emu_count_track(t.dy[r], b);
+          sdx[r] = sbn_emu_count_track(t.dx[r], b);
+          sdz[r] = sbn_emu_count_track(ep.dz[r], b);
+        }
+        g_variant = SBN_VAR_ONCHIP;
+        emu_run_virtual(&e, &t, mode > 0, &p);
+        g_variant = EMU_VAR_DEFAULT;
+        g_epi = NULL;
+        ASSERT_TRUE(err_words_clear(&e));
+        for (int r = 0; r < 2; r++) {
+          const uint64_t b = team_bytes(&t, r);
+          uint64_t rd[6], wr[6];
+          const int* slots[6] = {sx, sz, sy, sdy, sdx, sdz};
+          for (int q = 0; q < 6; q++) sbn_emu_count_get(slots[q][r], &rd[q], &wr[q]);
+          /* x, z, y, dy, dx, dz: reads, then writes */
+          const uint64_t want_rd[3][6] = {{b, b, 0, 0, 0, 0}, {0, 0, b, b, 0, 0}, {b, 0, 2 * b, b, 0, 0}};
+          const uint64_t want_wr[3][6] = {{0, 0, b, 0, 0, 0}, {0, 0, 0, 0, b, 0}, {0, 0, 0, 0, b, b}};
+          for (int q = 0; q < 6; q++) {
+            ASSERT_EQ_INT((int64_t)rd[q], (int64_t)want_rd[mode][q]);
+            ASSERT_EQ_INT((int64_t)wr[q], (int64_t)want_wr[mode][q]);
+          }
+        }
+        epi_free(&ep);
+        emu_team_free(&e);
+        team_free(&t);
+        if (sbn_test_cur_failed_) {
+          fprintf(stderr, "  dtype %d layout %d mode %d\n", dt, lay, mode);
+          return;
+        }
+      }
 }
 
 /* A virtual launch and separate per-rank launches run the same code: the same bits. */
@@ -2569,8 +2883,10 @@ int main(int argc, char** argv) {
      value-coverage ones (dtypes, layouts, bytes moved): the ThreadSanitizer build runs
      these (each emulated thread is a TSan fiber: slow) */
   const int exchange_only = argc >= 2 && strcmp(argv[1], "exchange") == 0;
+  /* `only NAME`: that test alone (a developer's shortcut) */
+  const char* only = argc >= 3 && strcmp(argv[1], "only") == 0 ? argv[2] : NULL;
 #define EMU_TEST(fn, exch) \
-  if ((exch) || !exchange_only) SBN_RUN(fn)
+  if (((exch) || !exchange_only) && (only == NULL || strcmp(only, #fn) == 0)) SBN_RUN(fn)
   EMU_TEST(test_emulated_vs_reference, 0);
   EMU_TEST(test_virtual_equals_peer, 1);
   EMU_TEST(test_onchip_equals_stream, 0);
@@ -2581,6 +2897,8 @@ int main(int argc, char** argv) {
   EMU_TEST(test_plan_bound, 0);
   EMU_TEST(test_unit_map, 0);
   EMU_TEST(test_inference, 0);
+  EMU_TEST(test_fused_vs_cpu, 0);
+  EMU_TEST(test_fused_bytes, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_mismatch, 1);
   EMU_TEST(test_count_one, 1);

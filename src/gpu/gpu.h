@@ -25,11 +25,12 @@ SBN_INTERNAL sbnResult_t sbn_nccl_unique_id(char* out);
 SBN_INTERNAL sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank,
                                                   const sbn_cfg_t* cfg, sbnComm_t* comm);
 
-/* sbnForwardInference with device pointers: one kernel on `stream` (gpu_infer.c). */
-SBN_INTERNAL sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+/* sbnForwardInference(Ex) with device pointers: one kernel on `stream` (gpu_infer.c);
+   z NULL and act 0 (identity): the plain op. */
+SBN_INTERNAL sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, const void* z, void* y,
                                            const float* weight, const float* bias,
                                            const float* running_mean,
-                                           const float* running_var, float eps,
-                                           sbnStream_t stream);
+                                           const float* running_var, float eps, int act,
+                                           float slope, sbnStream_t stream);
 
 #endif /* SYNCBN_GPU_H_ */

@@ -50,13 +50,14 @@ typedef struct {
   int device;
   int share; /* ranks of this team on this device */
   int sms;
-  /* blocks per SM of every cooperative kernel: [kind][dtype][tile][vec][variant] (0: not
-     built), the onchip ones with their dynamic shared memory */
-  int occ[SBN_OP_KINDS][SBN_DTYPE_COUNT][2][2][SBN_VAR_COUNT];
+  /* blocks per SM of every cooperative kernel: [epi][kind][dtype][tile][vec][variant] (0:
+     not built; epi: SBN_EPI_*, the plain kernels and the epilogue's), the onchip ones with
+     their dynamic shared memory */
+  int occ[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2][2][SBN_VAR_COUNT];
   int occ_min; /* the lowest of the non-onchip ones (ranks sharing a GPU) */
   int occ_max; /* the highest of them (the workspace is sized by it) */
-  int hold_slots[SBN_OP_KINDS][SBN_DTYPE_COUNT][2]; /* onchip: shared-memory batches per
-                                                       thread [kind][dtype][tile] */
+  int hold_slots[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2]; /* onchip: shared-memory batches
+                                                          per thread [epi][kind][dtype][tile] */
   sbn_rank_state_t* state;
   float* part;
   sbn_mail_rec_t* mail; /* NCCL teams: this rank's part of the window */
@@ -109,6 +110,13 @@ static inline int sbn_mail_on_host(const struct sbn_gpu_team* gt) {
 /* Whether the cooperative kernel can exchange through the transport (all but nccl-host). */
 static inline int sbn_transport_in_kernel(sbn_transport_t tr) { return tr != SBN_TR_NCCL_COLL; }
 static inline int sbn_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Which kernels an op takes (SBN_EPI_*: kernels/coop_args.h), as sbn_args_epilogue says of
+   the launch arguments gpu_launch.c fills from it. */
+static inline int sbn_gpu_op_epi(const sbn_op_t* op) {
+  if (op->kind == SBN_OP_BACKWARD && op->x == NULL && op->y != NULL) return SBN_EPI_RECOVER;
+  return sbn_op_uses_epilogue(op) ? SBN_EPI_ACT : SBN_EPI_NONE;
+}
 
 /* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */
 /* CLOCK_MONOTONIC in nanoseconds: the host's deadlines. */
@@ -169,7 +177,7 @@ SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* f
   {.name = label, .threaded = 0, .attach = attach_fn, .detach = detach_fn,                   \
    .prepare = sbn_gpu_prepare, .check = sbn_gpu_check, .run = sbn_gpu_run,                   \
    .poll = sbn_gpu_poll, .abort = abort_fn, .split = split_fn,                               \
-   .transport = sbn_gpu_transport}
+   .transport = sbn_gpu_transport, .epilogue = 1}
 
 #if SYNCBN_HAVE_NCCL
 /* ---- nccl_wait.c ---------------------------------------------------------------------- */

@@ -22,6 +22,9 @@ static sbnResult_t check_pointers(const sbn_op_t* op) {
   } ps[] = {{op->x, "x"},
             {op->out, fwd ? "y" : "dx"},
             {fwd ? NULL : op->dy, "dy"},
+            {op->z, "z"},
+            {op->y, "y"},
+            {op->dz, "dz"},
             {op->weight, "weight"},
             {op->bias, "bias"},
             {op->running_mean, "running_mean"},
@@ -139,6 +142,14 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
                       o0->comm->rank, o0->algo == SBN_ALGO_HOST ? "nccl" : "coop", o->comm->rank,
                       o->algo == SBN_ALGO_HOST ? "nccl" : "coop");
     m += o->desc.n * o->desc.spatial;
+    /* one launch runs the round's ranks with one kernel: the in-place backward's (x
+       recovered from y) or the x-based one (empty ranks take either) */
+    for (int j = 0; j < i && o->kind == SBN_OP_BACKWARD && o->desc.n > 0; j++)
+      if (ops[j]->desc.n > 0 && (ops[j]->x == NULL) != (o->x == NULL))
+        return sbn_fail(NULL, sbnInvalidUsage,
+                        "rank %d runs the in-place backward (x NULL: x recovered from y), rank %d the "
+                        "x-based one: the ranks of a team must pass the same choice; nothing was run",
+                        (o->x == NULL ? o : ops[j])->comm->rank, (o->x == NULL ? ops[j] : o)->comm->rank);
   }
   /* ranks of a peer team that share a GPU are separate launches that must run at the same
      time: on one stream (or the legacy NULL stream) the second waits for the first, which
@@ -181,7 +192,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  const int kind = o0->kind, dt = o0->desc.dtype;
+  const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_op_epi(o0);
   const sbn_plan_op_t op = {kind, dt, o0->desc.layout == sbnLayoutNHWC, o0->desc.c,
                             o0->algo == SBN_ALGO_HOST, o0->kernel};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
@@ -189,15 +200,16 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
     const sbn_op_t* o = ops[i];
     ranks[i].n = o->desc.n;
     ranks[i].sp = o->desc.spatial;
-    ranks[i].aligned = sbn_aligned16(o->x) && sbn_aligned16(o->dy) && sbn_aligned16(o->out);
+    ranks[i].aligned = sbn_aligned16(o->x) && sbn_aligned16(o->dy) && sbn_aligned16(o->out) &&
+                       sbn_aligned16(o->z) && sbn_aligned16(o->y) && sbn_aligned16(o->dz);
   }
   sbn_plan_dev_t dev;
   dev.sms = g0->sms;
   dev.ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
   dev.shared = peer_team(gt) && g0->share > 1;
-  memcpy(dev.occ, g0->occ[kind][dt], sizeof dev.occ);
+  memcpy(dev.occ, g0->occ[epi][kind][dt], sizeof dev.occ);
   dev.occ_min = g0->occ_min;
-  memcpy(dev.hold_slots, g0->hold_slots[kind][dt], sizeof dev.hold_slots);
+  memcpy(dev.hold_slots, g0->hold_slots[epi][kind][dt], sizeof dev.hold_slots);
   int64_t detail = 0;
   switch (sbn_plan_round(&op, ranks, nops, gt->transport == SBN_TR_VIRTUAL, &dev, pl, &detail)) {
     case SBN_PLAN_OK: return sbnSuccess;
@@ -262,6 +274,13 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     R->eps = o->params.eps;
     R->momentum = o->params.momentum;
     R->grad_global = o->params.grad_mode == sbnGradGlobal;
+    R->z = o->z;
+    R->y = o->y;
+    R->dz = o->dz;
+    R->act = o->act;
+    R->slope = o->slope;
+    R->recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
+    if (R->recover) R->x = o->y; /* the in-place backward reads y in x's place */
   }
   if (gt->local < 0) /* NCCL teams: the window (below), or the collective */
     for (int q = 0; q < gt->nranks; q++) a->mail[q] = host ? gt->ranks[q].send : gt->ranks[q].mail;
@@ -330,6 +349,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind;
   const int dt = o0->desc.dtype;
+  const int epi = sbn_gpu_op_epi(o0); /* the kernels with the epilogue */
   sbnResult_t r = sbnSuccess;
   cudaStream_t s0 = (cudaStream_t)o0->stream;
   int joined = 0;
@@ -345,7 +365,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const size_t dyn =
         pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
     fill_args(&a, ops, nops, &pl[0]);
-    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant),
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant, epi),
               (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
   } else {
@@ -353,23 +373,23 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i]);
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, epi),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
          "host path: stats kernel launch");
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, epi),
                 (unsigned)per * nch, 0, 0, &a, s0),
          "host path: publish kernel launch");
     }
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
       fill_args(&a, ops, nops, &pl[0]);
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec, epi),
                 (unsigned)nops * (unsigned)gt->nranks, 0, 0, &a, s0),
          "host path: gather kernel launch");
     }
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i]);
       if (gt->nranks == 1) a.r[0].mail = a.r[0].send; /* a team of one: its own records */
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, epi),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
          "host path: apply kernel launch");
     }
@@ -399,6 +419,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
   const int kind = ops[0]->kind;
   const int dt = ops[0]->desc.dtype;
+  const int epi = sbn_gpu_op_epi(ops[0]); /* the kernels with the epilogue, or the plain ones */
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
@@ -412,10 +433,10 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
     fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, epi),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec), nch, 0, 0,
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, epi), nch, 0, 0,
               &one, s),
        "host path: publish kernel launch");
   }
@@ -456,7 +477,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
     fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, epi),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
     /* the watchdog times this launch (not a graph capture: a captured event cannot be

@@ -38,10 +38,10 @@ const sbn_team_ops_t sbn_gpu_peer_team_ops = SBN_NONE_TABLE("GPU peer");
 
 /* sbn_nccl_team_create and the other NCCL entry points: nccl_none.c */
 
-sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, void* y,
+sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, const void* z, void* y,
                               const float* weight, const float* bias, const float* running_mean,
-                              const float* running_var, float eps, sbnStream_t stream) {
-  (void)d, (void)x, (void)y, (void)weight, (void)bias, (void)running_mean, (void)running_var;
-  (void)eps, (void)stream;
+                              const float* running_var, float eps, int act, float slope, sbnStream_t stream) {
+  (void)d, (void)x, (void)z, (void)y, (void)weight, (void)bias, (void)running_mean, (void)running_var;
+  (void)eps, (void)act, (void)slope, (void)stream;
   return no_cuda();
 }

@@ -29,49 +29,55 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
   CU(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   CU(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
      "cudaDeviceGetAttribute");
-  for (int k = 0; k < SBN_OP_KINDS; k++)
-    for (int d = 0; d < SBN_DTYPE_COUNT; d++)
-      for (int t = 0; t < 2; t++)
-        for (int v = 0; v < 2; v++)
-          for (int var = 0; var < SBN_VAR_COUNT; var++) {
-            int* occ = &g->occ[k][d][t][v][var];
-            const void* fn = sbn_coop_kernel_ptr(k, d, t, v, var);
-            *occ = 0;
-            if (fn == NULL) continue; /* not built */
-            size_t dyn = 0;
-            if (var == SBN_VAR_ONCHIP) {
-              struct cudaFuncAttributes fa;
-              CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
-              const int64_t per = sbn_hold_bytes(k, 1);
-              int64_t slots = ((int64_t)optin - (int64_t)fa.sharedSizeBytes) / per;
-              if (slots < 0) slots = 0;
-              g->hold_slots[k][d][t] = (int)slots;
-              dyn = (size_t)(slots * per);
-              CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn),
-                 "cudaFuncSetAttribute");
+  for (int e = 0; e < SBN_EPI_KINDS; e++)
+    for (int k = 0; k < SBN_OP_KINDS; k++)
+      for (int d = 0; d < SBN_DTYPE_COUNT; d++)
+        for (int t = 0; t < 2; t++)
+          for (int v = 0; v < 2; v++)
+            for (int var = 0; var < SBN_VAR_COUNT; var++) {
+              int* occ = &g->occ[e][k][d][t][v][var];
+              const void* fn = sbn_coop_kernel_ptr(k, d, t, v, var, e);
+              *occ = 0;
+              if (fn == NULL) continue; /* not built */
+              size_t dyn = 0;
+              if (var == SBN_VAR_ONCHIP) {
+                struct cudaFuncAttributes fa;
+                CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
+                const int64_t per = sbn_hold_bytes(k, 1);
+                int64_t slots = ((int64_t)optin - (int64_t)fa.sharedSizeBytes) / per;
+                if (slots < 0) slots = 0;
+                g->hold_slots[e][k][d][t] = (int)slots;
+                dyn = (size_t)(slots * per);
+                CU(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn),
+                   "cudaFuncSetAttribute");
+              }
+              CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, fn, SBN_GPU_THREADS, dyn),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+              if (*occ < 1)
+                return sbn_fail(NULL, sbnUnsupported,
+                                "device %d cannot hold a block of the cooperative kernel", dev);
+              /* ranks sharing a GPU never run onchip (plan_round): occ_min is theirs */
+              if (var != SBN_VAR_ONCHIP && (g->occ_min == 0 || *occ < g->occ_min))
+                g->occ_min = *occ;
+              if (*occ > g->occ_max) g->occ_max = *occ;
             }
-            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, fn, SBN_GPU_THREADS, dyn),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-            if (*occ < 1)
-              return sbn_fail(NULL, sbnUnsupported,
-                              "device %d cannot hold a block of the cooperative kernel", dev);
-            /* ranks sharing a GPU never run onchip (plan_round): occ_min is theirs */
-            if (var != SBN_VAR_ONCHIP && (g->occ_min == 0 || *occ < g->occ_min)) g->occ_min = *occ;
-            if (*occ > g->occ_max) g->occ_max = *occ;
-          }
   /* Load every other kernel a team may launch now (the host path's stages, inference):
      a build without machine code for this GPU is compiled from PTX by the driver at load,
      and lazy loading loads a kernel at its first launch. Either belongs in init, not in
      an op whose peers wait for this rank under the comm's timeout. */
-  for (int k = 0; k < SBN_OP_KINDS; k++)
-    for (int d = 0; d < SBN_DTYPE_COUNT; d++)
-      for (int t = 0; t < 2; t++)
-        for (int v = 0; v < 2; v++) {
-          struct cudaFuncAttributes fa;
-          for (int st = 0; st < SBN_HOST_STAGES; st++)
-            CU(cudaFuncGetAttributes(&fa, sbn_host_kernel_ptr(st, k, d, t, v)), "cudaFuncGetAttributes");
-          if (k == 0) CU(cudaFuncGetAttributes(&fa, sbn_infer_kernel_ptr(d, t, v)), "cudaFuncGetAttributes");
-        }
+  for (int e = 0; e < SBN_EPI_KINDS; e++)
+    for (int k = 0; k < SBN_OP_KINDS; k++)
+      for (int d = 0; d < SBN_DTYPE_COUNT; d++)
+        for (int t = 0; t < 2; t++)
+          for (int v = 0; v < 2; v++) {
+            struct cudaFuncAttributes fa;
+            for (int st = 0; st < SBN_HOST_STAGES; st++)
+              CU(cudaFuncGetAttributes(&fa, sbn_host_kernel_ptr(st, k, d, t, v, e)),
+                 "cudaFuncGetAttributes");
+            if (k == 0)
+              CU(cudaFuncGetAttributes(&fa, sbn_infer_kernel_ptr(d, t, v, e)),
+                 "cudaFuncGetAttributes");
+          }
 out:
   return r;
 }

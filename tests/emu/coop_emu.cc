@@ -99,17 +99,17 @@ int run_grid(const void* kernel, const A* args, unsigned grid, size_t dyn_bytes)
 extern "C" int sbn_emu_launch(int kind, int dtype, int tile, int vec, int variant,
                               const sbn_coop_args_t* args, unsigned grid) {
   const size_t dyn = variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, args->hold_slots) : 0;
-  return run_grid(sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant), args, grid, dyn);
+  return run_grid(sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant, sbn_args_epilogue(args)), args, grid, dyn);
 }
 
 extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
                                    const sbn_coop_args_t* args, unsigned grid) {
-  return run_grid(sbn_host_kernel_ptr(stage, kind, dtype, tile, vec), args, grid, 0);
+  return run_grid(sbn_host_kernel_ptr(stage, kind, dtype, tile, vec, sbn_args_epilogue(args)), args, grid, 0);
 }
 
 extern "C" int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args,
                                     unsigned grid) {
-  return run_grid(sbn_infer_kernel_ptr(dtype, tile, vec), args, grid, 0);
+  return run_grid(sbn_infer_kernel_ptr(dtype, tile, vec, sbn_infer_epilogue(args)), args, grid, 0);
 }
 
 extern "C" void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code) {
