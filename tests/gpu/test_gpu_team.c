@@ -1034,41 +1034,219 @@ static void test_usage_errors(void) {
   case_end();
 }
 
-/* The fused ops (sbnForwardTrainEx, sbnBackwardEx) on a GPU team: their epilogue
-   (activation, residual, in-place backward) runs on CPU teams in this version, so a GPU
-   team refuses it with sbnUnsupported, naming CPU teams, before writing anything; the
-   identity epilogue without z is the plain op and runs. */
-static void test_fused_refused(void) {
-  case_begin();
-  snprintf(g_case, sizeof g_case, "fused ops on a virtual team of 1");
-  sbnComm_t* v1 = virt_team(1);
-  float *x = NULL, *y = NULL, *st = NULL;
-  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 4, 8};
-  const size_t bytes = 2 * 4 * 8 * sizeof(float);
-  if (v1 && CUDA_OK(cudaMalloc((void**)&x, bytes)) && CUDA_OK(cudaMalloc((void**)&y, bytes)) &&
-      CUDA_OK(cudaMalloc((void**)&st, 8 * sizeof(float))) && CUDA_OK(cudaMemset(x, 0, bytes)) &&
-      CUDA_OK(cudaMemset(y, 0x7f, bytes))) {
-    sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
-    e.activation = sbnActivationRelu;
-    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
-                                  NULL) == sbnUnsupported);
-    EXPECT_TRUE(strstr(sbnGetLastError(v1[0]), "CPU teams") != NULL);
-    e.activation = sbnActivationIdentity;
-    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, x, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
-                                  NULL) == sbnUnsupported); /* a residual z */
-    float host[64];
-    if (CUDA_OK(cudaMemcpy(host, y, bytes, cudaMemcpyDeviceToHost))) {
-      unsigned char want[sizeof host];
-      memset(want, 0x7f, sizeof want);
-      EXPECT_TRUE(memcmp(host, want, bytes) == 0); /* nothing written */
+/* Batch norm + activation (+ residual) and the in-place backward on a virtual team of 2
+   (the kernels with the epilogue; under SBN_ALGO=nccl the host path's), against the CPU
+   team on the same inputs: y within the output tolerance, then the backward on the GPU's
+   saved statistics and y (the same masks): dx within it, dz bitwise (act'(y) dy rounded
+   to the dtype), dweight and dbias within the gradient tolerance; and
+   sbnForwardInferenceEx on device pointers, bitwise against the host's. Cases: ReLU with
+   a residual (fp32 NCHW), leaky ReLU (fp16 NHWC), the in-place leaky backward (bf16 NCHW
+   with odd planes: the scalar kernels). */
+typedef struct {
+  sbnActivation_t act;
+  int z, recover;
+  sbnDataType_t dt;
+  sbnLayout_t lay;
+  int64_t c, sp;
+} fused_gpu_case_t;
+
+/* The CPU team's sbnForwardTrainEx / sbnBackwardEx of one rank on the host mirror (a
+   thread each: fused_cpu_run). The backward takes y (the GPU's output) and writes dz. */
+typedef struct {
+  sbnComm_t comm;
+  team_t* h;
+  int r, bwd;
+  const sbnParams_t* p;
+  const sbnEpilogue_t* e;
+  const void* z;
+  const void* y;
+  void* dz;
+  int recover;
+  sbnResult_t res;
+} fused_cpu_t;
+static void* fused_cpu_main(void* arg) {
+  fused_cpu_t* f = (fused_cpu_t*)arg;
+  team_t* h = f->h;
+  const int r = f->r;
+  if (!f->bwd)
+    f->res = sbnForwardTrainEx(f->comm, &h->d[r], h->x[r], f->z, h->y[r], h->w, h->b, h->rm[r], h->rv[r],
+                               &h->nbt[r], h->smean[r], h->sinv[r], f->p, f->e, NULL);
+  else
+    f->res = sbnBackwardEx(f->comm, &h->d[r], f->recover ? NULL : h->x[r], f->y, h->dy[r], h->dx[r],
+                           f->z != NULL ? f->dz : NULL, h->w, h->b, h->smean[r], h->sinv[r], h->dw[r], h->db[r],
+                           f->p, f->e, NULL);
+  return NULL;
+}
+static void fused_cpu_run(fused_cpu_t* f, int W) {
+  pthread_t th[MAXW];
+  for (int r = 0; r < W; r++) pthread_create(&th[r], NULL, fused_cpu_main, &f[r]);
+  for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  for (int r = 0; r < W; r++)
+    if (f[r].res != sbnSuccess) SBN_FAIL_("CPU team rank %d: %s", r, sbnGetLastError(f[r].comm));
+}
+
+static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
+  const int W = 2;
+  const int dev[MAXW] = {0};
+  const int64_t n[MAXW] = {3, 2};
+  sbnComm_t* v = virt_team(W);
+  if (v == NULL) return;
+  snprintf(g_case, sizeof g_case, "fused act %d z %d recover %d %s %s C=%lld sp=%lld", (int)k->act, k->z,
+           k->recover, dt_name(k->dt), k->lay == sbnLayoutNHWC ? "NHWC" : "NCHW", (long long)k->c,
+           (long long)k->sp);
+  team_t h;
+  dteam_t d;
+  team_make(&h, W, k->dt, k->lay, k->c, k->sp, n, 1, 1, GEN_NORMAL, seed);
+  dteam_make(&d, &h, v, dev, NULL);
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+  e.activation = k->act;
+  e.slope = 0.1f;
+  sbn_rng_t rng = {seed + 1};
+  const size_t cb = chan_bytes(&h);
+  void *hz[MAXW] = {0}, *dz_d[MAXW] = {0}, *z_d[MAXW] = {0};
+  void *gy[MAXW] = {0}, *gdx[MAXW] = {0}, *gdz[MAXW] = {0}, *cdz[MAXW] = {0};
+  float *gsm[MAXW] = {0}, *gsi[MAXW] = {0}, *gdw[MAXW] = {0}, *gdb[MAXW] = {0};
+  for (int r = 0; r < W && !sbn_test_cur_failed_; r++) {
+    const size_t tb = team_bytes(&h, r);
+    if (k->z) {
+      hz[r] = gen_tensor(&h.d[r], &rng, GEN_NORMAL);
+      z_d[r] = dev_alloc(0, tb);
+      dz_d[r] = dev_alloc(0, tb);
+      h2d(z_d[r], hz[r], tb, NULL);
+      dpoison(dz_d[r], tb, NULL);
+      cdz[r] = malloc(tb);
+      gdz[r] = malloc(tb);
     }
-    EXPECT_TRUE(sbnForwardTrainEx(v1[0], &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, st, st + 4, NULL, &e,
-                                  NULL) == sbnSuccess);
-    EXPECT_TRUE(CUDA_OK(cudaDeviceSynchronize()));
+    gy[r] = malloc(tb), gdx[r] = malloc(tb);
+    gsm[r] = fvec(h.d[0].c), gsi[r] = fvec(h.d[0].c), gdw[r] = fvec(h.d[0].c), gdb[r] = fvec(h.d[0].c);
   }
-  cudaFree(x);
-  cudaFree(y);
-  cudaFree(st);
+  CUDA_OK(cudaDeviceSynchronize());
+  /* the GPU team's forward and backward */
+  if (!sbn_test_cur_failed_) {
+    sbnResult_t res = sbnGroupStart();
+    for (int r = 0; r < W; r++)
+      if (res == sbnSuccess)
+        res = sbnForwardTrainEx(d.comm[r], &h.d[r], d.x[r], z_d[r], d.y[r], d.w[r], d.b[r], d.rm[r], d.rv[r],
+                                d.nbt[r], d.sm[r], d.si[r], &p, &e, d.st[r]);
+    sbnResult_t end = sbnGroupEnd();
+    EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
+    if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  forward: %s\n", sbnGetLastError(d.comm[0]));
+  }
+  if (!sbn_test_cur_failed_) {
+    sbnResult_t res = sbnGroupStart();
+    for (int r = 0; r < W; r++)
+      if (res == sbnSuccess)
+        res = sbnBackwardEx(d.comm[r], &h.d[r], k->recover ? NULL : d.x[r], d.y[r], d.dy[r], d.dx[r], dz_d[r],
+                            d.w[r], d.b[r], d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
+    sbnResult_t end = sbnGroupEnd();
+    EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
+    if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  backward: %s\n", sbnGetLastError(d.comm[0]));
+  }
+  if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize())) {
+    for (int r = 0; r < W; r++) {
+      const size_t tb = team_bytes(&h, r);
+      sbnResult_t ae = sbnSuccess;
+      EXPECT_TRUE(sbnCommGetAsyncError(d.comm[r], &ae) == sbnSuccess && ae == sbnSuccess);
+      d2h(gy[r], d.y[r], tb), d2h(gdx[r], d.dx[r], tb), d2h(gdz[r], dz_d[r], tb);
+      d2h(gsm[r], d.sm[r], cb), d2h(gsi[r], d.si[r], cb), d2h(gdw[r], d.dw[r], cb), d2h(gdb[r], d.db[r], cb);
+    }
+  }
+  /* the CPU team: its forward (y against the GPU's), then its backward on the GPU's
+     statistics and y */
+  if (!sbn_test_cur_failed_) {
+    const tol_t tol = tol_for(k->dt);
+    sbnComm_t* cpu = team_comms(W);
+    fused_cpu_t fc[MAXW];
+    for (int r = 0; r < W; r++)
+      fc[r] = (fused_cpu_t){cpu[r], &h, r, 0, &p, &e, hz[r], gy[r], cdz[r], k->recover, sbnSuccess};
+    fused_cpu_run(fc, W);
+    for (int r = 0; r < W && !sbn_test_cur_failed_; r++) {
+      EXPECT_TRUE(cmp_out("y", r, k->dt, gy[r], h.y[r], sbn_ref_numel(&h.d[r])));
+      memcpy(h.smean[r], gsm[r], cb);
+      memcpy(h.sinv[r], gsi[r], cb);
+      fc[r].bwd = 1;
+    }
+    if (!sbn_test_cur_failed_) fused_cpu_run(fc, W);
+    for (int r = 0; r < W && !sbn_test_cur_failed_; r++) {
+      EXPECT_TRUE(cmp_out("dx", r, k->dt, gdx[r], h.dx[r], sbn_ref_numel(&h.d[r])));
+      if (k->z) EXPECT_TRUE(memcmp(gdz[r], cdz[r], team_bytes(&h, r)) == 0);
+      const double gs = k->recover ? 10.0 : 1.0; /* x - mean recovered: tolerances.md */
+      for (int64_t c = 0; c < h.d[0].c; c++) {
+        EXPECT_TRUE(fabs(gdb[r][c] - h.db[r][c]) <= tol.grad_atol + tol.grad_rtol * fabs(h.db[r][c]));
+        EXPECT_TRUE(fabs(gdw[r][c] - h.dw[r][c]) <= gs * (tol.grad_atol + tol.grad_rtol * fabs(h.dw[r][c])));
+      }
+    }
+  }
+  /* inference with the epilogue: device against host, bitwise */
+  if (!sbn_test_cur_failed_ && !k->recover) {
+    const size_t tb = team_bytes(&h, 0);
+    void* yh = malloc(tb);
+    void* yd = malloc(tb);
+    d2h(h.rm[0], d.rm[0], cb), d2h(h.rv[0], d.rv[0], cb); /* the GPU's running statistics */
+    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[0], h.x[0], hz[0], yh, h.w, h.b, h.rm[0], h.rv[0], 1e-5f, &e, NULL) ==
+                sbnSuccess);
+    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[0], d.x[0], z_d[0], d.dx[0], d.w[0], d.b[0], d.rm[0], d.rv[0], 1e-5f,
+                                      &e, NULL) == sbnSuccess);
+    if (CUDA_OK(cudaDeviceSynchronize())) {
+      d2h(yd, d.dx[0], tb);
+      EXPECT_TRUE(memcmp(yd, yh, tb) == 0);
+    }
+    free(yh), free(yd);
+  }
+  for (int r = 0; r < MAXW; r++) {
+    free(hz[r]), free(gy[r]), free(gdx[r]), free(gdz[r]), free(cdz[r]);
+    free(gsm[r]), free(gsi[r]), free(gdw[r]), free(gdb[r]);
+    if (z_d[r]) cudaFree(z_d[r]);
+    if (dz_d[r]) cudaFree(dz_d[r]);
+  }
+  dteam_free(&d);
+  team_free(&h);
+}
+
+/* Ranks that mix the in-place backward (x NULL) and the x-based one in one launch: the
+   kernel is one or the other, so the round is refused (sbnInvalidUsage naming it), and
+   nothing is written. */
+static void fused_mixed_recover(void) {
+  const int dev[MAXW] = {0};
+  const int64_t n[MAXW] = {3, 2};
+  sbnComm_t* v = virt_team(2);
+  if (v == NULL) return;
+  snprintf(g_case, sizeof g_case, "fused: in-place and x-based backward mixed");
+  team_t h;
+  dteam_t d;
+  team_make(&h, 2, sbnFloat32, sbnLayoutNCHW, 8, 16, n, 1, 1, GEN_NORMAL, 8200);
+  dteam_make(&d, &h, v, dev, NULL);
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+  e.activation = sbnActivationLeakyRelu;
+  sbnResult_t res = sbnGroupStart();
+  for (int r = 0; r < 2 && res == sbnSuccess; r++)
+    res = sbnBackwardEx(d.comm[r], &h.d[r], r == 0 ? NULL : d.x[r], d.y[r], d.dy[r], d.dx[r], NULL, d.w[r], d.b[r],
+                        d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
+  sbnResult_t end = sbnGroupEnd();
+  EXPECT_TRUE(res == sbnSuccess && end == sbnInvalidUsage);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "in-place backward") != NULL);
+  if (CUDA_OK(cudaDeviceSynchronize()))
+    for (int r = 0; r < 2; r++) dteam_check_untouched_of(&d, &h, r, OUT_BWD, "a mixed backward");
+  dteam_free(&d);
+  team_free(&h);
+}
+
+static void test_fused(void) {
+  static const fused_gpu_case_t cases[] = {
+      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 64},
+      {sbnActivationLeakyRelu, 0, 0, sbnFloat16, sbnLayoutNHWC, 64, 49},
+      {sbnActivationLeakyRelu, 0, 1, sbnBFloat16, sbnLayoutNCHW, 5, 33},
+      {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    case_begin();
+    fused_gpu_case(&cases[i], 8100 + i);
+    case_end();
+  }
+  case_begin();
+  fused_mixed_recover();
   case_end();
 }
 
@@ -1774,7 +1952,7 @@ int main(void) {
   RUN(test_initall_vs_cpu);
   RUN(test_in_place_and_null_outputs);
   RUN(test_usage_errors);
-  RUN(test_fused_refused);
+  RUN(test_fused);
   RUN(test_cuda_graph);
   RUN(test_stuck_peer_timeout);
   RUN(test_abort);
