@@ -346,8 +346,9 @@ typedef struct {
    tensor per desc. y == x and y == z are allowed (in place). epilogue: NULL means
    SBN_EPILOGUE_INITIALIZER (then this is sbnForwardTrain). Every rank of a team must
    pass the same activation (it is part of the op's signature: ranks that differ get
-   sbnInvalidUsage). This version: CPU teams; GPU teams return sbnUnsupported for an
-   activation other than identity or a z. */
+   sbnInvalidUsage). Every team runs it: CPU teams, and on GPU teams the cooperative
+   kernel's epilogue (SBN_ALGO=nccl: the host path's, the same bits); z 16-byte aligned
+   like x for the 16-byte kernels (else the scalar ones run). */
 SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
                                       const void* z, void* y, const float* weight,
                                       const float* bias, float* running_mean, float* running_var,
@@ -367,8 +368,10 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    so small that slope * v leaves the dtype's normal range loses x). Every rank must pass
    the same activation and the same choice of x or y (a rank with n == 0 cannot check the
    in-place backward's conditions: where they fail, it waits for its peers, which refuse,
-   and returns sbnTimeout). This version: CPU teams (GPU teams: sbnUnsupported unless identity
-   with x and no dz). */
+   and returns sbnTimeout). Every team runs it. The gradient reaching the normalization,
+   dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
+   besides x and dy when there is an activation (x given: y twice, in the statistics and
+   in dx; the in-place backward reads y in x's place, once). */
 #define SBN_RECOVER_MIN_WEIGHT 1e-5f
 SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
                                   const void* y, const void* dy, void* dx, void* dz,

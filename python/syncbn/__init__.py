@@ -374,7 +374,7 @@ class Comm:
         """sbnForwardTrain on this rank (momentum None: cumulative average, which needs
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams). With a
         residual z or an activation (RELU, LEAKY_RELU with slope): sbnForwardTrainEx,
-        y = act(bn(x) + z) (CPU teams)."""
+        y = act(bn(x) + z)."""
         h = self._live()
         p = _params(eps, momentum, grad_mode)
         if z is None and activation == IDENTITY:
@@ -395,7 +395,7 @@ class Comm:
         """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip).
         After a fused forward: y (its output: the activation's mask), dz (the residual's
         gradient), and x None for the in-place backward (x recovered from y, weight and
-        bias): sbnBackwardEx (CPU teams)."""
+        bias): sbnBackwardEx."""
         h = self._live()
         p = _params(eps, 0.1, grad_mode)
         if y is None and dz is None and activation == IDENTITY:
@@ -484,7 +484,7 @@ def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None
                       stream=None, z=None, activation=IDENTITY, slope=0.01):
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
     all pointers host memory or all device memory of one GPU (x decides which). With z or
-    an activation: sbnForwardInferenceEx, y = act(that + z) (host memory)."""
+    an activation: sbnForwardInferenceEx, y = act(that + z) (host or device memory)."""
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
     host = _is_host(x)

@@ -1,7 +1,7 @@
 """syncbn's fused operators in PyTorch's dispatcher: batch norm + activation (+ residual)
 in one op, y = act(batch_norm(x) + z), over the library's sbnForwardTrainEx,
-sbnBackwardEx and sbnForwardInferenceEx (CPU teams in this version; GPU teams refuse
-them with sbnUnsupported until the kernels land).
+sbnBackwardEx and sbnForwardInferenceEx (every team: CPU teams, and GPU teams' kernels
+with the epilogue; Python kernels in this version, not yet C++ ones).
 
     syncbn::batch_norm_act_train(Tensor input, Tensor? residual, Tensor? weight,
         Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var,
