@@ -75,14 +75,22 @@ extern const char* const kSumsFormula; /* the bound of dweight and dbias, as tex
 typedef enum { BENCH_GPU_AUTO = 0, BENCH_GPU_ON = 1, BENCH_GPU_OFF = 2 } bench_gpu_req_t;
 
 /* What a row times. --paths picks among the first BENCH_GPU_PATHS (GPU mode); CPU mode has
-   one path, the library's CPU team. */
+   one path, the library's CPU team. split: with --epilogue only, the plain coop op and a
+   separate activation kernel (bench/act.cu), what the fused op is measured against. */
 typedef enum {
   BENCH_PATH_COOP = 0,
   BENCH_PATH_NCCL = 1,
   BENCH_PATH_CUDNN = 2,
-  BENCH_PATH_CPU = 3
+  BENCH_PATH_SPLIT = 3,
+  BENCH_PATH_CPU = 4
 } bench_path_t;
-#define BENCH_GPU_PATHS 3
+#define BENCH_GPU_PATHS 4
+
+/* --epilogue: what the rows' ops compute after the normalization. none: sbnForwardTrain /
+   sbnBackward; relu: y = relu(bn(x)); add-relu: y = relu(bn(x) + z) (a ResNet block's
+   last batch norm), the backward giving dz too (sbnForwardTrainEx / sbnBackwardEx). */
+enum { BENCH_EPI_NONE = 0, BENCH_EPI_RELU = 1, BENCH_EPI_ADD_RELU = 2 };
+extern const char* const kEpilogueNames[3];
 
 typedef struct {
   bench_gpu_req_t gpu;
@@ -101,6 +109,7 @@ typedef struct {
   int layout_on[2];             /* indexed by sbnLayout_t */
   int path_on[BENCH_GPU_PATHS]; /* GPU mode, indexed by bench_path_t */
   int paths_given;              /* --paths was given */
+  int epilogue;                 /* BENCH_EPI_* */
 } bench_opts_t;
 
 typedef struct {
@@ -113,7 +122,7 @@ extern const char* const kDtypeNames[SBN_DTYPE_COUNT]; /* sbnDataType_t order */
 /* The order rows of the dtypes run in (every dtype of SBN_DTYPES once). */
 extern const sbnDataType_t kDtypeOrder[]; /* SBN_DTYPE_COUNT entries (options.c checks) */
 extern const char* const kLayoutNames[2]; /* sbnLayout_t order */
-extern const char* const kPathNames[4];   /* bench_path_t order */
+extern const char* const kPathNames[5];   /* bench_path_t order */
 
 /* options.c: 0, 1 after -h (printed), or 2 after a usage error (printed). */
 int opts_parse(int argc, char** argv, bench_opts_t* o);
@@ -150,6 +159,7 @@ typedef struct bench_row {
   sbnLayout_t layout;
   int W; /* ranks of the team */
   bench_path_t path;
+  int epilogue; /* BENCH_EPI_*: the run's */
   const struct bench_row* coop; /* the row t/coop compares with (NULL: none) */
   int skipped;    /* did not run, not a failure (cuDNN absent or refusing); see note */
   int done;       /* finished: in the totals, the table and the JSON */
@@ -173,6 +183,9 @@ typedef struct {
   float **rm, **rv, **save_mean, **save_invstd; /* [W] of [C] */
   float **dweight, **dbias;                     /* [W] of [C] */
   int64_t* nbt;                                 /* [W] */
+  int epilogue;                                 /* BENCH_EPI_* (bufs_alloc_epilogue) */
+  void **z, **dz; /* [W]: the residual (add-relu), its gradient (add-relu; the split
+                     path's g for relu); NULL without them */
 } bench_team_bufs_t;
 
 size_t dtype_size(sbnDataType_t t);
@@ -189,6 +202,11 @@ double bufs_bytes(int W, const sbnTensorDesc_t* d);
 /* Host buffers of W ranks: 0, or -1 when out of memory (nothing left allocated). */
 int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d);
 void bufs_free(bench_team_bufs_t* b);
+/* The epilogue's tensors of b (allocated by bufs_alloc): z (add-relu) and dz (any
+   epilogue); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
+int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
+/* The activation's gradient: g = dy where y > 0, else 0 (float), as the ops take it. */
+static inline float bench_relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }
 /* Running stats := (0, 1), num_batches_tracked := 0. */
 void bufs_reset_state(bench_team_bufs_t* b);
 /* The inputs of every rank (x, dy, weight, bias) from the shape's id; 0 or -1 (memory). */

@@ -171,8 +171,11 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
   /* mean, invstd, varu, rm, rv, team dweight, team dbias, the row's mean and invstd, then
      the sums of |term| of dweight and of dbias, [W + 1][k] each */
   double* stat = malloc((size_t)k * (9 + 2 * ((size_t)W + 1)) * sizeof(double));
-  void** xs = calloc((size_t)W * 2, sizeof(void*));
-  double** outs = calloc((size_t)W * 4, sizeof(double*)); /* y, dx, dweight, dbias */
+  /* --epilogue (relu; add-relu: z and dz): y = relu(bn(x) + z), the backward's mask from the
+     row's own y (as the ops take it), dz = relu'(y) dy */
+  const int epi = b->epilogue != BENCH_EPI_NONE, add = b->epilogue == BENCH_EPI_ADD_RELU;
+  void** xs = calloc((size_t)W * 4, sizeof(void*));         /* x, dy, z, y packed */
+  double** outs = calloc((size_t)W * 5, sizeof(double*)); /* y, dx, dweight, dbias, dz */
   sbnTensorDesc_t* descs = malloc((size_t)W * sizeof *descs);
   ok = chs && wk && stat && xs && outs && descs;
   for (int r = 0; ok && r < W; r++) {
@@ -181,6 +184,9 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
          (outs[W + r] = bmalloc((size_t)pn * sizeof(double))) &&
          (outs[2 * W + r] = malloc((size_t)k * sizeof(double))) &&
          (outs[3 * W + r] = malloc((size_t)k * sizeof(double)));
+    if (ok && epi)
+      ok = (!add || (xs[2 * W + r] = bmalloc((size_t)pn * es))) && (xs[3 * W + r] = bmalloc((size_t)pn * es)) &&
+           (!add || (outs[4 * W + r] = bmalloc((size_t)pn * sizeof(double))));
   }
   if (!ok) {
     snprintf(row->error, sizeof row->error, "out of memory for the check");
@@ -198,6 +204,8 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
     descs[r].c = k;
     pack_channels(xs[r], b->x[r], d, chs, k);
     pack_channels(xs[W + r], b->dy[r], d, chs, k);
+    if (add) pack_channels(xs[2 * W + r], b->z[r], d, chs, k);
+    if (epi) pack_channels(xs[3 * W + r], b->y[r], d, chs, k);
   }
   double *mean = stat, *invstd = stat + k, *varu = stat + 2 * k, *rm = stat + 3 * k,
          *rv = stat + 4 * k, *gdw = stat + 5 * k, *gdb = stat + 6 * k;
@@ -206,6 +214,7 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
   int64_t m = 0;
   sbn_ref_forward(W, descs, (const void* const*)xs, wk_w, wk_b, params.eps, mean, invstd, varu, &m,
                   outs);
+  for (int r = 0; epi && r < W; r++) sbn_ref_epilogue(&descs[r], xs[2 * W + r], sbnActivationRelu, 0.0, outs[r]);
   for (int64_t j = 0; j < k; j++) {
     rm[j] = 0.0;
     rv[j] = 1.0;
@@ -220,8 +229,13 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
     lmean[j] = b->save_mean[0][chs[j]];
     linvstd[j] = b->save_invstd[0][chs[j]];
   }
-  sbn_ref_backward(W, descs, (const void* const*)xs, (const void* const*)(xs + W), wk_w, lmean,
-                   linvstd, outs + W, outs + 2 * W, outs + 3 * W, gdw, gdb);
+  if (epi)
+    sbn_ref_backward_ex(W, descs, (const void* const*)xs, (const void* const*)(xs + 3 * W),
+                        (const void* const*)(xs + W), sbnActivationRelu, 0.0, wk_w, lmean, linvstd, outs + W,
+                        add ? outs + 4 * W : NULL, outs + 2 * W, outs + 3 * W, gdw, gdb);
+  else
+    sbn_ref_backward(W, descs, (const void* const*)xs, (const void* const*)(xs + W), wk_w, lmean,
+                     linvstd, outs + W, outs + 2 * W, outs + 3 * W, gdw, gdb);
   /* sum |dy * (x - mean) * invstd| and sum |dy| per rank and channel, and over the team */
   for (int64_t q = 0; q < (W + 1) * k; q++) absw[q] = absb[q] = 0.0;
   for (int r = 0; r < W; r++)
@@ -229,7 +243,8 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
       for (int64_t j = 0; j < k; j++)
         for (int64_t si = 0; si < S; si++) {
           const int64_t pi = (ni * k + j) * S + si;
-          const double dyv = sbn_ref_load(xs[W + r], d->dtype, pi);
+          double dyv = sbn_ref_load(xs[W + r], d->dtype, pi);
+          if (epi) dyv = sbn_ref_load(xs[3 * W + r], d->dtype, pi) <= 0.0 ? 0.0 : dyv; /* g */
           absw[r * k + j] +=
               fabs(dyv * (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j]);
           absb[r * k + j] += fabs(dyv);
@@ -267,6 +282,9 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
                       tol_out);
           check_value(row, "dx", r, ci, i, sbn_ref_load(b->dx[r], d->dtype, i), outs[W + r][pi],
                       tol_out, tol_out);
+          if (add)
+            check_value(row, "dz", r, ci, i, sbn_ref_load(b->dz[r], d->dtype, i), outs[4 * W + r][pi], tol_out,
+                        tol_out);
         }
     }
     if (how->running) {
@@ -332,9 +350,8 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
 
 done:
   for (int r = 0; xs && outs && r < W; r++) {
-    free(xs[r]);
-    free(xs[W + r]);
-    for (int q = 0; q < 4; q++) free(outs[q * W + r]);
+    for (int q = 0; q < 4; q++) free(xs[q * W + r]);
+    for (int q = 0; q < 5; q++) free(outs[q * W + r]);
   }
   free(xs);
   free(outs);

@@ -135,7 +135,7 @@ double bufs_bytes(int W, const sbnTensorDesc_t* d) {
 }
 
 void bufs_free(bench_team_bufs_t* b) {
-  void** per_rank[] = {b->x, b->y, b->dy, b->dx};
+  void** per_rank[] = {b->x, b->y, b->dy, b->dx, b->z, b->dz};
   for (size_t k = 0; k < sizeof per_rank / sizeof *per_rank; k++) {
     for (int r = 0; per_rank[k] && r < b->W; r++) free(per_rank[k][r]);
     free(per_rank[k]);
@@ -179,6 +179,21 @@ int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d) {
   return 0;
 }
 
+int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue) {
+  const size_t bytes = tensor_bytes(&b->desc);
+  b->epilogue = epilogue;
+  if (epilogue == BENCH_EPI_NONE) return 0;
+  int ok = (b->dz = calloc((size_t)b->W, sizeof(void*))) != NULL;
+  if (ok && epilogue == BENCH_EPI_ADD_RELU) ok = (b->z = calloc((size_t)b->W, sizeof(void*))) != NULL;
+  for (int r = 0; ok && r < b->W; r++)
+    ok = (b->dz[r] = bmalloc(bytes)) != NULL && (!b->z || (b->z[r] = bmalloc(bytes)) != NULL);
+  if (!ok) {
+    bufs_free(b);
+    return -1;
+  }
+  return 0;
+}
+
 void bufs_reset_state(bench_team_bufs_t* b) {
   for (int r = 0; r < b->W; r++) {
     for (int64_t ci = 0; ci < b->desc.c; ci++) {
@@ -190,8 +205,8 @@ void bufs_reset_state(bench_team_bufs_t* b) {
 }
 
 /* Inputs: x ~ offset_c + scale_c * N(0,1), different per rank (rank r's data do not depend
-   on W); dy ~ N(0,1); affine weight in [0.5, 1.5], bias in [-0.5, 0.5]; running stats
-   start at (0, 1). */
+   on W); dy ~ N(0,1); z (add-relu) ~ N(0,1); affine weight in [0.5, 1.5], bias in
+   [-0.5, 0.5]; running stats start at (0, 1). */
 int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
   const sbnTensorDesc_t* d = &b->desc;
   const uint64_t base = string_hash(shape_id);
@@ -200,7 +215,7 @@ int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
   int64_t per_sample = d->c * d->spatial;
   int64_t step = per_sample >= (1 << 20) ? 1 : (1 << 20) / per_sample;
   int64_t chunks = d->n == 0 ? 0 : (d->n + step - 1) / step;
-  fill_job_t* jobs = malloc((size_t)(2 * b->W * chunks + 1) * sizeof *jobs);
+  fill_job_t* jobs = malloc((size_t)(3 * b->W * chunks + 1) * sizeof *jobs);
   if (!per_channel || !jobs) {
     free(per_channel);
     free(jobs);
@@ -224,6 +239,10 @@ int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
       fill_job_t jdy = {b->dy[r], d, base + 2 * (uint64_t)r + 1, zero, one, n0, n1};
       jobs[njobs++] = jx;
       jobs[njobs++] = jdy;
+      if (b->z) { /* a stream of its own: x and dy keep theirs whatever the epilogue */
+        fill_job_t jz = {b->z[r], d, base ^ (0x7a5e0000ull + (uint64_t)r), zero, one, n0, n1};
+        jobs[njobs++] = jz;
+      }
     }
   fill_run(jobs, njobs);
   bufs_reset_state(b);

@@ -9,14 +9,19 @@
 /* Multiples of |x| (the bytes of ALL W ranks' x: they share the GPU), [0] backward, [1]
    forward. Floor (a): every input read twice (the statistics pass, then the normalize pass)
    and the output written once: forward x, x, y; backward x and dy twice, dx. Floor (b): each
-   tensor once (inputs held on chip between the passes): forward x, y; backward x, dy, dx. */
-static const double kFloorA[2] = {5.0, 3.0};
-static const double kFloorB[2] = {3.0, 2.0};
+   tensor once (inputs held on chip between the passes): forward x, y; backward x, dy, dx.
+   --epilogue (bench.h: BENCH_EPI_*), the fused op's: relu, fwd (a) x, x, y (b) x, y; bwd (a)
+   x, dy and y twice (the mask: the kernels hold x and dy only), dx, (b) x, dy, y, dx;
+   add-relu adds z read (fwd) and dz written (bwd). The split path is held to the same
+   floors: the work is the same, whatever the kernels. */
+static const double kFloorA[3][2] = {{5.0, 3.0}, {7.0, 3.0}, {8.0, 4.0}};
+static const double kFloorB[3][2] = {{3.0, 2.0}, {4.0, 2.0}, {5.0, 3.0}};
 
 const char* const kFloorFormula =
     "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
     "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
-    "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B";
+    "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B; --epilogue relu: bwd (a) 7|x|/B "
+    "(y read twice too), (b) 4|x|/B; add-relu: fwd +|x| (z), bwd +|x| (dz)";
 const char* const kBytesFormula =
     "GB/s/rk = a rank's bytes / median time, the bytes of floor (b): fwd 2*numel*es (read x, "
     "write y), bwd 3*numel*es (read x and dy, write dx); numel = N*C*spatial, es = element "
@@ -30,12 +35,13 @@ bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B) {
   bench_op_derived_t o;
   const double x_rank = row_x_bytes(r), x_all = x_rank * r->W;
   const double us = row_timed(r) ? r->t[fwd].med : NAN;
-  o.bytes_rank = kFloorB[fwd] * x_rank;
-  o.bytes_total = kFloorB[fwd] * x_all;
+  const int e = r->epilogue;
+  o.bytes_rank = kFloorB[e][fwd] * x_rank;
+  o.bytes_total = kFloorB[e][fwd] * x_all;
   o.gbps_rank = o.bytes_rank / (us * 1e3); /* 1 GB/s = 1e3 bytes/us */
   o.gbps_total = o.bytes_total / (us * 1e3);
-  o.floor_a_bytes = kFloorA[fwd] * x_all;
-  o.floor_b_bytes = kFloorB[fwd] * x_all;
+  o.floor_a_bytes = kFloorA[e][fwd] * x_all;
+  o.floor_b_bytes = kFloorB[e][fwd] * x_all;
   o.floor_a_us = o.floor_a_bytes / (B * 1e3);
   o.floor_b_us = o.floor_b_bytes / (B * 1e3);
   o.pct_a = o.floor_a_us / us * 100.0;

@@ -136,7 +136,7 @@ void gpu_recover(bench_gpu_t* g) {
    tensor and per-channel array its own allocation (aligned as a framework's would be);
    no tensor when n == 0 (the pointers stay NULL, which the API allows). */
 void gpu_bufs_free(bench_team_bufs_t* b) {
-  void** per_rank[] = {b->x, b->y, b->dy, b->dx};
+  void** per_rank[] = {b->x, b->y, b->dy, b->dx, b->z, b->dz};
   for (size_t k = 0; k < sizeof per_rank / sizeof *per_rank; k++) {
     for (int r = 0; per_rank[k] && r < b->W; r++)
       if (per_rank[k][r]) cudaFree(per_rank[k][r]);
@@ -185,6 +185,24 @@ fail:
   return -1;
 }
 
+int gpu_bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue, char* err, size_t cap) {
+  const size_t bytes = tensor_bytes(&b->desc);
+  b->epilogue = epilogue;
+  if (epilogue == BENCH_EPI_NONE) return 0;
+  if (!(b->dz = calloc((size_t)b->W, sizeof(void*)))) goto oom;
+  if (epilogue == BENCH_EPI_ADD_RELU && !(b->z = calloc((size_t)b->W, sizeof(void*)))) goto oom;
+  for (int r = 0; bytes && r < b->W; r++) {
+    GPU_TRY(cudaMalloc(&b->dz[r], bytes), "cudaMalloc (dz)");
+    if (b->z) GPU_TRY(cudaMalloc(&b->z[r], bytes), "cudaMalloc (z)");
+  }
+  return 0;
+oom:
+  snprintf(err, cap, "out of host memory");
+fail:
+  gpu_bufs_free(b);
+  return -1;
+}
+
 /* Host -> device for ranks 0..dev->W-1: x, dy, weight, bias, running stats and
    num_batches_tracked as they are in host. On `s`, the stream of the ops (a plain
    cudaMemcpy runs on the legacy stream, which does not order the non-blocking `s`), then
@@ -199,6 +217,7 @@ int gpu_upload(bench_team_bufs_t* dev, const bench_team_bufs_t* host, int inputs
     if (bytes) {
       GPU_TRY(cudaMemcpyAsync(dev->x[r], host->x[r], bytes, h2d, s), "cudaMemcpyAsync (x)");
       GPU_TRY(cudaMemcpyAsync(dev->dy[r], host->dy[r], bytes, h2d, s), "cudaMemcpyAsync (dy)");
+      if (dev->z) GPU_TRY(cudaMemcpyAsync(dev->z[r], host->z[r], bytes, h2d, s), "cudaMemcpyAsync (z)");
     }
     GPU_TRY(cudaMemcpyAsync(dev->rm[r], host->rm[r], cbytes, h2d, s),
             "cudaMemcpyAsync (running_mean)");
@@ -225,6 +244,7 @@ int gpu_poison(bench_team_bufs_t* dev, cudaStream_t s, char* err, size_t cap) {
     if (bytes) {
       GPU_TRY(cudaMemsetAsync(dev->y[r], 0xff, bytes, s), "cudaMemsetAsync (y)");
       GPU_TRY(cudaMemsetAsync(dev->dx[r], 0xff, bytes, s), "cudaMemsetAsync (dx)");
+      if (dev->dz) GPU_TRY(cudaMemsetAsync(dev->dz[r], 0xff, bytes, s), "cudaMemsetAsync (dz)");
     }
     float* chans[] = {dev->save_mean[r], dev->save_invstd[r], dev->dweight[r], dev->dbias[r]};
     for (size_t k = 0; k < 4; k++)
@@ -248,6 +268,8 @@ int gpu_download(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStre
     if (bytes) {
       GPU_TRY(cudaMemcpyAsync(host->y[r], dev->y[r], bytes, d2h, s), "cudaMemcpyAsync (y)");
       GPU_TRY(cudaMemcpyAsync(host->dx[r], dev->dx[r], bytes, d2h, s), "cudaMemcpyAsync (dx)");
+      if (dev->dz && host->dz)
+        GPU_TRY(cudaMemcpyAsync(host->dz[r], dev->dz[r], bytes, d2h, s), "cudaMemcpyAsync (dz)");
     }
     float* const* from[] = {dev->rm,          dev->rv,      dev->save_mean,
                             dev->save_invstd, dev->dweight, dev->dbias};

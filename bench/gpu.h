@@ -40,6 +40,12 @@ void gpu_recover(bench_gpu_t* g);
 
 /* Device twin of a team's host buffers (bench_team_bufs_t holding device pointers). */
 int gpu_bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d, char* err, size_t cap);
+/* The epilogue's device tensors (z, dz) of b, as bufs_alloc_epilogue's; 0 or -1 (b freed). */
+int gpu_bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue, char* err, size_t cap);
+/* The split path's activation kernels (act.cu), on stream s: forward y = relu(y + z) (z
+   NULL: relu(y)) in place, backward g = dy where y > 0, else 0; numel elements of dtype. */
+cudaError_t bench_act_forward(int dtype, void* y, const void* z, int64_t numel, cudaStream_t s);
+cudaError_t bench_act_backward(int dtype, const void* y, const void* dy, void* g, int64_t numel, cudaStream_t s);
 void gpu_bufs_free(bench_team_bufs_t* b);
 /* Host -> device: parameters and state of ranks 0..dev->W-1, and with `inputs` also x and dy
    (the ops only read them: once per team's buffers is enough); synchronized. */

@@ -131,7 +131,8 @@ static void json_op(FILE* f, const bench_row_t* r, int fwd, double B) {
 
 static void json_row(FILE* f, const bench_row_t* r, double B) {
   const int ok = row_timed(r);
-  fprintf(f, "{\"path\": \"%s\", \"shape\": ", kPathNames[r->path]);
+  fprintf(f, "{\"path\": \"%s\", \"epilogue\": \"%s\", \"shape\": ", kPathNames[r->path],
+          kEpilogueNames[r->epilogue]);
   json_string(f, r->shape->id);
   fprintf(f, ", \"where\": ");
   json_string(f, r->shape->where);
@@ -301,7 +302,8 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   } else {
     fprintf(f, "\"%s\"", kPathNames[BENCH_PATH_CPU]);
   }
-  fprintf(f, "],\n  \"team\": \"%s\",\n", gpu ? "virtual" : "cpu");
+  fprintf(f, "],\n  \"epilogue\": \"%s\",\n  \"team\": \"%s\",\n", kEpilogueNames[o->epilogue],
+          gpu ? "virtual" : "cpu");
   if (gpu) {
     json_gpu_top(f, run);
   } else {

@@ -130,6 +130,7 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
     }
   }
   run->planned = res.nrows;
+  for (int i = 0; i < res.nrows; i++) res.rows[i].epilogue = o->epilogue;
 
   sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
@@ -166,8 +167,8 @@ static int same_sdl(const bench_row_t* a, const bench_row_t* b) {
   return a->shape == b->shape && a->dtype == b->dtype && a->layout == b->layout;
 }
 
-/* GPU mode's rows in run order: per shape x dtype x layout, per W of -w: coop, nccl, then
-   cudnn when W is 1 (-w may repeat 1). The count. */
+/* GPU mode's rows in run order: per shape x dtype x layout, per W of -w: coop, nccl, split
+   (--epilogue), then cudnn when W is 1 (-w may repeat 1). The count. */
 static int gpu_plan(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes,
                     bench_row_t* rows) {
   const int run_cudnn = o->path_on[BENCH_PATH_CUDNN];
@@ -181,12 +182,14 @@ static int gpu_plan(const bench_opts_t* o, const bench_shape_t* shapes, int nsha
         for (int wi = 0; wi < o->nranks_list; wi++) {
           const int W = o->ranks_list[wi];
           bench_row_t* coop = NULL;
-          for (int p = 0; p < 2; p++) {
+          static const bench_path_t lib[3] = {BENCH_PATH_COOP, BENCH_PATH_NCCL, BENCH_PATH_SPLIT};
+          for (int k = 0; k < 3; k++) {
+            const bench_path_t p = lib[k];
             if (!o->path_on[p]) continue;
-            row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, W,
-                     (bench_path_t)p);
+            row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, W, p);
+            rows[n].epilogue = o->epilogue;
             if (p == BENCH_PATH_COOP) coop = &rows[n];
-            if (p == BENCH_PATH_NCCL) rows[n].coop = coop;
+            if (p != BENCH_PATH_COOP) rows[n].coop = coop;
             n++;
           }
           if (W == 1 && run_cudnn) {
@@ -219,12 +222,13 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   /* also without the cudnn path: its version, for the record */
   bench_cudnn_t* cudnn = cudnn_load(&run->cudnn);
   const int lib_paths = o->path_on[BENCH_PATH_COOP] + o->path_on[BENCH_PATH_NCCL];
-  run->lat_w = lib_paths ? o->ranks : 0;
+  /* the latency table is the plain ops' (an --epilogue run has none) */
+  run->lat_w = lib_paths && o->epilogue == BENCH_EPI_NONE ? o->ranks : 0;
 
   bench_results_t res;
   memset(&res, 0, sizeof res);
-  /* per shape x dtype x layout and W: coop, nccl, and cudnn when W is 1 */
-  res.rows = calloc((size_t)nshapes * 6 * (size_t)o->nranks_list * 3 + 1, sizeof *res.rows);
+  /* per shape x dtype x layout and W: coop, nccl, split, and cudnn when W is 1 */
+  res.rows = calloc((size_t)nshapes * 6 * (size_t)o->nranks_list * 4 + 1, sizeof *res.rows);
   res.nlat = run->lat_w * 4;
   res.lat = calloc((size_t)(run->lat_w > 0 ? run->lat_w : 1) * 4, sizeof *res.lat);
   if (!res.rows || !res.lat) {
@@ -262,7 +266,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
     if (!host_of || !same_sdl(host_of, r)) {
       if (have_host) bufs_free(&host);
       sbnTensorDesc_t d = row_desc(r);
-      have_host = bufs_alloc(&host, o->ranks, &d) == 0;
+      have_host = bufs_alloc(&host, o->ranks, &d) == 0 && bufs_alloc_epilogue(&host, o->epilogue) == 0;
       if (have_host && bufs_init(&host, r->shape->id) != 0) {
         bufs_free(&host);
         have_host = 0;
@@ -281,8 +285,8 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
       i++;
       continue;
     }
-    /* the library rows of one W: one team's buffers, coop then nccl */
-    bench_row_t* team[2] = {NULL, NULL};
+    /* the library rows of one W: one team's buffers, coop, nccl, split */
+    bench_row_t* team[BENCH_GPU_PATHS] = {NULL, NULL, NULL, NULL};
     int j = i;
     for (; j < res.nrows && same_sdl(&res.rows[j], r) && res.rows[j].W == r->W &&
            res.rows[j].path != BENCH_PATH_CUDNN && !team[res.rows[j].path];
@@ -291,7 +295,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
     if (have_host)
       syncbn_gpu_rows(team, &g, o, &host, max_c);
     else
-      for (int p = 0; p < 2; p++)
+      for (int p = 0; p < BENCH_GPU_PATHS; p++)
         if (team[p]) snprintf(team[p]->error, sizeof team[p]->error, "%s", oom);
     for (; i < j; i++) row_done(argv0, o, run, &res, &res.rows[i], 1);
   }
@@ -300,7 +304,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   for (int W = 1; W <= run->lat_w; W++)
     for (int q = 0; q < 2; q++) {
       sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, lat_shapes[q].n, lat_shapes[q].c, 1};
-      bench_row_t* team[2] = {NULL, NULL};
+      bench_row_t* team[BENCH_GPU_PATHS] = {NULL, NULL, NULL, NULL};
       for (int p = 0; p < 2; p++)
         if (o->path_on[p]) team[p] = lat_slot(res.lat, W, q, p);
       bench_team_bufs_t lh;

@@ -34,7 +34,8 @@ const sbnDataType_t kDtypeOrder[] = {sbnFloat32, sbnBFloat16, sbnFloat16};
 _Static_assert(sizeof kDtypeOrder / sizeof kDtypeOrder[0] == SBN_DTYPE_COUNT,
                "kDtypeOrder lists every dtype of SBN_DTYPES once");
 const char* const kLayoutNames[2] = {"NCHW", "NHWC"};
-const char* const kPathNames[4] = {"coop", "nccl", "cudnn", "cpu"};
+const char* const kPathNames[5] = {"coop", "nccl", "cudnn", "split", "cpu"};
+const char* const kEpilogueNames[3] = {"none", "relu", "add-relu"}; /* BENCH_EPI_* order */
 static const char* const kGpuReqNames[3] = {"auto", "on", "off"}; /* bench_gpu_req_t order */
 
 static void usage(FILE* f, const char* argv0) {
@@ -62,8 +63,13 @@ static void usage(FILE* f, const char* argv0) {
           "      --only LIST       comma list of shape ids, e.g. S3,S5\n"
           "      --dtype LIST      comma list of fp32, bf16, fp16 (default fp32,bf16)\n"
           "      --layout LIST     comma list of NCHW, NHWC (default NCHW,NHWC)\n"
-          "      --paths LIST      GPU: comma list of coop, nccl, cudnn (default all three;\n"
-          "                        cudnn runs at W = 1 only)\n"
+          "      --paths LIST      GPU: comma list of coop, nccl, cudnn, split (default coop,\n"
+          "                        nccl, cudnn; with --epilogue coop, nccl, split; cudnn runs\n"
+          "                        at W = 1 only, without --epilogue)\n"
+          "      --epilogue E      none (default), relu: y = relu(bn(x)), add-relu: y =\n"
+          "                        relu(bn(x) + z) and the backward's dz (the library's fused\n"
+          "                        ops, sbnForwardTrainEx / sbnBackwardEx); split: the plain\n"
+          "                        coop op and a separate activation kernel\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
           "                        0 = all (GPU default %d, CPU default %d)\n"
           "      --quick           the shapes %s (of the embedded table; every shape\n"
@@ -169,7 +175,7 @@ static int list_has(const char* list, const char* id) {
 /* Every option but -h takes a value; long and short names of one option share an entry. */
 static const char* const kOptionList =
     "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
-    "--layout, --paths, --gpu, --json, --quick, -h/--help";
+    "--layout, --paths, --epilogue, --gpu, --json, --quick, -h/--help";
 
 int opts_parse(int argc, char** argv, bench_opts_t* o) {
   const char* argv0 = argv[0];
@@ -196,7 +202,7 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
     /* "--opt value" or "--opt=value" */
     static const char* const known[] = {
         "-w",       "--ranks", "-i",     "--iters", "--warmup", "--scale", "--check-channels",
-        "--shapes", "--json",  "--only", "--dtype", "--layout", "--gpu",   "--paths"};
+        "--shapes", "--json",  "--only", "--dtype", "--layout", "--gpu",   "--paths", "--epilogue"};
     char name[32];
     const char* val = NULL;
     const char* eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
@@ -250,8 +256,16 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
         return usage_error(argv0, "%s '%s': a comma list of NCHW, NHWC", name, val);
     } else if (!strcmp(name, "--paths")) {
       if (parse_name_list(val, kPathNames, BENCH_GPU_PATHS, o->path_on))
-        return usage_error(argv0, "%s '%s': a comma list of coop, nccl, cudnn", name, val);
+        return usage_error(argv0, "%s '%s': a comma list of coop, nccl, cudnn, split", name, val);
       o->paths_given = 1;
+    } else if (!strcmp(name, "--epilogue")) {
+      int found = 0;
+      for (int k = 0; k < 3; k++)
+        if (ascii_casecmp(val, kEpilogueNames[k]) == 0) {
+          o->epilogue = k;
+          found = 1;
+        }
+      if (!found) return usage_error(argv0, "%s '%s': none, relu or add-relu", name, val);
     } else {
       int found = 0;
       for (int k = 0; k < 3; k++)
@@ -266,6 +280,17 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
 }
 
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
+  if (!o->paths_given) { /* the default paths: the epilogue's compare fused and split */
+    o->path_on[BENCH_PATH_CUDNN] = o->epilogue == BENCH_EPI_NONE;
+    o->path_on[BENCH_PATH_SPLIT] = o->epilogue != BENCH_EPI_NONE;
+  }
+  if (o->path_on[BENCH_PATH_SPLIT] && o->epilogue == BENCH_EPI_NONE)
+    return usage_error(argv0, "--paths split: the plain op and an activation kernel, which needs --epilogue "
+                              "relu or add-relu");
+  if (o->path_on[BENCH_PATH_CUDNN] && o->epilogue != BENCH_EPI_NONE)
+    return usage_error(argv0, "--paths cudnn with --epilogue %s: cuDNN's batch norm + activation "
+                              "(CUDNN_BATCHNORM_OPS_BN_ACTIVATION) rows are not in sbn-bench yet",
+                       kEpilogueNames[o->epilogue]);
   if (gpu_mode) {
     if (o->nranks_list == 0)
       parse_int_list(o->quick ? BENCH_QUICK_RANKS : BENCH_GPU_DEFAULT_RANKS, 1,
@@ -563,7 +588,9 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
       if (!o->dtype_on[kDtypeOrder[t]]) continue;
       const sbnTensorDesc_t d = {kDtypeOrder[t], sbnLayoutNCHW, shapes[s].n, shapes[s].c,
                                  shape_spatial(&shapes[s], o->scale)};
+      const double tensor = (double)d.n * (double)d.c * (double)d.spatial * dtype_size(d.dtype);
       const double bytes = bufs_bytes(o->ranks, &d) +
+                           (o->epilogue != BENCH_EPI_NONE ? 8.0 * o->ranks * tensor : 0.0) + /* z, dz; the check's */
                            check_bytes(o->ranks, &d, o->check_channels, keep) +
                            (gpu_mode ? 0.0 : o->ranks * BENCH_RANK_ALLOWANCE);
       if (bytes > peak) {

@@ -23,7 +23,7 @@ int syncbn_gpu_probe(char* why, size_t cap);
    when that path is off), run one after the other on the same device buffers, with the
    inputs of ranks 0..W-1 of host_all (generated for the largest W: rank r's data do not
    depend on W); the nccl row must have the coop row's bits. */
-void syncbn_gpu_rows(bench_row_t* const rows[2], bench_gpu_t* g, const bench_opts_t* o,
+void syncbn_gpu_rows(bench_row_t* const rows[BENCH_GPU_PATHS], bench_gpu_t* g, const bench_opts_t* o,
                      const bench_team_bufs_t* host_all, int64_t max_c);
 
 /* cudnn.c: libcudnn.so.9 loaded at run time (the one next to the cudnn.h CMake found

@@ -121,9 +121,10 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   const bench_device_info_t* g = run->dev;
   char wl[160], ver[32];
   format_rank_list(o, wl, sizeof wl);
-  printf("# mode: GPU, virtual teams (W ranks on device %d) and cuDNN (W = 1); paths:%s%s%s\n",
+  printf("# mode: GPU, virtual teams (W ranks on device %d) and cuDNN (W = 1); paths:%s%s%s%s\n",
          g->index, o->path_on[BENCH_PATH_COOP] ? " coop" : "",
-         o->path_on[BENCH_PATH_NCCL] ? " nccl" : "", o->path_on[BENCH_PATH_CUDNN] ? " cudnn" : "");
+         o->path_on[BENCH_PATH_NCCL] ? " nccl" : "", o->path_on[BENCH_PATH_CUDNN] ? " cudnn" : "",
+         o->path_on[BENCH_PATH_SPLIT] ? " split" : "");
   printf("# device %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, PCI %s\n", g->index,
          g->name, g->cc_major, g->cc_minor, g->sms, g->l2_bytes / 1048576.0,
          (double)g->mem_total / 1073741824.0, g->pci);
@@ -172,6 +173,12 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   printf(
       "# forward: sbnForwardTrain (affine, running stats, eps 1e-5, momentum 0.1); "
       "backward: sbnBackward (sbnGradGlobal); cudnn: the same eps and momentum\n");
+  if (o->epilogue != BENCH_EPI_NONE)
+    printf("# epilogue %s: coop and nccl run sbnForwardTrainEx / sbnBackwardEx, y = relu(bn(x)%s) and "
+           "the backward's mask from y%s; split runs the plain coop op and bench/act.cu's kernel "
+           "(t/coop of a split row: its time over the fused op's)\n",
+           kEpilogueNames[o->epilogue], o->epilogue == BENCH_EPI_ADD_RELU ? " + z" : "",
+           o->epilogue == BENCH_EPI_ADD_RELU ? ", dz" : "");
   printf(
       "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s%d (one more "
       "forward + backward per row on fresh inputs, copied back)\n",
@@ -194,6 +201,9 @@ static void print_cpu_lines(const bench_opts_t* o, const bench_run_t* run) {
       o->check_channels ? o->check_channels : 0);
   printf("# shapes: %d from %s; sizes are per rank (= per GPU)\n", run->nshapes,
          run->shapes_source);
+  if (o->epilogue != BENCH_EPI_NONE)
+    printf("# epilogue %s: sbnForwardTrainEx / sbnBackwardEx, y = relu(bn(x)%s)\n", kEpilogueNames[o->epilogue],
+           o->epilogue == BENCH_EPI_ADD_RELU ? " + z" : "");
 }
 
 void report_header(const bench_opts_t* o, const bench_run_t* run) {
@@ -317,7 +327,7 @@ static void print_latency(const bench_row_t* lat, int lat_w) {
 
 /* Median of the speed ratios t_path / t_coop over the main table's rows of one path. */
 static void print_ratio_summary(const bench_row_t* rows, int nrows) {
-  for (int p = BENCH_PATH_NCCL; p <= BENCH_PATH_CUDNN; p++) {
+  for (int p = BENCH_PATH_NCCL; p <= BENCH_PATH_SPLIT; p++) {
     double* q[2];
     int n[2] = {0, 0};
     q[0] = malloc((size_t)(nrows + 1) * sizeof(double));

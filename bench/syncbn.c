@@ -1,6 +1,8 @@
 /* syncbn.c — the library's paths: the CPU team (CPU mode), and on virtual GPU teams the
- * cooperative kernel (coop) and the host-driven path (nccl, SBN_ALGO=nccl). Every call of a
- * row goes through team_call: one group for the whole team. */
+ * cooperative kernel (coop) and the host-driven path (nccl, SBN_ALGO=nccl); with
+ * --epilogue their fused ops (sbnForwardTrainEx / sbnBackwardEx), and the split path: the
+ * plain coop op and act.cu's activation kernel. Every call of a row goes through
+ * team_call: one group for the whole team. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -31,16 +33,28 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
     note_failure(err, cap, "sbnGroupStart", -1, res, sbnGetLastError(NULL));
     return -1;
   }
+  /* the fused ops: ReLU, and add-relu's z and dz */
+  sbnEpilogue_t epi = SBN_EPILOGUE_INITIALIZER;
+  epi.activation = sbnActivationRelu;
+  const int ex = b->epilogue != BENCH_EPI_NONE;
   for (int r = 0; r < b->W; r++) {
-    if (fwd)
+    void* z = b->z ? b->z[r] : NULL;
+    void* dz = b->epilogue == BENCH_EPI_ADD_RELU ? b->dz[r] : NULL;
+    if (fwd && ex)
+      res = sbnForwardTrainEx(comms[r], d, b->x[r], z, b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
+                              &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, &epi, stream);
+    else if (fwd)
       res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
                             &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
+    else if (ex)
+      res = sbnBackwardEx(comms[r], d, b->x[r], b->y[r], b->dy[r], b->dx[r], dz, b->weight, b->bias,
+                          b->save_mean[r], b->save_invstd[r], b->dweight[r], b->dbias[r], p, &epi, stream);
     else
       res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
                         b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
     if (res != sbnSuccess) {
-      note_failure(err, cap, fwd ? "sbnForwardTrain" : "sbnBackward", r, res,
-                   sbnGetLastError(comms[r]));
+      note_failure(err, cap, fwd ? (ex ? "sbnForwardTrainEx" : "sbnForwardTrain") : (ex ? "sbnBackwardEx" : "sbnBackward"),
+                   r, res, sbnGetLastError(comms[r]));
       failed = 1;
     }
   }
@@ -82,7 +96,7 @@ void syncbn_cpu_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
                     bench_layout_keep_t* keep) {
   const sbnTensorDesc_t d = row_desc(row);
   bench_team_bufs_t b;
-  if (bufs_alloc(&b, o->ranks, &d) != 0) {
+  if (bufs_alloc(&b, o->ranks, &d) != 0 || bufs_alloc_epilogue(&b, o->epilogue) != 0) {
     snprintf(row->error, sizeof row->error,
              "out of memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")", o->ranks, d.n,
              d.c, d.spatial);
@@ -140,6 +154,50 @@ static int gpu_async_check(sbnComm_t* comms, int W, char* err, size_t cap) {
   return 0;
 }
 
+/* The split path's calls (--epilogue, --paths split): the plain ops over the team and
+   act.cu's kernel per rank on the stream: forward, the plain op then y = relu(y + z);
+   backward, g = relu'(y) dy into dz first, then the plain backward with g for dy. The
+   wall time of the calls in us, or -1 with err set. */
+static double split_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnParams_t* p,
+                         sbnStream_t stream, char* err, size_t cap) {
+  const sbnTensorDesc_t* d = &b->desc;
+  const int64_t numel = d->n * d->c * d->spatial;
+  bench_team_bufs_t plain = *b; /* the plain ops: no epilogue */
+  plain.epilogue = BENCH_EPI_NONE;
+  plain.z = NULL;
+  plain.dz = NULL;
+  double t0 = now_us();
+  if (!fwd) {
+    for (int r = 0; r < b->W; r++) {
+      cudaError_t e = bench_act_backward((int)d->dtype, b->y[r], b->dy[r], b->dz[r], numel, (cudaStream_t)stream);
+      if (e != cudaSuccess) {
+        cuda_note(err, cap, "the split path's activation backward kernel", e);
+        return -1;
+      }
+    }
+    plain.dy = b->dz;
+  }
+  if (team_call(comms, &plain, fwd, p, stream, err, cap) < 0) return -1;
+  if (fwd)
+    for (int r = 0; r < b->W; r++) {
+      cudaError_t e = bench_act_forward((int)d->dtype, b->y[r], b->z ? b->z[r] : NULL, numel, (cudaStream_t)stream);
+      if (e != cudaSuccess) {
+        cuda_note(err, cap, "the split path's activation forward kernel", e);
+        return -1;
+      }
+    }
+  return now_us() - t0;
+}
+
+static double split_op(void* ctx, int fwd, char* err, size_t cap) {
+  bench_team_ctx_t* t = ctx;
+  return split_call(t->comms, t->bufs, fwd, t->params, t->stream, err, cap);
+}
+
+static const char* const kNoteSplit =
+    "split: the plain coop op, then the activation kernel of bench/act.cu (forward relu(y + z) in "
+    "place; backward relu'(y) dy into dz, then the plain backward on it)";
+
 static const char* const kNoteNcclVirtual =
     "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
     "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU)";
@@ -172,6 +230,8 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
   memset(comms, 0, sizeof comms);
   if (row->path == BENCH_PATH_NCCL)
     snprintf(row->note, sizeof row->note, "%s", W > 1 ? kNoteNcclVirtual : kNoteNcclVirtual1);
+  if (row->path == BENCH_PATH_SPLIT) snprintf(row->note, sizeof row->note, "%s", kNoteSplit);
+  const bench_op_fn op = row->path == BENCH_PATH_SPLIT ? split_op : team_op;
   if (g->dead[0]) {
     snprintf(err, cap, "not run: %s", g->dead);
     return;
@@ -199,7 +259,7 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
   bench_team_ctx_t ctx = {comms, dev, &params, g->stream};
   for (int fwd = 1; fwd >= 0; fwd--) {
     double *ev_us = samples, *host_us = samples + o->iters;
-    if (gpu_time_op(g, team_op, &ctx, fwd, o, ev_us, host_us, err, cap) != 0 ||
+    if (gpu_time_op(g, op, &ctx, fwd, o, ev_us, host_us, err, cap) != 0 ||
         gpu_async_check(comms, W, err, cap) != 0)
       goto out;
     row_set_times(row, fwd, ev_us, host_us, o->iters);
@@ -213,9 +273,7 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
   if (gpu_upload(dev, host, 0, g->stream, err, cap) != 0 ||
       gpu_poison(dev, g->stream, err, cap) != 0)
     goto out;
-  if (team_call(comms, dev, 1, &params, g->stream, err, cap) < 0 ||
-      team_call(comms, dev, 0, &params, g->stream, err, cap) < 0)
-    goto out;
+  if (op(&ctx, 1, err, cap) < 0 || op(&ctx, 0, err, cap) < 0) goto out;
   GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (check run)");
   if (gpu_async_check(comms, W, err, cap) != 0) goto out;
   if (gpu_download(host, dev, g->stream, err, cap) != 0) goto out;
@@ -240,9 +298,10 @@ out:
   for (int r = 0; r < ncomms; r++) sbnCommDestroy(comms[r]);
 }
 
-void syncbn_gpu_rows(bench_row_t* const rows[2], bench_gpu_t* g, const bench_opts_t* o,
+void syncbn_gpu_rows(bench_row_t* const rows[BENCH_GPU_PATHS], bench_gpu_t* g, const bench_opts_t* o,
                      const bench_team_bufs_t* host_all, int64_t max_c) {
-  const bench_row_t* r0 = rows[0] ? rows[0] : rows[1];
+  const bench_row_t* r0 = NULL;
+  for (int p = 0; p < BENCH_GPU_PATHS && !r0; p++) r0 = rows[p];
   if (!r0) return;
   const int W = r0->W;
   const sbnTensorDesc_t d = row_desc(r0);
@@ -259,10 +318,11 @@ void syncbn_gpu_rows(bench_row_t* const rows[2], bench_gpu_t* g, const bench_opt
   else if (!samples)
     snprintf(err, sizeof err, "out of host memory");
   else if (gpu_bufs_alloc(&dev, W, &d, err, sizeof err) != 0 ||
+           gpu_bufs_alloc_epilogue(&dev, host.epilogue, err, sizeof err) != 0 ||
            gpu_upload(&dev, &host, 1, g->stream, err, sizeof err) != 0)
     gpu_recover(g);
-  for (int p = 0; p < 2; p++) {
-    if (!rows[p]) continue;
+  for (int p = 0; p < BENCH_GPU_PATHS; p++) {
+    if (!rows[p] || p == BENCH_PATH_CUDNN) continue;
     if (err[0])
       snprintf(rows[p]->error, sizeof rows[p]->error, "%s", err);
     else
