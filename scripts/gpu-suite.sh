@@ -29,6 +29,11 @@
 #   sanitize  compute-sanitizer memcheck (with the suppressions of NCCL's own probes),
 #             racecheck, synccheck over the GPU tests
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
+#   fused     batch norm + activation (+ residual) in one op (issue 51): sbn-bench --epilogue
+#             add-relu (fp32 NCHW, fp16 NHWC) and relu (fp16 NHWC) on S1-S9 at W = 1, the
+#             fused ops (coop, nccl) against the split pair (the plain op + an activation
+#             kernel: the split rows' t/coop); then bench/torch_fused_memory.py --device
+#             cuda, the activation memory of a converted DeepLab-like stack; JSON each
 #   native    syncbn.torch's C++ operators built against the machine's PyTorch (python/syncbn/
 #             _native.py), and which operators the torch steps run on; fails if not the C++ ones
 #   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
@@ -154,7 +159,7 @@ if [ -f "$HERE/BUILD-INFO" ]; then
   SBNLIB=$HERE/python/libsyncbn.so
   TORCHGPU=$HERE/python/test_torch_gpu.py
   SUPP=$HERE/sanitizer-supp.xml
-  DEFAULT_STEPS=(env probe test sanitize bench native torch pytorch plot)
+  DEFAULT_STEPS=(env probe test sanitize bench fused native torch pytorch plot)
   QUICK=1
 else
   PREBUILT=0
@@ -169,7 +174,7 @@ else
   SBNLIB=$BUILD/src/libsyncbn.so
   TORCHGPU=tests/python/test_torch_gpu.py
   SUPP=scripts/compute-sanitizer-supp.xml
-  DEFAULT_STEPS=(env build probe test sanitize bench native torch pytorch plot)
+  DEFAULT_STEPS=(env build probe test sanitize bench fused native torch pytorch plot)
   QUICK=${SBN_SUITE_QUICK:-0}
 fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
@@ -180,8 +185,9 @@ fi
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
 # cores here; once per machine, into ~/.cache/syncbn)
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [native]=60 [torch]=60 [pytorch]=240
-  [plot]=20)
+# fused: 3 x 27 rows of S1-S9 (predicted ~1 s a row with its check) and the memory bench
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=60
+  [pytorch]=240 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -304,6 +310,20 @@ step_bench() {
   echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
     --json "$OUTDIR/bench-onchip.json"
+}
+
+step_fused() {
+  local rc=0 only=S1,S2,S3,S4,S5,S6,S7,S8,S9
+  "$BENCH" --gpu on --epilogue add-relu --only $only -w 1 --dtype fp32 --layout NCHW \
+    --json "$OUTDIR/fused-add-relu-fp32.json" || rc=1
+  "$BENCH" --gpu on --epilogue add-relu --only $only -w 1 --dtype fp16 --layout NHWC \
+    --json "$OUTDIR/fused-add-relu-fp16.json" || rc=1
+  "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp16 --layout NHWC \
+    --json "$OUTDIR/fused-relu-fp16.json" || rc=1
+  PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
+    "$PYTHON" "$PYDIR/torch_fused_memory.py" --device cuda --batch 8 --size 256 \
+    --json "$OUTDIR/fused-memory.json" || rc=1
+  return $rc
 }
 
 step_native() {
