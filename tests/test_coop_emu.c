@@ -1105,6 +1105,19 @@ static void close_tensor(const char* what, int r, const void* got, const void* c
 /* Which way the emulated op runs. */
 enum { EPI_VIRTUAL = 0, EPI_PEER = 1, EPI_HOST = 2 };
 
+/* One fused op (bwd) of the emulated team g (ep; launched `how`) and of the CPU team (cep). */
+static void fused_both(emu_team_t* e, team_t* g, team_t* cpu, const emu_epi_t* ep, const emu_epi_t* cep, int bwd,
+                       int how, const sbnParams_t* p) {
+  g_epi = ep;
+  if (how == EPI_HOST)
+    emu_run_host(e, g, bwd, p, NULL, NULL);
+  else
+    emu_run(e, g, bwd, p, how == EPI_PEER);
+  g_epi = NULL;
+  ASSERT_TRUE(err_words_clear(e));
+  cpu_ex_run(cpu, cep, bwd, p);
+}
+
 /* The emulated team g's fused forward and backward (ep: act, slope, recover; z and dz
    per `with_z`, y = g's forward output), the CPU team's on the same inputs (its backward
    on the emulation's saved statistics and y, so that only the reductions differ: the
@@ -1133,14 +1146,7 @@ static void fused_run_and_check(team_t* g, team_t* cpu, emu_team_t* e, emu_epi_t
     ep->y[r] = g->y[r];
     cep.y[r] = g->y[r]; /* the emulation's y: the same masks */
   }
-  g_epi = ep;
-  if (how == EPI_HOST)
-    emu_run_host(e, g, 0, p, NULL, NULL);
-  else
-    emu_run(e, g, 0, p, how == EPI_PEER);
-  g_epi = NULL;
-  ASSERT_TRUE(err_words_clear(e));
-  cpu_ex_run(cpu, &cep, 0, p);
+  fused_both(e, g, cpu, ep, &cep, 0, how, p);
   CHECK_();
   close_channels("save_invstd", g->sinv[0], cpu->sinv[0], c, 2e-5, 2e-5);
   for (int r = 0; r < W; r++) {
@@ -1149,14 +1155,7 @@ static void fused_run_and_check(team_t* g, team_t* cpu, emu_team_t* e, emu_epi_t
     memcpy(cpu->smean[r], g->smean[r], (size_t)c * sizeof(float));
     memcpy(cpu->sinv[r], g->sinv[r], (size_t)c * sizeof(float));
   }
-  g_epi = ep;
-  if (how == EPI_HOST)
-    emu_run_host(e, g, 1, p, NULL, NULL);
-  else
-    emu_run(e, g, 1, p, how == EPI_PEER);
-  g_epi = NULL;
-  ASSERT_TRUE(err_words_clear(e));
-  cpu_ex_run(cpu, &cep, 1, p);
+  fused_both(e, g, cpu, ep, &cep, 1, how, p);
   CHECK_();
   const tol_t tol = tol_for(g->d[0].dtype);
   /* the in-place backward's dweight: x - mean recovered, within the bound of
