@@ -178,17 +178,25 @@ typedef struct {
 /* Whether a launch's ranks run an epilogue, and so take the kernels built with it: the
    plain ops' kernels have none (their code, registers and speed stay as they were). */
 enum { SBN_EPI_NONE = 0, SBN_EPI_ACT = 1, SBN_EPI_RECOVER = 2, SBN_EPI_KINDS = 3 };
-static SBN_ARGS_HD int sbn_rank_epilogue(const sbn_coop_rank_t* r) {
-  if (r->recover) return SBN_EPI_RECOVER; /* the in-place backward, its own kernels */
-  return r->act != 0 || r->z != 0 || r->dz != 0 ? SBN_EPI_ACT : SBN_EPI_NONE;
+/* The kernels of a launch, from what its ranks ask (one launch runs them all, so the rule
+   is the launch's, not a rank's): the in-place backward's when its ranks with data
+   recover x (they all do or none does: gpu_launch.c refuses a mix; an empty rank, which
+   reads nothing, may pass x or not), else the epilogue's when any rank has an
+   activation, a z or a dz (a rank without them runs there as the plain op), else the
+   plain ones. The host side applies the same rule to the ops of a round
+   (gpu_internal.h: sbn_gpu_round_epi). */
+static SBN_ARGS_HD int sbn_epi_of(int any_recover_with_data, int any_act_z_dz) {
+  if (any_recover_with_data) return SBN_EPI_RECOVER;
+  return any_act_z_dz ? SBN_EPI_ACT : SBN_EPI_NONE;
 }
-/* The launch's: its ranks with data all recover x or none does (gpu_launch.c checks);
-   empty ranks take any. */
 static SBN_ARGS_HD int sbn_args_epilogue(const sbn_coop_args_t* a) {
-  int e = SBN_EPI_NONE;
-  for (int i = 0; i < a->nlaunch; i++)
-    if (sbn_rank_epilogue(&a->r[i]) > e) e = sbn_rank_epilogue(&a->r[i]);
-  return e;
+  int rec = 0, act = 0;
+  for (int i = 0; i < a->nlaunch; i++) {
+    const sbn_coop_rank_t* r = &a->r[i];
+    rec |= r->recover && r->n > 0;
+    act |= r->act != 0 || r->z != 0 || r->dz != 0 || r->recover;
+  }
+  return sbn_epi_of(rec, act);
 }
 static SBN_ARGS_HD int sbn_infer_epilogue(const sbn_infer_args_t* a) { return a->act != 0 || a->z != 0; }
 

@@ -197,13 +197,12 @@ template <int NCH> struct BwdAcc {
 };
 
 /* The epilogue of a thread's channels (the EPI kernels): the activation, and for the
-   in-place backward (recover) what x - mean is recovered with, sbn_xmu_from_y's
-   inv_slope, bias and rcp. */
+   in-place backward what x - mean is recovered with, sbn_xmu_from_y's inv_slope, bias
+   and rcp. */
 template <int NCH> struct EpiCoef {
   int act;
   float slope, inv_slope;
-  bool recover;
-  float bias[NCH], rcp[NCH];
+  float bias[NCH], rcp[NCH]; /* the in-place backward's only (kRecover) */
 };
 
 /* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
@@ -591,7 +590,6 @@ SBN_UNROLL
     ep.act = R.act;
     ep.slope = R.slope;
     ep.inv_slope = sbn_inv_slope(R.act, R.slope);
-    ep.recover = kRecover;
     if constexpr (kRecover) {
 SBN_UNROLL
       for (int ch = 0; ch < NCH; ch++) {

@@ -54,8 +54,9 @@ typedef struct {
      not built; epi: SBN_EPI_*, the plain kernels and the epilogue's), the onchip ones with
      their dynamic shared memory */
   int occ[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2][2][SBN_VAR_COUNT];
-  int occ_min; /* the lowest of the non-onchip ones (ranks sharing a GPU) */
-  int occ_max; /* the highest of them (the workspace is sized by it) */
+  int occ_min[SBN_EPI_KINDS]; /* the lowest of the non-onchip ones of each kind (ranks
+                                 sharing a GPU): the plain ops' G as before the epilogue */
+  int occ_max; /* the highest of them all (the workspace is sized by it) */
   int hold_slots[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2]; /* onchip: shared-memory batches
                                                           per thread [epi][kind][dtype][tile] */
   sbn_rank_state_t* state;
@@ -111,11 +112,17 @@ static inline int sbn_mail_on_host(const struct sbn_gpu_team* gt) {
 static inline int sbn_transport_in_kernel(sbn_transport_t tr) { return tr != SBN_TR_NCCL_COLL; }
 static inline int sbn_aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Which kernels an op takes (SBN_EPI_*: kernels/coop_args.h), as sbn_args_epilogue says of
-   the launch arguments gpu_launch.c fills from it. */
-static inline int sbn_gpu_op_epi(const sbn_op_t* op) {
-  if (op->kind == SBN_OP_BACKWARD && op->x == NULL && op->y != NULL) return SBN_EPI_RECOVER;
-  return sbn_op_uses_epilogue(op) ? SBN_EPI_ACT : SBN_EPI_NONE;
+/* Which kernels a launch of the round's ops takes (SBN_EPI_*): kernels/coop_args.h's rule
+   (sbn_epi_of), as sbn_args_epilogue applies it to the arguments fill_args makes of them. */
+static inline int sbn_gpu_round_epi(const sbn_op_t* const* ops, int nops) {
+  int rec = 0, act = 0;
+  for (int i = 0; i < nops; i++) {
+    const sbn_op_t* o = ops[i];
+    const int recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
+    rec |= recover && o->desc.n > 0;
+    act |= sbn_op_uses_epilogue(o);
+  }
+  return sbn_epi_of(rec, act);
 }
 
 /* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */

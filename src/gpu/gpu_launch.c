@@ -143,7 +143,8 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
                       o->algo == SBN_ALGO_HOST ? "nccl" : "coop");
     m += o->desc.n * o->desc.spatial;
     /* one launch runs the round's ranks with one kernel: the in-place backward's (x
-       recovered from y) or the x-based one (empty ranks take either) */
+       recovered from y) or the x-based one (an empty rank reads nothing: it may pass
+       either; sbn_gpu_round_epi) */
     for (int j = 0; j < i && o->kind == SBN_OP_BACKWARD && o->desc.n > 0; j++)
       if (ops[j]->desc.n > 0 && (ops[j]->x == NULL) != (o->x == NULL))
         return sbn_fail(NULL, sbnInvalidUsage,
@@ -192,7 +193,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
-  const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_op_epi(o0);
+  const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_round_epi(ops, nops);
   const sbn_plan_op_t op = {kind, dt, o0->desc.layout == sbnLayoutNHWC, o0->desc.c,
                             o0->algo == SBN_ALGO_HOST, o0->kernel};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
@@ -208,7 +209,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   dev.ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
   dev.shared = peer_team(gt) && g0->share > 1;
   memcpy(dev.occ, g0->occ[epi][kind][dt], sizeof dev.occ);
-  dev.occ_min = g0->occ_min;
+  dev.occ_min = g0->occ_min[epi];
   memcpy(dev.hold_slots, g0->hold_slots[epi][kind][dt], sizeof dev.hold_slots);
   int64_t detail = 0;
   switch (sbn_plan_round(&op, ranks, nops, gt->transport == SBN_TR_VIRTUAL, &dev, pl, &detail)) {
@@ -219,7 +220,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
                       "was run");
     case SBN_PLAN_ONCHIP_SHAPE:
       return sbn_fail(NULL, sbnUnsupported,
-                      "SBN_KERNEL=onchip: the onchip kernel needs x, dy and y/dx 16-byte "
+                      "SBN_KERNEL=onchip: the onchip kernel needs x, dy, y/dx (and z, y, dz) 16-byte "
                       "aligned and a shape of whole 16-byte vectors (NHWC: C a multiple of the "
                       "vector width; NCHW: H*W a multiple of it); nothing was run");
     case SBN_PLAN_NO_BLOCKS:
@@ -349,7 +350,6 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind;
   const int dt = o0->desc.dtype;
-  const int epi = sbn_gpu_op_epi(o0); /* the kernels with the epilogue */
   sbnResult_t r = sbnSuccess;
   cudaStream_t s0 = (cudaStream_t)o0->stream;
   int joined = 0;
@@ -365,7 +365,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const size_t dyn =
         pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
     fill_args(&a, ops, nops, &pl[0]);
-    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant, epi),
+    CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant, sbn_args_epilogue(&a)),
               (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
   } else {
@@ -373,23 +373,23 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i]);
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, epi),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
          "host path: stats kernel launch");
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, epi),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
                 (unsigned)per * nch, 0, 0, &a, s0),
          "host path: publish kernel launch");
     }
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
       fill_args(&a, ops, nops, &pl[0]);
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec, epi),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec, sbn_args_epilogue(&a)),
                 (unsigned)nops * (unsigned)gt->nranks, 0, 0, &a, s0),
          "host path: gather kernel launch");
     }
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i]);
       if (gt->nranks == 1) a.r[0].mail = a.r[0].send; /* a team of one: its own records */
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, epi),
+      CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
          "host path: apply kernel launch");
     }
@@ -419,7 +419,6 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
   const int kind = ops[0]->kind;
   const int dt = ops[0]->desc.dtype;
-  const int epi = sbn_gpu_op_epi(ops[0]); /* the kernels with the epilogue, or the plain ones */
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
@@ -433,10 +432,10 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
     fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, epi),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, epi), nch, 0, 0,
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)), nch, 0, 0,
               &one, s),
        "host path: publish kernel launch");
   }
@@ -477,7 +476,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
     fill_args(&one, &ops[i], 1, &pl[i]);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, epi),
+    CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
     /* the watchdog times this launch (not a graph capture: a captured event cannot be
