@@ -1048,6 +1048,8 @@ typedef struct {
   sbnDataType_t dt;
   sbnLayout_t lay;
   int64_t c, sp;
+  int64_t n0; /* rank 0's N (0: an empty rank, which passes no z: the launch's kernel is
+                 still the epilogue's, coop_args.h: sbn_epi_of) */
 } fused_gpu_case_t;
 
 /* The CPU team's sbnForwardTrainEx / sbnBackwardEx of one rank on the host mirror (a
@@ -1088,12 +1090,12 @@ static void fused_cpu_run(fused_cpu_t* f, int W) {
 static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
   const int W = 2;
   const int dev[MAXW] = {0};
-  const int64_t n[MAXW] = {3, 2};
+  const int64_t n[MAXW] = {k->n0, 2};
   sbnComm_t* v = virt_team(W);
   if (v == NULL) return;
-  snprintf(g_case, sizeof g_case, "fused act %d z %d recover %d %s %s C=%lld sp=%lld", (int)k->act, k->z,
+  snprintf(g_case, sizeof g_case, "fused act %d z %d recover %d %s %s C=%lld sp=%lld n0=%lld", (int)k->act, k->z,
            k->recover, dt_name(k->dt), k->lay == sbnLayoutNHWC ? "NHWC" : "NCHW", (long long)k->c,
-           (long long)k->sp);
+           (long long)k->sp, (long long)k->n0);
   team_t h;
   dteam_t d;
   team_make(&h, W, k->dt, k->lay, k->c, k->sp, n, 1, 1, GEN_NORMAL, seed);
@@ -1109,7 +1111,7 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
   float *gsm[MAXW] = {0}, *gsi[MAXW] = {0}, *gdw[MAXW] = {0}, *gdb[MAXW] = {0};
   for (int r = 0; r < W && !sbn_test_cur_failed_; r++) {
     const size_t tb = team_bytes(&h, r);
-    if (k->z) {
+    if (k->z && h.d[r].n > 0) {
       hz[r] = gen_tensor(&h.d[r], &rng, GEN_NORMAL);
       z_d[r] = dev_alloc(0, tb);
       dz_d[r] = dev_alloc(0, tb);
@@ -1180,16 +1182,17 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
   }
   /* inference with the epilogue: device against host, bitwise */
   if (!sbn_test_cur_failed_ && !k->recover) {
-    const size_t tb = team_bytes(&h, 0);
+    const int q = W - 1; /* a rank with data */
+    const size_t tb = team_bytes(&h, q);
     void* yh = malloc(tb);
     void* yd = malloc(tb);
-    d2h(h.rm[0], d.rm[0], cb), d2h(h.rv[0], d.rv[0], cb); /* the GPU's running statistics */
-    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[0], h.x[0], hz[0], yh, h.w, h.b, h.rm[0], h.rv[0], 1e-5f, &e, NULL) ==
+    d2h(h.rm[q], d.rm[q], cb), d2h(h.rv[q], d.rv[q], cb); /* the GPU's running statistics */
+    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[q], h.x[q], hz[q], yh, h.w, h.b, h.rm[q], h.rv[q], 1e-5f, &e, NULL) ==
                 sbnSuccess);
-    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[0], d.x[0], z_d[0], d.dx[0], d.w[0], d.b[0], d.rm[0], d.rv[0], 1e-5f,
+    EXPECT_TRUE(sbnForwardInferenceEx(&h.d[q], d.x[q], z_d[q], d.dx[q], d.w[q], d.b[q], d.rm[q], d.rv[q], 1e-5f,
                                       &e, NULL) == sbnSuccess);
     if (CUDA_OK(cudaDeviceSynchronize())) {
-      d2h(yd, d.dx[0], tb);
+      d2h(yd, d.dx[q], tb);
       EXPECT_TRUE(memcmp(yd, yh, tb) == 0);
     }
     free(yh), free(yd);
@@ -1235,10 +1238,12 @@ static void fused_mixed_recover(void) {
 
 static void test_fused(void) {
   static const fused_gpu_case_t cases[] = {
-      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 64},
-      {sbnActivationLeakyRelu, 0, 0, sbnFloat16, sbnLayoutNHWC, 64, 49},
-      {sbnActivationLeakyRelu, 0, 1, sbnBFloat16, sbnLayoutNCHW, 5, 33},
-      {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024},
+      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 64, 3},
+      {sbnActivationLeakyRelu, 0, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3},
+      {sbnActivationLeakyRelu, 0, 1, sbnBFloat16, sbnLayoutNCHW, 5, 33, 3},
+      {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024, 3},
+      {sbnActivationIdentity, 1, 0, sbnFloat32, sbnLayoutNHWC, 16, 20, 0}, /* rank 0 empty, no z */
+      {sbnActivationLeakyRelu, 0, 1, sbnFloat32, sbnLayoutNCHW, 4, 1031, 0}, /* empty rank 0: x, y NULL */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     case_begin();
