@@ -205,8 +205,6 @@ void bufs_free(bench_team_bufs_t* b);
 /* The epilogue's tensors of b (allocated by bufs_alloc): z (add-relu) and dz (any
    epilogue); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
 int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
-/* The activation's gradient: g = dy where y > 0, else 0 (float), as the ops take it. */
-static inline float bench_relu_grad(float y, float dy) { return y <= 0.0f ? 0.0f : dy; }
 /* Running stats := (0, 1), num_batches_tracked := 0. */
 void bufs_reset_state(bench_team_bufs_t* b);
 /* The inputs of every rank (x, dy, weight, bias) from the shape's id; 0 or -1 (memory). */
@@ -244,6 +242,7 @@ enum {
   DIG_DWEIGHT,
   DIG_DBIAS,
   DIG_NBT,
+  DIG_DZ, /* --epilogue add-relu (the same bits as dx when absent: 0) */
   DIG_COUNT
 };
 typedef struct {

@@ -363,7 +363,7 @@ done:
 
 static const char* const kDigestNames[DIG_COUNT] = {
     "y",           "dx",      "save_mean", "save_invstd",        "running_mean",
-    "running_var", "dweight", "dbias",     "num_batches_tracked"};
+    "running_var", "dweight", "dbias",     "num_batches_tracked", "dz"};
 
 /* Four independent splitmix64 chains over 8-byte words (one chain would be latency-bound). */
 static uint64_t digest_bytes(const void* p, size_t bytes) {
@@ -401,6 +401,8 @@ void digest_team(bench_digest_t* dg, const bench_team_bufs_t* b) {
     dg->d[r][DIG_DWEIGHT] = digest_bytes(b->dweight[r], cbytes);
     dg->d[r][DIG_DBIAS] = digest_bytes(b->dbias[r], cbytes);
     dg->d[r][DIG_NBT] = digest_bytes(&b->nbt[r], sizeof b->nbt[r]);
+    /* dz where the op writes it (add-relu; the relu split path's g is not an output) */
+    dg->d[r][DIG_DZ] = b->epilogue == BENCH_EPI_ADD_RELU ? digest_bytes(b->dz[r], bytes) : 0;
   }
   dg->W = b->W;
   dg->valid = 1;
@@ -416,7 +418,8 @@ void digest_compare(bench_row_t* row, const bench_digest_t* ref, const bench_tea
   char label[96];
   for (int r = 0; r < b->W; r++)
     for (int k = 0; k < DIG_COUNT; k++) {
-      row->checked += k <= DIG_DX ? numel : k == DIG_NBT ? 1 : b->desc.c;
+      if (k == DIG_DZ && b->epilogue != BENCH_EPI_ADD_RELU) continue; /* no dz */
+      row->checked += k <= DIG_DX || k == DIG_DZ ? numel : k == DIG_NBT ? 1 : b->desc.c;
       if (got.d[r][k] != ref->d[r][k] && row->wrong++ < BENCH_MAX_WRONG_PRINTED)
         fprintf(stderr,
                 "# WRONG %s: %s of rank %d differs bitwise from the coop row's (same inputs; "

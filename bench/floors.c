@@ -24,8 +24,9 @@ const char* const kFloorFormula =
     "(y read twice too), (b) 4|x|/B; add-relu: fwd +|x| (z), bwd +|x| (dz)";
 const char* const kBytesFormula =
     "GB/s/rk = a rank's bytes / median time, the bytes of floor (b): fwd 2*numel*es (read x, "
-    "write y), bwd 3*numel*es (read x and dy, write dx); numel = N*C*spatial, es = element "
-    "size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one GPU)";
+    "write y), bwd 3*numel*es (read x and dy, write dx); --epilogue: the fused op's (relu: bwd "
+    "4*numel*es, y read too; add-relu: fwd 3*, bwd 5*: z read, dz written); numel = "
+    "N*C*spatial, es = element size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one GPU)";
 
 double row_x_bytes(const bench_row_t* r) {
   return (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);
