@@ -97,7 +97,14 @@ static_assert(SBN_GPU_PART_FLOATS == 4, "a partial entry is one float4");
 /* vec: 1 for the 16-byte kernels (VEC = 16 / element size), 0 for the scalar ones. */
 /* epi: SBN_EPI_* (coop_args.h: sbn_args_epilogue): the kernels with the epilogue, and the
    in-place backward's, copies of each, so that the plain ops' kernels keep their code and
-   registers. A forward never recovers x: SBN_EPI_RECOVER is its SBN_EPI_ACT. */
+   registers. A forward never recovers x: SBN_EPI_RECOVER is its SBN_EPI_ACT.
+   SBN_PLAIN_KERNELS_ONLY: the plain ops' kernels alone, the others nullptr (check-sass.sh's
+   mutant build, which looks at what the mutants do to those: half its compile time). */
+#ifdef SBN_PLAIN_KERNELS_ONLY
+#define SBN_EPI_BUILT false
+#else
+#define SBN_EPI_BUILT true
+#endif
 template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, int variant) {
   constexpr int V = kVec<DT>;
   switch (variant) {
@@ -111,10 +118,13 @@ template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, i
 template <int KIND, int DT, bool TILE> struct CoopKernels {
   static const void* pick(int vec, int variant, int epi) {
     if (epi == SBN_EPI_NONE) return coop_pick<KIND, DT, TILE, SBN_EPI_NONE>(vec, variant);
-    if constexpr (KIND == SBN_OP_BACKWARD) {
-      if (epi == SBN_EPI_RECOVER) return coop_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(vec, variant);
+    if constexpr (SBN_EPI_BUILT) {
+      if constexpr (KIND == SBN_OP_BACKWARD) {
+        if (epi == SBN_EPI_RECOVER) return coop_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(vec, variant);
+      }
+      return coop_pick<KIND, DT, TILE, SBN_EPI_ACT>(vec, variant);
     }
-    return coop_pick<KIND, DT, TILE, SBN_EPI_ACT>(vec, variant);
+    return nullptr;
   }
 };
 template <int KIND, int DT, bool TILE, int EPI> const void* host_pick(int stage, int vec) {
@@ -135,10 +145,13 @@ template <int KIND, int DT, bool TILE> struct HostKernels {
     /* the forward's statistics read x only: the plain kernel */
     if (epi == SBN_EPI_NONE || (KIND == SBN_OP_FORWARD && stage == SBN_HOST_STATS))
       return host_pick<KIND, DT, TILE, SBN_EPI_NONE>(stage, vec);
-    if constexpr (KIND == SBN_OP_BACKWARD) {
-      if (epi == SBN_EPI_RECOVER) return host_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(stage, vec);
+    if constexpr (SBN_EPI_BUILT) {
+      if constexpr (KIND == SBN_OP_BACKWARD) {
+        if (epi == SBN_EPI_RECOVER) return host_pick<KIND, DT, TILE, SBN_EPI_RECOVER>(stage, vec);
+      }
+      return host_pick<KIND, DT, TILE, SBN_EPI_ACT>(stage, vec);
     }
-    return host_pick<KIND, DT, TILE, SBN_EPI_ACT>(stage, vec);
+    return nullptr;
   }
 };
 /* Table<KIND, DT, TILE>::pick(a...) for a run-time kind, dtype and tile: every kind, every
@@ -168,7 +181,8 @@ template <int DT, bool EPI> const void* infer_pick_dt(int tile, int vec) {
 const void* infer_pick(int dtype, int tile, int vec, int epi) {
   switch (dtype) {
 #define SBN_PICK_INFER_(value, bytes, name, tag) \
-  case value: return epi ? infer_pick_dt<value, true>(tile, vec) : infer_pick_dt<value, false>(tile, vec);
+  case value: return epi ? (SBN_EPI_BUILT ? infer_pick_dt<value, SBN_EPI_BUILT>(tile, vec) : nullptr) \
+                         : infer_pick_dt<value, false>(tile, vec);
     SBN_DTYPES(SBN_PICK_INFER_)
 #undef SBN_PICK_INFER_
   }
