@@ -5,6 +5,8 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
 
   - a team from a one-process torch.distributed group (gloo for the id's broadcast):
     sbnGetNcclUniqueId -> sbnCommInitNcclRank, cached per (group, device);
+  - the fused layer (batch norm + ReLU / leaky ReLU, a residual, in place) against
+    PyTorch's batch norm and activation: loss and gradients within 1e-4;
   - a training step of a small residual block converted by syncbn.torch vs by
     torch.nn.SyncBatchNorm.convert_sync_batchnorm (one rank: PyTorch's batch norm): loss,
     every gradient and the running statistics within 1e-4 (fp32; the same arithmetic
@@ -89,6 +91,44 @@ class TestTorchGpu(unittest.TestCase):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=n)
         for (n, b), (_, q) in zip(ours.named_buffers(), theirs.named_buffers()):
             torch.testing.assert_close(b, q, rtol=1e-4, atol=1e-4, msg=n)
+
+    def test_fused_layer_vs_pytorch(self):
+        # batch norm + activation (+ residual) in one op on the GPU (issue 51): a Sequential
+        # converted by convert_fused (BN + ReLU, BN + LeakyReLU fused; then in place, which
+        # keeps only the leaky layer's output) against nn.SyncBatchNorm's conversion; a
+        # layer's forward(x, residual) against relu(bn(x) + residual)
+        torch.manual_seed(4)
+        base = torch.nn.Sequential(
+            torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+            torch.nn.LeakyReLU(0.1)).cuda()
+        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
+        x = torch.randn(4, 8, 32, 32, device="cuda") + 1.0
+        lt = (theirs(x) ** 2).mean()
+        lt.backward()
+        for inplace in (False, True):
+            ours = sbt.convert_fused(copy.deepcopy(base), inplace=inplace)
+            self.assertIsInstance(ours[4], sbt.SyncBatchNorm)
+            self.assertEqual((ours[4].activation, ours[4].inplace), ("leaky_relu", inplace))
+            lo = (ours(x) ** 2).mean()
+            lo.backward()
+            torch.testing.assert_close(lo, lt, rtol=1e-4, atol=1e-4)
+            for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=f"inplace={inplace} {n}")
+        layer = sbt.SyncBatchNorm(8, activation="relu").cuda()
+        ref = torch.nn.BatchNorm2d(8).cuda()
+        xr = (torch.randn(4, 8, 16, 16, device="cuda") + 1.0).requires_grad_()
+        z = torch.randn(4, 8, 16, 16, device="cuda").requires_grad_()
+        xr2, z2 = xr.detach().clone().requires_grad_(), z.detach().clone().requires_grad_()
+        g = torch.randn(4, 8, 16, 16, device="cuda")
+        y = layer(xr, z)
+        y.backward(g)
+        y2 = torch.relu(ref(xr2) + z2)
+        y2.backward(g)
+        torch.testing.assert_close(y, y2, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(xr.grad, xr2.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(z.grad, z2.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-4)
 
     def test_cuda_graph_replay_bitwise(self):
         torch.manual_seed(1)
