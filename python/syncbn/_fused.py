@@ -421,20 +421,7 @@ def register(lib, drop=(), kernels=None):
     fake kernels and Autograd kernels; `drop` ("fake", "autograd") leaves those out, and
     `kernels` replaces some kernels (the tests' mutants, in namespaces of their own).
     Returns the operators (train, backward, infer)."""
-    table = dict(KERNELS, **(kernels or {}))
-    for name, schema in SCHEMAS.items():
-        lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-        kernel, fake = table[name]
-        lib.impl(name, kernel, "CPU")
-        lib.impl(name, kernel, "CUDA")
-        if "fake" not in drop:
-            torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
-    ns = getattr(torch.ops, lib.ns)
-    ops = (ns.batch_norm_act_train.default, ns.batch_norm_act_backward.default, ns.batch_norm_act_infer.default)
-    if "autograd" not in drop:
-        for name, kernel in _autograd_kernels(*ops).items():
-            lib.impl(name, kernel, "Autograd")
-    return ops
+    return _ops._define(lib, SCHEMAS, dict(KERNELS, **(kernels or {})), _autograd_kernels, drop)
 
 
 # the operators, in the namespace of the plain ones (the C++ operators' FRAGMENT, or the

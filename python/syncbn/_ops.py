@@ -448,24 +448,32 @@ _KERNELS = {  # each operator's kernel (CPU and CUDA) and fake kernel
 }
 
 
-def _register(lib, drop=()):
-    """Defines the operators in lib's namespace with their kernels, fake kernels and
-    Autograd kernels; `drop` ("fake", "autograd") leaves those out (the mutants of
-    tests/python/test_torch_ops.py, in namespaces of their own). Returns the operators
-    (train, backward, infer)."""
-    for name, schema in _SCHEMAS.items():
+def _define(lib, schemas, kernels, autograd_kernels, drop=()):
+    """Defines the operators of `schemas` (name -> schema) in lib's namespace, pt2-compliant,
+    each with its kernel (CPU and CUDA) and fake kernel from `kernels` (name -> (kernel,
+    fake)), then the Autograd kernels autograd_kernels(*ops) gives; `drop` ("fake",
+    "autograd") leaves those out (the tests' mutants, in namespaces of their own). Returns
+    the operators' default overloads in the order of `schemas`. The plain operators' and
+    the fused ones' (_fused.py) registration."""
+    for name, schema in schemas.items():
         lib.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-        kernel, fake = _KERNELS[name]
+        kernel, fake = kernels[name]
         lib.impl(name, kernel, "CPU")
         lib.impl(name, kernel, "CUDA")
         if "fake" not in drop:
             torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
     ns = getattr(torch.ops, lib.ns)
-    ops = (ns.batch_norm_train.default, ns.batch_norm_backward.default, ns.batch_norm_infer.default)
+    ops = tuple(getattr(ns, name).default for name in schemas)
     if "autograd" not in drop:
-        for name, kernel in _autograd_kernels(*ops).items():
+        for name, kernel in autograd_kernels(*ops).items():
             lib.impl(name, kernel, "Autograd")
     return ops
+
+
+def _register(lib, drop=()):
+    """The plain operators in lib's namespace (_define); the operators (train, backward,
+    infer)."""
+    return _define(lib, _SCHEMAS, _KERNELS, _autograd_kernels, drop)
 
 
 def _library_error(e):
