@@ -11,7 +11,6 @@ fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf
 1.6e-2 relative, 2^-11 and 2^-8 with margin) plus the same absolute.
 """
 
-import threading
 import unittest
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
@@ -19,23 +18,7 @@ import torch
 
 import syncbn
 import syncbn.torch as sbt
-
-
-def run_ranks(n, fn):
-    errs = [None] * n
-
-    def body(r):
-        try:
-            fn(r)
-        except Exception as e:  # noqa: BLE001 (reported per rank)
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return errs
+from rank_threads import run_ranks
 
 
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}

@@ -16,7 +16,6 @@ activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx w
 """
 
 import copy
-import threading
 import unittest
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
@@ -26,28 +25,12 @@ import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
+from rank_threads import TeamOfOne, run_ranks
 from syncbn import _fused
 
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 PTOL = {torch.float32: (1e-4, 1e-4), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6.4e-2, 6.4e-2)}
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
-
-
-def run_ranks(n, fn):
-    errs = [None] * n
-
-    def body(r):
-        try:
-            fn(r)
-        except Exception as e:  # noqa: BLE001 (reported per rank)
-            errs[r] = e
-
-    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return errs
 
 
 def act_ref(v, activation, slope):
@@ -239,16 +222,6 @@ def saved_storages(fn):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return set(ptrs), out
-
-
-class TeamOfOne(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.comm = syncbn.cpu_team(1)[0]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.comm.destroy()
 
 
 class TestSavedTensors(TeamOfOne):

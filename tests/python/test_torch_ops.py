@@ -38,6 +38,7 @@ import torch
 
 import syncbn
 import syncbn.torch as sbt
+from rank_threads import TeamOfOne
 from syncbn import _native, _ops
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -129,18 +130,6 @@ def compile_matches_eager(test, comm, train_op=None, steps=3):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=n)
     for (n, a), (_, b) in zip(eager.named_buffers(), model.named_buffers()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=n)
-
-
-class TeamOfOne(unittest.TestCase):
-    """A CPU team of one rank for the class's tests (self.comm)."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.comm = syncbn.cpu_team(1)[0]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.comm.destroy()
 
 
 class TestOpcheck(TeamOfOne):
