@@ -719,10 +719,10 @@ SBN_NO_UNROLL
   }
 
   /* ---- stage 5 ---- */
-  /* The outputs of a batch in place of its x. EPI: forward, act(y + z) (zb: z's batch,
-     null for none); backward, the gradient act'(y) dy (yb: y's batch, else slot 0;
-     grad_at) in place of dy when `grads` (dz), and x - mean recovered from y where
-     ep.recover. */
+  /* The outputs of a batch in place of its x. EPI: forward, act(y + z) (zb: z's batch
+     where has_z); backward, the gradient act'(y) dy (yb: y's batch where has_y, else
+     slot 0; grad_at) in place of dy when `grads` (dz), and x - mean recovered from y in
+     the in-place backward's copy (kRecover). */
   template <int UB>
   static __device__ __forceinline__ void outputs(uint4 (&bt)[UB][NV], const float (&kc)[NCH][4],
                                                  const EpiCoef<NCH>& ep, const uint4 (&zb)[UB], bool has_z,
