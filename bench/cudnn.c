@@ -1,5 +1,7 @@
 /* cudnn.c — the cuDNN path (W = 1: one GPU, no sync, the speed a user gives up nothing to):
- * cudnnBatchNormalizationForwardTrainingEx / BackwardEx, bnOps CUDNN_BATCHNORM_OPS_BN, mode
+ * cudnnBatchNormalizationForwardTrainingEx / BackwardEx, bnOps CUDNN_BATCHNORM_OPS_BN (with
+ * --epilogue relu / add-relu: _BN_ACTIVATION / _BN_ADD_ACTIVATION with a ReLU, which cuDNN
+ * documents for NHWC fp16 in SPATIAL_PERSISTENT; other rows say what it refused), mode
  * CUDNN_BATCHNORM_SPATIAL_PERSISTENT, or CUDNN_BATCHNORM_SPATIAL where cuDNN refuses it.
  * libcudnn.so.9 is loaded with dlopen at run time (the build only needs cudnn.h, found by
  * CMake: SBN_BENCH_HAVE_CUDNN_H), so sbn-bench runs where cuDNN is absent and the row says
@@ -38,6 +40,11 @@ struct bench_cudnn {
                                          cudnnDataType_t, int, int, int, int);
   cudnnStatus_t (*DeriveBNTensorDescriptor)(cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
                                             cudnnBatchNormMode_t);
+  /* --epilogue: the ReLU of CUDNN_BATCHNORM_OPS_BN_ACTIVATION / _ADD_ACTIVATION */
+  cudnnStatus_t (*CreateActivationDescriptor)(cudnnActivationDescriptor_t*);
+  cudnnStatus_t (*SetActivationDescriptor)(cudnnActivationDescriptor_t, cudnnActivationMode_t,
+                                           cudnnNanPropagation_t, double);
+  cudnnStatus_t (*DestroyActivationDescriptor)(cudnnActivationDescriptor_t);
   cudnnStatus_t (*GetFwdWorkspaceSize)(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
                                        const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
                                        const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
@@ -83,6 +90,9 @@ BENCH_CUDNN_SAME_TYPE(CreateTensorDescriptor, cudnnCreateTensorDescriptor);
 BENCH_CUDNN_SAME_TYPE(DestroyTensorDescriptor, cudnnDestroyTensorDescriptor);
 BENCH_CUDNN_SAME_TYPE(SetTensor4dDescriptor, cudnnSetTensor4dDescriptor);
 BENCH_CUDNN_SAME_TYPE(DeriveBNTensorDescriptor, cudnnDeriveBNTensorDescriptor);
+BENCH_CUDNN_SAME_TYPE(CreateActivationDescriptor, cudnnCreateActivationDescriptor);
+BENCH_CUDNN_SAME_TYPE(SetActivationDescriptor, cudnnSetActivationDescriptor);
+BENCH_CUDNN_SAME_TYPE(DestroyActivationDescriptor, cudnnDestroyActivationDescriptor);
 BENCH_CUDNN_SAME_TYPE(GetFwdWorkspaceSize,
                       cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize);
 BENCH_CUDNN_SAME_TYPE(GetBwdWorkspaceSize, cudnnGetBatchNormalizationBackwardExWorkspaceSize);
@@ -129,6 +139,9 @@ bench_cudnn_t* cudnn_load(bench_lib_info_t* info) {
       BENCH_SYM(DestroyTensorDescriptor, "cudnnDestroyTensorDescriptor", 0),
       BENCH_SYM(SetTensor4dDescriptor, "cudnnSetTensor4dDescriptor", 0),
       BENCH_SYM(DeriveBNTensorDescriptor, "cudnnDeriveBNTensorDescriptor", 0),
+      BENCH_SYM(CreateActivationDescriptor, "cudnnCreateActivationDescriptor", 0),
+      BENCH_SYM(SetActivationDescriptor, "cudnnSetActivationDescriptor", 0),
+      BENCH_SYM(DestroyActivationDescriptor, "cudnnDestroyActivationDescriptor", 0),
       BENCH_SYM(GetFwdWorkspaceSize, "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize", 0),
       BENCH_SYM(GetBwdWorkspaceSize, "cudnnGetBatchNormalizationBackwardExWorkspaceSize", 0),
       BENCH_SYM(GetReserveSize, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", 0),
@@ -198,7 +211,13 @@ static int cudnn_ready(bench_cudnn_t* c, const bench_gpu_t* g) {
 typedef struct {
   bench_cudnn_t* cu;
   cudnnBatchNormMode_t mode;
-  cudnnTensorDescriptor_t xd, bnd; /* x, y, dy, dx: xd; weight, bias, statistics: bnd */
+  cudnnTensorDescriptor_t xd, bnd; /* x, y, dy, dx (z, dz): xd; weight, bias, statistics: bnd */
+  /* --epilogue: CUDNN_BATCHNORM_OPS_BN_ACTIVATION (relu) or _ADD_ACTIVATION (add-relu: z in
+     the forward, dz out of the backward), with act a ReLU; CUDNN_BATCHNORM_OPS_BN and NULL
+     without */
+  cudnnBatchNormOps_t ops;
+  cudnnActivationDescriptor_t act;
+  cudnnTensorDescriptor_t zd; /* xd with add-relu, else NULL */
   bench_team_bufs_t* dev;          /* one rank */
   double eps, momentum;
   void* ws;
@@ -213,17 +232,20 @@ static cudnnStatus_t cudnn_call(bench_cudnn_ctx_t* k, int fwd) {
   const float one = 1.0f, zero = 0.0f;
   const bench_team_bufs_t* b = k->dev;
   const bench_cudnn_t* cu = k->cu;
+  void* z = k->zd ? b->z[0] : NULL;
+  void* dz = k->zd ? b->dz[0] : NULL;
   if (fwd)
-    return cu->ForwardTrainingEx(
-        cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, &one, &zero, k->xd, b->x[0], NULL, NULL, k->xd,
-        b->y[0], k->bnd, b->weight, b->bias, k->momentum, b->rm[0], b->rv[0], k->eps,
-        b->save_mean[0], b->save_invstd[0], NULL, k->ws, k->ws_bytes, k->reserve, k->reserve_bytes);
-  /* alpha/beta for dx, then for dweight/dbias: overwrite both; y is not read without an
-     activation but is a valid tensor */
-  return cu->BackwardEx(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, &one, &zero, &one, &zero,
-                        k->xd, b->x[0], k->xd, b->y[0], k->xd, b->dy[0], NULL, NULL, k->xd,
-                        b->dx[0], k->bnd, b->weight, b->bias, b->dweight[0], b->dbias[0], k->eps,
-                        b->save_mean[0], b->save_invstd[0], NULL, k->ws, k->ws_bytes, k->reserve,
+    return cu->ForwardTrainingEx(cu->handle, k->mode, k->ops, &one, &zero, k->xd, b->x[0], k->zd, z,
+                                 k->xd, b->y[0], k->bnd, b->weight, b->bias, k->momentum, b->rm[0],
+                                 b->rv[0], k->eps, b->save_mean[0], b->save_invstd[0], k->act, k->ws,
+                                 k->ws_bytes, k->reserve, k->reserve_bytes);
+  /* alpha/beta for dx, then for dweight/dbias: overwrite both; y (the forward's output) is
+     read with an activation, and is a valid tensor without; the activation's mask comes from
+     the forward's reserve space */
+  return cu->BackwardEx(cu->handle, k->mode, k->ops, &one, &zero, &one, &zero, k->xd, b->x[0],
+                        k->xd, b->y[0], k->xd, b->dy[0], k->zd, dz, k->xd, b->dx[0], k->bnd,
+                        b->weight, b->bias, b->dweight[0], b->dbias[0], k->eps, b->save_mean[0],
+                        b->save_invstd[0], k->act, k->ws, k->ws_bytes, k->reserve,
                         k->reserve_bytes);
 }
 
@@ -253,13 +275,13 @@ static int cudnn_not_supported(cudnnStatus_t st) {
 static int cudnn_prepare(bench_cudnn_ctx_t* k, char* err, size_t cap) {
   const bench_cudnn_t* cu = k->cu;
   size_t ws_f = 0, ws_b = 0, res = 0;
-  cudnnStatus_t st = cu->GetFwdWorkspaceSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, k->xd,
-                                             NULL, k->xd, k->bnd, NULL, &ws_f);
+  cudnnStatus_t st = cu->GetFwdWorkspaceSize(cu->handle, k->mode, k->ops, k->xd, k->zd, k->xd,
+                                             k->bnd, k->act, &ws_f);
   if (st == CUDNN_STATUS_SUCCESS)
-    st = cu->GetBwdWorkspaceSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, k->xd, k->xd, k->xd,
-                                 NULL, k->xd, k->bnd, NULL, &ws_b);
+    st = cu->GetBwdWorkspaceSize(cu->handle, k->mode, k->ops, k->xd, k->xd, k->xd, k->zd, k->xd,
+                                 k->bnd, k->act, &ws_b);
   if (st == CUDNN_STATUS_SUCCESS)
-    st = cu->GetReserveSize(cu->handle, k->mode, CUDNN_BATCHNORM_OPS_BN, NULL, k->xd, &res);
+    st = cu->GetReserveSize(cu->handle, k->mode, k->ops, k->act, k->xd, &res);
   if (st != CUDNN_STATUS_SUCCESS) return (int)st;
   if (k->ws) cudaFree(k->ws);
   if (k->reserve) cudaFree(k->reserve);
@@ -306,6 +328,9 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
              d.n * d.c * d.spatial);
     return;
   }
+  static const char* const kOpsNames[3] = {"CUDNN_BATCHNORM_OPS_BN",
+                                           "CUDNN_BATCHNORM_OPS_BN_ACTIVATION (ReLU)",
+                                           "CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION (ReLU)"};
   static const char* const kModeNames[2] = {"CUDNN_BATCHNORM_SPATIAL_PERSISTENT",
                                             "CUDNN_BATCHNORM_SPATIAL"};
   static const cudnnBatchNormMode_t kModes[2] = {CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
@@ -337,7 +362,9 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
     snprintf(err, cap, "out of host memory");
     goto out;
   }
-  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0) goto out;
+  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0 ||
+      gpu_bufs_alloc_epilogue(&dev, host.epilogue, err, cap) != 0)
+    goto out;
   bufs_reset_state(&host);
   if (gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0) goto out;
 
@@ -362,6 +389,20 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
       snprintf(err, cap, "cudnnSetTensor4dDescriptor / cudnnDeriveBNTensorDescriptor: %s", text);
     }
     goto out;
+  }
+  k.ops = CUDNN_BATCHNORM_OPS_BN;
+  if (host.epilogue != BENCH_EPI_NONE) { /* y = relu(bn(x) [+ z]): cuDNN's fused ops */
+    k.ops = host.epilogue == BENCH_EPI_ADD_RELU ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                                : CUDNN_BATCHNORM_OPS_BN_ACTIVATION;
+    k.zd = host.epilogue == BENCH_EPI_ADD_RELU ? k.xd : NULL;
+    st = cu->CreateActivationDescriptor(&k.act);
+    if (st == CUDNN_STATUS_SUCCESS)
+      st = cu->SetActivationDescriptor(k.act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0);
+    if (st != CUDNN_STATUS_SUCCESS) {
+      cudnn_status_text(cu, st, text, sizeof text);
+      snprintf(err, cap, "cudnnCreateActivationDescriptor / cudnnSetActivationDescriptor: %s", text);
+      goto out;
+    }
   }
 
   /* The mode: one untimed forward + backward (counted as warm-up) tells whether cuDNN takes
@@ -388,23 +429,27 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
     const int cat = CUDNN_STATUS_CATEGORY((int)st);
     const int fall_back =
         m == 0 && (cat == CUDNN_STATUS_NOT_SUPPORTED || cat == CUDNN_STATUS_BAD_PARAM);
-    if (!fall_back && !cudnn_not_supported(st)) {
+    /* the fused ops' support is narrow (NHWC, half types, SPATIAL_PERSISTENT), and cuDNN may
+       refuse the rest as a bad parameter rather than as unsupported: a skipped row too */
+    const int fused_refused = k.ops != CUDNN_BATCHNORM_OPS_BN && cat == CUDNN_STATUS_BAD_PARAM;
+    if (!fall_back && !fused_refused && !cudnn_not_supported(st)) {
       snprintf(err, cap, "cuDNN %s", refused);
       goto out;
     }
   }
   if (chosen < 0) {
     row->skipped = 1;
-    snprintf(row->note, sizeof row->note, "not supported by cuDNN: %s", refused);
+    snprintf(row->note, sizeof row->note, "not supported by cuDNN: %s: %s", kOpsNames[(int)k.ops],
+             refused);
     goto out;
   }
   {
     char ver[32];
     format_cudnn_version(cu->info->version, ver, sizeof ver);
     snprintf(row->note, sizeof row->note,
-             "cuDNN %s, %s, CUDNN_BATCHNORM_OPS_BN, one GPU, no sync; checked at 10x the "
-             "library's tolerance, running stats not compared",
-             ver, kModeNames[chosen]);
+             "cuDNN %s, %s, %s, one GPU, no sync; checked at 10x the library's tolerance, "
+             "running stats not compared",
+             ver, kModeNames[chosen], kOpsNames[(int)k.ops]);
     if (chosen == 1) {
       row_note_append(row, "refused first: ");
       size_t len = strlen(row->note);
@@ -433,6 +478,7 @@ fail:
 out:
   if (k.xd) cu->DestroyTensorDescriptor(k.xd);
   if (k.bnd) cu->DestroyTensorDescriptor(k.bnd);
+  if (k.act) cu->DestroyActivationDescriptor(k.act);
   if (k.ws) cudaFree(k.ws);
   if (k.reserve) cudaFree(k.reserve);
   if (err[0]) gpu_recover(g);

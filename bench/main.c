@@ -195,6 +195,7 @@ static int gpu_plan(const bench_opts_t* o, const bench_shape_t* shapes, int nsha
           if (W == 1 && run_cudnn) {
             row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1,
                      BENCH_PATH_CUDNN);
+            rows[n].epilogue = o->epilogue;
             rows[n++].coop = coop;
           }
         }

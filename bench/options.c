@@ -64,12 +64,13 @@ static void usage(FILE* f, const char* argv0) {
           "      --dtype LIST      comma list of fp32, bf16, fp16 (default fp32,bf16)\n"
           "      --layout LIST     comma list of NCHW, NHWC (default NCHW,NHWC)\n"
           "      --paths LIST      GPU: comma list of coop, nccl, cudnn, split (default coop,\n"
-          "                        nccl, cudnn; with --epilogue coop, nccl, split; cudnn runs\n"
-          "                        at W = 1 only, without --epilogue)\n"
+          "                        nccl, cudnn; with --epilogue coop, nccl, split, cudnn);\n"
+          "                        cudnn runs at W = 1 only\n"
           "      --epilogue E      none (default), relu: y = relu(bn(x)), add-relu: y =\n"
           "                        relu(bn(x) + z) and the backward's dz (the library's fused\n"
           "                        ops, sbnForwardTrainEx / sbnBackwardEx); split: the plain\n"
-          "                        coop op and a separate activation kernel\n"
+          "                        coop op and a separate activation kernel; cudnn: its\n"
+          "                        BN_ACTIVATION / BN_ADD_ACTIVATION (where it has them)\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
           "                        0 = all (GPU default %d, CPU default %d)\n"
           "      --quick           the shapes %s (of the embedded table; every shape\n"
@@ -280,17 +281,11 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
 }
 
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
-  if (!o->paths_given) { /* the default paths: the epilogue's compare fused and split */
-    o->path_on[BENCH_PATH_CUDNN] = o->epilogue == BENCH_EPI_NONE;
+  if (!o->paths_given) /* the default paths: the epilogue's compare fused and split too */
     o->path_on[BENCH_PATH_SPLIT] = o->epilogue != BENCH_EPI_NONE;
-  }
   if (o->path_on[BENCH_PATH_SPLIT] && o->epilogue == BENCH_EPI_NONE)
     return usage_error(argv0, "--paths split: the plain op and an activation kernel, which needs --epilogue "
                               "relu or add-relu");
-  if (o->path_on[BENCH_PATH_CUDNN] && o->epilogue != BENCH_EPI_NONE)
-    return usage_error(argv0, "--paths cudnn with --epilogue %s: cuDNN's batch norm + activation "
-                              "(CUDNN_BATCHNORM_OPS_BN_ACTIVATION) rows are not in sbn-bench yet",
-                       kEpilogueNames[o->epilogue]);
   if (gpu_mode) {
     if (o->nranks_list == 0)
       parse_int_list(o->quick ? BENCH_QUICK_RANKS : BENCH_GPU_DEFAULT_RANKS, 1,

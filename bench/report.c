@@ -176,9 +176,11 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   if (o->epilogue != BENCH_EPI_NONE)
     printf("# epilogue %s: coop and nccl run sbnForwardTrainEx / sbnBackwardEx, y = relu(bn(x)%s) and "
            "the backward's mask from y%s; split runs the plain coop op and bench/act.cu's kernel "
-           "(t/coop of a split row: its time over the fused op's)\n",
+           "(t/coop of a split row: its time over the fused op's); cudnn runs "
+           "CUDNN_BATCHNORM_OPS_BN_%sACTIVATION with a ReLU\n",
            kEpilogueNames[o->epilogue], o->epilogue == BENCH_EPI_ADD_RELU ? " + z" : "",
-           o->epilogue == BENCH_EPI_ADD_RELU ? ", dz" : "");
+           o->epilogue == BENCH_EPI_ADD_RELU ? ", dz" : "",
+           o->epilogue == BENCH_EPI_ADD_RELU ? "ADD_" : "");
   printf(
       "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s%d (one more "
       "forward + backward per row on fresh inputs, copied back)\n",

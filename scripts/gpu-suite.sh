@@ -30,10 +30,12 @@
 #             racecheck, synccheck over the GPU tests
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
 #   fused     batch norm + activation (+ residual) in one op (issue 51): sbn-bench --epilogue
-#             add-relu (fp32 NCHW, fp16 NHWC) and relu (fp16 NHWC) on S1-S9 at W = 1, the
-#             fused ops (coop, nccl) against the split pair (the plain op + an activation
-#             kernel: the split rows' t/coop); then bench/torch_fused_memory.py --device
-#             cuda, the activation memory of a converted DeepLab-like stack; JSON each
+#             add-relu (fp32 NCHW; fp16 and bf16 NHWC) and relu (fp16 and bf16 NHWC) on
+#             S1-S9 at W = 1, the fused ops (coop, nccl) against the split pair (the plain
+#             op + an activation kernel: the split rows' t/coop) and cuDNN's own fused ops
+#             (cudnn rows: BN_ACTIVATION / BN_ADD_ACTIVATION; refused, and said so, on fp32
+#             NCHW); then bench/torch_fused_memory.py --device cuda, the activation memory
+#             of a converted DeepLab-like stack; JSON each
 #   native    syncbn.torch's C++ operators built against the machine's PyTorch (python/syncbn/
 #             _native.py), and which operators the torch steps run on; fails if not the C++ ones
 #   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
@@ -188,7 +190,8 @@ fi
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
 # cores here; once per machine, into ~/.cache/syncbn)
-# fused: 3 x 27 rows of S1-S9 (predicted ~1 s a row with its check) and the memory bench
+# fused: 180 rows of S1-S9 (the H200 run of 2026-11-27 took 0.3 s a plain row with its
+# check: ~60 s) and the memory bench
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=60
   [pytorch]=240 [plot]=20)
 
@@ -319,10 +322,10 @@ step_fused() {
   local rc=0 only=S1,S2,S3,S4,S5,S6,S7,S8,S9
   "$BENCH" --gpu on --epilogue add-relu --only $only -w 1 --dtype fp32 --layout NCHW \
     --json "$OUTDIR/fused-add-relu-fp32.json" || rc=1
-  "$BENCH" --gpu on --epilogue add-relu --only $only -w 1 --dtype fp16 --layout NHWC \
-    --json "$OUTDIR/fused-add-relu-fp16.json" || rc=1
-  "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp16 --layout NHWC \
-    --json "$OUTDIR/fused-relu-fp16.json" || rc=1
+  "$BENCH" --gpu on --epilogue add-relu --only $only -w 1 --dtype fp16,bf16 --layout NHWC \
+    --json "$OUTDIR/fused-add-relu-half.json" || rc=1
+  "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp16,bf16 --layout NHWC \
+    --json "$OUTDIR/fused-relu-half.json" || rc=1
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
     "$PYTHON" "$PYDIR/torch_fused_memory.py" --device cuda --batch 8 --size 256 \
     --json "$OUTDIR/fused-memory.json" || rc=1
