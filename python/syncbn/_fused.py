@@ -1,7 +1,7 @@
 """syncbn's fused operators in PyTorch's dispatcher: batch norm + activation (+ residual)
 in one op, y = act(batch_norm(x) + z), over the library's sbnForwardTrainEx,
 sbnBackwardEx and sbnForwardInferenceEx (every team: CPU teams, and GPU teams' kernels
-with the epilogue; Python kernels in this version, not yet C++ ones).
+with the epilogue).
 
     syncbn::batch_norm_act_train(Tensor input, Tensor? residual, Tensor? weight,
         Tensor? bias, Tensor(a!)? running_mean, Tensor(b!)? running_var,
@@ -30,9 +30,10 @@ and a residual are refused with an error naming them. The backward op takes inpu
 for it. The forward never writes over its input: out is a new tensor (the memory saved is
 what autograd keeps, not the forward's transient one).
 
-The kernels are Python (ctypes), like the plain operators' fallback; a C++ version of
-these three (csrc/torch_ops.cpp) is a later step. They are registered whether or not the
-C++ operators loaded, into the same ``syncbn`` namespace (a FRAGMENT library then).
+Their kernels and autograd come in the plain operators' two kinds, with the same checks
+and messages: C++ (csrc/torch_ops.cpp, built and loaded by syncbn._native, with the fake
+kernels below registered on them) when the plain ones are C++, else the Python ones here
+(ctypes), registered into the same ``syncbn`` namespace.
 """
 
 import ctypes
@@ -424,23 +425,42 @@ def register(lib, drop=(), kernels=None):
     return _ops._define(lib, SCHEMAS, dict(KERNELS, **(kernels or {})), _autograd_kernels, drop)
 
 
-# the operators, in the namespace of the plain ones (the C++ operators' FRAGMENT, or the
-# Python ones' library)
-batch_norm_act_train, batch_norm_act_backward, batch_norm_act_infer = register(_ops._lib)
-
-_TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
-_InferEager = _infer_function(_infer_kernel, below=False)
-
-
-def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
-                inplace):
-    """batch_norm_act_train's out by its kernels without the dispatcher (the layer's eager
-    calls on plain tensors: the same kernels and autograd)."""
-    y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
-                          slope, inplace)[0]
-    _bump(running_mean, running_var, nbt)
-    return y
+def native_ops(ns, lib, fake=True):
+    """The C++ fused operators of namespace ns (train, backward, infer; csrc/torch_ops.cpp),
+    with the fake kernels registered on them through lib unless not `fake` (a test's
+    mutant)."""
+    if fake:
+        for name, (_, fake_kernel) in KERNELS.items():
+            torch.library.register_fake(f"{ns}::{name}", fake_kernel, lib=lib)
+    n = getattr(torch.ops, ns)
+    return n.batch_norm_act_train.default, n.batch_norm_act_backward.default, n.batch_norm_act_infer.default
 
 
-def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
-    return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
+# the operators, in the namespace of the plain ones: the C++ ones with the C++ plain
+# operators (their fake kernels registered into the FRAGMENT library), else Python ones
+if _ops.NATIVE is not None:
+    batch_norm_act_train, batch_norm_act_backward, batch_norm_act_infer = native_ops(_ops.NS, _ops._lib)
+    _train_native = _ops._native_eager(batch_norm_act_train)
+    infer_eager = _ops._native_eager(batch_norm_act_infer)
+
+    def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                    inplace):
+        """batch_norm_act_train's out (the layer's eager calls on plain tensors)."""
+        return _train_native(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
+                             slope, inplace)[0]
+else:
+    batch_norm_act_train, batch_norm_act_backward, batch_norm_act_infer = register(_ops._lib)
+    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+    _InferEager = _infer_function(_infer_kernel, below=False)
+
+    def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
+                    inplace):
+        """batch_norm_act_train's out by its kernels without the dispatcher (the layer's
+        eager calls on plain tensors: the same kernels and autograd)."""
+        y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
+                              slope, inplace)[0]
+        _bump(running_mean, running_var, nbt)
+        return y
+
+    def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+        return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)

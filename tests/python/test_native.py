@@ -4,8 +4,9 @@ be built.
 
 - with SYNCBN_TORCH_NATIVE=1 (how CI runs it) the operators' CPU, CUDA and Autograd
   kernels are the C++ ones (the dispatcher says where each was registered), with the
-  Python fake kernels; their schemas are the Python operators' (_ops._SCHEMAS), character
-  for character: the two kinds are one interface;
+  Python fake kernels; their schemas are the Python operators' (_ops._SCHEMAS, and the
+  fused operators' _fused.SCHEMAS), character for character: the two kinds are one
+  interface;
 - the cache: a second build request returns the same file without compiling; another
   variant (defines) is another file;
 - a compiler that fails: SYNCBN_TORCH_NATIVE=1 raises ImportError naming the log, which
@@ -32,7 +33,9 @@ import torch
 
 import syncbn
 import syncbn.torch  # noqa: F401 (loads the operators)
-from syncbn import _native, _ops
+from syncbn import _fused, _native, _ops
+
+SCHEMAS = {**_ops._SCHEMAS, **_fused.SCHEMAS}  # the plain operators and the fused ones
 
 
 def run_python(code, **env):
@@ -61,7 +64,7 @@ TRAIN_ONE_STEP = """
 class TestLoaded(unittest.TestCase):
     def test_kernels_are_the_cpp_ones(self):
         self.assertIsNotNone(_ops.NATIVE)
-        for name in _ops._SCHEMAS:
+        for name in SCHEMAS:
             dump = torch._C._dispatch_dump(f"syncbn::{name}")
             for key in ("CPU", "CUDA", "Autograd[alias]"):
                 line = next((ln for ln in dump.splitlines() if ln.startswith(key + ":")), "")
@@ -69,7 +72,7 @@ class TestLoaded(unittest.TestCase):
             self.assertTrue(any(ln.startswith("Meta:") for ln in dump.splitlines()), dump)  # the fake kernel
 
     def test_schemas_are_the_python_operators(self):
-        for name, schema in _ops._SCHEMAS.items():
+        for name, schema in SCHEMAS.items():
             op = getattr(torch.ops.syncbn, name).default
             self.assertEqual(str(op._schema), str(torch._C.parse_schema(f"syncbn::{name}{schema}")))
 

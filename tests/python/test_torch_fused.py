@@ -1,8 +1,8 @@
 """syncbn.torch's fused batch norm + activation (+ residual) on CPU teams (ranks as
 threads), against float64 PyTorch act(batch_norm(x) + z) of the team's whole batch and its
 autograd: the layer (SyncBatchNorm(activation=, slope=, inplace=), forward(x, residual)),
-its operators (syncbn::batch_norm_act_train / _backward / _infer: opcheck, torch.compile),
-the refusals, and convert_fused (what it fuses gives the original model's results; what it
+its operators (syncbn::batch_norm_act_train / _backward / _infer: opcheck, torch.compile;
+their mutants without the fake or the Autograd kernel fail), the refusals, and convert_fused (what it fuses gives the original model's results; what it
 must not fuse is left alone).
 
 Tolerances (test_torch.py's, bench/notes/tolerances.md): fp32 y, dx, dz within 3e-5
@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import syncbn
 import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
-from syncbn import _fused
+from syncbn import _fused, _ops
+from test_torch_ops import mutant_ops
 
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 PTOL = {torch.float32: (1e-4, 1e-4), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6.4e-2, 6.4e-2)}
@@ -354,6 +355,82 @@ class TestOps(TeamOfOne):
                 x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, True)
                 rm, rv = torch.randn(4), torch.rand(4) + 0.5
                 torch.library.opcheck(_fused.batch_norm_act_infer, (x, z, rm, rv, w, b, 1e-5, syncbn.RELU, 0.01))
+
+
+def fused_mutant_ops(ns, drop, comm):
+    """(keep, train, backward, infer): the fused operators in namespace ns without `drop`
+    ("fake" or "autograd"), of the kind syncbn.torch runs on: test_torch_ops's C++ mutant
+    library (built with the plain and the fused operators) or Python ones."""
+    keep, *_ = mutant_ops(ns, drop, comm)
+    if _ops.NATIVE is None:
+        return (keep, *_fused.register(keep, drop=(drop,)))
+    return (keep, *_fused.native_ops(ns, keep[1], fake=drop != "fake"))
+
+
+def fused_gradients_match(test, comm, train):
+    """x, residual, weight and bias gradients of sum(g * train(...).out), ReLU, against
+    float64 autograd of relu(batch_norm(x) + z) (fp32: 1e-4, as the plain operators')."""
+    torch.manual_seed(0)
+    x = (torch.randn(3, 4, 5, 5) + 1).requires_grad_()
+    z = torch.randn(3, 4, 5, 5).requires_grad_()
+    w = (torch.rand(4) + 0.5).requires_grad_()
+    b = (torch.rand(4) - 0.5).requires_grad_()
+    g = torch.randn(3, 4, 5, 5)
+    y, _ = train(x, z, w, b, None, None, None, 1e-5, 0.1, comm.id, syncbn.RELU, 0.0, False)
+    (y * g).sum().backward()
+    X, Z, W, B = (t.detach().double().requires_grad_() for t in (x, z, w, b))
+    Y = F.relu(F.batch_norm(X, None, None, W, B, True, 0.1, 1e-5) + Z)
+    (Y * g.double()).sum().backward()
+    for got, want, name in ((x.grad, X.grad, "x"), (z.grad, Z.grad, "residual"), (w.grad, W.grad, "weight"),
+                            (b.grad, B.grad, "bias")):
+        test.assertIsNotNone(got, name)
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+class TestMutants(TeamOfOne):
+    """Each registration of the fused operators matters (on the kind syncbn.torch runs:
+    C++ or Python): without the fake kernel opcheck and torch.compile fail, without the
+    Autograd kernel the gradients are missing. (That the C++ ones are what is loaded:
+    test_native.py.)"""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.nofake = fused_mutant_ops("syncbn_mutant_nofake", "fake", cls.comm)
+        cls.noautograd = fused_mutant_ops("syncbn_mutant_noautograd", "autograd", cls.comm)
+
+    def _train_args(self):
+        torch.manual_seed(0)
+        x = (torch.randn(3, 4, 5, 5) + 1).requires_grad_()
+        z = torch.randn(3, 4, 5, 5).requires_grad_()
+        w, b = (torch.rand(4) + 0.5).requires_grad_(), torch.rand(4).requires_grad_()
+        return (x, z, w, b, torch.zeros(4), torch.ones(4), torch.zeros((), dtype=torch.int64), 1e-5, 0.1,
+                self.comm.id, syncbn.RELU, 0.0, False)
+
+    def test_the_real_operators_pass(self):
+        """The control: what fails on the mutants passes on syncbn's operators."""
+        fused_gradients_match(self, self.comm, _fused.batch_norm_act_train)
+        torch.library.opcheck(_fused.batch_norm_act_train, self._train_args())
+        torch._dynamo.reset()
+        f = torch.compile(lambda *a: _fused.batch_norm_act_train(*a)[0], fullgraph=True)
+        f(*self._train_args()).sum().backward()
+
+    def test_without_fake_kernel(self):
+        _, train, _, _ = self.nofake
+        with self.assertRaisesRegex(Exception, "test_faketensor"):  # opcheck names the failed test
+            torch.library.opcheck(train, self._train_args())
+        torch._dynamo.reset()
+        with self.assertRaisesRegex(Exception, "(?i)fake|meta"):  # dynamo: no fake/meta kernel
+            torch.compile(lambda *a: train(*a)[0], fullgraph=True)(*self._train_args())
+
+    def test_without_autograd_kernel(self):
+        _, train, _, _ = self.noautograd
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with self.assertRaisesRegex(Exception, "does not require grad|unexpectedly None"):
+                fused_gradients_match(self, self.comm, train)  # no grad_fn, or None gradients
 
 
 # ---- models: torchvision's blocks as torchvision writes them (torchvision is not needed) --

@@ -1,5 +1,6 @@
-// syncbn's operators in PyTorch's dispatcher, in C++: the same three operators, schemas,
-// checks, messages and autograd as python/syncbn/_ops.py's Python kernels, at a C++
+// syncbn's operators in PyTorch's dispatcher, in C++: the same operators, schemas, checks,
+// messages and autograd as the Python kernels of python/syncbn/_ops.py (the plain three)
+// and _fused.py (batch norm + activation + residual: the three _act_ ones), at a C++
 // kernel's host cost (bench/notes/torch-binding.md). Built on first use by
 // python/syncbn/_native.py against the running PyTorch's headers and loaded with
 // torch.ops.load_library; _ops.py registers the fake kernels (Python) on these operators.
@@ -25,6 +26,9 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -59,6 +63,9 @@ struct Api {
   decltype(&sbnGetErrorString) error_string = nullptr;
   decltype(&sbnGetResultName) result_name = nullptr;
   decltype(&sbnCommDestroy) comm_destroy = nullptr;
+  decltype(&sbnForwardTrainEx) forward_train_ex = nullptr;
+  decltype(&sbnBackwardEx) backward_ex = nullptr;
+  decltype(&sbnForwardInferenceEx) forward_inference_ex = nullptr;
 };
 Api api;
 
@@ -381,6 +388,243 @@ Tensor infer_kernel(const Tensor& input, const Tensor& running_mean, const Tenso
   return y;
 }
 
+// ---- the fused operators (_fused.py's, with its checks and messages) -------------------
+// y = act(batch_norm(x) + z): sbnForwardTrainEx, sbnBackwardEx, sbnForwardInferenceEx.
+
+// A float as Python's repr writes it ("0.01", "-0.5", "1e-05", "nan", "inf").
+std::string py_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  if (v == 0.0) return std::signbit(v) ? "-0.0" : "0.0";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);  // shortest digits
+  std::string sci(buf, res.ptr);
+  const size_t e = sci.find('e');
+  std::string digits = sci.substr(0, e), sign;
+  const int exp = std::stoi(sci.substr(e + 1));
+  if (digits[0] == '-') {
+    sign = "-";
+    digits.erase(0, 1);
+  }
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int nd = static_cast<int>(digits.size());
+  if (exp < -4 || exp >= 16) {  // Python's repr: d[.ddd]e[+-]XX
+    std::string m = digits.substr(0, 1) + (nd > 1 ? "." + digits.substr(1) : "");
+    char ex[8];
+    std::snprintf(ex, sizeof ex, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    return sign + m + ex;
+  }
+  if (exp < 0) return sign + "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+  if (nd <= exp + 1) return sign + digits + std::string(static_cast<size_t>(exp + 1 - nd), '0') + ".0";
+  return sign + digits.substr(0, static_cast<size_t>(exp + 1)) + "." + digits.substr(static_cast<size_t>(exp + 1));
+}
+
+const char* act_name(int64_t a) {
+  return a == sbnActivationRelu ? "relu" : a == sbnActivationLeakyRelu ? "leaky_relu" : "identity";
+}
+
+// _fused.check_activation: an unknown activation, a slope that is negative or not finite,
+// and what the in-place backward cannot take (ReLU, slope 0, a residual); ValueError.
+void check_activation(int64_t activation, double slope, bool inplace, const std::string& who, bool residual) {
+  if (activation < sbnActivationIdentity || activation > sbnActivationLeakyRelu)
+    fail_value(who + ": activation " + std::to_string(activation) + ": 0 (identity), 1 (relu) or 2 (leaky_relu)");
+  if (!std::isfinite(slope) || slope < 0)
+    fail_value(who + ": slope " + py_float(slope) + ": leaky ReLU's negative slope must be finite and >= 0");
+  if (!inplace) return;
+  if (activation == sbnActivationRelu)
+    fail_value(who + ": the in-place mode cannot take ReLU: ReLU is not invertible (its output loses x where it "
+                     "is 0, and the in-place backward recovers x from the output); use leaky_relu with a slope > 0, "
+                     "or inplace=False");
+  if (activation == sbnActivationLeakyRelu && slope == 0)
+    fail_value(who + ": the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not invertible); use a "
+                     "slope > 0, or inplace=False");
+  if (residual)
+    fail_value(who + ": the in-place mode cannot take a residual: x cannot be recovered from act(batch_norm(x) + "
+                     "residual); use inplace=False for a layer with a residual");
+}
+
+sbnLayout_t layout_of(const Tensor& x) {  // the layout the library reads x in (dense(), without copying)
+  if (x.is_contiguous()) return sbnLayoutNCHW;
+  auto fmt = channels_last(x);
+  return fmt && x.is_contiguous(*fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
+}
+
+std::string format_name(const Tensor& t) {
+  if (t.is_contiguous()) return "contiguous";
+  auto fmt = channels_last(t);
+  if (fmt && t.is_contiguous(*fmt)) return "channels_last";
+  return "strided " + shape_str(t.strides()) + " (neither contiguous nor channels_last)";
+}
+
+void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who) {
+  if (!z.has_value()) return;
+  same_device(x, "residual", z, who);
+  if (z->sizes() != x.sizes())
+    fail(std::string("syncbn.") + who + ": the residual has shape " + shape_str(z->sizes()) + " and the input " +
+         shape_str(x.sizes()) + ": they must be equal");
+  if (z->scalar_type() != x.scalar_type())
+    fail_type(std::string("syncbn.") + who + ": the residual is " + dtype_name(z->scalar_type()) + " and the input " +
+              dtype_name(x.scalar_type()) + ": they must be equal");
+  const bool nchw = layout_of(x) == sbnLayoutNCHW;
+  if (!(nchw ? z->is_contiguous() : z->is_contiguous(*channels_last(x)))) {
+    const std::string read = nchw ? "contiguous" : "channels_last";
+    fail(std::string("syncbn.") + who + ": the residual's memory format (" + format_name(*z) +
+         ") differs from the input's (" + read + ", as the library reads it): the residual must be " + read + " too");
+  }
+}
+
+sbnEpilogue_t epilogue(int64_t activation, double slope) {
+  sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+  e.activation = static_cast<sbnActivation_t>(activation);
+  e.slope = static_cast<float>(slope);
+  return e;
+}
+
+// ---- syncbn::batch_norm_act_train ------------------------------------------------------
+std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<Tensor>& residual,
+                                            const optional<Tensor>& weight, const optional<Tensor>& bias,
+                                            const optional<Tensor>& running_mean,
+                                            const optional<Tensor>& running_var, const optional<Tensor>& nbt,
+                                            double eps, optional<double> momentum, int64_t comm, int64_t activation,
+                                            double slope, bool inplace) {
+  const char* who = "batch_norm_act_train";
+  check_input(input, who);
+  check_activation(activation, slope, inplace, std::string("syncbn.") + who, residual.has_value());
+  check_residual(input, residual, who);
+  per_channel(input, "weight", weight, who);
+  per_channel(input, "bias", bias, who);
+  per_channel(input, "running_mean", running_mean, who);
+  per_channel(input, "running_var", running_var, who);
+  if (running_mean.has_value() != running_var.has_value())
+    fail(std::string("syncbn.") + who + ": running_mean and running_var come together (both or neither)");
+  if (!weight.has_value() && bias.has_value())
+    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
+  if (nbt.has_value()) {
+    same_device(input, "num_batches_tracked", nbt, who);
+    if (nbt->numel() != 1 || nbt->scalar_type() != at::kLong)
+      fail(std::string("syncbn.") + who + ": num_batches_tracked must be one int64 (got " +
+           dtype_name(nbt->scalar_type()) + ", " + std::to_string(nbt->numel()) + " elements)");
+  }
+  const CommEntry c = find_comm(comm, input, who);
+  auto [x, layout] = dense(input);
+  Tensor y = at::empty_like(x);
+  Tensor stats = at::empty({2, x.size(1)}, x.options().dtype(at::kFloat));
+  optional<Tensor> rm = f32(running_mean), rv = f32(running_var), nb = nbt;
+  if (nbt.has_value() && !nbt->is_contiguous()) nb = nbt->contiguous();
+  optional<Tensor> w32 = f32(weight), b32 = f32(bias);
+  const sbnTensorDesc_t d = desc(x, layout);
+  const sbnParams_t p = params(eps, momentum.has_value() ? *momentum : -1.0);
+  const sbnEpilogue_t e = epilogue(activation, slope);
+  float* sp = stats.data_ptr<float>();
+  sbnResult_t r = api.forward_train_ex(c.owner->handle, &d, x.data_ptr(), ptr<const void>(residual), y.data_ptr(),
+                                       ptr<const float>(w32), ptr<const float>(b32), ptr<float>(rm), ptr<float>(rv),
+                                       ptr<int64_t>(nb), sp, sp + x.size(1), &p, &e, stream_of(x));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c.owner->handle);
+  if (rm.has_value() && !rm->is_same(*running_mean)) running_mean->copy_(*rm);
+  if (rv.has_value() && !rv->is_same(*running_var)) running_var->copy_(*rv);
+  if (nb.has_value() && !nb->is_same(*nbt)) nbt->copy_(*nb);
+  return {y, stats};
+}
+
+// ---- syncbn::batch_norm_act_backward ---------------------------------------------------
+void check_act_backward(const Tensor& dy, const optional<Tensor>& x, const optional<Tensor>& out,
+                        const optional<Tensor>& weight, const optional<Tensor>& bias, const Tensor& stats,
+                        int64_t activation, double slope) {
+  const char* who = "batch_norm_act_backward";
+  if (!x.has_value() && !out.has_value())
+    fail(std::string("syncbn.") + who + ": input and out are both None (the in-place backward takes out)");
+  const Tensor& base = x.has_value() ? *x : *out;
+  check_input(base, who);
+  check_activation(activation, slope, !x.has_value(), std::string("syncbn.") + who, false);
+  if (!out.has_value() && activation != sbnActivationIdentity)
+    fail(std::string("syncbn.") + who + ": out is None: " + act_name(activation) +
+         "'s gradient needs the forward's output");
+  same_device(base, "grad_out", dy, who);
+  same_device(base, "stats", stats, who);
+  per_channel(base, "weight", weight, who);
+  per_channel(base, "bias", bias, who);
+  const char* base_name = x.has_value() ? "input" : "out";
+  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"grad_out", &dy},
+                         std::pair<const char*, const Tensor*>{"out", out.has_value() ? &*out : nullptr}})
+    if (t != nullptr && (t->sizes() != base.sizes() || t->scalar_type() != base.scalar_type()))
+      fail(std::string("syncbn.") + who + ": " + name + " is " + dtype_name(t->scalar_type()) + " " +
+           shape_str(t->sizes()) + "; the " + base_name + " is " + dtype_name(base.scalar_type()) + " " +
+           shape_str(base.sizes()));
+  if (out.has_value()) same_device(base, "out", out, who);
+  if (stats.dim() != 2 || stats.size(0) != 2 || stats.size(1) != base.size(1) || stats.scalar_type() != at::kFloat)
+    fail(std::string("syncbn.") + who + ": stats must be float32 (2, " + std::to_string(base.size(1)) +
+         ") (the forward's), got " + dtype_name(stats.scalar_type()) + " " + shape_str(stats.sizes()));
+}
+
+Tensor like_x(const Tensor& t, sbnLayout_t layout, const Tensor& x) {
+  return layout == sbnLayoutNHWC ? t.contiguous(*channels_last(x)) : t.contiguous();
+}
+
+std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, const optional<Tensor>& input,
+                                                       const optional<Tensor>& out, const optional<Tensor>& weight,
+                                                       const optional<Tensor>& bias, const Tensor& stats, double eps,
+                                                       int64_t comm, int64_t activation, double slope,
+                                                       bool input_grad, bool residual_grad, bool weight_grad) {
+  check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope);
+  optional<Tensor> x, y;
+  sbnLayout_t layout;
+  Tensor base;
+  if (input.has_value()) {
+    std::tie(base, layout) = dense(*input);
+    x = base;
+  } else {
+    std::tie(base, layout) = dense(*out);
+  }
+  const CommEntry c = find_comm(comm, base, "batch_norm_act_backward");
+  const Tensor dy = like_x(grad_out, layout, base);
+  if (out.has_value()) y = input.has_value() ? like_x(*out, layout, base) : base;
+  Tensor dx = input_grad ? at::empty_like(base) : base.new_empty({0});
+  Tensor dz = residual_grad ? at::empty_like(base) : base.new_empty({0});
+  const bool dwb_wanted = weight_grad && weight.has_value();
+  Tensor dwb = dwb_wanted ? base.new_empty({2, base.size(1)}, base.options().dtype(at::kFloat))
+                          : base.new_empty({0}, base.options().dtype(at::kFloat));
+  Tensor st = stats.contiguous();
+  optional<Tensor> w32 = f32(weight);
+  optional<Tensor> b32 = input.has_value() ? std::nullopt : f32(bias);  // the in-place backward reads the bias
+  const sbnTensorDesc_t d = desc(base, layout);
+  const sbnParams_t p = params(eps, 0.1);
+  const sbnEpilogue_t e = epilogue(activation, slope);
+  const float* sp = st.data_ptr<float>();
+  float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
+  sbnResult_t r = api.backward_ex(c.owner->handle, &d, ptr<const void>(x), ptr<const void>(y), dy.data_ptr(),
+                                  input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
+                                  ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
+                                  dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_backward (sbnBackwardEx)", c.owner->handle);
+  return {dx, dz, dwb};
+}
+
+// ---- syncbn::batch_norm_act_infer ------------------------------------------------------
+Tensor act_infer_kernel(const Tensor& input, const optional<Tensor>& residual, const Tensor& running_mean,
+                        const Tensor& running_var, const optional<Tensor>& weight, const optional<Tensor>& bias,
+                        double eps, int64_t activation, double slope) {
+  const char* who = "batch_norm_act_infer";
+  check_input(input, who);
+  check_activation(activation, slope, false, std::string("syncbn.") + who, false);
+  check_residual(input, residual, who);
+  per_channel(input, "running_mean", running_mean, who);
+  per_channel(input, "running_var", running_var, who);
+  per_channel(input, "weight", weight, who);
+  per_channel(input, "bias", bias, who);
+  if (!weight.has_value() && bias.has_value())
+    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
+  auto [x, layout] = dense(input);
+  Tensor y = at::empty_like(x);
+  optional<Tensor> w32 = f32(weight), b32 = f32(bias), rm32 = f32(running_mean), rv32 = f32(running_var);
+  const sbnTensorDesc_t d = desc(x, layout);
+  const sbnEpilogue_t e = epilogue(activation, slope);
+  sbnResult_t r = api.forward_inference_ex(&d, x.data_ptr(), ptr<const void>(residual), y.data_ptr(),
+                                           ptr<const float>(w32), ptr<const float>(b32), ptr<const float>(rm32),
+                                           ptr<const float>(rv32), static_cast<float>(eps), &e, stream_of(x));
+  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_infer (sbnForwardInferenceEx)", nullptr);
+  return y;
+}
+
 // ---- autograd --------------------------------------------------------------------------
 // The operators below autograd go through the dispatcher (not the kernels above), so
 // that torch.compile's fake tensors and functionalization see them.
@@ -398,6 +642,31 @@ auto& backward_op() {
                        .findSchemaOrThrow(SBN_OP("batch_norm_backward"), "")
                        .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const optional<Tensor>&,
                                                          const Tensor&, double, int64_t, bool, bool)>();
+  return op;
+}
+auto& act_train_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_act_train"), "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, const optional<Tensor>&, const optional<Tensor>&, const optional<Tensor>&,
+                           const optional<Tensor>&, const optional<Tensor>&, const optional<Tensor>&, double,
+                           optional<double>, int64_t, int64_t, double, bool)>();
+  return op;
+}
+auto& act_backward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_act_backward"), "")
+                       .typed<std::tuple<Tensor, Tensor, Tensor>(
+                           const Tensor&, const optional<Tensor>&, const optional<Tensor>&, const optional<Tensor>&,
+                           const optional<Tensor>&, const Tensor&, double, int64_t, int64_t, double, bool, bool,
+                           bool)>();
+  return op;
+}
+auto& act_infer_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow(SBN_OP("batch_norm_act_infer"), "")
+                       .typed<Tensor(const Tensor&, const optional<Tensor>&, const Tensor&, const Tensor&,
+                                     const optional<Tensor>&, const optional<Tensor>&, double, int64_t, double)>();
   return op;
 }
 auto& infer_op() {
@@ -599,6 +868,190 @@ Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const
   return y;
 }
 
+// ---- the fused operators' autograd --------------------------------------------------------
+optional<Tensor> opt(const Tensor& t) { return t.defined() ? optional<Tensor>(t) : std::nullopt; }
+
+// Gradients of batch_norm_act_train's out, to (input, residual, weight, bias):
+// sbnBackwardEx. It keeps the input and (for an activation) out; in place: out and the
+// bias only (the input comes back from them).
+struct TrainActBackward : public Node {
+  SavedVariable x_, y_, weight_, bias_, stats_;
+  double eps = 0.0, slope = 0.0;
+  int64_t comm = 0, activation = 0;
+  bool has_bias = false;
+
+  std::string name() const override { return "SyncBatchNormActBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    y_.reset_data();
+    weight_.reset_data();
+    bias_.reset_data();
+    stats_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Tensor x = x_.unpack(), y = y_.unpack(getptr()), weight = weight_.unpack(), bias = bias_.unpack(),
+                 stats = stats_.unpack();
+    // the next edges: input (0), residual (1), weight (2), bias (3)
+    const bool need_x = task_should_compute_output(0);
+    const bool need_z = task_should_compute_output(1);
+    const bool need_w = weight.defined() && task_should_compute_output(2);
+    const bool need_b = has_bias && task_should_compute_output(3);
+    const bool want_w = need_w || need_b;
+    at::AutoDispatchBelowADInplaceOrView below;
+    const Tensor& shape_of = x.defined() ? x : y;
+    const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(shape_of);  // out unused: its gradient is 0
+    auto [dx, dz, dwb] = act_backward_op().call(dy, opt(x), opt(y), opt(weight), opt(bias), stats, eps, comm,
+                                                activation, slope, need_x, need_z, want_w);
+    Tensor dw, db;
+    if (want_w) {
+      if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
+      if (need_w) dw = dwb.select(0, 0);
+      if (need_b) db = dwb.select(0, 1);
+    }
+    variable_list out{need_x ? dx : Tensor(), need_z ? dz : Tensor(), dw, db};
+    once_differentiable(out, dy, shape_of, weight);
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Tensor>& z,
+                                              const optional<Tensor>& weight, const optional<Tensor>& bias,
+                                              const optional<Tensor>& rm, const optional<Tensor>& rv,
+                                              const optional<Tensor>& nbt, double eps, optional<double> momentum,
+                                              int64_t comm, int64_t activation, double slope, bool inplace) {
+  const optional<Tensor> xo(x);
+  const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rm, &rv});
+  no_forward_ad("batch_norm_act_train", {&xo, &z, &weight, &bias});
+  Tensor y, stats;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    std::tie(y, stats) =
+        act_train_op().call(x, z, weight, bias, rm, rv, nbt, eps, momentum, comm, activation, slope, inplace);
+  }
+  if (grad) {  // stats: not differentiable (no history)
+    NodePtr node = new_node<TrainActBackward>();
+    auto* n = static_cast<TrainActBackward*>(node.get());
+    n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
+    torch::autograd::set_history(y, node);
+    if (!inplace) n->x_ = SavedVariable(x, false);
+    if (inplace || activation != sbnActivationIdentity) n->y_ = SavedVariable(y, true);  // after set_history
+    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    if (inplace) n->bias_ = SavedVariable(bias.has_value() ? *bias : Tensor(), false);
+    n->stats_ = SavedVariable(stats, false);
+    n->eps = eps;
+    n->slope = slope;
+    n->comm = comm;
+    n->activation = activation;
+    n->has_bias = bias.has_value();
+  }
+  bump(rm);
+  bump(rv);
+  bump(nbt);
+  return {y, stats};
+}
+
+std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const optional<Tensor>& x,
+                                                         const optional<Tensor>& out, const optional<Tensor>& weight,
+                                                         const optional<Tensor>& bias, const Tensor& stats, double eps,
+                                                         int64_t comm, int64_t activation, double slope,
+                                                         bool input_grad, bool residual_grad, bool weight_grad) {
+  const optional<Tensor> dyo(dy);
+  if (at::GradMode::is_enabled()) {
+    for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias})
+      if (t->has_value() && (*t)->requires_grad())
+        fail("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
+             "syncbn.torch.SyncBatchNorm)");
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
+                                residual_grad, weight_grad);
+}
+
+// g * act'(out), PyTorch's rules (_fused.act_grad): ReLU 0 where out <= 0 (NaN passes),
+// leaky ReLU slope where out <= 0.
+Tensor act_grad(const Tensor& g, const Tensor& out, int64_t activation, double slope) {
+  if (activation == sbnActivationRelu) return at::where(out <= 0, at::zeros_like(g), g);
+  if (activation == sbnActivationLeakyRelu) return at::where(out > 0, g, g * slope);
+  return g;
+}
+
+// Gradients of batch_norm_act_infer to (input, residual, weight, bias), with torch ops:
+// the running statistics are constants.
+struct InferActBackward : public Node {
+  SavedVariable x_, y_, rm_, rv_, weight_;
+  double eps = 0.0, slope = 0.0;
+  int64_t activation = 0;
+  bool has_bias = false;
+
+  std::string name() const override { return "SyncBatchNormActInferBackward"; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    x_.reset_data();
+    y_.reset_data();
+    rm_.reset_data();
+    rv_.reset_data();
+    weight_.reset_data();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Tensor x = x_.unpack(), y = y_.unpack(getptr()), rm = rm_.unpack(), rv = rv_.unpack(),
+                 w = weight_.unpack();
+    std::vector<int64_t> shape(x.dim(), 1), dims{0};
+    shape[1] = -1;
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
+    const Tensor g0 = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
+    const Tensor g = act_grad(g0, y, activation, slope);
+    Tensor dx, dz, gw, gb;
+    if (task_should_compute_output(0)) {
+      const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
+      dx = (g * k.view(shape)).to(x.scalar_type());
+    }
+    if (task_should_compute_output(1)) dz = g.to(x.scalar_type());
+    if (w.defined() && task_should_compute_output(2)) {
+      const Tensor xhat = (x.to(at::kFloat) - rm.to(at::kFloat).view(shape)) * scale.view(shape);
+      gw = (g * xhat).sum(dims).to(w.scalar_type());
+    }
+    if (has_bias && task_should_compute_output(3)) gb = g.sum(dims).to(w.scalar_type());
+    variable_list out{dx, dz, gw, gb};
+    once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
+    return out;
+  }
+};
+
+Tensor act_infer_autograd(const Tensor& x, const optional<Tensor>& z, const Tensor& rm, const Tensor& rv,
+                          const optional<Tensor>& weight, const optional<Tensor>& bias, double eps,
+                          int64_t activation, double slope) {
+  const optional<Tensor> xo(x), rmo(rm), rvo(rv);
+  const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rmo, &rvo});
+  no_forward_ad("batch_norm_act_infer", {&xo, &z, &weight, &bias});
+  Tensor y;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    y = act_infer_op().call(x, z, rm, rv, weight, bias, eps, activation, slope);
+  }
+  if (grad) {
+    NodePtr node = new_node<InferActBackward>();
+    auto* n = static_cast<InferActBackward*>(node.get());
+    n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
+    torch::autograd::set_history(y, node);
+    n->x_ = SavedVariable(x, false);
+    if (activation != sbnActivationIdentity) n->y_ = SavedVariable(y, true);
+    n->rm_ = SavedVariable(rm, false);
+    n->rv_ = SavedVariable(rv, false);
+    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->eps = eps;
+    n->slope = slope;
+    n->activation = activation;
+    n->has_bias = bias.has_value();
+  }
+  return y;
+}
+
 }  // namespace
 
 // The schemas: _ops.py's _SCHEMAS (test_torch_ops.py compares them).
@@ -617,18 +1070,39 @@ SBN_LIBRARY(SBN_TORCH_NS, m) {
       "batch_norm_infer(Tensor input, Tensor running_mean, Tensor running_var, Tensor? weight, Tensor? bias, "
       "float eps) -> Tensor",
       tags);
+  // the fused operators: _fused.py's SCHEMAS
+  m.def(
+      "batch_norm_act_train(Tensor input, Tensor? residual, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
+      "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float eps, float? momentum, int comm, "
+      "int activation, float slope, bool inplace) -> (Tensor out, Tensor stats)",
+      tags);
+  m.def(
+      "batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
+      "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, bool residual_grad, "
+      "bool weight_grad) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)",
+      tags);
+  m.def(
+      "batch_norm_act_infer(Tensor input, Tensor? residual, Tensor running_mean, Tensor running_var, "
+      "Tensor? weight, Tensor? bias, float eps, int activation, float slope) -> Tensor",
+      tags);
 }
 
 SBN_LIBRARY_IMPL(SBN_TORCH_NS, CPU, m) {
   m.impl("batch_norm_train", &train_kernel);
   m.impl("batch_norm_backward", &backward_kernel);
   m.impl("batch_norm_infer", &infer_kernel);
+  m.impl("batch_norm_act_train", &act_train_kernel);
+  m.impl("batch_norm_act_backward", &act_backward_kernel);
+  m.impl("batch_norm_act_infer", &act_infer_kernel);
 }
 
 SBN_LIBRARY_IMPL(SBN_TORCH_NS, CUDA, m) {
   m.impl("batch_norm_train", &train_kernel);
   m.impl("batch_norm_backward", &backward_kernel);
   m.impl("batch_norm_infer", &infer_kernel);
+  m.impl("batch_norm_act_train", &act_train_kernel);
+  m.impl("batch_norm_act_backward", &act_backward_kernel);
+  m.impl("batch_norm_act_infer", &act_infer_kernel);
 }
 
 #ifndef SBN_TORCH_NO_AUTOGRAD
@@ -636,6 +1110,9 @@ SBN_LIBRARY_IMPL(SBN_TORCH_NS, Autograd, m) {
   m.impl("batch_norm_train", &train_autograd);
   m.impl("batch_norm_backward", &backward_autograd);
   m.impl("batch_norm_infer", &infer_autograd);
+  m.impl("batch_norm_act_train", &act_train_autograd);
+  m.impl("batch_norm_act_backward", &act_backward_autograd);
+  m.impl("batch_norm_act_infer", &act_infer_autograd);
 }
 #endif
 
@@ -644,7 +1121,8 @@ extern "C" {
 __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, void* backward,
                                                           void* forward_inference, void* last_error,
                                                           void* error_string, void* result_name,
-                                                          void* comm_destroy) {
+                                                          void* comm_destroy, void* forward_train_ex,
+                                                          void* backward_ex, void* forward_inference_ex) {
   api.comm_destroy = reinterpret_cast<decltype(&sbnCommDestroy)>(comm_destroy);
   api.forward_train = reinterpret_cast<decltype(&sbnForwardTrain)>(forward_train);
   api.backward = reinterpret_cast<decltype(&sbnBackward)>(backward);
@@ -652,6 +1130,9 @@ __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, v
   api.last_error = reinterpret_cast<decltype(&sbnGetLastError)>(last_error);
   api.error_string = reinterpret_cast<decltype(&sbnGetErrorString)>(error_string);
   api.result_name = reinterpret_cast<decltype(&sbnGetResultName)>(result_name);
+  api.forward_train_ex = reinterpret_cast<decltype(&sbnForwardTrainEx)>(forward_train_ex);
+  api.backward_ex = reinterpret_cast<decltype(&sbnBackwardEx)>(backward_ex);
+  api.forward_inference_ex = reinterpret_cast<decltype(&sbnForwardInferenceEx)>(forward_inference_ex);
   return SBN_VERSION_CODE;
 }
 
