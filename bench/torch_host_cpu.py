@@ -13,6 +13,9 @@ falls on all of them alike.
                     autograd, without the dispatcher)
           syncbn_op the same layer's operator through the dispatcher (as torch.compile,
                     FX and fake tensors call it): torch.ops.syncbn.batch_norm_train
+          bn_relu   nn.BatchNorm2d then nn.ReLU (a Sequential)
+          syncbn_relu  SyncBatchNorm(activation="relu"): the fused operators
+                    (syncbn::batch_norm_act_*), what convert_fused makes of bn_relu
   calls:  forward   training forward, input requiring grad (the autograd node is made)
           backward  y.backward(g) alone (the forward outside the timer)
           eval      eval forward (running statistics), no grad
@@ -91,7 +94,10 @@ def main():
         return _ops.batch_norm_train(x, ours.weight, ours.bias, ours.running_mean, ours.running_var,
                                      ours.num_batches_tracked, ours.eps, ours.momentum, comm.id)[0]
 
-    layers = {"bn": bn, "syncbn": ours, "syncbn_op": op_forward}
+    bn_relu = torch.nn.Sequential(torch.nn.BatchNorm2d(c), torch.nn.ReLU())
+    ours_relu = sbt.SyncBatchNorm(c, comm=comm, activation="relu")
+    modules = (bn, ours, bn_relu, ours_relu)
+    layers = {"bn": bn, "syncbn": ours, "syncbn_op": op_forward, "bn_relu": bn_relu, "syncbn_relu": ours_relu}
 
     def forward_fn(path):
         m = layers[path]
@@ -125,7 +131,7 @@ def main():
 
             def f():
                 return m(x)
-        for m in (bn, ours):
+        for m in modules:
             m.eval()
         try:
             with torch.no_grad():
@@ -134,7 +140,7 @@ def main():
                     f()
                 return (time.perf_counter() - t0) / n
         finally:
-            for m in (bn, ours):
+            for m in modules:
                 m.train()
 
     kinds = {"forward": time_forward, "backward": time_backward, "eval": time_eval}
@@ -166,14 +172,18 @@ def main():
     print(f"# {info['device']}; host copy bandwidth {bw:.1f} GB/s (2 x 64 MiB / median of 10)")
     print(f"# a CPU team of one, x (2, {c}, 4, 4) fp32; median over {args.rounds} rounds of the mean of "
           f"{args.calls} calls (us per call)")
-    print(f"{'call':10s}" + "".join(f"{p:>12s}" for p in paths) + f"{'syncbn/bn':>12s}{'op/bn':>10s}")
+    print(f"{'call':10s}" + "".join(f"{p:>12s}" for p in paths) + f"{'syncbn/bn':>11s}{'op/bn':>7s}"
+          f"{'relu: syncbn/bn':>17s}")
     rows = []
     for k in kinds:
         r = {p: round(med[(k, p)], 2) for p in paths}
         ratio = med[(k, "syncbn")] / med[(k, "bn")]
         ratio_op = med[(k, "syncbn_op")] / med[(k, "bn")]
-        rows.append({"call": k, **r, "ratio": round(ratio, 3), "ratio_op": round(ratio_op, 3)})
-        print(f"{k:10s}" + "".join(f"{med[(k, p)]:12.2f}" for p in paths) + f"{ratio:12.2f}{ratio_op:10.2f}")
+        ratio_relu = med[(k, "syncbn_relu")] / med[(k, "bn_relu")]
+        rows.append({"call": k, **r, "ratio": round(ratio, 3), "ratio_op": round(ratio_op, 3),
+                     "ratio_relu": round(ratio_relu, 3)})
+        print(f"{k:10s}" + "".join(f"{med[(k, p)]:12.2f}" for p in paths) + f"{ratio:11.2f}{ratio_op:7.2f}"
+              f"{ratio_relu:17.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"info": info, "rows": rows}, f, indent=1)
