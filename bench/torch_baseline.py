@@ -28,6 +28,15 @@ NHWC = channels_last) it times two paths on GPU 0, W = 1 rank:
 weight, bias and running stats are fp32 for every dtype, as in sbn-bench (and in PyTorch
 mixed precision, where BatchNorm parameters stay fp32).
 
+--epilogue relu | add-relu (sbn-bench --epilogue's): batch norm + ReLU, or + residual add
++ ReLU (a ResNet block's last batch norm), each path as a model runs it: torch_bn and
+torch_syncbn as a torchvision block does (`out += identity`, then nn.ReLU(inplace=True);
+backward: ReLU's threshold_backward of the output, then the batch norm's backward, whose
+input gradient is also the residual's), syncbn_torch as one fused op
+(SyncBatchNorm(activation="relu"), forward(x, z)). The check's reference gains the
+epilogue (the mask from the row's own y; dz); the floors come from an sbn-bench
+--epilogue JSON of the same epilogue (its rows carry it); no latency rows.
+
 Method (the same as sbn-bench's GPU mode, docs/DESIGN.md "Benchmark methodology"):
 --warmup calls (default 5), then -i calls (default 50) timed with CUDA events recorded
 around the op only; before every call a buffer of >= 2x the L2 size is written (fill_, a
@@ -114,17 +123,19 @@ PATHS = ("torch_bn", "torch_syncbn", "syncbn_torch")
 DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
+EPILOGUES = ("none", "relu", "add-relu")  # sbn-bench --epilogue's
 NO_FLOORS = "none: no --floors-from (sbn-bench's JSON defines the bytes and the floors)"
 
 
 # ---- rows, table, JSON ----------------------------------------------------------------------
-def new_row(shape, spatial, dtype, layout, path):
+def new_row(shape, spatial, dtype, layout, path, epilogue="none"):
     xb = shape["n"] * shape["c"] * spatial * elem_size(dtype)
-    return {"path": path, "shape": shape["id"], "where": shape["where"], "n": shape["n"],
+    return {"path": path, "epilogue": epilogue, "shape": shape["id"], "where": shape["where"], "n": shape["n"],
             "c": shape["c"], "h": shape["h"], "w": shape["w"], "spatial": spatial,
             "dtype": dtype, "layout": layout, "ranks": 1, "bytes_x_rank": xb, "bytes_x_total": xb,
             "_t": {}, "_checked": 0, "_wrong": 0, "_beyond": 0, "_worst": 0.0, "_worst_what": "",
-            "_printed": 0, "_label": f"{shape['id']} {dtype} {layout} {path}", "_error": None,
+            "_printed": 0, "_label": f"{shape['id']} {dtype} {layout} {path}"
+            + (f" {epilogue}" if epilogue != "none" else ""), "_error": None,
             "_note": None, "_optional_error": False}
 
 
@@ -135,7 +146,7 @@ def finish_row(row, B, floors):
     twin = None
     if floors:
         twin = floors["rows"].get(floor_key(row["shape"], row["dtype"], row["layout"], row["n"],
-                                            row["c"], row["spatial"]))
+                                            row["c"], row["spatial"], row["epilogue"]))
     for key in ("fwd", "bwd"):
         t = row["_t"].get(key, {}) if row["_error"] is None else {}
         d = op_derived(twin[key] if twin else None, t.get("us_median"), B)
@@ -147,7 +158,8 @@ def finish_row(row, B, floors):
                     "floor_a_us": num(d["floor_a_us"]), "floor_b_us": num(d["floor_b_us"]),
                     "pct_floor_a": num(d["pct_floor_a"]), "pct_floor_b": num(d["pct_floor_b"])}
     if floors and twin is None and not row["_note"]:
-        row["_note"] = f"no bytes or floors: {floors['file']} has no ranks-1 row of this shape"
+        row["_note"] = f"no bytes or floors: {floors['file']} has no ranks-1 row of this shape" + \
+            (f" and epilogue ({row['epilogue']})" if row["epilogue"] != "none" else "")
     out["checked"] = row["_checked"]
     out["wrong"] = row["_wrong"]
     # PyTorch's accuracy next to ours: the values only PyTorch's own rounding put beyond the
@@ -156,7 +168,7 @@ def finish_row(row, B, floors):
     out["beyond_tol_torch"] = row["_beyond"]
     out["tol_used"] = num(row["_worst"]) if math.isfinite(row["_worst"]) else None
     out["tol_used_sbn"] = num(floors["tol_used"].get(floor_key(
-        row["shape"], row["dtype"], row["layout"], row["n"], row["c"], row["spatial"]))) \
+        row["shape"], row["dtype"], row["layout"], row["n"], row["c"], row["spatial"], row["epilogue"]))) \
         if floors else None
     out["worst"] = row["_worst_what"]
     out["error"] = row["_error"]
@@ -192,6 +204,13 @@ def print_header(meta, args):
     print("# torch_bn: F.batch_norm(training=True) + autograd backward alone; torch_syncbn: "
           "SyncBatchNorm's op sequence on a 1-rank " + ("NCCL" if args.device == "cuda" else "gloo")
           + " process group; weight, bias, running stats fp32")
+    if args.epilogue != "none":
+        add = args.epilogue == "add-relu"
+        print(f"# epilogue {args.epilogue}: y = relu(bn(x){' + z' if add else ''}), backward to x, weight, bias"
+              f"{', z' if add else ''}; torch_bn and torch_syncbn as a torchvision block runs them "
+              f"({'out += identity, then ' if add else ''}ReLU(inplace=True); the backward: ReLU's "
+              "threshold_backward of the output, then batch norm's), syncbn_torch as "
+              "SyncBatchNorm(activation='relu')" + (", forward(x, z)" if add else "") + " (one op)")
     print(f"# scale {args.scale} (spatial = H*W / {args.scale}, >= 1), checked channels per row "
           f"{'<= ' + str(args.check_channels) if args.check_channels else 'all'}")
     print("#")
@@ -246,6 +265,9 @@ def parse_args(argv):
     p.add_argument("--check-channels", type=int, default=DEFAULT_CHECK_CHANNELS,
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")
+    p.add_argument("--epilogue", choices=EPILOGUES, default="none",
+                   help="none (default); relu: batch norm + ReLU; add-relu: batch norm + residual add + "
+                        "ReLU (a ResNet block's last), each path as a model runs it (no latency rows)")
     p.add_argument("--json", help="also write the metadata and every row as JSON")
     p.add_argument("--floors-from", metavar="FILE",
                    help="an sbn-bench --json file of the same shapes (any mode): each row's "
@@ -272,6 +294,8 @@ def parse_args(argv):
     a.path_list = names(a.paths, PATHS, "paths")
     if a.iters < 1 or a.warmup < 0 or a.scale < 1 or a.check_channels < 0:
         p.error("-i >= 1, --warmup >= 0, --scale >= 1, --check-channels >= 0")
+    if a.epilogue != "none":
+        a.no_latency = True  # the latency table is the plain ops' (as sbn-bench's)
     return a
 
 
@@ -313,6 +337,7 @@ def main(argv=None):
     meta["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     meta["mode"] = "gpu" if args.device == "cuda" else "cpu-dryrun"
     meta["paths"] = args.path_list
+    meta["epilogue"] = args.epilogue
     meta["team"] = ("torch: one process, a 1-rank " + ("NCCL" if bench.cuda else "gloo")
                     + " process group (torch.distributed, FileStore)")
     meta["device"] = bench.device_info()
@@ -349,7 +374,7 @@ def main(argv=None):
                     except Exception as e:  # noqa: BLE001
                         in_err = f"inputs: {type(e).__name__}: {e}"
                     for path in args.path_list:
-                        r = new_row(s, s["spatial"], dtype, layout, path)
+                        r = new_row(s, s["spatial"], dtype, layout, path, args.epilogue)
                         if in_err:
                             r["_error"] = in_err
                         else:
@@ -420,7 +445,8 @@ def main(argv=None):
     print(f"# #wrong: checked values outside |got-ref| <= tol + tol*|ref| (fp32 values and every "
           f"per-channel value {TOL_F32}, bf16/fp16 y and dx {TOL_HALF}; reference: float64 on the "
           "CPU from the tensors' own values) in y, dx, dweight, dbias, running stats (and saved "
-          "mean/invstd for torch_syncbn) on the checked channels of one more forward + backward")
+          "mean/invstd for torch_syncbn; dz with --epilogue add-relu) on the checked channels of one more "
+          "forward + backward")
     print("# #torch: values beyond that tolerance where PyTorch's own rounding puts them (fp16/"
           "bf16 channels-first dweight and dbias: its backward reduction rounds each product and "
           "each shuffled partial sum to the input dtype, within gamma(12) * sum|term| at the "

@@ -218,9 +218,9 @@ class Bench:
         return gpu, host
 
     # -- syncbn.torch (the syncbn_torch path) -------------------------------------------------
-    def syncbn_layer(self, c):
-        """syncbn.torch.SyncBatchNorm(c) on this process group's team (CUDA; a 1-rank CPU
-        team with --device cpu), momentum and eps as the other paths."""
+    def syncbn_layer(self, c, activation="identity"):
+        """syncbn.torch.SyncBatchNorm(c, activation=) on this process group's team (CUDA; a
+        1-rank CPU team with --device cpu), momentum and eps as the other paths."""
         try:
             import syncbn
             import syncbn.torch as sbt
@@ -234,7 +234,8 @@ class Bench:
                 self._sbn_comm = sbt.team_for(self.pg, self.dev)
             else:
                 self._sbn_comm = syncbn.cpu_team(1)[0]
-        return sbt.SyncBatchNorm(c, eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm).to(self.dev)
+        return sbt.SyncBatchNorm(c, eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm,
+                                 activation=activation).to(self.dev)
 
     # -- the SyncBatchNorm op sequence --------------------------------------------------------
     def ops(self):
@@ -341,27 +342,51 @@ class Bench:
         del x32
         dy = torch.randn(dims, generator=gd, device=self.dev, dtype=torch.float32)
         dy = dy.to(td).contiguous(memory_format=mf)
-        return x, dy, weight, bias
+        z = None
+        if self.args.epilogue == "add-relu":  # the residual: N(0,1), x's dtype and memory format
+            z = torch.randn(dims, generator=gd, device=self.dev, dtype=torch.float32)
+            z = z.to(td).contiguous(memory_format=mf)
+        return x, dy, weight, bias, z
 
     def run_row(self, row, shape, dtype, layout, path, inputs, check=True):
+        """Times and checks one row. --epilogue relu / add-relu: y = relu(bn(x) [+ z]) and
+        the backward to (x, weight, bias[, z]): syncbn_torch's fused layer
+        (SyncBatchNorm(activation="relu"), forward(x, z)); for PyTorch, what a torchvision
+        block runs after its batch norm: `out += identity` then ReLU(inplace=True) (torch_bn
+        through autograd; torch_syncbn's op sequence followed by add_ / relu_, and in the
+        backward ReLU's threshold_backward of the output before the sequence's backward,
+        whose input gradient is also z's)."""
         torch, F = self.torch, self.F
-        x, dy, weight, bias = inputs
+        x, dy, weight, bias, z = inputs
+        epi = self.args.epilogue != "none"
         c = shape["c"]
         rm = torch.zeros(c, dtype=torch.float32, device=self.dev)
         rv = torch.ones(c, dtype=torch.float32, device=self.dev)
+        zg = z.detach().requires_grad_(True) if z is not None else None
         if path == "syncbn_torch":
-            layer = self.syncbn_layer(c)
+            layer = self.syncbn_layer(c, "relu" if epi else "identity")
             with torch.no_grad():
                 layer.weight.copy_(weight)
                 layer.bias.copy_(bias)
             layer.running_mean, layer.running_var = rm, rv
             layer.num_batches_tracked.zero_()
             xg = x.detach().requires_grad_(True)
-            params = (xg, layer.weight, layer.bias)
+            params = (xg, layer.weight, layer.bias) + ((zg,) if zg is not None else ())
 
             def fwd():
-                return layer(xg)
+                return layer(xg, zg) if zg is not None else layer(xg)
+        elif path == "torch_bn":
+            w = weight.clone().requires_grad_(True)
+            b = bias.clone().requires_grad_(True)
+            xg = x.detach().requires_grad_(True)
+            params = (xg, w, b) + ((zg,) if zg is not None else ())
 
+            def fwd():
+                y = F.batch_norm(xg, rm, rv, w, b, True, MOMENTUM, EPS)
+                if zg is not None:
+                    y += zg
+                return F.relu(y, inplace=True) if epi else y
+        if path in ("syncbn_torch", "torch_bn"):
             tf = self.time_op(fwd)
             y = fwd()
             tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))
@@ -370,55 +395,54 @@ class Bench:
                 rm.zero_()
                 rv.fill_(1.0)
                 y = fwd()
-                dx, dw, db = torch.autograd.grad(y, params, dy)
+                grads = torch.autograd.grad(y, params, dy)
                 self.sync()
-                got = {"y": y.detach(), "dx": dx, "dweight": dw, "dbias": db,
+                got = {"y": y.detach(), "dx": grads[0], "dweight": grads[1], "dbias": grads[2],
                        "running_mean": rm, "running_var": rv}
-        elif path == "torch_bn":
-            w = weight.clone().requires_grad_(True)
-            b = bias.clone().requires_grad_(True)
-            xg = x.detach().requires_grad_(True)
-
-            def fwd():
-                return F.batch_norm(xg, rm, rv, w, b, True, MOMENTUM, EPS)
-
-            tf = self.time_op(fwd)
-            y = fwd()
-            tb = self.time_op(lambda: torch.autograd.grad(y, (xg, w, b), dy, retain_graph=True))
-            del y
-            if check:
-                rm.zero_()
-                rv.fill_(1.0)
-                y = fwd()
-                dx, dw, db = torch.autograd.grad(y, (xg, w, b), dy)
-                self.sync()
-                got = {"y": y.detach(), "dx": dx, "dweight": dw, "dbias": db,
-                       "running_mean": rm, "running_var": rv}
+                if zg is not None:
+                    got["dz"] = grads[3]
         else:
             if self.pg is None:
                 raise RuntimeError(self.pg_error or "no process group")
             ops = self.ops()
-            tf = self.time_op(lambda: self.sync_forward(ops, x, weight, bias, rm, rv))
-            _, mean, invstd, cnt = self.sync_forward(ops, x, weight, bias, rm, rv)
-            tb = self.time_op(lambda: self.sync_backward(ops, dy, x, weight, mean, invstd, cnt))
+
+            def sync_fwd():
+                y, mean, invstd, cnt = self.sync_forward(ops, x, weight, bias, rm, rv)
+                if z is not None:
+                    y.add_(z)
+                if epi:
+                    y.relu_()
+                return y, mean, invstd, cnt
+
+            def sync_bwd(y, mean, invstd, cnt):
+                g = torch.ops.aten.threshold_backward(dy, y, 0) if epi else dy  # ReLU's, of its output
+                return self.sync_backward(ops, g, x, weight, mean, invstd, cnt), g
+
+            tf = self.time_op(sync_fwd)
+            saved = sync_fwd()
+            tb = self.time_op(lambda: sync_bwd(*saved))
+            del saved
             if check:
                 rm.zero_()
                 rv.fill_(1.0)
-                y, mean, invstd, cnt = self.sync_forward(ops, x, weight, bias, rm, rv)
-                dx, dw, db = self.sync_backward(ops, dy, x, weight, mean, invstd, cnt)
+                y, mean, invstd, cnt = sync_fwd()
+                (dx, dw, db), g = sync_bwd(y, mean, invstd, cnt)
                 self.sync()
                 got = {"y": y, "dx": dx, "dweight": dw, "dbias": db, "running_mean": rm,
                        "running_var": rv, "save_mean": mean, "save_invstd": invstd}
+                if z is not None:
+                    got["dz"] = g
         for key, (gpu, host) in (("fwd", tf), ("bwd", tb)):
             med, mn, p90 = times_stats(gpu)
             row["_t"][key] = {"us_median": med, "us_min": mn, "us_p90": p90,
                               "host_us_median": median(host)}
         if check and x.numel() > 0:
-            self.check(row, x, dy, weight, bias, got, dtype, layout)
+            self.check(row, x, dy, weight, bias, got, dtype, layout, z)
 
-    def check(self, row, x, dy, weight, bias, got, dtype, layout):
+    def check(self, row, x, dy, weight, bias, got, dtype, layout, z=None):
         """Compares `got` with a float64 reference on the CPU on up to --check-channels
-        channels spread over C (first and last included)."""
+        channels spread over C (first and last included). --epilogue: y = relu(bn(x) [+ z]),
+        the backward's mask from the row's own y (as sbn-bench's check), dz = relu'(y) dy."""
         torch = self.torch
         C = x.shape[1]
         kmax = self.args.check_channels
@@ -440,6 +464,12 @@ class Bench:
         var = (xmu * xmu).mean(dim=(0, 2))
         invstd = 1.0 / torch.sqrt(var + EPS)
         y_ref = xmu * (invstd * w).view(1, k, 1) + b.view(1, k, 1)
+        if self.args.epilogue != "none":
+            if z is not None:
+                y_ref = y_ref + sample(z)
+            y_ref = y_ref.clamp_min(0.0)
+            if got.get("y") is not None:  # g = relu'(y) dy, the mask from the row's own y
+                dys = torch.where(sample(got["y"]) > 0, dys, torch.zeros_like(dys))
         sum_dy = dys.sum(dim=(0, 2))
         sum_dy_xmu = (dys * xmu).sum(dim=(0, 2))
         dx_ref = (w * invstd).view(1, k, 1) * (
@@ -452,6 +482,8 @@ class Bench:
                 "running_mean": MOMENTUM * mean,
                 "running_var": (1 - MOMENTUM) + MOMENTUM * var * M / (M - 1),
                 "save_mean": mean, "save_invstd": invstd}
+        if z is not None:
+            refs["dz"] = dys
         tol_out = TOL_F32 if dtype == "fp32" else TOL_HALF
         for name, ref in refs.items():
             if name not in got:
@@ -462,8 +494,9 @@ class Bench:
                 row["_checked"] += ref.numel()
                 self.note_worst(row, math.inf, f"{name} missing")
                 continue
-            gv = sample(g) if name in ("y", "dx") else chan(g)
-            tol = tol_out if name in ("y", "dx") else TOL_F32
+            elem = name in ("y", "dx", "dz")
+            gv = sample(g) if elem else chan(g)
+            tol = tol_out if elem else TOL_F32
             err = (gv - ref).abs()
             lim = tol + tol * ref.abs()
             ok = err <= lim
@@ -479,7 +512,7 @@ class Bench:
             flat = int(torch.argmax(used).item())
             worst = float(used.flatten()[flat])
             def at(pos):
-                if name in ("y", "dx"):  # packed (N, k, S): sample n, channel chs[j], spatial s
+                if elem:  # packed (N, k, S): sample n, channel chs[j], spatial s
                     S = ref.shape[2]
                     return f"{name} c{chs[(pos // S) % k]} n{pos // (k * S)} s{pos % S}"
                 return f"{name} c{chs[pos]}"

@@ -8,8 +8,10 @@ class FloorsError(ValueError):
     pass
 
 
-def floor_key(shape, dtype, layout, n, c, spatial):
-    return (str(shape).lower(), dtype, layout, n, c, spatial)
+def floor_key(shape, dtype, layout, n, c, spatial, epilogue="none"):
+    """A row's key: its shape, dtype, layout, size and epilogue (sbn-bench --epilogue's rows
+    move the fused op's bytes; a JSON from before the epilogue has none)."""
+    return (str(shape).lower(), dtype, layout, n, c, spatial, epilogue or "none")
 
 
 def load_floors(path):
@@ -31,12 +33,12 @@ def load_floors(path):
             continue
         if r.get("path") in ("coop", "cpu"):  # the library's accuracy on the same shape
             tol_used[floor_key(r.get("shape"), r.get("dtype"), r.get("layout"), r.get("n"),
-                               r.get("c"), r.get("spatial"))] = r.get("tol_used")
+                               r.get("c"), r.get("spatial"), r.get("epilogue"))] = r.get("tol_used")
         ops = {op: r.get(op) for op in ("fwd", "bwd")}
         if not all(isinstance(o, dict) and o.get("floor_a_bytes") is not None for o in ops.values()):
             continue
         key = floor_key(r.get("shape"), r.get("dtype"), r.get("layout"), r.get("n"), r.get("c"),
-                        r.get("spatial"))
+                        r.get("spatial"), r.get("epilogue"))
         table[key] = {op: {k: o.get(k) for k in ("bytes_rank", "bytes_total", "floor_a_bytes",
                                                   "floor_b_bytes")} for op, o in ops.items()}
     return {"file": path, "rows": table, "tol_used": tol_used, "bytes": top.get("bytes"),

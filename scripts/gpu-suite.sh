@@ -40,7 +40,9 @@
 #             _native.py), and which operators the torch steps run on; fails if not the C++ ones
 #   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
 #             syncbn.torch's layer: --paths ...,syncbn_torch), JSON;
-#             its bytes and floors read from the bench step's JSON
+#             its bytes and floors read from the bench step's JSON; then the same with
+#             --epilogue add-relu (fp32 NCHW) and relu (bf16 NHWC) on S1-S9: the fused
+#             layer against PyTorch's batch norm (+= z) + ReLU, floors from the fused step
 #   pytorch   tests/python/test_torch_gpu.py: syncbn.torch on the GPU (a team from a process
 #             group, a training step vs PyTorch's SyncBatchNorm, CUDA graph replay)
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
@@ -348,13 +350,26 @@ raise SystemExit(_ops.NATIVE is None)'
 
 step_torch() {
   # the bytes and floors of its rows are sbn-bench's (bench/floors.c), read from its JSON
-  local floors=() quick=()
+  local floors=() quick=() rc=0
   [ -f "$OUTDIR/bench.json" ] && floors=(--floors-from "$OUTDIR/bench.json")
   [ "$QUICK" = 1 ] && quick=(--only S1,S2,S5,S10)
   # syncbn_torch: this project's PyTorch layer on the same process group (issue 28)
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
     "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch \
-    "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json"
+    "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json" || rc=1
+  # the fused layer (issue 51) against what a torchvision block runs in PyTorch (batch norm,
+  # += identity, ReLU), on the fused step's shapes; floors from its JSON when it ran
+  local e dt lo f
+  for e in "add-relu fp32 NCHW fused-add-relu-fp32" "relu bf16 NHWC fused-relu-half"; do
+    read -r e dt lo f <<<"$e"
+    floors=()
+    [ -f "$OUTDIR/$f.json" ] && floors=(--floors-from "$OUTDIR/$f.json")
+    PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
+      "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch --epilogue "$e" \
+      --only S1,S2,S3,S4,S5,S6,S7,S8,S9 --dtype "$dt" --layout "$lo" "${floors[@]}" \
+      --json "$OUTDIR/torch-$f.json" || rc=1
+  done
+  return $rc
 }
 
 step_pytorch() {
