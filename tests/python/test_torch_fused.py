@@ -258,6 +258,26 @@ class TestSavedTensors(TeamOfOne):
         with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
             y.sum().backward()
 
+    def test_create_graph_leaves_the_incoming_gradient_alone(self):
+        """An evaluated identity layer with a residual passes the incoming gradient through
+        as the residual's: autograd.grad(create_graph=True) must not give the caller's
+        grad_outputs a history (a leaf stays a leaf, and one that requires grad stays
+        differentiable)."""
+        m = sbt.SyncBatchNorm(3, comm=self.comm).eval()
+        for dy_requires_grad in (False, True):
+            with self.subTest(dy_requires_grad=dy_requires_grad):
+                x = torch.randn(4, 3, 5, 6, requires_grad=True)
+                z = torch.randn(4, 3, 5, 6, requires_grad=True)
+                dy = torch.randn(4, 3, 5, 6, requires_grad=dy_requires_grad)
+                gx, gz = torch.autograd.grad(m(x, z), (x, z), dy, create_graph=True)
+                torch.testing.assert_close(gz, dy.detach(), rtol=0, atol=0)
+                self.assertTrue(dy.is_leaf)
+                self.assertIsNone(dy.grad_fn)
+                self.assertEqual(dy.requires_grad, dy_requires_grad)
+                if dy_requires_grad:
+                    (dy * 2).sum().backward()
+                    torch.testing.assert_close(dy.grad, torch.full_like(dy, 2.0), rtol=0, atol=0)
+
 
 class TestRefusals(TeamOfOne):
     def test_inplace_relu_refused_at_construction(self):

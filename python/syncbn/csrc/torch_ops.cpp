@@ -410,7 +410,7 @@ std::string py_float(double v) {
   const int nd = static_cast<int>(digits.size());
   if (exp < -4 || exp >= 16) {  // Python's repr: d[.ddd]e[+-]XX
     std::string m = digits.substr(0, 1) + (nd > 1 ? "." + digits.substr(1) : "");
-    char ex[8];
+    char ex[16];
     std::snprintf(ex, sizeof ex, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     return sign + m + ex;
   }
@@ -713,8 +713,13 @@ void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor&
   NodePtr err = new_node<torch::autograd::Error>(
       "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it)",
       torch::autograd::collect_next_edges(dy, x, weight));
+  // on a shallow alias of each: a gradient may be the incoming one itself (identity's dz
+  // in InferActBackward), whose own history (a leaf of the caller's) must stay as it is
   for (Tensor& t : outputs)
-    if (t.defined()) torch::autograd::set_history(t, err);
+    if (t.defined()) {
+      t = t.tensor_data();
+      torch::autograd::set_history(t, err);
+    }
 }
 
 // Gradients of batch_norm_train's out, to (input, weight, bias): sbnBackward.
