@@ -71,14 +71,17 @@ def check_activation(activation, slope, inplace, who, residual=False):
     in-place backward cannot do (ReLU, slope 0, a residual), naming it (ValueError)."""
     if activation not in _ACT_NAMES:
         raise ValueError(f"{who}: activation {activation!r}: 0 (identity), 1 (relu) or 2 (leaky_relu)")
-    if not math.isfinite(slope) or slope < 0:
-        raise ValueError(f"{who}: slope {slope}: leaky ReLU's negative slope must be finite and >= 0")
+    # the library takes the slope as a float32: judged as that value (1e39 is not finite
+    # there, 1e-320 is 0)
+    slope32 = ctypes.c_float(slope).value if math.isfinite(slope) else slope
+    if not math.isfinite(slope32) or slope32 < 0:
+        raise ValueError(f"{who}: slope {slope}: leaky ReLU's negative slope must be finite and >= 0 (as a float32)")
     if inplace:
         if activation == RELU:
             raise ValueError(f"{who}: the in-place mode cannot take ReLU: ReLU is not invertible (its output "
                              "loses x where it is 0, and the in-place backward recovers x from the output); "
                              "use leaky_relu with a slope > 0, or inplace=False")
-        if activation == LEAKY_RELU and slope == 0:
+        if activation == LEAKY_RELU and slope32 == 0:
             raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not "
                              "invertible); use a slope > 0, or inplace=False")
         if residual:

@@ -290,6 +290,24 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(ValueError, "slope -1"):
             sbt.SyncBatchNorm(3, activation="leaky_relu", slope=-1)
 
+    def test_slope_judged_as_the_float32_the_library_takes(self):
+        """A slope that is 0 as a float32 is ReLU for the in-place mode (refused at
+        construction, not by the library at the first backward); one beyond float32's
+        range is not finite there. The layer's check and the operators' (either kind)."""
+        with self.assertRaisesRegex(ValueError, "slope 0"):
+            sbt.SyncBatchNorm(3, activation="leaky_relu", slope=1e-320, inplace=True)
+        with self.assertRaisesRegex(ValueError, r"slope 1e\+39: .* finite and >= 0 \(as a float32\)"):
+            sbt.SyncBatchNorm(3, activation="leaky_relu", slope=1e39)
+        x = torch.randn(2, 3, 4)
+        with self.assertRaisesRegex(ValueError, "slope 0"):
+            _fused.batch_norm_act_train(x, None, None, None, None, None, None, 1e-5, 0.1, self.comm.id,
+                                        syncbn.LEAKY_RELU, 1e-320, True)
+        with self.assertRaisesRegex(ValueError, r"slope 1e\+39"):
+            _fused.batch_norm_act_infer(x, None, torch.zeros(3), torch.ones(3), None, None, 1e-5,
+                                        syncbn.LEAKY_RELU, 1e39)
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", slope=1e-30, inplace=True)
+        m(torch.randn(2, 3, 4) + 1).sum().backward()  # 1e-30 is a float32 > 0: invertible, runs
+
     def test_inplace_with_residual_refused(self):
         m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
         x = torch.randn(2, 3, 4)

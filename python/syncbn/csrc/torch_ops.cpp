@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cfloat>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -428,14 +429,19 @@ const char* act_name(int64_t a) {
 void check_activation(int64_t activation, double slope, bool inplace, const std::string& who, bool residual) {
   if (activation < sbnActivationIdentity || activation > sbnActivationLeakyRelu)
     fail_value(who + ": activation " + std::to_string(activation) + ": 0 (identity), 1 (relu) or 2 (leaky_relu)");
-  if (!std::isfinite(slope) || slope < 0)
-    fail_value(who + ": slope " + py_float(slope) + ": leaky ReLU's negative slope must be finite and >= 0");
+  // the library takes the slope as a float32: judged as that value (1e39 is not finite
+  // there, 1e-320 is 0)
+  const bool fits = std::isfinite(slope) && std::fabs(slope) <= static_cast<double>(FLT_MAX);
+  const float slope32 = fits ? static_cast<float>(slope) : 0.0f;
+  if (!fits || slope32 < 0)
+    fail_value(who + ": slope " + py_float(slope) +
+               ": leaky ReLU's negative slope must be finite and >= 0 (as a float32)");
   if (!inplace) return;
   if (activation == sbnActivationRelu)
     fail_value(who + ": the in-place mode cannot take ReLU: ReLU is not invertible (its output loses x where it "
                      "is 0, and the in-place backward recovers x from the output); use leaky_relu with a slope > 0, "
                      "or inplace=False");
-  if (activation == sbnActivationLeakyRelu && slope == 0)
+  if (activation == sbnActivationLeakyRelu && slope32 == 0)
     fail_value(who + ": the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not invertible); use a "
                      "slope > 0, or inplace=False");
   if (residual)
