@@ -240,8 +240,8 @@ static cudnnStatus_t cudnn_call(bench_cudnn_ctx_t* k, int fwd) {
                                  b->rv[0], k->eps, b->save_mean[0], b->save_invstd[0], k->act, k->ws,
                                  k->ws_bytes, k->reserve, k->reserve_bytes);
   /* alpha/beta for dx, then for dweight/dbias: overwrite both; y (the forward's output) is
-     read with an activation, and is a valid tensor without; the activation's mask comes from
-     the forward's reserve space */
+     read with an activation (BN_ACTIVATION takes its mask from y; BN_ADD_ACTIVATION from the
+     forward's reserve space, which is kept), and is a valid tensor without */
   return cu->BackwardEx(cu->handle, k->mode, k->ops, &one, &zero, &one, &zero, k->xd, b->x[0],
                         k->xd, b->y[0], k->xd, b->dy[0], k->zd, dz, k->xd, b->dx[0], k->bnd,
                         b->weight, b->bias, b->dweight[0], b->dbias[0], k->eps, b->save_mean[0],
@@ -287,6 +287,10 @@ static int cudnn_prepare(bench_cudnn_ctx_t* k, char* err, size_t cap) {
   if (k->reserve) cudaFree(k->reserve);
   k->ws = k->reserve = NULL;
   k->ws_bytes = ws_f > ws_b ? ws_f : ws_b;
+  /* the fused ops always get a workspace: with NULL and 0, cudnnBatchNormalizationForward-
+     TrainingEx documents that it acts as the plain cudnnBatchNormalizationForwardTraining
+     (no z, no activation), which would be a wrong row instead of a refused one */
+  if (k->ops != CUDNN_BATCHNORM_OPS_BN && k->ws_bytes < 256) k->ws_bytes = 256;
   k->reserve_bytes = res;
   if (k->ws_bytes) GPU_TRY(cudaMalloc(&k->ws, k->ws_bytes), "cudaMalloc (cuDNN workspace)");
   if (k->reserve_bytes)
@@ -427,11 +431,14 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
       snprintf(refused + len, sizeof refused - len, "%s%s: %s", len ? "; " : "", kModeNames[m],
                text);
     const int cat = CUDNN_STATUS_CATEGORY((int)st);
-    const int fall_back =
-        m == 0 && (cat == CUDNN_STATUS_NOT_SUPPORTED || cat == CUDNN_STATUS_BAD_PARAM);
-    /* the fused ops' support is narrow (NHWC, half types, SPATIAL_PERSISTENT), and cuDNN may
-       refuse the rest as a bad parameter rather than as unsupported: a skipped row too */
-    const int fused_refused = k.ops != CUDNN_BATCHNORM_OPS_BN && cat == CUDNN_STATUS_BAD_PARAM;
+    /* the fused ops' documented case (NHWC fp16): a bad parameter there is this bench's
+       mistake, an error; elsewhere their support is narrow and cuDNN may refuse it as a bad
+       parameter rather than as unsupported: a skipped row, as NOT_SUPPORTED is */
+    const int fused = k.ops != CUDNN_BATCHNORM_OPS_BN;
+    const int documented = fused && d.dtype == sbnFloat16 && d.layout == sbnLayoutNHWC;
+    const int bad_param = cat == CUDNN_STATUS_BAD_PARAM && !documented;
+    const int fall_back = m == 0 && (cat == CUDNN_STATUS_NOT_SUPPORTED || bad_param);
+    const int fused_refused = fused && bad_param;
     if (!fall_back && !fused_refused && !cudnn_not_supported(st)) {
       snprintf(err, cap, "cuDNN %s", refused);
       goto out;
