@@ -68,6 +68,30 @@ fi
 # The kernels as the library builds them (NCCL's window transport where NCCL is found).
 sbn_kernel_defs
 echo "check-sass: $("$NVCC" --version | tail -n 1); $("$CUOBJDUMP" --version | tail -n 1)"
+
+# The other builds start first, beside the sm_90 one below (one nvcc is one core: four
+# compiles keep both of CI's cores busy). The other architectures: sm_80 (A100, the
+# oldest syncbn supports) and sm_100 (Blackwell) must compile too (not run, not checked
+# further); a build without a GPU visible compiles PTX only (cmake/cuda_arch.cmake), so
+# ptxas runs for them here. The mutant build: the plain ops' kernels only (the mutants
+# are checked on them, kernels/coop.cu).
+for sm in 80 100; do
+  if ! "$NVCC" --list-gpu-arch | grep -qx "compute_$sm"; then
+    echo "check-sass: FAILED: this nvcc cannot target sm_$sm" >&2
+    exit 1
+  fi
+done
+echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
+  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu &"
+pids=()
+for sm in 80 100; do
+  sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
+  pids+=($!)
+done
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY &
+mpid=$!
+# a failure below leaves no compile behind
+trap 'kill "${pids[@]}" "$mpid" 2>/dev/null || true' EXIT
 echo "+ nvcc -arch=sm_90 -cubin kernels/coop.cu ${DEFS[*]}"
 sbn_coop_cubin 90 "$OUT/coop_sm90.cubin" -lineinfo
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.res"
@@ -285,25 +309,7 @@ python3 "$OUT/report.py" "$OUT/coop_sm90.res" "$OUT/coop_sm90.sass" "$STREAM_OCC
   > "$OUT/report.txt" || { cat "$OUT/report.txt"; exit 1; }
 cat "$OUT/report.txt"
 
-# The other architectures: sm_80 (A100, the oldest syncbn supports) and sm_100 (Blackwell)
-# must compile too (not run, not checked further). A build without a GPU visible compiles
-# PTX only (cmake/cuda_arch.cmake), so ptxas runs for them here.
-for sm in 80 100; do
-  if ! "$NVCC" --list-gpu-arch | grep -qx "compute_$sm"; then
-    echo "check-sass: FAILED: this nvcc cannot target sm_$sm" >&2
-    exit 1
-  fi
-done
-echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
-  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu"
-pids=()
-for sm in 80 100; do
-  sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
-  pids+=($!)
-done
-# the plain ops' kernels only: the mutants are checked on them (kernels/coop.cu)
-sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY &
-mpid=$!
+# (sm_80, sm_100 and the mutant build were started above, beside the sm_90 one)
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
 # The system-scope and code-size checks on the mutants (144 = 16 + 128: every publishing
