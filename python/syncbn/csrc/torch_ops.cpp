@@ -196,10 +196,11 @@ void check_input(const Tensor& x, const char* who) {
               "; libsyncbn takes float32, float16 and bfloat16");
 }
 
-void check_train(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias,
-                 const optional<Tensor>& rm, const optional<Tensor>& rv, const optional<Tensor>& nbt) {
-  const char* who = "batch_norm_train";
-  check_input(x, who);
+// The training forward's parameter and buffer checks (the plain and the fused operator's),
+// after the input's.
+void check_train_args(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias,
+                      const optional<Tensor>& rm, const optional<Tensor>& rv, const optional<Tensor>& nbt,
+                      const char* who) {
   per_channel(x, "weight", weight, who);
   per_channel(x, "bias", bias, who);
   per_channel(x, "running_mean", rm, who);
@@ -214,6 +215,12 @@ void check_train(const Tensor& x, const optional<Tensor>& weight, const optional
       fail(std::string("syncbn.") + who + ": num_batches_tracked must be one int64 (got " +
            dtype_name(nbt->scalar_type()) + ", " + std::to_string(nbt->numel()) + " elements)");
   }
+}
+
+void check_train(const Tensor& x, const optional<Tensor>& weight, const optional<Tensor>& bias,
+                 const optional<Tensor>& rm, const optional<Tensor>& rv, const optional<Tensor>& nbt) {
+  check_input(x, "batch_norm_train");
+  check_train_args(x, weight, bias, rm, rv, nbt, "batch_norm_train");
 }
 
 // The live comm `id`, held (e.owner) for the caller's call.
@@ -302,30 +309,57 @@ sbnParams_t params(double eps, double momentum) {
 }
 
 // ---- syncbn::batch_norm_train ----------------------------------------------------------
+// What a training forward (plain or fused) hands the library: the input as it reads it,
+// the outputs, the parameters and buffers as float32 and contiguous (converted copies,
+// alive until the call is done), the descriptor and the parameters.
+struct TrainCall {
+  Tensor x, y, stats;
+  optional<Tensor> rm, rv, nb, w32, b32;
+  sbnTensorDesc_t d;
+  sbnParams_t p;
+  float* mean() const { return stats.data_ptr<float>(); }
+  float* invstd() const { return stats.data_ptr<float>() + x.size(1); }
+};
+
+// A training forward around `call` (the C call, which raises on failure): the buffers it
+// wrote through converted copies are written back, each on its own.
+template <typename Call>
+std::tuple<Tensor, Tensor> run_train(const Tensor& input, const optional<Tensor>& weight,
+                                     const optional<Tensor>& bias, const optional<Tensor>& running_mean,
+                                     const optional<Tensor>& running_var, const optional<Tensor>& nbt, double eps,
+                                     optional<double> momentum, Call&& call) {
+  TrainCall t;
+  sbnLayout_t layout;
+  std::tie(t.x, layout) = dense(input);
+  t.y = at::empty_like(t.x);
+  t.stats = at::empty({2, t.x.size(1)}, t.x.options().dtype(at::kFloat));
+  t.rm = f32(running_mean);
+  t.rv = f32(running_var);
+  t.nb = nbt;
+  if (nbt.has_value() && !nbt->is_contiguous()) t.nb = nbt->contiguous();
+  t.w32 = f32(weight);
+  t.b32 = f32(bias);
+  t.d = desc(t.x, layout);
+  t.p = params(eps, momentum.has_value() ? *momentum : -1.0);
+  call(t);
+  if (t.rm.has_value() && !t.rm->is_same(*running_mean)) running_mean->copy_(*t.rm);
+  if (t.rv.has_value() && !t.rv->is_same(*running_var)) running_var->copy_(*t.rv);
+  if (t.nb.has_value() && !t.nb->is_same(*nbt)) nbt->copy_(*t.nb);
+  return {t.y, t.stats};
+}
+
 std::tuple<Tensor, Tensor> train_kernel(const Tensor& input, const optional<Tensor>& weight,
                                         const optional<Tensor>& bias, const optional<Tensor>& running_mean,
                                         const optional<Tensor>& running_var, const optional<Tensor>& nbt,
                                         double eps, optional<double> momentum, int64_t comm) {
   check_train(input, weight, bias, running_mean, running_var, nbt);
   const CommEntry c = find_comm(comm, input, "batch_norm_train");
-  auto [x, layout] = dense(input);
-  Tensor y = at::empty_like(x);
-  Tensor stats = at::empty({2, x.size(1)}, x.options().dtype(at::kFloat));
-  optional<Tensor> rm = f32(running_mean), rv = f32(running_var), nb = nbt;
-  if (nbt.has_value() && !nbt->is_contiguous()) nb = nbt->contiguous();
-  optional<Tensor> w32 = f32(weight), b32 = f32(bias);  // converted copies live until the call is done
-  const sbnTensorDesc_t d = desc(x, layout);
-  const sbnParams_t p = params(eps, momentum.has_value() ? *momentum : -1.0);
-  float* sp = stats.data_ptr<float>();
-  sbnResult_t r = api.forward_train(c.owner->handle, &d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32),
-                                    ptr<const float>(b32), ptr<float>(rm), ptr<float>(rv), ptr<int64_t>(nb),
-                                    sp, sp + x.size(1), &p, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.owner->handle);
-  // not float32 or not contiguous: written back, each on its own
-  if (rm.has_value() && !rm->is_same(*running_mean)) running_mean->copy_(*rm);
-  if (rv.has_value() && !rv->is_same(*running_var)) running_var->copy_(*rv);
-  if (nb.has_value() && !nb->is_same(*nbt)) nbt->copy_(*nb);
-  return {y, stats};
+  return run_train(input, weight, bias, running_mean, running_var, nbt, eps, momentum, [&](const TrainCall& t) {
+    sbnResult_t r = api.forward_train(c.owner->handle, &t.d, t.x.data_ptr(), t.y.data_ptr(), ptr<const float>(t.w32),
+                                      ptr<const float>(t.b32), ptr<float>(t.rm), ptr<float>(t.rv),
+                                      ptr<int64_t>(t.nb), t.mean(), t.invstd(), &t.p, stream_of(t.x));
+    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.owner->handle);
+  });
 }
 
 // ---- syncbn::batch_norm_backward -------------------------------------------------------
@@ -368,25 +402,51 @@ std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_out, const Tensor&
 }
 
 // ---- syncbn::batch_norm_infer ----------------------------------------------------------
-Tensor infer_kernel(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                    const optional<Tensor>& weight, const optional<Tensor>& bias, double eps) {
-  const char* who = "batch_norm_infer";
-  check_input(input, who);
-  per_channel(input, "running_mean", running_mean, who);
-  per_channel(input, "running_var", running_var, who);
-  per_channel(input, "weight", weight, who);
-  per_channel(input, "bias", bias, who);
+// The eval forward's statistics and parameter checks (the plain and the fused operator's),
+// after the input's.
+void check_infer_args(const Tensor& x, const Tensor& rm, const Tensor& rv, const optional<Tensor>& weight,
+                      const optional<Tensor>& bias, const char* who) {
+  per_channel(x, "running_mean", rm, who);
+  per_channel(x, "running_var", rv, who);
+  per_channel(x, "weight", weight, who);
+  per_channel(x, "bias", bias, who);
   if (!weight.has_value() && bias.has_value())
     fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
-  auto [x, layout] = dense(input);
-  Tensor y = at::empty_like(x);
-  optional<Tensor> w32 = f32(weight), b32 = f32(bias), rm32 = f32(running_mean), rv32 = f32(running_var);
-  const sbnTensorDesc_t d = desc(x, layout);
-  sbnResult_t r = api.forward_inference(&d, x.data_ptr(), y.data_ptr(), ptr<const float>(w32), ptr<const float>(b32),
-                                        ptr<const float>(rm32), ptr<const float>(rv32), static_cast<float>(eps),
-                                        stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_infer (sbnForwardInference)", nullptr);
-  return y;
+}
+
+// What an eval forward (plain or fused) hands the library, as TrainCall.
+struct InferCall {
+  Tensor x, y;
+  optional<Tensor> w32, b32, rm32, rv32;
+  sbnTensorDesc_t d;
+};
+
+template <typename Call>
+Tensor run_infer(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                 const optional<Tensor>& weight, const optional<Tensor>& bias, Call&& call) {
+  InferCall t;
+  sbnLayout_t layout;
+  std::tie(t.x, layout) = dense(input);
+  t.y = at::empty_like(t.x);
+  t.w32 = f32(weight);
+  t.b32 = f32(bias);
+  t.rm32 = f32(running_mean);
+  t.rv32 = f32(running_var);
+  t.d = desc(t.x, layout);
+  call(t);
+  return t.y;
+}
+
+Tensor infer_kernel(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                    const optional<Tensor>& weight, const optional<Tensor>& bias, double eps) {
+  check_input(input, "batch_norm_infer");
+  check_infer_args(input, running_mean, running_var, weight, bias, "batch_norm_infer");
+  return run_infer(input, running_mean, running_var, weight, bias, [&](const InferCall& t) {
+    sbnResult_t r = api.forward_inference(&t.d, t.x.data_ptr(), t.y.data_ptr(), ptr<const float>(t.w32),
+                                          ptr<const float>(t.b32), ptr<const float>(t.rm32),
+                                          ptr<const float>(t.rv32), static_cast<float>(eps), stream_of(t.x));
+    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_infer (sbnForwardInference)", nullptr);
+  });
 }
 
 // ---- the fused operators (_fused.py's, with its checks and messages) -------------------
@@ -497,39 +557,16 @@ std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<
   check_input(input, who);
   check_activation(activation, slope, inplace, std::string("syncbn.") + who, residual.has_value());
   check_residual(input, residual, who);
-  per_channel(input, "weight", weight, who);
-  per_channel(input, "bias", bias, who);
-  per_channel(input, "running_mean", running_mean, who);
-  per_channel(input, "running_var", running_var, who);
-  if (running_mean.has_value() != running_var.has_value())
-    fail(std::string("syncbn.") + who + ": running_mean and running_var come together (both or neither)");
-  if (!weight.has_value() && bias.has_value())
-    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
-  if (nbt.has_value()) {
-    same_device(input, "num_batches_tracked", nbt, who);
-    if (nbt->numel() != 1 || nbt->scalar_type() != at::kLong)
-      fail(std::string("syncbn.") + who + ": num_batches_tracked must be one int64 (got " +
-           dtype_name(nbt->scalar_type()) + ", " + std::to_string(nbt->numel()) + " elements)");
-  }
+  check_train_args(input, weight, bias, running_mean, running_var, nbt, who);
   const CommEntry c = find_comm(comm, input, who);
-  auto [x, layout] = dense(input);
-  Tensor y = at::empty_like(x);
-  Tensor stats = at::empty({2, x.size(1)}, x.options().dtype(at::kFloat));
-  optional<Tensor> rm = f32(running_mean), rv = f32(running_var), nb = nbt;
-  if (nbt.has_value() && !nbt->is_contiguous()) nb = nbt->contiguous();
-  optional<Tensor> w32 = f32(weight), b32 = f32(bias);
-  const sbnTensorDesc_t d = desc(x, layout);
-  const sbnParams_t p = params(eps, momentum.has_value() ? *momentum : -1.0);
   const sbnEpilogue_t e = epilogue(activation, slope);
-  float* sp = stats.data_ptr<float>();
-  sbnResult_t r = api.forward_train_ex(c.owner->handle, &d, x.data_ptr(), ptr<const void>(residual), y.data_ptr(),
-                                       ptr<const float>(w32), ptr<const float>(b32), ptr<float>(rm), ptr<float>(rv),
-                                       ptr<int64_t>(nb), sp, sp + x.size(1), &p, &e, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c.owner->handle);
-  if (rm.has_value() && !rm->is_same(*running_mean)) running_mean->copy_(*rm);
-  if (rv.has_value() && !rv->is_same(*running_var)) running_var->copy_(*rv);
-  if (nb.has_value() && !nb->is_same(*nbt)) nbt->copy_(*nb);
-  return {y, stats};
+  return run_train(input, weight, bias, running_mean, running_var, nbt, eps, momentum, [&](const TrainCall& t) {
+    sbnResult_t r = api.forward_train_ex(c.owner->handle, &t.d, t.x.data_ptr(), ptr<const void>(residual),
+                                         t.y.data_ptr(), ptr<const float>(t.w32), ptr<const float>(t.b32),
+                                         ptr<float>(t.rm), ptr<float>(t.rv), ptr<int64_t>(t.nb), t.mean(),
+                                         t.invstd(), &t.p, &e, stream_of(t.x));
+    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c.owner->handle);
+  });
 }
 
 // ---- syncbn::batch_norm_act_backward ---------------------------------------------------
@@ -613,22 +650,15 @@ Tensor act_infer_kernel(const Tensor& input, const optional<Tensor>& residual, c
   check_input(input, who);
   check_activation(activation, slope, false, std::string("syncbn.") + who, false);
   check_residual(input, residual, who);
-  per_channel(input, "running_mean", running_mean, who);
-  per_channel(input, "running_var", running_var, who);
-  per_channel(input, "weight", weight, who);
-  per_channel(input, "bias", bias, who);
-  if (!weight.has_value() && bias.has_value())
-    fail(std::string("syncbn.") + who + ": a bias without a weight (the library takes both or neither)");
-  auto [x, layout] = dense(input);
-  Tensor y = at::empty_like(x);
-  optional<Tensor> w32 = f32(weight), b32 = f32(bias), rm32 = f32(running_mean), rv32 = f32(running_var);
-  const sbnTensorDesc_t d = desc(x, layout);
+  check_infer_args(input, running_mean, running_var, weight, bias, who);
   const sbnEpilogue_t e = epilogue(activation, slope);
-  sbnResult_t r = api.forward_inference_ex(&d, x.data_ptr(), ptr<const void>(residual), y.data_ptr(),
-                                           ptr<const float>(w32), ptr<const float>(b32), ptr<const float>(rm32),
-                                           ptr<const float>(rv32), static_cast<float>(eps), &e, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_infer (sbnForwardInferenceEx)", nullptr);
-  return y;
+  return run_infer(input, running_mean, running_var, weight, bias, [&](const InferCall& t) {
+    sbnResult_t r = api.forward_inference_ex(&t.d, t.x.data_ptr(), ptr<const void>(residual), t.y.data_ptr(),
+                                             ptr<const float>(t.w32), ptr<const float>(t.b32),
+                                             ptr<const float>(t.rm32), ptr<const float>(t.rv32),
+                                             static_cast<float>(eps), &e, stream_of(t.x));
+    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_infer (sbnForwardInferenceEx)", nullptr);
+  });
 }
 
 // ---- autograd --------------------------------------------------------------------------
@@ -814,8 +844,32 @@ std::tuple<Tensor, Tensor> backward_autograd(const Tensor& dy, const Tensor& x, 
   return backward_op().call(dy, x, weight, stats, eps, comm, input_grad, weight_grad);
 }
 
-// Gradients of batch_norm_infer to (input, weight, bias): the running statistics are
-// constants, so the gradient is local (torch ops).
+// The eval batch norm's gradients, with torch ops, for g (float32): the gradient reaching
+// the normalization; the running statistics are constants, so they are local. Each only
+// when asked for.
+struct InferGrads {
+  Tensor dx, dw, db;
+};
+InferGrads infer_grads(const Tensor& g, const Tensor& x, const Tensor& rm, const Tensor& rv, const Tensor& w,
+                       double eps, bool need_x, bool need_w, bool need_b) {
+  std::vector<int64_t> shape(x.dim(), 1), dims{0};
+  shape[1] = -1;
+  for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+  const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
+  InferGrads r;
+  if (need_x) {
+    const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
+    r.dx = (g * k.view(shape)).to(x.scalar_type());
+  }
+  if (need_w) {
+    const Tensor xhat = (x.to(at::kFloat) - rm.to(at::kFloat).view(shape)) * scale.view(shape);
+    r.dw = (g * xhat).sum(dims).to(w.scalar_type());
+  }
+  if (need_b) r.db = g.sum(dims).to(w.scalar_type());
+  return r;
+}
+
+// Gradients of batch_norm_infer to (input, weight, bias): infer_grads.
 struct InferBackward : public Node {
   SavedVariable x_, rm_, rv_, weight_;
   double eps = 0.0;
@@ -833,22 +887,11 @@ struct InferBackward : public Node {
   variable_list apply(variable_list&& grads) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const Tensor x = x_.unpack(), rm = rm_.unpack(), rv = rv_.unpack(), w = weight_.unpack();
-    std::vector<int64_t> shape(x.dim(), 1), dims{0};
-    shape[1] = -1;
-    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-    const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
     const Tensor g = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
-    Tensor dx, gw, gb;
-    if (task_should_compute_output(0)) {
-      const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
-      dx = (g * k.view(shape)).to(x.scalar_type());
-    }
-    if (w.defined() && task_should_compute_output(1)) {
-      const Tensor xhat = (x.to(at::kFloat) - rm.to(at::kFloat).view(shape)) * scale.view(shape);
-      gw = (g * xhat).sum(dims).to(w.scalar_type());
-    }
-    if (has_bias && task_should_compute_output(2)) gb = g.sum(dims).to(w.scalar_type());
-    variable_list out{dx, gw, gb};
+    const InferGrads r = infer_grads(g, x, rm, rv, w, eps, task_should_compute_output(0),
+                                     w.defined() && task_should_compute_output(1),
+                                     has_bias && task_should_compute_output(2));
+    variable_list out{r.dx, r.dw, r.db};
     once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
     return out;
   }
@@ -989,8 +1032,8 @@ Tensor act_grad(const Tensor& g, const Tensor& out, int64_t activation, double s
   return g;
 }
 
-// Gradients of batch_norm_act_infer to (input, residual, weight, bias), with torch ops:
-// the running statistics are constants.
+// Gradients of batch_norm_act_infer to (input, residual, weight, bias): infer_grads of
+// the activation's gradient, which is also the residual's.
 struct InferActBackward : public Node {
   SavedVariable x_, y_, rm_, rv_, weight_;
   double eps = 0.0, slope = 0.0;
@@ -1011,24 +1054,14 @@ struct InferActBackward : public Node {
     std::lock_guard<std::mutex> lock(mutex_);
     const Tensor x = x_.unpack(), y = y_.unpack(getptr()), rm = rm_.unpack(), rv = rv_.unpack(),
                  w = weight_.unpack();
-    std::vector<int64_t> shape(x.dim(), 1), dims{0};
-    shape[1] = -1;
-    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
-    const Tensor scale = (rv.to(at::kFloat) + eps).rsqrt();
     const Tensor g0 = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
     const Tensor g = act_grad(g0, y, activation, slope);
-    Tensor dx, dz, gw, gb;
-    if (task_should_compute_output(0)) {
-      const Tensor k = w.defined() ? scale * w.to(at::kFloat) : scale;
-      dx = (g * k.view(shape)).to(x.scalar_type());
-    }
+    const InferGrads r = infer_grads(g, x, rm, rv, w, eps, task_should_compute_output(0),
+                                     w.defined() && task_should_compute_output(2),
+                                     has_bias && task_should_compute_output(3));
+    Tensor dz;
     if (task_should_compute_output(1)) dz = g.to(x.scalar_type());
-    if (w.defined() && task_should_compute_output(2)) {
-      const Tensor xhat = (x.to(at::kFloat) - rm.to(at::kFloat).view(shape)) * scale.view(shape);
-      gw = (g * xhat).sum(dims).to(w.scalar_type());
-    }
-    if (has_bias && task_should_compute_output(3)) gb = g.sum(dims).to(w.scalar_type());
-    variable_list out{dx, dz, gw, gb};
+    variable_list out{r.dx, dz, r.dw, r.db};
     once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
     return out;
   }
