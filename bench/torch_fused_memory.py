@@ -26,8 +26,6 @@ A fused row that fails (its error) says so in its line instead of failing the ru
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 
 import torch
@@ -35,6 +33,7 @@ import torch.nn as nn
 
 import syncbn
 import syncbn.torch as sbt
+from torch_baseline_util import git_commit  # beside this file (no torch in it)
 
 
 def conv_bn_act(i, o, k=3, stride=1, dilation=1, act_inplace=False):
@@ -130,15 +129,6 @@ def cuda_step_bytes(model, x):
     return torch.cuda.max_memory_allocated() - base
 
 
-def commit():
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -183,7 +173,7 @@ def main(argv=None):
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "measure": "torch.cuda.max_memory_allocated over a step, minus before" if dev.type == "cuda"
             else "bytes autograd saves (saved_tensors_hooks, storages once, parameters out)",
-            "torch": torch.__version__, "syncbn": syncbn.__version__, "commit": commit(),
+            "torch": torch.__version__, "syncbn": syncbn.__version__, "commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "input": [a.batch, 3, a.size, a.size], "width": a.width, "dtype": a.dtype,
             "channels_last": a.channels_last}

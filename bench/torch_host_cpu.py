@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -39,15 +38,7 @@ import torch
 import syncbn
 import syncbn.torch as sbt
 from syncbn import _ops
-
-
-def commit():
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        return subprocess.run(["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from torch_baseline_util import git_commit  # beside this file (no torch in it)
 
 
 def cpu_model():
@@ -157,7 +148,7 @@ def main():
     bw = copy_bandwidth()
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit(),
+        "commit": git_commit(),
         "device": f"CPU: {cpu_model()} ({os.cpu_count()} cores), one torch thread",
         "driver": "none (CPU)",
         "torch": torch.__version__,
