@@ -42,8 +42,9 @@ import math
 import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
-from ._ops import (_bump, _channels_last, _check_input, _comm, _dense, _desc, _f32, _like_x, _param, _ptr,
-                   _same_device, _stream, _vectors)
+from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
+                   _dense, _desc, _f32, _infer_grads, _like_x, _param, _ptr, _same_device, _stream, _vectors,
+                   _write_back)
 
 _LIB = _capi.lib
 _fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
@@ -128,16 +129,7 @@ def _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation,
     _check_input(x, who)
     check_activation(activation, slope, inplace, f"syncbn.{who}", z is not None)
     _check_residual(x, z, who)
-    _vectors(x, who, ("weight", "bias", "running_mean", "running_var"), (weight, bias, running_mean, running_var))
-    if (running_mean is None) != (running_var is None):
-        raise RuntimeError(f"syncbn.{who}: running_mean and running_var come together (both or neither)")
-    if weight is None and bias is not None:
-        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
-    if nbt is not None:
-        _same_device(x, "num_batches_tracked", nbt, who)
-        if nbt.numel() != 1 or nbt.dtype != torch.int64:
-            raise RuntimeError(f"syncbn.{who}: num_batches_tracked must be one int64 (got {nbt.dtype}, "
-                               f"{nbt.numel()} elements)")
+    _check_train_args(x, weight, bias, running_mean, running_var, nbt, who)
 
 
 # ---- syncbn::batch_norm_act_train --------------------------------------------------------
@@ -151,9 +143,7 @@ def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momen
     c = _comm(comm, x, "batch_norm_act_train")
     x, layout = _dense(x)
     y, stats = _train_alloc(x)
-    rm, rv, nb = _f32(running_mean), _f32(running_var), nbt
-    if nbt is not None and not nbt.is_contiguous():
-        nb = nbt.contiguous()
+    rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
     w32, b32 = _f32(weight), _f32(bias)
     r = _fwdx_c(c._h, _desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32),
@@ -161,12 +151,7 @@ def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momen
                 _epi(activation, slope), _stream(x))
     if r != 0:
         _raise(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c._h)
-    if rm is not running_mean:
-        running_mean.copy_(rm)
-    if rv is not running_var:
-        running_var.copy_(rv)
-    if nb is not nbt:
-        nbt.copy_(nb)
+    _write_back(running_mean, rm, running_var, rv, nbt, nb)
     return y, stats
 
 
@@ -254,9 +239,7 @@ def _check_infer(x, z, running_mean, running_var, weight, bias, activation, slop
     _check_input(x, who)
     check_activation(activation, slope, False, f"syncbn.{who}")
     _check_residual(x, z, who)
-    _vectors(x, who, ("running_mean", "running_var", "weight", "bias"), (running_mean, running_var, weight, bias))
-    if weight is None and bias is not None:
-        raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
+    _check_infer_args(x, running_mean, running_var, weight, bias, who)
 
 
 def _infer_kernel(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
@@ -353,21 +336,10 @@ def _infer_function(infer, below):
         def backward(ctx, dy):
             x, y, rm, rv, w = ctx.saved_tensors
             need = ctx.needs_input_grad
-            shape = [1, -1] + [1] * (x.dim() - 2)
-            scale = torch.rsqrt(rv.float() + ctx.eps)
             g = act_grad(dy.float(), y, ctx.activation, ctx.slope)
-            dx = dz = gw = gb = None
-            if need[0]:
-                k = scale if w is None else scale * w.float()
-                dx = (g * k.view(shape)).to(x.dtype)
-            if need[1]:
-                dz = g.to(x.dtype)
-            dims = [0] + list(range(2, x.dim()))
-            if w is not None and need[4]:
-                xhat = (x.float() - rm.float().view(shape)) * scale.view(shape)
-                gw = (g * xhat).sum(dims).to(w.dtype)
-            if w is not None and need[5]:
-                gb = g.sum(dims).to(w.dtype)
+            dx, gw, gb = _infer_grads(g, x, rm, rv, w, ctx.eps, need[0], w is not None and need[4],
+                                      w is not None and need[5])
+            dz = g.to(x.dtype) if need[1] else None
             return dx, dz, None, None, gw, gb, None, None, None
 
     return InferActFn

@@ -119,8 +119,13 @@ _TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")
 
 
 def _check_train(x, weight, bias, running_mean, running_var, nbt):
-    who = "batch_norm_train"
-    _check_input(x, who)
+    _check_input(x, "batch_norm_train")
+    _check_train_args(x, weight, bias, running_mean, running_var, nbt, "batch_norm_train")
+
+
+def _check_train_args(x, weight, bias, running_mean, running_var, nbt, who):
+    """The training forward's parameter and buffer checks (the plain and the fused
+    operator's), after the input's."""
     _vectors(x, who, _TRAIN_VECTORS, (weight, bias, running_mean, running_var))
     if (running_mean is None) != (running_var is None):
         raise RuntimeError(f"syncbn.{who}: running_mean and running_var come together (both or neither)")
@@ -192,9 +197,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     c = _comm(comm, x, "batch_norm_train")
     x, layout = _dense(x)
     y, stats = _train_alloc(x)
-    rm, rv, nb = _f32(running_mean), _f32(running_var), nbt
-    if nbt is not None and not nbt.is_contiguous():
-        nb = nbt.contiguous()
+    rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
     w32, b32 = _f32(weight), _f32(bias)  # converted copies live until the call is done
     r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
@@ -202,13 +205,25 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
                _stream(x))
     if r != 0:
         _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
-    if rm is not running_mean:  # not float32 or not contiguous: written back, each on its own
+    _write_back(running_mean, rm, running_var, rv, nbt, nb)
+    return y, stats
+
+
+def _buffers(running_mean, running_var, nbt):
+    """The running statistics as float32 and contiguous and num_batches_tracked contiguous,
+    as the library writes them (converted copies where they are not)."""
+    nb = nbt.contiguous() if nbt is not None and not nbt.is_contiguous() else nbt
+    return _f32(running_mean), _f32(running_var), nb
+
+
+def _write_back(running_mean, rm, running_var, rv, nbt, nb):
+    """The converted copies of _buffers written back, each on its own."""
+    if rm is not running_mean:
         running_mean.copy_(rm)
     if rv is not running_var:
         running_var.copy_(rv)
     if nb is not nbt:
         nbt.copy_(nb)
-    return y, stats
 
 
 def _train_fake(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
@@ -275,8 +290,13 @@ _INFER_VECTORS = ("running_mean", "running_var", "weight", "bias")
 
 
 def _check_infer(x, running_mean, running_var, weight, bias):
-    who = "batch_norm_infer"
-    _check_input(x, who)
+    _check_input(x, "batch_norm_infer")
+    _check_infer_args(x, running_mean, running_var, weight, bias, "batch_norm_infer")
+
+
+def _check_infer_args(x, running_mean, running_var, weight, bias, who):
+    """The eval forward's statistics and parameter checks (the plain and the fused
+    operator's), after the input's."""
     _vectors(x, who, _INFER_VECTORS, (running_mean, running_var, weight, bias))
     if weight is None and bias is not None:
         raise RuntimeError(f"syncbn.{who}: a bias without a weight (the library takes both or neither)")
@@ -374,22 +394,30 @@ def _infer_function(infer, below):
         def backward(ctx, dy):
             x, rm, rv, w = ctx.saved_tensors
             need = ctx.needs_input_grad
-            shape = [1, -1] + [1] * (x.dim() - 2)
-            scale = torch.rsqrt(rv.float() + ctx.eps)
-            g = dy.float()
-            dx = gw = gb = None
-            if need[0]:
-                k = scale if w is None else scale * w.float()
-                dx = (g * k.view(shape)).to(x.dtype)
-            dims = [0] + list(range(2, x.dim()))
-            if w is not None and need[3]:
-                xhat = (x.float() - rm.float().view(shape)) * scale.view(shape)
-                gw = (g * xhat).sum(dims).to(w.dtype)
-            if w is not None and need[4]:
-                gb = g.sum(dims).to(w.dtype)
+            dx, gw, gb = _infer_grads(dy.float(), x, rm, rv, w, ctx.eps, need[0], w is not None and need[3],
+                                      w is not None and need[4])
             return dx, None, None, gw, gb, None
 
     return InferFn
+
+
+def _infer_grads(g, x, rm, rv, w, eps, need_x, need_w, need_b):
+    """The eval batch norm's gradients (dx, dweight, dbias), with torch ops, for g (float32):
+    the gradient reaching the normalization; the running statistics are constants, so they
+    are local. Each only when asked for (else None). The plain and the fused operator's."""
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    dims = [0] + list(range(2, x.dim()))
+    scale = torch.rsqrt(rv.float() + eps)
+    dx = gw = gb = None
+    if need_x:
+        k = scale if w is None else scale * w.float()
+        dx = (g * k.view(shape)).to(x.dtype)
+    if need_w:
+        xhat = (x.float() - rm.float().view(shape)) * scale.view(shape)
+        gw = (g * xhat).sum(dims).to(w.dtype)
+    if need_b:
+        gb = g.sum(dims).to(w.dtype)
+    return dx, gw, gb
 
 
 def _autograd_kernels(train, backward, infer):
