@@ -192,9 +192,11 @@ fi
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
 # cores here; once per machine, into ~/.cache/syncbn)
+# torch: the layer's 48 rows (within the 133 s of the 2026-11-27 H200 run's five steps), then
+# the fused layer's 2 x 9 rows: 120 s
 # fused: 180 rows of S1-S9 (the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=60
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=120
   [pytorch]=240 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
