@@ -311,6 +311,18 @@ def test_baseline_dryrun(tmp, sbn_js, sbn):
           "dry run rows: checked, nothing wrong")
     check({(x["path"], x["shape"]) for x in d.get("latency", [])} ==
           {(p, s) for p in ("torch_bn", "torch_syncbn") for s in ("tiny", "empty")}, "dry run latency rows")
+    eng = d.get("engine") or {}
+    der = {x["path"]: x for x in eng.get("derived", [])}
+    ok = eng.get("depths") == [1, 8] and set(der) == {"torch_bn"} and not any(
+        e["error"] for e in eng.get("rows", []))
+    if ok:  # per layer and fixed from the two depths' medians, as the docstring defines them
+        t = {e["depth"]: e for e in eng["rows"]}
+        for key in ("fwd", "bwd"):
+            a, b = t[1][key]["us_median"], t[8][key]["us_median"]
+            per = der["torch_bn"][f"{key}_per_layer_us"]
+            ok = ok and abs(per - (b - a) / 7) <= 1e-3 * (1 + abs(per)) and \
+                abs(der["torch_bn"][f"{key}_fixed_us"] - (a - per)) <= 1e-3 * (1 + abs(a))
+    check(ok, "dry run engine block: torch_bn at depths 1 and 8, per layer = (t8 - t1) / 7, fixed = t1 - per layer")
     s7 = [x for x in rows if x["shape"] == "S7"][0]
     check(s7["spatial"] == 97 * 97 // 64 and s7["bytes_x_rank"] == 2 * 512 * (97 * 97 // 64) * 4
           if s7["dtype"] == "fp32" else True, "dry run: S7 spatial and bytes at --scale 64")

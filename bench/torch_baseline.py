@@ -67,7 +67,13 @@ the tensor is (N, C, H*W/S, 1).
 
 Then a latency table: tiny (N=4, C=512, 1x1, fp32 NCHW, like S10) and empty (n = 0,
 C = 512) ops of both paths at W = 1 (an empty op PyTorch rejects is reported, not
-counted as a failure).
+counted as a failure). Then the autograd engine's table (--chain-depth K, default 8): the
+tiny op of the paths that go through autograd (torch_bn, syncbn_torch) as 1 and as K
+layers in a chain, each its own parameters, one forward and ONE torch.autograd.grad over
+all, as in a model: per layer = (t(K) - t(1)) / (K - 1) is what one more layer adds to a
+step, fixed = t(1) - per layer what one call costs whatever its layers (the backward's:
+the engine's graph task, the hand-over to the device's autograd thread, the wait). A
+one-layer backward row pays the fixed cost in full; a model pays it once per step.
 
 Output: a table on stdout; --json FILE in sbn-bench's GPU schema (rows with path
 "torch_bn" / "torch_syncbn", ranks 1).
@@ -111,7 +117,7 @@ from torch_baseline_bench import Bench  # noqa: E402
 from torch_baseline_floors import FloorsError, floor_key, load_floors, op_derived  # noqa: E402
 from torch_baseline_shapes import ShapeError, load_shapes  # noqa: E402
 from torch_baseline_util import (COPY_REPS, TOL_F32, TOL_HALF, elem_size, git_commit,  # noqa: E402
-                                 num, run_status)
+                                 median, num, run_status, times_stats)
 
 EXIT_SKIP = 77
 DEFAULT_ITERS = 50
@@ -119,6 +125,7 @@ MIN_ITERS = 50
 DEFAULT_WARMUP = 5
 DEFAULT_SCALE = 1
 DEFAULT_CHECK_CHANNELS = 16
+DEFAULT_CHAIN_DEPTH = 8
 PATHS = ("torch_bn", "torch_syncbn", "syncbn_torch")
 DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -265,6 +272,11 @@ def parse_args(argv):
     p.add_argument("--check-channels", type=int, default=DEFAULT_CHECK_CHANNELS,
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")
+    p.add_argument("--chain-depth", type=int, default=DEFAULT_CHAIN_DEPTH, metavar="K",
+                   help="after the latency rows, the tiny op of the autograd paths (torch_bn, "
+                        "syncbn_torch) as 1 and as K layers in a chain, one autograd.grad over "
+                        "all: what a layer adds to a model's step and what one call of the "
+                        f"engine costs; 0 = none (default {DEFAULT_CHAIN_DEPTH})")
     p.add_argument("--epilogue", choices=EPILOGUES, default="none",
                    help="none (default); relu: batch norm + ReLU; add-relu: batch norm + residual add + "
                         "ReLU (a ResNet block's last), each path as a model runs it (no latency rows)")
@@ -292,11 +304,72 @@ def parse_args(argv):
     a.dtypes = names(a.dtype, DTYPES, "dtype")
     a.layouts = names(a.layout, LAYOUTS, "layout")
     a.path_list = names(a.paths, PATHS, "paths")
-    if a.iters < 1 or a.warmup < 0 or a.scale < 1 or a.check_channels < 0:
-        p.error("-i >= 1, --warmup >= 0, --scale >= 1, --check-channels >= 0")
+    if a.iters < 1 or a.warmup < 0 or a.scale < 1 or a.check_channels < 0 or \
+            a.chain_depth < 0 or a.chain_depth == 1:
+        p.error("-i >= 1, --warmup >= 0, --scale >= 1, --check-channels >= 0, "
+                "--chain-depth 0 or >= 2")
     if a.epilogue != "none":
         a.no_latency = True  # the latency table is the plain ops' (as sbn-bench's)
     return a
+
+
+def run_chain(bench, args, shape):
+    """The tiny op of the autograd paths as 1 and as K = --chain-depth layers in a chain
+    (Bench.time_chain), in this run: per layer = (t(K) - t(1)) / (K - 1), what one more
+    layer adds to a model's forward or backward; fixed = t(1) - per layer, what a call
+    costs whatever its layers (for the backward: torch.autograd.grad's graph task, the
+    hand-over to the device's autograd thread and the wait for it). Prints a table and
+    returns the JSON block."""
+    K = args.chain_depth
+    out = {"shape": {k: shape[k] for k in ("id", "n", "c", "h", "w")}, "dtype": "fp32",
+           "layout": "NCHW", "depths": [1, K], "rows": [], "derived": []}
+    for path in [p for p in args.path_list if p in ("torch_bn", "syncbn_torch")]:
+        t = {}
+        for depth in (1, K):
+            e = {"path": path, "depth": depth, "fwd": None, "bwd": None, "error": None}
+            try:
+                inputs = bench.make_inputs(shape, "fp32", "NCHW", shape["h"] * shape["w"])
+                tf, tb = bench.time_chain(inputs, path, depth)
+                for key, (gpu, host) in (("fwd", tf), ("bwd", tb)):
+                    med, mn, p90 = times_stats(gpu)
+                    e[key] = {"us_median": med, "us_min": mn, "us_p90": p90,
+                              "host_us_median": num(median(host))}
+                t[depth] = e
+            except Exception as ex:  # noqa: BLE001
+                e["error"] = f"{type(ex).__name__}: {ex}".replace("\n", " ")[:400]
+            out["rows"].append(e)
+        if len(t) == 2:
+            d = {"path": path}
+            for key in ("fwd", "bwd"):
+                for col, name in (("us_median", ""), ("host_us_median", "host_")):
+                    a, b = t[1][key][col], t[K][key][col]
+                    per = (b - a) / (K - 1)
+                    d[f"{name}{key}_per_layer_us"] = num(per)
+                    d[f"{name}{key}_fixed_us"] = num(a - per)
+            out["derived"].append(d)
+    print(f"#\n# the autograd engine: the tiny op (N=4, C=512, 1x1, fp32 NCHW) as 1 and as {K} layers "
+          "in a chain, one forward and ONE torch.autograd.grad over all; per layer = "
+          f"(t({K}) - t(1)) / {K - 1}: what one more layer adds to a model's step; fixed = t(1) - "
+          "per layer: what one call costs whatever its layers (the backward's: the engine's graph "
+          "task, its hand-over to the device's autograd thread and the wait). Median us, GPU = "
+          "CUDA events, host = the call")
+    print("# %12s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
+        "path", "fwd 1", "bwd 1", f"fwd {K}", f"bwd {K}", "fwd/lyr", "bwd/lyr", "hfwd/lyr",
+        "hbwd/lyr", "bwd fix", "hbwd fix"))
+    for path in [p for p in args.path_list if p in ("torch_bn", "syncbn_torch")]:
+        es = {e["depth"]: e for e in out["rows"] if e["path"] == path}
+        d = next((x for x in out["derived"] if x["path"] == path), None)
+        if d is None:
+            err = "; ".join(f"depth {e['depth']}: {e['error']}" for e in es.values() if e["error"])
+            print(f"  {path:>12} FAILED: {err}")
+            continue
+        print("  %12s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
+            path, fmt(es[1]["fwd"]["us_median"], ".1f"), fmt(es[1]["bwd"]["us_median"], ".1f"),
+            fmt(es[K]["fwd"]["us_median"], ".1f"), fmt(es[K]["bwd"]["us_median"], ".1f"),
+            fmt(d["fwd_per_layer_us"], ".1f"), fmt(d["bwd_per_layer_us"], ".1f"),
+            fmt(d["host_fwd_per_layer_us"], ".1f"), fmt(d["host_bwd_per_layer_us"], ".1f"),
+            fmt(d["bwd_fixed_us"], ".1f"), fmt(d["host_bwd_fixed_us"], ".1f")))
+    return out
 
 
 def main(argv=None):
@@ -362,7 +435,7 @@ def main(argv=None):
     meta["process_group_error"] = bench.pg_error
     print_header(meta, args)
 
-    rows, lat = [], []
+    rows, lat, engine = [], [], None
     wrong = checked = failed = beyond = 0
     try:
         for s in shapes:
@@ -436,6 +509,9 @@ def main(argv=None):
                     if r["error"]:
                         print(f"#   {path} {sid} FAILED: {r['error']}" +
                               (f" ({r['note']})" if r.get("note") else ""))
+            if args.chain_depth:
+                engine = run_chain(bench, args, lat_shapes[0])
+                failed += sum(1 for e in engine["rows"] if e["error"])
     finally:
         bench.teardown()
     total_s = time.perf_counter() - t_start
@@ -462,6 +538,7 @@ def main(argv=None):
     if args.json:
         meta["rows"] = rows
         meta["latency"] = lat
+        meta["engine"] = engine
         meta["wrong"] = wrong
         meta["beyond_tol_torch"] = beyond
         meta["failed_rows"] = failed

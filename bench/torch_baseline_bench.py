@@ -237,6 +237,57 @@ class Bench:
         return sbt.SyncBatchNorm(c, eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm,
                                  activation=activation).to(self.dev)
 
+    # -- the autograd engine's part: layers in a chain ------------------------------------------
+    def time_chain(self, inputs, path, depth):
+        """Times `depth` batch-norm layers of `path` (torch_bn or syncbn_torch, the paths
+        that go through autograd) applied one after the other, each with its own weight,
+        bias and running statistics and the previous one's output as input, as in a model:
+        the forward of all of them, and ONE torch.autograd.grad over all of them (to x and
+        every weight and bias). Returns (forward, backward) as time_op's (GPU us list, host
+        us list). A model's backward pays the engine's fixed cost (starting the graph task,
+        handing it to the device's thread, waiting for it) once per step, the nodes' own cost
+        once per layer: two depths in one run separate the two."""
+        torch, F = self.torch, self.F
+        x, dy, weight, bias, _ = inputs
+        c = x.shape[1]
+        xg = x.detach().requires_grad_(True)
+        params = [xg]
+        if path == "syncbn_torch":
+            layers = []
+            for _ in range(depth):
+                layer = self.syncbn_layer(c)
+                with torch.no_grad():
+                    layer.weight.copy_(weight)
+                    layer.bias.copy_(bias)
+                layers.append(layer)
+                params += [layer.weight, layer.bias]
+
+            def fwd():
+                y = xg
+                for layer in layers:
+                    y = layer(y)
+                return y
+        elif path == "torch_bn":
+            sets = []
+            for _ in range(depth):
+                w = weight.clone().requires_grad_(True)
+                b = bias.clone().requires_grad_(True)
+                sets.append((w, b, torch.zeros(c, dtype=torch.float32, device=self.dev),
+                             torch.ones(c, dtype=torch.float32, device=self.dev)))
+                params += [w, b]
+
+            def fwd():
+                y = xg
+                for w, b, rm, rv in sets:
+                    y = F.batch_norm(y, rm, rv, w, b, True, MOMENTUM, EPS)
+                return y
+        else:
+            raise ValueError(f"time_chain: {path} does not go through autograd")
+        tf = self.time_op(fwd)
+        y = fwd()
+        tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))
+        return tf, tb
+
     # -- the SyncBatchNorm op sequence --------------------------------------------------------
     def ops(self):
         return CudaOps(self.torch) if self.cuda else EmulatedOps(self.torch)
