@@ -244,6 +244,11 @@ struct VecPath {
   static constexpr bool kBwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_BACKWARD;
   static constexpr bool kRecover = EPI == SBN_EPI_RECOVER && KIND == SBN_OP_BACKWARD;
   static constexpr bool kFwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_FORWARD;
+  /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
+     at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
+     the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
+     instructions (check-sass.sh's bound: 8192) with a 24-byte spill */
+  static constexpr bool kReluBatches = kFwdEpi && !ONCHIP && (TILE || VEC <= 4);
 
 #ifdef SBN_COOP_EMU
   /* the emulation's C++: turn_hold moves slots a thread never loaded (fewer than NBR
@@ -723,7 +728,7 @@ SBN_NO_UNROLL
      where has_z); backward, the gradient act'(y) dy (yb: y's batch where has_y, else
      slot 0; grad_at) in place of dy when `grads` (dz), and x - mean recovered from y in
      the in-place backward's copy (kRecover). */
-  template <int UB>
+  template <int UB, bool RELU = false>
   static __device__ __forceinline__ void outputs(uint4 (&bt)[UB][NV], const float (&kc)[NCH][4],
                                                  const EpiCoef<NCH>& ep, const uint4 (&zb)[UB], bool has_z,
                                                  const uint4 (&yb)[UB], bool has_y, bool grads) {
@@ -738,8 +743,12 @@ SBN_UNROLL
         if (KIND == SBN_OP_FORWARD) {
           r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
           if constexpr (kFwdEpi) {
-            if (has_z) r += elem_get<DT, VEC>(zb[k], e);
-            r = sbn_act(ep.act, ep.slope, r);
+            if constexpr (RELU) {
+              r = r < 0.0f ? 0.0f : r; /* sbn_act's ReLU (NaN and -0 kept), known here */
+            } else {
+              if (has_z) r += elem_get<DT, VEC>(zb[k], e);
+              r = sbn_act(ep.act, ep.slope, r);
+            }
           }
         } else {
           const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};
@@ -760,11 +769,14 @@ SBN_UNROLL
      (stage 5 of the stream variant walks them on its own), in batches of half as many
      positions, x and z of each: two tensors in the registers of one plain batch (the fp16
      plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
-     before the next batch's loads (y may be x's or z's memory: they stay behind). */
+     before the next batch's loads (y may be x's or z's memory: they stay behind). RELU: a
+     ReLU without z (the caller has checked), in whole batches of H = U positions, x
+     alone: a plain batch's registers and loads in flight, the ReLU compiled in. */
+  template <bool RELU = false>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
-    constexpr int H = U > 1 ? U / 2 : 1;
-    const bool has_z = R.z != nullptr;
+    constexpr int H = RELU ? U : U > 1 ? U / 2 : 1;
+    const bool has_z = !RELU && R.z != nullptr;
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {
       BatchPos<TILE, H, WHOLE> bp;
@@ -775,7 +787,7 @@ SBN_UNROLL
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
         if (has_z) zb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
       }
-      outputs<H>(bt, kc, ep, zb, has_z, zb, false, false);
+      outputs<H, RELU>(bt, kc, ep, zb, has_z, zb, false, false);
 SBN_UNROLL
       for (int k = 0; k < H; k++) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
     }
@@ -807,6 +819,13 @@ SBN_UNROLL
     EpiCoef<NCH> ep;
     if constexpr (EPI != SBN_EPI_NONE) epi_coef(R, g, grp, true, ep);
     if constexpr (kFwdEpi && !ONCHIP) {
+      if constexpr (kReluBatches) {
+        if (R.z == nullptr && R.act == SBN_ACT_RELU) {
+          stage5_fwd_epi_stream<true>(R, wk, kc, ep, pol);
+          *gb += nb;
+          return;
+        }
+      }
       stage5_fwd_epi_stream(R, wk, kc, ep, pol);
       *gb += nb;
       return;

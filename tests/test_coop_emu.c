@@ -1188,7 +1188,7 @@ static void epi_free(emu_epi_t* ep) {
 
 /* The kernels' epilogue against the CPU team's (itself against float64 in test_fused.c):
    ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
-   (identity, leaky); every dtype and layout, uneven and empty ranks, W up to 8, every
+   (identity, leaky), ReLU alone; every dtype and layout, uneven and empty ranks, W up to 8, every
    variant (stream, onchip, scalar), virtual and per-rank launches and the host path;
    then the host path, the per-rank launches and onchip equal the virtual stream launch
    bitwise (y, dx, dz, dweight, dbias). */
@@ -1215,7 +1215,8 @@ static void test_fused_vs_cpu(void) {
   static const struct {
     int act, z, recover;
   } epis[] = {{SBN_ACT_RELU, 1, 0}, {SBN_ACT_LEAKY, 0, 0}, {SBN_ACT_IDENTITY, 1, 0},
-              {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1}};
+              {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1},
+              {SBN_ACT_RELU, 0, 0}}; /* the stream tile forward's whole ReLU batches */
   static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     for (size_t k = 0; k < sizeof epis / sizeof epis[0]; k++) {

@@ -1041,7 +1041,8 @@ static void test_usage_errors(void) {
    to the dtype), dweight and dbias within the gradient tolerance; and
    sbnForwardInferenceEx on device pointers, bitwise against the host's. Cases: ReLU with
    a residual (fp32 NCHW), leaky ReLU (fp16 NHWC), the in-place leaky backward (bf16 NCHW
-   with odd planes: the scalar kernels). */
+   with odd planes: the scalar kernels), ReLU alone (bf16 NHWC, fp32 NCHW: the stream
+   forward's whole ReLU batches). */
 typedef struct {
   sbnActivation_t act;
   int z, recover;
@@ -1244,6 +1245,8 @@ static void test_fused(void) {
       {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024, 3},
       {sbnActivationIdentity, 1, 0, sbnFloat32, sbnLayoutNHWC, 16, 20, 0}, /* rank 0 empty, no z */
       {sbnActivationLeakyRelu, 0, 1, sbnFloat32, sbnLayoutNCHW, 4, 1031, 0}, /* empty rank 0: x, y NULL */
+      {sbnActivationRelu, 0, 0, sbnBFloat16, sbnLayoutNHWC, 64, 49, 3}, /* ReLU alone: whole batches */
+      {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 8, 1031, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     case_begin();
