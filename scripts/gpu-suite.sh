@@ -30,7 +30,7 @@
 #             racecheck, synccheck over the GPU tests
 #   bench     sbn-bench (GPU mode: coop, nccl-path, cuDNN), table + JSON written row by row
 #   fused     batch norm + activation (+ residual) in one op (issue 51): sbn-bench --epilogue
-#             add-relu (fp32 NCHW; fp16 and bf16 NHWC) and relu (fp16 and bf16 NHWC) on
+#             add-relu (fp32 NCHW; fp16 and bf16 NHWC) and relu (fp16 and bf16 NHWC; fp32 NCHW) on
 #             S1-S9 at W = 1, the fused ops (coop, nccl) against the split pair (the plain
 #             op + an activation kernel: the split rows' t/coop) and cuDNN's own fused ops
 #             (cudnn rows: BN_ACTIVATION / BN_ADD_ACTIVATION; refused, and said so, on fp32
@@ -194,7 +194,8 @@ fi
 # cores here; once per machine, into ~/.cache/syncbn)
 # torch: the layer's 48 rows (within the 133 s of the 2026-11-27 H200 run's five steps), then
 # the fused layer's 2 x 9 rows: 120 s
-# fused: 180 rows of S1-S9 (the H200 run of 2026-11-27 took 0.3 s a plain row with its
+# fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
+# 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=120
   [pytorch]=240 [plot]=20)
@@ -330,6 +331,8 @@ step_fused() {
     --json "$OUTDIR/fused-add-relu-half.json" || rc=1
   "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp16,bf16 --layout NHWC \
     --json "$OUTDIR/fused-relu-half.json" || rc=1
+  "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp32 --layout NCHW \
+    --json "$OUTDIR/fused-relu-fp32.json" || rc=1
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
     "$PYTHON" "$PYDIR/torch_fused_memory.py" --device cuda --batch 8 --size 256 \
     --json "$OUTDIR/fused-memory.json" || rc=1
