@@ -249,6 +249,9 @@ struct VecPath {
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
      instructions (check-sass.sh's bound: 8192) with a 24-byte spill */
   static constexpr bool kReluBatches = kFwdEpi && !ONCHIP && (TILE || VEC <= 4);
+  /* and of a ReLU with z, in half batches (x and z) with the ReLU compiled in: a third copy
+     of the loop, in the tile kernels only */
+  static constexpr bool kReluZ = kFwdEpi && !ONCHIP && TILE;
 
 #ifdef SBN_COOP_EMU
   /* the emulation's C++: turn_hold moves slots a thread never loaded (fewer than NBR
@@ -743,12 +746,11 @@ SBN_UNROLL
         if (KIND == SBN_OP_FORWARD) {
           r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
           if constexpr (kFwdEpi) {
-            if constexpr (RELU) {
+            if (has_z) r += elem_get<DT, VEC>(zb[k], e);
+            if constexpr (RELU)
               r = r < 0.0f ? 0.0f : r; /* sbn_act's ReLU (NaN and -0 kept), known here */
-            } else {
-              if (has_z) r += elem_get<DT, VEC>(zb[k], e);
+            else
               r = sbn_act(ep.act, ep.slope, r);
-            }
           }
         } else {
           const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};
@@ -769,14 +771,15 @@ SBN_UNROLL
      (stage 5 of the stream variant walks them on its own), in batches of half as many
      positions, x and z of each: two tensors in the registers of one plain batch (the fp16
      plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
-     before the next batch's loads (y may be x's or z's memory: they stay behind). RELU: a
-     ReLU without z (the caller has checked), in whole batches of H = U positions, x
-     alone: a plain batch's registers and loads in flight, the ReLU compiled in. */
-  template <bool RELU = false>
+     before the next batch's loads (y may be x's or z's memory: they stay behind). MODE
+     (the caller has checked): 0 any activation, z where given; 1 a ReLU without z, in
+     whole batches of H = U positions, x alone (a plain batch's registers and loads in
+     flight); 2 a ReLU with z. 1 and 2 have the ReLU compiled in. */
+  template <int MODE = 0>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
-    constexpr int H = RELU ? U : U > 1 ? U / 2 : 1;
-    const bool has_z = !RELU && R.z != nullptr;
+    constexpr int H = MODE == 1 ? U : U > 1 ? U / 2 : 1;
+    const bool has_z = MODE == 2 || (MODE == 0 && R.z != nullptr);
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {
       BatchPos<TILE, H, WHOLE> bp;
@@ -787,7 +790,7 @@ SBN_UNROLL
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
         if (has_z) zb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
       }
-      outputs<H, RELU>(bt, kc, ep, zb, has_z, zb, false, false);
+      outputs<H, MODE != 0>(bt, kc, ep, zb, has_z, zb, false, false);
 SBN_UNROLL
       for (int k = 0; k < H; k++) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
     }
@@ -821,7 +824,14 @@ SBN_UNROLL
     if constexpr (kFwdEpi && !ONCHIP) {
       if constexpr (kReluBatches) {
         if (R.z == nullptr && R.act == SBN_ACT_RELU) {
-          stage5_fwd_epi_stream<true>(R, wk, kc, ep, pol);
+          stage5_fwd_epi_stream<1>(R, wk, kc, ep, pol);
+          *gb += nb;
+          return;
+        }
+      }
+      if constexpr (kReluZ) {
+        if (R.z != nullptr && R.act == SBN_ACT_RELU) {
+          stage5_fwd_epi_stream<2>(R, wk, kc, ep, pol);
           *gb += nb;
           return;
         }
