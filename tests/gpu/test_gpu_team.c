@@ -1042,7 +1042,7 @@ static void test_usage_errors(void) {
    sbnForwardInferenceEx on device pointers, bitwise against the host's. Cases: ReLU with
    a residual (fp32 NCHW), leaky ReLU (fp16 NHWC), the in-place leaky backward (bf16 NCHW
    with odd planes: the scalar kernels), ReLU alone (bf16 NHWC, fp32 NCHW: the stream
-   forward's whole ReLU batches). */
+   forward's whole ReLU batches), ReLU with a residual on fp16 NHWC. */
 typedef struct {
   sbnActivation_t act;
   int z, recover;
@@ -1247,6 +1247,7 @@ static void test_fused(void) {
       {sbnActivationLeakyRelu, 0, 1, sbnFloat32, sbnLayoutNCHW, 4, 1031, 0}, /* empty rank 0: x, y NULL */
       {sbnActivationRelu, 0, 0, sbnBFloat16, sbnLayoutNHWC, 64, 49, 3}, /* ReLU alone: whole batches */
       {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 8, 1031, 3},
+      {sbnActivationRelu, 1, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3}, /* ReLU with z, compiled in */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     case_begin();
