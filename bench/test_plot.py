@@ -313,10 +313,11 @@ def test_baseline_dryrun(tmp, sbn_js, sbn):
           {(p, s) for p in ("torch_bn", "torch_syncbn") for s in ("tiny", "empty")}, "dry run latency rows")
     eng = d.get("engine") or {}
     der = {x["path"]: x for x in eng.get("derived", [])}
-    ok = eng.get("depths") == [1, 8] and set(der) == {"torch_bn"} and not any(
-        e["error"] for e in eng.get("rows", []))
+    bn_rows = [e for e in eng.get("rows", []) if e["path"] == "torch_bn"]
+    ok = eng.get("depths") == [1, 8] and set(der) == {"torch_bn"} and len(bn_rows) == 2 and not any(
+        e["error"] for e in bn_rows)
     if ok:  # per layer and fixed from the two depths' medians, as the docstring defines them
-        t = {e["depth"]: e for e in eng["rows"]}
+        t = {e["depth"]: e for e in bn_rows}
         for key in ("fwd", "bwd"):
             a, b = t[1][key]["us_median"], t[8][key]["us_median"]
             per = der["torch_bn"][f"{key}_per_layer_us"]

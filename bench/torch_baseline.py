@@ -276,7 +276,8 @@ def parse_args(argv):
                    help="after the latency rows, the tiny op of the autograd paths (torch_bn, "
                         "syncbn_torch) as 1 and as K layers in a chain, one autograd.grad over "
                         "all: what a layer adds to a model's step and what one call of the "
-                        f"engine costs; 0 = none (default {DEFAULT_CHAIN_DEPTH})")
+                        "engine costs; runs with the latency rows (not with --no-latency or "
+                        f"--epilogue); 0 = none (default {DEFAULT_CHAIN_DEPTH})")
     p.add_argument("--epilogue", choices=EPILOGUES, default="none",
                    help="none (default); relu: batch norm + ReLU; add-relu: batch norm + residual add + "
                         "ReLU (a ResNet block's last), each path as a model runs it (no latency rows)")
@@ -319,7 +320,10 @@ def run_chain(bench, args, shape):
     layer adds to a model's forward or backward; fixed = t(1) - per layer, what a call
     costs whatever its layers (for the backward: torch.autograd.grad's graph task, the
     hand-over to the device's autograd thread and the wait for it). Prints a table and
-    returns the JSON block."""
+    returns the JSON block. The backward is torch.autograd.grad, as the one-layer rows
+    time it: a model's loss.backward() also runs each parameter's AccumulateGrad node,
+    which this leaves out. Depth 1 is timed before depth K, once each: drift between the
+    two goes into the per-layer figure (repeat the run to see its spread)."""
     K = args.chain_depth
     out = {"shape": {k: shape[k] for k in ("id", "n", "c", "h", "w")}, "dtype": "fp32",
            "layout": "NCHW", "depths": [1, K], "rows": [], "derived": []}
@@ -332,7 +336,7 @@ def run_chain(bench, args, shape):
                 tf, tb = bench.time_chain(inputs, path, depth)
                 for key, (gpu, host) in (("fwd", tf), ("bwd", tb)):
                     med, mn, p90 = times_stats(gpu)
-                    e[key] = {"us_median": med, "us_min": mn, "us_p90": p90,
+                    e[key] = {"us_median": num(med), "us_min": num(mn), "us_p90": num(p90),
                               "host_us_median": num(median(host))}
                 t[depth] = e
             except Exception as ex:  # noqa: BLE001
@@ -511,7 +515,8 @@ def main(argv=None):
                               (f" ({r['note']})" if r.get("note") else ""))
             if args.chain_depth:
                 engine = run_chain(bench, args, lat_shapes[0])
-                failed += sum(1 for e in engine["rows"] if e["error"])
+                # a path whose chain failed counts once, however many depths failed
+                failed += len({e["path"] for e in engine["rows"] if e["error"]})
     finally:
         bench.teardown()
     total_s = time.perf_counter() - t_start
@@ -531,7 +536,8 @@ def main(argv=None):
     print("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit), #torch values "
           "included; sbn tol: the same for sbn-bench's coop row of this shape, dtype and layout "
           "at W = 1 (from --floors-from)")
-    print(f"# rows {len(rows)} + latency {len(lat)}, failed {failed}, values checked {checked}, "
+    n_engine = len(engine["rows"]) if engine else 0
+    print(f"# rows {len(rows)} + latency {len(lat)} + engine {n_engine}, failed {failed}, values checked {checked}, "
           f"wrong {wrong}, beyond tolerance by PyTorch's own accuracy {beyond}")
     print(f"# total time {total_s:.1f} s")
     status = run_status(wrong, failed)

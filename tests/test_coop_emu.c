@@ -1211,12 +1211,15 @@ static void test_fused_vs_cpu(void) {
       {3, 2, sbnFloat32, sbnLayoutNCHW, 2, 1031, n0, 1},  /* odd planes >= 1024: 16-byte
                                                              pieces; rank 0 empty, no z there */
       {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, 0},  /* fp16 pieces; affine=False */
+      {1, 1, sbnFloat32, sbnLayoutNHWC, 32, 100, n1, 1},  /* tile, 300 rows: several whole
+                                                             batches a thread (stage 5's loops) */
   };
   static const struct {
     int act, z, recover;
   } epis[] = {{SBN_ACT_RELU, 1, 0}, {SBN_ACT_LEAKY, 0, 0}, {SBN_ACT_IDENTITY, 1, 0},
               {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1},
-              {SBN_ACT_RELU, 0, 0}}; /* the stream tile forward's whole ReLU batches */
+              {SBN_ACT_RELU, 0, 0}}; /* the stream forward's whole ReLU batches (tile, fp32
+                                        plane and scalar kernels) */
   static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     for (size_t k = 0; k < sizeof epis / sizeof epis[0]; k++) {
