@@ -8,19 +8,20 @@ import math
 import re
 import sys
 
-PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_syncbn", "syncbn_torch"]
+PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch"]
 PATH_ALIASES = {"nccl-path": "nccl", "nccl_path": "nccl", "cuDNN": "cudnn", "torch": "torch_bn"}
 LABELS = {
     "coop": "coop (syncbn, one kernel)",
     "nccl": "nccl-path (syncbn host-driven)",
     "cudnn": "cuDNN (no sync)",
     "torch_bn": "PyTorch F.batch_norm (no sync)",
+    "torch_bn_module": "PyTorch nn.BatchNorm2d (no sync)",
     "torch_syncbn": "PyTorch SyncBN ops (1-rank NCCL)",
     "syncbn_torch": "syncbn.torch.SyncBatchNorm (1-rank team)",
 }
-SHORT = {"coop": "coop", "nccl": "nccl", "cudnn": "cuDNN", "torch_bn": "torch_bn",
+SHORT = {"coop": "coop", "nccl": "nccl", "cudnn": "cuDNN", "torch_bn": "torch_bn", "torch_bn_module": "bn_module",
          "torch_syncbn": "torch_syncbn", "syncbn_torch": "syncbn_torch"}
-COLORS = {"coop": "#1f77b4", "nccl": "#ff7f0e", "cudnn": "#2ca02c", "torch_bn": "#9467bd",
+COLORS = {"coop": "#1f77b4", "nccl": "#ff7f0e", "cudnn": "#2ca02c", "torch_bn": "#9467bd", "torch_bn_module": "#e377c2",
           "torch_syncbn": "#d62728", "syncbn_torch": "#8c564b"}
 DTYPE_ORDER = ["fp32", "bf16", "fp16"]
 LAYOUT_ORDER = ["NCHW", "NHWC"]

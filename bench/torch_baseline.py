@@ -19,6 +19,9 @@ NHWC = channels_last) it times two paths on GPU 0, W = 1 rank:
                          sum_dy_xmu)) -> torch.batch_norm_backward_elemt
                 The sequence is called directly: nn.SyncBatchNorm on one rank falls back
                 to F.batch_norm and would not sync at all.
+  torch_bn_module (--paths only) torch.nn.BatchNorm2d, the module (torch_bn's arithmetic
+                and backward; the host column adds what a module call and its
+                num_batches_tracked += 1 cost, as syncbn_torch's layer pays them)
   syncbn_torch  (--paths only) syncbn.torch.SyncBatchNorm, this project's layer, on the
                 team of the same process group (libsyncbn through ctypes; PYTHONPATH and
                 SYNCBN_LIBRARY as scripts/gpu-suite.sh sets them): forward = the layer,
@@ -126,7 +129,7 @@ DEFAULT_WARMUP = 5
 DEFAULT_SCALE = 1
 DEFAULT_CHECK_CHANNELS = 16
 DEFAULT_CHAIN_DEPTH = 8
-PATHS = ("torch_bn", "torch_syncbn", "syncbn_torch")
+PATHS = ("torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch")
 DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
@@ -208,7 +211,8 @@ def print_header(meta, args):
     if args.device == "cuda":
         print(f"# L2 flushed before every call: fill_ of {v['l2_flush_bytes'] >> 20} MiB (>= 2 x "
               "L2), outside the events")
-    print("# torch_bn: F.batch_norm(training=True) + autograd backward alone; torch_syncbn: "
+    print("# torch_bn: F.batch_norm(training=True) + autograd backward alone; torch_bn_module: "
+          "nn.BatchNorm2d, the same through the module; torch_syncbn: "
           "SyncBatchNorm's op sequence on a 1-rank " + ("NCCL" if args.device == "cuda" else "gloo")
           + " process group; weight, bias, running stats fp32")
     if args.epilogue != "none":
@@ -221,9 +225,9 @@ def print_header(meta, args):
     print(f"# scale {args.scale} (spatial = H*W / {args.scale}, >= 1), checked channels per row "
           f"{'<= ' + str(args.check_channels) if args.check_channels else 'all'}")
     print("#")
-    print("#%56s %45s %45s" % ("", "------------------ forward ------------------",
+    print("#%59s %45s %45s" % ("", "------------------ forward ------------------",
                                "------------------ backward -----------------"))
-    print("# %5s %5s %6s %8s %5s %6s %12s %10s %8s %9s %7s %7s %10s %8s %9s %7s %7s %6s %6s %8s %8s"
+    print("# %5s %5s %6s %8s %5s %6s %15s %10s %8s %9s %7s %7s %10s %8s %9s %7s %7s %6s %6s %8s %8s"
           % ("shape", "N", "C", "spatial", "dtype", "layout", "path", "time(us)", "GB/s/rk",
              "GB/s all", "%fl(a)", "%fl(b)", "time(us)", "GB/s/rk", "GB/s all", "%fl(a)",
              "%fl(b)", "#wrong", "#torch", "tol used", "sbn tol"))
@@ -234,7 +238,7 @@ def fmt(v, spec):
 
 
 def print_row(r):
-    line = "  %5s %5d %6d %8d %5s %6s %12s" % (r["shape"], r["n"], r["c"], r["spatial"], r["dtype"],
+    line = "  %5s %5d %6d %8d %5s %6s %15s" % (r["shape"], r["n"], r["c"], r["spatial"], r["dtype"],
                                                r["layout"], r["path"])
     if r["error"]:
         print(f"{line}   FAILED: {r['error']}" + (f" ({r['note']})" if r["note"] else ""), flush=True)
@@ -268,7 +272,8 @@ def parse_args(argv):
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--layout", default="NCHW,NHWC", help="comma list of NCHW, NHWC (default both)")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
-                   help="comma list of torch_bn, torch_syncbn, syncbn_torch (default: the first two)")
+                   help="comma list of torch_bn, torch_bn_module, torch_syncbn, syncbn_torch "
+                        "(default: torch_bn, torch_syncbn)")
     p.add_argument("--check-channels", type=int, default=DEFAULT_CHECK_CHANNELS,
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")
@@ -357,7 +362,7 @@ def run_chain(bench, args, shape):
           "per layer: what one call costs whatever its layers (the backward's: the engine's graph "
           "task, its hand-over to the device's autograd thread and the wait). Median us, GPU = "
           "CUDA events, host = the call")
-    print("# %12s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
+    print("# %15s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
         "path", "fwd 1", "bwd 1", f"fwd {K}", f"bwd {K}", "fwd/lyr", "bwd/lyr", "hfwd/lyr",
         "hbwd/lyr", "bwd fix", "hbwd fix"))
     for path in [p for p in args.path_list if p in ("torch_bn", "syncbn_torch")]:
@@ -365,9 +370,9 @@ def run_chain(bench, args, shape):
         d = next((x for x in out["derived"] if x["path"] == path), None)
         if d is None:
             err = "; ".join(f"depth {e['depth']}: {e['error']}" for e in es.values() if e["error"])
-            print(f"  {path:>12} FAILED: {err}")
+            print(f"  {path:>15} FAILED: {err}")
             continue
-        print("  %12s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
+        print("  %15s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
             path, fmt(es[1]["fwd"]["us_median"], ".1f"), fmt(es[1]["bwd"]["us_median"], ".1f"),
             fmt(es[K]["fwd"]["us_median"], ".1f"), fmt(es[K]["bwd"]["us_median"], ".1f"),
             fmt(d["fwd_per_layer_us"], ".1f"), fmt(d["bwd_per_layer_us"], ".1f"),
@@ -493,12 +498,12 @@ def main(argv=None):
                     failed += out["error"] is not None and not r["_optional_error"]
             print("#\n# latency: fp32 NCHW, C=512; tiny = N=4, 1x1 (like S10); empty = n=0. Median "
                   "us: GPU = CUDA events, host = the enqueueing calls")
-            print("# %12s %8s %8s %8s %8s %8s %8s %8s %8s" % (
+            print("# %15s %8s %8s %8s %8s %8s %8s %8s %8s" % (
                 "path", "fwd", "bwd", "host fwd", "host bwd", "fwd", "bwd", "host fwd", "host bwd"))
-            print("# %12s %35s %35s" % ("", "--------------- tiny --------------",
+            print("# %15s %35s %35s" % ("", "--------------- tiny --------------",
                                         "-------------- empty --------------"))
             for path in args.path_list:
-                line = "  %12s" % path
+                line = "  %15s" % path
                 for sid in ("tiny", "empty"):
                     r = next(x for x in lat if x["path"] == path and x["shape"] == sid)
                     if r["error"]:

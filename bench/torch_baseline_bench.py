@@ -437,7 +437,21 @@ class Bench:
                 if zg is not None:
                     y += zg
                 return F.relu(y, inplace=True) if epi else y
-        if path in ("syncbn_torch", "torch_bn"):
+        elif path == "torch_bn_module":
+            bn = torch.nn.BatchNorm2d(c, eps=EPS, momentum=MOMENTUM).to(self.dev)
+            with torch.no_grad():
+                bn.weight.copy_(weight)
+                bn.bias.copy_(bias)
+            bn.running_mean, bn.running_var = rm, rv
+            xg = x.detach().requires_grad_(True)
+            params = (xg, bn.weight, bn.bias) + ((zg,) if zg is not None else ())
+
+            def fwd():
+                y = bn(xg)
+                if zg is not None:
+                    y += zg
+                return F.relu(y, inplace=True) if epi else y
+        if path in ("syncbn_torch", "torch_bn", "torch_bn_module"):
             tf = self.time_op(fwd)
             y = fwd()
             tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))

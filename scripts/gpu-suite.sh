@@ -360,7 +360,7 @@ step_torch() {
   [ "$QUICK" = 1 ] && quick=(--only S1,S2,S5,S10)
   # syncbn_torch: this project's PyTorch layer on the same process group (issue 28)
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
-    "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch \
+    "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_bn_module,torch_syncbn,syncbn_torch \
     "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json" || rc=1
   # the fused layer (issue 51) against what a torchvision block runs in PyTorch (batch norm,
   # += identity, ReLU), on the fused step's shapes; floors from its JSON when it ran
