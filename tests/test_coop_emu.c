@@ -1555,6 +1555,61 @@ static void test_emulated_semantics(void) {
   }
 }
 
+/* The stream forward's whole ReLU batches (a ReLU without z): y written over x gives the
+   out-of-place bits (each batch is stored before the next one's loads), on a tile shape
+   with several batches a thread, an fp32 plane one and a bf16 tile one; every y is >= 0
+   but channel 1's, whose weight is NaN: NaN kept through the compiled-in ReLU, as sbn_act
+   keeps it. */
+static void test_fused_relu_inplace(void) {
+  static const int64_t n1[1] = {3}, n2[2] = {2, 1};
+  static const struct {
+    int W;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+  } cs[] = {{1, sbnFloat32, sbnLayoutNHWC, 32, 100, n1},
+            {2, sbnFloat32, sbnLayoutNCHW, 3, 64, n2},
+            {2, sbnBFloat16, sbnLayoutNHWC, 16, 9, n2}};
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+    team_t a, b;
+    team_make(&a, cs[i].W, cs[i].dt, cs[i].lay, cs[i].c, cs[i].sp, cs[i].n, 1, 1, GEN_NORMAL, 470 + i);
+    team_make(&b, cs[i].W, cs[i].dt, cs[i].lay, cs[i].c, cs[i].sp, cs[i].n, 1, 1, GEN_NORMAL, 470 + i);
+    a.w[1] = b.w[1] = NAN;
+    emu_team_t ea, eb;
+    emu_team_init(&ea, cs[i].W, 2, 60000);
+    emu_team_init(&eb, cs[i].W, 2, 60000);
+    emu_epi_t ep = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}};
+    g_epi = &ep;
+    g_variant = SBN_VAR_STREAM;
+    emu_run_virtual(&ea, &a, 0, &p);
+    g_opts = OPT_INPLACE;
+    emu_run_virtual(&eb, &b, 0, &p); /* y lands in x */
+    g_opts = 0;
+    g_epi = NULL;
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+    for (int r = 0; r < cs[i].W && !sbn_test_cur_failed_; r++) {
+      ASSERT_MEMEQ(b.x[r], a.y[r], team_bytes(&a, r));
+      const int64_t n = cs[i].n[r], C = cs[i].c, S = cs[i].sp;
+      int64_t nan1 = 0, bad = 0;
+      for (int64_t k = 0; k < n * C * S; k++) {
+        const int64_t c = cs[i].lay == sbnLayoutNHWC ? k % C : (k / S) % C;
+        const double y = sbn_ref_load(a.y[r], cs[i].dt, k);
+        if (c == 1)
+          nan1 += isnan(y);
+        else
+          bad += !(y >= 0.0);
+      }
+      ASSERT_EQ_INT(nan1, n * S);
+      ASSERT_EQ_INT(bad, 0);
+    }
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+  }
+}
+
 /* ---- failures through the error words ------------------------------------------------ */
 
 /* No test bounds how long a run takes (a loaded machine, ThreadSanitizer, are slow):
@@ -3066,6 +3121,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_pipeline, 1);
   EMU_TEST(test_limited_residency, 1);
   EMU_TEST(test_solo_arrivals, 1);
+  EMU_TEST(test_fused_relu_inplace, 0);
   team_comms_destroy();
   return sbn_test_exit();
 }
