@@ -130,6 +130,7 @@ DEFAULT_SCALE = 1
 DEFAULT_CHECK_CHANNELS = 16
 DEFAULT_CHAIN_DEPTH = 8
 PATHS = ("torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch")
+CHAIN_PATHS = ("torch_bn", "syncbn_torch")  # the engine table's: the paths through autograd
 DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
 LAYOUTS = ("NCHW", "NHWC")
@@ -332,7 +333,8 @@ def run_chain(bench, args, shape):
     K = args.chain_depth
     out = {"shape": {k: shape[k] for k in ("id", "n", "c", "h", "w")}, "dtype": "fp32",
            "layout": "NCHW", "depths": [1, K], "rows": [], "derived": []}
-    for path in [p for p in args.path_list if p in ("torch_bn", "syncbn_torch")]:
+    paths = [p for p in args.path_list if p in CHAIN_PATHS]
+    for path in paths:
         t = {}
         for depth in (1, K):
             e = {"path": path, "depth": depth, "fwd": None, "bwd": None, "error": None}
@@ -365,7 +367,7 @@ def run_chain(bench, args, shape):
     print("# %15s %8s %8s %8s %8s | %8s %8s %8s %8s | %8s %8s" % (
         "path", "fwd 1", "bwd 1", f"fwd {K}", f"bwd {K}", "fwd/lyr", "bwd/lyr", "hfwd/lyr",
         "hbwd/lyr", "bwd fix", "hbwd fix"))
-    for path in [p for p in args.path_list if p in ("torch_bn", "syncbn_torch")]:
+    for path in paths:
         es = {e["depth"]: e for e in out["rows"] if e["path"] == path}
         d = next((x for x in out["derived"] if x["path"] == path), None)
         if d is None:

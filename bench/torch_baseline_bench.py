@@ -218,9 +218,10 @@ class Bench:
         return gpu, host
 
     # -- syncbn.torch (the syncbn_torch path) -------------------------------------------------
-    def syncbn_layer(self, c, activation="identity"):
-        """syncbn.torch.SyncBatchNorm(c, activation=) on this process group's team (CUDA; a
-        1-rank CPU team with --device cpu), momentum and eps as the other paths."""
+    def syncbn_layer(self, weight, bias, activation="identity"):
+        """syncbn.torch.SyncBatchNorm(C, activation=) on this process group's team (CUDA; a
+        1-rank CPU team with --device cpu), momentum and eps as the other paths, its weight
+        and bias copied from these."""
         try:
             import syncbn
             import syncbn.torch as sbt
@@ -234,8 +235,20 @@ class Bench:
                 self._sbn_comm = sbt.team_for(self.pg, self.dev)
             else:
                 self._sbn_comm = syncbn.cpu_team(1)[0]
-        return sbt.SyncBatchNorm(c, eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm,
-                                 activation=activation).to(self.dev)
+        layer = sbt.SyncBatchNorm(weight.numel(), eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm,
+                                  activation=activation).to(self.dev)
+        with self.torch.no_grad():
+            layer.weight.copy_(weight)
+            layer.bias.copy_(bias)
+        return layer
+
+    def time_autograd(self, fwd, params, dy):
+        """time_op of fwd, then of torch.autograd.grad of one more fwd()'s output to params
+        (its graph kept for every call): (forward, backward) as time_op's lists."""
+        tf = self.time_op(fwd)
+        y = fwd()
+        tb = self.time_op(lambda: self.torch.autograd.grad(y, params, dy, retain_graph=True))
+        return tf, tb
 
     # -- the autograd engine's part: layers in a chain ------------------------------------------
     def time_chain(self, inputs, path, depth):
@@ -253,13 +266,8 @@ class Bench:
         xg = x.detach().requires_grad_(True)
         params = [xg]
         if path == "syncbn_torch":
-            layers = []
-            for _ in range(depth):
-                layer = self.syncbn_layer(c)
-                with torch.no_grad():
-                    layer.weight.copy_(weight)
-                    layer.bias.copy_(bias)
-                layers.append(layer)
+            layers = [self.syncbn_layer(weight, bias) for _ in range(depth)]
+            for layer in layers:
                 params += [layer.weight, layer.bias]
 
             def fwd():
@@ -283,10 +291,7 @@ class Bench:
                 return y
         else:
             raise ValueError(f"time_chain: {path} does not go through autograd")
-        tf = self.time_op(fwd)
-        y = fwd()
-        tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))
-        return tf, tb
+        return self.time_autograd(fwd, params, dy)
 
     # -- the SyncBatchNorm op sequence --------------------------------------------------------
     def ops(self):
@@ -414,11 +419,14 @@ class Bench:
         rm = torch.zeros(c, dtype=torch.float32, device=self.dev)
         rv = torch.ones(c, dtype=torch.float32, device=self.dev)
         zg = z.detach().requires_grad_(True) if z is not None else None
+
+        def epilogue(y):  # what a torchvision block runs after its batch norm
+            if zg is not None:
+                y += zg
+            return F.relu(y, inplace=True) if epi else y
+
         if path == "syncbn_torch":
-            layer = self.syncbn_layer(c, "relu" if epi else "identity")
-            with torch.no_grad():
-                layer.weight.copy_(weight)
-                layer.bias.copy_(bias)
+            layer = self.syncbn_layer(weight, bias, "relu" if epi else "identity")
             layer.running_mean, layer.running_var = rm, rv
             layer.num_batches_tracked.zero_()
             xg = x.detach().requires_grad_(True)
@@ -433,10 +441,7 @@ class Bench:
             params = (xg, w, b) + ((zg,) if zg is not None else ())
 
             def fwd():
-                y = F.batch_norm(xg, rm, rv, w, b, True, MOMENTUM, EPS)
-                if zg is not None:
-                    y += zg
-                return F.relu(y, inplace=True) if epi else y
+                return epilogue(F.batch_norm(xg, rm, rv, w, b, True, MOMENTUM, EPS))
         elif path == "torch_bn_module":
             bn = torch.nn.BatchNorm2d(c, eps=EPS, momentum=MOMENTUM).to(self.dev)
             with torch.no_grad():
@@ -447,15 +452,9 @@ class Bench:
             params = (xg, bn.weight, bn.bias) + ((zg,) if zg is not None else ())
 
             def fwd():
-                y = bn(xg)
-                if zg is not None:
-                    y += zg
-                return F.relu(y, inplace=True) if epi else y
+                return epilogue(bn(xg))
         if path in ("syncbn_torch", "torch_bn", "torch_bn_module"):
-            tf = self.time_op(fwd)
-            y = fwd()
-            tb = self.time_op(lambda: torch.autograd.grad(y, params, dy, retain_graph=True))
-            del y
+            tf, tb = self.time_autograd(fwd, params, dy)
             if check:
                 rm.zero_()
                 rv.fill_(1.0)
