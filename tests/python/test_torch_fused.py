@@ -16,6 +16,8 @@ activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx w
 """
 
 import copy
+import os
+import sys
 import unittest
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
@@ -28,6 +30,9 @@ import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
 from syncbn import _fused, _ops
 from test_torch_ops import mutant_ops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure)
 
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 PTOL = {torch.float32: (1e-4, 1e-4), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6.4e-2, 6.4e-2)}
@@ -277,6 +282,48 @@ class TestSavedTensors(TeamOfOne):
                 if dy_requires_grad:
                     (dy * 2).sum().backward()
                     torch.testing.assert_close(dy.grad, torch.full_like(dy, 2.0), rtol=0, atol=0)
+
+
+class TestMemoryMeasure(TeamOfOne):
+    """bench/torch_fused_memory.py's CPU measure of a training step's activation memory:
+    the peak of the CPU allocator's running total in torch.profiler's allocation records,
+    over what was allocated before."""
+
+    def test_peak_of_a_running_total(self):
+        recs = [(3, -100, 50), (1, 100, 100), (2, 50, 150), (5, -250, 0), (4, 200, 250)]
+        self.assertEqual(torch_fused_memory.peak_of(recs), 250)  # in time order, not list order
+        self.assertEqual(torch_fused_memory.peak_of([(t, b, tot + 1000) for t, b, tot in recs]), 250)
+        self.assertEqual(torch_fused_memory.peak_of([(1, -8, 992), (2, 4, 996)]), 0)
+        self.assertEqual(torch_fused_memory.peak_of([]), 0)
+
+    def test_records_see_known_allocations(self):
+        """1 MiB and 2 MiB held together, then 0.5 MiB after the first is freed: a peak of
+        3 MiB (and at most the allocator's rounding above it)."""
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            a = torch.empty(1 << 20, dtype=torch.uint8)
+            b = torch.empty(2 << 20, dtype=torch.uint8)
+            del a
+            c = torch.empty(1 << 19, dtype=torch.uint8)
+            del b, c
+        peak = torch_fused_memory.peak_of(torch_fused_memory.allocation_records(prof))
+        self.assertGreaterEqual(peak, 3 << 20)
+        self.assertLess(peak, (3 << 20) + (64 << 10))
+
+    def test_in_place_lowers_the_step_peak(self):
+        """The stack of the report, small: the in-place layers keep y, not x, so both the
+        saved bytes and the step's peak fall, and the peak holds at least the saved bytes."""
+        x = torch.randn(1, 3, 32, 32)
+        got = {}
+        for inplace in (False, True):
+            torch.manual_seed(0)
+            model = sbt.convert_fused(torch_fused_memory.deeplab_like(8), comm=self.comm, inplace=inplace).train()
+            got[inplace] = (torch_fused_memory.cpu_step_bytes(model, x), torch_fused_memory.saved_bytes(model, x))
+        (peak0, saved0), (peak1, saved1) = got[False], got[True]
+        self.assertLess(saved1, saved0)
+        self.assertLess(peak1, peak0)
+        self.assertGreaterEqual(peak0, saved0)
+        self.assertGreaterEqual(peak1, saved1)
 
 
 class TestRefusals(TeamOfOne):
