@@ -134,7 +134,9 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
    - ops are asynchronous on `stream`; argument errors are returned at once, as for CPU
      teams. Failures found inside the kernel (a peer that does not arrive within
      timeout_ms, ranks running different ops, a global count of 1 that the host could not
-     see) write none of the op's outputs in the blocks that detect them, are reported by
+     see) write none of the op's outputs in the blocks that detect them (but dz of
+     sbnBackwardEx where its stream kernel writes dz first, below: it holds then what a
+     successful op writes there, which depends on no other rank), are reported by
      sbnCommGetAsyncError, and abort the team (later ops return sbnAborted);
    - epochs live on the device: ops can be captured into a CUDA graph and replayed.
    At most SBN_MAX_GPU_TEAM_RANKS ranks. sbnUnsupported in builds without CUDA, without a
@@ -371,7 +373,13 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    and returns sbnTimeout). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and
-   in dx; the in-place backward reads y in x's place, once). */
+   in dx; the in-place backward reads y in x's place, once). The stream kernel writes dz
+   first, and reads y once (its statistics' pass writes dz, its dx pass reads x and dz:
+   7|x| of bytes, not 8, the same bits), where: dz is a buffer of its own (not x, y or
+   dy); the activation is ReLU (or any, in fp32: dz is then g exactly); and the round
+   holds every rank's op, which the host compares (a team of one, a virtual team, an
+   sbnCommInitAll team's group of all its ranks; not an NCCL team, whose kernels find an
+   op mismatch themselves, after the statistics). */
 #define SBN_RECOVER_MIN_WEIGHT 1e-5f
 SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
                                   const void* y, const void* dy, void* dx, void* dz,

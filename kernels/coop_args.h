@@ -96,6 +96,12 @@ typedef struct {
   int act;
   float slope;
   int recover;
+  /* dz may be written in stage 1, before the exchange (coop_vec.cuh: dz_first): dz is
+     non-NULL and the round holds an op of every rank of the team, which the host
+     compared (gpu_launch.c: sbn_gpu_check), so no kernel can find an op mismatch in
+     stage 4, which writes nothing. (A timeout or an abort after stage 1 may leave dz
+     written: with the values a successful op writes, which depend on no other rank.) */
+  int dz_early;
 } sbn_coop_rank_t;
 
 typedef struct {

@@ -26,7 +26,10 @@
  * are the same for both (coop_exchange.cuh).
  * Nothing is written to the caller's outputs before stage 4 succeeded, so an op mismatch
  * or a global count of 1 leaves them untouched; on a timeout the blocks that timed out
- * write nothing (others may have finished their units).
+ * write nothing (others may have finished their units). One exception: the stream
+ * backward's dz_first (coop_vec.cuh) writes dz in stage 1, only where the host compared
+ * every rank's op (no mismatch can be found here) and dz is a buffer of its own: a
+ * timeout or an abort after stage 1 leaves dz with the values a successful op writes.
  *
  * Epochs: each rank's op counter lives in device memory; every block reads it before the
  * rank-local barrier and block 0 advances it after (solo ops: after every block arrived

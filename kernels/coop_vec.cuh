@@ -279,20 +279,21 @@ SBN_UNROLL
   /* A batch of U whole positions (every batch but a thread's last of a unit, where its
      planes are whole vectors) takes plain 16-byte accesses, without a test of each
      position's mask (~7 instructions a position: sm_90 SASS, d560f07); the others go
-     position by position (whole, partial or empty). */
+     position by position (whole, partial or empty). The backward's second tensor is read
+     from dyp: R.dy, or R.dz in stage 5 of a backward that wrote dz first (dz_first). */
   static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
-                                                    Batch& bt, uint64_t pol) {
+                                                    Batch& bt, uint64_t pol, const void* dyp) {
     if (!kWholePos && VEC > 1 && bp.all(full_mask())) {
 SBN_UNROLL
       for (int k = 0; k < U; k++) {
         bt[k][0] = load_pos<DT, VEC, true>(R.x, bp.idx(k), kFull, pol);
-        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(R.dy, bp.idx(k), kFull, pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(dyp, bp.idx(k), kFull, pol);
       }
     } else {
 SBN_UNROLL
       for (int k = 0; k < U; k++) {
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
-        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(R.dy, bp.idx(k), bp.mask(k, kFull), pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(dyp, bp.idx(k), bp.mask(k, kFull), pol);
       }
     }
   }
@@ -320,6 +321,25 @@ SBN_UNROLL
     if constexpr (!kBwdEpi) return dy;
     if (ep.act == SBN_ACT_IDENTITY) return dy;
     return sbn_act_grad(ep.act, ep.slope, elem_get<DT, VEC>(!kRecover && has_y ? yb[k] : bt[k][0], e), dy);
+  }
+  /* The stream backward with an activation and dz, where dz holds the gradient g =
+     act'(y) dy exactly (ReLU: dy or 0, a value of the dtype; any activation in fp32):
+     stage 1, which reads x, dy and y, writes g to dz and sums it; stage 5 reads x and dz
+     as the plain backward reads x and dy, and computes dx from them. 7|x| of bytes, not 8
+     (stage 5 reads neither dy nor y), and the same bits: the g that stage 5 reads is the
+     g it computed. Only where no kernel can refuse the op after stage 1 (R.dz_early: the
+     host compared every rank's op), since a refused op writes nothing, and where dz is a
+     buffer of its own: over x it would change the x that stage 5 reads, and over y or dy
+     an op that fails after stage 1 (a timeout, an abort) would leave its inputs changed.
+     Not in the onchip kernels (they read x and dy once) or the in-place backward (no
+     dz). */
+  static __device__ __forceinline__ bool dz_first(const sbn_coop_rank_t& R) {
+    if constexpr (kBwdEpi && !kRecover && !ONCHIP)
+      return R.dz_early && R.dz != nullptr && R.dz != R.x && R.dz != R.y && R.dz != R.dy &&
+             !SBN_MUTANT(SBN_MUT_DZ_LATE) &&
+             (R.act == SBN_ACT_RELU || (Dt<DT>::kSize == 4 && R.act != SBN_ACT_IDENTITY));
+    else
+      return false;
   }
   static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                      const Batch& bt) {
@@ -381,10 +401,11 @@ SBN_UNROLL
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
      of f. No L2 prefetch: the kernels that asked L2 for the block's batches ahead took up
-     to 1.22x the time of these on the H100 (bench/results/2026-11-26-h100-ad98116). */
+     to 1.22x the time of these on the H100 (bench/results/2026-11-26-h100-ad98116). dyp:
+     load_batch's. */
   template <typename F>
-  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk,
-                                             int nb, int* gb, uint4* hs, uint64_t pol, F f) {
+  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk, int nb, int* gb,
+                                             uint4* hs, uint64_t pol, const void* dyp, F f) {
     int bt = 0;
     if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
 SBN_UNROLL
@@ -407,7 +428,7 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        load_batch(R, bp, cur, pol);
+        load_batch(R, bp, cur, pol, dyp);
       }
       f(cur, bp);
     }
@@ -641,13 +662,31 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
-    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
+    /* dz_first: g in place of dy in the batch, stored to dz, then summed as identity's dy */
+    const bool dzf = dz_first(R);
+    EpiCoef<NCH> eg;
+    if constexpr (kBwdEpi) {
+      eg = ep;
+      if (dzf) eg.act = SBN_ACT_IDENTITY;
+    }
+    each_batch(R, wk, nb, gb, hs, pol, R.dy, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else {
         uint4 yb[U];
         const bool has_y = load_y(R, bp, yb, pol);
-        bwd_batch(B, bt, bp, ep, yb, has_y);
+        if constexpr (kBwdEpi && !kRecover && !ONCHIP) {
+          if (dzf) {
+SBN_UNROLL
+            for (int k = 0; k < U; k++) {
+SBN_UNROLL
+              for (int e = 0; e < VEC; e++)
+                elem_set<DT, VEC>(bt[k][NV - 1], e, grad_at(bt, k, e, ep, yb, has_y));
+              store_pos<DT, VEC, kWholePos>(R.dz, bp.idx(k), bp.mask(k, kFull), bt[k][NV - 1]);
+            }
+          }
+        }
+        bwd_batch(B, bt, bp, eg, yb, has_y);
       }
     });
     typename Part<KIND>::T pt[NCH];
@@ -689,7 +728,7 @@ SBN_UNROLL
           if (gb == s && bt < nb) {
             Pos bp;
             wk.batch(bp);
-            load_batch(R, bp, hold[s], pol);
+            load_batch(R, bp, hold[s], pol, R.dy);
             bt++, gb++;
           }
         for (; bt < nb; bt++, gb++) {
@@ -808,7 +847,8 @@ SBN_UNROLL
        turn_hold behind: every later unit would read another batch. It never happens:
        R.out and g.rows are the launch slot's, the same for every unit of the block, so
        either every unit is skipped or none; nb == 0 holds nothing. */
-    if (g.rows == 0 || (R.out == nullptr && (!kBwdEpi || R.dz == nullptr)) || nb == 0) {
+    const bool dzf = dz_first(R); /* dz written in stage 1: x and dz read here */
+    if (g.rows == 0 || (R.out == nullptr && (!kBwdEpi || R.dz == nullptr || dzf)) || nb == 0) {
       *gb += nb;
       return;
     }
@@ -840,7 +880,12 @@ SBN_UNROLL
       *gb += nb;
       return;
     }
-    each_batch(R, wk, nb, gb, hs, pol, [&](Batch& bt, const Pos& bp) {
+    EpiCoef<NCH> eg;
+    if constexpr (kBwdEpi) {
+      eg = ep;
+      if (dzf) eg.act = SBN_ACT_IDENTITY;
+    }
+    each_batch(R, wk, nb, gb, hs, pol, dzf ? R.dz : R.dy, [&](Batch& bt, const Pos& bp) {
       uint4 eb[U]; /* EPI: the forward's z, or the backward's y */
       if constexpr (kFwdEpi) {
         const bool has_z = R.z != nullptr;
@@ -850,9 +895,9 @@ SBN_UNROLL
         }
         outputs(bt, kc, ep, eb, has_z, eb, false, false);
       } else if constexpr (kBwdEpi) {
-        const bool dz = R.dz != nullptr;
-        const bool has_y = load_y(R, bp, eb, pol);
-        outputs(bt, kc, ep, eb, false, eb, has_y, dz);
+        const bool dz = R.dz != nullptr && !dzf;
+        const bool has_y = !dzf && load_y(R, bp, eb, pol);
+        outputs(bt, kc, eg, eb, false, eb, has_y, dz);
         if (dz) { /* the gradient, rounded to the dtype, where dy was */
 SBN_UNROLL
           for (int k = 0; k < U; k++)

@@ -119,6 +119,10 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
     } else {
       R->y = g_epi->y[r];
       R->dz = g_epi->dz[r];
+      /* as gpu_launch.c for a round of every rank of the team (the per-rank launches below
+         clear it where W > 1: one rank's launch, as an NCCL team's, whose ops the host
+         could not compare; an sbnCommInitAll team's group of every rank would set it) */
+      R->dz_early = R->dz != NULL;
       /* as gpu_launch.c: x NULL and y given (an empty rank passes neither) */
       R->recover = g_epi->recover && g_epi->y[r] != NULL;
       if (R->recover) R->x = g_epi->y[r];
@@ -249,6 +253,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
     fill_common(&l[r].a, e, d, bwd);
     l[r].a.nlaunch = 1;
+    if (e->W > 1) l[r].a.r[0].dz_early = 0;
     l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
     l[r].dtype = d->dtype;
     l[r].pl = plans ? plans[r] : emu_plan(d, d->n, e->G, bwd);
@@ -292,6 +297,7 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
     memset(&a[r], 0, sizeof a[r]);
     fill_rank(&a[r].r[0], e, t, r, bwd, p);
+    if (e->W > 1 && (desc_of != NULL || plans != NULL)) a[r].r[0].dz_early = 0; /* per rank */
     a[r].r[0].mail = e->recv[r];
     a[r].r[0].send = e->send[r];
     fill_common(&a[r], e, d, bwd);
@@ -1217,6 +1223,7 @@ static void test_fused_vs_cpu(void) {
   static const struct {
     int act, z, recover;
   } epis[] = {{SBN_ACT_RELU, 1, 0}, {SBN_ACT_LEAKY, 0, 0}, {SBN_ACT_IDENTITY, 1, 0},
+              {SBN_ACT_LEAKY, 1, 0}, /* dz of leaky ReLU: in stage 1 in fp32 (dz_first) */
               {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1},
               {SBN_ACT_RELU, 0, 0}}; /* the stream forward's whole ReLU batches (tile, fp32
                                         plane and scalar kernels) */
@@ -1282,7 +1289,32 @@ static void test_fused_vs_cpu(void) {
    the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
    stage 5: the kernel holds x and dy only), and writes dx and dz once. Nothing else. And
    their values: the stream kernel's bits on a twin team (NCHW 1032: a thread's batches
-   past the registers, held in shared memory). */
+   past the registers, held in shared memory). The stream kernel's backward with ReLU and
+   dz writes dz in stage 1 (dz_first): it reads x twice, y, dy and dz once, and writes dx
+   and dz once: 7|x| (the mutant that reads dy and y again in stage 5 moves 8|x|). */
+enum { FB_X, FB_Z, FB_Y, FB_DY, FB_DX, FB_DZ, FB_N };
+/* The byte counters (reset) of each rank's x, z, y, dy, dx and dz: team t of 2 ranks,
+   epilogue ep. */
+static void fused_track(const team_t* t, const emu_epi_t* ep, int slot[2][FB_N]) {
+  sbn_emu_count_reset();
+  for (int r = 0; r < 2; r++) {
+    const void* p[FB_N] = {t->x[r], ep->z[r], t->y[r], t->dy[r], t->dx[r], ep->dz[r]};
+    for (int q = 0; q < FB_N; q++) slot[r][q] = sbn_emu_count_track(p[q], team_bytes(t, r));
+  }
+}
+/* Each rank's tensors read rd[q] and written wr[q] times their size since fused_track. */
+static void fused_counts_are(const team_t* t, int slot[2][FB_N], const int rd[FB_N], const int wr[FB_N]) {
+  for (int r = 0; r < 2; r++) {
+    const uint64_t b = team_bytes(t, r);
+    for (int q = 0; q < FB_N; q++) {
+      uint64_t got_rd, got_wr;
+      sbn_emu_count_get(slot[r][q], &got_rd, &got_wr);
+      ASSERT_EQ_INT((int64_t)got_rd, (int64_t)(rd[q] * b));
+      ASSERT_EQ_INT((int64_t)got_wr, (int64_t)(wr[q] * b));
+    }
+  }
+}
+
 static void test_fused_bytes(void) {
   static const int64_t n2[2] = {3, 2};
   for (int dt = 0; dt < 3; dt++)
@@ -1305,35 +1337,17 @@ static void test_fused_bytes(void) {
           if (mode == 1) free(ep.z[0]), free(ep.z[1]), ep.z[0] = ep.z[1] = NULL;
           emu_run_virtual(&e, &t, 0, &p);
         }
-        int sx[2], sz[2], sy[2], sdy[2], sdx[2], sdz[2];
-        sbn_emu_count_reset();
-        for (int r = 0; r < 2; r++) {
-          const size_t b = team_bytes(&t, r);
-          sx[r] = sbn_emu_count_track(t.x[r], b);
-          sz[r] = sbn_emu_count_track(ep.z[r], b);
-          sy[r] = sbn_emu_count_track(t.y[r], b);
-          sdy[r] = sbn_emu_count_track(t.dy[r], b);
-          sdx[r] = sbn_emu_count_track(t.dx[r], b);
-          sdz[r] = sbn_emu_count_track(ep.dz[r], b);
-        }
+        int slot[2][FB_N];
+        fused_track(&t, &ep, slot);
         g_variant = SBN_VAR_ONCHIP;
         emu_run_virtual(&e, &t, mode > 0, &p);
         g_variant = EMU_VAR_DEFAULT;
         g_epi = NULL;
         ASSERT_TRUE(err_words_clear(&e));
-        for (int r = 0; r < 2; r++) {
-          const uint64_t b = team_bytes(&t, r);
-          uint64_t rd[6], wr[6];
-          const int* slots[6] = {sx, sz, sy, sdy, sdx, sdz};
-          for (int q = 0; q < 6; q++) sbn_emu_count_get(slots[q][r], &rd[q], &wr[q]);
-          /* x, z, y, dy, dx, dz: reads, then writes */
-          const uint64_t want_rd[3][6] = {{b, b, 0, 0, 0, 0}, {0, 0, b, b, 0, 0}, {b, 0, 2 * b, b, 0, 0}};
-          const uint64_t want_wr[3][6] = {{0, 0, b, 0, 0, 0}, {0, 0, 0, 0, b, 0}, {0, 0, 0, 0, b, b}};
-          for (int q = 0; q < 6; q++) {
-            ASSERT_EQ_INT((int64_t)rd[q], (int64_t)want_rd[mode][q]);
-            ASSERT_EQ_INT((int64_t)wr[q], (int64_t)want_wr[mode][q]);
-          }
-        }
+        /* x, z, y, dy, dx, dz: reads, then writes */
+        static const int want_rd[3][FB_N] = {{1, 1, 0, 0, 0, 0}, {0, 0, 1, 1, 0, 0}, {1, 0, 2, 1, 0, 0}};
+        static const int want_wr[3][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 0}, {0, 0, 0, 0, 1, 1}};
+        fused_counts_are(&t, slot, want_rd[mode], want_wr[mode]);
         team_t u;
         team_make(&u, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
         emu_team_t eu;
@@ -1347,10 +1361,15 @@ static void test_fused_bytes(void) {
         }
         g_epi = &eq;
         if (mode > 0) emu_run_virtual(&eu, &u, 0, &p);
+        fused_track(&u, &eq, slot);
         g_variant = SBN_VAR_STREAM;
         emu_run_virtual(&eu, &u, mode > 0, &p);
         g_variant = EMU_VAR_DEFAULT;
         g_epi = NULL;
+        if (mode == 2) { /* the stream backward with ReLU and dz: dz first (x twice) */
+          static const int rd[FB_N] = {2, 0, 1, 1, 0, 1}, wr[FB_N] = {0, 0, 0, 0, 1, 1};
+          fused_counts_are(&u, slot, rd, wr);
+        }
         for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
           const size_t b = team_bytes(&t, r), cb = 48 * sizeof(float);
           if (mode == 0) {
@@ -1376,8 +1395,9 @@ static void test_fused_bytes(void) {
 }
 
 /* The epilogue's aliasing and optional outputs on the kernels (stream and onchip): y
-   written over z and dz over dy give the separate buffers' bits; a backward with dx NULL
-   and dz given writes dz (the same bits) and leaves dx alone. */
+   written over z, and dz over dy, over x or over y, give the separate buffers' bits (the
+   stream kernel writes dz in stage 1 only into a buffer of its own: dz_first); a backward
+   with dx NULL and dz given writes dz (the same bits) and leaves dx alone. */
 static void test_fused_aliasing(void) {
   static const int64_t n2[2] = {2, 1};
   static const struct {
@@ -1435,6 +1455,38 @@ static void test_fused_aliasing(void) {
       for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
         ASSERT_MEMEQ(pa.dz[r], dz0[r], team_bytes(&a, r));
         ASSERT_TRUE(all_bytes(a.dx[r], team_bytes(&a, r), 0xff));
+      }
+      /* dz over x (q 0) and over y (q 1): a's dx and dz, and dz in that buffer */
+      for (int q = 0; q < 2 && !sbn_test_cur_failed_; q++) {
+        team_t c;
+        team_make(&c, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 430 + si);
+        emu_team_t ec;
+        emu_team_init(&ec, 2, 2, 60000);
+        emu_epi_t pc = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}};
+        for (int r = 0; r < 2; r++) {
+          pc.z[r] = dup_mem(pa.z[r], team_bytes(&a, r));
+          pc.y[r] = c.y[r];
+        }
+        g_variant = v ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
+        g_epi = &pc;
+        emu_run_virtual(&ec, &c, 0, &p);
+        for (int r = 0; r < 2; r++) pc.dz[r] = q == 0 ? c.x[r] : c.y[r];
+        emu_run_virtual(&ec, &c, 1, &p);
+        g_epi = NULL;
+        g_variant = EMU_VAR_DEFAULT;
+        ASSERT_TRUE(err_words_clear(&ec));
+        for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+          const size_t bytes = team_bytes(&a, r), cb = (size_t)shapes[si].c * sizeof(float);
+          ASSERT_MEMEQ(c.dx[r], b.dx[r], bytes);
+          ASSERT_MEMEQ(pc.dz[r], b.dy[r], bytes); /* b's dz, over its dy */
+          ASSERT_MEMEQ(c.dw[r], b.dw[r], cb);
+          ASSERT_MEMEQ(c.db[r], b.db[r], cb);
+        }
+        if (sbn_test_cur_failed_) fprintf(stderr, "  dz over %s\n", q == 0 ? "x" : "y");
+        for (int r = 0; r < 2; r++) pc.dz[r] = NULL; /* c's own buffers */
+        epi_free(&pc);
+        emu_team_free(&ec);
+        team_free(&c);
       }
       free(dz0[0]), free(dz0[1]);
       for (int r = 0; r < 2; r++) pb.z[r] = pb.dz[r] = NULL; /* b's own buffers */
@@ -2248,6 +2300,7 @@ static void emu_nccl_args(emu_nccl_t* n, sbn_coop_args_t* a, team_t* t, int r, i
                           const sbnParams_t* p) {
   memset(a, 0, sizeof *a);
   fill_rank(&a->r[0], &n->e, t, r, bwd, p);
+  if (n->e.W > 1) a->r[0].dz_early = 0;
   fill_common(a, &n->e, &t->d[r], bwd);
   for (int q = 0; q < MAXW; q++) a->mail[q] = NULL; /* the window only */
   a->r[0].mail = (sbn_mail_rec_t*)n->part[r];
@@ -2763,6 +2816,7 @@ static void* pipe_rank_main(void* arg) {
       fill_rank(&a->r[0], pr->e, t, pr->r, bwd, pr->p);
       fill_common(a, pr->e, d, bwd);
       a->nlaunch = 1;
+      if (pr->e->W > 1) a->r[0].dz_early = 0;
       const sbn_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
       a->hold_slots = pl.hold_slots;
       if (sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, pl.tile, pl.vec, pl.variant, a,
@@ -2994,7 +3048,8 @@ static const struct {
                 {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
-                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE}};
+                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
+                {"dz_late", SBN_EMU_MUT_DZ_LATE}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -3009,7 +3064,7 @@ static int run_mutant(const char* name) {
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE) {
+      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -3018,6 +3073,8 @@ static int run_mutant(const char* name) {
       solo_arrivals();
     } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
       gathers_per_block();
+    } else if (flag == SBN_EMU_MUT_DZ_LATE) {
+      test_fused_bytes();
     } else {
       host_memory_success_paths();
       host_memory_waiting();

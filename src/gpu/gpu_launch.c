@@ -241,8 +241,10 @@ static const char* plan_kernel_name(const sbn_plan_t* pl) {
   return pl->vec ? "stream" : "stream-scalar";
 }
 
+/* checked: the round holds an op of every rank of the team, which sbn_gpu_check compared
+   (no kernel of the round can find an op mismatch) */
 static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
-                      const sbn_plan_t* pl) {
+                      const sbn_plan_t* pl, int checked) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -278,6 +280,7 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     R->z = o->z;
     R->y = o->y;
     R->dz = o->dz;
+    R->dz_early = o->dz != NULL && checked; /* coop_args.h */
     R->act = o->act;
     R->slope = o->slope;
     R->recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
@@ -343,7 +346,7 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
    kernel is one launch (all of a virtual team's ranks, or one rank). The host path's
    stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
    (each rank's own plan: tile and width may differ, so may the kernels). */
-static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl) {
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl, int checked) {
   static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
@@ -364,7 +367,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
   if (o0->algo == SBN_ALGO_COOP) {
     const size_t dyn =
         pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
-    fill_args(&a, ops, nops, &pl[0]);
+    fill_args(&a, ops, nops, &pl[0], checked);
     CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant, sbn_args_epilogue(&a)),
               (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
@@ -372,7 +375,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
     const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
     for (int i = 0; i < nops; i += per) {
-      fill_args(&a, &ops[i], per, &pl[i]);
+      fill_args(&a, &ops[i], per, &pl[i], checked);
       CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
          "host path: stats kernel launch");
@@ -381,13 +384,13 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
          "host path: publish kernel launch");
     }
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
-      fill_args(&a, ops, nops, &pl[0]);
+      fill_args(&a, ops, nops, &pl[0], checked);
       CU(launch(sbn_host_kernel_ptr(SBN_HOST_GATHER, kind, dt, pl[0].tile, pl[0].vec, sbn_args_epilogue(&a)),
                 (unsigned)nops * (unsigned)gt->nranks, 0, 0, &a, s0),
          "host path: gather kernel launch");
     }
     for (int i = 0; i < nops; i += per) {
-      fill_args(&a, &ops[i], per, &pl[i]);
+      fill_args(&a, &ops[i], per, &pl[i], checked);
       if (gt->nranks == 1) a.r[0].mail = a.r[0].send; /* a team of one: its own records */
       CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
                 (unsigned)(per * pl[i].G), 0, 0, &a, s0),
@@ -413,7 +416,7 @@ out:
    mode) still make collectives of one size, and APPLY reports the mismatch. The comms
    are nonblocking: the group is issued under the read lock and waited for, bounded by
    the timeout; any failure once the group has started aborts the team's comms. */
-static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
+static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int checked) {
   sbnResult_t r = sbnSuccess;
 #if SYNCBN_HAVE_NCCL
   struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
@@ -430,7 +433,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    fill_args(&one, &ops[i], 1, &pl[i]);
+    fill_args(&one, &ops[i], 1, &pl[i], checked);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
@@ -474,7 +477,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops) {
   for (int i = 0; i < nops; i++) {
     gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    fill_args(&one, &ops[i], 1, &pl[i]);
+    fill_args(&one, &ops[i], 1, &pl[i], checked);
     CU(cudaSetDevice(g->device), "cudaSetDevice");
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
@@ -502,7 +505,7 @@ out:
 /* Launches a virtual team's op of every rank as ONE cooperative launch (nops == nranks,
    in rank order), or one rank's op of a peer team (nops == 1), or the host path's ranks
    of this process together. */
-static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
+static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked) {
   const sbn_op_t* o0 = ops[0];
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -513,7 +516,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
   int prev = 0;
   cudaGetDevice(&prev);
   if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
-    r = launch_host_nccl(ops, nops); /* InitAll (a rank per GPU) or NCCL team: own plans */
+    r = launch_host_nccl(ops, nops, checked); /* InitAll (a rank per GPU) or NCCL team: own plans */
   } else if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && gt->nranks > 1 &&
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
@@ -530,7 +533,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops) {
       return r;
     }
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-    r = launch_one_device(ops, nops, pl);
+    r = launch_one_device(ops, nops, pl, checked);
   }
 out:
   cudaSetDevice(prev);
@@ -550,11 +553,13 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   const struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
   *failed = 0;
   /* the host-driven path takes the whole round too: one NCCL group, or one device */
-  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n);
+  /* a round of every rank: sbn_gpu_check compared their ops (fill_args) */
+  const int checked = n == ops[0]->comm->team->nranks;
+  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n, checked);
   sbnResult_t r = sbnSuccess;
   for (int q = 0; q < n && r == sbnSuccess; q++) {
     *failed = q;
-    r = launch_ops(&ops[q], 1);
+    r = launch_ops(&ops[q], 1, checked);
   }
   return r;
 }
