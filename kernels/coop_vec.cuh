@@ -280,20 +280,21 @@ SBN_UNROLL
      planes are whole vectors) takes plain 16-byte accesses, without a test of each
      position's mask (~7 instructions a position: sm_90 SASS, d560f07); the others go
      position by position (whole, partial or empty). The backward's second tensor is read
-     from dyp: R.dy, or R.dz in stage 5 of a backward that wrote dz first (dz_first). */
-  static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp,
-                                                    Batch& bt, uint64_t pol, const void* dyp) {
+     from dyp with L2 policy pol_dy: R.dy, or R.dz in stage 5 of a backward that wrote dz
+     first (dz_first, whose stage 1 reads dy with evict_first: stage 5 reads dz instead). */
+  static __device__ __forceinline__ void load_batch(const sbn_coop_rank_t& R, const Pos& bp, Batch& bt,
+                                                    uint64_t pol, const void* dyp, uint64_t pol_dy) {
     if (!kWholePos && VEC > 1 && bp.all(full_mask())) {
 SBN_UNROLL
       for (int k = 0; k < U; k++) {
         bt[k][0] = load_pos<DT, VEC, true>(R.x, bp.idx(k), kFull, pol);
-        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(dyp, bp.idx(k), kFull, pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, true>(dyp, bp.idx(k), kFull, pol_dy);
       }
     } else {
 SBN_UNROLL
       for (int k = 0; k < U; k++) {
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
-        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(dyp, bp.idx(k), bp.mask(k, kFull), pol);
+        if (NV == 2) bt[k][NV - 1] = load_pos<DT, VEC, kWholePos>(dyp, bp.idx(k), bp.mask(k, kFull), pol_dy);
       }
     }
   }
@@ -401,11 +402,11 @@ SBN_UNROLL
      others from shared memory slot *gb - NBR; stream, each read now with L2 policy pol.
      Stage 1 and stage 5 visit the same batches in the same order through here; one copy
      of f. No L2 prefetch: the kernels that asked L2 for the block's batches ahead took up
-     to 1.22x the time of these on the H100 (bench/results/2026-11-26-h100-ad98116). dyp:
-     load_batch's. */
+     to 1.22x the time of these on the H100 (bench/results/2026-11-26-h100-ad98116). dyp,
+     pol_dy: load_batch's. */
   template <typename F>
-  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk, int nb, int* gb,
-                                             uint4* hs, uint64_t pol, const void* dyp, F f) {
+  __device__ __forceinline__ void each_batch(const sbn_coop_rank_t& R, Walk& wk, int nb, int* gb, uint4* hs,
+                                             uint64_t pol, const void* dyp, uint64_t pol_dy, F f) {
     int bt = 0;
     if (ONCHIP && SBN_MUTANT(SBN_MUT_HELD_COPIES)) {
 SBN_UNROLL
@@ -428,7 +429,7 @@ SBN_UNROLL
           read_smem(hs, *gb - NBR, cur);
         (*gb)++;
       } else {
-        load_batch(R, bp, cur, pol, dyp);
+        load_batch(R, bp, cur, pol, dyp, pol_dy);
       }
       f(cur, bp);
     }
@@ -662,19 +663,21 @@ SBN_UNROLL
         B.sdy[ch] = B.sdx[ch] = sbn_csum_t{0.0f, 0.0f};
       }
     }
-    /* dz_first: g in place of dy in the batch, stored to dz, then summed as identity's dy */
+    /* dz_first: g in place of dy in the batch, stored to dz, then summed as identity's dy;
+       dy and y read with evict_first (stage 5 reads x and dz: L2 keeps x for it) */
     const bool dzf = dz_first(R);
+    const uint64_t pol_dy = dzf ? policy_evict_first() : pol;
     EpiCoef<NCH> eg;
     if constexpr (kBwdEpi) {
       eg = ep;
       if (dzf) eg.act = SBN_ACT_IDENTITY;
     }
-    each_batch(R, wk, nb, gb, hs, pol, R.dy, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, R.dy, pol_dy, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
       else {
         uint4 yb[U];
-        const bool has_y = load_y(R, bp, yb, pol);
+        const bool has_y = load_y(R, bp, yb, pol_dy);
         if constexpr (kBwdEpi && !kRecover && !ONCHIP) {
           if (dzf) {
 SBN_UNROLL
@@ -728,7 +731,7 @@ SBN_UNROLL
           if (gb == s && bt < nb) {
             Pos bp;
             wk.batch(bp);
-            load_batch(R, bp, hold[s], pol, R.dy);
+            load_batch(R, bp, hold[s], pol, R.dy, pol);
             bt++, gb++;
           }
         for (; bt < nb; bt++, gb++) {
@@ -885,7 +888,7 @@ SBN_UNROLL
       eg = ep;
       if (dzf) eg.act = SBN_ACT_IDENTITY;
     }
-    each_batch(R, wk, nb, gb, hs, pol, dzf ? R.dz : R.dy, [&](Batch& bt, const Pos& bp) {
+    each_batch(R, wk, nb, gb, hs, pol, dzf ? R.dz : R.dy, pol, [&](Batch& bt, const Pos& bp) {
       uint4 eb[U]; /* EPI: the forward's z, or the backward's y */
       if constexpr (kFwdEpi) {
         const bool has_z = R.z != nullptr;
