@@ -1284,14 +1284,6 @@ static void test_fused_vs_cpu(void) {
     }
 }
 
-/* The epilogue's bytes on the onchip kernels: the forward reads x and z once and writes
-   y once; the in-place backward reads y (in x's place) and dy once and writes dx once;
-   the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
-   stage 5: the kernel holds x and dy only), and writes dx and dz once. Nothing else. And
-   their values: the stream kernel's bits on a twin team (NCHW 1032: a thread's batches
-   past the registers, held in shared memory). The stream kernel's backward with ReLU and
-   dz writes dz in stage 1 (dz_first): it reads x twice, y, dy and dz once, and writes dx
-   and dz once: 7|x| (the mutant that reads dy and y again in stage 5 moves 8|x|). */
 enum { FB_X, FB_Z, FB_Y, FB_DY, FB_DX, FB_DZ, FB_N };
 /* The byte counters (reset) of each rank's x, z, y, dy, dx and dz: team t of 2 ranks,
    epilogue ep. */
@@ -1302,8 +1294,10 @@ static void fused_track(const team_t* t, const emu_epi_t* ep, int slot[2][FB_N])
     for (int q = 0; q < FB_N; q++) slot[r][q] = sbn_emu_count_track(p[q], team_bytes(t, r));
   }
 }
-/* Each rank's tensors read rd[q] and written wr[q] times their size since fused_track. */
-static void fused_counts_are(const team_t* t, int slot[2][FB_N], const int rd[FB_N], const int wr[FB_N]) {
+/* Each rank's tensors read rd[q] and written wr[q] times their size since fused_track,
+   and (kept non-NULL) read kept[q] times with L2's evict_last policy. */
+static void fused_counts_are(const team_t* t, int slot[2][FB_N], const int rd[FB_N], const int wr[FB_N],
+                             const int* kept) {
   for (int r = 0; r < 2; r++) {
     const uint64_t b = team_bytes(t, r);
     for (int q = 0; q < FB_N; q++) {
@@ -1311,10 +1305,20 @@ static void fused_counts_are(const team_t* t, int slot[2][FB_N], const int rd[FB
       sbn_emu_count_get(slot[r][q], &got_rd, &got_wr);
       ASSERT_EQ_INT((int64_t)got_rd, (int64_t)(rd[q] * b));
       ASSERT_EQ_INT((int64_t)got_wr, (int64_t)(wr[q] * b));
+      if (kept) ASSERT_EQ_INT((int64_t)sbn_emu_count_kept(slot[r][q]), (int64_t)(kept[q] * b));
     }
   }
 }
 
+/* The epilogue's bytes on the onchip kernels: the forward reads x and z once and writes
+   y once; the in-place backward reads y (in x's place) and dy once and writes dx once;
+   the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
+   stage 5: the kernel holds x and dy only), and writes dx and dz once. Nothing else. And
+   their values: the stream kernel's bits on a twin team (NCHW 1032: a thread's batches
+   past the registers, held in shared memory). The stream kernel's backward with ReLU and
+   dz writes dz in stage 1 (dz_first): it reads x twice, y, dy and dz once, and writes dx
+   and dz once: 7|x| (the mutant that reads dy and y again in stage 5 moves 8|x|); and it
+   asks L2 to keep x alone (evict_last on its first read). */
 static void test_fused_bytes(void) {
   static const int64_t n2[2] = {3, 2};
   for (int dt = 0; dt < 3; dt++)
@@ -1347,7 +1351,7 @@ static void test_fused_bytes(void) {
         /* x, z, y, dy, dx, dz: reads, then writes */
         static const int want_rd[3][FB_N] = {{1, 1, 0, 0, 0, 0}, {0, 0, 1, 1, 0, 0}, {1, 0, 2, 1, 0, 0}};
         static const int want_wr[3][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 0}, {0, 0, 0, 0, 1, 1}};
-        fused_counts_are(&t, slot, want_rd[mode], want_wr[mode]);
+        fused_counts_are(&t, slot, want_rd[mode], want_wr[mode], NULL);
         team_t u;
         team_make(&u, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
         emu_team_t eu;
@@ -1366,9 +1370,12 @@ static void test_fused_bytes(void) {
         emu_run_virtual(&eu, &u, mode > 0, &p);
         g_variant = EMU_VAR_DEFAULT;
         g_epi = NULL;
-        if (mode == 2) { /* the stream backward with ReLU and dz: dz first (x twice) */
+        if (mode == 2) { /* the stream backward with ReLU and dz: dz first (x twice); L2
+                            asked to keep x for stage 5, not dy and y, which it does not
+                            read again (stage 1 reads them with evict_first) */
           static const int rd[FB_N] = {2, 0, 1, 1, 0, 1}, wr[FB_N] = {0, 0, 0, 0, 1, 1};
-          fused_counts_are(&u, slot, rd, wr);
+          static const int kept[FB_N] = {1, 0, 0, 0, 0, 0};
+          fused_counts_are(&u, slot, rd, wr, kept);
         }
         for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
           const size_t b = team_bytes(&t, r), cb = 48 * sizeof(float);

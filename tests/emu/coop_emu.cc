@@ -32,7 +32,7 @@ namespace {
 struct Range {
   const char* lo;
   const char* hi;
-  std::atomic<uint64_t> read{0}, written{0};
+  std::atomic<uint64_t> read{0}, written{0}, read_kept{0};
 };
 Range g_ranges[64];
 std::atomic<int> g_nranges{0};
@@ -46,11 +46,12 @@ static Range* range_of(const char* c, size_t bytes) {
   return nullptr;
 }
 
-void emu_count(const void* p, size_t bytes, int write) {
+void emu_count(const void* p, size_t bytes, int write, uint64_t pol) {
   const char* c = static_cast<const char*>(p);
   Range* r = range_of(c, bytes);
   if (r == nullptr) return;
   (write ? r->written : r->read).fetch_add(bytes, std::memory_order_relaxed);
+  if (!write && pol == policy_evict_last()) r->read_kept.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 extern "C" void sbn_emu_count_reset(void) {
@@ -64,6 +65,7 @@ extern "C" int sbn_emu_count_track(const void* p, size_t bytes) {
   g_ranges[i].hi = g_ranges[i].lo + bytes;
   g_ranges[i].read = 0;
   g_ranges[i].written = 0;
+  g_ranges[i].read_kept = 0;
   g_nranges.store(i + 1, std::memory_order_release);
   return i;
 }
@@ -72,6 +74,8 @@ extern "C" void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written) {
   *read = slot >= 0 ? g_ranges[slot].read.load() : 0;
   *written = slot >= 0 ? g_ranges[slot].written.load() : 0;
 }
+
+extern "C" uint64_t sbn_emu_count_kept(int slot) { return slot >= 0 ? g_ranges[slot].read_kept.load() : 0; }
 
 /* ---- launches -------------------------------------------------------------------------- */
 namespace {

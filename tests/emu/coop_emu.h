@@ -47,6 +47,9 @@ void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
 void sbn_emu_count_reset(void);
 int sbn_emu_count_track(const void* p, size_t bytes);
 void sbn_emu_count_get(int slot, uint64_t* read, uint64_t* written);
+/* Of those reads, the bytes read with L2's evict_last policy: what the kernel asked L2 to
+   keep for a second read. */
+uint64_t sbn_emu_count_kept(int slot);
 
 /* ---- the emulator's modes (tests/emu/emu_rt.h); set them between launches ---- */
 /* The weak memory model on (1) or off (0, the default: C++ atomics of the primitives'

@@ -194,31 +194,33 @@ inline uint64_t globaltimer_ns() {
 
 /* ---- the caller's tensors (kernels/coop_mem.cuh), counted --------------------------------- */
 /* Every access of the kernels to x, dy, y, dx goes through these; tests/emu/coop_emu.cc
-   adds its bytes to the tracked range it falls in (sbn_emu_count_track). */
-void emu_count(const void* p, size_t bytes, int write);
+   adds its bytes to the tracked range it falls in (sbn_emu_count_track), and a load's
+   to the range's count of bytes read with the evict_last policy (what the kernel asks L2
+   to keep) where pol is it. The policies are tags here: 1 evict_last, 2 evict_first. */
+void emu_count(const void* p, size_t bytes, int write, uint64_t pol = 0);
 
-inline uint64_t policy_evict_last() { return 0; }
-inline uint64_t policy_evict_first() { return 0; }
-inline uint4 ld_v16(const void* p, uint64_t) {
+inline uint64_t policy_evict_last() { return 1; }
+inline uint64_t policy_evict_first() { return 2; }
+inline uint4 ld_v16(const void* p, uint64_t pol) {
   uint4 v;
   memcpy(&v, p, 16);
-  emu_count(p, 16, 0);
+  emu_count(p, 16, 0, pol);
   return v;
 }
 inline void st_v16(void* p, uint4 v) {
   memcpy(p, &v, 16);
   emu_count(p, 16, 1);
 }
-inline uint32_t ld_e32(const void* p, uint64_t) {
+inline uint32_t ld_e32(const void* p, uint64_t pol) {
   uint32_t v;
   memcpy(&v, p, 4);
-  emu_count(p, 4, 0);
+  emu_count(p, 4, 0, pol);
   return v;
 }
-inline uint32_t ld_e16(const void* p, uint64_t) {
+inline uint32_t ld_e16(const void* p, uint64_t pol) {
   uint16_t v;
   memcpy(&v, p, 2);
-  emu_count(p, 2, 0);
+  emu_count(p, 2, 0, pol);
   return v;
 }
 inline void st_e32(void* p, uint32_t v) {
@@ -230,9 +232,9 @@ inline void st_e16(void* p, uint32_t v) {
   memcpy(p, &h, 2);
   emu_count(p, 2, 1);
 }
-inline void cp_async16(void* smem, const void* gmem, uint64_t) {
+inline void cp_async16(void* smem, const void* gmem, uint64_t pol) {
   memcpy(smem, gmem, 16);
-  emu_count(gmem, 16, 0);
+  emu_count(gmem, 16, 0, pol);
 }
 inline void cp_async_wait_all() {}
 inline float f16_bits_to_f32(uint32_t h) { return sbn_f16_to_f32((uint16_t)h); }
