@@ -342,6 +342,15 @@ SBN_UNROLL
     else
       return false;
   }
+  /* The coefficients of the gradient that the batch's dy slot holds: ep's, or (dz_first)
+     identity's, the slot then holding g itself. Set only in the EPI backward (ep is unset
+     elsewhere). */
+  static __device__ __forceinline__ void grad_coef(const EpiCoef<NCH>& ep, bool dzf, EpiCoef<NCH>& eg) {
+    if constexpr (kBwdEpi) {
+      eg = ep;
+      if (dzf) eg.act = SBN_ACT_IDENTITY;
+    }
+  }
   static __device__ __forceinline__ void store_batch(const sbn_coop_rank_t& R, const Pos& bp,
                                                      const Batch& bt) {
     if (!kWholePos && VEC > 1 && bp.all(full_mask())) {
@@ -668,10 +677,7 @@ SBN_UNROLL
     const bool dzf = dz_first(R);
     const uint64_t pol_dy = dzf ? policy_evict_first() : pol;
     EpiCoef<NCH> eg;
-    if constexpr (kBwdEpi) {
-      eg = ep;
-      if (dzf) eg.act = SBN_ACT_IDENTITY;
-    }
+    grad_coef(ep, dzf, eg);
     each_batch(R, wk, nb, gb, hs, pol, R.dy, pol_dy, [&](Batch& bt, const Pos& bp) {
       if (KIND == SBN_OP_FORWARD)
         fwd_batch(F, bt, bp);
@@ -884,10 +890,7 @@ SBN_UNROLL
       return;
     }
     EpiCoef<NCH> eg;
-    if constexpr (kBwdEpi) {
-      eg = ep;
-      if (dzf) eg.act = SBN_ACT_IDENTITY;
-    }
+    grad_coef(ep, dzf, eg);
     each_batch(R, wk, nb, gb, hs, pol, dzf ? R.dz : R.dy, pol, [&](Batch& bt, const Pos& bp) {
       uint4 eb[U]; /* EPI: the forward's z, or the backward's y */
       if constexpr (kFwdEpi) {

@@ -552,9 +552,9 @@ out:
 sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   const struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
   *failed = 0;
-  /* the host-driven path takes the whole round too: one NCCL group, or one device */
   /* a round of every rank: sbn_gpu_check compared their ops (fill_args) */
   const int checked = n == ops[0]->comm->team->nranks;
+  /* the host-driven path takes the whole round too: one NCCL group, or one device */
   if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n, checked);
   sbnResult_t r = sbnSuccess;
   for (int q = 0; q < n && r == sbnSuccess; q++) {
