@@ -271,9 +271,10 @@ def act_grad(g, out, activation, slope):
     return g
 
 
-def _train_function(train, backward, below):
+def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_act_train over `train` and `backward` (the
-    operators, dispatched past autograd when `below`; or their kernels, eagerly). It saves
+    operators, dispatched past autograd when `below`; or their kernels, eagerly, as
+    _ops._train_function with `traced_backward`). It saves
     the input and (for an activation) out; in-place: out only (x comes back from it)."""
 
     class TrainActFn(torch.autograd.Function):
@@ -303,8 +304,8 @@ def _train_function(train, backward, below):
             x, y, weight, bias, stats = ctx.saved_tensors
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[2] or need[3])
-            dx, dz, dwb = backward(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm, ctx.activation, ctx.slope,
-                                   need[0], need[1], want_w)
+            dx, dz, dwb = _ops._traced(backward, traced_backward)(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm,
+                                                                  ctx.activation, ctx.slope, need[0], need[1], want_w)
             dw = db = None
             if want_w:
                 if weight.dtype != torch.float32:
@@ -425,7 +426,7 @@ if _ops.NATIVE is not None:
                              slope, inplace)[0]
 else:
     batch_norm_act_train, batch_norm_act_backward, batch_norm_act_infer = register(_ops._lib)
-    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False, traced_backward=batch_norm_act_backward)
     _InferEager = _infer_function(_infer_kernel, below=False)
 
     def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,

@@ -85,16 +85,27 @@ def _python_include():
     return d if d and os.path.isfile(os.path.join(d, "Python.h")) else None
 
 
+def _header_has(incs, relpath, text):
+    """Whether PyTorch's header incs[0]/relpath exists and contains `text`."""
+    f = pathlib.Path(incs[0]) / relpath
+    return f.is_file() and text in f.read_text(errors="replace")
+
+
 def features():
     """The -D flags this PyTorch and Python allow: SBN_TORCH_NATIVE_HANDLE (c10::Stream's
-    native_handle(), else the CUDA stream through libc10_cuda's CUDAStream::stream) and
+    native_handle(), else the CUDA stream through libc10_cuda's CUDAStream::stream),
+    SBN_TORCH_COMPILED_AUTOGRAD (Node's const compiled_args and compiled autograd's
+    PyCompilerInterface, PyTorch 2.6 and later: the nodes support compiled autograd) and
     SBN_TORCH_PYTHON (failed calls raise syncbn.SyncBNError, else a RuntimeError with its
     text)."""
     flags = []
     incs, _ = _torch_include_dirs()
-    stream_h = pathlib.Path(incs[0]) / "c10" / "core" / "Stream.h"
-    if stream_h.is_file() and "native_handle()" in stream_h.read_text(errors="replace"):
+    if _header_has(incs, "c10/core/Stream.h", "native_handle()"):
         flags.append("-DSBN_TORCH_NATIVE_HANDLE")
+    compiled_args = "virtual void compiled_args(CompiledNodeArgs& args) const"
+    if (_header_has(incs, "torch/csrc/dynamo/compiled_autograd.h", "struct TORCH_API PyCompilerInterface")
+            and any(_header_has(incs, f"torch/csrc/autograd/{h}", compiled_args) for h in ("node.h", "function.h"))):
+        flags.append("-DSBN_TORCH_COMPILED_AUTOGRAD")
     if _python_include() is not None:
         flags.append("-DSBN_TORCH_PYTHON")
     return flags

@@ -339,10 +339,18 @@ except (AttributeError, TypeError, RuntimeError):
             torch.autograd.graph.increment_version(t)
 
 
-def _train_function(train, backward, below):
+def _traced(kernel, op):
+    """What a backward calls: the kernel, or the operator `op` where dynamo traces the
+    backward (compiled autograd over an eager forward: a kernel is opaque to it, the
+    operator has a fake kernel)."""
+    return op if op is not None and torch.compiler.is_compiling() else kernel
+
+
+def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_train over `train` and `backward` (the
     operators, inside the Autograd kernel: `below` dispatches past autograd; or their
-    kernels, for the layer's eager calls)."""
+    kernels, for the layer's eager calls, with the backward operator `traced_backward`
+    where dynamo traces the backward: _traced)."""
 
     class TrainFn(torch.autograd.Function):
         @staticmethod
@@ -363,7 +371,7 @@ def _train_function(train, backward, below):
             x, weight, stats = ctx.saved_tensors
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[1] or need[2])
-            dx, dwb = backward(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
+            dx, dwb = _traced(backward, traced_backward)(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
             dw = db = None
             if want_w:
                 if weight.dtype != torch.float32:
@@ -568,7 +576,7 @@ else:
                       "(SYNCBN_TORCH_NATIVE=0 silences this)", RuntimeWarning, stacklevel=2)
     _lib = torch.library.Library(NS, "DEF")
     batch_norm_train, batch_norm_backward, batch_norm_infer = _register(_lib)
-    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False)
+    _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False, traced_backward=batch_norm_backward)
     _InferEager = _infer_function(_infer_kernel, below=False)
 
 # the fused operators (batch norm + activation + residual; syncbn._fused): Python kernels

@@ -1,8 +1,8 @@
 """syncbn.torch's fused batch norm + activation (+ residual) on CPU teams (ranks as
 threads), against float64 PyTorch act(batch_norm(x) + z) of the team's whole batch and its
 autograd: the layer (SyncBatchNorm(activation=, slope=, inplace=), forward(x, residual)),
-its operators (syncbn::batch_norm_act_train / _backward / _infer: opcheck, torch.compile;
-their mutants without the fake or the Autograd kernel fail), the refusals, and convert_fused (what it fuses gives the original model's results; what it
+its operators (syncbn::batch_norm_act_train / _backward / _infer: opcheck, torch.compile,
+compiled autograd; their mutants without the fake or the Autograd kernel fail), the refusals, and convert_fused (what it fuses gives the original model's results; what it
 must not fuse is left alone).
 
 Tolerances (test_torch.py's, bench/notes/tolerances.md): fp32 y, dx, dz within 3e-5
@@ -29,7 +29,7 @@ import syncbn
 import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
 from syncbn import _fused, _ops
-from test_torch_ops import mutant_ops
+from test_torch_ops import compiled_autograd_matches_eager, compiled_autograd_supported, mutant_ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure)
@@ -812,6 +812,32 @@ class TestCompile(TeamOfOne):
             self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
         finally:
             torch._dynamo.reset()
+
+
+@unittest.skipUnless(compiled_autograd_supported(), f"PyTorch {torch.__version__}: no compiled autograd for "
+                     "syncbn's C++ nodes (PyTorch 2.6 and later)")
+class TestCompiledAutograd(TeamOfOne):
+    """Compiled autograd over an eager forward of converted blocks (residual + ReLU, ReLU,
+    in place, evaluated): eager's gradients, one fused backward operator call per layer
+    (test_torch_ops.py's TestCompiledAutograd has the mutants)."""
+
+    def _model(self, inplace):
+        torch.manual_seed(7)
+        base = resnet_like()
+        randomize_bn(base)
+        return sbt.convert_fused(base, comm=self.comm, inplace=inplace)
+
+    def test_fused_blocks(self):
+        for inplace in (False, True):
+            with self.subTest(inplace=inplace):
+                x = torch.randn(4, 3, 8, 8, requires_grad=True)
+                compiled_autograd_matches_eager(self, self._model(inplace), (x,), "syncbn.batch_norm_act_backward", 12)
+
+    def test_evaluated_fused_blocks(self):
+        model = self._model(False)
+        model.eval()
+        x = torch.randn(4, 3, 8, 8, requires_grad=True)
+        compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_act_backward", 0)
 
 
 if __name__ == "__main__":

@@ -221,6 +221,118 @@ class TestCompile(TeamOfOne):
         torch._dynamo.reset()
 
 
+def compiled_autograd_supported():
+    """Whether this PyTorch has compiled autograd and syncbn's autograd supports it (the
+    C++ nodes: PyTorch 2.6 and later, _native.features())."""
+    from torch._dynamo import compiled_autograd
+    if not hasattr(compiled_autograd, "_enable"):
+        return False
+    return _ops.NATIVE is None or "-DSBN_TORCH_COMPILED_AUTOGRAD" in _native.features()
+
+
+def compiled_backward(loss):
+    """loss.backward() under compiled autograd (torch._dynamo.compiled_autograd: the
+    backward graph traced, then compiled by aot_autograd as traced); returns the codes of
+    the graphs it compiled and how many backward graphs were captured."""
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import counters
+
+    codes = []
+
+    def record(gm, example_inputs):
+        codes.append(gm.code)
+        return gm
+
+    torch._dynamo.reset()
+    before = counters["compiled_autograd"]["captures"]
+    try:
+        with compiled_autograd._enable(torch.compile(backend=aot_autograd(fw_compiler=record), fullgraph=True)):
+            loss.backward()
+    finally:
+        torch._dynamo.reset()
+    return "".join(codes), counters["compiled_autograd"]["captures"] - before
+
+
+def compiled_autograd_matches_eager(test, model, inputs, backward_op, calls):
+    """model(*inputs)'s gradients by compiled autograd over an eager forward against
+    eager autograd's of the same forward: equal within 1e-6 relative (the same operator
+    calls on the same tensors; aot_autograd may decompose PyTorch's own backward ops);
+    the compiled graph calls `backward_op` `calls` times."""
+    loss = model(*inputs).square().mean()
+    leaves = [p for p in model.parameters()] + [t for t in inputs if t.requires_grad]
+    want = torch.autograd.grad(loss, leaves, retain_graph=True)
+    code, captures = compiled_backward(loss)
+    test.assertGreaterEqual(captures, 1)
+    test.assertEqual(code.count(backward_op), calls, code)
+    for i, (t, w) in enumerate(zip(leaves, want)):
+        test.assertIsNotNone(t.grad, i)
+        torch.testing.assert_close(t.grad, w, rtol=1e-6, atol=1e-7, msg=f"gradient {i}")
+
+
+@unittest.skipUnless(compiled_autograd_supported(), f"PyTorch {torch.__version__}: no compiled autograd for "
+                     "syncbn's C++ nodes (PyTorch 2.6 and later)")
+class TestCompiledAutograd(TeamOfOne):
+    """Compiled autograd over an eager forward: the backward graph is traced and
+    compiled; it calls syncbn's backward operator once per layer and gives eager's
+    gradients. The mutants: nodes without compiled_args (the C++ operators built without
+    SBN_TORCH_COMPILED_AUTOGRAD) or a Python backward that calls the kernel where dynamo
+    traces it (an opaque function) fail."""
+
+    def test_training_layers(self):
+        torch.manual_seed(4)
+        model = sbt.convert_sync_batchnorm(small_model(), comm=self.comm)
+        x = torch.randn(4, 3, 8, 8, requires_grad=True)
+        compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_backward", 3)
+
+    def test_affine_off_and_no_running_statistics(self):
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 1), torch.nn.BatchNorm2d(6, affine=False),
+                                    torch.nn.BatchNorm2d(6, track_running_stats=False))
+        model = sbt.convert_sync_batchnorm(model, comm=self.comm)
+        x = torch.randn(2, 3, 5, 5, requires_grad=True)
+        compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_backward", 2)
+
+    def test_evaluated_layers(self):
+        """eval: batch_norm_infer's gradients (torch ops, no syncbn operator)."""
+        torch.manual_seed(6)
+        model = sbt.convert_sync_batchnorm(small_model(), comm=self.comm)
+        model(torch.randn(4, 3, 8, 8))  # running statistics of their own
+        model.eval()
+        x = torch.randn(4, 3, 8, 8, requires_grad=True)
+        compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_backward", 0)
+
+    def _op_backward(self, train):
+        x, w, b, rm, rv, nbt = train_args(self.comm, torch.float32, False, True, True)
+        y, _ = train(x, w, b, rm, rv, nbt, 1e-5, 0.1, self.comm.id)
+        code, _ = compiled_backward((y * y).sum())
+        return code, (x.grad, w.grad, b.grad)
+
+    def test_mutant_without_compiled_args(self):
+        code, grads = self._op_backward(_ops.batch_norm_train)  # the control
+        self.assertEqual(code.count("syncbn.batch_norm_backward"), 1)
+        self.assertTrue(all(g is not None for g in grads))
+        if _ops.NATIVE is None:
+            fn = _ops._train_function(_ops._train_kernel, _ops._backward_kernel, below=False)  # no traced_backward
+
+            def train(*args):
+                return fn.apply(*args)
+
+            expected = "(?i)callable|trace|unsupported"
+            keep = None
+        else:
+            ns = "syncbn_mutant_nocompiledargs"
+            native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}", "-USBN_TORCH_COMPILED_AUTOGRAD"]))
+            native.comm_put(self.comm)
+            lib = torch.library.Library(ns, "FRAGMENT")
+            keep = (native, lib)
+            train = _ops._native_ops(ns, lib)[0]
+            expected = "compiled_args not implemented"
+        with self.assertRaisesRegex(Exception, expected):
+            self._op_backward(train)
+        del keep
+
+
 class TestMutants(TeamOfOne):
     """Each registration matters: without it, opcheck and the compile test fail."""
 

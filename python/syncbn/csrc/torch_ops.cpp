@@ -24,9 +24,13 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
+#ifdef SBN_TORCH_COMPILED_AUTOGRAD
+#include <torch/csrc/dynamo/compiled_autograd.h>
+#endif
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cfloat>
 #include <cmath>
@@ -730,6 +734,115 @@ NodePtr new_node(Args&&... args) {
   }
 }
 
+// What a node keeps besides its saved tensors (each node uses some of these).
+struct NodeConsts {
+  double eps = 0.0, slope = 0.0;
+  int64_t comm = 0, activation = 0;
+  bool has_bias = false;
+};
+
+// The four nodes' common part. A node keeps K saved tensors (saved_; Self::kOutput[i]:
+// saved_[i] is the node's own output) and its constants (k); its gradients are
+// Self::run(grads, need, saved tensors, constants), a function of these alone (need[i]:
+// the gradient of input i is asked for). apply runs it eagerly. Compiled autograd
+// (torch._dynamo.compiled_autograd, where PyTorch has its C++ interface of 2.6 and later:
+// SBN_TORCH_COMPILED_AUTOGRAD, _native.py's features()) gets the same function as the
+// node's call in its graph (bound once per process, under the namespace's name), keyed on
+// the constants and `need`; compiling the graph traces it on fake tensors, so the compiled
+// backward calls the operators that eager calls (syncbn::batch_norm_backward, ...), with
+// the same arguments.
+template <class Self, size_t K>
+struct SyncBNNode : public Node {
+  std::array<SavedVariable, K> saved_;
+  NodeConsts k;
+
+  std::string name() const override { return Self::kName; }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (SavedVariable& v : saved_) v.reset_data();
+  }
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::array<Tensor, K> saved;
+    for (size_t i = 0; i < K; ++i) saved[i] = Self::kOutput[i] ? saved_[i].unpack(getptr()) : saved_[i].unpack();
+    return Self::run(grads, needs(), saved, k);
+  }
+
+#ifdef SBN_TORCH_COMPILED_AUTOGRAD
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
+    for (size_t i = 0; i < K; ++i) args.collect(saved_[i], Self::kOutput[i]);
+    args.collect(k.eps);
+    args.collect(k.slope);
+    args.collect(k.comm);
+    args.collect(k.activation);
+    args.collect(k.has_bias);
+    args.collect(needs());
+  }
+  variable_list apply_with_saved(const variable_list& grads,
+                                 torch::dynamo::autograd::SwapSavedVariables& swap) override {
+    namespace ca = torch::dynamo::autograd;
+    for (SavedVariable& v : saved_) swap.before(v);  // the graph's proxies in place of the tensors
+    struct Restore {                                 // the tensors back, also when a call throws
+      std::array<SavedVariable, K>& saved;
+      ca::SwapSavedVariables& swap;
+      ~Restore() {
+        for (SavedVariable& v : saved) swap.after(v);
+      }
+    } restore{saved_, swap};
+    ca::PackedArgs args;
+    args.pack(needs());
+    for (const SavedVariable& v : saved_) {
+      const Tensor t = v.unpack();
+      args.pack(t.defined() ? optional<Tensor>(t) : std::nullopt);
+    }
+    args.pack(k.eps);
+    args.pack(k.slope);
+    args.pack(k.comm);
+    args.pack(k.activation);
+    args.pack(k.has_bias);
+    const auto& py = ca::getPyCompilerInterface();
+    static std::once_flag bound;
+    static std::string fn_name;
+    std::call_once(bound, [&] {
+      std::vector<at::TypePtr> schema{ca::IValuePacker<std::vector<bool>>::packed_type()};
+      for (size_t i = 0; i < K; ++i) schema.push_back(ca::IValuePacker<optional<Tensor>>::packed_type());
+      for (const at::TypePtr& t : std::initializer_list<at::TypePtr>{
+               at::FloatType::get(), at::FloatType::get(), at::IntType::get(), at::IntType::get(), at::BoolType::get()})
+        schema.push_back(t);  // eps, slope, comm, activation, has_bias
+      fn_name = py->bind_function(swap.get_py_compiler(), SBN_STR(SBN_TORCH_NS) "_" + std::string(Self::kName),
+                                  &run_packed, schema, /*is_custom_function=*/false, /*is_traceable=*/true);
+    });
+    const at::IValue outputs =
+        ca::IValuePacker<std::vector<optional<torch::autograd::InputMetadata>>>::pack(
+            ca::get_input_metadata(next_edges()));
+    return py->call_function(swap.get_py_compiler(), "apply_functional", fn_name, grads, args.vec(), outputs);
+  }
+#endif
+
+ private:
+  std::vector<bool> needs() const {
+    std::vector<bool> need(num_outputs());
+    for (size_t i = 0; i < need.size(); ++i) need[i] = task_should_compute_output(i);
+    return need;
+  }
+#ifdef SBN_TORCH_COMPILED_AUTOGRAD
+  // run over apply_with_saved's arguments, as the compiled graph calls it
+  static variable_list run_packed(const variable_list& grads, const std::vector<at::IValue>& packed) {
+    torch::dynamo::autograd::PackedArgs args(packed);
+    const auto need = args.unpack<std::vector<bool>>();
+    std::array<Tensor, K> saved;
+    for (Tensor& t : saved) t = args.unpack<optional<Tensor>>().value_or(Tensor());
+    NodeConsts c;
+    c.eps = args.unpack<double>();
+    c.slope = args.unpack<double>();
+    c.comm = args.unpack<int64_t>();
+    c.activation = args.unpack<int64_t>();
+    c.has_bias = args.unpack<bool>();
+    return Self::run(grads, need, saved, c);
+  }
+#endif
+};
+
 // Whether the output gets an autograd node: grad mode on and any tensor argument
 // requiring grad (the running statistics too, as an autograd.Function decides; they get
 // no gradient).
@@ -759,32 +872,23 @@ void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor&
 }
 
 // Gradients of batch_norm_train's out, to (input, weight, bias): sbnBackward.
-struct TrainBackward : public Node {
-  SavedVariable x_, weight_, stats_;
-  double eps = 0.0;
-  int64_t comm = 0;
-  bool has_bias = false;
+// Saved: the input, the weight, stats.
+struct TrainBackward : public SyncBNNode<TrainBackward, 3> {
+  static constexpr const char* kName = "SyncBatchNormBackward";
+  static constexpr std::array<bool, 3> kOutput{false, false, false};
 
-  std::string name() const override { return "SyncBatchNormBackward"; }
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    weight_.reset_data();
-    stats_.reset_data();
-  }
-
-  variable_list apply(variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor x = x_.unpack(), weight = weight_.unpack(), stats = stats_.unpack();
+  static variable_list run(const variable_list& grads, const std::vector<bool>& need,
+                           const std::array<Tensor, 3>& saved, const NodeConsts& k) {
+    const Tensor &x = saved[0], &weight = saved[1], &stats = saved[2];
     // the next edges: input (0), weight (1), bias (2)
-    const bool need_x = task_should_compute_output(0);
-    const bool need_w = weight.defined() && task_should_compute_output(1);
-    const bool need_b = has_bias && task_should_compute_output(2);
+    const bool need_x = need[0];
+    const bool need_w = weight.defined() && need[1];
+    const bool need_b = k.has_bias && need[2];
     const bool want_w = need_w || need_b;
     const optional<Tensor> w = weight.defined() ? optional<Tensor>(weight) : std::nullopt;
     at::AutoDispatchBelowADInplaceOrView below;  // also for the two views below: no autograd there
     const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(x);  // out unused: its gradient is 0
-    auto [dx, dwb] = backward_op().call(dy, x, w, stats, eps, comm, need_x, want_w);
+    auto [dx, dwb] = backward_op().call(dy, x, w, stats, k.eps, k.comm, need_x, want_w);
     Tensor dw, db;
     if (want_w) {
       if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
@@ -817,12 +921,12 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
     NodePtr node = new_node<TrainBackward>();
     auto* n = static_cast<TrainBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
-    n->x_ = SavedVariable(x, false);
-    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    n->stats_ = SavedVariable(stats, false);
-    n->eps = eps;
-    n->comm = comm;
-    n->has_bias = bias.has_value();
+    n->saved_[0] = SavedVariable(x, false);
+    n->saved_[1] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->saved_[2] = SavedVariable(stats, false);
+    n->k.eps = eps;
+    n->k.comm = comm;
+    n->k.has_bias = bias.has_value();
     torch::autograd::set_history(y, node);
   }
   // version counters of what the library wrote in place (autograd's check that a
@@ -870,27 +974,17 @@ InferGrads infer_grads(const Tensor& g, const Tensor& x, const Tensor& rm, const
 }
 
 // Gradients of batch_norm_infer to (input, weight, bias): infer_grads.
-struct InferBackward : public Node {
-  SavedVariable x_, rm_, rv_, weight_;
-  double eps = 0.0;
-  bool has_bias = false;
+// Saved: the input, the running mean and variance, the weight.
+struct InferBackward : public SyncBNNode<InferBackward, 4> {
+  static constexpr const char* kName = "SyncBatchNormInferBackward";
+  static constexpr std::array<bool, 4> kOutput{false, false, false, false};
 
-  std::string name() const override { return "SyncBatchNormInferBackward"; }
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    rm_.reset_data();
-    rv_.reset_data();
-    weight_.reset_data();
-  }
-
-  variable_list apply(variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor x = x_.unpack(), rm = rm_.unpack(), rv = rv_.unpack(), w = weight_.unpack();
+  static variable_list run(const variable_list& grads, const std::vector<bool>& need,
+                           const std::array<Tensor, 4>& saved, const NodeConsts& k) {
+    const Tensor &x = saved[0], &rm = saved[1], &rv = saved[2], &w = saved[3];
     const Tensor g = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
-    const InferGrads r = infer_grads(g, x, rm, rv, w, eps, task_should_compute_output(0),
-                                     w.defined() && task_should_compute_output(1),
-                                     has_bias && task_should_compute_output(2));
+    const InferGrads r =
+        infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[1], k.has_bias && need[2]);
     variable_list out{r.dx, r.dw, r.db};
     once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
     return out;
@@ -911,12 +1005,12 @@ Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const
     NodePtr node = new_node<InferBackward>();
     auto* n = static_cast<InferBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
-    n->x_ = SavedVariable(x, false);
-    n->rm_ = SavedVariable(rm, false);
-    n->rv_ = SavedVariable(rv, false);
-    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    n->eps = eps;
-    n->has_bias = bias.has_value();
+    n->saved_[0] = SavedVariable(x, false);
+    n->saved_[1] = SavedVariable(rm, false);
+    n->saved_[2] = SavedVariable(rv, false);
+    n->saved_[3] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->k.eps = eps;
+    n->k.has_bias = bias.has_value();
     torch::autograd::set_history(y, node);
   }
   return y;
@@ -928,37 +1022,25 @@ optional<Tensor> opt(const Tensor& t) { return t.defined() ? optional<Tensor>(t)
 // Gradients of batch_norm_act_train's out, to (input, residual, weight, bias):
 // sbnBackwardEx. It keeps the input and (for an activation) out; in place: out and the
 // bias only (the input comes back from them).
-struct TrainActBackward : public Node {
-  SavedVariable x_, y_, weight_, bias_, stats_;
-  double eps = 0.0, slope = 0.0;
-  int64_t comm = 0, activation = 0;
-  bool has_bias = false;
+// Saved: the input, out (the node's output), the weight, the bias, stats.
+struct TrainActBackward : public SyncBNNode<TrainActBackward, 5> {
+  static constexpr const char* kName = "SyncBatchNormActBackward";
+  static constexpr std::array<bool, 5> kOutput{false, true, false, false, false};
 
-  std::string name() const override { return "SyncBatchNormActBackward"; }
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    y_.reset_data();
-    weight_.reset_data();
-    bias_.reset_data();
-    stats_.reset_data();
-  }
-
-  variable_list apply(variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor x = x_.unpack(), y = y_.unpack(getptr()), weight = weight_.unpack(), bias = bias_.unpack(),
-                 stats = stats_.unpack();
+  static variable_list run(const variable_list& grads, const std::vector<bool>& need,
+                           const std::array<Tensor, 5>& saved, const NodeConsts& k) {
+    const Tensor &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &stats = saved[4];
     // the next edges: input (0), residual (1), weight (2), bias (3)
-    const bool need_x = task_should_compute_output(0);
-    const bool need_z = task_should_compute_output(1);
-    const bool need_w = weight.defined() && task_should_compute_output(2);
-    const bool need_b = has_bias && task_should_compute_output(3);
+    const bool need_x = need[0];
+    const bool need_z = need[1];
+    const bool need_w = weight.defined() && need[2];
+    const bool need_b = k.has_bias && need[3];
     const bool want_w = need_w || need_b;
     at::AutoDispatchBelowADInplaceOrView below;
     const Tensor& shape_of = x.defined() ? x : y;
     const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(shape_of);  // out unused: its gradient is 0
-    auto [dx, dz, dwb] = act_backward_op().call(dy, opt(x), opt(y), opt(weight), opt(bias), stats, eps, comm,
-                                                activation, slope, need_x, need_z, want_w);
+    auto [dx, dz, dwb] = act_backward_op().call(dy, opt(x), opt(y), opt(weight), opt(bias), stats, k.eps, k.comm,
+                                                k.activation, k.slope, need_x, need_z, want_w);
     Tensor dw, db;
     if (want_w) {
       if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
@@ -990,16 +1072,16 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     auto* n = static_cast<TrainActBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
     torch::autograd::set_history(y, node);
-    if (!inplace) n->x_ = SavedVariable(x, false);
-    if (inplace || activation != sbnActivationIdentity) n->y_ = SavedVariable(y, true);  // after set_history
-    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    if (inplace) n->bias_ = SavedVariable(bias.has_value() ? *bias : Tensor(), false);
-    n->stats_ = SavedVariable(stats, false);
-    n->eps = eps;
-    n->slope = slope;
-    n->comm = comm;
-    n->activation = activation;
-    n->has_bias = bias.has_value();
+    if (!inplace) n->saved_[0] = SavedVariable(x, false);
+    if (inplace || activation != sbnActivationIdentity) n->saved_[1] = SavedVariable(y, true);  // after set_history
+    n->saved_[2] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    if (inplace) n->saved_[3] = SavedVariable(bias.has_value() ? *bias : Tensor(), false);
+    n->saved_[4] = SavedVariable(stats, false);
+    n->k.eps = eps;
+    n->k.slope = slope;
+    n->k.comm = comm;
+    n->k.activation = activation;
+    n->k.has_bias = bias.has_value();
   }
   bump(rm);
   bump(rv);
@@ -1034,33 +1116,21 @@ Tensor act_grad(const Tensor& g, const Tensor& out, int64_t activation, double s
 
 // Gradients of batch_norm_act_infer to (input, residual, weight, bias): infer_grads of
 // the activation's gradient, which is also the residual's.
-struct InferActBackward : public Node {
-  SavedVariable x_, y_, rm_, rv_, weight_;
-  double eps = 0.0, slope = 0.0;
-  int64_t activation = 0;
-  bool has_bias = false;
+// Saved: the input, out (the node's output), the running mean and variance, the weight.
+struct InferActBackward : public SyncBNNode<InferActBackward, 5> {
+  static constexpr const char* kName = "SyncBatchNormActInferBackward";
+  static constexpr std::array<bool, 5> kOutput{false, true, false, false, false};
 
-  std::string name() const override { return "SyncBatchNormActInferBackward"; }
-  void release_variables() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    x_.reset_data();
-    y_.reset_data();
-    rm_.reset_data();
-    rv_.reset_data();
-    weight_.reset_data();
-  }
-
-  variable_list apply(variable_list&& grads) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const Tensor x = x_.unpack(), y = y_.unpack(getptr()), rm = rm_.unpack(), rv = rv_.unpack(),
-                 w = weight_.unpack();
+  static variable_list run(const variable_list& grads, const std::vector<bool>& need,
+                           const std::array<Tensor, 5>& saved, const NodeConsts& k) {
+    const Tensor &x = saved[0], &y = saved[1], &rm = saved[2], &rv = saved[3], &w = saved[4];
     const Tensor g0 = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
-    const Tensor g = act_grad(g0, y, activation, slope);
-    const InferGrads r = infer_grads(g, x, rm, rv, w, eps, task_should_compute_output(0),
-                                     w.defined() && task_should_compute_output(2),
-                                     has_bias && task_should_compute_output(3));
+    const Tensor g = act_grad(g0, y, k.activation, k.slope);
+    // the next edges: input (0), residual (1), weight (2), bias (3)
+    const InferGrads r =
+        infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[2], k.has_bias && need[3]);
     Tensor dz;
-    if (task_should_compute_output(1)) dz = g.to(x.scalar_type());
+    if (need[1]) dz = g.to(x.scalar_type());
     variable_list out{r.dx, dz, r.dw, r.db};
     once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
     return out;
@@ -1083,15 +1153,15 @@ Tensor act_infer_autograd(const Tensor& x, const optional<Tensor>& z, const Tens
     auto* n = static_cast<InferActBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
     torch::autograd::set_history(y, node);
-    n->x_ = SavedVariable(x, false);
-    if (activation != sbnActivationIdentity) n->y_ = SavedVariable(y, true);
-    n->rm_ = SavedVariable(rm, false);
-    n->rv_ = SavedVariable(rv, false);
-    n->weight_ = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    n->eps = eps;
-    n->slope = slope;
-    n->activation = activation;
-    n->has_bias = bias.has_value();
+    n->saved_[0] = SavedVariable(x, false);
+    if (activation != sbnActivationIdentity) n->saved_[1] = SavedVariable(y, true);  // after set_history
+    n->saved_[2] = SavedVariable(rm, false);
+    n->saved_[3] = SavedVariable(rv, false);
+    n->saved_[4] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->k.eps = eps;
+    n->k.slope = slope;
+    n->k.activation = activation;
+    n->k.has_bias = bias.has_value();
   }
   return y;
 }
