@@ -25,7 +25,10 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
     statistics; fullgraph=True and torch._dynamo.explain with 0 graph breaks once the
     layers have found their team (its creation is collective and runs eagerly, once);
   - a DDP-wrapped converted model (NCCL process group of one) trains 3 steps as the same
-    model converted by nn.SyncBatchNorm does (losses, parameters, buffers within 1e-4).
+    model converted by nn.SyncBatchNorm does (losses, parameters, buffers within 1e-4);
+  - compiled autograd (torch._dynamo.compiled_autograd, inductor) over an eager forward
+    of the converted block and of its fused conversion: every gradient within 1e-5 of
+    eager autograd's from the same forward.
 """
 
 import copy
@@ -202,6 +205,31 @@ class TestTorchGpu(unittest.TestCase):
 
     def test_compile_amp_bf16_channels_last(self):
         self._compile_matches_eager(amp=True)
+
+    def test_compiled_autograd(self):
+        """The backward graph of an eager forward traced and compiled (inductor): the same
+        operator calls on the same tensors as eager autograd's; PyTorch's own backward ops
+        may be fused otherwise (TF32 off: within 1e-5)."""
+        from torch._dynamo import compiled_autograd
+
+        if not hasattr(compiled_autograd, "_enable"):
+            self.skipTest(f"PyTorch {torch.__version__} has no compiled_autograd._enable")
+        for fused in (False, True):
+            torch.manual_seed(5)
+            base = block().cuda()
+            model = sbt.convert_fused(base) if fused else sbt.convert_sync_batchnorm(base)
+            x = torch.randn(4, 8, 16, 16, device="cuda", requires_grad=True)
+            loss = model(x).square().mean()
+            leaves = list(model.parameters()) + [x]
+            want = torch.autograd.grad(loss, leaves, retain_graph=True)
+            torch._dynamo.reset()
+            try:
+                with compiled_autograd._enable(torch.compile(fullgraph=True)):
+                    loss.backward()
+            finally:
+                torch._dynamo.reset()
+            for i, (t, w) in enumerate(zip(leaves, want)):
+                torch.testing.assert_close(t.grad, w, rtol=1e-5, atol=1e-6, msg=f"fused={fused}, gradient {i}")
 
     def test_ddp_nccl_group_of_one(self):
         """DDP over an NCCL group of one: 3 SGD steps of the block converted by syncbn.torch
