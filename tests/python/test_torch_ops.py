@@ -14,6 +14,11 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
   Autograd kernel, in namespaces of their own; the compile test must fail on each, and
   opcheck (no fake kernel) or the gradient check through the operator (no Autograd
   kernel) too, while both pass on syncbn's own (so these tests can fail);
+- torch.compile(dynamic=True): batches of three new sizes run one graph (a fake kernel
+  that reads the batch size as an int, the mutant, compiles three);
+- compiled autograd over an eager forward: eager's gradients, the backward operator in
+  its graph (mutants: the C++ nodes without compiled_args, a Python backward calling its
+  kernel);
 - refusals: a tensor argument on another device than the input, a comm that is not a
   syncbn.Comm, one value per channel (ValueError, as nn.BatchNorm), a destroyed peer
   (at once, naming it), the error text (the specific message first).
@@ -331,6 +336,66 @@ class TestCompiledAutograd(TeamOfOne):
         with self.assertRaisesRegex(Exception, expected):
             self._op_backward(train)
         del keep
+
+
+def dynamic_compile_graphs(test, comm, train_op=None):
+    """A converted conv-BN-ReLU-conv-BN model compiled with dynamic=True (fullgraph,
+    aot_eager: dynamo's guards and the fake kernels are what is tested) on
+    batches of three shapes (N, H, W all new each time, none 0 or 1 and H != W, so that
+    PyTorch's own 0/1 and duck-sizing specializations stay out): losses within 2e-6 and
+    gradients within 1e-5 of eager's (as compile_matches_eager: the same kernels, PyTorch's
+    own ops fused otherwise), and how many graphs dynamo compiled. With train_op, the
+    compiled layers call that operator."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(8)
+    base = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+    eager = sbt.convert_sync_batchnorm(copy.deepcopy(base), comm=comm)
+    model = sbt.convert_sync_batchnorm(copy.deepcopy(base), comm=comm)
+    saved = sbt._TRAIN
+    if train_op is not None:
+        sbt._TRAIN = train_op
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = torch.compile(model, backend="aot_eager", dynamic=True, fullgraph=True)
+        for shape in ((2, 3, 8, 10), (3, 3, 10, 12), (5, 3, 7, 13)):
+            x = torch.randn(*shape)
+            le, lc = eager(x).square().mean(), compiled(x).square().mean()
+            le.backward()
+            lc.backward()
+            torch.testing.assert_close(lc, le, rtol=2e-6, atol=2e-6, msg=str(shape))
+            for (n, a), (_, b) in zip(eager.named_parameters(), model.named_parameters()):
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-5, msg=f"{shape} {n}")
+                a.grad = b.grad = None
+        return counters["stats"]["unique_graphs"]
+    finally:
+        sbt._TRAIN = saved
+        torch._dynamo.reset()
+
+
+class TestDynamicShapes(TeamOfOne):
+    """torch.compile(dynamic=True): batches of new sizes (multi-scale training) run the one
+    compiled graph: the fake kernels keep the sizes symbolic. The mutant: a fake kernel
+    that reads the batch size as a Python int recompiles for each."""
+
+    def test_one_graph_for_every_shape(self):
+        self.assertEqual(dynamic_compile_graphs(self, self.comm), 1)
+
+    def test_mutant_specializing_fake_kernel(self):
+        def fake(x, *args):
+            int(x.shape[0])  # a guard on the batch size: the graph holds for this size only
+            return _ops._train_fake(x, *args)
+
+        ns = "syncbn_mutant_specializing"
+        lib = torch.library.Library(ns, "DEF")
+        train = _ops._define(lib, {"batch_norm_train": _ops._SCHEMAS["batch_norm_train"],
+                                   "batch_norm_backward": _ops._SCHEMAS["batch_norm_backward"]},
+                             dict(_ops._KERNELS, batch_norm_train=(_ops._train_kernel, fake)),
+                             lambda t, b: {n: k for n, k in _ops._autograd_kernels(t, b, None).items()
+                                           if n != "batch_norm_infer"})[0]
+        self.assertEqual(dynamic_compile_graphs(self, self.comm, train_op=train), 3)
 
 
 class TestMutants(TeamOfOne):
