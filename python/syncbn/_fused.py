@@ -278,6 +278,8 @@ def _train_function(train, backward, below, traced_backward=None):
     the input and (for an activation) out; in-place: out only (x comes back from it)."""
 
     class TrainActFn(torch.autograd.Function):
+        _compiled_autograd_key = staticmethod(_ops._compiled_key)
+
         @staticmethod
         def forward(ctx, x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
                     slope, inplace):
@@ -289,11 +291,11 @@ def _train_function(train, backward, below, traced_backward=None):
             else:
                 y, stats = train(*args)
             if inplace:
-                ctx.save_for_backward(None, y, weight, bias, stats)
+                _ops._save(ctx, None, y, weight, bias, stats)
             elif activation == IDENTITY:  # no mask: out is not needed
-                ctx.save_for_backward(x, None, weight, None, stats)
+                _ops._save(ctx, x, None, weight, None, stats)
             else:
-                ctx.save_for_backward(x, y, weight, None, stats)
+                _ops._save(ctx, x, y, weight, None, stats)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
             ctx.mark_non_differentiable(stats)
             return y, stats
@@ -301,7 +303,7 @@ def _train_function(train, backward, below, traced_backward=None):
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, dy, _dstats):
-            x, y, weight, bias, stats = ctx.saved_tensors
+            x, y, weight, bias, stats = _ops._saved(ctx, 5)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[2] or need[3])
             dx, dz, dwb = _ops._traced(backward, traced_backward)(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm,
@@ -321,6 +323,8 @@ def _infer_function(infer, below):
     running statistics are constants)."""
 
     class InferActFn(torch.autograd.Function):
+        _compiled_autograd_key = staticmethod(_ops._compiled_key)
+
         @staticmethod
         def forward(ctx, x, z, running_mean, running_var, weight, bias, eps, activation, slope):
             args = (x, z, running_mean, running_var, weight, bias, eps, activation, slope)
@@ -329,13 +333,13 @@ def _infer_function(infer, below):
                     y = infer(*args)
             else:
                 y = infer(*args)
-            ctx.save_for_backward(x, y if activation != IDENTITY else None, running_mean, running_var, weight)
+            _ops._save(ctx, x, y if activation != IDENTITY else None, running_mean, running_var, weight)
             ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
             return y
 
         @staticmethod
         def backward(ctx, dy):
-            x, y, rm, rv, w = ctx.saved_tensors
+            x, y, rm, rv, w = _ops._saved(ctx, 5)
             need = ctx.needs_input_grad
             g = act_grad(dy.float(), y, ctx.activation, ctx.slope)
             dx, gw, gb = _infer_grads(g, x, rm, rv, w, ctx.eps, need[0], w is not None and need[4],

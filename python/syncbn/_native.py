@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -95,7 +96,8 @@ def features():
     """The -D flags this PyTorch and Python allow: SBN_TORCH_NATIVE_HANDLE (c10::Stream's
     native_handle(), else the CUDA stream through libc10_cuda's CUDAStream::stream),
     SBN_TORCH_COMPILED_AUTOGRAD (Node's const compiled_args and compiled autograd's
-    PyCompilerInterface, PyTorch 2.6 and later: the nodes support compiled autograd) and
+    PyCompilerInterface, PyTorch 2.7 and later: the nodes support compiled autograd; where
+    the build fails with it, load() builds without it) and
     SBN_TORCH_PYTHON (failed calls raise syncbn.SyncBNError, else a RuntimeError with its
     text)."""
     flags = []
@@ -103,7 +105,8 @@ def features():
     if _header_has(incs, "c10/core/Stream.h", "native_handle()"):
         flags.append("-DSBN_TORCH_NATIVE_HANDLE")
     compiled_args = "virtual void compiled_args(CompiledNodeArgs& args) const"
-    if (_header_has(incs, "torch/csrc/dynamo/compiled_autograd.h", "struct TORCH_API PyCompilerInterface")
+    interface = ("struct TORCH_API PyCompilerInterface", "bool is_traceable", "struct PackedArgs")
+    if (all(_header_has(incs, "torch/csrc/dynamo/compiled_autograd.h", t) for t in interface)
             and any(_header_has(incs, f"torch/csrc/autograd/{h}", compiled_args) for h in ("node.h", "function.h"))):
         flags.append("-DSBN_TORCH_COMPILED_AUTOGRAD")
     if _python_include() is not None:
@@ -228,6 +231,18 @@ def load():
             return Native(built_library()), None
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             why = str(e)
+        if "-DSBN_TORCH_COMPILED_AUTOGRAD" in features():
+            # compiled autograd's C++ interface is PyTorch's internal one: where this
+            # PyTorch's differs from what the nodes use, the operators without it
+            try:
+                native = Native(built_library(["-USBN_TORCH_COMPILED_AUTOGRAD"]))
+            except (OSError, RuntimeError, subprocess.SubprocessError):
+                pass
+            else:
+                warnings.warn(f"syncbn.torch: the C++ operators are built without compiled autograd support "
+                              f"(torch._dynamo.compiled_autograd), which did not compile against PyTorch "
+                              f"{torch.__version__}: {why}", RuntimeWarning, stacklevel=3)
+                return native, None
     if m == "1":
         raise ImportError(f"syncbn: SYNCBN_TORCH_NATIVE=1, and the C++ operators are not available: {why}")
     return None, why

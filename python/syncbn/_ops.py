@@ -339,6 +339,28 @@ except (AttributeError, TypeError, RuntimeError):
             torch.autograd.graph.increment_version(t)
 
 
+def _save(ctx, *tensors):
+    """ctx.save_for_backward of the tensors that are not None, and where they stand
+    (ctx.kept, a bit per slot): _saved gives the slots back. No None is saved: compiled
+    autograd under saved_tensors_hooks drops a saved None and shifts the tensors after it."""
+    ctx.save_for_backward(*(t for t in tensors if t is not None))
+    ctx.kept = sum(1 << i for i, t in enumerate(tensors) if t is not None)
+
+
+def _saved(ctx, n):
+    """The n slots that _save saved, None where it had None."""
+    it = iter(ctx.saved_tensors)
+    return tuple(next(it) if ctx.kept >> i & 1 else None for i in range(n))
+
+
+def _compiled_key(ctx):
+    """The autograd.Functions' _compiled_autograd_key: PyTorch's (the function's id) and
+    which saved slots hold a tensor. Compiled autograd's cache key does not tell a None
+    from a tensor under saved_tensors_hooks, so without it a fused in-place layer's
+    (None, out, ...) would be taken for a leaky one's (x, out, ..., None, ...)."""
+    return (ctx._autograd_function_id, ctx.kept)
+
+
 def _traced(kernel, op):
     """What a backward calls: the kernel, or the operator `op` where dynamo traces the
     backward (compiled autograd over an eager forward: a kernel is opaque to it, the
@@ -353,6 +375,8 @@ def _train_function(train, backward, below, traced_backward=None):
     where dynamo traces the backward: _traced)."""
 
     class TrainFn(torch.autograd.Function):
+        _compiled_autograd_key = staticmethod(_compiled_key)
+
         @staticmethod
         def forward(ctx, x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
             if below:
@@ -360,7 +384,7 @@ def _train_function(train, backward, below, traced_backward=None):
                     y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
             else:
                 y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
-            ctx.save_for_backward(x, weight, stats)
+            _save(ctx, x, weight, stats)
             ctx.eps, ctx.comm = eps, comm
             ctx.mark_non_differentiable(stats)
             return y, stats
@@ -368,7 +392,7 @@ def _train_function(train, backward, below, traced_backward=None):
         @staticmethod
         @torch.autograd.function.once_differentiable  # the library's backward is not differentiable
         def backward(ctx, dy, _dstats):
-            x, weight, stats = ctx.saved_tensors
+            x, weight, stats = _saved(ctx, 3)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[1] or need[2])
             dx, dwb = _traced(backward, traced_backward)(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
@@ -387,6 +411,8 @@ def _infer_function(infer, below):
     backward with torch ops (the running statistics are constants: a local gradient)."""
 
     class InferFn(torch.autograd.Function):
+        _compiled_autograd_key = staticmethod(_compiled_key)
+
         @staticmethod
         def forward(ctx, x, running_mean, running_var, weight, bias, eps):
             if below:
@@ -394,13 +420,13 @@ def _infer_function(infer, below):
                     y = infer(x, running_mean, running_var, weight, bias, eps)
             else:
                 y = infer(x, running_mean, running_var, weight, bias, eps)
-            ctx.save_for_backward(x, running_mean, running_var, weight)
+            _save(ctx, x, running_mean, running_var, weight)
             ctx.eps = eps
             return y
 
         @staticmethod
         def backward(ctx, dy):
-            x, rm, rv, w = ctx.saved_tensors
+            x, rm, rv, w = _saved(ctx, 4)
             need = ctx.needs_input_grad
             dx, gw, gb = _infer_grads(dy.float(), x, rm, rv, w, ctx.eps, need[0], w is not None and need[3],
                                       w is not None and need[4])

@@ -168,6 +168,28 @@ class TestBuildFailure(unittest.TestCase):
         self.assertIn("SYNCBN_TORCH_NATIVE='yes': expected auto, 1 or 0", r.stderr)
 
 
+@unittest.skipUnless("-DSBN_TORCH_COMPILED_AUTOGRAD" in _native.features(),
+                     f"PyTorch {torch.__version__}: the operators are built without compiled autograd anyway")
+class TestCompiledAutogradBuildFailure(unittest.TestCase):
+    def test_built_without_it_and_warned(self):
+        """A PyTorch whose compiled-autograd headers the nodes do not compile against (a
+        compiler that fails while SBN_TORCH_COMPILED_AUTOGRAD is defined): the C++
+        operators are built without it, with a warning that says so, and train."""
+        with tempfile.TemporaryDirectory() as d:
+            cxx = pathlib.Path(d) / "cxx"
+            cxx.write_text('#!/bin/sh\n'
+                           'case " $* " in *" -USBN_TORCH_COMPILED_AUTOGRAD "*) ;;\n'
+                           '  *" -DSBN_TORCH_COMPILED_AUTOGRAD "*) echo "no compiled autograd here" >&2; exit 1;;\n'
+                           'esac\n'
+                           'exec c++ "$@"\n')
+            cxx.chmod(0o755)
+            r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=1, CXX=str(cxx), SYNCBN_CACHE_DIR=pathlib.Path(d) / "c")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.split(), ["native"])
+            self.assertIn("RuntimeWarning: syncbn.torch: the C++ operators are built without compiled autograd "
+                          "support", r.stderr)
+
+
 @unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
 class TestBuildTogether(unittest.TestCase):
     def test_two_processes_one_build(self):

@@ -15,6 +15,7 @@ activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx w
 |weight| invstd (e_i |mean(g x_hat)| + |x_hat_i| mean(|g| e)), g = dy act'(y).
 """
 
+import contextlib
 import copy
 import os
 import sys
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 import syncbn
 import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
-from syncbn import _fused, _ops
+from syncbn import _fused, _native, _ops
 from test_torch_ops import compiled_autograd_matches_eager, compiled_autograd_supported, mutant_ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -815,7 +816,7 @@ class TestCompile(TeamOfOne):
 
 
 @unittest.skipUnless(compiled_autograd_supported(), f"PyTorch {torch.__version__}: no compiled autograd for "
-                     "syncbn's C++ nodes (PyTorch 2.6 and later)")
+                     "syncbn's C++ nodes (PyTorch 2.7 and later)")
 class TestCompiledAutograd(TeamOfOne):
     """Compiled autograd over an eager forward of converted blocks (residual + ReLU, ReLU,
     in place, evaluated): eager's gradients, one fused backward operator call per layer
@@ -838,6 +839,81 @@ class TestCompiledAutograd(TeamOfOne):
         model.eval()
         x = torch.randn(4, 3, 8, 8, requires_grad=True)
         compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_act_backward", 0)
+
+    # Calls of the fused operators that differ from the one before in one thing each (what
+    # compiled autograd's cache key must tell apart): train (activation, slope, residual,
+    # in place, hooks) or eval (eps), the team, which gradients are asked for. "hooks":
+    # the forward under saved_tensors_hooks, whose saved tensors add nothing to the key
+    # (the in-place call's slots (-, out, w, b, stats) against the leaky one's (x, out, w,
+    # -, stats)).
+    KEY_CALLS = (
+        dict(act=syncbn.RELU, slope=0.0),
+        dict(act=syncbn.LEAKY_RELU, slope=0.1),
+        dict(act=syncbn.LEAKY_RELU, slope=0.3),
+        dict(act=syncbn.LEAKY_RELU, slope=0.3, hooks=True),
+        dict(act=syncbn.LEAKY_RELU, slope=0.3, hooks=True, inplace=True),
+        dict(act=syncbn.IDENTITY, slope=0.0, residual=True),
+        dict(act=syncbn.RELU, slope=0.0, residual=True),
+        dict(act=syncbn.RELU, slope=0.0, residual=True, other_team=True),
+        dict(act=syncbn.RELU, slope=0.0, residual=True, x_grad=False),
+        dict(act=syncbn.LEAKY_RELU, slope=0.2, residual=True, eval_eps=1e-5),
+        dict(act=syncbn.LEAKY_RELU, slope=0.2, residual=True, eval_eps=0.5),
+    )
+
+    def _key_calls_match_eager(self, train, infer, other_comm):
+        """KEY_CALLS' backwards in one compiled-autograd context (its cache kept between
+        them) against eager autograd's gradients of the same calls (within 1e-6, as
+        compiled_autograd_matches_eager)."""
+        from torch._dynamo import compiled_autograd
+        from torch._dynamo.backends.common import aot_autograd
+
+        calls = []
+        for i, c in enumerate(self.KEY_CALLS):
+            torch.manual_seed(20 + i)
+            x = (torch.randn(3, 4, 5, 5) + 1).requires_grad_(c.get("x_grad", True))
+            z = torch.randn(3, 4, 5, 5).requires_grad_() if c.get("residual") else None
+            w, b = (torch.rand(4) + 0.5).requires_grad_(), (torch.rand(4) - 0.5).requires_grad_()
+            comm = other_comm if c.get("other_team") else self.comm
+            hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if c.get("hooks") else None
+            with hooks or contextlib.nullcontext():
+                if "eval_eps" in c:
+                    rm, rv = torch.randn(4), torch.rand(4) + 0.5
+                    y = infer(x, z, rm, rv, w, b, c["eval_eps"], c["act"], c["slope"])
+                else:
+                    y = train(x, z, w, b, None, None, None, 1e-5, 0.1, comm.id, c["act"], c["slope"],
+                              c.get("inplace", False))[0]
+            loss = (y * torch.randn(3, 4, 5, 5)).sum()
+            leaves = [t for t in (x, z, w, b) if t is not None and t.requires_grad]
+            calls.append((c, loss, leaves, torch.autograd.grad(loss, leaves, retain_graph=True)))
+        torch._dynamo.reset()
+        try:
+            with compiled_autograd._enable(torch.compile(backend=aot_autograd(fw_compiler=lambda gm, _: gm),
+                                                         fullgraph=True)):
+                for c, loss, leaves, want in calls:
+                    loss.backward()
+                    for j, (t, w) in enumerate(zip(leaves, want)):
+                        torch.testing.assert_close(t.grad, w, rtol=1e-6, atol=1e-7, msg=f"{c}: gradient {j}")
+        finally:
+            torch._dynamo.reset()
+
+    def test_cache_key_tells_calls_apart(self):
+        """Each of KEY_CALLS gives its own gradients, none a graph cached for another. The
+        mutant: the C++ nodes' key without the constants, the gradients asked for and the
+        slots kept (SBN_TORCH_MUT_KEY) takes the ReLU call's graph for leaky ReLU's."""
+        other = syncbn.cpu_team(1)[0]
+        self._key_calls_match_eager(_fused.batch_norm_act_train, _fused.batch_norm_act_infer, other)
+        if _ops.NATIVE is None:
+            return  # the mutant is of the C++ nodes
+        ns = "syncbn_mutant_key"
+        native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}", "-DSBN_TORCH_MUT_KEY"]))
+        for c in (self.comm, other):
+            native.comm_put(c)
+        lib = torch.library.Library(ns, "FRAGMENT")
+        _ops._native_ops(ns, lib)
+        train, _, infer = _fused.native_ops(ns, lib)
+        with self.assertRaisesRegex(AssertionError, "gradient"):
+            self._key_calls_match_eager(train, infer, other)
+        del native, lib
 
 
 if __name__ == "__main__":

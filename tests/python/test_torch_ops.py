@@ -228,7 +228,7 @@ class TestCompile(TeamOfOne):
 
 def compiled_autograd_supported():
     """Whether this PyTorch has compiled autograd and syncbn's autograd supports it (the
-    C++ nodes: PyTorch 2.6 and later, _native.features())."""
+    C++ nodes: PyTorch 2.7 and later, _native.features())."""
     from torch._dynamo import compiled_autograd
     if not hasattr(compiled_autograd, "_enable"):
         return False
@@ -276,7 +276,7 @@ def compiled_autograd_matches_eager(test, model, inputs, backward_op, calls):
 
 
 @unittest.skipUnless(compiled_autograd_supported(), f"PyTorch {torch.__version__}: no compiled autograd for "
-                     "syncbn's C++ nodes (PyTorch 2.6 and later)")
+                     "syncbn's C++ nodes (PyTorch 2.7 and later)")
 class TestCompiledAutograd(TeamOfOne):
     """Compiled autograd over an eager forward: the backward graph is traced and
     compiled; it calls syncbn's backward operator once per layer and gives eager's

@@ -745,16 +745,23 @@ struct NodeConsts {
 // saved_[i] is the node's own output) and its constants (k); its gradients are
 // Self::run(grads, need, saved tensors, constants), a function of these alone (need[i]:
 // the gradient of input i is asked for). apply runs it eagerly. Compiled autograd
-// (torch._dynamo.compiled_autograd, where PyTorch has its C++ interface of 2.6 and later:
+// (torch._dynamo.compiled_autograd, where PyTorch has its C++ interface of 2.7 and later:
 // SBN_TORCH_COMPILED_AUTOGRAD, _native.py's features()) gets the same function as the
 // node's call in its graph (bound once per process, under the namespace's name), keyed on
-// the constants and `need`; compiling the graph traces it on fake tensors, so the compiled
+// the constants, `need` and the slots kept; compiling the graph traces it on fake tensors, so the compiled
 // backward calls the operators that eager calls (syncbn::batch_norm_backward, ...), with
 // the same arguments.
 template <class Self, size_t K>
 struct SyncBNNode : public Node {
   std::array<SavedVariable, K> saved_;
+  std::array<bool, K> kept_{};  // which slots hold a tensor (save)
   NodeConsts k;
+
+  // Slot i keeps t (an undefined t: nothing).
+  void save(size_t i, const Tensor& t) {
+    saved_[i] = SavedVariable(t, Self::kOutput[i]);
+    kept_[i] = t.defined();
+  }
 
   std::string name() const override { return Self::kName; }
   void release_variables() override {
@@ -769,26 +776,36 @@ struct SyncBNNode : public Node {
   }
 
 #ifdef SBN_TORCH_COMPILED_AUTOGRAD
+  // The key: the saved tensors (each a graph input) and what the graph is specialized on:
+  // the constants, which gradients are asked for and which slots hold a tensor (a
+  // tensor under saved_tensors_hooks adds nothing to the key, so without kept_ an
+  // in-place layer's slots would be taken for a leaky one's). SBN_TORCH_MUT_KEY
+  // (test_torch_ops.py's mutant) leaves those out.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& args) const override {
     for (size_t i = 0; i < K; ++i) args.collect(saved_[i], Self::kOutput[i]);
+#ifndef SBN_TORCH_MUT_KEY
+    for (bool kept : kept_) args.collect(kept);
     args.collect(k.eps);
     args.collect(k.slope);
     args.collect(k.comm);
     args.collect(k.activation);
     args.collect(k.has_bias);
     args.collect(needs());
+#endif
   }
   variable_list apply_with_saved(const variable_list& grads,
                                  torch::dynamo::autograd::SwapSavedVariables& swap) override {
     namespace ca = torch::dynamo::autograd;
-    for (SavedVariable& v : saved_) swap.before(v);  // the graph's proxies in place of the tensors
-    struct Restore {                                 // the tensors back, also when a call throws
+    struct Restore {  // the tensors swapped so far back, also when a call throws
       std::array<SavedVariable, K>& saved;
       ca::SwapSavedVariables& swap;
+      size_t swapped = 0;
       ~Restore() {
-        for (SavedVariable& v : saved) swap.after(v);
+        for (size_t i = 0; i < swapped; ++i) swap.after(saved[i]);
       }
     } restore{saved_, swap};
+    for (; restore.swapped < K; ++restore.swapped)
+      swap.before(saved_[restore.swapped]);  // the graph's proxies in place of the tensors
     ca::PackedArgs args;
     args.pack(needs());
     for (const SavedVariable& v : saved_) {
@@ -921,9 +938,9 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
     NodePtr node = new_node<TrainBackward>();
     auto* n = static_cast<TrainBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
-    n->saved_[0] = SavedVariable(x, false);
-    n->saved_[1] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    n->saved_[2] = SavedVariable(stats, false);
+    n->save(0, x);
+    n->save(1, weight.has_value() ? *weight : Tensor());
+    n->save(2, stats);
     n->k.eps = eps;
     n->k.comm = comm;
     n->k.has_bias = bias.has_value();
@@ -1005,10 +1022,10 @@ Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const
     NodePtr node = new_node<InferBackward>();
     auto* n = static_cast<InferBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
-    n->saved_[0] = SavedVariable(x, false);
-    n->saved_[1] = SavedVariable(rm, false);
-    n->saved_[2] = SavedVariable(rv, false);
-    n->saved_[3] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->save(0, x);
+    n->save(1, rm);
+    n->save(2, rv);
+    n->save(3, weight.has_value() ? *weight : Tensor());
     n->k.eps = eps;
     n->k.has_bias = bias.has_value();
     torch::autograd::set_history(y, node);
@@ -1072,11 +1089,11 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     auto* n = static_cast<TrainActBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
     torch::autograd::set_history(y, node);
-    if (!inplace) n->saved_[0] = SavedVariable(x, false);
-    if (inplace || activation != sbnActivationIdentity) n->saved_[1] = SavedVariable(y, true);  // after set_history
-    n->saved_[2] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
-    if (inplace) n->saved_[3] = SavedVariable(bias.has_value() ? *bias : Tensor(), false);
-    n->saved_[4] = SavedVariable(stats, false);
+    if (!inplace) n->save(0, x);
+    if (inplace || activation != sbnActivationIdentity) n->save(1, y);  // out: after set_history
+    n->save(2, weight.has_value() ? *weight : Tensor());
+    if (inplace) n->save(3, bias.has_value() ? *bias : Tensor());
+    n->save(4, stats);
     n->k.eps = eps;
     n->k.slope = slope;
     n->k.comm = comm;
@@ -1153,11 +1170,11 @@ Tensor act_infer_autograd(const Tensor& x, const optional<Tensor>& z, const Tens
     auto* n = static_cast<InferActBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
     torch::autograd::set_history(y, node);
-    n->saved_[0] = SavedVariable(x, false);
-    if (activation != sbnActivationIdentity) n->saved_[1] = SavedVariable(y, true);  // after set_history
-    n->saved_[2] = SavedVariable(rm, false);
-    n->saved_[3] = SavedVariable(rv, false);
-    n->saved_[4] = SavedVariable(weight.has_value() ? *weight : Tensor(), false);
+    n->save(0, x);
+    if (activation != sbnActivationIdentity) n->save(1, y);  // out: after set_history
+    n->save(2, rm);
+    n->save(3, rv);
+    n->save(4, weight.has_value() ? *weight : Tensor());
     n->k.eps = eps;
     n->k.slope = slope;
     n->k.activation = activation;
