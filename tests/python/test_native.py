@@ -145,8 +145,11 @@ class TestBuildFailure(unittest.TestCase):
             if self.why is not None:
                 return
             logs = list(pathlib.Path(cache).glob("*.log"))
-            self.assertEqual(len(logs), 1, r.stderr)
-            self.assertTrue(logs[0].read_text().startswith("false -O2 -std=c++20"))
+            # and once more without compiled autograd, where it was asked for (_native.load)
+            tries = 2 if "-DSBN_TORCH_COMPILED_AUTOGRAD" in _native.features() else 1
+            self.assertEqual(len(logs), tries, r.stderr)
+            for log in logs:
+                self.assertTrue(log.read_text().startswith("false -O2 -std=c++20"))
             self.assertEqual(list(pathlib.Path(cache).glob("*.so")), [])  # nothing half-built left
 
     def test_auto_warns_and_trains_with_the_python_operators(self):
