@@ -29,8 +29,9 @@ import torch.nn.functional as F
 import syncbn
 import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
-from syncbn import _fused, _native, _ops
-from test_torch_ops import compiled_autograd_matches_eager, compiled_autograd_supported, mutant_ops
+from syncbn import _fused, _ops
+from test_torch_ops import (compiled_autograd_matches_eager, compiled_autograd_on, compiled_autograd_supported,
+                            mutant_ops)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure)
@@ -443,11 +444,12 @@ class TestOps(TeamOfOne):
                 torch.library.opcheck(_fused.batch_norm_act_infer, (x, z, rm, rv, w, b, 1e-5, syncbn.RELU, 0.01))
 
 
-def fused_mutant_ops(ns, drop, comm):
+def fused_mutant_ops(ns, drop, comm, *more_comms):
     """(keep, train, backward, infer): the fused operators in namespace ns without `drop`
-    ("fake" or "autograd"), of the kind syncbn.torch runs on: test_torch_ops's C++ mutant
-    library (built with the plain and the fused operators) or Python ones."""
-    keep, *_ = mutant_ops(ns, drop, comm)
+    (test_torch_ops.MUTANT_DEFINES' keys; the Python ones: "fake" or "autograd"), of the
+    kind syncbn.torch runs on: test_torch_ops's C++ mutant library (built with the plain
+    and the fused operators) or Python ones."""
+    keep, *_ = mutant_ops(ns, drop, comm, *more_comms)
     if _ops.NATIVE is None:
         return (keep, *_fused.register(keep, drop=(drop,)))
     return (keep, *_fused.native_ops(ns, keep[1], fake=drop != "fake"))
@@ -864,9 +866,6 @@ class TestCompiledAutograd(TeamOfOne):
         """KEY_CALLS' backwards in one compiled-autograd context (its cache kept between
         them) against eager autograd's gradients of the same calls (within 1e-6, as
         compiled_autograd_matches_eager)."""
-        from torch._dynamo import compiled_autograd
-        from torch._dynamo.backends.common import aot_autograd
-
         calls = []
         for i, c in enumerate(self.KEY_CALLS):
             torch.manual_seed(20 + i)
@@ -885,16 +884,11 @@ class TestCompiledAutograd(TeamOfOne):
             loss = (y * torch.randn(3, 4, 5, 5)).sum()
             leaves = [t for t in (x, z, w, b) if t is not None and t.requires_grad]
             calls.append((c, loss, leaves, torch.autograd.grad(loss, leaves, retain_graph=True)))
-        torch._dynamo.reset()
-        try:
-            with compiled_autograd._enable(torch.compile(backend=aot_autograd(fw_compiler=lambda gm, _: gm),
-                                                         fullgraph=True)):
-                for c, loss, leaves, want in calls:
-                    loss.backward()
-                    for j, (t, w) in enumerate(zip(leaves, want)):
-                        torch.testing.assert_close(t.grad, w, rtol=1e-6, atol=1e-7, msg=f"{c}: gradient {j}")
-        finally:
-            torch._dynamo.reset()
+        with compiled_autograd_on([]):
+            for c, loss, leaves, want in calls:
+                loss.backward()
+                for j, (t, w) in enumerate(zip(leaves, want)):
+                    torch.testing.assert_close(t.grad, w, rtol=1e-6, atol=1e-7, msg=f"{c}: gradient {j}")
 
     def test_cache_key_tells_calls_apart(self):
         """Each of KEY_CALLS gives its own gradients, none a graph cached for another. The
@@ -904,16 +898,10 @@ class TestCompiledAutograd(TeamOfOne):
         self._key_calls_match_eager(_fused.batch_norm_act_train, _fused.batch_norm_act_infer, other)
         if _ops.NATIVE is None:
             return  # the mutant is of the C++ nodes
-        ns = "syncbn_mutant_key"
-        native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}", "-DSBN_TORCH_MUT_KEY"]))
-        for c in (self.comm, other):
-            native.comm_put(c)
-        lib = torch.library.Library(ns, "FRAGMENT")
-        _ops._native_ops(ns, lib)
-        train, _, infer = _fused.native_ops(ns, lib)
+        keep, train, _, infer = fused_mutant_ops("syncbn_mutant_key", "key", self.comm, other)
         with self.assertRaisesRegex(AssertionError, "gradient"):
             self._key_calls_match_eager(train, infer, other)
-        del native, lib
+        del keep
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
   (at once, naming it), the error text (the specific message first).
 """
 
+import contextlib
 import copy
 import gc
 import os
@@ -70,17 +71,27 @@ def train_args(comm, dtype, channels_last, affine, running, requires_grad=True):
     return x, w, b, rm, rv, nbt
 
 
-def mutant_ops(ns, drop, comm):
+# the C++ mutants' defines, by what they drop (beside the namespace's)
+MUTANT_DEFINES = {
+    "fake": [],  # built whole; its fake kernels are not registered
+    "autograd": ["-DSBN_TORCH_NO_AUTOGRAD"],  # no Autograd kernels
+    "compiled_args": ["-USBN_TORCH_COMPILED_AUTOGRAD"],  # nodes without compiled autograd
+    "key": ["-DSBN_TORCH_MUT_KEY"],  # compiled autograd's key without constants, `need`, slots kept
+}
+
+
+def mutant_ops(ns, drop, comm, *more_comms):
     """(keep, train, backward, infer): the operators in namespace ns without `drop`
-    ("fake" or "autograd"), of the kind syncbn.torch runs on: the C++ operators built
-    again into ns (-DSBN_TORCH_NO_AUTOGRAD: no Autograd kernels), with comm in their
-    table of comms; or the Python ones. `keep` must be kept while they are used."""
+    (MUTANT_DEFINES' keys; the Python ones: "fake" or "autograd"), of the kind
+    syncbn.torch runs on: the C++ operators built again into ns, with comm (and
+    more_comms) in their table of comms; or the Python ones. `keep` must be kept while
+    they are used."""
     if _ops.NATIVE is None:
         lib = torch.library.Library(ns, "DEF")
         return (lib, *_ops._register(lib, drop=(drop,)))
-    defines = [f"-DSBN_TORCH_NS={ns}"] + (["-DSBN_TORCH_NO_AUTOGRAD"] if drop == "autograd" else [])
-    native = _native.Native(_native.built_library(defines))
-    native.comm_put(comm)
+    native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}"] + MUTANT_DEFINES[drop]))
+    for c in (comm, *more_comms):
+        native.comm_put(c)
     lib = torch.library.Library(ns, "FRAGMENT")
     return ((native, lib), *_ops._native_ops(ns, lib, fake=drop != "fake"))
 
@@ -235,27 +246,35 @@ def compiled_autograd_supported():
     return _ops.NATIVE is None or "-DSBN_TORCH_COMPILED_AUTOGRAD" in _native.features()
 
 
-def compiled_backward(loss):
-    """loss.backward() under compiled autograd (torch._dynamo.compiled_autograd: the
-    backward graph traced, then compiled by aot_autograd as traced); returns the codes of
-    the graphs it compiled and how many backward graphs were captured."""
+@contextlib.contextmanager
+def compiled_autograd_on(codes):
+    """Compiled autograd (torch._dynamo.compiled_autograd) over the block, its cache empty
+    at entry and dropped at exit: each backward graph traced, then compiled by
+    aot_autograd as traced, its code appended to `codes`."""
     from torch._dynamo import compiled_autograd
     from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.utils import counters
-
-    codes = []
 
     def record(gm, example_inputs):
         codes.append(gm.code)
         return gm
 
     torch._dynamo.reset()
-    before = counters["compiled_autograd"]["captures"]
     try:
         with compiled_autograd._enable(torch.compile(backend=aot_autograd(fw_compiler=record), fullgraph=True)):
-            loss.backward()
+            yield
     finally:
         torch._dynamo.reset()
+
+
+def compiled_backward(loss):
+    """loss.backward() under compiled autograd (compiled_autograd_on); returns the codes of
+    the graphs it compiled and how many backward graphs were captured."""
+    from torch._dynamo.utils import counters
+
+    codes = []
+    before = counters["compiled_autograd"]["captures"]
+    with compiled_autograd_on(codes):
+        loss.backward()
     return "".join(codes), counters["compiled_autograd"]["captures"] - before
 
 
@@ -326,12 +345,7 @@ class TestCompiledAutograd(TeamOfOne):
             expected = "(?i)callable|trace|unsupported"
             keep = None
         else:
-            ns = "syncbn_mutant_nocompiledargs"
-            native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}", "-USBN_TORCH_COMPILED_AUTOGRAD"]))
-            native.comm_put(self.comm)
-            lib = torch.library.Library(ns, "FRAGMENT")
-            keep = (native, lib)
-            train = _ops._native_ops(ns, lib)[0]
+            keep, train, _, _ = mutant_ops("syncbn_mutant_nocompiledargs", "compiled_args", self.comm)
             expected = "compiled_args not implemented"
         with self.assertRaisesRegex(Exception, expected):
             self._op_backward(train)
