@@ -263,8 +263,10 @@ class Comm:
     aborts its team: the others' calls raise at once (sbnAborted), naming that rank.
 
     ``id``: a small int naming this rank in this process (syncbn.torch's operators take
-    it; ``Comm.from_id``)."""
+    it; ``Comm.from_id``). ``max_channels``: the most channels its ops take (the team's
+    ``max_channels``, given to cpu_team / nccl_team; None where not known)."""
 
+    max_channels = None
     _ids = itertools.count(1)
     _by_id = weakref.WeakValueDictionary()
     _native = None  # syncbn._native's loaded C++ operators: they own each live comm, by id
@@ -441,6 +443,7 @@ def cpu_team(nranks, timeout_ms=None, max_channels=None):
     comms = [Comm(h) for h in handles]
     for c in comms:  # the ranks keep each other alive (a reference cycle: collected together)
         c._team = comms
+        c.max_channels = cfg.max_channels
     return comms
 
 
@@ -464,7 +467,9 @@ def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
     cfg = Config.make(timeout_ms, max_channels)
     _check(_capi.lib.sbnCommInitNcclRank(ctypes.byref(h), ctypes.byref(uid), int(nranks), int(rank),
                                          ctypes.byref(cfg)), "sbnCommInitNcclRank")
-    return Comm(h.value)
+    c = Comm(h.value)
+    c.max_channels = cfg.max_channels
+    return c
 
 
 def _is_host(obj):

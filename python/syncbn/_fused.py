@@ -43,8 +43,8 @@ import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
-                   _dense, _desc, _f32, _infer_grads, _like_x, _param, _ptr, _same_device, _stream, _vectors,
-                   _write_back)
+                   _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _reads_nhwc, _same_device,
+                   _stream, _vectors, _write_back)
 
 _LIB = _capi.lib
 _fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
@@ -92,10 +92,7 @@ def check_activation(activation, slope, inplace, who, residual=False):
 
 def _layout_of(x):
     """The layout the library reads x in (as _dense, without copying)."""
-    if x.is_contiguous():
-        return NCHW
-    fmt = _channels_last(x)
-    return NHWC if fmt is not None and x.is_contiguous(memory_format=fmt) else NCHW
+    return NHWC if _reads_nhwc(x) else NCHW
 
 
 def _format_name(t):
@@ -145,7 +142,7 @@ def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momen
     y, stats = _train_alloc(x)
     rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
-    w32, b32 = _f32(weight), _f32(bias)
+    w32, b32 = _f32(weight), _f32_bias(weight, bias)
     r = _fwdx_c(c._h, _desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32),
                 _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
                 _epi(activation, slope), _stream(x))
@@ -211,7 +208,7 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
     st = stats if stats.is_contiguous() else stats.contiguous()
     sp = st.data_ptr()
     w32 = _f32(weight)
-    b32 = _f32(bias) if x is None else None  # the in-place backward reads the bias (x from out)
+    b32 = _f32_bias(weight, bias) if x is None else None  # the in-place backward reads the bias (x from out)
     if weight_grad and weight is not None:
         dwp = dwb.data_ptr()
         dbp = dwp + 4 * base.shape[1]
@@ -246,7 +243,7 @@ def _infer_kernel(x, z, running_mean, running_var, weight, bias, eps, activation
     _check_infer(x, z, running_mean, running_var, weight, bias, activation, slope)
     x, layout = _dense(x)
     y = torch.empty_like(x)
-    w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)
+    w32, b32, rm32, rv32 = _f32(weight), _f32_bias(weight, bias), _f32(running_mean), _f32(running_var)
     r = _infx_c(_desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm32),
                 _ptr(rv32), ctypes.c_float(eps), _epi(activation, slope), _stream(x))
     if r != 0:
@@ -365,7 +362,8 @@ def _autograd_kernels(train, backward, infer):
                           weight_grad):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, out, weight, bias)):
             raise RuntimeError("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
-                               "syncbn.torch.SyncBatchNorm)")
+                               "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
+                               "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
             return backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
                             residual_grad, weight_grad)

@@ -104,15 +104,25 @@ def _channels_last(x):
     return _CHANNELS_LAST.get(x.dim())
 
 
-def _dense(x):
-    """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
-    channels_last (3d) one, else a contiguous copy (NCHW)."""
-    if x.is_contiguous():
-        return x, NCHW
+def _reads_nhwc(x):
+    """Whether the library reads x as NHWC: a channels_last (3d) tensor. One that is also
+    contiguous (an empty batch, 1x1 planes, one channel: the two layouts are the same
+    bytes) is read in the layout its strides name (the channels' stride below the innermost
+    spatial one's: NHWC), so that the ranks of a team, whose tensors come from the same
+    layers, describe the same op: an empty batch sliced from a channels_last one is NHWC,
+    as its peers are."""
     fmt = _channels_last(x)
-    if fmt is not None and x.is_contiguous(memory_format=fmt):
+    if fmt is None or not x.is_contiguous(memory_format=fmt):
+        return False
+    return not x.is_contiguous() or x.stride(1) < x.stride(-1)
+
+
+def _dense(x):
+    """(x as the library reads it, layout): NHWC where _reads_nhwc, else NCHW: x if it is
+    contiguous, else a contiguous copy."""
+    if _reads_nhwc(x):
         return x, NHWC
-    return x.contiguous(), NCHW
+    return (x if x.is_contiguous() else x.contiguous()), NCHW
 
 
 _TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")
@@ -170,6 +180,8 @@ def _param(eps, momentum):
     key = (eps, momentum)
     p = _params.get(key)
     if p is None:
+        if momentum is not None and momentum < 0.0:  # the library reads it as None's cumulative average
+            raise ValueError(f"syncbn: momentum must be >= 0 (None: the cumulative average), got {momentum!r}")
         if len(_params) > 256:
             _params.clear()
         p = _params[key] = _byref(_capi.Params(eps, -1.0 if momentum is None else momentum, GRAD_LOCAL))
@@ -181,6 +193,15 @@ def _f32(t):
     if t is None or (t.dtype == torch.float32 and t.is_contiguous()):
         return t
     return t.detach().to(torch.float32).contiguous()
+
+
+def _f32_bias(weight, bias):
+    """The bias as the library reads it: _f32(bias), or zeros where a weight comes without
+    a bias (a layer made with bias=False, as nn.BatchNorm*d takes it: the library takes
+    both or neither)."""
+    if weight is not None and bias is None:
+        return torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+    return _f32(bias)
 
 
 def _ptr(t):
@@ -199,7 +220,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     y, stats = _train_alloc(x)
     rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
-    w32, b32 = _f32(weight), _f32(bias)  # converted copies live until the call is done
+    w32, b32 = _f32(weight), _f32_bias(weight, bias)  # converted copies live until the call is done
     r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
                _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
                _stream(x))
@@ -306,7 +327,8 @@ def _infer_kernel(x, running_mean, running_var, weight, bias, eps):
     _check_infer(x, running_mean, running_var, weight, bias)
     x, layout = _dense(x)
     y = torch.empty_like(x)
-    w32, b32, rm32, rv32 = _f32(weight), _f32(bias), _f32(running_mean), _f32(running_var)  # live until done
+    # converted copies, alive until the call is done
+    w32, b32, rm32, rv32 = _f32(weight), _f32_bias(weight, bias), _f32(running_mean), _f32(running_var)
     r = _inf_c(_desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm32), _ptr(rv32),
                ctypes.c_float(eps), _stream(x))
     if r != 0:
@@ -468,7 +490,8 @@ def _autograd_kernels(train, backward, infer):
     def backward_autograd(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, weight)):
             raise RuntimeError("syncbn.batch_norm_backward is not differentiable (no double backward through "
-                               "syncbn.torch.SyncBatchNorm)")
+                               "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
+                               "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
             return backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
 

@@ -2,11 +2,13 @@
 
 ``SyncBatchNorm`` has the constructor, parameters, buffers and ``state_dict`` keys of
 ``torch.nn.SyncBatchNorm`` (it is a ``torch.nn.modules.batchnorm._BatchNorm``, as that
-one is), and its semantics: training normalizes with the statistics of the whole team's
-batch (momentum None: cumulative average through ``num_batches_tracked``), eval with the
-running statistics (the library's inference), ``track_running_stats=False`` with the
-team's statistics in training and this rank's own in eval (as nn.SyncBatchNorm); fp32, fp16 and bf16 inputs, contiguous or
-channels_last; parameters and running statistics in float32 (others are converted for
+one is; ``bias=False`` included), and its semantics: training normalizes with the
+statistics of the whole team's batch (momentum None: cumulative average through
+``num_batches_tracked``), eval with the running statistics (the library's inference),
+``track_running_stats=False`` with the team's statistics in training and this rank's own
+in eval (as nn.SyncBatchNorm); fp32, fp16 and bf16 inputs, contiguous or channels_last
+(a tensor that is both, such as an empty batch or 1x1 planes, in the layout its strides
+name); parameters and running statistics in float32 (others are converted for
 the call, the running statistics written back). Gradients come from ``sbnBackward``
 through an ``autograd.Function``; ``dweight``/``dbias`` are this rank's contributions
 (PyTorch + DDP: DDP sums them).
@@ -25,6 +27,7 @@ op or in the team's creation; the group's broadcast before it waits as PyTorch's
 collectives do (its process group's timeout).
 """
 
+import inspect
 import threading
 
 import torch
@@ -43,7 +46,11 @@ _TRAIN_ACT = _fused.batch_norm_act_train
 _INFER_ACT = _fused.batch_norm_act_infer
 _train_eager, _infer_eager = _ops.train_eager, _ops.infer_eager
 _train_act_eager, _infer_act_eager = _fused.train_eager, _fused.infer_eager
+# nn.BatchNorm*d's keyword-only bias= (PyTorch 2.15); before it, the layer makes bias=False
+# itself
+_BIAS_KW = "bias" in inspect.signature(_BatchNorm.__init__).parameters
 _Tensor = torch.Tensor
+_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
@@ -60,11 +67,15 @@ def _plain(x):
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
 _TEAMS = {}  # (group, device index) -> syncbn.Comm
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
+_GROUP_TEAM_CHANNELS = 16384  # the least max_channels of a process group's team (~0.5 MB a rank)
 
 
-def team_for(process_group, device, timeout_ms=None):
+def team_for(process_group, device, timeout_ms=None, max_channels=None):
     """The syncbn team of (process_group, device): one rank per process of the group,
-    made collectively at the first call and cached. CUDA devices only."""
+    made collectively at the first call and cached. CUDA devices only. ``max_channels``:
+    the widest layer it must take; a cached team narrower than that is replaced by a new
+    one (made collectively: every rank asks at the same layer) of max(max_channels,
+    16384) channels."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -75,9 +86,10 @@ def team_for(process_group, device, timeout_ms=None):
         raise RuntimeError("syncbn.torch: teams from a process group take CUDA tensors; for CPU tensors pass comm=")
     group = process_group if process_group is not None else dist.group.WORLD
     key = (group, device.index)
+    channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
     with _TEAMS_LOCK:
         team = _TEAMS.get(key)
-        if team is not None:
+        if team is not None and (max_channels is None or team.max_channels >= max_channels):
             return team
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         box = [None]
@@ -93,7 +105,7 @@ def team_for(process_group, device, timeout_ms=None):
         if isinstance(box[0], tuple):
             raise RuntimeError(f"syncbn.torch: rank 0 of the group could not make the team's NCCL id: {box[0][1]}")
         with torch.cuda.device(device):
-            team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms)
+            team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms, max_channels=channels)
         _TEAMS[key] = team
         return team
 
@@ -117,8 +129,11 @@ class SyncBatchNorm(_BatchNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
-                 inplace=False):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+                 inplace=False, *, bias=True):
+        kw = {"bias": bias} if _BIAS_KW else {}
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, **kw)
+        if affine and not bias and not _BIAS_KW:
+            self.register_parameter("bias", None)
         self.process_group = process_group
         self.comm = comm
         self.set_activation(activation, slope, inplace)
@@ -167,7 +182,7 @@ class SyncBatchNorm(_BatchNorm):
 
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
-        self._group_comm = team_for(self.process_group, device)
+        self._group_comm = team_for(self.process_group, device, max_channels=self.num_features)
         self._group_device = device
         return self._group_comm
 
@@ -191,6 +206,9 @@ class SyncBatchNorm(_BatchNorm):
         if input.shape[1] != self.num_features:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
                              f"the layer has {self.num_features}")
+        if input.dtype not in _DTYPES:
+            raise TypeError(f"syncbn.torch.SyncBatchNorm: {input.dtype} input; the layer takes float32, float16 and "
+                            "bfloat16 (libsyncbn's dtypes)")
         act = self._act
         fused = residual is not None or act != _sbn.IDENTITY or self._inplace
         if fused and residual is not None and self._inplace:
@@ -213,11 +231,18 @@ class SyncBatchNorm(_BatchNorm):
                                         self.bias, self.eps, act, self._slope)
             return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,
                               self.eps, act, self._slope)
+        if self.eps <= 0.0:  # F.batch_norm's rule
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be positive during training, but got "
+                             f"{self.eps}")
         comm = self._comm
         if comm is None:
             comm = self._group_comm
             if comm is None or self._group_device != input.device:  # once: later calls find it here
                 comm = self._find_group_team(input.device)
+        elif comm.max_channels is not None and self.num_features > comm.max_channels:
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
+                             f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
+                             f"(syncbn.cpu_team(W, max_channels=...) or syncbn.nccl_team(..., max_channels=...))")
         if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         momentum = self.momentum
@@ -253,12 +278,19 @@ def _epilogue(y, residual, act, slope):
 
 def convert_sync_batchnorm(module, process_group=None, comm=None):
     """torch.nn.SyncBatchNorm.convert_sync_batchnorm's rule: every BatchNorm*D layer of
-    module (recursively) becomes a SyncBatchNorm with the same parameters, buffers,
-    requires_grad and training mode, on team `comm`."""
+    module (recursively; nn.SyncBatchNorm's too) becomes a SyncBatchNorm with the same
+    parameters, buffers, requires_grad and training mode, on process_group and team
+    `comm`. A SyncBatchNorm of syncbn's own is moved to them in place (one layer used in
+    two places stays one, and keeps its hooks and epilogue)."""
     out = module
-    if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+    if isinstance(module, SyncBatchNorm):
+        module.process_group = process_group
+        module.comm = comm
+        module._group_comm = module._group_device = None  # the previous group's team
+    elif isinstance(module, _BatchNorm):
         out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group, comm=comm)
+                            module.track_running_stats, process_group, comm=comm,
+                            bias=not module.affine or module.bias is not None)
         if module.affine:
             with torch.no_grad():
                 out.weight = module.weight
@@ -436,7 +468,7 @@ def _fuse(module, uses, inplace):
             keep_y = not getattr(nxt, "inplace", False)
             ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] > 0
             bn.set_activation(act[0], act[1], ip)
-            module._modules[act_name] = torch.nn.Identity()
+            module._modules[act_name] = torch.nn.Identity().train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])
 
 

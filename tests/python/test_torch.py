@@ -26,7 +26,7 @@ TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 
 class TestTorch(unittest.TestCase):
     def _train_case(self, ns, c, hw, dtype=torch.float32, channels_last=False, momentum=0.1, steps=2,
-                    affine=True, seed=0):
+                    affine=True, seed=0, bias=True):
         torch.manual_seed(seed)
         W = len(ns)
         comms = syncbn.cpu_team(W, timeout_ms=60000)
@@ -35,9 +35,15 @@ class TestTorch(unittest.TestCase):
             with torch.no_grad():
                 ref.weight.uniform_(0.5, 1.5)
                 ref.bias.uniform_(-0.5, 0.5)
-        layers = [sbt.SyncBatchNorm(c, momentum=momentum, affine=affine, comm=comms[r]) for r in range(W)]
+                if not bias:  # bias=False: nn.BatchNorm2d's formula with a bias of 0 that is not trained
+                    ref.bias.zero_()
+            ref.bias.requires_grad_(bias)
+        layers = [sbt.SyncBatchNorm(c, momentum=momentum, affine=affine, comm=comms[r], bias=bias) for r in range(W)]
         for m in layers:
-            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+            if affine and not bias:
+                self.assertIsNone(m.bias)
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()
+                               if bias or k != "bias"})
         try:
             for step in range(steps):
                 xs = [(torch.randn(n, c, *hw, dtype=torch.float64) + 3.0) for n in ns]
@@ -76,8 +82,9 @@ class TestTorch(unittest.TestCase):
                     self.assertEqual(int(layers[r].num_batches_tracked), int(ref.num_batches_tracked))
                 if affine:  # local gradients; DDP sums them
                     gw = sum(m.weight.grad.double() for m in layers)
-                    gb = sum(m.bias.grad.double() for m in layers)
                     torch.testing.assert_close(gw, ref.weight.grad, rtol=1e-4, atol=1e-4)
+                if affine and bias:
+                    gb = sum(m.bias.grad.double() for m in layers)
                     torch.testing.assert_close(gb, ref.bias.grad, rtol=1e-4, atol=1e-4)
             # eval: the running statistics, each rank alone (the library's inference)
             for m in layers:
@@ -111,6 +118,120 @@ class TestTorch(unittest.TestCase):
 
     def test_bf16_channels_last(self):
         self._train_case([3, 2], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, seed=5)
+
+    def test_bias_false(self):
+        """bias=False (nn.BatchNorm*d's keyword): a weight and no bias; the batch norm with a
+        bias of 0, in training and eval, a bf16 NHWC batch and uneven ranks."""
+        self._train_case([2, 0, 3], 4, (3, 3), bias=False, seed=8)
+        self._train_case([1, 2], 5, (2, 3), dtype=torch.bfloat16, channels_last=True, bias=False, seed=9)
+        # a PyTorch whose nn.BatchNorm*d has no bias= (before 2.15): the layer drops the bias itself
+        saved, sbt._BIAS_KW = sbt._BIAS_KW, False
+        try:
+            m = sbt.SyncBatchNorm(3, bias=False)
+        finally:
+            sbt._BIAS_KW = saved
+        self.assertIsNone(m.bias)
+        self.assertEqual(sorted(m.state_dict()), ["num_batches_tracked", "running_mean", "running_var", "weight"])
+
+    def test_channels_last_empty_and_1x1_ranks(self):
+        """Ranks of a channels_last model, one with an empty batch or 1x1 planes: such a
+        tensor is contiguous and channels_last at once, and the layer reads it in the layout
+        its strides name (as PyTorch's convolutions and pooling make them), as its peers:
+        float64 batch norm over all ranks' values."""
+        torch.manual_seed(10)
+        cases = (((3, 4, 5, 5), (0, 4, 5, 5)), ((3, 4, 2, 2), (2, 4, 1, 1)), ((2, 4, 1, 1), (3, 4, 1, 1)))
+        # and the same in a contiguous model (whose 1x1 and empty tensors are read NCHW)
+        for fmt, shapes in [(f, c) for f in (torch.channels_last, torch.contiguous_format) for c in cases]:
+            comms = syncbn.cpu_team(2, timeout_ms=60000)
+            try:
+                layers = [sbt.SyncBatchNorm(4, comm=c) for c in comms]
+                # .to(): a 1x1 or empty tensor gets channels_last strides (contiguous(), a no-op
+                # on it, would keep a contiguous tensor's); an empty batch as a slice of a
+                # channels_last one
+                xs = [(torch.randn(max(n, 1), *rest, dtype=torch.float64) + 2.0).to(memory_format=fmt)[:n]
+                      for n, *rest in shapes]
+                ys = [None, None]
+
+                def rank(r):
+                    ys[r] = layers[r](xs[r].float())
+
+                self.assertEqual(run_ranks(2, rank), [None, None])
+                vals = torch.cat([x.transpose(0, 1).reshape(4, -1) for x in xs], dim=1)  # (C, all values)
+                mean, var = vals.mean(1), vals.var(1, unbiased=False)
+                for r in range(2):
+                    want = (xs[r] - mean.view(1, 4, 1, 1)) / torch.sqrt(var.view(1, 4, 1, 1) + 1e-5)
+                    torch.testing.assert_close(ys[r].double(), want, rtol=3e-5, atol=3e-5)
+                    torch.testing.assert_close(layers[r].running_mean.double(), 0.1 * mean, rtol=3e-5, atol=3e-5)
+            finally:
+                for c in comms:
+                    c.destroy()
+
+    def test_wider_than_the_team(self):
+        """A layer wider than its team's max_channels: a ValueError that names the team's
+        max_channels, nothing written; a team made wide enough takes it."""
+        comms = syncbn.cpu_team(1)
+        try:
+            self.assertEqual(comms[0].max_channels, 4096)
+            m = sbt.SyncBatchNorm(4100, comm=comms[0])
+            with self.assertRaisesRegex(ValueError, "4100 channels, and its team .comm=. takes at most 4096: make "
+                                                    "the team with max_channels >= 4100"):
+                m(torch.randn(3, 4100))
+            self.assertEqual(int(m.num_batches_tracked), 0)
+            self.assertTrue(torch.equal(m.running_mean, torch.zeros(4100)))
+        finally:
+            comms[0].destroy()
+        comms = syncbn.cpu_team(1, max_channels=4100)
+        try:
+            x = torch.randn(3, 4100, dtype=torch.float64)
+            y = sbt.SyncBatchNorm(4100, comm=comms[0])(x.float())
+            ref = torch.nn.functional.batch_norm(x, None, None, training=True)
+            torch.testing.assert_close(y.double(), ref, rtol=3e-5, atol=3e-5)
+        finally:
+            comms[0].destroy()
+
+    def test_eps_and_momentum_refused(self):
+        """eps <= 0 in training: F.batch_norm's ValueError; a negative momentum (the library
+        would read it as None's cumulative average): a ValueError, from the layer and from
+        the operator. Nothing written."""
+        comms = syncbn.cpu_team(1)
+        try:
+            for kw, msg in (({"eps": 0.0}, "batch_norm eps must be positive during training, but got 0.0"),
+                            ({"momentum": -0.1}, r"momentum must be >= 0 \(None: the cumulative average\), "
+                                                 "got -0.1")):
+                m = sbt.SyncBatchNorm(3, comm=comms[0], **kw)
+                with self.assertRaisesRegex(ValueError, msg):
+                    m(torch.randn(4, 3, 2))
+                self.assertEqual(int(m.num_batches_tracked), 0)
+                self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            rm, rv, nbt = torch.zeros(3), torch.ones(3), torch.zeros((), dtype=torch.int64)
+            with self.assertRaisesRegex(ValueError, "momentum must be >= 0"):
+                torch.ops.syncbn.batch_norm_train(torch.randn(4, 3, 2), None, None, rm, rv, nbt, 1e-5, -0.5,
+                                                  comms[0].id)
+            self.assertEqual((int(nbt), rm.tolist()), (0, [0.0, 0.0, 0.0]))
+        finally:
+            comms[0].destroy()
+
+    def test_reconversion_takes_the_new_team(self):
+        """convert_sync_batchnorm of a converted model puts every layer on the new
+        process_group and comm, as nn.SyncBatchNorm's converter does with its own layers:
+        ours in place (the same layer, its epilogue kept), and trained on the new team."""
+        comms = syncbn.cpu_team(1)
+        try:
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+            first = sbt.convert_fused(model)
+            bn = first[1]
+            self.assertEqual((bn.activation, bn.comm), ("relu", None))
+            again = sbt.convert_sync_batchnorm(first, process_group="group-B", comm=comms[0])
+            self.assertIs(again[1], bn)
+            self.assertIs(bn.comm, comms[0])
+            self.assertEqual(bn.process_group, "group-B")
+            self.assertEqual(bn.activation, "relu")
+            x = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+            y = bn(x.float())
+            want = torch.relu(torch.nn.functional.batch_norm(x, None, None, training=True))
+            torch.testing.assert_close(y.double(), want, rtol=3e-5, atol=3e-5)
+        finally:
+            comms[0].destroy()
 
     def test_no_running_stats(self):
         """track_running_stats=False: no buffers; training normalizes with the team's batch,
@@ -259,7 +380,7 @@ class TestTorch(unittest.TestCase):
     def test_no_team_says_so(self):
         with self.assertRaisesRegex(RuntimeError, "no team"):
             sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
-        with self.assertRaises(TypeError):
+        with self.assertRaisesRegex(TypeError, "syncbn.torch.SyncBatchNorm: torch.float64 input; the layer takes"):
             comms = syncbn.cpu_team(1)
             try:
                 sbt.SyncBatchNorm(3, comm=comms[0])(torch.randn(2, 3, 4, dtype=torch.float64))

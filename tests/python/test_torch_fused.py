@@ -80,10 +80,11 @@ def assert_within(test, got, want, rtol, atol, extra=0.0, msg=""):
 
 class TestFusedLayer(unittest.TestCase):
     def _case(self, ns, c, hw, dtype=torch.float32, channels_last=False, activation="relu", slope=0.01,
-              residual=True, inplace=False, affine=True, momentum=0.1, steps=2, seed=0):
+              residual=True, inplace=False, affine=True, momentum=0.1, steps=2, seed=0, bias=True):
         """Trains `steps` steps on a team of len(ns) ranks and checks y, dx, dz, dweight,
         dbias and the running statistics against float64 PyTorch over the whole batch;
-        then eval against the formula with the running statistics."""
+        then eval against the formula with the running statistics. bias=False: the
+        reference's bias 0, not trained."""
         torch.manual_seed(seed)
         W = len(ns)
         comms = syncbn.cpu_team(W, timeout_ms=60000)
@@ -91,11 +92,13 @@ class TestFusedLayer(unittest.TestCase):
         if affine:
             with torch.no_grad():
                 ref.weight.uniform_(0.5, 1.5)
-                ref.bias.uniform_(-0.5, 0.5)
+                ref.bias.uniform_(-0.5, 0.5) if bias else ref.bias.zero_()
+            ref.bias.requires_grad_(bias)
         layers = [sbt.SyncBatchNorm(c, momentum=momentum, affine=affine, comm=comms[r], activation=activation,
-                                    slope=slope, inplace=inplace) for r in range(W)]
+                                    slope=slope, inplace=inplace, bias=bias) for r in range(W)]
         for m in layers:
-            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()
+                               if bias or k != "bias"})
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         rtol, atol = TOL[dtype]
         prtol, patol = PTOL[dtype]
@@ -154,8 +157,9 @@ class TestFusedLayer(unittest.TestCase):
                     self.assertEqual(int(layers[r].num_batches_tracked), int(ref.num_batches_tracked))
                 if affine:
                     gw = sum(m.weight.grad.double() for m in layers)
-                    gb = sum(m.bias.grad.double() for m in layers)
                     assert_within(self, gw, ref.weight.grad, prtol, patol, exw, msg="dweight")
+                if affine and bias:
+                    gb = sum(m.bias.grad.double() for m in layers)
                     assert_within(self, gb, ref.bias.grad, prtol, patol, msg="dbias")
             # eval: the same formula with the running statistics (rank 0 alone)
             for m in layers:
@@ -214,6 +218,13 @@ class TestFusedLayer(unittest.TestCase):
                    inplace=True, seed=10)
         self._case([2, 3], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, activation="leaky_relu",
                    slope=0.2, residual=False, inplace=True, seed=11)
+
+    def test_bias_false(self):
+        """bias=False: a weight and no bias, with a residual, and in place (whose backward
+        recovers x from y with a bias of 0)."""
+        self._case([2, 3], 4, (3, 3), seed=13, bias=False)
+        self._case([3, 2], 4, (3, 3), activation="leaky_relu", slope=0.1, residual=False, inplace=True, seed=14,
+                   bias=False)
 
     def test_inplace_no_affine(self):
         self._case([2, 2], 3, (4, 4), activation="leaky_relu", residual=False, inplace=True, affine=False, seed=12)
@@ -707,6 +718,12 @@ class TestConvert(TeamOfOne):
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
         self.assertEqual([n for n, _, ip in fused_layers(conv) if ip], ["8"])
         self._matches(model, torch.randn(4, 3, 8, 8), conv)
+        # an evaluated model's conversion: every module keeps its mode, the nn.Identity
+        # in a fused activation's place too
+        model.eval()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
+        self.assertEqual([n for n, m in conv.named_modules() if m.training], [])
+        self.assertIn(nn.Identity, {type(m) for m in conv.modules()})
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(), nn.Dropout(0.0, inplace=True)),
                                 comm=self.comm, inplace=True)
         self.assertFalse(seq[0].inplace)  # an in-place module after it would write over the saved y

@@ -78,6 +78,17 @@ class TestTorchGpu(unittest.TestCase):
         self.assertEqual((t.rank, t.size), (0, 1))
         self.assertIs(sbt.team_for(None, torch.device("cuda", 0)), t)  # cached
         print("test_torch_gpu: team transport", t.transport)
+        # a layer wider than the cached team: a new team of its width (made collectively:
+        # every rank reaches the same layer), cached in its place; narrower asks find it
+        self.assertGreaterEqual(t.max_channels, 16384)
+        wide = sbt.team_for(None, torch.device("cuda", 0), max_channels=t.max_channels + 100)
+        self.assertIsNot(wide, t)
+        self.assertEqual(wide.max_channels, t.max_channels + 100)
+        self.assertIs(sbt.team_for(None, torch.device("cuda", 0), max_channels=64), wide)
+        x = torch.randn(4, wide.max_channels, device="cuda", dtype=torch.float64)
+        y = sbt.SyncBatchNorm(wide.max_channels).cuda()(x.float())
+        torch.testing.assert_close(y.double(), torch.nn.functional.batch_norm(x, None, None, training=True),
+                                   rtol=1e-4, atol=1e-4)
 
     def test_training_step_vs_pytorch(self):
         torch.manual_seed(0)

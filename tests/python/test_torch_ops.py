@@ -575,6 +575,17 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "differentiate twice|not differentiable"):
             (gx ** 2).sum().backward()
 
+    def test_func_grad_says_why(self):
+        """torch.func.grad differentiates the backward (it needs the double backward the
+        layer does not have): the C++ operators' error says so; the Python ones' is
+        PyTorch's (an autograd.Function without setup_context takes no torch.func
+        transform)."""
+        m = sbt.SyncBatchNorm(3, comm=self.comm, track_running_stats=False)
+        with self.assertRaisesRegex(RuntimeError, "no double backward through syncbn.torch.SyncBatchNorm: "
+                                                  "create_graph=True and torch.func.grad differentiate the backward"
+                                    if _ops.NATIVE is not None else "setup_context"):
+            torch.func.grad(lambda v: m(v).square().sum())(torch.randn(4, 3, 2))
+
     def test_no_forward_mode_ad(self):
         x, t = torch.randn(4, 3), torch.randn(4, 3)
         rm, rv = torch.zeros(3), torch.ones(3)

@@ -250,13 +250,23 @@ optional<at::MemoryFormat> channels_last(const Tensor& x) {
   return std::nullopt;
 }
 
-// x as the library reads it: NCHW if contiguous, NHWC if channels_last(_3d), else a
-// contiguous copy (NCHW).
-std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
-  if (x.is_contiguous()) return {x, sbnLayoutNCHW};
+// Whether the library reads x as NHWC: a channels_last (3d) tensor. One that is also
+// contiguous (an empty batch, 1x1 planes, one channel: the two layouts are the same
+// bytes) is read in the layout its strides name (the channels' stride below the innermost
+// spatial one's: NHWC), so that the ranks of a team, whose tensors come from the same
+// layers, describe the same op: an empty batch sliced from a channels_last one is NHWC, as
+// its peers are.
+bool reads_nhwc(const Tensor& x) {
   auto fmt = channels_last(x);
-  if (fmt && x.is_contiguous(*fmt)) return {x, sbnLayoutNHWC};
-  return {x.contiguous(), sbnLayoutNCHW};
+  if (!fmt || !x.is_contiguous(*fmt)) return false;
+  return !x.is_contiguous() || x.stride(1) < x.stride(-1);
+}
+
+// x as the library reads it: NHWC where reads_nhwc, else NCHW (x if it is contiguous,
+// else a contiguous copy).
+std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
+  if (reads_nhwc(x)) return {x, sbnLayoutNHWC};
+  return {x.is_contiguous() ? x : x.contiguous(), sbnLayoutNCHW};
 }
 
 sbnTensorDesc_t desc(const Tensor& x, sbnLayout_t layout) {
@@ -272,6 +282,14 @@ sbnTensorDesc_t desc(const Tensor& x, sbnLayout_t layout) {
 optional<Tensor> f32(const optional<Tensor>& t) {  // float32 and contiguous, as the library reads it
   if (!t.has_value() || (t->scalar_type() == at::kFloat && t->is_contiguous())) return t;
   return t->detach().to(at::kFloat).contiguous();
+}
+
+// The bias as the library reads it: f32(bias), or zeros where a weight comes without a
+// bias (a layer made with bias=False, as nn.BatchNorm*d takes it: the library takes both
+// or neither).
+optional<Tensor> f32_bias(const optional<Tensor>& weight, const optional<Tensor>& bias) {
+  if (weight.has_value() && !bias.has_value()) return at::zeros({weight->size(0)}, weight->options().dtype(at::kFloat));
+  return f32(bias);
 }
 
 template <typename T>
@@ -325,13 +343,18 @@ struct TrainCall {
   float* invstd() const { return stats.data_ptr<float>() + x.size(1); }
 };
 
+std::string py_float(double v);  // below
+
 // A training forward around `call` (the C call, which raises on failure): the buffers it
-// wrote through converted copies are written back, each on its own.
+// wrote through converted copies are written back, each on its own. A negative momentum
+// is refused: the library reads it as None's cumulative average.
 template <typename Call>
 std::tuple<Tensor, Tensor> run_train(const Tensor& input, const optional<Tensor>& weight,
                                      const optional<Tensor>& bias, const optional<Tensor>& running_mean,
                                      const optional<Tensor>& running_var, const optional<Tensor>& nbt, double eps,
                                      optional<double> momentum, Call&& call) {
+  if (momentum.has_value() && *momentum < 0.0)
+    fail_value("syncbn: momentum must be >= 0 (None: the cumulative average), got " + py_float(*momentum));
   TrainCall t;
   sbnLayout_t layout;
   std::tie(t.x, layout) = dense(input);
@@ -342,7 +365,7 @@ std::tuple<Tensor, Tensor> run_train(const Tensor& input, const optional<Tensor>
   t.nb = nbt;
   if (nbt.has_value() && !nbt->is_contiguous()) t.nb = nbt->contiguous();
   t.w32 = f32(weight);
-  t.b32 = f32(bias);
+  t.b32 = f32_bias(weight, bias);
   t.d = desc(t.x, layout);
   t.p = params(eps, momentum.has_value() ? *momentum : -1.0);
   call(t);
@@ -433,7 +456,7 @@ Tensor run_infer(const Tensor& input, const Tensor& running_mean, const Tensor& 
   std::tie(t.x, layout) = dense(input);
   t.y = at::empty_like(t.x);
   t.w32 = f32(weight);
-  t.b32 = f32(bias);
+  t.b32 = f32_bias(weight, bias);
   t.rm32 = f32(running_mean);
   t.rv32 = f32(running_var);
   t.d = desc(t.x, layout);
@@ -514,9 +537,7 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
 }
 
 sbnLayout_t layout_of(const Tensor& x) {  // the layout the library reads x in (dense(), without copying)
-  if (x.is_contiguous()) return sbnLayoutNCHW;
-  auto fmt = channels_last(x);
-  return fmt && x.is_contiguous(*fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
+  return reads_nhwc(x) ? sbnLayoutNHWC : sbnLayoutNCHW;
 }
 
 std::string format_name(const Tensor& t) {
@@ -632,7 +653,7 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
                           : base.new_empty({0}, base.options().dtype(at::kFloat));
   Tensor st = stats.contiguous();
   optional<Tensor> w32 = f32(weight);
-  optional<Tensor> b32 = input.has_value() ? std::nullopt : f32(bias);  // the in-place backward reads the bias
+  optional<Tensor> b32 = input.has_value() ? std::nullopt : f32_bias(weight, bias);  // the in-place backward reads it
   const sbnTensorDesc_t d = desc(base, layout);
   const sbnParams_t p = params(eps, 0.1);
   const sbnEpilogue_t e = epilogue(activation, slope);
@@ -877,7 +898,8 @@ void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor&
   if (!at::GradMode::is_enabled()) return;
   if (!(dy.requires_grad() || x.requires_grad() || (weight.defined() && weight.requires_grad()))) return;
   NodePtr err = new_node<torch::autograd::Error>(
-      "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it)",
+      "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
+      "create_graph=True and torch.func.grad differentiate the backward)",
       torch::autograd::collect_next_edges(dy, x, weight));
   // on a shallow alias of each: a gradient may be the incoming one itself (identity's dz
   // in InferActBackward), whose own history (a leaf of the caller's) must stay as it is
@@ -960,7 +982,7 @@ std::tuple<Tensor, Tensor> backward_autograd(const Tensor& dy, const Tensor& x, 
   if (at::GradMode::is_enabled() &&
       (dy.requires_grad() || x.requires_grad() || (weight.has_value() && weight->requires_grad())))
     fail("syncbn.batch_norm_backward is not differentiable (no double backward through "
-         "syncbn.torch.SyncBatchNorm)");
+         "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad differentiate the backward)");
   at::AutoDispatchBelowADInplaceOrView below;
   return backward_op().call(dy, x, weight, stats, eps, comm, input_grad, weight_grad);
 }
@@ -1116,7 +1138,7 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
     for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias})
       if (t->has_value() && (*t)->requires_grad())
         fail("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
-             "syncbn.torch.SyncBatchNorm)");
+             "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad differentiate the backward)");
   }
   at::AutoDispatchBelowADInplaceOrView below;
   return act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
