@@ -17,18 +17,39 @@
 enum { SBN_OP_FORWARD = 0, SBN_OP_BACKWARD = 1, SBN_OP_KINDS = 2 };
 
 /* The signature of an op: kind, layout, dtype and C in one 32-bit word (bits 31-30
-   kind, 29 layout, 28-27 the epilogue's activation (sbn_sig_with_act; 0 identity),
-   26-24 dtype, 23-0 C). Ranks exchange it with their records; two ops are the same op
-   iff their signatures are equal. C < 2^24 (max_channels is at most 2^20,
-   src/config.c). */
+   kind, 29 layout, 28-27 the epilogue's activation (sbn_sig_with_act; 0 identity), 26
+   SBN_SIG_ANY_LAYOUT, 25-24 dtype, 23-0 C). Ranks exchange it with their records; two
+   ops are the same op as sbn_sig_core and sbn_sig_layouts say. C < 2^24
+   (max_channels is at most 2^20, src/config.c). */
 #define SBN_SIG_C_BITS 24
+/* A rank whose layout is immaterial: no values (n = 0), planes of one value (spatial 1)
+   or one channel; its bytes are the same in NCHW and NHWC (an empty batch or 1x1 planes
+   of a channels_last model, which PyTorch may stride either way), so it matches its
+   peers' layout, whichever it is. */
+#define SBN_SIG_ANY_LAYOUT (1u << 26)
+#define SBN_SIG_LAYOUT_BIT (1u << 29)
 SBN_HD uint32_t sbn_op_sig(int kind, int dtype, int layout, int64_t c) {
   return (uint32_t)kind << 30 | (uint32_t)layout << 29 | (uint32_t)dtype << SBN_SIG_C_BITS |
          ((uint32_t)c & ((1u << SBN_SIG_C_BITS) - 1u));
 }
+/* The signature of a rank's op on its tensors (n values of `spatial` each per channel). */
+SBN_HD uint32_t sbn_op_sig_of(int kind, int dtype, int layout, int64_t n, int64_t c,
+                              int64_t spatial) {
+  const uint32_t any = (n == 0 || spatial == 1 || c == 1) ? SBN_SIG_ANY_LAYOUT : 0u;
+  return sbn_op_sig(kind, dtype, layout, c) | any;
+}
+/* Ranks run the same op when their signatures agree but for the layout (sbn_sig_core)
+   and the layouts that matter agree: across all ranks' signatures, sbn_sig_layouts' bits
+   OR'ed together are not both set (1: NCHW, 2: NHWC; 0 where the layout is immaterial).
+   Order-free, so every rank that sees all the signatures comes to the same verdict. */
+SBN_HD uint32_t sbn_sig_core(uint32_t sig) { return sig & ~(SBN_SIG_ANY_LAYOUT | SBN_SIG_LAYOUT_BIT); }
+SBN_HD int sbn_sig_layouts(uint32_t sig) {
+  return (sig & SBN_SIG_ANY_LAYOUT) ? 0 : (sig & SBN_SIG_LAYOUT_BIT) ? 2 : 1;
+}
 SBN_HD int sbn_sig_kind(uint32_t sig) { return (int)(sig >> 30); }
 SBN_HD int sbn_sig_layout(uint32_t sig) { return (int)(sig >> 29 & 1u); }
-SBN_HD int sbn_sig_dtype(uint32_t sig) { return (int)(sig >> SBN_SIG_C_BITS & 7u); }
+SBN_HD int sbn_sig_any_layout(uint32_t sig) { return (sig & SBN_SIG_ANY_LAYOUT) != 0u; }
+SBN_HD int sbn_sig_dtype(uint32_t sig) { return (int)(sig >> SBN_SIG_C_BITS & 3u); }
 SBN_HD uint32_t sbn_sig_with_act(uint32_t sig, int act) { return sig | ((uint32_t)act & 3u) << 27; }
 SBN_HD int sbn_sig_act(uint32_t sig) { return (int)(sig >> 27 & 3u); }
 SBN_HD int64_t sbn_sig_c(uint32_t sig) { return (int64_t)(sig & ((1u << SBN_SIG_C_BITS) - 1u)); }

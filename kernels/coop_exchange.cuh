@@ -406,7 +406,9 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
                             uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
                             float mine[2], const float* own, int64_t own_rows) {
   const int lane = threadIdx.x & 31;
-  /* Every rank must run the same op (the signature: kind, dtype, layout, C). Cooperative
+  /* Every rank must run the same op (the signature: kind, dtype, layout, C; bn_op.h: the
+     same sbn_sig_core, and no two layouts that matter differ, decided over all ranks'
+     records alike on every rank). Cooperative
      path: chunk j's records carry it and are checked with their data, one round trip.
      A peer running an op with fewer chunks never publishes chunk j: the block of this
      rank that owns a unit of chunk 0 (every op has one) sees the mismatch there and
@@ -420,9 +422,14 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     if (st) return st;
   } else {
     bool sig_ok = true;
-    for (int q = lane; q < a.nranks; q += 32)
-      sig_ok &= ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig) == a.sig;
-    if (!__all_sync(0xffffffffu, sig_ok)) return sbnInvalidUsage;
+    int layouts = 0;
+    for (int q = lane; q < a.nranks; q += 32) {
+      const uint32_t sig = ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig);
+      sig_ok &= sbn_sig_core(sig) == sbn_sig_core(a.sig);
+      layouts |= sbn_sig_layouts(sig);
+    }
+    const bool both = __any_sync(0xffffffffu, layouts & 1) && __any_sync(0xffffffffu, layouts & 2);
+    if (!__all_sync(0xffffffffu, sig_ok) || both) return sbnInvalidUsage;
   }
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -434,6 +441,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
      copy of the merge serves them all (code size is time: check-sass.sh). */
   constexpr int kGatherBatch = 4;
   constexpr int kF = KIND == SBN_OP_FORWARD ? 3 : kRec; /* floats of a record's channel */
+  int layouts = 0; /* sbn_sig_layouts of every rank's record (the same in every lane) */
   for (int q0 = 0; q0 < a.nranks; q0 += kGatherBatch) {
     const int nq = a.nranks - q0 < kGatherBatch ? a.nranks - q0 : kGatherBatch;
     int64_t cnt[kGatherBatch] = {};
@@ -449,7 +457,11 @@ SBN_UNROLL
         for (int f = 0; f < kF; f++) d[i][f] = own[f];
         continue;
       }
-      if (!HOST) sig_bad |= ld_relaxed_sys_u32(&rec->sig) != a.sig;
+      if (!HOST) {
+        const uint32_t sig = ld_relaxed_sys_u32(&rec->sig);
+        sig_bad |= sbn_sig_core(sig) != sbn_sig_core(a.sig);
+        layouts |= sbn_sig_layouts(sig);
+      }
       cnt[i] = ld_relaxed_sys_s64(&rec->count);
 SBN_UNROLL
       for (int f = 0; f < kF; f++) d[i][f] = ld_relaxed_sys_f32(&rec->data[kRec * lane + f]);
@@ -474,6 +486,7 @@ SBN_UNROLL
       }
     }
   }
+  if (layouts == 3) return sbnInvalidUsage; /* two ranks' layouts that matter differ */
   *m_out = m;
   if (KIND == SBN_OP_FORWARD) {
     out[0] = gp.mean_hi, out[1] = gp.mean_lo, out[2] = gp.m2;

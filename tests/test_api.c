@@ -8,6 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 
 #include "harness.h"
@@ -737,6 +738,55 @@ static void test_op_mismatch(void) {
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
+/* A rank whose layout is immaterial (n = 0, spatial = 1: the same bytes in NCHW and NHWC)
+   runs with peers of either layout: an NHWC rank, an empty NCHW one and a 1x1 NCHW one
+   give the batch norm of all their values (double reference), the same statistics on
+   every rank. Two ranks whose layouts matter and differ: every rank fails, the empty one
+   too, and nothing is written. */
+static void test_layout_immaterial_ranks(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[3];
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  static bufs_t b[3], snap[3];
+  const int64_t C = 4;
+  for (int variant = 0; variant < 2; variant++) {
+    bufs_init(&b[0], 2, C, 3, 60);
+    b[0].d.layout = sbnLayoutNHWC;
+    bufs_init(&b[1], 0, C, 5, 61);
+    bufs_init(&b[2], 3, C, variant == 0 ? 1 : 2, 62); /* variant 1: NCHW that matters */
+    memcpy(snap, b, sizeof snap);
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r], NULL));
+    sbnResult_t res = sbnGroupEnd();
+    if (variant == 1) {
+      ASSERT_RES(res, sbnInvalidUsage);
+      ASSERT_MEMEQ(b, snap, sizeof b);
+      continue;
+    }
+    ASSERT_RES(res, sbnSuccess);
+    for (int64_t c = 0; c < C; c++) {
+      double s = 0.0, ss = 0.0, cnt = 0.0;
+      for (int r = 0; r < 3; r += 2)
+        for (int64_t i = 0; i < b[r].d.n * b[r].d.spatial; i++) { /* rank 2: n*C + c either way */
+          const double v = b[r].x[i * C + c];
+          s += v, ss += v * v, cnt += 1.0;
+        }
+      const double mean = s / cnt, invstd = 1.0 / sqrt(ss / cnt - mean * mean + 1e-5);
+      for (int r = 0; r < 3; r += 2)
+        for (int64_t i = 0; i < b[r].d.n * b[r].d.spatial; i++) {
+          const double want = (b[r].x[i * C + c] - mean) * invstd * b[r].w[c] + b[r].b[c];
+          EXPECT_TRUE(fabs(b[r].y[i * C + c] - want) < 1e-5);
+        }
+      for (int r = 0; r < 3; r++) EXPECT_TRUE(fabs(b[r].sm[c] - mean) < 1e-6);
+    }
+    for (int r = 1; r < 3; r++) {
+      ASSERT_MEMEQ(b[r].sm, b[0].sm, C * sizeof(float));
+      ASSERT_MEMEQ(b[r].si, b[0].si, C * sizeof(float));
+    }
+  }
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_result_strings);
@@ -756,5 +806,6 @@ int main(void) {
   SBN_RUN(test_group_with_rejected_call);
   SBN_RUN(test_group_rank_missing);
   SBN_RUN(test_op_mismatch);
+  SBN_RUN(test_layout_immaterial_ranks);
   return sbn_test_exit();
 }

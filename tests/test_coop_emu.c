@@ -65,7 +65,8 @@ static void emu_team_free(emu_team_t* e) {
 }
 
 static uint32_t sig_of(int bwd, const sbnTensorDesc_t* d) {
-  return sbn_op_sig(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, d->layout, d->c);
+  return sbn_op_sig_of(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, d->layout, d->n, d->c,
+                       d->spatial);
 }
 
 /* The launch arguments of rank r of team_t t (slot i of a launch). */
@@ -1742,6 +1743,58 @@ static void test_mismatch(void) {
   }
 }
 
+/* A rank whose layout is immaterial (here n = 0) runs with peers of the other layout, in
+   per-rank launches (as an NCCL team's processes, each launching its own kernel): the
+   same bits as when it names their layout. A third rank whose NCHW layout matters among
+   NHWC ranks: the op fails on every rank (sbnInvalidUsage, or stopped by it), the empty
+   rank too (it sees every record's layout), and nothing is written. */
+static void test_layout_immaterial(void) {
+  static const int64_t n[3] = {2, 0, 3};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (int bwd = 0; bwd < 2; bwd++) {
+    team_t t, u;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 5);
+    team_make(&u, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 5);
+    emu_team_t e;
+    for (int pass = 0; pass < 2; pass++) { /* t: rank 1 named NCHW; u: NHWC as its peer */
+      team_t* tt = pass == 0 ? &t : &u;
+      emu_team_init(&e, 2, 2, 60000);
+      if (bwd) emu_run_peer(&e, tt, 0, &p, NULL, NULL, NULL); /* the saved statistics */
+      sbnTensorDesc_t d[2] = {tt->d[0], tt->d[1]};
+      if (pass == 0) d[1].layout = sbnLayoutNCHW;
+      emu_run_peer(&e, tt, bwd, &p, NULL, d, NULL);
+      ASSERT_TRUE(err_words_clear(&e));
+      emu_team_free(&e);
+    }
+    ASSERT_MEMEQ(bwd ? t.dx[0] : t.y[0], bwd ? u.dx[0] : u.y[0], team_bytes(&t, 0));
+    ASSERT_MEMEQ(bwd ? t.dw[1] : t.smean[1], bwd ? u.dw[1] : u.smean[1], 40 * sizeof(float));
+    team_free(&t);
+    team_free(&u);
+  }
+  team_t t;
+  team_make(&t, 3, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 6);
+  team_poison(&t);
+  sbnTensorDesc_t d[3] = {t.d[0], t.d[1], t.d[2]};
+  d[1].layout = sbnLayoutNCHW;
+  d[2].layout = sbnLayoutNCHW; /* 3 x 3 values a channel: its layout matters */
+  emu_team_t e;
+  emu_team_init(&e, 3, 2, 60000);
+  emu_run_peer(&e, &t, 0, &p, NULL, d, NULL);
+  int seen = 0;
+  for (int r = 0; r < 3; r++) {
+    ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+    seen |= e.err[r] == sbnInvalidUsage;
+  }
+  ASSERT_TRUE(seen);
+  for (int r = 0; r < 3; r++) {
+    if (r != 1) ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+    ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
+    ASSERT_EQ_INT(t.nbt[r], 0);
+  }
+  emu_team_free(&e);
+  team_free(&t);
+}
+
 static void test_count_one(void) {
   static const int64_t n[2] = {1, 0};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -3164,6 +3217,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_fused_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_mismatch, 1);
+  EMU_TEST(test_layout_immaterial, 1);
   EMU_TEST(test_count_one, 1);
   EMU_TEST(test_timeout, 1);
   EMU_TEST(test_abort, 1);

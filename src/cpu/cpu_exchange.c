@@ -103,15 +103,22 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
     sbnResult_t r = wait_record(comm, q, 0, k, deadline);
     if (r != sbnSuccess) return r;
   }
-  /* step 3: every rank must run the same op; a peer's chunks past its own C never come */
+  /* step 3: every rank must run the same op (bn_op.h: the same sbn_sig_core, and the
+     layouts that matter alike; every rank sees every signature, so all decide alike); a
+     peer's chunks past its own C never come */
+  int by_layout[3] = {-1, -1, -1}; /* a rank of each sbn_sig_layouts value */
   for (int q = 0; q < t->nranks; q++) {
     const uint32_t theirs = ct->mail[sbn_mail_index(q, k, 0, ct->nchunks_max)].sig;
-    if (theirs != sig) {
+    by_layout[sbn_sig_layouts(theirs)] = q;
+    int other = sbn_sig_core(theirs) != sbn_sig_core(sig) ? comm->rank : -1;
+    if (other < 0 && by_layout[1] >= 0 && by_layout[2] >= 0) other = by_layout[q == by_layout[1] ? 2 : 1];
+    if (other >= 0) {
+      const uint32_t os = ct->mail[sbn_mail_index(other, k, 0, ct->nchunks_max)].sig;
       char a[64], b[64];
       return sbn_fail(comm, sbnInvalidUsage,
                       "op mismatch: rank %d runs %s, rank %d runs %s (every rank must call "
                       "the same op with the same C, dtype and layout)",
-                      comm->rank, sbn_sig_describe(sig, a, sizeof a), q,
+                      other, sbn_sig_describe(os, a, sizeof a), q,
                       sbn_sig_describe(theirs, b, sizeof b));
     }
   }

@@ -120,20 +120,31 @@ static int peer_team(const struct sbn_gpu_team* gt) {
   return gt->transport == SBN_TR_PEER || gt->transport == SBN_TR_PEER_HOST;
 }
 
+/* The op of a round whose layout the round runs in: the first whose layout matters (a
+   rank whose layout is immaterial, SBN_SIG_ANY_LAYOUT, takes its peers'), else ops[0].
+   Its signature is the round's (fill_args), its layout the plan's (plan_round). */
+static const sbn_op_t* round_ref(const sbn_op_t* const* ops, int nops) {
+  for (int i = 0; i < nops; i++)
+    if (!sbn_sig_any_layout(sbn_op_signature(ops[i]))) return ops[i];
+  return ops[0];
+}
+
 sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const int whole_team = nops == team->nranks;
+  const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    if (sbn_op_signature(o) != sbn_op_signature(o0)) {
+    const uint32_t sig = sbn_op_signature(o), rs = sbn_op_signature(ref);
+    if (sbn_sig_core(sig) != sbn_sig_core(rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
       char a[64], b[64];
       return sbn_fail(NULL, sbnInvalidUsage,
                       "op mismatch: rank %d runs %s, rank %d runs %s; nothing was run",
-                      o0->comm->rank, sbn_sig_describe(sbn_op_signature(o0), a, sizeof a),
-                      o->comm->rank, sbn_sig_describe(sbn_op_signature(o), b, sizeof b));
+                      ref->comm->rank, sbn_sig_describe(rs, a, sizeof a),
+                      o->comm->rank, sbn_sig_describe(sig, b, sizeof b));
     }
     if (o->algo != o0->algo)
       return sbn_fail(NULL, sbnInvalidUsage,
@@ -194,7 +205,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_round_epi(ops, nops);
-  const sbn_plan_op_t op = {kind, dt, o0->desc.layout == sbnLayoutNHWC, o0->desc.c,
+  const sbn_plan_op_t op = {kind, dt, round_ref(ops, nops)->desc.layout == sbnLayoutNHWC, o0->desc.c,
                             o0->algo == SBN_ALGO_HOST, o0->kernel};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
   for (int i = 0; i < nops; i++) {
@@ -309,7 +320,7 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->host_poll_ns = gt->transport == SBN_TR_PEER_HOST ? SBN_HOST_POLL_NS : SBN_HOST_POLL_FALLBACK_NS;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
-  a->sig = sbn_op_signature(o0);
+  a->sig = sbn_op_signature(round_ref(ops, nops));
   a->nranks = gt->nranks;
   a->nlaunch = nops;
   a->G = pl->G;

@@ -1644,6 +1644,42 @@ static void pair_threads_expect(pair_t* P, sbnResult_t want) {
   expect_aborted_ops(P);
 }
 
+/* A rank whose layout is immaterial (an empty rank named NCHW among NHWC ranks) in one
+   virtual launch: the round runs in its peers' layout (gpu_launch.c: round_ref), forward
+   and backward as the reference. A rank whose NCHW layout matters among them: the round
+   is refused before any launch (sbnInvalidUsage). */
+static void test_layout_immaterial(void) {
+  const int dev0[MAXW] = {0};
+  int64_t n[MAXW] = {2, 0, 3};
+  sbnComm_t* comms = virt_team(3);
+  ASSERT_TRUE(comms != NULL);
+  for (int variant = 0; variant < 2 && !sbn_test_cur_failed_; variant++) {
+    team_t t;
+    dteam_t d;
+    memset(&d, 0, sizeof d);
+    team_make(&t, 3, sbnFloat32, sbnLayoutNHWC, 40, 9, n, 1, 1, GEN_NORMAL, 70 + (uint64_t)variant);
+    t.d[1].layout = sbnLayoutNCHW;
+    if (variant == 1) t.d[2].layout = sbnLayoutNCHW; /* 3 x 9 values a channel: it matters */
+    team_poison(&t);
+    dteam_make(&d, &t, comms, dev0, NULL);
+    sbnParams_t p = SBN_PARAMS_DEFAULT, pb = SBN_PARAMS_DEFAULT;
+    pb.grad_mode = sbnGradGlobal;
+    if (!sbn_test_cur_failed_) {
+      sbnResult_t e = gpu_run(&d, &t, 0, MODE_GROUP, 0, &p);
+      if (variant == 1) {
+        ASSERT_RES(e, sbnInvalidUsage);
+      } else {
+        ASSERT_RES(e, sbnSuccess);
+        check_forward(&t, &p, tol_for(sbnFloat32));
+        ASSERT_RES(gpu_run(&d, &t, 1, MODE_GROUP, 0, &pb), sbnSuccess);
+        check_backward_ref(&t, &pb, 0, tol_for(sbnFloat32));
+      }
+    }
+    dteam_free(&d);
+    team_free(&t);
+  }
+}
+
 static void test_mismatch_threads(void) {
   int64_t n[MAXW] = {2, 3};
   pair_t P;
@@ -1965,6 +2001,7 @@ int main(void) {
   RUN(test_cuda_graph);
   RUN(test_stuck_peer_timeout);
   RUN(test_abort);
+  RUN(test_layout_immaterial);
   RUN(test_mismatch_threads);
   RUN(test_count_one_threads);
   RUN(test_inference_device);
