@@ -43,8 +43,8 @@ import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
-                   _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _reads_nhwc, _same_device,
-                   _stream, _vectors, _write_back)
+                   _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _same_device, _stream,
+                   _vectors, _write_back)
 
 _LIB = _capi.lib
 _fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
@@ -92,7 +92,10 @@ def check_activation(activation, slope, inplace, who, residual=False):
 
 def _layout_of(x):
     """The layout the library reads x in (as _dense, without copying)."""
-    return NHWC if _reads_nhwc(x) else NCHW
+    if x.is_contiguous():
+        return NCHW
+    fmt = _channels_last(x)
+    return NHWC if fmt is not None and x.is_contiguous(memory_format=fmt) else NCHW
 
 
 def _format_name(t):

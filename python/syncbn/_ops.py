@@ -104,25 +104,17 @@ def _channels_last(x):
     return _CHANNELS_LAST.get(x.dim())
 
 
-def _reads_nhwc(x):
-    """Whether the library reads x as NHWC: a channels_last (3d) tensor. One that is also
-    contiguous (an empty batch, 1x1 planes, one channel: the two layouts are the same
-    bytes) is read in the layout its strides name (the channels' stride below the innermost
-    spatial one's: NHWC), so that the ranks of a team, whose tensors come from the same
-    layers, describe the same op: an empty batch sliced from a channels_last one is NHWC,
-    as its peers are."""
-    fmt = _channels_last(x)
-    if fmt is None or not x.is_contiguous(memory_format=fmt):
-        return False
-    return not x.is_contiguous() or x.stride(1) < x.stride(-1)
-
-
 def _dense(x):
-    """(x as the library reads it, layout): NHWC where _reads_nhwc, else NCHW: x if it is
-    contiguous, else a contiguous copy."""
-    if _reads_nhwc(x):
+    """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
+    channels_last (3d) one, else a contiguous copy (NCHW). A tensor that is both (an empty
+    batch, 1x1 planes, one channel) is NCHW: the library matches such a rank's layout to
+    its peers' (its bytes are the same either way)."""
+    if x.is_contiguous():
+        return x, NCHW
+    fmt = _channels_last(x)
+    if fmt is not None and x.is_contiguous(memory_format=fmt):
         return x, NHWC
-    return (x if x.is_contiguous() else x.contiguous()), NCHW
+    return x.contiguous(), NCHW
 
 
 _TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")
@@ -181,7 +173,7 @@ def _param(eps, momentum):
     p = _params.get(key)
     if p is None:
         if momentum is not None and momentum < 0.0:  # the library reads it as None's cumulative average
-            raise ValueError(f"syncbn: momentum must be >= 0 (None: the cumulative average), got {momentum!r}")
+            raise ValueError(f"syncbn: momentum must be >= 0 (None: the cumulative average), got {float(momentum)!r}")
         if len(_params) > 256:
             _params.clear()
         p = _params[key] = _byref(_capi.Params(eps, -1.0 if momentum is None else momentum, GRAD_LOCAL))

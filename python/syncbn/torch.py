@@ -6,9 +6,8 @@ one is; ``bias=False`` included), and its semantics: training normalizes with th
 statistics of the whole team's batch (momentum None: cumulative average through
 ``num_batches_tracked``), eval with the running statistics (the library's inference),
 ``track_running_stats=False`` with the team's statistics in training and this rank's own
-in eval (as nn.SyncBatchNorm); fp32, fp16 and bf16 inputs, contiguous or channels_last
-(a tensor that is both, such as an empty batch or 1x1 planes, in the layout its strides
-name); parameters and running statistics in float32 (others are converted for
+in eval (as nn.SyncBatchNorm); fp32, fp16 and bf16 inputs, contiguous or channels_last;
+parameters and running statistics in float32 (others are converted for
 the call, the running statistics written back). Gradients come from ``sbnBackward``
 through an ``autograd.Function``; ``dweight``/``dbias`` are this rank's contributions
 (PyTorch + DDP: DDP sums them).
@@ -67,7 +66,7 @@ def _plain(x):
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
 _TEAMS = {}  # (group, device index) -> syncbn.Comm
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
-_GROUP_TEAM_CHANNELS = 16384  # the least max_channels of a process group's team (~0.5 MB a rank)
+_GROUP_TEAM_CHANNELS = 4096  # the least max_channels of a process group's team (the library's default)
 
 
 def team_for(process_group, device, timeout_ms=None, max_channels=None):
@@ -75,7 +74,7 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
     made collectively at the first call and cached. CUDA devices only. ``max_channels``:
     the widest layer it must take; a cached team narrower than that is replaced by a new
     one (made collectively: every rank asks at the same layer) of max(max_channels,
-    16384) channels."""
+    4096) channels."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -170,8 +169,16 @@ class SyncBatchNorm(_BatchNorm):
     def inplace(self):
         return self._inplace
 
+    def reset_parameters(self):
+        if _BIAS_KW or not self.affine or self.bias is not None:
+            return super().reset_parameters()
+        self.reset_running_stats()  # a PyTorch without bias= would zero a bias of None
+        torch.nn.init.ones_(self.weight)
+
     def extra_repr(self):
         s = super().extra_repr()
+        if not _BIAS_KW and self.affine and self.bias is None:
+            s += ", bias=False"
         if self._act != _sbn.IDENTITY:
             s += f", activation={self.activation!r}"
             if self._act == _sbn.LEAKY_RELU:
@@ -206,9 +213,6 @@ class SyncBatchNorm(_BatchNorm):
         if input.shape[1] != self.num_features:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
                              f"the layer has {self.num_features}")
-        if input.dtype not in _DTYPES:
-            raise TypeError(f"syncbn.torch.SyncBatchNorm: {input.dtype} input; the layer takes float32, float16 and "
-                            "bfloat16 (libsyncbn's dtypes)")
         act = self._act
         fused = residual is not None or act != _sbn.IDENTITY or self._inplace
         if fused and residual is not None and self._inplace:
@@ -221,6 +225,7 @@ class SyncBatchNorm(_BatchNorm):
                 # this rank's own batch, no sync (PyTorch's op, as there)
                 y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
                 return _epilogue(y, residual, act, self._slope) if fused else y
+            _check_dtype(input)
             if not fused:
                 if _plain(input):
                     return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias,
@@ -231,9 +236,13 @@ class SyncBatchNorm(_BatchNorm):
                                         self.bias, self.eps, act, self._slope)
             return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,
                               self.eps, act, self._slope)
+        _check_dtype(input)
         if self.eps <= 0.0:  # F.batch_norm's rule
             raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be positive during training, but got "
                              f"{self.eps}")
+        if self.momentum is not None and self.momentum < 0.0:  # the library would read None's cumulative average
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), got "
+                             f"{float(self.momentum)!r}")
         comm = self._comm
         if comm is None:
             comm = self._group_comm
@@ -265,6 +274,12 @@ class SyncBatchNorm(_BatchNorm):
                           self._slope, self._inplace)[0]
 
 
+def _check_dtype(x):
+    if x.dtype not in _DTYPES:
+        raise TypeError(f"syncbn.torch.SyncBatchNorm: {x.dtype} input; the layer takes float32, float16 and bfloat16 "
+                        "(libsyncbn's dtypes)")
+
+
 def _epilogue(y, residual, act, slope):
     """act(y + residual) with torch ops (eval without running statistics)."""
     if residual is not None:
@@ -282,6 +297,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     parameters, buffers, requires_grad and training mode, on process_group and team
     `comm`. A SyncBatchNorm of syncbn's own is moved to them in place (one layer used in
     two places stays one, and keeps its hooks and epilogue)."""
+    _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     out = module
     if isinstance(module, SyncBatchNorm):
         module.process_group = process_group

@@ -128,38 +128,51 @@ class TestTorch(unittest.TestCase):
         saved, sbt._BIAS_KW = sbt._BIAS_KW, False
         try:
             m = sbt.SyncBatchNorm(3, bias=False)
+            m.running_mean.fill_(2.0)
+            m.reset_parameters()  # such a PyTorch's own would zero a bias of None
+            self.assertIn("bias=False", repr(m))
         finally:
             sbt._BIAS_KW = saved
         self.assertIsNone(m.bias)
+        self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
         self.assertEqual(sorted(m.state_dict()), ["num_batches_tracked", "running_mean", "running_var", "weight"])
 
     def test_channels_last_empty_and_1x1_ranks(self):
         """Ranks of a channels_last model, one with an empty batch or 1x1 planes: such a
-        tensor is contiguous and channels_last at once, and the layer reads it in the layout
-        its strides name (as PyTorch's convolutions and pooling make them), as its peers:
-        float64 batch norm over all ranks' values."""
+        tensor is contiguous and channels_last at once, and PyTorch strides it either way
+        (a convolution of an empty batch gives contiguous strides, a ReLU of 1x1 planes
+        too); the library matches such a rank's layout to its peers' (the same bytes).
+        Float64 batch norm over all ranks' values; the same in a contiguous model."""
         torch.manual_seed(10)
-        cases = (((3, 4, 5, 5), (0, 4, 5, 5)), ((3, 4, 2, 2), (2, 4, 1, 1)), ((2, 4, 1, 1), (3, 4, 1, 1)))
-        # and the same in a contiguous model (whose 1x1 and empty tensors are read NCHW)
-        for fmt, shapes in [(f, c) for f in (torch.channels_last, torch.contiguous_format) for c in cases]:
+        conv = torch.nn.Conv2d(4, 4, 1).to(memory_format=torch.channels_last)
+        cl = torch.channels_last
+
+        def conv_of(n, hw):  # a channels_last model's convolution, then what follows it
+            with torch.no_grad():
+                return conv((torch.randn(n, 4, hw, hw) + 2.0).to(memory_format=cl))
+
+        cases = (
+            (conv_of(3, 5), conv_of(0, 5)),  # an empty batch: contiguous strides
+            (torch.relu(conv_of(3, 2)), torch.relu(conv_of(2, 1))),  # 1x1: contiguous strides
+            (conv_of(3, 2), torch.randn(2, 4, 1, 1).contiguous(memory_format=cl)),  # a no-op on 1x1
+            (torch.randn(3, 4, 2, 2), torch.randn(2, 4, 1, 1).to(memory_format=cl)),  # a contiguous model
+            (torch.randn(3, 4, 2, 2), torch.randn(0, 4, 2, 2).to(memory_format=cl)),
+        )
+        for xs in cases:
+            self.assertTrue(xs[1].is_contiguous() and xs[1].is_contiguous(memory_format=cl))
             comms = syncbn.cpu_team(2, timeout_ms=60000)
             try:
                 layers = [sbt.SyncBatchNorm(4, comm=c) for c in comms]
-                # .to(): a 1x1 or empty tensor gets channels_last strides (contiguous(), a no-op
-                # on it, would keep a contiguous tensor's); an empty batch as a slice of a
-                # channels_last one
-                xs = [(torch.randn(max(n, 1), *rest, dtype=torch.float64) + 2.0).to(memory_format=fmt)[:n]
-                      for n, *rest in shapes]
                 ys = [None, None]
 
                 def rank(r):
-                    ys[r] = layers[r](xs[r].float())
+                    ys[r] = layers[r](xs[r])
 
                 self.assertEqual(run_ranks(2, rank), [None, None])
-                vals = torch.cat([x.transpose(0, 1).reshape(4, -1) for x in xs], dim=1)  # (C, all values)
+                vals = torch.cat([x.double().transpose(0, 1).reshape(4, -1) for x in xs], dim=1)  # (C, values)
                 mean, var = vals.mean(1), vals.var(1, unbiased=False)
                 for r in range(2):
-                    want = (xs[r] - mean.view(1, 4, 1, 1)) / torch.sqrt(var.view(1, 4, 1, 1) + 1e-5)
+                    want = (xs[r].double() - mean.view(1, 4, 1, 1)) / torch.sqrt(var.view(1, 4, 1, 1) + 1e-5)
                     torch.testing.assert_close(ys[r].double(), want, rtol=3e-5, atol=3e-5)
                     torch.testing.assert_close(layers[r].running_mean.double(), 0.1 * mean, rtol=3e-5, atol=3e-5)
             finally:
@@ -223,6 +236,9 @@ class TestTorch(unittest.TestCase):
             self.assertEqual((bn.activation, bn.comm), ("relu", None))
             again = sbt.convert_sync_batchnorm(first, process_group="group-B", comm=comms[0])
             self.assertIs(again[1], bn)
+            with self.assertRaisesRegex(TypeError, "convert_sync_batchnorm: comm must be a syncbn.Comm"):
+                sbt.convert_sync_batchnorm(again, process_group="group-C", comm="oops")
+            self.assertEqual(bn.process_group, "group-B")  # a refused conversion changes nothing
             self.assertIs(bn.comm, comms[0])
             self.assertEqual(bn.process_group, "group-B")
             self.assertEqual(bn.activation, "relu")
@@ -386,6 +402,11 @@ class TestTorch(unittest.TestCase):
                 sbt.SyncBatchNorm(3, comm=comms[0])(torch.randn(2, 3, 4, dtype=torch.float64))
             finally:
                 comms[0].destroy()
+        # eval without running statistics is PyTorch's own batch norm (nn.SyncBatchNorm's
+        # rule), float64 included
+        m = sbt.SyncBatchNorm(3, track_running_stats=False).double().eval()
+        x = torch.randn(2, 3, 4, dtype=torch.float64)
+        torch.testing.assert_close(m(x), torch.nn.functional.batch_norm(x, None, None, training=True))
 
 
 if __name__ == "__main__":

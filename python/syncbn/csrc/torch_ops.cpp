@@ -250,23 +250,14 @@ optional<at::MemoryFormat> channels_last(const Tensor& x) {
   return std::nullopt;
 }
 
-// Whether the library reads x as NHWC: a channels_last (3d) tensor. One that is also
-// contiguous (an empty batch, 1x1 planes, one channel: the two layouts are the same
-// bytes) is read in the layout its strides name (the channels' stride below the innermost
-// spatial one's: NHWC), so that the ranks of a team, whose tensors come from the same
-// layers, describe the same op: an empty batch sliced from a channels_last one is NHWC, as
-// its peers are.
-bool reads_nhwc(const Tensor& x) {
-  auto fmt = channels_last(x);
-  if (!fmt || !x.is_contiguous(*fmt)) return false;
-  return !x.is_contiguous() || x.stride(1) < x.stride(-1);
-}
-
-// x as the library reads it: NHWC where reads_nhwc, else NCHW (x if it is contiguous,
-// else a contiguous copy).
+// x as the library reads it: NCHW if contiguous, NHWC if channels_last(_3d), else a
+// contiguous copy (NCHW). A tensor that is both (an empty batch, 1x1 planes, one channel)
+// is NCHW: the library matches such a rank's layout to its peers' (the same bytes).
 std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
-  if (reads_nhwc(x)) return {x, sbnLayoutNHWC};
-  return {x.is_contiguous() ? x : x.contiguous(), sbnLayoutNCHW};
+  if (x.is_contiguous()) return {x, sbnLayoutNCHW};
+  auto fmt = channels_last(x);
+  if (fmt && x.is_contiguous(*fmt)) return {x, sbnLayoutNHWC};
+  return {x.contiguous(), sbnLayoutNCHW};
 }
 
 sbnTensorDesc_t desc(const Tensor& x, sbnLayout_t layout) {
@@ -537,7 +528,9 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
 }
 
 sbnLayout_t layout_of(const Tensor& x) {  // the layout the library reads x in (dense(), without copying)
-  return reads_nhwc(x) ? sbnLayoutNHWC : sbnLayoutNCHW;
+  if (x.is_contiguous()) return sbnLayoutNCHW;
+  auto fmt = channels_last(x);
+  return fmt && x.is_contiguous(*fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
 }
 
 std::string format_name(const Tensor& t) {
