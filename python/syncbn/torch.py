@@ -240,7 +240,8 @@ class SyncBatchNorm(_BatchNorm):
         if self.eps <= 0.0:  # F.batch_norm's rule
             raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be positive during training, but got "
                              f"{self.eps}")
-        if self.momentum is not None and self.momentum < 0.0:  # the library would read None's cumulative average
+        # a negative momentum: the library would read it as None's cumulative average
+        if self.track_running_stats and self.momentum is not None and self.momentum < 0.0:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), got "
                              f"{float(self.momentum)!r}")
         comm = self._comm

@@ -216,6 +216,11 @@ class TestTorch(unittest.TestCase):
                     m(torch.randn(4, 3, 2))
                 self.assertEqual(int(m.num_batches_tracked), 0)
                 self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            # without running statistics the momentum is not used: nothing to refuse, as in nn
+            m = sbt.SyncBatchNorm(3, comm=comms[0], momentum=-0.1, track_running_stats=False)
+            x = torch.randn(4, 3, 2, dtype=torch.float64)
+            want = torch.nn.functional.batch_norm(x, None, None, training=True)
+            torch.testing.assert_close(m(x.float()).double(), want, rtol=3e-5, atol=3e-5)
             rm, rv, nbt = torch.zeros(3), torch.ones(3), torch.zeros((), dtype=torch.int64)
             with self.assertRaisesRegex(ValueError, "momentum must be >= 0"):
                 torch.ops.syncbn.batch_norm_train(torch.randn(4, 3, 2), None, None, rm, rv, nbt, 1e-5, -0.5,
