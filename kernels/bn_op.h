@@ -48,7 +48,6 @@ SBN_HD int sbn_sig_layouts(uint32_t sig) {
 }
 SBN_HD int sbn_sig_kind(uint32_t sig) { return (int)(sig >> 30); }
 SBN_HD int sbn_sig_layout(uint32_t sig) { return (int)(sig >> 29 & 1u); }
-SBN_HD int sbn_sig_any_layout(uint32_t sig) { return (sig & SBN_SIG_ANY_LAYOUT) != 0u; }
 SBN_HD int sbn_sig_dtype(uint32_t sig) { return (int)(sig >> SBN_SIG_C_BITS & 3u); }
 SBN_HD uint32_t sbn_sig_with_act(uint32_t sig, int act) { return sig | ((uint32_t)act & 3u) << 27; }
 SBN_HD int sbn_sig_act(uint32_t sig) { return (int)(sig >> 27 & 3u); }

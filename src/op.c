@@ -13,7 +13,7 @@ const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n) {
   static const char* const acts[] = {"", " + ReLU", " + leaky ReLU", " + ?"};
   snprintf(buf, n, "%s %s %s C=%lld%s", sbn_sig_kind(sig) == SBN_OP_FORWARD ? "forward" : "backward",
            sbn_dtype_name(sbn_sig_dtype(sig)),
-           sbn_sig_any_layout(sig) ? "any layout" : sbn_sig_layout(sig) == sbnLayoutNHWC ? "NHWC" : "NCHW",
+           sbn_sig_layouts(sig) == 0 ? "any layout" : sbn_sig_layout(sig) == sbnLayoutNHWC ? "NHWC" : "NCHW",
            (long long)sbn_sig_c(sig), acts[sbn_sig_act(sig)]);
   return buf;
 }

@@ -121,11 +121,11 @@ static int peer_team(const struct sbn_gpu_team* gt) {
 }
 
 /* The op of a round whose layout the round runs in: the first whose layout matters (a
-   rank whose layout is immaterial, SBN_SIG_ANY_LAYOUT, takes its peers'), else ops[0].
+   rank whose layout is immaterial, sbn_sig_layouts 0, takes its peers'), else ops[0].
    Its signature is the round's (fill_args), its layout the plan's (plan_round). */
 static const sbn_op_t* round_ref(const sbn_op_t* const* ops, int nops) {
   for (int i = 0; i < nops; i++)
-    if (!sbn_sig_any_layout(sbn_op_signature(ops[i]))) return ops[i];
+    if (sbn_sig_layouts(sbn_op_signature(ops[i])) != 0) return ops[i];
   return ops[0];
 }
 
@@ -135,10 +135,11 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const int whole_team = nops == team->nranks;
   const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
+  const uint32_t rs = sbn_op_signature(ref);
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    const uint32_t sig = sbn_op_signature(o), rs = sbn_op_signature(ref);
+    const uint32_t sig = sbn_op_signature(o);
     if (sbn_sig_core(sig) != sbn_sig_core(rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
       char a[64], b[64];
       return sbn_fail(NULL, sbnInvalidUsage,
