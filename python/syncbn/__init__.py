@@ -332,10 +332,17 @@ class Comm:
         _check(_capi.lib.sbnCommAbort(self._live()), "sbnCommAbort", self._h)
 
     def destroy(self):
+        self._end(collected=False)
+
+    def _end(self, collected):
+        """destroy(); collected (by Python: __del__), the C++ operators keep the comm while
+        an autograd node that will call it lives (a layer deleted before its backward), as
+        the Python operators' nodes keep this object."""
         if self._h.value:
             h, self._h = self._h, ctypes.c_void_p()
             with Comm._native_lock:  # the C++ operators own it: destroyed now, or after their call using it
-                r = Comm._native.comm_drop(self.id) if Comm._native is not None else -2
+                native = Comm._native
+                r = -2 if native is None else native.comm_release(self.id) if collected else native.comm_drop(self.id)
             if r == -2:
                 _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
             elif r > 0:
@@ -360,7 +367,7 @@ class Comm:
 
     def __del__(self):
         try:
-            self.destroy()
+            self._end(collected=True)
         except Exception:  # noqa: BLE001 (interpreter shutdown: nothing to report to)
             pass
 

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
+from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
                    _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _same_device, _stream,
                    _vectors, _write_back)
@@ -297,6 +297,7 @@ def _train_function(train, backward, below, traced_backward=None):
             else:
                 _ops._save(ctx, x, y, weight, None, stats)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
+            ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
             ctx.mark_non_differentiable(stats)
             return y, stats
 

@@ -400,6 +400,7 @@ def _train_function(train, backward, below, traced_backward=None):
                 y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
             _save(ctx, x, weight, stats)
             ctx.eps, ctx.comm = eps, comm
+            ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
             ctx.mark_non_differentiable(stats)
             return y, stats
 

@@ -374,6 +374,67 @@ class TestTorch(unittest.TestCase):
         self.assertEqual(tuple(y.shape), (2, 3, 4))
         comms[0].destroy()
 
+    def test_backward_after_the_layer_is_collected(self):
+        """A layer and its comm deleted between the forward and the backward (nn.SyncBatchNorm's
+        backward keeps its process group): the backward runs, with the float64 reference's
+        gradients, plain and fused; the comm is destroyed once the graph is gone. An explicit
+        destroy() still ends the comm at once: the backward raises. A peer collected without
+        its backward: the pinned rank's backward raises, never waits for it."""
+        import gc
+        import time
+        import weakref
+
+        from syncbn import Comm
+
+        def alive(cid, ref):  # the Python object (kept by a Python node) or the C++ operators' entry
+            return ref() is not None or bool(Comm._native is not None and Comm._native.comm_live(cid))
+
+        x0 = torch.randn(4, 3, 5, dtype=torch.float64) + 1
+        g = torch.randn(4, 3, 5, dtype=torch.float64)
+        for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}):
+            with self.subTest(**kw):
+                comm = syncbn.cpu_team(1)[0]
+                cid, ref = comm.id, weakref.ref(comm)
+                m = sbt.SyncBatchNorm(3, comm=comm, **kw)
+                x = x0.float().requires_grad_()
+                y = m(x)
+                del m, comm
+                gc.collect()
+                self.assertTrue(alive(cid, ref), "the graph keeps the comm")
+                (y.double() * g).sum().backward()
+                X = x0.float().double().requires_grad_()
+                Y = torch.nn.functional.batch_norm(X, None, None, training=True)
+                if kw:
+                    Y = torch.nn.functional.leaky_relu(Y, 0.2)
+                (Y * g).sum().backward()
+                torch.testing.assert_close(x.grad.double(), X.grad, rtol=1e-4, atol=1e-4)
+                del y
+                gc.collect()
+                self.assertFalse(alive(cid, ref), "the comm outlives its graph")
+
+        comm = syncbn.cpu_team(1)[0]
+        y = sbt.SyncBatchNorm(3, comm=comm)(x0.float().requires_grad_())
+        comm.destroy()
+        with self.assertRaisesRegex(syncbn.SyncBNError, "destroyed"):
+            y.sum().backward()
+
+        comms = syncbn.cpu_team(2, timeout_ms=5000)
+        layers = [sbt.SyncBatchNorm(3, comm=c) for c in comms]
+        ys = [None, None]
+
+        def fwd(r):
+            ys[r] = layers[r](x0.float().requires_grad_())
+
+        self.assertEqual(run_ranks(2, fwd), [None, None])
+        y0 = ys[0]
+        del layers, comms, ys, fwd
+        gc.collect()  # rank 1 and its graph: gone (the C++ operators destroy it: rank 0 is aborted)
+        t = time.monotonic()
+        with self.assertRaises(syncbn.SyncBNError) as cm:
+            y0.sum().backward()
+        self.assertIn(cm.exception.name, ("sbnAborted", "sbnTimeout"))
+        self.assertLess(time.monotonic() - t, 30)
+
     def test_process_group_team_needs_cuda(self):
         import tempfile
 

@@ -7,7 +7,7 @@
 //
 // libsyncbn itself is not linked: _native.py hands over the functions of the library that
 // the package already loaded (ctypes), and the live comms by id (sbn_torch_comm_put /
-// _drop), through the extern "C" functions at the end.
+// _drop / _release), through the extern "C" functions at the end.
 #ifdef SBN_TORCH_PYTHON
 // failed library calls raise syncbn.SyncBNError itself (a Python exception carried
 // through the dispatcher and the autograd engine as PyTorch carries its own)
@@ -34,6 +34,7 @@
 #include <charconv>
 #include <cfloat>
 #include <cmath>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -76,7 +77,8 @@ Api api;
 
 // A live comm, owned here once syncbn.Comm has handed it over: destroyed (sbnCommDestroy)
 // when Python has dropped it AND no operator call is using it, whichever comes last, so
-// that a comm collected or destroyed by another thread is never freed under a call.
+// that a comm collected or destroyed by another thread is never freed under a call (and
+// one Python collected stays while an autograd node will call it: CommPin).
 struct CommOwner {
   sbnComm_t handle;
   ~CommOwner() {
@@ -88,9 +90,63 @@ struct CommEntry {
   std::shared_ptr<CommOwner> owner;  // each call holds a copy while it runs
   bool host;                         // a CPU team: its ops take host memory
   std::string transport;
+  int pins = 0;            // autograd nodes that will call it (CommPin)
+  bool collected = false;  // Python collected its syncbn.Comm while pinned
 };
 std::mutex comms_mutex;
 std::unordered_map<int64_t, CommEntry> comms;
+
+// Takes the comm out of the table (calls from now on say it was destroyed; under
+// comms_mutex) and returns its owner, for destroy_now.
+std::shared_ptr<CommOwner> take_out(std::unordered_map<int64_t, CommEntry>::iterator it) {
+  std::shared_ptr<CommOwner> owner = std::move(it->second.owner);
+  comms.erase(it);
+  return owner;
+}
+
+// The comm taken out (take_out) destroyed now, if no call is using it: sbnCommDestroy's
+// result; else when the last such call returns: -1. Out of the table, no call can take
+// it any more, so a count of 1 stays 1.
+int destroy_now(std::shared_ptr<CommOwner> owner) {
+  if (owner.use_count() > 1) return -1;
+  sbnComm_t h = owner->handle;
+  owner->handle = nullptr;
+  return static_cast<int>(api.comm_destroy(h));
+}
+
+// An autograd node's hold on the comm its backward calls, as nn.SyncBatchNorm's backward
+// holds its process group: a comm whose syncbn.Comm Python collects while a node that will
+// call it lives (a layer deleted between its forward and the backward) stays live, by its
+// id, until the last such node is gone (sbn_torch_comm_release). An explicit destroy()
+// still destroys it at once (sbn_torch_comm_drop): the backward then raises.
+class CommPin {
+ public:
+  explicit CommPin(int64_t id) : id_(id) {
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    auto it = comms.find(id);
+    if (it != comms.end()) {
+      ++it->second.pins;
+      pinned_ = true;
+    }
+  }
+  CommPin(const CommPin&) = delete;
+  CommPin& operator=(const CommPin&) = delete;
+  ~CommPin() {
+    if (!pinned_) return;
+    std::shared_ptr<CommOwner> owner;
+    {
+      std::lock_guard<std::mutex> lock(comms_mutex);
+      auto it = comms.find(id_);  // gone: destroyed explicitly meanwhile
+      if (it == comms.end() || --it->second.pins > 0 || !it->second.collected) return;
+      owner = take_out(it);
+    }
+    destroy_now(std::move(owner));  // a node's release has no one to tell of a failure
+  }
+
+ private:
+  int64_t id_;
+  bool pinned_ = false;
+};
 
 // ---- text as the Python kernels write it --------------------------------------------
 std::string dtype_name(at::ScalarType t) {
@@ -770,6 +826,7 @@ struct SyncBNNode : public Node {
   std::array<SavedVariable, K> saved_;
   std::array<bool, K> kept_{};  // which slots hold a tensor (save)
   NodeConsts k;
+  std::unique_ptr<CommPin> pin_;  // the comm k.comm, for the nodes whose backward calls one
 
   // Slot i keeps t (an undefined t: nothing).
   void save(size_t i, const Tensor& t) {
@@ -958,6 +1015,7 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
     n->save(2, stats);
     n->k.eps = eps;
     n->k.comm = comm;
+    n->pin_ = std::make_unique<CommPin>(comm);
     n->k.has_bias = bias.has_value();
     torch::autograd::set_history(y, node);
   }
@@ -1112,6 +1170,7 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     n->k.eps = eps;
     n->k.slope = slope;
     n->k.comm = comm;
+    n->pin_ = std::make_unique<CommPin>(comm);
     n->k.activation = activation;
     n->k.has_bias = bias.has_value();
   }
@@ -1300,13 +1359,32 @@ __attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id) {
     std::lock_guard<std::mutex> lock(comms_mutex);
     auto it = comms.find(id);
     if (it == comms.end()) return -2;
-    owner = std::move(it->second.owner);
-    comms.erase(it);
+    owner = take_out(it);
   }
-  // out of the table: no call can take it any more, so a count of 1 stays 1
-  if (owner.use_count() > 1) return -1;
-  sbnComm_t h = owner->handle;
-  owner->handle = nullptr;
-  return static_cast<int>(api.comm_destroy(h));
+  return destroy_now(std::move(owner));
+}
+
+// syncbn.Comm collected by Python: as sbn_torch_comm_drop, unless an autograd node that
+// will call it lives (CommPin): then it stays, and the last such node destroys it (-3).
+__attribute__((visibility("default"))) int sbn_torch_comm_release(int64_t id) {
+  std::shared_ptr<CommOwner> owner;
+  {
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    auto it = comms.find(id);
+    if (it == comms.end()) return -2;
+    if (it->second.pins > 0) {
+      it->second.collected = true;
+      return -3;
+    }
+    owner = take_out(it);
+  }
+  return destroy_now(std::move(owner));
+}
+
+// Whether the comm `id` is in the table (live): tests see that a collected comm lives
+// while a node pins it, and not after.
+__attribute__((visibility("default"))) int sbn_torch_comm_live(int64_t id) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  return comms.count(id) ? 1 : 0;
 }
 }
