@@ -347,8 +347,9 @@ typedef struct {
 /* sbnForwardTrain with the epilogue: y = act(bn(x) + z). z: NULL (none) or this rank's
    tensor per desc. y == x and y == z are allowed (in place). epilogue: NULL means
    SBN_EPILOGUE_INITIALIZER (then this is sbnForwardTrain). Every rank of a team must
-   pass the same activation (it is part of the op's signature: ranks that differ get
-   sbnInvalidUsage). Every team runs it: CPU teams, and on GPU teams the cooperative
+   pass the same activation (its kind is part of the op's signature: ranks that differ get
+   sbnInvalidUsage; the slope is not exchanged: each rank's acts on its own elements, as
+   an activation module after the op would, and no statistic depends on it). Every team runs it: CPU teams, and on GPU teams the cooperative
    kernel's epilogue (SBN_ALGO=nccl: the host path's, the same bits); z 16-byte aligned
    like x for the 16-byte kernels (else the scalar ones run). */
 SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
@@ -361,14 +362,15 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
 /* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
    identity when x is given). dz: NULL, or where to write the residual's gradient
    dy * act'(y) (dz == dy allowed; dz == dx refused). x NULL: the in-place backward, which needs no copy of
-   x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with slope > 0: ReLU
-   is not invertible; and a forward without z: dz must be NULL), so bias is read then
-   (weight, bias NULL: affine=False); a channel whose |weight| < SBN_RECOVER_MIN_WEIGHT
-   divides by SBN_RECOVER_MIN_WEIGHT with weight's sign instead (+ for 0): its x_hat, and
-   so its dweight, is then scaled by |weight| / SBN_RECOVER_MIN_WEIGHT. Accuracy against
+   x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with slope >= FLT_MIN,
+   whose inverse is finite: ReLU is not invertible; and a forward without z: dz must be
+   NULL), so bias is read then (weight, bias NULL: affine=False). A channel whose |weight|
+   < SBN_RECOVER_MIN_WEIGHT keeps no x in y (weight 0: y is the bias), so its x_hat is
+   taken as 0: its dweight is 0 (a weight at 0 gets no gradient in place) and its dx
+   weight * invstd * (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against
    the x-based backward: bench/notes/tolerances.md (y must not underflow: a leaky slope
    so small that slope * v leaves the dtype's normal range loses x). Every rank must pass
-   the same activation and the same choice of x or y (a rank with n == 0 cannot check the
+   the same activation (kind; the slope as in sbnForwardTrainEx) and the same choice of x or y (a rank with n == 0 cannot check the
    in-place backward's conditions: where they fail, it waits for its peers, which refuse,
    and returns sbnTimeout). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y

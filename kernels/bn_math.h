@@ -189,8 +189,11 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
   return k;
 }
 
-/* dweight of a channel from its (local or team) sum dy * (x - mean). */
-SBN_HD float sbn_dweight(float sum_dy_xmu, float invstd) { return SBN_MUL(sum_dy_xmu, invstd); }
+/* dweight of a channel from its (local or team) sum dy * (x - mean), the team's count m:
+   0 for m == 0 (no values anywhere: an empty sum, also where eps = 0 made invstd inf). */
+SBN_HD float sbn_dweight(float sum_dy_xmu, float invstd, int64_t m) {
+  return m > 0 ? SBN_MUL(sum_dy_xmu, invstd) : 0.0f;
+}
 
 /* dx from x - mean (xmu) and the gradient dy reaching the normalization. */
 SBN_HD float sbn_backward_dx_xmu(sbn_bwd_coef_t k, float xmu, float dy) {
@@ -314,16 +317,14 @@ SBN_HD float sbn_act_inverse(int act, float inv_slope, float y) {
 }
 SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ? 1.0f / slope : 1.0f; }
 
-/* The weight that the in-place backward divides by: weight, or +-min_weight where
-   |weight| < min_weight (SBN_RECOVER_MIN_WEIGHT; + for 0). */
-SBN_HD float sbn_recover_weight(float weight, float min_weight) {
-  if (fabsf(weight) >= min_weight) return weight;
-  return weight < 0.0f ? -min_weight : min_weight;
+/* The per-channel factor of the recovery: 1 / (weight * invstd); 0 where |weight| <
+   min_weight (SBN_RECOVER_MIN_WEIGHT): y keeps no x there (weight 0: y is the bias
+   rounded to the dtype, and any other so small a weight leaves x_hat below y's rounding,
+   which 1 / weight would blow up), so x_hat is taken as 0: dweight 0, dx weight * invstd *
+   (g - mean(g)). A NaN weight stays NaN. */
+SBN_HD float sbn_recover_rcp(float weight, float min_weight, float invstd) {
+  return fabsf(weight) < min_weight ? 0.0f : 1.0f / SBN_MUL(weight, invstd);
 }
-
-/* The per-channel factor of the recovery: 1 / (w_eff * invstd), w_eff the clamped weight
-   (sbn_recover_weight). */
-SBN_HD float sbn_recover_rcp(float w_eff, float invstd) { return 1.0f / SBN_MUL(w_eff, invstd); }
 
 /* x - mean recovered from the forward's output: (act^-1(y) - bias) * rcp, rcp =
    sbn_recover_rcp's: two products and a difference per element, no division (each

@@ -570,7 +570,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
           sm.coef[slot][3] = kc.scale;
           const float sdy = R.grad_global ? v[0] : mine[0];
           const float sdx = R.grad_global ? v[1] : mine[1];
-          sm.extra[slot][0] = sbn_dweight(sdx, invstd);
+          sm.extra[slot][0] = sbn_dweight(sdx, invstd, m);
           sm.extra[slot][1] = sdy;
         }
       }

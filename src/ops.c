@@ -1,6 +1,7 @@
 /* ops.c — the public op entry points: argument checks (before anything is written or
  * queued), the backend's own checks (its table's prepare), then either queueing in the
  * open group or running at once (both group.c's: ops.c uses group.c, never the reverse). */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,11 +117,17 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: y (the forward's output) is required for the activation's gradient", fn);
     if (recover && has_data) {
-      if (op->act == sbnActivationRelu || (op->act == sbnActivationLeakyRelu && !(op->slope > 0.0f)))
+      if (op->act == sbnActivationRelu)
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward (x NULL) recovers x from y, which needs an "
-                        "invertible activation (identity, or leaky ReLU with slope > 0): %s is not",
-                        fn, op->act == sbnActivationRelu ? "ReLU" : "leaky ReLU with slope 0");
+                        "invertible activation (identity, or leaky ReLU with slope > 0): ReLU is not", fn);
+      /* a slope below FLT_MIN (0, or subnormal) has no finite inverse */
+      if (op->act == sbnActivationLeakyRelu && !(op->slope >= FLT_MIN))
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: the in-place backward (x NULL) recovers x from y, which needs an "
+                        "invertible activation (identity, or leaky ReLU with slope > 0): leaky ReLU "
+                        "with slope %g is not%s", fn, (double)op->slope,
+                        op->slope > 0.0f ? " (below FLT_MIN: 1 / slope overflows)" : "");
       if (op->dz != NULL)
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward (x NULL) recovers x from y, which a residual z "

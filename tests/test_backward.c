@@ -194,19 +194,22 @@ static void test_dx_in_place(void) {
   }
 }
 
-/* M == 0: dweight = dbias = 0 in both modes; x, dy, dx NULL everywhere. */
+/* M == 0: dweight = dbias = 0 in both modes; x, dy, dx NULL everywhere; also with eps = 0,
+   where save_invstd is 1/sqrt(0) = inf and sum * invstd would be 0 * inf = NaN. */
 static void test_backward_all_empty(void) {
-  for (int gm = 0; gm < 2; gm++)
+  for (int gm = 0; gm < 4; gm++)
     for (int i = 0; i < 3; i++) {
       int W = kW[i * 2];
       int64_t n[MAXW] = {0};
       team_t t;
-      sbnParams_t p = params((sbnGradMode_t)gm), pf = SBN_PARAMS_DEFAULT;
-      team_make(&t, W, sbnFloat32, sbnLayoutNCHW, 3, 4, n, gm == 0, 1, GEN_NORMAL, 2600u + (uint64_t)i);
+      sbnParams_t p = params((sbnGradMode_t)(gm % 2)), pf = SBN_PARAMS_DEFAULT;
+      if (gm >= 2) p.eps = pf.eps = 0.0f;
+      team_make(&t, W, sbnFloat32, sbnLayoutNCHW, 3, 4, n, gm % 2 == 0, 1, GEN_NORMAL, 2600u + (uint64_t)i);
       ASSERT_OK(team_run(&t, 0, MODE_GROUP, 0, &pf));
       ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &p));
       for (int r = 0; r < W; r++)
         for (int ci = 0; ci < 3; ci++) {
+          ASSERT_TRUE(gm < 2 || isinf(t.sinv[r][ci]));
           ASSERT_TRUE(t.dw[r][ci] == 0.0f);
           ASSERT_TRUE(t.db[r][ci] == 0.0f);
         }

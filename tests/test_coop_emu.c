@@ -1553,6 +1553,16 @@ static void test_emulated_semantics(void) {
     for (int ci = 0; ci < 5; ci++) {
       ASSERT_TRUE(t.dw[0][ci] == 0.0f && t.db[1][ci] == 0.0f);
     }
+    /* eps = 0: save_invstd inf, dweight still 0 (not 0 * inf) */
+    sbnParams_t p0 = p;
+    p0.eps = 0.0f;
+    emu_run_virtual(&e, &t, 0, &p0);
+    ASSERT_TRUE(isinf(t.sinv[0][0]) && isinf(t.sinv[1][4]));
+    for (int r = 0; r < 2; r++) memset(t.dw[r], 0x7f, 5 * sizeof(float)); /* written again, or seen */
+    emu_run_virtual(&e, &t, 1, &p0);
+    for (int ci = 0; ci < 5; ci++) {
+      ASSERT_TRUE(t.dw[0][ci] == 0.0f && t.dw[1][ci] == 0.0f && t.db[1][ci] == 0.0f);
+    }
     emu_team_free(&e);
     team_free(&t);
   }

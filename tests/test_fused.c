@@ -368,35 +368,60 @@ static void test_inplace_backward_within_bound(void) {
   recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, GEN_OFFSET, seed++);
 }
 
-/* A channel whose weight is 0 (below SBN_RECOVER_MIN_WEIGHT): y is its bias, x_hat cannot
-   be recovered; the in-place backward divides by SBN_RECOVER_MIN_WEIGHT: its x_hat reads
-   0, so its dweight is 0 (the x-based one is not: what is lost, as documented), and its
-   dx is 0, as the x-based one (weight 0). A channel of weight -5e-6 divides by -1e-5: its
-   dweight is half the x-based one, with its sign. Channel 0 is unaffected. */
+/* Channels whose |weight| < SBN_RECOVER_MIN_WEIGHT: y keeps no x there (weight 0: y is
+   the bias rounded to the dtype), so the in-place backward takes x_hat = 0: dweight
+   exactly 0 (the x-based one is not: what is lost, as documented), and dx = weight *
+   invstd * (g - mean(g)), g = dy * act'(y) (exactly 0 for weight 0). Every dtype, identity
+   and leaky ReLU (slope 3: v = y / slope rounds), biases whose rounding to fp16/bf16 is
+   not exact: dividing y - bias by the weight (or by 1e-5) would give a dweight of
+   order |bias| u / 1e-5 (hundreds in bf16). Channel 0 is unaffected. */
 static void test_inplace_backward_zero_weight(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 3.0f}};
   int64_t n[MAXW] = {4, 3};
-  fused_t f;
-  fused_make(&f, 2, sbnFloat32, sbnLayoutNHWC, 3, 5, n, 1, 0, kEpis[0], 5450);
-  team_t* t = &f.t;
-  t->w[1] = 0.0f;
-  t->w[2] = -5e-6f; /* below SBN_RECOVER_MIN_WEIGHT: x_hat, dweight scaled by 5e-6 / 1e-5 = 0.5 */
-  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
-  ASSERT_OK(fused_run(&f, 2, 2, NULL));
-  ref_bwd_t o;
-  ref_backward(&f, &o);
-  for (int r = 0; r < 2; r++) {
-    EXPECT_TRUE(t->dw[r][1] == 0.0f);
-    EXPECT_TRUE(fabs(o.dw[r][1]) > 1e-3); /* what the x-based backward has */
-    for (int64_t ni = 0; ni < n[r]; ni++)
-      for (int64_t si = 0; si < 5; si++) EXPECT_TRUE(sbn_ref_load(t->dx[r], sbnFloat32, sbn_ref_index(&t->d[r], ni, 1, si)) == 0.0);
-    ASSERT_CLOSE(t->dw[r][0], o.dw[r][0], 1e-4, 1e-4);
-    /* its sign kept; 5 %: y holds weight * x_hat + bias to fp32's rounding of the bias
-       (~6e-8 |bias|), ~1 % of x_hat at |weight| 5e-6 (the in-place bound's |v| u / |w|) */
-    ASSERT_CLOSE(t->dw[r][2], 0.5 * o.dw[r][2], 1e-4, 5e-2);
-    EXPECT_TRUE(fabs(o.dw[r][2]) > 1e-3);
-  }
-  ref_free(&o, 2);
-  fused_free(&f);
+  uint64_t seed = 5450;
+  for (int d = 0; d < 3; d++)
+    for (int k = 0; k < 2; k++) {
+      fused_t f;
+      fused_make(&f, 2, dts[d], (sbnLayout_t)(k % 2), 3, 5, n, 1, 0, es[k], seed++);
+      team_t* t = &f.t;
+      t->w[1] = 0.0f;
+      t->w[2] = -5e-6f;
+      t->b[1] = 0.3f;
+      t->b[2] = -1.1f;
+      ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+      ASSERT_OK(fused_run(&f, 2, 2, NULL));
+      ref_bwd_t o;
+      ref_backward(&f, &o);
+      const double u = unit_roundoff(dts[d]);
+      tol_t tol = tol_for(dts[d]);
+      for (int64_t ci = 1; ci < 3; ci++) {
+        double sum_g = 0.0;
+        int64_t m = 0;
+        for (int r = 0; r < 2; r++)
+          for (int64_t i = 0; i < n[r] * 5; i++) sum_g += o.dz[r][sbn_ref_index(&t->d[r], i / 5, ci, i % 5)], m++;
+        for (int r = 0; r < 2; r++) {
+          EXPECT_TRUE(t->dw[r][ci] == 0.0f);
+          EXPECT_TRUE(fabs(o.dw[r][ci]) > 1e-3); /* what the x-based backward has */
+          ASSERT_CLOSE(t->db[r][ci], o.db[r][ci], tol.grad_atol, tol.grad_rtol);
+          const double k_dx = (double)t->w[ci] * t->sinv[0][ci];
+          for (int64_t i = 0; i < n[r] * 5; i++) {
+            const int64_t at = sbn_ref_index(&t->d[r], i / 5, ci, i % 5);
+            const double got = sbn_ref_load(t->dx[r], dts[d], at);
+            if (ci == 1) {
+              EXPECT_TRUE(got == 0.0);
+            } else { /* ~5e-6: fp16 holds it as a subnormal, to 2^-25 */
+              ASSERT_CLOSE(got, k_dx * (o.dz[r][at] - sum_g / (double)m), ldexp(1.0, -24), 4.0 * u);
+            }
+          }
+        }
+      }
+      if (dts[d] == sbnFloat32)
+        for (int r = 0; r < 2; r++) ASSERT_CLOSE(t->dw[r][0], o.dw[r][0], 1e-4, 1e-4);
+      ref_free(&o, 2);
+      fused_free(&f);
+      CHECK_();
+    }
 }
 
 /* What is refused, with nothing written: ReLU (not invertible) or a dz in the in-place
@@ -418,6 +443,10 @@ static void test_refusals(void) {
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "invertible") != NULL);
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &leaky0, NULL), sbnInvalidArgument);
+  sbnEpilogue_t leaky_sub = epilogue((epi_t){sbnActivationLeakyRelu, 1e-39f}); /* subnormal: 1 / slope = inf */
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &leaky_sub, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "below FLT_MIN") != NULL);
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], f.dz[0], t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "residual") != NULL);

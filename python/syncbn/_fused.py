@@ -67,9 +67,13 @@ def _epi(activation, slope):
 
 
 # ---- argument checks: the same in the real kernels and the fake ones ----------------------
+_FLT_MIN = 1.1754943508222875e-38  # float32's smallest normal number
+
+
 def check_activation(activation, slope, inplace, who, residual=False):
     """Refuses an unknown activation, a negative or non-finite slope, and what the
-    in-place backward cannot do (ReLU, slope 0, a residual), naming it (ValueError)."""
+    in-place backward cannot do (ReLU, slope 0 or below FLT_MIN, a residual), naming it
+    (ValueError)."""
     if activation not in _ACT_NAMES:
         raise ValueError(f"{who}: activation {activation!r}: 0 (identity), 1 (relu) or 2 (leaky_relu)")
     # the library takes the slope as a float32: judged as that value (1e39 is not finite
@@ -85,6 +89,10 @@ def check_activation(activation, slope, inplace, who, residual=False):
         if activation == LEAKY_RELU and slope32 == 0:
             raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not "
                              "invertible); use a slope > 0, or inplace=False")
+        if activation == LEAKY_RELU and slope32 < _FLT_MIN:
+            raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope {slope}: below float32's "
+                             "smallest normal number, 1 / slope overflows (the in-place backward divides by the "
+                             "slope); use a larger slope, or inplace=False")
         if residual:
             raise ValueError(f"{who}: the in-place mode cannot take a residual: x cannot be recovered from "
                              "act(batch_norm(x) + residual); use inplace=False for a layer with a residual")

@@ -74,7 +74,7 @@ typedef struct {
   int act;
   float slope;
   const float* bias;   /* [c], x NULL: the forward's bias (NULL: 0) */
-  const float* rcp;    /* [c], x NULL: sbn_recover_rcp of the clamped weight and save_invstd */
+  const float* rcp;    /* [c], x NULL: sbn_recover_rcp of the weight and save_invstd */
 } sbn_cpu_bwd_src_t;
 /* g and x - mean of `len` elements from element `at`, whose channel is ch (NCHW: the
    same for the run) or ch + i (nhwc: element i of the run). */

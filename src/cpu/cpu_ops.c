@@ -183,8 +183,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {
     for (int64_t ci = 0; ci < c; ci++)
-      rcp[ci] = sbn_recover_rcp(sbn_recover_weight(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT),
-                                op->save_invstd[ci]);
+      rcp[ci] = sbn_recover_rcp(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT, op->save_invstd[ci]);
     src.rcp = rcp;
   }
   sbnResult_t r = partials_and_exchange(op, &src, &peers);
@@ -203,7 +202,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
     sbn_bwd_sums_t mine = {me->local[2 * ci], me->local[2 * ci + 1]};
     sbn_bwd_sums_t grads = op->params.grad_mode == sbnGradGlobal ? g : mine;
     float invstd = op->save_invstd[ci];
-    if (op->dweight != NULL) op->dweight[ci] = sbn_dweight(grads.sum_dy_xmu, invstd);
+    if (op->dweight != NULL) op->dweight[ci] = sbn_dweight(grads.sum_dy_xmu, invstd, m);
     if (op->dbias != NULL) op->dbias[ci] = grads.sum_dy;
     k[ci] = sbn_backward_coefficients(g.sum_dy, g.sum_dy_xmu, m, op->save_mean[ci], invstd,
                                       op->weight ? op->weight[ci] : 1.0f);

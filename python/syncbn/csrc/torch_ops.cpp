@@ -559,7 +559,8 @@ const char* act_name(int64_t a) {
 }
 
 // _fused.check_activation: an unknown activation, a slope that is negative or not finite,
-// and what the in-place backward cannot take (ReLU, slope 0, a residual); ValueError.
+// and what the in-place backward cannot take (ReLU, slope 0 or below FLT_MIN, a residual);
+// ValueError.
 void check_activation(int64_t activation, double slope, bool inplace, const std::string& who, bool residual) {
   if (activation < sbnActivationIdentity || activation > sbnActivationLeakyRelu)
     fail_value(who + ": activation " + std::to_string(activation) + ": 0 (identity), 1 (relu) or 2 (leaky_relu)");
@@ -578,6 +579,10 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
   if (activation == sbnActivationLeakyRelu && slope32 == 0)
     fail_value(who + ": the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not invertible); use a "
                      "slope > 0, or inplace=False");
+  if (activation == sbnActivationLeakyRelu && slope32 < FLT_MIN)
+    fail_value(who + ": the in-place mode cannot take leaky_relu with slope " + py_float(slope) +
+               ": below float32's smallest normal number, 1 / slope overflows (the in-place backward divides by "
+               "the slope); use a larger slope, or inplace=False");
   if (residual)
     fail_value(who + ": the in-place mode cannot take a residual: x cannot be recovered from act(batch_norm(x) + "
                      "residual); use inplace=False for a layer with a residual");
