@@ -436,7 +436,10 @@ def _act_of(m):
     if type(m) is torch.nn.ReLU and _no_hooks(m):
         return "relu", 0.01
     if type(m) is torch.nn.LeakyReLU and _no_hooks(m):
-        return "leaky_relu", float(m.negative_slope)
+        slope = float(m.negative_slope)
+        # the library's slopes (finite and >= 0 as a float32); others stay unfused
+        if 0 <= slope <= 3.4028234663852886e38:
+            return "leaky_relu", slope
     return None
 
 
@@ -483,7 +486,7 @@ def _fuse(module, uses, inplace):
             # in place: an invertible activation, and nothing after it here that writes
             # over the output autograd keeps (an in-place module)
             keep_y = not getattr(nxt, "inplace", False)
-            ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] > 0
+            ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] >= _fused._FLT_MIN
             bn.set_activation(act[0], act[1], ip)
             module._modules[act_name] = torch.nn.Identity().train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])

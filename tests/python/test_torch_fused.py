@@ -365,6 +365,13 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(ValueError, r"slope 1e\+39"):
             _fused.batch_norm_act_infer(x, None, torch.zeros(3), torch.ones(3), None, None, 1e-5,
                                         syncbn.LEAKY_RELU, 1e39)
+        # a subnormal float32 (> 0, but 1 / slope overflows): the in-place backward's NaN
+        with self.assertRaisesRegex(ValueError, "slope 1e-39: below float32's smallest normal number"):
+            sbt.SyncBatchNorm(3, activation="leaky_relu", slope=1e-39, inplace=True)
+        with self.assertRaisesRegex(ValueError, "slope 1e-39: below float32's smallest normal number"):
+            _fused.batch_norm_act_train(x, None, None, None, None, None, None, 1e-5, 0.1, self.comm.id,
+                                        syncbn.LEAKY_RELU, 1e-39, True)
+        sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", slope=1e-39)(x)  # x-based: runs
         m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", slope=1e-30, inplace=True)
         m(torch.randn(2, 3, 4) + 1).sum().backward()  # 1e-30 is a float32 > 0: invertible, runs
 
@@ -745,6 +752,13 @@ class TestConvert(TeamOfOne):
         shared = sbt.SyncBatchNorm(4, comm=self.comm)
         twice = nn.Sequential(nn.Conv2d(3, 4, 1), shared, nn.ReLU(), nn.Conv2d(4, 4, 1), shared)
         self.assertEqual(fused_layers(sbt.convert_fused(twice, comm=self.comm)), [])
+
+        # a slope the library does not take (negative: PyTorch's LeakyReLU takes it)
+        neg = nn.Sequential(nn.BatchNorm2d(4), nn.LeakyReLU(-0.5))
+        randomize_bn(neg)
+        c = sbt.convert_fused(copy.deepcopy(neg), comm=self.comm)
+        self.assertEqual(fused_layers(c), [])
+        self._matches(neg, torch.randn(2, 4, 5, 5), c, steps=1)
 
         hooked = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU())
         seen = []
