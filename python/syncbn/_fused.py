@@ -43,7 +43,7 @@ import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
-                   _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _same_device, _stream,
+                   _copy_format, _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _same_device, _stream,
                    _vectors, _write_back)
 
 _LIB = _capi.lib
@@ -103,7 +103,18 @@ def _layout_of(x):
     if x.is_contiguous():
         return NCHW
     fmt = _channels_last(x)
-    return NHWC if fmt is not None and x.is_contiguous(memory_format=fmt) else NCHW
+    if fmt is not None and x.is_contiguous(memory_format=fmt):
+        return NHWC
+    return NCHW if _copy_format(x) is torch.contiguous_format else NHWC
+
+
+def residual_like(z, x):
+    """z as the fused ops take it as x's residual: in x's dtype, and dense in the layout
+    the library reads x in (z itself where it is already)."""
+    if z.dtype != x.dtype:
+        z = z.to(x.dtype)
+    fmt = torch.contiguous_format if _layout_of(x) == NCHW else _channels_last(x)
+    return z if z.is_contiguous(memory_format=fmt) else z.contiguous(memory_format=fmt)
 
 
 def _format_name(t):

@@ -104,17 +104,36 @@ def _channels_last(x):
     return _CHANNELS_LAST.get(x.dim())
 
 
+def _copy_format(x):
+    """The memory format of a dense copy of x (not dense itself): channels_last(_3d) where
+    x's strides have its order, as PyTorch's suggest_memory_format (and so nn.BatchNorm2d's
+    output for a cropped channels_last tensor) decides it, else contiguous."""
+    fmt = _channels_last(x)
+    if fmt is None or x.stride(1) == 0:
+        return torch.contiguous_format
+    low = 0
+    for d in (1, 3, 2, 0) if x.dim() == 4 else (1, 4, 3, 2, 0):
+        size, stride = x.size(d), x.stride(d)
+        # an empty dim, strides out of order, or N's stride equal to C's (ambiguous): contiguous
+        if size == 0 or stride < low or (d == 0 and low == x.stride(1)):
+            return torch.contiguous_format
+        low = stride * size if size > 1 else stride
+    return fmt
+
+
 def _dense(x):
     """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
-    channels_last (3d) one, else a contiguous copy (NCHW). A tensor that is both (an empty
-    batch, 1x1 planes, one channel) is NCHW: the library matches such a rank's layout to
-    its peers' (its bytes are the same either way)."""
+    channels_last (3d) one, else a dense copy in _copy_format's format (a crop of a
+    channels_last tensor stays channels_last). A tensor that is both (an empty batch, 1x1
+    planes, one channel) is NCHW: the library matches such a rank's layout to its peers'
+    (its bytes are the same either way)."""
     if x.is_contiguous():
         return x, NCHW
     fmt = _channels_last(x)
     if fmt is not None and x.is_contiguous(memory_format=fmt):
         return x, NHWC
-    return x.contiguous(), NCHW
+    fmt = _copy_format(x)
+    return x.contiguous(memory_format=fmt), NCHW if fmt is torch.contiguous_format else NHWC
 
 
 _TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")

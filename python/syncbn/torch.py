@@ -28,6 +28,7 @@ collectives do (its process group's timeout).
 
 import inspect
 import threading
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -222,7 +223,9 @@ class SyncBatchNorm(_BatchNorm):
         if not self.training:
             if self.running_mean is None:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
-                # this rank's own batch, no sync (PyTorch's op, as there)
+                # this rank's own batch, no sync (PyTorch's op, as there); the residual
+                # refused where the operators refuse it (a broadcast shape, ...)
+                _fused._check_residual(input, residual, "torch.SyncBatchNorm")
                 y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
                 return _epilogue(y, residual, act, self._slope) if fused else y
             _check_dtype(input)
@@ -380,6 +383,13 @@ def _same_code(f, g):
         "co_code", "co_names", "co_varnames", "co_consts", "co_argcount", "co_kwonlyargcount", "co_freevars"))
 
 
+def _global_hooks():
+    """Whether a global module hook is registered (it sees every module's input or output)."""
+    mod = torch.nn.modules.module
+    return any(getattr(mod, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                                     "_global_backward_hooks", "_global_backward_pre_hooks"))
+
+
 def _no_hooks(m):
     return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None))
@@ -399,7 +409,7 @@ class _FusedBlock(torch.nn.Module):
         for name, value in vars(block).items():  # stride, downsample None, ...
             if not name.startswith("_") and name != "training" and name not in self._modules:
                 setattr(self, name, value)
-        self.train(block.training)
+        self.training = block.training  # its own only: each child keeps its mode (a frozen bn stays in eval)
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
 
     def forward(self, x):
@@ -410,6 +420,10 @@ class _FusedBlock(torch.nn.Module):
             if i < last:
                 out = getattr(self, bn)(out)  # its ReLU fused
         identity = x if self.downsample is None else self.downsample(x)
+        # torchvision's `out += identity` takes any strides and dtype; the fused layer reads
+        # the residual as it reads its input: a copy in out's memory format, and out's dtype
+        # (autocast's fp32 block input against a bf16 conv output: rounded once more)
+        identity = _fused.residual_like(identity, out)
         return getattr(self, self._convs[last][1])(out, identity)  # ReLU(bn(out) + identity)
 
 
@@ -483,9 +497,14 @@ def _fuse(module, uses, inplace):
             if act is None or not _fusable_bn(bn, uses):
                 continue
             nxt = kids[i + 2][1] if i + 2 < len(kids) else None
+            # the fused layer's backward keeps its output, as nn.ReLU and
+            # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so an in-place
+            # module after it may write over the output: such a pair stays as it is
+            keep_y = not getattr(nxt, "inplace", False)
+            if act[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
+                continue
             # in place: an invertible activation, and nothing after it here that writes
             # over the output autograd keeps (an in-place module)
-            keep_y = not getattr(nxt, "inplace", False)
             ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] >= _fused._FLT_MIN
             bn.set_activation(act[0], act[1], ip)
             module._modules[act_name] = torch.nn.Identity().train(act_mod.training)
@@ -505,13 +524,22 @@ def convert_fused(module, process_group=None, comm=None, inplace=False):
 
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation
-    class, blocks of any other code. ``inplace=True``: the fused leaky ReLU layers (slope
-    > 0) not followed by an in-place module become in-place (autograd keeps their output
-    only); ReLU layers and residuals cannot (not invertible) and stay as they are."""
+    class or a slope the library does not take (negative), an ``nn.LeakyReLU()`` followed
+    by an in-place module (the fused layer keeps its output for the backward, as nn.ReLU
+    and nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input), blocks of any other
+    code; everything while a global module hook is registered (with a RuntimeWarning).
+    ``inplace=True``: the fused leaky ReLU layers (slope > 0) not followed by an in-place
+    module become in-place (autograd keeps their output only); ReLU layers and residuals
+    cannot (not invertible) and stay as they are."""
     # hooks on the batch norms before their conversion (which, as PyTorch's, does not
     # carry them over): a hook sees the output, so such a layer keeps it to itself
     hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]
     module = convert_sync_batchnorm(module, process_group, comm)
+    if _global_hooks():
+        warnings.warn("syncbn.torch.convert_fused: a global module hook is registered "
+                      "(torch.nn.modules.module.register_module_forward_hook, ...): it sees every batch "
+                      "norm's output, which fusing would change, so nothing is fused", RuntimeWarning, stacklevel=2)
+        return module
     uses = {}
     for _, m in module.named_modules(remove_duplicate=False):
         uses[id(m)] = uses.get(id(m), 0) + 1

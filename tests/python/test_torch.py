@@ -179,6 +179,43 @@ class TestTorch(unittest.TestCase):
                 for c in comms:
                     c.destroy()
 
+    def test_cropped_channels_last_stays_channels_last(self):
+        """A crop of a channels_last tensor (not dense) is read from a channels_last copy,
+        as nn.BatchNorm2d keeps its format: its output is channels_last, and it runs with
+        peers whose inputs are dense channels_last (it was an NCHW copy: "op mismatch").
+        A channels_last residual is the fused layer's match for it."""
+        torch.manual_seed(5)
+        cl = torch.channels_last
+        big = (torch.randn(3, 4, 7, 7, dtype=torch.float64) + 2).contiguous(memory_format=cl)
+        xs = [big[..., :5, :5], (torch.randn(2, 4, 5, 5, dtype=torch.float64) - 1).contiguous(memory_format=cl)]
+        self.assertFalse(xs[0].is_contiguous() or xs[0].is_contiguous(memory_format=cl))
+        comms = syncbn.cpu_team(2, timeout_ms=60000)
+        try:
+            for kw in ({}, {"activation": "relu"}):
+                layers = [sbt.SyncBatchNorm(4, comm=c, **kw) for c in comms]
+                xin = [big.float()[..., :5, :5].requires_grad_(), xs[1].float().requires_grad_()]
+                self.assertFalse(xin[0].is_contiguous(memory_format=cl))
+                ys = [None, None]
+
+                def rank(r):
+                    z = torch.zeros_like(xin[r]).contiguous(memory_format=cl) if kw else None
+                    ys[r] = layers[r](xin[r]) if z is None else layers[r](xin[r], z)
+                    ys[r].sum().backward()
+
+                self.assertEqual(run_ranks(2, rank), [None, None])
+                X = torch.cat([x.float().double() for x in xs]).requires_grad_()
+                Y = torch.nn.functional.batch_norm(X, None, None, training=True)
+                if kw:
+                    Y = torch.relu(Y)
+                Y.sum().backward()
+                self.assertTrue(ys[0].is_contiguous(memory_format=cl), kw)
+                torch.testing.assert_close(torch.cat([y.double() for y in ys]).detach(), Y.detach(),
+                                           rtol=3e-5, atol=3e-5)
+                torch.testing.assert_close(torch.cat([x.grad.double() for x in xin]), X.grad, rtol=1e-4, atol=1e-4)
+        finally:
+            for c in comms:
+                c.destroy()
+
     def test_wider_than_the_team(self):
         """A layer wider than its team's max_channels: a ValueError that names the team's
         max_channels, nothing written; a team made wide enough takes it."""

@@ -387,6 +387,16 @@ class TestRefusals(TeamOfOne):
             _fused.batch_norm_act_backward(x, None, x, None, None, torch.zeros(2, 3), 1e-5, self.comm.id,
                                            syncbn.RELU, 0.01, True, False, False)
 
+    def test_residual_refused_alike_in_eval_without_running_stats(self):
+        """Eval without running statistics is PyTorch's batch norm, but its residual is
+        refused as the operators refuse it (here, a broadcast shape)."""
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="relu", track_running_stats=False)
+        x = torch.randn(2, 3, 4, 4)
+        for mode in (m.train, m.eval):
+            mode()
+            with self.assertRaisesRegex(RuntimeError, r"residual has shape \(1, 3, 1, 1\)"):
+                m(x, torch.randn(1, 3, 1, 1))
+
     def test_bad_residual_named(self):
         m = sbt.SyncBatchNorm(3, comm=self.comm, activation="relu")
         x = torch.randn(2, 3, 4, 4)
@@ -679,6 +689,9 @@ class TestConvert(TeamOfOne):
             (y.double() * g).sum().backward()
             (Y * g).sum().backward()
         for (n, p), (_, q) in zip(converted.named_parameters(), ref.named_parameters()):
+            if q.grad is None:  # frozen
+                self.assertIsNone(p.grad, n)
+                continue
             torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
         for (n, b), (_, q) in zip(converted.named_buffers(), ref.named_buffers()):
             torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
@@ -733,8 +746,61 @@ class TestConvert(TeamOfOne):
         self.assertIn(nn.Identity, {type(m) for m in conv.modules()})
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(), nn.Dropout(0.0, inplace=True)),
                                 comm=self.comm, inplace=True)
-        self.assertFalse(seq[0].inplace)  # an in-place module after it would write over the saved y
-        self.assertEqual(seq[0].activation, "leaky_relu")
+        # an in-place module after nn.LeakyReLU() would write over the output the fused
+        # layer keeps (nn.LeakyReLU() keeps its input): left alone, and it trains
+        self.assertEqual(fused_layers(seq), [])
+        self.assertIsInstance(seq[1], nn.LeakyReLU)
+        seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(), nn.Dropout(0.5, inplace=True)),
+                                comm=self.comm)
+        self.assertEqual(fused_layers(seq), [])
+        seq(torch.randn(4, 3, 5).requires_grad_()).sum().backward()
+        # nn.LeakyReLU(inplace=True) keeps its output, as the fused layer does: fused
+        seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(inplace=True), nn.Dropout(0.0)),
+                                comm=self.comm, inplace=True)
+        self.assertEqual(fused_layers(seq), [("0", "leaky_relu", True)])
+
+    def test_blocks_keep_modes_and_take_any_input(self):
+        """A fused block keeps each child's training mode (a frozen batch norm in eval stays
+        so), and takes the inputs torchvision's `out += identity` takes: another memory
+        format than its convolutions' output, a strided view, autocast's dtype."""
+        torch.manual_seed(4)
+        block = BasicBlock(4, 4)
+        randomize_bn(block)
+        block.bn1.eval().requires_grad_(False)  # frozen, as fine-tuning does
+        model = nn.Sequential(block)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIsInstance(conv[0], sbt.FusedBasicBlock)
+        self.assertEqual([n for n, m in conv.named_modules() if not m.training], ["0.bn1"])
+        self._matches(model, torch.randn(2, 4, 5, 5), conv)  # bn1's running statistics unchanged
+
+        for cl_model, x in ((True, torch.randn(2, 4, 5, 5)),  # channels_last convolutions, contiguous input
+                            (False, torch.randn(2, 4, 5, 5).transpose(2, 3))):  # a strided view
+            model = nn.Sequential(BasicBlock(4, 4), Bottleneck(4, 1))
+            randomize_bn(model)
+            if cl_model:
+                model = model.to(memory_format=torch.channels_last)
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+            self._matches(model, x, conv, steps=1)
+
+        model = nn.Sequential(BasicBlock(4, 4))
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        x = torch.randn(2, 4, 5, 5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 convolutions, an fp32 block input
+            y, Y = conv(x), model(x)
+        self.assertEqual(y.dtype, Y.dtype)
+        # the residual rounded to bf16 before the add, not after: within two bf16 roundings
+        torch.testing.assert_close(y.float(), Y.float(), rtol=2e-2, atol=2e-2)
+
+    def test_global_hook_fuses_nothing(self):
+        handle = nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+        try:
+            with self.assertWarnsRegex(RuntimeWarning, "global module hook"):
+                conv = sbt.convert_fused(resnet_like(), comm=self.comm)
+        finally:
+            handle.remove()
+        self.assertEqual(fused_layers(conv), [])
+        self.assertFalse(any(isinstance(m, sbt.FusedBasicBlock) for m in conv.modules()))
 
     def test_left_alone(self):
         """What fusing would change is not fused: a batch norm used elsewhere (twice in the

@@ -575,6 +575,36 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "differentiate twice|not differentiable"):
             (gx ** 2).sum().backward()
 
+    def test_eval_double_backward(self):
+        """An evaluated layer (no exchange: torch ops in its backward) is twice
+        differentiable, as nn.BatchNorm2d in eval is (gradient penalties, MAML with a frozen
+        batch norm): both kinds of operators, plain and fused, against float64 PyTorch."""
+        torch.manual_seed(6)
+        ref = torch.nn.BatchNorm2d(3).double().eval()
+        with torch.no_grad():
+            ref.running_mean.uniform_(-1, 1)
+            ref.running_var.uniform_(0.5, 2)
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.uniform_(-0.5, 0.5)
+        x0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}):
+            with self.subTest(**kw):
+                m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
+                m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+                m.eval()
+                ref.zero_grad()
+                out = []
+                for layer, x in ((m, x0.float().requires_grad_()), (None, x0.clone().requires_grad_())):
+                    y = layer(x) if layer is not None else ref(x)
+                    if layer is None and kw:
+                        y = torch.nn.functional.leaky_relu(y, 0.2)
+                    gx, = torch.autograd.grad((y.double() ** 3).sum(), x, create_graph=True)
+                    (gx.double() ** 2).sum().backward()
+                    w = m.weight if layer is not None else ref.weight
+                    out.append((gx.detach().double(), x.grad.double(), w.grad.double()))
+                for got, want in zip(*out):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
     def test_func_grad_says_why(self):
         """torch.func.grad differentiates the backward (it needs the double backward the
         layer does not have): the C++ operators' error says so; the Python ones' is

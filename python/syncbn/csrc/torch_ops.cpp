@@ -307,12 +307,15 @@ optional<at::MemoryFormat> channels_last(const Tensor& x) {
 }
 
 // x as the library reads it: NCHW if contiguous, NHWC if channels_last(_3d), else a
-// contiguous copy (NCHW). A tensor that is both (an empty batch, 1x1 planes, one channel)
-// is NCHW: the library matches such a rank's layout to its peers' (the same bytes).
+// dense copy in the format PyTorch suggests for x (a crop of a channels_last tensor stays
+// channels_last; _ops.py's _copy_format). A tensor that is both (an empty batch, 1x1
+// planes, one channel) is NCHW: the library matches such a rank's layout to its peers'
+// (the same bytes).
 std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
   if (x.is_contiguous()) return {x, sbnLayoutNCHW};
   auto fmt = channels_last(x);
   if (fmt && x.is_contiguous(*fmt)) return {x, sbnLayoutNHWC};
+  if (fmt && x.suggest_memory_format() == *fmt) return {x.contiguous(*fmt), sbnLayoutNHWC};
   return {x.contiguous(), sbnLayoutNCHW};
 }
 
@@ -591,7 +594,7 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
 sbnLayout_t layout_of(const Tensor& x) {  // the layout the library reads x in (dense(), without copying)
   if (x.is_contiguous()) return sbnLayoutNCHW;
   auto fmt = channels_last(x);
-  return fmt && x.is_contiguous(*fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
+  return fmt && (x.is_contiguous(*fmt) || x.suggest_memory_format() == *fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
 }
 
 std::string format_name(const Tensor& t) {
@@ -1080,9 +1083,7 @@ struct InferBackward : public SyncBNNode<InferBackward, 4> {
     const Tensor g = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
     const InferGrads r =
         infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[1], k.has_bias && need[2]);
-    variable_list out{r.dx, r.dw, r.db};
-    once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
-    return out;
+    return {r.dx, r.dw, r.db};  // torch ops: differentiable (create_graph), as nn.BatchNorm2d's eval backward
   }
 };
 
@@ -1227,9 +1228,7 @@ struct InferActBackward : public SyncBNNode<InferActBackward, 5> {
         infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[2], k.has_bias && need[3]);
     Tensor dz;
     if (need[1]) dz = g.to(x.scalar_type());
-    variable_list out{r.dx, dz, r.dw, r.db};
-    once_differentiable(out, grads[0].defined() ? grads[0] : Tensor(), x, w);
-    return out;
+    return {r.dx, dz, r.dw, r.db};  // torch ops: differentiable, as InferBackward's
   }
 };
 
