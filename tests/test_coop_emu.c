@@ -1246,7 +1246,7 @@ static void test_fused_vs_cpu(void) {
         team_make(&cpu, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n,
                   cases[i].affine, 1, GEN_NORMAL, seed);
         if (epis[k].recover && cases[i].affine && cases[i].c >= 2) {
-          /* weights below SBN_RECOVER_MIN_WEIGHT: the clamp, with the weight's sign */
+          /* weights below SBN_RECOVER_MIN_WEIGHT: x_hat taken as 0 (dweight 0), as the CPU team */
           g.w[0] = cpu.w[0] = 3e-6f;
           g.w[1] = cpu.w[1] = -2e-6f;
         }
