@@ -349,9 +349,10 @@ typedef struct {
    SBN_EPILOGUE_INITIALIZER (then this is sbnForwardTrain). Every rank of a team must
    pass the same activation (its kind is part of the op's signature: ranks that differ get
    sbnInvalidUsage; the slope is not exchanged: each rank's acts on its own elements, as
-   an activation module after the op would, and no statistic depends on it). Every team runs it: CPU teams, and on GPU teams the cooperative
-   kernel's epilogue (SBN_ALGO=nccl: the host path's, the same bits); z 16-byte aligned
-   like x for the 16-byte kernels (else the scalar ones run). */
+   an activation module after the op would, and no statistic depends on it). Every team
+   runs it: CPU teams, and on GPU teams the cooperative kernel's epilogue (SBN_ALGO=nccl:
+   the host path's, the same bits); z 16-byte aligned like x for the 16-byte kernels
+   (else the scalar ones run). */
 SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
                                       const void* z, void* y, const float* weight,
                                       const float* bias, float* running_mean, float* running_var,
@@ -361,17 +362,19 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
 
 /* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
    identity when x is given). dz: NULL, or where to write the residual's gradient
-   dy * act'(y) (dz == dy allowed; dz == dx refused). x NULL: the in-place backward, which needs no copy of
-   x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with slope >= FLT_MIN,
-   whose inverse is finite: ReLU is not invertible; and a forward without z: dz must be
-   NULL), so bias is read then (weight, bias NULL: affine=False). A channel whose |weight|
-   < SBN_RECOVER_MIN_WEIGHT keeps no x in y (weight 0: y is the bias), so its x_hat is
-   taken as 0: its dweight is 0 (a weight at 0 gets no gradient in place) and its dx
-   weight * invstd * (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against
-   the x-based backward: bench/notes/tolerances.md (y must not underflow: a leaky slope
-   so small that slope * v leaves the dtype's normal range loses x). Every rank must pass
-   the same activation (kind; the slope as in sbnForwardTrainEx) and the same choice of x or y (a rank with n == 0 cannot check the
-   in-place backward's conditions: where they fail, it waits for its peers, which refuse,
+   dy * act'(y) (dz == dy allowed; dz == dx refused). x NULL: the in-place backward, which
+   needs no copy of x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with a
+   slope >= FLT_MIN: ReLU is not invertible, and a subnormal slope loses x's bits; and a
+   forward without z: dz must be NULL), so bias is read then (weight, bias NULL:
+   affine=False). By policy, a channel whose |weight| < SBN_RECOVER_MIN_WEIGHT has its
+   x_hat taken as 0 (with weight 0, y is the bias and keeps no x; below the threshold,
+   dividing y - bias by the weight turns y's rounding of the bias into x_hat): its dweight
+   is 0 (a weight at 0 gets no gradient in place) and its dx weight * invstd *
+   (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against the x-based
+   backward: bench/notes/tolerances.md (y must not underflow: a leaky slope so small that
+   slope * v leaves the dtype's normal range loses x). Every rank must pass the same
+   activation (kind; the slope as in sbnForwardTrainEx) and the same choice of x or y (a
+   rank with n == 0 cannot check the in-place backward's conditions: where they fail, it waits for its peers, which refuse,
    and returns sbnTimeout). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and

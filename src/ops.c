@@ -3,6 +3,7 @@
  * open group or running at once (both group.c's: ops.c uses group.c, never the reverse). */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,17 +118,17 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: y (the forward's output) is required for the activation's gradient", fn);
     if (recover && has_data) {
-      if (op->act == sbnActivationRelu)
+      /* leaky ReLU's slope below FLT_MIN: 0 is ReLU; a subnormal one loses x's bits in
+         slope * v, and 1 / slope overflows below ~2.9e-39 */
+      if (op->act == sbnActivationRelu ||
+          (op->act == sbnActivationLeakyRelu && !(op->slope >= FLT_MIN))) {
+        char what[64] = "ReLU";
+        if (op->act == sbnActivationLeakyRelu)
+          snprintf(what, sizeof what, "leaky ReLU with slope %g", (double)op->slope);
         return sbn_fail(comm, sbnInvalidArgument,
-                        "%s: the in-place backward (x NULL) recovers x from y, which needs an "
-                        "invertible activation (identity, or leaky ReLU with slope > 0): ReLU is not", fn);
-      /* a slope below FLT_MIN (0, or subnormal) has no finite inverse */
-      if (op->act == sbnActivationLeakyRelu && !(op->slope >= FLT_MIN))
-        return sbn_fail(comm, sbnInvalidArgument,
-                        "%s: the in-place backward (x NULL) recovers x from y, which needs an "
-                        "invertible activation (identity, or leaky ReLU with slope > 0): leaky ReLU "
-                        "with slope %g is not%s", fn, (double)op->slope,
-                        op->slope > 0.0f ? " (below FLT_MIN: 1 / slope overflows)" : "");
+                        "%s: the in-place backward (x NULL) recovers x from y, which needs an invertible "
+                        "activation (identity, or leaky ReLU with a slope >= FLT_MIN): %s is not", fn, what);
+      }
       if (op->dz != NULL)
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward (x NULL) recovers x from y, which a residual z "

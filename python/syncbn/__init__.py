@@ -341,8 +341,7 @@ class Comm:
         if self._h.value:
             h, self._h = self._h, ctypes.c_void_p()
             with Comm._native_lock:  # the C++ operators own it: destroyed now, or after their call using it
-                native = Comm._native
-                r = -2 if native is None else native.comm_release(self.id) if collected else native.comm_drop(self.id)
+                r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
             if r == -2:
                 _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
             elif r > 0:

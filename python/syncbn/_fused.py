@@ -43,8 +43,8 @@ import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
-                   _copy_format, _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _same_device, _stream,
-                   _vectors, _write_back)
+                   _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _read_format,
+                   _same_device, _stream, _vectors, _write_back)
 
 _LIB = _capi.lib
 _fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
@@ -70,42 +70,40 @@ def _epi(activation, slope):
 _FLT_MIN = 1.1754943508222875e-38  # float32's smallest normal number
 
 
+def slope32(slope):
+    """The slope as the library takes it, a float32 (1e39 is inf there, 1e-320 is 0)."""
+    return ctypes.c_float(slope).value if math.isfinite(slope) else slope
+
+
+def takes_slope(slope):
+    """Whether the library takes the slope: finite and >= 0 as a float32."""
+    s = slope32(slope)
+    return math.isfinite(s) and s >= 0
+
+
 def check_activation(activation, slope, inplace, who, residual=False):
     """Refuses an unknown activation, a negative or non-finite slope, and what the
     in-place backward cannot do (ReLU, slope 0 or below FLT_MIN, a residual), naming it
     (ValueError)."""
     if activation not in _ACT_NAMES:
         raise ValueError(f"{who}: activation {activation!r}: 0 (identity), 1 (relu) or 2 (leaky_relu)")
-    # the library takes the slope as a float32: judged as that value (1e39 is not finite
-    # there, 1e-320 is 0)
-    slope32 = ctypes.c_float(slope).value if math.isfinite(slope) else slope
-    if not math.isfinite(slope32) or slope32 < 0:
+    if not takes_slope(slope):
         raise ValueError(f"{who}: slope {slope}: leaky ReLU's negative slope must be finite and >= 0 (as a float32)")
     if inplace:
         if activation == RELU:
             raise ValueError(f"{who}: the in-place mode cannot take ReLU: ReLU is not invertible (its output "
                              "loses x where it is 0, and the in-place backward recovers x from the output); "
                              "use leaky_relu with a slope > 0, or inplace=False")
-        if activation == LEAKY_RELU and slope32 == 0:
+        if activation == LEAKY_RELU and slope32(slope) == 0:
             raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope 0 (that is ReLU: not "
                              "invertible); use a slope > 0, or inplace=False")
-        if activation == LEAKY_RELU and slope32 < _FLT_MIN:
+        if activation == LEAKY_RELU and slope32(slope) < _FLT_MIN:
             raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope {slope}: below float32's "
-                             "smallest normal number, 1 / slope overflows (the in-place backward divides by the "
-                             "slope); use a larger slope, or inplace=False")
+                             "smallest normal number (slope * v loses x's bits, and the in-place backward's "
+                             "1 / slope overflows below ~2.9e-39); use a larger slope, or inplace=False")
         if residual:
             raise ValueError(f"{who}: the in-place mode cannot take a residual: x cannot be recovered from "
                              "act(batch_norm(x) + residual); use inplace=False for a layer with a residual")
-
-
-def _layout_of(x):
-    """The layout the library reads x in (as _dense, without copying)."""
-    if x.is_contiguous():
-        return NCHW
-    fmt = _channels_last(x)
-    if fmt is not None and x.is_contiguous(memory_format=fmt):
-        return NHWC
-    return NCHW if _copy_format(x) is torch.contiguous_format else NHWC
 
 
 def residual_like(z, x):
@@ -113,7 +111,7 @@ def residual_like(z, x):
     the library reads x in (z itself where it is already)."""
     if z.dtype != x.dtype:
         z = z.to(x.dtype)
-    fmt = torch.contiguous_format if _layout_of(x) == NCHW else _channels_last(x)
+    fmt = _read_format(x)[0]
     return z if z.is_contiguous(memory_format=fmt) else z.contiguous(memory_format=fmt)
 
 
@@ -135,10 +133,9 @@ def _check_residual(x, z, who):
                            f"{tuple(x.shape)}: they must be equal")
     if z.dtype != x.dtype:
         raise TypeError(f"syncbn.{who}: the residual is {z.dtype} and the input {x.dtype}: they must be equal")
-    layout = _layout_of(x)
-    ok = z.is_contiguous() if layout == NCHW else z.is_contiguous(memory_format=_channels_last(x))
-    if not ok:
-        read = "contiguous" if layout == NCHW else "channels_last"
+    fmt = _read_format(x)[0]
+    if not z.is_contiguous(memory_format=fmt):
+        read = "contiguous" if fmt is torch.contiguous_format else "channels_last"
         raise RuntimeError(f"syncbn.{who}: the residual's memory format ({_format_name(z)}) differs from the "
                            f"input's ({read}, as the library reads it): the residual must be {read} too")
 

@@ -204,28 +204,24 @@ class Native:
         so.sbn_torch_bind(*fns)
         so.sbn_torch_comm_put.restype = None
         so.sbn_torch_comm_put.argtypes = [ctypes.c_int64, p, ctypes.c_int, ctypes.c_char_p]
-        for f in (so.sbn_torch_comm_drop, so.sbn_torch_comm_release, so.sbn_torch_comm_live):
-            f.restype = ctypes.c_int
-            f.argtypes = [ctypes.c_int64]
+        so.sbn_torch_comm_drop.restype = ctypes.c_int
+        so.sbn_torch_comm_drop.argtypes = [ctypes.c_int64, ctypes.c_int]
+        so.sbn_torch_comm_live.restype = ctypes.c_int
+        so.sbn_torch_comm_live.argtypes = [ctypes.c_int64]
         self.path = str(path)
-        self._put, self._drop = so.sbn_torch_comm_put, so.sbn_torch_comm_drop
-        self._release, self.comm_live = so.sbn_torch_comm_release, so.sbn_torch_comm_live
+        self._put, self._drop, self.comm_live = so.sbn_torch_comm_put, so.sbn_torch_comm_drop, so.sbn_torch_comm_live
 
     def comm_put(self, comm):
         """Hands the live comm over: the operators destroy it from now on (comm_drop)."""
         self._put(comm.id, comm._h.value, int(comm.host), comm._transport.encode())
 
-    def comm_drop(self, comm_id):
+    def comm_drop(self, comm_id, collected=False):
         """Takes comm_id out of the table and destroys it, at once (sbnCommDestroy's result)
         or, when an operator call is using it, when that call returns (-1); -2 when it was
-        never handed over (the caller destroys it)."""
-        return self._drop(comm_id)
-
-    def comm_release(self, comm_id):
-        """comm_drop for a comm Python collected, unless an autograd node that will call it
-        lives: then it stays live (comm_live(comm_id) is 1) until the last such node is
-        gone, and this returns -3."""
-        return self._release(comm_id)
+        never handed over (the caller destroys it). collected (Python collected the Comm):
+        while an autograd node that will call it lives, it stays live (comm_live(comm_id)
+        is 1) until the last such node is gone, and this returns -3."""
+        return self._drop(comm_id, int(collected))
 
 
 def load():

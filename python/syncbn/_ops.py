@@ -121,19 +121,24 @@ def _copy_format(x):
     return fmt
 
 
-def _dense(x):
-    """(x as the library reads it, layout): NCHW for a contiguous tensor, NHWC for a
-    channels_last (3d) one, else a dense copy in _copy_format's format (a crop of a
-    channels_last tensor stays channels_last). A tensor that is both (an empty batch, 1x1
-    planes, one channel) is NCHW: the library matches such a rank's layout to its peers'
-    (its bytes are the same either way)."""
+def _read_format(x):
+    """(the memory format the library reads x in, whether x is already dense in it):
+    contiguous (NCHW) if x is; channels_last(_3d) (NHWC) if x is; else _copy_format's,
+    of a copy (a crop of a channels_last tensor stays channels_last). A tensor that is both
+    (an empty batch, 1x1 planes, one channel) is NCHW: the library matches such a rank's
+    layout to its peers' (its bytes are the same either way)."""
     if x.is_contiguous():
-        return x, NCHW
+        return torch.contiguous_format, True
     fmt = _channels_last(x)
     if fmt is not None and x.is_contiguous(memory_format=fmt):
-        return x, NHWC
-    fmt = _copy_format(x)
-    return x.contiguous(memory_format=fmt), NCHW if fmt is torch.contiguous_format else NHWC
+        return fmt, True
+    return _copy_format(x), False
+
+
+def _dense(x):
+    """(x as the library reads it, layout): x itself or its dense copy (_read_format)."""
+    fmt, dense = _read_format(x)
+    return x if dense else x.contiguous(memory_format=fmt), NCHW if fmt is torch.contiguous_format else NHWC
 
 
 _TRAIN_VECTORS = ("weight", "bias", "running_mean", "running_var")

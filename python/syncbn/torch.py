@@ -451,8 +451,7 @@ def _act_of(m):
         return "relu", 0.01
     if type(m) is torch.nn.LeakyReLU and _no_hooks(m):
         slope = float(m.negative_slope)
-        # the library's slopes (finite and >= 0 as a float32); others stay unfused
-        if 0 <= slope <= 3.4028234663852886e38:
+        if _fused.takes_slope(slope):  # others (negative, ...) stay unfused
             return "leaky_relu", slope
     return None
 
@@ -482,30 +481,46 @@ def _fused_block(m, uses):
     return None
 
 
-def _fuse(module, uses, inplace):
-    for name, child in list(module.named_children()):
+def _runs_children_in_order(m):
+    """An nn.Sequential (or a subclass) that keeps Sequential.forward."""
+    return isinstance(m, torch.nn.Sequential) and type(m).forward is torch.nn.Sequential.forward
+
+
+def _writes_its_input(m):
+    """Whether m (None: nothing known) starts with an in-place module (`inplace=True`; a
+    Sequential's first module, nested Sequentials too): it writes over what it is given."""
+    while _runs_children_in_order(m) and len(m):
+        m = m[0]
+    return bool(getattr(m, "inplace", False))
+
+
+def _fuse(module, uses, inplace, after=None):
+    """Fuses in module and below; after: what runs right after module, where an enclosing
+    Sequential says so (else None: not known)."""
+    in_order = _runs_children_in_order(module)
+    kids = [(name, child) for name, child in module._modules.items() if child is not None]
+    for i, (name, child) in enumerate(kids):
         block = _fused_block(child, uses)
         if block is not None:
             setattr(module, name, block)
             child = block
-        _fuse(child, uses, inplace)
-    if isinstance(module, torch.nn.Sequential) and type(module).forward is torch.nn.Sequential.forward:
+        _fuse(child, uses, inplace, (kids[i + 1][1] if i + 1 < len(kids) else after) if in_order else None)
+    if in_order:
         kids = list(module._modules.items())
         for i in range(len(kids) - 1):
             (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
             act = _act_of(act_mod)
             if act is None or not _fusable_bn(bn, uses):
                 continue
-            nxt = kids[i + 2][1] if i + 2 < len(kids) else None
             # the fused layer's backward keeps its output, as nn.ReLU and
             # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so an in-place
             # module after it may write over the output: such a pair stays as it is
-            keep_y = not getattr(nxt, "inplace", False)
+            keep_y = not _writes_its_input(kids[i + 2][1] if i + 2 < len(kids) else after)
             if act[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
                 continue
-            # in place: an invertible activation, and nothing after it here that writes
-            # over the output autograd keeps (an in-place module)
-            ip = inplace and keep_y and act[0] == "leaky_relu" and act[1] >= _fused._FLT_MIN
+            # in place: an invertible activation, and nothing after it that writes over the
+            # output autograd keeps
+            ip = inplace and keep_y and act[0] == "leaky_relu" and _fused.slope32(act[1]) >= _fused._FLT_MIN
             bn.set_activation(act[0], act[1], ip)
             module._modules[act_name] = torch.nn.Identity().train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])

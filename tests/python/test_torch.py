@@ -469,8 +469,12 @@ class TestTorch(unittest.TestCase):
         t = time.monotonic()
         with self.assertRaises(syncbn.SyncBNError) as cm:
             y0.sum().backward()
-        self.assertIn(cm.exception.name, ("sbnAborted", "sbnTimeout"))
-        self.assertLess(time.monotonic() - t, 30)
+        if Comm._native is not None:  # rank 1 destroyed: rank 0 aborted at once
+            self.assertEqual(cm.exception.name, "sbnAborted")
+            self.assertLess(time.monotonic() - t, 2.5)
+        else:  # rank 1 kept by its team, which rank 0's node keeps: the timeout
+            self.assertEqual(cm.exception.name, "sbnTimeout")
+            self.assertLess(time.monotonic() - t, 30)
 
     def test_process_group_team_needs_cuda(self):
         import tempfile

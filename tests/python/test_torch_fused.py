@@ -754,6 +754,12 @@ class TestConvert(TeamOfOne):
                                 comm=self.comm)
         self.assertEqual(fused_layers(seq), [])
         seq(torch.randn(4, 3, 5).requires_grad_()).sum().backward()
+        # the in-place module in the next Sequential (the converter sees it there too)
+        nested = nn.Sequential(nn.Sequential(nn.Conv1d(3, 3, 1), nn.BatchNorm1d(3), nn.LeakyReLU(0.1)),
+                               nn.Sequential(nn.Sequential(nn.Hardtanh(-5, 5, inplace=True)), nn.Conv1d(3, 3, 1)))
+        nested = sbt.convert_fused(nested, comm=self.comm)
+        self.assertEqual(fused_layers(nested), [])
+        nested(torch.randn(4, 3, 5)).sum().backward()
         # nn.LeakyReLU(inplace=True) keeps its output, as the fused layer does: fused
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(inplace=True), nn.Dropout(0.0)),
                                 comm=self.comm, inplace=True)

@@ -41,6 +41,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="syncbn
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
+import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
@@ -587,21 +588,31 @@ class TestAutogradAndLifetimes(unittest.TestCase):
             ref.weight.uniform_(0.5, 1.5)
             ref.bias.uniform_(-0.5, 0.5)
         x0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
-        for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}):
+        z0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}, {"activation": "relu", "residual": True},
+                   {"residual": True}):  # identity with a residual: dz is the incoming gradient itself
             with self.subTest(**kw):
+                kw = dict(kw)
+                res = kw.pop("residual", False)
                 m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
                 m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
                 m.eval()
                 ref.zero_grad()
                 out = []
-                for layer, x in ((m, x0.float().requires_grad_()), (None, x0.clone().requires_grad_())):
-                    y = layer(x) if layer is not None else ref(x)
-                    if layer is None and kw:
-                        y = torch.nn.functional.leaky_relu(y, 0.2)
-                    gx, = torch.autograd.grad((y.double() ** 3).sum(), x, create_graph=True)
+                for layer, x, z in ((m, x0.float().requires_grad_(), z0.float().requires_grad_()),
+                                    (None, x0.clone().requires_grad_(), z0.clone().requires_grad_())):
+                    if layer is not None:
+                        y = layer(x, z) if res else layer(x)
+                    else:
+                        y = ref(x) + z if res else ref(x)
+                        act = kw.get("activation")
+                        y = F.leaky_relu(y, 0.2) if act == "leaky_relu" else F.relu(y) if act == "relu" else y
+                    gx, gz = torch.autograd.grad((y.double() ** 3).sum(), (x, z), create_graph=True,
+                                                 allow_unused=True)
                     (gx.double() ** 2).sum().backward()
                     w = m.weight if layer is not None else ref.weight
-                    out.append((gx.detach().double(), x.grad.double(), w.grad.double()))
+                    out.append((gx.detach().double(), x.grad.double(), w.grad.double())
+                               + ((gz.detach().double(), z.grad.double()) if res else ()))
                 for got, want in zip(*out):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 

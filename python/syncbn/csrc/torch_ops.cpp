@@ -7,7 +7,7 @@
 //
 // libsyncbn itself is not linked: _native.py hands over the functions of the library that
 // the package already loaded (ctypes), and the live comms by id (sbn_torch_comm_put /
-// _drop / _release), through the extern "C" functions at the end.
+// _drop), through the extern "C" functions at the end.
 #ifdef SBN_TORCH_PYTHON
 // failed library calls raise syncbn.SyncBNError itself (a Python exception carried
 // through the dispatcher and the autograd engine as PyTorch carries its own)
@@ -117,8 +117,8 @@ int destroy_now(std::shared_ptr<CommOwner> owner) {
 // An autograd node's hold on the comm its backward calls, as nn.SyncBatchNorm's backward
 // holds its process group: a comm whose syncbn.Comm Python collects while a node that will
 // call it lives (a layer deleted between its forward and the backward) stays live, by its
-// id, until the last such node is gone (sbn_torch_comm_release). An explicit destroy()
-// still destroys it at once (sbn_torch_comm_drop): the backward then raises.
+// id, until the last such node is gone (sbn_torch_comm_drop, collected). An explicit
+// destroy() still destroys it at once: the backward then raises.
 class CommPin {
  public:
   explicit CommPin(int64_t id) : id_(id) {
@@ -306,17 +306,22 @@ optional<at::MemoryFormat> channels_last(const Tensor& x) {
   return std::nullopt;
 }
 
-// x as the library reads it: NCHW if contiguous, NHWC if channels_last(_3d), else a
-// dense copy in the format PyTorch suggests for x (a crop of a channels_last tensor stays
-// channels_last; _ops.py's _copy_format). A tensor that is both (an empty batch, 1x1
-// planes, one channel) is NCHW: the library matches such a rank's layout to its peers'
-// (the same bytes).
-std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
-  if (x.is_contiguous()) return {x, sbnLayoutNCHW};
+// The memory format the library reads x in, and whether x is dense in it already:
+// contiguous (NCHW) if x is, channels_last(_3d) (NHWC) if x is, else the format PyTorch
+// suggests for a copy of x (a crop of a channels_last tensor stays channels_last; _ops.py's
+// _read_format). A tensor that is both (an empty batch, 1x1 planes, one channel) is NCHW:
+// the library matches such a rank's layout to its peers' (the same bytes).
+std::pair<at::MemoryFormat, bool> read_format(const Tensor& x) {
+  if (x.is_contiguous()) return {at::MemoryFormat::Contiguous, true};
   auto fmt = channels_last(x);
-  if (fmt && x.is_contiguous(*fmt)) return {x, sbnLayoutNHWC};
-  if (fmt && x.suggest_memory_format() == *fmt) return {x.contiguous(*fmt), sbnLayoutNHWC};
-  return {x.contiguous(), sbnLayoutNCHW};
+  if (fmt && x.is_contiguous(*fmt)) return {*fmt, true};
+  return {fmt && x.suggest_memory_format() == *fmt ? *fmt : at::MemoryFormat::Contiguous, false};
+}
+
+// x as the library reads it (read_format: x itself or its dense copy), and its layout.
+std::pair<Tensor, sbnLayout_t> dense(const Tensor& x) {
+  const auto [fmt, is_dense] = read_format(x);
+  return {is_dense ? x : x.contiguous(fmt), fmt == at::MemoryFormat::Contiguous ? sbnLayoutNCHW : sbnLayoutNHWC};
 }
 
 sbnTensorDesc_t desc(const Tensor& x, sbnLayout_t layout) {
@@ -584,17 +589,11 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
                      "slope > 0, or inplace=False");
   if (activation == sbnActivationLeakyRelu && slope32 < FLT_MIN)
     fail_value(who + ": the in-place mode cannot take leaky_relu with slope " + py_float(slope) +
-               ": below float32's smallest normal number, 1 / slope overflows (the in-place backward divides by "
-               "the slope); use a larger slope, or inplace=False");
+               ": below float32's smallest normal number (slope * v loses x's bits, and the in-place backward's "
+               "1 / slope overflows below ~2.9e-39); use a larger slope, or inplace=False");
   if (residual)
     fail_value(who + ": the in-place mode cannot take a residual: x cannot be recovered from act(batch_norm(x) + "
                      "residual); use inplace=False for a layer with a residual");
-}
-
-sbnLayout_t layout_of(const Tensor& x) {  // the layout the library reads x in (dense(), without copying)
-  if (x.is_contiguous()) return sbnLayoutNCHW;
-  auto fmt = channels_last(x);
-  return fmt && (x.is_contiguous(*fmt) || x.suggest_memory_format() == *fmt) ? sbnLayoutNHWC : sbnLayoutNCHW;
 }
 
 std::string format_name(const Tensor& t) {
@@ -613,9 +612,9 @@ void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who)
   if (z->scalar_type() != x.scalar_type())
     fail_type(std::string("syncbn.") + who + ": the residual is " + dtype_name(z->scalar_type()) + " and the input " +
               dtype_name(x.scalar_type()) + ": they must be equal");
-  const bool nchw = layout_of(x) == sbnLayoutNCHW;
-  if (!(nchw ? z->is_contiguous() : z->is_contiguous(*channels_last(x)))) {
-    const std::string read = nchw ? "contiguous" : "channels_last";
+  const at::MemoryFormat fmt = read_format(x).first;
+  if (!z->is_contiguous(fmt)) {
+    const std::string read = fmt == at::MemoryFormat::Contiguous ? "contiguous" : "channels_last";
     fail(std::string("syncbn.") + who + ": the residual's memory format (" + format_name(*z) +
          ") differs from the input's (" + read + ", as the library reads it): the residual must be " + read + " too");
   }
@@ -959,8 +958,8 @@ void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor&
       "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
       "create_graph=True and torch.func.grad differentiate the backward)",
       torch::autograd::collect_next_edges(dy, x, weight));
-  // on a shallow alias of each: a gradient may be the incoming one itself (identity's dz
-  // in InferActBackward), whose own history (a leaf of the caller's) must stay as it is
+  // on a shallow alias of each: should a gradient be a tensor the caller holds (the
+  // incoming one itself), its own history stays as it is
   for (Tensor& t : outputs)
     if (t.defined()) {
       t = t.tensor_data();
@@ -1357,26 +1356,15 @@ __attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void*
 // syncbn.Comm's destroy: the comm leaves the table (calls from now on say it was
 // destroyed) and is destroyed now if no call is using it: returns sbnCommDestroy's result;
 // else when the last such call returns: -1. -2: not in the table (the caller destroys it).
-__attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id) {
+// collected (Python collected the syncbn.Comm): while an autograd node that will call the
+// comm lives (CommPin), it stays, and the last such node destroys it: -3.
+__attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id, int collected) {
   std::shared_ptr<CommOwner> owner;
   {
     std::lock_guard<std::mutex> lock(comms_mutex);
     auto it = comms.find(id);
     if (it == comms.end()) return -2;
-    owner = take_out(it);
-  }
-  return destroy_now(std::move(owner));
-}
-
-// syncbn.Comm collected by Python: as sbn_torch_comm_drop, unless an autograd node that
-// will call it lives (CommPin): then it stays, and the last such node destroys it (-3).
-__attribute__((visibility("default"))) int sbn_torch_comm_release(int64_t id) {
-  std::shared_ptr<CommOwner> owner;
-  {
-    std::lock_guard<std::mutex> lock(comms_mutex);
-    auto it = comms.find(id);
-    if (it == comms.end()) return -2;
-    if (it->second.pins > 0) {
+    if (collected && it->second.pins > 0) {
       it->second.collected = true;
       return -3;
     }
