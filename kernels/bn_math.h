@@ -317,11 +317,11 @@ SBN_HD float sbn_act_inverse(int act, float inv_slope, float y) {
 }
 SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ? 1.0f / slope : 1.0f; }
 
-/* The per-channel factor of the recovery: 1 / (weight * invstd); 0 where |weight| <
-   min_weight (SBN_RECOVER_MIN_WEIGHT): y keeps no x there (weight 0: y is the bias
-   rounded to the dtype, and any other so small a weight leaves x_hat below y's rounding,
-   which 1 / weight would blow up), so x_hat is taken as 0: dweight 0, dx weight * invstd *
-   (g - mean(g)). A NaN weight stays NaN. */
+/* The per-channel factor of the recovery: 1 / (weight * invstd); by policy 0 where
+   |weight| < min_weight (SBN_RECOVER_MIN_WEIGHT): x_hat is taken as 0 there (with weight
+   0, y is the bias rounded to the dtype and keeps no x; near it, 1 / weight would turn
+   y's rounding of the bias into x_hat): dweight 0, dx weight * invstd * (g - mean(g)).
+   A NaN weight stays NaN. */
 SBN_HD float sbn_recover_rcp(float weight, float min_weight, float invstd) {
   return fabsf(weight) < min_weight ? 0.0f : 1.0f / SBN_MUL(weight, invstd);
 }

@@ -42,7 +42,7 @@ import math
 import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
-from ._ops import (_buffers, _bump, _channels_last, _check_infer_args, _check_input, _check_train_args, _comm,
+from ._ops import (_buffers, _bump, _check_infer_args, _check_input, _check_train_args, _comm,
                    _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _read_format,
                    _same_device, _stream, _vectors, _write_back)
 
@@ -116,12 +116,10 @@ def residual_like(z, x):
 
 
 def _format_name(t):
-    if t.is_contiguous():
-        return "contiguous"
-    fmt = _channels_last(t)
-    if fmt is not None and t.is_contiguous(memory_format=fmt):
-        return "channels_last"
-    return f"strided {tuple(t.stride())} (neither contiguous nor channels_last)"
+    fmt, dense = _read_format(t)
+    if not dense:
+        return f"strided {tuple(t.stride())} (neither contiguous nor channels_last)"
+    return "contiguous" if fmt is torch.contiguous_format else "channels_last"
 
 
 def _check_residual(x, z, who):

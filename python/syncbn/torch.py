@@ -503,10 +503,10 @@ def _fuse(module, uses, inplace, after=None):
         block = _fused_block(child, uses)
         if block is not None:
             setattr(module, name, block)
+            kids[i] = (name, block)
             child = block
         _fuse(child, uses, inplace, (kids[i + 1][1] if i + 1 < len(kids) else after) if in_order else None)
     if in_order:
-        kids = list(module._modules.items())
         for i in range(len(kids) - 1):
             (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
             act = _act_of(act_mod)

@@ -597,10 +597,9 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
 }
 
 std::string format_name(const Tensor& t) {
-  if (t.is_contiguous()) return "contiguous";
-  auto fmt = channels_last(t);
-  if (fmt && t.is_contiguous(*fmt)) return "channels_last";
-  return "strided " + shape_str(t.strides()) + " (neither contiguous nor channels_last)";
+  const auto [fmt, is_dense] = read_format(t);
+  if (!is_dense) return "strided " + shape_str(t.strides()) + " (neither contiguous nor channels_last)";
+  return fmt == at::MemoryFormat::Contiguous ? "contiguous" : "channels_last";
 }
 
 void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who) {
