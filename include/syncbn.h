@@ -338,7 +338,10 @@ typedef enum {
   sbnActivationLeakyRelu = 2 /* v > 0 ? v : slope * v */
 } sbnActivation_t;
 typedef struct {
-  size_t size;                /* sizeof(sbnEpilogue_t): fields may be added at the end */
+  size_t size;                /* sizeof(sbnEpilogue_t): fields may be added at the end, with
+                                 0 as their default; a library older than the caller's
+                                 header reads `size` bytes and refuses (sbnUnsupported) a
+                                 field it does not know that is not 0 */
   sbnActivation_t activation; /* default identity */
   float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's) */
 } sbnEpilogue_t;

@@ -60,6 +60,15 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
     return sbn_fail(comm, sbnInvalidArgument,
                     "%s: epilogue->size is %zu, less than sizeof(sbnEpilogue_t) = %zu "
                     "(SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size, sizeof(sbnEpilogue_t));
+  /* A caller built against a later header, whose sbnEpilogue_t has fields this library
+     does not know: they are off (0, their default) or the caller asks for what this
+     library cannot do, which it refuses rather than ignore. */
+  for (size_t i = sizeof(sbnEpilogue_t); i < e->size; i++)
+    if (((const unsigned char*)e)[i] != 0)
+      return sbn_fail(comm, sbnUnsupported,
+                      "%s: epilogue->size is %zu and byte %zu is not 0: a field this library "
+                      "(sbnEpilogue_t of %zu bytes) does not know is set", fn, e->size, i,
+                      sizeof(sbnEpilogue_t));
   if (e->activation != sbnActivationIdentity && e->activation != sbnActivationRelu &&
       e->activation != sbnActivationLeakyRelu)
     return sbn_fail(comm, sbnInvalidArgument, "%s: unknown activation %d", fn, (int)e->activation);

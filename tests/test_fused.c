@@ -457,6 +457,22 @@ static void test_refusals(void) {
   bad.size = sizeof(sbnEpilogue_t) - 1;
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &bad, NULL), sbnInvalidArgument);
+  /* a caller built against a later header (a larger struct): taken while its added fields
+     are 0, refused once one is set (a field this library does not know, never ignored) */
+  struct {
+    sbnEpilogue_t e;
+    float more[3];
+  } later;
+  memset(&later, 0, sizeof later);
+  later.e = relu;
+  later.e.size = sizeof later;
+  ASSERT_OK(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                          t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL));
+  memcpy(t->dx[0], before, bytes);
+  later.more[2] = 1.0f;
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL), sbnUnsupported);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "does not know") != NULL);
   bad = relu;
   bad.activation = (sbnActivation_t)7;
   ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
