@@ -299,11 +299,7 @@ def _train_function(train, backward, below, traced_backward=None):
                     slope, inplace):
             args = (x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
                     inplace)
-            if below:
-                with torch._C._AutoDispatchBelowAutograd():
-                    y, stats = train(*args)
-            else:
-                y, stats = train(*args)
+            y, stats = _ops._forward_call(train, below, args)
             if inplace:
                 _ops._save(ctx, None, y, weight, bias, stats)
             elif activation == IDENTITY:  # no mask: out is not needed
@@ -316,18 +312,14 @@ def _train_function(train, backward, below, traced_backward=None):
             return y, stats
 
         @staticmethod
-        @torch.autograd.function.once_differentiable
+        @_ops._once_differentiable
         def backward(ctx, dy, _dstats):
             x, y, weight, bias, stats = _ops._saved(ctx, 5)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[2] or need[3])
             dx, dz, dwb = _ops._traced(backward, traced_backward)(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm,
                                                                   ctx.activation, ctx.slope, need[0], need[1], want_w)
-            dw = db = None
-            if want_w:
-                if weight.dtype != torch.float32:
-                    dwb = dwb.to(weight.dtype)
-                dw, db = dwb[0] if need[2] else None, dwb[1] if need[3] else None
+            dw, db = _ops._weight_grads(dwb if want_w else None, weight, need[2], need[3])
             return (dx if need[0] else None, dz if need[1] else None, dw, db) + (None,) * 9
 
     return TrainActFn
@@ -343,11 +335,7 @@ def _infer_function(infer, below):
         @staticmethod
         def forward(ctx, x, z, running_mean, running_var, weight, bias, eps, activation, slope):
             args = (x, z, running_mean, running_var, weight, bias, eps, activation, slope)
-            if below:
-                with torch._C._AutoDispatchBelowAutograd():
-                    y = infer(*args)
-            else:
-                y = infer(*args)
+            y = _ops._forward_call(infer, below, args)
             _ops._save(ctx, x, y if activation != IDENTITY else None, running_mean, running_var, weight)
             ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
             return y

@@ -30,6 +30,7 @@ mutates its inputs may have an Autograd kernel (custom_op refuses autograd for t
 """
 
 import ctypes
+import functools
 import re
 import warnings
 
@@ -406,6 +407,50 @@ def _traced(kernel, op):
     return op if op is not None and torch.compiler.is_compiling() else kernel
 
 
+_NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
+              "create_graph=True and torch.func.grad differentiate the backward)")
+
+
+def _once_differentiable(fn):
+    """torch.autograd.function.once_differentiable with the layer's words, as the C++
+    operators' nodes say them: under create_graph, where the incoming gradient or a saved
+    tensor (x, the weight) requires grad, the gradients get a node that raises when they
+    are differentiated, instead of a second derivative that leaves this backward out."""
+
+    @functools.wraps(fn)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = fn(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return outputs
+        inputs = [g for g in grads if isinstance(g, torch.Tensor)] + list(ctx.saved_tensors)
+        if not any(t.requires_grad for t in inputs):
+            return outputs
+        err = torch._C._functions.DelayedError(_NOT_TWICE.encode(), len(outputs))
+        return err(*[None if t is None else t.detach().requires_grad_() for t in outputs])
+
+    return wrapper
+
+
+def _forward_call(fn, below, args):
+    """fn(*args): dispatched past autograd when `below` (the operators, called from their
+    Autograd kernel), else as it is (the kernels, from the layer's eager calls)."""
+    if below:
+        with torch._C._AutoDispatchBelowAutograd():
+            return fn(*args)
+    return fn(*args)
+
+
+def _weight_grads(dwb, weight, need_w, need_b):
+    """dweight and dbias from the backward's (2, C) float32 dwb (None: not computed), in
+    the weight's dtype, each where it is needed (else None)."""
+    if dwb is None:
+        return None, None
+    if weight.dtype != torch.float32:
+        dwb = dwb.to(weight.dtype)
+    return dwb[0] if need_w else None, dwb[1] if need_b else None
+
+
 def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_train over `train` and `backward` (the
     operators, inside the Autograd kernel: `below` dispatches past autograd; or their
@@ -417,11 +462,8 @@ def _train_function(train, backward, below, traced_backward=None):
 
         @staticmethod
         def forward(ctx, x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
-            if below:
-                with torch._C._AutoDispatchBelowAutograd():
-                    y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
-            else:
-                y, stats = train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
+            y, stats = _forward_call(train, below, (x, weight, bias, running_mean, running_var, nbt, eps, momentum,
+                                                    comm))
             _save(ctx, x, weight, stats)
             ctx.eps, ctx.comm = eps, comm
             ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
@@ -429,17 +471,13 @@ def _train_function(train, backward, below, traced_backward=None):
             return y, stats
 
         @staticmethod
-        @torch.autograd.function.once_differentiable  # the library's backward is not differentiable
+        @_once_differentiable  # the library's backward is not differentiable
         def backward(ctx, dy, _dstats):
             x, weight, stats = _saved(ctx, 3)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[1] or need[2])
             dx, dwb = _traced(backward, traced_backward)(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
-            dw = db = None
-            if want_w:
-                if weight.dtype != torch.float32:
-                    dwb = dwb.to(weight.dtype)
-                dw, db = dwb[0] if need[1] else None, dwb[1] if need[2] else None
+            dw, db = _weight_grads(dwb if want_w else None, weight, need[1], need[2])
             return dx if need[0] else None, dw, db, None, None, None, None, None, None
 
     return TrainFn
@@ -454,11 +492,7 @@ def _infer_function(infer, below):
 
         @staticmethod
         def forward(ctx, x, running_mean, running_var, weight, bias, eps):
-            if below:
-                with torch._C._AutoDispatchBelowAutograd():
-                    y = infer(x, running_mean, running_var, weight, bias, eps)
-            else:
-                y = infer(x, running_mean, running_var, weight, bias, eps)
+            y = _forward_call(infer, below, (x, running_mean, running_var, weight, bias, eps))
             _save(ctx, x, running_mean, running_var, weight)
             ctx.eps = eps
             return y

@@ -567,14 +567,20 @@ class TestAutogradAndLifetimes(unittest.TestCase):
     def test_no_double_backward(self):
         """create_graph=True: the gradients exist and carry a node that refuses to be
         differentiated (once_differentiable), never a second derivative that silently
-        leaves the batch norm out."""
-        m = sbt.SyncBatchNorm(3, comm=self.comm)
-        x = torch.randn(4, 3, requires_grad=True)
-        y = m(x)
-        gx, = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
-        self.assertTrue(gx.requires_grad)
-        with self.assertRaisesRegex(RuntimeError, "differentiate twice|not differentiable"):
-            (gx ** 2).sum().backward()
+        leaves the batch norm out. The message names the layer on both kinds of operators,
+        plain and fused, also where only x (not the incoming gradient) requires grad."""
+        for kw in ({}, {"activation": "relu"}):
+            m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
+            x = torch.randn(4, 3, requires_grad=True)
+            # the incoming gradient 3 y^2 (requires grad), then a constant (does not)
+            for incoming, outer in (("3y^2", lambda y: (y ** 3).sum()),
+                                    ("constant", lambda y: (y * torch.arange(3.0)).sum())):
+                with self.subTest(**kw, incoming=incoming):
+                    gx, = torch.autograd.grad(outer(m(x)), x, create_graph=True)
+                    self.assertTrue(gx.requires_grad)
+                    with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
+                                                "differentiable"):
+                        (gx ** 2).sum().backward()
 
     def test_eval_double_backward(self):
         """An evaluated layer (no exchange: torch ops in its backward) is twice
