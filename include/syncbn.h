@@ -281,6 +281,11 @@ typedef enum {
   sbnGradLocal = 0, /* dweight/dbias = this rank's contribution (PyTorch + DDP) */
   sbnGradGlobal = 1 /* dweight/dbias = sum over the whole team (free in-kernel) */
 } sbnGradMode_t;
+/* The params are each rank's own: they are not part of the op's signature and not
+   exchanged (as nn.SyncBatchNorm's ranks each use their own eps and momentum). Ranks that
+   pass the same params get the bitwise-identical save_mean, save_invstd and running
+   statistics that API.md promises; ranks whose eps differ get each their own save_invstd
+   (and outputs), and each rank's momentum updates its own running statistics. */
 typedef struct {
   float eps;      /* >= 0; default 1e-5 */
   float momentum; /* default 0.1; < 0 means cumulative average (PyTorch momentum=None) */

@@ -245,6 +245,60 @@ static void test_momentum_several_calls(void) {
   several_calls(1.0f, 2, 912); /* running stats = this batch's */
 }
 
+/* The params are each rank's own (syncbn.h, sbnParams_t): ranks that pass different eps
+   and momentum share the team's mean and variance and each use their own eps for
+   save_invstd and y, and their own momentum (a cumulative one included) for their running
+   statistics, against the double reference over the concatenated batch. fp32 statistics of
+   48 values per channel: 1e-5 relative covers their rounding (tol_for's). */
+static void test_params_are_each_ranks(void) {
+  enum { W = 3, N = 2, C = 3, SP = 8 };
+  const float eps[W] = {1e-5f, 0.5f, 2.0f}, mom[W] = {0.1f, 0.9f, -1.0f};
+  float x[W][N * C * SP], y[W][N * C * SP], sm[W][C], si[W][C], rm[W][C], rv[W][C];
+  int64_t nbt[W] = {0, 0, 3};
+  sbn_rng_t rng = {4242};
+  for (int r = 0; r < W; r++) {
+    for (int i = 0; i < N * C * SP; i++) x[r][i] = (float)(sbn_rng_normal(&rng) * (1.0 + r) + 0.5 * r);
+    for (int c = 0; c < C; c++) rm[r][c] = 0.25f, rv[r][c] = 2.0f;
+  }
+  sbnComm_t* comms = team_comms(W);
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, N, C, SP};
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < W; r++) {
+    sbnParams_t p = params(eps[r], mom[r]);
+    ASSERT_OK(sbnForwardTrain(comms[r], &d, x[r], y[r], NULL, NULL, rm[r], rv[r], &nbt[r], sm[r], si[r], &p, NULL));
+  }
+  ASSERT_OK(sbnGroupEnd());
+  for (int c = 0; c < C; c++) {
+    double s = 0.0, q = 0.0;
+    const int M = W * N * SP;
+    for (int r = 0; r < W; r++)
+      for (int n = 0; n < N; n++)
+        for (int i = 0; i < SP; i++) s += x[r][(n * C + c) * SP + i];
+    const double mean = s / M;
+    for (int r = 0; r < W; r++)
+      for (int n = 0; n < N; n++)
+        for (int i = 0; i < SP; i++) q += (x[r][(n * C + c) * SP + i] - mean) * (x[r][(n * C + c) * SP + i] - mean);
+    const double var = q / M;
+    for (int r = 0; r < W; r++) {
+      const double inv = 1.0 / sqrt(var + eps[r]);
+      const double f = mom[r] < 0.0f ? 1.0 / (3.0 + 1.0) : mom[r];
+      const double want[4] = {mean, inv, (1 - f) * 0.25 + f * mean, (1 - f) * 2.0 + f * var * M / (M - 1)};
+      const float got[4] = {sm[r][c], si[r][c], rm[r][c], rv[r][c]};
+      ASSERT_CLOSE_ARRAY(got, want, 4, 1e-6, 1e-5);
+      double yref[N * SP];
+      float ygot[N * SP];
+      for (int n = 0; n < N; n++)
+        for (int i = 0; i < SP; i++) {
+          yref[n * SP + i] = (x[r][(n * C + c) * SP + i] - mean) * inv;
+          ygot[n * SP + i] = y[r][(n * C + c) * SP + i];
+        }
+      ASSERT_CLOSE_ARRAY(ygot, yref, N * SP, 1e-5, 1e-5);
+    }
+  }
+  for (int r = 1; r < W; r++) ASSERT_MEMEQ(sm[r], sm[0], sizeof sm[0]); /* the team's mean, bitwise */
+  EXPECT_TRUE(nbt[0] == 1 && nbt[1] == 1 && nbt[2] == 4);
+}
+
 /* affine=False (weight = bias = NULL) and no running stats (NULL), nbt NULL. */
 static void test_no_affine_no_running(void) {
   sbnParams_t p = params(1e-3f, 0.1f);
@@ -402,6 +456,7 @@ int main(void) {
   SBN_RUN(test_nchw_equals_nhwc_bitwise);
   SBN_RUN(test_momentum_cumulative);
   SBN_RUN(test_momentum_several_calls);
+  SBN_RUN(test_params_are_each_ranks);
   SBN_RUN(test_no_affine_no_running);
   SBN_RUN(test_in_place);
   SBN_RUN(test_determinism_and_thread_mode);
