@@ -111,6 +111,16 @@ typedef struct {
    take every rank's mailbox address as a launch parameter. Wider teams: sbnUnsupported. */
 #define SBN_MAX_GPU_TEAM_RANKS 16
 
+/* One thread at a time per comm: while a call on a comm runs, or while the comm has ops
+   queued in a thread's open group, a call on it from another thread (an op, a split, a
+   destroy) returns sbnInvalidUsage at once and does nothing (two threads driving one rank
+   would pair their ops across the team at random). sbnCommAbort, sbnCommGetAsyncError,
+   sbnGetLastError and the queries may be called from any thread at any time. A thread
+   that exits with a group open frees its queue and gives its comms back (its ops never
+   run). The calls that wait for other ranks (ops, sbnGroupEnd, splits, destroys) run
+   with the calling thread's cancellation disabled: a pthread_cancel takes effect at the
+   thread's next cancellation point after the call has returned. */
+
 /* Color for sbnCommSplit: this rank joins no sub-team (*newcomm = NULL). */
 #define SBN_SPLIT_NOCOLOR (-1)
 
@@ -224,8 +234,9 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
    return sbnAborted without running. Idempotent. */
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
-   NULL is accepted. Must not race with an op on the same comm. As with free(), the handle
-   is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
+   NULL is accepted. While another thread's call on the comm runs, or the comm has ops
+   queued in another thread's open group, sbnInvalidUsage (nothing done; see "one thread
+   at a time" below). As with free(), the handle is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
    memory is released; the library does not keep a registry of live handles).
    A rank destroyed while other ranks of its team live leaves a team none of whose ops can
    complete again. What its peers see:

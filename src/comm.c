@@ -109,25 +109,36 @@ static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
 }
 
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
+  int claimed = 0;
   sbnResult_t r = split_check(comm, color, newcomm);
-  if (r != sbnSuccess) {
-    if (sbn_group_active()) sbn_group_mark_failed(r);
+  if (r == sbnSuccess) r = sbn_comm_claim(comm, "sbnCommSplit", &claimed);
+  if (sbn_group_active()) { /* run at sbnGroupEnd (group.c), which gives the comm back */
+    if (r == sbnSuccess) {
+      sbn_op_t op;
+      memset(&op, 0, sizeof op);
+      op.kind = SBN_OP_SPLIT;
+      op.comm = comm;
+      op.color = color;
+      op.key = key;
+      op.newcomm = newcomm;
+      r = sbn_group_enqueue(&op);
+    } else {
+      sbn_group_mark_failed(r);
+    }
+    if (r != sbnSuccess && claimed) sbn_comm_unclaim(comm);
     return r;
   }
-  if (sbn_group_active()) { /* run at sbnGroupEnd (group.c) */
-    sbn_op_t op;
-    memset(&op, 0, sizeof op);
-    op.kind = SBN_OP_SPLIT;
-    op.comm = comm;
-    op.color = color;
-    op.key = key;
-    op.newcomm = newcomm;
-    return sbn_group_enqueue(&op);
-  }
+  if (r != sbnSuccess) return r;
+  const int cancel = sbn_nocancel_begin();
   sbn_team_t* t = comm->team;
-  if (t->nlocal > 1) return sbn_split_rendezvous(comm, color, key, newcomm);
-  r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
-  if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
+  if (t->nlocal > 1) {
+    r = sbn_split_rendezvous(comm, color, key, newcomm);
+  } else {
+    r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
+    if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
+  }
+  sbn_nocancel_end(cancel);
+  sbn_comm_unclaim(comm);
   return r;
 }
 
@@ -192,6 +203,11 @@ SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm) {
   if (sbn_group_has_comm(comm))
     return sbn_fail(comm, sbnInvalidUsage,
                     "sbnCommDestroy: the comm has ops queued in the open group; end the group first");
+  int claimed = 0; /* kept: the comm is freed */
+  r = sbn_comm_claim(comm, "sbnCommDestroy", &claimed);
+  if (r != sbnSuccess) return r;
+  const int cancel = sbn_nocancel_begin();
   sbn_comm_release(comm);
+  sbn_nocancel_end(cancel);
   return sbnSuccess;
 }

@@ -13,6 +13,28 @@ SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r);
 /* Whether comm has ops queued in this thread's open group. */
 SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
 
+/* A comm's calls must not overlap: an op, a split or a destroy claims the comm for the
+   calling thread (inside a group: until sbnGroupEnd has run the group, or the thread
+   exits with it open), and a call from another thread meanwhile is refused with
+   sbnInvalidUsage (nothing done). Two threads driving one rank would otherwise pair
+   their ops across the team at random, or free a comm under a waiting call.
+   sbn_comm_claim sets *claimed when this call took the comm (not when this thread's
+   open group held it already); sbn_comm_unclaim gives it back. */
+SBN_INTERNAL sbnResult_t sbn_comm_claim(sbnComm_t comm, const char* fn, int* claimed);
+SBN_INTERNAL void sbn_comm_unclaim(sbnComm_t comm);
+
+/* The calls that wait for other ranks (an op, sbnGroupEnd, a split, a destroy) run with
+   the calling thread's cancellation disabled: a pthread_cancel takes effect at the
+   thread's next cancellation point after the call, which returns as it would have
+   (bounded by the team's timeout), instead of leaving a lock held or the team
+   half-run. */
+static inline int sbn_nocancel_begin(void) {
+  int old = PTHREAD_CANCEL_ENABLE;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+  return old;
+}
+static inline void sbn_nocancel_end(int old) { pthread_setcancelstate(old, NULL); }
+
 /* Runs one validated op of a rank now, on the calling thread (group.c): the team's check
    of the op alone, then its run (a CPU team's blocks until the team meets). */
 SBN_INTERNAL sbnResult_t sbn_op_run(const sbn_op_t* op);

@@ -17,13 +17,46 @@ typedef struct {
 } sbn_group_t;
 
 static _Thread_local sbn_group_t group;
+static _Thread_local char thread_tag; /* its address names the calling thread (comm->user) */
 
 int sbn_group_active(void) { return group.depth > 0; }
 
+sbnResult_t sbn_comm_claim(sbnComm_t comm, const char* fn, int* claimed) {
+  uintptr_t me = (uintptr_t)&thread_tag, cur = 0;
+  *claimed = 0;
+  if (atomic_compare_exchange_strong(&comm->user, &cur, me)) {
+    *claimed = 1;
+    return sbnSuccess;
+  }
+  if (cur == me) return sbnSuccess; /* held by this thread's open group */
+  return sbn_fail(comm, sbnInvalidUsage,
+                  "%s: rank %d's comm is in use by another thread (a call on it, or ops queued "
+                  "in that thread's open group); a comm's calls must not overlap: nothing was done",
+                  fn, comm->rank);
+}
+
+void sbn_comm_unclaim(sbnComm_t comm) { atomic_store(&comm->user, (uintptr_t)0); }
+
+/* Frees the queue and gives back the comms it held. */
 static void group_reset(void) {
+  for (size_t i = 0; i < group.n; i++) {
+    uintptr_t me = (uintptr_t)&thread_tag;
+    atomic_compare_exchange_strong(&group.ops[i].comm->user, &me, (uintptr_t)0);
+  }
   free(group.ops);
   memset(&group, 0, sizeof group);
 }
+
+/* A thread that exits with a group open: its queue is freed and its comms given back
+   (they would stay claimed, and the queue leak). */
+static pthread_key_t exit_key;
+static int exit_key_ok;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static void group_thread_exit(void* unused) {
+  (void)unused;
+  group_reset();
+}
+static void make_exit_key(void) { exit_key_ok = pthread_key_create(&exit_key, group_thread_exit) == 0; }
 
 void sbn_group_mark_failed(sbnResult_t r) {
   if (group.failed == sbnSuccess) group.failed = r;
@@ -36,6 +69,10 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     if (ops == NULL) {
       sbn_group_mark_failed(sbnSystemError);
       return sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
+    }
+    if (group.cap == 0) { /* the thread's first queue: free it should the thread exit */
+      pthread_once(&exit_once, make_exit_key);
+      if (exit_key_ok) pthread_setspecific(exit_key, &group);
     }
     group.ops = ops;
     group.cap = cap;
@@ -132,9 +169,12 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
     const int nl = t->nlocal; /* NCCL teams: the one rank in this process */
     size_t* cnt = calloc((size_t)nl * 2, sizeof *cnt);
     if (cnt == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    sbnComm_t named = NULL; /* the team's first comm in the queue, to name it */
     for (size_t i = 0; i < group.n; i++) {
       const sbn_op_t* op = &group.ops[i];
-      if (op->comm->team == t) cnt[op->comm->local * 2 + (op->kind == SBN_OP_SPLIT)]++;
+      if (op->comm->team != t) continue;
+      cnt[op->comm->local * 2 + (op->kind == SBN_OP_SPLIT)]++;
+      if (named == NULL) named = op->comm;
     }
     for (int r = 1; r < nl; r++) {
       for (int s = 0; s < 2; s++) {
@@ -142,9 +182,10 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
           size_t a = cnt[s], b = cnt[r * 2 + s];
           free(cnt);
           return sbn_fail(NULL, sbnInvalidUsage,
-                          "sbnGroupEnd: incomplete team of %d ranks: rank 0 has %zu %s, rank %d "
-                          "has %zu; every rank must be in the group; nothing was run",
-                          t->nranks, a, s ? "splits" : "ops", r, b);
+                          "sbnGroupEnd: incomplete team of %d ranks (that of comm %p, rank %d): "
+                          "rank 0 has %zu %s, rank %d has %zu; every rank must be in the group; "
+                          "nothing was run",
+                          t->nranks, (void*)named, named->rank, a, s ? "splits" : "ops", r, b);
         }
       }
     }
@@ -359,12 +400,14 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   if (group.depth == 0)
     return sbn_fail(NULL, sbnInvalidUsage, "sbnGroupEnd without a matching sbnGroupStart");
   if (--group.depth > 0) return sbnSuccess;
+  const int cancel = sbn_nocancel_begin();
   sbnResult_t r;
   if (group.failed != sbnSuccess) {
     r = sbn_fail(NULL, sbnInvalidUsage,
                  "sbnGroupEnd: a call in this group failed (%s); nothing was run",
                  sbnGetResultName(group.failed));
     group_reset();
+    sbn_nocancel_end(cancel);
     return r;
   }
   sbn_team_t** teams = calloc(group.n ? group.n : 1, sizeof *teams);
@@ -380,5 +423,6 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   }
   free(teams);
   group_reset();
+  sbn_nocancel_end(cancel);
   return r;
 }

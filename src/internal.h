@@ -132,6 +132,9 @@ struct sbnComm {
   pthread_mutex_t err_mu;
   char last_error[512];
   _Atomic(const char*) kernel; /* sbnCommGetKernel: what ran this rank's latest op */
+  /* the thread whose call, or whose open group, holds the comm (0: none): a comm's calls
+     must not overlap (sbn_comm_claim, front.h) */
+  _Atomic(uintptr_t) user;
 };
 
 /* The team-ops table: what a backend (a kind of team) does. The front calls these and

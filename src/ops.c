@@ -162,6 +162,8 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
   const int in_group = sbn_group_active();
   sbnResult_t r = sbn_comm_check(op->comm);
+  int claimed = 0;
+  if (r == sbnSuccess) r = sbn_comm_claim(op->comm, op_fn(op, ex), &claimed);
   if (r == sbnSuccess && desc == NULL)
     r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
   if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope);
@@ -174,14 +176,18 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   const sbn_team_ops_t* ops = r == sbnSuccess ? op->comm->team->ops : NULL;
   if (r == sbnSuccess && ops->prepare != NULL) r = ops->prepare(op, in_group);
   if (in_group) {
-    if (r != sbnSuccess) {
-      sbn_group_mark_failed(r);
-      return r;
-    }
-    return sbn_group_enqueue(op);
+    if (r == sbnSuccess) r = sbn_group_enqueue(op); /* the group holds the comm until its end */
+    else sbn_group_mark_failed(r);
+    if (r != sbnSuccess && claimed) sbn_comm_unclaim(op->comm);
+    return r;
   }
-  if (r != sbnSuccess) return r;
-  return sbn_op_run(op);
+  if (r == sbnSuccess) {
+    const int cancel = sbn_nocancel_begin();
+    r = sbn_op_run(op);
+    sbn_nocancel_end(cancel);
+  }
+  if (claimed) sbn_comm_unclaim(op->comm);
+  return r;
 }
 
 /* The two forwards and the two backwards: one op each, `ex` naming the entry point in

@@ -677,6 +677,11 @@ static void test_group_rank_missing(void) {
   ASSERT_OK(fwd(comms[0], &b[0], NULL));
   ASSERT_OK(fwd(comms[1], &b[1], NULL));
   EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  { /* the message names the team: a group may hold several */
+    char want[96];
+    snprintf(want, sizeof want, "incomplete team of 3 ranks (that of comm %p, rank 0)", (void*)comms[0]);
+    EXPECT_TRUE(strstr(sbnGetLastError(NULL), want) != NULL);
+  }
   ASSERT_MEMEQ(b, snap, sizeof b);
 
   ASSERT_OK(sbnGroupStart()); /* unequal op counts: rank 1 has two */

@@ -8,7 +8,9 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, setenv */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
+#include <unistd.h> /* _exit */
 
 #include "harness.h"
 #include "sbn_ref.h"
@@ -170,6 +172,40 @@ static void test_timeout(void) {
   sbnResult_t g = sbnGroupEnd();
   EXPECT_TRUE(g == sbnAborted || g == sbnInvalidUsage);
   ASSERT_MEMEQ(b, snap, sizeof b);
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* A rank that comes late, while its peer already waits for a rank that never comes: the
+   peer's wait runs out first and aborts the team; the late rank returns sbnTimeout too,
+   sooner than the timeout after its own call, and its message says that another rank's
+   wait ran out (it said that it had waited the whole timeout itself). */
+static void test_timeout_late_arrival(void) {
+  const int64_t timeout = 400;
+  sbnConfig_t cfg = config_ms(timeout);
+  sbnComm_t comms[3];
+  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
+  static bufs_t b[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 4, 3, 140 + (uint64_t)r);
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].kind = JOB_FWD;
+    jobs[r].comm = comms[r];
+    jobs[r].b = &b[r];
+  }
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, job_main, &jobs[0]) == 0);
+  sleep_ms(200);
+  job_main(&jobs[1]);
+  pthread_join(th, NULL);
+  for (int r = 0; r < 2; r++) {
+    fprintf(stderr, "  rank %d: %s after %.1f ms: %s\n", r, sbnGetResultName(jobs[r].r), jobs[r].t1 - jobs[r].t0,
+            sbnGetLastError(comms[r]));
+    ASSERT_RES(jobs[r].r, sbnTimeout);
+  }
+  EXPECT_TRUE(strstr(sbnGetLastError(comms[0]), "rank 0 waited 400 ms for rank") != NULL);
+  if (jobs[1].t1 - jobs[1].t0 < (double)timeout - 2.0) /* rank 1's own wait did not run out */
+    EXPECT_TRUE(strstr(sbnGetLastError(comms[1]), "when another rank's wait of 400 ms ran out") != NULL);
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
@@ -755,9 +791,158 @@ static void test_destroy_after_last_op(void) {
   ASSERT_OK(sbnCommDestroy(comms[2]));
 }
 
+/* ---- one rank, two threads ----------------------------------------------------------- */
+/* A comm's calls must not overlap (front.h: sbn_comm_claim). Thread A holds rank 0's comm
+   in its open group; meanwhile this thread's calls on it are refused at once with
+   sbnInvalidUsage and write nothing: an op, a split, a destroy, an op inside a group. A's
+   group then runs, and gives the comms back. Before, two threads' groups over the same
+   comms both ran and could pair their ops across the team (each rank got another group's
+   statistics, with no error), and a destroy under a queued or waiting call freed the comm
+   under it. The team's timeout (10 s) is never reached here: a refused call that waited
+   for rank 1 instead would return sbnTimeout after it. */
+typedef struct {
+  sbnComm_t* comms;
+  bufs_t* b; /* [2] */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stage;     /* 1: A's group holds rank 0's comm; 2: A may go on */
+  int exit_open; /* A exits with its group open after queuing rank 0's op */
+  sbnResult_t q0, q1, end;
+} holder_t;
+static void* holder_main(void* arg) {
+  holder_t* h = (holder_t*)arg;
+  h->end = sbnGroupStart();
+  h->q0 = fwd(h->comms[0], &h->b[0]);
+  pthread_mutex_lock(&h->mu);
+  h->stage = 1;
+  pthread_cond_broadcast(&h->cv);
+  while (!h->exit_open && h->stage != 2) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  if (h->exit_open) return NULL;
+  h->q1 = fwd(h->comms[1], &h->b[1]);
+  h->end = sbnGroupEnd();
+  return NULL;
+}
+static void holder_wait(holder_t* h, int stage) {
+  pthread_mutex_lock(&h->mu);
+  while (h->stage != stage) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+}
+static void test_one_rank_two_threads(void) {
+  sbnConfig_t cfg = config_ms(10000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], mine, snap;
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 4, 1300 + (uint64_t)r);
+  bufs_init(&mine, 2, 3, 4, 1310);
+  memcpy(&snap, &mine, sizeof snap);
+  static holder_t h;
+  memset(&h, 0, sizeof h);
+  h.comms = comms;
+  h.b = b;
+  pthread_mutex_init(&h.mu, NULL);
+  pthread_cond_init(&h.cv, NULL);
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, holder_main, &h) == 0);
+  holder_wait(&h, 1);
+  ASSERT_OK(h.q0);
+  ASSERT_RES(fwd(comms[0], &mine), sbnInvalidUsage);
+  EXPECT_TRUE(strstr(sbnGetLastError(comms[0]), "in use by another thread") != NULL);
+  ASSERT_RES(bwd(comms[0], &mine), sbnInvalidUsage);
+  sbnComm_t sub = SENTINEL_COMM;
+  ASSERT_RES(sbnCommSplit(comms[0], 0, 0, &sub), sbnInvalidUsage);
+  ASSERT_RES(sbnCommDestroy(comms[0]), sbnInvalidUsage);
+  ASSERT_OK(sbnGroupStart()); /* not rank 1's op: this group would hold comm 1 from A */
+  ASSERT_RES(fwd(comms[0], &mine), sbnInvalidUsage);
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage);
+  ASSERT_MEMEQ(&mine, &snap, sizeof mine);
+  ASSERT_TRUE(sub == SENTINEL_COMM);
+  pthread_mutex_lock(&h.mu);
+  h.stage = 2;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  pthread_join(th, NULL);
+  ASSERT_OK(h.q1);
+  ASSERT_OK(h.end);
+  ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float)); /* the team's mean, on both ranks */
+  /* A's group gave its comms back: a group of this thread over both runs */
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0]));
+  ASSERT_OK(fwd(comms[1], &b[1]));
+  ASSERT_OK(sbnGroupEnd());
+  /* a thread that exits with its group open gives its comms back (and frees its queue:
+     the asan preset's leak check) */
+  h.stage = 0;
+  h.exit_open = 1;
+  ASSERT_TRUE(pthread_create(&th, NULL, holder_main, &h) == 0);
+  pthread_join(th, NULL);
+  ASSERT_OK(h.q0);
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0]));
+  ASSERT_OK(fwd(comms[1], &b[1]));
+  ASSERT_OK(sbnGroupEnd());
+  pthread_cond_destroy(&h.cv);
+  pthread_mutex_destroy(&h.mu);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* pthread_cancel of a rank's thread while it waits in a thread-per-rank split: the call
+   runs with cancellation disabled (front.h), so the cancel waits until it returns, and the
+   team's lock is never left held. Before, the cancelled wait left the lock held: the
+   peer's split, and every later timeout, abort or destroy on the team, blocked forever.
+   The peer's split runs on a thread of its own, watched: one that has not returned after
+   20 s is that hang, reported as a failure at once. */
+typedef struct {
+  job_t job;
+  atomic_int done;
+} watched_t;
+static void* watched_main(void* arg) {
+  watched_t* w = (watched_t*)arg;
+  job_main(&w->job);
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+static void test_cancel_in_split(void) {
+  sbnConfig_t cfg = config_ms(BEYOND_CTEST_TIMEOUT_MS);
+  sbnComm_t comms[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static watched_t w[2];
+  memset(w, 0, sizeof w);
+  for (int r = 0; r < 2; r++) {
+    w[r].job.kind = JOB_SPLIT;
+    w[r].job.comm = comms[r];
+    w[r].job.color = 0;
+    w[r].job.key = r;
+    w[r].job.newcomm = &sub[r];
+    w[r].job.r = sbnSystemError;
+  }
+  pthread_t th[2];
+  ASSERT_TRUE(pthread_create(&th[0], NULL, watched_main, &w[0]) == 0);
+  sleep_ms(150); /* rank 0 waits in the split (a cancel before that is deferred all the same) */
+  ASSERT_TRUE(pthread_cancel(th[0]) == 0);
+  sleep_ms(50);
+  ASSERT_TRUE(pthread_create(&th[1], NULL, watched_main, &w[1]) == 0);
+  const double t0 = now_ms();
+  while (!atomic_load(&w[1].done) && now_ms() - t0 < 20000.0) sleep_ms(5);
+  if (!atomic_load(&w[1].done)) {
+    SBN_FAIL_("rank 1's split has not returned after 20 s: the cancelled rank 0 left the team's "
+              "lock held");
+    fflush(stderr);
+    _exit(1); /* the blocked thread cannot be joined */
+  }
+  pthread_join(th[1], NULL);
+  pthread_join(th[0], NULL); /* cancelled after its split returned, or ended normally */
+  ASSERT_OK(w[1].job.r);
+  ASSERT_OK(w[0].job.r); /* the split completed on both ranks */
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(sub[r] != SENTINEL_COMM && sub[r] != NULL);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_timeout);
+  SBN_RUN(test_timeout_late_arrival);
   SBN_RUN(test_timeout_env_override);
   SBN_RUN(test_abort);
   SBN_RUN(test_split_group);
@@ -770,5 +955,7 @@ int main(void) {
   SBN_RUN(test_destroyed_rank_later_ops);
   SBN_RUN(test_destroyed_rank_wakes_waiter);
   SBN_RUN(test_destroy_after_last_op);
+  SBN_RUN(test_one_rank_two_threads);
+  SBN_RUN(test_cancel_in_split);
   return sbn_test_exit();
 }

@@ -29,7 +29,7 @@ static int64_t now_ns(void) {
 /* Waits until *epoch == k. Spins briefly, then yields, then sleeps, so W ranks on fewer
    cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout. */
 static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
-                              int64_t deadline_ns) {
+                              int64_t deadline_ns, int* expired) {
   for (uint64_t spin = 0;; spin++) {
     if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
     int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
@@ -43,6 +43,7 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
     }
     if ((spin & 15) == 0 && now_ns() > deadline_ns) {
       if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
+      *expired = 1;
       sbn_team_abort(t, sbnTimeout);
       return (sbnResult_t)atomic_load(&t->abort_reason);
     }
@@ -54,12 +55,19 @@ static sbnResult_t wait_record(sbnComm_t comm, int q, int j, uint32_t k, int64_t
   sbn_team_t* t = comm->team;
   sbn_cpu_team_t* ct = sbn_cpu_team(t);
   const sbn_mail_rec_t* rec = &ct->mail[sbn_mail_index(q, k, j, ct->nchunks_max)];
-  sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline);
-  if (r == sbnTimeout)
+  int expired = 0;
+  sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline, &expired);
+  if (r == sbnTimeout && expired)
     return sbn_fail(comm, r,
                     "rank %d waited %lld ms for rank %d (op %u of the team); the team is "
                     "aborted. Every rank must make the same calls (SBN_TIMEOUT_MS sets the wait)",
                     comm->rank, (long long)t->cfg.timeout_ms, q, (unsigned)k);
+  if (r == sbnTimeout) /* a rank that came later than another, whose wait ran out first */
+    return sbn_fail(comm, r,
+                    "rank %d waited for rank %d (op %u of the team) when another rank's wait of "
+                    "%lld ms ran out; the team is aborted. Every rank must make the same calls "
+                    "(SBN_TIMEOUT_MS sets the wait)",
+                    comm->rank, q, (unsigned)k, (long long)t->cfg.timeout_ms);
   if (r == sbnSuccess) return sbnSuccess;
   const int gone = sbn_team_departed(t);
   if (r == sbnAborted && gone >= 0)
@@ -117,7 +125,7 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
       char a[64], b[64];
       return sbn_fail(comm, sbnInvalidUsage,
                       "op mismatch: rank %d runs %s, rank %d runs %s (every rank must call "
-                      "the same op with the same C, dtype and layout)",
+                      "the same op with the same C, dtype, layout and activation)",
                       other, sbn_sig_describe(os, a, sizeof a), q,
                       sbn_sig_describe(theirs, b, sizeof b));
     }
