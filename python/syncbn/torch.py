@@ -261,6 +261,8 @@ class SyncBatchNorm(_BatchNorm):
         momentum = self.momentum
         if self.track_running_stats:
             rm, rv, nbt = self.running_mean, self.running_var, self.num_batches_tracked
+            if momentum is None and nbt is None:  # nn.BatchNorm's factor then: 0 (the statistics stay)
+                momentum = 0.0
         else:
             rm = rv = nbt = None
             momentum = 0.0  # no running statistics to update (momentum None would ask for num_batches_tracked)

@@ -266,6 +266,32 @@ class TestTorch(unittest.TestCase):
         finally:
             comms[0].destroy()
 
+    def test_momentum_none_without_num_batches_tracked(self):
+        """momentum None with num_batches_tracked set to None (a checkpoint without it, a
+        framework that drops it): nn.BatchNorm's factor is then 0, so the running statistics
+        stay; the layer does the same, plain and fused, instead of asking for the counter."""
+        comms = syncbn.cpu_team(1)
+        try:
+            for kw in ({}, {"activation": "relu"}):
+                torch.manual_seed(3)
+                ref = torch.nn.BatchNorm2d(3, momentum=None)
+                m = sbt.SyncBatchNorm(3, comm=comms[0], momentum=None, **kw)
+                for mod in (ref, m):
+                    mod.num_batches_tracked = None
+                    mod.running_mean.fill_(0.5)
+                x = torch.randn(4, 3, 2, 2)
+                y_ref = ref(x)
+                y = m(x)
+                if kw:
+                    y_ref = torch.relu(y_ref)
+                torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+                self.assertTrue(torch.equal(m.running_mean, ref.running_mean))
+                self.assertTrue(torch.equal(m.running_var, ref.running_var))
+                self.assertEqual(m.running_mean.tolist(), [0.5] * 3)
+                self.assertIsNone(m.num_batches_tracked)
+        finally:
+            comms[0].destroy()
+
     def test_reconversion_takes_the_new_team(self):
         """convert_sync_batchnorm of a converted model puts every layer on the new
         process_group and comm, as nn.SyncBatchNorm's converter does with its own layers:
