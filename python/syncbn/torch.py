@@ -1,8 +1,9 @@
 """syncbn.torch: a drop-in for torch.nn.SyncBatchNorm on syncbn's teams.
 
 ``SyncBatchNorm`` has the constructor, parameters, buffers and ``state_dict`` keys of
-``torch.nn.SyncBatchNorm`` (it is a ``torch.nn.modules.batchnorm._BatchNorm``, as that
-one is; ``bias=False`` included), and its semantics: training normalizes with the
+``torch.nn.SyncBatchNorm`` (it is one, a subclass, so that code which looks for
+``nn.SyncBatchNorm`` or ``_BatchNorm`` layers finds it; ``bias=False`` included), and its
+semantics: training normalizes with the
 statistics of the whole team's batch (momentum None: cumulative average through
 ``num_batches_tracked``), eval with the running statistics (the library's inference),
 ``track_running_stats=False`` with the team's statistics in training and this rank's own
@@ -19,8 +20,8 @@ the team of the layer's ``process_group`` (the world by default) on the tensor's
 made at its first use and cached (``team_for``): rank 0 of the group makes an NCCL
 unique id (``sbnGetNcclUniqueId``), the group broadcasts it (``broadcast_object_list``),
 and every rank calls ``sbnCommInitNcclRank``, where the library makes the NCCL comm
-itself, nonblocking, bounded by the team's timeout. Not run on a GPU yet
-(tests/python/test_torch_gpu.py, scripts/gpu-suite.sh's ``pytorch`` step). A missing
+itself, nonblocking, bounded by the team's timeout (tests/python/test_torch_gpu.py,
+scripts/gpu-suite.sh's ``pytorch`` step, on a GPU). A missing
 rank raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout, in an
 op or in the team's creation; the group's broadcast before it waits as PyTorch's
 collectives do (its process group's timeout).
@@ -37,8 +38,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import syncbn as _sbn
 from syncbn import _fused, _ops
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "FusedBasicBlock", "FusedBottleneck",
-           "team_for"]
+__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm", "BatchNormXd",
+           "FusedBasicBlock", "FusedBottleneck", "team_for"]
 
 _TRAIN = _ops.batch_norm_train
 _INFER = _ops.batch_norm_infer
@@ -48,10 +49,11 @@ _train_eager, _infer_eager = _ops.train_eager, _ops.infer_eager
 _train_act_eager, _infer_act_eager = _fused.train_eager, _fused.infer_eager
 # nn.BatchNorm*d's keyword-only bias= (PyTorch 2.15); before it, the layer makes bias=False
 # itself
-_BIAS_KW = "bias" in inspect.signature(_BatchNorm.__init__).parameters
+_BIAS_KW = "bias" in inspect.signature(torch.nn.SyncBatchNorm.__init__).parameters
 _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
+_exporting = torch.onnx.is_in_onnx_export
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
@@ -117,7 +119,7 @@ def _check_comm(comm, who):
     return comm
 
 
-class SyncBatchNorm(_BatchNorm):
+class SyncBatchNorm(torch.nn.SyncBatchNorm):
     """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring),
     with an optional fused epilogue: ``activation`` ("identity", "relu", "leaky_relu" with
     negative slope ``slope``) and ``forward(input, residual=None)`` compute
@@ -221,12 +223,18 @@ class SyncBatchNorm(_BatchNorm):
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
         if not self.training:
-            if self.running_mean is None:
+            if self.running_mean is None or _exporting():
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
-                # this rank's own batch, no sync (PyTorch's op, as there); the residual
-                # refused where the operators refuse it (a broadcast shape, ...)
+                # this rank's own batch, no sync (PyTorch's op, as there); and an ONNX export
+                # (torch.onnx), which knows PyTorch's batch norm, not syncbn's operators: the
+                # same formula with PyTorch's ops. The residual refused where the operators
+                # refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
-                y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+                if self.running_mean is None:
+                    y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+                else:
+                    y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
+                                     self.eps)
                 return _epilogue(y, residual, act, self._slope) if fused else y
             _check_dtype(input)
             if not fused:
@@ -331,6 +339,74 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
 
 SyncBatchNorm.convert_sync_batchnorm = classmethod(
     lambda cls, module, process_group=None, comm=None: convert_sync_batchnorm(module, process_group, comm))
+
+
+class BatchNormXd(_BatchNorm):
+    """PyTorch's batch norm of an input of any rank >= 2 (``F.batch_norm``, this rank's own
+    statistics in training), with a fused layer's epilogue in PyTorch's ops:
+    ``forward(input, residual=None)`` = act(batch_norm(input) + residual), ``activation``
+    "identity", "relu" or "leaky_relu" (negative slope ``slope``). What
+    ``revert_sync_batchnorm`` makes of a syncbn layer."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, activation="identity", slope=0.01):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        if activation not in _fused.ACTIVATIONS:
+            raise ValueError(f"syncbn.torch.BatchNormXd: activation {activation!r}: one of \"identity\", \"relu\", "
+                             "\"leaky_relu\"")
+        self.activation = activation
+        self.slope = float(slope)
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input, residual=None):
+        y = super().forward(input)
+        if residual is not None:
+            y = y + residual
+        if self.activation == "relu":
+            return F.relu(y)
+        if self.activation == "leaky_relu":
+            return F.leaky_relu(y, self.slope)
+        return y
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        if self.activation != "identity":
+            s += f", activation={self.activation!r}"
+            if self.activation == "leaky_relu":
+                s += f", slope={self.slope}"
+        return s
+
+
+def revert_sync_batchnorm(module):
+    """The inverse of convert_sync_batchnorm / convert_fused's layers: every syncbn
+    SyncBatchNorm of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm
+    with the same parameters (shared), buffers, training mode and epilogue (the fused
+    activation and residual add, in PyTorch's ops: a fused block keeps its structure and
+    stays correct). For a model without syncbn's operators: an export (ONNX, TorchScript
+    where the model's own code allows it; an evaluated layer also exports to ONNX as it
+    is), inference without a team, or a framework's own conversions, which would drop a
+    fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized."""
+    out = module
+    if isinstance(module, SyncBatchNorm):
+        out = BatchNormXd(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                          activation=module.activation, slope=module.slope)
+        if module.affine:
+            with torch.no_grad():
+                out.weight = module.weight
+                out.bias = module.bias
+        out.running_mean = module.running_mean
+        out.running_var = module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.training = module.training
+        if hasattr(module, "qconfig"):
+            out.qconfig = module.qconfig
+    for name, child in module.named_children():
+        out.add_module(name, revert_sync_batchnorm(child))
+    del module
+    return out
 
 
 # ---- the converter of fusable patterns ---------------------------------------------------

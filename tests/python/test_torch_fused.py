@@ -700,6 +700,52 @@ class TestConvert(TeamOfOne):
         ref.eval()
         torch.testing.assert_close(converted(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
 
+    def test_is_an_nn_syncbatchnorm_and_reverts(self):
+        """Every layer is an nn.SyncBatchNorm, as frameworks look for one (detectron2's norm
+        parameter groups, mmengine's revert_sync_batchnorm). revert_sync_batchnorm gives
+        the same model on PyTorch's batch norm: no syncbn operator in its exported graph,
+        its parameters the same tensors, the fused epilogues kept (a framework's own
+        revert would drop them: it gives these layers plain batch norms); eval equal to the
+        converted model's, training equal to the float64 original's with each batch's own
+        statistics. An evaluated converted model exports to ONNX as it is (PyTorch's batch
+        norm in the export: nn.SyncBatchNorm's path). Like the converters, the revert changes
+        the module's containers in place (a copy is reverted here)."""
+        torch.manual_seed(5)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        layers = [m for m in conv.modules() if isinstance(m, sbt.SyncBatchNorm)]
+        self.assertTrue(layers and all(isinstance(m, nn.SyncBatchNorm) for m in layers))
+        x = torch.randn(2, 3, 8, 8)
+        conv(x).sum().backward()  # trains once: running statistics moved
+        back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
+        self.assertFalse(any(isinstance(m, sbt.SyncBatchNorm) for m in back.modules()))
+        self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
+        bns = [m for m in back.modules() if isinstance(m, sbt.BatchNormXd)]
+        self.assertEqual([(m.activation, m.slope) for m in bns], [(m.activation, m.slope) for m in layers])
+        for k, v in conv.state_dict().items():
+            self.assertTrue(torch.equal(back.state_dict()[k], v), k)
+        one = sbt.revert_sync_batchnorm(layers[0])  # a layer itself: its tensors, shared
+        self.assertTrue(one.weight is layers[0].weight and one.running_mean is layers[0].running_mean)
+        back.eval()
+        conv.eval()
+        torch.testing.assert_close(back(x), conv(x), rtol=1e-5, atol=1e-5)
+        graph = str(torch.export.export(back, (x,)).graph)
+        self.assertNotIn("syncbn", graph)
+        self.assertIn("batch_norm", graph)
+        # training mode: each batch's own statistics (not synchronized), as the original
+        back.train()
+        ref = copy.deepcopy(model).double().train()
+        ref.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in back.state_dict().items()})
+        torch.testing.assert_close(back(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4)
+        # the evaluated converted model to ONNX (PyTorch's TorchScript-based exporter): its
+        # operators convert (without the onnx package the export then stops for want of it)
+        import io
+        try:
+            torch.onnx.export(conv, (x,), io.BytesIO(), dynamo=False)
+        except Exception as e:  # noqa: BLE001: only the missing package is expected
+            self.assertIn("onnx is not installed", str(e))
+
     def test_resnet_like_fused_and_equal(self):
         torch.manual_seed(0)
         model = resnet_like()
