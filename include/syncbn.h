@@ -117,7 +117,8 @@ typedef struct {
    would pair their ops across the team at random). sbnCommAbort, sbnCommGetAsyncError,
    sbnGetLastError and the queries may be called from any thread at any time. A thread
    that exits with a group open frees its queue and gives its comms back (its ops never
-   run). The calls that wait for other ranks (ops, sbnGroupEnd, splits, destroys) run
+   run). A destroy that races a call still entering the library (not yet holding the
+   comm) is undefined behaviour, as with free(). The calls that wait for other ranks (ops, sbnGroupEnd, splits, destroys) run
    with the calling thread's cancellation disabled: a pthread_cancel takes effect at the
    thread's next cancellation point after the call has returned. */
 
@@ -235,8 +236,11 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops
-   queued in another thread's open group, sbnInvalidUsage (nothing done; see "one thread
-   at a time" below). As with free(), the handle is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
+   queued in another thread's open group, sbnInvalidUsage (nothing done: "one thread at a
+   time per comm", above); destroy a comm whose call waits after that call has returned
+   (sbnCommAbort ends the wait at once). A destroy racing a call that is still entering
+   the library, before it holds the comm, is undefined behaviour, as any use of a freed
+   handle. As with free(), the handle is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
    memory is released; the library does not keep a registry of live handles).
    A rank destroyed while other ranks of its team live leaves a team none of whose ops can
    complete again. What its peers see:
@@ -355,13 +359,17 @@ typedef enum {
 } sbnActivation_t;
 typedef struct {
   size_t size;                /* sizeof(sbnEpilogue_t): fields may be added at the end, with
-                                 0 as their default; a library older than the caller's
-                                 header reads `size` bytes and refuses (sbnUnsupported) a
-                                 field it does not know that is not 0 */
+                                 0 as their default and no padding between or after them
+                                 (explicit reserved members instead); a library older
+                                 than the caller's header reads `size` bytes (at most
+                                 SBN_EPILOGUE_MAX_SIZE, else sbnInvalidArgument) and
+                                 refuses (sbnUnsupported) a field it does not know that is
+                                 not 0 */
   sbnActivation_t activation; /* default identity */
   float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's) */
 } sbnEpilogue_t;
 #define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f }
+#define SBN_EPILOGUE_MAX_SIZE 4096
 
 /* sbnForwardTrain with the epilogue: y = act(bn(x) + z). z: NULL (none) or this rank's
    tensor per desc. y == x and y == z are allowed (in place). epilogue: NULL means

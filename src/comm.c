@@ -109,6 +109,7 @@ static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
 }
 
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
+  const int cancel = sbn_nocancel_begin(); /* no cancellation point while the comm is claimed */
   int claimed = 0;
   sbnResult_t r = split_check(comm, color, newcomm);
   if (r == sbnSuccess) r = sbn_comm_claim(comm, "sbnCommSplit", &claimed);
@@ -126,19 +127,20 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
       sbn_group_mark_failed(r);
     }
     if (r != sbnSuccess && claimed) sbn_comm_unclaim(comm);
+    sbn_nocancel_end(cancel);
     return r;
   }
-  if (r != sbnSuccess) return r;
-  const int cancel = sbn_nocancel_begin();
-  sbn_team_t* t = comm->team;
-  if (t->nlocal > 1) {
-    r = sbn_split_rendezvous(comm, color, key, newcomm);
-  } else {
-    r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
-    if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
+  if (r == sbnSuccess) {
+    sbn_team_t* t = comm->team;
+    if (t->nlocal > 1) {
+      r = sbn_split_rendezvous(comm, color, key, newcomm);
+    } else {
+      r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
+      if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
+    }
+    if (claimed) sbn_comm_unclaim(comm);
   }
   sbn_nocancel_end(cancel);
-  sbn_comm_unclaim(comm);
   return r;
 }
 
@@ -203,11 +205,10 @@ SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm) {
   if (sbn_group_has_comm(comm))
     return sbn_fail(comm, sbnInvalidUsage,
                     "sbnCommDestroy: the comm has ops queued in the open group; end the group first");
+  const int cancel = sbn_nocancel_begin();
   int claimed = 0; /* kept: the comm is freed */
   r = sbn_comm_claim(comm, "sbnCommDestroy", &claimed);
-  if (r != sbnSuccess) return r;
-  const int cancel = sbn_nocancel_begin();
-  sbn_comm_release(comm);
+  if (r == sbnSuccess) sbn_comm_release(comm);
   sbn_nocancel_end(cancel);
-  return sbnSuccess;
+  return r;
 }

@@ -60,6 +60,10 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
     return sbn_fail(comm, sbnInvalidArgument,
                     "%s: epilogue->size is %zu, less than sizeof(sbnEpilogue_t) = %zu "
                     "(SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size, sizeof(sbnEpilogue_t));
+  if (e->size > SBN_EPILOGUE_MAX_SIZE)
+    return sbn_fail(comm, sbnInvalidArgument,
+                    "%s: epilogue->size is %zu, more than any sbnEpilogue_t's (%d bytes at most: "
+                    "SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size, SBN_EPILOGUE_MAX_SIZE);
   /* A caller built against a later header, whose sbnEpilogue_t has fields this library
      does not know: they are off (0, their default) or the caller asks for what this
      library cannot do, which it refuses rather than ignore. */
@@ -161,6 +165,8 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
                           int ex, const sbnEpilogue_t* epilogue) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
   const int in_group = sbn_group_active();
+  /* no cancellation point between the claim and its release (front.h) */
+  const int cancel = sbn_nocancel_begin();
   sbnResult_t r = sbn_comm_check(op->comm);
   int claimed = 0;
   if (r == sbnSuccess) r = sbn_comm_claim(op->comm, op_fn(op, ex), &claimed);
@@ -179,14 +185,11 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     if (r == sbnSuccess) r = sbn_group_enqueue(op); /* the group holds the comm until its end */
     else sbn_group_mark_failed(r);
     if (r != sbnSuccess && claimed) sbn_comm_unclaim(op->comm);
-    return r;
+  } else {
+    if (r == sbnSuccess) r = sbn_op_run(op);
+    if (claimed) sbn_comm_unclaim(op->comm);
   }
-  if (r == sbnSuccess) {
-    const int cancel = sbn_nocancel_begin();
-    r = sbn_op_run(op);
-    sbn_nocancel_end(cancel);
-  }
-  if (claimed) sbn_comm_unclaim(op->comm);
+  sbn_nocancel_end(cancel);
   return r;
 }
 

@@ -473,6 +473,9 @@ static void test_refusals(void) {
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL), sbnUnsupported);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "does not know") != NULL);
+  later.e.size = (size_t)SBN_EPILOGUE_MAX_SIZE + 1; /* garbage: refused before any byte past the struct is read */
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL), sbnInvalidArgument);
   bad = relu;
   bad.activation = (sbnActivation_t)7;
   ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],

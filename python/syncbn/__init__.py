@@ -105,6 +105,9 @@ def _check(code, what, comm=None):
         _raise(code, what, comm)
 
 
+_INVALID_USAGE = 2  # sbnInvalidUsage
+
+
 def library_version():
     """The loaded library's version, "major.minor.patch" (sbnGetVersion)."""
     v = ctypes.c_int()
@@ -343,9 +346,11 @@ class Comm:
             with Comm._native_lock:  # the C++ operators own it: destroyed now, or after their call using it
                 r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
             if r == -2:
-                _check(_capi.lib.sbnCommDestroy(h), "sbnCommDestroy")
-            elif r > 0:
-                _check(r, "sbnCommDestroy")
+                r = _capi.lib.sbnCommDestroy(h)
+            if r == _INVALID_USAGE:  # refused: another thread's call on it runs; the comm stays as it was
+                self._h = h
+            if r > 0:  # the refusal's detail is on the comm (live), another failure's on the thread
+                _check(r, "sbnCommDestroy", self._h if r == _INVALID_USAGE else None)
 
     def __copy__(self):
         return self  # a rank of a team is one resource: copies of a layer share it

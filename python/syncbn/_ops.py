@@ -413,9 +413,11 @@ _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no d
 
 def _once_differentiable(fn):
     """torch.autograd.function.once_differentiable with the layer's words, as the C++
-    operators' nodes say them: under create_graph, where the incoming gradient or a saved
-    tensor (x, the weight) requires grad, the gradients get a node that raises when they
-    are differentiated, instead of a second derivative that leaves this backward out."""
+    operators' nodes say them: under create_graph, where the incoming gradient or an input
+    of the forward (x, the weight: ctx.needs_input_grad, not the saved tensors, whose
+    second unpack non-reentrant checkpointing refuses) requires grad, the gradients get a
+    node that raises when they are differentiated, instead of a second derivative that
+    leaves this backward out."""
 
     @functools.wraps(fn)
     def wrapper(ctx, *grads):
@@ -423,8 +425,7 @@ def _once_differentiable(fn):
             outputs = fn(ctx, *grads)
         if not torch.is_grad_enabled():
             return outputs
-        inputs = [g for g in grads if isinstance(g, torch.Tensor)] + list(ctx.saved_tensors)
-        if not any(t.requires_grad for t in inputs):
+        if not (any(ctx.needs_input_grad) or any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads)):
             return outputs
         err = torch._C._functions.DelayedError(_NOT_TWICE.encode(), len(outputs))
         return err(*[None if t is None else t.detach().requires_grad_() for t in outputs])

@@ -310,8 +310,21 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     module (recursively; nn.SyncBatchNorm's too) becomes a SyncBatchNorm with the same
     parameters, buffers, requires_grad and training mode, on process_group and team
     `comm`. A SyncBatchNorm of syncbn's own is moved to them in place (one layer used in
-    two places stays one, and keeps its hooks and epilogue)."""
+    two places stays one, and keeps its hooks and epilogue). A batch norm used in two
+    places becomes one SyncBatchNorm used in both (PyTorch's converter, which visits a
+    module once, leaves the second place its unsynchronized batch norm)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
+    return _convert(module, process_group, comm, {})
+
+
+def _children(module):
+    """module's children, every place (named_children gives a module used twice once)."""
+    return [(name, child) for name, child in module._modules.items() if child is not None]
+
+
+def _convert(module, process_group, comm, done):
+    if id(module) in done:
+        return done[id(module)]
     out = module
     if isinstance(module, SyncBatchNorm):
         module.process_group = process_group
@@ -331,9 +344,9 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         out.training = module.training
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
-    for name, child in module.named_children():
-        out.add_module(name, convert_sync_batchnorm(child, process_group, comm))
-    del module
+    done[id(module)] = out
+    for name, child in _children(module):
+        out.add_module(name, _convert(child, process_group, comm, done))
     return out
 
 
@@ -388,7 +401,14 @@ def revert_sync_batchnorm(module):
     stays correct). For a model without syncbn's operators: an export (ONNX, TorchScript
     where the model's own code allows it; an evaluated layer also exports to ONNX as it
     is), inference without a team, or a framework's own conversions, which would drop a
-    fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized."""
+    fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized.
+    A layer used in two places becomes one BatchNormXd used in both."""
+    return _revert(module, {})
+
+
+def _revert(module, done):
+    if id(module) in done:
+        return done[id(module)]
     out = module
     if isinstance(module, SyncBatchNorm):
         out = BatchNormXd(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
@@ -403,9 +423,9 @@ def revert_sync_batchnorm(module):
         out.training = module.training
         if hasattr(module, "qconfig"):
             out.qconfig = module.qconfig
-    for name, child in module.named_children():
-        out.add_module(name, revert_sync_batchnorm(child))
-    del module
+    done[id(module)] = out
+    for name, child in _children(module):
+        out.add_module(name, _revert(child, done))
     return out
 
 

@@ -11,6 +11,9 @@ fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf
 1.6e-2 relative, 2^-11 and 2^-8 with margin) plus the same absolute.
 """
 
+import copy
+import threading
+import time
 import unittest
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
@@ -265,6 +268,72 @@ class TestTorch(unittest.TestCase):
             self.assertEqual((int(nbt), rm.tolist()), (0, [0.0, 0.0, 0.0]))
         finally:
             comms[0].destroy()
+
+    def test_shared_batch_norm_converts_once(self):
+        """A batch norm used in three places (twice in one container, once in another) becomes ONE
+        SyncBatchNorm used in both, trained as the original (the same parameters, its
+        running statistics moved three times). PyTorch's converter visits a module once
+        (named_children) and leaves the second place its plain, unsynchronized batch norm."""
+        comms = syncbn.cpu_team(1)
+        try:
+            torch.manual_seed(4)
+            bn = torch.nn.BatchNorm2d(4)
+            model = torch.nn.Sequential(torch.nn.Sequential(bn, torch.nn.Conv2d(4, 4, 1), bn), torch.nn.Sequential(bn))
+            ref = copy.deepcopy(model).double()  # deepcopy keeps the sharing
+            conv = sbt.convert_sync_batchnorm(model, comm=comms[0])
+            self.assertIsInstance(conv[0][0], sbt.SyncBatchNorm)
+            self.assertTrue(conv[0][0] is conv[0][2] is conv[1][0])
+            x = torch.randn(2, 4, 3, 3)
+            torch.testing.assert_close(conv(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(conv[0][0].running_mean.double(), ref[0][0].running_mean, rtol=1e-5, atol=1e-6)
+        finally:
+            comms[0].destroy()
+
+    def test_destroy_under_another_threads_call_is_refused(self):
+        """destroy() of a comm while another thread's call on it waits: SyncBNError
+        (sbnInvalidUsage), and the comm stays as it was (live, in the C++ operators' table
+        too): the waiting call completes when its peer comes, and a later destroy() works.
+        Before, the refused destroy dropped the handle (the comm leaked, and said it was
+        destroyed). The waiting thread must be inside its call when destroy() runs: tried
+        again (a new team) should it not be yet after 0.3 s."""
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+
+        def bufs():
+            return torch.rand(2, 3, 4), torch.empty(2, 3, 4), torch.empty(3), torch.empty(3)
+
+        for attempt in range(5):
+            comms = syncbn.cpu_team(2, timeout_ms=20000)
+            out = {}
+
+            def rank0():
+                try:
+                    comms[0].forward_train(d, *bufs())
+                    out[0] = "ok"
+                except syncbn.SyncBNError as e:
+                    out[0] = e.name
+
+            t = threading.Thread(target=rank0)
+            t.start()
+            time.sleep(0.3)
+            try:
+                comms[0].destroy()
+            except syncbn.SyncBNError as e:
+                self.assertEqual(e.name, "sbnInvalidUsage")
+                self.assertIn("in use by another thread", str(e))
+                self.assertNotIn("destroyed", repr(comms[0]))
+                if syncbn.Comm._native is not None:  # the C++ operators' table has it again
+                    self.assertTrue(syncbn.Comm._native.comm_live(comms[0].id))
+                comms[1].forward_train(d, *bufs())  # the peer: rank 0's call completes
+                t.join()
+                self.assertEqual(out[0], "ok")
+                for c in comms:
+                    c.destroy()
+                self.assertIn("destroyed", repr(comms[0]))
+                return
+            # destroyed before rank 0's thread got into its call: again
+            comms[1].destroy()
+            t.join()
+        self.fail("rank 0's thread never got into its call within 0.3 s")
 
     def test_momentum_none_without_num_batches_tracked(self):
         """momentum None with num_batches_tracked set to None (a checkpoint without it, a

@@ -727,6 +727,8 @@ class TestConvert(TeamOfOne):
             self.assertTrue(torch.equal(back.state_dict()[k], v), k)
         one = sbt.revert_sync_batchnorm(layers[0])  # a layer itself: its tensors, shared
         self.assertTrue(one.weight is layers[0].weight and one.running_mean is layers[0].running_mean)
+        twice = sbt.revert_sync_batchnorm(nn.Sequential(layers[1], nn.Conv2d(8, 8, 1), layers[1]))
+        self.assertIs(twice[0], twice[2])  # one layer in two places: one BatchNormXd
         back.eval()
         conv.eval()
         torch.testing.assert_close(back(x), conv(x), rtol=1e-5, atol=1e-5)

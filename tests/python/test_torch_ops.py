@@ -581,6 +581,13 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                     with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
                                                 "differentiable"):
                         (gx ** 2).sum().backward()
+            # under non-reentrant checkpointing, which refuses a second unpack of a saved
+            # tensor: the first backward with create_graph runs (it unpacks them once)
+            from torch.utils.checkpoint import checkpoint
+            y = checkpoint(lambda t: m(t * 2), x, use_reentrant=False)
+            gx, = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
+            with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not differentiable"):
+                (gx ** 2).sum().backward()
 
     def test_eval_double_backward(self):
         """An evaluated layer (no exchange: torch ops in its backward) is twice

@@ -96,22 +96,31 @@ struct CommEntry {
 std::mutex comms_mutex;
 std::unordered_map<int64_t, CommEntry> comms;
 
-// Takes the comm out of the table (calls from now on say it was destroyed; under
-// comms_mutex) and returns its owner, for destroy_now.
-std::shared_ptr<CommOwner> take_out(std::unordered_map<int64_t, CommEntry>::iterator it) {
-  std::shared_ptr<CommOwner> owner = std::move(it->second.owner);
+// Takes the comm's entry out of the table (calls from now on say it was destroyed; under
+// comms_mutex), for destroy_now.
+CommEntry take_out(std::unordered_map<int64_t, CommEntry>::iterator it) {
+  CommEntry entry = std::move(it->second);
   comms.erase(it);
-  return owner;
+  return entry;
 }
 
 // The comm taken out (take_out) destroyed now, if no call is using it: sbnCommDestroy's
 // result; else when the last such call returns: -1. Out of the table, no call can take
-// it any more, so a count of 1 stays 1.
-int destroy_now(std::shared_ptr<CommOwner> owner) {
+// it any more, so a count of 1 stays 1. A destroy the library refuses (sbnInvalidUsage:
+// a call on the comm from another thread, outside these operators, still runs) leaves the
+// comm live: its entry goes back into the table as it was (ids are never reused).
+int destroy_now(int64_t id, CommEntry entry) {
+  std::shared_ptr<CommOwner>& owner = entry.owner;
   if (owner.use_count() > 1) return -1;
   sbnComm_t h = owner->handle;
   owner->handle = nullptr;
-  return static_cast<int>(api.comm_destroy(h));
+  const int r = static_cast<int>(api.comm_destroy(h));
+  if (r == sbnInvalidUsage) {
+    owner->handle = h;
+    std::lock_guard<std::mutex> lock(comms_mutex);
+    comms.emplace(id, std::move(entry));
+  }
+  return r;
 }
 
 // An autograd node's hold on the comm its backward calls, as nn.SyncBatchNorm's backward
@@ -133,14 +142,14 @@ class CommPin {
   CommPin& operator=(const CommPin&) = delete;
   ~CommPin() {
     if (!pinned_) return;
-    std::shared_ptr<CommOwner> owner;
+    CommEntry entry;
     {
       std::lock_guard<std::mutex> lock(comms_mutex);
       auto it = comms.find(id_);  // gone: destroyed explicitly meanwhile
       if (it == comms.end() || --it->second.pins > 0 || !it->second.collected) return;
-      owner = take_out(it);
+      entry = take_out(it);
     }
-    destroy_now(std::move(owner));  // a node's release has no one to tell of a failure
+    destroy_now(id_, std::move(entry));  // a node's release has no one to tell of a failure
   }
 
  private:
@@ -1353,12 +1362,13 @@ __attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void*
 }
 
 // syncbn.Comm's destroy: the comm leaves the table (calls from now on say it was
-// destroyed) and is destroyed now if no call is using it: returns sbnCommDestroy's result;
+// destroyed) and is destroyed now if no call is using it: returns sbnCommDestroy's result
+// (sbnInvalidUsage: refused, the comm back in the table as it was);
 // else when the last such call returns: -1. -2: not in the table (the caller destroys it).
 // collected (Python collected the syncbn.Comm): while an autograd node that will call the
 // comm lives (CommPin), it stays, and the last such node destroys it: -3.
 __attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id, int collected) {
-  std::shared_ptr<CommOwner> owner;
+  CommEntry entry;
   {
     std::lock_guard<std::mutex> lock(comms_mutex);
     auto it = comms.find(id);
@@ -1367,9 +1377,9 @@ __attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id, int c
       it->second.collected = true;
       return -3;
     }
-    owner = take_out(it);
+    entry = take_out(it);
   }
-  return destroy_now(std::move(owner));
+  return destroy_now(id, std::move(entry));
 }
 
 // Whether the comm `id` is in the table (live): tests see that a collected comm lives
