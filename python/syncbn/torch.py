@@ -314,39 +314,45 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     places becomes one SyncBatchNorm used in both (PyTorch's converter, which visits a
     module once, leaves the second place its unsynchronized batch norm)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
-    return _convert(module, process_group, comm, {})
+
+    def swap(m):
+        if isinstance(m, SyncBatchNorm):  # moved in place
+            m.process_group = process_group
+            m.comm = comm
+            m._group_comm = m._group_device = None  # the previous group's team
+            return m
+        if isinstance(m, _BatchNorm):
+            return _take_state(SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                             process_group, comm=comm, bias=not m.affine or m.bias is not None), m)
+        return m
+
+    return _swap_modules(module, swap, {})
 
 
-def _children(module):
-    """module's children, every place (named_children gives a module used twice once)."""
-    return [(name, child) for name, child in module._modules.items() if child is not None]
-
-
-def _convert(module, process_group, comm, done):
+def _swap_modules(module, swap, done):
+    """module with swap(m) in place of each module m below it and itself, in every place it
+    holds (named_children gives a module used twice in one container once), one module
+    swapped once (done: id -> what it became)."""
     if id(module) in done:
         return done[id(module)]
-    out = module
-    if isinstance(module, SyncBatchNorm):
-        module.process_group = process_group
-        module.comm = comm
-        module._group_comm = module._group_device = None  # the previous group's team
-    elif isinstance(module, _BatchNorm):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats, process_group, comm=comm,
-                            bias=not module.affine or module.bias is not None)
-        if module.affine:
-            with torch.no_grad():
-                out.weight = module.weight
-                out.bias = module.bias
-        out.running_mean = module.running_mean
-        out.running_var = module.running_var
-        out.num_batches_tracked = module.num_batches_tracked
-        out.training = module.training
-        if hasattr(module, "qconfig"):
-            out.qconfig = module.qconfig
-    done[id(module)] = out
-    for name, child in _children(module):
-        out.add_module(name, _convert(child, process_group, comm, done))
+    out = done[id(module)] = swap(module)
+    for name, child in [(n, c) for n, c in module._modules.items() if c is not None]:
+        out.add_module(name, _swap_modules(child, swap, done))
+    return out
+
+
+def _take_state(out, m):
+    """out with m's parameters (the same tensors), buffers, training mode and qconfig."""
+    if m.affine:
+        with torch.no_grad():
+            out.weight = m.weight
+            out.bias = m.bias
+    out.running_mean = m.running_mean
+    out.running_var = m.running_var
+    out.num_batches_tracked = m.num_batches_tracked
+    out.training = m.training
+    if hasattr(m, "qconfig"):
+        out.qconfig = m.qconfig
     return out
 
 
@@ -403,30 +409,14 @@ def revert_sync_batchnorm(module):
     is), inference without a team, or a framework's own conversions, which would drop a
     fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized.
     A layer used in two places becomes one BatchNormXd used in both."""
-    return _revert(module, {})
 
+    def swap(m):
+        if not isinstance(m, SyncBatchNorm):
+            return m
+        return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                       activation=m.activation, slope=m.slope), m)
 
-def _revert(module, done):
-    if id(module) in done:
-        return done[id(module)]
-    out = module
-    if isinstance(module, SyncBatchNorm):
-        out = BatchNormXd(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
-                          activation=module.activation, slope=module.slope)
-        if module.affine:
-            with torch.no_grad():
-                out.weight = module.weight
-                out.bias = module.bias
-        out.running_mean = module.running_mean
-        out.running_var = module.running_var
-        out.num_batches_tracked = module.num_batches_tracked
-        out.training = module.training
-        if hasattr(module, "qconfig"):
-            out.qconfig = module.qconfig
-    done[id(module)] = out
-    for name, child in _children(module):
-        out.add_module(name, _revert(child, done))
-    return out
+    return _swap_modules(module, swap, {})
 
 
 # ---- the converter of fusable patterns ---------------------------------------------------
