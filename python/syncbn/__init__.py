@@ -76,13 +76,15 @@ class SyncBNError(RuntimeError):
     sbnResult_t), ``.name`` ("sbnTimeout", ...), ``.detail`` (sbnGetLastError's text). The
     message says what failed first, then the result's name: "sbnForwardTrain: rank 0
     waited 300000 ms for rank 1 ... [sbnTimeout]"; the code's generic text only where the
-    library gave no detail."""
+    library gave no detail; a detail that names the call itself first ("sbnCommDestroy:
+    ...", the library's own messages) is not named twice."""
 
     def __init__(self, code, what, detail=""):
         self.code = int(code)
         self.name = result_name(code)
         self.detail = detail
-        super().__init__(f"{what}: {detail or error_string(code)} [{self.name}]")
+        text = detail if detail.startswith(f"{what}: ") else f"{what}: {detail or error_string(code)}"
+        super().__init__(f"{text} [{self.name}]")
 
 
 class SyncBNValueError(SyncBNError, ValueError):

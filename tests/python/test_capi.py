@@ -173,6 +173,9 @@ class TestCapi(unittest.TestCase):
                 comms[0].forward_train(syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 0, 3), None, None, None, None)
             self.assertEqual(cm.exception.name, "sbnInvalidArgument")
             self.assertIn("c >= 1", cm.exception.detail)
+            # the library's detail names the call first: the text does not name it twice
+            self.assertEqual(str(cm.exception), cm.exception.detail + " [sbnInvalidArgument]")
+            self.assertTrue(str(cm.exception).startswith("sbnForwardTrain: need n >= 0"))
         finally:
             comms[0].destroy()
         with self.assertRaises(syncbn.SyncBNError):
