@@ -57,10 +57,14 @@ static void group_thread_exit(void* unused) {
   group_reset();
 }
 static void make_exit_key(void) { exit_key_ok = pthread_key_create(&exit_key, group_thread_exit) == 0; }
-/* The library unloaded (dlclose): no thread may call a destructor that is gone (the queues
-   of threads with a group still open are then left). */
+/* The library unloaded (dlclose) or the process exiting: no thread may call a destructor
+   that is gone, and no later group uses the deleted key (the queues of threads with a
+   group still open are then left). */
 __attribute__((destructor)) static void delete_exit_key(void) {
-  if (exit_key_ok) pthread_key_delete(exit_key);
+  if (exit_key_ok) {
+    exit_key_ok = 0;
+    pthread_key_delete(exit_key);
+  }
 }
 
 void sbn_group_mark_failed(sbnResult_t r) {

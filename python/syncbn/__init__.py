@@ -343,10 +343,12 @@ class Comm:
         """destroy(); collected (by Python: __del__), the C++ operators keep the comm while
         an autograd node that will call it lives (a layer deleted before its backward), as
         the Python operators' nodes keep this object."""
-        if self._h.value:
+        with Comm._native_lock:  # one destroy at a time: the handle taken, destroyed, or put back if refused
+            if not self._h.value:
+                return
             h, self._h = self._h, ctypes.c_void_p()
-            with Comm._native_lock:  # the C++ operators own it: destroyed now, or after their call using it
-                r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
+            # the C++ operators own it: destroyed now, or after their call using it
+            r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
             if r == -2:
                 r = _capi.lib.sbnCommDestroy(h)
             if r == _INVALID_USAGE:  # refused: another thread's call on it runs; the comm stays as it was

@@ -308,6 +308,7 @@ def _train_function(train, backward, below, traced_backward=None):
                 _ops._save(ctx, x, y, weight, None, stats)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
             ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
+            ctx.twice = inplace or _ops._twice(x, weight)  # in place: the C++ node looks at out, which always does
             ctx.mark_non_differentiable(stats)
             return y, stats
 

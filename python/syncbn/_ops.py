@@ -413,11 +413,12 @@ _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no d
 
 def _once_differentiable(fn):
     """torch.autograd.function.once_differentiable with the layer's words, as the C++
-    operators' nodes say them: under create_graph, where the incoming gradient or an input
-    of the forward (x, the weight: ctx.needs_input_grad, not the saved tensors, whose
-    second unpack non-reentrant checkpointing refuses) requires grad, the gradients get a
-    node that raises when they are differentiated, instead of a second derivative that
-    leaves this backward out."""
+    operators' nodes say them: under create_graph, where the incoming gradient or what the
+    C++ nodes look at requires grad (ctx.twice, set by the forward: x or the weight; the
+    in-place layer's saved output, always; not read from the saved tensors, whose second
+    unpack non-reentrant checkpointing refuses), the gradients get a node that raises when
+    they are differentiated, instead of a second derivative that leaves this backward
+    out."""
 
     @functools.wraps(fn)
     def wrapper(ctx, *grads):
@@ -425,12 +426,18 @@ def _once_differentiable(fn):
             outputs = fn(ctx, *grads)
         if not torch.is_grad_enabled():
             return outputs
-        if not (any(ctx.needs_input_grad) or any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads)):
+        if not (ctx.twice or any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads)):
             return outputs
         err = torch._C._functions.DelayedError(_NOT_TWICE.encode(), len(outputs))
         return err(*[None if t is None else t.detach().requires_grad_() for t in outputs])
 
     return wrapper
+
+
+def _twice(x, weight):
+    """Whether a create_graph backward's gradients get _once_differentiable's node, as far as
+    the forward's tensors say (the C++ nodes' condition): x or the weight requires grad."""
+    return x.requires_grad or (weight is not None and weight.requires_grad)
 
 
 def _forward_call(fn, below, args):
@@ -468,6 +475,7 @@ def _train_function(train, backward, below, traced_backward=None):
             _save(ctx, x, weight, stats)
             ctx.eps, ctx.comm = eps, comm
             ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
+            ctx.twice = _twice(x, weight)
             ctx.mark_non_differentiable(stats)
             return y, stats
 

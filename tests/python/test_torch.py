@@ -271,7 +271,7 @@ class TestTorch(unittest.TestCase):
 
     def test_shared_batch_norm_converts_once(self):
         """A batch norm used in three places (twice in one container, once in another) becomes ONE
-        SyncBatchNorm used in both, trained as the original (the same parameters, its
+        SyncBatchNorm used in all three, trained as the original (the same parameters, its
         running statistics moved three times). PyTorch's converter visits a module once
         (named_children) and leaves the second place its plain, unsynchronized batch norm."""
         comms = syncbn.cpu_team(1)
@@ -290,50 +290,43 @@ class TestTorch(unittest.TestCase):
             comms[0].destroy()
 
     def test_destroy_under_another_threads_call_is_refused(self):
-        """destroy() of a comm while another thread's call on it waits: SyncBNError
-        (sbnInvalidUsage), and the comm stays as it was (live, in the C++ operators' table
-        too): the waiting call completes when its peer comes, and a later destroy() works.
+        """destroy() of a comm that another thread holds (its open group has rank 0's op
+        queued): SyncBNError (sbnInvalidUsage), and the comm stays as it was (live, in the
+        C++ operators' table too); once that thread's group has ended, destroy() works.
         Before, the refused destroy dropped the handle (the comm leaked, and said it was
-        destroyed). The waiting thread must be inside its call when destroy() runs: tried
-        again (a new team) should it not be yet after 0.3 s."""
+        destroyed)."""
+        from syncbn import _capi
+
         d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+        comms = syncbn.cpu_team(2, timeout_ms=20000)
+        held, go, out = threading.Event(), threading.Event(), {}
 
-        def bufs():
-            return torch.rand(2, 3, 4), torch.empty(2, 3, 4), torch.empty(3), torch.empty(3)
+        def holder():
+            _capi.lib.sbnGroupStart()
+            out["queued"] = comms[0].forward_train(d, torch.rand(2, 3, 4), torch.empty(2, 3, 4), torch.empty(3),
+                                                   torch.empty(3))
+            held.set()
+            go.wait(60)
+            out["end"] = _capi.lib.sbnGroupEnd()  # rank 1 missing: nothing runs (sbnInvalidUsage)
 
-        for attempt in range(5):
-            comms = syncbn.cpu_team(2, timeout_ms=20000)
-            out = {}
-
-            def rank0():
-                try:
-                    comms[0].forward_train(d, *bufs())
-                    out[0] = "ok"
-                except syncbn.SyncBNError as e:
-                    out[0] = e.name
-
-            t = threading.Thread(target=rank0)
-            t.start()
-            time.sleep(0.3)
-            try:
+        t = threading.Thread(target=holder)
+        t.start()
+        try:
+            self.assertTrue(held.wait(60))
+            with self.assertRaises(syncbn.SyncBNError) as cm:
                 comms[0].destroy()
-            except syncbn.SyncBNError as e:
-                self.assertEqual(e.name, "sbnInvalidUsage")
-                self.assertIn("in use by another thread", str(e))
-                self.assertNotIn("destroyed", repr(comms[0]))
-                if syncbn.Comm._native is not None:  # the C++ operators' table has it again
-                    self.assertTrue(syncbn.Comm._native.comm_live(comms[0].id))
-                comms[1].forward_train(d, *bufs())  # the peer: rank 0's call completes
-                t.join()
-                self.assertEqual(out[0], "ok")
-                for c in comms:
-                    c.destroy()
-                self.assertIn("destroyed", repr(comms[0]))
-                return
-            # destroyed before rank 0's thread got into its call: again
-            comms[1].destroy()
+            self.assertEqual(cm.exception.name, "sbnInvalidUsage")
+            self.assertIn("in use by another thread", str(cm.exception))
+            self.assertNotIn("destroyed", repr(comms[0]))
+            if syncbn.Comm._native is not None:  # the C++ operators' table has it still
+                self.assertTrue(syncbn.Comm._native.comm_live(comms[0].id))
+        finally:
+            go.set()
             t.join()
-        self.fail("rank 0's thread never got into its call within 0.3 s")
+        self.assertEqual(out["end"], 2)
+        for c in comms:
+            c.destroy()
+        self.assertIn("destroyed", repr(comms[0]))
 
     def test_momentum_none_without_num_batches_tracked(self):
         """momentum None with num_batches_tracked set to None (a checkpoint without it, a

@@ -581,6 +581,12 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                     with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
                                                 "differentiable"):
                         (gx ** 2).sum().backward()
+            # the bias alone requiring grad (frozen weight, x without grad), a constant incoming
+            # gradient: no second-order term to lose, so no node, on both kinds alike
+            m.weight.requires_grad_(False)
+            gb, = torch.autograd.grad(m(torch.randn(4, 3)).sum(), m.bias, create_graph=True)
+            self.assertFalse(gb.requires_grad)
+            m.weight.requires_grad_(True)
             # under non-reentrant checkpointing, which refuses a second unpack of a saved
             # tensor: the first backward with create_graph runs (it unpacks them once)
             from torch.utils.checkpoint import checkpoint

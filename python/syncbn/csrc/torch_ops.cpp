@@ -92,33 +92,37 @@ struct CommEntry {
   std::string transport;
   int pins = 0;            // autograd nodes that will call it (CommPin)
   bool collected = false;  // Python collected its syncbn.Comm while pinned
+  bool destroying = false;  // destroy_entry runs the library's destroy: no call may take it
 };
 std::mutex comms_mutex;
 std::unordered_map<int64_t, CommEntry> comms;
 
-// Takes the comm's entry out of the table (calls from now on say it was destroyed; under
-// comms_mutex), for destroy_now.
-CommEntry take_out(std::unordered_map<int64_t, CommEntry>::iterator it) {
-  CommEntry entry = std::move(it->second);
-  comms.erase(it);
-  return entry;
-}
-
-// The comm taken out (take_out) destroyed now, if no call is using it: sbnCommDestroy's
-// result; else when the last such call returns: -1. Out of the table, no call can take
-// it any more, so a count of 1 stays 1. A destroy the library refuses (sbnInvalidUsage:
-// a call on the comm from another thread, outside these operators, still runs) leaves the
-// comm live: its entry goes back into the table as it was (ids are never reused).
-int destroy_now(int64_t id, CommEntry entry) {
-  std::shared_ptr<CommOwner>& owner = entry.owner;
-  if (owner.use_count() > 1) return -1;
+// Destroys the comm of entry `id` (in the table; `lock` holds comms_mutex) now if no
+// operator call is using it: sbnCommDestroy's result; else -1: the entry leaves the table
+// (calls from now on say it was destroyed) and the last such call's release destroys it.
+// While the library's destroy runs (the lock released) the entry stays in the table,
+// marked destroying: no call can take it, and pins still count. Done, the entry leaves;
+// refused (sbnInvalidUsage: a call on the comm from another thread, outside these
+// operators, still runs), it stays as it was. (A refused destroy at a pin's release, or at
+// the last call's release (~CommOwner), has no one to tell: the comm then stays, unused.)
+int destroy_entry(std::unique_lock<std::mutex>& lock, int64_t id) {
+  auto it = comms.find(id);
+  std::shared_ptr<CommOwner> owner = it->second.owner;
+  if (owner.use_count() > 2) {  // the table's, this one, and a call's
+    comms.erase(it);
+    return -1;
+  }
+  it->second.destroying = true;
   sbnComm_t h = owner->handle;
-  owner->handle = nullptr;
+  lock.unlock();
   const int r = static_cast<int>(api.comm_destroy(h));
-  if (r == sbnInvalidUsage) {
-    owner->handle = h;
-    std::lock_guard<std::mutex> lock(comms_mutex);
-    comms.emplace(id, std::move(entry));
+  lock.lock();
+  it = comms.find(id);  // still there: a destroying entry leaves only here
+  if (r == sbnSuccess) {
+    owner->handle = nullptr;
+    if (it != comms.end()) comms.erase(it);
+  } else if (it != comms.end()) {
+    it->second.destroying = false;
   }
   return r;
 }
@@ -142,14 +146,10 @@ class CommPin {
   CommPin& operator=(const CommPin&) = delete;
   ~CommPin() {
     if (!pinned_) return;
-    CommEntry entry;
-    {
-      std::lock_guard<std::mutex> lock(comms_mutex);
-      auto it = comms.find(id_);  // gone: destroyed explicitly meanwhile
-      if (it == comms.end() || --it->second.pins > 0 || !it->second.collected) return;
-      entry = take_out(it);
-    }
-    destroy_now(id_, std::move(entry));  // a node's release has no one to tell of a failure
+    std::unique_lock<std::mutex> lock(comms_mutex);
+    auto it = comms.find(id_);  // gone: destroyed explicitly meanwhile
+    if (it == comms.end() || --it->second.pins > 0 || !it->second.collected || it->second.destroying) return;
+    destroy_entry(lock, id_);  // a node's release has no one to tell of a failure
   }
 
  private:
@@ -298,7 +298,7 @@ CommEntry find_comm(int64_t id, const Tensor& x, const char* who) {
   {
     std::lock_guard<std::mutex> lock(comms_mutex);
     auto it = comms.find(id);
-    if (it != comms.end()) e = it->second;
+    if (it != comms.end() && !it->second.destroying) e = it->second;
   }
   if (e.owner == nullptr)
     fail_library(sbnInvalidUsage, "syncbn.Comm", "no live comm has id " + std::to_string(id) + ": it was destroyed");
@@ -1363,23 +1363,20 @@ __attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void*
 
 // syncbn.Comm's destroy: the comm leaves the table (calls from now on say it was
 // destroyed) and is destroyed now if no call is using it: returns sbnCommDestroy's result
-// (sbnInvalidUsage: refused, the comm back in the table as it was);
+// (sbnInvalidUsage: refused, the comm in the table as it was: destroy_entry);
 // else when the last such call returns: -1. -2: not in the table (the caller destroys it).
 // collected (Python collected the syncbn.Comm): while an autograd node that will call the
 // comm lives (CommPin), it stays, and the last such node destroys it: -3.
 __attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id, int collected) {
-  CommEntry entry;
-  {
-    std::lock_guard<std::mutex> lock(comms_mutex);
-    auto it = comms.find(id);
-    if (it == comms.end()) return -2;
-    if (collected && it->second.pins > 0) {
-      it->second.collected = true;
-      return -3;
-    }
-    entry = take_out(it);
+  std::unique_lock<std::mutex> lock(comms_mutex);
+  auto it = comms.find(id);
+  if (it == comms.end()) return -2;
+  if (it->second.destroying) return -1;  // another thread's destroy of it runs
+  if (collected && it->second.pins > 0) {
+    it->second.collected = true;
+    return -3;
   }
-  return destroy_now(id, std::move(entry));
+  return destroy_entry(lock, id);
 }
 
 // Whether the comm `id` is in the table (live): tests see that a collected comm lives
