@@ -108,38 +108,29 @@ static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
   return sbn_comm_check_alive(comm);
 }
 
+/* A split outside a group: now (in a group, sbnGroupEnd runs it: group.c). */
+static sbnResult_t run_split(const sbn_op_t* op) {
+  sbn_team_t* t = op->comm->team;
+  if (t->nlocal > 1) return sbn_split_rendezvous(op->comm, op->color, op->key, op->newcomm);
+  int color = op->color, key = op->key;
+  sbnResult_t r = t->ops->split(t, &color, &key, op->newcomm); /* the one local rank (NCCL teams) */
+  if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL));
+  return r;
+}
+
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
   const int cancel = sbn_nocancel_begin(); /* no cancellation point while the comm is claimed */
   int claimed = 0;
   sbnResult_t r = split_check(comm, color, newcomm);
   if (r == sbnSuccess) r = sbn_comm_claim(comm, "sbnCommSplit", &claimed);
-  if (sbn_group_active()) { /* run at sbnGroupEnd (group.c), which gives the comm back */
-    if (r == sbnSuccess) {
-      sbn_op_t op;
-      memset(&op, 0, sizeof op);
-      op.kind = SBN_OP_SPLIT;
-      op.comm = comm;
-      op.color = color;
-      op.key = key;
-      op.newcomm = newcomm;
-      r = sbn_group_enqueue(&op);
-    } else {
-      sbn_group_mark_failed(r);
-    }
-    if (r != sbnSuccess && claimed) sbn_comm_unclaim(comm);
-    sbn_nocancel_end(cancel);
-    return r;
-  }
-  if (r == sbnSuccess) {
-    sbn_team_t* t = comm->team;
-    if (t->nlocal > 1) {
-      r = sbn_split_rendezvous(comm, color, key, newcomm);
-    } else {
-      r = t->ops->split(t, &color, &key, newcomm); /* the one local rank (NCCL teams) */
-      if (r != sbnSuccess) sbn_note(comm, sbnGetLastError(NULL));
-    }
-    if (claimed) sbn_comm_unclaim(comm);
-  }
+  sbn_op_t op;
+  memset(&op, 0, sizeof op);
+  op.kind = SBN_OP_SPLIT;
+  op.comm = comm;
+  op.color = color;
+  op.key = key;
+  op.newcomm = newcomm;
+  r = sbn_call_finish(&op, r, claimed, run_split);
   sbn_nocancel_end(cancel);
   return r;
 }

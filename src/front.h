@@ -22,6 +22,12 @@ SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
    open group held it already); sbn_comm_unclaim gives it back. */
 SBN_INTERNAL sbnResult_t sbn_comm_claim(sbnComm_t comm, const char* fn, int* claimed);
 SBN_INTERNAL void sbn_comm_unclaim(sbnComm_t comm);
+/* The tail of an op's or a split's call, r its checks' result so far: inside a group, the
+   op queued (the group then holds the comm until its end) or the group marked failed;
+   outside, run(op) now. A claim this call took (claimed) is given back unless the op was
+   queued. */
+SBN_INTERNAL sbnResult_t sbn_call_finish(const sbn_op_t* op, sbnResult_t r, int claimed,
+                                         sbnResult_t (*run)(const sbn_op_t* op));
 
 /* The calls that wait for other ranks (an op, sbnGroupEnd, a split, a destroy) run with
    the calling thread's cancellation disabled: a pthread_cancel takes effect at the

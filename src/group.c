@@ -37,11 +37,25 @@ sbnResult_t sbn_comm_claim(sbnComm_t comm, const char* fn, int* claimed) {
 
 void sbn_comm_unclaim(sbnComm_t comm) { atomic_store(&comm->user, (uintptr_t)0); }
 
+sbnResult_t sbn_call_finish(const sbn_op_t* op, sbnResult_t r, int claimed,
+                            sbnResult_t (*run)(const sbn_op_t* op)) {
+  if (sbn_group_active()) {
+    if (r == sbnSuccess) r = sbn_group_enqueue(op);
+    else sbn_group_mark_failed(r);
+    if (r != sbnSuccess && claimed) sbn_comm_unclaim(op->comm);
+    return r;
+  }
+  if (r == sbnSuccess) r = run(op);
+  if (claimed) sbn_comm_unclaim(op->comm);
+  return r;
+}
+
 /* Frees the queue and gives back the comms it held. */
 static void group_reset(void) {
+  const uintptr_t me = (uintptr_t)&thread_tag;
   for (size_t i = 0; i < group.n; i++) {
-    uintptr_t me = (uintptr_t)&thread_tag;
-    atomic_compare_exchange_strong(&group.ops[i].comm->user, &me, (uintptr_t)0);
+    uintptr_t mine = me; /* the CAS writes what it found here */
+    atomic_compare_exchange_strong(&group.ops[i].comm->user, &mine, (uintptr_t)0);
   }
   free(group.ops);
   memset(&group, 0, sizeof group);

@@ -181,14 +181,7 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   if (r == sbnSuccess) r = sbn_comm_check_alive(op->comm);
   const sbn_team_ops_t* ops = r == sbnSuccess ? op->comm->team->ops : NULL;
   if (r == sbnSuccess && ops->prepare != NULL) r = ops->prepare(op, in_group);
-  if (in_group) {
-    if (r == sbnSuccess) r = sbn_group_enqueue(op); /* the group holds the comm until its end */
-    else sbn_group_mark_failed(r);
-    if (r != sbnSuccess && claimed) sbn_comm_unclaim(op->comm);
-  } else {
-    if (r == sbnSuccess) r = sbn_op_run(op);
-    if (claimed) sbn_comm_unclaim(op->comm);
-  }
+  r = sbn_call_finish(op, r, claimed, sbn_op_run);
   sbn_nocancel_end(cancel);
   return r;
 }
