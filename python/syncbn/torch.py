@@ -295,7 +295,8 @@ def _check_dtype(x):
 
 
 def _epilogue(y, residual, act, slope):
-    """act(y + residual) with torch ops (eval without running statistics)."""
+    """act(y + residual) with torch ops (eval without running statistics or under an ONNX
+    export; BatchNormXd's)."""
     if residual is not None:
         y = y + residual
     if act == _sbn.RELU:
@@ -381,14 +382,7 @@ class BatchNormXd(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None):
-        y = super().forward(input)
-        if residual is not None:
-            y = y + residual
-        if self.activation == "relu":
-            return F.relu(y)
-        if self.activation == "leaky_relu":
-            return F.leaky_relu(y, self.slope)
-        return y
+        return _epilogue(super().forward(input), residual, _fused.ACTIVATIONS[self.activation], self.slope)
 
     def extra_repr(self):
         s = super().extra_repr()
@@ -404,9 +398,9 @@ def revert_sync_batchnorm(module):
     SyncBatchNorm of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm
     with the same parameters (shared), buffers, training mode and epilogue (the fused
     activation and residual add, in PyTorch's ops: a fused block keeps its structure and
-    stays correct). For a model without syncbn's operators: an export (ONNX, TorchScript
-    where the model's own code allows it; an evaluated layer also exports to ONNX as it
-    is), inference without a team, or a framework's own conversions, which would drop a
+    stays correct). For a model without syncbn's operators: an export (ONNX, torch.export;
+    an evaluated layer also exports to ONNX as it is; not TorchScript, which does not
+    script a module's super().forward), inference without a team, or a framework's own conversions, which would drop a
     fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized.
     A layer used in two places becomes one BatchNormXd used in both."""
 
