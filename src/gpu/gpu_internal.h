@@ -150,6 +150,9 @@ SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
    memory per the transport). */
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
+/* 1 when a host-path op of some rank (its APPLY after an ncclAllGather) was launched and
+   has not completed: a collective that may wait for a peer that does not come. */
+SBN_INTERNAL int sbn_gpu_host_pending(const struct sbn_gpu_team* gt);
 /* Frees a team's GPU part (waits for its devices to be idle). release (NULL: none) is
    the kind of team's own part (NCCL teams: the window and the team's comm), called once
    the watchdog has stopped and a stuck collective was aborted, before the devices' memory

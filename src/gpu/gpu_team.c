@@ -95,14 +95,11 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   }
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL) {
-    /* a collective still waiting for a peer would never finish: abort instead of destroy */
-    int stuck = aborted;
-    for (int q = 0; gt->ranks != NULL && q < gt->nranks && !stuck; q++)
-      if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
-          cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
-        stuck = 1;
-    (void)cudaGetLastError();
-    if (stuck) sbn_nccl_abort_all(gt);
+    /* a collective still waiting for a peer would never finish: abort instead of destroy.
+       Only then before the devices are idle: an NCCL window team's kernels write through
+       the window that the comm's abort unmaps (its release aborts after the sync). */
+    const int stuck = sbn_gpu_host_pending(gt);
+    if (stuck || (aborted && gt->transport != SBN_TR_NCCL_WINDOW)) sbn_nccl_abort_all(gt);
     aborted |= stuck;
   }
 #endif
@@ -128,10 +125,15 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   gt->nccl = NULL;
 #endif
   if (gt->nccl_lock_ok) pthread_rwlock_destroy(&gt->nccl_lock);
+  /* Every device first, then any memory: a rank's kernel still in flight writes its peers'
+     mailboxes and stop words on their devices (peer access), and a cudaFree on one device
+     does not wait for another device's kernels. */
+  for (int q = 0; gt->ranks && q < gt->nranks; q++)
+    if (gt->ranks[q].present && cudaSetDevice(gt->ranks[q].device) == cudaSuccess)
+      cudaDeviceSynchronize();
   for (int q = 0; gt->ranks && q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
     if (!g->present || cudaSetDevice(g->device) != cudaSuccess) continue;
-    cudaDeviceSynchronize(); /* kernels of this team may still be in flight */
     if (g->ev) cudaEventDestroy(g->ev);
     if (g->ev_done) cudaEventDestroy(g->ev_done);
     if (g->stop_stream) cudaStreamDestroy(g->stop_stream);
@@ -154,6 +156,16 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   (void)cudaGetLastError();
   free(gt->ranks);
   free(gt);
+}
+
+int sbn_gpu_host_pending(const struct sbn_gpu_team* gt) {
+  int pending = 0;
+  for (int q = 0; gt->ranks != NULL && q < gt->nranks && !pending; q++)
+    if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
+        cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
+      pending = 1;
+  (void)cudaGetLastError();
+  return pending;
 }
 
 void sbn_gpu_detach(sbn_team_t* team) {

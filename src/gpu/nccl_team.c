@@ -444,7 +444,8 @@ static void nccl_detach(sbn_team_t* team) {
 }
 
 /* The table's abort (sbnCommAbort, a failed launch): this process's kernels
-   (sbn_gpu_abort), then the other processes' kernels, then the comm. */
+   (sbn_gpu_abort), then the other processes' kernels, then the comm (an "nccl-lsa" team's
+   only where a host-path collective is pending: see the end). */
 static void nccl_abort(sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
   sbn_gpu_abort(team);
@@ -466,8 +467,13 @@ static void nccl_abort(sbn_team_t* team) {
   }
   (void)cudaGetLastError();
   cudaSetDevice(prev);
-  /* a collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns */
-  sbn_nccl_abort_all(gt);
+  /* A collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns. An
+     "nccl-lsa" team's comm is aborted only for such a collective: its abort unmaps the
+     window, through which this rank's cooperative kernels, which may still be running
+     (they end once they see the stop word), write their peers' mailboxes and failure
+     words. Otherwise the comm is aborted when the team is released, after its device is
+     idle (nccl_release). */
+  if (gt->transport != SBN_TR_NCCL_WINDOW || sbn_gpu_host_pending(gt)) sbn_nccl_abort_all(gt);
 }
 
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,

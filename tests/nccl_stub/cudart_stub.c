@@ -8,10 +8,17 @@
  * cudaPointerGetAttributes tells device, pinned host and unknown memory apart and copies
  * are memcpy; every stream and event is always complete; a kernel launch does nothing and
  * succeeds. Nothing here computes a kernel's result: the tests that use it check the
- * host's protocol (NCCL calls, waits, results), never values. */
+ * host's protocol (NCCL calls, waits, results), never values.
+ *
+ * One thing about kernels is kept: a cooperative launch (the kernels that write their
+ * peers' memory) counts as running on its device until a cudaDeviceSynchronize there. A
+ * cudaFree of one device's memory while another device may run such a kernel is a
+ * violation (cudart_stub_violations): that kernel may write the freed memory through
+ * peer access, and a real cudaFree does not wait for another device's kernels. */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +35,34 @@ typedef struct {
 static alloc_t* allocs;
 static size_t nallocs, cap_allocs;
 static _Thread_local int current_device;
+
+#define STUB_MAX_DEVICES 8
+static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchronized */
+static int violations;
+static char last_violation[256];
+
+int cudart_stub_in_flight(int device) {
+  pthread_mutex_lock(&mu);
+  const int n = device >= 0 && device < STUB_MAX_DEVICES ? in_flight[device] : 0;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+int cudart_stub_violations(void) {
+  pthread_mutex_lock(&mu);
+  const int n = violations;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+const char* cudart_stub_last_violation(void) {
+  return last_violation;
+}
+void cudart_stub_reset(void) {
+  pthread_mutex_lock(&mu);
+  memset(in_flight, 0, sizeof in_flight);
+  violations = 0;
+  last_violation[0] = '\0';
+  pthread_mutex_unlock(&mu);
+}
 
 static int device_count(void) {
   const char* v = getenv("CUDA_STUB_DEVICES");
@@ -62,6 +97,15 @@ static cudaError_t forget(void* p, enum cudaMemoryType type) {
   pthread_mutex_lock(&mu);
   for (size_t i = 0; i < nallocs; i++)
     if (allocs[i].p == p && allocs[i].type == type) {
+      for (int d = 0; type == cudaMemoryTypeDevice && d < STUB_MAX_DEVICES; d++)
+        if (d != allocs[i].device && in_flight[d] > 0) {
+          violations++;
+          snprintf(last_violation, sizeof last_violation,
+                   "cudaFree of device %d's memory while device %d may still run a "
+                   "cooperative kernel (no cudaDeviceSynchronize there since its launch)",
+                   allocs[i].device, d);
+          break;
+        }
       allocs[i] = allocs[--nallocs];
       pthread_mutex_unlock(&mu);
       free(p);
@@ -127,6 +171,9 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  pthread_mutex_lock(&mu);
+  if (current_device >= 0 && current_device < STUB_MAX_DEVICES) in_flight[current_device] = 0;
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {
@@ -253,7 +300,13 @@ cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args,
   return cudaSuccess;
 }
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {
-  (void)cfg, (void)fn, (void)args;
+  (void)fn, (void)args;
+  for (unsigned i = 0; i < cfg->numAttrs; i++)
+    if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {
+      pthread_mutex_lock(&mu);
+      if (current_device >= 0 && current_device < STUB_MAX_DEVICES) in_flight[current_device]++;
+      pthread_mutex_unlock(&mu);
+    }
   return cudaSuccess;
 }
 

@@ -10,4 +10,13 @@
    how many there are. */
 size_t cudart_stub_find(size_t bytes, void** out, int* dev, size_t max);
 
+/* Cooperative launches on `device` since its last cudaDeviceSynchronize. */
+int cudart_stub_in_flight(int device);
+/* Violations since the last reset (a cudaFree of memory that another device's kernel may
+   still write), and the last one's description ("" if none). */
+int cudart_stub_violations(void);
+const char* cudart_stub_last_violation(void);
+/* Forgets the kernels in flight and the violations. */
+void cudart_stub_reset(void);
+
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cudart_stub.h" /* the kernels still running on a device */
 #include "nccl_stub.h"
 
 #define STUB_COMM_MAGIC 0x4e43434cu
@@ -533,6 +534,10 @@ ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
     r = ncclInvalidArgument;
   }
   if (r == ncclSuccess) {
+    if (cudart_stub_in_flight(comm->device) > 0)
+      violation("ncclCommWindowDeregister c%d while a cooperative kernel launched on device %d "
+                "may still write through the window",
+                comm->id, comm->device);
     cudaFree(comm->window);
     comm->window = NULL;
     r = operate(comm, "ncclCommWindowDeregister");
@@ -575,6 +580,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     r = ncclInvalidArgument;
   } else {
     id = comm->id;
+    if (comm->window != NULL && cudart_stub_in_flight(comm->device) > 0)
+      violation("ncclCommAbort c%d unmaps its window while a cooperative kernel launched on "
+                "device %d may still write through it",
+                id, comm->device);
     free_comm(comm); /* an operation in progress writes nothing any more */
   }
   note("ncclCommAbort c%d -> %s", id, result_name(r));

@@ -48,16 +48,22 @@ static void stub_case(const char* hang) {
   else
     unsetenv("NCCL_STUB_HANG");
   nccl_stub_reset();
+  cudart_stub_reset();
 }
 
-/* The stand-in saw no violation. */
-#define ASSERT_CLEAN()                                                            \
-  do {                                                                            \
-    if (nccl_stub_violations() != 0) {                                            \
-      SBN_FAIL_("the stand-in NCCL saw %d violation(s)", nccl_stub_violations()); \
-      print_record();                                                             \
-      return;                                                                     \
-    }                                                                             \
+/* Neither stand-in saw a violation. */
+#define ASSERT_CLEAN()                                                                       \
+  do {                                                                                       \
+    if (nccl_stub_violations() != 0) {                                                       \
+      SBN_FAIL_("the stand-in NCCL saw %d violation(s)", nccl_stub_violations());            \
+      print_record();                                                                        \
+      return;                                                                                \
+    }                                                                                        \
+    if (cudart_stub_violations() != 0) {                                                     \
+      SBN_FAIL_("the stand-in CUDA runtime saw %d violation(s), the last: %s",               \
+                cudart_stub_violations(), cudart_stub_last_violation());                     \
+      return;                                                                                \
+    }                                                                                        \
   } while (0)
 
 /* The record has these lines' beginnings, in this order (other lines between them). */
@@ -396,27 +402,70 @@ static void test_split_host(void) {
 }
 
 /* sbnCommAbort: the team's comm is aborted (not finalized), later ops are refused, the
-   destroy that follows makes no collective call. */
-static void test_abort(void) {
+   destroy that follows makes no collective call. An "nccl-host" team's comm is aborted in
+   sbnCommAbort; an "nccl-lsa" team's, with no host-path collective pending, when the
+   destroy has waited for its device (the abort unmaps the window, which this rank's
+   kernels may still be writing: test_abort_window_kernel_running). */
+static void abort_case(const char* transport, int at_once) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_OK(init_nccl(&comm, nc, transport, TIMEOUT_MS));
   ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
   ops_ok(comm);
   CHECK_();
   stub_case(NULL);
   ASSERT_OK(sbnCommAbort(comm));
-  ASSERT_RECORD("ncclCommAbort");
+  if (at_once)
+    ASSERT_RECORD("ncclCommAbort");
+  else
+    ASSERT_NO_RECORD("ncclCommAbort");
   tensors_t t;
   tensors_alloc(&t, 0);
   sbnResult_t fr = forward(comm, &t);
   tensors_free(&t);
   ASSERT_RES(fr, sbnAborted);
   ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_RECORD("ncclCommAbort");
   ASSERT_NO_RECORD("ncclCommFinalize");
   ASSERT_NO_RECORD("ncclCommWindowDeregister");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_abort(void) {
+  abort_case(NULL, 0); /* nccl-lsa */
+}
+static void test_abort_host(void) {
+  abort_case("host", 1);
+}
+
+/* sbnCommAbort of an "nccl-lsa" team while this rank's cooperative kernel may still run
+   (it writes its peers' mailboxes and failure words through the window until it sees the
+   stop word): the comm, whose abort unmaps the window, is aborted only after the destroy
+   has waited for the device. The stand-in NCCL counts an abort or deregistration under a
+   cooperative launch that no cudaDeviceSynchronize has followed as a violation. */
+static void test_abort_window_kernel_running(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  const sbnResult_t fr = forward(comm, &t);
+  setenv("SBN_ALGO", "nccl", 1);
+  if (fr != sbnSuccess) fprintf(stderr, "  op: %s\n", sbnGetLastError(comm));
+  ASSERT_OK(fr);
+  ASSERT_TRUE(cudart_stub_in_flight(0) > 0);
+  ASSERT_OK(sbnCommAbort(comm));
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_EQ_INT(cudart_stub_in_flight(0), 0);
+  tensors_free(&t);
+  ASSERT_RECORD("ncclCommAbort");
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
@@ -486,6 +535,37 @@ static void test_initall(void) {
                 "ncclAllGather", "ncclGroupEnd", "ncclCommFinalize", "ncclCommFinalize",
                 "ncclGroupEnd", "ncclCommDestroy", "ncclCommDestroy");
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* The destroy of an sbnCommInitAll team whose cooperative kernels may still run on both
+   devices (launched, nothing waited for): every device is idle before any of the team's
+   memory is freed. A rank's kernel writes its peers' mailboxes and stop words on their
+   devices, and a cudaFree on one device does not wait for another's kernels (the
+   stand-in CUDA runtime counts such a free as a violation). */
+static void test_destroy_two_devices_kernels_running(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comms[0]), "peer") == 0);
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 1);
+  unsetenv("SBN_ALGO"); /* the cooperative kernels */
+  ASSERT_OK(sbnGroupStart());
+  const sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
+  const sbnResult_t ge = sbnGroupEnd();
+  setenv("SBN_ALGO", "nccl", 1);
+  if (ge != sbnSuccess) fprintf(stderr, "  sbnGroupEnd: %s\n", sbnGetLastError(NULL));
+  ASSERT_OK(f0);
+  ASSERT_OK(f1);
+  ASSERT_OK(ge);
+  ASSERT_TRUE(cudart_stub_in_flight(0) > 0 && cudart_stub_in_flight(1) > 0);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_CLEAN();
+  tensors_free(&t[0]); /* the devices are idle now */
+  tensors_free(&t[1]);
+  ASSERT_CLEAN();
 }
 
 /* sbnCommAbort on one comm of an sbnCommInitAll team stops both ranks' kernels: each
@@ -648,9 +728,12 @@ int main(void) {
   SBN_RUN(test_split_lsa);
   SBN_RUN(test_split_host);
   SBN_RUN(test_abort);
+  SBN_RUN(test_abort_host);
+  SBN_RUN(test_abort_window_kernel_running);
   SBN_RUN(test_abort_sets_stop_words);
   SBN_RUN(test_abort_two_devices_stop_words);
   SBN_RUN(test_initall);
+  SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
   SBN_RUN(test_stuck_agreement);
