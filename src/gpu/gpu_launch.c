@@ -78,6 +78,24 @@ static int kernel_from_env(sbnComm_t comm) {
   return -1;
 }
 
+/* SBN_SM_MARGIN: the SMs that the cooperative grid of a team spanning GPUs leaves free
+   (sbn_gpu_usable_sms), or -1 (unset: the default), or -2 (not an integer in [0, 4096]:
+   the detail is recorded). */
+static int sm_margin_from_env(sbnComm_t comm) {
+  const char* v = getenv("SBN_SM_MARGIN");
+  if (v == NULL || v[0] == '\0') return -1;
+  char* end = NULL;
+  const long m = strtol(v, &end, 10);
+  if (end == v || *end != '\0' || m < 0 || m > 4096) {
+    sbn_fail(comm, sbnInvalidArgument,
+             "SBN_SM_MARGIN='%s': expected a number of SMs in [0, 4096] (0: none; unset: %d "
+             "for a team that spans GPUs)",
+             v, SBN_DEFAULT_SM_MARGIN);
+    return -2;
+  }
+  return (int)m;
+}
+
 sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group) {
   const sbn_team_t* team = op->comm->team;
   sbnResult_t r = check_pointers(op);
@@ -87,6 +105,8 @@ sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group) {
   if (!sbn_transport_in_kernel(sbn_gpu(team)->transport)) op->algo = SBN_ALGO_HOST; /* "nccl-host" */
   op->kernel = kernel_from_env(op->comm);
   if (op->kernel < 0) return sbnInvalidArgument;
+  op->sm_margin = sm_margin_from_env(op->comm);
+  if (op->sm_margin < -1) return sbnInvalidArgument;
   if (!in_group && sbn_gpu(team)->transport == SBN_TR_VIRTUAL && team->nranks > 1)
     return sbn_fail(op->comm, sbnInvalidUsage,
                     "%s: a virtual team of %d ranks runs each op as ONE launch for all its ranks: "
@@ -118,6 +138,22 @@ static int one_device_round(const sbn_op_t* const* ops, int nops) {
 /* A team with a rank per GPU in this process (sbnCommInitAll). */
 static int peer_team(const struct sbn_gpu_team* gt) {
   return gt->transport == SBN_TR_PEER || gt->transport == SBN_TR_PEER_HOST;
+}
+
+/* A team whose ranks wait in-kernel for ranks on other GPUs: an NCCL team of several
+   processes, or an in-process team on more than one device. */
+static int spans_gpus(const struct sbn_gpu_team* gt) {
+  if (gt->local >= 0) return gt->nranks > 1;
+  for (int q = 1; q < gt->nranks; q++)
+    if (gt->ranks[q].device != gt->ranks[0].device) return 1;
+  return 0;
+}
+
+int sbn_gpu_usable_sms(int sms, int spans, int margin) {
+  if (!spans) return sms;
+  if (margin < 0) margin = SBN_DEFAULT_SM_MARGIN;
+  const int floor = (sms + 1) / 2; /* never less than half the GPU */
+  return sms - margin < floor ? floor : sms - margin;
 }
 
 /* The op of a round whose layout the round runs in: the first whose layout matters (a
@@ -217,7 +253,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
                        sbn_aligned16(o->z) && sbn_aligned16(o->y) && sbn_aligned16(o->dz);
   }
   sbn_plan_dev_t dev;
-  dev.sms = g0->sms;
+  dev.sms = sbn_gpu_usable_sms(g0->sms, spans_gpus(gt), o0->sm_margin);
   dev.ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
   dev.shared = peer_team(gt) && g0->share > 1;
   memcpy(dev.occ, g0->occ[epi][kind][dt], sizeof dev.occ);

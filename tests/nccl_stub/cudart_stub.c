@@ -40,6 +40,14 @@ static _Thread_local int current_device;
 static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchronized */
 static int violations;
 static char last_violation[256];
+static unsigned last_coop_grid; /* blocks of the last cooperative launch */
+
+unsigned cudart_stub_last_coop_grid(void) {
+  pthread_mutex_lock(&mu);
+  const unsigned g = last_coop_grid;
+  pthread_mutex_unlock(&mu);
+  return g;
+}
 
 int cudart_stub_in_flight(int device) {
   pthread_mutex_lock(&mu);
@@ -151,7 +159,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
       *value = 1;
       break;
     case cudaDevAttrMultiProcessorCount:
-      *value = 4;
+      *value = CUDA_STUB_SMS;
       break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = 227 * 1024;
@@ -291,7 +299,7 @@ cudaError_t cudaFuncSetAttribute(const void* fn, enum cudaFuncAttribute attr, in
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* fn, int threads,
                                                           size_t dyn) {
   (void)fn, (void)threads, (void)dyn;
-  *blocks = 2;
+  *blocks = CUDA_STUB_BLOCKS_PER_SM;
   return cudaSuccess;
 }
 cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args, size_t dyn,
@@ -305,6 +313,7 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, v
     if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {
       pthread_mutex_lock(&mu);
       if (current_device >= 0 && current_device < STUB_MAX_DEVICES) in_flight[current_device]++;
+      last_coop_grid = cfg->gridDim.x * cfg->gridDim.y * cfg->gridDim.z;
       pthread_mutex_unlock(&mu);
     }
   return cudaSuccess;

@@ -568,6 +568,71 @@ static void test_destroy_two_devices_kernels_running(void) {
   ASSERT_CLEAN();
 }
 
+/* The cooperative grid of one rank's forward on (n, c, sp) fp32 NCHW tensors of the
+   stand-in's `device`, in a group with the ranks' other comm when `other` is not NULL. */
+static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int64_t n, int64_t c, int64_t sp) {
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n, c, sp};
+  const size_t big = (size_t)(n * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
+  void* p[2][8];
+  for (int r = 0; r < (other ? 2 : 1); r++) {
+    cudaSetDevice(r);
+    for (int i = 0; i < 8; i++) p[r][i] = dalloc(i < 2 ? big : i == 7 ? sizeof(int64_t) : small);
+  }
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  sbnResult_t r0 = sbnSuccess, r1 = sbnSuccess, ge = sbnSuccess;
+  if (other) sbnGroupStart();
+  r0 = sbnForwardTrain(comm, &d, p[0][0], p[0][1], NULL, NULL, p[0][2], p[0][3], p[0][7], p[0][4],
+                       p[0][5], NULL, NULL);
+  if (other) {
+    r1 = sbnForwardTrain(other, &d, p[1][0], p[1][1], NULL, NULL, p[1][2], p[1][3], p[1][7],
+                         p[1][4], p[1][5], NULL, NULL);
+    ge = sbnGroupEnd();
+  }
+  setenv("SBN_ALGO", "nccl", 1);
+  for (int r = 0; r < (other ? 2 : 1); r++) {
+    cudaSetDevice(r);
+    cudaDeviceSynchronize();
+  }
+  for (int r = 0; r < (other ? 2 : 1); r++)
+    for (int i = 0; i < 8; i++) cudaFree(p[r][i]);
+  if (r0 != sbnSuccess || r1 != sbnSuccess || ge != sbnSuccess) {
+    fprintf(stderr, "  op: %s / %s\n", sbnGetLastError(comm), sbnGetLastError(NULL));
+    return 0;
+  }
+  return cudart_stub_last_coop_grid();
+}
+
+/* A team whose ranks wait in-kernel for other GPUs leaves SMs free beside its cooperative
+   grid (SBN_SM_MARGIN, default 32, never more than half the device), so that a kernel
+   that blocks on another GPU (DDP's NCCL all-reduce on another stream) finds room and the
+   two cannot wait for each other; a team on one GPU fills it. Here a device has 4 SMs of 2
+   blocks each, and the op asks for 64 blocks (one per 8192 elements). */
+static void test_grid_leaves_sms_free(void) {
+  stub_case(NULL);
+  const int64_t n = 2, c = 64, sp = 4096; /* 524288 elements */
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  /* default: 4 - 32 SMs, but at least half of the 4: 2 SMs, 4 blocks */
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 2 * CUDA_STUB_BLOCKS_PER_SM);
+  setenv("SBN_SM_MARGIN", "1", 1);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM);
+  setenv("SBN_SM_MARGIN", "0", 1);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  setenv("SBN_SM_MARGIN", "-1", 1);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 0); /* refused */
+  unsetenv("SBN_SM_MARGIN");
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  /* a team of one (nothing on another GPU to wait for): every SM */
+  sbnNcclUniqueId_t id;
+  ASSERT_OK(sbnGetNcclUniqueId(&id));
+  sbnComm_t one = NULL;
+  ASSERT_OK(init_rank(&one, &id, 1, 0, TIMEOUT_MS));
+  ASSERT_EQ_INT((int)coop_grid(one, NULL, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_OK(sbnCommDestroy(one));
+  ASSERT_CLEAN();
+}
+
 /* sbnCommAbort on one comm of an sbnCommInitAll team stops both ranks' kernels: each
    rank's stop word on its own device says sbnAborted. */
 static void test_abort_two_devices_stop_words(void) {
@@ -734,6 +799,7 @@ int main(void) {
   SBN_RUN(test_abort_two_devices_stop_words);
   SBN_RUN(test_initall);
   SBN_RUN(test_destroy_two_devices_kernels_running);
+  SBN_RUN(test_grid_leaves_sms_free);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
   SBN_RUN(test_stuck_agreement);
