@@ -10,7 +10,7 @@
  * tolerances |got - want| <= atol + rtol * |want|: 1e-5 for statistics, 1e-4 for y, dx,
  * dweight and dbias. Exit 0 when all hold, 1 if not.
  *
- * Build against an installed syncbn (README, Using it):
+ * Build against an installed syncbn (docs/USAGE.md, "Linking"):
  *   cc cpu_threads.c $(pkg-config --cflags --libs syncbn-static)
  */
 #include <math.h>
