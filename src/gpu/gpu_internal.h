@@ -84,6 +84,8 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  _Atomic int host_captured; /* a host-path op was launched under a graph capture: its
+                                replays are not watched, so a collective may be pending */
   /* The NCCL comms are nonblocking: an issue sequence (group of collectives, until NCCL
      has taken it) holds nccl_lock for reading, bounded by the timeout; aborting takes it
      for writing, so no comm is freed under a call. */
@@ -151,7 +153,8 @@ SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
 /* 1 when a host-path op of some rank (its APPLY after an ncclAllGather) was launched and
-   has not completed: a collective that may wait for a peer that does not come. */
+   has not completed, or was ever captured in a graph (a replay is not watched): a
+   collective that may wait for a peer that does not come. */
 SBN_INTERNAL int sbn_gpu_host_pending(const struct sbn_gpu_team* gt);
 /* Frees a team's GPU part (waits for its devices to be idle). release (NULL: none) is
    the kind of team's own part (NCCL teams: the window and the team's comm), called once

@@ -534,6 +534,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
        queried, and a replay is not watched) */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CU(cudaStreamIsCapturing(s, &cs), "cudaStreamIsCapturing");
+    if (cs != cudaStreamCaptureStatusNone) atomic_store(&gt->host_captured, 1);
     if (cs == cudaStreamCaptureStatusNone) {
       atomic_store(&g->launched_ns, 0);
       CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");

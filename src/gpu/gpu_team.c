@@ -159,7 +159,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
 }
 
 int sbn_gpu_host_pending(const struct sbn_gpu_team* gt) {
-  int pending = 0;
+  int pending = atomic_load(&gt->host_captured); /* a replay may be waiting: unknown */
   for (int q = 0; gt->ranks != NULL && q < gt->nranks && !pending; q++)
     if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
         cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)

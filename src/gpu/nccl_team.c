@@ -451,14 +451,18 @@ static void nccl_abort(sbn_team_t* team) {
   sbn_gpu_abort(team);
   int prev = 0;
   cudaGetDevice(&prev);
+  /* The notification goes through the window, which the comm's abort unmaps: not once the
+     comm was aborted (a host-path failure, the watchdog), and under the read lock, so
+     that no abort runs until it has landed (bounded: it queues behind nothing but a
+     kernel that sees the abort word). */
+  if (gt->nccl_lock_ok) pthread_rwlock_rdlock(&gt->nccl_lock);
 #if SBN_NCCL_DEVICE_API
   /* the other processes' kernels waiting for this rank return now */
-  if (gt->transport == SBN_TR_NCCL_WINDOW && gt->win != NULL && cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess)
+  if (gt->transport == SBN_TR_NCCL_WINDOW && gt->win != NULL && !atomic_load(&gt->nccl_dead) &&
+      cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess)
     sbn_gpu_notify_launch(gt->win, sbn_window_fail_off(gt->nranks, gt->nchunks_max), gt->local,
                           gt->nranks, sbnAborted, gt->aux);
 #endif
-  /* the notification goes through the window, which the comm's abort unmaps: let it land
-     first (bounded: it queues behind nothing but a kernel that sees the abort word) */
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
   while (gt->aux != NULL && cudaStreamQuery(gt->aux) == cudaErrorNotReady &&
          sbn_mono_ns() < deadline) {
@@ -466,6 +470,7 @@ static void nccl_abort(sbn_team_t* team) {
     nanosleep(&ts, NULL);
   }
   (void)cudaGetLastError();
+  if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
   cudaSetDevice(prev);
   /* A collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns. An
      "nccl-lsa" team's comm is aborted only for such a collective: its abort unmaps the
