@@ -530,15 +530,16 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
-    /* the watchdog times this launch (not a graph capture: a captured event cannot be
-       queried, and a replay is not watched) */
+    /* the watchdog times this launch; a graph capture's cannot be (a captured event cannot
+       be queried, and a replay is not watched): the team then counts as pending for good */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CU(cudaStreamIsCapturing(s, &cs), "cudaStreamIsCapturing");
-    if (cs != cudaStreamCaptureStatusNone) atomic_store(&gt->host_captured, 1);
     if (cs == cudaStreamCaptureStatusNone) {
       atomic_store(&g->launched_ns, 0);
       CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
       atomic_store(&g->launched_ns, sbn_mono_ns());
+    } else {
+      atomic_store(&gt->host_captured, 1);
     }
   }
 out:
