@@ -141,8 +141,10 @@ static int peer_team(const struct sbn_gpu_team* gt) {
 }
 
 /* A team whose ranks wait in-kernel for ranks on other GPUs: an NCCL team of several
-   processes, or an in-process team on more than one device. */
+   processes, or an in-process team on more than one device ("nccl-host" teams wait in
+   NCCL's collective, not in a kernel of theirs). */
 static int spans_gpus(const struct sbn_gpu_team* gt) {
+  if (!sbn_transport_in_kernel(gt->transport)) return 0;
   if (gt->local >= 0) return gt->nranks > 1;
   for (int q = 1; q < gt->nranks; q++)
     if (gt->ranks[q].device != gt->ranks[0].device) return 1;
