@@ -41,6 +41,13 @@ static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchron
 static int violations;
 static char last_violation[256];
 static unsigned last_coop_grid; /* blocks of the last cooperative launch */
+static int capturing;           /* every stream says it is capturing a graph */
+
+void cudart_stub_set_capturing(int on) {
+  pthread_mutex_lock(&mu);
+  capturing = on;
+  pthread_mutex_unlock(&mu);
+}
 
 unsigned cudart_stub_last_coop_grid(void) {
   pthread_mutex_lock(&mu);
@@ -67,6 +74,7 @@ const char* cudart_stub_last_violation(void) {
 void cudart_stub_reset(void) {
   pthread_mutex_lock(&mu);
   memset(in_flight, 0, sizeof in_flight);
+  capturing = 0;
   violations = 0;
   last_violation[0] = '\0';
   pthread_mutex_unlock(&mu);
@@ -260,7 +268,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* status) {
   (void)s;
-  *status = cudaStreamCaptureStatusNone;
+  pthread_mutex_lock(&mu);
+  *status = capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {

@@ -22,7 +22,10 @@ int cudart_stub_in_flight(int device);
    still write), and the last one's description ("" if none). */
 int cudart_stub_violations(void);
 const char* cudart_stub_last_violation(void);
-/* Forgets the kernels in flight and the violations. */
+/* From here every stream says it is capturing a graph (cudaStreamIsCapturing) when `on`;
+   nothing else of a capture is modelled. */
+void cudart_stub_set_capturing(int on);
+/* Forgets the kernels in flight, the capturing, and the violations. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -440,6 +440,33 @@ static void test_abort_host(void) {
   abort_case("host", 1);
 }
 
+/* An "nccl-lsa" team that ran a host-path op (SBN_ALGO=nccl) under a graph capture:
+   replays of that collective are not watched and may wait for a peer that never comes,
+   so sbnCommAbort aborts the comm at once (a destroy that waited for the device first
+   could wait forever). The stand-in's capture is only cudaStreamIsCapturing's answer. */
+static void test_abort_after_captured_host_op(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_set_capturing(1);
+  const sbnResult_t fr = forward(comm, &t);
+  cudart_stub_set_capturing(0);
+  tensors_free(&t);
+  ASSERT_OK(fr);
+  stub_case(NULL);
+  ASSERT_OK(sbnCommAbort(comm));
+  ASSERT_RECORD("ncclCommAbort");
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
 /* sbnCommAbort of an "nccl-lsa" team while this rank's cooperative kernel may still run
    (it writes its peers' mailboxes and failure words through the window until it sees the
    stop word): the comm, whose abort unmaps the window, is aborted only after the destroy
@@ -569,34 +596,45 @@ static void test_destroy_two_devices_kernels_running(void) {
 }
 
 /* The cooperative grid of one rank's forward on (n, c, sp) fp32 NCHW tensors of the
-   stand-in's `device`, in a group with the ranks' other comm when `other` is not NULL. */
-static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int64_t n, int64_t c, int64_t sp) {
+   stand-in's device 0, in a group with the team's other comm, on `other_device`, when
+   `other` is not NULL. */
+static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int64_t n, int64_t c,
+                          int64_t sp) {
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n, c, sp};
   const size_t big = (size_t)(n * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
   void* p[2][8];
+  const int devs[2] = {0, other_device};
   for (int r = 0; r < (other ? 2 : 1); r++) {
-    cudaSetDevice(r);
+    cudaSetDevice(devs[r]);
     for (int i = 0; i < 8; i++) p[r][i] = dalloc(i < 2 ? big : i == 7 ? sizeof(int64_t) : small);
+  }
+  cudaStream_t s[2] = {NULL, NULL}; /* ranks sharing a device need streams of their own */
+  for (int r = 0; r < (other ? 2 : 1); r++) {
+    cudaSetDevice(devs[r]);
+    cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
   }
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
   sbnResult_t r0 = sbnSuccess, r1 = sbnSuccess, ge = sbnSuccess;
   if (other) sbnGroupStart();
   r0 = sbnForwardTrain(comm, &d, p[0][0], p[0][1], NULL, NULL, p[0][2], p[0][3], p[0][7], p[0][4],
-                       p[0][5], NULL, NULL);
+                       p[0][5], NULL, s[0]);
   if (other) {
     r1 = sbnForwardTrain(other, &d, p[1][0], p[1][1], NULL, NULL, p[1][2], p[1][3], p[1][7],
-                         p[1][4], p[1][5], NULL, NULL);
+                         p[1][4], p[1][5], NULL, s[1]);
     ge = sbnGroupEnd();
   }
   setenv("SBN_ALGO", "nccl", 1);
   for (int r = 0; r < (other ? 2 : 1); r++) {
-    cudaSetDevice(r);
+    cudaSetDevice(devs[r]);
     cudaDeviceSynchronize();
   }
-  for (int r = 0; r < (other ? 2 : 1); r++)
+  for (int r = 0; r < (other ? 2 : 1); r++) {
+    cudaStreamDestroy(s[r]);
     for (int i = 0; i < 8; i++) cudaFree(p[r][i]);
+  }
   if (r0 != sbnSuccess || r1 != sbnSuccess || ge != sbnSuccess) {
-    fprintf(stderr, "  op: %s / %s\n", sbnGetLastError(comm), sbnGetLastError(NULL));
+    fprintf(stderr, "  op: %d %d %d: %s / %s / %s\n", r0, r1, ge, sbnGetLastError(comm),
+            other ? sbnGetLastError(other) : "", sbnGetLastError(NULL));
     return 0;
   }
   return cudart_stub_last_coop_grid();
@@ -613,13 +651,13 @@ static void test_grid_leaves_sms_free(void) {
   sbnComm_t comms[2] = {NULL, NULL};
   ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
   /* default: 4 - 32 SMs, but at least half of the 4: 2 SMs, 4 blocks */
-  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 2 * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), 2 * CUDA_STUB_BLOCKS_PER_SM);
   setenv("SBN_SM_MARGIN", "1", 1);
-  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM);
   setenv("SBN_SM_MARGIN", "0", 1);
-  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
   setenv("SBN_SM_MARGIN", "-1", 1);
-  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], n, c, sp), 0); /* refused */
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), 0); /* refused */
   unsetenv("SBN_SM_MARGIN");
   ASSERT_OK(sbnCommDestroy(comms[0]));
   ASSERT_OK(sbnCommDestroy(comms[1]));
@@ -628,8 +666,17 @@ static void test_grid_leaves_sms_free(void) {
   ASSERT_OK(sbnGetNcclUniqueId(&id));
   sbnComm_t one = NULL;
   ASSERT_OK(init_rank(&one, &id, 1, 0, TIMEOUT_MS));
-  ASSERT_EQ_INT((int)coop_grid(one, NULL, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_EQ_INT((int)coop_grid(one, NULL, 0, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
   ASSERT_OK(sbnCommDestroy(one));
+  /* two ranks on one GPU (sbnCommInitAll{0,0}): nothing on another GPU to wait for; they
+     share the device's blocks (half each, at the lowest occupancy), with no SM left free */
+  const int same[2] = {0, 0};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  ASSERT_OK(sbnCommInitAll(comms, 2, same, &cfg));
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 0, n, c, sp),
+                CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM / 2);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
   ASSERT_CLEAN();
 }
 
@@ -794,6 +841,7 @@ int main(void) {
   SBN_RUN(test_split_host);
   SBN_RUN(test_abort);
   SBN_RUN(test_abort_host);
+  SBN_RUN(test_abort_after_captured_host_op);
   SBN_RUN(test_abort_window_kernel_running);
   SBN_RUN(test_abort_sets_stop_words);
   SBN_RUN(test_abort_two_devices_stop_words);
