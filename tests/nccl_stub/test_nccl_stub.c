@@ -159,6 +159,19 @@ static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transpo
   return r;
 }
 
+/* An NCCL team of one made from a nonblocking caller comm of device 0, which is then
+   destroyed (the team keeps its own duplicate); `transport` as init_nccl's. */
+static sbnResult_t team_of_one(sbnComm_t* comm, const char* transport, int64_t timeout_ms) {
+  ncclComm_t nc = caller_comm(0, 1);
+  const sbnResult_t r = init_nccl(comm, nc, transport, timeout_ms);
+  if (r != sbnSuccess) return r;
+  if (ncclCommDestroy(nc) != ncclSuccess) {
+    fprintf(stderr, "  ncclCommDestroy of the caller's comm failed\n");
+    return sbnNcclError;
+  }
+  return sbnSuccess;
+}
+
 static const char* transport_of(sbnComm_t comm) {
   const char* t = "";
   return sbnCommGetTransport(comm, &t) == sbnSuccess ? t : "(error)";
@@ -363,10 +376,8 @@ static void test_init_rank_stuck_and_arguments(void) {
 static void split_case(const char* transport, const char* want) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL, sub = NULL, none = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, transport, TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);                   /* the library keeps its own */
+  ASSERT_OK(team_of_one(&comm, transport, TIMEOUT_MS)); /* the library keeps its own comm */
   if (transport != NULL) setenv("SBN_NCCL_TRANSPORT", transport, 1); /* read by each init */
   const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
   unsetenv("SBN_NCCL_TRANSPORT");
@@ -409,10 +420,8 @@ static void test_split_host(void) {
 static void abort_case(const char* transport, int at_once) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, transport, TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, transport, TIMEOUT_MS));
   ops_ok(comm);
   CHECK_();
   stub_case(NULL);
@@ -447,10 +456,8 @@ static void test_abort_host(void) {
 static void test_abort_after_captured_host_op(void) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
   ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
   tensors_t t;
   tensors_alloc(&t, 0);
@@ -475,10 +482,8 @@ static void test_abort_after_captured_host_op(void) {
 static void test_abort_window_kernel_running(void) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
   ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
   tensors_t t;
   tensors_alloc(&t, 0);
@@ -515,10 +520,8 @@ static int stop_words(int stop[2]) {
    the abort publishes nothing. Before it, the word is 0. */
 static void test_abort_sets_stop_words(void) {
   stub_case(NULL);
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, NULL, TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
   int stop[2];
   ASSERT_EQ_INT(stop_words(stop), 1);
   ASSERT_EQ_INT(stop[0], 0);
@@ -737,10 +740,8 @@ static void test_stuck_window_register(void) {
 static void stuck_op(const char* transport) {
   stub_case("ncclAllGather");
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, transport, STUCK_TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, transport, STUCK_TIMEOUT_MS));
   tensors_t t;
   tensors_alloc(&t, 0);
   const double t0 = now_ms();
@@ -769,10 +770,8 @@ static void test_stuck_allgather_host(void) {
 static void test_stuck_team_split(void) {
   stub_case("ncclCommSplit:2");
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL, sub = (sbnComm_t)&sub;
-  ASSERT_OK(init_nccl(&comm, nc, NULL, STUCK_TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, NULL, STUCK_TIMEOUT_MS));
   const double t0 = now_ms();
   const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
   const double waited = now_ms() - t0;
@@ -793,10 +792,8 @@ static void test_stuck_team_split(void) {
 static void test_stuck_finalize(void) {
   stub_case("ncclCommFinalize");
   const int live0 = nccl_stub_live_comms();
-  ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
-  ASSERT_OK(init_nccl(&comm, nc, "host", STUCK_TIMEOUT_MS));
-  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
   ASSERT_OK(sbnCommDestroy(comm));
   ASSERT_RECORD("ncclCommFinalize", "ncclCommAbort");
   ASSERT_CLEAN();
