@@ -69,8 +69,8 @@ typedef struct {
   sbnStream_t stream;  /* GPU teams */
   int algo;            /* set by the backend's prepare: how the op runs (GPU teams: SBN_ALGO_*) */
   int kernel;          /* set by the backend's prepare (GPU teams: SBN_KERNEL_*) */
-  int sm_margin;       /* set by the backend's prepare (GPU teams: SMs a cross-GPU team's
-                          grid leaves free; -1: the default) */
+  int sm_margin;       /* set by the backend's prepare (GPU teams: SBN_SM_MARGIN, the SMs
+                          the grid leaves free; -1: unset, the team's default) */
   int color, key;      /* split */
   sbnComm_t* newcomm;  /* split */
 } sbn_op_t;

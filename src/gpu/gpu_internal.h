@@ -171,12 +171,14 @@ SBN_INTERNAL void sbn_gpu_abort(sbn_team_t* team);
 SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
 
 /* ---- gpu_launch.c: the ops ---------------------------------------------------------- */
-/* The SMs a rank's cooperative grid may fill on a device of `sms` SMs. A team whose ranks
-   wait in-kernel for other GPUs (`spans`) leaves `margin` SMs free (-1: the default,
-   SBN_DEFAULT_SM_MARGIN; SBN_SM_MARGIN sets it), never more than half the device: a
-   kernel that blocks on another GPU, such as an NCCL collective of DDP on another stream,
-   must find room beside a grid that waits for the peers (docs/USAGE.md, "Beside NCCL
-   collectives"). Otherwise every SM. */
+/* The SMs a rank's grid may fill on a device of `sms` SMs: all but `margin`
+   (SBN_SM_MARGIN), never fewer than half the device. Unset (margin -1), a team whose
+   ranks wait in-kernel for other GPUs (`spans`) leaves SBN_DEFAULT_SM_MARGIN free, so
+   that a kernel that blocks on another GPU, such as an NCCL collective of DDP on another
+   stream, finds room beside a grid that waits for the peers (docs/USAGE.md, "Beside NCCL
+   collectives"); any other team fills the device. Set, every team leaves that many free
+   (the host path plans with it too: the same G, the same bits as the cooperative
+   kernel). */
 #define SBN_DEFAULT_SM_MARGIN 32
 SBN_INTERNAL int sbn_gpu_usable_sms(int sms, int spans, int margin);
 /* At the call: device pointers of the rank's device, SBN_ALGO (forced to the host path

@@ -78,8 +78,8 @@ static int kernel_from_env(sbnComm_t comm) {
   return -1;
 }
 
-/* SBN_SM_MARGIN: the SMs that the cooperative grid of a team spanning GPUs leaves free
-   (sbn_gpu_usable_sms), or -1 (unset: the default), or -2 (not an integer in [0, 4096]:
+/* SBN_SM_MARGIN: the SMs that a GPU team's grid leaves free (sbn_gpu_usable_sms), or -1
+   (unset: the default, which depends on the team), or -2 (not an integer in [0, 4096]:
    the detail is recorded). */
 static int sm_margin_from_env(sbnComm_t comm) {
   const char* v = getenv("SBN_SM_MARGIN");
@@ -89,7 +89,7 @@ static int sm_margin_from_env(sbnComm_t comm) {
   if (end == v || *end != '\0' || m < 0 || m > 4096) {
     sbn_fail(comm, sbnInvalidArgument,
              "SBN_SM_MARGIN='%s': expected a number of SMs in [0, 4096] (0: none; unset: %d "
-             "for a team that spans GPUs)",
+             "for a team that spans GPUs, else none)",
              v, SBN_DEFAULT_SM_MARGIN);
     return -2;
   }
@@ -152,8 +152,8 @@ static int spans_gpus(const struct sbn_gpu_team* gt) {
 }
 
 int sbn_gpu_usable_sms(int sms, int spans, int margin) {
-  if (!spans) return sms;
-  if (margin < 0) margin = SBN_DEFAULT_SM_MARGIN;
+  if (margin < 0) margin = spans ? SBN_DEFAULT_SM_MARGIN : 0;
+  if (margin == 0) return sms;
   const int floor = (sms + 1) / 2; /* never less than half the GPU */
   return sms - margin < floor ? floor : sms - margin;
 }

@@ -646,8 +646,9 @@ static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int
 /* A team whose ranks wait in-kernel for other GPUs leaves SMs free beside its cooperative
    grid (SBN_SM_MARGIN, default 32, never more than half the device), so that a kernel
    that blocks on another GPU (DDP's NCCL all-reduce on another stream) finds room and the
-   two cannot wait for each other; a team on one GPU fills it. Here a device has 4 SMs of 2
-   blocks each, and the op asks for 64 blocks (one per 8192 elements). */
+   two cannot wait for each other; a team on one GPU fills it unless SBN_SM_MARGIN is set.
+   Here a device has 4 SMs of 2 blocks each, and the op asks for 64 blocks (one per 8192
+   elements). */
 static void test_grid_leaves_sms_free(void) {
   stub_case(NULL);
   const int64_t n = 2, c = 64, sp = 4096; /* 524288 elements */
@@ -670,6 +671,12 @@ static void test_grid_leaves_sms_free(void) {
   sbnComm_t one = NULL;
   ASSERT_OK(init_rank(&one, &id, 1, 0, TIMEOUT_MS));
   ASSERT_EQ_INT((int)coop_grid(one, NULL, 0, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  /* ... unless the margin is set: then it leaves that many, never more than half */
+  setenv("SBN_SM_MARGIN", "1", 1);
+  ASSERT_EQ_INT((int)coop_grid(one, NULL, 0, n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM);
+  setenv("SBN_SM_MARGIN", "3", 1);
+  ASSERT_EQ_INT((int)coop_grid(one, NULL, 0, n, c, sp), 2 * CUDA_STUB_BLOCKS_PER_SM);
+  unsetenv("SBN_SM_MARGIN");
   ASSERT_OK(sbnCommDestroy(one));
   /* two ranks on one GPU (sbnCommInitAll{0,0}): nothing on another GPU to wait for; they
      share the device's blocks (half each, at the lowest occupancy), with no SM left free */
@@ -678,6 +685,9 @@ static void test_grid_leaves_sms_free(void) {
   ASSERT_OK(sbnCommInitAll(comms, 2, same, &cfg));
   ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 0, n, c, sp),
                 CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM / 2);
+  setenv("SBN_SM_MARGIN", "1", 1); /* 3 SMs left, half each */
+  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 0, n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM / 2);
+  unsetenv("SBN_SM_MARGIN");
   ASSERT_OK(sbnCommDestroy(comms[0]));
   ASSERT_OK(sbnCommDestroy(comms[1]));
   ASSERT_CLEAN();
