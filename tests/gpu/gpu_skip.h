@@ -1,6 +1,7 @@
 /* gpu_skip.h — why a program that needs a CUDA device skips, in one line: every GPU test
- * (test_gpu_team.c, test_nccl_team.c through mp_cuda.c's probe, test_gpu_math.cu) prints
- * "<test>: SKIPPED: <reason>" and exits 77 (CTest's SKIP_RETURN_CODE);
+ * (test_gpu_team.c, test_gpu_margin.c, test_nccl_team.c through mp_cuda.c's probe,
+ * test_gpu_math.cu) prints "<test>: SKIPPED: <reason>" and exits 77 (CTest's
+ * SKIP_RETURN_CODE);
  * cmake/ctest_skip_reasons.cmake prints that line after the tests.
  *
  * The reason is not cudaGetErrorString's text alone: without any NVIDIA driver the CUDA

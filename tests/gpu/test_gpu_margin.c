@@ -1,0 +1,209 @@
+/* test_gpu_margin.c — SBN_SM_MARGIN on one GPU: a cooperative grid that leaves SMs free
+ * runs beside a kernel that holds those SMs and waits; one that fills the GPU cannot.
+ *
+ * Why: a team whose ranks are on several GPUs waits in its kernel for its peers, and so
+ * does an NCCL collective (DDP's all-reduce on another stream). A cooperative grid starts
+ * only when all its blocks fit, so if syncbn's grid needs every SM, GPU 0 running the
+ * all-reduce first and GPU 1 running syncbn first wait for each other until the timeout.
+ * Such teams leave SBN_SM_MARGIN SMs free (docs/USAGE.md, "Beside NCCL collectives").
+ * The deadlock itself needs two GPUs; what one GPU can show is the mechanism, with the
+ * margin set explicitly (a set margin applies to every team, a team of one too):
+ *   - sm_blocker.cu holds K SMs (one block of 640 threads, as NCCL's, and all of the SM's
+ *     shared memory per SM) and spins until a flag is set, for at most HOLD_MS;
+ *   - once all K blocks are resident, a team of one runs a training forward whose grid
+ *     wants every SM (HW large enough that sbn_plan_blocks is capped by occupancy), on
+ *     another stream, followed on that stream by a kernel that sets the flag.
+ * With SBN_SM_MARGIN=K the op runs on the other SMs, the flag is set, and every block of
+ * the blocker sees it (released). With SBN_SM_MARGIN=0 (the control: it shows that the
+ * blocker really takes the room the op needs, so the test can fail) the op cannot start
+ * until the blocker gives up: every block's hold expires (timed out), and the op then runs.
+ * In both cases y, save_mean and save_invstd match the double reference (gpu_cmp.h's
+ * tolerances).
+ *
+ * The margin case runs twice, before and after the control: the first is the team's first
+ * op, whose kernels were loaded at init (gpu_team.c queries every kernel's attributes), so
+ * no module load runs beside the blocker; if only the first fails, that is where to look.
+ *
+ * Exits 77 (skipped) without a device, or on a GPU of fewer than 4*K SMs.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, nanosleep, clock_gettime */
+#include <cuda_runtime_api.h>
+
+#include "gpu_fixture.h"
+/* gpu_cmp.h: its tolerances (GC_OUT_*, GC_STAT_*, justified there); not its comparisons */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "gpu_cmp.h"
+#pragma GCC diagnostic pop
+#include "sm_blocker.h"
+
+#define K_SMS 16       /* SMs the blocker holds, and the margin */
+#define HOLD_MS 3000   /* the blocker's longest hold */
+#define ARRIVE_MS 10000
+
+static const sbnTensorDesc_t g_desc = {sbnFloat32, sbnLayoutNCHW, 32, 64, 64 * 64};
+static sbnComm_t g_comm;
+static float *g_hx, *g_hy;
+static double *g_ry, *g_rmean, *g_rinvstd;
+static void *g_dx, *g_dy, *g_dmean, *g_dinvstd;
+
+/* What one run beside the blocker gave. */
+typedef struct {
+  int resident, released, timed_out;
+  sbnResult_t r;
+  double ms; /* from the op's call to the device being idle */
+} outcome_t;
+
+static size_t numel(void) { return (size_t)sbn_ref_numel(&g_desc); }
+
+/* The blocker on K_SMS SMs, then (once all its blocks are resident) the op with
+   SBN_SM_MARGIN=margin and the release on another stream; the outputs checked. */
+static void run_beside_blocker(const char* margin, outcome_t* out) {
+  memset(out, 0, sizeof *out);
+  out->r = sbnNumResults; /* not called */
+  sm_blocker_state_t* st = NULL;
+  cudaStream_t sb = NULL, so = NULL;
+  double t0 = 0.0;
+  float mean[64], invstd[64];
+  CUDA_CHECK(cudaHostAlloc((void**)&st, sizeof *st, cudaHostAllocMapped));
+  memset(st, 0, sizeof *st);
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking)) ||
+      !CUDA_OK(cudaStreamCreateWithFlags(&so, cudaStreamNonBlocking)))
+    goto done;
+  if (!CUDA_OK(cudaMemset(g_dy, 0xcd, numel() * sizeof(float))) ||
+      !CUDA_OK(cudaDeviceSynchronize()))
+    goto done;
+  if (!CUDA_OK(sm_blocker_launch(st, K_SMS, HOLD_MS, sb))) goto done;
+  t0 = now_ms();
+  while (*(volatile int*)&st->resident < K_SMS && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
+  out->resident = *(volatile int*)&st->resident;
+  if (out->resident != K_SMS) {
+    SBN_FAIL_("%d of the blocker's %d blocks resident after %d ms", out->resident, K_SMS,
+              ARRIVE_MS);
+    st->flag = 1u;
+    goto done;
+  }
+  setenv("SBN_SM_MARGIN", margin, 1);
+  t0 = now_ms();
+  out->r = sbnForwardTrain(g_comm, &g_desc, g_dx, g_dy, NULL, NULL, NULL, NULL, NULL,
+                           (float*)g_dmean, (float*)g_dinvstd, NULL, so);
+  unsetenv("SBN_SM_MARGIN");
+  if (out->r != sbnSuccess) st->flag = 1u; /* nothing queued: let the blocker go */
+  CUDA_OK(sm_blocker_release(st, so));
+  CUDA_OK(cudaDeviceSynchronize());
+  out->ms = now_ms() - t0;
+  out->released = *(volatile int*)&st->released;
+  out->timed_out = *(volatile int*)&st->timed_out;
+  fprintf(stderr,
+          "  SBN_SM_MARGIN=%s: op %s; the blocker's %d blocks: %d released, %d timed out; "
+          "%.1f ms from the call to an idle device\n",
+          margin, sbnGetResultName(out->r), K_SMS, out->released, out->timed_out, out->ms);
+  if (out->r != sbnSuccess) {
+    SBN_FAIL_("sbnForwardTrain: %s (%s)", sbnGetResultName(out->r), sbnGetLastError(g_comm));
+    goto done;
+  }
+  /* the outputs, whenever the op ran */
+  if (!CUDA_OK(cudaMemcpy(g_hy, g_dy, numel() * sizeof(float), cudaMemcpyDeviceToHost)) ||
+      !CUDA_OK(cudaMemcpy(mean, g_dmean, sizeof mean, cudaMemcpyDeviceToHost)) ||
+      !CUDA_OK(cudaMemcpy(invstd, g_dinvstd, sizeof invstd, cudaMemcpyDeviceToHost)))
+    goto done;
+  if (!sbn_check_close_array_("save_mean", mean, g_rmean, 64, GC_STAT_ATOL, GC_STAT_RTOL,
+                              __FILE__, __LINE__) ||
+      !sbn_check_close_array_("save_invstd", invstd, g_rinvstd, 64, GC_STAT_ATOL, GC_STAT_RTOL,
+                              __FILE__, __LINE__) ||
+      !sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
+                              __LINE__)) {
+    sbn_test_failures_++;
+    sbn_test_cur_failed_++;
+  }
+done:
+  if (so) cudaStreamDestroy(so);
+  if (sb) cudaStreamDestroy(sb);
+  if (st) cudaFreeHost(st);
+}
+
+/* The margin leaves the blocker's SMs free: the op runs beside it and releases it. */
+static void test_margin_runs_beside(void) {
+  outcome_t o;
+  char k[16];
+  snprintf(k, sizeof k, "%d", K_SMS);
+  run_beside_blocker(k, &o);
+  CHECK_();
+  ASSERT_EQ_INT(o.released, K_SMS);
+  ASSERT_EQ_INT(o.timed_out, 0);
+}
+
+/* The control: a grid that wants every SM waits for the blocker to give up. */
+static void test_full_grid_waits(void) {
+  outcome_t o;
+  run_beside_blocker("0", &o);
+  CHECK_();
+  ASSERT_EQ_INT(o.released, 0);
+  ASSERT_EQ_INT(o.timed_out, K_SMS);
+}
+
+static int setup(void) {
+  const size_t n = numel();
+  g_hx = (float*)malloc(n * sizeof(float));
+  g_hy = (float*)malloc(n * sizeof(float));
+  g_ry = (double*)malloc(n * sizeof(double));
+  g_rmean = dvec(64);
+  g_rinvstd = dvec(64);
+  double* var = dvec(64);
+  if (!g_hx || !g_hy || !g_ry || !g_rmean || !g_rinvstd || !var) return 0;
+  sbn_rng_t rng = {20261129u};
+  for (int64_t ni = 0; ni < g_desc.n; ni++)
+    for (int64_t ci = 0; ci < g_desc.c; ci++)
+      for (int64_t si = 0; si < g_desc.spatial; si++)
+        g_hx[sbn_ref_index(&g_desc, ni, ci, si)] =
+            (float)(0.25 * (double)(ci % 9) - 1.0 + (0.5 + 0.03 * (double)ci) * sbn_rng_normal(&rng));
+  const void* xs[1] = {g_hx};
+  double* ys[1] = {g_ry};
+  int64_t m = 0;
+  sbn_ref_forward(1, &g_desc, xs, NULL, NULL, 1e-5, g_rmean, g_rinvstd, var, &m, ys);
+  free(var);
+  if (!CUDA_OK(cudaMalloc(&g_dx, n * sizeof(float))) || !CUDA_OK(cudaMalloc(&g_dy, n * sizeof(float))) ||
+      !CUDA_OK(cudaMalloc(&g_dmean, 64 * sizeof(float))) ||
+      !CUDA_OK(cudaMalloc(&g_dinvstd, 64 * sizeof(float))) ||
+      !CUDA_OK(cudaMemcpy(g_dx, g_hx, n * sizeof(float), cudaMemcpyHostToDevice)))
+    return 0;
+  return init_virtual(&g_comm, 1, 0, 60000);
+}
+
+int main(void) {
+  unsetenv("SBN_TIMEOUT_MS");
+  unsetenv("SBN_SM_MARGIN");
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  char why[320];
+  if (gpu_count_devices(why, sizeof why) == 0) return gpu_skip_no_device("test_gpu_margin", why);
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    fprintf(stderr, "test_gpu_margin: FAILED: cudaGetDeviceProperties(0)\n");
+    return 1;
+  }
+  if (prop.multiProcessorCount < 4 * K_SMS) {
+    printf("test_gpu_margin: SKIPPED: device 0 (%s) has %d SMs; the test holds %d and needs "
+           "at least %d\n", prop.name, prop.multiProcessorCount, K_SMS, 4 * K_SMS);
+    return SBN_TEST_SKIP;
+  }
+  fprintf(stderr, "test_gpu_margin: device 0: %s, %d SMs; the blocker holds %d for at most %d ms\n",
+          prop.name, prop.multiProcessorCount, K_SMS, HOLD_MS);
+  if (!setup()) {
+    fprintf(stderr, "test_gpu_margin: FAILED: setup\n");
+    return 1;
+  }
+  SBN_RUN(test_margin_runs_beside);
+  SBN_RUN(test_full_grid_waits);
+  SBN_RUN(test_margin_runs_beside);
+  sbnCommDestroy(g_comm);
+  cudaFree(g_dx);
+  cudaFree(g_dy);
+  cudaFree(g_dmean);
+  cudaFree(g_dinvstd);
+  free(g_hx);
+  free(g_hy);
+  free(g_ry);
+  free(g_rmean);
+  free(g_rinvstd);
+  return sbn_test_exit();
+}
