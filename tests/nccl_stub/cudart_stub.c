@@ -262,6 +262,12 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   (void)s;
   return cudaSuccess;
 }
+/* The stand-in's kernels do nothing: a stream has nothing to wait for (a cooperative
+   kernel still counts as running until a cudaDeviceSynchronize on its device). */
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  (void)s;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   (void)s, (void)e, (void)flags;
   return cudaSuccess;
