@@ -64,9 +64,11 @@ typedef struct sbnComm* sbnComm_t;
 typedef struct CUstream_st* sbnStream_t; /* the same type as cudaStream_t */
 struct ncclComm;                         /* struct ncclComm* is ncclComm_t */
 
-/* Static text for a result code; never NULL ("unknown result" for out-of-range codes). */
+/* Static text for a result code; never NULL ("unknown result code (not an sbnResult_t)"
+   for out-of-range codes). */
 SBN_API const char* sbnGetErrorString(sbnResult_t r);
-/* Static name of a result code ("sbnTimeout"); never NULL. */
+/* Static name of a result code ("sbnTimeout"); never NULL ("sbnUnknownResult" for
+   out-of-range codes). */
 SBN_API const char* sbnGetResultName(sbnResult_t r);
 /* Detail of the last failure on `comm` (or, for comm == NULL, of the last failure of a
    call on this thread that had no comm: init functions, sbnGroupEnd, inference).
