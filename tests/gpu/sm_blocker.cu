@@ -37,6 +37,13 @@ __global__ void set_flag(sm_blocker_state_t* st) {
 
 }  // namespace
 
+extern "C" cudaError_t sm_blocker_load(void) {
+  cudaFuncAttributes fa;
+  cudaError_t e = cudaFuncGetAttributes(&fa, hold_sm);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, set_flag);
+  return e;
+}
+
 extern "C" cudaError_t sm_blocker_launch(sm_blocker_state_t* st, int blocks, int hold_ms,
                                          cudaStream_t stream) {
   int dev = 0, smem = 0;

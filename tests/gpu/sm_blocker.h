@@ -23,6 +23,10 @@ typedef struct {
   unsigned flag; /* nonzero: release */
 } sm_blocker_state_t;
 
+/* Loads both kernels now (cudaFuncGetAttributes): under lazy loading (CUDA's default) a
+   kernel is loaded at its first launch, and a load may wait for the device, where the
+   blocker spins until the release kernel runs. */
+cudaError_t sm_blocker_load(void);
 /* Launches `blocks` blocks on `stream`, each alone on its SM, that hold for at most
    hold_ms. st: mapped host memory (its device address is looked up here). */
 cudaError_t sm_blocker_launch(sm_blocker_state_t* st, int blocks, int hold_ms, cudaStream_t stream);

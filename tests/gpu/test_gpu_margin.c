@@ -12,7 +12,8 @@
  *     shared memory per SM) and spins until a flag is set, for at most HOLD_MS;
  *   - once all K blocks are resident, a team of one runs a training forward whose grid
  *     wants every SM (HW large enough that sbn_plan_blocks is capped by occupancy), on
- *     another stream, followed on that stream by a kernel that sets the flag.
+ *     another stream, followed on that stream by a kernel that sets the flag (the test's
+ *     two kernels are loaded before: sm_blocker_load).
  * With SBN_SM_MARGIN=K the op runs on the other SMs, the flag is set, and every block of
  * the blocker sees it (released). With SBN_SM_MARGIN=0 (the control: it shows that the
  * blocker really takes the room the op needs, so the test can fail) the op cannot start
@@ -23,7 +24,12 @@
  * The margin case runs twice, before and after the control: the first is the team's first
  * op, whose kernels were loaded at init (gpu_team.c queries every kernel's attributes), so
  * no module load runs beside the blocker; if only the first fails, that is where to look.
+ * The op must run the stream kernel (sbnCommGetKernel), whose grid the plan caps at
+ * occupancy x SMs: the shape asks for 2048 blocks (SBN_MAX_RANK_BLOCKS), more than any
+ * GPU of up to 256 SMs at 8 blocks per SM holds.
  *
+ * CUDA_LAUNCH_BLOCKING (the blocker's launch would return only when its hold expires),
+ * SBN_KERNEL, SBN_ALGO, SBN_TIMEOUT_MS and SBN_SM_MARGIN are cleared at the start.
  * Exits 77 (skipped) without a device, or on a GPU of fewer than 4*K SMs.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, nanosleep, clock_gettime */
@@ -41,7 +47,7 @@
 #define HOLD_MS 3000   /* the blocker's longest hold */
 #define ARRIVE_MS 10000
 
-static const sbnTensorDesc_t g_desc = {sbnFloat32, sbnLayoutNCHW, 32, 64, 64 * 64};
+static const sbnTensorDesc_t g_desc = {sbnFloat32, sbnLayoutNCHW, 64, 64, 64 * 64};
 static sbnComm_t g_comm;
 static float *g_hx, *g_hy;
 static double *g_ry, *g_rmean, *g_rinvstd;
@@ -65,12 +71,13 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
   cudaStream_t sb = NULL, so = NULL;
   double t0 = 0.0;
   float mean[64], invstd[64];
+  const char* kernel = "?";
   CUDA_CHECK(cudaHostAlloc((void**)&st, sizeof *st, cudaHostAllocMapped));
   memset(st, 0, sizeof *st);
   if (!CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking)) ||
       !CUDA_OK(cudaStreamCreateWithFlags(&so, cudaStreamNonBlocking)))
     goto done;
-  if (!CUDA_OK(cudaMemset(g_dy, 0xcd, numel() * sizeof(float))) ||
+  if (!CUDA_OK(cudaMemset(g_dy, GPU_POISON, numel() * sizeof(float))) ||
       !CUDA_OK(cudaDeviceSynchronize()))
     goto done;
   if (!CUDA_OK(sm_blocker_launch(st, K_SMS, HOLD_MS, sb))) goto done;
@@ -89,8 +96,8 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
                            (float*)g_dmean, (float*)g_dinvstd, NULL, so);
   unsetenv("SBN_SM_MARGIN");
   if (out->r != sbnSuccess) st->flag = 1u; /* nothing queued: let the blocker go */
-  CUDA_OK(sm_blocker_release(st, so));
-  CUDA_OK(cudaDeviceSynchronize());
+  if (!CUDA_OK(sm_blocker_release(st, so))) st->flag = 1u;
+  if (!CUDA_OK(cudaDeviceSynchronize())) goto done;
   out->ms = now_ms() - t0;
   out->released = *(volatile int*)&st->released;
   out->timed_out = *(volatile int*)&st->timed_out;
@@ -100,6 +107,11 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
           margin, sbnGetResultName(out->r), K_SMS, out->released, out->timed_out, out->ms);
   if (out->r != sbnSuccess) {
     SBN_FAIL_("sbnForwardTrain: %s (%s)", sbnGetResultName(out->r), sbnGetLastError(g_comm));
+    goto done;
+  }
+  sbnCommGetKernel(g_comm, &kernel);
+  if (strcmp(kernel, "stream") != 0) {
+    SBN_FAIL_("the op ran the '%s' kernel, not 'stream' (whose grid this test sizes)", kernel);
     goto done;
   }
   /* the outputs, whenever the op ran */
@@ -117,6 +129,7 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
     sbn_test_cur_failed_++;
   }
 done:
+  cudaDeviceSynchronize(); /* the blocker may still read st: let it end first */
   if (so) cudaStreamDestroy(so);
   if (sb) cudaStreamDestroy(sb);
   if (st) cudaFreeHost(st);
@@ -171,8 +184,10 @@ static int setup(void) {
 }
 
 int main(void) {
+  unsetenv("CUDA_LAUNCH_BLOCKING"); /* before the first CUDA call, which reads it */
   unsetenv("SBN_TIMEOUT_MS");
   unsetenv("SBN_SM_MARGIN");
+  unsetenv("SBN_KERNEL");
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
   char why[320];
   if (gpu_count_devices(why, sizeof why) == 0) return gpu_skip_no_device("test_gpu_margin", why);
@@ -188,7 +203,7 @@ int main(void) {
   }
   fprintf(stderr, "test_gpu_margin: device 0: %s, %d SMs; the blocker holds %d for at most %d ms\n",
           prop.name, prop.multiProcessorCount, K_SMS, HOLD_MS);
-  if (!setup()) {
+  if (!CUDA_OK(sm_blocker_load()) || !setup()) {
     fprintf(stderr, "test_gpu_margin: FAILED: setup\n");
     return 1;
   }
