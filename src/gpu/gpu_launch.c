@@ -140,11 +140,13 @@ static int peer_team(const struct sbn_gpu_team* gt) {
   return gt->transport == SBN_TR_PEER || gt->transport == SBN_TR_PEER_HOST;
 }
 
-/* A team whose ranks wait in-kernel for ranks on other GPUs: an NCCL team of several
-   processes, or an in-process team on more than one device ("nccl-host" teams wait in
-   NCCL's collective, not in a kernel of theirs). */
+/* A team whose ranks are on more than one GPU: an NCCL team of several processes, or an
+   in-process team on more than one device. Its ranks wait in-kernel for each other, so
+   its grids leave SBN_DEFAULT_SM_MARGIN SMs free by default. An "nccl-host" team waits in
+   NCCL's collective, not in a kernel, but plans with the same SMs all the same: the grid
+   sets the reduction tree, and a team's bits must not depend on which transport its init
+   found (nccl-lsa on one run, nccl-host on another). */
 static int spans_gpus(const struct sbn_gpu_team* gt) {
-  if (!sbn_transport_in_kernel(gt->transport)) return 0;
   if (gt->local >= 0) return gt->nranks > 1;
   for (int q = 1; q < gt->nranks; q++)
     if (gt->ranks[q].device != gt->ranks[0].device) return 1;
