@@ -42,10 +42,16 @@ static int violations;
 static char last_violation[256];
 static unsigned last_coop_grid; /* blocks of the last cooperative launch */
 static int capturing;           /* every stream says it is capturing a graph */
+static int events_pending;      /* every event says its work is not done */
 
 void cudart_stub_set_capturing(int on) {
   pthread_mutex_lock(&mu);
   capturing = on;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_events_pending(int on) {
+  pthread_mutex_lock(&mu);
+  events_pending = on;
   pthread_mutex_unlock(&mu);
 }
 
@@ -75,6 +81,7 @@ void cudart_stub_reset(void) {
   pthread_mutex_lock(&mu);
   memset(in_flight, 0, sizeof in_flight);
   capturing = 0;
+  events_pending = 0;
   violations = 0;
   last_violation[0] = '\0';
   pthread_mutex_unlock(&mu);
@@ -298,7 +305,10 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   (void)e;
-  return cudaSuccess;
+  pthread_mutex_lock(&mu);
+  const int pending = events_pending;
+  pthread_mutex_unlock(&mu);
+  return pending ? cudaErrorNotReady : cudaSuccess;
 }
 
 /* ---- kernels: known to exist, launched as no-ops ---------------------------------------- */

@@ -25,7 +25,10 @@ const char* cudart_stub_last_violation(void);
 /* From here every stream says it is capturing a graph (cudaStreamIsCapturing) when `on`;
    nothing else of a capture is modelled. */
 void cudart_stub_set_capturing(int on);
-/* Forgets the kernels in flight, the capturing, and the violations. */
+/* From here every event says its work is not done (cudaEventQuery: cudaErrorNotReady)
+   when `on`, as an event behind a collective that waits for a peer. */
+void cudart_stub_set_events_pending(int on);
+/* Forgets the kernels in flight, the capturing, the pending events and the violations. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -474,6 +474,31 @@ static void test_abort_after_captured_host_op(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* The same with a host-path collective that has not completed (its event not done, as
+   behind an all-gather waiting for a peer that never comes): it could wait forever, so
+   sbnCommAbort aborts the comm at once. */
+static void test_abort_with_host_op_pending(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
+  tensors_free(&t);
+  ASSERT_OK(fr);
+  stub_case(NULL);
+  cudart_stub_set_events_pending(1);
+  const sbnResult_t ar = sbnCommAbort(comm);
+  cudart_stub_set_events_pending(0);
+  ASSERT_OK(ar);
+  ASSERT_RECORD("ncclCommAbort");
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
 /* sbnCommAbort of an "nccl-lsa" team while this rank's cooperative kernel may still run
    (it writes its peers' mailboxes and failure words through the window until it sees the
    stop word): the comm, whose abort unmaps the window, is aborted only after the destroy
@@ -849,6 +874,7 @@ int main(void) {
   SBN_RUN(test_abort);
   SBN_RUN(test_abort_host);
   SBN_RUN(test_abort_after_captured_host_op);
+  SBN_RUN(test_abort_with_host_op_pending);
   SBN_RUN(test_abort_window_kernel_running);
   SBN_RUN(test_abort_sets_stop_words);
   SBN_RUN(test_abort_two_devices_stop_words);
