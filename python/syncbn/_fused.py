@@ -115,6 +115,11 @@ def residual_like(z, x):
     return z if z.is_contiguous(memory_format=fmt) else z.contiguous(memory_format=fmt)
 
 
+# under torch.fx symbolic tracing (a fused block traced through): one call_function node,
+# the conversion decided when the traced module runs
+torch.fx.wrap("residual_like")
+
+
 def _format_name(t):
     fmt, dense = _read_format(t)
     if not dense:

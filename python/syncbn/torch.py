@@ -39,7 +39,7 @@ import syncbn as _sbn
 from syncbn import _fused, _ops
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm", "BatchNormXd",
-           "FusedBasicBlock", "FusedBottleneck", "team_for"]
+           "FusedBasicBlock", "FusedBottleneck", "FusedActivation", "team_for"]
 
 _TRAIN = _ops.batch_norm_train
 _INFER = _ops.batch_norm_infer
@@ -56,6 +56,21 @@ _compiling = torch.compiler.is_compiling
 _exporting = torch.onnx.is_in_onnx_export
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
+
+
+def _fx_leaf(module, input, residual):
+    """Under torch.fx symbolic tracing (an input that is a torch.fx.Proxy: symbolic_trace,
+    torchvision's create_feature_extractor, torch.ao's prepare_fx): the layer recorded as
+    ONE call_module node, as the tracer records torch.nn's own batch norms (its leaf
+    modules), so that the layer's Python (its checks, the team it finds, train or eval)
+    runs when the traced module runs, and the traced module holds the layer (its
+    parameters and buffers). None when not tracing."""
+    proxy = input if isinstance(input, torch.fx.Proxy) else residual
+    if not isinstance(proxy, torch.fx.Proxy):
+        return None
+    tracer = proxy.tracer
+    args = (input,) if residual is None else (input, residual)
+    return tracer.create_proxy("call_module", tracer.path_of_module(module), args, {})
 
 
 def _plain(x):
@@ -211,6 +226,9 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None):
+        traced = _fx_leaf(self, input, residual)
+        if traced is not None:
+            return traced
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         if input.shape[1] != self.num_features:
@@ -382,6 +400,9 @@ class BatchNormXd(_BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None):
+        traced = _fx_leaf(self, input, residual)
+        if traced is not None:
+            return traced
         return _epilogue(super().forward(input), residual, _fused.ACTIVATIONS[self.activation], self.slope)
 
     def extra_repr(self):
@@ -394,23 +415,67 @@ class BatchNormXd(_BatchNorm):
 
 
 def revert_sync_batchnorm(module):
-    """The inverse of convert_sync_batchnorm / convert_fused's layers: every syncbn
-    SyncBatchNorm of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm
-    with the same parameters (shared), buffers, training mode and epilogue (the fused
-    activation and residual add, in PyTorch's ops: a fused block keeps its structure and
-    stays correct). For a model without syncbn's operators: an export (ONNX, torch.export;
-    an evaluated layer also exports to ONNX as it is; not TorchScript, which does not
-    script a module's super().forward), inference without a team, or a framework's own conversions, which would drop a
-    fused layer's activation (it is an nn.SyncBatchNorm). Training after it is unsynchronized.
-    A layer used in two places becomes one BatchNormXd used in both."""
+    """The inverse of convert_sync_batchnorm and convert_fused: every syncbn SyncBatchNorm
+    of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm with the same
+    parameters (shared), buffers and training mode, and what convert_fused fused is undone:
+    a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was (its
+    class, children and attributes) and a ``FusedActivation`` the activation module it
+    replaced, their batch norms plain, so that the model is the original one on PyTorch's
+    batch norm (code that folds a batch norm into the convolution before it,
+    ``torch.nn.utils.fuse_conv_bn_eval``, then folds the batch norm alone, as in the
+    original). A layer given an activation otherwise (``SyncBatchNorm(activation=...)``,
+    ``set_activation``) keeps it as a BatchNormXd epilogue, in PyTorch's ops. For a model
+    without syncbn's operators: an export (ONNX, torch.export; an evaluated layer also
+    exports to ONNX as it is; not TorchScript, which does not script a module's
+    super().forward), inference without a team, or a framework's own conversions, which
+    would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
+    unsynchronized. Like the converters, it changes module's containers in place. A layer
+    used in two places becomes one BatchNormXd used in both."""
+    plain = set()  # ids of the layers whose activation is its own module again
+    module = _unfuse(module, plain, {})
 
     def swap(m):
         if not isinstance(m, SyncBatchNorm):
             return m
+        act, slope = ("identity", 0.01) if id(m) in plain else (m.activation, m.slope)
         return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                       activation=m.activation, slope=m.slope), m)
+                                       activation=act, slope=slope), m)
 
     return _swap_modules(module, swap, {})
+
+
+def _unfuse(m, plain, done):
+    """m (and below it, in place) with convert_fused's blocks back to the blocks they were
+    and its FusedActivations back to the modules they replaced; the ids of the batch norms
+    whose activation is then their own module again go into plain."""
+    if id(m) in done:
+        return done[id(m)]
+    out = m
+    if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
+        out = m.block_type.__new__(m.block_type)
+        torch.nn.Module.__init__(out)
+        for name, child in m._modules.items():
+            out.add_module(name, child)
+        for name, value in vars(m).items():
+            if not name.startswith("_") and name not in ("training", "block_type") and name not in m._modules:
+                setattr(out, name, value)
+        out.training = m.training
+        for _, bn in m._convs:
+            if isinstance(m._modules.get(bn), SyncBatchNorm):
+                plain.add(id(m._modules[bn]))
+    done[id(m)] = out
+    for name, child in list(out._modules.items()):
+        if child is not None:
+            out._modules[name] = _unfuse(child, plain, done)
+    if _runs_children_in_order(out):
+        kids = list(out._modules.items())
+        for (_, bn), (name, act) in zip(kids, kids[1:]):
+            if isinstance(act, FusedActivation) and isinstance(bn, SyncBatchNorm) and id(bn) not in plain:
+                was = _act_of(act.replaced)
+                if was is not None and was[0] == bn.activation and (was[0] == "relu" or was[1] == bn.slope):
+                    out._modules[name] = act.replaced.train(act.training)
+                    plain.add(id(bn))
+    return out
 
 
 # ---- the converter of fusable patterns ---------------------------------------------------
@@ -475,6 +540,20 @@ def _global_hooks():
 def _no_hooks(m):
     return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None))
+
+
+class FusedActivation(torch.nn.Identity):
+    """What convert_fused leaves in an nn.Sequential in place of an activation module that it
+    fused into the batch norm before it: the identity (that batch norm applies the
+    activation; indices and state_dict keys stay), keeping the module it replaced
+    (``replaced``: not a child, it has no state) for revert_sync_batchnorm to put back."""
+
+    def __init__(self, replaced):
+        super().__init__()
+        self.__dict__["replaced"] = replaced  # not registered: no child, no state_dict keys
+
+    def extra_repr(self):
+        return f"{self.replaced!r} fused into the batch norm before it"
 
 
 class _FusedBlock(torch.nn.Module):
@@ -604,7 +683,7 @@ def _fuse(module, uses, inplace, after=None):
             # output autograd keeps
             ip = inplace and keep_y and act[0] == "leaky_relu" and _fused.slope32(act[1]) >= _fused._FLT_MIN
             bn.set_activation(act[0], act[1], ip)
-            module._modules[act_name] = torch.nn.Identity().train(act_mod.training)
+            module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])
 
 

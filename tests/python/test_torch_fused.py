@@ -703,13 +703,15 @@ class TestConvert(TeamOfOne):
     def test_is_an_nn_syncbatchnorm_and_reverts(self):
         """Every layer is an nn.SyncBatchNorm, as frameworks look for one (detectron2's norm
         parameter groups, mmengine's revert_sync_batchnorm). revert_sync_batchnorm gives
-        the same model on PyTorch's batch norm: no syncbn operator in its exported graph,
-        its parameters the same tensors, the fused epilogues kept (a framework's own
-        revert would drop them: it gives these layers plain batch norms); eval equal to the
-        converted model's, training equal to the float64 original's with each batch's own
-        statistics. An evaluated converted model exports to ONNX as it is (PyTorch's batch
-        norm in the export: nn.SyncBatchNorm's path). Like the converters, the revert changes
-        the module's containers in place (a copy is reverted here)."""
+        the original model on PyTorch's batch norm: the same module names and classes
+        (torchvision's blocks, nn.ReLU / nn.LeakyReLU where they were) with BatchNormXd for
+        the batch norms, all plain; no syncbn operator in its exported graph, its parameters
+        the same tensors; eval equal to the converted model's, training equal to the float64
+        original's with each batch's own statistics. A layer reverted alone, outside what
+        convert_fused made, keeps its activation as an epilogue. An evaluated converted
+        model exports to ONNX as it is (PyTorch's batch norm in the export:
+        nn.SyncBatchNorm's path). Like the converters, the revert changes the module's
+        containers in place (a copy is reverted here)."""
         torch.manual_seed(5)
         model = resnet_like()
         randomize_bn(model)
@@ -722,11 +724,18 @@ class TestConvert(TeamOfOne):
         self.assertFalse(any(isinstance(m, sbt.SyncBatchNorm) for m in back.modules()))
         self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
         bns = [m for m in back.modules() if isinstance(m, sbt.BatchNormXd)]
-        self.assertEqual([(m.activation, m.slope) for m in bns], [(m.activation, m.slope) for m in layers])
+        self.assertEqual(len(bns), len(layers))
+        self.assertEqual({m.activation for m in bns}, {"identity"})
+        for (n, a), (n2, b) in zip(model.named_modules(), back.named_modules()):
+            self.assertEqual(n, n2)
+            self.assertIs(type(b), sbt.BatchNormXd if isinstance(a, nn.BatchNorm2d) else type(a), n)
+            self.assertEqual(b.training, a.training, n)
+        self.assertEqual(back[9].negative_slope, 0.1)
         for k, v in conv.state_dict().items():
             self.assertTrue(torch.equal(back.state_dict()[k], v), k)
         one = sbt.revert_sync_batchnorm(layers[0])  # a layer itself: its tensors, shared
         self.assertTrue(one.weight is layers[0].weight and one.running_mean is layers[0].running_mean)
+        self.assertEqual(one.activation, "relu")  # no FusedActivation next to it: the epilogue stays
         twice = sbt.revert_sync_batchnorm(nn.Sequential(layers[1], nn.Conv2d(8, 8, 1), layers[1]))
         self.assertIs(twice[0], twice[2])  # one layer in two places: one BatchNormXd
         back.eval()
@@ -786,12 +795,12 @@ class TestConvert(TeamOfOne):
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
         self.assertEqual([n for n, _, ip in fused_layers(conv) if ip], ["8"])
         self._matches(model, torch.randn(4, 3, 8, 8), conv)
-        # an evaluated model's conversion: every module keeps its mode, the nn.Identity
-        # in a fused activation's place too
+        # an evaluated model's conversion: every module keeps its mode, the identity
+        # (FusedActivation) in a fused activation's place too
         model.eval()
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
         self.assertEqual([n for n, m in conv.named_modules() if m.training], [])
-        self.assertIn(nn.Identity, {type(m) for m in conv.modules()})
+        self.assertIn(sbt.FusedActivation, {type(m) for m in conv.modules()})
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(), nn.Dropout(0.0, inplace=True)),
                                 comm=self.comm, inplace=True)
         # an in-place module after nn.LeakyReLU() would write over the output the fused
@@ -910,6 +919,88 @@ class TestConvert(TeamOfOne):
         c = sbt.convert_fused(copy.deepcopy(blk), comm=self.comm)
         self.assertIsInstance(c, sbt.FusedBottleneck)
         self._matches(blk, torch.randn(2, 16, 5, 5), c)
+        self.assertIs(type(sbt.revert_sync_batchnorm(c)), Bottleneck)
+
+    def test_reverted_model_folds_its_batch_norms(self):
+        """torch.nn.utils.fuse_conv_bn_eval (folding an evaluated batch norm into the
+        convolution before it, as deployment does) of the reverted model's (conv, bn)
+        pairs, each bn then made an identity: the model's eval outputs. The reverted batch
+        norms are plain (their activations are modules of their own again); a revert that
+        kept the fused activations in the batch norms would lose them in the fold."""
+        torch.manual_seed(7)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        x = torch.randn(2, 3, 8, 8)
+        conv(x)  # trains once: running statistics moved
+        back = sbt.revert_sync_batchnorm(conv).eval()
+        want = back(x)
+        pairs = 0  # every batch norm here follows its convolution among its siblings
+        for parent in list(back.modules()):
+            kids = list(parent.named_children())
+            for (cn, c), (bn_name, bn) in zip(kids, kids[1:]):
+                if isinstance(c, nn.Conv2d) and isinstance(bn, sbt.BatchNormXd):
+                    setattr(parent, cn, torch.nn.utils.fuse_conv_bn_eval(c, bn))
+                    setattr(parent, bn_name, nn.Identity())
+                    pairs += 1
+        self.assertEqual(pairs, 15)
+        torch.testing.assert_close(back(x), want, rtol=1e-5, atol=1e-5)
+
+
+class TestFX(TeamOfOne):
+    """torch.fx symbolic tracing (symbolic_trace, torchvision's create_feature_extractor,
+    torch.ao's prepare_fx) of a converted model: each syncbn layer is one call_module node,
+    as torch.nn's batch norms are (the tracer's leaf modules), so the traced module holds
+    the layers and runs their Python (train or eval, the team) when it runs; a fused
+    block is traced through, its residual's conversion one call_function node. The traced
+    module gives the model's outputs and gradients bitwise, train and eval."""
+
+    def _traces(self, model, x):
+        gm = torch.fx.symbolic_trace(model)
+        layers = [n.target for n in gm.graph.nodes if n.op == "call_module"
+                  and isinstance(gm.get_submodule(n.target), (sbt.SyncBatchNorm, sbt.BatchNormXd))]
+        self.assertEqual(len(layers), 15)
+        self.assertEqual(sum(p.numel() for p in gm.parameters()), sum(p.numel() for p in model.parameters()))
+        a, b = copy.deepcopy(model), copy.deepcopy(gm)
+        for mode in ("train", "eval"):
+            getattr(a, mode)()
+            getattr(b, mode)()
+            ya, yb = a(x), b(x)
+            self.assertTrue(torch.equal(ya, yb), mode)
+        a.train()
+        b.train()
+        a(x).square().sum().backward()
+        b(x).square().sum().backward()
+        # by name: the traced module holds its submodules in the order the graph uses them
+        grads, bufs = {n: p.grad for n, p in b.named_parameters()}, dict(b.named_buffers())
+        self.assertEqual(sorted(grads), sorted(n for n, _ in a.named_parameters()))
+        for n, p in a.named_parameters():
+            self.assertTrue(torch.equal(p.grad, grads[n]), n)
+        for n, p in a.named_buffers():
+            self.assertTrue(torch.equal(p, bufs[n]), n)
+        return gm
+
+    def test_converted_fused_and_reverted(self):
+        torch.manual_seed(8)
+        model = resnet_like()
+        randomize_bn(model)
+        x = torch.randn(2, 3, 8, 8)
+        self._traces(sbt.convert_sync_batchnorm(copy.deepcopy(model), comm=self.comm), x)
+        gm = self._traces(sbt.convert_fused(copy.deepcopy(model), comm=self.comm), x)
+        self.assertIn(_fused.residual_like, [n.target for n in gm.graph.nodes if n.op == "call_function"])
+        self._traces(sbt.revert_sync_batchnorm(sbt.convert_fused(copy.deepcopy(model), comm=self.comm)), x)
+
+    def test_mutant_traced_through(self):
+        """Without the layer's call_module node (its forward traced like any module's), the
+        trace fails on the layer's checks of its input: what this class's tests catch."""
+        model = sbt.convert_sync_batchnorm(resnet_like(), comm=self.comm)
+        real = sbt._fx_leaf
+        sbt._fx_leaf = lambda module, input, residual: None
+        try:
+            with self.assertRaises(torch.fx.proxy.TraceError):
+                torch.fx.symbolic_trace(model)
+        finally:
+            sbt._fx_leaf = real
 
 
 class TestCompile(TeamOfOne):
