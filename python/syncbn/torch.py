@@ -241,12 +241,14 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
         if not self.training:
-            if self.running_mean is None or _exporting():
+            if self.running_mean is None or _exporting() or input.dtype == torch.float64:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
-                # this rank's own batch, no sync (PyTorch's op, as there); and an ONNX export
+                # this rank's own batch, no sync (PyTorch's op, as there); an ONNX export
                 # (torch.onnx), which knows PyTorch's batch norm, not syncbn's operators: the
-                # same formula with PyTorch's ops. The residual refused where the operators
-                # refuse it (a broadcast shape, ...)
+                # same formula with PyTorch's ops; and a float64 model (model.double(): its
+                # running statistics float64 too), which the library does not take, where
+                # the eval of nn.SyncBatchNorm runs. The residual refused where the
+                # operators refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
                 if self.running_mean is None:
                     y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)

@@ -602,6 +602,21 @@ class TestTorch(unittest.TestCase):
         m = sbt.SyncBatchNorm(3, track_running_stats=False).double().eval()
         x = torch.randn(2, 3, 4, dtype=torch.float64)
         torch.testing.assert_close(m(x), torch.nn.functional.batch_norm(x, None, None, training=True))
+        # and so is the eval of a float64 model with running statistics (nn.SyncBatchNorm's
+        # eval runs there), a fused layer's epilogue included; no team needed
+        torch.manual_seed(3)
+        ref = torch.nn.BatchNorm2d(3).double()
+        with torch.no_grad():
+            ref.running_mean.uniform_(-1, 1)
+            ref.running_var.uniform_(0.5, 2)
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.uniform_(-1, 1)
+        m = sbt.convert_sync_batchnorm(copy.deepcopy(ref)).eval()
+        ref.eval()
+        x = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        self.assertTrue(torch.equal(m(x), ref(x)))
+        m.set_activation("leaky_relu", 0.2)
+        self.assertTrue(torch.equal(m(x, x), torch.nn.functional.leaky_relu(ref(x) + x, 0.2)))
 
 
 if __name__ == "__main__":
