@@ -69,8 +69,18 @@ def _fx_leaf(module, input, residual):
     if not isinstance(proxy, torch.fx.Proxy):
         return None
     tracer = proxy.tracer
+    path = tracer.path_of_module(module)
+    if not path:
+        raise TypeError(f"torch.fx: syncbn.torch.{type(module).__name__} cannot be the traced module itself (the "
+                        "tracer records it as a call of one of the traced module's layers): trace a module that "
+                        "holds it")
     args = (input,) if residual is None else (input, residual)
-    return tracer.create_proxy("call_module", tracer.path_of_module(module), args, {})
+    if not _no_hooks(module) or _global_hooks():
+        # its hooks ran around this forward as the tracer called the layer: traced into the
+        # graph, they must not run again when the node runs (as a call_module node's would)
+        layer = tracer.create_proxy("get_attr", path, (), {})
+        return tracer.create_proxy("call_method", "forward", (layer, *args), {})
+    return tracer.create_proxy("call_module", path, args, {})
 
 
 def _plain(x):
@@ -421,12 +431,15 @@ def revert_sync_batchnorm(module):
     of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm with the same
     parameters (shared), buffers and training mode, and what convert_fused fused is undone:
     a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was (its
-    class, children and attributes) and a ``FusedActivation`` the activation module it
-    replaced, their batch norms plain, so that the model is the original one on PyTorch's
-    batch norm (code that folds a batch norm into the convolution before it,
+    class, children, attributes and hooks) and a ``FusedActivation`` the activation module
+    it replaced, their batch norms plain, so that the model is the original one on
+    PyTorch's batch norm (code that folds a batch norm into the convolution before it,
     ``torch.nn.utils.fuse_conv_bn_eval``, then folds the batch norm alone, as in the
-    original). A layer given an activation otherwise (``SyncBatchNorm(activation=...)``,
-    ``set_activation``) keeps it as a BatchNormXd epilogue, in PyTorch's ops. For a model
+    original). So does a plain ``nn.Identity`` right after a layer with an activation in a
+    Sequential (a model fused before FusedActivation existed): the activation goes there
+    as a module, ``nn.ReLU()`` or ``nn.LeakyReLU(slope)``. Any other layer given an
+    activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
+    identity has hooks, keeps it as a BatchNormXd epilogue, in PyTorch's ops. For a model
     without syncbn's operators: an export (ONNX, torch.export; an evaluated layer also
     exports to ONNX as it is; not TorchScript, which does not script a module's
     super().forward), inference without a team, or a framework's own conversions, which
@@ -461,6 +474,8 @@ def _unfuse(m, plain, done):
         for name, value in vars(m).items():
             if not name.startswith("_") and name not in ("training", "block_type") and name not in m._modules:
                 setattr(out, name, value)
+            elif name.startswith("_") and "hooks" in name and isinstance(value, dict):
+                out.__dict__[name] = value.copy()  # hooks registered on the fused block: the block's
         out.training = m.training
         for _, bn in m._convs:
             if isinstance(m._modules.get(bn), SyncBatchNorm):
@@ -471,12 +486,24 @@ def _unfuse(m, plain, done):
             out._modules[name] = _unfuse(child, plain, done)
     if _runs_children_in_order(out):
         kids = list(out._modules.items())
-        for (_, bn), (name, act) in zip(kids, kids[1:]):
-            if isinstance(act, FusedActivation) and isinstance(bn, SyncBatchNorm) and id(bn) not in plain:
-                was = _act_of(act.replaced)
-                if was is not None and was[0] == bn.activation and (was[0] == "relu" or was[1] == bn.slope):
-                    out._modules[name] = act.replaced.train(act.training)
-                    plain.add(id(bn))
+        for (_, bn), (name, slot) in zip(kids, kids[1:]):
+            if (not isinstance(bn, SyncBatchNorm) or bn.activation == "identity" or id(bn) in plain
+                    or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
+                continue
+            if isinstance(slot, FusedActivation):
+                act = slot.replaced
+                was = _act_of(act)
+                if was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
+                    continue  # the layer's activation changed since: it keeps it
+            elif type(slot) is torch.nn.Identity:
+                # an identity right after a layer with an activation (a model fused before
+                # FusedActivation existed, or by hand): the activation as a module there is
+                # the same function
+                act = torch.nn.ReLU() if bn.activation == "relu" else torch.nn.LeakyReLU(bn.slope)
+            else:
+                continue
+            out._modules[name] = act.train(slot.training)
+            plain.add(id(bn))
     return out
 
 
@@ -694,7 +721,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False):
 
     - in an ``nn.Sequential`` (one that runs its children in order), a batch norm followed
       at once by ``nn.ReLU`` or ``nn.LeakyReLU``: the batch norm takes the activation, and
-      an ``nn.Identity`` takes the activation's place (indices and state_dict keys stay);
+      a ``FusedActivation`` (an ``nn.Identity`` keeping the module it replaced, which
+      revert_sync_batchnorm puts back) takes the activation's place (indices and
+      state_dict keys stay);
     - a torchvision ``BasicBlock`` / ``Bottleneck`` (its children, and a forward with
       exactly torchvision's code): replaced by a ``FusedBasicBlock`` / ``FusedBottleneck``
       with the same children, whose batch norms take the ReLU, the last one also the

@@ -946,6 +946,37 @@ class TestConvert(TeamOfOne):
         self.assertEqual(pairs, 15)
         torch.testing.assert_close(back(x), want, rtol=1e-5, atol=1e-5)
 
+    def test_revert_of_older_fusings_and_hooked_blocks(self):
+        """A model fused before FusedActivation existed (an nn.Identity in the activation's
+        place: pickled models) reverts to the activation as a module too; a hook on a fused
+        block stays on the reverted block; an identity with a hook is left, its batch norm
+        keeping the activation (the hook sees what it saw)."""
+        torch.manual_seed(10)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        conv[2] = nn.Identity()  # the stem's ReLU fused, as an older convert_fused left it
+        conv[9] = nn.Identity()  # the leaky ReLU's
+        seen = []
+        conv[3].register_forward_hook(lambda m, inp, out: seen.append(out.shape))
+        x = torch.randn(2, 3, 8, 8)
+        conv.eval()
+        want = conv(x)
+        back = sbt.revert_sync_batchnorm(conv)
+        self.assertIs(type(back[2]), nn.ReLU)
+        self.assertIs(type(back[9]), nn.LeakyReLU)
+        self.assertEqual(back[9].negative_slope, 0.1)
+        self.assertEqual({m.activation for m in back.modules() if isinstance(m, sbt.BatchNormXd)}, {"identity"})
+        self.assertIs(type(back[3]), BasicBlock)
+        seen.clear()
+        torch.testing.assert_close(back(x), want, rtol=1e-5, atol=1e-5)
+        self.assertEqual(seen, [torch.Size([2, 8, 8, 8])])
+        hooked = sbt.convert_fused(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.ReLU()), comm=self.comm)
+        hooked[2].register_forward_hook(lambda m, inp, out: None)
+        back = sbt.revert_sync_batchnorm(hooked)
+        self.assertIs(type(back[2]), sbt.FusedActivation)
+        self.assertEqual(back[1].activation, "relu")
+
 
 class TestFX(TeamOfOne):
     """torch.fx symbolic tracing (symbolic_trace, torchvision's create_feature_extractor,
@@ -989,6 +1020,24 @@ class TestFX(TeamOfOne):
         gm = self._traces(sbt.convert_fused(copy.deepcopy(model), comm=self.comm), x)
         self.assertIn(_fused.residual_like, [n.target for n in gm.graph.nodes if n.op == "call_function"])
         self._traces(sbt.revert_sync_batchnorm(sbt.convert_fused(copy.deepcopy(model), comm=self.comm)), x)
+
+    def test_hooked_layers_and_the_root(self):
+        """A layer with a forward hook: the hook runs once in the traced module, as in the
+        model (the tracer ran it as it called the layer, so the layer's node is a call of
+        its forward, without hooks). The layer itself as the traced module: a TypeError."""
+        torch.manual_seed(9)
+        model = sbt.convert_fused(resnet_like(), comm=self.comm)
+        model[1].register_forward_hook(lambda m, inp, out: out * 2)
+        model[6].bn3.register_forward_pre_hook(lambda m, args: (args[0] * 0.5, *args[1:]))
+        x = torch.randn(2, 3, 8, 8)
+        gm = torch.fx.symbolic_trace(model)
+        a, b = copy.deepcopy(model), copy.deepcopy(gm)
+        for mode in ("train", "eval"):
+            getattr(a, mode)()
+            getattr(b, mode)()
+            self.assertTrue(torch.equal(a(x), b(x)), mode)
+        with self.assertRaisesRegex(TypeError, "cannot be the traced module itself"):
+            torch.fx.symbolic_trace(sbt.SyncBatchNorm(4, comm=self.comm))
 
     def test_mutant_traced_through(self):
         """Without the layer's call_module node (its forward traced like any module's), the
