@@ -56,7 +56,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
 # Machine code for sm_90 (H100, H200) and no PTX: the kernels' PTX doubled every statically
 # linked program once the fused ops' kernels came (the prebuilt folder, 76 MiB with it,
-# must stay within 64 MiB: PREBUILT_MAX_BYTES)
+# must stay within 64 MiB: PREBUILT_MAX_BYTES). Each statically linked program carries
+# the kernels (~7 MB): the folder holds the GPU tests, examples and bench (labels gpu and
+# prebuilt), not the CPU examples (52 MiB in all on 2026-11-29).
 ARCH=${CUDA_ARCH:-90-real}
 NCCL_WHEEL=${SBN_NCCL_WHEEL:-nvidia-nccl-cu13==2.28.9} # the NCCL of the first GPU machine's torch
 PREBUILT_MAX_BYTES=$((64 * 1024 * 1024))
