@@ -100,8 +100,8 @@ struct sbn_gpu_team {
   size_t win_bytes; /* sbn_window_bytes */
   void* win;        /* ncclWindow_t, registered (NULL: none) */
   cudaStream_t aux; /* init collectives, abort notification */
-  int* dscratch;    /* 2 ints of device memory, 2 of pinned host memory: init agreement */
-  int* hscratch;
+  int* dscratch;    /* init agreement (nccl_team.c): SBN_AGREE_MAX ints of device memory, */
+  int* hscratch;    /* and as many of pinned host memory */
 };
 
 static inline struct sbn_gpu_team* sbn_gpu(const sbn_team_t* t) {
