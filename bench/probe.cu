@@ -777,6 +777,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
     a.mail[r] = mail[r];
     a.stop[r] = &state[r]->stop;
   }
+  a.nstop = W;
   a.err = err;
   a.host_poll_ns = SBN_HOST_POLL_NS;
   a.c = C;

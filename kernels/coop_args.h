@@ -112,10 +112,13 @@ typedef struct {
                         rank's kernels, err[nranks] by the host (sbnCommAbort). The kernels
                         write them when they fail, and read them only through a waiting
                         rank's watcher block, rate-limited (coop_exchange.cuh) */
-  uint32_t* stop[SBN_GPU_MAX_RANKS]; /* every team rank's stop word (sbn_rank_state_t) as
-                        this device addresses it; NULL where it cannot (another process,
-                        or another device without peer access): a failing kernel sets
-                        them all */
+  uint32_t* stop[SBN_GPU_MAX_RANKS]; /* stop[0..nstop): the stop words (sbn_rank_state_t)
+                        of the team's ranks that this device addresses: every rank of an
+                        in-process team on this device (or on any, with peer access), the
+                        rank itself in an NCCL team (the others are other processes'). A
+                        failing kernel sets them all. Slots, not ranks: an NCCL team may
+                        have more ranks than SBN_GPU_MAX_RANKS (sbn_gpu_stop_words) */
+  int nstop;
   int host_words_at_start; /* the peer-pinned-host transport (mailboxes in host memory, no
                               peer access to the stop words): a kernel's start reads err */
   int64_t host_poll_ns; /* a waiting watcher reads err at most once per host_poll_ns, and

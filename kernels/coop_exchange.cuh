@@ -260,8 +260,7 @@ __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank,
      own word: sbnCommGetAsyncError reports the cause, not the aborts it caused */
   fence_release_sys();
 SBN_NO_UNROLL
-  for (int q = 0; q < a.nranks; q++)
-    if (a.stop[q] != nullptr) st_relaxed_sys(a.stop[q], (uint32_t)code);
+  for (int q = 0; q < a.nstop; q++) st_relaxed_sys(a.stop[q], (uint32_t)code);
   push_failure(a, rank, code);
 }
 

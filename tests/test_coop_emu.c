@@ -142,6 +142,7 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
   /* as gpu_launch.c: the stop word of every rank in this process (a virtual team's, a
      peer team's with peer access) */
   for (int q = 0; q < e->W; q++) a->stop[q] = &e->state[q].stop;
+  a->nstop = e->W;
   a->c = d->c;
   a->timeout_ns = e->timeout_ms * 1000000;
   a->host_poll_ns = g_host_poll_ns;
@@ -265,7 +266,8 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].after = g_delay_after[r];
     if (g_pinned_host) {
       l[r].a.host_words_at_start = 1;
-      for (int q = 0; q < e->W; q++) l[r].a.stop[q] = q == r ? &e->state[r].stop : NULL;
+      l[r].a.stop[0] = &e->state[r].stop; /* its own only: the others' are not mapped */
+      l[r].a.nstop = 1;
     }
   }
   for (int r = 0; r < e->W; r++)
@@ -2375,7 +2377,8 @@ static void emu_nccl_args(emu_nccl_t* n, sbn_coop_args_t* a, team_t* t, int r, i
   for (int q = 0; q < MAXW; q++) a->mail[q] = NULL; /* the window only */
   a->r[0].mail = (sbn_mail_rec_t*)n->part[r];
   a->err = n->err[r];
-  for (int q = 0; q < MAXW; q++) a->stop[q] = q == r ? &n->e.state[r].stop : NULL; /* its own */
+  a->stop[0] = &n->e.state[r].stop; /* its own: the other ranks are other processes */
+  a->nstop = 1;
   a->nlaunch = 1;
   a->win = &n->win;
   a->fail = (uint32_t*)(n->part[r] + n->fail_off);

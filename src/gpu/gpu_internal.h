@@ -181,6 +181,11 @@ SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);
    kernel). */
 #define SBN_DEFAULT_SM_MARGIN 32
 SBN_INTERNAL int sbn_gpu_usable_sms(int sms, int spans, int margin);
+/* The stop words a failing kernel on device `dev` sets (coop_args.h: stop, nstop), into
+   stop[0..SBN_GPU_MAX_RANKS); returns how many: every present rank of an in-process team
+   on dev (on any device for virtual and peer teams), the rank itself in an NCCL team,
+   whatever its rank number (an NCCL team may have more ranks than the array). */
+SBN_INTERNAL int sbn_gpu_stop_words(const struct sbn_gpu_team* gt, int dev, uint32_t** stop);
 /* At the call: device pointers of the rank's device, SBN_ALGO (forced to the host path
    where the transport has no in-kernel path), SBN_KERNEL; a virtual team of several
    ranks only in a group. */

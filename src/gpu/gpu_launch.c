@@ -153,6 +153,17 @@ static int spans_gpus(const struct sbn_gpu_team* gt) {
   return 0;
 }
 
+int sbn_gpu_stop_words(const struct sbn_gpu_team* gt, int dev, uint32_t** stop) {
+  int n = 0;
+  for (int q = 0; q < gt->nranks && n < SBN_GPU_MAX_RANKS; q++) {
+    const gpu_rank_t* g = &gt->ranks[q];
+    if (g->present && g->state != NULL &&
+        (g->device == dev || gt->transport == SBN_TR_VIRTUAL || gt->transport == SBN_TR_PEER))
+      stop[n++] = &g->state->stop;
+  }
+  return n;
+}
+
 int sbn_gpu_usable_sms(int sms, int spans, int margin) {
   if (margin < 0) margin = spans ? SBN_DEFAULT_SM_MARGIN : 0;
   if (margin == 0) return sms;
@@ -346,15 +357,7 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     a->fail = (uint32_t*)((char*)gt->win_buf + a->fail_off);
   }
   a->err = gt->err;
-  /* the stop words a failing kernel sets (coop_args.h): every rank of this process on
-     this device, or on any device when they all have peer access */
-  const int dev = gt->ranks[o0->comm->rank].device;
-  for (int q = 0; q < gt->nranks; q++) {
-    const gpu_rank_t* g = &gt->ranks[q];
-    if (g->present && g->state != NULL &&
-        (g->device == dev || gt->transport == SBN_TR_VIRTUAL || gt->transport == SBN_TR_PEER))
-      a->stop[q] = &g->state->stop;
-  }
+  a->nstop = sbn_gpu_stop_words(gt, gt->ranks[o0->comm->rank].device, a->stop);
   /* the error words at a kernel's start only where they are how a failure arrives:
      another GPU without peer access */
   a->host_words_at_start = gt->transport == SBN_TR_PEER_HOST;

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "coop_args.h" /* sbn_rank_state_t: the stop words the abort writes */
+#include "gpu/gpu_internal.h" /* sbn_gpu_stop_words: the launch's stop slots */
 #include "cudart_stub.h"
 #include "harness.h"
 #include "nccl_stub.h"
@@ -718,6 +719,43 @@ static void test_grid_leaves_sms_free(void) {
   ASSERT_CLEAN();
 }
 
+/* The stop words a failing kernel sets are slots, not ranks: an NCCL team may have more
+   ranks than the kernels' arguments hold (SBN_GPU_MAX_RANKS). Rank 19 of 20 (the other
+   ranks are other processes) fills one slot with its own word, where indexing by rank
+   wrote past the array; an in-process team fills one slot per rank it can address. */
+static void test_stop_slots(void) {
+  stub_case(NULL);
+  enum { W = 20 };
+  gpu_rank_t ranks[W];
+  sbn_rank_state_t states[W];
+  memset(ranks, 0, sizeof ranks);
+  for (int q = 0; q < W; q++) ranks[q].state = &states[q];
+  struct sbn_gpu_team gt;
+  memset(&gt, 0, sizeof gt);
+  gt.nranks = W;
+  gt.local = 19;
+  gt.transport = SBN_TR_NCCL_COLL; /* nccl-host */
+  gt.ranks = ranks;
+  ranks[19].present = 1;
+  uint32_t* slots[SBN_GPU_MAX_RANKS + 4];
+  for (int i = 0; i < SBN_GPU_MAX_RANKS + 4; i++) slots[i] = NULL;
+  ASSERT_EQ_INT(sbn_gpu_stop_words(&gt, 0, slots), 1);
+  ASSERT_TRUE(slots[0] == &states[19].stop);
+  for (int i = 1; i < SBN_GPU_MAX_RANKS + 4; i++) ASSERT_TRUE(slots[i] == NULL);
+  /* an in-process team of 3 on devices {0, 1, 0} without peer access: device 0's two */
+  gt.nranks = 3;
+  gt.local = -1;
+  gt.transport = SBN_TR_PEER_HOST;
+  for (int q = 0; q < 3; q++) ranks[q].present = 1;
+  ranks[1].device = 1;
+  ASSERT_EQ_INT(sbn_gpu_stop_words(&gt, 0, slots), 2);
+  ASSERT_TRUE(slots[0] == &states[0].stop && slots[1] == &states[2].stop);
+  gt.transport = SBN_TR_PEER; /* with peer access: all three */
+  ASSERT_EQ_INT(sbn_gpu_stop_words(&gt, 0, slots), 3);
+  ASSERT_TRUE(slots[1] == &states[1].stop);
+  ASSERT_CLEAN();
+}
+
 /* sbnCommAbort on one comm of an sbnCommInitAll team stops both ranks' kernels: each
    rank's stop word on its own device says sbnAborted. */
 static void test_abort_two_devices_stop_words(void) {
@@ -881,6 +919,7 @@ int main(void) {
   SBN_RUN(test_initall);
   SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_grid_leaves_sms_free);
+  SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
   SBN_RUN(test_stuck_agreement);
