@@ -231,7 +231,9 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
 /* This comm's rank in its team / the team's size. */
 SBN_API sbnResult_t sbnCommRank(sbnComm_t comm, int* rank);
 SBN_API sbnResult_t sbnCommCount(sbnComm_t comm, int* count);
-/* *async_error = sbnSuccess, or why the team stopped (sbnTimeout, sbnAborted). */
+/* *async_error = sbnSuccess, or why the team stopped: sbnTimeout, sbnAborted, or what only
+   the kernel could see (sbnInvalidUsage: ranks called different ops; sbnInvalidArgument:
+   a global count of 1). */
 SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_error);
 /* Aborts the whole team: ops waiting for peers return sbnAborted at once, later ops
    return sbnAborted without running. Idempotent. */
