@@ -204,7 +204,7 @@ static int tile_of(const team_t* t, int W) {
 
 /* Virtual: ONE launch of W*G blocks for every rank. */
 static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p) {
-  static sbn_coop_args_t a; /* 2.7 KB: not on the stack of every emulated thread */
+  static sbn_coop_args_t a; /* 3.6 KB: not on the stack of every emulated thread */
   memset(&a, 0, sizeof a);
   for (int r = 0; r < e->W; r++) fill_rank(&a.r[r], e, t, r, bwd, p);
   fill_common(&a, e, &t->d[0], bwd);
@@ -267,6 +267,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     if (g_pinned_host) {
       l[r].a.host_words_at_start = 1;
       l[r].a.stop[0] = &e->state[r].stop; /* its own only: the others' are not mapped */
+      for (int q = 1; q < MAXW; q++) l[r].a.stop[q] = NULL;
       l[r].a.nstop = 1;
     }
   }
@@ -2367,7 +2368,7 @@ static uint32_t fail_word(const emu_nccl_t* n, int at, int of) {
   return __atomic_load_n((const uint32_t*)(n->part[at] + n->fail_off) + of, __ATOMIC_ACQUIRE);
 }
 
-/* The arguments of rank r's launch, as src/gpu/gpu_team.c fills them for an "nccl-lsa" team. */
+/* The arguments of rank r's launch, as src/gpu/gpu_launch.c fills them for an "nccl-lsa" team. */
 static void emu_nccl_args(emu_nccl_t* n, sbn_coop_args_t* a, team_t* t, int r, int bwd,
                           const sbnParams_t* p) {
   memset(a, 0, sizeof *a);

@@ -402,7 +402,7 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
    stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
    (each rank's own plan: tile and width may differ, so may the kernels). */
 static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl, int checked) {
-  static _Thread_local sbn_coop_args_t a; /* 2.7 KB: not on the stack */
+  static _Thread_local sbn_coop_args_t a; /* 3.6 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
@@ -478,7 +478,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   const int kind = ops[0]->kind;
   const int dt = ops[0]->desc.dtype;
   const unsigned nch = (unsigned)((ops[0]->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-  static _Thread_local sbn_coop_args_t one; /* 2.7 KB: not on the stack */
+  static _Thread_local sbn_coop_args_t one; /* 3.6 KB: not on the stack */
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   int locked = 0, started = 0;
   for (int i = 0; i < nops; i++) {
