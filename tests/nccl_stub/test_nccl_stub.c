@@ -451,11 +451,14 @@ static void test_abort_host(void) {
   abort_case("host", 1);
 }
 
-/* An "nccl-lsa" team that ran a host-path op (SBN_ALGO=nccl) under a graph capture:
-   replays of that collective are not watched and may wait for a peer that never comes,
-   so sbnCommAbort aborts the comm at once (a destroy that waited for the device first
-   could wait forever). The stand-in's capture is only cudaStreamIsCapturing's answer. */
-static void test_abort_after_captured_host_op(void) {
+/* An "nccl-lsa" team that ran a host-path op (SBN_ALGO=nccl) whose collective may wait for
+   a peer that never comes: sbnCommAbort aborts the comm at once (a destroy that waited
+   for the device first could wait forever). captured: the op ran under a graph capture,
+   whose replays are not watched (the stand-in's capture is only cudaStreamIsCapturing's
+   answer); else its collective has not completed (its event not done, pending from
+   before the op: the team's watchdog, every 20 ms, must never see it done, or it forgets
+   the op as finished before the abort). */
+static void abort_after_host_op(int captured) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL;
@@ -463,37 +466,15 @@ static void test_abort_after_captured_host_op(void) {
   ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
   tensors_t t;
   tensors_alloc(&t, 0);
-  cudart_stub_set_capturing(1);
-  const sbnResult_t fr = forward(comm, &t);
+  if (captured)
+    cudart_stub_set_capturing(1);
+  else
+    cudart_stub_set_events_pending(1);
+  const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
   cudart_stub_set_capturing(0);
   tensors_free(&t);
   ASSERT_OK(fr);
-  stub_case(NULL);
-  ASSERT_OK(sbnCommAbort(comm));
-  ASSERT_RECORD("ncclCommAbort");
-  ASSERT_OK(sbnCommDestroy(comm));
-  ASSERT_CLEAN();
-  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
-}
-
-/* The same with a host-path collective that has not completed (its event not done, as
-   behind an all-gather waiting for a peer that never comes): it could wait forever, so
-   sbnCommAbort aborts the comm at once. */
-static void test_abort_with_host_op_pending(void) {
-  stub_case(NULL);
-  const int live0 = nccl_stub_live_comms();
-  sbnComm_t comm = NULL;
-  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
-  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
-  tensors_t t;
-  tensors_alloc(&t, 0);
-  /* pending from before the op: the team's watchdog (every 20 ms) must never see the
-     op's event done, or it forgets the op as finished before the abort */
-  cudart_stub_set_events_pending(1);
-  const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
-  tensors_free(&t);
-  ASSERT_OK(fr);
-  nccl_stub_reset(); /* the records from here (not cudart_stub_reset: the events stay pending) */
+  nccl_stub_reset(); /* the records from here (not cudart_stub_reset: events stay pending) */
   const sbnResult_t ar = sbnCommAbort(comm);
   cudart_stub_set_events_pending(0);
   ASSERT_OK(ar);
@@ -501,6 +482,12 @@ static void test_abort_with_host_op_pending(void) {
   ASSERT_OK(sbnCommDestroy(comm));
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_abort_after_captured_host_op(void) {
+  abort_after_host_op(1);
+}
+static void test_abort_with_host_op_pending(void) {
+  abort_after_host_op(0);
 }
 
 /* sbnCommAbort of an "nccl-lsa" team while this rank's cooperative kernel may still run
