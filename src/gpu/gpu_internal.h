@@ -156,6 +156,15 @@ SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t*
    has not completed, or was ever captured in a graph (a replay is not watched): a
    collective that may wait for a peer that does not come. */
 SBN_INTERNAL int sbn_gpu_host_pending(const struct sbn_gpu_team* gt);
+/* Whether an aborted (`aborted`) team's NCCL comms are aborted now, before its devices are
+   idle: where a host-path collective is pending (`pending`, sbn_gpu_host_pending: it
+   could wait forever), or where no kernel writes through memory the comm maps. An
+   "nccl-lsa" team's kernels write their peers' mailboxes and failure words through the
+   window, which the comm's abort unmaps: otherwise its comm is aborted at the release,
+   after the device sync. */
+static inline int sbn_gpu_abort_comms_now(const struct sbn_gpu_team* gt, int aborted, int pending) {
+  return pending || (aborted && gt->transport != SBN_TR_NCCL_WINDOW);
+}
 /* Frees a team's GPU part (waits for its devices to be idle). release (NULL: none) is
    the kind of team's own part (NCCL teams: the window and the team's comm), called once
    the watchdog has stopped and a stuck collective was aborted, before the devices' memory

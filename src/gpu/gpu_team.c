@@ -95,11 +95,9 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   }
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL) {
-    /* a collective still waiting for a peer would never finish: abort instead of destroy.
-       Only then before the devices are idle: an NCCL window team's kernels write through
-       the window that the comm's abort unmaps (its release aborts after the sync). */
+    /* a collective still waiting for a peer would never finish: abort instead of destroy */
     const int stuck = sbn_gpu_host_pending(gt);
-    if (stuck || (aborted && gt->transport != SBN_TR_NCCL_WINDOW)) sbn_nccl_abort_all(gt);
+    if (sbn_gpu_abort_comms_now(gt, aborted, stuck)) sbn_nccl_abort_all(gt);
     aborted |= stuck;
   }
 #endif

@@ -472,13 +472,11 @@ static void nccl_abort(sbn_team_t* team) {
   (void)cudaGetLastError();
   if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
   cudaSetDevice(prev);
-  /* A collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns. An
-     "nccl-lsa" team's comm is aborted only for such a collective: its abort unmaps the
-     window, through which this rank's cooperative kernels, which may still be running
-     (they end once they see the stop word), write their peers' mailboxes and failure
-     words. Otherwise the comm is aborted when the team is released, after its device is
-     idle (nccl_release). */
-  if (gt->transport != SBN_TR_NCCL_WINDOW || sbn_gpu_host_pending(gt)) sbn_nccl_abort_all(gt);
+  /* A collective of the host path (nccl-host, or an SBN_ALGO=nccl call) returns; an
+     "nccl-lsa" team's comm only for such a collective, else when the team is released,
+     after its device is idle (nccl_release): its kernels, which may still be running
+     (they end once they see the stop word), write through the window */
+  if (sbn_gpu_abort_comms_now(gt, 1, sbn_gpu_host_pending(gt))) sbn_nccl_abort_all(gt);
 }
 
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
