@@ -469,14 +469,7 @@ def _unfuse(m, plain, done):
     if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
         out = m.block_type.__new__(m.block_type)
         torch.nn.Module.__init__(out)
-        for name, child in m._modules.items():
-            out.add_module(name, child)
-        for name, value in vars(m).items():
-            if not name.startswith("_") and name not in ("training", "block_type") and name not in m._modules:
-                setattr(out, name, value)
-            elif name.startswith("_") and "hooks" in name and isinstance(value, dict):
-                out.__dict__[name] = value.copy()  # hooks registered on the fused block: the block's
-        out.training = m.training
+        _take_block(out, m, hooks=True)  # hooks registered on the fused block: the block's
         for _, bn in m._convs:
             if isinstance(m._modules.get(bn), SyncBatchNorm):
                 plain.add(id(m._modules[bn]))
@@ -585,6 +578,23 @@ class FusedActivation(torch.nn.Identity):
         return f"{self.replaced!r} fused into the batch norm before it"
 
 
+def _take_block(out, block, hooks=False):
+    """out (a new module) with block's children, its public attributes (stride, downsample
+    None, ...; not block_type) and its own training mode (each child keeps its mode: a
+    frozen bn stays in eval); hooks: its hooks too (copies of their dicts)."""
+    for name, child in block._modules.items():
+        if child is not None:
+            out.add_module(name, child)
+    for name, value in vars(block).items():
+        if name in block._modules or name in ("training", "block_type"):
+            continue
+        if not name.startswith("_"):
+            setattr(out, name, value)
+        elif hooks and "hooks" in name and isinstance(value, dict):
+            out.__dict__[name] = value.copy()
+    out.training = block.training
+
+
 class _FusedBlock(torch.nn.Module):
     """A torchvision BasicBlock / Bottleneck after convert_fused: the same children (so the
     same parameters and state_dict keys) and attributes, its batch norms fused: the
@@ -594,12 +604,7 @@ class _FusedBlock(torch.nn.Module):
 
     def __init__(self, block):
         super().__init__()
-        for name, child in block.named_children():
-            self.add_module(name, child)
-        for name, value in vars(block).items():  # stride, downsample None, ...
-            if not name.startswith("_") and name != "training" and name not in self._modules:
-                setattr(self, name, value)
-        self.training = block.training  # its own only: each child keeps its mode (a frozen bn stays in eval)
+        _take_block(self, block)
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
 
     def forward(self, x):
