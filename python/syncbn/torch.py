@@ -53,7 +53,17 @@ _BIAS_KW = "bias" in inspect.signature(torch.nn.SyncBatchNorm.__init__).paramete
 _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
-_exporting = torch.onnx.is_in_onnx_export
+_onnx_export = torch.onnx.is_in_onnx_export
+_export = getattr(torch.compiler, "is_exporting", lambda: False)  # where PyTorch has it
+_jit_tracing = torch.jit.is_tracing
+
+
+def _exporting():
+    """Whether the model is being exported, for a graph that runs without syncbn: an ONNX
+    export (torch.onnx, both exporters), torch.export (strict or not; AOTInductor,
+    ExecuTorch and TensorRT start there), a TorchScript trace (torch.jit.trace). An
+    evaluated layer then records PyTorch's batch norm, as nn.SyncBatchNorm's does."""
+    return _onnx_export() or _export() or _jit_tracing()
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
@@ -253,9 +263,10 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         if not self.training:
             if self.running_mean is None or _exporting() or input.dtype == torch.float64:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
-                # this rank's own batch, no sync (PyTorch's op, as there); an ONNX export
-                # (torch.onnx), which knows PyTorch's batch norm, not syncbn's operators: the
-                # same formula with PyTorch's ops; and a float64 model (model.double(): its
+                # this rank's own batch, no sync (PyTorch's op, as there); an export (ONNX,
+                # torch.export, a TorchScript trace: _exporting), whose graph must run where
+                # syncbn's operators are not: the same formula with PyTorch's ops; and a
+                # float64 model (model.double(): its
                 # running statistics float64 too), which the library does not take, where
                 # the eval of nn.SyncBatchNorm runs. The residual refused where the
                 # operators refuse it (a broadcast shape, ...)
@@ -325,8 +336,8 @@ def _check_dtype(x):
 
 
 def _epilogue(y, residual, act, slope):
-    """act(y + residual) with torch ops (eval without running statistics or under an ONNX
-    export; BatchNormXd's)."""
+    """act(y + residual) with torch ops (eval without running statistics, of a float64
+    model or under an export; BatchNormXd's)."""
     if residual is not None:
         y = y + residual
     if act == _sbn.RELU:
@@ -440,9 +451,10 @@ def revert_sync_batchnorm(module):
     as a module, ``nn.ReLU()`` or ``nn.LeakyReLU(slope)``. Any other layer given an
     activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
     identity has hooks, keeps it as a BatchNormXd epilogue, in PyTorch's ops. For a model
-    without syncbn's operators: an export (ONNX, torch.export; an evaluated layer also
-    exports to ONNX as it is; not TorchScript, which does not script a module's
-    super().forward), inference without a team, or a framework's own conversions, which
+    without syncbn's operators: a training-mode export (an evaluated model exports as it
+    is: its layers record PyTorch's batch norm under an export; TorchScript scripting
+    scripts neither, it does not script a module's super().forward), folding batch norms
+    into convolutions, inference without a team, or a framework's own conversions, which
     would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
     unsynchronized. Like the converters, it changes module's containers in place. A layer
     used in two places becomes one BatchNormXd used in both."""

@@ -1052,6 +1052,61 @@ class TestFX(TeamOfOne):
             sbt._fx_leaf = real
 
 
+class TestExport(TeamOfOne):
+    """An evaluated model exported for where syncbn is not (torch.export, strict or not: the
+    start of AOTInductor, ExecuTorch and TensorRT; a TorchScript trace): its graph holds
+    PyTorch's batch norm (and the fused layers' add and activation), no syncbn operator, as
+    nn.SyncBatchNorm's evaluated model does, and gives the model's outputs within fp32
+    rounding: the same formula, (x - mean) * weight / sqrt(var + eps) + bias, in another
+    order of operations (a few ulp of values of order 10: 2e-5). A model in training mode
+    exports its collective, syncbn's operator."""
+
+    def _model(self, fused):
+        torch.manual_seed(10)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused if fused else sbt.convert_sync_batchnorm
+        return conv(model, comm=self.comm)
+
+    def _exports_without_syncbn(self, model, x):
+        model.eval()
+        want = model(x)
+        for strict in (False, True):
+            ep = torch.export.export(model, (x,), strict=strict)
+            ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+            self.assertEqual({o for o in ops if "syncbn" in o}, set(), f"strict={strict}")
+            self.assertIn("aten.batch_norm.default", ops, f"strict={strict}")
+            torch.testing.assert_close(ep.module()(x), want, rtol=2e-5, atol=2e-5, msg=f"strict={strict}")
+        traced = torch.jit.trace(model, x, check_trace=False)
+        kinds = {n.kind() for n in traced.inlined_graph.nodes()}
+        self.assertEqual({k for k in kinds if k.startswith("syncbn::")}, set())
+        self.assertIn("aten::batch_norm", kinds)
+        torch.testing.assert_close(traced(x), want, rtol=2e-5, atol=2e-5)
+
+    def test_eval_exports_pytorch_batch_norm(self):
+        x = torch.randn(2, 3, 8, 8)
+        for fused in (False, True):
+            with self.subTest(fused=fused):
+                self._exports_without_syncbn(self._model(fused), x)
+
+    def test_train_exports_the_collective(self):
+        model = self._model(True).train()
+        graph = str(torch.export.export(model, (torch.randn(2, 3, 8, 8),)).graph)
+        self.assertIn("syncbn.batch_norm_act_train", graph)
+
+    def test_mutant_export_unseen(self):
+        """Without torch.export's and the trace's flags (ONNX's alone, as before): the
+        graphs hold syncbn's inference operators, and the test above fails."""
+        model = self._model(True)
+        real = sbt._export, sbt._jit_tracing
+        sbt._export = sbt._jit_tracing = lambda: False
+        try:
+            with self.assertRaises(AssertionError):
+                self._exports_without_syncbn(model, torch.randn(2, 3, 8, 8))
+        finally:
+            sbt._export, sbt._jit_tracing = real
+
+
 class TestCompile(TeamOfOne):
     def test_fullgraph_trains_like_eager(self):
         """A converted model (fused blocks and layers, one in place) trained 3 SGD steps
