@@ -140,7 +140,10 @@ SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
     s.var_unbiased = 0.0f;
     return s;
   }
-  float m2 = g.m2 > 0.0f ? g.m2 : 0.0f; /* rounding can leave -0 or a tiny negative */
+  /* Rounding can leave -0 or a tiny negative: 0. A NaN (a NaN or an infinity among the
+     channel's values) stays NaN, in invstd and var_unbiased, as PyTorch's variance is NaN
+     there: the running variance must not look healthy. */
+  float m2 = (g.m2 > 0.0f || g.m2 != g.m2) ? g.m2 : 0.0f;
   float var = m2 / (float)m;
   s.mean = g.mean_hi;
   s.mean_lo = g.mean_lo;

@@ -1683,6 +1683,59 @@ static void test_fused_relu_inplace(void) {
   }
 }
 
+/* The kernels' statistics of a channel holding a NaN (on one rank) or an infinity (on the
+   other): save_invstd, running_var and y NaN on every rank, running_mean not finite, as the
+   CPU team gives (test_forward's test_non_finite_values) and PyTorch's variance is NaN; the
+   clean channel bit for bit what the same launch gives without them. Every variant and the
+   host path's kernels (the exchange's finalize is bn_math.h's: its old clamp, m2 > 0 ? m2 : 0,
+   made the NaN a finite running_var). */
+static void test_non_finite_values(void) {
+  static const int64_t n[2] = {2, 3};
+  static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (int v = 0; v < 4 && !sbn_test_cur_failed_; v++)
+    for (int lay = 0; lay < 2 && !sbn_test_cur_failed_; lay++) {
+      team_t t[2];
+      emu_team_t e[2];
+      for (int k = 0; k < 2; k++) {
+        team_make(&t[k], 2, sbnFloat32, (sbnLayout_t)lay, 3, 8, n, 1, 1, GEN_NORMAL, 480u + (uint64_t)lay);
+        emu_team_init(&e[k], 2, 2, 60000);
+      }
+      ((float*)t[0].x[1])[sbn_ref_index(&t[0].d[1], 2, 0, 1)] = NAN;
+      ((float*)t[0].x[0])[sbn_ref_index(&t[0].d[0], 1, 1, 5)] = INFINITY;
+      for (int k = 0; k < 2; k++) {
+        if (v < 3) {
+          g_variant = variants[v];
+          emu_run_virtual(&e[k], &t[k], 0, &p);
+          g_variant = EMU_VAR_DEFAULT;
+        } else {
+          emu_run_host(&e[k], &t[k], 0, &p, NULL, NULL);
+        }
+        ASSERT_TRUE(err_words_clear(&e[k]));
+      }
+      for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+        for (int ci = 0; ci < 2; ci++) {
+          ASSERT_TRUE(isnan(t[0].sinv[r][ci]) && isnan(t[0].rv[r][ci]));
+          ASSERT_TRUE(!isfinite(t[0].rm[r][ci]));
+        }
+        ASSERT_BITEQ_F32(t[0].smean[r][2], t[1].smean[r][2]);
+        ASSERT_BITEQ_F32(t[0].sinv[r][2], t[1].sinv[r][2]);
+        ASSERT_BITEQ_F32(t[0].rm[r][2], t[1].rm[r][2]);
+        ASSERT_BITEQ_F32(t[0].rv[r][2], t[1].rv[r][2]);
+        for (int64_t ni = 0; ni < n[r]; ni++)
+          for (int64_t si = 0; si < 8; si++) {
+            const float* y = (const float*)t[0].y[r];
+            ASSERT_TRUE(isnan(y[sbn_ref_index(&t[0].d[r], ni, 0, si)]));
+            ASSERT_TRUE(isnan(y[sbn_ref_index(&t[0].d[r], ni, 1, si)]));
+            const int64_t i = sbn_ref_index(&t[0].d[r], ni, 2, si);
+            ASSERT_BITEQ_F32(y[i], ((const float*)t[1].y[r])[i]);
+          }
+      }
+      if (sbn_test_cur_failed_) fprintf(stderr, "  in variant %d, layout %d\n", v, lay);
+      for (int k = 0; k < 2; k++) emu_team_free(&e[k]), team_free(&t[k]);
+    }
+}
+
 /* ---- failures through the error words ------------------------------------------------ */
 
 /* No test bounds how long a run takes (a loaded machine, ThreadSanitizer, are slow):
@@ -3254,6 +3307,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_limited_residency, 1);
   EMU_TEST(test_solo_arrivals, 1);
   EMU_TEST(test_fused_relu_inplace, 0);
+  EMU_TEST(test_non_finite_values, 0);
   team_comms_destroy();
   return sbn_test_exit();
 }

@@ -412,6 +412,47 @@ static void test_count_past_2_24(void) {
 }
 
 /* Eval mode on host memory vs sbn_ref_inference. */
+/* A NaN in one channel (on one rank) and an infinity in another: those channels' save_invstd,
+   running_var and y are NaN on every rank, as PyTorch's batch norm gives NaN variances there
+   (a running_var that stayed finite would hide the corruption: the clamp of a rounded m2 took
+   a NaN to 0 until 2026-11-29); running_mean is not finite; the other channel is bit for bit
+   what the same team gives without them, and num_batches_tracked counts the call. */
+static void test_non_finite_values(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int lay = 0; lay < 2; lay++) {
+    int64_t n[MAXW] = {2, 3};
+    team_t t, clean;
+    team_make(&t, 2, sbnFloat32, (sbnLayout_t)lay, 3, 4, n, 1, 1, GEN_NORMAL, 650u + (uint64_t)lay);
+    team_make(&clean, 2, sbnFloat32, (sbnLayout_t)lay, 3, 4, n, 1, 1, GEN_NORMAL, 650u + (uint64_t)lay);
+    ((float*)t.x[1])[sbn_ref_index(&t.d[1], 2, 0, 1)] = NAN;
+    ((float*)t.x[0])[sbn_ref_index(&t.d[0], 1, 1, 3)] = INFINITY;
+    ASSERT_OK(team_run(&t, 0, MODE_GROUP, 0, &p));
+    ASSERT_OK(team_run(&clean, 0, MODE_GROUP, 0, &p));
+    for (int r = 0; r < 2; r++) {
+      ASSERT_EQ_INT(t.nbt[r], 1);
+      for (int ci = 0; ci < 2; ci++) {
+        ASSERT_TRUE(isnan(t.sinv[r][ci]) && isnan(t.rv[r][ci]));
+        ASSERT_TRUE(!isfinite(t.rm[r][ci]));
+      }
+      ASSERT_BITEQ_F32(t.smean[r][2], clean.smean[r][2]);
+      ASSERT_BITEQ_F32(t.sinv[r][2], clean.sinv[r][2]);
+      ASSERT_BITEQ_F32(t.rm[r][2], clean.rm[r][2]);
+      ASSERT_BITEQ_F32(t.rv[r][2], clean.rv[r][2]);
+      for (int64_t ni = 0; ni < n[r]; ni++)
+        for (int64_t si = 0; si < 4; si++) {
+          const float* y = (const float*)t.y[r];
+          ASSERT_TRUE(isnan(y[sbn_ref_index(&t.d[r], ni, 0, si)]));
+          ASSERT_TRUE(isnan(y[sbn_ref_index(&t.d[r], ni, 1, si)]));
+          int64_t i = sbn_ref_index(&t.d[r], ni, 2, si);
+          ASSERT_BITEQ_F32(y[i], ((const float*)clean.y[r])[i]);
+        }
+    }
+    team_free(&t);
+    team_free(&clean);
+    CHECK_();
+  }
+}
+
 static void test_inference_host(void) {
   sbn_rng_t rng = {1400};
   for (int d = 0; d < 3; d++)
@@ -461,6 +502,7 @@ int main(void) {
   SBN_RUN(test_in_place);
   SBN_RUN(test_determinism_and_thread_mode);
   SBN_RUN(test_bn1d);
+  SBN_RUN(test_non_finite_values);
   SBN_RUN(test_inference_host);
   SBN_RUN(test_larger_shapes);
   SBN_RUN(test_count_past_2_24);

@@ -399,6 +399,22 @@ static void test_stats_finalize(void) {
   ASSERT_BITEQ_F32(s.invstd, 1.0f / sqrtf(1e-5f));
   ASSERT_BITEQ_F32(s.var_unbiased, 0.0f);
   ASSERT_BITEQ_F32(s.mean, 2.5f);
+  sbn_partial_t z = {4.0f, 2.5f, 0.0f, -0.0f}; /* -0: +0, bit for bit */
+  s = sbn_stats_finalize(z, 4, 1e-5f);
+  ASSERT_BITEQ_F32(s.invstd, 1.0f / sqrtf(1e-5f));
+  ASSERT_BITEQ_F32(s.var_unbiased, 0.0f);
+  /* a NaN m2 (a NaN or an infinity among the values) stays NaN, as PyTorch's variance:
+     a clamp written m2 > 0 ? m2 : 0 (or fmaxf) made it 0, a finite running_var */
+  sbn_partial_t q = {4.0f, 2.5f, 0.0f, NAN};
+  s = sbn_stats_finalize(q, 4, 1e-5f);
+  ASSERT_TRUE(isnan(s.invstd) && isnan(s.var_unbiased));
+  /* from the values: one NaN, or an infinity, in a channel */
+  const float bad[2] = {NAN, INFINITY};
+  for (int k = 0; k < 2; k++) {
+    float v[5] = {1.0f, 2.0f, bad[k], 4.0f, 5.0f};
+    s = sbn_stats_finalize(partial_of(v, 5), 5, 1e-5f);
+    ASSERT_TRUE(isnan(s.invstd) && isnan(s.var_unbiased));
+  }
   /* exactly two elements {1, 3}: mean 2, biased var 1, unbiased 2 */
   sbn_welford_t w = sbn_welford_empty();
   sbn_welford_push(&w, 1.0f);

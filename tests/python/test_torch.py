@@ -618,6 +618,30 @@ class TestTorch(unittest.TestCase):
         m.set_activation("leaky_relu", 0.2)
         self.assertTrue(torch.equal(m(x, x), torch.nn.functional.leaky_relu(ref(x) + x, 0.2)))
 
+    def test_non_finite_input_as_pytorch(self):
+        """A NaN in one channel and an infinity in another: nn.BatchNorm2d's running
+        variance is NaN in both (its variance is), and so is the layer's (it stayed finite
+        until 2026-11-29: the library clamped a NaN variance to 0); the running mean is not
+        finite (PyTorch's is inf where an infinity is, the library's NaN: its mean is a
+        compensated sum); y NaN in those channels; the third channel as nn's."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            torch.manual_seed(4)
+            x = torch.randn(4, 3, 3, 3)
+            x[1, 0, 2, 1] = float("nan")
+            x[2, 1, 0, 0] = float("inf")
+            ref = torch.nn.BatchNorm2d(3)
+            m = sbt.SyncBatchNorm(3, comm=comm)
+            y, want = m(x), ref(x)
+            for t in (m.running_var[:2], ref.running_var[:2], y[:, :2]):
+                self.assertTrue(torch.isnan(t).all(), t)
+            self.assertFalse(torch.isfinite(m.running_mean[:2]).any())
+            torch.testing.assert_close(y[:, 2], want[:, 2], rtol=3e-5, atol=3e-5)
+            torch.testing.assert_close(m.running_mean[2], ref.running_mean[2])
+            torch.testing.assert_close(m.running_var[2], ref.running_var[2])
+        finally:
+            comm.destroy()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
