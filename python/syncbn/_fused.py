@@ -446,11 +446,20 @@ else:
     def train_eager(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
                     inplace):
         """batch_norm_act_train's out by its kernels without the dispatcher (the layer's
-        eager calls on plain tensors: the same kernels and autograd)."""
+        eager calls on plain tensors: the same kernels and autograd; a torch.func
+        transform's tensors take the operator, as _ops.train_eager)."""
+        if _ops._wrapped(x) or (z is not None and _ops._wrapped(z)):
+            return batch_norm_act_train(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm,
+                                        activation, slope, inplace)[0]
         y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
                               slope, inplace)[0]
         _bump(running_mean, running_var, nbt)
         return y
 
     def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
+        if _ops._wrapped(x) or (z is not None and _ops._wrapped(z)):
+            return batch_norm_act_infer(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
         return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
+
+
+_ops.register_vmap(_ops._lib, batch_norm_act_train, batch_norm_act_infer, (0, 1))

@@ -562,10 +562,19 @@ def _autograd_kernels(train, backward, infer):
             "batch_norm_infer": infer_autograd}
 
 
+# Whether x is a torch.func transform's tensor (vmap's batched one, grad's wrapper): the
+# Python operators' eager calls then take the operator, whose vmap rule and autograd the
+# transforms know (autograd.Function.apply of the kernels has no vmap rule); the C++
+# operators' eager calls enter the dispatcher anyway
+_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda x: False)
+
+
 def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
     """batch_norm_train's output `out` by the Python kernels without the dispatcher (the
     layer's eager calls on plain tensors: the same kernels and autograd, ~8 us less host
     time); the C++ operators' own below."""
+    if _wrapped(x):
+        return batch_norm_train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     _bump(running_mean, running_var, nbt)
     return y
@@ -573,6 +582,8 @@ def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, 
 
 def infer_eager(x, running_mean, running_var, weight, bias, eps):
     """batch_norm_infer by its kernel without the dispatcher (as train_eager)."""
+    if _wrapped(x):
+        return batch_norm_infer(x, running_mean, running_var, weight, bias, eps)
     return _InferEager.apply(x, running_mean, running_var, weight, bias, eps)
 
 
@@ -619,6 +630,49 @@ def _register(lib, drop=()):
     """The plain operators in lib's namespace (_define); the operators (train, backward,
     infer)."""
     return _define(lib, _SCHEMAS, _KERNELS, _autograd_kernels, drop)
+
+
+_VMAP_TRAIN = ("syncbn.torch.SyncBatchNorm in training under torch.func.vmap: not supported (each call's "
+               "batch statistics are one collective over the layer's team, which vmap's instances cannot "
+               "each have); vmap the layer in eval, or call it once per instance")
+
+
+def _vmap_refused(op):
+    """The vmap rule of a training operator: a NotImplementedError that says why
+    (functorch's own, "Batching rule not implemented for syncbn::...", named no layer)."""
+    def rule(info, in_dims, *args):
+        raise NotImplementedError(f"{op._name}: {_VMAP_TRAIN}")
+    return rule
+
+
+def _vmap_infer(op, per_element):
+    """The vmap rule of an inference operator (a per-element formula with per-channel
+    tensors): where only the per-element tensors (positions `per_element`: x, and the
+    fused operator's z) are batched, one call with the instances as more batch (the
+    instance dimension merged into N); else one call per instance, the outputs stacked."""
+    def rule(info, in_dims, *args):
+        B, a = info.batch_size, list(args)
+        if all(d is None for i, d in enumerate(in_dims) if i not in per_element):
+            n = None
+            for i in per_element:
+                if a[i] is None:
+                    continue
+                a[i] = a[i].movedim(in_dims[i], 0) if in_dims[i] is not None else a[i].expand(B, *a[i].shape)
+                n = a[i].shape[1]
+                a[i] = a[i].flatten(0, 1)
+            return op(*a).unflatten(0, (B, n)), 0
+        return torch.stack([op(*[t.select(d, k) if d is not None else t for t, d in zip(args, in_dims)])
+                            for k in range(B)]), 0
+    return rule
+
+
+def register_vmap(lib, train, infer, per_element):
+    """vmap rules for the training operator `train` (refused, saying why) and the
+    inference one `infer` (_vmap_infer), registered through lib (where PyTorch has
+    torch.library.register_vmap)."""
+    if hasattr(torch.library, "register_vmap"):
+        torch.library.register_vmap(train, _vmap_refused(train), lib=lib)
+        torch.library.register_vmap(infer, _vmap_infer(infer, per_element), lib=lib)
 
 
 def _library_error(e):
@@ -687,6 +741,7 @@ else:
     batch_norm_train, batch_norm_backward, batch_norm_infer = _register(_lib)
     _TrainEager = _train_function(_train_kernel, _backward_kernel, below=False, traced_backward=batch_norm_backward)
     _InferEager = _infer_function(_infer_kernel, below=False)
+register_vmap(_lib, batch_norm_train, batch_norm_infer, (0,))
 
 # the fused operators (batch norm + activation + residual; syncbn._fused): Python kernels
 # with either kind of plain operators, in the same namespace

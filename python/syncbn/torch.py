@@ -53,6 +53,7 @@ _BIAS_KW = "bias" in inspect.signature(torch.nn.SyncBatchNorm.__init__).paramete
 _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
+_INF = float("inf")
 _onnx_export = torch.onnx.is_in_onnx_export
 _export = getattr(torch.compiler, "is_exporting", lambda: False)  # where PyTorch has it
 _jit_tracing = torch.jit.is_tracing
@@ -251,9 +252,9 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
             return traced
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
-        if input.shape[1] != self.num_features:
-            raise ValueError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
-                             f"the layer has {self.num_features}")
+        if input.shape[1] != self.num_features:  # a RuntimeError, as F.batch_norm's for this
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
+                               f"the layer has {self.num_features}")
         act = self._act
         fused = residual is not None or act != _sbn.IDENTITY or self._inplace
         if fused and residual is not None and self._inplace:
@@ -261,6 +262,8 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
         if not self.training:
+            if not 0.0 <= self.eps < _INF:  # F.batch_norm's ValueError for eps < 0; the library's
+                _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
             if self.running_mean is None or _exporting() or input.dtype == torch.float64:
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there); an export (ONNX,
@@ -289,13 +292,15 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
             return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,
                               self.eps, act, self._slope)
         _check_dtype(input)
-        if self.eps <= 0.0:  # F.batch_norm's rule
-            raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be positive during training, but got "
-                             f"{self.eps}")
-        # a negative momentum: the library would read it as None's cumulative average
-        if self.track_running_stats and self.momentum is not None and self.momentum < 0.0:
-            raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), got "
-                             f"{float(self.momentum)!r}")
+        if not 0.0 < self.eps < _INF:  # F.batch_norm's rule (> 0), and the library's (finite)
+            _bad_eps(self.eps, "positive during training")
+        # a negative momentum: the library would read it as None's cumulative average; NaN
+        # or infinite, the library refuses it
+        if self.track_running_stats and self.momentum is not None and not 0.0 <= self.momentum < _INF:
+            if self.momentum < 0.0:
+                raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), "
+                                 f"got {float(self.momentum)!r}")
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite, got {float(self.momentum)!r}")
         comm = self._comm
         if comm is None:
             comm = self._group_comm
@@ -327,6 +332,13 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                                     comm.id, act, self._slope, self._inplace)
         return _TRAIN_ACT(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id, act,
                           self._slope, self._inplace)[0]
+
+
+def _bad_eps(eps, rule):
+    """Raises the ValueError of an eps that is not `rule` (F.batch_norm's words) or not finite."""
+    if eps != eps or eps == _INF:
+        raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be finite, but got {eps}")
+    raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be {rule}, but got {eps}")
 
 
 def _check_dtype(x):

@@ -243,9 +243,10 @@ class TestTorch(unittest.TestCase):
             comms[0].destroy()
 
     def test_eps_and_momentum_refused(self):
-        """eps <= 0 in training: F.batch_norm's ValueError; a negative momentum (the library
-        would read it as None's cumulative average): a ValueError, from the layer and from
-        the operator. Nothing written."""
+        """eps <= 0 in training, < 0 in eval: F.batch_norm's ValueError; a negative momentum
+        (the library would read it as None's cumulative average): a ValueError, from the
+        layer and from the operator; NaN or infinite eps or momentum: a ValueError naming
+        it. Nothing written."""
         comms = syncbn.cpu_team(1)
         try:
             for kw, msg in (({"eps": 0.0}, "batch_norm eps must be positive during training, but got 0.0"),
@@ -256,6 +257,24 @@ class TestTorch(unittest.TestCase):
                     m(torch.randn(4, 3, 2))
                 self.assertEqual(int(m.num_batches_tracked), 0)
                 self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            # NaN or infinite eps (training and eval) or momentum: ValueError (the library
+            # refuses them; F.batch_norm would run); eps < 0 in eval: F.batch_norm's ValueError
+            nan, inf = float("nan"), float("inf")
+            for kw, train, msg in (({"eps": nan}, True, "eps must be finite, but got nan"),
+                                   ({"eps": inf}, True, "eps must be finite, but got inf"),
+                                   ({"eps": nan}, False, "eps must be finite, but got nan"),
+                                   ({"eps": -1.0}, False, "batch_norm eps must be non-negative, but got -1.0"),
+                                   ({"momentum": nan}, True, "momentum must be finite, got nan"),
+                                   ({"momentum": inf}, True, "momentum must be finite, got inf")):
+                m = sbt.SyncBatchNorm(3, comm=comms[0], **kw).train(train)
+                with self.assertRaisesRegex(ValueError, "syncbn.torch.SyncBatchNorm: .*" + msg):
+                    m(torch.randn(4, 3, 2))
+                self.assertEqual(int(m.num_batches_tracked), 0)
+                self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            # a wrong number of channels: a RuntimeError, as F.batch_norm's, in training and eval
+            for train in (True, False):
+                with self.assertRaisesRegex(RuntimeError, "SyncBatchNorm: 4 channels, the layer has 3"):
+                    sbt.SyncBatchNorm(3, comm=comms[0]).train(train)(torch.randn(2, 4, 5))
             # without running statistics the momentum is not used: nothing to refuse, as in nn
             m = sbt.SyncBatchNorm(3, comm=comms[0], momentum=-0.1, track_running_stats=False)
             x = torch.randn(4, 3, 2, dtype=torch.float64)

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import unittest
+import warnings
 
 # inductor's own cache of compiled graphs, fresh: a cache left by an earlier version of
 # these operators (another schema) is keyed by their names and would be taken as valid
@@ -70,6 +71,30 @@ def train_args(comm, dtype, channels_last, affine, running, requires_grad=True):
     rm, rv = (torch.zeros(4), torch.ones(4)) if running else (None, None)
     nbt = torch.zeros((), dtype=torch.int64) if running else None
     return x, w, b, rm, rv, nbt
+
+
+def vmap_checks(test, comm, train, infer):
+    """torch.func.vmap of the operators (their vmap rules): training refused with a
+    NotImplementedError that says why, nothing written (PyTorch's own refusal, without the
+    rule, is a RuntimeError naming no layer); inference in one call, the instances as more
+    batch: bitwise the calls one instance at a time, and without PyTorch's warning of its
+    per-instance fallback ("There is a performance drop")."""
+    x, w, b, rm, rv, nbt = train_args(comm, torch.float32, False, True, True, requires_grad=False)
+    xs = torch.stack([x, x * 2.0 + 1.0, x - 3.0])
+    before = [t.clone() for t in (rm, rv, nbt)]
+    err = None
+    try:
+        torch.func.vmap(lambda t: train(t, w, b, rm, rv, nbt, 1e-5, 0.1, comm.id)[0])(xs)
+    except Exception as e:  # noqa: BLE001: which exception is what is tested
+        err = e
+    test.assertIsInstance(err, NotImplementedError)
+    test.assertIn("in training under torch.func.vmap: not supported", str(err))
+    for t, t0 in zip((rm, rv, nbt), before):
+        test.assertTrue(torch.equal(t, t0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = torch.func.vmap(lambda t: infer(t, rm, rv, w, b, 1e-5))(xs)
+    test.assertTrue(torch.equal(y, torch.stack([infer(t, rm, rv, w, b, 1e-5) for t in xs])))
 
 
 # the C++ mutants' defines, by what they drop (beside the namespace's)
@@ -432,6 +457,14 @@ class TestMutants(TeamOfOne):
         op_gradients_match(self, self.comm, _ops.batch_norm_train)
         args = train_args(self.comm, torch.float32, False, True, True)
         torch.library.opcheck(_ops.batch_norm_train, (*args, 1e-5, 0.1, self.comm.id))
+        vmap_checks(self, self.comm, _ops.batch_norm_train, _ops.batch_norm_infer)
+
+    def test_without_vmap_rules(self):
+        """The mutants' namespaces have no vmap rules (syncbn's are registered by
+        _ops.register_vmap for its own namespace only): vmap_checks fails on them."""
+        _, train, _, infer = self.nofake
+        with self.assertRaises(AssertionError):
+            vmap_checks(self, self.comm, train, infer)
 
     def test_without_fake_kernel(self):
         _, train, _, _ = self.nofake
@@ -445,7 +478,6 @@ class TestMutants(TeamOfOne):
         opcheck's autograd-registration test cannot see this (it finds only autograd
         registered at a backend key), which is why the gradient check exists."""
         _, train, _, _ = self.noautograd
-        import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
