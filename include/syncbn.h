@@ -5,7 +5,8 @@
  *
  * Conventions: every function returns sbnResult_t; a failed call writes none of its
  * outputs; created objects come back through the first pointer argument; asynchronous
- * calls end with (..., stream). The library never prints unless SBN_DEBUG=WARN|INFO.
+ * calls end with (..., stream). The library never prints unless SBN_DEBUG=WARN|INFO (any
+ * case).
  */
 #ifndef SYNCBN_H_
 #define SYNCBN_H_
@@ -103,7 +104,8 @@ typedef struct {
   unsigned magic;
   unsigned version; /* filled by SBN_CONFIG_INITIALIZER */
   int64_t timeout_ms;   /* in-op wait for peers, > 0; default 300000; env SBN_TIMEOUT_MS overrides */
-  int64_t max_channels; /* workspace is sized at init (no allocation inside ops); default 4096 */
+  int64_t max_channels; /* workspace is sized at init (no allocation inside ops; a CPU team's
+                           group starts threads: see sbnGroupEnd); default 4096 */
 } sbnConfig_t;
 #define SBN_CONFIG_INITIALIZER                                                              \
   { sizeof(sbnConfig_t), SBN_CONFIG_MAGIC, SBN_CONFIG_VERSION, SBN_DEFAULT_TIMEOUT_MS,       \
@@ -288,7 +290,10 @@ SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 /* ---- groups -------------------------------------------------------------------- */
 /* NCCL's convention: calls between sbnGroupStart and sbnGroupEnd (on this thread; groups
    nest) are validated at once and queued; sbnGroupEnd runs them. A CPU team runs its
-   ranks on threads inside sbnGroupEnd and returns when done. If any call in the group
+   ranks on threads inside sbnGroupEnd and returns when done: threads it starts for that
+   call (W - 1 for a team of W ranks: tens of us per group), so a group on a CPU team
+   allocates, and fails with sbnSystemError (nothing run) where the system cannot start
+   them; ranks called from one thread each outside a group start none. If any call in the group
    failed, or a team has ranks missing (or unequal op counts), sbnGroupEnd runs NOTHING
    and returns sbnInvalidUsage. Otherwise it returns the first failure of the ops it ran.
    sbnGroupEnd without sbnGroupStart: sbnInvalidUsage. */
@@ -404,9 +409,13 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against the x-based
    backward: bench/notes/tolerances.md (y must not underflow: a leaky slope so small that
    slope * v leaves the dtype's normal range loses x). Every rank must pass the same
-   activation (kind; the slope as in sbnForwardTrainEx) and the same choice of x or y (a
-   rank with n == 0 cannot check the in-place backward's conditions: where they fail, it waits for its peers, which refuse,
-   and returns sbnTimeout). Every team runs it. The gradient reaching the normalization,
+   activation (kind; the slope as in sbnForwardTrainEx). The choice of x or y is each
+   rank's on CPU teams, NCCL teams and sbnCommInitAll ranks called one thread per rank
+   (the results agree within the in-place backward's accuracy); a GPU team's ops given
+   together in one group (a virtual team's, sbnCommInitAll ranks') run one kernel variant
+   for the round and refuse a mix (sbnInvalidUsage, nothing run). A rank with
+   n == 0 cannot check the in-place backward's conditions: where they fail, it waits for
+   its peers, which refuse, and returns sbnTimeout. Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and
    in dx; the in-place backward reads y in x's place, once). The stream kernel writes dz

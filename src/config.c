@@ -1,5 +1,6 @@
 /* config.c — sbnConfig_t checks, defaults and the SBN_TIMEOUT_MS override. */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -10,6 +11,16 @@ _Static_assert(SBN_MAX_CHANNELS_LIMIT < (1 << SBN_SIG_C_BITS), "C must fit the o
 /* Longer timeouts mean "forever" and are clamped to ~100 years, so that deadlines in
    nanoseconds (CPU: CLOCK_MONOTONIC; GPU: %globaltimer) cannot overflow. */
 #define SBN_MAX_TIMEOUT_MS ((int64_t)100 * 365 * 24 * 3600 * 1000)
+
+int sbn_env_int(const char* v, long long lo, long long hi, long long* out) {
+  if (v == NULL || v[0] < '0' || v[0] > '9') return 0;
+  char* end = NULL;
+  errno = 0;
+  const long long x = strtoll(v, &end, 10);
+  if (errno != 0 || *end != '\0' || x < lo || x > hi) return 0;
+  *out = x;
+  return 1;
+}
 
 sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
   sbn_cfg_t cfg = {SBN_DEFAULT_TIMEOUT_MS, SBN_DEFAULT_MAX_CHANNELS};
@@ -31,10 +42,8 @@ sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
   }
   const char* env = getenv("SBN_TIMEOUT_MS");
   if (env != NULL) {
-    char* end = NULL;
-    errno = 0;
-    long long v = strtoll(env, &end, 10);
-    if (errno != 0 || end == env || *end != '\0' || v <= 0)
+    long long v = 0;
+    if (!sbn_env_int(env, 1, LLONG_MAX, &v))
       return sbn_fail(NULL, sbnInvalidArgument,
                       "SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds)", env);
     cfg.timeout_ms = v;

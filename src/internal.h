@@ -35,6 +35,10 @@ typedef struct {
   int64_t max_channels;
 } sbn_cfg_t;
 
+/* A decimal integer in [lo, hi] from an environment variable's text v, into *out: digits
+   only, nothing around them (no sign, no whitespace: " 400" and "400 " are refused alike,
+   where strtoll took the first and not the second). 1 if so, 0 otherwise. */
+SBN_INTERNAL int sbn_env_int(const char* v, long long lo, long long hi, long long* out);
 SBN_INTERNAL sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out);
 
 /* ---- ops ------------------------------------------------------------------------------ */

@@ -217,7 +217,8 @@ static void test_init_cpu_bad(void) {
 static void test_init_env_timeout_bad(void) {
   sbnComm_t comms[4];
   /* a non-positive or non-integer SBN_TIMEOUT_MS makes init fail, config or not */
-  const char* bad[] = {"abc", "0", "-5", "12abc", "1.5", " ", "99999999999999999999999"};
+  const char* bad[] = {"abc", "0", "-5", "12abc", "1.5", " ", "99999999999999999999999", " 400", "400 ",
+                       "+400", ""};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", bad[i], 1) == 0);
     for (int k = 0; k < 4; k++) comms[k] = SENTINEL_COMM;

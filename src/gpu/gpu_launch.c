@@ -84,9 +84,8 @@ static int kernel_from_env(sbnComm_t comm) {
 static int sm_margin_from_env(sbnComm_t comm) {
   const char* v = getenv("SBN_SM_MARGIN");
   if (v == NULL || v[0] == '\0') return -1;
-  char* end = NULL;
-  const long m = strtol(v, &end, 10);
-  if (end == v || *end != '\0' || m < 0 || m > 4096) {
+  long long m = 0;
+  if (!sbn_env_int(v, 0, 4096, &m)) {
     sbn_fail(comm, sbnInvalidArgument,
              "SBN_SM_MARGIN='%s': expected a number of SMs in [0, 4096] (0: none; unset: %d "
              "for a team that spans GPUs, else none)",

@@ -676,8 +676,11 @@ static void test_grid_leaves_sms_free(void) {
   ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), 3 * CUDA_STUB_BLOCKS_PER_SM);
   setenv("SBN_SM_MARGIN", "0", 1);
   ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
-  setenv("SBN_SM_MARGIN", "-1", 1);
-  ASSERT_EQ_INT((int)coop_grid(comms[0], comms[1], 1, n, c, sp), 0); /* refused */
+  const char* bad[] = {"-1", " 1", "1 ", "+1", "4097", "x"}; /* refused: digits only, <= 4096 */
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    setenv("SBN_SM_MARGIN", bad[i], 1);
+    if (coop_grid(comms[0], comms[1], 1, n, c, sp) != 0) SBN_FAIL_("SBN_SM_MARGIN='%s' was taken", bad[i]);
+  }
   unsetenv("SBN_SM_MARGIN");
   ASSERT_OK(sbnCommDestroy(comms[0]));
   ASSERT_OK(sbnCommDestroy(comms[1]));
