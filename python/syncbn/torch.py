@@ -54,17 +54,19 @@ _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _INF = float("inf")
-_onnx_export = torch.onnx.is_in_onnx_export
 _export = getattr(torch.compiler, "is_exporting", lambda: False)  # where PyTorch has it
 _jit_tracing = torch.jit.is_tracing
 
 
 def _exporting():
-    """Whether the model is being exported, for a graph that runs without syncbn: an ONNX
-    export (torch.onnx, both exporters), torch.export (strict or not; AOTInductor,
-    ExecuTorch and TensorRT start there), a TorchScript trace (torch.jit.trace). An
-    evaluated layer then records PyTorch's batch norm, as nn.SyncBatchNorm's does."""
-    return _onnx_export() or _export() or _jit_tracing()
+    """Whether the model is being exported, for a graph that runs without syncbn:
+    torch.export (strict or not; AOTInductor, ExecuTorch and TensorRT start there, and
+    torch.onnx's exporter), a TorchScript trace (torch.jit.trace, and torch.onnx's
+    TorchScript-based exporter). An evaluated layer then records PyTorch's batch norm, as
+    nn.SyncBatchNorm's does. (torch.onnx.is_in_onnx_export, which imports modules at each
+    call, took 1.6 us of an eval call's ~7 on CPU; the two flags here are set whenever it
+    is.)"""
+    return _export() or _jit_tracing()
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 

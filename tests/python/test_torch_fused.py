@@ -1055,7 +1055,8 @@ class TestFX(TeamOfOne):
 
 class TestExport(TeamOfOne):
     """An evaluated model exported for where syncbn is not (torch.export, strict or not: the
-    start of AOTInductor, ExecuTorch and TensorRT; a TorchScript trace): its graph holds
+    start of AOTInductor, ExecuTorch and TensorRT; a TorchScript trace; ONNX, both
+    exporters, where onnx is installed, as in CI): its graph holds
     PyTorch's batch norm (and the fused layers' add and activation), no syncbn operator, as
     nn.SyncBatchNorm's evaluated model does, and gives the model's outputs within fp32
     rounding: the same formula, (x - mean) * weight / sqrt(var + eps) + bias, in another
@@ -1084,6 +1085,35 @@ class TestExport(TeamOfOne):
         self.assertIn("aten::batch_norm", kinds)
         torch.testing.assert_close(traced(x), want, rtol=2e-5, atol=2e-5)
 
+    def _onnx_without_syncbn(self, model, x):
+        """torch.onnx.export, both exporters (TorchScript-based: a trace; dynamo: torch.export):
+        a checked ONNX model of standard operators, none of syncbn's domain."""
+        import io
+
+        import onnx
+
+        model.eval()
+        for dynamo in (False, True):
+            if dynamo:
+                proto = torch.onnx.export(model, (x,), dynamo=True).model_proto
+            else:
+                buf = io.BytesIO()
+                torch.onnx.export(model, (x,), buf, dynamo=False)
+                proto = onnx.load_from_string(buf.getvalue())
+            onnx.checker.check_model(proto)
+            self.assertEqual({n.domain for n in proto.graph.node} - {"", "ai.onnx"}, set(), f"dynamo={dynamo}")
+            self.assertIn("Conv", {n.op_type for n in proto.graph.node}, f"dynamo={dynamo}")
+
+    def test_onnx(self):
+        try:
+            import onnx  # noqa: F401
+            import onnxscript  # noqa: F401 (the dynamo exporter's)
+        except ImportError:
+            self.skipTest("onnx and onnxscript are not installed (CI's python step installs them)")
+        for fused in (False, True):
+            with self.subTest(fused=fused):
+                self._onnx_without_syncbn(self._model(fused), torch.randn(2, 3, 8, 8))
+
     def test_eval_exports_pytorch_batch_norm(self):
         x = torch.randn(2, 3, 8, 8)
         for fused in (False, True):
@@ -1096,14 +1126,22 @@ class TestExport(TeamOfOne):
         self.assertIn("syncbn.batch_norm_act_train", graph)
 
     def test_mutant_export_unseen(self):
-        """Without torch.export's and the trace's flags (ONNX's alone, as before): the
-        graphs hold syncbn's inference operators, and the test above fails."""
+        """Without torch.export's and the trace's flags (none seen, as before but ONNX's): the
+        graphs hold syncbn's inference operators, and the tests above fail (ONNX's exporters
+        then fail on syncbn's operator, where onnx is installed)."""
         model = self._model(True)
         real = sbt._export, sbt._jit_tracing
         sbt._export = sbt._jit_tracing = lambda: False
         try:
             with self.assertRaises(AssertionError):
                 self._exports_without_syncbn(model, torch.randn(2, 3, 8, 8))
+            try:
+                import onnx  # noqa: F401
+                import onnxscript  # noqa: F401
+            except ImportError:
+                return
+            with self.assertRaises(Exception):  # noqa: B017: the exporters' own errors
+                self._onnx_without_syncbn(model, torch.randn(2, 3, 8, 8))
         finally:
             sbt._export, sbt._jit_tracing = real
 
