@@ -54,19 +54,22 @@ _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _INF = float("inf")
+# The graphs PyTorch makes of a model, where an evaluated layer records PyTorch's batch
+# norm: torch.export (strict or not; AOTInductor, ExecuTorch, TensorRT and torch.onnx's
+# dynamo exporter start there) and a TorchScript trace (torch.jit.trace, torch.onnx's
+# TorchScript-based exporter); and torch.compile's (_compiling). Not asked:
+# torch.onnx.is_in_onnx_export, which imports modules at each call (1.1-1.6 us of an eval
+# call's ~7 on CPU); its two exporters set the flags here.
 _export = getattr(torch.compiler, "is_exporting", lambda: False)  # where PyTorch has it
 _jit_tracing = torch.jit.is_tracing
 
 
-def _exporting():
-    """Whether the model is being exported, for a graph that runs without syncbn:
-    torch.export (strict or not; AOTInductor, ExecuTorch and TensorRT start there, and
-    torch.onnx's exporter), a TorchScript trace (torch.jit.trace, and torch.onnx's
-    TorchScript-based exporter). An evaluated layer then records PyTorch's batch norm, as
-    nn.SyncBatchNorm's does. (torch.onnx.is_in_onnx_export, which imports modules at each
-    call, took 1.6 us of an eval call's ~7 on CPU; the two flags here are set whenever it
-    is.)"""
-    return _export() or _jit_tracing()
+def _graphed(plain):
+    """Whether PyTorch is making a graph of the model (torch.compile, torch.export, a
+    TorchScript trace), for a layer whose input is `plain` (_plain)."""
+    return not plain and (_compiling() or _export()) or _jit_tracing()
+
+
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
@@ -266,15 +269,18 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
         if not self.training:
             if not 0.0 <= self.eps < _INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
-            if self.running_mean is None or _exporting() or input.dtype == torch.float64:
+            plain = _plain(input)  # (not under torch.compile)
+            if self.running_mean is None or input.dtype == torch.float64 or _graphed(plain):
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
-                # this rank's own batch, no sync (PyTorch's op, as there); an export (ONNX,
-                # torch.export, a TorchScript trace: _exporting), whose graph must run where
-                # syncbn's operators are not: the same formula with PyTorch's ops; and a
-                # float64 model (model.double(): its
-                # running statistics float64 too), which the library does not take, where
-                # the eval of nn.SyncBatchNorm runs. The residual refused where the
-                # operators refuse it (a broadcast shape, ...)
+                # this rank's own batch, no sync (PyTorch's op, as there); a float64 model
+                # (model.double(): its running statistics float64 too), which the library does
+                # not take, where the eval of nn.SyncBatchNorm runs; and a graph that PyTorch
+                # makes of the model: torch.compile's (inductor fuses PyTorch's batch norm with
+                # its neighbours, and folds it into the convolution before it with freezing,
+                # which it cannot do across syncbn's operator), torch.export's and a
+                # TorchScript trace's (ONNX's exporters, AOTInductor, ExecuTorch: the graph
+                # runs where syncbn's operators are not). The same formula with PyTorch's ops.
+                # The residual refused where the operators refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
                 if self.running_mean is None:
                     y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
@@ -284,11 +290,11 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 return _epilogue(y, residual, act, self._slope) if fused else y
             _check_dtype(input)
             if not fused:
-                if _plain(input):
+                if plain:
                     return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias,
                                         self.eps)
                 return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
-            if _plain(input) and (residual is None or _plain(residual)):
+            if plain and (residual is None or _plain(residual)):
                 return _infer_act_eager(input, residual, self.running_mean, self.running_var, self.weight,
                                         self.bias, self.eps, act, self._slope)
             return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,

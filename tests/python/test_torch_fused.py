@@ -1120,18 +1120,55 @@ class TestExport(TeamOfOne):
             with self.subTest(fused=fused):
                 self._exports_without_syncbn(self._model(fused), x)
 
+    def _compiled_eval_ops(self, model, x):
+        """The operators of the graph torch.compile (fullgraph) makes of the evaluated model,
+        and its output against eager's (fp32 rounding, as above)."""
+        ops = set()
+
+        def backend(gm, example_inputs):
+            ops.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return gm
+
+        model.eval()
+        torch._dynamo.reset()
+        try:
+            with torch.no_grad():
+                y = torch.compile(model, backend=backend, fullgraph=True)(x)
+                torch.testing.assert_close(y, model(x), rtol=2e-5, atol=2e-5)
+        finally:
+            torch._dynamo.reset()
+        return ops
+
+    def test_compiled_eval_is_pytorch_batch_norm(self):
+        """torch.compile of an evaluated model: PyTorch's batch norm in the graph, as
+        nn.SyncBatchNorm's (inductor then fuses it with its neighbours, and with freezing
+        folds it into the convolution before it: it could do neither across syncbn's
+        operator); the mutant that does not see the compile keeps syncbn's operator."""
+        x = torch.randn(2, 3, 8, 8)
+        for fused in (False, True):
+            ops = self._compiled_eval_ops(self._model(fused), x)
+            self.assertFalse([o for o in ops if "syncbn" in o], ops)
+            self.assertTrue([o for o in ops if "batch_norm" in o], ops)
+        real = sbt._graphed
+        sbt._graphed = lambda plain: False
+        try:
+            ops = self._compiled_eval_ops(self._model(True), x)
+        finally:
+            sbt._graphed = real
+        self.assertTrue([o for o in ops if "syncbn" in o], ops)
+
     def test_train_exports_the_collective(self):
         model = self._model(True).train()
         graph = str(torch.export.export(model, (torch.randn(2, 3, 8, 8),)).graph)
         self.assertIn("syncbn.batch_norm_act_train", graph)
 
     def test_mutant_export_unseen(self):
-        """Without torch.export's and the trace's flags (none seen, as before but ONNX's): the
-        graphs hold syncbn's inference operators, and the tests above fail (ONNX's exporters
-        then fail on syncbn's operator, where onnx is installed)."""
+        """Without seeing PyTorch make a graph (sbt._graphed): the graphs hold syncbn's
+        inference operators, and the tests above fail (ONNX's exporters then fail on
+        syncbn's operator, where onnx is installed)."""
         model = self._model(True)
-        real = sbt._export, sbt._jit_tracing
-        sbt._export = sbt._jit_tracing = lambda: False
+        real = sbt._graphed
+        sbt._graphed = lambda plain: False
         try:
             with self.assertRaises(AssertionError):
                 self._exports_without_syncbn(model, torch.randn(2, 3, 8, 8))
@@ -1143,7 +1180,7 @@ class TestExport(TeamOfOne):
             with self.assertRaises(Exception):  # noqa: B017: the exporters' own errors
                 self._onnx_without_syncbn(model, torch.randn(2, 3, 8, 8))
         finally:
-            sbt._export, sbt._jit_tracing = real
+            sbt._graphed = real
 
 
 class TestVmap(TeamOfOne):

@@ -234,7 +234,7 @@ class TestCompile(TeamOfOne):
         ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
         self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
         self.assertEqual(ex.graph_count, 1)
-        model.eval()  # inference: batch_norm_infer
+        model.eval()  # inference: PyTorch's batch norm in the graph (test_torch_fused's TestExport)
         torch._dynamo.reset()
         ex = torch._dynamo.explain(model)(torch.randn(4, 3, 8, 8))
         self.assertEqual(ex.graph_break_count, 0, ex.break_reasons)
