@@ -448,7 +448,7 @@ else:
         """batch_norm_act_train's out by its kernels without the dispatcher (the layer's
         eager calls on plain tensors: the same kernels and autograd; a torch.func
         transform's tensors take the operator, as _ops.train_eager)."""
-        if _ops._wrapped(x) or (z is not None and _ops._wrapped(z)):
+        if _ops._transforms():
             return batch_norm_act_train(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm,
                                         activation, slope, inplace)[0]
         y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
@@ -457,7 +457,7 @@ else:
         return y
 
     def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
-        if _ops._wrapped(x) or (z is not None and _ops._wrapped(z)):
+        if _ops._transforms():
             return batch_norm_act_infer(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
         return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
 

@@ -562,18 +562,19 @@ def _autograd_kernels(train, backward, infer):
             "batch_norm_infer": infer_autograd}
 
 
-# Whether x is a torch.func transform's tensor (vmap's batched one, grad's wrapper): the
-# Python operators' eager calls then take the operator, whose vmap rule and autograd the
-# transforms know (autograd.Function.apply of the kernels has no vmap rule); the C++
-# operators' eager calls enter the dispatcher anyway
-_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda x: False)
+# Whether a torch.func transform is active (vmap, grad, ...: any argument may be its
+# tensor, x or only the parameters, as an ensemble's vmap over stacked parameters with one
+# shared input): the Python operators' eager calls then take the operator, whose vmap rule
+# and autograd the transforms know (autograd.Function.apply of the kernels has no vmap
+# rule); the C++ operators' eager calls enter the dispatcher anyway. ~35 ns.
+_transforms = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
     """batch_norm_train's output `out` by the Python kernels without the dispatcher (the
     layer's eager calls on plain tensors: the same kernels and autograd, ~8 us less host
     time); the C++ operators' own below."""
-    if _wrapped(x):
+    if _transforms():
         return batch_norm_train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     _bump(running_mean, running_var, nbt)
@@ -582,7 +583,7 @@ def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, 
 
 def infer_eager(x, running_mean, running_var, weight, bias, eps):
     """batch_norm_infer by its kernel without the dispatcher (as train_eager)."""
-    if _wrapped(x):
+    if _transforms():
         return batch_norm_infer(x, running_mean, running_var, weight, bias, eps)
     return _InferEager.apply(x, running_mean, running_var, weight, bias, eps)
 
@@ -648,21 +649,33 @@ def _vmap_refused(op):
 def _vmap_infer(op, per_element):
     """The vmap rule of an inference operator (a per-element formula with per-channel
     tensors): where only the per-element tensors (positions `per_element`: x, and the
-    fused operator's z) are batched, one call with the instances as more batch (the
-    instance dimension merged into N); else one call per instance, the outputs stacked."""
+    fused operator's z) are batched and an instance's are in one memory format (as the
+    operator takes them), one call with the instances as more batch (the instance
+    dimension merged into N; a merge that copies gives both tensors x's format); else one
+    call per instance, the outputs stacked (what the operator refuses for an instance, it
+    refuses there)."""
+    def one(t, d, k):
+        return t.select(d, k) if d is not None else t
+
     def rule(info, in_dims, *args):
         B, a = info.batch_size, list(args)
-        if all(d is None for i, d in enumerate(in_dims) if i not in per_element):
-            n = None
-            for i in per_element:
-                if a[i] is None:
-                    continue
-                a[i] = a[i].movedim(in_dims[i], 0) if in_dims[i] is not None else a[i].expand(B, *a[i].shape)
-                n = a[i].shape[1]
-                a[i] = a[i].flatten(0, 1)
-            return op(*a).unflatten(0, (B, n)), 0
-        return torch.stack([op(*[t.select(d, k) if d is not None else t for t, d in zip(args, in_dims)])
-                            for k in range(B)]), 0
+        pe = [i for i in per_element if a[i] is not None]
+        merge = all(d is None for i, d in enumerate(in_dims) if i not in per_element)
+        if merge and len(pe) > 1 and B > 0:
+            fmts = {_read_format(one(a[i], in_dims[i], 0))[0] for i in pe}
+            merge = len(fmts) == 1
+        if not merge:
+            return torch.stack([op(*[one(t, d, k) for t, d in zip(args, in_dims)]) for k in range(B)]), 0
+        n = None
+        for i in pe:
+            t = a[i].movedim(in_dims[i], 0) if in_dims[i] is not None else a[i].expand(B, *a[i].shape)
+            n = t.shape[1]
+            a[i] = t.flatten(0, 1)  # a copy where it cannot be a view: contiguous then
+        fmt = _read_format(a[pe[0]])[0]
+        for i in pe[1:]:
+            if not a[i].is_contiguous(memory_format=fmt):
+                a[i] = a[i].contiguous(memory_format=fmt)
+        return op(*a).unflatten(0, (B, n)), 0
     return rule
 
 
