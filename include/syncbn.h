@@ -291,9 +291,10 @@ SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 /* NCCL's convention: calls between sbnGroupStart and sbnGroupEnd (on this thread; groups
    nest) are validated at once and queued; sbnGroupEnd runs them. A CPU team runs its
    ranks on threads inside sbnGroupEnd and returns when done: threads it starts for that
-   call (W - 1 for a team of W ranks: tens of us per group), so a group on a CPU team
-   allocates, and fails with sbnSystemError (nothing run) where the system cannot start
-   them; ranks called from one thread each outside a group start none. If any call in the group
+   call (one per rank the group holds ops for, over all its CPU teams, less one: tens of
+   us per group) and allocates its queues, so it can fail with sbnSystemError (nothing
+   run) where the system cannot start them or has no memory; ranks called from one thread
+   each outside a group start none. If any call in the group
    failed, or a team has ranks missing (or unequal op counts), sbnGroupEnd runs NOTHING
    and returns sbnInvalidUsage. Otherwise it returns the first failure of the ops it ran.
    sbnGroupEnd without sbnGroupStart: sbnInvalidUsage. */

@@ -45,7 +45,8 @@ sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
     long long v = 0;
     if (!sbn_env_int(env, 1, LLONG_MAX, &v))
       return sbn_fail(NULL, sbnInvalidArgument,
-                      "SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds)", env);
+                      "SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds; digits only)",
+                      env);
     cfg.timeout_ms = v;
     sbn_log(SBN_LOG_INFO, "timeout %lld ms from SBN_TIMEOUT_MS", v);
   }

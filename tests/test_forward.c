@@ -411,7 +411,6 @@ static void test_count_past_2_24(void) {
   team_free(&t);
 }
 
-/* Eval mode on host memory vs sbn_ref_inference. */
 /* A NaN in one channel (on one rank) and an infinity in another: those channels' save_invstd,
    running_var and y are NaN on every rank, as PyTorch's batch norm gives NaN variances there
    (a running_var that stayed finite would hide the corruption: the clamp of a rounded m2 took
@@ -453,6 +452,7 @@ static void test_non_finite_values(void) {
   }
 }
 
+/* Eval mode on host memory vs sbn_ref_inference. */
 static void test_inference_host(void) {
   sbn_rng_t rng = {1400};
   for (int d = 0; d < 3; d++)

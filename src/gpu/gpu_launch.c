@@ -87,8 +87,8 @@ static int sm_margin_from_env(sbnComm_t comm) {
   long long m = 0;
   if (!sbn_env_int(v, 0, 4096, &m)) {
     sbn_fail(comm, sbnInvalidArgument,
-             "SBN_SM_MARGIN='%s': expected a number of SMs in [0, 4096] (0: none; unset: %d "
-             "for a team that spans GPUs, else none)",
+             "SBN_SM_MARGIN='%s': expected a number of SMs in [0, 4096], digits only (0: none; "
+             "unset or empty: %d for a team that spans GPUs, else none)",
              v, SBN_DEFAULT_SM_MARGIN);
     return -2;
   }
