@@ -248,6 +248,8 @@ enum {
 typedef struct {
   int valid, W;
   uint64_t d[SBN_MAX_GPU_TEAM_RANKS][DIG_COUNT];
+  double worst;          /* the row's largest |got - ref| / tolerance (its check) */
+  char worst_what[96];   /* and where */
 } bench_digest_t;
 void digest_team(bench_digest_t* dg, const bench_team_bufs_t* b);
 /* Every output of b against the digests `ref`: one `wrong` per buffer whose bits differ. */
@@ -302,6 +304,7 @@ typedef struct {
   char name[256];
   char pci[32];
   int sms, cc_major, cc_minor, driver, runtime, l2_bytes;
+  char nvidia_driver[32]; /* the kernel module's version, "580.159.04" ("" when unknown) */
   size_t mem_total;
   size_t copy_bytes;  /* of the bandwidth copy */
   double copy_us;     /* its median time */
@@ -368,6 +371,11 @@ void results_add(bench_results_t* res, const bench_row_t* r);
 /* "2.28.9" from the library's version code; "unknown" when negative. */
 void format_nccl_version(long long v, char* buf, size_t cap);
 void format_cudnn_version(long long v, char* buf, size_t cap);
+/* The NVIDIA driver's version from the first line of /proc/driver/nvidia/version ("NVRM
+   version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ...", or "... Open Kernel Module for
+   x86_64  570.86.15 ..."): the first word of digits and dots after "Kernel Module" into buf;
+   0 if found, -1 (buf "") otherwise. */
+int parse_nvidia_driver(const char* line, char* buf, size_t cap);
 
 /* The table (nccl-tests style): the header, a row as soon as it is done, the latency table
    and the footer; the last line says OK or FAILED. */

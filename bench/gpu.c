@@ -101,6 +101,15 @@ int gpu_setup(bench_gpu_t* g, int iters, char* err, size_t cap) {
     snprintf(g->info.pci, sizeof g->info.pci, "?");
   }
   GPU_TRY(cudaDriverGetVersion(&g->info.driver), "cudaDriverGetVersion");
+  {
+    char line[256] = "";
+    FILE* f = fopen("/proc/driver/nvidia/version", "r");
+    if (f != NULL) {
+      if (fgets(line, (int)sizeof line, f) == NULL) line[0] = '\0';
+      fclose(f);
+    }
+    (void)parse_nvidia_driver(line, g->info.nvidia_driver, sizeof g->info.nvidia_driver);
+  }
   GPU_TRY(cudaRuntimeGetVersion(&g->info.runtime), "cudaRuntimeGetVersion");
   GPU_TRY(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   g->nev = 2 * iters;

@@ -7,14 +7,17 @@
  *   rows_planned, latency_planned (the rows the run meant to write), tool "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO
  *   8601), mode "cpu" | "gpu", why_cpu (CPU mode: why not the GPU; null in GPU mode), path
  *   (the path under test: "coop", CPU mode "cpu"; every row has its own), paths [the paths
- *   run: "coop", "nccl", "cudnn"; CPU mode ["cpu"]], team "virtual" | "cpu", device (GPU
- *   mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
- *   string: the CPU team and why not the GPU), driver_version, runtime_version and
- *   cuda_runtime_version (both cudaRuntimeGetVersion, e.g. 13000), nccl_version
+ *   run: "coop", "nccl", "cudnn", "split" (--epilogue); CPU mode ["cpu"]], team "virtual" |
+ *   "cpu", device (GPU mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
+ *   string: the CPU team and why not the GPU), driver_version (cudaDriverGetVersion: the
+ *   CUDA version the driver supports, e.g. 13000), runtime_version and cuda_runtime_version
+ *   (both cudaRuntimeGetVersion, e.g. 13000), nvidia_driver (the kernel module's version
+ *   from /proc/driver/nvidia/version, e.g. "580.159.04"; null where it cannot be read),
+ *   nccl_version
  *   (ncclGetVersion of a dlopen'd libnccl.so.2, e.g. 22809 = 2.28.9; null when not
  *   loadable), nccl_library (what was loaded, or null), cudnn_version (cudnnGetVersion of the
  *   dlopen'd libcudnn.so.9, e.g. 91900 = 9.19.0; null when not loadable), cudnn_library (or
- *   null), cudnn_status ("ok", or why the cudnn rows did not run) — these seven null in CPU
+ *   null), cudnn_status ("ok", or why the cudnn rows did not run) — these null in CPU
  *   mode —, sbn_algo_env, sbn_kernel_env (SBN_ALGO, SBN_KERNEL as the caller set them, or
  *   null), cores_online, threads (CPU mode: the team's threads; null), copy_bandwidth {gbps,
  *   bytes, us_median, reps, formula} (null in CPU mode: no B, so no floor in us), ranks (GPU
@@ -26,7 +29,7 @@
  *   tolerance_cudnn {stat, fp32, half, sums}, rows [...], latency [...] ([] in CPU mode), wrong,
  *   failed_rows, skipped_rows, total_s (so far), ok (complete, and nothing wrong or failed).
  * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
- *   path        "coop" | "nccl" | "cudnn" | "cpu"
+ *   path        "coop" | "nccl" | "cudnn" | "split" | "cpu"
  *   shape, where, n, c, h, w, spatial, dtype ("fp32" | "bf16" | "fp16"), layout ("NCHW" |
  *               "NHWC"), ranks (W; 1 for cudnn), kernel {fwd, bwd} (what ran, "" if nothing)
  *   bytes_x_rank, bytes_x_total   bytes of one rank's x, of all W ranks' x
@@ -186,8 +189,10 @@ static void json_gpu_top(FILE* f, const bench_run_t* run) {
           g->mem_total);
   fprintf(f,
           "  \"driver_version\": %d,\n  \"runtime_version\": %d,\n"
-          "  \"cuda_runtime_version\": %d,\n  \"nccl_version\": ",
+          "  \"cuda_runtime_version\": %d,\n  \"nvidia_driver\": ",
           g->driver, g->runtime, g->runtime);
+  json_string_or_null(f, g->nvidia_driver[0] ? g->nvidia_driver : NULL);
+  fprintf(f, ",\n  \"nccl_version\": ");
   json_int_or_null(f, run->nccl.version >= 0, run->nccl.version);
   fprintf(f, ",\n  \"nccl_library\": ");
   json_string_or_null(f, run->nccl.loaded ? run->nccl.from : NULL);
@@ -311,7 +316,8 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
     json_string(f, run->device);
     fprintf(f,
             ",\n  \"driver_version\": null,\n  \"runtime_version\": null,\n"
-            "  \"cuda_runtime_version\": null,\n  \"nccl_version\": null,\n"
+            "  \"cuda_runtime_version\": null,\n  \"nvidia_driver\": null,\n"
+            "  \"nccl_version\": null,\n"
             "  \"nccl_library\": null,\n  \"cudnn_version\": null,\n  \"cudnn_library\": null,\n"
             "  \"cudnn_status\": null,\n");
   }

@@ -50,7 +50,8 @@ static void usage(FILE* f, const char* argv0) {
           "why. This build: %s.\n"
           "  --gpu auto|on|off     auto: GPU mode when a device is there (default);\n"
           "                        on: GPU mode or exit 2; off: CPU team\n"
-          "  -w, --ranks LIST      GPU: comma list of team sizes W in [1, %d] (default %s);\n"
+          "  -w, --ranks LIST      GPU: comma list of at most %d team sizes W in [1, %d]\n"
+          "                        (default %s);\n"
           "                        CPU: ranks in the team, one value in [1, %d] (default %d)\n"
           "  -i, --iters N         timed calls per op, in [1, %d]; the median is reported\n"
           "                        (GPU default %d, the methodology's minimum; CPU default %d)\n"
@@ -68,9 +69,10 @@ static void usage(FILE* f, const char* argv0) {
           "                        cudnn runs at W = 1 only\n"
           "      --epilogue E      none (default), relu: y = relu(bn(x)), add-relu: y =\n"
           "                        relu(bn(x) + z) and the backward's dz (the library's fused\n"
-          "                        ops, sbnForwardTrainEx / sbnBackwardEx); split: the plain\n"
-          "                        coop op and a separate activation kernel; cudnn: its\n"
-          "                        BN_ACTIVATION / BN_ADD_ACTIVATION (where it has them)\n"
+          "                        ops, sbnForwardTrainEx / sbnBackwardEx); with it the path\n"
+          "                        split is the plain coop op and a separate activation\n"
+          "                        kernel, cudnn cuDNN's BN_ACTIVATION / BN_ADD_ACTIVATION\n"
+          "                        (where it has them)\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
           "                        0 = all (GPU default %d, CPU default %d)\n"
           "      --quick           the shapes %s (of the embedded table; every shape\n"
@@ -87,7 +89,8 @@ static void usage(FILE* f, const char* argv0) {
           "available (MemAvailable, the cgroup's limit, ulimit -v) is refused.\n"
           "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
           argv0, SBN_BENCH_HAVE_CUDA ? "with CUDA" : "without CUDA (CPU team only)",
-          SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS, BENCH_DEFAULT_RANKS,
+          BENCH_MAX_RANK_LIST, SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS,
+          BENCH_DEFAULT_RANKS,
           BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_MAX_ITERS,
           BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
           BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR,
@@ -154,22 +157,26 @@ static int parse_name_list(const char* list, const char* const* names, int count
 }
 
 /* 1 if id is in the comma list (exact, case-insensitive). */
+/* The next item of a comma list from *p (spaces around it dropped) into tok (at most cap - 1
+   characters: a longer item is cut, and so matches no id); *p moves past it. 0 at the end. */
+static int list_next(const char** p, char* tok, size_t cap) {
+  if (**p == '\0') return 0;
+  const char* end = strchr(*p, ',');
+  size_t tl = end ? (size_t)(end - *p) : strlen(*p);
+  const char* b = *p;
+  while (tl > 0 && (*b == ' ' || *b == '\t')) b++, tl--;
+  while (tl > 0 && (b[tl - 1] == ' ' || b[tl - 1] == '\t')) tl--;
+  if (tl >= cap) tl = cap - 1;
+  memcpy(tok, b, tl);
+  tok[tl] = '\0';
+  *p = end ? end + 1 : *p + strlen(*p);
+  return 1;
+}
+
 static int list_has(const char* list, const char* id) {
-  size_t len = strlen(id);
-  for (const char* p = list; *p;) {
-    const char* end = strchr(p, ',');
-    size_t tl = end ? (size_t)(end - p) : strlen(p);
-    if (tl == len) {
-      char tok[64];
-      if (tl < sizeof tok) {
-        memcpy(tok, p, tl);
-        tok[tl] = '\0';
-        if (ascii_casecmp(tok, id) == 0) return 1;
-      }
-    }
-    if (!end) break;
-    p = end + 1;
-  }
+  char tok[64];
+  for (const char* p = list; list_next(&p, tok, sizeof tok);)
+    if (ascii_casecmp(tok, id) == 0) return 1;
   return 0;
 }
 
@@ -488,14 +495,20 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     char ids[512] = "";
     for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
       len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
+    /* every id it names must be one of the table's: a typo must not drop rows unseen */
+    char tok[64];
+    for (const char* p = only; list_next(&p, tok, sizeof tok);) {
+      int found = 0;
+      for (int i = 0; i < nshapes && !found; i++) found = ascii_casecmp(tok, shapes[i].id) == 0;
+      if (!found) {
+        usage_error(argv0, "--only '%s': '%s' is no shape of %s (its shapes: %s)", only, tok,
+                    *source, ids);
+        return -1;
+      }
+    }
     int kept = 0;
     for (int i = 0; i < nshapes; i++)
       if (list_has(only, shapes[i].id)) shapes[kept++] = shapes[i];
-    if (kept == 0) {
-      usage_error(argv0, "--only '%s' names no shape of %s (its shapes: %s)", only, *source,
-                  ids);
-      return -1;
-    }
     nshapes = kept;
   }
   return nshapes;

@@ -98,6 +98,32 @@ void format_nccl_version(long long v, char* buf, size_t cap) {
 void format_cudnn_version(long long v, char* buf, size_t cap) {
   format_version(v, v >= 90000, buf, cap);
 }
+int parse_nvidia_driver(const char* line, char* buf, size_t cap) {
+  if (cap > 0) buf[0] = '\0';
+  const char* p = line ? strstr(line, "Kernel Module") : NULL;
+  if (p == NULL || cap == 0) return -1;
+  p += strlen("Kernel Module");
+  /* the first word of digits and dots with a dot in it ("for x86_64" may come first: the
+     open kernel modules' line) */
+  for (;;) {
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p == '\0' || *p == '\n') return -1;
+    size_t n = 0;
+    int dots = 0, digits_only = 1;
+    while (p[n] && p[n] != ' ' && p[n] != '\t' && p[n] != '\n') {
+      if (p[n] == '.') dots++;
+      else if (p[n] < '0' || p[n] > '9') digits_only = 0;
+      n++;
+    }
+    if (digits_only && dots > 0 && p[0] != '.') {
+      if (n >= cap) return -1;
+      memcpy(buf, p, n);
+      buf[n] = '\0';
+      return 0;
+    }
+    p += n;
+  }
+}
 
 /* ---- the header ------------------------------------------------------------------------------ */
 static void format_rank_list(const bench_opts_t* o, char* buf, size_t cap) {
@@ -128,9 +154,11 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   printf("# device %d: %s, sm_%d%d, %d SMs, L2 %.1f MiB, memory %.1f GiB, PCI %s\n", g->index,
          g->name, g->cc_major, g->cc_minor, g->sms, g->l2_bytes / 1048576.0,
          (double)g->mem_total / 1073741824.0, g->pci);
-  printf("# driver %d.%d (%d), runtime %d.%d (%d), host cores online %ld\n", g->driver / 1000,
-         g->driver % 1000 / 10, g->driver, g->runtime / 1000, g->runtime % 1000 / 10, g->runtime,
-         run->cores);
+  printf("# NVIDIA driver %s, CUDA driver API %d.%d (%d), runtime %d.%d (%d), host cores online "
+         "%ld\n",
+         g->nvidia_driver[0] ? g->nvidia_driver : "unknown (no /proc/driver/nvidia/version)",
+         g->driver / 1000, g->driver % 1000 / 10, g->driver, g->runtime / 1000,
+         g->runtime % 1000 / 10, g->runtime, run->cores);
   if (run->nccl.version >= 0) {
     format_nccl_version(run->nccl.version, ver, sizeof ver);
     printf("# NCCL %s (%s; for the record: virtual teams make no NCCL call)\n", ver,

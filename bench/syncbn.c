@@ -282,15 +282,22 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
   const int64_t wrong_before = row->wrong;
   if (dig_ref && dig_ref->valid && dig_ref->W == W) {
     digest_compare(row, dig_ref, host);
-    if (row->wrong == wrong_before)
+    if (row->wrong == wrong_before) {
       row_note_append(row, "checked: every output bitwise the coop row's");
-    else
+      /* the same bits: the coop row's distance to the reference (tol_used) is this row's */
+      row->worst = dig_ref->worst;
+      snprintf(row->worst_what, sizeof row->worst_what, "%s", dig_ref->worst_what);
+    } else
       check_row(row, host, 1, o->check_channels, NULL, sbnGradGlobal, &kCheckLibrary);
   } else {
     if (dig_ref) row_note_append(row, "not compared bitwise with coop (the coop row has no result)");
     check_row(row, host, 1, o->check_channels, NULL, sbnGradGlobal, &kCheckLibrary);
   }
-  if (dig_out) digest_team(dig_out, host);
+  if (dig_out) {
+    digest_team(dig_out, host);
+    dig_out->worst = row->worst;
+    snprintf(dig_out->worst_what, sizeof dig_out->worst_what, "%s", row->worst_what);
+  }
   goto out;
 fail:
 out:

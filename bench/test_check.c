@@ -75,7 +75,34 @@ static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
   return row;
 }
 
+/* parse_nvidia_driver on /proc/driver/nvidia/version's first line, and on what it is not. */
+static int nvidia_driver_parsed(void) {
+  char v[32];
+  const char* line =
+      "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Oct  7 11:21:09 UTC 2025\n";
+  if (parse_nvidia_driver(line, v, sizeof v) != 0 || strcmp(v, "580.159.04") != 0) {
+    printf("FAIL: parse_nvidia_driver: '%s' from the driver's line\n", v);
+    return 1;
+  }
+  if (parse_nvidia_driver("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  "
+                          "Release Build  (dvs-builder@U16)  Thu Jan  9 2025\n",
+                          v, sizeof v) != 0 ||
+      strcmp(v, "570.86.15") != 0) {
+    printf("FAIL: parse_nvidia_driver: '%s' from the open kernel module's line\n", v);
+    return 1;
+  }
+  if (parse_nvidia_driver("NVRM version: NVIDIA UNIX Kernel Module x\n", v, sizeof v) != -1 ||
+      v[0] != '\0' || parse_nvidia_driver("", v, sizeof v) != -1 || v[0] != '\0' ||
+      parse_nvidia_driver(NULL, v, sizeof v) != -1 ||
+      parse_nvidia_driver(line, v, 5) != -1 || v[0] != '\0') {
+    printf("FAIL: parse_nvidia_driver took a line without the version, or cut it\n");
+    return 1;
+  }
+  return 0;
+}
+
 int main(void) {
+  if (nvidia_driver_parsed() != 0) return 1;
   static const bench_shape_t shape = {"T", TN, TC, TSP, 1, "test_check.c"};
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
   bench_team_bufs_t b;

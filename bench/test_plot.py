@@ -135,6 +135,12 @@ def test_baseline_shapes(sbn_exe, tmp):
           f"--only s2,S10 --scale 8 keeps those two, case-insensitive {err}")
     r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S99"])
     check(r.returncode == 2, "--only naming no shape: exit 2")
+    r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S10,S99"])
+    check(r.returncode == 2 and "S99 is no shape" in r.stderr,
+          f"--only with one id that is no shape among good ones: exit 2, naming it {r.stderr[-300:]}")
+    r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S10, s2"])
+    check(r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines()] == ["S2", "S10"],
+          f"--only with spaces around ids: those shapes {r.stdout!r}")
     for scale in (7, 4096):
         got, err = list_shapes(scale)
         if sbn_exe:
@@ -272,6 +278,17 @@ def test_baseline_floors(js, d, tmp):
     out = tb.finish_row(r, B, None)
     check(all(out[op]["floor_b_us"] is None for op in ("fwd", "bwd")) and out["note"] == "",
           "torch_baseline without --floors-from: floors null, nothing recomputed")
+    # a file whose rows fit none of the run's: said on stderr before the run (the rows' notes
+    # alone said it before); the same file at its own --scale: nothing said
+    base = [sys.executable, BASELINE, "--list-shapes", "--only", "S7,S10", "--dtype", "fp32,bf16",
+            "--layout", "NCHW,NHWC", "--floors-from", js]
+    r = run(base + ["--scale", "64"])
+    check(r.returncode == 0 and "--floors-from" not in r.stderr,
+          f"torch_baseline --floors-from sbn-bench's JSON at its own --scale: nothing to say {r.stderr[-300:]}")
+    r = run(base + ["--scale", "8"])
+    check(r.returncode == 0 and "4 of this run's 8 rows have no row of ranks 1" in r.stderr,
+          f"torch_baseline --floors-from at another --scale: the rows without floors counted on stderr "
+          f"(S7's spatial changes, S10's does not) {r.stderr[-300:]}")
     r = run([sys.executable, BASELINE, "--list-shapes", "--floors-from", os.path.join(tmp, "missing.json")])
     check(r.returncode == 2 and "--floors-from" in r.stderr and "cannot read" in r.stderr,
           "torch_baseline --floors-from a missing file: exit 2 naming it")

@@ -311,10 +311,17 @@ def parse_args(argv):
     a.dtypes = names(a.dtype, DTYPES, "dtype")
     a.layouts = names(a.layout, LAYOUTS, "layout")
     a.path_list = names(a.paths, PATHS, "paths")
-    if a.iters < 1 or a.warmup < 0 or a.scale < 1 or a.check_channels < 0 or \
-            a.chain_depth < 0 or a.chain_depth == 1:
-        p.error("-i >= 1, --warmup >= 0, --scale >= 1, --check-channels >= 0, "
-                "--chain-depth 0 or >= 2")
+    for bad, what in ((a.iters < 1, f"-i '{a.iters}': at least 1"),
+                      (a.warmup < 0, f"--warmup '{a.warmup}': at least 0"),
+                      (a.scale < 1, f"--scale '{a.scale}': at least 1"),
+                      (a.check_channels < 0, f"--check-channels '{a.check_channels}': at least 0 (0 = all)"),
+                      (a.chain_depth < 0 or a.chain_depth == 1, f"--chain-depth '{a.chain_depth}': 0 or at least 2")):
+        if bad:
+            p.error(what)
+    if a.json:  # before the run: a path that cannot be written ends it now (as sbn-bench)
+        where = a.json if os.path.exists(a.json) else (os.path.dirname(a.json) or ".")
+        if os.path.isdir(a.json) or not os.access(where, os.W_OK):
+            p.error(f"--json '{a.json}': cannot be written")
     if a.epilogue != "none":
         a.no_latency = True  # the latency table is the plain ops' (as sbn-bench's)
     return a
@@ -397,6 +404,15 @@ def main(argv=None):
         except FloorsError as e:
             print(f"torch_baseline: {e}", file=sys.stderr)
             return 2
+    if floors is not None:  # say now, not only in the JSON, when its rows fit none of this run's
+        keys = [floor_key(s["id"], dt, lay, s["n"], s["c"], s["spatial"], args.epilogue)
+                for s in shapes for dt in args.dtypes for lay in args.layouts]
+        missing = sum(k not in floors["rows"] for k in keys)
+        if missing:
+            print(f"torch_baseline: --floors-from {args.floors_from}: {missing} of this run's {len(keys)} rows have "
+                  f"no row of ranks 1 there (same shape, dtype, layout, --scale {args.scale} and epilogue): their "
+                  "GB/s and % of floor will be '-' (sbn-bench -w 1 with the same --scale and --epilogue makes them)",
+                  file=sys.stderr)
     if args.list_shapes:
         for s in shapes:
             print(s["id"], s["n"], s["c"], s["h"], s["w"], s["spatial"])

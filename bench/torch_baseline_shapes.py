@@ -41,10 +41,14 @@ def load_shapes(path, scale, only=None):
     with open(path, encoding="utf-8") as f:
         shapes = parse_shapes(f.read(), path)
     if only:
-        wanted = {t.lower() for t in only.split(",") if t}
+        tokens = [t.strip() for t in only.split(",") if t.strip()]
+        wanted = {t.lower() for t in tokens}
+        known = {s["id"].lower() for s in shapes}
+        unknown = [t for t in tokens if t.lower() not in known]
+        if unknown or not wanted:  # a typo must not drop rows unseen (sbn-bench's rule)
+            raise ShapeError(f"--only '{only}': {', '.join(unknown) or 'no id'} is no shape of {path} (its shapes: "
+                             f"{', '.join(s['id'] for s in shapes)})")
         shapes = [s for s in shapes if s["id"].lower() in wanted]
-        if not shapes:
-            raise ShapeError(f"--only '{only}' names no shape")
     for s in shapes:
         s["spatial"] = scaled_spatial(s["h"], s["w"], scale)
     return shapes

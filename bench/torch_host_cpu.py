@@ -33,12 +33,11 @@ import statistics
 import sys
 import time
 
-import torch
-
-import syncbn
-import syncbn.torch as sbt
-from syncbn import _ops
 from torch_baseline_util import git_commit  # beside this file (no torch in it)
+
+# torch and syncbn are imported in main(), after the arguments are read: importing
+# syncbn.torch may compile its C++ operators (~15-25 s on a cold cache), which --help and a
+# bad argument should not wait for
 
 
 def cpu_model():
@@ -55,6 +54,8 @@ def cpu_model():
 def copy_bandwidth():
     """Host copy bandwidth of this run (GB/s, 2 * bytes / time, median of 10 copies of
     64 MiB with torch's copy_ on one thread)."""
+    import torch
+
     a = torch.empty(16 * 1024 * 1024)
     b = torch.empty_like(a)
     b.copy_(a)
@@ -66,12 +67,34 @@ def copy_bandwidth():
     return 2 * a.numel() * 4 / statistics.median(ts) / 1e9
 
 
+def positive(text):
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': at least 1")
+    return v
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--calls", type=int, default=300, help="calls per path per round")
+    ap.add_argument("--rounds", type=positive, default=15, help="rounds (>= 1; default 15)")
+    ap.add_argument("--calls", type=positive, default=300, help="calls per path per round (>= 1; default 300)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    if args.json:  # before the run: a path that cannot be written ends it now (exit 2)
+        where = args.json if os.path.exists(args.json) else (os.path.dirname(args.json) or ".")
+        if os.path.isdir(args.json) or not os.access(where, os.W_OK):
+            ap.error(f"--json '{args.json}': cannot be written")
+    global torch, syncbn, sbt, _ops
+    import torch
+    import syncbn
+    import syncbn.torch as sbt
+    from syncbn import _ops
+    operators = ("C++ operators" if _ops.NATIVE is not None
+                 else f"Python operators (the fallback: {_ops.NATIVE_WHY})")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     comm = syncbn.cpu_team(1)[0]
@@ -145,6 +168,7 @@ def main():
             for p in paths:
                 samples[(k, p)].append(fn(p, args.calls) * 1e6)
     med = {key: statistics.median(v) for key, v in samples.items()}
+    spread = {key: (min(v), max(v)) for key, v in samples.items()}
     bw = copy_bandwidth()
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -157,17 +181,20 @@ def main():
         "shape": [2, c, 4, 4],
         "rounds": args.rounds,
         "calls_per_round": args.calls,
+        "operators": operators,
     }
     print(f"# torch_host_cpu  {info['date']}  commit {info['commit']}  torch {info['torch']}  "
           f"python {info['python']}")
     print(f"# {info['device']}; host copy bandwidth {bw:.1f} GB/s (2 x 64 MiB / median of 10)")
+    print(f"# syncbn.torch on its {operators}")
     print(f"# a CPU team of one, x (2, {c}, 4, 4) fp32; median over {args.rounds} rounds of the mean of "
-          f"{args.calls} calls (us per call)")
+          f"{args.calls} calls (us per call; each round's, min and max, in the JSON)")
     print(f"{'call':10s}" + "".join(f"{p:>12s}" for p in paths) + f"{'syncbn/bn':>11s}{'op/bn':>7s}"
           f"{'relu: syncbn/bn':>17s}")
     rows = []
     for k in kinds:
         r = {p: round(med[(k, p)], 2) for p in paths}
+        r["min_max"] = {p: [round(spread[(k, p)][0], 2), round(spread[(k, p)][1], 2)] for p in paths}
         ratio = med[(k, "syncbn")] / med[(k, "bn")]
         ratio_op = med[(k, "syncbn_op")] / med[(k, "bn")]
         ratio_relu = med[(k, "syncbn_relu")] / med[(k, "bn_relu")]
