@@ -41,7 +41,8 @@
  *               failed or did not run. bytes and floors (floors.c, the one definition:
  *               floor_*_bytes of all W ranks, floor_*_us = bytes / B) are always there;
  *               floor_*_us and pct_floor_* are null in CPU mode (no B)
- *   checked, wrong, tol_used (worst |got-ref| / tolerance; cudnn rows: of tolerance_cudnn),
+ *   checked, wrong, tol_used (worst |got-ref| / tolerance; cudnn rows: of tolerance_cudnn;
+ *               an nccl row whose outputs are bitwise the coop row's: the coop row's),
  *               worst (where), error (null, or why the row failed)
  *   note        "" or the path's remark: "nccl-path on a virtual team: stats kernel, ...",
  *               the cuDNN mode used, "cuDNN not available: ...", "not supported by cuDNN:

@@ -157,9 +157,11 @@ static int parse_name_list(const char* list, const char* const* names, int count
 }
 
 /* 1 if id is in the comma list (exact, case-insensitive). */
-/* The next item of a comma list from *p (spaces around it dropped) into tok (at most cap - 1
-   characters: a longer item is cut, and so matches no id); *p moves past it. 0 at the end. */
+/* The next item of a comma list from *p (spaces around it dropped; empty items skipped, as
+   torch_baseline.py skips them) into tok (at most cap - 1 characters: a longer item is cut,
+   and so matches no id); *p moves past it. 0 at the end. */
 static int list_next(const char** p, char* tok, size_t cap) {
+  while (**p == ',' || **p == ' ' || **p == '\t') (*p)++;
   if (**p == '\0') return 0;
   const char* end = strchr(*p, ',');
   size_t tl = end ? (size_t)(end - *p) : strlen(*p);
@@ -495,8 +497,14 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     char ids[512] = "";
     for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
       len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
-    /* every id it names must be one of the table's: a typo must not drop rows unseen */
+    /* every id it names must be one of the table's: a typo must not drop rows unseen; and it
+       must name one */
     char tok[64];
+    const char* first = only;
+    if (!list_next(&first, tok, sizeof tok)) {
+      usage_error(argv0, "--only '%s' names no shape (its shapes: %s)", only, ids);
+      return -1;
+    }
     for (const char* p = only; list_next(&p, tok, sizeof tok);) {
       int found = 0;
       for (int i = 0; i < nshapes && !found; i++) found = ascii_casecmp(tok, shapes[i].id) == 0;

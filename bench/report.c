@@ -156,7 +156,7 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
          (double)g->mem_total / 1073741824.0, g->pci);
   printf("# NVIDIA driver %s, CUDA driver API %d.%d (%d), runtime %d.%d (%d), host cores online "
          "%ld\n",
-         g->nvidia_driver[0] ? g->nvidia_driver : "unknown (no /proc/driver/nvidia/version)",
+         g->nvidia_driver[0] ? g->nvidia_driver : "unknown (not read from /proc/driver/nvidia/version)",
          g->driver / 1000, g->driver % 1000 / 10, g->driver, g->runtime / 1000,
          g->runtime % 1000 / 10, g->runtime, run->cores);
   if (run->nccl.version >= 0) {

@@ -293,7 +293,8 @@ static void gpu_run_path(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o
     if (dig_ref) row_note_append(row, "not compared bitwise with coop (the coop row has no result)");
     check_row(row, host, 1, o->check_channels, NULL, sbnGradGlobal, &kCheckLibrary);
   }
-  if (dig_out) {
+  if (dig_out && !row->error[0] && row->wrong == 0) { /* a coop row whose check passed: an
+       nccl row with its bits is right; else the nccl row is checked on its own */
     digest_team(dig_out, host);
     dig_out->worst = row->worst;
     snprintf(dig_out->worst_what, sizeof dig_out->worst_what, "%s", row->worst_what);

@@ -138,7 +138,9 @@ def test_baseline_shapes(sbn_exe, tmp):
     r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S10,S99"])
     check(r.returncode == 2 and "S99 is no shape" in r.stderr,
           f"--only with one id that is no shape among good ones: exit 2, naming it {r.stderr[-300:]}")
-    r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S10, s2"])
+    r = run([sys.executable, BASELINE, "--list-shapes", "--only", ""])
+    check(r.returncode == 2 and "names no shape" in r.stderr, f"--only '': exit 2 {r.stderr[-200:]}")
+    r = run([sys.executable, BASELINE, "--list-shapes", "--only", "S10, s2,"])
     check(r.returncode == 0 and [ln.split()[0] for ln in r.stdout.splitlines()] == ["S2", "S10"],
           f"--only with spaces around ids: those shapes {r.stdout!r}")
     for scale in (7, 4096):
@@ -286,7 +288,7 @@ def test_baseline_floors(js, d, tmp):
     check(r.returncode == 0 and "--floors-from" not in r.stderr,
           f"torch_baseline --floors-from sbn-bench's JSON at its own --scale: nothing to say {r.stderr[-300:]}")
     r = run(base + ["--scale", "8"])
-    check(r.returncode == 0 and "4 of this run's 8 rows have no row of ranks 1" in r.stderr,
+    check(r.returncode == 0 and "4 of this run's 8 (shape, dtype, layout) cells have no row of ranks 1" in r.stderr,
           f"torch_baseline --floors-from at another --scale: the rows without floors counted on stderr "
           f"(S7's spatial changes, S10's does not) {r.stderr[-300:]}")
     r = run([sys.executable, BASELINE, "--list-shapes", "--floors-from", os.path.join(tmp, "missing.json")])

@@ -409,8 +409,8 @@ def main(argv=None):
                 for s in shapes for dt in args.dtypes for lay in args.layouts]
         missing = sum(k not in floors["rows"] for k in keys)
         if missing:
-            print(f"torch_baseline: --floors-from {args.floors_from}: {missing} of this run's {len(keys)} rows have "
-                  f"no row of ranks 1 there (same shape, dtype, layout, --scale {args.scale} and epilogue): their "
+            print(f"torch_baseline: --floors-from {args.floors_from}: {missing} of this run's {len(keys)} "
+                  f"(shape, dtype, layout) cells have no row of ranks 1 there (same shape, dtype, layout, --scale {args.scale} and epilogue): their "
                   "GB/s and % of floor will be '-' (sbn-bench -w 1 with the same --scale and --epilogue makes them)",
                   file=sys.stderr)
     if args.list_shapes:

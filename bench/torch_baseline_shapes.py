@@ -40,13 +40,15 @@ def load_shapes(path, scale, only=None):
     filtered by the comma list `only` (exact ids, case-insensitive) when given."""
     with open(path, encoding="utf-8") as f:
         shapes = parse_shapes(f.read(), path)
-    if only:
+    if only is not None:
         tokens = [t.strip() for t in only.split(",") if t.strip()]
         wanted = {t.lower() for t in tokens}
         known = {s["id"].lower() for s in shapes}
         unknown = [t for t in tokens if t.lower() not in known]
-        if unknown or not wanted:  # a typo must not drop rows unseen (sbn-bench's rule)
-            raise ShapeError(f"--only '{only}': {', '.join(unknown) or 'no id'} is no shape of {path} (its shapes: "
+        if not wanted:  # sbn-bench's rule: empty items skipped, an empty list refused
+            raise ShapeError(f"--only '{only}' names no shape (its shapes: {', '.join(s['id'] for s in shapes)})")
+        if unknown:  # a typo must not drop rows unseen
+            raise ShapeError(f"--only '{only}': {', '.join(unknown)} is no shape of {path} (its shapes: "
                              f"{', '.join(s['id'] for s in shapes)})")
         shapes = [s for s in shapes if s["id"].lower() in wanted]
     for s in shapes:

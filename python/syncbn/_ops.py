@@ -665,6 +665,10 @@ def _vmap_infer(op, per_element):
             fmts = {_read_format(one(a[i], in_dims[i], 0))[0] for i in pe}
             merge = len(fmts) == 1
         if not merge:
+            if B == 0:  # no instance: nothing to call, an empty stack of x's instances' shape
+                x, d = a[pe[0]], in_dims[pe[0]]
+                shape = x.shape if d is None else x.shape[:d % x.dim()] + x.shape[d % x.dim() + 1:]
+                return x.new_empty((0, *shape)), 0
             return torch.stack([op(*[one(t, d, k) for t, d in zip(args, in_dims)]) for k in range(B)]), 0
         n = None
         for i in pe:

@@ -1227,6 +1227,10 @@ class TestVmap(TeamOfOne):
         # an instance's x and z in different formats: refused, as the layer refuses it
         with self.assertRaisesRegex(RuntimeError, "memory format"):
             torch.func.vmap(m, in_dims=(0, None))(xl.contiguous(), zl)
+        # no instance, the weight batched (an ensemble of none): an empty stack, as F.batch_norm's
+        y = torch.func.vmap(lambda w: _ops.batch_norm_infer(x[0], m.running_mean, m.running_var, w, m.bias,
+                                                            1e-5))(torch.ones(0, 4))
+        self.assertEqual(y.shape, (0, *x[0].shape))
 
     def test_ensemble(self):
         ms = [self._layer(k).eval() for k in range(3)]
