@@ -54,20 +54,20 @@ _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _INF = float("inf")
-# The graphs PyTorch makes of a model, where an evaluated layer records PyTorch's batch
-# norm: torch.export (strict or not; AOTInductor, ExecuTorch, TensorRT and torch.onnx's
-# dynamo exporter start there) and a TorchScript trace (torch.jit.trace, torch.onnx's
-# TorchScript-based exporter); and torch.compile's (_compiling). Not asked:
-# torch.onnx.is_in_onnx_export, which imports modules at each call (1.1-1.6 us of an eval
-# call's ~7 on CPU); its two exporters set the flags here.
-_export = getattr(torch.compiler, "is_exporting", lambda: False)  # where PyTorch has it
 _jit_tracing = torch.jit.is_tracing
 
 
 def _graphed(plain):
-    """Whether PyTorch is making a graph of the model (torch.compile, torch.export, a
-    TorchScript trace), for a layer whose input is `plain` (_plain)."""
-    return not plain and (_compiling() or _export()) or _jit_tracing()
+    """Whether an evaluated layer records PyTorch's batch norm rather than syncbn's
+    inference operator: wherever its input is not a plain eager tensor (`plain`, _plain:
+    torch.compile, torch.export strict or not (AOTInductor, ExecuTorch, TensorRT and
+    torch.onnx's dynamo exporter start there), fake, meta or functional tensors, dispatch
+    and function modes), and under a TorchScript trace (torch.jit.trace, torch.onnx's
+    TorchScript-based exporter), whose tensors are plain. The same on every PyTorch: no
+    version's export flag is needed (torch.compiler.is_exporting came in 2.6; a non-strict
+    export's tensors are fake in every version). Not asked: torch.onnx.is_in_onnx_export,
+    which imports modules at each call (1.1-1.6 us of an eval call's ~7 on CPU)."""
+    return not plain or _jit_tracing()
 
 
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator

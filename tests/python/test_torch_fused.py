@@ -366,10 +366,17 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(ValueError, r"slope 1e\+39"):
             _fused.batch_norm_act_infer(x, None, torch.zeros(3), torch.ones(3), None, None, 1e-5,
                                         syncbn.LEAKY_RELU, 1e39)
-        # a subnormal float32 (> 0, but 1 / slope overflows): the in-place backward's NaN
-        with self.assertRaisesRegex(ValueError, "slope 1e-39: below float32's smallest normal number"):
+        # a subnormal float32 (> 0, but 1 / slope overflows): the in-place backward's NaN. Where
+        # the process flushes subnormals to 0 (code built with -ffast-math sets the CPU's FTZ
+        # mode when it loads: PyTorch 2.4's inductor CPU kernels, after a torch.compile), the
+        # float32 of 1e-39 is 0, and so is the library's slope: ReLU, refused as such
+        import ctypes
+
+        sub = ("slope 1e-39: below float32's smallest normal number" if ctypes.c_float(1e-39).value != 0.0
+               else "slope 0")
+        with self.assertRaisesRegex(ValueError, sub):
             sbt.SyncBatchNorm(3, activation="leaky_relu", slope=1e-39, inplace=True)
-        with self.assertRaisesRegex(ValueError, "slope 1e-39: below float32's smallest normal number"):
+        with self.assertRaisesRegex(ValueError, sub):
             _fused.batch_norm_act_train(x, None, None, None, None, None, None, 1e-5, 0.1, self.comm.id,
                                         syncbn.LEAKY_RELU, 1e-39, True)
         sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", slope=1e-39)(x)  # x-based: runs
@@ -1077,7 +1084,9 @@ class TestExport(TeamOfOne):
             ep = torch.export.export(model, (x,), strict=strict)
             ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
             self.assertEqual({o for o in ops if "syncbn" in o}, set(), f"strict={strict}")
-            self.assertIn("aten.batch_norm.default", ops, f"strict={strict}")
+            # aten.batch_norm (PyTorch 2.15), or its decomposition (2.4:
+            # _native_batch_norm_legit_no_training)
+            self.assertTrue([o for o in ops if o.startswith("aten.") and "batch_norm" in o], (strict, ops))
             torch.testing.assert_close(ep.module()(x), want, rtol=2e-5, atol=2e-5, msg=f"strict={strict}")
         traced = torch.jit.trace(model, x, check_trace=False)
         kinds = {n.kind() for n in traced.inlined_graph.nodes()}
@@ -1183,6 +1192,8 @@ class TestExport(TeamOfOne):
             sbt._graphed = real
 
 
+@unittest.skipUnless(hasattr(torch.library, "register_vmap"), f"PyTorch {torch.__version__}: no "
+                     "torch.library.register_vmap (2.4 has none), so no vmap rules (docs/PYTHON.md)")
 class TestVmap(TeamOfOne):
     """torch.func.vmap of a layer (the operators' vmap rules, _ops.register_vmap): in eval,
     plain and fused, bitwise the layer applied to each instance, without PyTorch's
