@@ -64,7 +64,7 @@ def _graphed(plain):
     torch.onnx's dynamo exporter start there), fake, meta or functional tensors, dispatch
     and function modes), and under a TorchScript trace (torch.jit.trace, torch.onnx's
     TorchScript-based exporter), whose tensors are plain. The same on every PyTorch: no
-    version's export flag is needed (torch.compiler.is_exporting came in 2.6; a non-strict
+    export flag is needed (PyTorch 2.4 has no torch.compiler.is_exporting; a non-strict
     export's tensors are fake in every version). Not asked: torch.onnx.is_in_onnx_export,
     which imports modules at each call (1.1-1.6 us of an eval call's ~7 on CPU)."""
     return not plain or _jit_tracing()
