@@ -156,7 +156,6 @@ static int parse_name_list(const char* list, const char* const* names, int count
   return any ? 0 : -1;
 }
 
-/* 1 if id is in the comma list (exact, case-insensitive). */
 /* The next item of a comma list from *p (spaces around it dropped; empty items skipped, as
    torch_baseline.py skips them) into tok (at most cap - 1 characters: a longer item is cut,
    and so matches no id); *p moves past it. 0 at the end. */
@@ -175,6 +174,7 @@ static int list_next(const char** p, char* tok, size_t cap) {
   return 1;
 }
 
+/* 1 if id is in the comma list (exact, case-insensitive). */
 static int list_has(const char* list, const char* id) {
   char tok[64];
   for (const char* p = list; list_next(&p, tok, sizeof tok);)
@@ -500,12 +500,8 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     /* every id it names must be one of the table's: a typo must not drop rows unseen; and it
        must name one */
     char tok[64];
-    const char* first = only;
-    if (!list_next(&first, tok, sizeof tok)) {
-      usage_error(argv0, "--only '%s' names no shape (its shapes: %s)", only, ids);
-      return -1;
-    }
-    for (const char* p = only; list_next(&p, tok, sizeof tok);) {
+    int items = 0;
+    for (const char* p = only; list_next(&p, tok, sizeof tok); items++) {
       int found = 0;
       for (int i = 0; i < nshapes && !found; i++) found = ascii_casecmp(tok, shapes[i].id) == 0;
       if (!found) {
@@ -513,6 +509,10 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
                     *source, ids);
         return -1;
       }
+    }
+    if (items == 0) {
+      usage_error(argv0, "--only '%s' names no shape (its shapes: %s)", only, ids);
+      return -1;
     }
     int kept = 0;
     for (int i = 0; i < nshapes; i++)

@@ -120,7 +120,7 @@ from torch_baseline_bench import Bench  # noqa: E402
 from torch_baseline_floors import FloorsError, floor_key, load_floors, op_derived  # noqa: E402
 from torch_baseline_shapes import ShapeError, load_shapes  # noqa: E402
 from torch_baseline_util import (COPY_REPS, TOL_F32, TOL_HALF, elem_size, git_commit,  # noqa: E402
-                                 median, num, run_status, times_stats)
+                                 json_path_unwritable, median, num, run_status, times_stats)
 
 EXIT_SKIP = 77
 DEFAULT_ITERS = 50
@@ -318,10 +318,8 @@ def parse_args(argv):
                       (a.chain_depth < 0 or a.chain_depth == 1, f"--chain-depth '{a.chain_depth}': 0 or at least 2")):
         if bad:
             p.error(what)
-    if a.json:  # before the run: a path that cannot be written ends it now (as sbn-bench)
-        where = a.json if os.path.exists(a.json) else (os.path.dirname(a.json) or ".")
-        if os.path.isdir(a.json) or not os.access(where, os.W_OK):
-            p.error(f"--json '{a.json}': cannot be written")
+    if a.json and json_path_unwritable(a.json):  # before the run, as sbn-bench
+        p.error(f"--json '{a.json}': cannot be written")
     if a.epilogue != "none":
         a.no_latency = True  # the latency table is the plain ops' (as sbn-bench's)
     return a

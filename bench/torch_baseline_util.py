@@ -88,5 +88,12 @@ def git_commit():
     return "unknown"
 
 
+def json_path_unwritable(path):
+    """Whether --json `path` cannot be written (a directory, or no write access to it or to
+    the folder it would be made in): checked before a run, as sbn-bench checks its own."""
+    where = path if os.path.exists(path) else (os.path.dirname(path) or ".")
+    return os.path.isdir(path) or not os.access(where, os.W_OK)
+
+
 def elem_size(dtype):
     return 4 if dtype == "fp32" else 2

@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-from torch_baseline_util import git_commit  # beside this file (no torch in it)
+from torch_baseline_util import git_commit, json_path_unwritable  # beside this file (no torch in it)
 
 # torch and syncbn are imported in main(), after the arguments are read: importing
 # syncbn.torch may compile its C++ operators (~15-25 s on a cold cache), which --help and a
@@ -84,10 +84,8 @@ def main():
     ap.add_argument("--calls", type=positive, default=300, help="calls per path per round (>= 1; default 300)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
-    if args.json:  # before the run: a path that cannot be written ends it now (exit 2)
-        where = args.json if os.path.exists(args.json) else (os.path.dirname(args.json) or ".")
-        if os.path.isdir(args.json) or not os.access(where, os.W_OK):
-            ap.error(f"--json '{args.json}': cannot be written")
+    if args.json and json_path_unwritable(args.json):  # before the run (exit 2)
+        ap.error(f"--json '{args.json}': cannot be written")
     global torch, syncbn, sbt, _ops
     import torch
     import syncbn

@@ -274,12 +274,13 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there); a float64 model
                 # (model.double(): its running statistics float64 too), which the library does
-                # not take, where the eval of nn.SyncBatchNorm runs; and a graph that PyTorch
-                # makes of the model: torch.compile's (inductor fuses PyTorch's batch norm with
-                # its neighbours, and folds it into the convolution before it with freezing,
-                # which it cannot do across syncbn's operator), torch.export's and a
-                # TorchScript trace's (ONNX's exporters, AOTInductor, ExecuTorch: the graph
-                # runs where syncbn's operators are not). The same formula with PyTorch's ops.
+                # not take, where the eval of nn.SyncBatchNorm runs; and an input that is not a
+                # plain eager tensor, or a TorchScript trace (_graphed): torch.compile's graph
+                # (inductor fuses PyTorch's batch norm with its neighbours, and folds it into
+                # the convolution before it with freezing, which it cannot do across syncbn's
+                # operator), an export's (ONNX's exporters, AOTInductor, ExecuTorch: the graph
+                # runs where syncbn's operators are not), fake tensors, modes. The same formula
+                # with PyTorch's ops.
                 # The residual refused where the operators refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
                 if self.running_mean is None:
