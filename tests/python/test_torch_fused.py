@@ -1060,6 +1060,18 @@ class TestFX(TeamOfOne):
             sbt._fx_leaf = real
 
 
+@contextlib.contextmanager
+def graph_unseen():
+    """The mutant of TestExport's tests: an evaluated layer that never sees PyTorch make a
+    graph (sbt._graphed always False), so it records syncbn's inference operator."""
+    real = sbt._graphed
+    sbt._graphed = lambda plain: False
+    try:
+        yield
+    finally:
+        sbt._graphed = real
+
+
 class TestExport(TeamOfOne):
     """An evaluated model exported for where syncbn is not (torch.export, strict or not: the
     start of AOTInductor, ExecuTorch and TensorRT; a TorchScript trace; ONNX, both
@@ -1123,13 +1135,8 @@ class TestExport(TeamOfOne):
             with self.subTest(fused=fused):
                 self._onnx_without_syncbn(self._model(fused), torch.randn(2, 3, 8, 8))
         # the mutant that does not see the export: the exporters fail on syncbn's operator
-        real = sbt._graphed
-        sbt._graphed = lambda plain: False
-        try:
-            with self.assertRaises(Exception):  # noqa: B017: the exporters' own errors
-                self._onnx_without_syncbn(self._model(True), torch.randn(2, 3, 8, 8))
-        finally:
-            sbt._graphed = real
+        with graph_unseen(), self.assertRaises(Exception):  # noqa: B017: the exporters' own errors
+            self._onnx_without_syncbn(self._model(True), torch.randn(2, 3, 8, 8))
 
     def test_eval_exports_pytorch_batch_norm(self):
         x = torch.randn(2, 3, 8, 8)
@@ -1166,12 +1173,8 @@ class TestExport(TeamOfOne):
             ops = self._compiled_eval_ops(self._model(fused), x)
             self.assertFalse([o for o in ops if "syncbn" in o], ops)
             self.assertTrue([o for o in ops if "batch_norm" in o], ops)
-        real = sbt._graphed
-        sbt._graphed = lambda plain: False
-        try:
+        with graph_unseen():
             ops = self._compiled_eval_ops(self._model(True), x)
-        finally:
-            sbt._graphed = real
         self.assertTrue([o for o in ops if "syncbn" in o], ops)
 
     def test_train_exports_the_collective(self):
@@ -1182,14 +1185,8 @@ class TestExport(TeamOfOne):
     def test_mutant_export_unseen(self):
         """Without seeing PyTorch make a graph (sbt._graphed): the graphs hold syncbn's
         inference operators, and the test above fails (test_onnx has its own mutant)."""
-        model = self._model(True)
-        real = sbt._graphed
-        sbt._graphed = lambda plain: False
-        try:
-            with self.assertRaises(AssertionError):
-                self._exports_without_syncbn(model, torch.randn(2, 3, 8, 8))
-        finally:
-            sbt._graphed = real
+        with graph_unseen(), self.assertRaises(AssertionError):
+            self._exports_without_syncbn(self._model(True), torch.randn(2, 3, 8, 8))
 
 
 @unittest.skipUnless(hasattr(torch.library, "register_vmap"), f"PyTorch {torch.__version__}: no "
