@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(640) hold_sm(sm_blocker_state_t* st, unsigned 
   extern __shared__ unsigned char smem[]; /* sized to the SM: nothing else fits beside */
   if (threadIdx.x == 0) {
     smem[0] = 1;
-    atomicAdd_system(&st->resident, 1);
+    *(volatile unsigned*)&st->arrived[blockIdx.x] = 1u;
     __threadfence_system();
     const unsigned long long t0 = now_ns();
     int seen = 0;
@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(640) hold_sm(sm_blocker_state_t* st, unsigned 
       if (now_ns() - t0 > hold_ns) break;
       __nanosleep(2000);
     }
-    atomicAdd_system(seen ? &st->released : &st->timed_out, 1);
+    *(volatile unsigned*)&st->ended[blockIdx.x] = seen ? 1u : 2u;
+    __threadfence_system();
   }
   __syncthreads();
 }
@@ -46,6 +47,7 @@ extern "C" cudaError_t sm_blocker_load(void) {
 
 extern "C" cudaError_t sm_blocker_launch(sm_blocker_state_t* st, int blocks, int hold_ms,
                                          cudaStream_t stream) {
+  if (blocks < 1 || blocks > SM_BLOCKER_MAX_BLOCKS) return cudaErrorInvalidValue;
   int dev = 0, smem = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);

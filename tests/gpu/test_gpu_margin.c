@@ -82,8 +82,8 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
     goto done;
   if (!CUDA_OK(sm_blocker_launch(st, K_SMS, HOLD_MS, sb))) goto done;
   t0 = now_ms();
-  while (*(volatile int*)&st->resident < K_SMS && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
-  out->resident = *(volatile int*)&st->resident;
+  while (sm_blocker_count(st->arrived, K_SMS, 1u) < K_SMS && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
+  out->resident = sm_blocker_count(st->arrived, K_SMS, 1u);
   if (out->resident != K_SMS) {
     SBN_FAIL_("%d of the blocker's %d blocks resident after %d ms", out->resident, K_SMS,
               ARRIVE_MS);
@@ -99,8 +99,8 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
   if (!CUDA_OK(sm_blocker_release(st, so))) st->flag = 1u;
   if (!CUDA_OK(cudaDeviceSynchronize())) goto done;
   out->ms = now_ms() - t0;
-  out->released = *(volatile int*)&st->released;
-  out->timed_out = *(volatile int*)&st->timed_out;
+  out->released = sm_blocker_count(st->ended, K_SMS, 1u);
+  out->timed_out = sm_blocker_count(st->ended, K_SMS, 2u);
   fprintf(stderr,
           "  SBN_SM_MARGIN=%s: op %s; the blocker's %d blocks: %d released, %d timed out; "
           "%.1f ms from the call to an idle device\n",
