@@ -249,16 +249,19 @@ step_probe() {
 }
 
 step_test() {
-  # every GPU test must pass; one that skips (77) on a GPU machine is a failure here
-  local log rc
-  log=$(ctest --test-dir "$TESTS" -L 'gpu|prebuilt' --output-on-failure 2>&1)
-  rc=$?
-  echo "$log"
-  [ $rc -eq 0 ] || return 1
-  if grep -Eq '(test_gpu|test_nccl_team|example_ddp_step).*Skipped' <<<"$log"; then
+  # every GPU test must pass; one that skips (77) on a GPU machine is a failure here.
+  # ctest's output goes to the log as it comes (a step or a call cut short keeps what ran)
+  # and to a copy that is read for skips
+  local copy rc
+  copy=$(mktemp "${TMPDIR:-/tmp}/gpu-suite-test.XXXXXX")
+  ctest --test-dir "$TESTS" -L 'gpu|prebuilt' --output-on-failure 2>&1 | tee "$copy"
+  rc=${PIPESTATUS[0]}
+  if [ $rc -eq 0 ] && grep -Eq '(test_gpu|test_nccl_team|example_ddp_step).*Skipped' "$copy"; then
     echo "!! a GPU test skipped on a GPU machine"
-    return 1
+    rc=1
   fi
+  rm -f "$copy"
+  [ $rc -eq 0 ]
 }
 
 # compute-sanitizer TOOL [env...] -- PROGRAM: one run, its errors fail the step. memcheck
