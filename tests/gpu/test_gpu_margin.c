@@ -44,6 +44,7 @@
 #include "sm_blocker.h"
 
 #define K_SMS 16       /* SMs the blocker holds, and the margin */
+_Static_assert(K_SMS <= SM_BLOCKER_MAX_BLOCKS, "the blocker marks at most SM_BLOCKER_MAX_BLOCKS blocks");
 #define HOLD_MS 3000   /* the blocker's longest hold */
 #define ARRIVE_MS 10000
 
