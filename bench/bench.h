@@ -133,7 +133,7 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
 int opts_check_files(const bench_opts_t* o, const char* argv0);
 /* The shape table (--shapes FILE or the embedded one) after --only: the count (>= 1), or -1
    after printing why not, naming --shapes and its value (not a readable file, a bad line,
-   a repeated id, no shape rows), or --only naming none. */
+   a repeated id, no shape rows), or --only naming none. max: at most BENCH_MAX_SHAPES. */
 int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes, int max,
                 const char** source);
 /* Before any work: 0, or 2 after saying that the run would take more host memory than the

@@ -174,14 +174,6 @@ static int list_next(const char** p, char* tok, size_t cap) {
   return 1;
 }
 
-/* 1 if id is in the comma list (exact, case-insensitive). */
-static int list_has(const char* list, const char* id) {
-  char tok[64];
-  for (const char* p = list; list_next(&p, tok, sizeof tok);)
-    if (ascii_casecmp(tok, id) == 0) return 1;
-  return 0;
-}
-
 /* Every option but -h takes a value; long and short names of one option share an entry. */
 static const char* const kOptionList =
     "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
@@ -483,7 +475,7 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     text = file_text;
     *source = o->shapes_file;
   }
-  int nshapes = parse_shapes(text, label, argv0, shapes, max);
+  int nshapes = parse_shapes(text, label, argv0, shapes, max < BENCH_MAX_SHAPES ? max : BENCH_MAX_SHAPES);
   free(file_text);
   if (nshapes < 0) return -1;
   if (nshapes == 0) {
@@ -497,18 +489,21 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     char ids[512] = "";
     for (int i = 0, len = 0; i < nshapes && len < (int)sizeof ids; i++)
       len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%s", i ? ", " : "", shapes[i].id);
-    /* every id it names must be one of the table's: a typo must not drop rows unseen; and it
-       must name one */
+    /* every id it names must be one of the table's (ids are unique; exact, case-insensitive):
+       a typo must not drop rows unseen; and it must name one. The named shapes are kept in
+       the table's order */
     char tok[64];
+    char named[BENCH_MAX_SHAPES] = {0};
     int items = 0;
     for (const char* p = only; list_next(&p, tok, sizeof tok); items++) {
-      int found = 0;
-      for (int i = 0; i < nshapes && !found; i++) found = ascii_casecmp(tok, shapes[i].id) == 0;
-      if (!found) {
+      int i = 0;
+      while (i < nshapes && ascii_casecmp(tok, shapes[i].id) != 0) i++;
+      if (i == nshapes) {
         usage_error(argv0, "--only '%s': '%s' is no shape of %s (its shapes: %s)", only, tok,
                     *source, ids);
         return -1;
       }
+      named[i] = 1;
     }
     if (items == 0) {
       usage_error(argv0, "--only '%s' names no shape (its shapes: %s)", only, ids);
@@ -516,7 +511,7 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
     }
     int kept = 0;
     for (int i = 0; i < nshapes; i++)
-      if (list_has(only, shapes[i].id)) shapes[kept++] = shapes[i];
+      if (named[i]) shapes[kept++] = shapes[i];
     nshapes = kept;
   }
   return nshapes;

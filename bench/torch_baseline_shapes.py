@@ -45,11 +45,11 @@ def load_shapes(path, scale, only=None):
         wanted = {t.lower() for t in tokens}
         known = {s["id"].lower() for s in shapes}
         unknown = [t for t in tokens if t.lower() not in known]
+        ids = ", ".join(s["id"] for s in shapes)
         if not wanted:  # sbn-bench's rule: empty items skipped, an empty list refused
-            raise ShapeError(f"--only '{only}' names no shape (its shapes: {', '.join(s['id'] for s in shapes)})")
+            raise ShapeError(f"--only '{only}' names no shape (its shapes: {ids})")
         if unknown:  # a typo must not drop rows unseen
-            raise ShapeError(f"--only '{only}': {', '.join(unknown)} is no shape of {path} (its shapes: "
-                             f"{', '.join(s['id'] for s in shapes)})")
+            raise ShapeError(f"--only '{only}': {', '.join(unknown)} is no shape of {path} (its shapes: {ids})")
         shapes = [s for s in shapes if s["id"].lower() in wanted]
     for s in shapes:
         s["spatial"] = scaled_spatial(s["h"], s["w"], scale)
