@@ -32,7 +32,7 @@ import syncbn.torch as sbt
 from rank_threads import TeamOfOne, run_ranks
 from syncbn import _fused, _ops
 from test_torch_ops import (compiled_autograd_matches_eager, compiled_autograd_on, compiled_autograd_supported,
-                            mutant_ops)
+                            mutant_ops, needs_vmap_rules)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure)
@@ -1189,8 +1189,7 @@ class TestExport(TeamOfOne):
             self._exports_without_syncbn(self._model(True), torch.randn(2, 3, 8, 8))
 
 
-@unittest.skipUnless(hasattr(torch.library, "register_vmap"), f"PyTorch {torch.__version__}: no "
-                     "torch.library.register_vmap (2.4 has none), so no vmap rules (docs/PYTHON.md)")
+@needs_vmap_rules
 class TestVmap(TeamOfOne):
     """torch.func.vmap of a layer (the operators' vmap rules, _ops.register_vmap): in eval,
     plain and fused, bitwise the layer applied to each instance, without PyTorch's

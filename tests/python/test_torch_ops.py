@@ -73,6 +73,13 @@ def train_args(comm, dtype, channels_last, affine, running, requires_grad=True):
     return x, w, b, rm, rv, nbt
 
 
+# the vmap tests' condition: the operators have vmap rules only where PyTorch has
+# torch.library.register_vmap
+needs_vmap_rules = unittest.skipUnless(
+    hasattr(torch.library, "register_vmap"),
+    f"PyTorch {torch.__version__}: no torch.library.register_vmap (2.4 has none), so no vmap rules (docs/PYTHON.md)")
+
+
 def vmap_checks(test, comm, train, infer):
     """torch.func.vmap of the operators (their vmap rules): training refused with a
     NotImplementedError that says why, nothing written (PyTorch's own refusal, without the
@@ -458,14 +465,12 @@ class TestMutants(TeamOfOne):
         args = train_args(self.comm, torch.float32, False, True, True)
         torch.library.opcheck(_ops.batch_norm_train, (*args, 1e-5, 0.1, self.comm.id))
 
-    @unittest.skipUnless(hasattr(torch.library, "register_vmap"), f"PyTorch {torch.__version__}: no "
-                         "torch.library.register_vmap (2.4 has none), so no vmap rules (docs/PYTHON.md)")
+    @needs_vmap_rules
     def test_vmap_rules(self):
         """The control of test_without_vmap_rules: syncbn's operators pass vmap_checks."""
         vmap_checks(self, self.comm, _ops.batch_norm_train, _ops.batch_norm_infer)
 
-    @unittest.skipUnless(hasattr(torch.library, "register_vmap"), f"PyTorch {torch.__version__}: no "
-                         "torch.library.register_vmap (2.4 has none), so no vmap rules (docs/PYTHON.md)")
+    @needs_vmap_rules
     def test_without_vmap_rules(self):
         """The mutants' namespaces have no vmap rules (syncbn's are registered by
         _ops.register_vmap for its own namespace only): vmap_checks fails on them."""
