@@ -107,12 +107,11 @@ static int64_t team_count(const sbn_cpu_peers_t* peers, int w) {
 }
 
 /* step 0 + step 1 of both ops: this rank's partials (zeros for an empty rank), then the
-   exchange. On success *peers describes every rank's records. src: the backward's. */
-static sbnResult_t partials_and_exchange(const sbn_op_t* op, const sbn_cpu_bwd_src_t* src,
-                                         sbn_cpu_peers_t* peers) {
+   exchange. On success *peers describes every rank's records. d: op's walk (walk_of);
+   src: the backward's. */
+static sbnResult_t partials_and_exchange(const sbn_op_t* op, const sbnTensorDesc_t* d,
+                                         const sbn_cpu_bwd_src_t* src, sbn_cpu_peers_t* peers) {
   sbnComm_t comm = op->comm;
-  const sbnTensorDesc_t walk = walk_of(&op->desc);
-  const sbnTensorDesc_t* d = &walk;
   float* local = sbn_cpu_rank(comm)->local;
   int floats = op->kind == SBN_OP_FORWARD ? 3 : 2;
   if (d->n == 0) {
@@ -135,7 +134,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
   sbn_cpu_rank_t* me = sbn_cpu_rank(comm);
   sbn_cpu_peers_t peers;
 
-  sbnResult_t r = partials_and_exchange(op, NULL, &peers);
+  sbnResult_t r = partials_and_exchange(op, d, NULL, &peers);
   if (r != sbnSuccess) return r;
   int64_t m = team_count(&peers, w);
   if (m == 1)
@@ -202,7 +201,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
       rcp[ci] = sbn_recover_rcp(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT, op->save_invstd[ci]);
     src.rcp = rcp;
   }
-  sbnResult_t r = partials_and_exchange(op, &src, &peers);
+  sbnResult_t r = partials_and_exchange(op, d, &src, &peers);
   if (r != sbnSuccess) return r;
   int64_t m = team_count(&peers, w);
 
