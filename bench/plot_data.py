@@ -8,7 +8,7 @@ import math
 import re
 import sys
 
-PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch"]
+PATH_ORDER = ["coop", "nccl", "cudnn", "torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch", "syncbn_torch_op"]
 PATH_ALIASES = {"nccl-path": "nccl", "nccl_path": "nccl", "cuDNN": "cudnn", "torch": "torch_bn"}
 LABELS = {
     "coop": "coop (syncbn, one kernel)",
@@ -18,11 +18,12 @@ LABELS = {
     "torch_bn_module": "PyTorch nn.BatchNorm2d (no sync)",
     "torch_syncbn": "PyTorch SyncBN ops (1-rank NCCL)",
     "syncbn_torch": "syncbn.torch.SyncBatchNorm (1-rank team)",
+    "syncbn_torch_op": "syncbn.torch's operators, no autograd (1-rank team)",
 }
 SHORT = {"coop": "coop", "nccl": "nccl", "cudnn": "cuDNN", "torch_bn": "torch_bn", "torch_bn_module": "bn_module",
-         "torch_syncbn": "torch_syncbn", "syncbn_torch": "syncbn_torch"}
+         "torch_syncbn": "torch_syncbn", "syncbn_torch": "syncbn_torch", "syncbn_torch_op": "sbn_torch_op"}
 COLORS = {"coop": "#1f77b4", "nccl": "#ff7f0e", "cudnn": "#2ca02c", "torch_bn": "#9467bd", "torch_bn_module": "#e377c2",
-          "torch_syncbn": "#d62728", "syncbn_torch": "#8c564b"}
+          "torch_syncbn": "#d62728", "syncbn_torch": "#8c564b", "syncbn_torch_op": "#bcbd22"}
 DTYPE_ORDER = ["fp32", "bf16", "fp16"]
 LAYOUT_ORDER = ["NCHW", "NHWC"]
 OPS = ("fwd", "bwd")

@@ -27,6 +27,18 @@ NHWC = channels_last) it times two paths on GPU 0, W = 1 rank:
                 SYNCBN_LIBRARY as scripts/gpu-suite.sh sets them): forward = the layer,
                 backward = torch.autograd.grad of (x, weight, bias), as torch_bn. Its
                 time minus coop's in sbn-bench is the binding's cost.
+  syncbn_torch_op (--paths only) the layer's registered operators called directly, as
+                torch_syncbn calls PyTorch's sequence: syncbn::batch_norm_train, then
+                syncbn::batch_norm_backward of its saved statistics (with --epilogue the
+                fused batch_norm_act_train / _backward); no module, no autograd engine.
+                Against torch_syncbn: operator against operator sequence; against
+                syncbn_torch: what the module and the autograd engine add.
+
+Before each row (and each row of the engine table) a host reference: the median host time
+of 32 calls of torch.add on 1-element tensors of the device (a dispatch and, on CUDA, a
+launch), in the JSON as host_ref_us; the summary names the rows where it was above 1.5x the
+run's median, whose host-bound times (small shapes, the backward's autograd engine) a slower
+host moved, not the path.
 
 weight, bias and running stats are fp32 for every dtype, as in sbn-bench (and in PyTorch
 mixed precision, where BatchNorm parameters stay fp32).
@@ -129,7 +141,7 @@ DEFAULT_WARMUP = 5
 DEFAULT_SCALE = 1
 DEFAULT_CHECK_CHANNELS = 16
 DEFAULT_CHAIN_DEPTH = 8
-PATHS = ("torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch")
+PATHS = ("torch_bn", "torch_bn_module", "torch_syncbn", "syncbn_torch", "syncbn_torch_op")
 CHAIN_PATHS = ("torch_bn", "syncbn_torch")  # the engine table's: the paths through autograd
 DEFAULT_PATHS = ("torch_bn", "torch_syncbn")  # syncbn_torch by --paths (needs syncbn importable)
 DTYPES = ("fp32", "bf16", "fp16")
@@ -147,7 +159,7 @@ def new_row(shape, spatial, dtype, layout, path, epilogue="none"):
             "_t": {}, "_checked": 0, "_wrong": 0, "_beyond": 0, "_worst": 0.0, "_worst_what": "",
             "_printed": 0, "_label": f"{shape['id']} {dtype} {layout} {path}"
             + (f" {epilogue}" if epilogue != "none" else ""), "_error": None,
-            "_note": None, "_optional_error": False}
+            "_note": None, "_optional_error": False, "_host_ref": None}
 
 
 def finish_row(row, B, floors):
@@ -182,6 +194,7 @@ def finish_row(row, B, floors):
         row["shape"], row["dtype"], row["layout"], row["n"], row["c"], row["spatial"], row["epilogue"]))) \
         if floors else None
     out["worst"] = row["_worst_what"]
+    out["host_ref_us"] = num(row["_host_ref"])
     out["error"] = row["_error"]
     out["note"] = row["_note"] or ""  # as sbn-bench: "" or a remark
     return out
@@ -273,8 +286,8 @@ def parse_args(argv):
     p.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16, fp16 (default fp32,bf16)")
     p.add_argument("--layout", default="NCHW,NHWC", help="comma list of NCHW, NHWC (default both)")
     p.add_argument("--paths", default=",".join(DEFAULT_PATHS),
-                   help="comma list of torch_bn, torch_bn_module, torch_syncbn, syncbn_torch "
-                        "(default: torch_bn, torch_syncbn)")
+                   help="comma list of torch_bn, torch_bn_module, torch_syncbn, syncbn_torch, "
+                        "syncbn_torch_op (default: torch_bn, torch_syncbn)")
     p.add_argument("--check-channels", type=int, default=DEFAULT_CHECK_CHANNELS,
                    help=f"channels checked per row, spread over C; 0 = all (default {DEFAULT_CHECK_CHANNELS})")
     p.add_argument("--no-latency", action="store_true", help="skip the latency rows (tiny, empty)")
@@ -325,6 +338,42 @@ def parse_args(argv):
     return a
 
 
+HOST_REF_SLOW = 1.5  # a row's host reference above this x the run's median: a slower host
+
+
+def host_ref_summary(rows, lat, engine):
+    """The host references of the run's rows (rows, latency, engine): least, median, most,
+    and the rows whose reference was above HOST_REF_SLOW x the median (labels; the median,
+    not the least, so that one quick row does not mark the rest), for the JSON (host_ref)
+    and the summary line."""
+    refs = [(f"{r['shape']} {r['dtype']} {r['layout']} {r['path']}", r.get("host_ref_us"))
+            for r in rows + lat]
+    refs += [(f"engine {e['path']} x{e['depth']}", e.get("host_ref_us"))
+             for e in (engine or {}).get("rows", [])]
+    refs = [(k, v) for k, v in refs if v is not None]
+    if not refs:
+        return None
+    vals = [v for _, v in refs]
+    mid = median(vals)
+    slow = [k for k, v in refs if v > HOST_REF_SLOW * mid]
+    return {"what": "median host us of 32 calls of torch.add on 1-element tensors of the device, before each row",
+            "least_us": num(min(vals)), "median_us": num(mid), "most_us": num(max(vals)),
+            "slow_factor": HOST_REF_SLOW, "slow_rows": slow}
+
+
+def print_host_ref(h):
+    if h is None:
+        return
+    line = (f"# host reference (torch.add of 1-element tensors, median of 32 calls before each row): "
+            f"{h['least_us']:.2f}-{h['most_us']:.2f} us, median {h['median_us']:.2f}; ")
+    slow = h["slow_rows"]
+    if not slow:
+        print(line + f"no row above {h['slow_factor']}x the median")
+    else:
+        print(line + f"{len(slow)} row(s) above {h['slow_factor']}x the median, their host-bound times moved "
+              f"with the host: {', '.join(slow[:6])}" + (", ..." if len(slow) > 6 else ""))
+
+
 def run_chain(bench, args, shape):
     """The tiny op of the autograd paths as 1 and as K = --chain-depth layers in a chain
     (Bench.time_chain), in this run: per layer = (t(K) - t(1)) / (K - 1), what one more
@@ -342,8 +391,10 @@ def run_chain(bench, args, shape):
     for path in paths:
         t = {}
         for depth in (1, K):
-            e = {"path": path, "depth": depth, "fwd": None, "bwd": None, "error": None}
+            e = {"path": path, "depth": depth, "fwd": None, "bwd": None, "error": None,
+                 "host_ref_us": None}
             try:
+                e["host_ref_us"] = num(bench.host_ref())
                 inputs = bench.make_inputs(shape, "fp32", "NCHW", shape["h"] * shape["w"])
                 tf, tb = bench.time_chain(inputs, path, depth)
                 for key, (gpu, host) in (("fwd", tf), ("bwd", tb)):
@@ -560,12 +611,15 @@ def main(argv=None):
     n_engine = len(engine["rows"]) if engine else 0
     print(f"# rows {len(rows)} + latency {len(lat)} + engine {n_engine}, failed {failed}, values checked {checked}, "
           f"wrong {wrong}, beyond tolerance by PyTorch's own accuracy {beyond}")
+    host_ref = host_ref_summary(rows, lat, engine)
+    print_host_ref(host_ref)
     print(f"# total time {total_s:.1f} s")
     status = run_status(wrong, failed)
     if args.json:
         meta["rows"] = rows
         meta["latency"] = lat
         meta["engine"] = engine
+        meta["host_ref"] = host_ref
         meta["wrong"] = wrong
         meta["beyond_tol_torch"] = beyond
         meta["failed_rows"] = failed

@@ -186,6 +186,25 @@ class Bench:
         return v
 
     # -- timing -------------------------------------------------------------------------
+    HOST_REF_CALLS = 32
+
+    def host_ref(self):
+        """The host reference: the median host time (us) of HOST_REF_CALLS calls of torch.add
+        on 1-element tensors of the device, out= a third (a dispatch and, on CUDA, a launch;
+        nothing waits). What it reads moves with the host's speed alone: the rows' host
+        columns are read against it."""
+        torch = self.torch
+        if getattr(self, "_ref_t", None) is None:
+            self._ref_t = [torch.ones(1, device=self.dev) for _ in range(3)]
+        a, b, c = self._ref_t
+        t = []
+        for _ in range(self.HOST_REF_CALLS):
+            t0 = time.perf_counter()
+            torch.add(a, b, out=c)
+            t.append((time.perf_counter() - t0) * 1e6)
+        self.sync()
+        return median(t)
+
     def time_op(self, fn):
         """warmup + iters calls of fn, each after the L2 flush; CUDA events around the call of
         the timed ones only. Returns (GPU us list, host us list)."""
@@ -218,10 +237,9 @@ class Bench:
         return gpu, host
 
     # -- syncbn.torch (the syncbn_torch path) -------------------------------------------------
-    def syncbn_layer(self, weight, bias, activation="identity"):
-        """syncbn.torch.SyncBatchNorm(C, activation=) on this process group's team (CUDA; a
-        1-rank CPU team with --device cpu), momentum and eps as the other paths, its weight
-        and bias copied from these."""
+    def syncbn_comm(self):
+        """(syncbn.torch, the team): this process group's team (CUDA; a 1-rank CPU team with
+        --device cpu), made once, for the syncbn_torch and syncbn_torch_op paths."""
         try:
             import syncbn
             import syncbn.torch as sbt
@@ -235,7 +253,13 @@ class Bench:
                 self._sbn_comm = sbt.team_for(self.pg, self.dev)
             else:
                 self._sbn_comm = syncbn.cpu_team(1)[0]
-        layer = sbt.SyncBatchNorm(weight.numel(), eps=EPS, momentum=MOMENTUM, comm=self._sbn_comm,
+        return sbt, self._sbn_comm
+
+    def syncbn_layer(self, weight, bias, activation="identity"):
+        """syncbn.torch.SyncBatchNorm(C, activation=) on syncbn_comm()'s team, momentum and
+        eps as the other paths, its weight and bias copied from these."""
+        sbt, comm = self.syncbn_comm()
+        layer = sbt.SyncBatchNorm(weight.numel(), eps=EPS, momentum=MOMENTUM, comm=comm,
                                   activation=activation).to(self.dev)
         with self.torch.no_grad():
             layer.weight.copy_(weight)
@@ -416,6 +440,7 @@ class Bench:
         x, dy, weight, bias, z = inputs
         epi = self.args.epilogue != "none"
         c = shape["c"]
+        row["_host_ref"] = self.host_ref()
         rm = torch.zeros(c, dtype=torch.float32, device=self.dev)
         rv = torch.ones(c, dtype=torch.float32, device=self.dev)
         zg = z.detach().requires_grad_(True) if z is not None else None
@@ -453,6 +478,43 @@ class Bench:
 
             def fwd():
                 return epilogue(bn(xg))
+        elif path == "syncbn_torch_op":
+            # syncbn.torch's registered operators called directly, as torch_syncbn calls
+            # PyTorch's op sequence: no module, no autograd node, no engine; their outputs
+            # (y and the saved statistics; dx, dweight and dbias) are what the layer's are
+            from syncbn import _fused, _ops
+            cid = self.syncbn_comm()[1].id
+            act = _fused.ACTIVATIONS["relu" if epi else "identity"]
+            nbt = torch.zeros((), dtype=torch.long, device=self.dev)
+
+            def op_fwd():
+                if epi:
+                    return _fused.batch_norm_act_train(x, z, weight, bias, rm, rv, nbt, EPS, MOMENTUM, cid,
+                                                       act, 0.01, False)
+                return _ops.batch_norm_train(x, weight, bias, rm, rv, nbt, EPS, MOMENTUM, cid)
+
+            def op_bwd(y, stats):
+                if epi:
+                    dx, dz, dwb = _fused.batch_norm_act_backward(dy, x, y, weight, bias, stats, EPS, cid, act,
+                                                                 0.01, True, z is not None, True)
+                    return dx, dz, dwb
+                dx, dwb = _ops.batch_norm_backward(dy, x, weight, stats, EPS, cid, True, True)
+                return dx, None, dwb
+
+            tf = self.time_op(op_fwd)
+            saved = op_fwd()
+            tb = self.time_op(lambda: op_bwd(*saved))
+            del saved
+            if check:
+                rm.zero_()
+                rv.fill_(1.0)
+                y, stats = op_fwd()
+                dx, dz, dwb = op_bwd(y, stats)
+                self.sync()
+                got = {"y": y, "dx": dx, "dweight": dwb[0], "dbias": dwb[1], "running_mean": rm,
+                       "running_var": rv}
+                if z is not None:
+                    got["dz"] = dz
         if path in ("syncbn_torch", "torch_bn", "torch_bn_module"):
             tf, tb = self.time_autograd(fwd, params, dy)
             if check:
@@ -465,7 +527,7 @@ class Bench:
                        "running_mean": rm, "running_var": rv}
                 if zg is not None:
                     got["dz"] = grads[3]
-        else:
+        elif path == "torch_syncbn":
             if self.pg is None:
                 raise RuntimeError(self.pg_error or "no process group")
             ops = self.ops()

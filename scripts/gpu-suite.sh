@@ -385,9 +385,10 @@ step_torch() {
   local floors=() quick=() rc=0
   [ -f "$OUTDIR/bench.json" ] && floors=(--floors-from "$OUTDIR/bench.json")
   [ "$QUICK" = 1 ] && quick=(--only S1,S2,S5,S10)
-  # syncbn_torch: this project's PyTorch layer on the same process group (issue 28)
+  # syncbn_torch: this project's PyTorch layer on the same process group (issue 28);
+  # syncbn_torch_op: its operators called directly, as torch_syncbn calls PyTorch's
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
-    "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_bn_module,torch_syncbn,syncbn_torch \
+    "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_bn_module,torch_syncbn,syncbn_torch,syncbn_torch_op \
     "${floors[@]}" "${quick[@]}" --json "$OUTDIR/torch.json" || rc=1
   # the fused layer (issue 51) against what a torchvision block runs in PyTorch (batch norm,
   # += identity, ReLU), on the fused step's shapes; floors from its JSON when it ran
@@ -397,7 +398,7 @@ step_torch() {
     floors=()
     [ -f "$OUTDIR/$f.json" ] && floors=(--floors-from "$OUTDIR/$f.json")
     PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
-      "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch --epilogue "$e" \
+      "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch,syncbn_torch_op --epilogue "$e" \
       --only S1,S2,S3,S4,S5,S6,S7,S8,S9 --dtype "$dt" --layout "$lo" "${floors[@]}" \
       --json "$OUTDIR/torch-$f.json" || rc=1
   done
