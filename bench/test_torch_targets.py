@@ -68,8 +68,13 @@ class Targets(unittest.TestCase):
     def test_failed_rows_and_other_paths_left_out(self):
         bad = row("syncbn_torch", 1.0, 1.0)
         bad["error"] = "RuntimeError: x"
-        v = tt.judge([bad, row("torch_bn", 1.0, 1.0)], {})
+        wrong = dict(row("syncbn_torch_op", 1.0, 1.0), wrong=3)
+        v = tt.judge([bad, wrong, row("torch_bn", 1.0, 1.0)], {})
         self.assertEqual(v, [])
+        # nor is a wrong comparison row: the op sequence's here
+        seq = dict(row("torch_syncbn", 50.0, 50.0), wrong=1)
+        v = tt.judge([row("syncbn_torch", 60.0, 60.0), seq], {})
+        self.assertIsNone(verdict(v, "syncbn_torch", "fwd")["seq"])
 
     def test_slow_host_marked(self):
         rows = [row("syncbn_torch", 1, 1, ref=4.0), row("syncbn_torch", 1, 1, shape="S10", ref=6.5)]
@@ -81,20 +86,28 @@ class Targets(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             tj, bj = os.path.join(d, "torch.json"), os.path.join(d, "bench.json")
             with open(tj, "w") as f:
-                json.dump({"tool": "torch_baseline", "rows": [row("syncbn_torch", 12.0, 40.0, 20, 90),
-                                                               row("torch_bn_module", 9.0, 45.0, 30, 95),
-                                                               row("torch_syncbn", 200.0, 35.0)],
+                json.dump({"tool": "torch_baseline", "rows": [row("syncbn_torch", 12.0, 40.0, 20, 90, ref=4.0),
+                                                               row("torch_bn_module", 9.0, 45.0, 30, 95, ref=4.1),
+                                                               row("torch_syncbn", 200.0, 35.0, ref=3.9),
+                                                               row("syncbn_torch", 12.0, 9.0, 20, 90,
+                                                                   shape="S10", ref=6.5)],
                            "host_ref": {"median_us": 4.0, "slow_factor": 1.5}}, f)
             with open(bj, "w") as f:
                 # the C op is the coop row: not the nccl path's, nor a row of W ranks
                 json.dump({"tool": "sbn-bench", "rows": [row("coop", 11.0, 9.0), row("nccl", 100.0, 100.0),
-                                                         dict(row("coop", 100.0, 100.0), ranks=8)]}, f)
+                                                         dict(row("coop", 100.0, 100.0), ranks=8),
+                                                         dict(row("coop", 1.0, 1.0, shape="S10"), wrong=2)]}, f)
             out = io.StringIO()
             with redirect_stdout(out):
                 self.assertEqual(tt.main([tj, bj]), 0)
             text = out.getvalue()
+            # S10's coop row had wrong values: no bound there
             self.assertIn("# syncbn_torch fwd: gpu 1 of 1, seq 1 of 1, host 1 of 1", text)
             self.assertIn("# syncbn_torch bwd: gpu 0 of 1, seq 0 of 1, host 1 of 1", text)
+            slow = [ln for ln in text.splitlines() if ln.endswith("slow host")]
+            self.assertEqual(len(slow), 2, text)  # S10's fwd and bwd lines
+            self.assertTrue(all(" S10 " in ln for ln in slow), slow)
+            self.assertIn("# 1 row(s) ran on a slowed host", text)
             with redirect_stdout(io.StringIO()):
                 self.assertEqual(tt.main([tj, tj]), 2)  # not an sbn-bench file
                 self.assertEqual(tt.main([tj, os.path.join(d, "missing.json")]), 2)

@@ -13,7 +13,8 @@ operators called directly (syncbn_torch_op), forward and backward:
   seq   faster than nn.SyncBatchNorm's op sequence (torch_syncbn) of the same row
   host  the host time (median) at most nn.BatchNorm2d's (torch_bn_module) of the same row
 
-A cell without its comparison row reads '-' and counts for neither side. Rows whose host
+A cell without its comparison row reads '-' and counts for neither side; a row that failed or
+had wrong values is no comparison (on either side, the C op's too). Rows whose host
 reference (torch_baseline's host_ref_us) was above its slow factor x the run's median are
 marked 'slow host'. A report: exit 0 whatever it finds, 2 on a file it cannot read. No torch.
 """
@@ -29,6 +30,11 @@ def cell_key(r):
     return (r.get("shape"), r.get("dtype"), r.get("layout"), r.get("epilogue") or "none")
 
 
+def valid(r):
+    """A row whose times count: it ran (no error) and its values were right."""
+    return r.get("error") is None and not r.get("wrong")
+
+
 def median_us(r, op, col="us_median"):
     o = (r or {}).get(op)
     v = o.get(col) if isinstance(o, dict) else None
@@ -40,7 +46,7 @@ def judge(rows, coop, slow_factor=None, median_ref=None):
     slow) for every syncbn row of `rows` (torch_baseline's), coop: {cell_key: sbn-bench row}."""
     by = {}
     for r in rows:
-        if r.get("error") is None:
+        if valid(r):
             by.setdefault(cell_key(r), {})[r.get("path")] = r
     out = []
     for key, paths in by.items():
@@ -104,7 +110,8 @@ def main(argv):
     except (OSError, ValueError) as e:
         print(f"torch_targets: {e}", file=sys.stderr)
         return 2
-    coop = {cell_key(r): r for r in bench_top["rows"] if r.get("path") == "coop" and r.get("ranks") == 1}
+    coop = {cell_key(r): r for r in bench_top["rows"]
+            if r.get("path") == "coop" and r.get("ranks") == 1 and valid(r)}
     h = torch_top.get("host_ref") or {}
     v = judge(torch_top["rows"], coop, h.get("slow_factor"), h.get("median_us"))
     print(f"# syncbn.torch's targets: {argv[0]} against the C op of {argv[1]}")

@@ -398,7 +398,7 @@ step_torch() {
     floors=()
     [ -f "$OUTDIR/$f.json" ] && floors=(--floors-from "$OUTDIR/$f.json")
     PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
-      "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_syncbn,syncbn_torch,syncbn_torch_op --epilogue "$e" \
+      "$PYTHON" "$PYDIR/torch_baseline.py" --paths torch_bn,torch_bn_module,torch_syncbn,syncbn_torch,syncbn_torch_op --epilogue "$e" \
       --only S1,S2,S3,S4,S5,S6,S7,S8,S9 --dtype "$dt" --layout "$lo" "${floors[@]}" \
       --json "$OUTDIR/torch-$f.json" || rc=1
   done
