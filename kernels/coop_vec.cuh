@@ -249,8 +249,8 @@ struct VecPath {
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
      instructions (check-sass.sh's bound: 8192) with a 24-byte spill */
   static constexpr bool kReluBatches = kFwdEpi && !ONCHIP && (TILE || VEC <= 4);
-  /* and of a ReLU with z, in half batches (x and z) with the ReLU compiled in: a third copy
-     of the loop, in the tile kernels only */
+  /* and of a ReLU with z, in batches of x and z with the ReLU compiled in (stage5_fwd_epi_stream's
+     MODE 2): a third copy of the loop, in the tile kernels only */
   static constexpr bool kReluZ = kFwdEpi && !ONCHIP && TILE;
 
 #ifdef SBN_COOP_EMU
@@ -821,11 +821,14 @@ SBN_UNROLL
      before the next batch's loads (y may be x's or z's memory: they stay behind). MODE
      (the caller has checked): 0 any activation, z where given; 1 a ReLU without z, in
      whole batches of H = U positions, x alone (a plain batch's registers and loads in
-     flight); 2 a ReLU with z. 1 and 2 have the ReLU compiled in. */
+     flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U in 4-element
+     vectors, twice a plain batch's loads in flight (a position moves 1.5x a plain one's
+     bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4 spill 32 B at their
+     128 registers (check-sass.sh). 1 and 2 have the ReLU compiled in. */
   template <int MODE = 0>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
-    constexpr int H = MODE == 1 ? U : U > 1 ? U / 2 : 1;
+    constexpr int H = MODE == 1 ? U : MODE == 2 ? (VEC == 8 && U > 3 ? 3 : U) : U > 1 ? U / 2 : 1;
     const bool has_z = MODE == 2 || (MODE == 0 && R.z != nullptr);
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {
