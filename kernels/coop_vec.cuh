@@ -815,20 +815,21 @@ SBN_UNROLL
   }
 
   /* Stage 5 of the stream kernels' forward with the epilogue: the unit's positions again
-     (stage 5 of the stream variant walks them on its own), in batches of half as many
-     positions, x and z of each: two tensors in the registers of one plain batch (the fp16
-     plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
+     (stage 5 of the stream variant walks them on its own), in MODE 0 in batches of half as
+     many positions, x and z of each: two tensors in the registers of one plain batch (the
+     fp16 plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
      before the next batch's loads (y may be x's or z's memory: they stay behind). MODE
      (the caller has checked): 0 any activation, z where given; 1 a ReLU without z, in
      whole batches of H = U positions, x alone (a plain batch's registers and loads in
-     flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U in 4-element
-     vectors, twice a plain batch's loads in flight (a position moves 1.5x a plain one's
-     bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4 spill 32 B at their
-     128 registers (check-sass.sh). 1 and 2 have the ReLU compiled in. */
+     flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U (at most 4) in
+     4-element and scalar vectors, twice a plain batch's loads in flight (a position moves
+     1.5x a plain one's bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4
+     spill 32 B at their 128 registers (check-sass.sh). 1 and 2 have the ReLU compiled in. */
   template <int MODE = 0>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
-    constexpr int H = MODE == 1 ? U : MODE == 2 ? (VEC == 8 && U > 3 ? 3 : U) : U > 1 ? U / 2 : 1;
+    constexpr int HZ = VEC == 8 ? 3 : 4; /* MODE 2's most: what 128 registers hold */
+    constexpr int H = MODE == 1 ? U : MODE == 2 ? (U < HZ ? U : HZ) : U > 1 ? U / 2 : 1;
     const bool has_z = MODE == 2 || (MODE == 0 && R.z != nullptr);
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {

@@ -1223,8 +1223,9 @@ static void test_fused_vs_cpu(void) {
       {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, 0},  /* fp16 pieces; affine=False */
       {1, 1, sbnFloat32, sbnLayoutNHWC, 32, 100, n1, 1},  /* tile, 300 rows: several whole
                                                              batches a thread (stage 5's loops) */
-      {1, 1, sbnBFloat16, sbnLayoutNHWC, 32, 100, n1, 1}, /* the same in 16-byte vectors of 8:
-                                                             ReLU with z in batches of 3 */
+      {1, 1, sbnBFloat16, sbnLayoutNHWC, 32, 200, n1, 1}, /* 600 rows in 16-byte vectors of 8:
+                                                             ReLU with z, 9-10 positions a thread
+                                                             in batches of 3 and a remainder */
   };
   static const struct {
     int act, z, recover;
