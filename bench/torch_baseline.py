@@ -131,8 +131,9 @@ if HERE not in sys.path:  # its modules beside it, also when imported from elsew
 from torch_baseline_bench import Bench  # noqa: E402
 from torch_baseline_floors import FloorsError, floor_key, load_floors, op_derived  # noqa: E402
 from torch_baseline_shapes import ShapeError, load_shapes  # noqa: E402
-from torch_baseline_util import (COPY_REPS, TOL_F32, TOL_HALF, elem_size, git_commit,  # noqa: E402
-                                 json_path_unwritable, median, num, run_status, times_stats)
+from torch_baseline_util import (COPY_REPS, HOST_REF_CALLS, HOST_REF_SLOW, TOL_F32, TOL_HALF,  # noqa: E402
+                                 elem_size, git_commit, host_ref_slow, json_path_unwritable, median, num,
+                                 run_status, times_stats)
 
 EXIT_SKIP = 77
 DEFAULT_ITERS = 50
@@ -338,9 +339,6 @@ def parse_args(argv):
     return a
 
 
-HOST_REF_SLOW = 1.5  # a row's host reference above this x the run's median: a slower host
-
-
 def host_ref_summary(rows, lat, engine):
     """The host references of the run's rows (rows, latency, engine): least, median, most,
     and the rows whose reference was above HOST_REF_SLOW x the median (labels; the median,
@@ -355,8 +353,9 @@ def host_ref_summary(rows, lat, engine):
         return None
     vals = [v for _, v in refs]
     mid = median(vals)
-    slow = [k for k, v in refs if v > HOST_REF_SLOW * mid]
-    return {"what": "median host us of 32 calls of torch.add on 1-element tensors of the device, before each row",
+    slow = [k for k, v in refs if host_ref_slow(v, mid)]
+    return {"what": f"median host us of {HOST_REF_CALLS} calls of torch.add on 1-element tensors of the device, "
+                    "before each row",
             "least_us": num(min(vals)), "median_us": num(mid), "most_us": num(max(vals)),
             "slow_factor": HOST_REF_SLOW, "slow_rows": slow}
 
@@ -364,7 +363,7 @@ def host_ref_summary(rows, lat, engine):
 def print_host_ref(h):
     if h is None:
         return
-    line = (f"# host reference (torch.add of 1-element tensors, median of 32 calls before each row): "
+    line = (f"# host reference (torch.add of 1-element tensors, median of {HOST_REF_CALLS} calls before each row): "
             f"{h['least_us']:.2f}-{h['most_us']:.2f} us, median {h['median_us']:.2f}; ")
     slow = h["slow_rows"]
     if not slow:

@@ -11,8 +11,8 @@ import tempfile
 import time
 
 from torch_baseline_ops import CudaOps, EmulatedOps
-from torch_baseline_util import (COPY_REPS, EPS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32, TOL_HALF,
-                                 fnv1a, median, num, times_stats, torch_own_bound)
+from torch_baseline_util import (COPY_REPS, EPS, HOST_REF_CALLS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32,
+                                 TOL_HALF, fnv1a, median, num, times_stats, torch_own_bound)
 
 # ---- the benchmark (torch imported only here) ------------------------------------------------
 class Bench:
@@ -186,8 +186,6 @@ class Bench:
         return v
 
     # -- timing -------------------------------------------------------------------------
-    HOST_REF_CALLS = 32
-
     def host_ref(self):
         """The host reference: the median host time (us) of HOST_REF_CALLS calls of torch.add
         on 1-element tensors of the device, out= a third (a dispatch and, on CUDA, a launch;
@@ -198,7 +196,7 @@ class Bench:
             self._ref_t = [torch.ones(1, device=self.dev) for _ in range(3)]
         a, b, c = self._ref_t
         t = []
-        for _ in range(self.HOST_REF_CALLS):
+        for _ in range(HOST_REF_CALLS):
             t0 = time.perf_counter()
             torch.add(a, b, out=c)
             t.append((time.perf_counter() - t0) * 1e6)
@@ -272,6 +270,14 @@ class Bench:
         tf = self.time_op(fwd)
         y = fwd()
         tb = self.time_op(lambda: self.torch.autograd.grad(y, params, dy, retain_graph=True))
+        return tf, tb
+
+    def time_direct(self, fwd, bwd):
+        """time_op of fwd, then of bwd(*outputs) on one more fwd()'s outputs, kept for every
+        call (ops called directly, no autograd): (forward, backward) as time_op's lists."""
+        tf = self.time_op(fwd)
+        saved = fwd()
+        tb = self.time_op(lambda: bwd(*saved))
         return tf, tb
 
     # -- the autograd engine's part: layers in a chain ------------------------------------------
@@ -501,10 +507,7 @@ class Bench:
                 dx, dwb = _ops.batch_norm_backward(dy, x, weight, stats, EPS, cid, True, True)
                 return dx, None, dwb
 
-            tf = self.time_op(op_fwd)
-            saved = op_fwd()
-            tb = self.time_op(lambda: op_bwd(*saved))
-            del saved
+            tf, tb = self.time_direct(op_fwd, op_bwd)
             if check:
                 rm.zero_()
                 rv.fill_(1.0)
@@ -544,10 +547,7 @@ class Bench:
                 g = torch.ops.aten.threshold_backward(dy, y, 0) if epi else dy  # ReLU's, of its output
                 return self.sync_backward(ops, g, x, weight, mean, invstd, cnt), g
 
-            tf = self.time_op(sync_fwd)
-            saved = sync_fwd()
-            tb = self.time_op(lambda: sync_bwd(*saved))
-            del saved
+            tf, tb = self.time_direct(sync_fwd, sync_bwd)
             if check:
                 rm.zero_()
                 rv.fill_(1.0)

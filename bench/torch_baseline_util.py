@@ -20,9 +20,19 @@ MAX_WRONG_PRINTED = 5
 TORCH_OWN_ROUNDING = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 TORCH_OWN_ROUNDINGS = 12
 HERE = os.path.dirname(os.path.abspath(__file__))
+HOST_REF_CALLS = 32  # torch.add calls a row's host reference takes the median of
+HOST_REF_SLOW = 1.5  # a row's host reference above this x the run's median: a slower host
 
 
 # ---- small helpers ------------------------------------------------------------------------
+def host_ref_slow(ref, median_ref, factor=HOST_REF_SLOW):
+    """Whether a row's host reference (us) says that it ran on a slowed host: above factor x
+    the run's median reference (the median, not the least, so that one quick row does not
+    mark the rest). False where either number is missing."""
+    return bool(factor and isinstance(median_ref, (int, float)) and median_ref > 0
+                and isinstance(ref, (int, float)) and ref > factor * median_ref)
+
+
 def torch_own_bound(name, dtype, layout):
     """The factor f such that PyTorch's own rounding keeps |got - ref| <= f * sum |term| for
     this value, or None where PyTorch is held to sbn-bench's tolerance (every value but

@@ -22,6 +22,8 @@ marked 'slow host'. A report: exit 0 whatever it finds, 2 on a file it cannot re
 import json
 import sys
 
+from torch_baseline_util import host_ref_slow  # beside this file (no torch in it)
+
 GPU_FACTOR, GPU_SLACK_US = 1.1, 2.0
 SYNCBN_PATHS = ("syncbn_torch", "syncbn_torch_op")
 
@@ -55,8 +57,7 @@ def judge(rows, coop, slow_factor=None, median_ref=None):
             if r is None:
                 continue
             ref = r.get("host_ref_us")
-            slow = bool(slow_factor and median_ref and isinstance(ref, (int, float))
-                        and ref > slow_factor * median_ref)
+            slow = host_ref_slow(ref, median_ref, slow_factor)
             for op in ("fwd", "bwd"):
                 t = median_us(r, op)
                 c = median_us(coop.get(key), op)
