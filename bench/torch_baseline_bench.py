@@ -12,7 +12,8 @@ import time
 
 from torch_baseline_ops import CudaOps, EmulatedOps
 from torch_baseline_util import (COPY_REPS, EPS, HOST_REF_CALLS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32,
-                                 TOL_HALF, fnv1a, median, num, times_stats, torch_own_bound)
+                                 TOL_HALF, cuda_driver_version, fnv1a, median, num, times_stats,
+                                 torch_own_bound)
 
 # ---- the benchmark (torch imported only here) ------------------------------------------------
 class Bench:
@@ -167,14 +168,7 @@ class Bench:
             except ValueError:
                 pass
         if self.cuda:
-            try:  # cuDriverGetVersion: the same integer as sbn-bench's cudaDriverGetVersion
-                import ctypes
-                lib = ctypes.CDLL("libcuda.so.1")
-                out = ctypes.c_int(0)
-                if lib.cuDriverGetVersion(ctypes.byref(out)) == 0:
-                    v["driver_version"] = out.value
-            except OSError:
-                pass
+            v["driver_version"] = cuda_driver_version()
             try:  # the driver's own version string, where nvidia-ml-py is installed
                 import pynvml
                 pynvml.nvmlInit()

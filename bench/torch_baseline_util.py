@@ -98,6 +98,18 @@ def git_commit():
     return "unknown"
 
 
+def cuda_driver_version():
+    """cuDriverGetVersion's integer (13000 for 13.0: sbn-bench's cudaDriverGetVersion's), or
+    None where libcuda cannot be loaded."""
+    try:
+        import ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        out = ctypes.c_int(0)
+        return out.value if lib.cuDriverGetVersion(ctypes.byref(out)) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
 def json_path_unwritable(path):
     """Whether --json `path` cannot be written (a directory, or no write access to it or to
     the folder it would be made in): checked before a run, as sbn-bench checks its own."""

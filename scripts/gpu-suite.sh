@@ -42,7 +42,9 @@
 #             syncbn.torch's layer: --paths ...,syncbn_torch), JSON;
 #             its bytes and floors read from the bench step's JSON; then the same with
 #             --epilogue add-relu (fp32 NCHW) and relu (bf16 NHWC) on S1-S9: the fused
-#             layer against PyTorch's batch norm (+= z) + ReLU, floors from the fused step
+#             layer against PyTorch's batch norm (+= z) + ReLU, floors from the fused step;
+#             then bench/torch_host.py --device cuda (fp32 NCHW, bf16 NHWC): the layer's host
+#             time per call against nn.BatchNorm2d, the paths interleaved round by round
 #   pytorch   tests/python/test_torch_gpu.py: syncbn.torch on the GPU (a team from a process
 #             group, a training step vs PyTorch's SyncBatchNorm, CUDA graph replay)
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
@@ -213,12 +215,13 @@ fi
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
 # cores here; once per machine, into ~/.cache/syncbn)
-# torch: the layer's 48 rows (within the 133 s of the 2026-11-27 H200 run's five steps), then
-# the fused layer's 2 x 9 rows: 120 s
+# torch: the layer's 80 rows, then the fused layer's 2 x 9 x 5 (45 s with four paths on the
+# H200 of 2026-11-30; ~60 predicted with five), then torch_host.py twice (~10 s each,
+# predicted): 150 s
 # fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
 # 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=120
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=150
   [pytorch]=240 [plot]=20)
 
 OUTDIR=${1:-gpu-out}
@@ -408,6 +411,14 @@ step_torch() {
     read -r e dt <<<"$f"
     [ -f "$OUTDIR/$e.json" ] && [ -f "$OUTDIR/$dt.json" ] &&
       "$PYTHON" "$PYDIR/torch_targets.py" "$OUTDIR/$e.json" "$OUTDIR/$dt.json"
+  done
+  # the host target of issue 49 where drift cannot decide it: the layer and nn.BatchNorm2d
+  # (and the fused layer and BatchNorm2d + ReLU) timed round by round in one process
+  for f in "fp32 NCHW" "bf16 NHWC"; do
+    read -r dt lo <<<"$f"
+    PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
+      "$PYTHON" "$PYDIR/torch_host.py" --device cuda --dtype "$dt" --layout "$lo" \
+      --json "$OUTDIR/torch-host-$dt.json" || rc=1
   done
   return $rc
 }
