@@ -12,8 +12,8 @@ import time
 
 from torch_baseline_ops import CudaOps, EmulatedOps
 from torch_baseline_util import (COPY_REPS, EPS, HOST_REF_CALLS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32,
-                                 TOL_HALF, cuda_driver_version, fnv1a, median, num, times_stats,
-                                 torch_own_bound)
+                                 TOL_HALF, cuda_driver_version, fnv1a, median, num, nvidia_driver,
+                                 times_stats, torch_own_bound)
 
 # ---- the benchmark (torch imported only here) ------------------------------------------------
 class Bench:
@@ -169,14 +169,7 @@ class Bench:
                 pass
         if self.cuda:
             v["driver_version"] = cuda_driver_version()
-            try:  # the driver's own version string, where nvidia-ml-py is installed
-                import pynvml
-                pynvml.nvmlInit()
-                d = pynvml.nvmlSystemGetDriverVersion()
-                v["driver"] = d.decode() if isinstance(d, bytes) else str(d)
-                pynvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            v["driver"] = nvidia_driver()
         return v
 
     # -- timing -------------------------------------------------------------------------

@@ -110,6 +110,31 @@ def cuda_driver_version():
         return None
 
 
+def nvidia_driver():
+    """The NVIDIA driver's release ("580.159.04"): from nvidia-ml-py where it is installed,
+    else /proc/driver/nvidia/version; None where neither says."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            d = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return d.decode() if isinstance(d, bytes) else str(d)
+    except Exception:  # noqa: BLE001 (no pynvml, no NVML, no device)
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            words = f.readline().split()
+        # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>"
+        for w in words:
+            if w[:1].isdigit() and w.count(".") >= 1:
+                return w
+    except OSError:
+        pass
+    return None
+
+
 def json_path_unwritable(path):
     """Whether --json `path` cannot be written (a directory, or no write access to it or to
     the folder it would be made in): checked before a run, as sbn-bench checks its own."""

@@ -26,7 +26,8 @@ run moves every path's rounds together; torch_baseline.py times each path's row 
 timed is the host's part of a call (the launches enqueued, not waited for: the device is
 synchronized after each batch of calls, outside the timer); the backward's includes the
 autograd engine's hand-over to the device's thread and the wait for it, for every path
-alike. Exit 77 (and why) where there is no CUDA device or the library was built without CUDA.
+alike. Exit 77 (and why) where there is no CUDA device; 1 (and why) where syncbn cannot make
+a team on it (a library built without CUDA or NCCL: on a GPU machine, a broken install).
 
 Usage: python bench/torch_host.py [--device cpu|cuda] [--dtype fp32|bf16|fp16]
        [--layout NCHW|NHWC] [--shape N,C,H,W] [--rounds 15] [--calls 300] [--json FILE]
@@ -42,7 +43,8 @@ import statistics
 import sys
 import time
 
-from torch_baseline_util import cuda_driver_version, git_commit, json_path_unwritable  # no torch in it
+from torch_baseline_util import (cuda_driver_version, git_commit, json_path_unwritable,  # no torch in them
+                                 nvidia_driver)
 
 # torch and syncbn are imported in main(), after the arguments are read: importing
 # syncbn.torch may compile its C++ operators (~15-25 s on a cold cache), which --help and a
@@ -142,13 +144,13 @@ def main():
         print("torch_host: skipped: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
         return EXIT_SKIP
     import syncbn
-    import syncbn.torch as sbt
-    from syncbn import _ops
     dev = torch.device("cuda:0" if args.device == "cuda" else "cpu")
-    comm, why = make_team(dev)
+    comm, why = make_team(dev)  # before syncbn.torch, which may compile its operators first
     if comm is None:
         print(f"torch_host: {why}", file=sys.stderr)
         return 1
+    import syncbn.torch as sbt
+    from syncbn import _ops
     operators = ("C++ operators" if _ops.NATIVE is not None
                  else f"Python operators (the fallback: {_ops.NATIVE_WHY})")
     torch.set_num_threads(1)
@@ -236,10 +238,12 @@ def main():
     med = {key: statistics.median(v) for key, v in samples.items()}
     spread = {key: (min(v), max(v)) for key, v in samples.items()}
     bw = copy_bandwidth(dev)
+    drv = nvd = None
     if cuda:
-        drv = cuda_driver_version()
+        drv, nvd = cuda_driver_version(), nvidia_driver()
         device = f"{torch.cuda.get_device_name(dev)} (cuda:0), host CPU: {cpu_model()}, one torch thread"
-        driver = f"CUDA driver {drv // 1000}.{drv % 1000 // 10}" if drv else "CUDA driver: unknown"
+        driver = (f"NVIDIA driver {nvd or 'unknown'}, CUDA driver API "
+                  + (f"{drv // 1000}.{drv % 1000 // 10}" if drv else "unknown"))
         copy_what = "device-to-device copy of 256 MiB, CUDA events"
     else:
         device = f"CPU: {cpu_model()} ({os.cpu_count()} cores), one torch thread"
@@ -250,6 +254,8 @@ def main():
         "commit": git_commit(),
         "device": device,
         "driver": driver,
+        "nvidia_driver": nvd,
+        "driver_version": drv,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "copy_bandwidth_GBps": round(bw, 1),
@@ -266,7 +272,7 @@ def main():
           f"python {info['python']}")
     print(f"# {info['device']}; {driver}; copy bandwidth {bw:.1f} GB/s (2 x bytes / median of 10, {copy_what})")
     print(f"# syncbn.torch on its {operators}, {info['team']}")
-    print(f"# x ({n}, {c}, {h}, {w}) {args.dtype} {args.layout}; median over {args.rounds} rounds of the mean of "
+    print(f"# x ({n}, {c}, {h}, {w}) {args.dtype} {args.layout}; median over {args.rounds} round{'s' if args.rounds > 1 else ''} of the mean of "
           f"{args.calls} calls (us per call of host time; each round's, min and max, in the JSON)")
     print(f"{'call':10s}" + "".join(f"{p:>12s}" for p in paths) + f"{'syncbn/bn':>11s}{'op/bn':>7s}"
           f"{'relu: syncbn/bn':>17s}")

@@ -215,9 +215,9 @@ fi
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
 # cores here; once per machine, into ~/.cache/syncbn)
-# torch: the layer's 80 rows, then the fused layer's 2 x 9 x 5 (45 s with four paths on the
-# H200 of 2026-11-30; ~60 predicted with five), then torch_host.py twice (~10 s each,
-# predicted): 150 s
+# torch: the layer's rows, then the fused layer's (the step took 45 s on the H200 of
+# 2026-11-30 with 64 + 2 x 27 rows; ~60 predicted with 80 + 2 x 45), then torch_host.py
+# twice (~10 s each, predicted): 150 s
 # fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
 # 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
