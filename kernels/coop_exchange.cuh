@@ -309,12 +309,29 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
     st_release_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
 }
 
+/* Channel c's parameters that finish_coefs loads (forward: weight, bias; backward: weight,
+   the saved mean and invstd), asked of L2 (nothing waits). */
+template <int KIND>
+__device__ __forceinline__ void prefetch_params(const sbn_coop_rank_t& R, int64_t c) {
+  if (R.weight) prefetch_l2(R.weight + c);
+  if (KIND == SBN_OP_FORWARD) {
+    if (R.bias) prefetch_l2(R.bias + c);
+  } else {
+    prefetch_l2(R.save_mean_in + c);
+    prefetch_l2(R.save_invstd + c);
+  }
+}
+
 /* Chunk j: the P slices' partials merged in slice order (warp w takes the contiguous
    slices [w*P/8, (w+1)*P/8), four loads in flight; then the 8 warps' results in warp
    order), published. HOST: into the rank's own `send` record only (the collective or
-   the gather kernel moves it; no flag). `local` (a team of one, at most 8 slices: each
-   block merges its units' chunks itself): into sm.own, which the block's own gather
-   reads; no mailbox. */
+   the gather kernel moves it; no flag). `local` (a team of one, at most SBN_LOCAL_SLICES
+   slices: each block merges its units' chunks itself): into sm.own, which the block's
+   own gather reads; no mailbox. `local` also asks L2 for the chunk's parameters first
+   (warp 0, SBN_PREFETCH_PARAMS: coop_plan.h), which finish_coefs loads right after the
+   merge with no wait to hide them behind: their DRAM round trip overlaps the partials'
+   loads instead of following them. (Asked at the kernel's start instead, the addresses
+   stayed in registers through stage 1, and ten 128-register kernels spilled 8-40 B.) */
 template <int KIND, bool HOST>
 __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                               const sbn_geo_t& g, int j, uint32_t k, Smem& sm,
@@ -323,6 +340,10 @@ __device__ void publish_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c = (int64_t)j * kChunk + lane;
   const bool active = c < g.c;
+  if (SBN_PREFETCH_PARAMS && !HOST && local && w == 0) {
+    const int64_t cp = c + (SBN_MUTANT(SBN_MUT_PARAM_PREFETCH_NEXT) ? kChunk : 0);
+    if (cp < g.c) prefetch_params<KIND>(R, cp);
+  }
   const int p0 = (int)((int64_t)g.P * w / kWarps), p1 = (int)((int64_t)g.P * (w + 1) / kWarps);
   typename P::T t = P::empty();
   for (int p = p0; active && p < p1; p += 4) {
@@ -538,15 +559,16 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
       const bool mine_c = c < g.c;
       /* this lane's channel's parameters, loaded before the wait: their round trip overlaps
          it instead of following the gather (forward: weight, bias; backward: the saved
-         mean and invstd, weight) */
+         mean and invstd, weight); a team of one that merges the chunk itself, with no
+         wait to overlap, asked L2 for them before its merge (publish_chunk) */
       float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, invstd = 0.0f;
       if (mine_c) {
-        if (R.weight) p_w = R.weight[c];
+        if (R.weight) p_w = ld_param(R.weight + c);
         if (KIND == SBN_OP_FORWARD) {
-          if (R.bias) p_b = R.bias[c];
+          if (R.bias) p_b = ld_param(R.bias + c);
         } else {
-          p_mean = R.save_mean_in[c];
-          invstd = R.save_invstd[c];
+          p_mean = ld_param(R.save_mean_in + c);
+          invstd = ld_param(R.save_invstd + c);
         }
       }
       int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,

@@ -79,12 +79,12 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
      block merges its units' chunks itself (publish_chunk into sm.own, before the stage 4
      of the first of its units in that chunk) and the mailbox, its release, its polls and
      the chunk owners' publishing are left out; the same values are merged the same way
-     (same bits). Cheap: at most kLocalSlices slices per chunk, so that a merge is one
-     load per warp (after the barrier, or of the block's own partials in a solo op),
-     where the owner's publish and a reader's poll, acquire and loads cost 2-3 dependent
+     (same bits). Cheap: at most SBN_LOCAL_SLICES slices per chunk (coop_plan.h), so that
+     a merge is at most two batches of loads per warp (after the barrier, or of the
+     block's own partials in a solo op), where the owner's publish (the same loads, then
+     a system-scope release) and a reader's poll, acquire and loads cost 2-3 dependent
      round trips more per unit. */
-  constexpr int kLocalSlices = 8;
-  const bool local = a.nranks == 1 && g.P <= kLocalSlices;
+  const bool local = a.nranks == 1 && g.P <= SBN_LOCAL_SLICES; /* coop_plan.h */
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G); /* its units */
   int j0, j1; /* the chunks it publishes (coop_plan.h) */
   sbn_pub_chunks(&g, u0, u1, &j0, &j1);

@@ -77,6 +77,22 @@ enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
 #define SBN_STREAM_BLOCKS_PER_SM 2 /* __launch_bounds__ of the stream (and host-path) kernels:
                                       at most 128 registers */
 #endif
+/* A team of one merges each chunk of its units itself, from the slices' partials after
+   the rank barrier, where a chunk has at most this many slices (coop_kernel.cuh, `local`),
+   instead of one block publishing the chunk's record and the others waiting for it. Up
+   to 8 (before 2026-11-30) every warp loaded one partial a lane; up to 64, at most 8 in
+   two batches of 4 (publish_chunk), which takes the H200's W = 1 NHWC ops of 16 and 33
+   slices (S2, S3, S7, S9 at G = 264) off the mailbox (bench/notes/exchange.md). */
+#ifndef SBN_LOCAL_SLICES /* a tuning variant may set it (bench/notes/exchange.md) */
+#define SBN_LOCAL_SLICES 64
+#endif
+/* A team of one that merges a chunk itself asks L2 for the chunk's parameters (forward:
+   weight, bias; backward: weight, saved mean and invstd) before it loads the partials,
+   so that stage 4 finds them there, not in DRAM: it has no wait to hide their loads
+   behind (coop_exchange.cuh: publish_chunk; bench/notes/exchange.md). 0: no request. */
+#ifndef SBN_PREFETCH_PARAMS /* a tuning variant may set it */
+#define SBN_PREFETCH_PARAMS 1
+#endif
 #define SBN_ONCHIP_BLOCKS_PER_SM 1 /* of the onchip kernels: the whole register file and
                                       shared memory of an SM hold one block's data;
                                       scripts/check-sass.sh checks both */

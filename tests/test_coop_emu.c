@@ -2609,11 +2609,13 @@ static void test_pinned_host_failure_crosses(void) {
    a chain; the one that reads the last of them pays a round trip; a red returns nothing
    and costs its issuer none). As built:
    - Tile units in 10 slices (NHWC, C = 32, G = 10: a chunk's partials come from all
-     ten blocks) are 2 for every W and path of launch:
+     ten blocks) are 2 for every W >= 2 and path of launch:
        1. the rank barrier: the last arrival's add reaches the others' polls (the last
           arrival itself learns from its atomic that it is last);
-       2. a reader's poll returns the flag a publishing block stored after the barrier
-          (at W = 1 too: with more than 8 slices a team of one still publishes).
+       2. a reader's poll returns the flag a publishing block stored after the barrier;
+     and 1 at W = 1, where each block merges the chunk from the ten slices' partials
+     itself (coop_kernel.cuh, `local`: at most SBN_LOCAL_SLICES slices). With one slice
+     more than that (G = SBN_LOCAL_SLICES + 1, W = 1 only) a team of one publishes: 2.
    - Plane units (NCHW, C = 80, spatial 3, two blocks per rank: channels [0, 40) and
      [40, 80), so chunk 1 lies in both blocks): the same, but 1 at W = 1, where each
      block merges its units' chunks from the partials itself (after the barrier: no
@@ -2649,9 +2651,11 @@ static void exchange_hops(void) {
     sbnLayout_t lay;
     int64_t c, sp;
     int G;
-    unsigned w1, wn;
-  } shapes[] = {{"tile in 10 slices (NHWC, C = 32, G = 10: a team of one still publishes)",
-                 sbnLayoutNHWC, 32, 3, 10, 2, 2},
+    unsigned w1, wn; /* wn 0: W = 1 only */
+  } shapes[] = {{"tile in 10 slices (NHWC, C = 32, G = 10: a team of one merges them itself)",
+                 sbnLayoutNHWC, 32, 3, 10, 1, 2},
+                {"tile in SBN_LOCAL_SLICES + 1 slices (NHWC, C = 32: a team of one publishes)",
+                 sbnLayoutNHWC, 32, 3, SBN_LOCAL_SLICES + 1, 2, 0},
                 {"planes (NCHW, C = 80, G = 2: a team of one merges its chunks itself)",
                  sbnLayoutNCHW, 80, 3, 2, 1, 2},
                 {"solo (NHWC, C = 64, G = 2)", sbnLayoutNHWC, 64, 3, 2, 1, 1}};
@@ -2660,7 +2664,7 @@ static void exchange_hops(void) {
     for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++)
       for (int v = 0; v < 3; v++)
         for (int peer = 0; peer < 2; peer++) {
-          if (peer && teams[ti].W == 1) continue;
+          if ((peer && teams[ti].W == 1) || (shapes[si].wn == 0 && teams[ti].W > 1)) continue;
           team_t t;
           team_make(&t, teams[ti].W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp,
                     teams[ti].n, 1, 1, GEN_NORMAL, 70 + ti);
@@ -2753,6 +2757,75 @@ static void gathers_per_block(void) {
     }
 }
 static void test_gathers_per_block(void) { gathers_per_block(); }
+
+/* ---- stage 4's parameters asked of L2 before a local merge ---------------------------- */
+/* A team of one that merges a chunk itself asks L2 for the chunk's parameters before it
+   loads the partials (coop_exchange.cuh: publish_chunk, SBN_PREFETCH_PARAMS), so that
+   stage 4, which has no wait to hide their loads behind, finds them there. At W = 1 every
+   parameter load of stage 4 must be of a line its block asked for; at W = 2 (loaded
+   before the wait for the peers' records) none is asked for. Both with as many loads as
+   the deal says (forward: weight and bias of each channel of the chunk each block
+   gathers; backward: weight, saved mean and invstd), every variant, virtual and peer
+   launches, on shapes whose blocks each gather one chunk (tile units, solo or in two
+   slices; planes of 32 channels a block). The mutant that asks for the next chunk's
+   (test_coop_emu_mutant_param_prefetch_next) must fail it. */
+static void param_prefetch(void) {
+  static const int64_t n1[1] = {3}, n2[2] = {2, 1};
+  const struct {
+    int W;
+    const int64_t* n;
+  } teams[] = {{1, n1}, {2, n2}};
+  const struct {
+    sbnLayout_t lay;
+    int64_t c, sp;
+    int G;
+  } shapes[] = {{sbnLayoutNHWC, 72, 3, 3}, {sbnLayoutNHWC, 72, 3, 6}, {sbnLayoutNCHW, 64, 5, 2}};
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++) {
+      const int W = teams[ti].W, G = shapes[si].G;
+      const sbn_geo_t g = sbn_geo_make(1, shapes[si].c, shapes[si].sp,
+                                       shapes[si].lay == sbnLayoutNHWC, 1, G);
+      uint64_t chans = 0; /* the channels of the chunk each block gathers, summed */
+      for (int b = 0; b < G; b++) {
+        const int u0 = sbn_unit_begin(&g, b, G);
+        if (u0 >= sbn_unit_begin(&g, b + 1, G)) continue;
+        ASSERT_EQ_INT(block_gathers(&g, b, G), 1); /* the shapes' premise */
+        const int64_t c0 = (int64_t)sbn_unit_chunk(&g, u0) * 32;
+        chans += (uint64_t)(g.c - c0 < 32 ? g.c - c0 : 32);
+      }
+      for (int v = 0; v < 3; v++)
+        for (int peer = 0; peer < 2; peer++) {
+          if (peer && W == 1) continue;
+          team_t t;
+          team_make(&t, W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp, teams[ti].n,
+                    1, 1, GEN_NORMAL, 40 + si);
+          emu_team_t e;
+          emu_team_init(&e, W, G, 60000);
+          g_variant = vars[v];
+          for (int bwd = 0; bwd < 2; bwd++) {
+            uint64_t loads, hits;
+            sbn_emu_params_reset();
+            emu_run(&e, &t, bwd, &p, peer);
+            sbn_emu_params_get(&loads, &hits);
+            const uint64_t want = chans * (uint64_t)W * (bwd ? 3u : 2u);
+            if (loads != want || hits != (W == 1 ? loads : 0))
+              SBN_FAIL_("shape %zu W=%d var %d %s %s: %" PRIu64 " parameter loads in stage 4 "
+                        "(%" PRIu64 " expected), %" PRIu64 " of a line the block asked L2 for (all "
+                        "at W = 1, none at W > 1)", si,
+                        W, vars[v], peer ? "peer" : "virtual", bwd ? "backward" : "forward",
+                        loads, want, hits);
+          }
+          g_variant = EMU_VAR_DEFAULT;
+          ASSERT_TRUE(err_words_clear(&e));
+          emu_team_free(&e);
+          team_free(&t);
+          if (sbn_test_cur_failed_) return;
+        }
+    }
+}
+static void test_param_prefetch(void) { param_prefetch(); }
 
 /* ---- host memory off the critical path ------------------------------------------------ */
 /* A read of mapped host memory costs about a microsecond, and the first GPU run saw such
@@ -3179,6 +3252,7 @@ static const struct {
                 {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
                 {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
+                {"param_prefetch_next", SBN_EMU_MUT_PARAM_PREFETCH_NEXT},
                 {"dz_late", SBN_EMU_MUT_DZ_LATE}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
@@ -3194,7 +3268,8 @@ static int run_mutant(const char* name) {
   sbn_emu_set_mutant(flag);
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE) {
+      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE ||
+      flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -3205,6 +3280,8 @@ static int run_mutant(const char* name) {
       gathers_per_block();
     } else if (flag == SBN_EMU_MUT_DZ_LATE) {
       test_fused_bytes();
+    } else if (flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT) {
+      param_prefetch();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -3297,6 +3374,7 @@ int main(int argc, char** argv) {
      they took 5 minutes */
   EMU_TEST(test_exchange_hops, 0);
   EMU_TEST(test_gathers_per_block, 0);
+  EMU_TEST(test_param_prefetch, 0);
   EMU_TEST(test_host_memory_success_path, 0);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);

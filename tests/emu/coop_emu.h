@@ -77,6 +77,8 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_NO_ARRIVAL_WAIT 512 /* SBN_MUT_NO_ARRIVAL_WAIT: a solo op's block 0
                                            writes the epoch and nbt before all blocks read them */
 #define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
+#define SBN_EMU_MUT_PARAM_PREFETCH_NEXT 8192 /* SBN_MUT_PARAM_PREFETCH_NEXT: the start's L2
+                                               request asks for the next chunk's parameters */
 #define SBN_EMU_MUT_DZ_LATE 4096 /* SBN_MUT_DZ_LATE: the stream backward with ReLU and dz
                                     reads dy and y again in stage 5 (8|x|, not 7) */
 void sbn_emu_set_mutant(int flags);
@@ -95,6 +97,11 @@ unsigned sbn_emu_hops_max(void);
    flags' acquires: one per rank per gather of a chunk's records), in all and the most by
    one block. */
 void sbn_emu_acquires_reset(void);
+/* Stage 4's loads of per-channel parameters (weight, bias; saved mean and invstd) since
+   sbn_emu_params_reset, and how many of them were of a 128-byte line their block had
+   asked of L2 (prefetch_l2) before. */
+void sbn_emu_params_reset(void);
+void sbn_emu_params_get(uint64_t* loads, uint64_t* hits);
 void sbn_emu_acquires_get(uint64_t* total, uint64_t* max_block);
 void sbn_emu_host_reset(void);
 int sbn_emu_host_track(const void* p, size_t bytes);

@@ -177,6 +177,11 @@ inline float4 ld_weak_f4(const float* p) {
   return float4{u2f((uint32_t)emu::mem_load(p, 4, emu::kWeak)), u2f((uint32_t)emu::mem_load(p + 1, 4, emu::kWeak)),
                 u2f((uint32_t)emu::mem_load(p + 2, 4, emu::kWeak)), u2f((uint32_t)emu::mem_load(p + 3, 4, emu::kWeak))};
 }
+inline void prefetch_l2(const void* p) { emu::note_prefetch(p); }
+inline float ld_param(const float* p) {
+  emu::note_param_load(p);
+  return *p;
+}
 inline int ld_err(const volatile int* p) {
   return (int)(uint32_t)emu::mem_load(const_cast<const int*>(p), 4, emu::kRelaxed);
 }

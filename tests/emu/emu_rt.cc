@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "coop_emu.h"
@@ -279,6 +280,7 @@ struct BlockRt {
   uint64_t host_acc = 0; /* accesses to registered host memory (sbn_emu_host_track) */
   uint64_t acq_sys = 0;  /* ld.acquire.sys loads: one per rank's flag per gather
                             (sbn_emu_acquires) */
+  std::unordered_set<uintptr_t> prefetched; /* lines (128 B) asked of L2 (sbn_emu_params) */
   char bar_sync_obj = 0, wbar_sync_obj[32] = {}; /* TSan: the barriers' sync addresses */
 };
 struct Launch {
@@ -841,6 +843,25 @@ void host_count_block(uint64_t n, unsigned bi) {
 
 static uint64_t load_impl(const void* p, int size, int ord);
 
+/* ---- stage 4's parameter loads, and whether their block asked L2 for their line first
+   (sbn_emu_params_*) ------------------------------------------------------------------ */
+namespace {
+std::atomic<uint64_t> g_param_loads{0}, g_param_hits{0};
+constexpr uintptr_t kLine = 128;
+}  // namespace
+void note_prefetch(const void* p) {
+  RT_IGNORE; /* the runtime's bookkeeping: the block's own set, its fibers take turns */
+  if (t_launch == nullptr || t_launch->cur == nullptr) return;
+  t_launch->blocks[t_launch->cur->block]->prefetched.insert(reinterpret_cast<uintptr_t>(p) / kLine);
+}
+void note_param_load(const void* p) {
+  RT_IGNORE;
+  if (t_launch == nullptr || t_launch->cur == nullptr) return;
+  const BlockRt& B = *t_launch->blocks[t_launch->cur->block];
+  g_param_loads++;
+  if (B.prefetched.count(reinterpret_cast<uintptr_t>(p) / kLine)) g_param_hits++;
+}
+
 /* an ld.acquire.sys, counted in its block (sbn_emu_acquires_*) */
 static void acq_access() {
   RT_IGNORE; /* the runtime's bookkeeping (the current fiber, its block's counter) */
@@ -988,6 +1009,14 @@ extern "C" void sbn_emu_hops_reset(int on) {
   emu::g_hops_on = on != 0;
 }
 extern "C" unsigned sbn_emu_hops_max(void) { return emu::g_hops_max.load(); }
+extern "C" void sbn_emu_params_reset(void) {
+  emu::g_param_loads = 0;
+  emu::g_param_hits = 0;
+}
+extern "C" void sbn_emu_params_get(uint64_t* loads, uint64_t* hits) {
+  *loads = emu::g_param_loads.load();
+  *hits = emu::g_param_hits.load();
+}
 extern "C" void sbn_emu_acquires_reset(void) {
   emu::g_acq_total = 0;
   emu::g_acq_max = 0;
