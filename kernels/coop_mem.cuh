@@ -30,8 +30,8 @@
 #define SBN_MUT_COEF_NO_BARRIER 2048 /* stage 5 leaves out the barrier between units of
                                         different chunks too: a shared-memory race of
                                         sm.coef that compute-sanitizer racecheck must find */
-#define SBN_MUT_PARAM_PREFETCH_NEXT 8192 /* the start's L2 request of stage 4's parameters
-                                            asks for the next chunk's (SBN_PREFETCH_PARAMS) */
+#define SBN_MUT_PARAM_PREFETCH_NEXT 8192 /* a local merge asks L2 for the next chunk's
+                                            parameters, not its own (SBN_PREFETCH_PARAMS) */
 #define SBN_MUT_DZ_LATE 4096 /* the stream backward with an activation and dz reads dy and
                                 y again in stage 5 and writes dz there, where dz_first
                                 (coop_vec.cuh) applies: 8|x|, not 7 */
@@ -181,9 +181,10 @@ __device__ __forceinline__ uint32_t ld_weak_u32(const uint32_t* p) { return *p; 
 __device__ __forceinline__ float4 ld_weak_f4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
-/* A hint: the line that holds p asked of L2 (nothing comes back, nothing waits). */
+/* A hint: the line that holds p (a generic address) asked of L2 (nothing comes back,
+   nothing waits). */
 __device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+  asm volatile("prefetch.L2 [%0];" ::"l"(p));
 }
 /* A per-channel parameter stage 4 finalizes with (weight, bias; saved mean and invstd):
    a plain load, named so that the emulation can tell which were asked of L2 first. */

@@ -451,6 +451,8 @@ static void test_emulated_vs_reference(void) {
   } cases[] = {
       {1, 1, sbnFloat32, sbnLayoutNCHW, 3, 5, n1},    /* plane units */
       {1, 2, sbnFloat32, sbnLayoutNHWC, 37, 4, n1},   /* two chunks, tile */
+      {1, 33, sbnFloat32, sbnLayoutNHWC, 32, 40, n1}, /* 33 slices a chunk, merged locally */
+      {1, 66, sbnBFloat16, sbnLayoutNHWC, 40, 9, n1}, /* the same, bf16, two chunks */
       {2, 3, sbnFloat32, sbnLayoutNCHW, 5, 7, n2},    /* P = 3/... slices */
       {2, 1, sbnBFloat16, sbnLayoutNHWC, 40, 3, n2},  /* bf16, C not a multiple of 32 */
       {3, 2, sbnFloat16, sbnLayoutNCHW, 3, 6, n3},    /* an empty rank, fp16 */
@@ -1974,6 +1976,9 @@ static void test_host_path_equals_coop(void) {
       /* a team of one, tile units in 2 slices (not solo): each block merges its unit's
          chunk from both slices' partials itself, after the barrier */
       {1, 5, sbnFloat32, sbnLayoutNHWC, 37, 4, n1, 1, 1, 0.1f},
+      /* the same in 33 slices (warps of 4 and 5 slices: two batches of loads), which the
+         host path publishes */
+      {1, 33, sbnFloat32, sbnLayoutNHWC, 32, 40, n1, 1, 1, 0.1f},
       /* a team of one, planes: block 1's units lie in both chunks (merged anew when the
          chunk changes) */
       {1, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n1, 1, 1, -1.0f},
@@ -2653,7 +2658,7 @@ static void exchange_hops(void) {
     int G;
     unsigned w1, wn; /* wn 0: W = 1 only */
   } shapes[] = {{"tile in 10 slices (NHWC, C = 32, G = 10: a team of one merges them itself)",
-                 sbnLayoutNHWC, 32, 3, 10, 1, 2},
+                 sbnLayoutNHWC, 32, 3, 10, 10 <= SBN_LOCAL_SLICES ? 1u : 2u, 2},
                 {"tile in SBN_LOCAL_SLICES + 1 slices (NHWC, C = 32: a team of one publishes)",
                  sbnLayoutNHWC, 32, 3, SBN_LOCAL_SLICES + 1, 2, 0},
                 {"planes (NCHW, C = 80, G = 2: a team of one merges its chunks itself)",
@@ -2762,8 +2767,10 @@ static void test_gathers_per_block(void) { gathers_per_block(); }
 /* A team of one that merges a chunk itself asks L2 for the chunk's parameters before it
    loads the partials (coop_exchange.cuh: publish_chunk, SBN_PREFETCH_PARAMS), so that
    stage 4, which has no wait to hide their loads behind, finds them there. At W = 1 every
-   parameter load of stage 4 must be of a line its block asked for; at W = 2 (loaded
-   before the wait for the peers' records) none is asked for. Both with as many loads as
+   parameter load of finish_coefs (ld_param: weight, bias; saved mean and invstd) must be
+   of a line its block asked for before (that it was asked before the partials' loads is
+   the code's order, seen in the SASS, not tested here); at W = 2 (loaded before the wait
+   for the peers' records) none is asked for. Both with as many loads as
    the deal says (forward: weight and bias of each channel of the chunk each block
    gathers; backward: weight, saved mean and invstd), every variant, virtual and peer
    launches, on shapes whose blocks each gather one chunk (tile units, solo or in two
@@ -2810,7 +2817,7 @@ static void param_prefetch(void) {
             emu_run(&e, &t, bwd, &p, peer);
             sbn_emu_params_get(&loads, &hits);
             const uint64_t want = chans * (uint64_t)W * (bwd ? 3u : 2u);
-            if (loads != want || hits != (W == 1 ? loads : 0))
+            if (loads != want || hits != (W == 1 && SBN_PREFETCH_PARAMS ? loads : 0))
               SBN_FAIL_("shape %zu W=%d var %d %s %s: %" PRIu64 " parameter loads in stage 4 "
                         "(%" PRIu64 " expected), %" PRIu64 " of a line the block asked L2 for (all "
                         "at W = 1, none at W > 1)", si,
