@@ -178,8 +178,7 @@ def main():
         m = layers[path]
         return m if path == "syncbn_op" else (lambda: m(x))
 
-    def time_forward(path, k):
-        f = forward_fn(path)
+    def per_call(f, k):  # host seconds per call of k calls of f, the device idle before and after
         sync()
         t0 = time.perf_counter()
         for _ in range(k):
@@ -187,6 +186,9 @@ def main():
         t = (time.perf_counter() - t0) / k
         sync()
         return t
+
+    def time_forward(path, k):
+        return per_call(forward_fn(path), k)
 
     def time_backward(path, k):
         f = forward_fn(path)
@@ -214,13 +216,7 @@ def main():
             m.eval()
         try:
             with torch.no_grad():
-                sync()
-                t0 = time.perf_counter()
-                for _ in range(k):
-                    f()
-                t = (time.perf_counter() - t0) / k
-                sync()
-                return t
+                return per_call(f, k)
         finally:
             for m in modules:
                 m.train()

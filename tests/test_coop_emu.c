@@ -2704,6 +2704,59 @@ static void test_exchange_hops(void) { exchange_hops(); }
    mutant SBN_MUT_NO_COEF_REUSE: test_coop_emu_mutant_no_coef_reuse) makes 34W. Also
    planes in 2 slices and tile units (a chunk each: one gather per unit, as before), and
    every path of launch; the totals against the plan's deal. */
+/* Runs an fp32 team (team_make's W, n, lay, c, sp; GEN_NORMAL, seed) of G blocks a rank on
+   every variant (onchip, stream, stream-scalar) and launch (virtual; peer where W > 1),
+   forward then backward, with a counter's reset() before each op and check(ctx, W, var,
+   peer, bwd) after it; then the forward's values against the reference and the error
+   words clear. Stops at the test's first failed check. */
+typedef struct {
+  void (*reset)(void);
+  void (*check)(const void* ctx, int W, int var, int peer, int bwd);
+  const void* ctx;
+} op_counter_t;
+static const char* var_name(int v) {
+  return v == SBN_VAR_ONCHIP ? "onchip" : v == SBN_VAR_STREAM ? "stream" : "stream-scalar";
+}
+static void each_variant_op(int W, const int64_t* n, sbnLayout_t lay, int64_t c, int64_t sp, int G,
+                            uint64_t seed, const op_counter_t* k) {
+  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (int v = 0; v < 3; v++)
+    for (int peer = 0; peer < 2; peer++) {
+      if (peer && W == 1) continue;
+      team_t t;
+      team_make(&t, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+      emu_team_t e;
+      emu_team_init(&e, W, G, 60000);
+      g_variant = vars[v];
+      for (int bwd = 0; bwd < 2; bwd++) {
+        k->reset();
+        emu_run(&e, &t, bwd, &p, peer);
+        k->check(k->ctx, W, vars[v], peer, bwd);
+      }
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_TRUE(err_words_clear(&e));
+      check_forward(&t, &p, tol_for(sbnFloat32));
+      emu_team_free(&e);
+      team_free(&t);
+      if (sbn_test_cur_failed_) return;
+    }
+}
+
+typedef struct {
+  size_t si;
+  uint64_t total, most; /* gathers, from the deal */
+} gathers_want_t;
+static void gathers_check(const void* ctx, int W, int var, int peer, int bwd) {
+  const gathers_want_t* w = (const gathers_want_t*)ctx;
+  uint64_t total, most;
+  sbn_emu_acquires_get(&total, &most);
+  if (total != w->total * (uint64_t)(W * W) || most != w->most * (uint64_t)W)
+    SBN_FAIL_("shape %zu W=%d %s %s %s: %" PRIu64 " flag acquires (the most by one block %" PRIu64
+              "), not %" PRIu64 " (%" PRIu64 ")",
+              w->si, W, var_name(var), peer ? "peer" : "virtual", bwd ? "backward" : "forward", total,
+              most, w->total * (uint64_t)(W * W), w->most * (uint64_t)W);
+}
 static void gathers_per_block(void) {
   static const int64_t n2[2] = {2, 1}, n3[3] = {1, 0, 2};
   const struct {
@@ -2717,48 +2770,24 @@ static void gathers_per_block(void) {
     int most; /* the most gathers of one block (0: not stated by hand) */
   } shapes[] = {{sbnLayoutNCHW, 100, 5, 3, 2}, {sbnLayoutNCHW, 40, 8, 7, 2},
                 {sbnLayoutNCHW, 3, 600, 7, 1}, {sbnLayoutNHWC, 72, 3, 2, 2}};
-  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
-  sbnParams_t p = SBN_PARAMS_DEFAULT;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++) {
-      const int W = teams[ti].W, G = shapes[si].G;
+      const int G = shapes[si].G;
       const sbn_geo_t g = sbn_geo_make(1, shapes[si].c, shapes[si].sp,
                                        shapes[si].lay == sbnLayoutNHWC, 1, G);
-      uint64_t want_total = 0, want_most = 0; /* gathers, from the deal */
+      gathers_want_t want = {si, 0, 0};
       for (int b = 0; b < G; b++) {
         const uint64_t k = (uint64_t)block_gathers(&g, b, G);
-        want_total += k;
-        want_most = k > want_most ? k : want_most;
+        want.total += k;
+        want.most = k > want.most ? k : want.most;
       }
-      if (shapes[si].most != 0 && want_most != (uint64_t)shapes[si].most)
-        SBN_FAIL_("shape %zu: the deal gives a block %" PRIu64 " chunks, not %d", si, want_most,
+      if (shapes[si].most != 0 && want.most != (uint64_t)shapes[si].most)
+        SBN_FAIL_("shape %zu: the deal gives a block %" PRIu64 " chunks, not %d", si, want.most,
                   shapes[si].most);
-      for (int v = 0; v < 3; v++)
-        for (int peer = 0; peer < 2; peer++) {
-          team_t t;
-          team_make(&t, W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp, teams[ti].n,
-                    1, 1, GEN_NORMAL, 90 + si);
-          emu_team_t e;
-          emu_team_init(&e, W, G, 60000);
-          g_variant = vars[v];
-          for (int bwd = 0; bwd < 2; bwd++) {
-            uint64_t total, most;
-            sbn_emu_acquires_reset();
-            emu_run(&e, &t, bwd, &p, peer);
-            sbn_emu_acquires_get(&total, &most);
-            if (total != want_total * (uint64_t)(W * W) || most != want_most * (uint64_t)W)
-              SBN_FAIL_("shape %zu W=%d var %d %s %s: %" PRIu64 " flag acquires (the most by "
-                        "one block %" PRIu64 "), not %" PRIu64 " (%" PRIu64 ")",
-                        si, W, vars[v], peer ? "peer" : "virtual", bwd ? "backward" : "forward",
-                        total, most, want_total * (uint64_t)(W * W), want_most * (uint64_t)W);
-          }
-          g_variant = EMU_VAR_DEFAULT;
-          ASSERT_TRUE(err_words_clear(&e));
-          check_forward(&t, &p, tol_for(sbnFloat32));
-          emu_team_free(&e);
-          team_free(&t);
-          if (sbn_test_cur_failed_) return;
-        }
+      const op_counter_t k = {sbn_emu_acquires_reset, gathers_check, &want};
+      each_variant_op(teams[ti].W, teams[ti].n, shapes[si].lay, shapes[si].c, shapes[si].sp, G,
+                      90 + si, &k);
+      if (sbn_test_cur_failed_) return;
     }
 }
 static void test_gathers_per_block(void) { gathers_per_block(); }
@@ -2776,6 +2805,22 @@ static void test_gathers_per_block(void) { gathers_per_block(); }
    launches, on shapes whose blocks each gather one chunk (tile units, solo or in two
    slices; planes of 32 channels a block). The mutant that asks for the next chunk's
    (test_coop_emu_mutant_param_prefetch_next) must fail it. */
+typedef struct {
+  size_t si;
+  uint64_t chans; /* the channels of the chunk each block gathers, summed over the blocks */
+} params_want_t;
+static void params_check(const void* ctx, int W, int var, int peer, int bwd) {
+  const params_want_t* w = (const params_want_t*)ctx;
+  uint64_t loads, hits;
+  sbn_emu_params_get(&loads, &hits);
+  const uint64_t want = w->chans * (uint64_t)W * (bwd ? 3u : 2u);
+  if (loads != want || hits != (W == 1 && SBN_PREFETCH_PARAMS ? loads : 0))
+    SBN_FAIL_("shape %zu W=%d %s %s %s: %" PRIu64 " parameter loads in stage 4 (%" PRIu64
+              " expected), %" PRIu64 " of a line the block asked L2 for (all at W = 1, none at "
+              "W > 1)",
+              w->si, W, var_name(var), peer ? "peer" : "virtual", bwd ? "backward" : "forward",
+              loads, want, hits);
+}
 static void param_prefetch(void) {
   static const int64_t n1[1] = {3}, n2[2] = {2, 1};
   const struct {
@@ -2787,49 +2832,23 @@ static void param_prefetch(void) {
     int64_t c, sp;
     int G;
   } shapes[] = {{sbnLayoutNHWC, 72, 3, 3}, {sbnLayoutNHWC, 72, 3, 6}, {sbnLayoutNCHW, 64, 5, 2}};
-  const int vars[3] = {SBN_VAR_ONCHIP, SBN_VAR_STREAM, EMU_VAR_SCALAR};
-  sbnParams_t p = SBN_PARAMS_DEFAULT;
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (size_t ti = 0; ti < sizeof teams / sizeof teams[0]; ti++) {
-      const int W = teams[ti].W, G = shapes[si].G;
+      const int G = shapes[si].G;
       const sbn_geo_t g = sbn_geo_make(1, shapes[si].c, shapes[si].sp,
                                        shapes[si].lay == sbnLayoutNHWC, 1, G);
-      uint64_t chans = 0; /* the channels of the chunk each block gathers, summed */
+      params_want_t want = {si, 0};
       for (int b = 0; b < G; b++) {
         const int u0 = sbn_unit_begin(&g, b, G);
         if (u0 >= sbn_unit_begin(&g, b + 1, G)) continue;
         ASSERT_EQ_INT(block_gathers(&g, b, G), 1); /* the shapes' premise */
         const int64_t c0 = (int64_t)sbn_unit_chunk(&g, u0) * 32;
-        chans += (uint64_t)(g.c - c0 < 32 ? g.c - c0 : 32);
+        want.chans += (uint64_t)(g.c - c0 < 32 ? g.c - c0 : 32);
       }
-      for (int v = 0; v < 3; v++)
-        for (int peer = 0; peer < 2; peer++) {
-          if (peer && W == 1) continue;
-          team_t t;
-          team_make(&t, W, sbnFloat32, shapes[si].lay, shapes[si].c, shapes[si].sp, teams[ti].n,
-                    1, 1, GEN_NORMAL, 40 + si);
-          emu_team_t e;
-          emu_team_init(&e, W, G, 60000);
-          g_variant = vars[v];
-          for (int bwd = 0; bwd < 2; bwd++) {
-            uint64_t loads, hits;
-            sbn_emu_params_reset();
-            emu_run(&e, &t, bwd, &p, peer);
-            sbn_emu_params_get(&loads, &hits);
-            const uint64_t want = chans * (uint64_t)W * (bwd ? 3u : 2u);
-            if (loads != want || hits != (W == 1 && SBN_PREFETCH_PARAMS ? loads : 0))
-              SBN_FAIL_("shape %zu W=%d var %d %s %s: %" PRIu64 " parameter loads in stage 4 "
-                        "(%" PRIu64 " expected), %" PRIu64 " of a line the block asked L2 for (all "
-                        "at W = 1, none at W > 1)", si,
-                        W, vars[v], peer ? "peer" : "virtual", bwd ? "backward" : "forward",
-                        loads, want, hits);
-          }
-          g_variant = EMU_VAR_DEFAULT;
-          ASSERT_TRUE(err_words_clear(&e));
-          emu_team_free(&e);
-          team_free(&t);
-          if (sbn_test_cur_failed_) return;
-        }
+      const op_counter_t k = {sbn_emu_params_reset, params_check, &want};
+      each_variant_op(teams[ti].W, teams[ti].n, shapes[si].lay, shapes[si].c, shapes[si].sp, G,
+                      40 + si, &k);
+      if (sbn_test_cur_failed_) return;
     }
 }
 static void test_param_prefetch(void) { param_prefetch(); }
