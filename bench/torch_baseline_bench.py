@@ -12,7 +12,7 @@ import time
 
 from torch_baseline_ops import CudaOps, EmulatedOps
 from torch_baseline_util import (COPY_REPS, EPS, HOST_REF_CALLS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32,
-                                 TOL_HALF, cuda_driver_version, fnv1a, median, num, nvidia_driver,
+                                 TOL_HALF, copy_us, cuda_driver_version, fnv1a, median, num, nvidia_driver,
                                  times_stats, torch_own_bound)
 
 # ---- the benchmark (torch imported only here) ------------------------------------------------
@@ -101,25 +101,8 @@ class Bench:
             nbytes = 64 << 20
         src = torch.full((nbytes,), 0x3C, dtype=torch.uint8, device=self.dev)
         dst = torch.zeros_like(src)
-        us = []
-        if self.cuda:
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
-        for it in range(-3, COPY_REPS):
-            if self.cuda:
-                e0.record()
-                dst.copy_(src)
-                e1.record()
-                e1.synchronize()
-                t = e0.elapsed_time(e1) * 1e3
-            else:
-                t0 = time.perf_counter()
-                dst.copy_(src)
-                t = (time.perf_counter() - t0) * 1e6
-            if it >= 0:
-                us.append(t)
+        t = copy_us(torch, dst, src, COPY_REPS, 3)
         del src, dst
-        t = median(us)
         self.B = 2.0 * nbytes / (t * 1e3)
         self.copy = {"gbps": num(self.B), "bytes": nbytes, "us_median": num(t), "reps": COPY_REPS,
                      "formula": "B = 2*bytes/time (" + ("device-to-device copy_ of uint8 tensors, "

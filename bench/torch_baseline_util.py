@@ -4,6 +4,7 @@
 import math
 import os
 import subprocess
+import time
 
 TOL_F32 = 1e-4
 TOL_HALF = 1e-2
@@ -96,6 +97,31 @@ def git_commit():
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
+
+
+def copy_us(torch, dst, src, reps, warmup):
+    """The median time (us) of dst.copy_(src) over `reps` copies after `warmup` untimed ones:
+    CUDA events around each copy of device tensors, the host's clock otherwise. `torch` is
+    the caller's module (nothing here imports it)."""
+    cuda = dst.is_cuda
+    if cuda:
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+    us = []
+    for it in range(-warmup, reps):
+        if cuda:
+            e0.record()
+            dst.copy_(src)
+            e1.record()
+            e1.synchronize()
+            t = e0.elapsed_time(e1) * 1e3
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            t = (time.perf_counter() - t0) * 1e6
+        if it >= 0:
+            us.append(t)
+    return median(us)
 
 
 def cuda_driver_version():

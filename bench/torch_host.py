@@ -43,8 +43,8 @@ import statistics
 import sys
 import time
 
-from torch_baseline_util import (cuda_driver_version, git_commit, json_path_unwritable,  # no torch in them
-                                 nvidia_driver)
+from torch_baseline_util import (copy_us, cuda_driver_version, git_commit,  # no torch in them
+                                 json_path_unwritable, nvidia_driver)
 
 # torch and syncbn are imported in main(), after the arguments are read: importing
 # syncbn.torch may compile its C++ operators (~15-25 s on a cold cache), which --help and a
@@ -68,24 +68,9 @@ def cpu_model():
 def copy_bandwidth(dev):
     """Copy bandwidth of this run (GB/s, 2 * bytes / time, median of 10 copies with torch's
     copy_): 64 MiB on one thread on the host; 256 MiB device to device, CUDA events, on a GPU."""
-    cuda = dev.type == "cuda"
-    a = torch.empty((64 if not cuda else 256) * 1024 * 1024 // 4, device=dev)
+    a = torch.empty((256 if dev.type == "cuda" else 64) * 1024 * 1024 // 4, device=dev)
     b = torch.empty_like(a)
-    b.copy_(a)
-    ts = []
-    for _ in range(10):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            b.copy_(a)
-            e1.record()
-            e1.synchronize()
-            ts.append(e0.elapsed_time(e1) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            b.copy_(a)
-            ts.append(time.perf_counter() - t0)
-    return 2 * a.numel() * 4 / statistics.median(ts) / 1e9
+    return 2 * a.numel() * 4 / copy_us(torch, b, a, 10, 1) / 1e3
 
 
 def positive(text):

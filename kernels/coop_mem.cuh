@@ -30,11 +30,11 @@
 #define SBN_MUT_COEF_NO_BARRIER 2048 /* stage 5 leaves out the barrier between units of
                                         different chunks too: a shared-memory race of
                                         sm.coef that compute-sanitizer racecheck must find */
-#define SBN_MUT_PARAM_PREFETCH_NEXT 8192 /* a local merge asks L2 for the next chunk's
-                                            parameters, not its own (SBN_PREFETCH_PARAMS) */
 #define SBN_MUT_DZ_LATE 4096 /* the stream backward with an activation and dz reads dy and
                                 y again in stage 5 and writes dz there, where dz_first
                                 (coop_vec.cuh) applies: 8|x|, not 7 */
+#define SBN_MUT_PARAM_PREFETCH_NEXT 8192 /* a local merge asks L2 for the next chunk's
+                                            parameters, not its own (SBN_PREFETCH_PARAMS) */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

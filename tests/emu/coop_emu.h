@@ -77,10 +77,10 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_NO_ARRIVAL_WAIT 512 /* SBN_MUT_NO_ARRIVAL_WAIT: a solo op's block 0
                                            writes the epoch and nbt before all blocks read them */
 #define SBN_EMU_MUT_NO_COEF_REUSE 1024 /* SBN_MUT_NO_COEF_REUSE: a gather for every unit */
-#define SBN_EMU_MUT_PARAM_PREFETCH_NEXT 8192 /* SBN_MUT_PARAM_PREFETCH_NEXT: a local merge
-                                               asks L2 for the next chunk's parameters */
 #define SBN_EMU_MUT_DZ_LATE 4096 /* SBN_MUT_DZ_LATE: the stream backward with ReLU and dz
                                     reads dy and y again in stage 5 (8|x|, not 7) */
+#define SBN_EMU_MUT_PARAM_PREFETCH_NEXT 8192 /* SBN_MUT_PARAM_PREFETCH_NEXT: a local merge
+                                               asks L2 for the next chunk's parameters */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

@@ -72,7 +72,7 @@ uint32_t mem_add_u32(uint32_t* p, uint32_t v); /* atomicAdd: relaxed RMW */
 void mem_red_u32(uint32_t* p, uint32_t v);     /* red.relaxed.gpu.add: the same, no value back */
 uint32_t mem_rmw_add_u32(uint32_t* p, uint32_t v, bool returns);
 void mem_fence();                              /* __threadfence */
-void note_prefetch(const void* p);             /* prefetch.global.L2: the block's set of lines */
+void note_prefetch(const void* p);             /* prefetch.L2: the block's set of lines */
 void note_param_load(const void* p);           /* a stage-4 parameter load (sbn_emu_params) */
 extern bool g_weak;                            /* the weak model is on */
 
