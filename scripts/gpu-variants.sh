@@ -13,10 +13,11 @@
 # finds them) and copied to OUTDIR/sbn-bench.NAME; OUTDIR/VARIANTS.txt lists name, flags,
 # commit, and how many cooperative kernels have a stack frame (spills; cuobjdump where
 # found: a variant that spills is timed all the same, and says so); OUTDIR/run.sh is the
-# device command:
+# device command, and OUTDIR.tar.xz what the device tool carries (scripts/gpu_pack.py; it
+# says how to unpack it there):
 #
-#   bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]   (default: 2 rounds,
-#                                          --only S1,S2,S5 -w 1,8 --paths coop)
+#   python3 -m tarfile -e OUTDIR.tar.xz PARENT; bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]
+#                                          (default: 2 rounds, --only S1,S2,S5 -w 1,8 --paths coop)
 #
 # which runs scripts/gpu-ab.sh over every variant (the first is the base of the ratios)
 # with the wheels' NCCL and cuDNN on LD_LIBRARY_PATH, and leaves $OUT/ab.tar.gz. Both run
@@ -75,5 +76,6 @@ done
   echo ' -- "$@"'
 } > "$OUT/run.sh"
 chmod +x "$OUT/run.sh"
-du -sh "$OUT"
 cat "$OUT/VARIANTS.txt"
+# what the device tool carries: OUTDIR.tar.xz (with the source tree, within 64 MiB)
+"${PYTHON:-python3}" scripts/gpu_pack.py "$OUT"

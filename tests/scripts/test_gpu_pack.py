@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""scripts/gpu_pack.py: what a GPU run carries, packed, and the device tool's limit.
+
+In a throwaway git checkout (a tracked file of 1 MiB, an ignored build/ folder):
+- a folder with three equal copies of 2 MiB of random bytes (the prebuilt programs' shared
+  kernels in miniature) packs to about one copy: xz's window keeps one;
+- `python3 -m tarfile -e` (what the device runs) gives back every file, byte for byte, with
+  its executable bit, under the folder's own name; packing twice gives the same bytes;
+- the limit counts the archives AND the source tree: a limit between the archive alone and
+  the archive plus the tree fails (exit 1), one above both passes; an archive given by name
+  is counted without packing again; a path that is neither is refused (exit 2).
+"""
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import redirect_stdout, redirect_stderr
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location(
+    "gpu_pack", os.path.join(HERE, "..", "..", "scripts", "gpu_pack.py"))
+gpu_pack = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_pack)
+
+MiB = 1024 * 1024
+failures = 0
+
+
+def check(cond, what):
+    global failures
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures += 1
+
+
+def run_main(args):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = gpu_pack.main(args)
+    return rc, out.getvalue() + err.getvalue()
+
+
+def files_of(top):
+    got = {}
+    for root, _, files in os.walk(top):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                got[os.path.relpath(p, top)] = (fh.read(), os.stat(p).st_mode & 0o111 != 0)
+    return got
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        subprocess.run(["git", "init", "-q", "."], check=True)
+        with open(".gitignore", "w") as f:
+            f.write("build/\n")
+        with open("tracked.bin", "wb") as f:
+            f.write(os.urandom(MiB))
+        subprocess.run(["git", "add", ".gitignore", "tracked.bin"], check=True)
+        tree = gpu_pack.tree_bytes()
+        check(tree is not None and MiB <= tree < MiB + 100,
+              f"the source tree counts the tracked file and .gitignore ({tree} bytes)")
+
+        pre = os.path.join("build", "pre")
+        os.makedirs(os.path.join(pre, "bin"))
+        os.makedirs(os.path.join(pre, "python", "pkg"))
+        blob = os.urandom(2 * MiB)
+        for name in ("a", "b", "c"):
+            p = os.path.join(pre, "bin", name)
+            with open(p, "wb") as f:
+                f.write(blob)
+            os.chmod(p, 0o755)
+        with open(os.path.join(pre, "python", "pkg", "mod.py"), "w") as f:
+            f.write("x = 1\n")
+        with open(os.path.join(pre, "BUILD-INFO"), "w") as f:
+            f.write("commit: test\n")
+
+        rc, text = run_main([pre])
+        archive = pre + ".tar.xz"
+        check(rc == 0 and os.path.isfile(archive), f"packed, exit {rc}")
+        size = os.path.getsize(archive)
+        check(size < 2.2 * MiB,
+              f"three equal copies of 2 MiB pack to about one ({size} bytes)")
+        check(f"python3 -m tarfile -e {archive} build" in text, "it prints the device's command")
+
+        out = os.path.join("build", "unpacked")  # ignored: not part of the tree
+        os.mkdir(out)
+        subprocess.run([sys.executable, "-m", "tarfile", "-e", archive, out], check=True)
+        want, got = files_of(pre), files_of(os.path.join(out, "pre"))
+        check(got == want and len(want) == 5,
+              "tarfile -e gives back every file, its bytes and executable bit, under pre/")
+
+        with open(archive, "rb") as f:
+            first = f.read()
+        run_main([pre])
+        with open(archive, "rb") as f:
+            check(f.read() == first, "packing the same folder again gives the same bytes")
+
+        saved = gpu_pack.LIMIT
+        try:
+            gpu_pack.LIMIT = size + tree // 2
+            rc, text = run_main([archive])
+            check(rc == 1 and "FAILED" in text,
+                  f"a limit above the archive but below archive + tree fails (exit {rc})")
+            gpu_pack.LIMIT = size + tree
+            rc, _ = run_main([archive])
+            check(rc == 0, f"a limit of archive + tree exactly passes (exit {rc})")
+        finally:
+            gpu_pack.LIMIT = saved
+        rc, _ = run_main(["tracked.bin"])
+        check(rc == 2, f"a file that is not an archive is refused (exit {rc})")
+        rc, _ = run_main(["build/missing.tar.xz"])
+        check(rc == 2, f"a missing archive is refused (exit {rc})")
+    print(f"test_gpu_pack: {failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
