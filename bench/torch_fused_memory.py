@@ -1,6 +1,10 @@
 """The activation memory of a training step of a DeepLab-like stack: unfused
 (syncbn.torch.SyncBatchNorm + nn.ReLU / nn.LeakyReLU), converted by
-syncbn.torch.convert_fused, and converted in place (convert_fused(inplace=True)).
+syncbn.torch.convert_fused, converted in place (convert_fused(inplace=True)), and
+converted in place with the blocks' ReLUs made leaky ReLUs (relu_as_leaky=0.01, an
+opt-in that changes the model as inplace_abn's networks are built; beside it the unfused
+model with nn.LeakyReLU(0.01, inplace=True) in its blocks, which keeps what the ReLU one
+keeps).
 
 The stack: a stem of conv-BN-LeakyReLU layers, torchvision-style residual blocks
 (BasicBlock, Bottleneck: ReLU, fused with their residual add), and an ASPP-like head of
@@ -88,17 +92,21 @@ class Bottleneck(nn.Module):
     forward = sbt._bottleneck_forward
 
 
-def deeplab_like(width=32, classes=8, act_inplace=False):
+def deeplab_like(width=32, classes=8, act_inplace=False, leaky_blocks=False):
+    """The stack; leaky_blocks: its blocks' ReLU module a LeakyReLU(0.01, inplace=True)."""
     w = width
 
     def cba(*args, **kw):
         return conv_bn_act(*args, act_inplace=act_inplace, **kw)
 
     down = nn.Sequential(nn.Conv2d(w, 2 * w, 1, 2, bias=False), nn.BatchNorm2d(2 * w))
+    blocks = [BasicBlock(w, w), BasicBlock(w, 2 * w, 2, down), Bottleneck(2 * w, w // 2, dilation=2)]
+    if leaky_blocks:
+        for b in blocks:
+            b.relu = nn.LeakyReLU(0.01, inplace=True)
     return nn.Sequential(
         cba(3, w, stride=2), cba(w, w), cba(w, w),
-        BasicBlock(w, w), BasicBlock(w, 2 * w, 2, down),
-        Bottleneck(2 * w, w // 2, dilation=2),
+        *blocks,
         cba(2 * w, w, 1), cba(w, w, dilation=2), cba(w, w, dilation=4),
         cba(w, w, dilation=6), cba(w, w),
         nn.Conv2d(w, classes, 1))
@@ -215,6 +223,12 @@ def main(argv=None):
                                                                     comm=comm),
         "fused": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm),
         "fused in-place": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm, inplace=True),
+        # the opt-in that changes the model (the blocks' ReLUs leaky), and the unfused model
+        # of the same function
+        "unfused, leaky blocks": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width, leaky_blocks=True),
+                                                                    comm=comm),
+        "fused in-place, leaky": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm, inplace=True,
+                                                           relu_as_leaky=0.01),
     }
     rows = []
     for name, make in variants.items():

@@ -467,7 +467,9 @@ def revert_sync_batchnorm(module):
     it replaced, their batch norms plain, so that the model is the original one on
     PyTorch's batch norm (code that folds a batch norm into the convolution before it,
     ``torch.nn.utils.fuse_conv_bn_eval``, then folds the batch norm alone, as in the
-    original). So does a plain ``nn.Identity`` right after a layer with an activation in a
+    original). A ReLU that ``convert_fused(relu_as_leaky=SLOPE)`` made a leaky ReLU comes
+    back as ``nn.LeakyReLU(SLOPE)``, a block's ``relu`` module too: the function trained,
+    not the original's. So does a plain ``nn.Identity`` right after a layer with an activation in a
     Sequential (a model fused before FusedActivation existed): the activation goes there
     as a module, ``nn.ReLU()`` or ``nn.LeakyReLU(slope)``. Any other layer given an
     activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
@@ -503,9 +505,17 @@ def _unfuse(m, plain, done):
         out = m.block_type.__new__(m.block_type)
         torch.nn.Module.__init__(out)
         _take_block(out, m, hooks=True)  # hooks registered on the fused block: the block's
-        for _, bn in m._convs:
-            if isinstance(m._modules.get(bn), SyncBatchNorm):
-                plain.add(id(m._modules[bn]))
+        bns = [m._modules.get(bn) for _, bn in m._convs]
+        for bn in bns:
+            if isinstance(bn, SyncBatchNorm):
+                plain.add(id(bn))
+        # convert_fused(relu_as_leaky=SLOPE): the block's one ReLU module becomes the leaky
+        # ReLU its layers apply, the function trained
+        relu = out._modules.get("relu")
+        slopes = {bn.slope for bn in bns if isinstance(bn, SyncBatchNorm) and bn.activation == "leaky_relu"}
+        if type(relu) is torch.nn.ReLU and len(slopes) == 1 and all(
+                isinstance(bn, SyncBatchNorm) and bn.activation == "leaky_relu" for bn in bns):
+            out._modules["relu"] = torch.nn.LeakyReLU(slopes.pop(), inplace=relu.inplace).train(relu.training)
     done[id(m)] = out
     for name, child in list(out._modules.items()):
         if child is not None:
@@ -519,7 +529,10 @@ def _unfuse(m, plain, done):
             if isinstance(slot, FusedActivation):
                 act = slot.replaced
                 was = _act_of(act)
-                if was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
+                if was is not None and was[0] == "relu" and bn.activation == "leaky_relu":
+                    # convert_fused(relu_as_leaky=SLOPE): the leaky ReLU the layer applies
+                    act = torch.nn.LeakyReLU(bn.slope, inplace=act.inplace)
+                elif was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
                     continue  # the layer's activation changed since: it keeps it
             elif type(slot) is torch.nn.Identity:
                 # an identity right after a layer with an activation (a model fused before
@@ -684,8 +697,16 @@ def _act_of(m):
     return None
 
 
-def _fused_block(m, uses):
-    """The fused replacement of a torchvision BasicBlock / Bottleneck, or None."""
+def _inplace_ok(inplace, act, slope):
+    """Whether a fused layer of this activation goes in place under convert_fused's inplace:
+    an invertible activation (leaky ReLU with a slope the in-place backward takes)."""
+    return inplace and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
+
+
+def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
+    """The fused replacement of a torchvision BasicBlock / Bottleneck, or None; its ReLU a
+    leaky ReLU of slope relu_as_leaky where given, and then, with inplace, its layers
+    without the residual in place (the last one takes the residual: never in place)."""
     if not _no_hooks(m) or uses[id(m)] != 1:
         return None
     for forward, cls in _BLOCKS:
@@ -703,8 +724,12 @@ def _fused_block(m, uses):
         if down is not None and not isinstance(down, torch.nn.Module):
             return None
         fused = cls(m)
-        for _, bn in cls._convs:
-            getattr(fused, bn).set_activation("relu")
+        act = ("relu", 0.01) if relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
+        last = len(cls._convs) - 1
+        for i, (_, bn) in enumerate(cls._convs):
+            # within the block, a layer's input is its convolution's output (used by nothing
+            # else) and its output the next convolution's input (which does not write it)
+            getattr(fused, bn).set_activation(*act, i < last and _inplace_ok(inplace, *act))
         return fused
     return None
 
@@ -722,39 +747,40 @@ def _writes_its_input(m):
     return bool(getattr(m, "inplace", False))
 
 
-def _fuse(module, uses, inplace, after=None):
+def _fuse(module, uses, inplace, relu_as_leaky, after=None):
     """Fuses in module and below; after: what runs right after module, where an enclosing
     Sequential says so (else None: not known)."""
     in_order = _runs_children_in_order(module)
     kids = [(name, child) for name, child in module._modules.items() if child is not None]
     for i, (name, child) in enumerate(kids):
-        block = _fused_block(child, uses)
+        block = _fused_block(child, uses, inplace, relu_as_leaky)
         if block is not None:
             setattr(module, name, block)
             kids[i] = (name, block)
             child = block
-        _fuse(child, uses, inplace, (kids[i + 1][1] if i + 1 < len(kids) else after) if in_order else None)
+        _fuse(child, uses, inplace, relu_as_leaky,
+              (kids[i + 1][1] if i + 1 < len(kids) else after) if in_order else None)
     if in_order:
         for i in range(len(kids) - 1):
             (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
-            act = _act_of(act_mod)
-            if act is None or not _fusable_bn(bn, uses):
+            was = _act_of(act_mod)
+            if was is None or not _fusable_bn(bn, uses):
                 continue
             # the fused layer's backward keeps its output, as nn.ReLU and
             # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so an in-place
             # module after it may write over the output: such a pair stays as it is
             keep_y = not _writes_its_input(kids[i + 2][1] if i + 2 < len(kids) else after)
-            if act[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
+            if was[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
                 continue
+            act = was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
             # in place: an invertible activation, and nothing after it that writes over the
             # output autograd keeps
-            ip = inplace and keep_y and act[0] == "leaky_relu" and _fused.slope32(act[1]) >= _fused._FLT_MIN
-            bn.set_activation(act[0], act[1], ip)
+            bn.set_activation(act[0], act[1], keep_y and _inplace_ok(inplace, *act))
             module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])
 
 
-def convert_fused(module, process_group=None, comm=None, inplace=False):
+def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_leaky=None):
     """convert_sync_batchnorm, then fuses the patterns whose results it cannot change:
 
     - in an ``nn.Sequential`` (one that runs its children in order), a batch norm followed
@@ -775,7 +801,24 @@ def convert_fused(module, process_group=None, comm=None, inplace=False):
     code; everything while a global module hook is registered (with a RuntimeWarning).
     ``inplace=True``: the fused leaky ReLU layers (slope > 0) not followed by an in-place
     module become in-place (autograd keeps their output only); ReLU layers and residuals
-    cannot (not invertible) and stay as they are."""
+    cannot (not invertible) and stay as they are.
+
+    ``relu_as_leaky=SLOPE`` (a float > 0; None, the default, changes nothing): every ReLU
+    it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one
+    ``relu`` module serves each). This CHANGES THE MODEL, as inplace_abn's networks are
+    built (leaky ReLU, slope 0.01), so it is the caller's choice: the parameters and
+    buffers load as before, but the function is another, and a model trained with ReLU
+    gives other outputs. With ``inplace=True`` those layers go in place too, but for a
+    block's last one (it takes the residual): a ReLU network then keeps about half the
+    activations it kept (bench/notes/fused-epilogue.md). revert_sync_batchnorm puts
+    ``nn.LeakyReLU(SLOPE)`` where the ReLU was (a block's ``relu`` too): the function
+    trained. ReLUs it does not fuse (not right after a batch norm) stay ReLUs."""
+    if relu_as_leaky is not None:
+        if (isinstance(relu_as_leaky, bool) or not isinstance(relu_as_leaky, (int, float))
+                or not _fused.takes_slope(float(relu_as_leaky)) or _fused.slope32(float(relu_as_leaky)) <= 0):
+            raise ValueError("syncbn.torch.convert_fused: relu_as_leaky is the leaky ReLU's slope, a finite "
+                             f"float > 0 (None keeps ReLU), not {relu_as_leaky!r}")
+        relu_as_leaky = float(relu_as_leaky)
     # hooks on the batch norms before their conversion (which, as PyTorch's, does not
     # carry them over): a hook sees the output, so such a layer keeps it to itself
     hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]
@@ -790,8 +833,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False):
         uses[id(m)] = uses.get(id(m), 0) + 1
     for name in hooked:
         uses[id(module.get_submodule(name))] = 2  # as if used twice: left alone
-    block = _fused_block(module, uses)
+    block = _fused_block(module, uses, inplace, relu_as_leaky)
     if block is not None:
         module = block
-    _fuse(module, uses, inplace)
+    _fuse(module, uses, inplace, relu_as_leaky)
     return module

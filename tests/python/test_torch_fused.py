@@ -326,18 +326,38 @@ class TestMemoryMeasure(TeamOfOne):
 
     def test_in_place_lowers_the_step_peak(self):
         """The stack of the report, small: the in-place layers keep y, not x, so both the
-        saved bytes and the step's peak fall, and the peak holds at least the saved bytes."""
+        saved bytes and the step's peak fall, and the peak holds at least the saved bytes.
+        With relu_as_leaky the blocks' layers without the residual go in place too: the
+        saved bytes fall by exactly those layers' x (y is the next convolution's input,
+        kept anyway), and the peak falls."""
         x = torch.randn(1, 3, 32, 32)
-        got = {}
-        for inplace in (False, True):
+        got, models = {}, {}
+        for kind, kw in (("fused", {}), ("in place", {"inplace": True}),
+                         ("leaky in place", {"inplace": True, "relu_as_leaky": 0.01})):
             torch.manual_seed(0)
-            model = sbt.convert_fused(torch_fused_memory.deeplab_like(8), comm=self.comm, inplace=inplace).train()
-            got[inplace] = (torch_fused_memory.cpu_step_bytes(model, x), torch_fused_memory.saved_bytes(model, x))
-        (peak0, saved0), (peak1, saved1) = got[False], got[True]
+            model = sbt.convert_fused(torch_fused_memory.deeplab_like(8), comm=self.comm, **kw).train()
+            got[kind] = (torch_fused_memory.cpu_step_bytes(model, x), torch_fused_memory.saved_bytes(model, x))
+            models[kind] = model
+        (peak0, saved0), (peak1, saved1), (peak2, saved2) = got["fused"], got["in place"], got["leaky in place"]
         self.assertLess(saved1, saved0)
         self.assertLess(peak1, peak0)
         self.assertGreaterEqual(peak0, saved0)
         self.assertGreaterEqual(peak1, saved1)
+        # the layers relu_as_leaky put in place, and the bytes of their inputs
+        was = {n for n, m in models["in place"].named_modules() if isinstance(m, sbt.SyncBatchNorm) and m.inplace}
+        new = [m for n, m in models["leaky in place"].named_modules()
+               if isinstance(m, sbt.SyncBatchNorm) and m.inplace and n not in was]
+        self.assertEqual(len(new), 4)  # the two BasicBlocks' bn1, the Bottleneck's bn1 and bn2
+        x_bytes = []
+        hooks = [m.register_forward_pre_hook(lambda m, a: x_bytes.append(a[0].nbytes)) for m in new]
+        with torch.no_grad():
+            copy.deepcopy(models["leaky in place"])(x)
+        for h in hooks:
+            h.remove()
+        self.assertEqual(len(x_bytes), len(new))
+        self.assertEqual(saved1 - saved2, sum(x_bytes))
+        self.assertLess(peak2, peak1)
+        self.assertGreaterEqual(peak2, saved2)
 
 
 class TestRefusals(TeamOfOne):
@@ -829,6 +849,56 @@ class TestConvert(TeamOfOne):
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(inplace=True), nn.Dropout(0.0)),
                                 comm=self.comm, inplace=True)
         self.assertEqual(fused_layers(seq), [("0", "leaky_relu", True)])
+
+    def test_relu_as_leaky(self):
+        """relu_as_leaky=SLOPE, an opt-in that changes the model (inplace_abn's networks):
+        every ReLU the converter fuses becomes a leaky ReLU of that slope, a block's all of
+        them; with inplace=True each such layer goes in place but a block's last (it takes
+        the residual). The converted model is the float64 model with those ReLUs replaced
+        by nn.LeakyReLU(SLOPE) by hand (training steps, gradients, buffers, eval), not the
+        ReLU one, and reverts to it; the ReLU it does not fuse stays one; a slope that is
+        not a float > 0 is refused before the model is touched."""
+        torch.manual_seed(5)
+        model = resnet_like()
+        randomize_bn(model)
+        by_hand = copy.deepcopy(model)
+        by_hand[2] = nn.LeakyReLU(0.2, inplace=True)
+        for i in (3, 4, 5, 6):
+            by_hand[i].relu = nn.LeakyReLU(0.2, inplace=True)
+        x = torch.randn(4, 3, 8, 8)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True, relu_as_leaky=0.2)
+        ip = {"1": True, "3.bn1": True, "3.bn2": False, "4.bn1": True, "4.bn2": False, "5.bn1": True,
+              "5.bn2": True, "5.bn3": False, "6.bn1": True, "6.bn2": True, "6.bn3": False, "8": True}
+        self.assertEqual(fused_layers(conv), [(n, "leaky_relu", v) for n, v in ip.items()])
+        self.assertEqual({n: m.slope for n, m in conv.named_modules() if getattr(m, "activation", "") == "leaky_relu"},
+                         {n: 0.1 if n == "8" else 0.2 for n in ip})  # layer 8 was nn.LeakyReLU(0.1)
+        self.assertIsInstance(conv[14], nn.ReLU)
+        with torch.no_grad():  # another function than the ReLU model's (on copies: buffers stay)
+            self.assertGreater((copy.deepcopy(conv)(x) - copy.deepcopy(model)(x)).abs().max().item(), 1e-3)
+        self._matches(by_hand, x, conv)
+        # without inplace: the same activations, none in place
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, relu_as_leaky=0.2)
+        self.assertEqual(fused_layers(conv), [(n, "leaky_relu", False) for n in ip])
+        self._matches(by_hand, x, conv, steps=1)
+        # reverted: the model trained, with nn.LeakyReLU(0.2) where the ReLUs were
+        rev = sbt.revert_sync_batchnorm(sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True,
+                                                          relu_as_leaky=0.2))
+        self.assertEqual([(n, type(m).__name__, getattr(m, "negative_slope", None), getattr(m, "inplace", None))
+                          for n, m in rev.named_modules() if isinstance(m, (nn.ReLU, nn.LeakyReLU))],
+                         [("2", "LeakyReLU", 0.2, True), ("3.relu", "LeakyReLU", 0.2, True),
+                          ("4.relu", "LeakyReLU", 0.2, True), ("5.relu", "LeakyReLU", 0.2, True),
+                          ("6.relu", "LeakyReLU", 0.2, True), ("9", "LeakyReLU", 0.1, False), ("14", "ReLU", None, False)])
+        self.assertEqual(fused_layers(rev), [])
+        def kind(m):
+            return "bn" if isinstance(m, nn.modules.batchnorm._BatchNorm) else type(m)
+        self.assertEqual([kind(m) for m in rev.modules()], [kind(m) for m in by_hand.modules()])
+        self._matches(by_hand, x, rev, steps=1)
+        for bad in (0, 0.0, -0.1, float("nan"), float("inf"), 1e-50, True, "0.1", None.__class__):
+            fresh = resnet_like()
+            with self.assertRaisesRegex(ValueError, "relu_as_leaky"):
+                sbt.convert_fused(fresh, comm=self.comm, relu_as_leaky=bad)
+            self.assertIsInstance(fresh[1], nn.BatchNorm2d)  # untouched
+            self.assertIsInstance(fresh[3].bn1, nn.BatchNorm2d)
 
     def test_blocks_keep_modes_and_take_any_input(self):
         """A fused block keeps each child's training mode (a frozen batch norm in eval stays
