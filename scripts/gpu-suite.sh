@@ -118,7 +118,9 @@ esac
 if [ "${1:-}" = prebuild ]; then
   cd "$HERE/.." || exit 2
   DIR=${2:-build/prebuilt}
+  DIR=${DIR%/}
   BUILD=build/prebuilt-build
+  rm -rf "$DIR" "$DIR.tar.xz" # first: no folder or archive of an older build is left if this one fails
   nccl=$(nccl_build_root) || exit 1
   [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
   echo "prebuild: NCCL from $nccl; CUDA architecture $ARCH; Release, -Werror"
@@ -126,7 +128,6 @@ if [ "${1:-}" = prebuild ]; then
     -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DSYNCBN_WERROR=ON -DSYNCBN_NCCL_ROOT="$nccl" \
     -DSYNCBN_BUILD_PROBE=ON || exit 1
   cmake --build "$BUILD" -j "$(nproc)" || exit 1
-  rm -rf "$DIR" "$DIR.tar.xz" # no archive of an older build is left if this one fails
   mkdir -p "$DIR/bench"
   echo "prebuild: tests of $DIR/CTestTestfile.cmake:"
   "$PYTHON" scripts/prebuilt_ctest.py "$BUILD" "$DIR" | sed 's/^/  /' || exit 1

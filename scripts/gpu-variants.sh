@@ -16,7 +16,7 @@
 # device command, and OUTDIR.tar.xz what the device tool carries (scripts/gpu_pack.py; it
 # says how to unpack it there):
 #
-#   python3 -m tarfile -e OUTDIR.tar.xz PARENT; bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]
+#   python3 -m tarfile --filter data -e OUTDIR.tar.xz PARENT && bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]
 #                                          (default: 2 rounds, --only S1,S2,S5 -w 1,8 --paths coop)
 #
 # which runs scripts/gpu-ab.sh over every variant (the first is the base of the ratios)
@@ -25,7 +25,7 @@
 # NAME without "=FLAGS" is an error.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=$1
+OUT=${1%/}
 shift
 [ $# -gt 0 ] || { echo "usage: $0 OUTDIR NAME=FLAGS..." >&2; exit 2; }
 . scripts/cuda-tools.sh
@@ -34,6 +34,12 @@ sbn_find_disasm
 [ -n "$NVCC" ] || { echo "gpu-variants: no nvcc" >&2; exit 1; }
 nccl=$(scripts/gpu-suite.sh nccl-root) # the prebuild's NCCL
 [ -f "$nccl/include/nccl.h" ] || { echo "gpu-variants: no nccl.h under '$nccl'" >&2; exit 1; }
+# no variant or archive of an earlier build is left: a folder this script made is replaced
+if [ -e "$OUT" ] && [ ! -f "$OUT/VARIANTS.txt" ]; then
+  echo "gpu-variants: $OUT exists and is no folder of variants (no VARIANTS.txt): not replaced" >&2
+  exit 2
+fi
+rm -rf "$OUT" "$OUT.tar.xz"
 mkdir -p "$OUT"
 commit=$(git describe --always --dirty --tags 2>/dev/null || echo unknown)
 echo "# variants of commit $commit, built $(date -u +%FT%TZ)" > "$OUT/VARIANTS.txt"

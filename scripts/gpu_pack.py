@@ -2,24 +2,28 @@
 """gpu_pack.py - what a GPU run carries, packed small enough to travel with the source tree.
 
 The device tool copies the source tree and the carried paths to the GPU machine within 64 MiB
-together. A prebuilt folder is ~49 MiB as files: each of its statically linked programs
+together. A prebuilt folder is ~48 MiB as files: each of its statically linked programs
 holds the same kernels (~6.5 MB). An xz archive (preset 9: a 64 MiB window, wider than the
-distance between two copies) keeps each copy once: ~9 MiB.
+distance between two copies) keeps each copy once: ~8 MiB.
 
 Usage: gpu_pack.py PATH [PATH ...]
 
 Each PATH that is a folder is packed into PATH.tar.xz (replaced if it exists), with the
-folder's base name at the archive's top; a PATH ending in .tar.xz is taken as packed. Then
+folder's base name at the archive's top, in name order, owners and times left out (the
+same folder packs to the same bytes); a PATH ending in .tar.xz is taken as packed. Then
 the archives and the source tree (the git checkout of the current folder: tracked files and
 untracked ones git does not ignore, which is what the tool copies) are added up, and the
-script exits 1 if they exceed 64 MiB together, 0 otherwise. It prints each archive's size
-and how to unpack it on the device, where no xz program is needed:
+script exits 1 if they exceed 64 MiB together, 2 on a bad PATH, 0 otherwise. It prints
+each archive's size, the commit its BUILD-INFO or VARIANTS.txt names (with a warning when
+that is not the checkout's HEAD, clean: an archive of an older build), and how to unpack
+it on the device, where no xz program is needed:
 
-    python3 -m tarfile -e build/prebuilt.tar.xz build     # -> build/prebuilt
+    python3 -m tarfile --filter data -e build/prebuilt.tar.xz build   # -> build/prebuilt
 
 (carry the .tar.xz, not the folder: the folder is ignored by git and stays here).
 """
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -27,23 +31,54 @@ import tarfile
 LIMIT = 64 * 1024 * 1024  # the device tool's working tree limit, carried paths included
 
 
+def _plain(info):
+    """A member without its owner and time: the same folder packs to the same bytes."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = 0
+    return info
+
+
 def pack(folder):
-    """folder -> folder.tar.xz holding basename(folder)/...; returns the archive's path."""
+    """folder -> folder.tar.xz holding basename(folder)/...; returns (the archive's path,
+    the bytes of the folder's files, links counted as links)."""
     folder = folder.rstrip("/")
     out = folder + ".tar.xz"
     tmp = out + ".part"
+    top = os.path.basename(folder)
+    raw = 0
     with tarfile.open(tmp, "w:xz", preset=9) as tar:
-        # sorted, so that the same folder packs to the same bytes
-        tar.add(folder, arcname=os.path.basename(folder), recursive=False)
+        tar.add(folder, arcname=top, recursive=False, filter=_plain)
         for root, dirs, files in os.walk(folder):
-            dirs.sort()
-            for name in sorted(dirs) + sorted(files):
+            dirs.sort()  # os.walk descends in this order
+            for name in dirs + sorted(files):
                 path = os.path.join(root, name)
-                tar.add(path, arcname=os.path.join(os.path.basename(folder),
-                                                   os.path.relpath(path, folder)),
-                        recursive=False)
+                raw += os.lstat(path).st_size if name in files else 0
+                tar.add(path, arcname=os.path.join(top, os.path.relpath(path, folder)),
+                        recursive=False, filter=_plain)
     os.replace(tmp, out)
-    return out
+    return out, raw
+
+
+def built_at(archive):
+    """The commit that the archive's BUILD-INFO or VARIANTS.txt names, or None."""
+    with tarfile.open(archive) as tar:
+        for m in tar.getmembers():
+            if m.isfile() and m.name.count("/") == 1 and m.name.endswith(("/BUILD-INFO", "/VARIANTS.txt")):
+                text = tar.extractfile(m).read().decode(errors="replace")
+                found = re.search(r"^commit: (\S+)|^# variants of commit (\S+)", text, re.M)
+                if found:
+                    return found.group(1) or found.group(2)
+    return None
+
+
+def head():
+    """`git describe --always --dirty --tags` of the checkout (what the builds write), or None."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def tree_bytes():
@@ -80,18 +115,21 @@ def main(argv):
                 return 2
             archives.append(path)
         elif os.path.isdir(path):
-            raw = sum(os.path.getsize(os.path.join(r, f))
-                      for r, _, fs in os.walk(path) for f in fs)
-            a = pack(path)
+            a, raw = pack(path)
             print(f"gpu_pack: {path} ({mib(raw)}) -> {a} ({mib(os.path.getsize(a))})")
             archives.append(a)
         else:
             print(f"gpu_pack: {path} is neither a folder nor a .tar.xz", file=sys.stderr)
             return 2
     packed = sum(os.path.getsize(a) for a in archives)
+    now = head()
     for a in archives:
         parent = os.path.dirname(a) or "."
-        print(f"gpu_pack: on the device: python3 -m tarfile -e {a} {parent}")
+        at = built_at(a)
+        if at is not None:
+            stale = "" if at == now else f" (WARNING: not this checkout's HEAD, {now})"
+            print(f"gpu_pack: {a} was built at {at}{stale}")
+        print(f"gpu_pack: on the device: python3 -m tarfile --filter data -e {a} {parent}")
     tree = tree_bytes()
     if tree is None:
         print(f"gpu_pack: not in a git checkout: the archives alone are {mib(packed)} of 64")

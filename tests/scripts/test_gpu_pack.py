@@ -4,8 +4,10 @@
 In a throwaway git checkout (a tracked file of 1 MiB, an ignored build/ folder):
 - a folder with three equal copies of 2 MiB of random bytes (the prebuilt programs' shared
   kernels in miniature) packs to about one copy: xz's window keeps one;
-- `python3 -m tarfile -e` (what the device runs) gives back every file, byte for byte, with
-  its executable bit, under the folder's own name; packing twice gives the same bytes;
+- `python3 -m tarfile --filter data -e` (what the device runs) gives back every file, byte
+  for byte, with its executable bit, and a dangling link as a link, under the folder's own
+  name; packing twice gives the same bytes;
+- the commit its BUILD-INFO names is printed, with a warning when it is not HEAD;
 - the limit counts the archives AND the source tree: a limit between the archive alone and
   the archive plus the tree fails (exit 1), one above both passes; an archive given by name
   is counted without packing again; a path that is neither is refused (exit 2).
@@ -47,6 +49,8 @@ def files_of(top):
     for root, _, files in os.walk(top):
         for f in files:
             p = os.path.join(root, f)
+            if os.path.islink(p):
+                continue
             with open(p, "rb") as fh:
                 got[os.path.relpath(p, top)] = (fh.read(), os.stat(p).st_mode & 0o111 != 0)
     return got
@@ -61,6 +65,10 @@ def main():
         with open("tracked.bin", "wb") as f:
             f.write(os.urandom(MiB))
         subprocess.run(["git", "add", ".gitignore", "tracked.bin"], check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "t"],
+                       check=True)
+        at = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], check=True,
+                            capture_output=True, text=True).stdout.strip()
         tree = gpu_pack.tree_bytes()
         check(tree is not None and MiB <= tree < MiB + 100,
               f"the source tree counts the tracked file and .gitignore ({tree} bytes)")
@@ -77,28 +85,40 @@ def main():
         with open(os.path.join(pre, "python", "pkg", "mod.py"), "w") as f:
             f.write("x = 1\n")
         with open(os.path.join(pre, "BUILD-INFO"), "w") as f:
-            f.write("commit: test\n")
+            f.write(f"syncbn prebuilt folder\ncommit: {at}\n")
+        os.symlink("no-such-file", os.path.join(pre, "python", "dangling"))
 
         rc, text = run_main([pre])
         archive = pre + ".tar.xz"
         check(rc == 0 and os.path.isfile(archive), f"packed, exit {rc}")
+        check(f"built at {at}\n" in text, f"it names the commit of its BUILD-INFO, HEAD ({at}), with no warning")
         size = os.path.getsize(archive)
         check(size < 2.2 * MiB,
               f"three equal copies of 2 MiB pack to about one ({size} bytes)")
-        check(f"python3 -m tarfile -e {archive} build" in text, "it prints the device's command")
+        check(f"python3 -m tarfile --filter data -e {archive} build" in text, "it prints the device's command")
 
         out = os.path.join("build", "unpacked")  # ignored: not part of the tree
         os.mkdir(out)
-        subprocess.run([sys.executable, "-m", "tarfile", "-e", archive, out], check=True)
+        subprocess.run([sys.executable, "-m", "tarfile", "--filter", "data", "-e", archive, out], check=True)
         want, got = files_of(pre), files_of(os.path.join(out, "pre"))
         check(got == want and len(want) == 5,
               "tarfile -e gives back every file, its bytes and executable bit, under pre/")
+        link = os.path.join(out, "pre", "python", "dangling")
+        check(os.path.islink(link) and os.readlink(link) == "no-such-file", "and the dangling link as a link")
 
         with open(archive, "rb") as f:
             first = f.read()
+        for root, _, files in os.walk(pre):  # newer times: not in the archive
+            for name in files:
+                os.utime(os.path.join(root, name), (1e9, 1e9), follow_symlinks=False)
         run_main([pre])
         with open(archive, "rb") as f:
-            check(f.read() == first, "packing the same folder again gives the same bytes")
+            check(f.read() == first, "packing the same folder again (its files touched) gives the same bytes")
+        with open(os.path.join(pre, "BUILD-INFO"), "w") as f:
+            f.write("commit: 0123abc-dirty\n")
+        rc, text = run_main([pre])
+        check(rc == 0 and "built at 0123abc-dirty (WARNING: not this checkout's HEAD" in text,
+              "an archive of another commit is named so")
 
         saved = gpu_pack.LIMIT
         try:
