@@ -28,6 +28,7 @@ collectives do (its process group's timeout).
 """
 
 import inspect
+import numbers
 import threading
 import warnings
 
@@ -469,7 +470,8 @@ def revert_sync_batchnorm(module):
     ``torch.nn.utils.fuse_conv_bn_eval``, then folds the batch norm alone, as in the
     original). A ReLU that ``convert_fused(relu_as_leaky=SLOPE)`` made a leaky ReLU comes
     back as ``nn.LeakyReLU(SLOPE)``, a block's ``relu`` module too: the function trained,
-    not the original's. So does a plain ``nn.Identity`` right after a layer with an activation in a
+    not the original's (a fused block whose batch norms apply different activations cannot
+    share its one ``relu`` module: a ValueError, before anything changes). So does a plain ``nn.Identity`` right after a layer with an activation in a
     Sequential (a model fused before FusedActivation existed): the activation goes there
     as a module, ``nn.ReLU()`` or ``nn.LeakyReLU(slope)``. Any other layer given an
     activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
@@ -481,6 +483,9 @@ def revert_sync_batchnorm(module):
     would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
     unsynchronized. Like the converters, it changes module's containers in place. A layer
     used in two places becomes one BatchNormXd used in both."""
+    for m in module.modules():  # refused before anything changes
+        if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
+            _block_relu(m)
     plain = set()  # ids of the layers whose activation is its own module again
     module = _unfuse(module, plain, {})
 
@@ -494,6 +499,30 @@ def revert_sync_batchnorm(module):
     return _swap_modules(module, swap, {})
 
 
+def _block_relu(block):
+    """The relu module of the torchvision block a fused block reverts to: its own, or for
+    batch norms that all apply one leaky ReLU (convert_fused(relu_as_leaky=SLOPE), or
+    set_activation after it) an nn.LeakyReLU of that slope, the function trained. Batch
+    norms that apply different activations cannot share the block's one module: a
+    ValueError."""
+    relu = block._modules.get("relu")
+    bns = [b for _, name in block._convs if isinstance(b := block._modules.get(name), SyncBatchNorm)]
+    acts = {(b.activation, b.slope if b.activation == "leaky_relu" else None) for b in bns}
+    if not acts or acts == {("relu", None)}:
+        return relu
+    if len(acts) == 1 and type(relu) in (torch.nn.ReLU, torch.nn.LeakyReLU):
+        (act, slope), = acts
+        if act == "leaky_relu":
+            if type(relu) is torch.nn.LeakyReLU and relu.negative_slope == slope:
+                return relu
+            return torch.nn.LeakyReLU(slope, inplace=relu.inplace).train(relu.training)
+    raise ValueError(f"syncbn.torch.revert_sync_batchnorm: the batch norms of a {type(block).__name__} apply "
+                     f"{', '.join(a if s is None else f'{a}({s})' for a, s in sorted(acts, key=str))}, but the "
+                     f"{getattr(block.block_type, '__name__', 'block')} it reverts to applies its one relu module "
+                     f"({relu!r}) after each: give them one activation, ReLU or one leaky ReLU (set_activation), "
+                     "before reverting")
+
+
 def _unfuse(m, plain, done):
     """m (and below it, in place) with convert_fused's blocks back to the blocks they were
     and its FusedActivations back to the modules they replaced; the ids of the batch norms
@@ -505,17 +534,11 @@ def _unfuse(m, plain, done):
         out = m.block_type.__new__(m.block_type)
         torch.nn.Module.__init__(out)
         _take_block(out, m, hooks=True)  # hooks registered on the fused block: the block's
-        bns = [m._modules.get(bn) for _, bn in m._convs]
-        for bn in bns:
-            if isinstance(bn, SyncBatchNorm):
-                plain.add(id(bn))
-        # convert_fused(relu_as_leaky=SLOPE): the block's one ReLU module becomes the leaky
-        # ReLU its layers apply, the function trained
-        relu = out._modules.get("relu")
-        slopes = {bn.slope for bn in bns if isinstance(bn, SyncBatchNorm) and bn.activation == "leaky_relu"}
-        if type(relu) is torch.nn.ReLU and len(slopes) == 1 and all(
-                isinstance(bn, SyncBatchNorm) and bn.activation == "leaky_relu" for bn in bns):
-            out._modules["relu"] = torch.nn.LeakyReLU(slopes.pop(), inplace=relu.inplace).train(relu.training)
+        if "relu" in out._modules:
+            out._modules["relu"] = _block_relu(m)  # the block's ReLU, or the leaky ReLU its layers apply
+        for _, bn in m._convs:
+            if isinstance(m._modules.get(bn), SyncBatchNorm):
+                plain.add(id(m._modules[bn]))
     done[id(m)] = out
     for name, child in list(out._modules.items()):
         if child is not None:
@@ -697,6 +720,12 @@ def _act_of(m):
     return None
 
 
+def _fused_act(was, relu_as_leaky):
+    """The (activation, slope) a fused layer takes for an activation module's was: a ReLU's
+    is the leaky ReLU of convert_fused's relu_as_leaky where given."""
+    return was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
+
+
 def _inplace_ok(inplace, act, slope):
     """Whether a fused layer of this activation goes in place under convert_fused's inplace:
     an invertible activation (leaky ReLU with a slope the in-place backward takes)."""
@@ -724,7 +753,7 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
         if down is not None and not isinstance(down, torch.nn.Module):
             return None
         fused = cls(m)
-        act = ("relu", 0.01) if relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
+        act = _fused_act(("relu", 0.01), relu_as_leaky)
         last = len(cls._convs) - 1
         for i, (_, bn) in enumerate(cls._convs):
             # within the block, a layer's input is its convolution's output (used by nothing
@@ -772,12 +801,27 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=None):
             keep_y = not _writes_its_input(kids[i + 2][1] if i + 2 < len(kids) else after)
             if was[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
                 continue
-            act = was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
+            act = _fused_act(was, relu_as_leaky)
             # in place: an invertible activation, and nothing after it that writes over the
             # output autograd keeps
             bn.set_activation(act[0], act[1], keep_y and _inplace_ok(inplace, *act))
             module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])
+
+
+def _leaky_slope(slope):
+    """convert_fused's relu_as_leaky as a float, or a ValueError: a real number (not a bool)
+    that is finite and at least float32's smallest normal number as a float32 (below it the
+    in-place backward loses x, and the function is ReLU's within rounding)."""
+    try:
+        s = float(slope) if isinstance(slope, numbers.Real) and not isinstance(slope, bool) else None
+    except OverflowError:  # an int beyond float's range
+        s = None
+    if s is None or not _fused.takes_slope(s) or _fused.slope32(s) < _fused._FLT_MIN:
+        raise ValueError("syncbn.torch.convert_fused: relu_as_leaky is the leaky ReLU's slope, a finite real "
+                         f"number of at least {_fused._FLT_MIN:g} (float32's smallest normal; None keeps ReLU), "
+                         f"not {slope!r}")
+    return s
 
 
 def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_leaky=None):
@@ -803,8 +847,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     module become in-place (autograd keeps their output only); ReLU layers and residuals
     cannot (not invertible) and stay as they are.
 
-    ``relu_as_leaky=SLOPE`` (a float > 0; None, the default, changes nothing): every ReLU
-    it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one
+    ``relu_as_leaky=SLOPE`` (a real number >= float32's smallest normal, 1.18e-38; None,
+    the default, changes nothing): every ReLU it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one
     ``relu`` module serves each). This CHANGES THE MODEL, as inplace_abn's networks are
     built (leaky ReLU, slope 0.01), so it is the caller's choice: the parameters and
     buffers load as before, but the function is another, and a model trained with ReLU
@@ -812,13 +856,10 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     block's last one (it takes the residual): a ReLU network then keeps about half the
     activations it kept (bench/notes/fused-epilogue.md). revert_sync_batchnorm puts
     ``nn.LeakyReLU(SLOPE)`` where the ReLU was (a block's ``relu`` too): the function
-    trained. ReLUs it does not fuse (not right after a batch norm) stay ReLUs."""
+    trained. ReLUs it does not fuse stay ReLUs: one not right after a batch norm, and those
+    of the pairs and blocks it leaves alone (above: hooks, a batch norm used twice, ...)."""
     if relu_as_leaky is not None:
-        if (isinstance(relu_as_leaky, bool) or not isinstance(relu_as_leaky, (int, float))
-                or not _fused.takes_slope(float(relu_as_leaky)) or _fused.slope32(float(relu_as_leaky)) <= 0):
-            raise ValueError("syncbn.torch.convert_fused: relu_as_leaky is the leaky ReLU's slope, a finite "
-                             f"float > 0 (None keeps ReLU), not {relu_as_leaky!r}")
-        relu_as_leaky = float(relu_as_leaky)
+        relu_as_leaky = _leaky_slope(relu_as_leaky)
     # hooks on the batch norms before their conversion (which, as PyTorch's, does not
     # carry them over): a hook sees the output, so such a layer keeps it to itself
     hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]

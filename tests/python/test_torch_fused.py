@@ -857,7 +857,9 @@ class TestConvert(TeamOfOne):
         the residual). The converted model is the float64 model with those ReLUs replaced
         by nn.LeakyReLU(SLOPE) by hand (training steps, gradients, buffers, eval), not the
         ReLU one, and reverts to it; the ReLU it does not fuse stays one; a slope that is
-        not a float > 0 is refused before the model is touched."""
+        not a real number >= FLT_MIN is refused before the model is touched. A block whose
+        layers were given different activations after it cannot revert to one relu module:
+        refused before anything changes; one leaky ReLU for all of them reverts to it."""
         torch.manual_seed(5)
         model = resnet_like()
         randomize_bn(model)
@@ -893,12 +895,39 @@ class TestConvert(TeamOfOne):
             return "bn" if isinstance(m, nn.modules.batchnorm._BatchNorm) else type(m)
         self.assertEqual([kind(m) for m in rev.modules()], [kind(m) for m in by_hand.modules()])
         self._matches(by_hand, x, rev, steps=1)
-        for bad in (0, 0.0, -0.1, float("nan"), float("inf"), 1e-50, True, "0.1", None.__class__):
+        for bad in (0, 0.0, -0.1, float("nan"), float("inf"), 1e-40, 10 ** 400, True, "0.1", torch.tensor(0.1)):
             fresh = resnet_like()
             with self.assertRaisesRegex(ValueError, "relu_as_leaky"):
                 sbt.convert_fused(fresh, comm=self.comm, relu_as_leaky=bad)
             self.assertIsInstance(fresh[1], nn.BatchNorm2d)  # untouched
             self.assertIsInstance(fresh[3].bn1, nn.BatchNorm2d)
+        for good in (np.float32(0.25), np.int64(1), 2):
+            conv = sbt.convert_fused(resnet_like(), comm=self.comm, relu_as_leaky=good)
+            self.assertEqual(conv[3].bn1.slope, float(np.float32(good)))
+            self.assertIs(type(conv[3].bn1.slope), float)
+        # a block's layers given different activations after the conversion
+        for acts in ((("relu",), ("leaky_relu", 0.2)), (("leaky_relu", 0.3), ("leaky_relu", 0.2)),
+                     (("identity",), ("identity",))):
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, relu_as_leaky=0.2)
+            conv[3].bn1.set_activation(*acts[0])
+            conv[3].bn2.set_activation(*acts[1])
+            with self.assertRaisesRegex(ValueError, "batch norms of a FusedBasicBlock apply .*one relu module"):
+                sbt.revert_sync_batchnorm(conv)
+            self.assertIsInstance(conv[1], sbt.SyncBatchNorm)  # untouched
+            self.assertIsInstance(conv[3], sbt.FusedBasicBlock)
+        # untouched also where a fused pair comes first (its revert would change it)
+        conv = sbt.convert_fused(nn.Sequential(nn.Sequential(nn.BatchNorm2d(8), nn.ReLU()), BasicBlock(8, 8)),
+                                 comm=self.comm)
+        conv[1].bn1.set_activation("identity")
+        with self.assertRaisesRegex(ValueError, "one relu module"):
+            sbt.revert_sync_batchnorm(conv)
+        self.assertIsInstance(conv[0][1], sbt.FusedActivation)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)  # ReLU, then one leaky ReLU for all
+        for bn in ("bn1", "bn2"):
+            getattr(conv[3], bn).set_activation("leaky_relu", 0.3)
+        rev = sbt.revert_sync_batchnorm(conv)
+        self.assertEqual((type(rev[3].relu), rev[3].relu.negative_slope, rev[4].relu), (nn.LeakyReLU, 0.3, rev[4].relu))
+        self.assertIs(type(rev[4].relu), nn.ReLU)
 
     def test_blocks_keep_modes_and_take_any_input(self):
         """A fused block keeps each child's training mode (a frozen batch norm in eval stays
