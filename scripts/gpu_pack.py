@@ -66,7 +66,7 @@ def built_at(archive):
         for m in tar.getmembers():
             if m.isfile() and m.name.count("/") == 1 and m.name.endswith(("/BUILD-INFO", "/VARIANTS.txt")):
                 text = tar.extractfile(m).read().decode(errors="replace")
-                found = re.search(r"^commit: (\S+)|^# variants of commit (\S+)", text, re.M)
+                found = re.search(r"^commit: ([^\s,]+)|^# variants of commit ([^\s,]+)", text, re.M)
                 if found:
                     return found.group(1) or found.group(2)
     return None

@@ -119,6 +119,13 @@ def main():
         rc, text = run_main([pre])
         check(rc == 0 and "built at 0123abc-dirty (WARNING: not this checkout's HEAD" in text,
               "an archive of another commit is named so")
+        # a folder of variants (scripts/gpu-variants.sh's VARIANTS.txt header) of HEAD
+        var = os.path.join("build", "var")
+        os.makedirs(var)
+        with open(os.path.join(var, "VARIANTS.txt"), "w") as f:
+            f.write(f"# variants of commit {at}, built 2026-11-30T08:10:08Z\nbase\t\t{at}\tspills: 0\n")
+        rc, text = run_main([var])
+        check(rc == 0 and f"built at {at}\n" in text, f"a folder of variants names its commit, HEAD ({at})")
 
         saved = gpu_pack.LIMIT
         try:
