@@ -161,7 +161,31 @@ def _check_comm(comm, who):
     return comm
 
 
-class SyncBatchNorm(torch.nn.SyncBatchNorm):
+class _OptionalBias:
+    """bias=False on every PyTorch the package serves: nn.BatchNorm*d's keyword-only bias=
+    where PyTorch has it (2.15), else a bias of None made here (after the base's __init__:
+    _drop_bias)."""
+
+    @staticmethod
+    def _bias_kw(bias):
+        return {"bias": bias} if _BIAS_KW else {}
+
+    def _drop_bias(self, bias):
+        if self.affine and not bias and not _BIAS_KW:
+            self.register_parameter("bias", None)
+
+    def reset_parameters(self):
+        if _BIAS_KW or not self.affine or self.bias is not None:
+            return super().reset_parameters()
+        self.reset_running_stats()  # a PyTorch without bias= would zero a bias of None
+        torch.nn.init.ones_(self.weight)
+
+    def extra_repr(self):
+        s = super().extra_repr()
+        return s + ", bias=False" if not _BIAS_KW and self.affine and self.bias is None else s
+
+
+class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     """torch.nn.SyncBatchNorm's interface on a syncbn team (see the module's docstring),
     with an optional fused epilogue: ``activation`` ("identity", "relu", "leaky_relu" with
     negative slope ``slope``) and ``forward(input, residual=None)`` compute
@@ -174,10 +198,9 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
                  inplace=False, *, bias=True):
-        kw = {"bias": bias} if _BIAS_KW else {}
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, **kw)
-        if affine and not bias and not _BIAS_KW:
-            self.register_parameter("bias", None)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
+                         **self._bias_kw(bias))
+        self._drop_bias(bias)
         self.process_group = process_group
         self.comm = comm
         self.set_activation(activation, slope, inplace)
@@ -214,16 +237,8 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
     def inplace(self):
         return self._inplace
 
-    def reset_parameters(self):
-        if _BIAS_KW or not self.affine or self.bias is not None:
-            return super().reset_parameters()
-        self.reset_running_stats()  # a PyTorch without bias= would zero a bias of None
-        torch.nn.init.ones_(self.weight)
-
     def extra_repr(self):
         s = super().extra_repr()
-        if not _BIAS_KW and self.affine and self.bias is None:
-            s += ", bias=False"
         if self._act != _sbn.IDENTITY:
             s += f", activation={self.activation!r}"
             if self._act == _sbn.LEAKY_RELU:
@@ -320,7 +335,8 @@ class SyncBatchNorm(torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
                              f"(syncbn.cpu_team(W, max_channels=...) or syncbn.nccl_team(..., max_channels=...))")
-        if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
+        # nn.BatchNorm's check (one value per channel), for a team of one; no channels: not this
+        if comm._size == 1 and input.numel() == input.shape[1] != 0:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         momentum = self.momentum
         if self.track_running_stats:
@@ -374,10 +390,15 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     module (recursively; nn.SyncBatchNorm's too) becomes a SyncBatchNorm with the same
     parameters, buffers, requires_grad and training mode, on process_group and team
     `comm`. A SyncBatchNorm of syncbn's own is moved to them in place (one layer used in
-    two places stays one, and keeps its hooks and epilogue). A batch norm used in two
+    two places stays one, and keeps its hooks and epilogue; a BatchNormXd's epilogue, what
+    revert_sync_batchnorm left of a fused layer, is the new layer's). A batch norm used in two
     places becomes one SyncBatchNorm used in both (PyTorch's converter, which visits a
     module once, leaves the second place its unsynchronized batch norm)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
+    for name, m in module.named_modules():
+        if isinstance(m, BatchNormXd) and not _fused.takes_slope(_xd_act(m)[1]):
+            raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} applies a leaky "
+                             f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")
 
     def swap(m):
         if isinstance(m, SyncBatchNorm):  # moved in place
@@ -386,20 +407,32 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
             m._group_comm = m._group_device = None  # the previous group's team
             return m
         if isinstance(m, _BatchNorm):
+            act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
             return _take_state(SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                             process_group, comm=comm, bias=not m.affine or m.bias is not None), m)
+                                             process_group, comm=comm, activation=act[0], slope=act[1],
+                                             bias=not m.affine or m.bias is not None), m)
         return m
 
     return _swap_modules(module, swap, {})
 
 
+def _xd_act(m):
+    """(activation, slope) of the SyncBatchNorm a batch norm m becomes: a BatchNormXd's own
+    epilogue (the slope only where it is a leaky ReLU's), else none."""
+    if isinstance(m, BatchNormXd) and m.activation != "identity":
+        return m.activation, (m.slope if m.activation == "leaky_relu" else 0.01)
+    return "identity", 0.01
+
+
 def _swap_modules(module, swap, done):
     """module with swap(m) in place of each module m below it and itself, in every place it
     holds (named_children gives a module used twice in one container once), one module
-    swapped once (done: id -> what it became)."""
+    swapped once (done: id -> (the module, what it became); the module kept alive, so that
+    no module made during the walk takes a visited one's id)."""
     if id(module) in done:
-        return done[id(module)]
-    out = done[id(module)] = swap(module)
+        return done[id(module)][1]
+    out = swap(module)
+    done[id(module)] = (module, out)
     for name, child in [(n, c) for n, c in module._modules.items() if c is not None]:
         out.add_module(name, _swap_modules(child, swap, done))
     return out
@@ -424,7 +457,7 @@ SyncBatchNorm.convert_sync_batchnorm = classmethod(
     lambda cls, module, process_group=None, comm=None: convert_sync_batchnorm(module, process_group, comm))
 
 
-class BatchNormXd(_BatchNorm):
+class BatchNormXd(_OptionalBias, _BatchNorm):
     """PyTorch's batch norm of an input of any rank >= 2 (``F.batch_norm``, this rank's own
     statistics in training), with a fused layer's epilogue in PyTorch's ops:
     ``forward(input, residual=None)`` = act(batch_norm(input) + residual), ``activation``
@@ -432,8 +465,10 @@ class BatchNormXd(_BatchNorm):
     ``revert_sync_batchnorm`` makes of a syncbn layer."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
-                 dtype=None, activation="identity", slope=0.01):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+                 dtype=None, activation="identity", slope=0.01, *, bias=True):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
+                         **self._bias_kw(bias))
+        self._drop_bias(bias)
         if activation not in _fused.ACTIVATIONS:
             raise ValueError(f"syncbn.torch.BatchNormXd: activation {activation!r}: one of \"identity\", \"relu\", "
                              "\"leaky_relu\"")
@@ -526,9 +561,11 @@ def _block_relu(block):
 def _unfuse(m, plain, done):
     """m (and below it, in place) with convert_fused's blocks back to the blocks they were
     and its FusedActivations back to the modules they replaced; the ids of the batch norms
-    whose activation is then their own module again go into plain."""
+    whose activation is then their own module again go into plain. done: id -> (the module,
+    what it became), the module kept alive: the walk goes on into modules it makes (a
+    block's new LeakyReLU), which must not take the id of a fused block it replaced."""
     if id(m) in done:
-        return done[id(m)]
+        return done[id(m)][1]
     out = m
     if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
         out = m.block_type.__new__(m.block_type)
@@ -539,7 +576,7 @@ def _unfuse(m, plain, done):
         for _, bn in m._convs:
             if isinstance(m._modules.get(bn), SyncBatchNorm):
                 plain.add(id(m._modules[bn]))
-    done[id(m)] = out
+    done[id(m)] = (m, out)
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
@@ -650,7 +687,8 @@ class FusedActivation(torch.nn.Identity):
 def _take_block(out, block, hooks=False):
     """out (a new module) with block's children, its public attributes (stride, downsample
     None, ...; not block_type) and its own training mode (each child keeps its mode: a
-    frozen bn stays in eval); hooks: its hooks too (copies of their dicts)."""
+    frozen bn stays in eval); hooks: its hooks too (their dicts themselves: a handle that
+    registered a hook on block removes it from out)."""
     for name, child in block._modules.items():
         if child is not None:
             out.add_module(name, child)
@@ -660,7 +698,7 @@ def _take_block(out, block, hooks=False):
         if not name.startswith("_"):
             setattr(out, name, value)
         elif hooks and "hooks" in name and isinstance(value, dict):
-            out.__dict__[name] = value.copy()
+            out.__dict__[name] = value
     out.training = block.training
 
 

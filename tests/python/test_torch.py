@@ -139,6 +139,26 @@ class TestTorch(unittest.TestCase):
         self.assertIsNone(m.bias)
         self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
         self.assertEqual(sorted(m.state_dict()), ["num_batches_tracked", "running_mean", "running_var", "weight"])
+        # BatchNormXd (PyTorch's batch norm that revert_sync_batchnorm makes) takes bias= too,
+        # with and without PyTorch's keyword, and equals nn.BatchNorm2d(bias=False) where it has it
+        for kw in (True, False):
+            saved, sbt._BIAS_KW = sbt._BIAS_KW, kw and saved
+            try:
+                xd = sbt.BatchNormXd(3, bias=False)
+                self.assertIn("bias=False", repr(xd))
+            finally:
+                sbt._BIAS_KW = saved
+            self.assertIsNone(xd.bias)
+            self.assertEqual(sorted(xd.state_dict()), ["num_batches_tracked", "running_mean", "running_var", "weight"])
+        if sbt._BIAS_KW:
+            torch.manual_seed(3)
+            bn = torch.nn.BatchNorm2d(3, bias=False)
+            xd.load_state_dict(bn.state_dict())
+            x = torch.randn(2, 3, 4, 4)
+            torch.testing.assert_close(xd(x), bn(x), rtol=0, atol=0)
+        # a layer with no channels: the library's refusal, not nn.BatchNorm's one-value check
+        with self.assertRaisesRegex(syncbn.SyncBNError, "c >= 1"):
+            sbt.SyncBatchNorm(0, comm=syncbn.cpu_team(1)[0])(torch.randn(2, 0, 3, 3))
 
     def test_channels_last_empty_and_1x1_ranks(self):
         """Ranks of a channels_last model, one with an empty batch or 1x1 planes: such a
