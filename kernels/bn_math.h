@@ -157,7 +157,7 @@ SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
    this call (PyTorch: increments first, then uses 1 / num_batches_tracked). */
 SBN_HD float sbn_momentum_factor(float momentum, int64_t num_batches_tracked_before) {
   if (momentum >= 0.0f) return momentum;
-  return (float)(1.0 / (double)(num_batches_tracked_before + 1));
+  return (float)(1.0 / ((double)num_batches_tracked_before + 1.0)); /* no int64 overflow */
 }
 
 /* running = (1 - factor) * running + factor * batch. */

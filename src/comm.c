@@ -99,7 +99,7 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
 /* ---- split ------------------------------------------------------------------------ */
 
 static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommSplit");
   if (r != sbnSuccess) return r;
   if (newcomm == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommSplit: newcomm is NULL");
   if (color < SBN_SPLIT_NOCOLOR)
@@ -138,7 +138,7 @@ SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* 
 /* ---- queries, abort, destroy --------------------------------------------------------- */
 
 SBN_API sbnResult_t sbnCommRank(sbnComm_t comm, int* rank) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommRank");
   if (r != sbnSuccess) return r;
   if (rank == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommRank: rank is NULL");
   *rank = comm->rank;
@@ -146,7 +146,7 @@ SBN_API sbnResult_t sbnCommRank(sbnComm_t comm, int* rank) {
 }
 
 SBN_API sbnResult_t sbnCommCount(sbnComm_t comm, int* count) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommCount");
   if (r != sbnSuccess) return r;
   if (count == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommCount: count is NULL");
   *count = comm->team->nranks;
@@ -154,7 +154,7 @@ SBN_API sbnResult_t sbnCommCount(sbnComm_t comm, int* count) {
 }
 
 SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_error) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommGetAsyncError");
   if (r != sbnSuccess) return r;
   if (async_error == NULL)
     return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetAsyncError: async_error is NULL");
@@ -165,14 +165,14 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
 }
 
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommAbort");
   if (r != sbnSuccess) return r;
   sbn_team_abort_waiting(comm->team);
   return sbnSuccess;
 }
 
 SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommGetTransport");
   if (r != sbnSuccess) return r;
   if (transport == NULL)
     return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetTransport: transport is NULL");
@@ -181,7 +181,7 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport) 
 }
 
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel) {
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommGetKernel");
   if (r != sbnSuccess) return r;
   if (kernel == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommGetKernel: kernel is NULL");
   const char* k = atomic_load(&comm->kernel);
@@ -191,11 +191,15 @@ SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel) {
 
 SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm) {
   if (comm == NULL) return sbnSuccess;
-  sbnResult_t r = sbn_comm_check(comm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommDestroy");
   if (r != sbnSuccess) return r;
-  if (sbn_group_has_comm(comm))
-    return sbn_fail(comm, sbnInvalidUsage,
-                    "sbnCommDestroy: the comm has ops queued in the open group; end the group first");
+  if (sbn_group_has_comm(comm)) { /* a failed call of the group: sbnGroupEnd runs nothing */
+    r = sbn_fail(comm, sbnInvalidUsage,
+                 "sbnCommDestroy: the comm has ops queued in the open group; end the group first "
+                 "(it runs nothing now: a call in it failed)");
+    sbn_group_mark_failed(r, comm);
+    return r;
+  }
   const int cancel = sbn_nocancel_begin();
   int claimed = 0; /* kept: the comm is freed */
   r = sbn_comm_claim(comm, "sbnCommDestroy", &claimed);

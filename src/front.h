@@ -8,8 +8,10 @@
 /* groups (group.c) */
 SBN_INTERNAL int sbn_group_active(void);
 SBN_INTERNAL sbnResult_t sbn_group_enqueue(const sbn_op_t* op);
-/* Records that a call inside the current group failed (sbnGroupEnd then runs nothing). */
-SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r);
+/* Records that a call inside the current group failed (sbnGroupEnd then runs nothing, and
+   its message gives the first such call's detail: comm's last error, or with NULL or an
+   invalid comm the calling thread's). */
+SBN_INTERNAL void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm);
 /* Whether comm has ops queued in this thread's open group. */
 SBN_INTERNAL int sbn_group_has_comm(sbnComm_t comm);
 

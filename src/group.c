@@ -3,6 +3,7 @@
  * asynchronously (GPU teams), and each local rank's queue on a thread of its own for the
  * teams whose ops block until the team meets (CPU teams); and one op run at once
  * (sbn_op_run: an op outside a group, each op of such a queue). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 typedef struct {
   int depth;
   sbnResult_t failed; /* first failure of a call inside the group */
+  char failed_detail[400]; /* its sbnGetLastError text, for sbnGroupEnd's */
   sbn_op_t* ops;
   size_t n, cap;
 } sbn_group_t;
@@ -41,7 +43,7 @@ sbnResult_t sbn_call_finish(const sbn_op_t* op, sbnResult_t r, int claimed,
                             sbnResult_t (*run)(const sbn_op_t* op)) {
   if (sbn_group_active()) {
     if (r == sbnSuccess) r = sbn_group_enqueue(op);
-    else sbn_group_mark_failed(r);
+    else sbn_group_mark_failed(r, op->comm);
     if (r != sbnSuccess && claimed) sbn_comm_unclaim(op->comm);
     return r;
   }
@@ -81,8 +83,12 @@ __attribute__((destructor)) static void delete_exit_key(void) {
   }
 }
 
-void sbn_group_mark_failed(sbnResult_t r) {
-  if (group.failed == sbnSuccess) group.failed = r;
+void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
+  if (group.failed != sbnSuccess) return;
+  group.failed = r;
+  /* the call's own detail (a comm that failed its check has it in the thread's slot) */
+  const int valid = comm != NULL && comm->magic == SBN_COMM_MAGIC;
+  snprintf(group.failed_detail, sizeof group.failed_detail, "%s", sbnGetLastError(valid ? comm : NULL));
 }
 
 sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
@@ -90,7 +96,7 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     size_t cap = group.cap ? 2 * group.cap : 16;
     sbn_op_t* ops = realloc(group.ops, cap * sizeof *ops);
     if (ops == NULL) {
-      sbn_group_mark_failed(sbnSystemError);
+      sbn_group_mark_failed(sbnSystemError, NULL);
       return sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
     }
     if (group.cap == 0) { /* the thread's first queue: free it should the thread exit */
@@ -427,8 +433,8 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   sbnResult_t r;
   if (group.failed != sbnSuccess) {
     r = sbn_fail(NULL, sbnInvalidUsage,
-                 "sbnGroupEnd: a call in this group failed (%s); nothing was run",
-                 sbnGetResultName(group.failed));
+                 "sbnGroupEnd: a call in this group failed (%s: %s); nothing was run",
+                 sbnGetResultName(group.failed), group.failed_detail);
     group_reset();
     sbn_nocancel_end(cancel);
     return r;

@@ -124,6 +124,7 @@ typedef struct sbn_team {
   int split_arrived;
   int* split_color; /* [nlocal] */
   int* split_key;
+  unsigned char* split_here; /* [nlocal]: 1 once local rank i called in this round */
   sbnComm_t* split_result;
   sbnResult_t split_status;
 } sbn_team_t;
@@ -202,7 +203,7 @@ SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
    aborted before any rank left). */
 SBN_INTERNAL int sbn_team_departed(const sbn_team_t* team);
 /* Validates a comm handle; on failure records the detail on the thread slot. */
-SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm);
+SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm, const char* fn);
 /* sbnAborted with a message when the team was aborted (or its backend reports a failure:
    the team is aborted then), else sbnSuccess. */
 SBN_INTERNAL sbnResult_t sbn_comm_check_alive(sbnComm_t comm);

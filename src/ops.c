@@ -167,7 +167,7 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   const int in_group = sbn_group_active();
   /* no cancellation point between the claim and its release (front.h) */
   const int cancel = sbn_nocancel_begin();
-  sbnResult_t r = sbn_comm_check(op->comm);
+  sbnResult_t r = sbn_comm_check(op->comm, op_fn(op, ex));
   int claimed = 0;
   if (r == sbnSuccess) r = sbn_comm_claim(op->comm, op_fn(op, ex), &claimed);
   if (r == sbnSuccess && desc == NULL)

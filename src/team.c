@@ -9,12 +9,12 @@
 
 #include "internal.h"
 
-sbnResult_t sbn_comm_check(sbnComm_t comm) {
-  if (comm == NULL) return sbn_fail(NULL, sbnInvalidArgument, "comm is NULL");
+sbnResult_t sbn_comm_check(sbnComm_t comm, const char* fn) {
+  if (comm == NULL) return sbn_fail(NULL, sbnInvalidArgument, "%s: comm is NULL", fn);
   /* A best-effort check against a pointer that was never a comm: a destroyed comm's
      memory is freed, and using it is undefined (include/syncbn.h, sbnCommDestroy). */
   if (comm->magic != SBN_COMM_MAGIC)
-    return sbn_fail(NULL, sbnInvalidArgument, "comm is not a valid sbnComm_t");
+    return sbn_fail(NULL, sbnInvalidArgument, "%s: comm is not a valid sbnComm_t", fn);
   return sbnSuccess;
 }
 
@@ -68,6 +68,7 @@ static void team_free(sbn_team_t* t) {
   pthread_cond_destroy(&t->split_cv);
   free(t->split_color);
   free(t->split_key);
+  free(t->split_here);
   free(t->split_result);
   free(t);
 }
@@ -90,11 +91,19 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   if (t != NULL) {
     t->split_color = calloc(nl, sizeof(int));
     t->split_key = calloc(nl, sizeof(int));
+    t->split_here = calloc(nl, 1);
     t->split_result = calloc(nl, sizeof(sbnComm_t));
     pthread_mutex_init(&t->split_mu, NULL);
-    pthread_cond_init(&t->split_cv, NULL);
+    /* the split's wait measures its timeout on the monotonic clock, as the ops' waits do
+       (a step of the wall clock neither ends it early nor stretches it) */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->split_cv, &ca);
+    pthread_condattr_destroy(&ca);
   }
-  if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_result) {
+  if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_here ||
+      !t->split_result) {
     team_free(t);
     free(made);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (team of %d ranks)", nranks);
@@ -213,7 +222,7 @@ sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int
 sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
   sbn_team_t* t = comm->team;
   struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
+  clock_gettime(CLOCK_MONOTONIC, &deadline); /* split_cv's clock (sbn_team_create) */
   deadline.tv_sec += (time_t)(t->cfg.timeout_ms / 1000);
   deadline.tv_nsec += (long)(t->cfg.timeout_ms % 1000) * 1000000L;
   if (deadline.tv_nsec >= 1000000000L) {
@@ -221,13 +230,16 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     deadline.tv_nsec -= 1000000000L;
   }
   sbnResult_t r;
+  int missing = -1; /* the first local rank that had not called when the wait ended */
   pthread_mutex_lock(&t->split_mu);
   uint64_t gen = t->split_gen;
   t->split_color[comm->local] = color;
   t->split_key[comm->local] = key;
+  t->split_here[comm->local] = 1;
   if (++t->split_arrived == t->nlocal) {
     t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
     t->split_arrived = 0;
+    memset(t->split_here, 0, (size_t)t->nlocal);
     t->split_gen++;
     pthread_cond_broadcast(&t->split_cv);
   }
@@ -240,6 +252,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     int reason = atomic_load(&t->abort_reason);
     if (reason != sbnSuccess) {
       r = (sbnResult_t)reason;
+      for (int i = 0; i < t->nlocal && missing < 0; i++)
+        if (!t->split_here[i]) missing = i;
       break;
     }
     if (pthread_cond_timedwait(&t->split_cv, &t->split_mu, &deadline) != 0 &&
@@ -257,6 +271,12 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
                     "sbnCommSplit: rank %d of the team was destroyed (sbnCommDestroy) while "
                     "rank %d waited for the team's other ranks; the team is aborted",
                     gone, comm->rank);
+  if (missing >= 0)
+    return sbn_fail(comm, r,
+                    "sbnCommSplit: %s: rank %d waited for rank %d, which had not called "
+                    "sbnCommSplit%s",
+                    sbnGetResultName(r), comm->rank, t->first_local + missing,
+                    r == sbnTimeout ? " within the team's timeout" : "");
   return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
                   sbnGetResultName(r));
 }

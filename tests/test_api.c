@@ -617,6 +617,28 @@ static void test_global_count_one_team(void) {
 }
 
 /* ---- groups --------------------------------------------------------------------------- */
+/* num_batches_tracked at INT64_MAX with the cumulative average (momentum < 0): the factor
+   1 / (count + 1) and the count's increment without signed overflow (undefined behaviour,
+   which UBSan reports in the asan build); the count wraps as PyTorch's int64 add does, and
+   the running statistics stay finite (the factor ~1e-19: they barely move). */
+static void test_batches_tracked_at_int64_max(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comm;
+  ASSERT_OK(sbnCommInitCpu(&comm, 1, &cfg));
+  static bufs_t b;
+  bufs_init(&b, 2, 4, 3, 77);
+  b.nbt = INT64_MAX;
+  for (int i = 0; i < 4; i++) b.rm[i] = 0.0f, b.rv[i] = 1.0f;
+  const sbnParams_t cumulative = {1e-5f, -1.0f, sbnGradLocal};
+  ASSERT_OK(fwd(comm, &b, &cumulative));
+  ASSERT_TRUE(b.nbt == INT64_MIN);
+  for (int i = 0; i < 4; i++) {
+    ASSERT_TRUE(fabsf(b.rm[i]) < 1e-6f); /* from 0 */
+    ASSERT_TRUE(fabsf(b.rv[i] - 1.0f) < 1e-6f); /* from 1 */
+  }
+  ASSERT_OK(sbnCommDestroy(comm));
+}
+
 static void test_group_end_without_start(void) {
   EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
   /* balanced pairs work, also empty and nested ones */
@@ -635,22 +657,39 @@ static void test_group_with_rejected_call(void) {
   for (int r = 0; r < 3; r++) bufs_init(&b[r], 2, 4, 3, 20 + (uint64_t)r);
   memcpy(snap, b, sizeof snap);
 
+  char detail[512], want[600];
   ASSERT_OK(sbnGroupStart());
   ASSERT_OK(fwd(comms[0], &b[0], NULL));
   EXPECT_REJECTED(comms[1], sbnInvalidArgument,
                   sbnForwardTrain(comms[1], &b[1].d, b[1].x, b[1].y, b[1].w, b[1].b, b[1].rm,
                                   b[1].rv, &b[1].nbt, NULL, b[1].si, NULL, NULL));
+  snprintf(detail, sizeof detail, "%s", sbnGetLastError(comms[1]));
   ASSERT_OK(fwd(comms[1], &b[1], NULL)); /* a valid retry does not rescue the group */
   ASSERT_OK(fwd(comms[2], &b[2], NULL));
   EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
   ASSERT_MEMEQ(b, snap, sizeof b);
+  /* sbnGroupEnd's message (the README's sbnGetLastError(NULL)) carries the failed call's
+     detail: it said only which result the call had */
+  snprintf(want, sizeof want, "a call in this group failed (sbnInvalidArgument: %s)", detail);
+  EXPECT_TRUE(strncmp(detail, "sbnForwardTrain: ", 17) == 0);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), want) != NULL);
 
-  /* same for backward, with a NULL comm as the bad call */
+  /* same for backward, with a NULL comm as the bad call (its detail names the call) */
   ASSERT_OK(sbnGroupStart());
   for (int r = 0; r < 3; r++) ASSERT_OK(bwd(comms[r], &b[r], NULL));
   EXPECT_REJECTED(NULL, sbnInvalidArgument, bwd(NULL, &b[0], NULL));
   EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
   ASSERT_MEMEQ(b, snap, sizeof b);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "(sbnInvalidArgument: sbnBackward: comm is NULL)") != NULL);
+
+  /* a refused sbnCommDestroy of a comm with ops queued is a failed call of the group too:
+     sbnGroupEnd runs nothing (it ran the ops) */
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r], NULL));
+  EXPECT_REJECTED(comms[0], sbnInvalidUsage, sbnCommDestroy(comms[0]));
+  EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "(sbnInvalidUsage: sbnCommDestroy: the comm has ops queued") != NULL);
 
   /* a bad split inside a group also fails the whole group */
   sbnComm_t nc[3] = {SENTINEL_COMM, SENTINEL_COMM, SENTINEL_COMM};
@@ -810,6 +849,7 @@ int main(void) {
   SBN_RUN(test_backward_bad_args);
   SBN_RUN(test_inference_bad_args);
   SBN_RUN(test_global_count_one_team);
+  SBN_RUN(test_batches_tracked_at_int64_max);
   SBN_RUN(test_group_end_without_start);
   SBN_RUN(test_group_with_rejected_call);
   SBN_RUN(test_group_rank_missing);

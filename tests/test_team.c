@@ -100,6 +100,18 @@ typedef struct {
   double t0, t1; /* call start/end, ms */
 } job_t;
 
+/* The wall clock as the library reads it (tests/CMakeLists.txt links test_team with
+   -Wl,--wrap=clock_gettime): CLOCK_REALTIME shifted by wall_shift_s, as after a step of
+   the system clock; every other clock as it is. */
+static _Atomic long wall_shift_s;
+int __real_clock_gettime(clockid_t clk, struct timespec* ts);
+int __wrap_clock_gettime(clockid_t clk, struct timespec* ts);
+int __wrap_clock_gettime(clockid_t clk, struct timespec* ts) {
+  int r = __real_clock_gettime(clk, ts);
+  if (r == 0 && clk == CLOCK_REALTIME) ts->tv_sec += (time_t)atomic_load(&wall_shift_s);
+  return r;
+}
+
 static void* job_main(void* arg) {
   job_t* j = (job_t*)arg;
   j->t0 = now_ms();
@@ -397,6 +409,64 @@ static void test_split_threads(void) {
   /* the parent first, then the children (the sub-teams do not depend on it) */
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+}
+
+/* A thread-per-rank split whose rank 2 never calls: ranks 0 and 1 return sbnTimeout after
+   the team's timeout, nothing written, and the message names the rank that did not call
+   (it said only "while waiting for the team's other ranks"). */
+static void test_split_timeout_names_rank(void) {
+  const int64_t timeout = 300;
+  sbnConfig_t cfg = config_ms(timeout);
+  sbnComm_t parent[3], sub[3] = {SENTINEL_COMM, SENTINEL_COMM, SENTINEL_COMM};
+  ASSERT_OK(sbnCommInitCpu(parent, 3, &cfg));
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+  }
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) {
+    char want[80];
+    snprintf(want, sizeof want, "rank %d waited for rank 2, which had not called sbnCommSplit", r);
+    fprintf(stderr, "  rank %d: %s after %.1f ms: %s\n", r, sbnGetResultName(jobs[r].r),
+            jobs[r].t1 - jobs[r].t0, sbnGetLastError(parent[r]));
+    ASSERT_RES(jobs[r].r, sbnTimeout);
+    EXPECT_TRUE(strstr(sbnGetLastError(parent[r]), want) != NULL);
+    EXPECT_TRUE(sub[r] == SENTINEL_COMM);
+  }
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* The split's wait is measured on the monotonic clock, as the ops' waits are: with the
+   wall clock an hour behind (a step of the system clock while ranks meet), a split whose
+   last rank comes 200 ms late succeeds. A deadline taken on CLOCK_REALTIME lay in the
+   past of the wait's clock then, and both early ranks returned sbnTimeout at once. */
+static void test_split_wait_monotonic(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t parent[3], sub[3];
+  ASSERT_OK(sbnCommInitCpu(parent, 3, &cfg));
+  job_t jobs[3];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 3; r++) {
+    sub[r] = SENTINEL_COMM;
+    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+  }
+  atomic_store(&wall_shift_s, -3600L);
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(pthread_create(&th[r], NULL, job_main, &jobs[r]) == 0);
+  sleep_ms(200);
+  job_main(&jobs[2]);
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  atomic_store(&wall_shift_s, 0L);
+  for (int r = 0; r < 3; r++) {
+    fprintf(stderr, "  rank %d: %s after %.1f ms\n", r, sbnGetResultName(jobs[r].r), jobs[r].t1 - jobs[r].t0);
+    ASSERT_RES(jobs[r].r, sbnSuccess);
+    ASSERT_TRUE(sub[r] != SENTINEL_COMM && sub[r] != NULL);
+  }
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
 }
 
 /* SBN_SPLIT_NOCOLOR gives NULL; equal keys order by parent rank. */
@@ -952,6 +1022,8 @@ int main(void) {
   SBN_RUN(test_split_group);
   SBN_RUN(test_split_threads);
   SBN_RUN(test_split_nocolor);
+  SBN_RUN(test_split_timeout_names_rank);
+  SBN_RUN(test_split_wait_monotonic);
   SBN_RUN(test_multi_op_group);
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
