@@ -243,7 +243,8 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops
    queued in another thread's open group, sbnInvalidUsage (nothing done: "one thread at a
-   time per comm", above); destroy a comm whose call waits after that call has returned
+   time per comm", above); with ops queued in this thread's open group, sbnInvalidUsage
+   too, and that group's sbnGroupEnd then runs nothing (a failed call of the group); destroy a comm whose call waits after that call has returned
    (sbnCommAbort ends the wait at once). A destroy racing a call that is still entering
    the library, before it holds the comm, is undefined behaviour, as any use of a freed
    handle. As with free(), the handle is invalid afterwards: using it, or destroying it again, is undefined behaviour (its

@@ -160,6 +160,12 @@ SBN_HD float sbn_momentum_factor(float momentum, int64_t num_batches_tracked_bef
   return (float)(1.0 / ((double)num_batches_tracked_before + 1.0)); /* no int64 overflow */
 }
 
+/* num_batches_tracked after this call: + 1, wrapping at INT64_MAX as PyTorch's int64 add
+   does, without signed overflow. */
+SBN_HD int64_t sbn_nbt_next(int64_t num_batches_tracked_before) {
+  return (int64_t)((uint64_t)num_batches_tracked_before + 1u);
+}
+
 /* running = (1 - factor) * running + factor * batch. */
 SBN_HD float sbn_running_update(float running, float batch, float factor) {
   return SBN_MUL(1.0f - factor, running) + SBN_MUL(factor, batch);

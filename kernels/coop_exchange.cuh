@@ -619,7 +619,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
         R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
         R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
       }
-      if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sm.nbt_before + 1;
+      if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sbn_nbt_next(sm.nbt_before);
     } else {
       if (R.dweight != nullptr) R.dweight[c] = sm.extra[slot][0];
       if (R.dbias != nullptr) R.dbias[c] = sm.extra[slot][1];

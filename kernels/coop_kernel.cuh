@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   if (advance && solo) {
     if (rank_arrivals_done(&R.state->barrier, arrivals, deadline)) {
       st_weak_u32(&R.state->epoch, k);
-      if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sm.nbt_before + 1;
+      if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sbn_nbt_next(sm.nbt_before);
     } else if (st == 0) {
       st = sbnTimeout;
     }

@@ -13,7 +13,7 @@
 typedef struct {
   int depth;
   sbnResult_t failed; /* first failure of a call inside the group */
-  char failed_detail[400]; /* its sbnGetLastError text, for sbnGroupEnd's */
+  char failed_detail[512]; /* its sbnGetLastError text, for sbnGroupEnd's (cut to fit) */
   sbn_op_t* ops;
   size_t n, cap;
 } sbn_group_t;
@@ -96,8 +96,9 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     size_t cap = group.cap ? 2 * group.cap : 16;
     sbn_op_t* ops = realloc(group.ops, cap * sizeof *ops);
     if (ops == NULL) {
-      sbn_group_mark_failed(sbnSystemError, NULL);
-      return sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
+      sbnResult_t r = sbn_fail(op->comm, sbnSystemError, "out of host memory (group queue)");
+      sbn_group_mark_failed(r, op->comm); /* after the detail is recorded: it carries it */
+      return r;
     }
     if (group.cap == 0) { /* the thread's first queue: free it should the thread exit */
       pthread_once(&exit_once, make_exit_key);

@@ -88,6 +88,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   const size_t nl = (size_t)nlocal;
   sbn_team_t* t = calloc(1, sizeof *t);
   sbnComm_t* made = calloc(nl, sizeof *made);
+  int clock_ok = 1;
   if (t != NULL) {
     t->split_color = calloc(nl, sizeof(int));
     t->split_key = calloc(nl, sizeof(int));
@@ -97,15 +98,21 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
     /* the split's wait measures its timeout on the monotonic clock, as the ops' waits do
        (a step of the wall clock neither ends it early nor stretches it) */
     pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->split_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    clock_ok = pthread_condattr_init(&ca) == 0;
+    if (clock_ok) {
+      clock_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+                 pthread_cond_init(&t->split_cv, &ca) == 0;
+      pthread_condattr_destroy(&ca);
+    }
+    if (!clock_ok) pthread_cond_init(&t->split_cv, NULL); /* for team_free's destroy */
   }
   if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_here ||
-      !t->split_result) {
+      !t->split_result || !clock_ok) {
     team_free(t);
     free(made);
+    if (!clock_ok)
+      return sbn_fail(NULL, sbnSystemError,
+                      "a team's condition variable on CLOCK_MONOTONIC could not be made");
     return sbn_fail(NULL, sbnSystemError, "out of host memory (team of %d ranks)", nranks);
   }
   t->ops = ops;
@@ -252,8 +259,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     int reason = atomic_load(&t->abort_reason);
     if (reason != sbnSuccess) {
       r = (sbnResult_t)reason;
-      for (int i = 0; i < t->nlocal && missing < 0; i++)
-        if (!t->split_here[i]) missing = i;
+      for (int i = 0; r == sbnTimeout && i < t->nlocal && missing < 0; i++)
+        if (!t->split_here[i]) missing = i; /* a timeout's cause (an abort has its own) */
       break;
     }
     if (pthread_cond_timedwait(&t->split_cv, &t->split_mu, &deadline) != 0 &&
@@ -273,10 +280,9 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
                     gone, comm->rank);
   if (missing >= 0)
     return sbn_fail(comm, r,
-                    "sbnCommSplit: %s: rank %d waited for rank %d, which had not called "
-                    "sbnCommSplit%s",
-                    sbnGetResultName(r), comm->rank, t->first_local + missing,
-                    r == sbnTimeout ? " within the team's timeout" : "");
+                    "sbnCommSplit: sbnTimeout: rank %d waited for rank %d, which had not "
+                    "called sbnCommSplit within the team's timeout",
+                    comm->rank, t->first_local + missing);
   return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
                   sbnGetResultName(r));
 }

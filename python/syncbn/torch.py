@@ -273,8 +273,11 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             return traced
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
-        if input.shape[1] != self.num_features:  # a RuntimeError, as F.batch_norm's for this
-            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {input.shape[1]} channels, "
+        c = input.shape[1]
+        if c != self.num_features or c == 0:
+            if c == 0:  # nn.SyncBatchNorm's ValueError, in training and eval
+                raise ValueError("syncbn.torch.SyncBatchNorm: number of input channels should be non-zero")
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {c} channels, "  # as F.batch_norm's for this
                                f"the layer has {self.num_features}")
         act = self._act
         fused = residual is not None or act != _sbn.IDENTITY or self._inplace
@@ -335,8 +338,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
                              f"(syncbn.cpu_team(W, max_channels=...) or syncbn.nccl_team(..., max_channels=...))")
-        # nn.BatchNorm's check (one value per channel), for a team of one; no channels: not this
-        if comm._size == 1 and input.numel() == input.shape[1] != 0:
+        if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         momentum = self.momentum
         if self.track_running_stats:
@@ -688,7 +690,8 @@ def _take_block(out, block, hooks=False):
     """out (a new module) with block's children, its public attributes (stride, downsample
     None, ...; not block_type) and its own training mode (each child keeps its mode: a
     frozen bn stays in eval); hooks: its hooks too (their dicts themselves: a handle that
-    registered a hook on block removes it from out)."""
+    registered a hook on block removes it from out; and whether its backward hooks are
+    full ones)."""
     for name, child in block._modules.items():
         if child is not None:
             out.add_module(name, child)
@@ -697,7 +700,7 @@ def _take_block(out, block, hooks=False):
             continue
         if not name.startswith("_"):
             setattr(out, name, value)
-        elif hooks and "hooks" in name and isinstance(value, dict):
+        elif hooks and ("hooks" in name and isinstance(value, dict) or name == "_is_full_backward_hook"):
             out.__dict__[name] = value
     out.training = block.training
 

@@ -177,8 +177,7 @@ sbnResult_t sbn_cpu_forward(const sbn_op_t* op) {
       op->running_var[ci] = sbn_running_update(op->running_var[ci], var_unbiased[ci], f);
     }
   }
-  if (op->num_batches_tracked != NULL) /* wraps at INT64_MAX as PyTorch's int64 add, without UB */
-    *op->num_batches_tracked = (int64_t)((uint64_t)*op->num_batches_tracked + 1u);
+  if (op->num_batches_tracked != NULL) *op->num_batches_tracked = sbn_nbt_next(*op->num_batches_tracked);
   return sbnSuccess;
 }
 

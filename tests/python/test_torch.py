@@ -156,9 +156,14 @@ class TestTorch(unittest.TestCase):
             xd.load_state_dict(bn.state_dict())
             x = torch.randn(2, 3, 4, 4)
             torch.testing.assert_close(xd(x), bn(x), rtol=0, atol=0)
-        # a layer with no channels: the library's refusal, not nn.BatchNorm's one-value check
-        with self.assertRaisesRegex(syncbn.SyncBNError, "c >= 1"):
-            sbt.SyncBatchNorm(0, comm=syncbn.cpu_team(1)[0])(torch.randn(2, 0, 3, 3))
+        # a layer with no channels: nn.SyncBatchNorm's ValueError, in training and eval (not
+        # nn.BatchNorm's one-value check, nor the library's refusal)
+        zero = sbt.SyncBatchNorm(0, comm=syncbn.cpu_team(1)[0])
+        for train in (True, False):
+            with self.assertRaisesRegex(ValueError, "SyncBatchNorm: number of input channels should be non-zero"):
+                zero.train(train)(torch.randn(2, 0, 3, 3))
+        with self.assertRaisesRegex(ValueError, "non-zero"):
+            torch.nn.SyncBatchNorm(0)(torch.randn(2, 0, 3, 3))  # PyTorch's own
 
     def test_channels_last_empty_and_1x1_ranks(self):
         """Ranks of a channels_last model, one with an empty batch or 1x1 planes: such a

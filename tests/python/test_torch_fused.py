@@ -1112,7 +1112,8 @@ class TestConvert(TeamOfOne):
     def test_revert_keeps_hook_handles(self):
         """A hook registered on a fused block before the revert stays on the block it
         reverts to, and its handle removes it there (the block takes the hook dicts
-        themselves: a copy left the handle removing from the fused block's)."""
+        themselves: a copy left the handle removing from the fused block's); a full
+        backward hook stays one (it was dropped: its flag was not carried over)."""
         conv = sbt.convert_fused(nn.Sequential(BasicBlock(4, 4)), comm=self.comm)
         calls = []
         h = conv[0].register_forward_hook(lambda m, inp, out: calls.append("fwd"))
@@ -1129,6 +1130,12 @@ class TestConvert(TeamOfOne):
         back(x)
         self.assertEqual(calls, ["pre", "fwd", "pre"])
         self.assertTrue(sbt._no_hooks(back[0]))
+        conv = sbt.convert_fused(nn.Sequential(BasicBlock(4, 4)), comm=self.comm)
+        grads = []
+        conv[0].register_full_backward_hook(lambda m, gin, gout: grads.append(gout[0].shape))
+        back = sbt.revert_sync_batchnorm(conv)
+        back(x.requires_grad_()).sum().backward()
+        self.assertEqual(grads, [x.shape])
 
     def test_reverted_epilogues_convert_back(self):
         """revert_sync_batchnorm then convert_sync_batchnorm gives back each layer's
