@@ -108,6 +108,12 @@ static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
     }
   }
   report_end(written, status);
+  /* the table is the main job's output: one that could not be written (a full disk, a
+     closed stdout) is a failed run, not a silent exit 0 */
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "%s: cannot write the table to standard output: %s\n", argv0, strerror(errno));
+    status = 1;
+  }
   return status;
 }
 

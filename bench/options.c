@@ -179,6 +179,38 @@ static const char* const kOptionList =
     "-w/--ranks, -i/--iters, --warmup, --scale, --check-channels, --shapes, --only, --dtype, "
     "--layout, --paths, --epilogue, --gpu, --json, --quick, -h/--help";
 
+/* An argument that is an option, not a value: "-" then a letter, or "--" then anything
+   (-5, a negative number, is a value: the option's check refuses it). */
+static int looks_like_option(const char* a) {
+  return a[0] == '-' && ((a[1] >= 'a' && a[1] <= 'z') || (a[1] >= 'A' && a[1] <= 'Z') || a[1] == '-');
+}
+
+/* The index of the first byte of s that is not part of well-formed UTF-8 (RFC 3629: no
+   overlong forms, surrogates or values above U+10FFFF), or -1. */
+static long utf8_bad_at(const char* s) {
+  const unsigned char* p = (const unsigned char*)s;
+  long i = 0;
+  while (p[i]) {
+    const unsigned char b = p[i];
+    int len = 0;
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (b < 0x80) len = 1;
+    else if (b >= 0xc2 && b <= 0xdf) len = 2;
+    else if (b >= 0xe0 && b <= 0xef) len = 3, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+    else if (b >= 0xf0 && b <= 0xf4) len = 4, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+    else return i;
+    for (int k = 1; k < len; k++) {
+      const unsigned char c = p[i + k];
+      if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xbf)) return i;
+    }
+    i += len;
+  }
+  return -1;
+}
+
+/* Whether c ends a token of a shapes line: a blank or the end. */
+static int ends_token(char c) { return c == '\0' || c == ' ' || c == '\t' || c == '\r'; }
+
 int opts_parse(int argc, char** argv, bench_opts_t* o) {
   const char* argv0 = argv[0];
   o->gpu = BENCH_GPU_AUTO;
@@ -219,10 +251,13 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
       return usage_error(argv0, "unknown option '%s' (the options: %s)", a, kOptionList);
     if (eq)
       val = eq + 1;
-    else if (i + 1 < argc)
-      val = argv[++i];
-    else
+    else if (i + 1 >= argc)
       return usage_error(argv0, "%s needs a value", name);
+    else if (looks_like_option(argv[i + 1])) /* `--json --quick` wrote a file named --quick */
+      return usage_error(argv0, "%s needs a value, got the option '%s' (%s=VALUE takes any value)",
+                         name, argv[i + 1], name);
+    else
+      val = argv[++i];
     if (!strcmp(name, "-w") || !strcmp(name, "--ranks")) {
       if (parse_int_list(val, 1, BENCH_CPU_MAX_RANKS, o->ranks_list, BENCH_MAX_RANK_LIST,
                          &o->nranks_list))
@@ -359,18 +394,32 @@ static int parse_shapes(const char* text, const char* label, const char* argv0,
     char* s = line;
     while (*s == ' ' || *s == '\t' || *s == '\r') s++;
     if (*s == '\0' || *s == '#') continue;
+    const long bad = utf8_bad_at(s);
+    if (bad >= 0) { /* its text goes into the JSON, which is UTF-8 */
+      shapes_error(argv0, label, lineno, "not UTF-8 text (byte 0x%02x at column %ld)",
+                   (unsigned char)s[bad], (long)(s - line) + bad + 1);
+      goto fail;
+    }
     if (count == max) {
       shapes_error(argv0, label, lineno, "more than %d shapes", max);
       goto fail;
     }
     bench_shape_t* sh = &shapes[count];
     long long n, c, h, w;
-    int used = 0;
-    if (sscanf(s, "%31s %lld %lld %lld %lld %n", sh->id, &n, &c, &h, &w, &used) < 5 || n < 1 ||
-        c < 1 || h < 1 || w < 1) {
-      shapes_error(argv0, label, lineno, "expected 'id N C H W [where]' with N, C, H, W >= 1");
+    int id_end = 0, used = 0;
+    if (sscanf(s, "%31s%n %lld %lld %lld %lld%n", sh->id, &id_end, &n, &c, &h, &w, &used) < 5 ||
+        n < 1 || c < 1 || h < 1 || w < 1 || !ends_token(s[used])) {
+      /* W must end at a blank (1e3 read as 1, and 16x as 16, ran other shapes) */
+      shapes_error(argv0, label, lineno,
+                   "expected 'id N C H W [where]' with N, C, H, W integers >= 1");
       goto fail;
     }
+    if (!ends_token(s[id_end])) { /* cut at 31: its digits were read as N */
+      shapes_error(argv0, label, lineno, "a shape id is at most %d characters",
+                   (int)sizeof sh->id - 1);
+      goto fail;
+    }
+    while (s[used] == ' ' || s[used] == '\t') used++;
     for (int k = 0; k < count; k++)
       if (ascii_casecmp(shapes[k].id, sh->id) == 0) {
         shapes_error(argv0, label, lineno,

@@ -170,7 +170,12 @@ def load(files, any_mode):
                                                     "nccl_version", "driver", "driver_version",
                                                     "runtime_version") if top.get(k) is not None},
                "floors": top.get("floors") if isinstance(top.get("floors"), str) else None,
-               "rows": 0, "checked": 0, "wrong": 0, "errors": 0}
+               "rows": 0, "checked": 0, "wrong": 0, "errors": 0,
+               # a run cut short (sbn-bench writes complete: false until its last row) or
+               # one that reported a failure (ok: false): said beside its rows
+               "cut_short": top.get("complete") is False, "not_ok": top.get("ok") is False}
+        if src["cut_short"]:
+            warn(f"{path}: the run was cut short (complete: false): its rows are those it reached")
         data.sources.append(src)
         for dest, items in ((data.rows, top["rows"]), (data.latency, latency_list(top))):
             for r in items:

@@ -166,7 +166,10 @@ def write_markdown(data, path):
     L.append("")
     for s in data.sources:
         L.append(f"- `{os.path.basename(s['file'])}`: {s['rows']} rows, {s['checked']} values "
-                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error (latency rows included)")
+                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error (latency rows included)"
+                 + ("; **the run was cut short** (complete: false): only the rows it reached"
+                    if s.get("cut_short") else "")
+                 + ("; **the run reported a failure** (ok: false)" if s.get("not_ok") else ""))
     bad = [r for r in list(data.rows.values()) + list(data.latency.values())
            if r["error"] or (r["wrong"] or 0) > 0 or r["fwd"]["us_median"] is None]
     if bad:

@@ -143,6 +143,14 @@ static void print_title(const char* title, int width) {
   for (int i = 0; i < right; i++) putchar('-');
 }
 
+
+/* The header's "checked channels per row": "<= N", or "all" (--check-channels 0). */
+static const char* checked_channels(const bench_opts_t* o) {
+  static char buf[32];
+  if (o->check_channels == 0) return "all";
+  snprintf(buf, sizeof buf, "<= %d", o->check_channels);
+  return buf;
+}
 static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   const bench_device_info_t* g = run->dev;
   char wl[160], ver[32];
@@ -210,10 +218,9 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
            o->epilogue == BENCH_EPI_ADD_RELU ? ", dz" : "",
            o->epilogue == BENCH_EPI_ADD_RELU ? "ADD_" : "");
   printf(
-      "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s%d (one more "
+      "# scale %d (spatial = H*W / %d, >= 1), checked channels per row %s (one more "
       "forward + backward per row on fresh inputs, copied back)\n",
-      o->scale, o->scale, o->check_channels ? "<= " : "all",
-      o->check_channels ? o->check_channels : 0);
+      o->scale, o->scale, checked_channels(o));
   printf(
       "# shapes: %d from %s; sizes are per rank (= per GPU): a row of W ranks moves W x "
       "those bytes through one GPU\n",
@@ -226,9 +233,8 @@ static void print_cpu_lines(const bench_opts_t* o, const bench_run_t* run) {
          run->cores);
   printf(
       "# scale %d (spatial = H*W / %d, >= 1), warm-up %d, iters %d (median), checked "
-      "channels per row %s%d\n",
-      o->scale, o->scale, o->warmup, o->iters, o->check_channels ? "<= " : "all",
-      o->check_channels ? o->check_channels : 0);
+      "channels per row %s\n",
+      o->scale, o->scale, o->warmup, o->iters, checked_channels(o));
   printf("# shapes: %d from %s; sizes are per rank (= per GPU)\n", run->nshapes,
          run->shapes_source);
   if (o->epilogue != BENCH_EPI_NONE)

@@ -631,6 +631,28 @@ def test_plot(tmp):
     check(r.returncode == 1 and "no usable rows" in r.stderr, "plot.py with only a CPU-mode file: exit 1")
 
 
+def test_md_cut_short(tmp):
+    """A run cut short (complete: false) or failed (ok: false) says so in results.md's
+    Correctness, and on stderr (it read as a clean run of fewer rows); a complete one does
+    not. --md-only: no matplotlib needed."""
+    sbn = json.load(open(synthetic_files(tmp)[0], encoding="utf-8"))
+    for name, extra, want in (("whole", {"complete": True, "ok": True}, None),
+                              ("cut", {"complete": False, "ok": False}, "the run was cut short")):
+        d = dict(sbn, rows=sbn["rows"][:5], **extra)
+        path = os.path.join(tmp, f"cut_{name}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(d, f)
+        out = os.path.join(tmp, f"out_cut_{name}")
+        r = run([sys.executable, PLOT, path, "--md-only", "--out", out])
+        md = open(os.path.join(out, "results.md"), encoding="utf-8").read() if r.returncode == 0 else ""
+        if want:
+            check(want in md and "reported a failure" in md and "cut short" in r.stderr,
+                  f"plot.py on a cut-short run says so in results.md and on stderr {r.stderr[-500:]}")
+        else:
+            check(r.returncode == 0 and "cut short" not in md and "reported a failure" not in md,
+                  f"plot.py on a complete run: no such words {r.stderr[-500:]}")
+
+
 def test_plot_without_matplotlib(tmp):
     fake = os.path.join(tmp, "no_mpl")
     os.makedirs(os.path.join(fake, "matplotlib"), exist_ok=True)
@@ -905,6 +927,7 @@ def main():
             return history_only(tmp, not args.no_plot)
         has_torch = test_baseline_shapes(exe, tmp)
         test_baseline_accuracy()
+        test_md_cut_short(tmp)
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
         if sbn:
             test_sbn_bench_floors(sbn)
