@@ -64,7 +64,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "sbn_bench_build.h" /* generated: SBN_BENCH_COMMIT */
+#include "sbn_bench_commit.h" /* generated at build time: SBN_BENCH_COMMIT */
 
 static void json_string(FILE* f, const char* s) {
   fputc('"', f);

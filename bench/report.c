@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "sbn_bench_build.h" /* generated: SBN_BENCH_COMMIT */
+#include "sbn_bench_commit.h" /* generated at build time: SBN_BENCH_COMMIT */
 
 const char* const kRatioFormula =
     "speed ratio = t_path / t_coop of the same op (median times), shape, dtype, layout and W "
