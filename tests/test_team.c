@@ -1,7 +1,8 @@
 /* test_team.c — how a CPU team behaves as a team: timeouts, sbnCommAbort, sub-teams
- * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group,
- * several teams in one group, op mismatches in thread-per-rank mode, and a rank destroyed
- * while its peers live (and the normal teardown).
+ * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group, a
+ * group whose queue cannot grow, several teams in one group, op mismatches in
+ * thread-per-rank mode, and a rank destroyed while its peers live (and the normal
+ * teardown).
  *
  * Thread-per-rank calls run on pthreads created here; every wait is bounded by a comm
  * timeout, so a library bug shows as a failed assertion, not a hung test.
@@ -110,6 +111,16 @@ int __wrap_clock_gettime(clockid_t clk, struct timespec* ts) {
   int r = __real_clock_gettime(clk, ts);
   if (r == 0 && clk == CLOCK_REALTIME) ts->tv_sec += (time_t)atomic_load(&wall_shift_s);
   return r;
+}
+
+/* The library's realloc as it reaches it (tests/CMakeLists.txt: -Wl,--wrap=realloc): while
+   fail_realloc is set, every call fails as an exhausted heap's would. */
+static _Atomic int fail_realloc;
+void* __real_realloc(void* p, size_t size);
+void* __wrap_realloc(void* p, size_t size);
+void* __wrap_realloc(void* p, size_t size) {
+  if (atomic_load(&fail_realloc)) return NULL;
+  return __real_realloc(p, size);
 }
 
 static void* job_main(void* arg) {
@@ -537,6 +548,41 @@ static void test_multi_op_group(void) {
     ASSERT_EQ_INT(one[r].nbt, 2);
     ASSERT_MEMEQ(&one[r], &two[r], sizeof one[r]);
   }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* A group whose queue cannot grow (realloc fails at the 17th op: a queue starts with room
+   for 16): that call returns sbnSystemError, and sbnGroupEnd runs none of the 16 queued
+   before it (no output touched), returns sbnInvalidUsage with the call's own detail; the
+   team is whole after it. */
+static void test_group_queue_out_of_memory(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], before[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 4, 700 + (uint64_t)r);
+  memcpy(before, b, sizeof before);
+
+  ASSERT_OK(sbnGroupStart());
+  for (int k = 0; k < 8; k++)
+    for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r])); /* 16 ops: the queue full */
+  atomic_store(&fail_realloc, 1);
+  const sbnResult_t r17 = fwd(comms[0], &b[0]);
+  atomic_store(&fail_realloc, 0);
+  ASSERT_RES(r17, sbnSystemError);
+  EXPECT_TRUE(strstr(sbnGetLastError(comms[0]), "out of host memory (group queue)") != NULL);
+  (void)fwd(comms[1], &b[1]); /* the round's other half: queued or refused, nothing runs */
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage);
+  const char* e = sbnGetLastError(NULL);
+  EXPECT_TRUE(strstr(e, "sbnSystemError") != NULL);
+  EXPECT_TRUE(strstr(e, "out of host memory (group queue)") != NULL);
+  EXPECT_TRUE(strstr(e, "nothing was run") != NULL);
+  for (int r = 0; r < 2; r++) ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]);
+
+  ASSERT_OK(sbnGroupStart()); /* the comms were given back: a normal round runs */
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  for (int r = 0; r < 2; r++) ASSERT_EQ_INT(b[r].nbt, 1);
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
@@ -1025,6 +1071,7 @@ int main(void) {
   SBN_RUN(test_split_timeout_names_rank);
   SBN_RUN(test_split_wait_monotonic);
   SBN_RUN(test_multi_op_group);
+  SBN_RUN(test_group_queue_out_of_memory);
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
   SBN_RUN(test_mismatch_pipeline);
