@@ -147,6 +147,7 @@ typedef struct {
   size_t n;
   sbnResult_t result;
   size_t failed_at; /* queue index of the first failure */
+  char detail[512]; /* its comm's sbnGetLastError text then */
   pthread_t thread;
   int started;
 } rank_queue_t;
@@ -162,13 +163,20 @@ typedef struct {
   start_gate_t* gate;
 } worker_arg_t;
 
+/* A rank's ops in queue order, up to its first failure: a later op may read what the failed
+   one did not write (a backward its forward's save_mean, a layer the last one's y). The
+   failures of a running op are its team's alike (the exchange: a mismatch, a team of one
+   element, an abort), so the peers stop at the same op. */
 static void run_queue(rank_queue_t* q) {
   q->result = sbnSuccess;
   for (size_t i = 0; i < q->n; i++) {
-    sbnResult_t r = sbn_op_run(&q->ops[q->idx[i]]);
-    if (r != sbnSuccess && q->result == sbnSuccess) {
+    const sbn_op_t* op = &q->ops[q->idx[i]];
+    sbnResult_t r = sbn_op_run(op);
+    if (r != sbnSuccess) {
       q->result = r;
       q->failed_at = q->idx[i];
+      snprintf(q->detail, sizeof q->detail, "%s", sbnGetLastError(op->comm));
+      return;
     }
   }
 }
@@ -407,16 +415,17 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
     if (qs[i].started) pthread_join(qs[i].thread, NULL);
   if (result == sbnSuccess) {
     /* the failure earliest in queue order, so the result does not depend on timing */
-    size_t first = group.n;
+    size_t first = group.n, fq = 0;
     for (size_t i = 0; i < nq; i++) {
       if (qs[i].n && qs[i].result != sbnSuccess && qs[i].failed_at < first) {
         first = qs[i].failed_at;
+        fq = i;
         result = qs[i].result;
       }
     }
     if (result != sbnSuccess)
       sbn_fail(NULL, result, "sbnGroupEnd: an op failed (%s): %s", sbnGetResultName(result),
-               sbnGetLastError(group.ops[first].comm));
+               qs[fq].detail);
   }
   pthread_cond_destroy(&gate.cv);
   pthread_mutex_destroy(&gate.mu);

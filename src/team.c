@@ -46,13 +46,18 @@ int sbn_team_departed(const sbn_team_t* t) {
   return atomic_load_explicit(&t->departed, memory_order_acquire);
 }
 
-void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
+/* The abort with split_mu held: a thread-per-rank split's last rank decides under it
+   whether the split is made (sbn_split_rendezvous). */
+static void team_abort_locked(sbn_team_t* team, sbnResult_t reason) {
   int expected = sbnSuccess;
   if (atomic_compare_exchange_strong(&team->abort_reason, &expected, (int)reason))
     sbn_log(SBN_LOG_INFO, "team %p aborted: %s", (void*)team, sbnGetResultName(reason));
-  /* wake ranks waiting in a thread-per-rank split */
+  pthread_cond_broadcast(&team->split_cv); /* wake ranks waiting in a thread-per-rank split */
+}
+
+void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
   pthread_mutex_lock(&team->split_mu);
-  pthread_cond_broadcast(&team->split_cv);
+  team_abort_locked(team, reason);
   pthread_mutex_unlock(&team->split_mu);
 }
 
@@ -243,7 +248,12 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
   t->split_color[comm->local] = color;
   t->split_key[comm->local] = key;
   t->split_here[comm->local] = 1;
-  if (++t->split_arrived == t->nlocal) {
+  /* The last rank makes the split unless the team was aborted: the abort's CAS and this
+     check are both made under split_mu, so a split is made for every rank or for none (a
+     rank whose wait ran out, or a peer's abort, either comes first and every rank fails,
+     or comes after the split and every rank has its comm). */
+  const int late = atomic_load(&t->abort_reason) != sbnSuccess; /* aborted before this call */
+  if (++t->split_arrived == t->nlocal && !late) {
     t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
     t->split_arrived = 0;
     memset(t->split_here, 0, (size_t)t->nlocal);
@@ -264,11 +274,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
       break;
     }
     if (pthread_cond_timedwait(&t->split_cv, &t->split_mu, &deadline) != 0 &&
-        t->split_gen == gen) {
-      pthread_mutex_unlock(&t->split_mu);
-      sbn_team_abort(t, sbnTimeout);
-      pthread_mutex_lock(&t->split_mu);
-    }
+        t->split_gen == gen)
+      team_abort_locked(t, sbnTimeout); /* no split was made: none will be */
   }
   pthread_mutex_unlock(&t->split_mu);
   if (r == sbnSuccess) return sbnSuccess;
@@ -278,6 +285,11 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
                     "sbnCommSplit: rank %d of the team was destroyed (sbnCommDestroy) while "
                     "rank %d waited for the team's other ranks; the team is aborted",
                     gone, comm->rank);
+  if (late)
+    return sbn_fail(comm, r,
+                    "sbnCommSplit: rank %d called after the team was aborted (%s); no split "
+                    "was made",
+                    comm->rank, sbnGetResultName(r));
   if (missing >= 0)
     return sbn_fail(comm, r,
                     "sbnCommSplit: sbnTimeout: rank %d waited for rank %d, which had not "

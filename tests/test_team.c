@@ -99,6 +99,8 @@ typedef struct {
   sbnComm_t* newcomm;
   sbnResult_t r;
   double t0, t1; /* call start/end, ms */
+  int start_ms;      /* the thread sleeps this long before its call */
+  int lock_delay_ms; /* the call's first pthread_mutex_lock waits this long first */
 } job_t;
 
 /* The wall clock as the library reads it (tests/CMakeLists.txt links test_team with
@@ -123,8 +125,29 @@ void* __wrap_realloc(void* p, size_t size) {
   return __real_realloc(p, size);
 }
 
+/* The library's pthread_mutex_lock (-Wl,--wrap=pthread_mutex_lock): a thread whose
+   lock_delay_ms is set sleeps that long before its next lock, as a thread the scheduler
+   stalled there would (test_split_late_rank). */
+static _Thread_local int lock_delay_ms;
+int __real_pthread_mutex_lock(pthread_mutex_t* m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t* m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t* m) {
+  if (lock_delay_ms > 0) {
+    const int ms = lock_delay_ms;
+    lock_delay_ms = 0;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return __real_pthread_mutex_lock(m);
+}
+
 static void* job_main(void* arg) {
   job_t* j = (job_t*)arg;
+  if (j->start_ms > 0) {
+    struct timespec ts = {j->start_ms / 1000, (long)(j->start_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  lock_delay_ms = j->lock_delay_ms;
   j->t0 = now_ms();
   switch (j->kind) {
     case JOB_FWD: j->r = fwd(j->comm, j->b); break;
@@ -449,6 +472,38 @@ static void test_split_timeout_names_rank(void) {
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
 }
 
+/* A thread-per-rank split whose last rank calls in time but reaches the rendezvous after
+   the first rank's wait ran out (stalled before the split's lock: the wrapped
+   pthread_mutex_lock): neither rank gets a comm, and no comm is made. The last rank made
+   the split without looking at the abort: it returned sbnSuccess and a comm of a sub-team
+   whose other rank's comm nobody held, while rank 0 returned sbnTimeout. */
+static void test_split_late_rank(void) {
+  sbnConfig_t cfg = config_ms(400);
+  sbnComm_t parent[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
+  ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+  }
+  jobs[1].start_ms = 50;         /* in time: the team is not aborted yet */
+  jobs[1].lock_delay_ms = 1000;  /* at the rendezvous after rank 0's 400 ms ran out */
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++)
+    fprintf(stderr, "  rank %d: %s after %.1f ms: %s\n", r, sbnGetResultName(jobs[r].r),
+            jobs[r].t1 - jobs[r].t0, sbnGetLastError(parent[r]));
+  ASSERT_RES(jobs[0].r, sbnTimeout);
+  EXPECT_TRUE(strstr(sbnGetLastError(parent[0]), "rank 0 waited for rank 1") != NULL);
+  EXPECT_TRUE(jobs[1].r != sbnSuccess); /* sbnTimeout; sbnAborted had it been stalled before */
+  if (jobs[1].r == sbnTimeout)          /* its check of the team, not at the lock */
+    EXPECT_TRUE(strstr(sbnGetLastError(parent[1]), "called after the team was aborted") != NULL);
+  for (int r = 0; r < 2; r++) EXPECT_TRUE(sub[r] == SENTINEL_COMM);
+  for (int r = 0; r < 2; r++)
+    if (sub[r] != SENTINEL_COMM && sub[r] != NULL) sbnCommDestroy(sub[r]);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
 /* The split's wait is measured on the monotonic clock, as the ops' waits are: with the
    wall clock an hour behind (a step of the system clock while ranks meet), a split whose
    last rank comes 200 ms late succeeds. A deadline taken on CLOCK_REALTIME lay in the
@@ -583,6 +638,34 @@ static void test_group_queue_out_of_memory(void) {
   for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r]));
   ASSERT_OK(sbnGroupEnd());
   for (int r = 0; r < 2; r++) ASSERT_EQ_INT(b[r].nbt, 1);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* A group whose op fails when it runs (the team's batch has one element per channel: known
+   only after the exchange) stops each rank's queue there: the backward queued after it,
+   which would read the forward's unwritten save_mean and save_invstd, does not run (it
+   wrote dx of ~1e13 from the poison), and sbnGroupEnd gives the forward's detail. */
+static void test_group_stops_at_failure(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], before[2];
+  bufs_init(&b[0], 1, 3, 1, 800); /* M = 1 + 0 */
+  bufs_init(&b[1], 0, 3, 1, 801);
+  memcpy(before, b, sizeof before);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) {
+    ASSERT_OK(fwd(comms[r], &b[r]));
+    ASSERT_OK(bwd(comms[r], &b[r]));
+  }
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "Expected more than 1 value per channel") != NULL);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_MEMEQ(b[r].dx, before[r].dx, sizeof b[r].dx);
+    ASSERT_MEMEQ(b[r].dw, before[r].dw, sizeof b[r].dw);
+    ASSERT_MEMEQ(b[r].db, before[r].db, sizeof b[r].db);
+    ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]); /* and the forward wrote nothing */
+  }
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
@@ -1070,8 +1153,10 @@ int main(void) {
   SBN_RUN(test_split_nocolor);
   SBN_RUN(test_split_timeout_names_rank);
   SBN_RUN(test_split_wait_monotonic);
+  SBN_RUN(test_split_late_rank);
   SBN_RUN(test_multi_op_group);
   SBN_RUN(test_group_queue_out_of_memory);
+  SBN_RUN(test_group_stops_at_failure);
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
   SBN_RUN(test_mismatch_pipeline);
