@@ -253,11 +253,13 @@ def _bufs(d, host, spec, objs):
 def desc(dtype, layout, n, c, spatial=1):
     """A TensorDesc: dtype FLOAT32/FLOAT16/BFLOAT16, layout NCHW/NHWC, this rank's batch n
     (0 allowed), channels c, spatial = the product of the spatial extents."""
-    return TensorDesc(int(dtype), int(layout), int(n), int(c), int(spatial))
+    ci = _capi.c_int
+    return TensorDesc(ci(dtype, "dtype", 32), ci(layout, "layout", 32), ci(n, "n"), ci(c, "c"),
+                      ci(spatial, "spatial"))
 
 
 def _params(eps, momentum, grad_mode):
-    return Params(float(eps), -1.0 if momentum is None else float(momentum), int(grad_mode))
+    return Params(float(eps), -1.0 if momentum is None else float(momentum), _capi.c_int(grad_mode, "grad_mode", 32))
 
 
 class Comm:
@@ -450,11 +452,12 @@ def _no_comm():
 def cpu_team(nranks, timeout_ms=None, max_channels=None):
     """sbnCommInitCpu: a team of nranks ranks that are host threads (rank r calls
     through comms[r] from its own thread), data in host memory."""
-    if not 1 <= int(nranks) <= _capi.SBN_MAX_CPU_TEAM_RANKS:
+    nranks = _capi.c_int(nranks, "nranks", 32)
+    if not 1 <= nranks <= _capi.SBN_MAX_CPU_TEAM_RANKS:
         raise ValueError(f"syncbn.cpu_team: nranks {nranks} outside 1..{_capi.SBN_MAX_CPU_TEAM_RANKS}")
-    handles = (ctypes.c_void_p * int(nranks))()
+    handles = (ctypes.c_void_p * nranks)()
     cfg = Config.make(timeout_ms, max_channels)
-    _check(_capi.lib.sbnCommInitCpu(handles, int(nranks), ctypes.byref(cfg)), "sbnCommInitCpu")
+    _check(_capi.lib.sbnCommInitCpu(handles, nranks, ctypes.byref(cfg)), "sbnCommInitCpu")
     comms = [Comm(h) for h in handles]
     for c in comms:  # the ranks keep each other alive (a reference cycle: collected together)
         c._team = comms
@@ -480,7 +483,8 @@ def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
     uid = _capi.NcclUniqueId.from_buffer_copy(raw)
     h = ctypes.c_void_p()
     cfg = Config.make(timeout_ms, max_channels)
-    _check(_capi.lib.sbnCommInitNcclRank(ctypes.byref(h), ctypes.byref(uid), int(nranks), int(rank),
+    _check(_capi.lib.sbnCommInitNcclRank(ctypes.byref(h), ctypes.byref(uid), _capi.c_int(nranks, "nranks", 32),
+                                         _capi.c_int(rank, "rank", 32),
                                          ctypes.byref(cfg)), "sbnCommInitNcclRank")
     c = Comm(h.value)
     c.max_channels = cfg.max_channels

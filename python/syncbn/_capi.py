@@ -9,6 +9,7 @@ the calls.
 
 import ctypes
 import ctypes.util
+import operator
 import os
 import pathlib
 
@@ -36,6 +37,28 @@ class TensorDesc(ctypes.Structure):
     ]
 
 
+_INT_RANGE = {32: (-(2 ** 31), 2 ** 31 - 1), 64: (-(2 ** 63), 2 ** 63 - 1)}
+
+
+def c_int(value, name, bits=64):
+    """value as the C integer of `bits` bits a struct field or an argument takes: an int
+    (or an integral float, 1e4) within that type's range, else a TypeError or ValueError
+    naming it (ctypes would wrap 2**64 + 5 to 5 and cut 1.7 to 1 without a word)."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+            raise ValueError(f"syncbn: {name} must be an integer, got {value!r}")
+        value = int(value)
+    else:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"syncbn: {name} must be an integer, got {type(value).__name__}") from None
+    lo, hi = _INT_RANGE[bits]
+    if not lo <= value <= hi:
+        raise ValueError(f"syncbn: {name} = {value} does not fit the C library's {bits}-bit integer")
+    return value
+
+
 class Config(ctypes.Structure):
     """sbnConfig_t, filled as SBN_CONFIG_INITIALIZER fills it."""
 
@@ -53,8 +76,8 @@ class Config(ctypes.Structure):
             ctypes.sizeof(cls),
             SBN_CONFIG_MAGIC,
             SBN_CONFIG_VERSION,
-            SBN_DEFAULT_TIMEOUT_MS if timeout_ms is None else int(timeout_ms),
-            SBN_DEFAULT_MAX_CHANNELS if max_channels is None else int(max_channels),
+            SBN_DEFAULT_TIMEOUT_MS if timeout_ms is None else c_int(timeout_ms, "timeout_ms"),
+            SBN_DEFAULT_MAX_CHANNELS if max_channels is None else c_int(max_channels, "max_channels"),
         )
 
 
@@ -78,7 +101,7 @@ class Epilogue(ctypes.Structure):
 
     @classmethod
     def make(cls, activation, slope):
-        return cls(ctypes.sizeof(cls), int(activation), float(slope))
+        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), float(slope))
 
 
 def _candidates():

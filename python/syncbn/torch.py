@@ -351,15 +351,38 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # Plain tensors outside torch.compile and modes: the operator's kernels and autograd
         # without the dispatcher's two Python-kernel calls (~4 us a call); everything else
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
+        plain = _plain(input)
+        if plain:
+            _inference_refused(input, self.weight, self.bias, rm, rv, nbt, self._inplace)
         if not fused:
-            if _plain(input):
+            if plain:
                 return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)
             return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)[0]
-        if _plain(input) and (residual is None or _plain(residual)):
+        if plain and (residual is None or _plain(residual)):
             return _train_act_eager(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum,
                                     comm.id, act, self._slope, self._inplace)
         return _TRAIN_ACT(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id, act,
                           self._slope, self._inplace)[0]
+
+
+def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
+    """PyTorch's refusals of inference tensors (made under torch.inference_mode()) outside
+    inference mode, raised before the training call writes anything (the running
+    statistics were updated, then autograd refused to save x): a buffer the call updates in
+    place, an input the in-place mode overwrites, and an input autograd would save."""
+    if not (x.is_inference() or (rm is not None and (rm.is_inference() or rv.is_inference()))
+            or (nbt is not None and nbt.is_inference())) or torch.is_inference_mode_enabled():
+        return
+    for name, t in (("running_mean", rm), ("running_var", rv), ("num_batches_tracked", nbt),
+                    ("the input (inplace=True overwrites it)", x if inplace else None)):
+        if t is not None and t.is_inference():
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: Inplace update to inference tensor outside InferenceMode "
+                               f"is not allowed: {name} was made under torch.inference_mode(); clone it, or train "
+                               f"inside inference mode")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (weight, bias)):
+        raise RuntimeError("syncbn.torch.SyncBatchNorm: Inference tensors cannot be saved for backward: the input "
+                           "was made under torch.inference_mode(); clone it, or call the layer under "
+                           "torch.no_grad() or inference mode")
 
 
 def _bad_eps(eps, rule):

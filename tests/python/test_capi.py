@@ -193,6 +193,33 @@ class TestCapi(unittest.TestCase):
             with self.assertRaises(ValueError):
                 syncbn.nccl_team(bytes(n), 1, 0)  # not an id
 
+    def test_integers_checked_before_c(self):
+        """Integers for the C structs and calls are refused, naming the argument, where
+        ctypes would wrap or cut them without a word (timeout_ms=2**64 + 5 was a 5 ms
+        timeout, 1.7 was 1, max_channels=2**64 + 3 was 3, desc n=2**64 + 2 was 2, dtype
+        2**32 was FLOAT32); an int, a NumPy integer and an integral float pass."""
+        F32, NCHW = syncbn.FLOAT32, syncbn.NCHW
+        for call, exc, msg in ((lambda: syncbn.cpu_team(1, timeout_ms=2 ** 64 + 5), ValueError, "timeout_ms = 1844"),
+                               (lambda: syncbn.cpu_team(1, timeout_ms=1.7), ValueError, "timeout_ms must be an integer"),
+                               (lambda: syncbn.cpu_team(1, timeout_ms=float("nan")), ValueError, "timeout_ms must"),
+                               (lambda: syncbn.cpu_team(1, timeout_ms="10"), TypeError, "timeout_ms must be an integer"),
+                               (lambda: syncbn.cpu_team(1, max_channels=2 ** 64 + 3), ValueError, "max_channels = "),
+                               (lambda: syncbn.cpu_team(1.5), ValueError, "nranks must be an integer"),
+                               (lambda: syncbn.nccl_team(bytes(128), 2 ** 32 + 1, 0), ValueError, "nranks = "),
+                               (lambda: syncbn.desc(F32, NCHW, 2 ** 64 + 2, 3, 1), ValueError, "n = "),
+                               (lambda: syncbn.desc(2 ** 32, NCHW, 2, 3, 1), ValueError, "dtype = "),
+                               (lambda: syncbn.desc(F32, NCHW, 2, 3.5, 1), ValueError, "c must be an integer"),
+                               (lambda: syncbn.desc(F32, NCHW, 2, 3, None), TypeError, "spatial must be")):
+            with self.assertRaisesRegex(exc, "syncbn: " + msg):
+                call()
+        d = syncbn.desc(np.int32(F32), NCHW, np.int64(2), 3.0, 2 ** 40)
+        self.assertEqual((d.dtype, d.n, d.c, d.spatial), (F32, 2, 3, 2 ** 40))
+        comms = syncbn.cpu_team(np.int64(1), timeout_ms=1e4, max_channels=np.uint16(8))
+        try:
+            self.assertEqual(comms[0].max_channels, 8)
+        finally:
+            comms[0].destroy()
+
     def test_nccl_unique_id_is_whole(self):
         """All 128 bytes of the id (a ctypes char array would stop at its first zero byte),
         or sbnUnsupported where this build or machine has no NCCL."""

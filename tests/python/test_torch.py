@@ -313,6 +313,43 @@ class TestTorch(unittest.TestCase):
         finally:
             comms[0].destroy()
 
+    def test_inference_tensors_refused_before_anything_is_written(self):
+        """Tensors made under torch.inference_mode() in a training call outside it:
+        PyTorch's two RuntimeErrors (an input autograd must save; buffers updated in place;
+        and an input the in-place mode overwrites), raised before the call writes anything
+        (the running statistics were updated, then autograd refused to save x). Inside
+        inference mode, or with nothing to save (no_grad), the call runs as nn's does."""
+        comms = syncbn.cpu_team(1)
+        try:
+            with torch.inference_mode():
+                xi = torch.randn(4, 3, 5) + 2.0
+                made_inside = sbt.SyncBatchNorm(3, comm=comms[0])
+            fresh = sbt.SyncBatchNorm(3, comm=comms[0])
+            relu_inplace = sbt.SyncBatchNorm(3, comm=comms[0], activation="leaky_relu", inplace=True)
+            for m, x, grad, msg in ((fresh, xi, True, "Inference tensors cannot be saved for backward: the input"),
+                                    (made_inside, torch.randn(4, 3, 5), True, "running_mean was made under"),
+                                    (made_inside, torch.randn(4, 3, 5), False, "running_mean was made under"),
+                                    (relu_inplace, xi, False, "the input \\(inplace=True overwrites it\\)")):
+                with torch.set_grad_enabled(grad), self.assertRaisesRegex(RuntimeError, msg):
+                    m(x)
+                self.assertEqual(int(m.num_batches_tracked), 0)
+                self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+                self.assertTrue(torch.equal(m.running_var, torch.ones(3)))
+            x0 = xi.clone()
+            with torch.no_grad():  # nothing saved: the inference input is read, as by nn
+                y = fresh(xi)
+            ref = torch.nn.BatchNorm2d(3)
+            with torch.no_grad():
+                want = ref(xi.clone().unsqueeze(-1)).squeeze(-1)
+            torch.testing.assert_close(y, want, rtol=3e-5, atol=3e-5)
+            torch.testing.assert_close(fresh.running_mean, ref.running_mean, rtol=3e-5, atol=3e-5)
+            self.assertTrue(torch.equal(xi, x0))
+            with torch.inference_mode():  # inside inference mode: trains, as nn does
+                made_inside(xi)
+            self.assertEqual(int(made_inside.num_batches_tracked), 1)
+        finally:
+            comms[0].destroy()
+
     def test_shared_batch_norm_converts_once(self):
         """A batch norm used in three places (twice in one container, once in another) becomes ONE
         SyncBatchNorm used in all three, trained as the original (the same parameters, its
