@@ -1372,6 +1372,47 @@ class TestExport(TeamOfOne):
             self._exports_without_syncbn(self._model(True), torch.randn(2, 3, 8, 8))
 
 
+class TestForwardAD(TeamOfOne):
+    """torch.func.jvp and jacfwd of an evaluated layer (plain, and fused with a residual):
+    nn.BatchNorm2d's (then the same activation) tangents, within fp32 rounding (the layer
+    runs PyTorch's batch norm under them: syncbn's operators have no forward-mode rule, and
+    refused it); in training, still refused (a RuntimeError), nothing written."""
+
+    def test_jvp_eval_as_nn(self):
+        torch.manual_seed(5)
+        m = sbt.SyncBatchNorm(4, comm=self.comm)
+        ref = nn.BatchNorm2d(4)
+        with torch.no_grad():
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-1, 1)
+        ref.load_state_dict(m.state_dict())
+        m.eval(), ref.eval()
+        x, z, tx, tz = (torch.randn(2, 4, 3, 5) for _ in range(4))
+        y, t = torch.func.jvp(m, (x,), (tx,))
+        y_ref, t_ref = torch.func.jvp(ref, (x,), (tx,))
+        torch.testing.assert_close(y, y_ref, rtol=3e-5, atol=3e-5)
+        torch.testing.assert_close(t, t_ref, rtol=3e-5, atol=3e-5)
+        jac = torch.func.jacfwd(m)(x[:1, :, :1, :2])
+        torch.testing.assert_close(jac, torch.func.jacfwd(ref)(x[:1, :, :1, :2]), rtol=3e-5, atol=3e-5)
+        m.set_activation("leaky_relu", 0.1)
+
+        def ref_fused(a, b):
+            return F.leaky_relu(ref(a) + b, 0.1)
+
+        y, t = torch.func.jvp(m, (x, z), (tx, tz))
+        y_ref, t_ref = torch.func.jvp(ref_fused, (x, z), (tx, tz))
+        torch.testing.assert_close(y, y_ref, rtol=3e-5, atol=3e-5)
+        torch.testing.assert_close(t, t_ref, rtol=3e-5, atol=3e-5)
+        m.train()
+        state = copy.deepcopy(m.state_dict())
+        with self.assertRaises(RuntimeError):
+            torch.func.jvp(m, (x, z), (tx, tz))
+        for k, v in m.state_dict().items():
+            self.assertTrue(torch.equal(v, state[k]), k)
+
+
 @needs_vmap_rules
 class TestVmap(TeamOfOne):
     """torch.func.vmap of a layer (the operators' vmap rules, _ops.register_vmap): in eval,
