@@ -117,6 +117,29 @@ static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
   return status;
 }
 
+/* After a row that failed: a team its failure aborted (a timeout: a tiny SBN_TIMEOUT_MS,
+   more ranks than the cores can keep up with) fails every later op without running it,
+   so the next rows get a new team. 0, or -1 when the new team could not be made (the
+   comms then all NULL). */
+static int cpu_team_renew(const char* argv0, sbnComm_t* comms, int ranks, const sbnConfig_t* cfg,
+                          const bench_row_t* row) {
+  sbnResult_t async = sbnSuccess;
+  if (sbnCommGetAsyncError(comms[0], &async) != sbnSuccess || async == sbnSuccess) return 0;
+  char label[96];
+  fprintf(stderr, "%s: the CPU team was aborted (%s) in row %s; a new team runs the rows after it\n",
+          argv0, sbnGetResultName(async), row_label(row, label, sizeof label));
+  for (int r = 0; r < ranks; r++) {
+    sbnCommDestroy(comms[r]);
+    comms[r] = NULL;
+  }
+  sbnResult_t rc = sbnCommInitCpu(comms, ranks, cfg);
+  if (rc == sbnSuccess) return 0;
+  fprintf(stderr, "%s: sbnCommInitCpu(%d ranks): %s: %s\n", argv0, ranks, sbnGetResultName(rc),
+          sbnGetLastError(NULL));
+  for (int r = 0; r < ranks; r++) comms[r] = NULL;
+  return -1;
+}
+
 /* CPU mode: the CPU team of o->ranks ranks over every shape x dtype x layout. */
 static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
                     int nshapes, bench_run_t* run) {
@@ -154,12 +177,20 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   plan_done(argv0, o, run, &res);
   bench_layout_keep_t keep;
   memset(&keep, 0, sizeof keep);
+  int team_ok = 1;
   for (int i = 0; i < res.nrows; i++) {
-    syncbn_cpu_row(&res.rows[i], comms, o, &keep);
+    if (team_ok)
+      syncbn_cpu_row(&res.rows[i], comms, o, &keep);
+    else
+      snprintf(res.rows[i].error, sizeof res.rows[i].error,
+               "not run: no CPU team (a new one could not be made after an abort)");
     row_done(argv0, o, run, &res, &res.rows[i], 1);
+    if (team_ok && res.rows[i].error[0] && i + 1 < res.nrows &&
+        cpu_team_renew(argv0, comms, o->ranks, &cfg, &res.rows[i]) != 0)
+      team_ok = 0;
   }
   keep_free(&keep);
-  for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]);
+  for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]); /* NULL is accepted */
   free(comms);
   run->total_s = (now_us() - run->t_start) * 1e-6;
   report_footer(run, &res);

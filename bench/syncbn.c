@@ -14,6 +14,8 @@
 static void note_failure(char* err, size_t cap, const char* call, int rank, sbnResult_t res,
                          const char* detail) {
   if (err[0]) return;
+  const size_t k = strlen(call); /* a detail that names the call already: once */
+  if (strncmp(detail, call, k) == 0 && detail[k] == ':') detail += k + 1 + (detail[k + 1] == ' ');
   if (rank >= 0)
     snprintf(err, cap, "rank %d %s: %s: %s", rank, call, sbnGetResultName(res), detail);
   else

@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_cli.sh — one run of sbn-bench from the command line, and how it must end: its exit
-# status, texts its output (stdout and stderr) must hold, and for a usage error (status 2)
-# that nothing ran (no table header printed).
+# status, texts its output (stdout and stderr) must hold (a TEXT that starts with '!': the
+# rest must not be there), and for a usage error (status 2) that nothing ran (no table
+# header printed).
 #   test_cli.sh STATUS TEXT... -- SBN_BENCH [ARGS...]
 set -f # the texts are literal ("[1, 4096]" is no glob)
 want=$1
@@ -28,9 +29,18 @@ fi
 IFS='
 '
 for t in $texts; do
-  case $out in
-    *"$t"*) ;;
-    *) echo "test_cli.sh: the output lacks: $t"; fail=1 ;;
+  case $t in
+    !*)
+      case $out in
+        *"${t#!}"*) echo "test_cli.sh: the output holds: ${t#!}"; fail=1 ;;
+      esac
+      ;;
+    *)
+      case $out in
+        *"$t"*) ;;
+        *) echo "test_cli.sh: the output lacks: $t"; fail=1 ;;
+      esac
+      ;;
   esac
 done
 if [ "$want" -eq 2 ]; then
