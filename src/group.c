@@ -166,7 +166,9 @@ typedef struct {
 /* A rank's ops in queue order, up to its first failure: a later op may read what the failed
    one did not write (a backward its forward's save_mean, a layer the last one's y). The
    failures of a running op are its team's alike (the exchange: a mismatch, a team of one
-   element, an abort), so the peers stop at the same op. */
+   element, an abort), so the peers stop at the same op; but for a timeout's boundary (a
+   rank may complete the op its peer timed out of), where that rank stops at its next op,
+   at once: the team is aborted. No peer is left waiting. */
 static void run_queue(rank_queue_t* q) {
   q->result = sbnSuccess;
   for (size_t i = 0; i < q->n; i++) {

@@ -129,12 +129,14 @@ void* __wrap_realloc(void* p, size_t size) {
    lock_delay_ms is set sleeps that long before its next lock, as a thread the scheduler
    stalled there would (test_split_late_rank). */
 static _Thread_local int lock_delay_ms;
+static _Atomic double stall_began_ms; /* when the last delayed lock began to wait */
 int __real_pthread_mutex_lock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_lock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_lock(pthread_mutex_t* m) {
   if (lock_delay_ms > 0) {
     const int ms = lock_delay_ms;
     lock_delay_ms = 0;
+    atomic_store(&stall_began_ms, now_ms());
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
   }
@@ -473,35 +475,50 @@ static void test_split_timeout_names_rank(void) {
 }
 
 /* A thread-per-rank split whose last rank calls in time but reaches the rendezvous after
-   the first rank's wait ran out (stalled before the split's lock: the wrapped
+   the first rank's wait ran out (stalled before the split's lock, its first: the wrapped
    pthread_mutex_lock): neither rank gets a comm, and no comm is made. The last rank made
    the split without looking at the abort: it returned sbnSuccess and a comm of a sub-team
-   whose other rank's comm nobody held, while rank 0 returned sbnTimeout. */
+   whose other rank's comm nobody held, while rank 0 returned sbnTimeout. The stall must
+   begin before rank 0's wait runs out (else rank 1's check of the team refuses it first,
+   which tests nothing here) and rank 0 must time out: a try where the machine's load moved
+   either is made again, and a test of three such tries fails. (Not reached by it: the
+   abort's compare-and-swap made outside split_mu, a window of a few instructions.) */
 static void test_split_late_rank(void) {
-  sbnConfig_t cfg = config_ms(400);
-  sbnComm_t parent[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
-  ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
-  job_t jobs[2];
-  memset(jobs, 0, sizeof jobs);
-  for (int r = 0; r < 2; r++) {
-    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
-    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+  const int timeout = 400;
+  for (int attempt = 0; attempt < 3; attempt++) {
+    sbnConfig_t cfg = config_ms(timeout);
+    sbnComm_t parent[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
+    ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
+    job_t jobs[2];
+    memset(jobs, 0, sizeof jobs);
+    for (int r = 0; r < 2; r++) {
+      jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+      jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+    }
+    jobs[1].start_ms = 50;        /* in time: the team is not aborted yet */
+    jobs[1].lock_delay_ms = 1000; /* at the rendezvous after rank 0's 400 ms ran out */
+    atomic_store(&stall_began_ms, 0.0);
+    ASSERT_TRUE(run_jobs(jobs, 2));
+    for (int r = 0; r < 2; r++)
+      fprintf(stderr, "  rank %d: %s after %.1f ms: %s\n", r, sbnGetResultName(jobs[r].r),
+              jobs[r].t1 - jobs[r].t0, sbnGetLastError(parent[r]));
+    const double stall = atomic_load(&stall_began_ms);
+    const int landed = jobs[0].r == sbnTimeout && stall > 0.0 && stall < jobs[0].t0 + timeout;
+    if (landed) {
+      EXPECT_TRUE(strstr(sbnGetLastError(parent[0]), "rank 0 waited for rank 1") != NULL);
+      ASSERT_RES(jobs[1].r, sbnTimeout);
+      EXPECT_TRUE(strstr(sbnGetLastError(parent[1]), "called after the team was aborted") != NULL);
+      for (int r = 0; r < 2; r++) EXPECT_TRUE(sub[r] == SENTINEL_COMM);
+    } else {
+      fprintf(stderr, "  try %d: the stall did not land (rank 0 %s, stall at %+.1f ms of its deadline)\n",
+              attempt + 1, sbnGetResultName(jobs[0].r), stall - (jobs[0].t0 + timeout));
+    }
+    for (int r = 0; r < 2; r++)
+      if (sub[r] != SENTINEL_COMM && sub[r] != NULL) sbnCommDestroy(sub[r]);
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+    if (landed) return;
   }
-  jobs[1].start_ms = 50;         /* in time: the team is not aborted yet */
-  jobs[1].lock_delay_ms = 1000;  /* at the rendezvous after rank 0's 400 ms ran out */
-  ASSERT_TRUE(run_jobs(jobs, 2));
-  for (int r = 0; r < 2; r++)
-    fprintf(stderr, "  rank %d: %s after %.1f ms: %s\n", r, sbnGetResultName(jobs[r].r),
-            jobs[r].t1 - jobs[r].t0, sbnGetLastError(parent[r]));
-  ASSERT_RES(jobs[0].r, sbnTimeout);
-  EXPECT_TRUE(strstr(sbnGetLastError(parent[0]), "rank 0 waited for rank 1") != NULL);
-  EXPECT_TRUE(jobs[1].r != sbnSuccess); /* sbnTimeout; sbnAborted had it been stalled before */
-  if (jobs[1].r == sbnTimeout)          /* its check of the team, not at the lock */
-    EXPECT_TRUE(strstr(sbnGetLastError(parent[1]), "called after the team was aborted") != NULL);
-  for (int r = 0; r < 2; r++) EXPECT_TRUE(sub[r] == SENTINEL_COMM);
-  for (int r = 0; r < 2; r++)
-    if (sub[r] != SENTINEL_COMM && sub[r] != NULL) sbnCommDestroy(sub[r]);
-  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+  SBN_FAIL_("rank 1's stall never began before rank 0's wait ran out in 3 tries: the race was not set up");
 }
 
 /* The split's wait is measured on the monotonic clock, as the ops' waits are: with the

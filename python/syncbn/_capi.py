@@ -9,6 +9,8 @@ the calls.
 
 import ctypes
 import ctypes.util
+import math
+import numbers
 import operator
 import os
 import pathlib
@@ -44,9 +46,10 @@ def c_int(value, name, bits=64):
     """value as the C integer of `bits` bits a struct field or an argument takes: an int
     (or an integral float, 1e4) within that type's range, else a TypeError or ValueError
     naming it (ctypes would wrap 2**64 + 5 to 5 and cut 1.7 to 1 without a word)."""
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")) or value != int(value):
-            raise ValueError(f"syncbn: {name} must be an integer, got {value!r}")
+    given = value
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # float, np.float32
+        if not math.isfinite(value) or value != math.floor(value):
+            raise ValueError(f"syncbn: {name} must be an integer, got {given!r}")
         value = int(value)
     else:
         try:
@@ -55,7 +58,7 @@ def c_int(value, name, bits=64):
             raise TypeError(f"syncbn: {name} must be an integer, got {type(value).__name__}") from None
     lo, hi = _INT_RANGE[bits]
     if not lo <= value <= hi:
-        raise ValueError(f"syncbn: {name} = {value} does not fit the C library's {bits}-bit integer")
+        raise ValueError(f"syncbn: {name} = {given!r} does not fit the C library's {bits}-bit integer")
     return value
 
 

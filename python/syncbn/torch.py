@@ -33,6 +33,7 @@ import threading
 import warnings
 
 import torch
+import torch.autograd.forward_ad as _fwad
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -67,24 +68,26 @@ def _graphed(plain):
     TorchScript-based exporter), whose tensors are plain. The same on every PyTorch: no
     export flag is needed (PyTorch 2.4 has no torch.compiler.is_exporting; a non-strict
     export's tensors are fake in every version). Not asked: torch.onnx.is_in_onnx_export,
-    which imports modules at each call (1.1-1.6 us of an eval call's ~7 on CPU). And under
-    torch.func's forward-mode transforms (jvp, jacfwd: their tensors look plain), where
-    PyTorch's batch norm has the rule syncbn's operators lack (vmap and grad keep the
-    operators: their rules are the operators')."""
-    return not plain or _jit_tracing() or (_functorch_level() is not None and _in_jvp())
+    which imports modules at each call (1.1-1.6 us of an eval call's ~7 on CPU). And
+    under forward-mode AD (torch.func's jvp and jacfwd, whose tensors look plain, and
+    torch.autograd.forward_ad's dual levels), where PyTorch's batch norm has the rule
+    syncbn's operators lack (vmap and grad keep the operators: their rules are the
+    operators')."""
+    return (not plain or _jit_tracing() or _fwad._current_level >= 0
+            or (_functorch_level() is not None and _in_jvp()))
 
 
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", lambda: None)
+try:
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters as _interpreters
+    _JVP = torch._C._functorch.TransformType.Jvp
+except (ImportError, AttributeError):  # a PyTorch without them: the operators refuse jvp
+    _interpreters, _JVP = (lambda: ()), None
 
 
 def _in_jvp():
     """Whether a torch.func jvp transform is active (asked only under some transform)."""
-    try:
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-        jvp = torch._C._functorch.TransformType.Jvp
-    except (ImportError, AttributeError):  # a PyTorch without them: the operators refuse jvp
-        return False
-    return any(i.key() == jvp for i in retrieve_all_functorch_interpreters())
+    return any(i.key() == _JVP for i in _interpreters())
 
 
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator

@@ -212,7 +212,9 @@ class TestCapi(unittest.TestCase):
                                (lambda: syncbn.desc(F32, NCHW, 2, 3, None), TypeError, "spatial must be")):
             with self.assertRaisesRegex(exc, "syncbn: " + msg):
                 call()
-        d = syncbn.desc(np.int32(F32), NCHW, np.int64(2), 3.0, 2 ** 40)
+        with self.assertRaisesRegex(ValueError, "syncbn: n = 1e\\+300 does not fit"):
+            syncbn.desc(F32, NCHW, 1e300, 3, 1)
+        d = syncbn.desc(np.int32(F32), NCHW, np.int64(2), np.float32(3.0), 2 ** 40)
         self.assertEqual((d.dtype, d.n, d.c, d.spatial), (F32, 2, 3, 2 ** 40))
         comms = syncbn.cpu_team(np.int64(1), timeout_ms=1e4, max_channels=np.uint16(8))
         try:

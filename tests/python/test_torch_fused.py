@@ -1405,6 +1405,10 @@ class TestForwardAD(TeamOfOne):
         y_ref, t_ref = torch.func.jvp(ref_fused, (x, z), (tx, tz))
         torch.testing.assert_close(y, y_ref, rtol=3e-5, atol=3e-5)
         torch.testing.assert_close(t, t_ref, rtol=3e-5, atol=3e-5)
+        import torch.autograd.forward_ad as fwad  # dual tensors outside torch.func: the same
+        with fwad.dual_level():
+            t = fwad.unpack_dual(m(fwad.make_dual(x, tx), fwad.make_dual(z, tz))).tangent
+        torch.testing.assert_close(t, t_ref, rtol=3e-5, atol=3e-5)
         m.train()
         state = copy.deepcopy(m.state_dict())
         with self.assertRaises(RuntimeError):
