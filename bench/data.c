@@ -52,7 +52,7 @@ static uint64_t string_hash(const char* s) {
 
 static void store_elem(void* p, sbnDataType_t t, int64_t i, float v) {
   switch (t) {
-#define SBN_DT_PUT_(value, bytes, name, tag) \
+#define SBN_DT_PUT_(value, bytes, name, tag, bits) \
   case value: sbn_##tag##_put(p, i, v); break;
     SBN_DTYPES(SBN_DT_PUT_)
 #undef SBN_DT_PUT_

@@ -26,7 +26,7 @@
 #define BENCH_MEMORY_SHARE 0.9
 
 const char* const kDtypeNames[SBN_DTYPE_COUNT] = {
-#define SBN_DT_NAME_(value, bytes, name, tag) [value] = name,
+#define SBN_DT_NAME_(value, bytes, name, tag, bits) [value] = name,
     SBN_DTYPES(SBN_DT_NAME_)
 #undef SBN_DT_NAME_
 };

@@ -400,17 +400,23 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
 
 /* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
    identity when x is given). dz: NULL, or where to write the residual's gradient
-   dy * act'(y) (dz == dy allowed; dz == dx refused). x NULL: the in-place backward, which
+   dy * act'(y) (dz == dy, dz == x, dz == y and dx == y allowed: the in-place pattern, one
+   buffer for x, y and dx; dz == dx refused; dweight or dbias on weight, bias, save_mean or
+   save_invstd refused, as a bias without a weight is). The activation must be the
+   forward's (nothing can check it: a ReLU forward's y taken as identity's gives wrong
+   gradients). x NULL: the in-place backward, which
    needs no copy of x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with a
    slope >= FLT_MIN: ReLU is not invertible, and a subnormal slope loses x's bits; and a
    forward without z: dz must be NULL), so bias is read then (weight, bias NULL:
-   affine=False). By policy, a channel whose |weight| < SBN_RECOVER_MIN_WEIGHT has its
+   affine=False). By policy, a channel whose |weight| < max(SBN_RECOVER_MIN_WEIGHT,
+   u * |bias|), u the dtype's unit roundoff (2^-24 fp32, 2^-11 fp16, 2^-8 bf16), has its
    x_hat taken as 0 (with weight 0, y is the bias and keeps no x; below the threshold,
-   dividing y - bias by the weight turns y's rounding of the bias into x_hat): its dweight
-   is 0 (a weight at 0 gets no gradient in place) and its dx weight * invstd *
-   (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against the x-based
+   dividing y - bias by the weight turns y's rounding of the bias into an x_hat off by
+   more than 1): its dweight is 0 (a weight at 0 gets no gradient in place) and its dx
+   weight * invstd * (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against the x-based
    backward: bench/notes/tolerances.md (y must not underflow: a leaky slope so small that
-   slope * v leaves the dtype's normal range loses x). Every rank must pass the same
+   slope * v leaves the dtype's normal range loses x; nor overflow: an fp16 y of inf keeps
+   no x, and its channel's dx and dweight are NaN). Every rank must pass the same
    activation (kind; the slope as in sbnForwardTrainEx). The choice of x or y is each
    rank's on CPU teams, NCCL teams and sbnCommInitAll ranks called one thread per rank
    (the results agree within the in-place backward's accuracy); a GPU team's ops given
@@ -436,7 +442,8 @@ SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, c
                                   sbnStream_t stream);
 
 /* sbnForwardInference with the epilogue: y = act(bn_eval(x) + z), the training formula
-   with the running statistics. z: NULL or a tensor per desc (the same memory as x). */
+   with the running statistics. z: NULL or a tensor per desc, in memory of x's kind (host
+   or device). */
 SBN_API sbnResult_t sbnForwardInferenceEx(const sbnTensorDesc_t* desc, const void* x,
                                           const void* z, void* y, const float* weight,
                                           const float* bias, const float* running_mean,

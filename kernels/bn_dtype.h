@@ -71,22 +71,23 @@ SBN_HD uint16_t sbn_f32_to_f16(float f) {
 }
 
 /* ---- the dtypes: one row each ------------------------------------------------------------ */
-/* X(value, bytes, name, tag). Generated from it: the count, validity, sizes and names
+/* X(value, bytes, name, tag, bits); bits: the significand's precision (the unit roundoff
+   is 2^-bits). Generated from it: the count, validity, sizes, names and unit roundoffs
    below, the CPU team's element loops (src/cpu/cpu_reduce.c), the kernels' element traits
    (Dt<> in kernels/coop_mem.cuh) and their kernel tables (kernels/coop.cu). `tag` names
    the row's conversions: sbn_<tag>_get / sbn_<tag>_put here, <tag>_bits_to_f32 /
    f32_to_<tag>_bits in coop_mem.cuh (device intrinsics, the same bits). A new dtype is a
    value in syncbn.h's sbnDataType_t, a row here, and its conversions. */
-#define SBN_DTYPES(X)           \
-  X(sbnFloat32, 4, "fp32", f32) \
-  X(sbnFloat16, 2, "fp16", f16) \
-  X(sbnBFloat16, 2, "bf16", bf16)
+#define SBN_DTYPES(X)               \
+  X(sbnFloat32, 4, "fp32", f32, 24) \
+  X(sbnFloat16, 2, "fp16", f16, 11) \
+  X(sbnBFloat16, 2, "bf16", bf16, 8)
 
-#define SBN_DT_COUNT_(value, bytes, name, tag) +1
+#define SBN_DT_COUNT_(value, bytes, name, tag, bits) +1
 enum { SBN_DTYPE_COUNT = 0 SBN_DTYPES(SBN_DT_COUNT_) };
 #undef SBN_DT_COUNT_
 /* the values are 0 .. SBN_DTYPE_COUNT - 1: tables are indexed by them */
-#define SBN_DT_CHECK_(value, bytes, name, tag) \
+#define SBN_DT_CHECK_(value, bytes, name, tag, bits) \
   typedef char sbn_dtype_check_##tag[(int)(value) >= 0 && (int)(value) < SBN_DTYPE_COUNT ? 1 : -1];
 SBN_DTYPES(SBN_DT_CHECK_)
 #undef SBN_DT_CHECK_
@@ -101,7 +102,7 @@ SBN_HD int sbn_dtype_valid(int dt) { return dt >= 0 && dt < SBN_DTYPE_COUNT; }
 #endif
 SBN_HD SBN_DT_CONSTEXPR int sbn_dtype_size(int dt) {
   switch (dt) {
-#define SBN_DT_CASE_(value, bytes, name, tag) \
+#define SBN_DT_CASE_(value, bytes, name, tag, bits) \
   case value: return bytes;
     SBN_DTYPES(SBN_DT_CASE_)
 #undef SBN_DT_CASE_
@@ -111,12 +112,24 @@ SBN_HD SBN_DT_CONSTEXPR int sbn_dtype_size(int dt) {
 
 SBN_HD const char* sbn_dtype_name(int dt) {
   switch (dt) {
-#define SBN_DT_CASE_(value, bytes, name, tag) \
+#define SBN_DT_CASE_(value, bytes, name, tag, bits) \
   case value: return name;
     SBN_DTYPES(SBN_DT_CASE_)
 #undef SBN_DT_CASE_
   }
   return "unknown";
+}
+
+/* The unit roundoff of a dtype (round to nearest: a value's relative error when stored):
+   2^-24 fp32, 2^-11 fp16, 2^-8 bf16. */
+SBN_HD float sbn_dtype_unit(int dt) {
+  switch (dt) {
+#define SBN_DT_CASE_(value, bytes, name, tag, bits) \
+  case value: return 1.0f / (float)(1u << (bits));
+    SBN_DTYPES(SBN_DT_CASE_)
+#undef SBN_DT_CASE_
+  }
+  return 1.0f;
 }
 
 /* Element i of a tensor as fp32, and fp32 stored as element i (rounded to nearest even). */

@@ -327,12 +327,17 @@ SBN_HD float sbn_act_inverse(int act, float inv_slope, float y) {
 SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ? 1.0f / slope : 1.0f; }
 
 /* The per-channel factor of the recovery: 1 / (weight * invstd); by policy 0 where
-   |weight| < min_weight (SBN_RECOVER_MIN_WEIGHT): x_hat is taken as 0 there (with weight
-   0, y is the bias rounded to the dtype and keeps no x; near it, 1 / weight would turn
-   y's rounding of the bias into x_hat): dweight 0, dx weight * invstd * (g - mean(g)).
-   A NaN weight stays NaN. */
-SBN_HD float sbn_recover_rcp(float weight, float min_weight, float invstd) {
-  return fabsf(weight) < min_weight ? 0.0f : 1.0f / SBN_MUL(weight, invstd);
+   |weight| < max(min_weight (SBN_RECOVER_MIN_WEIGHT), unit * |bias|), unit the dtype's
+   unit roundoff (sbn_dtype_unit): x_hat is taken as 0 there, dweight 0, dx weight *
+   invstd * (g - mean(g)). y = weight x_hat + bias is stored with an error of up to unit
+   * |y|, which dividing by the weight makes an error of x_hat of up to unit * |bias| /
+   |weight| (weight 0: y is the bias rounded, and keeps no x): beyond 1 below that line,
+   where x_hat itself (mean 0, variance 1) is a better guess than what y gives (the bias's
+   own rounding divided by 1e-4 gave a bf16 dweight of 790 for an exact -2.2). A NaN weight
+   stays NaN. */
+SBN_HD float sbn_recover_rcp(float weight, float bias, float unit, float min_weight, float invstd) {
+  const float least = fmaxf(min_weight, SBN_MUL(unit, fabsf(bias)));
+  return fabsf(weight) < least ? 0.0f : 1.0f / SBN_MUL(weight, invstd);
 }
 
 /* x - mean recovered from the forward's output: (act^-1(y) - bias) * rcp, rcp =

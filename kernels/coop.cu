@@ -159,7 +159,7 @@ template <int KIND, int DT, bool TILE> struct HostKernels {
 template <template <int, int, bool> class Table, int KIND, typename... A>
 const void* pick_dtype(int dtype, int tile, A... a) {
   switch (dtype) {
-#define SBN_PICK_DTYPE_(value, bytes, name, tag) \
+#define SBN_PICK_DTYPE_(value, bytes, name, tag, bits) \
   case value: return tile ? Table<KIND, value, true>::pick(a...) : Table<KIND, value, false>::pick(a...);
     SBN_DTYPES(SBN_PICK_DTYPE_)
 #undef SBN_PICK_DTYPE_
@@ -180,7 +180,7 @@ template <int DT, bool EPI> const void* infer_pick_dt(int tile, int vec) {
 }
 const void* infer_pick(int dtype, int tile, int vec, int epi) {
   switch (dtype) {
-#define SBN_PICK_INFER_(value, bytes, name, tag) \
+#define SBN_PICK_INFER_(value, bytes, name, tag, bits) \
   case value: return epi ? (SBN_EPI_BUILT ? infer_pick_dt<value, SBN_EPI_BUILT>(tile, vec) : nullptr) \
                          : infer_pick_dt<value, false>(tile, vec);
     SBN_DTYPES(SBN_PICK_INFER_)

@@ -218,7 +218,7 @@ __device__ __forceinline__ void set_word(uint4& v, int i, uint32_t u) {
 /* The element traits of every dtype of SBN_DTYPES (bn_dtype.h): bytes, and the bits of an
    element to and from fp32 through <tag>_bits_to_f32 / f32_to_<tag>_bits above. */
 template <int DT> struct Dt;
-#define SBN_DT_TRAITS_(value, bytes, name, tag)                                                \
+#define SBN_DT_TRAITS_(value, bytes, name, tag, bits)                                          \
   template <> struct Dt<value> {                                                               \
     static constexpr int kSize = bytes;                                                        \
     static __device__ __forceinline__ float to_f32(uint32_t u) { return tag##_bits_to_f32(u); } \

@@ -635,8 +635,8 @@ SBN_UNROLL
         const int64_t c = thread_channel(grp, ch);
         const bool in = has && c < g.c;
         ep.bias[ch] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
-        ep.rcp[ch] = sbn_recover_rcp(in && R.weight != nullptr ? R.weight[c] : 1.0f, SBN_RECOVER_MIN_WEIGHT,
-                                     in ? R.save_invstd[c] : 1.0f);
+        ep.rcp[ch] = sbn_recover_rcp(in && R.weight != nullptr ? R.weight[c] : 1.0f, ep.bias[ch], sbn_dtype_unit(DT),
+                                     SBN_RECOVER_MIN_WEIGHT, in ? R.save_invstd[c] : 1.0f);
       }
     }
   }

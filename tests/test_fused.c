@@ -368,13 +368,17 @@ static void test_inplace_backward_within_bound(void) {
   recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, GEN_OFFSET, seed++);
 }
 
-/* Channels whose |weight| < SBN_RECOVER_MIN_WEIGHT: y keeps no x there (weight 0: y is
-   the bias rounded to the dtype), so the in-place backward takes x_hat = 0: dweight
-   exactly 0 (the x-based one is not: what is lost, as documented), and dx = weight *
-   invstd * (g - mean(g)), g = dy * act'(y) (exactly 0 for weight 0). Every dtype, identity
-   and leaky ReLU (slope 3: v = y / slope rounds), biases whose rounding to fp16/bf16 is
-   not exact: dividing y - bias by the weight (or by 1e-5) would give a dweight of
-   order |bias| u / 1e-5 (hundreds in bf16). Channel 0 is unaffected. */
+/* Channels whose |weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|), u the dtype's unit
+   roundoff: y keeps no x there (weight 0: y is the bias rounded to the dtype; above it,
+   y's rounding makes an error of x_hat of up to u |bias| / |weight|, beyond 1), so the
+   in-place backward takes x_hat = 0: dweight exactly 0 (the x-based one is not: what is
+   lost, as documented), and dx = weight * invstd * (g - mean(g)), g = dy * act'(y)
+   (exactly 0 for weight 0). Every dtype, identity and leaky ReLU (slope 3: v = y / slope
+   rounds), biases whose rounding to fp16/bf16 is not exact: dividing y - bias by the
+   weight would give a dweight of order |bias| u / |weight| (hundreds in bf16). Channel 2's
+   weight is 2e-4 in fp16 and bf16 (above 1e-5, below u |bias|: 5.4e-4 and 4.3e-3; with
+   the threshold at 1e-5 alone its dweight was ~1e2), -5e-6 in fp32. Channel 0 is
+   unaffected. */
 static void test_inplace_backward_zero_weight(void) {
   const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
   const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 3.0f}};
@@ -386,7 +390,7 @@ static void test_inplace_backward_zero_weight(void) {
       fused_make(&f, 2, dts[d], (sbnLayout_t)(k % 2), 3, 5, n, 1, 0, es[k], seed++);
       team_t* t = &f.t;
       t->w[1] = 0.0f;
-      t->w[2] = -5e-6f;
+      t->w[2] = dts[d] == sbnFloat32 ? -5e-6f : 2e-4f;
       t->b[1] = 0.3f;
       t->b[2] = -1.1f;
       ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
@@ -410,7 +414,7 @@ static void test_inplace_backward_zero_weight(void) {
             const double got = sbn_ref_load(t->dx[r], dts[d], at);
             if (ci == 1) {
               EXPECT_TRUE(got == 0.0);
-            } else { /* ~5e-6: fp16 holds it as a subnormal, to 2^-25 */
+            } else { /* fp32's -5e-6: fp16 would hold it as a subnormal, to 2^-25 */
               ASSERT_CLOSE(got, k_dx * (o.dz[r][at] - sum_g / (double)m), ldexp(1.0, -24), 4.0 * u);
             }
           }
@@ -484,6 +488,29 @@ static void test_refusals(void) {
   bad.slope = -0.1f;
   ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
                                t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
+  /* a bias without a weight (the x-based backward took it as affine=False without a word),
+     and dweight or dbias on a per-channel input the backward reads after writing them (the
+     in-place dx read the bias dbias had overwritten: dx off by 0.5) */
+  const size_t cb = (size_t)t->d[0].c * sizeof(float);
+  float* w0 = dup_mem(t->w, cb);
+  float* b0 = dup_mem(t->b, cb);
+  float* si0 = dup_mem(t->sinv[0], cb);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, NULL, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "a bias without a weight") != NULL);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->w, t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "dweight and weight are the same memory") != NULL);
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                           t->sinv[0], t->dw[0], t->b, NULL, &leaky, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "dbias and bias are the same memory") != NULL);
+  ASSERT_RES(sbnBackward(comm, &t->d[0], t->x[0], t->dy[0], t->dx[0], t->w, t->smean[0], t->sinv[0], t->dw[0],
+                         t->sinv[0], NULL, NULL), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "dbias and save_invstd are the same memory") != NULL);
+  EXPECT_TRUE(memcmp(w0, t->w, cb) == 0 && memcmp(b0, t->b, cb) == 0 && memcmp(si0, t->sinv[0], cb) == 0);
+  free(w0);
+  free(b0);
+  free(si0);
   ASSERT_MEMEQ(t->dx[0], before, bytes);
   free(before);
   fused_free(&f);

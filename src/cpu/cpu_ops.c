@@ -198,7 +198,8 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {
     for (int64_t ci = 0; ci < c; ci++)
-      rcp[ci] = sbn_recover_rcp(op->weight ? op->weight[ci] : 1.0f, SBN_RECOVER_MIN_WEIGHT, op->save_invstd[ci]);
+      rcp[ci] = sbn_recover_rcp(op->weight ? op->weight[ci] : 1.0f, op->bias ? op->bias[ci] : 0.0f,
+                                sbn_dtype_unit(d->dtype), SBN_RECOVER_MIN_WEIGHT, op->save_invstd[ci]);
     src.rcp = rcp;
   }
   sbnResult_t r = partials_and_exchange(op, d, &src, &peers);

@@ -23,7 +23,7 @@
 
 void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t count, float* out) {
   switch (dt) {
-#define SBN_DT_LOAD_(value, bytes, name, tag)                          \
+#define SBN_DT_LOAD_(value, bytes, name, tag, bits)                    \
   case value:                                                          \
     for (int64_t i = 0; i < count; i++) out[i] = sbn_##tag##_get(base, start + i); \
     break;
@@ -34,7 +34,7 @@ void sbn_cpu_load(sbnDataType_t dt, const void* base, int64_t start, int64_t cou
 
 void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int64_t count, const float* in) {
   switch (dt) {
-#define SBN_DT_STORE_(value, bytes, name, tag)                        \
+#define SBN_DT_STORE_(value, bytes, name, tag, bits)                  \
   case value:                                                         \
     for (int64_t i = 0; i < count; i++) sbn_##tag##_put(base, start + i, in[i]); \
     break;
