@@ -45,7 +45,7 @@ static _Thread_local char thread_copy[512];
 void sbn_note(sbnComm_t comm, const char* msg) {
   char copy[512]; /* msg may be the buffer sbnGetLastError returned */
   snprintf(copy, sizeof copy, "%s", msg);
-  if (comm != NULL && comm->magic == SBN_COMM_MAGIC) {
+  if (sbn_comm_valid(comm)) {
     pthread_mutex_lock(&comm->err_mu);
     memcpy(comm->last_error, copy, sizeof copy);
     pthread_mutex_unlock(&comm->err_mu);

@@ -86,9 +86,9 @@ __attribute__((destructor)) static void delete_exit_key(void) {
 void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
   if (group.failed != sbnSuccess) return;
   group.failed = r;
-  /* the call's own detail (a comm that failed its check has it in the thread's slot) */
-  const int valid = comm != NULL && comm->magic == SBN_COMM_MAGIC;
-  snprintf(group.failed_detail, sizeof group.failed_detail, "%s", sbnGetLastError(valid ? comm : NULL));
+  /* the call's own detail, where sbn_note put it (a comm that failed its check: the thread's slot) */
+  snprintf(group.failed_detail, sizeof group.failed_detail, "%s",
+           sbnGetLastError(sbn_comm_valid(comm) ? comm : NULL));
 }
 
 sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {

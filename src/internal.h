@@ -144,6 +144,10 @@ struct sbnComm {
   _Atomic(uintptr_t) user;
 };
 
+/* Whether comm is a comm, as far as a magic word can tell (NULL is not); the rule of where a
+   failure's detail goes: a valid comm's own slot, else the thread's. */
+static inline int sbn_comm_valid(sbnComm_t comm) { return comm != NULL && comm->magic == SBN_COMM_MAGIC; }
+
 /* The team-ops table: what a backend (a kind of team) does. The front calls these and
    nothing else of a backend; a backend calls the core, never the front. Entries marked
    "may be NULL" are skipped when absent. */
