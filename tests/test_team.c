@@ -89,6 +89,17 @@ static sbnConfig_t config_ms(int64_t timeout_ms) {
   return cfg;
 }
 
+/* A CPU team of W ranks with a timeout, and each rank's buffers (bufs_init(n, c, spatial,
+   seed + r)); snap: a copy of them (NULL: none). 0 where the team could not be made. */
+static int team_bufs(sbnComm_t* comms, int W, int64_t timeout_ms, bufs_t* b, bufs_t* snap, int64_t n,
+                     int64_t c, int64_t spatial, uint64_t seed) {
+  sbnConfig_t cfg = config_ms(timeout_ms);
+  if (sbnCommInitCpu(comms, W, &cfg) != sbnSuccess) return 0;
+  for (int r = 0; r < W; r++) bufs_init(&b[r], n, c, spatial, seed + (uint64_t)r);
+  if (snap != NULL) memcpy(snap, b, (size_t)W * sizeof *b);
+  return 1;
+}
+
 /* ---- thread per rank ------------------------------------------------------------------ */
 enum { JOB_FWD, JOB_BWD, JOB_SPLIT };
 typedef struct {
@@ -159,6 +170,15 @@ static void* job_main(void* arg) {
   j->t1 = now_ms();
   return NULL;
 }
+/* n jobs, rank r's a split of parent[r] into one sub-team (color 0, key r) into sub[r]. */
+static void split_jobs(job_t* jobs, int n, sbnComm_t* parent, sbnComm_t* sub) {
+  memset(jobs, 0, (size_t)n * sizeof *jobs);
+  for (int r = 0; r < n; r++) {
+    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
+    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
+  }
+}
+
 /* Starts one thread per job and joins them all. Returns 0 if threads could not start. */
 static int run_jobs(job_t* jobs, int n) {
   pthread_t t[16];
@@ -173,12 +193,9 @@ static int run_jobs(job_t* jobs, int n) {
    the team is aborted everywhere, and later calls fail fast. */
 static void test_timeout(void) {
   const int64_t timeout = 300;
-  sbnConfig_t cfg = config_ms(timeout);
   sbnComm_t comms[3];
-  ASSERT_OK(sbnCommInitCpu(comms, 3, &cfg));
   static bufs_t b[3], snap[3];
-  for (int r = 0; r < 3; r++) bufs_init(&b[r], 2, 4, 3, 100 + (uint64_t)r);
-  memcpy(snap, b, sizeof snap);
+  ASSERT_TRUE(team_bufs(comms, 3, timeout, b, snap, 2, 4, 3, 100));
 
   job_t jobs[2];
   for (int r = 0; r < 2; r++) {
@@ -308,12 +325,9 @@ static void act_on_waiter(job_t* job, sbnResult_t (*act)(sbnComm_t), sbnComm_t t
    calls that waited instead of failing at once would be a hang that CTest fails. */
 static void test_abort(void) {
   for (int target = 1; target >= 0; target--) {
-    sbnConfig_t cfg = config_ms(BEYOND_CTEST_TIMEOUT_MS);
     sbnComm_t comms[2];
-    ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
     static bufs_t b[2], snap[2];
-    for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 200 + (uint64_t)r);
-    memcpy(snap, b, sizeof snap);
+    ASSERT_TRUE(team_bufs(comms, 2, BEYOND_CTEST_TIMEOUT_MS, b, snap, 2, 3, 2, 200));
 
     job_t job;
     memset(&job, 0, sizeof job);
@@ -456,11 +470,7 @@ static void test_split_timeout_names_rank(void) {
   sbnComm_t parent[3], sub[3] = {SENTINEL_COMM, SENTINEL_COMM, SENTINEL_COMM};
   ASSERT_OK(sbnCommInitCpu(parent, 3, &cfg));
   job_t jobs[2];
-  memset(jobs, 0, sizeof jobs);
-  for (int r = 0; r < 2; r++) {
-    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
-    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
-  }
+  split_jobs(jobs, 2, parent, sub);
   ASSERT_TRUE(run_jobs(jobs, 2));
   for (int r = 0; r < 2; r++) {
     char want[80];
@@ -490,11 +500,7 @@ static void test_split_late_rank(void) {
     sbnComm_t parent[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
     ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
     job_t jobs[2];
-    memset(jobs, 0, sizeof jobs);
-    for (int r = 0; r < 2; r++) {
-      jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
-      jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
-    }
+    split_jobs(jobs, 2, parent, sub);
     jobs[1].start_ms = 50;        /* in time: the team is not aborted yet */
     jobs[1].lock_delay_ms = 1000; /* at the rendezvous after rank 0's 400 ms ran out */
     atomic_store(&stall_began_ms, 0.0);
@@ -530,12 +536,8 @@ static void test_split_wait_monotonic(void) {
   sbnComm_t parent[3], sub[3];
   ASSERT_OK(sbnCommInitCpu(parent, 3, &cfg));
   job_t jobs[3];
-  memset(jobs, 0, sizeof jobs);
-  for (int r = 0; r < 3; r++) {
-    sub[r] = SENTINEL_COMM;
-    jobs[r].kind = JOB_SPLIT; jobs[r].comm = parent[r];
-    jobs[r].color = 0; jobs[r].key = r; jobs[r].newcomm = &sub[r];
-  }
+  for (int r = 0; r < 3; r++) sub[r] = SENTINEL_COMM;
+  split_jobs(jobs, 3, parent, sub);
   atomic_store(&wall_shift_s, -3600L);
   pthread_t th[2];
   for (int r = 0; r < 2; r++) ASSERT_TRUE(pthread_create(&th[r], NULL, job_main, &jobs[r]) == 0);
@@ -628,12 +630,9 @@ static void test_multi_op_group(void) {
    before it (no output touched), returns sbnInvalidUsage with the call's own detail; the
    team is whole after it. */
 static void test_group_queue_out_of_memory(void) {
-  sbnConfig_t cfg = config_ms(20000);
   sbnComm_t comms[2];
-  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
   static bufs_t b[2], before[2];
-  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 4, 700 + (uint64_t)r);
-  memcpy(before, b, sizeof before);
+  ASSERT_TRUE(team_bufs(comms, 2, 20000, b, before, 2, 3, 4, 700));
 
   ASSERT_OK(sbnGroupStart());
   for (int k = 0; k < 8; k++)
@@ -738,12 +737,9 @@ static int error_names(sbnComm_t comm, const char* what) {
 }
 
 static void test_mismatch_threads(void) {
-  sbnConfig_t cfg = config_ms(20000);
   sbnComm_t comms[2];
-  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
   static bufs_t b[2], snap[2];
-  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 4, 2, 800 + (uint64_t)r);
-  memcpy(snap, b, sizeof snap);
+  ASSERT_TRUE(team_bufs(comms, 2, 20000, b, snap, 2, 4, 2, 800));
   job_t jobs[2];
   memset(jobs, 0, sizeof jobs);
   jobs[0].kind = JOB_FWD; jobs[0].comm = comms[0]; jobs[0].b = &b[0];
@@ -870,11 +866,9 @@ static int error_names_destroyed(sbnComm_t comm, int rank) {
 /* A team of 2 runs a forward together; rank 1 is destroyed; rank 0's next forward and
    backward return sbnAborted at once, name rank 1 and write nothing. */
 static void test_destroyed_rank_later_ops(void) {
-  sbnConfig_t cfg = config_ms(DEPART_TIMEOUT_MS);
   sbnComm_t comms[2];
-  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
   static bufs_t b[2], snap[2];
-  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 1000 + (uint64_t)r);
+  ASSERT_TRUE(team_bufs(comms, 2, DEPART_TIMEOUT_MS, b, NULL, 2, 3, 2, 1000));
   job_t jobs[2];
   memset(jobs, 0, sizeof jobs);
   for (int r = 0; r < 2; r++) {
