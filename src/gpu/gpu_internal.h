@@ -221,9 +221,10 @@ SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* f
 /* The rule every NCCL call on a comm goes through (nccl_wait.c says why): r is what the
    call returned; unless it is an error other than ncclInProgress, waits until each
    non-NULL comms[0..n-1] is no longer in progress. The first failure, ncclInProgress when
-   deadline_ns (CLOCK_MONOTONIC) passed first, or ncclSuccess. */
+   deadline_ns (CLOCK_MONOTONIC) passed first or *stop became non-zero (a team's
+   abort_reason: sbnCommAbort ends the wait at once; NULL: no such word), or ncclSuccess. */
 SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n,
-                                          int64_t deadline_ns);
+                                          int64_t deadline_ns, const _Atomic int* stop);
 #endif
 
 #define CU(call, what)                                \

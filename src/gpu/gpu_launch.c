@@ -515,8 +515,16 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     }
     ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    /* nonblocking comms: the group may still be being issued, on every comm */
-    nr = sbn_nccl_settle(nr, comms, nops, deadline);
+    /* nonblocking comms: the group may still be being issued, on every comm; until the
+       deadline or the team's abort (sbnCommAbort from another thread) */
+    const _Atomic int* stop = &ops[0]->comm->team->abort_reason;
+    nr = sbn_nccl_settle(nr, comms, nops, deadline, stop);
+    if (nr == ncclInProgress && atomic_load(stop) != sbnSuccess) {
+      r = sbn_fail(NULL, sbnAborted,
+                   "the team was aborted (%s) while its ncclAllGather of the records was issued",
+                   sbnGetResultName((sbnResult_t)atomic_load(stop)));
+      goto out;
+    }
     if (nr != ncclSuccess) {
       r = sbn_fail(
           NULL, nr == ncclInProgress ? sbnTimeout : sbnNcclError,

@@ -111,7 +111,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
       if (gt->nccl[q]) nr = sbn_nccl.CommFinalize(gt->nccl[q]);
     ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline); /* every comm of the group */
+    nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline, NULL); /* every comm of the group */
     if (nr != ncclSuccess) {
       sbn_nccl_abort_all(gt);
     } else {
@@ -242,7 +242,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
                : ncclUnhandledCudaError;
     ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
-    nr = sbn_nccl_settle(nr, gt->nccl, w, deadline); /* every comm of the group */
+    nr = sbn_nccl_settle(nr, gt->nccl, w, deadline, NULL); /* every comm of the group */
   }
   cudaSetDevice(prev);
   if (nr != ncclSuccess) {

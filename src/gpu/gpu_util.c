@@ -84,14 +84,22 @@ void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
   sbn_gpu_stop_ranks(gt); /* first: the APPLYs queued behind the collective write nothing */
+  /* The comms are taken out under the write lock (no call is using them then, and none
+     uses them after: nccl_dead) and aborted after it: an ncclCommAbort that blocks (it
+     frees device memory, which can wait behind a stuck kernel) then holds up this caller
+     only, not every later op and sbnCommAbort waiting for the lock. */
+  ncclComm_t dead[SBN_GPU_MAX_RANKS];
+  int ndead = 0;
   if (gt->nccl_lock_ok) pthread_rwlock_wrlock(&gt->nccl_lock);
   if (!atomic_exchange(&gt->nccl_dead, 1))
     for (int q = 0; q < gt->nranks; q++)
-      if (gt->nccl[q]) {
-        sbn_nccl.CommAbort(gt->nccl[q]);
+      if (gt->nccl[q]) { /* this process's comms: at most SBN_GPU_MAX_RANKS (one per GPU) */
+        if (ndead < SBN_GPU_MAX_RANKS) dead[ndead++] = gt->nccl[q];
+        else sbn_nccl.CommAbort(gt->nccl[q]);
         gt->nccl[q] = NULL;
       }
   if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
+  for (int i = 0; i < ndead; i++) sbn_nccl.CommAbort(dead[i]);
 #else
   (void)gt;
 #endif

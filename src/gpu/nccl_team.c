@@ -41,10 +41,10 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
    finishing its own init or last call (bounded by the deadline). */
 static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
-  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline);
-  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline);
+  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline, NULL);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline, NULL);
   if (nr == ncclSuccess)
-    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline);
+    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) return nccl_fail(nccl, nr, "ncclCommCount/UserRank");
   return sbnSuccess;
 }
@@ -57,20 +57,20 @@ static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t d
    timeout, so the slot lives on the heap and is leaked then. `what` names the call in
    the detail. */
 static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
-                                      const char* what, ncclComm_t* child) {
+                                      const _Atomic int* stop, const char* what, ncclComm_t* child) {
   *child = NULL;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   ncclComm_t* slot = calloc(1, sizeof *slot);
   if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
   ncclResult_t nr =
-      sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline);
+      sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline, stop);
   if (nr == ncclInProgress) return nccl_fail(parent, nr, what); /* slot leaked */
   ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
   free(slot);
   if (nr == ncclSuccess && c == NULL && color != NCCL_SPLIT_NOCOLOR)
     return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
-  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline); /* its init */
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline, stop); /* its init */
   if (nr != ncclSuccess) {
     if (c != NULL) sbn_nccl.CommAbort(c);
     return nccl_fail(parent, nr, what);
@@ -101,7 +101,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
      "cudaMemcpyAsync");
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.AllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
-      &comm, 1, deadline);
+      &comm, 1, deadline, NULL);
   if (nr != ncclSuccess) return nccl_fail(comm, nr, "ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
                      gt->aux),
@@ -195,7 +195,7 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
   }
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
-      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000);
+      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, NULL);
   if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
   gt->win = *slot;
   free(slot);
@@ -242,7 +242,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
      wait for this rank in a collective) */
   const int mode = transport_from_env();
   const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
-  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline);
+  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     if (adopt) sbn_nccl.CommAbort(nccl);
     return nccl_fail(nccl, nr, "ncclCommCuDevice");
@@ -273,8 +273,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
        waits for every rank (as NCCL's own init does); with a nonblocking one it returns
        at once. Either way the child is nonblocking and may still be initialising. */
     ncclComm_t child = NULL;
-    r = nccl_split_settled(nccl, 0, me, deadline,
-                           "ncclCommSplit (the team's own comm)", &child);
+    r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", &child);
     if (r != sbnSuccess) goto out;
     gt->nccl[me] = child;
   }
@@ -418,11 +417,11 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
     if (!aborted && gt->win != NULL) {
 #if SBN_NCCL_DEVICE_API
       nr = sbn_nccl_settle(sbn_nccl.CommWindowDeregister(comm, (ncclWindow_t)gt->win), &comm, 1,
-                           deadline);
+                           deadline, NULL);
 #endif
     }
     if (!aborted && nr == ncclSuccess)
-      nr = sbn_nccl_settle(sbn_nccl.CommFinalize(comm), &comm, 1, deadline);
+      nr = sbn_nccl_settle(sbn_nccl.CommFinalize(comm), &comm, 1, deadline, NULL);
     if (!aborted && nr == ncclSuccess)
       sbn_nccl.CommDestroy(comm);
     else
@@ -499,13 +498,20 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   cudaSetDevice(gt->ranks[gt->local].device);
   sbnResult_t r = nccl_split_settled(
       parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0], key[0],
-      sbn_mono_ns() + gt->timeout_ms * 1000000, "sbnCommSplit: ncclCommSplit", &child);
+      sbn_mono_ns() + gt->timeout_ms * 1000000, &team->abort_reason, "sbnCommSplit: ncclCommSplit",
+      &child);
   cudaSetDevice(prev);
   pthread_rwlock_unlock(&gt->nccl_lock);
+  const int reason = atomic_load(&team->abort_reason);
+  if (r != sbnSuccess && reason != sbnSuccess) /* sbnCommAbort (or a failure) ended the wait */
+    r = sbn_fail(NULL, sbnAborted,
+                 "sbnCommSplit: the team was aborted (%s) while ncclCommSplit waited for its ranks",
+                 sbnGetResultName((sbnResult_t)reason));
   if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
     sbn_team_abort(team, sbnTimeout);
     sbn_nccl_abort_all(gt);
   }
+  if (r == sbnAborted) sbn_nccl_abort_all(gt); /* the split's collective may still wait */
   if (r != sbnSuccess) return r;
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     result[0] = NULL;
@@ -570,7 +576,7 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   const int64_t deadline = sbn_mono_ns() + cfg->timeout_ms * 1000000;
   ncclResult_t nr = sbn_nccl.CommInitRankConfig(&c, nranks, uid, rank, &nc);
   if (c == NULL) return nccl_fail(NULL, nr == ncclSuccess ? ncclInternalError : nr, "ncclCommInitRankConfig");
-  nr = sbn_nccl_settle(nr, &c, 1, deadline);
+  nr = sbn_nccl_settle(nr, &c, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     const sbnResult_t r = nccl_fail(c, nr, "ncclCommInitRankConfig");
     sbn_nccl.CommAbort(c); /* local and immediate: the peers that came time out alike */

@@ -12,9 +12,11 @@
  *
  * The rule, for every call on a comm (each comm of a group):
  *   - whatever the call returned, ncclSuccess included, poll ncclCommGetAsyncError on the
- *     comm until it is not ncclInProgress, bounded by the team's deadline; past it the
- *     result is ncclInProgress and the caller aborts the comm (or, for the caller's own
- *     comm, leaves it to the caller);
+ *     comm until it is not ncclInProgress, bounded by the team's deadline and, where the
+ *     call is a team's, by its abort (the wait holds the team's NCCL lock for reading,
+ *     which sbnCommAbort's abort of the comms must take for writing: without it the abort
+ *     waited out the wait, up to the timeout); past it the result is ncclInProgress and the
+ *     caller aborts the comm (or, for the caller's own comm, leaves it to the caller);
  *   - a split: the parent, then the child once it is non-NULL. NCCL writes the child only
  *     when the parent's part is done, so a NULL child (no colour) is known only after the
  *     parent has settled;
@@ -29,7 +31,8 @@
 
 #if SYNCBN_HAVE_NCCL
 
-ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n, int64_t deadline_ns) {
+ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n, int64_t deadline_ns,
+                             const _Atomic int* stop) {
   if (r != ncclSuccess && r != ncclInProgress) return r; /* refused: nothing started */
   ncclResult_t first_failure = ncclSuccess;
   for (int i = 0; i < n; i++) {
@@ -40,6 +43,7 @@ ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n, int
       ncclResult_t q = sbn_nccl.CommGetAsyncError(comms[i], &async);
       s = q != ncclSuccess ? q : async;
       if (s != ncclInProgress || sbn_mono_ns() > deadline_ns) break;
+      if (stop != NULL && atomic_load(stop) != 0) break; /* aborted: the caller says so */
       struct timespec ts = {0, 100000}; /* 100 us */
       nanosleep(&ts, NULL);
     }

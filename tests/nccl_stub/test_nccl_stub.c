@@ -22,6 +22,7 @@
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <time.h>
 
 #include "coop_args.h" /* sbn_rank_state_t: the stop words the abort writes */
@@ -853,6 +854,73 @@ static void test_stuck_team_split(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* sbnCommAbort from another thread while a call waits for a peer that never comes (its
+   ncclAllGather, or sbnCommSplit's ncclCommSplit, never finishes): the waiting call returns
+   sbnAborted at once, and so does the abort. The wait held the team's NCCL lock for
+   reading and ignored the abort, which waited for the lock: both returned at the timeout
+   (the call with sbnTimeout), up to 300 s later at the default. */
+typedef struct {
+  sbnComm_t comm;
+  int split;
+  sbnResult_t r;
+  double t_end;
+} waiter_t;
+static void* waiter_main(void* p) {
+  waiter_t* w = p;
+  if (w->split) {
+    sbnComm_t sub = NULL;
+    w->r = sbnCommSplit(w->comm, 0, 0, &sub);
+    if (w->r == sbnSuccess) sbnCommDestroy(sub);
+  } else {
+    tensors_t t;
+    tensors_alloc(&t, 0);
+    w->r = forward(w->comm, &t);
+    tensors_free(&t);
+  }
+  w->t_end = now_ms();
+  return NULL;
+}
+static void abort_while_waiting(const char* transport, const char* hang, int split) {
+  const double timeout = 10000.0, prompt = 2000.0; /* the wait's end: at once, not the timeout */
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, transport, (int64_t)timeout));
+  stub_case(hang); /* from here: the team's made */
+  waiter_t w = {comm, split, sbnSystemError, 0.0};
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, waiter_main, &w) == 0);
+  struct timespec ts = {0, 200 * 1000000L};
+  nanosleep(&ts, NULL); /* the call waits in its collective by now */
+  const double a0 = now_ms();
+  const sbnResult_t ar = sbnCommAbort(comm);
+  const double a1 = now_ms();
+  pthread_join(th, NULL);
+  fprintf(stderr, "  %s %s: the abort returned after %.1f ms; the call %s %.1f ms after the abort: %s\n",
+          transport_of(comm), split ? "sbnCommSplit" : "forward", a1 - a0, sbnGetResultName(w.r), w.t_end - a0,
+          sbnGetLastError(comm));
+  ASSERT_OK(ar);
+  ASSERT_RES(w.r, sbnAborted);
+  EXPECT_TRUE(a1 - a0 < prompt);
+  EXPECT_TRUE(w.t_end - a0 < prompt);
+  ASSERT_OK(sbnCommDestroy(comm));
+  stub_case(NULL);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_abort_while_op_waits_host(void) {
+  abort_while_waiting("host", "ncclAllGather", 0);
+}
+static void test_abort_while_op_waits_lsa(void) {
+  abort_while_waiting(NULL, "ncclAllGather", 0);
+}
+static void test_abort_while_split_waits_host(void) {
+  abort_while_waiting("host", "ncclCommSplit", 1);
+}
+static void test_abort_while_split_waits_lsa(void) {
+  abort_while_waiting(NULL, "ncclCommSplit", 1);
+}
+
 /* sbnCommDestroy whose ncclCommFinalize never finishes: the destroy returns (bounded by the
    timeout), the comm aborted. */
 static void test_stuck_finalize(void) {
@@ -921,6 +989,10 @@ int main(void) {
   SBN_RUN(test_stuck_allgather_host);
   SBN_RUN(test_stuck_team_split);
   SBN_RUN(test_stuck_finalize);
+  SBN_RUN(test_abort_while_op_waits_host);
+  SBN_RUN(test_abort_while_op_waits_lsa);
+  SBN_RUN(test_abort_while_split_waits_host);
+  SBN_RUN(test_abort_while_split_waits_lsa);
   SBN_RUN(test_stuck_initall_comms);
   return sbn_test_exit();
 }
