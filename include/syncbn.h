@@ -402,9 +402,9 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    identity when x is given). dz: NULL, or where to write the residual's gradient
    dy * act'(y) (dz == dy, dz == x, dz == y and dx == y allowed: the in-place pattern, one
    buffer for x, y and dx; dz == dx refused; dweight or dbias on weight, bias, save_mean or
-   save_invstd refused, as a bias without a weight is). The activation must be the
-   forward's (nothing can check it: a ReLU forward's y taken as identity's gives wrong
-   gradients). x NULL: the in-place backward, which
+   save_invstd, or on each other, refused, as a bias without a weight is). The activation
+   must be the forward's (nothing can check it: a ReLU forward's y taken as identity's
+   gives wrong gradients). x NULL: the in-place backward, which
    needs no copy of x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with a
    slope >= FLT_MIN: ReLU is not invertible, and a subnormal slope loses x's bits; and a
    forward without z: dz must be NULL), so bias is read then (weight, bias NULL:

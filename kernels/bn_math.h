@@ -333,7 +333,7 @@ SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ?
    * |y|, which dividing by the weight makes an error of x_hat of up to unit * |bias| /
    |weight| (weight 0: y is the bias rounded, and keeps no x): beyond 1 below that line,
    where x_hat itself (mean 0, variance 1) is a better guess than what y gives (the bias's
-   own rounding divided by 1e-4 gave a bf16 dweight of 790 for an exact -2.2). A NaN weight
+   own rounding divided by 1e-5 gave a bf16 dweight of 790 for an exact -2.2). A NaN weight
    stays NaN. */
 SBN_HD float sbn_recover_rcp(float weight, float bias, float unit, float min_weight, float invstd) {
   const float least = fmaxf(min_weight, SBN_MUL(unit, fabsf(bias)));

@@ -114,6 +114,9 @@ typedef struct sbn_team {
   sbn_cfg_t cfg;
   _Atomic int abort_reason; /* sbnSuccess, or sbnTimeout / sbnAborted / ... */
   _Atomic int refs;         /* local ranks not yet destroyed */
+  /* sbnCommAbort calls still running (sbn_team_abort_waiting): the waiting call they end
+     returns at once, and its comm may then be destroyed; the team is freed only after them */
+  _Atomic int aborting;
   /* Threaded teams (ops->threaded): the rank whose sbnCommDestroy aborted the team while
      other local ranks lived, -1 when none (sbn_comm_release; sbn_team_departed) */
   _Atomic int departed;

@@ -130,16 +130,17 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
     /* dweight and dbias are written before the per-channel inputs are read for the last
        time (the dx coefficients read weight and save_*, the in-place backward bias) */
     const float* outs[2] = {op->dweight, op->dbias};
-    const float* ins[4] = {op->weight, op->bias, op->save_mean, op->save_invstd};
+    const float* ins[5] = {op->weight, op->bias, op->save_mean, op->save_invstd, op->dweight};
     static const char* const out_names[2] = {"dweight", "dbias"};
-    static const char* const in_names[4] = {"weight", "bias", "save_mean", "save_invstd"};
+    static const char* const in_names[5] = {"weight", "bias", "save_mean", "save_invstd", "dweight"};
     for (int o = 0; o < 2; o++)
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < 4 + o; i++) /* and dbias on dweight: one would be lost */
         if (outs[o] != NULL && outs[o] == ins[i])
           return sbn_fail(comm, sbnInvalidArgument,
-                          "%s: %s and %s are the same memory: the backward reads %s after it "
-                          "writes %s",
-                          fn, out_names[o], in_names[i], in_names[i], out_names[o]);
+                          i == 4 ? "%s: %s and %s are the same memory: one would be lost"
+                                 : "%s: %s and %s are the same memory: the backward reads the "
+                                   "second after it writes the first",
+                          fn, out_names[o], in_names[i]);
     if (op->bias != NULL && op->weight == NULL)
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: a bias without a weight (affine takes both; NULL both for affine=False)", fn);

@@ -62,12 +62,19 @@ void sbn_team_abort(sbn_team_t* team, sbnResult_t reason) {
 }
 
 void sbn_team_abort_waiting(sbn_team_t* team) {
+  atomic_fetch_add(&team->aborting, 1); /* before the abort the waiters see */
   sbn_team_abort(team, sbnAborted);
   if (team->ops->abort != NULL) team->ops->abort(team); /* waiting work returns */
+  atomic_fetch_sub(&team->aborting, 1);
 }
 
 static void team_free(sbn_team_t* t) {
   if (t == NULL) return;
+  /* an sbnCommAbort whose waiter returned, and whose comm was destroyed, still running */
+  while (atomic_load(&t->aborting) != 0) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
   if (t->impl != NULL) t->ops->detach(t);
   pthread_mutex_destroy(&t->split_mu);
   pthread_cond_destroy(&t->split_cv);

@@ -86,6 +86,8 @@ struct sbn_gpu_team {
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
   _Atomic int host_captured; /* a host-path op was launched under a graph capture: its
                                 replays are not watched, so a collective may be pending */
+  _Atomic int host_stuck; /* a collective's wait (a host-path op's, a split's) was ended by
+                             the team's abort before NCCL finished it: it may still wait */
   /* The NCCL comms are nonblocking: an issue sequence (group of collectives, until NCCL
      has taken it) holds nccl_lock for reading, bounded by the timeout; aborting takes it
      for writing, so no comm is freed under a call. */

@@ -498,7 +498,8 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   }
   pthread_rwlock_rdlock(&gt->nccl_lock);
   locked = 1;
-  if (atomic_load(&gt->nccl_dead)) {
+  const _Atomic int* stop = &ops[0]->comm->team->abort_reason; /* sbnCommAbort's, a failure's */
+  if (atomic_load(&gt->nccl_dead) || atomic_load(stop) != sbnSuccess) {
     r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
     goto out;
   }
@@ -517,12 +518,12 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     if (nr == ncclSuccess) nr = ne;
     /* nonblocking comms: the group may still be being issued, on every comm; until the
        deadline or the team's abort (sbnCommAbort from another thread) */
-    const _Atomic int* stop = &ops[0]->comm->team->abort_reason;
     nr = sbn_nccl_settle(nr, comms, nops, deadline, stop);
     if (nr == ncclInProgress && atomic_load(stop) != sbnSuccess) {
       r = sbn_fail(NULL, sbnAborted,
                    "the team was aborted (%s) while its ncclAllGather of the records was issued",
                    sbnGetResultName((sbnResult_t)atomic_load(stop)));
+      atomic_store(&gt->host_stuck, 1);
       goto out;
     }
     if (nr != ncclSuccess) {
@@ -558,8 +559,17 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   }
 out:
   if (locked) pthread_rwlock_unlock(&gt->nccl_lock);
-  /* collectives may be queued that wait for ranks which will not come: abort them */
-  if (r != sbnSuccess && started) sbn_nccl_abort_all(gt);
+  /* collectives may be queued that wait for ranks which will not come: abort them; after
+     an abort ended the wait, through the team's abort first (an NCCL team notifies the
+     other processes through the window, which the comms' abort unmaps: sbnCommAbort's
+     own notification may not have run yet), then the comms (an sbnCommInitAll team's) */
+  if (r != sbnSuccess && started) {
+    if (atomic_load(&gt->host_stuck)) {
+      sbn_team_t* team = ops[0]->comm->team;
+      if (team->ops->abort != NULL) team->ops->abort(team);
+    }
+    sbn_nccl_abort_all(gt);
+  }
 #else
   (void)ops, (void)nops;
 #endif

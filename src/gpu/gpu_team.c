@@ -157,7 +157,8 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
 }
 
 int sbn_gpu_host_pending(const struct sbn_gpu_team* gt) {
-  int pending = atomic_load(&gt->host_captured); /* a replay may be waiting: unknown */
+  /* a replay may be waiting (unknown), or a collective left unfinished at an abort */
+  int pending = atomic_load(&gt->host_captured) || atomic_load(&gt->host_stuck);
   for (int q = 0; gt->ranks != NULL && q < gt->nranks && !pending; q++)
     if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
         cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)

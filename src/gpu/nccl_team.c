@@ -511,7 +511,11 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     sbn_team_abort(team, sbnTimeout);
     sbn_nccl_abort_all(gt);
   }
-  if (r == sbnAborted) sbn_nccl_abort_all(gt); /* the split's collective may still wait */
+  if (r == sbnAborted) { /* the split's collective may still wait: the team's abort (its
+                           notification first), which aborts the comm as it is pending */
+    atomic_store(&gt->host_stuck, 1);
+    nccl_abort(team);
+  }
   if (r != sbnSuccess) return r;
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     result[0] = NULL;

@@ -296,6 +296,13 @@ const char* nccl_stub_log(void) {
   pthread_mutex_unlock(&mu);
   return r;
 }
+int nccl_stub_log_has(const char* text) {
+  pthread_mutex_lock(&mu);
+  flush_repeat();
+  const int has = record != NULL && strstr(record, text) != NULL;
+  pthread_mutex_unlock(&mu);
+  return has;
+}
 int nccl_stub_violations(void) {
   pthread_mutex_lock(&mu);
   int v = violations;

@@ -24,6 +24,8 @@ void nccl_stub_reset(void);
 /* The calls since the last reset, one line each ("fn cN ... -> result"), repeated polls
    folded into one line; violations start with "VIOLATION". Valid until the next call. */
 const char* nccl_stub_log(void);
+/* Whether the record holds `text`, read under its lock (while other threads call NCCL). */
+int nccl_stub_log_has(const char* text);
 /* Violations since the last reset. */
 int nccl_stub_violations(void);
 /* Comms made and not yet destroyed or aborted (since the library was loaded). */

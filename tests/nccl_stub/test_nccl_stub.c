@@ -890,8 +890,16 @@ static void abort_while_waiting(const char* transport, const char* hang, int spl
   waiter_t w = {comm, split, sbnSystemError, 0.0};
   pthread_t th;
   ASSERT_TRUE(pthread_create(&th, NULL, waiter_main, &w) == 0);
-  struct timespec ts = {0, 200 * 1000000L};
-  nanosleep(&ts, NULL); /* the call waits in its collective by now */
+  /* the call waits in its collective once the stand-in says it never finishes (an abort
+     before that would be refused by the team's check, testing nothing here) */
+  const double s0 = now_ms();
+  while (!nccl_stub_log_has("never finishes") && now_ms() - s0 < timeout / 2) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  const int waiting = nccl_stub_log_has("never finishes");
+  struct timespec ts = {0, 50 * 1000000L};
+  nanosleep(&ts, NULL); /* into the settle's polls */
   const double a0 = now_ms();
   const sbnResult_t ar = sbnCommAbort(comm);
   const double a1 = now_ms();
@@ -899,6 +907,7 @@ static void abort_while_waiting(const char* transport, const char* hang, int spl
   fprintf(stderr, "  %s %s: the abort returned after %.1f ms; the call %s %.1f ms after the abort: %s\n",
           transport_of(comm), split ? "sbnCommSplit" : "forward", a1 - a0, sbnGetResultName(w.r), w.t_end - a0,
           sbnGetLastError(comm));
+  EXPECT_TRUE(waiting); /* (the abort and the join all the same: no thread left behind) */
   ASSERT_OK(ar);
   ASSERT_RES(w.r, sbnAborted);
   EXPECT_TRUE(a1 - a0 < prompt);
