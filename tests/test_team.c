@@ -139,7 +139,7 @@ void* __wrap_realloc(void* p, size_t size) {
 /* The library's pthread_mutex_lock (-Wl,--wrap=pthread_mutex_lock): a thread whose
    lock_delay_ms is set sleeps that long before its next lock, as a thread the scheduler
    stalled there would (test_split_late_rank). */
-static _Thread_local int lock_delay_ms;
+static _Thread_local int lock_delay_ms, unlock_delay_ms;
 static _Atomic double stall_began_ms; /* when the last delayed lock began to wait */
 int __real_pthread_mutex_lock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_lock(pthread_mutex_t* m);
@@ -152,6 +152,20 @@ int __wrap_pthread_mutex_lock(pthread_mutex_t* m) {
     nanosleep(&ts, NULL);
   }
   return __real_pthread_mutex_lock(m);
+}
+
+/* pthread_mutex_unlock likewise (-Wl,--wrap=pthread_mutex_unlock): a thread whose
+   unlock_delay_ms is set sleeps that long before its next unlock (test_abort_then_destroy). */
+int __real_pthread_mutex_unlock(pthread_mutex_t* m);
+int __wrap_pthread_mutex_unlock(pthread_mutex_t* m);
+int __wrap_pthread_mutex_unlock(pthread_mutex_t* m) {
+  if (unlock_delay_ms > 0) {
+    const int ms = unlock_delay_ms;
+    unlock_delay_ms = 0;
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return __real_pthread_mutex_unlock(m);
 }
 
 static void* job_main(void* arg) {
@@ -354,6 +368,46 @@ static void test_abort(void) {
     ASSERT_OK(sbnCommAbort(comms[1]));
     for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
   }
+}
+
+/* sbnCommAbort from a thread that is slow to finish it (stalled at its unlock of the team's
+   lock, after the abort the waiter sees): the waiting rank returns at once, and its thread
+   destroys both comms, the team's last, at once too. The destroy must wait for the abort
+   (team->aborting), which otherwise unlocked and read a freed team (ASan: heap use after
+   free; here: the destroy returned before the abort). */
+typedef struct {
+  sbnComm_t comm;
+  sbnResult_t r;
+  double t_end;
+} aborter_t;
+static void* aborter_main(void* p) {
+  aborter_t* a = p;
+  unlock_delay_ms = 300;
+  a->r = sbnCommAbort(a->comm);
+  a->t_end = now_ms();
+  return NULL;
+}
+static void test_abort_then_destroy(void) {
+  sbnComm_t comms[2];
+  static bufs_t b[2];
+  ASSERT_TRUE(team_bufs(comms, 2, BEYOND_CTEST_TIMEOUT_MS, b, NULL, 2, 3, 2, 250));
+  job_t job;
+  memset(&job, 0, sizeof job);
+  job.kind = JOB_FWD; job.comm = comms[0]; job.b = &b[0];
+  pthread_t waiter, aborter;
+  ASSERT_TRUE(pthread_create(&waiter, NULL, job_main, &job) == 0);
+  sleep_ms(150); /* rank 0 waits for rank 1 */
+  aborter_t a = {comms[1], sbnSystemError, 0.0};
+  ASSERT_TRUE(pthread_create(&aborter, NULL, aborter_main, &a) == 0);
+  pthread_join(waiter, NULL);
+  ASSERT_RES(job.r, sbnAborted);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r])); /* the team's last: freed */
+  const double destroyed = now_ms();
+  pthread_join(aborter, NULL);
+  fprintf(stderr, "  the waiter returned %.1f ms before the abort did; the destroy %.1f ms after it\n",
+          a.t_end - job.t1, destroyed - a.t_end);
+  ASSERT_OK(a.r);
+  EXPECT_TRUE(destroyed >= a.t_end);
 }
 
 /* ---- split ---------------------------------------------------------------------------- */
@@ -1159,6 +1213,7 @@ int main(void) {
   SBN_RUN(test_timeout_late_arrival);
   SBN_RUN(test_timeout_env_override);
   SBN_RUN(test_abort);
+  SBN_RUN(test_abort_then_destroy);
   SBN_RUN(test_split_group);
   SBN_RUN(test_split_threads);
   SBN_RUN(test_split_nocolor);
