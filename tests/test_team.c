@@ -143,14 +143,16 @@ static _Thread_local int lock_delay_ms, unlock_delay_ms;
 static _Atomic double stall_began_ms; /* when the last delayed lock began to wait */
 int __real_pthread_mutex_lock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_lock(pthread_mutex_t* m);
+/* Sleeps *delay_ms once (then 0), noting when the stall began. */
+static void stall_once(int* delay_ms) {
+  if (*delay_ms <= 0) return;
+  const int ms = *delay_ms;
+  *delay_ms = 0;
+  atomic_store(&stall_began_ms, now_ms());
+  sleep_ms(ms);
+}
 int __wrap_pthread_mutex_lock(pthread_mutex_t* m) {
-  if (lock_delay_ms > 0) {
-    const int ms = lock_delay_ms;
-    lock_delay_ms = 0;
-    atomic_store(&stall_began_ms, now_ms());
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  stall_once(&lock_delay_ms);
   return __real_pthread_mutex_lock(m);
 }
 
@@ -159,12 +161,7 @@ int __wrap_pthread_mutex_lock(pthread_mutex_t* m) {
 int __real_pthread_mutex_unlock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_unlock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_unlock(pthread_mutex_t* m) {
-  if (unlock_delay_ms > 0) {
-    const int ms = unlock_delay_ms;
-    unlock_delay_ms = 0;
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  stall_once(&unlock_delay_ms);
   return __real_pthread_mutex_unlock(m);
 }
 
