@@ -136,8 +136,7 @@ static int cpu_team_renew(const char* argv0, sbnComm_t* comms, int ranks, const 
   if (rc == sbnSuccess) return 0;
   fprintf(stderr, "%s: sbnCommInitCpu(%d ranks): %s: %s\n", argv0, ranks, sbnGetResultName(rc),
           sbnGetLastError(NULL));
-  for (int r = 0; r < ranks; r++) comms[r] = NULL;
-  return -1;
+  return -1; /* the comms NULL since the destroys: a failed init writes none */
 }
 
 /* CPU mode: the CPU team of o->ranks ranks over every shape x dtype x layout. */
