@@ -26,7 +26,11 @@ The `saved` column: the bytes of the tensors autograd saves for the backward
 (torch.autograd.graph.saved_tensors_hooks), each storage counted once, parameters left
 out: the part that in-place removes; the peak adds the gradients and transients of the
 backward step that is running at the time (on this stack: a convolution's backward in
-the head, where every saved tensor is still held).
+the head, where every saved tensor is still held). The last column names that step: the
+autograd node running at the peak of one more step, profiled (torch.profiler's
+allocation records, on CUDA the caching allocator's), and the peak split into what was
+held when the node began and what the node itself added (its gradients, a convolution's
+workspace).
 
 Prints a table and the run's device, torch version, commit and date; --json PATH writes
 them. `python bench/torch_fused_memory.py` takes a few seconds on CPU (CI runs it);
@@ -166,34 +170,84 @@ def peak_of(records):
     return max(max(total for _, _, total in records) - base, 0)
 
 
-def allocation_records(prof):
-    """(time ns, bytes, running total) of every CPU allocation and free a
-    torch.profiler.profile(profile_memory=True) recorded. The running total is the CPU
-    allocator's count of what it allocated while memory profiling was on (a free of memory
-    allocated before is not in it: nothing that exists before the measured step is freed
-    in it). Raises RuntimeError where this PyTorch's profiler does not give the records."""
+_NODE = "autograd::engine::evaluate_function: "
+
+
+def _event_tree(prof):
     try:
         from torch._C._profiler import _EventType
         roots = prof.profiler.kineto_results.experimental_event_tree()
     except (ImportError, AttributeError) as e:
         raise RuntimeError(f"torch {torch.__version__}'s profiler does not give allocation records ({e})") from e
-    out, todo = [], list(roots)
+    todo = list(roots)
     while todo:
         n = todo.pop()
         todo.extend(n.children)
-        if n.tag == _EventType.Allocation and n.extra_fields.device.type == "cpu":
-            out.append((n.start_time_ns, n.extra_fields.alloc_size, n.extra_fields.total_allocated))
-    return out
+        yield _EventType, n
+
+
+def allocation_records(prof, device="cpu"):
+    """(time ns, bytes, running total) of every allocation and free on `device` (a device
+    type: "cpu", "cuda") a torch.profiler.profile(profile_memory=True) recorded. The
+    running total is the device allocator's count of what it allocated while memory
+    profiling was on (on CPU, a free of memory allocated before is not in it: nothing that
+    exists before the measured step is freed in it). Raises RuntimeError where this
+    PyTorch's profiler does not give the records."""
+    return [(n.start_time_ns, n.extra_fields.alloc_size, n.extra_fields.total_allocated)
+            for t, n in _event_tree(prof) if n.tag == t.Allocation and n.extra_fields.device.type == device]
+
+
+def node_intervals(prof):
+    """(start ns, end ns, name) of every autograd node the engine ran in the profile (its
+    `autograd::engine::evaluate_function` events: ConvolutionBackward0, the layers'
+    nodes, ...)."""
+    return [(n.start_time_ns, n.end_time_ns, n.name[len(_NODE):])
+            for t, n in _event_tree(prof) if n.tag == t.TorchOp and n.name.startswith(_NODE)]
+
+
+def peak_where(records, nodes):
+    """Where the running total of `records` (as peak_of's) peaks: (the peak over the
+    start, the name of the autograd node running then, what was held over the start when
+    that node began). The node: the innermost of `nodes` (start, end, name) around the
+    peak's record; None, with what was held just before the peak's record, when the peak
+    is outside every node (the forward, the optimizer step). The node's own transient is
+    the peak minus what it began with."""
+    records = sorted(records)
+    if not records:
+        return 0, None, 0
+    base = records[0][2] - records[0][1]
+    i = max(range(len(records)), key=lambda k: (records[k][2], -k))  # the first record at the peak
+    t, peak = records[i][0], records[i][2] - base
+    around = [nd for nd in nodes if nd[0] <= t <= nd[1]]
+    if not around:
+        return max(peak, 0), None, records[i][2] - records[i][1] - base
+    start, _, name = max(around)
+    before = [r for r in records if r[0] < start]
+    held = (before[-1][2] if before else base) - base
+    return max(peak, 0), name, held
+
+
+def profiled_step(model, x, device):
+    """One training step under torch.profiler(profile_memory=True): its allocation
+    records on `device` and the autograd nodes' intervals."""
+    from torch.profiler import ProfilerActivity, profile
+    step = training_step(model, x)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    records = allocation_records(prof, device)
+    if not records:
+        raise RuntimeError(f"torch {torch.__version__}'s profiler recorded no allocation on {device}")
+    return records, node_intervals(prof)
 
 
 def cpu_step_bytes(model, x):
     """Peak bytes of a training step beyond what is allocated before it (CPU): as
     cuda_step_bytes, from the profiler's allocation records."""
-    from torch.profiler import ProfilerActivity, profile
-    step = training_step(model, x)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
-    return peak_of(allocation_records(prof))
+    return peak_of(profiled_step(model, x, "cpu")[0])
 
 
 def main(argv=None):
@@ -238,8 +292,14 @@ def main(argv=None):
         n_inplace = sum(isinstance(m, sbt.SyncBatchNorm) and m.inplace for m in model.modules())
         try:
             nbytes = cuda_step_bytes(model, x) if dev.type == "cuda" else cpu_step_bytes(model, x)
-            rows.append({"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": nbytes,
-                         "saved_bytes": saved_bytes(model, x)})
+            row = {"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": nbytes,
+                   "saved_bytes": saved_bytes(model, x)}
+            try:  # where the peak is: one more step, profiled (on CUDA the allocator's records)
+                peak, node, held = peak_where(*profiled_step(model, x, dev.type))
+                row.update(peak_node=node, peak_node_held_bytes=held, profiled_bytes=peak)
+            except RuntimeError as e:
+                row.update(peak_node=None, peak_node_error=str(e))
+            rows.append(row)
         except syncbn.SyncBNError as e:
             rows.append({"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": None,
                          "saved_bytes": None, "error": e.name})
@@ -255,15 +315,20 @@ def main(argv=None):
             "channels_last": a.channels_last}
     print("# " + ", ".join(f"{k} {v}" for k, v in meta.items()))
     print(f"{'model':<22} {'fused':>5} {'in-place':>8} {'activation MiB':>14} {'vs unfused':>10} "
-          f"{'saved MiB':>10} {'vs unfused':>10}")
+          f"{'saved MiB':>10} {'vs unfused':>10}  peak in: node (MiB it began with + its own)")
     for r in rows:
         if r["bytes"] is None:
             print(f"{r['model']:<22} {r['fused_layers']:>5} {r['inplace_layers']:>8} {'refused: ' + r['error']:>25}")
             continue
         r["ratio"] = ratio = r["bytes"] / ref if ref else float("nan")
         r["saved_ratio"] = saved_ratio = r["saved_bytes"] / ref_saved if ref_saved else float("nan")
+        if "peak_node_error" in r:
+            where = "unknown: " + r["peak_node_error"]
+        else:
+            held, own = r["peak_node_held_bytes"] / 2**20, (r["profiled_bytes"] - r["peak_node_held_bytes"]) / 2**20
+            where = f"{r['peak_node'] or 'outside the backward'} ({held:.2f} + {own:.2f})"
         print(f"{r['model']:<22} {r['fused_layers']:>5} {r['inplace_layers']:>8} {r['bytes'] / 2**20:>14.2f} "
-              f"{ratio:>10.3f} {r['saved_bytes'] / 2**20:>10.2f} {saved_ratio:>10.3f}")
+              f"{ratio:>10.3f} {r['saved_bytes'] / 2**20:>10.2f} {saved_ratio:>10.3f}  {where}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

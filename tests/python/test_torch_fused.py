@@ -310,6 +310,30 @@ class TestMemoryMeasure(TeamOfOne):
         self.assertEqual(torch_fused_memory.peak_of([(1, -8, 992), (2, 4, 996)]), 0)
         self.assertEqual(torch_fused_memory.peak_of([]), 0)
 
+    def test_peak_where(self):
+        """The node around the peak, the innermost of nested ones, and what was held when it
+        began; a peak outside every node: no node, and what was held just before it."""
+        nodes = [(10, 20, "A"), (30, 40, "B"), (32, 38, "C")]
+        recs = [(5, 100, 1100), (12, 50, 1150), (15, -50, 1100), (31, 200, 1300), (33, 300, 1600),
+                (34, 0, 1600), (36, -300, 1300), (45, -300, 1000)]
+        self.assertEqual(torch_fused_memory.peak_where(recs[::-1], nodes), (600, "C", 300))
+        recs = [(5, 100, 1100), (6, 700, 1800), (12, 50, 1150), (33, 300, 1600)]
+        self.assertEqual(torch_fused_memory.peak_where(recs, nodes), (800, None, 100))
+        self.assertEqual(torch_fused_memory.peak_where([], nodes), (0, None, 0))
+
+    def test_peak_node_of_a_step(self):
+        """On the small stack in place, the peak of a profiled step falls in an autograd node
+        of the backward (a convolution's, as the report finds at its size), the same peak as
+        cpu_step_bytes's, and the node began with less than the peak."""
+        x = torch.randn(1, 3, 32, 32)
+        torch.manual_seed(0)
+        model = sbt.convert_fused(torch_fused_memory.deeplab_like(8), comm=self.comm, inplace=True).train()
+        peak, node, held = torch_fused_memory.peak_where(*torch_fused_memory.profiled_step(model, x, "cpu"))
+        self.assertEqual(node, "ConvolutionBackward0")
+        self.assertEqual(peak, torch_fused_memory.cpu_step_bytes(model, x))
+        self.assertLess(0, held)
+        self.assertLess(held, peak)
+
     def test_records_see_known_allocations(self):
         """1 MiB and 2 MiB held together, then 0.5 MiB after the first is freed: a peak of
         3 MiB (and at most the allocator's rounding above it)."""
