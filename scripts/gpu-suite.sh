@@ -35,8 +35,9 @@
 #             S1-S9 at W = 1, the fused ops (coop, nccl) against the split pair (the plain
 #             op + an activation kernel: the split rows' t/coop) and cuDNN's own fused ops
 #             (cudnn rows: BN_ACTIVATION / BN_ADD_ACTIVATION; refused, and said so, on fp32
-#             NCHW); then bench/torch_fused_memory.py --device cuda, the activation memory
-#             of a converted DeepLab-like stack; JSON each
+#             NCHW); the plain coop op on the same cells (fused-plain-*.json); then
+#             bench/torch_fused_memory.py --device cuda, the activation memory of a
+#             converted DeepLab-like stack and the autograd node at its peak; JSON each
 #   native    syncbn.torch's C++ operators built against the machine's PyTorch (python/syncbn/
 #             _native.py), and which operators the torch steps run on; fails if not the C++ ones
 #   torch     bench/torch_baseline.py (PyTorch BN, the SyncBatchNorm op sequence, and
@@ -351,6 +352,12 @@ step_fused() {
     --json "$OUTDIR/fused-relu-half.json" || rc=1
   "$BENCH" --gpu on --epilogue relu --only $only -w 1 --dtype fp32 --layout NCHW \
     --json "$OUTDIR/fused-relu-fp32.json" || rc=1
+  # the plain op on the same cells, in the same call: what the fused op adds to it, and
+  # what the split pair's activation kernel adds (bench/notes/fused-epilogue.md)
+  "$BENCH" --gpu on --only $only -w 1 --paths coop --dtype fp32 --layout NCHW \
+    --json "$OUTDIR/fused-plain-fp32.json" || rc=1
+  "$BENCH" --gpu on --only $only -w 1 --paths coop --dtype fp16,bf16 --layout NHWC \
+    --json "$OUTDIR/fused-plain-half.json" || rc=1
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
     "$PYTHON" "$PYDIR/torch_fused_memory.py" --device cuda --batch 8 --size 256 \
     --json "$OUTDIR/fused-memory.json" || rc=1
