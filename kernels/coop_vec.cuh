@@ -250,7 +250,10 @@ struct VecPath {
      instructions (check-sass.sh's bound: 8192) with a 24-byte spill */
   static constexpr bool kReluBatches = kFwdEpi && !ONCHIP && (TILE || VEC <= 4);
   /* and of a ReLU with z, in batches of x and z with the ReLU compiled in (stage5_fwd_epi_stream's
-     MODE 2): a third copy of the loop, in the tile kernels only */
+     MODE 2): a third copy of the loop, in the tile kernels only. In the fp32 plane kernels
+     (VEC 4) it took the stream forward from 7472 instructions to 8584 and a 16-byte spill
+     with H = 4, 8280 with H = 3, 8080 with H = 2 (the batch of MODE 0: no gain on the tile
+     kernels, bench/notes/fused-epilogue.md); they take MODE 0 in larger batches instead */
   static constexpr bool kReluZ = kFwdEpi && !ONCHIP && TILE;
 
 #ifdef SBN_COOP_EMU
@@ -819,7 +822,7 @@ SBN_UNROLL
      many positions, x and z of each: two tensors in the registers of one plain batch (the
      fp16 plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
      before the next batch's loads (y may be x's or z's memory: they stay behind). MODE
-     (the caller has checked): 0 any activation, z where given; 1 a ReLU without z, in
+     (the caller has checked): 0 any activation, z where given (H0 positions); 1 a ReLU without z, in
      whole batches of H = U positions, x alone (a plain batch's registers and loads in
      flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U (at most 4) in
      4-element and scalar vectors, twice a plain batch's loads in flight (a position moves
@@ -829,7 +832,10 @@ SBN_UNROLL
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
     constexpr int HZ = VEC == 8 ? 3 : 4; /* MODE 2's most: what 128 registers hold */
-    constexpr int H = MODE == 1 ? U : MODE == 2 ? (U < HZ ? U : HZ) : U > 1 ? U / 2 : 1;
+    /* MODE 0's: half a batch, but 3 positions in the fp32 plane kernels (6 loads in flight
+       with z), where 4 spill 8 B at their 128 registers (check-sass.sh) */
+    constexpr int H0 = !TILE && VEC == 4 ? (U < 3 ? U : 3) : U > 1 ? U / 2 : 1;
+    constexpr int H = MODE == 1 ? U : MODE == 2 ? (U < HZ ? U : HZ) : H0;
     const bool has_z = MODE == 2 || (MODE == 0 && R.z != nullptr);
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {

@@ -1228,6 +1228,10 @@ static void test_fused_vs_cpu(void) {
       {1, 1, sbnBFloat16, sbnLayoutNHWC, 32, 200, n1, 1}, /* 600 rows in 16-byte vectors of 8:
                                                              ReLU with z, 9-10 positions a thread
                                                              in batches of 3 and a remainder */
+      {1, 1, sbnFloat32, sbnLayoutNCHW, 2, 3200, n1, 1},  /* fp32 planes, 2400 vectors of 4 a
+                                                             channel: 9-10 positions a thread in
+                                                             the plane kernels' stage-5 batches
+                                                             of 3 (MODE 0) and a remainder */
   };
   static const struct {
     int act, z, recover;
