@@ -818,12 +818,12 @@ SBN_UNROLL
   }
 
   /* Stage 5 of the stream kernels' forward with the epilogue: the unit's positions again
-     (stage 5 of the stream variant walks them on its own), in MODE 0 in batches of half as
-     many positions, x and z of each: two tensors in the registers of one plain batch (the
-     fp16 plane kernels are at 128 registers: check-sass.sh). The y of a batch is stored
-     before the next batch's loads (y may be x's or z's memory: they stay behind). MODE
-     (the caller has checked): 0 any activation, z where given (H0 positions); 1 a ReLU without z, in
-     whole batches of H = U positions, x alone (a plain batch's registers and loads in
+     (stage 5 of the stream variant walks them on its own), in MODE 0 in batches of H0
+     positions, x and z of each: half a plain batch, two tensors in the registers of one
+     (the fp16 plane kernels are at 128 registers: check-sass.sh), but 3 of U = 4 in the
+     fp32 plane kernels. The y of a batch is stored before the next batch's loads (y may be
+     x's or z's memory: they stay behind). MODE (the caller has checked): 0 any
+     activation, z where given; 1 a ReLU without z, in whole batches of H = U positions, x alone (a plain batch's registers and loads in
      flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U (at most 4) in
      4-element and scalar vectors, twice a plain batch's loads in flight (a position moves
      1.5x a plain one's bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4
