@@ -84,6 +84,62 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
   return sbnSuccess;
 }
 
+/* A buffer of an op, for the aliasing rules: its name, address and bytes (0: none on this
+   rank: NULL, or a tensor of n == 0, whose pointers no rank checks). */
+typedef struct {
+  const char* name;
+  const void* p;
+  size_t bytes;
+} span_t;
+
+/* The whole-buffer aliases the API allows: the first is written, the second read (or
+   written too, for dx and dz), each the same memory as the other, start and size. */
+static const char* const kAliases[][2] = {
+    {"y", "x"}, {"y", "z"},                  /* the forward in place (and inference) */
+    {"dx", "dy"}, {"dx", "x"}, {"dx", "y"}, /* the backward's dx over any tensor it reads */
+    {"dz", "dy"}, {"dz", "x"}, {"dz", "y"}};
+
+static int alias_allowed(const span_t* out, const span_t* other) {
+  if (out->p != other->p || out->bytes != other->bytes) return 0;
+  for (size_t i = 0; i < sizeof kAliases / sizeof kAliases[0]; i++)
+    if (strcmp(out->name, kAliases[i][0]) == 0 && strcmp(other->name, kAliases[i][1]) == 0) return 1;
+  return 0;
+}
+
+/* Every buffer the op writes (outs, in the order given) shares no byte with the op's other
+   buffers (ins, and the outs before it) but for the aliases above: a written buffer over
+   one the op reads later would give wrong results, over another output one would be lost;
+   a partial overlap is refused even between buffers that may be the same memory (the
+   library reads and writes in runs, in no order the caller can count on). `what` names
+   the op in the message ("forward", "backward"). */
+static sbnResult_t check_aliases(sbnComm_t comm, const char* fn, const char* what, const span_t* outs, int nout,
+                                 const span_t* ins, int nin) {
+  for (int o = 0; o < nout; o++) {
+    const span_t* a = &outs[o];
+    if (a->p == NULL || a->bytes == 0) continue;
+    const uintptr_t a0 = (uintptr_t)a->p;
+    for (int k = 0; k < o + nin; k++) {
+      const int is_out = k < o;
+      const span_t* b = is_out ? &outs[k] : &ins[k - o];
+      if (b->p == NULL || b->bytes == 0) continue;
+      const uintptr_t b0 = (uintptr_t)b->p;
+      if (!(a0 < b0 + b->bytes && b0 < a0 + a->bytes) || alias_allowed(a, b)) continue;
+      if (a0 != b0)
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: %s and %s overlap: %s starts %llu bytes into %s (buffers the op writes may "
+                        "be the same memory as another only where the API allows it, and then whole)",
+                        fn, a->name, b->name, a0 > b0 ? a->name : b->name,
+                        (unsigned long long)(a0 > b0 ? a0 - b0 : b0 - a0), a0 > b0 ? b->name : a->name);
+      return sbn_fail(comm, sbnInvalidArgument,
+                      is_out ? "%s: %s and %s are the same memory: one would be lost"
+                             : "%s: %s and %s are the same memory: the %s reads the second after it "
+                               "writes the first",
+                      fn, a->name, b->name, what);
+    }
+  }
+  return sbnSuccess;
+}
+
 static sbnResult_t check_op(const sbn_op_t* op, int ex) {
   sbnComm_t comm = op->comm;
   const char* fn = op_fn(op, ex);
@@ -97,6 +153,9 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
                     "%s: c=%lld exceeds the comm's max_channels=%lld (sbnConfig_t.max_channels)",
                     fn, (long long)d->c, (long long)comm->team->cfg.max_channels);
   int has_data = d->n > 0;
+  /* the bytes of this rank's tensors (0 with no data) and of a per-channel array */
+  const size_t tensor = (size_t)(d->n * d->c * d->spatial) * (size_t)sbn_dtype_size((int)d->dtype);
+  const size_t chan = (size_t)d->c * sizeof(float);
   if (op->kind == SBN_OP_FORWARD) {
     if (has_data && (op->x == NULL || op->out == NULL))
       return sbn_fail(comm, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
@@ -116,6 +175,14 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
       return sbn_fail(comm, sbnInvalidArgument,
                       "Expected more than 1 value per channel when training, got input of "
                       "n=1, spatial=1");
+    const span_t outs[6] = {{"y", op->out, tensor}, {"save_mean", op->save_mean, chan},
+                            {"save_invstd", op->save_invstd, chan}, {"running_mean", op->running_mean, chan},
+                            {"running_var", op->running_var, chan},
+                            {"num_batches_tracked", op->num_batches_tracked, sizeof(int64_t)}};
+    const span_t ins[4] = {{"x", op->x, tensor}, {"z", op->z, tensor}, {"weight", op->weight, chan},
+                           {"bias", op->bias, chan}};
+    r = check_aliases(comm, fn, "forward", outs, 6, ins, 4);
+    if (r != sbnSuccess) return r;
   } else {
     const int recover = op->x == NULL && op->y != NULL; /* the in-place backward */
     if (has_data && (op->dy == NULL || (op->x == NULL && !recover)))
@@ -125,22 +192,24 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
     if (op->save_mean == NULL || op->save_invstd == NULL)
       return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
                       fn);
-    if (has_data && op->dz != NULL && op->dz == op->out)
-      return sbn_fail(comm, sbnInvalidArgument, "%s: dx and dz are the same memory: one would be lost", fn);
-    /* dweight and dbias are written before the per-channel inputs are read for the last
-       time (the dx coefficients read weight and save_*, the in-place backward bias) */
-    const float* outs[2] = {op->dweight, op->dbias};
-    const float* ins[5] = {op->weight, op->bias, op->save_mean, op->save_invstd, op->dweight};
-    static const char* const out_names[2] = {"dweight", "dbias"};
-    static const char* const in_names[5] = {"weight", "bias", "save_mean", "save_invstd", "dweight"};
-    for (int o = 0; o < 2; o++)
-      for (int i = 0; i < 4 + o; i++) /* and dbias on dweight: one would be lost */
-        if (outs[o] != NULL && outs[o] == ins[i])
-          return sbn_fail(comm, sbnInvalidArgument,
-                          i == 4 ? "%s: %s and %s are the same memory: one would be lost"
-                                 : "%s: %s and %s are the same memory: the backward reads the "
-                                   "second after it writes the first",
-                          fn, out_names[o], in_names[i]);
+    /* x given as y's memory: after a forward that wrote y over x, x is gone, and dx and
+       dweight would take y for it (dz and dbias need dy and y alone: asked alone, they
+       are right) */
+    if (has_data && op->x != NULL && op->x == op->y && (op->out != NULL || op->dweight != NULL))
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: x and y are the same memory: a forward that wrote y over x left no x for dx "
+                      "and dweight; pass x NULL (the in-place backward recovers x from y: identity or "
+                      "leaky ReLU, no residual), or keep x", fn);
+    /* dx and dz are written while dy, x and y are read (the aliases above excepted), and
+       dweight and dbias before the per-channel inputs are read for the last time (the dx
+       coefficients read weight and save_*, the in-place backward bias) */
+    const span_t outs[4] = {{"dz", op->dz, tensor}, {"dx", op->out, tensor}, {"dweight", op->dweight, chan},
+                            {"dbias", op->dbias, chan}};
+    const span_t ins[7] = {{"x", op->x, tensor}, {"y", op->y, tensor}, {"dy", op->dy, tensor},
+                           {"weight", op->weight, chan}, {"bias", op->bias, chan},
+                           {"save_mean", op->save_mean, chan}, {"save_invstd", op->save_invstd, chan}};
+    r = check_aliases(comm, fn, "backward", outs, 4, ins, 7);
+    if (r != sbnSuccess) return r;
     if (op->bias != NULL && op->weight == NULL)
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: a bias without a weight (affine takes both; NULL both for affine=False)", fn);
@@ -309,6 +378,13 @@ static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const 
   if (!(eps >= 0.0f) || isinf(eps))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: eps must be finite and >= 0, got %g", fn,
                     (double)eps);
+  const size_t tensor = (size_t)(desc->n * desc->c * desc->spatial) * (size_t)sbn_dtype_size((int)desc->dtype);
+  const size_t chan = (size_t)desc->c * sizeof(float);
+  const span_t outs[1] = {{"y", y, tensor}};
+  const span_t ins[6] = {{"x", x, tensor}, {"z", z, tensor}, {"weight", weight, chan}, {"bias", bias, chan},
+                         {"running_mean", running_mean, chan}, {"running_var", running_var, chan}};
+  r = check_aliases(NULL, fn, "inference", outs, 1, ins, 6);
+  if (r != sbnSuccess) return r;
   const void* ptrs[] = {x, y, weight, bias, running_mean, running_var, z};
   int kinds[2] = {0, 0};
   for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)

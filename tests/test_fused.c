@@ -548,6 +548,123 @@ static void test_relu_nan_and_aliasing(void) {
   fused_free(&f);
 }
 
+/* Buffers that overlap where the API allows no alias, or only a whole one: refused, naming
+   both, with nothing written (y one element into x or half into z, save_invstd on
+   save_mean, running_var on running_mean, save_mean one float into the weight; in the
+   backward x == y, dz one element into dx, dweight into weight, dbias into dweight; y one
+   element into x in inference). The whole aliases still run: y == x, dx == x, dz == dy. */
+static void test_overlaps(void) {
+  int64_t n[MAXW] = {3};
+  fused_t f;
+  fused_make(&f, 1, sbnFloat32, sbnLayoutNCHW, 4, 5, n, 1, 1, kEpis[2], 5800);
+  team_t* t = &f.t;
+  const sbnTensorDesc_t* d = &t->d[0];
+  sbnComm_t comm = team_comms(1)[0];
+  sbnEpilogue_t e = epilogue(kEpis[2]);
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  const size_t bytes = team_bytes(t, 0), cb = (size_t)d->c * sizeof(float);
+  unsigned char* buf = malloc(2 * bytes);
+  float* chan = malloc(4 * cb); /* per-channel arrays, packed: [0, c) and [c, 2c) */
+  float* run = malloc(2 * cb);
+  ASSERT_TRUE(buf != NULL && chan != NULL && run != NULL);
+  memcpy(buf, t->x[0], bytes);
+  memcpy(buf + bytes, t->x[0], bytes);
+  memcpy(chan, t->w, cb);
+  memcpy(chan + d->c, t->w, cb);
+  memcpy(run, t->w, cb);
+  memcpy(run + d->c, t->w, cb);
+  void* buf0 = dup_mem(buf, 2 * bytes);
+  void* chan0 = dup_mem(chan, 4 * cb);
+  void* run0 = dup_mem(run, 2 * cb);
+  void* y0 = dup_mem(t->y[0], bytes);
+  float* sm0 = dup_mem(t->smean[0], cb);
+  float* si0 = dup_mem(t->sinv[0], cb);
+  float* w0 = dup_mem(t->w, cb);
+  const char* err = NULL;
+#define REFUSED(call, text)                                 \
+  do {                                                      \
+    ASSERT_RES(call, sbnInvalidArgument);                   \
+    err = sbnGetLastError(comm);                            \
+    EXPECT_TRUE(err != NULL && strstr(err, text) != NULL);  \
+  } while (0)
+  REFUSED(sbnForwardTrainEx(comm, d, buf, NULL, buf + 4, t->w, t->b, NULL, NULL, NULL, t->smean[0], t->sinv[0],
+                            NULL, &e, NULL),
+          "y and x overlap: y starts 4 bytes into x");
+  REFUSED(sbnForwardTrainEx(comm, d, t->x[0], buf, buf + bytes / 2, t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                            t->sinv[0], NULL, &e, NULL),
+          "y and z overlap");
+  REFUSED(sbnForwardTrainEx(comm, d, t->x[0], NULL, t->y[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                            t->smean[0], NULL, &e, NULL),
+          "save_invstd and save_mean are the same memory: one would be lost");
+  REFUSED(sbnForwardTrain(comm, d, t->x[0], t->y[0], t->w, t->b, run, run, NULL, t->smean[0], t->sinv[0], NULL,
+                          NULL),
+          "running_var and running_mean are the same memory");
+  REFUSED(sbnForwardTrain(comm, d, t->x[0], t->y[0], chan, t->b, NULL, NULL, NULL, chan + 1, t->sinv[0], NULL,
+                          NULL),
+          "save_mean and weight overlap: save_mean starts 4 bytes into weight");
+  REFUSED(sbnBackwardEx(comm, d, t->y[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                        t->sinv[0], t->dw[0], t->db[0], NULL, &e, NULL),
+          "x and y are the same memory");
+  REFUSED(sbnBackwardEx(comm, d, t->y[0], t->y[0], t->dy[0], NULL, NULL, t->w, t->b, t->smean[0], t->sinv[0],
+                        t->dw[0], NULL, NULL, &e, NULL),
+          "x and y are the same memory");
+  REFUSED(sbnBackwardEx(comm, d, t->x[0], t->y[0], t->dy[0], buf, buf + 4, t->w, t->b, t->smean[0], t->sinv[0],
+                        t->dw[0], t->db[0], NULL, &e, NULL),
+          "dx and dz overlap: dz starts 4 bytes into dx");
+  REFUSED(sbnBackward(comm, d, t->x[0], t->dy[0], t->dx[0], chan, t->smean[0], t->sinv[0], chan + 1, t->db[0],
+                      NULL, NULL),
+          "dweight and weight overlap");
+  REFUSED(sbnBackward(comm, d, t->x[0], t->dy[0], t->dx[0], t->w, t->smean[0], t->sinv[0], chan, chan + 2, NULL,
+                      NULL),
+          "dbias and dweight overlap: dbias starts 8 bytes into dweight");
+#undef REFUSED
+  ASSERT_RES(sbnForwardInferenceEx(d, buf, NULL, buf + 4, t->w, t->b, run, run + d->c, 1e-5f, &e, NULL),
+             sbnInvalidArgument); /* no comm: the thread's message */
+  err = sbnGetLastError(NULL);
+  EXPECT_TRUE(err != NULL && strstr(err, "sbnForwardInferenceEx: y and x overlap") != NULL);
+  ASSERT_MEMEQ(buf, buf0, 2 * bytes);
+  ASSERT_MEMEQ(chan, chan0, 4 * cb);
+  ASSERT_MEMEQ(run, run0, 2 * cb);
+  ASSERT_MEMEQ(t->y[0], y0, bytes);
+  ASSERT_MEMEQ(t->smean[0], sm0, cb);
+  ASSERT_MEMEQ(t->sinv[0], si0, cb);
+  ASSERT_MEMEQ(t->w, w0, cb);
+  /* x == y with neither dx nor dweight asked for: dz and dbias need dy and y alone, and are
+     the separate buffers' (ReLU and a residual, which the in-place backward cannot take) */
+  sbnEpilogue_t relu = epilogue(kEpis[1]);
+  ASSERT_OK(sbnForwardTrainEx(comm, d, t->x[0], f.z[0], t->y[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                              t->sinv[0], NULL, &relu, NULL));
+  float* db1 = malloc(cb);
+  void* dz1 = malloc(bytes);
+  ASSERT_TRUE(db1 != NULL && dz1 != NULL);
+  ASSERT_OK(sbnBackwardEx(comm, d, t->x[0], t->y[0], t->dy[0], t->dx[0], f.dz[0], t->w, t->b, t->smean[0],
+                          t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL));
+  ASSERT_OK(sbnBackwardEx(comm, d, t->y[0], t->y[0], t->dy[0], NULL, dz1, t->w, t->b, t->smean[0], t->sinv[0],
+                          NULL, db1, NULL, &relu, NULL));
+  ASSERT_MEMEQ(dz1, f.dz[0], bytes);
+  ASSERT_MEMEQ(db1, t->db[0], cb);
+  free(db1);
+  free(dz1);
+  /* whole aliases: y over x, then dx over x and dz over dy */
+  ASSERT_OK(sbnForwardTrainEx(comm, d, buf, NULL, buf, t->w, t->b, NULL, NULL, NULL, t->smean[0], t->sinv[0], NULL,
+                              NULL, NULL));
+  memcpy(buf, t->x[0], bytes);
+  memcpy(buf + bytes, t->dy[0], bytes);
+  ASSERT_OK(sbnBackwardEx(comm, d, buf, t->y[0], buf + bytes, buf, buf + bytes, t->w, t->b, t->smean[0], t->sinv[0],
+                          t->dw[0], t->db[0], NULL, &e, NULL));
+  free(buf);
+  free(chan);
+  free(run);
+  free(buf0);
+  free(chan0);
+  free(run0);
+  free(y0);
+  free(sm0);
+  free(si0);
+  free(w0);
+  fused_free(&f);
+}
+
 /* Inference: act(bn_eval(x) + z), the training formula with the running statistics. */
 static void test_inference_ex(void) {
   const sbnDataType_t dts[] = {sbnFloat32, sbnBFloat16};
@@ -581,6 +698,7 @@ int main(void) {
   SBN_RUN(test_inplace_backward_within_bound);
   SBN_RUN(test_inplace_backward_zero_weight);
   SBN_RUN(test_refusals);
+  SBN_RUN(test_overlaps);
   SBN_RUN(test_relu_nan_and_aliasing);
   SBN_RUN(test_inference_ex);
   team_comms_destroy();
