@@ -55,6 +55,7 @@ sbnResult_t sbn_call_finish(const sbn_op_t* op, sbnResult_t r, int claimed,
 /* Frees the queue and gives back the comms it held. */
 static void group_reset(void) {
   const uintptr_t me = (uintptr_t)&thread_tag;
+  for (size_t i = 0; i < group.n; i++) group.ops[i].comm->pending = 0;
   for (size_t i = 0; i < group.n; i++) {
     uintptr_t mine = me; /* the CAS writes what it found here */
     atomic_compare_exchange_strong(&group.ops[i].comm->user, &mine, (uintptr_t)0);
@@ -108,6 +109,8 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     group.cap = cap;
   }
   group.ops[group.n++] = *op;
+  if (op->kind != SBN_OP_SPLIT && sbn_team_all_local(op->comm->team))
+    op->comm->pending++; /* counted when the group runs */
   return sbnSuccess;
 }
 
@@ -460,7 +463,14 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     if (r == sbnSuccess) r = rounds(teams, nt, 0);
     if (r == sbnSuccess) r = run_splits(teams, nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 1);
-    if (r == sbnSuccess) r = run_ops(teams, nt);
+    if (r == sbnSuccess) { /* the queued ops count now (internal.h: sbnComm.calls) */
+      for (size_t i = 0; i < group.n; i++) {
+        sbnComm_t c = group.ops[i].comm;
+        c->calls += c->pending;
+        c->pending = 0;
+      }
+      r = run_ops(teams, nt);
+    }
   }
   free(teams);
   group_reset();

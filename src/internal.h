@@ -50,6 +50,8 @@ typedef int sbn_op_kind_t;
 typedef struct {
   sbn_op_kind_t kind;
   sbnComm_t comm;
+  uint32_t call;       /* the rank's call number (comm->calls at the call), in the op's
+                          signature (sbn_op_signature) */
   sbnTensorDesc_t desc;
   sbnParams_t params;
   const void* x;
@@ -90,6 +92,10 @@ static inline int sbn_op_uses_epilogue(const sbn_op_t* op) {
    "forward fp32 NCHW C=64" (ops.c). */
 SBN_INTERNAL uint32_t sbn_op_signature(const sbn_op_t* op);
 SBN_INTERNAL const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n);
+/* The message of an op mismatch between rank ra running sig a and rank rb running b:
+   their two ops, or where the ops differ only in the call number, that the ranks are
+   out of step. */
+SBN_INTERNAL const char* sbn_sig_mismatch(int ra, uint32_t a, int rb, uint32_t b, char* buf, size_t n);
 /* "sbnForwardTrain" or "sbnBackward". */
 SBN_INTERNAL const char* sbn_op_name(sbn_op_kind_t kind);
 
@@ -145,7 +151,19 @@ struct sbnComm {
   /* the thread whose call, or whose open group, holds the comm (0: none): a comm's calls
      must not overlap (sbn_comm_claim, front.h) */
   _Atomic(uintptr_t) user;
+  /* The op calls (forward and backward) this rank has made, counted by the thread that
+     holds the comm (sbn_comm_claim): the ranks of a team count alike while they make the
+     same calls, and a call refused on some ranks only sets them apart (kernels/bn_op.h,
+     sbn_sig_with_call). A call counts at once, refused at its arguments or not; but in
+     a group of a team whose ranks all live here (sbn_team_all_local), which holds every
+     rank's calls and runs all or nothing, only the ops it queued count, when it runs
+     (group.c): a group that runs nothing leaves the team as it was. */
+  uint32_t calls;
+  uint32_t pending; /* the ops queued in the open group that are counted when it runs */
 };
+
+/* Whether every rank of the team lives in this process (its groups hold all its ranks). */
+static inline int sbn_team_all_local(const struct sbn_team* t) { return t->nlocal == t->nranks; }
 
 /* Whether comm is a comm, as far as a magic word can tell (NULL is not); the rule of where a
    failure's detail goes: a valid comm's own slot, else the thread's. */

@@ -1,8 +1,8 @@
 /* test_team.c — how a CPU team behaves as a team: timeouts, sbnCommAbort, sub-teams
  * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group, a
  * group whose queue cannot grow, several teams in one group, op mismatches in
- * thread-per-rank mode, and a rank destroyed while its peers live (and the normal
- * teardown).
+ * thread-per-rank mode, ranks out of step after a call refused on some ranks only, and a
+ * rank destroyed while its peers live (and the normal teardown).
  *
  * Thread-per-rank calls run on pthreads created here; every wait is bounded by a comm
  * timeout, so a library bug shows as a failed assertion, not a hung test.
@@ -56,6 +56,11 @@ static void bufs_init(bufs_t* b, int64_t n, int64_t c, int64_t spatial, uint64_t
 
 static sbnResult_t fwd(sbnComm_t comm, bufs_t* b) {
   return sbnForwardTrain(comm, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm,
+                         b->si, NULL, NULL);
+}
+/* A forward refused at its arguments (y NULL), on this rank only where its peers pass y. */
+static sbnResult_t fwd_refused(sbnComm_t comm, bufs_t* b) {
+  return sbnForwardTrain(comm, &b->d, b->x, NULL, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm,
                          b->si, NULL, NULL);
 }
 static sbnResult_t bwd(sbnComm_t comm, bufs_t* b) {
@@ -112,6 +117,8 @@ typedef struct {
   double t0, t1; /* call start/end, ms */
   int start_ms;      /* the thread sleeps this long before its call */
   int lock_delay_ms; /* the call's first pthread_mutex_lock waits this long first */
+  int refused_first;  /* JOB_FWD: a forward refused at its arguments (y NULL) first */
+  sbnResult_t r_refused; /* its result */
 } job_t;
 
 /* The wall clock as the library reads it (tests/CMakeLists.txt links test_team with
@@ -173,6 +180,7 @@ static void* job_main(void* arg) {
   }
   lock_delay_ms = j->lock_delay_ms;
   j->t0 = now_ms();
+  if (j->refused_first) j->r_refused = fwd_refused(j->comm, j->b);
   switch (j->kind) {
     case JOB_FWD: j->r = fwd(j->comm, j->b); break;
     case JOB_BWD: j->r = bwd(j->comm, j->b); break;
@@ -826,6 +834,152 @@ static void test_mismatch_threads(void) {
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
+/* ---- a call refused on some ranks only -------------------------------------------------- */
+/* The statistics of a forward on both ranks, against the double-precision mean and
+   biased variance of the two ranks' x (fp32 NCHW). */
+static void expect_team_stats(const bufs_t* b, int W) {
+  const int64_t c = b[0].d.c;
+  for (int64_t ch = 0; ch < c; ch++) {
+    double s = 0.0, s2 = 0.0, m = 0.0;
+    for (int r = 0; r < W; r++)
+      for (int64_t i = 0; i < b[r].d.n; i++)
+        for (int64_t k = 0; k < b[r].d.spatial; k++) {
+          const double v = b[r].x[(i * c + ch) * b[r].d.spatial + k];
+          s += v, s2 += v * v, m += 1.0;
+        }
+    const double mean = s / m, var = s2 / m - mean * mean;
+    for (int r = 0; r < W; r++) {
+      ASSERT_CLOSE(b[r].sm[ch], mean, STAT_ATOL, STAT_RTOL);
+      const double invstd = 1.0 / sqrt(var + 1e-5);
+      ASSERT_CLOSE(b[r].si[ch], invstd, STAT_ATOL, STAT_RTOL);
+    }
+  }
+}
+
+/* Every op call a rank makes counts, refused at its arguments or not (its call number,
+   in the op's signature), but for a group of a team whose ranks all live here, whose
+   queued ops count when it runs. So:
+   - a group with one rank's call refused (retried or not) runs nothing and counts
+     nothing (mutants that count its calls at the call, or its queued ops, fail the next
+     group: out of step);
+   - a refusal every rank makes alike, thread per rank, keeps the team in step: the next
+     forward runs, with the team's statistics;
+   - a forward refused on rank 1 only, while rank 0 waits in its forward: rank 1's next
+     forward, the same op but one call later, does not pair with rank 0's (which would
+     succeed on both with rank 1's later data); both fail with sbnInvalidUsage naming the
+     ranks out of step, nothing written, and so does every later op. */
+static void test_refused_on_some_ranks(void) {
+  sbnComm_t comms[2];
+  static bufs_t b[2], snap[2];
+  ASSERT_TRUE(team_bufs(comms, 2, BEYOND_CTEST_TIMEOUT_MS, b, snap, 2, 4, 3, 900));
+  /* a group with one rank's call refused runs nothing, retried or not (call numbers 0
+     and 0 again) */
+  for (int retry = 0; retry < 2; retry++) {
+    ASSERT_OK(sbnGroupStart());
+    ASSERT_OK(fwd(comms[0], &b[0]));
+    ASSERT_RES(fwd_refused(comms[1], &b[1]), sbnInvalidArgument);
+    if (retry) ASSERT_OK(fwd(comms[1], &b[1])); /* which does not rescue the group */
+    ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage);
+    ASSERT_MEMEQ(b, snap, sizeof b);
+  }
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  expect_team_stats(b, 2);
+  /* thread per rank: both refused alike, then a forward */
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].kind = JOB_FWD; jobs[r].comm = comms[r]; jobs[r].b = &b[r]; jobs[r].refused_first = 1;
+  }
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_RES(jobs[r].r_refused, sbnInvalidArgument);
+  for (int r = 0; r < 2; r++) ASSERT_OK(jobs[r].r);
+  for (int r = 0; r < 2; r++) ASSERT_EQ_INT(b[r].nbt, 2);
+  expect_team_stats(b, 2);
+  /* refused on rank 1 only: rank 0's forward (its call 3) meets rank 1's next (its 4) */
+  memcpy(snap, b, sizeof snap);
+  jobs[0].refused_first = 0;
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  ASSERT_RES(jobs[1].r_refused, sbnInvalidArgument);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+    EXPECT_TRUE(error_names(comms[r], "ranks out of step: rank 0 is at its call 3 and rank 1 at its call 4 (mod 8)"));
+    EXPECT_TRUE(error_names(comms[r], "forward fp32 NCHW C=4"));
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  /* and every later op, which pairs one call apart too */
+  jobs[1].refused_first = 0;
+  for (int r = 0; r < 2; r++) jobs[r].kind = JOB_BWD;
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_RES(jobs[r].r, sbnInvalidUsage);
+    EXPECT_TRUE(error_names(comms[r], "ranks out of step"));
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
+/* An empty rank cannot check the in-place backward's conditions (syncbn.h): with ReLU,
+   rank 0 (n = 2) refuses its in-place backward (x NULL) while rank 1 (n = 0) takes it
+   and waits; rank 0's next op, the x-based backward with ReLU (the same signature as
+   rank 1's), meets it and fails on both ranks, out of step, nothing written (it paired
+   before: success). Then sbnCommAbort ends the team, as the message says. */
+typedef struct {
+  sbnComm_t comm;
+  bufs_t* b;
+  int has_data;
+  sbnResult_t refused, r;
+} relu_bwd_job_t;
+static void* relu_bwd_main(void* arg) {
+  relu_bwd_job_t* j = (relu_bwd_job_t*)arg;
+  bufs_t* b = j->b;
+  sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
+  e.activation = sbnActivationRelu;
+  if (j->has_data) {
+    j->refused = sbnBackwardEx(j->comm, &b->d, NULL, b->y, b->dy, b->dx, NULL, b->w, b->b, b->sm, b->si,
+                               b->dw, b->db, NULL, &e, NULL);
+    j->r = sbnBackwardEx(j->comm, &b->d, b->x, b->y, b->dy, b->dx, NULL, b->w, b->b, b->sm, b->si, b->dw,
+                         b->db, NULL, &e, NULL);
+  } else {
+    j->r = sbnBackwardEx(j->comm, &b->d, NULL, NULL, NULL, NULL, NULL, b->w, b->b, b->sm, b->si, b->dw,
+                         b->db, NULL, &e, NULL);
+  }
+  return NULL;
+}
+static void test_inplace_refused_beside_empty_rank(void) {
+  sbnComm_t comms[2];
+  static bufs_t b[2], snap[2];
+  ASSERT_TRUE(team_bufs(comms, 2, BEYOND_CTEST_TIMEOUT_MS, b, NULL, 2, 4, 3, 950));
+  b[1].d.n = 0;
+  job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int r = 0; r < 2; r++) jobs[r].kind = JOB_FWD, jobs[r].comm = comms[r], jobs[r].b = &b[r];
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_OK(jobs[r].r);
+  memcpy(snap, b, sizeof snap);
+  relu_bwd_job_t rj[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    rj[r] = (relu_bwd_job_t){comms[r], &b[r], r == 0, sbnSuccess, sbnSuccess};
+    ASSERT_TRUE(pthread_create(&th[r], NULL, relu_bwd_main, &rj[r]) == 0);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  ASSERT_RES(rj[0].refused, sbnInvalidArgument);
+  EXPECT_TRUE(error_names(comms[0], "ranks out of step: rank 0 is at its call 2 and rank 1 at its call 1"));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_RES(rj[r].r, sbnInvalidUsage);
+    EXPECT_TRUE(error_names(comms[r], "backward fp32"));
+  }
+  ASSERT_MEMEQ(b, snap, sizeof b);
+  ASSERT_OK(sbnCommAbort(comms[0]));
+  sbnResult_t async = sbnSuccess;
+  ASSERT_OK(sbnCommGetAsyncError(comms[1], &async));
+  ASSERT_RES(async, sbnAborted);
+  ASSERT_RES(fwd(comms[1], &b[1]), sbnAborted);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 /* ---- mismatches among several ranks, thread per rank, back to back -------------------- */
 /* 4 ranks each run the same long sequence of forwards and backwards on its own thread;
    every 4th op one rank (1, 2 or 3 in turn) runs the other kind or another C. Every
@@ -1223,6 +1377,8 @@ int main(void) {
   SBN_RUN(test_two_teams_one_group);
   SBN_RUN(test_mismatch_threads);
   SBN_RUN(test_mismatch_pipeline);
+  SBN_RUN(test_refused_on_some_ranks);
+  SBN_RUN(test_inplace_refused_beside_empty_rank);
   SBN_RUN(test_destroyed_rank_later_ops);
   SBN_RUN(test_destroyed_rank_wakes_waiter);
   SBN_RUN(test_destroy_after_last_op);

@@ -122,12 +122,11 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
     if (other < 0 && by_layout[1] >= 0 && by_layout[2] >= 0) other = by_layout[q == by_layout[1] ? 2 : 1];
     if (other >= 0) {
       const uint32_t os = ct->mail[sbn_mail_index(other, k, 0, ct->nchunks_max)].sig;
-      char a[64], b[64];
+      char m[480];
       return sbn_fail(comm, sbnInvalidUsage,
-                      "op mismatch: rank %d runs %s, rank %d runs %s (every rank must call "
-                      "the same op with the same C, dtype, layout and activation)",
-                      other, sbn_sig_describe(os, a, sizeof a), q,
-                      sbn_sig_describe(theirs, b, sizeof b));
+                      "%s (every rank must make the same calls, with the same C, dtype, layout "
+                      "and activation)",
+                      sbn_sig_mismatch(other, os, q, theirs, m, sizeof m));
     }
   }
   for (int q = 0; q < t->nranks; q++)

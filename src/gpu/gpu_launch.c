@@ -185,17 +185,17 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const int whole_team = nops == team->nranks;
   const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
-  const uint32_t rs = sbn_op_signature(ref);
+  /* GPU teams compare no call number (kernels/bn_op.h); a virtual team's op refused
+     outside a group on one rank leaves its groups in step */
+  const uint32_t rs = sbn_sig_without_call(sbn_op_signature(ref));
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    const uint32_t sig = sbn_op_signature(o);
+    const uint32_t sig = sbn_sig_without_call(sbn_op_signature(o));
     if (sbn_sig_core(sig) != sbn_sig_core(rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
-      char a[64], b[64];
-      return sbn_fail(NULL, sbnInvalidUsage,
-                      "op mismatch: rank %d runs %s, rank %d runs %s; nothing was run",
-                      ref->comm->rank, sbn_sig_describe(rs, a, sizeof a),
-                      o->comm->rank, sbn_sig_describe(sig, b, sizeof b));
+      char why[480];
+      return sbn_fail(NULL, sbnInvalidUsage, "%s; nothing was run",
+                      sbn_sig_mismatch(ref->comm->rank, rs, o->comm->rank, sig, why, sizeof why));
     }
     if (o->algo != o0->algo)
       return sbn_fail(NULL, sbnInvalidUsage,
@@ -363,7 +363,8 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->host_poll_ns = gt->transport == SBN_TR_PEER_HOST ? SBN_HOST_POLL_NS : SBN_HOST_POLL_FALLBACK_NS;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
-  a->sig = sbn_op_signature(round_ref(ops, nops));
+  /* without the call number (kernels/bn_op.h): a replayed graph's kernel keeps its own */
+  a->sig = sbn_sig_without_call(sbn_op_signature(round_ref(ops, nops)));
   a->nranks = gt->nranks;
   a->nlaunch = nops;
   a->G = pl->G;
