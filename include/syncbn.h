@@ -139,6 +139,11 @@ typedef struct {
    host's cores, so an op's time grows about quadratically with nranks once they outnumber
    the cores (measured on 2 cores, C = 512: 0.7 s per forward at 256 ranks, 14-22 s at
    1024-2048); SBN_DEBUG=WARN says so at init above 256 ranks.
+   A CPU team counts each rank's forward and backward calls, refused at their arguments
+   or not (in a group: those of a group that runs), and fails an op whose ranks' counts
+   differ (mod 8) on every rank with sbnInvalidUsage, "ranks out of step", nothing
+   written: after a call refused on some ranks only, the refused rank's next op does not
+   pair with the one its peers wait in, nor does any later op (abort the team).
    Errors: sbnInvalidArgument (comms NULL, nranks < 1 or > SBN_MAX_CPU_TEAM_RANKS, bad
    config), sbnSystemError. */
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
@@ -322,6 +327,9 @@ typedef struct {
 /* Training forward over the team: mean and biased variance of each channel over all
    ranks' n*spatial elements; y = (x - mean) * invstd * weight + bias.
    x, y: this rank's tensor per desc (y == x allowed); may be NULL when desc->n == 0.
+   Every op's outputs share no byte with its other buffers but for the whole aliases it
+   lists (here y == x): a partial overlap, or an output on another buffer, is
+   sbnInvalidArgument, nothing written (tensors checked on ranks with n > 0; docs/API.md).
    weight, bias: both NULL for affine=False. running_mean/var: both NULL for none;
    updated with the unbiased variance. num_batches_tracked: may be NULL (required when
    momentum < 0); incremented by 1 per call. save_mean, save_invstd: required.
@@ -336,7 +344,8 @@ SBN_API sbnResult_t sbnForwardTrain(sbnComm_t comm, const sbnTensorDesc_t* desc,
                                     sbnStream_t stream);
 
 /* Backward of sbnForwardTrain (PyTorch's formulas, sums reduced over the team).
-   x, dy: required when desc->n > 0; dx may be NULL (no input grad; dx == dy allowed).
+   x, dy: required when desc->n > 0; dx may be NULL (no input grad; dx == dy and dx == x
+   allowed).
    weight: NULL for affine=False. save_mean/save_invstd: from the forward, required.
    dweight/dbias: NULL to skip; local or team sums by params->grad_mode. */
 SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
@@ -384,7 +393,7 @@ typedef struct {
 
 /* sbnForwardTrain with the epilogue: y = act(bn(x) + z). z: NULL (none) or this rank's
    tensor per desc. y == x and y == z are allowed (in place). epilogue: NULL means
-   SBN_EPILOGUE_INITIALIZER (then this is sbnForwardTrain). Every rank of a team must
+   SBN_EPILOGUE_INITIALIZER (identity: with z NULL, this is sbnForwardTrain). Every rank of a team must
    pass the same activation (its kind is part of the op's signature: ranks that differ get
    sbnInvalidUsage; the slope is not exchanged: each rank's acts on its own elements, as
    an activation module after the op would, and no statistic depends on it). Every team
@@ -400,8 +409,10 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
 
 /* sbnBackward of sbnForwardTrainEx. y: the forward's output (its mask; NULL allowed for
    identity when x is given). dz: NULL, or where to write the residual's gradient
-   dy * act'(y) (dz == dy, dz == x, dz == y and dx == y allowed: the in-place pattern, one
-   buffer for x, y and dx; dz == dx refused; dweight or dbias on weight, bias, save_mean or
+   dy * act'(y) (dz == dy, x or y and dx == dy, x or y allowed, each the whole buffer; the
+   in-place pattern, one buffer: the forward writes y over x, the backward takes x NULL and
+   writes dx over y, and x == y is refused where dx or dweight is asked for; partial
+   overlaps refused; dz == dx refused; dweight or dbias on weight, bias, save_mean or
    save_invstd, or on each other, refused, as a bias without a weight is). The activation
    must be the forward's (nothing can check it: a ReLU forward's y taken as identity's
    gives wrong gradients). x NULL: the in-place backward, which
@@ -419,11 +430,16 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    no x, and its channel's dx and dweight are NaN). Every rank must pass the same
    activation (kind; the slope as in sbnForwardTrainEx). The choice of x or y is each
    rank's on CPU teams, NCCL teams and sbnCommInitAll ranks called one thread per rank
-   (the results agree within the in-place backward's accuracy); a GPU team's ops given
+   (the results agree within the in-place backward's accuracy, but for a channel below the
+   policy's weight threshold: there the in-place ranks add 0 to sum(g x_hat), so its
+   dweight is the x-based ranks' part of the sum); a GPU team's ops given
    together in one group (a virtual team's, sbnCommInitAll ranks') run one kernel variant
    for the round and refuse a mix (sbnInvalidUsage, nothing run). A rank with
    n == 0 cannot check the in-place backward's conditions: where they fail, it waits for
-   its peers, which refuse, and returns sbnTimeout. Every team runs it. The gradient reaching the normalization,
+   its peers, which refuse: until the timeout (sbnTimeout), or until their next op, which
+   then fails on every rank of a CPU team ("ranks out of step") and which a GPU team
+   takes for this one (docs/USAGE.md: abort the team after a call refused on some ranks
+   only). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and
    in dx; the in-place backward reads y in x's place, once). The stream kernel writes dz
