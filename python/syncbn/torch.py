@@ -287,9 +287,10 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None):
-        traced = _fx_leaf(self, input, residual)
-        if traced is not None:
-            return traced
+        if type(input) is not _Tensor or (residual is not None and type(residual) is not _Tensor):
+            traced = _fx_leaf(self, input, residual)  # (a plain tensor is no torch.fx.Proxy)
+            if traced is not None:
+                return traced
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         c = input.shape[1]
@@ -308,7 +309,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             if not 0.0 <= self.eps < _INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
             plain = _plain(input)  # (not under torch.compile)
-            if self.running_mean is None or input.dtype == torch.float64 or _graphed(plain):
+            # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
+            rm, rv, w, b = self.running_mean, self.running_var, self.weight, self.bias
+            if rm is None or input.dtype == torch.float64 or _graphed(plain):
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there); a float64 model
                 # (model.double(): its running statistics float64 too), which the library does
@@ -321,23 +324,19 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 # with PyTorch's ops.
                 # The residual refused where the operators refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
-                if self.running_mean is None:
-                    y = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+                if rm is None:
+                    y = F.batch_norm(input, None, None, w, b, True, 0.0, self.eps)
                 else:
-                    y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0,
-                                     self.eps)
+                    y = F.batch_norm(input, rm, rv, w, b, False, 0.0, self.eps)
                 return _epilogue(y, residual, act, self._slope) if fused else y
             _check_dtype(input)
             if not fused:
                 if plain:
-                    return _infer_eager(input, self.running_mean, self.running_var, self.weight, self.bias,
-                                        self.eps)
-                return _INFER(input, self.running_mean, self.running_var, self.weight, self.bias, self.eps)
+                    return _infer_eager(input, rm, rv, w, b, self.eps)
+                return _INFER(input, rm, rv, w, b, self.eps)
             if plain and (residual is None or _plain(residual)):
-                return _infer_act_eager(input, residual, self.running_mean, self.running_var, self.weight,
-                                        self.bias, self.eps, act, self._slope)
-            return _INFER_ACT(input, residual, self.running_mean, self.running_var, self.weight, self.bias,
-                              self.eps, act, self._slope)
+                return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, self._slope)
+            return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, self._slope)
         _check_dtype(input)
         if not 0.0 < self.eps < _INF:  # F.batch_norm's rule (> 0), and the library's (finite)
             _bad_eps(self.eps, "positive during training")
@@ -371,17 +370,18 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # without the dispatcher's two Python-kernel calls (~4 us a call); everything else
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         plain = _plain(input)
+        w, b = self.weight, self.bias
         if plain:
-            _inference_refused(input, self.weight, self.bias, rm, rv, nbt, self._inplace)
+            _inference_refused(input, w, b, rm, rv, nbt, self._inplace)
         if not fused:
             if plain:
-                return _train_eager(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)
-            return _TRAIN(input, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id)[0]
+                return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, comm.id)
+            return _TRAIN(input, w, b, rm, rv, nbt, self.eps, momentum, comm.id)[0]
         if plain and (residual is None or _plain(residual)):
-            return _train_act_eager(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum,
-                                    comm.id, act, self._slope, self._inplace)
-        return _TRAIN_ACT(input, residual, self.weight, self.bias, rm, rv, nbt, self.eps, momentum, comm.id, act,
-                          self._slope, self._inplace)[0]
+            return _train_act_eager(input, residual, w, b, rm, rv, nbt, self.eps, momentum, comm.id, act,
+                                    self._slope, self._inplace)
+        return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, comm.id, act, self._slope,
+                          self._inplace)[0]
 
 
 def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
@@ -851,27 +851,61 @@ def _runs_children_in_order(m):
     return isinstance(m, torch.nn.Sequential) and type(m).forward is torch.nn.Sequential.forward
 
 
-def _writes_its_input(m):
-    """Whether m (None: nothing known) starts with an in-place module (`inplace=True`; a
-    Sequential's first module, nested Sequentials too): it writes over what it is given."""
-    while _runs_children_in_order(m) and len(m):
-        m = m[0]
-    return bool(getattr(m, "inplace", False))
+# modules that may return what they are given, or a view of it (nn.Identity, the
+# FusedActivation among them; dropout in eval or with p = 0): what runs after them may
+# write over a fused pair's output through them
+_PASS_THROUGH = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten, torch.nn.modules.dropout._DropoutNd)
+# modules known to give a new tensor and not to write their input (unless `inplace=True`,
+# asked first): the only ones after which an nn.LeakyReLU() pair is fused
+_READS_ONLY = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear,
+               torch.nn.modules.pooling._MaxPoolNd, torch.nn.modules.pooling._AvgPoolNd,
+               torch.nn.modules.pooling._AdaptiveMaxPoolNd, torch.nn.modules.pooling._AdaptiveAvgPoolNd,
+               torch.nn.modules.pooling._LPPoolNd, torch.nn.Upsample, torch.nn.modules.batchnorm._NormBase,
+               torch.nn.GroupNorm, torch.nn.LayerNorm, torch.nn.ReLU, torch.nn.ReLU6, torch.nn.LeakyReLU,
+               torch.nn.ELU, torch.nn.SELU, torch.nn.CELU, torch.nn.GELU, torch.nn.SiLU, torch.nn.Mish,
+               torch.nn.Hardswish, torch.nn.Hardsigmoid, torch.nn.Hardtanh, torch.nn.Sigmoid, torch.nn.Tanh,
+               torch.nn.PReLU, torch.nn.Softmax, torch.nn.LogSoftmax)
 
 
-def _fuse(module, uses, inplace, relu_as_leaky, after=None):
-    """Fuses in module and below; after: what runs right after module, where an enclosing
-    Sequential says so (else None: not known)."""
+def _in_run_order(ms):
+    """The modules of ms in the order they run: a Sequential's children (nested ones too)
+    in its place."""
+    for m in ms:
+        if _runs_children_in_order(m):
+            yield from _in_run_order([c for c in m._modules.values() if c is not None])
+        else:
+            yield m
+
+
+def _next_writes(rest):
+    """What the first module after a batch norm + activation pair does with the pair's
+    output: rest, the modules known to run after the pair (those after it in its Sequential,
+    then those after that Sequential in the Sequentials around it); pass-through modules
+    (_PASS_THROUGH) skipped. True: it writes over its input (`inplace=True`); False: it is
+    one of _READS_ONLY (or a fused block: its convolution reads the input); None: not known
+    (another module, whose forward may write its input or return a view of it; or the pair
+    ends what the converter can see, or only pass-throughs follow it there)."""
+    for m in _in_run_order(rest):
+        if getattr(m, "inplace", False):
+            return True
+        if isinstance(m, _PASS_THROUGH):
+            continue
+        return False if isinstance(m, (_READS_ONLY, _FusedBlock)) else None
+    return None
+
+
+def _fuse(module, uses, inplace, relu_as_leaky, after=()):
+    """Fuses in module and below; after: the modules known to run after module, in order
+    (the rest of the Sequentials around it; () where none is known)."""
     in_order = _runs_children_in_order(module)
     kids = [(name, child) for name, child in module._modules.items() if child is not None]
-    for i, (name, child) in enumerate(kids):
+    for i, (name, child) in enumerate(kids):  # the blocks first: what runs after a child is final
         block = _fused_block(child, uses, inplace, relu_as_leaky)
         if block is not None:
             setattr(module, name, block)
             kids[i] = (name, block)
-            child = block
-        _fuse(child, uses, inplace, relu_as_leaky,
-              (kids[i + 1][1] if i + 1 < len(kids) else after) if in_order else None)
+    for i, (name, child) in enumerate(kids):
+        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in kids[i + 1:]) + after if in_order else ())
     if in_order:
         for i in range(len(kids) - 1):
             (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
@@ -879,15 +913,17 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=None):
             if was is None or not _fusable_bn(bn, uses):
                 continue
             # the fused layer's backward keeps its output, as nn.ReLU and
-            # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so an in-place
-            # module after it may write over the output: such a pair stays as it is
-            keep_y = not _writes_its_input(kids[i + 2][1] if i + 2 < len(kids) else after)
-            if was[0] == "leaky_relu" and not act_mod.inplace and not keep_y:
+            # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so what runs
+            # after it may write over the output: such a pair is fused only where the module
+            # after it is known and does not (the model's own code after a Sequential, or a
+            # caller's y.mul_(2), may)
+            writes = _next_writes(tuple(m for _, m in kids[i + 2:]) + after)
+            if was[0] == "leaky_relu" and not act_mod.inplace and writes is not False:
                 continue
             act = _fused_act(was, relu_as_leaky)
-            # in place: an invertible activation, and nothing after it that writes over the
-            # output autograd keeps
-            bn.set_activation(act[0], act[1], keep_y and _inplace_ok(inplace, *act))
+            # in place: an invertible activation, and no module after it known to write over
+            # the output autograd keeps
+            bn.set_activation(act[0], act[1], not writes and _inplace_ok(inplace, *act))
             module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
             kids[i + 1] = (act_name, module._modules[act_name])
 
@@ -923,12 +959,22 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation
     class or a slope the library does not take (negative), an ``nn.LeakyReLU()`` followed
-    by an in-place module (the fused layer keeps its output for the backward, as nn.ReLU
-    and nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input), blocks of any other
-    code; everything while a global module hook is registered (with a RuntimeWarning).
-    ``inplace=True``: the fused leaky ReLU layers (slope > 0) not followed by an in-place
-    module become in-place (autograd keeps their output only); ReLU layers and residuals
-    cannot (not invertible) and stay as they are.
+    by anything but a module known not to write its input (convolutions, linear layers,
+    pooling, upsampling, normalizations, activations not in place, the fused blocks; looked
+    for past ``nn.Identity``, ``nn.Flatten`` and dropout, which may pass their input on, and
+    into the Sequentials around the pair): an in-place module, a module of another class,
+    or nothing the converter can see (the pair ends the Sequentials around it: the model's
+    own code after them, or the caller, may write over the output in place); the fused
+    layer keeps its output for the backward, as nn.ReLU and nn.LeakyReLU(inplace=True) do,
+    where nn.LeakyReLU() keeps its input; blocks of any other code; everything while a global module hook is registered
+    (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
+    followed by an in-place module become in-place (autograd keeps their output only); ReLU
+    layers and residuals cannot (not invertible) and stay as they are.
+
+    What it cannot see: code that calls a Sequential's children one by one itself (a
+    feature extractor that keeps the output of each index) would read the fused batch
+    norm's output with the activation applied; convert such a model with
+    ``convert_sync_batchnorm``.
 
     ``relu_as_leaky=SLOPE`` (a real number >= float32's smallest normal, 1.18e-38; None,
     the default, changes nothing): every ReLU it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one

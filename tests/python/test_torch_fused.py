@@ -875,6 +875,68 @@ class TestConvert(TeamOfOne):
         seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(inplace=True), nn.Dropout(0.0)),
                                 comm=self.comm, inplace=True)
         self.assertEqual(fused_layers(seq), [("0", "leaky_relu", True)])
+        # ... but not in place before a pass-through that writes its input
+        seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm1d(3), nn.LeakyReLU(inplace=True),
+                                              nn.Dropout(0.0, inplace=True), nn.Conv1d(3, 3, 1)),
+                                comm=self.comm, inplace=True)
+        self.assertEqual(fused_layers(seq), [("0", "leaky_relu", False)])
+
+    def test_leaky_relu_before_what_the_converter_cannot_see(self):
+        """nn.LeakyReLU() (it keeps its input) fused only where the module after the pair is
+        known and does not write its input: a pair that ends a Sequential run by a module's
+        own code (`out += x` after it), or is followed through a pass-through (nn.Flatten)
+        by an in-place module, stays as it is, and the converted model trains as the
+        original does (the fused layer would keep its output, which the in-place op
+        changes: autograd's "modified by an inplace operation"). A ReLU there keeps its
+        output in the original too: fused."""
+
+        class Head(nn.Module):
+            def __init__(self, act):
+                super().__init__()
+                self.seq = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), act)
+
+            def forward(self, x):
+                out = self.seq(x)
+                out += x
+                return out
+
+        flat = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.Flatten(),
+                             nn.Dropout(0.5, inplace=True))
+        for inplace in (False, True):
+            for model in (Head(nn.LeakyReLU(0.1)), copy.deepcopy(flat)):
+                conv = sbt.convert_fused(model, comm=self.comm, inplace=inplace)
+                self.assertEqual(fused_layers(conv), [])
+                conv(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
+            conv = sbt.convert_fused(Head(nn.ReLU()), comm=self.comm, inplace=inplace)
+            self.assertEqual(fused_layers(conv), [("seq.1", "relu", False)])
+        # known and not writing, behind a pass-through: fused, also where the pair ends a
+        # nested Sequential and the module after it is the outer one's next but one
+        seq = sbt.convert_fused(nn.Sequential(nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.Identity(),
+                                              nn.Sequential(nn.Conv2d(4, 4, 1))), comm=self.comm, inplace=True)
+        self.assertEqual(fused_layers(seq), [("0", "leaky_relu", True)])
+        seq = sbt.convert_fused(nn.Sequential(nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1)),
+                                              nn.Dropout(0.1), nn.Conv2d(4, 4, 1)), comm=self.comm, inplace=True)
+        self.assertEqual(fused_layers(seq), [("0.1", "leaky_relu", True)])
+        # before a torchvision block the converter fuses (its first convolution reads the input)
+        seq = sbt.convert_fused(nn.Sequential(nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1)),
+                                              BasicBlock(4, 4)), comm=self.comm)
+        self.assertEqual([n for n, _, _ in fused_layers(seq)], ["0.1", "1.bn1", "1.bn2"])
+
+        # a module of another class may write its input, or return a view that the next
+        # one writes: not fused before it
+        class AddOne(nn.Module):
+            def forward(self, x):
+                return x.add_(1)
+
+        class View(nn.Module):
+            def forward(self, x):
+                return x.view(x.shape[0], -1)
+
+        for tail in ((AddOne(),), (View(), nn.Dropout(0.5, inplace=True))):
+            seq = sbt.convert_fused(nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1), *tail),
+                                    comm=self.comm)
+            self.assertEqual(fused_layers(seq), [])
+            seq(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
 
     def test_relu_as_leaky(self):
         """relu_as_leaky=SLOPE, an opt-in that changes the model (inplace_abn's networks):
