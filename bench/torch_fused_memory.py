@@ -27,8 +27,8 @@ The `saved` column: the bytes of the tensors autograd saves for the backward
 out: the part that in-place removes; the peak adds the gradients and transients of the
 backward step that is running at the time (on this stack: a convolution's backward in
 the head, where every saved tensor is still held). The last column names that step: the
-autograd node running at the peak of one more step, profiled (torch.profiler's
-allocation records, on CUDA the caching allocator's), and the peak split into what was
+autograd node running at the peak (on CPU of the measured step, from the same records;
+on CUDA of one more step, profiled, from the caching allocator's records), and the peak split into what was
 held when the node began and what the node itself added (its gradients, a convolution's
 workspace).
 
@@ -291,11 +291,16 @@ def main(argv=None):
         n_fused = sum(isinstance(m, sbt.SyncBatchNorm) and m.activation != "identity" for m in model.modules())
         n_inplace = sum(isinstance(m, sbt.SyncBatchNorm) and m.inplace for m in model.modules())
         try:
-            nbytes = cuda_step_bytes(model, x) if dev.type == "cuda" else cpu_step_bytes(model, x)
+            profiled = None
+            if dev.type == "cuda":
+                nbytes = cuda_step_bytes(model, x)
+            else:  # the CPU measure is a profiled step already: its records say where, too
+                profiled = profiled_step(model, x, "cpu")
+                nbytes = peak_of(profiled[0])
             row = {"model": name, "fused_layers": n_fused, "inplace_layers": n_inplace, "bytes": nbytes,
                    "saved_bytes": saved_bytes(model, x)}
-            try:  # where the peak is: one more step, profiled (on CUDA the allocator's records)
-                peak, node, held = peak_where(*profiled_step(model, x, dev.type))
+            try:  # where the peak is (on CUDA one more step, profiled: the allocator's records)
+                peak, node, held = peak_where(*(profiled or profiled_step(model, x, dev.type)))
                 row.update(peak_node=node, peak_node_held_bytes=held, profiled_bytes=peak)
             except RuntimeError as e:
                 row.update(peak_node=None, peak_node_error=str(e))
