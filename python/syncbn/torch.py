@@ -869,9 +869,9 @@ _READS_ONLY = (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Bilinear
 
 def _in_run_order(ms):
     """The modules of ms in the order they run: a Sequential's children (nested ones too)
-    in its place."""
+    in its place, but for one with hooks (they see its input)."""
     for m in ms:
-        if _runs_children_in_order(m):
+        if _runs_children_in_order(m) and _no_hooks(m):
             yield from _in_run_order([c for c in m._modules.values() if c is not None])
         else:
             yield m
@@ -882,16 +882,29 @@ def _next_writes(rest):
     output: rest, the modules known to run after the pair (those after it in its Sequential,
     then those after that Sequential in the Sequentials around it); pass-through modules
     (_PASS_THROUGH) skipped. True: it writes over its input (`inplace=True`); False: it is
-    one of _READS_ONLY (or a fused block: its convolution reads the input); None: not known
-    (another module, whose forward may write its input or return a view of it; or the pair
-    ends what the converter can see, or only pass-throughs follow it there)."""
+    one of _READS_ONLY running torch.nn's forward, or syncbn's SyncBatchNorm or a fused block
+    (neither writes its input; an in-place SyncBatchNorm keeps its output for autograd);
+    None: not known (another module, or a subclass with its own forward, which may write
+    its input or return a view of it; a module with hooks; or the pair ends what the
+    converter can see, or only pass-throughs follow it there)."""
     for m in _in_run_order(rest):
+        if not _no_hooks(m):  # a hook sees its input, and may write it
+            return None
+        if isinstance(m, (SyncBatchNorm, _FusedBlock)):  # syncbn's: `inplace` says what autograd
+            return False  # keeps, and the input is never written
         if getattr(m, "inplace", False):
             return True
+        if not _torch_forward(m):  # a subclass's own forward may do anything
+            return None
         if isinstance(m, _PASS_THROUGH):
             continue
-        return False if isinstance(m, (_READS_ONLY, _FusedBlock)) else None
+        return False if isinstance(m, _READS_ONLY) else None
     return None
+
+
+def _torch_forward(m):
+    """Whether m runs torch.nn's own forward (not one a subclass wrote)."""
+    return getattr(type(m).forward, "__module__", "").startswith("torch.nn.")
 
 
 def _fuse(module, uses, inplace, relu_as_leaky, after=()):
@@ -960,15 +973,17 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     seen elsewhere), an activation not right after the batch norm, another activation
     class or a slope the library does not take (negative), an ``nn.LeakyReLU()`` followed
     by anything but a module known not to write its input (convolutions, linear layers,
-    pooling, upsampling, normalizations, activations not in place, the fused blocks; looked
-    for past ``nn.Identity``, ``nn.Flatten`` and dropout, which may pass their input on, and
-    into the Sequentials around the pair): an in-place module, a module of another class,
+    pooling, upsampling, normalizations, activations not in place, the fused blocks, each
+    running torch.nn's own forward or syncbn's, without hooks; looked for past
+    ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` and dropout, which may pass their
+    input on, and into the Sequentials around the pair): an in-place module, a module of
+    another class or a subclass with its own ``forward``, a module with hooks,
     or nothing the converter can see (the pair ends the Sequentials around it: the model's
     own code after them, or the caller, may write over the output in place); the fused
     layer keeps its output for the backward, as nn.ReLU and nn.LeakyReLU(inplace=True) do,
     where nn.LeakyReLU() keeps its input; blocks of any other code; everything while a global module hook is registered
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
-    followed by an in-place module become in-place (autograd keeps their output only); ReLU
+    followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU
     layers and residuals cannot (not invertible) and stay as they are.
 
     What it cannot see: code that calls a Sequential's children one by one itself (a

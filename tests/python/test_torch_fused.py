@@ -938,6 +938,35 @@ class TestConvert(TeamOfOne):
             self.assertEqual(fused_layers(seq), [])
             seq(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
 
+        # nor before a known class whose forward a subclass rewrote, or one with a hook (each
+        # writes its input here: the original trains, a fused pair's backward would raise)
+        class PreAddConv(nn.Conv2d):
+            def forward(self, x):
+                return super().forward(x.add_(1))
+
+        hooked = nn.Conv2d(4, 4, 1)
+        hooked.register_forward_pre_hook(lambda m, args: (args[0].add_(1),))
+        hooked_seq = nn.Sequential(nn.Conv2d(4, 4, 1))
+        hooked_seq.register_forward_pre_hook(lambda m, args: (args[0].add_(1),))
+        for tail in (PreAddConv(4, 4, 1), hooked, hooked_seq):
+            seq = sbt.convert_fused(nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1), tail),
+                                    comm=self.comm, inplace=True)
+            self.assertEqual(fused_layers(seq), [], type(tail).__name__)
+            seq(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
+
+        # before syncbn's own layers, in place or not (an in-place layer keeps its output
+        # for autograd and never writes its input): fused, nested or flat alike
+        flat = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.BatchNorm2d(4),
+                             nn.LeakyReLU(0.1), nn.Conv2d(4, 4, 1))
+        nested = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.2),
+                               nn.Sequential(nn.BatchNorm2d(4), nn.LeakyReLU(0.1), nn.Conv2d(4, 4, 1)))
+        for model, names in ((flat, ["1", "3"]), (nested, ["1", "3.0"])):
+            conv = sbt.convert_fused(model, comm=self.comm, inplace=True)
+            self.assertEqual(fused_layers(conv), [(n, "leaky_relu", True) for n in names])
+            x = torch.randn(2, 4, 5, 5, requires_grad=True)
+            conv(x).sum().backward()
+            self.assertEqual(x._version, 0)
+
     def test_relu_as_leaky(self):
         """relu_as_leaky=SLOPE, an opt-in that changes the model (inplace_abn's networks):
         every ReLU the converter fuses becomes a leaky ReLU of that slope, a block's all of
