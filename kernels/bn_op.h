@@ -18,22 +18,24 @@ enum { SBN_OP_FORWARD = 0, SBN_OP_BACKWARD = 1, SBN_OP_KINDS = 2 };
 
 /* The signature of an op: kind, layout, dtype and C in one 32-bit word (bits 31-30
    kind, 29 layout, 28-27 the epilogue's activation (sbn_sig_with_act; 0 identity), 26
-   SBN_SIG_ANY_LAYOUT, 25-24 dtype, 23-21 the rank's call number mod 8
-   (sbn_sig_with_call), 20-0 C). Ranks exchange it with their records; two ops are the
-   same op as sbn_sig_core and sbn_sig_layouts say. C < 2^21 (max_channels is at most
+   SBN_SIG_ANY_LAYOUT, 25-24 dtype, 23-21 the rank's call number mod 7 or 7, unnumbered
+   (sbn_sig_with_call, sbn_sig_unnumbered), 20-0 C). Ranks exchange it with their
+   records; two ops are the same op as sbn_sig_same_op and sbn_sig_layouts say. C < 2^21 (max_channels is at most
    2^20, src/config.c). */
 #define SBN_SIG_C_BITS 21
 #define SBN_SIG_DTYPE_SHIFT 24
 /* The call number: every op call a rank makes on its comm, refused at its arguments or
    not, counts (src/ops.c), so a call refused on some ranks only puts the ranks out of
    step, and the refused rank's next op differs from the op its peers wait in (instead
-   of pairing with it). Mod 8: a rank refused 8 times in a row while its peers wait
-   pairs again. The CPU team's exchange compares it; GPU teams compare signatures
-   without it (sbn_sig_without_call): a kernel replayed from a CUDA graph keeps the
-   arguments of its capture, and would fail with a peer's later eager op under another
-   number. */
+   of pairing with it). Mod 7: a rank refused 7 times in a row while its peers wait
+   pairs again. The eighth value, SBN_SIG_UNNUMBERED, matches any number: a kernel
+   captured into a CUDA graph carries it (src/gpu/gpu_launch.c), since a replay keeps
+   the arguments of its capture and would fail with a peer's later eager op under
+   another number; and so does a GPU virtual team's launch (one launch runs every rank:
+   its ranks cannot be out of step). */
 #define SBN_SIG_CALL_SHIFT 21
-#define SBN_SIG_CALLS 8u
+#define SBN_SIG_CALLS 7u
+#define SBN_SIG_UNNUMBERED 7u
 /* A rank whose layout is immaterial: no values (n = 0), planes of one value (spatial 1)
    or one channel; its bytes are the same in NCHW and NHWC (an empty batch or 1x1 planes
    of a channels_last model, which PyTorch may stride either way), so it matches its
@@ -51,7 +53,8 @@ SBN_HD uint32_t sbn_op_sig_of(int kind, int dtype, int layout, int64_t n, int64_
   return sbn_op_sig(kind, dtype, layout, c) | any;
 }
 /* Ranks run the same op when their signatures agree but for the layout (sbn_sig_core)
-   and the layouts that matter agree: across all ranks' signatures, sbn_sig_layouts' bits
+   and the call number where one is unnumbered (sbn_sig_same_op), and the layouts that
+   matter agree: across all ranks' signatures, sbn_sig_layouts' bits
    OR'ed together are not both set (1: NCHW, 2: NHWC; 0 where the layout is immaterial).
    Order-free, so every rank that sees all the signatures comes to the same verdict. */
 SBN_HD uint32_t sbn_sig_core(uint32_t sig) { return sig & ~(SBN_SIG_ANY_LAYOUT | SBN_SIG_LAYOUT_BIT); }
@@ -63,13 +66,20 @@ SBN_HD int sbn_sig_layout(uint32_t sig) { return (int)(sig >> 29 & 1u); }
 SBN_HD int sbn_sig_dtype(uint32_t sig) { return (int)(sig >> SBN_SIG_DTYPE_SHIFT & 3u); }
 SBN_HD uint32_t sbn_sig_with_act(uint32_t sig, int act) { return sig | ((uint32_t)act & 3u) << 27; }
 SBN_HD int sbn_sig_act(uint32_t sig) { return (int)(sig >> 27 & 3u); }
+#define SBN_SIG_CALL_MASK (7u << SBN_SIG_CALL_SHIFT)
+SBN_HD uint32_t sbn_sig_without_call(uint32_t sig) { return sig & ~SBN_SIG_CALL_MASK; }
 SBN_HD uint32_t sbn_sig_with_call(uint32_t sig, uint32_t call) {
-  return sig | (call % SBN_SIG_CALLS) << SBN_SIG_CALL_SHIFT;
+  return sbn_sig_without_call(sig) | (call % SBN_SIG_CALLS) << SBN_SIG_CALL_SHIFT;
 }
-SBN_HD uint32_t sbn_sig_without_call(uint32_t sig) {
-  return sig & ~((SBN_SIG_CALLS - 1u) << SBN_SIG_CALL_SHIFT);
+SBN_HD uint32_t sbn_sig_unnumbered(uint32_t sig) { return sig | SBN_SIG_CALL_MASK; }
+SBN_HD uint32_t sbn_sig_call(uint32_t sig) { return sig >> SBN_SIG_CALL_SHIFT & 7u; }
+/* Whether two ranks' signatures name the same op (their layouts aside: sbn_sig_layouts)
+   at the same call, where both are numbered. */
+SBN_HD int sbn_sig_same_op(uint32_t a, uint32_t b) {
+  const uint32_t d = sbn_sig_core(a ^ b);
+  if ((d & ~SBN_SIG_CALL_MASK) != 0u) return 0;
+  return d == 0u || (a & SBN_SIG_CALL_MASK) == SBN_SIG_CALL_MASK || (b & SBN_SIG_CALL_MASK) == SBN_SIG_CALL_MASK;
 }
-SBN_HD uint32_t sbn_sig_call(uint32_t sig) { return sig >> SBN_SIG_CALL_SHIFT & (SBN_SIG_CALLS - 1u); }
 SBN_HD int64_t sbn_sig_c(uint32_t sig) { return (int64_t)(sig & ((1u << SBN_SIG_C_BITS) - 1u)); }
 
 #endif /* SYNCBN_BN_OP_H_ */

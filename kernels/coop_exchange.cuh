@@ -426,9 +426,9 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
                             uint32_t k, uint64_t deadline, int64_t* m_out, float out[3],
                             float mine[2], const float* own, int64_t own_rows) {
   const int lane = threadIdx.x & 31;
-  /* Every rank must run the same op (the signature: kind, dtype, layout, C; bn_op.h: the
-     same sbn_sig_core, and no two layouts that matter differ, decided over all ranks'
-     records alike on every rank). Cooperative
+  /* Every rank must run the same op (the signature: kind, dtype, layout, C, activation and
+     the call number where both are numbered; bn_op.h: sbn_sig_same_op, and no two
+     layouts that matter differ, decided over all ranks' records alike on every rank). Cooperative
      path: chunk j's records carry it and are checked with their data, one round trip.
      A peer running an op with fewer chunks never publishes chunk j: the block of this
      rank that owns a unit of chunk 0 (every op has one) sees the mismatch there and
@@ -445,7 +445,7 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
     int layouts = 0;
     for (int q = lane; q < a.nranks; q += 32) {
       const uint32_t sig = ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig);
-      sig_ok &= sbn_sig_core(sig) == sbn_sig_core(a.sig);
+      sig_ok &= sbn_sig_same_op(sig, a.sig) != 0;
       layouts |= sbn_sig_layouts(sig);
     }
     const bool both = __any_sync(0xffffffffu, layouts & 1) && __any_sync(0xffffffffu, layouts & 2);
@@ -479,7 +479,7 @@ SBN_UNROLL
       }
       if (!HOST) {
         const uint32_t sig = ld_relaxed_sys_u32(&rec->sig);
-        sig_bad |= sbn_sig_core(sig) != sbn_sig_core(a.sig);
+        sig_bad |= sbn_sig_same_op(sig, a.sig) == 0;
         layouts |= sbn_sig_layouts(sig);
       }
       cnt[i] = ld_relaxed_sys_s64(&rec->count);

@@ -26,14 +26,15 @@ const char* sbn_sig_mismatch(int ra, uint32_t a, int rb, uint32_t b, char* buf, 
     ra = rb, a = b, rb = rt, b = t;
   }
   const unsigned ca = (unsigned)sbn_sig_call(a), cb = (unsigned)sbn_sig_call(b);
-  if (ca != cb && sbn_sig_core(sbn_sig_without_call(a)) == sbn_sig_core(sbn_sig_without_call(b)))
+  const int apart = ca != cb && ca != SBN_SIG_UNNUMBERED && cb != SBN_SIG_UNNUMBERED;
+  if (apart && sbn_sig_core(sbn_sig_without_call(a)) == sbn_sig_core(sbn_sig_without_call(b)))
     snprintf(buf, n,
              "ranks out of step: rank %d is at its call %u and rank %d at its call %u (mod %u) "
              "of the same op, %s. A call refused on some ranks only does that: its peers "
              "wait in it, and the refused rank's next call met that op. Every later op of "
              "the team fails alike; abort the team (sbnCommAbort) and destroy it",
              ra, ca, rb, cb, SBN_SIG_CALLS, sbn_sig_describe(a, da, sizeof da));
-  else if (ca != cb)
+  else if (apart)
     snprintf(buf, n,
              "op mismatch: rank %d runs %s at its call %u, rank %d runs %s at its call %u "
              "(mod %u): the ranks are out of step, as after a call refused on some ranks "

@@ -229,6 +229,14 @@ typedef struct {
 } launch_t;
 static int g_delay_ms[MAXW]; /* emu_run_peer: rank r's launch starts g_delay_ms[r] late, */
 static const uint32_t* g_delay_after[MAXW]; /* counted from when this word is nonzero */
+/* emu_run_peer and emu_run_host's per-rank launches: rank r's call number in its
+   signature (SBN_SIG_UNNUMBERED: a graph's capture), as gpu_launch.c's gpu_sig gives it;
+   NULL: every rank's call 0 */
+static const uint32_t* g_calls;
+static void set_call(sbn_coop_args_t* a, int r) {
+  if (g_calls != NULL)
+    a->sig = g_calls[r] == SBN_SIG_UNNUMBERED ? sbn_sig_unnumbered(a->sig) : sbn_sig_with_call(a->sig, g_calls[r]);
+}
 static int g_pinned_host;    /* emu_run_peer: as gpu_launch.c fills a peer-pinned-host
                                 team's launches (each rank on its own GPU, no peer access) */
 static void* launch_main(void* p) {
@@ -254,6 +262,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     const sbnTensorDesc_t* d = per_rank_desc ? &per_rank_desc[r] : &t->d[r];
     fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
     fill_common(&l[r].a, e, d, bwd);
+    set_call(&l[r].a, r);
     l[r].a.nlaunch = 1;
     if (e->W > 1) l[r].a.r[0].dz_early = 0;
     l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
@@ -305,6 +314,7 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     a[r].r[0].mail = e->recv[r];
     a[r].r[0].send = e->send[r];
     fill_common(&a[r], e, d, bwd);
+    set_call(&a[r], r);
     for (int q = 0; q < e->W; q++) a[r].mail[q] = e->send[q];
     a[r].nlaunch = 1;
     if (plans) a[r].G = plans[r].G;
@@ -1817,6 +1827,70 @@ static void test_mismatch(void) {
     ASSERT_TRUE(all_bytes(bwd ? t.dw[1] : t.smean[1], 64 * sizeof(float), 0xff));
     emu_team_free(&e);
     team_free(&t);
+  }
+}
+
+/* The call numbers (kernels/bn_op.h), in per-rank launches (an NCCL team's processes, an
+   sbnCommInitAll team called a thread per rank) and the host path's: two ranks whose ops
+   differ only in the call number (rank 1 one call ahead, as after a call refused on rank
+   1 only) fail on every rank (sbnInvalidUsage, or stopped by it), nothing written; the
+   same number mod 7 (calls 2 and 9) runs; where one rank's is unnumbered (a graph's
+   capture, whose replays keep it), the op runs with the bits of a team in step. */
+static void test_call_numbers(void) {
+  static const int64_t n[2] = {2, 3};
+  static const uint32_t apart[2] = {3, 4}, wrapped[2] = {2, 9}, capture[2] = {SBN_SIG_UNNUMBERED, 5};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (int host = 0; host < 2; host++) {
+    team_t t, ref;
+    emu_team_t e;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 31);
+    team_poison(&t);
+    emu_team_init(&e, 2, 2, 60000);
+    g_calls = apart;
+    if (host)
+      emu_run_host(&e, &t, 0, &p, t.d, NULL);
+    else
+      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+    g_calls = NULL;
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+      ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
+    }
+    ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
+    emu_team_free(&e);
+    team_free(&t);
+    /* in step: the reference (call 0 on both), then the same inputs numbered apart by 7,
+       and with one rank unnumbered */
+    team_make(&ref, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 32);
+    emu_team_init(&e, 2, 2, 60000);
+    if (host)
+      emu_run_host(&e, &ref, 0, &p, ref.d, NULL);
+    else
+      emu_run_peer(&e, &ref, 0, &p, NULL, NULL, NULL);
+    ASSERT_TRUE(err_words_clear(&e));
+    emu_team_free(&e);
+    const uint32_t* const cases[2] = {wrapped, capture};
+    for (int c = 0; c < 2; c++) {
+      team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 32);
+      team_poison(&t);
+      emu_team_init(&e, 2, 2, 60000);
+      g_calls = cases[c];
+      if (host)
+        emu_run_host(&e, &t, 0, &p, t.d, NULL);
+      else
+        emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+      g_calls = NULL;
+      ASSERT_TRUE(err_words_clear(&e));
+      for (int r = 0; r < 2; r++) {
+        ASSERT_MEMEQ(t.y[r], ref.y[r], team_bytes(&t, r));
+        ASSERT_MEMEQ(t.smean[r], ref.smean[r], 40 * sizeof(float));
+        ASSERT_MEMEQ(t.sinv[r], ref.sinv[r], 40 * sizeof(float));
+      }
+      emu_team_free(&e);
+      team_free(&t);
+    }
+    team_free(&ref);
   }
 }
 
@@ -3396,6 +3470,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_fused_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_mismatch, 1);
+  EMU_TEST(test_call_numbers, 1);
   EMU_TEST(test_layout_immaterial, 1);
   EMU_TEST(test_count_one, 1);
   EMU_TEST(test_timeout, 1);

@@ -111,14 +111,14 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
     sbnResult_t r = wait_record(comm, q, 0, k, deadline);
     if (r != sbnSuccess) return r;
   }
-  /* step 3: every rank must run the same op (bn_op.h: the same sbn_sig_core, and the
+  /* step 3: every rank must run the same op (bn_op.h: sbn_sig_same_op, and the
      layouts that matter alike; every rank sees every signature, so all decide alike); a
      peer's chunks past its own C never come */
   int by_layout[3] = {-1, -1, -1}; /* a rank of each sbn_sig_layouts value */
   for (int q = 0; q < t->nranks; q++) {
     const uint32_t theirs = ct->mail[sbn_mail_index(q, k, 0, ct->nchunks_max)].sig;
     by_layout[sbn_sig_layouts(theirs)] = q;
-    int other = sbn_sig_core(theirs) != sbn_sig_core(sig) ? comm->rank : -1;
+    int other = !sbn_sig_same_op(theirs, sig) ? comm->rank : -1;
     if (other < 0 && by_layout[1] >= 0 && by_layout[2] >= 0) other = by_layout[q == by_layout[1] ? 2 : 1];
     if (other >= 0) {
       const uint32_t os = ct->mail[sbn_mail_index(other, k, 0, ct->nchunks_max)].sig;
