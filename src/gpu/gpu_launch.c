@@ -179,20 +179,46 @@ static const sbn_op_t* round_ref(const sbn_op_t* const* ops, int nops) {
   return ops[0];
 }
 
+/* Whether the stream is capturing a CUDA graph (a failed query counts as capturing: no
+   call number is compared then). */
+static int stream_capturing(cudaStream_t s) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &cs) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+/* Whether a team's ops carry their call numbers (kernels/bn_op.h): not a virtual team's
+   (one launch runs every rank, so its ranks cannot be out of step; an op refused outside
+   a group on one rank leaves its groups in step), nor a team of one's. */
+static int numbered_team(const struct sbn_gpu_team* gt) {
+  return gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1;
+}
+
+/* An op's signature as a GPU team compares it: with the rank's call number, or unnumbered
+   where none is compared (numbered_team) or can be (captured: an op captured into a CUDA
+   graph, whose replays keep its capture's arguments). */
+static uint32_t gpu_sig(const sbn_op_t* op, int captured) {
+  const uint32_t sig = sbn_op_signature(op);
+  return captured || !numbered_team(sbn_gpu(op->comm->team)) ? sbn_sig_unnumbered(sig) : sig;
+}
+
 sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const int whole_team = nops == team->nranks;
   const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
-  /* GPU teams compare no call number (kernels/bn_op.h); a virtual team's op refused
-     outside a group on one rank leaves its groups in step */
-  const uint32_t rs = sbn_sig_without_call(sbn_op_signature(ref));
+  /* the call numbers as at the call (a capture makes no difference here: the ranks of a
+     round are called together) */
+  const uint32_t rs = gpu_sig(ref, 0);
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    const uint32_t sig = sbn_sig_without_call(sbn_op_signature(o));
-    if (sbn_sig_core(sig) != sbn_sig_core(rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
+    const uint32_t sig = gpu_sig(o, 0);
+    if (!sbn_sig_same_op(sig, rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
       char why[480];
       return sbn_fail(NULL, sbnInvalidUsage, "%s; nothing was run",
                       sbn_sig_mismatch(ref->comm->rank, rs, o->comm->rank, sig, why, sizeof why));
@@ -363,8 +389,10 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->host_poll_ns = gt->transport == SBN_TR_PEER_HOST ? SBN_HOST_POLL_NS : SBN_HOST_POLL_FALLBACK_NS;
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
-  /* without the call number (kernels/bn_op.h): a replayed graph's kernel keeps its own */
-  a->sig = sbn_sig_without_call(sbn_op_signature(round_ref(ops, nops)));
+  /* the call number, but for a virtual team's launch (one for every rank), a team of one's
+     and a graph's capture (its replays keep it): gpu_sig; the capture is asked of the
+     numbered teams only (one runtime query per op) */
+  a->sig = gpu_sig(round_ref(ops, nops), numbered_team(gt) && stream_capturing((cudaStream_t)o0->stream));
   a->nranks = gt->nranks;
   a->nlaunch = nops;
   a->G = pl->G;

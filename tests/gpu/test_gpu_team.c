@@ -10,7 +10,8 @@
  *     replay == eager;
  *   - errors: virtual W > 1 outside a group, M == 1 in a group, InitAll ranks sharing a
  *     GPU on one stream in a group (synchronous); a stuck peer (in-kernel timeout),
- *     sbnCommAbort, op mismatch and M == 1 across threads (asynchronous errors);
+ *     sbnCommAbort, op mismatch, ranks out of step (a call refused on one rank) and
+ *     M == 1 across threads (asynchronous errors);
  *   - sbnForwardInference on device pointers == on host pointers, bitwise.
  *
  * Every device tensor is poisoned (0xff bytes: NaN) before an op, so an output the GPU
@@ -1687,6 +1688,35 @@ static void test_mismatch_threads(void) {
   pair_free(&P);
 }
 
+/* A call refused on rank 1 only (desc NULL: sbnInvalidArgument at the call, which counts)
+   puts the ranks out of step: a group of both ranks' forward is refused at sbnGroupEnd
+   ("ranks out of step", nothing run, the team not aborted), and their next ops, thread
+   per rank, the same op but for the call number (kernels/bn_op.h), fail in the kernel as
+   an op mismatch (sbnInvalidUsage), nothing written, where rank 1's op paired with rank
+   0's before. */
+static void test_out_of_step_threads(void) {
+  int64_t n[MAXW] = {2, 3};
+  pair_t P;
+  snprintf(g_case, sizeof g_case, "a call refused on rank 1 only, then both ranks' forward");
+  if (pair_make(&P, 60000, 8, 8, n, 5)) {
+    float v[8] = {0};
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    sbnResult_t e = sbnForwardTrain(P.comms[1], NULL, v, v, NULL, NULL, NULL, NULL, NULL, v, v, NULL, NULL);
+    if (e != sbnInvalidArgument)
+      SBN_FAIL_("rank 1's call with desc NULL: %s, expected sbnInvalidArgument", sbnGetResultName(e));
+    if (!sbn_test_cur_failed_) {
+      e = gpu_run(pair_d(&P, 0), pair_h(&P, 0), 0, MODE_GROUP, 0, &p);
+      const char* why = sbnGetLastError(NULL);
+      if (e != sbnInvalidUsage || why == NULL || strstr(why, "ranks out of step") == NULL)
+        SBN_FAIL_("a group after the refusal: %s (%s), expected sbnInvalidUsage, ranks out of step",
+                  sbnGetResultName(e), why ? why : "");
+      for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) check_untouched(pair_d(&P, r), pair_h(&P, r), r);
+    }
+    if (!sbn_test_cur_failed_) pair_threads_expect(&P, sbnInvalidUsage);
+  }
+  pair_free(&P);
+}
+
 /* M == 1 across threads (rank 0: n = 1, spatial = 1; rank 1 empty): only the kernel
    sees the count (README: reported by sbnCommGetAsyncError as sbnInvalidArgument). */
 static void test_count_one_threads(void) {
@@ -2003,6 +2033,7 @@ int main(void) {
   RUN(test_abort);
   RUN(test_layout_immaterial);
   RUN(test_mismatch_threads);
+  RUN(test_out_of_step_threads);
   RUN(test_count_one_threads);
   RUN(test_inference_device);
   RUN(test_transport_and_pointers);
