@@ -139,10 +139,10 @@ typedef struct {
    host's cores, so an op's time grows about quadratically with nranks once they outnumber
    the cores (measured on 2 cores, C = 512: 0.7 s per forward at 256 ranks, 14-22 s at
    1024-2048); SBN_DEBUG=WARN says so at init above 256 ranks.
-   A CPU team counts each rank's forward and backward calls, refused at their arguments
+   Every team counts each rank's forward and backward calls, refused at their arguments
    or not (in a group: those of a group that runs), and fails an op whose ranks' counts
-   differ (mod 8) on every rank with sbnInvalidUsage, "ranks out of step", nothing
-   written: after a call refused on some ranks only, the refused rank's next op does not
+   differ (mod 7) on every rank with sbnInvalidUsage, "ranks out of step", nothing
+   written (GPU teams below: an op captured into a CUDA graph pairs with any count): after a call refused on some ranks only, the refused rank's next op does not
    pair with the one its peers wait in, nor does any later op (abort the team).
    Errors: sbnInvalidArgument (comms NULL, nranks < 1 or > SBN_MAX_CPU_TEAM_RANKS, bad
    config), sbnSystemError. */
@@ -153,8 +153,8 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
      int64_t, save_mean/save_invstd, dweight/dbias) is device memory of the rank's GPU;
    - ops are asynchronous on `stream`; argument errors are returned at once, as for CPU
      teams. Failures found inside the kernel (a peer that does not arrive within
-     timeout_ms, ranks running different ops, a global count of 1 that the host could not
-     see) write none of the op's outputs in the blocks that detect them (but dz of
+     timeout_ms, ranks running different ops or out of step, a global count of 1 that
+     the host could not see) write none of the op's outputs in the blocks that detect them (but dz of
      sbnBackwardEx where its stream kernel writes dz first, below: it holds then what a
      successful op writes there, which depends on no other rank), are reported by
      sbnCommGetAsyncError, and abort the team (later ops return sbnAborted);
@@ -437,9 +437,8 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    for the round and refuse a mix (sbnInvalidUsage, nothing run). A rank with
    n == 0 cannot check the in-place backward's conditions: where they fail, it waits for
    its peers, which refuse: until the timeout (sbnTimeout), or until their next op, which
-   then fails on every rank of a CPU team ("ranks out of step") and which a GPU team
-   takes for this one (docs/USAGE.md: abort the team after a call refused on some ranks
-   only). Every team runs it. The gradient reaching the normalization,
+   then fails on every rank ("ranks out of step"; docs/USAGE.md: abort the team after a
+   call refused on some ranks only). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and
    in dx; the in-place backward reads y in x's place, once). The stream kernel writes dz
