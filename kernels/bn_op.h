@@ -53,8 +53,8 @@ SBN_HD uint32_t sbn_op_sig_of(int kind, int dtype, int layout, int64_t n, int64_
   return sbn_op_sig(kind, dtype, layout, c) | any;
 }
 /* Ranks run the same op when their signatures agree but for the layout (sbn_sig_core)
-   and the call number where one is unnumbered (sbn_sig_same_op), and the layouts that
-   matter agree: across all ranks' signatures, sbn_sig_layouts' bits
+   and the call number (sbn_sig_same_but_call), their numbers agree where given
+   (sbn_sig_call_bit), and the layouts that matter agree: across all ranks' signatures, sbn_sig_layouts' bits
    OR'ed together are not both set (1: NCHW, 2: NHWC; 0 where the layout is immaterial).
    Order-free, so every rank that sees all the signatures comes to the same verdict. */
 SBN_HD uint32_t sbn_sig_core(uint32_t sig) { return sig & ~(SBN_SIG_ANY_LAYOUT | SBN_SIG_LAYOUT_BIT); }
@@ -73,12 +73,25 @@ SBN_HD uint32_t sbn_sig_with_call(uint32_t sig, uint32_t call) {
 }
 SBN_HD uint32_t sbn_sig_unnumbered(uint32_t sig) { return sig | SBN_SIG_CALL_MASK; }
 SBN_HD uint32_t sbn_sig_call(uint32_t sig) { return sig >> SBN_SIG_CALL_SHIFT & 7u; }
-/* Whether two ranks' signatures name the same op (their layouts aside: sbn_sig_layouts)
-   at the same call, where both are numbered. */
+/* Whether two ranks' signatures name the same op but for the call number (and their
+   layouts: sbn_sig_layouts). */
+SBN_HD int sbn_sig_same_but_call(uint32_t a, uint32_t b) {
+  return (sbn_sig_core(a ^ b) & ~SBN_SIG_CALL_MASK) == 0u;
+}
+/* A signature's call number as a bit (0: unnumbered). Ranks are in step when the OR of
+   their bits has at most one bit set (sbn_sig_calls_apart): order-free, as
+   sbn_sig_layouts, so every rank that sees all the signatures decides alike. (A compare
+   of each peer's number with a rank's own would not be: an unnumbered rank matches two
+   numbered ones that differ.) */
+SBN_HD uint32_t sbn_sig_call_bit(uint32_t sig) {
+  const uint32_t c = sbn_sig_call(sig);
+  return c == SBN_SIG_UNNUMBERED ? 0u : 1u << c;
+}
+SBN_HD int sbn_sig_calls_apart(uint32_t bits) { return (bits & (bits - 1u)) != 0u; }
+/* Two ranks' signatures name the same op at the same call (or one is unnumbered). A
+   pairwise compare: transitive only among numbered signatures (a CPU team's). */
 SBN_HD int sbn_sig_same_op(uint32_t a, uint32_t b) {
-  const uint32_t d = sbn_sig_core(a ^ b);
-  if ((d & ~SBN_SIG_CALL_MASK) != 0u) return 0;
-  return d == 0u || (a & SBN_SIG_CALL_MASK) == SBN_SIG_CALL_MASK || (b & SBN_SIG_CALL_MASK) == SBN_SIG_CALL_MASK;
+  return sbn_sig_same_but_call(a, b) && !sbn_sig_calls_apart(sbn_sig_call_bit(a) | sbn_sig_call_bit(b));
 }
 SBN_HD int64_t sbn_sig_c(uint32_t sig) { return (int64_t)(sig & ((1u << SBN_SIG_C_BITS) - 1u)); }
 

@@ -427,8 +427,8 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
                             float mine[2], const float* own, int64_t own_rows) {
   const int lane = threadIdx.x & 31;
   /* Every rank must run the same op (the signature: kind, dtype, layout, C, activation and
-     the call number where both are numbered; bn_op.h: sbn_sig_same_op, and no two
-     layouts that matter differ, decided over all ranks' records alike on every rank). Cooperative
+     the call number where given; bn_op.h: sbn_sig_same_but_call, and no two layouts that
+     matter differ nor two numbers, decided over all ranks' records alike on every rank). Cooperative
      path: chunk j's records carry it and are checked with their data, one round trip.
      A peer running an op with fewer chunks never publishes chunk j: the block of this
      rank that owns a unit of chunk 0 (every op has one) sees the mismatch there and
@@ -443,13 +443,16 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
   } else {
     bool sig_ok = true;
     int layouts = 0;
+    uint32_t calls = 0; /* sbn_sig_call_bit of every rank's record, OR'ed */
     for (int q = lane; q < a.nranks; q += 32) {
       const uint32_t sig = ld_relaxed_sys_u32(&rec_of<HOST>(a, R, q, k, 0)->sig);
-      sig_ok &= sbn_sig_same_op(sig, a.sig) != 0;
+      sig_ok &= sbn_sig_same_but_call(sig, a.sig) != 0;
       layouts |= sbn_sig_layouts(sig);
+      calls |= sbn_sig_call_bit(sig);
     }
+    for (int o = 16; o > 0; o >>= 1) calls |= __shfl_xor_sync(0xffffffffu, calls, o);
     const bool both = __any_sync(0xffffffffu, layouts & 1) && __any_sync(0xffffffffu, layouts & 2);
-    if (!__all_sync(0xffffffffu, sig_ok) || both) return sbnInvalidUsage;
+    if (!__all_sync(0xffffffffu, sig_ok) || both || sbn_sig_calls_apart(calls)) return sbnInvalidUsage;
   }
   int64_t m = 0;
   sbn_partial_t gp = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -461,7 +464,8 @@ __device__ int gather_chunk(const sbn_coop_args_t& a, const sbn_coop_rank_t& R, 
      copy of the merge serves them all (code size is time: check-sass.sh). */
   constexpr int kGatherBatch = 4;
   constexpr int kF = KIND == SBN_OP_FORWARD ? 3 : kRec; /* floats of a record's channel */
-  int layouts = 0; /* sbn_sig_layouts of every rank's record (the same in every lane) */
+  int layouts = 0;    /* sbn_sig_layouts of every rank's record (the same in every lane) */
+  uint32_t calls = 0; /* and sbn_sig_call_bit, OR'ed alike */
   for (int q0 = 0; q0 < a.nranks; q0 += kGatherBatch) {
     const int nq = a.nranks - q0 < kGatherBatch ? a.nranks - q0 : kGatherBatch;
     int64_t cnt[kGatherBatch] = {};
@@ -479,8 +483,9 @@ SBN_UNROLL
       }
       if (!HOST) {
         const uint32_t sig = ld_relaxed_sys_u32(&rec->sig);
-        sig_bad |= sbn_sig_same_op(sig, a.sig) == 0;
+        sig_bad |= sbn_sig_same_but_call(sig, a.sig) == 0;
         layouts |= sbn_sig_layouts(sig);
+        calls |= sbn_sig_call_bit(sig);
       }
       cnt[i] = ld_relaxed_sys_s64(&rec->count);
 SBN_UNROLL
@@ -506,7 +511,8 @@ SBN_UNROLL
       }
     }
   }
-  if (layouts == 3) return sbnInvalidUsage; /* two ranks' layouts that matter differ */
+  /* two ranks' layouts that matter differ, or two ranks' call numbers */
+  if (layouts == 3 || sbn_sig_calls_apart(calls)) return sbnInvalidUsage;
   *m_out = m;
   if (KIND == SBN_OP_FORWARD) {
     out[0] = gp.mean_hi, out[1] = gp.mean_lo, out[2] = gp.m2;

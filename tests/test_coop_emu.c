@@ -1835,7 +1835,10 @@ static void test_mismatch(void) {
    differ only in the call number (rank 1 one call ahead, as after a call refused on rank
    1 only) fail on every rank (sbnInvalidUsage, or stopped by it), nothing written; the
    same number mod 7 (calls 2 and 9) runs; where one rank's is unnumbered (a graph's
-   capture, whose replays keep it), the op runs with the bits of a team in step. */
+   capture, whose replays keep it), the op runs with the bits of a team in step. Three
+   ranks at calls 3, unnumbered and 4: every rank fails, the unnumbered one too (the
+   verdict is taken over all records, not each against a rank's own number), nothing
+   written on any. */
 static void test_call_numbers(void) {
   static const int64_t n[2] = {2, 3};
   static const uint32_t apart[2] = {3, 4}, wrapped[2] = {2, 9}, capture[2] = {SBN_SIG_UNNUMBERED, 5};
@@ -1891,6 +1894,24 @@ static void test_call_numbers(void) {
       team_free(&t);
     }
     team_free(&ref);
+    static const int64_t n3[3] = {2, 3, 2};
+    static const uint32_t three[3] = {3, SBN_SIG_UNNUMBERED, 4};
+    team_make(&t, 3, sbnFloat32, sbnLayoutNHWC, 40, 3, n3, 1, 1, GEN_NORMAL, 33);
+    team_poison(&t);
+    emu_team_init(&e, 3, 2, 60000);
+    g_calls = three;
+    if (host)
+      emu_run_host(&e, &t, 0, &p, t.d, NULL);
+    else
+      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+    g_calls = NULL;
+    for (int r = 0; r < 3; r++) {
+      ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+      ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
+    }
+    emu_team_free(&e);
+    team_free(&t);
   }
 }
 
