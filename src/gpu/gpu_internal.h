@@ -69,6 +69,10 @@ typedef struct {
   cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
                                   beside the rank's kernels (sbn_gpu_stop_ranks) */
   _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
+  /* an op of this rank was launched under a CUDA graph capture: from then on its ops carry
+     no call number (gpu_launch.c: gpu_sig; its replays do not pass through the host, so
+     its count cannot follow them) */
+  _Atomic int graphed;
 } gpu_rank_t;
 
 struct sbn_gpu_team {

@@ -197,12 +197,19 @@ static int numbered_team(const struct sbn_gpu_team* gt) {
   return gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1;
 }
 
+/* Whether op's rank has launched an op under a CUDA graph capture (gpu_rank_t.graphed). */
+static int rank_graphed(const sbn_op_t* op) {
+  return atomic_load_explicit(&sbn_gpu(op->comm->team)->ranks[op->comm->rank].graphed, memory_order_relaxed);
+}
+
 /* An op's signature as a GPU team compares it: with the rank's call number, or unnumbered
-   where none is compared (numbered_team) or can be (captured: an op captured into a CUDA
-   graph, whose replays keep its capture's arguments). */
-static uint32_t gpu_sig(const sbn_op_t* op, int captured) {
+   where none is compared (numbered_team) or can be: a rank that captured an op into a
+   CUDA graph (its count counts the capture, not the replays, whose kernels keep the
+   capture's arguments; a peer that runs the same steps eagerly, or captured at another
+   time, counts otherwise), from its first capture on. */
+static uint32_t gpu_sig(const sbn_op_t* op) {
   const uint32_t sig = sbn_op_signature(op);
-  return captured || !numbered_team(sbn_gpu(op->comm->team)) ? sbn_sig_unnumbered(sig) : sig;
+  return !numbered_team(sbn_gpu(op->comm->team)) || rank_graphed(op) ? sbn_sig_unnumbered(sig) : sig;
 }
 
 sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
@@ -211,17 +218,25 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const struct sbn_gpu_team* gt = sbn_gpu(team);
   const int whole_team = nops == team->nranks;
   const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
-  /* the call numbers as at the call (a capture makes no difference here: the ranks of a
-     round are called together) */
-  const uint32_t rs = gpu_sig(ref, 0);
+  /* the call numbers as the kernels would compare them: of every rank given one, one */
+  const uint32_t rs = gpu_sig(ref);
+  uint32_t calls = 0;
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
-    const uint32_t sig = gpu_sig(o, 0);
-    if (!sbn_sig_same_op(sig, rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) {
+    const uint32_t sig = gpu_sig(o);
+    calls |= sbn_sig_call_bit(sig);
+    const sbn_op_t* other = o; /* the op o differs from, if any */
+    if (sbn_sig_calls_apart(calls))
+      for (int q = 0; q < i; q++)
+        if (sbn_sig_call_bit(gpu_sig(ops[q])) != 0u && sbn_sig_call_bit(gpu_sig(ops[q])) != sbn_sig_call_bit(sig))
+          other = ops[q];
+    if (!sbn_sig_same_but_call(sig, rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) other = ref;
+    if (other != o) {
+      const uint32_t os = gpu_sig(other);
       char why[480];
       return sbn_fail(NULL, sbnInvalidUsage, "%s; nothing was run",
-                      sbn_sig_mismatch(ref->comm->rank, rs, o->comm->rank, sig, why, sizeof why));
+                      sbn_sig_mismatch(other->comm->rank, os, o->comm->rank, sig, why, sizeof why));
     }
     if (o->algo != o0->algo)
       return sbn_fail(NULL, sbnInvalidUsage,
@@ -390,9 +405,13 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
   /* the call number, but for a virtual team's launch (one for every rank), a team of one's
-     and a graph's capture (its replays keep it): gpu_sig; the capture is asked of the
-     numbered teams only (one runtime query per op) */
-  a->sig = gpu_sig(round_ref(ops, nops), numbered_team(gt) && stream_capturing((cudaStream_t)o0->stream));
+     and a rank's that was captured into a graph (gpu_sig); the capture is asked of the
+     numbered teams' ranks not yet graphed (a runtime query a launch) */
+  const sbn_op_t* ref = round_ref(ops, nops);
+  if (numbered_team(gt) && !rank_graphed(ref) && stream_capturing((cudaStream_t)o0->stream))
+    for (int i = 0; i < nops; i++)
+      atomic_store_explicit(&gt->ranks[ops[i]->comm->rank].graphed, 1, memory_order_relaxed);
+  a->sig = gpu_sig(ref);
   a->nranks = gt->nranks;
   a->nlaunch = nops;
   a->G = pl->G;
@@ -516,8 +535,8 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: fill_args asks the stream of the device */
     fill_args(&one, &ops[i], 1, &pl[i], checked);
-    CU(cudaSetDevice(g->device), "cudaSetDevice");
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: stats kernel launch");
@@ -569,8 +588,8 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   for (int i = 0; i < nops; i++) {
     gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
+    CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: fill_args asks the stream of the device */
     fill_args(&one, &ops[i], 1, &pl[i], checked);
-    CU(cudaSetDevice(g->device), "cudaSetDevice");
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");

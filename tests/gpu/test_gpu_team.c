@@ -1717,6 +1717,86 @@ static void test_out_of_step_threads(void) {
   pair_free(&P);
 }
 
+/* A rank that captured an op into a CUDA graph carries no call number from then on
+   (gpu_launch.c: gpu_rank_t.graphed): rank 0 captures its forward on its stream
+   (thread-local mode) and replays the graph twice, then calls it once more, while rank 1
+   calls the same forward three times, each rank from its own thread. Every op pairs
+   (rank 0's count, 2, is not rank 1's, 3: compared, the third op would fail), no async
+   error, and the ranks' statistics agree. */
+typedef struct {
+  pair_t* P;
+  int r;
+  const char* failed; /* where the thread's sequence stopped (NULL: it ran) */
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+} graphed_job_t;
+static void* graphed_job_main(void* arg) {
+  graphed_job_t* j = (graphed_job_t*)arg;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  dteam_t* d = pair_d(j->P, j->r);
+  team_t* h = pair_h(j->P, j->r);
+  j->failed = "cudaSetDevice";
+  if (cudaSetDevice(0) != cudaSuccess) return NULL;
+  if (j->r == 1) {
+    for (int k = 0; k < 3; k++)
+      if (gpu_call(d, h, 1, 0, 0, &p) != sbnSuccess) {
+        j->failed = "rank 1's forward";
+        return NULL;
+      }
+    j->failed = NULL;
+    return NULL;
+  }
+  cudaStream_t s = j->P->st[0];
+  j->failed = "cudaStreamBeginCapture";
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return NULL;
+  sbnResult_t e = gpu_call(d, h, 0, 0, 0, &p);
+  cudaError_t ce = cudaStreamEndCapture(s, &j->graph);
+  j->failed = "rank 0's forward under capture, or the capture";
+  if (e != sbnSuccess || ce != cudaSuccess) return NULL;
+  j->failed = "cudaGraphInstantiate";
+  if (cudaGraphInstantiate(&j->exec, j->graph, 0) != cudaSuccess) return NULL;
+  j->failed = "cudaGraphLaunch";
+  for (int k = 0; k < 2; k++)
+    if (cudaGraphLaunch(j->exec, s) != cudaSuccess) return NULL;
+  j->failed = "rank 0's forward after the replays";
+  if (gpu_call(d, h, 0, 0, 0, &p) != sbnSuccess) return NULL;
+  j->failed = NULL;
+  return NULL;
+}
+static void test_graphed_rank_threads(void) {
+  int64_t n[MAXW] = {2, 3};
+  pair_t P;
+  snprintf(g_case, sizeof g_case, "rank 0 replays a captured forward, rank 1 calls it");
+  if (pair_make(&P, 60000, 8, 8, n, 5)) {
+    pthread_t th[2];
+    graphed_job_t jobs[2] = {{&P, 0, NULL, NULL, NULL}, {&P, 1, NULL, NULL, NULL}};
+    double t0 = now_ms();
+    for (int r = 0; r < 2; r++)
+      if (pthread_create(&th[r], NULL, graphed_job_main, &jobs[r]) != 0) exit(1);
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 2; r++) {
+      double el = pair_wait(&P, r, t0);
+      fprintf(stderr, "  rank %d's stream finished %.1f ms after the calls\n", r, el);
+      if (jobs[r].failed != NULL)
+        SBN_FAIL_("rank %d: %s failed (%s)", r, jobs[r].failed, sbnGetLastError(P.comms[r]));
+    }
+    if (!sbn_test_cur_failed_) expect_async(&P, sbnSuccess);
+    if (!sbn_test_cur_failed_) {
+      gpu_finish(pair_d(&P, 0), pair_h(&P, 0), OUT_FWD, 0);
+      const team_t* h = pair_h(&P, 0);
+      const size_t cb = (size_t)h->d[0].c * sizeof(float);
+      if (memcmp(h->smean[0], h->smean[1], cb) != 0 || memcmp(h->sinv[0], h->sinv[1], cb) != 0 ||
+          !(h->sinv[0][0] > 0.0f))
+        SBN_FAIL_("the ranks' statistics differ, or were not written");
+    }
+    for (int r = 0; r < 2; r++) {
+      if (jobs[r].exec) cudaGraphExecDestroy(jobs[r].exec);
+      if (jobs[r].graph) cudaGraphDestroy(jobs[r].graph);
+    }
+  }
+  pair_free(&P);
+}
+
 /* M == 1 across threads (rank 0: n = 1, spatial = 1; rank 1 empty): only the kernel
    sees the count (README: reported by sbnCommGetAsyncError as sbnInvalidArgument). */
 static void test_count_one_threads(void) {
@@ -2034,6 +2114,7 @@ int main(void) {
   RUN(test_layout_immaterial);
   RUN(test_mismatch_threads);
   RUN(test_out_of_step_threads);
+  RUN(test_graphed_rank_threads);
   RUN(test_count_one_threads);
   RUN(test_inference_device);
   RUN(test_transport_and_pointers);
