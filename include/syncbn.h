@@ -142,8 +142,10 @@ typedef struct {
    Every team counts each rank's forward and backward calls, refused at their arguments
    or not (in a group: those of a group that runs), and fails an op whose ranks' counts
    differ (mod 7) on every rank with sbnInvalidUsage, "ranks out of step", nothing
-   written (GPU teams below: an op captured into a CUDA graph pairs with any count): after a call refused on some ranks only, the refused rank's next op does not
-   pair with the one its peers wait in, nor does any later op (abort the team).
+   written: after a call refused on some ranks only, the refused rank's next op does not
+   pair with the one its peers wait in, nor does any later op (abort the team). GPU teams
+   below: found in the kernel (an op mismatch), but for a rank that captured an op into a
+   CUDA graph, which carries no count from then on (docs/USAGE.md).
    Errors: sbnInvalidArgument (comms NULL, nranks < 1 or > SBN_MAX_CPU_TEAM_RANKS, bad
    config), sbnSystemError. */
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
