@@ -466,7 +466,7 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     if (r == sbnSuccess) { /* the queued ops count now (internal.h: sbnComm.calls) */
       for (size_t i = 0; i < group.n; i++) {
         sbnComm_t c = group.ops[i].comm;
-        c->calls += c->pending;
+        c->calls = (c->calls + c->pending) % SBN_SIG_CALLS;
         c->pending = 0;
       }
       r = run_ops(teams, nt);

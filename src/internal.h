@@ -158,7 +158,7 @@ struct sbnComm {
      a group of a team whose ranks all live here (sbn_team_all_local), which holds every
      rank's calls and runs all or nothing, only the ops it queued count, when it runs
      (group.c): a group that runs nothing leaves the team as it was. */
-  uint32_t calls;
+  uint32_t calls; /* mod SBN_SIG_CALLS (the signature keeps no more) */
   uint32_t pending; /* the ops queued in the open group that are counted when it runs */
 };
 

@@ -259,9 +259,15 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   /* the call number (internal.h: sbnComm.calls): a call counts at once, refused below or
      not, but in a group of a team whose ranks all live here, where the ops it queued count
      when the group runs (group.c) */
-  if (r == sbnSuccess)
-    op->call = in_group && sbn_team_all_local(op->comm->team) ? op->comm->calls + op->comm->pending
-                                                              : op->comm->calls++;
+  if (r == sbnSuccess) {
+    sbnComm_t c = op->comm;
+    if (in_group && sbn_team_all_local(c->team)) {
+      op->call = c->calls + c->pending;
+    } else {
+      op->call = c->calls;
+      c->calls = (c->calls + 1u) % SBN_SIG_CALLS;
+    }
+  }
   if (r == sbnSuccess && desc == NULL)
     r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
   if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope);

@@ -202,6 +202,13 @@ static int rank_graphed(const sbn_op_t* op) {
   return atomic_load_explicit(&sbn_gpu(op->comm->team)->ranks[op->comm->rank].graphed, memory_order_relaxed);
 }
 
+/* Marks the ranks of the ops as graphed (gpu_rank_t.graphed). */
+static void mark_graphed(const sbn_op_t* const* ops, int nops) {
+  for (int i = 0; i < nops; i++)
+    atomic_store_explicit(&sbn_gpu(ops[i]->comm->team)->ranks[ops[i]->comm->rank].graphed, 1,
+                          memory_order_relaxed);
+}
+
 /* An op's signature as a GPU team compares it: with the rank's call number, or unnumbered
    where none is compared (numbered_team) or can be: a rank that captured an op into a
    CUDA graph (its count counts the capture, not the replays, whose kernels keep the
@@ -405,13 +412,9 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->c = o0->desc.c;
   a->timeout_ns = team->cfg.timeout_ms * 1000000; /* no overflow: clamped in config.c */
   /* the call number, but for a virtual team's launch (one for every rank), a team of one's
-     and a rank's that was captured into a graph (gpu_sig); the capture is asked of the
-     numbered teams' ranks not yet graphed (a runtime query a launch) */
-  const sbn_op_t* ref = round_ref(ops, nops);
-  if (numbered_team(gt) && !rank_graphed(ref) && stream_capturing((cudaStream_t)o0->stream))
-    for (int i = 0; i < nops; i++)
-      atomic_store_explicit(&gt->ranks[ops[i]->comm->rank].graphed, 1, memory_order_relaxed);
-  a->sig = gpu_sig(ref);
+     and a rank's that was launched under a graph capture (gpu_sig: the launch functions
+     mark the ranks first, from the stream they launch on) */
+  a->sig = gpu_sig(round_ref(ops, nops));
   a->nranks = gt->nranks;
   a->nlaunch = nops;
   a->G = pl->G;
@@ -466,6 +469,8 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
+  /* every kernel of the round goes on s0: its capture marks every rank of it (fill_args) */
+  if (numbered_team(gt) && stream_capturing(s0)) mark_graphed(ops, nops);
   if (o0->algo == SBN_ALGO_COOP) {
     const size_t dyn =
         pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
@@ -535,7 +540,8 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: fill_args asks the stream of the device */
+    CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: the capture is asked of its stream */
+    if (numbered_team(gt) && stream_capturing(s)) mark_graphed(&ops[i], 1); /* (fill_args) */
     fill_args(&one, &ops[i], 1, &pl[i], checked);
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
@@ -588,7 +594,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   for (int i = 0; i < nops; i++) {
     gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
     cudaStream_t s = (cudaStream_t)ops[i]->stream;
-    CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: fill_args asks the stream of the device */
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
     fill_args(&one, &ops[i], 1, &pl[i], checked);
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
