@@ -139,13 +139,14 @@ typedef struct {
    host's cores, so an op's time grows about quadratically with nranks once they outnumber
    the cores (measured on 2 cores, C = 512: 0.7 s per forward at 256 ranks, 14-22 s at
    1024-2048); SBN_DEBUG=WARN says so at init above 256 ranks.
-   Every team counts each rank's forward and backward calls, refused at their arguments
+   A CPU team counts each rank's forward and backward calls, refused at their arguments
    or not (in a group: those of a group that runs), and fails an op whose ranks' counts
    differ (mod 7) on every rank with sbnInvalidUsage, "ranks out of step", nothing
    written: after a call refused on some ranks only, the refused rank's next op does not
    pair with the one its peers wait in, nor does any later op (abort the team). GPU teams
-   below: found in the kernel (an op mismatch), but for a rank that captured an op into a
-   CUDA graph, which carries no count from then on (docs/USAGE.md).
+   of more than one rank (below) count alike and find it in the kernel (an op mismatch),
+   but for a virtual team's ops and a rank's that captured an op into a CUDA graph, which
+   carry no count (docs/USAGE.md).
    Errors: sbnInvalidArgument (comms NULL, nranks < 1 or > SBN_MAX_CPU_TEAM_RANKS, bad
    config), sbnSystemError. */
 SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig_t* config);
@@ -439,8 +440,8 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    for the round and refuse a mix (sbnInvalidUsage, nothing run). A rank with
    n == 0 cannot check the in-place backward's conditions: where they fail, it waits for
    its peers, which refuse: until the timeout (sbnTimeout), or until their next op, which
-   then fails on every rank ("ranks out of step"; docs/USAGE.md: abort the team after a
-   call refused on some ranks only). Every team runs it. The gradient reaching the normalization,
+   then fails on every rank ("ranks out of step", or a GPU team's op mismatch; docs/USAGE.md:
+   abort the team after a call refused on some ranks only). Every team runs it. The gradient reaching the normalization,
    dy * act'(y), is computed in fp32 (dz is it rounded to the dtype); GPU teams read y
    besides x and dy when there is an activation (x given: y twice, in the statistics and
    in dx; the in-place backward reads y in x's place, once). The stream kernel writes dz
