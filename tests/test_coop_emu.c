@@ -1830,6 +1830,15 @@ static void test_mismatch(void) {
   }
 }
 
+/* A forward of every rank in per-rank launches: the cooperative kernel's (host 0) or the
+   host path's (host 1). */
+static void run_per_rank(emu_team_t* e, team_t* t, const sbnParams_t* p, int host) {
+  if (host)
+    emu_run_host(e, t, 0, p, t->d, NULL);
+  else
+    emu_run_peer(e, t, 0, p, NULL, NULL, NULL);
+}
+
 /* The call numbers (kernels/bn_op.h), in per-rank launches (an NCCL team's processes, an
    sbnCommInitAll team called a thread per rank) and the host path's: two ranks whose ops
    differ only in the call number (rank 1 one call ahead, as after a call refused on rank
@@ -1850,10 +1859,7 @@ static void test_call_numbers(void) {
     team_poison(&t);
     emu_team_init(&e, 2, 2, 60000);
     g_calls = apart;
-    if (host)
-      emu_run_host(&e, &t, 0, &p, t.d, NULL);
-    else
-      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+    run_per_rank(&e, &t, &p, host);
     g_calls = NULL;
     for (int r = 0; r < 2; r++) {
       ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
@@ -1867,10 +1873,7 @@ static void test_call_numbers(void) {
        and with one rank unnumbered */
     team_make(&ref, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 32);
     emu_team_init(&e, 2, 2, 60000);
-    if (host)
-      emu_run_host(&e, &ref, 0, &p, ref.d, NULL);
-    else
-      emu_run_peer(&e, &ref, 0, &p, NULL, NULL, NULL);
+    run_per_rank(&e, &ref, &p, host);
     ASSERT_TRUE(err_words_clear(&e));
     emu_team_free(&e);
     const uint32_t* const cases[2] = {wrapped, capture};
@@ -1879,10 +1882,7 @@ static void test_call_numbers(void) {
       team_poison(&t);
       emu_team_init(&e, 2, 2, 60000);
       g_calls = cases[c];
-      if (host)
-        emu_run_host(&e, &t, 0, &p, t.d, NULL);
-      else
-        emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+      run_per_rank(&e, &t, &p, host);
       g_calls = NULL;
       ASSERT_TRUE(err_words_clear(&e));
       for (int r = 0; r < 2; r++) {
@@ -1900,10 +1900,7 @@ static void test_call_numbers(void) {
     team_poison(&t);
     emu_team_init(&e, 3, 2, 60000);
     g_calls = three;
-    if (host)
-      emu_run_host(&e, &t, 0, &p, t.d, NULL);
-    else
-      emu_run_peer(&e, &t, 0, &p, NULL, NULL, NULL);
+    run_per_rank(&e, &t, &p, host);
     g_calls = NULL;
     for (int r = 0; r < 3; r++) {
       ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
