@@ -26,8 +26,8 @@ const char* sbn_sig_mismatch(int ra, uint32_t a, int rb, uint32_t b, char* buf, 
     ra = rb, a = b, rb = rt, b = t;
   }
   const unsigned ca = (unsigned)sbn_sig_call(a), cb = (unsigned)sbn_sig_call(b);
-  const int apart = ca != cb && ca != SBN_SIG_UNNUMBERED && cb != SBN_SIG_UNNUMBERED;
-  if (apart && sbn_sig_core(sbn_sig_without_call(a)) == sbn_sig_core(sbn_sig_without_call(b)))
+  const int apart = sbn_sig_calls_apart(sbn_sig_call_bit(a) | sbn_sig_call_bit(b));
+  if (apart && sbn_sig_same_but_call(a, b))
     snprintf(buf, n,
              "ranks out of step: rank %d is at its call %u and rank %d at its call %u (mod %u) "
              "of the same op, %s. A call refused on some ranks only does that: its peers "

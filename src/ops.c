@@ -140,6 +140,12 @@ static sbnResult_t check_aliases(sbnComm_t comm, const char* fn, const char* wha
   return sbnSuccess;
 }
 
+/* The bytes of a rank's tensor per desc (0 with n == 0), and of a per-channel array. */
+static size_t tensor_bytes(const sbnTensorDesc_t* d) {
+  return (size_t)(d->n * d->c * d->spatial) * (size_t)sbn_dtype_size((int)d->dtype);
+}
+static size_t chan_bytes(const sbnTensorDesc_t* d) { return (size_t)d->c * sizeof(float); }
+
 static sbnResult_t check_op(const sbn_op_t* op, int ex) {
   sbnComm_t comm = op->comm;
   const char* fn = op_fn(op, ex);
@@ -153,9 +159,7 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
                     "%s: c=%lld exceeds the comm's max_channels=%lld (sbnConfig_t.max_channels)",
                     fn, (long long)d->c, (long long)comm->team->cfg.max_channels);
   int has_data = d->n > 0;
-  /* the bytes of this rank's tensors (0 with no data) and of a per-channel array */
-  const size_t tensor = (size_t)(d->n * d->c * d->spatial) * (size_t)sbn_dtype_size((int)d->dtype);
-  const size_t chan = (size_t)d->c * sizeof(float);
+  const size_t tensor = tensor_bytes(d), chan = chan_bytes(d);
   if (op->kind == SBN_OP_FORWARD) {
     if (has_data && (op->x == NULL || op->out == NULL))
       return sbn_fail(comm, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
@@ -390,8 +394,7 @@ static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const 
   if (!(eps >= 0.0f) || isinf(eps))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: eps must be finite and >= 0, got %g", fn,
                     (double)eps);
-  const size_t tensor = (size_t)(desc->n * desc->c * desc->spatial) * (size_t)sbn_dtype_size((int)desc->dtype);
-  const size_t chan = (size_t)desc->c * sizeof(float);
+  const size_t tensor = tensor_bytes(desc), chan = chan_bytes(desc);
   const span_t outs[1] = {{"y", y, tensor}};
   const span_t ins[6] = {{"x", x, tensor}, {"z", z, tensor}, {"weight", weight, chan}, {"bias", bias, chan},
                          {"running_mean", running_mean, chan}, {"running_var", running_var, chan}};

@@ -227,17 +227,16 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const sbn_op_t* ref = round_ref(ops, nops); /* the layout that matters, if any */
   /* the call numbers as the kernels would compare them: of every rank given one, one */
   const uint32_t rs = gpu_sig(ref);
-  uint32_t calls = 0;
+  const sbn_op_t* numbered = NULL; /* the last op before o with a call number (all alike) */
   int64_t m = 0;
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
     const uint32_t sig = gpu_sig(o);
-    calls |= sbn_sig_call_bit(sig);
     const sbn_op_t* other = o; /* the op o differs from, if any */
-    if (sbn_sig_calls_apart(calls))
-      for (int q = 0; q < i; q++)
-        if (sbn_sig_call_bit(gpu_sig(ops[q])) != 0u && sbn_sig_call_bit(gpu_sig(ops[q])) != sbn_sig_call_bit(sig))
-          other = ops[q];
+    if (sbn_sig_call_bit(sig) != 0u) {
+      if (numbered != NULL && sbn_sig_call_bit(gpu_sig(numbered)) != sbn_sig_call_bit(sig)) other = numbered;
+      numbered = o;
+    }
     if (!sbn_sig_same_but_call(sig, rs) || (sbn_sig_layouts(sig) | sbn_sig_layouts(rs)) == 3) other = ref;
     if (other != o) {
       const uint32_t os = gpu_sig(other);
