@@ -1839,6 +1839,30 @@ static void run_per_rank(emu_team_t* e, team_t* t, const sbnParams_t* p, int hos
     emu_run_peer(e, t, 0, p, NULL, NULL, NULL);
 }
 
+/* A forward of W ranks at the given call numbers (g_calls) that must fail on every rank
+   (sbnInvalidUsage, or stopped by a rank that saw it), nothing written on any. */
+static void expect_out_of_step(int W, const int64_t* n, const uint32_t* calls, uint64_t seed,
+                               const sbnParams_t* p, int host) {
+  team_t t;
+  emu_team_t e;
+  team_make(&t, W, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, seed);
+  team_poison(&t);
+  emu_team_init(&e, W, 2, 60000);
+  g_calls = calls;
+  run_per_rank(&e, &t, p, host);
+  g_calls = NULL;
+  int saw = 0;
+  for (int r = 0; r < W; r++) {
+    ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
+    ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+    ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
+    saw |= e.err[r] == sbnInvalidUsage;
+  }
+  ASSERT_TRUE(saw);
+  emu_team_free(&e);
+  team_free(&t);
+}
+
 /* The call numbers (kernels/bn_op.h), in per-rank launches (an NCCL team's processes, an
    sbnCommInitAll team called a thread per rank) and the host path's: two ranks whose ops
    differ only in the call number (rank 1 one call ahead, as after a call refused on rank
@@ -1852,23 +1876,13 @@ static void test_call_numbers(void) {
   static const int64_t n[2] = {2, 3};
   static const uint32_t apart[2] = {3, 4}, wrapped[2] = {2, 9}, capture[2] = {SBN_SIG_UNNUMBERED, 5};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
+  static const int64_t n3[3] = {2, 3, 2};
+  static const uint32_t three[3] = {3, SBN_SIG_UNNUMBERED, 4};
   for (int host = 0; host < 2; host++) {
     team_t t, ref;
     emu_team_t e;
-    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 31);
-    team_poison(&t);
-    emu_team_init(&e, 2, 2, 60000);
-    g_calls = apart;
-    run_per_rank(&e, &t, &p, host);
-    g_calls = NULL;
-    for (int r = 0; r < 2; r++) {
-      ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
-      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
-      ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
-    }
-    ASSERT_TRUE(e.err[0] == sbnInvalidUsage || e.err[1] == sbnInvalidUsage);
-    emu_team_free(&e);
-    team_free(&t);
+    expect_out_of_step(2, n, apart, 31, &p, host);
+    if (sbn_test_cur_failed_) return;
     /* in step: the reference (call 0 on both), then the same inputs numbered apart by 7,
        and with one rank unnumbered */
     team_make(&ref, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 32);
@@ -1894,21 +1908,8 @@ static void test_call_numbers(void) {
       team_free(&t);
     }
     team_free(&ref);
-    static const int64_t n3[3] = {2, 3, 2};
-    static const uint32_t three[3] = {3, SBN_SIG_UNNUMBERED, 4};
-    team_make(&t, 3, sbnFloat32, sbnLayoutNHWC, 40, 3, n3, 1, 1, GEN_NORMAL, 33);
-    team_poison(&t);
-    emu_team_init(&e, 3, 2, 60000);
-    g_calls = three;
-    run_per_rank(&e, &t, &p, host);
-    g_calls = NULL;
-    for (int r = 0; r < 3; r++) {
-      ASSERT_TRUE(e.err[r] == sbnInvalidUsage || e.err[r] == sbnAborted);
-      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
-      ASSERT_TRUE(all_bytes(t.smean[r], 40 * sizeof(float), 0xff));
-    }
-    emu_team_free(&e);
-    team_free(&t);
+    expect_out_of_step(3, n3, three, 33, &p, host);
+    if (sbn_test_cur_failed_) return;
   }
 }
 
