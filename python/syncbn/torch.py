@@ -24,7 +24,9 @@ itself, nonblocking, bounded by the team's timeout (tests/python/test_torch_gpu.
 scripts/gpu-suite.sh's ``pytorch`` step, on a GPU). A missing
 rank raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout, in an
 op or in the team's creation; the group's broadcast before it waits as PyTorch's
-collectives do (its process group's timeout).
+collectives do (its process group's timeout). Without ``comm=`` and without a process
+group, where nn.SyncBatchNorm runs PyTorch's batch norm on the rank's batch alone: a team
+of one on the tensor's device (``_own_team``).
 """
 
 import inspect
@@ -128,7 +130,7 @@ def _plain(x):
 
 
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
-_TEAMS = {}  # (group, device index) -> syncbn.Comm
+_TEAMS = {}  # (group, device index) -> syncbn.Comm; (None, device): a team of one (_own_team)
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
 _GROUP_TEAM_CHANNELS = 4096  # the least max_channels of a process group's team (the library's default)
 
@@ -171,6 +173,48 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
             team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms, max_channels=channels)
         _TEAMS[key] = team
         return team
+
+
+def _dist_ready():
+    """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing;
+    torch.compile folds it to a constant)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _own_team(device, max_channels=None):
+    """A team of one on `device` (its rank a syncbn.Comm): where nn.SyncBatchNorm, with no
+    process group, runs PyTorch's batch norm on the rank's own batch, the layer runs the
+    same function (and its epilogue, in place where asked) on syncbn's operators. One per
+    device, made at its first use and cached (a narrower one replaced, as team_for's): a CPU
+    team of one for CPU tensors, an NCCL team of one (no collective: its id is made here)
+    for CUDA tensors."""
+    key = (None, device.type if device.type == "cpu" else (device.type, device.index))
+    channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
+    with _TEAMS_LOCK:
+        team = _TEAMS.get(key)
+        if team is not None and (max_channels is None or team.max_channels >= max_channels):
+            return team
+        if device.type == "cpu":
+            team = _sbn.cpu_team(1, max_channels=channels)[0]
+        elif device.type == "cuda":
+            try:
+                with torch.cuda.device(device):
+                    team = _sbn.nccl_team(_sbn.nccl_unique_id(), 1, 0, max_channels=channels)
+            except _sbn.SyncBNError as e:
+                raise RuntimeError(f"syncbn.torch.SyncBatchNorm: no team (comm=None, torch.distributed not "
+                                   f"initialized): the layer's team of one on {device} needs NCCL, which failed: {e}; "
+                                   f"pass comm= or initialize a process group") from e
+        else:
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {device.type} tensors; the layer takes CPU and CUDA tensors")
+        _TEAMS[key] = team
+        return team
+
+
+# torch.compile calls it while it traces and keeps the team as a constant of the graph (a
+# new device: a new graph), so that a layer's first call needs no graph break
+_own_team_traced = getattr(torch.compiler, "assume_constant_result", lambda f: f)(_own_team)
 
 
 def _check_comm(comm, who):
@@ -228,6 +272,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     _comm = None  # class defaults: layers pickled before these attributes existed
     _group_comm = None  # the process group's team on _group_device, found at the first training call
     _group_device = None
+    _group_own = None  # whether _group_comm is a team of one (_own_team: no process group then)
     _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
     _slope = 0.01
     _inplace = False
@@ -269,13 +314,22 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
         self._group_comm = team_for(self.process_group, device, max_channels=self.num_features)
-        self._group_device = device
+        self._group_device, self._group_own = device, False
+        return self._group_comm
+
+    def _find_own_team(self, device):
+        """Without a process group (where nn.SyncBatchNorm runs PyTorch's batch norm on the
+        rank's batch alone): the team of one on `device`, found again once torch.distributed
+        has one. Not collective: torch.compile takes it as a constant (_own_team_traced)."""
+        self._group_comm = _own_team_traced(device, self.num_features)
+        self._group_device, self._group_own = device, True
         return self._group_comm
 
     @property
     def comm(self):
         """The team's rank this layer runs on (a syncbn.Comm), or None: the team of
-        process_group on the input's GPU."""
+        process_group on the input's GPU (without a process group, a team of one on the
+        input's device)."""
         return self._comm
 
     @comm.setter
@@ -350,8 +404,10 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         comm = self._comm
         if comm is None:
             comm = self._group_comm
-            if comm is None or self._group_device != input.device:  # once: later calls find it here
-                comm = self._find_group_team(input.device)
+            # once (later calls find it here), and again when a process group came or went
+            dist_ready = _dist_ready()
+            if comm is None or self._group_device != input.device or self._group_own is dist_ready:
+                comm = self._find_group_team(input.device) if dist_ready else self._find_own_team(input.device)
         elif comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
@@ -448,7 +504,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         if isinstance(m, SyncBatchNorm):  # moved in place
             m.process_group = process_group
             m.comm = comm
-            m._group_comm = m._group_device = None  # the previous group's team
+            m._group_comm = m._group_device = m._group_own = None  # the previous group's team
             return m
         if isinstance(m, _BatchNorm):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue

@@ -669,9 +669,72 @@ class TestTorch(unittest.TestCase):
             for c in comms:
                 c.destroy()
 
-    def test_no_team_says_so(self):
-        with self.assertRaisesRegex(RuntimeError, "no team"):
-            sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
+    def test_no_process_group_runs_alone(self):
+        """Without comm= and without a process group, nn.SyncBatchNorm runs PyTorch's batch
+        norm on the rank's own batch (a script run without torchrun, a test, a notebook): the
+        layer runs the same function on a team of one (one per device, shared by the
+        layers), and takes the process group's team once there is one."""
+        import tempfile
+
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        torch.manual_seed(11)
+        base = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, bias=False), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
+                                   torch.nn.Conv2d(6, 4, 1), torch.nn.BatchNorm2d(4, momentum=None))
+        with torch.no_grad():
+            for m in base.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+        ref = copy.deepcopy(base).double()
+        ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
+        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
+        for step in range(2):
+            x = torch.randn(3, 3, 7, 7, dtype=torch.float64) + 2.0
+            outs = []
+            for model in (ref, ours, theirs):
+                model.zero_grad()
+                xin = x.to(next(model.parameters()).dtype)
+                y = model(xin)
+                (y.double() ** 2).mean().backward()
+                outs.append(y.double())
+            for y in outs[1:]:
+                torch.testing.assert_close(y, outs[0], rtol=3e-5, atol=3e-5)
+            for model in (ours, theirs):
+                for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+                    torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4, msg=f"{step} {n}")
+                for (n, b), (_, q) in zip(model.named_buffers(), ref.named_buffers()):
+                    torch.testing.assert_close(b.to(q.dtype), q, rtol=3e-5, atol=3e-5, msg=f"{step} {n}")
+        team = ours[1]._group_comm
+        self.assertEqual((team.rank, team.size), (0, 1))
+        self.assertIs(ours[4]._group_comm, team)  # one team of one per device
+        # a fused layer, compiled (fullgraph: the first call finds its team in the trace)
+        f = torch.compile(sbt.SyncBatchNorm(3, activation="leaky_relu", slope=0.2), fullgraph=True)
+        x = torch.randn(2, 3, 5, 5)
+        torch.testing.assert_close(f(x, x), F.leaky_relu(F.batch_norm(x, None, None, training=True) + x, 0.2),
+                                   rtol=3e-5, atol=3e-5)
+        # a wider layer: a team of its width in the shared one's place
+        wide = sbt.SyncBatchNorm(team.max_channels + 1)
+        wide(torch.randn(2, team.max_channels + 1))
+        self.assertIsNot(wide._group_comm, team)
+        self.assertEqual(wide._group_comm.max_channels, team.max_channels + 1)
+        # a process group now: the layer takes its team (CPU tensors: refused, as
+        # nn.SyncBatchNorm refuses them under torch.distributed), and the team of one again
+        # once it is gone
+        layer = ours[1]
+        with tempfile.TemporaryDirectory() as d:
+            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+            try:
+                with self.assertRaisesRegex(RuntimeError, "CUDA tensors"):
+                    layer(torch.randn(2, 6, 3, 3))
+            finally:
+                dist.destroy_process_group()
+        torch.testing.assert_close(layer(x6 := torch.randn(2, 6, 3, 3)),
+                                   F.batch_norm(x6, None, None, layer.weight, layer.bias, True), rtol=3e-5, atol=3e-5)
+        self.assertEqual((layer._group_own, layer._group_comm.size), (True, 1))
+
+    def test_float64_training_refused_eval_runs(self):
         with self.assertRaisesRegex(TypeError, "syncbn.torch.SyncBatchNorm: torch.float64 input; the layer takes"):
             comms = syncbn.cpu_team(1)
             try:
