@@ -365,6 +365,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             plain = _plain(input)  # (not under torch.compile)
             # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
             rm, rv, w, b = self.running_mean, self.running_var, self.weight, self.bias
+            if (rm is None) != (rv is None):  # F.batch_norm's error (nn.SyncBatchNorm's eval)
+                raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {'running_var' if rv is None else 'running_mean'} "
+                                   f"must be defined in evaluation mode")
             if rm is None or input.dtype == torch.float64 or _graphed(plain):
                 # nn.SyncBatchNorm's rule: eval without running statistics normalizes with
                 # this rank's own batch, no sync (PyTorch's op, as there); a float64 model
@@ -417,6 +420,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         momentum = self.momentum
         if self.track_running_stats:
             rm, rv, nbt = self.running_mean, self.running_var, self.num_batches_tracked
+            if (rm is None) != (rv is None):  # nn.SyncBatchNorm's error
+                raise ValueError("syncbn.torch.SyncBatchNorm: running_mean and running_var must either both be None "
+                                 "or neither be None")
             if momentum is None and nbt is None:  # nn.BatchNorm's factor then: 0 (the statistics stay)
                 momentum = 0.0
         else:

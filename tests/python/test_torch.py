@@ -460,6 +460,27 @@ class TestTorch(unittest.TestCase):
         finally:
             comms[0].destroy()
 
+    def test_one_running_statistic_refused(self):
+        """A layer with one of running_mean and running_var set to None (as code that drops
+        buffers may leave it) is refused as nn.SyncBatchNorm refuses it, before anything is
+        written: in training a ValueError, in eval F.batch_norm's RuntimeError naming the
+        missing one."""
+        comms = syncbn.cpu_team(1)
+        try:
+            for missing in ("running_mean", "running_var"):
+                other = "running_var" if missing == "running_mean" else "running_mean"
+                m = sbt.SyncBatchNorm(3, comm=comms[0])
+                setattr(m, missing, None)
+                before = getattr(m, other).clone()
+                with self.assertRaisesRegex(ValueError, "must either both be None or neither be None"):
+                    m(torch.randn(4, 3, 5))
+                self.assertTrue(torch.equal(getattr(m, other), before))
+                self.assertEqual(int(m.num_batches_tracked), 0)
+                with self.assertRaisesRegex(RuntimeError, f"{missing} must be defined in evaluation mode"):
+                    m.eval()(torch.randn(4, 3, 5))
+        finally:
+            comms[0].destroy()
+
     def test_no_running_stats(self):
         """track_running_stats=False: no buffers; training normalizes with the team's batch,
         eval with this rank's own batch (nn.SyncBatchNorm's rule), as float64 nn.BatchNorm."""
