@@ -7,6 +7,7 @@
  * Built twice: against the static and the shared library.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv */
+#include <dlfcn.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -273,6 +274,21 @@ static void test_init_gpu_args(void) {
   } else {
     /* no CUDA in this build, or no device: every GPU team is unsupported, with a reason */
     ASSERT_EQ_INT(probe, sbnUnsupported);
+#if SBN_TEST_HAVE_CUDA
+    /* a CUDA build where the driver library the CUDA runtime loads cannot be loaded: the
+       reason says there is no driver, not the runtime's "CUDA driver version is
+       insufficient for CUDA runtime version" (which reads as an old driver) */
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (driver) {
+      dlclose(driver);
+    } else {
+      printf("  (no libcuda.so.1: checking the reason a GPU team's init gives)\n");
+      const char* why = sbnGetLastError(NULL);
+      if (!strstr(why, "no NVIDIA driver on this machine (libcuda.so.1 not found)"))
+        printf("  reason: %s\n", why);
+      EXPECT_TRUE(strstr(why, "no NVIDIA driver on this machine (libcuda.so.1 not found)") != NULL);
+    }
+#endif
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
   }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/cuda_reason.h"
 #include "gpu/gpu_internal.h"
 
 /* Occupancy of every cooperative kernel on the current device; the onchip kernels get
@@ -310,10 +311,11 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
     return sbn_fail(NULL, sbnUnsupported, "GPU teams have at most %d ranks, got %d",
                     SBN_GPU_MAX_RANKS, w);
   cudaError_t e0 = cudaGetDeviceCount(&ndev);
-  if (e0 != cudaSuccess || ndev == 0) {
+  if (e0 != cudaSuccess || ndev <= 0) {
+    char why[320];
     (void)cudaGetLastError();
-    return sbn_fail(NULL, sbnUnsupported, "no usable CUDA device (%s)",
-                    e0 != cudaSuccess ? cudaGetErrorString(e0) : "device count is 0");
+    sbn_cuda_no_device_reason(e0, ndev, why, sizeof why); /* no driver, an old one, none seen */
+    return sbn_fail(NULL, sbnUnsupported, "no usable CUDA device: %s", why);
   }
   for (int q = 0; q < w; q++) {
     int d = virt ? devices[0] : devices[q];
