@@ -5,26 +5,22 @@
 #include <string.h>
 
 #include "gpu.h"
+#include "../src/gpu/cuda_reason.h"
 
 void cuda_note(char* err, size_t cap, const char* what, cudaError_t e) {
   if (err[0]) return;
   snprintf(err, cap, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/* 1 when CUDA sees a device; 0 with the reason in why. */
+/* 1 when CUDA sees a device; 0 with the reason in why (the library's words: no driver, an
+   old one, no device the driver sees). */
 int gpu_present(char* why, size_t cap) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    snprintf(why, cap, "no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorName(e));
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (n < 1) {
-    snprintf(why, cap, "no CUDA device (cudaGetDeviceCount: 0)");
-    return 0;
-  }
-  return 1;
+  if (e == cudaSuccess && n > 0) return 1;
+  (void)cudaGetLastError();
+  sbn_cuda_no_device_reason(e, n, why, cap);
+  return 0;
 }
 
 /* The copy bandwidth B of this device, in this run: a device-to-device cudaMemcpyAsync
