@@ -36,6 +36,7 @@ import warnings
 
 import torch
 import torch.autograd.forward_ad as _fwad
+import torch.distributed as _dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -130,7 +131,7 @@ def _plain(x):
 
 
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
-_TEAMS = {}  # (group, device index) -> syncbn.Comm; (None, device): a team of one (_own_team)
+_TEAMS = {}  # (group, device index) -> syncbn.Comm
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
 _GROUP_TEAM_CHANNELS = 4096  # the least max_channels of a process group's team (the library's default)
 
@@ -178,42 +179,72 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
 def _dist_ready():
     """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing;
     torch.compile folds it to a constant)."""
-    import torch.distributed as dist
+    return _dist.is_available() and _dist.is_initialized()
 
-    return dist.is_available() and dist.is_initialized()
+
+# Teams of one: where nn.SyncBatchNorm, with no process group, runs PyTorch's batch norm on
+# the rank's own batch, the layer runs the same function (its epilogue, in place where
+# asked, included) on a team of one on the input's device. A comm takes one thread's call
+# at a time, and threads training models at once would collide on a shared one: each thread
+# has its own (_OWN_LOCAL), made at its first use; when the thread ends they go to a pool
+# that later threads take from (nn.DataParallel starts a thread per device at every
+# forward: no new NCCL comm per step).
+_OWN_LOCAL = threading.local()
+_OWN_POOL = {}  # device key -> [syncbn.Comm]: the teams of threads that ended
+
+
+class _ThreadTeams(dict):
+    """A thread's teams of one, by device key; into _OWN_POOL when the thread ends."""
+
+    def __del__(self):
+        try:
+            with _TEAMS_LOCK:
+                for key, team in self.items():
+                    _OWN_POOL.setdefault(key, []).append(team)
+        except Exception:  # interpreter shutdown: the teams go with the process
+            pass
 
 
 def _own_team(device, max_channels=None):
-    """A team of one on `device` (its rank a syncbn.Comm): where nn.SyncBatchNorm, with no
-    process group, runs PyTorch's batch norm on the rank's own batch, the layer runs the
-    same function (and its epilogue, in place where asked) on syncbn's operators. One per
-    device, made at its first use and cached (a narrower one replaced, as team_for's): a CPU
-    team of one for CPU tensors, an NCCL team of one (no collective: its id is made here)
-    for CUDA tensors."""
-    key = (None, device.type if device.type == "cpu" else (device.type, device.index))
+    """This thread's team of one on `device` (a syncbn.Comm): a CPU team of one for CPU
+    tensors (and for meta tensors, whose kernels call no team), an NCCL team of one (no
+    collective: its id is made here) for CUDA tensors; one at least max(max_channels, 4096)
+    wide (a narrower one replaced)."""
+    key = ("cuda", device.index) if device.type == "cuda" else "cpu"
+    mine = getattr(_OWN_LOCAL, "teams", None)
+    if mine is None:
+        mine = _OWN_LOCAL.teams = _ThreadTeams()
+    team = mine.get(key)
+    if team is not None and (max_channels is None or team.max_channels >= max_channels):
+        return team
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
     with _TEAMS_LOCK:
-        team = _TEAMS.get(key)
-        if team is not None and (max_channels is None or team.max_channels >= max_channels):
-            return team
-        if device.type == "cpu":
-            team = _sbn.cpu_team(1, max_channels=channels)[0]
-        elif device.type == "cuda":
-            try:
-                with torch.cuda.device(device):
-                    team = _sbn.nccl_team(_sbn.nccl_unique_id(), 1, 0, max_channels=channels)
-            except _sbn.SyncBNError as e:
-                raise RuntimeError(f"syncbn.torch.SyncBatchNorm: no team (comm=None, torch.distributed not "
-                                   f"initialized): the layer's team of one on {device} needs NCCL, which failed: {e}; "
-                                   f"pass comm= or initialize a process group") from e
-        else:
-            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {device.type} tensors; the layer takes CPU and CUDA tensors")
-        _TEAMS[key] = team
-        return team
+        pool = _OWN_POOL.get(key, [])
+        team = next((t for t in pool if t.max_channels >= channels), None)
+        if team is not None:
+            pool.remove(team)
+    if team is None and key == "cpu":
+        team = _sbn.cpu_team(1, max_channels=channels)[0]
+    elif team is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: no team (comm=None, torch.distributed not initialized) "
+                               f"and a CUDA graph capture: the layer's team of one on {device} is made at its first "
+                               f"training call, which cannot be captured; run one training step before capturing")
+        try:
+            with torch.cuda.device(device):
+                team = _sbn.nccl_team(_sbn.nccl_unique_id(), 1, 0, max_channels=channels)
+        except _sbn.SyncBNError as e:
+            raise RuntimeError(f"syncbn.torch.SyncBatchNorm: no team (comm=None, torch.distributed not initialized): "
+                               f"the layer's team of one on {device} needs NCCL, which failed: {e}; pass comm= or "
+                               f"initialize a process group") from e
+    mine[key] = team  # (a narrower one it replaces stays alive while a layer's autograd node holds it)
+    return team
 
 
 # torch.compile calls it while it traces and keeps the team as a constant of the graph (a
-# new device: a new graph), so that a layer's first call needs no graph break
+# new device: a new graph), so that a layer's first call needs no graph break (and the
+# graph is not traced again: nothing of the layer is written). Threads that run one
+# compiled graph at once share the team it traced.
 _own_team_traced = getattr(torch.compiler, "assume_constant_result", lambda f: f)(_own_team)
 
 
@@ -272,7 +303,6 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     _comm = None  # class defaults: layers pickled before these attributes existed
     _group_comm = None  # the process group's team on _group_device, found at the first training call
     _group_device = None
-    _group_own = None  # whether _group_comm is a team of one (_own_team: no process group then)
     _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
     _slope = 0.01
     _inplace = False
@@ -314,15 +344,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
         self._group_comm = team_for(self.process_group, device, max_channels=self.num_features)
-        self._group_device, self._group_own = device, False
-        return self._group_comm
-
-    def _find_own_team(self, device):
-        """Without a process group (where nn.SyncBatchNorm runs PyTorch's batch norm on the
-        rank's batch alone): the team of one on `device`, found again once torch.distributed
-        has one. Not collective: torch.compile takes it as a constant (_own_team_traced)."""
-        self._group_comm = _own_team_traced(device, self.num_features)
-        self._group_device, self._group_own = device, True
+        self._group_device = device
         return self._group_comm
 
     @property
@@ -406,11 +428,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite, got {float(self.momentum)!r}")
         comm = self._comm
         if comm is None:
-            comm = self._group_comm
-            # once (later calls find it here), and again when a process group came or went
-            dist_ready = _dist_ready()
-            if comm is None or self._group_device != input.device or self._group_own is dist_ready:
-                comm = self._find_group_team(input.device) if dist_ready else self._find_own_team(input.device)
+            if not _dist_ready():  # no process group: this thread's team of one, asked at every call
+                comm = (_own_team_traced if _compiling() else _own_team)(input.device, self.num_features)
+            else:
+                comm = self._group_comm
+                if comm is None or self._group_device != input.device:  # once: later calls find it here
+                    comm = self._find_group_team(input.device)
         elif comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
@@ -510,7 +533,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         if isinstance(m, SyncBatchNorm):  # moved in place
             m.process_group = process_group
             m.comm = comm
-            m._group_comm = m._group_device = m._group_own = None  # the previous group's team
+            m._group_comm = m._group_device = None  # the previous group's team
             return m
         if isinstance(m, _BatchNorm):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue

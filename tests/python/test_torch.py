@@ -27,6 +27,14 @@ from rank_threads import run_ranks
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
+def _record(errors, f):
+    """Runs f, appending what it raises to errors (a thread's failure, for the test's thread)."""
+    try:
+        f()
+    except Exception as e:  # noqa: BLE001 (the test asserts errors is empty)
+        errors.append(e)
+
+
 class TestTorch(unittest.TestCase):
     def _train_case(self, ns, c, hw, dtype=torch.float32, channels_last=False, momentum=0.1, steps=2,
                     affine=True, seed=0, bias=True):
@@ -693,67 +701,149 @@ class TestTorch(unittest.TestCase):
     def test_no_process_group_runs_alone(self):
         """Without comm= and without a process group, nn.SyncBatchNorm runs PyTorch's batch
         norm on the rank's own batch (a script run without torchrun, a test, a notebook): the
-        layer runs the same function on a team of one (one per device, shared by the
-        layers), and takes the process group's team once there is one."""
+        layer runs the same function on a team of one, the calling thread's (threads that
+        train at once do not collide; the teams of threads that ended are taken again), and
+        takes the process group's team while there is one."""
+        import gc
         import tempfile
 
         import torch.distributed as dist
         import torch.nn.functional as F
 
-        torch.manual_seed(11)
-        base = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, bias=False), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
-                                   torch.nn.Conv2d(6, 4, 1), torch.nn.BatchNorm2d(4, momentum=None))
-        with torch.no_grad():
-            for m in base.modules():
-                if isinstance(m, torch.nn.BatchNorm2d):
-                    m.weight.uniform_(0.5, 1.5)
-                    m.bias.uniform_(-0.5, 0.5)
-        ref = copy.deepcopy(base).double()
-        ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
-        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
-        for step in range(2):
-            x = torch.randn(3, 3, 7, 7, dtype=torch.float64) + 2.0
-            outs = []
-            for model in (ref, ours, theirs):
-                model.zero_grad()
-                xin = x.to(next(model.parameters()).dtype)
-                y = model(xin)
-                (y.double() ** 2).mean().backward()
-                outs.append(y.double())
-            for y in outs[1:]:
-                torch.testing.assert_close(y, outs[0], rtol=3e-5, atol=3e-5)
-            for model in (ours, theirs):
-                for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-                    torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4, msg=f"{step} {n}")
-                for (n, b), (_, q) in zip(model.named_buffers(), ref.named_buffers()):
-                    torch.testing.assert_close(b.to(q.dtype), q, rtol=3e-5, atol=3e-5, msg=f"{step} {n}")
-        team = ours[1]._group_comm
-        self.assertEqual((team.rank, team.size), (0, 1))
-        self.assertIs(ours[4]._group_comm, team)  # one team of one per device
-        # a fused layer, compiled (fullgraph: the first call finds its team in the trace)
-        f = torch.compile(sbt.SyncBatchNorm(3, activation="leaky_relu", slope=0.2), fullgraph=True)
-        x = torch.randn(2, 3, 5, 5)
-        torch.testing.assert_close(f(x, x), F.leaky_relu(F.batch_norm(x, None, None, training=True) + x, 0.2),
-                                   rtol=3e-5, atol=3e-5)
-        # a wider layer: a team of its width in the shared one's place
+        asked = []  # (thread, team) of every _own_team call
+        own = sbt._own_team
+
+        def spy(device, max_channels=None):
+            team = own(device, max_channels)
+            asked.append((threading.get_ident(), team))
+            return team
+
+        def model(seed):
+            torch.manual_seed(seed)
+            base = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, bias=False), torch.nn.BatchNorm2d(6),
+                                       torch.nn.ReLU(), torch.nn.Conv2d(6, 4, 1), torch.nn.BatchNorm2d(4, momentum=None))
+            with torch.no_grad():
+                for m in base.modules():
+                    if isinstance(m, torch.nn.BatchNorm2d):
+                        m.weight.uniform_(0.5, 1.5)
+                        m.bias.uniform_(-0.5, 0.5)
+            return base
+
+        def steps(base, n=2, barrier=None):
+            """n steps of the converted model against float64 and nn.SyncBatchNorm's"""
+            ref = copy.deepcopy(base).double()
+            ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
+            theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
+            for step in range(n):
+                x = torch.randn(3, 3, 7, 7, dtype=torch.float64) + 2.0
+                outs = []
+                for model in (ref, ours, theirs):
+                    model.zero_grad()
+                    if barrier is not None and model is ours:
+                        barrier.wait()  # every thread's layers called at once
+                    y = model(x.to(next(model.parameters()).dtype))
+                    (y.double() ** 2).mean().backward()
+                    outs.append(y.double())
+                for y in outs[1:]:
+                    torch.testing.assert_close(y, outs[0], rtol=3e-5, atol=3e-5)
+                for model in (ours, theirs):
+                    for (n_, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+                        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-4, msg=f"{step} {n_}")
+                    for (n_, b), (_, q) in zip(model.named_buffers(), ref.named_buffers()):
+                        torch.testing.assert_close(b.to(q.dtype), q, rtol=3e-5, atol=3e-5, msg=f"{step} {n_}")
+            return ours
+
+        sbt._own_team = spy
+        try:
+            ours = steps(model(11))
+            teams = {t for _, t in asked}
+            self.assertEqual(len(teams), 1)  # one team of one for the thread's layers
+            team = teams.pop()
+            self.assertEqual((team.rank, team.size), (0, 1))
+            # threads that train at once: each its own team, none refused (a shared comm
+            # takes one thread's call at a time); after them, a new thread takes a team of
+            # the pool their teams went to
+            asked.clear()
+            errors, barrier = [], threading.Barrier(3)
+
+            def train(seed):
+                try:
+                    steps(model(seed), barrier=barrier)
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(e)
+                    barrier.abort()
+
+            threads = [threading.Thread(target=train, args=(s,)) for s in (1, 2, 3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(errors, [])
+            by_thread = {}
+            for ident, t in asked:
+                by_thread.setdefault(ident, set()).add(t)
+            self.assertEqual(len(by_thread), 3)
+            self.assertTrue(all(len(v) == 1 for v in by_thread.values()))
+            pooled = set().union(*by_thread.values())
+            self.assertEqual(len(pooled), 3)
+            self.assertNotIn(team, pooled)
+            gc.collect()
+            asked.clear()
+            later = threading.Thread(target=train, args=(4,))
+            barrier = threading.Barrier(1)
+            later.start()
+            later.join()
+            self.assertEqual(errors, [])
+            self.assertIn(asked[0][1], pooled)
+        finally:
+            sbt._own_team = own
+        # a fused layer, compiled, in a thread of its own whose first call is the compiled
+        # one (fullgraph: it finds the thread's team while it traces, and writes nothing of
+        # the layer, so its second call runs the same graph)
+        def compiled():
+            f = torch.compile(sbt.SyncBatchNorm(3, activation="leaky_relu", slope=0.2), fullgraph=True)
+            for i in range(2):
+                x = torch.randn(2, 3, 5, 5)
+                if i == 1 and hasattr(torch.compiler, "set_stance"):
+                    with torch.compiler.set_stance("fail_on_recompile"):
+                        y = f(x, x)
+                else:
+                    y = f(x, x)
+                torch.testing.assert_close(y, F.leaky_relu(F.batch_norm(x, None, None, training=True) + x, 0.2),
+                                           rtol=3e-5, atol=3e-5)
+
+        errors.clear()
+        for pool in (True, False):  # a team from the pool, then a team made there
+            if not pool:
+                sbt._OWN_POOL.clear()
+            t = threading.Thread(target=lambda: _record(errors, compiled))
+            t.start()
+            t.join()
+            self.assertEqual(errors, [], f"pool {pool}")
+        # a wider layer: a team of its width in place of the thread's
         wide = sbt.SyncBatchNorm(team.max_channels + 1)
         wide(torch.randn(2, team.max_channels + 1))
-        self.assertIsNot(wide._group_comm, team)
-        self.assertEqual(wide._group_comm.max_channels, team.max_channels + 1)
-        # a process group now: the layer takes its team (CPU tensors: refused, as
-        # nn.SyncBatchNorm refuses them under torch.distributed), and the team of one again
-        # once it is gone
+        self.assertEqual(sbt._own_team(torch.device("cpu")).max_channels, team.max_channels + 1)
+        # a process group now (its team stood in for: the group's teams take CUDA tensors):
+        # the layer takes its team, and the team of one again once it is gone
         layer = ours[1]
-        with tempfile.TemporaryDirectory() as d:
-            dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
-            try:
-                with self.assertRaisesRegex(RuntimeError, "CUDA tensors"):
+        group_team = syncbn.cpu_team(1)[0]
+        real_team_for = sbt.team_for
+        sbt.team_for = lambda group, device, max_channels=None: group_team
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+                try:
                     layer(torch.randn(2, 6, 3, 3))
-            finally:
-                dist.destroy_process_group()
-        torch.testing.assert_close(layer(x6 := torch.randn(2, 6, 3, 3)),
-                                   F.batch_norm(x6, None, None, layer.weight, layer.bias, True), rtol=3e-5, atol=3e-5)
-        self.assertEqual((layer._group_own, layer._group_comm.size), (True, 1))
+                    self.assertIs(layer._group_comm, group_team)
+                finally:
+                    dist.destroy_process_group()
+        finally:
+            sbt.team_for = real_team_for
+        group_team.destroy()  # a layer that kept taking it would raise
+        x6 = torch.randn(2, 6, 3, 3)
+        torch.testing.assert_close(layer(x6), F.batch_norm(x6, None, None, layer.weight, layer.bias, True),
+                                   rtol=3e-5, atol=3e-5)
 
     def test_float64_training_refused_eval_runs(self):
         with self.assertRaisesRegex(TypeError, "syncbn.torch.SyncBatchNorm: torch.float64 input; the layer takes"):

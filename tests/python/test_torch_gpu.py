@@ -6,9 +6,10 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
   - a team from a one-process torch.distributed group (gloo for the id's broadcast):
     sbnGetNcclUniqueId -> sbnCommInitNcclRank, cached per (group, device);
   - without a process group (destroyed for the test, then made again): a converted
-    model trains as nn.SyncBatchNorm's (PyTorch's batch norm on the rank's batch) on a
-    team of one per GPU (an NCCL team of one, its id made in the process), which the
-    layers take again from the process group once there is one;
+    model trains as nn.SyncBatchNorm's (PyTorch's batch norm on the rank's batch) on the
+    thread's team of one on the GPU (an NCCL team of one, its id made in the process);
+    the layers take the process group's team while there is one, and the team of one
+    again once it is gone;
   - the fused layer (batch norm + ReLU / leaky ReLU, a residual, in place) against
     PyTorch's batch norm and activation: loss and gradients within 1e-4;
   - a training step of a small residual block converted by syncbn.torch vs by
@@ -95,28 +96,40 @@ class TestTorchGpu(unittest.TestCase):
                                    rtol=1e-4, atol=1e-4)
 
     def test_no_process_group_team_of_one(self):
-        dist.destroy_process_group()
-        try:
-            torch.manual_seed(6)
-            base = block().cuda()
-            ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
-            theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
-            x = torch.randn(4, 8, 16, 16, device="cuda") + 1.0
+        def alone(ours, theirs, x):
+            """a step without a process group: the layers on this thread's team of one"""
             for model in (ours, theirs):
+                model.zero_grad()
                 (model(x) ** 2).mean().backward()
             for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=n)
             for (n, b), (_, q) in zip(ours.named_buffers(), theirs.named_buffers()):
                 torch.testing.assert_close(b, q, rtol=1e-4, atol=1e-4, msg=n)
-            team = ours[1]._group_comm
-            self.assertEqual((team.rank, team.size, ours[1]._group_own), (0, 1, True))
-            self.assertIs(ours[4]._group_comm, team)
-            self.assertIs(sbt._TEAMS[(None, ("cuda", 0))], team)
+            team = sbt._own_team(torch.device("cuda", 0))
+            self.assertEqual((team.rank, team.size), (0, 1))
+            return team
+
+        torch.manual_seed(6)
+        base = block().cuda()
+        ours = sbt.convert_sync_batchnorm(copy.deepcopy(base))
+        theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
+        x = torch.randn(4, 8, 16, 16, device="cuda") + 1.0
+        dist.destroy_process_group()
+        try:
+            team = alone(ours, theirs, x)
+            self.assertIsNone(ours[1]._group_comm)  # asked at every call, not kept by the layer
         finally:
             dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
-        ours(x)  # a process group again: the layers take its team
-        self.assertIs(ours[1]._group_comm, sbt.team_for(None, torch.device("cuda", 0), max_channels=16))
-        self.assertIsNot(ours[1]._group_comm, team)
+        for model in (ours, theirs):  # a process group again: our layers take its team
+            model(x)
+        group_team = sbt.team_for(None, torch.device("cuda", 0), max_channels=16)
+        self.assertIs(ours[1]._group_comm, group_team)
+        self.assertIsNot(group_team, team)
+        dist.destroy_process_group()  # and the team of one once it is gone
+        try:
+            self.assertIs(alone(ours, theirs, x), team)
+        finally:
+            dist.init_process_group("gloo", init_method=f"file://{tempfile.mkdtemp()}/store", rank=0, world_size=1)
 
     def test_training_step_vs_pytorch(self):
         torch.manual_seed(0)
