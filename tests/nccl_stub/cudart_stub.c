@@ -162,6 +162,15 @@ cudaError_t cudaGetDevice(int* device) {
   *device = current_device;
   return cudaSuccess;
 }
+/* the versions the library's reason for no usable device names (src/gpu/cuda_reason.h) */
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   current_device = device;
