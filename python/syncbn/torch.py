@@ -191,6 +191,7 @@ def _dist_ready():
 # forward: no new NCCL comm per step).
 _OWN_LOCAL = threading.local()
 _OWN_POOL = {}  # device key -> [syncbn.Comm]: the teams of threads that ended
+_OWN_POOL_LOCK = threading.Lock()  # (not _TEAMS_LOCK, held through a group team's collective creation)
 
 
 class _ThreadTeams(dict):
@@ -198,7 +199,7 @@ class _ThreadTeams(dict):
 
     def __del__(self):
         try:
-            with _TEAMS_LOCK:
+            with _OWN_POOL_LOCK:
                 for key, team in self.items():
                     _OWN_POOL.setdefault(key, []).append(team)
         except Exception:  # interpreter shutdown: the teams go with the process
@@ -218,7 +219,7 @@ def _own_team(device, max_channels=None):
     if team is not None and (max_channels is None or team.max_channels >= max_channels):
         return team
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
-    with _TEAMS_LOCK:
+    with _OWN_POOL_LOCK:
         pool = _OWN_POOL.get(key, [])
         team = next((t for t in pool if t.max_channels >= channels), None)
         if team is not None:
