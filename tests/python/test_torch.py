@@ -27,12 +27,15 @@ from rank_threads import run_ranks
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
-def _record(errors, f):
-    """Runs f, appending what it raises to errors (a thread's failure, for the test's thread)."""
+def _record(errors, f, barrier=None):
+    """Runs f, appending what it raises to errors (a thread's failure, for the test's thread)
+    and aborting `barrier`, so that the threads waiting there do not wait for it."""
     try:
         f()
     except Exception as e:  # noqa: BLE001 (the test asserts errors is empty)
         errors.append(e)
+        if barrier is not None:
+            barrier.abort()
 
 
 class TestTorch(unittest.TestCase):
@@ -767,11 +770,8 @@ class TestTorch(unittest.TestCase):
             errors, barrier = [], threading.Barrier(3)
 
             def train(seed):
-                try:
-                    steps(model(seed), barrier=barrier)
-                except Exception as e:  # noqa: BLE001 (reported below)
-                    errors.append(e)
-                    barrier.abort()
+                b = barrier
+                _record(errors, lambda: steps(model(seed), barrier=b), b)
 
             threads = [threading.Thread(target=train, args=(s,)) for s in (1, 2, 3)]
             for t in threads:
