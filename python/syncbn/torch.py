@@ -148,8 +148,9 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
         raise RuntimeError(
             "syncbn.torch.SyncBatchNorm: no team (comm=None) and torch.distributed is not initialized: "
             "pass comm= (a syncbn.Comm, e.g. a rank of syncbn.cpu_team(W)) or initialize a process group")
-    if device.type != "cuda":
-        raise RuntimeError("syncbn.torch: teams from a process group take CUDA tensors; for CPU tensors pass comm=")
+    if device.type != "cuda":  # a ValueError, as nn.SyncBatchNorm's for such an input under a process group
+        raise ValueError(f"syncbn.torch: teams from a process group take CUDA tensors (here {device}); "
+                         f"for CPU tensors pass comm= (a rank of syncbn.cpu_team)")
     group = process_group if process_group is not None else dist.group.WORLD
     key = (group, device.index)
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))

@@ -685,8 +685,11 @@ class TestTorch(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
             try:
-                with self.assertRaisesRegex(RuntimeError, "CUDA tensors"):
+                # nn.SyncBatchNorm raises a ValueError there too
+                with self.assertRaisesRegex(ValueError, r"CUDA tensors \(here cpu\)"):
                     sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
+                with self.assertRaises(ValueError):
+                    torch.nn.SyncBatchNorm(3)(torch.randn(2, 3, 4))
             finally:
                 dist.destroy_process_group()
 
