@@ -243,11 +243,18 @@ def _own_team(device, max_channels=None):
     return team
 
 
-# torch.compile calls it while it traces and keeps the team as a constant of the graph (a
-# new device: a new graph), so that a layer's first call needs no graph break (and the
-# graph is not traced again: nothing of the layer is written). Threads that run one
-# compiled graph at once share the team it traced.
-_own_team_traced = getattr(torch.compiler, "assume_constant_result", lambda f: f)(_own_team)
+def _own_team_id(device, max_channels=None):
+    """The id of _own_team(device, max_channels) (teams of one live as long as the process:
+    a thread's, then the pool's)."""
+    return _own_team(device, max_channels).id
+
+
+# torch.compile calls it while it traces and keeps the team's id as a constant of the graph
+# (a new device: a new graph), so that a layer's first call needs no graph break (and the
+# graph is not traced again: nothing of the layer is written). An int, not the Comm: the
+# Dynamo of PyTorch 2.4 reads no attribute of an object that assume_constant_result gives.
+# Threads that run one compiled graph at once share the team it traced.
+_own_team_id_traced = getattr(torch.compiler, "assume_constant_result", lambda f: f)(_own_team_id)
 
 
 def _check_comm(comm, who):
@@ -428,10 +435,13 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), "
                                  f"got {float(self.momentum)!r}")
             raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite, got {float(self.momentum)!r}")
-        comm = self._comm
+        comm, cid, size = self._comm, None, 1
         if comm is None:
             if not _dist_ready():  # no process group: this thread's team of one, asked at every call
-                comm = (_own_team_traced if _compiling() else _own_team)(input.device, self.num_features)
+                if _compiling():
+                    cid = _own_team_id_traced(input.device, self.num_features)
+                else:
+                    comm = _own_team(input.device, self.num_features)
             else:
                 comm = self._group_comm
                 if comm is None or self._group_device != input.device:  # once: later calls find it here
@@ -440,7 +450,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
                              f"(syncbn.cpu_team(W, max_channels=...) or syncbn.nccl_team(..., max_channels=...))")
-        if comm._size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
+        if comm is not None:
+            cid, size = comm.id, comm._size
+        if size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
         momentum = self.momentum
         if self.track_running_stats:
@@ -462,12 +474,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             _inference_refused(input, w, b, rm, rv, nbt, self._inplace)
         if not fused:
             if plain:
-                return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, comm.id)
-            return _TRAIN(input, w, b, rm, rv, nbt, self.eps, momentum, comm.id)[0]
+                return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, cid)
+            return _TRAIN(input, w, b, rm, rv, nbt, self.eps, momentum, cid)[0]
         if plain and (residual is None or _plain(residual)):
-            return _train_act_eager(input, residual, w, b, rm, rv, nbt, self.eps, momentum, comm.id, act,
+            return _train_act_eager(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act,
                                     self._slope, self._inplace)
-        return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, comm.id, act, self._slope,
+        return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act, self._slope,
                           self._inplace)[0]
 
 
