@@ -167,7 +167,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
    can complete any more, so the team is aborted now and its peers' waits name the rank,
    instead of ending at the timeout. Its ops were synchronous, so it has none in flight;
    an op it finished saw every rank's records of that op, so a peer still finishing the
-   same op finds them (wait_epoch tests the epoch before the abort) and succeeds. The
+   same op finds them (wait_epoch reads the abort, then the epoch) and succeeds. The
    first departure names the team's abort; a team aborted already keeps its reason. */
 static void team_depart(sbn_team_t* t, int rank) {
   if (atomic_load_explicit(&t->abort_reason, memory_order_acquire) != sbnSuccess) return;

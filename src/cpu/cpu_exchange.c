@@ -26,13 +26,30 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* A test's hook after the two loads of a poll (tests/test_poll_order.c builds this file
+   with SBN_TEST_POLL_HOOK; the library's own build has none) */
+#ifdef SBN_TEST_POLL_HOOK
+void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
+#define POLL_HOOK(epoch, k) sbn_test_poll_hook(epoch, k)
+#else
+#define POLL_HOOK(epoch, k) ((void)0)
+#endif
+
 /* Waits until *epoch == k. Spins briefly, then yields, then sleeps, so W ranks on fewer
-   cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout. */
+   cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout.
+   The abort word is read BEFORE the epoch: a rank destroyed right after its last op
+   aborts the team, and a peer still waiting in that op must find the records the rank
+   saw (sbnCommDestroy's promise: the usual teardown fails no op). An abort seen first
+   orders everything its rank saw before the epoch read after it; read after the epoch,
+   an abort stored between the two reads failed the op (sbnAborted, nothing written:
+   about 1 in 2000-5000 teardowns of 6 threads; test_poll_order). */
 static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
                               int64_t deadline_ns, int* expired) {
   for (uint64_t spin = 0;; spin++) {
-    if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
     int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
+    const uint32_t seen = __atomic_load_n(epoch, __ATOMIC_ACQUIRE);
+    POLL_HOOK(epoch, k);
+    if (seen == k) return sbnSuccess;
     if (reason != sbnSuccess) return (sbnResult_t)reason;
     if (spin < 64) continue;
     if (spin < 4096) {

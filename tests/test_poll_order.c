@@ -1,0 +1,134 @@
+/* test_poll_order.c — the usual teardown fails no op, however the threads interleave.
+ *
+ * sbnCommDestroy's promise (include/syncbn.h): an op the destroyed rank had completed
+ * completes on every peer too. A rank destroyed right after its last op aborts the team
+ * (its peers' later ops cannot complete), and a peer still waiting in that op must then
+ * find the records the destroyed rank saw: src/cpu/cpu_exchange.c's wait_epoch reads the
+ * team's abort word before the record's epoch. Read the other way round, a rank that
+ * published, finished and was destroyed between the two reads made its peer's op fail
+ * (sbnAborted, nothing written): about 1 in 2000-5000 teardowns of 6 threads, too rare for
+ * a test to find by running teardowns.
+ *
+ * So this test is linked with cpu_exchange.c built with SBN_TEST_POLL_HOOK: the hook below
+ * runs after the poll's two reads. Rank 0's first poll of rank 1's record (not yet
+ * published) stops there until rank 1, on its own thread, has run the same forward and
+ * been destroyed. Rank 0's forward must then succeed with the team's statistics. The same
+ * test linked with the old order (test_poll_order_mutant: the abort read again after the
+ * epoch, a line of cpu_exchange.c replaced by tests/CMakeLists.txt) must fail.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "harness.h"
+
+static _Thread_local int hook_armed;  /* rank 0's thread, during its forward */
+static atomic_int in_hook, rank1_gone; /* rank 0 waits in the hook; rank 1 was destroyed */
+static atomic_int hook_stops;          /* polls the hook held (must be 1) */
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Called by the library's wait_epoch after it read the abort word and the epoch. */
+void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
+void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
+  if (!hook_armed || __atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return;
+  hook_armed = 0; /* once: rank 1's record, unpublished when it was read */
+  atomic_fetch_add(&hook_stops, 1);
+  atomic_store(&in_hook, 1);
+  const double t0 = now_ms();
+  while (!atomic_load(&rank1_gone) && now_ms() - t0 < 10000.0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+enum { W = 2, N = 2, C = 3, SP = 4 };
+typedef struct {
+  sbnComm_t comm;
+  float x[N * C * SP], y[N * C * SP], mean[C], invstd[C];
+  sbnResult_t fwd, destroy;
+} rank_t;
+
+static sbnResult_t forward(rank_t* r) {
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, N, C, SP};
+  return sbnForwardTrain(r->comm, &d, r->x, r->y, NULL, NULL, NULL, NULL, NULL, r->mean, r->invstd, NULL,
+                         NULL);
+}
+
+/* Rank 1: once rank 0 waits in the hook, the same forward, then its destroy. */
+static void* rank1_main(void* arg) {
+  rank_t* r = (rank_t*)arg;
+  const double t0 = now_ms();
+  while (!atomic_load(&in_hook) && now_ms() - t0 < 10000.0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  r->fwd = forward(r);
+  r->destroy = sbnCommDestroy(r->comm);
+  atomic_store(&rank1_gone, 1);
+  return NULL;
+}
+
+static void test_destroy_between_reads(void) {
+  static rank_t rk[W];
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 20000;
+  sbnComm_t comms[W];
+  ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
+  for (int q = 0; q < W; q++) {
+    rk[q].comm = comms[q];
+    for (int i = 0; i < N * C * SP; i++) rk[q].x[i] = (float)((i * 7 + q * 13) % 11) - 4.5f + 0.25f * (float)q;
+    for (int c = 0; c < C; c++) rk[q].mean[c] = rk[q].invstd[c] = NAN;
+  }
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &rk[1]) == 0);
+  hook_armed = 1;
+  rk[0].fwd = forward(&rk[0]);
+  hook_armed = 0;
+  pthread_join(th, NULL);
+  fprintf(stderr, "  rank 0's forward %s (%s); rank 1's forward %s, destroy %s\n", sbnGetResultName(rk[0].fwd),
+          rk[0].fwd == sbnSuccess ? "-" : sbnGetLastError(comms[0]), sbnGetResultName(rk[1].fwd),
+          sbnGetResultName(rk[1].destroy));
+  /* the team is aborted now (rank 1 left): rank 0's next op says so, and writes nothing */
+  float mean0[C], invstd0[C];
+  memcpy(mean0, rk[0].mean, sizeof mean0);
+  memcpy(invstd0, rk[0].invstd, sizeof invstd0);
+  const sbnResult_t next = forward(&rk[0]);
+  ASSERT_MEMEQ(mean0, rk[0].mean, sizeof mean0);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_RES(next, sbnAborted);
+  /* the hook held rank 0 while rank 1 finished: else this test cannot fail */
+  ASSERT_EQ_INT(atomic_load(&hook_stops), 1);
+  ASSERT_OK(rk[1].fwd);
+  ASSERT_OK(rk[1].destroy);
+  ASSERT_OK(rk[0].fwd);
+  /* the team's statistics, on both ranks: the same bits, and the float64 reference's */
+  ASSERT_MEMEQ(rk[0].mean, rk[1].mean, sizeof rk[0].mean);
+  ASSERT_MEMEQ(invstd0, rk[1].invstd, sizeof invstd0);
+  for (int c = 0; c < C; c++) {
+    double s = 0.0, q = 0.0;
+    const int m = W * N * SP;
+    for (int r = 0; r < W; r++)
+      for (int n = 0; n < N; n++)
+        for (int i = 0; i < SP; i++) s += rk[r].x[(n * C + c) * SP + i];
+    const double mean = s / m;
+    for (int r = 0; r < W; r++)
+      for (int n = 0; n < N; n++)
+        for (int i = 0; i < SP; i++) q += (rk[r].x[(n * C + c) * SP + i] - mean) * (rk[r].x[(n * C + c) * SP + i] - mean);
+    const double invstd = 1.0 / sqrt(q / m + 1e-5);
+    /* fp32 sums of 16 values of magnitude < 10: a few ulps */
+    EXPECT_TRUE(fabs(rk[0].mean[c] - mean) <= 1e-5 + 1e-5 * fabs(mean));
+    EXPECT_TRUE(fabs(rk[0].invstd[c] - invstd) <= 1e-5 * invstd);
+  }
+}
+
+int main(void) {
+  unsetenv("SBN_TIMEOUT_MS");
+  SBN_RUN(test_destroy_between_reads);
+  return sbn_test_exit();
+}
