@@ -6,8 +6,8 @@
  * find the records the destroyed rank saw: src/cpu/cpu_exchange.c's wait_epoch reads the
  * team's abort word before the record's epoch. Read the other way round, a rank that
  * published, finished and was destroyed between the two reads made its peer's op fail
- * (sbnAborted, nothing written): about 1 in 2000-5000 teardowns of 6 threads, too rare for
- * a test to find by running teardowns.
+ * (sbnAborted, nothing written): rare enough (1 in 2000-5000 teardowns of 6 threads, on a
+ * 2-core x86 machine at f3a3971, 2026-12-01) that no test finds it by running teardowns.
  *
  * So this test is linked with cpu_exchange.c built with SBN_TEST_POLL_HOOK: the hook below
  * runs after the poll's two reads. Rank 0's first poll of rank 1's record (not yet
@@ -26,6 +26,7 @@
 static _Thread_local int hook_armed;  /* rank 0's thread, during its forward */
 static atomic_int in_hook, rank1_gone; /* rank 0 waits in the hook; rank 1 was destroyed */
 static atomic_int hook_stops;          /* polls the hook held (must be 1) */
+static atomic_int hook_saw_gone;       /* the hook let go once rank 1 was destroyed */
 
 static double now_ms(void) {
   struct timespec ts;
@@ -45,6 +46,7 @@ void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
+  atomic_store(&hook_saw_gone, atomic_load(&rank1_gone));
 }
 
 enum { W = 2, N = 2, C = 3, SP = 4 };
@@ -104,6 +106,7 @@ static void test_destroy_between_reads(void) {
   ASSERT_RES(next, sbnAborted);
   /* the hook held rank 0 while rank 1 finished: else this test cannot fail */
   ASSERT_EQ_INT(atomic_load(&hook_stops), 1);
+  ASSERT_EQ_INT(atomic_load(&hook_saw_gone), 1);
   ASSERT_OK(rk[1].fwd);
   ASSERT_OK(rk[1].destroy);
   ASSERT_OK(rk[0].fwd);

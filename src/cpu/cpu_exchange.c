@@ -41,8 +41,8 @@ void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
    aborts the team, and a peer still waiting in that op must find the records the rank
    saw (sbnCommDestroy's promise: the usual teardown fails no op). An abort seen first
    orders everything its rank saw before the epoch read after it; read after the epoch,
-   an abort stored between the two reads failed the op (sbnAborted, nothing written:
-   about 1 in 2000-5000 teardowns of 6 threads; test_poll_order). */
+   an abort stored between the two reads failed the op (sbnAborted, nothing written; rare,
+   and held open by test_poll_order). */
 static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
                               int64_t deadline_ns, int* expired) {
   for (uint64_t spin = 0;; spin++) {
@@ -60,9 +60,13 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
     }
     if ((spin & 15) == 0 && now_ns() > deadline_ns) {
       if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
-      *expired = 1;
       sbn_team_abort(t, sbnTimeout);
-      return (sbnResult_t)atomic_load(&t->abort_reason);
+      /* the abort word, then the epoch again, as above: the peer may have published,
+         finished and been destroyed since the epoch was read */
+      reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
+      if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
+      *expired = 1;
+      return (sbnResult_t)reason;
     }
   }
 }
