@@ -243,10 +243,15 @@ def _own_team(device, max_channels=None):
     return team
 
 
+_TRACED_TEAMS = {}  # id -> syncbn.Comm: every team of one a compiled graph holds by its id
+
+
 def _own_team_id(device, max_channels=None):
-    """The id of _own_team(device, max_channels) (teams of one live as long as the process:
-    a thread's, then the pool's)."""
-    return _own_team(device, max_channels).id
+    """The id of _own_team(device, max_channels), its team kept alive for the graphs that
+    hold the id (a thread replaces a narrower team by a wider one, and drops it)."""
+    team = _own_team(device, max_channels)
+    _TRACED_TEAMS[team.id] = team
+    return team.id
 
 
 # torch.compile calls it while it traces and keeps the team's id as a constant of the graph

@@ -704,6 +704,34 @@ class TestTorch(unittest.TestCase):
             for c in comms:
                 c.destroy()
 
+    def test_compiled_team_of_one_kept(self):
+        """A compiled graph holds its team of one by id: a wider layer in the same graph
+        replaces the thread's team, and the graph's first team must stay alive (under
+        no_grad no autograd node holds it)."""
+        import gc
+
+        import torch.nn.functional as F
+
+        errors = []
+
+        def body():
+            torch.manual_seed(3)
+            wide = sbt._GROUP_TEAM_CHANNELS + 8
+            m = torch.nn.Sequential(sbt.SyncBatchNorm(8), torch.nn.Conv2d(8, wide, 1), sbt.SyncBatchNorm(wide))
+            f = torch.compile(m, backend="eager", fullgraph=True)
+            for i in range(3):
+                x = torch.randn(2, 8, 3, 3)
+                with torch.no_grad():
+                    y = f(x)
+                    ref = F.batch_norm(m[1](F.batch_norm(x, None, None, training=True)), None, None, training=True)
+                torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+                gc.collect()
+
+        t = threading.Thread(target=lambda: _record(errors, body))
+        t.start()
+        t.join()
+        self.assertEqual(errors, [])
+
     def test_no_process_group_runs_alone(self):
         """Without comm= and without a process group, nn.SyncBatchNorm runs PyTorch's batch
         norm on the rank's own batch (a script run without torchrun, a test, a notebook): the
