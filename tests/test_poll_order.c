@@ -34,6 +34,16 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* Waits up to 10 s for *flag; whether it was set. */
+static int wait_flag(atomic_int* flag) {
+  const double t0 = now_ms();
+  while (!atomic_load(flag) && now_ms() - t0 < 10000.0) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return atomic_load(flag);
+}
+
 /* Called by the library's wait_epoch after it read the abort word and the epoch. */
 void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
 void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
@@ -41,12 +51,7 @@ void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
   hook_armed = 0; /* once: rank 1's record, unpublished when it was read */
   atomic_fetch_add(&hook_stops, 1);
   atomic_store(&in_hook, 1);
-  const double t0 = now_ms();
-  while (!atomic_load(&rank1_gone) && now_ms() - t0 < 10000.0) {
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  atomic_store(&hook_saw_gone, atomic_load(&rank1_gone));
+  atomic_store(&hook_saw_gone, wait_flag(&rank1_gone));
 }
 
 enum { W = 2, N = 2, C = 3, SP = 4 };
@@ -65,11 +70,7 @@ static sbnResult_t forward(rank_t* r) {
 /* Rank 1: once rank 0 waits in the hook, the same forward, then its destroy. */
 static void* rank1_main(void* arg) {
   rank_t* r = (rank_t*)arg;
-  const double t0 = now_ms();
-  while (!atomic_load(&in_hook) && now_ms() - t0 < 10000.0) {
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
+  (void)wait_flag(&in_hook); /* (not set: the hook never held rank 0, which the test asserts) */
   r->fwd = forward(r);
   r->destroy = sbnCommDestroy(r->comm);
   atomic_store(&rank1_gone, 1);
