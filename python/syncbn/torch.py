@@ -142,23 +142,21 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
     the widest layer it must take; a cached team narrower than that is replaced by a new
     one (made collectively: every rank asks at the same layer) of max(max_channels,
     4096) channels."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _dist_ready():
         raise RuntimeError(
             "syncbn.torch.SyncBatchNorm: no team (comm=None) and torch.distributed is not initialized: "
             "pass comm= (a syncbn.Comm, e.g. a rank of syncbn.cpu_team(W)) or initialize a process group")
     if device.type != "cuda":  # a ValueError, as nn.SyncBatchNorm's for such an input under a process group
         raise ValueError(f"syncbn.torch: teams from a process group take CUDA tensors (here {device}); "
                          f"for CPU tensors pass comm= (a rank of syncbn.cpu_team)")
-    group = process_group if process_group is not None else dist.group.WORLD
+    group = process_group if process_group is not None else _dist.group.WORLD
     key = (group, device.index)
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
     with _TEAMS_LOCK:
         team = _TEAMS.get(key)
         if team is not None and (max_channels is None or team.max_channels >= max_channels):
             return team
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        rank, size = _dist.get_rank(group), _dist.get_world_size(group)
         box = [None]
         if rank == 0:  # a failure here reaches every rank, not only rank 0
             try:
@@ -167,8 +165,8 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
                 box = [("error", str(e))]
         # an NCCL group broadcasts through this rank's GPU (not cuda:0 unless set); gloo
         # through the host, as torch picks for it
-        dev = {"device": device} if dist.get_backend(group) == "nccl" else {}
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group, **dev)
+        dev = {"device": device} if _dist.get_backend(group) == "nccl" else {}
+        _dist.broadcast_object_list(box, src=_dist.get_global_rank(group, 0), group=group, **dev)
         if isinstance(box[0], tuple):
             raise RuntimeError(f"syncbn.torch: rank 0 of the group could not make the team's NCCL id: {box[0][1]}")
         with torch.cuda.device(device):
