@@ -62,6 +62,15 @@ def c_int(value, name, bits=64):
     return value
 
 
+def c_float(value, name):
+    """value as a C float argument: a real number (an int, a float, NumPy's, a 0-d tensor:
+    anything with __float__ but a bool), else a TypeError naming it (float() would take
+    the string "0.1" and True)."""
+    if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"syncbn: {name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
 class Config(ctypes.Structure):
     """sbnConfig_t, filled as SBN_CONFIG_INITIALIZER fills it."""
 
@@ -104,7 +113,9 @@ class Epilogue(ctypes.Structure):
 
     @classmethod
     def make(cls, activation, slope):
-        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), float(slope))
+        if isinstance(activation, bool):  # an int to c_int, but True is no activation's name
+            raise TypeError("syncbn: activation must be IDENTITY, RELU or LEAKY_RELU, got a bool")
+        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), c_float(slope, "slope"))
 
 
 def _candidates():

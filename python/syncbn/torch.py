@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 import syncbn as _sbn
-from syncbn import _fused, _ops
+from syncbn import _capi, _fused, _ops
 
 __all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm", "BatchNormXd",
            "FusedBasicBlock", "FusedBottleneck", "FusedActivation", "team_for"]
@@ -324,9 +324,14 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         slope `slope`), and the in-place mode; ValueError naming what is refused (ReLU or
         slope 0 in place: not invertible)."""
         who = "syncbn.torch.SyncBatchNorm"
-        if activation not in _fused.ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in _fused.ACTIVATIONS:
             raise ValueError(f"{who}: activation {activation!r}: one of \"identity\", \"relu\", \"leaky_relu\"")
-        slope = float(slope)
+        try:
+            slope = _capi.c_float(slope, "slope")
+        except TypeError as e:
+            raise TypeError(f"{who}: {str(e).removeprefix('syncbn: ')}") from None
+        if not isinstance(inplace, (bool, numbers.Integral)) or inplace not in (0, 1):
+            raise TypeError(f"{who}: inplace must be True or False, got {inplace!r}")
         _fused.check_activation(_fused.ACTIVATIONS[activation], slope, bool(inplace), who)
         self._act, self._slope, self._inplace = _fused.ACTIVATIONS[activation], slope, bool(inplace)
         return self
@@ -869,9 +874,13 @@ class _FusedBlock(torch.nn.Module):
             if i < last:
                 out = getattr(self, bn)(out)  # its ReLU fused
         identity = x if self.downsample is None else self.downsample(x)
-        # torchvision's `out += identity` takes any strides and dtype; the fused layer reads
-        # the residual as it reads its input: a copy in out's memory format, and out's dtype
-        # (autocast's fp32 block input against a bf16 conv output: rounded once more)
+        # torchvision's `out += identity` takes any strides and dtype, and an identity that
+        # broadcasts to out's shape (a downsample that pools to 1x1); the fused layer reads
+        # the residual as it reads its input: out's shape (expanded: autograd sums the
+        # gradient back), a copy in out's memory format, and out's dtype (autocast's fp32
+        # block input against a bf16 conv output: rounded once more)
+        if identity.shape != out.shape:
+            identity = identity.expand_as(out)  # what does not broadcast raises, as += does
         identity = _fused.residual_like(identity, out)
         return getattr(self, self._convs[last][1])(out, identity)  # ReLU(bn(out) + identity)
 
@@ -1020,7 +1029,10 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
             setattr(module, name, block)
             kids[i] = (name, block)
     for i, (name, child) in enumerate(kids):
-        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in kids[i + 1:]) + after if in_order else ())
+        # what runs after a child's last module: its own forward hooks first (they see, and
+        # may write, its output), so nothing known where it has any
+        known = in_order and _no_hooks(child)
+        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in kids[i + 1:]) + after if known else ())
     if in_order:
         for i in range(len(kids) - 1):
             (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]

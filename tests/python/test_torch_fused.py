@@ -397,6 +397,35 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(ValueError, "slope -1"):
             sbt.SyncBatchNorm(3, activation="leaky_relu", slope=-1)
 
+    def test_arguments_of_another_type_named(self):
+        """The layer's activation, slope and inplace, and the C ops' activation and slope,
+        each refused by name where it is not what it says: float() would take the string
+        "0.1" and True as slopes, and bool() "no" as inplace=True."""
+        for kw, err in (({"slope": "0.1"}, "slope must be a real number, got str"),
+                        ({"slope": True}, "slope must be a real number, got bool"),
+                        ({"slope": None}, "slope must be a real number, got NoneType"),
+                        ({"inplace": "no"}, "inplace must be True or False, got 'no'"),
+                        ({"inplace": 2}, "inplace must be True or False, got 2")):
+            with self.assertRaisesRegex(TypeError, "syncbn.torch.SyncBatchNorm: " + err):
+                sbt.SyncBatchNorm(3, activation="leaky_relu", **kw)
+        with self.assertRaisesRegex(ValueError, r"activation \['relu'\]: one of"):
+            sbt.SyncBatchNorm(3, activation=["relu"])
+        # what is a slope: any real number, NumPy's and a 0-d tensor too; 0 and 1 for inplace
+        import numpy as np
+
+        for s in (np.float32(0.5), torch.tensor(0.5), 1):
+            self.assertEqual(sbt.SyncBatchNorm(3, activation="leaky_relu", slope=s).slope, float(s))
+        self.assertIs(sbt.SyncBatchNorm(3, activation="leaky_relu", inplace=1).inplace, True)
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+        x = np.random.default_rng(0).standard_normal((2, 3, 4), dtype=np.float32)
+        y, m, s = np.zeros_like(x), np.zeros(3, np.float32), np.zeros(3, np.float32)
+        for kw, err in (({"activation": syncbn.LEAKY_RELU, "slope": None}, "slope must be a real number, got NoneType"),
+                        ({"activation": syncbn.LEAKY_RELU, "slope": "0.1"}, "slope must be a real number, got str"),
+                        ({"activation": True}, "activation must be IDENTITY, RELU or LEAKY_RELU, got a bool")):
+            with self.assertRaisesRegex(TypeError, "syncbn: " + err):
+                self.comm.forward_train(d, x, y, save_mean=m, save_invstd=s, **kw)
+            self.assertFalse(y.any() or m.any() or s.any())  # nothing written
+
     def test_slope_judged_as_the_float32_the_library_takes(self):
         """A slope that is 0 as a float32 is ReLU for the in-place mode (refused at
         construction, not by the library at the first backward); one beyond float32's
@@ -948,6 +977,22 @@ class TestConvert(TeamOfOne):
         hooked.register_forward_pre_hook(lambda m, args: (args[0].add_(1),))
         hooked_seq = nn.Sequential(nn.Conv2d(4, 4, 1))
         hooked_seq.register_forward_pre_hook(lambda m, args: (args[0].add_(1),))
+        # nor at the end of a Sequential with a forward hook (it runs before what comes after
+        # the Sequential, and may write the pair's output), though a conv follows outside
+        hooked_end = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1))
+        hooked_end.register_forward_hook(lambda m, args, out: out.mul_(2))
+        for inplace in (False, True):
+            seq = sbt.convert_fused(nn.Sequential(copy.deepcopy(hooked_end), nn.Conv2d(4, 4, 1)), comm=self.comm,
+                                    inplace=inplace)
+            self.assertEqual(fused_layers(seq), [])
+            seq(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
+        # a pair inside such a Sequential but not at its end: the module after it is known
+        inner = nn.Sequential(nn.BatchNorm2d(4), nn.LeakyReLU(0.1), nn.Conv2d(4, 4, 1))
+        inner.register_forward_hook(lambda m, args, out: out.mul_(2))
+        seq = sbt.convert_fused(nn.Sequential(inner, nn.Conv2d(4, 4, 1)), comm=self.comm)
+        self.assertEqual(fused_layers(seq), [("0.0", "leaky_relu", False)])
+        seq(torch.randn(2, 4, 5, 5, requires_grad=True)).sum().backward()
+
         for tail in (PreAddConv(4, 4, 1), hooked, hooked_seq):
             seq = sbt.convert_fused(nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1), tail),
                                     comm=self.comm, inplace=True)
@@ -1068,6 +1113,24 @@ class TestConvert(TeamOfOne):
                 model = model.to(memory_format=torch.channels_last)
             conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
             self._matches(model, x, conv, steps=1)
+
+        # an identity that broadcasts to the block's output (a downsample that pools to 1x1):
+        # the fused layer takes it expanded, and its gradient is summed back, as `+=` does
+        model = nn.Sequential(BasicBlock(4, 4, downsample=nn.AdaptiveAvgPool2d(1)))
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIsInstance(conv[0], sbt.FusedBasicBlock)
+        self._matches(model, torch.randn(2, 4, 5, 5), conv, steps=1)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        x = torch.randn(2, 4, 5, 5, requires_grad=True)
+        X = x.detach().double().requires_grad_()
+        g = torch.randn(2, 4, 5, 5, dtype=torch.float64)
+        (conv(x).double() * g).sum().backward()
+        (copy.deepcopy(model).double()(X) * g).sum().backward()
+        torch.testing.assert_close(x.grad.double(), X.grad, rtol=1e-3, atol=1e-4)
+        with self.assertRaisesRegex(RuntimeError, "expand"):  # what += refuses, refused
+            sbt.convert_fused(nn.Sequential(BasicBlock(4, 4, downsample=nn.Conv2d(4, 4, 2, stride=2))),
+                              comm=self.comm)(torch.randn(2, 4, 5, 5))
 
         model = nn.Sequential(BasicBlock(4, 4))
         randomize_bn(model)
