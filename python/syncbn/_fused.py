@@ -107,8 +107,14 @@ def check_activation(activation, slope, inplace, who, residual=False):
 
 
 def residual_like(z, x):
-    """z as the fused ops take it as x's residual: in x's dtype, and dense in the layout
-    the library reads x in (z itself where it is already)."""
+    """z as the fused ops take it as x's residual, where `x += z` takes it (a fused
+    block's identity): x's shape (expanded where it broadcasts to it, as from a downsample
+    that pools to 1x1: autograd sums the gradient back; what does not broadcast raises, as
+    += does), x's dtype (autocast's fp32 block input against a bf16 conv output: rounded
+    once more), and dense in the layout the library reads x in (z itself where it is
+    already)."""
+    if z.shape != x.shape:
+        z = z.expand_as(x)
     if z.dtype != x.dtype:
         z = z.to(x.dtype)
     fmt = _read_format(x)[0]

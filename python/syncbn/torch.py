@@ -875,12 +875,7 @@ class _FusedBlock(torch.nn.Module):
                 out = getattr(self, bn)(out)  # its ReLU fused
         identity = x if self.downsample is None else self.downsample(x)
         # torchvision's `out += identity` takes any strides and dtype, and an identity that
-        # broadcasts to out's shape (a downsample that pools to 1x1); the fused layer reads
-        # the residual as it reads its input: out's shape (expanded: autograd sums the
-        # gradient back), a copy in out's memory format, and out's dtype (autocast's fp32
-        # block input against a bf16 conv output: rounded once more)
-        if identity.shape != out.shape:
-            identity = identity.expand_as(out)  # what does not broadcast raises, as += does
+        # broadcasts to out's shape; the fused layer takes it as residual_like makes it
         identity = _fused.residual_like(identity, out)
         return getattr(self, self._convs[last][1])(out, identity)  # ReLU(bn(out) + identity)
 
