@@ -27,6 +27,7 @@ Example (a CPU team of 2 ranks as threads)::
     ...  # each rank's thread calls comms[r].forward_train(desc, x[r], y[r], ...)
 """
 
+import contextlib
 import ctypes
 import itertools
 import math
@@ -278,6 +279,25 @@ class Comm:
     _by_id = weakref.WeakValueDictionary()
     _native = None  # syncbn._native's loaded C++ operators: they own each live comm, by id
     _native_lock = threading.RLock()  # handing comms over vs loading the operators (re-entered by __del__)
+    # what syncbn.torch's Python operators hold around their call on this comm: nothing, or
+    # for a comm they may get from several threads at once (_serialize_calls), a lock
+    _serial = contextlib.nullcontext()
+
+    def _serialize_calls(self):
+        """syncbn.torch's operators take this comm's calls one at a time, each waiting for
+        the one that runs (where the C library would refuse a second thread's call with
+        sbnInvalidUsage): for a team of one that syncbn.torch made, which threads share
+        (an autograd node's backward run by another thread, a compiled graph's team).
+        A team of more ranks is never serialized: a call waiting there for its peers
+        would hold up every other."""
+        if self._size != 1:
+            raise ValueError("syncbn: only a team of one's calls can be serialized")
+        with Comm._native_lock:
+            if not isinstance(self._serial, contextlib.nullcontext):
+                return
+            self._serial = threading.Lock()
+            if Comm._native is not None:
+                Comm._native.comm_serial(self.id)
 
     def __init__(self, handle):
         self._h = ctypes.c_void_p(handle)

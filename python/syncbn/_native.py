@@ -20,6 +20,7 @@ libsyncbn that ``syncbn`` loaded (``sbn_torch_bind``), and the live comms by id
 (``comm_put`` / ``comm_drop``, called by ``syncbn.Comm``).
 """
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -208,12 +209,18 @@ class Native:
         so.sbn_torch_comm_drop.argtypes = [ctypes.c_int64, ctypes.c_int]
         so.sbn_torch_comm_live.restype = ctypes.c_int
         so.sbn_torch_comm_live.argtypes = [ctypes.c_int64]
+        so.sbn_torch_comm_serial.restype = ctypes.c_int
+        so.sbn_torch_comm_serial.argtypes = [ctypes.c_int64]
+        self.comm_serial = so.sbn_torch_comm_serial
         self.path = str(path)
         self._put, self._drop, self.comm_live = so.sbn_torch_comm_put, so.sbn_torch_comm_drop, so.sbn_torch_comm_live
 
     def comm_put(self, comm):
-        """Hands the live comm over: the operators destroy it from now on (comm_drop)."""
+        """Hands the live comm over: the operators destroy it from now on (comm_drop); a
+        comm whose calls are serialized (Comm._serialize_calls) is so here too."""
         self._put(comm.id, comm._h.value, int(comm.host), comm._transport.encode())
+        if not isinstance(comm._serial, contextlib.nullcontext):
+            self.comm_serial(comm.id)
 
     def comm_drop(self, comm_id, collected=False):
         """Takes comm_id out of the table and destroys it, at once (sbnCommDestroy's result)

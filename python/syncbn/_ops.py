@@ -238,11 +238,12 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
     w32, b32 = _f32(weight), _f32_bias(weight, bias)  # converted copies live until the call is done
-    r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
-               _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
-               _stream(x))
-    if r != 0:
-        _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
+    with c._serial:
+        r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
+                   _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
+                   _stream(x))
+        if r != 0:
+            _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
     _write_back(running_mean, rm, running_var, rv, nbt, nb)
     return y, stats
 
@@ -309,11 +310,12 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
         dbp = dwp + 4 * x.shape[1]
     else:
         dwp = dbp = None
-    r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
-               _ptr(w32), sp, sp + 4 * x.shape[1], dwp, dbp, _param(eps, 0.1),
-               _stream(x))
-    if r != 0:
-        _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
+    with c._serial:
+        r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
+                   _ptr(w32), sp, sp + 4 * x.shape[1], dwp, dbp, _param(eps, 0.1),
+                   _stream(x))
+        if r != 0:
+            _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
     return dx, dwb
 
 

@@ -237,6 +237,9 @@ def _own_team(device, max_channels=None):
             raise RuntimeError(f"syncbn.torch.SyncBatchNorm: no team (comm=None, torch.distributed not initialized): "
                                f"the layer's team of one on {device} needs NCCL, which failed: {e}; pass comm= or "
                                f"initialize a process group") from e
+    # other threads may call it too: an autograd node's backward run by another thread, a
+    # compiled graph's team, a team taken from the pool while an ended thread's graph lives
+    team._serialize_calls()
     mine[key] = team  # (a narrower one it replaces stays alive while a layer's autograd node holds it)
     return team
 

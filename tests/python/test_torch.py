@@ -732,6 +732,74 @@ class TestTorch(unittest.TestCase):
         t.join()
         self.assertEqual(errors, [])
 
+    def test_team_of_one_shared_by_threads(self):
+        """A team of one that the layers made is shared by threads, as nn.SyncBatchNorm's
+        local batch norm is: one thread's forwards while another runs their backwards (the
+        autograd node calls the forward thread's team), and one compiled model (its graph
+        holds the team it traced) trained from two threads at once. Each call waits for the
+        one that runs, where the C library would refuse it (sbnInvalidUsage, "in use by
+        another thread": 10 runs of 10 failed so without the calls serialized, 2-core
+        x86, PyTorch 2.15). Gradients against float64."""
+        import queue
+
+        import torch.nn.functional as F
+
+        def ref_grad(x, act):
+            X = x.detach().double().requires_grad_()
+            act(F.batch_norm(X, None, None, training=True)).sum().backward()
+            return X.grad
+
+        for act, layer in ((lambda v: v, sbt.SyncBatchNorm(16)),
+                           (lambda v: F.leaky_relu(v, 0.1),
+                            sbt.SyncBatchNorm(16, activation="leaky_relu", slope=0.1, inplace=True))):
+            errors, q, n = [], queue.Queue(), 150
+
+            def producer():
+                try:
+                    for _ in range(n):
+                        x = torch.randn(8, 16, 32, 32, requires_grad=True)
+                        q.put((x, layer(x)))
+                finally:
+                    q.put(None)
+
+            def consumer():
+                checked = 0
+                while (item := q.get()) is not None:
+                    x, y = item
+                    y.sum().backward()
+                    if checked < 3:  # a few against float64 (each costs more than the op)
+                        torch.testing.assert_close(x.grad.double(), ref_grad(x, act), rtol=1e-3, atol=1e-4)
+                        checked += 1
+
+            ts = [threading.Thread(target=lambda f=f: _record(errors, f)) for f in (producer, consumer)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            self.assertEqual(errors, [])
+
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), sbt.SyncBatchNorm(16))
+        f = torch.compile(model, backend="eager", fullgraph=True)
+        f(torch.randn(8, 3, 34, 34)).sum().backward()  # traced here: the graph holds this thread's team
+        errors = []
+
+        def train():
+            for _ in range(60):
+                x = torch.randn(8, 3, 34, 34)
+                y = f(x)
+                ref = F.batch_norm(model[0](x).detach().double(), None, None, model[1].weight.double(),
+                                   model[1].bias.double(), training=True)
+                torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4)
+                y.square().mean().backward()
+
+        ts = [threading.Thread(target=lambda: _record(errors, train)) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errors, [])
+
     def test_no_process_group_runs_alone(self):
         """Without comm= and without a process group, nn.SyncBatchNorm runs PyTorch's batch
         norm on the rank's own batch (a script run without torchrun, a test, a notebook): the

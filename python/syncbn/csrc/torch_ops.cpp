@@ -93,6 +93,8 @@ struct CommEntry {
   int pins = 0;            // autograd nodes that will call it (CommPin)
   bool collected = false;  // Python collected its syncbn.Comm while pinned
   bool destroying = false;  // destroy_entry runs the library's destroy: no call may take it
+  // a team of one that threads share (sbn_torch_comm_serial): its calls one at a time
+  std::shared_ptr<std::mutex> serial;
 };
 std::mutex comms_mutex;
 std::unordered_map<int64_t, CommEntry> comms;
@@ -308,6 +310,22 @@ CommEntry find_comm(int64_t id, const Tensor& x, const char* who) {
   return e;
 }
 
+// Runs `call(handle)`, the library's call on comm entry c, one at a time with the other
+// threads' where c is serialized; a failure raised (fail_library: it takes the GIL) once the
+// lock is let go, with the comm's last error read under it.
+template <class Call>
+void call_comm(const CommEntry& c, const char* what, Call&& call) {
+  sbnResult_t r;
+  std::string detail;
+  {
+    std::unique_lock<std::mutex> hold;
+    if (c.serial) hold = std::unique_lock<std::mutex>(*c.serial);
+    r = call(c.owner->handle);
+    if (r != sbnSuccess) detail = api.last_error(c.owner->handle);
+  }
+  if (r != sbnSuccess) fail_library(r, what, detail);
+}
+
 // ---- the C call's arguments ------------------------------------------------------------
 optional<at::MemoryFormat> channels_last(const Tensor& x) {
   if (x.dim() == 4) return at::MemoryFormat::ChannelsLast;
@@ -446,10 +464,11 @@ std::tuple<Tensor, Tensor> train_kernel(const Tensor& input, const optional<Tens
   check_train(input, weight, bias, running_mean, running_var, nbt);
   const CommEntry c = find_comm(comm, input, "batch_norm_train");
   return run_train(input, weight, bias, running_mean, running_var, nbt, eps, momentum, [&](const TrainCall& t) {
-    sbnResult_t r = api.forward_train(c.owner->handle, &t.d, t.x.data_ptr(), t.y.data_ptr(), ptr<const float>(t.w32),
-                                      ptr<const float>(t.b32), ptr<float>(t.rm), ptr<float>(t.rv),
-                                      ptr<int64_t>(t.nb), t.mean(), t.invstd(), &t.p, stream_of(t.x));
-    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_train (sbnForwardTrain)", c.owner->handle);
+    call_comm(c, "syncbn.batch_norm_train (sbnForwardTrain)", [&](sbnComm_t h) {
+      return api.forward_train(h, &t.d, t.x.data_ptr(), t.y.data_ptr(), ptr<const float>(t.w32),
+                               ptr<const float>(t.b32), ptr<float>(t.rm), ptr<float>(t.rv), ptr<int64_t>(t.nb),
+                               t.mean(), t.invstd(), &t.p, stream_of(t.x));
+    });
   });
 }
 
@@ -485,10 +504,11 @@ std::tuple<Tensor, Tensor> backward_kernel(const Tensor& grad_out, const Tensor&
   const sbnParams_t p = params(eps, 0.1);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
-  sbnResult_t r = api.backward(c.owner->handle, &d, x.data_ptr(), dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
-                               ptr<const float>(w32), sp, sp + x.size(1), dwp, dwp ? dwp + x.size(1) : nullptr,
-                               &p, stream_of(x));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_backward (sbnBackward)", c.owner->handle);
+  call_comm(c, "syncbn.batch_norm_backward (sbnBackward)", [&](sbnComm_t h) {
+    return api.backward(h, &d, x.data_ptr(), dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
+                        ptr<const float>(w32), sp, sp + x.size(1), dwp, dwp ? dwp + x.size(1) : nullptr, &p,
+                        stream_of(x));
+  });
   return {dx, dwb};
 }
 
@@ -650,11 +670,12 @@ std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<
   const CommEntry c = find_comm(comm, input, who);
   const sbnEpilogue_t e = epilogue(activation, slope);
   return run_train(input, weight, bias, running_mean, running_var, nbt, eps, momentum, [&](const TrainCall& t) {
-    sbnResult_t r = api.forward_train_ex(c.owner->handle, &t.d, t.x.data_ptr(), ptr<const void>(residual),
-                                         t.y.data_ptr(), ptr<const float>(t.w32), ptr<const float>(t.b32),
-                                         ptr<float>(t.rm), ptr<float>(t.rv), ptr<int64_t>(t.nb), t.mean(),
-                                         t.invstd(), &t.p, &e, stream_of(t.x));
-    if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c.owner->handle);
+    call_comm(c, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", [&](sbnComm_t h) {
+      return api.forward_train_ex(h, &t.d, t.x.data_ptr(), ptr<const void>(residual), t.y.data_ptr(),
+                                  ptr<const float>(t.w32), ptr<const float>(t.b32), ptr<float>(t.rm),
+                                  ptr<float>(t.rv), ptr<int64_t>(t.nb), t.mean(), t.invstd(), &t.p, &e,
+                                  stream_of(t.x));
+    });
   });
 }
 
@@ -723,11 +744,12 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
   const sbnEpilogue_t e = epilogue(activation, slope);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
-  sbnResult_t r = api.backward_ex(c.owner->handle, &d, ptr<const void>(x), ptr<const void>(y), dy.data_ptr(),
-                                  input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
-                                  ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
-                                  dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
-  if (r != sbnSuccess) fail_call(r, "syncbn.batch_norm_act_backward (sbnBackwardEx)", c.owner->handle);
+  call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", [&](sbnComm_t h) {
+    return api.backward_ex(h, &d, ptr<const void>(x), ptr<const void>(y), dy.data_ptr(),
+                           input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
+                           ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
+                           dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
+  });
   return {dx, dz, dwb};
 }
 
@@ -1377,6 +1399,16 @@ __attribute__((visibility("default"))) int sbn_torch_comm_drop(int64_t id, int c
     return -3;
   }
   return destroy_entry(lock, id);
+}
+
+// syncbn.Comm._serialize_calls: the operators' calls on comm `id` one at a time from now
+// on (a team of one that threads share); 0 when it is not in the table.
+__attribute__((visibility("default"))) int sbn_torch_comm_serial(int64_t id) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  auto it = comms.find(id);
+  if (it == comms.end()) return 0;
+  if (!it->second.serial) it->second.serial = std::make_shared<std::mutex>();
+  return 1;
 }
 
 // Whether the comm `id` is in the table (live): tests see that a collected comm lives
