@@ -59,6 +59,7 @@ _Tensor = torch.Tensor
 _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _INF = float("inf")
+_F32_INF = 2.0**128 - 2.0**103  # the least value that is inf as a float32 (FLT_MAX rounds up past it)
 _jit_tracing = torch.jit.is_tracing
 
 
@@ -402,11 +403,13 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
         if not self.training:
-            if not 0.0 <= self.eps < _INF:  # F.batch_norm's ValueError for eps < 0; the library's
+            if not 0.0 <= self.eps < _F32_INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
             plain = _plain(input)  # (not under torch.compile)
             # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
             rm, rv, w, b = self.running_mean, self.running_var, self.weight, self.bias
+            if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
+                w = _ones_like(b)
             if (rm is None) != (rv is None):  # F.batch_norm's error (nn.SyncBatchNorm's eval)
                 raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {'running_var' if rv is None else 'running_mean'} "
                                    f"must be defined in evaluation mode")
@@ -437,15 +440,16 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, self._slope)
             return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, self._slope)
         _check_dtype(input)
-        if not 0.0 < self.eps < _INF:  # F.batch_norm's rule (> 0), and the library's (finite)
+        if not 0.0 < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (finite)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN
         # or infinite, the library refuses it
-        if self.track_running_stats and self.momentum is not None and not 0.0 <= self.momentum < _INF:
+        if self.track_running_stats and self.momentum is not None and not 0.0 <= self.momentum < _F32_INF:
             if self.momentum < 0.0:
                 raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), "
                                  f"got {float(self.momentum)!r}")
-            raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite, got {float(self.momentum)!r}")
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite as a float32 (the library's), "
+                             f"got {float(self.momentum)!r}")
         comm, cid, size = self._comm, None, 1
         if comm is None:
             if not _dist_ready():  # no process group: this thread's team of one, asked at every call
@@ -481,6 +485,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         plain = _plain(input)
         w, b = self.weight, self.bias
+        if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
+            w = _ones_like(b)
         if plain:
             _inference_refused(input, w, b, rm, rv, nbt, self._inplace)
         if not fused:
@@ -492,6 +498,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                                     self._slope, self._inplace)
         return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act, self._slope,
                           self._inplace)[0]
+
+
+def _ones_like(bias):
+    """The weight of a layer whose weight was set to None while it kept its bias (F.batch_norm
+    then scales by 1): ones, not a parameter (no gradient)."""
+    return torch.ones(bias.shape, dtype=bias.dtype, device=bias.device)
 
 
 def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
@@ -516,8 +528,9 @@ def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
 
 def _bad_eps(eps, rule):
     """Raises the ValueError of an eps that is not `rule` (F.batch_norm's words) or not finite."""
-    if eps != eps or eps == _INF:
-        raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be finite, but got {eps}")
+    if eps != eps or eps >= _F32_INF:
+        raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be finite as a float32 (the library's), "
+                         f"but got {eps}")
     raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be {rule}, but got {eps}")
 
 
@@ -550,6 +563,11 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     module once, leaves the second place its unsynchronized batch norm)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     for name, m in module.named_modules():
+        if isinstance(m, _BatchNorm) and any(torch.nn.parameter.is_lazy(t) for t in (
+                m.weight, m.bias, m.running_mean, m.running_var) if t is not None):
+            raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} "
+                             f"({type(m).__name__}) is lazy and not yet initialized: it learns its number of "
+                             f"channels at its first forward; run one forward, then convert: nothing was converted")
         if isinstance(m, BatchNormXd) and not _fused.takes_slope(_xd_act(m)[1]):
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} applies a leaky "
                              f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")

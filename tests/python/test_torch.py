@@ -133,6 +133,50 @@ class TestTorch(unittest.TestCase):
     def test_bf16_channels_last(self):
         self._train_case([3, 2], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, seed=5)
 
+    def test_weight_set_to_none_keeps_the_bias(self):
+        """`m.weight = None` on an affine layer that keeps its bias: F.batch_norm takes it (a
+        weight of ones), and so does the layer, in training and eval, on its plain and fused
+        operators; the bias's and the input's gradients against float64."""
+        import torch.nn.functional as F
+
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            for kw, act in (({}, lambda v: v), ({"activation": "leaky_relu", "slope": 0.2},
+                                                lambda v: F.leaky_relu(v, 0.2))):
+                torch.manual_seed(6)
+                m = sbt.SyncBatchNorm(3, comm=comm, **kw)
+                with torch.no_grad():
+                    m.bias.uniform_(-1, 1)
+                m.weight = None
+                x = torch.randn(4, 3, 5, requires_grad=True)
+                X = x.detach().double().requires_grad_()
+                B = m.bias.detach().double().requires_grad_()
+                g = torch.randn(4, 3, 5, dtype=torch.float64)
+                (m(x).double() * g).sum().backward()
+                Y = act(F.batch_norm(X, None, None, None, B, training=True))
+                (Y * g).sum().backward()
+                torch.testing.assert_close(x.grad.double(), X.grad, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(m.bias.grad.double(), B.grad, rtol=1e-4, atol=1e-4)
+                m.eval()
+                want = act(F.batch_norm(X.detach(), m.running_mean.double(), m.running_var.double(), None,
+                                        B.detach(), training=False))
+                torch.testing.assert_close(m(x.detach()).double(), want, rtol=1e-5, atol=1e-5)
+        finally:
+            comm.destroy()
+
+    def test_lazy_batch_norm_refused_until_initialized(self):
+        """An uninitialized LazyBatchNorm*d (its channels learnt at its first forward) is
+        refused by the converters, naming it, before anything changes; once it ran, it
+        converts as any batch norm."""
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.LazyBatchNorm2d())
+        for convert in (sbt.convert_sync_batchnorm, sbt.convert_fused):
+            with self.assertRaisesRegex(ValueError, r"the layer '1' \(LazyBatchNorm2d\) is lazy and not yet "
+                                                    "initialized.*run one forward, then convert"):
+                convert(model)
+            self.assertIs(type(model[1]), torch.nn.LazyBatchNorm2d)
+        model(torch.randn(2, 3, 4, 4))
+        self.assertIsInstance(sbt.convert_sync_batchnorm(model)[1], sbt.SyncBatchNorm)
+
     def test_bias_false(self):
         """bias=False (nn.BatchNorm*d's keyword): a weight and no bias; the batch norm with a
         bias of 0, in training and eval, a bf16 NHWC batch and uneven ranks."""
@@ -296,17 +340,31 @@ class TestTorch(unittest.TestCase):
             # NaN or infinite eps (training and eval) or momentum: ValueError (the library
             # refuses them; F.batch_norm would run); eps < 0 in eval: F.batch_norm's ValueError
             nan, inf = float("nan"), float("inf")
-            for kw, train, msg in (({"eps": nan}, True, "eps must be finite, but got nan"),
-                                   ({"eps": inf}, True, "eps must be finite, but got inf"),
-                                   ({"eps": nan}, False, "eps must be finite, but got nan"),
+            # (finite as a float32, which the library takes: 1e39 is inf there, and so is the
+            # least double that rounds up past float32's largest, 2^128 - 2^103)
+            big = 2.0**128 - 2.0**103
+            for kw, train, msg in (({"eps": nan}, True, "eps must be finite as a float32 .*, but got nan"),
+                                   ({"eps": inf}, True, "eps must be finite as a float32 .*, but got inf"),
+                                   ({"eps": 1e39}, True, r"eps must be finite as a float32 .*, but got 1e\+39"),
+                                   ({"eps": big}, False, "eps must be finite as a float32 .*, but got 3.40"),
+                                   ({"eps": nan}, False, "eps must be finite as a float32 .*, but got nan"),
                                    ({"eps": -1.0}, False, "batch_norm eps must be non-negative, but got -1.0"),
-                                   ({"momentum": nan}, True, "momentum must be finite, got nan"),
-                                   ({"momentum": inf}, True, "momentum must be finite, got inf")):
+                                   ({"momentum": nan}, True, "momentum must be finite as a float32 .*, got nan"),
+                                   ({"momentum": inf}, True, "momentum must be finite as a float32 .*, got inf"),
+                                   ({"momentum": big}, True, "momentum must be finite as a float32 .*, got 3.40")):
                 m = sbt.SyncBatchNorm(3, comm=comms[0], **kw).train(train)
                 with self.assertRaisesRegex(ValueError, "syncbn.torch.SyncBatchNorm: .*" + msg):
                     m(torch.randn(4, 3, 2))
                 self.assertEqual(int(m.num_batches_tracked), 0)
                 self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            # float32's largest and the double just below the rounding point: finite there, taken
+            import numpy as np
+
+            for eps in (float(np.finfo(np.float32).max), np.nextafter(big, 0.0)):
+                m = sbt.SyncBatchNorm(3, comm=comms[0], eps=eps)
+                y = m(torch.randn(4, 3, 2))
+                self.assertTrue(bool(torch.isfinite(y).all()))
+                self.assertEqual(int(m.num_batches_tracked), 1)
             # a wrong number of channels: a RuntimeError, as F.batch_norm's, in training and eval
             for train in (True, False):
                 with self.assertRaisesRegex(RuntimeError, "SyncBatchNorm: 4 channels, the layer has 3"):
