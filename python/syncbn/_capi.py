@@ -68,7 +68,10 @@ def c_float(value, name):
     the string "0.1" and True)."""
     if isinstance(value, (bool, str, bytes)) or not hasattr(type(value), "__float__"):
         raise TypeError(f"syncbn: {name} must be a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):  # a tensor of 2 values, an int past float's range
+        raise ValueError(f"syncbn: {name} must be one real number within float's range, got {value!r}") from None
 
 
 class Config(ctypes.Structure):

@@ -60,6 +60,7 @@ _DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 _compiling = torch.compiler.is_compiling
 _INF = float("inf")
 _F32_INF = 2.0**128 - 2.0**103  # the least value that is inf as a float32 (FLT_MAX rounds up past it)
+_F32_ZERO = 2.0**-150  # the largest value that is 0 as a float32 (half the least subnormal: ties to even)
 _jit_tracing = torch.jit.is_tracing
 
 
@@ -332,12 +333,11 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"{who}: activation {activation!r}: one of \"identity\", \"relu\", \"leaky_relu\"")
         try:
             slope = _capi.c_float(slope, "slope")
-        except TypeError as e:
-            raise TypeError(f"{who}: {str(e).removeprefix('syncbn: ')}") from None
-        if not isinstance(inplace, (bool, numbers.Integral)) or inplace not in (0, 1):
-            raise TypeError(f"{who}: inplace must be True or False, got {inplace!r}")
-        _fused.check_activation(_fused.ACTIVATIONS[activation], slope, bool(inplace), who)
-        self._act, self._slope, self._inplace = _fused.ACTIVATIONS[activation], slope, bool(inplace)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{who}: {str(e).removeprefix('syncbn: ')}") from None
+        inplace = _flag(inplace, "inplace", who)
+        _fused.check_activation(_fused.ACTIVATIONS[activation], slope, inplace, who)
+        self._act, self._slope, self._inplace = _fused.ACTIVATIONS[activation], slope, inplace
         return self
 
     @property
@@ -440,7 +440,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, self._slope)
             return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, self._slope)
         _check_dtype(input)
-        if not 0.0 < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (finite)
+        if not _F32_ZERO < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN
         # or infinite, the library refuses it
@@ -500,6 +500,18 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                           self._inplace)[0]
 
 
+def _flag(value, name, who):
+    """value as a bool where it is one: a bool, an int 0 or 1, a NumPy bool or a 0-d bool
+    tensor; else a TypeError naming it (bool() would take "no" as True and None as False)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    if getattr(value, "ndim", None) == 0 and str(getattr(value, "dtype", "")) in ("bool", "torch.bool"):
+        return bool(value)
+    raise TypeError(f"{who}: {name} must be True or False, got {value!r}")
+
+
 def _ones_like(bias):
     """The weight of a layer whose weight was set to None while it kept its bias (F.batch_norm
     then scales by 1): ones, not a parameter (no gradient)."""
@@ -531,6 +543,9 @@ def _bad_eps(eps, rule):
     if eps != eps or eps >= _F32_INF:
         raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be finite as a float32 (the library's), "
                          f"but got {eps}")
+    if 0.0 < eps <= _F32_ZERO:
+        raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be {rule}, but got {eps}, which is 0 as "
+                         f"a float32 (the library's): at least 1.4e-45")
     raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be {rule}, but got {eps}")
 
 
@@ -563,8 +578,8 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     module once, leaves the second place its unsynchronized batch norm)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     for name, m in module.named_modules():
-        if isinstance(m, _BatchNorm) and any(torch.nn.parameter.is_lazy(t) for t in (
-                m.weight, m.bias, m.running_mean, m.running_var) if t is not None):
+        if isinstance(m, _BatchNorm) and isinstance(m, torch.nn.modules.lazy.LazyModuleMixin):
+            # (it becomes its cls_to_become at its first forward: one still lazy has not run)
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} "
                              f"({type(m).__name__}) is lazy and not yet initialized: it learns its number of "
                              f"channels at its first forward; run one forward, then convert: nothing was converted")
@@ -939,7 +954,7 @@ def _fused_act(was, relu_as_leaky):
 def _inplace_ok(inplace, act, slope):
     """Whether a fused layer of this activation goes in place under convert_fused's inplace:
     an invertible activation (leaky ReLU with a slope the in-place backward takes)."""
-    return inplace and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
+    return bool(inplace) and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
 
 
 def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
@@ -1132,6 +1147,7 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     ``nn.LeakyReLU(SLOPE)`` where the ReLU was (a block's ``relu`` too): the function
     trained. ReLUs it does not fuse stay ReLUs: one not right after a batch norm, and those
     of the pairs and blocks it leaves alone (above: hooks, a batch norm used twice, ...)."""
+    inplace = _flag(inplace, "inplace", "syncbn.torch.convert_fused")  # before anything changes
     if relu_as_leaky is not None:
         relu_as_leaky = _leaky_slope(relu_as_leaky)
     # hooks on the batch norms before their conversion (which, as PyTorch's, does not

@@ -169,11 +169,14 @@ class TestTorch(unittest.TestCase):
         refused by the converters, naming it, before anything changes; once it ran, it
         converts as any batch norm."""
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.LazyBatchNorm2d())
+        # (without parameters and buffers too: nothing uninitialized to see but the class)
+        bare = torch.nn.Sequential(torch.nn.LazyBatchNorm2d(affine=False, track_running_stats=False))
         for convert in (sbt.convert_sync_batchnorm, sbt.convert_fused):
-            with self.assertRaisesRegex(ValueError, r"the layer '1' \(LazyBatchNorm2d\) is lazy and not yet "
-                                                    "initialized.*run one forward, then convert"):
-                convert(model)
-            self.assertIs(type(model[1]), torch.nn.LazyBatchNorm2d)
+            for m, name in ((model, "1"), (bare, "0")):
+                with self.assertRaisesRegex(ValueError, rf"the layer '{name}' \(LazyBatchNorm2d\) is lazy and not "
+                                                        "yet initialized.*run one forward, then convert"):
+                    convert(m)
+                self.assertIs(type(m[-1]), torch.nn.LazyBatchNorm2d)
         model(torch.randn(2, 3, 4, 4))
         self.assertIsInstance(sbt.convert_sync_batchnorm(model)[1], sbt.SyncBatchNorm)
 
@@ -365,6 +368,19 @@ class TestTorch(unittest.TestCase):
                 y = m(torch.randn(4, 3, 2))
                 self.assertTrue(bool(torch.isfinite(y).all()))
                 self.assertEqual(int(m.num_batches_tracked), 1)
+            # an eps that is 0 as a float32 (at most 2^-150): refused in training (a constant
+            # channel would be 0 * inf = NaN, where F.batch_norm's float64 eps gives 0); the
+            # least float32 itself is taken, and gives the constant channel its bias
+            for eps in (1e-50, 2.0**-150):
+                m = sbt.SyncBatchNorm(3, comm=comms[0], eps=eps)
+                with self.assertRaisesRegex(ValueError, "eps must be positive during training, but got .*, which is "
+                                                        r"0 as a float32 \(the library's\): at least 1.4e-45"):
+                    m(torch.randn(4, 3, 2))
+                self.assertEqual(int(m.num_batches_tracked), 0)
+            m = sbt.SyncBatchNorm(3, comm=comms[0], eps=2.0**-149)
+            with torch.no_grad():
+                m.bias.fill_(0.25)
+            self.assertTrue(torch.equal(m(torch.ones(4, 3, 2)), torch.full((4, 3, 2), 0.25)))
             # a wrong number of channels: a RuntimeError, as F.batch_norm's, in training and eval
             for train in (True, False):
                 with self.assertRaisesRegex(RuntimeError, "SyncBatchNorm: 4 channels, the layer has 3"):

@@ -405,9 +405,20 @@ class TestRefusals(TeamOfOne):
                         ({"slope": True}, "slope must be a real number, got bool"),
                         ({"slope": None}, "slope must be a real number, got NoneType"),
                         ({"inplace": "no"}, "inplace must be True or False, got 'no'"),
+                        ({"inplace": None}, "inplace must be True or False, got None"),
                         ({"inplace": 2}, "inplace must be True or False, got 2")):
             with self.assertRaisesRegex(TypeError, "syncbn.torch.SyncBatchNorm: " + err):
                 sbt.SyncBatchNorm(3, activation="leaky_relu", **kw)
+        for s in (torch.tensor([0.1, 0.2]), 10**400):  # no single float: named too
+            with self.assertRaisesRegex(ValueError, "syncbn.torch.SyncBatchNorm: slope must be one real number"):
+                sbt.SyncBatchNorm(3, activation="leaky_relu", slope=s)
+        # convert_fused's inplace: judged by name before anything changes (the model's batch
+        # norm stays itself); a falsy or truthy flag of another type is refused, not read
+        seq = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.LeakyReLU(0.1), nn.Conv2d(3, 3, 1))
+        for bad in (None, "no", 0.0):
+            with self.assertRaisesRegex(TypeError, "syncbn.torch.convert_fused: inplace must be True or False"):
+                sbt.convert_fused(seq, comm=self.comm, inplace=bad)
+            self.assertIs(type(seq[1]), nn.BatchNorm2d)
         with self.assertRaisesRegex(ValueError, r"activation \['relu'\]: one of"):
             sbt.SyncBatchNorm(3, activation=["relu"])
         # what is a slope: any real number, NumPy's and a 0-d tensor too; 0 and 1 for inplace
@@ -415,7 +426,11 @@ class TestRefusals(TeamOfOne):
 
         for s in (np.float32(0.5), torch.tensor(0.5), 1):
             self.assertEqual(sbt.SyncBatchNorm(3, activation="leaky_relu", slope=s).slope, float(s))
-        self.assertIs(sbt.SyncBatchNorm(3, activation="leaky_relu", inplace=1).inplace, True)
+        for flag in (1, np.True_, torch.tensor(True)):
+            self.assertIs(sbt.SyncBatchNorm(3, activation="leaky_relu", inplace=flag).inplace, True)
+        for flag, want in ((np.False_, False), (np.True_, True), (0, False)):
+            conv = sbt.convert_fused(copy.deepcopy(seq), comm=self.comm, inplace=flag)
+            self.assertEqual(fused_layers(conv), [("1", "leaky_relu", want)])
         d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
         x = np.random.default_rng(0).standard_normal((2, 3, 4), dtype=np.float32)
         y, m, s = np.zeros_like(x), np.zeros(3, np.float32), np.zeros(3, np.float32)
