@@ -454,7 +454,15 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if comm is None:
             if not _dist_ready():  # no process group: this thread's team of one, asked at every call
                 if _compiling():
-                    cid = _own_team_id_traced(input.device, self.num_features)
+                    # a team of a constant width: PyTorch 2.4's Dynamo makes num_features symbolic
+                    # once a frame is compiled again with another (a second model), and takes no
+                    # symbolic int in assume_constant_result ("SymNodeVariable() is not a
+                    # constant"); each comparison is a guard, the width the least power of two
+                    # times the default's that holds the layer
+                    width = _GROUP_TEAM_CHANNELS
+                    while self.num_features > width:
+                        width *= 2
+                    cid = _own_team_id_traced(input.device, width)
                 else:
                     comm = _own_team(input.device, self.num_features)
             else:

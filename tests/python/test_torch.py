@@ -806,6 +806,33 @@ class TestTorch(unittest.TestCase):
         t.join()
         self.assertEqual(errors, [])
 
+    def test_compiled_models_of_other_widths(self):
+        """Models whose layers have no team, compiled one after another in one process with
+        other widths (wider than the default team too): PyTorch 2.4's Dynamo makes the
+        layer's num_features symbolic at the second compile of a frame (Sequential.forward
+        here), and the second model failed to compile there ("SymNodeVariable() is not a
+        constant"). Each against float64."""
+        import torch.nn.functional as F
+
+        errors = []
+
+        def body():  # a thread of its own: its own team of one, replaced by wider ones
+            torch.manual_seed(9)
+            for c in (8, 16, sbt._GROUP_TEAM_CHANNELS + 4, 24, sbt._GROUP_TEAM_CHANNELS + 100):
+                m = torch.nn.Sequential(torch.nn.Conv2d(3, c, 1), sbt.SyncBatchNorm(c))
+                f = torch.compile(m, backend="eager", fullgraph=True)
+                x = torch.randn(2, 3, 3, 3)
+                y = f(x)
+                with torch.no_grad():
+                    want = F.batch_norm(m[0](x).double(), None, None, training=True)
+                torch.testing.assert_close(y.double(), want, rtol=1e-4, atol=1e-4, msg=f"{c} channels")
+                y.sum().backward()
+
+        t = threading.Thread(target=lambda: _record(errors, body))
+        t.start()
+        t.join()
+        self.assertEqual(errors, [])
+
     def test_team_of_one_shared_by_threads(self):
         """A team of one that the layers made is shared by threads, as nn.SyncBatchNorm's
         local batch norm is: one thread's forwards while another runs their backwards (the
