@@ -402,14 +402,15 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError("syncbn.torch.SyncBatchNorm: the in-place mode cannot take a residual: x cannot be "
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
+        # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
+        w, b = self.weight, self.bias
+        if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
+            w = _ones_like(b)
         if not self.training:
             if not 0.0 <= self.eps < _F32_INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
             plain = _plain(input)  # (not under torch.compile)
-            # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
-            rm, rv, w, b = self.running_mean, self.running_var, self.weight, self.bias
-            if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
-                w = _ones_like(b)
+            rm, rv = self.running_mean, self.running_var
             if (rm is None) != (rv is None):  # F.batch_norm's error (nn.SyncBatchNorm's eval)
                 raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {'running_var' if rv is None else 'running_mean'} "
                                    f"must be defined in evaluation mode")
@@ -492,9 +493,6 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # without the dispatcher's two Python-kernel calls (~4 us a call); everything else
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         plain = _plain(input)
-        w, b = self.weight, self.bias
-        if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
-            w = _ones_like(b)
         if plain:
             _inference_refused(input, w, b, rm, rv, nbt, self._inplace)
         if not fused:
@@ -962,7 +960,7 @@ def _fused_act(was, relu_as_leaky):
 def _inplace_ok(inplace, act, slope):
     """Whether a fused layer of this activation goes in place under convert_fused's inplace:
     an invertible activation (leaky ReLU with a slope the in-place backward takes)."""
-    return bool(inplace) and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
+    return inplace and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
 
 
 def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
