@@ -536,6 +536,73 @@ __device__ __forceinline__ bool coef_shared(const sbn_geo_t& g, int a, int b) {
          !SBN_MUTANT(SBN_MUT_NO_COEF_REUSE);
 }
 
+/* Channel c's parameters that its coefficients take (forward: weight, bias; backward:
+   weight, the saved mean and invstd); the defaults where `in` is false (a channel past C). */
+struct ChanParams {
+  float w, b, mean, invstd;
+};
+template <int KIND>
+__device__ __forceinline__ ChanParams load_params(const sbn_coop_rank_t& R, int64_t c, bool in) {
+  ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
+  if (in) {
+    if (R.weight) q.w = ld_param(R.weight + c);
+    if (KIND == SBN_OP_FORWARD) {
+      if (R.bias) q.b = ld_param(R.bias + c);
+    } else {
+      q.mean = ld_param(R.save_mean_in + c);
+      q.invstd = ld_param(R.save_invstd + c);
+    }
+  }
+  return q;
+}
+/* The coefficients of a channel (sm.coef[slot], sm.extra[slot]) from the team's merged
+   values of it (gather_chunk: v, and this rank's own sums `mine`) over m values. */
+template <int KIND>
+__device__ __forceinline__ void set_coefs(const sbn_coop_rank_t& R, int slot, int64_t m,
+                                          const float (&v)[3], const float (&mine)[2],
+                                          const ChanParams& q, Smem& sm) {
+  if (KIND == SBN_OP_FORWARD) {
+    sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
+    sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
+    sm.coef[slot][0] = s.mean;
+    sm.coef[slot][1] = s.mean_lo;
+    sm.coef[slot][2] = sbn_scale(q.w, s.invstd);
+    sm.coef[slot][3] = q.b;
+    sm.extra[slot][0] = s.invstd;
+    sm.extra[slot][1] = s.var_unbiased;
+  } else {
+    sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, q.mean, q.invstd, q.w);
+    sm.coef[slot][0] = kc.mean;
+    sm.coef[slot][1] = kc.mean_dy;
+    sm.coef[slot][2] = kc.xmu_scale;
+    sm.coef[slot][3] = kc.scale;
+    const float sdy = R.grad_global ? v[0] : mine[0];
+    const float sdx = R.grad_global ? v[1] : mine[1];
+    sm.extra[slot][0] = sbn_dweight(sdx, q.invstd, m);
+    sm.extra[slot][1] = sdy;
+  }
+}
+/* Channel c's outputs from its coefficients (sm.coef[slot], sm.extra[slot]) over the
+   team's m values: forward the saved statistics, the running ones, num_batches_tracked
+   (channel 0, where nbt_here); backward dweight, dbias. */
+template <int KIND>
+__device__ __forceinline__ void channel_outputs(const sbn_coop_rank_t& R, int64_t c, int slot,
+                                                int64_t m, const Smem& sm, bool nbt_here) {
+  if (KIND == SBN_OP_FORWARD) {
+    R.save_mean[c] = sm.coef[slot][0];
+    R.save_invstd[c] = sm.extra[slot][0];
+    if (R.running_mean != nullptr && m > 0) {
+      float f = sbn_momentum_factor(R.momentum, sm.nbt_before);
+      R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
+      R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
+    }
+    if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sbn_nbt_next(sm.nbt_before);
+  } else {
+    if (R.dweight != nullptr) R.dweight[c] = sm.extra[slot][0];
+    if (R.dbias != nullptr) R.dbias[c] = sm.extra[slot][1];
+  }
+}
+
 /* Stage 4 of unit (group grp, slice p): the team's statistics of every channel of the
    unit's chunk into sm.coef and sm.extra (slot = channel % 32), unless they hold that
    chunk's already (sm.coef_chunk: a block's k plane units are contiguous channels,
@@ -567,40 +634,10 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
          it instead of following the gather (forward: weight, bias; backward: the saved
          mean and invstd, weight); a team of one that merges the chunk itself, with no
          wait to overlap, asked L2 for them before its merge (publish_chunk) */
-      float p_w = 1.0f, p_b = 0.0f, p_mean = 0.0f, invstd = 0.0f;
-      if (mine_c) {
-        if (R.weight) p_w = ld_param(R.weight + c);
-        if (KIND == SBN_OP_FORWARD) {
-          if (R.bias) p_b = ld_param(R.bias + c);
-        } else {
-          p_mean = ld_param(R.save_mean_in + c);
-          invstd = ld_param(R.save_invstd + c);
-        }
-      }
+      const ChanParams q = load_params<KIND>(R, c, mine_c);
       int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
                                         local ? sm.own[lane] : nullptr, g.rows);
-      if (st == 0 && mine_c) {
-        if (KIND == SBN_OP_FORWARD) {
-          sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
-          sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
-          sm.coef[slot][0] = s.mean;
-          sm.coef[slot][1] = s.mean_lo;
-          sm.coef[slot][2] = sbn_scale(p_w, s.invstd);
-          sm.coef[slot][3] = p_b;
-          sm.extra[slot][0] = s.invstd;
-          sm.extra[slot][1] = s.var_unbiased;
-        } else {
-          sbn_bwd_coef_t kc = sbn_backward_coefficients(v[0], v[1], m, p_mean, invstd, p_w);
-          sm.coef[slot][0] = kc.mean;
-          sm.coef[slot][1] = kc.mean_dy;
-          sm.coef[slot][2] = kc.xmu_scale;
-          sm.coef[slot][3] = kc.scale;
-          const float sdy = R.grad_global ? v[0] : mine[0];
-          const float sdx = R.grad_global ? v[1] : mine[1];
-          sm.extra[slot][0] = sbn_dweight(sdx, invstd, m);
-          sm.extra[slot][1] = sdy;
-        }
-      }
+      if (st == 0 && mine_c) set_coefs<KIND>(R, slot, m, v, mine, q, sm);
       __syncwarp(); /* every lane read sm.coef_chunk (above) before lane 0 replaces it */
       if (lane == 0) {
         sm.status = st;
@@ -614,23 +651,8 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
   }
 
   /* per-channel outputs: the unit's slice-0 block */
-  if (p == 0 && w == 0 && lane < cw) {
-    const int slot = (int)((c0 + lane) % kChunk);
-    const int64_t c = c0 + lane;
-    if (KIND == SBN_OP_FORWARD) {
-      R.save_mean[c] = sm.coef[slot][0];
-      R.save_invstd[c] = sm.extra[slot][0];
-      if (R.running_mean != nullptr && sm.m > 0) {
-        float f = sbn_momentum_factor(R.momentum, sm.nbt_before);
-        R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
-        R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
-      }
-      if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sbn_nbt_next(sm.nbt_before);
-    } else {
-      if (R.dweight != nullptr) R.dweight[c] = sm.extra[slot][0];
-      if (R.dbias != nullptr) R.dbias[c] = sm.extra[slot][1];
-    }
-  }
+  if (p == 0 && w == 0 && lane < cw)
+    channel_outputs<KIND>(R, c0 + lane, (int)((c0 + lane) % kChunk), sm.m, sm, nbt_here);
   return 0;
 }
 
