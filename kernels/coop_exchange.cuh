@@ -163,6 +163,24 @@ __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint6
   return true;
 }
 
+/* A solo op's end (`advance`: block 0's thread 0): once every block arrived, the epoch
+   advanced to k, then num_batches_tracked where channel 0's outputs were written (nbt_due),
+   or sbnTimeout where the arrivals do not come by the deadline. Returns st then. */
+template <int KIND>
+__device__ __forceinline__ int solo_end(const sbn_coop_rank_t& R, bool advance, uint32_t arrivals,
+                                        uint64_t deadline, uint32_t k, bool nbt_due, const Smem& sm,
+                                        int st) {
+  if (advance) {
+    if (rank_arrivals_done(&R.state->barrier, arrivals, deadline)) {
+      st_weak_u32(&R.state->epoch, k);
+      if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sbn_nbt_next(sm.nbt_before);
+    } else if (st == 0) {
+      st = sbnTimeout;
+    }
+  }
+  return st;
+}
+
 /* ---- failures ------------------------------------------------------------------------- */
 /* Where a kernel learns that it must stop (DESIGN.md, "Failures"):
      - its rank's stop word (sbn_rank_state_t.stop, device memory): set by any failing

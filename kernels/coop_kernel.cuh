@@ -185,14 +185,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       u++;
     }
   }
-  if (advance && solo) {
-    if (rank_arrivals_done(&R.state->barrier, arrivals, deadline)) {
-      st_weak_u32(&R.state->epoch, k);
-      if (KIND == SBN_OP_FORWARD && nbt_due && R.nbt != nullptr) *R.nbt = sbn_nbt_next(sm.nbt_before);
-    } else if (st == 0) {
-      st = sbnTimeout;
-    }
-  }
+  st = solo_end<KIND>(R, advance && solo, arrivals, deadline, k, nbt_due, sm, st);
   if (st != 0) {
     if (threadIdx.x == 0) record_error(a, R.rank, st);
     return;
