@@ -695,7 +695,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
                      bool quick, int mutants = 0) {
   const int kind = SBN_OP_FORWARD, dt = sbnFloat32;
   CK(cudaMemcpyToSymbol(sbn_probe_mutants, &mutants, sizeof mutants));
-  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel};
+  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel, W == 1};
   sbn_plan_rank_t rk[8];
   for (int r = 0; r < W; r++) rk[r] = sbn_plan_rank_t{N, sp, 1};
   sbn_plan_dev_t dev;
@@ -720,7 +720,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
           CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
         }
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dev.occ[t][v][var], fn, SBN_GPU_THREADS, dyn));
-        if (var != SBN_VAR_ONCHIP && (dev.occ_min == 0 || dev.occ[t][v][var] < dev.occ_min))
+        if (var == SBN_VAR_STREAM && (dev.occ_min == 0 || dev.occ[t][v][var] < dev.occ_min))
           dev.occ_min = dev.occ[t][v][var];
       }
   sbn_plan_t pl;

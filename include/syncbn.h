@@ -289,10 +289,14 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    chip: read once), "stream" (16-byte loads, read again in stage 5), "stream-scalar" (the
    same one element at a time: tensors not 16-byte aligned, NHWC with C not a multiple
    of 4 (fp32) / 8 (fp16, bf16), NCHW with H*W not a multiple of it and below 1024),
-   or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call: SBN_KERNEL=auto
-   (stream, or stream-scalar), onchip (where the rank's tensors fit on chip as whole
-   16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else sbnUnsupported;
-   SBN_ALGO=nccl runs "host" whatever it asks) or stream (the first kernel, "legacy", was
+   "unit" (a team of one's channels one after the other, each read again right after its
+   statistics), or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
+   SBN_KERNEL=auto (stream, or stream-scalar), onchip (where the rank's tensors fit on
+   chip as whole 16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else
+   sbnUnsupported; SBN_ALGO=nccl runs "host" whatever it asks), stream, or unit (where
+   it applies: a team of one, NCHW with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)
+   or at least 1024, 16-byte aligned tensors, fewer than twice as many blocks as
+   channels; else what auto runs) (the first kernel, "legacy", was
    removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 

@@ -71,6 +71,7 @@ static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's mas
 #include "coop_exchange.cuh"
 #include "coop_vec.cuh"
 #include "coop_kernel.cuh"
+#include "coop_unit.cuh"
 #include "host_path.cuh"
 #include "infer.cuh"
 
@@ -110,6 +111,9 @@ template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, i
   switch (variant) {
     case SBN_VAR_ONCHIP:
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_ONCHIP, EPI> : nullptr;
+    case SBN_VAR_UNIT: /* the 16-byte plane kernels only (coop_plan.h: sbn_unit_applies) */
+      if constexpr (!TILE) return vec ? (const void*)sbn_unit_kernel<KIND, DT, V, EPI> : nullptr;
+      return nullptr;
     default:
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM, EPI>
                  : (const void*)sbn_coop_kernel<KIND, DT, TILE, 1, SBN_VAR_STREAM, EPI>;

@@ -35,6 +35,12 @@
                                 (coop_vec.cuh) applies: 8|x|, not 7 */
 #define SBN_MUT_PARAM_PREFETCH_NEXT 8192 /* a local merge asks L2 for the next chunk's
                                             parameters, not its own (SBN_PREFETCH_PARAMS) */
+#define SBN_MUT_UNIT_LATE_STOP 16384 /* the unit kernel looks at the stop words loaded at its
+                                        start after its first unit's outputs, not at its
+                                        start */
+#define SBN_MUT_UNIT_FIRST_SLOT 32768 /* the unit kernel finishes its first unit's channel
+                                         again for each later unit, whose stage 5 then reads
+                                         coefficients no one wrote */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

@@ -49,15 +49,18 @@ extern "C" {
 /* Kernel variants of the cooperative kernel (the data path of stages 1 and 5). */
 enum {
   SBN_VAR_STREAM = 0, /* 16-byte loads in batches; x (and dy) read again in stage 5 */
-  SBN_VAR_ONCHIP = 1  /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
+  SBN_VAR_ONCHIP = 1, /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
+  SBN_VAR_UNIT = 2    /* a team of one whose units are whole channels: stream's stages 1 and
+                         5 of one unit after the other, its channel finished in between, with
+                         no exchange (coop_unit.cuh) */
 };
-#define SBN_VAR_COUNT 2
+#define SBN_VAR_COUNT 3
 /* (The first kernel, "legacy": 32-bit loads and a Welford step per element, was removed on
    2026-11-26 after the H200 runs: it lost to stream on every row but S10 at W = 8, where
    stream's loss was the start-of-kernel host read that is gone since; README, Kernels.) */
 
 /* What the caller asked for (SBN_KERNEL at the call). */
-enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2 };
+enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KERNEL_UNIT = 3 };
 
 #ifndef SBN_BATCH_FWD /* a tuning variant may set it (bench/notes/experiments.md, E20) */
 #define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
@@ -248,6 +251,17 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
   return tile || sp % vec == 0;
 }
 
+/* Whether the unit variant (coop_unit.cuh) serves a launch: one rank, and that rank the
+   whole team (solo_team: a team of one, no exchange, on a transport whose kernels may
+   leave the rank barrier out), on a GPU it does not share with other ranks' launches; the 16-byte plane kernels (NCHW with H*W > 1, aligned tensors); and units
+   that are whole channels (P = G / C = 1, G < 2C: one slice per channel, so a channel's
+   statistics are its unit's alone). The same G and units as the stream kernel's plan:
+   the same bits. */
+static SBN_ARGS_HD int sbn_unit_applies(int solo_team, int nranks, int shared, int tile, int vec,
+                                        int64_t c, int G) {
+  return solo_team && nranks == 1 && !shared && !tile && vec && (int64_t)G < 2 * c;
+}
+
 /* The stream variant asks L2 for nothing ahead of its loads. Until 2026-11-26 it did
    (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
    lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
@@ -301,6 +315,9 @@ typedef struct {
   int64_t c;
   int host;   /* the host-driven path (SBN_ALGO=nccl): the stream stages as ordinary launches */
   int kernel; /* SBN_KERNEL_* asked for */
+  int solo_team; /* the team is one rank, and not on the peer-pinned-host transport (whose
+                    kernels read the error words at their start, made the rank's decision by
+                    the rank barrier): the unit variant may serve it */
 } sbn_plan_op_t;
 
 /* What it reads of one rank's op. */
@@ -316,7 +333,7 @@ typedef struct {
   int shared;     /* ranks of a team launched separately share this GPU */
   int occ[2][2][SBN_VAR_COUNT]; /* blocks per SM of the kernels [tile][vec][variant]
                                    (0: not built) */
-  int occ_min;                  /* the lowest of the non-onchip kernels' */
+  int occ_min;                  /* the lowest of the stream kernels' */
   int hold_slots[2];            /* onchip: shared-memory batches per thread [tile] */
 } sbn_plan_dev_t;
 
@@ -399,6 +416,13 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
   pl->vec = vec;
   pl->variant = var;
   pl->hold_slots = onchip ? dev->hold_slots[tile] : 0;
+  /* SBN_KERNEL=unit: the unit variant where it applies, with stream's G (the same slices,
+     the same bits; its kernels hold as many blocks per SM: check-sass.sh), else stream.
+     The host path runs the stream stages. */
+  if (op->kernel == SBN_KERNEL_UNIT && !op->host &&
+      sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
+      dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
+    pl->variant = SBN_VAR_UNIT;
   if (!onchip) return SBN_PLAN_OK;
   int fits = 1;
   *detail = 0;
@@ -434,8 +458,9 @@ static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t*
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant
    (tests/test_coop_emu.c asserts them in the emulator; the bench reports them):
    forward reads x and writes y, backward reads x and dy and writes dx (when dx is
-   requested); the stream variant reads x (and dy) a second time in stage 5, where there
-   is one.
+   requested); the stream and unit variants read x (and dy) a second time in stage 5,
+   where there is one (unit: right after stage 1 of the same channel, from L2 where the
+   channels in flight fit there: what HBM moves is then that of onchip).
    bytes = the elements of one tensor * their size. */
 static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
   const int64_t inputs = kind == SBN_OP_FORWARD ? 1 : 2;

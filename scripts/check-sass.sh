@@ -7,14 +7,14 @@
 # the blocks per SM those allow, and how many global loads of each width the SASS has
 # (LDGSTS: cp.async into shared memory). It FAILS when
 #   - a kernel spills (stack frame or local memory),
-#   - a hot kernel (the 16-byte stream/onchip kernels, the host path's 16-byte stats and
+#   - a hot kernel (the 16-byte stream/onchip/unit kernels, the host path's 16-byte stats and
 #     apply kernels, the 16-byte inference kernels) has no 128-bit global load,
 #   - a kernel's registers or shared memory allow fewer blocks per SM than the plan
-#     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, host path), SBN_ONCHIP_BLOCKS_PER_SM
+#     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, unit, host path), SBN_ONCHIP_BLOCKS_PER_SM
 #     (onchip; its held batches then take the rest of the SM's shared memory),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
 #     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
-#   - a cooperative kernel or a host-path kernel makes a system-scope load (LD/LDG
+#   - a cooperative kernel (unit's too) or a host-path kernel makes a system-scope load (LD/LDG
 #     .STRONG.SYS) before its first block barrier: the load that the first GPU run
 #     found on every op's critical path (each publishing block read the error words in
 #     mapped host memory at its start, ~1.15 us each, served one at a time). The
@@ -109,7 +109,7 @@ res_path, sass_path, stream_occ, onchip_occ = sys.argv[1], sys.argv[2], int(sys.
 mode = sys.argv[5] if len(sys.argv) > 5 else "full"
 KIND = {"0": "fwd", "1": "bwd"}
 DT = {"0": "fp32", "1": "fp16", "2": "bf16"}
-VAR = {"0": "stream", "1": "onchip"}  # SBN_VAR_* (coop_plan.h)
+VAR = {"0": "stream", "1": "onchip"}  # SBN_VAR_* (coop_plan.h; unit: sbn_unit_kernel)
 EPI = {"0": "", "1": " +epi", "2": " +recover",  # SBN_EPI_* (coop_args.h): the epilogue's kernels
        "false": "", "true": " +epi"}  # the inference kernels' (sbn_infer_epilogue)
 
@@ -225,6 +225,12 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         label = f"coop {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec} {VAR[var]}{EPI[epi]}"
         hot = vec != "1"
         want = {"0": stream_occ, "1": onchip_occ}[var]
+    elif base == "sbn_unit_kernel":
+        # the unit variant (coop_unit.cuh): stream's stages with stream's occupancy (the
+        # plan gives it stream's G), no exchange (so no ordering check)
+        kind, dt, vec, epi = args
+        label = f"unit {KIND[kind]} {DT[dt]} plane x{vec}{EPI[epi]}"
+        hot, want = True, stream_occ
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
         kind, dt, tile, vec, epi = args
         label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}{EPI[epi]}"
@@ -241,7 +247,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     ld = loads.get(mangled, {})
     why = []
     ins = insns.get(mangled, [])
-    if base in ("sbn_coop_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
+    if base in ("sbn_coop_kernel", "sbn_unit_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
                 "sbn_host_publish_kernel", "sbn_host_gather_kernel"):
         x = sys_load_before_barrier(ins)
         if x:

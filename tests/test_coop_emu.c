@@ -169,6 +169,13 @@ static int g_variant = EMU_VAR_DEFAULT;
    the place of the legacy variant, removed on 2026-11-26. */
 #define EMU_VAR_SCALAR 100
 static int g_onchip_any_plane; /* test_onchip_whole_planes: onchip on any plane (a broken plan) */
+/* the launch about to be planned is a team of one's on a transport whose kernels may leave
+   the rank barrier out (sbn_plan_op_t.solo_team): set by emu_run_virtual and emu_run_peer;
+   the unit variant runs only there (sbn_unit_applies), stream elsewhere, as the library's
+   SBN_KERNEL=unit */
+static int g_plan_solo;
+static int g_unit_any; /* test_unit_failures: unit wherever asked (a broken plan) */
+static int g_launched[SBN_VAR_COUNT]; /* the cooperative launches of each variant so far */
 static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   sbn_plan_t pl;
   pl.G = G;
@@ -180,6 +187,9 @@ static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int b
                                      !g_onchip_any_plane)))
                    ? SBN_VAR_STREAM
                    : g_variant;
+  if (pl.variant == SBN_VAR_UNIT && !g_unit_any &&
+      !sbn_unit_applies(g_plan_solo, 1, 0, pl.tile, pl.vec, d->c, G))
+    pl.variant = SBN_VAR_STREAM;
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
     const sbn_geo_t g = sbn_geo_make(n_max, d->c, d->spatial, pl.tile, sbn_vec_of(d->dtype), G);
@@ -209,9 +219,11 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
   for (int r = 0; r < e->W; r++) fill_rank(&a.r[r], e, t, r, bwd, p);
   fill_common(&a, e, &t->d[0], bwd);
   a.nlaunch = e->W;
+  g_plan_solo = e->W == 1;
   sbn_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
   pl.tile = tile_of(t, e->W);
   a.hold_slots = pl.hold_slots;
+  g_launched[pl.variant]++;
   ASSERT_EQ_INT(sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, t->d[0].dtype, pl.tile, pl.vec,
                                pl.variant, &a, (unsigned)(e->W * e->G)),
                 0);
@@ -258,6 +270,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
                          const sbn_plan_t* plans) {
   launch_t* l = calloc((size_t)e->W, sizeof *l);
   pthread_t th[MAXW];
+  g_plan_solo = e->W == 1 && !g_pinned_host;
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = per_rank_desc ? &per_rank_desc[r] : &t->d[r];
     fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
@@ -268,6 +281,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     l[r].kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
     l[r].dtype = d->dtype;
     l[r].pl = plans ? plans[r] : emu_plan(d, d->n, e->G, bwd);
+    if (!launched || launched[r]) g_launched[l[r].pl.variant]++;
     l[r].a.G = l[r].pl.G;
     l[r].a.hold_slots = l[r].pl.hold_slots;
     l[r].grid = (unsigned)l[r].pl.G;
@@ -698,8 +712,9 @@ static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
     for (int vec = 0; vec < 2; vec++) {
       dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
       dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
+      dev.occ[tile][vec][SBN_VAR_UNIT] = !tile && vec ? 2 : 0; /* built: 16-byte planes */
     }
-  dev.occ_min = 2; /* the lowest of the non-onchip kernels' */
+  dev.occ_min = 2; /* the lowest of the stream kernels' */
   dev.hold_slots[0] = dev.hold_slots[1] = hold_slots;
   return dev;
 }
@@ -720,7 +735,7 @@ static void test_onchip_whole_planes(void) {
                 {sbnFloat16, 1032, 1},    {sbnFloat32, 1026, 0},    {sbnFloat32, 2, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
-      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel};
+      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1};
       const sbn_plan_rank_t rk = {1, shapes[i].sp, 1};
       sbn_plan_t pl;
       int64_t detail = 0;
@@ -782,9 +797,11 @@ static void test_onchip_whole_planes(void) {
 /* The plans of op (its kind, dtype, layout, C) for ranks rk[0..nr) (one launch if nr > 1,
    as a virtual team's round; then every rank's plan must be the same) under each
    SBN_KERNEL, cooperative and host path: pl[kernel][host], st[kernel][host]. */
+#define EMU_KERNELS 4 /* SBN_KERNEL_*: auto, onchip, stream, unit */
 static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int nr,
-                       const sbn_plan_dev_t* dev, sbn_plan_t pl[3][2], int st[3][2]) {
-  for (int kernel = 0; kernel < 3; kernel++)
+                       const sbn_plan_dev_t* dev, sbn_plan_t pl[EMU_KERNELS][2],
+                       int st[EMU_KERNELS][2]) {
+  for (int kernel = 0; kernel < EMU_KERNELS; kernel++)
     for (int host = 0; host < 2; host++) {
       sbn_plan_op_t o = *op;
       o.host = host;
@@ -802,8 +819,8 @@ static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int n
 /* The host path's plans (stream stages always) under each SBN_KERNEL: those of the
    cooperative kernel under the same SBN_KERNEL (G, width, unit shape: the same slices,
    the same bits), or of stream where that refuses; refused only where that refuses. */
-static void check_host_plans(const sbn_plan_t pl[3][2], const int st[3][2]) {
-  for (int kernel = 0; kernel < 3; kernel++) {
+static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[EMU_KERNELS][2]) {
+  for (int kernel = 0; kernel < EMU_KERNELS; kernel++) {
     const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : SBN_KERNEL_STREAM;
     ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
     if (st[kernel][1] != SBN_PLAN_OK) continue;
@@ -830,17 +847,19 @@ static void test_plan_auto_stream(void) {
     sbnDataType_t dt;
     int holds; /* onchip holds it, forward and backward */
     int G;     /* stream's blocks: max(chunks, elements / 8192), at most 2 x 132 */
-  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16},          /* S10 */
-                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264},   /* S2 */
-                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264},
-                {0, 512, 1, 0, sbnFloat32, 1, 16},          /* the empty op */
-                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264}}; /* S1 */
+    int unit;  /* SBN_KERNEL=unit runs unit on it (a team of one's): planes, G < 2C */
+  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16, 0},           /* S10: tile */
+                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264, 1},    /* S2: G = 264 < 512 */
+                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264, 0},   /* NHWC: tile */
+                {0, 512, 1, 0, sbnFloat32, 1, 16, 0},           /* the empty op: tile */
+                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264, 0},   /* S1: 4 slices a channel */
+                {4, 2048, 64 * 64, 0, sbnBFloat16, 0, 264, 1}}; /* S5 */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
-      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0};
-      sbn_plan_t pl[3][2];
-      int st[3][2];
+      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0, 1};
+      sbn_plan_t pl[EMU_KERNELS][2];
+      int st[EMU_KERNELS][2];
       plan_table(&op, &rk, 1, &dev, pl, st);
       ASSERT_EQ_INT(st[SBN_KERNEL_STREAM][0], SBN_PLAN_OK);
       const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
@@ -856,6 +875,20 @@ static void test_plan_auto_stream(void) {
       } else {
         ASSERT_EQ_INT(st[SBN_KERNEL_ONCHIP][0], SBN_PLAN_ONCHIP_NOFIT);
       }
+      /* unit: stream's plan (G, width, units: the same bits) but for the variant */
+      ASSERT_EQ_INT(st[SBN_KERNEL_UNIT][0], SBN_PLAN_OK);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_UNIT][0].variant, shapes[i].unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
+      pl[SBN_KERNEL_UNIT][0].variant = SBN_VAR_STREAM;
+      ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_UNIT][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
+      { /* not for a team of more ranks, nor on the peer-pinned-host transport */
+        sbn_plan_op_t o = op;
+        o.kernel = SBN_KERNEL_UNIT;
+        o.solo_team = 0;
+        sbn_plan_t one;
+        int64_t detail = 0;
+        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
+        ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+      }
       check_host_plans(pl, st); /* onchip's G where it holds, else stream's */
       if (sbn_test_cur_failed_) {
         fprintf(stderr, "  shape %zu, kind %d\n", i, kind);
@@ -867,7 +900,8 @@ static void test_plan_auto_stream(void) {
      launch of 3 ranks, unaligned tensors, odd planes, NHWC with C not a multiple of the
      width: auto's plan is stream's (or both refuse: SBN_PLAN_NO_BLOCKS); the host path's
      is the cooperative one's under the same SBN_KERNEL, else stream's where that refuses
-     (and refuses only where stream does). */
+     (and refuses only where stream does); unit's is stream's, its variant unit only for
+     one rank alone on its GPU, 16-byte planes (aligned) and G < 2C. */
   static const struct {
     int64_t n[3], c, sp;
     int nhwc;
@@ -891,11 +925,25 @@ static void test_plan_auto_stream(void) {
                 rk[q].sp = more[i].sp;
                 rk[q].aligned = aligned;
               }
-              const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, 0, 0};
-              sbn_plan_t pl[3][2];
-              int st[3][2];
+              /* a rank sharing its GPU is one of a team of more */
+              const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, 0, 0,
+                                        nr == 1 && !shared};
+              sbn_plan_t pl[EMU_KERNELS][2];
+              int st[EMU_KERNELS][2];
               plan_table(&op, rk, nr, &dev, pl, st);
-              const int S = SBN_KERNEL_STREAM, O = SBN_KERNEL_ONCHIP, A = SBN_KERNEL_AUTO;
+              const int S = SBN_KERNEL_STREAM, O = SBN_KERNEL_ONCHIP, A = SBN_KERNEL_AUTO,
+                        U = SBN_KERNEL_UNIT;
+              ASSERT_EQ_INT(st[U][0], st[S][0]);
+              if (st[S][0] == SBN_PLAN_OK) {
+                const int planes = !more[i].nhwc && more[i].sp > 1;
+                const int unit = nr == 1 && !shared && planes && aligned &&
+                                 sbn_vec_shape_ok(0, more[i].c, more[i].sp, more[i].dt) &&
+                                 pl[S][0].G < 2 * more[i].c;
+                ASSERT_EQ_INT(pl[U][0].variant, unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
+                sbn_plan_t u = pl[U][0];
+                u.variant = SBN_VAR_STREAM;
+                ASSERT_TRUE(memcmp(&u, &pl[S][0], sizeof u) == 0);
+              }
               ASSERT_EQ_INT(st[A][0], st[S][0]);
               ASSERT_TRUE(st[S][0] == SBN_PLAN_OK || st[S][0] == SBN_PLAN_NO_BLOCKS);
               ASSERT_EQ_INT(st[S][0] == SBN_PLAN_NO_BLOCKS, (int64_t)2 * 132 / here[h] < 1);
@@ -1211,9 +1259,9 @@ static void epi_free(emu_epi_t* ep) {
 /* The kernels' epilogue against the CPU team's (itself against float64 in test_fused.c):
    ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
    (identity, leaky), ReLU alone; every dtype and layout, uneven and empty ranks, W up to 8, every
-   variant (stream, onchip, scalar), virtual and per-rank launches and the host path;
-   then the host path, the per-rank launches and onchip equal the virtual stream launch
-   bitwise (y, dx, dz, dweight, dbias). */
+   variant (stream, onchip, scalar; unit on a team of one's planes), virtual and per-rank
+   launches and the host path; then the host path, the per-rank launches, onchip and unit
+   equal the virtual stream launch bitwise (y, dx, dz, dweight, dbias). */
 static void test_fused_vs_cpu(void) {
   static const int64_t n1[1] = {3}, n2[2] = {2, 1}, n3[3] = {2, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1};
   static const int64_t n0[3] = {0, 2, 1};
@@ -1258,10 +1306,12 @@ static void test_fused_vs_cpu(void) {
       const uint64_t seed = 900 + 10 * i + k;
       void* snap[MAXW][3] = {{0}}; /* the virtual stream launch's y, dx, dz: the bits of */
       float* snapw[MAXW][2] = {{0}}; /* onchip, peer and host (dweight, dbias too) */
-      for (int run = 0; run < 5; run++) { /* stream virtual, onchip, scalar, peer, host */
-        const int var = run < 3 ? variants[run] : SBN_VAR_STREAM;
+      for (int run = 0; run < 6; run++) { /* stream virtual, onchip, scalar, peer, host, unit */
+        const int var = run < 3 ? variants[run] : run == 5 ? SBN_VAR_UNIT : SBN_VAR_STREAM;
         const int how = run == 3 ? EPI_PEER : run == 4 ? EPI_HOST : EPI_VIRTUAL;
         if (how == EPI_PEER && cases[i].W == 1) continue;
+        if (run == 5 && !(cases[i].W == 1 && cases[i].lay == sbnLayoutNCHW && cases[i].sp > 1))
+          continue; /* unit: a team of one's planes (cases 0 and 9 run it) */
         team_t g, cpu;
         team_make(&g, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n,
                   cases[i].affine, 1, GEN_NORMAL, seed);
@@ -1278,8 +1328,10 @@ static void test_fused_vs_cpu(void) {
         emu_team_init(&e, cases[i].W, cases[i].G, 60000);
         emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}};
         g_variant = var;
+        const int units_before = g_launched[SBN_VAR_UNIT];
         fused_run_and_check(&g, &cpu, &e, &ep, epis[k].z, how, &p, seed);
         g_variant = EMU_VAR_DEFAULT;
+        if (run == 5) ASSERT_TRUE(g_launched[SBN_VAR_UNIT] >= units_before + 2); /* both ops */
         for (int r = 0; r < cases[i].W && !sbn_test_cur_failed_; r++) {
           const size_t bytes = team_bytes(&g, r), cb = (size_t)cases[i].c * sizeof(float);
           const void* out[3] = {g.y[r], g.dx[r], ep.dz[r]};
@@ -2053,6 +2105,269 @@ static void test_abort(void) {
   team_free(&t);
 }
 
+/* ---- the unit variant (coop_unit.cuh) ------------------------------------------------- */
+
+/* The unit variant (SBN_KERNEL=unit) on a team of one's planes: its stages 1 and 5 are
+   stream's, one unit after the other, and its channel's coefficients stream's arithmetic
+   of one slice and one rank, so at stream's G it gives stream's bits: y, dx, the saved
+   and running statistics, dweight, dbias, num_batches_tracked over two calls (momentum
+   0.1, and cumulative: nbt written by block 0 at its end, after every block read it), the
+   epoch advanced once per op; the forward against the reference. Shapes: a unit a block
+   with 10 (forward) and 20 (backward) batches a thread; 5-6 units a block across two
+   chunks (bf16); odd planes walked in pieces (fp16 near its top); 300 small planes a
+   unit; G between C and 2C (blocks without a unit); an empty op; one block of 64 units
+   (sm.red's and sm.coef's 32 slots used twice); and with every option off (affine,
+   running statistics, nbt) and on, in place, without dx, dweight, dbias. Each op ran
+   unit (the plan's choice), read
+   x (and dy) twice, stage 1's reads with evict_last, and wrote y (dx) once
+   (sbn_variant_bytes); each of its parameter loads (weight, bias; backward weight, the
+   saved mean and invstd: one set per channel) was of a line its block asked L2 for at
+   its start. The mutant whose later units find no coefficients of their own
+   (SBN_MUT_UNIT_FIRST_SLOT: test_coop_emu_mutant_unit_first_slot) must fail it. Unit
+   with the epilogue: test_fused_vs_cpu. */
+static void unit_equals_stream(void) {
+  static const int64_t n1[1] = {1}, n2[1] = {2}, n3[1] = {3}, n300[1] = {300}, n0[1] = {0};
+  const struct {
+    sbnDataType_t dt;
+    int64_t c, sp;
+    int G;
+    gen_t gen;
+    const int64_t* n;
+  } cases[] = {
+      {sbnFloat32, 8, 20004, 8, GEN_OFFSET, n2},      /* a unit a block, 10 / 20 batches a thread */
+      {sbnBFloat16, 40, 1032, 7, GEN_NORMAL, n3},     /* 5-6 units a block, two chunks */
+      {sbnFloat16, 35, 97 * 97, 5, GEN_F16HIGH, n2},  /* odd planes in pieces, near 6e4 */
+      {sbnFloat32, 70, 12, 40, GEN_NORMAL, n300},     /* 300 small planes a unit */
+      {sbnFloat32, 6, 1024, 11, GEN_NORMAL, n1},      /* G in [C, 2C): 5 blocks without one */
+      {sbnBFloat16, 33, 64, 4, GEN_NORMAL, n0},       /* an empty op */
+      {sbnFloat32, 64, 2048, 1, GEN_OFFSET, n1},      /* one block, 64 units */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.momentum = (i & 1) ? -1.0f : 0.1f;
+    p.grad_mode = (i & 2) ? sbnGradGlobal : sbnGradLocal;
+    team_t a, b;
+    const uint64_t seed = 2100 + i;
+    team_make(&a, 1, cases[i].dt, sbnLayoutNCHW, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+              cases[i].gen, seed);
+    team_make(&b, 1, cases[i].dt, sbnLayoutNCHW, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+              cases[i].gen, seed);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, 1, cases[i].G, 60000);
+    emu_team_init(&eb, 1, cases[i].G, 60000);
+    const size_t bytes = team_bytes(&a, 0), cb = (size_t)cases[i].c * sizeof(float);
+    for (int call = 0; call < 2; call++) {
+      for (int bwd = 0; bwd < 2; bwd++) {
+        const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
+        const int ran = g_launched[SBN_VAR_UNIT];
+        sbn_emu_count_reset();
+        const int sx = sbn_emu_count_track(a.x[0], bytes), sdy = sbn_emu_count_track(a.dy[0], bytes),
+                  so = sbn_emu_count_track(bwd ? a.dx[0] : a.y[0], bytes);
+        sbn_emu_params_reset();
+        g_variant = SBN_VAR_UNIT;
+        emu_run_virtual(&ea, &a, bwd, &p);
+        g_variant = EMU_VAR_DEFAULT;
+        uint64_t loads, hits;
+        sbn_emu_params_get(&loads, &hits);
+        emu_run_virtual(&eb, &b, bwd, &p);
+        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+        ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+        if (bytes > 0) {
+          uint64_t xr, xw, dr, dw, orr, ow;
+          sbn_emu_count_get(sx, &xr, &xw);
+          sbn_emu_count_get(sdy, &dr, &dw);
+          sbn_emu_count_get(so, &orr, &ow);
+          ASSERT_EQ_INT((int64_t)(xr + dr + ow), sbn_variant_bytes(SBN_VAR_UNIT, kind, (int64_t)bytes, 1));
+          ASSERT_EQ_INT((int64_t)xr, 2 * (int64_t)bytes);
+          ASSERT_EQ_INT((int64_t)dr, bwd ? 2 * (int64_t)bytes : 0);
+          ASSERT_EQ_INT((int64_t)ow, (int64_t)bytes);
+          ASSERT_EQ_INT((int64_t)(sbn_emu_count_kept(sx) + sbn_emu_count_kept(sdy)),
+                        (bwd ? 2 : 1) * (int64_t)bytes);
+        }
+        ASSERT_EQ_INT((int64_t)loads, cases[i].c * (bwd ? 3 : 2));
+        ASSERT_EQ_INT((int64_t)hits, SBN_PREFETCH_PARAMS ? (int64_t)loads : 0);
+        if (bwd) {
+          ASSERT_MEMEQ(a.dx[0], b.dx[0], bytes);
+          ASSERT_MEMEQ(a.dw[0], b.dw[0], cb);
+          ASSERT_MEMEQ(a.db[0], b.db[0], cb);
+        } else {
+          ASSERT_MEMEQ(a.y[0], b.y[0], bytes);
+          ASSERT_MEMEQ(a.smean[0], b.smean[0], cb);
+          ASSERT_MEMEQ(a.sinv[0], b.sinv[0], cb);
+          ASSERT_MEMEQ(a.rm[0], b.rm[0], cb);
+          ASSERT_MEMEQ(a.rv[0], b.rv[0], cb);
+          ASSERT_EQ_INT(a.nbt[0], call + 1);
+          if (bytes > 0) check_forward(&a, &p, tol_for(cases[i].dt));
+        }
+        if (sbn_test_cur_failed_) break;
+      }
+      if (sbn_test_cur_failed_) break;
+      team_new_inputs(&a, &(sbn_rng_t){seed * 7 + (uint64_t)call}, cases[i].gen);
+      team_new_inputs(&b, &(sbn_rng_t){seed * 7 + (uint64_t)call}, cases[i].gen);
+    }
+    ASSERT_EQ_INT(ea.state[0].epoch, sbn_test_cur_failed_ ? ea.state[0].epoch : 4u);
+    ASSERT_EQ_INT(ea.state[0].barrier & 0x7fffffffu, 0u); /* every block arrived */
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  in case %zu\n", i);
+      return;
+    }
+  }
+  /* the options: affine=False (no weight or bias), no running statistics, no nbt; in
+     place (y over x, dx over dy), or no dx and no dweight / dbias */
+  for (int combo = 0; combo < 16; combo++) {
+    const int affine = combo & 1, running = (combo >> 1) & 1, nbt_null = (combo >> 2) & 1;
+    const int opts = (combo >> 3) & 1 ? OPT_INPLACE : (OPT_DX_NULL | OPT_NO_DWDB);
+    for (int ci = 0; ci < 2; ci++) {
+      const int64_t c = ci ? 40 : 8;
+      const int G = ci ? 7 : 11;
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      team_t a, b;
+      team_make(&a, 1, sbnFloat32, sbnLayoutNCHW, c, 1032, n2, affine, running, GEN_NORMAL, 2150 + combo);
+      team_make(&b, 1, sbnFloat32, sbnLayoutNCHW, c, 1032, n2, affine, running, GEN_NORMAL, 2150 + combo);
+      a.nbt_null = b.nbt_null = nbt_null;
+      emu_team_t ea, eb;
+      emu_team_init(&ea, 1, G, 60000);
+      emu_team_init(&eb, 1, G, 60000);
+      const size_t bytes = team_bytes(&a, 0), cb = (size_t)c * sizeof(float);
+      for (int bwd = 0; bwd < 2; bwd++) {
+        const int ran = g_launched[SBN_VAR_UNIT];
+        g_opts = opts;
+        g_variant = SBN_VAR_UNIT;
+        emu_run_virtual(&ea, &a, bwd, &p);
+        g_variant = EMU_VAR_DEFAULT;
+        emu_run_virtual(&eb, &b, bwd, &p);
+        g_opts = 0;
+        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+        ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+        ASSERT_MEMEQ(a.x[0], b.x[0], bytes);
+        ASSERT_MEMEQ(a.dy[0], b.dy[0], bytes);
+        ASSERT_MEMEQ(a.y[0], b.y[0], bytes);
+        ASSERT_MEMEQ(a.dx[0], b.dx[0], bytes);
+        ASSERT_MEMEQ(a.dw[0], b.dw[0], cb);
+        ASSERT_MEMEQ(a.db[0], b.db[0], cb);
+        ASSERT_MEMEQ(a.smean[0], b.smean[0], cb);
+        ASSERT_MEMEQ(a.sinv[0], b.sinv[0], cb);
+        if (running) {
+          ASSERT_MEMEQ(a.rm[0], b.rm[0], cb);
+          ASSERT_MEMEQ(a.rv[0], b.rv[0], cb);
+        }
+        ASSERT_EQ_INT(a.nbt[0], b.nbt[0]);
+        ASSERT_EQ_INT(ea.state[0].epoch, eb.state[0].epoch);
+      }
+      emu_team_free(&ea), emu_team_free(&eb);
+      team_free(&a), team_free(&b);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  options %d, C = %d\n", combo, (int)c);
+        return;
+      }
+    }
+  }
+}
+static void test_unit_equals_stream(void) { unit_equals_stream(); }
+
+/* What the unit kernel writes when it must not go on: nothing. A kernel queued behind a
+   failure of the team (its stop word set) looks at the words it loaded at its start in
+   its start's barrier, before any output: sbnAborted, y, dx, the saved and running
+   statistics, dweight, dbias and nbt untouched, and the dz of a ReLU backward (which
+   stage 1 writes where dz is a buffer of its own: dz_first), the epoch advanced all the
+   same (block 0, once every block arrived: the next op reads the next epoch). Blocks of
+   one unit and of several. The mutant that looks after the first unit's outputs
+   (SBN_MUT_UNIT_LATE_STOP: test_coop_emu_mutant_unit_late_stop) must fail it. And a
+   launch the plan never makes (unit for a team of two): sbnInvalidUsage on both ranks,
+   nothing written, no arrival, the epochs as they were. */
+static void unit_failures(void) {
+  static const int64_t n1[1] = {3}, n2[2] = {2, 1};
+  const struct {
+    int64_t c;
+    int G;
+  } shapes[] = {{40, 7}, {8, 8}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 1, sbnBFloat16, sbnLayoutNCHW, shapes[si].c, 1032, n1, 1, 1, GEN_NORMAL, 2200 + si);
+    emu_team_t e;
+    emu_team_init(&e, 1, shapes[si].G, 60000);
+    const size_t bytes = team_bytes(&t, 0), cb = (size_t)shapes[si].c * sizeof(float);
+    float* rm = dup_mem(t.rm[0], cb);
+    float* rv = dup_mem(t.rv[0], cb);
+    for (int bwd = 0; bwd < 2; bwd++) {
+      team_poison(&t);
+      e.err[0] = 0;
+      e.state[0].stop = (uint32_t)sbnAborted;
+      const int ran = g_launched[SBN_VAR_UNIT];
+      g_variant = SBN_VAR_UNIT;
+      emu_run_virtual(&e, &t, bwd, &p);
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+      ASSERT_EQ_INT(e.err[0], sbnAborted);
+      if (!all_bytes(bwd ? t.dx[0] : t.y[0], bytes, 0xff))
+        SBN_FAIL_("shape %zu %s: the aborted unit kernel wrote %s", si, bwd ? "backward" : "forward",
+                  bwd ? "dx" : "y");
+      ASSERT_TRUE(all_bytes(t.smean[0], cb, 0xff) && all_bytes(t.sinv[0], cb, 0xff));
+      ASSERT_TRUE(all_bytes(t.dw[0], cb, 0xff) && all_bytes(t.db[0], cb, 0xff));
+      ASSERT_MEMEQ(t.rm[0], rm, cb);
+      ASSERT_MEMEQ(t.rv[0], rv, cb);
+      ASSERT_EQ_INT(t.nbt[0], 0);
+      ASSERT_EQ_INT(e.state[0].epoch, (uint32_t)(bwd + 1));
+      ASSERT_EQ_INT(e.state[0].barrier & 0x7fffffffu, 0u);
+    }
+    { /* the ReLU backward with dz of its own (written in stage 1 when the op goes on) */
+      emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+      ep.y[0] = dup_mem(t.x[0], bytes);
+      ep.dz[0] = malloc(bytes);
+      memset(ep.dz[0], 0xff, bytes);
+      team_poison(&t);
+      e.err[0] = 0;
+      e.state[0].stop = (uint32_t)sbnAborted;
+      const int ran = g_launched[SBN_VAR_UNIT];
+      g_epi = &ep;
+      g_variant = SBN_VAR_UNIT;
+      emu_run_virtual(&e, &t, 1, &p);
+      g_variant = EMU_VAR_DEFAULT;
+      g_epi = NULL;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+      ASSERT_EQ_INT(e.err[0], sbnAborted);
+      if (!all_bytes(ep.dz[0], bytes, 0xff) || !all_bytes(t.dx[0], bytes, 0xff))
+        SBN_FAIL_("shape %zu: the aborted unit kernel's ReLU backward wrote dz or dx", si);
+      epi_free(&ep);
+      free(ep.y[0]);
+    }
+    free(rm), free(rv);
+    emu_team_free(&e);
+    team_free(&t);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  shape %zu\n", si);
+      return;
+    }
+  }
+  { /* a broken plan: unit for a team of two */
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 8, 64, n2, 1, 1, GEN_NORMAL, 2210);
+    team_poison(&t);
+    emu_team_t e;
+    emu_team_init(&e, 2, 3, 60000);
+    g_unit_any = 1;
+    g_variant = SBN_VAR_UNIT;
+    emu_run_virtual(&e, &t, 0, &p);
+    g_variant = EMU_VAR_DEFAULT;
+    g_unit_any = 0;
+    for (int r = 0; r < 2; r++) {
+      ASSERT_EQ_INT(e.err[r], sbnInvalidUsage);
+      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+      ASSERT_TRUE(all_bytes(t.smean[r], 8 * sizeof(float), 0xff));
+      ASSERT_EQ_INT(t.nbt[r], 0);
+      ASSERT_EQ_INT(e.state[r].epoch, 0u);
+      ASSERT_EQ_INT(e.state[r].barrier, 0u);
+    }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+}
+static void test_unit_failures(void) { unit_failures(); }
+
 /* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
 
 /* Same G, same reduction orders: the host path's bits are the cooperative kernel's. */
@@ -2209,7 +2524,7 @@ static void emu_plan_shared_gpu(const team_t* t, int r0, int nranks, int bwd, in
                                 sbn_plan_t* pl) {
   const sbnTensorDesc_t* d = &t->d[r0];
   const sbn_plan_op_t op = {bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype,
-                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO};
+                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO, 0};
   sbn_plan_rank_t ranks[MAXW];
   for (int i = 0; i < nranks; i++) {
     const int r = r0 + i;
@@ -3276,7 +3591,8 @@ static void test_limited_residency(void) {
    - a team of one (W = 1, a chunk per block): forward and backward write no mailbox
      record (the block's record stays in its shared memory) and are right;
    - one block resident at a time (G = 3, W = 1: block 0 waits at its end for blocks
-     that cannot start): sbnTimeout, not a late block running as the next op. The mutant
+     that cannot start): sbnTimeout, not a late block running as the next op; the unit
+     kernel (coop_unit.cuh: arrivals alike) too. The mutant
      without the wait (SBN_MUT_NO_ARRIVAL_WAIT: test_coop_emu_mutant_no_arrival_wait)
      must fail this. */
 static void solo_arrivals(void) {
@@ -3320,18 +3636,23 @@ static void solo_arrivals(void) {
     emu_team_free(&e);
     team_free(&t);
   }
-  {
+  for (int unit = 0; unit < 2; unit++) { /* a solo op; the unit kernel (NCHW planes), alike */
     team_t t;
-    team_make(&t, 1, sbnFloat32, sbnLayoutNHWC, 80, 2, n1, 1, 1, GEN_NORMAL, 33);
+    team_make(&t, 1, sbnFloat32, unit ? sbnLayoutNCHW : sbnLayoutNHWC, unit ? 8 : 80, unit ? 64 : 2, n1,
+              1, 1, GEN_NORMAL, 33);
     emu_team_t e;
     emu_team_init(&e, 1, 3, 200);
+    const int ran = g_launched[SBN_VAR_UNIT];
+    g_variant = unit ? SBN_VAR_UNIT : EMU_VAR_DEFAULT;
     sbn_emu_set_residency(1);
     emu_run_virtual(&e, &t, 0, &pc);
     sbn_emu_set_residency(0);
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + unit);
     if (e.err[0] != sbnTimeout)
-      SBN_FAIL_("one block resident at a time: error word %d, not sbnTimeout (%d): a block "
+      SBN_FAIL_("%s, one block resident at a time: error word %d, not sbnTimeout (%d): a block "
                 "ran after block 0 advanced the epoch",
-                e.err[0], (int)sbnTimeout);
+                unit ? "unit" : "solo", e.err[0], (int)sbnTimeout);
     ASSERT_EQ_INT(t.nbt[0], 0); /* not written */
     emu_team_free(&e);
     team_free(&t);
@@ -3378,7 +3699,9 @@ static const struct {
                 {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
                 {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
                 {"param_prefetch_next", SBN_EMU_MUT_PARAM_PREFETCH_NEXT},
-                {"dz_late", SBN_EMU_MUT_DZ_LATE}};
+                {"dz_late", SBN_EMU_MUT_DZ_LATE},
+                {"unit_late_stop", SBN_EMU_MUT_UNIT_LATE_STOP},
+                {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -3394,7 +3717,8 @@ static int run_mutant(const char* name) {
   if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
       flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE ||
-      flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT) {
+      flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
+      flag == SBN_EMU_MUT_UNIT_FIRST_SLOT) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -3407,6 +3731,10 @@ static int run_mutant(const char* name) {
       test_fused_bytes();
     } else if (flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT) {
       param_prefetch();
+    } else if (flag == SBN_EMU_MUT_UNIT_LATE_STOP) {
+      unit_failures();
+    } else if (flag == SBN_EMU_MUT_UNIT_FIRST_SLOT) {
+      unit_equals_stream();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -3477,6 +3805,8 @@ int main(int argc, char** argv) {
   EMU_TEST(test_emulated_vs_reference, 0);
   EMU_TEST(test_virtual_equals_peer, 1);
   EMU_TEST(test_onchip_equals_stream, 0);
+  EMU_TEST(test_unit_equals_stream, 0);
+  EMU_TEST(test_unit_failures, 1);
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_plan_auto_stream, 0);

@@ -62,10 +62,10 @@ static int algo_from_env(sbnComm_t comm) {
 }
 
 /* The cooperative kernel's variant the call asks for, from SBN_KERNEL: "auto" (default),
-   "onchip", "stream" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown value, or
+   "onchip", "stream", "unit" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown value, or
    "legacy", the first kernel, removed: the detail is recorded). */
 static int kernel_from_env(sbnComm_t comm) {
-  static const char* const names[] = {"auto", "onchip", "stream"}; /* SBN_KERNEL_* */
+  static const char* const names[] = {"auto", "onchip", "stream", "unit"}; /* SBN_KERNEL_* */
   const char* v = getenv("SBN_KERNEL");
   if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
@@ -74,7 +74,8 @@ static int kernel_from_env(sbnComm_t comm) {
                                                "to 'stream' on every row of the GPU runs); "
                                              : "";
   sbn_fail(comm, sbnInvalidArgument,
-           "SBN_KERNEL='%s': %sexpected 'auto' (the default), 'onchip' or 'stream'", v, why);
+           "SBN_KERNEL='%s': %sexpected 'auto' (the default), 'onchip', 'stream' or 'unit'", v,
+           why);
   return -1;
 }
 
@@ -304,7 +305,8 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_round_epi(ops, nops);
   const sbn_plan_op_t op = {kind, dt, round_ref(ops, nops)->desc.layout == sbnLayoutNHWC, o0->desc.c,
-                            o0->algo == SBN_ALGO_HOST, o0->kernel};
+                            o0->algo == SBN_ALGO_HOST, o0->kernel,
+                            team->nranks == 1 && gt->transport != SBN_TR_PEER_HOST};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
@@ -347,6 +349,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
 /* sbnCommGetKernel's name of a plan. */
 static const char* plan_kernel_name(const sbn_plan_t* pl) {
   if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
+  if (pl->variant == SBN_VAR_UNIT) return "unit";
   return pl->vec ? "stream" : "stream-scalar";
 }
 

@@ -57,8 +57,8 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               if (*occ < 1)
                 return sbn_fail(NULL, sbnUnsupported,
                                 "device %d cannot hold a block of the cooperative kernel", dev);
-              /* ranks sharing a GPU never run onchip (plan_round): occ_min is theirs */
-              if (var != SBN_VAR_ONCHIP && (g->occ_min[e] == 0 || *occ < g->occ_min[e]))
+              /* ranks sharing a GPU run stream only (plan_round): occ_min is theirs */
+              if (var == SBN_VAR_STREAM && (g->occ_min[e] == 0 || *occ < g->occ_min[e]))
                 g->occ_min[e] = *occ;
               if (*occ > g->occ_max) g->occ_max = *occ;
             }

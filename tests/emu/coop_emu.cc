@@ -24,7 +24,9 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
 
 static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK &&
-                  SBN_EMU_MUT_SECOND_BARRIER == SBN_MUT_SECOND_BARRIER,
+                  SBN_EMU_MUT_SECOND_BARRIER == SBN_MUT_SECOND_BARRIER &&
+                  SBN_EMU_MUT_UNIT_LATE_STOP == SBN_MUT_UNIT_LATE_STOP &&
+                  SBN_EMU_MUT_UNIT_FIRST_SLOT == SBN_MUT_UNIT_FIRST_SLOT,
               "coop_emu.h's names of the kernels' mutants");
 
 /* ---- byte counting --------------------------------------------------------------------- */

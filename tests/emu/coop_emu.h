@@ -81,6 +81,10 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                     reads dy and y again in stage 5 (8|x|, not 7) */
 #define SBN_EMU_MUT_PARAM_PREFETCH_NEXT 8192 /* SBN_MUT_PARAM_PREFETCH_NEXT: a local merge
                                                asks L2 for the next chunk's parameters */
+#define SBN_EMU_MUT_UNIT_LATE_STOP 16384 /* SBN_MUT_UNIT_LATE_STOP: the unit kernel looks at
+                                            the stop words after its first unit's outputs */
+#define SBN_EMU_MUT_UNIT_FIRST_SLOT 32768 /* SBN_MUT_UNIT_FIRST_SLOT: the unit kernel's later
+                                             units find no coefficients of their own */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

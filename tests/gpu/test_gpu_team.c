@@ -24,6 +24,7 @@
 #include <pthread.h>
 
 #include "team_util.h"
+#include "coop_plan.h" /* sbn_vec_shape_ok, sbn_plan_blocks: where SBN_KERNEL=unit applies */
 
 #include "gpu_cmp.h"
 #include "gpu_fixture.h" /* CUDA_OK, CUDA_CHECK, dteam_t: the device tensors */
@@ -42,6 +43,13 @@ static char g_case[512]; /* the current case, printed when it fails */
    op must say "stream" or "stream-scalar". */
 static int g_onchip;
 static int g_onchip_ran, g_onchip_refused;
+/* SBN_KERNEL=unit (test_gpu_team_unit, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
+   team of one's planes run the unit kernel where it applies (coop_plan.h:
+   sbn_unit_applies), everything else what auto runs. Every op that ran says "unit" where
+   unit_expected says the plan takes it, else "stream"/"stream-scalar"; some must say
+   "unit" (counted in g_unit_ran). */
+static int g_unit;
+static int g_unit_ran;
 
 /* Team timeout for the correctness tests: a protocol bug (a peer that never arrives)
    fails within 60 s instead of the default 300 s; correct ops take milliseconds, and
@@ -323,7 +331,28 @@ static int ranks_ran(const dteam_t* d, int W, const char* want, int prefix, cons
    be the onchip plan's refusal, and every rank's outputs of that op must be untouched (a
    backward refused after a forward that ran finds the forward's y and statistics in
    place); counted in g_onchip_ran / g_onchip_refused. */
+/* Whether the library's plan runs unit for team h's op under SBN_KERNEL=unit, computed
+   here as gpu_launch.c plans it: a team of one on device 0 (no SM margin on one GPU), NCHW
+   planes the 16-byte kernels take (the device tensors are cudaMalloc'd: aligned), and
+   stream's G (2 blocks per SM: check-sass.sh) below twice the channels. */
+static int unit_expected(const team_t* h) {
+  const sbnTensorDesc_t* dd = &h->d[0];
+  if (h->W != 1 || dd->layout != sbnLayoutNCHW || dd->spatial <= 1 ||
+      !sbn_vec_shape_ok(0, dd->c, dd->spatial, dd->dtype))
+    return 0;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return 0;
+  const int64_t G = sbn_plan_blocks(dd->n * dd->c * dd->spatial, dd->c, (int64_t)SBN_STREAM_BLOCKS_PER_SM * sms);
+  return G < 2 * dd->c;
+}
+
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
+  if (g_unit && res == sbnSuccess) {
+    if (!unit_expected(h)) return !ranks_ran(d, h->W, "stream", 1, "unit");
+    if (!ranks_ran(d, h->W, "unit", 0, "unit")) return 1;
+    g_unit_ran++;
+    return 0;
+  }
   if (!g_onchip) return res == sbnSuccess && !g_host && !ranks_ran(d, h->W, "stream", 1, "auto");
   if (res == sbnUnsupported) {
     /* the plan's refusal, not another sbnUnsupported (more ranks than co-resident blocks):
@@ -552,6 +581,10 @@ static void test_virtual_vs_cpu(void) {
     fprintf(stderr, "  SBN_KERNEL=onchip: %d ops ran onchip, %d refused (nothing written)\n",
             g_onchip_ran, g_onchip_refused);
     ASSERT_TRUE(g_onchip_ran > 0);
+  }
+  if (g_unit) {
+    fprintf(stderr, "  SBN_KERNEL=unit: %d ops ran unit\n", g_unit_ran);
+    ASSERT_TRUE(g_unit_ran > 0);
   }
 }
 
@@ -2078,6 +2111,7 @@ int main(void) {
   g_host = algo != NULL && strcmp(algo, "nccl") == 0;
   const char* kern = getenv("SBN_KERNEL");
   g_onchip = kern != NULL && strcmp(kern, "onchip") == 0 && !g_host;
+  g_unit = kern != NULL && strcmp(kern, "unit") == 0 && !g_host;
 
   char why[320];
   g_ndev = gpu_count_devices(why, sizeof why);
