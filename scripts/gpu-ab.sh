@@ -5,7 +5,9 @@
 #   scripts/gpu-ab.sh OUTDIR ROUNDS LABEL=BINARY... -- SBN-BENCH OPTIONS...
 #
 # Runs each BINARY (an sbn-bench built with the variant's -D flags, see
-# bench/notes/gpu-run.md) with the same options, ROUNDS times, alternating
+# bench/notes/gpu-run.md; or words split at spaces, such as "env SBN_KERNEL=unit
+# build/prebuilt/bin/sbn-bench" for a variant the library picks at run time) with the
+# same options, ROUNDS times, alternating
 # (A B C A B C ...) so that drift of the machine falls on every variant alike; each run's
 # JSON and log go to OUTDIR/LABEL.rN.{json,log}. The table (scripts/gpu_ab_table.py): per
 # row, each variant's median over its rounds of the per-run medians, and its ratio to the
@@ -37,7 +39,8 @@ for r in $(seq 1 "$ROUNDS"); do
   for i in "${!labels[@]}"; do
     l=${labels[$i]}
     echo "==> round $r: $l (${bins[$i]})"
-    "${bins[$i]}" --gpu on "$@" --json "$OUT/$l.r$r.json" > "$OUT/$l.r$r.log" 2>&1 || {
+    read -r -a cmd <<< "${bins[$i]}"
+    "${cmd[@]}" --gpu on "$@" --json "$OUT/$l.r$r.json" > "$OUT/$l.r$r.log" 2>&1 || {
       echo "    FAILED (exit $?): $OUT/$l.r$r.log"
       rc=1
     }

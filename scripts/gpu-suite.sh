@@ -319,6 +319,8 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_team" || rc=1
     # the onchip kernels run only when asked (auto: stream)
     sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
+    # and the unit kernel (a team of one's planes)
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
@@ -339,7 +341,11 @@ step_bench() {
   # on the W = 1 shapes it holds on chip (S2, S10) and the latency rows
   echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
-    --json "$OUTDIR/bench-onchip.json"
+    --json "$OUTDIR/bench-onchip.json" || return 1
+  # and the unit kernel, where it applies (a team of one's planes: NCHW S2, S5 here)
+  echo "+ SBN_KERNEL=unit sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
+  SBN_KERNEL=unit "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
+    --json "$OUTDIR/bench-unit.json"
 }
 
 step_fused() {
