@@ -2122,7 +2122,8 @@ static void test_abort(void) {
    x (and dy) twice, stage 1's reads with evict_last, and wrote y (dx) once
    (sbn_variant_bytes); each of its parameter loads (weight, bias; backward weight, the
    saved mean and invstd: one set per channel) was of a line its block asked L2 for at
-   its start. The mutant whose later units find no coefficients of their own
+   its start; none touched host memory (the team's error words: read by failures only,
+   as test_host_memory_success_path asks of every other kernel). The mutant whose later units find no coefficients of their own
    (SBN_MUT_UNIT_FIRST_SLOT: test_coop_emu_mutant_unit_first_slot) must fail it. Unit
    with the epilogue: test_fused_vs_cpu. */
 static void unit_equals_stream(void) {
@@ -2156,6 +2157,8 @@ static void unit_equals_stream(void) {
     emu_team_init(&ea, 1, cases[i].G, 60000);
     emu_team_init(&eb, 1, cases[i].G, 60000);
     const size_t bytes = team_bytes(&a, 0), cb = (size_t)cases[i].c * sizeof(float);
+    sbn_emu_host_reset();
+    ASSERT_TRUE(sbn_emu_host_track((const void*)ea.err, sizeof ea.err) >= 0);
     for (int call = 0; call < 2; call++) {
       for (int bwd = 0; bwd < 2; bwd++) {
         const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
@@ -2205,6 +2208,10 @@ static void unit_equals_stream(void) {
       team_new_inputs(&a, &(sbn_rng_t){seed * 7 + (uint64_t)call}, cases[i].gen);
       team_new_inputs(&b, &(sbn_rng_t){seed * 7 + (uint64_t)call}, cases[i].gen);
     }
+    uint64_t host, host_most, host_blocks, host_ids;
+    sbn_emu_host_get(&host, &host_most, &host_blocks, &host_ids);
+    sbn_emu_host_reset();
+    if (host != 0) SBN_FAIL_("case %zu: %" PRIu64 " accesses to host memory on the success path", i, host);
     ASSERT_EQ_INT(ea.state[0].epoch, sbn_test_cur_failed_ ? ea.state[0].epoch : 4u);
     ASSERT_EQ_INT(ea.state[0].barrier & 0x7fffffffu, 0u); /* every block arrived */
     emu_team_free(&ea), emu_team_free(&eb);
