@@ -253,8 +253,9 @@ static SBN_ARGS_HD int sbn_onchip_shape_ok(int tile, int64_t sp, int vec) {
 
 /* Whether the unit variant (coop_unit.cuh) serves a launch: one rank, and that rank the
    whole team (solo_team: a team of one, no exchange, on a transport whose kernels may
-   leave the rank barrier out), on a GPU it does not share with other ranks' launches; the 16-byte plane kernels (NCHW with H*W > 1, aligned tensors); and units
-   that are whole channels (P = G / C = 1, G < 2C: one slice per channel, so a channel's
+   leave the rank barrier out), on a GPU it does not share with other ranks' launches;
+   the 16-byte plane kernels (NCHW with H*W > 1, aligned tensors); and units that are
+   whole channels (P = G / C = 1, G < 2C: one slice per channel, so a channel's
    statistics are its unit's alone). The same G and units as the stream kernel's plan:
    the same bits. */
 static SBN_ARGS_HD int sbn_unit_applies(int solo_team, int nranks, int shared, int tile, int vec,

@@ -2126,6 +2126,30 @@ static void test_abort(void) {
    as test_host_memory_success_path asks of every other kernel). The mutant whose later units find no coefficients of their own
    (SBN_MUT_UNIT_FIRST_SLOT: test_coop_emu_mutant_unit_first_slot) must fail it. Unit
    with the epilogue: test_fused_vs_cpu. */
+/* Team a's op ran the unit kernel (once more than `ran` unit launches so far) and its twin
+   b's the stream kernel: neither failed, and every tensor, statistic and count of the two
+   is the same bits (x and dy too: in place, the outputs are written over them). */
+static void unit_same_as_stream(const emu_team_t* ea, const team_t* a, const emu_team_t* eb,
+                                const team_t* b, int ran) {
+  const size_t bytes = team_bytes(a, 0), cb = (size_t)a->d[0].c * sizeof(float);
+  ASSERT_TRUE(err_words_clear(ea) && err_words_clear(eb));
+  ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+  ASSERT_MEMEQ(a->x[0], b->x[0], bytes);
+  ASSERT_MEMEQ(a->dy[0], b->dy[0], bytes);
+  ASSERT_MEMEQ(a->y[0], b->y[0], bytes);
+  ASSERT_MEMEQ(a->dx[0], b->dx[0], bytes);
+  ASSERT_MEMEQ(a->dw[0], b->dw[0], cb);
+  ASSERT_MEMEQ(a->db[0], b->db[0], cb);
+  ASSERT_MEMEQ(a->smean[0], b->smean[0], cb);
+  ASSERT_MEMEQ(a->sinv[0], b->sinv[0], cb);
+  if (a->running) {
+    ASSERT_MEMEQ(a->rm[0], b->rm[0], cb);
+    ASSERT_MEMEQ(a->rv[0], b->rv[0], cb);
+  }
+  ASSERT_EQ_INT(a->nbt[0], b->nbt[0]);
+  ASSERT_EQ_INT(ea->state[0].epoch, eb->state[0].epoch);
+}
+
 static void unit_equals_stream(void) {
   static const int64_t n1[1] = {1}, n2[1] = {2}, n3[1] = {3}, n300[1] = {300}, n0[1] = {0};
   const struct {
@@ -2156,12 +2180,13 @@ static void unit_equals_stream(void) {
     emu_team_t ea, eb;
     emu_team_init(&ea, 1, cases[i].G, 60000);
     emu_team_init(&eb, 1, cases[i].G, 60000);
-    const size_t bytes = team_bytes(&a, 0), cb = (size_t)cases[i].c * sizeof(float);
+    const size_t bytes = team_bytes(&a, 0);
     sbn_emu_host_reset();
     ASSERT_TRUE(sbn_emu_host_track((const void*)ea.err, sizeof ea.err) >= 0);
     for (int call = 0; call < 2; call++) {
       for (int bwd = 0; bwd < 2; bwd++) {
         const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
+        emu_run_virtual(&eb, &b, bwd, &p); /* stream first: the counters see unit alone */
         const int ran = g_launched[SBN_VAR_UNIT];
         sbn_emu_count_reset();
         const int sx = sbn_emu_count_track(a.x[0], bytes), sdy = sbn_emu_count_track(a.dy[0], bytes),
@@ -2172,9 +2197,7 @@ static void unit_equals_stream(void) {
         g_variant = EMU_VAR_DEFAULT;
         uint64_t loads, hits;
         sbn_emu_params_get(&loads, &hits);
-        emu_run_virtual(&eb, &b, bwd, &p);
-        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
-        ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
+        unit_same_as_stream(&ea, &a, &eb, &b, ran);
         if (bytes > 0) {
           uint64_t xr, xw, dr, dw, orr, ow;
           sbn_emu_count_get(sx, &xr, &xw);
@@ -2189,16 +2212,7 @@ static void unit_equals_stream(void) {
         }
         ASSERT_EQ_INT((int64_t)loads, cases[i].c * (bwd ? 3 : 2));
         ASSERT_EQ_INT((int64_t)hits, SBN_PREFETCH_PARAMS ? (int64_t)loads : 0);
-        if (bwd) {
-          ASSERT_MEMEQ(a.dx[0], b.dx[0], bytes);
-          ASSERT_MEMEQ(a.dw[0], b.dw[0], cb);
-          ASSERT_MEMEQ(a.db[0], b.db[0], cb);
-        } else {
-          ASSERT_MEMEQ(a.y[0], b.y[0], bytes);
-          ASSERT_MEMEQ(a.smean[0], b.smean[0], cb);
-          ASSERT_MEMEQ(a.sinv[0], b.sinv[0], cb);
-          ASSERT_MEMEQ(a.rm[0], b.rm[0], cb);
-          ASSERT_MEMEQ(a.rv[0], b.rv[0], cb);
+        if (!bwd) {
           ASSERT_EQ_INT(a.nbt[0], call + 1);
           if (bytes > 0) check_forward(&a, &p, tol_for(cases[i].dt));
         }
@@ -2237,7 +2251,6 @@ static void unit_equals_stream(void) {
       emu_team_t ea, eb;
       emu_team_init(&ea, 1, G, 60000);
       emu_team_init(&eb, 1, G, 60000);
-      const size_t bytes = team_bytes(&a, 0), cb = (size_t)c * sizeof(float);
       for (int bwd = 0; bwd < 2; bwd++) {
         const int ran = g_launched[SBN_VAR_UNIT];
         g_opts = opts;
@@ -2246,22 +2259,7 @@ static void unit_equals_stream(void) {
         g_variant = EMU_VAR_DEFAULT;
         emu_run_virtual(&eb, &b, bwd, &p);
         g_opts = 0;
-        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
-        ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
-        ASSERT_MEMEQ(a.x[0], b.x[0], bytes);
-        ASSERT_MEMEQ(a.dy[0], b.dy[0], bytes);
-        ASSERT_MEMEQ(a.y[0], b.y[0], bytes);
-        ASSERT_MEMEQ(a.dx[0], b.dx[0], bytes);
-        ASSERT_MEMEQ(a.dw[0], b.dw[0], cb);
-        ASSERT_MEMEQ(a.db[0], b.db[0], cb);
-        ASSERT_MEMEQ(a.smean[0], b.smean[0], cb);
-        ASSERT_MEMEQ(a.sinv[0], b.sinv[0], cb);
-        if (running) {
-          ASSERT_MEMEQ(a.rm[0], b.rm[0], cb);
-          ASSERT_MEMEQ(a.rv[0], b.rv[0], cb);
-        }
-        ASSERT_EQ_INT(a.nbt[0], b.nbt[0]);
-        ASSERT_EQ_INT(ea.state[0].epoch, eb.state[0].epoch);
+        unit_same_as_stream(&ea, &a, &eb, &b, ran);
       }
       emu_team_free(&ea), emu_team_free(&eb);
       team_free(&a), team_free(&b);
