@@ -72,6 +72,7 @@ static_assert(SBN_BATCH_FWD * 8 <= 64 && SBN_BATCH_BWD * 8 <= 64, "a batch's mas
 #include "coop_vec.cuh"
 #include "coop_kernel.cuh"
 #include "coop_unit.cuh"
+#include "coop_small.cuh"
 #include "host_path.cuh"
 #include "infer.cuh"
 
@@ -113,6 +114,10 @@ template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, i
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_ONCHIP, EPI> : nullptr;
     case SBN_VAR_UNIT: /* the 16-byte plane kernels only (coop_plan.h: sbn_unit_applies) */
       if constexpr (!TILE) return vec ? (const void*)sbn_unit_kernel<KIND, DT, V, EPI> : nullptr;
+      return nullptr;
+    case SBN_VAR_SMALL: /* tile units of the plain ops only, any width (element loads:
+                           coop_plan.h, sbn_small_applies) */
+      if constexpr (TILE && EPI == SBN_EPI_NONE) return (const void*)sbn_small_kernel<KIND, DT>;
       return nullptr;
     default:
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM, EPI>

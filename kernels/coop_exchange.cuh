@@ -602,17 +602,22 @@ __device__ __forceinline__ void set_coefs(const sbn_coop_rank_t& R, int slot, in
 }
 /* Channel c's outputs from its coefficients (sm.coef[slot], sm.extra[slot]) over the
    team's m values: forward the saved statistics, the running ones, num_batches_tracked
-   (channel 0, where nbt_here); backward dweight, dbias. */
+   (channel 0, where nbt_here); backward dweight, dbias. `run` (the small kernel's): the
+   running statistics as the caller loaded them earlier, in place of their loads here. */
+struct RunningIn {
+  float mean, var;
+};
 template <int KIND>
 __device__ __forceinline__ void channel_outputs(const sbn_coop_rank_t& R, int64_t c, int slot,
-                                                int64_t m, const Smem& sm, bool nbt_here) {
+                                                int64_t m, const Smem& sm, bool nbt_here,
+                                                const RunningIn* run = nullptr) {
   if (KIND == SBN_OP_FORWARD) {
     R.save_mean[c] = sm.coef[slot][0];
     R.save_invstd[c] = sm.extra[slot][0];
     if (R.running_mean != nullptr && m > 0) {
       float f = sbn_momentum_factor(R.momentum, sm.nbt_before);
-      R.running_mean[c] = sbn_running_update(R.running_mean[c], sm.coef[slot][0], f);
-      R.running_var[c] = sbn_running_update(R.running_var[c], sm.extra[slot][1], f);
+      R.running_mean[c] = sbn_running_update(run ? run->mean : R.running_mean[c], sm.coef[slot][0], f);
+      R.running_var[c] = sbn_running_update(run ? run->var : R.running_var[c], sm.extra[slot][1], f);
     }
     if (R.nbt != nullptr && c == 0 && nbt_here) *R.nbt = sbn_nbt_next(sm.nbt_before);
   } else {

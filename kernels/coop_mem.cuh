@@ -41,6 +41,10 @@
 #define SBN_MUT_UNIT_FIRST_SLOT 32768 /* the unit kernel finishes its first unit's channel
                                          again for each later unit, whose stage 5 then reads
                                          coefficients no one wrote */
+#define SBN_MUT_SMALL_LATE_STOP 65536 /* the small kernel looks at the stop words loaded at
+                                         its start after its first chunk's outputs */
+#define SBN_MUT_SMALL_RELOAD 131072 /* the small kernel reads x again for its outputs instead
+                                       of the values it holds: 2|x| read, not |x| */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

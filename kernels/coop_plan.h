@@ -50,17 +50,30 @@ extern "C" {
 enum {
   SBN_VAR_STREAM = 0, /* 16-byte loads in batches; x (and dy) read again in stage 5 */
   SBN_VAR_ONCHIP = 1, /* 16-byte loads; x (and dy) held on chip from stage 1 to stage 5 */
-  SBN_VAR_UNIT = 2    /* a team of one whose units are whole channels: stream's stages 1 and
+  SBN_VAR_UNIT = 2,   /* a team of one whose units are whole channels: stream's stages 1 and
                          5 of one unit after the other, its channel finished in between, with
                          no exchange (coop_unit.cuh) */
+  SBN_VAR_SMALL = 3   /* a team of one's op of at most SBN_SMALL_ROWS rows (tile layout): a
+                         block per 32-channel chunk, every value loaded once into registers,
+                         no workspace (coop_small.cuh) */
 };
-#define SBN_VAR_COUNT 3
+#define SBN_VAR_COUNT 4
 /* (The first kernel, "legacy": 32-bit loads and a Welford step per element, was removed on
    2026-11-26 after the H200 runs: it lost to stream on every row but S10 at W = 8, where
    stream's loss was the start-of-kernel host read that is gone since; README, Kernels.) */
 
 /* What the caller asked for (SBN_KERNEL at the call). */
-enum { SBN_KERNEL_AUTO = 0, SBN_KERNEL_ONCHIP = 1, SBN_KERNEL_STREAM = 2, SBN_KERNEL_UNIT = 3 };
+enum {
+  SBN_KERNEL_AUTO = 0,
+  SBN_KERNEL_ONCHIP = 1,
+  SBN_KERNEL_STREAM = 2,
+  SBN_KERNEL_UNIT = 3,
+  SBN_KERNEL_SMALL = 4
+};
+
+/* The small variant's most rows (N x H x W of the rank): a thread holds at most
+   SBN_SMALL_ROWS / 8 values of x (and of dy) in registers (coop_small.cuh). */
+#define SBN_SMALL_ROWS 64
 
 #ifndef SBN_BATCH_FWD /* a tuning variant may set it (bench/notes/experiments.md, E20) */
 #define SBN_BATCH_FWD 4           /* positions per batch: forward, 4 loads of x */
@@ -263,6 +276,19 @@ static SBN_ARGS_HD int sbn_unit_applies(int solo_team, int nranks, int shared, i
   return solo_team && nranks == 1 && !shared && !tile && vec && (int64_t)G < 2 * c;
 }
 
+/* Whether the small variant (coop_small.cuh) serves a launch: one rank, the whole team
+   (solo_team, as the unit variant's), on a GPU it does not share; tile units (NHWC, or
+   H*W = 1) of at most SBN_SMALL_ROWS rows. Any C and alignment (element loads): its G is
+   its own, a block per 32-channel chunk up to the co-resident grid (sbn_small_blocks). */
+static SBN_ARGS_HD int sbn_small_applies(int solo_team, int nranks, int shared, int tile, int64_t rows) {
+  return solo_team && nranks == 1 && !shared && tile && rows <= SBN_SMALL_ROWS;
+}
+static SBN_ARGS_HD int64_t sbn_small_blocks(int64_t c, int64_t gmax) {
+  int64_t G = (c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK;
+  if (G > gmax) G = gmax;
+  return G < 1 ? 1 : G;
+}
+
 /* The stream variant asks L2 for nothing ahead of its loads. Until 2026-11-26 it did
    (SBN_PREFETCH_AHEAD = 2 block batches: a bulk prefetch per plane piece, each thread's
    lines for tile units); on the H100 asking one batch ahead was 4-5 % faster (median)
@@ -318,7 +344,7 @@ typedef struct {
   int kernel; /* SBN_KERNEL_* asked for */
   int solo_team; /* the team is one rank, and not on the peer-pinned-host transport (whose
                     kernels read the error words at their start, made the rank's decision by
-                    the rank barrier): the unit variant may serve it */
+                    the rank barrier): the unit and small variants may serve it */
 } sbn_plan_op_t;
 
 /* What it reads of one rank's op. */
@@ -424,6 +450,15 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;
+  /* SBN_KERNEL=small: the small variant where it applies and is built (the plain ops'
+     kernels: occ 0 for the epilogue's), with its own G, else stream */
+  if (op->kernel == SBN_KERNEL_SMALL && !op->host && nranks == 1 &&
+      sbn_small_applies(op->solo_team, nranks, dev->shared, tile, ranks[0].n * ranks[0].sp) &&
+      dev->occ[tile][vec][SBN_VAR_SMALL] >= 1) {
+    pl->variant = SBN_VAR_SMALL;
+    pl->G = (int)sbn_small_blocks(op->c, (int64_t)dev->occ[tile][vec][SBN_VAR_SMALL] * dev->sms /
+                                             dev->ranks_here);
+  }
   if (!onchip) return SBN_PLAN_OK;
   int fits = 1;
   *detail = 0;
@@ -461,11 +496,13 @@ static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t*
    forward reads x and writes y, backward reads x and dy and writes dx (when dx is
    requested); the stream and unit variants read x (and dy) a second time in stage 5,
    where there is one (unit: right after stage 1 of the same channel, from L2 where the
-   channels in flight fit there: what HBM moves is then that of onchip).
+   channels in flight fit there: what HBM moves is then that of onchip); the small variant
+   holds its values in registers: once, as onchip.
    bytes = the elements of one tensor * their size. */
 static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
   const int64_t inputs = kind == SBN_OP_FORWARD ? 1 : 2;
-  const int64_t reads = variant == SBN_VAR_ONCHIP || !write_out ? inputs : 2 * inputs;
+  const int once = variant == SBN_VAR_ONCHIP || variant == SBN_VAR_SMALL;
+  const int64_t reads = once || !write_out ? inputs : 2 * inputs;
   return (reads + (write_out ? 1 : 0)) * bytes;
 }
 

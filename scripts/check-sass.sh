@@ -10,11 +10,11 @@
 #   - a hot kernel (the 16-byte stream/onchip/unit kernels, the host path's 16-byte stats and
 #     apply kernels, the 16-byte inference kernels) has no 128-bit global load,
 #   - a kernel's registers or shared memory allow fewer blocks per SM than the plan
-#     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, unit, host path), SBN_ONCHIP_BLOCKS_PER_SM
+#     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, unit, small, host path), SBN_ONCHIP_BLOCKS_PER_SM
 #     (onchip; its held batches then take the rest of the SM's shared memory),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
 #     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
-#   - a cooperative kernel (unit's too) or a host-path kernel makes a system-scope load (LD/LDG
+#   - a cooperative kernel (unit's and small's too) or a host-path kernel makes a system-scope load (LD/LDG
 #     .STRONG.SYS) before its first block barrier: the load that the first GPU run
 #     found on every op's critical path (each publishing block read the error words in
 #     mapped host memory at its start, ~1.15 us each, served one at a time). The
@@ -231,6 +231,12 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         kind, dt, vec, epi = args
         label = f"unit {KIND[kind]} {DT[dt]} plane x{vec}{EPI[epi]}"
         hot, want = True, stream_occ
+    elif base == "sbn_small_kernel":
+        # the small variant (coop_small.cuh): element loads of a few rows (not hot: no
+        # 16-byte load expected), stream's occupancy, no exchange
+        kind, dt = args
+        label = f"small {KIND[kind]} {DT[dt]} tile"
+        hot, want = False, stream_occ
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
         kind, dt, tile, vec, epi = args
         label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}{EPI[epi]}"
@@ -247,7 +253,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     ld = loads.get(mangled, {})
     why = []
     ins = insns.get(mangled, [])
-    if base in ("sbn_coop_kernel", "sbn_unit_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
+    if base in ("sbn_coop_kernel", "sbn_unit_kernel", "sbn_small_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
                 "sbn_host_publish_kernel", "sbn_host_gather_kernel"):
         x = sys_load_before_barrier(ins)
         if x:

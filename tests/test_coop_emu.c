@@ -174,7 +174,8 @@ static int g_onchip_any_plane; /* test_onchip_whole_planes: onchip on any plane 
    the unit variant runs only there (sbn_unit_applies), stream elsewhere, as the library's
    SBN_KERNEL=unit */
 static int g_plan_solo;
-static int g_unit_any; /* test_unit_failures: unit wherever asked (a broken plan) */
+static int g_unit_any; /* test_unit_failures, small_failures: unit or small wherever asked
+                          (a broken plan) */
 static int g_launched[SBN_VAR_COUNT]; /* the cooperative launches of each variant so far */
 static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   sbn_plan_t pl;
@@ -189,6 +190,11 @@ static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int b
                    : g_variant;
   if (pl.variant == SBN_VAR_UNIT && !g_unit_any &&
       !sbn_unit_applies(g_plan_solo, 1, 0, pl.tile, pl.vec, d->c, G))
+    pl.variant = SBN_VAR_STREAM;
+  /* (the small kernel takes the test's G: any G, a block per chunk or fewer; the plain
+     ops only, as the library's, whose plan finds no small kernel with the epilogue) */
+  if (pl.variant == SBN_VAR_SMALL && !g_unit_any &&
+      !(sbn_small_applies(g_plan_solo, 1, 0, pl.tile, n_max * d->spatial) && g_epi == NULL))
     pl.variant = SBN_VAR_STREAM;
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
@@ -428,13 +434,14 @@ static void check_backward_vs_cpu(team_t* g, team_t* cpu, const sbnParams_t* pp)
   }
 }
 
+static gen_t g_gen = GEN_NORMAL; /* one_case's x (test_small_vs_reference: an offset too) */
 static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
                      const int64_t* n, int peer, uint64_t seed) {
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   p.grad_mode = (seed & 1) ? sbnGradGlobal : sbnGradLocal;
   team_t g, cpu;
-  team_make(&g, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
-  team_make(&cpu, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&g, W, dt, lay, c, sp, n, 1, 1, g_gen, seed);
+  team_make(&cpu, W, dt, lay, c, sp, n, 1, 1, g_gen, seed);
   emu_team_t e;
   emu_team_init(&e, W, G, 60000);
   tol_t tol = tol_for(dt);
@@ -454,8 +461,8 @@ static void one_case(int W, int G, sbnDataType_t dt, sbnLayout_t lay, int64_t c,
     ASSERT_TRUE(err_words_clear(&e));
     check_backward_vs_cpu(&g, &cpu, &p);
     CHECK_();
-    team_new_inputs(&g, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
-    team_new_inputs(&cpu, &(sbn_rng_t){seed * 31 + (uint64_t)call}, GEN_NORMAL);
+    team_new_inputs(&g, &(sbn_rng_t){seed * 31 + (uint64_t)call}, g_gen);
+    team_new_inputs(&cpu, &(sbn_rng_t){seed * 31 + (uint64_t)call}, g_gen);
   }
   ASSERT_EQ_INT(e.state[0].epoch, 4); /* forward + backward, twice: the kernel advanced it */
   emu_team_free(&e);
@@ -703,6 +710,7 @@ static void test_onchip_turns(void) {
 /* The plan's view of one H100 / H200 (132 SMs) with a rank of its own: the stream
    kernels 2 blocks per SM (check-sass.sh), the 16-byte onchip ones 1 with `hold_slots`
    shared-memory batches per thread (the scalar kernels have no onchip form). */
+#define H100_SMALL_GRID (4 * 132) /* the small kernels' co-resident grid there */
 static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
   sbn_plan_dev_t dev;
   memset(&dev, 0, sizeof dev);
@@ -713,6 +721,8 @@ static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
       dev.occ[tile][vec][SBN_VAR_STREAM] = 2;
       dev.occ[tile][vec][SBN_VAR_ONCHIP] = vec;
       dev.occ[tile][vec][SBN_VAR_UNIT] = !tile && vec ? 2 : 0; /* built: 16-byte planes */
+      dev.occ[tile][vec][SBN_VAR_SMALL] = tile ? 4 : 0;        /* built: tile units (the
+                                                                   forward's 64 registers) */
     }
   dev.occ_min = 2; /* the lowest of the stream kernels' */
   dev.hold_slots[0] = dev.hold_slots[1] = hold_slots;
@@ -797,7 +807,7 @@ static void test_onchip_whole_planes(void) {
 /* The plans of op (its kind, dtype, layout, C) for ranks rk[0..nr) (one launch if nr > 1,
    as a virtual team's round; then every rank's plan must be the same) under each
    SBN_KERNEL, cooperative and host path: pl[kernel][host], st[kernel][host]. */
-#define EMU_KERNELS 4 /* SBN_KERNEL_*: auto, onchip, stream, unit */
+#define EMU_KERNELS 5 /* SBN_KERNEL_*: auto, onchip, stream, unit, small */
 static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int nr,
                        const sbn_plan_dev_t* dev, sbn_plan_t pl[EMU_KERNELS][2],
                        int st[EMU_KERNELS][2]) {
@@ -821,7 +831,9 @@ static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int n
    the same bits), or of stream where that refuses; refused only where that refuses. */
 static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[EMU_KERNELS][2]) {
   for (int kernel = 0; kernel < EMU_KERNELS; kernel++) {
-    const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : SBN_KERNEL_STREAM;
+    /* (small sums in its own order and takes its own G: the host path under
+       SBN_KERNEL=small is stream's) */
+    const int coop = st[kernel][0] == SBN_PLAN_OK && kernel != SBN_KERNEL_SMALL ? kernel : SBN_KERNEL_STREAM;
     ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
     if (st[kernel][1] != SBN_PLAN_OK) continue;
     ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
@@ -848,12 +860,15 @@ static void test_plan_auto_stream(void) {
     int holds; /* onchip holds it, forward and backward */
     int G;     /* stream's blocks: max(chunks, elements / 8192), at most 2 x 132 */
     int unit;  /* SBN_KERNEL=unit runs unit on it (a team of one's): planes, G < 2C */
-  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16, 0},           /* S10: tile */
-                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264, 1},    /* S2: G = 264 < 512 */
-                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264, 0},   /* NHWC: tile */
-                {0, 512, 1, 0, sbnFloat32, 1, 16, 0},           /* the empty op: tile */
-                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264, 0},   /* S1: 4 slices a channel */
-                {4, 2048, 64 * 64, 0, sbnBFloat16, 0, 264, 1}}; /* S5 */
+    int small; /* SBN_KERNEL=small runs small on it: tile, at most 64 rows */
+  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16, 0, 1},           /* S10: tile */
+                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264, 1, 0},    /* S2: G = 264 < 512 */
+                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264, 0, 0},   /* NHWC: tile */
+                {0, 512, 1, 0, sbnFloat32, 1, 16, 0, 1},           /* the empty op: tile */
+                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264, 0, 0},   /* S1: 4 slices a channel */
+                {4, 2048, 64 * 64, 0, sbnBFloat16, 0, 264, 1, 0},  /* S5 */
+                {4, 20000, 16, 1, sbnFloat16, 1, 264, 0, 1},       /* 625 chunks: 264 blocks, small 528 */
+                {5, 64, 13, 1, sbnFloat32, 1, 2, 0, 0}};           /* 65 rows: not small */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
@@ -880,13 +895,36 @@ static void test_plan_auto_stream(void) {
       ASSERT_EQ_INT(pl[SBN_KERNEL_UNIT][0].variant, shapes[i].unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
       pl[SBN_KERNEL_UNIT][0].variant = SBN_VAR_STREAM;
       ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_UNIT][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
-      { /* not for a team of more ranks, nor on the peer-pinned-host transport */
+      /* small: a block per chunk up to its own co-resident grid, else stream's plan */
+      ASSERT_EQ_INT(st[SBN_KERNEL_SMALL][0], SBN_PLAN_OK);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].variant, shapes[i].small ? SBN_VAR_SMALL : SBN_VAR_STREAM);
+      if (shapes[i].small) {
+        const int64_t chunks = (shapes[i].c + 31) / 32;
+        ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].G, chunks < H100_SMALL_GRID ? chunks : H100_SMALL_GRID);
+        ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].tile, 1);
+        ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].hold_slots, 0);
+      } else {
+        ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_SMALL][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
+      }
+      for (int k = SBN_KERNEL_UNIT; k <= SBN_KERNEL_SMALL; k++) {
+        /* not for a team of more ranks, nor on the peer-pinned-host transport */
         sbn_plan_op_t o = op;
-        o.kernel = SBN_KERNEL_UNIT;
+        o.kernel = k;
         o.solo_team = 0;
         sbn_plan_t one;
         int64_t detail = 0;
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
+        ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+      }
+      { /* the epilogue's kernels (no small one: occupancy 0) run stream */
+        sbn_plan_dev_t d2 = dev;
+        for (int t2 = 0; t2 < 2; t2++)
+          for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = 0;
+        sbn_plan_op_t o = op;
+        o.kernel = SBN_KERNEL_SMALL;
+        sbn_plan_t one;
+        int64_t detail = 0;
+        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
         ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
       }
       check_host_plans(pl, st); /* onchip's G where it holds, else stream's */
@@ -932,8 +970,21 @@ static void test_plan_auto_stream(void) {
               int st[EMU_KERNELS][2];
               plan_table(&op, rk, nr, &dev, pl, st);
               const int S = SBN_KERNEL_STREAM, O = SBN_KERNEL_ONCHIP, A = SBN_KERNEL_AUTO,
-                        U = SBN_KERNEL_UNIT;
+                        U = SBN_KERNEL_UNIT, M = SBN_KERNEL_SMALL;
               ASSERT_EQ_INT(st[U][0], st[S][0]);
+              ASSERT_EQ_INT(st[M][0], st[S][0]);
+              if (st[S][0] == SBN_PLAN_OK) {
+                /* small: one rank alone on its GPU, tile units of at most 64 rows */
+                const int tile = more[i].nhwc || more[i].sp == 1;
+                const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
+                ASSERT_EQ_INT(pl[M][0].variant, small ? SBN_VAR_SMALL : SBN_VAR_STREAM);
+                if (small) {
+                  const int64_t chunks = (more[i].c + 31) / 32, gmax = (int64_t)H100_SMALL_GRID / here[h];
+                  ASSERT_EQ_INT(pl[M][0].G, chunks < gmax ? chunks : gmax);
+                } else {
+                  ASSERT_TRUE(memcmp(&pl[M][0], &pl[S][0], sizeof pl[M][0]) == 0);
+                }
+              }
               if (st[S][0] == SBN_PLAN_OK) {
                 const int planes = !more[i].nhwc && more[i].sp > 1;
                 const int unit = nr == 1 && !shared && planes && aligned &&
@@ -2272,6 +2323,35 @@ static void unit_equals_stream(void) {
 }
 static void test_unit_equals_stream(void) { unit_equals_stream(); }
 
+/* A launch of `variant` that its plan never makes (the test's plan forced: g_unit_any),
+   an fp32 forward of W ranks (8 channels, layout lay, spatial sp, n[r] each) on G blocks
+   per rank: sbnInvalidUsage on every rank, nothing written (y, save_mean, nbt), no
+   arrival, the epochs as they were. */
+static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp, const int64_t* n, int G,
+                                uint64_t seed) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, W, sbnFloat32, lay, 8, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_poison(&t);
+  emu_team_t e;
+  emu_team_init(&e, W, G, 60000);
+  g_unit_any = 1;
+  g_variant = variant;
+  emu_run_virtual(&e, &t, 0, &p);
+  g_variant = EMU_VAR_DEFAULT;
+  g_unit_any = 0;
+  for (int r = 0; r < W; r++) {
+    ASSERT_EQ_INT(e.err[r], sbnInvalidUsage);
+    ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+    ASSERT_TRUE(all_bytes(t.smean[r], 8 * sizeof(float), 0xff));
+    ASSERT_EQ_INT(t.nbt[r], 0);
+    ASSERT_EQ_INT(e.state[r].epoch, 0u);
+    ASSERT_EQ_INT(e.state[r].barrier, 0u);
+  }
+  emu_team_free(&e);
+  team_free(&t);
+}
+
 /* What the unit kernel writes when it must not go on: nothing. A kernel queued behind a
    failure of the team (its stop word set) looks at the words it loaded at its start in
    its start's barrier, before any output: sbnAborted, y, dx, the saved and running
@@ -2347,31 +2427,276 @@ static void unit_failures(void) {
       return;
     }
   }
-  { /* a broken plan: unit for a team of two */
-    sbnParams_t p = SBN_PARAMS_DEFAULT;
-    team_t t;
-    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 8, 64, n2, 1, 1, GEN_NORMAL, 2210);
-    team_poison(&t);
-    emu_team_t e;
-    emu_team_init(&e, 2, 3, 60000);
-    g_unit_any = 1;
-    g_variant = SBN_VAR_UNIT;
-    emu_run_virtual(&e, &t, 0, &p);
-    g_variant = EMU_VAR_DEFAULT;
-    g_unit_any = 0;
-    for (int r = 0; r < 2; r++) {
-      ASSERT_EQ_INT(e.err[r], sbnInvalidUsage);
-      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
-      ASSERT_TRUE(all_bytes(t.smean[r], 8 * sizeof(float), 0xff));
-      ASSERT_EQ_INT(t.nbt[r], 0);
-      ASSERT_EQ_INT(e.state[r].epoch, 0u);
-      ASSERT_EQ_INT(e.state[r].barrier, 0u);
-    }
-    emu_team_free(&e);
-    team_free(&t);
-  }
+  /* a broken plan: unit for a team of two */
+  broken_plan_refused(SBN_VAR_UNIT, 2, sbnLayoutNCHW, 64, n2, 3, 2210);
 }
 static void test_unit_failures(void) { unit_failures(); }
+
+/* ---- the small variant (coop_small.cuh): a team of one's ops of few rows ---------------- */
+
+/* The small kernel (SBN_KERNEL=small) against the float64 reference (forward: the saved
+   and running statistics, nbt, y) and the CPU team (the backward on the same saved
+   statistics), two calls of each op: S10's shape, NHWC of 64 rows (8 a thread), the empty
+   op, 2 rows (warps 2-7 without a value), a block of several chunks (G below the chunks),
+   blocks without one (G above), C not a multiple of 32, every dtype; x near 1e4 with
+   spread 1 (GEN_OFFSET: the shifted sums' case) and near 6e4 in fp16. Every op ran small.
+   And values that are not finite (as test_non_finite_values asks of the other kernels, on a
+   team of one here): a NaN in channel 0 and an infinity in channel 1 make their saved
+   invstd, running variance and every y NaN and their running mean not finite, while
+   channel 2 keeps what it gives without them. */
+static void small_vs_reference(void) {
+  static const int64_t n4[1] = {4}, n2[1] = {2}, n0[1] = {0}, n9[1] = {9}, n1[1] = {1};
+  const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int G;
+    gen_t gen;
+  } cases[] = {
+      {sbnFloat32, sbnLayoutNCHW, 512, 1, n4, 16, GEN_NORMAL},    /* S10 */
+      {sbnBFloat16, sbnLayoutNHWC, 36, 16, n4, 2, GEN_NORMAL},    /* 64 rows: 8 a thread */
+      {sbnFloat16, sbnLayoutNHWC, 5, 3, n2, 1, GEN_F16HIGH},      /* 6 rows, near 6e4 */
+      {sbnFloat32, sbnLayoutNCHW, 100, 1, n2, 2, GEN_OFFSET},     /* 4 chunks in 2 blocks */
+      {sbnFloat32, sbnLayoutNHWC, 33, 7, n9, 5, GEN_NORMAL},      /* 63 rows; 3 idle blocks */
+      {sbnBFloat16, sbnLayoutNCHW, 512, 1, n0, 16, GEN_NORMAL},   /* the empty op */
+      {sbnFloat32, sbnLayoutNHWC, 70, 2, n1, 3, GEN_OFFSET},      /* 2 rows */
+      {sbnFloat16, sbnLayoutNCHW, 1, 1, n4, 1, GEN_NORMAL},       /* one channel */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int ran = g_launched[SBN_VAR_SMALL];
+    g_variant = SBN_VAR_SMALL;
+    g_gen = cases[i].gen;
+    one_case(1, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 0, 3000 + i);
+    g_gen = GEN_NORMAL;
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 4); /* forward and backward, twice */
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  in case %zu\n", i);
+      return;
+    }
+  }
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t[2];
+  emu_team_t e[2];
+  for (int k = 0; k < 2; k++) { /* t[0] with the NaN and the infinity, t[1] without */
+    team_make(&t[k], 1, sbnFloat32, sbnLayoutNHWC, 3, 8, n2, 1, 1, GEN_NORMAL, 3090);
+    emu_team_init(&e[k], 1, 1, 60000);
+  }
+  ((float*)t[0].x[0])[sbn_ref_index(&t[0].d[0], 1, 0, 3)] = NAN;
+  ((float*)t[0].x[0])[sbn_ref_index(&t[0].d[0], 0, 1, 5)] = INFINITY;
+  for (int k = 0; k < 2; k++) {
+    const int ran = g_launched[SBN_VAR_SMALL];
+    g_variant = SBN_VAR_SMALL;
+    emu_run_virtual(&e[k], &t[k], 0, &p);
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
+    ASSERT_TRUE(err_words_clear(&e[k]));
+  }
+  for (int ci = 0; ci < 2; ci++) {
+    ASSERT_TRUE(isnan(t[0].sinv[0][ci]) && isnan(t[0].rv[0][ci]));
+    ASSERT_TRUE(!isfinite(t[0].rm[0][ci]));
+  }
+  ASSERT_BITEQ_F32(t[0].smean[0][2], t[1].smean[0][2]);
+  ASSERT_BITEQ_F32(t[0].sinv[0][2], t[1].sinv[0][2]);
+  ASSERT_BITEQ_F32(t[0].rv[0][2], t[1].rv[0][2]);
+  for (int64_t ni = 0; ni < 2; ni++)
+    for (int64_t si = 0; si < 8; si++) {
+      const float* y = (const float*)t[0].y[0];
+      ASSERT_TRUE(isnan(y[sbn_ref_index(&t[0].d[0], ni, 0, si)]));
+      ASSERT_TRUE(isnan(y[sbn_ref_index(&t[0].d[0], ni, 1, si)]));
+      const int64_t i = sbn_ref_index(&t[0].d[0], ni, 2, si);
+      ASSERT_BITEQ_F32(y[i], ((const float*)t[1].y[0])[i]);
+    }
+  for (int k = 0; k < 2; k++) emu_team_free(&e[k]), team_free(&t[k]);
+}
+static void test_small_vs_reference(void) { small_vs_reference(); }
+
+/* Elements [0, n) of a and b (dtype dt) the same bits (both untouched, or both NaN), or
+   |a - b| <= atol + rtol |b|. */
+static void close_or_same(const char* what, const void* a, const void* b, sbnDataType_t dt, int64_t n,
+                          double atol, double rtol) {
+  const size_t es = (size_t)sbn_dtype_size(dt);
+  for (int64_t i = 0; i < n; i++) {
+    if (memcmp((const char*)a + (size_t)i * es, (const char*)b + (size_t)i * es, es) == 0) continue;
+    const double x = sbn_ref_load(a, dt, i), y = sbn_ref_load(b, dt, i);
+    if (!(fabs(x - y) <= atol + rtol * fabs(y))) {
+      SBN_FAIL_("%s[%" PRId64 "]: small %.9g, stream %.9g", what, i, x, y);
+      return;
+    }
+  }
+}
+
+/* The small kernel with the options, against stream on a twin team (each within the
+   tests' tolerances of the float64 reference: within twice them of each other; where an
+   output is not asked for, both leave it as it was: the same bits): affine=False, no
+   running statistics, no nbt; in place (y over x, dx over dy), or no dx and no dweight /
+   dbias; tile NCHW (H*W = 1) and NHWC, C of one chunk and of three over two blocks. Each
+   op ran small, read x (and dy) once (sbn_variant_bytes) and wrote y (dx) once: the
+   mutant that reads x again for the outputs (SBN_MUT_SMALL_RELOAD:
+   test_coop_emu_mutant_small_reload) must fail it; and touched no host memory (the
+   team's error words) on the success path, as test_host_memory_success_path asks of the
+   other kernels. */
+static void small_options(void) {
+  static const int64_t n3[1] = {3}, n8[1] = {8};
+  for (int combo = 0; combo < 16; combo++) {
+    const int affine = combo & 1, running = (combo >> 1) & 1, nbt_null = (combo >> 2) & 1;
+    const int inplace = (combo >> 3) & 1;
+    const int opts = inplace ? OPT_INPLACE : (OPT_DX_NULL | OPT_NO_DWDB);
+    for (int ci = 0; ci < 2; ci++) {
+      const int64_t c = ci ? 80 : 24, sp = ci ? 5 : 1;
+      const sbnLayout_t lay = ci ? sbnLayoutNHWC : sbnLayoutNCHW;
+      const sbnDataType_t dt = (combo % 3) == 0 ? sbnFloat32 : (combo % 3) == 1 ? sbnBFloat16 : sbnFloat16;
+      const int G = ci ? 2 : 1;
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      p.grad_mode = (combo & 1) ? sbnGradGlobal : sbnGradLocal;
+      team_t a, b;
+      const int64_t* n = ci ? n8 : n3;
+      team_make(&a, 1, dt, lay, c, sp, n, affine, running, GEN_NORMAL, 3100 + combo);
+      team_make(&b, 1, dt, lay, c, sp, n, affine, running, GEN_NORMAL, 3100 + combo);
+      a.nbt_null = b.nbt_null = nbt_null;
+      emu_team_t ea, eb;
+      emu_team_init(&ea, 1, G, 60000);
+      emu_team_init(&eb, 1, G, 60000);
+      const size_t bytes = team_bytes(&a, 0);
+      const int64_t ne = (int64_t)(bytes / (size_t)sbn_dtype_size(dt));
+      sbn_emu_host_reset();
+      ASSERT_TRUE(sbn_emu_host_track((const void*)ea.err, sizeof ea.err) >= 0);
+      for (int bwd = 0; bwd < 2; bwd++) {
+        const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
+        g_opts = opts;
+        emu_run_virtual(&eb, &b, bwd, &p); /* stream first: the counters see small alone */
+        const int ran = g_launched[SBN_VAR_SMALL];
+        void* out = bwd ? (inplace ? a.dy[0] : a.dx[0]) : (inplace ? a.x[0] : a.y[0]);
+        sbn_emu_count_reset();
+        const int sx = sbn_emu_count_track(a.x[0], bytes), sdy = sbn_emu_count_track(a.dy[0], bytes);
+        const int so = inplace ? -1 : sbn_emu_count_track(out, bytes);
+        g_variant = SBN_VAR_SMALL;
+        emu_run_virtual(&ea, &a, bwd, &p);
+        g_variant = EMU_VAR_DEFAULT;
+        g_opts = 0;
+        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+        ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
+        uint64_t xr, xw, dr, dw, orr = 0, ow = 0;
+        sbn_emu_count_get(sx, &xr, &xw);
+        sbn_emu_count_get(sdy, &dr, &dw);
+        if (so >= 0) sbn_emu_count_get(so, &orr, &ow);
+        const int wrote = !bwd || !(opts & OPT_DX_NULL);
+        /* in place, the output's writes land on x (dy): counted there */
+        ASSERT_EQ_INT((int64_t)(xr + dr), sbn_variant_bytes(SBN_VAR_SMALL, kind, (int64_t)bytes, 0));
+        ASSERT_EQ_INT((int64_t)(xw + dw + ow), wrote ? (int64_t)bytes : 0);
+        ASSERT_EQ_INT((int64_t)orr, 0);
+        /* x (in place: y), dy (in place: dx), y, dx: the same values */
+        const double ot = dt == sbnFloat32 ? 2e-4 : 2e-3, orel = dt == sbnFloat32 ? 2e-4 : 3.2e-2;
+        close_or_same("x", a.x[0], b.x[0], dt, ne, ot, orel);
+        close_or_same("dy", a.dy[0], b.dy[0], dt, ne, ot, orel);
+        close_or_same("y", a.y[0], b.y[0], dt, ne, ot, orel);
+        close_or_same("dx", a.dx[0], b.dx[0], dt, ne, ot, orel);
+        close_or_same("save_mean", a.smean[0], b.smean[0], sbnFloat32, c, 4e-5, 4e-5);
+        close_or_same("save_invstd", a.sinv[0], b.sinv[0], sbnFloat32, c, 4e-5, 4e-5);
+        if (running) {
+          close_or_same("running_mean", a.rm[0], b.rm[0], sbnFloat32, c, 4e-5, 4e-5);
+          close_or_same("running_var", a.rv[0], b.rv[0], sbnFloat32, c, 4e-5, 4e-5);
+        }
+        close_or_same("dweight", a.dw[0], b.dw[0], sbnFloat32, c, 2e-4, 2e-4);
+        close_or_same("dbias", a.db[0], b.db[0], sbnFloat32, c, 2e-4, 2e-4);
+        ASSERT_EQ_INT(a.nbt[0], b.nbt[0]);
+        ASSERT_EQ_INT(ea.state[0].epoch, eb.state[0].epoch);
+        ASSERT_EQ_INT(ea.state[0].barrier & 0x7fffffffu, 0u); /* every block arrived */
+        if (sbn_test_cur_failed_) break;
+      }
+      uint64_t host, host_most, host_blocks, host_ids;
+      sbn_emu_host_get(&host, &host_most, &host_blocks, &host_ids);
+      sbn_emu_host_reset();
+      if (host != 0) SBN_FAIL_("%" PRIu64 " accesses to host memory on the success path", host);
+      emu_team_free(&ea), emu_team_free(&eb);
+      team_free(&a), team_free(&b);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  options %d, C = %d\n", combo, (int)c);
+        return;
+      }
+    }
+  }
+}
+static void test_small_options(void) { small_options(); }
+
+/* What the small kernel writes when it must not go on: nothing. A kernel queued behind a
+   failure of the team (its stop word set) looks at the words it loaded at its start in
+   its start's barrier, before any output: sbnAborted, y, dx, the saved and running
+   statistics, dweight, dbias and nbt untouched, the epoch advanced all the same (block 0,
+   once every block arrived); blocks of one chunk and of two. The mutant that looks after
+   the first chunk's outputs (SBN_MUT_SMALL_LATE_STOP: test_coop_emu_mutant_small_late_stop)
+   must fail it. A forward of one row (one value per channel): sbnInvalidArgument, nothing
+   written, as the stream kernel's gather. Only the plain ops' tile kernels are built (the
+   plan finds no small kernel with an activation, z, dz or the in-place backward). And a
+   launch the plan never makes (65 rows; small for a team of two): sbnInvalidUsage on
+   every rank, nothing written, no arrival, the epochs as they were. */
+static void small_failures(void) {
+  static const int64_t n3[1] = {3}, n1[1] = {1}, n2[2] = {2, 1};
+  const struct {
+    int64_t c, sp;
+    const int64_t* n;
+    int G;
+    int code; /* what the forward gives (the backward: sbnAborted, or success) */
+    int stop;
+  } cases[] = {{40, 1, n3, 1, sbnAborted, 1}, {80, 4, n3, 3, sbnAborted, 1}, {40, 1, n1, 2, sbnInvalidArgument, 0}};
+  for (size_t si = 0; si < sizeof cases / sizeof cases[0]; si++) {
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 1, sbnBFloat16, cases[si].sp > 1 ? sbnLayoutNHWC : sbnLayoutNCHW, cases[si].c, cases[si].sp,
+              cases[si].n, 1, 1, GEN_NORMAL, 3200 + si);
+    emu_team_t e;
+    emu_team_init(&e, 1, cases[si].G, 60000);
+    const size_t bytes = team_bytes(&t, 0), cb = (size_t)cases[si].c * sizeof(float);
+    float* rm = dup_mem(t.rm[0], cb);
+    float* rv = dup_mem(t.rv[0], cb);
+    for (int bwd = 0; bwd < 1 + cases[si].stop; bwd++) {
+      team_poison(&t);
+      e.err[0] = 0;
+      e.state[0].stop = cases[si].stop ? (uint32_t)sbnAborted : 0u;
+      const int ran = g_launched[SBN_VAR_SMALL];
+      g_variant = SBN_VAR_SMALL;
+      emu_run_virtual(&e, &t, bwd, &p);
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
+      ASSERT_EQ_INT(e.err[0], cases[si].code);
+      if (!all_bytes(bwd ? t.dx[0] : t.y[0], bytes, 0xff))
+        SBN_FAIL_("case %zu %s: the failed small kernel wrote %s", si, bwd ? "backward" : "forward",
+                  bwd ? "dx" : "y");
+      ASSERT_TRUE(all_bytes(t.smean[0], cb, 0xff) && all_bytes(t.sinv[0], cb, 0xff));
+      ASSERT_TRUE(all_bytes(t.dw[0], cb, 0xff) && all_bytes(t.db[0], cb, 0xff));
+      ASSERT_MEMEQ(t.rm[0], rm, cb);
+      ASSERT_MEMEQ(t.rv[0], rv, cb);
+      ASSERT_EQ_INT(t.nbt[0], 0);
+      ASSERT_EQ_INT(e.state[0].epoch, (uint32_t)(bwd + 1));
+      ASSERT_EQ_INT(e.state[0].barrier & 0x7fffffffu, 0u);
+    }
+    free(rm), free(rv);
+    emu_team_free(&e);
+    team_free(&t);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  case %zu\n", si);
+      return;
+    }
+  }
+  /* the plain ops' tile kernels only: none with the epilogue (an activation, z, dz; the
+     in-place backward), none for plane units; the plan finds occupancy 0 there */
+  for (int kind = 0; kind < 2; kind++)
+    for (int dt = 0; dt < 3; dt++)
+      for (int tile = 0; tile < 2; tile++)
+        for (int vec = 0; vec < 2; vec++)
+          for (int epi = 0; epi < SBN_EPI_KINDS; epi++) {
+            const int built = sbn_emu_kernel_built(kind, dt, tile, vec, SBN_VAR_SMALL, epi);
+            if (built != (tile && epi == SBN_EPI_NONE))
+              SBN_FAIL_("small kernel kind %d dtype %d tile %d vec %d epi %d: %s", kind, dt, tile, vec, epi,
+                        built ? "built" : "not built");
+          }
+  /* broken plans: 65 rows (one more than 8 a thread); small for a team of two */
+  static const int64_t n5[1] = {5};
+  broken_plan_refused(SBN_VAR_SMALL, 1, sbnLayoutNHWC, 13, n5, 1, 3205);
+  broken_plan_refused(SBN_VAR_SMALL, 2, sbnLayoutNHWC, 2, n2, 1, 3210);
+}
+static void test_small_failures(void) { small_failures(); }
 
 /* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
 
@@ -3134,7 +3459,11 @@ typedef struct {
   const void* ctx;
 } op_counter_t;
 static const char* var_name(int v) {
-  return v == SBN_VAR_ONCHIP ? "onchip" : v == SBN_VAR_STREAM ? "stream" : "stream-scalar";
+  return v == SBN_VAR_ONCHIP   ? "onchip"
+         : v == SBN_VAR_STREAM ? "stream"
+         : v == SBN_VAR_UNIT   ? "unit"
+         : v == SBN_VAR_SMALL  ? "small"
+                               : "stream-scalar";
 }
 static void each_variant_op(int W, const int64_t* n, sbnLayout_t lay, int64_t c, int64_t sp, int G,
                             uint64_t seed, const op_counter_t* k) {
@@ -3641,23 +3970,26 @@ static void solo_arrivals(void) {
     emu_team_free(&e);
     team_free(&t);
   }
-  for (int unit = 0; unit < 2; unit++) { /* a solo op; the unit kernel (NCHW planes), alike */
+  /* a solo op; the unit kernel (NCHW planes) and the small one (6 rows), alike */
+  static const int solo_vars[3] = {SBN_VAR_STREAM, SBN_VAR_UNIT, SBN_VAR_SMALL};
+  for (int v = 0; v < 3; v++) {
+    const int unit = solo_vars[v] == SBN_VAR_UNIT;
     team_t t;
     team_make(&t, 1, sbnFloat32, unit ? sbnLayoutNCHW : sbnLayoutNHWC, unit ? 8 : 80, unit ? 64 : 2, n1,
               1, 1, GEN_NORMAL, 33);
     emu_team_t e;
     emu_team_init(&e, 1, 3, 200);
-    const int ran = g_launched[SBN_VAR_UNIT];
-    g_variant = unit ? SBN_VAR_UNIT : EMU_VAR_DEFAULT;
+    const int ran = g_launched[solo_vars[v]];
+    g_variant = v ? solo_vars[v] : EMU_VAR_DEFAULT;
     sbn_emu_set_residency(1);
     emu_run_virtual(&e, &t, 0, &pc);
     sbn_emu_set_residency(0);
     g_variant = EMU_VAR_DEFAULT;
-    ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + unit);
+    ASSERT_EQ_INT(g_launched[solo_vars[v]], ran + 1);
     if (e.err[0] != sbnTimeout)
       SBN_FAIL_("%s, one block resident at a time: error word %d, not sbnTimeout (%d): a block "
                 "ran after block 0 advanced the epoch",
-                unit ? "unit" : "solo", e.err[0], (int)sbnTimeout);
+                var_name(solo_vars[v]), e.err[0], (int)sbnTimeout);
     ASSERT_EQ_INT(t.nbt[0], 0); /* not written */
     emu_team_free(&e);
     team_free(&t);
@@ -3678,6 +4010,11 @@ static void weak_suite(uint64_t seed) {
   sbn_emu_weak_forget();
   /* a solo op of 3 blocks per rank (NHWC, 3 chunks: no rank barrier) */
   one_case(2, 3, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, (int)(seed & 1), seed + 2);
+  sbn_emu_weak_forget();
+  /* the small kernel: a team of one, 3 chunks in 2 blocks (its arrivals and epoch) */
+  g_variant = SBN_VAR_SMALL;
+  one_case(1, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n3, 0, seed + 3);
+  g_variant = EMU_VAR_DEFAULT;
   sbn_emu_weak_forget();
   pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, seed);
   /* the model did answer loads with older stores: the suite can see a missing fence */
@@ -3706,7 +4043,9 @@ static const struct {
                 {"param_prefetch_next", SBN_EMU_MUT_PARAM_PREFETCH_NEXT},
                 {"dz_late", SBN_EMU_MUT_DZ_LATE},
                 {"unit_late_stop", SBN_EMU_MUT_UNIT_LATE_STOP},
-                {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT}};
+                {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT},
+                {"small_late_stop", SBN_EMU_MUT_SMALL_LATE_STOP},
+                {"small_reload", SBN_EMU_MUT_SMALL_RELOAD}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -3723,7 +4062,8 @@ static int run_mutant(const char* name) {
       flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
       flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE ||
       flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
-      flag == SBN_EMU_MUT_UNIT_FIRST_SLOT) {
+      flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
+      flag == SBN_EMU_MUT_SMALL_RELOAD) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -3740,6 +4080,10 @@ static int run_mutant(const char* name) {
       unit_failures();
     } else if (flag == SBN_EMU_MUT_UNIT_FIRST_SLOT) {
       unit_equals_stream();
+    } else if (flag == SBN_EMU_MUT_SMALL_LATE_STOP) {
+      small_failures();
+    } else if (flag == SBN_EMU_MUT_SMALL_RELOAD) {
+      small_options();
     } else {
       host_memory_success_paths();
       host_memory_waiting();
@@ -3812,6 +4156,9 @@ int main(int argc, char** argv) {
   EMU_TEST(test_onchip_equals_stream, 0);
   EMU_TEST(test_unit_equals_stream, 0);
   EMU_TEST(test_unit_failures, 1);
+  EMU_TEST(test_small_vs_reference, 0);
+  EMU_TEST(test_small_options, 0);
+  EMU_TEST(test_small_failures, 1);
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_plan_auto_stream, 0);

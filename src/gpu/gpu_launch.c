@@ -62,10 +62,10 @@ static int algo_from_env(sbnComm_t comm) {
 }
 
 /* The cooperative kernel's variant the call asks for, from SBN_KERNEL: "auto" (default),
-   "onchip", "stream", "unit" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an unknown value, or
-   "legacy", the first kernel, removed: the detail is recorded). */
+   "onchip", "stream", "unit", "small" (SBN_KERNEL_* of kernels/coop_plan.h), or -1 (an
+   unknown value, or "legacy", the first kernel, removed: the detail is recorded). */
 static int kernel_from_env(sbnComm_t comm) {
-  static const char* const names[] = {"auto", "onchip", "stream", "unit"}; /* SBN_KERNEL_* */
+  static const char* const names[] = {"auto", "onchip", "stream", "unit", "small"}; /* SBN_KERNEL_* */
   const char* v = getenv("SBN_KERNEL");
   if (v == NULL || v[0] == '\0') return SBN_KERNEL_AUTO;
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
@@ -74,8 +74,8 @@ static int kernel_from_env(sbnComm_t comm) {
                                                "to 'stream' on every row of the GPU runs); "
                                              : "";
   sbn_fail(comm, sbnInvalidArgument,
-           "SBN_KERNEL='%s': %sexpected 'auto' (the default), 'onchip', 'stream' or 'unit'", v,
-           why);
+           "SBN_KERNEL='%s': %sexpected 'auto' (the default), 'onchip', 'stream', 'unit' or 'small'",
+           v, why);
   return -1;
 }
 
@@ -350,6 +350,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
 static const char* plan_kernel_name(const sbn_plan_t* pl) {
   if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
   if (pl->variant == SBN_VAR_UNIT) return "unit";
+  if (pl->variant == SBN_VAR_SMALL) return "small";
   return pl->vec ? "stream" : "stream-scalar";
 }
 

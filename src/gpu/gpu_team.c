@@ -60,7 +60,8 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               /* ranks sharing a GPU run stream only (plan_round): occ_min is theirs */
               if (var == SBN_VAR_STREAM && (g->occ_min[e] == 0 || *occ < g->occ_min[e]))
                 g->occ_min[e] = *occ;
-              if (*occ > g->occ_max) g->occ_max = *occ;
+              /* (the small kernels use no workspace: not sized by them) */
+              if (var != SBN_VAR_SMALL && *occ > g->occ_max) g->occ_max = *occ;
             }
   /* Load every other kernel a team may launch now (the host path's stages, inference):
      a build without machine code for this GPU is compiled from PTX by the driver at load,

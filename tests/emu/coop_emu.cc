@@ -26,7 +26,9 @@ static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK &&
                   SBN_EMU_MUT_SECOND_BARRIER == SBN_MUT_SECOND_BARRIER &&
                   SBN_EMU_MUT_UNIT_LATE_STOP == SBN_MUT_UNIT_LATE_STOP &&
-                  SBN_EMU_MUT_UNIT_FIRST_SLOT == SBN_MUT_UNIT_FIRST_SLOT,
+                  SBN_EMU_MUT_UNIT_FIRST_SLOT == SBN_MUT_UNIT_FIRST_SLOT &&
+                  SBN_EMU_MUT_SMALL_LATE_STOP == SBN_MUT_SMALL_LATE_STOP &&
+                  SBN_EMU_MUT_SMALL_RELOAD == SBN_MUT_SMALL_RELOAD,
               "coop_emu.h's names of the kernels' mutants");
 
 /* ---- byte counting --------------------------------------------------------------------- */
@@ -106,6 +108,10 @@ extern "C" int sbn_emu_launch(int kind, int dtype, int tile, int vec, int varian
                               const sbn_coop_args_t* args, unsigned grid) {
   const size_t dyn = variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, args->hold_slots) : 0;
   return run_grid(sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant, sbn_args_epilogue(args)), args, grid, dyn);
+}
+
+extern "C" int sbn_emu_kernel_built(int kind, int dtype, int tile, int vec, int variant, int epi) {
+  return sbn_coop_kernel_ptr(kind, dtype, tile, vec, variant, epi) != nullptr;
 }
 
 extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,

@@ -27,6 +27,9 @@ typedef struct {
    separate host threads. */
 int sbn_emu_launch(int kind, int dtype, int tile, int vec, int variant,
                    const sbn_coop_args_t* args, unsigned grid);
+/* Whether the kernel for (kind, dtype, tile, vec, variant, epi: SBN_EPI_*) is built (the
+   library's table, kernels/coop.cu: sbn_coop_kernel_ptr). */
+int sbn_emu_kernel_built(int kind, int dtype, int tile, int vec, int variant, int epi);
 /* The same for one stage of the host-driven path (SBN_HOST_STATS ... SBN_HOST_APPLY). */
 int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
                         const sbn_coop_args_t* args, unsigned grid);
@@ -85,6 +88,10 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                             the stop words after its first unit's outputs */
 #define SBN_EMU_MUT_UNIT_FIRST_SLOT 32768 /* SBN_MUT_UNIT_FIRST_SLOT: the unit kernel's later
                                              units find no coefficients of their own */
+#define SBN_EMU_MUT_SMALL_LATE_STOP 65536 /* SBN_MUT_SMALL_LATE_STOP: the small kernel looks
+                                             at the stop words after its first chunk's outputs */
+#define SBN_EMU_MUT_SMALL_RELOAD 131072 /* SBN_MUT_SMALL_RELOAD: the small kernel reads x
+                                           again for its outputs */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

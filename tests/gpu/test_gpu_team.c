@@ -24,7 +24,8 @@
 #include <pthread.h>
 
 #include "team_util.h"
-#include "coop_plan.h" /* sbn_vec_shape_ok, sbn_plan_blocks: where SBN_KERNEL=unit applies */
+#include "coop_plan.h" /* sbn_vec_shape_ok, sbn_plan_blocks, SBN_SMALL_ROWS: where SBN_KERNEL=unit
+                          and small apply */
 
 #include "gpu_cmp.h"
 #include "gpu_fixture.h" /* CUDA_OK, CUDA_CHECK, dteam_t: the device tensors */
@@ -50,6 +51,12 @@ static int g_onchip_ran, g_onchip_refused;
    "unit" (counted in g_unit_ran). */
 static int g_unit;
 static int g_unit_ran;
+/* SBN_KERNEL=small (test_gpu_team_small, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
+   team of one's ops of at most SBN_SMALL_ROWS rows in tile layout run the small kernel
+   (coop_plan.h: sbn_small_applies), everything else what auto runs; as unit's, counted in
+   g_small_ran, some must. */
+static int g_small;
+static int g_small_ran;
 
 /* Team timeout for the correctness tests: a protocol bug (a peer that never arrives)
    fails within 60 s instead of the default 300 s; correct ops take milliseconds, and
@@ -346,7 +353,22 @@ static int unit_expected(const team_t* h) {
   return G < 2 * dd->c;
 }
 
+/* Whether the plan runs small for team h's op under SBN_KERNEL=small: a team of one on
+   device 0, tile units (NHWC, or H*W = 1) of at most SBN_SMALL_ROWS rows (the plain ops,
+   which virtual_vs_cpu runs, have small kernels). */
+static int small_expected(const team_t* h) {
+  const sbnTensorDesc_t* dd = &h->d[0];
+  return h->W == 1 && (dd->layout == sbnLayoutNHWC || dd->spatial == 1) &&
+         dd->n * dd->spatial <= SBN_SMALL_ROWS;
+}
+
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
+  if (g_small && res == sbnSuccess) {
+    if (!small_expected(h)) return !ranks_ran(d, h->W, "stream", 1, "small");
+    if (!ranks_ran(d, h->W, "small", 0, "small")) return 1;
+    g_small_ran++;
+    return 0;
+  }
   if (g_unit && res == sbnSuccess) {
     if (!unit_expected(h)) return !ranks_ran(d, h->W, "stream", 1, "unit");
     if (!ranks_ran(d, h->W, "unit", 0, "unit")) return 1;
@@ -585,6 +607,10 @@ static void test_virtual_vs_cpu(void) {
   if (g_unit) {
     fprintf(stderr, "  SBN_KERNEL=unit: %d ops ran unit\n", g_unit_ran);
     ASSERT_TRUE(g_unit_ran > 0);
+  }
+  if (g_small) {
+    fprintf(stderr, "  SBN_KERNEL=small: %d ops ran small\n", g_small_ran);
+    ASSERT_TRUE(g_small_ran > 0);
   }
 }
 
@@ -2112,6 +2138,7 @@ int main(void) {
   const char* kern = getenv("SBN_KERNEL");
   g_onchip = kern != NULL && strcmp(kern, "onchip") == 0 && !g_host;
   g_unit = kern != NULL && strcmp(kern, "unit") == 0 && !g_host;
+  g_small = kern != NULL && strcmp(kern, "small") == 0 && !g_host;
 
   char why[320];
   g_ndev = gpu_count_devices(why, sizeof why);

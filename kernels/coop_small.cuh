@@ -1,0 +1,198 @@
+/* coop_small.cuh — the small variant of the cooperative kernel (SBN_VAR_SMALL, coop_plan.h:
+ * SBN_KERNEL=small asks for it): a team of one whose op has few rows (N x H x W at most
+ * SBN_SMALL_ROWS, tile layout: NHWC, or NCHW with H*W = 1): S10, the empty op.
+ *
+ * What it is for: such an op moves a few kilobytes, and its time is the launch and the
+ * kernel's critical path: the instructions one warp runs in a row (~4 cycles each: the
+ * probe's code_fetch rows time 16 KB of code at 2.2 us whether straight or in a loop) and
+ * the dependent memory round trips. The stream kernel's tile path spends them on what
+ * small ops do not need: the walker's set-up (64-bit divisions), 16-byte batches, the
+ * rows' shuffle tree, the partials' round trip through the workspace (stage 1 stores them,
+ * the merge loads them back) and the parameters' load after that merge (S10 forward on an
+ * H200: its blocks end at 8.45 us, the empty op's at 5.5; bench/notes/latency.md). Here:
+ *   - block b takes the 32-channel chunks b, b + G, ...; thread (warp w, lane) the chunk's
+ *     channel `lane` and the rows w, w + 8, ... (at most SBN_SMALL_ROWS / 8 = 8): one
+ *     element load per row, a warp's 32 lanes one row's 32 channels (coalesced), every load
+ *     of the thread issued at once and held in registers: x (and dy) cross memory once;
+ *   - the thread's statistics of its values (two passes over registers), the warps'
+ *     partials merged in warp order in shared memory by warp 0 (lane = channel), which had
+ *     loaded the channels' parameters (and the forward's running statistics) beside the
+ *     values; the coefficients (set_coefs, the stream kernel's arithmetic from the merged
+ *     values of a team of one); the outputs from the held values. Every load of a chunk
+ *     is issued at once, so the op's critical path has one memory round trip before its
+ *     stores (the epoch's, the stop words', the values', the parameters': together).
+ * The same statistics as every variant up to rounding (a different order of sums: each
+ * thread's at most 8 values, then 8 warps; not the stream kernel's bits), within the
+ * tolerances of the tests against the float64 reference (test_small_vs_reference).
+ *
+ * Protocol: as the unit kernel's (coop_unit.cuh): the rank's stop word and NCCL teams'
+ * failure words loaded at the start beside the epoch and looked at in the start's barrier,
+ * before anything is written; the blocks arrive at the rank's counter, and block 0 ends
+ * the op (solo_end: every block arrived, the epoch advanced, num_batches_tracked); a grid
+ * not co-resident times out there (test_solo_arrivals). A forward of one value per channel
+ * (rows == 1) fails with sbnInvalidArgument, nothing written, as the stream kernel's
+ * gather does; a launch the plan never makes fails with sbnInvalidUsage.
+ * The plain ops only (no activation, no z or dz, not the in-place backward): the
+ * epilogue's kernels are not built for it (coop.cu: coop_pick, test_small_failures), and
+ * the plan runs stream there.
+ */
+#ifndef SYNCBN_COOP_SMALL_CUH_
+#define SYNCBN_COOP_SMALL_CUH_
+
+constexpr int kSmallHold = SBN_SMALL_ROWS / kWarps; /* rows of a thread, at most */
+static_assert(SBN_SMALL_ROWS % kWarps == 0, "SBN_SMALL_ROWS: whole rows per warp");
+
+template <int KIND, int DT>
+__global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
+    sbn_small_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  typedef Part<KIND> P;
+  SBN_SHARED(Smem, sm);
+  const int b = blockIdx.x;
+  const sbn_coop_rank_t& R = a.r[0];
+  const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+  const int64_t rows64 = R.n * R.spatial;
+  if (a.nranks != 1 || a.nlaunch != 1 || rows64 > SBN_SMALL_ROWS || a.host_words_at_start) {
+    /* a launch the plan never makes (sbn_small_applies): as the unit kernel's */
+    __syncthreads();
+SBN_NO_UNROLL
+    for (int i = 0; b == 0 && threadIdx.x == 0 && i < a.nlaunch; i++) record_error(a, a.r[i].rank, sbnInvalidUsage);
+    return;
+  }
+  const int rows = (int)rows64;
+  const int kt = rows > w ? (rows - w + kWarps - 1) / kWarps : 0; /* this thread's rows */
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+
+  SBN_STAMP(0); /* the block runs */
+  if (threadIdx.x == 0) {
+    sm.k = ld_weak_u32(&R.state->epoch) + 1u;
+    sm.nbt_before = (KIND == SBN_OP_FORWARD && R.nbt != nullptr) ? *R.nbt : 0;
+  }
+  int err_seen = w == kWarps - 1 ? start_words_lane(a, R) : 0;
+  /* the first chunk's values and parameters, loaded now: their round trip overlaps the
+     epoch's and the stop words' (later chunks load theirs at the top of the loop) */
+  const uint64_t pol = policy_evict_first(); /* read once */
+  float xv[kSmallHold], dyv[kSmallHold];
+  ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
+  RunningIn run = {0.0f, 0.0f}; /* forward, warp 0: the channel's running statistics */
+  float mean_in = 0.0f; /* backward: the channel's saved mean, which every thread's sum takes */
+  auto load_chunk = [&](int j) {
+    const int64_t c = (int64_t)j * kChunk + lane;
+    const bool in = c < a.c;
+SBN_UNROLL
+    for (int i = 0; i < kSmallHold; i++) {
+      const int64_t e = (int64_t)(w + kWarps * i) * a.c + c;
+      const bool has = in && i < kt;
+      xv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : 0.0f;
+      if (KIND == SBN_OP_BACKWARD) dyv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.dy, e, pol)) : 0.0f;
+    }
+    if (w == 0) {
+      q = load_params<KIND>(R, c, in);
+      if (KIND == SBN_OP_FORWARD && R.running_mean != nullptr && in)
+        run = RunningIn{ld_param(R.running_mean + c), ld_param(R.running_var + c)};
+    }
+    if (KIND == SBN_OP_BACKWARD) mean_in = in && kt > 0 ? ld_param(R.save_mean_in + c) : 0.0f;
+  };
+  if (b < nchunks) load_chunk(b);
+  int st = __syncthreads_or(err_seen != 0 && !SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP)) ? sbnAborted : 0;
+  const uint32_t k = sm.k;
+  SBN_STAMP(1); /* its start's loads are back */
+  /* every block read the epoch and nbt above: it arrives (block 0 checks the arrivals
+     before it advances them, at its end) */
+  if (threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
+  const uint64_t deadline = deadline_after(a.timeout_ns);
+  /* one value per channel: the stream kernel's gather refuses it (no unbiased variance);
+     every block alike, before any write */
+  if (KIND == SBN_OP_FORWARD && rows == 1 && st == 0) st = sbnInvalidArgument;
+
+  uint32_t arrivals = ~0u; /* block 0: the counter, loaded after its first chunk */
+  bool nbt_due = false;    /* block 0: channel 0's outputs were written; nbt follows */
+  for (int j = b; st == 0 && j < nchunks; j += a.G) {
+    /* (a later chunk: its partials go into sm.red after the barrier that ordered warp 0's
+       reads of it, and its coefficients into sm.coef after the barrier below, which
+       every thread reaches after its reads of the previous chunk's) */
+    if (j != b) load_chunk(j);
+    const int64_t c = (int64_t)j * kChunk + lane;
+    const bool in = c < a.c;
+    /* the thread's partial of its values (the stream kernel's per-batch forms: a shifted
+       two-pass mean and M2; compensated sums of dy and dy (x - mean)) */
+    typename P::T pt;
+    if constexpr (KIND == SBN_OP_FORWARD) {
+      const float sh = xv[0];
+      float s = 0.0f;
+SBN_UNROLL
+      for (int i = 0; i < kSmallHold; i++)
+        if (i < kt) s += xv[i] - sh;
+      const float mb = kt > 0 ? s / (float)kt : 0.0f;
+      float m2 = 0.0f;
+SBN_UNROLL
+      for (int i = 0; i < kSmallHold; i++)
+        if (i < kt) {
+          const float d = (xv[i] - sh) - mb;
+          m2 += SBN_MUL(d, d);
+        }
+      const sbn_welford_t t = {(float)kt, mb, m2};
+      pt = sbn_partial_from_shifted(t, sh);
+    } else {
+      pt = P::empty();
+SBN_UNROLL
+      for (int i = 0; i < kSmallHold; i++)
+        if (i < kt) {
+          float err;
+          const float t = sbn_grad_term(dyv[i], xv[i], mean_in, &err);
+          sbn_csum_add(&pt.dy, dyv[i]);
+          sbn_csum_add2(&pt.dy_xmu, t, err);
+        }
+    }
+    P::red(sm)[w][lane] = pt;
+    __syncthreads(); /* every warp's partial is in */
+    if (j == b) SBN_STAMP(2); /* the first chunk's statistics */
+    if (w == 0 && in) {
+      /* the warps in order: the rank's values of the channel, which are the team's (a
+         merge with the empty record of no other rank gives them back unchanged) */
+      typename P::T t = P::red(sm)[0][lane];
+      for (int v = 1; v < kWarps; v++) t = P::merge(t, P::red(sm)[v][lane]);
+      float d[kRec];
+      P::out(t, d);
+      float v[3], mine[2] = {0.0f, 0.0f};
+      if (KIND == SBN_OP_FORWARD) {
+        v[0] = d[0], v[1] = d[1], v[2] = d[2];
+      } else {
+        mine[0] = sbn_csum_value(sbn_csum_t{d[0], d[1]}), mine[1] = sbn_csum_value(sbn_csum_t{d[2], d[3]});
+        v[0] = mine[0], v[1] = mine[1], v[2] = 0.0f;
+      }
+      set_coefs<KIND>(R, lane, rows, v, mine, q, sm);
+    }
+    __syncthreads(); /* the coefficients before the outputs read them */
+    if (R.out != nullptr && in) {
+      const float* kc = sm.coef[lane];
+SBN_UNROLL
+      for (int i = 0; i < kSmallHold; i++)
+        if (i < kt) {
+          const int64_t e = (int64_t)(w + kWarps * i) * a.c + c;
+          /* (the mutant reads x again here instead of using the held value) */
+          const float xi = SBN_MUTANT(SBN_MUT_SMALL_RELOAD) ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : xv[i];
+          float r;
+          if (KIND == SBN_OP_FORWARD)
+            r = sbn_forward_y(xi, kc[0], kc[1], kc[2], kc[3]);
+          else
+            r = sbn_backward_dx(sbn_bwd_coef_t{kc[0], kc[1], kc[2], kc[3]}, xi, dyv[i]);
+          tensor_st_elem<DT>(R.out, e, Dt<DT>::from_f32(r));
+        }
+    }
+    if (w == 0 && in) channel_outputs<KIND>(R, c, lane, rows, sm, false, &run);
+    if (j == b) {
+      SBN_STAMP(5); /* the first chunk's outputs */
+      if (b == 0 && threadIdx.x == 0) arrivals = ld_arrivals_gpu(&R.state->barrier);
+    }
+    nbt_due |= j == 0;
+    if (SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP) && j == b && __syncthreads_or(err_seen != 0)) st = sbnAborted;
+  }
+  st = solo_end<KIND>(R, b == 0 && threadIdx.x == 0, arrivals, deadline, k, nbt_due, sm, st);
+  if (st != 0) {
+    if (threadIdx.x == 0) record_error(a, R.rank, st);
+    return;
+  }
+  SBN_STAMP(6); /* done */
+}
+
+#endif /* SYNCBN_COOP_SMALL_CUH_ */
