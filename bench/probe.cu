@@ -39,7 +39,8 @@
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
  *                (W = 1 auto and stream, W = 8: 934 us on the first run), S10 and S3 auto
- *                and stream, and S5.
+ *                and stream, and S5; the small kernel on S10 and the empty op, the unit
+ *                kernel on S2 (W = 1).
  *
  * The probe's kernels read their mutant switch from device memory (sbn_probe_mutants): a
  * load the library's kernels do not make, in the failure checks only.
@@ -796,17 +797,23 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   snprintf(what, sizeof what, "%s W=%d", name, W);
   StageTimes tm;
   run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
-  static const char* const vname[] = {"stream", "onchip"}; /* SBN_VAR_* */
+  static const char* const vname[] = {"stream", "onchip", "unit", "small"}; /* SBN_VAR_* */
+  static_assert(SBN_VAR_COUNT == 4, "a name for every variant");
+  /* the unit and small kernels have no rank barrier and publish nothing: their stamps 3
+     and 4 are not set (0 here); 2 and 5 are their first unit's (chunk's) */
+  const bool one = pl.variant == SBN_VAR_UNIT || pl.variant == SBN_VAR_SMALL;
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
        "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, \"op_busy_us\": %.2f, "
        "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
        "\"last_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
-       "\"stages\": \"start_loads, stage1, rank_barrier, published, first_gather, done\"}",
-       name, (long long)N, (long long)C, (long long)sp, W, vname[pl.variant], pl.vec ? "" : "-scalar",
+       "\"stages\": \"%s\"}",
+       name, (long long)N, (long long)C, (long long)sp, W, vname[pl.variant], pl.vec || one ? "" : "-scalar",
        mutants ? "true" : "false", pl.G, median(tm.us), median(tm.us_busy), median(tm.med[1]), median(tm.med[2]), median(tm.med[3]),
        median(tm.med[4]), median(tm.med[5]), median(tm.med[6]), median(tm.last[1]),
        median(tm.last[2]), median(tm.last[3]), median(tm.last[4]), median(tm.last[5]),
-       median(tm.last[6]));
+       median(tm.last[6]),
+       one ? "start_loads, first statistics, -, -, first outputs, done"
+           : "start_loads, stage1, rank_barrier, published, first_gather, done");
   for (int r = 0; r < W; r++) {
     CK(cudaFree(state[r]));
     CK(cudaFree(part[r]));
@@ -841,6 +848,10 @@ static void probe_ops(int sms, bool quick) {
      first run: where does it go?) */
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
+  /* the small kernel (coop_small.cuh) on S10 and the empty op; the unit kernel on S2 */
+  probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_SMALL, sms, quick);
+  probe_op("empty", 0, 512, 1, 1, SBN_KERNEL_SMALL, sms, quick);
+  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_UNIT, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
   probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_AUTO, sms, quick);

@@ -321,6 +321,8 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
     sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     # and the unit kernel (a team of one's planes)
     sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
+    # and the small kernel (a team of one's ops of few rows)
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=small SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
@@ -345,7 +347,12 @@ step_bench() {
   # and the unit kernel, where it applies (a team of one's planes: NCHW S2, S5 here)
   echo "+ SBN_KERNEL=unit sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
   SBN_KERNEL=unit "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
-    --json "$OUTDIR/bench-unit.json"
+    --json "$OUTDIR/bench-unit.json" || return 1
+  # and the small kernel, where it applies (a team of one's ops of at most 64 rows: S10
+  # and the empty op's latency rows at W = 1)
+  echo "+ SBN_KERNEL=small sbn-bench --gpu on ${quick[*]} --only S10 -w 1 --paths coop"
+  SBN_KERNEL=small "$BENCH" --gpu on "${quick[@]}" --only S10 -w 1 --paths coop \
+    --json "$OUTDIR/bench-small.json"
 }
 
 step_fused() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The table of scripts/gpu-ab.sh: per row of sbn-bench's JSON (path, shape, dtype, layout,
-W), each variant's median over its rounds of the run's median forward and backward times,
-and its ratio to the first variant (< 1: faster than it).
+W; the latency table's rows too: shapes "tiny" and "empty"), each variant's median over
+its rounds of the run's median forward and backward times, and its ratio to the first
+variant (< 1: faster than it).
 
 usage: gpu_ab_table.py OUTDIR ROUNDS LABEL...
 """
@@ -17,8 +18,8 @@ def rows_of(path):
     except (OSError, ValueError):
         return {}, None
     out = {}
-    for r in d.get("rows", []):
-        if r.get("error"):
+    for r in d.get("rows", []) + d.get("latency", []):
+        if r.get("error") or "us_fwd" not in r:
             continue
         key = (r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"])
         out[key] = (r["us_fwd"], r["us_bwd"], r.get("kernel"))
