@@ -60,6 +60,9 @@
 #define TOL_CUDNN_STAT 1e-4
 #define TOL_CUDNN_F32 1e-3
 #define TOL_CUDNN_HALF 1e-2
+/* The inference table (issue 13): sbnForwardInference's time against a device-to-device
+   copy of x, t / (2|x| / B); the target is <= 1.1. */
+#define BENCH_INFER_TARGET 1.1
 
 /* What a row's check compares, and how closely. */
 typedef struct {
@@ -172,6 +175,10 @@ typedef struct bench_row {
   char error[384];    /* non-empty: a call failed; the row was not checked */
   char kernel[2][24]; /* what ran: sbnCommGetKernel ("onchip", "stream", ..., "host", "cpu"),
                          "cudnn"; "" when nothing ran */
+  int inference;      /* a row of the inference table (W = 1, no team): t[1] holds the times
+                         of sbnForwardInference (coop: device memory, cpu: host memory) or
+                         cudnnBatchNormalizationForwardInference (cudnn), kernel[1] what ran;
+                         t[0] and kernel[0] unused */
 } bench_row_t;
 
 /* ---- a team's buffers (data.c) -------------------------------------------------------------- */
@@ -209,6 +216,11 @@ int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
 void bufs_reset_state(bench_team_bufs_t* b);
 /* The inputs of every rank (x, dy, weight, bias) from the shape's id; 0 or -1 (memory). */
 int bufs_init(bench_team_bufs_t* b, const char* shape_id);
+/* The running statistics the inference rows are given (not bufs_init's (0, 1), which would
+   leave the mean and the variance untested): running_mean[c] = 0.1 * ((c mod 41) - 20),
+   running_var[c] = 1 + 0.05 * (c mod 37), exact in fp32 to the rounding of the constants. */
+void infer_stats_fill(float* rm, float* rv, int64_t c);
+extern const char* const kInferStatsFormula; /* the same, as text */
 
 /* ---- checking (check.c) ---------------------------------------------------------------------- */
 /* Bits kept from the NCHW row of a shape x dtype for the NHWC row to compare with (CPU team):
@@ -229,6 +241,12 @@ double check_bytes(int W, const sbnTensorDesc_t* d, int kmax, int keep);
    same inputs; b: host memory) against the reference; see check.c. */
 void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax,
                bench_layout_keep_t* keep, sbnGradMode_t grad_mode, const bench_check_t* how);
+/* An inference row's check (b: host memory, rank 0 after one call): y against the double
+   reference (sbn_ref_inference) on kmax channels spread over C, from the running statistics
+   of infer_stats_fill, at how->f32 (fp32) or how->half (fp16/bf16); and rank 0's
+   running_mean and running_var bitwise infer_stats_fill's (the call only reads them). Out of
+   memory sets row->error. */
+void check_inference(bench_row_t* row, const bench_team_bufs_t* b, int kmax, const bench_check_t* how);
 
 /* 64-bit digests of every output of a check run, rank by rank: the nccl row is compared
    bitwise with the coop row of the same inputs without a second copy of y and dx (GBs). */
@@ -287,6 +305,16 @@ bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B);
 extern const char* const kBytesFormula; /* the text of what op_derived computes */
 extern const char* const kFloorFormula;
 extern const char* const kRatioFormula; /* t/coop (report.c) */
+/* An inference row: what the call must move (read x, write y) and its time against B. */
+typedef struct {
+  double bytes;    /* 2|x|: read x + write y (W = 1) */
+  double gbps;     /* bytes / median time; NaN when the row has no time */
+  double floor_us; /* bytes / B: a device-to-device copy of x; NaN when B is not measured */
+  double ratio;    /* median time / floor_us ("x a copy of x", target <= BENCH_INFER_TARGET);
+                      NaN when either is unknown */
+} bench_infer_derived_t;
+bench_infer_derived_t infer_derived(const bench_row_t* r, double B);
+extern const char* const kInferFormula; /* the text of what infer_derived computes */
 
 /* ---- the run, reporting (report.c) and JSON (json.c)
  * ---------------------------------------------- */
@@ -338,9 +366,10 @@ typedef struct {
   bench_lib_info_t nccl, cudnn;   /* GPU mode */
   const char* algo_env;           /* SBN_ALGO as the caller had it; NULL when unset */
   int lat_w;                      /* the latency table covers W = 1..lat_w */
+  int infer;                      /* the run has an inference table (not with --epilogue) */
   double t_start;                 /* now_us() at the start */
   double t_last;                  /* now_us() when the plan was printed or the last row ended */
-  int planned, finished;          /* rows of both tables: planned, finished so far */
+  int planned, finished;          /* rows of every table: planned, finished so far */
   int json_failed;                /* --json's file could not be written: the run fails */
   bench_json_t json;              /* --json; path NULL without it */
 } bench_run_t;
@@ -352,6 +381,9 @@ typedef struct {
   int nrows;
   bench_row_t* lat; /* latency rows of W = 1..lat_w: lat_row(); shape NULL where not planned */
   int nlat;
+  bench_row_t* inf; /* inference rows, in run order (per shape x dtype x layout: coop, cudnn;
+                       CPU mode: cpu) */
+  int ninf;
   int64_t wrong, checked;
   int failed, skipped;
   const bench_row_t* worst;
@@ -377,8 +409,8 @@ void format_cudnn_version(long long v, char* buf, size_t cap);
    0 if found, -1 (buf "") otherwise. */
 int parse_nvidia_driver(const char* line, char* buf, size_t cap);
 
-/* The table (nccl-tests style): the header, a row as soon as it is done, the latency table
-   and the footer; the last line says OK or FAILED. */
+/* The table (nccl-tests style): the header, a row as soon as it is done, the latency table,
+   the inference table and the footer; the last line says OK or FAILED. */
 void report_header(const bench_opts_t* o, const bench_run_t* run);
 void report_row(const bench_run_t* run, const bench_row_t* r);
 /* On stderr: the planned rows, one line each, and then one line per finished row with the

@@ -427,3 +427,52 @@ void digest_compare(bench_row_t* row, const bench_digest_t* ref, const bench_tea
                 row_label(row, label, sizeof label), kDigestNames[k], r);
     }
 }
+
+/* An inference row: rank 0's y after one call against sbn_ref_inference on the checked
+   channels (packed, as check_row packs them), from the running statistics infer_stats_fill
+   gives (not the buffers': a call that wrote into them would be checked against what it
+   wrote), and the buffers' running statistics bitwise those (the call only reads them). */
+void check_inference(bench_row_t* row, const bench_team_bufs_t* b, int kmax, const bench_check_t* how) {
+  const sbnTensorDesc_t* d = &b->desc;
+  const int64_t C = d->c, S = d->spatial, n = d->n;
+  const int64_t k = (kmax <= 0 || kmax >= C) ? C : kmax;
+  const size_t es = dtype_size(d->dtype);
+  const double tol = d->dtype == sbnFloat32 ? how->f32 : how->half;
+  const int64_t pn = n * k * S;
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  int64_t* chs = malloc((size_t)k * sizeof *chs);
+  float* per = malloc((size_t)(2 * C + 4 * k) * sizeof(float)); /* rm, rv [C]; w, b, rm, rv [k] */
+  void* xp = bmalloc((size_t)pn * es);
+  double* ref = bmalloc((size_t)pn * sizeof(double));
+  if (!chs || !per || !xp || !ref) {
+    snprintf(row->error, sizeof row->error, "out of memory for the check");
+    goto done;
+  }
+  float *rm = per, *rv = per + C, *wk = per + 2 * C, *bk = wk + k, *rmk = bk + k, *rvk = rmk + k;
+  infer_stats_fill(rm, rv, C);
+  for (int64_t j = 0; j < k; j++) {
+    chs[j] = k == 1 ? 0 : j * (C - 1) / (k - 1);
+    wk[j] = b->weight[chs[j]];
+    bk[j] = b->bias[chs[j]];
+    rmk[j] = rm[chs[j]];
+    rvk[j] = rv[chs[j]];
+  }
+  sbnTensorDesc_t pd = *d; /* the packed channels, NCHW */
+  pd.layout = sbnLayoutNCHW;
+  pd.c = k;
+  pack_channels(xp, b->x[0], d, chs, k);
+  sbn_ref_inference(&pd, xp, wk, bk, rmk, rvk, params.eps, ref);
+  for (int64_t ni = 0; ni < n; ni++)
+    for (int64_t j = 0; j < k; j++)
+      for (int64_t si = 0; si < S; si++) {
+        const int64_t i = sbn_ref_index(d, ni, chs[j], si), pi = (ni * k + j) * S + si;
+        check_value(row, "y", 0, chs[j], i, sbn_ref_load(b->y[0], d->dtype, i), ref[pi], tol, tol);
+      }
+  check_bitwise(row, "running_mean (read only)", C, b->rm[0], rm, 4);
+  check_bitwise(row, "running_var (read only)", C, b->rv[0], rv, 4);
+done:
+  free(ref);
+  free(xp);
+  free(per);
+  free(chs);
+}

@@ -72,6 +72,12 @@ struct bench_cudnn {
                               void*, const cudnnTensorDescriptor_t, const void*, const void*, void*,
                               void*, double, const void*, const void*, cudnnActivationDescriptor_t,
                               void*, size_t, void*, size_t);
+  /* the inference table; NULL where the library lacks it (its rows are then skipped) */
+  cudnnStatus_t (*ForwardInference)(cudnnHandle_t, cudnnBatchNormMode_t, const void*, const void*,
+                                    const cudnnTensorDescriptor_t, const void*,
+                                    const cudnnTensorDescriptor_t, void*,
+                                    const cudnnTensorDescriptor_t, const void*, const void*,
+                                    const void*, const void*, double);
 #endif
 };
 
@@ -99,6 +105,7 @@ BENCH_CUDNN_SAME_TYPE(GetBwdWorkspaceSize, cudnnGetBatchNormalizationBackwardExW
 BENCH_CUDNN_SAME_TYPE(GetReserveSize, cudnnGetBatchNormalizationTrainingExReserveSpaceSize);
 BENCH_CUDNN_SAME_TYPE(ForwardTrainingEx, cudnnBatchNormalizationForwardTrainingEx);
 BENCH_CUDNN_SAME_TYPE(BackwardEx, cudnnBatchNormalizationBackwardEx);
+BENCH_CUDNN_SAME_TYPE(ForwardInference, cudnnBatchNormalizationForwardInference);
 #undef BENCH_CUDNN_SAME_TYPE
 #endif
 
@@ -147,6 +154,7 @@ bench_cudnn_t* cudnn_load(bench_lib_info_t* info) {
       BENCH_SYM(GetReserveSize, "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", 0),
       BENCH_SYM(ForwardTrainingEx, "cudnnBatchNormalizationForwardTrainingEx", 0),
       BENCH_SYM(BackwardEx, "cudnnBatchNormalizationBackwardEx", 0),
+      BENCH_SYM(ForwardInference, "cudnnBatchNormalizationForwardInference", 1),
 #undef BENCH_SYM
   };
   for (size_t i = 0; i < sizeof syms / sizeof *syms; i++)
@@ -488,6 +496,159 @@ out:
   if (k.act) cu->DestroyActivationDescriptor(k.act);
   if (k.ws) cudaFree(k.ws);
   if (k.reserve) cudaFree(k.reserve);
+  if (err[0]) gpu_recover(g);
+  gpu_bufs_free(&dev);
+  free(samples);
+#endif
+}
+
+#if SBN_BENCH_HAVE_CUDNN_H
+/* cudnnBatchNormalizationForwardInference of one rank's device buffers. */
+typedef struct {
+  bench_cudnn_t* cu;
+  cudnnTensorDescriptor_t xd, bnd;
+  const bench_team_bufs_t* dev; /* one rank */
+  double eps;
+} bench_cudnn_infer_ctx_t;
+
+static cudnnStatus_t cudnn_infer_call(const bench_cudnn_infer_ctx_t* k) {
+  const float one = 1.0f, zero = 0.0f;
+  const bench_team_bufs_t* b = k->dev;
+  return k->cu->ForwardInference(k->cu->handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, k->xd, b->x[0], k->xd,
+                                 b->y[0], k->bnd, b->weight, b->bias, b->rm[0], b->rv[0], k->eps);
+}
+
+static double cudnn_infer_op(void* ctx, int fwd, char* err, size_t cap) {
+  (void)fwd;
+  const bench_cudnn_infer_ctx_t* k = ctx;
+  const double t0 = now_us();
+  const cudnnStatus_t st = cudnn_infer_call(k);
+  const double t = now_us() - t0;
+  if (st != CUDNN_STATUS_SUCCESS) {
+    char text[300];
+    cudnn_status_text(k->cu, st, text, sizeof text);
+    snprintf(err, cap, "cudnnBatchNormalizationForwardInference: %s", text);
+    return -1;
+  }
+  return t;
+}
+#endif
+
+/* One cuDNN inference row (W = 1): its own device buffers and descriptors; one untimed call
+   (counted as warm-up) tells whether cuDNN takes the combination (a refusal: a skipped row);
+   the timed calls, then the check run, as the coop inference row. */
+void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                     const bench_team_bufs_t* host_all, bench_cudnn_t* cu) {
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
+  if (g->dead[0]) {
+    snprintf(err, cap, "not run: %s", g->dead);
+    return;
+  }
+#if !SBN_BENCH_HAVE_CUDNN_H
+  (void)o;
+  (void)host_all;
+  row->skipped = 1;
+  snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
+#else
+  if (!cudnn_ready(cu, g)) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
+    return;
+  }
+  if (!cu->ForwardInference) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note,
+             "cuDNN not available: %.200s has no cudnnBatchNormalizationForwardInference", cu->info->from);
+    return;
+  }
+  const sbnTensorDesc_t d = row_desc(row);
+  if (d.n * d.c * d.spatial > INT_MAX || d.c > INT_MAX || d.n > INT_MAX || d.spatial > INT_MAX) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note,
+             "not run: %" PRId64 " elements do not fit a cuDNN 4-d descriptor (int strides)",
+             d.n * d.c * d.spatial);
+    return;
+  }
+  const cudnnDataType_t dt = d.dtype == sbnFloat32    ? CUDNN_DATA_FLOAT
+                             : d.dtype == sbnBFloat16 ? CUDNN_DATA_BFLOAT16
+                                                      : CUDNN_DATA_HALF;
+  int h = (int)d.spatial, w = 1; /* as cudnn_row */
+  if (row->shape->h * row->shape->w == d.spatial) {
+    h = (int)row->shape->h;
+    w = (int)row->shape->w;
+  }
+  bench_team_bufs_t host = *host_all; /* rank 0 only */
+  host.W = 1;
+  bench_team_bufs_t dev;
+  memset(&dev, 0, sizeof dev);
+  bench_cudnn_infer_ctx_t k;
+  memset(&k, 0, sizeof k);
+  k.cu = cu;
+  k.dev = &dev;
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  k.eps = (double)params.eps;
+  char text[300];
+  double* samples = malloc((size_t)o->iters * 2 * sizeof(double));
+  if (!samples) {
+    snprintf(err, cap, "out of host memory");
+    goto out;
+  }
+  infer_stats_fill(host.rm[0], host.rv[0], d.c);
+  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0 || gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0 ||
+      gpu_poison(&dev, g->stream, err, cap) != 0)
+    goto out;
+  cudnnStatus_t st = cu->CreateTensorDescriptor(&k.xd);
+  if (st == CUDNN_STATUS_SUCCESS) st = cu->CreateTensorDescriptor(&k.bnd);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    cudnn_status_text(cu, st, text, sizeof text);
+    snprintf(err, cap, "cudnnCreateTensorDescriptor: %s", text);
+    goto out;
+  }
+  st = cu->SetTensor4dDescriptor(k.xd, d.layout == sbnLayoutNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                 dt, (int)d.n, (int)d.c, h, w);
+  if (st == CUDNN_STATUS_SUCCESS) st = cu->DeriveBNTensorDescriptor(k.bnd, k.xd, CUDNN_BATCHNORM_SPATIAL);
+  if (st == CUDNN_STATUS_SUCCESS) st = cudnn_infer_call(&k); /* the probe */
+  if (st == CUDNN_STATUS_SUCCESS)
+    GPU_TRY(cudaStreamSynchronize(g->stream), "cudaStreamSynchronize (cuDNN probe)");
+  if (st != CUDNN_STATUS_SUCCESS) {
+    cudnn_status_text(cu, st, text, sizeof text);
+    /* a refusal is a skipped row, as for the training rows: not supported, or a bad
+       parameter outside fp32 NCHW (the case every cuDNN documents: a bad parameter there is
+       this bench's mistake, an error) */
+    const int basic = d.dtype == sbnFloat32 && d.layout == sbnLayoutNCHW;
+    if (cudnn_not_supported(st) || (CUDNN_STATUS_CATEGORY((int)st) == CUDNN_STATUS_BAD_PARAM && !basic)) {
+      row->skipped = 1;
+      snprintf(row->note, sizeof row->note,
+               "not supported by cuDNN: cudnnBatchNormalizationForwardInference, "
+               "CUDNN_BATCHNORM_SPATIAL: %s",
+               text);
+    } else {
+      snprintf(err, cap, "cuDNN inference (descriptors or the first call): %s", text);
+    }
+    goto out;
+  }
+  {
+    char ver[32];
+    format_cudnn_version(cu->info->version, ver, sizeof ver);
+    snprintf(row->note, sizeof row->note,
+             "cuDNN %s, cudnnBatchNormalizationForwardInference, CUDNN_BATCHNORM_SPATIAL; checked at "
+             "10x the library's tolerance",
+             ver);
+  }
+  double *ev_us = samples, *host_us = samples + o->iters;
+  if (gpu_time_op(g, cudnn_infer_op, &k, 1, o, ev_us, host_us, err, cap) != 0) goto out;
+  snprintf(row->kernel[1], sizeof row->kernel[1], "cudnn");
+  row_set_times(row, 1, ev_us, host_us, o->iters);
+  if (gpu_poison(&dev, g->stream, err, cap) != 0 || cudnn_infer_op(&k, 1, err, cap) < 0 ||
+      gpu_download_infer(&host, &dev, g->stream, err, cap) != 0)
+    goto out;
+  check_inference(row, &host, o->check_channels, &kCheckCudnn);
+  goto out;
+fail:
+out:
+  if (k.xd) cu->DestroyTensorDescriptor(k.xd);
+  if (k.bnd) cu->DestroyTensorDescriptor(k.bnd);
   if (err[0]) gpu_recover(g);
   gpu_bufs_free(&dev);
   free(samples);

@@ -250,3 +250,14 @@ int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
   free(per_channel);
   return 0;
 }
+
+const char* const kInferStatsFormula =
+    "running_mean[c] = 0.1 * ((c mod 41) - 20), running_var[c] = 1 + 0.05 * (c mod 37) (as fp32), "
+    "eps 1e-5, weight and bias the training rows'";
+
+void infer_stats_fill(float* rm, float* rv, int64_t c) {
+  for (int64_t ci = 0; ci < c; ci++) {
+    rm[ci] = (float)(0.1 * (double)(ci % 41 - 20));
+    rv[ci] = (float)(1.0 + 0.05 * (double)(ci % 37));
+  }
+}

@@ -49,3 +49,20 @@ bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B) {
   o.pct_b = o.floor_b_us / us * 100.0;
   return o;
 }
+
+/* The inference table: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias
+   reads x and writes y once, W = 1: 2|x|, what a device-to-device copy of x moves, so the
+   floor is the copy's time at B and t / floor is "x a copy of x" (target <= 1.1). */
+const char* const kInferFormula =
+    "bytes = 2|x| (read x, write y; W = 1), floor = 2|x|/B us (a device-to-device copy of x at "
+    "the copy bandwidth B of this run), x copy = median time / floor (target <= 1.1)";
+
+bench_infer_derived_t infer_derived(const bench_row_t* r, double B) {
+  bench_infer_derived_t o;
+  const double us = row_timed(r) ? r->t[1].med : NAN;
+  o.bytes = 2.0 * row_x_bytes(r);
+  o.gbps = o.bytes / (us * 1e3);
+  o.floor_us = o.bytes / (B * 1e3);
+  o.ratio = us / o.floor_us;
+  return o;
+}

@@ -292,6 +292,21 @@ fail:
   return -1;
 }
 
+int gpu_download_infer(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,
+                       size_t cap) {
+  const sbnTensorDesc_t* d = &dev->desc;
+  const size_t bytes = tensor_bytes(d);
+  const size_t cbytes = (size_t)d->c * sizeof(float);
+  const enum cudaMemcpyKind d2h = cudaMemcpyDeviceToHost;
+  if (bytes) GPU_TRY(cudaMemcpyAsync(host->y[0], dev->y[0], bytes, d2h, s), "cudaMemcpyAsync (y)");
+  GPU_TRY(cudaMemcpyAsync(host->rm[0], dev->rm[0], cbytes, d2h, s), "cudaMemcpyAsync (running_mean)");
+  GPU_TRY(cudaMemcpyAsync(host->rv[0], dev->rv[0], cbytes, d2h, s), "cudaMemcpyAsync (running_var)");
+  GPU_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize (copies)");
+  return 0;
+fail:
+  return -1;
+}
+
 /* warmup + iters calls of one op, each preceded by the L2 flush; CUDA events around the op
    of the timed ones only; then the stream is synchronized. ev_us, host_us: [iters]. */
 int gpu_time_op(bench_gpu_t* g, bench_op_fn op, void* ctx, int fwd, const bench_opts_t* o,

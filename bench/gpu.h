@@ -57,6 +57,11 @@ int gpu_poison(bench_team_bufs_t* dev, cudaStream_t s, char* err, size_t cap);
 int gpu_download(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,
                  size_t cap);
 
+/* Device -> host of an inference row (rank 0): y, running_mean and running_var;
+   synchronized. */
+int gpu_download_infer(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,
+                       size_t cap);
+
 /* warmup + iters calls of op, each after the L2 flush; CUDA events around the op of the
    timed ones; then synchronized. ev_us, host_us: [iters]. 0, or -1 with err set. */
 int gpu_time_op(bench_gpu_t* g, bench_op_fn op, void* ctx, int fwd, const bench_opts_t* o,

@@ -1,13 +1,14 @@
 /* json.c — the one JSON writer (--json FILE), for both modes. A regular file is written whole
  * after every row (a temporary file beside it, renamed over it: valid JSON at any moment, a
  * run cut short leaves the rows it finished); anything else (a pipe) once, at the end. The
- * schema, schema 3 (every key always present; null where the mode has no value):
+ * schema, schema 4 (every key always present; null where the mode has no value):
  *
- * Top level: schema 3, complete (false while the run goes on, or when it was cut short),
- *   rows_planned, latency_planned (the rows the run meant to write), tool "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO
- *   8601), mode "cpu" | "gpu", why_cpu (CPU mode: why not the GPU; null in GPU mode), path
- *   (the path under test: "coop", CPU mode "cpu"; every row has its own), paths [the paths
- *   run: "coop", "nccl", "cudnn", "split" (--epilogue); CPU mode ["cpu"]], team "virtual" |
+ * Top level: schema 4, complete (false while the run goes on, or when it was cut short),
+ *   rows_planned, latency_planned, inference_planned (the rows the run meant to write), tool
+ *   "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO 8601), mode "cpu" | "gpu",
+ *   why_cpu (CPU mode: why not the GPU; null in GPU mode), path (the path under test:
+ *   "coop", CPU mode "cpu"; every row has its own), paths [the paths run: "coop", "nccl",
+ *   "cudnn", "split" (--epilogue); CPU mode ["cpu"]], team "virtual" |
  *   "cpu", device (GPU mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
  *   string: the CPU team and why not the GPU), driver_version (cudaDriverGetVersion: the
  *   CUDA version the driver supports, e.g. 13000), runtime_version and cuda_runtime_version
@@ -26,8 +27,12 @@
  *   grad_mode "global" | "local" (CPU mode: the library's default), timing, shapes_source,
  *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, half},
  *   tolerance_sums {depth, u, formula} (the bound of dweight and dbias: check.c),
- *   tolerance_cudnn {stat, fp32, half, sums}, rows [...], latency [...] ([] in CPU mode), wrong,
- *   failed_rows, skipped_rows, total_s (so far), ok (complete, and nothing wrong or failed).
+ *   tolerance_cudnn {stat, fp32, half, sums}, inference_formula (the bytes, floor and x_copy
+ *   of the inference rows, as text), inference_running_stats (the running statistics the
+ *   inference rows are given, as text), inference_target (1.1: x_copy of the library's
+ *   inference, the target), rows [...], latency [...] ([] in CPU mode), inference [...] ([]
+ *   with --epilogue, or --paths without coop and cudnn), wrong, failed_rows, skipped_rows
+ *   (every table's rows), total_s (so far), ok (complete, and nothing wrong or failed).
  * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
  *   path        "coop" | "nccl" | "cudnn" | "split" | "cpu"
  *   shape, where, n, c, h, w, spatial, dtype ("fp32" | "bf16" | "fp16"), layout ("NCHW" |
@@ -47,13 +52,33 @@
  *   note        "" or the path's remark: "nccl-path on a virtual team: stats kernel, ...",
  *               the cuDNN mode used, "cuDNN not available: ...", "not supported by cuDNN:
  *               ..." (a row that did not run has error null, timings null and says why here)
- * Speed ratios are not stored: t_path / t_coop from the rows of the same shape, dtype,
- * layout and W (cudnn: the coop row with ranks 1).
+ * inference: flat objects, one per (shape, dtype, layout, path), in run order; W = 1, no team:
+ *   path        "coop" (sbnForwardInference on device pointers) | "cudnn"
+ *               (cudnnBatchNormalizationForwardInference, CUDNN_BATCHNORM_SPATIAL) | "cpu"
+ *               (CPU mode: sbnForwardInference on host pointers)
+ *   shape, where, n, c, h, w, spatial, dtype, layout, ranks (1)   as in rows
+ *   kernel      what ran: "infer" (the library's inference kernel), "cudnn", "cpu"; "" if nothing
+ *   us_median, us_min, us_p90, host_us_median   the call's times in us (GPU: CUDA events, L2
+ *               flushed before each call, host_us_median the enqueueing call; CPU: the wall
+ *               time of the call, both); null when the row failed or did not run
+ *   bytes       2|x| (read x, write y), exact
+ *   gbps        bytes / us_median (null without a time)
+ *   floor_us    bytes / B: a device-to-device copy of x (null in CPU mode: no B)
+ *   x_copy      us_median / floor_us, the target's measure (<= inference_target); null
+ *               without either
+ *   t_over_coop cudnn rows: us_median / the coop row's of the same shape, dtype and layout;
+ *               null otherwise or without both times
+ *   checked, wrong, tol_used, worst, error, note   as in rows (checked: y on the checked
+ *               channels and the running statistics, which must stay bitwise as given)
+ * Speed ratios of rows and latency are not stored: t_path / t_coop from the rows of the same
+ * shape, dtype, layout and W (cudnn: the coop row with ranks 1).
  * Schema 1 (no "schema" key) was two: GPU-mode rows with fwd and bwd objects, CPU-mode rows
  * with us_fwd, us_bwd, gbps_fwd and gbps_bwd alone. Schema 2 writes both in every row of
  * either mode and adds floor_a_bytes, floor_b_bytes. Schema 3 adds complete, rows_planned,
  * latency_planned (a file may hold part of a run), tolerance_sums and tolerance_cudnn.sums;
- * rows and latency hold the finished rows only. */
+ * rows and latency hold the finished rows only. Schema 4 adds the inference table:
+ * inference_planned, inference_formula, inference_running_stats, inference_target and
+ * inference (finished rows only); every key of schema 3 is unchanged. */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <inttypes.h>
@@ -130,6 +155,50 @@ static void json_op(FILE* f, const bench_row_t* r, int fwd, double B) {
   json_number(f, d.pct_a);
   fprintf(f, ", \"pct_floor_b\": ");
   json_number(f, d.pct_b);
+  fprintf(f, "}");
+}
+
+/* A row of the inference table (W = 1; the times of the one op in t[1]). */
+static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
+  const int ok = row_timed(r);
+  const bench_infer_derived_t d = infer_derived(r, B);
+  const bench_row_t* c = r->coop;
+  fprintf(f, "{\"path\": \"%s\", \"shape\": ", kPathNames[r->path]);
+  json_string(f, r->shape->id);
+  fprintf(f, ", \"where\": ");
+  json_string(f, r->shape->where);
+  fprintf(f,
+          ", \"n\": %" PRId64 ", \"c\": %" PRId64 ", \"h\": %" PRId64 ", \"w\": %" PRId64
+          ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
+          r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
+          kLayoutNames[r->layout], r->W);
+  fprintf(f, ", \"kernel\": ");
+  json_string(f, r->kernel[1]);
+  fprintf(f, ",\n     \"us_median\": ");
+  json_number(f, ok ? r->t[1].med : NAN);
+  fprintf(f, ", \"us_min\": ");
+  json_number(f, ok ? r->t[1].min : NAN);
+  fprintf(f, ", \"us_p90\": ");
+  json_number(f, ok ? r->t[1].p90 : NAN);
+  fprintf(f, ", \"host_us_median\": ");
+  json_number(f, ok ? r->t[1].host_med : NAN);
+  fprintf(f, ", \"bytes\": %.0f, \"gbps\": ", d.bytes);
+  json_number(f, d.gbps);
+  fprintf(f, ", \"floor_us\": ");
+  json_number(f, d.floor_us);
+  fprintf(f, ", \"x_copy\": ");
+  json_number(f, d.ratio);
+  fprintf(f, ", \"t_over_coop\": ");
+  json_number(f, ok && c && c != r && row_timed(c) && c->t[1].med > 0 ? r->t[1].med / c->t[1].med : NAN);
+  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
+          r->wrong);
+  json_number(f, r->worst);
+  fprintf(f, ", \"worst\": ");
+  json_string(f, r->worst_what);
+  fprintf(f, ", \"error\": ");
+  json_string_or_null(f, r->error[0] ? r->error : NULL);
+  fprintf(f, ", \"note\": ");
+  json_string(f, r->note);
   fprintf(f, "}");
 }
 
@@ -291,9 +360,10 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   int nlat = 0;
   for (int i = 0; i < res->nlat; i++) nlat += res->lat[i].shape != NULL;
   fprintf(f,
-          "{\n  \"schema\": 3,\n  \"complete\": %s,\n  \"rows_planned\": %d,\n"
-          "  \"latency_planned\": %d,\n  \"tool\": \"sbn-bench\",\n  \"library_version\": ",
-          complete ? "true" : "false", res->nrows, nlat);
+          "{\n  \"schema\": 4,\n  \"complete\": %s,\n  \"rows_planned\": %d,\n"
+          "  \"latency_planned\": %d,\n  \"inference_planned\": %d,\n  \"tool\": \"sbn-bench\",\n"
+          "  \"library_version\": ",
+          complete ? "true" : "false", res->nrows, nlat, res->ninf);
   json_string(f, ver);
   fprintf(f, ",\n  \"commit\": ");
   json_string(f, SBN_BENCH_COMMIT);
@@ -374,7 +444,11 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   fprintf(f, "  \"tolerance_sums\": {\"depth\": %d, \"u\": %.9g, \"formula\": ", BENCH_SUM_DEPTH,
           1.0 / 16777216.0);
   json_string(f, kSumsFormula);
-  fprintf(f, "},\n");
+  fprintf(f, "},\n  \"inference_formula\": ");
+  json_string(f, kInferFormula);
+  fprintf(f, ",\n  \"inference_running_stats\": ");
+  json_string(f, kInferStatsFormula);
+  fprintf(f, ",\n  \"inference_target\": %g,\n", BENCH_INFER_TARGET);
   fprintf(f, "  \"rows\": [");
   for (int i = 0, k = 0; i < res->nrows; i++) {
     if (!res->rows[i].done) continue;
@@ -386,6 +460,12 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
     if (!res->lat[i].done) continue;
     fprintf(f, "%s\n    ", k++ ? "," : "");
     json_row(f, &res->lat[i], run->B);
+  }
+  fprintf(f, "\n  ],\n  \"inference\": [");
+  for (int i = 0, k = 0; i < res->ninf; i++) {
+    if (!res->inf[i].done) continue;
+    fprintf(f, "%s\n    ", k++ ? "," : "");
+    json_infer_row(f, &res->inf[i], run->B);
   }
   fprintf(f,
           "\n  ],\n  \"wrong\": %" PRId64

@@ -21,7 +21,12 @@
  *   copied back and checked. Then a latency table for every W from 1 to the largest of -w,
  *   coop and nccl: a tiny op (N=4, C=512, 1x1, fp32 NCHW, like S10) and an empty one (n=0
  *   on every rank), forward and backward: empty(W) - empty(1) is what the exchange with
- *   W-1 peers adds. The default W list is not trimmed for the large shapes: by the byte
+ *   W-1 peers adds. And an inference table (not with --epilogue): per shape x dtype x
+ *   layout, W = 1 (no team), sbnForwardInference on device pointers (coop) and cuDNN's
+ *   cudnnBatchNormalizationForwardInference (cudnn), timed as the other rows, against the
+ *   copy floor 2|x|/B (t / floor: "x a copy of x", the target <= 1.1), y checked; run
+ *   after the main rows of each shape x dtype x layout, on the same host inputs. The
+ *   default W list is not trimmed for the large shapes: by the byte
  *   count, the GPU time of the whole default run is seconds on an H100 (at W=8, S8 fp32 is
  *   1.2 GB per tensor); host-side input generation (threaded; once per shape x dtype x
  *   layout, for the largest W), copies and the checks dominate: estimated 3-5 minutes (not
@@ -31,7 +36,8 @@
  *   are host threads), W = -w (default 2), shapes scaled down by --scale (default 8).
  *   Each timed call is one group, timed on the wall clock; median of -i calls (default 5)
  *   after --warmup (default 1). Also checks that NCHW and NHWC of the same data give the
- *   same bits (a CPU-team guarantee only).
+ *   same bits (a CPU-team guarantee only). The inference table (not with --epilogue):
+ *   sbnForwardInference on host memory (W = 1), timed on the wall clock and checked.
  *
  *   sbn-bench                         GPU: W 1,2,4,8, full size; CPU: W=2, scale 8
  *   sbn-bench --scale 1 --only S5 -i 20 --json s5.json
@@ -145,19 +151,33 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   bench_results_t res;
   memset(&res, 0, sizeof res);
   res.rows = calloc((size_t)nshapes * 6, sizeof *res.rows);
-  if (!res.rows) return 1;
+  res.inf = calloc((size_t)nshapes * 6, sizeof *res.inf);
+  if (!res.rows || !res.inf) {
+    free(res.rows);
+    free(res.inf);
+    return 1;
+  }
+  /* the inference table (not with --epilogue): sbnForwardInference on host memory, W = 1 */
+  run->infer = o->epilogue == BENCH_EPI_NONE;
   int64_t max_c = 1;
   for (int s = 0; s < nshapes; s++) {
     if (shapes[s].c > max_c) max_c = shapes[s].c;
     for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
       if (!o->dtype_on[kDtypeOrder[t]]) continue;
       for (int l = 0; l < 2; l++)
-        if (o->layout_on[l])
-          row_init(&res.rows[res.nrows++], &shapes[s], shape_spatial(&shapes[s], o->scale),
-                   kDtypeOrder[t], (sbnLayout_t)l, o->ranks, BENCH_PATH_CPU);
+        if (o->layout_on[l]) {
+          const int64_t spatial = shape_spatial(&shapes[s], o->scale);
+          row_init(&res.rows[res.nrows++], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l,
+                   o->ranks, BENCH_PATH_CPU);
+          if (run->infer) {
+            row_init(&res.inf[res.ninf], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1,
+                     BENCH_PATH_CPU);
+            res.inf[res.ninf++].inference = 1;
+          }
+        }
     }
   }
-  run->planned = res.nrows;
+  run->planned = res.nrows + res.ninf;
   for (int i = 0; i < res.nrows; i++) res.rows[i].epilogue = o->epilogue;
 
   sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
@@ -169,6 +189,7 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
             sbnGetLastError(NULL));
     free(comms);
     free(res.rows);
+    free(res.inf);
     return 1;
   }
 
@@ -191,10 +212,16 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   keep_free(&keep);
   for (int r = 0; r < o->ranks; r++) sbnCommDestroy(comms[r]); /* NULL is accepted */
   free(comms);
+  /* the inference table, after the training rows (it needs no team) */
+  for (int i = 0; i < res.ninf; i++) {
+    syncbn_cpu_infer_row(&res.inf[i], o);
+    row_done(argv0, o, run, &res, &res.inf[i], 0);
+  }
   run->total_s = (now_us() - run->t_start) * 1e-6;
   report_footer(run, &res);
   int status = finish(argv0, o, run, &res);
   free(res.rows);
+  free(res.inf);
   return status;
 }
 
@@ -241,7 +268,43 @@ static int gpu_plan(const bench_opts_t* o, const bench_shape_t* shapes, int nsha
   return n;
 }
 
-/* GPU mode: every planned row, then the latency table. */
+/* GPU mode's inference rows in run order: per shape x dtype x layout (W = 1, whatever -w
+   says: no team), coop then cudnn, as --paths has them. The count. */
+static int gpu_plan_infer(const bench_opts_t* o, const bench_shape_t* shapes, int nshapes,
+                          bench_row_t* rows) {
+  int n = 0;
+  for (int s = 0; s < nshapes; s++) {
+    const int64_t spatial = shape_spatial(&shapes[s], o->scale);
+    for (int t = 0; t < SBN_DTYPE_COUNT; t++) {
+      if (!o->dtype_on[kDtypeOrder[t]]) continue;
+      for (int l = 0; l < 2; l++) {
+        if (!o->layout_on[l]) continue;
+        bench_row_t* coop = NULL;
+        static const bench_path_t paths[2] = {BENCH_PATH_COOP, BENCH_PATH_CUDNN};
+        for (int k = 0; k < 2; k++) {
+          if (!o->path_on[paths[k]]) continue;
+          row_init(&rows[n], &shapes[s], spatial, kDtypeOrder[t], (sbnLayout_t)l, 1, paths[k]);
+          rows[n].inference = 1;
+          if (paths[k] == BENCH_PATH_COOP) coop = &rows[n];
+          else rows[n].coop = coop;
+          n++;
+        }
+      }
+    }
+  }
+  return n;
+}
+
+/* Where a row's shape x dtype x layout comes in the run order (shape, then kDtypeOrder, then
+   layout), for running the main and the inference rows of one input set together. */
+static int sdl_order(const bench_row_t* r, const bench_shape_t* shapes) {
+  int t = 0;
+  while (t < SBN_DTYPE_COUNT && kDtypeOrder[t] != r->dtype) t++;
+  return ((int)(r->shape - shapes) * SBN_DTYPE_COUNT + t) * 2 + (int)r->layout;
+}
+
+/* GPU mode: every planned row (the inference rows of a shape x dtype x layout after its
+   main rows, on the same inputs), then the latency table. */
 static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
                     int nshapes, bench_run_t* run) {
   static const bench_shape_t lat_shapes[2] = {
@@ -268,15 +331,21 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   res.rows = calloc((size_t)nshapes * 6 * (size_t)o->nranks_list * 4 + 1, sizeof *res.rows);
   res.nlat = run->lat_w * 4;
   res.lat = calloc((size_t)(run->lat_w > 0 ? run->lat_w : 1) * 4, sizeof *res.lat);
-  if (!res.rows || !res.lat) {
+  /* the inference table, the plain op's too (none with --epilogue): coop and cudnn, W = 1 */
+  run->infer = o->epilogue == BENCH_EPI_NONE &&
+               (o->path_on[BENCH_PATH_COOP] || o->path_on[BENCH_PATH_CUDNN]);
+  res.inf = calloc((size_t)nshapes * 6 * 2 + 1, sizeof *res.inf);
+  if (!res.rows || !res.lat || !res.inf) {
     free(res.rows);
     free(res.lat);
+    free(res.inf);
     cudnn_unload(cudnn);
     gpu_teardown(&g);
     return 1;
   }
   res.nrows = gpu_plan(o, shapes, nshapes, res.rows);
-  run->planned = res.nrows;
+  res.ninf = run->infer ? gpu_plan_infer(o, shapes, nshapes, res.inf) : 0;
+  run->planned = res.nrows + res.ninf;
   /* latency: the tiny and the empty op for every W from 1 to the largest, coop and nccl */
   for (int W = 1; W <= run->lat_w; W++)
     for (int q = 0; q < 2; q++)
@@ -298,8 +367,12 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   const bench_row_t* host_of = NULL; /* the row whose shape x dtype x layout host holds */
   int have_host = 0;
   char oom[384] = "";
-  for (int i = 0; i < res.nrows;) {
-    bench_row_t* r = &res.rows[i];
+  for (int i = 0, k = 0; i < res.nrows || k < res.ninf;) {
+    /* the next row: a main row, or the inference rows of a shape x dtype x layout whose main
+       rows (if any) are done */
+    const int main_next = i < res.nrows && (k >= res.ninf || sdl_order(&res.rows[i], shapes) <=
+                                                                 sdl_order(&res.inf[k], shapes));
+    bench_row_t* r = main_next ? &res.rows[i] : &res.inf[k];
     if (!host_of || !same_sdl(host_of, r)) {
       if (have_host) bufs_free(&host);
       sbnTensorDesc_t d = row_desc(r);
@@ -312,6 +385,19 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
       snprintf(oom, sizeof oom,
                "out of host memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
                o->ranks, d.n, d.c, d.spatial);
+    }
+    if (!main_next) {
+      for (const bench_row_t* first = r; k < res.ninf && same_sdl(&res.inf[k], first); k++) {
+        bench_row_t* q = &res.inf[k];
+        if (!have_host)
+          snprintf(q->error, sizeof q->error, "%s", oom);
+        else if (q->path == BENCH_PATH_CUDNN)
+          cudnn_infer_row(q, &g, o, &host, cudnn);
+        else
+          syncbn_gpu_infer_row(q, &g, o, &host);
+        row_done(argv0, o, run, &res, q, 0);
+      }
+      continue;
     }
     if (r->path == BENCH_PATH_CUDNN) {
       if (have_host)
@@ -374,6 +460,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   gpu_teardown(&g);
   free(res.rows);
   free(res.lat);
+  free(res.inf);
   return status;
 }
 #endif /* SBN_BENCH_HAVE_CUDA */

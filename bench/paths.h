@@ -11,6 +11,10 @@
    row of the same shape x dtype. */
 void syncbn_cpu_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
                     bench_layout_keep_t* keep);
+/* syncbn.c: one inference row of CPU mode (W = 1): rank 0's inputs of the row's shape x
+   dtype x layout, the running statistics of infer_stats_fill; sbnForwardInference on host
+   memory timed on the wall clock, then one more call on a poisoned y, checked. */
+void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o);
 
 #if SBN_BENCH_HAVE_CUDA
 #include "gpu.h"
@@ -25,6 +29,12 @@ int syncbn_gpu_probe(char* why, size_t cap);
    depend on W); the nccl row must have the coop row's bits. */
 void syncbn_gpu_rows(bench_row_t* const rows[BENCH_GPU_PATHS], bench_gpu_t* g, const bench_opts_t* o,
                      const bench_team_bufs_t* host_all, int64_t max_c);
+/* syncbn.c: one coop inference row (W = 1, no team): sbnForwardInference on device copies
+   of rank 0's inputs of host_all and the running statistics of infer_stats_fill (written
+   into host_all's rank 0 running_mean and running_var), on the bench stream; timed as the
+   other rows, then one more call on a poisoned y, copied back and checked. */
+void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                          const bench_team_bufs_t* host_all);
 
 /* cudnn.c: libcudnn.so.9 loaded at run time (the one next to the cudnn.h CMake found
    first); info says what was loaded and, when the rows cannot run, why. */
@@ -35,6 +45,11 @@ void cudnn_unload(bench_cudnn_t* c);
    cuDNN does not support, or cuDNN not usable, makes a skipped row (note says why). */
 void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
                const bench_team_bufs_t* host_all, bench_cudnn_t* cu);
+/* One cuDNN inference row: cudnnBatchNormalizationForwardInference (CUDNN_BATCHNORM_SPATIAL)
+   on rank 0's inputs of host_all with the running statistics of infer_stats_fill, as
+   syncbn_gpu_infer_row; skipped (note says why) where cuDNN is not usable or refuses it. */
+void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                     const bench_team_bufs_t* host_all, bench_cudnn_t* cu);
 
 /* nccl.c: NCCL's version, for the record (virtual teams make no NCCL call). */
 void nccl_load(bench_lib_info_t* info);

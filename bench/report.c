@@ -31,8 +31,8 @@ static const char* const kGpuPathLegend[3] = {
 
 /* ---- rows ----------------------------------------------------------------------------------- */
 const char* row_label(const bench_row_t* r, char* buf, size_t cap) {
-  snprintf(buf, cap, "%s %s %s W=%d %s", r->shape->id, kDtypeNames[r->dtype],
-           kLayoutNames[r->layout], r->W, kPathNames[r->path]);
+  snprintf(buf, cap, "%s %s %s W=%d %s%s", r->shape->id, kDtypeNames[r->dtype],
+           kLayoutNames[r->layout], r->W, kPathNames[r->path], r->inference ? " inference" : "");
   return buf;
 }
 
@@ -266,9 +266,10 @@ void report_header(const bench_opts_t* o, const bench_run_t* run) {
 
 /* ---- progress (stderr) ------------------------------------------------------------------------ */
 void report_plan(bench_run_t* run, const bench_results_t* res) {
-  const int nlat = run->planned - res->nrows;
+  const int nlat = run->planned - res->nrows - res->ninf;
   char label[96];
-  fprintf(stderr, "sbn-bench: plan: %d rows + %d latency rows\n", res->nrows, nlat);
+  fprintf(stderr, "sbn-bench: plan: %d rows + %d latency rows + %d inference rows\n", res->nrows,
+          nlat, res->ninf);
   int k = 0;
   for (int i = 0; i < res->nrows; i++)
     fprintf(stderr, "sbn-bench: plan %d/%d: %s\n", ++k, run->planned,
@@ -277,6 +278,9 @@ void report_plan(bench_run_t* run, const bench_results_t* res) {
     if (res->lat[i].shape)
       fprintf(stderr, "sbn-bench: plan %d/%d: latency %s\n", ++k, run->planned,
               row_label(&res->lat[i], label, sizeof label));
+  for (int i = 0; i < res->ninf; i++)
+    fprintf(stderr, "sbn-bench: plan %d/%d: %s\n", ++k, run->planned,
+            row_label(&res->inf[i], label, sizeof label));
   run->t_last = now_us();
 }
 
@@ -361,6 +365,62 @@ static void print_latency(const bench_row_t* lat, int lat_w) {
     }
 }
 
+/* The inference table: one line per row (W = 1), its times, bytes, the copy floor and t over
+   it (the target), and cudnn's time over coop's. */
+static void print_inference(const bench_run_t* run, const bench_row_t* inf, int ninf) {
+  printf("#\n# inference (W = 1: no team, no statistics): y = (x - running_mean) / sqrt(running_var + "
+         "eps) * weight + bias\n");
+  if (run->dev)
+    printf("#   coop = sbnForwardInference on device pointers, on the bench stream; cudnn = "
+           "cudnnBatchNormalizationForwardInference, CUDNN_BATCHNORM_SPATIAL; times: CUDA events "
+           "around the call, L2 flushed before each, host = the enqueueing call\n");
+  else
+    printf("#   cpu = sbnForwardInference on host pointers (the library's CPU code); times: the wall "
+           "time of the call (host the same); no B in CPU mode, so no floor\n");
+  printf("#   running statistics: %s\n#   %s\n", kInferStatsFormula, kInferFormula);
+  printf("# %5s %5s %6s %8s %5s %6s %-5s %-7s %9s %9s %9s %9s %9s %8s %9s %6s %6s %7s %8s\n", "shape",
+         "N", "C", "spatial", "dtype", "layout", "path", "kernel", "time(us)", "min(us)", "p90(us)",
+         "host(us)", "MB", "GB/s", "floor(us)", "xcopy", "t/coop", "#wrong", "tol used");
+  int nmet = 0, nratio = 0;
+  for (int i = 0; i < ninf; i++) {
+    const bench_row_t* r = &inf[i];
+    if (!r->done) continue;
+    printf("  %5s %5" PRId64 " %6" PRId64 " %8" PRId64 " %5s %6s %-5s %-7s", r->shape->id, r->shape->n,
+           r->shape->c, r->spatial, kDtypeNames[r->dtype], kLayoutNames[r->layout], kPathNames[r->path],
+           r->kernel[1][0] ? r->kernel[1] : "-");
+    if (r->error[0]) {
+      printf("   FAILED: %s\n", r->error);
+      continue;
+    }
+    if (r->skipped) {
+      printf("   -- %s\n", r->note);
+      continue;
+    }
+    const bench_infer_derived_t d = infer_derived(r, run->B);
+    char floor_s[16] = "-", ratio_s[16] = "-", coop_s[16] = "-";
+    if (isfinite(d.floor_us)) snprintf(floor_s, sizeof floor_s, "%.2f", d.floor_us);
+    if (isfinite(d.ratio)) {
+      snprintf(ratio_s, sizeof ratio_s, "%.2f", d.ratio);
+      if (r->path != BENCH_PATH_CUDNN) {
+        nratio++;
+        nmet += d.ratio <= BENCH_INFER_TARGET;
+      }
+    }
+    const double q = speed_ratio(r, 1);
+    if (isfinite(q)) snprintf(coop_s, sizeof coop_s, "%.2f", q);
+    printf(" %9.1f %9.1f %9.1f %9.1f %9.3f %8.2f %9s %6s %6s", r->t[1].med, r->t[1].min, r->t[1].p90,
+           r->t[1].host_med, d.bytes * 1e-6, d.gbps, floor_s, ratio_s, coop_s);
+    printf(r->worst < 1000 ? " %7" PRId64 " %8.3f\n" : " %7" PRId64 " %8.1e\n", r->wrong, r->worst);
+  }
+  if (nratio)
+    printf("# inference target x copy <= %.1f: met by %d of %d library rows\n", BENCH_INFER_TARGET, nmet,
+           nratio);
+  printf("# inference #wrong: y on the checked channels outside |got-ref| <= atol + rtol*|ref| (fp32 %g, "
+         "fp16/bf16 %g; cudnn rows %g, %g; reference: double, sbn_ref_inference of the same running "
+         "statistics), plus running_mean and running_var not bitwise what the call was given\n",
+         TOL_F32, TOL_HALF, TOL_CUDNN_F32, TOL_CUDNN_HALF);
+}
+
 /* Median of the speed ratios t_path / t_coop over the main table's rows of one path. */
 static void print_ratio_summary(const bench_row_t* rows, int nrows) {
   for (int p = BENCH_PATH_NCCL; p <= BENCH_PATH_SPLIT; p++) {
@@ -387,6 +447,7 @@ static void print_ratio_summary(const bench_row_t* rows, int nrows) {
 /* ---- the footer ------------------------------------------------------------------------------ */
 void report_footer(const bench_run_t* run, const bench_results_t* res) {
   if (run->lat_w > 0) print_latency(res->lat, run->lat_w);
+  if (res->ninf > 0) print_inference(run, res->inf, res->ninf);
   printf("#\n");
   if (run->dev) {
     printf("# path: %s\n#       %s\n#       %s\n", kGpuPathLegend[0], kGpuPathLegend[1],
@@ -426,9 +487,9 @@ void report_footer(const bench_run_t* run, const bench_results_t* res) {
   print_ratio_summary(res->rows, res->nrows);
   int nlat = 0;
   for (int i = 0; i < res->nlat; i++) nlat += res->lat[i].shape != NULL;
-  printf("# rows %d + latency %d, failed %d, not run %d, values checked %" PRId64
+  printf("# rows %d + latency %d + inference %d, failed %d, not run %d, values checked %" PRId64
          ", wrong %" PRId64,
-         res->nrows, nlat, res->failed, res->skipped, res->checked, res->wrong);
+         res->nrows, nlat, res->ninf, res->failed, res->skipped, res->checked, res->wrong);
   if (res->worst) {
     char label[96];
     printf(", worst %.3f of tolerance (%s: %s)", res->worst->worst,

@@ -125,6 +125,60 @@ out:
   bufs_free(&b);
 }
 
+/* sbnForwardInference of rank 0's buffers as a timed op (bench_op_fn; no team, no group):
+   host pointers (CPU mode) or device pointers on `stream`. */
+typedef struct {
+  const bench_team_bufs_t* bufs;
+  float eps;
+  sbnStream_t stream;
+} bench_infer_ctx_t;
+
+static double infer_op(void* ctx, int fwd, char* err, size_t cap) {
+  (void)fwd;
+  const bench_infer_ctx_t* k = ctx;
+  const bench_team_bufs_t* b = k->bufs;
+  const double t0 = now_us();
+  const sbnResult_t res = sbnForwardInference(&b->desc, b->x[0], b->y[0], b->weight, b->bias, b->rm[0],
+                                              b->rv[0], k->eps, k->stream);
+  const double t = now_us() - t0;
+  if (res != sbnSuccess) {
+    note_failure(err, cap, "sbnForwardInference", -1, res, sbnGetLastError(NULL));
+    return -1;
+  }
+  return t;
+}
+
+void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o) {
+  const sbnTensorDesc_t d = row_desc(row);
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, 1, &d) != 0) {
+    snprintf(row->error, sizeof row->error,
+             "out of memory for (%" PRId64 ", %" PRId64 ", %" PRId64 ")", d.n, d.c, d.spatial);
+    return;
+  }
+  double* times = malloc((size_t)o->iters * sizeof(double));
+  if (!times || bufs_init(&b, row->shape->id) != 0) {
+    free(times);
+    snprintf(row->error, sizeof row->error, "out of memory");
+    bufs_free(&b);
+    return;
+  }
+  infer_stats_fill(b.rm[0], b.rv[0], d.c);
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  bench_infer_ctx_t ctx = {&b, params.eps, NULL};
+  if (time_wall(infer_op, &ctx, 1, o, times, row->error, sizeof row->error) != 0) goto out;
+  snprintf(row->kernel[1], sizeof row->kernel[1], "cpu");
+  row_set_times(row, 1, times, times, o->iters);
+  /* the check call: y poisoned (all-ones bits, NaN in every dtype) so that a value it does
+     not write cannot pass */
+  memset(b.y[0], 0xff, tensor_bytes(&d));
+  if (infer_op(&ctx, 1, row->error, sizeof row->error) < 0) goto out;
+  check_inference(row, &b, o->check_channels, &kCheckLibrary);
+out:
+  free(times);
+  bufs_free(&b);
+}
+
 #if SBN_BENCH_HAVE_CUDA
 int syncbn_gpu_probe(char* why, size_t cap) {
   sbnComm_t c = NULL;
@@ -340,6 +394,46 @@ void syncbn_gpu_rows(bench_row_t* const rows[BENCH_GPU_PATHS], bench_gpu_t* g, c
                    p == BENCH_PATH_COOP && rows[BENCH_PATH_NCCL] ? &dig : NULL,
                    p == BENCH_PATH_NCCL && rows[BENCH_PATH_COOP] ? &dig : NULL);
   }
+  gpu_bufs_free(&dev);
+  free(samples);
+}
+void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
+                          const bench_team_bufs_t* host_all) {
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
+  const sbnTensorDesc_t d = row_desc(row);
+  bench_team_bufs_t host = *host_all; /* rank 0 only */
+  host.W = 1;
+  bench_team_bufs_t dev;
+  memset(&dev, 0, sizeof dev);
+  double* samples = NULL;
+  if (g->dead[0]) {
+    snprintf(err, cap, "not run: %s", g->dead);
+    return;
+  }
+  samples = malloc((size_t)o->iters * 2 * sizeof(double));
+  if (!samples) {
+    snprintf(err, cap, "out of host memory");
+    goto out;
+  }
+  infer_stats_fill(host.rm[0], host.rv[0], d.c);
+  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0 || gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0 ||
+      gpu_poison(&dev, g->stream, err, cap) != 0)
+    goto out;
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  bench_infer_ctx_t ctx = {&dev, params.eps, g->stream};
+  double *ev_us = samples, *host_us = samples + o->iters;
+  if (gpu_time_op(g, infer_op, &ctx, 1, o, ev_us, host_us, err, cap) != 0) goto out;
+  row_set_times(row, 1, ev_us, host_us, o->iters);
+  snprintf(row->kernel[1], sizeof row->kernel[1], "infer");
+  /* the check run: y poisoned, one call, y and the running statistics (read only: not
+     uploaded again, so a write into them by any call shows) copied back */
+  if (gpu_poison(&dev, g->stream, err, cap) != 0 || infer_op(&ctx, 1, err, cap) < 0 ||
+      gpu_download_infer(&host, &dev, g->stream, err, cap) != 0)
+    goto out;
+  check_inference(row, &host, o->check_channels, &kCheckLibrary);
+out:
+  if (err[0]) gpu_recover(g);
   gpu_bufs_free(&dev);
   free(samples);
 }

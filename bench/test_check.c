@@ -14,7 +14,12 @@
  * Checks: (1) the library's results pass (c3 fails a backward reference built from the
  * reference's own statistics, as check.c had it); (2) dweight off by 1e-4 relative on c0,
  * and dbias off by 1e-4 relative on c1, are each caught on every rank (the old rule,
- * 1e-4 (1 + |ref|), let both through). */
+ * 1e-4 (1 + |ref|), let both through).
+ * And the inference rows' check (check_inference) on sbnForwardInference's host results,
+ * fp32, bf16 and fp16, NCHW and NHWC: (3) they pass, every channel checked; (4) one y value
+ * with its exponent's top bit flipped is one wrong; (5) a y computed without the running
+ * statistics (the call given (0, 1)) is wrong everywhere; (6) a running_mean value changed
+ * after the call (the call must only read them) is one wrong. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,8 +106,87 @@ static int nvidia_driver_parsed(void) {
   return 0;
 }
 
+/* One y element's exponent top bit flipped (fp32 bit 30, 16-bit types bit 14): off by a
+   factor of 2^128 (fp32, bf16) or 2^16 (fp16), or inf/NaN; undone by a second call. */
+static void flip_exponent(void* y, sbnDataType_t t, int64_t i) {
+  if (t == sbnFloat32)
+    ((uint32_t*)y)[i] ^= 0x40000000u;
+  else
+    ((uint16_t*)y)[i] ^= 0x4000u;
+}
+
+static bench_row_t infer_check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+  bench_row_t row;
+  memset(&row, 0, sizeof row);
+  row.shape = shape;
+  row.spatial = b->desc.spatial;
+  row.dtype = b->desc.dtype;
+  row.layout = b->desc.layout;
+  row.W = 1;
+  row.path = BENCH_PATH_CPU;
+  row.inference = 1;
+  check_inference(&row, b, 0, &kCheckLibrary); /* every channel */
+  return row;
+}
+
+/* (3)-(6) for one dtype and layout; the number of failures. */
+static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
+  static const bench_shape_t shape = {"I", 3, 45, 5, 7, "test_check.c (inference)"};
+  const sbnTensorDesc_t d = {t, l, shape.n, shape.c, shape.h * shape.w};
+  const int64_t numel = d.n * d.c * d.spatial;
+  const sbnParams_t params = SBN_PARAMS_DEFAULT;
+  const float eps = params.eps;
+  const int before = failures;
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, 1, &d) != 0 || bufs_init(&b, shape.id) != 0) {
+    printf("FAIL: out of memory\n");
+    return 1;
+  }
+  infer_stats_fill(b.rm[0], b.rv[0], d.c);
+  sbnResult_t res = sbnForwardInference(&d, b.x[0], b.y[0], b.weight, b.bias, b.rm[0], b.rv[0], eps, NULL);
+  EXPECT(res == sbnSuccess, "sbnForwardInference on host memory: %s", sbnGetLastError(NULL));
+  bench_row_t row = infer_check(&b, &shape);
+  EXPECT(row.error[0] == '\0' && row.wrong == 0 && row.checked == numel + 2 * d.c,
+         "inference %s %s: %lld wrong of %lld checked (expected 0 of %lld; worst %.3g: %s) %s",
+         kDtypeNames[t], kLayoutNames[l], (long long)row.wrong, (long long)row.checked,
+         (long long)(numel + 2 * d.c), row.worst, row.worst_what, row.error);
+  printf("inference %s %s: %lld values checked, %lld wrong, worst %.3g of tolerance (%s)",
+         kDtypeNames[t], kLayoutNames[l], (long long)row.checked, (long long)row.wrong, row.worst,
+         row.worst_what);
+  /* (4) one y value wrong: element (n 1, c 17, s 3) */
+  const int64_t at = l == sbnLayoutNCHW ? (1 * d.c + 17) * d.spatial + 3 : (1 * d.spatial + 3) * d.c + 17;
+  flip_exponent(b.y[0], t, at);
+  row = infer_check(&b, &shape);
+  EXPECT(row.wrong == 1 && strstr(row.worst_what, "y r0 c17") != NULL,
+         "inference %s %s, one y value wrong: %lld wrong (expected 1), worst %s", kDtypeNames[t],
+         kLayoutNames[l], (long long)row.wrong, row.worst_what);
+  printf("; one y flipped: %lld wrong", (long long)row.wrong);
+  flip_exponent(b.y[0], t, at);
+  /* (6) a running statistic the call changed */
+  b.rm[0][5] += 0.25f;
+  row = infer_check(&b, &shape);
+  EXPECT(row.wrong == 1, "inference %s %s, running_mean[5] changed: %lld wrong (expected 1)",
+         kDtypeNames[t], kLayoutNames[l], (long long)row.wrong);
+  printf("; running_mean changed: %lld wrong", (long long)row.wrong);
+  /* (5) y without the running statistics: the call given (0, 1), checked against them */
+  bufs_reset_state(&b);
+  res = sbnForwardInference(&d, b.x[0], b.y[0], b.weight, b.bias, b.rm[0], b.rv[0], eps, NULL);
+  infer_stats_fill(b.rm[0], b.rv[0], d.c);
+  row = infer_check(&b, &shape);
+  EXPECT(res == sbnSuccess && row.wrong > numel * 9 / 10,
+         "inference %s %s, y of running stats (0, 1): %lld wrong of %lld y values (expected > 90%%)",
+         kDtypeNames[t], kLayoutNames[l], (long long)row.wrong, (long long)numel);
+  printf("; y of running stats (0, 1): %lld of %lld wrong\n", (long long)row.wrong, (long long)numel);
+  bufs_free(&b);
+  return failures - before;
+}
+
 int main(void) {
   if (nvidia_driver_parsed() != 0) return 1;
+  static const sbnDataType_t kInferDtypes[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
+  for (int t = 0; t < 3; t++)
+    for (int l = 0; l < 2; l++) inference_checked(kInferDtypes[t], (sbnLayout_t)l);
+  const int infer_failures = failures;
   static const bench_shape_t shape = {"T", TN, TC, TSP, 1, "test_check.c"};
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
   bench_team_bufs_t b;
@@ -176,6 +260,8 @@ int main(void) {
     for (int r = 0; r < TW; r++) v[r][wrong[k].c] = good;
   }
   bufs_free(&b);
-  printf("%d passed, %d failed\n", 3 - (failures > 3 ? 3 : failures), failures);
+  const int cases = 3 + 6 * 4; /* the team check's 3; 4 per inference dtype x layout */
+  printf("%d passed, %d failed (%d of them the inference checks)\n",
+         cases - (failures > cases ? cases : failures), failures, infer_failures);
   return failures ? 1 : 0;
 }

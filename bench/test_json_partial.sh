@@ -43,7 +43,11 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
 problems = []
-if d.get("schema") != 3: problems.append(f"schema {d.get('schema')}, expected 3")
+if d.get("schema") != 4: problems.append(f"schema {d.get('schema')}, expected 4")
+if not isinstance(d.get("inference"), list): problems.append("no inference list")
+# CPU mode: one inference row per main row (every shape x dtype x layout at W = 1)
+if d.get("inference_planned") != d.get("rows_planned"):
+    problems.append(f"inference_planned {d.get('inference_planned')} != rows_planned {d.get('rows_planned')}")
 if d.get("complete") is not False: problems.append(f"complete is {d.get('complete')!r}, expected false")
 if d.get("ok") is not False: problems.append(f"ok is {d.get('ok')!r}, expected false (incomplete)")
 if len(rows) < 3: problems.append(f"{len(rows)} rows, expected >= 3")

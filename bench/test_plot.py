@@ -184,9 +184,9 @@ def test_sbn_bench_floors(d):
     """The floors of sbn-bench's CPU-mode JSON: there in every row, the values of the
     definition (asserted here, independently of bench/floors.c)."""
     rows = d.get("rows", [])
-    check(d.get("schema") == 3 and d.get("mode") == "cpu" and len(rows) == 8 and
+    check(d.get("schema") == 4 and d.get("mode") == "cpu" and len(rows) == 8 and
           d.get("complete") is True and d.get("rows_planned") == 8,
-          "sbn-bench JSON: schema 3, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
+          "sbn-bench JSON: schema 4, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
     check(all(SCHEMA2_ROW_KEYS <= set(x) for x in rows), "sbn-bench CPU rows have every schema-2 row key")
     ok = True
     for x in rows:
@@ -204,6 +204,42 @@ def test_sbn_bench_floors(d):
               "2|x|, 3|x|; floor us and % null in CPU mode; us_fwd/us_bwd = fwd/bwd us_median")
     check(isinstance(d.get("floors"), str) and isinstance(d.get("bytes"), str),
           "sbn-bench JSON: the floors and bytes formulas as text")
+
+
+INFERENCE_ROW_KEYS = {"path", "shape", "where", "n", "c", "h", "w", "spatial", "dtype", "layout",
+                      "ranks", "kernel", "us_median", "us_min", "us_p90", "host_us_median", "bytes",
+                      "gbps", "floor_us", "x_copy", "t_over_coop", "checked", "wrong", "tol_used",
+                      "worst", "error", "note"}
+
+
+def test_sbn_bench_inference(d):
+    """The inference table of sbn-bench's CPU-mode JSON (schema 4): one row per shape x dtype
+    x layout, path cpu at W = 1, every key, bytes = 2|x|, no floor (no B in CPU mode), y
+    checked with nothing wrong."""
+    inf = d.get("inference")
+    check(isinstance(inf, list) and len(inf) == 8 and d.get("inference_planned") == 8 and
+          d.get("inference_target") == 1.1 and isinstance(d.get("inference_formula"), str) and
+          isinstance(d.get("inference_running_stats"), str),
+          "sbn-bench JSON: inference, 8 rows of 8 planned, the target 1.1 and the formulas as text")
+    if not isinstance(inf, list):
+        return
+    ok = all(INFERENCE_ROW_KEYS <= set(x) for x in inf)
+    check(ok, "sbn-bench inference rows have every key")
+    if not ok:
+        return
+    want = sorted((x["shape"], x["dtype"], x["layout"]) for x in d.get("rows", []))
+    check(sorted((x["shape"], x["dtype"], x["layout"]) for x in inf) == want,
+          "sbn-bench inference rows: the shapes, dtypes and layouts of the main rows")
+    ok = True
+    for x in inf:
+        es = 4 if x["dtype"] == "fp32" else 2
+        ok &= x["path"] == "cpu" and x["ranks"] == 1 and x["kernel"] == "cpu"
+        ok &= x["bytes"] == 2 * x["n"] * x["c"] * x["spatial"] * es
+        ok &= x["floor_us"] is None and x["x_copy"] is None and x["t_over_coop"] is None
+        ok &= x["us_median"] is not None and x["us_min"] <= x["us_median"] <= x["us_p90"]
+        ok &= x["error"] is None and x["checked"] > 0 and x["wrong"] == 0
+    check(ok, "sbn-bench inference rows: path cpu, W = 1, bytes = 2|x|, floor and x_copy null in "
+              "CPU mode, times there, checked > 0, wrong 0, no error")
 
 
 def import_baseline():
@@ -931,6 +967,7 @@ def main():
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
         if sbn:
             test_sbn_bench_floors(sbn)
+            test_sbn_bench_inference(sbn)
             test_baseline_floors(sbn_js, sbn, tmp)
         elif not exe:
             print("skip the floors checks: no sbn-bench binary (--sbn-bench PATH)")
