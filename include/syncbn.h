@@ -298,8 +298,8 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    it applies: a team of one, NCHW with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)
    or at least 1024, 16-byte aligned tensors, fewer than twice as many blocks as
    channels; else what auto runs), or small (where it applies: a team of one, NHWC or
-   H*W = 1, N*H*W at most 64, the plain ops: no activation, no z or dz, not the in-place
-   backward; else what auto runs) (the first kernel, "legacy", was
+   H*W = 1, N*H*W at most 64, not the in-place backward (sbnBackwardEx with x NULL);
+   else what auto runs) (the first kernel, "legacy", was
    removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 

@@ -115,9 +115,9 @@ template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, i
     case SBN_VAR_UNIT: /* the 16-byte plane kernels only (coop_plan.h: sbn_unit_applies) */
       if constexpr (!TILE) return vec ? (const void*)sbn_unit_kernel<KIND, DT, V, EPI> : nullptr;
       return nullptr;
-    case SBN_VAR_SMALL: /* tile units of the plain ops only, any width (element loads:
-                           coop_plan.h, sbn_small_applies) */
-      if constexpr (TILE && EPI == SBN_EPI_NONE) return (const void*)sbn_small_kernel<KIND, DT>;
+    case SBN_VAR_SMALL: /* tile units, any width (element loads: coop_plan.h,
+                           sbn_small_applies); not the in-place backward's recovery */
+      if constexpr (TILE && EPI != SBN_EPI_RECOVER) return (const void*)sbn_small_kernel<KIND, DT, EPI>;
       return nullptr;
     default:
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM, EPI>

@@ -450,8 +450,8 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;
-  /* SBN_KERNEL=small: the small variant where it applies and is built (the plain ops'
-     kernels: occ 0 for the epilogue's), with its own G, else stream */
+  /* SBN_KERNEL=small: the small variant where it applies and is built (occ 0 for the in-place
+     backward's, which is not), with its own G, else stream */
   if (op->kernel == SBN_KERNEL_SMALL && !op->host && nranks == 1 &&
       sbn_small_applies(op->solo_team, nranks, dev->shared, tile, ranks[0].n * ranks[0].sp) &&
       dev->occ[tile][vec][SBN_VAR_SMALL] >= 1) {

@@ -32,9 +32,9 @@
  * not co-resident times out there (test_solo_arrivals). A forward of one value per channel
  * (rows == 1) fails with sbnInvalidArgument, nothing written, as the stream kernel's
  * gather does; a launch the plan never makes fails with sbnInvalidUsage.
- * The plain ops only (no activation, no z or dz, not the in-place backward): the
- * epilogue's kernels are not built for it (coop.cu: coop_pick, test_small_failures), and
- * the plan runs stream there.
+ * The epilogue (an activation, z, dz: SBN_EPI_ACT) as the stream kernels compute it, but
+ * not the in-place backward's recovery of x from y (SBN_EPI_RECOVER): that kernel is not
+ * built (coop.cu: coop_pick, test_small_failures), and the plan runs stream there.
  */
 #ifndef SYNCBN_COOP_SMALL_CUH_
 #define SYNCBN_COOP_SMALL_CUH_
@@ -42,10 +42,16 @@
 constexpr int kSmallHold = SBN_SMALL_ROWS / kWarps; /* rows of a thread, at most */
 static_assert(SBN_SMALL_ROWS % kWarps == 0, "SBN_SMALL_ROWS: whole rows per warp");
 
-template <int KIND, int DT>
+template <int KIND, int DT, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_small_kernel(const __grid_constant__ sbn_coop_args_t a) {
   typedef Part<KIND> P;
+  /* the epilogue (SBN_EPI_ACT): forward y = act(bn(x) + z), z where given; backward the
+     gradient g = act'(y) dy (y the forward's output) in place of dy, written to dz where
+     given (after the start's barrier, as every output). Not the in-place backward's
+     recovery of x from y (SBN_EPI_RECOVER: not built) */
+  static_assert(EPI == SBN_EPI_NONE || EPI == SBN_EPI_ACT, "the small kernels: plain or act");
+  constexpr bool kEpi = EPI == SBN_EPI_ACT;
   SBN_SHARED(Smem, sm);
   const int b = blockIdx.x;
   const sbn_coop_rank_t& R = a.r[0];
@@ -72,6 +78,8 @@ SBN_NO_UNROLL
      epoch's and the stop words' (later chunks load theirs at the top of the loop) */
   const uint64_t pol = policy_evict_first(); /* read once */
   float xv[kSmallHold], dyv[kSmallHold];
+  float ev[kSmallHold]; /* the epilogue's other input: forward z, backward y */
+  const void* const epi_in = KIND == SBN_OP_FORWARD ? R.z : R.y;
   ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
   RunningIn run = {0.0f, 0.0f}; /* forward, warp 0: the channel's running statistics */
   float mean_in = 0.0f; /* backward: the channel's saved mean, which every thread's sum takes */
@@ -84,6 +92,7 @@ SBN_UNROLL
       const bool has = in && i < kt;
       xv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : 0.0f;
       if (KIND == SBN_OP_BACKWARD) dyv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.dy, e, pol)) : 0.0f;
+      if (kEpi) ev[i] = has && epi_in != nullptr ? Dt<DT>::to_f32(tensor_ld_elem<DT>(epi_in, e, pol)) : 0.0f;
     }
     if (w == 0) {
       q = load_params<KIND>(R, c, in);
@@ -137,6 +146,9 @@ SBN_UNROLL
 SBN_UNROLL
       for (int i = 0; i < kSmallHold; i++)
         if (i < kt) {
+          /* the gradient that reaches the normalization: g = act'(y) dy, held in dy's
+             place (y given wherever act is not the identity: the host checks) */
+          if (kEpi && R.act != SBN_ACT_IDENTITY) dyv[i] = sbn_act_grad(R.act, R.slope, ev[i], dyv[i]);
           float err;
           const float t = sbn_grad_term(dyv[i], xv[i], mean_in, &err);
           sbn_csum_add(&pt.dy, dyv[i]);
@@ -163,7 +175,8 @@ SBN_UNROLL
       set_coefs<KIND>(R, lane, rows, v, mine, q, sm);
     }
     __syncthreads(); /* the coefficients before the outputs read them */
-    if (R.out != nullptr && in) {
+    const bool dz = kEpi && KIND == SBN_OP_BACKWARD && R.dz != nullptr;
+    if ((R.out != nullptr || dz) && in) {
       const float* kc = sm.coef[lane];
 SBN_UNROLL
       for (int i = 0; i < kSmallHold; i++)
@@ -172,11 +185,14 @@ SBN_UNROLL
           /* (the mutant reads x again here instead of using the held value) */
           const float xi = SBN_MUTANT(SBN_MUT_SMALL_RELOAD) ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : xv[i];
           float r;
-          if (KIND == SBN_OP_FORWARD)
+          if (KIND == SBN_OP_FORWARD) {
             r = sbn_forward_y(xi, kc[0], kc[1], kc[2], kc[3]);
-          else
+            if (kEpi) r = sbn_act(R.act, R.slope, epi_in != nullptr ? r + ev[i] : r);
+          } else {
             r = sbn_backward_dx(sbn_bwd_coef_t{kc[0], kc[1], kc[2], kc[3]}, xi, dyv[i]);
-          tensor_st_elem<DT>(R.out, e, Dt<DT>::from_f32(r));
+            if (dz) tensor_st_elem<DT>(R.dz, e, Dt<DT>::from_f32(dyv[i]));
+          }
+          if (R.out != nullptr) tensor_st_elem<DT>(R.out, e, Dt<DT>::from_f32(r));
         }
     }
     if (w == 0 && in) channel_outputs<KIND>(R, c, lane, rows, sm, false, &run);

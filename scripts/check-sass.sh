@@ -234,8 +234,8 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     elif base == "sbn_small_kernel":
         # the small variant (coop_small.cuh): element loads of a few rows (not hot: no
         # 16-byte load expected), stream's occupancy, no exchange
-        kind, dt = args
-        label = f"small {KIND[kind]} {DT[dt]} tile"
+        kind, dt, epi = args
+        label = f"small {KIND[kind]} {DT[dt]} tile{EPI[epi]}"
         hot, want = False, stream_occ
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
         kind, dt, tile, vec, epi = args

@@ -191,10 +191,10 @@ static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int b
   if (pl.variant == SBN_VAR_UNIT && !g_unit_any &&
       !sbn_unit_applies(g_plan_solo, 1, 0, pl.tile, pl.vec, d->c, G))
     pl.variant = SBN_VAR_STREAM;
-  /* (the small kernel takes the test's G: any G, a block per chunk or fewer; the plain
-     ops only, as the library's, whose plan finds no small kernel with the epilogue) */
+  /* (the small kernel takes the test's G: any G, a block per chunk or fewer; not the
+     in-place backward, as the library's, whose plan finds no small kernel for it) */
   if (pl.variant == SBN_VAR_SMALL && !g_unit_any &&
-      !(sbn_small_applies(g_plan_solo, 1, 0, pl.tile, n_max * d->spatial) && g_epi == NULL))
+      !(sbn_small_applies(g_plan_solo, 1, 0, pl.tile, n_max * d->spatial) && !(g_epi && g_epi->recover)))
     pl.variant = SBN_VAR_STREAM;
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
@@ -1310,7 +1310,8 @@ static void epi_free(emu_epi_t* ep) {
 /* The kernels' epilogue against the CPU team's (itself against float64 in test_fused.c):
    ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
    (identity, leaky), ReLU alone; every dtype and layout, uneven and empty ranks, W up to 8, every
-   variant (stream, onchip, scalar; unit on a team of one's planes), virtual and per-rank
+   variant (stream, onchip, scalar; unit on a team of one's planes; small on a team of
+   one's ops of few rows, but for the in-place backward), virtual and per-rank
    launches and the host path; then the host path, the per-rank launches, onchip and unit
    equal the virtual stream launch bitwise (y, dx, dz, dweight, dbias). */
 static void test_fused_vs_cpu(void) {
@@ -1341,6 +1342,8 @@ static void test_fused_vs_cpu(void) {
                                                              channel: 9-10 positions a thread in
                                                              the plane kernels' stage-5 batches
                                                              of 3 (MODE 0) and a remainder */
+      {1, 2, sbnFloat16, sbnLayoutNHWC, 40, 5, n1, 1},    /* 15 rows: the small kernel too */
+      {1, 1, sbnBFloat16, sbnLayoutNCHW, 33, 1, n1, 0},   /* 3 rows, H*W = 1, affine=False: small */
   };
   static const struct {
     int act, z, recover;
@@ -1357,12 +1360,16 @@ static void test_fused_vs_cpu(void) {
       const uint64_t seed = 900 + 10 * i + k;
       void* snap[MAXW][3] = {{0}}; /* the virtual stream launch's y, dx, dz: the bits of */
       float* snapw[MAXW][2] = {{0}}; /* onchip, peer and host (dweight, dbias too) */
-      for (int run = 0; run < 6; run++) { /* stream virtual, onchip, scalar, peer, host, unit */
-        const int var = run < 3 ? variants[run] : run == 5 ? SBN_VAR_UNIT : SBN_VAR_STREAM;
+      for (int run = 0; run < 7; run++) { /* stream virtual, onchip, scalar, peer, host, unit, small */
+        const int var = run < 3 ? variants[run] : run == 5 ? SBN_VAR_UNIT : run == 6 ? SBN_VAR_SMALL : SBN_VAR_STREAM;
         const int how = run == 3 ? EPI_PEER : run == 4 ? EPI_HOST : EPI_VIRTUAL;
         if (how == EPI_PEER && cases[i].W == 1) continue;
         if (run == 5 && !(cases[i].W == 1 && cases[i].lay == sbnLayoutNCHW && cases[i].sp > 1))
           continue; /* unit: a team of one's planes (cases 0 and 9 run it) */
+        if (run == 6 && !(cases[i].W == 1 && (cases[i].lay == sbnLayoutNHWC || cases[i].sp == 1) &&
+                          cases[i].n[0] * cases[i].sp <= SBN_SMALL_ROWS && !epis[k].recover))
+          continue; /* small: a team of one's ops of few rows (cases 10 and 11), not the
+                       in-place backward */
         team_t g, cpu;
         team_make(&g, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n,
                   cases[i].affine, 1, GEN_NORMAL, seed);
@@ -1379,10 +1386,11 @@ static void test_fused_vs_cpu(void) {
         emu_team_init(&e, cases[i].W, cases[i].G, 60000);
         emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}};
         g_variant = var;
-        const int units_before = g_launched[SBN_VAR_UNIT];
+        const int units_before = g_launched[SBN_VAR_UNIT], smalls_before = g_launched[SBN_VAR_SMALL];
         fused_run_and_check(&g, &cpu, &e, &ep, epis[k].z, how, &p, seed);
         g_variant = EMU_VAR_DEFAULT;
         if (run == 5) ASSERT_TRUE(g_launched[SBN_VAR_UNIT] >= units_before + 2); /* both ops */
+        if (run == 6) ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], smalls_before + 2);
         for (int r = 0; r < cases[i].W && !sbn_test_cur_failed_; r++) {
           const size_t bytes = team_bytes(&g, r), cb = (size_t)cases[i].c * sizeof(float);
           const void* out[3] = {g.y[r], g.dx[r], ep.dz[r]};
@@ -1390,7 +1398,8 @@ static void test_fused_vs_cpu(void) {
             for (int q = 0; q < 3; q++) snap[r][q] = out[q] ? dup_mem(out[q], bytes) : NULL;
             snapw[r][0] = dup_mem(g.dw[r], cb);
             snapw[r][1] = dup_mem(g.db[r], cb);
-          } else if (run != 2) { /* the scalar kernels' thread layout is another: not bitwise */
+          } else if (run != 2 && run != 6) { /* the scalar kernels' thread layout is another,
+                                                the small kernel's order of sums: not bitwise */
             for (int q = 0; q < 3; q++)
               if (out[q] != NULL) ASSERT_MEMEQ(out[q], snap[r][q], bytes);
             ASSERT_MEMEQ(g.dw[r], snapw[r][0], cb);
@@ -2536,7 +2545,7 @@ static void close_or_same(const char* what, const void* a, const void* b, sbnDat
    mutant that reads x again for the outputs (SBN_MUT_SMALL_RELOAD:
    test_coop_emu_mutant_small_reload) must fail it; and touched no host memory (the
    team's error words) on the success path, as test_host_memory_success_path asks of the
-   other kernels. */
+   other kernels. And the epilogue's bytes (ReLU with z; with dz): each tensor once. */
 static void small_options(void) {
   static const int64_t n3[1] = {3}, n8[1] = {8};
   for (int combo = 0; combo < 16; combo++) {
@@ -2617,6 +2626,45 @@ static void small_options(void) {
       }
     }
   }
+  /* the epilogue's bytes: the forward with ReLU and z reads x and z once and writes y
+     once; the backward with ReLU and dz reads x, dy and y once and writes dx and dz once
+     (its values: test_fused_vs_cpu) */
+  static const int64_t n6[1] = {6};
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  team_t t;
+  team_make(&t, 1, sbnBFloat16, sbnLayoutNHWC, 40, 5, n6, 1, 1, GEN_NORMAL, 3150);
+  emu_team_t e;
+  emu_team_init(&e, 1, 2, 60000);
+  const size_t bytes = team_bytes(&t, 0);
+  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+  ep.z[0] = gen_tensor(&t.d[0], &(sbn_rng_t){3151}, GEN_NORMAL);
+  ep.dz[0] = malloc(bytes);
+  ep.y[0] = t.y[0];
+  static const int rd[2][FB_N] = {{1, 1, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0}}; /* x z y dy dx dz */
+  static const int wr[2][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 1}};
+  for (int bwd = 0; bwd < 2 && !sbn_test_cur_failed_; bwd++) {
+    const void* tp[FB_N] = {t.x[0], ep.z[0], t.y[0], t.dy[0], t.dx[0], ep.dz[0]};
+    int slot[FB_N];
+    sbn_emu_count_reset();
+    for (int q = 0; q < FB_N; q++) slot[q] = sbn_emu_count_track(tp[q], bytes);
+    const int ran = g_launched[SBN_VAR_SMALL];
+    g_epi = &ep;
+    g_variant = SBN_VAR_SMALL;
+    emu_run_virtual(&e, &t, bwd, &p);
+    g_variant = EMU_VAR_DEFAULT;
+    g_epi = NULL;
+    ASSERT_TRUE(err_words_clear(&e));
+    ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
+    for (int q = 0; q < FB_N; q++) {
+      uint64_t got_rd, got_wr;
+      sbn_emu_count_get(slot[q], &got_rd, &got_wr);
+      ASSERT_EQ_INT((int64_t)got_rd, (int64_t)(rd[bwd][q] * bytes));
+      ASSERT_EQ_INT((int64_t)got_wr, (int64_t)(wr[bwd][q] * bytes));
+    }
+  }
+  epi_free(&ep);
+  emu_team_free(&e);
+  team_free(&t);
 }
 static void test_small_options(void) { small_options(); }
 
@@ -2627,8 +2675,8 @@ static void test_small_options(void) { small_options(); }
    once every block arrived); blocks of one chunk and of two. The mutant that looks after
    the first chunk's outputs (SBN_MUT_SMALL_LATE_STOP: test_coop_emu_mutant_small_late_stop)
    must fail it. A forward of one row (one value per channel): sbnInvalidArgument, nothing
-   written, as the stream kernel's gather. Only the plain ops' tile kernels are built (the
-   plan finds no small kernel with an activation, z, dz or the in-place backward). And a
+   written, as the stream kernel's gather. Only tile kernels are built, and none for the
+   in-place backward (the plan finds no small kernel there). And a
    launch the plan never makes (65 rows; small for a team of two): sbnInvalidUsage on
    every rank, nothing written, no arrival, the epochs as they were. */
 static void small_failures(void) {
@@ -2679,15 +2727,17 @@ static void small_failures(void) {
       return;
     }
   }
-  /* the plain ops' tile kernels only: none with the epilogue (an activation, z, dz; the
-     in-place backward), none for plane units; the plan finds occupancy 0 there */
+  /* tile kernels only, the plain ops' and the epilogue's (an activation, z, dz), none for
+     the in-place backward's recovery, none for plane units; the plan finds occupancy 0
+     there */
   for (int kind = 0; kind < 2; kind++)
     for (int dt = 0; dt < 3; dt++)
       for (int tile = 0; tile < 2; tile++)
         for (int vec = 0; vec < 2; vec++)
           for (int epi = 0; epi < SBN_EPI_KINDS; epi++) {
             const int built = sbn_emu_kernel_built(kind, dt, tile, vec, SBN_VAR_SMALL, epi);
-            if (built != (tile && epi == SBN_EPI_NONE))
+            /* (a forward never recovers: its SBN_EPI_RECOVER is SBN_EPI_ACT, coop.cu) */
+            if (built != (tile && (epi != SBN_EPI_RECOVER || kind == SBN_OP_FORWARD)))
               SBN_FAIL_("small kernel kind %d dtype %d tile %d vec %d epi %d: %s", kind, dt, tile, vec, epi,
                         built ? "built" : "not built");
           }
