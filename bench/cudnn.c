@@ -578,7 +578,9 @@ void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
     h = (int)row->shape->h;
     w = (int)row->shape->w;
   }
-  bench_team_bufs_t host = *host_all; /* rank 0 only */
+  /* rank 0's host buffers of this input set, whose running statistics and y this row
+     overwrites: its inference rows run after all its main rows (main.c) */
+  bench_team_bufs_t host = *host_all;
   host.W = 1;
   bench_team_bufs_t dev;
   memset(&dev, 0, sizeof dev);

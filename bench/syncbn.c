@@ -402,7 +402,9 @@ void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* 
   char* err = row->error;
   const size_t cap = sizeof row->error;
   const sbnTensorDesc_t d = row_desc(row);
-  bench_team_bufs_t host = *host_all; /* rank 0 only */
+  /* rank 0's host buffers of this input set, whose running statistics and y this row
+     overwrites: its inference rows run after all its main rows (main.c) */
+  bench_team_bufs_t host = *host_all;
   host.W = 1;
   bench_team_bufs_t dev;
   memset(&dev, 0, sizeof dev);
