@@ -78,8 +78,10 @@ SBN_NO_UNROLL
      epoch's and the stop words' (later chunks load theirs at the top of the loop) */
   const uint64_t pol = policy_evict_first(); /* read once */
   float xv[kSmallHold], dyv[kSmallHold];
-  float ev[kSmallHold]; /* the epilogue's other input: forward z, backward y */
-  const void* const epi_in = KIND == SBN_OP_FORWARD ? R.z : R.y;
+  float ev[kSmallHold]; /* the epilogue's other input: forward z, backward y (for the mask
+                           of an activation: not read for the identity, as stream's) */
+  const void* const epi_in =
+      KIND == SBN_OP_FORWARD ? R.z : R.act != SBN_ACT_IDENTITY ? R.y : nullptr;
   ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
   RunningIn run = {0.0f, 0.0f}; /* forward, warp 0: the channel's running statistics */
   float mean_in = 0.0f; /* backward: the channel's saved mean, which every thread's sum takes */

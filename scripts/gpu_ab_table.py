@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The table of scripts/gpu-ab.sh: per row of sbn-bench's JSON (path, shape, dtype, layout,
-W; the latency table's rows too: shapes "tiny" and "empty"), each variant's median over
-its rounds of the run's median forward and backward times, and its ratio to the first
-variant (< 1: faster than it).
+W; the latency table's rows too: shapes "tiny" and "empty"; and the inference table's, as
+path "<path>-inf" with the one op's time in the forward column), each variant's median
+over its rounds of the run's median forward and backward times, and its ratio to the
+first variant (< 1: faster than it).
 
 usage: gpu_ab_table.py OUTDIR ROUNDS LABEL...
 """
@@ -23,7 +24,12 @@ def rows_of(path):
             continue
         key = (r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"])
         out[key] = (r["us_fwd"], r["us_bwd"], r.get("kernel"))
-    return out, d.get("copy_bandwidth", {}).get("gbps")
+    for r in d.get("inference", []):
+        if r.get("error") or r.get("us_median") is None:
+            continue
+        key = (r["path"] + "-inf", r["shape"], r["dtype"], r["layout"], r["ranks"])
+        out[key] = (r["us_median"], None, r.get("kernel"))
+    return out, (d.get("copy_bandwidth") or {}).get("gbps")
 
 
 def main():
@@ -43,12 +49,12 @@ def main():
         if bw[l]:
             print(f"# {l}: copy bandwidth {statistics.median(bw[l]):.1f} GB/s "
                   f"(median of {len(bw[l])} runs)")
-    head = f"{'path':6} {'shape':5} {'dtype':5} {'layout':6} {'W':>2}"
+    head = f"{'path':9} {'shape':5} {'dtype':5} {'layout':6} {'W':>2}"
     for l in labels:
         head += f" {l + ' fwd':>14} {'bwd':>12}"
     print(head)
     for k in keys:
-        line = f"{k[0]:6} {k[1]:5} {k[2]:5} {k[3]:6} {k[4]:>2}"
+        line = f"{k[0]:9} {k[1]:5} {k[2]:5} {k[3]:6} {k[4]:>2}"
         base = times[labels[0]].get(k)
         for l in labels:
             v = times[l].get(k)
@@ -56,13 +62,17 @@ def main():
                 line += f" {'--':>14} {'--':>12}"
                 continue
             f = statistics.median(x[0] for x in v)
-            b = statistics.median(x[1] for x in v)
+            b = None if v[0][1] is None else statistics.median(x[1] for x in v)
             if base and l != labels[0]:
                 f0 = statistics.median(x[0] for x in base)
-                b0 = statistics.median(x[1] for x in base)
-                line += f" {f:8.1f}({f / f0:4.2f}) {b:6.1f}({b / b0:4.2f})"
+                line += f" {f:8.1f}({f / f0:4.2f})"
+                if b is None:
+                    line += f" {'--':>12}"
+                else:
+                    b0 = statistics.median(x[1] for x in base)
+                    line += f" {b:6.1f}({b / b0:4.2f})"
             else:
-                line += f" {f:14.1f} {b:12.1f}"
+                line += f" {f:14.1f}" + (f" {'--':>12}" if b is None else f" {b:12.1f}")
         print(line)
 
 

@@ -1343,7 +1343,7 @@ static void test_fused_vs_cpu(void) {
                                                              the plane kernels' stage-5 batches
                                                              of 3 (MODE 0) and a remainder */
       {1, 2, sbnFloat16, sbnLayoutNHWC, 40, 5, n1, 1},    /* 15 rows: the small kernel too */
-      {1, 1, sbnBFloat16, sbnLayoutNCHW, 33, 1, n1, 0},   /* 3 rows, H*W = 1, affine=False: small */
+      {1, 1, sbnFloat32, sbnLayoutNCHW, 33, 1, n1, 0},    /* 3 rows, H*W = 1, affine=False: small */
   };
   static const struct {
     int act, z, recover;
@@ -2627,8 +2627,8 @@ static void small_options(void) {
     }
   }
   /* the epilogue's bytes: the forward with ReLU and z reads x and z once and writes y
-     once; the backward with ReLU and dz reads x, dy and y once and writes dx and dz once
-     (its values: test_fused_vs_cpu) */
+     once; the backward with ReLU and dz reads x, dy and y once and writes dx and dz once;
+     with the identity and dz, y is not read (its values: test_fused_vs_cpu) */
   static const int64_t n6[1] = {6};
   const sbnParams_t p = SBN_PARAMS_DEFAULT;
   team_t t;
@@ -2640,9 +2640,11 @@ static void small_options(void) {
   ep.z[0] = gen_tensor(&t.d[0], &(sbn_rng_t){3151}, GEN_NORMAL);
   ep.dz[0] = malloc(bytes);
   ep.y[0] = t.y[0];
-  static const int rd[2][FB_N] = {{1, 1, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0}}; /* x z y dy dx dz */
-  static const int wr[2][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 1}};
-  for (int bwd = 0; bwd < 2 && !sbn_test_cur_failed_; bwd++) {
+  static const int rd[3][FB_N] = {{1, 1, 0, 0, 0, 0}, {1, 0, 1, 1, 0, 0}, {1, 0, 0, 1, 0, 0}}; /* x z y dy dx dz */
+  static const int wr[3][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 1, 1}};
+  for (int op = 0; op < 3 && !sbn_test_cur_failed_; op++) {
+    const int bwd = op > 0;
+    ep.act = op == 2 ? SBN_ACT_IDENTITY : SBN_ACT_RELU;
     const void* tp[FB_N] = {t.x[0], ep.z[0], t.y[0], t.dy[0], t.dx[0], ep.dz[0]};
     int slot[FB_N];
     sbn_emu_count_reset();
@@ -2658,8 +2660,8 @@ static void small_options(void) {
     for (int q = 0; q < FB_N; q++) {
       uint64_t got_rd, got_wr;
       sbn_emu_count_get(slot[q], &got_rd, &got_wr);
-      ASSERT_EQ_INT((int64_t)got_rd, (int64_t)(rd[bwd][q] * bytes));
-      ASSERT_EQ_INT((int64_t)got_wr, (int64_t)(wr[bwd][q] * bytes));
+      ASSERT_EQ_INT((int64_t)got_rd, (int64_t)(rd[op][q] * bytes));
+      ASSERT_EQ_INT((int64_t)got_wr, (int64_t)(wr[op][q] * bytes));
     }
   }
   epi_free(&ep);
@@ -2672,7 +2674,8 @@ static void test_small_options(void) { small_options(); }
    failure of the team (its stop word set) looks at the words it loaded at its start in
    its start's barrier, before any output: sbnAborted, y, dx, the saved and running
    statistics, dweight, dbias and nbt untouched, the epoch advanced all the same (block 0,
-   once every block arrived); blocks of one chunk and of two. The mutant that looks after
+   once every block arrived); blocks of one chunk and of two; and the ReLU backward's dz.
+   The mutant that looks after
    the first chunk's outputs (SBN_MUT_SMALL_LATE_STOP: test_coop_emu_mutant_small_late_stop)
    must fail it. A forward of one row (one value per channel): sbnInvalidArgument, nothing
    written, as the stream kernel's gather. Only tile kernels are built, and none for the
@@ -2718,6 +2721,26 @@ static void small_failures(void) {
       ASSERT_EQ_INT(t.nbt[0], 0);
       ASSERT_EQ_INT(e.state[0].epoch, (uint32_t)(bwd + 1));
       ASSERT_EQ_INT(e.state[0].barrier & 0x7fffffffu, 0u);
+    }
+    if (cases[si].stop) { /* the ReLU backward with dz: neither dz nor dx written */
+      emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+      ep.y[0] = dup_mem(t.x[0], bytes);
+      ep.dz[0] = malloc(bytes);
+      memset(ep.dz[0], 0xff, bytes);
+      team_poison(&t);
+      e.err[0] = 0;
+      const int ran = g_launched[SBN_VAR_SMALL];
+      g_epi = &ep;
+      g_variant = SBN_VAR_SMALL;
+      emu_run_virtual(&e, &t, 1, &p);
+      g_variant = EMU_VAR_DEFAULT;
+      g_epi = NULL;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
+      ASSERT_EQ_INT(e.err[0], sbnAborted);
+      if (!all_bytes(ep.dz[0], bytes, 0xff) || !all_bytes(t.dx[0], bytes, 0xff))
+        SBN_FAIL_("case %zu: the aborted small kernel's ReLU backward wrote dz or dx", si);
+      free(ep.y[0]);
+      epi_free(&ep);
     }
     free(rm), free(rv);
     emu_team_free(&e);
