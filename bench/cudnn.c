@@ -309,29 +309,34 @@ fail:
 }
 #endif /* SBN_BENCH_HAVE_CUDNN_H */
 
+/* The start of a cuDNN row: 1 when it may run; 0 after saying why not (an earlier CUDA
+   failure: an error; cuDNN not loaded, or not usable here: a skipped row). */
+static int cudnn_row_may_run(bench_row_t* row, bench_gpu_t* g, bench_cudnn_t* cu) {
+  if (g->dead[0]) {
+    snprintf(row->error, sizeof row->error, "not run: %s", g->dead);
+    return 0;
+  }
+#if SBN_BENCH_HAVE_CUDNN_H
+  if (cudnn_ready(cu, g)) return 1;
+#endif
+  row->skipped = 1;
+  snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
+  return 0;
+}
+
 /* One cuDNN row (W = 1: one GPU, no sync) on rank 0's inputs of host_all: its own device
    buffers, descriptors, workspace; SPATIAL_PERSISTENT, or SPATIAL where cuDNN refuses it;
    the timed forward and backward, then the check run. A combination cuDNN does not support,
    or cuDNN not loadable, makes a skipped row (note says why), not a failure. */
 void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
                const bench_team_bufs_t* host_all, bench_cudnn_t* cu) {
-  char* err = row->error;
-  const size_t cap = sizeof row->error;
-  if (g->dead[0]) {
-    snprintf(err, cap, "not run: %s", g->dead);
-    return;
-  }
+  if (!cudnn_row_may_run(row, g, cu)) return;
 #if !SBN_BENCH_HAVE_CUDNN_H
   (void)o;
   (void)host_all;
-  row->skipped = 1;
-  snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
 #else
-  if (!cudnn_ready(cu, g)) {
-    row->skipped = 1;
-    snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
-    return;
-  }
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
   const sbnTensorDesc_t d = row_desc(row);
   if (d.n * d.c * d.spatial > INT_MAX || d.c > INT_MAX || d.n > INT_MAX || d.spatial > INT_MAX) {
     row->skipped = 1;
@@ -539,23 +544,13 @@ static double cudnn_infer_op(void* ctx, int fwd, char* err, size_t cap) {
    the timed calls, then the check run, as the coop inference row. */
 void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
                      const bench_team_bufs_t* host_all, bench_cudnn_t* cu) {
-  char* err = row->error;
-  const size_t cap = sizeof row->error;
-  if (g->dead[0]) {
-    snprintf(err, cap, "not run: %s", g->dead);
-    return;
-  }
+  if (!cudnn_row_may_run(row, g, cu)) return;
 #if !SBN_BENCH_HAVE_CUDNN_H
   (void)o;
   (void)host_all;
-  row->skipped = 1;
-  snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
 #else
-  if (!cudnn_ready(cu, g)) {
-    row->skipped = 1;
-    snprintf(row->note, sizeof row->note, "cuDNN not available: %.370s", cu->info->why);
-    return;
-  }
+  char* err = row->error;
+  const size_t cap = sizeof row->error;
   if (!cu->ForwardInference) {
     row->skipped = 1;
     snprintf(row->note, sizeof row->note,
@@ -596,10 +591,7 @@ void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
     snprintf(err, cap, "out of host memory");
     goto out;
   }
-  infer_stats_fill(host.rm[0], host.rv[0], d.c);
-  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0 || gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0 ||
-      gpu_poison(&dev, g->stream, err, cap) != 0)
-    goto out;
+  if (gpu_infer_setup(&dev, &host, &d, g->stream, err, cap) != 0) goto out;
   cudnnStatus_t st = cu->CreateTensorDescriptor(&k.xd);
   if (st == CUDNN_STATUS_SUCCESS) st = cu->CreateTensorDescriptor(&k.bnd);
   if (st != CUDNN_STATUS_SUCCESS) {

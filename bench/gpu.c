@@ -292,6 +292,15 @@ fail:
   return -1;
 }
 
+int gpu_infer_setup(bench_team_bufs_t* dev, bench_team_bufs_t* host, const sbnTensorDesc_t* d,
+                    cudaStream_t s, char* err, size_t cap) {
+  infer_stats_fill(host->rm[0], host->rv[0], d->c);
+  if (gpu_bufs_alloc(dev, 1, d, err, cap) != 0 || gpu_upload(dev, host, 1, s, err, cap) != 0 ||
+      gpu_poison(dev, s, err, cap) != 0)
+    return -1;
+  return 0;
+}
+
 int gpu_download_infer(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,
                        size_t cap) {
   const sbnTensorDesc_t* d = &dev->desc;

@@ -57,6 +57,11 @@ int gpu_poison(bench_team_bufs_t* dev, cudaStream_t s, char* err, size_t cap);
 int gpu_download(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,
                  size_t cap);
 
+/* An inference row's device buffers (rank 0 of host, one rank): the running statistics
+   of the inference table written into host (infer_stats_fill), allocated, uploaded, y
+   poisoned. 0, or -1 with err set. */
+int gpu_infer_setup(bench_team_bufs_t* dev, bench_team_bufs_t* host, const sbnTensorDesc_t* d,
+                    cudaStream_t s, char* err, size_t cap);
 /* Device -> host of an inference row (rank 0): y, running_mean and running_var;
    synchronized. */
 int gpu_download_infer(bench_team_bufs_t* host, const bench_team_bufs_t* dev, cudaStream_t s, char* err,

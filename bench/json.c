@@ -158,12 +158,12 @@ static void json_op(FILE* f, const bench_row_t* r, int fwd, double B) {
   fprintf(f, "}");
 }
 
-/* A row of the inference table (W = 1; the times of the one op in t[1]). */
-static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
-  const int ok = row_timed(r);
-  const bench_infer_derived_t d = infer_derived(r, B);
-  const bench_row_t* c = r->coop;
-  fprintf(f, "{\"path\": \"%s\", \"shape\": ", kPathNames[r->path]);
+/* What names a row in the JSON: its path (and, for the main table, the epilogue), shape,
+   sizes, dtype, layout and W; the object's opening brace. */
+static void json_row_head(FILE* f, const bench_row_t* r, int with_epilogue) {
+  fprintf(f, "{\"path\": \"%s\"", kPathNames[r->path]);
+  if (with_epilogue) fprintf(f, ", \"epilogue\": \"%s\"", kEpilogueNames[r->epilogue]);
+  fprintf(f, ", \"shape\": ");
   json_string(f, r->shape->id);
   fprintf(f, ", \"where\": ");
   json_string(f, r->shape->where);
@@ -172,6 +172,27 @@ static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
           ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
           r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
           kLayoutNames[r->layout], r->W);
+}
+/* A row's check (checked, wrong, tol_used, worst), error and note; the closing brace. */
+static void json_row_tail(FILE* f, const bench_row_t* r) {
+  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
+          r->wrong);
+  json_number(f, r->worst);
+  fprintf(f, ", \"worst\": ");
+  json_string(f, r->worst_what);
+  fprintf(f, ", \"error\": ");
+  json_string_or_null(f, r->error[0] ? r->error : NULL);
+  fprintf(f, ", \"note\": ");
+  json_string(f, r->note);
+  fprintf(f, "}");
+}
+
+/* A row of the inference table (W = 1; the times of the one op in t[1]). */
+static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
+  const int ok = row_timed(r);
+  const bench_infer_derived_t d = infer_derived(r, B);
+  const bench_row_t* c = r->coop;
+  json_row_head(f, r, 0);
   fprintf(f, ", \"kernel\": ");
   json_string(f, r->kernel[1]);
   fprintf(f, ",\n     \"us_median\": ");
@@ -190,30 +211,12 @@ static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
   json_number(f, d.ratio);
   fprintf(f, ", \"t_over_coop\": ");
   json_number(f, ok && c && c != r && row_timed(c) && c->t[1].med > 0 ? r->t[1].med / c->t[1].med : NAN);
-  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
-          r->wrong);
-  json_number(f, r->worst);
-  fprintf(f, ", \"worst\": ");
-  json_string(f, r->worst_what);
-  fprintf(f, ", \"error\": ");
-  json_string_or_null(f, r->error[0] ? r->error : NULL);
-  fprintf(f, ", \"note\": ");
-  json_string(f, r->note);
-  fprintf(f, "}");
+  json_row_tail(f, r);
 }
 
 static void json_row(FILE* f, const bench_row_t* r, double B) {
   const int ok = row_timed(r);
-  fprintf(f, "{\"path\": \"%s\", \"epilogue\": \"%s\", \"shape\": ", kPathNames[r->path],
-          kEpilogueNames[r->epilogue]);
-  json_string(f, r->shape->id);
-  fprintf(f, ", \"where\": ");
-  json_string(f, r->shape->where);
-  fprintf(f,
-          ", \"n\": %" PRId64 ", \"c\": %" PRId64 ", \"h\": %" PRId64 ", \"w\": %" PRId64
-          ", \"spatial\": %" PRId64 ", \"dtype\": \"%s\", \"layout\": \"%s\", \"ranks\": %d",
-          r->shape->n, r->shape->c, r->shape->h, r->shape->w, r->spatial, kDtypeNames[r->dtype],
-          kLayoutNames[r->layout], r->W);
+  json_row_head(f, r, 1);
   fprintf(f, ", \"kernel\": {\"fwd\": ");
   json_string(f, r->kernel[1]);
   fprintf(f, ", \"bwd\": ");
@@ -232,16 +235,7 @@ static void json_row(FILE* f, const bench_row_t* r, double B) {
   json_op(f, r, 1, B);
   fprintf(f, ",\n     \"bwd\": ");
   json_op(f, r, 0, B);
-  fprintf(f, ",\n     \"checked\": %" PRId64 ", \"wrong\": %" PRId64 ", \"tol_used\": ", r->checked,
-          r->wrong);
-  json_number(f, r->worst);
-  fprintf(f, ", \"worst\": ");
-  json_string(f, r->worst_what);
-  fprintf(f, ", \"error\": ");
-  json_string_or_null(f, r->error[0] ? r->error : NULL);
-  fprintf(f, ", \"note\": ");
-  json_string(f, r->note);
-  fprintf(f, "}");
+  json_row_tail(f, r);
 }
 
 /* What only GPU mode knows: the device, the runtime libraries, B. */

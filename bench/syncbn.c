@@ -418,10 +418,7 @@ void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* 
     snprintf(err, cap, "out of host memory");
     goto out;
   }
-  infer_stats_fill(host.rm[0], host.rv[0], d.c);
-  if (gpu_bufs_alloc(&dev, 1, &d, err, cap) != 0 || gpu_upload(&dev, &host, 1, g->stream, err, cap) != 0 ||
-      gpu_poison(&dev, g->stream, err, cap) != 0)
-    goto out;
+  if (gpu_infer_setup(&dev, &host, &d, g->stream, err, cap) != 0) goto out;
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
   bench_infer_ctx_t ctx = {&dev, params.eps, g->stream};
   double *ev_us = samples, *host_us = samples + o->iters;
