@@ -45,6 +45,9 @@
                                          its start after its first chunk's outputs */
 #define SBN_MUT_SMALL_RELOAD 131072 /* the small kernel reads x again for its outputs instead
                                        of the values it holds: 2|x| read, not |x| */
+#define SBN_MUT_SMALL_Z_AFTER_ACT 262144 /* the small forward adds z after the activation */
+#define SBN_MUT_SMALL_MASK_X 524288 /* the small backward takes the activation's mask from x
+                                       instead of y */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

@@ -150,7 +150,8 @@ SBN_UNROLL
         if (i < kt) {
           /* the gradient that reaches the normalization: g = act'(y) dy, held in dy's
              place (y given wherever act is not the identity: the host checks) */
-          if (kEpi && R.act != SBN_ACT_IDENTITY) dyv[i] = sbn_act_grad(R.act, R.slope, ev[i], dyv[i]);
+          if (kEpi && R.act != SBN_ACT_IDENTITY)
+            dyv[i] = sbn_act_grad(R.act, R.slope, SBN_MUTANT(SBN_MUT_SMALL_MASK_X) ? xv[i] : ev[i], dyv[i]);
           float err;
           const float t = sbn_grad_term(dyv[i], xv[i], mean_in, &err);
           sbn_csum_add(&pt.dy, dyv[i]);
@@ -189,7 +190,10 @@ SBN_UNROLL
           float r;
           if (KIND == SBN_OP_FORWARD) {
             r = sbn_forward_y(xi, kc[0], kc[1], kc[2], kc[3]);
-            if (kEpi) r = sbn_act(R.act, R.slope, epi_in != nullptr ? r + ev[i] : r);
+            if (kEpi && SBN_MUTANT(SBN_MUT_SMALL_Z_AFTER_ACT))
+              r = sbn_act(R.act, R.slope, r) + (epi_in != nullptr ? ev[i] : 0.0f);
+            else if (kEpi)
+              r = sbn_act(R.act, R.slope, epi_in != nullptr ? r + ev[i] : r);
           } else {
             r = sbn_backward_dx(sbn_bwd_coef_t{kc[0], kc[1], kc[2], kc[3]}, xi, dyv[i]);
             if (dz) tensor_st_elem<DT>(R.dz, e, Dt<DT>::from_f32(dyv[i]));

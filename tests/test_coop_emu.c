@@ -4118,7 +4118,9 @@ static const struct {
                 {"unit_late_stop", SBN_EMU_MUT_UNIT_LATE_STOP},
                 {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT},
                 {"small_late_stop", SBN_EMU_MUT_SMALL_LATE_STOP},
-                {"small_reload", SBN_EMU_MUT_SMALL_RELOAD}};
+                {"small_reload", SBN_EMU_MUT_SMALL_RELOAD},
+                {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT},
+                {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -4136,7 +4138,8 @@ static int run_mutant(const char* name) {
       flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE ||
       flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
       flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
-      flag == SBN_EMU_MUT_SMALL_RELOAD) {
+      flag == SBN_EMU_MUT_SMALL_RELOAD || flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT ||
+      flag == SBN_EMU_MUT_SMALL_MASK_X) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -4157,6 +4160,8 @@ static int run_mutant(const char* name) {
       small_failures();
     } else if (flag == SBN_EMU_MUT_SMALL_RELOAD) {
       small_options();
+    } else if (flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT || flag == SBN_EMU_MUT_SMALL_MASK_X) {
+      test_fused_vs_cpu(); /* the small runs against the CPU team's epilogue */
     } else {
       host_memory_success_paths();
       host_memory_waiting();

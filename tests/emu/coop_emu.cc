@@ -28,7 +28,9 @@ static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_UNIT_LATE_STOP == SBN_MUT_UNIT_LATE_STOP &&
                   SBN_EMU_MUT_UNIT_FIRST_SLOT == SBN_MUT_UNIT_FIRST_SLOT &&
                   SBN_EMU_MUT_SMALL_LATE_STOP == SBN_MUT_SMALL_LATE_STOP &&
-                  SBN_EMU_MUT_SMALL_RELOAD == SBN_MUT_SMALL_RELOAD,
+                  SBN_EMU_MUT_SMALL_RELOAD == SBN_MUT_SMALL_RELOAD &&
+                  SBN_EMU_MUT_SMALL_Z_AFTER_ACT == SBN_MUT_SMALL_Z_AFTER_ACT &&
+                  SBN_EMU_MUT_SMALL_MASK_X == SBN_MUT_SMALL_MASK_X,
               "coop_emu.h's names of the kernels' mutants");
 
 /* ---- byte counting --------------------------------------------------------------------- */

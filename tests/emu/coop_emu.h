@@ -92,6 +92,10 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                              at the stop words after its first chunk's outputs */
 #define SBN_EMU_MUT_SMALL_RELOAD 131072 /* SBN_MUT_SMALL_RELOAD: the small kernel reads x
                                            again for its outputs */
+#define SBN_EMU_MUT_SMALL_Z_AFTER_ACT 262144 /* SBN_MUT_SMALL_Z_AFTER_ACT: the small forward
+                                                adds z after the activation */
+#define SBN_EMU_MUT_SMALL_MASK_X 524288 /* SBN_MUT_SMALL_MASK_X: the small backward's mask
+                                           from x, not y */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
