@@ -2361,6 +2361,63 @@ static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp,
   team_free(&t);
 }
 
+static const char* var_name(int v); /* (below, with the variant loops) */
+
+/* One op (bwd: the backward) of `variant` on the team of one t, its rank's stop word set to
+   `stop` first: the error word `code`, and nothing written (y or dx, the saved statistics,
+   dweight, dbias, nbt; the running statistics still rm, rv), the epoch advanced all the
+   same (block 0, once every block arrived). */
+static void failed_op_wrote_nothing(int variant, emu_team_t* e, team_t* t, int bwd, uint32_t stop, int code,
+                                    const float* rm, const float* rv) {
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  const size_t bytes = team_bytes(t, 0), cb = (size_t)t->d[0].c * sizeof(float);
+  const uint32_t epoch = e->state[0].epoch;
+  team_poison(t);
+  e->err[0] = 0;
+  e->state[0].stop = stop;
+  const int ran = g_launched[variant];
+  g_variant = variant;
+  emu_run_virtual(e, t, bwd, &p);
+  g_variant = EMU_VAR_DEFAULT;
+  ASSERT_EQ_INT(g_launched[variant], ran + 1);
+  ASSERT_EQ_INT(e->err[0], code);
+  if (!all_bytes(bwd ? t->dx[0] : t->y[0], bytes, 0xff))
+    SBN_FAIL_("the failed %s kernel wrote %s", var_name(variant), bwd ? "dx" : "y");
+  ASSERT_TRUE(all_bytes(t->smean[0], cb, 0xff) && all_bytes(t->sinv[0], cb, 0xff));
+  ASSERT_TRUE(all_bytes(t->dw[0], cb, 0xff) && all_bytes(t->db[0], cb, 0xff));
+  ASSERT_MEMEQ(t->rm[0], rm, cb);
+  ASSERT_MEMEQ(t->rv[0], rv, cb);
+  ASSERT_EQ_INT(t->nbt[0], 0);
+  ASSERT_EQ_INT(e->state[0].epoch, epoch + 1u);
+  ASSERT_EQ_INT(e->state[0].barrier & 0x7fffffffu, 0u);
+}
+
+/* The ReLU backward of `variant` with a dz of its own on the team of one t, its rank's stop
+   word set: sbnAborted, neither dz nor dx written. */
+static void relu_dz_backward_stopped(int variant, emu_team_t* e, team_t* t) {
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  const size_t bytes = team_bytes(t, 0);
+  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+  ep.y[0] = dup_mem(t->x[0], bytes);
+  ep.dz[0] = malloc(bytes);
+  memset(ep.dz[0], 0xff, bytes);
+  team_poison(t);
+  e->err[0] = 0;
+  e->state[0].stop = (uint32_t)sbnAborted;
+  const int ran = g_launched[variant];
+  g_epi = &ep;
+  g_variant = variant;
+  emu_run_virtual(e, t, 1, &p);
+  g_variant = EMU_VAR_DEFAULT;
+  g_epi = NULL;
+  ASSERT_EQ_INT(g_launched[variant], ran + 1);
+  ASSERT_EQ_INT(e->err[0], sbnAborted);
+  if (!all_bytes(ep.dz[0], bytes, 0xff) || !all_bytes(t->dx[0], bytes, 0xff))
+    SBN_FAIL_("the stopped %s kernel's ReLU backward wrote dz or dx", var_name(variant));
+  free(ep.y[0]);
+  epi_free(&ep);
+}
+
 /* What the unit kernel writes when it must not go on: nothing. A kernel queued behind a
    failure of the team (its stop word set) looks at the words it loaded at its start in
    its start's barrier, before any output: sbnAborted, y, dx, the saved and running
@@ -2378,56 +2435,19 @@ static void unit_failures(void) {
     int G;
   } shapes[] = {{40, 7}, {8, 8}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-    sbnParams_t p = SBN_PARAMS_DEFAULT;
     team_t t;
     team_make(&t, 1, sbnBFloat16, sbnLayoutNCHW, shapes[si].c, 1032, n1, 1, 1, GEN_NORMAL, 2200 + si);
     emu_team_t e;
     emu_team_init(&e, 1, shapes[si].G, 60000);
-    const size_t bytes = team_bytes(&t, 0), cb = (size_t)shapes[si].c * sizeof(float);
+    const size_t cb = (size_t)shapes[si].c * sizeof(float);
     float* rm = dup_mem(t.rm[0], cb);
     float* rv = dup_mem(t.rv[0], cb);
     for (int bwd = 0; bwd < 2; bwd++) {
-      team_poison(&t);
-      e.err[0] = 0;
-      e.state[0].stop = (uint32_t)sbnAborted;
-      const int ran = g_launched[SBN_VAR_UNIT];
-      g_variant = SBN_VAR_UNIT;
-      emu_run_virtual(&e, &t, bwd, &p);
-      g_variant = EMU_VAR_DEFAULT;
-      ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
-      ASSERT_EQ_INT(e.err[0], sbnAborted);
-      if (!all_bytes(bwd ? t.dx[0] : t.y[0], bytes, 0xff))
-        SBN_FAIL_("shape %zu %s: the aborted unit kernel wrote %s", si, bwd ? "backward" : "forward",
-                  bwd ? "dx" : "y");
-      ASSERT_TRUE(all_bytes(t.smean[0], cb, 0xff) && all_bytes(t.sinv[0], cb, 0xff));
-      ASSERT_TRUE(all_bytes(t.dw[0], cb, 0xff) && all_bytes(t.db[0], cb, 0xff));
-      ASSERT_MEMEQ(t.rm[0], rm, cb);
-      ASSERT_MEMEQ(t.rv[0], rv, cb);
-      ASSERT_EQ_INT(t.nbt[0], 0);
-      ASSERT_EQ_INT(e.state[0].epoch, (uint32_t)(bwd + 1));
-      ASSERT_EQ_INT(e.state[0].barrier & 0x7fffffffu, 0u);
+      failed_op_wrote_nothing(SBN_VAR_UNIT, &e, &t, bwd, sbnAborted, sbnAborted, rm, rv);
+      if (sbn_test_cur_failed_) fprintf(stderr, "  shape %zu %s\n", si, bwd ? "backward" : "forward");
     }
-    { /* the ReLU backward with dz of its own (written in stage 1 when the op goes on) */
-      emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
-      ep.y[0] = dup_mem(t.x[0], bytes);
-      ep.dz[0] = malloc(bytes);
-      memset(ep.dz[0], 0xff, bytes);
-      team_poison(&t);
-      e.err[0] = 0;
-      e.state[0].stop = (uint32_t)sbnAborted;
-      const int ran = g_launched[SBN_VAR_UNIT];
-      g_epi = &ep;
-      g_variant = SBN_VAR_UNIT;
-      emu_run_virtual(&e, &t, 1, &p);
-      g_variant = EMU_VAR_DEFAULT;
-      g_epi = NULL;
-      ASSERT_EQ_INT(g_launched[SBN_VAR_UNIT], ran + 1);
-      ASSERT_EQ_INT(e.err[0], sbnAborted);
-      if (!all_bytes(ep.dz[0], bytes, 0xff) || !all_bytes(t.dx[0], bytes, 0xff))
-        SBN_FAIL_("shape %zu: the aborted unit kernel's ReLU backward wrote dz or dx", si);
-      epi_free(&ep);
-      free(ep.y[0]);
-    }
+    /* the ReLU backward with dz of its own (written in stage 1 when the op goes on) */
+    relu_dz_backward_stopped(SBN_VAR_UNIT, &e, &t);
     free(rm), free(rv);
     emu_team_free(&e);
     team_free(&t);
@@ -2692,56 +2712,20 @@ static void small_failures(void) {
     int stop;
   } cases[] = {{40, 1, n3, 1, sbnAborted, 1}, {80, 4, n3, 3, sbnAborted, 1}, {40, 1, n1, 2, sbnInvalidArgument, 0}};
   for (size_t si = 0; si < sizeof cases / sizeof cases[0]; si++) {
-    sbnParams_t p = SBN_PARAMS_DEFAULT;
     team_t t;
     team_make(&t, 1, sbnBFloat16, cases[si].sp > 1 ? sbnLayoutNHWC : sbnLayoutNCHW, cases[si].c, cases[si].sp,
               cases[si].n, 1, 1, GEN_NORMAL, 3200 + si);
     emu_team_t e;
     emu_team_init(&e, 1, cases[si].G, 60000);
-    const size_t bytes = team_bytes(&t, 0), cb = (size_t)cases[si].c * sizeof(float);
+    const size_t cb = (size_t)cases[si].c * sizeof(float);
     float* rm = dup_mem(t.rm[0], cb);
     float* rv = dup_mem(t.rv[0], cb);
     for (int bwd = 0; bwd < 1 + cases[si].stop; bwd++) {
-      team_poison(&t);
-      e.err[0] = 0;
-      e.state[0].stop = cases[si].stop ? (uint32_t)sbnAborted : 0u;
-      const int ran = g_launched[SBN_VAR_SMALL];
-      g_variant = SBN_VAR_SMALL;
-      emu_run_virtual(&e, &t, bwd, &p);
-      g_variant = EMU_VAR_DEFAULT;
-      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
-      ASSERT_EQ_INT(e.err[0], cases[si].code);
-      if (!all_bytes(bwd ? t.dx[0] : t.y[0], bytes, 0xff))
-        SBN_FAIL_("case %zu %s: the failed small kernel wrote %s", si, bwd ? "backward" : "forward",
-                  bwd ? "dx" : "y");
-      ASSERT_TRUE(all_bytes(t.smean[0], cb, 0xff) && all_bytes(t.sinv[0], cb, 0xff));
-      ASSERT_TRUE(all_bytes(t.dw[0], cb, 0xff) && all_bytes(t.db[0], cb, 0xff));
-      ASSERT_MEMEQ(t.rm[0], rm, cb);
-      ASSERT_MEMEQ(t.rv[0], rv, cb);
-      ASSERT_EQ_INT(t.nbt[0], 0);
-      ASSERT_EQ_INT(e.state[0].epoch, (uint32_t)(bwd + 1));
-      ASSERT_EQ_INT(e.state[0].barrier & 0x7fffffffu, 0u);
+      failed_op_wrote_nothing(SBN_VAR_SMALL, &e, &t, bwd, cases[si].stop ? (uint32_t)sbnAborted : 0u,
+                              cases[si].code, rm, rv);
+      if (sbn_test_cur_failed_) fprintf(stderr, "  case %zu %s\n", si, bwd ? "backward" : "forward");
     }
-    if (cases[si].stop) { /* the ReLU backward with dz: neither dz nor dx written */
-      emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
-      ep.y[0] = dup_mem(t.x[0], bytes);
-      ep.dz[0] = malloc(bytes);
-      memset(ep.dz[0], 0xff, bytes);
-      team_poison(&t);
-      e.err[0] = 0;
-      const int ran = g_launched[SBN_VAR_SMALL];
-      g_epi = &ep;
-      g_variant = SBN_VAR_SMALL;
-      emu_run_virtual(&e, &t, 1, &p);
-      g_variant = EMU_VAR_DEFAULT;
-      g_epi = NULL;
-      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], ran + 1);
-      ASSERT_EQ_INT(e.err[0], sbnAborted);
-      if (!all_bytes(ep.dz[0], bytes, 0xff) || !all_bytes(t.dx[0], bytes, 0xff))
-        SBN_FAIL_("case %zu: the aborted small kernel's ReLU backward wrote dz or dx", si);
-      free(ep.y[0]);
-      epi_free(&ep);
-    }
+    if (cases[si].stop) relu_dz_backward_stopped(SBN_VAR_SMALL, &e, &t); /* neither dz nor dx written */
     free(rm), free(rv);
     emu_team_free(&e);
     team_free(&t);
