@@ -94,23 +94,33 @@ static double team_op(void* ctx, int fwd, char* err, size_t cap) {
   return team_call(t->comms, t->bufs, fwd, t->params, t->stream, err, cap);
 }
 
-void syncbn_cpu_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
-                    bench_layout_keep_t* keep) {
+/* A CPU-mode row's host buffers: W ranks of the row's tensor (with the epilogue's tensors),
+   filled from the shape's id, and the samples of its timed calls ([o->iters]). The samples,
+   or NULL with the row's error set and nothing left allocated. */
+static double* cpu_row_bufs(bench_row_t* row, const bench_opts_t* o, int W, int epilogue,
+                            bench_team_bufs_t* b) {
   const sbnTensorDesc_t d = row_desc(row);
-  bench_team_bufs_t b;
-  if (bufs_alloc(&b, o->ranks, &d) != 0 || bufs_alloc_epilogue(&b, o->epilogue) != 0) {
+  if (bufs_alloc(b, W, &d) != 0 || bufs_alloc_epilogue(b, epilogue) != 0) {
     snprintf(row->error, sizeof row->error,
-             "out of memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")", o->ranks, d.n,
-             d.c, d.spatial);
-    return;
+             "out of memory for %d ranks of (%" PRId64 ", %" PRId64 ", %" PRId64 ")", W, d.n, d.c,
+             d.spatial);
+    return NULL;
   }
   double* times = malloc((size_t)o->iters * sizeof(double));
-  if (!times || bufs_init(&b, row->shape->id) != 0) {
+  if (!times || bufs_init(b, row->shape->id) != 0) {
     free(times);
     snprintf(row->error, sizeof row->error, "out of memory");
-    bufs_free(&b);
-    return;
+    bufs_free(b);
+    return NULL;
   }
+  return times;
+}
+
+void syncbn_cpu_row(bench_row_t* row, sbnComm_t* comms, const bench_opts_t* o,
+                    bench_layout_keep_t* keep) {
+  bench_team_bufs_t b;
+  double* times = cpu_row_bufs(row, o, o->ranks, o->epilogue, &b);
+  if (!times) return;
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
   bench_team_ctx_t ctx = {comms, &b, &params, NULL};
   for (int fwd = 1; fwd >= 0; fwd--) {
@@ -151,18 +161,8 @@ static double infer_op(void* ctx, int fwd, char* err, size_t cap) {
 void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o) {
   const sbnTensorDesc_t d = row_desc(row);
   bench_team_bufs_t b;
-  if (bufs_alloc(&b, 1, &d) != 0) {
-    snprintf(row->error, sizeof row->error,
-             "out of memory for (%" PRId64 ", %" PRId64 ", %" PRId64 ")", d.n, d.c, d.spatial);
-    return;
-  }
-  double* times = malloc((size_t)o->iters * sizeof(double));
-  if (!times || bufs_init(&b, row->shape->id) != 0) {
-    free(times);
-    snprintf(row->error, sizeof row->error, "out of memory");
-    bufs_free(&b);
-    return;
-  }
+  double* times = cpu_row_bufs(row, o, 1, BENCH_EPI_NONE, &b);
+  if (!times) return;
   infer_stats_fill(b.rm[0], b.rv[0], d.c);
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
   bench_infer_ctx_t ctx = {&b, params.eps, NULL};
