@@ -384,6 +384,9 @@ typedef struct {
   bench_row_t* inf; /* inference rows, in run order (per shape x dtype x layout: coop, cudnn;
                        CPU mode: cpu) */
   int ninf;
+  const bench_row_t** order; /* GPU mode: every planned row in run order (main_row_next's
+                                interleaving, then the latency rows); NULL: the table order
+                                (rows, latency, inference), which CPU mode runs */
   int64_t wrong, checked;
   int failed, skipped;
   const bench_row_t* worst;

@@ -303,6 +303,26 @@ static int sdl_order(const bench_row_t* r, const bench_shape_t* shapes) {
   return ((int)(r->shape - shapes) * SBN_DTYPE_COUNT + t) * 2 + (int)r->layout;
 }
 
+/* Whether the GPU run's next row is main row i rather than inference row k: the inference
+   rows of a shape x dtype x layout run after its main rows (if any), on the same inputs. */
+static int main_row_next(const bench_results_t* res, int i, int k, const bench_shape_t* shapes) {
+  return i < res->nrows &&
+         (k >= res->ninf || sdl_order(&res->rows[i], shapes) <= sdl_order(&res->inf[k], shapes));
+}
+
+/* GPU mode's rows in the order they run (the main and the inference rows interleaved by
+   main_row_next, then the latency rows), for the plan that stderr shows: `order` has room
+   for every planned row. The count. */
+static int gpu_run_order(const bench_results_t* res, const bench_shape_t* shapes,
+                         const bench_row_t** order) {
+  int n = 0;
+  for (int i = 0, k = 0; i < res->nrows || k < res->ninf;)
+    order[n++] = main_row_next(res, i, k, shapes) ? &res->rows[i++] : &res->inf[k++];
+  for (int i = 0; i < res->nlat; i++)
+    if (res->lat[i].shape) order[n++] = &res->lat[i];
+  return n;
+}
+
 /* GPU mode: every planned row (the inference rows of a shape x dtype x layout after its
    main rows, on the same inputs), then the latency table. */
 static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_t* shapes,
@@ -359,6 +379,11 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   for (int s = 0; s < nshapes; s++)
     if (shapes[s].c > max_c) max_c = shapes[s].c;
 
+  res.order = calloc((size_t)run->planned + 1, sizeof *res.order);
+  if (res.order && gpu_run_order(&res, shapes, res.order) != run->planned) {
+    free(res.order); /* cannot be: then the plan is said in table order */
+    res.order = NULL;
+  }
   report_header(o, run);
   plan_done(argv0, o, run, &res);
   /* the inputs of the largest W, generated once per shape x dtype x layout: rank r's data
@@ -370,8 +395,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   for (int i = 0, k = 0; i < res.nrows || k < res.ninf;) {
     /* the next row: a main row, or the inference rows of a shape x dtype x layout whose main
        rows (if any) are done */
-    const int main_next = i < res.nrows && (k >= res.ninf || sdl_order(&res.rows[i], shapes) <=
-                                                                 sdl_order(&res.inf[k], shapes));
+    const int main_next = main_row_next(&res, i, k, shapes);
     bench_row_t* r = main_next ? &res.rows[i] : &res.inf[k];
     if (!host_of || !same_sdl(host_of, r)) {
       if (have_host) bufs_free(&host);
@@ -461,6 +485,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   free(res.rows);
   free(res.lat);
   free(res.inf);
+  free(res.order);
   return status;
 }
 #endif /* SBN_BENCH_HAVE_CUDA */

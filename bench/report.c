@@ -271,6 +271,16 @@ void report_plan(bench_run_t* run, const bench_results_t* res) {
   fprintf(stderr, "sbn-bench: plan: %d rows + %d latency rows + %d inference rows\n", res->nrows,
           nlat, res->ninf);
   int k = 0;
+  if (res->order) {
+    for (int i = 0; i < run->planned; i++) {
+      const bench_row_t* r = res->order[i];
+      const int lat = r >= res->lat && r < res->lat + res->nlat;
+      fprintf(stderr, "sbn-bench: plan %d/%d: %s%s\n", ++k, run->planned, lat ? "latency " : "",
+              row_label(r, label, sizeof label));
+    }
+    run->t_last = now_us();
+    return;
+  }
   for (int i = 0; i < res->nrows; i++)
     fprintf(stderr, "sbn-bench: plan %d/%d: %s\n", ++k, run->planned,
             row_label(&res->rows[i], label, sizeof label));
