@@ -15,6 +15,13 @@
  * been destroyed. Rank 0's forward must then succeed with the team's statistics. The same
  * test linked with the old order (test_poll_order_mutant: the abort read again after the
  * epoch, a line of cpu_exchange.c replaced by tests/CMakeLists.txt) must fail.
+ *
+ * The same can happen where a wait runs out: the epoch is read a last time, then the team
+ * is aborted (sbnTimeout), and a peer may have published, finished and been destroyed in
+ * between. wait_epoch reads the abort word and the epoch again after its abort.
+ * test_destroy_at_deadline holds rank 0 between that last read and the abort (the second
+ * hook) until rank 1 has run the forward and been destroyed; rank 0's forward must succeed.
+ * test_poll_order_deadline_mutant, without the read after the abort, must fail it.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -52,6 +59,21 @@ void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
   atomic_fetch_add(&hook_stops, 1);
   atomic_store(&in_hook, 1);
   atomic_store(&hook_saw_gone, wait_flag(&rank1_gone));
+}
+
+/* The second hook's state: rank 0's thread during its forward; rank 1 was destroyed. */
+static _Thread_local int deadline_armed;
+static atomic_int in_deadline, late_gone, deadline_stops, deadline_saw_gone;
+
+/* Called by the library's wait_epoch where the deadline passed, after the epoch's last read
+   and before the team's abort. */
+void sbn_test_deadline_hook(const uint32_t* epoch, uint32_t k);
+void sbn_test_deadline_hook(const uint32_t* epoch, uint32_t k) {
+  if (!deadline_armed || __atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return;
+  deadline_armed = 0;
+  atomic_fetch_add(&deadline_stops, 1);
+  atomic_store(&in_deadline, 1);
+  atomic_store(&deadline_saw_gone, wait_flag(&late_gone));
 }
 
 enum { W = 2, N = 2, C = 3, SP = 4 };
@@ -131,8 +153,54 @@ static void test_destroy_between_reads(void) {
   }
 }
 
+/* Rank 1 of test_destroy_at_deadline: once rank 0's wait has run out (held in the second
+   hook), the same forward, then its destroy. */
+static void* late_rank1_main(void* arg) {
+  rank_t* r = (rank_t*)arg;
+  (void)wait_flag(&in_deadline); /* (not set: the hook never held rank 0, which the test asserts) */
+  r->fwd = forward(r);
+  r->destroy = sbnCommDestroy(r->comm);
+  atomic_store(&late_gone, 1);
+  return NULL;
+}
+
+static void test_destroy_at_deadline(void) {
+  static rank_t late[W];
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 100; /* rank 0's wait runs out; rank 1 starts only then */
+  sbnComm_t comms[W];
+  ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
+  for (int q = 0; q < W; q++) {
+    late[q].comm = comms[q];
+    for (int i = 0; i < N * C * SP; i++) late[q].x[i] = (float)((i * 5 + q * 11) % 13) - 6.0f + 0.5f * (float)q;
+    for (int c = 0; c < C; c++) late[q].mean[c] = late[q].invstd[c] = NAN;
+  }
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, late_rank1_main, &late[1]) == 0);
+  deadline_armed = 1;
+  late[0].fwd = forward(&late[0]);
+  deadline_armed = 0;
+  atomic_store(&in_deadline, 1); /* rank 1 goes on if the hook never ran (then this fails) */
+  pthread_join(th, NULL);
+  fprintf(stderr, "  rank 0's forward %s (%s); rank 1's forward %s, destroy %s\n", sbnGetResultName(late[0].fwd),
+          late[0].fwd == sbnSuccess ? "-" : sbnGetLastError(comms[0]), sbnGetResultName(late[1].fwd),
+          sbnGetResultName(late[1].destroy));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  /* the hook held rank 0 past its deadline while rank 1 finished: else this cannot fail */
+  ASSERT_EQ_INT(atomic_load(&deadline_stops), 1);
+  ASSERT_EQ_INT(atomic_load(&deadline_saw_gone), 1);
+  ASSERT_OK(late[1].fwd);
+  ASSERT_OK(late[1].destroy);
+  ASSERT_OK(late[0].fwd);
+  /* both ranks' statistics, the same bits: the records rank 1 saw */
+  ASSERT_MEMEQ(late[0].mean, late[1].mean, sizeof late[0].mean);
+  ASSERT_MEMEQ(late[0].invstd, late[1].invstd, sizeof late[0].invstd);
+  for (int c = 0; c < C; c++) EXPECT_TRUE(isfinite(late[0].mean[c]) && isfinite(late[0].invstd[c]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS");
   SBN_RUN(test_destroy_between_reads);
+  SBN_RUN(test_destroy_at_deadline);
   return sbn_test_exit();
 }

@@ -26,13 +26,17 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* A test's hook after the two loads of a poll (tests/test_poll_order.c builds this file
-   with SBN_TEST_POLL_HOOK; the library's own build has none) */
+/* A test's hooks (tests/test_poll_order.c builds this file with SBN_TEST_POLL_HOOK; the
+   library's own build has none): after the two loads of a poll, and where the deadline
+   has passed, after the epoch's read and before the team's abort */
 #ifdef SBN_TEST_POLL_HOOK
 void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
+void sbn_test_deadline_hook(const uint32_t* epoch, uint32_t k);
 #define POLL_HOOK(epoch, k) sbn_test_poll_hook(epoch, k)
+#define DEADLINE_HOOK(epoch, k) sbn_test_deadline_hook(epoch, k)
 #else
 #define POLL_HOOK(epoch, k) ((void)0)
+#define DEADLINE_HOOK(epoch, k) ((void)0)
 #endif
 
 /* Waits until *epoch == k. Spins briefly, then yields, then sleeps, so W ranks on fewer
@@ -60,11 +64,13 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
     }
     if ((spin & 15) == 0 && now_ns() > deadline_ns) {
       if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
+      DEADLINE_HOOK(epoch, k);
       sbn_team_abort(t, sbnTimeout);
       /* the abort word, then the epoch again, as above: the peer may have published,
-         finished and been destroyed since the epoch was read */
+         finished and been destroyed since the epoch was read (test_poll_order holds a
+         rank here until that has happened) */
       reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
-      if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
+      if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess; /* published since */
       *expired = 1;
       return (sbnResult_t)reason;
     }
