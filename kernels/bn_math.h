@@ -183,7 +183,7 @@ SBN_HD float sbn_forward_y(float x, float mean, float mean_lo, float scale, floa
 typedef struct {
   float mean;      /* save_mean */
   float mean_dy;   /* sum_dy / M */
-  float xmu_scale; /* invstd^2 * sum_dy_xmu / M */
+  float xmu_scale; /* invstd^2 * sum_dy_xmu / M (as invstd * (invstd * (sum_dy_xmu / M))) */
   float scale;     /* weight * invstd */
 } sbn_bwd_coef_t;
 
@@ -193,7 +193,11 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
   float inv_m = m > 0 ? 1.0f / (float)m : 0.0f;
   k.mean = mean;
   k.mean_dy = SBN_MUL(sum_dy, inv_m);
-  k.xmu_scale = SBN_MUL(SBN_MUL(invstd, invstd), SBN_MUL(sum_dy_xmu, inv_m));
+  /* invstd * (invstd * (sum_dy_xmu / M)), not invstd^2 first: var + eps below ~3e-39 (a
+     channel of values ~1e-20 with eps 1e-44) has a finite invstd whose square overflows
+     fp32, which made every dx of the channel inf where the exact one fits
+     (test_backward: test_backward_tiny_variance) */
+  k.xmu_scale = SBN_MUL(invstd, SBN_MUL(invstd, SBN_MUL(sum_dy_xmu, inv_m)));
   k.scale = sbn_scale(weight, invstd);
   return k;
 }

@@ -3,6 +3,8 @@
  * M == 0, determinism, and a finite-difference check of dx/dweight/dbias.
  * Tolerances: tol_for() in team_util.h (DESIGN.md) unless a comment says otherwise.
  */
+#include <float.h>
+
 #include "team_util.h"
 
 static const int kW[] = {1, 2, 3, 4, 8};
@@ -359,6 +361,78 @@ static void test_finite_differences(void) {
   }
 }
 
+/* A channel of values of standard deviation ~4e-20 with eps = 1e-44: var + eps ~ 1.6e-39
+   is below FLT_MIN, invstd ~ 2.5e19 is finite but its square is beyond FLT_MAX. dx (~1e20,
+   within fp32's range) must be finite and within the fp32 tolerance of the float64
+   reference (computed, as check_backward's, from the library's saved statistics), on the
+   scale of the channel's dx: the same data at standard deviation 1 is held to 1e-4 / 1e-4,
+   every term scales with invstd, and none is subnormal once the coefficient is computed as
+   invstd * (invstd * sum(dy (x - mean)) / M). With invstd^2 computed first every dx was inf.
+   A one-rank CPU team: the arithmetic is kernels/bn_math.h's, which every path runs. */
+static void test_backward_tiny_variance(void) {
+  enum { N = 4, C = 2, SP = 25, E = N * C * SP };
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, N, C, SP};
+  float x[E], dy[E], y[E], dx[E], w[C] = {1.0f, 0.5f}, b[C] = {0.0f, 0.25f};
+  float mean[C], invstd[C], dw[C], db[C];
+  sbn_rng_t rng = {77};
+  for (int i = 0; i < E; i++) {
+    x[i] = (float)(sbn_rng_normal(&rng) * 4e-20);
+    dy[i] = (float)sbn_rng_normal(&rng);
+  }
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.eps = 1e-44f; /* a subnormal: 1.0e-44 as a float */
+  sbnComm_t comm;
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  ASSERT_OK(sbnCommInitCpu(&comm, 1, &cfg));
+  ASSERT_OK(sbnForwardTrain(comm, &d, x, y, w, b, NULL, NULL, NULL, mean, invstd, &p, NULL));
+  ASSERT_OK(sbnBackward(comm, &d, x, dy, dx, w, mean, invstd, dw, db, &p, NULL));
+  ASSERT_OK(sbnCommDestroy(comm));
+  for (int c = 0; c < C; c++) {
+    double s = 0.0, q = 0.0, sdy = 0.0, sdyx = 0.0, big = 0.0;
+    const double m = N * SP;
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < SP; i++) s += x[(n * C + c) * SP + i];
+    const double mu = s / m;
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < SP; i++) {
+        const int at = (n * C + c) * SP + i;
+        q += (x[at] - mu) * (x[at] - mu);
+        sdy += dy[at];
+        sdyx += dy[at] * (x[at] - mu);
+      }
+    /* the statistics against float64 (var ~1.6e-39 is subnormal in fp32: ulp 1.4e-45,
+       ~1e-6 of it), then the reference dx from the library's own */
+    EXPECT_TRUE(fabs(mean[c] - mu) <= 1e-5 * sqrt(q / m));
+    EXPECT_TRUE(fabs(invstd[c] - 1.0 / sqrt(q / m + (double)p.eps)) <= 1e-5 / sqrt(q / m + (double)p.eps));
+    const double inv = invstd[c];
+    EXPECT_TRUE(inv > 1e19 && inv * inv > (double)FLT_MAX); /* the case: invstd^2 overflows */
+    const double mu_lib = mean[c];
+    sdyx = 0.0;
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < SP; i++) sdyx += dy[(n * C + c) * SP + i] * (x[(n * C + c) * SP + i] - mu_lib);
+    double ref[N * SP];
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < SP; i++) {
+        const int at = (n * C + c) * SP + i;
+        ref[n * SP + i] = w[c] * inv * (dy[at] - sdy / m - (x[at] - mu_lib) * inv * inv * sdyx / m);
+        if (fabs(ref[n * SP + i]) > big) big = fabs(ref[n * SP + i]);
+      }
+    EXPECT_TRUE(big > 1e18 && big < 1e37);
+    int bad = 0;
+    for (int n = 0; n < N; n++)
+      for (int i = 0; i < SP; i++) {
+        const double got = dx[(n * C + c) * SP + i], want = ref[n * SP + i];
+        if (!(fabs(got - want) <= 1e-4 * big + 1e-4 * fabs(want))) {
+          if (bad++ < 3) fprintf(stderr, "  channel %d, dx[%d] = %g, float64 %g\n", c, n * SP + i, got, want);
+        }
+      }
+    EXPECT_TRUE(bad == 0);
+    /* dbias = sum dy; dweight = sum dy (x - mean) invstd: ~1 in magnitude */
+    EXPECT_TRUE(fabs(db[c] - sdy) <= 1e-4 + 1e-4 * fabs(sdy));
+    EXPECT_TRUE(fabs(dw[c] - sdyx * inv) <= 1e-4 + 1e-4 * fabs(sdyx * inv));
+  }
+}
+
 int main(void) {
   SBN_RUN(test_backward_vs_ref_fp32);
   SBN_RUN(test_backward_uneven_empty);
@@ -370,6 +444,7 @@ int main(void) {
   SBN_RUN(test_backward_determinism);
   SBN_RUN(test_backward_larger_shapes);
   SBN_RUN(test_finite_differences);
+  SBN_RUN(test_backward_tiny_variance);
   team_comms_destroy();
   return sbn_test_exit();
 }
