@@ -173,7 +173,7 @@ def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momen
     w32, b32 = _f32(weight), _f32_bias(weight, bias)
     with c._serial:
         r = _fwdx_c(c._h, _desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32),
-                    _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
+                    _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * stats.stride(0), _param(eps, momentum),
                     _epi(activation, slope), _stream(x))
         if r != 0:
             _raise(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c._h)
@@ -240,13 +240,13 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
     b32 = _f32_bias(weight, bias) if x is None else None  # the in-place backward reads the bias (x from out)
     if weight_grad and weight is not None:
         dwp = dwb.data_ptr()
-        dbp = dwp + 4 * base.shape[1]
+        dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
     with c._serial:
         r = _bwdx_c(c._h, _desc(base, layout), _ptr(x), _ptr(out), dy.data_ptr(),
                     dx.data_ptr() if input_grad else None, dz.data_ptr() if residual_grad else None,
-                    _ptr(w32), _ptr(b32), sp, sp + 4 * base.shape[1], dwp, dbp, _param(eps, 0.1),
+                    _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp, _param(eps, 0.1),
                     _epi(activation, slope), _stream(base))
         if r != 0:
             _raise(r, "syncbn.batch_norm_act_backward (sbnBackwardEx)", c._h)

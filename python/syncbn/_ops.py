@@ -240,7 +240,7 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     w32, b32 = _f32(weight), _f32_bias(weight, bias)  # converted copies live until the call is done
     with c._serial:
         r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
-                   _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * x.shape[1], _param(eps, momentum),
+                   _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * stats.stride(0), _param(eps, momentum),
                    _stream(x))
         if r != 0:
             _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
@@ -307,12 +307,12 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
     w32 = _f32(weight)
     if weight_grad and weight is not None:
         dwp = dwb.data_ptr()
-        dbp = dwp + 4 * x.shape[1]
+        dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
     with c._serial:
         r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
-                   _ptr(w32), sp, sp + 4 * x.shape[1], dwp, dbp, _param(eps, 0.1),
+                   _ptr(w32), sp, sp + 4 * st.stride(0), dwp, dbp, _param(eps, 0.1),
                    _stream(x))
         if r != 0:
             _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)

@@ -593,6 +593,39 @@ class TestParameters(unittest.TestCase):
         self.assertEqual((y.device.type, tuple(y.shape)), ("meta", (2, 3, 4)))
 
 
+    def test_jit_trace_in_training(self):
+        """torch.jit.trace of a training layer (plain and fused): the traced module, run on
+        another batch size, gives the eager layer's y, dx, dweight, dbias and running
+        statistics bitwise (the same operator, on the same inputs). Under a trace x.shape[1]
+        is a tensor: the Python operators computed a pointer from it, which ctypes refused
+        (fixed: the statistics' stride)."""
+        import warnings
+
+        torch.manual_seed(5)
+        for kw in ({}, {"activation": "relu"}):
+            m = sbt.SyncBatchNorm(4, comm=self.comm, **kw).train()
+            ref = sbt.SyncBatchNorm(4, comm=self.comm, **kw).train()
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.jit.trace is deprecated; TracerWarnings
+                traced = torch.jit.trace(m, torch.randn(2, 4, 5, 5), check_trace=False)
+            ref.load_state_dict(m.state_dict())
+            kinds = {n.kind() for n in traced.inlined_graph.nodes()}
+            self.assertTrue({k for k in kinds if k.startswith("syncbn::")} or "prim::PythonOp" in kinds, kinds)
+            x = (torch.randn(3, 4, 5, 5) + 1).requires_grad_()
+            xr = x.detach().clone().requires_grad_()
+            y, yr = traced(x), ref(xr)
+            g = torch.randn_like(y)
+            y.backward(g)
+            yr.backward(g)
+            for a, b in ((y, yr), (x.grad, xr.grad), (m.weight.grad, ref.weight.grad), (m.bias.grad, ref.bias.grad),
+                         (m.running_mean, ref.running_mean), (m.running_var, ref.running_var),
+                         (m.num_batches_tracked, ref.num_batches_tracked)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0, msg=str(kw))
+
+
 def raises_syncbn_error():
     """Whether the loaded operators raise syncbn.SyncBNError themselves (called directly,
     in the backward): the Python ones, and the C++ ones built with Python's headers."""
