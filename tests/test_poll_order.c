@@ -89,36 +89,52 @@ static sbnResult_t forward(rank_t* r) {
                          NULL);
 }
 
-/* Rank 1: once rank 0 waits in the hook, the same forward, then its destroy. */
+/* Rank 1's thread: once `go` is set (rank 0 waits in a hook), the same forward as rank 0,
+   then its destroy; then `gone`. */
+typedef struct {
+  rank_t* r;
+  atomic_int *go, *gone;
+} rank1_t;
+
 static void* rank1_main(void* arg) {
-  rank_t* r = (rank_t*)arg;
-  (void)wait_flag(&in_hook); /* (not set: the hook never held rank 0, which the test asserts) */
-  r->fwd = forward(r);
-  r->destroy = sbnCommDestroy(r->comm);
-  atomic_store(&rank1_gone, 1);
+  rank1_t* a = (rank1_t*)arg;
+  (void)wait_flag(a->go); /* (not set: the hook never held rank 0, which the test asserts) */
+  a->r->fwd = forward(a->r);
+  a->r->destroy = sbnCommDestroy(a->r->comm);
+  atomic_store(a->gone, 1);
   return NULL;
 }
 
-static void test_destroy_between_reads(void) {
-  static rank_t rk[W];
+/* A CPU team of two with the given timeout, its inputs, statistics poisoned (NaN). */
+static void team_pair(rank_t* rk, sbnComm_t* comms, int64_t timeout_ms) {
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = 20000;
-  sbnComm_t comms[W];
+  cfg.timeout_ms = timeout_ms;
   ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
   for (int q = 0; q < W; q++) {
     rk[q].comm = comms[q];
     for (int i = 0; i < N * C * SP; i++) rk[q].x[i] = (float)((i * 7 + q * 13) % 11) - 4.5f + 0.25f * (float)q;
     for (int c = 0; c < C; c++) rk[q].mean[c] = rk[q].invstd[c] = NAN;
   }
+}
+
+static void say_results(const rank_t* rk, sbnComm_t comm0) {
+  fprintf(stderr, "  rank 0's forward %s (%s); rank 1's forward %s, destroy %s\n", sbnGetResultName(rk[0].fwd),
+          rk[0].fwd == sbnSuccess ? "-" : sbnGetLastError(comm0), sbnGetResultName(rk[1].fwd),
+          sbnGetResultName(rk[1].destroy));
+}
+
+static void test_destroy_between_reads(void) {
+  static rank_t rk[W];
+  sbnComm_t comms[W];
+  team_pair(rk, comms, 20000);
   pthread_t th;
-  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &rk[1]) == 0);
+  rank1_t one = {&rk[1], &in_hook, &rank1_gone};
+  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
   hook_armed = 1;
   rk[0].fwd = forward(&rk[0]);
   hook_armed = 0;
   pthread_join(th, NULL);
-  fprintf(stderr, "  rank 0's forward %s (%s); rank 1's forward %s, destroy %s\n", sbnGetResultName(rk[0].fwd),
-          rk[0].fwd == sbnSuccess ? "-" : sbnGetLastError(comms[0]), sbnGetResultName(rk[1].fwd),
-          sbnGetResultName(rk[1].destroy));
+  say_results(rk, comms[0]);
   /* the team is aborted now (rank 1 left): rank 0's next op says so, and writes nothing */
   float mean0[C], invstd0[C];
   memcpy(mean0, rk[0].mean, sizeof mean0);
@@ -153,38 +169,19 @@ static void test_destroy_between_reads(void) {
   }
 }
 
-/* Rank 1 of test_destroy_at_deadline: once rank 0's wait has run out (held in the second
-   hook), the same forward, then its destroy. */
-static void* late_rank1_main(void* arg) {
-  rank_t* r = (rank_t*)arg;
-  (void)wait_flag(&in_deadline); /* (not set: the hook never held rank 0, which the test asserts) */
-  r->fwd = forward(r);
-  r->destroy = sbnCommDestroy(r->comm);
-  atomic_store(&late_gone, 1);
-  return NULL;
-}
-
 static void test_destroy_at_deadline(void) {
   static rank_t late[W];
-  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
-  cfg.timeout_ms = 100; /* rank 0's wait runs out; rank 1 starts only then */
   sbnComm_t comms[W];
-  ASSERT_OK(sbnCommInitCpu(comms, W, &cfg));
-  for (int q = 0; q < W; q++) {
-    late[q].comm = comms[q];
-    for (int i = 0; i < N * C * SP; i++) late[q].x[i] = (float)((i * 5 + q * 11) % 13) - 6.0f + 0.5f * (float)q;
-    for (int c = 0; c < C; c++) late[q].mean[c] = late[q].invstd[c] = NAN;
-  }
+  team_pair(late, comms, 100); /* rank 0's wait runs out; rank 1 starts only then */
   pthread_t th;
-  ASSERT_TRUE(pthread_create(&th, NULL, late_rank1_main, &late[1]) == 0);
+  rank1_t one = {&late[1], &in_deadline, &late_gone};
+  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
   deadline_armed = 1;
   late[0].fwd = forward(&late[0]);
   deadline_armed = 0;
   atomic_store(&in_deadline, 1); /* rank 1 goes on if the hook never ran (then this fails) */
   pthread_join(th, NULL);
-  fprintf(stderr, "  rank 0's forward %s (%s); rank 1's forward %s, destroy %s\n", sbnGetResultName(late[0].fwd),
-          late[0].fwd == sbnSuccess ? "-" : sbnGetLastError(comms[0]), sbnGetResultName(late[1].fwd),
-          sbnGetResultName(late[1].destroy));
+  say_results(late, comms[0]);
   ASSERT_OK(sbnCommDestroy(comms[0]));
   /* the hook held rank 0 past its deadline while rank 1 finished: else this cannot fail */
   ASSERT_EQ_INT(atomic_load(&deadline_stops), 1);
