@@ -178,7 +178,9 @@ typedef struct bench_row {
   int inference;      /* a row of the inference table (W = 1, no team): t[1] holds the times
                          of sbnForwardInference (coop: device memory, cpu: host memory) or
                          cudnnBatchNormalizationForwardInference (cudnn), kernel[1] what ran;
-                         t[0] and kernel[0] unused */
+                         t[0] those of a copy of x into y timed the same way on the same
+                         buffers (coop: cudaMemcpyAsync device to device, cpu: memcpy; unused
+                         in cudnn rows, which take their coop row's); kernel[0] unused */
 } bench_row_t;
 
 /* ---- a team's buffers (data.c) -------------------------------------------------------------- */
@@ -312,6 +314,10 @@ typedef struct {
   double floor_us; /* bytes / B: a device-to-device copy of x; NaN when B is not measured */
   double ratio;    /* median time / floor_us ("x a copy of x", target <= BENCH_INFER_TARGET);
                       NaN when either is unknown */
+  double copy_us;  /* the median time of a copy of x into y, timed as the call (t[0]; a cudnn
+                      row: its coop row's); NaN when there is none */
+  double t_over_copy; /* median time / copy_us: the target's measure against a copy that pays
+                         its own launch; NaN when either is unknown */
 } bench_infer_derived_t;
 bench_infer_derived_t infer_derived(const bench_row_t* r, double B);
 extern const char* const kInferFormula; /* the text of what infer_derived computes */

@@ -55,7 +55,9 @@ bench_op_derived_t op_derived(const bench_row_t* r, int fwd, double B) {
    floor is the copy's time at B and t / floor is "x a copy of x" (target <= 1.1). */
 const char* const kInferFormula =
     "bytes = 2|x| (read x, write y; W = 1), floor = 2|x|/B us (a device-to-device copy of x at "
-    "the copy bandwidth B of this run), x copy = median time / floor (target <= 1.1)";
+    "the copy bandwidth B of this run), x copy = median time / floor (target <= 1.1); copy = the "
+    "median time of a copy of x into y, timed as the call (GPU: cudaMemcpyAsync, CPU: memcpy), "
+    "t/copy = median time / copy";
 
 bench_infer_derived_t infer_derived(const bench_row_t* r, double B) {
   bench_infer_derived_t o;
@@ -64,5 +66,9 @@ bench_infer_derived_t infer_derived(const bench_row_t* r, double B) {
   o.gbps = o.bytes / (us * 1e3);
   o.floor_us = o.bytes / (B * 1e3);
   o.ratio = us / o.floor_us;
+  /* the copy timed beside the call: a library row's own, a cudnn row's coop row's */
+  const bench_row_t* c = r->path == BENCH_PATH_CUDNN ? r->coop : r;
+  o.copy_us = row_timed(r) && row_timed(c) && c->t[0].med > 0 ? c->t[0].med : NAN;
+  o.t_over_copy = us / o.copy_us;
   return o;
 }

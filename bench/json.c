@@ -66,6 +66,11 @@
  *   floor_us    bytes / B: a device-to-device copy of x (null in CPU mode: no B)
  *   x_copy      us_median / floor_us, the target's measure (<= inference_target); null
  *               without either
+ *   copy_us_median  a copy of x into y timed as the call, on the same buffers (GPU:
+ *               cudaMemcpyAsync device to device behind the L2 flush; CPU: memcpy); a cudnn
+ *               row: its coop row's; null without one
+ *   t_over_copy us_median / copy_us_median: the target against a copy that pays its own
+ *               launch (<= inference_target); null without either
  *   t_over_coop cudnn rows: us_median / the coop row's of the same shape, dtype and layout;
  *               null otherwise or without both times
  *   checked, wrong, tol_used, worst, error, note   as in rows (checked: y on the checked
@@ -209,6 +214,10 @@ static void json_infer_row(FILE* f, const bench_row_t* r, double B) {
   json_number(f, d.floor_us);
   fprintf(f, ", \"x_copy\": ");
   json_number(f, d.ratio);
+  fprintf(f, ", \"copy_us_median\": ");
+  json_number(f, d.copy_us);
+  fprintf(f, ", \"t_over_copy\": ");
+  json_number(f, d.t_over_copy);
   fprintf(f, ", \"t_over_coop\": ");
   json_number(f, ok && c && c != r && row_timed(c) && c->t[1].med > 0 ? r->t[1].med / c->t[1].med : NAN);
   json_row_tail(f, r);

@@ -388,10 +388,10 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
     printf("#   cpu = sbnForwardInference on host pointers (the library's CPU code); times: the wall "
            "time of the call (host the same); no B in CPU mode, so no floor\n");
   printf("#   running statistics: %s\n#   %s\n", kInferStatsFormula, kInferFormula);
-  printf("# %5s %5s %6s %8s %5s %6s %-5s %-7s %9s %9s %9s %9s %9s %8s %9s %6s %6s %7s %8s\n", "shape",
-         "N", "C", "spatial", "dtype", "layout", "path", "kernel", "time(us)", "min(us)", "p90(us)",
-         "host(us)", "MB", "GB/s", "floor(us)", "xcopy", "t/coop", "#wrong", "tol used");
-  int nmet = 0, nratio = 0;
+  printf("# %5s %5s %6s %8s %5s %6s %-5s %-7s %9s %9s %9s %9s %9s %8s %9s %6s %8s %6s %6s %7s %8s\n",
+         "shape", "N", "C", "spatial", "dtype", "layout", "path", "kernel", "time(us)", "min(us)", "p90(us)",
+         "host(us)", "MB", "GB/s", "floor(us)", "xcopy", "copy(us)", "t/copy", "t/coop", "#wrong", "tol used");
+  int nmet = 0, nratio = 0, ncopy_met = 0, ncopy = 0;
   for (int i = 0; i < ninf; i++) {
     const bench_row_t* r = &inf[i];
     if (!r->done) continue;
@@ -407,8 +407,16 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
       continue;
     }
     const bench_infer_derived_t d = infer_derived(r, run->B);
-    char floor_s[16] = "-", ratio_s[16] = "-", coop_s[16] = "-";
+    char floor_s[16] = "-", ratio_s[16] = "-", coop_s[16] = "-", copy_s[16] = "-", tcopy_s[16] = "-";
     if (isfinite(d.floor_us)) snprintf(floor_s, sizeof floor_s, "%.2f", d.floor_us);
+    if (isfinite(d.copy_us)) snprintf(copy_s, sizeof copy_s, "%.1f", d.copy_us);
+    if (isfinite(d.t_over_copy)) {
+      snprintf(tcopy_s, sizeof tcopy_s, "%.2f", d.t_over_copy);
+      if (r->path != BENCH_PATH_CUDNN) {
+        ncopy++;
+        ncopy_met += d.t_over_copy <= BENCH_INFER_TARGET;
+      }
+    }
     if (isfinite(d.ratio)) {
       snprintf(ratio_s, sizeof ratio_s, "%.2f", d.ratio);
       if (r->path != BENCH_PATH_CUDNN) {
@@ -418,13 +426,16 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
     }
     const double q = speed_ratio(r, 1);
     if (isfinite(q)) snprintf(coop_s, sizeof coop_s, "%.2f", q);
-    printf(" %9.1f %9.1f %9.1f %9.1f %9.3f %8.2f %9s %6s %6s", r->t[1].med, r->t[1].min, r->t[1].p90,
-           r->t[1].host_med, d.bytes * 1e-6, d.gbps, floor_s, ratio_s, coop_s);
+    printf(" %9.1f %9.1f %9.1f %9.1f %9.3f %8.2f %9s %6s %8s %6s %6s", r->t[1].med, r->t[1].min, r->t[1].p90,
+           r->t[1].host_med, d.bytes * 1e-6, d.gbps, floor_s, ratio_s, copy_s, tcopy_s, coop_s);
     printf(r->worst < 1000 ? " %7" PRId64 " %8.3f\n" : " %7" PRId64 " %8.1e\n", r->wrong, r->worst);
   }
   if (nratio)
     printf("# inference target x copy <= %.1f: met by %d of %d library rows\n", BENCH_INFER_TARGET, nmet,
            nratio);
+  if (ncopy)
+    printf("# inference target t/copy <= %.1f (against the timed copy of x): met by %d of %d library rows\n",
+           BENCH_INFER_TARGET, ncopy_met, ncopy);
   printf("# inference #wrong: y on the checked channels outside |got-ref| <= atol + rtol*|ref| (fp32 %g, "
          "fp16/bf16 %g; cudnn rows %g, %g; reference: double, sbn_ref_inference of the same running "
          "statistics), plus running_mean and running_var not bitwise what the call was given\n",

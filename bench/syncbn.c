@@ -158,6 +158,33 @@ static double infer_op(void* ctx, int fwd, char* err, size_t cap) {
   return t;
 }
 
+/* A copy of x into y on the inference row's buffers, timed as infer_op is (bench_op_fn): the
+   target's measure, "a copy of x", with its own launch (GPU: cudaMemcpyAsync on `stream`;
+   CPU mode: memcpy). */
+static double copy_op(void* ctx, int fwd, char* err, size_t cap) {
+  (void)fwd;
+  const bench_infer_ctx_t* k = ctx;
+  const bench_team_bufs_t* b = k->bufs;
+  const size_t bytes = tensor_bytes(&b->desc);
+  const double t0 = now_us();
+#if SBN_BENCH_HAVE_CUDA
+  if (k->stream) {
+    const cudaError_t e =
+        cudaMemcpyAsync(b->y[0], b->x[0], bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)k->stream);
+    if (e != cudaSuccess) {
+      snprintf(err, cap, "cudaMemcpyAsync (a copy of x into y): %s", cudaGetErrorString(e));
+      return -1;
+    }
+    return now_us() - t0;
+  }
+#else
+  (void)err;
+  (void)cap;
+#endif
+  if (bytes) memcpy(b->y[0], b->x[0], bytes);
+  return now_us() - t0;
+}
+
 void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o) {
   const sbnTensorDesc_t d = row_desc(row);
   bench_team_bufs_t b;
@@ -169,6 +196,8 @@ void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o) {
   if (time_wall(infer_op, &ctx, 1, o, times, row->error, sizeof row->error) != 0) goto out;
   snprintf(row->kernel[1], sizeof row->kernel[1], "cpu");
   row_set_times(row, 1, times, times, o->iters);
+  if (time_wall(copy_op, &ctx, 1, o, times, row->error, sizeof row->error) != 0) goto out;
+  row_set_times(row, 0, times, times, o->iters);
   /* the check call: y poisoned (all-ones bits, NaN in every dtype) so that a value it does
      not write cannot pass */
   memset(b.y[0], 0xff, tensor_bytes(&d));
@@ -425,6 +454,8 @@ void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* 
   if (gpu_time_op(g, infer_op, &ctx, 1, o, ev_us, host_us, err, cap) != 0) goto out;
   row_set_times(row, 1, ev_us, host_us, o->iters);
   snprintf(row->kernel[1], sizeof row->kernel[1], "infer");
+  if (gpu_time_op(g, copy_op, &ctx, 1, o, ev_us, host_us, err, cap) != 0) goto out;
+  row_set_times(row, 0, ev_us, host_us, o->iters);
   /* the check run: y poisoned, one call, y and the running statistics (read only: not
      uploaded again, so a write into them by any call shows) copied back */
   if (gpu_poison(&dev, g->stream, err, cap) != 0 || infer_op(&ctx, 1, err, cap) < 0 ||

@@ -208,7 +208,7 @@ def test_sbn_bench_floors(d):
 
 INFERENCE_ROW_KEYS = {"path", "shape", "where", "n", "c", "h", "w", "spatial", "dtype", "layout",
                       "ranks", "kernel", "us_median", "us_min", "us_p90", "host_us_median", "bytes",
-                      "gbps", "floor_us", "x_copy", "t_over_coop", "checked", "wrong", "tol_used",
+                      "gbps", "floor_us", "x_copy", "copy_us_median", "t_over_copy", "t_over_coop", "checked", "wrong", "tol_used",
                       "worst", "error", "note"}
 
 
@@ -237,9 +237,14 @@ def test_sbn_bench_inference(d):
         ok &= x["bytes"] == 2 * x["n"] * x["c"] * x["spatial"] * es
         ok &= x["floor_us"] is None and x["x_copy"] is None and x["t_over_coop"] is None
         ok &= x["us_median"] is not None and x["us_min"] <= x["us_median"] <= x["us_p90"]
+        # the timed copy of x (memcpy in CPU mode) and the call's time over it
+        ok &= x["copy_us_median"] is not None and x["copy_us_median"] > 0
+        ok &= x["t_over_copy"] is not None and abs(x["t_over_copy"] * x["copy_us_median"] - x["us_median"]) <= \
+            1e-4 * x["us_median"]  # the JSON's 6 significant digits
         ok &= x["error"] is None and x["checked"] > 0 and x["wrong"] == 0
     check(ok, "sbn-bench inference rows: path cpu, W = 1, bytes = 2|x|, floor and x_copy null in "
-              "CPU mode, times there, checked > 0, wrong 0, no error")
+              "CPU mode, times and the timed copy there (t_over_copy = us_median / copy_us_median), "
+              "checked > 0, wrong 0, no error")
 
 
 def import_baseline():
