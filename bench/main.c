@@ -94,6 +94,13 @@ static void row_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
                      bench_results_t* res, bench_row_t* r, int in_table) {
   r->done = 1;
   run->finished++;
+  /* the plan said the rows in run order (GPU mode): a row out of it would make "plan k/N"
+     and "done k/N" name different rows */
+  if (res->order && res->order[run->finished - 1] != r) {
+    char label[96];
+    fprintf(stderr, "%s: done %d/%d is %s, which the plan put elsewhere (sbn-bench's own mistake)\n", argv0,
+            run->finished, run->planned, row_label(r, label, sizeof label));
+  }
   results_add(res, r);
   if (in_table) report_row(run, r);
   report_progress(run, r);

@@ -274,7 +274,7 @@ void report_plan(bench_run_t* run, const bench_results_t* res) {
   if (res->order) {
     for (int i = 0; i < run->planned; i++) {
       const bench_row_t* r = res->order[i];
-      const int lat = r >= res->lat && r < res->lat + res->nlat;
+      const int lat = i >= res->nrows + res->ninf; /* gpu_run_order puts them last */
       fprintf(stderr, "sbn-bench: plan %d/%d: %s%s\n", ++k, run->planned, lat ? "latency " : "",
               row_label(r, label, sizeof label));
     }
@@ -409,7 +409,7 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
     const bench_infer_derived_t d = infer_derived(r, run->B);
     char floor_s[16] = "-", ratio_s[16] = "-", coop_s[16] = "-", copy_s[16] = "-", tcopy_s[16] = "-";
     if (isfinite(d.floor_us)) snprintf(floor_s, sizeof floor_s, "%.2f", d.floor_us);
-    if (isfinite(d.copy_us)) snprintf(copy_s, sizeof copy_s, "%.1f", d.copy_us);
+    if (isfinite(d.copy_us)) snprintf(copy_s, sizeof copy_s, "%.3g", d.copy_us);
     if (isfinite(d.t_over_copy)) {
       snprintf(tcopy_s, sizeof tcopy_s, "%.2f", d.t_over_copy);
       if (r->path != BENCH_PATH_CUDNN) {
@@ -433,7 +433,7 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
   if (nratio)
     printf("# inference target x copy <= %.1f: met by %d of %d library rows\n", BENCH_INFER_TARGET, nmet,
            nratio);
-  if (ncopy)
+  if (ncopy && run->dev) /* CPU mode's copy is a memcpy: not the target's copy */
     printf("# inference target t/copy <= %.1f (against the timed copy of x): met by %d of %d library rows\n",
            BENCH_INFER_TARGET, ncopy_met, ncopy);
   printf("# inference #wrong: y on the checked channels outside |got-ref| <= atol + rtol*|ref| (fp32 %g, "

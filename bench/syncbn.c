@@ -141,6 +141,7 @@ typedef struct {
   const bench_team_bufs_t* bufs;
   float eps;
   sbnStream_t stream;
+  int device; /* the buffers are device memory (copy_op copies with cudaMemcpyAsync) */
 } bench_infer_ctx_t;
 
 static double infer_op(void* ctx, int fwd, char* err, size_t cap) {
@@ -168,7 +169,8 @@ static double copy_op(void* ctx, int fwd, char* err, size_t cap) {
   const size_t bytes = tensor_bytes(&b->desc);
   const double t0 = now_us();
 #if SBN_BENCH_HAVE_CUDA
-  if (k->stream) {
+  if (k->device) {
+    if (!bytes) return now_us() - t0;
     const cudaError_t e =
         cudaMemcpyAsync(b->y[0], b->x[0], bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)k->stream);
     if (e != cudaSuccess) {
@@ -192,7 +194,7 @@ void syncbn_cpu_infer_row(bench_row_t* row, const bench_opts_t* o) {
   if (!times) return;
   infer_stats_fill(b.rm[0], b.rv[0], d.c);
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
-  bench_infer_ctx_t ctx = {&b, params.eps, NULL};
+  bench_infer_ctx_t ctx = {&b, params.eps, NULL, 0};
   if (time_wall(infer_op, &ctx, 1, o, times, row->error, sizeof row->error) != 0) goto out;
   snprintf(row->kernel[1], sizeof row->kernel[1], "cpu");
   row_set_times(row, 1, times, times, o->iters);
@@ -449,7 +451,7 @@ void syncbn_gpu_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* 
   }
   if (gpu_infer_setup(&dev, &host, &d, g->stream, err, cap) != 0) goto out;
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
-  bench_infer_ctx_t ctx = {&dev, params.eps, g->stream};
+  bench_infer_ctx_t ctx = {&dev, params.eps, g->stream, 1};
   double *ev_us = samples, *host_us = samples + o->iters;
   if (gpu_time_op(g, infer_op, &ctx, 1, o, ev_us, host_us, err, cap) != 0) goto out;
   row_set_times(row, 1, ev_us, host_us, o->iters);
