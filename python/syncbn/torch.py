@@ -149,8 +149,10 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
             "syncbn.torch.SyncBatchNorm: no team (comm=None) and torch.distributed is not initialized: "
             "pass comm= (a syncbn.Comm, e.g. a rank of syncbn.cpu_team(W)) or initialize a process group")
     if device.type != "cuda":  # a ValueError, as nn.SyncBatchNorm's for such an input under a process group
-        raise ValueError(f"syncbn.torch: teams from a process group take CUDA tensors (here {device}); "
-                         f"for CPU tensors pass comm= (a rank of syncbn.cpu_team)")
+        raise ValueError(f"syncbn.torch: teams from a process group take CUDA tensors (here {device}): syncbn "
+                         f"synchronizes no CPU tensors across processes (nn.SyncBatchNorm neither); a CPU "
+                         f"team's ranks are the threads of one process (comm=, a rank of syncbn.cpu_team), "
+                         f"which a rank of another process cannot join")
     group = process_group if process_group is not None else _dist.group.WORLD
     key = (group, device.index)
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))

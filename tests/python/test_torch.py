@@ -760,7 +760,10 @@ class TestTorch(unittest.TestCase):
             dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
             try:
                 # nn.SyncBatchNorm raises a ValueError there too
-                with self.assertRaisesRegex(ValueError, r"CUDA tensors \(here cpu\)"):
+                # the message does not send a multi-process job to a CPU team (threads of one
+                # process: each process would train alone)
+                with self.assertRaisesRegex(ValueError, r"CUDA tensors \(here cpu\): syncbn synchronizes no CPU "
+                                                        r"tensors across processes"):
                     sbt.SyncBatchNorm(3)(torch.randn(2, 3, 4))
                 with self.assertRaises(ValueError):
                     torch.nn.SyncBatchNorm(3)(torch.randn(2, 3, 4))
