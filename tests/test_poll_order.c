@@ -123,20 +123,31 @@ static void say_results(const rank_t* rk, sbnComm_t comm0) {
           sbnGetResultName(rk[1].destroy));
 }
 
+/* A team of two (team_pair) whose rank 1 runs on its own thread (rank1_main) once `go` is
+   set, while rank 0 runs the forward here with its thread's hook armed (*armed); then `go`
+   (rank 1 goes on if the hook never ran: the test's hook count then fails it), the join
+   and the results' line. */
+static void run_pair(rank_t* rk, sbnComm_t* comms, int64_t timeout_ms, int* armed, atomic_int* go,
+                     atomic_int* gone) {
+  team_pair(rk, comms, timeout_ms);
+  pthread_t th;
+  rank1_t one = {&rk[1], go, gone};
+  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
+  *armed = 1;
+  rk[0].fwd = forward(&rk[0]);
+  *armed = 0;
+  atomic_store(go, 1);
+  pthread_join(th, NULL);
+  say_results(rk, comms[0]);
+}
+
 static void team_stats_right(const rank_t* rk);
 
 static void test_destroy_between_reads(void) {
   static rank_t rk[W];
   sbnComm_t comms[W];
-  team_pair(rk, comms, 20000);
-  pthread_t th;
-  rank1_t one = {&rk[1], &in_hook, &rank1_gone};
-  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
-  hook_armed = 1;
-  rk[0].fwd = forward(&rk[0]);
-  hook_armed = 0;
-  pthread_join(th, NULL);
-  say_results(rk, comms[0]);
+  run_pair(rk, comms, 20000, &hook_armed, &in_hook, &rank1_gone);
+  if (sbn_test_cur_failed_) return;
   /* the team is aborted now (rank 1 left): rank 0's next op says so, and writes nothing */
   float mean0[C], invstd0[C];
   memcpy(mean0, rk[0].mean, sizeof mean0);
@@ -179,16 +190,9 @@ static void team_stats_right(const rank_t* rk) {
 static void test_destroy_at_deadline(void) {
   static rank_t late[W];
   sbnComm_t comms[W];
-  team_pair(late, comms, 100); /* rank 0's wait runs out; rank 1 starts only then */
-  pthread_t th;
-  rank1_t one = {&late[1], &in_deadline, &late_gone};
-  ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
-  deadline_armed = 1;
-  late[0].fwd = forward(&late[0]);
-  deadline_armed = 0;
-  atomic_store(&in_deadline, 1); /* rank 1 goes on if the hook never ran (then this fails) */
-  pthread_join(th, NULL);
-  say_results(late, comms[0]);
+  /* rank 0's wait runs out (100 ms); rank 1 starts only then */
+  run_pair(late, comms, 100, &deadline_armed, &in_deadline, &late_gone);
+  if (sbn_test_cur_failed_) return;
   ASSERT_OK(sbnCommDestroy(comms[0]));
   /* the hook held rank 0 past its deadline while rank 1 finished: else this cannot fail */
   ASSERT_EQ_INT(atomic_load(&deadline_stops), 1);
