@@ -375,6 +375,17 @@ static void print_latency(const bench_row_t* lat, int lat_w) {
     }
 }
 
+/* An inference row's ratio against the target (x copy, t/copy) into its cell, and counted
+   for the library's rows (n of them with one, met of those at most BENCH_INFER_TARGET). */
+static void target_cell(const bench_row_t* r, double q, char* cell, size_t cap, int* n, int* met) {
+  if (!isfinite(q)) return;
+  snprintf(cell, cap, "%.2f", q);
+  if (r->path != BENCH_PATH_CUDNN) {
+    (*n)++;
+    *met += q <= BENCH_INFER_TARGET;
+  }
+}
+
 /* The inference table: one line per row (W = 1), its times, bytes, the copy floor and t over
    it (the target), and cudnn's time over coop's. */
 static void print_inference(const bench_run_t* run, const bench_row_t* inf, int ninf) {
@@ -410,20 +421,8 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
     char floor_s[16] = "-", ratio_s[16] = "-", coop_s[16] = "-", copy_s[16] = "-", tcopy_s[16] = "-";
     if (isfinite(d.floor_us)) snprintf(floor_s, sizeof floor_s, "%.2f", d.floor_us);
     if (isfinite(d.copy_us)) snprintf(copy_s, sizeof copy_s, "%.3g", d.copy_us);
-    if (isfinite(d.t_over_copy)) {
-      snprintf(tcopy_s, sizeof tcopy_s, "%.2f", d.t_over_copy);
-      if (r->path != BENCH_PATH_CUDNN) {
-        ncopy++;
-        ncopy_met += d.t_over_copy <= BENCH_INFER_TARGET;
-      }
-    }
-    if (isfinite(d.ratio)) {
-      snprintf(ratio_s, sizeof ratio_s, "%.2f", d.ratio);
-      if (r->path != BENCH_PATH_CUDNN) {
-        nratio++;
-        nmet += d.ratio <= BENCH_INFER_TARGET;
-      }
-    }
+    target_cell(r, d.t_over_copy, tcopy_s, sizeof tcopy_s, &ncopy, &ncopy_met);
+    target_cell(r, d.ratio, ratio_s, sizeof ratio_s, &nratio, &nmet);
     const double q = speed_ratio(r, 1);
     if (isfinite(q)) snprintf(coop_s, sizeof coop_s, "%.2f", q);
     printf(" %9.1f %9.1f %9.1f %9.1f %9.3f %8.2f %9s %6s %8s %6s %6s", r->t[1].med, r->t[1].min, r->t[1].p90,
