@@ -7,6 +7,13 @@
 
 #include "internal.h"
 
+/* Why a build without CUDA refuses GPU and NCCL teams, and how to build one that takes
+   them (gpu_none.c, nccl_none.c). */
+#define SBN_NO_CUDA_WHY                                                                      \
+  "this build of syncbn has no CUDA: no nvcc at configure time (or SYNCBN_CUDA=OFF). Build " \
+  "it again with nvcc on PATH (or CUDACXX naming it); -DSYNCBN_CUDA=ON (pip: -C "           \
+  "cmake.define.SYNCBN_CUDA=ON) makes a build without one fail"
+
 /* sbnCommInitVirtual: W ranks on init->devices[0], every op ONE cooperative launch for
    all of them (gpu_team.c). */
 SBN_INTERNAL extern const sbn_team_ops_t sbn_gpu_virtual_team_ops;

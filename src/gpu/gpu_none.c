@@ -3,8 +3,7 @@
 #include "gpu/gpu.h"
 
 static sbnResult_t no_cuda(void) {
-  return sbn_fail(NULL, sbnUnsupported, "this build of syncbn has no CUDA (SYNCBN_CUDA=OFF or "
-                                        "no nvcc at configure time)");
+  return sbn_fail(NULL, sbnUnsupported, SBN_NO_CUDA_WHY);
 }
 
 static sbnResult_t none_attach(sbn_team_t* team, sbn_team_init_t* init) {

@@ -42,32 +42,43 @@ static const char* fill(void* lib, sbn_nccl_api_t* api) {
   return NULL;
 }
 
-/* Tries each candidate in turn: one that does not open, or lacks a required symbol (an
-   NCCL older than 2.18 first on the loader's path), is passed over for the next. Under
-   load_lock. */
+/* Tries each candidate in turn: SBN_NCCL_LIBRARY alone where it is set; else the NCCL the
+   program has already loaded (libnccl.so.2 with RTLD_NOLOAD: a framework's, which syncbn
+   must share), then the one CMake found at build time (whose headers syncbn was compiled
+   with: the device API's inline code reads that NCCL's structures), then whatever
+   libnccl.so.2 the loader finds. One that does not open, or lacks a required symbol (an
+   NCCL older than 2.18), is passed over for the next. Under load_lock. */
 static sbnResult_t load(void) {
   const char* env = getenv("SBN_NCCL_LIBRARY");
-  const char* names[2] = {NULL, NULL};
+  struct {
+    const char* name;
+    int flags;
+  } cands[3];
+  int n = 0;
   if (env != NULL && env[0] != '\0') {
-    names[0] = env;
+    cands[n].name = env, cands[n++].flags = RTLD_NOW | RTLD_LOCAL;
   } else {
-    names[0] = "libnccl.so.2";        /* the NCCL the program already loaded is this one */
-    names[1] = SBN_NCCL_LIBRARY_PATH; /* src/CMakeLists.txt: the one found at build time */
+    cands[n].name = "libnccl.so.2", cands[n++].flags = RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD;
+    cands[n].name = SBN_NCCL_LIBRARY_PATH, cands[n++].flags = RTLD_NOW | RTLD_LOCAL;
+    cands[n].name = "libnccl.so.2", cands[n++].flags = RTLD_NOW | RTLD_LOCAL;
   }
   char tried[768] = "";
-  for (int i = 0; i < 2 && names[i] != NULL; i++) {
+  for (int i = 0; i < n; i++) {
     const size_t len = strlen(tried);
-    void* lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    void* lib = dlopen(cands[i].name, cands[i].flags);
     if (lib == NULL) {
       const char* e = dlerror();
-      snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "", e != NULL ? e : names[i]);
+      if (!(cands[i].flags & RTLD_NOLOAD)) /* not loaded yet: no failure */
+        snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "",
+                 e != NULL ? e : cands[i].name);
       continue;
     }
     sbn_nccl_api_t api;
     const char* missing = fill(lib, &api);
     if (missing != NULL) {
       snprintf(tried + len, sizeof tried - len,
-               "%s%s lacks %s (syncbn needs NCCL 2.18 or newer)", len ? "; " : "", names[i],
+               "%s%s%s lacks %s (syncbn needs NCCL 2.18 or newer)", len ? "; " : "",
+               cands[i].name, (cands[i].flags & RTLD_NOLOAD) ? " (loaded by the program)" : "",
                missing);
       dlclose(lib);
       continue;
@@ -76,8 +87,10 @@ static sbnResult_t load(void) {
     __atomic_store_n(&loaded, 1, __ATOMIC_RELEASE);
     int version = 0;
     api.GetVersion(&version);
-    sbn_log(SBN_LOG_INFO, "NCCL %d.%d.%d loaded from %s", version / 10000, version / 100 % 100,
-            version % 100, names[i]); /* the library stays loaded until exit */
+    sbn_log(SBN_LOG_INFO, "NCCL %d.%d.%d loaded from %s%s", version / 10000, version / 100 % 100,
+            version % 100, cands[i].name,
+            (cands[i].flags & RTLD_NOLOAD) ? " (already loaded by the program)"
+                                           : ""); /* the library stays loaded until exit */
     return sbnSuccess;
   }
   snprintf(load_why, sizeof load_why,

@@ -5,10 +5,17 @@
 
 #if !(defined(SYNCBN_HAVE_NCCL) && SYNCBN_HAVE_NCCL)
 
+/* What a user rebuilds with: CUDA first where the build has none. */
 static sbnResult_t no_nccl(void) {
+#if defined(SYNCBN_HAVE_CUDA)
   return sbn_fail(NULL, sbnUnsupported,
-                  "this build of syncbn has no NCCL (SYNCBN_NCCL=OFF, or no CUDA/NCCL at "
-                  "configure time; SYNCBN_NCCL_ROOT points CMake at an NCCL)");
+                  "this build of syncbn has no NCCL: no nccl.h at configure time (or "
+                  "SYNCBN_NCCL=OFF). Build it again where NCCL is found: for pip, in an "
+                  "environment with a CUDA PyTorch (its nvidia-nccl wheel), or with "
+                  "SYNCBN_NCCL_ROOT naming a prefix with include/nccl.h and lib/libnccl.so.2");
+#else
+  return sbn_fail(NULL, sbnUnsupported, SBN_NO_CUDA_WHY);
+#endif
 }
 sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
   (void)nccl, (void)cfg, (void)comm;
