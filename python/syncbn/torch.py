@@ -603,9 +603,11 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
             return m
         if isinstance(m, _BatchNorm):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
-            return _take_state(SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                             process_group, comm=comm, activation=act[0], slope=act[1],
-                                             bias=not m.affine or m.bias is not None), m)
+            out = _take_state(SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                            process_group, comm=comm, activation=act[0], slope=act[1],
+                                            bias=not m.affine or m.bias is not None), m)
+            out._reverts_to = type(m) if type(m) in _TORCH_BATCH_NORMS else None
+            return out
         return m
 
     return _swap_modules(module, swap, {})
@@ -646,6 +648,26 @@ def _take_state(out, m):
     if hasattr(m, "qconfig"):
         out.qconfig = m.qconfig
     return out
+
+
+# The classes revert_sync_batchnorm gives back a layer converted from (their constructors
+# are known); any other batch norm (nn.SyncBatchNorm, a subclass, a layer made as syncbn's)
+# reverts to a BatchNormXd.
+_TORCH_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
+
+
+def _reverted(m, act, slope):
+    """The PyTorch batch norm that layer m reverts to: the torch.nn class it was converted
+    from (nn.BatchNorm2d, ...), where it applies no activation and that class can be made
+    without a bias where m has none; else a BatchNormXd with m's epilogue. m's tensors,
+    training mode and qconfig."""
+    cls = getattr(m, "_reverts_to", None)  # (None also for a layer pickled before it was kept)
+    no_bias = m.affine and m.bias is None
+    if act == "identity" and cls is not None and (_BIAS_KW or not no_bias):
+        return _take_state(cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                               **({"bias": False} if no_bias else {})), m)
+    return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                   activation=act, slope=slope, bias=not no_bias), m)
 
 
 SyncBatchNorm.convert_sync_batchnorm = classmethod(
@@ -691,8 +713,13 @@ class BatchNormXd(_OptionalBias, _BatchNorm):
 
 def revert_sync_batchnorm(module):
     """The inverse of convert_sync_batchnorm and convert_fused: every syncbn SyncBatchNorm
-    of module (recursively) becomes a ``BatchNormXd``, PyTorch's batch norm with the same
-    parameters (shared), buffers and training mode, and what convert_fused fused is undone:
+    of module (recursively) becomes PyTorch's batch norm with the same parameters (shared),
+    buffers and training mode: the torch.nn class the converter took it from
+    (``nn.BatchNorm1d``, ``nn.BatchNorm2d``, ``nn.BatchNorm3d``), so that code looking for
+    those classes (``torch.ao.quantization.fuse_modules``, ``prepare_fx``, freezing by type,
+    TorchScript) finds them again, else a ``BatchNormXd`` (a layer made as syncbn's or
+    converted from nn.SyncBatchNorm or another class, one that keeps an activation, or one
+    without a bias on a PyTorch whose batch norms take no ``bias=``); and what convert_fused fused is undone:
     a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was (its
     class, children, attributes and hooks) and a ``FusedActivation`` the activation module
     it replaced, their batch norms plain, so that the model is the original one on
@@ -707,12 +734,13 @@ def revert_sync_batchnorm(module):
     activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
     identity has hooks, keeps it as a BatchNormXd epilogue, in PyTorch's ops. For a model
     without syncbn's operators: a training-mode export (an evaluated model exports as it
-    is: its layers record PyTorch's batch norm under an export; TorchScript scripting
-    scripts neither, it does not script a module's super().forward), folding batch norms
+    is: its layers record PyTorch's batch norm under an export; TorchScript scripting takes
+    neither a syncbn layer nor a BatchNormXd, whose forward calls super().forward, and takes
+    a reverted model whose batch norms are all torch.nn's), folding batch norms
     into convolutions, inference without a team, or a framework's own conversions, which
     would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
     unsynchronized. Like the converters, it changes module's containers in place. A layer
-    used in two places becomes one BatchNormXd used in both."""
+    used in two places becomes one batch norm used in both."""
     for m in module.modules():  # refused before anything changes
         if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
             _block_relu(m)
@@ -723,8 +751,7 @@ def revert_sync_batchnorm(module):
         if not isinstance(m, SyncBatchNorm):
             return m
         act, slope = ("identity", 0.01) if id(m) in plain else (m.activation, m.slope)
-        return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                       activation=act, slope=slope), m)
+        return _reverted(m, act, slope)
 
     return _swap_modules(module, swap, {})
 

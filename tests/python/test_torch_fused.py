@@ -802,8 +802,8 @@ class TestConvert(TeamOfOne):
         """Every layer is an nn.SyncBatchNorm, as frameworks look for one (detectron2's norm
         parameter groups, mmengine's revert_sync_batchnorm). revert_sync_batchnorm gives
         the original model on PyTorch's batch norm: the same module names and classes
-        (torchvision's blocks, nn.ReLU / nn.LeakyReLU where they were) with BatchNormXd for
-        the batch norms, all plain; no syncbn operator in its exported graph, its parameters
+        (torchvision's blocks, nn.ReLU / nn.LeakyReLU where they were, nn.BatchNorm2d for the
+        batch norms, all plain); no syncbn operator in its exported graph, its parameters
         the same tensors; eval equal to the converted model's, training equal to the float64
         original's with each batch's own statistics. A layer reverted alone, outside what
         convert_fused made, keeps its activation as an epilogue. An evaluated converted
@@ -821,12 +821,11 @@ class TestConvert(TeamOfOne):
         back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
         self.assertFalse(any(isinstance(m, sbt.SyncBatchNorm) for m in back.modules()))
         self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
-        bns = [m for m in back.modules() if isinstance(m, sbt.BatchNormXd)]
+        bns = [m for m in back.modules() if isinstance(m, nn.BatchNorm2d)]
         self.assertEqual(len(bns), len(layers))
-        self.assertEqual({m.activation for m in bns}, {"identity"})
         for (n, a), (n2, b) in zip(model.named_modules(), back.named_modules()):
             self.assertEqual(n, n2)
-            self.assertIs(type(b), sbt.BatchNormXd if isinstance(a, nn.BatchNorm2d) else type(a), n)
+            self.assertIs(type(b), type(a), n)  # nn.BatchNorm2d too, not a BatchNormXd
             self.assertEqual(b.training, a.training, n)
         self.assertEqual(back[9].negative_slope, 0.1)
         for k, v in conv.state_dict().items():
@@ -835,7 +834,7 @@ class TestConvert(TeamOfOne):
         self.assertTrue(one.weight is layers[0].weight and one.running_mean is layers[0].running_mean)
         self.assertEqual(one.activation, "relu")  # no FusedActivation next to it: the epilogue stays
         twice = sbt.revert_sync_batchnorm(nn.Sequential(layers[1], nn.Conv2d(8, 8, 1), layers[1]))
-        self.assertIs(twice[0], twice[2])  # one layer in two places: one BatchNormXd
+        self.assertIs(twice[0], twice[2])  # one layer in two places: one batch norm
         back.eval()
         conv.eval()
         torch.testing.assert_close(back(x), conv(x), rtol=1e-5, atol=1e-5)
@@ -1241,12 +1240,56 @@ class TestConvert(TeamOfOne):
         for parent in list(back.modules()):
             kids = list(parent.named_children())
             for (cn, c), (bn_name, bn) in zip(kids, kids[1:]):
-                if isinstance(c, nn.Conv2d) and isinstance(bn, sbt.BatchNormXd):
+                if isinstance(c, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
                     setattr(parent, cn, torch.nn.utils.fuse_conv_bn_eval(c, bn))
                     setattr(parent, bn_name, nn.Identity())
                     pairs += 1
         self.assertEqual(pairs, 15)
         torch.testing.assert_close(back(x), want, rtol=1e-5, atol=1e-5)
+
+    def test_reverted_model_takes_torch_tools(self):
+        """A reverted layer is the torch.nn batch norm class it was converted from
+        (nn.BatchNorm1d / 2d / 3d), so PyTorch's tools that look for those classes take the
+        reverted model as they take the original: torch.ao.quantization.fuse_modules folds
+        conv + bn (+ relu), TorchScript scripts it, each equal to the reverted model, and
+        prepare_fx folds every batch norm. A layer
+        converted from nn.SyncBatchNorm, made as syncbn's, or keeping an activation becomes
+        a BatchNormXd."""
+        torch.manual_seed(13)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1),
+                              nn.BatchNorm2d(4))
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual(fused_layers(conv), [("1", "relu", False)])
+        x = torch.randn(2, 3, 8, 8)
+        conv(x)  # trains once: running statistics moved
+        back = sbt.revert_sync_batchnorm(conv).eval()
+        self.assertEqual([type(m) for m in back], [type(m) for m in model])
+        with torch.no_grad():
+            want = back(x)
+            fused = torch.ao.quantization.fuse_modules(back, [["0", "1", "2"], ["3", "4"]], inplace=False)
+            self.assertEqual([type(m) for m in fused][1:], [nn.Identity, nn.Identity, nn.Conv2d, nn.Identity])
+            torch.testing.assert_close(fused(x), want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(torch.jit.script(back)(x), want, rtol=0, atol=0)
+        from torch.ao.quantization import get_default_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import prepare_fx
+        prepared = prepare_fx(copy.deepcopy(back), get_default_qconfig_mapping(), (x,))
+        self.assertFalse([m for m in prepared.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)])
+        others = nn.Sequential(nn.BatchNorm1d(4), nn.BatchNorm3d(4), nn.SyncBatchNorm(4),
+                               sbt.BatchNormXd(4), sbt.SyncBatchNorm(4), nn.BatchNorm2d(4, affine=False),
+                               nn.BatchNorm2d(4, track_running_stats=False))
+        conv = sbt.convert_sync_batchnorm(copy.deepcopy(others), comm=self.comm)
+        conv[0].set_activation("relu")  # keeps its activation: an epilogue in PyTorch's ops
+        back = sbt.revert_sync_batchnorm(conv)
+        self.assertEqual([type(m) for m in back], [sbt.BatchNormXd, nn.BatchNorm3d] + [sbt.BatchNormXd] * 3
+                         + [nn.BatchNorm2d] * 2)
+        self.assertEqual(back[0].activation, "relu")
+        self.assertEqual([(m.affine, m.track_running_stats) for m in back][5:], [(False, True), (True, False)])
+        if sbt._BIAS_KW:  # a batch norm without a bias: one where PyTorch takes bias=False
+            back = sbt.revert_sync_batchnorm(sbt.convert_sync_batchnorm(nn.BatchNorm2d(4, bias=False),
+                                                                       comm=self.comm))
+            self.assertIs(type(back), nn.BatchNorm2d)
+            self.assertIsNone(back.bias)
 
     def test_revert_of_older_fusings_and_hooked_blocks(self):
         """A model fused before FusedActivation existed (an nn.Identity in the activation's
@@ -1268,7 +1311,7 @@ class TestConvert(TeamOfOne):
         self.assertIs(type(back[2]), nn.ReLU)
         self.assertIs(type(back[9]), nn.LeakyReLU)
         self.assertEqual(back[9].negative_slope, 0.1)
-        self.assertEqual({m.activation for m in back.modules() if isinstance(m, sbt.BatchNormXd)}, {"identity"})
+        self.assertFalse([m for m in back.modules() if isinstance(m, sbt.BatchNormXd)])  # all plain nn.BatchNorm2d
         self.assertIs(type(back[3]), BasicBlock)
         seen.clear()
         torch.testing.assert_close(back(x), want, rtol=1e-5, atol=1e-5)
@@ -1375,7 +1418,7 @@ class TestFX(TeamOfOne):
     def _traces(self, model, x):
         gm = torch.fx.symbolic_trace(model)
         layers = [n.target for n in gm.graph.nodes if n.op == "call_module"
-                  and isinstance(gm.get_submodule(n.target), (sbt.SyncBatchNorm, sbt.BatchNormXd))]
+                  and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)]
         self.assertEqual(len(layers), 15)
         self.assertEqual(sum(p.numel() for p in gm.parameters()), sum(p.numel() for p in model.parameters()))
         a, b = copy.deepcopy(model), copy.deepcopy(gm)
