@@ -31,6 +31,7 @@ of one on the tensor's device (``_own_team``).
 
 import inspect
 import numbers
+from collections import OrderedDict
 import threading
 import warnings
 
@@ -802,8 +803,9 @@ def _unfuse(m, plain, done):
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
-    if _runs_children_in_order(out):
-        kids = list(out._modules.items())
+    order = _run_order(out)
+    if order is not None:
+        kids = order[0]
         for (_, bn), (name, slot) in zip(kids, kids[1:]):
             if (not isinstance(bn, SyncBatchNorm) or bn.activation == "identity" or id(bn) in plain
                     or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
@@ -872,6 +874,47 @@ def _bottleneck_forward(self, x):
     out = self.relu(out)
 
     return out
+
+
+# torchvision's ResNet (its stem: conv1, bn1, relu, maxpool, then the layers) and
+# IntermediateLayerGetter (a ModuleDict whose forward runs its children in order and gives
+# out those named in return_layers: the backbones of torchvision's segmentation and
+# detection models), recognized the same way: their children run one after another, so a
+# batch norm and the ReLU after it there are a pair as in a Sequential.
+def _resnet_forward(self, x):
+    return self._forward_impl(x)
+
+
+def _resnet_forward_impl(self, x):
+    # See note [TorchScript super()]
+    x = self.conv1(x)
+    x = self.bn1(x)
+    x = self.relu(x)
+    x = self.maxpool(x)
+
+    x = self.layer1(x)
+    x = self.layer2(x)
+    x = self.layer3(x)
+    x = self.layer4(x)
+
+    x = self.avgpool(x)
+    x = torch.flatten(x, 1)
+    x = self.fc(x)
+
+    return x
+
+
+def _layer_getter_forward(self, x):
+    out = OrderedDict()
+    for name, module in self.items():
+        x = module(x)
+        if name in self.return_layers:
+            out_name = self.return_layers[name]
+            out[out_name] = x
+    return out
+
+
+_RESNET_ORDER = ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool")
 
 
 def _same_code(f, g):
@@ -1028,6 +1071,28 @@ def _runs_children_in_order(m):
     return isinstance(m, torch.nn.Sequential) and type(m).forward is torch.nn.Sequential.forward
 
 
+def _run_order(m):
+    """How m's forward runs its children, where it runs them one after another, each on the
+    previous one's output: (the (name, child) pairs in that order, the names of those whose
+    output m also gives out to its caller, whether m's output is the last one's); None for
+    any other module. An nn.Sequential that keeps Sequential.forward: every child, none
+    given out, its output the last child's. A torchvision IntermediateLayerGetter: every
+    child, those named in its return_layers given out (in a dict). A torchvision ResNet:
+    its stem and layers (conv1 ... avgpool; then torch.flatten and fc)."""
+    if _runs_children_in_order(m):
+        return [(n, c) for n, c in m._modules.items() if c is not None], frozenset(), True
+    if (isinstance(m, torch.nn.ModuleDict) and isinstance(getattr(m, "return_layers", None), dict)
+            and _same_code(type(m).forward, _layer_getter_forward)):
+        return ([(n, c) for n, c in m._modules.items() if c is not None],
+                frozenset(k for k in m.return_layers if isinstance(k, str)), False)
+    if (_same_code(type(m).forward, _resnet_forward)
+            and _same_code(getattr(type(m), "_forward_impl", None), _resnet_forward_impl)):
+        kids = [(n, m._modules.get(n)) for n in _RESNET_ORDER]
+        if all(isinstance(c, torch.nn.Module) for _, c in kids):
+            return kids, frozenset(), False
+    return None
+
+
 # modules that may return what they are given, or a view of it (nn.Identity, the
 # FusedActivation among them; dropout in eval or with p = 0): what runs after them may
 # write over a fused pair's output through them
@@ -1087,38 +1152,48 @@ def _torch_forward(m):
 def _fuse(module, uses, inplace, relu_as_leaky, after=()):
     """Fuses in module and below; after: the modules known to run after module, in order
     (the rest of the Sequentials around it; () where none is known)."""
-    in_order = _runs_children_in_order(module)
     kids = [(name, child) for name, child in module._modules.items() if child is not None]
     for i, (name, child) in enumerate(kids):  # the blocks first: what runs after a child is final
         block = _fused_block(child, uses, inplace, relu_as_leaky)
         if block is not None:
             setattr(module, name, block)
             kids[i] = (name, block)
-    for i, (name, child) in enumerate(kids):
+    order = _run_order(module)
+    if order is None:
+        for _, child in kids:
+            _fuse(child, uses, inplace, relu_as_leaky)
+        return
+    seq, given_out, last_is_output = order
+    seen = {id(c) for _, c in seq}
+    for _, child in kids:  # children the order leaves out (a ResNet's fc): nothing known after them
+        if id(child) not in seen:
+            _fuse(child, uses, inplace, relu_as_leaky)
+    tail = after if last_is_output else ()
+    for i, (name, child) in enumerate(seq):
         # what runs after a child's last module: its own forward hooks first (they see, and
-        # may write, its output), so nothing known where it has any
-        known = in_order and _no_hooks(child)
-        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in kids[i + 1:]) + after if known else ())
-    if in_order:
-        for i in range(len(kids) - 1):
-            (_, bn), (act_name, act_mod) = kids[i], kids[i + 1]
-            was = _act_of(act_mod)
-            if was is None or not _fusable_bn(bn, uses):
-                continue
-            # the fused layer's backward keeps its output, as nn.ReLU and
-            # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so what runs
-            # after it may write over the output: such a pair is fused only where the module
-            # after it is known and does not (the model's own code after a Sequential, or a
-            # caller's y.mul_(2), may)
-            writes = _next_writes(tuple(m for _, m in kids[i + 2:]) + after)
-            if was[0] == "leaky_relu" and not act_mod.inplace and writes is not False:
-                continue
-            act = _fused_act(was, relu_as_leaky)
-            # in place: an invertible activation, and no module after it known to write over
-            # the output autograd keeps
-            bn.set_activation(act[0], act[1], not writes and _inplace_ok(inplace, *act))
-            module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
-            kids[i + 1] = (act_name, module._modules[act_name])
+        # may write, its output), and the caller where its output is given out, so nothing
+        # known where it has any or is
+        known = _no_hooks(child) and name not in given_out
+        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in seq[i + 1:]) + tail if known else ())
+    for i in range(len(seq) - 1):
+        (bn_name, bn), (act_name, act_mod) = seq[i], seq[i + 1]
+        was = _act_of(act_mod)
+        if was is None or not _fusable_bn(bn, uses) or bn_name in given_out:  # given out: seen
+            continue
+        # the fused layer's backward keeps its output, as nn.ReLU and
+        # nn.LeakyReLU(inplace=True) do; nn.LeakyReLU() keeps its input, so what runs
+        # after it may write over the output: such a pair is fused only where the module
+        # after it is known and does not (the model's own code after a Sequential, or a
+        # caller's y.mul_(2), may)
+        writes = None if act_name in given_out else _next_writes(tuple(m for _, m in seq[i + 2:]) + tail)
+        if was[0] == "leaky_relu" and not act_mod.inplace and writes is not False:
+            continue
+        act = _fused_act(was, relu_as_leaky)
+        # in place: an invertible activation, and no module after it known to write over
+        # the output autograd keeps
+        bn.set_activation(act[0], act[1], not writes and _inplace_ok(inplace, *act))
+        module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
+        seq[i + 1] = (act_name, module._modules[act_name])
 
 
 def _leaky_slope(slope):
@@ -1147,7 +1222,12 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     - a torchvision ``BasicBlock`` / ``Bottleneck`` (its children, and a forward with
       exactly torchvision's code): replaced by a ``FusedBasicBlock`` / ``FusedBottleneck``
       with the same children, whose batch norms take the ReLU, the last one also the
-      residual add (ReLU(bn(out) + identity) in one op).
+      residual add (ReLU(bn(out) + identity) in one op);
+    - the same pairs among the children of the modules whose forward (torchvision's code,
+      exactly) runs them one after another as a Sequential does: a torchvision ``ResNet``'s
+      stem (``bn1``, ``relu``) and an ``IntermediateLayerGetter`` (the backbone of
+      torchvision's segmentation and detection models), but for a batch norm whose output
+      the getter gives out (``return_layers``) and an ``nn.LeakyReLU()`` it gives out.
 
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation

@@ -17,6 +17,7 @@ activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx w
 
 import contextlib
 import copy
+from collections import OrderedDict
 import os
 import sys
 import unittest
@@ -751,6 +752,69 @@ def ds(i, o, stride):
     return nn.Sequential(nn.Conv2d(i, o, 1, stride, bias=False), nn.BatchNorm2d(o))
 
 
+class ResNet(nn.Module):
+    """torchvision's ResNet, small: its children and its forward as torchvision writes them."""
+
+    def __init__(self, num_classes=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = nn.Sequential(BasicBlock(8, 8))
+        self.layer2 = nn.Sequential(BasicBlock(8, 16, 2, ds(8, 16, 2)))
+        self.layer3 = nn.Sequential(BasicBlock(16, 16))
+        self.layer4 = nn.Sequential(Bottleneck(16, 4))
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(16, num_classes)
+
+    def _forward_impl(self, x):
+        # See note [TorchScript super()]
+        x = self.conv1(x)
+        x = self.bn1(x)
+        x = self.relu(x)
+        x = self.maxpool(x)
+
+        x = self.layer1(x)
+        x = self.layer2(x)
+        x = self.layer3(x)
+        x = self.layer4(x)
+
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        x = self.fc(x)
+
+        return x
+
+    def forward(self, x):
+        return self._forward_impl(x)
+
+
+class IntermediateLayerGetter(nn.ModuleDict):
+    """torchvision's backbone wrapper (models/_utils.py): a model's children up to the last
+    one returned, run in order, those in return_layers given out in a dict."""
+
+    def __init__(self, model, return_layers):
+        layers = OrderedDict()
+        left = dict(return_layers)
+        for name, module in model.named_children():
+            layers[name] = module
+            left.pop(name, None)
+            if not left:
+                break
+        super().__init__(layers)
+        self.return_layers = dict(return_layers)
+
+    def forward(self, x):
+        out = OrderedDict()
+        for name, module in self.items():
+            x = module(x)
+            if name in self.return_layers:
+                out_name = self.return_layers[name]
+                out[out_name] = x
+        return out
+
+
 def resnet_like():
     return nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
@@ -1290,6 +1354,56 @@ class TestConvert(TeamOfOne):
                                                                        comm=self.comm))
             self.assertIs(type(back), nn.BatchNorm2d)
             self.assertIsNone(back.bias)
+
+    def test_resnet_stem_and_layer_getter(self):
+        """A torchvision ResNet's stem (bn1 then relu, in its own forward) is fused as a
+        Sequential's pair is, and so is a pair among the children of an
+        IntermediateLayerGetter (the backbone of torchvision's segmentation and detection
+        models): both run their children one after another, recognized by their forward's
+        code. The getter gives out the outputs its return_layers name: a batch norm given
+        out is not fused (its caller would see the activation), nor is an nn.LeakyReLU()
+        given out (its caller may write over the output the fused layer keeps). Each against
+        the float64 original, training and eval; revert_sync_batchnorm gives the ReLU back."""
+        torch.manual_seed(14)
+        model = ResNet()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual(fused_layers(conv)[0], ("bn1", "relu", False))
+        self.assertIsInstance(conv.relu, sbt.FusedActivation)
+        self.assertEqual(len(fused_layers(conv)), 1 + 2 + 2 + 2 + 3)  # the stem, then each block's
+        x = torch.randn(2, 3, 32, 32)
+        self._matches(model, x, conv)
+        back = sbt.revert_sync_batchnorm(conv)
+        self.assertEqual([type(m) for m in back.modules()], [type(m) for m in model.modules()])
+
+        def outputs_match(model, conv, x):
+            ref = copy.deepcopy(model).double()
+            for mode in ("train", "eval"):
+                getattr(conv, mode)()
+                getattr(ref, mode)()
+                y, Y = conv(x), ref(x.double())
+                self.assertEqual(list(y), list(Y))
+                for k in Y:
+                    torch.testing.assert_close(y[k].double(), Y[k], rtol=1e-4, atol=1e-4, msg=f"{mode} {k}")
+
+        getter = IntermediateLayerGetter(copy.deepcopy(model), {"layer1": "aux", "layer3": "out"})
+        self.assertEqual(list(getter), ["conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3"])
+        conv = sbt.convert_fused(copy.deepcopy(getter), comm=self.comm)
+        self.assertEqual(fused_layers(conv)[0], ("bn1", "relu", False))
+        outputs_match(getter, conv, x)
+        seen = IntermediateLayerGetter(copy.deepcopy(model), {"bn1": "stem", "layer3": "out"})
+        conv = sbt.convert_fused(copy.deepcopy(seen), comm=self.comm)
+        self.assertIs(type(conv.relu), nn.ReLU)  # bn1's output is given out: left alone
+        self.assertEqual(conv.bn1.activation, "identity")
+        outputs_match(seen, conv, x)
+        head = nn.Sequential(OrderedDict(conv=nn.Conv2d(3, 4, 3), bn=nn.BatchNorm2d(4), act=nn.LeakyReLU(0.1),
+                                         proj=nn.Conv2d(4, 4, 1)))
+        randomize_bn(head)
+        for given, fused in (({"proj": "out"}, [("bn", "leaky_relu", False)]), ({"act": "feat", "proj": "out"}, [])):
+            getter = IntermediateLayerGetter(copy.deepcopy(head), given)
+            conv = sbt.convert_fused(copy.deepcopy(getter), comm=self.comm)
+            self.assertEqual(fused_layers(conv), fused, given)
+            outputs_match(getter, conv, x)
 
     def test_revert_of_older_fusings_and_hooked_blocks(self):
         """A model fused before FusedActivation existed (an nn.Identity in the activation's
