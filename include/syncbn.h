@@ -203,8 +203,9 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
    sbnUnsupported), host. sbnCommSplit on an NCCL comm is collective over its team (one
    call per process, inside a group or not). sbnCommDestroy on an NCCL comm is collective
    too (NCCL deregisters the window), except after the team was aborted.
-   NCCL is loaded at its first use, not linked (libnccl.so.2, then the one found at build
-   time; SBN_NCCL_LIBRARY=PATH instead). sbnUnsupported in builds without NCCL, when NCCL
+   NCCL is loaded at its first use, not linked (the libnccl.so.2 the program already
+   loaded, else the one found at build time, else the loader's libnccl.so.2;
+   SBN_NCCL_LIBRARY=PATH instead). sbnUnsupported in builds without NCCL, when NCCL
    cannot be loaded (the detail says what was searched), and with NCCL < 2.28 when
    SBN_NCCL_TRANSPORT=lsa;
    sbnNcclError when NCCL fails (the detail names the call). */

@@ -289,6 +289,14 @@ static void test_init_gpu_args(void) {
       EXPECT_TRUE(says_so);
     }
 #endif
+#if !SBN_TEST_HAVE_CUDA
+    { /* the reason says how to build one that has CUDA */
+      const char* why = sbnGetLastError(NULL);
+      const int says_how = strstr(why, "has no CUDA") != NULL && strstr(why, "nvcc on PATH") != NULL;
+      if (!says_how) printf("  reason: %s\n", why);
+      EXPECT_TRUE(says_how);
+    }
+#endif
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
   }
@@ -296,8 +304,16 @@ static void test_init_gpu_args(void) {
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(NULL, fake_nccl, NULL));
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitNccl(comms, NULL, NULL));
 #if !SBN_TEST_HAVE_NCCL
-  /* no NCCL in this build: unsupported, and the comm is never looked at */
+  /* no NCCL in this build: unsupported, and the comm is never looked at; the reason says
+     how to build one that has it (CUDA first where the build has none) */
   EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitNccl(comms, fake_nccl, NULL));
+  {
+    const char* why = sbnGetLastError(NULL);
+    const int says_how = SBN_TEST_HAVE_CUDA ? strstr(why, "has no NCCL") && strstr(why, "SYNCBN_NCCL_ROOT")
+                                            : strstr(why, "has no CUDA") && strstr(why, "nvcc on PATH");
+    if (!says_how) printf("  reason: %s\n", why);
+    EXPECT_TRUE(says_how);
+  }
 #else
   /* with NCCL the comm is handed to NCCL, which must get a real one: NCCL teams are
      tested by tests/gpu/test_nccl_team.c (processes, GPUs) */

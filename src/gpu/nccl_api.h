@@ -47,9 +47,9 @@ typedef struct {
 SBN_INTERNAL extern sbn_nccl_api_t sbn_nccl;
 
 /* Loads NCCL once per process: SBN_NCCL_LIBRARY when set (then only it), else the soname
-   libnccl.so.2 (the NCCL the program already loaded, or the loader's), then the library
-   CMake found at build time; a candidate that does not open or lacks a required symbol is
-   passed over for the next. sbnSuccess (kept: later calls return at once), or
+   libnccl.so.2 where the program already loaded it, then the library CMake found at build
+   time, then libnccl.so.2 as the loader finds it; a candidate that does not open or lacks a
+   required symbol is passed over for the next. sbnSuccess (kept: later calls return at once), or
    sbnUnsupported with *why (the calling thread's text) saying what was searched and why
    each failed, not kept: the next call tries again. Records nothing (a team without NCCL
    comms is no failure). Thread-safe. */

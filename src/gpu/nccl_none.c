@@ -9,8 +9,8 @@
 static sbnResult_t no_nccl(void) {
 #if defined(SYNCBN_HAVE_CUDA)
   return sbn_fail(NULL, sbnUnsupported,
-                  "this build of syncbn has no NCCL: no nccl.h at configure time (or "
-                  "SYNCBN_NCCL=OFF). Build it again where NCCL is found: for pip, in an "
+                  "this build of syncbn has no NCCL: none found at configure time (nccl.h "
+                  "and libnccl), or SYNCBN_NCCL=OFF. Build it again where NCCL is found: for pip, in an "
                   "environment with a CUDA PyTorch (its nvidia-nccl wheel), or with "
                   "SYNCBN_NCCL_ROOT naming a prefix with include/nccl.h and lib/libnccl.so.2");
 #else
