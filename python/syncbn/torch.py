@@ -1119,6 +1119,12 @@ def _in_run_order(ms):
             yield m
 
 
+# In the modules after a pair (_next_writes' rest): the caller of a module that gives the
+# output it reached out (an IntermediateLayerGetter's return_layers), where what runs is
+# not known.
+_GIVEN_OUT = object()
+
+
 def _next_writes(rest):
     """What the first module after a batch norm + activation pair does with the pair's
     output: rest, the modules known to run after the pair (those after it in its Sequential,
@@ -1130,6 +1136,8 @@ def _next_writes(rest):
     its input or return a view of it; a module with hooks; or the pair ends what the
     converter can see, or only pass-throughs follow it there)."""
     for m in _in_run_order(rest):
+        if m is _GIVEN_OUT:  # the caller has it (through pass-throughs): not known
+            return None
         if not _no_hooks(m):  # a hook sees its input, and may write it
             return None
         if isinstance(m, (SyncBatchNorm, _FusedBlock)):  # syncbn's: `inplace` says what autograd
@@ -1169,12 +1177,23 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
         if id(child) not in seen:
             _fuse(child, uses, inplace, relu_as_leaky)
     tail = after if last_is_output else ()
+
+    def runs_after(i):
+        """The modules that get the output of seq[i - 1], in order, up to the first one
+        whose output goes out to the caller too (then _GIVEN_OUT), else with tail."""
+        rest = []
+        for name, m in seq[i:]:
+            rest.append(m)
+            if name in given_out:
+                return tuple(rest) + (_GIVEN_OUT,)
+        return tuple(rest) + tail
+
     for i, (name, child) in enumerate(seq):
         # what runs after a child's last module: its own forward hooks first (they see, and
         # may write, its output), and the caller where its output is given out, so nothing
         # known where it has any or is
         known = _no_hooks(child) and name not in given_out
-        _fuse(child, uses, inplace, relu_as_leaky, tuple(m for _, m in seq[i + 1:]) + tail if known else ())
+        _fuse(child, uses, inplace, relu_as_leaky, runs_after(i + 1) if known else ())
     for i in range(len(seq) - 1):
         (bn_name, bn), (act_name, act_mod) = seq[i], seq[i + 1]
         was = _act_of(act_mod)
@@ -1185,7 +1204,7 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
         # after it may write over the output: such a pair is fused only where the module
         # after it is known and does not (the model's own code after a Sequential, or a
         # caller's y.mul_(2), may)
-        writes = None if act_name in given_out else _next_writes(tuple(m for _, m in seq[i + 2:]) + tail)
+        writes = None if act_name in given_out else _next_writes(runs_after(i + 2))
         if was[0] == "leaky_relu" and not act_mod.inplace and writes is not False:
             continue
         act = _fused_act(was, relu_as_leaky)

@@ -1396,11 +1396,20 @@ class TestConvert(TeamOfOne):
         self.assertIs(type(conv.relu), nn.ReLU)  # bn1's output is given out: left alone
         self.assertEqual(conv.bn1.activation, "identity")
         outputs_match(seen, conv, x)
+        # an nn.LeakyReLU() pair's output given out, itself or through a pass-through
+        # (nn.Identity), or at the end of a child given out: left alone; else fused
         head = nn.Sequential(OrderedDict(conv=nn.Conv2d(3, 4, 3), bn=nn.BatchNorm2d(4), act=nn.LeakyReLU(0.1),
-                                         proj=nn.Conv2d(4, 4, 1)))
-        randomize_bn(head)
-        for given, fused in (({"proj": "out"}, [("bn", "leaky_relu", False)]), ({"act": "feat", "proj": "out"}, [])):
-            getter = IntermediateLayerGetter(copy.deepcopy(head), given)
+                                         idn=nn.Identity(), proj=nn.Conv2d(4, 4, 1)))
+        nested = nn.Sequential(OrderedDict(stem=nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4),
+                                                              nn.LeakyReLU(0.1)), proj=nn.Conv2d(4, 4, 1)))
+        for model, given, fused in (
+                (head, {"proj": "out"}, [("bn", "leaky_relu", False)]),
+                (head, {"act": "feat", "proj": "out"}, []),
+                (head, {"idn": "feat", "proj": "out"}, []),
+                (nested, {"proj": "out"}, [("stem.1", "leaky_relu", False)]),
+                (nested, {"stem": "feat", "proj": "out"}, [])):
+            randomize_bn(model)
+            getter = IntermediateLayerGetter(copy.deepcopy(model), given)
             conv = sbt.convert_fused(copy.deepcopy(getter), comm=self.comm)
             self.assertEqual(fused_layers(conv), fused, given)
             outputs_match(getter, conv, x)
