@@ -1246,7 +1246,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
       exactly) runs them one after another as a Sequential does: a torchvision ``ResNet``'s
       stem (``bn1``, ``relu``) and an ``IntermediateLayerGetter`` (the backbone of
       torchvision's segmentation and detection models), but for a batch norm whose output
-      the getter gives out (``return_layers``) and an ``nn.LeakyReLU()`` it gives out.
+      the getter gives out (``return_layers``) and an ``nn.LeakyReLU()`` whose output it
+      gives out (itself, through a pass-through, or at the end of a child).
 
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation
