@@ -49,6 +49,13 @@
 #             time per call against nn.BatchNorm2d, the paths interleaved round by round
 #   pytorch   tests/python/test_torch_gpu.py: syncbn.torch on the GPU (a team from a process
 #             group, a training step vs PyTorch's SyncBatchNorm, CUDA graph replay)
+#   pip       (asked for by name, not a default step) what a PyTorch user runs: `pip install .`
+#             of the source tree (SBN_SOURCE; a prebuilt folder's is ../..) into a venv that
+#             sees PYTHON's packages, its PyTorch among them (a .pth file), the CUDA library built by
+#             pip with this machine's nvcc and NCCL from PyTorch's nvidia-nccl wheel (no index
+#             needed: scikit-build-core from the prebuilt folder's wheels/); then
+#             test_torch_gpu.py against that install (no SYNCBN_LIBRARY, no PYTHONPATH);
+#             pip-install.log
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
 # PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are found at run
 # time in the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON (their lib folders go
@@ -142,6 +149,10 @@ if [ "${1:-}" = prebuild ]; then
     mkdir -p "$DIR/python/syncbn/include" && cp include/syncbn.h "$DIR/python/syncbn/include/" &&
     cp tests/python/test_torch_gpu.py "$DIR/python/" &&
     cp -L "$BUILD/src/libsyncbn.so" "$DIR/python/libsyncbn.so" || exit 1
+  # the pip step's build backend, for a machine that reaches no index: scikit-build-core and
+  # what it needs (pure-Python wheels; Python 3.9's markers, the widest set of them)
+  "$PYTHON" -m pip download -q --dest "$DIR/wheels" --only-binary=:all: --python-version 3.9 \
+    scikit-build-core || echo "prebuild: no scikit-build-core wheels (no index here?): the pip step will fail"
   {
     echo "syncbn prebuilt folder: run ./gpu-suite.sh OUTDIR here on a machine with a GPU"
     echo "commit: $(git describe --always --dirty --tags 2>/dev/null || echo unknown)"
@@ -210,8 +221,10 @@ fi
 # fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
 # 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
+# pip: the CUDA library built by pip (~1 min on 2 cores here, fewer on the GPU machine's 16),
+# then test_torch_gpu.py as in the pytorch step
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=150
-  [pytorch]=240 [plot]=20)
+  [pytorch]=240 [plot]=20 [pip]=360)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -437,6 +450,36 @@ step_pytorch() {
   # eager; the binding's cost per op (printed). It must pass here, not skip (77).
   local rc=0
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" "$PYTHON" "$TORCHGPU" || rc=$?
+  [ $rc -eq 77 ] && echo "!! test_torch_gpu.py skipped on a GPU machine"
+  return $rc
+}
+
+step_pip() {
+  local src venv=/tmp/syncbn-pip-venv log=$OUTDIR/pip-install.log index=()
+  if [ $PREBUILT = 1 ]; then src=${SBN_SOURCE:-$HERE/../..}; else src=${SBN_SOURCE:-.}; fi
+  src=$(cd "$src" 2>/dev/null && pwd) && [ -f "$src/pyproject.toml" ] ||
+    { echo "pip: no source tree at '$src' (SBN_SOURCE names one)"; return 1; }
+  [ -d "$HERE/wheels" ] && index=(--no-index --find-links "$HERE/wheels")
+  rm -rf "$venv"
+  # a venv that sees PYTHON's packages (its PyTorch, wherever PYTHON has it: a venv of its
+  # own too) through a .pth file, and installs into its own site-packages
+  "$PYTHON" -m venv "$venv" &&
+    "$PYTHON" -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+      >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/syncbn-parent.pth" &&
+    "$venv/bin/python" -m pip install -q "${index[@]}" scikit-build-core || return 1
+  echo "+ (cd $src && pip install -v --no-build-isolation --no-deps .) > pip-install.log"
+  (cd "$src" && "$venv/bin/python" -m pip install -v --no-build-isolation --no-deps "${index[@]}" .) \
+    >"$log" 2>&1 || { tail -n 40 "$log"; return 1; }
+  grep -E "syncbn: (CUDA|NCCL)" "$log"
+  # from a folder of its own: the script's folder (a prebuilt one holds a copy of the
+  # package) must not come first on sys.path
+  mkdir -p "$venv/run" && cp "$TORCHGPU" "$venv/run/" || return 1
+  local rc=0
+  (cd "$venv/run" && env -u SYNCBN_LIBRARY -u PYTHONPATH "$venv/bin/python" -c '
+import sys, syncbn
+print("syncbn from", syncbn.__file__, "library", syncbn.library_path)
+sys.exit(not syncbn.library_path.startswith(sys.prefix))' &&
+    env -u SYNCBN_LIBRARY -u PYTHONPATH "$venv/bin/python" test_torch_gpu.py) || rc=$?
   [ $rc -eq 77 ] && echo "!! test_torch_gpu.py skipped on a GPU machine"
   return $rc
 }
