@@ -221,7 +221,8 @@ fi
 # fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
 # 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
 # check: ~60 s) and the memory bench
-# pip: the CUDA library built by pip (~1 min on 2 cores here, fewer on the GPU machine's 16),
+# pip: the CUDA library built by pip (88 s on 2 cores here with the venv made and installed,
+# fewer on the GPU machine's 16),
 # then test_torch_gpu.py as in the pytorch step
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=150
   [pytorch]=240 [plot]=20 [pip]=360)
