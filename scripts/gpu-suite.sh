@@ -456,12 +456,19 @@ step_pytorch() {
 }
 
 step_pip() {
-  local src venv=/tmp/syncbn-pip-venv log=$OUTDIR/pip-install.log index=()
+  local tmp rc=0
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/syncbn-pip.XXXXXX") || return 1
+  pip_install_and_test "$tmp/venv" || rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+
+pip_install_and_test() {
+  local src venv=$1 log=$OUTDIR/pip-install.log index=()
   if [ $PREBUILT = 1 ]; then src=${SBN_SOURCE:-$HERE/../..}; else src=${SBN_SOURCE:-.}; fi
   src=$(cd "$src" 2>/dev/null && pwd) && [ -f "$src/pyproject.toml" ] ||
     { echo "pip: no source tree at '$src' (SBN_SOURCE names one)"; return 1; }
   [ -d "$HERE/wheels" ] && index=(--no-index --find-links "$HERE/wheels")
-  rm -rf "$venv"
   # a venv that sees PYTHON's packages (its PyTorch, wherever PYTHON has it: a venv of its
   # own too) through a .pth file, and installs into its own site-packages
   "$PYTHON" -m venv "$venv" &&
@@ -503,7 +510,7 @@ for step in "${STEPS[@]}"; do
   t0=$SECONDS
   if [ $PREBUILT = 1 ] && [ -n "${LIMITS[$step]:-}" ]; then
     # the step in a subshell under a limit (timeout sends TERM, then KILL 5 s later)
-    export -f "step_$step" sanitize_one wheel_root 2>/dev/null
+    export -f "step_$step" sanitize_one wheel_root pip_install_and_test 2>/dev/null
     export HERE PYTHON ARCH PREBUILT TESTS BIN BENCH PROBE PYDIR PYPKG SBNLIB TORCHGPU SUPP QUICK OUTDIR LD_LIBRARY_PATH
     timeout -k 5 "${LIMITS[$step]}" bash -c "step_$step" >"$OUTDIR/$step.log" 2>&1
   else
