@@ -239,6 +239,15 @@ static void test_init_env_timeout_bad(void) {
   ASSERT_OK(sbnCommDestroy(comms[1]));
 }
 
+/* Whether the calling thread's last error (a NULL comm's) says a and, where given, b;
+   printed where it does not. */
+static int last_reason_says(const char* a, const char* b) {
+  const char* why = sbnGetLastError(NULL);
+  const int says = strstr(why, a) != NULL && (b == NULL || strstr(why, b) != NULL);
+  if (!says) printf("  reason: %s\n", why);
+  return says;
+}
+
 static void test_init_gpu_args(void) {
   /* NULL/bad args are invalid everywhere. Whether a GPU team can be made depends on the
      build and the machine: a one-rank virtual team on device 0 tells which case this is,
@@ -283,19 +292,11 @@ static void test_init_gpu_args(void) {
       dlclose(driver);
     } else {
       printf("  (no libcuda.so.1: checking the reason a GPU team's init gives)\n");
-      const char* why = sbnGetLastError(NULL);
-      const int says_so = strstr(why, "no NVIDIA driver on this machine (libcuda.so.1 not found)") != NULL;
-      if (!says_so) printf("  reason: %s\n", why);
-      EXPECT_TRUE(says_so);
+      EXPECT_TRUE(last_reason_says("no NVIDIA driver on this machine (libcuda.so.1 not found)", NULL));
     }
-#endif
-#if !SBN_TEST_HAVE_CUDA
-    { /* the reason says how to build one that has CUDA */
-      const char* why = sbnGetLastError(NULL);
-      const int says_how = strstr(why, "has no CUDA") != NULL && strstr(why, "nvcc on PATH") != NULL;
-      if (!says_how) printf("  reason: %s\n", why);
-      EXPECT_TRUE(says_how);
-    }
+#else
+    /* the reason says how to build one that has CUDA */
+    EXPECT_TRUE(last_reason_says("has no CUDA", "nvcc on PATH"));
 #endif
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitAll(comms, 2, devs, NULL));
     EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitVirtual(comms, 2, 0, NULL));
@@ -307,13 +308,8 @@ static void test_init_gpu_args(void) {
   /* no NCCL in this build: unsupported, and the comm is never looked at; the reason says
      how to build one that has it (CUDA first where the build has none) */
   EXPECT_INIT_REJECTED(sbnUnsupported, sbnCommInitNccl(comms, fake_nccl, NULL));
-  {
-    const char* why = sbnGetLastError(NULL);
-    const int says_how = SBN_TEST_HAVE_CUDA ? strstr(why, "has no NCCL") && strstr(why, "SYNCBN_NCCL_ROOT")
-                                            : strstr(why, "has no CUDA") && strstr(why, "nvcc on PATH");
-    if (!says_how) printf("  reason: %s\n", why);
-    EXPECT_TRUE(says_how);
-  }
+  EXPECT_TRUE(SBN_TEST_HAVE_CUDA ? last_reason_says("has no NCCL", "SYNCBN_NCCL_ROOT")
+                                 : last_reason_says("has no CUDA", "nvcc on PATH"));
 #else
   /* with NCCL the comm is handed to NCCL, which must get a real one: NCCL teams are
      tested by tests/gpu/test_nccl_team.c (processes, GPUs) */
