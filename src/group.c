@@ -1,7 +1,8 @@
 /* group.c — sbnGroupStart/End: queue validated ops per thread, check every team is
  * complete, then run them: the splits, the rounds of the teams whose ops are issued
  * asynchronously (GPU teams), and each local rank's queue on a thread of its own for the
- * teams whose ops block until the team meets (CPU teams); and one op run at once
+ * teams whose ops block until the team meets (CPU teams), their rounds one after the
+ * other in queue order; and one op run at once
  * (sbn_op_run: an op outside a group, each op of such a queue). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,10 +156,20 @@ typedef struct {
   int started;
 } rank_queue_t;
 
+/* The threaded teams' rounds, one at a time in queue order (for_each_round): a rank's op
+   starts when the rounds before its own are done, so it reads what any op queued before
+   it wrote, of its team or another; after a round in which an op failed, no later round
+   starts. */
 typedef struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  int go; /* 0 wait, 1 run, -1 cancelled (a thread could not be created) */
+  int go;          /* 0 wait, 1 run, -1 cancelled (a thread could not be created) */
+  size_t turn;     /* the round that runs now */
+  int left;        /* its ops not done yet */
+  int stopped;     /* an op of round `turn` failed: no later round runs */
+  size_t* ordinal; /* [group.n]: each threaded op's round */
+  int* width;      /* [rounds]: the ranks of each round */
+  size_t nrounds;
 } start_gate_t;
 
 typedef struct {
@@ -166,23 +177,43 @@ typedef struct {
   start_gate_t* gate;
 } worker_arg_t;
 
-/* A rank's ops in queue order, up to its first failure: a later op may read what the failed
-   one did not write (a backward its forward's save_mean, a layer the last one's y). The
-   failures of a running op are its team's alike (the exchange: a mismatch, a team of one
-   element, an abort), so the peers stop at the same op; but for a timeout's boundary (a
-   rank may complete the op its peer timed out of), where that rank stops at its next op,
-   at once: the team is aborted. No peer is left waiting. */
-static void run_queue(rank_queue_t* q) {
+/* Waits for op i's round; 0 where a round before it failed (the op is not run). */
+static int round_begin(start_gate_t* g, size_t i) {
+  pthread_mutex_lock(&g->mu);
+  while (g->turn < g->ordinal[i] && !g->stopped) pthread_cond_wait(&g->cv, &g->mu);
+  const int run = g->turn == g->ordinal[i];
+  pthread_mutex_unlock(&g->mu);
+  return run;
+}
+
+static void round_end(start_gate_t* g, int failed) {
+  pthread_mutex_lock(&g->mu);
+  if (failed) g->stopped = 1;
+  if (--g->left == 0 && !g->stopped && ++g->turn < g->nrounds) g->left = g->width[g->turn];
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* A rank's ops in queue order, each in its round's turn, up to the first round in which
+   an op failed: a later op may read what the failed one did not write (a backward its
+   forward's save_mean, a layer the last one's y, of its team or another). Every op of a
+   round runs once its turn has come, so no peer is left waiting: the failures of a
+   running op are its team's alike (the exchange: a mismatch, a team of one element, an
+   abort), but for a timeout's boundary, where a rank may complete the op its peer timed
+   out of. */
+static void run_queue(rank_queue_t* q, start_gate_t* g) {
   q->result = sbnSuccess;
   for (size_t i = 0; i < q->n; i++) {
     const sbn_op_t* op = &q->ops[q->idx[i]];
+    if (!round_begin(g, q->idx[i])) return;
     sbnResult_t r = sbn_op_run(op);
     if (r != sbnSuccess) {
       q->result = r;
       q->failed_at = q->idx[i];
       snprintf(q->detail, sizeof q->detail, "%s", sbnGetLastError(op->comm));
-      return;
     }
+    round_end(g, r != sbnSuccess);
+    if (r != sbnSuccess) return;
   }
 }
 
@@ -192,7 +223,7 @@ static void* worker_main(void* p) {
   while (a->gate->go == 0) pthread_cond_wait(&a->gate->cv, &a->gate->mu);
   int go = a->gate->go;
   pthread_mutex_unlock(&a->gate->mu);
-  if (go > 0) run_queue(a->q);
+  if (go > 0) run_queue(a->q, a->gate);
   return NULL;
 }
 
@@ -288,8 +319,7 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
   return sbnSuccess;
 }
 
-/* Teams whose ops are issued asynchronously (ops->threaded == 0): round i of a team is
-   the i-th op of each of its local ranks. */
+/* Round i of a team is the i-th op (not a split) of each of its local ranks. */
 typedef struct {
   sbn_team_t* team;
   const sbn_op_t** ops; /* [nlocal]: the team's next round */
@@ -319,18 +349,19 @@ static void round_cursor_advance(round_cursor_t* c) {
   }
 }
 
-/* run == 0: checks every round of every such team (before anything runs: all or
-   nothing). run == 1: runs the rounds in queue order (the round whose earliest op was
-   queued first goes first, so ops of different teams on one stream keep the order they
-   were called in). The backend decides how a round is issued (a virtual team's as ONE
-   cooperative launch). Asynchronous. */
-static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
+/* Calls fn on every round of the group's teams whose ops->threaded is `threaded`, in queue
+   order: the round whose earliest op was queued first goes first, so ops of different
+   teams keep the order they were called in (on one stream; a CPU team's op reading what
+   another team's op queued before it writes). Stops at fn's first failure. */
+typedef sbnResult_t (*round_fn)(const sbn_op_t* const* round, int w, void* ctx);
+static sbnResult_t for_each_round(sbn_team_t* const* teams, size_t nt, int threaded, round_fn fn,
+                                  void* ctx) {
   sbnResult_t r = sbnSuccess;
   size_t nc = 0;
   round_cursor_t* cur = calloc(nt ? nt : 1, sizeof *cur);
   if (cur == NULL) return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
   for (size_t j = 0; j < nt && r == sbnSuccess; j++) {
-    if (teams[j]->ops->threaded) continue;
+    if (teams[j]->ops->threaded != threaded) continue;
     round_cursor_t* c = &cur[nc++];
     c->team = teams[j];
     c->ops = malloc((size_t)teams[j]->nlocal * sizeof *c->ops);
@@ -343,16 +374,7 @@ static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
     for (size_t j = 0; j < nc; j++)
       if (cur[j].first < group.n && (c == NULL || cur[j].first < c->first)) c = &cur[j];
     if (c == NULL) break;
-    const sbn_team_ops_t* ops = c->team->ops;
-    const int w = c->team->nlocal;
-    if (!run) {
-      if (ops->check != NULL) r = ops->check(c->ops, w);
-    } else {
-      int failed = 0;
-      r = sbn_comm_check_alive(c->ops[0]->comm);
-      if (r == sbnSuccess) r = ops->run(c->ops, w, &failed);
-      if (r != sbnSuccess) sbn_note(NULL, sbnGetLastError(c->ops[failed]->comm));
-    }
+    r = fn(c->ops, c->team->nlocal, ctx);
     round_cursor_advance(c);
   }
   for (size_t j = 0; j < nc; j++) {
@@ -360,26 +382,66 @@ static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
     free(cur[j].next);
   }
   free(cur);
+  return r;
+}
+
+static sbnResult_t check_round(const sbn_op_t* const* round, int w, void* unused) {
+  (void)unused;
+  const sbn_team_ops_t* ops = round[0]->comm->team->ops;
+  return ops->check != NULL ? ops->check(round, w) : sbnSuccess;
+}
+
+static sbnResult_t run_round(const sbn_op_t* const* round, int w, void* unused) {
+  (void)unused;
+  int failed = 0;
+  sbnResult_t r = sbn_comm_check_alive(round[0]->comm);
+  if (r == sbnSuccess) r = round[0]->comm->team->ops->run(round, w, &failed);
+  if (r != sbnSuccess) sbn_note(NULL, sbnGetLastError(round[failed]->comm));
+  return r;
+}
+
+/* The teams whose ops are issued asynchronously (GPU teams). run == 0: checks every round
+   (before anything runs: all or nothing). run == 1: runs the rounds in queue order. The
+   backend decides how a round is issued (a virtual team's as ONE cooperative launch). */
+static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
+  sbnResult_t r = for_each_round(teams, nt, 0, run ? run_round : check_round, NULL);
   if (r != sbnSuccess) sbn_fail(NULL, r, "sbnGroupEnd: %s", sbnGetLastError(NULL));
   return r;
 }
 
+static sbnResult_t number_round(const sbn_op_t* const* round, int w, void* ctx) {
+  start_gate_t* g = ctx;
+  for (int q = 0; q < w; q++) g->ordinal[round[q] - group.ops] = g->nrounds;
+  g->width[g->nrounds++] = w;
+  return sbnSuccess;
+}
+
 /* Runs every (team, local rank) queue of the threaded teams (CPU teams) on its own
-   thread; the first on the calling thread. */
+   thread, the first on the calling thread, the rounds one after the other. */
 static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   size_t nq = 0;
   for (size_t j = 0; j < nt; j++)
     if (teams[j]->ops->threaded) nq += (size_t)teams[j]->nlocal;
   if (nq == 0) return sbnSuccess;
+  start_gate_t gate;
+  memset(&gate, 0, sizeof gate);
   rank_queue_t* qs = calloc(nq, sizeof *qs);
-  size_t* idx = malloc((group.n ? group.n : 1) * sizeof *idx);
+  size_t* idx = malloc(group.n * sizeof *idx);
   worker_arg_t* args = calloc(nq, sizeof *args);
-  if (!qs || !idx || !args) {
+  gate.ordinal = malloc(group.n * sizeof *gate.ordinal);
+  gate.width = malloc(group.n * sizeof *gate.width);
+  sbnResult_t result = !qs || !idx || !args || !gate.ordinal || !gate.width
+                           ? sbn_fail(NULL, sbnSystemError, "out of host memory (group)")
+                           : for_each_round(teams, nt, 1, number_round, &gate);
+  if (result != sbnSuccess) {
     free(qs);
     free(idx);
     free(args);
-    return sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    free(gate.ordinal);
+    free(gate.width);
+    return result;
   }
+  gate.left = gate.nrounds ? gate.width[0] : 0;
   /* lay the indices out queue by queue */
   size_t pos = 0, k = 0;
   for (size_t j = 0; j < nt; j++) {
@@ -395,11 +457,8 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
       pos += qs[k].n;
     }
   }
-  start_gate_t gate;
   pthread_mutex_init(&gate.mu, NULL);
   pthread_cond_init(&gate.cv, NULL);
-  gate.go = 0;
-  sbnResult_t result = sbnSuccess;
   for (size_t i = 1; i < nq; i++) {
     if (qs[i].n == 0) continue;
     args[i].q = &qs[i];
@@ -415,7 +474,7 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   gate.go = result == sbnSuccess ? 1 : -1;
   pthread_cond_broadcast(&gate.cv);
   pthread_mutex_unlock(&gate.mu);
-  if (result == sbnSuccess && nq > 0 && qs[0].n > 0) run_queue(&qs[0]);
+  if (result == sbnSuccess && nq > 0 && qs[0].n > 0) run_queue(&qs[0], &gate);
   for (size_t i = 1; i < nq; i++)
     if (qs[i].started) pthread_join(qs[i].thread, NULL);
   if (result == sbnSuccess) {
@@ -437,6 +496,8 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   free(qs);
   free(idx);
   free(args);
+  free(gate.ordinal);
+  free(gate.width);
   return result;
 }
 

@@ -1,6 +1,7 @@
 /* test_team.c — how a CPU team behaves as a team: timeouts, sbnCommAbort, sub-teams
  * (sbnCommSplit in group and thread-per-rank mode), several ops per rank in one group, a
- * group whose queue cannot grow, several teams in one group, op mismatches in
+ * group whose queue cannot grow, several teams in one group (in queue order, stopping at
+ * a failed op), op mismatches in
  * thread-per-rank mode, ranks out of step after a call refused on some ranks only, and a
  * rank destroyed while its peers live (and the normal teardown).
  *
@@ -786,6 +787,105 @@ static void test_two_teams_one_group(void) {
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(tb[r]));
 }
 
+/* Two teams in one group, the second's op reading what the first's op queued before it
+   writes: team A's forward (2 ranks, 512 Ki values each: a few ms) writes y, which team
+   B's forward (2 ranks) takes as its x, B's rank 0 queued between A's two ranks. The
+   group runs the rounds in queue order, so B reads A's y, as when each runs in a group of
+   its own: B's y, statistics and running statistics bitwise equal (ops run at the same
+   time read A's y before it is written: the poison, or a part of it). */
+#define ORDER_C 4
+#define ORDER_SP 65536
+#define ORDER_E (2 * ORDER_C * ORDER_SP)
+static void test_group_order_across_teams(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t ta[2], tb[2];
+  ASSERT_OK(sbnCommInitCpu(ta, 2, &cfg));
+  ASSERT_OK(sbnCommInitCpu(tb, 2, &cfg));
+  const sbnTensorDesc_t da = {sbnFloat32, sbnLayoutNCHW, 2, ORDER_C, ORDER_SP};
+  float* xa[2];
+  float* ya[2];
+  for (int r = 0; r < 2; r++) {
+    xa[r] = malloc(ORDER_E * sizeof(float));
+    ya[r] = malloc(ORDER_E * sizeof(float));
+    ASSERT_TRUE(xa[r] != NULL && ya[r] != NULL);
+    sbn_rng_t g = {900 + (uint64_t)r};
+    for (int i = 0; i < ORDER_E; i++) xa[r][i] = (float)(3.0 + sbn_rng_normal(&g));
+  }
+  float wa[ORDER_C], ba[ORDER_C], rma[2][ORDER_C], rva[2][ORDER_C], sma[2][ORDER_C], sia[2][ORDER_C];
+  int64_t nbta[2];
+  static bufs_t b1[2], b2[2]; /* B: n 1, C 4, spatial 16 (the first 64 values of A's y) */
+  for (int round = 0; round < 2; round++) {
+    for (int c = 0; c < ORDER_C; c++) {
+      wa[c] = 1.0f + 0.5f * (float)c;
+      ba[c] = 0.25f * (float)c;
+    }
+    for (int r = 0; r < 2; r++) {
+      memset(ya[r], POISON, ORDER_E * sizeof(float));
+      for (int c = 0; c < ORDER_C; c++) rma[r][c] = 0.0f, rva[r][c] = 1.0f;
+      nbta[r] = 0;
+      bufs_init(round ? &b2[r] : &b1[r], 1, ORDER_C, 16, 910 + (uint64_t)r);
+    }
+    bufs_t* b = round ? b2 : b1;
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) {
+      ASSERT_OK(sbnForwardTrain(ta[r], &da, xa[r], ya[r], wa, ba, rma[r], rva[r], &nbta[r],
+                                sma[r], sia[r], NULL, NULL));
+      if (round == 0) /* B's rank r queued right after A's: one group */
+        ASSERT_OK(sbnForwardTrain(tb[r], &b[r].d, ya[r], b[r].y, b[r].w, b[r].b, b[r].rm,
+                                  b[r].rv, &b[r].nbt, b[r].sm, b[r].si, NULL, NULL));
+    }
+    ASSERT_OK(sbnGroupEnd());
+    if (round == 1) { /* B in a group of its own, after A's */
+      ASSERT_OK(sbnGroupStart());
+      for (int r = 0; r < 2; r++)
+        ASSERT_OK(sbnForwardTrain(tb[r], &b[r].d, ya[r], b[r].y, b[r].w, b[r].b, b[r].rm,
+                                  b[r].rv, &b[r].nbt, b[r].sm, b[r].si, NULL, NULL));
+      ASSERT_OK(sbnGroupEnd());
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    ASSERT_EQ_INT(b1[r].nbt, 1);
+    ASSERT_MEMEQ(b1[r].sm, b2[r].sm, ORDER_C * sizeof(float));
+    ASSERT_MEMEQ(b1[r].rv, b2[r].rv, ORDER_C * sizeof(float));
+    ASSERT_MEMEQ(&b1[r], &b2[r], sizeof b1[r]);
+  }
+  for (int r = 0; r < 2; r++) {
+    free(xa[r]);
+    free(ya[r]);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(ta[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(tb[r]));
+}
+
+/* A group whose op fails when it runs (team A's batch has one element per channel) runs no
+   op queued after it, of its team or another: team B's forward, queued after A's on each
+   rank, writes nothing, and sbnGroupEnd gives A's detail. B's team is whole after it. */
+static void test_group_stops_across_teams(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t ta[2], tb[2];
+  ASSERT_OK(sbnCommInitCpu(ta, 2, &cfg));
+  ASSERT_OK(sbnCommInitCpu(tb, 2, &cfg));
+  static bufs_t a[2], b[2], before[2];
+  bufs_init(&a[0], 1, 3, 1, 920); /* M = 1 + 0 */
+  bufs_init(&a[1], 0, 3, 1, 921);
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 4, 930 + (uint64_t)r);
+  memcpy(before, b, sizeof before);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) {
+    ASSERT_OK(fwd(ta[r], &a[r]));
+    ASSERT_OK(fwd(tb[r], &b[r]));
+  }
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "Expected more than 1 value per channel") != NULL);
+  for (int r = 0; r < 2; r++) ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(tb[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  for (int r = 0; r < 2; r++) ASSERT_EQ_INT(b[r].nbt, 1);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(ta[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(tb[r]));
+}
+
 /* ---- op mismatch, thread per rank ----------------------------------------------------------- */
 /* Whether comm's last error contains `what` (printed when it does not). */
 static int error_names(sbnComm_t comm, const char* what) {
@@ -1375,6 +1475,8 @@ int main(void) {
   SBN_RUN(test_group_queue_out_of_memory);
   SBN_RUN(test_group_stops_at_failure);
   SBN_RUN(test_two_teams_one_group);
+  SBN_RUN(test_group_order_across_teams);
+  SBN_RUN(test_group_stops_across_teams);
   SBN_RUN(test_mismatch_threads);
   SBN_RUN(test_mismatch_pipeline);
   SBN_RUN(test_refused_on_some_ranks);
