@@ -40,7 +40,7 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
   sbn_team_init_t init = {devlist, NULL, 0};
   r = sbn_team_create(&sbn_gpu_peer_team_ops, ndev, 0, ndev, &cfg, &init, comms);
   if (r != sbnSuccess)
-    return sbn_fail(NULL, r, "sbnCommInitAll: %s", sbnGetLastError(NULL));
+    return sbn_fail(NULL, r, "sbnCommInitAll: %s", sbn_error_text(NULL));
   return sbnSuccess;
 }
 
@@ -55,7 +55,7 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   sbn_team_init_t init = {&device, NULL, 0};
   r = sbn_team_create(&sbn_gpu_virtual_team_ops, nranks, 0, nranks, &cfg, &init, comms);
   if (r != sbnSuccess)
-    return sbn_fail(NULL, r, "sbnCommInitVirtual: %s", sbnGetLastError(NULL));
+    return sbn_fail(NULL, r, "sbnCommInitVirtual: %s", sbn_error_text(NULL));
   return sbnSuccess;
 }
 
@@ -67,7 +67,7 @@ SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
   r = sbn_nccl_team_create(nccl, &cfg, comm);
-  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNccl: %s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNccl: %s", sbn_error_text(NULL));
   return sbnSuccess;
 }
 
@@ -75,7 +75,7 @@ SBN_API sbnResult_t sbnGetNcclUniqueId(sbnNcclUniqueId_t* id) {
   if (id == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnGetNcclUniqueId: id is NULL");
   sbnNcclUniqueId_t made;
   const sbnResult_t r = sbn_nccl_unique_id(made.internal);
-  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnGetNcclUniqueId: %s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnGetNcclUniqueId: %s", sbn_error_text(NULL));
   *id = made; /* a rejected call writes nothing */
   return sbnSuccess;
 }
@@ -92,7 +92,7 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
   sbnResult_t r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
   r = sbn_nccl_team_create_rank(id->internal, nranks, rank, &cfg, comm);
-  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNcclRank: %s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNcclRank: %s", sbn_error_text(NULL));
   return sbnSuccess;
 }
 
@@ -114,7 +114,7 @@ static sbnResult_t run_split(const sbn_op_t* op) {
   if (t->nlocal > 1) return sbn_split_rendezvous(op->comm, op->color, op->key, op->newcomm);
   int color = op->color, key = op->key;
   sbnResult_t r = t->ops->split(t, &color, &key, op->newcomm); /* the one local rank (NCCL teams) */
-  if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL));
+  if (r != sbnSuccess) sbn_note(op->comm, sbn_error_text(NULL));
   return r;
 }
 

@@ -37,13 +37,16 @@ void sbn_log(int level, const char* fmt, ...) {
   va_end(ap);
 }
 
-/* The calling thread's detail for failures without a comm, and the buffer
-   sbnGetLastError copies into (so the returned text cannot change under the caller). */
+/* The calling thread's detail for failures without a comm; the buffer sbnGetLastError
+   copies into (so the returned text cannot change under the caller until its next
+   sbnGetLastError), and the one sbn_error_text copies into for the library's own reads
+   (which must not change the caller's). */
 static _Thread_local char thread_error[512];
 static _Thread_local char thread_copy[512];
+static _Thread_local char thread_internal[512];
 
 void sbn_note(sbnComm_t comm, const char* msg) {
-  char copy[512]; /* msg may be the buffer sbnGetLastError returned */
+  char copy[512]; /* msg may be the buffer sbn_error_text returned */
   snprintf(copy, sizeof copy, "%s", msg);
   if (sbn_comm_valid(comm)) {
     pthread_mutex_lock(&comm->err_mu);
@@ -65,18 +68,22 @@ sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt, ...) {
   return r;
 }
 
-SBN_API const char* sbnGetLastError(sbnComm_t comm) {
+static const char* error_into(sbnComm_t comm, char out[512]) {
   if (comm == NULL) {
-    memcpy(thread_copy, thread_error, sizeof thread_copy);
+    memcpy(out, thread_error, sizeof thread_error);
   } else if (comm->magic != SBN_COMM_MAGIC) {
-    snprintf(thread_copy, sizeof thread_copy, "not a valid sbnComm_t");
+    snprintf(out, sizeof thread_error, "not a valid sbnComm_t");
   } else {
     pthread_mutex_lock(&comm->err_mu);
-    memcpy(thread_copy, comm->last_error, sizeof thread_copy);
+    memcpy(out, comm->last_error, sizeof thread_error);
     pthread_mutex_unlock(&comm->err_mu);
   }
-  return thread_copy;
+  return out;
 }
+
+SBN_API const char* sbnGetLastError(sbnComm_t comm) { return error_into(comm, thread_copy); }
+
+const char* sbn_error_text(sbnComm_t comm) { return error_into(comm, thread_internal); }
 
 SBN_API sbnResult_t sbnGetVersion(int* version) {
   if (version == NULL) return sbn_fail(NULL, sbnInvalidArgument, "sbnGetVersion: version is NULL");

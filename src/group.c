@@ -90,7 +90,7 @@ void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
   group.failed = r;
   /* the call's own detail, where sbn_note put it (a comm that failed its check: the thread's slot) */
   snprintf(group.failed_detail, sizeof group.failed_detail, "%s",
-           sbnGetLastError(sbn_comm_valid(comm) ? comm : NULL));
+           sbn_error_text(sbn_comm_valid(comm) ? comm : NULL));
 }
 
 sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
@@ -135,7 +135,7 @@ sbnResult_t sbn_op_run(const sbn_op_t* op) {
   const sbn_team_ops_t* ops = op->comm->team->ops;
   if (ops->check != NULL) {
     r = ops->check(&op, 1);
-    if (r != sbnSuccess) sbn_note(op->comm, sbnGetLastError(NULL)); /* the op's comm too */
+    if (r != sbnSuccess) sbn_note(op->comm, sbn_error_text(NULL)); /* the op's comm too */
   }
   int failed = 0;
   if (r == sbnSuccess) r = ops->run(&op, 1, &failed);
@@ -210,7 +210,7 @@ static void run_queue(rank_queue_t* q, start_gate_t* g) {
     if (r != sbnSuccess) {
       q->result = r;
       q->failed_at = q->idx[i];
-      snprintf(q->detail, sizeof q->detail, "%s", sbnGetLastError(op->comm));
+      snprintf(q->detail, sizeof q->detail, "%s", sbn_error_text(op->comm));
     }
     round_end(g, r != sbnSuccess);
     if (r != sbnSuccess) return;
@@ -306,7 +306,7 @@ static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
       r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
       for (int q = 0; q < w; q++) {
         if (r == sbnSuccess) *round[q]->newcomm = res[q];
-        else sbn_note(round[q]->comm, sbnGetLastError(NULL)); /* the detail on each rank's comm */
+        else sbn_note(round[q]->comm, sbn_error_text(NULL)); /* the detail on each rank's comm */
       }
     }
     free(color);
@@ -396,7 +396,7 @@ static sbnResult_t run_round(const sbn_op_t* const* round, int w, void* unused) 
   int failed = 0;
   sbnResult_t r = sbn_comm_check_alive(round[0]->comm);
   if (r == sbnSuccess) r = round[0]->comm->team->ops->run(round, w, &failed);
-  if (r != sbnSuccess) sbn_note(NULL, sbnGetLastError(round[failed]->comm));
+  if (r != sbnSuccess) sbn_note(NULL, sbn_error_text(round[failed]->comm));
   return r;
 }
 
@@ -405,7 +405,7 @@ static sbnResult_t run_round(const sbn_op_t* const* round, int w, void* unused) 
    backend decides how a round is issued (a virtual team's as ONE cooperative launch). */
 static sbnResult_t rounds(sbn_team_t* const* teams, size_t nt, int run) {
   sbnResult_t r = for_each_round(teams, nt, 0, run ? run_round : check_round, NULL);
-  if (r != sbnSuccess) sbn_fail(NULL, r, "sbnGroupEnd: %s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) sbn_fail(NULL, r, "sbnGroupEnd: %s", sbn_error_text(NULL));
   return r;
 }
 

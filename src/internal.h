@@ -28,6 +28,10 @@ SBN_INTERNAL sbnResult_t sbn_fail(sbnComm_t comm, sbnResult_t r, const char* fmt
 /* Records msg as comm's detail (NULL: the thread's slot) without logging it: a detail
    already logged when it was first recorded, carried to where the caller reads it. */
 SBN_INTERNAL void sbn_note(sbnComm_t comm, const char* msg);
+/* sbnGetLastError's text, for the library's own use: into a buffer of the thread's other
+   than the one sbnGetLastError returns, which stays as the caller last read it (valid
+   until the caller's next sbnGetLastError). Valid until this thread's next call. */
+SBN_INTERNAL const char* sbn_error_text(sbnComm_t comm);
 
 /* ---- configuration (config.c) -------------------------------------------------------- */
 typedef struct {

@@ -161,6 +161,33 @@ static void test_last_error_fresh(void) {
   ASSERT_OK(sbnCommDestroy(c));
 }
 
+/* The text sbnGetLastError returned stays as it was until this thread's next
+   sbnGetLastError (syncbn.h), whatever the library does meanwhile: a call refused inside a
+   group, that group's sbnGroupEnd and two GPU inits refused by their team's backend each
+   read a detail back where they record theirs. */
+static void test_last_error_text_stays(void) {
+  ASSERT_RES(sbnGetVersion(NULL), sbnInvalidArgument);
+  const char* p = sbnGetLastError(NULL);
+  char was[512];
+  snprintf(was, sizeof was, "%s", p);
+  ASSERT_TRUE(strstr(was, "sbnGetVersion") != NULL);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, NULL));
+  static bufs_t b[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 4, 3, 40 + (uint64_t)r);
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(fwd(comms[0], &b[0], NULL));
+  ASSERT_RES(bwd(NULL, &b[1], NULL), sbnInvalidArgument);
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage);
+  int dev = 4096; /* no such device in any build: refused by the team's backend */
+  sbnComm_t v[2];
+  EXPECT_TRUE(sbnCommInitAll(v, 1, &dev, NULL) != sbnSuccess);
+  EXPECT_TRUE(sbnCommInitVirtual(v, 2, dev, NULL) != sbnSuccess);
+  EXPECT_TRUE(strcmp(p, was) == 0);
+  if (strcmp(p, was) != 0) fprintf(stderr, "  now \"%s\", was \"%s\"\n", p, was);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 /* ---- init ------------------------------------------------------------------------- */
 static int comms_untouched(const sbnComm_t* c, int n) {
   for (int i = 0; i < n; i++)
@@ -867,6 +894,7 @@ int main(void) {
   SBN_RUN(test_result_strings);
   SBN_RUN(test_version);
   SBN_RUN(test_last_error_fresh);
+  SBN_RUN(test_last_error_text_stays);
   SBN_RUN(test_init_cpu_bad);
   SBN_RUN(test_init_env_timeout_bad);
   SBN_RUN(test_init_gpu_args);

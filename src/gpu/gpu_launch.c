@@ -654,7 +654,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked)
   } else {
     r = plan_round(ops, nops, pl);
     if (r != sbnSuccess) {
-      sbn_note(o0->comm, sbnGetLastError(NULL));
+      sbn_note(o0->comm, sbn_error_text(NULL));
       /* nothing launched, device unchanged; where the ranks launch separately the others
          may have launched already and would wait for this one: abort the team */
       if (gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1) {
@@ -669,7 +669,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked)
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    sbn_note(o0->comm, sbnGetLastError(NULL));
+    sbn_note(o0->comm, sbn_error_text(NULL));
     /* the team's other ranks may have launched already and would wait for this one until
        the timeout: abort the team (their kernels see the error word and return) */
     if (gt->nranks > 1) {

@@ -302,7 +302,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   if (mine == sbnSuccess && cudaDeviceSynchronize() != cudaSuccess)
     mine = sbn_cuda_fail(cudaGetLastError(), "cudaDeviceSynchronize");
   char mine_why[256];
-  snprintf(mine_why, sizeof mine_why, "%s", mine == sbnSuccess ? "" : sbnGetLastError(NULL));
+  snprintf(mine_why, sizeof mine_why, "%s", mine == sbnSuccess ? "" : sbn_error_text(NULL));
 
   /* agreement 1: every rank ready, the same max_channels, the transport's preconditions */
   char why[256];
@@ -522,7 +522,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     return sbnSuccess;
   }
   r = nccl_create(child, 1, &team->cfg, &result[0]);
-  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbnGetLastError(NULL));
+  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbn_error_text(NULL));
   return sbnSuccess;
 }
 
