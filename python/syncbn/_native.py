@@ -142,10 +142,15 @@ def _why_not():
     return None
 
 
-def built_library(defines=()):
+_BUILT_HERE = set()  # what built_library compiled in this process
+
+
+def built_library(defines=(), stale=None):
     """The path of the operators' library for this PyTorch and this source (and defines),
-    built into the cache if it is not there yet (one build at a time: a lock file).
-    Raises RuntimeError naming the file with the compiler's output when the build fails."""
+    built into the cache if it is not there yet (one build at a time: a lock file), or if
+    the file there is still `stale` (the os.stat of a cached file that did not load: built
+    again, unless another process has replaced it since). Raises RuntimeError naming the
+    file with the compiler's output when the build fails."""
     import fcntl
 
     hdr = _header_dir()
@@ -158,11 +163,15 @@ def built_library(defines=()):
     d = cache_dir()
     d.mkdir(parents=True, exist_ok=True)
     out = d / f"syncbn_torch_ops-{torch.__version__.replace('+', '_')}-{h.hexdigest()[:16]}.so"
-    if out.is_file():
+    def same(st):
+        return stale is not None and (st.st_ino, st.st_mtime_ns, st.st_size) == (
+            stale.st_ino, stale.st_mtime_ns, stale.st_size)
+
+    if out.is_file() and not same(out.stat()):
         return out
     with open(d / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same file
-        if out.is_file():
+        if out.is_file() and not same(out.stat()):
             return out
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
         os.close(fd)
@@ -179,6 +188,7 @@ def built_library(defines=()):
             os.umask(umask)
             os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep other users of a shared cache out
             os.replace(tmp, out)  # whole or not at all: a reader never sees a partial file
+            _BUILT_HERE.add(out)
             with open(d / "builds.txt", "a") as f:  # what was built, when, in how long
                 f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')}  {out.name}  {time.monotonic() - t0:.1f} s  "
                         f"pid {os.getpid()}\n")
@@ -231,6 +241,23 @@ class Native:
         return self._drop(comm_id, int(collected))
 
 
+def _built_and_loaded(defines=()):
+    """Native of built_library(defines); a cached file that does not load (built on another
+    machine of a shared cache, whose C++ runtime this one lacks; damaged) is built again
+    once, with a warning that says why (a file this process built is not)."""
+    path = built_library(defines)
+    st = path.stat()
+    try:
+        return Native(path)
+    except OSError as e:
+        if path in _BUILT_HERE:  # just built: another build would not load either
+            raise
+        rebuilt = built_library(defines, stale=st)
+        warnings.warn(f"syncbn.torch: the cached C++ operators {path} did not load ({e}); built again",
+                      RuntimeWarning, stacklevel=4)
+        return Native(rebuilt)
+
+
 def load():
     """(Native, None) when the C++ operators are loaded; (None, why) when not, per mode()."""
     m = mode()
@@ -239,19 +266,19 @@ def load():
     why = _why_not()
     if why is None:
         try:
-            return Native(built_library()), None
+            return _built_and_loaded(), None
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
             why = str(e)
         if "-DSBN_TORCH_COMPILED_AUTOGRAD" in features():
             # compiled autograd's C++ interface is PyTorch's internal one: where this
             # PyTorch's differs from what the nodes use, the operators without it
             try:
-                native = Native(built_library(["-USBN_TORCH_COMPILED_AUTOGRAD"]))
+                native = _built_and_loaded(["-USBN_TORCH_COMPILED_AUTOGRAD"])
             except (OSError, RuntimeError, subprocess.SubprocessError):
                 pass
             else:
                 warnings.warn(f"syncbn.torch: the C++ operators are built without compiled autograd support "
-                              f"(torch._dynamo.compiled_autograd), which did not compile against PyTorch "
+                              f"(torch._dynamo.compiled_autograd), which did not build or load with PyTorch "
                               f"{torch.__version__}: {why}", RuntimeWarning, stacklevel=3)
                 return native, None
     if m == "1":

@@ -14,6 +14,7 @@ be built.
   Python operators, equal to nn.BatchNorm2d; an unknown SYNCBN_TORCH_NATIVE is refused;
 - two processes that import together with an empty cache: both load, one of them
   compiles (the lock; builds.txt has one line);
+- a cached library that does not load is built again, with a warning;
 - a comm made before the operators were loaded is in their table (a layer runs on it).
 
 The subprocess tests run `python -c` with this process's environment (PYTHONPATH,
@@ -209,6 +210,28 @@ class TestBuildTogether(unittest.TestCase):
             self.assertEqual(len(list(pathlib.Path(cache).glob("*.so"))), 1)
             builds = (pathlib.Path(cache) / "builds.txt").read_text().splitlines()
             self.assertEqual(len(builds), 1, builds)  # one compiled, the other waited and loaded it
+
+
+@unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
+class TestCachedFileThatDoesNotLoad(unittest.TestCase):
+    def test_built_again(self):
+        """A cached library that does not load (another machine's build in a shared cache,
+        a damaged file: here the file's bytes are not a library) is built again, with a
+        warning that names it, and the operators load and train; it was kept, and the
+        failure blamed on compiled autograd."""
+        with tempfile.TemporaryDirectory() as cache:
+            name = _native.built_library().name  # this process's: the same PyTorch and source
+            bad = pathlib.Path(cache) / name
+            bad.write_bytes(b"not a shared library\n" * 64)
+            r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=1, SYNCBN_CACHE_DIR=cache)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.split(), ["native"])
+            self.assertIn(f"RuntimeWarning: syncbn.torch: the cached C++ operators {bad} did not load", r.stderr)
+            self.assertNotIn("without compiled autograd", r.stderr)
+            self.assertNotEqual(bad.read_bytes()[:4], b"not ")
+            self.assertEqual(bad.read_bytes()[:4], b"\x7fELF")
+            builds = (pathlib.Path(cache) / "builds.txt").read_text().splitlines()
+            self.assertEqual(len(builds), 1, builds)
 
 
 class TestCommsBeforeLoad(unittest.TestCase):
