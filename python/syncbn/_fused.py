@@ -329,10 +329,12 @@ def _train_function(train, backward, below, traced_backward=None):
         @_ops._once_differentiable
         def backward(ctx, dy, _dstats):
             x, y, weight, bias, stats = _ops._saved(ctx, 5)
+            _ops._anchor(ctx, x if x is not None else y, weight)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[2] or need[3])
-            dx, dz, dwb = _ops._traced(backward, traced_backward)(dy, x, y, weight, bias, stats, ctx.eps, ctx.comm,
-                                                                  ctx.activation, ctx.slope, need[0], need[1], want_w)
+            dx, dz, dwb = _ops._traced(backward, traced_backward, dy)(dy, x, y, weight, bias, stats, ctx.eps,
+                                                                      ctx.comm, ctx.activation, ctx.slope, need[0],
+                                                                      need[1], want_w)
             dw, db = _ops._weight_grads(dwb if want_w else None, weight, need[2], need[3])
             return (dx if need[0] else None, dz if need[1] else None, dw, db) + (None,) * 9
 

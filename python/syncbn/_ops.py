@@ -402,34 +402,69 @@ def _compiled_key(ctx):
     return (ctx._autograd_function_id, ctx.kept)
 
 
-def _traced(kernel, op):
-    """What a backward calls: the kernel, or the operator `op` where dynamo traces the
-    backward (compiled autograd over an eager forward: a kernel is opaque to it, the
-    operator has a fake kernel)."""
-    return op if op is not None and torch.compiler.is_compiling() else kernel
+# Whether a tensor is one of autograd.grad(is_grads_batched=True)'s (the legacy vmap's
+# batched tensors, which have no storage: a kernel cannot take their addresses).
+_legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
+
+
+def _traced(kernel, op, dy):
+    """What a backward calls with the incoming gradient dy: the kernel, or the operator `op`
+    where dynamo traces the backward (compiled autograd over an eager forward: a kernel is
+    opaque to it, the operator has a fake kernel) or where dy is batched
+    (autograd.grad(is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True):
+    the dispatcher runs the operator once per gradient)."""
+    return op if op is not None and (torch.compiler.is_compiling() or _legacy_batched(dy)) else kernel
 
 
 _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
               "create_graph=True and torch.func.grad differentiate the backward)")
 
 
+class _NotTwice(torch.autograd.Function):
+    """A create_graph backward's gradients, unchanged (shallow aliases), on a node whose
+    edges are what the backward was computed from (its incoming gradient, x or the saved
+    output, the weight: the C++ nodes' edges), so that a second derivative taken to any of
+    those (torch.autograd.grad's inputs=, a Hessian) reaches it and raises."""
+
+    @staticmethod
+    def forward(ctx, n, *tensors):
+        return tuple(None if t is None else t.detach() for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_NOT_TWICE)
+
+
+def _anchor(ctx, *tensors):
+    """What a backward computed its gradients from, besides the incoming gradient (its
+    saved tensors as it unpacked them: x or the saved output, the weight), for
+    _once_differentiable's node; kept on ctx until the backward returns."""
+    ctx.anchors = tensors
+
+
 def _once_differentiable(fn):
     """torch.autograd.function.once_differentiable with the layer's words, as the C++
     operators' nodes say them: under create_graph, where the incoming gradient or what the
     C++ nodes look at requires grad (ctx.twice, set by the forward: x or the weight; the
-    in-place layer's saved output, always; not read from the saved tensors, whose second
-    unpack non-reentrant checkpointing refuses), the gradients get a node that raises when
+    in-place layer's saved output, always), the gradients get a node that raises when
     they are differentiated, instead of a second derivative that leaves this backward
-    out."""
+    out. The node's edges are the incoming gradients and what the backward gave _anchor
+    (the saved tensors are not unpacked twice: non-reentrant checkpointing refuses that);
+    where none of those requires grad, fresh leaves (PyTorch's once_differentiable)."""
 
     @functools.wraps(fn)
     def wrapper(ctx, *grads):
         with torch.no_grad():
             outputs = fn(ctx, *grads)
+        anchors = getattr(ctx, "anchors", ())
+        ctx.anchors = ()  # not kept with the graph
         if not torch.is_grad_enabled():
             return outputs
         if not (ctx.twice or any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads)):
             return outputs
+        edges = [t for t in grads + tuple(anchors) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if edges:
+            return _NotTwice.apply(len(outputs), *outputs, *edges)
         err = torch._C._functions.DelayedError(_NOT_TWICE.encode(), len(outputs))
         return err(*[None if t is None else t.detach().requires_grad_() for t in outputs])
 
@@ -485,9 +520,11 @@ def _train_function(train, backward, below, traced_backward=None):
         @_once_differentiable  # the library's backward is not differentiable
         def backward(ctx, dy, _dstats):
             x, weight, stats = _saved(ctx, 3)
+            _anchor(ctx, x, weight)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[1] or need[2])
-            dx, dwb = _traced(backward, traced_backward)(dy, x, weight, stats, ctx.eps, ctx.comm, need[0], want_w)
+            dx, dwb = _traced(backward, traced_backward, dy)(dy, x, weight, stats, ctx.eps, ctx.comm, need[0],
+                                                             want_w)
             dw, db = _weight_grads(dwb if want_w else None, weight, need[1], need[2])
             return dx if need[0] else None, dw, db, None, None, None, None, None, None
 

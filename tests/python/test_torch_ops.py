@@ -644,8 +644,9 @@ class TestAutogradAndLifetimes(unittest.TestCase):
     def test_no_double_backward(self):
         """create_graph=True: the gradients exist and carry a node that refuses to be
         differentiated (once_differentiable), never a second derivative that silently
-        leaves the batch norm out. The message names the layer on both kinds of operators,
-        plain and fused, also where only x (not the incoming gradient) requires grad."""
+        leaves the batch norm out, whichever input the second derivative is taken to. The
+        message names the layer on both kinds of operators, plain and fused, also where
+        only x (not the incoming gradient) requires grad."""
         for kw in ({}, {"activation": "relu"}):
             m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
             x = torch.randn(4, 3, requires_grad=True)
@@ -655,9 +656,20 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                 with self.subTest(**kw, incoming=incoming):
                     gx, = torch.autograd.grad(outer(m(x)), x, create_graph=True)
                     self.assertTrue(gx.requires_grad)
+                    # also a second derivative taken to x or to the weight alone (a gradient
+                    # penalty's; torch.autograd.functional.hessian's), which gave None or
+                    # zeros on the Python operators where their node hung on fresh leaves
+                    for to in (x, m.weight):
+                        with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
+                                                    "differentiable"):
+                            torch.autograd.grad((gx ** 2).sum(), to, retain_graph=True, allow_unused=True)
                     with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
                                                 "differentiable"):
                         (gx ** 2).sum().backward()
+            with self.subTest(**kw, hessian=True):
+                with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
+                                            "differentiable"):
+                    torch.autograd.functional.hessian(lambda v: (m(v) ** 3).sum(), x.detach())
             # the bias alone requiring grad (frozen weight, x without grad), a constant incoming
             # gradient: no second-order term to lose, so no node, on both kinds alike
             m.weight.requires_grad_(False)
@@ -671,6 +683,27 @@ class TestAutogradAndLifetimes(unittest.TestCase):
             gx, = torch.autograd.grad((y ** 3).sum(), x, create_graph=True)
             with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not differentiable"):
                 (gx ** 2).sum().backward()
+
+    def test_grads_batched(self):
+        """autograd.grad(is_grads_batched=True) (torch.autograd.functional.jacobian's
+        vectorize=True): a training layer's gradients for a batch of incoming gradients
+        equal one backward per incoming gradient, plain and fused with a residual, on both
+        kinds of operators (the Python ones took the batched gradient's address: 'Cannot
+        access data pointer of Tensor that doesn't have storage')."""
+        torch.manual_seed(8)
+        for kw in ({}, {"activation": "relu"}):
+            with self.subTest(**kw):
+                m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
+                x = torch.randn(4, 3, 2, 2, requires_grad=True)
+                z = torch.randn(4, 3, 2, 2, requires_grad=True)
+                y = m(x, z) if kw else m(x)
+                inputs = (x, z, m.weight) if kw else (x, m.weight)
+                v = torch.randn(5, *y.shape)
+                got = torch.autograd.grad(y, inputs, v, is_grads_batched=True, retain_graph=True)
+                for i in range(v.shape[0]):
+                    want = torch.autograd.grad(y, inputs, v[i], retain_graph=True)
+                    for g, w in zip(got, want):
+                        torch.testing.assert_close(g[i], w, rtol=1e-6, atol=1e-6)
 
     def test_eval_double_backward(self):
         """An evaluated layer (no exchange: torch ops in its backward) is twice
