@@ -161,7 +161,12 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
      sbnBackwardEx where its stream kernel writes dz first, below: it holds then what a
      successful op writes there, which depends on no other rank), are reported by
      sbnCommGetAsyncError, and abort the team (later ops return sbnAborted);
-   - epochs live on the device: ops can be captured into a CUDA graph and replayed.
+   - epochs live on the device: ops can be captured into a CUDA graph and replayed;
+   - a rank's ops must run on the GPU in the order they were called, each after the
+     previous one of its comm: on one stream, or on streams the caller orders (an event
+     recorded after one op and waited for before the next). Two ops of one comm that can
+     run at once share its exchange slots: their results are undefined (the call numbers
+     make most such mixes an asynchronous sbnInvalidUsage, "ranks out of step").
    At most SBN_MAX_GPU_TEAM_RANKS ranks. sbnUnsupported in builds without CUDA, without a
    device, or on a device without cooperative launch. */
 
