@@ -480,7 +480,10 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if comm is not None:
             cid, size = comm.id, comm._size
         if size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one
-            raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.size()}")
+            # the type the library's check raises for a team (a SyncBNError and a ValueError)
+            raise _sbn.SyncBNValueError(1, "syncbn.torch.SyncBatchNorm",  # sbnInvalidArgument
+                                        f"Expected more than 1 value per channel when training, got input size "
+                                        f"{input.size()}")
         momentum = self.momentum
         if self.track_running_stats:
             rm, rv, nbt = self.running_mean, self.running_var, self.num_batches_tracked

@@ -924,11 +924,14 @@ class TestRefusals(unittest.TestCase):
 
     def test_one_value_per_channel_is_a_value_error(self):
         """nn.BatchNorm2d's ValueError, for a team of one (checked before the call) and for
-        a team whose whole batch has one value per channel (the library's check)."""
+        a team whose whole batch has one value per channel (the library's check): both a
+        syncbn.SyncBNError too (PYTHON.md's exception table), with or without comm=."""
         comm = syncbn.cpu_team(1)[0]
         try:
-            with self.assertRaisesRegex(ValueError, "Expected more than 1 value per channel"):
-                sbt.SyncBatchNorm(3, comm=comm)(torch.randn(1, 3))
+            for m in (sbt.SyncBatchNorm(3, comm=comm), sbt.SyncBatchNorm(3)):
+                with self.assertRaisesRegex(ValueError, "Expected more than 1 value per channel") as cm:
+                    m(torch.randn(1, 3))
+                self.assertIsInstance(cm.exception, syncbn.SyncBNError)
             with self.assertRaises(ValueError):
                 torch.nn.BatchNorm1d(3)(torch.randn(1, 3))  # PyTorch's own, the same type
         finally:
