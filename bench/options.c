@@ -409,16 +409,17 @@ static int parse_shapes(const char* text, const char* label, const char* argv0,
     bench_shape_t* sh = &shapes[count];
     long long n, c, h, w;
     int id_end = 0, used = 0;
-    if (sscanf(s, "%31s%n %lld %lld %lld %lld%n", sh->id, &id_end, &n, &c, &h, &w, &used) < 5 ||
-        n < 1 || c < 1 || h < 1 || w < 1 || !ends_token(s[used])) {
+    const int got =
+        sscanf(s, "%31s%n %lld %lld %lld %lld%n", sh->id, &id_end, &n, &c, &h, &w, &used);
+    if (got >= 1 && !ends_token(s[id_end])) { /* cut at 31: what follows may even read as N */
+      shapes_error(argv0, label, lineno, "a shape id is at most %d characters",
+                   (int)sizeof sh->id - 1);
+      goto fail;
+    }
+    if (got < 5 || n < 1 || c < 1 || h < 1 || w < 1 || !ends_token(s[used])) {
       /* W must end at a blank (1e3 read as 1, and 16x as 16, ran other shapes) */
       shapes_error(argv0, label, lineno,
                    "expected 'id N C H W [where]' with N, C, H, W integers >= 1");
-      goto fail;
-    }
-    if (!ends_token(s[id_end])) { /* cut at 31: its digits were read as N */
-      shapes_error(argv0, label, lineno, "a shape id is at most %d characters",
-                   (int)sizeof sh->id - 1);
       goto fail;
     }
     while (s[used] == ' ' || s[used] == '\t') used++;
