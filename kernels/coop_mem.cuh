@@ -161,7 +161,8 @@ __device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
   asm volatile("st.relaxed.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 /* A release fence at system scope (fence.acq_rel.sys: MEMBAR.ALL.SYS, not the fence.sc of
-   __threadfence_system, which check-sass.sh keeps out of the cooperative kernels). */
+   __threadfence_system, which check-sass.sh keeps out of the cooperative kernels); with a
+   strong read before it, an acquire too (record_error). */
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 /* fence.acq_rel.gpu (MEMBAR.GPU): with a strong write after it, a release; with a strong
    read before it, an acquire (the solo ops' arrivals: coop_exchange.cuh). */
