@@ -26,15 +26,12 @@ spec = importlib.util.spec_from_file_location(
 gpu_pack = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_pack)
 
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import checks  # noqa: E402
+from checks import check  # noqa: E402
+
 MiB = 1024 * 1024
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures += 1
 
 
 def run_main(args):
@@ -145,8 +142,8 @@ def main():
         check(rc == 2, f"a file that is not an archive is refused (exit {rc})")
         rc, _ = run_main(["build/missing.tar.xz"])
         check(rc == 2, f"a missing archive is refused (exit {rc})")
-    print(f"test_gpu_pack: {failures} failure(s)")
-    return 1 if failures else 0
+    print(f"test_gpu_pack: {checks.failures} failure(s)")
+    return 1 if checks.failures else 0
 
 
 if __name__ == "__main__":

@@ -21,14 +21,10 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 script = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "cmake", "nccl_env.py")
 cmake = sys.argv[2] if len(sys.argv) > 2 else "cmake"
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        failures += 1
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+import checks  # noqa: E402
+from checks import check  # noqa: E402
 
 
 def candidates(extra_env):
@@ -77,5 +73,5 @@ with tempfile.TemporaryDirectory() as tmp:
     check(not any(p.startswith(tmp) for p in bare),
           "without VIRTUAL_ENV and CONDA_PREFIX neither folder is named")
 
-print("PASSED" if failures == 0 else f"FAILED: {failures} check(s)")
-sys.exit(1 if failures else 0)
+print("PASSED" if checks.failures == 0 else f"FAILED: {checks.failures} check(s)")
+sys.exit(1 if checks.failures else 0)
