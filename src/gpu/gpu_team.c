@@ -486,5 +486,12 @@ static sbnResult_t peer_attach(sbn_team_t* team, sbn_team_init_t* init) {
 
 const sbn_team_ops_t sbn_gpu_virtual_team_ops = SBN_GPU_TEAM_OPS(
     "GPU virtual", virtual_attach, sbn_gpu_detach, sbn_gpu_abort, gpu_split);
+/* sbnCommInitAll teams' abort: the kernels (sbn_gpu_abort), then the team's NCCL comms at
+   once, so that a host-path collective waiting for a rank returns (the cooperative kernels
+   never use those comms: aborting them under a running kernel is safe). */
+static void peer_abort(sbn_team_t* team) {
+  sbn_gpu_abort(team);
+  sbn_nccl_abort_all(sbn_gpu(team));
+}
 const sbn_team_ops_t sbn_gpu_peer_team_ops =
-    SBN_GPU_TEAM_OPS("GPU peer", peer_attach, sbn_gpu_detach, sbn_gpu_abort, gpu_split);
+    SBN_GPU_TEAM_OPS("GPU peer", peer_attach, sbn_gpu_detach, peer_abort, gpu_split);

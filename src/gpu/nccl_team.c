@@ -507,15 +507,13 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     r = sbn_fail(NULL, sbnAborted,
                  "sbnCommSplit: the team was aborted (%s) while ncclCommSplit waited for its ranks",
                  sbnGetResultName((sbnResult_t)reason));
-  if (r == sbnTimeout) { /* the parent's ranks no longer agree on their calls */
-    sbn_team_abort(team, sbnTimeout);
-    sbn_nccl_abort_all(gt);
-  }
-  if (r == sbnAborted) { /* the split's collective may still wait: the team's abort (its
-                           notification first), which aborts the comm as it is pending */
-    atomic_store(&gt->host_stuck, 1);
-    nccl_abort(team);
-  }
+  /* the parent's ranks no longer agree on their calls (a timeout), or the team's abort
+     ended the wait: the team's abort (its notification first), which aborts the comm now
+     where no kernel writes through a window (nccl-host; a pending collective), else at the
+     release, once the device is idle: the split's collective, which may still wait, goes
+     with it (an abort would unmap the window under a kernel still running) */
+  if (r == sbnTimeout) sbn_team_abort(team, sbnTimeout);
+  if (r == sbnTimeout || r == sbnAborted) nccl_abort(team);
   if (r != sbnSuccess) return r;
   if (child == NULL) { /* SBN_SPLIT_NOCOLOR */
     result[0] = NULL;

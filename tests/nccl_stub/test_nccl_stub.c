@@ -832,20 +832,37 @@ static void test_stuck_allgather_host(void) {
   stuck_op("host");
 }
 
-/* sbnCommSplit whose ncclCommSplit never finishes (the team's own comm made the first):
-   sbnTimeout, the parent team aborted. */
+/* A cooperative forward of the team (SBN_ALGO unset), its kernel left in flight on the
+   stand-in device 0: an nccl-lsa comm must not be aborted under it (it maps the window the
+   kernel writes through; the stand-in counts that as a violation). */
+static void kernel_in_flight(sbnComm_t comm, tensors_t* t) {
+  unsetenv("SBN_ALGO");
+  const sbnResult_t fr = forward(comm, t);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_OK(fr);
+  ASSERT_TRUE(cudart_stub_in_flight(0) > 0);
+}
+
+/* sbnCommSplit whose ncclCommSplit never finishes (the team's own comm made the first),
+   a cooperative kernel of the team still in flight: sbnTimeout, the parent team aborted,
+   its comm (nccl-lsa) aborted once the device is idle (at the destroy), not at the split. */
 static void test_stuck_team_split(void) {
   stub_case("ncclCommSplit:2");
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL, sub = (sbnComm_t)&sub;
   ASSERT_OK(team_of_one(&comm, NULL, STUCK_TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  kernel_in_flight(comm, &t);
+  CHECK_();
   const double t0 = now_ms();
   const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
   const double waited = now_ms() - t0;
   ASSERT_RES(sr, sbnTimeout);
   ASSERT_NOT_BEFORE_TIMEOUT(waited);
-  tensors_t t;
-  tensors_alloc(&t, 0);
+  ASSERT_TRUE(sub == (sbnComm_t)&sub);
+  EXPECT_TRUE(nccl_stub_violations() == 0); /* none at the split */
   const sbnResult_t fr = forward(comm, &t);
   tensors_free(&t);
   ASSERT_RES(fr, sbnAborted);
@@ -880,13 +897,17 @@ static void* waiter_main(void* p) {
   w->t_end = now_ms();
   return NULL;
 }
-static void abort_while_waiting(const char* transport, const char* hang, int split) {
+static void abort_while_waiting(const char* transport, const char* hang, int split, int kernel) {
   const double timeout = 10000.0, prompt = 2000.0; /* the wait's end: at once, not the timeout */
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL;
   ASSERT_OK(team_of_one(&comm, transport, (int64_t)timeout));
   stub_case(hang); /* from here: the team's made */
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  if (kernel) kernel_in_flight(comm, &t); /* (its comm then aborted at the destroy) */
+  CHECK_();
   waiter_t w = {comm, split, sbnSystemError, 0.0};
   pthread_t th;
   ASSERT_TRUE(pthread_create(&th, NULL, waiter_main, &w) == 0);
@@ -913,21 +934,24 @@ static void abort_while_waiting(const char* transport, const char* hang, int spl
   EXPECT_TRUE(a1 - a0 < prompt);
   EXPECT_TRUE(w.t_end - a0 < prompt);
   ASSERT_OK(sbnCommDestroy(comm));
-  stub_case(NULL);
+  tensors_free(&t);
+  unsetenv("NCCL_STUB_HANG"); /* (not stub_case: its reset would clear what ASSERT_CLEAN reads) */
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 static void test_abort_while_op_waits_host(void) {
-  abort_while_waiting("host", "ncclAllGather", 0);
+  abort_while_waiting("host", "ncclAllGather", 0, 0);
 }
 static void test_abort_while_op_waits_lsa(void) {
-  abort_while_waiting(NULL, "ncclAllGather", 0);
+  abort_while_waiting(NULL, "ncclAllGather", 0, 0);
 }
 static void test_abort_while_split_waits_host(void) {
-  abort_while_waiting("host", "ncclCommSplit", 1);
+  abort_while_waiting("host", "ncclCommSplit", 1, 0);
 }
+/* the team's cooperative kernel in flight: the comm is aborted at the destroy, once the
+   device is idle, not while the kernel may write through its window */
 static void test_abort_while_split_waits_lsa(void) {
-  abort_while_waiting(NULL, "ncclCommSplit", 1);
+  abort_while_waiting(NULL, "ncclCommSplit", 1, 1);
 }
 
 /* sbnCommDestroy whose ncclCommFinalize never finishes: the destroy returns (bounded by the
@@ -959,6 +983,38 @@ static void test_stuck_initall_comms(void) {
   ASSERT_OK(sbnCommDestroy(comms[0]));
   ASSERT_OK(sbnCommDestroy(comms[1]));
   ASSERT_RECORD("ncclCommAbort", "ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+
+/* An sbnCommInitAll team whose host-path collective waits for a rank (its event pending):
+   sbnCommAbort aborts the team's NCCL comms at once, so that the collective returns (it
+   waited until the watchdog's timeout). */
+static void test_initall_abort_ends_collective(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 1);
+  cudart_stub_set_events_pending(1);
+  ASSERT_OK(sbnGroupStart());
+  const sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(f0);
+  ASSERT_OK(f1);
+  nccl_stub_reset();
+  ASSERT_OK(sbnCommAbort(comms[0]));
+  const int aborted_at_abort = nccl_stub_log_has("ncclCommAbort");
+  cudart_stub_set_events_pending(0);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  if (!aborted_at_abort) fprintf(stderr, "  no ncclCommAbort at sbnCommAbort:\n%s", nccl_stub_log());
+  EXPECT_TRUE(aborted_at_abort);
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
@@ -1002,6 +1058,7 @@ int main(void) {
   SBN_RUN(test_abort_while_op_waits_lsa);
   SBN_RUN(test_abort_while_split_waits_host);
   SBN_RUN(test_abort_while_split_waits_lsa);
+  SBN_RUN(test_initall_abort_ends_collective);
   SBN_RUN(test_stuck_initall_comms);
   return sbn_test_exit();
 }
