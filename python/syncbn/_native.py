@@ -145,6 +145,41 @@ def _why_not():
 _BUILT_HERE = set()  # what built_library compiled in this process
 
 
+def _runtime_id():
+    """The C++ runtime this process runs (libstdc++ as /proc/self/maps names it: path, size,
+    mtime), so that machines sharing a cache but not a runtime build files of their own;
+    '' where none is found."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libstdc++" in line:
+                    path = line.split()[-1]
+                    st = os.stat(path)
+                    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
+def library_path(defines=()):
+    """Where the operators' library for this PyTorch, Python, C++ runtime, compiler command
+    and source (and defines) is in the cache (built or not)."""
+    hdr = _header_dir()
+    probe = command(SOURCE, hdr, "OUT", defines)
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), (hdr / "syncbn.h").read_bytes(), torch.__version__.encode(),
+                 str(pathlib.Path(torch.__file__).parent).encode(), sys.version.encode(), " ".join(probe).encode(),
+                 _runtime_id().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return cache_dir() / f"syncbn_torch_ops-{torch.__version__.replace('+', '_')}-{h.hexdigest()[:16]}.so"
+
+
+def _stat_key(st):
+    """A file's identity for the rebuild's checks: inode, mtime, size."""
+    return f"{st.st_ino} {st.st_mtime_ns} {st.st_size}"
+
+
 def built_library(defines=(), stale=None):
     """The path of the operators' library for this PyTorch and this source (and defines),
     built into the cache if it is not there yet (one build at a time: a lock file), or if
@@ -154,18 +189,12 @@ def built_library(defines=(), stale=None):
     import fcntl
 
     hdr = _header_dir()
-    probe = command(SOURCE, hdr, "OUT", defines)
-    h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), (hdr / "syncbn.h").read_bytes(), torch.__version__.encode(),
-                 str(pathlib.Path(torch.__file__).parent).encode(), sys.version.encode(), " ".join(probe).encode()):
-        h.update(part)
-        h.update(b"\0")
-    d = cache_dir()
+    out = library_path(defines)
+    d = out.parent
     d.mkdir(parents=True, exist_ok=True)
-    out = d / f"syncbn_torch_ops-{torch.__version__.replace('+', '_')}-{h.hexdigest()[:16]}.so"
+
     def same(st):
-        return stale is not None and (st.st_ino, st.st_mtime_ns, st.st_size) == (
-            stale.st_ino, stale.st_mtime_ns, stale.st_size)
+        return stale is not None and _stat_key(st) == _stat_key(stale)
 
     if out.is_file() and not same(out.stat()):
         return out
@@ -242,20 +271,35 @@ class Native:
 
 
 def _built_and_loaded(defines=()):
-    """Native of built_library(defines); a cached file that does not load (built on another
-    machine of a shared cache, whose C++ runtime this one lacks; damaged) is built again
-    once, with a warning that says why (a file this process built is not)."""
+    """Native of built_library(defines); a cached file that does not load (damaged; built
+    on a machine whose C++ runtime this one lacks) is built again once, with a warning that
+    says why. A file this process built is not; nor one that a build did not mend: its
+    marker `<file>.noload` (the file's inode, mtime and size) says so to later processes,
+    which then fall back at once instead of building again."""
     path = built_library(defines)
     st = path.stat()
     try:
         return Native(path)
     except OSError as e:
-        if path in _BUILT_HERE:  # just built: another build would not load either
+        marker = path.with_name(path.name + ".noload")
+        try:
+            unmendable = marker.read_text().split("\n")[0] == _stat_key(st)
+        except OSError:
+            unmendable = False
+        if path in _BUILT_HERE or unmendable:  # another build would not load either
             raise
         rebuilt = built_library(defines, stale=st)
+        try:
+            native = Native(rebuilt)
+        except OSError as e2:
+            try:
+                marker.write_text(f"{_stat_key(rebuilt.stat())}\n{e2}\n")
+            except OSError:
+                pass
+            raise
         warnings.warn(f"syncbn.torch: the cached C++ operators {path} did not load ({e}); built again",
                       RuntimeWarning, stacklevel=4)
-        return Native(rebuilt)
+        return native
 
 
 def load():

@@ -454,10 +454,12 @@ def _once_differentiable(fn):
 
     @functools.wraps(fn)
     def wrapper(ctx, *grads):
-        with torch.no_grad():
-            outputs = fn(ctx, *grads)
-        anchors = getattr(ctx, "anchors", ())
-        ctx.anchors = ()  # not kept with the graph
+        try:
+            with torch.no_grad():
+                outputs = fn(ctx, *grads)
+        finally:
+            anchors = getattr(ctx, "anchors", ())
+            ctx.anchors = ()  # not kept with the graph (the in-place layer's saved output: a cycle)
         if not torch.is_grad_enabled():
             return outputs
         if not (ctx.twice or any(isinstance(g, torch.Tensor) and g.requires_grad for g in grads)):

@@ -77,6 +77,20 @@ class TestLoaded(unittest.TestCase):
             op = getattr(torch.ops.syncbn, name).default
             self.assertEqual(str(op._schema), str(torch._C.parse_schema(f"syncbn::{name}{schema}")))
 
+    def test_cache_name_follows_the_cpp_runtime(self):
+        """Machines that share a cache but not a C++ runtime (libstdc++) build files of their
+        own: the runtime this process loaded is in the file's name, and another is another
+        name."""
+        self.assertIn("libstdc++", _native._runtime_id())
+        here = _native.library_path()
+        self.assertEqual(_native.built_library(), here)
+        saved = _native._runtime_id
+        try:
+            _native._runtime_id = lambda: "/elsewhere/libstdc++.so.6:1:2"
+            self.assertNotEqual(_native.library_path(), here)
+        finally:
+            _native._runtime_id = saved
+
     def test_cache_is_reused(self):
         path = _native.built_library()
         self.assertEqual(str(path), _ops.NATIVE.path)
@@ -232,6 +246,28 @@ class TestCachedFileThatDoesNotLoad(unittest.TestCase):
             self.assertEqual(bad.read_bytes()[:4], b"\x7fELF")
             builds = (pathlib.Path(cache) / "builds.txt").read_text().splitlines()
             self.assertEqual(len(builds), 1, builds)
+
+    def test_not_built_again_where_a_build_does_not_mend_it(self):
+        """A file that a build does not make loadable (here a compiler that writes bytes
+        that are not a library): the process that built it falls back; the next one builds
+        it again once, fails, and leaves a marker; the one after falls back at once, with
+        no build."""
+        with tempfile.TemporaryDirectory() as d:
+            cxx = pathlib.Path(d) / "cxx"
+            cxx.write_text('#!/bin/sh\n'
+                           'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "not a library" > "$2"; exit 0; }; shift; done\n'
+                           'exit 1\n')
+            cxx.chmod(0o755)
+            cache = pathlib.Path(d) / "c"
+            builds = []
+            for _ in range(3):
+                r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX=str(cxx), SYNCBN_CACHE_DIR=cache)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(r.stdout.split(), ["python"])  # the fallback, each time
+                builds.append(len((cache / "builds.txt").read_text().splitlines()))
+            self.assertGreater(builds[1], builds[0])  # built again once
+            self.assertEqual(builds[2], builds[1])  # then not
+            self.assertTrue(list(cache.glob("*.so.noload")))
 
 
 class TestCommsBeforeLoad(unittest.TestCase):
