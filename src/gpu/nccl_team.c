@@ -54,10 +54,12 @@ static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t d
    sbnTimeout when the parent's split did not finish by the deadline (a rank of the parent
    has not made the call): the parent is left to the caller to abort. Any other failure
    aborts the child. NCCL writes the child when the parent's part is done, even after a
-   timeout, so the slot lives on the heap and is leaked then. `what` names the call in
-   the detail. */
+   timeout, so the slot lives on the heap: then handed to *unsettled (the caller's, to
+   read and free once the parent is aborted), or leaked where that is NULL. `what` names
+   the call in the detail. */
 static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
-                                      const _Atomic int* stop, const char* what, ncclComm_t* child) {
+                                      const _Atomic int* stop, const char* what, ncclComm_t* child,
+                                      ncclComm_t** unsettled) {
   *child = NULL;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -65,7 +67,10 @@ static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int
   if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
   ncclResult_t nr =
       sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline, stop);
-  if (nr == ncclInProgress) return nccl_fail(parent, nr, what); /* slot leaked */
+  if (nr == ncclInProgress) {
+    if (unsettled != NULL) *unsettled = slot;
+    return nccl_fail(parent, nr, what); /* else slot leaked */
+  }
   ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
   free(slot);
   if (nr == ncclSuccess && c == NULL && color != NCCL_SPLIT_NOCOLOR)
@@ -273,7 +278,8 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
        waits for every rank (as NCCL's own init does); with a nonblocking one it returns
        at once. Either way the child is nonblocking and may still be initialising. */
     ncclComm_t child = NULL;
-    r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", &child);
+    r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", &child,
+                           NULL); /* the parent is the caller's: its slot leaked */
     if (r != sbnSuccess) goto out;
     gt->nccl[me] = child;
   }
@@ -428,6 +434,11 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
       sbn_nccl.CommAbort(comm);
   }
   if (gt->nccl != NULL) gt->nccl[me] = NULL;
+  if (gt->split_slot != NULL) { /* the comm is aborted now: NCCL no longer writes the slot */
+    if (*gt->split_slot != NULL) sbn_nccl.CommAbort(*gt->split_slot); /* a late peer made it */
+    free(gt->split_slot);
+    gt->split_slot = NULL;
+  }
   gt->win = NULL;
 #if SBN_NCCL_DEVICE_API
   if (gt->win_buf != NULL) sbn_nccl.MemFree(gt->win_buf);
@@ -499,7 +510,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   sbnResult_t r = nccl_split_settled(
       parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0], key[0],
       sbn_mono_ns() + gt->timeout_ms * 1000000, &team->abort_reason, "sbnCommSplit: ncclCommSplit",
-      &child);
+      &child, gt->split_slot == NULL ? &gt->split_slot : NULL); /* (the team is aborted after one) */
   cudaSetDevice(prev);
   pthread_rwlock_unlock(&gt->nccl_lock);
   const int reason = atomic_load(&team->abort_reason);

@@ -988,9 +988,11 @@ static void test_stuck_initall_comms(void) {
 }
 
 
-/* An sbnCommInitAll team whose host-path collective waits for a rank (its event pending):
-   sbnCommAbort aborts the team's NCCL comms at once, so that the collective returns (it
-   waited until the watchdog's timeout). */
+/* An sbnCommInitAll team whose host-path collective may wait for a rank (its event
+   pending): sbnCommAbort aborts the team's NCCL comms at once (ncclCommAbort in the record
+   before sbnCommAbort returns), which is what makes such a collective return; the
+   stand-in has no collective that waits, so that return itself is not observed here.
+   Before, the comms were aborted only by the watchdog, at the timeout. */
 static void test_initall_abort_ends_collective(void) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
