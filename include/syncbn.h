@@ -318,9 +318,11 @@ SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
    run) where the system cannot start them or has no memory; ranks called from one thread
    each outside a group start none. If any call in the group
    failed, or a team has ranks missing (or unequal op counts), sbnGroupEnd runs NOTHING
-   and returns sbnInvalidUsage. Otherwise it runs the ops in the order they were queued
-   (the CPU teams' rounds one after the other: an op may read what an op of another team
-   queued before it writes), none after an op that failed, and returns the first failure.
+   and returns sbnInvalidUsage. Otherwise it runs each team's rounds (the i-th op of
+   every rank) in the order of each round's first op: the GPU teams' (issued), then the
+   CPU teams' one after the other, so an op may read what a round of another team that
+   started before its own writes; none after an op that failed; it returns the first
+   failure.
    sbnGroupEnd without sbnGroupStart: sbnInvalidUsage. */
 SBN_API sbnResult_t sbnGroupStart(void);
 SBN_API sbnResult_t sbnGroupEnd(void);
