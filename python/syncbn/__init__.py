@@ -83,9 +83,15 @@ class SyncBNError(RuntimeError):
     def __init__(self, code, what, detail=""):
         self.code = int(code)
         self.name = result_name(code)
+        self.what = what
         self.detail = detail
         text = detail if detail.startswith(f"{what}: ") else f"{what}: {detail or error_string(code)}"
         super().__init__(f"{text} [{self.name}]")
+
+    def __reduce__(self):
+        # pickled (multiprocessing hands a worker's exception back; copy.copy): made again
+        # from its own arguments, where BaseException's would pass the message alone
+        return (type(self), (self.code, self.what, self.detail), self.__dict__)
 
 
 class SyncBNValueError(SyncBNError, ValueError):
@@ -301,6 +307,11 @@ class Comm:
 
     def __init__(self, handle):
         self._h = ctypes.c_void_p(handle)
+        # this object's calls between taking the handle and the library's return: destroy()
+        # from another thread meanwhile is refused (the library refuses it only once the
+        # call is inside), so no call hands the library a destroyed comm
+        self._calls = 0
+        self._calls_lock = threading.Lock()
         self._team = None  # the list of the team's Comms in this process (cpu_team)
         self.id = next(Comm._ids)
         Comm._by_id[self.id] = self
@@ -333,10 +344,29 @@ class Comm:
             raise SyncBNError(2, "syncbn.Comm", "the comm was destroyed")
         return self._h
 
+    def _enter(self):
+        """The live handle for one call, counted in flight until _leave()."""
+        with self._calls_lock:
+            h = self._live()
+            self._calls += 1
+            return h
+
+    def _leave(self):
+        with self._calls_lock:
+            self._calls -= 1
+
+    def _call(self, fn, what, *args):
+        """fn(handle, *args), a call in flight meanwhile; SyncBNError where it fails."""
+        h = self._enter()
+        try:
+            _check(fn(h, *args), what, h)
+        finally:
+            self._leave()
+
     @property
     def rank(self):
         r = ctypes.c_int()
-        _check(_capi.lib.sbnCommRank(self._live(), ctypes.byref(r)), "sbnCommRank", self._h)
+        self._call(_capi.lib.sbnCommRank, "sbnCommRank", ctypes.byref(r))
         return r.value
 
     @property
@@ -352,11 +382,11 @@ class Comm:
     def async_error(self):
         """sbnCommGetAsyncError: 0 or the sbnResult_t that stopped the team."""
         r = ctypes.c_int()
-        _check(_capi.lib.sbnCommGetAsyncError(self._live(), ctypes.byref(r)), "sbnCommGetAsyncError", self._h)
+        self._call(_capi.lib.sbnCommGetAsyncError, "sbnCommGetAsyncError", ctypes.byref(r))
         return r.value
 
     def abort(self):
-        _check(_capi.lib.sbnCommAbort(self._live()), "sbnCommAbort", self._h)
+        self._call(_capi.lib.sbnCommAbort, "sbnCommAbort")
 
     def destroy(self):
         self._end(collected=False)
@@ -366,9 +396,14 @@ class Comm:
         an autograd node that will call it lives (a layer deleted before its backward), as
         the Python operators' nodes keep this object."""
         with Comm._native_lock:  # one destroy at a time: the handle taken, destroyed, or put back if refused
-            if not self._h.value:
-                return
-            h, self._h = self._h, ctypes.c_void_p()
+            with self._calls_lock:
+                if not self._h.value:
+                    return
+                if self._calls:  # another thread's call has the handle (not yet inside the library)
+                    raise SyncBNError(_INVALID_USAGE, "sbnCommDestroy",
+                                      "sbnCommDestroy: the comm is in use by another thread's call; nothing "
+                                      "was done")
+                h, self._h = self._h, ctypes.c_void_p()
             # the C++ operators own it: destroyed now, or after their call using it
             r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
             if r == -2:
@@ -414,19 +449,18 @@ class Comm:
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams). With a
         residual z or an activation (RELU, LEAKY_RELU with slope): sbnForwardTrainEx,
         y = act(bn(x) + z)."""
-        h = self._live()
         p = _params(eps, momentum, grad_mode)
         if z is None and activation == IDENTITY:
             ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
                                                    num_batches_tracked, save_mean, save_invstd))
-            _check(_capi.lib.sbnForwardTrain(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
-                   "sbnForwardTrain", self._h)
+            self._call(_capi.lib.sbnForwardTrain, "sbnForwardTrain", ctypes.byref(d), *ptrs, ctypes.byref(p),
+                       _raw(stream))
             return
         ptrs = _bufs(d, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
                                                 num_batches_tracked, save_mean, save_invstd))
         e = _epilogue(activation, slope)
-        _check(_capi.lib.sbnForwardTrainEx(h, ctypes.byref(d), *ptrs, ctypes.byref(p), ctypes.byref(e),
-                                           _raw(stream)), "sbnForwardTrainEx", self._h)
+        self._call(_capi.lib.sbnForwardTrainEx, "sbnForwardTrainEx", ctypes.byref(d), *ptrs, ctypes.byref(p),
+                   ctypes.byref(e), _raw(stream))
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None, y=None, dz=None, bias=None,
@@ -435,18 +469,16 @@ class Comm:
         After a fused forward: y (its output: the activation's mask), dz (the residual's
         gradient), and x None for the in-place backward (x recovered from y, weight and
         bias): sbnBackwardEx."""
-        h = self._live()
         p = _params(eps, 0.1, grad_mode)
         if y is None and dz is None and activation == IDENTITY:
             ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
-            _check(_capi.lib.sbnBackward(h, ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream)),
-                   "sbnBackward", self._h)
+            self._call(_capi.lib.sbnBackward, "sbnBackward", ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream))
             return
         ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight,
                                                 dbias))
         e = _epilogue(activation, slope)
-        _check(_capi.lib.sbnBackwardEx(h, ctypes.byref(d), *ptrs, ctypes.byref(p), ctypes.byref(e), _raw(stream)),
-               "sbnBackwardEx", self._h)
+        self._call(_capi.lib.sbnBackwardEx, "sbnBackwardEx", ctypes.byref(d), *ptrs, ctypes.byref(p),
+                   ctypes.byref(e), _raw(stream))
 
 
 def _raw(obj):

@@ -14,9 +14,11 @@ small, well-conditioned inputs (N(0,1) + 3, 10-50 values per channel); fp16 y wi
 relative) plus the input's own.
 """
 
+import copy
 import importlib.metadata
 import os
 import pathlib
+import pickle
 import re
 import shutil
 import subprocess
@@ -176,6 +178,13 @@ class TestCapi(unittest.TestCase):
             # the library's detail names the call first: the text does not name it twice
             self.assertEqual(str(cm.exception), cm.exception.detail + " [sbnInvalidArgument]")
             self.assertTrue(str(cm.exception).startswith("sbnForwardTrain: need n >= 0"))
+            # pickled (multiprocessing hands a worker's exception back) and copied, it is
+            # the same error: BaseException's own reduction lost 'what' and failed to load
+            for e in (cm.exception, syncbn.SyncBNValueError(1, "w", "Expected more than 1 value per channel")):
+                for again in (pickle.loads(pickle.dumps(e)), copy.copy(e)):
+                    self.assertIs(type(again), type(e))
+                    self.assertEqual((str(again), again.code, again.name, again.detail),
+                                     (str(e), e.code, e.name, e.detail))
         finally:
             comms[0].destroy()
         with self.assertRaises(syncbn.SyncBNError):
@@ -233,6 +242,40 @@ class TestCapi(unittest.TestCase):
             return
         self.assertEqual(len(uid), 128)
         self.assertNotEqual(uid, bytes(128))
+
+    def test_destroy_while_a_call_enters(self):
+        """destroy() from another thread while this thread's call has taken the comm's
+        handle but is not yet inside the library is refused (sbnInvalidUsage), as the
+        library refuses it once the call is inside: the call then runs on a live comm, where
+        it ran on a destroyed one. The comm is destroyed after."""
+        comm = syncbn.cpu_team(1)[0]
+        real = syncbn._capi.lib.sbnCommRank
+        seen = []
+
+        def entering(h, out):  # the call, between taking the handle and the library
+            t = threading.Thread(target=lambda: seen.append(self._destroy_result(comm)))
+            t.start()
+            t.join()
+            return real(h, out)
+
+        syncbn._capi.lib.sbnCommRank = entering
+        try:
+            self.assertEqual(comm.rank, 0)
+        finally:
+            syncbn._capi.lib.sbnCommRank = real
+        self.assertEqual(seen, ["sbnInvalidUsage"])
+        self.assertEqual(comm.rank, 0)  # live
+        comm.destroy()
+        with self.assertRaises(syncbn.SyncBNError):
+            comm.rank
+
+    @staticmethod
+    def _destroy_result(comm):
+        try:
+            comm.destroy()
+        except syncbn.SyncBNError as e:
+            return e.name
+        return "destroyed"
 
     def test_missing_rank_times_out(self):
         """One rank never calls: the other's call raises sbnTimeout (no hang)."""
