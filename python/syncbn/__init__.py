@@ -266,7 +266,8 @@ def desc(dtype, layout, n, c, spatial=1):
 
 
 def _params(eps, momentum, grad_mode):
-    return Params(float(eps), -1.0 if momentum is None else float(momentum), _capi.c_int(grad_mode, "grad_mode", 32))
+    return Params(_capi.c_float(eps, "eps"), -1.0 if momentum is None else _capi.c_float(momentum, "momentum"),
+                  _capi.c_int(grad_mode, "grad_mode", 32))
 
 
 class Comm:
@@ -528,6 +529,8 @@ def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
     """sbnCommInitNcclRank: this process's rank of a team of nranks processes, one per
     GPU (the calling thread's current CUDA device), from the id every rank got from the
     same nccl_unique_id(). A rank that never calls: sbnTimeout on the others, no hang."""
+    if isinstance(unique_id, int):  # bytes(128) is 128 zero bytes, not an id
+        raise TypeError("syncbn.nccl_team: unique_id must be the bytes nccl_unique_id() gave, got an int")
     raw = bytes(unique_id)
     if len(raw) != ctypes.sizeof(_capi.NcclUniqueId):
         raise ValueError(f"syncbn.nccl_team: an NCCL unique id is {ctypes.sizeof(_capi.NcclUniqueId)} bytes, "
@@ -561,6 +564,7 @@ def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
     all pointers host memory or all device memory of one GPU (x decides which). With z or
     an activation: sbnForwardInferenceEx, y = act(that + z) (host or device memory)."""
+    eps = _capi.c_float(eps, "eps")
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
     host = _is_host(x)

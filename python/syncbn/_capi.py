@@ -47,6 +47,8 @@ def c_int(value, name, bits=64):
     (or an integral float, 1e4) within that type's range, else a TypeError or ValueError
     naming it (ctypes would wrap 2**64 + 5 to 5 and cut 1.7 to 1 without a word)."""
     given = value
+    if isinstance(value, bool):  # an int to Python, but timeout_ms=True is no number of ms
+        raise TypeError(f"syncbn: {name} must be an integer, got bool")
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # float, np.float32
         if not math.isfinite(value) or value != math.floor(value):
             raise ValueError(f"syncbn: {name} must be an integer, got {given!r}")
@@ -205,11 +207,18 @@ for _name, (_res, _args) in _PROTOTYPES.items():
     _f.argtypes = _args
 
 
+def _result_code(code):
+    """code as sbnResult_t's C int; -1 (no result's: the library's unknown one) outside
+    its range, which ctypes would wrap (2**40 to 0, sbnSuccess)."""
+    code = int(code)
+    return code if -2 ** 31 <= code < 2 ** 31 else -1
+
+
 def result_name(code):
     """sbnGetResultName: "sbnSuccess", "sbnTimeout", ..."""
-    return lib.sbnGetResultName(int(code)).decode()
+    return lib.sbnGetResultName(_result_code(code)).decode()
 
 
 def error_string(code):
     """sbnGetErrorString: the result's message."""
-    return lib.sbnGetErrorString(int(code)).decode()
+    return lib.sbnGetErrorString(_result_code(code)).decode()

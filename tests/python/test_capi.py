@@ -218,9 +218,26 @@ class TestCapi(unittest.TestCase):
                                (lambda: syncbn.desc(F32, NCHW, 2 ** 64 + 2, 3, 1), ValueError, "n = "),
                                (lambda: syncbn.desc(2 ** 32, NCHW, 2, 3, 1), ValueError, "dtype = "),
                                (lambda: syncbn.desc(F32, NCHW, 2, 3.5, 1), ValueError, "c must be an integer"),
-                               (lambda: syncbn.desc(F32, NCHW, 2, 3, None), TypeError, "spatial must be")):
+                               (lambda: syncbn.desc(F32, NCHW, 2, 3, None), TypeError, "spatial must be"),
+                               # a bool is an int to Python, not a number of ms or ranks
+                               (lambda: syncbn.cpu_team(True), TypeError, "nranks must be an integer, got bool"),
+                               (lambda: syncbn.cpu_team(1, timeout_ms=True), TypeError, "timeout_ms must be an"),
+                               (lambda: syncbn.cpu_team(1, max_channels=True), TypeError, "max_channels must be")):
             with self.assertRaisesRegex(exc, "syncbn: " + msg):
                 call()
+        # eps and momentum: real numbers (float() took the string "1e-5" and True)
+        d1 = syncbn.desc(F32, NCHW, 2, 3, 1)
+        a = np.zeros((2, 3), np.float32)
+        for kw, msg in (({"eps": "1e-5"}, "eps must be a real number"), ({"momentum": True}, "momentum must be")):
+            with self.assertRaisesRegex(TypeError, "syncbn: " + msg):
+                syncbn.cpu_team(1)[0].forward_train(d1, a, a.copy(), np.zeros(3, np.float32),
+                                                    np.zeros(3, np.float32), **kw)
+        with self.assertRaisesRegex(TypeError, "syncbn: eps must be a real number"):
+            syncbn.forward_inference(d1, a, a.copy(), np.zeros(3, np.float32), np.ones(3, np.float32), eps="1e-5")
+        self.assertEqual(syncbn.result_name(2 ** 40), syncbn.result_name(-1))  # not sbnSuccess (wrapped)
+        self.assertNotEqual(syncbn.result_name(2 ** 40), "sbnSuccess")
+        with self.assertRaisesRegex(TypeError, "unique_id must be the bytes"):
+            syncbn.nccl_team(128, 1, 0)
         with self.assertRaisesRegex(ValueError, "syncbn: n = 1e\\+300 does not fit"):
             syncbn.desc(F32, NCHW, 1e300, 3, 1)
         d = syncbn.desc(np.int32(F32), NCHW, np.int64(2), np.float32(3.0), 2 ** 40)
