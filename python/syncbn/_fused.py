@@ -42,7 +42,7 @@ import math
 import torch
 
 from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
-from ._ops import (_buffers, _bump, _check_infer_args, _check_input, _check_train_args, _comm,
+from ._ops import (_buffers, _bump, _call_comm, _check_infer_args, _check_input, _check_train_args, _comm,
                    _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _read_format,
                    _same_device, _stream, _vectors, _write_back)
 
@@ -171,12 +171,9 @@ def _train_kernel(x, z, weight, bias, running_mean, running_var, nbt, eps, momen
     rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
     w32, b32 = _f32(weight), _f32_bias(weight, bias)
-    with c._serial:
-        r = _fwdx_c(c._h, _desc(x, layout), x.data_ptr(), _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32),
-                    _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * stats.stride(0), _param(eps, momentum),
-                    _epi(activation, slope), _stream(x))
-        if r != 0:
-            _raise(r, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", c._h)
+    _call_comm(c, _fwdx_c, "syncbn.batch_norm_act_train (sbnForwardTrainEx)", _desc(x, layout), x.data_ptr(),
+               _ptr(z), y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm), _ptr(rv), _ptr(nb), sp,
+               sp + 4 * stats.stride(0), _param(eps, momentum), _epi(activation, slope), _stream(x))
     _write_back(running_mean, rm, running_var, rv, nbt, nb)
     return y, stats
 
@@ -243,13 +240,10 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
         dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
-    with c._serial:
-        r = _bwdx_c(c._h, _desc(base, layout), _ptr(x), _ptr(out), dy.data_ptr(),
-                    dx.data_ptr() if input_grad else None, dz.data_ptr() if residual_grad else None,
-                    _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp, _param(eps, 0.1),
-                    _epi(activation, slope), _stream(base))
-        if r != 0:
-            _raise(r, "syncbn.batch_norm_act_backward (sbnBackwardEx)", c._h)
+    _call_comm(c, _bwdx_c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", _desc(base, layout), _ptr(x),
+               _ptr(out), dy.data_ptr(), dx.data_ptr() if input_grad else None,
+               dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp,
+               _param(eps, 0.1), _epi(activation, slope), _stream(base))
     return dx, dz, dwb
 
 

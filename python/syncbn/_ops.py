@@ -173,6 +173,21 @@ def _comm(comm_id, x, who):
     return c
 
 
+def _call_comm(c, fn, what, *args):
+    """fn(c's handle, *args), counted as c's call in flight (Comm._enter: a destroy() from
+    another thread meanwhile is refused, where it could free the comm between reading the
+    handle and the library's call) and one at a time where c's calls are serialized;
+    SyncBNError naming `what` where it fails."""
+    h = c._enter()
+    try:
+        with c._serial:
+            r = fn(h, *args)
+            if r != 0:
+                _raise(r, what, h)
+    finally:
+        c._leave()
+
+
 # ---- the C call's small structs, made once per distinct value ------------------------------
 _descs = {}
 _params = {}
@@ -238,12 +253,9 @@ def _train_kernel(x, weight, bias, running_mean, running_var, nbt, eps, momentum
     rm, rv, nb = _buffers(running_mean, running_var, nbt)
     sp = stats.data_ptr()
     w32, b32 = _f32(weight), _f32_bias(weight, bias)  # converted copies live until the call is done
-    with c._serial:
-        r = _fwd_c(c._h, _desc(x, layout), x.data_ptr(), y.data_ptr(), _ptr(w32), _ptr(b32),
-                   _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * stats.stride(0), _param(eps, momentum),
-                   _stream(x))
-        if r != 0:
-            _raise(r, "syncbn.batch_norm_train (sbnForwardTrain)", c._h)
+    _call_comm(c, _fwd_c, "syncbn.batch_norm_train (sbnForwardTrain)", _desc(x, layout), x.data_ptr(),
+               y.data_ptr(), _ptr(w32), _ptr(b32), _ptr(rm), _ptr(rv), _ptr(nb), sp, sp + 4 * stats.stride(0),
+               _param(eps, momentum), _stream(x))
     _write_back(running_mean, rm, running_var, rv, nbt, nb)
     return y, stats
 
@@ -310,12 +322,9 @@ def _backward_kernel(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
         dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
-    with c._serial:
-        r = _bwd_c(c._h, _desc(x, layout), x.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
-                   _ptr(w32), sp, sp + 4 * st.stride(0), dwp, dbp, _param(eps, 0.1),
-                   _stream(x))
-        if r != 0:
-            _raise(r, "syncbn.batch_norm_backward (sbnBackward)", c._h)
+    _call_comm(c, _bwd_c, "syncbn.batch_norm_backward (sbnBackward)", _desc(x, layout), x.data_ptr(),
+               dy.data_ptr(), dx.data_ptr() if input_grad else None, _ptr(w32), sp, sp + 4 * st.stride(0), dwp,
+               dbp, _param(eps, 0.1), _stream(x))
     return dx, dwb
 
 

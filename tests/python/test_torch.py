@@ -494,6 +494,61 @@ class TestTorch(unittest.TestCase):
             c.destroy()
         self.assertIn("destroyed", repr(comms[0]))
 
+    def test_destroy_while_an_operator_call_enters(self):
+        """The Python operators (the fallback; and every kernel of the fused layer's Python
+        path): destroy() from another thread between an operator's taking the comm's handle
+        and the library's call is refused (sbnInvalidUsage), and the call runs on the live
+        comm with the right values. Before, the operators read the handle bare: the destroy
+        went through and the call handed the library a freed comm."""
+        from syncbn import _fused, _ops
+
+        comm = syncbn.cpu_team(1)[0]
+        torch.manual_seed(11)
+        x, dy, z = torch.randn(3, 2, 5), torch.randn(3, 2, 5), torch.randn(3, 2, 5)
+        w, b = torch.rand(2) + 0.5, torch.rand(2)
+        ref = torch.nn.functional.batch_norm(x.double(), None, None, w.double(), b.double(), True, 0.1, 1e-5)
+        stats = _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, comm.id)[1]
+        relu, none = _fused.ACTIVATIONS["relu"], _fused.ACTIVATIONS["identity"]
+        calls = [
+            (_ops, "_fwd_c", lambda: _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, comm.id)[0]),
+            (_ops, "_bwd_c", lambda: _ops._backward_kernel(dy, x, w, stats, 1e-5, comm.id, True, True)[0]),
+            (_fused, "_fwdx_c", lambda: _fused._train_kernel(x, z, w, b, None, None, None, 1e-5, 0.1, comm.id,
+                                                              relu, 0.0, False)[0]),
+            (_fused, "_bwdx_c", lambda: _fused._backward_kernel(dy, x, None, w, b, stats, 1e-5, comm.id, none, 0.0,
+                                                                 True, False, True)[0]),
+        ]
+        expected = [ref, None, torch.relu(ref + z.double()), None]
+        try:
+            for (module, name, call), want in zip(calls, expected):
+                real, seen = getattr(module, name), []
+
+                def entering(h, *args, real=real, seen=seen):  # the call, handle taken, library not yet called
+                    t = threading.Thread(target=lambda: seen.append(TestTorch._destroy_result(comm)))
+                    t.start()
+                    t.join()
+                    return real(h, *args)
+
+                setattr(module, name, entering)
+                try:
+                    got = call()
+                finally:
+                    setattr(module, name, real)
+                self.assertEqual(seen, ["sbnInvalidUsage"], name)
+                if want is not None:
+                    torch.testing.assert_close(got.double(), want, rtol=3e-5, atol=3e-5)
+                self.assertEqual(comm.rank, 0)  # live
+        finally:
+            comm.destroy()
+        self.assertIn("destroyed", repr(comm))
+
+    @staticmethod
+    def _destroy_result(comm):
+        try:
+            comm.destroy()
+        except syncbn.SyncBNError as e:
+            return e.name
+        return "destroyed"
+
     def test_momentum_none_without_num_batches_tracked(self):
         """momentum None with num_batches_tracked set to None (a checkpoint without it, a
         framework that drops it): nn.BatchNorm's factor is then 0, so the running statistics
