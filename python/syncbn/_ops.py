@@ -488,6 +488,17 @@ def _twice(x, weight):
     return x.requires_grad or (weight is not None and weight.requires_grad)
 
 
+def _no_stats_grad(who, rm, rv):
+    """The running statistics are never differentiable: one that requires grad, with grad
+    mode on, is refused before the call, as nn.BatchNorm's native_batch_norm refuses it,
+    where its gradient was silently None. The C++ operators' no_stats_grad. (Not in the
+    autograd.Functions' forward: grad mode is off there, and a call under no_grad is fine.)"""
+    if torch.is_grad_enabled() and ((rm is not None and rm.requires_grad) or (rv is not None and rv.requires_grad)):
+        name = "running_mean" if rm is not None and rm.requires_grad else "running_var"
+        raise RuntimeError(f"syncbn.{who} is not differentiable with respect to argument '{name}' (as "
+                           "nn.BatchNorm's native_batch_norm is not): this input cannot have requires_grad True")
+
+
 def _forward_call(fn, below, args):
     """fn(*args): dispatched past autograd when `below` (the operators, called from their
     Autograd kernel), else as it is (the kernels, from the layer's eager calls)."""
@@ -593,6 +604,7 @@ def _autograd_kernels(train, backward, infer):
     infer_fn = _infer_function(infer, below=True)
 
     def train_autograd(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
+        _no_stats_grad("batch_norm_train", running_mean, running_var)
         out = train_fn.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
         _bump(running_mean, running_var, nbt)
         return out
@@ -606,6 +618,7 @@ def _autograd_kernels(train, backward, infer):
             return backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
 
     def infer_autograd(x, running_mean, running_var, weight, bias, eps):
+        _no_stats_grad("batch_norm_infer", running_mean, running_var)
         return infer_fn.apply(x, running_mean, running_var, weight, bias, eps)
 
     return {"batch_norm_train": train_autograd, "batch_norm_backward": backward_autograd,
@@ -626,6 +639,7 @@ def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, 
     time); the C++ operators' own below."""
     if _transforms():
         return batch_norm_train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
+    _no_stats_grad("batch_norm_train", running_mean, running_var)
     y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     _bump(running_mean, running_var, nbt)
     return y
@@ -635,6 +649,7 @@ def infer_eager(x, running_mean, running_var, weight, bias, eps):
     """batch_norm_infer by its kernel without the dispatcher (as train_eager)."""
     if _transforms():
         return batch_norm_infer(x, running_mean, running_var, weight, bias, eps)
+    _no_stats_grad("batch_norm_infer", running_mean, running_var)
     return _InferEager.apply(x, running_mean, running_var, weight, bias, eps)
 
 

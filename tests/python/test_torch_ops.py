@@ -765,15 +765,71 @@ class TestAutogradAndLifetimes(unittest.TestCase):
             torch.func.jvp(lambda v: _ops.batch_norm_train(v, None, None, None, None, None, 1e-5, 0.1,
                                                            self.comm.id)[0], (x,), (t,))
 
-    def test_requires_grad_from_any_tensor_argument(self):
-        """An output requires grad when any tensor argument does (running statistics too,
-        as an autograd.Function decides); they get no gradient."""
+    def test_running_statistics_not_differentiable(self):
+        """A running statistic that requires grad (computed from parameters: functional_call,
+        meta-learning) is refused, in training and in eval, plain and fused, by the
+        operators and by the layer's eager calls, as nn.BatchNorm's native_batch_norm refuses
+        it; training writes nothing first. Before, its gradient was silently None (zeros
+        under torch.func.grad). Under no_grad it is a plain input."""
+        from syncbn import _fused
+
         x = torch.randn(4, 3)
-        rm, rv = torch.zeros(3, requires_grad=True), torch.ones(3)
-        self.assertTrue(_ops.batch_norm_infer(x, rm, rv, None, None, 1e-5).requires_grad)
-        with torch.no_grad():
-            self.assertFalse(_ops.batch_norm_infer(x, rm, rv, None, None, 1e-5).requires_grad)
-        self.assertFalse(_ops.batch_norm_infer(x, rm.detach(), rv, None, None, 1e-5).requires_grad)
+        for name in ("running_mean", "running_var"):
+            p = torch.zeros(3, requires_grad=True)
+            rm, rv = (p + 0.5, torch.ones(3)) if name == "running_mean" else (torch.zeros(3), p + 1.0)
+            rm0, rv0, nbt = rm.detach().clone(), rv.detach().clone(), torch.zeros((), dtype=torch.long)
+            calls = {
+                "batch_norm_infer": lambda: _ops.batch_norm_infer(x, rm, rv, None, None, 1e-5),
+                "batch_norm_train": lambda: _ops.batch_norm_train(x, None, None, rm, rv, nbt, 1e-5, 0.1,
+                                                                  self.comm.id),
+                "batch_norm_act_infer": lambda: _fused.batch_norm_act_infer(x, None, rm, rv, None, None, 1e-5, 1,
+                                                                            0.0),
+                "batch_norm_act_train": lambda: _fused.batch_norm_act_train(x, None, None, None, rm, rv, nbt, 1e-5,
+                                                                            0.1, self.comm.id, 1, 0.0, False),
+            }
+            for who, call in calls.items():
+                with self.assertRaisesRegex(RuntimeError, f"syncbn.{who} is not differentiable with respect to "
+                                                          f"argument '{name}'"):
+                    call()
+                self.assertTrue(torch.equal(rm.detach(), rm0) and torch.equal(rv.detach(), rv0))
+                self.assertEqual(int(nbt), 0)
+                with torch.no_grad():
+                    out = call()
+                self.assertFalse((out if isinstance(out, torch.Tensor) else out[0]).requires_grad)
+                with torch.no_grad():
+                    rm.copy_(rm0), rv.copy_(rv0), nbt.zero_()
+            for activation in ("identity", "relu"):
+                m = sbt.SyncBatchNorm(3, comm=self.comm, activation=activation)
+                for training in (True, False):
+                    m.train(training)
+                    with self.assertRaisesRegex(RuntimeError, f"is not differentiable with respect to argument "
+                                                              f"'{name}'"):
+                        torch.func.functional_call(m, {name: p + (0.5 if name == "running_mean" else 1.0)}, (x,))
+                    self.assertEqual(int(m.num_batches_tracked), 0)
+
+    def test_jacrev_through_training_layer(self):
+        """jacrev of a training layer (the rows of its vjp under vmap) on the C++ operators
+        against nn.BatchNorm2d's in float64, plain and fused (relu: nn.BatchNorm2d then
+        relu); their once_differentiable took the gradients' tensor_data(), which a
+        batched tensor refuses ("accessing 'data' under vmap transform is not allowed").
+        The Python operators take no torch.func transform but vmap (PyTorch's error)."""
+        torch.manual_seed(8)
+        x = torch.randn(2, 3, 2, 2)
+        for activation in ("identity", "relu"):
+            m = sbt.SyncBatchNorm(3, comm=self.comm, activation=activation, track_running_stats=False)
+            ref = torch.nn.BatchNorm2d(3, track_running_stats=False).double()
+
+            def f(v, ref=ref, act=activation):
+                return torch.relu(ref(v)) if act == "relu" else ref(v)
+
+            if _ops.NATIVE is None:
+                with self.assertRaisesRegex(RuntimeError, "setup_context"):
+                    torch.func.jacrev(m)(x)
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # PyTorch's per-row fallback of the backward operators
+                got = torch.func.jacrev(m)(x)
+            torch.testing.assert_close(got.double(), torch.func.jacrev(f)(x.double()), rtol=1e-5, atol=1e-5)
 
     def test_momentum_none_without_running_statistics(self):
         """momentum=None with track_running_stats=False trains as nn.BatchNorm1d does (no

@@ -237,6 +237,20 @@ void no_forward_ad(const char* who, std::initializer_list<const optional<Tensor>
       fail(std::string("syncbn.") + who + ": forward-mode AD (jvp, dual tensors) is not implemented");
 }
 
+// The running statistics are buffers the op reads (and in training writes), never
+// differentiable: one that requires grad (a running mean computed from parameters, as in
+// functional_call; torch.func.grad taken to it) is refused, as nn.BatchNorm's
+// native_batch_norm refuses it, where its gradient was silently dropped (None or zeros).
+void no_stats_grad(const char* who, const optional<Tensor>& rm, const optional<Tensor>& rv) {
+  if (!at::GradMode::is_enabled()) return;
+  const char* name = rm.has_value() && rm->defined() && rm->requires_grad()   ? "running_mean"
+                     : rv.has_value() && rv->defined() && rv->requires_grad() ? "running_var"
+                                                                              : nullptr;
+  if (name != nullptr)
+    fail(std::string("syncbn.") + who + " is not differentiable with respect to argument '" + name +
+         "' (as nn.BatchNorm's native_batch_norm is not): this input cannot have requires_grad True");
+}
+
 // ---- argument checks (_ops.py's, with its messages) -----------------------------------
 bool supported(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
@@ -988,11 +1002,13 @@ void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor&
       "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
       "create_graph=True and torch.func.grad differentiate the backward)",
       torch::autograd::collect_next_edges(dy, x, weight));
-  // on a shallow alias of each: should a gradient be a tensor the caller holds (the
-  // incoming one itself), its own history stays as it is
+  // on an alias of each: should a gradient be a tensor the caller holds (the incoming one
+  // itself), its own history stays as it is. detach(), not tensor_data(): under vmap (the
+  // rows of jacrev, vmap of a vjp function) a gradient is a batched tensor, whose
+  // tensor_data() raises "accessing 'data' under vmap transform is not allowed"
   for (Tensor& t : outputs)
     if (t.defined()) {
-      t = t.tensor_data();
+      t = t.detach();
       torch::autograd::set_history(t, err);
     }
 }
@@ -1038,6 +1054,7 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
   const optional<Tensor> xo(x);
   const bool grad = any_requires_grad({&xo, &weight, &bias, &rm, &rv});
   no_forward_ad("batch_norm_train", {&xo, &weight, &bias});
+  no_stats_grad("batch_norm_train", rm, rv);
   Tensor y, stats;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -1121,6 +1138,7 @@ Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const
   const optional<Tensor> xo(x), rmo(rm), rvo(rv);
   const bool grad = any_requires_grad({&xo, &weight, &bias, &rmo, &rvo});
   no_forward_ad("batch_norm_infer", {&xo, &weight, &bias});
+  no_stats_grad("batch_norm_infer", rmo, rvo);
   Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -1186,6 +1204,7 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
   const optional<Tensor> xo(x);
   const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rm, &rv});
   no_forward_ad("batch_norm_act_train", {&xo, &z, &weight, &bias});
+  no_stats_grad("batch_norm_act_train", rm, rv);
   Tensor y, stats;
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -1267,6 +1286,7 @@ Tensor act_infer_autograd(const Tensor& x, const optional<Tensor>& z, const Tens
   const optional<Tensor> xo(x), rmo(rm), rvo(rv);
   const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rmo, &rvo});
   no_forward_ad("batch_norm_act_infer", {&xo, &z, &weight, &bias});
+  no_stats_grad("batch_norm_act_infer", rmo, rvo);
   Tensor y;
   {
     at::AutoDispatchBelowADInplaceOrView below;
