@@ -639,8 +639,19 @@ def _swap_modules(module, swap, done):
     return out
 
 
+def _take_hooks(out, m):
+    """out with m's hooks: the dicts themselves (a handle that registered a hook on m
+    removes it from out), and whether its backward hooks are full ones."""
+    for name, value in vars(m).items():
+        if "hooks" in name and isinstance(value, dict) or name == "_is_full_backward_hook":
+            out.__dict__[name] = value
+
+
 def _take_state(out, m):
-    """out with m's parameters (the same tensors), buffers, training mode and qconfig."""
+    """out with m's parameters (the same tensors), buffers, training mode, qconfig and hooks
+    (_take_hooks; PyTorch's converter drops them, and a feature or distillation hook then
+    stopped seeing the layer without a word)."""
+    _take_hooks(out, m)
     if m.affine:
         with torch.no_grad():
             out.weight = m.weight
@@ -962,12 +973,10 @@ def _take_block(out, block, hooks=False):
         if child is not None:
             out.add_module(name, child)
     for name, value in vars(block).items():
-        if name in block._modules or name in ("training", "block_type"):
-            continue
-        if not name.startswith("_"):
+        if name not in block._modules and name not in ("training", "block_type") and not name.startswith("_"):
             setattr(out, name, value)
-        elif hooks and ("hooks" in name and isinstance(value, dict) or name == "_is_full_backward_hook"):
-            out.__dict__[name] = value
+    if hooks:
+        _take_hooks(out, block)
     out.training = block.training
 
 
@@ -1288,8 +1297,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     inplace = _flag(inplace, "inplace", "syncbn.torch.convert_fused")  # before anything changes
     if relu_as_leaky is not None:
         relu_as_leaky = _leaky_slope(relu_as_leaky)
-    # hooks on the batch norms before their conversion (which, as PyTorch's, does not
-    # carry them over): a hook sees the output, so such a layer keeps it to itself
+    # hooked modules (the batch norms keep their hooks through the conversion): a hook
+    # sees the output, so such a layer keeps it to itself
     hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]
     module = convert_sync_batchnorm(module, process_group, comm)
     if _global_hooks():

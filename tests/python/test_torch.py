@@ -494,6 +494,45 @@ class TestTorch(unittest.TestCase):
             c.destroy()
         self.assertIn("destroyed", repr(comms[0]))
 
+    def test_convert_keeps_hooks(self):
+        """A batch norm's hooks (forward, pre-forward, full backward, state_dict) move with it
+        through convert_sync_batchnorm and back through revert_sync_batchnorm: they see the
+        new layer and its output, and the handles given for the original remove them from
+        it. Before, the converted layer had none (as PyTorch's converter leaves it), and a
+        feature hook stopped firing without a word."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            torch.manual_seed(9)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4))
+            seen = []
+            h = model[1].register_forward_hook(lambda m, inp, out: seen.append(("fwd", type(m), out.detach())))
+            model[1].register_forward_pre_hook(lambda m, inp: seen.append(("pre", type(m), None)))
+            model[1].register_full_backward_hook(lambda m, gin, gout: seen.append(("bwd", type(m), gout[0])))
+            model[1]._register_state_dict_hook(lambda m, sd, prefix, local: sd.__setitem__(prefix + "seen", 1))
+            conv = sbt.convert_sync_batchnorm(model, comm=comm)
+            self.assertIsInstance(conv[1], sbt.SyncBatchNorm)
+            x = torch.randn(2, 3, 3, 3, requires_grad=True)
+            y = conv(x)
+            y.sum().backward()
+            self.assertEqual([(k, t) for k, t, _ in seen], [("pre", sbt.SyncBatchNorm), ("fwd", sbt.SyncBatchNorm),
+                                                            ("bwd", sbt.SyncBatchNorm)])
+            self.assertTrue(torch.equal(seen[1][2], y.detach()))
+            torch.testing.assert_close(seen[2][2], torch.ones_like(y))
+            self.assertIn("1.seen", conv.state_dict())
+            h.remove()
+            seen.clear()
+            conv(x)
+            self.assertEqual([k for k, _, _ in seen], ["pre"])
+            back = sbt.revert_sync_batchnorm(conv)
+            self.assertIs(type(back[1]), torch.nn.BatchNorm2d)
+            seen.clear()
+            back(x).sum().backward()
+            self.assertEqual([(k, t) for k, t, _ in seen], [("pre", torch.nn.BatchNorm2d),
+                                                            ("bwd", torch.nn.BatchNorm2d)])
+            self.assertIn("1.seen", back.state_dict())
+        finally:
+            comm.destroy()
+
     def test_destroy_while_an_operator_call_enters(self):
         """The Python operators (the fallback; and every kernel of the fused layer's Python
         path): destroy() from another thread between an operator's taking the comm's handle
