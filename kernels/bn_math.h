@@ -44,7 +44,7 @@ SBN_HD sbn_welford_t sbn_welford_empty(void) {
 /* Welford's update: one element. Stable for large offsets (x = 1e4 + N(0,1)) where
    E[x^2] - E[x]^2 in fp32 loses every significant digit. Feed it x - shift (see
    sbn_partial_from_shifted), keep the runs short (a chunk per thread) and combine runs
-   with sbn_welford_merge: one very long fp32 run drifts. */
+   with sbn_partial_merge: one very long fp32 run drifts. */
 SBN_HD void sbn_welford_push(sbn_welford_t* w, float x) {
   w->count += 1.0f;
   float delta = x - w->mean;
@@ -67,9 +67,12 @@ SBN_HD sbn_welford_t sbn_welford_merge(sbn_welford_t a, sbn_welford_t b) {
 }
 
 /* A rank's partial of one channel as exchanged between ranks: count, the mean as an
-   unevaluated sum hi + lo (|lo| <= ulp(hi)/2, so a mean of 1e4 keeps ~1e-11 absolute
-   precision instead of fp32's 5e-4), and M2. Merging ranks' partials with a plain fp32
-   mean would put that 5e-4 into every cross-rank delta and into y = x - mean. */
+   unevaluated sum hi + lo (|lo| <= ulp(hi)/2: a mean of 1e4 is held to ~1e-11, where
+   fp32 rounds it by up to 5e-4), and M2. Merging ranks' partials with a plain fp32 mean
+   would put that 5e-4 into every cross-rank delta and into y = x - mean. What hi + lo
+   holds is within a few u (2^-24) of the elements' spread of the exact mean, not of the
+   mean's size: each Welford run is short and shifted by its own first element
+   (sbn_partial_from_shifted), and sbn_partial_merge's rounding is bounded by the spread. */
 typedef struct {
   float count;
   float mean_hi;
@@ -87,8 +90,12 @@ SBN_HD float sbn_two_sum(float a, float b, float* err) {
 }
 
 /* The partial of elements x = shift + x' from the Welford state of x'. Callers pick
-   shift = one of the elements (the rank's first of the channel): then x - shift is exact
-   when x is within a factor 2 of shift, and the Welford run sees small, centered values. */
+   shift = one of the run's elements (its first): then x - shift is exact when x is within
+   a factor 2 of shift, and the Welford run sees small, centered values. The run's fp32
+   mean of x' is good to ~u |mean - shift|, which a shift far from the rest (an outlier
+   first) makes large: the run must be short, so that its share of the team's mean is
+   small (one shift for 2^24 elements, an outlier 1000 among 1e4 + N(0, 1), put 6e-4 into
+   the mean: test_forward's test_outlier_first). */
 SBN_HD sbn_partial_t sbn_partial_from_shifted(sbn_welford_t w, float shift) {
   sbn_partial_t p;
   p.count = w.count;
@@ -98,38 +105,57 @@ SBN_HD sbn_partial_t sbn_partial_from_shifted(sbn_welford_t w, float shift) {
   return p;
 }
 
-/* Chan merge of two partials with the mean kept as hi + lo. Either may be empty. */
+/* Chan merge of two partials with the mean kept as hi + lo. Either may be empty.
+   The mean moves from the side with more elements (a on a tie), by delta times the other
+   side's share w <= 1/2: that product's rounding, ~u |delta| w, is below u times the
+   union's standard deviation, which is at least |delta| sqrt(w / 2). Moved from the
+   smaller side (share near 1) the rounding is u |delta| whatever the spread: one element
+   of 1e4 merged with 3e6 values of mean 0 put 1e-3 into the mean, 1e-4 of the standard
+   deviation (test_forward: test_uneven_ranks_far_apart). M2's term delta^2 * big * ws is
+   formed as (delta * ws) * delta * big: it overflows only where the term does (delta^2
+   * big first overflowed for one value of 3e16 beside 2^20 values near 0). */
 SBN_HD sbn_partial_t sbn_partial_merge(sbn_partial_t a, sbn_partial_t b) {
   if (b.count == 0.0f) return a;
   if (a.count == 0.0f) return b;
+  const int swap = b.count > a.count;
+  const sbn_partial_t big = swap ? b : a, small = swap ? a : b;
   sbn_partial_t r;
   r.count = a.count + b.count;
   float dlo;
-  float dhi = sbn_two_sum(b.mean_hi, -a.mean_hi, &dlo);
-  float delta = dhi + (dlo + (b.mean_lo - a.mean_lo));
-  float wb = b.count / r.count;
+  float dhi = sbn_two_sum(small.mean_hi, -big.mean_hi, &dlo);
+  float delta = dhi + (dlo + (small.mean_lo - big.mean_lo));
+  float ws = small.count / r.count;
+  float dws = SBN_MUL(delta, ws);
   float lo;
-  r.mean_hi = sbn_two_sum(a.mean_hi, a.mean_lo + SBN_MUL(delta, wb), &lo);
+  r.mean_hi = sbn_two_sum(big.mean_hi, big.mean_lo + dws, &lo);
   r.mean_lo = lo;
-  r.m2 = a.m2 + b.m2 + SBN_MUL(SBN_MUL(SBN_MUL(delta, delta), a.count), wb);
+  r.m2 = a.m2 + b.m2 + SBN_MUL(SBN_MUL(dws, delta), big.count);
   return r;
 }
 
-/* 1 / sqrt(var + eps): training (biased batch variance) and inference (running_var). */
+/* 1 / sqrt(var + eps): inference (running_var); training's is sbn_batch_invstd. */
 SBN_HD float sbn_invstd(float var, float eps) { return 1.0f / sqrtf(var + eps); }
 
 /* Per-channel scale of the normalization, weight * invstd (weight 1 when affine=False). */
 SBN_HD float sbn_scale(float weight, float invstd) { return SBN_MUL(weight, invstd); }
 
 /* The team's statistics of one channel from the merged partial and the exact global
-   count M. M == 0: mean 0, invstd 1/sqrt(eps), var_unbiased 0 (callers leave running
-   stats alone then). M == 1 is rejected before this is called. */
+   count M. M == 0: mean 0, invstd 1/sqrt(eps) (inf for eps 0), var_unbiased 0 (callers
+   leave running stats alone then). M == 1 is rejected before this is called. */
 typedef struct {
   float mean;         /* fp32 mean: save_mean, running_mean */
-  float mean_lo;      /* mean_hi + mean_lo is the mean to ~1e-11 relative: for y */
-  float invstd;       /* 1 / sqrt(var_biased + eps) */
+  float mean_lo;      /* mean_hi + mean_lo: the mean to a few u of the spread, for y */
+  float invstd;       /* 1 / sqrt(var_biased + eps); 0 where both are 0 (PyTorch's) */
   float var_unbiased; /* var_biased * M / (M - 1), for the running stats */
 } sbn_stats_t;
+
+/* The batch's invstd: 1 / sqrt(var + eps), and 0 where var and eps are both 0 (a constant
+   channel with eps = 0), as PyTorch's batch norm: y is then the bias and dx 0, where
+   1 / sqrt(0) made y, dx and dweight NaN. Inference keeps sbn_invstd, as PyTorch's
+   evaluated batch norm does. */
+SBN_HD float sbn_batch_invstd(float var, float eps) {
+  return (var == 0.0f && eps == 0.0f) ? 0.0f : sbn_invstd(var, eps);
+}
 
 SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
   sbn_stats_t s;
@@ -147,7 +173,7 @@ SBN_HD sbn_stats_t sbn_stats_finalize(sbn_partial_t g, int64_t m, float eps) {
   float var = m2 / (float)m;
   s.mean = g.mean_hi;
   s.mean_lo = g.mean_lo;
-  s.invstd = sbn_invstd(var, eps);
+  s.invstd = sbn_batch_invstd(var, eps);
   s.var_unbiased = m > 1 ? m2 / (float)(m - 1) : 0.0f;
   return s;
 }
@@ -337,11 +363,14 @@ SBN_HD float sbn_inv_slope(int act, float slope) { return act == SBN_ACT_LEAKY ?
    * |y|, which dividing by the weight makes an error of x_hat of up to unit * |bias| /
    |weight| (weight 0: y is the bias rounded, and keeps no x): beyond 1 below that line,
    where x_hat itself (mean 0, variance 1) is a better guess than what y gives (the bias's
-   own rounding divided by 1e-5 gave a bf16 dweight of 790 for an exact -2.2). A NaN weight
-   stays NaN. */
+   own rounding divided by 1e-5 gave a bf16 dweight of 790 for an exact -2.2). Also 0
+   where weight * invstd is 0 (invstd 0: a constant channel with eps = 0, whose y is the
+   bias and keeps no x; 1 / 0 made (y - bias) * inf NaN), as the x-based backward gives
+   there. A NaN weight stays NaN. */
 SBN_HD float sbn_recover_rcp(float weight, float bias, float unit, float min_weight, float invstd) {
   const float least = fmaxf(min_weight, SBN_MUL(unit, fabsf(bias)));
-  return fabsf(weight) < least ? 0.0f : 1.0f / SBN_MUL(weight, invstd);
+  const float s = SBN_MUL(weight, invstd);
+  return (fabsf(weight) < least || s == 0.0f) ? 0.0f : 1.0f / s;
 }
 
 /* x - mean recovered from the forward's output: (act^-1(y) - bias) * rcp, rcp =

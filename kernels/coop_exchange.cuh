@@ -383,6 +383,7 @@ SBN_UNROLL
     float v[kRec] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (active) {
       t = P::red(sm)[0][lane];
+SBN_UNROLL
       for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
       P::out(t, v);
     }

@@ -165,6 +165,7 @@ SBN_UNROLL
       /* the warps in order: the rank's values of the channel, which are the team's (a
          merge with the empty record of no other rank gives them back unchanged) */
       typename P::T t = P::red(sm)[0][lane];
+SBN_UNROLL
       for (int v = 1; v < kWarps; v++) t = P::merge(t, P::red(sm)[v][lane]);
       float d[kRec];
       P::out(t, d);

@@ -42,6 +42,7 @@ __device__ __forceinline__ void unit_coefs(const sbn_coop_rank_t& R, const sbn_g
   const int slot = u % kChunk;
   /* flush_planes: the warps' partials in warp order; the entry publish_chunk loads */
   typename P::T e = P::red(sm)[0][slot];
+SBN_UNROLL
   for (int w = 1; w < kWarps; w++) e = P::merge(e, P::red(sm)[w][slot]);
   /* publish_chunk: warp w merges the slices [P*w/8, P*(w+1)/8) (with P = 1, warp 7 the
      one slice), then the warps' results in order */

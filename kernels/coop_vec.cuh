@@ -586,6 +586,7 @@ SBN_UNROLL
       const int64_t c = (int64_t)grp * kChunk + lane;
       if (w == 0 && c < g.c) {
         typename P::T t = P::red(sm)[0][lane];
+SBN_UNROLL
         for (int q = 1; q < kWarps; q++) t = P::merge(t, P::red(sm)[q][lane]);
         P::put(part_entry(R, g, p, c), t);
       }
@@ -615,6 +616,7 @@ SBN_UNROLL
       const int v = u + lane, grp = v % g.ngroups, p = v / g.ngroups; /* as unit_rows */
       const int q = v % kChunk;
       typename P::T t = P::red(sm)[0][q];
+SBN_UNROLL
       for (int w = 1; w < kWarps; w++) t = P::merge(t, P::red(sm)[w][q]);
       P::put(part_entry(R, g, p, grp), t);
     }

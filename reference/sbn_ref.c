@@ -110,7 +110,8 @@ void sbn_ref_forward(int nranks, const sbnTensorDesc_t* descs, const void* const
         }
     }
     double var = total > 0 ? ss / (double)total : 0.0;
-    double is = 1.0 / sqrt(var + eps);
+    /* PyTorch's InvStd: 0 for a batch whose var and eps are both 0 */
+    double is = (total > 0 && var == 0.0 && eps == 0.0) ? 0.0 : 1.0 / sqrt(var + eps);
     mean[ci] = mu;
     invstd[ci] = is;
     var_unbiased[ci] = total > 1 ? ss / (double)(total - 1) : 0.0;

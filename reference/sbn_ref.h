@@ -27,7 +27,8 @@ int64_t sbn_ref_numel(const sbnTensorDesc_t* d);
 /* Index of (ni, ci, si) in a tensor of this descriptor's layout. */
 int64_t sbn_ref_index(const sbnTensorDesc_t* d, int64_t ni, int64_t ci, int64_t si);
 
-/* Training forward. mean, invstd (1/sqrt(var_biased+eps)), var_unbiased: [c] outputs
+/* Training forward. mean, invstd (1/sqrt(var_biased+eps); 0 where M > 0 and var_biased
+   and eps are both 0, as PyTorch's), var_unbiased: [c] outputs
    (var_unbiased is 0 when M < 2). *m = global count M. ys: NULL, or ys[r] = rank r's y
    (n*c*spatial doubles, rank r's layout), or ys[r] NULL to skip that rank. weight/bias
    NULL: affine=False. M == 0: mean 0, invstd 1/sqrt(eps). */

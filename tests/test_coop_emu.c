@@ -1761,6 +1761,79 @@ static void test_emulated_semantics(void) {
   }
 }
 
+/* The kernels on the CPU team's numeric edge cases (test_forward): two ranks far apart
+   and of very uneven size (one element of 1e5 to 7.7e5 and 2^20 of N(0, 1), in both
+   orders: the exchange's merge moves the mean from the larger rank, sbn_partial_merge); an outlier as
+   a rank's first element (each thread's run has its own shift); eps = 0 with a constant
+   channel (save_invstd 0, y the bias, dx and dweight 0, as PyTorch). */
+static void test_numeric_edges(void) {
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  emu_team_t e;
+  /* the rounding a merge from the small rank made is where the product falls between
+     two floats: three values of the element, so that one of them shows it plainly */
+  static const float far[3] = {1.0e5f, -3.3e5f, 7.7e5f};
+  for (int k = 0; k < 6; k++) {
+    const int big_first = k % 2;
+    const int64_t big = (int64_t)1 << 20;
+    int64_t n[2] = {big_first ? big : 1, big_first ? 1 : big};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 1, 1, n, 1, 1, GEN_NORMAL, 90u + (uint64_t)k);
+    team_drop_backward(&t);
+    const int one = big_first ? 1 : 0;
+    ((float*)t.x[one])[0] = ((float*)t.x0[one])[0] = far[k / 2];
+    emu_team_init(&e, 2, 1, 60000); /* a block a rank: the ranks' partials meet as they are */
+    emu_run_virtual(&e, &t, 0, &p);
+    check_forward(&t, &p, tol_tight_fp32());
+    emu_team_free(&e);
+    team_free(&t);
+    CHECK_();
+  }
+  {
+    int64_t n[1] = {1};
+    team_t t;
+    team_make(&t, 1, sbnFloat32, sbnLayoutNCHW, 1, (int64_t)1 << 18, n, 1, 1, GEN_OFFSET, 92);
+    team_drop_backward(&t);
+    ((float*)t.x[0])[0] = ((float*)t.x0[0])[0] = 1000.0f;
+    emu_team_init(&e, 1, 4, 60000);
+    emu_run_virtual(&e, &t, 0, &p);
+    check_forward(&t, &p, tol_tight_fp32());
+    emu_team_free(&e);
+    team_free(&t);
+    CHECK_();
+  }
+  {
+    sbnParams_t p0 = p;
+    p0.eps = 0.0f;
+    p0.grad_mode = sbnGradGlobal;
+    int64_t n[2] = {2, 3};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 3, 4, n, 1, 1, GEN_NORMAL, 93);
+    for (int r = 0; r < 2; r++)
+      for (int64_t i = 0; i < n[r] * 4; i++) ((float*)t.x[r])[i * 3] = ((float*)t.x0[r])[i * 3] = -2.0f;
+    emu_team_init(&e, 2, 2, 60000);
+    emu_run_virtual(&e, &t, 0, &p0);
+    check_forward(&t, &p0, tol_for(sbnFloat32));
+    CHECK_();
+    ASSERT_TRUE(t.sinv[0][0] == 0.0f && t.sinv[1][0] == 0.0f && isfinite(t.sinv[0][1]));
+    for (int recover = 0; recover < 2; recover++) { /* the x-based backward, then x from y */
+      emu_epi_t ep = {sbnActivationIdentity, 0.01f, 1, {NULL}, {t.y[0], t.y[1]}, {NULL}};
+      g_epi = recover ? &ep : NULL;
+      team_poison_bwd(&t);
+      emu_run_virtual(&e, &t, 1, &p0);
+      g_epi = NULL;
+      for (int r = 0; r < 2; r++) {
+        ASSERT_TRUE(t.dw[r][0] == 0.0f && isfinite(t.dw[r][1]) && isfinite(t.db[r][0]));
+        for (int64_t i = 0; i < n[r] * 4; i++) {
+          ASSERT_TRUE(((float*)t.y[r])[i * 3] == t.b[0] && ((float*)t.dx[r])[i * 3] == 0.0f);
+          ASSERT_TRUE(isfinite(((float*)t.dx[r])[i * 3 + 1]));
+        }
+      }
+    }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+}
+
 /* The stream forward's whole ReLU batches (a ReLU without z): y written over x gives the
    out-of-place bits (each batch is stored before the next one's loads), on a tile shape
    with several batches a thread, an fp32 plane one and a bf16 tile one; every y is >= 0
@@ -4232,6 +4305,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_fused_bytes, 0);
   EMU_TEST(test_fused_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
+  EMU_TEST(test_numeric_edges, 0);
   EMU_TEST(test_mismatch, 1);
   EMU_TEST(test_call_numbers, 1);
   EMU_TEST(test_layout_immaterial, 1);

@@ -403,11 +403,80 @@ static void test_count_past_2_24(void) {
   int64_t n[MAXW] = {1, 1};
   team_t t;
   team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 1, (1 << 23) + 5, n, 1, 1, GEN_OFFSET, 1600);
-  for (int r = 0; r < 2; r++) { /* backward buffers are not needed: save memory */
-    free(t.dy[r]), free(t.dy0[r]), free(t.dx[r]);
-    t.dy[r] = t.dy0[r] = t.dx[r] = NULL;
-  }
+  team_drop_backward(&t);
   forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+  team_free(&t);
+}
+
+/* Two ranks far apart and of very uneven size: one element of 1e4 (then 3e16) and 2^20
+   of N(0, 1), in both orders. The cross-rank merge moved the mean from the first rank by
+   delta times the second's share (~1): its rounding, ~u * 1e4 = 6e-4, was 3 times the
+   mean's tolerance (1e-5 of the spread, ~9.8). It now moves from the larger rank. At
+   3e16, M2's term formed as delta^2 * big * share overflowed (save_invstd 0, running_var
+   inf); it is formed as (delta * share) * delta * big. */
+static void test_uneven_ranks_far_apart(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  for (int k = 0; k < 4; k++) {
+    const int big_first = k % 2;
+    const int64_t big = (int64_t)1 << 20;
+    int64_t n[MAXW] = {big_first ? big : 1, big_first ? 1 : big};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 1, 1, n, 1, 1, GEN_NORMAL, 1700u + (uint64_t)big_first);
+    team_drop_backward(&t);
+    const int one = big_first ? 1 : 0;
+    ((float*)t.x[one])[0] = ((float*)t.x0[one])[0] = k < 2 ? 1.0e4f : 3.0e16f;
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol_tight_fp32());
+    team_free(&t);
+    CHECK_();
+  }
+}
+
+/* An outlier as a rank's first element: 2^22 elements of 1e4 + N(0, 1) after a first
+   one of 1000. The CPU team shifted the whole channel by its first element, so its fp32
+   Welford mean carried u * 9000 (5e-4; y off by 1.3e-4, 13 times its tolerance); each
+   chunk of 32 is shifted by its own first element now, as each GPU thread's run is. */
+static void test_outlier_first(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  int64_t n[MAXW] = {1};
+  team_t t;
+  team_make(&t, 1, sbnFloat32, sbnLayoutNCHW, 1, (int64_t)1 << 22, n, 1, 1, GEN_OFFSET, 1710);
+  team_drop_backward(&t);
+  ((float*)t.x[0])[0] = ((float*)t.x0[0])[0] = 1000.0f;
+  forward_and_check(&t, MODE_GROUP, 0, &p, tol_tight_fp32());
+  team_free(&t);
+}
+
+/* eps = 0 and a constant channel (var 0), beside a varying one: save_invstd 0 and y the
+   bias, as PyTorch's batch norm (its invstd is 0 where var and eps are both 0), where
+   1 / sqrt(0) made save_invstd inf and y, and the backward's dx and dweight, NaN. The
+   backward then gives dx 0 and dweight 0 for that channel. */
+static void test_eps0_constant_channel(void) {
+  sbnParams_t p = params(0.0f, 0.1f), pb = p;
+  pb.grad_mode = sbnGradGlobal;
+  int64_t n[MAXW] = {2, 3};
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 2, 4, n, 1, 1, GEN_NORMAL, 1720);
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < n[r]; i++)
+      for (int64_t s = 0; s < 4; s++) /* channel 0 of every element: 3 */
+        ((float*)t.x[r])[i * 8 + s] = ((float*)t.x0[r])[i * 8 + s] = 3.0f;
+  forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+  CHECK_();
+  ASSERT_TRUE(t.sinv[0][0] == 0.0f && t.sinv[1][0] == 0.0f);
+  ASSERT_TRUE(isfinite(t.sinv[0][1]) && t.sinv[0][1] > 0.0f);
+  ASSERT_TRUE(t.rv[0][0] == 0.9f * t.rv0[0]); /* + 0.1 * an unbiased variance of 0 */
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < n[r]; i++)
+      for (int64_t s = 0; s < 4; s++) ASSERT_TRUE(((float*)t.y[r])[i * 8 + s] == t.b[0]);
+  ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_TRUE(t.dw[r][0] == 0.0f && isfinite(t.db[r][0]) && isfinite(t.dw[r][1]));
+    for (int64_t i = 0; i < n[r]; i++)
+      for (int64_t s = 0; s < 4; s++) {
+        ASSERT_TRUE(((float*)t.dx[r])[i * 8 + s] == 0.0f);
+        ASSERT_TRUE(isfinite(((float*)t.dx[r])[i * 8 + 4 + s]));
+      }
+  }
   team_free(&t);
 }
 
@@ -506,6 +575,9 @@ int main(void) {
   SBN_RUN(test_inference_host);
   SBN_RUN(test_larger_shapes);
   SBN_RUN(test_count_past_2_24);
+  SBN_RUN(test_uneven_ranks_far_apart);
+  SBN_RUN(test_outlier_first);
+  SBN_RUN(test_eps0_constant_channel);
   team_comms_destroy();
   return sbn_test_exit();
 }

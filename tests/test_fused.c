@@ -48,6 +48,7 @@ typedef struct {
   void* z0[MAXW];
   void* dz[MAXW];
   epi_t e;
+  const sbnParams_t* p; /* the calls' params: NULL, the defaults */
 } fused_t;
 
 static void fused_make(fused_t* f, int W, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
@@ -90,11 +91,11 @@ static void* fused_call(void* arg) {
   if (a->kind == 0) {
     void* y = a->where == Y_IN_X ? t->x[r] : a->where == Y_IN_Z ? a->f->z[r] : t->y[r];
     a->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], a->f->z[r], y, t->w, t->b, t->rm[r], t->rv[r],
-                               &t->nbt[r], t->smean[r], t->sinv[r], NULL, &e, NULL);
+                               &t->nbt[r], t->smean[r], t->sinv[r], a->f->p, &e, NULL);
   } else {
     void* dz = a->where == 2 ? NULL : a->where == 1 ? t->dy[r] : a->f->dz[r];
     a->res = sbnBackwardEx(comm, &t->d[r], a->kind == 2 ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
-                           t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], NULL, &e, NULL);
+                           t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   }
   return NULL;
 }
@@ -428,6 +429,62 @@ static void test_inplace_backward_zero_weight(void) {
     }
 }
 
+/* eps = 0 and a constant channel: save_invstd 0 (PyTorch's rule), y the bias, and the
+   in-place backward (x NULL) gives what the x-based one gives there, dx and dweight 0,
+   where its factor 1 / (weight * 0) made them NaN (fp32: (y - bias) * inf with y the bias)
+   or inf (fp16, bf16). The other channel: finite, and in fp32 within the x-based
+   tolerances of the x-based backward (fp16 and bf16 recover x to their own rounding:
+   test_inplace_backward_within_bound's bound). */
+static void test_inplace_backward_eps0(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 0.2f}};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.eps = 0.0f;
+  int64_t n[MAXW] = {3, 2};
+  for (int d = 0; d < 3; d++)
+    for (int k = 0; k < 2; k++) {
+      fused_t f;
+      fused_make(&f, 2, dts[d], (sbnLayout_t)k, 2, 4, n, 1, 0, es[k], 5500u + (uint64_t)(d * 2 + k));
+      f.p = &p;
+      team_t* t = &f.t;
+      for (int r = 0; r < 2; r++)
+        for (int64_t i = 0; i < n[r]; i++)
+          for (int64_t s = 0; s < 4; s++) {
+            const int64_t at = sbn_ref_index(&t->d[r], i, 0, s);
+            sbn_ref_store(t->x[r], dts[d], at, 3.0);
+            sbn_ref_store(t->x0[r], dts[d], at, 3.0);
+          }
+      ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+      ASSERT_TRUE(t->sinv[0][0] == 0.0f && t->sinv[1][0] == 0.0f);
+      float dw_x[MAXW][2], db_x[MAXW][2];
+      void* dx_x[MAXW];
+      ASSERT_OK(fused_run(&f, 1, 2, NULL));
+      for (int r = 0; r < 2; r++) {
+        memcpy(dw_x[r], t->dw[r], sizeof dw_x[r]), memcpy(db_x[r], t->db[r], sizeof db_x[r]);
+        dx_x[r] = dup_mem(t->dx[r], team_bytes(t, r));
+      }
+      ASSERT_OK(fused_run(&f, 2, 2, NULL));
+      const tol_t tol = tol_for(dts[d]);
+      for (int r = 0; r < 2; r++) {
+        EXPECT_TRUE(t->dw[r][0] == 0.0f && dw_x[r][0] == 0.0f && isfinite(t->dw[r][1]));
+        if (dts[d] == sbnFloat32) ASSERT_CLOSE(t->dw[r][1], dw_x[r][1], tol.grad_atol, tol.grad_rtol);
+        ASSERT_CLOSE(t->db[r][0], db_x[r][0], tol.grad_atol, tol.grad_rtol);
+        for (int64_t i = 0; i < n[r]; i++)
+          for (int64_t s = 0; s < 4; s++) {
+            const int64_t a0 = sbn_ref_index(&t->d[r], i, 0, s), a1 = sbn_ref_index(&t->d[r], i, 1, s);
+            EXPECT_TRUE(sbn_ref_load(t->dx[r], dts[d], a0) == 0.0 && sbn_ref_load(dx_x[r], dts[d], a0) == 0.0);
+            ASSERT_TRUE(isfinite(sbn_ref_load(t->dx[r], dts[d], a1)));
+            if (dts[d] == sbnFloat32)
+              ASSERT_CLOSE(sbn_ref_load(t->dx[r], dts[d], a1), sbn_ref_load(dx_x[r], dts[d], a1), tol.out_atol,
+                           tol.out_rtol);
+          }
+        free(dx_x[r]);
+      }
+      fused_free(&f);
+      CHECK_();
+    }
+}
+
 /* What is refused, with nothing written: ReLU (not invertible) or a dz in the in-place
    backward, an activation without y, a bad epilogue; ranks whose activations differ. */
 static void test_refusals(void) {
@@ -697,6 +754,7 @@ int main(void) {
   SBN_RUN(test_identity_is_the_plain_op);
   SBN_RUN(test_inplace_backward_within_bound);
   SBN_RUN(test_inplace_backward_zero_weight);
+  SBN_RUN(test_inplace_backward_eps0);
   SBN_RUN(test_refusals);
   SBN_RUN(test_overlaps);
   SBN_RUN(test_relu_nan_and_aliasing);

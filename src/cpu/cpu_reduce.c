@@ -2,9 +2,10 @@
  * element loaders.
  *
  * Each channel's elements are visited in (n, spatial) order whatever the layout, in
- * chunks of SBN_CHUNK: a chunk is reduced sequentially (Welford / plain sums), chunks are
- * combined as a binary tree (a binary counter of merged levels, like pairwise summation),
- * so rounding error grows with log(count) and NCHW and NHWC give the same bits. Channels
+ * chunks of SBN_CHUNK: a chunk is reduced sequentially (Welford of x minus the chunk's
+ * first element / plain sums), chunks are combined as a binary tree (a binary counter of
+ * merged levels, like pairwise summation), so rounding error grows with log(count) and
+ * NCHW and NHWC give the same bits. Channels
  * are processed in blocks of SBN_CBLOCK so that NHWC rows are read contiguously and the
  * trees stay small enough for the stack; NCHW rows go SBN_ROWS channels at a time.
  */
@@ -15,7 +16,8 @@
 
 #define SBN_CHUNK 32
 #define SBN_CBLOCK 64
-#define SBN_LEVELS 48 /* 2^48 chunks: more than any int64 count of elements */
+#define SBN_LEVELS 48 /* 2^48 chunks, 2^53 elements of a channel on a rank: more than any
+                         addressable tensor holds */
 #define SBN_RUN 256   /* elements converted to fp32 at a time */
 #define SBN_ROWS 8    /* NCHW: channel rows reduced side by side, element by element, so the
                          core has 8 independent Welford chains (each channel's order is
@@ -45,49 +47,67 @@ void sbn_cpu_store(sbnDataType_t dt, void* base, int64_t start, int64_t count, c
 
 /* ---- forward: Welford chunks in a merge tree ---------------------------------------- */
 
+/* A full level's partial without its count, which is SBN_CHUNK * 2^level: 12 bytes a
+   level, so that the 64 trees of sbn_cpu_local_stats take no more of the calling thread's
+   stack than the plain Welford levels did (~47 KB in all; a 64 KB thread stack holds it). */
 typedef struct {
-  sbn_welford_t chunk;  /* the chunk being filled */
+  float mean_hi, mean_lo, m2;
+} level_t;
+
+typedef struct {
+  sbn_welford_t chunk;  /* the chunk being filled, of x - shift */
+  float shift;          /* the chunk's first element */
   uint64_t chunks;      /* completed chunks so far: its bits are the occupied levels */
-  sbn_welford_t level[SBN_LEVELS];
+  level_t level[SBN_LEVELS];
 } welford_tree_t;
+
+static sbn_partial_t level_get(const welford_tree_t* t, int l) {
+  sbn_partial_t p = {ldexpf((float)SBN_CHUNK, l), t->level[l].mean_hi, t->level[l].mean_lo, t->level[l].m2};
+  return p;
+}
 
 /* An empty tree. Its levels are left as they are: level l is read only when bit l of
    `chunks` is set, after a carry wrote it (zeroing all 48 cost a call on a small tensor
    more than its arithmetic: 4.7 KB for 8 channels). */
 static void welford_tree_start(welford_tree_t* t) {
   t->chunk = sbn_welford_empty();
+  t->shift = 0.0f;
   t->chunks = 0;
 }
 
+/* One element. Each chunk is shifted by its own first element, as each GPU thread's run
+   is: one shift for the channel (its first element) let an outlier there put
+   u |mean - shift| into the whole mean, 6e-4 for 2^24 elements of 1e4 + N(0, 1) after a
+   first element of 1000; now it weighs only in its chunk's share. */
 static void welford_tree_push(welford_tree_t* t, float v) {
-  sbn_welford_push(&t->chunk, v);
+  if (t->chunk.count == 0.0f) t->shift = v;
+  sbn_welford_push(&t->chunk, v - t->shift);
   if (t->chunk.count < (float)SBN_CHUNK) return;
-  sbn_welford_t w = t->chunk;
+  sbn_partial_t w = sbn_partial_from_shifted(t->chunk, t->shift);
   int l = 0;
-  for (uint64_t i = t->chunks; i & 1; i >>= 1, l++) w = sbn_welford_merge(t->level[l], w);
-  t->level[l] = w;
+  for (uint64_t i = t->chunks; i & 1; i >>= 1, l++) w = sbn_partial_merge(level_get(t, l), w);
+  t->level[l].mean_hi = w.mean_hi;
+  t->level[l].mean_lo = w.mean_lo;
+  t->level[l].m2 = w.m2;
   t->chunks++;
   t->chunk = sbn_welford_empty();
 }
 
-static sbn_welford_t welford_tree_result(const welford_tree_t* t) {
-  sbn_welford_t acc = t->chunk;
+static sbn_partial_t welford_tree_result(const welford_tree_t* t) {
+  sbn_partial_t acc = sbn_partial_from_shifted(t->chunk, t->shift);
   int l = 0;
   for (uint64_t i = t->chunks; i; i >>= 1, l++)
-    if (i & 1) acc = sbn_welford_merge(t->level[l], acc);
+    if (i & 1) acc = sbn_partial_merge(level_get(t, l), acc);
   return acc;
 }
 
 void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out) {
   welford_tree_t tree[SBN_CBLOCK];
-  float buf[SBN_ROWS][SBN_RUN], shift[SBN_CBLOCK];
+  float buf[SBN_ROWS][SBN_RUN];
   const int64_t n = d->n, c = d->c, sp = d->spatial;
   for (int64_t c0 = 0; c0 < c; c0 += SBN_CBLOCK) {
     int64_t cb = c - c0 < SBN_CBLOCK ? c - c0 : SBN_CBLOCK;
     for (int64_t j = 0; j < cb; j++) welford_tree_start(&tree[j]);
-    /* shift = the channel's element (n=0, s=0): the same element in both layouts */
-    for (int64_t j = 0; j < cb; j++)
-      sbn_cpu_load(d->dtype, x, d->layout == sbnLayoutNCHW ? (c0 + j) * sp : c0 + j, 1, &shift[j]);
     for (int64_t ni = 0; ni < n; ni++) {
       if (d->layout == sbnLayoutNCHW) {
         for (int64_t j0 = 0; j0 < cb; j0 += SBN_ROWS) {
@@ -98,18 +118,18 @@ void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out) {
               sbn_cpu_load(d->dtype, x, (ni * c + c0 + j0 + g) * sp + s0, len, buf[g]);
             for (int64_t i = 0; i < len; i++)
               for (int64_t g = 0; g < rows; g++)
-                welford_tree_push(&tree[j0 + g], buf[g][i] - shift[j0 + g]);
+                welford_tree_push(&tree[j0 + g], buf[g][i]);
           }
         }
       } else {
         for (int64_t si = 0; si < sp; si++) {
           sbn_cpu_load(d->dtype, x, (ni * sp + si) * c + c0, cb, buf[0]);
-          for (int64_t j = 0; j < cb; j++) welford_tree_push(&tree[j], buf[0][j] - shift[j]);
+          for (int64_t j = 0; j < cb; j++) welford_tree_push(&tree[j], buf[0][j]);
         }
       }
     }
     for (int64_t j = 0; j < cb; j++) {
-      sbn_partial_t p = sbn_partial_from_shifted(welford_tree_result(&tree[j]), shift[j]);
+      sbn_partial_t p = welford_tree_result(&tree[j]);
       out[3 * (c0 + j)] = p.mean_hi;
       out[3 * (c0 + j) + 1] = p.mean_lo;
       out[3 * (c0 + j) + 2] = p.m2;
