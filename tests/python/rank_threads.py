@@ -25,6 +25,16 @@ def run_ranks(n, fn):
     return errs
 
 
+def destroy_result(comm):
+    """comm.destroy()'s outcome: "destroyed", or the name of the SyncBNError it raised (the
+    tests of a destroy from another thread while a call has the comm)."""
+    try:
+        comm.destroy()
+    except syncbn.SyncBNError as e:
+        return e.name
+    return "destroyed"
+
+
 class TeamOfOne(unittest.TestCase):
     """A CPU team of one rank for the class's tests (self.comm)."""
 

@@ -29,6 +29,7 @@ import unittest
 import numpy as np
 
 import syncbn
+from rank_threads import destroy_result
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -270,7 +271,7 @@ class TestCapi(unittest.TestCase):
         seen = []
 
         def entering(h, out):  # the call, between taking the handle and the library
-            t = threading.Thread(target=lambda: seen.append(self._destroy_result(comm)))
+            t = threading.Thread(target=lambda: seen.append(destroy_result(comm)))
             t.start()
             t.join()
             return real(h, out)
@@ -285,14 +286,6 @@ class TestCapi(unittest.TestCase):
         comm.destroy()
         with self.assertRaises(syncbn.SyncBNError):
             comm.rank
-
-    @staticmethod
-    def _destroy_result(comm):
-        try:
-            comm.destroy()
-        except syncbn.SyncBNError as e:
-            return e.name
-        return "destroyed"
 
     def test_missing_rank_times_out(self):
         """One rank never calls: the other's call raises sbnTimeout (no hang)."""

@@ -21,7 +21,7 @@ import torch
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import run_ranks
+from rank_threads import destroy_result, run_ranks
 
 
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
@@ -562,7 +562,7 @@ class TestTorch(unittest.TestCase):
                 real, seen = getattr(module, name), []
 
                 def entering(h, *args, real=real, seen=seen):  # the call, handle taken, library not yet called
-                    t = threading.Thread(target=lambda: seen.append(TestTorch._destroy_result(comm)))
+                    t = threading.Thread(target=lambda: seen.append(destroy_result(comm)))
                     t.start()
                     t.join()
                     return real(h, *args)
@@ -579,14 +579,6 @@ class TestTorch(unittest.TestCase):
         finally:
             comm.destroy()
         self.assertIn("destroyed", repr(comm))
-
-    @staticmethod
-    def _destroy_result(comm):
-        try:
-            comm.destroy()
-        except syncbn.SyncBNError as e:
-            return e.name
-        return "destroyed"
 
     def test_momentum_none_without_num_batches_tracked(self):
         """momentum None with num_batches_tracked set to None (a checkpoint without it, a
