@@ -369,7 +369,7 @@ def _autograd_kernels(train, backward, infer):
 
     def train_autograd(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
                        inplace):
-        _ops._no_stats_grad("batch_norm_act_train", running_mean, running_var)
+        _ops._refusals("batch_norm_act_train", running_mean, running_var, x, z, weight, bias)
         out = train_fn.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
                              slope, inplace)
         _bump(running_mean, running_var, nbt)
@@ -386,7 +386,7 @@ def _autograd_kernels(train, backward, infer):
                             residual_grad, weight_grad)
 
     def infer_autograd(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
-        _ops._no_stats_grad("batch_norm_act_infer", running_mean, running_var)
+        _ops._refusals("batch_norm_act_infer", running_mean, running_var, x, z, weight, bias)
         return infer_fn.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
 
     return {"batch_norm_act_train": train_autograd, "batch_norm_act_backward": backward_autograd,
@@ -457,7 +457,7 @@ else:
         if _ops._transforms():
             return batch_norm_act_train(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm,
                                         activation, slope, inplace)[0]
-        _ops._no_stats_grad("batch_norm_act_train", running_mean, running_var)
+        _ops._refusals("batch_norm_act_train", running_mean, running_var, x, z, weight, bias)
         y = _TrainEager.apply(x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation,
                               slope, inplace)[0]
         _bump(running_mean, running_var, nbt)
@@ -466,7 +466,7 @@ else:
     def infer_eager(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
         if _ops._transforms():
             return batch_norm_act_infer(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
-        _ops._no_stats_grad("batch_norm_act_infer", running_mean, running_var)
+        _ops._refusals("batch_norm_act_infer", running_mean, running_var, x, z, weight, bias)
         return _InferEager.apply(x, z, running_mean, running_var, weight, bias, eps, activation, slope)
 
 

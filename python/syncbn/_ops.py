@@ -35,6 +35,7 @@ import re
 import warnings
 
 import torch
+from torch.autograd import forward_ad as _fwad
 
 from . import (FLOAT16, FLOAT32, BFLOAT16, GRAD_LOCAL, NCHW, NHWC, Comm, SyncBNError, SyncBNValueError, TensorDesc,
                _VALUE_ERRORS, _capi, _native, _raise)
@@ -488,15 +489,20 @@ def _twice(x, weight):
     return x.requires_grad or (weight is not None and weight.requires_grad)
 
 
-def _no_stats_grad(who, rm, rv):
-    """The running statistics are never differentiable: one that requires grad, with grad
-    mode on, is refused before the call, as nn.BatchNorm's native_batch_norm refuses it,
-    where its gradient was silently None. The C++ operators' no_stats_grad. (Not in the
-    autograd.Functions' forward: grad mode is off there, and a call under no_grad is fine.)"""
+def _refusals(who, rm, rv, *ts):
+    """What the autograd kernels refuse before the call (so that nothing is written), as the
+    C++ operators' no_stats_grad and no_forward_ad do: a running statistic that requires
+    grad, with grad mode on (never differentiable: nn.BatchNorm's native_batch_norm refuses
+    it; its gradient was silently None); a dual tensor among ts (forward-mode AD has no
+    formula here: PyTorch's generic NotImplementedError came after the forward had run and
+    written the running statistics). Not in the autograd.Functions' forward: grad mode is
+    off there, and the forward would have run before their jvp."""
     if torch.is_grad_enabled() and ((rm is not None and rm.requires_grad) or (rv is not None and rv.requires_grad)):
         name = "running_mean" if rm is not None and rm.requires_grad else "running_var"
         raise RuntimeError(f"syncbn.{who} is not differentiable with respect to argument '{name}' (as "
                            "nn.BatchNorm's native_batch_norm is not): this input cannot have requires_grad True")
+    if _fwad._current_level >= 0 and any(t is not None and _fwad.unpack_dual(t).tangent is not None for t in ts):
+        raise RuntimeError(f"syncbn.{who}: forward-mode AD (jvp, dual tensors) is not implemented")
 
 
 def _forward_call(fn, below, args):
@@ -604,7 +610,7 @@ def _autograd_kernels(train, backward, infer):
     infer_fn = _infer_function(infer, below=True)
 
     def train_autograd(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm):
-        _no_stats_grad("batch_norm_train", running_mean, running_var)
+        _refusals("batch_norm_train", running_mean, running_var, x, weight, bias)
         out = train_fn.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)
         _bump(running_mean, running_var, nbt)
         return out
@@ -618,7 +624,7 @@ def _autograd_kernels(train, backward, infer):
             return backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
 
     def infer_autograd(x, running_mean, running_var, weight, bias, eps):
-        _no_stats_grad("batch_norm_infer", running_mean, running_var)
+        _refusals("batch_norm_infer", running_mean, running_var, x, weight, bias)
         return infer_fn.apply(x, running_mean, running_var, weight, bias, eps)
 
     return {"batch_norm_train": train_autograd, "batch_norm_backward": backward_autograd,
@@ -639,7 +645,7 @@ def train_eager(x, weight, bias, running_mean, running_var, nbt, eps, momentum, 
     time); the C++ operators' own below."""
     if _transforms():
         return batch_norm_train(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
-    _no_stats_grad("batch_norm_train", running_mean, running_var)
+    _refusals("batch_norm_train", running_mean, running_var, x, weight, bias)
     y = _TrainEager.apply(x, weight, bias, running_mean, running_var, nbt, eps, momentum, comm)[0]
     _bump(running_mean, running_var, nbt)
     return y
@@ -649,7 +655,7 @@ def infer_eager(x, running_mean, running_var, weight, bias, eps):
     """batch_norm_infer by its kernel without the dispatcher (as train_eager)."""
     if _transforms():
         return batch_norm_infer(x, running_mean, running_var, weight, bias, eps)
-    _no_stats_grad("batch_norm_infer", running_mean, running_var)
+    _refusals("batch_norm_infer", running_mean, running_var, x, weight, bias)
     return _InferEager.apply(x, running_mean, running_var, weight, bias, eps)
 
 

@@ -765,6 +765,24 @@ class TestAutogradAndLifetimes(unittest.TestCase):
             torch.func.jvp(lambda v: _ops.batch_norm_train(v, None, None, None, None, None, 1e-5, 0.1,
                                                            self.comm.id)[0], (x,), (t,))
 
+    def test_dual_tensors_refused_before_anything_is_written(self):
+        """A layer in training given dual tensors (torch.autograd.forward_ad) raises that
+        forward-mode AD is not implemented, naming the operator, and writes nothing: the
+        running statistics and num_batches_tracked stay. On the Python operators PyTorch's
+        generic NotImplementedError ("You must implement the jvp function") came after the
+        forward had run and updated them."""
+        import torch.autograd.forward_ad as fwad
+
+        for activation in ("identity", "relu"):
+            m = sbt.SyncBatchNorm(3, comm=self.comm, activation=activation)
+            state = copy.deepcopy(m.state_dict())
+            with fwad.dual_level():
+                with self.assertRaisesRegex(RuntimeError, r"syncbn\.batch_norm(_act)?_train: forward-mode AD "
+                                                          r"\(jvp, dual tensors\) is not implemented"):
+                    m(fwad.make_dual(torch.randn(4, 3), torch.randn(4, 3)))
+            for k, v in m.state_dict().items():
+                self.assertTrue(torch.equal(v, state[k]), k)
+
     def test_running_statistics_not_differentiable(self):
         """A running statistic that requires grad (computed from parameters: functional_call,
         meta-learning) is refused, in training and in eval, plain and fused, by the
