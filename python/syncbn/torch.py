@@ -34,6 +34,7 @@ import numbers
 from collections import OrderedDict
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.autograd.forward_ad as _fwad
@@ -641,9 +642,18 @@ def _swap_modules(module, swap, done):
 
 def _take_hooks(out, m):
     """out with m's hooks: the dicts themselves (a handle that registered a hook on m
-    removes it from out), and whether its backward hooks are full ones."""
+    removes it from out), and whether its backward hooks are full ones. A hook PyTorch
+    keeps with a weak reference to its module (register_load_state_dict_pre_hook's
+    _WrappedHook) is pointed at out: it got m, and once m was collected, load_state_dict
+    raised "You are trying to call the hook of a dead Module!"."""
     for name, value in vars(m).items():
-        if "hooks" in name and isinstance(value, dict) or name == "_is_full_backward_hook":
+        if "hooks" in name and isinstance(value, dict):
+            out.__dict__[name] = value
+            for hook in value.values():
+                ref = getattr(hook, "module", None)
+                if getattr(hook, "with_module", False) and isinstance(ref, weakref.ref) and ref() is m:
+                    hook.module = weakref.ref(out)
+        elif name == "_is_full_backward_hook":
             out.__dict__[name] = value
 
 

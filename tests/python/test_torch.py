@@ -12,6 +12,7 @@ fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf
 """
 
 import copy
+import gc
 import threading
 import time
 import unittest
@@ -499,7 +500,9 @@ class TestTorch(unittest.TestCase):
         through convert_sync_batchnorm and back through revert_sync_batchnorm: they see the
         new layer and its output, and the handles given for the original remove them from
         it. Before, the converted layer had none (as PyTorch's converter leaves it), and a
-        feature hook stopped firing without a word."""
+        feature hook stopped firing without a word. A load_state_dict pre-hook (which
+        PyTorch keeps with a weak reference to its module) gets the new layer, also once
+        the original is collected."""
         comm = syncbn.cpu_team(1)[0]
         try:
             torch.manual_seed(9)
@@ -509,7 +512,13 @@ class TestTorch(unittest.TestCase):
             model[1].register_forward_pre_hook(lambda m, inp: seen.append(("pre", type(m), None)))
             model[1].register_full_backward_hook(lambda m, gin, gout: seen.append(("bwd", type(m), gout[0])))
             model[1]._register_state_dict_hook(lambda m, sd, prefix, local: sd.__setitem__(prefix + "seen", 1))
+            model[1].register_load_state_dict_pre_hook(lambda m, *args: seen.append(("load", type(m), None)))
             conv = sbt.convert_sync_batchnorm(model, comm=comm)
+            del model  # the original batch norm collected: a hook kept with a weak reference to it must not die
+            gc.collect()
+            conv.load_state_dict({k: v for k, v in conv.state_dict().items() if not k.endswith("seen")})
+            self.assertEqual(seen, [("load", sbt.SyncBatchNorm, None)])
+            seen.clear()
             self.assertIsInstance(conv[1], sbt.SyncBatchNorm)
             x = torch.randn(2, 3, 3, 3, requires_grad=True)
             y = conv(x)

@@ -983,8 +983,8 @@ struct SyncBNNode : public Node {
 };
 
 // Whether the output gets an autograd node: grad mode on and any tensor argument
-// requiring grad (the running statistics too, as an autograd.Function decides; they get
-// no gradient).
+// requiring grad (the running statistics' entries decide nothing: no_stats_grad refuses
+// them first).
 bool any_requires_grad(std::initializer_list<const optional<Tensor>*> ts) {
   if (!at::GradMode::is_enabled()) return false;
   for (const optional<Tensor>* t : ts)
