@@ -12,6 +12,7 @@ fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf
 """
 
 import copy
+import functools
 import gc
 import threading
 import time
@@ -512,7 +513,10 @@ class TestTorch(unittest.TestCase):
             model[1].register_forward_pre_hook(lambda m, inp: seen.append(("pre", type(m), None)))
             model[1].register_full_backward_hook(lambda m, gin, gout: seen.append(("bwd", type(m), gout[0])))
             model[1]._register_state_dict_hook(lambda m, sd, prefix, local: sd.__setitem__(prefix + "seen", 1))
-            model[1].register_load_state_dict_pre_hook(lambda m, *args: seen.append(("load", type(m), None)))
+            load_hook = getattr(model[1], "register_load_state_dict_pre_hook", None)  # public from PyTorch 2.5
+            if load_hook is None:
+                load_hook = functools.partial(model[1]._register_load_state_dict_pre_hook, with_module=True)
+            load_hook(lambda m, *args: seen.append(("load", type(m), None)))
             conv = sbt.convert_sync_batchnorm(model, comm=comm)
             del model  # the original batch norm collected: a hook kept with a weak reference to it must not die
             gc.collect()
