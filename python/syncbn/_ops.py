@@ -175,18 +175,12 @@ def _comm(comm_id, x, who):
 
 
 def _call_comm(c, fn, what, *args):
-    """fn(c's handle, *args), counted as c's call in flight (Comm._enter: a destroy() from
+    """fn(c's handle, *args) by Comm._call (counted as c's call in flight: a destroy() from
     another thread meanwhile is refused, where it could free the comm between reading the
-    handle and the library's call) and one at a time where c's calls are serialized;
-    SyncBNError naming `what` where it fails."""
-    h = c._enter()
-    try:
-        with c._serial:
-            r = fn(h, *args)
-            if r != 0:
-                _raise(r, what, h)
-    finally:
-        c._leave()
+    handle and the library's call; SyncBNError naming `what` where it fails), one at a time
+    where c's calls are serialized."""
+    with c._serial:
+        c._call(fn, what, *args)
 
 
 # ---- the C call's small structs, made once per distinct value ------------------------------
