@@ -982,9 +982,8 @@ struct SyncBNNode : public Node {
 #endif
 };
 
-// Whether the output gets an autograd node: grad mode on and any tensor argument
-// requiring grad (the running statistics' entries decide nothing: no_stats_grad refuses
-// them first).
+// Whether the output gets an autograd node: grad mode on and any differentiable tensor
+// argument requiring grad (a running statistic that does is refused: no_stats_grad).
 bool any_requires_grad(std::initializer_list<const optional<Tensor>*> ts) {
   if (!at::GradMode::is_enabled()) return false;
   for (const optional<Tensor>* t : ts)
@@ -1052,7 +1051,7 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
                                           const optional<Tensor>& rv, const optional<Tensor>& nbt, double eps,
                                           optional<double> momentum, int64_t comm) {
   const optional<Tensor> xo(x);
-  const bool grad = any_requires_grad({&xo, &weight, &bias, &rm, &rv});
+  const bool grad = any_requires_grad({&xo, &weight, &bias});
   no_forward_ad("batch_norm_train", {&xo, &weight, &bias});
   no_stats_grad("batch_norm_train", rm, rv);
   Tensor y, stats;
@@ -1136,7 +1135,7 @@ struct InferBackward : public SyncBNNode<InferBackward, 4> {
 Tensor infer_autograd(const Tensor& x, const Tensor& rm, const Tensor& rv, const optional<Tensor>& weight,
                       const optional<Tensor>& bias, double eps) {
   const optional<Tensor> xo(x), rmo(rm), rvo(rv);
-  const bool grad = any_requires_grad({&xo, &weight, &bias, &rmo, &rvo});
+  const bool grad = any_requires_grad({&xo, &weight, &bias});
   no_forward_ad("batch_norm_infer", {&xo, &weight, &bias});
   no_stats_grad("batch_norm_infer", rmo, rvo);
   Tensor y;
@@ -1202,7 +1201,7 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
                                               const optional<Tensor>& nbt, double eps, optional<double> momentum,
                                               int64_t comm, int64_t activation, double slope, bool inplace) {
   const optional<Tensor> xo(x);
-  const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rm, &rv});
+  const bool grad = any_requires_grad({&xo, &z, &weight, &bias});
   no_forward_ad("batch_norm_act_train", {&xo, &z, &weight, &bias});
   no_stats_grad("batch_norm_act_train", rm, rv);
   Tensor y, stats;
@@ -1284,7 +1283,7 @@ Tensor act_infer_autograd(const Tensor& x, const optional<Tensor>& z, const Tens
                           const optional<Tensor>& weight, const optional<Tensor>& bias, double eps,
                           int64_t activation, double slope) {
   const optional<Tensor> xo(x), rmo(rm), rvo(rv);
-  const bool grad = any_requires_grad({&xo, &z, &weight, &bias, &rmo, &rvo});
+  const bool grad = any_requires_grad({&xo, &z, &weight, &bias});
   no_forward_ad("batch_norm_act_infer", {&xo, &z, &weight, &bias});
   no_stats_grad("batch_norm_act_infer", rmo, rvo);
   Tensor y;
