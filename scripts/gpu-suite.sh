@@ -128,6 +128,18 @@ if [ "${1:-}" = prebuild ]; then
   DIR=${2:-build/prebuilt}
   DIR=${DIR%/}
   BUILD=build/prebuilt-build
+  # DIR is removed and made again: only an older prebuilt folder (its BUILD-INFO) or a
+  # new path, never a folder of anything else (a mistyped DIR is not a reason to lose it)
+  case "$DIR" in
+    "" | -* | . | .. | */. | */..)
+      echo "prebuild: DIR '${2:-}' is not a folder to build into (give a new path, e.g. build/prebuilt)" >&2
+      exit 2
+      ;;
+  esac
+  if [ -e "$DIR" ] && ! [ -f "$DIR/BUILD-INFO" ]; then
+    echo "prebuild: '$DIR' exists and is no prebuilt folder (no BUILD-INFO): not removed; give a new path" >&2
+    exit 2
+  fi
   rm -rf "$DIR" "$DIR.tar.xz" # first: no folder or archive of an older build is left if this one fails
   nccl=$(nccl_build_root) || exit 1
   [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
@@ -229,8 +241,6 @@ declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fus
 
 OUTDIR=${1:-gpu-out}
 shift || true
-mkdir -p "$OUTDIR"
-OUTDIR=$(cd "$OUTDIR" && pwd)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${DEFAULT_STEPS[@]}")
 
@@ -501,11 +511,29 @@ step_plot() {
 declare -A RESULT
 FAILED=0
 T0=$SECONDS
+# Every word checked before anything runs or is written: a mistyped OUTDIR or step stops
+# the run here (exit 2), not after the steps before it, and never leaves logs elsewhere.
+case "$OUTDIR" in
+  "" | -*)
+    echo "OUTDIR '$OUTDIR': give a folder first (e.g. gpu-out), then the steps (${DEFAULT_STEPS[*]})" >&2
+    exit 2
+    ;;
+esac
 for step in "${STEPS[@]}"; do
   if ! declare -F "step_$step" >/dev/null; then
     echo "unknown step '$step' (steps: ${DEFAULT_STEPS[*]})" >&2
     exit 2
   fi
+done
+# A prebuilt run archives OUTDIR's files and removes them (the device tool returns few
+# files): OUTDIR must then be new or empty, so that nothing else in it is taken.
+if [ $PREBUILT = 1 ] && [ -d "$OUTDIR" ] && [ -n "$(ls -A -- "$OUTDIR")" ]; then
+  echo "OUTDIR '$OUTDIR' is not empty: give a new folder (a prebuilt run packs everything in it into gpu-suite.tar.gz and removes the rest)" >&2
+  exit 2
+fi
+mkdir -p -- "$OUTDIR" && OUTDIR=$(cd -- "$OUTDIR" && pwd -P) && [ -n "$OUTDIR" ] ||
+  { echo "OUTDIR: cannot make or enter the folder" >&2; exit 2; }
+for step in "${STEPS[@]}"; do
   echo "==> $step"
   t0=$SECONDS
   if [ $PREBUILT = 1 ] && [ -n "${LIMITS[$step]:-}" ]; then
