@@ -128,19 +128,21 @@ if [ "${1:-}" = prebuild ]; then
   DIR=${2:-build/prebuilt}
   DIR=${DIR%/}
   BUILD=build/prebuilt-build
-  # DIR is removed and made again: only an older prebuilt folder (its BUILD-INFO) or a
-  # new path, never a folder of anything else (a mistyped DIR is not a reason to lose it)
+  # DIR is removed and made again: only an older prebuilt folder (its BUILD-INFO, or the
+  # mark of one whose prebuild stopped) or a new path, never a folder of anything else (a
+  # mistyped DIR is not a reason to lose it)
   case "$DIR" in
     "" | -* | . | .. | */. | */..)
       echo "prebuild: DIR '${2:-}' is not a folder to build into (give a new path, e.g. build/prebuilt)" >&2
       exit 2
       ;;
   esac
-  if [ -e "$DIR" ] && ! [ -f "$DIR/BUILD-INFO" ]; then
+  if [ -e "$DIR" ] && ! [ -f "$DIR/BUILD-INFO" ] && ! [ -f "$DIR/.prebuild-unfinished" ]; then
     echo "prebuild: '$DIR' exists and is no prebuilt folder (no BUILD-INFO): not removed; give a new path" >&2
     exit 2
   fi
   rm -rf "$DIR" "$DIR.tar.xz" # first: no folder or archive of an older build is left if this one fails
+  mkdir -p "$DIR" && : >"$DIR/.prebuild-unfinished" || exit 1 # until BUILD-INFO is written
   nccl=$(nccl_build_root) || exit 1
   [ -f "$nccl/include/nccl.h" ] || { echo "prebuild: no nccl.h under '$nccl'" >&2; exit 1; }
   echo "prebuild: NCCL from $nccl; CUDA architecture $ARCH; Release, -Werror"
@@ -173,7 +175,7 @@ if [ "${1:-}" = prebuild ]; then
     echo "nvcc: $(nvcc --version | tail -n 1)"
     echo "nccl_headers: $(grep -E '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$nccl/include/nccl.h" | awk '{print $3}' | paste -sd.)"
     echo "cmake: -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=$ARCH -DSYNCBN_WERROR=ON"
-  } >"$DIR/BUILD-INFO"
+  } >"$DIR/BUILD-INFO" && rm -f "$DIR/.prebuild-unfinished" || exit 1
   # the host symbol tables off the programs and the library (~0.5 MB each; the kernels'
   # .nv_fatbin and the dynamic symbols stay): the folder travels with the source tree
   if command -v strip >/dev/null; then

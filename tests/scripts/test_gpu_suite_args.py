@@ -9,7 +9,8 @@ in a throwaway source tree, with no GPU:
   one (the current folder, the prebuilt folder itself) and a list with an unknown step:
   exit 2, no step run, every file of the current folder and of the prebuilt folder kept;
 - the same in a source tree for an option-like OUTDIR;
-- `prebuild DIR` with a DIR that is no prebuilt folder, or '.': exit 2, DIR kept;
+- `prebuild DIR` with a DIR that is no prebuilt folder, or '.': exit 2, DIR kept; an older
+  prebuilt folder (BUILD-INFO) or an unfinished one (its mark) is taken;
 - an empty OUTDIR and a new one: the env step runs (it fails without nvidia-smi: exit 1; 0
   on a GPU machine) and OUTDIR holds summary.txt and gpu-suite.tar.gz with env.log in it.
 Usage: test_gpu_suite_args.py [SCRIPT] (default scripts/gpu-suite.sh; CTest gives mutants).
@@ -105,6 +106,17 @@ def main():
             check(rc == 2, f"prebuild into {what}: exit 2 (got {rc}: {out.strip()[-200:]!r})")
             check(os.path.exists(os.path.join(keep, "data.bin")), f"prebuild into {what}: kept")
         check(listing(tree) == tree_before, "prebuild refused: the source tree unchanged")
+        # a prebuilt folder (BUILD-INFO), and one whose prebuild stopped (its mark), are
+        # removed and built again: here the build stops at NCCL (PYTHON=false), exit 1
+        for what, mark in (("an older prebuilt folder", "BUILD-INFO"),
+                           ("an unfinished one", ".prebuild-unfinished")):
+            old = os.path.join(tmp, "old-" + mark.strip("."))
+            os.makedirs(os.path.join(old, "bin"))
+            with open(os.path.join(old, mark), "w") as f:
+                f.write("x\n")
+            rc, out = run([tree_script, "prebuild", old], tmp, python="false")
+            check(rc == 1 and "pip install" in out, f"prebuild into {what}: taken (exit {rc})")
+            check(not os.path.exists(os.path.join(old, "bin")), f"prebuild into {what}: its files removed")
 
         # accepted: an empty OUTDIR, and a new one; the env step runs there
         empty = os.path.join(tmp, "empty")
