@@ -17,7 +17,8 @@ wins, with a warning), and writes into --out:
                             and coop's % of floor (a) and (b)
   results.md                the same numbers as tables: headline ratios per shape, forward and
                             backward per shape x dtype x layout, coop vs nccl-path per W,
-                            latency, correctness
+                            latency, inference (sbn-bench's inference table), correctness
+                            (every table's rows: a wrong inference value is a wrong value)
 
 Ratios are t_path / t_coop on median times of the same shape, dtype, layout and W (> 1:
 coop is faster), as sbn-bench prints them. The floors are read from each row (floor_a_us,

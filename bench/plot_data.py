@@ -59,6 +59,8 @@ class Data:
     def __init__(self):
         self.rows = {}      # (path, shape, dtype, layout, ranks) -> row
         self.latency = {}   # (path, shape, dtype, layout, ranks) -> row
+        self.inference = {}  # (path, shape, dtype, layout) -> row (sbn-bench's schema 4)
+        self.inference_target = None
         self.sources = []   # per file: summary dict
 
     def paths(self, rows=None):
@@ -134,6 +136,19 @@ def norm_row(r, top, src_idx):
     return row
 
 
+def norm_infer_row(r, top, src_idx):
+    """An inference row (sbn-bench's schema 4): the call's times and ratios, its check."""
+    if not isinstance(r, dict):
+        return None
+    row = {"path": norm_path(r.get("path"), top), "shape": str(r.get("shape", "?")),
+           "dtype": str(r.get("dtype", "?")), "layout": str(r.get("layout", "?")), "ranks": 1,
+           "error": r.get("error") or None, "note": r.get("note") or None,
+           "wrong": r.get("wrong") or 0, "checked": r.get("checked") or 0, "src": src_idx}
+    for k in ("us_median", "floor_us", "x_copy", "copy_us_median", "t_over_copy", "t_over_coop"):
+        row[k] = None if row["error"] else fnum(r.get(k))
+    return row
+
+
 def latency_list(top):
     lat = top.get("latency")
     if isinstance(lat, dict):  # tolerate {"rows": [...]} or {"W": ...} shapes of the section
@@ -191,6 +206,24 @@ def load(files, any_mode):
                 src["checked"] += int(row["checked"] or 0)
                 src["wrong"] += int(row["wrong"] or 0)
                 src["errors"] += row["error"] is not None
+        # the inference table: its rows' checks count as the others' (a wrong value there
+        # is a wrong value of the run)
+        inf = top.get("inference")
+        for r in inf if isinstance(inf, list) else []:
+            row = norm_infer_row(r, top, idx)
+            if row is None:
+                continue
+            key = (row["path"], row["shape"], row["dtype"], row["layout"])
+            if key in data.inference:
+                warn(f"{path}: inference {' '.join(key)} also in "
+                     f"{data.sources[data.inference[key]['src']]['file']}: the later one is used")
+            data.inference[key] = row
+            src["rows"] += 1
+            src["checked"] += int(row["checked"] or 0)
+            src["wrong"] += int(row["wrong"] or 0)
+            src["errors"] += row["error"] is not None
+        if fnum(top.get("inference_target")) is not None:
+            data.inference_target = fnum(top.get("inference_target"))
     devices = {s["device"] for s in data.sources if s["device"]}
     if len(devices) > 1:
         warn(f"the files come from different devices: {sorted(devices)}")

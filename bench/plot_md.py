@@ -1,11 +1,12 @@
 """plot_md.py - plot.py's results.md: the tables of the numbers in the rows (headline ratios,
 forward and backward per shape x dtype x layout, coop vs nccl-path per W, latency,
-correctness). No matplotlib."""
+inference, correctness over every table's rows). No matplotlib."""
 
 import os
 
-from plot_data import (OP_NAMES, OPS, REF, SHORT, combos, floor_row, fmt_pct, fmt_ratio, fmt_us,
-                       geomean, order_index, ratio, us_of)
+from plot_data import (DTYPE_ORDER, LAYOUT_ORDER, OP_NAMES, OPS, PATH_ORDER, REF, SHORT, combos,
+                       floor_row, fmt_pct, fmt_ratio, fmt_us, geomean, natural_key, order_index,
+                       ratio, us_of)
 
 # ---- markdown -----------------------------------------------------------------------------------
 def md_table(header, rows):
@@ -161,17 +162,35 @@ def write_markdown(data, path):
         L += md_table(header, body)
         L.append("")
 
+    # inference (sbn-bench's inference table)
+    if data.inference:
+        target = f"; the target: <= {data.inference_target:g}" if data.inference_target else ""
+        L.append("## Inference (W = 1; x copy = median / (2|x| / B); t/copy = median / a copy of x "
+                 f"timed in the same row; cuDNN/coop = median / the coop row's{target})")
+        L.append("")
+        rows = sorted(data.inference.values(),
+                      key=lambda r: (natural_key(r["shape"]), order_index(r["dtype"], DTYPE_ORDER),
+                                     order_index(r["layout"], LAYOUT_ORDER),
+                                     order_index(r["path"], PATH_ORDER)))
+        L += md_table(["path", "shape", "dtype", "layout", "us", "x copy", "t/copy", "cuDNN/coop"],
+                      [[SHORT.get(r["path"], r["path"]), r["shape"], r["dtype"], r["layout"],
+                        "failed" if r["error"] else fmt_us(r["us_median"]), fmt_ratio(r["x_copy"]),
+                        fmt_ratio(r["t_over_copy"]), fmt_ratio(r["t_over_coop"])] for r in rows])
+        L.append("")
+
     # correctness
     L.append("## Correctness")
     L.append("")
     for s in data.sources:
         L.append(f"- `{os.path.basename(s['file'])}`: {s['rows']} rows, {s['checked']} values "
-                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error (latency rows included)"
+                 f"checked, {s['wrong']} wrong, {s['errors']} rows with an error (latency and inference rows included)"
                  + ("; **the run was cut short** (complete: false): only the rows it reached"
                     if s.get("cut_short") else "")
                  + ("; **the run reported a failure** (ok: false)" if s.get("not_ok") else ""))
     bad = [r for r in list(data.rows.values()) + list(data.latency.values())
            if r["error"] or (r["wrong"] or 0) > 0 or r["fwd"]["us_median"] is None]
+    bad += [dict(r, path=r["path"] + " (inference)") for r in data.inference.values()
+            if r["error"] or (r["wrong"] or 0) > 0 or r["us_median"] is None]
     if bad:
         L.append("")
         L.append("Rows with a wrong value, an error, or no timing:")

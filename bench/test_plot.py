@@ -694,6 +694,58 @@ def test_md_cut_short(tmp):
                   f"plot.py on a complete run: no such words {r.stderr[-500:]}")
 
 
+def test_md_inference(tmp):
+    """sbn-bench's inference table (schema 4) in results.md: its own section (us, x copy,
+    t/copy, cuDNN/coop as the JSON gives them), and its checks in Correctness: a wrong
+    inference value and a failed inference row count and are listed (results.md said '0
+    wrong' of a run whose only wrong values were there). --md-only: no matplotlib needed."""
+    sbn = json.load(open(synthetic_files(tmp)[0], encoding="utf-8"))
+
+    def inf(path, shape, dtype, layout, us, wrong=0, error=None, **k):
+        r = {"path": path, "shape": shape, "dtype": dtype, "layout": layout, "ranks": 1,
+             "us_median": us, "x_copy": k.get("x_copy"), "t_over_copy": k.get("t_over_copy"),
+             "t_over_coop": k.get("t_over_coop"), "checked": 100, "wrong": wrong, "error": error,
+             "note": ""}
+        return r
+    rows = [inf("coop", "S1", "fp32", "NCHW", 10.0, x_copy=1.25, t_over_copy=1.1),
+            inf("cudnn", "S1", "fp32", "NCHW", 12.0, t_over_coop=1.2),
+            inf("coop", "S10", "fp32", "NCHW", 5.0, wrong=3, x_copy=2.5, t_over_copy=1.5),
+            inf("coop", "S10", "bf16", "NHWC", None, error="made-up failure")]
+    counts = {}
+    for name, extra in (("without", {}), ("with", {"inference": rows, "inference_target": 1.1})):
+        path = os.path.join(tmp, f"inf_{name}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(dict(sbn, **extra), f)
+        out = os.path.join(tmp, f"out_inf_{name}")
+        r = run([sys.executable, PLOT, path, "--md-only", "--out", out])
+        if not check(r.returncode == 0, f"plot.py --md-only, inference {name}: exit 0 {r.stderr[-500:]}"):
+            return
+        md = open(os.path.join(out, "results.md"), encoding="utf-8").read()
+        m = re.search(r"`inf_%s.json`: (\d+) rows, (\d+) values checked, (\d+) wrong, (\d+) rows with an error"
+                      % name, md)
+        if not check(m is not None, f"results.md, inference {name}: the Correctness line"):
+            return
+        counts[name] = [int(g) for g in m.groups()]
+    check([w - o for w, o in zip(counts["with"], counts["without"])] == [4, 400, 3, 1],
+          f"Correctness counts the inference rows: +4 rows, +400 checked, +3 wrong, +1 error "
+          f"({counts['without']} -> {counts['with']})")
+    t = md_tables(md)
+    it = section(t, "Inference")
+    want = [("coop", "S1", "fp32", "NCHW", "10.0", "1.25", "1.10", "-"),
+            ("cuDNN", "S1", "fp32", "NCHW", "12.0", "-", "-", "1.20"),
+            ("coop", "S10", "fp32", "NCHW", "5.00", "2.50", "1.50", "-"),
+            ("coop", "S10", "bf16", "NHWC", "failed", "-", "-", "-")]
+    got = [(r.get("path"), r.get("shape"), r.get("dtype"), r.get("layout"), r.get("us"),
+            r.get("x copy"), r.get("t/copy"), r.get("cuDNN/coop")) for r in it]
+    check(got == want, f"results.md's Inference table: {got}")
+    check("the target: <= 1.1" in md, "results.md's Inference title gives the target")
+    bad = section(t, "Correctness")
+    check(find(bad, path="coop (inference)", shape="S10", dtype="fp32", wrong="3")
+          and find(bad, path="coop (inference)", shape="S10", dtype="bf16")
+          and not find(bad, path="coop (inference)", shape="S1"),
+          "Correctness lists the wrong and the failed inference rows, not the good ones")
+
+
 def test_plot_without_matplotlib(tmp):
     fake = os.path.join(tmp, "no_mpl")
     os.makedirs(os.path.join(fake, "matplotlib"), exist_ok=True)
@@ -969,6 +1021,7 @@ def main():
         has_torch = test_baseline_shapes(exe, tmp)
         test_baseline_accuracy()
         test_md_cut_short(tmp)
+        test_md_inference(tmp)
         sbn_js, sbn = sbn_bench_json(exe, tmp) if exe else (None, None)
         if sbn:
             test_sbn_bench_floors(sbn)
