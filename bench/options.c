@@ -494,6 +494,24 @@ static char* read_file(const char* path) {
 }
 
 int opts_check_files(const bench_opts_t* o, const char* argv0) {
+  if (o->json_file) {
+    /* the regular file standard output or error goes to (--json /dev/stdout > log.txt):
+       the JSON, renamed over it after every row, would replace the table or the progress
+       lines (a pipe or a terminal there is written once, at the end, after them) */
+    static const struct {
+      int fd;
+      const char* name;
+    } std[2] = {{STDOUT_FILENO, "standard output (the table)"},
+                {STDERR_FILENO, "standard error (the plan and the progress)"}};
+    struct stat js, fs;
+    for (int i = 0; i < 2; i++)
+      if (stat(o->json_file, &js) == 0 && S_ISREG(js.st_mode) && fstat(std[i].fd, &fs) == 0 &&
+          js.st_dev == fs.st_dev && js.st_ino == fs.st_ino)
+        return usage_error(argv0,
+                           "--json '%s' is the file %s goes to: the JSON would replace what "
+                           "is written there; --json takes another file (or a pipe)",
+                           o->json_file, std[i].name);
+  }
   if (!o->shapes_file || !o->json_file) return 0;
   struct stat ss, js;
   const int same = stat(o->shapes_file, &ss) == 0 && stat(o->json_file, &js) == 0
