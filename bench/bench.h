@@ -134,6 +134,9 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
 /* Before reading any file: 0, or 2 after saying that --json names the file --shapes reads
    (the same device and inode when both exist, the same path otherwise). */
 int opts_check_files(const bench_opts_t* o, const char* argv0);
+/* The index of the first byte of s that is not part of well-formed UTF-8 (RFC 3629: no
+   overlong forms, surrogates or values above U+10FFFF), or -1. */
+long utf8_bad_at(const char* s);
 /* The shape table (--shapes FILE or the embedded one) after --only: the count (>= 1), or -1
    after printing why not, naming --shapes and its value (not a readable file, a bad line,
    a repeated id, no shape rows), or --only naming none. max: at most BENCH_MAX_SHAPES. */

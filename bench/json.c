@@ -96,10 +96,20 @@
 #include "bench.h"
 #include "sbn_bench_commit.h" /* generated at build time: SBN_BENCH_COMMIT */
 
+/* A JSON string of s; a byte that is not part of well-formed UTF-8 (a path or an
+   environment variable's value in another encoding) is written as U+FFFD: the file stays
+   UTF-8, which JSON readers require. */
 static void json_string(FILE* f, const char* s) {
   fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
+  long bad = utf8_bad_at(s);
+  for (long i = 0; s[i]; i++) {
+    if (i == bad) {
+      fputs("\\ufffd", f);
+      bad = utf8_bad_at(s + i + 1);
+      if (bad >= 0) bad += i + 1;
+      continue;
+    }
+    unsigned char ch = (unsigned char)s[i];
     if (ch == '"' || ch == '\\')
       fprintf(f, "\\%c", ch);
     else if (ch < 0x20)

@@ -187,9 +187,7 @@ static int looks_like_option(const char* a) {
   return a[0] == '-' && ((a[1] >= 'a' && a[1] <= 'z') || (a[1] >= 'A' && a[1] <= 'Z') || a[1] == '-');
 }
 
-/* The index of the first byte of s that is not part of well-formed UTF-8 (RFC 3629: no
-   overlong forms, surrogates or values above U+10FFFF), or -1. */
-static long utf8_bad_at(const char* s) {
+long utf8_bad_at(const char* s) {
   const unsigned char* p = (const unsigned char*)s;
   long i = 0;
   while (p[i]) {
@@ -381,11 +379,19 @@ static int parse_shapes(const char* text, const char* label, const char* argv0,
     return -1;
   }
   const char* p = text;
+  /* a UTF-8 byte order mark (an editor's) is no part of the first id */
+  if ((unsigned char)p[0] == 0xef && (unsigned char)p[1] == 0xbb && (unsigned char)p[2] == 0xbf) p += 3;
   while (*p) {
     const char* eol = strchr(p, '\n');
     size_t len = eol ? (size_t)(eol - p) : strlen(p);
     char line[512];
     lineno++;
+    size_t lead = 0; /* a comment line of any length is skipped */
+    while (lead < len && (p[lead] == ' ' || p[lead] == '\t' || p[lead] == '\r')) lead++;
+    if (lead < len && p[lead] == '#') {
+      p += len + (eol ? 1 : 0);
+      continue;
+    }
     if (len >= sizeof line) {
       shapes_error(argv0, label, lineno, "longer than %zu characters", sizeof line - 1);
       goto fail;
@@ -440,7 +446,14 @@ static int parse_shapes(const char* text, const char* label, const char* argv0,
     sh->c = c;
     sh->h = h;
     sh->w = w;
-    snprintf(sh->where, sizeof sh->where, "%s", s + used);
+    /* cut to the field at a character's start (the JSON takes it: UTF-8 whole) */
+    size_t wl = strlen(s + used);
+    if (wl >= sizeof sh->where) {
+      wl = sizeof sh->where - 1;
+      while (wl > 0 && ((unsigned char)s[used + wl] & 0xc0) == 0x80) wl--;
+    }
+    memcpy(sh->where, s + used, wl);
+    sh->where[wl] = '\0';
     for (size_t i = strlen(sh->where);
          i > 0 && (sh->where[i - 1] == '\r' || sh->where[i - 1] == ' '); i--)
       sh->where[i - 1] = '\0';
@@ -453,8 +466,9 @@ fail:
   return -1;
 }
 
-/* The whole of a regular file, NUL-terminated; NULL with errno set (EISDIR: a directory). */
-static char* read_file(const char* path) {
+/* The whole of a regular file, NUL-terminated, its length in *length (a NUL byte in the
+   file stands before it); NULL with errno set (EISDIR: a directory). */
+static char* read_file(const char* path, size_t* length) {
   FILE* f = fopen(path, "rb");
   if (!f) return NULL;
   struct stat st;
@@ -486,6 +500,7 @@ static char* read_file(const char* path) {
     errno = ENOMEM;
   } else {
     buf[len] = '\0';
+    *length = len;
   }
   const int e = errno;
   fclose(f);
@@ -533,7 +548,16 @@ int shapes_load(const bench_opts_t* o, const char* argv0, bench_shape_t* shapes,
   snprintf(label, sizeof label, "%s", *source);
   if (o->shapes_file) {
     snprintf(label, sizeof label, "--shapes '%s'", o->shapes_file);
-    file_text = read_file(o->shapes_file);
+    size_t file_len = 0;
+    file_text = read_file(o->shapes_file, &file_len);
+    const char* nul = file_text ? memchr(file_text, '\0', file_len) : NULL;
+    if (nul) { /* the lines after it were dropped unseen */
+      int at_line = 1;
+      for (const char* q = file_text; q < nul; q++) at_line += *q == '\n';
+      shapes_error(argv0, label, at_line, "a NUL byte: not a text file of lines 'id N C H W [where]'");
+      free(file_text);
+      return -1;
+    }
     if (!file_text) {
       if (errno == EISDIR)
         shapes_error(argv0, label, 0,
