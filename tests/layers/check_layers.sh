@@ -12,7 +12,9 @@ NM=$1
 shift
 core=() front=() backend=()
 for o in "$@"; do
-  case "${o##*.dir/}" in # the path below the target's object directory
+  rel=${o##*.dir/} # the path below the target's object directory
+  rel=${rel#./}    # (Ninja's paths have ./ there: syncbn_obj.dir/./comm.c.o)
+  case "$rel" in
     *cpu/*.o | *gpu/*.o | *kernels/*.o) backend+=("$o") ;;
     comm.c.o | ops.c.o | group.c.o) front+=("$o") ;;
     *) core+=("$o") ;;
