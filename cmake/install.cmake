@@ -14,6 +14,8 @@ install(TARGETS syncbn syncbn_static
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/syncbn.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# the license goes with the binaries (Apache-2.0, section 4)
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 install(EXPORT syncbnTargets
   NAMESPACE syncbn::
