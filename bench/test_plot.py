@@ -53,6 +53,7 @@ import os
 import py_compile
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -894,7 +895,12 @@ def test_history(tmp, with_plot):
     keep = {"2026-11-26-h200-1599faa", "2026-11-27-h200-b83448e"}
     os.makedirs(root)
     for d in keep:
-        shutil.copytree(os.path.join(RESULTS, d), os.path.join(root, d))
+        # copies writable whatever the source's modes (a read-only source tree: Nix, a
+        # sandboxed build): the test edits and removes them
+        shutil.copytree(os.path.join(RESULTS, d), os.path.join(root, d), copy_function=shutil.copyfile)
+        for where, dirs, _ in os.walk(os.path.join(root, d)):
+            for x in [where] + [os.path.join(where, y) for y in dirs]:
+                os.chmod(x, os.stat(x).st_mode | stat.S_IWUSR)
     with open(os.path.join(root, "runs.tsv"), "w", encoding="utf-8") as f:
         f.write("# two runs copied by test_plot.py\n")
         for run_ in runs_tsv(RESULTS):
@@ -968,13 +974,13 @@ def test_history(tmp, with_plot):
     r = run(hist + ["--md-only"])
     check(r.returncode == 1 and "torch.json: no such file" in r.stderr,
           "a runs.tsv line naming a missing file: exit 1 naming it")
-    shutil.copy(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "torch.json"), tq)
-    shutil.copy(tq, bq)
+    shutil.copyfile(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "torch.json"), tq)
+    shutil.copyfile(tq, bq)
     r = run(hist + ["--md-only"])
     check(r.returncode == 1 and "not a GPU-mode sbn-bench JSON" in r.stderr,
           "a torch_baseline JSON where the bench JSON goes: exit 1")
     if with_plot:
-        shutil.copy(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "bench-quick.json"), bq)
+        shutil.copyfile(os.path.join(RESULTS, "2026-11-27-h200-b83448e", "bench-quick.json"), bq)
         r = run(hist)
         check(r.returncode == 0 and png_ok(os.path.join(root, "history.png")),
               f"plot.py --history: exit 0, history.png {r.stderr[-2000:]}")
