@@ -431,6 +431,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 # with PyTorch's ops.
                 # The residual refused where the operators refuse it (a broadcast shape, ...)
                 _fused._check_residual(input, residual, "torch.SyncBatchNorm")
+                if input.dtype != torch.float64 and any(
+                        t is not None and t.dtype != input.dtype for t in (w, b, rm, rv)):
+                    # parameters or statistics of another float dtype (model.half() fed
+                    # fp32): float32 for PyTorch's op, which refuses the mix ("mixed dtype
+                    # (CPU)") and takes float32 ones with any input, as the library does
+                    w, b, rm, rv = (None if t is None else t.float() for t in (w, b, rm, rv))
                 if rm is None:
                     y = F.batch_norm(input, None, None, w, b, True, 0.0, self.eps)
                 else:

@@ -546,6 +546,34 @@ class TestParameters(unittest.TestCase):
                 y.float().sum().backward()
                 self.assertEqual(m.weight.grad.dtype, dtype)
 
+    def test_mixed_dtypes_in_eval_without_statistics(self):
+        """A layer without running statistics (track_running_stats=False: eval normalizes
+        with the batch, PyTorch's op) whose parameters are of another float dtype than the
+        input's (model.half() fed fp32, fp16 parameters with a bf16 input): eval gives what
+        training gives, as documented (PyTorch's op refused the mix: "mixed dtype (CPU)"),
+        against float64 within the input's rounding (fp32 3e-5; bf16 1.6e-2)."""
+        torch.manual_seed(3)
+        for pdt, xdt, tol in ((torch.float16, torch.float32, 3e-5), (torch.bfloat16, torch.float32, 3e-5),
+                              (torch.float16, torch.bfloat16, 1.6e-2), (torch.float64, torch.float32, 3e-5)):
+            for fused in (False, True):
+                with self.subTest(params=pdt, input=xdt, fused=fused):
+                    kw = {"activation": "relu"} if fused else {}
+                    m = sbt.SyncBatchNorm(5, track_running_stats=False, comm=self.comm, **kw)
+                    with torch.no_grad():
+                        m.weight.uniform_(0.5, 1.5)
+                        m.bias.uniform_(-1, 1)
+                    m = m.to(pdt)
+                    x = (torch.randn(3, 5, 4, 4) * 2 + 1).to(xdt)
+                    X = x.double()
+                    ref = torch.nn.functional.batch_norm(X, None, None, m.weight.double(), m.bias.double(),
+                                                         True, 0.0, m.eps)
+                    ref = ref.relu() if fused else ref
+                    y_train = m.train()(x)
+                    y_eval = m.eval()(x)
+                    self.assertEqual(y_eval.dtype, xdt)
+                    torch.testing.assert_close(y_train.double(), ref, rtol=tol, atol=tol)
+                    torch.testing.assert_close(y_eval.double(), ref, rtol=tol, atol=tol)
+
     def test_strided_parameters_and_statistics(self):
         """Views with a stride of 2 (each converted on its own: running_var alone strided
         was not written back)."""
