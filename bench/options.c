@@ -333,6 +333,15 @@ int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char*
                            o->ranks_list[i], SBN_MAX_GPU_TEAM_RANKS, SBN_MAX_GPU_TEAM_RANKS);
       if (o->ranks_list[i] > o->ranks) o->ranks = o->ranks_list[i];
     }
+    /* a run of no row would check nothing and say OK: cuDNN's rows are W = 1's only, and
+       an --epilogue run has no inference or latency rows */
+    int has_w1 = 0;
+    for (int i = 0; i < o->nranks_list; i++) has_w1 |= o->ranks_list[i] == 1;
+    if (!o->path_on[BENCH_PATH_COOP] && !o->path_on[BENCH_PATH_NCCL] && !o->path_on[BENCH_PATH_SPLIT] &&
+        !(o->path_on[BENCH_PATH_CUDNN] && (has_w1 || o->epilogue == BENCH_EPI_NONE)))
+      return usage_error(argv0, "--paths cudnn with --epilogue and no 1 in -w: no row to run (cuDNN's "
+                                "rows are W = 1's; an --epilogue run has no inference rows): add 1 to -w, "
+                                "or another path");
     if (o->iters < 0) o->iters = BENCH_GPU_DEFAULT_ITERS;
     if (o->warmup < 0) o->warmup = BENCH_GPU_DEFAULT_WARMUP;
     if (o->scale < 0) o->scale = BENCH_GPU_DEFAULT_SCALE;

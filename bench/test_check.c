@@ -19,7 +19,8 @@
  * fp32, bf16 and fp16, NCHW and NHWC: (3) they pass, every channel checked; (4) one y value
  * with its exponent's top bit flipped is one wrong; (5) a y computed without the running
  * statistics (the call given (0, 1)) is wrong everywhere; (6) a running_mean value changed
- * after the call (the call must only read them) is one wrong. */
+ * after the call (the call must only read them) is one wrong. And (7) GPU-mode options
+ * that plan no row are refused (opts_resolve). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,8 +182,34 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
   return failures - before;
 }
 
+/* GPU mode's options that plan no row (cuDNN's rows are W = 1's; an --epilogue run has no
+   inference rows) are refused (exit status 2) before any work, where such a run checked
+   nothing and said OK; the same with a 1 in -w, or without --epilogue, plan rows. */
+static void no_row_refused(void) {
+  static const struct {
+    const char* args[8];
+    int want;
+  } cases[] = {{{"--paths", "cudnn", "-w", "2", "--epilogue", "relu"}, 2},
+               {{"--paths", "cudnn", "-w", "2,4", "--epilogue", "add-relu"}, 2},
+               {{"--paths", "cudnn", "-w", "1,2", "--epilogue", "relu"}, 0},
+               {{"--paths", "cudnn", "-w", "2"}, 0}, /* cuDNN's inference rows */
+               {{"--paths", "coop", "-w", "2", "--epilogue", "relu"}, 0}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    char* argv[10] = {"sbn-bench"};
+    int argc = 1;
+    for (int i = 0; cases[k].args[i]; i++) argv[argc++] = (char*)cases[k].args[i];
+    bench_opts_t o;
+    memset(&o, 0, sizeof o);
+    int rc = opts_parse(argc, argv, &o);
+    if (rc == 0) rc = opts_resolve(&o, 1, "", "sbn-bench");
+    EXPECT(rc == cases[k].want, "GPU options %s %s %s %s %s %s: %d, expected %d", argv[1], argv[2],
+           argv[3], argv[4], argc > 5 ? argv[5] : "", argc > 6 ? argv[6] : "", rc, cases[k].want);
+  }
+}
+
 int main(void) {
   if (nvidia_driver_parsed() != 0) return 1;
+  no_row_refused();
   static const sbnDataType_t kInferDtypes[3] = {sbnFloat32, sbnBFloat16, sbnFloat16};
   for (int t = 0; t < 3; t++)
     for (int l = 0; l < 2; l++) inference_checked(kInferDtypes[t], (sbnLayout_t)l);
