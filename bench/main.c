@@ -187,6 +187,9 @@ static int cpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   run->planned = res.nrows + res.ninf;
   for (int i = 0; i < res.nrows; i++) res.rows[i].epilogue = o->epilogue;
 
+  /* the JSON of the plan first: a run that fails before its first row (the team's init)
+     leaves a file saying so (complete: false, ok: false), not an earlier run's */
+  json_progress(argv0, o, run, &res);
   sbnComm_t* comms = calloc((size_t)o->ranks, sizeof *comms);
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
   if (max_c > cfg.max_channels) cfg.max_channels = max_c;
@@ -341,6 +344,13 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   char err[384] = "";
   if (gpu_setup(&g, o->iters, err, sizeof err) != 0) {
     fprintf(stderr, "%s: GPU setup failed: %s\n", argv0, err);
+    /* the JSON says so (no device: its fields as CPU mode's, null; complete and ok false),
+       not an earlier run's file left in place */
+    snprintf(run->why_cpu, sizeof run->why_cpu, "GPU setup failed: %.300s", err);
+    snprintf(run->device, sizeof run->device, "none: %s", run->why_cpu);
+    bench_results_t none;
+    memset(&none, 0, sizeof none);
+    json_progress(argv0, o, run, &none);
     return 1;
   }
   run->dev = &g.info;
