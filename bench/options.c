@@ -2,6 +2,7 @@
  * and every check of them that can fail, made before any work (exit 2 with the option, the
  * value and what is allowed): bounds, the shape table, the host memory the run will take. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -646,17 +647,20 @@ static void consider(double v, const char* what, double* best, char* from, size_
 /* The bytes this process can still take before the kernel refuses or kills it, and where
    that number comes from; -1 when nothing says. The smallest of: MemAvailable
    (/proc/meminfo; else the free physical pages), the memory cgroup's limit minus its usage
-   (v2, v1), RLIMIT_AS (ulimit -v) minus the address space in use. */
-static double memory_available(char* from, size_t cap) {
+   (v2, v1), and with address_space RLIMIT_AS (ulimit -v) minus the address space in use
+   (alone: the bytes a run maps, its threads' whole stacks among them). */
+static double memory_available(char* from, size_t cap, int address_space) {
   double best = -1, kb = -1;
-  FILE* f = fopen("/proc/meminfo", "r");
+  FILE* f = address_space ? NULL : fopen("/proc/meminfo", "r");
   if (f) {
     char line[256];
     while (fgets(line, sizeof line, f))
       if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
     fclose(f);
   }
-  if (kb >= 0)
+  if (address_space)
+    ; /* only RLIMIT_AS, below */
+  else if (kb >= 0)
     consider(kb * 1024.0, "MemAvailable in /proc/meminfo", &best, from, cap);
   else if (sysconf(_SC_AVPHYS_PAGES) > 0 && sysconf(_SC_PAGESIZE) > 0)
     consider((double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE),
@@ -665,14 +669,14 @@ static double memory_available(char* from, size_t cap) {
       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
       {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
        "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
-  for (int v = 0; v < 2; v++) {
+  for (int v = 0; v < 2 && !address_space; v++) {
     const double limit = read_number(cgroup[v][0]), used = read_number(cgroup[v][1]);
     char what[128];
     snprintf(what, sizeof what, "the memory cgroup's limit (%s) minus its usage", cgroup[v][0]);
     if (limit >= 0 && used >= 0) consider(limit > used ? limit - used : 0, what, &best, from, cap);
   }
   struct rlimit rl;
-  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+  if (address_space && getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     double pages = -1;
     f = fopen("/proc/self/statm", "r");
     if (f) {
@@ -714,14 +718,28 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
         per_tensor = (double)d.n * (double)d.c * (double)d.spatial * dtype_size(d.dtype);
       }
     }
-  char from[160] = "";
-  const double avail = memory_available(from, sizeof from);
-  if (avail < 0 || peak <= BENCH_MEMORY_SHARE * avail) return 0;
-  return usage_error(argv0,
-                     "this run needs about %.3g GB of host memory at once (%s %s, scale %d: %d "
-                     "ranks x 4 tensors of %.3g MB, plus the check's buffers), more than %.0f%% of "
-                     "the %.3g GB available (%s); use fewer ranks (-w), a larger --scale, fewer "
-                     "--check-channels, or fewer shapes (--only)",
-                     peak * 1e-9, worst->id, kDtypeNames[worst_dtype], o->scale, o->ranks,
-                     per_tensor * 1e-6, BENCH_MEMORY_SHARE * 100, avail * 1e-9, from);
+  /* the address space also holds each rank thread's whole stack (the CPU team's threads:
+     the default size, RLIMIT_STACK's, 8 MiB on most systems), touched or not */
+  size_t stack = 0;
+  pthread_attr_t attr;
+  if (pthread_attr_init(&attr) == 0) {
+    if (pthread_attr_getstacksize(&attr, &stack) != 0) stack = 0;
+    pthread_attr_destroy(&attr);
+  }
+  const double mapped = peak + (gpu_mode ? 0.0 : o->ranks * ((double)stack + 65536.0));
+  for (int as = 0; as < 2; as++) {
+    char from[160] = "";
+    const double need = as ? mapped : peak;
+    const double avail = memory_available(from, sizeof from, as);
+    if (avail < 0 || need <= BENCH_MEMORY_SHARE * avail) continue;
+    return usage_error(argv0,
+                       "this run needs about %.3g GB of host memory at once (%s %s, scale %d: %d "
+                       "ranks x 4 tensors of %.3g MB, plus the check's buffers%s), more than %.0f%% of "
+                       "the %.3g GB available (%s); use fewer ranks (-w), a larger --scale, fewer "
+                       "--check-channels, or fewer shapes (--only)",
+                       need * 1e-9, worst->id, kDtypeNames[worst_dtype], o->scale, o->ranks,
+                       per_tensor * 1e-6, as && !gpu_mode ? " and the rank threads' stacks" : "",
+                       BENCH_MEMORY_SHARE * 100, avail * 1e-9, from);
+  }
+  return 0;
 }
