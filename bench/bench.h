@@ -380,6 +380,7 @@ typedef struct {
   double t_last;                  /* now_us() when the plan was printed or the last row ended */
   int planned, finished;          /* rows of every table: planned, finished so far */
   int json_failed;                /* --json's file could not be written: the run fails */
+  int table_failed;               /* the table could not be written to stdout: the run fails */
   bench_json_t json;              /* --json; path NULL without it */
 } bench_run_t;
 

@@ -32,7 +32,8 @@
  *   inference rows are given, as text), inference_target (1.1: x_copy of the library's
  *   inference, the target), rows [...], latency [...] ([] in CPU mode), inference [...] ([]
  *   with --epilogue, or --paths without coop and cudnn), wrong, failed_rows, skipped_rows
- *   (every table's rows), total_s (so far), ok (complete, and nothing wrong or failed).
+ *   (every table's rows), total_s (so far), ok (complete, nothing wrong or failed, and the
+ *   table written to stdout).
  * rows and latency: flat objects, one per (shape, dtype, layout, W, path), in run order:
  *   path        "coop" | "nccl" | "cudnn" | "split" | "cpu"
  *   shape, where, n, c, h, w, spatial, dtype ("fp32" | "bf16" | "fp16"), layout ("NCHW" |
@@ -487,5 +488,5 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
           res->wrong, res->failed, res->skipped);
   json_number(f, complete ? run->total_s : (now_us() - run->t_start) * 1e-6);
   fprintf(f, ",\n  \"ok\": %s\n}\n",
-          complete && res->wrong == 0 && res->failed == 0 ? "true" : "false");
+          complete && res->wrong == 0 && res->failed == 0 && !run->table_failed ? "true" : "false");
 }

@@ -110,7 +110,9 @@ static void row_done(const char* argv0, const bench_opts_t* o, bench_run_t* run,
 /* Writes the JSON (when asked) a last time, complete, and the last lines; the exit status. */
 static int finish(const char* argv0, const bench_opts_t* o, bench_run_t* run,
                   const bench_results_t* res) {
-  int status = (res->wrong == 0 && res->failed == 0 && !run->json_failed) ? 0 : 1;
+  /* the table so far written out before the JSON's last write, whose ok says so too */
+  if (fflush(stdout) != 0 || ferror(stdout)) run->table_failed = 1;
+  int status = (res->wrong == 0 && res->failed == 0 && !run->json_failed && !run->table_failed) ? 0 : 1;
   const char* written = NULL;
   if (run->json.path) {
     if (json_write(&run->json, o, run, res, 1) != 0) {
@@ -511,7 +513,8 @@ int main(int argc, char** argv) {
   bench_opts_t o;
   memset(&o, 0, sizeof o);
   int pa = opts_parse(argc, argv, &o);
-  if (pa == 1) return 0; /* -h */
+  if (pa == 1) /* -h: the text written, or exit 1 (a full disk, a closed stdout) */
+    return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
   if (pa) return pa;
   if (opts_check_files(&o, argv[0])) return 2;
   bench_run_t run;
