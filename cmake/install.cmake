@@ -15,7 +15,9 @@ install(TARGETS syncbn syncbn_static
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/syncbn.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # the license goes with the binaries (Apache-2.0, section 4)
-install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+# (share/doc/syncbn whatever project included GNUInstallDirs first: CMAKE_INSTALL_DOCDIR
+# names that project's folder, where its own LICENSE goes)
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/syncbn)
 
 install(EXPORT syncbnTargets
   NAMESPACE syncbn::
@@ -61,14 +63,3 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/syncbn-static.pc.in ${PROJECT_BINARY_DI
   @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/syncbn.pc ${PROJECT_BINARY_DIR}/syncbn-static.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
-
-# The Python package (pyproject.toml, scikit-build-core: install.components = python):
-# the shared library alone, as syncbn/lib/libsyncbn.so inside the wheel (one file, not
-# the soname's symlinks, which a wheel would turn into copies); python/syncbn loads it by
-# path with ctypes. Nothing of the C install above goes into the wheel.
-install(FILES $<TARGET_FILE:syncbn> DESTINATION syncbn/lib RENAME libsyncbn.so
-  COMPONENT python EXCLUDE_FROM_ALL)
-# and syncbn.h, which syncbn.torch's C++ operators (python/syncbn/csrc, compiled on first
-# use against the installed PyTorch: python/syncbn/_native.py) include
-install(FILES ${PROJECT_SOURCE_DIR}/include/syncbn.h DESTINATION syncbn/include
-  COMPONENT python EXCLUDE_FROM_ALL)
