@@ -381,6 +381,7 @@ typedef struct {
   int planned, finished;          /* rows of every table: planned, finished so far */
   int json_failed;                /* --json's file could not be written: the run fails */
   int table_failed;               /* the table could not be written to stdout: the run fails */
+  int gpu_failed;                 /* GPU mode failed before it had a device (device: why) */
   bench_json_t json;              /* --json; path NULL without it */
 } bench_run_t;
 

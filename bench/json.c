@@ -10,7 +10,8 @@
  *   "coop", CPU mode "cpu"; every row has its own), paths [the paths run: "coop", "nccl",
  *   "cudnn", "split" (--epilogue); CPU mode ["cpu"]], team "virtual" |
  *   "cpu", device (GPU mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
- *   string: the CPU team and why not the GPU), driver_version (cudaDriverGetVersion: the
+ *   string: the CPU team and why not the GPU; a GPU run that failed before it had a device,
+ *   the reason as a string, with the device's fields below null, complete and ok false), driver_version (cudaDriverGetVersion: the
  *   CUDA version the driver supports, e.g. 13000), runtime_version and cuda_runtime_version
  *   (both cudaRuntimeGetVersion, e.g. 13000), nvidia_driver (the kernel module's version
  *   from /proc/driver/nvidia/version, e.g. "580.159.04"; null where it cannot be read),
@@ -367,7 +368,9 @@ int json_write(bench_json_t* j, const bench_opts_t* o, const bench_run_t* run,
 
 static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
                       const bench_results_t* res, int complete) {
-  const int gpu = run->dev != NULL;
+  /* GPU mode: a device, or a GPU run that failed before it had one (gpu_failed: device the
+     reason, as text; the device's fields null) */
+  const int gpu = run->dev != NULL || run->gpu_failed;
   char ver[32];
   snprintf(ver, sizeof ver, "%d.%d.%d", run->version / 10000, run->version / 100 % 100,
            run->version % 100);
@@ -394,7 +397,7 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   }
   fprintf(f, "],\n  \"epilogue\": \"%s\",\n  \"team\": \"%s\",\n", kEpilogueNames[o->epilogue],
           gpu ? "virtual" : "cpu");
-  if (gpu) {
+  if (run->dev) {
     json_gpu_top(f, run);
   } else {
     fprintf(f, "  \"device\": ");
@@ -413,7 +416,7 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   fprintf(f, ",\n  \"cores_online\": %ld,\n  \"threads\": ", run->cores);
   json_int_or_null(f, !gpu, o->ranks);
   fprintf(f, ",\n  \"copy_bandwidth\": ");
-  if (gpu) {
+  if (run->dev) {
     fprintf(f, "{\"gbps\": ");
     json_number(f, run->dev->copy_gbps);
     fprintf(f, ", \"bytes\": %zu, \"us_median\": ", run->dev->copy_bytes);
@@ -437,7 +440,7 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   for (int W = 1; W <= run->lat_w; W++) fprintf(f, "%s%d", W > 1 ? ", " : "", W);
   fprintf(f, "],\n  \"scale\": %d,\n  \"warmup\": %d,\n  \"iters\": %d,\n  \"l2_flush_bytes\": ",
           o->scale, o->warmup, o->iters);
-  json_int_or_null(f, gpu, gpu ? (long long)run->dev->flush_bytes : 0);
+  json_int_or_null(f, run->dev != NULL, run->dev ? (long long)run->dev->flush_bytes : 0);
   fprintf(f, ",\n  \"check_channels\": %d,\n  \"grad_mode\": \"%s\",\n  \"timing\": ",
           o->check_channels, gpu ? "global" : "local");
   json_string(f, gpu ? "CUDA events recorded around the op only; L2 flushed (memset) before "

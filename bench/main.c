@@ -79,6 +79,20 @@ static void json_progress(const char* argv0, const bench_opts_t* o, bench_run_t*
   }
 }
 
+/* A GPU run that failed before it had a device: its JSON says so (mode gpu, device the
+   reason, the device's fields null, no rows, complete and ok false), where an earlier
+   run's file would stay in place. */
+#if SBN_BENCH_HAVE_CUDA
+static void gpu_failed_json(const char* argv0, const bench_opts_t* o, bench_run_t* run,
+                            const char* what, const char* why) {
+  run->gpu_failed = 1;
+  snprintf(run->device, sizeof run->device, "none: %s: %.300s", what, why);
+  bench_results_t none;
+  memset(&none, 0, sizeof none);
+  json_progress(argv0, o, run, &none);
+}
+#endif
+
 /* The rows are planned: the JSON is valid (no row yet, complete: false) before the first
    row runs, so a run stopped during it leaves a file that parses; then the plan is said on
    stderr. */
@@ -346,13 +360,7 @@ static int gpu_main(const char* argv0, const bench_opts_t* o, const bench_shape_
   char err[384] = "";
   if (gpu_setup(&g, o->iters, err, sizeof err) != 0) {
     fprintf(stderr, "%s: GPU setup failed: %s\n", argv0, err);
-    /* the JSON says so (no device: its fields as CPU mode's, null; complete and ok false),
-       not an earlier run's file left in place */
-    snprintf(run->why_cpu, sizeof run->why_cpu, "GPU setup failed: %.300s", err);
-    snprintf(run->device, sizeof run->device, "none: %s", run->why_cpu);
-    bench_results_t none;
-    memset(&none, 0, sizeof none);
-    json_progress(argv0, o, run, &none);
+    gpu_failed_json(argv0, o, run, "GPU setup failed", err);
     return 1;
   }
   run->dev = &g.info;
@@ -534,9 +542,12 @@ int main(int argc, char** argv) {
     snprintf(run.why_cpu, sizeof run.why_cpu, "--gpu off");
   else if (gpu_present(run.why_cpu, sizeof run.why_cpu))
     gpu_mode = syncbn_gpu_probe(run.why_cpu, sizeof run.why_cpu);
-  if (gpu_mode < 0) {
+  /* a device that is there but cannot be used: the options are checked as GPU mode's, the
+     JSON (when asked) says why, and the run fails */
+  const int gpu_probe_failed = gpu_mode < 0;
+  if (gpu_probe_failed) {
     fprintf(stderr, "%s: %s\n", argv[0], run.why_cpu);
-    return 1;
+    gpu_mode = 1;
   }
 #else
   snprintf(run.why_cpu, sizeof run.why_cpu,
@@ -570,7 +581,10 @@ int main(int argc, char** argv) {
 
   int status;
 #if SBN_BENCH_HAVE_CUDA
-  if (gpu_mode)
+  if (gpu_probe_failed) {
+    gpu_failed_json(argv[0], &o, &run, "the GPU probe failed", run.why_cpu);
+    status = 1;
+  } else if (gpu_mode)
     status = gpu_main(argv[0], &o, shapes, nshapes, &run);
   else
 #endif

@@ -197,7 +197,8 @@ def write_markdown(data, path):
         L.append("")
         L += md_table(["path", "shape", "dtype", "layout", "W", "wrong", "error / note"],
                       [[r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"], r["wrong"],
-                        ("error: " + r["error"] if r["error"] else "not run")
+                        ("error: " + r["error"] if r["error"]
+                         else f"{r['wrong']} wrong" if (r["wrong"] or 0) > 0 else "not run")
                         + (f" ({r['note']})" if r["note"] else "")] for r in bad])
     L.append("")
     with open(path, "w", encoding="utf-8") as f:

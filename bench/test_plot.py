@@ -745,6 +745,9 @@ def test_md_inference(tmp):
           and find(bad, path="coop (inference)", shape="S10", dtype="bf16")
           and not find(bad, path="coop (inference)", shape="S1"),
           "Correctness lists the wrong and the failed inference rows, not the good ones")
+    w = find(bad, path="coop (inference)", shape="S10", dtype="fp32")
+    check(w and w[0].get("error / note") == "3 wrong",
+          f"Correctness says a timed row with wrong values is wrong, not 'not run' ({w})")
 
 
 def test_plot_without_matplotlib(tmp):

@@ -64,7 +64,7 @@ def check(path):
             errors.append(f"{where}: last frame's module {module!r} is not libnccl.so.2 only")
         for j, fr in enumerate(frames[:-1]):
             mod = fr.findtext("module") or ""
-            if not mod or whole(mod, "libsyncbn.so.0") or whole(mod, "test_gpu_team") or not whole(mod, "libcuda.so.1"):
+            if not mod or whole(mod, "libsyncbn.so.0") or whole(mod, "libsyncbn.so.0.1") or whole(mod, "test_gpu_team") or not whole(mod, "libcuda.so.1"):
                 errors.append(f"{where}: frame {j} module {mod!r} must be libcuda/libnccl only")
     return errors
 
