@@ -22,6 +22,9 @@
  * test_destroy_at_deadline holds rank 0 between that last read and the abort (the second
  * hook) until rank 1 has run the forward and been destroyed; rank 0's forward must succeed.
  * test_poll_order_deadline_mutant, without the read after the abort, must fail it.
+ *
+ * And the hook counts a long wait's polls: test_long_wait_naps (a wait of 1 s naps longer
+ * as it goes on), which test_poll_order_naps_mutant (naps of 20 us throughout) must fail.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -31,6 +34,8 @@
 #include "harness.h"
 
 static _Thread_local int hook_armed;  /* rank 0's thread, during its forward */
+static _Thread_local int count_armed; /* test_long_wait_naps: rank 0's naps recorded */
+static _Thread_local long naps, nap_max_ns;
 static atomic_int in_hook, rank1_gone; /* rank 0 waits in the hook; rank 1 was destroyed */
 static atomic_int hook_stops;          /* polls the hook held (must be 1) */
 static atomic_int hook_saw_gone;       /* the hook let go once rank 1 was destroyed */
@@ -59,6 +64,14 @@ void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k) {
   atomic_fetch_add(&hook_stops, 1);
   atomic_store(&in_hook, 1);
   atomic_store(&hook_saw_gone, wait_flag(&rank1_gone));
+}
+
+/* Called by the library's wait_epoch before each nap, with its length. */
+void sbn_test_nap_hook(int64_t nap_ns);
+void sbn_test_nap_hook(int64_t nap_ns) {
+  if (!count_armed) return;
+  naps++;
+  if (nap_ns > nap_max_ns) nap_max_ns = (long)nap_ns;
 }
 
 /* The second hook's state: rank 0's thread during its forward; rank 1 was destroyed. */
@@ -203,9 +216,55 @@ static void test_destroy_at_deadline(void) {
   team_stats_right(late); /* rank 0 merged the records rank 1 saw */
 }
 
+/* Rank 1's thread for test_long_wait_naps: its forward after delay_ms. */
+typedef struct {
+  rank_t* r;
+  long delay_ms;
+} late_t;
+
+static void* late_main(void* arg) {
+  late_t* a = (late_t*)arg;
+  struct timespec ts = {a->delay_ms / 1000, (a->delay_ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  a->r->fwd = forward(a->r);
+  return NULL;
+}
+
+/* A rank that waits long for a late peer naps longer as the wait goes on: 64 polls of
+   spinning, yields for 1 ms, then naps of a 16th of the wait so far, up to 1 ms. Rank 1
+   comes 1 s late: rank 0's naps reach 1 ms after 16 ms of waiting, whatever the load (by
+   the clock, not a count of polls), so it wakes ~1000 times a second. With naps of 20 us throughout (the wait until 2026-12-02: tens of thousands of
+   wake-ups a second, ~0.2 of a core per waiting rank), test_poll_order_naps_mutant must
+   fail it. */
+static void test_long_wait_naps(void) {
+  static rank_t rk[W];
+  sbnComm_t comms[W];
+  team_pair(rk, comms, 20000);
+  pthread_t th;
+  late_t one = {&rk[1], 1000};
+  ASSERT_TRUE(pthread_create(&th, NULL, late_main, &one) == 0);
+  const double t0 = now_ms();
+  count_armed = 1;
+  rk[0].fwd = forward(&rk[0]);
+  count_armed = 0;
+  const double waited = now_ms() - t0;
+  pthread_join(th, NULL);
+  fprintf(stderr, "  rank 0 waited %.0f ms for rank 1: %ld naps, the longest %ld us\n", waited, naps,
+          nap_max_ns / 1000);
+  ASSERT_OK(rk[0].fwd);
+  ASSERT_OK(rk[1].fwd);
+  team_stats_right(rk);
+  ASSERT_TRUE(waited >= 900.0); /* the wait this test is about took place */
+  ASSERT_TRUE(naps > 0);
+  ASSERT_EQ_INT(nap_max_ns, 1000000); /* the naps grew to their cap, and not past it */
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS");
   SBN_RUN(test_destroy_between_reads);
   SBN_RUN(test_destroy_at_deadline);
+  SBN_RUN(test_long_wait_naps);
   return sbn_test_exit();
 }

@@ -27,20 +27,23 @@ static int64_t now_ns(void) {
 }
 
 /* A test's hooks (tests/test_poll_order.c builds this file with SBN_TEST_POLL_HOOK; the
-   library's own build has none): after the two loads of a poll, and where the deadline
-   has passed, after the epoch's read and before the team's abort */
+   library's own build has none): after the two loads of a poll; where the deadline has
+   passed, after the epoch's read and before the team's abort; and each nap's length */
 #ifdef SBN_TEST_POLL_HOOK
 void sbn_test_poll_hook(const uint32_t* epoch, uint32_t k);
 void sbn_test_deadline_hook(const uint32_t* epoch, uint32_t k);
+void sbn_test_nap_hook(int64_t nap_ns);
 #define POLL_HOOK(epoch, k) sbn_test_poll_hook(epoch, k)
 #define DEADLINE_HOOK(epoch, k) sbn_test_deadline_hook(epoch, k)
+#define NAP_HOOK(nap) sbn_test_nap_hook(nap)
 #else
 #define POLL_HOOK(epoch, k) ((void)0)
 #define DEADLINE_HOOK(epoch, k) ((void)0)
+#define NAP_HOOK(nap) ((void)0)
 #endif
 
-/* Waits until *epoch == k. Spins briefly, then yields, then sleeps, so W ranks on fewer
-   cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout.
+/* Waits until *epoch == k. Spins briefly, then yields, then sleeps (longer as the wait
+   goes on), so W ranks on fewer cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout.
    The abort word is read BEFORE the epoch: a rank destroyed right after its last op
    aborts the team, and a peer still waiting in that op must find the records the rank
    saw (sbnCommDestroy's promise: the usual teardown fails no op). An abort seen first
@@ -49,6 +52,7 @@ void sbn_test_deadline_hook(const uint32_t* epoch, uint32_t k);
    and held open by test_poll_order). */
 static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
                               int64_t deadline_ns, int* expired) {
+  int64_t since = 0; /* when the wait began to yield */
   for (uint64_t spin = 0;; spin++) {
     int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
     const uint32_t seen = __atomic_load_n(epoch, __ATOMIC_ACQUIRE);
@@ -56,13 +60,25 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
     if (seen == k) return sbnSuccess;
     if (reason != sbnSuccess) return (sbnResult_t)reason;
     if (spin < 64) continue;
-    if (spin < 4096) {
-      sched_yield();
+    const int64_t now = now_ns();
+    if (since == 0) since = now;
+    if (now - since < 1000000) {
+      sched_yield(); /* the first ms */
     } else {
-      struct timespec ts = {0, 20000}; /* 20 us */
-      nanosleep(&ts, NULL);
+      /* then naps that grow with the wait, a 16th of it up to 1 ms, none past the
+         deadline: a rank that waits long for a late peer wakes ~1000 times a second (naps
+         of 20 us woke it tens of thousands of times: a fifth of a core for each waiting
+         rank, for up to the timeout) and sees the peer's record at most a 16th of its
+         wait later than it came. By the clock, not by a count of polls: a loaded machine
+         (each yield a few ms) naps as soon. */
+      int64_t nap = (now - since) / 16;
+      if (nap > 1000000) nap = 1000000;
+      if (nap > deadline_ns - now) nap = deadline_ns > now ? deadline_ns - now : 0;
+      struct timespec ts = {0, (long)nap};
+      NAP_HOOK(nap);
+      if (nap > 0) nanosleep(&ts, NULL);
     }
-    if ((spin & 15) == 0 && now_ns() > deadline_ns) {
+    if (now_ns() > deadline_ns) {
       if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess;
       DEADLINE_HOOK(epoch, k);
       sbn_team_abort(t, sbnTimeout);
