@@ -273,9 +273,10 @@ __device__ void push_failure(const sbn_coop_args_t& a, int rank, int code) {
    peer): their later kernels publish nothing, and their blocks still waiting return
    within 32 polls. Failure path only (it reads and writes host memory). */
 __device__ __forceinline__ void record_error(const sbn_coop_args_t& a, int rank, int code) {
-  /* with the relaxed load that saw "stop" before it (device_words_lane), an acquire: a
-     block stopped by another of its rank's blocks reads the cause that one wrote before
-     its stop store (the release below), not 0, and keeps it */
+  /* with the relaxed load that saw "stop" before it (device_words_lane, by this thread in
+     the waits), an acquire: a block stopped by another of its rank's blocks reads the
+     cause that one wrote before its stop store (the release below), not 0, and keeps it.
+     (At a kernel's start another warp loaded "stop": bench/notes/exchange.md, open.) */
   fence_release_sys();
   if (ld_err(&a.err[rank]) == 0) st_err(&a.err[rank], code);
   /* the cause in host memory before any rank can see "stop" and record sbnAborted as its

@@ -1,5 +1,5 @@
 /* exchange.pml — a model of the cooperative kernels' cross-rank exchange, for SPIN.
- * docs/MODEL.md sets each part beside the kernel code it stands for (kernels/coop.cu,
+ * docs/MODEL.md sets each part beside the kernel code it stands for (kernels/coop_kernel.cuh,
  * kernels/coop_exchange.cuh). Memory is sequentially consistent here: the ordering of the
  * publish and the polls is the emulator's weak model's job (tests/emu/emu_rt.h).
  *
@@ -14,7 +14,8 @@
  * a peer that never arrives), SINGLE_BUFFER (the mutant: one record per source, no
  * parity), SOLO (the kernels' solo ops: no rank barrier; the blocks only arrive, and
  * block 0 advances the epoch at its end once every block of the op has arrived),
- * NO_ARRIVAL_WAIT (with SOLO, the mutant: block 0 advances it without that check).
+ * NO_ARRIVAL_WAIT (with SOLO, the mutant: block 0 advances it without that check),
+ * IGNORE_SEEN (the mutant: a kernel queued behind a failure publishes anyway).
  *
  * Checked: (1) no rank merges a record written for another op (assertion in the wait);
  * (2) no record is overwritten before its reader read it, unless that reader has failed
@@ -22,7 +23,8 @@
  * end state (SPIN's deadlock check) in every configuration that has a way out;
  * (4) agreement: with no failure injected every op of every rank succeeds; with failures,
  * no block succeeds in an op after the first op that failed anywhere, and a kernel queued
- * behind a failure publishes nothing (assertion); (5) every block of op k reads epoch
+ * behind a failure publishes nothing (through assertion 2: a kernel that ignored `seen`
+ * fails it); (5) every block of op k reads epoch
  * k - 1 (the epoch is advanced only after all the op's blocks read it), unless an op
  * failed before.
  */
@@ -103,7 +105,7 @@ proctype Block(byte r; byte b) {
   :: else ->
     (done[r] >= G * (op - 1)); /* the rank's previous kernel has ended */
     /* every block reads the epoch before the barrier; publishing blocks read the
-       failure words at their start (coop.cu: sbn_coop_kernel) */
+       failure words at their start (coop_kernel.cuh: sbn_coop_kernel) */
     d_step { k = epoch[r] + 1; seen = ANY_ERR; st = OK }
     assert(k == op || fail_op != 0); /* (5) */
 #ifdef SOLO
@@ -129,7 +131,9 @@ proctype Block(byte r; byte b) {
     fi;
 #endif
     if
+#ifndef IGNORE_SEEN
     :: seen -> record_error(r, op, ABORTED); goto advance
+#endif
     :: else -> skip
     fi;
     dst = 0;

@@ -61,6 +61,7 @@ if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
   check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DSINGLE_BUFFER
   check fail -DW=2 -DG=1 -DOPS=3 -DPEER_STOPS
   check fail -DW=2 -DG=2 -DOPS=3 -DSOLO -DNO_ARRIVAL_WAIT
+  check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DIGNORE_SEEN
 fi
 [ $FAILED = 0 ] && echo "run-spin: OK" || echo "run-spin: FAILED"
 exit $FAILED
