@@ -104,7 +104,17 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
     }
     if (group.cap == 0) { /* the thread's first queue: free it should the thread exit */
       pthread_once(&exit_once, make_exit_key);
-      if (exit_key_ok) pthread_setspecific(exit_key, &group);
+      if (!exit_key_ok || pthread_setspecific(exit_key, &group) != 0) {
+        /* without the key a thread that exits with its group open would keep its comms
+           claimed for ever (every later call on them refused) and leak its queue */
+        free(ops);
+        sbnResult_t r = sbn_fail(op->comm, sbnSystemError,
+                                 "no thread-specific key for the group's queue (pthread_key_create "
+                                 "failed: the process's PTHREAD_KEYS_MAX keys in use?); nothing was "
+                                 "queued");
+        sbn_group_mark_failed(r, op->comm);
+        return r;
+      }
     }
     group.ops = ops;
     group.cap = cap;
