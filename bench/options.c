@@ -2,7 +2,6 @@
  * and every check of them that can fail, made before any work (exit 2 with the option, the
  * value and what is allowed): bounds, the shape table, the host memory the run will take. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -718,15 +717,10 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
         per_tensor = (double)d.n * (double)d.c * (double)d.spatial * dtype_size(d.dtype);
       }
     }
-  /* the address space also holds each rank thread's whole stack (the CPU team's threads:
-     the default size, RLIMIT_STACK's, 8 MiB on most systems), touched or not */
-  size_t stack = 0;
-  pthread_attr_t attr;
-  if (pthread_attr_init(&attr) == 0) {
-    if (pthread_attr_getstacksize(&attr, &stack) != 0) stack = 0;
-    pthread_attr_destroy(&attr);
-  }
-  const double mapped = peak + (gpu_mode ? 0.0 : o->ranks * ((double)stack + 65536.0));
+  /* the address space also holds each rank thread's whole stack, touched or not: the CPU
+     team's ranks run on the threads sbnGroupEnd starts, SBN_GROUP_THREAD_STACK each (and
+     a guard page; generously 64 KiB) */
+  const double mapped = peak + (gpu_mode ? 0.0 : o->ranks * ((double)SBN_GROUP_THREAD_STACK + 65536.0));
   for (int as = 0; as < 2; as++) {
     char from[160] = "";
     const double need = as ? mapped : peak;

@@ -132,6 +132,11 @@ typedef struct {
 /* Most ranks in a CPU team (sbnCommInitCpu). */
 #define SBN_MAX_CPU_TEAM_RANKS 4096
 
+/* The stack of each thread sbnGroupEnd starts for a CPU team's rank (bytes): what the
+   address space holds per such thread (ulimit -v), where the default (RLIMIT_STACK's,
+   8 MiB on most systems) would be taken. A rank's op needs under 64 KB of it. */
+#define SBN_GROUP_THREAD_STACK (1u << 20)
+
 /* CPU team: creates `nranks` comms (ranks 0..nranks-1 in comms[0..nranks-1]) whose ranks
    are host threads and whose data lives in host memory. config may be NULL (defaults).
    Each comm is owned by the caller and released with sbnCommDestroy. Always available.

@@ -469,17 +469,25 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   }
   pthread_mutex_init(&gate.mu, NULL);
   pthread_cond_init(&gate.cv, NULL);
+  /* the rank threads' stacks: SBN_GROUP_THREAD_STACK (syncbn.h), not the default
+     (RLIMIT_STACK's, 8 MiB on most systems), which every thread holds in address space: a
+     group of 256 ranks took 2 GiB of it, and failed under ulimit -v where its buffers fit
+     (a rank's op: under 64 KB of stack, its deepest frame sbn_cpu_local_stats' 46 KB) */
+  pthread_attr_t attr;
+  const int have_attr = pthread_attr_init(&attr) == 0;
+  if (have_attr) (void)pthread_attr_setstacksize(&attr, SBN_GROUP_THREAD_STACK);
   for (size_t i = 1; i < nq; i++) {
     if (qs[i].n == 0) continue;
     args[i].q = &qs[i];
     args[i].gate = &gate;
-    if (pthread_create(&qs[i].thread, NULL, worker_main, &args[i]) != 0) {
+    if (pthread_create(&qs[i].thread, have_attr ? &attr : NULL, worker_main, &args[i]) != 0) {
       result = sbn_fail(NULL, sbnSystemError,
                         "sbnGroupEnd: could not create a thread for rank work; nothing was run");
       break;
     }
     qs[i].started = 1;
   }
+  if (have_attr) pthread_attr_destroy(&attr);
   pthread_mutex_lock(&gate.mu);
   gate.go = result == sbnSuccess ? 1 : -1;
   pthread_cond_broadcast(&gate.cv);
