@@ -68,21 +68,35 @@ static void group_reset(void) {
 /* A thread that exits with a group open: its queue is freed and its comms given back
    (they would stay claimed, and the queue leak). */
 static pthread_key_t exit_key;
-static int exit_key_ok;
-static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+enum { KEY_NONE, KEY_MADE, KEY_GONE };
+static atomic_int exit_key_state; /* KEY_*; made under exit_key_mu */
+static pthread_mutex_t exit_key_mu = PTHREAD_MUTEX_INITIALIZER;
 static void group_thread_exit(void* unused) {
   (void)unused;
   group_reset();
 }
-static void make_exit_key(void) { exit_key_ok = pthread_key_create(&exit_key, group_thread_exit) == 0; }
+/* The key, made at the first group that needs it and tried again at the next one where
+   pthread_key_create failed (the process's keys may have been freed since): KEY_MADE, or
+   KEY_NONE (it could not be made), or KEY_GONE (the library is being unloaded). */
+static int exit_key_get(void) {
+  int s = atomic_load(&exit_key_state);
+  if (s != KEY_NONE) return s;
+  pthread_mutex_lock(&exit_key_mu);
+  if (atomic_load(&exit_key_state) == KEY_NONE && pthread_key_create(&exit_key, group_thread_exit) == 0)
+    atomic_store(&exit_key_state, KEY_MADE);
+  s = atomic_load(&exit_key_state);
+  pthread_mutex_unlock(&exit_key_mu);
+  return s;
+}
 /* The library unloaded (dlclose) or the process exiting: no thread may call a destructor
    that is gone, and no later group uses the deleted key (the queues of threads with a
-   group still open are then left). */
+   group still open are then left, and a group made after this runs without the key: a
+   thread of a process that is exiting). */
 __attribute__((destructor)) static void delete_exit_key(void) {
-  if (exit_key_ok) {
-    exit_key_ok = 0;
-    pthread_key_delete(exit_key);
-  }
+  pthread_mutex_lock(&exit_key_mu);
+  if (atomic_load(&exit_key_state) == KEY_MADE) pthread_key_delete(exit_key);
+  atomic_store(&exit_key_state, KEY_GONE);
+  pthread_mutex_unlock(&exit_key_mu);
 }
 
 void sbn_group_mark_failed(sbnResult_t r, sbnComm_t comm) {
@@ -103,8 +117,8 @@ sbnResult_t sbn_group_enqueue(const sbn_op_t* op) {
       return r;
     }
     if (group.cap == 0) { /* the thread's first queue: free it should the thread exit */
-      pthread_once(&exit_once, make_exit_key);
-      if (!exit_key_ok || pthread_setspecific(exit_key, &group) != 0) {
+      const int key = exit_key_get();
+      if (key == KEY_NONE || (key == KEY_MADE && pthread_setspecific(exit_key, &group) != 0)) {
         /* without the key a thread that exits with its group open would keep its comms
            claimed for ever (every later call on them refused) and leak its queue */
         free(ops);
@@ -480,7 +494,10 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
     if (qs[i].n == 0) continue;
     args[i].q = &qs[i];
     args[i].gate = &gate;
-    if (pthread_create(&qs[i].thread, have_attr ? &attr : NULL, worker_main, &args[i]) != 0) {
+    /* (the stack also holds the thread's static TLS: a host process with a huge one gets
+       the default stack instead) */
+    if (pthread_create(&qs[i].thread, have_attr ? &attr : NULL, worker_main, &args[i]) != 0 &&
+        (!have_attr || pthread_create(&qs[i].thread, NULL, worker_main, &args[i]) != 0)) {
       result = sbn_fail(NULL, sbnSystemError,
                         "sbnGroupEnd: could not create a thread for rank work; nothing was run");
       break;

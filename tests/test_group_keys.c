@@ -7,8 +7,9 @@
  * its group open kept its comms claimed for ever (every later sbnCommDestroy refused:
  * "in use by another thread") and leaked its queue. Now the op is refused at the call
  * (sbnSystemError, naming the key; nothing queued), so sbnGroupEnd fails and every comm
- * is still the caller's: it can run the op outside a group and destroy the comms. Its
- * own process: the library's key is made once per process.
+ * is still the caller's: it can run the op outside a group and destroy the comms; once
+ * keys are free again, the next group makes the library's key and runs. Its own process:
+ * the library's key, once made, is kept.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -39,6 +40,11 @@ static void test_no_key_left(void) {
   ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage); /* a call of the group failed */
   /* nothing was queued or claimed: the comm is the caller's */
   ASSERT_OK(sbnForwardTrain(comm, &d, x, y, NULL, NULL, NULL, NULL, NULL, mean, invstd, NULL, NULL));
+  /* the keys given back, the next group makes its key and runs (one failure does not take
+     groups away from the process for good) */
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(sbnForwardTrain(comm, &d, x, y, NULL, NULL, NULL, NULL, NULL, mean, invstd, NULL, NULL));
+  ASSERT_OK(sbnGroupEnd());
   ASSERT_OK(sbnCommDestroy(comm));
 }
 

@@ -42,8 +42,9 @@ void sbn_test_nap_hook(int64_t nap_ns);
 #define NAP_HOOK(nap) ((void)0)
 #endif
 
-/* Waits until *epoch == k. Spins briefly, then yields, then sleeps (longer as the wait
-   goes on), so W ranks on fewer cores make progress. Returns sbnSuccess, the team's abort reason, or sbnTimeout.
+/* Waits until *epoch == k. Spins briefly, then yields, then sleeps (longer as the op's
+   waits go on: *since_ns), so W ranks on fewer cores make progress. Returns sbnSuccess,
+   the team's abort reason, or sbnTimeout.
    The abort word is read BEFORE the epoch: a rank destroyed right after its last op
    aborts the team, and a peer still waiting in that op must find the records the rank
    saw (sbnCommDestroy's promise: the usual teardown fails no op). An abort seen first
@@ -51,8 +52,8 @@ void sbn_test_nap_hook(int64_t nap_ns);
    an abort stored between the two reads failed the op (sbnAborted, nothing written; rare,
    and held open by test_poll_order). */
 static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
-                              int64_t deadline_ns, int* expired) {
-  int64_t since = 0; /* when the wait began to yield */
+                              int64_t deadline_ns, int* expired, int64_t* since_ns) {
+  int64_t since = *since_ns; /* when the op's waiting began to yield (0: not yet) */
   for (uint64_t spin = 0;; spin++) {
     int reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
     const uint32_t seen = __atomic_load_n(epoch, __ATOMIC_ACQUIRE);
@@ -61,7 +62,7 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
     if (reason != sbnSuccess) return (sbnResult_t)reason;
     if (spin < 64) continue;
     const int64_t now = now_ns();
-    if (since == 0) since = now;
+    if (since == 0) *since_ns = since = now;
     if (now - since < 1000000) {
       sched_yield(); /* the first ms */
     } else {
@@ -94,12 +95,13 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
 }
 
 /* Waits for rank q's record of chunk j of op k; the failure, recorded on comm. */
-static sbnResult_t wait_record(sbnComm_t comm, int q, int j, uint32_t k, int64_t deadline) {
+static sbnResult_t wait_record(sbnComm_t comm, int q, int j, uint32_t k, int64_t deadline,
+                               int64_t* since) {
   sbn_team_t* t = comm->team;
   sbn_cpu_team_t* ct = sbn_cpu_team(t);
   const sbn_mail_rec_t* rec = &ct->mail[sbn_mail_index(q, k, j, ct->nchunks_max)];
   int expired = 0;
-  sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline, &expired);
+  sbnResult_t r = wait_epoch(t, &rec->epoch, k, deadline, &expired, since);
   if (r == sbnTimeout && expired)
     return sbn_fail(comm, r,
                     "rank %d waited %lld ms for rank %d (op %u of the team); the team is "
@@ -150,8 +152,9 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
      before any rank may leave (a rank that left at the first mismatch it saw could reach
      op k + 2 and overwrite its op-k records while a peer still waits for them) */
   const int64_t deadline = now_ns() + t->cfg.timeout_ms * 1000000;
+  int64_t since = 0; /* the op's waits nap by how long it has waited in all (wait_epoch) */
   for (int q = 0; q < t->nranks; q++) {
-    sbnResult_t r = wait_record(comm, q, 0, k, deadline);
+    sbnResult_t r = wait_record(comm, q, 0, k, deadline, &since);
     if (r != sbnSuccess) return r;
   }
   /* step 3: every rank must run the same op (bn_op.h: sbn_sig_same_op, and the
@@ -174,7 +177,7 @@ sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floats_per_channe
   }
   for (int q = 0; q < t->nranks; q++)
     for (int j = 1; j < nchunks; j++) {
-      sbnResult_t r = wait_record(comm, q, j, k, deadline);
+      sbnResult_t r = wait_record(comm, q, j, k, deadline, &since);
       if (r != sbnSuccess) return r;
     }
   peers->mail = ct->mail;
