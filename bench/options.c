@@ -721,11 +721,20 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
      team's ranks run on the threads sbnGroupEnd starts, SBN_GROUP_THREAD_STACK each (and
      a guard page; generously 64 KiB) */
   const double mapped = peak + (gpu_mode ? 0.0 : o->ranks * ((double)SBN_GROUP_THREAD_STACK + 65536.0));
-  for (int as = 0; as < 2; as++) {
-    char from[160] = "";
-    const double need = as ? mapped : peak;
-    const double avail = memory_available(from, sizeof from, as);
-    if (avail < 0 || need <= BENCH_MEMORY_SHARE * avail) continue;
+  /* the bound that refuses the run, the smaller where both do (as before: the smallest) */
+  int as = -1;
+  double need = 0, avail = -1;
+  char from[160] = "";
+  for (int k = 0; k < 2; k++) {
+    char what[160] = "";
+    const double n = k ? mapped : peak, a = memory_available(what, sizeof what, k);
+    if (a < 0 || n <= BENCH_MEMORY_SHARE * a || (as >= 0 && a >= avail)) continue;
+    as = k;
+    need = n;
+    avail = a;
+    snprintf(from, sizeof from, "%s", what);
+  }
+  if (as >= 0)
     return usage_error(argv0,
                        "this run needs about %.3g GB of host memory at once (%s %s, scale %d: %d "
                        "ranks x 4 tensors of %.3g MB, plus the check's buffers%s), more than %.0f%% of "
@@ -734,6 +743,5 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
                        need * 1e-9, worst->id, kDtypeNames[worst_dtype], o->scale, o->ranks,
                        per_tensor * 1e-6, as && !gpu_mode ? " and the rank threads' stacks" : "",
                        BENCH_MEMORY_SHARE * 100, avail * 1e-9, from);
-  }
   return 0;
 }
