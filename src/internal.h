@@ -140,6 +140,7 @@ typedef struct sbn_team {
   unsigned char* split_here; /* [nlocal]: 1 once local rank i called in this round */
   sbnComm_t* split_result;
   sbnResult_t split_status;
+  char split_detail[512]; /* why the round's split failed (the splitting thread's detail) */
 } sbn_team_t;
 
 #define SBN_COMM_MAGIC 0x53424e43u /* "SBNC" */

@@ -3,6 +3,7 @@
  * of a split driven one thread per rank. Backend-neutral: a team's backend is reached
  * only through its table (team->ops).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -250,6 +251,7 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
   }
   sbnResult_t r;
   int missing = -1; /* the first local rank that had not called when the wait ended */
+  char failed[sizeof t->split_detail] = ""; /* the split was tried and failed: why */
   pthread_mutex_lock(&t->split_mu);
   uint64_t gen = t->split_gen;
   t->split_color[comm->local] = color;
@@ -262,6 +264,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
   const int late = atomic_load(&t->abort_reason) != sbnSuccess; /* aborted before this call */
   if (++t->split_arrived == t->nlocal && !late) {
     t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
+    if (t->split_status != sbnSuccess) /* for every rank: the cause is in this thread's slot */
+      snprintf(t->split_detail, sizeof t->split_detail, "%s", sbn_error_text(NULL));
     t->split_arrived = 0;
     memset(t->split_here, 0, (size_t)t->nlocal);
     t->split_gen++;
@@ -271,6 +275,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     if (t->split_gen != gen) {
       r = t->split_status;
       if (r == sbnSuccess) *newcomm = t->split_result[comm->local];
+      /* stable until this rank returns: the next round needs it to arrive */
+      else snprintf(failed, sizeof failed, "%s", t->split_detail[0] ? t->split_detail : "(no detail)");
       break;
     }
     int reason = atomic_load(&t->abort_reason);
@@ -286,6 +292,7 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
   }
   pthread_mutex_unlock(&t->split_mu);
   if (r == sbnSuccess) return sbnSuccess;
+  if (failed[0] != '\0') return sbn_fail(comm, r, "sbnCommSplit: no split was made: %s", failed);
   const int gone = sbn_team_departed(t);
   if (r == sbnAborted && gone >= 0)
     return sbn_fail(comm, r,

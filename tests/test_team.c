@@ -120,6 +120,7 @@ typedef struct {
   int lock_delay_ms; /* the call's first pthread_mutex_lock waits this long first */
   int refused_first;  /* JOB_FWD: a forward refused at its arguments (y NULL) first */
   sbnResult_t r_refused; /* its result */
+  int fail_calloc;       /* the library's calloc fails in this thread during the call */
 } job_t;
 
 /* The wall clock as the library reads it (tests/CMakeLists.txt links test_team with
@@ -142,6 +143,16 @@ void* __wrap_realloc(void* p, size_t size);
 void* __wrap_realloc(void* p, size_t size) {
   if (atomic_load(&fail_realloc)) return NULL;
   return __real_realloc(p, size);
+}
+
+/* The library's calloc (-Wl,--wrap=calloc): fails in a thread whose fail_calloc_here is
+   set, as an exhausted heap's would (test_split_failure_detail). */
+static _Thread_local int fail_calloc_here;
+void* __real_calloc(size_t n, size_t size);
+void* __wrap_calloc(size_t n, size_t size);
+void* __wrap_calloc(size_t n, size_t size) {
+  if (fail_calloc_here) return NULL;
+  return __real_calloc(n, size);
 }
 
 /* The library's pthread_mutex_lock (-Wl,--wrap=pthread_mutex_lock): a thread whose
@@ -182,11 +193,13 @@ static void* job_main(void* arg) {
   lock_delay_ms = j->lock_delay_ms;
   j->t0 = now_ms();
   if (j->refused_first) j->r_refused = fwd_refused(j->comm, j->b);
+  fail_calloc_here = j->fail_calloc;
   switch (j->kind) {
     case JOB_FWD: j->r = fwd(j->comm, j->b); break;
     case JOB_BWD: j->r = bwd(j->comm, j->b); break;
     default: j->r = sbnCommSplit(j->comm, j->color, j->key, j->newcomm); break;
   }
+  fail_calloc_here = 0;
   j->t1 = now_ms();
   return NULL;
 }
@@ -542,6 +555,36 @@ static void test_split_timeout_names_rank(void) {
     EXPECT_TRUE(sub[r] == SENTINEL_COMM);
   }
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* A thread-per-rank split that cannot be made (the library's calloc fails in both ranks'
+   threads, so in the one that arrives last and makes it): every rank returns
+   sbnSystemError with the cause, "out of host memory (split)" (the ranks but the one that
+   made it said "sbnSystemError while waiting for the team's other ranks", and that one
+   too: the cause stayed in its thread's slot, which the library's own message replaced);
+   nothing written; the team is whole: the same split then succeeds. */
+static void test_split_failure_detail(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t parent[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
+  ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
+  job_t jobs[2];
+  split_jobs(jobs, 2, parent, sub);
+  for (int r = 0; r < 2; r++) jobs[r].fail_calloc = 1;
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) {
+    const char* e = sbnGetLastError(parent[r]);
+    fprintf(stderr, "  rank %d: %s: %s\n", r, sbnGetResultName(jobs[r].r), e);
+    ASSERT_RES(jobs[r].r, sbnSystemError);
+    EXPECT_TRUE(strstr(e, "sbnCommSplit: no split was made: ") != NULL);
+    EXPECT_TRUE(strstr(e, "out of host memory (split)") != NULL);
+    EXPECT_TRUE(sub[r] == SENTINEL_COMM);
+  }
+  split_jobs(jobs, 2, parent, sub);
+  ASSERT_TRUE(run_jobs(jobs, 2));
+  for (int r = 0; r < 2; r++) ASSERT_RES(jobs[r].r, sbnSuccess);
+  if (sbn_test_cur_failed_) return;
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
 }
 
 /* A thread-per-rank split whose last rank calls in time but reaches the rendezvous after
@@ -1471,6 +1514,7 @@ int main(void) {
   SBN_RUN(test_split_timeout_names_rank);
   SBN_RUN(test_split_wait_monotonic);
   SBN_RUN(test_split_late_rank);
+  SBN_RUN(test_split_failure_detail);
   SBN_RUN(test_multi_op_group);
   SBN_RUN(test_group_queue_out_of_memory);
   SBN_RUN(test_group_stops_at_failure);
