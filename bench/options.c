@@ -528,9 +528,9 @@ int opts_check_files(const bench_opts_t* o, const char* argv0) {
     } std[2] = {{STDOUT_FILENO, "standard output (the table)"},
                 {STDERR_FILENO, "standard error (the plan and the progress)"}};
     struct stat js, fs;
-    for (int i = 0; i < 2; i++)
-      if (stat(o->json_file, &js) == 0 && S_ISREG(js.st_mode) && fstat(std[i].fd, &fs) == 0 &&
-          js.st_dev == fs.st_dev && js.st_ino == fs.st_ino)
+    const int regular = stat(o->json_file, &js) == 0 && S_ISREG(js.st_mode);
+    for (int i = 0; i < 2 && regular; i++)
+      if (fstat(std[i].fd, &fs) == 0 && js.st_dev == fs.st_dev && js.st_ino == fs.st_ino)
         return usage_error(argv0,
                            "--json '%s' is the file %s goes to: the JSON would replace what "
                            "is written there; --json takes another file (or a pipe)",
@@ -643,23 +643,20 @@ static void consider(double v, const char* what, double* best, char* from, size_
   snprintf(from, cap, "%s", what);
 }
 
-/* The bytes this process can still take before the kernel refuses or kills it, and where
-   that number comes from; -1 when nothing says. The smallest of: MemAvailable
-   (/proc/meminfo; else the free physical pages), the memory cgroup's limit minus its usage
-   (v2, v1), and with address_space RLIMIT_AS (ulimit -v) minus the address space in use
-   (alone: the bytes a run maps, its threads' whole stacks among them). */
-static double memory_available(char* from, size_t cap, int address_space) {
+/* The bytes of memory this process can still take before the kernel refuses or kills it,
+   and where that number comes from; -1 when nothing says. The smaller of: MemAvailable
+   (/proc/meminfo; else the free physical pages) and the memory cgroup's limit minus its
+   usage (v2, v1). */
+static double memory_available(char* from, size_t cap) {
   double best = -1, kb = -1;
-  FILE* f = address_space ? NULL : fopen("/proc/meminfo", "r");
+  FILE* f = fopen("/proc/meminfo", "r");
   if (f) {
     char line[256];
     while (fgets(line, sizeof line, f))
       if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
     fclose(f);
   }
-  if (address_space)
-    ; /* only RLIMIT_AS, below */
-  else if (kb >= 0)
+  if (kb >= 0)
     consider(kb * 1024.0, "MemAvailable in /proc/meminfo", &best, from, cap);
   else if (sysconf(_SC_AVPHYS_PAGES) > 0 && sysconf(_SC_PAGESIZE) > 0)
     consider((double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE),
@@ -668,25 +665,32 @@ static double memory_available(char* from, size_t cap, int address_space) {
       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
       {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
        "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
-  for (int v = 0; v < 2 && !address_space; v++) {
+  for (int v = 0; v < 2; v++) {
     const double limit = read_number(cgroup[v][0]), used = read_number(cgroup[v][1]);
     char what[128];
     snprintf(what, sizeof what, "the memory cgroup's limit (%s) minus its usage", cgroup[v][0]);
     if (limit >= 0 && used >= 0) consider(limit > used ? limit - used : 0, what, &best, from, cap);
   }
+  return best;
+}
+
+/* The address space this process can still map: RLIMIT_AS (ulimit -v) minus the address
+   space in use, and where that number comes from; -1 without a limit. It bounds the bytes
+   a run maps, its threads' whole stacks among them. */
+static double address_space_available(char* from, size_t cap) {
+  double best = -1;
   struct rlimit rl;
-  if (address_space && getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    double pages = -1;
-    f = fopen("/proc/self/statm", "r");
-    if (f) {
-      if (fscanf(f, "%lf", &pages) != 1) pages = -1;
-      fclose(f);
-    }
-    const double used = pages > 0 ? pages * (double)sysconf(_SC_PAGESIZE) : 0;
-    const double limit = (double)rl.rlim_cur;
-    consider(limit > used ? limit - used : 0,
-             "RLIMIT_AS (ulimit -v) minus the address space in use", &best, from, cap);
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return best;
+  double pages = -1;
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &pages) != 1) pages = -1;
+    fclose(f);
   }
+  const double used = pages > 0 ? pages * (double)sysconf(_SC_PAGESIZE) : 0;
+  const double limit = (double)rl.rlim_cur;
+  consider(limit > used ? limit - used : 0, "RLIMIT_AS (ulimit -v) minus the address space in use",
+           &best, from, cap);
   return best;
 }
 
@@ -727,7 +731,8 @@ int opts_check_memory(const bench_opts_t* o, const bench_shape_t* shapes, int ns
   char from[160] = "";
   for (int k = 0; k < 2; k++) {
     char what[160] = "";
-    const double n = k ? mapped : peak, a = memory_available(what, sizeof what, k);
+    const double n = k ? mapped : peak;
+    const double a = k ? address_space_available(what, sizeof what) : memory_available(what, sizeof what);
     if (a < 0 || n <= BENCH_MEMORY_SHARE * a || (as >= 0 && a >= avail)) continue;
     as = k;
     need = n;

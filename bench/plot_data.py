@@ -192,38 +192,34 @@ def load(files, any_mode):
         if src["cut_short"]:
             warn(f"{path}: the run was cut short (complete: false): its rows are those it reached")
         data.sources.append(src)
+
+        def take(dest, row, key, what=""):
+            """Keeps row under key in dest (the later file's where two have it) and counts
+            it and its checks in its source's totals."""
+            if key in dest:
+                warn(f"{path}: {what}{' '.join(map(str, key))} also in "
+                     f"{data.sources[dest[key]['src']]['file']}: the later one is used")
+            dest[key] = row
+            src["rows"] += 1
+            src["checked"] += int(row["checked"] or 0)
+            src["wrong"] += int(row["wrong"] or 0)
+            src["errors"] += row["error"] is not None
+
         for dest, items in ((data.rows, top["rows"]), (data.latency, latency_list(top))):
             for r in items:
                 row = norm_row(r, top, idx)
-                if row is None:
-                    continue
-                key = (row["path"], row["shape"], row["dtype"], row["layout"], row["ranks"])
-                if key in dest:
-                    warn(f"{path}: {' '.join(map(str, key))} also in "
-                         f"{data.sources[dest[key]['src']]['file']}: the later one is used")
-                dest[key] = row
-                src["rows"] += 1
-                src["checked"] += int(row["checked"] or 0)
-                src["wrong"] += int(row["wrong"] or 0)
-                src["errors"] += row["error"] is not None
+                if row is not None:
+                    take(dest, row, (row["path"], row["shape"], row["dtype"], row["layout"], row["ranks"]))
         # the inference table: its rows' checks count as the others' (a wrong value there
         # is a wrong value of the run)
         inf = top.get("inference")
         for r in inf if isinstance(inf, list) else []:
             row = norm_infer_row(r, top, idx)
-            if row is None:
-                continue
-            key = (row["path"], row["shape"], row["dtype"], row["layout"])
-            if key in data.inference:
-                warn(f"{path}: inference {' '.join(key)} also in "
-                     f"{data.sources[data.inference[key]['src']]['file']}: the later one is used")
-            data.inference[key] = row
-            src["rows"] += 1
-            src["checked"] += int(row["checked"] or 0)
-            src["wrong"] += int(row["wrong"] or 0)
-            src["errors"] += row["error"] is not None
-        if fnum(top.get("inference_target")) is not None:
-            data.inference_target = fnum(top.get("inference_target"))
+            if row is not None:
+                take(data.inference, row, (row["path"], row["shape"], row["dtype"], row["layout"]), "inference ")
+        target = fnum(top.get("inference_target"))
+        if target is not None:
+            data.inference_target = target
     devices = {s["device"] for s in data.sources if s["device"]}
     if len(devices) > 1:
         warn(f"the files come from different devices: {sorted(devices)}")
