@@ -283,12 +283,17 @@ def _infer_fake(x, z, running_mean, running_var, weight, bias, eps, activation, 
 
 # ---- autograd ----------------------------------------------------------------------------
 def act_grad(g, out, activation, slope):
-    """g * act'(out), PyTorch's rules: ReLU's threshold_backward of the result (0 where
-    out <= 0; NaN passes), leaky ReLU's leaky_relu_backward (slope where out <= 0)."""
+    """g * act'(out), PyTorch's rules and ops: ReLU's threshold_backward of the result (0
+    where out <= 0; NaN passes), leaky ReLU's leaky_relu_backward (slope where out <= 0).
+    Differentiable as PyTorch's relu(batch_norm(x) + z) is under create_graph: to g, and to
+    out with zeros (a second derivative reaches what out was computed from, the weight and
+    the bias included, as PyTorch's does, where a mask left them out of the graph)."""
     if activation == RELU:
-        return torch.where(out <= 0, torch.zeros_like(g), g)
+        return torch.ops.aten.threshold_backward(g, out.to(g.dtype), 0)
     if activation == LEAKY_RELU:
-        return torch.where(out > 0, g, g * slope)
+        # self_is_result False: the same rule (slope where out <= 0), without the in-place
+        # form's refusal of a negative slope
+        return torch.ops.aten.leaky_relu_backward(g, out.to(g.dtype), slope, False)
     return g
 
 
@@ -358,6 +363,11 @@ def _infer_function(infer, below):
             dx, gw, gb = _infer_grads(g, x, rm, rv, w, ctx.eps, need[0], w is not None and need[4],
                                       w is not None and need[5])
             dz = g.to(x.dtype) if need[1] else None
+            # as PyTorch's relu(batch_norm(x) + z): the activation's gradient g (the
+            # residual's) is computed from dy and out (threshold_backward's inputs); the
+            # batch norm's from g, x and the weight
+            dz, = _ops._grads_require_grad((dz,), dy, y)
+            dx, gw, gb = _ops._grads_require_grad((dx, gw, gb), dy, y, x, w)
             return dx, dz, None, None, gw, gb, None, None, None
 
     return InferActFn

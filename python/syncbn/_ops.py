@@ -573,9 +573,25 @@ def _infer_function(infer, below):
             need = ctx.needs_input_grad
             dx, gw, gb = _infer_grads(dy.float(), x, rm, rv, w, ctx.eps, need[0], w is not None and need[3],
                                       w is not None and need[4])
+            dx, gw, gb = _grads_require_grad((dx, gw, gb), dy, x, w)
             return dx, None, None, gw, gb, None
 
     return InferFn
+
+
+def _grads_require_grad(grads, *sources):
+    """An evaluated layer's gradients (its backward: torch ops, differentiable) where the
+    backward builds a graph (create_graph=True) from a source that requires grad: each
+    requires grad, as nn.BatchNorm's do (the outputs of its double backward's node, whose
+    inputs are the incoming gradient, x and the weight). One computed from none of those
+    (the weight's and the bias's gradients of a constant incoming gradient, x without
+    grad) is then a fresh leaf, an alias: a second derivative taken from it reaches no
+    input, as PyTorch's ('appears to not have been used in the graph'), where it raised
+    that it 'does not require grad' (a gradient penalty on a frozen layer's weights).
+    Where no source requires grad, as they are (PyTorch's do not require grad either)."""
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in sources):
+        return grads
+    return tuple(t if t is None or t.requires_grad else t.detach().requires_grad_() for t in grads)
 
 
 def _infer_grads(g, x, rm, rv, w, eps, need_x, need_w, need_b):

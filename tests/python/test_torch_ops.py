@@ -27,6 +27,7 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
 import contextlib
 import copy
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -772,6 +773,71 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                                + ((gz.detach().double(), z.grad.double()) if res else ()))
                 for got, want in zip(*out):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+    def test_eval_gradients_require_grad_as_pytorch(self):
+        """An evaluated layer's gradients under create_graph=True require grad exactly where
+        float64 PyTorch's (nn.BatchNorm2d, then + z and the activation) do, and a second
+        derivative from each reaches the same inputs with the same values: a gradient
+        penalty on a frozen layer's weight gradient (x without grad, a constant incoming
+        gradient) raised 'does not require grad' where PyTorch's reaches no input. Plain
+        and fused, x with and without grad, a constant incoming gradient and one that
+        requires grad; both kinds of operators."""
+        torch.manual_seed(9)
+        ref = torch.nn.BatchNorm2d(3).double().eval()
+        with torch.no_grad():
+            ref.running_mean.uniform_(-1, 1)
+            ref.running_var.uniform_(0.5, 2)
+            ref.weight.uniform_(0.5, 1.5)
+            ref.bias.uniform_(-0.5, 0.5)
+        x0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        z0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        c = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        checked = 0
+        for kw in ({}, {"activation": "relu", "residual": True}, {"residual": True},
+                   {"activation": "leaky_relu", "slope": 0.2}):
+            kw = dict(kw)
+            res = kw.pop("residual", False)
+            act = kw.get("activation")
+            m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+            m.eval()
+            for x_grad, incoming in itertools.product((False, True), ("constant", "y^3")):
+                with self.subTest(**kw, residual=res, x_grad=x_grad, incoming=incoming):
+                    out = []
+                    for layer in (m, None):
+                        dt = torch.float32 if layer is not None else torch.float64
+                        x = x0.to(dt).detach().clone().requires_grad_(x_grad)
+                        z = z0.to(dt).detach().clone().requires_grad_(x_grad)
+                        if layer is not None:
+                            y = layer(x, z) if res else layer(x)
+                            w, b = m.weight, m.bias
+                        else:
+                            y = ref(x) + z if res else ref(x)
+                            y = F.leaky_relu(y, 0.2) if act == "leaky_relu" else F.relu(y) if act == "relu" else y
+                            w, b = ref.weight, ref.bias
+                        inputs = [w, b] + ([x] + ([z] if res else []) if x_grad else [])
+                        loss = (y.double() * c).sum() if incoming == "constant" else (y.double() ** 3).sum()
+                        grads = torch.autograd.grad(loss, inputs, create_graph=True)
+                        seconds = []
+                        for g in grads:
+                            if not g.requires_grad:
+                                seconds.append(None)
+                                continue
+                            d2 = torch.autograd.grad((g.double() ** 2).sum(), inputs, retain_graph=True,
+                                                     allow_unused=True)
+                            seconds.append([None if d is None else d.double() for d in d2])
+                        out.append(([g.requires_grad for g in grads], seconds))
+                    (got_req, got_d2), (want_req, want_d2) = out
+                    self.assertEqual(got_req, want_req)
+                    for got, want in zip(got_d2, want_d2):
+                        if want is None:
+                            continue
+                        self.assertEqual([d is None for d in got], [d is None for d in want])
+                        for gd, wd in zip(got, want):
+                            if wd is not None:
+                                torch.testing.assert_close(gd, wd, rtol=1e-4, atol=1e-4)
+                                checked += 1
+        self.assertGreater(checked, 20)
 
     def test_func_grad_says_why(self):
         """torch.func.grad differentiates the backward (it needs the double backward the

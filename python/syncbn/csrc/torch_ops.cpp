@@ -34,6 +34,7 @@
 #include <charconv>
 #include <cfloat>
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1116,6 +1117,18 @@ InferGrads infer_grads(const Tensor& g, const Tensor& x, const Tensor& rm, const
   return r;
 }
 
+// An evaluated layer's gradients where the backward builds a graph (create_graph) from a
+// source that requires grad: each requires grad, as nn.BatchNorm's do; one computed from
+// none of those is a fresh leaf, an alias (_ops.py's _grads_require_grad says why).
+void grads_require_grad(variable_list& grads, std::initializer_list<const Tensor*> sources) {
+  if (!at::GradMode::is_enabled()) return;
+  bool any = false;
+  for (const Tensor* t : sources) any = any || (t->defined() && t->requires_grad());
+  if (!any) return;
+  for (Tensor& t : grads)
+    if (t.defined() && !t.requires_grad()) t = t.detach().requires_grad_(true);
+}
+
 // Gradients of batch_norm_infer to (input, weight, bias): infer_grads.
 // Saved: the input, the running mean and variance, the weight.
 struct InferBackward : public SyncBNNode<InferBackward, 4> {
@@ -1128,7 +1141,9 @@ struct InferBackward : public SyncBNNode<InferBackward, 4> {
     const Tensor g = grads[0].defined() ? grads[0].to(at::kFloat) : at::zeros_like(x, at::kFloat);  // out unused
     const InferGrads r =
         infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[1], k.has_bias && need[2]);
-    return {r.dx, r.dw, r.db};  // torch ops: differentiable (create_graph), as nn.BatchNorm2d's eval backward
+    variable_list out{r.dx, r.dw, r.db};  // torch ops: differentiable (create_graph), as nn.BatchNorm2d's
+    grads_require_grad(out, {&grads[0], &x, &w});
+    return out;
   }
 };
 
@@ -1250,11 +1265,12 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
                                 residual_grad, weight_grad);
 }
 
-// g * act'(out), PyTorch's rules (_fused.act_grad): ReLU 0 where out <= 0 (NaN passes),
-// leaky ReLU slope where out <= 0.
+// g * act'(out), PyTorch's rules and ops (_fused.act_grad): ReLU 0 where out <= 0 (NaN
+// passes), leaky ReLU slope where out <= 0; differentiable as PyTorch's (to out: zeros).
 Tensor act_grad(const Tensor& g, const Tensor& out, int64_t activation, double slope) {
-  if (activation == sbnActivationRelu) return at::where(out <= 0, at::zeros_like(g), g);
-  if (activation == sbnActivationLeakyRelu) return at::where(out > 0, g, g * slope);
+  if (activation == sbnActivationRelu) return at::threshold_backward(g, out.to(g.scalar_type()), 0);
+  if (activation == sbnActivationLeakyRelu)
+    return at::leaky_relu_backward(g, out.to(g.scalar_type()), slope, /*self_is_result=*/false);
   return g;
 }
 
@@ -1275,7 +1291,12 @@ struct InferActBackward : public SyncBNNode<InferActBackward, 5> {
         infer_grads(g, x, rm, rv, w, k.eps, need[0], w.defined() && need[2], k.has_bias && need[3]);
     Tensor dz;
     if (need[1]) dz = g.to(x.scalar_type());
-    return {r.dx, dz, r.dw, r.db};  // torch ops: differentiable, as InferBackward's
+    // as PyTorch's relu(batch_norm(x) + z): g (the residual's gradient) is computed from
+    // the incoming gradient and out; the batch norm's from g, x and the weight
+    variable_list gz{dz}, out{r.dx, r.dw, r.db};  // torch ops: differentiable, as InferBackward's
+    grads_require_grad(gz, {&grads[0], &y});
+    grads_require_grad(out, {&grads[0], &y, &x, &w});
+    return {out[0], gz[0], out[1], out[2]};
   }
 };
 
