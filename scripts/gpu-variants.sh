@@ -16,7 +16,7 @@
 # device command, and OUTDIR.tar.xz what the device tool carries (scripts/gpu_pack.py; it
 # says how to unpack it there):
 #
-#   python3 -m tarfile --filter data -e OUTDIR.tar.xz PARENT && bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]
+#   python3 scripts/gpu_pack.py --extract OUTDIR.tar.xz PARENT && bash OUTDIR/run.sh $OUT [ROUNDS] [-- SBN-BENCH OPTIONS]
 #                                          (default: 2 rounds, --only S1,S2,S5 -w 1,8 --paths coop)
 #
 # which runs scripts/gpu-ab.sh over every variant (the first is the base of the ratios)

@@ -7,6 +7,7 @@ holds the same kernels (~6.5 MB). An xz archive (preset 9: a 64 MiB window, wide
 distance between two copies) keeps each copy once: ~8 MiB.
 
 Usage: gpu_pack.py PATH [PATH ...]
+       gpu_pack.py --extract ARCHIVE PARENT
 
 Each PATH that is a folder is packed into PATH.tar.xz (replaced if it exists), with the
 folder's base name at the archive's top, in name order, owners and times left out (the
@@ -18,9 +19,16 @@ each archive's size, the commit its BUILD-INFO or VARIANTS.txt names (with a war
 that is not the checkout's HEAD, clean: an archive of an older build), and how to unpack
 it on the device, where no xz program is needed:
 
-    python3 -m tarfile --filter data -e build/prebuilt.tar.xz build   # -> build/prebuilt
+    python3 scripts/gpu_pack.py --extract build/prebuilt.tar.xz build   # -> build/prebuilt
 
 (carry the .tar.xz, not the folder: the folder is ignored by git and stays here).
+
+--extract unpacks ARCHIVE under PARENT (made if missing) with tarfile's "data" filter
+where this Python has it (3.12, and 3.8.17 / 3.9.17 / 3.10.12 / 3.11.4 on), else with the
+same refusals checked here: a member whose path leaves PARENT, a link whose target does,
+a device or pipe; and either way a member whose path is absolute (the filter would unpack
+it under PARENT). Exit 0, 1 on a refused member (nothing is unpacked),
+2 on bad arguments or an archive that cannot be read.
 """
 import os
 import re
@@ -72,6 +80,68 @@ def built_at(archive):
     return None
 
 
+def _inside(path, top):
+    """Whether path (relative to top, as a member names it) stays under top."""
+    if os.path.isabs(path):
+        return False
+    full = os.path.normpath(os.path.join(top, path))
+    return full == top or full.startswith(top + os.sep)
+
+
+def refused(members, parent):
+    """The first member the "data" filter refuses, with why, or None: checked by hand
+    where this Python's tarfile has no filters (the same rules for what this archive can
+    hold: files, folders, links)."""
+    top = os.path.normpath(os.path.abspath(parent))
+    for m in members:
+        if not _inside(m.name, top):
+            return m.name, "its path leaves the folder it is unpacked in"
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            return m.name, "not a file, folder or link"
+        if m.issym():
+            target = os.path.join(os.path.dirname(m.name), m.linkname)
+            if os.path.isabs(m.linkname) or not _inside(target, top):
+                return m.name, f"a link to {m.linkname!r}, outside the folder"
+        if m.islnk() and not _inside(m.linkname, top):
+            return m.name, f"a hard link to {m.linkname!r}, outside the folder"
+    return None
+
+
+def extract(archive, parent, use_filter=None):
+    """Unpacks archive under parent: tarfile's "data" filter where there is one (unless
+    use_filter is False: the test of the other way), else refused() first. Returns the
+    exit status (main's --extract)."""
+    if use_filter is None:
+        use_filter = hasattr(tarfile, "data_filter")
+    try:
+        with tarfile.open(archive) as tar:
+            os.makedirs(parent, exist_ok=True)
+            members = tar.getmembers()
+            if use_filter:  # every member checked before any is written
+                try:
+                    for m in members:
+                        if os.path.isabs(m.name):  # (the filter would unpack it under parent)
+                            raise tarfile.AbsolutePathError(m)
+                        tarfile.data_filter(m, parent)
+                except tarfile.FilterError as e:
+                    print(f"gpu_pack: {archive}: refused: {e}; nothing was unpacked", file=sys.stderr)
+                    return 1
+                tar.extractall(parent, filter="data")
+                return 0
+            bad = refused(members, parent)
+            if bad is not None:
+                print(f"gpu_pack: {archive}: refused: {bad[0]!r}: {bad[1]}; nothing was unpacked",
+                      file=sys.stderr)
+                return 1
+            for m in members:  # the "data" filter's modes: no set-id, sticky or group/other write
+                m.mode &= 0o755
+            tar.extractall(parent, members)
+    except (OSError, tarfile.TarError) as e:
+        print(f"gpu_pack: cannot unpack {archive}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def head():
     """`git describe --always --dirty --tags` of the checkout (what the builds write), or None."""
     try:
@@ -107,6 +177,11 @@ def main(argv):
     if not argv or any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0 if argv else 2
+    if argv[0] == "--extract":
+        if len(argv) != 3:
+            print("gpu_pack: --extract takes ARCHIVE PARENT", file=sys.stderr)
+            return 2
+        return extract(argv[1], argv[2])
     archives = []
     for path in argv:
         if path.endswith(".tar.xz"):
@@ -129,7 +204,7 @@ def main(argv):
         if at is not None:
             stale = "" if at == now else f" (WARNING: not this checkout's HEAD, {now})"
             print(f"gpu_pack: {a} was built at {at}{stale}")
-        print(f"gpu_pack: on the device: python3 -m tarfile --filter data -e {a} {parent}")
+        print(f"gpu_pack: on the device: python3 scripts/gpu_pack.py --extract {a} {parent}")
     tree = tree_bytes()
     if tree is None:
         print(f"gpu_pack: not in a git checkout: the archives alone are {mib(packed)} of 64")

@@ -4,9 +4,11 @@
 In a throwaway git checkout (a tracked file of 1 MiB, an ignored build/ folder):
 - a folder with three equal copies of 2 MiB of random bytes (the prebuilt programs' shared
   kernels in miniature) packs to about one copy: xz's window keeps one;
-- `python3 -m tarfile --filter data -e` (what the device runs) gives back every file, byte
-  for byte, with its executable bit, and a dangling link as a link, under the folder's own
-  name; packing twice gives the same bytes;
+- `gpu_pack.py --extract` (what the device runs) gives back every file, byte for byte,
+  with its executable bit, and a dangling link as a link, under the folder's own name,
+  with tarfile's "data" filter and with the checks made where a Python has none; both
+  refuse, writing nothing, an archive with a member outside the folder (`..`, absolute),
+  a link out of it, or a pipe; packing twice gives the same bytes;
 - the commit its BUILD-INFO names is printed, with a warning when it is not HEAD;
 - the limit counts the archives AND the source tree: a limit between the archive alone and
   the archive plus the tree fails (exit 1), one above both passes; an archive given by name
@@ -54,6 +56,46 @@ def files_of(top):
     return got
 
 
+def bad_archives(ways):
+    """Archives the extraction must refuse, each with one bad member after a good one:
+    exit 1 and nothing written, in the folder or beside it."""
+    def member(name, kind=tarfile.REGTYPE, link=""):
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.linkname = link
+        return info
+
+    absolute = os.path.abspath("escaped-absolute")  # in the test's own folder: gone after it
+    cases = {"dotdot": member("top/../../escaped"), "absolute": member(absolute),
+             "link-out": member("top/out", tarfile.SYMTYPE, "../../.."),
+             "link-absolute": member("top/abs", tarfile.SYMTYPE, "/etc/passwd"),
+             "hardlink-out": member("top/hard", tarfile.LNKTYPE, "../outside"),
+             "pipe": member("top/fifo", tarfile.FIFOTYPE)}
+    for name, bad in cases.items():
+        path = os.path.join("build", f"bad-{name}.tar")
+        with tarfile.open(path, "w") as tar:
+            good = tarfile.TarInfo("top/good.txt")
+            good.size = 3
+            tar.addfile(good, io.BytesIO(b"abc"))
+            tar.addfile(bad, io.BytesIO(b"") if bad.isfile() else None)
+        for how, use_filter in ways:
+            parent = os.path.join("build", "bad", name, how.replace(" ", "-"), "in")
+            os.makedirs(parent)
+            if use_filter is None:
+                r = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "scripts", "gpu_pack.py"),
+                                    "--extract", path, parent], capture_output=True, text=True)
+                rc, err = r.returncode, r.stderr
+            else:
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    rc = gpu_pack.extract(path, parent, use_filter=use_filter)
+                err = err.getvalue()
+            written = [os.path.join(root, f) for root, dirs, files in os.walk(os.path.dirname(parent))
+                       for f in dirs + files if f != "in"]
+            check(rc == 1 and "refused" in err and not written and not os.path.lexists(absolute),
+                  f"{how}: an archive with a {name} member is refused, nothing written (exit {rc}, {written})")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
@@ -93,22 +135,25 @@ def main():
         size = os.path.getsize(archive)
         check(size < 2.2 * MiB,
               f"three equal copies of 2 MiB pack to about one ({size} bytes)")
-        check(f"python3 -m tarfile --filter data -e {archive} build" in text, "it prints the device's command")
+        check(f"python3 scripts/gpu_pack.py --extract {archive} build" in text, "it prints the device's command")
 
-        out = os.path.join("build", "unpacked")  # ignored: not part of the tree
-        os.mkdir(out)
-        if hasattr(tarfile, "data_filter"):  # Python 3.12, 3.11.4 and later: the device's command
-            subprocess.run([sys.executable, "-m", "tarfile", "--filter", "data", "-e", archive, out], check=True)
-        else:  # an older one (Debian 12's 3.11.2) has no --filter: the same extraction, unfiltered
-            print(f"note: Python {sys.version.split()[0]} has no tarfile --filter: unpacked with "
-                  "tarfile.extractall instead of the device's command")
-            with tarfile.open(archive) as t:
-                t.extractall(out)
-        want, got = files_of(pre), files_of(os.path.join(out, "pre"))
-        check(got == want and len(want) == 5,
-              "tarfile -e gives back every file, its bytes and executable bit, under pre/")
-        link = os.path.join(out, "pre", "python", "dangling")
-        check(os.path.islink(link) and os.readlink(link) == "no-such-file", "and the dangling link as a link")
+        # the device's command (a new process, as there), then the checks made by hand
+        ways = [("--extract", None)] + ([("data filter", True)] if hasattr(tarfile, "data_filter") else []) \
+            + [("by hand", False)]
+        for how, use_filter in ways:
+            out = os.path.join("build", "unpacked-" + how.replace(" ", "-"))  # ignored: not part of the tree
+            if use_filter is None:
+                rc = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "scripts", "gpu_pack.py"),
+                                     "--extract", archive, out]).returncode
+            else:
+                rc = gpu_pack.extract(archive, out, use_filter=use_filter)
+            want, got = files_of(pre), files_of(os.path.join(out, "pre"))
+            check(rc == 0 and got == want and len(want) == 5,
+                  f"{how}: gives back every file, its bytes and executable bit, under pre/ (exit {rc})")
+            link = os.path.join(out, "pre", "python", "dangling")
+            check(os.path.islink(link) and os.readlink(link) == "no-such-file",
+                  f"{how}: and the dangling link as a link")
+        bad_archives(ways)
 
         with open(archive, "rb") as f:
             first = f.read()
