@@ -17,7 +17,11 @@ is dense (C-contiguous; a torch tensor in NHWC may also be channels_last), that 
 writable, and host against device memory (a CPU team takes host memory, GPU and NCCL
 teams device memory). It raises ValueError or TypeError naming the argument, and nothing
 is written. A raw int address is the caller's responsibility: nothing about it can be
-checked, and a buffer smaller than the descriptor says is undefined behaviour, as in C.
+checked but its range, and a buffer smaller than the descriptor says is undefined
+behaviour, as in C. An array interface must give its memory as an (address, read-only)
+pair, and a NumPy scalar is no buffer (its interface is a temporary copy). A call the
+wrapper refuses still counts as a call the library refuses at its arguments, so ranks
+refused alike stay in step.
 
 Example (a CPU team of 2 ranks as threads)::
 
@@ -31,6 +35,8 @@ import contextlib
 import ctypes
 import itertools
 import math
+import operator
+import sys
 import threading
 import weakref
 
@@ -162,14 +168,50 @@ def _dense_c(shape, strides, itemsize):
     return True
 
 
+def _numpy_scalar(obj):
+    """Whether obj is a NumPy scalar (np.float32(2.0), np.int64(0)): NumPy is imported
+    wherever one exists."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(obj, np.generic)
+
+
+def _address(obj, what):
+    """An int (or a NumPy integer scalar) as an address, checked to be one (ctypes would
+    wrap -1 or 2**64 + a without a word)."""
+    a = operator.index(obj)
+    if not 0 <= a < 2 ** 64:
+        raise ValueError(f"syncbn: {what} is {a}, not an address (0 <= address < 2**64)")
+    return a
+
+
+def _iface_data(iface, what, name):
+    """The (address, read-only) pair of an array interface's 'data': a buffer object,
+    None (the object's own buffer) or anything else there is refused, naming the argument
+    (its first byte was taken as the address: Pillow's images segfaulted)."""
+    data = iface.get("data")
+    if not (isinstance(data, tuple) and len(data) == 2) or isinstance(data[0], bool):
+        got = "no 'data'" if data is None else f"'data' of {type(data).__name__}"
+        raise TypeError(f"syncbn: {what}'s {name} has {got}, not an (address, read-only) pair; "
+                        f"pass numpy.asarray({what}) (an array whose memory is its own)")
+    try:
+        return _address(data[0], what), bool(data[1])
+    except TypeError:
+        raise TypeError(f"syncbn: {what}'s {name} gives its address as {type(data[0]).__name__}, "
+                        "not an int") from None
+
+
 def _buf(obj, what, count, kind, host, out=False, nhwc=False):
     """The address of buffer `what` after checking it holds `count` elements of `kind`
     (a dtype code, "f32" or "i64"), densely, in host (True) or device (False) memory, and
-    is writable when `out`; None for None, an int as it is (unchecked)."""
+    is writable when `out`; None for None, an int as it is (unchecked but its range)."""
     if obj is None:
         return None
     if isinstance(obj, int) and not isinstance(obj, bool):
-        return obj
+        return _address(obj, what) or None
+    if _numpy_scalar(obj):
+        raise TypeError(f"syncbn: {what} is a NumPy scalar ({type(obj).__name__}): its array interface is "
+                        "a temporary copy (a value read there is lost with it, one written never reaches "
+                        f"the scalar); pass an array (numpy.full(n, v)), or int({what}) for an address")
     data_ptr = getattr(obj, "data_ptr", None)
     if callable(data_ptr) and hasattr(obj, "is_contiguous"):  # a torch.Tensor
         dt = _torch_dtypes()[kind]
@@ -199,19 +241,29 @@ def _buf(obj, what, count, kind, host, out=False, nhwc=False):
     if (cai is not None) == host:
         raise ValueError(f"syncbn: {what} is " + ("device" if cai is not None else "host") + " memory; this call takes "
                          + ("host memory (a CPU team)" if host else "device memory (a GPU or NCCL team)"))
+    name = "__cuda_array_interface__" if cai is not None else "__array_interface__"
     typestr = iface.get("typestr", "")
     if typestr not in _TYPESTRS[kind]:
         raise TypeError(f"syncbn: {what} has dtype {typestr!r}; it must be {_DTYPE_NAMES[kind]} "
                         f"({' or '.join(repr(t) for t in _TYPESTRS[kind])})")
-    shape = tuple(iface.get("shape", ()))
+    try:
+        shape = tuple(operator.index(e) for e in iface.get("shape", ()))
+    except TypeError:
+        raise TypeError(f"syncbn: {what}'s {name} has a shape of other than ints: {iface.get('shape')!r}") from None
+    if any(e < 0 for e in shape):
+        raise ValueError(f"syncbn: {what}'s {name} has a negative extent: {shape}")
     n = 1
     for e in shape:
-        n *= int(e)
+        n *= e
     if n != count:
         raise ValueError(f"syncbn: {what} has {n} elements; the descriptor needs {count}")
-    if not _dense_c(shape, iface.get("strides"), int(typestr[2:])):
+    strides = iface.get("strides")
+    if strides is not None and len(tuple(strides)) != len(shape):
+        raise ValueError(f"syncbn: {what}'s {name} has {len(tuple(strides))} strides for {len(shape)} "
+                         "dimensions")
+    if not _dense_c(shape, strides, int(typestr[2:])):
         raise ValueError(f"syncbn: {what} is not C-contiguous")
-    addr, readonly = iface["data"][0], iface["data"][1]
+    addr, readonly = _iface_data(iface, what, name)
     if out and readonly:
         raise ValueError(f"syncbn: {what} is read-only; it is written")
     return addr or None
@@ -251,7 +303,7 @@ def _bufs(d, host, spec, objs):
     if not isinstance(d, TensorDesc):
         raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
     if host is None or not _sane(d):
-        return [_raw(o) for o in objs]
+        return [_raw(o, name) for (name, _, _), o in zip(spec, objs)]
     sizes = {"x": (d.n * d.c * d.spatial, d.dtype), "c": (d.c, "f32"), "1": (1, "i64")}
     nhwc = d.layout == NHWC
     return [_buf(o, name, *sizes[size], host, out, nhwc) for (name, size, out), o in zip(spec, objs)]
@@ -356,6 +408,29 @@ class Comm:
         with self._calls_lock:
             self._calls -= 1
 
+    @contextlib.contextmanager
+    def _counted(self, fn):
+        """Around the checks the wrapper makes before op fn: a call they refuse (TypeError,
+        ValueError) still counts as the library counts a call it refuses at its
+        arguments (API.md: a rank's forward and backward calls count, refused or not, so
+        that ranks refused alike stay in step): fn is called with a NULL descriptor,
+        which the library refuses, writing nothing (the comm's last error then says
+        "desc is NULL"; what is raised is the wrapper's error). A rank refused here
+        while its peer was refused by the library left the team out of step for good."""
+        try:
+            yield
+        except (TypeError, ValueError):
+            try:
+                h = self._enter()
+            except SyncBNError:  # destroyed: the library counts nothing either
+                h = None
+            if h is not None:
+                try:
+                    fn(h, *([None] * (len(fn.argtypes) - 1)))
+                finally:
+                    self._leave()
+            raise
+
     def _call(self, fn, what, *args):
         """fn(handle, *args), a call in flight meanwhile; SyncBNError where it fails."""
         h = self._enter()
@@ -450,18 +525,19 @@ class Comm:
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams). With a
         residual z or an activation (RELU, LEAKY_RELU with slope): sbnForwardTrainEx,
         y = act(bn(x) + z)."""
-        p = _params(eps, momentum, grad_mode)
-        if z is None and activation == IDENTITY:
-            ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
-                                                   num_batches_tracked, save_mean, save_invstd))
-            self._call(_capi.lib.sbnForwardTrain, "sbnForwardTrain", ctypes.byref(d), *ptrs, ctypes.byref(p),
-                       _raw(stream))
-            return
-        ptrs = _bufs(d, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
-                                                num_batches_tracked, save_mean, save_invstd))
-        e = _epilogue(activation, slope)
-        self._call(_capi.lib.sbnForwardTrainEx, "sbnForwardTrainEx", ctypes.byref(d), *ptrs, ctypes.byref(p),
-                   ctypes.byref(e), _raw(stream))
+        plain = z is None and activation == IDENTITY
+        fn = _capi.lib.sbnForwardTrain if plain else _capi.lib.sbnForwardTrainEx
+        with self._counted(fn):
+            p = _params(eps, momentum, grad_mode)
+            if plain:
+                ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
+                                                       num_batches_tracked, save_mean, save_invstd))
+                tail = (ctypes.byref(p), _raw(stream))
+            else:
+                ptrs = _bufs(d, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
+                                                        num_batches_tracked, save_mean, save_invstd))
+                tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
+        self._call(fn, "sbnForwardTrain" if plain else "sbnForwardTrainEx", ctypes.byref(d), *ptrs, *tail)
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None, y=None, dz=None, bias=None,
@@ -470,30 +546,36 @@ class Comm:
         After a fused forward: y (its output: the activation's mask), dz (the residual's
         gradient), and x None for the in-place backward (x recovered from y, weight and
         bias): sbnBackwardEx."""
-        p = _params(eps, 0.1, grad_mode)
-        if y is None and dz is None and activation == IDENTITY:
-            ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
-            self._call(_capi.lib.sbnBackward, "sbnBackward", ctypes.byref(d), *ptrs, ctypes.byref(p), _raw(stream))
-            return
-        ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight,
-                                                dbias))
-        e = _epilogue(activation, slope)
-        self._call(_capi.lib.sbnBackwardEx, "sbnBackwardEx", ctypes.byref(d), *ptrs, ctypes.byref(p),
-                   ctypes.byref(e), _raw(stream))
+        plain = y is None and dz is None and activation == IDENTITY
+        fn = _capi.lib.sbnBackward if plain else _capi.lib.sbnBackwardEx
+        with self._counted(fn):
+            p = _params(eps, 0.1, grad_mode)
+            if plain:
+                ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
+                tail = (ctypes.byref(p), _raw(stream))
+            else:
+                ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd,
+                                                        dweight, dbias))
+                tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
+        self._call(fn, "sbnBackward" if plain else "sbnBackwardEx", ctypes.byref(d), *ptrs, *tail)
 
 
-def _raw(obj):
-    """The address behind obj without checks (a stream, or buffers of a descriptor the
-    library rejects anyway); None for NULL."""
-    if obj is None or (isinstance(obj, int) and not isinstance(obj, bool)):
-        return obj
+def _raw(obj, what="stream"):
+    """The address behind obj without checks but its range (a stream, or buffers of a
+    descriptor the library rejects anyway, or of an inference whose every buffer is an
+    address); None for NULL. A NumPy integer scalar is an address (its array interface a
+    temporary copy's)."""
+    if obj is None:
+        return None
+    if (isinstance(obj, int) and not isinstance(obj, bool)) or (_numpy_scalar(obj) and hasattr(obj, "__index__")):
+        return _address(obj, what) or None
     data_ptr = getattr(obj, "data_ptr", None)
     if callable(data_ptr):
         return data_ptr()
     for name in ("__cuda_array_interface__", "__array_interface__"):
         iface = getattr(obj, name, None)
         if iface is not None:
-            return iface["data"][0]
+            return _iface_data(iface, what, name)[0]
     if hasattr(obj, "cuda_stream"):  # a torch.cuda.Stream
         return obj.cuda_stream
     raise TypeError(f"syncbn: not a pointer, an array or a tensor: {type(obj).__name__}")
@@ -546,9 +628,9 @@ def nccl_team(unique_id, nranks, rank, timeout_ms=None, max_channels=None):
     return c
 
 
-def _is_host(obj):
+def _is_host(obj, what="x"):
     """Whether the buffer obj is host memory (None when it cannot tell: an int, None)."""
-    if obj is None or isinstance(obj, int):
+    if obj is None or isinstance(obj, int) or _numpy_scalar(obj):
         return None
     if hasattr(obj, "is_cuda") and callable(getattr(obj, "data_ptr", None)):
         return not obj.is_cuda
@@ -556,20 +638,25 @@ def _is_host(obj):
         return False
     if getattr(obj, "__array_interface__", None) is not None:
         return True
-    raise TypeError(f"syncbn: x is not a pointer, an array or a tensor: {type(obj).__name__}")
+    raise TypeError(f"syncbn: {what} is not a pointer, an array or a tensor: {type(obj).__name__}")
 
 
 def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,
                       stream=None, z=None, activation=IDENTITY, slope=0.01):
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
-    all pointers host memory or all device memory of one GPU (x decides which). With z or
-    an activation: sbnForwardInferenceEx, y = act(that + z) (host or device memory)."""
+    all pointers host memory or all device memory of one GPU (x decides which: y, z, the
+    running statistics, the weight or the bias where x is an int address, so that the
+    arrays among them are checked). With z or an activation: sbnForwardInferenceEx, y =
+    act(that + z) (host or device memory)."""
     eps = _capi.c_float(eps, "eps")
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"syncbn.forward_inference: eps {eps}")
-    host = _is_host(x)
-    if host is None:
-        host = _is_host(y)
+    host = None
+    for what, o in (("x", x), ("y", y), ("z", z), ("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        host = _is_host(o, what)
+        if host is not None:
+            break
     if z is None and activation == IDENTITY:
         ptrs = _bufs(d, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
         _check(

@@ -365,6 +365,139 @@ class TestCapi(unittest.TestCase):
         finally:
             c.destroy()
 
+    def test_array_interfaces_that_are_no_buffers(self):
+        """What the wrapper cannot take as a buffer of the argument's own is refused,
+        naming the argument, and nothing is written: an array interface whose 'data' is a
+        buffer object (Pillow's float images: its first byte was taken as the address, a
+        segfault), None, missing or no pair; a NumPy scalar (its interface is a temporary
+        copy: a weight was read from freed memory, a num_batches_tracked written there);
+        an extent negative or not an int; strides for another number of dimensions; an
+        int that is no address (ctypes wrapped -1 and 2**64 without a word). A NumPy
+        integer as a stream is its value."""
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 1, 3)  # c = 1: a scalar has a channel vector's size
+        comms = syncbn.cpu_team(1)
+        c = comms[0]
+        x = np.arange(6, dtype=np.float32).reshape(2, 1, 3)
+        y = np.full((2, 1, 3), -7.0, np.float32)
+        sm, si = np.zeros(1, np.float32), np.zeros(1, np.float32)
+
+        class Iface:  # an object that shows an array interface, as Pillow's images do
+            def __init__(self, **kw):
+                self.__array_interface__ = dict(dict(shape=(2, 1, 3), typestr="<f4", version=3), **kw)
+
+        cases = [
+            ("x's __array_interface__ has 'data' of bytes, not an \\(address, read-only\\) pair",
+             TypeError, dict(x=Iface(data=x.tobytes()))),
+            ("x's __array_interface__ has no 'data'", TypeError, dict(x=Iface(data=None))),
+            ("x's __array_interface__ has no 'data'", TypeError, dict(x=Iface())),
+            ("x's __array_interface__ has 'data' of tuple", TypeError, dict(x=Iface(data=(x.ctypes.data,)))),
+            ("y's __array_interface__ gives its address as str", TypeError, dict(y=Iface(data=("1", False)))),
+            ("weight is a NumPy scalar \\(float32\\)", TypeError, dict(weight=np.float32(2.0))),
+            ("num_batches_tracked is a NumPy scalar", TypeError,
+             dict(num_batches_tracked=np.int64(0), running_mean=np.zeros(1, np.float32),
+                  running_var=np.ones(1, np.float32))),
+            ("x's __array_interface__ has a negative extent", ValueError,
+             dict(x=Iface(shape=(-2, 1, -3), data=(x.ctypes.data, True)))),
+            ("x's __array_interface__ has a shape of other than ints", TypeError,
+             dict(x=Iface(shape=(2.0, 1, 3), data=(x.ctypes.data, True)))),
+            ("x's __array_interface__ has 1 strides for 3 dimensions", ValueError,
+             dict(x=Iface(strides=(4,), data=(x.ctypes.data, True)))),
+            ("x is -1, not an address", ValueError, dict(x=-1)),
+            ("y is 18446744073709551616, not an address", ValueError, dict(y=2 ** 64)),
+        ]
+        try:
+            for text, exc, over in cases:
+                with self.subTest(text):
+                    args = dict(x=x, y=y, save_mean=sm, save_invstd=si)
+                    args.update(over)
+                    with self.assertRaisesRegex(exc, "^syncbn: " + text):
+                        c.forward_train(d, args.pop("x"), args.pop("y"), args.pop("save_mean"),
+                                        args.pop("save_invstd"), **args)
+                    self.assertTrue(np.all(y == -7.0) and np.all(sm == 0))  # nothing written
+            self.assertEqual(syncbn._raw(np.int64(12345)), 12345)  # a stream kept as a NumPy integer
+            self.assertEqual(syncbn._raw(np.uint64(2 ** 63)), 2 ** 63)
+            # the same arrays through a well-formed interface and a NumPy integer stream: they run
+            c.forward_train(d, Iface(data=(x.ctypes.data, True)), y, sm, si, weight=np.full(1, 2.0, np.float32),
+                            bias=np.zeros(1, np.float32), stream=np.int64(0))
+            xd = x.astype(np.float64)
+            np.testing.assert_allclose(sm, [xd.mean()], rtol=2e-5, atol=2e-5)
+            np.testing.assert_allclose(y, 2 * (xd - xd.mean()) / np.sqrt(xd.var() + 1e-5), rtol=2e-5, atol=2e-5)
+        finally:
+            c.destroy()
+
+    def test_inference_checks_arrays_beside_addresses(self):
+        """forward_inference with x and y given as int addresses checks the arrays given
+        beside them (a float64 running_var ran, read as float32: errors of ~1e3; a
+        running_var of 1 element for 3 channels read past its end), in the memory the
+        first array says; with every buffer an address, nothing is checked."""
+        rng = np.random.default_rng(5)
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+        x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+        y = np.full_like(x, -7.0)
+        rm = rng.standard_normal(3).astype(np.float32)
+        rv = (rng.random(3) + 0.5).astype(np.float32)
+        with self.assertRaisesRegex(TypeError, "^syncbn: running_var has dtype '<f8'"):
+            syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm, rv.astype(np.float64))
+        with self.assertRaisesRegex(ValueError, "^syncbn: running_var has 1 elements; the descriptor needs 3"):
+            syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm, rv[:1])
+        with self.assertRaisesRegex(ValueError, "^syncbn: weight has 2 elements"):
+            syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm.ctypes.data, rv.ctypes.data,
+                                     weight=np.ones(2, np.float32))
+        self.assertTrue(np.all(y == -7.0))  # nothing written
+        syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm, rv)
+        ref = (x.astype(np.float64) - rm[None, :, None]) / np.sqrt(rv[None, :, None].astype(np.float64) + 1e-5)
+        np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+        y[:] = -7.0
+        syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm.ctypes.data, rv.ctypes.data)
+        np.testing.assert_allclose(y, ref, rtol=2e-5, atol=2e-5)
+
+    def test_refused_by_the_wrapper_counts_as_a_call(self):
+        """A call the wrapper refuses counts as one the library refuses (API.md: every
+        forward and backward call counts, refused or not): a team of two whose rank 0 is
+        refused by the wrapper (a read-only y) and rank 1 by the library (save_mean is
+        running_mean) stays in step, and its next calls run, forward and backward (they
+        failed for good: "ranks out of step"); refused alike by the wrapper, too."""
+        comms = syncbn.cpu_team(2, timeout_ms=20000)
+        d = syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 3, 4)
+        rng = np.random.default_rng(6)
+        xs = [rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in comms]
+        ys = [np.zeros((2, 3, 4), np.float32) for _ in comms]
+        sms = [np.zeros(3, np.float32) for _ in comms]
+        sis = [np.zeros(3, np.float32) for _ in comms]
+        rms = [np.zeros(3, np.float32) for _ in comms]
+        rvs = [np.ones(3, np.float32) for _ in comms]
+        readonly = np.zeros((2, 3, 4), np.float32)
+        readonly.setflags(write=False)
+
+        def refused(r):
+            if r == 0:
+                comms[0].forward_train(d, xs[0], readonly, sms[0], sis[0])
+            else:
+                comms[1].forward_train(d, xs[1], ys[1], rms[1], sis[1], running_mean=rms[1], running_var=rvs[1])
+
+        def refused_backward(r):  # dx read-only on rank 0, a dweight of 2 elements on rank 1
+            comms[r].backward(d, xs[r], xs[r], readonly if r == 0 else ys[r], sms[r], sis[r],
+                              dweight=None if r == 0 else np.zeros(2, np.float32))
+
+        def valid(r):
+            comms[r].forward_train(d, xs[r], ys[r], sms[r], sis[r])
+            comms[r].backward(d, xs[r], xs[r], np.zeros_like(xs[r]), sms[r], sis[r])
+
+        try:
+            errs = run_ranks(comms, refused)
+            self.assertIsInstance(errs[0], ValueError)
+            self.assertIsInstance(errs[1], syncbn.SyncBNError)
+            self.assertEqual(run_ranks(comms, valid), [None, None])
+            errs = run_ranks(comms, refused_backward)
+            self.assertTrue(all(isinstance(e, ValueError) for e in errs), errs)
+            self.assertEqual(run_ranks(comms, valid), [None, None])
+            xall = np.concatenate(xs).astype(np.float64)
+            for r in range(2):
+                np.testing.assert_allclose(sms[r], xall.mean(axis=(0, 2)), rtol=2e-5, atol=2e-5)
+        finally:
+            for c in comms:
+                c.destroy()
+
     def test_tensors_checked_before_c(self):
         """The same for torch tensors (when torch is installed): dtype, size, density
         (channels_last is dense for NHWC), meta tensors, and CUDA-array-interface objects
