@@ -37,10 +37,11 @@ extern "C" {
   X(sbnSuccess, 0, "no error")                                                              \
   X(sbnInvalidArgument, 1,                                                                  \
     "invalid argument (NULL where data is needed, bad shape or enum, global count of 1); "  \
-    "sbnGetLastError(comm) has the detail")                                                 \
+    "sbnGetLastError(comm) has the detail (NULL: an init's, sbnGroupEnd's, inference's)")   \
   X(sbnInvalidUsage, 2,                                                                     \
     "invalid usage (calls out of order, incomplete or failed group, op mismatch between "   \
-    "ranks); sbnGetLastError(comm) has the detail")                                         \
+    "ranks); sbnGetLastError(comm) has the detail (NULL: an init's, sbnGroupEnd's, "         \
+    "inference's)")                                                                         \
   X(sbnUnsupported, 3,                                                                      \
     "unsupported in this build or on this device; sbnGetLastError has the reason")          \
   X(sbnCudaError, 4, "CUDA runtime error; run with SBN_DEBUG=WARN for the CUDA message")     \

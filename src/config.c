@@ -41,7 +41,7 @@ sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
     cfg.max_channels = in->max_channels;
   }
   const char* env = getenv("SBN_TIMEOUT_MS");
-  if (env != NULL) {
+  if (env != NULL && env[0] != '\0') { /* empty: as unset, as the other SBN_ variables */
     long long v = 0;
     if (!sbn_env_int(env, 1, LLONG_MAX, &v))
       return sbn_fail(NULL, sbnInvalidArgument,

@@ -536,6 +536,14 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   return result;
 }
 
+/* A refusal of the whole group (nothing run): its detail, recorded for the thread
+   (sbnGetLastError(NULL)), also on every comm queued in it, where a caller following
+   sbnGetErrorString's "sbnGetLastError(comm) has the detail" looks (it read ""). */
+static void note_on_queued_comms(void) {
+  const char* detail = sbn_error_text(NULL);
+  for (size_t i = 0; i < group.n; i++) sbn_note(group.ops[i].comm, detail);
+}
+
 SBN_API sbnResult_t sbnGroupEnd(void) {
   if (group.depth == 0)
     return sbn_fail(NULL, sbnInvalidUsage, "sbnGroupEnd without a matching sbnGroupStart");
@@ -546,6 +554,7 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     r = sbn_fail(NULL, sbnInvalidUsage,
                  "sbnGroupEnd: a call in this group failed (%s: %s); nothing was run",
                  sbnGetResultName(group.failed), group.failed_detail);
+    note_on_queued_comms();
     group_reset();
     sbn_nocancel_end(cancel);
     return r;
@@ -557,6 +566,7 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   } else {
     r = check_complete(teams, &nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 0);
+    if (r != sbnSuccess) note_on_queued_comms(); /* nothing was run */
     if (r == sbnSuccess) r = run_splits(teams, nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 1);
     if (r == sbnSuccess) { /* the queued ops count now (internal.h: sbnComm.calls) */

@@ -244,9 +244,10 @@ static void test_init_cpu_bad(void) {
 
 static void test_init_env_timeout_bad(void) {
   sbnComm_t comms[4];
-  /* a non-positive or non-integer SBN_TIMEOUT_MS makes init fail, config or not */
+  /* a non-positive or non-integer SBN_TIMEOUT_MS makes init fail, config or not (an empty
+     one is as unset: test_init_env_timeout_empty) */
   const char* bad[] = {"abc", "0", "-5", "12abc", "1.5", " ", "99999999999999999999999", " 400", "400 ",
-                       "+400", ""};
+                       "+400"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", bad[i], 1) == 0);
     for (int k = 0; k < 4; k++) comms[k] = SENTINEL_COMM;
@@ -774,10 +775,13 @@ static void test_group_rank_missing(void) {
   ASSERT_OK(fwd(comms[0], &b[0], NULL));
   ASSERT_OK(fwd(comms[1], &b[1], NULL));
   EXPECT_REJECTED(NULL, sbnInvalidUsage, sbnGroupEnd());
-  { /* the message names the team: a group may hold several */
+  { /* the message names the team: a group may hold several; the thread's detail and
+       every queued comm's (sbnGetErrorString: "sbnGetLastError(comm) has the detail";
+       the comms' read "") */
     char want[96];
     snprintf(want, sizeof want, "incomplete team of 3 ranks (that of comm %p, rank 0)", (void*)comms[0]);
     EXPECT_TRUE(strstr(sbnGetLastError(NULL), want) != NULL);
+    for (int r = 0; r < 2; r++) EXPECT_TRUE(strstr(sbnGetLastError(comms[r]), want) != NULL);
   }
   ASSERT_MEMEQ(b, snap, sizeof b);
 

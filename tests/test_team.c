@@ -335,6 +335,26 @@ static void test_timeout_env_override(void) {
   for (int i = 0; i < 2; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
 }
 
+/* An empty SBN_TIMEOUT_MS is as unset (as the other SBN_ variables): init succeeds and
+   the config's timeout (200 ms) ends a wait for a peer that never comes (init failed with
+   sbnInvalidArgument for every team: a launcher's `SBN_TIMEOUT_MS=$T` with T unset). */
+static void test_timeout_env_empty(void) {
+  sbnConfig_t cfg = config_ms(200);
+  sbnComm_t comms[2];
+  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "", 1) == 0);
+  sbnResult_t r = sbnCommInitCpu(comms, 2, &cfg);
+  unsetenv("SBN_TIMEOUT_MS");
+  ASSERT_OK(r);
+  static bufs_t b;
+  bufs_init(&b, 3, 2, 2, 7);
+  double t0 = now_ms();
+  ASSERT_RES(fwd(comms[0], &b), sbnTimeout);
+  double waited = now_ms() - t0;
+  fprintf(stderr, "  waited %.1f ms\n", waited);
+  EXPECT_TRUE(waited >= 195.0 && waited < BEYOND_CTEST_TIMEOUT_MS);
+  for (int i = 0; i < 2; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
+}
+
 /* ---- abort -------------------------------------------------------------------------- */
 /* Runs job on a thread of its own (a rank that will wait for a peer), lets it start
    waiting, then calls act(target) from this thread (sbnCommAbort, sbnCommDestroy) and
@@ -751,6 +771,9 @@ static void test_group_queue_out_of_memory(void) {
   EXPECT_TRUE(strstr(e, "sbnSystemError") != NULL);
   EXPECT_TRUE(strstr(e, "out of host memory (group queue)") != NULL);
   EXPECT_TRUE(strstr(e, "nothing was run") != NULL);
+  /* and on the comms queued in the group: rank 1's, whose calls all succeeded, had "" */
+  EXPECT_TRUE(strstr(sbnGetLastError(comms[1]), "sbnGroupEnd: a call in this group failed") != NULL);
+  EXPECT_TRUE(strstr(sbnGetLastError(comms[1]), "out of host memory (group queue)") != NULL);
   for (int r = 0; r < 2; r++) ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]);
 
   ASSERT_OK(sbnGroupStart()); /* the comms were given back: a normal round runs */
@@ -1506,6 +1529,7 @@ int main(void) {
   SBN_RUN(test_timeout);
   SBN_RUN(test_timeout_late_arrival);
   SBN_RUN(test_timeout_env_override);
+  SBN_RUN(test_timeout_env_empty);
   SBN_RUN(test_abort);
   SBN_RUN(test_abort_then_destroy);
   SBN_RUN(test_split_group);
