@@ -409,6 +409,7 @@ def _compiled_key(ctx):
 # Whether a tensor is one of autograd.grad(is_grads_batched=True)'s (the legacy vmap's
 # batched tensors, which have no storage: a kernel cannot take their addresses).
 _legacy_batched = getattr(torch._C._functorch, "is_legacy_batchedtensor", lambda t: False)
+_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 def _traced(kernel, op, dy):
@@ -588,8 +589,13 @@ def _grads_require_grad(grads, *sources):
     grad) is then a fresh leaf, an alias: a second derivative taken from it reaches no
     input, as PyTorch's ('appears to not have been used in the graph'), where it raised
     that it 'does not require grad' (a gradient penalty on a frozen layer's weights).
-    Where no source requires grad, as they are (PyTorch's do not require grad either)."""
+    Where no source requires grad, as they are (PyTorch's do not require grad either).
+    Under a torch.func transform, or with batched gradients (is_grads_batched), as they
+    are too: requires_grad sees one level only there, and a fresh leaf would cut an outer
+    level's graph (jacrev of jacrev gave zeros), or has no batching rule (detach)."""
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in sources):
+        return grads
+    if _transforms() or any(t is not None and (_legacy_batched(t) or _wrapped(t)) for t in grads + sources):
         return grads
     return tuple(t if t is None or t.requires_grad else t.detach().requires_grad_() for t in grads)
 

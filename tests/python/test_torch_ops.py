@@ -839,6 +839,49 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                                 checked += 1
         self.assertGreater(checked, 20)
 
+    def test_eval_second_derivatives_under_transforms(self):
+        """An evaluated layer's second derivatives where the gradients are functorch's
+        (jacrev of jacrev, grad of grad through functional_call: C++ operators; the
+        Python ones take no transform) or batched (autograd.grad(is_grads_batched=True,
+        create_graph=True), both kinds) equal float64 PyTorch's: a gradient made a fresh
+        leaf there cut the outer level's graph (zeros) or had no batching rule (detach
+        raised)."""
+        torch.manual_seed(10)
+        stats = dict(running_mean=torch.tensor([0.1, -0.2, 0.3]), running_var=torch.tensor([1.5, 0.7, 1.1]),
+                     weight=torch.tensor([1.2, 0.8, -0.5]), bias=torch.tensor([0.1, -0.2, 0.3]))
+        for kw in ({}, {"activation": "relu"}):
+            with self.subTest(**kw):
+                m = sbt.SyncBatchNorm(3, comm=self.comm, **kw).eval()
+                ref = torch.nn.BatchNorm2d(3).double().eval()
+                m.load_state_dict(dict(m.state_dict(), **stats))
+                ref.load_state_dict(dict(ref.state_dict(), **{k: v.double() for k, v in stats.items()}))
+                post = torch.relu if kw else (lambda t: t)
+                x = torch.randn(2, 3, 1, 2)
+                if _ops.NATIVE is not None:
+                    got = torch.func.jacrev(torch.func.jacrev(lambda v: (m(v) ** 3).sum()))(x)
+                    want = torch.func.jacrev(torch.func.jacrev(lambda v: (post(ref(v)) ** 3).sum()))(x.double())
+                    self.assertGreater(want.abs().max().item(), 1.0)
+                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                    c = torch.randn(2, 3, 1, 2)
+                    params = {k: v.detach() for k, v in m.named_parameters()}
+                    rparams = {k: v.detach() for k, v in ref.named_parameters()}
+                    got = torch.func.grad(lambda v: torch.func.grad(lambda p: (
+                        torch.func.functional_call(m, p, (v,)) * c).sum())(params)["weight"].sum())(x)
+                    want = torch.func.grad(lambda v: torch.func.grad(lambda p: (
+                        post(torch.func.functional_call(ref, p, (v,))) * c.double()).sum())(rparams)["weight"].sum())(
+                        x.double())
+                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                v = torch.randn(4, 2, 3, 1, 2)
+                out = []
+                for layer, dt, p in ((m, torch.float32, lambda t: t), (ref, torch.float64, post)):
+                    xx = x.to(dt).requires_grad_()
+                    gw, gx = torch.autograd.grad(p(layer(xx)), [layer.weight, xx], v.to(dt), is_grads_batched=True,
+                                                 create_graph=True)
+                    out.append((gw.detach().double(), gx.detach().double(),
+                                torch.autograd.grad((gw ** 2).sum(), xx)[0].double()))
+                for got, want in zip(*out):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
     def test_func_grad_says_why(self):
         """torch.func.grad differentiates the backward (it needs the double backward the
         layer does not have): the C++ operators' error says so; the Python ones' is

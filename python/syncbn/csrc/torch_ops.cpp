@@ -1120,11 +1120,21 @@ InferGrads infer_grads(const Tensor& g, const Tensor& x, const Tensor& rm, const
 // An evaluated layer's gradients where the backward builds a graph (create_graph) from a
 // source that requires grad: each requires grad, as nn.BatchNorm's do; one computed from
 // none of those is a fresh leaf, an alias (_ops.py's _grads_require_grad says why).
+// Under a torch.func transform or with batched gradients (is_grads_batched), as they are:
+// requires_grad sees one level only there, and a fresh leaf would cut an outer level's
+// graph (jacrev of jacrev gave zeros), or has no batching rule (detach).
 void grads_require_grad(variable_list& grads, std::initializer_list<const Tensor*> sources) {
   if (!at::GradMode::is_enabled()) return;
   bool any = false;
   for (const Tensor* t : sources) any = any || (t->defined() && t->requires_grad());
   if (!any) return;
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) return;
+  const c10::DispatchKeySet wrapped({c10::DispatchKey::Batched, c10::DispatchKey::FuncTorchBatched,
+                                     c10::DispatchKey::FuncTorchGradWrapper});
+  for (const Tensor* t : sources)
+    if (t->defined() && t->key_set().has_any(wrapped)) return;
+  for (const Tensor& t : grads)
+    if (t.defined() && t.key_set().has_any(wrapped)) return;
   for (Tensor& t : grads)
     if (t.defined() && !t.requires_grad()) t = t.detach().requires_grad_(true);
 }
