@@ -303,7 +303,7 @@ def _bufs(d, host, spec, objs):
     if not isinstance(d, TensorDesc):
         raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
     if host is None or not _sane(d):
-        return [_raw(o, name) for (name, _, _), o in zip(spec, objs)]
+        return [_raw(o, name, buffer=True) for (name, _, _), o in zip(spec, objs)]
     sizes = {"x": (d.n * d.c * d.spatial, d.dtype), "c": (d.c, "f32"), "1": (1, "i64")}
     nhwc = d.layout == NHWC
     return [_buf(o, name, *sizes[size], host, out, nhwc) for (name, size, out), o in zip(spec, objs)]
@@ -410,8 +410,9 @@ class Comm:
 
     @contextlib.contextmanager
     def _counted(self, fn):
-        """Around the checks the wrapper makes before op fn: a call they refuse (TypeError,
-        ValueError) still counts as the library counts a call it refuses at its
+        """Around the checks the wrapper makes before op fn: a call they refuse (any
+        exception: a TypeError or ValueError naming the argument, or what an odd object
+        raised) still counts as the library counts a call it refuses at its
         arguments (API.md: a rank's forward and backward calls count, refused or not, so
         that ranks refused alike stay in step): fn is called with a NULL descriptor,
         which the library refuses, writing nothing (the comm's last error then says
@@ -419,7 +420,7 @@ class Comm:
         while its peer was refused by the library left the team out of step for good."""
         try:
             yield
-        except (TypeError, ValueError):
+        except Exception:
             try:
                 h = self._enter()
             except SyncBNError:  # destroyed: the library counts nothing either
@@ -525,9 +526,9 @@ class Comm:
         num_batches_tracked). Blocks until the team's exchange is done (CPU teams). With a
         residual z or an activation (RELU, LEAKY_RELU with slope): sbnForwardTrainEx,
         y = act(bn(x) + z)."""
-        plain = z is None and activation == IDENTITY
-        fn = _capi.lib.sbnForwardTrain if plain else _capi.lib.sbnForwardTrainEx
-        with self._counted(fn):
+        with self._counted(_capi.lib.sbnForwardTrain):  # a forward, plain or fused
+            plain = z is None and bool(activation == IDENTITY)
+            fn = _capi.lib.sbnForwardTrain if plain else _capi.lib.sbnForwardTrainEx
             p = _params(eps, momentum, grad_mode)
             if plain:
                 ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
@@ -546,9 +547,9 @@ class Comm:
         After a fused forward: y (its output: the activation's mask), dz (the residual's
         gradient), and x None for the in-place backward (x recovered from y, weight and
         bias): sbnBackwardEx."""
-        plain = y is None and dz is None and activation == IDENTITY
-        fn = _capi.lib.sbnBackward if plain else _capi.lib.sbnBackwardEx
-        with self._counted(fn):
+        with self._counted(_capi.lib.sbnBackward):  # a backward, plain or fused
+            plain = y is None and dz is None and bool(activation == IDENTITY)
+            fn = _capi.lib.sbnBackward if plain else _capi.lib.sbnBackwardEx
             p = _params(eps, 0.1, grad_mode)
             if plain:
                 ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
@@ -560,13 +561,15 @@ class Comm:
         self._call(fn, "sbnBackward" if plain else "sbnBackwardEx", ctypes.byref(d), *ptrs, *tail)
 
 
-def _raw(obj, what="stream"):
+def _raw(obj, what="stream", buffer=False):
     """The address behind obj without checks but its range (a stream, or buffers of a
     descriptor the library rejects anyway, or of an inference whose every buffer is an
-    address); None for NULL. A NumPy integer scalar is an address (its array interface a
-    temporary copy's)."""
+    address); None for NULL. A NumPy integer scalar is a stream's address (its array
+    interface a temporary copy's); as a buffer, a NumPy scalar is refused (as _buf)."""
     if obj is None:
         return None
+    if buffer and _numpy_scalar(obj):
+        _buf(obj, what, 1, "f32", True)  # raises: a NumPy scalar is no buffer
     if (isinstance(obj, int) and not isinstance(obj, bool)) or (_numpy_scalar(obj) and hasattr(obj, "__index__")):
         return _address(obj, what) or None
     data_ptr = getattr(obj, "data_ptr", None)

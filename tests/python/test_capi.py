@@ -443,6 +443,10 @@ class TestCapi(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^syncbn: weight has 2 elements"):
             syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm.ctypes.data, rv.ctypes.data,
                                      weight=np.ones(2, np.float32))
+        with self.assertRaisesRegex(TypeError, "^syncbn: weight is a NumPy scalar"):  # every other an address
+            syncbn.forward_inference(syncbn.desc(syncbn.FLOAT32, syncbn.NCHW, 2, 1, 12), x.ctypes.data,
+                                     y.ctypes.data, rm.ctypes.data, rv.ctypes.data, weight=np.float32(3.0),
+                                     bias=rm.ctypes.data)
         self.assertTrue(np.all(y == -7.0))  # nothing written
         syncbn.forward_inference(d, x.ctypes.data, y.ctypes.data, rm, rv)
         ref = (x.astype(np.float64) - rm[None, :, None]) / np.sqrt(rv[None, :, None].astype(np.float64) + 1e-5)
@@ -479,6 +483,13 @@ class TestCapi(unittest.TestCase):
             comms[r].backward(d, xs[r], xs[r], readonly if r == 0 else ys[r], sms[r], sis[r],
                               dweight=None if r == 0 else np.zeros(2, np.float32))
 
+        def refused_oddly(r):  # what an odd argument raises (not a TypeError), on rank 0
+            if r == 0:
+                odd = type("Odd", (), {"__array_interface__": [1, 2]})()
+                comms[0].forward_train(d, xs[0], ys[0], sms[0], sis[0], weight=odd, bias=odd)
+            else:
+                comms[1].forward_train(d, xs[1], ys[1], sms[1], sms[1])  # save_invstd is save_mean
+
         def valid(r):
             comms[r].forward_train(d, xs[r], ys[r], sms[r], sis[r])
             comms[r].backward(d, xs[r], xs[r], np.zeros_like(xs[r]), sms[r], sis[r])
@@ -490,6 +501,10 @@ class TestCapi(unittest.TestCase):
             self.assertEqual(run_ranks(comms, valid), [None, None])
             errs = run_ranks(comms, refused_backward)
             self.assertTrue(all(isinstance(e, ValueError) for e in errs), errs)
+            self.assertEqual(run_ranks(comms, valid), [None, None])
+            errs = run_ranks(comms, refused_oddly)
+            self.assertIsInstance(errs[0], AttributeError)
+            self.assertIsInstance(errs[1], syncbn.SyncBNError)
             self.assertEqual(run_ranks(comms, valid), [None, None])
             xall = np.concatenate(xs).astype(np.float64)
             for r in range(2):
