@@ -563,6 +563,7 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   size_t nt = 0;
   if (teams == NULL) {
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
+    note_on_queued_comms(); /* nothing was run */
   } else {
     r = check_complete(teams, &nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 0);

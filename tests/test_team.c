@@ -776,6 +776,18 @@ static void test_group_queue_out_of_memory(void) {
   EXPECT_TRUE(strstr(sbnGetLastError(comms[1]), "out of host memory (group queue)") != NULL);
   for (int r = 0; r < 2; r++) ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]);
 
+  /* sbnGroupEnd's own allocation fails (the calling thread's calloc): nothing is run, the
+     detail on the thread and on both queued comms */
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r]));
+  fail_calloc_here = 1;
+  const sbnResult_t end = sbnGroupEnd();
+  fail_calloc_here = 0;
+  ASSERT_RES(end, sbnSystemError);
+  for (int r = 0; r < 2; r++)
+    EXPECT_TRUE(strstr(sbnGetLastError(comms[r]), "out of host memory (group)") != NULL);
+  for (int r = 0; r < 2; r++) ASSERT_MEMEQ(&b[r], &before[r], sizeof b[r]);
+
   ASSERT_OK(sbnGroupStart()); /* the comms were given back: a normal round runs */
   for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[r]));
   ASSERT_OK(sbnGroupEnd());
