@@ -23,11 +23,11 @@ it on the device, where no xz program is needed:
 
 (carry the .tar.xz, not the folder: the folder is ignored by git and stays here).
 
---extract unpacks ARCHIVE under PARENT (made if missing) with tarfile's "data" filter
-where this Python has it (3.12, and 3.8.17 / 3.9.17 / 3.10.12 / 3.11.4 on), else with the
-same refusals checked here: a member whose path leaves PARENT, a link whose target does,
-a device or pipe; and either way a member whose path is absolute (the filter would unpack
-it under PARENT). Exit 0, 1 on a refused member (nothing is unpacked),
+--extract unpacks ARCHIVE under PARENT (made if missing) after checking every member
+(refused(): a path that is absolute, has "..", or goes through a link; a link out of
+PARENT or to another link; a hard link to anything but a file before it; a member where a
+link is; a device or pipe), then with tarfile's "data" filter where this Python has it
+(3.12, and 3.8.17 / 3.9.17 / 3.10.12 / 3.11.4 on). Exit 0, 1 on a refused member (nothing is unpacked),
 2 on bad arguments or an archive that cannot be read.
 """
 import os
@@ -80,30 +80,59 @@ def built_at(archive):
     return None
 
 
-def _inside(path, top):
-    """Whether path (relative to top, as a member names it) stays under top."""
-    if os.path.isabs(path):
-        return False
-    full = os.path.normpath(os.path.join(top, path))
-    return full == top or full.startswith(top + os.sep)
+def _walk(path, is_link):
+    """path (relative, '/'-separated, as a member names it) resolved one component at a
+    time: the normalized path, or None where it leaves the folder or passes through a link
+    (is_link: one of the archive's, or one already on disk), which text alone cannot
+    follow ("l2 -> l1/..", with l1 -> "..": inside as text, outside on disk)."""
+    parts = []
+    comps = [c for c in path.split("/") if c not in ("", ".")]
+    for i, c in enumerate(comps):
+        if c == "..":
+            if not parts:
+                return None
+            parts.pop()
+            continue
+        parts.append(c)
+        if i < len(comps) - 1 and is_link("/".join(parts)):
+            return None
+    return "/".join(parts)
 
 
 def refused(members, parent):
-    """The first member the "data" filter refuses, with why, or None: checked by hand
-    where this Python's tarfile has no filters (the same rules for what this archive can
-    hold: files, folders, links)."""
+    """The first member that could write outside parent, with why, or None. Stricter than
+    the "data" filter where that has to see the disk (it checks each member as it is
+    unpacked, with earlier ones written): a path with "..", or through a link; a link
+    to an absolute path, out of the folder, or to another link; a hard link to anything
+    but a file unpacked before it; a member where a link is (in the archive or on disk);
+    anything but files, folders and links. What gpu_pack packs has none of these."""
     top = os.path.normpath(os.path.abspath(parent))
+    links, files = set(), set()
+
+    def is_link(rel):
+        return rel in links or os.path.islink(os.path.join(top, rel))
+
     for m in members:
-        if not _inside(m.name, top):
+        if os.path.isabs(m.name) or ".." in m.name.split("/"):
             return m.name, "its path leaves the folder it is unpacked in"
+        name = _walk(m.name, is_link)
+        if not name:
+            return m.name, "its path goes through a link or leaves the folder"
+        if is_link(name):
+            return m.name, "a link is there already: it would be written through"
         if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
             return m.name, "not a file, folder or link"
         if m.issym():
-            target = os.path.join(os.path.dirname(m.name), m.linkname)
-            if os.path.isabs(m.linkname) or not _inside(target, top):
-                return m.name, f"a link to {m.linkname!r}, outside the folder"
-        if m.islnk() and not _inside(m.linkname, top):
-            return m.name, f"a hard link to {m.linkname!r}, outside the folder"
+            target = _walk(os.path.dirname(name) + "/" + m.linkname, is_link)
+            if os.path.isabs(m.linkname) or target is None or (target and is_link(target)):
+                return m.name, f"a link to {m.linkname!r}, outside the folder or to another link"
+            links.add(name)
+        elif m.islnk():
+            target = _walk(m.linkname, is_link)
+            if target not in files:
+                return m.name, f"a hard link to {m.linkname!r}, not a file unpacked before it"
+        elif m.isfile():
+            files.add(name)
     return None
 
 
@@ -117,22 +146,20 @@ def extract(archive, parent, use_filter=None):
         with tarfile.open(archive) as tar:
             os.makedirs(parent, exist_ok=True)
             members = tar.getmembers()
-            if use_filter:  # every member checked before any is written
-                try:
-                    for m in members:
-                        if os.path.isabs(m.name):  # (the filter would unpack it under parent)
-                            raise tarfile.AbsolutePathError(m)
-                        tarfile.data_filter(m, parent)
-                except tarfile.FilterError as e:
-                    print(f"gpu_pack: {archive}: refused: {e}; nothing was unpacked", file=sys.stderr)
-                    return 1
-                tar.extractall(parent, filter="data")
-                return 0
-            bad = refused(members, parent)
+            bad = refused(members, parent)  # every member checked before any is written
             if bad is not None:
                 print(f"gpu_pack: {archive}: refused: {bad[0]!r}: {bad[1]}; nothing was unpacked",
                       file=sys.stderr)
                 return 1
+            if use_filter:
+                try:
+                    for m in members:
+                        tarfile.data_filter(m, parent)
+                    tar.extractall(parent, filter="data")
+                except tarfile.FilterError as e:  # (refused() saw none: as a refusal all the same)
+                    print(f"gpu_pack: {archive}: refused: {e}", file=sys.stderr)
+                    return 1
+                return 0
             for m in members:  # the "data" filter's modes: no set-id, sticky or group/other write
                 m.mode &= 0o755
             tar.extractall(parent, members)

@@ -57,8 +57,9 @@ def files_of(top):
 
 
 def bad_archives(ways):
-    """Archives the extraction must refuse, each with one bad member after a good one:
-    exit 1 and nothing written, in the folder or beside it."""
+    """Archives the extraction must refuse, each with its bad members after a good one:
+    exit 1 and nothing written, in the folder or beside it, both ways alike (the "data"
+    filter's way refused the link chains only once a member had been written)."""
     def member(name, kind=tarfile.REGTYPE, link=""):
         info = tarfile.TarInfo(name)
         info.type = kind
@@ -66,18 +67,26 @@ def bad_archives(ways):
         return info
 
     absolute = os.path.abspath("escaped-absolute")  # in the test's own folder: gone after it
-    cases = {"dotdot": member("top/../../escaped"), "absolute": member(absolute),
-             "link-out": member("top/out", tarfile.SYMTYPE, "../../.."),
-             "link-absolute": member("top/abs", tarfile.SYMTYPE, "/etc/passwd"),
-             "hardlink-out": member("top/hard", tarfile.LNKTYPE, "../outside"),
-             "pipe": member("top/fifo", tarfile.FIFOTYPE)}
-    for name, bad in cases.items():
+    cases = {"dotdot": [member("top/../../escaped")], "absolute": [member(absolute)],
+             "link-out": [member("top/out", tarfile.SYMTYPE, "../../..")],
+             "link-absolute": [member("top/abs", tarfile.SYMTYPE, "/etc/passwd")],
+             "hardlink-out": [member("top/hard", tarfile.LNKTYPE, "../outside")],
+             "pipe": [member("top/fifo", tarfile.FIFOTYPE)],
+             # inside as text, outside on disk: l2 -> l1/.. with l1 -> .. (the parent)
+             "link-chain": [member("top/l1", tarfile.SYMTYPE, ".."), member("top/l2", tarfile.SYMTYPE, "l1/.."),
+                            member("top/l2/evil.txt")],
+             "hardlink-through-link": [member("top/l1", tarfile.SYMTYPE, ".."),
+                                       member("top/h", tarfile.LNKTYPE, "top/l1/../secret.txt"), member("top/h")],
+             "file-over-link": [member("top/l1", tarfile.SYMTYPE, ".."), member("top/l1")]}
+    folders = {"in"} | {how.replace(" ", "-") for how, _ in ways}  # what the test makes itself
+    for name, bads in cases.items():
         path = os.path.join("build", f"bad-{name}.tar")
         with tarfile.open(path, "w") as tar:
             good = tarfile.TarInfo("top/good.txt")
             good.size = 3
             tar.addfile(good, io.BytesIO(b"abc"))
-            tar.addfile(bad, io.BytesIO(b"") if bad.isfile() else None)
+            for bad in bads:
+                tar.addfile(bad, io.BytesIO(b"") if bad.isfile() else None)
         for how, use_filter in ways:
             parent = os.path.join("build", "bad", name, how.replace(" ", "-"), "in")
             os.makedirs(parent)
@@ -90,8 +99,9 @@ def bad_archives(ways):
                 with redirect_stderr(err):
                     rc = gpu_pack.extract(path, parent, use_filter=use_filter)
                 err = err.getvalue()
-            written = [os.path.join(root, f) for root, dirs, files in os.walk(os.path.dirname(parent))
-                       for f in dirs + files if f != "in"]
+            outside = os.path.dirname(os.path.dirname(parent))  # build/bad/NAME: the ways' folders
+            written = [os.path.join(root, f) for root, dirs, files in os.walk(outside)
+                       for f in dirs + files if f not in folders]
             check(rc == 1 and "refused" in err and not written and not os.path.lexists(absolute),
                   f"{how}: an archive with a {name} member is refused, nothing written (exit {rc}, {written})")
 
