@@ -311,14 +311,13 @@ static void test_timeout_late_arrival(void) {
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
-/* SBN_TIMEOUT_MS overrides the config's timeout at init. One thread calling a team of 2
-   without a group waits for the timeout: the environment's 200 ms, since the config's
-   is longer than CTest's TIMEOUT for this test (ignoring the override is a hang that
-   CTest fails), and not less. */
-static void test_timeout_env_override(void) {
-  sbnConfig_t cfg = config_ms(BEYOND_CTEST_TIMEOUT_MS);
+/* A team of 2 made with SBN_TIMEOUT_MS set to env and a config of cfg_ms: one thread
+   calling it without a group waits for the timeout, at least 200 ms, and the other rank
+   sees it (sbnCommGetAsyncError). */
+static void env_timeout_waits_200ms(const char* env, int64_t cfg_ms) {
+  sbnConfig_t cfg = config_ms(cfg_ms);
   sbnComm_t comms[2];
-  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "200", 1) == 0);
+  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", env, 1) == 0);
   sbnResult_t r = sbnCommInitCpu(comms, 2, &cfg);
   unsetenv("SBN_TIMEOUT_MS");
   ASSERT_OK(r);
@@ -327,7 +326,7 @@ static void test_timeout_env_override(void) {
   double t0 = now_ms();
   ASSERT_RES(fwd(comms[0], &b), sbnTimeout);
   double waited = now_ms() - t0;
-  fprintf(stderr, "  waited %.1f ms\n", waited);
+  fprintf(stderr, "  SBN_TIMEOUT_MS='%s': waited %.1f ms\n", env, waited);
   EXPECT_TRUE(waited >= 195.0); /* 5 ms slack for clock granularity */
   sbnResult_t async = sbnSuccess;
   ASSERT_OK(sbnCommGetAsyncError(comms[1], &async));
@@ -335,25 +334,15 @@ static void test_timeout_env_override(void) {
   for (int i = 0; i < 2; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
 }
 
+/* SBN_TIMEOUT_MS overrides the config's timeout at init: the environment's 200 ms, since
+   the config's is longer than CTest's TIMEOUT for this test (ignoring the override is a
+   hang that CTest fails), and not less. */
+static void test_timeout_env_override(void) { env_timeout_waits_200ms("200", BEYOND_CTEST_TIMEOUT_MS); }
+
 /* An empty SBN_TIMEOUT_MS is as unset (as the other SBN_ variables): init succeeds and
-   the config's timeout (200 ms) ends a wait for a peer that never comes (init failed with
-   sbnInvalidArgument for every team: a launcher's `SBN_TIMEOUT_MS=$T` with T unset). */
-static void test_timeout_env_empty(void) {
-  sbnConfig_t cfg = config_ms(200);
-  sbnComm_t comms[2];
-  ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "", 1) == 0);
-  sbnResult_t r = sbnCommInitCpu(comms, 2, &cfg);
-  unsetenv("SBN_TIMEOUT_MS");
-  ASSERT_OK(r);
-  static bufs_t b;
-  bufs_init(&b, 3, 2, 2, 7);
-  double t0 = now_ms();
-  ASSERT_RES(fwd(comms[0], &b), sbnTimeout);
-  double waited = now_ms() - t0;
-  fprintf(stderr, "  waited %.1f ms\n", waited);
-  EXPECT_TRUE(waited >= 195.0 && waited < BEYOND_CTEST_TIMEOUT_MS);
-  for (int i = 0; i < 2; i++) ASSERT_OK(sbnCommDestroy(comms[i]));
-}
+   the config's timeout (200 ms) ends the wait (init failed with sbnInvalidArgument for
+   every team: a launcher's `SBN_TIMEOUT_MS=$T` with T unset). */
+static void test_timeout_env_empty(void) { env_timeout_waits_200ms("", 200); }
 
 /* ---- abort -------------------------------------------------------------------------- */
 /* Runs job on a thread of its own (a rank that will wait for a peer), lets it start

@@ -661,6 +661,24 @@ def raises_syncbn_error():
     return _ops.NATIVE is None or "-DSBN_TORCH_PYTHON" in _native.features()
 
 
+def _eval_reference(seed):
+    """A float64 nn.BatchNorm2d(3) in eval with drawn running statistics and parameters,
+    and an input x0 and a residual z0 (2, 3, 4, 5), from torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    ref = torch.nn.BatchNorm2d(3).double().eval()
+    with torch.no_grad():
+        ref.running_mean.uniform_(-1, 1)
+        ref.running_var.uniform_(0.5, 2)
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    return ref, torch.randn(2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 4, 5, dtype=torch.float64)
+
+
+def _load_float(m, ref):
+    """ref's state (float64) into the layer m, as float32."""
+    m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+
+
 class TestAutogradAndLifetimes(unittest.TestCase):
     """What the C++ operators must do as the Python ones do (both kinds run these)."""
 
@@ -738,22 +756,14 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         """An evaluated layer (no exchange: torch ops in its backward) is twice
         differentiable, as nn.BatchNorm2d in eval is (gradient penalties, MAML with a frozen
         batch norm): both kinds of operators, plain and fused, against float64 PyTorch."""
-        torch.manual_seed(6)
-        ref = torch.nn.BatchNorm2d(3).double().eval()
-        with torch.no_grad():
-            ref.running_mean.uniform_(-1, 1)
-            ref.running_var.uniform_(0.5, 2)
-            ref.weight.uniform_(0.5, 1.5)
-            ref.bias.uniform_(-0.5, 0.5)
-        x0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
-        z0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        ref, x0, z0 = _eval_reference(6)
         for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}, {"activation": "relu", "residual": True},
                    {"residual": True}):  # identity with a residual: dz is the incoming gradient itself
             with self.subTest(**kw):
                 kw = dict(kw)
                 res = kw.pop("residual", False)
                 m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
-                m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+                _load_float(m, ref)
                 m.eval()
                 ref.zero_grad()
                 out = []
@@ -782,15 +792,7 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         gradient) raised 'does not require grad' where PyTorch's reaches no input. Plain
         and fused, x with and without grad, a constant incoming gradient and one that
         requires grad; both kinds of operators."""
-        torch.manual_seed(9)
-        ref = torch.nn.BatchNorm2d(3).double().eval()
-        with torch.no_grad():
-            ref.running_mean.uniform_(-1, 1)
-            ref.running_var.uniform_(0.5, 2)
-            ref.weight.uniform_(0.5, 1.5)
-            ref.bias.uniform_(-0.5, 0.5)
-        x0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
-        z0 = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+        ref, x0, z0 = _eval_reference(9)
         c = torch.randn(2, 3, 4, 5, dtype=torch.float64)
         checked = 0
         for kw in ({}, {"activation": "relu", "residual": True}, {"residual": True},
@@ -799,7 +801,7 @@ class TestAutogradAndLifetimes(unittest.TestCase):
             res = kw.pop("residual", False)
             act = kw.get("activation")
             m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
-            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+            _load_float(m, ref)
             m.eval()
             for x_grad, incoming in itertools.product((False, True), ("constant", "y^3")):
                 with self.subTest(**kw, residual=res, x_grad=x_grad, incoming=incoming):
