@@ -188,7 +188,9 @@ typedef struct sbn_team_ops {
      refused with sbnUnsupported at the call. */
   int epilogue;
   /* Makes team->impl (team->nranks, first_local, nlocal and cfg are set). On failure
-     team->impl stays NULL and nothing is left allocated. */
+     team->impl stays NULL and nothing is left allocated. The last step of sbn_team_create
+     that can fail (the comms are made before it), so that a collective attach's success
+     is the team's on every rank. */
   sbnResult_t (*attach)(sbn_team_t* team, sbn_team_init_t* init);
   /* Frees team->impl (the last local comm was destroyed). */
   void (*detach)(sbn_team_t* team);

@@ -136,8 +136,11 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   atomic_init(&t->abort_reason, sbnSuccess);
   atomic_init(&t->refs, nlocal);
   atomic_init(&t->departed, -1);
-  sbnResult_t r = ops->attach(t, init);
-  for (size_t i = 0; r == sbnSuccess && i < nl; i++) {
+  /* The comms before the backend's attach, which is the last thing that can fail: an NCCL
+     team's attach ends in agreements with the other processes (nccl_team.c), after which
+     this rank failing alone would leave them a team that can only time out. */
+  sbnResult_t r = sbnSuccess;
+  for (size_t i = 0; i < nl; i++) {
     sbnComm_t c = calloc(1, sizeof *c);
     if (c == NULL) {
       r = sbn_fail(NULL, sbnSystemError, "out of host memory (comms)");
@@ -150,6 +153,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
     c->local = (int)i;
     made[i] = c;
   }
+  if (r == sbnSuccess) r = ops->attach(t, init); /* on failure t->impl stays NULL */
   if (r != sbnSuccess) {
     for (size_t i = 0; i < nl; i++) comm_free(made[i]);
     free(made);

@@ -153,7 +153,9 @@ SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
 
 /* ---- gpu_team.c: resources, error words, the tables' other entries ------------------ */
-/* Starts the watchdog thread of a team with NCCL comms (and its lock). */
+/* Starts the watchdog thread of a team with NCCL comms (and its lock); safe before the
+   team's first launch (it watches launches only), so an NCCL team starts it before its
+   agreements. On failure sbn_gpu_team_free releases what it made. */
 SBN_INTERNAL sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt);
 /* Occupancy of every kernel on device dev (current), into g; loads every kernel. */
 SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);

@@ -233,9 +233,13 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
 static void nccl_release(struct sbn_gpu_team* gt, int aborted);
 
 /* The team's GPU part: the team's own NCCL comm (a duplicate of init->nccl, or init->nccl
-   itself when init->adopt: then taken, init->nccl = NULL), device state, and the transport
-   agreed by every rank. Collective, bounded by the timeout. On failure team->impl stays
-   NULL (an adopted comm is released). */
+   itself when init->adopt: then taken, init->nccl = NULL), device state, the watchdog, and
+   the transport agreed by every rank. Collective, bounded by the timeout. On failure
+   team->impl stays NULL (an adopted comm is released). A failure of this rank alone comes
+   before the first agreement (the peers time out in it) or is agreed on, so that every
+   rank fails together; left: a collective that ends here and not on the peers (a
+   registration's or an agreement's timeout, a CUDA error of an agreement's copies), whose
+   peers time out at their next collective. */
 static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int w = team->nranks, me = team->first_local;
   const int adopt = init->adopt;
@@ -307,6 +311,12 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   if (mine == sbnSuccess) mine = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
   if (mine == sbnSuccess && cudaDeviceSynchronize() != cudaSuccess)
     mine = sbn_cuda_fail(cudaGetLastError(), "cudaDeviceSynchronize");
+  /* The host path's watchdog (its collectives, also SBN_ALGO=nccl calls), here so that a
+     failure to start it is agreed on too: after the last agreement nothing may fail on
+     one rank alone (its peers would keep a team that can only time out). It watches
+     launches only (every launched_ns is 0 until the first op) and the failure path stops
+     it before anything is released (sbn_gpu_team_free). */
+  if (mine == sbnSuccess) mine = sbn_gpu_watchdog_start(gt);
   char mine_why[256];
   snprintf(mine_why, sizeof mine_why, "%s", mine == sbnSuccess ? "" : sbn_error_text(NULL));
 
@@ -378,7 +388,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   }
   if (lsa) g->mail = (sbn_mail_rec_t*)gt->win_buf;
   snprintf(gt->nccl_why, sizeof gt->nccl_why, "%s", lsa ? "" : obstacle);
-  r = sbn_gpu_watchdog_start(gt); /* the host path's collectives, also SBN_ALGO=nccl calls */
+  /* nothing below fails: every rank has the team (sbn_team_create made the comms before) */
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {

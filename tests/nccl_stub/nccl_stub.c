@@ -23,6 +23,7 @@
 #include <nccl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,10 +274,14 @@ static ncclResult_t operate(ncclComm_t c, const char* op) {
   return started(c);
 }
 
-static ncclResult_t done_note(const char* fn, ncclComm_t c, ncclResult_t r) {
-  note("%s c%d -> %s%s", fn, c != NULL ? c->id : 0, result_name(r),
+/* The call's line: "fn cN[ args] -> result[ (in progress)]" (mu held). */
+static ncclResult_t done_note_args(const char* fn, ncclComm_t c, const char* args, ncclResult_t r) {
+  note("%s c%d%s -> %s%s", fn, c != NULL ? c->id : 0, args, result_name(r),
        c != NULL && c->magic == STUB_COMM_MAGIC && c->busy ? " (in progress)" : "");
   return r;
+}
+static ncclResult_t done_note(const char* fn, ncclComm_t c, ncclResult_t r) {
+  return done_note_args(fn, c, "", r);
 }
 
 /* ---- the control API (nccl_stub.h) ---------------------------------------------------- */
@@ -462,9 +467,26 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   return r;
 }
 
+/* " int32 min [v0,v1,...]": the values this rank gives an int32 min reduction (the
+   library's agreements), which its peers would see; "" for any other. The buffer is the
+   stand-in runtime's device memory, which is host memory. */
+static void reduce_args(char* out, size_t cap, const void* send, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op) {
+  out[0] = '\0';
+  if (type != ncclInt32 || op != ncclMin) return;
+  int32_t v[16];
+  const size_t shown = count < 16 ? count : 16;
+  memcpy(v, send, shown * sizeof v[0]);
+  size_t len = (size_t)snprintf(out, cap, " int32 min [");
+  for (size_t i = 0; i < shown && len < cap; i++)
+    len += (size_t)snprintf(out + len, cap - len, "%s%d", i ? "," : "", (int)v[i]);
+  if (len < cap) snprintf(out + len, cap - len, "%s]", count > shown ? ",..." : "");
+}
+
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)op, (void)stream;
+  (void)stream;
+  char args[160] = "";
   pthread_mutex_lock(&mu);
   ncclResult_t r = check_comm(comm, "ncclAllReduce");
   if (r == ncclSuccess && comm->nranks != 1) {
@@ -472,11 +494,12 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     r = ncclInvalidUsage;
   }
   if (r == ncclSuccess) {
+    reduce_args(args, sizeof args, send, count, type, op);
     const size_t elem = type == ncclInt32 || type == ncclFloat32 ? 4 : 1;
     if (send != recv) memmove(recv, send, count * elem); /* the min/sum of one rank */
     r = operate(comm, "ncclAllReduce");
   }
-  done_note("ncclAllReduce", comm, r);
+  done_note_args("ncclAllReduce", comm, args, r);
   pthread_mutex_unlock(&mu);
   return r;
 }

@@ -22,7 +22,9 @@
 /* Forgets the record and the counters, re-reads the environment. Not while a call runs. */
 void nccl_stub_reset(void);
 /* The calls since the last reset, one line each ("fn cN ... -> result"), repeated polls
-   folded into one line; violations start with "VIOLATION". Valid until the next call. */
+   folded into one line; violations start with "VIOLATION". An int32 min ncclAllReduce
+   (the library's agreements) shows what this rank gave it: "ncclAllReduce cN int32 min
+   [1,1,0,64,-64,...] -> result". Valid until the next call. */
 const char* nccl_stub_log(void);
 /* Whether the record holds `text`, read under its lock (while other threads call NCCL). */
 int nccl_stub_log_has(const char* text);

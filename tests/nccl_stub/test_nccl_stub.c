@@ -16,11 +16,14 @@
  *     released (live comms);
  *   - a peer that never comes, at every NCCL call that waits for peers: sbnTimeout (not
  *     before timeout_ms; no upper bound is asserted: a hang is CTest's timeout), the
- *     caller's comm left to the caller, the team's own comm aborted.
+ *     caller's comm left to the caller, the team's own comm aborted;
+ *   - a rank whose init fails (each of its callocs and thread starts in turn) tells its
+ *     peers through the agreement (the record's values), and leaves nothing behind.
  * The kernels are no-ops here: no value is checked (the GPU suites do that).
  * Environment: the stand-in's (NCCL_STUB_POLLS, NCCL_STUB_RETURN) as CTest sets them. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
 #include <cuda_runtime_api.h>
+#include <errno.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <time.h>
@@ -1021,6 +1024,151 @@ static void test_initall_abort_ends_collective(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* ---- a rank that fails at init tells its peers ------------------------------------------ */
+
+/* The library's calloc and pthread_create as it reaches them (tests/CMakeLists.txt links
+   this test with -Wl,--wrap=calloc and -Wl,--wrap=pthread_create; the stand-ins are shared
+   libraries, whose calls are not wrapped): while `armed` in the calling thread, the
+   fail_at-th (from 0) of its callocs, or of its thread starts (`thread`), fails as an
+   exhausted heap's or process's would. Threads the call starts count nothing. */
+typedef struct {
+  int armed, thread, fail_at;
+  int seen, hit; /* calls of the kind counted; whether the failure was given */
+} fault_t;
+static _Thread_local fault_t fault;
+static int fault_now(int thread) {
+  if (!fault.armed || fault.thread != thread || fault.seen++ != fault.fail_at) return 0;
+  fault.hit = 1;
+  return 1;
+}
+void* __real_calloc(size_t n, size_t size);
+void* __wrap_calloc(size_t n, size_t size);
+void* __wrap_calloc(size_t n, size_t size) {
+  return fault_now(0) ? NULL : __real_calloc(n, size);
+}
+int __real_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)(void*), void* arg);
+int __wrap_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)(void*), void* arg);
+int __wrap_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)(void*),
+                          void* arg) {
+  return fault_now(1) ? EAGAIN : __real_pthread_create(th, attr, fn, arg);
+}
+
+/* What this rank gave the record's last agreement (an int32 min ncclAllReduce) in its
+   "ok" slot: v[0] of nccl_attach's first, the one value of its second and third. -1: the
+   record has no agreement; -2: one without values. */
+static int last_agreement_ok(void) {
+  const char* log = nccl_stub_log();
+  const char* last = NULL;
+  for (const char* p = log; (p = strstr(p, "ncclAllReduce c")) != NULL; p++)
+    if (p == log || p[-1] == '\n') last = p;
+  if (last == NULL) return -1;
+  const char* v = strstr(last, " int32 min [");
+  const char* eol = strchr(last, '\n');
+  if (v == NULL || (eol != NULL && v > eol)) return -2;
+  return atoi(v + strlen(" int32 min ["));
+}
+
+enum { VIA_CALLER_COMM, VIA_ID, VIA_SPLIT };
+static const char* const via_names[] = {"sbnCommInitNccl", "sbnCommInitNcclRank", "sbnCommSplit"};
+static char untouched_slot;
+#define UNTOUCHED_COMM ((sbnComm_t)&untouched_slot)
+
+/* Every failure point of a team's init, one at a time: the k-th calloc of the calling
+   thread (or its k-th pthread_create), for k = 0, 1, ... until an init hits none. The
+   stand-in's teams are of one rank, so a peer is not there to see this rank's failure;
+   what it would see is in the record: an init that fails must have given 0 in the "ok"
+   slot of its last agreement, so that every peer fails with it, or have failed before
+   the first agreement (no ncclAllReduce: the peers then wait in it and time out, as for
+   a rank that never calls). A rank that failed after an agreement where it said ready
+   leaves its peers a team whose first op can only time out. Each failed init also wrote
+   nothing, and released everything it made (comms, no violation). `via` is the call:
+   sbnCommInitNccl (a duplicate of the caller's comm), sbnCommInitNcclRank, or
+   sbnCommSplit of a team of one (the child's team; the fault armed in the split only). */
+static void fault_sweep(int via, const char* transport, int thread) {
+  const char* kind = thread ? "pthread_create" : "calloc";
+  int k = 0, failed = 0, told = 0; /* inits that failed; of them, told in an agreement */
+  for (;; k++) {
+    if (k == 1000) {
+      SBN_FAIL_("%s: still hitting an injected %s failure at k = %d", via_names[via], kind, k);
+      return;
+    }
+    stub_case(NULL);
+    const int live0 = nccl_stub_live_comms();
+    const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+    ncclComm_t nc = NULL;
+    sbnComm_t parent = NULL;
+    sbnNcclUniqueId_t id;
+    if (via == VIA_CALLER_COMM) nc = caller_comm(0, 1);
+    if (via == VIA_ID) ASSERT_OK(sbnGetNcclUniqueId(&id));
+    if (via == VIA_SPLIT) ASSERT_OK(team_of_one(&parent, transport, TIMEOUT_MS));
+    nccl_stub_reset(); /* the record of the call alone */
+    if (transport != NULL)
+      setenv("SBN_NCCL_TRANSPORT", transport, 1);
+    else
+      unsetenv("SBN_NCCL_TRANSPORT");
+    cudaSetDevice(0);
+    sbnComm_t comm = UNTOUCHED_COMM;
+    fault = (fault_t){1, thread, k, 0, 0};
+    const sbnResult_t r = via == VIA_CALLER_COMM ? sbnCommInitNccl(&comm, nc, &cfg)
+                          : via == VIA_ID        ? sbnCommInitNcclRank(&comm, &id, 1, 0, &cfg)
+                                                 : sbnCommSplit(parent, 0, 0, &comm);
+    fault.armed = 0;
+    unsetenv("SBN_NCCL_TRANSPORT");
+    const int hit = fault.hit, ok = last_agreement_ok();
+    const char* e = r == sbnSuccess ? "" : sbnGetLastError(via == VIA_SPLIT ? parent : NULL);
+    const int before = sbn_test_cur_failed_;
+    if (r != sbnSuccess) {
+      failed++;
+      told += ok == 0;
+      if (!hit) SBN_FAIL_("%s failed with no injected failure: %s", via_names[via], e);
+      if (comm != UNTOUCHED_COMM)
+        SBN_FAIL_("%s (%s %d failing) wrote *comm: %p", via_names[via], kind, k, (void*)comm);
+      if (thread && strstr(e, "watchdog") == NULL) /* this rank's cause, not "another rank" */
+        SBN_FAIL_("%s: the watchdog's failure is not named: %s", via_names[via], e);
+      if (ok != 0 && ok != -1) {
+        SBN_FAIL_(
+            "%s (transport %s, %s %d failing) failed after its last agreement said "
+            "this rank was ready (ok slot %d): its peers keep a team that can only time "
+            "out. It failed with: %s",
+            via_names[via], transport ? transport : "auto", kind, k, ok, e);
+        print_record();
+      }
+    } else if (comm == NULL || comm == UNTOUCHED_COMM) {
+      SBN_FAIL_("%s succeeded without a comm", via_names[via]);
+    } else {
+      EXPECT_TRUE(sbnCommDestroy(comm) == sbnSuccess);
+    }
+    /* released either way, so that a failed case leaves nothing to the cases after it */
+    if (parent != NULL) EXPECT_TRUE(sbnCommDestroy(parent) == sbnSuccess);
+    if (nc != NULL) EXPECT_TRUE(ncclCommDestroy(nc) == ncclSuccess); /* still the caller's */
+    if (sbn_test_cur_failed_ != before) return;
+    ASSERT_CLEAN();
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+    if (r == sbnSuccess && !hit) break; /* past the last */
+  }
+  fprintf(stderr,
+          "  %s, transport %s: %d %s(s); failing each in turn, %d inits failed (%d told in "
+          "an agreement, %d before the first), %d succeeded\n",
+          via_names[via], transport ? transport : "auto", k, kind, failed, told, failed - told,
+          k - failed);
+  ASSERT_TRUE(failed > 0);
+  if (thread) ASSERT_EQ_INT(told, failed); /* the watchdog's: in the first agreement */
+}
+static void fault_sweeps(int thread) {
+  static const char* const transports[] = {NULL, "host", "lsa"};
+  for (int via = VIA_CALLER_COMM; via <= VIA_SPLIT; via++)
+    for (int t = 0; t < 3; t++) fault_sweep(via, transports[t], thread); /* each says */
+}
+/* The allocations (the team's, the comms, the NCCL slots), and the watchdog's thread.
+   Both fail on 9f17060's code (checked), where the comms were allocated after the attach
+   and the watchdog started after the last agreement. */
+static void test_init_fault_calloc_told(void) {
+  fault_sweeps(0);
+}
+static void test_init_fault_thread_told(void) {
+  fault_sweeps(1);
+}
+
 int main(void) {
   /* every op on the host path, whose NCCL calls are the subject; the configs' timeouts */
   setenv("SBN_ALGO", "nccl", 1);
@@ -1034,6 +1182,8 @@ int main(void) {
   SBN_RUN(test_init_host_nonblocking_caller);
   SBN_RUN(test_init_rank_from_id);
   SBN_RUN(test_init_rank_stuck_and_arguments);
+  SBN_RUN(test_init_fault_calloc_told);
+  SBN_RUN(test_init_fault_thread_told);
   SBN_RUN(test_kernel_env);
   SBN_RUN(test_split_lsa);
   SBN_RUN(test_split_host);
