@@ -45,8 +45,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import syncbn as _sbn
 from syncbn import _capi, _fused, _ops
 
-__all__ = ["SyncBatchNorm", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm", "BatchNormXd",
-           "FusedBasicBlock", "FusedBottleneck", "FusedActivation", "team_for"]
+__all__ = ["SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm",
+           "BatchNormXd", "BatchNormActXd", "FusedBasicBlock", "FusedBottleneck", "FusedActivation", "team_for"]
 
 _TRAIN = _ops.batch_norm_train
 _INFER = _ops.batch_norm_infer
@@ -519,6 +519,48 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                           self._inplace)[0]
 
 
+# The child modules of a batch norm that applies them after itself, drop then act: timm's
+# BatchNormAct2d (and its SyncBatchNormAct) layout, which SyncBatchNormAct keeps.
+_ACT_CHILDREN = ("drop", "act")
+
+
+class _DropAct:
+    """A batch norm class's child modules ``drop`` then ``act``, applied after its forward
+    (SyncBatchNormAct, BatchNormActXd)."""
+
+    def _children(self, drop, act):
+        self.drop = torch.nn.Identity() if drop is None else drop
+        self.act = torch.nn.Identity() if act is None else act
+
+    def forward(self, input):
+        if type(input) is not _Tensor:
+            traced = _fx_leaf(self, input, None)  # one node for the whole layer (its act too)
+            if traced is not None:
+                return traced
+        return self.act(self.drop(super().forward(input)))
+
+
+class SyncBatchNormAct(_DropAct, SyncBatchNorm):
+    """A SyncBatchNorm followed by its child modules ``drop`` then ``act``:
+    ``forward(input)`` = act(drop(batch_norm(input))). What convert_sync_batchnorm makes of
+    a batch norm class with those children (timm's ``BatchNormAct2d`` and
+    ``SyncBatchNormAct``, which apply them in that order): the children are the original's
+    modules, so the function, the parameters (a PReLU's ``act.weight``) and the
+    ``state_dict`` keys stay; ``revert_sync_batchnorm`` gives back the original class.
+    ``convert_fused`` fuses an ``act`` that is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)``
+    (with ``drop`` an ``nn.Identity``) into the batch norm's epilogue, leaving a
+    ``FusedActivation`` as ``act``. Any other act (SiLU, GELU, ...) runs as its module.
+    A class is taken for such a layer by its children's names: one that applied them
+    otherwise (before the batch norm, in eval only) would not be this function."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
+                 inplace=False, *, bias=True, drop=None, act=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, process_group, device, dtype,
+                         comm, activation, slope, inplace, bias=bias)
+        self._children(drop, act)
+
+
 def _flag(value, name, who):
     """value as a bool where it is one: a bool, an int 0 or 1, a NumPy bool or a 0-d bool
     tensor; else a TypeError naming it (bool() would take "no" as True and None as False)."""
@@ -594,8 +636,14 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     two places stays one, and keeps its hooks and epilogue; a BatchNormXd's epilogue, what
     revert_sync_batchnorm left of a fused layer, is the new layer's). A batch norm used in two
     places becomes one SyncBatchNorm used in both (PyTorch's converter, which visits a
-    module once, leaves the second place its unsynchronized batch norm)."""
+    module once, leaves the second place its unsynchronized batch norm). A batch norm with
+    child modules `drop` and `act` that it applies after itself (timm's BatchNormAct2d)
+    becomes a SyncBatchNormAct with those modules (PyTorch's converter drops them). A batch
+    norm whose conversion would lose what it does (_conversion: child modules of its own,
+    buffers, a train() of its class, ...) is refused (ValueError), before anything
+    changes."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
+    kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     for name, m in module.named_modules():
         if isinstance(m, _BatchNorm) and isinstance(m, torch.nn.modules.lazy.LazyModuleMixin):
             # (it becomes its cls_to_become at its first forward: one still lazy has not run)
@@ -605,6 +653,8 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         if isinstance(m, BatchNormXd) and not _fused.takes_slope(_xd_act(m)[1]):
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} applies a leaky "
                              f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")
+        if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
+            kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
 
     def swap(m):
         if isinstance(m, SyncBatchNorm):  # moved in place
@@ -614,14 +664,106 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
             return m
         if isinstance(m, _BatchNorm):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
-            out = _take_state(SyncBatchNorm(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                            process_group, comm=comm, activation=act[0], slope=act[1],
-                                            bias=not m.affine or m.bias is not None), m)
+            # drop and act: the walk moves m's children to out, as it does below any module
+            kind = kinds[id(m)]
+            acts = kind == "act"
+            if kind == "relu":  # apex's fuse_relu: forward(input, z) = relu(bn(input) + z), as the layer's
+                act = ("relu", 0.01)
+            out = _take_state((SyncBatchNormAct if acts else SyncBatchNorm)(
+                m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, process_group, comm=comm,
+                activation=act[0], slope=act[1], bias=not m.affine or m.bias is not None), m)
             out._reverts_to = type(m) if type(m) in _TORCH_BATCH_NORMS else None
+            if acts and not isinstance(m, (BatchNormXd, torch.nn.SyncBatchNorm)):
+                # the class it reverts to, made as it was (no constructor of it is known)
+                out._reverts_as = (type(m), {k: v for k, v in vars(m).items() if k not in _MODULE_KEYS})
             return out
         return m
 
     return _swap_modules(module, swap, {})
+
+
+# What a batch norm may hold and still be what its class's forward computes with it
+_BN_STATE = frozenset(("weight", "bias", "running_mean", "running_var", "num_batches_tracked"))
+# The methods of a module's protocol (torch.nn.Module's, a batch norm's) that a batch norm
+# class of its own defines and a SyncBatchNorm would not run: all of them but those that
+# change nothing it would lose (forward is asked apart)
+_BN_PROTOCOL = (frozenset(vars(torch.nn.Module)) | frozenset(vars(torch.nn.modules.batchnorm._NormBase))
+                | frozenset(vars(_BatchNorm))) - {
+    "__init__", "forward", "_check_input_dim", "reset_parameters", "reset_running_stats", "extra_repr", "_get_name",
+    "__repr__", "__setstate__", "__getstate__", "__dir__"}
+
+
+def _conversion(m, name):
+    """What the converter makes of a batch norm m that is not syncbn's SyncBatchNorm: "act"
+    (a SyncBatchNormAct: a class with its own forward whose child modules are drop and act,
+    which it applies after itself: timm's BatchNormAct2d), "relu" (a SyncBatchNorm with a
+    ReLU epilogue: apex's SyncBatchNorm with fuse_relu, whose forward(input, z) the layer's
+    forward(input, residual) is) or "plain" (a SyncBatchNorm); a
+    ValueError naming the layer (`name`) where the conversion would lose what the layer
+    does: parameters or buffers beyond a batch norm's (a quantized batch norm's scale and
+    zero_point), a forward set on the instance, methods of the module protocol its class
+    defines (a train() that keeps a frozen batch norm in eval, a state_dict loader of its
+    own), child modules other than drop and act that its own forward may apply, apex's
+    channel_last and PyTorch-Encoding's activation in training only. A class
+    with torch.nn's forward applies none of its children (PyTorch's converter leaves a
+    timm BatchNormAct2d's drop and act so in the nn.SyncBatchNorm it makes): plain, the
+    children unused as before."""
+    who = f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} ({type(m).__name__})"
+    if isinstance(m, BatchNormXd):  # syncbn's own: its epilogue, and drop and act if it applies them
+        return "act" if isinstance(m, BatchNormActXd) else "plain"
+    if torch.nn.utils.parametrize.is_parametrized(m):
+        raise ValueError(f"{who} has parametrized tensors (torch.nn.utils.parametrize), which a SyncBatchNorm would "
+                         "not compute: nothing was converted; remove the parametrizations first")
+    state = sorted(k for k in (*m._parameters, *m._buffers) if k not in _BN_STATE)
+    if state:
+        raise ValueError(f"{who} holds {', '.join(map(repr, state))} beside a batch norm's parameters and buffers, "
+                         "which a SyncBatchNorm would not keep nor use: nothing was converted; convert such a layer "
+                         "by hand")
+    if "forward" in vars(m):
+        raise ValueError(f"{who} has a forward set on the layer itself, which a SyncBatchNorm would not run: nothing "
+                         "was converted")
+    own = []
+    for cls in type(m).__mro__:
+        if cls.__module__.startswith("torch."):
+            break
+        own += [k for k, v in vars(cls).items() if k in _BN_PROTOCOL and k not in own
+                and (callable(v) or isinstance(v, (staticmethod, classmethod, property)))]
+    if own:
+        raise ValueError(f"{who} is of a class that defines {', '.join(map(repr, own))} of torch.nn.Module's own "
+                         "methods, which a SyncBatchNorm would not (a train() that keeps the layer frozen in eval, "
+                         "...): nothing was converted; convert such a layer by hand")
+    kids = [k for k, c in m._modules.items() if c is not None]
+    if _torch_forward(m):
+        return "plain"
+    where = type(m).__module__.split(".")[0]
+    if where == "apex" and not kids:
+        # apex.parallel.SyncBatchNorm: forward(input, z=None), relu(bn(input) + z) with
+        # fuse_relu (the residual and ReLU of syncbn's epilogue); channel_last: input (N, ..., C)
+        if getattr(m, "channel_last", False):
+            raise ValueError(f"{who} takes its channels last (channel_last=True: input (N, ..., C)), where a "
+                             "SyncBatchNorm takes them in dim 1 (channels_last memory format is the same shape): "
+                             "nothing was converted")
+        return "relu" if getattr(m, "fuse_relu", False) else "plain"
+    if where == "encoding" and not kids and getattr(m, "activation", "none") not in ("none", "identity", None):
+        # PyTorch-Encoding's SyncBatchNorm: a leaky ReLU in training only
+        raise ValueError(f"{who} applies {m.activation!r} in training only, which a SyncBatchNorm cannot: nothing "
+                         "was converted")
+    try:
+        args = [p for p in list(inspect.signature(type(m).forward).parameters.values())[1:]
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):  # no signature to read
+        args = [None, None]
+    if len(args) > 1:  # a SyncBatchNorm's second argument is a residual, added before the epilogue
+        raise ValueError(f"{who} has a forward of its own that takes more than the input "
+                         f"({', '.join(p.name if p is not None else '?' for p in args)}), which a SyncBatchNorm would "
+                         "take as a residual to add: nothing was converted; convert such a layer by hand")
+    extra = [k for k in kids if k not in _ACT_CHILDREN]
+    if extra:
+        raise ValueError(f"{who} is a batch norm with child modules of its own ({', '.join(map(repr, extra))}), "
+                         "which its forward may apply and a SyncBatchNorm would not: nothing was converted. A batch "
+                         "norm whose children are 'drop' and 'act', applied after it in that order (timm's "
+                         "BatchNormAct2d), becomes a SyncBatchNormAct; convert any other such layer by hand")
+    return "act" if kids else "plain"
 
 
 def _xd_act(m):
@@ -687,13 +829,38 @@ def _take_state(out, m):
 _TORCH_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
 
 
+# What a module's own state is beyond nn.Module's (its hooks included) and a batch norm's
+# constructor arguments: what a layer converted from another class keeps to revert to it
+_MODULE_KEYS = frozenset(vars(torch.nn.Module())) | {"_is_full_backward_hook", "qconfig", "num_features", "eps",
+                                                    "momentum", "affine", "track_running_stats"}
+
+
 def _reverted(m, act, slope):
     """The PyTorch batch norm that layer m reverts to: the torch.nn class it was converted
     from (nn.BatchNorm2d, ...), where it applies no activation and that class can be made
-    without a bias where m has none; else a BatchNormXd with m's epilogue. m's tensors,
-    training mode and qconfig."""
-    cls = getattr(m, "_reverts_to", None)  # (None also for a layer pickled before it was kept)
+    without a bias where m has none; else a BatchNormXd with m's epilogue. A SyncBatchNormAct
+    (its drop and act children go with it): the class it was converted from where it
+    applies no activation of its own, made as that layer was (its attributes; the
+    constructor is not called), else a BatchNormActXd. m's tensors, training mode and
+    qconfig."""
     no_bias = m.affine and m.bias is None
+    if isinstance(m, SyncBatchNormAct):
+        was = getattr(m, "_reverts_as", None)
+        if act != "identity" or was is None:
+            return _take_state(BatchNormActXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                              activation=act, slope=slope, bias=not no_bias), m)
+        cls, attrs = was
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        out.__dict__.update(attrs)
+        for name in ("num_features", "eps", "momentum", "affine", "track_running_stats"):
+            setattr(out, name, getattr(m, name))
+        for name in ("weight", "bias"):
+            out.register_parameter(name, None)  # taken from m (_take_state)
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            out.register_buffer(name, None)
+        return _take_state(out, m)
+    cls = getattr(m, "_reverts_to", None)  # (None also for a layer pickled before it was kept)
     if act == "identity" and cls is not None and (_BIAS_KW or not no_bias):
         return _take_state(cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
                                **({"bias": False} if no_bias else {})), m)
@@ -742,6 +909,20 @@ class BatchNormXd(_OptionalBias, _BatchNorm):
         return s
 
 
+class BatchNormActXd(_DropAct, BatchNormXd):
+    """A BatchNormXd followed by its child modules ``drop`` then ``act``:
+    ``forward(input)`` = act(drop(epilogue(batch_norm(input)))), in PyTorch's ops. What
+    ``revert_sync_batchnorm`` makes of a SyncBatchNormAct that it cannot give back its
+    original class (one made as syncbn's, converted from a BatchNormActXd or an
+    ``nn.SyncBatchNorm`` subclass, or one that applies an activation of its own)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
+                 dtype=None, activation="identity", slope=0.01, *, bias=True, drop=None, act=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype, activation, slope,
+                         bias=bias)
+        self._children(drop, act)
+
+
 def revert_sync_batchnorm(module):
     """The inverse of convert_sync_batchnorm and convert_fused: every syncbn SyncBatchNorm
     of module (recursively) becomes PyTorch's batch norm with the same parameters (shared),
@@ -750,7 +931,9 @@ def revert_sync_batchnorm(module):
     those classes (``torch.ao.quantization.fuse_modules``, ``prepare_fx``, freezing by type,
     TorchScript) finds them again, else a ``BatchNormXd`` (a layer made as syncbn's or
     converted from nn.SyncBatchNorm or another class, one that keeps an activation, or one
-    without a bias on a PyTorch whose batch norms take no ``bias=``); and what convert_fused fused is undone:
+    without a bias on a PyTorch whose batch norms take no ``bias=``); a SyncBatchNormAct
+    becomes the class it was converted from (timm's BatchNormAct2d), made as that layer
+    was, or else a ``BatchNormActXd``; and what convert_fused fused is undone:
     a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was (its
     class, children, attributes and hooks) and a ``FusedActivation`` the activation module
     it replaced, their batch norms plain, so that the model is the original one on
@@ -833,31 +1016,48 @@ def _unfuse(m, plain, done):
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
+    if isinstance(out, SyncBatchNormAct):
+        drop = out._modules.get("drop")
+        if drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop)):
+            _restore_act(out, out, "act", plain)  # its act: what runs right after its epilogue
     order = _run_order(out)
     if order is not None:
         kids = order[0]
         for (_, bn), (name, slot) in zip(kids, kids[1:]):
-            if (not isinstance(bn, SyncBatchNorm) or bn.activation == "identity" or id(bn) in plain
-                    or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
-                continue
-            if isinstance(slot, FusedActivation):
-                act = slot.replaced
-                was = _act_of(act)
-                if was is not None and was[0] == "relu" and bn.activation == "leaky_relu":
-                    # convert_fused(relu_as_leaky=SLOPE): the leaky ReLU the layer applies
-                    act = torch.nn.LeakyReLU(bn.slope, inplace=act.inplace)
-                elif was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
-                    continue  # the layer's activation changed since: it keeps it
-            elif type(slot) is torch.nn.Identity:
-                # an identity right after a layer with an activation (a model fused before
-                # FusedActivation existed, or by hand): the activation as a module there is
-                # the same function
-                act = torch.nn.ReLU() if bn.activation == "relu" else torch.nn.LeakyReLU(bn.slope)
-            else:
-                continue
-            out._modules[name] = act.train(slot.training)
-            plain.add(id(bn))
+            _restore_act(bn, out, name, plain)
     return out
+
+
+def _restore_act(bn, parent, name, plain):
+    """Puts the activation of layer bn back as a module in parent's child `name`, where
+    that child runs right after bn: an identity without hooks, the FusedActivation that
+    convert_fused left (the module it replaced) or a plain nn.Identity (the layer's
+    activation as a new module: the same function); bn's id goes into plain. Nothing where
+    bn applies no activation (or already gave it back), where the child is another module,
+    or where bn's activation changed since it was fused. A SyncBatchNormAct's activation runs
+    before its drop and act: it goes back into its own act only (parent is bn)."""
+    slot = parent._modules.get(name)
+    if (not isinstance(bn, SyncBatchNorm) or bn.activation == "identity" or id(bn) in plain
+            or (isinstance(bn, SyncBatchNormAct) and parent is not bn)
+            or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
+        return
+    if isinstance(slot, FusedActivation):
+        act = slot.replaced
+        was = _act_of(act)
+        if was is not None and was[0] == "relu" and bn.activation == "leaky_relu":
+            # convert_fused(relu_as_leaky=SLOPE): the leaky ReLU the layer applies
+            act = torch.nn.LeakyReLU(bn.slope, inplace=act.inplace)
+        elif was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
+            return  # the layer's activation changed since: it keeps it
+    elif type(slot) is torch.nn.Identity:
+        # an identity right after a layer with an activation (a model fused before
+        # FusedActivation existed, or by hand): the activation as a module there is the
+        # same function
+        act = torch.nn.ReLU() if bn.activation == "relu" else torch.nn.LeakyReLU(bn.slope)
+    else:
+        return
+    parent._modules[name] = act.train(slot.training)
+    plain.add(id(bn))
 
 
 # ---- the converter of fusable patterns ---------------------------------------------------
@@ -966,10 +1166,11 @@ def _no_hooks(m):
 
 
 class FusedActivation(torch.nn.Identity):
-    """What convert_fused leaves in an nn.Sequential in place of an activation module that it
-    fused into the batch norm before it: the identity (that batch norm applies the
-    activation; indices and state_dict keys stay), keeping the module it replaced
-    (``replaced``: not a child, it has no state) for revert_sync_batchnorm to put back."""
+    """What convert_fused leaves in place of an activation module that it fused into the
+    batch norm before it (in an nn.Sequential, or a SyncBatchNormAct's act): the identity
+    (that batch norm applies the activation; indices and state_dict keys stay), keeping the
+    module it replaced (``replaced``: not a child, it has no state) for
+    revert_sync_batchnorm to put back."""
 
     def __init__(self, replaced):
         super().__init__()
@@ -1235,12 +1436,21 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
         writes = None if act_name in given_out else _next_writes(runs_after(i + 2))
         if was[0] == "leaky_relu" and not act_mod.inplace and writes is not False:
             continue
-        act = _fused_act(was, relu_as_leaky)
         # in place: an invertible activation, and no module after it known to write over
         # the output autograd keeps
-        bn.set_activation(act[0], act[1], not writes and _inplace_ok(inplace, *act))
-        module._modules[act_name] = FusedActivation(act_mod).train(act_mod.training)
-        seq[i + 1] = (act_name, module._modules[act_name])
+        seq[i + 1] = (act_name, _fuse_into(bn, module, act_name, was, relu_as_leaky, inplace and not writes))
+
+
+def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace):
+    """Layer bn takes the activation `was` (_act_of) of parent's child `name`, which runs
+    right after it (a ReLU as convert_fused's relu_as_leaky says), in place where `inplace`
+    and the activation is invertible; a FusedActivation takes the child's place and is
+    returned."""
+    act_mod = parent._modules[name]
+    act = _fused_act(was, relu_as_leaky)
+    bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act))
+    parent._modules[name] = FusedActivation(act_mod).train(act_mod.training)
+    return parent._modules[name]
 
 
 def _leaky_slope(slope):
@@ -1275,7 +1485,10 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
       stem (``bn1``, ``relu``) and an ``IntermediateLayerGetter`` (the backbone of
       torchvision's segmentation and detection models), but for a batch norm whose output
       the getter gives out (``return_layers``) and an ``nn.LeakyReLU()`` whose output it
-      gives out (itself, through a pass-through, or at the end of a child).
+      gives out (itself, through a pass-through, or at the end of a child);
+    - a SyncBatchNormAct (timm's BatchNormAct2d converted) whose ``drop`` is an
+      ``nn.Identity`` and whose ``act`` is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)``:
+      the layer takes the activation, a ``FusedActivation`` the act's place.
 
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation
@@ -1331,4 +1544,23 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     if block is not None:
         module = block
     _fuse(module, uses, inplace, relu_as_leaky)
+    for m in module.modules():
+        _fuse_own_act(m, inplace, relu_as_leaky)
     return module
+
+
+def _fuse_own_act(m, inplace, relu_as_leaky):
+    """A SyncBatchNormAct m without an epilogue yet, whose drop is an nn.Identity and whose
+    act an nn.ReLU or nn.LeakyReLU(inplace=True), both without hooks: the layer takes the
+    activation, a FusedActivation the act's place. Its output, act(drop(bn(x))), is the
+    same either way, so hooks on the layer and a layer used twice do not matter. An
+    nn.LeakyReLU() (which keeps its input for the backward, where the fused layer keeps its
+    output) is left alone: what runs after the layer is its caller's code, unknown."""
+    if not (type(m) is SyncBatchNormAct and m._act == _sbn.IDENTITY and not m._inplace):
+        return
+    drop, act_mod = m._modules.get("drop"), m._modules.get("act")
+    if not (drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop))):
+        return
+    was = _act_of(act_mod)
+    if was is not None and (was[0] != "leaky_relu" or act_mod.inplace):
+        _fuse_into(m, m, "act", was, relu_as_leaky, inplace)

@@ -1530,6 +1530,314 @@ class TestConvert(TeamOfOne):
         self.assertEqual(sbt.convert_sync_batchnorm(bad, comm=self.comm)[1].activation, "relu")
 
 
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d layout (timm.layers.norm_act, whose forward is
+    torch.nn.BatchNorm2d's then self.drop then self.act): a BatchNorm2d subclass with the
+    child modules drop and act, applied after it in that order."""
+
+    def __init__(self, num_features, act, drop=None, **kw):
+        super().__init__(num_features, **kw)
+        self.drop = nn.Identity() if drop is None else drop
+        self.act = act
+        self.kept = "an attribute of its own"
+
+    def forward(self, x):
+        return self.act(self.drop(super().forward(x)))
+
+
+class BatchNormProj(nn.BatchNorm2d):
+    """A batch norm with a child its forward applies that is not timm's drop / act."""
+
+    def __init__(self, num_features):
+        super().__init__(num_features)
+        self.proj = nn.Conv2d(num_features, num_features, 1)
+
+    def forward(self, x):
+        return self.proj(super().forward(x))
+
+
+class BatchNormScaled(nn.BatchNorm2d):
+    """A batch norm with a buffer of its own, which its forward uses."""
+
+    def __init__(self, num_features):
+        super().__init__(num_features)
+        self.register_buffer("scale", torch.full((num_features,), 2.0))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale.view(1, -1, 1, 1)
+
+
+class BatchNormMasked(nn.BatchNorm1d):
+    """A batch norm whose forward takes a second tensor (a mask), not a residual."""
+
+    def forward(self, x, mask):
+        return super().forward(x) * mask
+
+
+class BatchNormNamed(nn.BatchNorm1d):
+    """Methods of its own that are not the module protocol's (object's dunders)."""
+
+    def __str__(self):
+        return "named"
+
+    def __eq__(self, other):
+        return self is other
+
+    __hash__ = nn.BatchNorm1d.__hash__
+
+
+class FrozenBatchNorm(nn.BatchNorm2d):
+    """A batch norm that stays in eval (a detector's frozen backbone): its own train()."""
+
+    def train(self, mode=True):
+        return super().train(False)
+
+
+class NaiveSyncBatchNorm(nn.BatchNorm1d):
+    """detectron2's layout: its own forward, synchronized batch norm (here: a team of one,
+    so the batch's own statistics), no children."""
+
+    def forward(self, x):
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                            self.momentum, self.eps)
+
+
+class ApexSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """apex.parallel.SyncBatchNorm's interface: forward(input, z=None), relu(bn(input) + z)
+    with fuse_relu, channels in the last dim with channel_last."""
+
+    def __init__(self, num_features, channel_last=False, fuse_relu=False):
+        super().__init__(num_features)
+        self.channel_last, self.fuse_relu = channel_last, fuse_relu
+
+    def forward(self, input, z=None):
+        y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                         self.momentum, self.eps)
+        return F.relu(y + z) if self.fuse_relu else y
+
+
+ApexSyncBatchNorm.__module__ = "apex.parallel.optimized_sync_batchnorm"
+
+
+class EncodingSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """PyTorch-Encoding's SyncBatchNorm interface: activation "none" or "leaky_relu" (applied
+    in training only)."""
+
+    def __init__(self, num_features, activation="none"):
+        super().__init__(num_features)
+        self.activation = activation
+
+    def forward(self, input):
+        y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                         self.momentum, self.eps)
+        return F.leaky_relu(y, 0.01) if self.training and self.activation == "leaky_relu" else y
+
+
+EncodingSyncBatchNorm.__module__ = "encoding.nn.syncbn"
+
+
+def bn_act_model():
+    """Conv + BatchNormAct pairs: the acts convert_fused fuses (ReLU in place or not, a
+    leaky ReLU in place) and those it leaves (SiLU, a PReLU with parameters, a leaky ReLU
+    not in place: it keeps its input where the fused layer keeps its output)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), BatchNormAct(8, nn.ReLU(inplace=True)),
+        nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.SiLU()),
+        nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.LeakyReLU(0.1, inplace=True)),
+        nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.PReLU(8)),
+        nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.LeakyReLU(0.2), momentum=None),
+        nn.Conv2d(8, 8, 1), BatchNormAct(8, nn.ReLU()),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+class TestBatchNormAct(TeamOfOne):
+    """Batch norms that apply child modules after themselves (timm's BatchNormAct2d: drop,
+    then act; timm's models use it throughout, and segmentation_models_pytorch's timm
+    encoders). The converters made them plain SyncBatchNorms, which dropped the activation
+    without a word (as PyTorch's converter does); now they become SyncBatchNormAct layers,
+    which keep the children (the same modules: the same function and state_dict keys), and
+    a batch norm with any other child is refused before anything changes."""
+
+    ACTS = [nn.ReLU, nn.SiLU, nn.LeakyReLU, nn.PReLU, nn.LeakyReLU, nn.ReLU]
+    _matches = TestConvert._matches
+
+    def _model(self):
+        torch.manual_seed(11)
+        model = bn_act_model()
+        randomize_bn(model)
+        return model, torch.randn(2, 3, 6, 6)
+
+    def test_converted_keeps_the_activations(self):
+        model, x = self._model()
+        conv = sbt.convert_sync_batchnorm(copy.deepcopy(model), comm=self.comm)
+        layers = [m for m in conv.modules() if isinstance(m, sbt.SyncBatchNorm)]
+        self.assertEqual([type(m) for m in layers], [sbt.SyncBatchNormAct] * 6)
+        self.assertEqual([type(m.act) for m in layers], self.ACTS)
+        self.assertFalse(fused_layers(conv))  # the activations run as their modules
+        self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))  # act.weight too
+        conv.load_state_dict(model.state_dict())  # strict: the original's checkpoint loads
+        self._matches(model, x, conv)
+
+    def test_fused_and_reverted(self):
+        """convert_fused fuses the ReLUs and the leaky ReLU in place (FusedActivation in the
+        act slot), not the others; the model is the original's, training and eval.
+        revert_sync_batchnorm gives back the original class, its attributes and its act
+        modules (the same PReLU), with the trained tensors."""
+        model, x = self._model()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual(fused_layers(conv), [("1", "relu", False), ("5", "leaky_relu", False),
+                                              ("11", "relu", False)])
+        self.assertEqual([type(m.act) for m in conv.modules() if isinstance(m, sbt.SyncBatchNormAct)],
+                         [sbt.FusedActivation, nn.SiLU, sbt.FusedActivation, nn.PReLU, nn.LeakyReLU,
+                          sbt.FusedActivation])
+        self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))
+        self._matches(model, x, conv)
+        prelu = conv[7].act
+        back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
+        back_prelu_is_copy = back[7].act is not prelu  # (a deepcopy)
+        self.assertTrue(back_prelu_is_copy)
+        for (n, a), (n2, b) in zip(model.named_modules(), back.named_modules()):
+            self.assertEqual(n, n2)
+            self.assertIs(type(b), type(a), n)
+        self.assertEqual([b.act.inplace for b in back if isinstance(b, BatchNormAct) and hasattr(b.act, "inplace")],
+                         [True, False, True, False, False])
+        self.assertEqual(back[1].kept, "an attribute of its own")
+        self.assertEqual(back[9].momentum, None)
+        self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
+        for k, v in conv.state_dict().items():
+            self.assertTrue(torch.equal(back.state_dict()[k], v), k)
+        with torch.no_grad():
+            torch.testing.assert_close(back(x), conv(x), rtol=3e-5, atol=3e-5)  # eval: the same formula
+        # the reverted model converts again, to the same layers
+        again = sbt.convert_fused(back, comm=self.comm)
+        self.assertEqual(fused_layers(again), fused_layers(conv))
+        # relu_as_leaky: the fused ReLUs become leaky ReLUs, reverted as nn.LeakyReLU
+        leaky = sbt.revert_sync_batchnorm(sbt.convert_fused(copy.deepcopy(model), comm=self.comm,
+                                                            relu_as_leaky=0.05))
+        self.assertEqual([(type(b.act), getattr(b.act, "negative_slope", None)) for b in leaky
+                          if isinstance(b, BatchNormAct)],
+                         [(nn.LeakyReLU, 0.05), (nn.SiLU, None), (nn.LeakyReLU, 0.1), (nn.PReLU, None),
+                          (nn.LeakyReLU, 0.2), (nn.LeakyReLU, 0.05)])
+
+    def test_in_place(self):
+        """convert_fused(inplace=True): the layers that took a leaky ReLU go in place (autograd
+        keeps their output); the results are the original's."""
+        model, x = self._model()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True, relu_as_leaky=0.01)
+        self.assertEqual(fused_layers(conv), [("1", "leaky_relu", True), ("5", "leaky_relu", True),
+                                              ("11", "leaky_relu", True)])
+        for i in (1, 11):
+            model[i].act = nn.LeakyReLU(0.01, inplace=True)
+        self._matches(model, x, conv)
+
+    def test_own_layers_and_their_epilogue(self):
+        """A SyncBatchNormAct made as syncbn's, with an activation of its own (its epilogue
+        runs before drop and act): reverted to a BatchNormActXd with that epilogue and the
+        children, which converts back to the same layer; each gives the float64 formula
+        act(drop(relu(bn(x))))."""
+        torch.manual_seed(12)
+        layer = sbt.SyncBatchNormAct(4, comm=self.comm, activation="relu", act=nn.Tanh())
+        x = torch.randn(3, 4, 5)
+        want = torch.tanh(F.relu(F.batch_norm(x.double(), None, None, training=True, eps=1e-5)))
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4)
+        # an identity after it in a Sequential does not take its activation: that runs
+        # before the layer's own act, not after it
+        back = sbt.revert_sync_batchnorm(nn.Sequential(layer, nn.Identity()))
+        self.assertIs(type(back[1]), nn.Identity)
+        torch.testing.assert_close(back(x).double(), want, rtol=1e-4, atol=1e-4)
+        self.assertIs(type(back[0]), sbt.BatchNormActXd)
+        self.assertEqual((back[0].activation, type(back[0].act)), ("relu", nn.Tanh))
+        torch.testing.assert_close(back[0](x).double(), want, rtol=1e-4, atol=1e-4)
+        again = sbt.convert_sync_batchnorm(back, comm=self.comm)
+        self.assertIs(type(again[0]), sbt.SyncBatchNormAct)
+        self.assertEqual((again[0].activation, type(again[0].act)), ("relu", nn.Tanh))
+        torch.testing.assert_close(again[0](x).double(), want, rtol=1e-4, atol=1e-4)
+
+    def test_traced(self):
+        """torch.fx: one call_module node per layer (its act inside), not the act twice."""
+        model, x = self._model()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        gm = torch.fx.symbolic_trace(conv)
+        calls = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+        self.assertFalse([t for t in calls if t.endswith(".act") or t.endswith(".drop")], calls)
+        a, b = copy.deepcopy(conv), copy.deepcopy(gm)
+        torch.testing.assert_close(b(x), a(x), rtol=0, atol=0)
+
+    def test_fused_with_hooks_and_twice(self):
+        """A SyncBatchNormAct with hooks, or used twice, is fused too: its output,
+        act(drop(bn(x))), is the same either way (a hook on it sees the activation's output,
+        as on the original); one whose act has a hook is not (the hook sees act's input)."""
+        torch.manual_seed(15)
+        a, b = BatchNormAct(4, nn.ReLU(inplace=True)), BatchNormAct(4, nn.ReLU())
+        seen = []
+        a.register_forward_hook(lambda m, i, o: seen.append(o.detach().clone()))
+        b.act.register_forward_hook(lambda m, i, o: None)
+        model = nn.Sequential(a, nn.Conv2d(4, 4, 1), a, b)
+        randomize_bn(model)
+        x = torch.randn(2, 4, 5, 5)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual(fused_layers(conv), [("0", "relu", False)])
+        self.assertIs(type(conv[3].act), nn.ReLU)
+        seen.clear()
+        self._matches(model, x, conv, steps=1)
+        self.assertTrue(seen and all(float(o.min()) >= 0 for o in seen))  # the ReLU's output
+
+    def test_what_is_refused(self):
+        """A batch norm whose conversion would lose what it does: a ValueError naming the
+        layer and what it would lose, and the model unchanged (either converter). A child its
+        forward applies other than drop and act (timm's SplitBatchNorm2d's aux_bn); a buffer
+        beside a batch norm's (a quantized batch norm's scale and zero_point); a train() of
+        its class (a batch norm kept frozen); a forward set on the layer; apex's channel_last
+        and PyTorch-Encoding's activation in training only."""
+        torch.manual_seed(13)
+        scaled = BatchNormScaled(4)
+        patched = nn.BatchNorm2d(4)
+        patched.forward = lambda x: x * 2
+        param = nn.BatchNorm2d(4)
+        torch.nn.utils.parametrize.register_parametrization(param, "weight", nn.Softplus())
+        cases = [(BatchNormProj(4), r"\('proj'\)"), (scaled, r"holds 'scale'"), (FrozenBatchNorm(4), r"'train'"),
+                 (patched, "a forward set on the layer itself"), (BatchNormMasked(4), r"\(x, mask\).*as a residual"),
+                 (param, "parametrized"),
+                 (ApexSyncBatchNorm(4, channel_last=True), r"channel_last=True"),
+                 (EncodingSyncBatchNorm(4, activation="leaky_relu"), r"'leaky_relu' in training only")]
+        for layer, why in cases:
+            model = nn.Sequential(nn.BatchNorm2d(4), nn.Sequential(layer))
+            for conv in (sbt.convert_sync_batchnorm, sbt.convert_fused):
+                with self.assertRaisesRegex(ValueError, rf"layer '1.0' \({type(layer).__name__}\).*{why}.*nothing "
+                                                        r"was converted"):
+                    conv(model, comm=self.comm)
+                self.assertIs(type(model[0]), nn.BatchNorm2d)
+                self.assertIs(model[1][0], layer)
+
+    def test_what_converts_as_it_runs(self):
+        """Converted, with the function kept: a class of its own forward and no children
+        (detectron2's NaiveSyncBatchNorm, whose forward is synchronized batch norm); a batch
+        norm with torch.nn's forward and drop and act children it never applies (what
+        PyTorch's converter makes of timm's BatchNormAct2d): a plain layer, the children
+        unused still; apex's SyncBatchNorm with fuse_relu: forward(x, z) = relu(bn(x) + z),
+        the layer's epilogue; PyTorch-Encoding's without an activation. Each against float64
+        PyTorch."""
+        torch.manual_seed(14)
+        x, z = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+        want = F.batch_norm(x.double(), None, None, training=True, eps=1e-5)
+        inert = nn.SyncBatchNorm(4)
+        inert.drop, inert.act = nn.Identity(), nn.ReLU()
+        # still inert after a revert and a conversion again (a BatchNormXd holding them)
+        again = sbt.convert_sync_batchnorm(sbt.revert_sync_batchnorm(
+            sbt.convert_sync_batchnorm(nn.Sequential(copy.deepcopy(inert)), comm=self.comm)), comm=self.comm)
+        self.assertIs(type(again[0]), sbt.SyncBatchNorm)
+        torch.testing.assert_close(again(x).double(), want, rtol=1e-4, atol=1e-4)
+        for layer, call, ref in [(NaiveSyncBatchNorm(4), (x,), want), (inert, (x,), want),
+                                 (BatchNormNamed(4), (x,), want),
+                                 (ApexSyncBatchNorm(4, fuse_relu=True), (x, z), F.relu(want + z.double())),
+                                 (ApexSyncBatchNorm(4), (x,), want),
+                                 (EncodingSyncBatchNorm(4, activation="none"), (x,), want)]:
+            conv = sbt.convert_sync_batchnorm(nn.Sequential(layer), comm=self.comm)[0]
+            self.assertIs(type(conv), sbt.SyncBatchNorm, type(layer).__name__)
+            torch.testing.assert_close(conv(*call).double(), ref, rtol=1e-4, atol=1e-4, msg=type(layer).__name__)
+        self.assertEqual(list(conv.state_dict().keys()), list(layer.state_dict().keys()))
+
+
 class TestFX(TeamOfOne):
     """torch.fx symbolic tracing (symbolic_trace, torchvision's create_feature_extractor,
     torch.ao's prepare_fx) of a converted model: each syncbn layer is one call_module node,
