@@ -86,9 +86,12 @@ struct sbn_gpu_team {
 #if SYNCBN_HAVE_NCCL
   ncclComm_t* nccl; /* host path: a comm per rank (ncclCommInitAll; NCCL teams: the team's
                        own duplicate at [local]), or NULL */
-  ncclComm_t* split_slot; /* NCCL teams: the child slot of an sbnCommSplit that did not
-                             settle (NCCL may still write it until the comm is aborted):
-                             its child aborted and the slot freed at the release */
+  ncclComm_t* split_slot; /* NCCL teams: the slot NCCL writes each sbnCommSplit's child
+                             into, made at the init (nccl_team.c: a split allocates nothing
+                             before its collective), freed at the release */
+  int split_unsettled;    /* ... a split did not settle: NCCL may still write the slot
+                             until the comm is aborted (no split uses it again; its child,
+                             where a late peer let NCCL make it, aborted at the release) */
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */

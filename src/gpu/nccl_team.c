@@ -53,26 +53,27 @@ static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t d
    then the child. *child: the new comm, ready, or NULL (color NCCL_SPLIT_NOCOLOR).
    sbnTimeout when the parent's split did not finish by the deadline (a rank of the parent
    has not made the call): the parent is left to the caller to abort. Any other failure
-   aborts the child. NCCL writes the child when the parent's part is done, even after a
-   timeout, so the slot lives on the heap: then handed to *unsettled (the caller's, to
-   read and free once the parent is aborted), or leaked where that is NULL. `what` names
-   the call in the detail. */
+   aborts the child. NCCL writes the child into *slot when the parent's part is done, even
+   after a timeout, so the slot is the caller's, on the heap: *unsettled = 1 where NCCL may
+   still write it (until the parent is aborted), else 0 and *slot NULL again. Nothing here
+   fails before the parent's call: a rank that failed there would leave its peers waiting
+   in theirs. `what` names the call in the detail. */
 static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
-                                      const _Atomic int* stop, const char* what, ncclComm_t* child,
-                                      ncclComm_t** unsettled) {
+                                      const _Atomic int* stop, const char* what, ncclComm_t* slot,
+                                      ncclComm_t* child, int* unsettled) {
   *child = NULL;
+  *unsettled = 0;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  ncclComm_t* slot = calloc(1, sizeof *slot);
-  if (slot == NULL) return sbn_fail(NULL, sbnSystemError, "%s: out of host memory", what);
+  *slot = NULL;
   ncclResult_t nr =
       sbn_nccl_settle(sbn_nccl.CommSplit(parent, color, key, slot, &cfg), &parent, 1, deadline, stop);
   if (nr == ncclInProgress) {
-    if (unsettled != NULL) *unsettled = slot;
-    return nccl_fail(parent, nr, what); /* else slot leaked */
+    *unsettled = 1;
+    return nccl_fail(parent, nr, what);
   }
   ncclComm_t c = *slot; /* the parent is done: NCCL no longer writes the slot */
-  free(slot);
+  *slot = NULL;
   if (nr == ncclSuccess && c == NULL && color != NCCL_SPLIT_NOCOLOR)
     return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
   if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline, stop); /* its init */
@@ -282,8 +283,18 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
        waits for every rank (as NCCL's own init does); with a nonblocking one it returns
        at once. Either way the child is nonblocking and may still be initialising. */
     ncclComm_t child = NULL;
-    r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", &child,
-                           NULL); /* the parent is the caller's: its slot leaked */
+    /* its own slot: the team's (split_slot, below) comes after, with the rank's own
+       resources; a failure here, before any collective, leaves the peers to time out in
+       this split, as a rank that never calls does */
+    ncclComm_t* slot = calloc(1, sizeof *slot);
+    if (slot == NULL) {
+      r = sbn_fail(NULL, sbnSystemError, "out of host memory (ncclCommSplit's slot)");
+      goto out;
+    }
+    int unsettled = 0;
+    r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", slot,
+                           &child, &unsettled);
+    if (!unsettled) free(slot); /* else leaked: the parent is the caller's, never aborted here */
     if (r != sbnSuccess) goto out;
     gt->nccl[me] = child;
   }
@@ -307,6 +318,15 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
     } else {
       memset((void*)gt->err, 0, (size_t)(w + 1) * sizeof(int));
     }
+  }
+  /* The slot NCCL writes the child of every sbnCommSplit of the team into (nccl_split),
+     made here so that its failure is agreed on: a split allocates nothing before the
+     parent's ncclCommSplit, where a rank that failed alone would leave its peers waiting
+     until their timeout aborted their team (this rank keeping its own). */
+  if (mine == sbnSuccess) {
+    gt->split_slot = calloc(1, sizeof *gt->split_slot);
+    if (gt->split_slot == NULL)
+      mine = sbn_fail(NULL, sbnSystemError, "out of host memory (the splits' slot)");
   }
   if (mine == sbnSuccess) mine = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
   if (mine == sbnSuccess && cudaDeviceSynchronize() != cudaSuccess)
@@ -445,7 +465,8 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
   }
   if (gt->nccl != NULL) gt->nccl[me] = NULL;
   if (gt->split_slot != NULL) { /* the comm is aborted now: NCCL no longer writes the slot */
-    if (*gt->split_slot != NULL) sbn_nccl.CommAbort(*gt->split_slot); /* a late peer made it */
+    /* a split that did not settle: its child, where a late peer let NCCL make it */
+    if (gt->split_unsettled && *gt->split_slot != NULL) sbn_nccl.CommAbort(*gt->split_slot);
     free(gt->split_slot);
     gt->split_slot = NULL;
   }
@@ -503,7 +524,10 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t
                                sbnComm_t* out);
 
 /* sbnCommSplit: ncclCommSplit of the team's comm (collective over the team's processes),
-   and a team made of the child, which it adopts. color[0], key[0]: this process's rank. */
+   and a team made of the child, which it adopts. color[0], key[0]: this process's rank.
+   Nothing fails on this rank alone before the parent's ncclCommSplit, where the peers
+   would wait until their timeout and abort their team (the slot is the team's, made at
+   its init), but the refusal of a team already aborted, which its callers refuse first. */
 static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key,
                               sbnComm_t* result) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -513,6 +537,15 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     pthread_rwlock_unlock(&gt->nccl_lock);
     return sbn_fail(NULL, sbnAborted, "sbnCommSplit: the team's NCCL comm was aborted");
   }
+  /* NCCL may write an unsettled split's slot until the comm is aborted, so no later split
+     may use it; that split aborted the team before it returned (below), so the peers have
+     lost this rank's team already, and a split refused here costs them nothing more */
+  if (gt->split_unsettled) {
+    pthread_rwlock_unlock(&gt->nccl_lock);
+    return sbn_fail(NULL, sbnAborted,
+                    "sbnCommSplit: an earlier sbnCommSplit of the team did not finish (the team "
+                    "was aborted then)");
+  }
   ncclComm_t child = NULL;
   int prev = 0;
   cudaGetDevice(&prev);
@@ -520,7 +553,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   sbnResult_t r = nccl_split_settled(
       parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0], key[0],
       sbn_mono_ns() + gt->timeout_ms * 1000000, &team->abort_reason, "sbnCommSplit: ncclCommSplit",
-      &child, gt->split_slot == NULL ? &gt->split_slot : NULL); /* (the team is aborted after one) */
+      gt->split_slot, &child, &gt->split_unsettled); /* unsettled: the team is aborted below */
   cudaSetDevice(prev);
   pthread_rwlock_unlock(&gt->nccl_lock);
   const int reason = atomic_load(&team->abort_reason);

@@ -18,7 +18,8 @@
  *     before timeout_ms; no upper bound is asserted: a hang is CTest's timeout), the
  *     caller's comm left to the caller, the team's own comm aborted;
  *   - a rank whose init fails (each of its callocs and thread starts in turn) tells its
- *     peers through the agreement (the record's values), and leaves nothing behind.
+ *     peers through the agreement (the record's values), and leaves nothing behind; an
+ *     sbnCommSplit fails on no rank before the parent's ncclCommSplit.
  * The kernels are no-ops here: no value is checked (the GPU suites do that).
  * Environment: the stand-in's (NCCL_STUB_POLLS, NCCL_STUB_RETURN) as CTest sets them. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
@@ -1068,6 +1069,21 @@ static int last_agreement_ok(void) {
   return atoi(v + strlen(" int32 min ["));
 }
 
+/* Where the record's first line that begins with `prefix` is, or NULL. */
+static const char* record_line(const char* prefix) {
+  const char* log = nccl_stub_log();
+  for (const char* p = log; (p = strstr(p, prefix)) != NULL; p++)
+    if (p == log || p[-1] == '\n') return p;
+  return NULL;
+}
+
+/* The comm of the record's first agreement ("ncclAllReduce cN int32 min [...]"): N, the
+   team's own comm; -1 where the record has none. */
+static int first_agreement_comm(void) {
+  const char* p = record_line("ncclAllReduce c");
+  return p != NULL ? atoi(p + strlen("ncclAllReduce c")) : -1;
+}
+
 enum { VIA_CALLER_COMM, VIA_ID, VIA_SPLIT };
 static const char* const via_names[] = {"sbnCommInitNccl", "sbnCommInitNcclRank", "sbnCommSplit"};
 static char untouched_slot;
@@ -1083,10 +1099,16 @@ static char untouched_slot;
    leaves its peers a team whose first op can only time out. Each failed init also wrote
    nothing, and released everything it made (comms, no violation). `via` is the call:
    sbnCommInitNccl (a duplicate of the caller's comm), sbnCommInitNcclRank, or
-   sbnCommSplit of a team of one (the child's team; the fault armed in the split only). */
+   sbnCommSplit of a team of one (the child's team; the fault armed in the split only).
+   A split is a collective of the parent team first: one that fails before the parent's
+   ncclCommSplit (none in the record) leaves its peers waiting in theirs until their
+   timeout, which aborts their parent team, while this rank keeps its own; nothing of the
+   split may fail there (its slot is the team's, made at the team's init). */
 static void fault_sweep(int via, const char* transport, int thread) {
   const char* kind = thread ? "pthread_create" : "calloc";
   int k = 0, failed = 0, told = 0; /* inits that failed; of them, told in an agreement */
+  /* VIA_SPLIT: the parent team's own comm (cN in the record) */
+  int parent_comm = -1;
   for (;; k++) {
     if (k == 1000) {
       SBN_FAIL_("%s: still hitting an injected %s failure at k = %d", via_names[via], kind, k);
@@ -1100,7 +1122,11 @@ static void fault_sweep(int via, const char* transport, int thread) {
     sbnNcclUniqueId_t id;
     if (via == VIA_CALLER_COMM) nc = caller_comm(0, 1);
     if (via == VIA_ID) ASSERT_OK(sbnGetNcclUniqueId(&id));
-    if (via == VIA_SPLIT) ASSERT_OK(team_of_one(&parent, transport, TIMEOUT_MS));
+    if (via == VIA_SPLIT) {
+      ASSERT_OK(team_of_one(&parent, transport, TIMEOUT_MS));
+      parent_comm = first_agreement_comm(); /* its init's agreements are on its own comm */
+      ASSERT_TRUE(parent_comm >= 0);
+    }
     nccl_stub_reset(); /* the record of the call alone */
     if (transport != NULL)
       setenv("SBN_NCCL_TRANSPORT", transport, 1);
@@ -1133,6 +1159,16 @@ static void fault_sweep(int via, const char* transport, int thread) {
             via_names[via], transport ? transport : "auto", kind, k, ok, e);
         print_record();
       }
+      char split_line[64];
+      snprintf(split_line, sizeof split_line, "ncclCommSplit c%d ", parent_comm);
+      if (via == VIA_SPLIT && record_line(split_line) == NULL) {
+        SBN_FAIL_(
+            "sbnCommSplit (transport %s, %s %d failing) failed before the parent's "
+            "ncclCommSplit (c%d): its peers wait in theirs until their timeout and abort "
+            "their parent team, which this rank keeps. It failed with: %s",
+            transport ? transport : "auto", kind, k, parent_comm, e);
+        print_record();
+      }
     } else if (comm == NULL || comm == UNTOUCHED_COMM) {
       SBN_FAIL_("%s succeeded without a comm", via_names[via]);
     } else {
@@ -1161,7 +1197,8 @@ static void fault_sweeps(int thread) {
 }
 /* The allocations (the team's, the comms, the NCCL slots), and the watchdog's thread.
    Both fail on 9f17060's code (checked), where the comms were allocated after the attach
-   and the watchdog started after the last agreement. */
+   and the watchdog started after the last agreement; the first also on 123f24f's
+   (checked), where sbnCommSplit allocated its slot before the parent's ncclCommSplit. */
 static void test_init_fault_calloc_told(void) {
   fault_sweeps(0);
 }
