@@ -12,6 +12,10 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
     again once it is gone;
   - the fused layer (batch norm + ReLU / leaky ReLU, a residual, in place) against
     PyTorch's batch norm and activation: loss and gradients within 1e-4;
+  - batch norms of timm's BatchNormAct2d layout (a BatchNorm2d subclass applying its
+    children drop then act) converted by convert_sync_batchnorm and convert_fused (its
+    ReLU and in-place leaky ReLU fused; then in place) against the unconverted model (one
+    rank: PyTorch's batch norm): loss and gradients within 1e-4;
   - a training step of a small residual block converted by syncbn.torch vs by
     torch.nn.SyncBatchNorm.convert_sync_batchnorm (one rank: PyTorch's batch norm): loss,
     every gradient and the running statistics within 1e-4 (fp32; the same arithmetic
@@ -65,6 +69,19 @@ def block():
     return torch.nn.Sequential(
         torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
         torch.nn.Conv2d(16, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8))
+
+
+class BatchNormAct(torch.nn.BatchNorm2d):
+    """timm's BatchNormAct2d layout: a BatchNorm2d subclass with the children drop and act,
+    applied after it in that order."""
+
+    def __init__(self, num_features, act):
+        super().__init__(num_features)
+        self.drop = torch.nn.Identity()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.drop(super().forward(x)))
 
 
 class TestTorchGpu(unittest.TestCase):
@@ -184,6 +201,30 @@ class TestTorchGpu(unittest.TestCase):
         torch.testing.assert_close(xr.grad, xr2.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(z.grad, z2.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-4)
+
+    def test_batch_norm_act_layers_vs_pytorch(self):
+        torch.manual_seed(5)
+        base = torch.nn.Sequential(
+            torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), BatchNormAct(16, torch.nn.ReLU(inplace=True)),
+            torch.nn.Conv2d(16, 16, 1, bias=False), BatchNormAct(16, torch.nn.SiLU()),
+            torch.nn.Conv2d(16, 8, 1, bias=False), BatchNormAct(8, torch.nn.LeakyReLU(0.1, inplace=True))).cuda()
+        theirs = copy.deepcopy(base)
+        x = torch.randn(4, 8, 32, 32, device="cuda") + 1.0
+        lt = (theirs(x) ** 2).mean()
+        lt.backward()
+        for name, conv in (("convert_sync_batchnorm", sbt.convert_sync_batchnorm),
+                           ("convert_fused", sbt.convert_fused),
+                           ("convert_fused in place", lambda m: sbt.convert_fused(m, inplace=True))):
+            ours = conv(copy.deepcopy(base))
+            self.assertEqual([type(m) for m in ours[1::2]], [sbt.SyncBatchNormAct] * 3, name)
+            fused = [m.activation for m in ours[1::2]]
+            self.assertEqual(fused, ["identity"] * 3 if name == "convert_sync_batchnorm"
+                             else ["relu", "identity", "leaky_relu"], name)
+            lo = (ours(x) ** 2).mean()
+            lo.backward()
+            torch.testing.assert_close(lo, lt, rtol=1e-4, atol=1e-4, msg=name)
+            for (n, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=f"{name} {n}")
 
     def test_cuda_graph_replay_bitwise(self):
         torch.manual_seed(1)
