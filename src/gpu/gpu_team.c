@@ -382,8 +382,9 @@ out:
    in-kernel): a rank whose last op has not completed timeout_ms after its launch waits in
    a collective for a peer that does not come. The team's NCCL comms are aborted (the
    collective returns) and the rank's error word says sbnTimeout. It runs in the team's
-   watchdog thread every 20 ms (watchdog_main), or when the host polls if that thread
-   could not start. */
+   watchdog thread every 20 ms (watchdog_main), or when the host polls where the team has
+   no such thread (a team whose thread could not start is not made: this is for a team
+   without NCCL comms, which has nothing to watch). */
 static void host_watchdog(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
@@ -448,8 +449,8 @@ sbnResult_t sbn_gpu_poll(const sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
   /* the watchdog thread aborts stuck collectives; polling only reads the error words, so it
      never blocks (and never queries events from a thread that may be capturing). Where
-     that thread could not start, the watchdog runs here, and an abort it makes waits
-     (bounded by the timeout) for its copies into the stop words. */
+     the team has no such thread (above), the watchdog runs here, and an abort it makes
+     waits (bounded by the timeout) for its copies into the stop words. */
   if (!gt->watchdog_ok) host_watchdog(gt);
   sbnResult_t worst = sbnSuccess;
   for (int q = 0; q <= gt->nranks; q++) {

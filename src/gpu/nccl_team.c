@@ -160,9 +160,17 @@ static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n
 #endif
 }
 
-/* Allocates and zeroes this rank's part of the window: 1, or 0 with the reason in why. */
+/* Allocates and zeroes this rank's part of the window, and the slot its registration
+   writes the handle into: 1, or 0 with the reason in why. Everything the registration
+   needs is made here, before the agreement that every rank has its part: a rank that
+   failed after it would skip the collective registration its peers make. */
 static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
+  gt->win_slot = calloc(1, sizeof(ncclWindow_t));
+  if (gt->win_slot == NULL) {
+    snprintf(why, n, "out of host memory (window handle)");
+    return 0;
+  }
   gt->win_bytes = (size_t)sbn_window_bytes(gt->nranks, gt->nchunks_max);
   ncclResult_t nr = sbn_nccl.MemAlloc(&gt->win_buf, gt->win_bytes);
   if (nr != ncclSuccess) {
@@ -191,17 +199,15 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
    (the reason in why); -1: the registration did not finish within the timeout (fatal:
    the comm is no longer usable for other calls). NCCL's thread writes the handle when the
    registration is done, which may be after a timeout, when gt is gone: it goes to a slot
-   of its own on the heap, leaked after a timeout. */
+   of its own on the heap (gt->win_slot, made by window_alloc: nothing here fails before
+   the collective call), leaked after a timeout. */
 static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
-  ncclWindow_t* slot = calloc(1, sizeof *slot);
-  if (slot == NULL) {
-    snprintf(why, n, "out of host memory (window handle)");
-    return 0;
-  }
+  ncclWindow_t* slot = gt->win_slot;
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
       &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, NULL);
+  gt->win_slot = NULL;
   if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
   gt->win = *slot;
   free(slot);
@@ -471,6 +477,8 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
     gt->split_slot = NULL;
   }
   gt->win = NULL;
+  free(gt->win_slot); /* made for a registration that never ran (NULL once it did) */
+  gt->win_slot = NULL;
 #if SBN_NCCL_DEVICE_API
   if (gt->win_buf != NULL) sbn_nccl.MemFree(gt->win_buf);
 #endif

@@ -1084,6 +1084,23 @@ static int first_agreement_comm(void) {
   return p != NULL ? atoi(p + strlen("ncclAllReduce c")) : -1;
 }
 
+/* Whether the record's agreement that every rank has its window part (the first int32 min
+   ncclAllReduce of one value) said 1 and no ncclCommWindowRegister, the collective every
+   rank then makes, follows it: a rank that skipped it leaves its peers waiting there. */
+static int window_registration_skipped(void) {
+  const char* log = nccl_stub_log();
+  for (const char* p = log; (p = strstr(p, "ncclAllReduce c")) != NULL; p++) {
+    if (p != log && p[-1] != '\n') continue;
+    const char* v = strstr(p, " int32 min [");
+    const char* eol = strchr(p, '\n');
+    if (v == NULL || (eol != NULL && v > eol)) continue;
+    const char* close = strchr(v, ']');
+    if (close == NULL || memchr(v, ',', (size_t)(close - v)) != NULL) continue; /* not one value */
+    return atoi(v + strlen(" int32 min [")) == 1 && strstr(p, "\nncclCommWindowRegister c") == NULL;
+  }
+  return 0;
+}
+
 enum { VIA_CALLER_COMM, VIA_ID, VIA_SPLIT };
 static const char* const via_names[] = {"sbnCommInitNccl", "sbnCommInitNcclRank", "sbnCommSplit"};
 static char untouched_slot;
@@ -1143,6 +1160,14 @@ static void fault_sweep(int via, const char* transport, int thread) {
     const int hit = fault.hit, ok = last_agreement_ok();
     const char* e = r == sbnSuccess ? "" : sbnGetLastError(via == VIA_SPLIT ? parent : NULL);
     const int before = sbn_test_cur_failed_;
+    if (window_registration_skipped()) {
+      SBN_FAIL_(
+          "%s (transport %s, %s %d failing) said it had its window part, then skipped the "
+          "window's registration its peers make (%s)",
+          via_names[via], transport ? transport : "auto", kind, k,
+          r == sbnSuccess ? "it succeeded" : e);
+      print_record();
+    }
     if (r != sbnSuccess) {
       failed++;
       told += ok == 0;
