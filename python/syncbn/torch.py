@@ -644,6 +644,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     changes."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
+    inert = []  # the names of batch norms with drop / act children their forward never applies
     for name, m in module.named_modules():
         if isinstance(m, _BatchNorm) and isinstance(m, torch.nn.modules.lazy.LazyModuleMixin):
             # (it becomes its cls_to_become at its first forward: one still lazy has not run)
@@ -655,6 +656,14 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
                              f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")
         if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
+            if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
+                inert.append(name or "given")
+    if inert:
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(map(repr, inert[:3]))}"
+                      f"{f' and {len(inert) - 3} more' if len(inert) > 3 else ''} hold 'drop' / 'act' modules that "
+                      "their forward (torch.nn's) never applies, as PyTorch's converter leaves timm's BatchNormAct2d "
+                      "(its activation dropped): converted as they run, without them; convert the original model "
+                      "to keep them", RuntimeWarning, stacklevel=2)
 
     def swap(m):
         if isinstance(m, SyncBatchNorm):  # moved in place

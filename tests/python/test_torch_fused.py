@@ -1822,12 +1822,16 @@ class TestBatchNormAct(TeamOfOne):
         want = F.batch_norm(x.double(), None, None, training=True, eps=1e-5)
         inert = nn.SyncBatchNorm(4)
         inert.drop, inert.act = nn.Identity(), nn.ReLU()
+        # said with a RuntimeWarning (the activation PyTorch's converter dropped), and
         # still inert after a revert and a conversion again (a BatchNormXd holding them)
-        again = sbt.convert_sync_batchnorm(sbt.revert_sync_batchnorm(
-            sbt.convert_sync_batchnorm(nn.Sequential(copy.deepcopy(inert)), comm=self.comm)), comm=self.comm)
-        self.assertIs(type(again[0]), sbt.SyncBatchNorm)
-        torch.testing.assert_close(again(x).double(), want, rtol=1e-4, atol=1e-4)
-        for layer, call, ref in [(NaiveSyncBatchNorm(4), (x,), want), (inert, (x,), want),
+        with self.assertWarnsRegex(RuntimeWarning, r"'0' hold 'drop' / 'act' modules that their forward"):
+            once = sbt.convert_sync_batchnorm(nn.Sequential(copy.deepcopy(inert)), comm=self.comm)
+        with self.assertWarnsRegex(RuntimeWarning, "never applies"):
+            again = sbt.convert_sync_batchnorm(sbt.revert_sync_batchnorm(once), comm=self.comm)
+        for conv in (once, again):
+            self.assertIs(type(conv[0]), sbt.SyncBatchNorm)
+            torch.testing.assert_close(conv(x).double(), want, rtol=1e-4, atol=1e-4)
+        for layer, call, ref in [(NaiveSyncBatchNorm(4), (x,), want),
                                  (BatchNormNamed(4), (x,), want),
                                  (ApexSyncBatchNorm(4, fuse_relu=True), (x, z), F.relu(want + z.double())),
                                  (ApexSyncBatchNorm(4), (x,), want),
