@@ -537,7 +537,12 @@ class _DropAct:
             traced = _fx_leaf(self, input, None)  # one node for the whole layer (its act too)
             if traced is not None:
                 return traced
-        return self.act(self.drop(super().forward(input)))
+        y = super().forward(input)
+        kids = self._modules  # a child of None (the original had none of that name): skipped
+        drop, act = kids.get("drop"), kids.get("act")
+        if drop is not None:
+            y = drop(y)
+        return y if act is None else act(y)
 
 
 class SyncBatchNormAct(_DropAct, SyncBatchNorm):
@@ -642,10 +647,19 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     norm whose conversion would lose what it does (_conversion: child modules of its own,
     buffers, a train() of its class, ...) is refused (ValueError), before anything
     changes."""
+    return _convert(module, process_group, comm)
+
+
+def _convert(module, process_group, comm):
+    """convert_sync_batchnorm (its warnings at the line that called it or convert_fused)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     inert = []  # the names of batch norms with drop / act children their forward never applies
-    for name, m in module.named_modules():
+    # every module once by id (named_modules' own memo compares modules with ==, which a
+    # class may define by value)
+    for name, m in module.named_modules(remove_duplicate=False):
+        if id(m) in kinds:
+            continue
         if isinstance(m, _BatchNorm) and isinstance(m, torch.nn.modules.lazy.LazyModuleMixin):
             # (it becomes its cls_to_become at its first forward: one still lazy has not run)
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} "
@@ -654,6 +668,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
         if isinstance(m, BatchNormXd) and not _fused.takes_slope(_xd_act(m)[1]):
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} applies a leaky "
                              f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")
+        kinds[id(m)] = None
         if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
             if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
@@ -663,7 +678,7 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
                       f"{f' and {len(inert) - 3} more' if len(inert) > 3 else ''} hold 'drop' / 'act' modules that "
                       "their forward (torch.nn's) never applies, as PyTorch's converter leaves timm's BatchNormAct2d "
                       "(its activation dropped): converted as they run, without them; convert the original model "
-                      "to keep them", RuntimeWarning, stacklevel=2)
+                      "to keep them", RuntimeWarning, stacklevel=3)
 
     def swap(m):
         if isinstance(m, SyncBatchNorm):  # moved in place
@@ -682,6 +697,9 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
                 m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, process_group, comm=comm,
                 activation=act[0], slope=act[1], bias=not m.affine or m.bias is not None), m)
             out._reverts_to = type(m) if type(m) in _TORCH_BATCH_NORMS else None
+            for k in _ACT_CHILDREN if acts else ():
+                if m._modules.get(k) is None:  # none of that name: none in the layer either
+                    out._modules[k] = None
             if acts and not isinstance(m, (BatchNormXd, torch.nn.SyncBatchNorm)):
                 # the class it reverts to, made as it was (no constructor of it is known)
                 out._reverts_as = (type(m), {k: v for k, v in vars(m).items() if k not in _MODULE_KEYS})
@@ -766,6 +784,10 @@ def _conversion(m, name):
         raise ValueError(f"{who} has a forward of its own that takes more than the input "
                          f"({', '.join(p.name if p is not None else '?' for p in args)}), which a SyncBatchNorm would "
                          "take as a residual to add: nothing was converted; convert such a layer by hand")
+    odd = [f"{k!r} ({vars(m)[k]!r})" for k in _ACT_CHILDREN if vars(m).get(k) is not None]
+    if odd:
+        raise ValueError(f"{who} has {', '.join(odd)} that is not a module, which its forward may use and a "
+                         "SyncBatchNormAct would not: nothing was converted; convert such a layer by hand")
     extra = [k for k in kids if k not in _ACT_CHILDREN]
     if extra:
         raise ValueError(f"{who} is a batch norm with child modules of its own ({', '.join(map(repr, extra))}), "
@@ -1538,7 +1560,7 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     # hooked modules (the batch norms keep their hooks through the conversion): a hook
     # sees the output, so such a layer keeps it to itself
     hooked = [name for name, m in module.named_modules(remove_duplicate=False) if not _no_hooks(m)]
-    module = convert_sync_batchnorm(module, process_group, comm)
+    module = _convert(module, process_group, comm)
     if _global_hooks():
         warnings.warn("syncbn.torch.convert_fused: a global module hook is registered "
                       "(torch.nn.modules.module.register_module_forward_hook, ...): it sees every batch "

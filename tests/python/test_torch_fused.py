@@ -1574,6 +1574,41 @@ class BatchNormMasked(nn.BatchNorm1d):
         return super().forward(x) * mask
 
 
+class BatchNormDropOnly(nn.BatchNorm2d):
+    """timm's layout with a drop child and no act (a plain attribute of None)."""
+
+    def __init__(self, num_features):
+        super().__init__(num_features)
+        self.drop = nn.Identity()
+        self.act = None
+
+    def forward(self, x):
+        x = self.drop(super().forward(x))
+        return x if self.act is None else self.act(x)
+
+
+class BatchNormDropRate(nn.BatchNorm2d):
+    """An act child and a drop that is a rate, not a module (its forward applies dropout)."""
+
+    def __init__(self, num_features):
+        super().__init__(num_features)
+        self.drop = 0.5
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(F.dropout(super().forward(x), self.drop, self.training))
+
+
+class BatchNormEqual(nn.BatchNorm1d):
+    """Equal by value (named_modules' memo would take two such layers for one)."""
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.num_features == self.num_features
+
+    def __hash__(self):
+        return hash(self.num_features)
+
+
 class BatchNormNamed(nn.BatchNorm1d):
     """Methods of its own that are not the module protocol's (object's dunders)."""
 
@@ -1730,6 +1765,30 @@ class TestBatchNormAct(TeamOfOne):
             model[i].act = nn.LeakyReLU(0.01, inplace=True)
         self._matches(model, x, conv)
 
+    def test_children_of_none_and_equal_layers(self):
+        """A layer of timm's layout with a drop child and act None (a plain attribute): a
+        SyncBatchNormAct without an act, reverted to its class with act None again (the
+        same module tree), each giving the original's output. Two layers equal by value
+        (named_modules would visit one): both converted."""
+        torch.manual_seed(16)
+        x = torch.randn(3, 4, 5, 5)
+        model = nn.Sequential(BatchNormDropOnly(4))
+        want = copy.deepcopy(model).double()(x.double())
+        conv = sbt.convert_sync_batchnorm(copy.deepcopy(model), comm=self.comm)
+        self.assertIs(type(conv[0]), sbt.SyncBatchNormAct)
+        self.assertIsNone(conv[0].act)
+        torch.testing.assert_close(conv(x).double(), want, rtol=1e-4, atol=1e-4)
+        back = sbt.revert_sync_batchnorm(conv)
+        self.assertIs(type(back[0]), BatchNormDropOnly)
+        self.assertIsNone(back[0].act)
+        self.assertEqual([n for n, _ in back.named_modules()], [n for n, _ in model.named_modules()])
+        back.train()
+        torch.testing.assert_close(back(x).double(), want, rtol=1e-4, atol=1e-4)
+        pair = nn.Sequential(BatchNormEqual(4), BatchNormEqual(4))
+        self.assertEqual(len(list(pair.modules())), 2)  # the memo's count: one of the two
+        conv = sbt.convert_sync_batchnorm(pair, comm=self.comm)
+        self.assertEqual([type(m) for m in conv], [sbt.SyncBatchNorm] * 2)
+
     def test_own_layers_and_their_epilogue(self):
         """A SyncBatchNormAct made as syncbn's, with an activation of its own (its epilogue
         runs before drop and act): reverted to a BatchNormActXd with that epilogue and the
@@ -1795,7 +1854,7 @@ class TestBatchNormAct(TeamOfOne):
         patched.forward = lambda x: x * 2
         param = nn.BatchNorm2d(4)
         torch.nn.utils.parametrize.register_parametrization(param, "weight", nn.Softplus())
-        cases = [(BatchNormProj(4), r"\('proj'\)"), (scaled, r"holds 'scale'"), (FrozenBatchNorm(4), r"'train'"),
+        cases = [(BatchNormDropRate(4), r"'drop' \(0.5\) that is not a module"), (BatchNormProj(4), r"\('proj'\)"), (scaled, r"holds 'scale'"), (FrozenBatchNorm(4), r"'train'"),
                  (patched, "a forward set on the layer itself"), (BatchNormMasked(4), r"\(x, mask\).*as a residual"),
                  (param, "parametrized"),
                  (ApexSyncBatchNorm(4, channel_last=True), r"channel_last=True"),
@@ -1824,8 +1883,12 @@ class TestBatchNormAct(TeamOfOne):
         inert.drop, inert.act = nn.Identity(), nn.ReLU()
         # said with a RuntimeWarning (the activation PyTorch's converter dropped), and
         # still inert after a revert and a conversion again (a BatchNormXd holding them)
-        with self.assertWarnsRegex(RuntimeWarning, r"'0' hold 'drop' / 'act' modules that their forward"):
+        with self.assertWarnsRegex(RuntimeWarning, r"'0' hold 'drop' / 'act' modules that their forward") as cm:
             once = sbt.convert_sync_batchnorm(nn.Sequential(copy.deepcopy(inert)), comm=self.comm)
+        self.assertEqual(cm.filename, __file__)  # said at the caller's line
+        with self.assertWarnsRegex(RuntimeWarning, "never applies") as cm:
+            sbt.convert_fused(nn.Sequential(copy.deepcopy(inert)), comm=self.comm)
+        self.assertEqual(cm.filename, __file__)
         with self.assertWarnsRegex(RuntimeWarning, "never applies"):
             again = sbt.convert_sync_batchnorm(sbt.revert_sync_batchnorm(once), comm=self.comm)
         for conv in (once, again):
