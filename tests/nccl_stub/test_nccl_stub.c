@@ -73,20 +73,24 @@ static void stub_case(const char* hang) {
     }                                                                                        \
   } while (0)
 
+/* The first line of the record at or after `from` (a place in nccl_stub_log()) that
+   begins with `prefix`, or NULL. */
+static const char* record_line_from(const char* from, const char* prefix) {
+  const char* log = nccl_stub_log();
+  for (const char* p = from; (p = strstr(p, prefix)) != NULL; p++)
+    if (p == log || p[-1] == '\n') return p; /* at a line's beginning */
+  return NULL;
+}
+
 /* The record has these lines' beginnings, in this order (other lines between them). */
 static int record_has(const char* const* lines, int n) {
   const char* at = nccl_stub_log();
   for (int i = 0; i < n; i++) {
-    const char* p = at;
-    for (;;) {
-      p = strstr(p, lines[i]);
-      if (p == NULL) {
-        fprintf(stderr, "the record lacks '%s' (after the lines before it)\n", lines[i]);
-        print_record();
-        return 0;
-      }
-      if (p == nccl_stub_log() || p[-1] == '\n') break; /* at a line's beginning */
-      p++;
+    const char* p = record_line_from(at, lines[i]);
+    if (p == NULL) {
+      fprintf(stderr, "the record lacks '%s' (after the lines before it)\n", lines[i]);
+      print_record();
+      return 0;
     }
     at = p + strlen(lines[i]);
   }
@@ -1054,49 +1058,53 @@ int __wrap_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)
   return fault_now(1) ? EAGAIN : __real_pthread_create(th, attr, fn, arg);
 }
 
+/* The record's first line that begins with `prefix`, or NULL. */
+static const char* record_line(const char* prefix) {
+  return record_line_from(nccl_stub_log(), prefix);
+}
+
+#define AGREEMENT "ncclAllReduce c" /* an agreement's line: "ncclAllReduce cN int32 min [...]" */
+#define VALUES " int32 min ["
+
+/* The values an agreement's line (record_line_from's) shows, past their "[", or NULL where
+   it shows none; *one: whether it is one value. */
+static const char* agreement_values(const char* line, int* one) {
+  const char* v = strstr(line, VALUES);
+  const char* eol = strchr(line, '\n');
+  if (v == NULL || (eol != NULL && v > eol)) return NULL;
+  v += strlen(VALUES);
+  const char* close = strchr(v, ']');
+  *one = close != NULL && memchr(v, ',', (size_t)(close - v)) == NULL;
+  return v;
+}
+
 /* What this rank gave the record's last agreement (an int32 min ncclAllReduce) in its
    "ok" slot: v[0] of nccl_attach's first, the one value of its second and third. -1: the
    record has no agreement; -2: one without values. */
 static int last_agreement_ok(void) {
-  const char* log = nccl_stub_log();
   const char* last = NULL;
-  for (const char* p = log; (p = strstr(p, "ncclAllReduce c")) != NULL; p++)
-    if (p == log || p[-1] == '\n') last = p;
+  for (const char* p = record_line(AGREEMENT); p != NULL; p = record_line_from(p + 1, AGREEMENT)) last = p;
   if (last == NULL) return -1;
-  const char* v = strstr(last, " int32 min [");
-  const char* eol = strchr(last, '\n');
-  if (v == NULL || (eol != NULL && v > eol)) return -2;
-  return atoi(v + strlen(" int32 min ["));
+  int one = 0;
+  const char* v = agreement_values(last, &one);
+  return v != NULL ? atoi(v) : -2;
 }
 
-/* Where the record's first line that begins with `prefix` is, or NULL. */
-static const char* record_line(const char* prefix) {
-  const char* log = nccl_stub_log();
-  for (const char* p = log; (p = strstr(p, prefix)) != NULL; p++)
-    if (p == log || p[-1] == '\n') return p;
-  return NULL;
-}
-
-/* The comm of the record's first agreement ("ncclAllReduce cN int32 min [...]"): N, the
-   team's own comm; -1 where the record has none. */
+/* The comm of the record's first agreement: N, the team's own comm; -1 where the record
+   has none. */
 static int first_agreement_comm(void) {
-  const char* p = record_line("ncclAllReduce c");
-  return p != NULL ? atoi(p + strlen("ncclAllReduce c")) : -1;
+  const char* p = record_line(AGREEMENT);
+  return p != NULL ? atoi(p + strlen(AGREEMENT)) : -1;
 }
 
-/* Whether the record's agreement that every rank has its window part (the first int32 min
-   ncclAllReduce of one value) said 1 and no ncclCommWindowRegister, the collective every
+/* Whether the record's agreement that every rank has its window part (the first
+   agreement of one value) said 1 and no ncclCommWindowRegister, the collective every
    rank then makes, follows it: a rank that skipped it leaves its peers waiting there. */
 static int window_registration_skipped(void) {
-  const char* log = nccl_stub_log();
-  for (const char* p = log; (p = strstr(p, "ncclAllReduce c")) != NULL; p++) {
-    if (p != log && p[-1] != '\n') continue;
-    const char* v = strstr(p, " int32 min [");
-    const char* eol = strchr(p, '\n');
-    if (v == NULL || (eol != NULL && v > eol)) continue;
-    const char* close = strchr(v, ']');
-    if (close == NULL || memchr(v, ',', (size_t)(close - v)) != NULL) continue; /* not one value */
-    return atoi(v + strlen(" int32 min [")) == 1 && strstr(p, "\nncclCommWindowRegister c") == NULL;
+  for (const char* p = record_line(AGREEMENT); p != NULL; p = record_line_from(p + 1, AGREEMENT)) {
+    int one = 0;
+    const char* v = agreement_values(p, &one);
+    if (v != NULL && one) return atoi(v) == 1 && record_line_from(p, "ncclCommWindowRegister c") == NULL;
   }
   return 0;
 }
