@@ -1530,6 +1530,12 @@ class TestConvert(TeamOfOne):
         self.assertEqual(sbt.convert_sync_batchnorm(bad, comm=self.comm)[1].activation, "relu")
 
 
+def own_batch_norm(m, x):
+    """F.batch_norm with batch norm m's tensors and settings: the forward of the classes
+    below that write their own (as detectron2's, apex's and PyTorch-Encoding's do)."""
+    return F.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, m.training, m.momentum, m.eps)
+
+
 class BatchNormAct(nn.BatchNorm2d):
     """timm's BatchNormAct2d layout (timm.layers.norm_act, whose forward is
     torch.nn.BatchNorm2d's then self.drop then self.act): a BatchNorm2d subclass with the
@@ -1633,8 +1639,7 @@ class NaiveSyncBatchNorm(nn.BatchNorm1d):
     so the batch's own statistics), no children."""
 
     def forward(self, x):
-        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
-                            self.momentum, self.eps)
+        return own_batch_norm(self, x)
 
 
 class ApexSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -1646,8 +1651,7 @@ class ApexSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.channel_last, self.fuse_relu = channel_last, fuse_relu
 
     def forward(self, input, z=None):
-        y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
-                         self.momentum, self.eps)
+        y = own_batch_norm(self, input)
         return F.relu(y + z) if self.fuse_relu else y
 
 
@@ -1663,8 +1667,7 @@ class EncodingSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.activation = activation
 
     def forward(self, input):
-        y = F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, self.training,
-                         self.momentum, self.eps)
+        y = own_batch_norm(self, input)
         return F.leaky_relu(y, 0.01) if self.training and self.activation == "leaky_relu" else y
 
 
