@@ -80,7 +80,9 @@ struct sbn_gpu_team {
   int nranks;
   int nchunks_max;
   sbn_transport_t transport;
-  volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA) */
+  volatile int* err; /* nranks + 1 words, pinned + mapped; also the device pointer (UVA).
+                        Host threads read and write them with __atomic builtins only: the
+                        team's threads may abort at once */
   gpu_rank_t* ranks; /* [nranks]; NCCL teams: only ranks[local] is present */
   int64_t timeout_ms;
 #if SYNCBN_HAVE_NCCL

@@ -399,7 +399,10 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
          launch t0 belongs to can time out */
       if (atomic_load(&g->launched_ns) != t0) continue;
       if (now - t0 > gt->timeout_ms * 1000000) {
-        if (gt->err[q] == 0) gt->err[q] = sbnTimeout;
+        /* the rank's first cause stays (one its kernel, or another thread, wrote) */
+        int none = 0;
+        __atomic_compare_exchange_n(&gt->err[q], &none, (int)sbnTimeout, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
         sbn_nccl_abort_all(gt); /* sets the abort word first: queued APPLYs write nothing */
         return;
       }
@@ -454,7 +457,7 @@ sbnResult_t sbn_gpu_poll(const sbn_team_t* team) {
   if (!gt->watchdog_ok) host_watchdog(gt);
   sbnResult_t worst = sbnSuccess;
   for (int q = 0; q <= gt->nranks; q++) {
-    int v = gt->err[q];
+    int v = __atomic_load_n(&gt->err[q], __ATOMIC_SEQ_CST);
     /* the cause (timeout, mismatch, count of 1) before the ranks it aborted */
     if (v != 0 && (worst == sbnSuccess || worst == sbnAborted)) worst = (sbnResult_t)v;
   }

@@ -37,7 +37,9 @@ sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
    from any thread, also one capturing a graph: relaxed about captures. */
 void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   if (gt->err == NULL) return;
-  gt->err[gt->nranks] = sbnAborted;
+  /* an atomic store: aborts of the team's threads (a host-path op's failure, the
+     watchdog, sbnCommAbort) may run at once and store the same word */
+  __atomic_store_n(&gt->err[gt->nranks], (int)sbnAborted, __ATOMIC_SEQ_CST);
   if (gt->ranks == NULL) return;
   int prev = 0;
   cudaGetDevice(&prev);
