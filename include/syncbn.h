@@ -451,14 +451,18 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    dividing y - bias by the weight turns y's rounding of the bias into an x_hat off by
    more than 1): its dweight is 0 (a weight at 0 gets no gradient in place) and its dx
    weight * invstd * (g - mean(g)), g = dy * act'(y) (0 for weight 0). Accuracy against the x-based
-   backward: bench/notes/tolerances.md (y must not underflow: a leaky slope so small that
-   slope * v leaves the dtype's normal range loses x; nor overflow: an fp16 y of inf keeps
-   no x, and its channel's dx and dweight are NaN). Every rank must pass the same
+   backward: bench/notes/tolerances.md (a y below the dtype's normal range is kept to half a
+   subnormal, not relatively: a leaky slope so small that slope * v leaves that range, or
+   an fp16 channel of bias near 0 and |weight| near 1e-5, recovers x_hat to 2^-25 /
+   (slope |weight|) absolute in fp16; an overflow keeps nothing: an fp16 y of inf gives
+   its channel's dx and dweight NaN). Every rank must pass the same
    activation (kind; the slope as in sbnForwardTrainEx). The choice of x or y is each
    rank's on CPU teams, NCCL teams and sbnCommInitAll ranks called one thread per rank
    (the results agree within the in-place backward's accuracy, but for a channel below the
    policy's weight threshold: there the in-place ranks add 0 to sum(g x_hat), so its
-   dweight is the x-based ranks' part of the sum); a GPU team's ops given
+   dweight is the x-based ranks' part of the sum, and the x-based ranks' dx, which uses
+   that sum, differs from an all-x-based team's by up to weight invstd |x_hat| times the
+   in-place ranks' part of mean(|g x_hat|)); a GPU team's ops given
    together in one group (a virtual team's, sbnCommInitAll ranks') run one kernel variant
    for the round and refuse a mix (sbnInvalidUsage, nothing run). A rank with
    n == 0 cannot check the in-place backward's conditions: where they fail, it waits for

@@ -13,10 +13,12 @@
  * dweight/dbias keep the backward's.
  *
  * The in-place backward's bound (bench/notes/tolerances.md): y is the forward's output
- * rounded to the dtype (unit roundoff u: 2^-24 fp32, 2^-11 fp16, 2^-8 bf16), so
- * v = act^-1(y) is off by |v| u (leaky ReLU's product by 1 / slope adds two fp32 roundings), and
- * x_hat = (v - bias) * (1 / (weight invstd)) invstd by e_i = (|v_i| u + |v_i - bias| 2^-22) / |weight|
- * (four fp32 roundings: bn_math.h sbn_xmu_from_y). Then
+ * rounded to the dtype (unit roundoff u: 2^-24 fp32, 2^-11 fp16, 2^-8 bf16; below the
+ * normal range to half a subnormal, t: 2^-150, 2^-25, 2^-134), so v = act^-1(y) is off by
+ * |v| u + t / s (s the slope on leaky ReLU's negative side, else 1; the product by 1 / slope
+ * adds two fp32 roundings), and x_hat = (v - bias) * (1 / (weight invstd)) invstd by
+ * e_i = (|v_i| u + t / s + |v_i - bias| 2^-22) / |weight| (four fp32 roundings: bn_math.h
+ * sbn_xmu_from_y). Then
  * |d dweight| <= sum_i |g_i| e_i and |d dx_i| <= |w| invstd (e_i |mean(g x_hat)| +
  * |x_hat_i| mean(|g| e)), both over the team; the test allows twice that plus the
  * x-based tolerances.
@@ -288,9 +290,29 @@ static void test_identity_is_the_plain_op(void) {
 static double unit_roundoff(sbnDataType_t dt) {
   return dt == sbnFloat32 ? ldexp(1.0, -24) : dt == sbnFloat16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
 }
+/* half the dtype's smallest subnormal: y's rounding error where it is not relative (a y
+   below the normal range, or rounded to 0) */
+static double half_subnormal(sbnDataType_t dt) {
+  return dt == sbnFloat32 ? ldexp(1.0, -150) : dt == sbnFloat16 ? ldexp(1.0, -25) : ldexp(1.0, -134);
+}
 
-static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale, gen_t gen,
-                         uint64_t seed) {
+/* e_i of the file's comment for the element whose stored output is y: v = act^-1(y) is off
+   by |v| u plus y's absolute rounding (half a subnormal) divided by the slope on leaky
+   ReLU's negative side */
+static double recover_err(sbnDataType_t dt, epi_t e, double y, double b, double w, double mean_lo_bound) {
+  const int neg = y <= 0 && e.act != sbnActivationIdentity;
+  const double v = neg ? y / e.slope : y;
+  const double tiny = half_subnormal(dt) / (neg ? e.slope : 1.0);
+  return (fabs(v) * unit_roundoff(dt) + tiny + fabs(v - b) * ldexp(1.0, -22)) / w + mean_lo_bound;
+}
+
+/* wb: NULL, or each channel's weight and bias (in place of fused_make's). signs: x = +-1
+   by the position's parity (every channel's x_hat +-1, each (sample, channel) half and
+   half) and dy its sign, in place of gen's data: every element of a sign then has the
+   same y and the same rounding error, which the sums add up without cancelling (the
+   bound's sum of |g| e_i is reached) */
+static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale,
+                         const float (*wb)[2], gen_t gen, int signs, uint64_t seed) {
   int64_t n[MAXW] = {3, 2, 0, 4};
   const int W = 4;
   const int64_t c = 5, sp = 6;
@@ -301,14 +323,25 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
     sbn_rng_t rng = {seed + 99};
     team_new_inputs(t, &rng, gen);
   }
+  for (int r = 0; signs && r < W; r++)
+    for (int64_t ni = 0; ni < n[r]; ni++)
+      for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t si = 0; si < sp; si++) {
+          const int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
+          const double v = si % 2 ? 1.0 : -1.0;
+          sbn_ref_store(t->x[r], dt, i, v), sbn_ref_store(t->x0[r], dt, i, v);
+          sbn_ref_store(t->dy[r], dt, i, v), sbn_ref_store(t->dy0[r], dt, i, v);
+        }
   if (affine)
-    for (int64_t ci = 0; ci < c; ci++) t->w[ci] *= w_scale;
+    for (int64_t ci = 0; ci < c; ci++) {
+      t->w[ci] = wb ? wb[ci][0] : t->w[ci] * w_scale;
+      if (wb) t->b[ci] = wb[ci][1];
+    }
   ASSERT_OK(fused_run(&f, 0, Y_IN_X, NULL));
   ASSERT_OK(fused_run(&f, 2, 2, NULL)); /* x NULL */
   ref_bwd_t o;
   ref_backward(&f, &o);
   tol_t tol = tol_for(dt);
-  const double u = unit_roundoff(dt);
   for (int64_t ci = 0; ci < c; ci++) {
     const double w = affine ? fabs((double)t->w[ci]) : 1.0, b = affine ? (double)t->b[ci] : 0.0;
     const double is = t->sinv[0][ci];
@@ -322,8 +355,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
-          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -22)) / w + mean_lo_bound;
+          double ei = recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
           double g = o.dz[r][i], xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           sum_g_e += fabs(g) * ei, sum_abs_g_e += fabs(g) * ei, sum_g_xhat += g * xhat;
           m++;
@@ -336,8 +368,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double y = sbn_ref_load(t->y[r], dt, i), v = y > 0 || e.act == sbnActivationIdentity ? y : y / e.slope;
-          double ei = (fabs(v) * u + fabs(v - b) * ldexp(1.0, -22)) / w + mean_lo_bound;
+          double ei = recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
           double xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           double wabs = affine ? fabs((double)t->w[ci]) : 1.0;
           double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
@@ -357,16 +388,31 @@ static void test_inplace_backward_within_bound(void) {
   for (int d = 0; d < 3; d++)
     for (int k = 0; k < 3; k++)
       for (int affine = 0; affine < 2; affine++) {
-        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, GEN_NORMAL, seed++);
+        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, NULL, GEN_NORMAL, 0, seed++);
         CHECK_();
       }
   /* small weights: |weight| 1e-3 (x_hat's error grows as 1/|weight|, within the bound) */
-  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, GEN_NORMAL, seed++);
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, NULL, GEN_NORMAL, 0, seed++);
   CHECK_();
   /* a mean far from 0 against the spread (x = 1e4 + N(0, 1)): the forward's mean_lo */
-  recover_case(sbnFloat32, sbnLayoutNHWC, es[0], 1, 1.0f, GEN_OFFSET, seed++);
+  recover_case(sbnFloat32, sbnLayoutNHWC, es[0], 1, 1.0f, NULL, GEN_OFFSET, 0, seed++);
   CHECK_();
-  recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, GEN_OFFSET, seed++);
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, NULL, GEN_OFFSET, 0, seed++);
+  CHECK_();
+  /* y below the normal range, stored to half a subnormal, not to u |y|: fp16 with a bias of
+     0 and weights just above SBN_RECOVER_MIN_WEIGHT (identity: |y| < 6.1e-5, recovered,
+     x_hat off by up to 2^-25 / |weight|, 0.3 % at 1e-5), and leaky ReLU's negative side
+     at a weight of 1e-3 (slope 0.01: slope * v ~ 1e-5, off by 2^-25 / 0.01 / |weight|) */
+  static const float small_w[5][2] = {{1.0043e-5f, 0.0f}, {1.05e-5f, -0.0f}, {2e-5f, 0.0f},
+                                      {4e-5f, 1e-9f}, {-1.5e-5f, 0.0f}};
+  static const float leaky_w[5][2] = {{1e-3f, 0.0f}, {2e-3f, 0.0f}, {-1e-3f, 0.0f},
+                                      {5e-4f, 1e-6f}, {1e-2f, 0.0f}};
+  for (int k = 0; k < 4; k++) {
+    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[0], 1, 1.0f, small_w, GEN_NORMAL, k / 2, seed++);
+    CHECK_();
+    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[1], 1, 1.0f, leaky_w, GEN_NORMAL, k / 2, seed++);
+    CHECK_();
+  }
 }
 
 /* Channels whose |weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|), u the dtype's unit
