@@ -148,6 +148,8 @@ static inline int sbn_gpu_round_epi(const sbn_op_t* const* ops, int nops) {
 /* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */
 /* CLOCK_MONOTONIC in nanoseconds: the host's deadlines. */
 SBN_INTERNAL int64_t sbn_mono_ns(void);
+/* Keeps p (memory NCCL may still write: never freed) reachable for leak checkers. */
+SBN_INTERNAL void sbn_gpu_park(void* p);
 /* Records a CUDA failure (sbnUnsupported without a device, driver or kernel image for
    the device, else sbnCudaError). */
 SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);

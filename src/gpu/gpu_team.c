@@ -255,8 +255,11 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
              sbn_nccl.GetLastError(NULL));
     for (int q = 0; q < w; q++)
       if (gt->nccl[q]) sbn_nccl.CommAbort(gt->nccl[q]);
-    /* after a timeout NCCL may still write a comm it had not written yet: leaked */
-    if (nr != ncclInProgress) free(gt->nccl);
+    /* after a timeout NCCL may still write a comm it had not written yet: never freed */
+    if (nr != ncclInProgress)
+      free(gt->nccl);
+    else
+      sbn_gpu_park(gt->nccl);
     gt->nccl = NULL;
     sbn_log(SBN_LOG_WARN, "GPU team: %s; its SBN_ALGO=nccl ops will fail", gt->nccl_why);
   } else {

@@ -1,9 +1,35 @@
 /* gpu_util.c — what every file of the GPU backends shares, below the teams: the host's
- * clock for deadlines, a CUDA failure as an sbnResult_t, and the host's abort reaching a
- * team's kernels (the stop words) and its NCCL comms. It uses the core and nccl_api.c
+ * clock for deadlines, a CUDA failure as an sbnResult_t, the host's abort reaching a
+ * team's kernels (the stop words) and its NCCL comms, and the list of memory NCCL may
+ * still write (sbn_gpu_park). It uses the core and nccl_api.c
  * only: gpu_team.c, gpu_launch.c, gpu_infer.c, nccl_team.c and nccl_wait.c depend on it,
  * and it on none of them (scripts/import-graph.py). */
 #include "gpu/gpu_internal.h"
+
+#include <stdlib.h>
+
+/* Memory NCCL may still write after a call that did not settle (the slot of a comm or a
+   window handle, sbn_nccl_settle's rule): never freed, a pointer or a few per timeout,
+   but kept reachable from this list, so that a leak checker (LeakSanitizer, valgrind)
+   run on the caller's program does not report it as lost. The node is malloc'd (a
+   failure leaves the memory unreachable: leaked, as without the list). */
+typedef struct parked {
+  struct parked* next;
+  void* p;
+} parked_t;
+static parked_t* parked;
+static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void sbn_gpu_park(void* p) {
+  if (p == NULL) return;
+  parked_t* node = malloc(sizeof *node);
+  if (node == NULL) return;
+  node->p = p;
+  pthread_mutex_lock(&parked_mu);
+  node->next = parked;
+  parked = node;
+  pthread_mutex_unlock(&parked_mu);
+}
 
 int64_t sbn_mono_ns(void) {
   struct timespec ts;

@@ -200,7 +200,7 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
    the comm is no longer usable for other calls). NCCL's thread writes the handle when the
    registration is done, which may be after a timeout, when gt is gone: it goes to a slot
    of its own on the heap (gt->win_slot, made by window_alloc: nothing here fails before
-   the collective call), leaked after a timeout. */
+   the collective call), never freed after a timeout (sbn_gpu_park). */
 static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
 #if SBN_NCCL_DEVICE_API
   ncclWindow_t* slot = gt->win_slot;
@@ -208,7 +208,10 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
       sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
       &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, NULL);
   gt->win_slot = NULL;
-  if (nr == ncclInProgress) return -1; /* slot leaked: NCCL may still write it */
+  if (nr == ncclInProgress) { /* NCCL may still write the slot: never freed */
+    sbn_gpu_park(slot);
+    return -1;
+  }
   gt->win = *slot;
   free(slot);
   if (nr != ncclSuccess || gt->win == NULL) {
@@ -300,7 +303,11 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
     int unsettled = 0;
     r = nccl_split_settled(nccl, 0, me, deadline, NULL, "ncclCommSplit (the team's own comm)", slot,
                            &child, &unsettled);
-    if (!unsettled) free(slot); /* else leaked: the parent is the caller's, never aborted here */
+    /* unsettled: NCCL may still write it (the parent is the caller's, never aborted here) */
+    if (!unsettled)
+      free(slot);
+    else
+      sbn_gpu_park(slot);
     if (r != sbnSuccess) goto out;
     gt->nccl[me] = child;
   }

@@ -22,7 +22,8 @@
  *     parent has settled;
  *   - an output that NCCL writes after the call returns (a split's child, a window handle,
  *     ncclCommInitRankConfig's comm) lives on the heap, never on the stack, and after a
- *     timeout NCCL may still write it: it is deliberately leaked (one pointer).
+ *     timeout NCCL may still write it: it is never freed (one pointer), but kept
+ *     reachable for leak checkers (sbn_gpu_park).
  * Only a call that failed at once (an error other than ncclInProgress) started nothing,
  * and is not waited for. Comm-less calls (ncclGroupStart, ncclGetVersion, ncclMemAlloc)
  * and the calls that end a comm (ncclCommAbort, ncclCommDestroy after a settled
