@@ -115,7 +115,7 @@ SBN_UNROLL
      every block alike, before any write */
   if (KIND == SBN_OP_FORWARD && rows == 1 && st == 0) st = sbnInvalidArgument;
 
-  uint32_t arrivals = ~0u; /* block 0: the counter, loaded after its first chunk */
+  uint32_t arrivals = ~0u; /* block 0: the counter, loaded before its first chunk's stores */
   bool nbt_due = false;    /* block 0: channel 0's outputs were written; nbt follows */
   for (int j = b; st == 0 && j < nchunks; j += a.G) {
     /* (a later chunk: its partials go into sm.red after the barrier that ordered warp 0's
@@ -179,6 +179,9 @@ SBN_UNROLL
       set_coefs<KIND>(R, lane, rows, v, mine, q, sm);
     }
     __syncthreads(); /* the coefficients before the outputs read them */
+    /* block 0: the arrivals counter, loaded now so that its round trip overlaps the
+       chunk's stores (solo_end polls again where some block had not arrived yet) */
+    if (j == b && b == 0 && threadIdx.x == 0) arrivals = ld_arrivals_gpu(&R.state->barrier);
     const bool dz = kEpi && KIND == SBN_OP_BACKWARD && R.dz != nullptr;
     if ((R.out != nullptr || dz) && in) {
       const float* kc = sm.coef[lane];
@@ -203,10 +206,7 @@ SBN_UNROLL
         }
     }
     if (w == 0 && in) channel_outputs<KIND>(R, c, lane, rows, sm, false, &run);
-    if (j == b) {
-      SBN_STAMP(5); /* the first chunk's outputs */
-      if (b == 0 && threadIdx.x == 0) arrivals = ld_arrivals_gpu(&R.state->barrier);
-    }
+    if (j == b) SBN_STAMP(5); /* the first chunk's outputs */
     nbt_due |= j == 0;
     if (SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP) && j == b && __syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
