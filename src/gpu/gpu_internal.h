@@ -115,8 +115,9 @@ struct sbn_gpu_team {
   size_t win_bytes; /* sbn_window_bytes */
   void* win;        /* ncclWindow_t, registered (NULL: none) */
   void* win_slot;   /* the heap slot NCCL writes the window's handle into (window_alloc,
-                       before the agreement on it; NULL again once read, leaked after a
-                       registration that did not finish, freed at the release if unused) */
+                       before the agreement on it; NULL again once read, never freed after
+                       a registration that did not finish (sbn_gpu_park), freed at the
+                       release if unused) */
   cudaStream_t aux; /* init collectives, abort notification */
   int* dscratch;    /* init agreement (nccl_team.c): SBN_AGREE_MAX ints of device memory, */
   int* hscratch;    /* and as many of pinned host memory */
