@@ -19,9 +19,9 @@
  * adds two fp32 roundings), and x_hat = (v - bias) * (1 / (weight invstd)) invstd by
  * e_i = (|v_i| u + t / s + |v_i - bias| 2^-22) / |weight| (four fp32 roundings: bn_math.h
  * sbn_xmu_from_y). Then
- * |d dweight| <= sum_i |g_i| e_i and |d dx_i| <= |w| invstd (e_i |mean(g x_hat)| +
- * |x_hat_i| mean(|g| e)), both over the team; the test allows twice that plus the
- * x-based tolerances.
+ * |d dweight| <= sum_i |g_i| e_i (over the rank's elements: local gradients) and
+ * |d dx_i| <= |w| invstd (e_i |mean(g x_hat)| + |x_hat_i| mean(|g| e)) (over the team);
+ * the test allows twice that plus the x-based tolerances (dx's scaled to the channel).
  */
 #include "team_util.h"
 
