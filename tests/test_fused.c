@@ -51,6 +51,8 @@ typedef struct {
   void* dz[MAXW];
   epi_t e;
   const sbnParams_t* p; /* the calls' params: NULL, the defaults */
+  unsigned keep_x;      /* the in-place backward (kind 2): ranks whose bit is set pass x
+                           (the x-based backward) in the same op: a team mixing the two */
 } fused_t;
 
 static void fused_make(fused_t* f, int W, sbnDataType_t dt, sbnLayout_t lay, int64_t c, int64_t sp,
@@ -96,7 +98,8 @@ static void* fused_call(void* arg) {
                                &t->nbt[r], t->smean[r], t->sinv[r], a->f->p, &e, NULL);
   } else {
     void* dz = a->where == 2 ? NULL : a->where == 1 ? t->dy[r] : a->f->dz[r];
-    a->res = sbnBackwardEx(comm, &t->d[r], a->kind == 2 ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
+    const int from_y = a->kind == 2 && !((a->f->keep_x >> r) & 1u);
+    a->res = sbnBackwardEx(comm, &t->d[r], from_y ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
                            t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   }
   return NULL;
@@ -310,14 +313,16 @@ static double recover_err(sbnDataType_t dt, epi_t e, double y, double b, double 
    by the position's parity (every channel's x_hat +-1, each (sample, channel) half and
    half) and dy its sign, in place of gen's data: every element of a sign then has the
    same y and the same rounding error, which the sums add up without cancelling (the
-   bound's sum of |g| e_i is reached) */
+   bound's sum of |g| e_i is reached). keep_x: ranks that run the x-based backward in the
+   same op (their elements' e_i is 0: the bound's team sums take the others' only) */
 static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale,
-                         const float (*wb)[2], gen_t gen, int signs, uint64_t seed) {
+                         const float (*wb)[2], gen_t gen, int signs, unsigned keep_x, uint64_t seed) {
   int64_t n[MAXW] = {3, 2, 0, 4};
   const int W = 4;
   const int64_t c = 5, sp = 6;
   fused_t f;
   fused_make(&f, W, dt, lay, c, sp, n, affine, 0, e, seed);
+  f.keep_x = keep_x;
   team_t* t = &f.t;
   if (gen != GEN_NORMAL) {
     sbn_rng_t rng = {seed + 99};
@@ -356,7 +361,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double ei = recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
+          double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
           double g = o.dz[r][i], xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           sum_abs_g_e += fabs(g) * ei, rank_abs_g_e[r] += fabs(g) * ei, sum_g_xhat += g * xhat;
           gmax = fmax(gmax, fabs(g));
@@ -376,7 +381,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double ei = recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
+          double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
           double xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
           double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
           ASSERT_CLOSE(sbn_ref_load(t->dx[r], dt, i), o.dx[r][i], dx_atol + bound, tol.out_rtol);
@@ -395,16 +400,16 @@ static void test_inplace_backward_within_bound(void) {
   for (int d = 0; d < 3; d++)
     for (int k = 0; k < 3; k++)
       for (int affine = 0; affine < 2; affine++) {
-        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, NULL, GEN_NORMAL, 0, seed++);
+        recover_case(dts[d], (sbnLayout_t)((d + k) % 2), es[k], affine, 1.0f, NULL, GEN_NORMAL, 0, 0u, seed++);
         CHECK_();
       }
   /* small weights: |weight| 1e-3 (x_hat's error grows as 1/|weight|, within the bound) */
-  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, NULL, GEN_NORMAL, 0, seed++);
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, NULL, GEN_NORMAL, 0, 0u, seed++);
   CHECK_();
   /* a mean far from 0 against the spread (x = 1e4 + N(0, 1)): the forward's mean_lo */
-  recover_case(sbnFloat32, sbnLayoutNHWC, es[0], 1, 1.0f, NULL, GEN_OFFSET, 0, seed++);
+  recover_case(sbnFloat32, sbnLayoutNHWC, es[0], 1, 1.0f, NULL, GEN_OFFSET, 0, 0u, seed++);
   CHECK_();
-  recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, NULL, GEN_OFFSET, 0, seed++);
+  recover_case(sbnFloat32, sbnLayoutNCHW, es[2], 1, 1.0f, NULL, GEN_OFFSET, 0, 0u, seed++);
   CHECK_();
   /* y below the normal range, stored to half a subnormal, not to u |y|: fp16 with a bias of
      0 and weights just above SBN_RECOVER_MIN_WEIGHT (identity: |y| < 6.1e-5, recovered,
@@ -415,9 +420,18 @@ static void test_inplace_backward_within_bound(void) {
   static const float leaky_w[5][2] = {{1e-3f, 0.0f}, {2e-3f, 0.0f}, {-1e-3f, 0.0f},
                                       {5e-4f, 1e-6f}, {1e-2f, 0.0f}};
   for (int k = 0; k < 4; k++) {
-    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[0], 1, 1.0f, small_w, GEN_NORMAL, k / 2, seed++);
+    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[0], 1, 1.0f, small_w, GEN_NORMAL, k / 2, 0u, seed++);
     CHECK_();
-    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[1], 1, 1.0f, leaky_w, GEN_NORMAL, k / 2, seed++);
+    recover_case(sbnFloat16, (sbnLayout_t)(k % 2), es[1], 1, 1.0f, leaky_w, GEN_NORMAL, k / 2, 0u, seed++);
+    CHECK_();
+  }
+  /* a team whose ranks choose: x-based ranks 1 (of ranks 0, 1, 3 with elements) or 0 and 3,
+     in one op with the in-place others (the contract: each rank's choice on CPU teams);
+     every rank within the bound, the x-based ranks' own elements exact */
+  for (int d = 0; d < 3; d++) {
+    recover_case(dts[d], (sbnLayout_t)(d % 2), es[d % 3], 1, 1.0f, NULL, GEN_NORMAL, 0, 0x2u, seed++);
+    CHECK_();
+    recover_case(dts[d], (sbnLayout_t)((d + 1) % 2), es[(d + 1) % 3], 1, 1.0f, NULL, GEN_NORMAL, 0, 0x9u, seed++);
     CHECK_();
   }
 }
@@ -432,16 +446,21 @@ static void test_inplace_backward_within_bound(void) {
    weight would give a dweight of order |bias| u / |weight| (hundreds in bf16). Channel 2's
    weight is 2e-4 in fp16 and bf16 (above 1e-5, below u |bias|: 5.4e-4 and 4.3e-3; with
    the threshold at 1e-5 alone its dweight was ~1e2), -5e-6 in fp32. Channel 0 is
-   unaffected. */
+   unaffected. Then the same with rank 1 x-based in the op (each rank's choice): rank 0 as
+   above, rank 1 its x-based dweight, and a dx whose team sum of g x_hat is rank 1's part
+   only (rank 0 adds 0), weight invstd (g - mean(g) - x_hat S1 / M): what the header says
+   differs from an all-x-based team's dx. */
 static void test_inplace_backward_zero_weight(void) {
   const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
   const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 3.0f}};
   int64_t n[MAXW] = {4, 3};
   uint64_t seed = 5450;
+  for (int mixed = 0; mixed < 2; mixed++)
   for (int d = 0; d < 3; d++)
     for (int k = 0; k < 2; k++) {
       fused_t f;
       fused_make(&f, 2, dts[d], (sbnLayout_t)(k % 2), 3, 5, n, 1, 0, es[k], seed++);
+      f.keep_x = mixed ? 0x2u : 0u;
       team_t* t = &f.t;
       t->w[1] = 0.0f;
       t->w[2] = dts[d] == sbnFloat32 ? -5e-6f : 2e-4f;
@@ -454,11 +473,33 @@ static void test_inplace_backward_zero_weight(void) {
       const double u = unit_roundoff(dts[d]);
       tol_t tol = tol_for(dts[d]);
       for (int64_t ci = 1; ci < 3; ci++) {
-        double sum_g = 0.0;
+        double sum_g = 0.0, s1 = 0.0, gmax = 0.0; /* s1: rank 1's sum of g x_hat */
         int64_t m = 0;
+        const double is = t->sinv[0][ci];
         for (int r = 0; r < 2; r++)
-          for (int64_t i = 0; i < n[r] * 5; i++) sum_g += o.dz[r][sbn_ref_index(&t->d[r], i / 5, ci, i % 5)], m++;
-        for (int r = 0; r < 2; r++) {
+          for (int64_t i = 0; i < n[r] * 5; i++) {
+            const int64_t at = sbn_ref_index(&t->d[r], i / 5, ci, i % 5);
+            sum_g += o.dz[r][at], m++, gmax = fmax(gmax, fabs(o.dz[r][at]));
+            if (r == 1) s1 += o.dz[r][at] * (sbn_ref_load(t->x0[r], dts[d], at) - t->smean[0][ci]) * is;
+          }
+        if (mixed) { /* rank 1, x-based */
+          const double k_dx = (double)t->w[ci] * is;
+          ASSERT_CLOSE(t->dw[1][ci], o.dw[1][ci], tol.grad_atol, tol.grad_rtol);
+          int apart = 0; /* elements where the all-x-based dx is outside the tolerance */
+          for (int64_t i = 0; i < n[1] * 5; i++) {
+            const int64_t at = sbn_ref_index(&t->d[1], i / 5, ci, i % 5);
+            const double xhat = (sbn_ref_load(t->x0[1], dts[d], at) - t->smean[0][ci]) * is;
+            const double want = k_dx * (o.dz[1][at] - sum_g / (double)m - xhat * s1 / (double)m);
+            /* fp32 roundings of the terms (a few 2^-24 each, 2^-20 with margin), dx's storage */
+            const double atol = fabs(k_dx) * (2.0 * gmax + fabs(xhat * s1) / (double)m) * ldexp(1.0, -20) +
+                                ldexp(1.0, -24);
+            ASSERT_CLOSE(sbn_ref_load(t->dx[1], dts[d], at), want, atol, 4.0 * u);
+            apart += fabs(o.dx[1][at] - want) > atol + 4.0 * u * fabs(want);
+          }
+          if (ci == 2) EXPECT_TRUE(apart > 0);
+          else EXPECT_TRUE(apart == 0); /* weight 0: every dx is 0 */
+        }
+        for (int r = 0; r < (mixed ? 1 : 2); r++) {
           EXPECT_TRUE(t->dw[r][ci] == 0.0f);
           EXPECT_TRUE(fabs(o.dw[r][ci]) > 1e-3); /* what the x-based backward has */
           ASSERT_CLOSE(t->db[r][ci], o.db[r][ci], tol.grad_atol, tol.grad_rtol);
@@ -476,6 +517,8 @@ static void test_inplace_backward_zero_weight(void) {
       }
       if (dts[d] == sbnFloat32)
         for (int r = 0; r < 2; r++) ASSERT_CLOSE(t->dw[r][0], o.dw[r][0], 1e-4, 1e-4);
+      else if (mixed)
+        ASSERT_CLOSE(t->dw[1][0], o.dw[1][0], tol.grad_atol, tol.grad_rtol);
       ref_free(&o, 2);
       fused_free(&f);
       CHECK_();
