@@ -683,6 +683,144 @@ static void test_refusals(void) {
 
 /* ReLU's gradient where y is NaN (a NaN in z): passed on, as PyTorch's threshold_backward
    (only y <= 0 stops it); and dx == dz refused (one would be lost). */
+/* Whole-buffer aliases the contract allows give the separate buffers' bits: the backward's
+   dx over x or over y, dz over x or over y, and the in-place pattern (x NULL, dx over y);
+   the forward's y over x or over z; inference's y over x or over z. Every dtype and
+   layout, identity, ReLU and leaky ReLU, with and without z, a team of 2 with uneven n:
+   a library that wrote an output before it had read all of an input it overwrites
+   would differ here (the other tests give every output its own buffer). */
+typedef struct {
+  fused_t* f;
+  int r;
+  int mode; /* ALIAS_* */
+  void* dx; /* the results, in buffers of their own */
+  void* dz;
+  sbnResult_t res;
+} alias_call_t;
+enum { ALIAS_NONE, ALIAS_DX_X, ALIAS_DX_Y, ALIAS_DZ_X, ALIAS_DZ_Y, ALIAS_NONE_FROM_Y, ALIAS_DX_Y_FROM_Y };
+
+static void* alias_call(void* arg) {
+  alias_call_t* a = (alias_call_t*)arg;
+  team_t* t = &a->f->t;
+  const int r = a->r;
+  const size_t bytes = team_bytes(t, r);
+  void* x = bytes ? dup_mem(t->x0[r], bytes) : NULL;
+  void* y = bytes ? dup_mem(t->y[r], bytes) : NULL;
+  void* dy = bytes ? dup_mem(t->dy0[r], bytes) : NULL;
+  void* dx = bytes ? malloc(bytes) : NULL;
+  void* dz = bytes ? malloc(bytes) : NULL;
+  const int from_y = a->mode == ALIAS_NONE_FROM_Y || a->mode == ALIAS_DX_Y_FROM_Y;
+  void* dx_at = a->mode == ALIAS_DX_X ? x : a->mode == ALIAS_DX_Y || a->mode == ALIAS_DX_Y_FROM_Y ? y : dx;
+  void* dz_at = from_y ? NULL : a->mode == ALIAS_DZ_X ? x : a->mode == ALIAS_DZ_Y ? y : dz;
+  sbnEpilogue_t e = epilogue(a->f->e);
+  a->res = sbnBackwardEx(team_comms(t->W)[r], &t->d[r], from_y ? NULL : x, y, dy, dx_at, dz_at, t->w, t->b,
+                         t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+  if (bytes) {
+    memcpy(a->dx, dx_at, bytes);
+    if (dz_at) memcpy(a->dz, dz_at, bytes);
+  }
+  free(x), free(y), free(dy), free(dx), free(dz);
+  return NULL;
+}
+
+/* Runs the backward of mode over the team; the results into dx[r], dz[r], t->dw, t->db. */
+static sbnResult_t alias_run(fused_t* f, int mode, void** dx, void** dz) {
+  team_t* t = &f->t;
+  pthread_t th[MAXW];
+  alias_call_t a[MAXW];
+  (void)team_comms(t->W);
+  for (int r = 0; r < t->W; r++) {
+    alias_call_t ar = {f, r, mode, dx[r], dz[r], sbnSuccess};
+    a[r] = ar;
+    if (pthread_create(&th[r], NULL, alias_call, &a[r]) != 0) abort();
+  }
+  sbnResult_t res = sbnSuccess;
+  for (int r = 0; r < t->W; r++) {
+    pthread_join(th[r], NULL);
+    if (a[r].res != sbnSuccess && res == sbnSuccess) res = a[r].res;
+  }
+  return res;
+}
+
+static void test_whole_aliases_equal_separate(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationRelu, 0.01f}, {sbnActivationLeakyRelu, 0.2f}};
+  int64_t n[MAXW] = {3, 2};
+  uint64_t seed = 6100;
+  for (int d = 0; d < 3; d++)
+    for (int lay = 0; lay < 2; lay++)
+      for (int k = 0; k < 3; k++)
+        for (int with_z = 0; with_z < 2; with_z++) {
+          fused_t f;
+          fused_make(&f, 2, dts[d], (sbnLayout_t)lay, 4, 5, n, 1, with_z, es[k], seed++);
+          team_t* t = &f.t;
+          const size_t cb = 4 * sizeof(float);
+          void* y_ref[MAXW];
+          float sm_ref[MAXW][4], si_ref[MAXW][4];
+          /* the forward: y separate, then over x, then over z (fused_run moves it to t->y) */
+          ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+          for (int r = 0; r < 2; r++) {
+            y_ref[r] = dup_mem(t->y[r], team_bytes(t, r));
+            memcpy(sm_ref[r], t->smean[r], cb), memcpy(si_ref[r], t->sinv[r], cb);
+          }
+          for (int where = Y_IN_X; where <= (with_z ? Y_IN_Z : Y_IN_X); where++) {
+            ASSERT_OK(fused_run(&f, 0, where, NULL));
+            for (int r = 0; r < 2; r++) {
+              ASSERT_MEMEQ(t->y[r], y_ref[r], team_bytes(t, r));
+              ASSERT_MEMEQ(t->smean[r], sm_ref[r], cb);
+              ASSERT_MEMEQ(t->sinv[r], si_ref[r], cb);
+            }
+          }
+          /* inference (no comm, each rank alone): y over x, over z */
+          const sbnEpilogue_t e = epilogue(es[k]);
+          for (int r = 0; r < 2; r++) {
+            const size_t bytes = team_bytes(t, r);
+            void* xi = dup_mem(t->x0[r], bytes);
+            void* zi = with_z ? dup_mem(f.z0[r], bytes) : NULL;
+            void* yi = malloc(bytes);
+            ASSERT_TRUE(xi != NULL && yi != NULL);
+            ASSERT_OK(sbnForwardInferenceEx(&t->d[r], xi, zi, yi, t->w, t->b, t->rm[r], t->rv[r], 1e-5f, &e, NULL));
+            ASSERT_OK(sbnForwardInferenceEx(&t->d[r], xi, zi, xi, t->w, t->b, t->rm[r], t->rv[r], 1e-5f, &e, NULL));
+            ASSERT_MEMEQ(xi, yi, bytes);
+            if (with_z) {
+              memcpy(xi, t->x0[r], bytes);
+              ASSERT_OK(sbnForwardInferenceEx(&t->d[r], xi, zi, zi, t->w, t->b, t->rm[r], t->rv[r], 1e-5f, &e, NULL));
+              ASSERT_MEMEQ(zi, yi, bytes);
+            }
+            free(xi), free(zi), free(yi);
+          }
+          /* the backward from the forward's y: each alias against separate buffers */
+          void *dx[MAXW], *dz[MAXW], *dx_ref[MAXW], *dz_ref[MAXW];
+          float dw_ref[MAXW][4], db_ref[MAXW][4];
+          for (int r = 0; r < 2; r++) {
+            const size_t bytes = team_bytes(t, r);
+            dx[r] = malloc(bytes), dz[r] = malloc(bytes), dx_ref[r] = malloc(bytes), dz_ref[r] = malloc(bytes);
+            ASSERT_TRUE(dx[r] && dz[r] && dx_ref[r] && dz_ref[r]);
+          }
+          /* the in-place backward takes identity or leaky ReLU, and a forward without z */
+          const int from_y_ok = es[k].act != sbnActivationRelu && !with_z;
+          for (int base = ALIAS_NONE; base <= (from_y_ok ? ALIAS_NONE_FROM_Y : ALIAS_NONE); base += ALIAS_NONE_FROM_Y) {
+            ASSERT_OK(alias_run(&f, base, dx_ref, dz_ref));
+            for (int r = 0; r < 2; r++) memcpy(dw_ref[r], t->dw[r], cb), memcpy(db_ref[r], t->db[r], cb);
+            const int lo = base == ALIAS_NONE ? ALIAS_DX_X : ALIAS_DX_Y_FROM_Y;
+            const int hi = base == ALIAS_NONE ? ALIAS_DZ_Y : ALIAS_DX_Y_FROM_Y;
+            for (int mode = lo; mode <= hi; mode++) {
+              ASSERT_OK(alias_run(&f, mode, dx, dz));
+              for (int r = 0; r < 2; r++) {
+                const size_t bytes = team_bytes(t, r);
+                ASSERT_MEMEQ(dx[r], dx_ref[r], bytes);
+                if (base == ALIAS_NONE) ASSERT_MEMEQ(dz[r], dz_ref[r], bytes);
+                ASSERT_MEMEQ(t->dw[r], dw_ref[r], cb);
+                ASSERT_MEMEQ(t->db[r], db_ref[r], cb);
+              }
+            }
+          }
+          for (int r = 0; r < 2; r++) free(y_ref[r]), free(dx[r]), free(dz[r]), free(dx_ref[r]), free(dz_ref[r]);
+          fused_free(&f);
+          CHECK_();
+        }
+}
+
 static void test_relu_nan_and_aliasing(void) {
   int64_t n[MAXW] = {4};
   fused_t f;
@@ -853,6 +991,7 @@ int main(void) {
   SBN_RUN(test_inplace_backward_eps0);
   SBN_RUN(test_refusals);
   SBN_RUN(test_overlaps);
+  SBN_RUN(test_whole_aliases_equal_separate);
   SBN_RUN(test_relu_nan_and_aliasing);
   SBN_RUN(test_inference_ex);
   team_comms_destroy();
