@@ -677,12 +677,62 @@ static void test_refusals(void) {
   const epi_t mixed[2] = {kEpis[1], kEpis[0]};
   ASSERT_RES(fused_run(&f, 0, Y_SEPARATE, mixed), sbnInvalidUsage);
   EXPECT_TRUE(strstr(sbnGetLastError(team_comms(2)[0]), "ReLU") != NULL);
+  /* refused by every rank, nothing run: the team is not aborted (USAGE.md), and the next
+     op that agrees runs */
+  for (int r = 0; r < 2; r++) {
+    sbnResult_t async = sbnInvalidArgument;
+    ASSERT_OK(sbnCommGetAsyncError(team_comms(2)[r], &async));
+    ASSERT_RES(async, sbnSuccess);
+  }
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL));
+  check_fused_forward(&f, tol_for(sbnFloat32));
   fused_free(&f);
-  team_comms_destroy(); /* the mismatch aborted that team */
+  team_comms_destroy();
 }
 
-/* ReLU's gradient where y is NaN (a NaN in z): passed on, as PyTorch's threshold_backward
-   (only y <= 0 stops it); and dx == dz refused (one would be lost). */
+/* Leaky ReLU's slope is each rank's own (not compared, not exchanged: it acts on the rank's
+   elements only): ranks of slopes 0.1 and 0.3 in one op have the statistics of the
+   identity op, bitwise, and each rank's y is its own slope's leaky ReLU of the identity
+   op's y (fp32: the same fp32 product), and its backward's dz = dy * act'(y) with that slope. */
+static void test_slope_per_rank(void) {
+  int64_t n[MAXW] = {3, 2};
+  fused_t f;
+  fused_make(&f, 2, sbnFloat32, sbnLayoutNCHW, 3, 4, n, 1, 0, kEpis[0], 5520);
+  team_t* t = &f.t;
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, NULL)); /* identity */
+  void* v[MAXW];
+  float sm[MAXW][3], si[MAXW][3];
+  for (int r = 0; r < 2; r++) {
+    v[r] = dup_mem(t->y[r], team_bytes(t, r));
+    memcpy(sm[r], t->smean[r], sizeof sm[r]), memcpy(si[r], t->sinv[r], sizeof si[r]);
+  }
+  const epi_t slopes[2] = {{sbnActivationLeakyRelu, 0.1f}, {sbnActivationLeakyRelu, 0.3f}};
+  team_reset_running(t);
+  ASSERT_OK(fused_run(&f, 0, Y_SEPARATE, slopes));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_MEMEQ(t->smean[r], sm[r], sizeof sm[r]);
+    ASSERT_MEMEQ(t->sinv[r], si[r], sizeof si[r]);
+    const float* vr = (const float*)v[r];
+    const float* yr = (const float*)t->y[r];
+    for (int64_t i = 0; i < n[r] * 3 * 4; i++) {
+      const float want = vr[i] > 0.0f ? vr[i] : slopes[r].slope * vr[i];
+      ASSERT_BITEQ_F32(yr[i], want);
+    }
+  }
+  ASSERT_OK(fused_run(&f, 1, 0, slopes)); /* dz separate */
+  for (int r = 0; r < 2; r++) {
+    const float* yr = (const float*)t->y[r];
+    const float* dy = (const float*)t->dy0[r];
+    const float* dz = (const float*)f.dz[r];
+    for (int64_t i = 0; i < n[r] * 3 * 4; i++) {
+      const float want = yr[i] > 0.0f ? dy[i] : slopes[r].slope * dy[i];
+      ASSERT_BITEQ_F32(dz[i], want);
+    }
+    free(v[r]);
+  }
+  fused_free(&f);
+}
+
 /* Whole-buffer aliases the contract allows give the separate buffers' bits: the backward's
    dx over x or over y, dz over x or over y, and the in-place pattern (x NULL, dx over y);
    the forward's y over x or over z; inference's y over x or over z. Every dtype and
@@ -821,6 +871,8 @@ static void test_whole_aliases_equal_separate(void) {
         }
 }
 
+/* ReLU's gradient where y is NaN (a NaN in z): passed on, as PyTorch's threshold_backward
+   (only y <= 0 stops it); and dx == dz refused (one would be lost). */
 static void test_relu_nan_and_aliasing(void) {
   int64_t n[MAXW] = {4};
   fused_t f;
@@ -990,6 +1042,7 @@ int main(void) {
   SBN_RUN(test_inplace_backward_zero_weight);
   SBN_RUN(test_inplace_backward_eps0);
   SBN_RUN(test_refusals);
+  SBN_RUN(test_slope_per_rank);
   SBN_RUN(test_overlaps);
   SBN_RUN(test_whole_aliases_equal_separate);
   SBN_RUN(test_relu_nan_and_aliasing);
