@@ -521,6 +521,69 @@ static void test_split_group(void) {
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
 }
 
+/* New comms inherit the parent's config (syncbn.h, sbnCommSplit): a parent of timeout
+   200 ms and max_channels 3 gives a sub-team whose lone caller times out after 200 ms
+   (not the default's 300 s: CTest's limit would end the test first), and whose ops of 4
+   channels are refused at the call, nothing written. */
+static void test_split_inherits_config(void) {
+  sbnConfig_t cfg = config_ms(200);
+  cfg.max_channels = 3;
+  sbnComm_t parent[2], sub[2];
+  ASSERT_OK(sbnCommInitCpu(parent, 2, &cfg));
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommSplit(parent[r], 0, r, &sub[r]));
+  ASSERT_OK(sbnGroupEnd());
+  static bufs_t b, snap;
+  bufs_init(&b, 2, 4, 3, 450);
+  memcpy(&snap, &b, sizeof b);
+  ASSERT_RES(fwd(sub[0], &b), sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(sub[0]), "max_channels=3") != NULL);
+  ASSERT_MEMEQ(&b, &snap, sizeof b);
+  b.d.c = 3;
+  double t0 = now_ms();
+  ASSERT_RES(fwd(sub[0], &b), sbnTimeout);
+  double waited = now_ms() - t0;
+  fprintf(stderr, "  the sub-team's lone caller: sbnTimeout after %.1f ms\n", waited);
+  EXPECT_TRUE(waited >= 195.0);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* A timeout beyond ~100 years (INT64_MAX, in the config or SBN_TIMEOUT_MS) is taken as
+   ~100 years (USAGE.md): a team's deadline arithmetic must not overflow into a past
+   deadline. Ranks of such a team, and of a team split from it, one of them 100 ms late,
+   both succeed. */
+static void test_timeout_beyond_100_years(void) {
+  for (int how = 0; how < 2; how++) {
+    sbnConfig_t cfg = config_ms(how == 0 ? INT64_MAX : 1000);
+    sbnComm_t comms[2], sub[2];
+    if (how == 1) ASSERT_TRUE(setenv("SBN_TIMEOUT_MS", "9223372036854775807", 1) == 0);
+    sbnResult_t r0 = sbnCommInitCpu(comms, 2, &cfg);
+    unsetenv("SBN_TIMEOUT_MS");
+    ASSERT_OK(r0);
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommSplit(comms[r], 0, r, &sub[r]));
+    ASSERT_OK(sbnGroupEnd());
+    for (int level = 0; level < 2; level++) {
+      static bufs_t b[2];
+      job_t jobs[2];
+      memset(jobs, 0, sizeof jobs);
+      for (int r = 0; r < 2; r++) {
+        bufs_init(&b[r], 2, 3, 2, 460 + (uint64_t)r);
+        jobs[r].kind = JOB_FWD;
+        jobs[r].comm = level ? sub[r] : comms[r];
+        jobs[r].b = &b[r];
+      }
+      jobs[1].start_ms = 100;
+      ASSERT_TRUE(run_jobs(jobs, 2));
+      for (int r = 0; r < 2; r++) ASSERT_OK(jobs[r].r);
+      ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float));
+    }
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  }
+}
+
 static void test_split_threads(void) {
   sbnConfig_t cfg = config_ms(20000);
   sbnComm_t parent[4], sub[4];
@@ -1535,6 +1598,8 @@ int main(void) {
   SBN_RUN(test_abort_then_destroy);
   SBN_RUN(test_split_group);
   SBN_RUN(test_split_threads);
+  SBN_RUN(test_split_inherits_config);
+  SBN_RUN(test_timeout_beyond_100_years);
   SBN_RUN(test_split_nocolor);
   SBN_RUN(test_split_timeout_names_rank);
   SBN_RUN(test_split_wait_monotonic);
