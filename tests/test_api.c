@@ -470,6 +470,9 @@ static void test_forward_bad_args(void) {
       {sbnFloat32, sbnLayoutNCHW, 2, 3, -5},
       {sbnFloat32, sbnLayoutNCHW, (int64_t)1 << 40, 8, (int64_t)1 << 40}, /* n*c*s overflows */
       {sbnFloat32, sbnLayoutNCHW, INT64_MAX, 1, 2},
+      /* above 2^48 without overflowing int64 (USAGE.md): n*c*s, and c*s with n = 0 */
+      {sbnFloat32, sbnLayoutNCHW, (int64_t)1 << 24, 1, ((int64_t)1 << 24) + 1},
+      {sbnFloat32, sbnLayoutNCHW, 0, 1, ((int64_t)1 << 48) + 1},
       {sbnFloat32, sbnLayoutNCHW, 2, 9, 5},  /* c > max_channels */
       {sbnFloat32, sbnLayoutNCHW, 0, 9, 5},  /* ... also for an empty rank */
   };
@@ -494,6 +497,12 @@ static void test_forward_bad_args(void) {
   p = good; p.eps = NAN;
   EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
   p = good; p.momentum = NAN;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.eps = INFINITY; /* infinite eps or momentum (USAGE.md) */
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.momentum = INFINITY;
+  EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
+  p = good; p.momentum = -INFINITY;
   EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, &b->nbt, b->sm, b->si, &p);
   p = good; p.momentum = -1.0f;
   EXPECT_FWD_BAD(c, &b->d, b->x, b->y, b->w, b->b, b->rm, b->rv, NULL, b->sm, b->si, &p);

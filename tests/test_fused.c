@@ -637,10 +637,18 @@ static void test_refusals(void) {
   bad.activation = (sbnActivation_t)7;
   ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
                                t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
-  bad = leaky;
-  bad.slope = -0.1f;
-  ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
-                               t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
+  /* a leaky slope must be finite and >= 0: -0.1, NaN, +-inf refused, y untouched */
+  const float bad_slopes[] = {-0.1f, NAN, INFINITY, -INFINITY};
+  void* y_before = dup_mem(t->dx[0], team_bytes(t, 0));
+  for (int i = 0; i < 4; i++) {
+    bad = leaky;
+    bad.slope = bad_slopes[i];
+    ASSERT_RES(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                                 t->sinv[0], NULL, &bad, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "slope must be finite and >= 0") != NULL);
+    ASSERT_MEMEQ(t->dx[0], y_before, team_bytes(t, 0));
+  }
+  free(y_before);
   /* a bias without a weight (the x-based backward took it as affine=False without a word),
      and dweight or dbias on a per-channel input the backward reads after writing them (the
      in-place dx read the bias dbias had overwritten: dx off by 0.5) */
