@@ -521,6 +521,60 @@ static void test_split_group(void) {
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
 }
 
+/* A group's splits (API.md, Groups): made before its ops run, whatever the order of the
+   calls, so an op that fails at sbnGroupEnd (a team-wide count of 1) leaves them made;
+   made team by team in the order of each team's first split call, so a team aborted
+   since its calls fails its splits (sbnAborted) with the earlier teams' made and the
+   later teams' untouched. */
+static void test_split_in_group_with_ops(void) {
+  sbnConfig_t cfg = config_ms(20000);
+  sbnComm_t a[2], bt[2], sa[2], sb[2];
+  static bufs_t b[2];
+  ASSERT_OK(sbnCommInitCpu(a, 2, &cfg));
+  /* an op queued first, which fails at sbnGroupEnd (M = 1), then the splits */
+  bufs_init(&b[0], 1, 3, 1, 470);
+  bufs_init(&b[1], 0, 3, 1, 471);
+  for (int r = 0; r < 2; r++) sa[r] = SENTINEL_COMM;
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(a[r], &b[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommSplit(a[r], 0, r, &sa[r]));
+  ASSERT_RES(sbnGroupEnd(), sbnInvalidArgument);
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(sa[r] != SENTINEL_COMM && sa[r] != NULL);
+  int rank = -1, count = 0;
+  ASSERT_OK(sbnCommRank(sa[1], &rank));
+  ASSERT_OK(sbnCommCount(sa[1], &count));
+  EXPECT_TRUE(rank == 1 && count == 2);
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 472 + (uint64_t)r);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(sa[r], &b[r]));
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sa[r]));
+  /* two teams' splits, the second team aborted before sbnGroupEnd: in either order */
+  for (int b_first = 0; b_first < 2; b_first++) {
+    ASSERT_OK(sbnCommInitCpu(bt, 2, &cfg));
+    for (int r = 0; r < 2; r++) sa[r] = sb[r] = SENTINEL_COMM;
+    ASSERT_OK(sbnGroupStart());
+    for (int pass = 0; pass < 2; pass++) {
+      const int team_b = pass == 0 ? b_first : !b_first;
+      for (int r = 0; r < 2; r++)
+        ASSERT_OK(sbnCommSplit(team_b ? bt[r] : a[r], 0, r, team_b ? &sb[r] : &sa[r]));
+    }
+    ASSERT_OK(sbnCommAbort(bt[0]));
+    ASSERT_RES(sbnGroupEnd(), sbnAborted);
+    EXPECT_TRUE(strstr(sbnGetLastError(NULL), "split on an aborted team") != NULL);
+    for (int r = 0; r < 2; r++) {
+      EXPECT_TRUE(sb[r] == SENTINEL_COMM); /* the aborted team's: untouched */
+      if (b_first) EXPECT_TRUE(sa[r] == SENTINEL_COMM); /* after it: untouched */
+      else EXPECT_TRUE(sa[r] != SENTINEL_COMM && sa[r] != NULL); /* before it: made */
+    }
+    if (!b_first)
+      for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sa[r]));
+    for (int r = 0; r < 2; r++) (void)sbnCommDestroy(bt[r]);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(a[r]));
+}
+
 /* New comms inherit the parent's config (syncbn.h, sbnCommSplit): a parent of timeout
    200 ms and max_channels 3 gives a sub-team whose lone caller times out after 200 ms
    (not the default's 300 s: CTest's limit would end the test first), and whose ops of 4
@@ -1599,6 +1653,7 @@ int main(void) {
   SBN_RUN(test_split_group);
   SBN_RUN(test_split_threads);
   SBN_RUN(test_split_inherits_config);
+  SBN_RUN(test_split_in_group_with_ops);
   SBN_RUN(test_timeout_beyond_100_years);
   SBN_RUN(test_split_nocolor);
   SBN_RUN(test_split_timeout_names_rank);
