@@ -1605,15 +1605,19 @@ static void* watched_main(void* arg) {
   atomic_store(&w->done, 1);
   return NULL;
 }
-static void test_cancel_in_split(void) {
+/* kind: JOB_SPLIT, or JOB_FWD (an op: cancellation is disabled there too, syncbn.h) */
+static void cancel_while_waiting(int kind) {
   sbnConfig_t cfg = config_ms(BEYOND_CTEST_TIMEOUT_MS);
   sbnComm_t comms[2], sub[2] = {SENTINEL_COMM, SENTINEL_COMM};
   ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
   static watched_t w[2];
+  static bufs_t b[2];
   memset(w, 0, sizeof w);
   for (int r = 0; r < 2; r++) {
-    w[r].job.kind = JOB_SPLIT;
+    bufs_init(&b[r], 2, 3, 2, 480 + (uint64_t)r);
+    w[r].job.kind = kind;
     w[r].job.comm = comms[r];
+    w[r].job.b = &b[r];
     w[r].job.color = 0;
     w[r].job.key = r;
     w[r].job.newcomm = &sub[r];
@@ -1621,26 +1625,35 @@ static void test_cancel_in_split(void) {
   }
   pthread_t th[2];
   ASSERT_TRUE(pthread_create(&th[0], NULL, watched_main, &w[0]) == 0);
-  sleep_ms(150); /* rank 0 waits in the split (a cancel before that is deferred all the same) */
+  sleep_ms(150); /* rank 0 waits in the call (a cancel before that is deferred all the same) */
   ASSERT_TRUE(pthread_cancel(th[0]) == 0);
   sleep_ms(50);
   ASSERT_TRUE(pthread_create(&th[1], NULL, watched_main, &w[1]) == 0);
   const double t0 = now_ms();
   while (!atomic_load(&w[1].done) && now_ms() - t0 < 20000.0) sleep_ms(5);
   if (!atomic_load(&w[1].done)) {
-    SBN_FAIL_("rank 1's split has not returned after 20 s: the cancelled rank 0 left the team's "
-              "lock held");
+    SBN_FAIL_("rank 1's %s has not returned after 20 s: the cancelled rank 0 left the team's "
+              "lock held", kind == JOB_SPLIT ? "split" : "forward");
     fflush(stderr);
     _exit(1); /* the blocked thread cannot be joined */
   }
   pthread_join(th[1], NULL);
   pthread_join(th[0], NULL); /* cancelled after its split returned, or ended normally */
   ASSERT_OK(w[1].job.r);
-  ASSERT_OK(w[0].job.r); /* the split completed on both ranks */
-  for (int r = 0; r < 2; r++) ASSERT_TRUE(sub[r] != SENTINEL_COMM && sub[r] != NULL);
-  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  ASSERT_OK(w[0].job.r); /* the call completed on both ranks */
+  if (kind == JOB_SPLIT) {
+    for (int r = 0; r < 2; r++) ASSERT_TRUE(sub[r] != SENTINEL_COMM && sub[r] != NULL);
+    for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  } else { /* the team is in step: its next op, as a group, runs */
+    ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float));
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) ASSERT_OK(bwd(comms[r], &b[r]));
+    ASSERT_OK(sbnGroupEnd());
+  }
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
+static void test_cancel_in_split(void) { cancel_while_waiting(JOB_SPLIT); }
+static void test_cancel_in_op(void) { cancel_while_waiting(JOB_FWD); }
 
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
@@ -1675,5 +1688,6 @@ int main(void) {
   SBN_RUN(test_destroy_after_last_op);
   SBN_RUN(test_one_rank_two_threads);
   SBN_RUN(test_cancel_in_split);
+  SBN_RUN(test_cancel_in_op);
   return sbn_test_exit();
 }
