@@ -9,6 +9,7 @@
  * timeout, so a library bug shows as a failed assertion, not a hung test.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, setenv */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -182,6 +183,23 @@ int __wrap_pthread_mutex_unlock(pthread_mutex_t* m);
 int __wrap_pthread_mutex_unlock(pthread_mutex_t* m) {
   stall_once(&unlock_delay_ms);
   return __real_pthread_mutex_unlock(m);
+}
+
+/* pthread_create likewise (-Wl,--wrap=pthread_create): on the calling thread, once
+   fail_thread_count is set, the next fail_thread_after starts succeed and then
+   fail_thread_count fail with EAGAIN (test_group_thread_start_fails). */
+static _Thread_local int fail_thread_after, fail_thread_count;
+int __real_pthread_create(pthread_t* t, const pthread_attr_t* a, void* (*fn)(void*), void* arg);
+int __wrap_pthread_create(pthread_t* t, const pthread_attr_t* a, void* (*fn)(void*), void* arg);
+int __wrap_pthread_create(pthread_t* t, const pthread_attr_t* a, void* (*fn)(void*), void* arg) {
+  if (fail_thread_count > 0) {
+    if (fail_thread_after == 0) {
+      fail_thread_count--;
+      return EAGAIN;
+    }
+    fail_thread_after--;
+  }
+  return __real_pthread_create(t, a, fn, arg);
 }
 
 static void* job_main(void* arg) {
@@ -519,6 +537,35 @@ static void test_split_group(void) {
   /* children first, then the parent */
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
   for (int r = 0; r < 4; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* sbnGroupEnd that cannot start a rank's thread (syncbn.h: sbnSystemError, nothing run):
+   a team of 3 in one group, whose queues 1 and 2 get threads; the first start fails (both
+   tries: with the library's stack size, then without), or the first succeeds and the
+   second fails. No rank's buffer is written, and the team is still in step: the same
+   group again runs, num_batches_tracked 1 on every rank. */
+static void test_group_thread_start_fails(void) {
+  for (int after = 0; after < 2; after++) {
+    sbnComm_t comms[3];
+    static bufs_t b[3], snap[3];
+    ASSERT_TRUE(team_bufs(comms, 3, 20000, b, snap, 2, 3, 2, 490));
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r]));
+    fail_thread_after = after;
+    fail_thread_count = 2;
+    const sbnResult_t g = sbnGroupEnd();
+    const int unused = fail_thread_count;
+    fail_thread_after = fail_thread_count = 0;
+    ASSERT_RES(g, sbnSystemError);
+    EXPECT_TRUE(unused == 0); /* both tries of the failing start were made */
+    EXPECT_TRUE(strstr(sbnGetLastError(NULL), "could not create a thread") != NULL);
+    ASSERT_MEMEQ(b, snap, sizeof b);
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r]));
+    ASSERT_OK(sbnGroupEnd());
+    for (int r = 0; r < 3; r++) ASSERT_EQ_INT(b[r].nbt, 1);
+    for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  }
 }
 
 /* A group's splits (API.md, Groups): made before its ops run, whatever the order of the
@@ -1667,6 +1714,7 @@ int main(void) {
   SBN_RUN(test_split_threads);
   SBN_RUN(test_split_inherits_config);
   SBN_RUN(test_split_in_group_with_ops);
+  SBN_RUN(test_group_thread_start_fails);
   SBN_RUN(test_timeout_beyond_100_years);
   SBN_RUN(test_split_nocolor);
   SBN_RUN(test_split_timeout_names_rank);
