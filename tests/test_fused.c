@@ -78,12 +78,12 @@ static void fused_free(fused_t* f) {
 
 /* ---- running the fused ops on one thread per rank ---------------------------------- */
 typedef struct {
+  sbnResult_t res; /* first: run_ranks reads it */
   fused_t* f;
   int r;
   int kind;     /* 0 forward, 1 backward, 2 backward from y (x NULL) */
   int where;    /* forward: Y_*; backward: 1 = dz in place of dy, 2 = no dz */
   epi_t e;      /* this rank's epilogue */
-  sbnResult_t res;
 } call_t;
 
 static void* fused_call(void* arg) {
@@ -105,23 +105,32 @@ static void* fused_call(void* arg) {
   return NULL;
 }
 
+/* Runs fn on one thread per rank of a team of W, rank r's on calls + r * stride, a struct
+   whose first member is the call's sbnResult_t. Returns the first failure. */
+static sbnResult_t run_ranks(int W, void* (*fn)(void*), void* calls, size_t stride) {
+  pthread_t th[MAXW];
+  (void)team_comms(W); /* made here, once: not by the rank threads at the same time */
+  for (int r = 0; r < W; r++)
+    if (pthread_create(&th[r], NULL, fn, (char*)calls + (size_t)r * stride) != 0) abort();
+  sbnResult_t res = sbnSuccess;
+  for (int r = 0; r < W; r++) {
+    pthread_join(th[r], NULL);
+    const sbnResult_t rr = *(const sbnResult_t*)((const char*)calls + (size_t)r * stride);
+    if (rr != sbnSuccess && res == sbnSuccess) res = rr;
+  }
+  return res;
+}
+
 /* Runs kind over the team; rank r uses es[r] (NULL: f->e everywhere). In-place results
    are moved to y / dz and the inputs restored. Returns the first failure. */
 static sbnResult_t fused_run(fused_t* f, int kind, int where, const epi_t* es) {
   team_t* t = &f->t;
-  pthread_t th[MAXW];
   call_t a[MAXW];
-  (void)team_comms(t->W); /* made here, once: not by the rank threads at the same time */
   for (int r = 0; r < t->W; r++) {
-    call_t ar = {f, r, kind, where, es ? es[r] : f->e, sbnSuccess};
+    call_t ar = {sbnSuccess, f, r, kind, where, es ? es[r] : f->e};
     a[r] = ar;
-    if (pthread_create(&th[r], NULL, fused_call, &a[r]) != 0) abort();
   }
-  sbnResult_t res = sbnSuccess;
-  for (int r = 0; r < t->W; r++) {
-    pthread_join(th[r], NULL);
-    if (a[r].res != sbnSuccess && res == sbnSuccess) res = a[r].res;
-  }
+  const sbnResult_t res = run_ranks(t->W, fused_call, a, sizeof a[0]);
   for (int r = 0; r < t->W; r++) {
     size_t bytes = team_bytes(t, r);
     if (!bytes) continue;
@@ -748,12 +757,12 @@ static void test_slope_per_rank(void) {
    a library that wrote an output before it had read all of an input it overwrites
    would differ here (the other tests give every output its own buffer). */
 typedef struct {
+  sbnResult_t res; /* first: run_ranks reads it */
   fused_t* f;
   int r;
   int mode; /* ALIAS_* */
   void* dx; /* the results, in buffers of their own */
   void* dz;
-  sbnResult_t res;
 } alias_call_t;
 enum { ALIAS_NONE, ALIAS_DX_X, ALIAS_DX_Y, ALIAS_DZ_X, ALIAS_DZ_Y, ALIAS_NONE_FROM_Y, ALIAS_DX_Y_FROM_Y };
 
@@ -783,21 +792,12 @@ static void* alias_call(void* arg) {
 
 /* Runs the backward of mode over the team; the results into dx[r], dz[r], t->dw, t->db. */
 static sbnResult_t alias_run(fused_t* f, int mode, void** dx, void** dz) {
-  team_t* t = &f->t;
-  pthread_t th[MAXW];
   alias_call_t a[MAXW];
-  (void)team_comms(t->W);
-  for (int r = 0; r < t->W; r++) {
-    alias_call_t ar = {f, r, mode, dx[r], dz[r], sbnSuccess};
+  for (int r = 0; r < f->t.W; r++) {
+    alias_call_t ar = {sbnSuccess, f, r, mode, dx[r], dz[r]};
     a[r] = ar;
-    if (pthread_create(&th[r], NULL, alias_call, &a[r]) != 0) abort();
   }
-  sbnResult_t res = sbnSuccess;
-  for (int r = 0; r < t->W; r++) {
-    pthread_join(th[r], NULL);
-    if (a[r].res != sbnSuccess && res == sbnSuccess) res = a[r].res;
-  }
-  return res;
+  return run_ranks(f->t.W, alias_call, a, sizeof a[0]);
 }
 
 static void test_whole_aliases_equal_separate(void) {
