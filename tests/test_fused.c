@@ -302,6 +302,12 @@ static void test_identity_is_the_plain_op(void) {
 static double unit_roundoff(sbnDataType_t dt) {
   return dt == sbnFloat32 ? ldexp(1.0, -24) : dt == sbnFloat16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
 }
+/* x_hat of rank r's element i (channel ci) from its input and the forward's saved
+   statistics: what the x-based backward (and the reference) normalize with */
+static double xhat_of(const team_t* t, int r, int64_t i, int64_t ci) {
+  return (sbn_ref_load(t->x0[r], t->d[r].dtype, i) - t->smean[0][ci]) * t->sinv[0][ci];
+}
+
 /* half the dtype's smallest subnormal: y's rounding error where it is not relative (a y
    below the normal range, or rounded to 0) */
 static double half_subnormal(sbnDataType_t dt) {
@@ -371,7 +377,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
           double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
-          double g = o.dz[r][i], xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
+          double g = o.dz[r][i], xhat = xhat_of(t, r, i, ci);
           sum_abs_g_e += fabs(g) * ei, rank_abs_g_e[r] += fabs(g) * ei, sum_g_xhat += g * xhat;
           gmax = fmax(gmax, fabs(g));
           m++;
@@ -391,7 +397,7 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
           double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
-          double xhat = (sbn_ref_load(t->x0[r], dt, i) - t->smean[0][ci]) * is;
+          double xhat = xhat_of(t, r, i, ci);
           double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
           ASSERT_CLOSE(sbn_ref_load(t->dx[r], dt, i), o.dx[r][i], dx_atol + bound, tol.out_rtol);
         }
@@ -489,7 +495,7 @@ static void test_inplace_backward_zero_weight(void) {
           for (int64_t i = 0; i < n[r] * 5; i++) {
             const int64_t at = sbn_ref_index(&t->d[r], i / 5, ci, i % 5);
             sum_g += o.dz[r][at], m++, gmax = fmax(gmax, fabs(o.dz[r][at]));
-            if (r == 1) s1 += o.dz[r][at] * (sbn_ref_load(t->x0[r], dts[d], at) - t->smean[0][ci]) * is;
+            if (r == 1) s1 += o.dz[r][at] * xhat_of(t, r, at, ci);
           }
         if (mixed) { /* rank 1, x-based */
           const double k_dx = (double)t->w[ci] * is;
@@ -497,7 +503,7 @@ static void test_inplace_backward_zero_weight(void) {
           int apart = 0; /* elements where the all-x-based dx is outside the tolerance */
           for (int64_t i = 0; i < n[1] * 5; i++) {
             const int64_t at = sbn_ref_index(&t->d[1], i / 5, ci, i % 5);
-            const double xhat = (sbn_ref_load(t->x0[1], dts[d], at) - t->smean[0][ci]) * is;
+            const double xhat = xhat_of(t, 1, at, ci);
             const double want = k_dx * (o.dz[1][at] - sum_g / (double)m - xhat * s1 / (double)m);
             /* fp32 roundings of the terms (a few 2^-24 each, 2^-20 with margin), dx's storage */
             const double atol = fabs(k_dx) * (2.0 * gmax + fabs(xhat * s1) / (double)m) * ldexp(1.0, -20) +
