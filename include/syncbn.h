@@ -412,7 +412,8 @@ typedef struct {
                                  refuses (sbnUnsupported) a field it does not know that is
                                  not 0 */
   sbnActivation_t activation; /* default identity */
-  float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's) */
+  float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's);
+                                 read for leaky ReLU only: identity and ReLU take any value */
 } sbnEpilogue_t;
 #define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f }
 #define SBN_EPILOGUE_MAX_SIZE 4096

@@ -663,6 +663,25 @@ static void test_refusals(void) {
     EXPECT_TRUE(strstr(sbnGetLastError(comm), "slope must be finite and >= 0") != NULL);
     ASSERT_MEMEQ(t->dx[0], y_before, team_bytes(t, 0));
   }
+  /* the slope is read for leaky ReLU only: a ReLU's of any slope (NaN, inf, -1) is ReLU's,
+     bitwise, as is identity's (dx, the y here, put back after: the calls below are refused) */
+  void* dx_kept = dup_mem(t->dx[0], team_bytes(t, 0));
+  for (int k = 0; k < 2; k++) {
+    sbnEpilogue_t plain = k ? relu : epilogue(kEpis[0]);
+    ASSERT_OK(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL, t->smean[0],
+                                t->sinv[0], NULL, &plain, NULL));
+    memcpy(y_before, t->dx[0], team_bytes(t, 0));
+    for (int i = 0; i < 4; i++) {
+      bad = plain;
+      bad.slope = bad_slopes[i];
+      memset(t->dx[0], 0x5a, team_bytes(t, 0));
+      ASSERT_OK(sbnForwardTrainEx(comm, &t->d[0], t->x[0], NULL, t->dx[0], t->w, t->b, NULL, NULL, NULL,
+                                  t->smean[0], t->sinv[0], NULL, &bad, NULL));
+      ASSERT_MEMEQ(t->dx[0], y_before, team_bytes(t, 0));
+    }
+  }
+  memcpy(t->dx[0], dx_kept, team_bytes(t, 0));
+  free(dx_kept);
   free(y_before);
   /* a bias without a weight (the x-based backward took it as affine=False without a word),
      and dweight or dbias on a per-channel input the backward reads after writing them (the
