@@ -902,6 +902,41 @@ static void test_layout_immaterial_ranks(void) {
   for (int r = 0; r < 3; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
 }
 
+/* C = 1: a layout is immaterial too (the bytes of (n, 1, spatial) are the same in NCHW and
+   NHWC), whatever n and spatial: ranks of 3 and 2 planes of 4 positions naming NHWC and
+   NCHW run together (forward and backward), with the bits of the team that names NCHW on
+   every rank, and the double reference's values. */
+static void test_layout_one_channel(void) {
+  sbnConfig_t cfg = small_config();
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2][2];
+  for (int mixed = 0; mixed < 2; mixed++) {
+    for (int r = 0; r < 2; r++) bufs_init(&b[mixed][r], 3 - r, 1, 4, 70 + (uint64_t)r);
+    if (mixed) b[mixed][0].d.layout = sbnLayoutNHWC;
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &b[mixed][r], NULL));
+    ASSERT_OK(sbnGroupEnd());
+    ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) ASSERT_OK(bwd(comms[r], &b[mixed][r], NULL));
+    ASSERT_OK(sbnGroupEnd());
+  }
+  double s = 0.0, ss = 0.0, cnt = 0.0;
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < b[1][r].d.n * 4; i++) s += b[1][r].x[i], ss += (double)b[1][r].x[i] * b[1][r].x[i], cnt += 1.0;
+  const double mean = s / cnt, invstd = 1.0 / sqrt(ss / cnt - mean * mean + 1e-5);
+  for (int r = 0; r < 2; r++) {
+    ASSERT_MEMEQ(b[1][r].y, b[0][r].y, (size_t)b[0][r].d.n * 4 * sizeof(float));
+    ASSERT_MEMEQ(b[1][r].dx, b[0][r].dx, (size_t)b[0][r].d.n * 4 * sizeof(float));
+    ASSERT_MEMEQ(b[1][r].sm, b[0][r].sm, sizeof(float));
+    ASSERT_MEMEQ(b[1][r].si, b[0][r].si, sizeof(float));
+    EXPECT_TRUE(fabs(b[1][r].sm[0] - mean) < 1e-6);
+    for (int64_t i = 0; i < b[1][r].d.n * 4; i++)
+      EXPECT_TRUE(fabs(b[1][r].y[i] - ((b[1][r].x[i] - mean) * invstd * b[1][r].w[0] + b[1][r].b[0])) < 1e-5);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_result_strings);
@@ -924,5 +959,6 @@ int main(void) {
   SBN_RUN(test_group_rank_missing);
   SBN_RUN(test_op_mismatch);
   SBN_RUN(test_layout_immaterial_ranks);
+  SBN_RUN(test_layout_one_channel);
   return sbn_test_exit();
 }
