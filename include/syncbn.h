@@ -299,18 +299,19 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
 /* What ran this rank's most recent sbnForwardTrain / sbnBackward (a static string): "cpu"
    (CPU team); for GPU teams the cooperative kernel's variant, "onchip" (x, and dy, held on
    chip: read once), "stream" (16-byte loads, read again in stage 5), "stream-scalar" (the
-   same one element at a time: tensors not 16-byte aligned, NHWC with C not a multiple
-   of 4 (fp32) / 8 (fp16, bf16), NCHW with H*W not a multiple of it and below 1024),
+   same one element at a time: tensors not 16-byte aligned, NHWC with C > 1 not a multiple
+   of 4 (fp32) / 8 (fp16, bf16), NCHW (or C = 1) with H*W not a multiple of it and below
+   1024; C = 1 runs as NCHW whichever layout is named, so that its bits do not depend on it),
    "unit" (a team of one's channels one after the other, each read again right after its
    statistics), "small" (a team of one's op of few rows: every value loaded once into
    registers), or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
    SBN_KERNEL=auto (stream, or stream-scalar), onchip (where the rank's tensors fit on
    chip as whole 16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else
    sbnUnsupported; SBN_ALGO=nccl runs "host" whatever it asks), stream, unit (where
-   it applies: a team of one, NCHW with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)
+   it applies: a team of one, NCHW (or C = 1) with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)
    or at least 1024, 16-byte aligned tensors, fewer than twice as many blocks as
-   channels; else what auto runs), or small (where it applies: a team of one, NHWC or
-   H*W = 1, N*H*W at most 64, not the in-place backward (sbnBackwardEx with x NULL);
+   channels; else what auto runs), or small (where it applies: a team of one, NHWC with
+   C > 1 or H*W = 1, N*H*W at most 64, not the in-place backward (sbnBackwardEx with x NULL);
    else what auto runs) (the first kernel, "legacy", was
    removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);

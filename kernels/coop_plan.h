@@ -8,8 +8,8 @@
  *
  * Units. A rank's work is cut into units = (channel group, slice of its rows), row =
  * n*spatial + s. "Tile" layouts (NHWC, and NCHW with spatial == 1, the same addresses)
- * group 32 channels (one mailbox chunk); "plane" layouts (NCHW, spatial > 1) one
- * channel. When there are fewer groups than blocks, each group is cut into P = G/groups
+ * group 32 channels (one mailbox chunk); "plane" layouts (NCHW, spatial > 1, and NHWC of
+ * one channel, the same addresses: sbn_tile_layout) one channel. When there are fewer groups than blocks, each group is cut into P = G/groups
  * slices. Unit u = group + slice * groups; block b owns the contiguous units
  * [ceil(U*b/G), ceil(U*(b+1)/G)) (sbn_unit_begin), so that a block's k plane units lie in
  * at most ceil(k/32) + 1 chunks, one gather each (coop_exchange.cuh: finish_coefs),
@@ -244,6 +244,12 @@ static SBN_ARGS_HD int64_t sbn_plane_vectors(const sbn_geo_t* g, int64_t c, int6
   return v;
 }
 
+/* Whether a launch's units are tile units: NHWC, but for C = 1 (an NHWC tensor of one
+   channel is its NCHW one: plane units whichever layout a rank names, so that its bits do
+   not depend on the name, as a rank whose layout is immaterial may name either), and NCHW
+   where every rank's spatial is 1 (sp1: NCHW of 1x1 planes is NHWC). */
+static SBN_ARGS_HD int sbn_tile_layout(int nhwc, int64_t c, int sp1) { return (nhwc && c != 1) || sp1; }
+
 /* Whether a shape can use the 16-byte kernels (besides 16-byte aligned tensors): tile
    units need whole vectors of channels; plane units need planes of whole vectors (then a
    thread steps through its unit in O(1) per position) or planes long enough that a
@@ -388,11 +394,9 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
                                   int nranks, const sbn_plan_dev_t* dev, sbn_plan_t* pl,
                                   int64_t* detail) {
   const int V = sbn_vec_of(op->dtype);
-  int tile = op->nhwc;
-  if (!tile) {
-    tile = 1;
-    for (int i = 0; i < nranks; i++) tile &= ranks[i].sp == 1;
-  }
+  int sp1 = 1;
+  for (int i = 0; i < nranks; i++) sp1 &= ranks[i].sp == 1;
+  const int tile = sbn_tile_layout(op->nhwc, op->c, sp1);
   /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
   int vec = 1, whole = 1;
   int64_t numel = 0;

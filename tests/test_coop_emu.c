@@ -180,7 +180,7 @@ static int g_launched[SBN_VAR_COUNT]; /* the cooperative launches of each varian
 static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int bwd) {
   sbn_plan_t pl;
   pl.G = G;
-  pl.tile = d->layout == sbnLayoutNHWC || d->spatial == 1;
+  pl.tile = sbn_tile_layout(d->layout == sbnLayoutNHWC, d->c, d->spatial == 1);
   pl.vec = g_variant != EMU_VAR_SCALAR && sbn_vec_shape_ok(pl.tile, d->c, d->spatial, d->dtype);
   pl.variant = g_variant == EMU_VAR_SCALAR ||
                        (g_variant == SBN_VAR_ONCHIP &&
@@ -212,10 +212,9 @@ static int64_t n_max_of(const team_t* t, int W) {
 }
 
 static int tile_of(const team_t* t, int W) {
-  if (t->d[0].layout == sbnLayoutNHWC) return 1;
-  for (int r = 0; r < W; r++)
-    if (t->d[r].spatial != 1) return 0;
-  return 1;
+  int sp1 = 1;
+  for (int r = 0; r < W; r++) sp1 &= t->d[r].spatial == 1;
+  return sbn_tile_layout(t->d[0].layout == sbnLayoutNHWC, t->d[0].c, sp1);
 }
 
 /* Virtual: ONE launch of W*G blocks for every rank. */
@@ -975,7 +974,7 @@ static void test_plan_auto_stream(void) {
               ASSERT_EQ_INT(st[M][0], st[S][0]);
               if (st[S][0] == SBN_PLAN_OK) {
                 /* small: one rank alone on its GPU, tile units of at most 64 rows */
-                const int tile = more[i].nhwc || more[i].sp == 1;
+                const int tile = (more[i].nhwc && more[i].c != 1) || more[i].sp == 1;
                 const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
                 ASSERT_EQ_INT(pl[M][0].variant, small ? SBN_VAR_SMALL : SBN_VAR_STREAM);
                 if (small) {
@@ -986,7 +985,7 @@ static void test_plan_auto_stream(void) {
                 }
               }
               if (st[S][0] == SBN_PLAN_OK) {
-                const int planes = !more[i].nhwc && more[i].sp > 1;
+                const int planes = (!more[i].nhwc || more[i].c == 1) && more[i].sp > 1;
                 const int unit = nr == 1 && !shared && planes && aligned &&
                                  sbn_vec_shape_ok(0, more[i].c, more[i].sp, more[i].dt) &&
                                  pl[S][0].G < 2 * more[i].c;
@@ -2098,18 +2097,21 @@ static void test_call_numbers(void) {
   }
 }
 
-/* A rank whose layout is immaterial (here n = 0) runs with peers of the other layout, in
-   per-rank launches (as an NCCL team's processes, each launching its own kernel): the
-   same bits as when it names their layout. A third rank whose NCHW layout matters among
-   NHWC ranks: the op fails on every rank (sbnInvalidUsage, or stopped by it), the empty
-   rank too (it sees every record's layout), and nothing is written. */
+/* A rank whose layout is immaterial (n = 0; or C = 1, the team's, whatever n and spatial)
+   runs with peers of the other layout, in per-rank launches (as an NCCL team's processes,
+   each launching its own kernel): the same bits as when it names their layout. A third
+   rank whose NCHW layout matters among NHWC ranks: the op fails on every rank
+   (sbnInvalidUsage, or stopped by it), the empty rank too (it sees every record's layout),
+   and nothing is written. */
 static void test_layout_immaterial(void) {
-  static const int64_t n[3] = {2, 0, 3};
+  static const int64_t n[3] = {2, 0, 3}, n1[2] = {2, 3};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
-  for (int bwd = 0; bwd < 2; bwd++) {
+  for (int i = 0; i < 4; i++) {
+    const int bwd = i & 1, one = i >> 1; /* one: C = 1, ranks of 2 and 3 planes */
+    const int64_t c = one ? 1 : 40;
     team_t t, u;
-    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 5);
-    team_make(&u, 2, sbnFloat32, sbnLayoutNHWC, 40, 3, n, 1, 1, GEN_NORMAL, 5);
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, c, 3, one ? n1 : n, 1, 1, GEN_NORMAL, 5);
+    team_make(&u, 2, sbnFloat32, sbnLayoutNHWC, c, 3, one ? n1 : n, 1, 1, GEN_NORMAL, 5);
     emu_team_t e;
     for (int pass = 0; pass < 2; pass++) { /* t: rank 1 named NCHW; u: NHWC as its peer */
       team_t* tt = pass == 0 ? &t : &u;
@@ -2122,7 +2124,8 @@ static void test_layout_immaterial(void) {
       emu_team_free(&e);
     }
     ASSERT_MEMEQ(bwd ? t.dx[0] : t.y[0], bwd ? u.dx[0] : u.y[0], team_bytes(&t, 0));
-    ASSERT_MEMEQ(bwd ? t.dw[1] : t.smean[1], bwd ? u.dw[1] : u.smean[1], 40 * sizeof(float));
+    if (one) ASSERT_MEMEQ(bwd ? t.dx[1] : t.y[1], bwd ? u.dx[1] : u.y[1], team_bytes(&t, 1));
+    ASSERT_MEMEQ(bwd ? t.dw[1] : t.smean[1], bwd ? u.dw[1] : u.smean[1], (size_t)c * sizeof(float));
     team_free(&t);
     team_free(&u);
   }

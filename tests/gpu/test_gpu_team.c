@@ -344,7 +344,7 @@ static int ranks_ran(const dteam_t* d, int W, const char* want, int prefix, cons
    stream's G (2 blocks per SM: check-sass.sh) below twice the channels. */
 static int unit_expected(const team_t* h) {
   const sbnTensorDesc_t* dd = &h->d[0];
-  if (h->W != 1 || dd->layout != sbnLayoutNCHW || dd->spatial <= 1 ||
+  if (h->W != 1 || (dd->layout != sbnLayoutNCHW && dd->c != 1) || dd->spatial <= 1 || /* plane units */
       !sbn_vec_shape_ok(0, dd->c, dd->spatial, dd->dtype))
     return 0;
   int sms = 0;
@@ -354,11 +354,11 @@ static int unit_expected(const team_t* h) {
 }
 
 /* Whether the plan runs small for team h's op under SBN_KERNEL=small: a team of one on
-   device 0, tile units (NHWC, or H*W = 1) of at most SBN_SMALL_ROWS rows (the plain ops,
+   device 0, tile units (NHWC of C > 1, or H*W = 1) of at most SBN_SMALL_ROWS rows (the plain ops,
    which virtual_vs_cpu runs, have small kernels). */
 static int small_expected(const team_t* h) {
   const sbnTensorDesc_t* dd = &h->d[0];
-  return h->W == 1 && (dd->layout == sbnLayoutNHWC || dd->spatial == 1) &&
+  return h->W == 1 && ((dd->layout == sbnLayoutNHWC && dd->c != 1) || dd->spatial == 1) &&
          dd->n * dd->spatial <= SBN_SMALL_ROWS;
 }
 
