@@ -45,8 +45,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import syncbn as _sbn
 from syncbn import _capi, _fused, _ops
 
-__all__ = ["SyncBatchNorm", "SyncBatchNormAct", "convert_sync_batchnorm", "convert_fused", "revert_sync_batchnorm",
-           "BatchNormXd", "BatchNormActXd", "FusedBasicBlock", "FusedBottleneck", "FusedActivation", "team_for"]
+__all__ = ["SyncBatchNorm", "SyncBatchNormAct", "ABNSync", "InPlaceABNSync", "convert_sync_batchnorm", "convert_fused",
+           "revert_sync_batchnorm", "BatchNormXd", "BatchNormActXd", "FusedBasicBlock", "FusedBottleneck",
+           "FusedActivation", "team_for"]
 
 _TRAIN = _ops.batch_norm_train
 _INFER = _ops.batch_norm_infer
@@ -327,6 +328,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
     _slope = 0.01
     _inplace = False
+    _abs_weight = False  # InPlaceABNSync's scale |weight| + eps in place of the weight
 
     def set_activation(self, activation="identity", slope=0.01, inplace=False):
         """Sets the fused epilogue: activation "identity", "relu" or "leaky_relu" (negative
@@ -408,6 +410,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                              "a residual")
         # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
         w, b = self.weight, self.bias
+        if self._abs_weight and w is not None:  # InPlaceABNSync: the scale |weight| + eps
+            w = _abs_eps(w, self.eps)
         if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
             w = _ones_like(b)
         if not self.training:
@@ -566,6 +570,130 @@ class SyncBatchNormAct(_DropAct, SyncBatchNorm):
         self._children(drop, act)
 
 
+# inplace_abn's activations (ABN, InPlaceABN, InPlaceABNSync: its `activation` names);
+# ELU runs after the layer, as its own op (the library's epilogues are the first three)
+_ABN_ACTIVATIONS = ("identity", "relu", "leaky_relu", "elu")
+
+
+class ABNSync(SyncBatchNorm):
+    """inplace_abn's ``ABN`` (batch norm, then an activation) on a syncbn team, with its
+    constructor, attributes and ``state_dict`` keys: ``forward(input)`` =
+    act(batch_norm(input)), ``activation`` "identity", "relu", "leaky_relu" (negative slope
+    ``activation_param``, fused into the op's epilogue) or "elu" (alpha
+    ``activation_param``, applied after the op: ``F.elu``); ``group``: the process group
+    (``process_group``). What convert_sync_batchnorm makes of an ``inplace_abn.ABN``;
+    ``revert_sync_batchnorm`` gives that class back. A SyncBatchNorm otherwise (team,
+    training and eval, dtypes)."""
+
+    _abn_act = "identity"  # inplace_abn's activation name (set_activation)
+    _param = 0.01  # its activation_param: the leaky ReLU's slope, or ELU's alpha
+    _in_place = False  # whether set_activation's default is in place where invertible
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 activation="leaky_relu", activation_param=0.01, group=None, *, comm=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, group, device, dtype, comm)
+        self.set_activation(activation, activation_param)
+
+    def set_activation(self, activation="leaky_relu", activation_param=0.01, inplace=None):
+        """Sets inplace_abn's activation ("identity", "relu", "leaky_relu", "elu") and its
+        parameter (a leaky ReLU's slope, finite and >= 0; ELU's alpha, finite; any value,
+        unused, for identity and relu), and the
+        in-place mode: None is the class's default (InPlaceABNSync: in place for identity
+        and a leaky ReLU of slope > 0; ABNSync: never), True where the activation is
+        invertible (identity, leaky_relu with slope > 0), else a ValueError naming it."""
+        who = f"syncbn.torch.{type(self).__name__}"
+        if not isinstance(activation, str) or activation not in _ABN_ACTIVATIONS:
+            raise ValueError(f"{who}: activation {activation!r}: one of \"identity\", \"relu\", \"leaky_relu\", "
+                             "\"elu\" (inplace_abn's)")
+        param = activation_param  # kept as given where unused (identity, relu), as inplace_abn keeps it
+        if activation in ("leaky_relu", "elu"):
+            if isinstance(param, bool) or not isinstance(param, numbers.Real):
+                raise TypeError(f"{who}: activation_param must be a real number for {activation}, got {param!r}")
+            param = float(param)
+        if inplace is not None:
+            inplace = _flag(inplace, "inplace", who)
+        if activation == "elu":
+            if not abs(param) < _INF:
+                raise ValueError(f"{who}: ELU's alpha (activation_param) must be finite, got {param!r}")
+            if inplace:
+                raise ValueError(f"{who}: the in-place mode takes identity or leaky_relu (slope > 0), not elu: "
+                                 "its input is recovered from the output only through those")
+            SyncBatchNorm.set_activation(self, "identity", 0.01, False)
+        else:
+            slope = param if activation == "leaky_relu" else 0.01
+            if inplace is None:
+                inplace = self._in_place and (activation == "identity" or (
+                    activation == "leaky_relu" and _fused.takes_slope(slope)
+                    and _fused.slope32(slope) >= _fused._FLT_MIN))
+            SyncBatchNorm.set_activation(self, activation, slope, inplace)
+        self._abn_act, self._param = activation, param
+        return self
+
+    @property
+    def activation(self):
+        """inplace_abn's attribute; set it (or activation_param) and the layer computes it."""
+        return self._abn_act
+
+    @activation.setter
+    def activation(self, value):
+        self.set_activation(value, self._param)
+
+    @property
+    def activation_param(self):
+        return self._param
+
+    @activation_param.setter
+    def activation_param(self, value):
+        self.set_activation(self._abn_act, value)
+
+    @property
+    def group(self):
+        """inplace_abn's name of the process group (``process_group``)."""
+        return self.process_group
+
+    @group.setter
+    def group(self, value):
+        self.set_group(value)
+
+    def set_group(self, group):
+        """inplace_abn's ``set_group``: the process group the layer synchronizes with (its
+        team is found again at the next training call; a layer given ``comm=`` runs on that
+        team whatever its group, as a SyncBatchNorm's process_group)."""
+        self.process_group = group
+        self._group_comm = self._group_device = None
+
+    def forward(self, input):
+        if type(input) is not _Tensor:
+            traced = _fx_leaf(self, input, None)  # one node for the whole layer (its ELU too)
+            if traced is not None:
+                return traced
+        y = super().forward(input)
+        return F.elu(y, self._param) if self._abn_act == "elu" else y
+
+    def extra_repr(self):
+        s = (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+             f"activation={self._abn_act}")
+        if self._abn_act in ("leaky_relu", "elu"):
+            s += f"[{self._param}]"
+        if self._inplace:
+            s += ", inplace=True"
+        return s
+
+
+class InPlaceABNSync(ABNSync):
+    """inplace_abn's ``InPlaceABNSync`` (and ``InPlaceABN``) on a syncbn team, with their
+    constructor, attributes and ``state_dict`` keys: y = act(x_hat * (|weight| + eps) +
+    bias), inplace_abn's scale (the weight's gradient is dweight's times -1 where weight <
+    0, else +1, at 0 too), in place for identity and a leaky ReLU of slope > 0 (autograd
+    keeps the output only: SyncBatchNorm's ``inplace=True``; the output is a new tensor,
+    the input is not overwritten); "relu" and "elu" run not in place (ELU after the op).
+    What convert_sync_batchnorm makes of an ``inplace_abn.InPlaceABN`` or
+    ``InPlaceABNSync``; ``revert_sync_batchnorm`` gives that class back."""
+
+    _abs_weight = True
+    _in_place = True
+
+
 def _flag(value, name, who):
     """value as a bool where it is one: a bool, an int 0 or 1, a NumPy bool or a 0-d bool
     tensor; else a TypeError naming it (bool() would take "no" as True and None as False)."""
@@ -582,6 +710,14 @@ def _ones_like(bias):
     """The weight of a layer whose weight was set to None while it kept its bias (F.batch_norm
     then scales by 1): ones, not a parameter (no gradient)."""
     return torch.ones(bias.shape, dtype=bias.dtype, device=bias.device)
+
+
+def _abs_eps(weight, eps):
+    """inplace_abn's scale |weight| + eps (InPlaceABN, InPlaceABNSync), with its gradient:
+    -1 where weight < 0, else +1, at 0 too (inplace_abn's backward flips dweight's sign
+    where weight < 0 only; abs' gradient is 0 at 0, which would keep a weight initialized to
+    0 at 0)."""
+    return torch.where(weight < 0, -weight, weight) + eps
 
 
 def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
@@ -655,6 +791,7 @@ def _convert(module, process_group, comm):
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     inert = []  # the names of batch norms with drop / act children their forward never applies
+    abn_kept = []  # the layers of subclasses of inplace_abn's classes (left as they are)
     # every module once by id (named_modules' own memo compares modules with ==, which a
     # class may define by value)
     for name, m in module.named_modules(remove_duplicate=False):
@@ -669,7 +806,11 @@ def _convert(module, process_group, comm):
             raise ValueError(f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} applies a leaky "
                              f"ReLU of slope {m.slope}, and syncbn's layers take a finite slope >= 0: nothing was converted")
         kinds[id(m)] = None
-        if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
+        if _abn_class(m) is not None:
+            kinds[id(m)] = _abn_conversion(m, name)  # refused here, before anything changes
+        elif _abn_subclass(m):
+            abn_kept.append(f"{name or 'given'!r} ({type(m).__name__})")
+        elif isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
             if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
                 inert.append(name or "given")
@@ -680,12 +821,27 @@ def _convert(module, process_group, comm):
                       "(its activation dropped): converted as they run, without them; convert the original model "
                       "to keep them", RuntimeWarning, stacklevel=3)
 
+    if abn_kept:
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(abn_kept[:3])}"
+                      f"{f' and {len(abn_kept) - 3} more' if len(abn_kept) > 3 else ''} are of subclasses of "
+                      "inplace_abn's layers, whose forward may differ from the package's: left as they are (they "
+                      "run as before); convert such a layer by hand", RuntimeWarning, stacklevel=3)
+
     def swap(m):
         if isinstance(m, SyncBatchNorm):  # moved in place
             m.process_group = process_group
             m.comm = comm
             m._group_comm = m._group_device = None  # the previous group's team
             return m
+        if isinstance(kinds.get(id(m)), type):  # inplace_abn's layer: its syncbn class
+            out = _take_state(kinds[id(m)](m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                           m.activation, m.activation_param, process_group, comm=comm), m)
+            # (not its group, None in its place: the layer's is the converter's, and a
+            # process group cannot be copied, which would make the layer impossible to
+            # deepcopy or pickle)
+            out._reverts_as = (type(m), {k: None if k == "group" else v for k, v in vars(m).items()
+                                         if k not in _MODULE_KEYS})
+            return out
         if isinstance(m, _BatchNorm):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
             # drop and act: the walk moves m's children to out, as it does below any module
@@ -795,6 +951,95 @@ def _conversion(m, name):
                          "norm whose children are 'drop' and 'act', applied after it in that order (timm's "
                          "BatchNormAct2d), becomes a SyncBatchNormAct; convert any other such layer by hand")
     return "act" if kids else "plain"
+
+
+# inplace_abn's layers (its package's classes themselves) and the syncbn class each becomes
+_ABN_CLASSES = {"ABN": "ABNSync", "InPlaceABN": "InPlaceABNSync", "InPlaceABNSync": "InPlaceABNSync"}
+
+
+def _abn_class(m):
+    """The syncbn class that m becomes where m is one of inplace_abn's layers (ABN,
+    InPlaceABN, InPlaceABNSync of the package inplace_abn, not a subclass), else None."""
+    cls = type(m)
+    if cls.__module__.split(".")[0] != "inplace_abn":
+        return None
+    name = _ABN_CLASSES.get(cls.__name__)
+    return None if name is None else globals()[name]
+
+
+def _abn_subclass(m):
+    """Whether m is of a subclass of one of inplace_abn's layers (defined elsewhere), which
+    the converters leave as it is."""
+    return _abn_class(m) is None and any(
+        c.__module__.split(".")[0] == "inplace_abn" and c.__name__ in _ABN_CLASSES for c in type(m).__mro__[1:])
+
+
+def _abn_conversion(m, name):
+    """The syncbn class (ABNSync, InPlaceABNSync) that inplace_abn's layer m becomes; a
+    ValueError naming the layer where it would lose what m does (state beyond a batch
+    norm's, child modules, a forward set on the instance, an activation or parameter that
+    its syncbn class does not take)."""
+    who = f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} (inplace_abn's {type(m).__name__})"
+    state = sorted(k for k in (*m._parameters, *m._buffers) if k not in _BN_STATE)
+    kids = [k for k, c in m._modules.items() if c is not None]
+    if state or kids or "forward" in vars(m) or torch.nn.utils.parametrize.is_parametrized(m):
+        what = (f"holds {', '.join(map(repr, state + kids))} beside a batch norm's parameters and buffers"
+                if state or kids else "has a forward set on the layer itself, or parametrized tensors")
+        raise ValueError(f"{who} {what}, which its syncbn class would not keep nor run: nothing was converted; "
+                         "convert such a layer by hand")
+    cls = _abn_class(m)
+    try:
+        cls(1, activation=m.activation, activation_param=m.activation_param)  # its checks, on a layer of one channel
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{who}: {e}: nothing was converted") from None
+    return cls
+
+
+def _inplace_abn():
+    """The inplace_abn package, or None where it cannot be imported."""
+    try:
+        import inplace_abn
+    except ImportError:
+        return None
+    return inplace_abn
+
+
+def _abn_reverted(m):
+    """What revert_sync_batchnorm makes of an ABNSync / InPlaceABNSync m: the inplace_abn
+    class it was converted from, made as that layer was (its attributes; the constructor is
+    not called), with m's activation and, for an InPlaceABNSync, m's process group as its
+    group; one made as syncbn's: an ABNSync a BatchNormXd (its
+    epilogue) or, for ELU, a BatchNormActXd with an nn.ELU; an InPlaceABNSync inplace_abn's
+    InPlaceABN (None where inplace_abn cannot be imported: no PyTorch batch norm scales by
+    |weight| + eps). m's tensors, training mode and hooks."""
+    was = getattr(m, "_reverts_as", None)
+    if was is not None:
+        cls, attrs = was
+        out = cls.__new__(cls)
+        torch.nn.Module.__init__(out)
+        out.__dict__.update(attrs)
+    elif isinstance(m, InPlaceABNSync):
+        inplace_abn = _inplace_abn()
+        if inplace_abn is None:
+            return None
+        out = inplace_abn.InPlaceABN(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                     m.activation, m.activation_param)
+    else:
+        no_bias = m.affine and m.bias is None
+        if m.activation == "elu":
+            return _take_state(BatchNormActXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                              bias=not no_bias, act=torch.nn.ELU(m.activation_param)), m)
+        return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                       activation=m.activation, slope=m.slope, bias=not no_bias), m)
+    for k in ("num_features", "eps", "momentum", "affine", "track_running_stats", "activation", "activation_param"):
+        setattr(out, k, getattr(m, k))
+    if "group" in vars(out):  # an InPlaceABNSync's: the layer's process group
+        out.group = m.process_group
+    for k in ("weight", "bias"):
+        out.register_parameter(k, None)  # taken from m (_take_state)
+    for k in ("running_mean", "running_var", "num_batches_tracked"):
+        out.register_buffer(k, None)
+    return _take_state(out, m)
 
 
 def _xd_act(m):
@@ -986,13 +1231,23 @@ def revert_sync_batchnorm(module):
     would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
     unsynchronized. Like the converters, it changes module's containers in place. A layer
     used in two places becomes one batch norm used in both."""
-    for m in module.modules():  # refused before anything changes
+    for name, m in module.named_modules():  # refused before anything changes
         if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
             _block_relu(m)
+        if isinstance(m, InPlaceABNSync) and getattr(m, "_reverts_as", None) is None:
+            who = f"syncbn.torch.revert_sync_batchnorm: the layer {name or 'given'!r} (InPlaceABNSync)"
+            if _inplace_abn() is None:
+                raise ValueError(f"{who} scales by |weight| + eps, which no PyTorch batch norm does, and inplace_abn "
+                                 "(whose InPlaceABN it would become) cannot be imported: nothing was reverted")
+            if m.activation == "relu":
+                raise ValueError(f"{who} applies a ReLU, which inplace_abn's InPlaceABN (what it would become) "
+                                 "refuses at its forward: nothing was reverted")
     plain = set()  # ids of the layers whose activation is its own module again
     module = _unfuse(module, plain, {})
 
     def swap(m):
+        if isinstance(m, ABNSync):
+            return _abn_reverted(m)
         if not isinstance(m, SyncBatchNorm):
             return m
         act, slope = ("identity", 0.01) if id(m) in plain else (m.activation, m.slope)
@@ -1065,10 +1320,12 @@ def _restore_act(bn, parent, name, plain):
     convert_fused left (the module it replaced) or a plain nn.Identity (the layer's
     activation as a new module: the same function); bn's id goes into plain. Nothing where
     bn applies no activation (or already gave it back), where the child is another module,
-    or where bn's activation changed since it was fused. A SyncBatchNormAct's activation runs
+    or where bn's activation changed since it was fused; never for an ABNSync (inplace_abn's
+    layers apply their activation themselves). A SyncBatchNormAct's activation runs
     before its drop and act: it goes back into its own act only (parent is bn)."""
     slot = parent._modules.get(name)
-    if (not isinstance(bn, SyncBatchNorm) or bn.activation == "identity" or id(bn) in plain
+    if (not isinstance(bn, SyncBatchNorm) or isinstance(bn, ABNSync) or bn.activation == "identity"
+            or id(bn) in plain
             or (isinstance(bn, SyncBatchNormAct) and parent is not bn)
             or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
         return
