@@ -1702,6 +1702,61 @@ static void cancel_while_waiting(int kind) {
 static void test_cancel_in_split(void) { cancel_while_waiting(JOB_SPLIT); }
 static void test_cancel_in_op(void) { cancel_while_waiting(JOB_FWD); }
 
+/* pthread_cancel of a thread in sbnGroupEnd (stalled 300 ms at its first lock, inside the
+   call, where a cancel is sent): the group runs to its end all the same, the cancel taking
+   effect at the thread's next cancellation point after the call (syncbn.h); its outputs
+   are those of the same group run by the main thread. A sbnGroupEnd that left
+   cancellation enabled dies in the stall, the group not run (checked). */
+typedef struct {
+  sbnComm_t* comms;
+  bufs_t* b;
+  sbnResult_t r;
+  atomic_int returned, after;
+} group_job_t;
+static void* group_main(void* arg) {
+  group_job_t* g = (group_job_t*)arg;
+  g->r = sbnGroupStart();
+  for (int r = 0; r < 2 && g->r == sbnSuccess; r++) g->r = fwd(g->comms[r], &g->b[r]);
+  lock_delay_ms = 300;
+  const sbnResult_t end = sbnGroupEnd();
+  lock_delay_ms = 0;
+  if (g->r == sbnSuccess) g->r = end;
+  atomic_store(&g->returned, 1);
+  pthread_testcancel(); /* the pending cancel ends the thread here */
+  atomic_store(&g->after, 1);
+  return NULL;
+}
+static void test_cancel_in_group_end(void) {
+  sbnConfig_t cfg = config_ms(60000);
+  sbnComm_t comms[2];
+  ASSERT_OK(sbnCommInitCpu(comms, 2, &cfg));
+  static bufs_t b[2], want[2];
+  for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 2, 490 + (uint64_t)r);
+  memcpy(want, b, sizeof want);
+  static group_job_t g;
+  memset(&g, 0, sizeof g);
+  g.comms = comms;
+  g.b = b;
+  g.r = sbnSystemError;
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, group_main, &g) == 0);
+  sleep_ms(100); /* in the stall */
+  ASSERT_TRUE(pthread_cancel(th) == 0);
+  void* ret = NULL;
+  ASSERT_TRUE(pthread_join(th, &ret) == 0);
+  ASSERT_TRUE(atomic_load(&g.returned));
+  ASSERT_TRUE(!atomic_load(&g.after) && ret == PTHREAD_CANCELED);
+  ASSERT_OK(g.r);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(fwd(comms[r], &want[r]));
+  ASSERT_OK(sbnGroupEnd());
+  for (int r = 0; r < 2; r++) {
+    ASSERT_MEMEQ(b[r].y, want[r].y, sizeof b[r].y);
+    ASSERT_MEMEQ(b[r].sm, want[r].sm, sizeof b[r].sm);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+}
+
 int main(void) {
   unsetenv("SBN_TIMEOUT_MS"); /* the tests set their own timeouts */
   SBN_RUN(test_timeout);
@@ -1737,5 +1792,6 @@ int main(void) {
   SBN_RUN(test_one_rank_two_threads);
   SBN_RUN(test_cancel_in_split);
   SBN_RUN(test_cancel_in_op);
+  SBN_RUN(test_cancel_in_group_end);
   return sbn_test_exit();
 }
