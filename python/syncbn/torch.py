@@ -528,7 +528,20 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 _ACT_CHILDREN = ("drop", "act")
 
 
-class _DropAct:
+class _Then:
+    """A batch norm class whose forward(input) is its batch norm's, then self._then of that
+    (what runs after the op: SyncBatchNormAct's drop and act, ABNSync's ELU); traced under
+    torch.fx as one node, the whole layer."""
+
+    def forward(self, input):
+        if type(input) is not _Tensor:
+            traced = _fx_leaf(self, input, None)
+            if traced is not None:
+                return traced
+        return self._then(super().forward(input))
+
+
+class _DropAct(_Then):
     """A batch norm class's child modules ``drop`` then ``act``, applied after its forward
     (SyncBatchNormAct, BatchNormActXd)."""
 
@@ -536,12 +549,7 @@ class _DropAct:
         self.drop = torch.nn.Identity() if drop is None else drop
         self.act = torch.nn.Identity() if act is None else act
 
-    def forward(self, input):
-        if type(input) is not _Tensor:
-            traced = _fx_leaf(self, input, None)  # one node for the whole layer (its act too)
-            if traced is not None:
-                return traced
-        y = super().forward(input)
+    def _then(self, y):
         kids = self._modules  # a child of None (the original had none of that name): skipped
         drop, act = kids.get("drop"), kids.get("act")
         if drop is not None:
@@ -575,7 +583,7 @@ class SyncBatchNormAct(_DropAct, SyncBatchNorm):
 _ABN_ACTIVATIONS = ("identity", "relu", "leaky_relu", "elu")
 
 
-class ABNSync(SyncBatchNorm):
+class ABNSync(_Then, SyncBatchNorm):
     """inplace_abn's ``ABN`` (batch norm, then an activation) on a syncbn team, with its
     constructor, attributes and ``state_dict`` keys: ``forward(input)`` =
     act(batch_norm(input)), ``activation`` "identity", "relu", "leaky_relu" (negative slope
@@ -662,12 +670,7 @@ class ABNSync(SyncBatchNorm):
         self.process_group = group
         self._group_comm = self._group_device = None
 
-    def forward(self, input):
-        if type(input) is not _Tensor:
-            traced = _fx_leaf(self, input, None)  # one node for the whole layer (its ELU too)
-            if traced is not None:
-                return traced
-        y = super().forward(input)
+    def _then(self, y):
         return F.elu(y, self._param) if self._abn_act == "elu" else y
 
     def extra_repr(self):

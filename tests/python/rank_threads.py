@@ -1,6 +1,7 @@
 """Helpers of the Python tests that run CPU teams (their ranks are threads): imported from
 the tests' own folder (a test run as a script has it on sys.path)."""
 
+import copy
 import threading
 import unittest
 
@@ -45,3 +46,33 @@ class TeamOfOne(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.comm.destroy()
+
+
+def converted_matches(test, model, x, converted, steps=2, input_grad=False):
+    """converted (a converted copy of model, on a team of one) gives the float64 original's
+    outputs, gradients (the input's too with input_grad) and buffers, training and eval:
+    fp32 outputs and buffers within 1e-4 of float64, parameter gradients (sums over the
+    batch's positions) within 1e-3 relative + 1e-4."""
+    import torch  # (this module is imported without PyTorch too)
+
+    ref = copy.deepcopy(model).double()
+    for step in range(steps):
+        xs = x.clone().requires_grad_(input_grad)
+        Xs = x.double().requires_grad_(input_grad)
+        y, Y = converted(xs), ref(Xs)
+        torch.testing.assert_close(y.double(), Y, rtol=1e-4, atol=1e-4, msg=f"step {step}")
+        g = torch.randn(y.shape, dtype=torch.float64)
+        (y.double() * g).sum().backward()
+        (Y * g).sum().backward()
+        if input_grad:
+            torch.testing.assert_close(xs.grad.double(), Xs.grad, rtol=1e-4, atol=1e-4, msg=f"dx, step {step}")
+    for (n, p), (_, q) in zip(converted.named_parameters(), ref.named_parameters()):
+        if q.grad is None:  # frozen
+            test.assertIsNone(p.grad, n)
+            continue
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
+    for (n, b), (_, q) in zip(converted.named_buffers(), ref.named_buffers()):
+        torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5, msg=n)
+    converted.eval()
+    ref.eval()
+    torch.testing.assert_close(converted(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")

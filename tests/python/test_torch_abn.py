@@ -24,7 +24,6 @@ import os
 import pickle
 import sys
 import unittest
-import warnings
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
@@ -40,7 +39,7 @@ except ImportError:
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, run_ranks
+from rank_threads import TeamOfOne, converted_matches, run_ranks
 
 C = 6
 
@@ -102,29 +101,6 @@ def converted_twin(model, comm):
 
 
 class TestConvert(TeamOfOne):
-    def _matches(self, model, x, conv, steps=2):
-        """conv gives the float64 original's outputs, gradients and buffers, training and eval."""
-        ref = copy.deepcopy(model).double()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the package's InPlaceABNSync without torch.distributed
-            for step in range(steps):
-                xs = x.clone().requires_grad_()
-                Xs = x.double().requires_grad_()
-                y, Y = conv(xs), ref(Xs)
-                torch.testing.assert_close(y.double(), Y, rtol=1e-4, atol=1e-4, msg=f"step {step}")
-                g = torch.randn(y.shape, dtype=torch.float64)
-                (y.double() * g).sum().backward()
-                (Y * g).sum().backward()
-                torch.testing.assert_close(xs.grad.double(), Xs.grad, rtol=1e-4, atol=1e-4, msg="dx")
-            for (n, p), (_, q) in zip(conv.named_parameters(), ref.named_parameters()):
-                torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
-            for (n, b), (_, q) in zip(conv.named_buffers(), ref.named_buffers()):
-                torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
-                                           msg=n)
-            conv.eval()
-            ref.eval()
-            torch.testing.assert_close(conv(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
-
     def test_converted_gives_the_original(self):
         """Every layer becomes its syncbn class (ABN: ABNSync; InPlaceABN, InPlaceABNSync:
         InPlaceABNSync), in place where the original is and the activation invertible; the
@@ -141,7 +117,7 @@ class TestConvert(TeamOfOne):
                           ("leaky_relu", 0.1, False), ("identity", 0.01, True)])
         self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))
         conv.load_state_dict(model.state_dict())  # strict: the original's checkpoint loads
-        self._matches(model, torch.randn(4, 3, 5, 5), conv)
+        converted_matches(self, model, torch.randn(4, 3, 5, 5), conv, input_grad=True)
         for m in layers:
             if isinstance(m, sbt.InPlaceABNSync) and m.affine:
                 self.assertNotEqual(m.weight.grad[0].item(), 0.0)  # the zero weight's gradient
@@ -184,9 +160,7 @@ class TestConvert(TeamOfOne):
 
         self.assertEqual(run_ranks(2, rank), [None, None])
         ref = copy.deepcopy(model).double()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            Y = ref(x.double())
+        Y = ref(x.double())
         (Y * g).sum().backward()
         torch.testing.assert_close(torch.cat(ys).double(), Y, rtol=1e-4, atol=1e-4)
         for (n, p0), (_, p1), (_, q) in zip(twins[0].named_parameters(), twins[1].named_parameters(),
@@ -249,9 +223,7 @@ class TestConvert(TeamOfOne):
         self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
         back.eval()
         conv = converted_twin(back, self.comm).eval()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.testing.assert_close(back(x), conv(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(back(x), conv(x), rtol=1e-4, atol=1e-4)
 
     def test_identity_after_is_left(self):
         """A converted layer followed by an nn.Identity in a Sequential reverts with the

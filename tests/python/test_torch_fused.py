@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, run_ranks
+from rank_threads import TeamOfOne, converted_matches, run_ranks
 from syncbn import _fused, _ops
 from test_torch_ops import (compiled_autograd_matches_eager, compiled_autograd_on, compiled_autograd_supported,
                             mutant_ops, needs_vmap_rules)
@@ -842,25 +842,7 @@ class TestConvert(TeamOfOne):
     def _matches(self, model, x, converted, steps=2):
         """converted (a convert_fused copy of model, on self.comm) gives the float64
         original's outputs, gradients and buffers, training and eval."""
-        ref = copy.deepcopy(model).double()
-        for step in range(steps):
-            y = converted(x)
-            Y = ref(x.double())
-            torch.testing.assert_close(y.double(), Y, rtol=1e-4, atol=1e-4, msg=f"step {step}")
-            g = torch.randn(y.shape, dtype=torch.float64)
-            (y.double() * g).sum().backward()
-            (Y * g).sum().backward()
-        for (n, p), (_, q) in zip(converted.named_parameters(), ref.named_parameters()):
-            if q.grad is None:  # frozen
-                self.assertIsNone(p.grad, n)
-                continue
-            torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
-        for (n, b), (_, q) in zip(converted.named_buffers(), ref.named_buffers()):
-            torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
-                                       msg=n)
-        converted.eval()
-        ref.eval()
-        torch.testing.assert_close(converted(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
+        converted_matches(self, model, x, converted, steps)
 
     def test_is_an_nn_syncbatchnorm_and_reverts(self):
         """Every layer is an nn.SyncBatchNorm, as frameworks look for one (detectron2's norm
