@@ -173,6 +173,21 @@ class TestConvert(TeamOfOne):
         for c in comms:
             c.destroy()
 
+    def test_gradient_at_zero(self):
+        """Where the pre-activation is exactly 0 (a constant channel, bias 0), the gradient
+        through the activation is PyTorch's: the leaky ReLU's slope, ELU's alpha (F.elu),
+        not the 1 that the package's in-place layers take there (PYTHON.md says so)."""
+        x = torch.randn(4, 2, 3, 3)
+        x[:, 0] = 2.5  # channel 0 constant: x_hat 0, y 0
+        g = torch.randn(4, 2, 3, 3)
+        for act, param in (("leaky_relu", 0.1), ("elu", 0.5), ("identity", 0.01)):
+            layer = sbt.InPlaceABNSync(2, activation=act, activation_param=param, comm=self.comm)
+            with torch.no_grad():
+                layer.bias.zero_()
+            (layer(x) * g).sum().backward()
+            factor = 1.0 if act == "identity" else param
+            torch.testing.assert_close(layer.bias.grad[0], factor * g[:, 0].sum(), rtol=1e-5, atol=1e-5, msg=act)
+
     def test_in_place_keeps_the_output_only(self):
         """An InPlaceABNSync in place (identity, leaky ReLU) has autograd keep its output,
         not its input, as inplace_abn; one of ELU keeps the input."""
