@@ -960,21 +960,21 @@ def _conversion(m, name):
 _ABN_CLASSES = {"ABN": "ABNSync", "InPlaceABN": "InPlaceABNSync", "InPlaceABNSync": "InPlaceABNSync"}
 
 
+def _is_abn(cls):
+    """Whether cls is one of inplace_abn's layer classes (of the package inplace_abn)."""
+    return cls.__module__.split(".")[0] == "inplace_abn" and cls.__name__ in _ABN_CLASSES
+
+
 def _abn_class(m):
     """The syncbn class that m becomes where m is one of inplace_abn's layers (ABN,
-    InPlaceABN, InPlaceABNSync of the package inplace_abn, not a subclass), else None."""
-    cls = type(m)
-    if cls.__module__.split(".")[0] != "inplace_abn":
-        return None
-    name = _ABN_CLASSES.get(cls.__name__)
-    return None if name is None else globals()[name]
+    InPlaceABN, InPlaceABNSync, not a subclass), else None."""
+    return globals()[_ABN_CLASSES[type(m).__name__]] if _is_abn(type(m)) else None
 
 
 def _abn_subclass(m):
     """Whether m is of a subclass of one of inplace_abn's layers (defined elsewhere), which
     the converters leave as it is."""
-    return _abn_class(m) is None and any(
-        c.__module__.split(".")[0] == "inplace_abn" and c.__name__ in _ABN_CLASSES for c in type(m).__mro__[1:])
+    return not _is_abn(type(m)) and any(_is_abn(c) for c in type(m).__mro__[1:])
 
 
 def _abn_conversion(m, name):
@@ -1009,40 +1009,26 @@ def _inplace_abn():
 
 def _abn_reverted(m):
     """What revert_sync_batchnorm makes of an ABNSync / InPlaceABNSync m: the inplace_abn
-    class it was converted from, made as that layer was (its attributes; the constructor is
-    not called), with m's activation and, for an InPlaceABNSync, m's process group as its
-    group; one made as syncbn's: an ABNSync a BatchNormXd (its
-    epilogue) or, for ELU, a BatchNormActXd with an nn.ELU; an InPlaceABNSync inplace_abn's
-    InPlaceABN (None where inplace_abn cannot be imported: no PyTorch batch norm scales by
-    |weight| + eps). m's tensors, training mode and hooks."""
+    class it was converted from, made as that layer was (_made_as), with m's activation and,
+    for an InPlaceABNSync, m's process group as its group; one made as syncbn's: an ABNSync
+    a BatchNormXd (its epilogue) or, for ELU, a BatchNormActXd with an nn.ELU; an
+    InPlaceABNSync inplace_abn's InPlaceABN (revert_sync_batchnorm has refused it where
+    inplace_abn cannot be imported). m's tensors, training mode and hooks."""
     was = getattr(m, "_reverts_as", None)
     if was is not None:
-        cls, attrs = was
-        out = cls.__new__(cls)
-        torch.nn.Module.__init__(out)
-        out.__dict__.update(attrs)
-    elif isinstance(m, InPlaceABNSync):
-        inplace_abn = _inplace_abn()
-        if inplace_abn is None:
-            return None
-        out = inplace_abn.InPlaceABN(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                     m.activation, m.activation_param)
-    else:
-        no_bias = m.affine and m.bias is None
-        if m.activation == "elu":
-            return _take_state(BatchNormActXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                              bias=not no_bias, act=torch.nn.ELU(m.activation_param)), m)
-        return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
-                                       activation=m.activation, slope=m.slope, bias=not no_bias), m)
-    for k in ("num_features", "eps", "momentum", "affine", "track_running_stats", "activation", "activation_param"):
-        setattr(out, k, getattr(m, k))
-    if "group" in vars(out):  # an InPlaceABNSync's: the layer's process group
-        out.group = m.process_group
-    for k in ("weight", "bias"):
-        out.register_parameter(k, None)  # taken from m (_take_state)
-    for k in ("running_mean", "running_var", "num_batches_tracked"):
-        out.register_buffer(k, None)
-    return _take_state(out, m)
+        out = _made_as(was, m, ("activation", "activation_param"))
+        if "group" in vars(out):  # an InPlaceABNSync's: the layer's process group
+            out.group = m.process_group
+        return _take_state(out, m)
+    if isinstance(m, InPlaceABNSync):
+        return _take_state(_inplace_abn().InPlaceABN(m.num_features, m.eps, m.momentum, m.affine,
+                                                     m.track_running_stats, m.activation, m.activation_param), m)
+    no_bias = m.affine and m.bias is None
+    if m.activation == "elu":
+        return _take_state(BatchNormActXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                          bias=not no_bias, act=torch.nn.ELU(m.activation_param)), m)
+    return _take_state(BatchNormXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
+                                   activation=m.activation, slope=m.slope, bias=not no_bias), m)
 
 
 def _xd_act(m):
@@ -1114,6 +1100,23 @@ _MODULE_KEYS = frozenset(vars(torch.nn.Module())) | {"_is_full_backward_hook", "
                                                     "momentum", "affine", "track_running_stats"}
 
 
+def _made_as(was, m, names=()):
+    """The layer that m was converted from, made as it was: was = m._reverts_as (its class
+    and attributes; the constructor is not called), with m's batch norm constructor values
+    and `names`, its parameters and buffers left for _take_state to take from m."""
+    cls, attrs = was
+    out = cls.__new__(cls)
+    torch.nn.Module.__init__(out)
+    out.__dict__.update(attrs)
+    for name in ("num_features", "eps", "momentum", "affine", "track_running_stats", *names):
+        setattr(out, name, getattr(m, name))
+    for name in ("weight", "bias"):
+        out.register_parameter(name, None)  # taken from m (_take_state)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        out.register_buffer(name, None)
+    return out
+
+
 def _reverted(m, act, slope):
     """The PyTorch batch norm that layer m reverts to: the torch.nn class it was converted
     from (nn.BatchNorm2d, ...), where it applies no activation and that class can be made
@@ -1128,17 +1131,7 @@ def _reverted(m, act, slope):
         if act != "identity" or was is None:
             return _take_state(BatchNormActXd(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
                                               activation=act, slope=slope, bias=not no_bias), m)
-        cls, attrs = was
-        out = cls.__new__(cls)
-        torch.nn.Module.__init__(out)
-        out.__dict__.update(attrs)
-        for name in ("num_features", "eps", "momentum", "affine", "track_running_stats"):
-            setattr(out, name, getattr(m, name))
-        for name in ("weight", "bias"):
-            out.register_parameter(name, None)  # taken from m (_take_state)
-        for name in ("running_mean", "running_var", "num_batches_tracked"):
-            out.register_buffer(name, None)
-        return _take_state(out, m)
+        return _take_state(_made_as(was, m), m)
     cls = getattr(m, "_reverts_to", None)  # (None also for a layer pickled before it was kept)
     if act == "identity" and cls is not None and (_BIAS_KW or not no_bias):
         return _take_state(cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,
