@@ -782,10 +782,12 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     places becomes one SyncBatchNorm used in both (PyTorch's converter, which visits a
     module once, leaves the second place its unsynchronized batch norm). A batch norm with
     child modules `drop` and `act` that it applies after itself (timm's BatchNormAct2d)
-    becomes a SyncBatchNormAct with those modules (PyTorch's converter drops them). A batch
-    norm whose conversion would lose what it does (_conversion: child modules of its own,
-    buffers, a train() of its class, ...) is refused (ValueError), before anything
-    changes."""
+    becomes a SyncBatchNormAct with those modules (PyTorch's converter drops them).
+    inplace_abn's layers become ABNSync / InPlaceABNSync, and mmcv's SyncBatchNorm
+    (MMSyncBN, no torch.nn batch norm, which PyTorch's converter passes by) a SyncBatchNorm;
+    a subclass of those is left as it is, with a RuntimeWarning. A batch norm whose
+    conversion would lose what it does (_conversion: child modules of its own, buffers, a
+    train() of its class, ...) is refused (ValueError), before anything changes."""
     return _convert(module, process_group, comm)
 
 
@@ -794,7 +796,7 @@ def _convert(module, process_group, comm):
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     inert = []  # the names of batch norms with drop / act children their forward never applies
-    abn_kept = []  # the layers of subclasses of inplace_abn's classes (left as they are)
+    kept = {}  # package class -> the layers of subclasses of it (left as they are)
     # every module once by id (named_modules' own memo compares modules with ==, which a
     # class may define by value)
     for name, m in module.named_modules(remove_duplicate=False):
@@ -811,9 +813,9 @@ def _convert(module, process_group, comm):
         kinds[id(m)] = None
         if _abn_class(m) is not None:
             kinds[id(m)] = _abn_conversion(m, name)  # refused here, before anything changes
-        elif _abn_subclass(m):
-            abn_kept.append(f"{name or 'given'!r} ({type(m).__name__})")
-        elif isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
+        elif _package_subclass(m):
+            kept.setdefault(_package_subclass(m), []).append(f"{name or 'given'!r} ({type(m).__name__})")
+        elif (isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm)) or _is_mmcv_sbn(type(m)):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
             if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
                 inert.append(name or "given")
@@ -824,10 +826,10 @@ def _convert(module, process_group, comm):
                       "(its activation dropped): converted as they run, without them; convert the original model "
                       "to keep them", RuntimeWarning, stacklevel=3)
 
-    if abn_kept:
-        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(abn_kept[:3])}"
-                      f"{f' and {len(abn_kept) - 3} more' if len(abn_kept) > 3 else ''} are of subclasses of "
-                      "inplace_abn's layers, whose forward may differ from the package's: left as they are (they "
+    for what, names in kept.items():
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(names[:3])}"
+                      f"{f' and {len(names) - 3} more' if len(names) > 3 else ''} are of subclasses of "
+                      f"{what}, whose forward may differ from the package's: left as they are (they "
                       "run as before); convert such a layer by hand", RuntimeWarning, stacklevel=3)
 
     def swap(m):
@@ -845,7 +847,7 @@ def _convert(module, process_group, comm):
             out._reverts_as = (type(m), {k: None if k == "group" else v for k, v in vars(m).items()
                                          if k not in _MODULE_KEYS})
             return out
-        if isinstance(m, _BatchNorm):
+        if isinstance(m, _BatchNorm) or _is_mmcv_sbn(type(m)):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
             # drop and act: the walk moves m's children to out, as it does below any module
             kind = kinds[id(m)]
@@ -894,7 +896,8 @@ def _conversion(m, name):
     with torch.nn's forward applies none of its children (PyTorch's converter leaves a
     timm BatchNormAct2d's drop and act so in the nn.SyncBatchNorm it makes): plain, the
     children unused as before."""
-    who = f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} ({type(m).__name__})"
+    pkg = "mmcv's " if _is_mmcv_sbn(type(m)) else ""
+    who = f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} ({pkg}{type(m).__name__})"
     if isinstance(m, BatchNormXd):  # syncbn's own: its epilogue, and drop and act if it applies them
         return "act" if isinstance(m, BatchNormActXd) else "plain"
     if torch.nn.utils.parametrize.is_parametrized(m):
@@ -919,7 +922,7 @@ def _conversion(m, name):
                          "methods, which a SyncBatchNorm would not (a train() that keeps the layer frozen in eval, "
                          "...): nothing was converted; convert such a layer by hand")
     kids = [k for k, c in m._modules.items() if c is not None]
-    if _torch_forward(m):
+    if _torch_forward(m) or _is_mmcv_sbn(type(m)):  # (mmcv's forward applies no child module either)
         return "plain"
     where = type(m).__module__.split(".")[0]
     if where == "apex" and not kids:
@@ -971,10 +974,21 @@ def _abn_class(m):
     return globals()[_ABN_CLASSES[type(m).__name__]] if _is_abn(type(m)) else None
 
 
-def _abn_subclass(m):
-    """Whether m is of a subclass of one of inplace_abn's layers (defined elsewhere), which
-    the converters leave as it is."""
-    return not _is_abn(type(m)) and any(_is_abn(c) for c in type(m).__mro__[1:])
+def _is_mmcv_sbn(cls):
+    """Whether cls is mmcv's synchronized batch norm (mmcv.ops.SyncBatchNorm, registered as
+    MMSyncBN) itself: an nn.Module with a batch norm's constructor, attributes and state,
+    no torch.nn batch norm (found by its name: mmcv is not imported)."""
+    return cls.__module__ == "mmcv.ops.sync_bn" and cls.__name__ == "SyncBatchNorm"
+
+
+def _package_subclass(m):
+    """What m's class is a subclass of (defined elsewhere), where it is one of a package's
+    layers that the converters take by the class itself (inplace_abn's, mmcv's
+    SyncBatchNorm) and leave a subclass of as it is; else None."""
+    for test, what in ((_is_abn, "inplace_abn's layers"), (_is_mmcv_sbn, "mmcv's SyncBatchNorm")):
+        if not test(type(m)) and any(test(c) for c in type(m).__mro__[1:]):
+            return what
+    return None
 
 
 def _abn_conversion(m, name):

@@ -1,0 +1,4 @@
+"""mmcv.ops (stand-in): SyncBatchNorm only."""
+from .sync_bn import SyncBatchNorm
+
+__all__ = ["SyncBatchNorm"]
