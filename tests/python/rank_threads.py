@@ -76,3 +76,40 @@ def converted_matches(test, model, x, converted, steps=2, input_grad=False):
     converted.eval()
     ref.eval()
     torch.testing.assert_close(converted(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
+
+
+def team_of_two_matches(test, model, convert, x, out_channels):
+    """Two ranks (threads, batches of 3 and 1 of x's 4) each run convert(a copy of model,
+    its comm) (a converter's copy of the model on a CPU team of two): each rank's outputs
+    are the float64 model's on the whole batch (the team's statistics), the sums of the
+    ranks' parameter gradients (DDP's, to within its average) the original's, and every
+    rank's running statistics the original's; converted_matches' tolerances."""
+    import torch
+
+    comms = syncbn.cpu_team(2, timeout_ms=60000)
+    try:
+        twins = [convert(copy.deepcopy(model), comms[r]) for r in range(2)]
+        g = torch.randn((x.shape[0], out_channels) + tuple(x.shape[2:]), dtype=torch.float64)
+        parts, ys = [(0, 3), (3, 4)], [None, None]
+
+        def rank(r):
+            a, b = parts[r]
+            y = twins[r](x[a:b])
+            (y.double() * g[a:b]).sum().backward()
+            ys[r] = y
+
+        test.assertEqual(run_ranks(2, rank), [None, None])
+        ref = copy.deepcopy(model).double()
+        Y = ref(x.double())
+        (Y * g).sum().backward()
+        torch.testing.assert_close(torch.cat(ys).double(), Y, rtol=1e-4, atol=1e-4)
+        for (n, p0), (_, p1), (_, q) in zip(twins[0].named_parameters(), twins[1].named_parameters(),
+                                            ref.named_parameters()):
+            torch.testing.assert_close((p0.grad + p1.grad).double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
+        for twin in twins:
+            for (n, b), (_, q) in zip(twin.named_buffers(), ref.named_buffers()):
+                torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
+                                           msg=n)
+    finally:
+        for c in comms:
+            c.destroy()

@@ -39,7 +39,7 @@ except ImportError:
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, converted_matches, run_ranks
+from rank_threads import TeamOfOne, converted_matches, team_of_two_matches
 
 C = 6
 
@@ -145,33 +145,7 @@ class TestConvert(TeamOfOne):
         the ranks' parameter gradients (DDP's) the original's, and every rank's running
         statistics the original's."""
         torch.manual_seed(9)
-        model = randomize(abn_model())
-        comms = syncbn.cpu_team(2, timeout_ms=60000)
-        twins = [converted_twin(model, comms[r]) for r in range(2)]
-        x = torch.randn(4, 3, 5, 5)
-        g = torch.randn(4, C, 5, 5, dtype=torch.float64)
-        parts, ys = [(0, 3), (3, 4)], [None, None]
-
-        def rank(r):
-            a, b = parts[r]
-            y = twins[r](x[a:b])
-            (y.double() * g[a:b]).sum().backward()
-            ys[r] = y
-
-        self.assertEqual(run_ranks(2, rank), [None, None])
-        ref = copy.deepcopy(model).double()
-        Y = ref(x.double())
-        (Y * g).sum().backward()
-        torch.testing.assert_close(torch.cat(ys).double(), Y, rtol=1e-4, atol=1e-4)
-        for (n, p0), (_, p1), (_, q) in zip(twins[0].named_parameters(), twins[1].named_parameters(),
-                                            ref.named_parameters()):
-            torch.testing.assert_close((p0.grad + p1.grad).double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
-        for twin in twins:
-            for (n, b), (_, q) in zip(twin.named_buffers(), ref.named_buffers()):
-                torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
-                                           msg=n)
-        for c in comms:
-            c.destroy()
+        team_of_two_matches(self, randomize(abn_model()), converted_twin, torch.randn(4, 3, 5, 5), C)
 
     def test_gradient_at_zero(self):
         """Where the pre-activation is exactly 0 (a constant channel, bias 0), the gradient

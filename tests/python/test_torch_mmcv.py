@@ -28,9 +28,8 @@ import torch.nn as nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins"))
 from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402 (the stand-in, first on the path)
 
-import syncbn  # noqa: E402
 import syncbn.torch as sbt  # noqa: E402
-from rank_threads import TeamOfOne, converted_matches, run_ranks  # noqa: E402
+from rank_threads import TeamOfOne, converted_matches, team_of_two_matches  # noqa: E402
 
 C = 5
 
@@ -116,38 +115,13 @@ class TestConvert(TeamOfOne):
 
     def test_team_of_two(self):
         """Two ranks (threads, batches of 3 and 1) with the converted model each: each rank's
-        outputs are the original's on the whole batch (the team's statistics, each sample
+        outputs are the original's on the whole batch (the team's statistics, each position
         weighted alike, as nn.SyncBatchNorm's), the sums of the ranks' parameter gradients
-        (DDP's, to within its average) the original's, and every rank's running statistics the
-        original's."""
+        (DDP's, to within its average) the original's, and every rank's running statistics
+        the original's."""
         torch.manual_seed(9)
-        model = randomize(mm_model())
-        comms = syncbn.cpu_team(2, timeout_ms=60000)
-        twins = [sbt.convert_sync_batchnorm(copy.deepcopy(model), comm=comms[r]) for r in range(2)]
-        x = torch.randn(4, 3, 5, 5)
-        g = torch.randn(4, C, 5, 5, dtype=torch.float64)
-        parts, ys = [(0, 3), (3, 4)], [None, None]
-
-        def rank(r):
-            a, b = parts[r]
-            y = twins[r](x[a:b])
-            (y.double() * g[a:b]).sum().backward()
-            ys[r] = y
-
-        self.assertEqual(run_ranks(2, rank), [None, None])
-        ref = copy.deepcopy(model).double()
-        Y = ref(x.double())
-        (Y * g).sum().backward()
-        torch.testing.assert_close(torch.cat(ys).double(), Y, rtol=1e-4, atol=1e-4)
-        for (n, p0), (_, p1), (_, q) in zip(twins[0].named_parameters(), twins[1].named_parameters(),
-                                            ref.named_parameters()):
-            torch.testing.assert_close((p0.grad + p1.grad).double(), q.grad, rtol=1e-3, atol=1e-4, msg=n)
-        for twin in twins:
-            for (n, b), (_, q) in zip(twin.named_buffers(), ref.named_buffers()):
-                torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
-                                           msg=n)
-        for c in comms:
-            c.destroy()
+        team_of_two_matches(self, randomize(mm_model()),
+                            lambda m, comm: sbt.convert_sync_batchnorm(m, comm=comm), torch.randn(4, 3, 5, 5), C)
 
     def test_fused_with_the_relu_after_it(self):
         """convert_fused gives an MMSyncBN followed by an nn.ReLU in a Sequential the ReLU as
