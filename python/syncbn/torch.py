@@ -892,7 +892,8 @@ def _conversion(m, name):
     zero_point), a forward set on the instance, methods of the module protocol its class
     defines (a train() that keeps a frozen batch norm in eval, a state_dict loader of its
     own), child modules other than drop and act that its own forward may apply, apex's
-    channel_last and PyTorch-Encoding's activation in training only. A class
+    channel_last, apex's groupbn (input (N, H, W, C)) and PyTorch-Encoding's activation in
+    training only. A class
     with torch.nn's forward applies none of its children (PyTorch's converter leaves a
     timm BatchNormAct2d's drop and act so in the nn.SyncBatchNorm it makes): plain, the
     children unused as before."""
@@ -925,6 +926,12 @@ def _conversion(m, name):
     if _torch_forward(m) or _is_mmcv_sbn(type(m)):  # (mmcv's forward applies no child module either)
         return "plain"
     where = type(m).__module__.split(".")[0]
+    if where == "apex" and (type(m).__module__.startswith("apex.contrib.groupbn") or
+                            type(m).__name__ == "BatchNorm2d_NHWC"):
+        # apex's groupbn: forward(x, z=None) on x of shape (N, H, W, C)
+        raise ValueError(f"{who} takes its input as (N, H, W, C) (apex's groupbn), where a SyncBatchNorm takes its "
+                         "channels in dim 1 (a channels_last tensor is (N, C, H, W) in shape): nothing was "
+                         "converted; convert such a layer by hand, with its input permuted")
     if where == "apex" and not kids:
         # apex.parallel.SyncBatchNorm: forward(input, z=None), relu(bn(input) + z) with
         # fuse_relu (the residual and ReLU of syncbn's epilogue); channel_last: input (N, ..., C)

@@ -1640,6 +1640,22 @@ class ApexSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
 ApexSyncBatchNorm.__module__ = "apex.parallel.optimized_sync_batchnorm"
 
 
+class BatchNorm2d_NHWC(nn.modules.batchnorm._BatchNorm):
+    """apex's groupbn layer's interface: forward(x, z=None) on x of shape (N, H, W, C),
+    relu(bn(x) + z) with fuse_relu."""
+
+    def __init__(self, num_features, fuse_relu=False):
+        super().__init__(num_features)
+        self.fuse_relu = fuse_relu
+
+    def forward(self, x, z=None):
+        y = own_batch_norm(self, x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return F.relu(y + z) if z is not None else y
+
+
+BatchNorm2d_NHWC.__module__ = "apex.contrib.groupbn.batch_norm"
+
+
 class EncodingSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """PyTorch-Encoding's SyncBatchNorm interface: activation "none" or "leaky_relu" (applied
     in training only)."""
@@ -1831,8 +1847,9 @@ class TestBatchNormAct(TeamOfOne):
         layer and what it would lose, and the model unchanged (either converter). A child its
         forward applies other than drop and act (timm's SplitBatchNorm2d's aux_bn); a buffer
         beside a batch norm's (a quantized batch norm's scale and zero_point); a train() of
-        its class (a batch norm kept frozen); a forward set on the layer; apex's channel_last
-        and PyTorch-Encoding's activation in training only."""
+        its class (a batch norm kept frozen); a forward set on the layer; apex's channel_last,
+        apex's groupbn (its input (N, H, W, C)) and PyTorch-Encoding's activation in training
+        only."""
         torch.manual_seed(13)
         scaled = BatchNormScaled(4)
         patched = nn.BatchNorm2d(4)
@@ -1843,6 +1860,8 @@ class TestBatchNormAct(TeamOfOne):
                  (patched, "a forward set on the layer itself"), (BatchNormMasked(4), r"\(x, mask\).*as a residual"),
                  (param, "parametrized"),
                  (ApexSyncBatchNorm(4, channel_last=True), r"channel_last=True"),
+                 (BatchNorm2d_NHWC(4), r"\(N, H, W, C\) \(apex's groupbn\)"),
+                 (BatchNorm2d_NHWC(4, fuse_relu=True), r"\(N, H, W, C\)"),
                  (EncodingSyncBatchNorm(4, activation="leaky_relu"), r"'leaky_relu' in training only")]
         for layer, why in cases:
             model = nn.Sequential(nn.BatchNorm2d(4), nn.Sequential(layer))
