@@ -791,12 +791,18 @@ def convert_sync_batchnorm(module, process_group=None, comm=None):
     return _convert(module, process_group, comm)
 
 
+def _listed(names):
+    """The first three of names, joined, and how many more (a warning's list of layers)."""
+    return f"{', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+
+
 def _convert(module, process_group, comm):
     """convert_sync_batchnorm (its warnings at the line that called it or convert_fused)."""
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     inert = []  # the names of batch norms with drop / act children their forward never applies
     kept = {}  # package class -> the layers of subclasses of it (left as they are)
+    replicas = []  # the batch norms that synchronize DataParallelWithCallback's replicas
     # every module once by id (named_modules' own memo compares modules with ==, which a
     # class may define by value)
     for name, m in module.named_modules(remove_duplicate=False):
@@ -818,17 +824,24 @@ def _convert(module, process_group, comm):
         elif (isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm)) or _is_mmcv_sbn(type(m)):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
             if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
-                inert.append(name or "given")
+                inert.append(repr(name or "given"))
+            if hasattr(type(m), "__data_parallel_replicate__"):
+                replicas.append(f"{name or 'given'!r} ({type(m).__name__})")
     if inert:
-        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(map(repr, inert[:3]))}"
-                      f"{f' and {len(inert) - 3} more' if len(inert) > 3 else ''} hold 'drop' / 'act' modules that "
-                      "their forward (torch.nn's) never applies, as PyTorch's converter leaves timm's BatchNormAct2d "
-                      "(its activation dropped): converted as they run, without them; convert the original model "
-                      "to keep them", RuntimeWarning, stacklevel=3)
-
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {_listed(inert)} hold 'drop' / 'act' "
+                      "modules that their forward (torch.nn's) never applies, as PyTorch's converter leaves timm's "
+                      "BatchNormAct2d (its activation dropped): converted as they run, without them; convert the "
+                      "original model to keep them", RuntimeWarning, stacklevel=3)
+    if replicas:
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {_listed(replicas)} synchronize the "
+                      "replicas of a DataParallelWithCallback in one process (their class's "
+                      "__data_parallel_replicate__: Synchronized-BatchNorm-PyTorch's layers): converted, they "
+                      "synchronize the ranks of their process group or comm (DistributedDataParallel's processes), "
+                      "not nn.DataParallel's replicas, which then each normalize their own batch; train the "
+                      "converted model under DistributedDataParallel",
+                      RuntimeWarning, stacklevel=3)
     for what, names in kept.items():
-        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {', '.join(names[:3])}"
-                      f"{f' and {len(names) - 3} more' if len(names) > 3 else ''} are of subclasses of "
+        warnings.warn(f"syncbn.torch.convert_sync_batchnorm: the layer(s) {_listed(names)} are of subclasses of "
                       f"{what}, whose forward may differ from the package's: left as they are (they "
                       "run as before); convert such a layer by hand", RuntimeWarning, stacklevel=3)
 

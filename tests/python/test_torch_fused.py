@@ -1624,6 +1624,18 @@ class NaiveSyncBatchNorm(nn.BatchNorm1d):
         return own_batch_norm(self, x)
 
 
+class SynchronizedBatchNorm2d(nn.modules.batchnorm._BatchNorm):
+    """Synchronized-BatchNorm-PyTorch's layout (vacancy's, vendored by many repositories):
+    its own forward, which synchronizes the replicas of a DataParallelWithCallback, which
+    calls the layer's __data_parallel_replicate__ (here: the batch's own statistics)."""
+
+    def forward(self, input):
+        return own_batch_norm(self, input)
+
+    def __data_parallel_replicate__(self, ctx, copy_id):
+        pass
+
+
 class ApexSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """apex.parallel.SyncBatchNorm's interface: forward(input, z=None), relu(bn(input) + z)
     with fuse_relu, channels in the last dim with channel_last."""
@@ -1878,8 +1890,9 @@ class TestBatchNormAct(TeamOfOne):
         norm with torch.nn's forward and drop and act children it never applies (what
         PyTorch's converter makes of timm's BatchNormAct2d): a plain layer, the children
         unused still; apex's SyncBatchNorm with fuse_relu: forward(x, z) = relu(bn(x) + z),
-        the layer's epilogue; PyTorch-Encoding's without an activation. Each against float64
-        PyTorch."""
+        the layer's epilogue; PyTorch-Encoding's without an activation; Synchronized-
+        BatchNorm-PyTorch's, with a RuntimeWarning (it synchronized nn.DataParallel's
+        replicas). Each against float64 PyTorch."""
         torch.manual_seed(14)
         x, z = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
         want = F.batch_norm(x.double(), None, None, training=True, eps=1e-5)
@@ -1903,10 +1916,20 @@ class TestBatchNormAct(TeamOfOne):
                                  (ApexSyncBatchNorm(4, fuse_relu=True), (x, z), F.relu(want + z.double())),
                                  (ApexSyncBatchNorm(4), (x,), want),
                                  (EncodingSyncBatchNorm(4, activation="none"), (x,), want)]:
-            conv = sbt.convert_sync_batchnorm(nn.Sequential(layer), comm=self.comm)[0]
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # converted without a word
+                conv = sbt.convert_sync_batchnorm(nn.Sequential(layer), comm=self.comm)[0]
             self.assertIs(type(conv), sbt.SyncBatchNorm, type(layer).__name__)
             torch.testing.assert_close(conv(*call).double(), ref, rtol=1e-4, atol=1e-4, msg=type(layer).__name__)
         self.assertEqual(list(conv.state_dict().keys()), list(layer.state_dict().keys()))
+        # a layer that synchronizes nn.DataParallel's replicas: said, as the converted one
+        # synchronizes a process group's ranks instead
+        with self.assertWarnsRegex(RuntimeWarning, r"'0' \(SynchronizedBatchNorm2d\) synchronize the replicas of a "
+                                                   r"DataParallelWithCallback.*DistributedDataParallel") as cm:
+            conv = sbt.convert_sync_batchnorm(nn.Sequential(SynchronizedBatchNorm2d(4)), comm=self.comm)[0]
+        self.assertEqual(cm.filename, __file__)
+        self.assertIs(type(conv), sbt.SyncBatchNorm)
+        torch.testing.assert_close(conv(x).double(), want, rtol=1e-4, atol=1e-4)
 
 
 class TestFX(TeamOfOne):
