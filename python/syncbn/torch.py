@@ -801,7 +801,7 @@ def _convert(module, process_group, comm):
     _check_comm(comm, "syncbn.torch.convert_sync_batchnorm")  # before anything changes
     kinds = {}  # id -> what _conversion made of the layer (the module is alive: in module)
     inert = []  # the names of batch norms with drop / act children their forward never applies
-    kept = {}  # package class -> the layers of subclasses of it (left as they are)
+    kept = {}  # what a package's class is called -> the layers of subclasses of it (left as they are)
     replicas = []  # the batch norms that synchronize DataParallelWithCallback's replicas
     # every module once by id (named_modules' own memo compares modules with ==, which a
     # class may define by value)
@@ -819,9 +819,9 @@ def _convert(module, process_group, comm):
         kinds[id(m)] = None
         if _abn_class(m) is not None:
             kinds[id(m)] = _abn_conversion(m, name)  # refused here, before anything changes
-        elif _package_subclass(m):
-            kept.setdefault(_package_subclass(m), []).append(f"{name or 'given'!r} ({type(m).__name__})")
-        elif (isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm)) or _is_mmcv_sbn(type(m)):
+        elif what := _package_subclass(m):
+            kept.setdefault(what, []).append(f"{name or 'given'!r} ({type(m).__name__})")
+        elif _converts_as_bn(m) and not isinstance(m, SyncBatchNorm):
             kinds[id(m)] = _conversion(m, name)  # refused here, before anything changes
             if kinds[id(m)] == "plain" and any(m._modules.get(k) is not None for k in _ACT_CHILDREN):
                 inert.append(repr(name or "given"))
@@ -860,7 +860,7 @@ def _convert(module, process_group, comm):
             out._reverts_as = (type(m), {k: None if k == "group" else v for k, v in vars(m).items()
                                          if k not in _MODULE_KEYS})
             return out
-        if isinstance(m, _BatchNorm) or _is_mmcv_sbn(type(m)):
+        if _converts_as_bn(m):
             act = _xd_act(m)  # a BatchNormXd (what revert_sync_batchnorm makes) keeps its epilogue
             # drop and act: the walk moves m's children to out, as it does below any module
             kind = kinds[id(m)]
@@ -997,14 +997,22 @@ def _abn_class(m):
 def _is_mmcv_sbn(cls):
     """Whether cls is mmcv's synchronized batch norm (mmcv.ops.SyncBatchNorm, registered as
     MMSyncBN) itself: an nn.Module with a batch norm's constructor, attributes and state,
-    no torch.nn batch norm (found by its name: mmcv is not imported)."""
+    no torch.nn batch norm (found by its module and name, where it has been since mmcv 1.x:
+    mmcv is not imported; were mmcv to move it, its layers would be left as they are)."""
     return cls.__module__ == "mmcv.ops.sync_bn" and cls.__name__ == "SyncBatchNorm"
 
 
+def _converts_as_bn(m):
+    """Whether the converters take m as a batch norm (_conversion's rules): a torch.nn
+    batch norm (a _BatchNorm, syncbn's own included), or mmcv's SyncBatchNorm."""
+    return isinstance(m, _BatchNorm) or _is_mmcv_sbn(type(m))
+
+
 def _package_subclass(m):
-    """What m's class is a subclass of (defined elsewhere), where it is one of a package's
-    layers that the converters take by the class itself (inplace_abn's, mmcv's
-    SyncBatchNorm) and leave a subclass of as it is; else None."""
+    """What m's class is a subclass of, as a warning names it ("inplace_abn's layers",
+    "mmcv's SyncBatchNorm"), where it is a subclass (defined elsewhere) of a package's
+    layer that the converters take by the class itself and leave a subclass of as it is;
+    else None."""
     for test, what in ((_is_abn, "inplace_abn's layers"), (_is_mmcv_sbn, "mmcv's SyncBatchNorm")):
         if not test(type(m)) and any(test(c) for c in type(m).__mro__[1:]):
             return what

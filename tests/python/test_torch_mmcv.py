@@ -20,6 +20,7 @@ import os
 import pickle
 import sys
 import unittest
+import warnings
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
@@ -35,10 +36,10 @@ C = 5
 
 
 def mm_model():
-    """1x1 convolutions, each followed by an MMSyncBN: the defaults, a cumulative average
-    (momentum None), affine=False, no running statistics, stats_mode "N"."""
-    layers = [MMSyncBN(C), MMSyncBN(C, momentum=None), MMSyncBN(C, affine=False),
-              MMSyncBN(C, track_running_stats=False), MMSyncBN(C, eps=1e-3, stats_mode="N")]
+    """1x1 convolutions, each followed by an MMSyncBN of the settings mmcv trains with (it
+    cannot with affine=False or track_running_stats=False: TestSettingsMmcvCannotTrain): the
+    defaults, a cumulative average (momentum None), eps 1e-3 and stats_mode "N"."""
+    layers = [MMSyncBN(C), MMSyncBN(C, momentum=None), MMSyncBN(C, eps=1e-3, stats_mode="N")]
     mods = [nn.Conv2d(3, C, 1, bias=False)]
     for i, m in enumerate(layers):
         mods += [m] if i == len(layers) - 1 else [m, nn.Conv2d(C, C, 1, bias=False)]
@@ -86,11 +87,10 @@ class TestConvert(TeamOfOne):
         conv = sbt.convert_sync_batchnorm(model, comm=self.comm)
         self.assertIs(conv, model)
         layers = bns(conv)
-        self.assertEqual([type(m) for m in layers], [sbt.SyncBatchNorm] * 5)
+        self.assertEqual([type(m) for m in layers], [sbt.SyncBatchNorm] * 3)
         self.assertEqual([(m.eps, m.momentum, m.affine, m.track_running_stats, m.process_group, m.comm)
                           for m in layers],
                          [(1e-5, 0.1, True, True, None, self.comm), (1e-5, None, True, True, None, self.comm),
-                          (1e-5, 0.1, False, True, None, self.comm), (1e-5, 0.1, True, False, None, self.comm),
                           (1e-3, 0.1, True, True, None, self.comm)])
         pickle.dumps(copy.deepcopy(conv[1]))
         self.assertEqual(list(conv.state_dict().keys()), list(twin.state_dict().keys()))
@@ -103,15 +103,24 @@ class TestConvert(TeamOfOne):
         """The converted layer holds the original's parameters and buffers themselves (an
         optimizer made before the conversion still trains them), and its hooks."""
         m = randomize(nn.Sequential(MMSyncBN(C)))
-        w, b, rm = m[0].weight, m[0].bias, m[0].running_mean
+        tensors = [m[0].weight, m[0].bias, m[0].running_mean, m[0].running_var, m[0].num_batches_tracked]
         seen = []
         m[0].register_forward_hook(lambda mod, i, o: seen.append(type(mod)))
         conv = sbt.convert_sync_batchnorm(m, comm=self.comm)
-        self.assertIs(conv[0].weight, w)
-        self.assertIs(conv[0].bias, b)
-        self.assertIs(conv[0].running_mean, rm)
+        for t, k in zip(tensors, ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")):
+            self.assertIs(getattr(conv[0], k), t, k)
         conv(torch.randn(3, C, 2, 2))
         self.assertEqual(seen, [sbt.SyncBatchNorm])
+
+    def test_evaluated_layer_converts_evaluated(self):
+        """An MMSyncBN in eval converts to a layer in eval, normalizing with the running
+        statistics as the original does."""
+        m = randomize(nn.Sequential(MMSyncBN(C))).eval()
+        x = torch.randn(3, C, 2, 2)
+        want = copy.deepcopy(m).double()(x.double())
+        conv = sbt.convert_sync_batchnorm(m, comm=self.comm)
+        self.assertFalse(conv[0].training)
+        torch.testing.assert_close(conv(x).double(), want, rtol=1e-5, atol=1e-5)
 
     def test_team_of_two(self):
         """Two ranks (threads, batches of 3 and 1) with the converted model each: each rank's
@@ -144,7 +153,7 @@ class TestConvert(TeamOfOne):
         original = copy.deepcopy(model)
         conv = sbt.convert_sync_batchnorm(model, comm=self.comm)
         back = sbt.revert_sync_batchnorm(conv)
-        self.assertEqual([type(m) for m in bns(back)], [sbt.BatchNormXd] * 5)
+        self.assertEqual([type(m) for m in bns(back)], [sbt.BatchNormXd] * 3)
         for a, b in zip(bns(back), bns(original)):
             self.assertEqual((a.eps, a.momentum, a.affine, a.track_running_stats),
                              (b.eps, b.momentum, b.affine, b.track_running_stats))
@@ -154,6 +163,24 @@ class TestConvert(TeamOfOne):
         torch.testing.assert_close(back.eval()(x), original.eval()(x), rtol=1e-5, atol=1e-5)
         again = sbt.convert_sync_batchnorm(copy.deepcopy(back), comm=self.comm).train()
         torch.testing.assert_close(again(x), original.train()(x), rtol=1e-4, atol=1e-4)
+
+
+class TestSettingsMmcvCannotTrain(TeamOfOne):
+    def test_converted_they_train_as_pytorchs(self):
+        """mmcv's layer cannot train with affine=False or track_running_stats=False (its
+        compiled ops take no None: a TypeError; eval without running statistics too);
+        converted, such a layer computes PyTorch's batch norm of the same settings (float64
+        nn.BatchNorm2d as the reference), training and eval."""
+        x = torch.randn(4, C, 3, 3)
+        for kw in ({"affine": False}, {"track_running_stats": False}):
+            layer = MMSyncBN(C, **kw)
+            with self.assertRaisesRegex(TypeError, "incompatible function arguments"):
+                layer(x)
+            conv = sbt.convert_sync_batchnorm(nn.Sequential(layer), comm=self.comm)
+            self.assertIs(type(conv[0]), sbt.SyncBatchNorm)
+            ref = nn.Sequential(nn.BatchNorm2d(C, **kw))
+            ref.load_state_dict(conv.state_dict())
+            converted_matches(self, ref, x, conv, input_grad=True)
 
 
 class TestRefused(TeamOfOne):
@@ -183,6 +210,27 @@ class TestRefused(TeamOfOne):
         with self.assertWarnsRegex(RuntimeWarning, r"'0' \(MySyncBN\) are of subclasses of mmcv's SyncBatchNorm"):
             sbt.convert_sync_batchnorm(model, comm=self.comm)
         self.assertEqual([type(m) for m in model], [MySyncBN, sbt.SyncBatchNorm])
+
+    def test_subclasses_of_two_packages(self):
+        """Subclasses of inplace_abn's layers and of mmcv's in one model: a RuntimeWarning
+        for each package, naming its layers."""
+        import inplace_abn  # (the stand-in beside mmcv's: standins is first on the path)
+
+        class MyABN(inplace_abn.ABN):
+            pass
+
+        class MySyncBN(MMSyncBN):
+            pass
+
+        model = nn.Sequential(MyABN(3), MySyncBN(3), MySyncBN(3))
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            sbt.convert_sync_batchnorm(model, comm=self.comm)
+        said = sorted(str(w.message) for w in ws if w.category is RuntimeWarning)
+        self.assertEqual(len(said), 2, said)
+        self.assertRegex(said[0], r"'0' \(MyABN\) are of subclasses of inplace_abn's layers")
+        self.assertRegex(said[1], r"'1' \(MySyncBN\), '2' \(MySyncBN\) are of subclasses of mmcv's SyncBatchNorm")
+        self.assertEqual([type(m) for m in model], [MyABN, MySyncBN, MySyncBN])
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ process (the tests' model: mmcv's own kernels are CUDA only):
   num_batches_tracked: a batch norm's names), the weight initialized uniform in [0, 1);
 - its forward: at least 2-D input; the factor of the running statistics is the momentum,
   or 1 / num_batches_tracked with momentum None (counted in training with running
-  statistics); in training, or without running statistics (eval too), the batch's
-  statistics: x_hat = (x - mean) / sqrt(var + eps), var biased, over (N, spatial), y =
-  x_hat weight + bias; the running mean takes the mean and the running variance the
-  variance times count / (count - 1), count = N spatial group_size; nothing moves where
-  the team's batch is empty; in eval with running statistics, F.batch_norm with them.
+  statistics); in eval with running statistics, F.batch_norm with them; else (training,
+  or eval without running statistics) its function SyncBatchNormFunction, whose compiled
+  ops take tensors only: a TypeError without weight and bias (affine=False) or running
+  statistics (track_running_stats=False), so that mmcv's layer cannot train with either;
+  with them, the batch's statistics: x_hat = (x - mean) / sqrt(var + eps), var biased,
+  over (N, spatial), y = x_hat weight + bias; the running mean takes the mean and the
+  running variance the variance times count / (count - 1), count = N spatial group_size;
+  nothing moves where the team's batch is empty.
   The backward is autograd's of that forward, which for one process is mmcv's
   (grad_weight = sum(dy x_hat), grad_bias = sum(dy), dx = weight / std (dy - (x_hat
   grad_weight + grad_bias) / count)).
@@ -84,6 +87,8 @@ class SyncBatchNorm(Module):
         if not (self.training or not self.track_running_stats):
             return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, False, factor,
                                 self.eps)
+        if self.weight is None or self.running_mean is None:  # (as its compiled ops, given None)
+            raise TypeError("sync_bn_forward_output(): incompatible function arguments")
         if self.group_size > 1:
             raise NotImplementedError("the stand-in of mmcv's SyncBatchNorm runs one process")
         x = input.flatten(2)  # (N, C, spatial)
@@ -95,9 +100,8 @@ class SyncBatchNorm(Module):
             mean = var = x.new_zeros(c)
         std = torch.sqrt(var + self.eps)
         y = (x - mean[:, None]) / std[:, None]
-        if self.weight is not None:
-            y = y * self.weight[:, None] + self.bias[:, None]
-        if self.running_mean is not None and n > 0:
+        y = y * self.weight[:, None] + self.bias[:, None]
+        if n > 0:
             count = n * spatial * self.group_size
             unbiased = var * count / (count - 1) if count > 1 else var
             with torch.no_grad():
