@@ -113,3 +113,26 @@ def team_of_two_matches(test, model, convert, x, out_channels):
     finally:
         for c in comms:
             c.destroy()
+
+
+class Group:
+    """A process group's stand-in: as a ProcessGroup, it cannot be copied or pickled."""
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'Group' object")
+
+
+def randomize_bn(m, g):
+    """Batch norm m's weight of both signs (0.5 to 1.5 in size), bias in [-0.5, 0.5] and
+    running statistics off their defaults (mean in [-0.2, 0.2], variance in [0.5, 2]),
+    those it has, drawn from the generator g."""
+    import torch
+
+    c = m.num_features
+    with torch.no_grad():
+        if m.weight is not None:
+            m.weight.copy_(torch.tensor([1.0, -1.0] * c)[:c] * (0.5 + torch.rand(c, generator=g)))
+            m.bias.uniform_(-0.5, 0.5, generator=g)
+        if m.running_mean is not None:
+            m.running_mean.uniform_(-0.2, 0.2, generator=g)
+            m.running_var.uniform_(0.5, 2.0, generator=g)

@@ -39,7 +39,7 @@ except ImportError:
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, converted_matches, team_of_two_matches
+from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches
 
 C = 6
 
@@ -68,28 +68,15 @@ def randomize(model, seed=3):
     zero-initialized layer: inplace_abn's scale is then eps, and the weight's gradient is
     taken with sign +1), biases in [-0.5, 0.5], running statistics off their defaults."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if not type(m).__name__.endswith("ABN") and not type(m).__name__.endswith("ABNSync"):
-                continue
-            c = m.num_features
-            if m.weight is not None:
-                sign = torch.tensor([1.0, -1.0] * c)[:c]
-                m.weight.copy_(sign * (0.5 + torch.rand(c, generator=g)))
-                m.bias.uniform_(-0.5, 0.5, generator=g)
+    for m in model.modules():
+        if not type(m).__name__.endswith("ABN") and not type(m).__name__.endswith("ABNSync"):
+            continue
+        randomize_bn(m, g)
+        if m.weight is not None:
+            with torch.no_grad():
                 m.weight[0] = 0.0
                 m.bias[0] = 0.0
-            if m.running_mean is not None:
-                m.running_mean.uniform_(-0.2, 0.2, generator=g)
-                m.running_var.uniform_(0.5, 2.0, generator=g)
     return model
-
-
-class Group:
-    """A process group's stand-in: as a ProcessGroup, it cannot be copied or pickled."""
-
-    def __reduce__(self):
-        raise TypeError("cannot pickle 'Group' object")
 
 
 def abn_layers(model):

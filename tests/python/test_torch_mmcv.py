@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sta
 from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402 (the stand-in, first on the path)
 
 import syncbn.torch as sbt  # noqa: E402
-from rank_threads import TeamOfOne, converted_matches, team_of_two_matches  # noqa: E402
+from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches  # noqa: E402
 
 C = 5
 
@@ -47,26 +47,12 @@ def mm_model():
 
 
 def randomize(model, seed=5):
-    """Weights of both signs, biases in [-0.5, 0.5], running statistics off their defaults."""
+    """Every MMSyncBN's tensors off their defaults (rank_threads.randomize_bn)."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if not isinstance(m, MMSyncBN):
-                continue
-            if m.weight is not None:
-                m.weight.copy_(torch.tensor([1.0, -1.0] * C)[:C] * (0.5 + torch.rand(C, generator=g)))
-                m.bias.uniform_(-0.5, 0.5, generator=g)
-            if m.running_mean is not None:
-                m.running_mean.uniform_(-0.2, 0.2, generator=g)
-                m.running_var.uniform_(0.5, 2.0, generator=g)
+    for m in model.modules():
+        if isinstance(m, MMSyncBN):
+            randomize_bn(m, g)
     return model
-
-
-class Group:
-    """A process group's stand-in: as a ProcessGroup, it cannot be copied or pickled."""
-
-    def __reduce__(self):
-        raise TypeError("cannot pickle 'Group' object")
 
 
 def bns(model):
