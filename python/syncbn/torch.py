@@ -906,10 +906,9 @@ def _conversion(m, name):
     defines (a train() that keeps a frozen batch norm in eval, a state_dict loader of its
     own), child modules other than drop and act that its own forward may apply, apex's
     channel_last, apex's groupbn (input (N, H, W, C)) and PyTorch-Encoding's activation in
-    training only. A class
-    with torch.nn's forward applies none of its children (PyTorch's converter leaves a
-    timm BatchNormAct2d's drop and act so in the nn.SyncBatchNorm it makes): plain, the
-    children unused as before."""
+    training only. A class with torch.nn's forward applies none of its children (PyTorch's
+    converter leaves a timm BatchNormAct2d's drop and act so in the nn.SyncBatchNorm it
+    makes): plain, the children unused as before."""
     pkg = "mmcv's " if _is_mmcv_sbn(type(m)) else ""
     who = f"syncbn.torch.convert_sync_batchnorm: the layer {name or 'given'!r} ({pkg}{type(m).__name__})"
     if isinstance(m, BatchNormXd):  # syncbn's own: its epilogue, and drop and act if it applies them
