@@ -394,6 +394,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             traced = _fx_leaf(self, input, residual)  # (a plain tensor is no torch.fx.Proxy)
             if traced is not None:
                 return traced
+        return self._run(input, residual, self._act, self._slope, self._inplace)
+
+    def _run(self, input, residual, act, slope, inplace):
+        """The layer's op on input with the epilogue act(. + residual) of slope `slope`, in
+        place or not: forward's, with the layer's own epilogue, and a caller's that needs
+        the batch norm without it."""
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         c = input.shape[1]
@@ -402,9 +408,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 raise ValueError("syncbn.torch.SyncBatchNorm: number of input channels should be non-zero")
             raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {c} channels, "  # as F.batch_norm's for this
                                f"the layer has {self.num_features}")
-        act = self._act
-        fused = residual is not None or act != _sbn.IDENTITY or self._inplace
-        if fused and residual is not None and self._inplace:
+        fused = residual is not None or act != _sbn.IDENTITY or inplace
+        if fused and residual is not None and inplace:
             raise ValueError("syncbn.torch.SyncBatchNorm: the in-place mode cannot take a residual: x cannot be "
                              "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
                              "a residual")
@@ -445,15 +450,15 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                     y = F.batch_norm(input, None, None, w, b, True, 0.0, self.eps)
                 else:
                     y = F.batch_norm(input, rm, rv, w, b, False, 0.0, self.eps)
-                return _epilogue(y, residual, act, self._slope) if fused else y
+                return _epilogue(y, residual, act, slope) if fused else y
             _check_dtype(input)
             if not fused:
                 if plain:
                     return _infer_eager(input, rm, rv, w, b, self.eps)
                 return _INFER(input, rm, rv, w, b, self.eps)
             if plain and (residual is None or _plain(residual)):
-                return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, self._slope)
-            return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, self._slope)
+                return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, slope)
+            return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, slope)
         _check_dtype(input)
         if not _F32_ZERO < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
@@ -511,16 +516,16 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         plain = _plain(input)
         if plain:
-            _inference_refused(input, w, b, rm, rv, nbt, self._inplace)
+            _inference_refused(input, w, b, rm, rv, nbt, inplace)
         if not fused:
             if plain:
                 return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, cid)
             return _TRAIN(input, w, b, rm, rv, nbt, self.eps, momentum, cid)[0]
         if plain and (residual is None or _plain(residual)):
             return _train_act_eager(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act,
-                                    self._slope, self._inplace)
-        return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act, self._slope,
-                          self._inplace)[0]
+                                    slope, inplace)
+        return _TRAIN_ACT(input, residual, w, b, rm, rv, nbt, self.eps, momentum, cid, act, slope,
+                          inplace)[0]
 
 
 # The child modules of a batch norm that applies them after itself, drop then act: timm's
