@@ -29,6 +29,7 @@ group, where nn.SyncBatchNorm runs PyTorch's batch norm on the rank's batch alon
 of one on the tensor's device (``_own_team``).
 """
 
+import functools
 import inspect
 import numbers
 from collections import OrderedDict
@@ -398,8 +399,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     def _run(self, input, residual, act, slope, inplace):
         """The layer's op on input with the epilogue act(. + residual) of slope `slope`, in
-        place or not: forward's, with the layer's own epilogue, and a caller's that needs
-        the batch norm without it."""
+        place or not (forward's, with the layer's own; FusedConvModule's forward(x,
+        activate=False) gives act identity)."""
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         c = input.shape[1]
@@ -1252,15 +1253,17 @@ def revert_sync_batchnorm(module):
     without a bias on a PyTorch whose batch norms take no ``bias=``); a SyncBatchNormAct
     becomes the class it was converted from (timm's BatchNormAct2d), made as that layer
     was, or else a ``BatchNormActXd``; and what convert_fused fused is undone:
-    a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was (its
-    class, children, attributes and hooks) and a ``FusedActivation`` the activation module
-    it replaced, their batch norms plain, so that the model is the original one on
-    PyTorch's batch norm (code that folds a batch norm into the convolution before it,
-    ``torch.nn.utils.fuse_conv_bn_eval``, then folds the batch norm alone, as in the
-    original). A ReLU that ``convert_fused(relu_as_leaky=SLOPE)`` made a leaky ReLU comes
-    back as ``nn.LeakyReLU(SLOPE)``, a block's ``relu`` module too: the function trained,
-    not the original's (a fused block whose batch norms apply different activations cannot
-    share its one ``relu`` module: a ValueError, before anything changes). So does a plain ``nn.Identity`` right after a layer with an activation in a
+    a ``FusedBasicBlock`` / ``FusedBottleneck`` becomes the torchvision block it was and a
+    ``FusedConvModule`` the mmcv ConvModule it was (their class, children, attributes and
+    hooks), and a ``FusedActivation`` the activation module it replaced, their batch norms
+    plain, so that the model is the original one on PyTorch's batch norm (code that folds a
+    batch norm into the convolution before it, ``torch.nn.utils.fuse_conv_bn_eval``, then
+    folds the batch norm alone, as in the original). A ReLU that
+    ``convert_fused(relu_as_leaky=SLOPE)`` made a leaky ReLU comes back as
+    ``nn.LeakyReLU(SLOPE)``, a block's ``relu`` module too: the function trained, not the
+    original's (a fused block whose batch norms apply different activations cannot share its
+    one ``relu`` module: a ValueError, before anything changes). So does a plain
+    ``nn.Identity`` right after a layer with an activation in a
     Sequential (a model fused before FusedActivation existed): the activation goes there
     as a module, ``nn.ReLU()`` or ``nn.LeakyReLU(slope)``. Any other layer given an
     activation (``SyncBatchNorm(activation=...)``, ``set_activation``), and a layer whose
@@ -1323,18 +1326,20 @@ def _block_relu(block):
 
 
 def _unfuse(m, plain, done):
-    """m (and below it, in place) with convert_fused's blocks back to the blocks they were
-    and its FusedActivations back to the modules they replaced; the ids of the batch norms
-    whose activation is then their own module again go into plain. done: id -> (the module,
-    what it became), the module kept alive: the walk goes on into modules it makes (a
-    block's new LeakyReLU), which must not take the id of a fused block it replaced."""
+    """m (and below it, in place) with convert_fused's blocks and ConvModules back to what
+    they were and its FusedActivations back to the modules they replaced; the ids of the
+    batch norms whose activation is then their own module again go into plain. done: id ->
+    (the module, what it became), the module kept alive: the walk goes on into modules it
+    makes (a block's new LeakyReLU), which must not take the id of a fused block it
+    replaced."""
     if id(m) in done:
         return done[id(m)][1]
     out = m
-    if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
+    if isinstance(m, (_FusedBlock, FusedConvModule)) and isinstance(getattr(m, "block_type", None), type):
         out = m.block_type.__new__(m.block_type)
         torch.nn.Module.__init__(out)
-        _take_block(out, m, hooks=True)  # hooks registered on the fused block: the block's
+        _take_block(out, m, hooks=True)  # hooks registered on the fused module: the original's
+    if out is not m and isinstance(m, _FusedBlock):
         if "relu" in out._modules:
             out._modules["relu"] = _block_relu(m)  # the block's ReLU, or the leaky ReLU its layers apply
         for _, bn in m._convs:
@@ -1344,6 +1349,8 @@ def _unfuse(m, plain, done):
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
+    if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
+        _restore_act(out._modules.get(m.norm_name), out, "activate", plain)
     if isinstance(out, SyncBatchNormAct):
         drop = out._modules.get("drop")
         if drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop)):
@@ -1564,6 +1571,106 @@ class FusedBottleneck(_FusedBlock):
 _BLOCKS = ((_basic_block_forward, FusedBasicBlock), (_bottleneck_forward, FusedBottleneck))
 
 
+# ---- mmcv's ConvModule -------------------------------------------------------------------
+# OpenMMLab's convolution + norm + activation brick (mmcv.cnn.ConvModule; mmsegmentation's
+# and mmdetection's heads and necks are built of it), found by its class's module and name,
+# or a subclass that keeps its forward. Its forward, read at open-mmlab/mmcv a8073c74b (2.x)
+# and as 1.x and 2.0.1 had it, is written out below from its rules, not compared: with order
+# ("conv", "norm", "act"), forward(x, activate=True, norm=True) pads where
+# with_explicit_padding (padding_layer), runs conv, then the norm where `norm`, then
+# activate where `activate`; in eval with `norm` and an efficient_conv_bn_eval_forward (2.1
+# on; 2.0.1: fast_conv_bn_eval_forward; 1.x: none), conv runs with the norm folded into its
+# weight and bias (conv.forward replaced by that function for the call) and the norm is
+# skipped.
+_CONV_MODULE = ("mmcv.cnn.bricks.conv_module", "ConvModule")
+
+
+def _conv_module_class(m):
+    """mmcv's ConvModule class where m is one, or of a subclass that keeps its forward;
+    else None."""
+    for cls in type(m).__mro__:
+        if (cls.__module__, cls.__qualname__) == _CONV_MODULE:
+            return cls if type(m).forward is cls.forward else None
+    return None
+
+
+class FusedConvModule(torch.nn.Module):
+    """An mmcv ``ConvModule`` (order conv, norm, act) after convert_fused: the same children
+    (so the same parameters and state_dict keys; its ``activate`` a FusedActivation) and
+    attributes, and ``norm`` (the batch norm), its batch norm applying the activation in
+    its epilogue. ``forward(x, activate=True, norm=True)`` is the ConvModule's: conv then
+    act(batch_norm) in one op; with ``activate=False`` the batch norm alone, with
+    ``norm=False`` the activation alone (PyTorch's op), with neither the convolution alone;
+    in eval with ``efficient_conv_bn_eval`` on, the convolution with the batch norm folded
+    in (mmcv's function), then the activation."""
+
+    def __init__(self, module):
+        super().__init__()
+        _take_block(self, module)
+        self.block_type = type(module)  # what it was (a class: not part of the state_dict)
+
+    @property
+    def norm(self):
+        return self._modules[self.norm_name]
+
+    def forward(self, x, activate=True, norm=True):
+        kids = self._modules
+        if self.with_explicit_padding:
+            x = kids["padding_layer"](x)
+        conv, bn = kids["conv"], kids[self.norm_name]
+        fold = None
+        if norm and not bn.training:  # (mmcv 2.0.1 named it fast_conv_bn_eval_forward)
+            attrs = self.__dict__
+            fold = attrs.get("efficient_conv_bn_eval_forward") or attrs.get("fast_conv_bn_eval_forward")
+        if fold is not None:
+            # mmcv's: conv's forward for this call is the convolution with the batch norm
+            # folded into its weight and bias (conv's hooks see that), the norm skipped
+            conv.forward = functools.partial(fold, bn, conv)
+            try:
+                x = conv(x)
+            finally:
+                del conv.forward
+            norm = False
+        else:
+            x = conv(x)
+        if norm:  # act(batch_norm(x)) in one op, or the batch norm without its epilogue
+            return bn(x) if activate else bn._run(x, None, _sbn.IDENTITY, bn.slope, False)
+        return _epilogue(x, None, bn._act, bn.slope) if activate else x
+
+
+def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
+    """The FusedConvModule of an mmcv ConvModule m, or None: one without hooks, of order
+    ("conv", "norm", "act"), whose norm is a fusable SyncBatchNorm (converted, used once)
+    and whose activate an nn.ReLU or nn.LeakyReLU(inplace=True) (mmcv's default; an
+    nn.LeakyReLU() keeps its input for the backward, the fused layer its output, and what
+    runs after the module is its caller's code, unknown), each without hooks; in place as
+    convert_fused's inplace says (an invertible activation)."""
+    if _conv_module_class(m) is None or not _no_hooks(m):  # (one used twice: its norm is too)
+        return None
+    kids, name = m._modules, getattr(m, "norm_name", None)
+    if (getattr(m, "order", None) != ("conv", "norm", "act") or getattr(m, "with_norm", None) is not True
+            or getattr(m, "with_activation", None) is not True or not isinstance(name, str)
+            or not isinstance(kids.get("conv"), torch.nn.Module) or not _fusable_bn(kids.get(name), uses)):
+        return None
+    pad = getattr(m, "with_explicit_padding", None)
+    if not (pad is False or (pad is True and isinstance(kids.get("padding_layer"), torch.nn.Module))):
+        return None
+    act_mod = kids.get("activate")
+    was = _act_of(act_mod)
+    if was is None or (was[0] == "leaky_relu" and not act_mod.inplace):
+        return None
+    fused = FusedConvModule(m)
+    uses[id(fused)] = 1
+    uses[id(_fuse_into(fused.norm, fused, "activate", was, relu_as_leaky, inplace))] = 1  # the walk goes on in it
+    return fused
+
+
+def _fused_replacement(m, uses, inplace, relu_as_leaky):
+    """What convert_fused puts in m's place, a fused block or ConvModule, or None."""
+    fused = _fused_block(m, uses, inplace, relu_as_leaky)
+    return fused if fused is not None else _fused_conv_module(m, uses, inplace, relu_as_leaky)
+
+
 def _fusable_bn(m, uses):
     """A layer the converter may give an epilogue: syncbn's SyncBatchNorm, plain (no
     epilogue yet), used once in the model, without hooks (a hook sees its output)."""
@@ -1721,7 +1828,7 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
     (the rest of the Sequentials around it; () where none is known)."""
     kids = [(name, child) for name, child in module._modules.items() if child is not None]
     for i, (name, child) in enumerate(kids):  # the blocks first: what runs after a child is final
-        block = _fused_block(child, uses, inplace, relu_as_leaky)
+        block = _fused_replacement(child, uses, inplace, relu_as_leaky)
         if block is not None:
             setattr(module, name, block)
             kids[i] = (name, block)
@@ -1818,7 +1925,14 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
       gives out (itself, through a pass-through, or at the end of a child);
     - a SyncBatchNormAct (timm's BatchNormAct2d converted) whose ``drop`` is an
       ``nn.Identity`` and whose ``act`` is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)``:
-      the layer takes the activation, a ``FusedActivation`` the act's place.
+      the layer takes the activation, a ``FusedActivation`` the act's place;
+    - an mmcv ``ConvModule`` (mmsegmentation's and mmdetection's conv + norm + act brick,
+      recognized by its class, or a subclass that keeps its forward) of order conv, norm,
+      act, whose activation is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)`` (mmcv's
+      default), without hooks: replaced by a ``FusedConvModule`` with the same children
+      and attributes, whose batch norm takes the activation (a ``FusedActivation`` in
+      ``activate``'s place) and whose ``forward(x, activate=True, norm=True)`` is the
+      ConvModule's for every argument (its ``efficient_conv_bn_eval`` too).
 
     Left alone: a batch norm used more than once in the model or with hooks (its output is
     seen elsewhere), an activation not right after the batch norm, another activation
@@ -1832,7 +1946,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     or nothing the converter can see (the pair ends the Sequentials around it: the model's
     own code after them, or the caller, may write over the output in place); the fused
     layer keeps its output for the backward, as nn.ReLU and nn.LeakyReLU(inplace=True) do,
-    where nn.LeakyReLU() keeps its input; blocks of any other code; everything while a global module hook is registered
+    where nn.LeakyReLU() keeps its input; blocks of any other code; a ConvModule of
+    another order, with hooks or an activation of another class; everything while a
+    global module hook is registered
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
     followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU
     layers and residuals cannot (not invertible) and stay as they are.
@@ -1870,7 +1986,7 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
         uses[id(m)] = uses.get(id(m), 0) + 1
     for name in hooked:
         uses[id(module.get_submodule(name))] = 2  # as if used twice: left alone
-    block = _fused_block(module, uses, inplace, relu_as_leaky)
+    block = _fused_replacement(module, uses, inplace, relu_as_leaky)
     if block is not None:
         module = block
     _fuse(module, uses, inplace, relu_as_leaky)

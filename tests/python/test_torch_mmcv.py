@@ -6,9 +6,14 @@ as the reference), synchronized over the team as nn.SyncBatchNorm is (W = 2 rank
 threads, batches of 3 and 1, against the original on the whole batch); convert_fused
 fuses it with the ReLU after it; revert_sync_batchnorm makes it a BatchNormXd (as it does
 an nn.SyncBatchNorm, and as mmengine's revert does); a subclass is left with a warning.
+And mmcv's ConvModule (conv, norm, act), the brick mmsegmentation's heads are built of:
+convert_fused makes it a FusedConvModule whose batch norm applies the activation, the
+original's function for every forward argument, and leaves alone those it cannot fuse;
+revert_sync_batchnorm gives it back.
 
-mmcv's ops are a CUDA build with no CPU kernel for this layer: the original is
-standins/mmcv, a stand-in written from mmcv's rules for one process (see its docstring).
+mmcv's ops are a CUDA build with no CPU kernel for this layer, and mmcv.cnn needs
+mmengine: the originals are standins/mmcv, stand-ins written from mmcv's rules for one
+process (see their docstrings).
 
 Tolerances (test_torch_fused.py's converted-model checks, rank_threads.converted_matches):
 fp32 outputs and buffers within 1e-4 relative and absolute of float64, parameter
@@ -27,7 +32,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins"))
-from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402 (the stand-in, first on the path)
+from mmcv.cnn import ConvModule  # noqa: E402 (the stand-ins, first on the path)
+from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402
 
 import syncbn.torch as sbt  # noqa: E402
 from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches  # noqa: E402
@@ -50,7 +56,7 @@ def randomize(model, seed=5):
     """Every MMSyncBN's tensors off their defaults (rank_threads.randomize_bn)."""
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
-        if isinstance(m, MMSyncBN):
+        if isinstance(m, (MMSyncBN, nn.modules.batchnorm._BatchNorm)):
             randomize_bn(m, g)
     return model
 
@@ -217,6 +223,194 @@ class TestRefused(TeamOfOne):
         self.assertRegex(said[0], r"'0' \(MyABN\) are of subclasses of inplace_abn's layers")
         self.assertRegex(said[1], r"'1' \(MySyncBN\), '2' \(MySyncBN\) are of subclasses of mmcv's SyncBatchNorm")
         self.assertEqual([type(m) for m in model], [MyABN, MySyncBN, MySyncBN])
+
+
+class Head(nn.Module):
+    """An mmsegmentation-like decode head of ConvModules, run by a forward of its own (no
+    nn.Sequential): a stem (BN, ReLU), two branches (nn.SyncBatchNorm and leaky ReLU 0.1;
+    MMSyncBN, dilated), their concatenation fused by one with reflect padding (BN with a
+    cumulative average), then a 1x1 classifier of K channels."""
+
+    K = 2
+
+    def __init__(self):
+        super().__init__()
+        self.stem = ConvModule(3, C, 3, padding=1, norm_cfg={"type": "BN"})
+        self.branches = nn.ModuleList([
+            ConvModule(C, C, 1, norm_cfg={"type": "SyncBN"}, act_cfg={"type": "LeakyReLU", "negative_slope": 0.1}),
+            ConvModule(C, C, 3, padding=2, dilation=2, norm_cfg={"type": "MMSyncBN"})])
+        self.fuse = ConvModule(2 * C, C, 3, padding=1, padding_mode="reflect",
+                               norm_cfg={"type": "BN", "momentum": None})
+        self.cls = nn.Conv2d(C, self.K, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.cls(self.fuse(torch.cat([b(x) for b in self.branches], 1)))
+
+
+def head(seed=5):
+    torch.manual_seed(seed)
+    return randomize(Head(), seed)
+
+
+def conv_modules(model):
+    return [model.stem, model.branches[0], model.branches[1], model.fuse]
+
+
+class TestConvModule(TeamOfOne):
+    def test_fused_into_one_op(self):
+        """convert_fused makes each ConvModule (conv, norm, act) a FusedConvModule: its
+        batch norm (converted) applies the activation (ReLU, or the leaky ReLU of its slope),
+        a FusedActivation in its activate's place; the same children, attributes and
+        state_dict keys, and the original's function (the float64 original: outputs, input
+        and parameter gradients, buffers, training and eval), reflect padding included."""
+        model = head()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        fused = conv_modules(conv)
+        self.assertEqual([type(m) for m in fused], [sbt.FusedConvModule] * 4)
+        self.assertEqual([(type(m.norm), m.norm.activation, m.norm.slope if m.norm.activation == "leaky_relu"
+                           else None, m.norm.inplace) for m in fused],
+                         [(sbt.SyncBatchNorm, "relu", None, False), (sbt.SyncBatchNorm, "leaky_relu", 0.1, False),
+                          (sbt.SyncBatchNorm, "relu", None, False), (sbt.SyncBatchNorm, "relu", None, False)])
+        self.assertEqual([type(m.activate.replaced) for m in fused], [nn.ReLU, nn.LeakyReLU, nn.ReLU, nn.ReLU])
+        self.assertTrue(all(type(m.activate) is sbt.FusedActivation for m in fused))
+        self.assertIs(fused[0].norm, fused[0].bn)
+        self.assertEqual((fused[3].block_type, fused[3].with_explicit_padding, fused[3].order, fused[3].norm_name),
+                         (ConvModule, True, ("conv", "norm", "act"), "bn"))
+        self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))
+        pickle.loads(pickle.dumps(copy.deepcopy(conv.fuse)))
+        converted_matches(self, model, torch.randn(4, 3, 6, 6), conv, input_grad=True)
+
+    def test_forward_arguments(self):
+        """A fused ConvModule's forward(x, activate, norm) is the original's for each of
+        the four (the batch norm without its activation, the activation without the batch
+        norm, the convolution alone), training (then the running statistics too) and eval;
+        and, with efficient_conv_bn_eval in eval, the convolution folds the batch norm in
+        as the original's does (its hook sees that output), then the activation, also
+        where the function has mmcv 2.0.1's name (fast_conv_bn_eval_forward)."""
+        for act in ({"type": "LeakyReLU", "negative_slope": 0.2}, {"type": "ReLU"}):
+            for efficient in (False, True):
+                torch.manual_seed(2)
+                model = randomize(nn.ModuleList([ConvModule(3, C, 3, padding=1, norm_cfg={"type": "BN"},
+                                                            act_cfg=act, efficient_conv_bn_eval=efficient)]))
+                conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+                self.assertIs(type(conv[0]), sbt.FusedConvModule)
+                ref = copy.deepcopy(model).double()
+                seen, want = [], []
+                conv[0].conv.register_forward_hook(lambda m, i, o: seen.append(o.double()))
+                ref[0].conv.register_forward_hook(lambda m, i, o: want.append(o.detach().clone()))
+                x = torch.randn(3, 3, 4, 4)
+                for training in (True, False):
+                    conv.train(training)
+                    ref.train(training)
+                    for activate in (True, False):
+                        for norm in (True, False):
+                            msg = f"{act['type']}, efficient {efficient}, training {training}, " \
+                                  f"activate {activate}, norm {norm}"
+                            xs, xd = x.clone().requires_grad_(), x.double().requires_grad_()
+                            y, yd = conv[0](xs, activate, norm), ref[0](xd, activate, norm)
+                            torch.testing.assert_close(y.double(), yd, rtol=1e-4, atol=1e-4, msg=msg)
+                            torch.testing.assert_close(seen[-1], want[-1], rtol=1e-4, atol=1e-4, msg=msg)
+                            g = torch.randn(y.shape, dtype=torch.float64)
+                            (y.double() * g).sum().backward()
+                            (yd * g).sum().backward()
+                            torch.testing.assert_close(xs.grad.double(), xd.grad, rtol=1e-4, atol=1e-4, msg=msg)
+                            for (n, b), (_, q) in zip(conv.named_buffers(), ref.named_buffers()):
+                                torch.testing.assert_close(b.double() if b.is_floating_point() else b, q,
+                                                           rtol=1e-4, atol=1e-5, msg=f"{msg}: {n}")
+                if efficient:  # mmcv 2.0.1's name for the function: the same forward
+                    conv[0].fast_conv_bn_eval_forward = conv[0].__dict__.pop("efficient_conv_bn_eval_forward")
+                    torch.testing.assert_close(conv[0](x).double(), ref[0](x.double()), rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(seen[-1], want[-1], rtol=1e-4, atol=1e-4)
+
+    def test_what_is_left_alone(self):
+        """A ConvModule stays as it is (its batch norm converted, without an activation)
+        where fusing could change what it gives: another order, no norm or no activation,
+        an activation of another class (GELU), an nn.LeakyReLU() not in place (it keeps its
+        input for the backward, which the caller's code may write over), hooks on the module
+        or its activation, a module used twice, a subclass with a forward of its own. A
+        subclass that keeps mmcv's forward is fused, and reverts to its class."""
+        class OwnForward(ConvModule):
+            def forward(self, x, activate=True, norm=True):
+                return super().forward(x, activate, norm) * 2
+
+        class SameForward(ConvModule):
+            pass
+
+        bn = {"type": "BN"}
+        shared = ConvModule(C, C, 1, norm_cfg=bn)
+        hooked, act_hooked = ConvModule(C, C, 1, norm_cfg=bn), ConvModule(C, C, 1, norm_cfg=bn)
+        hooked.register_forward_hook(lambda m, i, o: None)
+        act_hooked.activate.register_forward_pre_hook(lambda m, i: None)
+        alone = [ConvModule(C, C, 1, norm_cfg=bn, order=("act", "conv", "norm")),
+                 ConvModule(C, C, 1, norm_cfg=bn, order=("conv", "act", "norm")),
+                 ConvModule(C, C, 1, bias=False),
+                 ConvModule(C, C, 1, norm_cfg=bn, act_cfg=None),
+                 ConvModule(C, C, 1, norm_cfg=bn, act_cfg={"type": "GELU"}),
+                 ConvModule(C, C, 1, norm_cfg=bn, act_cfg={"type": "LeakyReLU"}, inplace=False),
+                 hooked, act_hooked, shared, shared, OwnForward(C, C, 1, norm_cfg=bn)]
+        # (a convolution first: the act-first module's ReLU works in place on its input)
+        model = randomize(nn.Sequential(nn.Conv2d(C, C, 1), *alone, SameForward(C, C, 1, norm_cfg=bn)))
+        ref = copy.deepcopy(model)
+        conv = sbt.convert_fused(model, comm=self.comm)
+        self.assertEqual([type(m) for m in conv], [nn.Conv2d] + [ConvModule] * 10 + [OwnForward, sbt.FusedConvModule])
+        self.assertEqual([m.norm.activation for m in conv[1:] if m.norm is not None], ["identity"] * 10 + ["relu"])
+        self.assertIs(conv[-1].block_type, SameForward)
+        converted_matches(self, ref, torch.randn(3, C, 3, 3), conv, input_grad=True)
+        self.assertIs(type(sbt.revert_sync_batchnorm(conv)[-1]), SameForward)
+
+    def test_reverted_is_the_conv_module(self):
+        """revert_sync_batchnorm makes a FusedConvModule the ConvModule it was (its class,
+        children, attributes and hooks), its activate the module it was (the same object) and
+        its batch norm PyTorch's: the original's function, every forward argument. After
+        convert_fused(relu_as_leaky=SLOPE), its activate is nn.LeakyReLU(SLOPE) (in place,
+        as the ReLU was): the function trained."""
+        model = head()
+        twin = copy.deepcopy(model)
+        conv = sbt.convert_fused(twin, comm=self.comm)
+        acts = [m.activate.replaced for m in conv_modules(conv)]
+        handle = conv.stem.register_forward_hook(lambda m, i, o: None)
+        back = sbt.revert_sync_batchnorm(conv)
+        self.assertEqual([type(m) for m in conv_modules(back)], [ConvModule] * 4)
+        self.assertEqual([m.activate for m in conv_modules(back)], acts)
+        self.assertTrue(all(a is b for a, b in zip([m.activate for m in conv_modules(back)], acts)))
+        self.assertEqual([type(m.norm) for m in conv_modules(back)],
+                         [nn.BatchNorm2d, sbt.BatchNormXd, sbt.BatchNormXd, nn.BatchNorm2d])
+        self.assertEqual([m.norm.activation for m in conv_modules(back) if isinstance(m.norm, sbt.BatchNormXd)],
+                         ["identity", "identity"])
+        self.assertEqual(len(back.stem._forward_hooks), 1)
+        handle.remove()
+        self.assertEqual(len(back.stem._forward_hooks), 0)
+        self.assertEqual(list(back.state_dict().keys()), list(model.state_dict().keys()))
+        x = torch.randn(4, 3, 6, 6)
+        for training in (True, False):
+            back.train(training)
+            model.train(training)
+            torch.testing.assert_close(back(x), model(x), rtol=1e-5, atol=1e-5)
+            for activate, norm in ((False, True), (True, False)):
+                torch.testing.assert_close(back.stem(x, activate, norm), model.stem(x, activate, norm), rtol=1e-5,
+                                           atol=1e-5)
+        leaky = sbt.revert_sync_batchnorm(sbt.convert_fused(copy.deepcopy(model), comm=self.comm,
+                                                            relu_as_leaky=0.02))
+        self.assertEqual([(type(m.activate), m.activate.negative_slope, m.activate.inplace)
+                          for m in conv_modules(leaky)], [(nn.LeakyReLU, 0.02, True), (nn.LeakyReLU, 0.1, True),
+                                                          (nn.LeakyReLU, 0.02, True), (nn.LeakyReLU, 0.02, True)])
+
+    def test_in_place(self):
+        """convert_fused(inplace=True): a ConvModule's leaky ReLU layer goes in place
+        (autograd keeps its output only), its ReLU ones do not (not invertible); the
+        original's function."""
+        model = head()
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True)
+        self.assertEqual([m.norm.inplace for m in conv_modules(conv)], [False, True, False, False])
+        converted_matches(self, model, torch.randn(4, 3, 6, 6), conv, input_grad=True)
+
+    def test_team_of_two(self):
+        """The fused head on two ranks (batches of 3 and 1): each rank's outputs the
+        original's on the whole batch, the summed parameter gradients and every rank's
+        running statistics the original's."""
+        team_of_two_matches(self, head(), lambda m, comm: sbt.convert_fused(m, comm=comm), torch.randn(4, 3, 6, 6),
+                            Head.K)
 
 
 if __name__ == "__main__":
