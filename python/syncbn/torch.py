@@ -103,13 +103,14 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # u
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
 
-def _fx_leaf(module, input, residual):
+def _fx_leaf(module, input, residual, kwargs=None):
     """Under torch.fx symbolic tracing (an input that is a torch.fx.Proxy: symbolic_trace,
     torchvision's create_feature_extractor, torch.ao's prepare_fx): the layer recorded as
     ONE call_module node, as the tracer records torch.nn's own batch norms (its leaf
     modules), so that the layer's Python (its checks, the team it finds, train or eval)
     runs when the traced module runs, and the traced module holds the layer (its
-    parameters and buffers). None when not tracing."""
+    parameters and buffers), with the keyword arguments `kwargs` (SyncBatchNorm's
+    activate=False). None when not tracing."""
     proxy = input if isinstance(input, torch.fx.Proxy) else residual
     if not isinstance(proxy, torch.fx.Proxy):
         return None
@@ -124,8 +125,8 @@ def _fx_leaf(module, input, residual):
         # its hooks ran around this forward as the tracer called the layer: traced into the
         # graph, they must not run again when the node runs (as a call_module node's would)
         layer = tracer.create_proxy("get_attr", path, (), {})
-        return tracer.create_proxy("call_method", "forward", (layer, *args), {})
-    return tracer.create_proxy("call_module", path, args, {})
+        return tracer.create_proxy("call_method", "forward", (layer, *args), kwargs or {})
+    return tracer.create_proxy("call_module", path, args, kwargs or {})
 
 
 def _plain(x):
@@ -307,10 +308,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     with an optional fused epilogue: ``activation`` ("identity", "relu", "leaky_relu" with
     negative slope ``slope``) and ``forward(input, residual=None)`` compute
     act(batch_norm(input) + residual) in one op, in training (the team's statistics) and
-    in eval (the running statistics: the same formula). ``inplace=True``: autograd keeps
-    only the output, not the input (the backward recovers the input from it, as
-    inplace_abn): for identity or leaky_relu with slope > 0 and no residual (ReLU is not
-    invertible: refused here, at construction). The output is still a new tensor."""
+    in eval (the running statistics: the same formula); ``forward(..., activate=False)``
+    computes batch_norm(input) + residual, without the activation (and not in place).
+    ``inplace=True``: autograd keeps only the output, not the input (the backward recovers
+    the input from it, as inplace_abn): for identity or leaky_relu with slope > 0 and no
+    residual (ReLU is not invertible: refused here, at construction). The output is still
+    a new tensor."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
@@ -390,17 +393,19 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input, residual=None):
+    def forward(self, input, residual=None, *, activate=True):
         if type(input) is not _Tensor or (residual is not None and type(residual) is not _Tensor):
-            traced = _fx_leaf(self, input, residual)  # (a plain tensor is no torch.fx.Proxy)
+            # (a plain tensor is no torch.fx.Proxy)
+            traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate})
             if traced is not None:
                 return traced
-        return self._run(input, residual, self._act, self._slope, self._inplace)
+        if activate:
+            return self._run(input, residual, self._act, self._slope, self._inplace)
+        return self._run(input, residual, _sbn.IDENTITY, self._slope, False)  # batch_norm(input) + residual
 
     def _run(self, input, residual, act, slope, inplace):
         """The layer's op on input with the epilogue act(. + residual) of slope `slope`, in
-        place or not (forward's, with the layer's own; FusedConvModule's forward(x,
-        activate=False) gives act identity)."""
+        place or not: forward's, with the layer's own epilogue or (activate=False) none."""
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
         c = input.shape[1]
@@ -1195,7 +1200,8 @@ class BatchNormXd(_OptionalBias, _BatchNorm):
     """PyTorch's batch norm of an input of any rank >= 2 (``F.batch_norm``, this rank's own
     statistics in training), with a fused layer's epilogue in PyTorch's ops:
     ``forward(input, residual=None)`` = act(batch_norm(input) + residual), ``activation``
-    "identity", "relu" or "leaky_relu" (negative slope ``slope``). What
+    "identity", "relu" or "leaky_relu" (negative slope ``slope``), and ``forward(...,
+    activate=False)`` = batch_norm(input) + residual, as syncbn's layer. What
     ``revert_sync_batchnorm`` makes of a syncbn layer."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True, device=None,
@@ -1213,11 +1219,12 @@ class BatchNormXd(_OptionalBias, _BatchNorm):
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input, residual=None):
-        traced = _fx_leaf(self, input, residual)
+    def forward(self, input, residual=None, *, activate=True):
+        traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate})
         if traced is not None:
             return traced
-        return _epilogue(super().forward(input), residual, _fused.ACTIVATIONS[self.activation], self.slope)
+        act = _fused.ACTIVATIONS[self.activation] if activate else _sbn.IDENTITY
+        return _epilogue(super().forward(input), residual, act, self.slope)
 
     def extra_repr(self):
         s = super().extra_repr()

@@ -245,6 +245,47 @@ def saved_storages(fn):
     return set(ptrs), out
 
 
+class TestWithoutActivation(TeamOfOne):
+    def test_activate_false(self):
+        """forward(x, residual, activate=False) of a layer with an activation (and of an
+        in-place one, which then keeps its input as a plain layer does) is batch_norm(x) +
+        residual, without the activation: float64 nn.BatchNorm2d of the same state the
+        reference (outputs, input and parameter gradients, running statistics; training and
+        eval); a BatchNormXd with an activation (the reverted layer) likewise."""
+        torch.manual_seed(21)
+        x, z = torch.randn(3, 4, 3, 3), torch.randn(3, 4, 3, 3)
+        layers = [sbt.SyncBatchNorm(4, activation="leaky_relu", slope=0.2, comm=self.comm),
+                  sbt.SyncBatchNorm(4, activation="relu", comm=self.comm),
+                  sbt.SyncBatchNorm(4, activation="leaky_relu", slope=0.2, inplace=True, comm=self.comm),
+                  sbt.BatchNormXd(4, activation="relu")]
+        for layer in layers:
+            randomize_bn(layer)
+            ref = nn.BatchNorm2d(4).double()
+            ref.load_state_dict(layer.state_dict())
+            for training in (True, False):
+                layer.train(training)
+                ref.train(training)
+                for res in (None, z):  # (the in-place layer too: it is not in place then)
+                    msg = f"{layer!r}, training {training}, residual {res is not None}"
+                    xs, xd = x.clone().requires_grad_(), x.double().requires_grad_()
+                    y = layer(xs, res, activate=False)
+                    want = ref(xd) + (0 if res is None else res.double())
+                    assert_within(self, y, want, *TOL[torch.float32], msg=msg)
+                    g = torch.randn(y.shape, dtype=torch.float64)
+                    (y.double() * g).sum().backward()
+                    (want * g).sum().backward()
+                    assert_within(self, xs.grad, xd.grad, *TOL[torch.float32], msg=f"dx, {msg}")
+                    for p, q in ((layer.weight, ref.weight), (layer.bias, ref.bias)):
+                        assert_within(self, p.grad, q.grad, *PTOL[torch.float32], msg=f"dparam, {msg}")
+                        p.grad, q.grad = None, None
+                    for name in ("running_mean", "running_var"):
+                        assert_within(self, getattr(layer, name), getattr(ref, name), *TOL[torch.float32],
+                                      msg=f"{name}, {msg}")
+                y = layer(x)  # and the layer's own activation still, after it
+                want = act_ref(ref(x.double()), layer.activation, layer.slope)
+                assert_within(self, y, want, *TOL[torch.float32], msg=f"with its activation, {msg}")
+
+
 class TestSavedTensors(TeamOfOne):
     def test_inplace_saves_the_output_not_the_input(self):
         """inplace=True: autograd keeps y, never x (the memory saving); without it, x and
@@ -1998,7 +2039,7 @@ class TestFX(TeamOfOne):
         trace fails on the layer's checks of its input: what this class's tests catch."""
         model = sbt.convert_sync_batchnorm(resnet_like(), comm=self.comm)
         real = sbt._fx_leaf
-        sbt._fx_leaf = lambda module, input, residual: None
+        sbt._fx_leaf = lambda module, input, residual, kwargs=None: None
         try:
             with self.assertRaises(torch.fx.proxy.TraceError):
                 torch.fx.symbolic_trace(model)
