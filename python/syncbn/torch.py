@@ -1286,6 +1286,11 @@ def revert_sync_batchnorm(module):
     for name, m in module.named_modules():  # refused before anything changes
         if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
             _block_relu(m)
+        if isinstance(m, FusedConvModule) and not isinstance(m._modules.get(m.norm_name), SyncBatchNorm):
+            raise ValueError(f"syncbn.torch.revert_sync_batchnorm: the FusedConvModule {name or 'given'!r} has no "
+                             f"batch norm {m.norm_name!r} (a {type(m._modules.get(m.norm_name)).__name__} in its "
+                             "place: mmcv's fuse_conv_bn?), which applied its activation: its ConvModule cannot be "
+                             "given back; nothing was reverted")
         if isinstance(m, InPlaceABNSync) and getattr(m, "_reverts_as", None) is None:
             who = f"syncbn.torch.revert_sync_batchnorm: the layer {name or 'given'!r} (InPlaceABNSync)"
             if _inplace_abn() is None:
@@ -1524,6 +1529,17 @@ class FusedActivation(torch.nn.Identity):
         return f"{self.replaced!r} fused into the batch norm before it"
 
 
+# What every nn.Module holds itself (its children, parameters, buffers, hooks, mode)
+_MODULE_STATE = frozenset(vars(torch.nn.Module()))
+
+
+def _own_state(m):
+    """Whether module m holds parameters or buffers itself, or private attributes beyond
+    nn.Module's: a subclass's state, which a fused replacement (_take_block: the children
+    and public attributes) would drop, so such a module is not replaced."""
+    return bool(m._parameters or m._buffers) or any(k.startswith("_") and k not in _MODULE_STATE for k in vars(m))
+
+
 def _take_block(out, block, hooks=False):
     """out (a new module) with block's children, its public attributes (stride, downsample
     None, ...; not block_type) and its own training mode (each child keeps its mode: a
@@ -1590,6 +1606,7 @@ _BLOCKS = ((_basic_block_forward, FusedBasicBlock), (_bottleneck_forward, FusedB
 # weight and bias (conv.forward replaced by that function for the call) and the norm is
 # skipped.
 _CONV_MODULE = ("mmcv.cnn.bricks.conv_module", "ConvModule")
+_MISSING = object()
 
 
 def _conv_module_class(m):
@@ -1609,7 +1626,11 @@ class FusedConvModule(torch.nn.Module):
     act(batch_norm) in one op; with ``activate=False`` the batch norm alone, with
     ``norm=False`` the activation alone (PyTorch's op), with neither the convolution alone;
     in eval with ``efficient_conv_bn_eval`` on, the convolution with the batch norm folded
-    in (mmcv's function), then the activation."""
+    in (mmcv's function), then the activation. A forward set on the batch norm (mmengine's
+    efficient_conv_bn_eval sets an identity for a call where it folded the batch norm into
+    conv) runs as the norm, then the activation. Methods and class attributes of the
+    ConvModule's class (``init_weights``, ``turn_on_efficient_conv_bn_eval``, a subclass's)
+    work on it as on the ConvModule."""
 
     def __init__(self, module):
         super().__init__()
@@ -1620,11 +1641,30 @@ class FusedConvModule(torch.nn.Module):
     def norm(self):
         return self._modules[self.norm_name]
 
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)  # parameters, buffers, children
+        except AttributeError:
+            cls = self.__dict__.get("block_type")
+            if name.startswith("__") or not isinstance(cls, type):
+                raise
+            attr = inspect.getattr_static(cls, name, _MISSING)
+            if attr is _MISSING:
+                raise
+        # the ConvModule class's: a method bound to this module, a property's value, a
+        # static or class method, a class attribute
+        return attr.__get__(self, cls) if hasattr(type(attr), "__get__") else attr
+
     def forward(self, x, activate=True, norm=True):
         kids = self._modules
         if self.with_explicit_padding:
             x = kids["padding_layer"](x)
         conv, bn = kids["conv"], kids[self.norm_name]
+        if not isinstance(bn, SyncBatchNorm):
+            raise RuntimeError(f"syncbn.torch.FusedConvModule: its norm {self.norm_name!r} is now a "
+                               f"{type(bn).__name__}, not the SyncBatchNorm that applies its activation (mmcv's "
+                               "fuse_conv_bn puts an nn.Identity there): fold a model's batch norms after "
+                               "syncbn.torch.revert_sync_batchnorm, which gives the ConvModules back")
         fold = None
         if norm and not bn.training:  # (mmcv 2.0.1 named it fast_conv_bn_eval_forward)
             attrs = self.__dict__
@@ -1640,9 +1680,14 @@ class FusedConvModule(torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        if norm:  # act(batch_norm(x)) in one op, or the batch norm without its epilogue
-            return bn(x) if activate else bn._run(x, None, _sbn.IDENTITY, bn.slope, False)
-        return _epilogue(x, None, bn._act, bn.slope) if activate else x
+        if norm and "forward" not in bn.__dict__:
+            x = bn(x) if activate else bn(x, activate=False)  # act(batch_norm(x)) in one op, or without act
+        else:
+            if norm:  # a forward set on the layer (mmengine's): it, then the activation
+                x = bn(x)
+            if activate:
+                x = _epilogue(x, None, bn._act, bn.slope)
+        return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
 
 
 def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
@@ -1652,7 +1697,7 @@ def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
     nn.LeakyReLU() keeps its input for the backward, the fused layer its output, and what
     runs after the module is its caller's code, unknown), each without hooks; in place as
     convert_fused's inplace says (an invertible activation)."""
-    if _conv_module_class(m) is None or not _no_hooks(m):  # (one used twice: its norm is too)
+    if _conv_module_class(m) is None or not _no_hooks(m) or _own_state(m):  # (used twice: its norm is too)
         return None
     kids, name = m._modules, getattr(m, "norm_name", None)
     if (getattr(m, "order", None) != ("conv", "norm", "act") or getattr(m, "with_norm", None) is not True
@@ -1712,7 +1757,7 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
     """The fused replacement of a torchvision BasicBlock / Bottleneck, or None; its ReLU a
     leaky ReLU of slope relu_as_leaky where given, and then, with inplace, its layers
     without the residual in place (the last one takes the residual: never in place)."""
-    if not _no_hooks(m) or uses[id(m)] != 1:
+    if not _no_hooks(m) or uses[id(m)] != 1 or _own_state(m):
         return None
     for forward, cls in _BLOCKS:
         if not _same_code(type(m).forward, forward):
@@ -1804,7 +1849,8 @@ def _next_writes(rest):
     then those after that Sequential in the Sequentials around it); pass-through modules
     (_PASS_THROUGH) skipped. True: it writes over its input (`inplace=True`); False: it is
     one of _READS_ONLY running torch.nn's forward, or syncbn's SyncBatchNorm or a fused block
-    (neither writes its input; an in-place SyncBatchNorm keeps its output for autograd);
+    (neither writes its input; an in-place SyncBatchNorm keeps its output for autograd), or
+    a FusedConvModule whose padding layer or (without one) convolution is one of those;
     None: not known (another module, or a subclass with its own forward, which may write
     its input or return a view of it; a module with hooks; or the pair ends what the
     converter can see, or only pass-throughs follow it there)."""
@@ -1815,6 +1861,9 @@ def _next_writes(rest):
             return None
         if isinstance(m, (SyncBatchNorm, _FusedBlock)):  # syncbn's: `inplace` says what autograd
             return False  # keeps, and the input is never written
+        if isinstance(m, FusedConvModule):  # (its `inplace` is the ConvModule's activation's) its
+            kids = m._modules  # input goes to its padding layer or its convolution, and no further
+            return _next_writes((kids["padding_layer"] if m.with_explicit_padding else kids["conv"],))
         if getattr(m, "inplace", False):
             return True
         if not _torch_forward(m):  # a subclass's own forward may do anything
@@ -1946,7 +1995,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     class or a slope the library does not take (negative), an ``nn.LeakyReLU()`` followed
     by anything but a module known not to write its input (convolutions, linear layers,
     pooling, upsampling, normalizations, activations not in place, the fused blocks, each
-    running torch.nn's own forward or syncbn's, without hooks; looked for past
+    running torch.nn's own forward or syncbn's, without hooks, a FusedConvModule whose
+    convolution is one of those (without a padding layer); looked for past
     ``nn.Identity``, ``nn.Flatten``, ``nn.Unflatten`` and dropout, which may pass their
     input on, and into the Sequentials around the pair): an in-place module, a module of
     another class or a subclass with its own ``forward``, a module with hooks,
@@ -1954,8 +2004,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     own code after them, or the caller, may write over the output in place); the fused
     layer keeps its output for the backward, as nn.ReLU and nn.LeakyReLU(inplace=True) do,
     where nn.LeakyReLU() keeps its input; blocks of any other code; a ConvModule of
-    another order, with hooks or an activation of another class; everything while a
-    global module hook is registered
+    another order, with hooks or an activation of another class; a block or ConvModule
+    with parameters, buffers or private attributes of its own (a subclass's); everything
+    while a global module hook is registered
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
     followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU
     layers and residuals cannot (not invertible) and stay as they are.

@@ -1300,6 +1300,17 @@ class TestConvert(TeamOfOne):
         self.assertEqual(fused_layers(c), [])
         self._matches(sk, torch.randn(2, 4, 5, 5), c, steps=1)
 
+        class Scaled(BasicBlock):  # torchvision's forward, a parameter of its own (a fused block would drop it)
+            def __init__(self, *args):
+                super().__init__(*args)
+                self.gamma = nn.Parameter(torch.ones(1))
+
+        sc = nn.Sequential(Scaled(4, 4))
+        c = sbt.convert_fused(copy.deepcopy(sc), comm=self.comm)
+        self.assertIs(type(c[0]), Scaled)
+        self.assertEqual(fused_layers(c), [])
+        self.assertEqual(list(c.state_dict().keys()), list(sc.state_dict().keys()))
+
     def test_block_at_the_top(self):
         torch.manual_seed(4)
         blk = Bottleneck(16, 4)

@@ -21,6 +21,7 @@ gradients (sums over 100 positions) within 1e-3 relative + 1e-4.
 """
 
 import copy
+import functools
 import os
 import pickle
 import sys
@@ -278,8 +279,11 @@ class TestConvModule(TeamOfOne):
         self.assertEqual((fused[3].block_type, fused[3].with_explicit_padding, fused[3].order, fused[3].norm_name),
                          (ConvModule, True, ("conv", "norm", "act"), "bn"))
         self.assertEqual(list(conv.state_dict().keys()), list(model.state_dict().keys()))
-        pickle.loads(pickle.dumps(copy.deepcopy(conv.fuse)))
-        converted_matches(self, model, torch.randn(4, 3, 6, 6), conv, input_grad=True)
+        again = pickle.loads(pickle.dumps(copy.deepcopy(conv)))
+        self.assertIs(type(again.fuse), sbt.FusedConvModule)
+        x = torch.randn(4, 3, 6, 6)
+        torch.testing.assert_close(again.eval()(x), copy.deepcopy(conv).eval()(x), rtol=0, atol=0)
+        converted_matches(self, model, x, conv, input_grad=True)
 
     def test_forward_arguments(self):
         """A fused ConvModule's forward(x, activate, norm) is the original's for each of
@@ -328,14 +332,25 @@ class TestConvModule(TeamOfOne):
         where fusing could change what it gives: another order, no norm or no activation,
         an activation of another class (GELU), an nn.LeakyReLU() not in place (it keeps its
         input for the backward, which the caller's code may write over), hooks on the module
-        or its activation, a module used twice, a subclass with a forward of its own. A
-        subclass that keeps mmcv's forward is fused, and reverts to its class."""
+        or its activation, a module used twice, a subclass with a forward of its own, or
+        with a parameter or a private attribute of its own (a replacement would drop them).
+        A subclass that keeps mmcv's forward is fused, and reverts to its class."""
         class OwnForward(ConvModule):
             def forward(self, x, activate=True, norm=True):
                 return super().forward(x, activate, norm) * 2
 
         class SameForward(ConvModule):
             pass
+
+        class OwnParameter(ConvModule):  # state of its own, which a replacement would drop
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                self.gamma = nn.Parameter(torch.ones(1))
+
+        class OwnPrivate(ConvModule):
+            def __init__(self, *args, **kw):
+                super().__init__(*args, **kw)
+                self._calls = 0
 
         bn = {"type": "BN"}
         shared = ConvModule(C, C, 1, norm_cfg=bn)
@@ -348,13 +363,15 @@ class TestConvModule(TeamOfOne):
                  ConvModule(C, C, 1, norm_cfg=bn, act_cfg=None),
                  ConvModule(C, C, 1, norm_cfg=bn, act_cfg={"type": "GELU"}),
                  ConvModule(C, C, 1, norm_cfg=bn, act_cfg={"type": "LeakyReLU"}, inplace=False),
-                 hooked, act_hooked, shared, shared, OwnForward(C, C, 1, norm_cfg=bn)]
+                 hooked, act_hooked, shared, shared, OwnForward(C, C, 1, norm_cfg=bn),
+                 OwnParameter(C, C, 1, norm_cfg=bn), OwnPrivate(C, C, 1, norm_cfg=bn)]
         # (a convolution first: the act-first module's ReLU works in place on its input)
         model = randomize(nn.Sequential(nn.Conv2d(C, C, 1), *alone, SameForward(C, C, 1, norm_cfg=bn)))
         ref = copy.deepcopy(model)
         conv = sbt.convert_fused(model, comm=self.comm)
-        self.assertEqual([type(m) for m in conv], [nn.Conv2d] + [ConvModule] * 10 + [OwnForward, sbt.FusedConvModule])
-        self.assertEqual([m.norm.activation for m in conv[1:] if m.norm is not None], ["identity"] * 10 + ["relu"])
+        self.assertEqual([type(m) for m in conv], [nn.Conv2d] + [ConvModule] * 10 + [OwnForward, OwnParameter,
+                                                                                      OwnPrivate, sbt.FusedConvModule])
+        self.assertEqual([m.norm.activation for m in conv[1:] if m.norm is not None], ["identity"] * 12 + ["relu"])
         self.assertIs(conv[-1].block_type, SameForward)
         converted_matches(self, ref, torch.randn(3, C, 3, 3), conv, input_grad=True)
         self.assertIs(type(sbt.revert_sync_batchnorm(conv)[-1]), SameForward)
@@ -395,6 +412,141 @@ class TestConvModule(TeamOfOne):
         self.assertEqual([(type(m.activate), m.activate.negative_slope, m.activate.inplace)
                           for m in conv_modules(leaky)], [(nn.LeakyReLU, 0.02, True), (nn.LeakyReLU, 0.1, True),
                                                           (nn.LeakyReLU, 0.02, True), (nn.LeakyReLU, 0.02, True)])
+
+    def test_hooks_and_methods(self):
+        """On a fused ConvModule, hooks registered after the conversion on its batch norm
+        and its activate run where the original's norm and activation run (every forward
+        argument); init_weights and turn_on_efficient_conv_bn_eval (the ConvModule class's
+        methods) work on it as on the original, and a subclass's own method too."""
+        class Counted(ConvModule):
+            def twice(self, x):
+                return self(self(x))
+
+        torch.manual_seed(6)
+        model = nn.ModuleList([Counted(C, C, 3, padding=1, norm_cfg={"type": "BN"},
+                                       act_cfg={"type": "LeakyReLU", "negative_slope": 0.1})])
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIs(type(conv[0]), sbt.FusedConvModule)
+        seen = {"orig": [], "fused": []}
+        for key, m in (("orig", model[0]), ("fused", conv[0])):
+            m.norm.register_forward_hook(lambda mod, i, o, key=key: seen[key].append("norm"))
+            m.activate.register_forward_pre_hook(lambda mod, i, key=key: seen[key].append("act"))
+        x = torch.randn(2, C, 4, 4)
+        for activate in (True, False):
+            for norm in (True, False):
+                model[0](x, activate, norm)
+                conv[0](x, activate, norm)
+        self.assertEqual(seen["fused"], seen["orig"])
+        self.assertEqual(seen["orig"], ["norm", "act", "act", "norm"])
+        torch.testing.assert_close(conv[0].twice(x), model[0].twice(x), rtol=1e-4, atol=1e-4)
+        for m in (model[0], conv[0]):
+            torch.manual_seed(8)
+            m.init_weights()
+        for (n, a), (_, b) in zip(conv.named_parameters(), model.named_parameters()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=n)
+        self.assertEqual(conv[0].norm.weight.tolist(), [1.0] * C)
+        self.assertIsNone(conv[0].efficient_conv_bn_eval_forward)
+        conv[0].turn_on_efficient_conv_bn_eval()
+        self.assertIsNotNone(conv[0].efficient_conv_bn_eval_forward)
+        with self.assertRaisesRegex(AttributeError, "no_such"):
+            conv[0].no_such
+
+    def test_traced(self):
+        """torch.fx traces a model that calls a fused ConvModule with activate=False (the
+        batch norm recorded as one node, given activate=False) and with norm=False; the
+        traced module gives the original's outputs, training and eval."""
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = ConvModule(C, C, 3, padding=1, norm_cfg={"type": "BN"},
+                                    act_cfg={"type": "LeakyReLU", "negative_slope": 0.1})
+                self.b = ConvModule(C, C, 1, norm_cfg={"type": "SyncBN"})
+
+            def forward(self, x):
+                return self.b(self.a(x), activate=False) + self.a(x, norm=False)
+
+        torch.manual_seed(1)
+        model = randomize(Block())
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual((type(conv.a), type(conv.b)), (sbt.FusedConvModule, sbt.FusedConvModule))
+        traced = torch.fx.symbolic_trace(conv)
+        calls = [(n.target, n.kwargs) for n in traced.graph.nodes if n.op == "call_module" and n.target.endswith("bn")]
+        self.assertEqual(calls, [("a.bn", {}), ("b.bn", {"activate": False})])
+        x = torch.randn(3, C, 4, 4)
+        ref = copy.deepcopy(model).double()
+        for training in (True, False):
+            traced.train(training)
+            ref.train(training)
+            torch.testing.assert_close(traced(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4)
+
+    def test_forward_set_on_the_norm(self):
+        """A forward set on the fused batch norm for one call, as mmengine's
+        efficient_conv_bn_eval does in eval (conv's forward folds the batch norm into the
+        convolution and sets an identity forward on the norm, removed when it runs): the
+        module gives the original's outputs under the same treatment (the activation after
+        the identity), for each activate argument, and the next call too."""
+        def once_identity(bn, x):
+            del bn.forward
+            return x
+
+        def folding(bn, conv, x):  # conv's forward: in eval, the batch norm folded in, then skipped
+            if bn.training:
+                return conv._conv_forward(x, conv.weight, conv.bias)
+            scale = bn.weight * (bn.running_var + bn.eps).rsqrt()
+            bias = bn.bias - scale * bn.running_mean
+            bn.forward = functools.partial(once_identity, bn)
+            return conv._conv_forward(x, conv.weight * scale.reshape(-1, 1, 1, 1), bias)
+
+        torch.manual_seed(3)
+        model = randomize(nn.ModuleList([ConvModule(3, C, 3, padding=1, norm_cfg={"type": "BN"},
+                                                    act_cfg={"type": "LeakyReLU", "negative_slope": 0.1})]))
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        ref = copy.deepcopy(model).double()
+        for m in (conv[0], ref[0]):
+            m.conv.forward = functools.partial(folding, m.norm, m.conv)
+        x = torch.randn(2, 3, 4, 4)
+        for training in (False, True, False):
+            conv.train(training)
+            ref.train(training)
+            for activate in (True, False, True):
+                torch.testing.assert_close(conv[0](x, activate).double(), ref[0](x.double(), activate), rtol=1e-4,
+                                           atol=1e-4, msg=f"training {training}, activate {activate}")
+            self.assertNotIn("forward", conv[0].norm.__dict__)
+
+    def test_norm_replaced_is_refused(self):
+        """A fused ConvModule whose batch norm was replaced (mmcv's fuse_conv_bn puts an
+        nn.Identity in its place, which would drop the activation it applied): its forward
+        raises a RuntimeError naming revert_sync_batchnorm, and revert_sync_batchnorm refuses
+        it with a ValueError, changing nothing."""
+        model = sbt.convert_fused(nn.Sequential(ConvModule(3, C, 1, norm_cfg={"type": "BN"})), comm=self.comm)
+        model[0].bn = nn.Identity()
+        with self.assertRaisesRegex(RuntimeError, "norm 'bn' is now a Identity.*revert_sync_batchnorm"):
+            model(torch.randn(2, 3, 2, 2))
+        with self.assertRaisesRegex(ValueError, "FusedConvModule '0' has no batch norm 'bn'.*nothing was reverted"):
+            sbt.revert_sync_batchnorm(model)
+        self.assertIs(type(model[0]), sbt.FusedConvModule)
+
+
+    def test_leaky_relu_pair_before_it(self):
+        """An nn.LeakyReLU() pair (which keeps its input, where the fused layer keeps its
+        output) followed by a fused ConvModule is fused: its convolution reads the pair's
+        output and writes nothing (the ConvModule's `inplace` is its activation's); in place
+        with inplace=True. Before a ConvModule that stays one (its `inplace` activation may
+        come first, on its input), it is not."""
+        def model(order):
+            return randomize(nn.Sequential(nn.Conv2d(3, C, 1), nn.BatchNorm2d(C), nn.LeakyReLU(0.1),
+                                           ConvModule(C, C, 1, norm_cfg={"type": "BN"}, order=order)))
+
+        for inplace in (False, True):
+            m = model(("conv", "norm", "act"))
+            conv = sbt.convert_fused(copy.deepcopy(m), comm=self.comm, inplace=inplace)
+            self.assertEqual((conv[1].activation, conv[1].inplace, type(conv[3])),
+                             ("leaky_relu", inplace, sbt.FusedConvModule))
+            converted_matches(self, m, torch.randn(2, 3, 3, 3), conv, input_grad=True)
+        m = model(("act", "conv", "norm"))
+        conv = sbt.convert_fused(copy.deepcopy(m), comm=self.comm)
+        self.assertEqual((conv[1].activation, type(conv[3])), ("identity", ConvModule))
+        converted_matches(self, m, torch.randn(2, 3, 3, 3), conv, input_grad=True)
 
     def test_in_place(self):
         """convert_fused(inplace=True): a ConvModule's leaky ReLU layer goes in place

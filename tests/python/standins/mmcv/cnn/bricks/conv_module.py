@@ -13,8 +13,11 @@ open-mmlab/mmcv a8073c74b, 2026-01), written from its rules for what the tests b
   after it, else its input's), the activation of act_cfg's type as `activate`
   ("ReLU", "LeakyReLU" with inplace=`inplace` unless act_cfg says; "GELU"); the
   attributes with_norm, with_activation, with_explicit_padding, order, norm_name,
-  efficient_conv_bn_eval_forward, and the convolution's (in_channels, ...); mmcv's
-  weight initialization is left out (the tests set their own tensors);
+  efficient_conv_bn_eval_forward, and the convolution's (in_channels, ...); then
+  init_weights();
+- init_weights(): the convolution's weight from Kaiming's normal rule (fan out, the
+  activation's gain: leaky ReLU's of its slope, else ReLU's), its bias 0, where the
+  convolution has no init_weights of its own; the norm's weight 1 and bias 0;
 - `norm`: the norm child, or None;
 - forward(x, activate=True, norm=True): the three layers in `order`: the convolution
   (after padding_layer where with_explicit_padding), the norm where `norm` and
@@ -87,6 +90,21 @@ class ConvModule(nn.Module):
             if kind != "GELU":
                 cfg.setdefault("inplace", inplace)
             self.activate = _ACTS[kind](**cfg)
+        self.init_weights()
+
+    def init_weights(self):
+        if not hasattr(self.conv, "init_weights"):
+            leaky = self.with_activation and self.act_cfg["type"] == "LeakyReLU"
+            a = self.act_cfg.get("negative_slope", 0.01) if leaky else 0
+            nn.init.kaiming_normal_(self.conv.weight, a=a, mode="fan_out",
+                                    nonlinearity="leaky_relu" if leaky else "relu")
+            if self.conv.bias is not None:
+                nn.init.constant_(self.conv.bias, 0)
+        if self.with_norm:
+            if getattr(self.norm, "weight", None) is not None:
+                nn.init.constant_(self.norm.weight, 1)
+            if getattr(self.norm, "bias", None) is not None:
+                nn.init.constant_(self.norm.bias, 0)
 
     @property
     def norm(self):
