@@ -1534,23 +1534,26 @@ _MODULE_STATE = frozenset(vars(torch.nn.Module()))
 
 
 def _own_state(m):
-    """Whether module m holds parameters or buffers itself, or private attributes beyond
-    nn.Module's: a subclass's state, which a fused replacement (_take_block: the children
-    and public attributes) would drop, so such a module is not replaced."""
-    return bool(m._parameters or m._buffers) or any(k.startswith("_") and k not in _MODULE_STATE for k in vars(m))
+    """Whether module m holds parameters or buffers itself, private attributes beyond
+    nn.Module's (a subclass's state), or a forward set on it (mmengine's activation
+    checkpointing wraps one there), which a fused replacement (_take_block: the children
+    and public attributes, not a forward) would drop: such a module is not replaced."""
+    return (bool(m._parameters or m._buffers) or "forward" in vars(m)
+            or any(k.startswith("_") and k not in _MODULE_STATE for k in vars(m)))
 
 
 def _take_block(out, block, hooks=False):
     """out (a new module) with block's children, its public attributes (stride, downsample
-    None, ...; not block_type) and its own training mode (each child keeps its mode: a
-    frozen bn stays in eval); hooks: its hooks too (their dicts themselves: a handle that
-    registered a hook on block removes it from out; and whether its backward hooks are
-    full ones)."""
+    None, ...; not block_type, nor a forward set on block, which is bound to it) and its own
+    training mode (each child keeps its mode: a frozen bn stays in eval); hooks: its hooks
+    too (their dicts themselves: a handle that registered a hook on block removes it from
+    out; and whether its backward hooks are full ones)."""
     for name, child in block._modules.items():
         if child is not None:
             out.add_module(name, child)
+    skip = ("training", "block_type", "forward")
     for name, value in vars(block).items():
-        if name not in block._modules and name not in ("training", "block_type") and not name.startswith("_"):
+        if name not in block._modules and name not in skip and not name.startswith("_"):
             setattr(out, name, value)
     if hooks:
         _take_hooks(out, block)
@@ -1597,7 +1600,7 @@ _BLOCKS = ((_basic_block_forward, FusedBasicBlock), (_bottleneck_forward, FusedB
 # ---- mmcv's ConvModule -------------------------------------------------------------------
 # OpenMMLab's convolution + norm + activation brick (mmcv.cnn.ConvModule; mmsegmentation's
 # and mmdetection's heads and necks are built of it), found by its class's module and name,
-# or a subclass that keeps its forward. Its forward, read at open-mmlab/mmcv a8073c74b (2.x)
+# or a subclass that defines only its __init__. Its forward, read at open-mmlab/mmcv a8073c74b (2.x)
 # and as 1.x and 2.0.1 had it, is written out below from its rules, not compared: with order
 # ("conv", "norm", "act"), forward(x, activate=True, norm=True) pads where
 # with_explicit_padding (padding_layer), runs conv, then the norm where `norm`, then
@@ -1609,12 +1612,20 @@ _CONV_MODULE = ("mmcv.cnn.bricks.conv_module", "ConvModule")
 _MISSING = object()
 
 
+# What a subclass of ConvModule may define and still be fused: its __init__ and what Python
+# gives every class
+_CLASS_METADATA = frozenset({"__module__", "__qualname__", "__doc__", "__init__", "__annotations__",
+                             "__firstlineno__", "__static_attributes__", "__orig_bases__"})
+
+
 def _conv_module_class(m):
-    """mmcv's ConvModule class where m is one, or of a subclass that keeps its forward;
-    else None."""
-    for cls in type(m).__mro__:
+    """mmcv's ConvModule class where m is one, or of a subclass that defines nothing but its
+    __init__ (a method, a forward, a train() of its own would not run on the fused module,
+    and its methods' super() calls would fail there); else None."""
+    mro = type(m).__mro__
+    for i, cls in enumerate(mro):
         if (cls.__module__, cls.__qualname__) == _CONV_MODULE:
-            return cls if type(m).forward is cls.forward else None
+            return None if any(set(vars(sub)) - _CLASS_METADATA for sub in mro[:i]) else cls
     return None
 
 
@@ -1626,11 +1637,9 @@ class FusedConvModule(torch.nn.Module):
     act(batch_norm) in one op; with ``activate=False`` the batch norm alone, with
     ``norm=False`` the activation alone (PyTorch's op), with neither the convolution alone;
     in eval with ``efficient_conv_bn_eval`` on, the convolution with the batch norm folded
-    in (mmcv's function), then the activation. A forward set on the batch norm (mmengine's
-    efficient_conv_bn_eval sets an identity for a call where it folded the batch norm into
-    conv) runs as the norm, then the activation. Methods and class attributes of the
-    ConvModule's class (``init_weights``, ``turn_on_efficient_conv_bn_eval``, a subclass's)
-    work on it as on the ConvModule."""
+    in (mmcv's function), then the activation. Methods and class attributes of mmcv's
+    ConvModule class (``init_weights``, ``turn_on_efficient_conv_bn_eval``) work on it as
+    on the ConvModule. torch.fx records it as one node."""
 
     def __init__(self, module):
         super().__init__()
@@ -1648,14 +1657,22 @@ class FusedConvModule(torch.nn.Module):
             cls = self.__dict__.get("block_type")
             if name.startswith("__") or not isinstance(cls, type):
                 raise
-            attr = inspect.getattr_static(cls, name, _MISSING)
-            if attr is _MISSING:
+            attr = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), _MISSING)
+            if attr is _MISSING:  # (the class's own, not its metaclass's: type.mro is no method of it)
                 raise
         # the ConvModule class's: a method bound to this module, a property's value, a
         # static or class method, a class attribute
         return attr.__get__(self, cls) if hasattr(type(attr), "__get__") else attr
 
     def forward(self, x, activate=True, norm=True):
+        if type(x) is not _Tensor:
+            # torch.fx: one node, as a batch norm is, so that a graph rewrite that folds a
+            # convolution's batch norm into it (mmengine's efficient_conv_bn_eval) does not
+            # take the batch norm inside, which applies the activation
+            kw = {k: v for k, v in (("activate", activate), ("norm", norm)) if v is not True}
+            traced = _fx_leaf(self, x, None, kw or None)
+            if traced is not None:
+                return traced
         kids = self._modules
         if self.with_explicit_padding:
             x = kids["padding_layer"](x)
@@ -1680,13 +1697,10 @@ class FusedConvModule(torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        if norm and "forward" not in bn.__dict__:
+        if norm:
             x = bn(x) if activate else bn(x, activate=False)  # act(batch_norm(x)) in one op, or without act
-        else:
-            if norm:  # a forward set on the layer (mmengine's): it, then the activation
-                x = bn(x)
-            if activate:
-                x = _epilogue(x, None, bn._act, bn.slope)
+        elif activate:
+            x = _epilogue(x, None, bn._act, bn.slope)
         return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
 
 
@@ -1983,8 +1997,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
       ``nn.Identity`` and whose ``act`` is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)``:
       the layer takes the activation, a ``FusedActivation`` the act's place;
     - an mmcv ``ConvModule`` (mmsegmentation's and mmdetection's conv + norm + act brick,
-      recognized by its class, or a subclass that keeps its forward) of order conv, norm,
-      act, whose activation is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)`` (mmcv's
+      recognized by its class, or a subclass that defines only its ``__init__``) of order
+      conv, norm, act, whose activation is ``nn.ReLU`` or ``nn.LeakyReLU(inplace=True)`` (mmcv's
       default), without hooks: replaced by a ``FusedConvModule`` with the same children
       and attributes, whose batch norm takes the activation (a ``FusedActivation`` in
       ``activate``'s place) and whose ``forward(x, activate=True, norm=True)`` is the

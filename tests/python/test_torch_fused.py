@@ -17,6 +17,7 @@ activation, u the dtype's unit roundoff) gives dweight within sum |g| e and dx w
 
 import contextlib
 import copy
+import functools
 from collections import OrderedDict
 import os
 import sys
@@ -1310,6 +1311,14 @@ class TestConvert(TeamOfOne):
         self.assertIs(type(c[0]), Scaled)
         self.assertEqual(fused_layers(c), [])
         self.assertEqual(list(c.state_dict().keys()), list(sc.state_dict().keys()))
+
+        wrapped = nn.Sequential(BasicBlock(4, 4))  # a forward set on the block (bound to it, as a
+        wrapped[0].forward = functools.partial(BasicBlock.forward, wrapped[0])  # checkpointing wrapper's)
+        randomize_bn(wrapped)
+        c = sbt.convert_fused(copy.deepcopy(wrapped), comm=self.comm)
+        self.assertIs(type(c[0]), BasicBlock)
+        self.assertEqual(fused_layers(c), [])
+        self._matches(wrapped, torch.randn(2, 4, 5, 5), c, steps=1)
 
     def test_block_at_the_top(self):
         torch.manual_seed(4)
