@@ -1286,11 +1286,6 @@ def revert_sync_batchnorm(module):
     for name, m in module.named_modules():  # refused before anything changes
         if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
             _block_relu(m)
-        if isinstance(m, FusedConvModule) and not isinstance(m._modules.get(m.norm_name), SyncBatchNorm):
-            raise ValueError(f"syncbn.torch.revert_sync_batchnorm: the FusedConvModule {name or 'given'!r} has no "
-                             f"batch norm {m.norm_name!r} (a {type(m._modules.get(m.norm_name)).__name__} in its "
-                             "place: mmcv's fuse_conv_bn?), which applied its activation: its ConvModule cannot be "
-                             "given back; nothing was reverted")
         if isinstance(m, InPlaceABNSync) and getattr(m, "_reverts_as", None) is None:
             who = f"syncbn.torch.revert_sync_batchnorm: the layer {name or 'given'!r} (InPlaceABNSync)"
             if _inplace_abn() is None:
@@ -1362,7 +1357,15 @@ def _unfuse(m, plain, done):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
     if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
-        _restore_act(out._modules.get(m.norm_name), out, "activate", plain)
+        norm, slot = out._modules.get(m.norm_name), out._modules.get("activate")
+        if isinstance(norm, SyncBatchNorm):
+            _restore_act(norm, out, "activate", plain)
+        elif isinstance(slot, FusedActivation) and _no_hooks(slot) and m._applied is not None:
+            # another norm in its place (mmengine's revert_sync_batchnorm, mmcv's
+            # fuse_conv_bn): the activation the fused module applies after it
+            back = _replaced_back(slot, *m._applied)
+            if back is not None:
+                out._modules["activate"] = back.train(slot.training)
     if isinstance(out, SyncBatchNormAct):
         drop = out._modules.get("drop")
         if drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop)):
@@ -1391,12 +1394,8 @@ def _restore_act(bn, parent, name, plain):
             or not isinstance(slot, torch.nn.Identity) or not _no_hooks(slot)):
         return
     if isinstance(slot, FusedActivation):
-        act = slot.replaced
-        was = _act_of(act)
-        if was is not None and was[0] == "relu" and bn.activation == "leaky_relu":
-            # convert_fused(relu_as_leaky=SLOPE): the leaky ReLU the layer applies
-            act = torch.nn.LeakyReLU(bn.slope, inplace=act.inplace)
-        elif was is None or was[0] != bn.activation or (was[0] == "leaky_relu" and was[1] != bn.slope):
+        act = _replaced_back(slot, bn.activation, bn.slope)
+        if act is None:
             return  # the layer's activation changed since: it keeps it
     elif type(slot) is torch.nn.Identity:
         # an identity right after a layer with an activation (a model fused before
@@ -1407,6 +1406,21 @@ def _restore_act(bn, parent, name, plain):
         return
     parent._modules[name] = act.train(slot.training)
     plain.add(id(bn))
+
+
+def _replaced_back(slot, activation, slope):
+    """What FusedActivation slot goes back to for a layer that applies `activation` (a name)
+    of slope `slope`: the module it replaced where that is the function, a new
+    nn.LeakyReLU(slope) (in place as the module was) where it replaced a ReLU that became
+    that leaky ReLU (convert_fused(relu_as_leaky=SLOPE)); None where the layer's activation
+    changed since."""
+    act = slot.replaced
+    was = _act_of(act)
+    if was is not None and was[0] == "relu" and activation == "leaky_relu":
+        return torch.nn.LeakyReLU(slope, inplace=act.inplace)
+    if was is None or was[0] != activation or (was[0] == "leaky_relu" and was[1] != slope):
+        return None
+    return act
 
 
 # ---- the converter of fusable patterns ---------------------------------------------------
@@ -1614,8 +1628,8 @@ _MISSING = object()
 
 # What a subclass of ConvModule may define and still be fused: its __init__ and what Python
 # gives every class
-_CLASS_METADATA = frozenset({"__module__", "__qualname__", "__doc__", "__init__", "__annotations__",
-                             "__firstlineno__", "__static_attributes__", "__orig_bases__"})
+_CLASS_METADATA = frozenset({"__module__", "__doc__", "__init__", "__annotations__", "__firstlineno__",
+                             "__static_attributes__"})
 
 
 def _conv_module_class(m):
@@ -1639,12 +1653,17 @@ class FusedConvModule(torch.nn.Module):
     in eval with ``efficient_conv_bn_eval`` on, the convolution with the batch norm folded
     in (mmcv's function), then the activation. Methods and class attributes of mmcv's
     ConvModule class (``init_weights``, ``turn_on_efficient_conv_bn_eval``) work on it as
-    on the ConvModule. torch.fx records it as one node."""
+    on the ConvModule. torch.fx records it as one node. Another norm put in its batch
+    norm's place (mmengine's revert_sync_batchnorm, mmcv's fuse_conv_bn) runs as the
+    ConvModule's, the batch norm's activation after it."""
 
     def __init__(self, module):
         super().__init__()
         _take_block(self, module)
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
+        # (activation, slope) its batch norm applies as convert_fused made it: what runs
+        # after another norm put in its place
+        self._applied = _act_of(module._modules.get("activate"))
 
     @property
     def norm(self):
@@ -1677,11 +1696,6 @@ class FusedConvModule(torch.nn.Module):
         if self.with_explicit_padding:
             x = kids["padding_layer"](x)
         conv, bn = kids["conv"], kids[self.norm_name]
-        if not isinstance(bn, SyncBatchNorm):
-            raise RuntimeError(f"syncbn.torch.FusedConvModule: its norm {self.norm_name!r} is now a "
-                               f"{type(bn).__name__}, not the SyncBatchNorm that applies its activation (mmcv's "
-                               "fuse_conv_bn puts an nn.Identity there): fold a model's batch norms after "
-                               "syncbn.torch.revert_sync_batchnorm, which gives the ConvModules back")
         fold = None
         if norm and not bn.training:  # (mmcv 2.0.1 named it fast_conv_bn_eval_forward)
             attrs = self.__dict__
@@ -1697,11 +1711,20 @@ class FusedConvModule(torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        if norm:
-            x = bn(x) if activate else bn(x, activate=False)  # act(batch_norm(x)) in one op, or without act
-        elif activate:
-            x = _epilogue(x, None, bn._act, bn.slope)
-        return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
+        if isinstance(bn, SyncBatchNorm):
+            if norm:  # act(batch_norm(x)) in one op, or without act
+                x = bn(x) if activate else bn(x, activate=False)
+                return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
+            act, slope = bn._act, bn.slope
+        else:
+            # another norm in its place (mmengine's revert_sync_batchnorm, which its Runner
+            # runs when not distributed, puts a plain batch norm there; mmcv's fuse_conv_bn an
+            # nn.Identity, the batch norm folded into conv): the norm, then the activation
+            # the batch norm applied, as the ConvModule would
+            if norm:
+                x = bn(x)
+            act, slope = _fused.ACTIVATIONS[self._applied[0]], self._applied[1]
+        return kids["activate"](_epilogue(x, None, act, slope)) if activate else x
 
 
 def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
@@ -1728,6 +1751,7 @@ def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
     fused = FusedConvModule(m)
     uses[id(fused)] = 1
     uses[id(_fuse_into(fused.norm, fused, "activate", was, relu_as_leaky, inplace))] = 1  # the walk goes on in it
+    fused._applied = _fused_act(was, relu_as_leaky)
     return fused
 
 
@@ -2019,7 +2043,8 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     layer keeps its output for the backward, as nn.ReLU and nn.LeakyReLU(inplace=True) do,
     where nn.LeakyReLU() keeps its input; blocks of any other code; a ConvModule of
     another order, with hooks or an activation of another class; a block or ConvModule
-    with parameters, buffers or private attributes of its own (a subclass's); everything
+    with parameters, buffers or private attributes of its own (a subclass's) or a forward
+    set on it; a ConvModule subclass that defines more than its __init__; everything
     while a global module hook is registered
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
     followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU

@@ -513,19 +513,59 @@ class TestConvModule(TeamOfOne):
                                            atol=1e-4, msg=f"training {training}, activate {activate}")
         self.assertEqual(calls[::2], [{}, {"activate": False}] * 2)  # the fused module's calls
 
-    def test_norm_replaced_is_refused(self):
-        """A fused ConvModule whose batch norm was replaced (mmcv's fuse_conv_bn puts an
-        nn.Identity in its place, which would drop the activation it applied): its forward
-        raises a RuntimeError naming revert_sync_batchnorm, and revert_sync_batchnorm refuses
-        it with a ValueError, changing nothing."""
-        model = sbt.convert_fused(nn.Sequential(ConvModule(3, C, 1, norm_cfg={"type": "BN"})), comm=self.comm)
-        model[0].bn = nn.Identity()
-        with self.assertRaisesRegex(RuntimeError, "norm 'bn' is now a Identity.*revert_sync_batchnorm"):
-            model(torch.randn(2, 3, 2, 2))
-        with self.assertRaisesRegex(ValueError, "FusedConvModule '0' has no batch norm 'bn'.*nothing was reverted"):
-            sbt.revert_sync_batchnorm(model)
-        self.assertIs(type(model[0]), sbt.FusedConvModule)
+    def test_another_norm_in_its_place(self):
+        """Another norm put in a fused ConvModule's batch norm's place: a plain batch norm
+        of the same tensors (mmengine's revert_sync_batchnorm, which its Runner runs when
+        not distributed), or an nn.Identity with the batch norm folded into the convolution
+        (mmcv's fuse_conv_bn, in eval): the module computes the ConvModule's function, the
+        norm then the activation its batch norm applied (a ReLU, or the leaky ReLU that
+        relu_as_leaky made of it), for every forward argument, as the original model does
+        with the same norm in place (its ReLUs made leaky alike); revert_sync_batchnorm then
+        gives each ConvModule back with that activation as its activate module."""
+        def plain_norms(model):  # mmengine's revert: a torch batch norm of the same tensors
+            for m in conv_modules(model):
+                bn = m.norm
+                new = nn.BatchNorm2d(bn.num_features, bn.eps, bn.momentum).train(bn.training)
+                new.load_state_dict(bn.state_dict())
+                setattr(m, m.norm_name, new)
+            return model
 
+        def folded(model):  # mmcv's fuse_conv_bn, in eval: the batch norm into the convolution
+            for m in conv_modules(model):
+                bn, c = m.norm, m.conv
+                with torch.no_grad():
+                    scale = bn.weight * (bn.running_var + bn.eps).rsqrt()
+                    c.weight.mul_(scale.reshape(-1, 1, 1, 1))
+                    c.bias = nn.Parameter(bn.bias - scale * bn.running_mean)
+                setattr(m, m.norm_name, nn.Identity())
+            return model
+
+        x = torch.randn(4, 3, 6, 6)
+        for slope in (None, 0.05):
+            model = head()
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, relu_as_leaky=slope)
+            if slope is not None:  # the function convert_fused made
+                for m in conv_modules(model):
+                    if type(m.activate) is nn.ReLU:
+                        m.activate = nn.LeakyReLU(slope, inplace=True)
+            converted_matches(self, plain_norms(copy.deepcopy(model)), x, plain_norms(copy.deepcopy(conv)),
+                              input_grad=True)
+            ref, fused = folded(copy.deepcopy(model).eval()), folded(copy.deepcopy(conv).eval())
+            torch.testing.assert_close(fused(x), ref(x), rtol=1e-5, atol=1e-5)
+            for activate in (True, False):
+                for norm in (True, False):
+                    torch.testing.assert_close(fused.stem(x, activate, norm), ref.stem(x, activate, norm), rtol=1e-5,
+                                               atol=1e-5, msg=f"slope {slope}, activate {activate}, norm {norm}")
+            acts = [m.activate.replaced for m in conv_modules(fused)]
+            back = sbt.revert_sync_batchnorm(fused)
+            self.assertEqual([type(m) for m in conv_modules(back)], [ConvModule] * 4)
+            if slope is None:
+                self.assertTrue(all(m.activate is a for m, a in zip(conv_modules(back), acts)))
+            else:
+                self.assertEqual([(type(m.activate), m.activate.negative_slope) for m in conv_modules(back)],
+                                 [(nn.LeakyReLU, 0.05), (nn.LeakyReLU, 0.1), (nn.LeakyReLU, 0.05),
+                                  (nn.LeakyReLU, 0.05)])
+            torch.testing.assert_close(back(x), ref(x), rtol=1e-5, atol=1e-5)
 
     def test_leaky_relu_pair_before_it(self):
         """An nn.LeakyReLU() pair (which keeps its input, where the fused layer keeps its
