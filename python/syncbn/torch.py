@@ -1543,17 +1543,13 @@ class FusedActivation(torch.nn.Identity):
         return f"{self.replaced!r} fused into the batch norm before it"
 
 
-# What every nn.Module holds itself (its children, parameters, buffers, hooks, mode)
-_MODULE_STATE = frozenset(vars(torch.nn.Module()))
-
-
 def _own_state(m):
     """Whether module m holds parameters or buffers itself, private attributes beyond
     nn.Module's (a subclass's state), or a forward set on it (mmengine's activation
     checkpointing wraps one there), which a fused replacement (_take_block: the children
     and public attributes, not a forward) would drop: such a module is not replaced."""
     return (bool(m._parameters or m._buffers) or "forward" in vars(m)
-            or any(k.startswith("_") and k not in _MODULE_STATE for k in vars(m)))
+            or any(k.startswith("_") and k not in _MODULE_KEYS for k in vars(m)))  # (its others are public)
 
 
 def _take_block(out, block, hooks=False):
@@ -1657,13 +1653,13 @@ class FusedConvModule(torch.nn.Module):
     norm's place (mmengine's revert_sync_batchnorm, mmcv's fuse_conv_bn) runs as the
     ConvModule's, the batch norm's activation after it."""
 
-    def __init__(self, module):
+    def __init__(self, module, applied=None):
         super().__init__()
         _take_block(self, module)
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
-        # (activation, slope) its batch norm applies as convert_fused made it: what runs
-        # after another norm put in its place
-        self._applied = _act_of(module._modules.get("activate"))
+        # (activation, slope) its batch norm applies as convert_fused made it (by default
+        # the module's activate's): what runs after another norm put in its place
+        self._applied = applied if applied is not None else _act_of(module._modules.get("activate"))
 
     @property
     def norm(self):
@@ -1748,10 +1744,9 @@ def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
     was = _act_of(act_mod)
     if was is None or (was[0] == "leaky_relu" and not act_mod.inplace):
         return None
-    fused = FusedConvModule(m)
+    fused = FusedConvModule(m, _fused_act(was, relu_as_leaky))
     uses[id(fused)] = 1
     uses[id(_fuse_into(fused.norm, fused, "activate", was, relu_as_leaky, inplace))] = 1  # the walk goes on in it
-    fused._applied = _fused_act(was, relu_as_leaky)
     return fused
 
 
