@@ -29,6 +29,7 @@ group, where nn.SyncBatchNorm runs PyTorch's batch norm on the rank's batch alon
 of one on the tensor's device (``_own_team``).
 """
 
+import copy
 import functools
 import inspect
 import numbers
@@ -1280,9 +1281,11 @@ def revert_sync_batchnorm(module):
     neither a syncbn layer nor a BatchNormXd, whose forward calls super().forward, and takes
     a reverted model whose batch norms are all torch.nn's), folding batch norms
     into convolutions, inference without a team, or a framework's own conversions, which
-    would drop a fused layer's activation (it is an nn.SyncBatchNorm). Training after it is
-    unsynchronized. Like the converters, it changes module's containers in place. A layer
-    used in two places becomes one batch norm used in both."""
+    would drop the activation of a layer made with one (it is an nn.SyncBatchNorm; what
+    convert_fused fused applies it after whatever took its place, and goes back to the
+    original's modules here too). Training after it is unsynchronized. Like the
+    converters, it changes module's containers in place. A layer used in two places
+    becomes one batch norm used in both."""
     for name, m in module.named_modules():  # refused before anything changes
         if isinstance(m, _FusedBlock) and isinstance(getattr(m, "block_type", None), type):
             _block_relu(m)
@@ -1315,7 +1318,10 @@ def _block_relu(block):
     norms that apply different activations cannot share the block's one module: a
     ValueError."""
     relu = block._modules.get("relu")
-    bns = [b for _, name in block._convs if isinstance(b := block._modules.get(name), SyncBatchNorm)]
+    if block._sites is not None:  # the layers fused, in place or not (their activation is applied)
+        bns = [site.layer for site in block._sites.values()]
+    else:
+        bns = [b for _, name in block._convs if isinstance(b := block._modules.get(name), SyncBatchNorm)]
     acts = {(b.activation, b.slope if b.activation == "leaky_relu" else None) for b in bns}
     if not acts or acts == {("relu", None)}:
         return relu
@@ -1350,22 +1356,37 @@ def _unfuse(m, plain, done):
         if "relu" in out._modules:
             out._modules["relu"] = _block_relu(m)  # the block's ReLU, or the leaky ReLU its layers apply
         for _, bn in m._convs:
-            if isinstance(m._modules.get(bn), SyncBatchNorm):
+            site = None if m._sites is None else m._sites.get(bn)
+            if site is None and isinstance(m._modules.get(bn), SyncBatchNorm):
                 plain.add(id(m._modules[bn]))
+            elif site is not None and _in_place(site):  # (the layer itself, or inside a wrapper there)
+                plain.add(id(site.layer))
     done[id(m)] = (m, out)
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
+    for name, slot in list(out._modules.items()):
+        site = slot._site if isinstance(slot, FusedActivation) else None
+        where = None if site is None else _where(site)
+        if site is not None and _no_hooks(slot) and where in (None, "inside"):
+            # another module in its batch norm's place (a framework's conversion), or a
+            # wrapper of it there: the activation it applies, as a module (the layer in
+            # the wrapper reverted without it)
+            out._modules[name] = _act_module(slot, site.layer).train(slot.training)
+            if where == "inside":
+                plain.add(id(site.layer))
     if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
         norm, slot = out._modules.get(m.norm_name), out._modules.get("activate")
-        if isinstance(norm, SyncBatchNorm):
-            _restore_act(norm, out, "activate", plain)
-        elif isinstance(slot, FusedActivation) and _no_hooks(slot) and m._applied is not None:
+        site = m._site
+        if site is not None and norm is not site.layer and isinstance(slot, FusedActivation) and _no_hooks(slot):
             # another norm in its place (mmengine's revert_sync_batchnorm, mmcv's
-            # fuse_conv_bn): the activation the fused module applies after it
-            back = _replaced_back(slot, *m._applied)
-            if back is not None:
-                out._modules["activate"] = back.train(slot.training)
+            # fuse_conv_bn), or a wrapper of its batch norm: the activation the fused
+            # module applies after it
+            out._modules["activate"] = _act_module(slot, site.layer).train(slot.training)
+            if _in_place(site):
+                plain.add(id(site.layer))
+        elif isinstance(norm, SyncBatchNorm):
+            _restore_act(norm, out, "activate", plain)
     if isinstance(out, SyncBatchNormAct):
         drop = out._modules.get("drop")
         if drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop)):
@@ -1375,6 +1396,11 @@ def _unfuse(m, plain, done):
         kids = order[0]
         for (_, bn), (name, slot) in zip(kids, kids[1:]):
             _restore_act(bn, out, name, plain)
+    for slot in out._modules.values():
+        if isinstance(slot, FusedActivation) and slot._site is not None and _in_place(slot._site):
+            # one that stays (hooks on it, or its layer's activation changed since): the
+            # identity, its layer reverted with the activation (a BatchNormXd epilogue)
+            slot.__dict__["_site"] = None
     return out
 
 
@@ -1406,6 +1432,18 @@ def _restore_act(bn, parent, name, plain):
         return
     parent._modules[name] = act.train(slot.training)
     plain.add(id(bn))
+
+
+def _act_module(slot, layer):
+    """The module that applies what layer applies, for FusedActivation slot: the module
+    slot replaced (or the leaky ReLU relu_as_leaky made of it, _replaced_back), else a new
+    nn.ReLU, nn.LeakyReLU(slope) or nn.Identity (set_activation changed it since)."""
+    back = _replaced_back(slot, layer.activation, layer.slope)
+    if back is not None:
+        return back
+    if layer.activation == "relu":
+        return torch.nn.ReLU()
+    return torch.nn.LeakyReLU(layer.slope) if layer.activation == "leaky_relu" else torch.nn.Identity()
 
 
 def _replaced_back(slot, activation, slope):
@@ -1528,16 +1566,104 @@ def _no_hooks(m):
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+class _Site:
+    """Where convert_fused gave a batch norm an activation: the layer, owner's child `name`
+    then. The layer is held (its activation is what to apply once another module has taken
+    its place, and its parameters may be shared with that module); the owner weakly (a
+    FusedActivation's owner is its parent, a block's or ConvModule's the module itself: a
+    strong reference would be a cycle, and a model dropped would keep its memory until the
+    garbage collector ran). A copy or pickle of a model takes the copy's own owner (the
+    modules themselves go through deepcopy's memo and pickle's)."""
+
+    __slots__ = ("_owner", "name", "layer")
+
+    def __init__(self, owner, name, layer):
+        self._owner = None if owner is None else weakref.ref(owner)
+        self.name = name
+        self.layer = layer
+
+    def owner(self):
+        return None if self._owner is None else self._owner()
+
+    def __reduce__(self):  # pickle: the owner too (a part of a model pickled pickles it)
+        return _Site, (self.owner(), self.name, self.layer)
+
+    def __deepcopy__(self, memo):
+        # the copy's owner where the owner is copied too (a copy of the model, or of a
+        # block: in memo); none where only a part of it is (a slice: the part's fused
+        # modules then trust their layers, as where the owner is gone)
+        owner = self.owner()
+        return _Site(None if owner is None else memo.get(id(owner)), self.name, copy.deepcopy(self.layer, memo))
+
+
+def _where(site):
+    """Where the batch norm that convert_fused gave an activation is now, against where it
+    was fused (site, a _Site): "child" (the owner's child: at its name, or under another
+    where the owner's children were renumbered, a Sequential's insert or del), "inside"
+    (inside what is at its place, or inside one of the owner's children: a wrapper that
+    calls it, torch's checkpoint_wrapper, FSDP), "unknown" (the owner is gone: the module
+    asking runs in another container now, with the layer before it as before), or None:
+    another module took its place (a framework's conversion: mmengine's
+    revert_sync_batchnorm, nn.SyncBatchNorm.convert_sync_batchnorm, timm's
+    freeze_batch_norm_2d, mmcv's fuse_conv_bn), and the fused module applies the activation
+    itself. The owner, not the module asking, is looked at: an nn.DataParallel replica (a
+    copy of the module's attributes, its children replicas) asks the module it was made
+    from, whose children its own are copies of."""
+    owner = site.owner()
+    if owner is None:
+        return "unknown"
+    kids, layer = owner._modules, site.layer
+    now = kids.get(site.name)
+    if now is layer:
+        return "child"
+    if isinstance(now, torch.nn.Module) and any(m is layer for m in now.modules()):
+        return "inside"
+    if any(c is layer for c in kids.values()):
+        return "child"
+    if any(g is layer for c in kids.values() if c is not None for g in c._modules.values()):
+        return "inside"
+    return None
+
+
+def _in_place(site):
+    """Whether the layer of site still runs where it was fused, or may (_where)."""
+    return _where(site) is not None
+
+
+def _act_after(site, y, residual=None):
+    """act(y + residual) for a batch norm that is no longer in place (_in_place): the
+    activation the fused layer applied (its own, as set_activation may have changed it),
+    in PyTorch's ops, as the module it replaced computed it."""
+    return _epilogue(y, residual, site.layer._act, site.layer.slope)
+
+
 class FusedActivation(torch.nn.Identity):
     """What convert_fused leaves in place of an activation module that it fused into the
     batch norm before it (in an nn.Sequential, or a SyncBatchNormAct's act): the identity
     (that batch norm applies the activation; indices and state_dict keys stay), keeping the
     module it replaced (``replaced``: not a child, it has no state) for
-    revert_sync_batchnorm to put back."""
+    revert_sync_batchnorm to put back. Where a framework's conversion has put another
+    module in that batch norm's place (mmengine's revert_sync_batchnorm,
+    nn.SyncBatchNorm.convert_sync_batchnorm, timm's freeze_batch_norm_2d, mmcv's
+    fuse_conv_bn), it applies the activation the batch norm applied (PyTorch's op), so
+    that the model keeps its function."""
 
-    def __init__(self, replaced):
+    _site = None  # (a module pickled before sites existed)
+
+    def __init__(self, replaced, site=None):
         super().__init__()
         self.__dict__["replaced"] = replaced  # not registered: no child, no state_dict keys
+        # (owner, name, layer): the batch norm that applies the activation, owner's child
+        # `name` (_in_place); None where that layer is the module running this one (a
+        # SyncBatchNormAct's act: it goes where the layer goes) or the owner runs the
+        # activation itself (a FusedConvModule's activate)
+        self.__dict__["_site"] = site
+
+    def forward(self, input):
+        site = self._site
+        if site is None or _in_place(site):
+            return input
+        return _act_after(site, input)
 
     def extra_repr(self):
         return f"{self.replaced!r} fused into the batch norm before it"
@@ -1573,14 +1699,30 @@ def _take_block(out, block, hooks=False):
 class _FusedBlock(torch.nn.Module):
     """A torchvision BasicBlock / Bottleneck after convert_fused: the same children (so the
     same parameters and state_dict keys) and attributes, its batch norms fused: the
-    activation into each, and the last one's residual add + ReLU into that one."""
+    activation into each, and the last one's residual add + ReLU into that one. Another
+    module put in a batch norm's place (a framework's conversion) runs as torchvision's
+    block runs it: that module, then (the add and) the activation the batch norm applied."""
 
     _convs = ()
+    _sites = None  # (a module pickled before sites existed)
 
     def __init__(self, block):
         super().__init__()
         _take_block(self, block)
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
+        # each batch norm's site (_in_place): where another module takes its place (a
+        # framework's conversion), the block applies the activation (and the add) itself
+        self.__dict__["_sites"] = {bn: _Site(self, bn, self._modules.get(bn)) for _, bn in self._convs}
+
+    def _norm(self, name, x, residual=None):
+        """Batch norm `name` on x, then the activation, after adding residual where given:
+        the fused layer's one op, or (another module in its place) that module, then the
+        add and the activation the layer applied, in PyTorch's ops."""
+        bn = getattr(self, name)
+        site = None if self._sites is None else self._sites.get(name)
+        if site is None or _in_place(site):
+            return bn(x) if residual is None else bn(x, residual)
+        return _act_after(site, bn(x), residual)
 
     def forward(self, x):
         out = x
@@ -1588,12 +1730,12 @@ class _FusedBlock(torch.nn.Module):
         for i, (conv, bn) in enumerate(self._convs):
             out = getattr(self, conv)(out)
             if i < last:
-                out = getattr(self, bn)(out)  # its ReLU fused
+                out = self._norm(bn, out)  # its ReLU fused
         identity = x if self.downsample is None else self.downsample(x)
         # torchvision's `out += identity` takes any strides and dtype, and an identity that
         # broadcasts to out's shape; the fused layer takes it as residual_like makes it
         identity = _fused.residual_like(identity, out)
-        return getattr(self, self._convs[last][1])(out, identity)  # ReLU(bn(out) + identity)
+        return self._norm(self._convs[last][1], out, identity)  # ReLU(bn(out) + identity)
 
 
 class FusedBasicBlock(_FusedBlock):
@@ -1653,13 +1795,15 @@ class FusedConvModule(torch.nn.Module):
     norm's place (mmengine's revert_sync_batchnorm, mmcv's fuse_conv_bn) runs as the
     ConvModule's, the batch norm's activation after it."""
 
-    def __init__(self, module, applied=None):
+    _site = None  # (a module pickled before sites existed)
+
+    def __init__(self, module):
         super().__init__()
         _take_block(self, module)
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
-        # (activation, slope) its batch norm applies as convert_fused made it (by default
-        # the module's activate's): what runs after another norm put in its place
-        self._applied = applied if applied is not None else _act_of(module._modules.get("activate"))
+        # its batch norm's site (_in_place): where another norm takes its place, the module
+        # applies the activation the batch norm applied after that norm
+        self.__dict__["_site"] = _Site(self, self.norm_name, self._modules[self.norm_name])
 
     @property
     def norm(self):
@@ -1707,20 +1851,19 @@ class FusedConvModule(torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        if isinstance(bn, SyncBatchNorm):
+        site = self._site
+        if site is None or _in_place(site):
             if norm:  # act(batch_norm(x)) in one op, or without act
                 x = bn(x) if activate else bn(x, activate=False)
                 return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
-            act, slope = bn._act, bn.slope
-        else:
+        elif norm:
             # another norm in its place (mmengine's revert_sync_batchnorm, which its Runner
             # runs when not distributed, puts a plain batch norm there; mmcv's fuse_conv_bn an
             # nn.Identity, the batch norm folded into conv): the norm, then the activation
             # the batch norm applied, as the ConvModule would
-            if norm:
-                x = bn(x)
-            act, slope = _fused.ACTIVATIONS[self._applied[0]], self._applied[1]
-        return kids["activate"](_epilogue(x, None, act, slope)) if activate else x
+            x = bn(x)
+        layer = bn if site is None else site.layer
+        return kids["activate"](_epilogue(x, None, layer._act, layer.slope)) if activate else x
 
 
 def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
@@ -1744,7 +1887,7 @@ def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
     was = _act_of(act_mod)
     if was is None or (was[0] == "leaky_relu" and not act_mod.inplace):
         return None
-    fused = FusedConvModule(m, _fused_act(was, relu_as_leaky))
+    fused = FusedConvModule(m)
     uses[id(fused)] = 1
     uses[id(_fuse_into(fused.norm, fused, "activate", was, relu_as_leaky, inplace))] = 1  # the walk goes on in it
     return fused
@@ -1964,18 +2107,21 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
             continue
         # in place: an invertible activation, and no module after it known to write over
         # the output autograd keeps
-        seq[i + 1] = (act_name, _fuse_into(bn, module, act_name, was, relu_as_leaky, inplace and not writes))
+        seq[i + 1] = (act_name, _fuse_into(bn, module, act_name, was, relu_as_leaky, inplace and not writes,
+                                           bn_name))
 
 
-def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace):
+def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace, bn_name=None):
     """Layer bn takes the activation `was` (_act_of) of parent's child `name`, which runs
     right after it (a ReLU as convert_fused's relu_as_leaky says), in place where `inplace`
     and the activation is invertible; a FusedActivation takes the child's place and is
-    returned."""
+    returned. bn_name: bn's name in parent, where the FusedActivation is to apply the
+    activation itself when another module takes bn's place there (a Sequential's pair)."""
     act_mod = parent._modules[name]
     act = _fused_act(was, relu_as_leaky)
     bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act))
-    parent._modules[name] = FusedActivation(act_mod).train(act_mod.training)
+    site = None if bn_name is None else _Site(parent, bn_name, bn)
+    parent._modules[name] = FusedActivation(act_mod, site).train(act_mod.training)
     return parent._modules[name]
 
 
@@ -2044,6 +2190,13 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
     followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU
     layers and residuals cannot (not invertible) and stay as they are.
+
+    Each fused module keeps the layer it fused and where it was: where another module
+    takes that place later (a framework's conversion: mmengine's revert_sync_batchnorm,
+    nn.SyncBatchNorm.convert_sync_batchnorm, timm's and detectron2's freezes, mmcv's
+    fuse_conv_bn), the FusedActivation, the block or the ConvModule applies the activation
+    (and a block the add) after it, in PyTorch's ops; a wrapper there that calls the layer
+    is not another module.
 
     What it cannot see: code that calls a Sequential's children one by one itself (a
     feature extractor that keeps the output of each index) would read the fused batch

@@ -19,10 +19,14 @@ import contextlib
 import copy
 import functools
 from collections import OrderedDict
+import gc
 import os
+import pickle
 import sys
+import threading
 import unittest
 import warnings
+import weakref
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
@@ -790,6 +794,28 @@ class Tap(nn.Module):
         return self.relu(y) + y
 
 
+class Calls(nn.Module):
+    """A wrapper that calls the module it holds (torch's checkpoint_wrapper, FSDP's)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+class Uncopyable(nn.Module):
+    """A module that deepcopy and pickle refuse (it holds a lock)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+
+    def forward(self, x):
+        return x
+
+
 def ds(i, o, stride):
     return nn.Sequential(nn.Conv2d(i, o, 1, stride, bias=False), nn.BatchNorm2d(o))
 
@@ -1398,6 +1424,172 @@ class TestConvert(TeamOfOne):
             self.assertIs(type(back), nn.BatchNorm2d)
             self.assertIsNone(back.bias)
 
+    def test_a_frameworks_conversion_keeps_the_function(self):
+        """A framework's conversion that puts another module in a fused batch norm's place
+        (it is an nn.SyncBatchNorm): PyTorch's convert_sync_batchnorm (Lightning's
+        sync_batchnorm=True), a plain batch norm of the same tensors (mmengine's
+        revert_sync_batchnorm, which its Runner runs when not distributed; timm's and
+        detectron2's freezes alike), mmcv's fuse_conv_bn (in eval: the batch norm folded
+        into the convolution before it, an nn.Identity in its place), and a wrapper that
+        calls the layer (torch's checkpoint_wrapper, FSDP's). The converted model then
+        computes the original's function under the same conversion (its fused ReLUs made
+        leaky alike with relu_as_leaky, where applying one twice shows): a Sequential
+        pair's FusedActivation applies the activation after the new module, a fused block
+        its add and activation, and neither applies it a second time after a wrapper of the
+        fused layer. revert_sync_batchnorm afterwards gives the original's modules (the
+        activation modules back, no FusedActivation), its function too."""
+        def torch_sync(model):
+            return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+        def replaced(model, new):  # every batch norm below model, in its parent's place
+            for parent in list(model.modules()):
+                for name, child in list(parent._modules.items()):
+                    if isinstance(child, nn.modules.batchnorm._BatchNorm):
+                        parent._modules[name] = new(child)
+            return model
+
+        def plain(model):
+            def new(bn):
+                out = nn.BatchNorm2d(bn.num_features, bn.eps, bn.momentum).train(bn.training)
+                out.load_state_dict(bn.state_dict())
+                return out
+            return replaced(model, new)
+
+        def wrapped(model):
+            return replaced(model, Calls)
+
+        def wrapped_twice(model):  # (FSDP's wrapper around checkpoint_wrapper's)
+            return replaced(model, lambda bn: Calls(Calls(bn)))
+
+        def folded(model):  # mmcv's fuse_conv_bn's walk: a batch norm after a convolution among siblings
+            for parent in list(model.modules()):
+                last = None
+                for name, child in list(parent._modules.items()):
+                    if isinstance(child, nn.modules.batchnorm._BatchNorm) and last is not None:
+                        parent._modules[last] = torch.nn.utils.fuse_conv_bn_eval(parent._modules[last], child)
+                        parent._modules[name] = nn.Identity()
+                        last = None
+                    elif isinstance(child, nn.Conv2d):
+                        last = name
+            return model
+
+        def kinds(model):
+            return [(n, type(m), getattr(m, "negative_slope", None)) for n, m in model.named_modules()]
+
+        x = torch.randn(4, 3, 8, 8)
+        for slope in (None, 0.05):
+            torch.manual_seed(21)
+            model = resnet_like()
+            randomize_bn(model)
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, relu_as_leaky=slope)
+            if slope is not None:  # the function convert_fused made: the fused ReLUs leaky
+                model[2] = nn.LeakyReLU(slope, inplace=True)
+                for m in model.modules():
+                    if isinstance(m, (BasicBlock, Bottleneck)):
+                        m.relu = nn.LeakyReLU(slope, inplace=True)
+            for how in (torch_sync, plain, wrapped, wrapped_twice):
+                with self.subTest(slope=slope, conversion=how.__name__):
+                    got = how(copy.deepcopy(conv))
+                    self.assertEqual(any(isinstance(m, sbt.SyncBatchNorm) for m in got.modules()),
+                                     how in (wrapped, wrapped_twice))
+                    converted_matches(self, how(copy.deepcopy(model)), x, got, input_grad=True)
+                    want = how(copy.deepcopy(model))
+                    back = sbt.revert_sync_batchnorm(how(copy.deepcopy(conv)))
+                    self.assertEqual(kinds(back), kinds(want))
+                    converted_matches(self, want, x, back, steps=1, input_grad=True)
+            with self.subTest(slope=slope, conversion="folded"):
+                want = folded(copy.deepcopy(model).double().eval())
+                got = folded(copy.deepcopy(conv).eval())
+                self.assertFalse(any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in got.modules()))
+                torch.testing.assert_close(got(x).double(), want(x.double()), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(torch.fx.symbolic_trace(got)(x), got(x), rtol=0, atol=0)
+                back = sbt.revert_sync_batchnorm(got)
+                self.assertNotIn(sbt.FusedActivation, {type(m) for m in back.modules()})
+                torch.testing.assert_close(back(x).double(), want(x.double()), rtol=1e-4, atol=1e-4)
+
+    def test_fused_modules_copy_pickle_and_free(self):
+        """Where a fused module looks for its layer (the module that holds it there, and
+        the layer) is the copy's own in a deepcopy and in a pickled and loaded model: a
+        framework's conversion of the copy keeps the copy's function and leaves the
+        original fused. And it holds no reference cycle: a model dropped is freed at once
+        (with the garbage collector off), its memory with it."""
+        def plain(model):  # mmengine's revert_sync_batchnorm: a torch batch norm in each place
+            for parent in list(model.modules()):
+                for name, child in list(parent._modules.items()):
+                    if isinstance(child, sbt.SyncBatchNorm):
+                        out = nn.BatchNorm2d(child.num_features).train(child.training)
+                        out.load_state_dict(child.state_dict())
+                        parent._modules[name] = out
+            return model
+
+        torch.manual_seed(22)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, relu_as_leaky=0.05)
+        model[2] = nn.LeakyReLU(0.05, inplace=True)
+        for m in model.modules():
+            if isinstance(m, (BasicBlock, Bottleneck)):
+                m.relu = nn.LeakyReLU(0.05, inplace=True)
+        x = torch.randn(4, 3, 8, 8)
+        for how in ("deepcopy", "pickle"):
+            with self.subTest(how=how):
+                twin = copy.deepcopy(conv) if how == "deepcopy" else pickle.loads(pickle.dumps(conv))
+                converted_matches(self, model, x, plain(twin), steps=1, input_grad=True)
+                self.assertEqual(len(fused_layers(conv)), 12)
+                converted_matches(self, model, x, copy.deepcopy(conv), steps=1, input_grad=True)
+        # a model rebuilt from the modules, the one they were fused in dropped: its pairs
+        # as they were (the batch norm applies the activation, once)
+        rebuilt = nn.Sequential(*copy.deepcopy(conv))
+        converted_matches(self, model, x, rebuilt, steps=1, input_grad=True)
+        # a copy of a part copies that part only: not the rest of the Sequential its pairs
+        # were fused in (here a module that no copy takes)
+        conv.append(Uncopyable())
+        part = copy.deepcopy(conv[:3])
+        converted_matches(self, model[:3], x, part, steps=1, input_grad=True)
+        gc.collect()
+        gc.disable()
+        try:
+            dropped = sbt.convert_fused(resnet_like(), comm=self.comm)
+            dropped(x).sum().backward()
+            refs = [weakref.ref(dropped), weakref.ref(dropped[3]), weakref.ref(dropped[1].weight)]
+            del dropped
+            self.assertEqual([r() for r in refs], [None] * 3)
+        finally:
+            gc.enable()
+
+    def test_renumbered_sequential_keeps_the_function(self):
+        """A Sequential's children renumbered after convert_fused (insert, del; a wrapper put
+        in the batch norm's place, then renumbered): each pair's batch norm applies the
+        activation once, as before (a leaky ReLU, which twice would show), under a
+        framework's conversion afterwards too, and revert_sync_batchnorm gives the
+        original's modules (torch.nn batch norms)."""
+        torch.manual_seed(23)
+        model = nn.Sequential(nn.Identity(), nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LeakyReLU(0.1, inplace=True),
+                              nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4), nn.ReLU())
+        randomize_bn(model)
+        x = torch.randn(2, 3, 6, 6)
+        def edited(m, edit):
+            if edit == "wrap, then insert":  # a wrapper in the batch norm's place, renumbered
+                m[2] = Calls(m[2])
+                m.insert(0, nn.Identity())
+            if edit in ("insert", "both"):
+                m.insert(0, nn.Identity())
+            if edit in ("del", "both"):
+                del m[0]
+            return m
+
+        for edit in ("insert", "del", "both", "wrap, then insert"):
+            with self.subTest(edit=edit):
+                conv = edited(sbt.convert_fused(copy.deepcopy(model), comm=self.comm), edit)
+                want = edited(copy.deepcopy(model), edit)
+                back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
+                frozen = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(conv))
+                converted_matches(self, want, x, conv, steps=1, input_grad=True)
+                self.assertEqual([type(m) for m in back], [type(m) for m in want])
+                converted_matches(self, want, x, back, steps=1, input_grad=True)
+                converted_matches(self, nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(want)), x, frozen,
+                                  steps=1, input_grad=True)
+
     def test_resnet_stem_and_layer_getter(self):
         """A torchvision ResNet's stem (bn1 then relu, in its own forward) is fused as a
         Sequential's pair is, and so is a pair among the children of an
@@ -1487,6 +1679,25 @@ class TestConvert(TeamOfOne):
         back = sbt.revert_sync_batchnorm(hooked)
         self.assertIs(type(back[2]), sbt.FusedActivation)
         self.assertEqual(back[1].activation, "relu")
+        # the identity that stays (a hook on it, or its layer's activation changed since it
+        # was fused) applies nothing itself after the revert: the activation once, by the
+        # reverted layer (a leaky one, which twice would show)
+        original = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.1, inplace=True))
+        randomize_bn(original)
+        for change in ("hook", "set_activation"):
+            with self.subTest(change=change):
+                fused = sbt.convert_fused(copy.deepcopy(original), comm=self.comm).eval()
+                want = copy.deepcopy(original).double().eval()
+                if change == "hook":
+                    fused[2].register_forward_hook(lambda m, inp, out: None)
+                else:
+                    fused[1].set_activation("leaky_relu", 0.2)
+                    want[2] = nn.LeakyReLU(0.2)
+                back = sbt.revert_sync_batchnorm(fused)
+                self.assertIs(type(back[2]), sbt.FusedActivation)
+                self.assertIs(type(back[1]), sbt.BatchNormXd)
+                x = torch.randn(2, 3, 5, 5)
+                torch.testing.assert_close(back(x).double(), want(x.double()), rtol=1e-5, atol=1e-5)
 
 
     def test_revert_of_many_leaky_blocks(self):

@@ -38,6 +38,7 @@ from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402
 
 import syncbn.torch as sbt  # noqa: E402
 from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches  # noqa: E402
+from test_torch_fused import Calls  # noqa: E402
 
 C = 5
 
@@ -530,6 +531,11 @@ class TestConvModule(TeamOfOne):
                 setattr(m, m.norm_name, new)
             return model
 
+        def wrapped(model):  # a module that calls the batch norm in its place
+            for m in conv_modules(model):
+                setattr(m, m.norm_name, Calls(m.norm))
+            return model
+
         def folded(model):  # mmcv's fuse_conv_bn, in eval: the batch norm into the convolution
             for m in conv_modules(model):
                 bn, c = m.norm, m.conv
@@ -566,6 +572,29 @@ class TestConvModule(TeamOfOne):
                                  [(nn.LeakyReLU, 0.05), (nn.LeakyReLU, 0.1), (nn.LeakyReLU, 0.05),
                                   (nn.LeakyReLU, 0.05)])
             torch.testing.assert_close(back(x), ref(x), rtol=1e-5, atol=1e-5)
+            # a wrapper that calls the batch norm in its place (torch's checkpoint_wrapper):
+            # the activation once, for every forward argument; reverted, the ConvModule's
+            # activation a module again, the batch norm in the wrapper plain
+            want, got = wrapped(copy.deepcopy(model)), wrapped(copy.deepcopy(conv))
+            for training in (True, False):
+                for activate in (True, False):
+                    for norm in (True, False):
+                        torch.testing.assert_close(got.train(training).stem(x, activate, norm),
+                                                   want.train(training).stem(x, activate, norm), rtol=1e-5, atol=1e-5,
+                                                   msg=f"wrapped: slope {slope}, {training}, {activate}, {norm}")
+            want, got = wrapped(copy.deepcopy(model)), wrapped(copy.deepcopy(conv))
+            converted_matches(self, want, x, got, steps=1, input_grad=True)
+            back = sbt.revert_sync_batchnorm(wrapped(copy.deepcopy(conv)))
+            self.assertEqual([(type(m.activate), getattr(m.norm.module, "activation", "identity"))
+                              for m in conv_modules(back)],
+                             [(type(m.activate), "identity") for m in conv_modules(want)])
+            self.assertFalse([m for m in back.modules() if isinstance(m, sbt.SyncBatchNorm)])
+            converted_matches(self, want, x, back, steps=1, input_grad=True)
+            # the batch norm's place taken by a layer of syncbn's without its activation
+            # (mmengine's revert, then syncbn's convert_sync_batchnorm): the activation once
+            got = sbt.convert_sync_batchnorm(plain_norms(copy.deepcopy(conv)), comm=self.comm)
+            self.assertEqual({type(m.norm) for m in conv_modules(got)}, {sbt.SyncBatchNorm})
+            converted_matches(self, plain_norms(copy.deepcopy(model)), x, got, steps=1, input_grad=True)
 
     def test_leaky_relu_pair_before_it(self):
         """An nn.LeakyReLU() pair (which keeps its input, where the fused layer keeps its
