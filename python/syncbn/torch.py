@@ -1318,8 +1318,8 @@ def _block_relu(block):
     norms that apply different activations cannot share the block's one module: a
     ValueError."""
     relu = block._modules.get("relu")
-    if block._sites is not None:  # the layers fused, in place or not (their activation is applied)
-        bns = [site.layer for site in block._sites.values()]
+    if block._sites is not None:  # what applies each activation: the layer there (or a copy), else the one fused
+        bns = [site.layer if (mod := _locate(site)[1]) is None else mod for site in block._sites.values()]
     else:
         bns = [b for _, name in block._convs if isinstance(b := block._modules.get(name), SyncBatchNorm)]
     acts = {(b.activation, b.slope if b.activation == "leaky_relu" else None) for b in bns}
@@ -1357,36 +1357,38 @@ def _unfuse(m, plain, done):
             out._modules["relu"] = _block_relu(m)  # the block's ReLU, or the leaky ReLU its layers apply
         for _, bn in m._convs:
             site = None if m._sites is None else m._sites.get(bn)
-            if site is None and isinstance(m._modules.get(bn), SyncBatchNorm):
-                plain.add(id(m._modules[bn]))
-            elif site is not None and _in_place(site):  # (the layer itself, or inside a wrapper there)
-                plain.add(id(site.layer))
+            mod = m._modules.get(bn) if site is None else _locate(site)[1]  # (the layer, a copy, in a wrapper)
+            if isinstance(mod, SyncBatchNorm):  # the block's relu module applies its activation
+                plain.add(id(mod))
     done[id(m)] = (m, out)
     for name, child in list(out._modules.items()):
         if child is not None:
             out._modules[name] = _unfuse(child, plain, done)
     for name, slot in list(out._modules.items()):
         site = slot._site if isinstance(slot, FusedActivation) else None
-        where = None if site is None else _where(site)
-        if site is not None and _no_hooks(slot) and where in (None, "inside"):
+        kind, mod = (None, None) if site is None else _locate(site, slot)
+        if site is not None and _no_hooks(slot) and kind in (None, "inside"):
             # another module in its batch norm's place (a framework's conversion), or a
             # wrapper of it there: the activation it applies, as a module (the layer in
             # the wrapper reverted without it)
-            out._modules[name] = _act_module(slot, site.layer).train(slot.training)
-            if where == "inside":
-                plain.add(id(site.layer))
+            layer = site.layer if mod is None else mod
+            out._modules[name] = _act_module(slot, layer.activation, layer.slope).train(slot.training)
+            if mod is not None:
+                plain.add(id(mod))
     if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
         norm, slot = out._modules.get(m.norm_name), out._modules.get("activate")
-        site = m._site
-        if site is not None and norm is not site.layer and isinstance(slot, FusedActivation) and _no_hooks(slot):
+        _, act, slope = m._norm_applies()
+        mod = None if m._site is None else _locate(m._site)[1]
+        if isinstance(norm, SyncBatchNorm) and (mod is norm or m._site is None):  # the layer, or a copy, there
+            _restore_act(norm, out, "activate", plain)
+        elif isinstance(slot, FusedActivation) and _no_hooks(slot):
             # another norm in its place (mmengine's revert_sync_batchnorm, mmcv's
             # fuse_conv_bn), or a wrapper of its batch norm: the activation the fused
-            # module applies after it
-            out._modules["activate"] = _act_module(slot, site.layer).train(slot.training)
-            if _in_place(site):
-                plain.add(id(site.layer))
-        elif isinstance(norm, SyncBatchNorm):
-            _restore_act(norm, out, "activate", plain)
+            # module applies after it, as a module (the layer in the wrapper reverted
+            # without it)
+            out._modules["activate"] = _act_module(slot, _fused._ACT_NAMES[act], slope).train(slot.training)
+            if mod is not None:
+                plain.add(id(mod))
     if isinstance(out, SyncBatchNormAct):
         drop = out._modules.get("drop")
         if drop is None or (type(drop) is torch.nn.Identity and _no_hooks(drop)):
@@ -1397,7 +1399,7 @@ def _unfuse(m, plain, done):
         for (_, bn), (name, slot) in zip(kids, kids[1:]):
             _restore_act(bn, out, name, plain)
     for slot in out._modules.values():
-        if isinstance(slot, FusedActivation) and slot._site is not None and _in_place(slot._site):
+        if isinstance(slot, FusedActivation) and slot._site is not None and _runs_there(slot._site, slot):
             # one that stays (hooks on it, or its layer's activation changed since): the
             # identity, its layer reverted with the activation (a BatchNormXd epilogue)
             slot.__dict__["_site"] = None
@@ -1434,16 +1436,17 @@ def _restore_act(bn, parent, name, plain):
     plain.add(id(bn))
 
 
-def _act_module(slot, layer):
-    """The module that applies what layer applies, for FusedActivation slot: the module
-    slot replaced (or the leaky ReLU relu_as_leaky made of it, _replaced_back), else a new
-    nn.ReLU, nn.LeakyReLU(slope) or nn.Identity (set_activation changed it since)."""
-    back = _replaced_back(slot, layer.activation, layer.slope)
+def _act_module(slot, activation, slope):
+    """The module that applies `activation` (a name) of slope `slope` for FusedActivation
+    slot: the module slot replaced (or the leaky ReLU relu_as_leaky made of it,
+    _replaced_back), else a new nn.ReLU, nn.LeakyReLU(slope) or nn.Identity
+    (set_activation changed it since)."""
+    back = _replaced_back(slot, activation, slope)
     if back is not None:
         return back
-    if layer.activation == "relu":
+    if activation == "relu":
         return torch.nn.ReLU()
-    return torch.nn.LeakyReLU(layer.slope) if layer.activation == "leaky_relu" else torch.nn.Identity()
+    return torch.nn.LeakyReLU(slope) if activation == "leaky_relu" else torch.nn.Identity()
 
 
 def _replaced_back(slot, activation, slope):
@@ -1596,42 +1599,59 @@ class _Site:
         return _Site(None if owner is None else memo.get(id(owner)), self.name, copy.deepcopy(self.layer, memo))
 
 
-def _where(site):
+def _applies_act(m):
+    """Whether m is a layer of syncbn's that applies an activation itself (a fused layer,
+    or a copy of one put in its place)."""
+    return type(m) is SyncBatchNorm and m._act != _sbn.IDENTITY
+
+
+def _locate(site, slot=None):
     """Where the batch norm that convert_fused gave an activation is now, against where it
-    was fused (site, a _Site): "child" (the owner's child: at its name, or under another
-    where the owner's children were renumbered, a Sequential's insert or del), "inside"
-    (inside what is at its place, or inside one of the owner's children: a wrapper that
-    calls it, torch's checkpoint_wrapper, FSDP), "unknown" (the owner is gone: the module
-    asking runs in another container now, with the layer before it as before), or None:
-    another module took its place (a framework's conversion: mmengine's
+    was fused (site, a _Site): (kind, module). kind "child": the owner's child at that
+    place is the layer, or a layer of syncbn's that applies an activation itself (a copy of
+    it put there); "inside": such a layer inside what is there (a wrapper that calls it,
+    torch's checkpoint_wrapper, FSDP's: chains of modules of one child); "unknown": the
+    owner is gone (the module asking runs in another container now, the layer before it as
+    before); None: another module took its place (a framework's conversion: mmengine's
     revert_sync_batchnorm, nn.SyncBatchNorm.convert_sync_batchnorm, timm's
     freeze_batch_norm_2d, mmcv's fuse_conv_bn), and the fused module applies the activation
-    itself. The owner, not the module asking, is looked at: an nn.DataParallel replica (a
-    copy of the module's attributes, its children replicas) asks the module it was made
-    from, whose children its own are copies of."""
+    itself. module: that layer of syncbn's, or None. The place is owner's child site.name,
+    or for a FusedActivation (slot) the child right before it (its container's indices
+    may have moved: a Sequential's insert, del). The owner, not the module asking, is
+    looked at: an nn.DataParallel replica (a copy of the module's attributes, its children
+    replicas) asks the module it was made from, whose children its own are copies of."""
     owner = site.owner()
     if owner is None:
-        return "unknown"
+        return "unknown", None
     kids, layer = owner._modules, site.layer
     now = kids.get(site.name)
-    if now is layer:
-        return "child"
-    if isinstance(now, torch.nn.Module) and any(m is layer for m in now.modules()):
-        return "inside"
-    if any(c is layer for c in kids.values()):
-        return "child"
-    if any(g is layer for c in kids.values() if c is not None for g in c._modules.values()):
-        return "inside"
-    return None
+    if now is layer:  # (the common case: nothing moved)
+        return "child", now
+    if slot is not None:
+        before = None
+        for c in kids.values():
+            if c is slot:
+                now = before
+                break
+            before = c
+    if now is layer or _applies_act(now):
+        return "child", now
+    m = now
+    while isinstance(m, torch.nn.Module) and len(m._modules) == 1:
+        m = next(iter(m._modules.values()))
+        if m is layer or _applies_act(m):
+            return "inside", m
+    return None, None
 
 
-def _in_place(site):
-    """Whether the layer of site still runs where it was fused, or may (_where)."""
-    return _where(site) is not None
+def _runs_there(site, slot=None):
+    """Whether the layer of site (or one of syncbn's that applies an activation) still runs
+    where it was fused, or may (_locate)."""
+    return _locate(site, slot)[0] is not None
 
 
 def _act_after(site, y, residual=None):
-    """act(y + residual) for a batch norm that is no longer in place (_in_place): the
+    """act(y + residual) for a batch norm that is no longer in place (_runs_there): the
     activation the fused layer applied (its own, as set_activation may have changed it),
     in PyTorch's ops, as the module it replaced computed it."""
     return _epilogue(y, residual, site.layer._act, site.layer.slope)
@@ -1654,14 +1674,14 @@ class FusedActivation(torch.nn.Identity):
         super().__init__()
         self.__dict__["replaced"] = replaced  # not registered: no child, no state_dict keys
         # (owner, name, layer): the batch norm that applies the activation, owner's child
-        # `name` (_in_place); None where that layer is the module running this one (a
+        # `name` (_locate); None where that layer is the module running this one (a
         # SyncBatchNormAct's act: it goes where the layer goes) or the owner runs the
         # activation itself (a FusedConvModule's activate)
         self.__dict__["_site"] = site
 
     def forward(self, input):
         site = self._site
-        if site is None or _in_place(site):
+        if site is None or _runs_there(site, self):
             return input
         return _act_after(site, input)
 
@@ -1710,7 +1730,7 @@ class _FusedBlock(torch.nn.Module):
         super().__init__()
         _take_block(self, block)
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
-        # each batch norm's site (_in_place): where another module takes its place (a
+        # each batch norm's site (_locate): where another module takes its place (a
         # framework's conversion), the block applies the activation (and the add) itself
         self.__dict__["_sites"] = {bn: _Site(self, bn, self._modules.get(bn)) for _, bn in self._convs}
 
@@ -1720,7 +1740,7 @@ class _FusedBlock(torch.nn.Module):
         add and the activation the layer applied, in PyTorch's ops."""
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
-        if site is None or _in_place(site):
+        if site is None or _runs_there(site):
             return bn(x) if residual is None else bn(x, residual)
         return _act_after(site, bn(x), residual)
 
@@ -1801,7 +1821,7 @@ class FusedConvModule(torch.nn.Module):
         super().__init__()
         _take_block(self, module)
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
-        # its batch norm's site (_in_place): where another norm takes its place, the module
+        # its batch norm's site (_locate): where another norm takes its place, the module
         # applies the activation the batch norm applied after that norm
         self.__dict__["_site"] = _Site(self, self.norm_name, self._modules[self.norm_name])
 
@@ -1851,8 +1871,8 @@ class FusedConvModule(torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        site = self._site
-        if site is None or _in_place(site):
+        there, act, slope = self._norm_applies()
+        if there:
             if norm:  # act(batch_norm(x)) in one op, or without act
                 x = bn(x) if activate else bn(x, activate=False)
                 return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
@@ -1862,8 +1882,23 @@ class FusedConvModule(torch.nn.Module):
             # nn.Identity, the batch norm folded into conv): the norm, then the activation
             # the batch norm applied, as the ConvModule would
             x = bn(x)
-        layer = bn if site is None else site.layer
-        return kids["activate"](_epilogue(x, None, layer._act, layer.slope)) if activate else x
+        return kids["activate"](_epilogue(x, None, act, slope)) if activate else x
+
+    def _norm_applies(self):
+        """(whether its batch norm, or a layer of syncbn's with an activation, runs in the
+        norm's place (_locate), the activation applied there or to apply after the norm, its
+        slope)."""
+        site = self._site
+        if site is not None:
+            kind, mod = _locate(site)
+            layer = site.layer if mod is None else mod
+            return kind is not None, layer._act, layer.slope
+        # pickled before sites: the norm's class tells, and what it applied was recorded
+        bn = self._modules[self.norm_name]
+        if isinstance(bn, SyncBatchNorm):
+            return True, bn._act, bn.slope
+        act, slope = self.__dict__.get("_applied") or ("identity", 0.01)
+        return False, _fused.ACTIVATIONS[act], slope
 
 
 def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):

@@ -1430,14 +1430,15 @@ class TestConvert(TeamOfOne):
         sync_batchnorm=True), a plain batch norm of the same tensors (mmengine's
         revert_sync_batchnorm, which its Runner runs when not distributed; timm's and
         detectron2's freezes alike), mmcv's fuse_conv_bn (in eval: the batch norm folded
-        into the convolution before it, an nn.Identity in its place), and a wrapper that
-        calls the layer (torch's checkpoint_wrapper, FSDP's). The converted model then
-        computes the original's function under the same conversion (its fused ReLUs made
-        leaky alike with relu_as_leaky, where applying one twice shows): a Sequential
-        pair's FusedActivation applies the activation after the new module, a fused block
-        its add and activation, and neither applies it a second time after a wrapper of the
-        fused layer. revert_sync_batchnorm afterwards gives the original's modules (the
-        activation modules back, no FusedActivation), its function too."""
+        into the convolution before it, an nn.Identity in its place), a wrapper that calls
+        the layer (torch's checkpoint_wrapper, FSDP's), two of them, and a copy of the layer
+        in its place. The converted model then computes the original's function under the
+        same conversion (its fused ReLUs made leaky alike with relu_as_leaky, where applying
+        one twice shows): a Sequential pair's FusedActivation applies the activation after
+        the new module, a fused block its add and activation, and neither applies it a
+        second time after a wrapper of the fused layer or a copy of it.
+        revert_sync_batchnorm afterwards gives the original's modules (the activation
+        modules back, no FusedActivation), its function too."""
         def torch_sync(model):
             return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
@@ -1460,6 +1461,9 @@ class TestConvert(TeamOfOne):
 
         def wrapped_twice(model):  # (FSDP's wrapper around checkpoint_wrapper's)
             return replaced(model, lambda bn: Calls(Calls(bn)))
+
+        def copied(model):  # a copy of each batch norm in its place (a pickled layer put back)
+            return replaced(model, copy.deepcopy)
 
         def folded(model):  # mmcv's fuse_conv_bn's walk: a batch norm after a convolution among siblings
             for parent in list(model.modules()):
@@ -1487,11 +1491,11 @@ class TestConvert(TeamOfOne):
                 for m in model.modules():
                     if isinstance(m, (BasicBlock, Bottleneck)):
                         m.relu = nn.LeakyReLU(slope, inplace=True)
-            for how in (torch_sync, plain, wrapped, wrapped_twice):
+            for how in (torch_sync, plain, wrapped, wrapped_twice, copied):
                 with self.subTest(slope=slope, conversion=how.__name__):
                     got = how(copy.deepcopy(conv))
                     self.assertEqual(any(isinstance(m, sbt.SyncBatchNorm) for m in got.modules()),
-                                     how in (wrapped, wrapped_twice))
+                                     how in (wrapped, wrapped_twice, copied))
                     converted_matches(self, how(copy.deepcopy(model)), x, got, input_grad=True)
                     want = how(copy.deepcopy(model))
                     back = sbt.revert_sync_batchnorm(how(copy.deepcopy(conv)))
@@ -1558,8 +1562,8 @@ class TestConvert(TeamOfOne):
             gc.enable()
 
     def test_renumbered_sequential_keeps_the_function(self):
-        """A Sequential's children renumbered after convert_fused (insert, del; a wrapper put
-        in the batch norm's place, then renumbered): each pair's batch norm applies the
+        """A Sequential's children renumbered after convert_fused (insert, del; wrappers or a
+        copy of the layer put in the batch norm's place, then renumbered): each pair's batch norm applies the
         activation once, as before (a leaky ReLU, which twice would show), under a
         framework's conversion afterwards too, and revert_sync_batchnorm gives the
         original's modules (torch.nn batch norms)."""
@@ -1569,16 +1573,19 @@ class TestConvert(TeamOfOne):
         randomize_bn(model)
         x = torch.randn(2, 3, 6, 6)
         def edited(m, edit):
-            if edit == "wrap, then insert":  # a wrapper in the batch norm's place, renumbered
-                m[2] = Calls(m[2])
+            if edit == "wrap twice, then insert":  # wrappers in the batch norm's place, renumbered
+                m[2] = Calls(Calls(m[2]))
                 m.insert(0, nn.Identity())
+            if edit == "copy, then del":  # a copy of the batch norm in its place, renumbered
+                m[2] = copy.deepcopy(m[2])
+                del m[0]
             if edit in ("insert", "both"):
                 m.insert(0, nn.Identity())
             if edit in ("del", "both"):
                 del m[0]
             return m
 
-        for edit in ("insert", "del", "both", "wrap, then insert"):
+        for edit in ("insert", "del", "both", "wrap twice, then insert", "copy, then del"):
             with self.subTest(edit=edit):
                 conv = edited(sbt.convert_fused(copy.deepcopy(model), comm=self.comm), edit)
                 want = edited(copy.deepcopy(model), edit)

@@ -595,6 +595,37 @@ class TestConvModule(TeamOfOne):
             got = sbt.convert_sync_batchnorm(plain_norms(copy.deepcopy(conv)), comm=self.comm)
             self.assertEqual({type(m.norm) for m in conv_modules(got)}, {sbt.SyncBatchNorm})
             converted_matches(self, plain_norms(copy.deepcopy(model)), x, got, steps=1, input_grad=True)
+            # by a copy of the batch norm (a pickled layer put back): it applies the
+            # activation, once; reverted, the ConvModule's activate a module again
+            def copied(model):
+                for m in conv_modules(model):
+                    setattr(m, m.norm_name, copy.deepcopy(m.norm))
+                return model
+
+            converted_matches(self, model, x, copied(copy.deepcopy(conv)), steps=1, input_grad=True)
+            back = sbt.revert_sync_batchnorm(copied(copy.deepcopy(conv)))
+            self.assertEqual([type(m.activate) for m in conv_modules(back)],
+                             [type(m.activate) for m in conv_modules(model)])
+            converted_matches(self, model, x, back, steps=1, input_grad=True)
+            # a FusedConvModule pickled before it kept its batch norm's place (its activation
+            # recorded): another norm there runs as above, and the revert gives it back,
+            # with that norm or its own
+            def older(model):
+                for m in conv_modules(model):
+                    m.__dict__["_applied"] = (m.norm.activation, m.norm.slope)
+                    del m.__dict__["_site"]
+                return model
+
+            def activates(model):
+                return [type(m.activate) for m in conv_modules(model)]
+
+            want = plain_norms(copy.deepcopy(model))
+            converted_matches(self, want, x, plain_norms(older(copy.deepcopy(conv))), steps=1, input_grad=True)
+            converted_matches(self, model, x, older(copy.deepcopy(conv)), steps=1, input_grad=True)
+            for other in (plain_norms, lambda m: m):
+                back = sbt.revert_sync_batchnorm(other(older(copy.deepcopy(conv))))
+                self.assertEqual(activates(back), activates(want))
+                converted_matches(self, other(copy.deepcopy(model)), x, back, steps=1, input_grad=True)
 
     def test_leaky_relu_pair_before_it(self):
         """An nn.LeakyReLU() pair (which keeps its input, where the fused layer keeps its
