@@ -1599,17 +1599,18 @@ class _Site:
         return _Site(None if owner is None else memo.get(id(owner)), self.name, copy.deepcopy(self.layer, memo))
 
 
-def _applies_act(m):
-    """Whether m is a layer of syncbn's that applies an activation itself (a fused layer,
-    or a copy of one put in its place)."""
-    return type(m) is SyncBatchNorm and m._act != _sbn.IDENTITY
+def _applies_act(m, layer):
+    """Whether m is a layer of syncbn's that applies the activation fused layer `layer`
+    applies, itself (a copy of that layer put in its place)."""
+    return (type(m) is SyncBatchNorm and m._act != _sbn.IDENTITY and m._act == layer._act
+            and m.slope == layer.slope)
 
 
 def _locate(site, slot=None):
     """Where the batch norm that convert_fused gave an activation is now, against where it
     was fused (site, a _Site): (kind, module). kind "child": the owner's child at that
-    place is the layer, or a layer of syncbn's that applies an activation itself (a copy of
-    it put there); "inside": such a layer inside what is there (a wrapper that calls it,
+    place is the layer, or a layer of syncbn's that applies the same activation itself (a
+    copy of it put there); "inside": such a layer inside what is there (a wrapper that calls it,
     torch's checkpoint_wrapper, FSDP's: chains of modules of one child); "unknown": the
     owner is gone (the module asking runs in another container now, the layer before it as
     before); None: another module took its place (a framework's conversion: mmengine's
@@ -1630,16 +1631,17 @@ def _locate(site, slot=None):
     if slot is not None:
         before = None
         for c in kids.values():
-            if c is slot:
+            # (a replica's FusedActivation is not among the owner's children: its site is)
+            if c is slot or (isinstance(c, FusedActivation) and c._site is site):
                 now = before
                 break
             before = c
-    if now is layer or _applies_act(now):
+    if now is layer or _applies_act(now, layer):
         return "child", now
     m = now
     while isinstance(m, torch.nn.Module) and len(m._modules) == 1:
         m = next(iter(m._modules.values()))
-        if m is layer or _applies_act(m):
+        if m is layer or _applies_act(m, layer):
             return "inside", m
     return None, None
 

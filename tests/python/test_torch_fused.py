@@ -805,6 +805,17 @@ class Calls(nn.Module):
         return self.module(*args, **kwargs)
 
 
+def replica(module):
+    """A replica of module as torch.nn.parallel.replicate makes one for nn.DataParallel (on
+    one device: the same parameters and buffers): each module's
+    _replicate_for_data_parallel, its children replicas."""
+    out = module._replicate_for_data_parallel()
+    out._parameters = dict(module._parameters)
+    out._buffers = dict(module._buffers)
+    out._modules = {k: None if c is None else replica(c) for k, c in module._modules.items()}
+    return out
+
+
 class Uncopyable(nn.Module):
     """A module that deepcopy and pickle refuse (it holds a lock)."""
 
@@ -1592,10 +1603,20 @@ class TestConvert(TeamOfOne):
                 back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
                 frozen = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(conv))
                 converted_matches(self, want, x, conv, steps=1, input_grad=True)
+                # an nn.DataParallel replica (made as torch.nn.parallel.replicate makes
+                # them, on one device) asks the module it was made from
+                torch.testing.assert_close(replica(conv)(x), conv(x), rtol=0, atol=0)
                 self.assertEqual([type(m) for m in back], [type(m) for m in want])
                 converted_matches(self, want, x, back, steps=1, input_grad=True)
                 converted_matches(self, nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(want)), x, frozen,
                                   steps=1, input_grad=True)
+        # a layer of syncbn's with another activation in the batch norm's place: not the
+        # layer; the pair's activation follows it
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        conv[2] = copy.deepcopy(conv[2]).set_activation("leaky_relu", 0.2)
+        want = copy.deepcopy(model)
+        want[2] = nn.Sequential(want[2], nn.LeakyReLU(0.2))
+        converted_matches(self, want, x, conv, steps=1, input_grad=True)
 
     def test_resnet_stem_and_layer_getter(self):
         """A torchvision ResNet's stem (bn1 then relu, in its own forward) is fused as a
