@@ -1319,7 +1319,7 @@ def _block_relu(block):
     ValueError."""
     relu = block._modules.get("relu")
     if block._sites is not None:  # what applies each activation: the layer there (or a copy), else the one fused
-        bns = [site.layer if (mod := _locate(site)[1]) is None else mod for site in block._sites.values()]
+        bns = [site.layer if (mod := _locate(site, asker=block)[1]) is None else mod for site in block._sites.values()]
     else:
         bns = [b for _, name in block._convs if isinstance(b := block._modules.get(name), SyncBatchNorm)]
     acts = {(b.activation, b.slope if b.activation == "leaky_relu" else None) for b in bns}
@@ -1357,7 +1357,7 @@ def _unfuse(m, plain, done):
             out._modules["relu"] = _block_relu(m)  # the block's ReLU, or the leaky ReLU its layers apply
         for _, bn in m._convs:
             site = None if m._sites is None else m._sites.get(bn)
-            mod = m._modules.get(bn) if site is None else _locate(site)[1]  # (the layer, a copy, in a wrapper)
+            mod = m._modules.get(bn) if site is None else _locate(site, asker=m)[1]  # (the layer, a copy, wrapped)
             if isinstance(mod, SyncBatchNorm):  # the block's relu module applies its activation
                 plain.add(id(mod))
     done[id(m)] = (m, out)
@@ -1378,7 +1378,7 @@ def _unfuse(m, plain, done):
     if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
         norm, slot = out._modules.get(m.norm_name), out._modules.get("activate")
         _, act, slope = m._norm_applies()
-        mod = None if m._site is None else _locate(m._site)[1]
+        mod = None if m._site is None else _locate(m._site, asker=m)[1]
         if isinstance(norm, SyncBatchNorm) and (mod is norm or m._site is None):  # the layer, or a copy, there
             _restore_act(norm, out, "activate", plain)
         elif isinstance(slot, FusedActivation) and _no_hooks(slot):
@@ -1578,25 +1578,48 @@ class _Site:
     garbage collector ran). A copy or pickle of a model takes the copy's own owner (the
     modules themselves go through deepcopy's memo and pickle's)."""
 
-    __slots__ = ("_owner", "name", "layer")
-
     def __init__(self, owner, name, layer):
-        self._owner = None if owner is None else weakref.ref(owner)
+        # _ASKER: the module that asks (a block, a ConvModule: its own child), no reference
+        self._owner = owner if owner is None or owner is _ASKER else weakref.ref(owner)
         self.name = name
         self.layer = layer
 
-    def owner(self):
-        return None if self._owner is None else self._owner()
+    def owner(self, asker=None):
+        ref = self._owner
+        if ref is _ASKER:
+            return asker
+        return None if ref is None else ref()
 
     def __reduce__(self):  # pickle: the owner too (a part of a model pickled pickles it)
-        return _Site, (self.owner(), self.name, self.layer)
+        return _Site, (self._owner if self._owner is _ASKER else self.owner(), self.name, self.layer)
 
     def __deepcopy__(self, memo):
-        # the copy's owner where the owner is copied too (a copy of the model, or of a
-        # block: in memo); none where only a part of it is (a slice: the part's fused
-        # modules then trust their layers, as where the owner is gone)
-        owner = self.owner()
-        return _Site(None if owner is None else memo.get(id(owner)), self.name, copy.deepcopy(self.layer, memo))
+        # the copy's owner where the owner is copied too (a copy of the model: in memo);
+        # none where only a part of it is (a slice: the part's fused modules then trust
+        # their layers, as where the owner is gone)
+        owner = self._owner if self._owner is _ASKER else self.owner()
+        if owner is not None and owner is not _ASKER:
+            owner = memo.get(id(owner))
+        return _Site(owner, self.name, copy.deepcopy(self.layer, memo))
+
+
+class _Asker:
+    """_Site's owner where it is the module that asks (pickled by name: one object)."""
+
+    def __reduce__(self):
+        return "_ASKER"
+
+
+_ASKER = _Asker()
+# A PyTorch whose torch.compile (dynamo) cannot call a weak reference (before 2.5; its
+# non-strict torch.export also hands a module's forward proxies of its children): fused
+# modules compiled or exported by it trust their layers, as before they kept them (eager
+# follows them there too)
+try:
+    import torch._dynamo.variables as _dynamo_variables
+    _OLD_DYNAMO = not hasattr(_dynamo_variables, "WeakRefVariable")
+except Exception:  # noqa: BLE001 (a PyTorch without it: the old rule)
+    _OLD_DYNAMO = True
 
 
 def _applies_act(m, layer):
@@ -1606,7 +1629,7 @@ def _applies_act(m, layer):
             and m.slope == layer.slope)
 
 
-def _locate(site, slot=None):
+def _locate(site, slot=None, asker=None):
     """Where the batch norm that convert_fused gave an activation is now, against where it
     was fused (site, a _Site): (kind, module). kind "child": the owner's child at that
     place is the layer, or a layer of syncbn's that applies the same activation itself (a
@@ -1621,7 +1644,7 @@ def _locate(site, slot=None):
     may have moved: a Sequential's insert, del). The owner, not the module asking, is
     looked at: an nn.DataParallel replica (a copy of the module's attributes, its children
     replicas) asks the module it was made from, whose children its own are copies of."""
-    owner = site.owner()
+    owner = site.owner(asker)
     if owner is None:
         return "unknown", None
     kids, layer = owner._modules, site.layer
@@ -1646,10 +1669,10 @@ def _locate(site, slot=None):
     return None, None
 
 
-def _runs_there(site, slot=None):
+def _runs_there(site, slot=None, asker=None):
     """Whether the layer of site (or one of syncbn's that applies an activation) still runs
     where it was fused, or may (_locate)."""
-    return _locate(site, slot)[0] is not None
+    return _locate(site, slot, asker)[0] is not None
 
 
 def _act_after(site, y, residual=None):
@@ -1683,7 +1706,7 @@ class FusedActivation(torch.nn.Identity):
 
     def forward(self, input):
         site = self._site
-        if site is None or _runs_there(site, self):
+        if site is None or _OLD_DYNAMO and _compiling() or _runs_there(site, self):
             return input
         return _act_after(site, input)
 
@@ -1734,7 +1757,7 @@ class _FusedBlock(torch.nn.Module):
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
         # each batch norm's site (_locate): where another module takes its place (a
         # framework's conversion), the block applies the activation (and the add) itself
-        self.__dict__["_sites"] = {bn: _Site(self, bn, self._modules.get(bn)) for _, bn in self._convs}
+        self.__dict__["_sites"] = {bn: _Site(_ASKER, bn, self._modules.get(bn)) for _, bn in self._convs}
 
     def _norm(self, name, x, residual=None):
         """Batch norm `name` on x, then the activation, after adding residual where given:
@@ -1742,7 +1765,7 @@ class _FusedBlock(torch.nn.Module):
         add and the activation the layer applied, in PyTorch's ops."""
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
-        if site is None or _runs_there(site):
+        if site is None or _OLD_DYNAMO and _compiling() or _runs_there(site, asker=self):
             return bn(x) if residual is None else bn(x, residual)
         return _act_after(site, bn(x), residual)
 
@@ -1825,7 +1848,7 @@ class FusedConvModule(torch.nn.Module):
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
         # its batch norm's site (_locate): where another norm takes its place, the module
         # applies the activation the batch norm applied after that norm
-        self.__dict__["_site"] = _Site(self, self.norm_name, self._modules[self.norm_name])
+        self.__dict__["_site"] = _Site(_ASKER, self.norm_name, self._modules[self.norm_name])
 
     @property
     def norm(self):
@@ -1891,8 +1914,10 @@ class FusedConvModule(torch.nn.Module):
         norm's place (_locate), the activation applied there or to apply after the norm, its
         slope)."""
         site = self._site
+        if site is not None and _OLD_DYNAMO and _compiling():
+            return True, site.layer._act, site.layer.slope
         if site is not None:
-            kind, mod = _locate(site)
+            kind, mod = _locate(site, asker=self)
             layer = site.layer if mod is None else mod
             return kind is not None, layer._act, layer.slope
         # pickled before sites: the norm's class tells, and what it applied was recorded
