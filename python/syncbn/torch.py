@@ -1643,7 +1643,11 @@ def _locate(site, slot=None, asker=None):
     or for a FusedActivation (slot) the child right before it (its container's indices
     may have moved: a Sequential's insert, del). The owner, not the module asking, is
     looked at: an nn.DataParallel replica (a copy of the module's attributes, its children
-    replicas) asks the module it was made from, whose children its own are copies of."""
+    replicas) asks the module it was made from, whose children its own are copies of.
+    Compiled or exported by a PyTorch whose dynamo cannot call a weak reference
+    (_OLD_DYNAMO): "unknown", the layer trusted, as before fused modules kept it."""
+    if _OLD_DYNAMO and _compiling():
+        return "unknown", None
     owner = site.owner(asker)
     if owner is None:
         return "unknown", None
@@ -1698,15 +1702,15 @@ class FusedActivation(torch.nn.Identity):
     def __init__(self, replaced, site=None):
         super().__init__()
         self.__dict__["replaced"] = replaced  # not registered: no child, no state_dict keys
-        # (owner, name, layer): the batch norm that applies the activation, owner's child
-        # `name` (_locate); None where that layer is the module running this one (a
-        # SyncBatchNormAct's act: it goes where the layer goes) or the owner runs the
-        # activation itself (a FusedConvModule's activate)
+        # a _Site: the batch norm that applies the activation and where (_locate); None
+        # where that layer is the module running this one (a SyncBatchNormAct's act: it
+        # goes where the layer goes) or the owner runs the activation itself (a
+        # FusedConvModule's activate)
         self.__dict__["_site"] = site
 
     def forward(self, input):
         site = self._site
-        if site is None or _OLD_DYNAMO and _compiling() or _runs_there(site, self):
+        if site is None or _runs_there(site, self):
             return input
         return _act_after(site, input)
 
@@ -1765,7 +1769,7 @@ class _FusedBlock(torch.nn.Module):
         add and the activation the layer applied, in PyTorch's ops."""
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
-        if site is None or _OLD_DYNAMO and _compiling() or _runs_there(site, asker=self):
+        if site is None or _runs_there(site, asker=self):
             return bn(x) if residual is None else bn(x, residual)
         return _act_after(site, bn(x), residual)
 
@@ -1914,8 +1918,6 @@ class FusedConvModule(torch.nn.Module):
         norm's place (_locate), the activation applied there or to apply after the norm, its
         slope)."""
         site = self._site
-        if site is not None and _OLD_DYNAMO and _compiling():
-            return True, site.layer._act, site.layer.slope
         if site is not None:
             kind, mod = _locate(site, asker=self)
             layer = site.layer if mod is None else mod
