@@ -4268,26 +4268,27 @@ int main(int argc, char** argv) {
     SBN_RUN(test_weak_memory);
     return sbn_test_exit();
   }
-  /* `exchange`: the tests of the protocol (concurrent launches, errors), without the
+  /* `exchange [K N]`: the tests of the protocol (concurrent launches, errors), without the
      value-coverage ones (dtypes, layouts, bytes moved): the ThreadSanitizer build runs
-     these (each emulated thread is a TSan fiber: slow) */
+     these (each emulated thread is a TSan fiber: slow), in parts as below */
   const int exchange_only = argc >= 2 && strcmp(argv[1], "exchange") == 0;
   /* `only NAME`: that test alone (a developer's shortcut) */
   const char* only = argc >= 3 && strcmp(argv[1], "only") == 0 ? argv[2] : NULL;
-  /* `part K N`: the tests whose place in the list below is K modulo N (CTest runs the
-     parts as tests of their own, side by side: together they are every test) */
+  /* `part K N`: the tests whose place among those chosen (all, or the exchange's) is K
+     modulo N (CTest runs the parts as tests of their own, side by side: together they
+     are every test) */
   long part_k = 0, part_n = 1, place = 0;
-  if (argc >= 4 && strcmp(argv[1], "part") == 0) {
+  if (argc >= 4 && (exchange_only || strcmp(argv[1], "part") == 0)) {
     part_k = strtol(argv[2], NULL, 10);
     part_n = strtol(argv[3], NULL, 10);
     if (part_n < 1 || part_k < 0 || part_k >= part_n) {
-      fprintf(stderr, "test_coop_emu part K N: 0 <= K < N (got %s %s)\n", argv[2], argv[3]);
+      fprintf(stderr, "test_coop_emu %s K N: 0 <= K < N (got %s %s)\n", argv[1], argv[2], argv[3]);
       return 2;
     }
   }
 #define EMU_TEST(fn, exch)                                                              \
-  if (place++ % part_n == part_k && ((exch) || !exchange_only) &&                      \
-      (only == NULL || strcmp(only, #fn) == 0))                                          \
+  if (((exch) || !exchange_only) && (only == NULL || strcmp(only, #fn) == 0) &&          \
+      place++ % part_n == part_k)                                                        \
   SBN_RUN(fn)
   EMU_TEST(test_emulated_vs_reference, 0);
   EMU_TEST(test_virtual_equals_peer, 1);
