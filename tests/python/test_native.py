@@ -13,12 +13,14 @@ be built.
   has the compiler's output; auto warns (RuntimeWarning, saying why) and trains with the
   Python operators, equal to nn.BatchNorm2d; an unknown SYNCBN_TORCH_NATIVE is refused;
 - two processes that import together with an empty cache: both load, one of them
-  compiles (the lock; builds.txt has one line);
+  builds (the lock; builds.txt has one line);
 - a cached library that does not load is built again, with a warning;
 - a comm made before the operators were loaded is in their table (a layer runs on it).
 
 The subprocess tests run `python -c` with this process's environment (PYTHONPATH,
-SYNCBN_LIBRARY) and a cache of their own.
+SYNCBN_LIBRARY) and a cache of their own; those of the cache's files and lock build with a
+stand-in compiler that copies this process's library (copying_cxx), those of the build's
+failures with compilers that fail.
 """
 
 import os
@@ -208,13 +210,35 @@ class TestCompiledAutogradBuildFailure(unittest.TestCase):
                           "support", r.stderr)
 
 
+def copying_cxx(folder, seconds=0):
+    """A stand-in compiler (a script in `folder`) for the tests of the cache, which are
+    about its files and lock, not about compiling: after `seconds`, it writes the library
+    this process built with the real compiler (the same source, PyTorch and flags) where
+    -o says, so that a build takes `seconds`, not a compile's ~30 s of a core. Its path
+    goes into CXX, and so into the cached file's name (library_path)."""
+    built = _native.built_library()
+    cxx = pathlib.Path(folder) / "cxx"
+    cxx.write_text('#!/bin/sh\n'
+                   f'sleep {seconds}\n'
+                   'while [ $# -gt 1 ]; do\n'
+                   f'  [ "$1" = -o ] && exec cp "{built}" "$2"\n'
+                   '  shift\n'
+                   'done\n'
+                   'exit 1\n')
+    cxx.chmod(0o755)
+    return cxx
+
+
 @unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
 class TestBuildTogether(unittest.TestCase):
     def test_two_processes_one_build(self):
         """Two processes with an empty cache import at once (as one process per GPU
-        does): both load the operators and train; the cache holds one library."""
-        with tempfile.TemporaryDirectory() as cache:
-            e = dict(os.environ, SYNCBN_TORCH_NATIVE="1", SYNCBN_CACHE_DIR=cache)
+        does): both load the operators and train; the cache holds one library. The
+        build (a stand-in compiler) takes 8 s, longer than the two imports are apart, so
+        that one process waits at the lock while the other builds."""
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as d:
+            cxx = copying_cxx(d, seconds=8)
+            e = dict(os.environ, SYNCBN_TORCH_NATIVE="1", SYNCBN_CACHE_DIR=cache, CXX=str(cxx))
             procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAIN_ONE_STEP)], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
             outs = [p.communicate(timeout=900) for p in procs]
@@ -232,12 +256,18 @@ class TestCachedFileThatDoesNotLoad(unittest.TestCase):
         """A cached library that does not load (another machine's build in a shared cache,
         a damaged file: here the file's bytes are not a library) is built again, with a
         warning that names it, and the operators load and train; it was kept, and the
-        failure blamed on compiled autograd."""
-        with tempfile.TemporaryDirectory() as cache:
-            name = _native.built_library().name  # this process's: the same PyTorch and source
+        failure blamed on compiled autograd. (The build: a stand-in compiler that writes
+        this process's library.)"""
+        with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as d:
+            cxx = copying_cxx(d)
+            os.environ["CXX"], saved = str(cxx), os.environ.get("CXX")
+            try:
+                name = _native.library_path().name  # the name the child computes: the same PyTorch, source, CXX
+            finally:
+                os.environ.pop("CXX") if saved is None else os.environ.__setitem__("CXX", saved)
             bad = pathlib.Path(cache) / name
             bad.write_bytes(b"not a shared library\n" * 64)
-            r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=1, SYNCBN_CACHE_DIR=cache)
+            r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=1, SYNCBN_CACHE_DIR=cache, CXX=cxx)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stdout.split(), ["native"])
             self.assertIn(f"RuntimeWarning: syncbn.torch: the cached C++ operators {bad} did not load", r.stderr)
