@@ -104,14 +104,22 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # u
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
 
-def _fx_leaf(module, input, residual, kwargs=None):
+def _fx_leaf(module, input, residual, kwargs=None, norm_only=True):
     """Under torch.fx symbolic tracing (an input that is a torch.fx.Proxy: symbolic_trace,
     torchvision's create_feature_extractor, torch.ao's prepare_fx): the layer recorded as
     ONE call_module node, as the tracer records torch.nn's own batch norms (its leaf
     modules), so that the layer's Python (its checks, the team it finds, train or eval)
     runs when the traced module runs, and the traced module holds the layer (its
     parameters and buffers), with the keyword arguments `kwargs` (SyncBatchNorm's
-    activate=False). None when not tracing."""
+    activate=False). None when not tracing.
+
+    A batch norm whose call is more than a batch norm of its input (an activation, a
+    residual added: norm_only False) is ONE call of the layer instead (call_method
+    __call__ on it: its hooks run, as a call_module node's): a graph rewrite that takes a
+    call_module node of a batch norm class for a batch norm of its first argument would
+    lose what it adds: mmengine's efficient_conv_bn_eval folds such a node into the
+    convolution before it in eval (the activation lost), and calls it with that argument
+    alone in training (a residual lost)."""
     proxy = input if isinstance(input, torch.fx.Proxy) else residual
     if not isinstance(proxy, torch.fx.Proxy):
         return None
@@ -127,6 +135,9 @@ def _fx_leaf(module, input, residual, kwargs=None):
         # graph, they must not run again when the node runs (as a call_module node's would)
         layer = tracer.create_proxy("get_attr", path, (), {})
         return tracer.create_proxy("call_method", "forward", (layer, *args), kwargs or {})
+    if not norm_only:
+        layer = tracer.create_proxy("get_attr", path, (), {})
+        return tracer.create_proxy("call_method", "__call__", (layer, *args), kwargs or {})
     return tracer.create_proxy("call_module", path, args, kwargs or {})
 
 
@@ -397,7 +408,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     def forward(self, input, residual=None, *, activate=True):
         if type(input) is not _Tensor or (residual is not None and type(residual) is not _Tensor):
             # (a plain tensor is no torch.fx.Proxy)
-            traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate})
+            traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate},
+                              residual is None and self._act == _sbn.IDENTITY)
             if traced is not None:
                 return traced
         if activate:
@@ -547,7 +559,7 @@ class _Then:
 
     def forward(self, input):
         if type(input) is not _Tensor:
-            traced = _fx_leaf(self, input, None)
+            traced = _fx_leaf(self, input, None, norm_only=False)
             if traced is not None:
                 return traced
         return self._then(super().forward(input))
@@ -1221,7 +1233,8 @@ class BatchNormXd(_OptionalBias, _BatchNorm):
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None, *, activate=True):
-        traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate})
+        traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate},
+                          residual is None and self.activation == "identity")
         if traced is not None:
             return traced
         act = _fused.ACTIVATIONS[self.activation] if activate else _sbn.IDENTITY

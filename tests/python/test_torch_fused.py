@@ -912,6 +912,24 @@ def randomize_bn(model):
                 m.bias.uniform_(-0.3, 0.3)
 
 
+def layer_nodes(gm):
+    """The batch norm layers a torch.fx traced module calls, in the graph's order, as
+    (target, form, number of arguments): form "module" for a call_module node, "call" for
+    a call of the layer (call_method __call__ on a get_attr of it), which _fx_leaf records
+    for a layer that does more than a batch norm of its input."""
+    def norm(target):
+        return isinstance(gm.get_submodule(target), nn.modules.batchnorm._BatchNorm)
+
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_module" and norm(n.target):
+            out.append((n.target, "module", len(n.args)))
+        elif (n.op == "call_method" and n.target == "__call__" and n.args[0].op == "get_attr"
+              and norm(n.args[0].target)):
+            out.append((n.args[0].target, "call", len(n.args) - 1))
+    return out
+
+
 def fused_layers(model):
     return [(n, m.activation, m.inplace) for n, m in model.named_modules()
             if isinstance(m, sbt.SyncBatchNorm) and (m.activation != "identity" or m.inplace)]
@@ -2234,17 +2252,21 @@ class TestBatchNormAct(TeamOfOne):
 
 class TestFX(TeamOfOne):
     """torch.fx symbolic tracing (symbolic_trace, torchvision's create_feature_extractor,
-    torch.ao's prepare_fx) of a converted model: each syncbn layer is one call_module node,
-    as torch.nn's batch norms are (the tracer's leaf modules), so the traced module holds
-    the layers and runs their Python (train or eval, the team) when it runs; a fused
-    block is traced through, its residual's conversion one call_function node. The traced
-    module gives the model's outputs and gradients bitwise, train and eval."""
+    torch.ao's prepare_fx) of a converted model: each syncbn layer is one node, a
+    call_module node as torch.nn's batch norms are (the tracer's leaf modules) where it
+    computes a batch norm, a call of the layer where it adds a residual or applies an
+    activation; so the traced module holds the layers and runs their Python (train or
+    eval, the team) when it runs; a fused block is traced through, its residual's
+    conversion one call_function node. The traced module gives the model's outputs and
+    gradients bitwise, train and eval."""
 
     def _traces(self, model, x):
         gm = torch.fx.symbolic_trace(model)
-        layers = [n.target for n in gm.graph.nodes if n.op == "call_module"
-                  and isinstance(gm.get_submodule(n.target), nn.modules.batchnorm._BatchNorm)]
+        layers = layer_nodes(gm)
         self.assertEqual(len(layers), 15)
+        for target, form, nargs in layers:
+            norm_only = nargs == 1 and getattr(gm.get_submodule(target), "activation", "identity") == "identity"
+            self.assertEqual(form, "module" if norm_only else "call", target)
         self.assertEqual(sum(p.numel() for p in gm.parameters()), sum(p.numel() for p in model.parameters()))
         a, b = copy.deepcopy(model), copy.deepcopy(gm)
         for mode in ("train", "eval"):
@@ -2298,7 +2320,7 @@ class TestFX(TeamOfOne):
         trace fails on the layer's checks of its input: what this class's tests catch."""
         model = sbt.convert_sync_batchnorm(resnet_like(), comm=self.comm)
         real = sbt._fx_leaf
-        sbt._fx_leaf = lambda module, input, residual, kwargs=None: None
+        sbt._fx_leaf = lambda *args, **kwargs: None
         try:
             with self.assertRaises(torch.fx.proxy.TraceError):
                 torch.fx.symbolic_trace(model)

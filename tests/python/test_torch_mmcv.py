@@ -9,7 +9,9 @@ an nn.SyncBatchNorm, and as mmengine's revert does); a subclass is left with a w
 And mmcv's ConvModule (conv, norm, act), the brick mmsegmentation's heads are built of:
 convert_fused makes it a FusedConvModule whose batch norm applies the activation, the
 original's function for every forward argument, and leaves alone those it cannot fuse;
-revert_sync_batchnorm gives it back.
+revert_sync_batchnorm gives it back. And mmengine's efficient_conv_bn_eval (a rewrite of
+a torch.fx trace, by its rule: fold_conv_bn) on a convert_fused model: it leaves the fused
+layers, whose nodes are calls of the layer.
 
 mmcv's ops are a CUDA build with no CPU kernel for this layer, and mmcv.cnn needs
 mmengine: the originals are standins/mmcv, stand-ins written from mmcv's rules for one
@@ -34,11 +36,12 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "standins"))
 from mmcv.cnn import ConvModule  # noqa: E402 (the stand-ins, first on the path)
+from mmcv.cnn.bricks.conv_module import efficient_conv_bn_eval_forward  # noqa: E402
 from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402
 
 import syncbn.torch as sbt  # noqa: E402
 from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches  # noqa: E402
-from test_torch_fused import Calls  # noqa: E402
+from test_torch_fused import Calls, resnet_like  # noqa: E402
 
 C = 5
 
@@ -663,6 +666,92 @@ class TestConvModule(TeamOfOne):
         running statistics the original's."""
         team_of_two_matches(self, head(), lambda m, comm: sbt.convert_fused(m, comm=comm), torch.randn(4, 3, 6, 6),
                             Head.K)
+
+
+def _conv_bn(bn, conv, x):
+    """fold_conv_bn's call: in eval, the convolution with the batch norm folded in (mmcv's
+    efficient_conv_bn_eval_forward, which mmengine's is); in training, the batch norm
+    called on the convolution's output alone."""
+    if bn.training:
+        return bn(conv._conv_forward(x, conv.weight, conv.bias))
+    return efficient_conv_bn_eval_forward(bn, conv, x)
+
+
+def fold_conv_bn(gm):
+    """A stand-in for mmengine's efficient_conv_bn_eval (a Runner option, a rewrite of a
+    torch.fx trace; mmengine is not installed here), by its rule (read at open-mmlab/mmengine
+    3b46a49, mmengine/model/efficient_conv_bn_eval.py): a call_module node of a
+    batch norm class (isinstance) whose first argument is a call_module node of a
+    convolution that nothing else uses becomes one call of _conv_bn(bn, conv, input), the
+    batch norm node's other arguments dropped. Returns the number of pairs rewritten."""
+    mods = dict(gm.named_modules())
+    pairs = []
+    for n in gm.graph.nodes:
+        if n.op != "call_module" or not isinstance(mods[n.target], nn.modules.batchnorm._BatchNorm):
+            continue
+        src = n.args[0]
+        if src.op == "call_module" and isinstance(mods[src.target], nn.modules.conv._ConvNd) and len(src.users) == 1:
+            pairs.append((src, n))
+    for conv_node, bn_node in pairs:
+        with gm.graph.inserting_before(conv_node):
+            conv, bn = gm.graph.get_attr(conv_node.target), gm.graph.get_attr(bn_node.target)
+            call = gm.graph.call_function(_conv_bn, (bn, conv, conv_node.args[0]))
+        bn_node.replace_all_uses_with(call)
+        gm.graph.erase_node(bn_node)
+        gm.graph.erase_node(conv_node)
+    gm.graph.lint()
+    gm.recompile()
+    return len(pairs)
+
+
+class TestGraphRewrite(TeamOfOne):
+    """A rewrite of a torch.fx trace that takes a call_module node of a batch norm class
+    for a batch norm of its first argument: mmengine's efficient_conv_bn_eval (a stand-in,
+    fold_conv_bn) folds such a node into the convolution before it in eval, and calls it
+    with the convolution's output alone in training. A converted model's layers that apply
+    an activation or add a residual are calls of the layer, which it leaves; it folds
+    those that compute a batch norm. The rewritten model gives the float64 original's
+    outputs, training and eval."""
+
+    def _rewritten(self):
+        """(the original in float64, the rewritten trace of its convert_fused copy, the
+        number of pairs rewritten)."""
+        torch.manual_seed(21)
+        model = randomize(resnet_like())
+        gm = torch.fx.symbolic_trace(sbt.convert_fused(copy.deepcopy(model), comm=self.comm))
+        n = fold_conv_bn(gm)
+        return model.double(), gm, n
+
+    def _matches(self, ref, gm):
+        x = torch.randn(2, 3, 8, 8)
+        for training in (True, False, True, False):
+            gm.train(training)
+            ref.train(training)
+            torch.testing.assert_close(gm(x).double(), ref(x.double()), rtol=1e-4, atol=1e-4,
+                                       msg=f"training {training}")
+
+    def test_fold_leaves_the_fused_layers(self):
+        ref, gm, n = self._rewritten()
+        # the plain layers after a convolution: the two downsamples' and the one whose ReLU
+        # is not right after it
+        self.assertEqual(n, 3)
+        self._matches(ref, gm)
+
+    def test_mutant_every_layer_a_module_node(self):
+        """Every layer a call_module node (the mutant): the rewrite takes the fused ones too
+        (not a block's last, whose convolution's output the residual's conversion uses as
+        well), and the model loses their activations in eval (in training the rewrite calls
+        the layer, which applies its activation)."""
+        real = sbt._fx_leaf
+        sbt._fx_leaf = lambda module, input, residual, kwargs=None, norm_only=True: real(module, input, residual,
+                                                                                         kwargs)
+        try:
+            ref, gm, n = self._rewritten()
+        finally:
+            sbt._fx_leaf = real
+        self.assertEqual(n, 11)
+        with self.assertRaisesRegex(AssertionError, "training False"):
+            self._matches(ref, gm)
 
 
 if __name__ == "__main__":
