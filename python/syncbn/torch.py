@@ -104,6 +104,13 @@ _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # u
 _function_modes = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
 
 
+def _layer_call(node):
+    """Whether a torch.fx node is a call of a layer that _fx_leaf recorded as one
+    (call_method __call__ or forward on a get_attr)."""
+    return (node.op == "call_method" and node.target in ("__call__", "forward") and len(node.args) > 0
+            and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "get_attr")
+
+
 def _fx_leaf(module, input, residual, kwargs=None, norm_only=True):
     """Under torch.fx symbolic tracing (an input that is a torch.fx.Proxy: symbolic_trace,
     torchvision's create_feature_extractor, torch.ao's prepare_fx): the layer recorded as
@@ -119,10 +126,14 @@ def _fx_leaf(module, input, residual, kwargs=None, norm_only=True):
     call_module node of a batch norm class for a batch norm of its first argument would
     lose what it adds: mmengine's efficient_conv_bn_eval folds such a node into the
     convolution before it in eval (the activation lost), and calls it with that argument
-    alone in training (a residual lost)."""
+    alone in training (a residual lost). A layer whose input is such a call's output (or a
+    hooked layer's) is a call too: that rewrite looks its input's node up as a module
+    (KeyError for a call's target, "__call__"), where a call_module node's input is one."""
     proxy = input if isinstance(input, torch.fx.Proxy) else residual
     if not isinstance(proxy, torch.fx.Proxy):
         return None
+    if isinstance(input, torch.fx.Proxy) and _layer_call(input.node):
+        norm_only = False
     tracer = proxy.tracer
     path = tracer.path_of_module(module)
     if not path:

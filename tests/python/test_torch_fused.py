@@ -2144,7 +2144,7 @@ class TestBatchNormAct(TeamOfOne):
         torch.testing.assert_close(again[0](x).double(), want, rtol=1e-4, atol=1e-4)
 
     def test_traced(self):
-        """torch.fx: one call_module node per layer (its act inside), not the act twice."""
+        """torch.fx: one node per layer (a call of it: its act inside), not the act twice."""
         model, x = self._model()
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
         gm = torch.fx.symbolic_trace(conv)

@@ -680,17 +680,18 @@ def _conv_bn(bn, conv, x):
 def fold_conv_bn(gm):
     """A stand-in for mmengine's efficient_conv_bn_eval (a Runner option, a rewrite of a
     torch.fx trace; mmengine is not installed here), by its rule (read at open-mmlab/mmengine
-    3b46a49, mmengine/model/efficient_conv_bn_eval.py): a call_module node of a
-    batch norm class (isinstance) whose first argument is a call_module node of a
-    convolution that nothing else uses becomes one call of _conv_bn(bn, conv, input), the
-    batch norm node's other arguments dropped. Returns the number of pairs rewritten."""
+    3b46a49, mmengine/model/efficient_conv_bn_eval.py): for each call_module node of a
+    batch norm class (isinstance), its first argument's node is looked up as a module (a
+    KeyError where that node's target is none, as there); where it is a convolution that
+    nothing else uses, the two become one call of _conv_bn(bn, conv, input), the batch norm
+    node's other arguments dropped. Returns the number of pairs rewritten."""
     mods = dict(gm.named_modules())
     pairs = []
     for n in gm.graph.nodes:
         if n.op != "call_module" or not isinstance(mods[n.target], nn.modules.batchnorm._BatchNorm):
             continue
         src = n.args[0]
-        if src.op == "call_module" and isinstance(mods[src.target], nn.modules.conv._ConvNd) and len(src.users) == 1:
+        if isinstance(mods[src.target], nn.modules.conv._ConvNd) and len(src.users) == 1:
             pairs.append((src, n))
     for conv_node, bn_node in pairs:
         with gm.graph.inserting_before(conv_node):
@@ -752,6 +753,58 @@ class TestGraphRewrite(TeamOfOne):
         self.assertEqual(n, 11)
         with self.assertRaisesRegex(AssertionError, "training False"):
             self._matches(ref, gm)
+
+    def _others(self):
+        """A convolution before each of: an InPlaceABNSync without activation (its scale
+        |weight| + eps: no plain batch norm), a BatchNormXd with a ReLU, a fused layer whose
+        output a plain layer takes, and a plain layer; randomized, with its trace rewritten
+        (the model, the rewritten trace, the number of pairs)."""
+        torch.manual_seed(22)
+        model = randomize(nn.Sequential(
+            nn.Conv2d(3, C, 1), sbt.InPlaceABNSync(C, activation="identity", comm=self.comm),
+            nn.Conv2d(C, C, 1), sbt.BatchNormXd(C, activation="relu"),
+            nn.Conv2d(C, C, 1), sbt.SyncBatchNorm(C, comm=self.comm, activation="relu"),
+            sbt.SyncBatchNorm(C, comm=self.comm),
+            nn.Conv2d(C, C, 1), sbt.SyncBatchNorm(C, comm=self.comm)))
+        gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+        return model, gm, fold_conv_bn(gm)
+
+    def test_other_layers(self):
+        """The rewrite folds the last layer only, and the rewritten trace gives the model's
+        outputs (fp32 both: the fold's rounding, 1e-5)."""
+        model, gm, n = self._others()
+        self.assertEqual(n, 1)
+        self._matches_model(model, gm)
+
+    def _matches_model(self, model, gm):
+        x = torch.randn(4, 3, 5, 5)
+        for training in (True, False, True, False):
+            gm.train(training)
+            model.train(training)
+            torch.testing.assert_close(gm(x), model(x), rtol=1e-5, atol=1e-5, msg=f"training {training}")
+
+    def test_mutants_other_layers(self):
+        """Every layer a call_module node: the rewrite folds the InPlaceABNSync as a plain
+        batch norm (its weight, not |weight| + eps) and the others, and the trace's eval
+        outputs differ; a plain layer after a fused one a call_module node: the rewrite's
+        lookup of its input raises KeyError, as mmengine's does."""
+        real = sbt._fx_leaf
+        sbt._fx_leaf = lambda module, input, residual, kwargs=None, norm_only=True: real(module, input, residual,
+                                                                                         kwargs)
+        try:
+            model, gm, n = self._others()
+        finally:
+            sbt._fx_leaf = real
+        self.assertEqual(n, 4)
+        with self.assertRaisesRegex(AssertionError, "training False"):
+            self._matches_model(model, gm)
+        real_call = sbt._layer_call
+        sbt._layer_call = lambda node: False
+        try:
+            with self.assertRaises(KeyError):
+                self._others()
+        finally:
+            sbt._layer_call = real_call
 
 
 if __name__ == "__main__":
