@@ -210,16 +210,22 @@ class TestCompiledAutogradBuildFailure(unittest.TestCase):
                           "support", r.stderr)
 
 
-def copying_cxx(folder, seconds=0):
+def copying_cxx(folder, arrivals=0):
     """A stand-in compiler (a script in `folder`) for the tests of the cache, which are
-    about its files and lock, not about compiling: after `seconds`, it writes the library
-    this process built with the real compiler (the same source, PyTorch and flags) where
-    -o says, so that a build takes `seconds`, not a compile's ~30 s of a core. Its path
-    goes into CXX, and so into the cached file's name (library_path)."""
+    about its files and lock, not about compiling: it writes the library this process
+    built with the real compiler (the same source, PyTorch and flags) where -o says, so
+    that a build takes no compile's ~30 s of a core. Its path goes into CXX, and so into
+    the cached file's name (library_path). With `arrivals`, it first waits (up to 5
+    minutes) until that many files arrived-* are in `folder` (each process about to
+    import syncbn.torch writes one), then 2 s more, and writes how many there were into
+    `folder`/arrivals."""
     built = _native.built_library()
     cxx = pathlib.Path(folder) / "cxx"
     cxx.write_text('#!/bin/sh\n'
-                   f'sleep {seconds}\n'
+                   f'n=0; while [ $(ls "{folder}" | grep -c "^arrived-") -lt {arrivals} ] && [ $n -lt 3000 ]; do\n'
+                   '  sleep 0.1; n=$((n + 1))\n'
+                   'done\n'
+                   f'[ {arrivals} -eq 0 ] || {{ sleep 2; ls "{folder}" | grep -c "^arrived-" > "{folder}/arrivals"; }}\n'
                    'while [ $# -gt 1 ]; do\n'
                    f'  [ "$1" = -o ] && exec cp "{built}" "$2"\n'
                    '  shift\n'
@@ -234,12 +240,14 @@ class TestBuildTogether(unittest.TestCase):
     def test_two_processes_one_build(self):
         """Two processes with an empty cache import at once (as one process per GPU
         does): both load the operators and train; the cache holds one library. The
-        build (a stand-in compiler) takes 8 s, longer than the two imports are apart, so
-        that one process waits at the lock while the other builds."""
+        build (a stand-in compiler) lasts until both processes are about to import
+        syncbn.torch, and 2 s more, so that one waits at the lock while the other builds."""
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as d:
-            cxx = copying_cxx(d, seconds=8)
+            cxx = copying_cxx(d, arrivals=2)
             e = dict(os.environ, SYNCBN_TORCH_NATIVE="1", SYNCBN_CACHE_DIR=cache, CXX=str(cxx))
-            procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAIN_ONE_STEP)], env=e,
+            arrive = f"import os, torch, syncbn\nopen(os.path.join({d!r}, f'arrived-{{os.getpid()}}'), 'w').close()\n"
+            code = arrive + textwrap.dedent(TRAIN_ONE_STEP)
+            procs = [subprocess.Popen([sys.executable, "-c", code], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
             outs = [p.communicate(timeout=900) for p in procs]
             for p, (out, err) in zip(procs, outs):
@@ -248,6 +256,7 @@ class TestBuildTogether(unittest.TestCase):
             self.assertEqual(len(list(pathlib.Path(cache).glob("*.so"))), 1)
             builds = (pathlib.Path(cache) / "builds.txt").read_text().splitlines()
             self.assertEqual(len(builds), 1, builds)  # one compiled, the other waited and loaded it
+            self.assertEqual((pathlib.Path(d) / "arrivals").read_text().split(), ["2"])  # both there during it
 
 
 @unittest.skipUnless(_native.mode() == "1", "SYNCBN_TORCH_NATIVE is not 1: the C++ operators are optional here")
