@@ -4278,6 +4278,10 @@ int main(int argc, char** argv) {
      modulo N (CTest runs the parts as tests of their own, side by side: together they
      are every test) */
   long part_k = 0, part_n = 1, place = 0;
+  if (exchange_only && argc == 3) {
+    fprintf(stderr, "test_coop_emu exchange K N: K without N\n");
+    return 2;
+  }
   if (argc >= 4 && (exchange_only || strcmp(argv[1], "part") == 0)) {
     part_k = strtol(argv[2], NULL, 10);
     part_n = strtol(argv[3], NULL, 10);
