@@ -22,6 +22,7 @@ fp32 outputs and buffers within 1e-4 relative and absolute of float64, parameter
 gradients (sums over 100 positions) within 1e-3 relative + 1e-4.
 """
 
+import contextlib
 import copy
 import functools
 import os
@@ -705,6 +706,18 @@ def fold_conv_bn(gm):
     return len(pairs)
 
 
+@contextlib.contextmanager
+def every_layer_a_module_node():
+    """The mutant of TestGraphRewrite: torch.fx records every layer as a call_module node
+    (_fx_leaf's norm_only ignored), as before fused layers were calls."""
+    real = sbt._fx_leaf
+    sbt._fx_leaf = lambda module, input, residual, kwargs=None, norm_only=True: real(module, input, residual, kwargs)
+    try:
+        yield
+    finally:
+        sbt._fx_leaf = real
+
+
 class TestGraphRewrite(TeamOfOne):
     """A rewrite of a torch.fx trace that takes a call_module node of a batch norm class
     for a batch norm of its first argument: mmengine's efficient_conv_bn_eval (a stand-in,
@@ -743,13 +756,8 @@ class TestGraphRewrite(TeamOfOne):
         (not a block's last, whose convolution's output the residual's conversion uses as
         well), and the model loses their activations in eval (in training the rewrite calls
         the layer, which applies its activation)."""
-        real = sbt._fx_leaf
-        sbt._fx_leaf = lambda module, input, residual, kwargs=None, norm_only=True: real(module, input, residual,
-                                                                                         kwargs)
-        try:
+        with every_layer_a_module_node():
             ref, gm, n = self._rewritten()
-        finally:
-            sbt._fx_leaf = real
         self.assertEqual(n, 11)
         with self.assertRaisesRegex(AssertionError, "training False"):
             self._matches(ref, gm)
@@ -788,13 +796,8 @@ class TestGraphRewrite(TeamOfOne):
         batch norm (its weight, not |weight| + eps) and the others, and the trace's eval
         outputs differ; a plain layer after a fused one a call_module node: the rewrite's
         lookup of its input raises KeyError, as mmengine's does."""
-        real = sbt._fx_leaf
-        sbt._fx_leaf = lambda module, input, residual, kwargs=None, norm_only=True: real(module, input, residual,
-                                                                                         kwargs)
-        try:
+        with every_layer_a_module_node():
             model, gm, n = self._others()
-        finally:
-            sbt._fx_leaf = real
         self.assertEqual(n, 4)
         with self.assertRaisesRegex(AssertionError, "training False"):
             self._matches_model(model, gm)
