@@ -141,14 +141,13 @@ def _fx_leaf(module, input, residual, kwargs=None, norm_only=True):
                         "tracer records it as a call of one of the traced module's layers): trace a module that "
                         "holds it")
     args = (input,) if residual is None else (input, residual)
-    if not _no_hooks(module) or _global_hooks():
-        # its hooks ran around this forward as the tracer called the layer: traced into the
-        # graph, they must not run again when the node runs (as a call_module node's would)
+    # with hooks (its own or global): they ran around this forward as the tracer called the
+    # layer, traced into the graph, and must not run again when the node runs (as a
+    # call_module node's or __call__'s would): a call of its forward
+    hooked = not _no_hooks(module) or _global_hooks()
+    if hooked or not norm_only:
         layer = tracer.create_proxy("get_attr", path, (), {})
-        return tracer.create_proxy("call_method", "forward", (layer, *args), kwargs or {})
-    if not norm_only:
-        layer = tracer.create_proxy("get_attr", path, (), {})
-        return tracer.create_proxy("call_method", "__call__", (layer, *args), kwargs or {})
+        return tracer.create_proxy("call_method", "forward" if hooked else "__call__", (layer, *args), kwargs or {})
     return tracer.create_proxy("call_module", path, args, kwargs or {})
 
 
