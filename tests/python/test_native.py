@@ -31,6 +31,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import unittest.mock
 
 import torch
 
@@ -146,11 +147,8 @@ class TestBuildFailure(unittest.TestCase):
     def setUp(self):
         # why this machine and PyTorch cannot build the operators even with a compiler
         # (an older PyTorch): then that is the reason given, and nothing is compiled
-        os.environ["CXX"], saved = "false", os.environ.get("CXX")
-        try:
+        with unittest.mock.patch.dict(os.environ, CXX="false"):
             self.why = _native._why_not()
-        finally:
-            os.environ.pop("CXX") if saved is None else os.environ.__setitem__("CXX", saved)
         self.reason = self.why or "the C++ operators did not compile (exit 1)"
 
     def test_required_raises_with_the_log(self):
@@ -269,11 +267,8 @@ class TestCachedFileThatDoesNotLoad(unittest.TestCase):
         this process's library.)"""
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as d:
             cxx = copying_cxx(d)
-            os.environ["CXX"], saved = str(cxx), os.environ.get("CXX")
-            try:
+            with unittest.mock.patch.dict(os.environ, CXX=str(cxx)):
                 name = _native.library_path().name  # the name the child computes: the same PyTorch, source, CXX
-            finally:
-                os.environ.pop("CXX") if saved is None else os.environ.__setitem__("CXX", saved)
             bad = pathlib.Path(cache) / name
             bad.write_bytes(b"not a shared library\n" * 64)
             r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE=1, SYNCBN_CACHE_DIR=cache, CXX=cxx)
