@@ -4278,11 +4278,17 @@ int main(int argc, char** argv) {
      modulo N (CTest runs the parts as tests of their own, side by side: together they
      are every test) */
   long part_k = 0, part_n = 1, place = 0;
-  if (exchange_only && argc == 3) {
-    fprintf(stderr, "test_coop_emu exchange K N: K without N\n");
+  /* what else is asked for is refused (exit 2), not taken for a run of every test: a
+     `part K` or `exchange K` without its N, a word misspelt, an argument too many */
+  const int part = argc >= 2 && strcmp(argv[1], "part") == 0;
+  if (!(argc == 1 || (exchange_only && (argc == 2 || argc == 4)) || (part && argc == 4) ||
+        (only != NULL && argc == 3))) {
+    fprintf(stderr,
+            "usage: test_coop_emu [exchange [K N] | part K N | only NAME | weak [SEEDS] |"
+            " mutant NAME | race NAME]\n");
     return 2;
   }
-  if (argc >= 4 && (exchange_only || strcmp(argv[1], "part") == 0)) {
+  if (argc == 4) {
     part_k = strtol(argv[2], NULL, 10);
     part_n = strtol(argv[3], NULL, 10);
     if (part_n < 1 || part_k < 0 || part_k >= part_n) {
