@@ -480,6 +480,51 @@ static void test_eps0_constant_channel(void) {
   team_free(&t);
 }
 
+/* A channel whose variance fits in fp32 but whose sum of squared deviations does not
+   (docs/API.md, "Accuracy"): +-1.5e19 on each of two ranks (mean 0, biased variance
+   2.25e38 < FLT_MAX, the sum 8 * 2.25e38 > FLT_MAX): save_invstd 0, y the bias, running_var
+   +inf, the backward's dx and dweight 0, the call a success, no NaN anywhere; the other
+   channel bit for bit what the same team gives without it. */
+static void test_m2_overflow(void) {
+  sbnParams_t p = params(1e-5f, 0.1f), pb = p;
+  pb.grad_mode = sbnGradGlobal;
+  int64_t n[MAXW] = {2, 2};
+  team_t t, clean;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 2, 2, n, 1, 1, GEN_NORMAL, 1730);
+  team_make(&clean, 2, sbnFloat32, sbnLayoutNCHW, 2, 2, n, 1, 1, GEN_NORMAL, 1730);
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < 2; i++)
+      for (int64_t s = 0; s < 2; s++) {
+        const int64_t k = sbn_ref_index(&t.d[r], i, 0, s);
+        ((float*)t.x[r])[k] = ((float*)t.x0[r])[k] = (i + s) % 2 ? -1.5e19f : 1.5e19f;
+      }
+  ASSERT_OK(team_run(&t, 0, MODE_GROUP, 0, &p));
+  ASSERT_OK(team_run(&clean, 0, MODE_GROUP, 0, &p));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_TRUE(isfinite(t.smean[r][0]) && t.sinv[r][0] == 0.0f);
+    ASSERT_TRUE(isinf(t.rv[r][0]) && t.rv[r][0] > 0.0f && isfinite(t.rm[r][0]));
+    ASSERT_BITEQ_F32(t.sinv[r][1], clean.sinv[r][1]);
+    ASSERT_BITEQ_F32(t.rv[r][1], clean.rv[r][1]);
+    for (int64_t i = 0; i < 2; i++)
+      for (int64_t s = 0; s < 2; s++) {
+        ASSERT_TRUE(((const float*)t.y[r])[sbn_ref_index(&t.d[r], i, 0, s)] == t.b[0]);
+        const int64_t k = sbn_ref_index(&t.d[r], i, 1, s);
+        ASSERT_BITEQ_F32(((const float*)t.y[r])[k], ((const float*)clean.y[r])[k]);
+      }
+  }
+  ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_TRUE(t.dw[r][0] == 0.0f && isfinite(t.db[r][0]) && isfinite(t.dw[r][1]));
+    for (int64_t i = 0; i < 2; i++)
+      for (int64_t s = 0; s < 2; s++) {
+        ASSERT_TRUE(((const float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 0, s)] == 0.0f);
+        ASSERT_TRUE(isfinite(((const float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 1, s)]));
+      }
+  }
+  team_free(&t);
+  team_free(&clean);
+}
+
 /* A NaN in one channel (on one rank) and an infinity in another: those channels' save_invstd,
    running_var and y are NaN on every rank, as PyTorch's batch norm gives NaN variances there
    (a running_var that stayed finite would hide the corruption: the clamp of a rounded m2 took
@@ -578,6 +623,7 @@ int main(void) {
   SBN_RUN(test_uneven_ranks_far_apart);
   SBN_RUN(test_outlier_first);
   SBN_RUN(test_eps0_constant_channel);
+  SBN_RUN(test_m2_overflow);
   team_comms_destroy();
   return sbn_test_exit();
 }
