@@ -81,23 +81,27 @@ def _graphed(plain):
     which imports modules at each call (1.1-1.6 us of an eval call's ~7 on CPU). And
     under forward-mode AD (torch.func's jvp and jacfwd, whose tensors look plain, and
     torch.autograd.forward_ad's dual levels), where PyTorch's batch norm has the rule
-    syncbn's operators lack (vmap and grad keep the operators: their rules are the
-    operators')."""
+    syncbn's operators lack; with the Python operators also under torch.func's grad, vjp
+    and jacrev, whose autograd.Function those transforms cannot run (vmap keeps the
+    operators, as grad keeps the C++ ones: their rules are the operators')."""
     return (not plain or _jit_tracing() or _fwad._current_level >= 0
-            or (_functorch_level() is not None and _in_jvp()))
+            or (_functorch_level() is not None and _beyond_operators()))
 
 
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", lambda: None)
 try:
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters as _interpreters
-    _JVP = torch._C._functorch.TransformType.Jvp
+    _TT = torch._C._functorch.TransformType
+    # the transforms whose rule the operators lack: jvp; with the Python operators, grad too
+    _BEYOND = frozenset((_TT.Jvp,) if _ops.NATIVE is not None else (_TT.Jvp, _TT.Grad))
 except (ImportError, AttributeError):  # a PyTorch without them: the operators refuse jvp
-    _interpreters, _JVP = (lambda: ()), None
+    _interpreters, _BEYOND = (lambda: ()), frozenset()
 
 
-def _in_jvp():
-    """Whether a torch.func jvp transform is active (asked only under some transform)."""
-    return any(i.key() == _JVP for i in _interpreters())
+def _beyond_operators():
+    """Whether a torch.func transform whose rule the operators lack is active (_BEYOND;
+    asked only under some transform)."""
+    return any(i.key() in _BEYOND for i in _interpreters())
 
 
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
@@ -413,7 +417,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
-            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+            raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
 
     def forward(self, input, residual=None, *, activate=True):
         if type(input) is not _Tensor or (residual is not None and type(residual) is not _Tensor):
@@ -422,6 +426,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                               residual is None and self._act == _sbn.IDENTITY)
             if traced is not None:
                 return traced
+        # first, as nn.SyncBatchNorm's forward does: a subclass's (a 4D-only layer's) refuses
+        # what it does not take
+        self._check_input_dim(input)
         if activate:
             return self._run(input, residual, self._act, self._slope, self._inplace)
         return self._run(input, residual, _sbn.IDENTITY, self._slope, False)  # batch_norm(input) + residual
@@ -788,10 +795,17 @@ def _bad_eps(eps, rule):
     raise ValueError(f"syncbn.torch.SyncBatchNorm: batch_norm eps must be {rule}, but got {eps}")
 
 
+class _NotAFloatError(TypeError, NotImplementedError):
+    """An integer, bool or complex input, which no batch norm takes: a TypeError, as the
+    layer's other dtype refusals, and a NotImplementedError (a RuntimeError), as PyTorch's
+    batch norm raises ('"batch_norm" not implemented for 'Long'')."""
+
+
 def _check_dtype(x):
     if x.dtype not in _DTYPES:
-        raise TypeError(f"syncbn.torch.SyncBatchNorm: {x.dtype} input; the layer takes float32, float16 and bfloat16 "
-                        "(libsyncbn's dtypes)")
+        error = TypeError if x.is_floating_point() else _NotAFloatError
+        raise error(f"syncbn.torch.SyncBatchNorm: {x.dtype} input; the layer takes float32, float16 and bfloat16 "
+                    "(libsyncbn's dtypes)")
 
 
 def _epilogue(y, residual, act, slope):

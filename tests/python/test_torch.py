@@ -1175,6 +1175,58 @@ class TestTorch(unittest.TestCase):
         m.set_activation("leaky_relu", 0.2)
         self.assertTrue(torch.equal(m(x, x), torch.nn.functional.leaky_relu(ref(x) + x, 0.2)))
 
+    def test_subclass_check_input_dim_runs(self):
+        """forward asks self._check_input_dim first, as nn.SyncBatchNorm's does: a subclass
+        that takes 4D input only refuses a 3D one with its own error, in training and eval,
+        before anything is written (it ran: the method was never called)."""
+
+        class Only4D(sbt.SyncBatchNorm):
+            def _check_input_dim(self, input):
+                if input.dim() != 4:
+                    raise ValueError(f"expected 4D input (got {input.dim()}D input)")
+
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            m = Only4D(3, comm=comm)
+            state = copy.deepcopy(m.state_dict())
+            for training in (True, False):
+                m.train(training)
+                with self.assertRaisesRegex(ValueError, r"^expected 4D input \(got 3D input\)$"):
+                    m(torch.randn(4, 3, 5))
+                for k, v in m.state_dict().items():
+                    self.assertTrue(torch.equal(v, state[k]), k)
+            m.train()
+            x = torch.randn(4, 3, 2, 2)
+            torch.testing.assert_close(m(x), torch.nn.BatchNorm2d(3)(x), rtol=3e-5, atol=3e-5)
+            # the layer's own check: PyTorch's ValueError for a 1D input
+            with self.assertRaisesRegex(ValueError, r"expected at least 2D input \(got 1D input\)"):
+                sbt.SyncBatchNorm(3, comm=comm)(torch.randn(3))
+        finally:
+            comm.destroy()
+
+    def test_non_float_input_refused_as_pytorch(self):
+        """An integer, bool or complex input: a RuntimeError, as nn.BatchNorm2d's
+        '"batch_norm" not implemented for ...' (a NotImplementedError in PyTorch 2.15,
+        a plain RuntimeError in 2.4: the layer's is both), and a TypeError, as the layer's
+        other dtype refusals; in training and eval, nothing written."""
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            m = sbt.SyncBatchNorm(3, comm=comm)
+            state = copy.deepcopy(m.state_dict())
+            for dtype in (torch.int64, torch.uint8, torch.bool, torch.complex64):
+                x = torch.zeros(4, 3, 2, dtype=dtype)
+                for training in (True, False):
+                    m.train(training)
+                    with self.assertRaisesRegex(RuntimeError, "not implemented for"):
+                        torch.nn.BatchNorm1d(3).train(training)(x)
+                    for cls in (NotImplementedError, RuntimeError, TypeError):
+                        with self.assertRaisesRegex(cls, f"syncbn.torch.SyncBatchNorm: {dtype} input"):
+                            m(x)
+            for k, v in m.state_dict().items():
+                self.assertTrue(torch.equal(v, state[k]), k)
+        finally:
+            comm.destroy()
+
     def test_non_finite_input_as_pytorch(self):
         """A NaN in one channel and an infinity in another: nn.BatchNorm2d's running
         variance is NaN in both (its variance is), and so is the layer's (it stayed finite

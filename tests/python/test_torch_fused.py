@@ -2507,9 +2507,10 @@ class TestVmap(TeamOfOne):
     """torch.func.vmap of a layer (the operators' vmap rules, _ops.register_vmap): in eval,
     plain and fused, bitwise the layer applied to each instance, without PyTorch's
     per-instance fallback warning; an ensemble's batched parameters
-    (stack_module_state + functional_call) too; per-sample gradients (vmap of grad) with the
-    C++ operators (the Python ones take no grad transform: documented, and checked as
-    such). In training: NotImplementedError saying why, nothing written."""
+    (stack_module_state + functional_call) too; per-sample gradients (vmap of grad): with
+    the C++ operators theirs, bitwise; with the Python ones (whose autograd.Function takes
+    no grad transform) PyTorch's batch norm, as under jvp. In training: NotImplementedError
+    saying why, nothing written."""
 
     def _layer(self, k=0):
         torch.manual_seed(11 + k)
@@ -2581,12 +2582,12 @@ class TestVmap(TeamOfOne):
         def loss(t):
             return m(t.unsqueeze(0)).square().sum()
 
-        if _ops.NATIVE is None:
-            with self.assertRaisesRegex(RuntimeError, "setup_context"):
-                torch.func.vmap(torch.func.grad(loss))(x)
-            return
         want = torch.stack([torch.autograd.grad(loss(t), t)[0] for t in x.clone().requires_grad_().unbind()])
-        self.assertTrue(torch.equal(torch.func.vmap(torch.func.grad(loss))(x), want))
+        got = torch.func.vmap(torch.func.grad(loss))(x)
+        if _ops.NATIVE is not None:
+            self.assertTrue(torch.equal(got, want))
+        else:  # PyTorch's batch norm against the operator's backward: fp32 roundings apart
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
     def test_training_refused(self):
         for act in ("identity", "relu"):

@@ -843,8 +843,9 @@ class TestAutogradAndLifetimes(unittest.TestCase):
 
     def test_eval_second_derivatives_under_transforms(self):
         """An evaluated layer's second derivatives where the gradients are functorch's
-        (jacrev of jacrev, grad of grad through functional_call: C++ operators; the
-        Python ones take no transform) or batched (autograd.grad(is_grads_batched=True,
+        (jacrev of jacrev, grad of grad through functional_call: the C++ operators', or
+        with the Python ones, whose autograd.Function takes no grad transform, PyTorch's
+        batch norm) or batched (autograd.grad(is_grads_batched=True,
         create_graph=True), both kinds) equal float64 PyTorch's: a gradient made a fresh
         leaf there cut the outer level's graph (zeros) or had no batching rule (detach
         raised)."""
@@ -859,20 +860,19 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                 ref.load_state_dict(dict(ref.state_dict(), **{k: v.double() for k, v in stats.items()}))
                 post = torch.relu if kw else (lambda t: t)
                 x = torch.randn(2, 3, 1, 2)
-                if _ops.NATIVE is not None:
-                    got = torch.func.jacrev(torch.func.jacrev(lambda v: (m(v) ** 3).sum()))(x)
-                    want = torch.func.jacrev(torch.func.jacrev(lambda v: (post(ref(v)) ** 3).sum()))(x.double())
-                    self.assertGreater(want.abs().max().item(), 1.0)
-                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
-                    c = torch.randn(2, 3, 1, 2)
-                    params = {k: v.detach() for k, v in m.named_parameters()}
-                    rparams = {k: v.detach() for k, v in ref.named_parameters()}
-                    got = torch.func.grad(lambda v: torch.func.grad(lambda p: (
-                        torch.func.functional_call(m, p, (v,)) * c).sum())(params)["weight"].sum())(x)
-                    want = torch.func.grad(lambda v: torch.func.grad(lambda p: (
-                        post(torch.func.functional_call(ref, p, (v,))) * c.double()).sum())(rparams)["weight"].sum())(
-                        x.double())
-                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                got = torch.func.jacrev(torch.func.jacrev(lambda v: (m(v) ** 3).sum()))(x)
+                want = torch.func.jacrev(torch.func.jacrev(lambda v: (post(ref(v)) ** 3).sum()))(x.double())
+                self.assertGreater(want.abs().max().item(), 1.0)
+                torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                c = torch.randn(2, 3, 1, 2)
+                params = {k: v.detach() for k, v in m.named_parameters()}
+                rparams = {k: v.detach() for k, v in ref.named_parameters()}
+                got = torch.func.grad(lambda v: torch.func.grad(lambda p: (
+                    torch.func.functional_call(m, p, (v,)) * c).sum())(params)["weight"].sum())(x)
+                want = torch.func.grad(lambda v: torch.func.grad(lambda p: (
+                    post(torch.func.functional_call(ref, p, (v,))) * c.double()).sum())(rparams)["weight"].sum())(
+                    x.double())
+                torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
                 v = torch.randn(4, 2, 3, 1, 2)
                 out = []
                 for layer, dt, p in ((m, torch.float32, lambda t: t), (ref, torch.float64, post)):
