@@ -21,6 +21,7 @@
  * stronger than PTX) or speed. Those need the GPU suite (scripts/gpu-suite.sh).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep */
+#include <errno.h>
 #include <time.h>
 
 #include "coop_emu.h"
@@ -4260,11 +4261,27 @@ static int run_race(const char* name) {
   return 0;
 }
 
+/* Whether s is a whole decimal number >= 0 (digits only, within a long), which goes to *v */
+static int whole_number(const char* s, long* v) {
+  char* end = NULL;
+  errno = 0;
+  *v = strtol(s, &end, 10);
+  return *s >= '0' && *s <= '9' && *end == '\0' && errno == 0;
+}
+
+static const char kUsage[] =
+    "usage: test_coop_emu [exchange [K N] | part K N | only NAME | weak [SEEDS] | mutant NAME | race NAME]\n";
+
 int main(int argc, char** argv) {
-  if (argc >= 3 && strcmp(argv[1], "mutant") == 0) return run_mutant(argv[2]);
-  if (argc >= 3 && strcmp(argv[1], "race") == 0) return run_race(argv[2]);
+  long num = 0;
+  if (argc == 3 && strcmp(argv[1], "mutant") == 0) return run_mutant(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "race") == 0) return run_race(argv[2]);
   if (argc >= 2 && strcmp(argv[1], "weak") == 0) {
-    if (argc >= 3) g_weak_seeds = strtoull(argv[2], NULL, 10);
+    if (argc > 3 || (argc == 3 && (!whole_number(argv[2], &num) || num < 1))) {
+      fprintf(stderr, "%s", kUsage);
+      return 2;
+    }
+    if (argc == 3) g_weak_seeds = (uint64_t)num;
     SBN_RUN(test_weak_memory);
     return sbn_test_exit();
   }
@@ -4283,15 +4300,12 @@ int main(int argc, char** argv) {
   const int part = argc >= 2 && strcmp(argv[1], "part") == 0;
   if (!(argc == 1 || (exchange_only && (argc == 2 || argc == 4)) || (part && argc == 4) ||
         (only != NULL && argc == 3))) {
-    fprintf(stderr,
-            "usage: test_coop_emu [exchange [K N] | part K N | only NAME | weak [SEEDS] |"
-            " mutant NAME | race NAME]\n");
+    fprintf(stderr, "%s", kUsage);
     return 2;
   }
   if (argc == 4) {
-    part_k = strtol(argv[2], NULL, 10);
-    part_n = strtol(argv[3], NULL, 10);
-    if (part_n < 1 || part_k < 0 || part_k >= part_n) {
+    if (!whole_number(argv[2], &part_k) || !whole_number(argv[3], &part_n) || part_n < 1 ||
+        part_k >= part_n) {
       fprintf(stderr, "test_coop_emu %s K N: 0 <= K < N (got %s %s)\n", argv[1], argv[2], argv[3]);
       return 2;
     }
