@@ -98,6 +98,12 @@ except (ImportError, AttributeError):  # a PyTorch without them: the operators r
     _interpreters, _BEYOND = (lambda: ()), frozenset()
 
 
+_PY_OPS_GRAD = ("syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp, jacrev or jvp: the Python "
+                "operators (SYNCBN_TORCH_NATIVE=0, or the fallback where the C++ ones did not build) take none of "
+                "them; the C++ operators take vjp and jacrev (grad and jvp of a training layer are refused on both: "
+                "its backward is not differentiable); an evaluated layer takes them all")
+
+
 def _beyond_operators():
     """Whether a torch.func transform whose rule the operators lack is active (_BEYOND;
     asked only under some transform)."""
@@ -455,6 +461,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             w = _abs_eps(w, self.eps)
         if w is None and b is not None:  # F.batch_norm takes it: a weight of ones (the library takes both)
             w = _ones_like(b)
+        if not input.is_floating_point():  # (also where eval runs PyTorch's batch norm below)
+            _check_dtype(input)
         if not self.training:
             if not 0.0 <= self.eps < _F32_INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
@@ -496,6 +504,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, slope)
             return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, slope)
         _check_dtype(input)
+        if _functorch_level() is not None and _ops.NATIVE is None and _beyond_operators():
+            raise RuntimeError(_PY_OPS_GRAD)
         if not _F32_ZERO < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN

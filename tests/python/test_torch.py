@@ -1208,7 +1208,8 @@ class TestTorch(unittest.TestCase):
         """An integer, bool or complex input: a RuntimeError, as nn.BatchNorm2d's
         '"batch_norm" not implemented for ...' (a NotImplementedError in PyTorch 2.15,
         a plain RuntimeError in 2.4: the layer's is both), and a TypeError, as the layer's
-        other dtype refusals; in training and eval, nothing written."""
+        other dtype refusals; in training and eval (also an eval that runs PyTorch's batch
+        norm: without running statistics), nothing written."""
         comm = syncbn.cpu_team(1)[0]
         try:
             m = sbt.SyncBatchNorm(3, comm=comm)
@@ -1216,12 +1217,13 @@ class TestTorch(unittest.TestCase):
             for dtype in (torch.int64, torch.uint8, torch.bool, torch.complex64):
                 x = torch.zeros(4, 3, 2, dtype=dtype)
                 for training in (True, False):
-                    m.train(training)
-                    with self.assertRaisesRegex(RuntimeError, "not implemented for"):
-                        torch.nn.BatchNorm1d(3).train(training)(x)
-                    for cls in (NotImplementedError, RuntimeError, TypeError):
-                        with self.assertRaisesRegex(cls, f"syncbn.torch.SyncBatchNorm: {dtype} input"):
-                            m(x)
+                    for layer in (m, sbt.SyncBatchNorm(3, comm=comm, track_running_stats=False)):
+                        layer.train(training)
+                        with self.assertRaisesRegex(RuntimeError, "not implemented for"):
+                            torch.nn.BatchNorm1d(3).train(training)(x)
+                        for cls in (NotImplementedError, RuntimeError, TypeError):
+                            with self.assertRaisesRegex(cls, f"syncbn.torch.SyncBatchNorm: {dtype} input"):
+                                layer(x)
             for k, v in m.state_dict().items():
                 self.assertTrue(torch.equal(v, state[k]), k)
         finally:
