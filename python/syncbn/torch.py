@@ -85,7 +85,7 @@ def _graphed(plain):
     and jacrev, whose autograd.Function those transforms cannot run (vmap keeps the
     operators, as grad keeps the C++ ones: their rules are the operators')."""
     return (not plain or _jit_tracing() or _fwad._current_level >= 0
-            or (_functorch_level() is not None and _beyond_operators()))
+            or (_functorch_level() is not None and _under(_BEYOND)))
 
 
 _functorch_level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", lambda: None)
@@ -94,20 +94,21 @@ try:
     _TT = torch._C._functorch.TransformType
     # the transforms whose rule the operators lack: jvp; with the Python operators, grad too
     _BEYOND = frozenset((_TT.Jvp,) if _ops.NATIVE is not None else (_TT.Jvp, _TT.Grad))
+    _GRAD = frozenset((_TT.Grad,))  # grad, vjp, jacrev
 except (ImportError, AttributeError):  # a PyTorch without them: the operators refuse jvp
-    _interpreters, _BEYOND = (lambda: ()), frozenset()
+    _interpreters, _BEYOND, _GRAD = (lambda: ()), frozenset(), frozenset()
 
 
-_PY_OPS_GRAD = ("syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp, jacrev or jvp: the Python "
+_PY_OPS_GRAD = ("syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp or jacrev: the Python "
                 "operators (SYNCBN_TORCH_NATIVE=0, or the fallback where the C++ ones did not build) take none of "
-                "them; the C++ operators take vjp and jacrev (grad and jvp of a training layer are refused on both: "
-                "its backward is not differentiable); an evaluated layer takes them all")
+                "them; the C++ operators take vjp and jacrev (grad of a training layer is refused on both: it "
+                "differentiates the backward, which is not differentiable); an evaluated layer takes them all")
 
 
-def _beyond_operators():
-    """Whether a torch.func transform whose rule the operators lack is active (_BEYOND;
-    asked only under some transform)."""
-    return any(i.key() in _BEYOND for i in _interpreters())
+def _under(kinds):
+    """Whether a torch.func transform of one of `kinds` (TransformType) is active (asked
+    only under some transform)."""
+    return any(i.key() in kinds for i in _interpreters())
 
 
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)  # unknown: take the operator
@@ -504,8 +505,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, slope)
             return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, slope)
         _check_dtype(input)
-        if _functorch_level() is not None and _ops.NATIVE is None and _beyond_operators():
-            raise RuntimeError(_PY_OPS_GRAD)
+        if _functorch_level() is not None and _ops.NATIVE is None and _under(_GRAD):
+            raise RuntimeError(_PY_OPS_GRAD)  # (under jvp: the operator's forward-mode error)
         if not _F32_ZERO < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN

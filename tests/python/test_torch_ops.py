@@ -894,11 +894,15 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "no double backward through syncbn.torch.SyncBatchNorm: "
                                                   "create_graph=True and torch.func.grad differentiate the backward"
                                     if _ops.NATIVE is not None else
-                                    r"syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp, jacrev or "
-                                    r"jvp: the Python operators \(SYNCBN_TORCH_NATIVE=0"):
+                                    r"syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp or "
+                                    r"jacrev: the Python operators \(SYNCBN_TORCH_NATIVE=0"):
             torch.func.grad(lambda v: m(v).square().sum())(torch.randn(4, 3, 2))
         if _ops.NATIVE is None:
             self.assertEqual(int(m.num_batches_tracked), 0)
+        # jvp is not grad: on both kinds the operator's own forward-mode error
+        with self.assertRaisesRegex(RuntimeError, r"syncbn.batch_norm_train: forward-mode AD \(jvp, dual tensors\) "
+                                                  r"is not implemented"):
+            torch.func.jvp(m, (torch.randn(4, 3, 2),), (torch.randn(4, 3, 2),))
 
     def test_no_forward_mode_ad(self):
         x, t = torch.randn(4, 3), torch.randn(4, 3)
