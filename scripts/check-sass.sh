@@ -27,7 +27,8 @@
 #     copy of a batch's arithmetic per batch held in registers, as the onchip kernels
 #     were until 2026-11-26 (-DSBN_KERNEL_MUTANTS=128, SBN_MUT_HELD_COPIES): built and
 #     checked with the mutant below,
-#   - kernels/coop.cu does not compile for sm_80 or sm_100.
+#   - kernels/coop.cu does not compile for sm_80 or sm_100 (or, with --ptx-from, the
+#     build's compute_80 PTX does not assemble for them).
 # Where no nvcc is found it says so and exits 0. cuobjdump and nvdisasm come from the
 # toolkit, or from the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels (installed
 # into ${SBN_TOOLS_DIR:-~/.cache/syncbn-tools} when missing).
@@ -38,11 +39,48 @@
 # acquire after the flag polls"). To repeat: copy kernels/ and include/, apply the sed,
 # run sbn_coop_cubin (scripts/cuda-tools.sh) there and report on the copy.
 #
-# Usage: scripts/check-sass.sh [OUTDIR]   (OUTDIR keeps the cubin, SASS and report)
+# Usage: scripts/check-sass.sh [--sm90-from LIB] [--ptx-from LIB] [OUTDIR]
+#   OUTDIR keeps the cubin, SASS and report.
+#   --sm90-from LIB  check the sm_90 machine code in LIB (a library or object that a build
+#                    made for 90-real: scripts/gpu-suite.sh prebuild's libsyncbn.so, what
+#                    the GPU machine runs) instead of compiling kernels/coop.cu for sm_90
+#   --ptx-from LIB   assemble the compute_80 PTX in LIB (the default build's libsyncbn.so
+#                    on a machine without a GPU: cmake/cuda_arch.cmake) for sm_80 and
+#                    sm_100, as the driver does on an A100 or a B200, instead of compiling
+#                    kernels/coop.cu for each (ptxas only: cicc ran in that build)
+#   .ci/run passes both where the steps that built them passed in the same run (~35 s of
+#   a core saved per compile). A LIB without that code is said and compiled instead.
 set -euo pipefail
 
+SM90_FROM="" PTX_FROM="" OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sm90-from | --ptx-from)
+      if [ $# -lt 2 ] || ! [ -f "$2" ]; then
+        echo "check-sass: $1 needs a file (a library or object with kernels), got '${2:-}'" >&2
+        exit 2
+      fi
+      f=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+      if [ "$1" = --sm90-from ]; then SM90_FROM=$f; else PTX_FROM=$f; fi
+      shift 2
+      ;;
+    -*)
+      echo "check-sass: unknown option '$1' (usage: check-sass.sh [--sm90-from LIB] [--ptx-from LIB] [OUTDIR])" >&2
+      exit 2
+      ;;
+    *)
+      if [ -n "$OUT" ] || [ $# -gt 1 ]; then
+        echo "check-sass: one OUTDIR, after the options (usage: check-sass.sh [--sm90-from LIB] [--ptx-from LIB] [OUTDIR])" >&2
+        exit 2
+      fi
+      OUT=$1
+      shift
+      ;;
+  esac
+done
+
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT=${1:-$(mktemp -d "${TMPDIR:-/tmp}/check-sass.XXXXXX")}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/check-sass.XXXXXX")}
 mkdir -p "$OUT"
 
 . scripts/cuda-tools.sh
@@ -69,31 +107,66 @@ fi
 sbn_kernel_defs
 echo "check-sass: $("$NVCC" --version | tail -n 1); $("$CUOBJDUMP" --version | tail -n 1)"
 
-# The other builds start first, beside the sm_90 one below (one nvcc is one core: four
-# compiles keep both of CI's cores busy). The other architectures: sm_80 (A100, the
-# oldest syncbn supports) and sm_100 (Blackwell) must compile too (not run, not checked
-# further); a build without a GPU visible compiles PTX only (cmake/cuda_arch.cmake), so
-# ptxas runs for them here. The mutant build: the plain ops' kernels only (the mutants
-# are checked on them, kernels/coop.cu).
+# The other builds start first, beside the sm_90 one below (one nvcc or ptxas is one
+# core: CI has two). The other architectures: sm_80 (A100, the oldest syncbn supports)
+# and sm_100 (Blackwell) must compile too (not run, not checked further); a build without
+# a GPU visible compiles PTX only (cmake/cuda_arch.cmake), so ptxas runs for them here:
+# on that build's PTX with --ptx-from. The mutant build: the plain ops' kernels only (the
+# mutants are checked on them, kernels/coop.cu).
 for sm in 80 100; do
   if ! "$NVCC" --list-gpu-arch | grep -qx "compute_$sm"; then
     echo "check-sass: FAILED: this nvcc cannot target sm_$sm" >&2
     exit 1
   fi
 done
-echo "+ nvcc -arch=sm_80 -cubin kernels/coop.cu & nvcc -arch=sm_100 -cubin kernels/coop.cu" \
-  "& nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu &"
+# sbn_extract KIND LIB DIR: cuobjdump -x$KIND (ptx, elf) of LIB into DIR; echoes the
+# extracted file for compute_80 (ptx) or sm_90 (elf), or nothing where LIB has none
+sbn_extract() {
+  local pat
+  if [ "$1" = ptx ]; then pat='*.sm_80.ptx'; else pat='*.sm_90.cubin'; fi
+  mkdir -p "$3"
+  (cd "$3" && "$CUOBJDUMP" -x"$1" all "$2" >/dev/null 2>&1) || true
+  find "$3" -maxdepth 1 -name "$pat" | head -n 1
+}
+PTX=""
+if [ -n "$PTX_FROM" ]; then
+  PTX=$(sbn_extract ptx "$PTX_FROM" "$OUT/from-ptx")
+  PTXAS=$(sbn_find_tool ptxas)
+  if [ -z "$PTX" ] || [ -z "$PTXAS" ]; then
+    echo "check-sass: no compute_80 PTX in $PTX_FROM (or no ptxas): compiling kernels/coop.cu for sm_80 and sm_100"
+    PTX=""
+  fi
+fi
 pids=()
 for sm in 80 100; do
-  sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
+  if [ -n "$PTX" ]; then
+    echo "+ ptxas -arch=sm_$sm (the compute_80 PTX of $PTX_FROM) &"
+    "$PTXAS" -arch=sm_"$sm" -o "$OUT/coop_sm$sm.cubin" "$PTX" &
+  else
+    echo "+ nvcc -arch=sm_$sm -cubin kernels/coop.cu &"
+    sbn_coop_cubin "$sm" "$OUT/coop_sm$sm.cubin" &
+  fi
   pids+=($!)
 done
+echo "+ nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu &"
 sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY &
 mpid=$!
 # a failure below leaves no compile behind
 trap 'kill "${pids[@]}" "$mpid" 2>/dev/null || true' EXIT
-echo "+ nvcc -arch=sm_90 -cubin kernels/coop.cu ${DEFS[*]}"
-sbn_coop_cubin 90 "$OUT/coop_sm90.cubin" -lineinfo
+SM90=""
+if [ -n "$SM90_FROM" ]; then
+  SM90=$(sbn_extract elf "$SM90_FROM" "$OUT/from-sm90")
+  if [ -n "$SM90" ]; then
+    echo "+ the sm_90 machine code of $SM90_FROM (cuobjdump -xelf)"
+    cp "$SM90" "$OUT/coop_sm90.cubin"
+  else
+    echo "check-sass: no sm_90 machine code in $SM90_FROM: compiling kernels/coop.cu for sm_90"
+  fi
+fi
+if [ -z "$SM90" ]; then
+  echo "+ nvcc -arch=sm_90 -cubin kernels/coop.cu ${DEFS[*]}"
+  sbn_coop_cubin 90 "$OUT/coop_sm90.cubin" -lineinfo
+fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.res"
 "$CUOBJDUMP" -sass "$OUT/coop_sm90.cubin" > "$OUT/coop_sm90.sass"
 
@@ -343,9 +416,11 @@ if [ "$mrc" -ne 3 ]; then
   exit 1
 fi
 echo "check-sass: $(cat "$OUT/report_mutant.txt") (each check catches its mutant)"
+what="kernels/coop.cu"
+[ -n "$PTX" ] && what="the compute_80 PTX of $PTX_FROM"
 for sm in 80 100; do
   if [ -s "$OUT/coop_sm$sm.cubin" ] && [ $rc -eq 0 ]; then
-    echo "check-sass: sm_$sm build OK ($(stat -c %s "$OUT/coop_sm$sm.cubin") bytes)"
+    echo "check-sass: sm_$sm build OK ($what; $(stat -c %s "$OUT/coop_sm$sm.cubin") bytes)"
   fi
 done
-[ $rc -eq 0 ] || { echo "check-sass: FAILED: kernels/coop.cu does not build for sm_80 or sm_100" >&2; exit 1; }
+[ $rc -eq 0 ] || { echo "check-sass: FAILED: $what does not build for sm_80 or sm_100" >&2; exit 1; }
