@@ -75,6 +75,9 @@ __device__ __forceinline__ unsigned long long probe_now() {
     if (threadIdx.x == 0 && blockIdx.x < SBN_PROBE_MAX_BLOCKS)                              \
       sbn_probe_stamps[blockIdx.x * 8 + (i)] = probe_now();                                 \
   } while (0)
+/* the plain ops' kernels only: every kernel the probe launches is one (epi 0), and the
+   epilogue's copies (nullptr here: coop.cu) would double this file's compile */
+#define SBN_PLAIN_KERNELS_ONLY
 #include "coop.cu"
 
 #define CK(call)                                                                            \

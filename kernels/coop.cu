@@ -101,7 +101,8 @@ static_assert(SBN_GPU_PART_FLOATS == 4, "a partial entry is one float4");
    in-place backward's, copies of each, so that the plain ops' kernels keep their code and
    registers. A forward never recovers x: SBN_EPI_RECOVER is its SBN_EPI_ACT.
    SBN_PLAIN_KERNELS_ONLY: the plain ops' kernels alone, the others nullptr (check-sass.sh's
-   mutant build, which looks at what the mutants do to those: half its compile time). */
+   mutant build, which looks at what the mutants do to those, and bench/probe.cu, which
+   launches plain ops only: half their compile time). */
 #ifdef SBN_PLAIN_KERNELS_ONLY
 #define SBN_EPI_BUILT false
 #else
