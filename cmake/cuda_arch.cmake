@@ -10,8 +10,8 @@
 #     driver compiles it for whatever GPU runs it (sm_80 and later: A100, H100, H200,
 #     B200) when a team is first created on it, about a minute per machine, and keeps the
 #     result in its cache (~/.nv/ComputeCache). ptxas does not run, which halves the
-#     build; scripts/check-sass.sh compiles and checks the machine code for sm_80, sm_90
-#     and sm_100 in CI. To ship machine code from such a machine, say which, e.g.
+#     build; scripts/check-sass.sh builds and checks the machine code for sm_80, sm_90
+#     and sm_100 in CI (sm_80 and sm_100 assembled from that PTX). To ship machine code from such a machine, say which, e.g.
 #     -DCMAKE_CUDA_ARCHITECTURES="80-real;90-real;100" (SASS for A100, H100/H200 and
 #     B200, plus compute_100 PTX for later GPUs).
 #

@@ -40,7 +40,8 @@
 # run sbn_coop_cubin (scripts/cuda-tools.sh) there and report on the copy.
 #
 # Usage: scripts/check-sass.sh [--sm90-from LIB] [--ptx-from LIB] [OUTDIR]
-#   OUTDIR keeps the cubin, SASS and report.
+#   OUTDIR keeps the cubin, SASS and report (a relative one is taken from the source
+#   tree's root; a relative LIB from the current folder).
 #   --sm90-from LIB  check the sm_90 machine code in LIB (a library or object that a build
 #                    made for 90-real: scripts/gpu-suite.sh prebuild's libsyncbn.so, what
 #                    the GPU machine runs) instead of compiling kernels/coop.cu for sm_90
@@ -124,7 +125,7 @@ done
 sbn_extract() {
   local pat
   if [ "$1" = ptx ]; then pat='*.sm_80.ptx'; else pat='*.sm_90.cubin'; fi
-  mkdir -p "$3"
+  rm -rf "$3" && mkdir -p "$3" # (an OUTDIR used before: none of its files is taken)
   (cd "$3" && "$CUOBJDUMP" -x"$1" all "$2" >/dev/null 2>&1) || true
   find "$3" -maxdepth 1 -name "$pat" | head -n 1
 }
