@@ -49,8 +49,8 @@
 #                    on a machine without a GPU: cmake/cuda_arch.cmake) for sm_80 and
 #                    sm_100, as the driver does on an A100 or a B200, instead of compiling
 #                    kernels/coop.cu for each (ptxas only: cicc ran in that build)
-#   .ci/run passes both where the steps that built them passed in the same run (~35 s of
-#   a core saved per compile). A LIB without that code is said and compiled instead.
+#   .ci/run passes both where its steps built them in the same run (~35 s of a core saved
+#   per compile). A LIB without that code is said and compiled instead.
 set -euo pipefail
 
 SM90_FROM="" PTX_FROM="" OUT=""
