@@ -50,18 +50,31 @@ T& block_shared(const char* name) {
 
 inline Warp& my_warp() { return emu_block->warp[threadIdx.x >> 5]; }
 
+/* A warp collective (shuffle, vote, reduce): every lane posts its value and waits for
+   the others; returns the 32 values posted. One barrier is enough: the collectives
+   alternate between two buffers, and a lane is at most one collective ahead of another
+   (to post the next-but-one it passes the next's barrier, which waits for every lane to
+   have read this one), so it never writes a buffer another lane still reads. (Two
+   barriers, one to post and one to read, made every lane switch twice per collective:
+   test_coop_emu `part 0 2` 16 -> 14 s.) */
+inline const uint64_t* warp_exchange(uint64_t v) {
+  Warp& w = my_warp();
+  const unsigned lane = threadIdx.x & 31;
+  uint64_t* buf = w.buf[w.par[lane]];
+  w.par[lane] ^= 1;
+  buf[lane] = v;
+  bar_warp(false);
+  return buf;
+}
 /* A warp shuffle: every lane posts v, then reads lane src's (src >= 32: keeps its own). */
 template <typename T>
 T shfl_from(T v, unsigned src) {
   static_assert(sizeof(T) <= sizeof(uint64_t), "shuffle of at most 8 bytes");
-  Warp& w = my_warp();
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof v);
-  w.buf[threadIdx.x & 31] = bits;
-  bar_warp(false);
+  const uint64_t* buf = warp_exchange(bits);
   T r = v;
-  if (src < 32) memcpy(&r, &w.buf[src], sizeof r);
-  bar_warp(false);
+  if (src < 32) memcpy(&r, &buf[src], sizeof r);
   return r;
 }
 /* __shfl_down_sync (lanes past 31 keep their value) and __shfl_xor_sync (m < 32). */
@@ -105,21 +118,15 @@ T __shfl_xor_sync(unsigned mask, T v, int m) {
 }
 inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
   (void)mask;
-  emu::Warp& w = emu::my_warp();
-  w.buf[threadIdx.x & 31] = v;
-  emu::bar_warp(false);
+  const uint64_t* buf = emu::warp_exchange(v);
   unsigned m = 0;
-  for (int i = 0; i < 32; i++) m = w.buf[i] > m ? (unsigned)w.buf[i] : m;
-  emu::bar_warp(false);
+  for (int i = 0; i < 32; i++) m = buf[i] > m ? (unsigned)buf[i] : m;
   return m;
 }
 inline unsigned emu_vote(int p, bool all) {
-  emu::Warp& w = emu::my_warp();
-  w.buf[threadIdx.x & 31] = p != 0;
-  emu::bar_warp(false);
+  const uint64_t* buf = emu::warp_exchange(p != 0);
   unsigned r = all ? 1u : 0u;
-  for (int i = 0; i < 32; i++) r = all ? (r & (unsigned)w.buf[i]) : (r | (unsigned)w.buf[i]);
-  emu::bar_warp(false);
+  for (int i = 0; i < 32; i++) r = all ? (r & (unsigned)buf[i]) : (r | (unsigned)buf[i]);
   return r;
 }
 inline int __any_sync(unsigned mask, int p) {

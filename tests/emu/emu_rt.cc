@@ -138,12 +138,19 @@ constexpr size_t kStack = 128 * 1024;
 #else
 constexpr size_t kStack = 128 * 1024;
 #endif
+/* Each stack starts at its own offset (a multiple of 64 bytes below kColor) in its
+   mapping: at one offset, every fiber's top frames (the context switch's registers among
+   them) fell in the same cache sets, 128 KiB apart, and a switch waited for memory
+   (test_coop_emu `part 0 2`: 23 -> 16 s on a 2-core EPYC). */
+constexpr size_t kColor = 32 * 1024;
 
 /* Stacks are reused across launches (of any OS thread: the launch threads of per-rank
    launches come and go); touched pages only count. */
 std::mutex g_stacks_mu;
 std::vector<char*> g_stacks;
+unsigned g_stacks_made;
 char* stack_get() {
+  size_t color;
   {
     std::lock_guard<std::mutex> lock(g_stacks_mu);
     if (!g_stacks.empty()) {
@@ -151,14 +158,15 @@ char* stack_get() {
       g_stacks.pop_back();
       return s;
     }
+    color = (size_t)(g_stacks_made++ * 17u % (kColor / 64)) * 64; /* 17: neighbours apart */
   }
-  void* p = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+  void* p = mmap(nullptr, kStack + kColor, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                  -1, 0);
   if (p == MAP_FAILED) {
     fprintf(stderr, "emu: mmap of a fiber stack failed\n");
     abort();
   }
-  return static_cast<char*>(p);
+  return static_cast<char*>(p) + color;
 }
 void stack_put(char* s) {
   std::lock_guard<std::mutex> lock(g_stacks_mu);

@@ -45,7 +45,8 @@ struct Idx {
 
 /* What a block's CUDA threads share, besides their barriers (emu_rt.cc). */
 struct Warp {
-  uint64_t buf[32]; /* the lanes' values of a shuffle or vote */
+  uint64_t buf[2][32];  /* the lanes' values of a shuffle or vote, by the collective's parity */
+  unsigned char par[32] = {}; /* each lane's parity of its next collective */
 };
 struct Block {
   Warp warp[32];
