@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -276,6 +277,7 @@ struct Fiber {
 };
 struct Bar {
   unsigned n = 0, arrived = 0;
+  bool warp = false; /* a warp's: its lanes run next when released (runq_push_released) */
   std::vector<Fiber*> waiting;
 };
 struct BlockRt {
@@ -299,6 +301,8 @@ struct Launch {
   std::vector<std::unique_ptr<BlockRt>> blocks;
   std::vector<Fiber*> runq;
   size_t runq_head = 0;
+  std::deque<Fiber*> hot; /* released by a warp barrier: run before runq (runq_pop) */
+  unsigned hot_run = 0;   /* picks from `hot` since the last from runq */
   Fiber* cur = nullptr;
   void* sched_sp = nullptr;
   unsigned started = 0, finished = 0, resident = 0, limit = 0;
@@ -332,8 +336,30 @@ void set_idx(Fiber* f) {
 }
 
 void runq_push(Launch* l, Fiber* f) { l->runq.push_back(f); }
+/* FIFO scheduling: the lanes a warp barrier (a shuffle, a vote, __syncwarp) released run
+   next, in their order, before the queue, so a warp goes on from one collective to the
+   next while its 32 stacks are in the cache; behind the queue, every other fiber of the
+   launch (~1300 on average in test_coop_emu) ran in between (`part 0 2`: 14 -> 11 s).
+   A block barrier's release still goes to the queue's end. A seeded schedule picks from
+   the queue at random, as before. After kHotRun picks from `hot` one comes from the
+   queue, so no fiber there waits forever behind a warp that loops on collectives without
+   __nanosleep. */
+constexpr unsigned kHotRun = 1024;
+void runq_push_released(Launch* l, const std::vector<Fiber*>& ws) {
+  if (l->random)
+    for (Fiber* w : ws) runq_push(l, w);
+  else
+    l->hot.insert(l->hot.begin(), ws.begin(), ws.end());
+}
 Fiber* runq_pop(Launch* l) {
   const size_t n = l->runq.size() - l->runq_head;
+  if (!l->hot.empty() && (n == 0 || l->hot_run < kHotRun)) {
+    l->hot_run++;
+    Fiber* f = l->hot.front();
+    l->hot.pop_front();
+    return f;
+  }
+  l->hot_run = 0;
   if (n == 0) return nullptr;
   size_t i = l->runq_head;
   if (l->random && n > 1) {
@@ -426,7 +452,10 @@ void bar_release(Launch* l, Bar& b, bool ordering, Fiber* last) {
     if (last != nullptr) ps.push_back(last);
     weak_join_all(ps);
   }
-  for (Fiber* w : b.waiting) runq_push(l, w);
+  if (b.warp)
+    runq_push_released(l, b.waiting);
+  else
+    for (Fiber* w : b.waiting) runq_push(l, w);
   b.waiting.clear();
   b.arrived = 0;
 }
@@ -470,8 +499,10 @@ void block_start(Launch* l, unsigned bi) {
   B.fibers = std::vector<Fiber>(l->threads);
   B.live = l->threads;
   B.bar.n = l->threads;
-  for (unsigned w = 0; w < (l->threads + 31) / 32; w++)
+  for (unsigned w = 0; w < (l->threads + 31) / 32; w++) {
     B.wbar[w].n = std::min(32u, l->threads - w * 32);
+    B.wbar[w].warp = true;
+  }
   if (l->dyn) B.pub.dyn = calloc(1, l->dyn);
   for (unsigned t = 0; t < l->threads; t++) {
     Fiber& f = B.fibers[t];

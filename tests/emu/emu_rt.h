@@ -3,8 +3,10 @@
  * A launch runs on the calling OS thread. Its CUDA threads are fibers (a stack each,
  * switched in user space) that run until they reach a synchronization point — a block
  * or warp barrier, a warp collective, a __nanosleep in a spin loop — and hand over to
- * the launch's scheduler, which resumes the next runnable fiber. Launches that must run
- * at the same time (the ranks of a team launched separately) run on separate OS threads.
+ * the launch's scheduler, which resumes the next runnable fiber: first the lanes a warp
+ * barrier released (a warp runs from one collective to the next), then the queue in
+ * order (a seeded schedule: at random). Launches that must run at the same time (the
+ * ranks of a team launched separately) run on separate OS threads.
  *
  * Options (sbn_emu_set_* in coop_emu.h): at most K blocks resident at a time (blocks
  * start as earlier ones return, as under a tool that serialises kernels); the weak
