@@ -4004,17 +4004,34 @@ static void test_pipeline(void) {
   pipeline_case(3, 1, sbnLayoutNHWC, 8, 3, n3, 4, 2);
 }
 
+/* What a failed rank wrote, element by element, that is neither not written (the poison;
+   the running statistics' initial values; num_batches_tracked 0) nor the value of the
+   unrestricted run `ref` (of the same inputs and initial state): its name, or NULL. */
+static const char* failed_rank_writes(const team_t* t, const team_t* ref, int r) {
+  const size_t c = (size_t)t->d[r].c, f = sizeof(float);
+  if (!untouched_or_same(t->y[r], ref->y[r], team_bytes(t, r), f)) return "y";
+  if (!untouched_or_same(t->smean[r], ref->smean[r], c * f, f)) return "save_mean";
+  if (!untouched_or_same(t->sinv[r], ref->sinv[r], c * f, f)) return "save_invstd";
+  for (size_t ci = 0; ci < c; ci++) {
+    if (t->rm[r][ci] != t->rm0[ci] && t->rm[r][ci] != ref->rm[r][ci]) return "running_mean";
+    if (t->rv[r][ci] != t->rv0[ci] && t->rv[r][ci] != ref->rv[r][ci]) return "running_var";
+  }
+  if (t->nbt[r] != 0 && t->nbt[r] != ref->nbt[r]) return "num_batches_tracked";
+  return NULL;
+}
+
 /* At most K blocks resident (as under a tool that serialises kernels): the rank-local
    barrier cannot complete, and the kernel must end in sbnTimeout, never hang; a rank left
    waiting for a peer that timed out ends too (sbnTimeout or sbnAborted). A rank may still
    succeed when its peer's record was published before the peer timed out (the outcome of
    a timed-out op is per rank, as in NCCL): its outputs are then those of an unrestricted
-   run. A block that sees the failure writes nothing, but the blocks of a failed rank
-   decide apart (docs/DESIGN.md, "Limited residency"): with K = 3 of a virtual launch, rank
-   1's block 3 starts once rank 0 has timed out, waits for the record its block 2 has not
-   yet published, sees the stop word and fails, while block 2 publishes, finds every
-   record at its first poll and writes its units. So a failed rank's y holds, element by
-   element, either nothing (the poison) or the unrestricted run's value. */
+   run. A block writes only once it holds every record it needs, but the blocks of a
+   failed rank decide apart (docs/DESIGN.md, "Limited residency"): with K = 3 of a virtual
+   launch, rank 1's block 3 starts once rank 0 has timed out, waits for the record its
+   block 2 has not yet published, sees the stop word and fails, while block 2 publishes,
+   finds every record before it looks at the stop word and writes its units. So a failed
+   rank's outputs hold, element by element, either nothing or the unrestricted run's
+   values (failed_rank_writes). */
 static void test_limited_residency(void) {
   static const int64_t n[2] = {2, 2};
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -4046,8 +4063,9 @@ static void test_limited_residency(void) {
             SBN_FAIL_("K=%u peer=%d: rank %d succeeded with other outputs", k, peer, r);
         } else if (e.err[r] != sbnTimeout && e.err[r] != sbnAborted) {
           SBN_FAIL_("K=%u peer=%d: rank %d ended with %d", k, peer, r, e.err[r]);
-        } else if (!untouched_or_same(t.y[r], ref.y[r], team_bytes(&t, r), sizeof(float))) {
-          SBN_FAIL_("K=%u peer=%d: rank %d failed and wrote other values into y", k, peer, r);
+        } else {
+          const char* bad = failed_rank_writes(&t, &ref, r);
+          if (bad) SBN_FAIL_("K=%u peer=%d: rank %d failed and wrote other values into %s", k, peer, r, bad);
         }
       }
       /* a per-rank launch holds K blocks of its own: K >= G = 2 lets it run */

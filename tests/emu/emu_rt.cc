@@ -337,19 +337,19 @@ void set_idx(Fiber* f) {
 
 void runq_push(Launch* l, Fiber* f) { l->runq.push_back(f); }
 /* FIFO scheduling: the lanes a warp barrier (a shuffle, a vote, __syncwarp) released run
-   next, in their order, before the queue, so a warp goes on from one collective to the
-   next while its 32 stacks are in the cache; behind the queue, every other fiber of the
-   launch (~1300 on average in test_coop_emu) ran in between (`part 0 2`: 14 -> 11 s).
-   A block barrier's release still goes to the queue's end. A seeded schedule picks from
-   the queue at random, as before. After kHotRun picks from `hot` one comes from the
-   queue, so no fiber there waits forever behind a warp that loops on collectives without
-   __nanosleep. */
+   before the queue (in their own queue, `hot`), so a warp goes on from one collective to
+   the next while its 32 stacks are in the cache; at the queue's end, every other fiber
+   of the launch (~1300 on average in test_coop_emu) ran in between (`part 0 2`: 14 ->
+   11 s). A block barrier's release still goes to the queue's end. A seeded schedule picks
+   from the queue at random, as before. After kHotRun picks from `hot` one comes from the
+   queue, so no fiber there waits forever behind warps that loop on collectives without
+   __nanosleep (and `hot`, first in first out, keeps none of its own waiting either). */
 constexpr unsigned kHotRun = 1024;
 void runq_push_released(Launch* l, const std::vector<Fiber*>& ws) {
   if (l->random)
     for (Fiber* w : ws) runq_push(l, w);
   else
-    l->hot.insert(l->hot.begin(), ws.begin(), ws.end());
+    l->hot.insert(l->hot.end(), ws.begin(), ws.end());
 }
 Fiber* runq_pop(Launch* l) {
   const size_t n = l->runq.size() - l->runq_head;
@@ -434,6 +434,14 @@ void fiber_main(void* arg) {
   fn(ctx);
 #ifdef EMU_TSAN
   __tsan_release(&f->l->sync_end); /* to the launch's end */
+  { /* an exit counts as an arrival at the thread's barriers (fiber_exit_bookkeeping): its
+       accesses before it (a collective's read of Warp::buf) come before what the others
+       do after them */
+    RT_IGNORE;
+    BlockRt& B = *f->l->blocks[f->block];
+    __tsan_release(&B.bar_sync_obj);
+    __tsan_release(&B.wbar_sync_obj[f->tid >> 5]);
+  }
 #endif
   fiber_exit_bookkeeping(f);
   to_scheduler(f, true);
