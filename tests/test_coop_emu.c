@@ -4004,6 +4004,18 @@ static void test_pipeline(void) {
   pipeline_case(3, 1, sbnLayoutNHWC, 8, 3, n3, 4, 2);
 }
 
+/* The emulator's scheduler: a warp that polls with collectives alone (no __nanosleep)
+   does not keep the rest of its launch from running. A warp's released lanes run first
+   (emu_rt.cc), and after kHotRun (1024) such picks one comes from the queue: the first
+   warp polls about 1024 / 31 times before the second warp's lane sets the flag (at least
+   once: it ran first). Without the queue's turn it polls to the limit (checked). No
+   kernel polls so today (their waits sleep every 32 polls), so no other test sees it. */
+static void test_scheduler_liveness(void) {
+  const long polls = sbn_emu_collective_spin(100000);
+  if (polls < 0) SBN_FAIL_("a warp polling with __any_sync alone kept the other warp from running");
+  if (polls == 0) SBN_FAIL_("the other warp set the flag before the first poll: nothing was tested");
+}
+
 /* What a failed rank wrote, element by element, that is neither not written (the poison;
    the running statistics' initial values; num_batches_tracked 0) nor the value of the
    unrestricted run `ref` (of the same inputs and initial state): its name, or NULL. */
@@ -4393,6 +4405,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_solo_arrivals, 1);
   EMU_TEST(test_fused_relu_inplace, 0);
   EMU_TEST(test_non_finite_values, 0);
+  EMU_TEST(test_scheduler_liveness, 0);
   team_comms_destroy();
   return sbn_test_exit();
 }

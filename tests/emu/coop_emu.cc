@@ -33,6 +33,31 @@ static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_SMALL_MASK_X == SBN_MUT_SMALL_MASK_X,
               "coop_emu.h's names of the kernels' mutants");
 
+/* ---- the scheduler ------------------------------------------------------------------- */
+namespace {
+struct CollectiveSpin {
+  std::atomic<int> flag{0};
+  long limit = 0, polls = 0;
+};
+void collective_spin(void* p) {
+  CollectiveSpin* c = static_cast<CollectiveSpin*>(p);
+  if (threadIdx.x < 32) {
+    long n = 0; /* the same in every lane: __any_sync gives them one answer */
+    while (!__any_sync(0xffffffffu, c->flag.load(std::memory_order_relaxed)) && n < c->limit) n++;
+    if (threadIdx.x == 0) c->polls = n;
+  } else if (threadIdx.x == 32) {
+    c->flag.store(1, std::memory_order_relaxed);
+  }
+}
+}  // namespace
+
+extern "C" long sbn_emu_collective_spin(long limit) {
+  CollectiveSpin c;
+  c.limit = limit;
+  emu::run_launch(collective_spin, &c, 1, 64, 0);
+  return c.polls < limit ? c.polls : -1;
+}
+
 /* ---- byte counting --------------------------------------------------------------------- */
 namespace {
 struct Range {
