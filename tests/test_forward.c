@@ -446,6 +446,20 @@ static void test_outlier_first(void) {
   team_free(&t);
 }
 
+/* The backward (team gradient sums) of a team of two channels whose channel 0 has
+   save_invstd 0 (nothing to normalize by) and channel 1 a finite one: channel 0's dx and
+   dweight are 0 and its dbias finite, channel 1's dx and dweight finite. */
+static void check_zero_invstd_backward(const team_t* t) {
+  for (int r = 0; r < t->W; r++) {
+    ASSERT_TRUE(t->dw[r][0] == 0.0f && isfinite(t->db[r][0]) && isfinite(t->dw[r][1]));
+    for (int64_t i = 0; i < t->d[r].n; i++)
+      for (int64_t s = 0; s < t->d[r].spatial; s++) {
+        ASSERT_TRUE(((const float*)t->dx[r])[sbn_ref_index(&t->d[r], i, 0, s)] == 0.0f);
+        ASSERT_TRUE(isfinite(((const float*)t->dx[r])[sbn_ref_index(&t->d[r], i, 1, s)]));
+      }
+  }
+}
+
 /* eps = 0 and a constant channel (var 0), beside a varying one: save_invstd 0 and y the
    bias, as PyTorch's batch norm (its invstd is 0 where var and eps are both 0), where
    1 / sqrt(0) made save_invstd inf and y, and the backward's dx and dweight, NaN. The
@@ -469,14 +483,7 @@ static void test_eps0_constant_channel(void) {
     for (int64_t i = 0; i < n[r]; i++)
       for (int64_t s = 0; s < 4; s++) ASSERT_TRUE(((float*)t.y[r])[i * 8 + s] == t.b[0]);
   ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
-  for (int r = 0; r < 2; r++) {
-    ASSERT_TRUE(t.dw[r][0] == 0.0f && isfinite(t.db[r][0]) && isfinite(t.dw[r][1]));
-    for (int64_t i = 0; i < n[r]; i++)
-      for (int64_t s = 0; s < 4; s++) {
-        ASSERT_TRUE(((float*)t.dx[r])[i * 8 + s] == 0.0f);
-        ASSERT_TRUE(isfinite(((float*)t.dx[r])[i * 8 + 4 + s]));
-      }
-  }
+  check_zero_invstd_backward(&t);
   team_free(&t);
 }
 
@@ -513,14 +520,7 @@ static void test_m2_overflow(void) {
       }
   }
   ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
-  for (int r = 0; r < 2; r++) {
-    ASSERT_TRUE(t.dw[r][0] == 0.0f && isfinite(t.db[r][0]) && isfinite(t.dw[r][1]));
-    for (int64_t i = 0; i < 2; i++)
-      for (int64_t s = 0; s < 2; s++) {
-        ASSERT_TRUE(((const float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 0, s)] == 0.0f);
-        ASSERT_TRUE(isfinite(((const float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 1, s)]));
-      }
-  }
+  check_zero_invstd_backward(&t);
   team_free(&t);
   team_free(&clean);
 }
