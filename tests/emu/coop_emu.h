@@ -128,7 +128,7 @@ void sbn_emu_weak_forget(void);
 /* The scheduler's liveness (FIFO): one block of 64 threads, whose first warp polls a flag
    with __any_sync alone (no __nanosleep) until its second warp's lane 0 sets it, or
    `limit` polls. The polls made, or -1 where the warp gave up: a warp's released lanes
-   run first (emu_rt.cc, runq_push_released), so the second warp runs only where the
+   run first (emu_rt.cc, kHotRun), so the second warp runs only where the
    scheduler still takes from its queue now and then. */
 long sbn_emu_collective_spin(long limit);
 

@@ -277,7 +277,7 @@ struct Fiber {
 };
 struct Bar {
   unsigned n = 0, arrived = 0;
-  bool warp = false; /* a warp's: its lanes run next when released (runq_push_released) */
+  bool warp = false; /* a warp's: its lanes run next when released (kHotRun) */
   std::vector<Fiber*> waiting;
 };
 struct BlockRt {
@@ -345,12 +345,6 @@ void runq_push(Launch* l, Fiber* f) { l->runq.push_back(f); }
    queue, so no fiber there waits forever behind warps that loop on collectives without
    __nanosleep (and `hot`, first in first out, keeps none of its own waiting either). */
 constexpr unsigned kHotRun = 1024;
-void runq_push_released(Launch* l, const std::vector<Fiber*>& ws) {
-  if (l->random)
-    for (Fiber* w : ws) runq_push(l, w);
-  else
-    l->hot.insert(l->hot.end(), ws.begin(), ws.end());
-}
 Fiber* runq_pop(Launch* l) {
   const size_t n = l->runq.size() - l->runq_head;
   if (!l->hot.empty() && (n == 0 || l->hot_run < kHotRun)) {
@@ -460,8 +454,8 @@ void bar_release(Launch* l, Bar& b, bool ordering, Fiber* last) {
     if (last != nullptr) ps.push_back(last);
     weak_join_all(ps);
   }
-  if (b.warp)
-    runq_push_released(l, b.waiting);
+  if (b.warp && !l->random) /* FIFO: the warp's lanes first (kHotRun) */
+    l->hot.insert(l->hot.end(), b.waiting.begin(), b.waiting.end());
   else
     for (Fiber* w : b.waiting) runq_push(l, w);
   b.waiting.clear();
