@@ -168,12 +168,14 @@ class TestTorchGpu(unittest.TestCase):
         # batch norm + activation (+ residual) in one op on the GPU (issue 51): a Sequential
         # converted by convert_fused (BN + ReLU, BN + LeakyReLU fused; then in place, which
         # keeps only the leaky layer's output) against nn.SyncBatchNorm's conversion; a
-        # layer's forward(x, residual) against relu(bn(x) + residual)
+        # layer's forward(x, residual) against relu(bn(x) + residual). The 1x1 convolution
+        # after the nn.LeakyReLU() is what lets convert_fused fuse it (a module it sees that
+        # does not write its input; a pair that ends the Sequential is left alone)
         torch.manual_seed(4)
         base = torch.nn.Sequential(
             torch.nn.Conv2d(8, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
             torch.nn.Conv2d(16, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
-            torch.nn.LeakyReLU(0.1)).cuda()
+            torch.nn.LeakyReLU(0.1), torch.nn.Conv2d(8, 8, 1, bias=False)).cuda()
         theirs = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(base))
         x = torch.randn(4, 8, 32, 32, device="cuda") + 1.0
         lt = (theirs(x) ** 2).mean()
