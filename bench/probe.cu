@@ -699,7 +699,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
                      bool quick, int mutants = 0) {
   const int kind = SBN_OP_FORWARD, dt = sbnFloat32;
   CK(cudaMemcpyToSymbol(sbn_probe_mutants, &mutants, sizeof mutants));
-  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel, W == 1};
+  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel, W == 1, 0};
   sbn_plan_rank_t rk[8];
   for (int r = 0; r < W; r++) rk[r] = sbn_plan_rank_t{N, sp, 1};
   sbn_plan_dev_t dev;

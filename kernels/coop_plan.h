@@ -282,6 +282,21 @@ static SBN_ARGS_HD int sbn_unit_applies(int solo_team, int nranks, int shared, i
   return solo_team && nranks == 1 && !shared && !tile && vec && (int64_t)G < 2 * c;
 }
 
+/* Whether auto takes the unit variant where it applies (sbn_unit_applies). Measured on an
+   H200 at dd9256e (bench/notes/experiments.md, E32: plain ops, NCHW, W = 1, against stream
+   in the same call): unit at 0.71-0.96x stream's time on 27 of 28 cells (S2-S5, S7-S9, fp32
+   and bf16, forward and backward; S5 fp32 forward 136.9 -> 108.2 us), and 1.06x on one: the
+   forward of S8 bf16, whose 97x97 planes are not whole 16-byte vectors (the walk over their
+   pieces is instruction-bound, and unit adds its per-channel wait to it; S8 fp32, whose
+   planes are not whole vectors either, gains 0.85x). So auto takes unit but for the forward
+   of planes that are not whole vectors in a 16-bit dtype, and not for an epilogue's kernels
+   or the in-place backward's (never measured with unit: auto runs stream there). whole:
+   every rank's planes are whole vectors (sbn_onchip_shape_ok). */
+static SBN_ARGS_HD int sbn_unit_auto(int kind, int dtype, int whole, int epilogue) {
+  if (epilogue) return 0;
+  return !(kind == SBN_OP_FORWARD && sbn_vec_of(dtype) == 8 && !whole);
+}
+
 /* Whether the small variant (coop_small.cuh) serves a launch: one rank, the whole team
    (solo_team, as the unit variant's), on a GPU it does not share; tile units (NHWC, or
    H*W = 1) of at most SBN_SMALL_ROWS rows. Any C and alignment (element loads): its G is
@@ -351,6 +366,8 @@ typedef struct {
   int solo_team; /* the team is one rank, and not on the peer-pinned-host transport (whose
                     kernels read the error words at their start, made the rank's decision by
                     the rank barrier): the unit and small variants may serve it */
+  int epilogue;  /* the round runs the kernels of an epilogue or of the in-place backward
+                    (sbn_gpu_round_epi != SBN_EPI_NONE); 0: the plain op's (sbn_unit_auto) */
 } sbn_plan_op_t;
 
 /* What it reads of one rank's op. */
@@ -406,7 +423,8 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     const int64_t e = ranks[i].n * op->c * ranks[i].sp;
     if (e > numel) numel = e;
   }
-  /* auto runs stream. Until 1be20b9 it ran onchip where the tensors fit; on the H100
+  /* auto runs stream, or unit where sbn_unit_auto takes it (below). Until 1be20b9 it ran
+     onchip where the tensors fit; on the H100
      (bench/results/2026-11-26-h100-1be20b9) stream was faster on every row where auto had
      picked onchip (sbn-bench --quick, every row both ways: 0.79-0.98x the time forward,
      0.82-1.00x backward; S10, S2, S1 bf16 NHWC forward; bench/notes/experiments.md,
@@ -448,9 +466,11 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
   pl->variant = var;
   pl->hold_slots = onchip ? dev->hold_slots[tile] : 0;
   /* SBN_KERNEL=unit: the unit variant where it applies, with stream's G (the same slices,
-     the same bits; its kernels hold as many blocks per SM: check-sass.sh), else stream.
-     The host path runs the stream stages. */
-  if (op->kernel == SBN_KERNEL_UNIT && !op->host &&
+     the same bits; its kernels hold as many blocks per SM: check-sass.sh), else stream;
+     auto: the same where sbn_unit_auto takes it. The host path runs the stream stages. */
+  const int unit = op->kernel == SBN_KERNEL_UNIT ||
+                   (op->kernel == SBN_KERNEL_AUTO && sbn_unit_auto(op->kind, op->dtype, whole, op->epilogue));
+  if (unit && !op->host &&
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;

@@ -732,7 +732,7 @@ static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
 /* The onchip kernels take planes of whole 16-byte vectors only (coop_vec.cuh, WHOLE: the
    walk over odd planes' pieces is not compiled into them, half their code before):
    the plan refuses odd planes under SBN_KERNEL=onchip and runs onchip on whole ones
-   (auto runs stream on both: test_plan_auto_stream); and an onchip kernel given odd
+   (auto runs stream on both, or unit: test_plan_auto_stream); and an onchip kernel given odd
    planes anyway (a broken plan) writes nothing but sbnInvalidUsage in every rank (no
    block reaches the rank barrier, so none is left to end in sbnTimeout). */
 static void test_onchip_whole_planes(void) {
@@ -745,15 +745,18 @@ static void test_onchip_whole_planes(void) {
                 {sbnFloat16, 1032, 1},    {sbnFloat32, 1026, 0},    {sbnFloat32, 2, 0}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
-      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1};
+      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1, 0};
       const sbn_plan_rank_t rk = {1, shapes[i].sp, 1};
       sbn_plan_t pl;
       int64_t detail = 0;
       const int st = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl, &detail);
       const int vec_ok = sbn_vec_shape_ok(0, 8, shapes[i].sp, shapes[i].dt);
-      if (kernel == SBN_KERNEL_AUTO) { /* auto runs stream, whole planes or not */
+      if (kernel == SBN_KERNEL_AUTO) { /* auto runs stream, whole planes or not (or unit:
+                                          8 channels of one rank, G 1 < 16, 16-byte planes,
+                                          but for fp16/bf16 planes not whole vectors) */
         ASSERT_EQ_INT(st, SBN_PLAN_OK);
-        ASSERT_EQ_INT(pl.variant, SBN_VAR_STREAM);
+        const int unit = vec_ok && (shapes[i].whole || sbn_vec_of(shapes[i].dt) == 4);
+        ASSERT_EQ_INT(pl.variant, unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
         ASSERT_EQ_INT(pl.vec, vec_ok);
       } else if (shapes[i].whole) {
         ASSERT_EQ_INT(st, SBN_PLAN_OK);
@@ -847,7 +850,9 @@ static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[E
 /* The library's plan (coop_plan.h, sbn_plan_launch) on an H100's numbers (132 SMs; onchip
    1 block per SM with 12 shared-memory batches per thread, ~190 KB; stream 2): auto runs
    stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's
-   onchip rows until 1be20b9, slower on the H100 than stream on each), with stream's G;
+   onchip rows until 1be20b9, slower on the H100 than stream on each), with stream's G, or
+   unit with stream's plan where sbn_unit_auto takes it (a plain op where unit applies, but
+   for the forward of fp16/bf16 planes that are not whole vectors: E32's one loss, S8 bf16);
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages always) takes the G the cooperative kernel takes under the same
    SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */
@@ -861,18 +866,19 @@ static void test_plan_auto_stream(void) {
     int G;     /* stream's blocks: max(chunks, elements / 8192), at most 2 x 132 */
     int unit;  /* SBN_KERNEL=unit runs unit on it (a team of one's): planes, G < 2C */
     int small; /* SBN_KERNEL=small runs small on it: tile, at most 64 rows */
-  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16, 0, 1},           /* S10: tile */
-                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264, 1, 0},    /* S2: G = 264 < 512 */
-                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264, 0, 0},   /* NHWC: tile */
-                {0, 512, 1, 0, sbnFloat32, 1, 16, 0, 1},           /* the empty op: tile */
-                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264, 0, 0},   /* S1: 4 slices a channel */
-                {4, 2048, 64 * 64, 0, sbnBFloat16, 0, 264, 1, 0},  /* S5 */
-                {4, 20000, 16, 1, sbnFloat16, 1, 264, 0, 1},       /* 625 chunks: 264 blocks, small 528 */
-                {5, 64, 13, 1, sbnFloat32, 1, 2, 0, 0}};           /* 65 rows: not small */
+    int auto_unit; /* auto runs unit on it (both kinds) */
+  } shapes[] = {{4, 512, 1, 0, sbnFloat32, 1, 16, 0, 1, 0},           /* S10: tile */
+                {4, 256, 64 * 64, 0, sbnFloat32, 1, 264, 1, 0, 1},    /* S2: G = 264 < 512 */
+                {4, 256, 64 * 64, 1, sbnBFloat16, 1, 264, 0, 0, 0},   /* NHWC: tile */
+                {0, 512, 1, 0, sbnFloat32, 1, 16, 0, 1, 0},           /* the empty op: tile */
+                {4, 64, 256 * 256, 0, sbnFloat32, 0, 264, 0, 0, 0},   /* S1: 4 slices a channel */
+                {4, 2048, 64 * 64, 0, sbnBFloat16, 0, 264, 1, 0, 1},  /* S5 */
+                {4, 20000, 16, 1, sbnFloat16, 1, 264, 0, 1, 0},       /* 625 chunks: 264 blocks, small 528 */
+                {5, 64, 13, 1, sbnFloat32, 1, 2, 0, 0, 0}};           /* 65 rows: not small */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
-      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0, 1};
+      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0, 1, 0};
       sbn_plan_t pl[EMU_KERNELS][2];
       int st[EMU_KERNELS][2];
       plan_table(&op, &rk, 1, &dev, pl, st);
@@ -880,9 +886,19 @@ static void test_plan_auto_stream(void) {
       const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
       ASSERT_EQ_INT(G_stream, shapes[i].G);
       ASSERT_EQ_INT(st[SBN_KERNEL_AUTO][0], SBN_PLAN_OK);
-      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant, SBN_VAR_STREAM);
+      const int auto_unit = shapes[i].auto_unit;
+      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant, auto_unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].hold_slots, 0);
+      { /* auto's plan is unit's where it runs unit, else stream's; with an epilogue, stream's */
+        sbn_plan_t a = pl[SBN_KERNEL_AUTO][0];
+        ASSERT_TRUE(memcmp(&a, &pl[auto_unit ? SBN_KERNEL_UNIT : SBN_KERNEL_STREAM][0], sizeof a) == 0);
+        sbn_plan_op_t o = op;
+        o.epilogue = 1;
+        int64_t detail = 0;
+        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &a, &detail), SBN_PLAN_OK);
+        ASSERT_TRUE(memcmp(&a, &pl[SBN_KERNEL_STREAM][0], sizeof a) == 0);
+      }
       const int holds = shapes[i].holds;
       if (holds) {
         ASSERT_EQ_INT(st[SBN_KERNEL_ONCHIP][0], SBN_PLAN_OK);
@@ -906,8 +922,9 @@ static void test_plan_auto_stream(void) {
       } else {
         ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_SMALL][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
       }
-      for (int k = SBN_KERNEL_UNIT; k <= SBN_KERNEL_SMALL; k++) {
+      for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k++) {
         /* not for a team of more ranks, nor on the peer-pinned-host transport */
+        if (k == SBN_KERNEL_ONCHIP || k == SBN_KERNEL_STREAM) continue;
         sbn_plan_op_t o = op;
         o.kernel = k;
         o.solo_team = 0;
@@ -933,6 +950,24 @@ static void test_plan_auto_stream(void) {
         return;
       }
     }
+  /* E32's one loss on an H200: the forward of S8 bf16, whose 97x97 planes are not whole
+     16-byte vectors, runs stream under auto, its backward unit; S8 fp32 (planes not whole
+     vectors of 4 either) unit both ways; S8 bf16 with whole planes (96x97) unit both ways */
+  for (int k = 0; k < 3; k++)
+    for (int kind = 0; kind < 2; kind++) {
+      const sbnDataType_t dt = k == 1 ? sbnFloat32 : sbnBFloat16;
+      const sbn_plan_op_t op = {kind, dt, 0, 2048, 0, SBN_KERNEL_AUTO, 1, 0};
+      const sbn_plan_rank_t rk = {2, k == 2 ? 96 * 97 : 97 * 97, 1};
+      sbn_plan_t one;
+      int64_t detail = 0;
+      ASSERT_EQ_INT(sbn_plan_round(&op, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
+      ASSERT_EQ_INT(one.G, 264);
+      ASSERT_EQ_INT(one.variant, k == 0 && kind == SBN_OP_FORWARD ? SBN_VAR_STREAM : SBN_VAR_UNIT);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  S8 case %d, kind %d\n", k, kind);
+        return;
+      }
+    }
   /* The same relations over other devices and launches: ranks sharing the GPU (separate
      launches sized by occ_min), many ranks per device (300: no block left), a virtual
      launch of 3 ranks, unaligned tensors, odd planes, NHWC with C not a multiple of the
@@ -946,7 +981,8 @@ static void test_plan_auto_stream(void) {
     sbnDataType_t dt;
   } more[] = {{{4, 2, 0}, 512, 1, 0, sbnFloat32},   {{4, 4, 4}, 256, 4096, 0, sbnFloat32},
               {{2, 3, 1}, 37, 97 * 97, 0, sbnFloat32}, {{1, 0, 2}, 36, 64, 1, sbnBFloat16},
-              {{4, 1, 2}, 64, 1000, 0, sbnFloat16},  {{4, 4, 4}, 64, 65536, 0, sbnFloat32}};
+              {{4, 1, 2}, 64, 1000, 0, sbnFloat16},  {{4, 4, 4}, 64, 65536, 0, sbnFloat32},
+              {{2, 1, 3}, 300, 1030, 0, sbnBFloat16}};
   static const int here[] = {1, 8, 200, 300};
   for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
     for (int kind = 0; kind < 2; kind++)
@@ -965,7 +1001,7 @@ static void test_plan_auto_stream(void) {
               }
               /* a rank sharing its GPU is one of a team of more */
               const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, 0, 0,
-                                        nr == 1 && !shared};
+                                        nr == 1 && !shared, 0};
               sbn_plan_t pl[EMU_KERNELS][2];
               int st[EMU_KERNELS][2];
               plan_table(&op, rk, nr, &dev, pl, st);
@@ -999,7 +1035,12 @@ static void test_plan_auto_stream(void) {
               ASSERT_TRUE(st[S][0] == SBN_PLAN_OK || st[S][0] == SBN_PLAN_NO_BLOCKS);
               ASSERT_EQ_INT(st[S][0] == SBN_PLAN_NO_BLOCKS, (int64_t)2 * 132 / here[h] < 1);
               if (st[S][0] == SBN_PLAN_OK) {
-                ASSERT_TRUE(memcmp(&pl[A][0], &pl[S][0], sizeof pl[A][0]) == 0);
+                /* auto: unit's plan where unit runs and sbn_unit_auto takes it (not the
+                   forward of fp16/bf16 planes that are not whole vectors), else stream's */
+                const int whole = more[i].sp % sbn_vec_of(more[i].dt) == 0;
+                const int takes = kind == SBN_OP_BACKWARD || whole || sbn_vec_of(more[i].dt) == 4;
+                const int au = pl[U][0].variant == SBN_VAR_UNIT && takes;
+                ASSERT_TRUE(memcmp(&pl[A][0], &pl[au ? U : S][0], sizeof pl[A][0]) == 0);
                 ASSERT_EQ_INT(pl[S][0].variant, SBN_VAR_STREAM);
               }
               if (st[O][0] == SBN_PLAN_OK) ASSERT_EQ_INT(pl[O][0].variant, SBN_VAR_ONCHIP);
@@ -2997,7 +3038,7 @@ static void emu_plan_shared_gpu(const team_t* t, int r0, int nranks, int bwd, in
                                 sbn_plan_t* pl) {
   const sbnTensorDesc_t* d = &t->d[r0];
   const sbn_plan_op_t op = {bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype,
-                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO, 0};
+                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO, 0, 0};
   sbn_plan_rank_t ranks[MAXW];
   for (int i = 0; i < nranks; i++) {
     const int r = r0 + i;

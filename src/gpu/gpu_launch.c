@@ -306,7 +306,8 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const int kind = o0->kind, dt = o0->desc.dtype, epi = sbn_gpu_round_epi(ops, nops);
   const sbn_plan_op_t op = {kind, dt, round_ref(ops, nops)->desc.layout == sbnLayoutNHWC, o0->desc.c,
                             o0->algo == SBN_ALGO_HOST, o0->kernel,
-                            team->nranks == 1 && gt->transport != SBN_TR_PEER_HOST};
+                            team->nranks == 1 && gt->transport != SBN_TR_PEER_HOST,
+                            epi != SBN_EPI_NONE};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];

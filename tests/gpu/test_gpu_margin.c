@@ -29,7 +29,8 @@
  * GPU of up to 256 SMs at 8 blocks per SM holds.
  *
  * CUDA_LAUNCH_BLOCKING (the blocker's launch would return only when its hold expires),
- * SBN_KERNEL, SBN_ALGO, SBN_TIMEOUT_MS and SBN_SM_MARGIN are cleared at the start.
+ * SBN_ALGO, SBN_TIMEOUT_MS and SBN_SM_MARGIN are cleared at the start, SBN_KERNEL set to
+ * stream.
  * Exits 77 (skipped) without a device, or on a GPU of fewer than 4*K SMs.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, nanosleep, clock_gettime */
@@ -188,7 +189,8 @@ int main(void) {
   unsetenv("CUDA_LAUNCH_BLOCKING"); /* before the first CUDA call, which reads it */
   unsetenv("SBN_TIMEOUT_MS");
   unsetenv("SBN_SM_MARGIN");
-  unsetenv("SBN_KERNEL");
+  setenv("SBN_KERNEL", "stream", 1); /* the kernel whose grid this test sizes (auto runs unit
+                                        where its G < 2C: on a GPU of fewer than 64 usable SMs) */
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
   char why[320];
   if (gpu_count_devices(why, sizeof why) == 0) return gpu_skip_no_device("test_gpu_margin", why);

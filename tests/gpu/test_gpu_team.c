@@ -41,9 +41,12 @@ static char g_case[512]; /* the current case, printed when it fails */
    (sbnUnsupported with the plan's "SBN_KERNEL=onchip: ..." message: tensors it cannot
    hold, odd planes) must leave its op's outputs as they were and is counted; every op
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every
-   op must say "stream" or "stream-scalar". */
+   op must say "unit" where auto takes it (auto_unit_expected: since E32's A/B, a team of
+   one's plain ops where unit applies, but for the forward of fp16/bf16 planes that are
+   not whole vectors), else "stream" or "stream-scalar"; counted in g_auto_unit_ran. */
 static int g_onchip;
 static int g_onchip_ran, g_onchip_refused;
+static int g_auto_unit_ran;
 /* SBN_KERNEL=unit (test_gpu_team_unit, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
    team of one's planes run the unit kernel where it applies (coop_plan.h:
    sbn_unit_applies), everything else what auto runs. Every op that ran says "unit" where
@@ -362,6 +365,15 @@ static int small_expected(const team_t* h) {
          dd->n * dd->spatial <= SBN_SMALL_ROWS;
 }
 
+/* Whether auto runs unit for team h's plain op of `what` (OUT_FWD, OUT_BWD): where
+   SBN_KERNEL=unit would (unit_expected) and sbn_unit_auto takes it (coop_plan.h: not the
+   forward of fp16/bf16 planes that are not whole 16-byte vectors). */
+static int auto_unit_expected(const team_t* h, int what) {
+  const sbnTensorDesc_t* dd = &h->d[0];
+  return unit_expected(h) && sbn_unit_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, dd->dtype,
+                                           dd->spatial % sbn_vec_of(dd->dtype) == 0, 0);
+}
+
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
   if (g_small && res == sbnSuccess) {
     if (!small_expected(h)) return !ranks_ran(d, h->W, "stream", 1, "small");
@@ -375,7 +387,13 @@ static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const t
     g_unit_ran++;
     return 0;
   }
-  if (!g_onchip) return res == sbnSuccess && !g_host && !ranks_ran(d, h->W, "stream", 1, "auto");
+  if (!g_onchip) {
+    if (res != sbnSuccess || g_host) return 0;
+    if (!auto_unit_expected(h, what)) return !ranks_ran(d, h->W, "stream", 1, "auto");
+    if (!ranks_ran(d, h->W, "unit", 0, "auto")) return 1;
+    g_auto_unit_ran++;
+    return 0;
+  }
   if (res == sbnUnsupported) {
     /* the plan's refusal, not another sbnUnsupported (more ranks than co-resident blocks):
        its message is on the comm of the round's first op, and on the planning thread */
@@ -599,6 +617,8 @@ static void test_virtual_vs_cpu(void) {
         }
   }
   fprintf(stderr, "  %d cases\n", ncases);
+  if (!g_onchip && !g_unit && !g_small && !g_host)
+    fprintf(stderr, "  auto: %d ops ran unit (a team of one's, E32)\n", g_auto_unit_ran);
   if (g_onchip) {
     fprintf(stderr, "  SBN_KERNEL=onchip: %d ops ran onchip, %d refused (nothing written)\n",
             g_onchip_ran, g_onchip_refused);
