@@ -365,15 +365,17 @@ step_bench() {
   local quick=()
   [ "$QUICK" = 1 ] && quick=(--quick)
   "$BENCH" --gpu on "${quick[@]}" --json "$OUTDIR/bench.json" || return 1
-  # the cooperative kernel's other variant, side by side with the default (auto: stream),
-  # on the W = 1 shapes it holds on chip (S2, S10) and the latency rows
+  # the cooperative kernel's other variant, side by side with the default (auto: stream,
+  # or unit for a team of one's NCHW planes), on the W = 1 shapes it holds on chip (S2,
+  # S10) and the latency rows
   echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
     --json "$OUTDIR/bench-onchip.json" || return 1
-  # and the unit kernel, where it applies (a team of one's planes: NCHW S2, S5 here)
-  echo "+ SBN_KERNEL=unit sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
-  SBN_KERNEL=unit "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
-    --json "$OUTDIR/bench-unit.json" || return 1
+  # and stream where auto runs unit (a team of one's planes: NCHW S2, S5 here, W = 1;
+  # bench/notes/experiments.md, E32): the kernel auto ran there before
+  echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
+  SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
+    --json "$OUTDIR/bench-stream.json" || return 1
   # and the small kernel, where it applies (a team of one's ops of at most 64 rows: S10
   # and the empty op's latency rows at W = 1)
   echo "+ SBN_KERNEL=small sbn-bench --gpu on ${quick[*]} --only S10 -w 1 --paths coop"
