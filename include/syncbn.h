@@ -305,7 +305,9 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    "unit" (a team of one's channels one after the other, each read again right after its
    statistics), "small" (a team of one's op of few rows: every value loaded once into
    registers), or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
-   SBN_KERNEL=auto (stream, or stream-scalar), onchip (where the rank's tensors fit on
+   SBN_KERNEL=auto (stream, or stream-scalar; unit for a team of one's ops without an
+   epilogue where unit applies, but for the forward of fp16/bf16 planes that are not whole
+   16-byte vectors), onchip (where the rank's tensors fit on
    chip as whole 16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else
    sbnUnsupported; SBN_ALGO=nccl runs "host" whatever it asks), stream, unit (where
    it applies: a team of one, NCHW (or C = 1) with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)

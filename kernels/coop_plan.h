@@ -467,15 +467,18 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
   pl->hold_slots = onchip ? dev->hold_slots[tile] : 0;
   /* SBN_KERNEL=unit: the unit variant where it applies, with stream's G (the same slices,
      the same bits; its kernels hold as many blocks per SM: check-sass.sh), else stream;
-     auto: the same where sbn_unit_auto takes it. The host path runs the stream stages. */
+     auto, and small where small does not apply (below: small applies to tile units, unit
+     to plane units), the same where sbn_unit_auto takes it. The host path runs the stream
+     stages. */
   const int unit = op->kernel == SBN_KERNEL_UNIT ||
-                   (op->kernel == SBN_KERNEL_AUTO && sbn_unit_auto(op->kind, op->dtype, whole, op->epilogue));
+                   ((op->kernel == SBN_KERNEL_AUTO || op->kernel == SBN_KERNEL_SMALL) &&
+                    sbn_unit_auto(op->kind, op->dtype, whole, op->epilogue));
   if (unit && !op->host &&
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;
   /* SBN_KERNEL=small: the small variant where it applies and is built (occ 0 for the in-place
-     backward's, which is not), with its own G, else stream */
+     backward's, which is not), with its own G, else what auto runs */
   if (op->kernel == SBN_KERNEL_SMALL && !op->host && nranks == 1 &&
       sbn_small_applies(op->solo_team, nranks, dev->shared, tile, ranks[0].n * ranks[0].sp) &&
       dev->occ[tile][vec][SBN_VAR_SMALL] >= 1) {

@@ -156,11 +156,13 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
 
 /* The kernel variant the next cooperative launches ask for (SBN_VAR_*; onchip falls back
    to stream for the scalar kernels and for planes that are not whole vectors, where the
-   library's plan would refuse SBN_KERNEL=onchip: sbn_plan_launch, whose auto runs stream),
+   library's plan would refuse SBN_KERNEL=onchip: sbn_plan_launch, whose auto runs stream
+   there),
    chosen per launch as the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
-/* The variant between tests: the library's auto, stream (onchip runs by name:
+/* The variant between tests: stream, the library's auto but for a team of one's plain
+   planes (unit there, with stream's bits: test_unit_equals_stream; onchip runs by name:
    test_onchip_equals_stream, the variant loops). */
 #define EMU_VAR_DEFAULT SBN_VAR_STREAM
 static int g_variant = EMU_VAR_DEFAULT;
@@ -742,7 +744,8 @@ static void test_onchip_whole_planes(void) {
     int64_t sp;
     int whole;
   } shapes[] = {{sbnFloat32, 97 * 97, 0}, {sbnFloat32, 96 * 97, 1}, {sbnBFloat16, 1030, 0},
-                {sbnFloat16, 1032, 1},    {sbnFloat32, 1026, 0},    {sbnFloat32, 2, 0}};
+                {sbnFloat16, 1032, 1},    {sbnFloat32, 1026, 0},    {sbnFloat32, 2, 0},
+                {sbnBFloat16, 1028, 0}}; /* whole vectors of 4 elements, not of 8 */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
       const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1, 0};
@@ -913,14 +916,15 @@ static void test_plan_auto_stream(void) {
       ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_UNIT][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
       /* small: a block per chunk up to its own co-resident grid, else stream's plan */
       ASSERT_EQ_INT(st[SBN_KERNEL_SMALL][0], SBN_PLAN_OK);
-      ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].variant, shapes[i].small ? SBN_VAR_SMALL : SBN_VAR_STREAM);
+      ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].variant,
+                    shapes[i].small ? SBN_VAR_SMALL : auto_unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
       if (shapes[i].small) {
         const int64_t chunks = (shapes[i].c + 31) / 32;
         ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].G, chunks < H100_SMALL_GRID ? chunks : H100_SMALL_GRID);
         ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].tile, 1);
         ASSERT_EQ_INT(pl[SBN_KERNEL_SMALL][0].hold_slots, 0);
       } else {
-        ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_SMALL][0], &pl[SBN_KERNEL_STREAM][0], sizeof pl[0][0]) == 0);
+        ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_SMALL][0], &pl[SBN_KERNEL_AUTO][0], sizeof pl[0][0]) == 0);
       }
       for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k++) {
         /* not for a team of more ranks, nor on the peer-pinned-host transport */
@@ -933,12 +937,13 @@ static void test_plan_auto_stream(void) {
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
         ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
       }
-      { /* the epilogue's kernels (no small one: occupancy 0) run stream */
+      { /* the in-place backward's kernels (no small one: occupancy 0) run stream */
         sbn_plan_dev_t d2 = dev;
         for (int t2 = 0; t2 < 2; t2++)
           for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = 0;
         sbn_plan_op_t o = op;
         o.kernel = SBN_KERNEL_SMALL;
+        o.epilogue = 1;
         sbn_plan_t one;
         int64_t detail = 0;
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
@@ -952,22 +957,36 @@ static void test_plan_auto_stream(void) {
     }
   /* E32's one loss on an H200: the forward of S8 bf16, whose 97x97 planes are not whole
      16-byte vectors, runs stream under auto, its backward unit; S8 fp32 (planes not whole
-     vectors of 4 either) unit both ways; S8 bf16 with whole planes (96x97) unit both ways */
-  for (int k = 0; k < 3; k++)
-    for (int kind = 0; kind < 2; kind++) {
-      const sbnDataType_t dt = k == 1 ? sbnFloat32 : sbnBFloat16;
-      const sbn_plan_op_t op = {kind, dt, 0, 2048, 0, SBN_KERNEL_AUTO, 1, 0};
-      const sbn_plan_rank_t rk = {2, k == 2 ? 96 * 97 : 97 * 97, 1};
-      sbn_plan_t one;
-      int64_t detail = 0;
-      ASSERT_EQ_INT(sbn_plan_round(&op, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
-      ASSERT_EQ_INT(one.G, 264);
-      ASSERT_EQ_INT(one.variant, k == 0 && kind == SBN_OP_FORWARD ? SBN_VAR_STREAM : SBN_VAR_UNIT);
-      if (sbn_test_cur_failed_) {
-        fprintf(stderr, "  S8 case %d, kind %d\n", k, kind);
-        return;
+     vectors of 4 either) unit both ways; bf16 with whole planes (96x97) unit both ways,
+     with planes of whole vectors of 4 but not of 8 (1028) as 97x97; fp16 as bf16. And unit
+     only where its kernels hold as many blocks per SM as stream's (the grid must stay
+     co-resident): one block fewer, auto and SBN_KERNEL=unit run stream. */
+  static const struct {
+    sbnDataType_t dt;
+    int64_t sp;
+    int fwd_unit;
+  } s8[] = {{sbnBFloat16, 97 * 97, 0}, {sbnFloat32, 97 * 97, 1}, {sbnBFloat16, 96 * 97, 1},
+            {sbnBFloat16, 1028, 0},    {sbnFloat16, 97 * 97, 0}, {sbnFloat16, 1032, 1}};
+  for (size_t k = 0; k < sizeof s8 / sizeof s8[0]; k++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int lowocc = 0; lowocc < 2; lowocc++) {
+        sbn_plan_dev_t d2 = dev;
+        if (lowocc) d2.occ[0][1][SBN_VAR_UNIT] = d2.occ[0][1][SBN_VAR_STREAM] - 1;
+        for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_UNIT; kernel += SBN_KERNEL_UNIT) {
+          const sbn_plan_op_t op = {kind, s8[k].dt, 0, 2048, 0, kernel, 1, 0};
+          const sbn_plan_rank_t rk = {2, s8[k].sp, 1};
+          sbn_plan_t one;
+          int64_t detail = 0;
+          ASSERT_EQ_INT(sbn_plan_round(&op, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
+          ASSERT_EQ_INT(one.G, 264);
+          const int unit = !lowocc && (kernel == SBN_KERNEL_UNIT || kind == SBN_OP_BACKWARD || s8[k].fwd_unit);
+          ASSERT_EQ_INT(one.variant, unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
+          if (sbn_test_cur_failed_) {
+            fprintf(stderr, "  S8 case %zu, kind %d, low occupancy %d, SBN_KERNEL %d\n", k, kind, lowocc, kernel);
+            return;
+          }
+        }
       }
-    }
   /* The same relations over other devices and launches: ranks sharing the GPU (separate
      launches sized by occ_min), many ranks per device (300: no block left), a virtual
      launch of 3 ranks, unaligned tensors, odd planes, NHWC with C not a multiple of the
@@ -1013,12 +1032,12 @@ static void test_plan_auto_stream(void) {
                 /* small: one rank alone on its GPU, tile units of at most 64 rows */
                 const int tile = (more[i].nhwc && more[i].c != 1) || more[i].sp == 1;
                 const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
-                ASSERT_EQ_INT(pl[M][0].variant, small ? SBN_VAR_SMALL : SBN_VAR_STREAM);
                 if (small) {
+                  ASSERT_EQ_INT(pl[M][0].variant, SBN_VAR_SMALL);
                   const int64_t chunks = (more[i].c + 31) / 32, gmax = (int64_t)H100_SMALL_GRID / here[h];
                   ASSERT_EQ_INT(pl[M][0].G, chunks < gmax ? chunks : gmax);
-                } else {
-                  ASSERT_TRUE(memcmp(&pl[M][0], &pl[S][0], sizeof pl[M][0]) == 0);
+                } else { /* what auto runs */
+                  ASSERT_TRUE(memcmp(&pl[M][0], &pl[A][0], sizeof pl[M][0]) == 0);
                 }
               }
               if (st[S][0] == SBN_PLAN_OK) {

@@ -37,27 +37,29 @@ static int g_ndev;       /* CUDA devices */
 static char g_case[512]; /* the current case, printed when it fails */
 /* SBN_KERNEL=onchip (test_gpu_team_onchip, virtual_vs_cpu only; not with SBN_ALGO=nccl,
    whose ops run the host path whatever SBN_KERNEL asks): auto runs stream (since
-   1be20b9), so the onchip kernels run only when asked. A case the onchip plan refuses
+   1be20b9; or unit, below), so the onchip kernels run only when asked. A case the onchip plan refuses
    (sbnUnsupported with the plan's "SBN_KERNEL=onchip: ..." message: tensors it cannot
    hold, odd planes) must leave its op's outputs as they were and is counted; every op
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every
    op must say "unit" where auto takes it (auto_unit_expected: since E32's A/B, a team of
    one's plain ops where unit applies, but for the forward of fp16/bf16 planes that are
-   not whole vectors), else "stream" or "stream-scalar"; counted in g_auto_unit_ran. */
+   not whole vectors), else "stream" or "stream-scalar"; counted in g_auto_unit_ran.
+   SBN_KERNEL=stream: every op must say "stream" or "stream-scalar". */
 static int g_onchip;
+static int g_stream;
 static int g_onchip_ran, g_onchip_refused;
 static int g_auto_unit_ran;
 /* SBN_KERNEL=unit (test_gpu_team_unit, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
    team of one's planes run the unit kernel where it applies (coop_plan.h:
-   sbn_unit_applies), everything else what auto runs. Every op that ran says "unit" where
-   unit_expected says the plan takes it, else "stream"/"stream-scalar"; some must say
-   "unit" (counted in g_unit_ran). */
+   sbn_unit_applies), everything else stream (where unit does not apply, neither does
+   auto's unit). Every op that ran says "unit" where unit_expected says the plan takes it,
+   else "stream"/"stream-scalar"; some must say "unit" (counted in g_unit_ran). */
 static int g_unit;
 static int g_unit_ran;
 /* SBN_KERNEL=small (test_gpu_team_small, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
    team of one's ops of at most SBN_SMALL_ROWS rows in tile layout run the small kernel
-   (coop_plan.h: sbn_small_applies), everything else what auto runs; as unit's, counted in
-   g_small_ran, some must. */
+   (coop_plan.h: sbn_small_applies), everything else what auto runs (auto_unit_expected:
+   unit, else stream); as unit's, counted in g_small_ran, some must. */
 static int g_small;
 static int g_small_ran;
 
@@ -336,8 +338,9 @@ static int ranks_ran(const dteam_t* d, int W, const char* want, int prefix, cons
 }
 
 /* The kernel of the op of `what` (OUT_FWD, OUT_BWD) that returned `res`: whether the case
-   ends here (1: refused, or failed). auto: a success ran stream (or its scalar form) on
-   every rank. SBN_KERNEL=onchip: a success ran onchip on every rank; sbnUnsupported must
+   ends here (1: refused, or failed). auto: a success ran unit on every rank where
+   auto_unit_expected (below), else stream (or its scalar form); SBN_KERNEL=stream: stream
+   (or its scalar form); unit and small: as g_unit's and g_small's comments say. SBN_KERNEL=onchip: a success ran onchip on every rank; sbnUnsupported must
    be the onchip plan's refusal, and every rank's outputs of that op must be untouched (a
    backward refused after a forward that ran finds the forward's y and statistics in
    place); counted in g_onchip_ran / g_onchip_refused. */
@@ -376,7 +379,9 @@ static int auto_unit_expected(const team_t* h, int what) {
 
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
   if (g_small && res == sbnSuccess) {
-    if (!small_expected(h)) return !ranks_ran(d, h->W, "stream", 1, "small");
+    if (!small_expected(h))
+      return auto_unit_expected(h, what) ? !ranks_ran(d, h->W, "unit", 0, "small")
+                                         : !ranks_ran(d, h->W, "stream", 1, "small");
     if (!ranks_ran(d, h->W, "small", 0, "small")) return 1;
     g_small_ran++;
     return 0;
@@ -389,6 +394,7 @@ static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const t
   }
   if (!g_onchip) {
     if (res != sbnSuccess || g_host) return 0;
+    if (g_stream) return !ranks_ran(d, h->W, "stream", 1, "stream");
     if (!auto_unit_expected(h, what)) return !ranks_ran(d, h->W, "stream", 1, "auto");
     if (!ranks_ran(d, h->W, "unit", 0, "auto")) return 1;
     g_auto_unit_ran++;
@@ -617,7 +623,7 @@ static void test_virtual_vs_cpu(void) {
         }
   }
   fprintf(stderr, "  %d cases\n", ncases);
-  if (!g_onchip && !g_unit && !g_small && !g_host)
+  if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host)
     fprintf(stderr, "  auto: %d ops ran unit (a team of one's, E32)\n", g_auto_unit_ran);
   if (g_onchip) {
     fprintf(stderr, "  SBN_KERNEL=onchip: %d ops ran onchip, %d refused (nothing written)\n",
@@ -2159,6 +2165,10 @@ int main(void) {
   g_onchip = kern != NULL && strcmp(kern, "onchip") == 0 && !g_host;
   g_unit = kern != NULL && strcmp(kern, "unit") == 0 && !g_host;
   g_small = kern != NULL && strcmp(kern, "small") == 0 && !g_host;
+  g_stream = kern != NULL && strcmp(kern, "stream") == 0 && !g_host;
+  /* unit_expected plans with every SM of device 0: no margin (the margin's own test is
+     test_gpu_margin) */
+  unsetenv("SBN_SM_MARGIN");
 
   char why[320];
   g_ndev = gpu_count_devices(why, sizeof why);

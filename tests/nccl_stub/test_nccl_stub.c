@@ -721,6 +721,62 @@ static void test_grid_leaves_sms_free(void) {
   ASSERT_CLEAN();
 }
 
+/* The cooperative kernel a team of one's op runs under SBN_KERNEL=auto (sbnCommGetKernel:
+   gpu_launch.c's plan; the stand-in launches nothing). 2 x 64 NCHW planes: stream's G is 8
+   (4 SMs of 2 blocks), below 2C, so unit applies, and auto takes it (E32's A/B): a plain op
+   on planes of whole 16-byte vectors, and the backward on fp16/bf16 planes that are not
+   (1030), whose forward runs stream; an op with an activation runs stream (the round's
+   epilogue flag, plan_round: unit's fused kernels were not in that A/B). */
+static void test_team_of_one_kernel(void) {
+  stub_case(NULL);
+  static const struct {
+    sbnDataType_t dt;
+    int64_t sp;
+    int relu;
+    const char *fwd, *bwd;
+  } cases[] = {{sbnFloat32, 4096, 0, "unit", "unit"},
+               {sbnFloat32, 4096, 1, "stream", "stream"},
+               {sbnBFloat16, 1030, 0, "stream", "unit"},
+               {sbnBFloat16, 1032, 0, "unit", "unit"}};
+  sbnNcclUniqueId_t id;
+  ASSERT_OK(sbnGetNcclUniqueId(&id));
+  sbnComm_t one = NULL;
+  ASSERT_OK(init_rank(&one, &id, 1, 0, TIMEOUT_MS));
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
+    const int64_t c = 64;
+    const sbnTensorDesc_t d = {cases[i].dt, sbnLayoutNCHW, 2, c, cases[i].sp};
+    const size_t big = (size_t)(2 * c * cases[i].sp) * (cases[i].dt == sbnFloat32 ? 4 : 2);
+    void *x = dalloc(big), *y = dalloc(big), *dy = dalloc(big), *dx = dalloc(big);
+    float *sm = (float*)dalloc((size_t)c * sizeof(float)), *si = (float*)dalloc((size_t)c * sizeof(float));
+    sbnEpilogue_t ep = SBN_EPILOGUE_INITIALIZER;
+    ep.activation = sbnActivationRelu;
+    const char *kf = "", *kb = "";
+    const sbnResult_t fr =
+        cases[i].relu ? sbnForwardTrainEx(one, &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL, &ep, NULL)
+                      : sbnForwardTrain(one, &d, x, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL, NULL);
+    const sbnResult_t gf = sbnCommGetKernel(one, &kf);
+    const sbnResult_t br =
+        cases[i].relu ? sbnBackwardEx(one, &d, x, y, dy, dx, NULL, NULL, NULL, sm, si, NULL, NULL, NULL, &ep, NULL)
+                      : sbnBackward(one, &d, x, dy, dx, NULL, sm, si, NULL, NULL, NULL, NULL);
+    const sbnResult_t gb = sbnCommGetKernel(one, &kb);
+    cudaDeviceSynchronize();
+    void* all[] = {x, y, dy, dx, sm, si};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) cudaFree(all[k]);
+    if (fr != sbnSuccess || br != sbnSuccess) fprintf(stderr, "  op: %s\n", sbnGetLastError(one));
+    ASSERT_OK(fr);
+    ASSERT_OK(gf);
+    ASSERT_OK(br);
+    ASSERT_OK(gb);
+    if (strcmp(kf, cases[i].fwd) != 0 || strcmp(kb, cases[i].bwd) != 0)
+      SBN_FAIL_("case %zu: forward ran '%s', backward '%s'; want '%s', '%s'", i, kf, kb, cases[i].fwd,
+                cases[i].bwd);
+  }
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_OK(sbnCommDestroy(one));
+  ASSERT_CLEAN();
+}
+
 /* The stop words a failing kernel sets are slots, not ranks: an NCCL team may have more
    ranks than the kernels' arguments hold (SBN_GPU_MAX_RANKS). Rank 19 of 20 (the other
    ranks are other processes) fills one slot with its own word, where indexing by rank
@@ -1267,6 +1323,7 @@ int main(void) {
   SBN_RUN(test_initall);
   SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_grid_leaves_sms_free);
+  SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
