@@ -38,9 +38,10 @@
  *                8 virtual ranks, once as built and once with the old read of host memory
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
- *                (W = 1 auto and stream, W = 8: 934 us on the first run), S10 and S3 auto
- *                and stream, and S5; the small kernel on S10 and the empty op, the unit
- *                kernel on S2 (W = 1).
+ *                (W = 1 stream, W = 8 auto: 934 us on the first run), S10 auto, S3 and S5
+ *                stream; the small kernel on S10 and the empty op, the unit kernel on S2
+ *                (W = 1). The W = 1 plane rows name stream: auto runs unit there since
+ *                the H200 A/B of dd9256e (E32).
  *
  * The probe's kernels read their mutant switch from device memory (sbn_probe_mutants): a
  * load the library's kernels do not make, in the failure checks only.
@@ -847,7 +848,7 @@ static void probe_ops(int sms, bool quick) {
   /* S10 (pure latency) and S2 (a layer3 conv) both ways: auto ran onchip on them until
      1be20b9 (the H100 run of 2026-11-26), when stream was measured faster on each (S10
      busy 12.7 vs 15.5 us, S2 28.3 vs 35.1; sbn-bench's rows too) and became auto's choice
-     everywhere; S3 (33.5 MB: onchip does not hold it) by auto; S2 at W = 8 (934 us on the
+     everywhere; S3 (33.5 MB: onchip does not hold it) by stream; S2 at W = 8 (934 us on the
      first run: where does it go?) */
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_AUTO, sms, quick);
@@ -856,10 +857,10 @@ static void probe_ops(int sms, bool quick) {
   probe_op("empty", 0, 512, 1, 1, SBN_KERNEL_SMALL, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_UNIT, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_ONCHIP, sms, quick);
-  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
-  probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
+  probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_STREAM, sms, quick); /* auto runs unit there (E32) */
+  probe_op("S3", 4, 512, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S2", 4, 256, 4096, 8, SBN_KERNEL_AUTO, sms, quick);
-  if (!quick) probe_op("S5", 4, 2048, 4096, 1, SBN_KERNEL_AUTO, sms, quick);
+  if (!quick) probe_op("S5", 4, 2048, 4096, 1, SBN_KERNEL_STREAM, sms, quick);
 }
 
 int main(int argc, char** argv) {
