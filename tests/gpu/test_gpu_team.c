@@ -374,14 +374,18 @@ static int small_expected(const team_t* h) {
 static int auto_unit_expected(const team_t* h, int what) {
   const sbnTensorDesc_t* dd = &h->d[0];
   return unit_expected(h) && sbn_unit_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, dd->dtype,
-                                           dd->spatial % sbn_vec_of(dd->dtype) == 0, 0);
+                                           sbn_onchip_shape_ok(0, dd->spatial, sbn_vec_of(dd->dtype)), 0);
+}
+/* Whether every rank of d ran what auto runs for team h's op of `what`: unit where
+   auto_unit_expected, else stream (or its scalar form); `asked` names SBN_KERNEL. */
+static int ran_auto_choice(const dteam_t* d, const team_t* h, int what, const char* asked) {
+  return auto_unit_expected(h, what) ? ranks_ran(d, h->W, "unit", 0, asked)
+                                     : ranks_ran(d, h->W, "stream", 1, asked);
 }
 
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
   if (g_small && res == sbnSuccess) {
-    if (!small_expected(h))
-      return auto_unit_expected(h, what) ? !ranks_ran(d, h->W, "unit", 0, "small")
-                                         : !ranks_ran(d, h->W, "stream", 1, "small");
+    if (!small_expected(h)) return !ran_auto_choice(d, h, what, "small");
     if (!ranks_ran(d, h->W, "small", 0, "small")) return 1;
     g_small_ran++;
     return 0;
@@ -395,9 +399,8 @@ static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const t
   if (!g_onchip) {
     if (res != sbnSuccess || g_host) return 0;
     if (g_stream) return !ranks_ran(d, h->W, "stream", 1, "stream");
-    if (!auto_unit_expected(h, what)) return !ranks_ran(d, h->W, "stream", 1, "auto");
-    if (!ranks_ran(d, h->W, "unit", 0, "auto")) return 1;
-    g_auto_unit_ran++;
+    if (!ran_auto_choice(d, h, what, "auto")) return 1;
+    g_auto_unit_ran += auto_unit_expected(h, what);
     return 0;
   }
   if (res == sbnUnsupported) {
