@@ -143,6 +143,10 @@ template <int KIND, int DT, bool TILE, int EPI> const void* host_pick(int stage,
     case SBN_HOST_STATS:
       return vec ? (const void*)sbn_host_stats_kernel<KIND, DT, TILE, V, EPI>
                  : (const void*)sbn_host_stats_kernel<KIND, DT, TILE, 1, EPI>;
+    case SBN_HOST_SMALL_STATS: /* small's plan (tile units, any width; not the in-place
+                                  backward's recovery: coop_plan.h, sbn_host_stats_stage) */
+      if constexpr (TILE && EPI != SBN_EPI_RECOVER) return (const void*)sbn_host_small_stats_kernel<KIND, DT, EPI>;
+      return nullptr;
     case SBN_HOST_PUBLISH: return (const void*)sbn_host_publish_kernel<KIND, TILE>;
     case SBN_HOST_GATHER: return (const void*)sbn_host_gather_kernel;
     default:
@@ -153,7 +157,8 @@ template <int KIND, int DT, bool TILE, int EPI> const void* host_pick(int stage,
 template <int KIND, int DT, bool TILE> struct HostKernels {
   static const void* pick(int stage, int vec, int epi) {
     /* the forward's statistics read x only: the plain kernel */
-    if (epi == SBN_EPI_NONE || (KIND == SBN_OP_FORWARD && stage == SBN_HOST_STATS))
+    if (epi == SBN_EPI_NONE ||
+        (KIND == SBN_OP_FORWARD && (stage == SBN_HOST_STATS || stage == SBN_HOST_SMALL_STATS)))
       return host_pick<KIND, DT, TILE, SBN_EPI_NONE>(stage, vec);
     if constexpr (SBN_EPI_BUILT) {
       if constexpr (KIND == SBN_OP_BACKWARD) {

@@ -163,8 +163,18 @@ static SBN_ARGS_HD int64_t sbn_window_bytes(int nranks, int nchunks_max) {
      GATHER  (nlaunch*nranks blocks)   every rank's `send` copied to every rank's gathered
                                        records, in place of ncclAllGather (one device)
      APPLY   (G blocks per rank)       the ranks merged in rank order, finalize, normalize
-   Same G, same orders: the bits of the cooperative kernel. */
-enum { SBN_HOST_STATS = 0, SBN_HOST_PUBLISH = 1, SBN_HOST_GATHER = 2, SBN_HOST_APPLY = 3, SBN_HOST_STAGES = 4 };
+   Same G, same orders: the bits of the cooperative kernel. Where the cooperative kernel
+   would be the small variant (a team of one's few rows: coop_plan.h), SMALL_STATS (G
+   blocks) replaces STATS and PUBLISH: small's sums, in small's order, straight into the
+   rank's `send` records, which APPLY takes as it takes any: small's bits. */
+enum {
+  SBN_HOST_STATS = 0,
+  SBN_HOST_PUBLISH = 1,
+  SBN_HOST_GATHER = 2,
+  SBN_HOST_APPLY = 3,
+  SBN_HOST_SMALL_STATS = 4, /* tile units only, not the in-place backward (else NULL) */
+  SBN_HOST_STAGES = 5
+};
 
 /* sbnForwardInference with device pointers: one elementwise kernel (kernels/coop.cu). */
 typedef struct {

@@ -308,16 +308,24 @@ __device__ __forceinline__ float* part_entry(const sbn_coop_rank_t& R, const sbn
   return R.part + SBN_GPU_PART_FLOATS * ((int64_t)p * g.c + c);
 }
 
-/* One lane's channel of a record, and (lane 0) its sig and count. */
+/* One lane's channel of a record, and (lane 0) its sig and count (the rank's rows). */
 __device__ __forceinline__ void write_record(sbn_mail_rec_t* rec, const sbn_coop_args_t& a,
-                                             const sbn_geo_t& g, const float (&v)[kRec]) {
+                                             int64_t rows, const float (&v)[kRec]) {
   const int lane = threadIdx.x & 31;
 SBN_UNROLL
   for (int f = 0; f < kRec; f++) st_weak_f32(&rec->data[kRec * lane + f], v[f]);
   if (lane == 0) {
     st_weak_u32(&rec->sig, a.sig);
-    st_weak_s64(&rec->count, g.rows);
+    st_weak_s64(&rec->count, rows);
   }
+}
+
+/* The host path's record of chunk j (warp 0): into the rank's own `send` records only (the
+   collective or the gather kernel moves it; no flag). */
+__device__ __forceinline__ void write_send_record(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                                  int j, int64_t rows, const float (&v)[kRec]) {
+  write_record(R.send + j, a, rows, v);
+  if ((threadIdx.x & 31) == 0) st_weak_u32(&R.send[j].epoch, 0u);
 }
 
 /* The chunk's record into every rank's mailbox (warp 0): data, then the flags. */
@@ -326,7 +334,7 @@ __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn
                                              const float (&v)[kRec]) {
   const int lane = threadIdx.x & 31;
   const int64_t idx = mail_index(R.rank, k, j, a.nchunks_max);
-  for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g, v);
+  for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g.rows, v);
   __syncwarp(); /* every lane's data before any lane's flag */
   for (int dst = lane; dst < a.nranks; dst += 32)
     st_release_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
@@ -389,8 +397,7 @@ SBN_UNROLL
       P::out(t, v);
     }
     if (HOST) {
-      write_record(R.send + j, a, g, v);
-      if (lane == 0) st_weak_u32(&R.send[j].epoch, 0u);
+      write_send_record(a, R, j, g.rows, v);
     } else if (local) {
 SBN_UNROLL
       for (int f = 0; f < kRec; f++) sm.own[lane][f] = v[f];

@@ -42,6 +42,84 @@
 constexpr int kSmallHold = SBN_SMALL_ROWS / kWarps; /* rows of a thread, at most */
 static_assert(SBN_SMALL_ROWS % kWarps == 0, "SBN_SMALL_ROWS: whole rows per warp");
 
+/* What the small kernel and the host path's small statistics kernel share, so that both
+   sum alike (the host path's bits are the cooperative kernel's). */
+
+/* Thread (warp w)'s values of channel c (in: c < C): rows w, w + 8, ... (kt of them), one
+   element load each, all issued at once: x, dy (backward), and the epilogue's other input
+   epi_in where given (forward z, backward y); 0 where the thread has no such row. */
+template <int KIND, int DT, bool EPI>
+__device__ __forceinline__ void small_load_values(const sbn_coop_rank_t& R, int64_t C, int64_t c,
+                                                  bool in, int w, int kt, const void* epi_in,
+                                                  uint64_t pol, float (&xv)[kSmallHold],
+                                                  float (&dyv)[kSmallHold], float (&ev)[kSmallHold]) {
+SBN_UNROLL
+  for (int i = 0; i < kSmallHold; i++) {
+    const int64_t e = (int64_t)(w + kWarps * i) * C + c;
+    const bool has = in && i < kt;
+    xv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : 0.0f;
+    if (KIND == SBN_OP_BACKWARD) dyv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.dy, e, pol)) : 0.0f;
+    if (EPI) ev[i] = has && epi_in != nullptr ? Dt<DT>::to_f32(tensor_ld_elem<DT>(epi_in, e, pol)) : 0.0f;
+  }
+}
+
+/* The thread's partial of its kt values (the stream kernel's per-batch forms: a shifted
+   two-pass mean and M2; compensated sums of dy and dy (x - mean), mean_in the saved mean).
+   Backward with an activation (EPI, R.act not the identity): the gradient that reaches
+   the normalization, g = act'(y) dy (ev: y), replaces dy in dyv. */
+template <int KIND, bool EPI>
+__device__ __forceinline__ typename Part<KIND>::T small_partial(const sbn_coop_rank_t& R, int kt,
+                                                                const float (&xv)[kSmallHold],
+                                                                float (&dyv)[kSmallHold],
+                                                                const float (&ev)[kSmallHold],
+                                                                float mean_in) {
+  typename Part<KIND>::T pt;
+  if constexpr (KIND == SBN_OP_FORWARD) {
+    const float sh = xv[0];
+    float s = 0.0f;
+SBN_UNROLL
+    for (int i = 0; i < kSmallHold; i++)
+      if (i < kt) s += xv[i] - sh;
+    const float mb = kt > 0 ? s / (float)kt : 0.0f;
+    float m2 = 0.0f;
+SBN_UNROLL
+    for (int i = 0; i < kSmallHold; i++)
+      if (i < kt) {
+        const float d = (xv[i] - sh) - mb;
+        m2 += SBN_MUL(d, d);
+      }
+    const sbn_welford_t t = {(float)kt, mb, m2};
+    pt = sbn_partial_from_shifted(t, sh);
+  } else {
+    pt = Part<KIND>::empty();
+SBN_UNROLL
+    for (int i = 0; i < kSmallHold; i++)
+      if (i < kt) {
+        /* (y given wherever act is not the identity: the host checks) */
+        if (EPI && R.act != SBN_ACT_IDENTITY)
+          dyv[i] = sbn_act_grad(R.act, R.slope, SBN_MUTANT(SBN_MUT_SMALL_MASK_X) ? xv[i] : ev[i], dyv[i]);
+        float err;
+        const float t = sbn_grad_term(dyv[i], xv[i], mean_in, &err);
+        sbn_csum_add(&pt.dy, dyv[i]);
+        sbn_csum_add2(&pt.dy_xmu, t, err);
+      }
+  }
+  return pt;
+}
+
+/* Warp 0, lane = channel: the 8 warps' partials of the chunk (P::red, after the barrier
+   that follows their stores) merged in warp order, as a record's floats. For a team of
+   one these are the team's values (a merge with the empty record of no other rank gives
+   them back unchanged: gather_chunk). */
+template <int KIND>
+__device__ __forceinline__ void small_merge(Smem& sm, int lane, float (&d)[kRec]) {
+  typedef Part<KIND> P;
+  typename P::T t = P::red(sm)[0][lane];
+SBN_UNROLL
+  for (int v = 1; v < kWarps; v++) t = P::merge(t, P::red(sm)[v][lane]);
+  P::out(t, d);
+}
+
 template <int KIND, int DT, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_small_kernel(const __grid_constant__ sbn_coop_args_t a) {
@@ -88,14 +166,7 @@ SBN_NO_UNROLL
   auto load_chunk = [&](int j) {
     const int64_t c = (int64_t)j * kChunk + lane;
     const bool in = c < a.c;
-SBN_UNROLL
-    for (int i = 0; i < kSmallHold; i++) {
-      const int64_t e = (int64_t)(w + kWarps * i) * a.c + c;
-      const bool has = in && i < kt;
-      xv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.x, e, pol)) : 0.0f;
-      if (KIND == SBN_OP_BACKWARD) dyv[i] = has ? Dt<DT>::to_f32(tensor_ld_elem<DT>(R.dy, e, pol)) : 0.0f;
-      if (kEpi) ev[i] = has && epi_in != nullptr ? Dt<DT>::to_f32(tensor_ld_elem<DT>(epi_in, e, pol)) : 0.0f;
-    }
+    small_load_values<KIND, DT, kEpi>(R, a.c, c, in, w, kt, epi_in, pol, xv, dyv, ev);
     if (w == 0) {
       q = load_params<KIND>(R, c, in);
       if (KIND == SBN_OP_FORWARD && R.running_mean != nullptr && in)
@@ -124,51 +195,17 @@ SBN_UNROLL
     if (j != b) load_chunk(j);
     const int64_t c = (int64_t)j * kChunk + lane;
     const bool in = c < a.c;
-    /* the thread's partial of its values (the stream kernel's per-batch forms: a shifted
-       two-pass mean and M2; compensated sums of dy and dy (x - mean)) */
-    typename P::T pt;
-    if constexpr (KIND == SBN_OP_FORWARD) {
-      const float sh = xv[0];
-      float s = 0.0f;
-SBN_UNROLL
-      for (int i = 0; i < kSmallHold; i++)
-        if (i < kt) s += xv[i] - sh;
-      const float mb = kt > 0 ? s / (float)kt : 0.0f;
-      float m2 = 0.0f;
-SBN_UNROLL
-      for (int i = 0; i < kSmallHold; i++)
-        if (i < kt) {
-          const float d = (xv[i] - sh) - mb;
-          m2 += SBN_MUL(d, d);
-        }
-      const sbn_welford_t t = {(float)kt, mb, m2};
-      pt = sbn_partial_from_shifted(t, sh);
-    } else {
-      pt = P::empty();
-SBN_UNROLL
-      for (int i = 0; i < kSmallHold; i++)
-        if (i < kt) {
-          /* the gradient that reaches the normalization: g = act'(y) dy, held in dy's
-             place (y given wherever act is not the identity: the host checks) */
-          if (kEpi && R.act != SBN_ACT_IDENTITY)
-            dyv[i] = sbn_act_grad(R.act, R.slope, SBN_MUTANT(SBN_MUT_SMALL_MASK_X) ? xv[i] : ev[i], dyv[i]);
-          float err;
-          const float t = sbn_grad_term(dyv[i], xv[i], mean_in, &err);
-          sbn_csum_add(&pt.dy, dyv[i]);
-          sbn_csum_add2(&pt.dy_xmu, t, err);
-        }
-    }
+    /* the thread's partial of its values (backward with an activation: g = act'(y) dy
+       now held in dy's place) */
+    const typename P::T pt = small_partial<KIND, kEpi>(R, kt, xv, dyv, ev, mean_in);
     P::red(sm)[w][lane] = pt;
     __syncthreads(); /* every warp's partial is in */
     if (j == b) SBN_STAMP(2); /* the first chunk's statistics */
     if (w == 0 && in) {
       /* the warps in order: the rank's values of the channel, which are the team's (a
          merge with the empty record of no other rank gives them back unchanged) */
-      typename P::T t = P::red(sm)[0][lane];
-SBN_UNROLL
-      for (int v = 1; v < kWarps; v++) t = P::merge(t, P::red(sm)[v][lane]);
       float d[kRec];
-      P::out(t, d);
+      small_merge<KIND>(sm, lane, d);
       float v[3], mine[2] = {0.0f, 0.0f};
       if (KIND == SBN_OP_FORWARD) {
         v[0] = d[0], v[1] = d[1], v[2] = d[2];
@@ -216,6 +253,57 @@ SBN_UNROLL
     return;
   }
   SBN_STAMP(6); /* done */
+}
+
+/* The host path's statistics where the plan is small (SBN_HOST_SMALL_STATS, coop_args.h;
+ * in place of STATS and PUBLISH): block b takes the chunks b, b + G, ... as the small kernel
+ * does, sums them alike (small_load_values, small_partial, small_merge: its order, its
+ * bits) and writes each chunk's record into the rank's `send` records, as PUBLISH would;
+ * the collective (or, a team of one, nothing) and APPLY (the stream kernel's stage 5 from
+ * the records) follow. No epochs, no arrivals: the stream orders the launches. A launch the
+ * plan never makes (more than SBN_SMALL_ROWS rows, several ranks in one launch) fails with
+ * sbnInvalidUsage and writes no record; APPLY then writes nothing (the rank's stop word).
+ */
+template <int KIND, int DT, int EPI>
+__global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
+    sbn_host_small_stats_kernel(const __grid_constant__ sbn_coop_args_t a) {
+  typedef Part<KIND> P;
+  static_assert(EPI == SBN_EPI_NONE || EPI == SBN_EPI_ACT, "the small kernels: plain or act");
+  constexpr bool kEpi = KIND == SBN_OP_BACKWARD && EPI == SBN_EPI_ACT; /* the forward's sums read x only */
+  SBN_SHARED(Smem, sm);
+  const int b = blockIdx.x;
+  const sbn_coop_rank_t& R = a.r[0];
+  const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+  const int64_t rows64 = R.n * R.spatial;
+  if (a.nlaunch != 1 || rows64 > SBN_SMALL_ROWS) {
+    if (b == 0 && threadIdx.x == 0) record_error(a, R.rank, sbnInvalidUsage);
+    return;
+  }
+  /* APPLY writes nbt + 1 from one block while others use nbt for the momentum factor:
+     they all read this copy instead (as the stream statistics kernel's) */
+  if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
+    R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
+  const int rows = (int)rows64;
+  const int kt = rows > w ? (rows - w + kWarps - 1) / kWarps : 0;
+  const int nchunks = (int)((a.c + kChunk - 1) / kChunk);
+  const uint64_t pol = policy_evict_first();
+  const void* const epi_in = kEpi && R.act != SBN_ACT_IDENTITY ? R.y : nullptr;
+  float xv[kSmallHold], dyv[kSmallHold], ev[kSmallHold];
+  for (int j = b; j < nchunks; j += a.G) {
+    const int64_t c = (int64_t)j * kChunk + lane;
+    const bool in = c < a.c;
+    small_load_values<KIND, DT, kEpi>(R, a.c, c, in, w, kt, epi_in, pol, xv, dyv, ev);
+    const float mean_in = KIND == SBN_OP_BACKWARD && in && kt > 0 ? ld_param(R.save_mean_in + c) : 0.0f;
+    const typename P::T pt = small_partial<KIND, kEpi>(R, kt, xv, dyv, ev, mean_in);
+    P::red(sm)[w][lane] = pt;
+    __syncthreads(); /* every warp's partial is in */
+    if (w == 0) {
+      float v[kRec] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (in) small_merge<KIND>(sm, lane, v);
+      write_send_record(a, R, j, rows64, v);
+    }
+    __syncthreads(); /* warp 0's reads of P::red before the next chunk's stores */
+  }
 }
 
 #endif /* SYNCBN_COOP_SMALL_CUH_ */

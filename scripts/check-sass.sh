@@ -311,6 +311,12 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         kind, dt, epi = args
         label = f"small {KIND[kind]} {DT[dt]} tile{EPI[epi]}"
         hot, want = False, stream_occ
+    elif base == "sbn_host_small_stats_kernel":
+        # the host path's statistics where the plan is small (coop_small.cuh): small's loads
+        # and sums, element loads (not hot), stream's occupancy as the other host kernels
+        kind, dt, epi = args
+        label = f"host-small-stats {KIND[kind]} {DT[dt]} tile{EPI[epi]}"
+        hot, want = False, stream_occ
     elif base in ("sbn_host_stats_kernel", "sbn_host_apply_kernel"):
         kind, dt, tile, vec, epi = args
         label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}{EPI[epi]}"
@@ -328,7 +334,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
     why = []
     ins = insns.get(mangled, [])
     if base in ("sbn_coop_kernel", "sbn_unit_kernel", "sbn_small_kernel", "sbn_host_stats_kernel", "sbn_host_apply_kernel",
-                "sbn_host_publish_kernel", "sbn_host_gather_kernel"):
+                "sbn_host_small_stats_kernel", "sbn_host_publish_kernel", "sbn_host_gather_kernel"):
         x = sys_load_before_barrier(ins)
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")

@@ -73,9 +73,11 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
         for (int t = 0; t < 2; t++)
           for (int v = 0; v < 2; v++) {
             struct cudaFuncAttributes fa;
-            for (int st = 0; st < SBN_HOST_STAGES; st++)
-              CU(cudaFuncGetAttributes(&fa, sbn_host_kernel_ptr(st, k, d, t, v, e)),
-                 "cudaFuncGetAttributes");
+            for (int st = 0; st < SBN_HOST_STAGES; st++) {
+              const void* fn = sbn_host_kernel_ptr(st, k, d, t, v, e);
+              if (fn == NULL && st == SBN_HOST_SMALL_STATS) continue; /* not built: never planned */
+              CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
+            }
             if (k == 0)
               CU(cudaFuncGetAttributes(&fa, sbn_infer_kernel_ptr(d, t, v, e)),
                  "cudaFuncGetAttributes");
