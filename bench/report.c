@@ -18,8 +18,9 @@ static const char* const kGpuPathLegend[3] = {
     "nccl  = the library's host-driven path (SBN_ALGO=nccl, PyTorch's op sequence); "
     "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
     "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU); at W = 1 an "
-    "sbnCommInitAll team of one GPU with a real 1-rank ncclAllGather; its outputs must be "
-    "bitwise the coop row's",
+    "sbnCommInitAll team of one GPU with a real 1-rank ncclAllGather, and where coop runs "
+    "small (a team of one's few rows) small's statistics kernel for stats and publish; its "
+    "outputs must be bitwise the coop row's",
     "cudnn = cudnnBatchNormalizationForwardTrainingEx / BackwardEx, CUDNN_BATCHNORM_OPS_BN, "
     "mode SPATIAL_PERSISTENT (SPATIAL where cuDNN refuses it), W = 1 only: one GPU, no sync"};
 

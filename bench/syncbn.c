@@ -289,8 +289,9 @@ static const char* const kNoteNcclVirtual =
     "nccl-path on a virtual team: stats kernel, publish kernel, gather kernel in place of "
     "ncclAllGather, apply kernel (NCCL refuses two ranks on one GPU)";
 static const char* const kNoteNcclVirtual1 =
-    "nccl-path at W = 1 on an sbnCommInitAll team of one GPU: stats kernel, publish kernel, "
-    "ncclAllGather over the team's 1-rank NCCL comm (as PyTorch with one rank), apply kernel";
+    "nccl-path at W = 1 on an sbnCommInitAll team of one GPU: stats kernel, publish kernel "
+    "(where coop runs small: small's statistics kernel for both), ncclAllGather over the team's "
+    "1-rank NCCL comm (as PyTorch with one rank), apply kernel";
 
 /* SBN_ALGO for the library's calls of a row (the library reads it at every call). */
 static int set_algo(int path, char* err, size_t cap) {

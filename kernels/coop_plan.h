@@ -304,6 +304,20 @@ static SBN_ARGS_HD int sbn_unit_auto(int kind, int dtype, int whole, int epilogu
 static SBN_ARGS_HD int sbn_small_applies(int solo_team, int nranks, int shared, int tile, int64_t rows) {
   return solo_team && nranks == 1 && !shared && tile && rows <= SBN_SMALL_ROWS;
 }
+/* Whether auto takes the small variant where it applies (sbn_small_applies). Measured on
+   an H200 at dd9256e (bench/notes/experiments.md, E33: plain ops, W = 1, against stream in
+   the same call): small at 0.51-0.75x stream's time on every cell, forward and backward
+   (S10 fp32 and bf16, NCHW and NHWC; the latency rows; S10 fp32 NCHW forward 12.2 -> 6.7
+   us, backward 9.1 -> 6.1), every cell inside E33's rule (at most 0.9x). Its epilogue's
+   kernels too (an activation, z, dz: the same structure with one more element load per
+   value in the same round trip; not measured apart), so that a fused op never runs slower
+   than its plain op followed by the activation; the in-place backward's small kernel is
+   not built (occupancy 0: stream). The host path runs small's statistics and the stream
+   apply on the same plan (sbn_host_stats_stage): the same bits on both paths. */
+static SBN_ARGS_HD int sbn_small_auto(int kind, int dtype, int epilogue) {
+  (void)kind, (void)dtype, (void)epilogue;
+  return 1;
+}
 static SBN_ARGS_HD int64_t sbn_small_blocks(int64_t c, int64_t gmax) {
   int64_t G = (c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK;
   if (G > gmax) G = gmax;
@@ -423,7 +437,8 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     const int64_t e = ranks[i].n * op->c * ranks[i].sp;
     if (e > numel) numel = e;
   }
-  /* auto runs stream, or unit where sbn_unit_auto takes it (below). Until 1be20b9 it ran
+  /* auto runs stream, or unit where sbn_unit_auto takes it, or small where sbn_small_auto
+     takes it (below). Until 1be20b9 it ran
      onchip where the tensors fit; on the H100
      (bench/results/2026-11-26-h100-1be20b9) stream was faster on every row where auto had
      picked onchip (sbn-bench --quick, every row both ways: 0.79-0.98x the time forward,
@@ -434,7 +449,9 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      onchip runs when SBN_KERNEL=onchip asks for it. The host path runs the stream stages
      whatever SBN_KERNEL asks, cut as the cooperative kernel would be (the same G and
      width, so the same bits): under SBN_KERNEL=onchip onchip's plan where it has one,
-     else stream's. Ranks sharing a GPU are separate launches that must all be resident
+     else stream's; where the cooperative kernel would run small, small's plan, whose
+     statistics the host path computes with small's own kernel (sbn_host_stats_stage).
+     Ranks sharing a GPU are separate launches that must all be resident
      at once: they run stream, sized by the lowest occupancy of the non-onchip kernels, so
      that any mix (tile next to plane, forward next to a mismatched backward) fits side by
      side. */
@@ -469,7 +486,7 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      the same bits; its kernels hold as many blocks per SM: check-sass.sh), else stream;
      auto, and small where small does not apply (below: small applies to tile units, unit
      to plane units), the same where sbn_unit_auto takes it. The host path runs the stream
-     stages. */
+     stages on that plan. */
   const int unit = op->kernel == SBN_KERNEL_UNIT ||
                    ((op->kernel == SBN_KERNEL_AUTO || op->kernel == SBN_KERNEL_SMALL) &&
                     sbn_unit_auto(op->kind, op->dtype, whole, op->epilogue));
@@ -477,9 +494,13 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;
-  /* SBN_KERNEL=small: the small variant where it applies and is built (occ 0 for the in-place
-     backward's, which is not), with its own G, else what auto runs */
-  if (op->kernel == SBN_KERNEL_SMALL && !op->host && nranks == 1 &&
+  /* auto and SBN_KERNEL=small: the small variant where it applies, is built (occ 0 for the
+     in-place backward's, which is not) and, under auto, sbn_small_auto takes it, with its
+     own G; else unit or stream as above. The host path plans the same: it runs small's
+     statistics kernel, then the stream apply (sbn_host_stats_stage), small's bits. */
+  const int small = op->kernel == SBN_KERNEL_SMALL ||
+                    (op->kernel == SBN_KERNEL_AUTO && sbn_small_auto(op->kind, op->dtype, op->epilogue));
+  if (small && nranks == 1 &&
       sbn_small_applies(op->solo_team, nranks, dev->shared, tile, ranks[0].n * ranks[0].sp) &&
       dev->occ[tile][vec][SBN_VAR_SMALL] >= 1) {
     pl->variant = SBN_VAR_SMALL;
@@ -517,6 +538,15 @@ static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t*
   }
   return SBN_PLAN_OK;
 }
+
+/* The host path's statistics stage for a plan (coop_args.h: SBN_HOST_*): small's own
+   (its sums in its order, written straight into the rank's record: no PUBLISH) where the
+   plan is small, else the stream kernel's stage 1, which PUBLISH then merges. APPLY is the
+   stream kernel's stage 5 either way. */
+static SBN_ARGS_HD int sbn_host_stats_stage(const sbn_plan_t* pl) {
+  return pl->variant == SBN_VAR_SMALL ? SBN_HOST_SMALL_STATS : SBN_HOST_STATS;
+}
+static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) { return pl->variant != SBN_VAR_SMALL; }
 
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant
    (tests/test_coop_emu.c asserts them in the emulator; the bench reports them):

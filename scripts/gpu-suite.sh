@@ -345,10 +345,11 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_team" || rc=1
     # the onchip kernels run only when asked (auto: stream)
     sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
-    # and the unit kernel (a team of one's planes)
+    # and the unit kernel on every op where it applies (auto leaves the fp16/bf16 forwards
+    # of planes that are not whole vectors to stream). The small kernel is auto's wherever
+    # it applies: the run above has it, and SBN_ALGO=nccl's below the host path's small
+    # statistics kernel
     sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
-    # and the small kernel (a team of one's ops of few rows)
-    sanitize_one $tool "${q[@]}" SBN_KERNEL=small SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
@@ -366,8 +367,8 @@ step_bench() {
   [ "$QUICK" = 1 ] && quick=(--quick)
   "$BENCH" --gpu on "${quick[@]}" --json "$OUTDIR/bench.json" || return 1
   # the cooperative kernel's other variant, side by side with the default (auto: stream,
-  # or unit for a team of one's NCHW planes), on the W = 1 shapes it holds on chip (S2,
-  # S10) and the latency rows
+  # or unit for a team of one's NCHW planes, or small for its ops of few rows), on the
+  # W = 1 shapes it holds on chip (S2, S10) and the latency rows
   echo "+ SBN_KERNEL=onchip sbn-bench --gpu on ${quick[*]} --only S2,S10 -w 1 --paths coop"
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
     --json "$OUTDIR/bench-onchip.json" || return 1
@@ -376,11 +377,11 @@ step_bench() {
   echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
   SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
     --json "$OUTDIR/bench-stream.json" || return 1
-  # and the small kernel, where it applies (a team of one's ops of at most 64 rows: S10
-  # and the empty op's latency rows at W = 1)
-  echo "+ SBN_KERNEL=small sbn-bench --gpu on ${quick[*]} --only S10 -w 1 --paths coop"
-  SBN_KERNEL=small "$BENCH" --gpu on "${quick[@]}" --only S10 -w 1 --paths coop \
-    --json "$OUTDIR/bench-small.json"
+  # and stream where auto runs small (a team of one's ops of at most 64 rows: S10 and the
+  # latency rows at W = 1; E33): the kernel auto ran there before
+  echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S10 -w 1 --paths coop"
+  SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S10 -w 1 --paths coop \
+    --json "$OUTDIR/bench-stream-s10.json"
 }
 
 step_fused() {

@@ -323,11 +323,21 @@ static void emu_run(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p, int
    Otherwise a launch per rank: desc_of[r] gives rank r its own desc (ranks running
    different ops, as one process per rank could), plans[r] its own plan (a peer team's
    ranks sharing a GPU). */
+static int g_host_small; /* emu_run_host: the launches of small's statistics kernel so far */
 static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p,
                          const sbnTensorDesc_t* desc_of, const sbn_plan_t* plans) {
   static sbn_coop_args_t a[MAXW];
   const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
   int64_t cmax = 0;
+  sbn_plan_t small_plan;
+  if (desc_of == NULL && plans == NULL) {
+    /* a team of one whose plan is small (g_variant, as emu_run_virtual's): the library's
+       way, with that plan (gpu_launch.c: host_stats) */
+    g_plan_solo = e->W == 1;
+    small_plan = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
+    small_plan.tile = tile_of(t, e->W);
+    if (small_plan.variant == SBN_VAR_SMALL) plans = &small_plan;
+  }
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
     memset(&a[r], 0, sizeof a[r]);
@@ -361,10 +371,15 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
     pl[r] = plans ? plans[r] : emu_plan(d, d->n, e->G, bwd);
-    sbn_emu_launch_host(SBN_HOST_STATS, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
+    /* small's plan: small's statistics kernel alone (gpu_launch.c: host_stats), which
+       leaves dz to APPLY (fill_args: dz_early) */
+    g_host_small += sbn_host_stats_stage(&pl[r]) == SBN_HOST_SMALL_STATS;
+    if (pl[r].variant == SBN_VAR_SMALL) a[r].r[0].dz_early = 0;
+    sbn_emu_launch_host(sbn_host_stats_stage(&pl[r]), kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
                         (unsigned)pl[r].G);
-    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
-                        (unsigned)((d->c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK));
+    if (sbn_host_publishes(&pl[r]))
+      sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
+                          (unsigned)((d->c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK));
   }
   for (int r = 0; r < e->W; r++) {
     sbn_coop_args_t g = a[r];
@@ -832,16 +847,23 @@ static void plan_table(const sbn_plan_op_t* op, const sbn_plan_rank_t* rk, int n
     }
 }
 
-/* The host path's plans (stream stages always) under each SBN_KERNEL: those of the
-   cooperative kernel under the same SBN_KERNEL (G, width, unit shape: the same slices,
-   the same bits), or of stream where that refuses; refused only where that refuses. */
+/* The host path's plans under each SBN_KERNEL: those of the cooperative kernel under the
+   same SBN_KERNEL (G, width, unit shape: the same slices, the same bits), or of stream
+   where that refuses; refused only where that refuses. Its stages are the stream
+   kernel's (variant stream), but where the cooperative plan is small: small's plan whole
+   (its statistics kernel, then the stream apply: sbn_host_stats_stage). */
 static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[EMU_KERNELS][2]) {
   for (int kernel = 0; kernel < EMU_KERNELS; kernel++) {
-    /* (small sums in its own order and takes its own G: the host path under
-       SBN_KERNEL=small is stream's) */
-    const int coop = st[kernel][0] == SBN_PLAN_OK && kernel != SBN_KERNEL_SMALL ? kernel : SBN_KERNEL_STREAM;
+    const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : SBN_KERNEL_STREAM;
     ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
     if (st[kernel][1] != SBN_PLAN_OK) continue;
+    if (pl[coop][0].variant == SBN_VAR_SMALL) {
+      ASSERT_TRUE(memcmp(&pl[kernel][1], &pl[coop][0], sizeof pl[0][0]) == 0);
+      ASSERT_EQ_INT(sbn_host_stats_stage(&pl[kernel][1]), SBN_HOST_SMALL_STATS);
+      ASSERT_EQ_INT(sbn_host_publishes(&pl[kernel][1]), 0);
+      continue;
+    }
+    ASSERT_EQ_INT(sbn_host_stats_stage(&pl[kernel][1]), SBN_HOST_STATS);
     ASSERT_EQ_INT(pl[kernel][1].variant, SBN_VAR_STREAM);
     ASSERT_EQ_INT(pl[kernel][1].hold_slots, 0);
     ASSERT_EQ_INT(pl[kernel][1].G, pl[coop][0].G);
@@ -855,7 +877,9 @@ static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[E
    stream on every shape, those onchip holds included (S10, S2 and the empty op: auto's
    onchip rows until 1be20b9, slower on the H100 than stream on each), with stream's G, or
    unit with stream's plan where sbn_unit_auto takes it (a plain op where unit applies, but
-   for the forward of fp16/bf16 planes that are not whole vectors: E32's one loss, S8 bf16);
+   for the forward of fp16/bf16 planes that are not whole vectors: E32's one loss, S8 bf16),
+   or small with its own G where small applies (a team of one's tile units of at most 64
+   rows: S10, the empty op; E33), its epilogue's kernels too;
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages always) takes the G the cooperative kernel takes under the same
    SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */
@@ -889,18 +913,21 @@ static void test_plan_auto_stream(void) {
       const int G_stream = pl[SBN_KERNEL_STREAM][0].G;
       ASSERT_EQ_INT(G_stream, shapes[i].G);
       ASSERT_EQ_INT(st[SBN_KERNEL_AUTO][0], SBN_PLAN_OK);
-      const int auto_unit = shapes[i].auto_unit;
-      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant, auto_unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
-      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
+      const int auto_unit = shapes[i].auto_unit, small = shapes[i].small;
+      ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].variant,
+                    small ? SBN_VAR_SMALL : auto_unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
+      if (!small) ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].hold_slots, 0);
-      { /* auto's plan is unit's where it runs unit, else stream's; with an epilogue, stream's */
+      { /* auto's plan is small's where small applies, unit's where it runs unit, else
+           stream's; with an epilogue, small's where small applies, else stream's */
         sbn_plan_t a = pl[SBN_KERNEL_AUTO][0];
-        ASSERT_TRUE(memcmp(&a, &pl[auto_unit ? SBN_KERNEL_UNIT : SBN_KERNEL_STREAM][0], sizeof a) == 0);
+        const int like = small ? SBN_KERNEL_SMALL : auto_unit ? SBN_KERNEL_UNIT : SBN_KERNEL_STREAM;
+        ASSERT_TRUE(memcmp(&a, &pl[like][0], sizeof a) == 0);
         sbn_plan_op_t o = op;
         o.epilogue = 1;
         int64_t detail = 0;
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &a, &detail), SBN_PLAN_OK);
-        ASSERT_TRUE(memcmp(&a, &pl[SBN_KERNEL_STREAM][0], sizeof a) == 0);
+        ASSERT_TRUE(memcmp(&a, &pl[small ? SBN_KERNEL_SMALL : SBN_KERNEL_STREAM][0], sizeof a) == 0);
       }
       const int holds = shapes[i].holds;
       if (holds) {
@@ -937,17 +964,22 @@ static void test_plan_auto_stream(void) {
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
         ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
       }
-      { /* the in-place backward's kernels (no small one: occupancy 0) run stream */
+      for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k += SBN_KERNEL_SMALL) {
+        /* the in-place backward's kernels (no small one: occupancy 0) run stream, under
+           auto and SBN_KERNEL=small, on both paths */
         sbn_plan_dev_t d2 = dev;
         for (int t2 = 0; t2 < 2; t2++)
           for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = 0;
-        sbn_plan_op_t o = op;
-        o.kernel = SBN_KERNEL_SMALL;
-        o.epilogue = 1;
-        sbn_plan_t one;
-        int64_t detail = 0;
-        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
-        ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+        for (int host = 0; host < 2; host++) {
+          sbn_plan_op_t o = op;
+          o.kernel = k;
+          o.epilogue = 1;
+          o.host = host;
+          sbn_plan_t one;
+          int64_t detail = 0;
+          ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
+          ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+        }
       }
       check_host_plans(pl, st); /* onchip's G where it holds, else stream's */
       if (sbn_test_cur_failed_) {
@@ -1028,10 +1060,10 @@ static void test_plan_auto_stream(void) {
                         U = SBN_KERNEL_UNIT, M = SBN_KERNEL_SMALL;
               ASSERT_EQ_INT(st[U][0], st[S][0]);
               ASSERT_EQ_INT(st[M][0], st[S][0]);
+              /* small: one rank alone on its GPU, tile units of at most 64 rows */
+              const int tile = (more[i].nhwc && more[i].c != 1) || more[i].sp == 1;
+              const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
               if (st[S][0] == SBN_PLAN_OK) {
-                /* small: one rank alone on its GPU, tile units of at most 64 rows */
-                const int tile = (more[i].nhwc && more[i].c != 1) || more[i].sp == 1;
-                const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
                 if (small) {
                   ASSERT_EQ_INT(pl[M][0].variant, SBN_VAR_SMALL);
                   const int64_t chunks = (more[i].c + 31) / 32, gmax = (int64_t)H100_SMALL_GRID / here[h];
@@ -1054,12 +1086,13 @@ static void test_plan_auto_stream(void) {
               ASSERT_TRUE(st[S][0] == SBN_PLAN_OK || st[S][0] == SBN_PLAN_NO_BLOCKS);
               ASSERT_EQ_INT(st[S][0] == SBN_PLAN_NO_BLOCKS, (int64_t)2 * 132 / here[h] < 1);
               if (st[S][0] == SBN_PLAN_OK) {
-                /* auto: unit's plan where unit runs and sbn_unit_auto takes it (not the
-                   forward of fp16/bf16 planes that are not whole vectors), else stream's */
+                /* auto: small's plan where small applies; unit's where unit runs and
+                   sbn_unit_auto takes it (not the forward of fp16/bf16 planes that are not
+                   whole vectors); else stream's */
                 const int whole = more[i].sp % sbn_vec_of(more[i].dt) == 0;
                 const int takes = kind == SBN_OP_BACKWARD || whole || sbn_vec_of(more[i].dt) == 4;
                 const int au = pl[U][0].variant == SBN_VAR_UNIT && takes;
-                ASSERT_TRUE(memcmp(&pl[A][0], &pl[au ? U : S][0], sizeof pl[A][0]) == 0);
+                ASSERT_TRUE(memcmp(&pl[A][0], &pl[small ? M : au ? U : S][0], sizeof pl[A][0]) == 0);
                 ASSERT_EQ_INT(pl[S][0].variant, SBN_VAR_STREAM);
               }
               if (st[O][0] == SBN_PLAN_OK) ASSERT_EQ_INT(pl[O][0].variant, SBN_VAR_ONCHIP);
@@ -2990,6 +3023,128 @@ static void test_host_path_equals_coop(void) {
   }
 }
 
+/* The host path where the plan is small (auto's plan of a team of one's ops of at most
+   SBN_SMALL_ROWS rows, tile units: coop_plan.h, sbn_host_stats_stage): small's statistics
+   kernel, then the stream apply from the records, against the small kernel on a twin team,
+   bitwise (y, dx, the saved and running statistics, nbt, dweight, dbias), three calls of
+   each op, and the forward against the float64 reference: the shapes of
+   test_small_vs_reference with at most EMU_MAXC channels (S10's 4 rows of 1x1, 64 rows, 6
+   rows near 6e4 in fp16, 4 chunks in 2 blocks, idle blocks, the empty op, 2 rows). Then the epilogue (ReLU with z, leaky ReLU, the
+   identity with z, leaky ReLU with z and dz) on two of them, against the CPU team
+   (fused_run_and_check) and the small kernel's bits (dz too). Each host op ran small's
+   statistics kernel (g_host_small): the library's bits do not depend on SBN_ALGO
+   (docs/USAGE.md, "Determinism"). A host path that takes stream's statistics on small's
+   plan (sbn_host_stats_stage giving SBN_HOST_STATS) fails it on the counts and the bits. */
+static void test_host_path_equals_small(void) {
+  static const int64_t n4[1] = {4}, n2[1] = {2}, n0[1] = {0}, n9[1] = {9}, n1[1] = {1};
+  const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int G;
+    gen_t gen;
+  } cases[] = {
+      {sbnFloat32, sbnLayoutNCHW, 128, 1, n4, 4, GEN_OFFSET},   /* S10's rows (EMU_MAXC channels) */
+      {sbnBFloat16, sbnLayoutNHWC, 36, 16, n4, 2, GEN_NORMAL},  /* 64 rows: 8 a thread */
+      {sbnFloat16, sbnLayoutNHWC, 5, 3, n2, 1, GEN_F16HIGH},    /* 6 rows, near 6e4 */
+      {sbnFloat32, sbnLayoutNCHW, 100, 1, n2, 2, GEN_OFFSET},   /* 4 chunks in 2 blocks */
+      {sbnFloat32, sbnLayoutNHWC, 33, 7, n9, 5, GEN_NORMAL},    /* 63 rows; 3 idle blocks */
+      {sbnBFloat16, sbnLayoutNCHW, 96, 1, n0, 3, GEN_NORMAL},   /* the empty op */
+      {sbnFloat32, sbnLayoutNHWC, 70, 2, n1, 3, GEN_OFFSET},    /* 2 rows */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int64_t c = cases[i].c;
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.momentum = (i & 1) ? -1.0f : 0.1f;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    team_t a, b;
+    team_make(&a, 1, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, 1, 1, cases[i].gen, 4100 + i);
+    team_make(&b, 1, cases[i].dt, cases[i].lay, c, cases[i].sp, cases[i].n, 1, 1, cases[i].gen, 4100 + i);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, 1, cases[i].G, 60000);
+    emu_team_init(&eb, 1, cases[i].G, 60000);
+    for (int call = 0; call < 3; call++) { /* running stats and nbt over calls */
+      team_poison(&a);
+      team_poison(&b);
+      const int small_before = g_launched[SBN_VAR_SMALL], host_before = g_host_small;
+      g_variant = SBN_VAR_SMALL;
+      for (int bwd = 0; bwd < 2; bwd++) {
+        emu_run_virtual(&ea, &a, bwd, &p);
+        emu_run_host(&eb, &b, bwd, &p, NULL, NULL);
+      }
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], small_before + 2);
+      ASSERT_EQ_INT(g_host_small, host_before + 2);
+      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      if (cases[i].n[0] > 0) check_forward(&b, &p, tol_for(cases[i].dt)); /* the double reference */
+      CHECK_();
+      const size_t cb = (size_t)c * sizeof(float);
+      ASSERT_MEMEQ(b.y[0], a.y[0], team_bytes(&a, 0));
+      ASSERT_MEMEQ(b.dx[0], a.dx[0], team_bytes(&a, 0));
+      ASSERT_MEMEQ(b.smean[0], a.smean[0], cb);
+      ASSERT_MEMEQ(b.sinv[0], a.sinv[0], cb);
+      ASSERT_MEMEQ(b.dw[0], a.dw[0], cb);
+      ASSERT_MEMEQ(b.db[0], a.db[0], cb);
+      ASSERT_MEMEQ(b.rm[0], a.rm[0], cb);
+      ASSERT_MEMEQ(b.rv[0], a.rv[0], cb);
+      ASSERT_EQ_INT(b.nbt[0], a.nbt[0]);
+      team_new_inputs(&a, &(sbn_rng_t){4200u + (uint64_t)call}, cases[i].gen);
+      team_new_inputs(&b, &(sbn_rng_t){4200u + (uint64_t)call}, cases[i].gen);
+    }
+    ASSERT_EQ_INT(b.nbt[0], 3);
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) {
+      fprintf(stderr, "  in case %zu\n", i);
+      return;
+    }
+  }
+  static const struct {
+    int act, z;
+  } epis[] = {{SBN_ACT_RELU, 1}, {SBN_ACT_LEAKY, 0}, {SBN_ACT_IDENTITY, 1}, {SBN_ACT_LEAKY, 1}};
+  static const size_t fused_cases[] = {0, 4};
+  for (size_t fi = 0; fi < sizeof fused_cases / sizeof fused_cases[0]; fi++)
+    for (size_t k = 0; k < sizeof epis / sizeof epis[0]; k++) {
+      const size_t i = fused_cases[fi];
+      const uint64_t seed = 4300 + 10 * i + k;
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      p.grad_mode = k & 1 ? sbnGradGlobal : sbnGradLocal;
+      team_t g[2], cpu[2];
+      emu_team_t e[2];
+      emu_epi_t ep[2];
+      for (int how = 0; how < 2; how++) { /* the small kernel, then the host path */
+        team_make(&g[how], 1, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL, seed);
+        team_make(&cpu[how], 1, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL,
+                  seed);
+        emu_team_init(&e[how], 1, cases[i].G, 60000);
+        ep[how] = (emu_epi_t){epis[k].act, 0.1f, 0, {0}, {0}, {0}};
+        const int host_before = g_host_small;
+        g_variant = SBN_VAR_SMALL;
+        fused_run_and_check(&g[how], &cpu[how], &e[how], &ep[how], epis[k].z, how ? EPI_HOST : EPI_VIRTUAL, &p,
+                            seed);
+        g_variant = EMU_VAR_DEFAULT;
+        ASSERT_EQ_INT(g_host_small, host_before + (how ? 2 : 0));
+      }
+      const size_t bytes = team_bytes(&g[0], 0), cb = (size_t)cases[i].c * sizeof(float);
+      ASSERT_MEMEQ(g[1].y[0], g[0].y[0], bytes);
+      ASSERT_MEMEQ(g[1].dx[0], g[0].dx[0], bytes);
+      if (epis[k].z) ASSERT_MEMEQ(ep[1].dz[0], ep[0].dz[0], bytes);
+      ASSERT_MEMEQ(g[1].dw[0], g[0].dw[0], cb);
+      ASSERT_MEMEQ(g[1].db[0], g[0].db[0], cb);
+      for (int how = 0; how < 2; how++) {
+        epi_free(&ep[how]);
+        emu_team_free(&e[how]);
+        team_free(&g[how]);
+        team_free(&cpu[how]);
+      }
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  in case %zu, epilogue %zu\n", i, k);
+        return;
+      }
+    }
+}
+
 /* Ranks running different ops, a global count of 1, and a failure recorded before: the
    apply kernel writes nothing but the error word. */
 static void test_host_path_errors(void) {
@@ -4454,6 +4609,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_host_memory_success_path, 0);
   EMU_TEST(test_host_memory_waiting, 1);
   EMU_TEST(test_host_path_equals_coop, 0);
+  EMU_TEST(test_host_path_equals_small, 0);
   EMU_TEST(test_host_path_errors, 1);
   EMU_TEST(test_host_path_shared_gpu_equals_coop, 0);
   EMU_TEST(test_sums_accuracy, 0);

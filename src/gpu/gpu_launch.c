@@ -394,7 +394,9 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     R->z = o->z;
     R->y = o->y;
     R->dz = o->dz;
-    R->dz_early = o->dz != NULL && checked; /* coop_args.h */
+    /* coop_args.h; not on the host path's small plan, whose statistics kernel (small's)
+       does not write dz: APPLY computes and writes it (the same bits) */
+    R->dz_early = o->dz != NULL && checked && !(host && pl->variant == SBN_VAR_SMALL);
     R->act = o->act;
     R->slope = o->slope;
     R->recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
@@ -449,6 +451,19 @@ static cudaError_t launch(const void* fn, unsigned grid, int cooperative, size_t
   return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
+/* The host path's statistics of the ranks in `a` (per of them, one plan): STATS and
+   PUBLISH (nch blocks per rank), or, where the plan is small, small's statistics kernel
+   alone (coop_plan.h: sbn_host_stats_stage), each rank's records into its `send`. */
+static cudaError_t host_stats(sbn_coop_args_t* a, int kind, int dt, const sbn_plan_t* pl, unsigned per,
+                              unsigned nch, cudaStream_t s) {
+  const int epi = sbn_args_epilogue(a);
+  cudaError_t e = launch(sbn_host_kernel_ptr(sbn_host_stats_stage(pl), kind, dt, pl->tile, pl->vec, epi),
+                         per * (unsigned)pl->G, 0, 0, a, s);
+  if (e == cudaSuccess && sbn_host_publishes(pl))
+    e = launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl->tile, pl->vec, epi), per * nch, 0, 0, a, s);
+  return e;
+}
+
 /* The ranks of one device, issued together (a virtual team; the host path of ranks
    sharing a GPU), with their plans pl[i]: everything runs on the first op's stream, after
    the work queued on the others' streams, and their streams wait for it. The cooperative
@@ -487,12 +502,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i], checked);
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
-                (unsigned)(per * pl[i].G), 0, 0, &a, s0),
-         "host path: stats kernel launch");
-      CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&a)),
-                (unsigned)per * nch, 0, 0, &a, s0),
-         "host path: publish kernel launch");
+      CU(host_stats(&a, kind, dt, &pl[i], (unsigned)per, nch, s0), "host path: statistics kernel launch");
     }
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
       fill_args(&a, ops, nops, &pl[0], checked);
@@ -547,12 +557,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: the capture is asked of its stream */
     if (numbered_team(gt) && stream_capturing(s)) mark_graphed(&ops[i], 1); /* (fill_args) */
     fill_args(&one, &ops[i], 1, &pl[i], checked);
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_STATS, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
-              (unsigned)pl[i].G, 0, 0, &one, s),
-       "host path: stats kernel launch");
-    CU(launch(sbn_host_kernel_ptr(SBN_HOST_PUBLISH, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)), nch, 0, 0,
-              &one, s),
-       "host path: publish kernel launch");
+    CU(host_stats(&one, kind, dt, &pl[i], 1u, nch, s), "host path: statistics kernel launch");
   }
   pthread_rwlock_rdlock(&gt->nccl_lock);
   locked = 1;

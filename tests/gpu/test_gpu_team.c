@@ -41,14 +41,16 @@ static char g_case[512]; /* the current case, printed when it fails */
    (sbnUnsupported with the plan's "SBN_KERNEL=onchip: ..." message: tensors it cannot
    hold, odd planes) must leave its op's outputs as they were and is counted; every op
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every
-   op must say "unit" where auto takes it (auto_unit_expected: since E32's A/B, a team of
-   one's plain ops where unit applies, but for the forward of fp16/bf16 planes that are
-   not whole vectors), else "stream" or "stream-scalar"; counted in g_auto_unit_ran.
+   op must say "small" where auto takes it (small_expected: since E33's A/B, a team of
+   one's ops of at most SBN_SMALL_ROWS rows in tile layout), "unit" where auto takes that
+   (auto_unit_expected: since E32's A/B, a team of one's plain ops where unit applies, but
+   for the forward of fp16/bf16 planes that are not whole vectors), else "stream" or
+   "stream-scalar"; counted in g_auto_small_ran and g_auto_unit_ran.
    SBN_KERNEL=stream: every op must say "stream" or "stream-scalar". */
 static int g_onchip;
 static int g_stream;
 static int g_onchip_ran, g_onchip_refused;
-static int g_auto_unit_ran;
+static int g_auto_unit_ran, g_auto_small_ran;
 /* SBN_KERNEL=unit (test_gpu_team_unit, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
    team of one's planes run the unit kernel where it applies (coop_plan.h:
    sbn_unit_applies), everything else stream (where unit does not apply, neither does
@@ -58,8 +60,9 @@ static int g_unit;
 static int g_unit_ran;
 /* SBN_KERNEL=small (test_gpu_team_small, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
    team of one's ops of at most SBN_SMALL_ROWS rows in tile layout run the small kernel
-   (coop_plan.h: sbn_small_applies), everything else what auto runs (auto_unit_expected:
-   unit, else stream); as unit's, counted in g_small_ran, some must. */
+   (coop_plan.h: sbn_small_applies; auto runs small there too), everything else what auto
+   runs (auto_unit_expected: unit, else stream); as unit's, counted in g_small_ran, some
+   must. */
 static int g_small;
 static int g_small_ran;
 
@@ -376,9 +379,17 @@ static int auto_unit_expected(const team_t* h, int what) {
   return unit_expected(h) && sbn_unit_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, dd->dtype,
                                            sbn_onchip_shape_ok(0, dd->spatial, sbn_vec_of(dd->dtype)), 0);
 }
-/* Whether every rank of d ran what auto runs for team h's op of `what`: unit where
-   auto_unit_expected, else stream (or its scalar form); `asked` names SBN_KERNEL. */
+/* Whether auto runs small for team h's plain op of `what`: where SBN_KERNEL=small would
+   (small_expected) and sbn_small_auto takes it (coop_plan.h). */
+static int auto_small_expected(const team_t* h, int what) {
+  return small_expected(h) &&
+         sbn_small_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, h->d[0].dtype, 0);
+}
+/* Whether every rank of d ran what auto runs for team h's op of `what`: small where
+   auto_small_expected, unit where auto_unit_expected, else stream (or its scalar form);
+   `asked` names SBN_KERNEL. */
 static int ran_auto_choice(const dteam_t* d, const team_t* h, int what, const char* asked) {
+  if (auto_small_expected(h, what)) return ranks_ran(d, h->W, "small", 0, asked);
   return auto_unit_expected(h, what) ? ranks_ran(d, h->W, "unit", 0, asked)
                                      : ranks_ran(d, h->W, "stream", 1, asked);
 }
@@ -401,6 +412,7 @@ static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const t
     if (g_stream) return !ranks_ran(d, h->W, "stream", 1, "stream");
     if (!ran_auto_choice(d, h, what, "auto")) return 1;
     g_auto_unit_ran += auto_unit_expected(h, what);
+    g_auto_small_ran += auto_small_expected(h, what);
     return 0;
   }
   if (res == sbnUnsupported) {
@@ -627,7 +639,8 @@ static void test_virtual_vs_cpu(void) {
   }
   fprintf(stderr, "  %d cases\n", ncases);
   if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host)
-    fprintf(stderr, "  auto: %d ops ran unit (a team of one's, E32)\n", g_auto_unit_ran);
+    fprintf(stderr, "  auto: %d ops ran unit (a team of one's, E32), %d ran small (E33)\n",
+            g_auto_unit_ran, g_auto_small_ran);
   if (g_onchip) {
     fprintf(stderr, "  SBN_KERNEL=onchip: %d ops ran onchip, %d refused (nothing written)\n",
             g_onchip_ran, g_onchip_refused);

@@ -41,6 +41,8 @@ static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchron
 static int violations;
 static char last_violation[256];
 static unsigned last_coop_grid; /* blocks of the last cooperative launch */
+static const void* launched[CUDA_STUB_LAUNCH_LOG]; /* the kernels launched since the reset */
+static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
 static int events_pending;      /* every event says its work is not done */
 
@@ -60,6 +62,20 @@ unsigned cudart_stub_last_coop_grid(void) {
   const unsigned g = last_coop_grid;
   pthread_mutex_unlock(&mu);
   return g;
+}
+
+static void log_launch(const void* fn) {
+  pthread_mutex_lock(&mu);
+  if (nlaunched < CUDA_STUB_LAUNCH_LOG) launched[nlaunched] = fn;
+  nlaunched++;
+  pthread_mutex_unlock(&mu);
+}
+int cudart_stub_launches(const void** fns, int max) {
+  pthread_mutex_lock(&mu);
+  const int n = nlaunched;
+  for (int i = 0; fns != NULL && i < n && i < max && i < CUDA_STUB_LAUNCH_LOG; i++) fns[i] = launched[i];
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 int cudart_stub_in_flight(int device) {
@@ -84,6 +100,7 @@ void cudart_stub_reset(void) {
   events_pending = 0;
   violations = 0;
   last_violation[0] = '\0';
+  nlaunched = 0;
   pthread_mutex_unlock(&mu);
 }
 
@@ -350,11 +367,13 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
 }
 cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args, size_t dyn,
                              cudaStream_t s) {
-  (void)fn, (void)grid, (void)block, (void)args, (void)dyn, (void)s;
+  (void)grid, (void)block, (void)args, (void)dyn, (void)s;
+  log_launch(fn);
   return cudaSuccess;
 }
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {
-  (void)fn, (void)args;
+  (void)args;
+  log_launch(fn);
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {
       pthread_mutex_lock(&mu);

@@ -726,53 +726,112 @@ static void test_grid_leaves_sms_free(void) {
    (4 SMs of 2 blocks), below 2C, so unit applies, and auto takes it (E32's A/B): a plain op
    on planes of whole 16-byte vectors, and the backward on fp16/bf16 planes that are not
    (1030), whose forward runs stream; an op with an activation runs stream (the round's
-   epilogue flag, plan_round: unit's fused kernels were not in that A/B). */
+   epilogue flag, plan_round: unit's fused kernels were not in that A/B). H*W = 1 (2 rows,
+   as S10's 4): small (E33's A/B), the op with an activation too; NHWC of 2 x 4 x 8 rows
+   (64) small, of 2 x 5 x 7 (70) stream. Then the host path (SBN_ALGO=nccl) of the same
+   team (launch_host_nccl) and of a virtual team of one (launch_one_device's): where the
+   cooperative kernel is small, small's statistics kernel and the apply kernel are what it
+   launches (no stream statistics, no publish), the bits of the cooperative kernel
+   (test_coop_emu: test_host_path_equals_small); elsewhere the stream stages. */
 static void test_team_of_one_kernel(void) {
   stub_case(NULL);
   static const struct {
     sbnDataType_t dt;
+    sbnLayout_t lay;
     int64_t sp;
     int relu;
     const char *fwd, *bwd;
-  } cases[] = {{sbnFloat32, 4096, 0, "unit", "unit"},
-               {sbnFloat32, 4096, 1, "stream", "stream"},
-               {sbnBFloat16, 1030, 0, "stream", "unit"},
-               {sbnBFloat16, 1032, 0, "unit", "unit"}};
+  } cases[] = {{sbnFloat32, sbnLayoutNCHW, 4096, 0, "unit", "unit"},
+               {sbnFloat32, sbnLayoutNCHW, 4096, 1, "stream", "stream"},
+               {sbnBFloat16, sbnLayoutNCHW, 1030, 0, "stream", "unit"},
+               {sbnBFloat16, sbnLayoutNCHW, 1032, 0, "unit", "unit"},
+               {sbnFloat32, sbnLayoutNCHW, 1, 0, "small", "small"},
+               {sbnBFloat16, sbnLayoutNCHW, 1, 1, "small", "small"},
+               {sbnFloat16, sbnLayoutNHWC, 32, 0, "small", "small"},
+               {sbnFloat32, sbnLayoutNHWC, 35, 0, "stream", "stream"}};
   sbnNcclUniqueId_t id;
   ASSERT_OK(sbnGetNcclUniqueId(&id));
-  sbnComm_t one = NULL;
+  sbnComm_t one = NULL, virt = NULL;
   ASSERT_OK(init_rank(&one, &id, 1, 0, TIMEOUT_MS));
+  ASSERT_OK(sbnCommInitVirtual(&virt, 1, 0, NULL));
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
-    const int64_t c = 64;
-    const sbnTensorDesc_t d = {cases[i].dt, sbnLayoutNCHW, 2, c, cases[i].sp};
-    const size_t big = (size_t)(2 * c * cases[i].sp) * (cases[i].dt == sbnFloat32 ? 4 : 2);
-    void *x = dalloc(big), *y = dalloc(big), *dy = dalloc(big), *dx = dalloc(big);
-    float *sm = (float*)dalloc((size_t)c * sizeof(float)), *si = (float*)dalloc((size_t)c * sizeof(float));
-    sbnEpilogue_t ep = SBN_EPILOGUE_INITIALIZER;
-    ep.activation = sbnActivationRelu;
-    const char *kf = "", *kb = "";
-    const sbnResult_t fr =
-        cases[i].relu ? sbnForwardTrainEx(one, &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL, &ep, NULL)
-                      : sbnForwardTrain(one, &d, x, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL, NULL);
-    const sbnResult_t gf = sbnCommGetKernel(one, &kf);
-    const sbnResult_t br =
-        cases[i].relu ? sbnBackwardEx(one, &d, x, y, dy, dx, NULL, NULL, NULL, sm, si, NULL, NULL, NULL, &ep, NULL)
-                      : sbnBackward(one, &d, x, dy, dx, NULL, sm, si, NULL, NULL, NULL, NULL);
-    const sbnResult_t gb = sbnCommGetKernel(one, &kb);
-    cudaDeviceSynchronize();
-    void* all[] = {x, y, dy, dx, sm, si};
-    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) cudaFree(all[k]);
-    if (fr != sbnSuccess || br != sbnSuccess) fprintf(stderr, "  op: %s\n", sbnGetLastError(one));
-    ASSERT_OK(fr);
-    ASSERT_OK(gf);
-    ASSERT_OK(br);
-    ASSERT_OK(gb);
-    if (strcmp(kf, cases[i].fwd) != 0 || strcmp(kb, cases[i].bwd) != 0)
-      SBN_FAIL_("case %zu: forward ran '%s', backward '%s'; want '%s', '%s'", i, kf, kb, cases[i].fwd,
-                cases[i].bwd);
-  }
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++)
+    for (int host = 0; host < 3 && !sbn_test_cur_failed_; host++) {
+      /* host 0: the cooperative kernel; 1: the host path of the NCCL team; 2: of the virtual
+         team */
+      if (host > 0) setenv("SBN_ALGO", "nccl", 1);
+      sbnComm_t comm = host == 2 ? virt : one;
+      const int64_t c = 64;
+      const sbnTensorDesc_t d = {cases[i].dt, cases[i].lay, 2, c, cases[i].sp};
+      const size_t big = (size_t)(2 * c * cases[i].sp) * (cases[i].dt == sbnFloat32 ? 4 : 2);
+      void *x = dalloc(big), *y = dalloc(big), *dy = dalloc(big), *dx = dalloc(big);
+      float *sm = (float*)dalloc((size_t)c * sizeof(float)),
+            *si = (float*)dalloc((size_t)c * sizeof(float));
+      sbnEpilogue_t ep = SBN_EPILOGUE_INITIALIZER;
+      ep.activation = sbnActivationRelu;
+      const char *kf = "", *kb = "";
+      const void* fns[2][CUDA_STUB_LAUNCH_LOG];
+      int nf[2];
+      cudart_stub_reset();
+      const sbnResult_t fr =
+          cases[i].relu
+              ? sbnForwardTrainEx(comm, &d, x, NULL, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL,
+                                  &ep, NULL)
+              : sbnForwardTrain(comm, &d, x, y, NULL, NULL, NULL, NULL, NULL, sm, si, NULL, NULL);
+      const sbnResult_t gf = sbnCommGetKernel(comm, &kf);
+      nf[0] = cudart_stub_launches(fns[0], CUDA_STUB_LAUNCH_LOG);
+      cudart_stub_reset();
+      const sbnResult_t br =
+          cases[i].relu ? sbnBackwardEx(comm, &d, x, y, dy, dx, NULL, NULL, NULL, sm, si, NULL,
+                                        NULL, NULL, &ep, NULL)
+                        : sbnBackward(comm, &d, x, dy, dx, NULL, sm, si, NULL, NULL, NULL, NULL);
+      const sbnResult_t gb = sbnCommGetKernel(comm, &kb);
+      nf[1] = cudart_stub_launches(fns[1], CUDA_STUB_LAUNCH_LOG);
+      cudaDeviceSynchronize();
+      void* all[] = {x, y, dy, dx, sm, si};
+      for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) cudaFree(all[k]);
+      if (fr != sbnSuccess || br != sbnSuccess)
+        fprintf(stderr, "  op: %s\n", sbnGetLastError(comm));
+      ASSERT_OK(fr);
+      ASSERT_OK(gf);
+      ASSERT_OK(br);
+      ASSERT_OK(gb);
+      if (host == 0 && (strcmp(kf, cases[i].fwd) != 0 || strcmp(kb, cases[i].bwd) != 0))
+        SBN_FAIL_("case %zu: forward ran '%s', backward '%s'; want '%s', '%s'", i, kf, kb,
+                  cases[i].fwd, cases[i].bwd);
+      if (host > 0 && (strcmp(kf, "host") != 0 || strcmp(kb, "host") != 0))
+        SBN_FAIL_("case %zu, SBN_ALGO=nccl: forward ran '%s', backward '%s'", i, kf, kb);
+      /* the host path's launches: small's statistics (tile units: H*W = 1 or NHWC; the
+         plain kernel's for the forward, which reads x only) then APPLY (the stream apply),
+         or STATS, PUBLISH, APPLY; nothing else (a team of one: no gather) */
+      for (int k = 0; host > 0 && k < 2 && !sbn_test_cur_failed_; k++) {
+        const int small = strcmp(k ? cases[i].bwd : cases[i].fwd, "small") == 0;
+        const int tile = cases[i].lay == sbnLayoutNHWC || cases[i].sp == 1;
+        const int epi = cases[i].relu ? SBN_EPI_ACT : SBN_EPI_NONE;
+        const int stats_epi = k == 0 ? SBN_EPI_NONE : epi;
+        const int vec =
+            sbn_vec_shape_ok(tile, c, cases[i].sp, cases[i].dt); /* (cudaMalloc'd: aligned) */
+        const void* want[3];
+        int nw = 0;
+        if (small) {
+          want[nw++] = sbn_host_kernel_ptr(SBN_HOST_SMALL_STATS, k, cases[i].dt, 1, vec, stats_epi);
+        } else {
+          want[nw++] = sbn_host_kernel_ptr(SBN_HOST_STATS, k, cases[i].dt, tile, vec, stats_epi);
+          want[nw++] = sbn_host_kernel_ptr(SBN_HOST_PUBLISH, k, cases[i].dt, tile, vec, epi);
+        }
+        want[nw++] = sbn_host_kernel_ptr(SBN_HOST_APPLY, k, cases[i].dt, tile, vec, epi);
+        int same = nf[k] == nw;
+        for (int q = 0; q < nw && same; q++) same = want[q] != NULL && fns[k][q] == want[q];
+        if (!same)
+          SBN_FAIL_(
+              "case %zu, SBN_ALGO=nccl (%s team), %s: %d launches, not the %d of the %s host path",
+              i, host == 2 ? "virtual" : "NCCL", k ? "backward" : "forward", nf[k], nw,
+              small ? "small plan's" : "stream");
+      }
+      unsetenv("SBN_ALGO");
+    }
   setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_OK(sbnCommDestroy(virt));
   ASSERT_OK(sbnCommDestroy(one));
   ASSERT_CLEAN();
 }
