@@ -227,9 +227,6 @@ extern "C" const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int ep
   return infer_pick(dtype, tile, vec, epi);
 }
 
-/* Threads per plane of the plane inference kernel: a warp for small planes, the block
-   for large ones. */
-extern "C" int sbn_infer_group(int64_t sp) { return sp >= 2048 ? kThreads : 32; }
 
 #ifndef SBN_COOP_EMU
 #if SBN_WINDOW_TRANSPORT

@@ -185,7 +185,7 @@ typedef struct {
   const float* rm;
   const float* rv;
   float eps;
-  int group; /* plane kernel: threads per plane (sbn_infer_group) */
+  int group; /* plane kernel: threads per plane (coop_plan.h: sbn_infer_group) */
   int64_t n, c, sp;
   /* the epilogue (sbnForwardInferenceEx): y = act(that + z); the kernels built with it
      only (act != identity or z non-NULL) */
@@ -231,7 +231,6 @@ static SBN_ARGS_HD int sbn_infer_epilogue(const sbn_infer_args_t* a) { return a-
 SBN_KERNEL_API const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant, int epi);
 SBN_KERNEL_API const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec, int epi);
 SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int epi);
-SBN_KERNEL_API int sbn_infer_group(int64_t sp);
 
 /* Where rank `src`'s record of `chunk` lies in a rank's gathered records (host path). */
 static SBN_ARGS_HD int64_t sbn_host_index(int src, int chunk, int nchunks_max) {

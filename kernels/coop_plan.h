@@ -539,6 +539,30 @@ static inline int sbn_plan_round(const sbn_plan_op_t* op, const sbn_plan_rank_t*
   return SBN_PLAN_OK;
 }
 
+/* ---- the inference kernel's plane groups ------------------------------------------------ */
+/* Positions (16-byte vectors, or elements in the scalar kernel) each thread of the inference
+   kernels (kernels/infer.cuh) has in flight at once. */
+#define SBN_INFER_BATCH 4
+
+/* Threads per plane of the plane inference kernel (kernels/infer.cuh: the block's groups
+   each walk a plane of sp elements in positions of vec elements, SBN_INFER_BATCH positions
+   per thread and pass). Planes of fewer than 2048 elements: a warp. Larger ones: the
+   smallest power of two in [32, SBN_GPU_THREADS] whose one pass holds the plane's P
+   positions (its ends may be part-vectors), the block where none does. Until 2026-12-04
+   the block took every plane of 2048 elements or more: a 64x64 plane in fp16/bf16 (512
+   vectors) filled half of each thread's slots in its one pass (1024; fp32's 1024 vectors
+   fill them all), and bf16 inference took 1.36-1.55x a copy of x on S2-S5 against fp32's
+   1.11-1.19 (H200, dd9256e; bench/notes/experiments.md, E34, E35). Where one pass holds
+   the plane, every position of a group's plane is in flight at once whichever group takes
+   it; a smaller group leaves fewer slots empty, so a full grid has more in flight. */
+static SBN_ARGS_HD int sbn_infer_group(int64_t sp, int vec) {
+  if (sp < 2048) return 32;
+  const int64_t P = (sp + vec - 1) / vec + (sp % vec != 0); /* at most one part-vector more */
+  int g = 32;
+  while (g < SBN_GPU_THREADS && (int64_t)SBN_INFER_BATCH * g < P) g *= 2;
+  return g;
+}
+
 /* The host path's statistics stage for a plan (coop_args.h: SBN_HOST_*): small's own
    (its sums in its order, written straight into the rank's record: no PUBLISH) where the
    plan is small, else the stream kernel's stage 1, which PUBLISH then merges. APPLY is the

@@ -7,13 +7,14 @@
  * per element. Tile layouts (NHWC, or spatial == 1): thread t of T keeps the vector
  * column t % (C/VEC) and takes rows t / (C/VEC) + k * (T / (C/VEC)) (several columns in
  * turn when C/VEC > T). Plane layouts: a group of `group` threads per plane (n, c), the
- * plane's vectors masked at its unaligned ends. Four positions in flight per thread.
+ * plane's vectors masked at its unaligned ends (coop_plan.h: sbn_infer_group, the group
+ * that fills most of the threads' slots). Four positions in flight per thread.
  * EPI: the kernels of sbnForwardInferenceEx, act(y + z) (a second copy of each).
  */
 #ifndef SYNCBN_INFER_CUH_
 #define SYNCBN_INFER_CUH_
 
-constexpr int kInferBatch = 4;
+constexpr int kInferBatch = SBN_INFER_BATCH; /* coop_plan.h: sbn_infer_group counts on it */
 
 /* The epilogue of the EPI kernels (sbnForwardInferenceEx): act(y + z), z's position
    loaded with the same mask (z null: none). The CPU's order (cpu_ops.c): the same bits. */

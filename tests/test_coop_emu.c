@@ -1201,12 +1201,28 @@ static void test_unit_map(void) {
 /* ---- inference ------------------------------------------------------------------------- */
 /* The inference kernel against the CPU's sbnForwardInference(Ex): the same bits, for every
    dtype and layout, 16-byte and scalar kernels (x, z and y one element off alignment),
-   large and small planes (a block or a warp per plane); the plain op, and the epilogue's
-   kernels with ReLU and a residual z, and with leaky ReLU alone (z aliasing y too). */
+   large and small planes (groups of 32 to 256 threads per plane: a warp below 2048
+   elements; 64x64 planes 256 threads in fp32's vectors and the scalar kernel's elements,
+   128 in fp16/bf16's vectors: sbn_infer_group); the plain op, and the
+   epilogue's kernels with ReLU and a residual z, and with leaky ReLU alone (z aliasing y
+   too). */
 static void test_inference(void) {
   struct {
     int64_t n, c, sp;
-  } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}};
+  } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}, {1, 3, 4096}, {1, 2, 2048}};
+  /* the groups: one pass of the group holds a 64x64 plane (fp32: 1024 vectors, 256 x 4;
+     bf16: 512, 128 x 4; 32x64 in bf16: 256, 64 x 4); 50x50 in bf16 (313 vectors and a
+     part: 128 threads), 97x97 (more than 1024 vectors) and 64x64 in elements (4096) the
+     block; 7x7 and 32x32 a warp */
+  ASSERT_EQ_INT(sbn_infer_group(4096, 4), 256);
+  ASSERT_EQ_INT(sbn_infer_group(4096, 8), 128);
+  ASSERT_EQ_INT(sbn_infer_group(2048, 8), 64);
+  ASSERT_EQ_INT(sbn_infer_group(2500, 8), 128);
+  ASSERT_EQ_INT(sbn_infer_group(4096, 1), 256);
+  ASSERT_EQ_INT(sbn_infer_group(97 * 97, 4), 256);
+  ASSERT_EQ_INT(sbn_infer_group(97 * 97, 8), 256);
+  ASSERT_EQ_INT(sbn_infer_group(49, 4), 32);
+  ASSERT_EQ_INT(sbn_infer_group(1024, 4), 32);
   static const struct {
     sbnActivation_t act;
     int z;
@@ -1248,8 +1264,8 @@ static void test_inference(void) {
             const int tile = lay == sbnLayoutNHWC || d.spatial == 1;
             const int vec = off == 0 && (!tile || d.c % sbn_vec_of(dt) == 0);
             sbn_infer_args_t a = {x + off * es, y + off * es, w, b, rm, rv, 1e-5f,
-                                  sbn_emu_infer_group(d.spatial), d.n, d.c, d.spatial, zp, (int)e.activation,
-                                  e.slope};
+                                  sbn_infer_group(d.spatial, vec ? sbn_vec_of(dt) : 1), d.n, d.c, d.spatial, zp,
+                                  (int)e.activation, e.slope};
             memset(y, 0xff, bytes + 16);
             ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
             ASSERT_MEMEQ(y + off * es, ycpu, bytes);

@@ -22,7 +22,7 @@ static cudaError_t inference_launch(const sbnTensorDesc_t* d, const void* x, con
   sbn_infer_args_t a;
   memset(&a, 0, sizeof a);
   a.x = x, a.y = y, a.weight = weight, a.bias = bias, a.rm = rm, a.rv = rv, a.eps = eps;
-  a.group = sbn_infer_group(d->spatial);
+  a.group = sbn_infer_group(d->spatial, vec ? V : 1);
   a.n = d->n, a.c = d->c, a.sp = d->spatial;
   a.z = z, a.act = act, a.slope = slope; /* the epilogue (sbnForwardInferenceEx) */
   const int64_t per_block = tile ? (int64_t)SBN_GPU_THREADS * 4 * (vec ? V : 1)

@@ -5,7 +5,6 @@
 #define sbn_coop_kernel_ptr sbn_emu_coop_kernel_ptr
 #define sbn_host_kernel_ptr sbn_emu_host_kernel_ptr
 #define sbn_infer_kernel_ptr sbn_emu_infer_kernel_ptr
-#define sbn_infer_group sbn_emu_infer_group
 
 #include "cuda_emu.h"
 
