@@ -571,6 +571,12 @@ static SBN_ARGS_HD int sbn_host_stats_stage(const sbn_plan_t* pl) {
   return pl->variant == SBN_VAR_SMALL ? SBN_HOST_SMALL_STATS : SBN_HOST_STATS;
 }
 static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) { return pl->variant != SBN_VAR_SMALL; }
+/* Whether a backward with dz may write it in its first pass (coop_args.h: dz_early;
+   coop_vec.cuh: dz_first) on this plan: not on the host path's small plan, whose
+   statistics kernel (small's) does not write dz; APPLY computes and writes it there. */
+static SBN_ARGS_HD int sbn_plan_dz_early(const sbn_plan_t* pl, int host) {
+  return !(host && pl->variant == SBN_VAR_SMALL);
+}
 
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant
    (tests/test_coop_emu.c asserts them in the emulator; the bench reports them):

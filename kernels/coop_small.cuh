@@ -1,6 +1,8 @@
 /* coop_small.cuh — the small variant of the cooperative kernel (SBN_VAR_SMALL, coop_plan.h:
- * SBN_KERNEL=small asks for it): a team of one whose op has few rows (N x H x W at most
- * SBN_SMALL_ROWS, tile layout: NHWC, or NCHW with H*W = 1): S10, the empty op.
+ * auto's choice where it applies, sbn_small_auto; SBN_KERNEL=small asks for it): a team of
+ * one whose op has few rows (N x H x W at most SBN_SMALL_ROWS, tile layout: NHWC, or NCHW
+ * with H*W = 1): S10, the empty op. And the host path's statistics kernel for the same ops
+ * (sbn_host_small_stats_kernel, at the end).
  *
  * What it is for: such an op moves a few kilobytes, and its time is the launch and the
  * kernel's critical path: the instructions one warp runs in a row (~4 cycles each: the
@@ -276,6 +278,9 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
   if (a.nlaunch != 1 || rows64 > SBN_SMALL_ROWS) {
+    /* (after a barrier, as the small kernel's: record_error reads the error words in host
+       memory, which no kernel does before its first barrier: check-sass.sh) */
+    __syncthreads();
     if (b == 0 && threadIdx.x == 0) record_error(a, R.rank, sbnInvalidUsage);
     return;
   }

@@ -374,7 +374,7 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     /* small's plan: small's statistics kernel alone (gpu_launch.c: host_stats), which
        leaves dz to APPLY (fill_args: dz_early) */
     g_host_small += sbn_host_stats_stage(&pl[r]) == SBN_HOST_SMALL_STATS;
-    if (pl[r].variant == SBN_VAR_SMALL) a[r].r[0].dz_early = 0;
+    a[r].r[0].dz_early &= sbn_plan_dz_early(&pl[r], 1);
     sbn_emu_launch_host(sbn_host_stats_stage(&pl[r]), kind, d->dtype, pl[r].tile, pl[r].vec, &a[r],
                         (unsigned)pl[r].G);
     if (sbn_host_publishes(&pl[r]))
@@ -881,8 +881,9 @@ static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[E
    or small with its own G where small applies (a team of one's tile units of at most 64
    rows: S10, the empty op; E33), its epilogue's kernels too;
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
-   path (stream stages always) takes the G the cooperative kernel takes under the same
-   SBN_KERNEL (same slices, same bits: bench and test_host_path compare them bitwise). */
+   path (stream stages, but small's statistics on small's plan) takes the G the cooperative
+   kernel takes under the same SBN_KERNEL (same slices, same bits: bench and test_host_path
+   compare them bitwise). */
 static void test_plan_auto_stream(void) {
   sbn_plan_dev_t dev = h100_plan_dev(12);
   static const struct {

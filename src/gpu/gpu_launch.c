@@ -394,9 +394,7 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     R->z = o->z;
     R->y = o->y;
     R->dz = o->dz;
-    /* coop_args.h; not on the host path's small plan, whose statistics kernel (small's)
-       does not write dz: APPLY computes and writes it (the same bits) */
-    R->dz_early = o->dz != NULL && checked && !(host && pl->variant == SBN_VAR_SMALL);
+    R->dz_early = o->dz != NULL && checked && sbn_plan_dz_early(pl, host); /* coop_args.h */
     R->act = o->act;
     R->slope = o->slope;
     R->recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
@@ -530,7 +528,7 @@ out:
 }
 
 /* The host path with NCCL (one rank per GPU; an NCCL team's one rank): per rank STATS and
-   PUBLISH on its stream, ncclAllGather of the records (one NCCL group for the ranks
+   PUBLISH (small's plan: small's statistics kernel, host_stats) on its stream, ncclAllGather of the records (one NCCL group for the ranks
    issued here), per rank APPLY. Each rank has its own plan (G, tile), as its cooperative
    launch would: the same bits as the coop path, and a G within the rank's own device's
    workspace. The records are of max_channels, so ranks running different ops (thread

@@ -37,7 +37,7 @@ static int g_ndev;       /* CUDA devices */
 static char g_case[512]; /* the current case, printed when it fails */
 /* SBN_KERNEL=onchip (test_gpu_team_onchip, virtual_vs_cpu only; not with SBN_ALGO=nccl,
    whose ops run the host path whatever SBN_KERNEL asks): auto runs stream (since
-   1be20b9; or unit, below), so the onchip kernels run only when asked. A case the onchip plan refuses
+   1be20b9; or unit or small, below), so the onchip kernels run only when asked. A case the onchip plan refuses
    (sbnUnsupported with the plan's "SBN_KERNEL=onchip: ..." message: tensors it cannot
    hold, odd planes) must leave its op's outputs as they were and is counted; every op
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every
@@ -1144,7 +1144,10 @@ static void test_usage_errors(void) {
    sbnForwardInferenceEx on device pointers, bitwise against the host's. Cases: ReLU with
    a residual (fp32 NCHW), leaky ReLU (fp16 NHWC), the in-place leaky backward (bf16 NCHW
    with odd planes: the scalar kernels), ReLU alone (bf16 NHWC, fp32 NCHW: the stream
-   forward's whole ReLU batches), ReLU with a residual on fp16 NHWC. */
+   forward's whole ReLU batches), ReLU with a residual on fp16 NHWC; and teams of one of few
+   rows (ReLU with a residual on fp32 S10-like 1x1, leaky ReLU with one on bf16 NHWC), which
+   run the small kernel under auto, and small's statistics then the stream apply under
+   SBN_ALGO=nccl (test_gpu_team_nccl runs this test too). */
 typedef struct {
   sbnActivation_t act;
   int z, recover;
@@ -1153,6 +1156,9 @@ typedef struct {
   int64_t c, sp;
   int64_t n0; /* rank 0's N (0: an empty rank, which passes no z: the launch's kernel is
                  still the epilogue's, coop_args.h: sbn_epi_of) */
+  int team_of_one; /* a team of one (rank 0 alone): the small kernel's few rows under auto,
+                      small's statistics and the stream apply under SBN_ALGO=nccl (where
+                      APPLY writes dz: gpu_launch.c, fill_args' dz_early); else 2 ranks */
 } fused_gpu_case_t;
 
 /* The CPU team's sbnForwardTrainEx / sbnBackwardEx of one rank on the host mirror (a
@@ -1190,15 +1196,24 @@ static void fused_cpu_run(fused_cpu_t* f, int W) {
     if (f[r].res != sbnSuccess) SBN_FAIL_("CPU team rank %d: %s", r, sbnGetLastError(f[r].comm));
 }
 
+/* Every rank of d ran `want` (sbnCommGetKernel), after the op of `what`. */
+static void fused_ran(const dteam_t* d, int W, const char* want, const char* what) {
+  for (int r = 0; r < W; r++) {
+    const char* kern = "";
+    if (sbnCommGetKernel(d->comm[r], &kern) != sbnSuccess || strcmp(kern, want) != 0)
+      SBN_FAIL_("%s: rank %d ran '%s', not '%s'", what, r, kern, want);
+  }
+}
+
 static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
-  const int W = 2;
+  const int W = k->team_of_one ? 1 : 2;
   const int dev[MAXW] = {0};
   const int64_t n[MAXW] = {k->n0, 2};
   sbnComm_t* v = virt_team(W);
   if (v == NULL) return;
-  snprintf(g_case, sizeof g_case, "fused act %d z %d recover %d %s %s C=%lld sp=%lld n0=%lld", (int)k->act, k->z,
-           k->recover, dt_name(k->dt), k->lay == sbnLayoutNHWC ? "NHWC" : "NCHW", (long long)k->c,
-           (long long)k->sp, (long long)k->n0);
+  snprintf(g_case, sizeof g_case, "fused act %d z %d recover %d %s %s C=%lld sp=%lld n0=%lld W=%d", (int)k->act,
+           k->z, k->recover, dt_name(k->dt), k->lay == sbnLayoutNHWC ? "NHWC" : "NCHW", (long long)k->c,
+           (long long)k->sp, (long long)k->n0, W);
   team_t h;
   dteam_t d;
   team_make(&h, W, k->dt, k->lay, k->c, k->sp, n, 1, 1, GEN_NORMAL, seed);
@@ -1237,6 +1252,7 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
     sbnResult_t end = sbnGroupEnd();
     EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
     if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  forward: %s\n", sbnGetLastError(d.comm[0]));
+    if (k->team_of_one) fused_ran(&d, W, g_host ? "host" : "small", "forward");
   }
   if (!sbn_test_cur_failed_) {
     sbnResult_t res = sbnGroupStart();
@@ -1247,6 +1263,7 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
     sbnResult_t end = sbnGroupEnd();
     EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
     if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  backward: %s\n", sbnGetLastError(d.comm[0]));
+    if (k->team_of_one) fused_ran(&d, W, g_host ? "host" : "small", "backward");
   }
   if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize())) {
     for (int r = 0; r < W; r++) {
@@ -1341,15 +1358,18 @@ static void fused_mixed_recover(void) {
 
 static void test_fused(void) {
   static const fused_gpu_case_t cases[] = {
-      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 64, 3},
-      {sbnActivationLeakyRelu, 0, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3},
-      {sbnActivationLeakyRelu, 0, 1, sbnBFloat16, sbnLayoutNCHW, 5, 33, 3},
-      {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024, 3},
-      {sbnActivationIdentity, 1, 0, sbnFloat32, sbnLayoutNHWC, 16, 20, 0}, /* rank 0 empty, no z */
-      {sbnActivationLeakyRelu, 0, 1, sbnFloat32, sbnLayoutNCHW, 4, 1031, 0}, /* empty rank 0: x, y NULL */
-      {sbnActivationRelu, 0, 0, sbnBFloat16, sbnLayoutNHWC, 64, 49, 3}, /* ReLU alone: whole batches */
-      {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 8, 1031, 3},
-      {sbnActivationRelu, 1, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3}, /* ReLU with z, compiled in */
+      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 64, 3, 0},
+      {sbnActivationLeakyRelu, 0, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3, 0},
+      {sbnActivationLeakyRelu, 0, 1, sbnBFloat16, sbnLayoutNCHW, 5, 33, 3, 0},
+      {sbnActivationIdentity, 1, 0, sbnFloat16, sbnLayoutNCHW, 8, 1024, 3, 0},
+      {sbnActivationIdentity, 1, 0, sbnFloat32, sbnLayoutNHWC, 16, 20, 0, 0}, /* rank 0 empty, no z */
+      {sbnActivationLeakyRelu, 0, 1, sbnFloat32, sbnLayoutNCHW, 4, 1031, 0, 0}, /* empty rank 0: x, y NULL */
+      {sbnActivationRelu, 0, 0, sbnBFloat16, sbnLayoutNHWC, 64, 49, 3, 0}, /* ReLU alone: whole batches */
+      {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 8, 1031, 3, 0},
+      {sbnActivationRelu, 1, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3, 0}, /* ReLU with z, compiled in */
+      /* a team of one's few rows: small (S10's 4 rows of 1x1; 32 rows of NHWC) */
+      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 40, 1, 4, 1},
+      {sbnActivationLeakyRelu, 1, 0, sbnBFloat16, sbnLayoutNHWC, 64, 8, 4, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     case_begin();
