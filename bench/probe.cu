@@ -38,7 +38,7 @@
  *                8 virtual ranks, once as built and once with the old read of host memory
  *                at every publishing block's start (SBN_MUT_HOST_WORDS_AT_START, switched
  *                at run time here: the difference is what the fix saved); then S10, S2
- *                (W = 1 stream, W = 8 auto: 934 us on the first run), S10 auto, S3 and S5
+ *                (W = 1 stream, W = 8 auto: 934 us on the first run), S10 stream, S3 and S5
  *                stream; the small kernel on S10 and the empty op, the unit kernel on S2
  *                (W = 1). The W = 1 plane rows name stream: auto runs unit there since
  *                the H200 A/B of dd9256e (E32).
@@ -831,7 +831,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
 }
 
 /* The empty op (n = 0 on every rank, C = 512, as the first run's latency table): stream
-   (auto's, as sbn-bench's latency rows run it) and onchip, W = 1, 2, 4, 8 (quick: to 4), as
+   (auto's at W > 1; at W = 1 auto runs small, which probe_ops times apart) and onchip, W = 1, 2, 4, 8 (quick: to 4), as
    built and with every publishing block's old read of the error words (host memory) at
    its start. (Until 2026-11-26 the second was the legacy kernel, removed since.) */
 static void probe_empty_op(int sms, bool quick) {

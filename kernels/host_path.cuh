@@ -1,7 +1,8 @@
 /* host_path.cuh — the host-driven path's kernels (SBN_ALGO=nccl, what PyTorch does): the
  * stream variant's stages as ordinary launches, with the exchange between them done by the
- * host's collective or by the gather kernel (coop_args.h: SBN_HOST_*). Included by
- * kernels/coop.cu.
+ * host's collective or by the gather kernel (coop_args.h: SBN_HOST_*). Where the plan is
+ * small, small's statistics kernel (coop_small.cuh: sbn_host_small_stats_kernel) stands for
+ * STATS and PUBLISH. Included by kernels/coop.cu.
  */
 #ifndef SYNCBN_HOST_PATH_CUH_
 #define SYNCBN_HOST_PATH_CUH_
