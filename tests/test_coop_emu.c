@@ -2669,26 +2669,31 @@ static void test_unit_failures(void) { unit_failures(); }
    team of one here): a NaN in channel 0 and an infinity in channel 1 make their saved
    invstd, running variance and every y NaN and their running mean not finite, while
    channel 2 keeps what it gives without them. */
+/* The small kernel's test shapes (test_small_vs_reference; test_host_path_equals_small
+   takes them with at most EMU_MAXC channels). */
+typedef struct {
+  sbnDataType_t dt;
+  sbnLayout_t lay;
+  int64_t c, sp;
+  const int64_t* n;
+  int G;
+  gen_t gen;
+} small_case_t;
+static const int64_t kSmallN4[1] = {4}, kSmallN2[1] = {2}, kSmallN0[1] = {0}, kSmallN9[1] = {9}, kSmallN1[1] = {1};
+static const small_case_t kSmallCases[] = {
+    {sbnFloat32, sbnLayoutNCHW, 512, 1, kSmallN4, 16, GEN_NORMAL},  /* S10 */
+    {sbnBFloat16, sbnLayoutNHWC, 36, 16, kSmallN4, 2, GEN_NORMAL},  /* 64 rows: 8 a thread */
+    {sbnFloat16, sbnLayoutNHWC, 5, 3, kSmallN2, 1, GEN_F16HIGH},    /* 6 rows, near 6e4 */
+    {sbnFloat32, sbnLayoutNCHW, 100, 1, kSmallN2, 2, GEN_OFFSET},   /* 4 chunks in 2 blocks */
+    {sbnFloat32, sbnLayoutNHWC, 33, 7, kSmallN9, 5, GEN_NORMAL},    /* 63 rows; 3 idle blocks */
+    {sbnBFloat16, sbnLayoutNCHW, 512, 1, kSmallN0, 16, GEN_NORMAL}, /* the empty op */
+    {sbnFloat32, sbnLayoutNHWC, 70, 2, kSmallN1, 3, GEN_OFFSET},    /* 2 rows */
+    {sbnFloat16, sbnLayoutNCHW, 1, 1, kSmallN4, 1, GEN_NORMAL},     /* one channel */
+};
 static void small_vs_reference(void) {
-  static const int64_t n4[1] = {4}, n2[1] = {2}, n0[1] = {0}, n9[1] = {9}, n1[1] = {1};
-  const struct {
-    sbnDataType_t dt;
-    sbnLayout_t lay;
-    int64_t c, sp;
-    const int64_t* n;
-    int G;
-    gen_t gen;
-  } cases[] = {
-      {sbnFloat32, sbnLayoutNCHW, 512, 1, n4, 16, GEN_NORMAL},    /* S10 */
-      {sbnBFloat16, sbnLayoutNHWC, 36, 16, n4, 2, GEN_NORMAL},    /* 64 rows: 8 a thread */
-      {sbnFloat16, sbnLayoutNHWC, 5, 3, n2, 1, GEN_F16HIGH},      /* 6 rows, near 6e4 */
-      {sbnFloat32, sbnLayoutNCHW, 100, 1, n2, 2, GEN_OFFSET},     /* 4 chunks in 2 blocks */
-      {sbnFloat32, sbnLayoutNHWC, 33, 7, n9, 5, GEN_NORMAL},      /* 63 rows; 3 idle blocks */
-      {sbnBFloat16, sbnLayoutNCHW, 512, 1, n0, 16, GEN_NORMAL},   /* the empty op */
-      {sbnFloat32, sbnLayoutNHWC, 70, 2, n1, 3, GEN_OFFSET},      /* 2 rows */
-      {sbnFloat16, sbnLayoutNCHW, 1, 1, n4, 1, GEN_NORMAL},       /* one channel */
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+  static const int64_t n2[1] = {2};
+  const small_case_t* cases = kSmallCases;
+  for (size_t i = 0; i < sizeof kSmallCases / sizeof kSmallCases[0]; i++) {
     const int ran = g_launched[SBN_VAR_SMALL];
     g_variant = SBN_VAR_SMALL;
     g_gen = cases[i].gen;
@@ -3045,32 +3050,22 @@ static void test_host_path_equals_coop(void) {
    kernel, then the stream apply from the records, against the small kernel on a twin team,
    bitwise (y, dx, the saved and running statistics, nbt, dweight, dbias), three calls of
    each op, and the forward against the float64 reference: the shapes of
-   test_small_vs_reference with at most EMU_MAXC channels (S10's 4 rows of 1x1, 64 rows, 6
-   rows near 6e4 in fp16, 4 chunks in 2 blocks, idle blocks, the empty op, 2 rows). Then the epilogue (ReLU with z, leaky ReLU, the
+   test_small_vs_reference (kSmallCases) with at most EMU_MAXC channels (S10's 4 rows of
+   1x1, 64 rows, 6 rows near 6e4 in fp16, 4 chunks in 2 blocks, idle blocks, the empty op,
+   2 rows, one channel). Then the epilogue (ReLU with z, leaky ReLU, the
    identity with z, leaky ReLU with z and dz) on two of them, against the CPU team
    (fused_run_and_check) and the small kernel's bits (dz too). Each host op ran small's
    statistics kernel (g_host_small): the library's bits do not depend on SBN_ALGO
    (docs/USAGE.md, "Determinism"). A host path that takes stream's statistics on small's
    plan (sbn_host_stats_stage giving SBN_HOST_STATS) fails it on the counts and the bits. */
 static void test_host_path_equals_small(void) {
-  static const int64_t n4[1] = {4}, n2[1] = {2}, n0[1] = {0}, n9[1] = {9}, n1[1] = {1};
-  const struct {
-    sbnDataType_t dt;
-    sbnLayout_t lay;
-    int64_t c, sp;
-    const int64_t* n;
-    int G;
-    gen_t gen;
-  } cases[] = {
-      {sbnFloat32, sbnLayoutNCHW, 128, 1, n4, 4, GEN_OFFSET},   /* S10's rows (EMU_MAXC channels) */
-      {sbnBFloat16, sbnLayoutNHWC, 36, 16, n4, 2, GEN_NORMAL},  /* 64 rows: 8 a thread */
-      {sbnFloat16, sbnLayoutNHWC, 5, 3, n2, 1, GEN_F16HIGH},    /* 6 rows, near 6e4 */
-      {sbnFloat32, sbnLayoutNCHW, 100, 1, n2, 2, GEN_OFFSET},   /* 4 chunks in 2 blocks */
-      {sbnFloat32, sbnLayoutNHWC, 33, 7, n9, 5, GEN_NORMAL},    /* 63 rows; 3 idle blocks */
-      {sbnBFloat16, sbnLayoutNCHW, 96, 1, n0, 3, GEN_NORMAL},   /* the empty op */
-      {sbnFloat32, sbnLayoutNHWC, 70, 2, n1, 3, GEN_OFFSET},    /* 2 rows */
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+  enum { NCASES = sizeof kSmallCases / sizeof kSmallCases[0] };
+  small_case_t cases[NCASES];
+  for (size_t i = 0; i < NCASES; i++) { /* the host path's records: at most EMU_MAXC channels */
+    cases[i] = kSmallCases[i];
+    if (cases[i].c > EMU_MAXC) cases[i].c = EMU_MAXC, cases[i].G = EMU_MAXC / SBN_GPU_CHUNK;
+  }
+  for (size_t i = 0; i < NCASES; i++) {
     const int64_t c = cases[i].c;
     sbnParams_t p = SBN_PARAMS_DEFAULT;
     p.momentum = (i & 1) ? -1.0f : 0.1f;
