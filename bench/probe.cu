@@ -831,9 +831,9 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
 }
 
 /* The empty op (n = 0 on every rank, C = 512, as the first run's latency table): stream
-   (auto's at W > 1; at W = 1 auto runs small, which probe_ops times apart) and onchip, W = 1, 2, 4, 8 (quick: to 4), as
-   built and with every publishing block's old read of the error words (host memory) at
-   its start. (Until 2026-11-26 the second was the legacy kernel, removed since.) */
+   (auto's at W > 1; at W = 1 auto runs small, which probe_ops times apart) and onchip,
+   W = 1, 2, 4, 8 (quick: to 4), as built and with every publishing block's old read of the
+   error words (host memory) at its start. (Until 2026-11-26 the second was the legacy kernel, removed since.) */
 static void probe_empty_op(int sms, bool quick) {
   for (int mut = 0; mut < 2; mut++)
     for (int k = 0; k < 2; k++)

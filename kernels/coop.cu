@@ -227,7 +227,6 @@ extern "C" const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int ep
   return infer_pick(dtype, tile, vec, epi);
 }
 
-
 #ifndef SBN_COOP_EMU
 #if SBN_WINDOW_TRANSPORT
 /* Ranks of comm's load/store-accessible (NVLink) team: nccl_device/core.h is C++ only.

@@ -438,8 +438,7 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
     if (e > numel) numel = e;
   }
   /* auto runs stream, or unit where sbn_unit_auto takes it, or small where sbn_small_auto
-     takes it (below). Until 1be20b9 it ran
-     onchip where the tensors fit; on the H100
+     takes it (below). Until 1be20b9 it ran onchip where the tensors fit; on the H100
      (bench/results/2026-11-26-h100-1be20b9) stream was faster on every row where auto had
      picked onchip (sbn-bench --quick, every row both ways: 0.79-0.98x the time forward,
      0.82-1.00x backward; S10, S2, S1 bf16 NHWC forward; bench/notes/experiments.md,
@@ -451,8 +450,8 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      width, so the same bits): under SBN_KERNEL=onchip onchip's plan where it has one,
      else stream's; where the cooperative kernel would run small, small's plan, whose
      statistics the host path computes with small's own kernel (sbn_host_stats_stage).
-     Ranks sharing a GPU are separate launches that must all be resident
-     at once: they run stream, sized by the lowest occupancy of the non-onchip kernels, so
+     Ranks sharing a GPU are separate launches that must all be resident at once: they run
+     stream, sized by the lowest occupancy of the non-onchip kernels, so
      that any mix (tile next to plane, forward next to a mismatched backward) fits side by
      side. */
   if (op->host && op->kernel == SBN_KERNEL_ONCHIP) {
@@ -570,7 +569,9 @@ static SBN_ARGS_HD int sbn_infer_group(int64_t sp, int vec) {
 static SBN_ARGS_HD int sbn_host_stats_stage(const sbn_plan_t* pl) {
   return pl->variant == SBN_VAR_SMALL ? SBN_HOST_SMALL_STATS : SBN_HOST_STATS;
 }
-static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) { return pl->variant != SBN_VAR_SMALL; }
+static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) {
+  return sbn_host_stats_stage(pl) == SBN_HOST_STATS; /* small's statistics write the records */
+}
 /* Whether a backward with dz may write it in its first pass (coop_args.h: dz_early;
    coop_vec.cuh: dz_first) on this plan: not on the host path's small plan, whose
    statistics kernel (small's) does not write dz; APPLY computes and writes it there. */

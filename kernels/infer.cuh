@@ -7,8 +7,8 @@
  * per element. Tile layouts (NHWC, or spatial == 1): thread t of T keeps the vector
  * column t % (C/VEC) and takes rows t / (C/VEC) + k * (T / (C/VEC)) (several columns in
  * turn when C/VEC > T). Plane layouts: a group of `group` threads per plane (n, c), the
- * plane's vectors masked at its unaligned ends (coop_plan.h: sbn_infer_group, the group
- * that fills most of the threads' slots). Four positions in flight per thread.
+ * plane's vectors masked at its unaligned ends (coop_plan.h: sbn_infer_group, the smallest
+ * group whose one pass holds the plane). Four positions in flight per thread.
  * EPI: the kernels of sbnForwardInferenceEx, act(y + z) (a second copy of each).
  */
 #ifndef SYNCBN_INFER_CUH_

@@ -528,8 +528,8 @@ out:
 }
 
 /* The host path with NCCL (one rank per GPU; an NCCL team's one rank): per rank STATS and
-   PUBLISH (small's plan: small's statistics kernel, host_stats) on its stream, ncclAllGather of the records (one NCCL group for the ranks
-   issued here), per rank APPLY. Each rank has its own plan (G, tile), as its cooperative
+   PUBLISH (small's plan: small's statistics kernel, host_stats) on its stream,
+   ncclAllGather of the records (one NCCL group for the ranks issued here), per rank APPLY. Each rank has its own plan (G, tile), as its cooperative
    launch would: the same bits as the coop path, and a G within the rank's own device's
    workspace. The records are of max_channels, so ranks running different ops (thread
    mode) still make collectives of one size, and APPLY reports the mismatch. The comms

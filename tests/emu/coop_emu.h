@@ -36,7 +36,6 @@ int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
 /* The inference kernel (tile: NHWC or spatial 1; vec: 16-byte kernel). */
 int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args, unsigned grid);
 
-
 /* What the notify kernel does for sbnCommAbort on an NCCL team (kernels/coop.cu,
    push_failure): rank `rank`'s failure word = code in every rank's part of args->win. */
 void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code);
