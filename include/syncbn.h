@@ -418,8 +418,20 @@ typedef struct {
   sbnActivation_t activation; /* default identity */
   float slope;                /* leaky ReLU's negative slope, finite and >= 0 (default 0.01, PyTorch's);
                                  read for leaky ReLU only: identity and ReLU take any value */
+  /* Added after the first sbnEpilogue_t (16 bytes: a caller's struct of that size is
+     still read, these fields then 0): */
+  int no_residual;            /* sbnBackwardEx: 1 says that the forward that made y had no z
+                                 and the weight and bias given are its own (a promise: the
+                                 library cannot check it). A ReLU or leaky ReLU backward that
+                                 is given x then takes the activation's mask from x, and reads
+                                 y only where x leaves its sign in doubt: the same gradients
+                                 (bitwise), fewer bytes (bench/notes/fused-epilogue.md, "The
+                                 mask from x"). 0 (default): the mask from y. The forwards
+                                 (sbnForwardTrainEx, sbnForwardInferenceEx) refuse 1 with a
+                                 z; elsewhere it changes nothing. 0 or 1 */
+  int reserved;               /* 0 */
 } sbnEpilogue_t;
-#define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f }
+#define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f, 0, 0 }
 #define SBN_EPILOGUE_MAX_SIZE 4096
 
 /* sbnForwardTrain with the epilogue: y = act(bn(x) + z). z: NULL (none) or this rank's

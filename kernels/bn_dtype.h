@@ -132,6 +132,12 @@ SBN_HD float sbn_dtype_unit(int dt) {
   return 1.0f;
 }
 
+/* The least positive value of a dtype (its least subnormal): 2^-149 fp32, 2^-24 fp16,
+   2^-133 bf16; below half of it a value stores as 0. */
+SBN_HD float sbn_dtype_least(int dt) {
+  return dt == sbnFloat16 ? 0x1p-24f : dt == sbnBFloat16 ? 0x1p-133f : 0x1p-149f;
+}
+
 /* Element i of a tensor as fp32, and fp32 stored as element i (rounded to nearest even). */
 SBN_HD float sbn_f32_get(const void* p, int64_t i) { return ((const float*)p)[i]; }
 SBN_HD void sbn_f32_put(void* p, int64_t i, float v) { ((float*)p)[i] = v; }

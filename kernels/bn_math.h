@@ -348,6 +348,41 @@ SBN_HD float sbn_act_grad(int act, float slope, float y, float g) {
   return g;
 }
 
+/* ---- the activation's mask from x (sbnEpilogue_t.no_residual) ------------------------
+   A backward of ReLU or leaky ReLU (slope >= 0) whose forward had no z can take the mask
+   from x: y > 0 exactly where the forward's v = sbn_forward_y(x, mean, mean_lo, scale,
+   bias) > 0, but where v rounds to 0 in the dtype. The backward has no mean_lo (no output
+   holds it), so it computes v' = fma(d, s, b), d = x - mean, s = sbn_scale(weight,
+   invstd), the forward's mean, scale and bias. |v - v'| <= 2u|v'| + u|s||mean| + 2u|s||d|
+   + 2^-148 to first order (u = 2^-24: mean_lo is a two-sum's error, |mean_lo| <=
+   u|mean|; one rounding each for d - mean_lo, the product, the sum and the fma; 2^-148
+   the products' underflow; bench/notes/fused-epilogue.md, "The mask from x"). Where
+   |v'| > t, t = 2^-21 (|s| (|mean| + |d|) + floor 2^21) (over 2.6x each term of that
+   bound, and floor >= the dtype's least subnormal, so that v also rounds to a nonzero
+   y), v has v''s sign, and so does y: the mask is sure. Elsewhere (a band ~t wide around
+   0; NaN and infinite v', s or x) the caller reads y. floor: sbn_xmask_floor(dtype's
+   least subnormal). Returns 1 (v > 0: y > 0), -1 (v < 0: y <= 0) or 0 (read y). */
+#ifndef SBN_XMASK_SCALE /* 2^21: a test's mutant may set it (tests/test_xmask.c) */
+#define SBN_XMASK_SCALE 2097152.0f
+#endif
+#ifndef SBN_XMASK_LEAST_FLOOR /* 1; a test's mutant sets 0 (no fp16 floor) */
+#define SBN_XMASK_LEAST_FLOOR 1
+#endif
+SBN_HD float sbn_xmask_floor(float least_subnormal) {
+  return SBN_XMASK_LEAST_FLOOR && least_subnormal > 0x1p-126f ? least_subnormal : 0x1p-126f;
+}
+SBN_HD int sbn_xmask_sign(float d, float s, float b, float mean, float floor) {
+  const float v = SBN_FMA(d, s, b);
+  const float t = SBN_FMA(fabsf(s), fabsf(mean) + fabsf(d), floor * SBN_XMASK_SCALE);
+  if (!(SBN_MUL(fabsf(v), SBN_XMASK_SCALE) > t)) return 0;
+  return v > 0.0f ? 1 : -1;
+}
+/* The gradient through the activation where sbn_xmask_sign was sure (sign != 0): what
+   sbn_act_grad gives from a y of that sign. */
+SBN_HD float sbn_act_grad_sign(int act, float slope, int sign, float g) {
+  return sign > 0 ? g : act == SBN_ACT_LEAKY ? SBN_MUL(slope, g) : 0.0f;
+}
+
 /* v = act^-1(y) for the invertible activations (identity; leaky ReLU with slope > 0),
    given inv_slope = sbn_inv_slope's: a product per element, no division. */
 SBN_HD float sbn_act_inverse(int act, float inv_slope, float y) {

@@ -76,6 +76,7 @@ typedef struct {
   void* dz;            /* backward: the residual's gradient, or NULL */
   int act;             /* SBN_ACT_* (kernels/bn_math.h) */
   float slope;         /* leaky ReLU's */
+  int no_residual;     /* sbnEpilogue_t's: the backward may take the mask from x */
   sbnStream_t stream;  /* GPU teams */
   int algo;            /* set by the backend's prepare: how the op runs (GPU teams: SBN_ALGO_*) */
   int kernel;          /* set by the backend's prepare (GPU teams: SBN_KERNEL_*) */

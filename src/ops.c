@@ -3,6 +3,7 @@
  * open group or running at once (both group.c's: ops.c uses group.c, never the reverse). */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,16 +51,24 @@ static const char* op_fn(const sbn_op_t* op, int ex) {
   return op->kind == SBN_OP_FORWARD ? "sbnForwardTrainEx" : "sbnBackwardEx";
 }
 
-/* The epilogue's activation and slope (NULL: SBN_EPILOGUE_INITIALIZER's). */
+/* The first sbnEpilogue_t's size (size, activation, slope): a caller built against that
+   header passes it, and the fields added since are 0 for it. */
+#define SBN_EPILOGUE_FIRST_SIZE (offsetof(sbnEpilogue_t, slope) + sizeof(float))
+_Static_assert(SBN_EPILOGUE_FIRST_SIZE == 16 && sizeof(sbnEpilogue_t) == 24,
+               "sbnEpilogue_t: fields are only ever added at its end, without padding");
+
+/* The epilogue's activation, slope and no_residual (NULL: SBN_EPILOGUE_INITIALIZER's). */
 static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilogue_t* e, int* act,
-                                 float* slope) {
+                                 float* slope, int* no_residual) {
   *act = sbnActivationIdentity;
   *slope = 0.01f;
+  *no_residual = 0;
   if (e == NULL) return sbnSuccess;
-  if (e->size < sizeof(sbnEpilogue_t))
+  if (e->size != SBN_EPILOGUE_FIRST_SIZE && e->size < sizeof(sbnEpilogue_t))
     return sbn_fail(comm, sbnInvalidArgument,
-                    "%s: epilogue->size is %zu, less than sizeof(sbnEpilogue_t) = %zu "
-                    "(SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size, sizeof(sbnEpilogue_t));
+                    "%s: epilogue->size is %zu, neither %zu (the first sbnEpilogue_t) nor at least "
+                    "sizeof(sbnEpilogue_t) = %zu (SBN_EPILOGUE_INITIALIZER fills it)", fn, e->size,
+                    (size_t)SBN_EPILOGUE_FIRST_SIZE, sizeof(sbnEpilogue_t));
   if (e->size > SBN_EPILOGUE_MAX_SIZE)
     return sbn_fail(comm, sbnInvalidArgument,
                     "%s: epilogue->size is %zu, more than any sbnEpilogue_t's (%d bytes at most: "
@@ -79,6 +88,14 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
   if (e->activation == sbnActivationLeakyRelu && !(e->slope >= 0.0f && !isinf(e->slope)))
     return sbn_fail(comm, sbnInvalidArgument,
                     "%s: leaky ReLU's slope must be finite and >= 0, got %g", fn, (double)e->slope);
+  if (e->size >= sizeof(sbnEpilogue_t)) {
+    if (e->no_residual != 0 && e->no_residual != 1)
+      return sbn_fail(comm, sbnInvalidArgument, "%s: epilogue->no_residual must be 0 or 1, got %d", fn,
+                      e->no_residual);
+    if (e->reserved != 0)
+      return sbn_fail(comm, sbnInvalidArgument, "%s: epilogue->reserved must be 0, got %d", fn, e->reserved);
+    *no_residual = e->no_residual;
+  }
   *act = (int)e->activation;
   *slope = e->slope;
   return sbnSuccess;
@@ -274,7 +291,11 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   }
   if (r == sbnSuccess && desc == NULL)
     r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
-  if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope);
+  if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope, &op->no_residual);
+  if (r == sbnSuccess && op->kind == SBN_OP_FORWARD && op->no_residual && op->z != NULL)
+    r = sbn_fail(op->comm, sbnInvalidArgument,
+                 "%s: epilogue->no_residual is 1 and z is given (no_residual says the forward had no z)",
+                 op_fn(op, ex));
   if (r == sbnSuccess) {
     op->desc = *desc;
     op->params = params ? *params : defaults;
@@ -380,10 +401,13 @@ static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const 
                              sbnStream_t stream) {
   sbnResult_t r = check_desc(NULL, fn, desc);
   if (r != sbnSuccess) return r;
-  int act;
+  int act, no_residual;
   float slope;
-  r = read_epilogue(NULL, fn, epilogue, &act, &slope);
+  r = read_epilogue(NULL, fn, epilogue, &act, &slope, &no_residual);
   if (r != sbnSuccess) return r;
+  if (no_residual && z != NULL)
+    return sbn_fail(NULL, sbnInvalidArgument,
+                    "%s: epilogue->no_residual is 1 and z is given (no_residual says there is no z)", fn);
   if (desc->n > 0 && (x == NULL || y == NULL))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
   if (running_mean == NULL || running_var == NULL)

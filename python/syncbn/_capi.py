@@ -112,15 +112,17 @@ class Params(ctypes.Structure):
 
 
 class Epilogue(ctypes.Structure):
-    """sbnEpilogue_t: size (sizeof), activation (0 identity, 1 ReLU, 2 leaky ReLU), slope."""
+    """sbnEpilogue_t: size (sizeof), activation (0 identity, 1 ReLU, 2 leaky ReLU), slope,
+    no_residual (1: the backward may take the activation's mask from x), reserved (0)."""
 
-    _fields_ = [("size", ctypes.c_size_t), ("activation", ctypes.c_int), ("slope", ctypes.c_float)]
+    _fields_ = [("size", ctypes.c_size_t), ("activation", ctypes.c_int), ("slope", ctypes.c_float),
+                ("no_residual", ctypes.c_int), ("reserved", ctypes.c_int)]
 
     @classmethod
     def make(cls, activation, slope):
         if isinstance(activation, bool):  # an int to c_int, but True is no activation's name
             raise TypeError("syncbn: activation must be IDENTITY, RELU or LEAKY_RELU, got a bool")
-        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), c_float(slope, "slope"))
+        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), c_float(slope, "slope"), 0, 0)
 
 
 def _candidates():

@@ -75,6 +75,11 @@ typedef struct {
   float slope;
   const float* bias;   /* [c], x NULL: the forward's bias (NULL: 0) */
   const float* rcp;    /* [c], x NULL: sbn_recover_rcp of the weight and save_invstd */
+  /* the mask from x (sbnEpilogue_t.no_residual, an activation, x given): y read only where
+     sbn_xmask_sign is not sure; its scale from weight (NULL: 1) and invstd, bias above */
+  int xmask;
+  const float* weight; /* [c] */
+  const float* invstd; /* [c]: save_invstd */
 } sbn_cpu_bwd_src_t;
 /* g and x - mean of `len` elements from element `at`, whose channel is ch (NCHW: the
    same for the run) or ch + i (nhwc: element i of the run). */

@@ -194,7 +194,9 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   /* what the backward reads: x - mean from x, or from y (the in-place backward: x NULL;
      its per-channel factors go where the dx coefficients go after the sums) */
   sbn_cpu_bwd_src_t src = {op->x, op->act != SBN_ACT_IDENTITY || op->x == NULL ? op->y : NULL, op->dy,
-                           op->save_mean, op->act, op->slope, op->bias, NULL};
+                           op->save_mean, op->act, op->slope, op->bias, NULL,
+                           op->no_residual && op->x != NULL && op->act != SBN_ACT_IDENTITY,
+                           op->weight, op->save_invstd};
   float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {
     for (int64_t ci = 0; ci < c; ci++)
