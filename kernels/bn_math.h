@@ -360,7 +360,7 @@ SBN_HD float sbn_act_grad(int act, float slope, float y, float g) {
    |v'| > t, t = 2^-21 (|s| (|mean| + |d|) + floor 2^21) (over 2.6x each term of that
    bound, and floor >= the dtype's least subnormal, so that v also rounds to a nonzero
    y), v has v''s sign, and so does y: the mask is sure. Elsewhere (a band ~t wide around
-   0; NaN and infinite v', s or x) the caller reads y. floor: sbn_xmask_floor(dtype's
+   0; NaN v', s or x, and where t overflows) the caller reads y. floor: sbn_xmask_floor(dtype's
    least subnormal). Returns 1 (v > 0: y > 0), -1 (v < 0: y <= 0) or 0 (read y). */
 #ifndef SBN_XMASK_SCALE /* 2^21: a test's mutant may set it (tests/test_xmask.c) */
 #define SBN_XMASK_SCALE 2097152.0f
@@ -376,6 +376,13 @@ SBN_HD int sbn_xmask_sign(float d, float s, float b, float mean, float floor) {
   const float t = SBN_FMA(fabsf(s), fabsf(mean) + fabsf(d), floor * SBN_XMASK_SCALE);
   if (!(SBN_MUL(fabsf(v), SBN_XMASK_SCALE) > t)) return 0;
   return v > 0.0f ? 1 : -1;
+}
+/* Whether a backward takes the mask from x: no_residual, an activation, x and y given and
+   not the same memory (x == y, allowed where dx and dweight are not asked for, is y: its
+   values are no x), no dz (a dz says the forward had a z). One rule for the CPU team, the
+   GPU launches (gpu_launch.c) and the emulation's (test_coop_emu.c). */
+SBN_HD int sbn_xmask_applies(int no_residual, int act, const void* x, const void* y, const void* dz) {
+  return no_residual && act != SBN_ACT_IDENTITY && x != 0 && y != 0 && x != y && dz == 0;
 }
 /* The gradient through the activation where sbn_xmask_sign was sure (sign != 0): what
    sbn_act_grad gives from a y of that sign. */

@@ -102,6 +102,11 @@ typedef struct {
      stage 4, which writes nothing. (A timeout or an abort after stage 1 may leave dz
      written: with the values a successful op writes, which depend on no other rank.) */
   int dz_early;
+  /* the backward's activation mask from x where sbn_xmask_sign is sure, y read only where
+     it is not (sbnEpilogue_t.no_residual: the forward had no z; an activation, x and y
+     given, no dz; gpu_launch.c). The plane kernels take it (coop_vec.cuh: load_y); the
+     others read y, the same bits. */
+  int xmask;
 } sbn_coop_rank_t;
 
 typedef struct {

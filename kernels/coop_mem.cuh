@@ -48,6 +48,9 @@
 #define SBN_MUT_SMALL_Z_AFTER_ACT 262144 /* the small forward adds z after the activation */
 #define SBN_MUT_SMALL_MASK_X 524288 /* the small backward takes the activation's mask from x
                                        instead of y */
+#define SBN_MUT_XMASK_NO_BAND 1048576 /* the backward's mask from x takes the sign of
+                                         fma(x - mean, scale, bias) everywhere: y never read,
+                                         wrong where the forward's v has the other sign */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

@@ -202,7 +202,9 @@ template <int NCH> struct BwdAcc {
 template <int NCH> struct EpiCoef {
   int act;
   float slope, inv_slope;
-  float bias[NCH], rcp[NCH]; /* the in-place backward's only (kRecover) */
+  float bias[NCH], rcp[NCH]; /* the in-place backward's only (kRecover); the mask from x's
+                                bias and scale (kXmask: rcp holds weight * invstd) */
+  float mean[NCH];           /* the mask from x's: save_mean */
 };
 
 /* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
@@ -244,6 +246,11 @@ struct VecPath {
   static constexpr bool kBwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_BACKWARD;
   static constexpr bool kRecover = EPI == SBN_EPI_RECOVER && KIND == SBN_OP_BACKWARD;
   static constexpr bool kFwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_FORWARD;
+  /* the backward's mask from x (R.xmask; load_y) in the kernels of one channel a thread
+     (plane units, and the scalar tile kernels): its scale, bias and mean are 3 registers
+     there; the 16-byte tile kernels would need 24 for their 4 or 8 channels, beside
+     backwards at 127-128 registers (check-sass.sh), and read y */
+  static constexpr bool kXmask = kBwdEpi && !kRecover && NCH == 1;
   /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
      at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
@@ -305,10 +312,33 @@ SBN_UNROLL
      besides x and dy (an activation, x given), in stage 1 and again in stage 5 (the
      onchip kernels hold x and dy only); false: no y, or y is the batch's slot 0 (the
      in-place backward). */
-  static __device__ __forceinline__ bool load_y(const sbn_coop_rank_t& R, const Pos& bp, uint4 (&yb)[U],
-                                                uint64_t pol) {
+  static __device__ __forceinline__ bool load_y(const sbn_coop_rank_t& R, const Pos& bp, const Batch& bt,
+                                                const EpiCoef<NCH>& ep, uint4 (&yb)[U], uint64_t pol) {
     if constexpr (kBwdEpi && !kRecover) {
       if (R.act == SBN_ACT_IDENTITY) return false;
+      if constexpr (kXmask) {
+        if (R.xmask) {
+          /* the mask from x (bn_math.h: sbn_xmask_sign): a position's y is the rule's sign
+             (+-1, what grad_at needs of it) where the rule is sure of every element, and
+             is read where it is not */
+          const float floor = sbn_xmask_floor(sbn_dtype_least(DT));
+SBN_UNROLL
+          for (int k = 0; k < U; k++) {
+            const unsigned m = bp.mask(k, kFull);
+            uint4 ys = bt[k][0];
+            bool sure = true;
+SBN_UNROLL
+            for (int e = 0; e < VEC; e++) {
+              const int sg = sbn_xmask_sign(elem_get<DT, VEC>(bt[k][0], e) - ep.mean[0], ep.rcp[0], ep.bias[0],
+                                            ep.mean[0], floor);
+              sure &= sg != 0 || !(m >> e & 1u);
+              elem_set<DT, VEC>(ys, e, sg > 0 ? 1.0f : -1.0f);
+            }
+            yb[k] = SBN_MUTANT(SBN_MUT_XMASK_NO_BAND) || sure ? ys : load_pos<DT, VEC, kWholePos>(R.y, bp.idx(k), m, pol);
+          }
+          return true;
+        }
+      }
 SBN_UNROLL
       for (int k = 0; k < U; k++) yb[k] = load_pos<DT, VEC, kWholePos>(R.y, bp.idx(k), bp.mask(k, kFull), pol);
       return true;
@@ -324,7 +354,10 @@ SBN_UNROLL
     const float dy = elem_get<DT, VEC>(bt[k][NV - 1], e);
     if constexpr (!kBwdEpi) return dy;
     if (ep.act == SBN_ACT_IDENTITY) return dy;
-    return sbn_act_grad(ep.act, ep.slope, elem_get<DT, VEC>(!kRecover && has_y ? yb[k] : bt[k][0], e), dy);
+    /* the element chosen, not the vector: a select of the two arrays by has_y put both in
+       local memory (64 B of stack in the fp32 kernels with the mask from x: check-sass) */
+    const float yv = !kRecover && has_y ? elem_get<DT, VEC>(yb[k], e) : elem_get<DT, VEC>(bt[k][0], e);
+    return sbn_act_grad(ep.act, ep.slope, yv, dy);
   }
   /* The stream backward with an activation and dz, where dz holds the gradient g =
      act'(y) dy exactly (ReLU: dy or 0, a value of the dtype; any activation in fp32):
@@ -634,6 +667,13 @@ SBN_UNROLL
     ep.act = R.act;
     ep.slope = R.slope;
     ep.inv_slope = sbn_inv_slope(R.act, R.slope);
+    if constexpr (kXmask) {
+      const int64_t c = thread_channel(grp, 0);
+      const bool in = has && R.xmask && c < g.c;
+      ep.bias[0] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
+      ep.rcp[0] = in ? sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]) : 0.0f;
+      ep.mean[0] = in ? R.save_mean_in[c] : 0.0f;
+    }
     if constexpr (kRecover) {
 SBN_UNROLL
       for (int ch = 0; ch < NCH; ch++) {
@@ -687,7 +727,7 @@ SBN_UNROLL
         fwd_batch(F, bt, bp);
       else {
         uint4 yb[U];
-        const bool has_y = load_y(R, bp, yb, pol_dy);
+        const bool has_y = load_y(R, bp, bt, ep, yb, pol_dy);
         if constexpr (kBwdEpi && !kRecover && !ONCHIP) {
           if (dzf) {
 SBN_UNROLL
@@ -913,7 +953,7 @@ SBN_UNROLL
         outputs(bt, kc, ep, eb, has_z, eb, false, false);
       } else if constexpr (kBwdEpi) {
         const bool dz = R.dz != nullptr && !dzf;
-        const bool has_y = !dzf && load_y(R, bp, eb, pol);
+        const bool has_y = !dzf && load_y(R, bp, bt, ep, eb, pol);
         outputs(bt, kc, eg, eb, false, eb, has_y, dz);
         if (dz) { /* the gradient, rounded to the dtype, where dy was */
 SBN_UNROLL

@@ -83,6 +83,7 @@ typedef struct {
   void* z[MAXW];
   void* y[MAXW];
   void* dz[MAXW];
+  int no_residual; /* sbnEpilogue_t's: the backward's mask from x (gpu_launch.c: xmask) */
 } emu_epi_t;
 static const emu_epi_t* g_epi;
 
@@ -128,6 +129,8 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
       /* as gpu_launch.c: x NULL and y given (an empty rank passes neither) */
       R->recover = g_epi->recover && g_epi->y[r] != NULL;
       if (R->recover) R->x = g_epi->y[r];
+      /* as gpu_launch.c (x NULL in the in-place backward) */
+      R->xmask = sbn_xmask_applies(g_epi->no_residual, R->act, R->recover ? NULL : R->x, R->y, R->dz);
     }
   }
 }
@@ -1301,6 +1304,7 @@ static void* ex_thread(void* arg) {
   sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
   e.activation = (sbnActivation_t)c->ep->act;
   e.slope = c->ep->slope;
+  e.no_residual = c->bwd && c->ep->no_residual;
   if (!c->bwd)
     c->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], c->ep->z[r], t->y[r], t->w, t->b, t->rm[r], t->rv[r],
                                &t->nbt[r], t->smean[r], t->sinv[r], c->p, &e, NULL);
@@ -1494,7 +1498,7 @@ static void test_fused_vs_cpu(void) {
         }
         emu_team_t e;
         emu_team_init(&e, cases[i].W, cases[i].G, 60000);
-        emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}};
+        emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}, 0};
         g_variant = var;
         const int units_before = g_launched[SBN_VAR_UNIT], smalls_before = g_launched[SBN_VAR_SMALL];
         fused_run_and_check(&g, &cpu, &e, &ep, epis[k].z, how, &p, seed);
@@ -1576,7 +1580,7 @@ static void test_fused_bytes(void) {
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
-        emu_epi_t ep = {mode == 1 ? SBN_ACT_LEAKY : SBN_ACT_RELU, 0.1f, mode == 1, {0}, {0}, {0}};
+        emu_epi_t ep = {mode == 1 ? SBN_ACT_LEAKY : SBN_ACT_RELU, 0.1f, mode == 1, {0}, {0}, {0}, 0};
         sbn_rng_t zr = {420 + (uint64_t)dt};
         for (int r = 0; r < 2; r++) {
           ep.z[r] = gen_tensor(&t.d[r], &zr, GEN_NORMAL);
@@ -1648,6 +1652,151 @@ static void test_fused_bytes(void) {
       }
 }
 
+/* The backward's activation mask from x (R.xmask: sbnEpilogue_t.no_residual; coop_vec.cuh
+   load_y, bn_math.h sbn_xmask_sign) in the kernels: dx, dweight and dbias bitwise those of
+   the mask from y, on every variant and on the host path, for ReLU and leaky ReLU, every
+   dtype, NCHW planes (whole vectors, odd pieces), tile layouts (whose 16-byte kernels read
+   y: the same bits) and the scalar kernels; x far from 0 in fp32 (1e4 + N(0, 1)), where
+   the mean's low part moves v across 0 for some elements. Where the plane kernels take
+   the mask from x: y's bytes read fall from 2|x| to those of the positions the rule is not
+   sure of (here at most 1/16 of 2|x|: a position is read whole), and with y's sign flipped
+   wherever the rule is sure the gradients do not change (y is not read there); the same
+   poisoned y changes the mask-from-y backward's (the check can fail). The mutant that
+   takes the sign of fma(x - mean, scale, bias) with no band (SBN_EMU_MUT_XMASK_NO_BAND)
+   changes the fp32 offset case's gradients. */
+/* y's sign flipped where the kernels of one channel a thread do not read it: elements the
+   rule is sure of whose 16-byte vector's elements of the same plane are all sure too (the
+   kernels read a position whole where one of its elements is not sure); `scalar`: the
+   scalar kernels' positions, single elements. */
+static long xmask_poison(team_t* t, int scalar) {
+  long n = 0;
+  for (int r = 0; r < t->W; r++) {
+    const sbnTensorDesc_t* d = &t->d[r];
+    const int64_t ne = sbn_ref_numel(d), V = scalar ? 1 : 16 / (int64_t)sbn_dtype_size(d->dtype);
+    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
+    signed char* sg = (signed char*)malloc((size_t)ne + 1);
+    for (int64_t i = 0; i < ne; i++) {
+      const int64_t c = d->layout == sbnLayoutNHWC ? i % d->c : (i / d->spatial) % d->c;
+      const float x = (float)sbn_ref_load(t->x[r], d->dtype, i);
+      const float s = sbn_scale(t->w ? t->w[c] : 1.0f, t->sinv[r][c]);
+      sg[i] = (signed char)sbn_xmask_sign(x - t->smean[r][c], s, t->b ? t->b[c] : 0.0f, t->smean[r][c], floor);
+    }
+    for (int64_t i = 0; i < ne; i++) {
+      int all = 1;
+      for (int64_t j = i / V * V; j < i / V * V + V && j < ne; j++)
+        all &= (d->layout == sbnLayoutNCHW && j / d->spatial != i / d->spatial) || sg[j] != 0;
+      if (all) sbn_ref_store(t->y[r], d->dtype, i, sg[i] > 0 ? -1.0 : 1.0), n++;
+    }
+    free(sg);
+  }
+  return n;
+}
+static int xmask_same(const team_t* t, void* const* dx, float* const* dw, float* const* db) {
+  for (int r = 0; r < t->W; r++) {
+    const size_t cb = (size_t)t->d[r].c * sizeof(float);
+    if ((team_bytes(t, r) && memcmp(dx[r], t->dx[r], team_bytes(t, r))) || memcmp(dw[r], t->dw[r], cb) ||
+        memcmp(db[r], t->db[r], cb))
+      return 0;
+  }
+  return 1;
+}
+static void test_xmask_kernels(void) {
+  static const int64_t n1[1] = {4}, n2[2] = {3, 2}, n3[3] = {2, 0, 3};
+  static const struct {
+    int W, G;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    gen_t gen;
+    int plane; /* 1 the plane kernels, 2 the scalar ones only: y read only where the rule
+                  is not sure */
+  } cases[] = {
+      {2, 3, sbnFloat32, sbnLayoutNCHW, 3, 1032, n2, GEN_OFFSET, 1},
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 2, 1200, n1, GEN_NORMAL, 1}, /* unit applies */
+      {3, 2, sbnBFloat16, sbnLayoutNCHW, 5, 64, n3, GEN_NORMAL, 1},  /* an empty rank */
+      {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, GEN_NORMAL, 1}, /* odd planes: pieces */
+      {2, 2, sbnFloat32, sbnLayoutNHWC, 40, 6, n2, GEN_OFFSET, 0},   /* tile: y read */
+      {2, 2, sbnBFloat16, sbnLayoutNHWC, 32, 9, n2, GEN_NORMAL, 0},
+      {2, 2, sbnFloat32, sbnLayoutNHWC, 5, 9, n2, GEN_NORMAL, 2},    /* C = 5: the scalar
+                                                                        kernels, one channel
+                                                                        a thread */
+  };
+  static const int acts[2] = {SBN_ACT_RELU, SBN_ACT_LEAKY};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int a = 0; a < 2; a++)
+      for (int run = 0; run < 5; run++) { /* stream, onchip, scalar, unit (a team of one), host */
+        static const int vars[5] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR, SBN_VAR_UNIT, SBN_VAR_STREAM};
+        if (run == 3 && cases[i].W != 1) continue;
+        if (cases[i].plane == 2 && (run == 1 || run == 3)) continue; /* 16-byte kernels only */
+        sbnParams_t p = SBN_PARAMS_DEFAULT;
+        team_t t;
+        team_make(&t, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
+                  cases[i].gen, 700 + 10 * i + (uint64_t)a);
+        emu_team_t e;
+        emu_team_init(&e, cases[i].W, cases[i].G, 60000);
+        emu_epi_t ep = {acts[a], 0.1f, 0, {0}, {0}, {0}, 0};
+        for (int r = 0; r < cases[i].W; r++) ep.y[r] = t.y[r];
+        g_epi = &ep;
+        g_variant = vars[run];
+        emu_run_virtual(&e, &t, 0, &p); /* y */
+        void* dx[MAXW] = {0};
+        float *dw[MAXW] = {0}, *db[MAXW] = {0};
+#define XM_BWD(nr)                                \
+  do {                                            \
+    ep.no_residual = (nr);                        \
+    if (run == 4)                                 \
+      emu_run_host(&e, &t, 1, &p, NULL, NULL);    \
+    else                                          \
+      emu_run_virtual(&e, &t, 1, &p);             \
+  } while (0)
+        XM_BWD(0);
+        for (int r = 0; r < cases[i].W; r++) {
+          dx[r] = dup_mem(t.dx[r], team_bytes(&t, r));
+          dw[r] = (float*)dup_mem(t.dw[r], (size_t)cases[i].c * sizeof(float));
+          db[r] = (float*)dup_mem(t.db[r], (size_t)cases[i].c * sizeof(float));
+        }
+        int slot[2][FB_N];
+        if (cases[i].W == 2 && run == 0) fused_track(&t, &ep, slot);
+        XM_BWD(1);
+        if (!xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mask from x changed the gradients");
+        if (cases[i].W == 2 && run == 0 && !sbn_test_cur_failed_) {
+          for (int r = 0; r < 2; r++) {
+            uint64_t rd, wr;
+            sbn_emu_count_get(slot[r][FB_Y], &rd, &wr);
+            const uint64_t b = team_bytes(&t, r);
+            if (cases[i].plane ? !(rd * 16 <= 2 * b) : rd != 2 * b) /* (stream: run 0) */
+              SBN_FAIL_("rank %d: y read %" PRIu64 " bytes of %" PRIu64, r, rd, b);
+          }
+        }
+        if (cases[i].plane && !sbn_test_cur_failed_) {
+          if (!(xmask_poison(&t, run == 2 || cases[i].plane == 2) > 0)) SBN_FAIL_("no element sure");
+          XM_BWD(1);
+          if (!xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mask from x read a poisoned y");
+          XM_BWD(0);
+          if (xmask_same(&t, dx, dw, db)) SBN_FAIL_("the poisoned y changed nothing");
+        }
+        if (i == 0 && run == 0 && !sbn_test_cur_failed_) { /* y as the forward wrote it */
+          emu_run_virtual(&e, &t, 0, &p);
+          sbn_emu_set_mutant(SBN_EMU_MUT_XMASK_NO_BAND);
+          XM_BWD(1);
+          sbn_emu_set_mutant(0);
+          if (xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mutant without the band gave the same gradients");
+        }
+#undef XM_BWD
+        g_variant = EMU_VAR_DEFAULT;
+        g_epi = NULL;
+        if (!err_words_clear(&e)) SBN_FAIL_("error words set");
+        for (int r = 0; r < cases[i].W; r++) free(dx[r]), free(dw[r]), free(db[r]);
+        emu_team_free(&e);
+        team_free(&t);
+        if (sbn_test_cur_failed_) {
+          fprintf(stderr, "  case %zu activation %d run %d\n", i, acts[a], run);
+          return;
+        }
+      }
+}
+
 /* The epilogue's aliasing and optional outputs on the kernels (stream and onchip): y
    written over z, and dz over dy, over x or over y, give the separate buffers' bits (the
    stream kernel writes dz in stage 1 only into a buffer of its own: dz_first); a backward
@@ -1668,7 +1817,7 @@ static void test_fused_aliasing(void) {
       emu_team_t ea, eb;
       emu_team_init(&ea, 2, 2, 60000);
       emu_team_init(&eb, 2, 2, 60000);
-      emu_epi_t pa = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}}, pb = pa;
+      emu_epi_t pa = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
       sbn_rng_t zr = {440 + si};
       for (int r = 0; r < 2; r++) {
         const size_t bytes = team_bytes(&a, r);
@@ -1716,7 +1865,7 @@ static void test_fused_aliasing(void) {
         team_make(&c, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 430 + si);
         emu_team_t ec;
         emu_team_init(&ec, 2, 2, 60000);
-        emu_epi_t pc = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}};
+        emu_epi_t pc = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0};
         for (int r = 0; r < 2; r++) {
           pc.z[r] = dup_mem(pa.z[r], team_bytes(&a, r));
           pc.y[r] = c.y[r];
@@ -1926,7 +2075,7 @@ static void test_numeric_edges(void) {
     CHECK_();
     ASSERT_TRUE(t.sinv[0][0] == 0.0f && t.sinv[1][0] == 0.0f && isfinite(t.sinv[0][1]));
     for (int recover = 0; recover < 2; recover++) { /* the x-based backward, then x from y */
-      emu_epi_t ep = {sbnActivationIdentity, 0.01f, 1, {NULL}, {t.y[0], t.y[1]}, {NULL}};
+      emu_epi_t ep = {sbnActivationIdentity, 0.01f, 1, {NULL}, {t.y[0], t.y[1]}, {NULL}, 0};
       g_epi = recover ? &ep : NULL;
       team_poison_bwd(&t);
       emu_run_virtual(&e, &t, 1, &p0);
@@ -1969,7 +2118,7 @@ static void test_fused_relu_inplace(void) {
     emu_team_t ea, eb;
     emu_team_init(&ea, cs[i].W, 2, 60000);
     emu_team_init(&eb, cs[i].W, 2, 60000);
-    emu_epi_t ep = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}};
+    emu_epi_t ep = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0};
     g_epi = &ep;
     g_variant = SBN_VAR_STREAM;
     emu_run_virtual(&ea, &a, 0, &p);
@@ -2593,7 +2742,7 @@ static void failed_op_wrote_nothing(int variant, emu_team_t* e, team_t* t, int b
 static void relu_dz_backward_stopped(int variant, emu_team_t* e, team_t* t) {
   const sbnParams_t p = SBN_PARAMS_DEFAULT;
   const size_t bytes = team_bytes(t, 0);
-  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}, 0};
   ep.y[0] = dup_mem(t->x[0], bytes);
   ep.dz[0] = malloc(bytes);
   memset(ep.dz[0], 0xff, bytes);
@@ -2857,7 +3006,7 @@ static void small_options(void) {
   emu_team_t e;
   emu_team_init(&e, 1, 2, 60000);
   const size_t bytes = team_bytes(&t, 0);
-  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}};
+  emu_epi_t ep = {SBN_ACT_RELU, 0.0f, 0, {0}, {0}, {0}, 0};
   ep.z[0] = gen_tensor(&t.d[0], &(sbn_rng_t){3151}, GEN_NORMAL);
   ep.dz[0] = malloc(bytes);
   ep.y[0] = t.y[0];
@@ -3130,7 +3279,7 @@ static void test_host_path_equals_small(void) {
         team_make(&cpu[how], 1, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL,
                   seed);
         emu_team_init(&e[how], 1, cases[i].G, 60000);
-        ep[how] = (emu_epi_t){epis[k].act, 0.1f, 0, {0}, {0}, {0}};
+        ep[how] = (emu_epi_t){epis[k].act, 0.1f, 0, {0}, {0}, {0}, 0};
         const int host_before = g_host_small;
         g_variant = SBN_VAR_SMALL;
         fused_run_and_check(&g[how], &cpu[how], &e[how], &ep[how], epis[k].z, how ? EPI_HOST : EPI_VIRTUAL, &p,
@@ -4602,6 +4751,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_inference, 0);
   EMU_TEST(test_fused_vs_cpu, 0);
   EMU_TEST(test_fused_bytes, 0);
+  EMU_TEST(test_xmask_kernels, 0);
   EMU_TEST(test_fused_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_numeric_edges, 0);

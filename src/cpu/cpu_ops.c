@@ -195,7 +195,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
      its per-channel factors go where the dx coefficients go after the sums) */
   sbn_cpu_bwd_src_t src = {op->x, op->act != SBN_ACT_IDENTITY || op->x == NULL ? op->y : NULL, op->dy,
                            op->save_mean, op->act, op->slope, op->bias, NULL,
-                           op->no_residual && op->x != NULL && op->act != SBN_ACT_IDENTITY,
+                           sbn_xmask_applies(op->no_residual, op->act, op->x, op->y, op->dz),
                            op->weight, op->save_invstd};
   float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {

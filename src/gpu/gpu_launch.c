@@ -398,6 +398,7 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
     R->act = o->act;
     R->slope = o->slope;
     R->recover = o->kind == SBN_OP_BACKWARD && o->x == NULL && o->y != NULL;
+    R->xmask = o->kind == SBN_OP_BACKWARD && sbn_xmask_applies(o->no_residual, o->act, o->x, o->y, o->dz);
     if (R->recover) R->x = o->y; /* the in-place backward reads y in x's place */
   }
   if (gt->local < 0) /* NCCL teams: the window (below), or the collective */

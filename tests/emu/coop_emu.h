@@ -93,6 +93,8 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                                 adds z after the activation */
 #define SBN_EMU_MUT_SMALL_MASK_X 524288 /* SBN_MUT_SMALL_MASK_X: the small backward's mask
                                            from x, not y */
+#define SBN_EMU_MUT_XMASK_NO_BAND 1048576 /* SBN_MUT_XMASK_NO_BAND: the backward's mask from x
+                                            without the band: y never read */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the
