@@ -23,8 +23,13 @@
  *    1, and a reserved field not 0, are refused; a forward (training or inference) with z
  *    and no_residual = 1 is refused and writes nothing.
  *
- * Mutants (tests/CMakeLists.txt, WILL_FAIL): SBN_XMASK_SCALE 2^40 (a band 2^19 times too
- * narrow) fails 1 and 3; SBN_XMASK_LEAST_FLOOR 0 (no fp16 floor) fails 1.
+ *    And x given as y's memory (allowed where only dbias and dz are asked for): no mask
+ *    from x there (those values are y's), dbias as with no_residual = 0.
+ *
+ * Mutants (tests/CMakeLists.txt, WILL_FAIL): SBN_XMASK_SCALE 2^40 (this file's rule with a
+ * band 2^19 times too narrow) fails 1 (and 3, whose poisoning then disagrees with the
+ * library's rule); SBN_XMASK_LEAST_FLOOR 0 (no fp16 floor) fails 1; the CPU team built to
+ * ignore no_residual (src/cpu/cpu_reduce.c, a source mutant) fails 3.
  */
 #include <float.h>
 
@@ -329,6 +334,25 @@ static void test_api(void) {
                  sbnInvalidArgument);
   ASSERT_TRUE(strstr(sbnGetLastError(comm), "reserved") != NULL);
   ASSERT_TRUE(memcmp(before, t.dx[0], team_bytes(&t, 0)) == 0);
+  ASSERT_TRUE(memcmp(g.dw[0], t.dw[0], 3 * sizeof(float)) == 0 && memcmp(g.db[0], t.db[0], 3 * sizeof(float)) == 0);
+  /* x given as y's memory, dbias alone asked for: y's values are no x, so no mask from x
+     (it would take y - mean for x - mean): dbias as with no_residual = 0 */
+  {
+    const size_t tb = team_bytes(&t, 0);
+    void* yx = dup_mem(t.y[0], tb);
+    float db0[3], db1[3];
+    e.reserved = 0;
+    for (int nr = 0; nr < 2; nr++) {
+      e.no_residual = nr;
+      const sbnResult_t rr = sbnBackwardEx(comm, &t.d[0], yx, yx, t.dy[0], NULL, NULL, t.w, t.b, t.smean[0],
+                                           t.sinv[0], NULL, nr ? db1 : db0, NULL, &e, NULL);
+      if (rr != sbnSuccess) fprintf(stderr, "  %s\n", sbnGetLastError(comm));
+      ASSERT_OK(rr);
+    }
+    ASSERT_TRUE(memcmp(db0, g.db[0], sizeof db0) == 0);
+    ASSERT_TRUE(memcmp(db1, db0, sizeof db0) == 0);
+    free(yx);
+  }
   /* a forward with z and no_residual = 1: refused, y and the statistics untouched */
   e.reserved = 0;
   void* z = dup_mem(t.x[0], team_bytes(&t, 0));
