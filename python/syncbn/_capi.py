@@ -119,10 +119,11 @@ class Epilogue(ctypes.Structure):
                 ("no_residual", ctypes.c_int), ("reserved", ctypes.c_int)]
 
     @classmethod
-    def make(cls, activation, slope):
+    def make(cls, activation, slope, no_residual=False):
         if isinstance(activation, bool):  # an int to c_int, but True is no activation's name
             raise TypeError("syncbn: activation must be IDENTITY, RELU or LEAKY_RELU, got a bool")
-        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), c_float(slope, "slope"), 0, 0)
+        return cls(ctypes.sizeof(cls), c_int(activation, "activation", 32), c_float(slope, "slope"),
+                   1 if no_residual else 0, 0)
 
 
 def _candidates():

@@ -9,7 +9,8 @@ with the epilogue).
         int activation, float slope, bool inplace) -> (Tensor out, Tensor stats)
     syncbn::batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out,
         Tensor? weight, Tensor? bias, Tensor stats, float eps, int comm, int activation,
-        float slope, bool input_grad, bool residual_grad, bool weight_grad)
+        float slope, bool input_grad, bool residual_grad, bool weight_grad,
+        bool no_residual=False)
         -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)
     syncbn::batch_norm_act_infer(Tensor input, Tensor? residual, Tensor running_mean,
         Tensor running_var, Tensor? weight, Tensor? bias, float eps, int activation,
@@ -21,6 +22,15 @@ IDENTITY, RELU, LEAKY_RELU). The conventions are the plain operators' (syncbn._o
 empty tensors for the gradients not asked for, out in the input's memory format. The
 residual must have the input's shape, dtype, device and memory format (the library reads
 both in one layout); anything else is refused with an error naming it.
+
+``no_residual`` (the backward op) is sbnEpilogue_t's: the caller's promise that the forward
+that made ``out`` had no residual and that ``weight`` and ``bias`` are that forward's own
+(the library cannot check it). A ReLU or leaky ReLU backward given the input then takes
+the activation's mask from the input (the sign of the forward's batch_norm(x), y read only
+where that sign is in doubt): the same gradients, fewer bytes read. The bias is then read
+(a weight without a bias: 0, as in the forward), so a wrong one gives wrong gradients. The
+Autograd kernels pass it for a forward without a residual (ReLU, leaky ReLU, not in
+place), and keep the bias for it.
 
 ``inplace`` (the train op) asks for the in-place backward: its Autograd kernel saves only
 ``out`` (not the input), and the backward recovers x - mean from out, weight and bias
@@ -56,13 +66,13 @@ _ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
 _epilogues = {}
 
 
-def _epi(activation, slope):
-    key = (activation, slope)
+def _epi(activation, slope, no_residual=False):
+    key = (activation, slope, no_residual)
     e = _epilogues.get(key)
     if e is None:
         if len(_epilogues) > 256:
             _epilogues.clear()
-        e = _epilogues[key] = _byref(_capi.Epilogue.make(activation, slope))
+        e = _epilogues[key] = _byref(_capi.Epilogue.make(activation, slope, no_residual))
     return e
 
 
@@ -218,7 +228,7 @@ def _backward_alloc(base, weight, input_grad, residual_grad, weight_grad):
 
 
 def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                     weight_grad):
+                     weight_grad, no_residual=False):
     _check_backward(dy, x, out, weight, bias, stats, activation, slope)
     if x is not None:
         x, layout = _dense(x)
@@ -234,7 +244,9 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
     st = stats if stats.is_contiguous() else stats.contiguous()
     sp = st.data_ptr()
     w32 = _f32(weight)
-    b32 = _f32_bias(weight, bias) if x is None else None  # the in-place backward reads the bias (x from out)
+    # the bias is read by the in-place backward (x from out) and by the mask from x
+    # (no_residual: the sign of the forward's batch_norm(x)); a weight without one: 0
+    b32 = _f32_bias(weight, bias) if x is None or no_residual else None
     if weight_grad and weight is not None:
         dwp = dwb.data_ptr()
         dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
@@ -243,12 +255,12 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
     _call_comm(c, _bwdx_c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", _desc(base, layout), _ptr(x),
                _ptr(out), dy.data_ptr(), dx.data_ptr() if input_grad else None,
                dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp,
-               _param(eps, 0.1), _epi(activation, slope), _stream(base))
+               _param(eps, 0.1), _epi(activation, slope, no_residual), _stream(base))
     return dx, dz, dwb
 
 
 def _backward_fake(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                   weight_grad):
+                   weight_grad, no_residual=False):
     _check_backward(dy, x, out, weight, bias, stats, activation, slope)
     base, _ = _dense(x if x is not None else out)
     return _backward_alloc(base, weight, input_grad, residual_grad, weight_grad)
@@ -301,7 +313,9 @@ def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_act_train over `train` and `backward` (the
     operators, dispatched past autograd when `below`; or their kernels, eagerly, as
     _ops._train_function with `traced_backward`). It saves
-    the input and (for an activation) out; in-place: out only (x comes back from it)."""
+    the input and (for an activation) out; in-place: out only (x comes back from it).
+    A ReLU or leaky ReLU forward without a residual (not in place) also saves the bias,
+    and its backward passes no_residual (the mask from x, which reads the bias)."""
 
     class TrainActFn(torch.autograd.Function):
         _compiled_autograd_key = staticmethod(_ops._compiled_key)
@@ -312,12 +326,14 @@ def _train_function(train, backward, below, traced_backward=None):
             args = (x, z, weight, bias, running_mean, running_var, nbt, eps, momentum, comm, activation, slope,
                     inplace)
             y, stats = _ops._forward_call(train, below, args)
+            # the mask from x: a forward without a residual, of its own weight and bias
+            ctx.no_residual = not inplace and activation != IDENTITY and z is None
             if inplace:
                 _ops._save(ctx, None, y, weight, bias, stats)
             elif activation == IDENTITY:  # no mask: out is not needed
                 _ops._save(ctx, x, None, weight, None, stats)
             else:
-                _ops._save(ctx, x, y, weight, None, stats)
+                _ops._save(ctx, x, y, weight, bias if ctx.no_residual else None, stats)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
             ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
             ctx.twice = inplace or _ops._twice(x, weight)  # in place: the C++ node looks at out, which always does
@@ -333,7 +349,7 @@ def _train_function(train, backward, below, traced_backward=None):
             want_w = weight is not None and (need[2] or need[3])
             dx, dz, dwb = _ops._traced(backward, traced_backward, dy)(dy, x, y, weight, bias, stats, ctx.eps,
                                                                       ctx.comm, ctx.activation, ctx.slope, need[0],
-                                                                      need[1], want_w)
+                                                                      need[1], want_w, ctx.no_residual)
             dw, db = _ops._weight_grads(dwb if want_w else None, weight, need[2], need[3])
             return (dx if need[0] else None, dz if need[1] else None, dw, db) + (None,) * 9
 
@@ -386,14 +402,14 @@ def _autograd_kernels(train, backward, infer):
         return out
 
     def backward_autograd(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                          weight_grad):
+                          weight_grad, no_residual=False):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, out, weight, bias)):
             raise RuntimeError("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
                                "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
                                "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
             return backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                            residual_grad, weight_grad)
+                            residual_grad, weight_grad, no_residual)
 
     def infer_autograd(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
         _ops._refusals("batch_norm_act_infer", running_mean, running_var, x, z, weight, bias)
@@ -411,7 +427,7 @@ SCHEMAS = {
                             "-> (Tensor out, Tensor stats)",
     "batch_norm_act_backward": "(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
                                "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, "
-                               "bool residual_grad, bool weight_grad) "
+                               "bool residual_grad, bool weight_grad, bool no_residual=False) "
                                "-> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)",
     "batch_norm_act_infer": "(Tensor input, Tensor? residual, Tensor running_mean, Tensor running_var, "
                             "Tensor? weight, Tensor? bias, float eps, int activation, float slope) -> Tensor",

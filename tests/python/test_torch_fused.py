@@ -345,6 +345,155 @@ class TestSavedTensors(TeamOfOne):
                     torch.testing.assert_close(dy.grad, torch.full_like(dy, 2.0), rtol=0, atol=0)
 
 
+def pre_activation(x, z, w, b, eps=1e-5):
+    """v = batch_norm(x) + z in float64 with the batch's statistics (w, b None: 1, 0)."""
+    v = F.batch_norm(x.double(), None, None, None if w is None else w.double(), None if b is None else b.double(),
+                     True, 0.1, eps)
+    return v if z is None else v + z.double()
+
+
+def poison_sure_signs(y, v, margin=1e-3):
+    """Writes over the saved output y, where the sign of v (the forward's pre-activation
+    value, float64) is sure by far (|v| > margin: the library's band is ~1e-6 here), a
+    value of the other sign (-sign(v)), without autograd seeing it (y.data: no version
+    bump). A backward that takes the activation's mask from y then gets it wrong there;
+    one that takes it from x (no_residual) reads y only in the band: unchanged. Returns
+    the share of y overwritten."""
+    sure = v.abs() > margin
+    y.data.copy_(torch.where(sure, -v.sign(), y.detach().double()).to(y.dtype))
+    return float(sure.double().mean())
+
+
+class TestMaskFromX(TeamOfOne):
+    """A fused ReLU / leaky ReLU layer whose forward had no residual passes no_residual to
+    sbnBackwardEx (the mask from x; its bias with it), and one with a residual does not:
+    with the saved output's sign flipped wherever the mask from x is sure, the gradients
+    of the forward without a residual are bitwise those of the untouched output, and those
+    of the forward with one change (the mask from y). Then float64 PyTorch's gradients with
+    biases far from 0 (a mask from x without the bias, or a wrong one, is wrong on many
+    elements). Through the layer and the operator, on the operators syncbn.torch runs
+    (C++ or Python: CI runs this file on both)."""
+
+    def _grads(self, through, act, slope, x, z, w, b, g, poison):
+        """x's, z's, the weight's and the bias's gradients (None where absent) of
+        sum(g * y) for y the fused forward of (x, z, w, b); the saved y poisoned first
+        where `poison` (poison_sure_signs); and the share poisoned."""
+        x = x.detach().clone().requires_grad_()
+        z = None if z is None else z.detach().clone().requires_grad_()
+        w = None if w is None else w.detach().clone().requires_grad_()
+        b = None if b is None else b.detach().clone().requires_grad_()
+        if through == "layer":
+            m = sbt.SyncBatchNorm(x.shape[1], comm=self.comm, activation=act, slope=slope, affine=w is not None,
+                                  bias=b is not None or w is None)
+            with torch.no_grad():
+                if w is not None:
+                    m.weight.copy_(w)
+                if b is not None:
+                    m.bias.copy_(b)
+            y = m(x, z)
+            w, b = m.weight, m.bias
+        else:
+            y = _fused.batch_norm_act_train(x, z, w, b, None, None, None, 1e-5, 0.1, self.comm.id,
+                                            _fused.ACTIVATIONS[act], slope, False)[0]
+        with torch.no_grad():
+            share = poison_sure_signs(y, pre_activation(x, z, w, b)) if poison else 0.0
+        (y.double() * g).sum().backward()
+        return [None if t is None else t.grad for t in (x, z, w, b)], share
+
+    def _inputs(self, cl, affine, bias, residual, seed):
+        torch.manual_seed(seed)
+        fmt = torch.channels_last if cl else torch.contiguous_format
+        x = (torch.randn(4, 5, 3, 4) + 1).contiguous(memory_format=fmt)
+        z = torch.randn(4, 5, 3, 4).contiguous(memory_format=fmt) if residual else None
+        w = torch.rand(5) + 0.5 if affine else None
+        b = torch.rand(5) - 0.5 if affine and bias else None
+        return x, z, w, b, torch.randn(4, 5, 3, 4, dtype=torch.float64)
+
+    def test_mask_from_x_without_a_residual(self):
+        """No residual: the poisoned output changes no gradient (bitwise), with a bias,
+        with a weight and no bias (bias=False: 0), without affine, both layouts."""
+        for through in ("layer", "op"):
+            for act, slope in (("relu", 0.0), ("leaky_relu", 0.1)):
+                for affine, bias in ((True, True), (True, False), (False, False)):
+                    for cl in (False, True):
+                        msg = f"{through} {act} affine {affine} bias {bias} channels_last {cl}"
+                        x, z, w, b, g = self._inputs(cl, affine, bias, False, 31)
+                        want, _ = self._grads(through, act, slope, x, z, w, b, g, poison=False)
+                        got, share = self._grads(through, act, slope, x, z, w, b, g, poison=True)
+                        self.assertGreater(share, 0.99, msg)  # (the band: ~1e-6 here)
+                        for i, (a, e) in enumerate(zip(got, want)):
+                            if e is None:
+                                self.assertIsNone(a, f"{msg}: gradient {i}")
+                            else:
+                                self.assertTrue(torch.equal(a, e), f"{msg}: gradient {i} differs")
+
+    def test_mask_from_y_with_a_residual(self):
+        """A residual: no no_residual, the mask from y: the poisoned output changes dx
+        and dz (the control: the poison reaches the backward's y)."""
+        for through in ("layer", "op"):
+            for act, slope in (("relu", 0.0), ("leaky_relu", 0.1)):
+                x, z, w, b, g = self._inputs(False, True, True, True, 32)
+                want, _ = self._grads(through, act, slope, x, z, w, b, g, poison=False)
+                got, share = self._grads(through, act, slope, x, z, w, b, g, poison=True)
+                self.assertGreater(share, 0.99)
+                for i in (0, 1):
+                    self.assertFalse(torch.equal(got[i], want[i]), f"{through} {act}: gradient {i} unchanged")
+
+    def test_backward_operator_passes_no_residual(self):
+        """syncbn::batch_norm_act_backward's no_residual reaches the library: on the
+        poisoned output, False (the default) gives the mask from y's gradients (changed),
+        True the untouched output's (bitwise); the bias given (None with a weight: 0)."""
+        for act, slope in ((syncbn.RELU, 0.0), (syncbn.LEAKY_RELU, 0.1)):
+            for bias in (True, False):
+                x, _, w, b, _ = self._inputs(False, True, bias, False, 33)
+                y, stats = _fused.batch_norm_act_train(x, None, w, b, None, None, None, 1e-5, 0.1, self.comm.id,
+                                                       act, slope, False)
+                dy = torch.randn_like(y)
+
+                def bwd(out, *no_residual):
+                    return _fused.batch_norm_act_backward(dy, x, out, w, b, stats, 1e-5, self.comm.id, act, slope,
+                                                          True, False, True, *no_residual)
+
+                want = bwd(y)
+                poisoned = y.clone()
+                self.assertGreater(poison_sure_signs(poisoned, pre_activation(x, None, w, b)), 0.99)
+                msg = f"activation {act} bias {bias}"
+                for got in (bwd(poisoned, True), bwd(y, True)):
+                    self.assertTrue(torch.equal(got[0], want[0]), f"{msg}: dx")
+                    self.assertTrue(torch.equal(got[2], want[2]), f"{msg}: dweight, dbias")
+                for got in (bwd(poisoned), bwd(poisoned, False)):
+                    self.assertFalse(torch.equal(got[0], want[0]), f"{msg}: dx (the mask from y)")
+
+    def test_gradients_with_biases_far_from_zero(self):
+        """Against float64 PyTorch act(batch_norm(x) + z) (test_torch.py's tolerances) with
+        biases of +-1 to 2 and data off 0 (3 + N(0, 0.1)): the mask from x sums the bias in
+        (without it, or with another, a share of the elements takes the other branch);
+        with a residual, the mask from y and dz as before."""
+        c = 4
+        for act, slope in (("relu", 0.0), ("leaky_relu", 0.1)):
+            for residual in (False, True):
+                for bias in (True, False):
+                    msg = f"{act} residual {residual} bias {bias}"
+                    torch.manual_seed(34)
+                    x = (3 + 0.1 * torch.randn(6, c, 5, 5, dtype=torch.float64)).float()
+                    z = torch.randn(6, c, 5, 5) if residual else None
+                    w = torch.tensor([0.7, 1.3, 1.0, 0.9])
+                    b = torch.tensor([2.0, -2.0, 1.5, -1.0]) if bias else None
+                    g = torch.randn(6, c, 5, 5, dtype=torch.float64)
+                    for through in ("layer", "op"):
+                        got, _ = self._grads(through, act, slope, x, z, w, b, g, poison=False)
+                        X, W = x.double().requires_grad_(), w.double().requires_grad_()
+                        Z = None if z is None else z.double().requires_grad_()
+                        B = None if b is None else b.double().requires_grad_()
+                        Y = act_ref(pre_activation(X, Z, W, B), act, slope)
+                        (Y * g).sum().backward()
+                        for i, (a, e, tol) in enumerate(zip(got, (X, Z, W, B), (TOL, TOL, PTOL, PTOL))):
+                            if e is None:
+                                continue
+                            self.assertIsNotNone(a, f"{through} {msg}: gradient {i}")
+                            assert_within(self, a, e.grad, *tol[torch.float32], msg=f"{through} {msg}: gradient {i}")
+
+
 class TestMemoryMeasure(TeamOfOne):
     """bench/torch_fused_memory.py's CPU measure of a training step's activation memory:
     the peak of the CPU allocator's running total in torch.profiler's allocation records,
@@ -598,16 +747,18 @@ class TestOps(TeamOfOne):
                                           (*args, 1e-5, momentum, self.comm.id, act, 0.1, inplace))
 
     def test_opcheck_backward(self):
+        """With a residual (no_residual by default), in place, and without a residual
+        (no_residual True: the mask from x, the bias read)."""
         for dtype, cl, affine in self._cases():
-            for inplace in (False, True):
-                with self.subTest(dtype=dtype, cl=cl, affine=affine, inplace=inplace):
-                    x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, not inplace, requires_grad=False)
+            for inplace, residual, no_residual in ((False, True, ()), (True, False, ()), (False, False, (True,))):
+                with self.subTest(dtype=dtype, cl=cl, affine=affine, inplace=inplace, residual=residual):
+                    x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, residual, requires_grad=False)
                     y, stats = _fused.batch_norm_act_train(x, z, w, b, None, None, None, 1e-5, 0.1, self.comm.id,
                                                            syncbn.LEAKY_RELU, 0.1, inplace)
                     dy = torch.randn_like(y)
                     torch.library.opcheck(_fused.batch_norm_act_backward,
                                           (dy, None if inplace else x, y, w, b, stats, 1e-5, self.comm.id,
-                                           syncbn.LEAKY_RELU, 0.1, True, not inplace, affine))
+                                           syncbn.LEAKY_RELU, 0.1, True, residual, affine, *no_residual))
 
     def test_opcheck_infer(self):
         for dtype, cl, affine in self._cases():
@@ -2686,7 +2837,8 @@ class TestCompiledAutograd(TeamOfOne):
     # in place, hooks) or eval (eps), the team, which gradients are asked for. "hooks":
     # the forward under saved_tensors_hooks, whose saved tensors add nothing to the key
     # (the in-place call's slots (-, out, w, b, stats) against the leaky one's (x, out, w,
-    # -, stats)).
+    # -, stats)); without a bias, a residual that requires no grad (the same slots and
+    # edges as the call without one before it: only no_residual, the mask from x, differs).
     KEY_CALLS = (
         dict(act=syncbn.RELU, slope=0.0),
         dict(act=syncbn.LEAKY_RELU, slope=0.1),
@@ -2697,6 +2849,8 @@ class TestCompiledAutograd(TeamOfOne):
         dict(act=syncbn.RELU, slope=0.0, residual=True),
         dict(act=syncbn.RELU, slope=0.0, residual=True, other_team=True),
         dict(act=syncbn.RELU, slope=0.0, residual=True, x_grad=False),
+        dict(act=syncbn.RELU, slope=0.0, no_bias=True),
+        dict(act=syncbn.RELU, slope=0.0, residual=True, z_grad=False, no_bias=True),
         dict(act=syncbn.LEAKY_RELU, slope=0.2, residual=True, eval_eps=1e-5),
         dict(act=syncbn.LEAKY_RELU, slope=0.2, residual=True, eval_eps=0.5),
     )
@@ -2709,8 +2863,10 @@ class TestCompiledAutograd(TeamOfOne):
         for i, c in enumerate(self.KEY_CALLS):
             torch.manual_seed(20 + i)
             x = (torch.randn(3, 4, 5, 5) + 1).requires_grad_(c.get("x_grad", True))
-            z = torch.randn(3, 4, 5, 5).requires_grad_() if c.get("residual") else None
+            z = torch.randn(3, 4, 5, 5).requires_grad_(c.get("z_grad", True)) if c.get("residual") else None
             w, b = (torch.rand(4) + 0.5).requires_grad_(), (torch.rand(4) - 0.5).requires_grad_()
+            if c.get("no_bias"):
+                b = None
             comm = other_comm if c.get("other_team") else self.comm
             hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if c.get("hooks") else None
             with hooks or contextlib.nullcontext():

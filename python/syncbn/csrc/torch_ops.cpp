@@ -663,10 +663,13 @@ void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who)
   }
 }
 
-sbnEpilogue_t epilogue(int64_t activation, double slope) {
+// no_residual: sbnBackwardEx's promise that the forward had no z and that the weight and
+// bias given are its own (the mask from x; _fused.py's docstring)
+sbnEpilogue_t epilogue(int64_t activation, double slope, bool no_residual = false) {
   sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
   e.activation = static_cast<sbnActivation_t>(activation);
   e.slope = static_cast<float>(slope);
+  e.no_residual = no_residual ? 1 : 0;
   return e;
 }
 
@@ -732,7 +735,8 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
                                                        const optional<Tensor>& out, const optional<Tensor>& weight,
                                                        const optional<Tensor>& bias, const Tensor& stats, double eps,
                                                        int64_t comm, int64_t activation, double slope,
-                                                       bool input_grad, bool residual_grad, bool weight_grad) {
+                                                       bool input_grad, bool residual_grad, bool weight_grad,
+                                                       bool no_residual) {
   check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope);
   optional<Tensor> x, y;
   sbnLayout_t layout;
@@ -753,10 +757,12 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
                           : base.new_empty({0}, base.options().dtype(at::kFloat));
   Tensor st = stats.contiguous();
   optional<Tensor> w32 = f32(weight);
-  optional<Tensor> b32 = input.has_value() ? std::nullopt : f32_bias(weight, bias);  // the in-place backward reads it
+  // the bias: read by the in-place backward (x from out) and by the mask from x
+  // (no_residual: the sign of the forward's batch_norm(x)); a weight without one: 0
+  optional<Tensor> b32 = !input.has_value() || no_residual ? f32_bias(weight, bias) : std::nullopt;
   const sbnTensorDesc_t d = desc(base, layout);
   const sbnParams_t p = params(eps, 0.1);
-  const sbnEpilogue_t e = epilogue(activation, slope);
+  const sbnEpilogue_t e = epilogue(activation, slope, no_residual);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
   call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", [&](sbnComm_t h) {
@@ -821,7 +827,7 @@ auto& act_backward_op() {
                        .typed<std::tuple<Tensor, Tensor, Tensor>(
                            const Tensor&, const optional<Tensor>&, const optional<Tensor>&, const optional<Tensor>&,
                            const optional<Tensor>&, const Tensor&, double, int64_t, int64_t, double, bool, bool,
-                           bool)>();
+                           bool, bool)>();
   return op;
 }
 auto& act_infer_op() {
@@ -861,6 +867,7 @@ struct NodeConsts {
   double eps = 0.0, slope = 0.0;
   int64_t comm = 0, activation = 0;
   bool has_bias = false;
+  bool no_residual = false;  // TrainActBackward: the forward had no residual (the mask from x)
 };
 
 // The four nodes' common part. A node keeps K saved tensors (saved_; Self::kOutput[i]:
@@ -913,6 +920,7 @@ struct SyncBNNode : public Node {
     args.collect(k.comm);
     args.collect(k.activation);
     args.collect(k.has_bias);
+    args.collect(k.no_residual);
     args.collect(needs());
 #endif
   }
@@ -940,6 +948,7 @@ struct SyncBNNode : public Node {
     args.pack(k.comm);
     args.pack(k.activation);
     args.pack(k.has_bias);
+    args.pack(k.no_residual);
     const auto& py = ca::getPyCompilerInterface();
     static std::once_flag bound;
     static std::string fn_name;
@@ -947,8 +956,9 @@ struct SyncBNNode : public Node {
       std::vector<at::TypePtr> schema{ca::IValuePacker<std::vector<bool>>::packed_type()};
       for (size_t i = 0; i < K; ++i) schema.push_back(ca::IValuePacker<optional<Tensor>>::packed_type());
       for (const at::TypePtr& t : std::initializer_list<at::TypePtr>{
-               at::FloatType::get(), at::FloatType::get(), at::IntType::get(), at::IntType::get(), at::BoolType::get()})
-        schema.push_back(t);  // eps, slope, comm, activation, has_bias
+               at::FloatType::get(), at::FloatType::get(), at::IntType::get(), at::IntType::get(), at::BoolType::get(),
+               at::BoolType::get()})
+        schema.push_back(t);  // eps, slope, comm, activation, has_bias, no_residual
       fn_name = py->bind_function(swap.get_py_compiler(), SBN_STR(SBN_TORCH_NS) "_" + std::string(Self::kName),
                                   &run_packed, schema, /*is_custom_function=*/false, /*is_traceable=*/true);
     });
@@ -978,6 +988,7 @@ struct SyncBNNode : public Node {
     c.comm = args.unpack<int64_t>();
     c.activation = args.unpack<int64_t>();
     c.has_bias = args.unpack<bool>();
+    c.no_residual = args.unpack<bool>();
     return Self::run(grads, need, saved, c);
   }
 #endif
@@ -1188,7 +1199,9 @@ optional<Tensor> opt(const Tensor& t) { return t.defined() ? optional<Tensor>(t)
 
 // Gradients of batch_norm_act_train's out, to (input, residual, weight, bias):
 // sbnBackwardEx. It keeps the input and (for an activation) out; in place: out and the
-// bias only (the input comes back from them).
+// bias only (the input comes back from them). A ReLU or leaky ReLU forward without a
+// residual (not in place) keeps the bias too, and its backward passes no_residual (the
+// mask from x, which reads the bias).
 // Saved: the input, out (the node's output), the weight, the bias, stats.
 struct TrainActBackward : public SyncBNNode<TrainActBackward, 5> {
   static constexpr const char* kName = "SyncBatchNormActBackward";
@@ -1207,7 +1220,7 @@ struct TrainActBackward : public SyncBNNode<TrainActBackward, 5> {
     const Tensor& shape_of = x.defined() ? x : y;
     const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(shape_of);  // out unused: its gradient is 0
     auto [dx, dz, dwb] = act_backward_op().call(dy, opt(x), opt(y), opt(weight), opt(bias), stats, k.eps, k.comm,
-                                                k.activation, k.slope, need_x, need_z, want_w);
+                                                k.activation, k.slope, need_x, need_z, want_w, k.no_residual);
     Tensor dw, db;
     if (want_w) {
       if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
@@ -1240,10 +1253,12 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     auto* n = static_cast<TrainActBackward*>(node.get());
     n->set_next_edges(torch::autograd::collect_next_edges(x, z, weight, bias));
     torch::autograd::set_history(y, node);
+    // the mask from x: a forward without a residual, of its own weight and bias
+    const bool no_residual = !inplace && activation != sbnActivationIdentity && !z.has_value();
     if (!inplace) n->save(0, x);
     if (inplace || activation != sbnActivationIdentity) n->save(1, y);  // out: after set_history
     n->save(2, weight.has_value() ? *weight : Tensor());
-    if (inplace) n->save(3, bias.has_value() ? *bias : Tensor());
+    if (inplace || no_residual) n->save(3, bias.has_value() ? *bias : Tensor());
     n->save(4, stats);
     n->k.eps = eps;
     n->k.slope = slope;
@@ -1251,6 +1266,7 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     n->pin_ = std::make_unique<CommPin>(comm);
     n->k.activation = activation;
     n->k.has_bias = bias.has_value();
+    n->k.no_residual = no_residual;
   }
   bump(rm);
   bump(rv);
@@ -1262,7 +1278,8 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
                                                          const optional<Tensor>& out, const optional<Tensor>& weight,
                                                          const optional<Tensor>& bias, const Tensor& stats, double eps,
                                                          int64_t comm, int64_t activation, double slope,
-                                                         bool input_grad, bool residual_grad, bool weight_grad) {
+                                                         bool input_grad, bool residual_grad, bool weight_grad,
+                                                         bool no_residual) {
   const optional<Tensor> dyo(dy);
   if (at::GradMode::is_enabled()) {
     for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias})
@@ -1272,7 +1289,7 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
   }
   at::AutoDispatchBelowADInplaceOrView below;
   return act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                                residual_grad, weight_grad);
+                                residual_grad, weight_grad, no_residual);
 }
 
 // g * act'(out), PyTorch's rules and ops (_fused.act_grad): ReLU 0 where out <= 0 (NaN
@@ -1367,7 +1384,8 @@ SBN_LIBRARY(SBN_TORCH_NS, m) {
   m.def(
       "batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
       "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, bool residual_grad, "
-      "bool weight_grad) -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)",
+      "bool weight_grad, bool no_residual=False) -> (Tensor grad_input, Tensor grad_residual, "
+      "Tensor grad_weight_bias)",
       tags);
   m.def(
       "batch_norm_act_infer(Tensor input, Tensor? residual, Tensor running_mean, Tensor running_var, "
