@@ -22,6 +22,14 @@ static void note_failure(char* err, size_t cap, const char* call, int rank, sbnR
     snprintf(err, cap, "%s: %s: %s", call, sbnGetResultName(res), detail);
 }
 
+/* The ReLU rows' backward takes the activation's mask from x (sbnEpilogue_t.no_residual:
+   their forward has no z), as a layer without a residual asks for it; SBN_BENCH_MASK=y at
+   the run: from y (the A/B of bench/notes/fused-epilogue.md, "The mask from x"). */
+static int mask_from_x(void) {
+  const char* v = getenv("SBN_BENCH_MASK");
+  return !(v != NULL && strcmp(v, "y") == 0);
+}
+
 /* Runs one forward (fwd != 0) or backward over the whole team as one group (b holds host
    pointers for the CPU team, device pointers for a GPU team; GPU ops are only queued on
    `stream`). Returns the wall time of the calls in us, or -1 with err set. */
@@ -38,6 +46,7 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
   /* the fused ops: ReLU, and add-relu's z and dz */
   sbnEpilogue_t epi = SBN_EPILOGUE_INITIALIZER;
   epi.activation = sbnActivationRelu;
+  epi.no_residual = b->epilogue == BENCH_EPI_RELU && mask_from_x();
   const int ex = b->epilogue != BENCH_EPI_NONE;
   for (int r = 0; r < b->W; r++) {
     void* z = b->z ? b->z[r] : NULL;
