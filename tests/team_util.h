@@ -9,6 +9,8 @@
 
 #include <pthread.h>
 
+#include "bn_dtype.h"
+#include "bn_math.h"
 #include "harness.h"
 #include "sbn_ref.h"
 
@@ -478,6 +480,36 @@ static inline void check_same_forward(const team_t* a, const team_t* b) {
     }
     if (team_bytes(a, r)) ASSERT_MEMEQ(a->y[r], b->y[r], team_bytes(a, r));
   }
+}
+
+/* ---- the backward's mask from x (kernels/bn_math.h: sbn_xmask_sign) --------------------- */
+/* y's sign flipped where a backward that takes the mask from x does not read it: elements
+   the rule is sure of whose group of V elements (the 16-byte vector the kernels read
+   whole where one of its elements is not sure; V = 1: element by element, the CPU team
+   and the scalar kernels) has every element of the same plane sure too. The number
+   flipped. test_xmask.c, test_coop_emu.c. */
+static inline long team_xmask_poison(team_t* t, int64_t V) {
+  long n = 0;
+  for (int r = 0; r < t->W; r++) {
+    const sbnTensorDesc_t* d = &t->d[r];
+    const int64_t ne = sbn_ref_numel(d);
+    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
+    signed char* sg = (signed char*)malloc((size_t)ne + 1);
+    for (int64_t i = 0; i < ne; i++) {
+      const int64_t c = d->layout == sbnLayoutNHWC ? i % d->c : (i / d->spatial) % d->c;
+      const float x = (float)sbn_ref_load(t->x[r], d->dtype, i);
+      const float s = sbn_scale(t->w ? t->w[c] : 1.0f, t->sinv[r][c]);
+      sg[i] = (signed char)sbn_xmask_sign(x - t->smean[r][c], s, t->b ? t->b[c] : 0.0f, t->smean[r][c], floor);
+    }
+    for (int64_t i = 0; i < ne; i++) {
+      int all = 1;
+      for (int64_t j = i / V * V; j < i / V * V + V && j < ne; j++)
+        all &= (d->layout == sbnLayoutNCHW && j / d->spatial != i / d->spatial) || sg[j] != 0;
+      if (all) sbn_ref_store(t->y[r], d->dtype, i, sg[i] > 0 ? -1.0 : 1.0), n++;
+    }
+    free(sg);
+  }
+  return n;
 }
 
 #endif /* SYNCBN_TESTS_TEAM_UTIL_H_ */

@@ -1664,33 +1664,6 @@ static void test_fused_bytes(void) {
    poisoned y changes the mask-from-y backward's (the check can fail). The mutant that
    takes the sign of fma(x - mean, scale, bias) with no band (SBN_EMU_MUT_XMASK_NO_BAND)
    changes the fp32 offset case's gradients. */
-/* y's sign flipped where the kernels of one channel a thread do not read it: elements the
-   rule is sure of whose 16-byte vector's elements of the same plane are all sure too (the
-   kernels read a position whole where one of its elements is not sure); `scalar`: the
-   scalar kernels' positions, single elements. */
-static long xmask_poison(team_t* t, int scalar) {
-  long n = 0;
-  for (int r = 0; r < t->W; r++) {
-    const sbnTensorDesc_t* d = &t->d[r];
-    const int64_t ne = sbn_ref_numel(d), V = scalar ? 1 : 16 / (int64_t)sbn_dtype_size(d->dtype);
-    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
-    signed char* sg = (signed char*)malloc((size_t)ne + 1);
-    for (int64_t i = 0; i < ne; i++) {
-      const int64_t c = d->layout == sbnLayoutNHWC ? i % d->c : (i / d->spatial) % d->c;
-      const float x = (float)sbn_ref_load(t->x[r], d->dtype, i);
-      const float s = sbn_scale(t->w ? t->w[c] : 1.0f, t->sinv[r][c]);
-      sg[i] = (signed char)sbn_xmask_sign(x - t->smean[r][c], s, t->b ? t->b[c] : 0.0f, t->smean[r][c], floor);
-    }
-    for (int64_t i = 0; i < ne; i++) {
-      int all = 1;
-      for (int64_t j = i / V * V; j < i / V * V + V && j < ne; j++)
-        all &= (d->layout == sbnLayoutNCHW && j / d->spatial != i / d->spatial) || sg[j] != 0;
-      if (all) sbn_ref_store(t->y[r], d->dtype, i, sg[i] > 0 ? -1.0 : 1.0), n++;
-    }
-    free(sg);
-  }
-  return n;
-}
 static int xmask_same(const team_t* t, void* const* dx, float* const* dw, float* const* db) {
   for (int r = 0; r < t->W; r++) {
     const size_t cb = (size_t)t->d[r].c * sizeof(float);
@@ -1770,7 +1743,7 @@ static void test_xmask_kernels(void) {
           }
         }
         if (cases[i].plane && !sbn_test_cur_failed_) {
-          if (!(xmask_poison(&t, run == 2 || cases[i].plane == 2) > 0)) SBN_FAIL_("no element sure");
+          if (!(team_xmask_poison(&t, run == 2 || cases[i].plane == 2 ? 1 : 16 / (int64_t)sbn_dtype_size(cases[i].dt)) > 0)) SBN_FAIL_("no element sure");
           XM_BWD(1);
           if (!xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mask from x read a poisoned y");
           XM_BWD(0);

@@ -236,24 +236,6 @@ static void grads_free(const team_t* t, grads_t* g) {
   for (int r = 0; r < t->W; r++) free(g->dx[r]), free(g->dw[r]), free(g->db[r]);
 }
 
-/* y's sign flipped (to -1 or +1 in the dtype) wherever the rule is sure of it; the count. */
-static long poison_sure(team_t* t) {
-  long n = 0;
-  for (int r = 0; r < t->W; r++) {
-    const sbnTensorDesc_t* d = &t->d[r];
-    const int64_t ne = sbn_ref_numel(d);
-    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
-    for (int64_t i = 0; i < ne; i++) {
-      const int64_t c = d->layout == sbnLayoutNHWC ? i % d->c : (i / d->spatial) % d->c;
-      const float x = (float)sbn_ref_load(t->x[r], d->dtype, i);
-      const float s = sbn_scale(t->w ? t->w[c] : 1.0f, t->sinv[r][c]);
-      const int sign = sbn_xmask_sign(x - t->smean[r][c], s, t->b ? t->b[c] : 0.0f, t->smean[r][c], floor);
-      if (sign != 0) sbn_ref_store(t->y[r], d->dtype, i, sign > 0 ? -1.0 : 1.0), n++;
-    }
-  }
-  return n;
-}
-
 static void team_case(int W, sbnDataType_t dt, sbnLayout_t lay, gen_t gen, act_t a, int affine, uint64_t seed) {
   const int64_t n[MAXW] = {3, 2, 0, 4};
   team_t t;
@@ -264,7 +246,7 @@ static void team_case(int W, sbnDataType_t dt, sbnLayout_t lay, gen_t gen, act_t
   grads_keep(&t, &g);
   ASSERT_OK(xrun(&t, 1, 1, a)); /* the mask from x, y as the forward wrote it */
   ASSERT_TRUE(grads_equal(&t, &g));
-  const long poisoned = poison_sure(&t);
+  const long poisoned = team_xmask_poison(&t, 1);
   ASSERT_TRUE(poisoned > 0);
   ASSERT_OK(xrun(&t, 1, 1, a)); /* y read only where the rule is not sure */
   if (!grads_equal(&t, &g)) {
