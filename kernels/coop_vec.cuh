@@ -202,9 +202,8 @@ template <int NCH> struct BwdAcc {
 template <int NCH> struct EpiCoef {
   int act;
   float slope, inv_slope;
-  float bias[NCH], rcp[NCH]; /* the in-place backward's only (kRecover); the mask from x's
-                                bias and scale (kXmask: rcp holds weight * invstd) */
-  float mean[NCH];           /* the mask from x's: save_mean */
+  float bias[NCH], rcp[NCH]; /* the in-place backward's (kRecover); bias the mask from x's too */
+  float scale[NCH], mean[NCH]; /* the mask from x's (kXmask): weight * invstd, save_mean */
 };
 
 /* Chan's merge of a batch (mean_b, m2_b) into channel e of the thread's running
@@ -329,7 +328,7 @@ SBN_UNROLL
             bool sure = true;
 SBN_UNROLL
             for (int e = 0; e < VEC; e++) {
-              const int sg = sbn_xmask_sign(elem_get<DT, VEC>(bt[k][0], e) - ep.mean[0], ep.rcp[0], ep.bias[0],
+              const int sg = sbn_xmask_sign(elem_get<DT, VEC>(bt[k][0], e) - ep.mean[0], ep.scale[0], ep.bias[0],
                                             ep.mean[0], floor);
               sure &= sg != 0 || !(m >> e & 1u);
               elem_set<DT, VEC>(ys, e, sg > 0 ? 1.0f : -1.0f);
@@ -671,7 +670,7 @@ SBN_UNROLL
       const int64_t c = thread_channel(grp, 0);
       const bool in = has && R.xmask && c < g.c;
       ep.bias[0] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
-      ep.rcp[0] = in ? sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]) : 0.0f;
+      ep.scale[0] = in ? sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]) : 0.0f;
       ep.mean[0] = in ? R.save_mean_in[c] : 0.0f;
     }
     if constexpr (kRecover) {

@@ -57,9 +57,10 @@ static const char* op_fn(const sbn_op_t* op, int ex) {
 _Static_assert(SBN_EPILOGUE_FIRST_SIZE == 16 && sizeof(sbnEpilogue_t) == 24,
                "sbnEpilogue_t: fields are only ever added at its end, without padding");
 
-/* The epilogue's activation, slope and no_residual (NULL: SBN_EPILOGUE_INITIALIZER's). */
-static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilogue_t* e, int* act,
-                                 float* slope, int* no_residual) {
+/* The epilogue's activation, slope and no_residual (NULL: SBN_EPILOGUE_INITIALIZER's); z:
+   the op's residual (a forward's; NULL in a backward), which no_residual = 1 refuses. */
+static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilogue_t* e, const void* z,
+                                 int* act, float* slope, int* no_residual) {
   *act = sbnActivationIdentity;
   *slope = 0.01f;
   *no_residual = 0;
@@ -94,6 +95,9 @@ static sbnResult_t read_epilogue(sbnComm_t comm, const char* fn, const sbnEpilog
                       e->no_residual);
     if (e->reserved != 0)
       return sbn_fail(comm, sbnInvalidArgument, "%s: epilogue->reserved must be 0, got %d", fn, e->reserved);
+    if (e->no_residual && z != NULL)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: epilogue->no_residual is 1 and z is given (no_residual says there is no z)", fn);
     *no_residual = e->no_residual;
   }
   *act = (int)e->activation;
@@ -291,11 +295,8 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
   }
   if (r == sbnSuccess && desc == NULL)
     r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
-  if (r == sbnSuccess) r = read_epilogue(op->comm, op_fn(op, ex), epilogue, &op->act, &op->slope, &op->no_residual);
-  if (r == sbnSuccess && op->kind == SBN_OP_FORWARD && op->no_residual && op->z != NULL)
-    r = sbn_fail(op->comm, sbnInvalidArgument,
-                 "%s: epilogue->no_residual is 1 and z is given (no_residual says the forward had no z)",
-                 op_fn(op, ex));
+  if (r == sbnSuccess)
+    r = read_epilogue(op->comm, op_fn(op, ex), epilogue, op->z, &op->act, &op->slope, &op->no_residual);
   if (r == sbnSuccess) {
     op->desc = *desc;
     op->params = params ? *params : defaults;
@@ -403,11 +404,8 @@ static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const 
   if (r != sbnSuccess) return r;
   int act, no_residual;
   float slope;
-  r = read_epilogue(NULL, fn, epilogue, &act, &slope, &no_residual);
+  r = read_epilogue(NULL, fn, epilogue, z, &act, &slope, &no_residual);
   if (r != sbnSuccess) return r;
-  if (no_residual && z != NULL)
-    return sbn_fail(NULL, sbnInvalidArgument,
-                    "%s: epilogue->no_residual is 1 and z is given (no_residual says there is no z)", fn);
   if (desc->n > 0 && (x == NULL || y == NULL))
     return sbn_fail(NULL, sbnInvalidArgument, "%s: x and y must be non-NULL when n > 0", fn);
   if (running_mean == NULL || running_var == NULL)

@@ -204,12 +204,14 @@ void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64
                      int64_t ch, int nhwc, float* g, float* xmu) {
   float yb[SBN_RUN];
   sbn_cpu_load(d->dtype, s->dy, at, len, g);
-  if (s->xmask) { /* x - mean first; the mask from it, y's element where it is not sure */
-    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
+  if (s->x != NULL) {
     sbn_cpu_load(d->dtype, s->x, at, len, xmu);
+    for (int64_t i = 0; i < len; i++) xmu[i] = xmu[i] - s->mean[nhwc ? ch + i : ch];
+  }
+  if (s->xmask) { /* the mask from x - mean; y's element where it is not sure */
+    const float floor = sbn_xmask_floor(sbn_dtype_least(d->dtype));
     for (int64_t i = 0; i < len; i++) {
       const int64_t c = nhwc ? ch + i : ch;
-      xmu[i] = xmu[i] - s->mean[c];
       const int sign = sbn_xmask_sign(xmu[i], sbn_scale(s->weight ? s->weight[c] : 1.0f, s->invstd[c]),
                                       s->bias ? s->bias[c] : 0.0f, s->mean[c], floor);
       if (sign != 0) {
@@ -225,10 +227,7 @@ void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64
   if (s->y != NULL) sbn_cpu_load(d->dtype, s->y, at, len, yb);
   if (s->y != NULL && s->act != SBN_ACT_IDENTITY)
     for (int64_t i = 0; i < len; i++) g[i] = sbn_act_grad(s->act, s->slope, yb[i], g[i]);
-  if (s->x != NULL) {
-    sbn_cpu_load(d->dtype, s->x, at, len, xmu);
-    for (int64_t i = 0; i < len; i++) xmu[i] = xmu[i] - s->mean[nhwc ? ch + i : ch];
-  } else {
+  if (s->x == NULL) {
     const float inv_slope = sbn_inv_slope(s->act, s->slope);
     for (int64_t i = 0; i < len; i++) {
       const int64_t c = nhwc ? ch + i : ch;
