@@ -482,6 +482,34 @@ static inline void check_same_forward(const team_t* a, const team_t* b) {
   }
 }
 
+/* A team's gradients of its last backward, kept: dx of every rank, dweight and dbias;
+   team_grads_equal: the team's now bitwise those. */
+typedef struct {
+  void* dx[MAXW];
+  float* dw[MAXW];
+  float* db[MAXW];
+} team_grads_t;
+
+static inline void team_grads_keep(const team_t* t, team_grads_t* g) {
+  for (int r = 0; r < t->W; r++) {
+    g->dx[r] = dup_mem(t->dx[r], team_bytes(t, r));
+    g->dw[r] = (float*)dup_mem(t->dw[r], (size_t)t->d[r].c * sizeof(float));
+    g->db[r] = (float*)dup_mem(t->db[r], (size_t)t->d[r].c * sizeof(float));
+  }
+}
+static inline int team_grads_equal(const team_t* t, const team_grads_t* g) {
+  for (int r = 0; r < t->W; r++) {
+    const size_t cb = (size_t)t->d[r].c * sizeof(float);
+    if ((team_bytes(t, r) && memcmp(g->dx[r], t->dx[r], team_bytes(t, r)) != 0) ||
+        memcmp(g->dw[r], t->dw[r], cb) != 0 || memcmp(g->db[r], t->db[r], cb) != 0)
+      return 0;
+  }
+  return 1;
+}
+static inline void team_grads_free(const team_t* t, team_grads_t* g) {
+  for (int r = 0; r < t->W; r++) free(g->dx[r]), free(g->dw[r]), free(g->db[r]);
+}
+
 /* ---- the backward's mask from x (kernels/bn_math.h: sbn_xmask_sign) --------------------- */
 /* y's sign flipped where a backward that takes the mask from x does not read it: elements
    the rule is sure of whose group of V elements (the 16-byte vector the kernels read

@@ -1664,15 +1664,6 @@ static void test_fused_bytes(void) {
    poisoned y changes the mask-from-y backward's (the check can fail). The mutant that
    takes the sign of fma(x - mean, scale, bias) with no band (SBN_EMU_MUT_XMASK_NO_BAND)
    changes the fp32 offset case's gradients. */
-static int xmask_same(const team_t* t, void* const* dx, float* const* dw, float* const* db) {
-  for (int r = 0; r < t->W; r++) {
-    const size_t cb = (size_t)t->d[r].c * sizeof(float);
-    if ((team_bytes(t, r) && memcmp(dx[r], t->dx[r], team_bytes(t, r))) || memcmp(dw[r], t->dw[r], cb) ||
-        memcmp(db[r], t->db[r], cb))
-      return 0;
-  }
-  return 1;
-}
 static void test_xmask_kernels(void) {
   static const int64_t n1[1] = {4}, n2[2] = {3, 2}, n3[3] = {2, 0, 3};
   static const struct {
@@ -1713,8 +1704,7 @@ static void test_xmask_kernels(void) {
         g_epi = &ep;
         g_variant = vars[run];
         emu_run_virtual(&e, &t, 0, &p); /* y */
-        void* dx[MAXW] = {0};
-        float *dw[MAXW] = {0}, *db[MAXW] = {0};
+        team_grads_t gr;
 #define XM_BWD(nr)                                \
   do {                                            \
     ep.no_residual = (nr);                        \
@@ -1724,15 +1714,11 @@ static void test_xmask_kernels(void) {
       emu_run_virtual(&e, &t, 1, &p);             \
   } while (0)
         XM_BWD(0);
-        for (int r = 0; r < cases[i].W; r++) {
-          dx[r] = dup_mem(t.dx[r], team_bytes(&t, r));
-          dw[r] = (float*)dup_mem(t.dw[r], (size_t)cases[i].c * sizeof(float));
-          db[r] = (float*)dup_mem(t.db[r], (size_t)cases[i].c * sizeof(float));
-        }
+        team_grads_keep(&t, &gr);
         int slot[2][FB_N];
         if (cases[i].W == 2 && run == 0) fused_track(&t, &ep, slot);
         XM_BWD(1);
-        if (!xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mask from x changed the gradients");
+        if (!team_grads_equal(&t, &gr)) SBN_FAIL_("the mask from x changed the gradients");
         if (cases[i].W == 2 && run == 0 && !sbn_test_cur_failed_) {
           for (int r = 0; r < 2; r++) {
             uint64_t rd, wr;
@@ -1745,22 +1731,22 @@ static void test_xmask_kernels(void) {
         if (cases[i].plane && !sbn_test_cur_failed_) {
           if (!(team_xmask_poison(&t, run == 2 || cases[i].plane == 2 ? 1 : 16 / (int64_t)sbn_dtype_size(cases[i].dt)) > 0)) SBN_FAIL_("no element sure");
           XM_BWD(1);
-          if (!xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mask from x read a poisoned y");
+          if (!team_grads_equal(&t, &gr)) SBN_FAIL_("the mask from x read a poisoned y");
           XM_BWD(0);
-          if (xmask_same(&t, dx, dw, db)) SBN_FAIL_("the poisoned y changed nothing");
+          if (team_grads_equal(&t, &gr)) SBN_FAIL_("the poisoned y changed nothing");
         }
         if (i == 0 && run == 0 && !sbn_test_cur_failed_) { /* y as the forward wrote it */
           emu_run_virtual(&e, &t, 0, &p);
           sbn_emu_set_mutant(SBN_EMU_MUT_XMASK_NO_BAND);
           XM_BWD(1);
           sbn_emu_set_mutant(0);
-          if (xmask_same(&t, dx, dw, db)) SBN_FAIL_("the mutant without the band gave the same gradients");
+          if (team_grads_equal(&t, &gr)) SBN_FAIL_("the mutant without the band gave the same gradients");
         }
 #undef XM_BWD
         g_variant = EMU_VAR_DEFAULT;
         g_epi = NULL;
         if (!err_words_clear(&e)) SBN_FAIL_("error words set");
-        for (int r = 0; r < cases[i].W; r++) free(dx[r]), free(dw[r]), free(db[r]);
+        team_grads_free(&t, &gr);
         emu_team_free(&e);
         team_free(&t);
         if (sbn_test_cur_failed_) {

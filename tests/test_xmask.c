@@ -209,54 +209,27 @@ static sbnResult_t xrun(team_t* t, int bwd, int no_residual, act_t a) {
   return res;
 }
 
-/* The gradients of the last backward, kept: dx of every rank, dweight and dbias. */
-typedef struct {
-  void* dx[MAXW];
-  float* dw[MAXW];
-  float* db[MAXW];
-} grads_t;
-
-static void grads_keep(const team_t* t, grads_t* g) {
-  for (int r = 0; r < t->W; r++) {
-    g->dx[r] = dup_mem(t->dx[r], team_bytes(t, r));
-    g->dw[r] = (float*)dup_mem(t->dw[r], (size_t)t->d[r].c * sizeof(float));
-    g->db[r] = (float*)dup_mem(t->db[r], (size_t)t->d[r].c * sizeof(float));
-  }
-}
-static int grads_equal(const team_t* t, const grads_t* g) {
-  for (int r = 0; r < t->W; r++) {
-    const size_t cb = (size_t)t->d[r].c * sizeof(float);
-    if ((team_bytes(t, r) && memcmp(g->dx[r], t->dx[r], team_bytes(t, r)) != 0) ||
-        memcmp(g->dw[r], t->dw[r], cb) != 0 || memcmp(g->db[r], t->db[r], cb) != 0)
-      return 0;
-  }
-  return 1;
-}
-static void grads_free(const team_t* t, grads_t* g) {
-  for (int r = 0; r < t->W; r++) free(g->dx[r]), free(g->dw[r]), free(g->db[r]);
-}
-
 static void team_case(int W, sbnDataType_t dt, sbnLayout_t lay, gen_t gen, act_t a, int affine, uint64_t seed) {
   const int64_t n[MAXW] = {3, 2, 0, 4};
   team_t t;
   team_make(&t, W, dt, lay, 5, 37, n, affine, 1, gen, seed);
   ASSERT_OK(xrun(&t, 0, 0, a));
   ASSERT_OK(xrun(&t, 1, 0, a));
-  grads_t g;
-  grads_keep(&t, &g);
+  team_grads_t g;
+  team_grads_keep(&t, &g);
   ASSERT_OK(xrun(&t, 1, 1, a)); /* the mask from x, y as the forward wrote it */
-  ASSERT_TRUE(grads_equal(&t, &g));
+  ASSERT_TRUE(team_grads_equal(&t, &g));
   const long poisoned = team_xmask_poison(&t, 1);
   ASSERT_TRUE(poisoned > 0);
   ASSERT_OK(xrun(&t, 1, 1, a)); /* y read only where the rule is not sure */
-  if (!grads_equal(&t, &g)) {
+  if (!team_grads_equal(&t, &g)) {
     fprintf(stderr, "  %s %s act %d slope %g W %d gen %d: the mask from x read a poisoned y\n", sbn_dtype_name(dt),
             lay == sbnLayoutNHWC ? "NHWC" : "NCHW", a.act, (double)a.slope, W, (int)gen);
     ASSERT_TRUE(0);
   }
   ASSERT_OK(xrun(&t, 1, 0, a)); /* the mask from y sees the poison: the check above can fail */
-  ASSERT_TRUE(!grads_equal(&t, &g));
-  grads_free(&t, &g);
+  ASSERT_TRUE(!team_grads_equal(&t, &g));
+  team_grads_free(&t, &g);
   team_free(&t);
 }
 
@@ -286,8 +259,8 @@ static void test_api(void) {
   const act_t relu = {SBN_ACT_RELU, 0.0f};
   ASSERT_OK(xrun(&t, 0, 0, relu));
   ASSERT_OK(xrun(&t, 1, 0, relu));
-  grads_t g;
-  grads_keep(&t, &g);
+  team_grads_t g;
+  team_grads_keep(&t, &g);
   /* the first sbnEpilogue_t: 16 bytes, the fields after it not read (here: not 0) */
   sbnEpilogue_t e = SBN_EPILOGUE_INITIALIZER;
   e.activation = sbnActivationRelu;
@@ -296,7 +269,7 @@ static void test_api(void) {
   memset(t.dx[0], 0, team_bytes(&t, 0));
   ASSERT_OK(sbnBackwardEx(comm, &t.d[0], t.x[0], t.y[0], t.dy[0], t.dx[0], NULL, t.w, t.b, t.smean[0],
                           t.sinv[0], t.dw[0], t.db[0], NULL, &e, NULL));
-  ASSERT_TRUE(grads_equal(&t, &g));
+  ASSERT_TRUE(team_grads_equal(&t, &g));
   /* sizes between the two, and the new fields' values, refused; nothing written */
   e.size = 20;
   memset(t.dx[0], 0x5a, team_bytes(&t, 0));
@@ -354,7 +327,7 @@ static void test_api(void) {
   /* without z the forwards take it (it changes nothing there) */
   ASSERT_OK(sbnForwardInferenceEx(&t.d[0], t.x[0], NULL, t.y[0], t.w, t.b, t.rm[0], t.rv[0], 1e-5f, &e, NULL));
   free(z), free(y0), free(before);
-  grads_free(&t, &g);
+  team_grads_free(&t, &g);
   team_free(&t);
 }
 
