@@ -104,8 +104,9 @@ typedef struct {
   int dz_early;
   /* the backward's activation mask from x where sbn_xmask_sign is sure, y read only where
      it is not (sbnEpilogue_t.no_residual: the forward had no z; an activation, x and y
-     given, no dz; gpu_launch.c). The plane kernels take it (coop_vec.cuh: load_y); the
-     others read y, the same bits. */
+     given, no dz; gpu_launch.c). The stream, onchip, unit and host-path kernels take it
+     (coop_vec.cuh: load_y; the 16-byte tile kernels' coefficients in Smem.xm); the small
+     kernel reads y, the same bits. */
   int xmask;
 } sbn_coop_rank_t;
 

@@ -29,6 +29,9 @@ struct Smem {
   float coef[kChunk][4];  /* fwd: mean, mean_lo, scale, bias; bwd: sbn_bwd_coef_t; of
                              channel chunk*32 + slot, every channel of the chunk */
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
+  float xm[kChunk][2];    /* the backward's mask from x in the 16-byte tile kernels
+                             (coop_vec.cuh: kXmaskTile): each channel's scale and bias, of
+                             stage 1's unit (stats_unit) and of the chunk in coef (set_coefs) */
   float own[kChunk][kRec]; /* a team of one (`local`, coop_kernel.cuh): the record of the
                               chunk the block merged itself, kept here in place of its
                               mailbox (publish_chunk, gather_chunk) */
@@ -568,7 +571,8 @@ __device__ __forceinline__ bool coef_shared(const sbn_geo_t& g, int a, int b) {
 }
 
 /* Channel c's parameters that its coefficients take (forward: weight, bias; backward:
-   weight, the saved mean and invstd); the defaults where `in` is false (a channel past C). */
+   weight, the saved mean and invstd, and the bias where the mask from x takes it: R.xmask);
+   the defaults where `in` is false (a channel past C). */
 struct ChanParams {
   float w, b, mean, invstd;
 };
@@ -582,6 +586,7 @@ __device__ __forceinline__ ChanParams load_params(const sbn_coop_rank_t& R, int6
     } else {
       q.mean = ld_param(R.save_mean_in + c);
       q.invstd = ld_param(R.save_invstd + c);
+      if (R.xmask && R.bias) q.b = ld_param(R.bias + c); /* the mask from x's (sm.xm) */
     }
   }
   return q;
@@ -607,6 +612,8 @@ __device__ __forceinline__ void set_coefs(const sbn_coop_rank_t& R, int slot, in
     sm.coef[slot][1] = kc.mean_dy;
     sm.coef[slot][2] = kc.xmu_scale;
     sm.coef[slot][3] = kc.scale;
+    sm.xm[slot][0] = kc.scale; /* the mask from x's: sbn_scale(weight, invstd), and the bias */
+    sm.xm[slot][1] = q.b;
     const float sdy = R.grad_global ? v[0] : mine[0];
     const float sdx = R.grad_global ? v[1] : mine[1];
     sm.extra[slot][0] = sbn_dweight(sdx, q.invstd, m);

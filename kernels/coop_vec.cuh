@@ -245,11 +245,15 @@ struct VecPath {
   static constexpr bool kBwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_BACKWARD;
   static constexpr bool kRecover = EPI == SBN_EPI_RECOVER && KIND == SBN_OP_BACKWARD;
   static constexpr bool kFwdEpi = EPI != SBN_EPI_NONE && KIND == SBN_OP_FORWARD;
-  /* the backward's mask from x (R.xmask; load_y) in the kernels of one channel a thread
-     (plane units, and the scalar tile kernels): its scale, bias and mean are 3 registers
-     there; the 16-byte tile kernels would need 24 for their 4 or 8 channels, beside
-     backwards at 127-128 registers (check-sass.sh), and read y */
-  static constexpr bool kXmask = kBwdEpi && !kRecover && NCH == 1;
+  /* the backward's mask from x (R.xmask; load_y). The kernels of one channel a thread
+     (plane units, and the scalar tile kernels) hold its scale, bias and mean in 3
+     registers (EpiCoef). The 16-byte tile kernels (kXmaskTile) would need 24 for their 4
+     or 8 channels, beside backwards at 127-128 registers (check-sass.sh): they take each
+     channel's scale and bias from shared memory (Smem.xm, the unit's chunk: stage 1
+     writes it per unit, set_coefs with the chunk's coefficients for stage 5) and its mean
+     from what the stage holds anyway (stage 1: BwdAcc.mean; stage 5: the coefficients) */
+  static constexpr bool kXmask = kBwdEpi && !kRecover;
+  static constexpr bool kXmaskTile = kXmask && NCH > 1;
   /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
      at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
@@ -310,12 +314,41 @@ SBN_UNROLL
   /* The backward's epilogue: y's batch (the activation's mask) where the kernel reads it
      besides x and dy (an activation, x given), in stage 1 and again in stage 5 (the
      onchip kernels hold x and dy only); false: no y, or y is the batch's slot 0 (the
-     in-place backward). */
+     in-place backward). mean, xm: the mask from x's in the 16-byte tile kernels
+     (kXmaskTile): the thread's channels' saved means, and their (scale, bias) in shared
+     memory (sm.xm from the thread's first channel's slot). */
   static __device__ __forceinline__ bool load_y(const sbn_coop_rank_t& R, const Pos& bp, const Batch& bt,
-                                                const EpiCoef<NCH>& ep, uint4 (&yb)[U], uint64_t pol) {
+                                                const EpiCoef<NCH>& ep, uint4 (&yb)[U], uint64_t pol,
+                                                const float (&mean)[NCH], const float (*xm)[2]) {
     if constexpr (kBwdEpi && !kRecover) {
       if (R.act == SBN_ACT_IDENTITY) return false;
-      if constexpr (kXmask) {
+      if constexpr (kXmaskTile) {
+        if (R.xmask) {
+          /* as below, a channel (element e) at a time: its scale and bias read from shared
+             memory once for the batch's U positions, none held across batches (volatile:
+             loads hoisted out of the batch loop put the fp16/bf16 stream backwards past
+             128 registers, 8 B of stack: check-sass) */
+          const float floor = sbn_xmask_floor(sbn_dtype_least(DT));
+          unsigned unsure = 0u;
+SBN_UNROLL
+          for (int k = 0; k < U; k++) yb[k] = bt[k][0];
+SBN_UNROLL
+          for (int e = 0; e < VEC; e++) {
+            const float s = *(volatile const float*)&xm[e][0], b = *(volatile const float*)&xm[e][1];
+SBN_UNROLL
+            for (int k = 0; k < U; k++) {
+              const int sg = sbn_xmask_sign(elem_get<DT, VEC>(bt[k][0], e) - mean[e], s, b, mean[e], floor);
+              unsure |= (sg == 0 ? bp.mask(k, kFull) >> e & 1u : 0u) << k;
+              elem_set<DT, VEC>(yb[k], e, sg > 0 ? 1.0f : -1.0f);
+            }
+          }
+SBN_UNROLL
+          for (int k = 0; k < U; k++)
+            if (!SBN_MUTANT(SBN_MUT_XMASK_NO_BAND) && (unsure >> k & 1u))
+              yb[k] = load_pos<DT, VEC, kWholePos>(R.y, bp.idx(k), bp.mask(k, kFull), pol);
+          return true;
+        }
+      } else if constexpr (kXmask) {
         if (R.xmask) {
           /* the mask from x (bn_math.h: sbn_xmask_sign): a position's y is the rule's sign
              (+-1, what grad_at needs of it) where the rule is sure of every element, and
@@ -666,7 +699,7 @@ SBN_UNROLL
     ep.act = R.act;
     ep.slope = R.slope;
     ep.inv_slope = sbn_inv_slope(R.act, R.slope);
-    if constexpr (kXmask) {
+    if constexpr (kXmask && NCH == 1) {
       const int64_t c = thread_channel(grp, 0);
       const bool in = has && R.xmask && c < g.c;
       ep.bias[0] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
@@ -703,6 +736,19 @@ SBN_UNROLL
     BwdAcc<NCH> B;
     EpiCoef<NCH> ep;
     if constexpr (kBwdEpi) epi_coef(R, g, grp, wk.K > 0, ep);
+    /* the 16-byte tile kernels' mask from x: the (scale, bias) of the unit's chunk into
+       sm.xm (block-uniform; the previous unit's reads ended before reduce_unit's barriers) */
+    const int slot0 = TILE ? ((threadIdx.x & 31) % (kChunk / VEC)) * VEC : 0;
+    if constexpr (kXmaskTile) {
+      if (R.xmask) {
+        const int64_t c = (int64_t)grp * kChunk + threadIdx.x;
+        if (threadIdx.x < kChunk && c < g.c) {
+          sm.xm[threadIdx.x][0] = sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]);
+          sm.xm[threadIdx.x][1] = R.bias != nullptr ? R.bias[c] : 0.0f;
+        }
+        __syncthreads();
+      }
+    }
     if (KIND == SBN_OP_FORWARD) {
       F.count = 0.0f;
 SBN_UNROLL
@@ -726,7 +772,7 @@ SBN_UNROLL
         fwd_batch(F, bt, bp);
       else {
         uint4 yb[U];
-        const bool has_y = load_y(R, bp, bt, ep, yb, pol_dy);
+        const bool has_y = load_y(R, bp, bt, ep, yb, pol_dy, B.mean, sm.xm + slot0);
         if constexpr (kBwdEpi && !kRecover && !ONCHIP) {
           if (dzf) {
 SBN_UNROLL
@@ -941,6 +987,9 @@ SBN_UNROLL
     }
     EpiCoef<NCH> eg;
     grad_coef(ep, dzf, eg);
+    float mean[NCH]; /* the mask from x's (load_y): the saved means, as the coefficients hold them */
+SBN_UNROLL
+    for (int ch = 0; ch < NCH; ch++) mean[ch] = kc[ch][0];
     each_batch(R, wk, nb, gb, hs, pol, dzf ? R.dz : R.dy, pol, [&](Batch& bt, const Pos& bp) {
       uint4 eb[U]; /* EPI: the forward's z, or the backward's y */
       if constexpr (kFwdEpi) {
@@ -952,7 +1001,7 @@ SBN_UNROLL
         outputs(bt, kc, ep, eb, has_z, eb, false, false);
       } else if constexpr (kBwdEpi) {
         const bool dz = R.dz != nullptr && !dzf;
-        const bool has_y = !dzf && load_y(R, bp, bt, ep, eb, pol);
+        const bool has_y = !dzf && load_y(R, bp, bt, ep, eb, pol, mean, sm.xm + slot0);
         outputs(bt, kc, eg, eb, false, eb, has_y, dz);
         if (dz) { /* the gradient, rounded to the dtype, where dy was */
 SBN_UNROLL
