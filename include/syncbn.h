@@ -426,10 +426,10 @@ typedef struct {
                                  is given x then takes the activation's mask from x, and reads
                                  y only where x leaves its sign in doubt: the same gradients
                                  (bitwise), fewer bytes (bench/notes/fused-epilogue.md, "The
-                                 mask from x"): CPU teams, and on GPU teams the kernels of one
-                                 channel a thread (NCHW planes; the scalar kernels); the
-                                 16-byte tile kernels (NHWC, 1x1) and the small kernel read y
-                                 as with 0. 0 (default): the mask from y. The forwards
+                                 mask from x"): CPU teams, and on GPU teams the cooperative
+                                 kernels and the host path's (NCHW and NHWC); the small
+                                 kernel (a team of one's ops of at most 64 rows) reads y as
+                                 with 0. 0 (default): the mask from y. The forwards
                                  (sbnForwardTrainEx, sbnForwardInferenceEx) refuse 1 with a
                                  z; elsewhere it changes nothing. 0 or 1 */
   int reserved;               /* 0 */
