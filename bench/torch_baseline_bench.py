@@ -471,8 +471,10 @@ class Bench:
 
             def op_bwd(y, stats):
                 if epi:
+                    # no_residual where the forward had no z, as the layer passes it (the mask from x)
                     dx, dz, dwb = _fused.batch_norm_act_backward(dy, x, y, weight, bias, stats, EPS, cid, act,
-                                                                 0.01, True, z is not None, True)
+                                                                 0.01, True, z is not None, True,
+                                                                 no_residual=z is None)
                     return dx, dz, dwb
                 dx, dwb = _ops.batch_norm_backward(dy, x, weight, stats, EPS, cid, True, True)
                 return dx, None, dwb
