@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const bool looks = local || j1 > j0;
   int err_seen = 0;
   if (looks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
+  path.xm_first(R, g, u0, u1, sm); /* the tile mask from x's first unit: its round trip here */
   __syncthreads();
   const uint32_t k = sm.k;
   SBN_STAMP(1); /* its start's loads are back */

@@ -718,12 +718,32 @@ SBN_UNROLL
     }
   }
 
+  /* The 16-byte tile kernels' mask from x (kXmaskTile): warp 0 writes the (scale, bias) of
+     group grp's 32 channels into sm.xm (load_y reads them), where the op takes the mask
+     from x; the caller's barrier makes them seen. xm_first: unit u0's (a block with units),
+     by a kernel before a barrier it has anyway, so that the block's first unit, most often
+     its only one, waits for no round trip of its own before its loads (stats_unit's
+     xm_ready). */
+  static __device__ __forceinline__ void xm_fill(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, Smem& sm) {
+    const int64_t c = (int64_t)grp * kChunk + threadIdx.x;
+    if (threadIdx.x < kChunk && c < g.c) {
+      sm.xm[threadIdx.x][0] = sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]);
+      sm.xm[threadIdx.x][1] = R.bias != nullptr ? R.bias[c] : 0.0f;
+    }
+  }
+  static __device__ __forceinline__ void xm_first(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u0, int u1,
+                                                  Smem& sm) {
+    if constexpr (kXmaskTile) {
+      if (R.xmask && u0 < u1) xm_fill(R, g, u0 % g.ngroups, sm); /* unit_rows' group */
+    }
+  }
+
   /* ---- stage 1 ---- */
   /* Unit u's statistics from its batches: held (onchip: the first NBR of the thread's
      batches, counted by gb over the block's units, in registers, the others in shared
      memory slot gb - NBR) or read now (stream: L2 asked to keep them for stage 5). */
   __device__ void stats_unit(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u, int* gb,
-                             uint4* hs, Smem& sm) {
+                             uint4* hs, Smem& sm, bool xm_ready = false) {
     int grp, p;
     int64_t r0, r1;
     unit_rows(g, u, &grp, &p, &r0, &r1);
@@ -737,15 +757,13 @@ SBN_UNROLL
     EpiCoef<NCH> ep;
     if constexpr (kBwdEpi) epi_coef(R, g, grp, wk.K > 0, ep);
     /* the 16-byte tile kernels' mask from x: the (scale, bias) of the unit's chunk into
-       sm.xm (block-uniform; the previous unit's reads ended before reduce_unit's barriers) */
+       sm.xm, but for the block's first unit, which the kernel wrote before its first barrier
+       (xm_fill; block-uniform; the previous unit's reads ended before reduce_unit's
+       barriers) */
     const int slot0 = TILE ? ((threadIdx.x & 31) % (kChunk / VEC)) * VEC : 0;
     if constexpr (kXmaskTile) {
-      if (R.xmask) {
-        const int64_t c = (int64_t)grp * kChunk + threadIdx.x;
-        if (threadIdx.x < kChunk && c < g.c) {
-          sm.xm[threadIdx.x][0] = sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]);
-          sm.xm[threadIdx.x][1] = R.bias != nullptr ? R.bias[c] : 0.0f;
-        }
+      if (R.xmask && !xm_ready) {
+        xm_fill(R, g, grp, sm);
         __syncthreads();
       }
     }
@@ -843,7 +861,7 @@ SBN_UNROLL
     }
     int gb = 0;
     for (int u = u0; u < u1; u++) {
-      stats_unit(R, g, u, &gb, hs, sm);
+      stats_unit(R, g, u, &gb, hs, sm, u == u0); /* u0's sm.xm: the kernel's (xm_first) */
       /* plane units wait in slot u % kChunk of sm.red (reduce_unit), flushed at the last
          slot and after the block's last unit (slots of the units since the later of u0
          and the last flush) */

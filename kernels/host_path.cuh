@@ -21,8 +21,14 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
      they all read this copy instead */
   if (KIND == SBN_OP_FORWARD && b == 0 && threadIdx.x == 0)
     R.state->nbt_snap = R.nbt != nullptr ? *R.nbt : 0;
-  VecPath<KIND, DT, TILE, VEC, false, EPI> path;
-  path.stage1(R, g, sbn_unit_begin(&g, b, a.G), sbn_unit_begin(&g, b + 1, a.G), nullptr, 0, sm);
+  typedef VecPath<KIND, DT, TILE, VEC, false, EPI> Path;
+  Path path;
+  const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G);
+  if (Path::kXmaskTile && R.xmask) { /* stage1 takes unit u0's sm.xm as written (block-uniform) */
+    path.xm_first(R, g, u0, u1, sm);
+    __syncthreads();
+  }
+  path.stage1(R, g, u0, u1, nullptr, 0, sm);
 }
 
 template <int KIND, bool TILE>

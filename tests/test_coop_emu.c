@@ -1683,7 +1683,9 @@ static void test_xmask_kernels(void) {
       {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, GEN_NORMAL, 1}, /* odd planes: pieces */
       {2, 2, sbnFloat32, sbnLayoutNHWC, 40, 6, n2, GEN_OFFSET, 1},   /* tile: 2 chunks */
       {2, 2, sbnBFloat16, sbnLayoutNHWC, 32, 9, n2, GEN_NORMAL, 1},
-      {2, 3, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1},  /* 3 chunks, slices */
+      {2, 3, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1},  /* 3 chunks, a unit a block */
+      {2, 2, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1},  /* 2 units in block 0 */
+      {2, 7, sbnFloat32, sbnLayoutNHWC, 40, 40, n2, GEN_OFFSET, 1},  /* 2 chunks, 3 slices */
       {2, 2, sbnFloat32, sbnLayoutNHWC, 5, 9, n2, GEN_NORMAL, 2},    /* C = 5: the scalar
                                                                         kernels, one channel
                                                                         a thread */
