@@ -187,17 +187,19 @@ const void* pick(int kind, int dtype, int tile, A... a) {
                                 : pick_dtype<Table, SBN_OP_BACKWARD>(dtype, tile, a...);
 }
 
-template <int DT, bool EPI> const void* infer_pick_dt(int tile, int vec) {
-  return tile ? (vec ? (const void*)sbn_infer_tile_kernel<DT, kVec<DT>, EPI>
-                     : (const void*)sbn_infer_tile_kernel<DT, 1, EPI>)
-              : (vec ? (const void*)sbn_infer_plane_kernel<DT, kVec<DT>, EPI>
-                     : (const void*)sbn_infer_plane_kernel<DT, 1, EPI>);
+template <int DT, bool EPI> const void* infer_pick_dt(int kind, int vec) {
+  if (kind == SBN_INFER_FLAT) /* 16-byte vectors only (sbn_infer_kind) */
+    return vec ? (const void*)sbn_infer_flat_kernel<DT, kVec<DT>, EPI> : nullptr;
+  return kind == SBN_INFER_TILE ? (vec ? (const void*)sbn_infer_tile_kernel<DT, kVec<DT>, EPI>
+                                       : (const void*)sbn_infer_tile_kernel<DT, 1, EPI>)
+                                : (vec ? (const void*)sbn_infer_plane_kernel<DT, kVec<DT>, EPI>
+                                       : (const void*)sbn_infer_plane_kernel<DT, 1, EPI>);
 }
-const void* infer_pick(int dtype, int tile, int vec, int epi) {
+const void* infer_pick(int dtype, int kind, int vec, int epi) {
   switch (dtype) {
 #define SBN_PICK_INFER_(value, bytes, name, tag, bits) \
-  case value: return epi ? (SBN_EPI_BUILT ? infer_pick_dt<value, SBN_EPI_BUILT>(tile, vec) : nullptr) \
-                         : infer_pick_dt<value, false>(tile, vec);
+  case value: return epi ? (SBN_EPI_BUILT ? infer_pick_dt<value, SBN_EPI_BUILT>(kind, vec) : nullptr) \
+                         : infer_pick_dt<value, false>(kind, vec);
     SBN_DTYPES(SBN_PICK_INFER_)
 #undef SBN_PICK_INFER_
   }
@@ -223,8 +225,8 @@ extern "C" const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int t
   return pick<HostKernels>(kind, dtype, tile, stage, vec, epi);
 }
 
-extern "C" const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int epi) {
-  return infer_pick(dtype, tile, vec, epi);
+extern "C" const void* sbn_infer_kernel_ptr(int dtype, int kind, int vec, int epi) {
+  return infer_pick(dtype, kind, vec, epi);
 }
 
 #ifndef SBN_COOP_EMU

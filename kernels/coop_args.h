@@ -191,7 +191,8 @@ typedef struct {
   const float* rm;
   const float* rv;
   float eps;
-  int group; /* plane kernel: threads per plane (coop_plan.h: sbn_infer_group) */
+  int group; /* plane kernel: threads per plane (coop_plan.h: sbn_infer_group); the flat
+                kernel splits the tensor by warps (infer.cuh) */
   int64_t n, c, sp;
   /* the epilogue (sbnForwardInferenceEx): y = act(that + z); the kernels built with it
      only (act != identity or z non-NULL) */
@@ -227,8 +228,9 @@ static SBN_ARGS_HD int sbn_infer_epilogue(const sbn_infer_args_t* a) { return a-
 
 /* The kernels' addresses (kernels/coop.cu), for launches by address. vec: 1 for the
    16-byte kernels, 0 for the scalar ones; variant: SBN_VAR_* (coop_plan.h). NULL for a
-   combination that is not built (onchip is 16-byte only). epi: SBN_EPI_* (sbn_args_epilogue;
-   inference: 0 or 1, sbn_infer_epilogue). */
+   combination that is not built (onchip and the flat inference kernel are 16-byte only).
+   epi: SBN_EPI_* (sbn_args_epilogue; inference: 0 or 1, sbn_infer_epilogue). Inference's
+   kind: SBN_INFER_* (coop_plan.h: sbn_infer_kind). */
 #ifdef SBN_COOP_EMU
 #define SBN_KERNEL_API
 #else
@@ -236,7 +238,7 @@ static SBN_ARGS_HD int sbn_infer_epilogue(const sbn_infer_args_t* a) { return a-
 #endif
 SBN_KERNEL_API const void* sbn_coop_kernel_ptr(int kind, int dtype, int tile, int vec, int variant, int epi);
 SBN_KERNEL_API const void* sbn_host_kernel_ptr(int stage, int kind, int dtype, int tile, int vec, int epi);
-SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int tile, int vec, int epi);
+SBN_KERNEL_API const void* sbn_infer_kernel_ptr(int dtype, int kind, int vec, int epi);
 
 /* Where rank `src`'s record of `chunk` lies in a rank's gathered records (host path). */
 static SBN_ARGS_HD int64_t sbn_host_index(int src, int chunk, int nchunks_max) {

@@ -562,6 +562,24 @@ static SBN_ARGS_HD int sbn_infer_group(int64_t sp, int vec) {
   return g;
 }
 
+/* The inference kernel of a tensor (kernels/infer.cuh): SBN_INFER_TILE for tile layouts
+   (NHWC, or spatial 1), SBN_INFER_FLAT for NCHW planes of at least SBN_INFER_FLAT_MIN
+   elements in 16-byte vectors (vec: x, y and z 16-byte aligned), SBN_INFER_PLANE for the
+   others. The flat kernel splits the tensor's vectors evenly over the grid's warps where
+   the plane kernel gives each plane a group: the plane kernel's rounds of planes left its
+   last one part-empty (8192 planes over 1056 groups on S5; 97x97 planes in 3 passes of 1024
+   vectors, 77 % full), and fp32 inference took 1.16-1.25x a copy of x on S5, S8, S9 (H200,
+   dd9256e; bench/notes/experiments.md, E34, E36). At least 2048 elements a plane, so that a
+   lane's batch (4 steps of 32 vectors of at most 8 elements) reaches past at most one
+   plane end (infer.cuh). plane_only: the plane kernel where flat would run (SBN_INFER=plane,
+   the A/B of gpu_infer.c). */
+enum { SBN_INFER_PLANE = 0, SBN_INFER_TILE = 1, SBN_INFER_FLAT = 2, SBN_INFER_KINDS = 3 };
+#define SBN_INFER_FLAT_MIN 2048
+static SBN_ARGS_HD int sbn_infer_kind(int nhwc, int64_t sp, int vec, int plane_only) {
+  if (nhwc || sp == 1) return SBN_INFER_TILE;
+  return vec && sp >= SBN_INFER_FLAT_MIN && !plane_only ? SBN_INFER_FLAT : SBN_INFER_PLANE;
+}
+
 /* The host path's statistics stage for a plan (coop_args.h: SBN_HOST_*): small's own
    (its sums in its order, written straight into the rank's record: no PUBLISH) where the
    plan is small, else the stream kernel's stage 1, which PUBLISH then merges. APPLY is the

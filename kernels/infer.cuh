@@ -8,7 +8,9 @@
  * column t % (C/VEC) and takes rows t / (C/VEC) + k * (T / (C/VEC)) (several columns in
  * turn when C/VEC > T). Plane layouts: a group of `group` threads per plane (n, c), the
  * plane's vectors masked at its unaligned ends (coop_plan.h: sbn_infer_group, the smallest
- * group whose one pass holds the plane). Four positions in flight per thread.
+ * group whose one pass holds the plane). NCHW planes of 2048 elements or more in 16-byte
+ * vectors: the flat kernel (one run of vectors over the grid's warps, evenly). Four
+ * positions in flight per thread.
  * EPI: the kernels of sbnForwardInferenceEx, act(y + z) (a second copy of each).
  */
 #ifndef SYNCBN_INFER_CUH_
@@ -18,10 +20,10 @@ constexpr int kInferBatch = SBN_INFER_BATCH; /* coop_plan.h: sbn_infer_group cou
 
 /* The epilogue of the EPI kernels (sbnForwardInferenceEx): act(y + z), z's position
    loaded with the same mask (z null: none). The CPU's order (cpu_ops.c): the same bits. */
-template <int DT, int VEC, bool EPI>
+template <int DT, int VEC, bool EPI, int Z = -1>
 __device__ __forceinline__ float infer_epilogue(const sbn_infer_args_t& a, float y, const uint4& zv, int e) {
   if constexpr (EPI) {
-    if (a.z != nullptr) y += elem_get<DT, VEC>(zv, e);
+    if (Z < 0 ? a.z != nullptr : Z > 0) y += elem_get<DT, VEC>(zv, e);
     y = sbn_act(a.act, a.slope, y);
   }
   return y;
@@ -103,6 +105,107 @@ SBN_UNROLL
       }
     }
   }
+}
+
+/* NCHW planes of at least SBN_INFER_FLAT_MIN elements in 16-byte vectors
+   (coop_plan.h: sbn_infer_kind): the tensor as one run of vectors, split evenly over the
+   grid's warps in steps of 32 consecutive vectors (a load of a warp: 512 contiguous bytes),
+   so that every warp moves the same bytes, within one step, whatever the planes' size and
+   number: a plane a group left the plane kernel's last round part-empty (E34: the grid's
+   planes rarely divide evenly, and 97x97 planes fill 3 passes of 1024 vectors 77 %). Each
+   lane keeps the coefficients of the plane it is in: one division for its first element,
+   then the plane's end moved on as the lane passes it. A lane moves 4 * 32 * VEC <= 1024
+   elements a batch, less than a plane, so a batch reaches at most one end; the next
+   plane's coefficients are loaded beside the batch's x where it does, and each element
+   takes the plane it is in (a select: one copy of the arithmetic, so that no vector across
+   an end, spatial not a multiple of VEC, needs a path of its own). */
+template <int DT, int VEC, bool EPI, bool Z>
+__device__ __forceinline__ void infer_flat_run(const sbn_infer_args_t& a) {
+  constexpr int64_t kStep = 32 * VEC; /* the elements of a warp's step */
+  const int64_t numel = a.n * a.c * a.sp, whole = numel / VEC; /* whole vectors */
+  const int64_t steps = ((numel + VEC - 1) / VEC + 31) / 32;
+  const int64_t warps = (int64_t)gridDim.x * kWarps, w = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const int64_t s0 = w * steps / warps, s1 = (w + 1) * steps / warps;
+  if (s0 >= s1) return;
+  const uint64_t pol = policy_evict_first();
+  const int64_t lane = threadIdx.x & 31;
+  int64_t e = s0 * kStep + lane * VEC; /* the lane's first element of the batch */
+  const int64_t pl = e / a.sp;         /* its plane */
+  int64_t pend = (pl + 1) * a.sp;      /* the plane's end (an element index) */
+  int c = (int)(pl % a.c);
+  float mean, scale, bias;
+  infer_coef<DT, VEC>(a, c, &mean, &scale, &bias);
+  for (int64_t s = s0; s < s1; s += kInferBatch, e += kInferBatch * kStep) {
+    uint4 v[kInferBatch], zv[kInferBatch];
+    unsigned m[kInferBatch];
+SBN_UNROLL
+    for (int k = 0; k < kInferBatch; k++) {
+      /* whole vectors only (the tensor's last part-vector: below): a partial load's
+         element path in the loop took the fp16/bf16 kernels with z to 212 registers */
+      m[k] = s + k < s1 && (e + k * kStep) / VEC < whole ? (1u << VEC) - 1u : 0u;
+      v[k] = load_pos<DT, VEC, true>(a.x, e + k * kStep, m[k], pol);
+      if (Z) zv[k] = load_pos<DT, VEC, true>(a.z, e + k * kStep, m[k], pol);
+    }
+    /* the next plane's coefficients where the lane's next batch starts in it or past it:
+       the elements from the plane's end on take them, and so does the next batch */
+    const bool cross = e + kInferBatch * kStep >= pend;
+    const int cn = c + 1 == a.c ? 0 : c + 1;
+    float nmean = mean, nscale = scale, nbias = bias;
+    if (cross) infer_coef<DT, VEC>(a, cn, &nmean, &nscale, &nbias);
+    const int64_t before = pend - e; /* the batch's elements before the end, from e */
+SBN_UNROLL
+    for (int k = 0; k < kInferBatch; k++) {
+      const int64_t cut = before - k * kStep; /* vector k's elements before the end */
+      if (cut >= VEC || cut <= 0) {           /* all in one plane */
+        const bool nx = cut <= 0;
+        const float mu = nx ? nmean : mean, sc = nx ? nscale : scale, bi = nx ? nbias : bias;
+SBN_UNROLL
+        for (int q = 0; q < VEC; q++)
+          elem_set<DT, VEC>(v[k], q,
+                            infer_epilogue<DT, VEC, EPI, Z>(
+                                a, sbn_forward_y(elem_get<DT, VEC>(v[k], q), mu, 0.0f, sc, bi), zv[k], q));
+      } else { /* across the end (spatial not a multiple of VEC) */
+SBN_UNROLL
+        for (int q = 0; q < VEC; q++) {
+          const bool nx = q >= cut;
+          elem_set<DT, VEC>(v[k], q,
+                            infer_epilogue<DT, VEC, EPI, Z>(a,
+                                                            sbn_forward_y(elem_get<DT, VEC>(v[k], q),
+                                                                          nx ? nmean : mean, 0.0f,
+                                                                          nx ? nscale : scale, nx ? nbias : bias),
+                                                            zv[k], q));
+        }
+      }
+      store_pos<DT, VEC, true>(a.y, e + k * kStep, m[k], v[k]);
+    }
+    if (cross) {
+      mean = nmean, scale = nscale, bias = nbias, c = cn;
+      pend += a.sp;
+    }
+  }
+  /* the tensor's last part-vector, element by element, by the lane whose step holds it:
+     its elements are the last plane's (a plane is longer than a vector) */
+  const int64_t tail = whole * VEC;
+  if (tail < numel && whole / 32 >= s0 && whole / 32 < s1 && lane == whole % 32) {
+    infer_coef<DT, VEC>(a, a.c - 1, &mean, &scale, &bias);
+    for (int64_t i = tail; i < numel; i++) {
+      uint4 xe = load_pos<DT, 1>(a.x, i, 1u, pol), ze = xe;
+      if (Z) ze = load_pos<DT, 1>(a.z, i, 1u, pol);
+      elem_set<DT, 1>(xe, 0,
+                      infer_epilogue<DT, 1, EPI, Z>(a, sbn_forward_y(elem_get<DT, 1>(xe, 0), mean, 0.0f, scale, bias),
+                                                    ze, 0));
+      store_pos<DT, 1>(a.y, i, 1u, xe);
+    }
+  }
+}
+/* z or not, compiled apart: with z a run-time test, the loop took 159-162 registers in the
+   fp16/bf16 kernels with the epilogue */
+template <int DT, int VEC, bool EPI>
+__global__ void __launch_bounds__(kThreads) sbn_infer_flat_kernel(const __grid_constant__ sbn_infer_args_t a) {
+  if (EPI && a.z != nullptr)
+    infer_flat_run<DT, VEC, EPI, EPI>(a);
+  else
+    infer_flat_run<DT, VEC, EPI, false>(a);
 }
 
 #endif /* SYNCBN_INFER_CUH_ */

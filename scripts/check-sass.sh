@@ -321,7 +321,7 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         kind, dt, tile, vec, epi = args
         label = f"host-{base.split('_')[2]} {KIND[kind]} {DT[dt]} {'tile' if tile == 'true' else 'plane'} x{vec}{EPI[epi]}"
         hot, want = vec != "1", stream_occ
-    elif base in ("sbn_infer_tile_kernel", "sbn_infer_plane_kernel"):
+    elif base in ("sbn_infer_tile_kernel", "sbn_infer_plane_kernel", "sbn_infer_flat_kernel"):
         dt, vec, epi = args
         label = f"infer-{base.split('_')[2]} {DT[dt]} x{vec}{EPI[epi]}"
         hot = vec != "1"

@@ -1207,13 +1207,18 @@ static void test_unit_map(void) {
    dtype and layout, 16-byte and scalar kernels (x, z and y one element off alignment),
    large and small planes (groups of 32 to 256 threads per plane: a warp below 2048
    elements; 64x64 planes 256 threads in fp32's vectors and the scalar kernel's elements,
-   128 in fp16/bf16's vectors: sbn_infer_group); the plain op, and the
+   128 in fp16/bf16's vectors: sbn_infer_group), and the flat kernel (NCHW planes of 2048
+   elements or more in 16-byte vectors: sbn_infer_kind) on grids of 1, 3 and 7 blocks (a
+   warp's steps within a plane, across plane ends, and vectors across them: 2500 and 97x97
+   elements; a warp across several ends on one block: 24 planes of 2048), beside the plane
+   kernel on the same tensors; the plain op, and the
    epilogue's kernels with ReLU and a residual z, and with leaky ReLU alone (z aliasing y
    too). */
 static void test_inference(void) {
   struct {
     int64_t n, c, sp;
-  } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}, {1, 3, 4096}, {1, 2, 2048}};
+  } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}, {1, 3, 4096}, {1, 2, 2048}, {2, 3, 97 * 97},
+                {8, 3, 2048}};
   /* the groups: one pass of the group holds a 64x64 plane (fp32: 1024 vectors, 256 x 4;
      bf16: 512, 128 x 4; 32x64 in bf16: 256, 64 x 4); 50x50 in bf16 (313 vectors and a
      part: 128 threads), 97x97 (more than 1024 vectors) and 64x64 in elements (4096) the
@@ -1227,6 +1232,13 @@ static void test_inference(void) {
   ASSERT_EQ_INT(sbn_infer_group(97 * 97, 8), 256);
   ASSERT_EQ_INT(sbn_infer_group(49, 4), 32);
   ASSERT_EQ_INT(sbn_infer_group(1024, 4), 32);
+  /* the kernels: tile for NHWC and 1x1, flat for NCHW planes of 2048 or more in vectors */
+  ASSERT_EQ_INT(sbn_infer_kind(0, 2048, 1, 0), SBN_INFER_FLAT);
+  ASSERT_EQ_INT(sbn_infer_kind(0, 2047, 1, 0), SBN_INFER_PLANE);
+  ASSERT_EQ_INT(sbn_infer_kind(0, 4096, 0, 0), SBN_INFER_PLANE);
+  ASSERT_EQ_INT(sbn_infer_kind(0, 4096, 1, 1), SBN_INFER_PLANE); /* SBN_INFER=plane */
+  ASSERT_EQ_INT(sbn_infer_kind(1, 4096, 1, 0), SBN_INFER_TILE);
+  ASSERT_EQ_INT(sbn_infer_kind(0, 1, 1, 0), SBN_INFER_TILE);
   static const struct {
     sbnActivation_t act;
     int z;
@@ -1270,13 +1282,28 @@ static void test_inference(void) {
             sbn_infer_args_t a = {x + off * es, y + off * es, w, b, rm, rv, 1e-5f,
                                   sbn_infer_group(d.spatial, vec ? sbn_vec_of(dt) : 1), d.n, d.c, d.spatial, zp,
                                   (int)e.activation, e.slope};
-            memset(y, 0xff, bytes + 16);
-            ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
-            ASSERT_MEMEQ(y + off * es, ycpu, bytes);
-            if (zp != NULL) { /* y over z: each position read before it is written */
-              a.y = z + off * es;
-              ASSERT_EQ_INT(sbn_emu_launch_infer(dt, tile, vec, &a, 3), 0);
-              ASSERT_MEMEQ(z + off * es, ycpu, bytes);
+            const int kind = sbn_infer_kind(lay == sbnLayoutNHWC, d.spatial, vec, 0);
+            ASSERT_EQ_INT(kind == SBN_INFER_TILE, tile);
+            /* the library's kernel on 3 blocks; where it is flat, also on 1 and 7 blocks,
+               and the plane kernel (SBN_INFER=plane) */
+            static const struct {
+              int plane;
+              unsigned grid;
+            } runs[] = {{0, 3}, {0, 1}, {0, 7}, {1, 3}};
+            for (int ri = 0; ri < (kind == SBN_INFER_FLAT ? 4 : 1); ri++) {
+              const int k = runs[ri].plane ? SBN_INFER_PLANE : kind;
+              memcpy(z + off * es, zb, bytes); /* (the run before wrote y over it) */
+              memset(y, 0xff, bytes + 16);
+              a.y = y + off * es;
+              ASSERT_EQ_INT(sbn_emu_launch_infer(dt, k, vec, &a, runs[ri].grid), 0);
+              ASSERT_MEMEQ(y + off * es, ycpu, bytes);
+              ASSERT_EQ_INT((unsigned char)y[off * es + bytes], 0xff); /* nothing past y's end */
+              if (zp != NULL) { /* y over z: each position read before it is written */
+                a.y = z + off * es;
+                ASSERT_EQ_INT(sbn_emu_launch_infer(dt, k, vec, &a, runs[ri].grid), 0);
+                ASSERT_MEMEQ(z + off * es, ycpu, bytes);
+              }
+              if (sbn_test_cur_failed_) fprintf(stderr, "  kernel %d on %u blocks\n", k, runs[ri].grid);
             }
             free(xb), free(zb), free(x), free(z), free(y), free(ycpu), free(w), free(b), free(rm), free(rv);
             if (sbn_test_cur_failed_) {

@@ -78,9 +78,11 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               if (fn == NULL && st == SBN_HOST_SMALL_STATS) continue; /* not built: never planned */
               CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
             }
-            if (k == 0)
-              CU(cudaFuncGetAttributes(&fa, sbn_infer_kernel_ptr(d, t, v, e)),
-                 "cudaFuncGetAttributes");
+            if (k == 0 && e < 2) /* inference's kernels: plane, tile (t), and flat (16-byte) */
+              for (int ik = t; ik < SBN_INFER_KINDS; ik += 2) {
+                const void* fn = sbn_infer_kernel_ptr(d, ik, v, e);
+                if (fn != NULL) CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
+              }
           }
 out:
   return r;

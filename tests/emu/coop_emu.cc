@@ -145,9 +145,9 @@ extern "C" int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int
   return run_grid(sbn_host_kernel_ptr(stage, kind, dtype, tile, vec, sbn_args_epilogue(args)), args, grid, 0);
 }
 
-extern "C" int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args,
+extern "C" int sbn_emu_launch_infer(int dtype, int kind, int vec, const sbn_infer_args_t* args,
                                     unsigned grid) {
-  return run_grid(sbn_infer_kernel_ptr(dtype, tile, vec, sbn_infer_epilogue(args)), args, grid, 0);
+  return run_grid(sbn_infer_kernel_ptr(dtype, kind, vec, sbn_infer_epilogue(args)), args, grid, 0);
 }
 
 extern "C" void sbn_emu_push_failure(const sbn_coop_args_t* args, int rank, int code) {

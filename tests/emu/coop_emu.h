@@ -33,8 +33,9 @@ int sbn_emu_kernel_built(int kind, int dtype, int tile, int vec, int variant, in
 /* The same for one stage of the host-driven path (SBN_HOST_STATS ... SBN_HOST_APPLY). */
 int sbn_emu_launch_host(int stage, int kind, int dtype, int tile, int vec,
                         const sbn_coop_args_t* args, unsigned grid);
-/* The inference kernel (tile: NHWC or spatial 1; vec: 16-byte kernel). */
-int sbn_emu_launch_infer(int dtype, int tile, int vec, const sbn_infer_args_t* args, unsigned grid);
+/* The inference kernel (kind: SBN_INFER_*, coop_plan.h: sbn_infer_kind; vec: 16-byte
+   kernel). */
+int sbn_emu_launch_infer(int dtype, int kind, int vec, const sbn_infer_args_t* args, unsigned grid);
 
 /* What the notify kernel does for sbnCommAbort on an NCCL team (kernels/coop.cu,
    push_failure): rank `rank`'s failure word = code in every rank's part of args->win. */

@@ -41,6 +41,7 @@ static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchron
 static int violations;
 static char last_violation[256];
 static unsigned last_coop_grid; /* blocks of the last cooperative launch */
+static unsigned last_grid;      /* blocks of the last cudaLaunchKernel */
 static const void* launched[CUDA_STUB_LAUNCH_LOG]; /* the kernels launched since the reset */
 static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
@@ -60,6 +61,13 @@ void cudart_stub_set_events_pending(int on) {
 unsigned cudart_stub_last_coop_grid(void) {
   pthread_mutex_lock(&mu);
   const unsigned g = last_coop_grid;
+  pthread_mutex_unlock(&mu);
+  return g;
+}
+
+unsigned cudart_stub_last_grid(void) {
+  pthread_mutex_lock(&mu);
+  const unsigned g = last_grid;
   pthread_mutex_unlock(&mu);
   return g;
 }
@@ -101,6 +109,7 @@ void cudart_stub_reset(void) {
   violations = 0;
   last_violation[0] = '\0';
   nlaunched = 0;
+  last_grid = 0;
   pthread_mutex_unlock(&mu);
 }
 
@@ -367,8 +376,11 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
 }
 cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args, size_t dyn,
                              cudaStream_t s) {
-  (void)grid, (void)block, (void)args, (void)dyn, (void)s;
+  (void)block, (void)args, (void)dyn, (void)s;
   log_launch(fn);
+  pthread_mutex_lock(&mu);
+  last_grid = grid.x * grid.y * grid.z;
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {

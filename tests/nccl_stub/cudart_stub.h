@@ -16,6 +16,9 @@ size_t cudart_stub_find(size_t bytes, void** out, int* dev, size_t max);
 #define CUDA_STUB_BLOCKS_PER_SM 2
 /* The grid (blocks) of the last cooperative launch, on any device (0: none yet). */
 unsigned cudart_stub_last_coop_grid(void);
+/* The grid (blocks) of the last cudaLaunchKernel, on any device (0: none since the last
+   reset). */
+unsigned cudart_stub_last_grid(void);
 /* Cooperative launches on `device` since its last cudaDeviceSynchronize. */
 int cudart_stub_in_flight(int device);
 /* Violations since the last reset (a cudaFree of memory that another device's kernel may

@@ -733,6 +733,68 @@ static void test_grid_leaves_sms_free(void) {
    cooperative kernel is small, small's statistics kernel and the apply kernel are what it
    launches (no stream statistics, no publish), the bits of the cooperative kernel
    (test_coop_emu: test_host_path_equals_small); elsewhere the stream stages. */
+/* sbnForwardInference on device memory launches the kernel of its layout
+   (coop_plan.h: sbn_infer_kind) on the grid its launch plans (gpu_infer.c): the flat kernel
+   for NCHW planes of 2048 elements or more in 16-byte vectors, on no more blocks than its
+   steps need nor than the device holds at once (the stand-in's CUDA_STUB_SMS x
+   CUDA_STUB_BLOCKS_PER_SM); the plane kernel for smaller planes, unaligned tensors and
+   SBN_INFER=plane (at most 8 blocks per SM); the tile kernel for NHWC; SBN_INFER with
+   another value: sbnInvalidArgument, nothing launched. */
+static void test_inference_kernel(void) {
+  stub_case(NULL);
+  static const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t n, c, sp;
+    int off;           /* x one element off 16-byte alignment */
+    const char* env;   /* SBN_INFER (NULL: unset) */
+    int kind;          /* SBN_INFER_* launched, -1: refused */
+    unsigned grid;
+  } cases[] = {
+      /* 4096 vectors: 128 steps of 32, 4 blocks of 8 warps x 4 steps */
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, NULL, SBN_INFER_FLAT, 4},
+      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, NULL, SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM},
+      {sbnBFloat16, sbnLayoutNCHW, 4, 16, 4096, 0, "auto", SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM},
+      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, "plane", SBN_INFER_PLANE, CUDA_STUB_SMS * 8}, /* 64 planes */
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 1, NULL, SBN_INFER_PLANE, 4},
+      {sbnBFloat16, sbnLayoutNCHW, 2, 8, 1030, 0, NULL, SBN_INFER_PLANE, 2}, /* warps: 8 planes a block */
+      {sbnFloat32, sbnLayoutNHWC, 2, 8, 4096, 0, NULL, SBN_INFER_TILE, 16},  /* 4096 elements a block */
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, "flat", -1, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
+    const sbnTensorDesc_t d = {cases[i].dt, cases[i].lay, cases[i].n, cases[i].c, cases[i].sp};
+    const size_t es = cases[i].dt == sbnFloat32 ? 4 : 2, bytes = (size_t)(d.n * d.c * d.spatial) * es;
+    char *x = (char*)dalloc(bytes + 16), *y = (char*)dalloc(bytes + 16);
+    float* st = (float*)dalloc((size_t)d.c * 4 * sizeof(float)); /* weight, bias, mean, var */
+    if (cases[i].env)
+      setenv("SBN_INFER", cases[i].env, 1);
+    else
+      unsetenv("SBN_INFER");
+    cudart_stub_reset();
+    const void* fns[CUDA_STUB_LAUNCH_LOG];
+    const sbnResult_t r = sbnForwardInference(&d, x + cases[i].off * es, y + cases[i].off * es, st, st + d.c,
+                                              st + 2 * d.c, st + 3 * d.c, 1e-5f, NULL);
+    const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
+    const unsigned grid = cudart_stub_last_grid();
+    unsetenv("SBN_INFER");
+    cudaDeviceSynchronize();
+    cudaFree(x), cudaFree(y), cudaFree(st);
+    if (cases[i].kind < 0) {
+      ASSERT_EQ_INT(r, sbnInvalidArgument);
+      ASSERT_EQ_INT(n, 0);
+      if (strstr(sbnGetLastError(NULL), "SBN_INFER='flat'") == NULL)
+        SBN_FAIL_("case %zu: the error says '%s'", i, sbnGetLastError(NULL));
+      continue;
+    }
+    ASSERT_OK(r);
+    const void* want = sbn_infer_kernel_ptr(cases[i].dt, cases[i].kind, !cases[i].off, 0);
+    if (n != 1 || want == NULL || fns[0] != want || grid != cases[i].grid)
+      SBN_FAIL_("case %zu: %d launches, the %s kernel %s, on %u blocks (want %u)", i, n,
+                cases[i].kind == SBN_INFER_FLAT ? "flat" : cases[i].kind == SBN_INFER_TILE ? "tile" : "plane",
+                n >= 1 && fns[0] == want ? "launched" : "not launched", grid, cases[i].grid);
+  }
+}
+
 static void test_team_of_one_kernel(void) {
   stub_case(NULL);
   static const struct {
@@ -1383,6 +1445,7 @@ int main(void) {
   SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_grid_leaves_sms_free);
   SBN_RUN(test_team_of_one_kernel);
+  SBN_RUN(test_inference_kernel);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
