@@ -373,9 +373,10 @@ step_bench() {
   SBN_KERNEL=onchip "$BENCH" --gpu on "${quick[@]}" --only S2,S10 -w 1 --paths coop \
     --json "$OUTDIR/bench-onchip.json" || return 1
   # and stream where auto runs unit (a team of one's planes: NCHW S2, S5 here, W = 1;
-  # bench/notes/experiments.md, E32): the kernel auto ran there before
-  echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
-  SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
+  # bench/notes/experiments.md, E32): the kernel auto ran there before; its inference rows
+  # run the plane kernel (SBN_INFER=plane) where bench.json's run the flat one (E36)
+  echo "+ SBN_KERNEL=stream SBN_INFER=plane sbn-bench --gpu on ${quick[*]} --only S2,S5 -w 1 --paths coop --layout NCHW"
+  SBN_KERNEL=stream SBN_INFER=plane "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
     --json "$OUTDIR/bench-stream.json" || return 1
   # and stream where auto runs small (a team of one's ops of at most 64 rows: S10 and the
   # latency rows at W = 1; E33): the kernel auto ran there before
