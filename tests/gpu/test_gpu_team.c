@@ -1144,7 +1144,10 @@ static void test_usage_errors(void) {
    sbnForwardInferenceEx on device pointers, bitwise against the host's. Cases: ReLU with
    a residual (fp32 NCHW), leaky ReLU (fp16 NHWC), the in-place leaky backward (bf16 NCHW
    with odd planes: the scalar kernels), ReLU alone (bf16 NHWC, fp32 NCHW: the stream
-   forward's whole ReLU batches), ReLU with a residual on fp16 NHWC; and teams of one of few
+   forward's whole ReLU batches; fp32 NHWC), ReLU with a residual on fp16 NHWC, on bf16 NCHW
+   planes of 2500 and leaky ReLU alone on fp32 97x97 (the flat inference kernel); without a
+   residual, the backward again with no_residual (the mask from x), its gradients bitwise
+   the first's; and teams of one of few
    rows (ReLU with a residual on fp32 S10-like 1x1, leaky ReLU with one on bf16 NHWC), which
    run the small kernel under auto, and small's statistics then the stream apply under
    SBN_ALGO=nccl (test_gpu_team_nccl runs this test too). */
@@ -1274,6 +1277,36 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
       d2h(gsm[r], d.sm[r], cb), d2h(gsi[r], d.si[r], cb), d2h(gdw[r], d.dw[r], cb), d2h(gdb[r], d.db[r], cb);
     }
   }
+  /* the mask from x (no_residual: the forward had no z, and its weight and bias are
+     these): the backward again, the same gradients bitwise (the rule reads y only where x
+     leaves the sign in doubt: kernels/bn_math.h, sbn_xmask_sign) */
+  if (!sbn_test_cur_failed_ && !k->z && !k->recover && k->act != sbnActivationIdentity) {
+    sbnEpilogue_t ex = e;
+    ex.no_residual = 1;
+    for (int r = 0; r < W; r++) {
+      dpoison(d.dx[r], team_bytes(&h, r), NULL);
+      dpoison(d.dw[r], cb, NULL), dpoison(d.db[r], cb, NULL);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    sbnResult_t res = sbnGroupStart();
+    for (int r = 0; r < W; r++)
+      if (res == sbnSuccess)
+        res = sbnBackwardEx(d.comm[r], &h.d[r], d.x[r], d.y[r], d.dy[r], d.dx[r], NULL, d.w[r], d.b[r], d.sm[r],
+                            d.si[r], d.dw[r], d.db[r], &p, &ex, d.st[r]);
+    sbnResult_t end = sbnGroupEnd();
+    EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
+    if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  no_residual: %s\n", sbnGetLastError(d.comm[0]));
+    if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize()))
+      for (int r = 0; r < W; r++) {
+        const size_t tb = team_bytes(&h, r);
+        void* xdx = malloc(tb);
+        float *xdw = fvec(h.d[0].c), *xdb = fvec(h.d[0].c);
+        d2h(xdx, d.dx[r], tb), d2h(xdw, d.dw[r], cb), d2h(xdb, d.db[r], cb);
+        if (memcmp(xdx, gdx[r], tb) != 0 || memcmp(xdw, gdw[r], cb) != 0 || memcmp(xdb, gdb[r], cb) != 0)
+          SBN_FAIL_("rank %d: the mask from x (no_residual) changed the gradients", r);
+        free(xdx), free(xdw), free(xdb);
+      }
+  }
   /* the CPU team: its forward (y against the GPU's), then its backward on the GPU's
      statistics and y */
   if (!sbn_test_cur_failed_) {
@@ -1367,6 +1400,11 @@ static void test_fused(void) {
       {sbnActivationRelu, 0, 0, sbnBFloat16, sbnLayoutNHWC, 64, 49, 3, 0}, /* ReLU alone: whole batches */
       {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 8, 1031, 3, 0},
       {sbnActivationRelu, 1, 0, sbnFloat16, sbnLayoutNHWC, 64, 49, 3, 0}, /* ReLU with z, compiled in */
+      {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNHWC, 40, 49, 3, 0}, /* the tile x4 mask from x */
+      /* planes of 2048 or more: the flat inference kernel, with z (bf16: vectors across
+         plane ends) and without (97x97: a part-vector at the end) */
+      {sbnActivationRelu, 1, 0, sbnBFloat16, sbnLayoutNCHW, 4, 2500, 3, 0},
+      {sbnActivationLeakyRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 3, 97 * 97, 2, 0},
       /* a team of one's few rows: small (S10's 4 rows of 1x1; 32 rows of NHWC) */
       {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 40, 1, 4, 1},
       {sbnActivationLeakyRelu, 1, 0, sbnBFloat16, sbnLayoutNHWC, 64, 8, 4, 1},
@@ -1944,6 +1982,21 @@ static void test_inference_device(void) {
         if (!sbn_test_cur_failed_)
           inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 5, 3, 1, affine, 1e-3f, s,
                          7200u + (uint64_t)i);
+        /* NCHW planes of 2048 elements or more: the flat kernel (coop_plan.h: sbn_infer_kind),
+           with vectors across plane ends in bf16/fp16 (2500 = 312.5 vectors of 8), and on
+           97x97 planes a part-vector at the tensor's end too (94090 elements) */
+        if (!sbn_test_cur_failed_)
+          inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 3, 2500, affine, 1e-5f, s,
+                         7400u + (uint64_t)i);
+        if (!sbn_test_cur_failed_) { /* and the plane kernel there (the A/B's) */
+          setenv("SBN_INFER", "plane", 1);
+          inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 3, 2500, affine, 1e-5f, s,
+                         7450u + (uint64_t)i);
+          unsetenv("SBN_INFER");
+        }
+        if (!g_quick && !sbn_test_cur_failed_)
+          inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 5, 97 * 97, affine, 1e-5f, NULL,
+                         7500u + (uint64_t)i);
         case_end();
         i++;
       }
