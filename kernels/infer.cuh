@@ -122,6 +122,8 @@ SBN_UNROLL
 template <int DT, int VEC, bool EPI, bool Z>
 __device__ __forceinline__ void infer_flat_run(const sbn_infer_args_t& a) {
   constexpr int64_t kStep = 32 * VEC; /* the elements of a warp's step */
+  static_assert(SBN_INFER_FLAT_MIN >= kInferBatch * kStep, "a lane's batch reaches at most one plane end");
+  static_assert(SBN_INFER_FLAT_MIN > VEC, "the tensor's last part-vector lies in its last plane");
   const int64_t numel = a.n * a.c * a.sp, whole = numel / VEC; /* whole vectors */
   const int64_t steps = ((numel + VEC - 1) / VEC + 31) / 32;
   const int64_t warps = (int64_t)gridDim.x * kWarps, w = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);

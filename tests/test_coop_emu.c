@@ -1210,15 +1210,16 @@ static void test_unit_map(void) {
    128 in fp16/bf16's vectors: sbn_infer_group), and the flat kernel (NCHW planes of 2048
    elements or more in 16-byte vectors: sbn_infer_kind) on grids of 1, 3 and 7 blocks (a
    warp's steps within a plane, across plane ends, and vectors across them: 2500 and 97x97
-   elements; a warp across several ends on one block: 24 planes of 2048), beside the plane
-   kernel on the same tensors; the plain op, and the
+   elements; a warp across several ends on one block: 24 planes of 2048; C = 1 with a
+   part-vector at the end, on 64 blocks: more warps than steps), beside the plane kernel on
+   the same tensors; y over x and over z too; the plain op, and the
    epilogue's kernels with ReLU and a residual z, and with leaky ReLU alone (z aliasing y
    too). */
 static void test_inference(void) {
   struct {
     int64_t n, c, sp;
   } shapes[] = {{2, 24, 7}, {1, 40, 1}, {2, 3, 2500}, {3, 16, 33}, {1, 3, 4096}, {1, 2, 2048}, {2, 3, 97 * 97},
-                {8, 3, 2048}};
+                {8, 3, 2048}, {1, 1, 2049}, {1, 1, 2050}, {1, 1, 2051}};
   /* the groups: one pass of the group holds a 64x64 plane (fp32: 1024 vectors, 256 x 4;
      bf16: 512, 128 x 4; 32x64 in bf16: 256, 64 x 4); 50x50 in bf16 (313 vectors and a
      part: 128 threads), 97x97 (more than 1024 vectors) and 64x64 in elements (4096) the
@@ -1284,13 +1285,13 @@ static void test_inference(void) {
                                   (int)e.activation, e.slope};
             const int kind = sbn_infer_kind(lay == sbnLayoutNHWC, d.spatial, vec, 0);
             ASSERT_EQ_INT(kind == SBN_INFER_TILE, tile);
-            /* the library's kernel on 3 blocks; where it is flat, also on 1 and 7 blocks,
-               and the plane kernel (SBN_INFER=plane) */
+            /* the library's kernel on 3 blocks; where it is flat, also on 1, 7 and 64
+               blocks, and the plane kernel (SBN_INFER=plane) */
             static const struct {
               int plane;
               unsigned grid;
-            } runs[] = {{0, 3}, {0, 1}, {0, 7}, {1, 3}};
-            for (int ri = 0; ri < (kind == SBN_INFER_FLAT ? 4 : 1); ri++) {
+            } runs[] = {{0, 3}, {0, 1}, {0, 7}, {0, 64}, {1, 3}};
+            for (int ri = 0; ri < (kind == SBN_INFER_FLAT ? 5 : 1); ri++) {
               const int k = runs[ri].plane ? SBN_INFER_PLANE : kind;
               memcpy(z + off * es, zb, bytes); /* (the run before wrote y over it) */
               memset(y, 0xff, bytes + 16);
@@ -1302,7 +1303,15 @@ static void test_inference(void) {
                 a.y = z + off * es;
                 ASSERT_EQ_INT(sbn_emu_launch_infer(dt, k, vec, &a, runs[ri].grid), 0);
                 ASSERT_MEMEQ(z + off * es, ycpu, bytes);
+                memcpy(z + off * es, zb, bytes);
               }
+              /* y over x (in place): each element read once, before it is written (a
+                 second pass over an element, as a tail done twice, would normalize y) */
+              memcpy(y + off * es, xb, bytes);
+              a.x = a.y = y + off * es;
+              ASSERT_EQ_INT(sbn_emu_launch_infer(dt, k, vec, &a, runs[ri].grid), 0);
+              ASSERT_MEMEQ(y + off * es, ycpu, bytes);
+              a.x = x + off * es;
               if (sbn_test_cur_failed_) fprintf(stderr, "  kernel %d on %u blocks\n", k, runs[ri].grid);
             }
             free(xb), free(zb), free(x), free(z), free(y), free(ycpu), free(w), free(b), free(rm), free(rv);

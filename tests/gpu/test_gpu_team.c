@@ -1146,8 +1146,8 @@ static void test_usage_errors(void) {
    with odd planes: the scalar kernels), ReLU alone (bf16 NHWC, fp32 NCHW: the stream
    forward's whole ReLU batches; fp32 NHWC), ReLU with a residual on fp16 NHWC, on bf16 NCHW
    planes of 2500 and leaky ReLU alone on fp32 97x97 (the flat inference kernel); without a
-   residual, the backward again with no_residual (the mask from x), its gradients bitwise
-   the first's; and teams of one of few
+   residual, the backward again with no_residual (the mask from x) on a y flipped wherever
+   the rule is sure, its gradients bitwise the first's on the true y; and teams of one of few
    rows (ReLU with a residual on fp32 S10-like 1x1, leaky ReLU with one on bf16 NHWC), which
    run the small kernel under auto, and small's statistics then the stream apply under
    SBN_ALGO=nccl (test_gpu_team_nccl runs this test too). */
@@ -1278,34 +1278,50 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
     }
   }
   /* the mask from x (no_residual: the forward had no z, and its weight and bias are
-     these): the backward again, the same gradients bitwise (the rule reads y only where x
-     leaves the sign in doubt: kernels/bn_math.h, sbn_xmask_sign) */
+     these): the backward again on a y whose sign is flipped wherever the rule is sure of a
+     whole 16-byte position (team_xmask_poison, from the GPU's y and saved statistics), the
+     same gradients bitwise as the first backward's on the true y: y read only where x
+     leaves the sign in doubt (kernels/bn_math.h, sbn_xmask_sign); and that y with the
+     mask from y changes them (the flips matter). */
   if (!sbn_test_cur_failed_ && !k->z && !k->recover && k->act != sbnActivationIdentity) {
-    sbnEpilogue_t ex = e;
-    ex.no_residual = 1;
     for (int r = 0; r < W; r++) {
-      dpoison(d.dx[r], team_bytes(&h, r), NULL);
-      dpoison(d.dw[r], cb, NULL), dpoison(d.db[r], cb, NULL);
+      const size_t tb = team_bytes(&h, r);
+      memcpy(h.y[r], gy[r], tb), memcpy(h.smean[r], gsm[r], cb), memcpy(h.sinv[r], gsi[r], cb);
     }
-    CUDA_OK(cudaDeviceSynchronize());
-    sbnResult_t res = sbnGroupStart();
-    for (int r = 0; r < W; r++)
-      if (res == sbnSuccess)
-        res = sbnBackwardEx(d.comm[r], &h.d[r], d.x[r], d.y[r], d.dy[r], d.dx[r], NULL, d.w[r], d.b[r], d.sm[r],
-                            d.si[r], d.dw[r], d.db[r], &p, &ex, d.st[r]);
-    sbnResult_t end = sbnGroupEnd();
-    EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
-    if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  no_residual: %s\n", sbnGetLastError(d.comm[0]));
-    if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize()))
+    EXPECT_TRUE(team_xmask_poison(&h, 16 / (int64_t)dt_size(k->dt)) > 0);
+    for (int nr = 1; nr >= 0 && !sbn_test_cur_failed_; nr--) {
+      sbnEpilogue_t ex = e;
+      ex.no_residual = nr;
       for (int r = 0; r < W; r++) {
-        const size_t tb = team_bytes(&h, r);
-        void* xdx = malloc(tb);
-        float *xdw = fvec(h.d[0].c), *xdb = fvec(h.d[0].c);
-        d2h(xdx, d.dx[r], tb), d2h(xdw, d.dw[r], cb), d2h(xdb, d.db[r], cb);
-        if (memcmp(xdx, gdx[r], tb) != 0 || memcmp(xdw, gdw[r], cb) != 0 || memcmp(xdb, gdb[r], cb) != 0)
-          SBN_FAIL_("rank %d: the mask from x (no_residual) changed the gradients", r);
-        free(xdx), free(xdw), free(xdb);
+        h2d(d.y[r], h.y[r], team_bytes(&h, r), NULL);
+        dpoison(d.dx[r], team_bytes(&h, r), NULL);
+        dpoison(d.dw[r], cb, NULL), dpoison(d.db[r], cb, NULL);
       }
+      CUDA_OK(cudaDeviceSynchronize());
+      sbnResult_t res = sbnGroupStart();
+      for (int r = 0; r < W; r++)
+        if (res == sbnSuccess)
+          res = sbnBackwardEx(d.comm[r], &h.d[r], d.x[r], d.y[r], d.dy[r], d.dx[r], NULL, d.w[r], d.b[r],
+                              d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &ex, d.st[r]);
+      sbnResult_t end = sbnGroupEnd();
+      EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
+      if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  no_residual %d: %s\n", nr, sbnGetLastError(d.comm[0]));
+      int same = 1;
+      if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize()))
+        for (int r = 0; r < W; r++) {
+          const size_t tb = team_bytes(&h, r);
+          void* xdx = malloc(tb);
+          float *xdw = fvec(h.d[0].c), *xdb = fvec(h.d[0].c);
+          d2h(xdx, d.dx[r], tb), d2h(xdw, d.dw[r], cb), d2h(xdb, d.db[r], cb);
+          same &= memcmp(xdx, gdx[r], tb) == 0 && memcmp(xdw, gdw[r], cb) == 0 && memcmp(xdb, gdb[r], cb) == 0;
+          free(xdx), free(xdw), free(xdb);
+        }
+      if (!sbn_test_cur_failed_ && nr == 1 && !same)
+        SBN_FAIL_("the mask from x (no_residual) read a y it is sure of, or changed the gradients");
+      if (!sbn_test_cur_failed_ && nr == 0 && same) SBN_FAIL_("the flipped y changed no gradient of the mask from y");
+    }
+    for (int r = 0; r < W; r++) h2d(d.y[r], gy[r], team_bytes(&h, r), NULL); /* the true y back */
+    CUDA_OK(cudaDeviceSynchronize());
   }
   /* the CPU team: its forward (y against the GPU's), then its backward on the GPU's
      statistics and y */
@@ -1988,11 +2004,18 @@ static void test_inference_device(void) {
         if (!sbn_test_cur_failed_)
           inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 3, 2500, affine, 1e-5f, s,
                          7400u + (uint64_t)i);
-        if (!sbn_test_cur_failed_) { /* and the plane kernel there (the A/B's) */
+        if (!sbn_test_cur_failed_) { /* and the plane kernel there (the A/B's); the caller's
+                                        SBN_INFER back after */
+          const char* was = getenv("SBN_INFER");
+          char keep[16] = "";
+          if (was != NULL) snprintf(keep, sizeof keep, "%s", was);
           setenv("SBN_INFER", "plane", 1);
           inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 3, 2500, affine, 1e-5f, s,
                          7450u + (uint64_t)i);
-          unsetenv("SBN_INFER");
+          if (was != NULL)
+            setenv("SBN_INFER", keep, 1);
+          else
+            unsetenv("SBN_INFER");
         }
         if (!g_quick && !sbn_test_cur_failed_)
           inference_case((sbnDataType_t)dt, (sbnLayout_t)lay, 2, 5, 97 * 97, affine, 1e-5f, NULL,
