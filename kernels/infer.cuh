@@ -116,9 +116,9 @@ SBN_UNROLL
    lane keeps the coefficients of the plane it is in: one division for its first element,
    then the plane's end moved on as the lane passes it. A lane moves 4 * 32 * VEC <= 1024
    elements a batch, less than a plane, so a batch reaches at most one end; the next
-   plane's coefficients are loaded beside the batch's x where it does, and each element
-   takes the plane it is in (a select: one copy of the arithmetic, so that no vector across
-   an end, spatial not a multiple of VEC, needs a path of its own). */
+   plane's coefficients are loaded beside the batch's x where it does. A vector takes one
+   plane's coefficients; one across an end (spatial not a multiple of VEC) takes each
+   element's own plane's. */
 template <int DT, int VEC, bool EPI, bool Z>
 __device__ __forceinline__ void infer_flat_run(const sbn_infer_args_t& a) {
   constexpr int64_t kStep = 32 * VEC; /* the elements of a warp's step */
@@ -157,26 +157,20 @@ SBN_UNROLL
     const int64_t before = pend - e; /* the batch's elements before the end, from e */
 SBN_UNROLL
     for (int k = 0; k < kInferBatch; k++) {
+      /* element q of vector k, of this plane or (nx) the next */
+      const auto y_at = [&](int q, bool nx) {
+        return infer_epilogue<DT, VEC, EPI, Z>(a,
+                                               sbn_forward_y(elem_get<DT, VEC>(v[k], q), nx ? nmean : mean, 0.0f,
+                                                             nx ? nscale : scale, nx ? nbias : bias),
+                                               zv[k], q);
+      };
       const int64_t cut = before - k * kStep; /* vector k's elements before the end */
-      if (cut >= VEC || cut <= 0) {           /* all in one plane */
-        const bool nx = cut <= 0;
-        const float mu = nx ? nmean : mean, sc = nx ? nscale : scale, bi = nx ? nbias : bias;
+      if (cut >= VEC || cut <= 0) {           /* all in one plane: one choice a vector */
 SBN_UNROLL
-        for (int q = 0; q < VEC; q++)
-          elem_set<DT, VEC>(v[k], q,
-                            infer_epilogue<DT, VEC, EPI, Z>(
-                                a, sbn_forward_y(elem_get<DT, VEC>(v[k], q), mu, 0.0f, sc, bi), zv[k], q));
-      } else { /* across the end (spatial not a multiple of VEC) */
+        for (int q = 0; q < VEC; q++) elem_set<DT, VEC>(v[k], q, y_at(q, cut <= 0));
+      } else { /* across the end (spatial not a multiple of VEC): a choice an element */
 SBN_UNROLL
-        for (int q = 0; q < VEC; q++) {
-          const bool nx = q >= cut;
-          elem_set<DT, VEC>(v[k], q,
-                            infer_epilogue<DT, VEC, EPI, Z>(a,
-                                                            sbn_forward_y(elem_get<DT, VEC>(v[k], q),
-                                                                          nx ? nmean : mean, 0.0f,
-                                                                          nx ? nscale : scale, nx ? nbias : bias),
-                                                            zv[k], q));
-        }
+        for (int q = 0; q < VEC; q++) elem_set<DT, VEC>(v[k], q, y_at(q, q >= cut));
       }
       store_pos<DT, VEC, true>(a.y, e + k * kStep, m[k], v[k]);
     }
