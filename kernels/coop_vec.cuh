@@ -692,6 +692,15 @@ SBN_UNROLL
   static __device__ __forceinline__ int64_t thread_channel(int grp, int ch) {
     return TILE ? (int64_t)grp * kChunk + (threadIdx.x & 31) % (kChunk / VEC) * VEC + ch : (int64_t)grp;
   }
+  /* Channel c's scale (sbn_scale of the saved invstd, as the forward's and the backward's
+     coefficients) and bias, which the mask from x takes (bn_math.h: sbn_xmask_sign): into
+     EpiCoef's registers (one channel a thread) or sm.xm (xm_fill); 0 and nothing read where
+     `in` is false. */
+  static __device__ __forceinline__ void xm_coef(const sbn_coop_rank_t& R, int64_t c, bool in, float* scale,
+                                                 float* bias) {
+    *scale = in ? sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]) : 0.0f;
+    *bias = in && R.bias != nullptr ? R.bias[c] : 0.0f;
+  }
   /* The epilogue of the thread's channels (EPI kernels); `has`: the thread has positions
      in the unit (else its channels may lie past C, and nothing is read). */
   static __device__ __forceinline__ void epi_coef(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp,
@@ -702,8 +711,7 @@ SBN_UNROLL
     if constexpr (kXmask && NCH == 1) {
       const int64_t c = thread_channel(grp, 0);
       const bool in = has && R.xmask && c < g.c;
-      ep.bias[0] = in && R.bias != nullptr ? R.bias[c] : 0.0f;
-      ep.scale[0] = in ? sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]) : 0.0f;
+      xm_coef(R, c, in, &ep.scale[0], &ep.bias[0]);
       ep.mean[0] = in ? R.save_mean_in[c] : 0.0f;
     }
     if constexpr (kRecover) {
@@ -726,10 +734,7 @@ SBN_UNROLL
      xm_ready). */
   static __device__ __forceinline__ void xm_fill(const sbn_coop_rank_t& R, const sbn_geo_t& g, int grp, Smem& sm) {
     const int64_t c = (int64_t)grp * kChunk + threadIdx.x;
-    if (threadIdx.x < kChunk && c < g.c) {
-      sm.xm[threadIdx.x][0] = sbn_scale(R.weight != nullptr ? R.weight[c] : 1.0f, R.save_invstd[c]);
-      sm.xm[threadIdx.x][1] = R.bias != nullptr ? R.bias[c] : 0.0f;
-    }
+    if (threadIdx.x < kChunk && c < g.c) xm_coef(R, c, true, &sm.xm[threadIdx.x][0], &sm.xm[threadIdx.x][1]);
   }
   static __device__ __forceinline__ void xm_first(const sbn_coop_rank_t& R, const sbn_geo_t& g, int u0, int u1,
                                                   Smem& sm) {

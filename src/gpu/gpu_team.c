@@ -78,8 +78,9 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               if (fn == NULL && st == SBN_HOST_SMALL_STATS) continue; /* not built: never planned */
               CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
             }
-            if (k == 0 && e < 2) /* inference's kernels: plane, tile (t), and flat (16-byte) */
-              for (int ik = t; ik < SBN_INFER_KINDS; ik += 2) {
+            if (k == 0 && t == 0 && e < 2) /* inference's kernels (SBN_INFER_*; the scalar flat one
+                                              is not built) */
+              for (int ik = 0; ik < SBN_INFER_KINDS; ik++) {
                 const void* fn = sbn_infer_kernel_ptr(d, ik, v, e);
                 if (fn != NULL) CU(cudaFuncGetAttributes(&fa, fn), "cudaFuncGetAttributes");
               }
