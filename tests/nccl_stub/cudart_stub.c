@@ -46,6 +46,7 @@ static const void* launched[CUDA_STUB_LAUNCH_LOG]; /* the kernels launched since
 static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
 static int events_pending;      /* every event says its work is not done */
+static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
 
 void cudart_stub_set_capturing(int on) {
   pthread_mutex_lock(&mu);
@@ -55,6 +56,11 @@ void cudart_stub_set_capturing(int on) {
 void cudart_stub_set_events_pending(int on) {
   pthread_mutex_lock(&mu);
   events_pending = on;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_occupancy_fails(int on) {
+  pthread_mutex_lock(&mu);
+  occupancy_fails = on;
   pthread_mutex_unlock(&mu);
 }
 
@@ -106,6 +112,7 @@ void cudart_stub_reset(void) {
   memset(in_flight, 0, sizeof in_flight);
   capturing = 0;
   events_pending = 0;
+  occupancy_fails = 0;
   violations = 0;
   last_violation[0] = '\0';
   nlaunched = 0;
@@ -371,6 +378,10 @@ cudaError_t cudaFuncSetAttribute(const void* fn, enum cudaFuncAttribute attr, in
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* fn, int threads,
                                                           size_t dyn) {
   (void)fn, (void)threads, (void)dyn;
+  pthread_mutex_lock(&mu);
+  const int fails = occupancy_fails;
+  pthread_mutex_unlock(&mu);
+  if (fails) return cudaErrorInvalidDeviceFunction;
   *blocks = CUDA_STUB_BLOCKS_PER_SM;
   return cudaSuccess;
 }

@@ -31,13 +31,16 @@ void cudart_stub_set_capturing(int on);
 /* From here every event says its work is not done (cudaEventQuery: cudaErrorNotReady)
    when `on`, as an event behind a collective that waits for a peer. */
 void cudart_stub_set_events_pending(int on);
+/* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
+   (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
+void cudart_stub_set_occupancy_fails(int on);
 /* The kernels launched (cudaLaunchKernel, cudaLaunchKernelExC) since the last reset, in
    launch order: up to `max` of them into fns[] (may be NULL). Returns how many there were
    (at most CUDA_STUB_LAUNCH_LOG are kept). */
 #define CUDA_STUB_LAUNCH_LOG 64
 int cudart_stub_launches(const void** fns, int max);
-/* Forgets the kernels in flight, the capturing, the pending events, the violations and
-   the launches. */
+/* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
+   query, the violations and the launches. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -750,16 +750,22 @@ static void test_inference_kernel(void) {
     const char* env;   /* SBN_INFER (NULL: unset) */
     int kind;          /* SBN_INFER_* launched, -1: refused */
     unsigned grid;
+    int occ_fails;     /* the occupancy query fails (cudart_stub_set_occupancy_fails) */
   } cases[] = {
       /* 4096 vectors: 128 steps of 32, 4 blocks of 8 warps x 4 steps */
-      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, NULL, SBN_INFER_FLAT, 4},
-      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, NULL, SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM},
-      {sbnBFloat16, sbnLayoutNCHW, 4, 16, 4096, 0, "auto", SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM},
-      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, "plane", SBN_INFER_PLANE, CUDA_STUB_SMS * 8}, /* 64 planes */
-      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 1, NULL, SBN_INFER_PLANE, 4},
-      {sbnBFloat16, sbnLayoutNCHW, 2, 8, 1030, 0, NULL, SBN_INFER_PLANE, 2}, /* warps: 8 planes a block */
-      {sbnFloat32, sbnLayoutNHWC, 2, 8, 4096, 0, NULL, SBN_INFER_TILE, 16},  /* 4096 elements a block */
-      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, "flat", -1, 0},
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, NULL, SBN_INFER_FLAT, 4, 0},
+      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, NULL, SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM, 0},
+      {sbnBFloat16, sbnLayoutNCHW, 4, 16, 4096, 0, "auto", SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM, 0},
+      {sbnFloat32, sbnLayoutNCHW, 4, 16, 4096, 0, "plane", SBN_INFER_PLANE, CUDA_STUB_SMS * 8, 0}, /* 64 planes */
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 1, NULL, SBN_INFER_PLANE, 4, 0},
+      {sbnBFloat16, sbnLayoutNCHW, 2, 8, 1030, 0, NULL, SBN_INFER_PLANE, 2, 0}, /* warps: 8 planes a block */
+      {sbnFloat32, sbnLayoutNHWC, 2, 8, 4096, 0, NULL, SBN_INFER_TILE, 16, 0},  /* 4096 elements a block */
+      {sbnFloat32, sbnLayoutNCHW, 1, 4, 4096, 0, "flat", -1, 0, 0},
+      /* fp16's flat kernel, asked first with a failing occupancy query: 32768 vectors, 1024
+         steps, 32 blocks, capped at 8 per SM (the tile and plane kernels' cap), 32; then
+         with the query answering 2 per SM: 8. The failure was not kept as the answer. */
+      {sbnFloat16, sbnLayoutNCHW, 4, 16, 4096, 0, NULL, SBN_INFER_FLAT, CUDA_STUB_SMS * 8, 1},
+      {sbnFloat16, sbnLayoutNCHW, 4, 16, 4096, 0, NULL, SBN_INFER_FLAT, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
     const sbnTensorDesc_t d = {cases[i].dt, cases[i].lay, cases[i].n, cases[i].c, cases[i].sp};
@@ -771,11 +777,13 @@ static void test_inference_kernel(void) {
     else
       unsetenv("SBN_INFER");
     cudart_stub_reset();
+    cudart_stub_set_occupancy_fails(cases[i].occ_fails);
     const void* fns[CUDA_STUB_LAUNCH_LOG];
     const sbnResult_t r = sbnForwardInference(&d, x + cases[i].off * es, y + cases[i].off * es, st, st + d.c,
                                               st + 2 * d.c, st + 3 * d.c, 1e-5f, NULL);
     const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
     const unsigned grid = cudart_stub_last_grid();
+    cudart_stub_set_occupancy_fails(0);
     unsetenv("SBN_INFER");
     cudaDeviceSynchronize();
     cudaFree(x), cudaFree(y), cudaFree(st);
