@@ -76,6 +76,11 @@ __device__ __forceinline__ unsigned long long probe_now() {
     if (threadIdx.x == 0 && blockIdx.x < SBN_PROBE_MAX_BLOCKS)                              \
       sbn_probe_stamps[blockIdx.x * 8 + (i)] = probe_now();                                 \
   } while (0)
+#define SBN_STAMP_BY(i, t)                                                                  \
+  do {                                                                                      \
+    if (threadIdx.x == (t) && blockIdx.x < SBN_PROBE_MAX_BLOCKS)                            \
+      sbn_probe_stamps[blockIdx.x * 8 + (i)] = probe_now();                                 \
+  } while (0)
 /* the plain ops' kernels only: every kernel the probe launches is one (epi 0), and the
    epilogue's copies (nullptr here: coop.cu) would double this file's compile */
 #define SBN_PLAIN_KERNELS_ONLY
@@ -803,8 +808,10 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
   static const char* const vname[] = {"stream", "onchip", "unit", "small"}; /* SBN_VAR_* */
   static_assert(SBN_VAR_COUNT == 4, "a name for every variant");
-  /* the unit and small kernels have no rank barrier and publish nothing: their stamps 3
-     and 4 are not set (0 here); 2 and 5 are their first unit's (chunk's) */
+  /* the unit and small kernels have no rank barrier and publish nothing: their stamps 2
+     and 5 are their first unit's (chunk's), 3 the solo thread's arrival (after the first
+     unit's partials), 4 block 0's end of the op (its epoch advanced: block 0 alone, so
+     the median is block 0's too) */
   const bool one = pl.variant == SBN_VAR_UNIT || pl.variant == SBN_VAR_SMALL;
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
        "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, \"op_busy_us\": %.2f, "
@@ -816,7 +823,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
        median(tm.med[4]), median(tm.med[5]), median(tm.med[6]), median(tm.last[1]),
        median(tm.last[2]), median(tm.last[3]), median(tm.last[4]), median(tm.last[5]),
        median(tm.last[6]),
-       one ? "start_loads, first statistics, -, -, first outputs, done"
+       one ? "start_loads, first statistics, arrived, op ended (block 0), first outputs, done"
            : "start_loads, stage1, rank_barrier, published, first_gather, done");
   for (int r = 0; r < W; r++) {
     CK(cudaFree(state[r]));

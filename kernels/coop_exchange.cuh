@@ -148,25 +148,47 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
    a barrier that timed out makes the check time out too, never pass early. The fences
    are acq_rel (a release pattern before the red, an acquire pattern after the load),
    not the fence.sc of __threadfence. */
+/* The thread that makes a solo op's arrivals, and ends the op in block 0: warp 1's
+   lane 0. Not thread 0: warp 0 is these kernels' critical path
+   (the merges, the coefficients, the stream kernel's gathers), and the arrival's fence
+   (MEMBAR.ALL.GPU) waits for every access its thread has under way, ~0.4 us on an H200
+   (bench/notes/latency.md). Not warp 7 either, whose loads of a solo block's one slice
+   the stream kernel's publish_chunk waits for. The arrival comes after the barrier that
+   follows the block's first partials, beside warp 0's merge (the stream kernel's: warp
+   7's slice loads); the same thread ends the op, so that block 0's own add is before its
+   loads of the counter on every path (test_solo_stopped_weak); thread 0's reads of the
+   epoch and nbt are before it, and a fence orders what precedes it in causality order,
+   the block barrier's participants' accesses included (the PTX model's cumulativity:
+   the pattern of the rank barrier, whose thread 0 publishes the block's partials). */
+constexpr int kSoloThread = 32;
 __device__ __forceinline__ void rank_arrive(uint32_t* counter, int G, bool first) {
   fence_acq_rel_gpu(); /* the block's reads of the epoch and nbt before its arrival */
   red_add_gpu(counter, first ? 0x80000000u - (uint32_t)(G - 1) : 1u);
 }
-/* Thread 0 of block 0, after its own arrival: true once every block of the op arrived
-   (`seen`: the counter as an earlier load found it, usually already complete), then a
-   fence orders what it writes after their reads; false when the deadline passes first. */
+/* The thread of block 0 that ends a solo op, which made its block's arrival: true once
+   every block of the op arrived (`seen`: the counter as an earlier relaxed load found it,
+   usually already complete; relaxed polls while it is not), then an acquire load of the
+   counter orders what the thread writes after their reads; false when the deadline
+   passes first. An acquire load (LD.E.STRONG.GPU + CCTL.IVALL: one round trip to L2), not
+   a fence after the relaxed load: the fence (MEMBAR.ALL.GPU) would wait for every store
+   the thread has under way, its outputs' included. */
 __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint64_t deadline) {
   if (SBN_MUTANT(SBN_MUT_NO_ARRIVAL_WAIT)) return true;
-  for (uint32_t it = 0; (seen & 0x7fffffffu) != 0u; it++) {
+  for (uint32_t it = 0;; it++) {
+    if ((seen & 0x7fffffffu) == 0u) {
+      /* the counter does not leave "all arrived" before the next op (the calling thread
+         made its block's arrival: its own add is before these loads): this load finds it
+         so; it is the one that orders (a relaxed one that found it so does not) */
+      if ((ld_acquire_gpu(counter) & 0x7fffffffu) == 0u) return true;
+    }
     if ((it & 255u) == 255u && globaltimer_ns() > deadline) return false;
     __nanosleep(32);
     seen = ld_arrivals_gpu(counter);
   }
-  fence_acq_rel_gpu(); /* with the relaxed load: an acquire */
-  return true;
 }
 
-/* A solo op's end (`advance`: block 0's thread 0): once every block arrived, the epoch
+/* A solo op's end (`advance`: block 0's kSoloThread, which made the block's arrival, in
+   every kernel that has solo ops): once every block arrived, the epoch
    advanced to k, then num_batches_tracked where channel 0's outputs were written (nbt_due),
    or sbnTimeout where the arrivals do not come by the deadline. Returns st then. */
 template <int KIND>

@@ -110,10 +110,9 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
      peer-pinned-host transport, whose start-of-kernel read of the error words is made
      the rank's decision by the barrier. */
   const bool solo = (a.G == 1 || (TILE && g.P == 1)) && !a.host_words_at_start;
-  if (solo && threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
 
   /* Every failure ends at the one exit below (st: block-uniform, but for block 0's
-     thread 0 at a solo op's end), which records it: one inlined copy of the failure path
+     solo thread at a solo op's end), which records it: one inlined copy of the failure path
      (code size is time: check-sass.sh). */
   int st = 0;
   /* stage 1 */
@@ -133,11 +132,15 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     if (__syncthreads_or(seen) && threadIdx.x == 0) st_relaxed_gpu(&R.state->stop, sbnAborted);
   }
   if (!solo && st == 0 && !rank_barrier(&R.state->barrier, a.G, b == 0, deadline)) st = sbnTimeout;
-  /* Block 0's thread 0 advances the epoch once every block of the op has read it, whether
-     or not the op goes on: right after the barrier, or (solo) at its end once all
-     arrived (rank_arrivals_done). */
-  const bool advance = b == 0 && threadIdx.x == 0 && (solo || st == 0);
-  if (advance && !solo) st_weak_u32(&R.state->epoch, k);
+  /* Block 0 advances the epoch once every block of the op has read it, whether or not
+     the op goes on: its thread 0 right after the barrier, or (solo) the solo thread,
+     which made the block's arrival (below: the same thread, so that its own add comes
+     before its loads of the counter on every path), at the op's end once all arrived
+     (rank_arrivals_done). */
+  const bool advance = b == 0 && threadIdx.x == 0 && !solo && st == 0;
+  const bool ends =
+      b == 0 && threadIdx.x == (SBN_MUTANT(SBN_MUT_SOLO_END_THREAD0) ? 0 : kSoloThread) && solo;
+  if (advance) st_weak_u32(&R.state->epoch, k);
   if (SBN_MUTANT(SBN_MUT_SECOND_BARRIER) && st == 0 &&
       !rank_barrier(&R.state->pad, a.G, b == 0, deadline)) /* its own counter */
     st = sbnTimeout;
@@ -147,6 +150,12 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
     /* (also orders a solo block's partials before its own stage 3 reads them) */
     if (__syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
+  /* a solo block arrives (every block read the epoch and nbt before the start's barrier):
+     the solo thread (warp 1, coop_exchange.cuh: kSoloThread) after stage 1, beside warp
+     7's loads of the block's one slice (publish_chunk: P = 1 in every solo op), not
+     thread 0 at the start, where the arrival's fence waited for every access thread 0 had
+     under way before its stage 1 began */
+  if (solo && threadIdx.x == kSoloThread) rank_arrive(&R.state->barrier, a.G, b == 0);
   uint32_t arrivals = ~0u; /* solo: the counter, loaded while the gather waits (~0u: not
                               loaded, an aborted op: rank_arrivals_done loads it) */
   bool nbt_due = false;  /* solo: channel 0's outputs were written; nbt follows */
@@ -162,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       const bool pub = step < npub;
       if (step == npub) {
         SBN_STAMP(4); /* published */
-        if (advance && solo) arrivals = ld_arrivals_gpu(&R.state->barrier);
+        if (ends) arrivals = ld_arrivals_gpu(&R.state->barrier);
       }
       if (!pub && u >= u1) break;
       const int chunk = pub ? j0 + step : sbn_unit_chunk(&g, u);
@@ -186,9 +195,12 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       u++;
     }
   }
-  st = solo_end<KIND>(R, advance && solo, arrivals, deadline, k, nbt_due, sm, st);
+  const int st_block = st;
+  st = solo_end<KIND>(R, ends, arrivals, deadline, k, nbt_due, sm, st);
   if (st != 0) {
-    if (threadIdx.x == 0) record_error(a, R.rank, st);
+    /* a block's failure: thread 0 records it; a solo op's end that timed out: the solo
+       thread */
+    if (st_block != 0 ? threadIdx.x == 0 : true) record_error(a, R.rank, st);
     return;
   }
   SBN_STAMP(6); /* done */

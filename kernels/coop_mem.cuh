@@ -51,10 +51,17 @@
 #define SBN_MUT_XMASK_NO_BAND 1048576 /* the backward's mask from x takes the sign of
                                          fma(x - mean, scale, bias) everywhere: y never read,
                                          wrong where the forward's v has the other sign */
+#define SBN_MUT_SOLO_END_THREAD0 2097152 /* the stream kernel's solo op ends from thread 0
+                                            while the solo thread arrives: nothing orders
+                                            block 0's own add before thread 0's loads */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP
 #define SBN_STAMP(i) ((void)0)
+#endif
+/* The same by thread t of the block (the solo thread's arrival and end: coop_exchange.cuh). */
+#ifndef SBN_STAMP_BY
+#define SBN_STAMP_BY(i, t) ((void)0)
 #endif
 #ifndef SBN_COOP_EMU
 #ifndef SBN_KERNEL_MUTANTS
@@ -167,14 +174,14 @@ __device__ __forceinline__ void st_relaxed_gpu(uint32_t* p, uint32_t v) {
    __threadfence_system, which check-sass.sh keeps out of the cooperative kernels); with a
    strong read before it, an acquire too (record_error). */
 __device__ __forceinline__ void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-/* fence.acq_rel.gpu (MEMBAR.GPU): with a strong write after it, a release; with a strong
-   read before it, an acquire (the solo ops' arrivals: coop_exchange.cuh). */
+/* fence.acq_rel.gpu (MEMBAR.GPU): with a strong write after it, a release (the solo ops'
+   arrivals: coop_exchange.cuh). */
 __device__ __forceinline__ void fence_acq_rel_gpu() {
   asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
-/* The solo ops' load of the arrivals counter (coop_exchange.cuh: rank_arrivals_done):
-   relaxed, and with the fence.acq_rel after it an acquire (the emulation's plain runs and
-   ThreadSanitizer, which do not model fences, take it as an acquire load). */
+/* The solo ops' polls of the arrivals counter (coop_exchange.cuh: rank_arrivals_done):
+   relaxed; the load that ends the wait is an acquire (ld_acquire_gpu). (The emulation's
+   plain runs and ThreadSanitizer take it as an acquire load.) */
 __device__ __forceinline__ uint32_t ld_arrivals_gpu(const uint32_t* p) {
   return ld_relaxed_gpu_u32(p);
 }

@@ -180,13 +180,19 @@ SBN_NO_UNROLL
   int st = __syncthreads_or(err_seen != 0 && !SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP)) ? sbnAborted : 0;
   const uint32_t k = sm.k;
   SBN_STAMP(1); /* its start's loads are back */
-  /* every block read the epoch and nbt above: it arrives (block 0 checks the arrivals
-     before it advances them, at its end) */
-  if (threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
   const uint64_t deadline = deadline_after(a.timeout_ns);
   /* one value per channel: the stream kernel's gather refuses it (no unbiased variance);
      every block alike, before any write */
   if (KIND == SBN_OP_FORWARD && rows == 1 && st == 0) st = sbnInvalidArgument;
+  /* every block read the epoch and nbt above (thread 0, before the barrier): it arrives
+     (block 0 checks the arrivals before it advances them, at its end). The solo thread
+     (warp 1) arrives, not thread 0: the arrival's fence waits for every access the thread
+     has under way, and warp 0 is the block's critical path (its merge and coefficients);
+     a block with a chunk arrives after its first chunk's partials, while warp 0 merges
+     them, one without arrives now */
+  const bool solo_thread = threadIdx.x == kSoloThread;
+  if (solo_thread && (st != 0 || b >= nchunks))
+    rank_arrive(&R.state->barrier, a.G, b == 0);
 
   uint32_t arrivals = ~0u; /* block 0: the counter, loaded before its first chunk's stores */
   bool nbt_due = false;    /* block 0: channel 0's outputs were written; nbt follows */
@@ -202,7 +208,13 @@ SBN_NO_UNROLL
     const typename P::T pt = small_partial<KIND, kEpi>(R, kt, xv, dyv, ev, mean_in);
     P::red(sm)[w][lane] = pt;
     __syncthreads(); /* every warp's partial is in */
-    if (j == b) SBN_STAMP(2); /* the first chunk's statistics */
+    if (j == b) {
+      SBN_STAMP(2); /* the first chunk's statistics */
+      if (solo_thread) {
+        rank_arrive(&R.state->barrier, a.G, b == 0);
+        SBN_STAMP_BY(3, kSoloThread); /* arrived */
+      }
+    }
     if (w == 0 && in) {
       /* the warps in order: the rank's values of the channel, which are the team's (a
          merge with the empty record of no other rank gives them back unchanged) */
@@ -220,7 +232,7 @@ SBN_NO_UNROLL
     __syncthreads(); /* the coefficients before the outputs read them */
     /* block 0: the arrivals counter, loaded now so that its round trip overlaps the
        chunk's stores (solo_end polls again where some block had not arrived yet) */
-    if (j == b && b == 0 && threadIdx.x == 0) arrivals = ld_arrivals_gpu(&R.state->barrier);
+    if (j == b && b == 0 && solo_thread) arrivals = ld_arrivals_gpu(&R.state->barrier);
     const bool dz = kEpi && KIND == SBN_OP_BACKWARD && R.dz != nullptr;
     if ((R.out != nullptr || dz) && in) {
       const float* kc = sm.coef[lane];
@@ -249,9 +261,14 @@ SBN_UNROLL
     nbt_due |= j == 0;
     if (SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP) && j == b && __syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
-  st = solo_end<KIND>(R, b == 0 && threadIdx.x == 0, arrivals, deadline, k, nbt_due, sm, st);
+  /* block 0's solo thread ends the op (not thread 0: its outputs' stores are the block's
+     last, and the end waits for none of them: solo_end) */
+  const int st_block = st;
+  st = solo_end<KIND>(R, b == 0 && solo_thread, arrivals, deadline, k, nbt_due, sm, st);
+  if (b == 0) SBN_STAMP_BY(4, kSoloThread); /* the op ended (the epoch advanced, or timed out) */
   if (st != 0) {
-    if (threadIdx.x == 0) record_error(a, R.rank, st);
+    /* a block's failure: thread 0 records it; the end's timeout: the solo thread */
+    if (st_block != 0 ? threadIdx.x == 0 : true) record_error(a, R.rank, st);
     return;
   }
   SBN_STAMP(6); /* done */

@@ -111,9 +111,13 @@ SBN_NO_UNROLL
   int st = __syncthreads_or(err_seen != 0 && !SBN_MUTANT(SBN_MUT_UNIT_LATE_STOP)) ? sbnAborted : 0;
   const uint32_t k = sm.k;
   SBN_STAMP(1); /* its start's loads are back */
-  /* every block read the epoch and nbt above: it arrives (block 0 checks the arrivals
-     before it advances them, at its end) */
-  if (threadIdx.x == 0) rank_arrive(&R.state->barrier, a.G, b == 0);
+  /* every block read the epoch and nbt above (thread 0, before the barrier): it arrives
+     (block 0 checks the arrivals before it advances them, at its end). The solo thread
+     (warp 1, coop_exchange.cuh: kSoloThread) arrives, not thread 0, whose unit_coefs are
+     the block's critical path: after the first unit's partials, while thread 0 merges
+     them; a block without units now */
+  const bool solo_thread = threadIdx.x == kSoloThread;
+  if (solo_thread && (st != 0 || u0 >= u1)) rank_arrive(&R.state->barrier, a.G, b == 0);
   const uint64_t deadline = deadline_after(a.timeout_ns);
 
   /* (a forward of one value per channel, which the stream kernel's gather refuses, never
@@ -127,7 +131,13 @@ SBN_NO_UNROLL
     ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
     if (threadIdx.x == 0) q = load_params<KIND>(R, u, true);
     __syncthreads(); /* every warp's partial is in */
-    if (u == u0) SBN_STAMP(2); /* the first unit's stage 1 done */
+    if (u == u0) {
+      SBN_STAMP(2); /* the first unit's stage 1 done */
+      if (solo_thread) {
+        rank_arrive(&R.state->barrier, a.G, b == 0);
+        SBN_STAMP_BY(3, kSoloThread); /* arrived */
+      }
+    }
     if (threadIdx.x == 0) unit_coefs<KIND>(R, g, SBN_MUTANT(SBN_MUT_UNIT_FIRST_SLOT) ? u0 : u, q, sm);
     __syncthreads(); /* the coefficients before stage 5 reads them */
     /* the channel's outputs (saved and running statistics; dweight, dbias): after the
@@ -135,15 +145,19 @@ SBN_NO_UNROLL
     if (threadIdx.x == 0) channel_outputs<KIND>(R, u, u % kChunk, g.rows, sm, false);
     if (u == u0) {
       SBN_STAMP(5); /* the first unit's channel finished */
-      if (b == 0 && threadIdx.x == 0) arrivals = ld_arrivals_gpu(&R.state->barrier);
+      if (b == 0 && solo_thread) arrivals = ld_arrivals_gpu(&R.state->barrier);
     }
     nbt_due |= u == 0;
     path.stage5_unit(R, g, u, &gb, nullptr, sm);
     if (SBN_MUTANT(SBN_MUT_UNIT_LATE_STOP) && u == u0 && __syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
-  st = solo_end<KIND>(R, b == 0 && threadIdx.x == 0, arrivals, deadline, k, nbt_due, sm, st);
+  /* block 0's solo thread ends the op (solo_end waits for none of the outputs' stores) */
+  const int st_block = st;
+  st = solo_end<KIND>(R, b == 0 && solo_thread, arrivals, deadline, k, nbt_due, sm, st);
+  if (b == 0) SBN_STAMP_BY(4, kSoloThread); /* the op ended (the epoch advanced, or timed out) */
   if (st != 0) {
-    if (threadIdx.x == 0) record_error(a, R.rank, st);
+    /* a block's failure: thread 0 records it; the end's timeout: the solo thread */
+    if (st_block != 0 ? threadIdx.x == 0 : true) record_error(a, R.rank, st);
     return;
   }
   SBN_STAMP(6); /* done */

@@ -4550,6 +4550,52 @@ static void solo_arrivals(void) {
 }
 static void test_solo_arrivals(void) { solo_arrivals(); }
 
+/* The solo ops (stream, unit, small) stopped at their start (the rank's stop word set:
+   sbnAborted, no unit run), one block resident at a time, under the weak memory model:
+   block 0's end must not find the arrivals complete before blocks 1 and 2 ran, so the
+   epoch stays 0 (the wait times out). The thread that ends the op made its block's
+   arrival: its own add is before its loads of the counter. Where another thread arrived
+   with nothing between (SBN_MUT_SOLO_END_THREAD0: the stream kernel's solo thread arrives,
+   thread 0 ends), the weak model serves thread 0 the counter without block 0's add on
+   ~5-17 % of the seeds, which reads as all arrived: 200 seeds each. (Not in the exchange
+   list that runs under ThreadSanitizer: the weak model is not built for it.) */
+static void solo_stopped_weak(void) {
+  static const int64_t n1[1] = {3};
+  static const int solo_vars[3] = {SBN_VAR_STREAM, SBN_VAR_UNIT, SBN_VAR_SMALL};
+  sbnParams_t pc = SBN_PARAMS_DEFAULT;
+  pc.momentum = -1.0f;
+  for (int v = 0; v < 3; v++) {
+    const int unit = solo_vars[v] == SBN_VAR_UNIT;
+    int early = 0;
+    for (uint64_t seed = 1; seed <= 200 && !sbn_test_cur_failed_; seed++) {
+      team_t t;
+      team_make(&t, 1, sbnFloat32, unit ? sbnLayoutNCHW : sbnLayoutNHWC, unit ? 8 : 80, unit ? 64 : 2, n1,
+                1, 1, GEN_NORMAL, 35);
+      emu_team_t e;
+      emu_team_init(&e, 1, 3, 1);
+      e.state[0].stop = (uint32_t)sbnAborted;
+      const int ran = g_launched[solo_vars[v]];
+      g_variant = v ? solo_vars[v] : EMU_VAR_DEFAULT;
+      sbn_emu_set_weak(1, seed);
+      sbn_emu_set_residency(1);
+      emu_run_virtual(&e, &t, 0, &pc);
+      sbn_emu_set_residency(0);
+      sbn_emu_set_weak(0, 0);
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_EQ_INT(g_launched[solo_vars[v]], ran + 1);
+      ASSERT_EQ_INT(e.err[0], sbnAborted);
+      early += e.state[0].epoch != 0u;
+      emu_team_free(&e);
+      team_free(&t);
+    }
+    if (early)
+      SBN_FAIL_("%s, stopped at its start, one block resident at a time: block 0 advanced the "
+                "epoch before blocks 1 and 2 ran on %d of 200 seeds",
+                var_name(solo_vars[v]), early);
+  }
+}
+static void test_solo_stopped_weak(void) { solo_stopped_weak(); }
+
 /* The exchange under the weak memory model (tests/emu/emu_rt.h), seeded: virtual and
    per-rank launches, several chunks, both parities, ranks running ahead (jitter). */
 static void weak_suite(uint64_t seed) {
@@ -4600,7 +4646,8 @@ static const struct {
                 {"small_late_stop", SBN_EMU_MUT_SMALL_LATE_STOP},
                 {"small_reload", SBN_EMU_MUT_SMALL_RELOAD},
                 {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT},
-                {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X}};
+                {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X},
+                {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -4619,13 +4666,15 @@ static int run_mutant(const char* name) {
       flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
       flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
       flag == SBN_EMU_MUT_SMALL_RELOAD || flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT ||
-      flag == SBN_EMU_MUT_SMALL_MASK_X) {
+      flag == SBN_EMU_MUT_SMALL_MASK_X || flag == SBN_EMU_MUT_SOLO_END_THREAD0) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
       exchange_hops();
     } else if (flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
       solo_arrivals();
+    } else if (flag == SBN_EMU_MUT_SOLO_END_THREAD0) {
+      solo_stopped_weak();
     } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
       gathers_per_block();
     } else if (flag == SBN_EMU_MUT_DZ_LATE) {
@@ -4780,6 +4829,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_pipeline, 1);
   EMU_TEST(test_limited_residency, 1);
   EMU_TEST(test_solo_arrivals, 1);
+  EMU_TEST(test_solo_stopped_weak, 0);
   EMU_TEST(test_fused_relu_inplace, 0);
   EMU_TEST(test_non_finite_values, 0);
   EMU_TEST(test_scheduler_liveness, 0);

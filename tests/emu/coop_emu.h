@@ -96,6 +96,9 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                            from x, not y */
 #define SBN_EMU_MUT_XMASK_NO_BAND 1048576 /* SBN_MUT_XMASK_NO_BAND: the backward's mask from x
                                             without the band: y never read */
+#define SBN_EMU_MUT_SOLO_END_THREAD0 2097152 /* SBN_MUT_SOLO_END_THREAD0: the stream kernel's
+                                               solo op ended by another thread than the one
+                                               that made block 0's arrival */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

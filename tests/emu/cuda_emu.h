@@ -166,11 +166,10 @@ inline uint32_t ld_acquire_sys(const uint32_t* p) { return (uint32_t)emu::mem_lo
 inline uint32_t ld_relaxed_gpu_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }
 inline void st_relaxed_gpu(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
 inline uint32_t ld_acquire_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kAcquireGpu); }
-/* relaxed in the weak model, which checks the fence after it; an acquire elsewhere
-   (C++ atomics, ThreadSanitizer: fences are not modelled there) */
-inline uint32_t ld_arrivals_gpu(const uint32_t* p) {
-  return (uint32_t)emu::mem_load(p, 4, emu::g_weak ? emu::kRelaxed : emu::kAcquireGpu);
-}
+/* relaxed (the polls): the load that ends the wait is ld_acquire_gpu, whose acquire the
+   weak model and ThreadSanitizer (C++ atomics: the arrivals' adds are seq_cst there) both
+   see, so that either would miss it if it were dropped */
+inline uint32_t ld_arrivals_gpu(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }
 inline void st_relaxed_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelaxed); }
 inline void st_release_sys(uint32_t* p, uint32_t v) { emu::mem_store(p, 4, v, emu::kRelease); }
 inline uint32_t ld_relaxed_sys_u32(const uint32_t* p) { return (uint32_t)emu::mem_load(p, 4, emu::kRelaxed); }
