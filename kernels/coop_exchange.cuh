@@ -162,7 +162,8 @@ __device__ bool rank_barrier(uint32_t* counter, int G, bool first, uint64_t dead
    the pattern of the rank barrier, whose thread 0 publishes the block's partials). */
 constexpr int kSoloThread = 32;
 __device__ __forceinline__ void rank_arrive(uint32_t* counter, int G, bool first) {
-  fence_acq_rel_gpu(); /* the block's reads of the epoch and nbt before its arrival */
+  /* the block's reads of the epoch and nbt before its arrival */
+  if (!SBN_MUTANT(SBN_MUT_ARRIVE_NO_FENCE)) fence_acq_rel_gpu();
   red_add_gpu(counter, first ? 0x80000000u - (uint32_t)(G - 1) : 1u);
 }
 /* The thread of block 0 that ends a solo op, which made its block's arrival: true once
@@ -179,6 +180,7 @@ __device__ bool rank_arrivals_done(const uint32_t* counter, uint32_t seen, uint6
       /* the counter does not leave "all arrived" before the next op (the calling thread
          made its block's arrival: its own add is before these loads): this load finds it
          so; it is the one that orders (a relaxed one that found it so does not) */
+      if (SBN_MUTANT(SBN_MUT_END_RELAXED)) return true;
       if ((ld_acquire_gpu(counter) & 0x7fffffffu) == 0u) return true;
     }
     if ((it & 255u) == 255u && globaltimer_ns() > deadline) return false;

@@ -14,6 +14,11 @@
 #     (onchip; its held batches then take the rest of the SM's shared memory),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
 #     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
+#   - a kernel with solo ops (stream, onchip, unit, small) lacks their ordering
+#     (solo_ordering() below: the arrival's fence before its red; in the unit and small
+#     kernels the end's acquire load). The check must fail on kernels built without them
+#     (-DSBN_KERNEL_MUTANTS=4194304, SBN_MUT_ARRIVE_NO_FENCE; 8388608,
+#     SBN_MUT_END_RELAXED): built and checked with the mutants below,
 #   - a cooperative kernel (unit's and small's too) or a host-path kernel makes a system-scope load (LD/LDG
 #     .STRONG.SYS) before its first block barrier: the load that the first GPU run
 #     found on every op's critical path (each publishing block read the error words in
@@ -149,8 +154,8 @@ for sm in 80 100; do
   fi
   pids+=($!)
 done
-echo "+ nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu &"
-sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=144 -DSBN_PLAIN_KERNELS_ONLY &
+echo "+ nvcc -arch=sm_90 -cubin -DSBN_KERNEL_MUTANTS=12583056 -DSBN_PLAIN_KERNELS_ONLY kernels/coop.cu &"
+sbn_coop_cubin 90 "$OUT/coop_sm90_mutant.cubin" -DSBN_KERNEL_MUTANTS=12583056 -DSBN_PLAIN_KERNELS_ONLY &
 mpid=$!
 # a failure below leaves no compile behind
 trap 'kill "${pids[@]}" "$mpid" 2>/dev/null || true' EXIT
@@ -175,7 +180,8 @@ STREAM_OCC=$(sed -n 's/^#define SBN_STREAM_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kern
 ONCHIP_OCC=$(sed -n 's/^#define SBN_ONCHIP_BLOCKS_PER_SM \([0-9]*\).*/\1/p' kernels/coop_plan.h)
 
 # The report (python below): argv res, sass, stream occupancy, onchip occupancy, mode
-# ("full", or "mutant": only the system-scope check, which must FAIL).
+# ("full", or "mutant": only the system-scope, code-size and solo-ordering checks, which
+# must FAIL).
 cat > "$OUT/report.py" <<'PY'
 import re, subprocess, sys
 
@@ -256,6 +262,29 @@ def ordering(ins):
         why.append("the rank barrier's acquire poll (LD.E.STRONG.GPU + CCTL.IVALL) missing")
     return why, rel, acq
 
+SOLO_KERNELS = ("sbn_coop_kernel", "sbn_unit_kernel", "sbn_small_kernel")
+
+def solo_ordering(ins, end_too):
+    """A solo op's ordering (coop_exchange.cuh: rank_arrive, rank_arrivals_done): the
+    arrival a release, fence.acq_rel.gpu (MEMBAR.ALL.GPU) shortly before the red
+    (REDG.E.ADD.STRONG.GPU, which only the arrival uses: the rank barrier's add returns,
+    ATOMG); and, end_too (the unit and small kernels, which have no rank barrier whose
+    acquire would look the same), the end's acquire load (LD.E.STRONG.GPU + CCTL.IVALL).
+    Returns what is missing."""
+    why = []
+    def near(i, pat, before):
+        return any(re.match(pat, x) for x in ins[max(0, i - before):i])
+    reds = [i for i, x in enumerate(ins) if x.startswith("REDG.E.ADD.STRONG.GPU") or
+            re.match(r"@!?U?P\d+ REDG\.E\.ADD\.STRONG\.GPU", x)]
+    if not reds:
+        why.append("no solo arrival (REDG.E.ADD.STRONG.GPU)")
+    elif not all(near(i, r"MEMBAR\.ALL\.GPU", 16) for i in reds):
+        why.append("a solo arrival without its release (MEMBAR.ALL.GPU before the REDG add)")
+    if end_too and not any(x == "CCTL.IVALL" and near(i, r"LDG?\.E\.STRONG\.GPU", 3)
+                           for i, x in enumerate(ins)):
+        why.append("no acquire at a solo op's end (LD.E.STRONG.GPU + CCTL.IVALL)")
+    return why
+
 def sys_load_before_barrier(ins):
     """The first system-scope load before the kernel's first block barrier (BAR.SYNC,
     BAR.RED: __syncthreads, __syncthreads_or), or None. A load of the mapped error words
@@ -288,6 +317,8 @@ def occupancy(regs, smem):
     return min(by_regs, by_smem, 8, 32)
 
 rows, failures, order_rows, code_failures = [], [], [], []
+solo_total = solo_rel = solo_acq = 0  # the mutant build's solo kernels, and those whose
+                                      # solo ordering check failed (release, acquire)
 for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: demangle(kv[0])):
     name = demangle(mangled).replace("(anonymous namespace)::", "")
     m = re.match(r"(?:void )?(sbn_\w+)<([^>]*)>", name)
@@ -339,12 +370,18 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         if x:
             why.append(f"a system-scope load ({x}) before the first block barrier")
     ninsn = len(ins)
+    solo_miss = solo_ordering(ins, base != "sbn_coop_kernel") if base in SOLO_KERNELS else []
     if mode == "mutant":
         if why:
             failures.append(f"{label}: {'; '.join(why)}")
         if ninsn > CODE_BOUND:
             code_failures.append(label)
+        if base in SOLO_KERNELS:
+            solo_total += 1
+            solo_rel += any("release" in m for m in solo_miss)
+            solo_acq += any("acquire" in m for m in solo_miss) or base == "sbn_coop_kernel"
         continue
+    why += solo_miss
     if ninsn > CODE_BOUND:
         why.append(f"{ninsn} instructions > {CODE_BOUND}")
     if stack or local:
@@ -369,8 +406,12 @@ if mode == "mutant":
     # pass for "caught")
     print(f"mutant SBN_MUT_HOST_WORDS_AT_START: {len(failures)} kernels with a system-scope "
           f"load before the first barrier; mutant SBN_MUT_HELD_COPIES: {len(code_failures)} "
-          f"kernels above {CODE_BOUND} instructions ({', '.join(code_failures)})")
-    sys.exit(3 if failures and code_failures else 0)
+          f"kernels above {CODE_BOUND} instructions ({', '.join(code_failures)}); mutants "
+          f"SBN_MUT_ARRIVE_NO_FENCE and SBN_MUT_END_RELAXED: {solo_rel} and {solo_acq} of the "
+          f"{solo_total} solo kernels (stream, onchip, unit, small) without the arrival's "
+          f"release and the end's acquire (the stream and onchip kernels' end not checked)")
+    sys.exit(3 if failures and code_failures and solo_total and solo_rel == solo_total
+             and solo_acq == solo_total else 0)
 
 print(f"{'kernel (sm_90)':<38} {'regs':>4} {'stack':>5} {'local':>5} {'smem':>6} {'blk/SM':>6} {'plan':>4}  "
       f"{'LDG128':>6} {'LDG64':>5} {'LDG32':>5} {'LDG16':>5} {'insns':>6} {'KB':>4} {'fit us':>6}  note")
@@ -404,11 +445,13 @@ cat "$OUT/report.txt"
 # (sm_80, sm_100 and the mutant build were started above, beside the sm_90 one)
 rc=0
 for i in 0 1; do wait "${pids[$i]}" || rc=1; done
-# The system-scope and code-size checks on the mutants (144 = 16 + 128: every publishing
-# block reads the error words at its start, the onchip kernels compile a batch's
-# arithmetic per held batch, both as before 2026-11-26): each must fail there.
+# The system-scope, code-size and solo-ordering checks on the mutants (12583056 = 16 + 128
+# + 4194304 + 8388608: every publishing block reads the error words at its start, the
+# onchip kernels compile a batch's arithmetic per held batch, both as before 2026-11-26; a
+# solo block's arrival without its fence, a solo op's end without its acquire): each
+# must fail there.
 if ! wait $mpid; then
-  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=144) did not compile" >&2
+  echo "check-sass: FAILED: the mutant build (-DSBN_KERNEL_MUTANTS=12583056) did not compile" >&2
   exit 1
 fi
 "$CUOBJDUMP" -res-usage "$OUT/coop_sm90_mutant.cubin" > "$OUT/coop_sm90_mutant.res"
@@ -418,8 +461,9 @@ python3 "$OUT/report.py" "$OUT/coop_sm90_mutant.res" "$OUT/coop_sm90_mutant.sass
   "$STREAM_OCC" "$ONCHIP_OCC" mutant > "$OUT/report_mutant.txt" || mrc=$?
 if [ "$mrc" -ne 3 ]; then
   cat "$OUT/report_mutant.txt"
-  echo "check-sass: FAILED: the system-scope or code-size check passes on its" \
-    "mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES)" >&2
+  echo "check-sass: FAILED: the system-scope, code-size or solo-ordering check passes on" \
+    "its mutant (SBN_MUT_HOST_WORDS_AT_START, SBN_MUT_HELD_COPIES, SBN_MUT_ARRIVE_NO_FENCE," \
+    "SBN_MUT_END_RELAXED)" >&2
   exit 1
 fi
 echo "check-sass: $(cat "$OUT/report_mutant.txt") (each check catches its mutant)"
