@@ -341,6 +341,12 @@ class TestConvModule(TeamOfOne):
         that defines more than its __init__ (a forward, a method), or with a parameter or a
         private attribute of its own (a replacement would drop them). A subclass that only
         has an __init__ of its own is fused, and reverts to its class."""
+        # A fixed input: this stack of 17 batch norms of 27 values a channel is ill-conditioned
+        # for some inputs (|dx| up to ~1700), where fp32 is outside converted_matches' 1e-4 of
+        # float64 whichever batch norm computes it: over the first 30 seeds, 10 for the
+        # converted model and 8 for PyTorch's own CPU batch norm in fp32 (which sums in
+        # double). Unseeded, the check fails at random.
+        torch.manual_seed(12)
         class OwnForward(ConvModule):
             def forward(self, x, activate=True, norm=True):
                 return super().forward(x, activate, norm) * 2
