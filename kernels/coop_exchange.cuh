@@ -314,6 +314,21 @@ SBN_NO_UNROLL
   push_failure(a, rank, code);
 }
 
+/* How every kernel with solo ops ends one (small, unit, stream: the stream kernel's other
+   ops too, with `ends` false): solo_end by the thread that ends it (block 0's kSoloThread),
+   then the failure recorded: a block's own (st, at the call) by thread 0, the end's
+   timeout by the thread that saw it. True when the op failed (the caller returns). */
+template <int KIND>
+__device__ __forceinline__ bool op_end_failed(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                              bool ends, uint32_t arrivals, uint64_t deadline,
+                                              uint32_t k, bool nbt_due, const Smem& sm, int st) {
+  const int st_block = st;
+  st = solo_end<KIND>(R, ends, arrivals, deadline, k, nbt_due, sm, st);
+  if (st == 0) return false;
+  if (st_block == 0 || threadIdx.x == 0) record_error(a, R.rank, st);
+  return true;
+}
+
 /* Rank q's mailbox as this device addresses it. */
 __device__ __forceinline__ sbn_mail_rec_t* team_mailbox(const sbn_coop_args_t& a, int q) {
 #if SBN_WINDOW_TRANSPORT

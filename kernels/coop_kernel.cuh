@@ -195,14 +195,7 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       u++;
     }
   }
-  const int st_block = st;
-  st = solo_end<KIND>(R, ends, arrivals, deadline, k, nbt_due, sm, st);
-  if (st != 0) {
-    /* a block's failure: thread 0 records it; a solo op's end that timed out: the solo
-       thread */
-    if (st_block != 0 ? threadIdx.x == 0 : true) record_error(a, R.rank, st);
-    return;
-  }
+  if (op_end_failed<KIND>(a, R, ends, arrivals, deadline, k, nbt_due, sm, st)) return;
   SBN_STAMP(6); /* done */
 }
 

@@ -51,15 +51,15 @@
 #define SBN_MUT_XMASK_NO_BAND 1048576 /* the backward's mask from x takes the sign of
                                          fma(x - mean, scale, bias) everywhere: y never read,
                                          wrong where the forward's v has the other sign */
+#define SBN_MUT_SOLO_END_THREAD0 2097152 /* the stream kernel's solo op ends from thread 0
+                                            while the solo thread arrives: nothing orders
+                                            block 0's own add before thread 0's loads */
 #define SBN_MUT_ARRIVE_NO_FENCE 4194304 /* a solo block's arrival is a red with no fence
                                            before it (no release): check-sass's solo
                                            ordering must fail on it */
 #define SBN_MUT_END_RELAXED 8388608 /* a solo op's end takes the relaxed load that found
                                        every block arrived for its acquire (no acquire):
                                        check-sass's solo ordering must fail on it */
-#define SBN_MUT_SOLO_END_THREAD0 2097152 /* the stream kernel's solo op ends from thread 0
-                                            while the solo thread arrives: nothing orders
-                                            block 0's own add before thread 0's loads */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

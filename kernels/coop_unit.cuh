@@ -152,14 +152,10 @@ SBN_NO_UNROLL
     if (SBN_MUTANT(SBN_MUT_UNIT_LATE_STOP) && u == u0 && __syncthreads_or(err_seen != 0)) st = sbnAborted;
   }
   /* block 0's solo thread ends the op (solo_end waits for none of the outputs' stores) */
-  const int st_block = st;
-  st = solo_end<KIND>(R, b == 0 && solo_thread, arrivals, deadline, k, nbt_due, sm, st);
+  const bool failed =
+      op_end_failed<KIND>(a, R, b == 0 && solo_thread, arrivals, deadline, k, nbt_due, sm, st);
   if (b == 0) SBN_STAMP_BY(4, kSoloThread); /* the op ended (the epoch advanced, or timed out) */
-  if (st != 0) {
-    /* a block's failure: thread 0 records it; the end's timeout: the solo thread */
-    if (st_block != 0 ? threadIdx.x == 0 : true) record_error(a, R.rank, st);
-    return;
-  }
+  if (failed) return;
   SBN_STAMP(6); /* done */
 }
 
