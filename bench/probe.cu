@@ -705,7 +705,7 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
                      bool quick, int mutants = 0) {
   const int kind = SBN_OP_FORWARD, dt = sbnFloat32;
   CK(cudaMemcpyToSymbol(sbn_probe_mutants, &mutants, sizeof mutants));
-  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel, W == 1, 0};
+  sbn_plan_op_t op = {kind, dt, 0, C, 0, kernel, W == 1, 0, W > 1};
   sbn_plan_rank_t rk[8];
   for (int r = 0; r < W; r++) rk[r] = sbn_plan_rank_t{N, sp, 1};
   sbn_plan_dev_t dev;
@@ -806,13 +806,13 @@ static void probe_op(const char* name, int64_t N, int64_t C, int64_t sp, int W, 
   snprintf(what, sizeof what, "%s W=%d", name, W);
   StageTimes tm;
   run_timed(fn, grid, dyn, &a, err, quick ? 6 : 21, what, &tm);
-  static const char* const vname[] = {"stream", "onchip", "unit", "small"}; /* SBN_VAR_* */
-  static_assert(SBN_VAR_COUNT == 4, "a name for every variant");
+  static const char* const vname[] = {"stream", "onchip", "unit", "small", "small-team"}; /* SBN_VAR_* */
+  static_assert(SBN_VAR_COUNT == 5, "a name for every variant");
   /* the unit and small kernels have no rank barrier and publish nothing: their stamps 2
      and 5 are their first unit's (chunk's), 3 the solo thread's arrival (after the first
      unit's partials), 4 block 0's end of the op (its epoch advanced: block 0 alone, so
      the median is block 0's too) */
-  const bool one = pl.variant == SBN_VAR_UNIT || pl.variant == SBN_VAR_SMALL;
+  const bool one = pl.variant == SBN_VAR_UNIT || SBN_VAR_IS_SMALL(pl.variant);
   json("{\"probe\": \"op\", \"shape\": \"%s\", \"N\": %lld, \"C\": %lld, \"HW\": %lld, "
        "\"W\": %d, \"kernel\": \"%s%s\", \"host_read_at_start\": %s, \"G\": %d, \"op_us\": %.2f, \"op_busy_us\": %.2f, "
        "\"median_block_us\": [%.2f, %.2f, %.2f, %.2f, %.2f, %.2f], "
@@ -862,6 +862,14 @@ static void probe_ops(int sms, bool quick) {
   /* the small kernel (coop_small.cuh) on S10 and the empty op; the unit kernel on S2 */
   probe_op("S10", 4, 512, 1, 1, SBN_KERNEL_SMALL, sms, quick);
   probe_op("empty", 0, 512, 1, 1, SBN_KERNEL_SMALL, sms, quick);
+  /* the team's small kernel (SBN_VAR_SMALL_TEAM, SBN_KERNEL=small only) at W = 2 and 8
+     beside stream's S10 at W = 8 (auto's there; the empty op's are probe_empty_op's):
+     whether auto should take it (bench/notes/exchange.md, "The small kernel for teams") */
+  for (int W = 2; W <= 8; W *= 4) {
+    probe_op("S10", 4, 512, 1, W, SBN_KERNEL_SMALL, sms, quick);
+    probe_op("empty", 0, 512, 1, W, SBN_KERNEL_SMALL, sms, quick);
+  }
+  probe_op("S10", 4, 512, 1, 8, SBN_KERNEL_STREAM, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_UNIT, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_ONCHIP, sms, quick);
   probe_op("S2", 4, 256, 4096, 1, SBN_KERNEL_STREAM, sms, quick); /* auto runs unit there (E32) */

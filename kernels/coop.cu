@@ -118,7 +118,10 @@ template <int KIND, int DT, bool TILE, int EPI> const void* coop_pick(int vec, i
       return nullptr;
     case SBN_VAR_SMALL: /* tile units, any width (element loads: coop_plan.h,
                            sbn_small_applies); not the in-place backward's recovery */
-      if constexpr (TILE && EPI != SBN_EPI_RECOVER) return (const void*)sbn_small_kernel<KIND, DT, EPI>;
+      if constexpr (TILE && EPI != SBN_EPI_RECOVER) return (const void*)sbn_small_kernel<KIND, DT, EPI, false>;
+      return nullptr;
+    case SBN_VAR_SMALL_TEAM: /* the same for a team of two or more (sbn_small_team_applies) */
+      if constexpr (TILE && EPI != SBN_EPI_RECOVER) return (const void*)sbn_small_kernel<KIND, DT, EPI, true>;
       return nullptr;
     default:
       return vec ? (const void*)sbn_coop_kernel<KIND, DT, TILE, V, SBN_VAR_STREAM, EPI>

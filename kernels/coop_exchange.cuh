@@ -370,13 +370,14 @@ __device__ __forceinline__ void write_send_record(const sbn_coop_args_t& a, cons
   if ((threadIdx.x & 31) == 0) st_weak_u32(&R.send[j].epoch, 0u);
 }
 
-/* The chunk's record into every rank's mailbox (warp 0): data, then the flags. */
+/* The chunk's record (the rank's `rows` values of each channel) into every rank's mailbox
+   (warp 0): data, then the flags. */
 __device__ __forceinline__ void publish_push(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
-                                             const sbn_geo_t& g, int j, uint32_t k,
+                                             int64_t rows, int j, uint32_t k,
                                              const float (&v)[kRec]) {
   const int lane = threadIdx.x & 31;
   const int64_t idx = mail_index(R.rank, k, j, a.nchunks_max);
-  for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, g.rows, v);
+  for (int dst = 0; dst < a.nranks; dst++) write_record(team_mailbox(a, dst) + idx, a, rows, v);
   __syncwarp(); /* every lane's data before any lane's flag */
   for (int dst = lane; dst < a.nranks; dst += 32)
     st_release_sys(&(team_mailbox(a, dst) + idx)->epoch, k);
@@ -444,7 +445,7 @@ SBN_UNROLL
 SBN_UNROLL
       for (int f = 0; f < kRec; f++) sm.own[lane][f] = v[f];
     } else {
-      publish_push(a, R, g, j, k, v);
+      publish_push(a, R, g.rows, j, k, v);
     }
   }
   __syncthreads();

@@ -60,6 +60,9 @@
 #define SBN_MUT_END_RELAXED 8388608 /* a solo op's end takes the relaxed load that found
                                        every block arrived for its acquire (no acquire):
                                        check-sass's solo ordering must fail on it */
+#define SBN_MUT_SMALL_TEAM_LOCAL 16777216 /* the team's small kernel takes its rank's own
+                                             values of a chunk for the team's (publishes,
+                                             gathers nothing) */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

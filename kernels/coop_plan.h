@@ -53,11 +53,17 @@ enum {
   SBN_VAR_UNIT = 2,   /* a team of one whose units are whole channels: stream's stages 1 and
                          5 of one unit after the other, its channel finished in between, with
                          no exchange (coop_unit.cuh) */
-  SBN_VAR_SMALL = 3   /* a team of one's op of at most SBN_SMALL_ROWS rows (tile layout): a
+  SBN_VAR_SMALL = 3,  /* a team of one's op of at most SBN_SMALL_ROWS rows (tile layout): a
                          block per 32-channel chunk, every value loaded once into registers,
                          no workspace (coop_small.cuh) */
+  SBN_VAR_SMALL_TEAM = 4 /* the small variant for a team of two or more ranks (SBN_KERNEL=small
+                            only: sbn_small_team_applies): each chunk's record published and
+                            every rank's gathered; kernels of their own, so that a team of
+                            one's keep their code and registers (coop_small.cuh) */
 };
-#define SBN_VAR_COUNT 4
+#define SBN_VAR_COUNT 5
+/* Whether a variant is the small kernel's, for a team of one or of more. */
+#define SBN_VAR_IS_SMALL(v) ((v) == SBN_VAR_SMALL || (v) == SBN_VAR_SMALL_TEAM)
 /* (The first kernel, "legacy": 32-bit loads and a Welford step per element, was removed on
    2026-11-26 after the H200 runs: it lost to stream on every row but S10 at W = 8, where
    stream's loss was the start-of-kernel host read that is gone since; README, Kernels.) */
@@ -304,6 +310,17 @@ static SBN_ARGS_HD int sbn_unit_auto(int kind, int dtype, int whole, int epilogu
 static SBN_ARGS_HD int sbn_small_applies(int solo_team, int nranks, int shared, int tile, int64_t rows) {
   return solo_team && nranks == 1 && !shared && tile && rows <= SBN_SMALL_ROWS;
 }
+/* Whether the small variant may serve a team of two or more ranks (SBN_VAR_SMALL_TEAM,
+   SBN_KERNEL=small only: sbn_plan_launch): not on the peer-pinned-host transport
+   (small_team), on a GPU the launch does not share, tile units of at most SBN_SMALL_ROWS
+   rows on every rank of the launch (rows_max); its blocks publish and gather each chunk's
+   records (coop_small.cuh). A rank launched by itself is planned from its own rows: a team
+   whose ranks plan differently (one of more rows runs stream) still exchanges the same
+   records, 32-channel chunks in rank order (test_small_teams). Not measured on a GPU
+   (bench/notes/exchange.md, "The small kernel for teams"). */
+static SBN_ARGS_HD int sbn_small_team_applies(int small_team, int shared, int tile, int64_t rows_max) {
+  return small_team && !shared && tile && rows_max <= SBN_SMALL_ROWS;
+}
 /* Whether auto takes the small variant where it applies (sbn_small_applies). Measured on
    an H200 at dd9256e (bench/notes/experiments.md, E33: plain ops, W = 1, against stream in
    the same call): small at 0.51-0.75x stream's time on every cell, forward and backward
@@ -382,6 +399,8 @@ typedef struct {
                     the rank barrier): the unit and small variants may serve it */
   int epilogue;  /* the round runs the kernels of an epilogue or of the in-place backward
                     (sbn_gpu_round_epi != SBN_EPI_NONE); 0: the plain op's (sbn_unit_auto) */
+  int small_team; /* the team has two or more ranks and is not on the peer-pinned-host
+                     transport: SBN_KERNEL=small may serve it (sbn_small_team_applies) */
 } sbn_plan_op_t;
 
 /* What it reads of one rank's op. */
@@ -493,18 +512,27 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
       sbn_unit_applies(op->solo_team, nranks, dev->shared, tile, vec, op->c, pl->G) &&
       dev->occ[tile][vec][SBN_VAR_UNIT] >= occ)
     pl->variant = SBN_VAR_UNIT;
-  /* auto and SBN_KERNEL=small: the small variant where it applies, is built (occ 0 for the
-     in-place backward's, which is not) and, under auto, sbn_small_auto takes it, with its
-     own G; else unit or stream as above. The host path plans the same: it runs small's
-     statistics kernel, then the stream apply (sbn_host_stats_stage), small's bits. */
+  /* auto and SBN_KERNEL=small: the small variant where it applies (a team of one), is
+     built (occ 0 for the in-place backward's, which is not) and, under auto,
+     sbn_small_auto takes it, with its own G; under SBN_KERNEL=small the team variant for a
+     team of two or more (sbn_small_team_applies), with its own occupancy; else unit or
+     stream as above. The host path plans the same: it runs small's statistics kernel, then
+     the stream apply (sbn_host_stats_stage), small's bits. */
   const int small = op->kernel == SBN_KERNEL_SMALL ||
                     (op->kernel == SBN_KERNEL_AUTO && sbn_small_auto(op->kind, op->dtype, op->epilogue));
-  if (small && nranks == 1 &&
-      sbn_small_applies(op->solo_team, nranks, dev->shared, tile, ranks[0].n * ranks[0].sp) &&
-      dev->occ[tile][vec][SBN_VAR_SMALL] >= 1) {
-    pl->variant = SBN_VAR_SMALL;
-    pl->G = (int)sbn_small_blocks(op->c, (int64_t)dev->occ[tile][vec][SBN_VAR_SMALL] * dev->sms /
-                                             dev->ranks_here);
+  int64_t rows_max = 0;
+  for (int i = 0; i < nranks; i++)
+    if (ranks[i].n * ranks[i].sp > rows_max) rows_max = ranks[i].n * ranks[i].sp;
+  const int small_team =
+      op->kernel == SBN_KERNEL_SMALL && sbn_small_team_applies(op->small_team, dev->shared, tile, rows_max);
+  const int small_var = small_team ? SBN_VAR_SMALL_TEAM : SBN_VAR_SMALL;
+  const int small_here =
+      small_team || (nranks == 1 && sbn_small_applies(op->solo_team, nranks, dev->shared, tile, rows_max));
+  /* (its own grid: at least a block per rank co-resident, else what auto runs) */
+  const int64_t small_gmax = (int64_t)dev->occ[tile][vec][small_var] * dev->sms / dev->ranks_here;
+  if (small && small_here && small_gmax >= 1) {
+    pl->variant = small_var;
+    pl->G = (int)sbn_small_blocks(op->c, small_gmax);
   }
   if (!onchip) return SBN_PLAN_OK;
   int fits = 1;
@@ -585,7 +613,7 @@ static SBN_ARGS_HD int sbn_infer_kind(int nhwc, int64_t sp, int vec, int plane_o
    plan is small, else the stream kernel's stage 1, which PUBLISH then merges. APPLY is the
    stream kernel's stage 5 either way. */
 static SBN_ARGS_HD int sbn_host_stats_stage(const sbn_plan_t* pl) {
-  return pl->variant == SBN_VAR_SMALL ? SBN_HOST_SMALL_STATS : SBN_HOST_STATS;
+  return SBN_VAR_IS_SMALL(pl->variant) ? SBN_HOST_SMALL_STATS : SBN_HOST_STATS;
 }
 static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) {
   return sbn_host_stats_stage(pl) == SBN_HOST_STATS; /* small's statistics write the records */
@@ -594,7 +622,7 @@ static SBN_ARGS_HD int sbn_host_publishes(const sbn_plan_t* pl) {
    coop_vec.cuh: dz_first) on this plan: not on the host path's small plan, whose
    statistics kernel (small's) does not write dz; APPLY computes and writes it there. */
 static SBN_ARGS_HD int sbn_plan_dz_early(const sbn_plan_t* pl, int host) {
-  return !(host && pl->variant == SBN_VAR_SMALL);
+  return !(host && SBN_VAR_IS_SMALL(pl->variant));
 }
 
 /* Bytes of the caller's tensors one rank's op moves through device memory, per variant
@@ -607,7 +635,7 @@ static SBN_ARGS_HD int sbn_plan_dz_early(const sbn_plan_t* pl, int host) {
    bytes = the elements of one tensor * their size. */
 static SBN_ARGS_HD int64_t sbn_variant_bytes(int variant, int kind, int64_t bytes, int write_out) {
   const int64_t inputs = kind == SBN_OP_FORWARD ? 1 : 2;
-  const int once = variant == SBN_VAR_ONCHIP || variant == SBN_VAR_SMALL;
+  const int once = variant == SBN_VAR_ONCHIP || SBN_VAR_IS_SMALL(variant);
   const int64_t reads = once || !write_out ? inputs : 2 * inputs;
   return (reads + (write_out ? 1 : 0)) * bytes;
 }

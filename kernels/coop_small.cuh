@@ -3,6 +3,15 @@
  * one whose op has few rows (N x H x W at most SBN_SMALL_ROWS, tile layout: NHWC, or NCHW
  * with H*W = 1): S10, the empty op. And the host path's statistics kernel for the same ops
  * (sbn_host_small_stats_kernel, at the end).
+ * Teams of two or more ranks whose every rank has few rows (TEAM: SBN_VAR_SMALL_TEAM,
+ * kernels of their own, under SBN_KERNEL=small only: sbn_small_team_applies; auto keeps
+ * stream there until an A/B decides): after warp 0's merge of a chunk, its record goes
+ * into every rank's mailbox (publish_push) and every rank's record is merged in rank order
+ * (gather_chunk), as the stream kernel's solo ops publish and gather theirs; the rest as
+ * for a team of one. A virtual team's ranks are one launch (slot s: blocks
+ * [s*G, (s+1)*G)). Their own instantiation: with the exchange inlined, a team of one's
+ * kernels would take its registers (forward 72 -> 86, 3 -> 2 blocks per SM; as a call, a
+ * stack frame), and they are what the latency rows and S10 measure.
  *
  * What it is for: such an op moves a few kilobytes, and its time is the launch and the
  * kernel's critical path: the instructions one warp runs in a row (~4 cycles each: the
@@ -122,7 +131,49 @@ SBN_UNROLL
   P::out(t, d);
 }
 
-template <int KIND, int DT, int EPI>
+/* A team of one's values of a channel from the rank's merged record d (which are the
+   team's: a merge with the empty record of no other rank gives them back unchanged), as
+   gather_chunk gives a team's: forward (n, mean, M2) in v; backward the sums of dy and
+   dy (x - mean) in mine, and in v. */
+template <int KIND>
+__device__ __forceinline__ void small_local_values(const float (&d)[kRec], float (&v)[3], float (&mine)[2]) {
+  if (KIND == SBN_OP_FORWARD) {
+    v[0] = d[0], v[1] = d[1], v[2] = d[2];
+  } else {
+    mine[0] = sbn_csum_value(sbn_csum_t{d[0], d[1]}), mine[1] = sbn_csum_value(sbn_csum_t{d[2], d[3]});
+    v[0] = mine[0], v[1] = mine[1], v[2] = 0.0f;
+  }
+}
+
+/* Warp 0 of a team's block, chunk j (after the barrier that follows the warps' partials):
+   the rank's record of the chunk (the warps in order) into every rank's mailbox, then
+   every rank's record merged in rank order (gather_chunk: the op's signature, the team's
+   count, the wait's timeout and abort), as the stream kernel's publish_chunk and
+   finish_coefs do; the whole warp, inactive lanes too. The coefficients into sm.coef
+   (set_coefs), the status and the team's count into sm.status, sm.m. */
+template <int KIND>
+__device__ __forceinline__ void small_team_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
+                                              int64_t rows, int j, uint32_t k, uint64_t deadline,
+                                              bool in, const ChanParams& q, Smem& sm) {
+  const int lane = (int)(threadIdx.x & 31);
+  float d[kRec] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (in) small_merge<KIND>(sm, lane, d);
+  publish_push(a, R, rows, j, k, d);
+  float v[3] = {0.0f, 0.0f, 0.0f}, mine[2] = {0.0f, 0.0f};
+  int64_t m = rows;
+  int gst = 0;
+  if (SBN_MUTANT(SBN_MUT_SMALL_TEAM_LOCAL)) /* the rank's own values for the team's */
+    small_local_values<KIND>(d, v, mine);
+  else
+    gst = gather_chunk<KIND, false>(a, R, j, k, deadline, &m, v, mine, nullptr, 0);
+  if (gst == 0 && in) set_coefs<KIND>(R, lane, m, v, mine, q, sm);
+  if (lane == 0) {
+    sm.status = gst;
+    sm.m = m;
+  }
+}
+
+template <int KIND, int DT, int EPI, bool TEAM>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_small_kernel(const __grid_constant__ sbn_coop_args_t a) {
   typedef Part<KIND> P;
@@ -133,15 +184,27 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   static_assert(EPI == SBN_EPI_NONE || EPI == SBN_EPI_ACT, "the small kernels: plain or act");
   constexpr bool kEpi = EPI == SBN_EPI_ACT;
   SBN_SHARED(Smem, sm);
-  const int b = blockIdx.x;
-  const sbn_coop_rank_t& R = a.r[0];
+  /* the chunks' records exchanged (publish_push, gather_chunk); launch slot s owns blocks
+     [s*G, (s+1)*G) (all W ranks of a virtual team, or one). A team of one: one slot */
+  constexpr bool team = TEAM;
+  const int slot = TEAM ? (int)(blockIdx.x / (unsigned)a.G) : 0;
+  const int b = TEAM ? (int)(blockIdx.x % (unsigned)a.G) : (int)blockIdx.x;
+  const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  if (a.nranks != 1 || a.nlaunch != 1 || rows64 > SBN_SMALL_ROWS || a.host_words_at_start) {
-    /* a launch the plan never makes (sbn_small_applies): as the unit kernel's */
+  if ((TEAM ? a.nranks < 2 : a.nranks != 1 || a.nlaunch != 1) || rows64 > SBN_SMALL_ROWS ||
+      a.host_words_at_start) {
+    /* a launch the plan never makes (sbn_small_applies, sbn_small_team_applies): the
+       ranks record sbnInvalidUsage, nothing read or written, no arrival (after a barrier:
+       no system-scope load before the first, check-sass.sh); a team's block 0 of each slot
+       for its rank, a team of one's for every rank of the launch */
     __syncthreads();
+    if (TEAM) {
+      if (b == 0 && threadIdx.x == 0) record_error(a, R.rank, sbnInvalidUsage);
+    } else {
 SBN_NO_UNROLL
-    for (int i = 0; b == 0 && threadIdx.x == 0 && i < a.nlaunch; i++) record_error(a, a.r[i].rank, sbnInvalidUsage);
+      for (int i = 0; b == 0 && threadIdx.x == 0 && i < a.nlaunch; i++) record_error(a, a.r[i].rank, sbnInvalidUsage);
+    }
     return;
   }
   const int rows = (int)rows64;
@@ -182,8 +245,8 @@ SBN_NO_UNROLL
   SBN_STAMP(1); /* its start's loads are back */
   const uint64_t deadline = deadline_after(a.timeout_ns);
   /* one value per channel: the stream kernel's gather refuses it (no unbiased variance);
-     every block alike, before any write */
-  if (KIND == SBN_OP_FORWARD && rows == 1 && st == 0) st = sbnInvalidArgument;
+     every block alike, before any write (a team: the gather, from the team's count) */
+  if (KIND == SBN_OP_FORWARD && !team && rows == 1 && st == 0) st = sbnInvalidArgument;
   /* every block read the epoch and nbt above (thread 0, before the barrier): it arrives
      (block 0 checks the arrivals before it advances them, at its end). The solo thread
      (warp 1) arrives, not thread 0: the arrival's fence waits for every access the thread
@@ -215,21 +278,28 @@ SBN_NO_UNROLL
         SBN_STAMP_BY(3, kSoloThread); /* arrived */
       }
     }
-    if (w == 0 && in) {
+    if (w == 0 && team) {
+      small_team_coefs<KIND>(a, R, rows64, j, k, deadline, in, q, sm);
+    } else if (w == 0 && in) {
       /* the warps in order: the rank's values of the channel, which are the team's (a
          merge with the empty record of no other rank gives them back unchanged) */
       float d[kRec];
       small_merge<KIND>(sm, lane, d);
       float v[3], mine[2] = {0.0f, 0.0f};
-      if (KIND == SBN_OP_FORWARD) {
-        v[0] = d[0], v[1] = d[1], v[2] = d[2];
-      } else {
-        mine[0] = sbn_csum_value(sbn_csum_t{d[0], d[1]}), mine[1] = sbn_csum_value(sbn_csum_t{d[2], d[3]});
-        v[0] = mine[0], v[1] = mine[1], v[2] = 0.0f;
-      }
+      small_local_values<KIND>(d, v, mine);
       set_coefs<KIND>(R, lane, rows, v, mine, q, sm);
     }
     __syncthreads(); /* the coefficients before the outputs read them */
+    int64_t m = rows; /* the team's values of a channel */
+    if (team) {
+      /* a failed gather: nothing written for this chunk or later ones (block-uniform) */
+      const int gst = sm.status;
+      if (gst != 0) {
+        st = gst;
+        break;
+      }
+      m = sm.m;
+    }
     /* block 0: the arrivals counter, loaded now so that its round trip overlaps the
        chunk's stores (solo_end polls again where some block had not arrived yet) */
     if (j == b && b == 0 && solo_thread) arrivals = ld_arrivals_gpu(&R.state->barrier);
@@ -256,7 +326,7 @@ SBN_UNROLL
           if (R.out != nullptr) tensor_st_elem<DT>(R.out, e, Dt<DT>::from_f32(r));
         }
     }
-    if (w == 0 && in) channel_outputs<KIND>(R, c, lane, rows, sm, false, &run);
+    if (w == 0 && in) channel_outputs<KIND>(R, c, lane, m, sm, false, &run);
     if (j == b) SBN_STAMP(5); /* the first chunk's outputs */
     nbt_due |= j == 0;
     if (SBN_MUTANT(SBN_MUT_SMALL_LATE_STOP) && j == b && __syncthreads_or(err_seen != 0)) st = sbnAborted;
@@ -275,9 +345,10 @@ SBN_UNROLL
  * does, sums them alike (small_load_values, small_partial, small_merge: its order, its
  * bits) and writes each chunk's record into the rank's `send` records, as PUBLISH would;
  * the collective (or, a team of one, nothing) and APPLY (the stream kernel's stage 5 from
- * the records) follow. No epochs, no arrivals: the stream orders the launches. A launch the
- * plan never makes (more than SBN_SMALL_ROWS rows, several ranks in one launch) fails with
- * sbnInvalidUsage and writes no record; APPLY then writes nothing (the rank's stop word).
+ * the records) follow. No epochs, no arrivals: the stream orders the launches. A virtual
+ * team's ranks are one launch (slot s: blocks [s*G, (s+1)*G)). A launch the plan never
+ * makes (a rank of more than SBN_SMALL_ROWS rows) fails with sbnInvalidUsage for that rank
+ * and writes no record of it; APPLY then writes nothing (the rank's stop word).
  */
 template <int KIND, int DT, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
@@ -286,11 +357,12 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   static_assert(EPI == SBN_EPI_NONE || EPI == SBN_EPI_ACT, "the small kernels: plain or act");
   constexpr bool kEpi = KIND == SBN_OP_BACKWARD && EPI == SBN_EPI_ACT; /* the forward's sums read x only */
   SBN_SHARED(Smem, sm);
-  const int b = blockIdx.x;
-  const sbn_coop_rank_t& R = a.r[0];
+  /* launch slot s owns blocks [s*G, (s+1)*G) (a virtual team's ranks together, or one) */
+  const int slot = (int)(blockIdx.x / (unsigned)a.G), b = (int)(blockIdx.x % (unsigned)a.G);
+  const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  if (a.nlaunch != 1 || rows64 > SBN_SMALL_ROWS) {
+  if (rows64 > SBN_SMALL_ROWS) {
     /* (after a barrier, as the small kernel's: record_error reads the error words in host
        memory, which no kernel does before its first barrier: check-sass.sh) */
     __syncthreads();

@@ -13,7 +13,8 @@
 #     counts on: SBN_STREAM_BLOCKS_PER_SM (stream, unit, small, host path), SBN_ONCHIP_BLOCKS_PER_SM
 #     (onchip; its held batches then take the rest of the SM's shared memory),
 #   - a cooperative kernel lacks the exchange's memory ordering (ordering() below: the
-#     flag's release store, the polls' acquire, the rank barrier's fences and acquire),
+#     flag's release store, the polls' acquire, the rank barrier's fences and acquire;
+#     the team's small kernels, which have no rank barrier, the first two),
 #   - a kernel with solo ops (stream, onchip, unit, small) lacks their ordering
 #     (solo_ordering() below: the arrival's fence before its red; in the unit and small
 #     kernels the end's acquire load). The check must fail on kernels built without them
@@ -237,13 +238,14 @@ def near(ins, i, pat, before):
     lo, hi = (max(0, i - before), i) if before > 0 else (i + 1, i + 1 - before)
     return any(re.match(pat, x) for x in ins[lo:hi])
 
-def ordering(ins):
+def ordering(ins, barrier=True):
     """The exchange's memory ordering in a cooperative kernel's SASS (DESIGN.md's recipe):
     the flag's st.release.sys is a MEMBAR.ALL.SYS then a strong system-scope store; the
     poll's ld.acquire.sys an L1 invalidation (CCTL.IVALL) after the relaxed polls
     (LD.E.STRONG.SYS); the rank barrier: MEMBAR.SC.GPU (__threadfence) around a GPU-scope
     atomic add, polled with ld.acquire.gpu (LD.E.STRONG.GPU, CCTL.IVALL). No fence.sc at
-    system scope. Returns what is missing."""
+    system scope. barrier False (the team's small kernels: solo ops only): the rank
+    barrier's not asked for. Returns what is missing."""
     why = []
     rel = sum(1 for i, x in enumerate(ins)
               if re.match(r"STG?\.E(\.\d+)?\.STRONG\.SYS", x) and near(ins, i, r"MEMBAR\.ALL\.SYS", 4))
@@ -257,6 +259,8 @@ def ordering(ins):
         why.append("no acquire after the flag polls (CCTL.IVALL outside the rank barrier)")
     if not any(re.match(r"LDG?\.E\.STRONG\.SYS", x) for x in ins):
         why.append("no system-scope polls (LD.E.STRONG.SYS)")
+    if not barrier:
+        return why, rel, acq
     if sum(1 for x in ins if x == "MEMBAR.SC.GPU") < 2:
         why.append("the rank barrier's two __threadfence (MEMBAR.SC.GPU) missing")
     if not any(x.startswith("ATOMG.E.ADD") or x.startswith("RED.E.ADD") for x in ins):
@@ -339,9 +343,10 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         hot, want = True, stream_occ
     elif base == "sbn_small_kernel":
         # the small variant (coop_small.cuh): element loads of a few rows (not hot: no
-        # 16-byte load expected), stream's occupancy, no exchange
-        kind, dt, epi = args
-        label = f"small {KIND[kind]} {DT[dt]} tile{EPI[epi]}"
+        # 16-byte load expected), stream's occupancy; a team of one's no exchange, a
+        # team's (small-team, SBN_VAR_SMALL_TEAM) the publish and the gathers
+        kind, dt, epi, team = args
+        label = f"small{'-team' if team == 'true' else ''} {KIND[kind]} {DT[dt]} tile{EPI[epi]}"
         hot, want = False, stream_occ
     elif base == "sbn_host_small_stats_kernel":
         # the host path's statistics where the plan is small (coop_small.cuh): small's loads
@@ -393,8 +398,8 @@ for mangled, (regs, stack, smem, local) in sorted(res.items(), key=lambda kv: de
         why.append("no 128-bit global load")
     if occ < want:
         why.append(f"{occ} blocks/SM < {want} planned")
-    if base == "sbn_coop_kernel":
-        miss, nrel, nacq = ordering(insns.get(mangled, []))
+    if base == "sbn_coop_kernel" or label.startswith("small-team"):
+        miss, nrel, nacq = ordering(insns.get(mangled, []), base == "sbn_coop_kernel")
         why += miss
         order_rows.append((label, nrel, nacq))
     rows.append((label, regs, stack, local, smem, occ, want, ld, ninsn,

@@ -180,6 +180,9 @@ static int g_onchip_any_plane; /* test_onchip_whole_planes: onchip on any plane 
    the unit variant runs only there (sbn_unit_applies), stream elsewhere, as the library's
    SBN_KERNEL=unit */
 static int g_plan_solo;
+/* and a team of two or more's whose kernels the small variant may serve under
+   SBN_KERNEL=small (sbn_plan_op_t.small_team: not on the peer-pinned-host transport) */
+static int g_plan_small_team;
 static int g_unit_any; /* test_unit_failures, small_failures: unit or small wherever asked
                           (a broken plan) */
 static int g_launched[SBN_VAR_COUNT]; /* the cooperative launches of each variant so far */
@@ -198,10 +201,15 @@ static sbn_plan_t emu_plan(const sbnTensorDesc_t* d, int64_t n_max, int G, int b
       !sbn_unit_applies(g_plan_solo, 1, 0, pl.tile, pl.vec, d->c, G))
     pl.variant = SBN_VAR_STREAM;
   /* (the small kernel takes the test's G: any G, a block per chunk or fewer; not the
-     in-place backward, as the library's, whose plan finds no small kernel for it) */
-  if (pl.variant == SBN_VAR_SMALL && !g_unit_any &&
-      !(sbn_small_applies(g_plan_solo, 1, 0, pl.tile, n_max * d->spatial) && !(g_epi && g_epi->recover)))
-    pl.variant = SBN_VAR_STREAM;
+     in-place backward, as the library's, whose plan finds no small kernel for it; a team
+     of one's, or a team's where a team of two or more plans it: SBN_VAR_SMALL_TEAM) */
+  if (pl.variant == SBN_VAR_SMALL && !g_unit_any) {
+    const int64_t rows = n_max * d->spatial;
+    pl.variant = g_epi && g_epi->recover                                    ? SBN_VAR_STREAM
+                 : sbn_small_applies(g_plan_solo, 1, 0, pl.tile, rows)        ? SBN_VAR_SMALL
+                 : sbn_small_team_applies(g_plan_small_team, 0, pl.tile, rows) ? SBN_VAR_SMALL_TEAM
+                                                                             : SBN_VAR_STREAM;
+  }
   pl.hold_slots = 0;
   if (pl.variant == SBN_VAR_ONCHIP) {
     const sbn_geo_t g = sbn_geo_make(n_max, d->c, d->spatial, pl.tile, sbn_vec_of(d->dtype), G);
@@ -231,6 +239,7 @@ static void emu_run_virtual(emu_team_t* e, team_t* t, int bwd, const sbnParams_t
   fill_common(&a, e, &t->d[0], bwd);
   a.nlaunch = e->W;
   g_plan_solo = e->W == 1;
+  g_plan_small_team = e->W > 1;
   sbn_plan_t pl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
   pl.tile = tile_of(t, e->W);
   a.hold_slots = pl.hold_slots;
@@ -282,6 +291,7 @@ static void emu_run_peer(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   launch_t* l = calloc((size_t)e->W, sizeof *l);
   pthread_t th[MAXW];
   g_plan_solo = e->W == 1 && !g_pinned_host;
+  g_plan_small_team = e->W > 1 && !g_pinned_host;
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = per_rank_desc ? &per_rank_desc[r] : &t->d[r];
     fill_rank(&l[r].a.r[0], e, t, r, bwd, p);
@@ -332,20 +342,21 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
   static sbn_coop_args_t a[MAXW];
   const int kind = bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD;
   int64_t cmax = 0;
-  sbn_plan_t small_plan;
-  if (desc_of == NULL && plans == NULL) {
-    /* a team of one whose plan is small (g_variant, as emu_run_virtual's): the library's
-       way, with that plan (gpu_launch.c: host_stats) */
+  const int virt = desc_of == NULL && plans == NULL;
+  sbn_plan_t vpl = {0, 0, 0, 0, 0}; /* a virtual team's plan (g_variant, as emu_run_virtual's) */
+  if (virt) {
     g_plan_solo = e->W == 1;
-    small_plan = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
-    small_plan.tile = tile_of(t, e->W);
-    if (small_plan.variant == SBN_VAR_SMALL) plans = &small_plan;
+    g_plan_small_team = e->W > 1;
+    vpl = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd);
+    vpl.tile = tile_of(t, e->W);
   }
   for (int r = 0; r < e->W; r++) {
     const sbnTensorDesc_t* d = desc_of ? &desc_of[r] : &t->d[r];
     memset(&a[r], 0, sizeof a[r]);
     fill_rank(&a[r].r[0], e, t, r, bwd, p);
-    if (e->W > 1 && (desc_of != NULL || plans != NULL)) a[r].r[0].dz_early = 0; /* per rank */
+    if (e->W > 1 && !virt) a[r].r[0].dz_early = 0; /* per rank */
+    /* small's plan: small's statistics kernel, which leaves dz to APPLY */
+    if (virt) a[r].r[0].dz_early &= sbn_plan_dz_early(&vpl, 1);
     a[r].r[0].mail = e->recv[r];
     a[r].r[0].send = e->send[r];
     fill_common(&a[r], e, d, bwd);
@@ -355,16 +366,18 @@ static void emu_run_host(emu_team_t* e, team_t* t, int bwd, const sbnParams_t* p
     if (plans) a[r].G = plans[r].G;
     if (d->c > cmax) cmax = d->c;
   }
-  if (desc_of == NULL && plans == NULL) { /* a virtual team: one launch per stage */
+  if (virt) { /* a virtual team: one launch per stage (gpu_launch.c: host_stats with every
+                 rank, small's statistics kernel where the plan is small) */
     static sbn_coop_args_t v;
     v = a[0];
     for (int r = 0; r < e->W; r++) v.r[r] = a[r].r[0];
     v.nlaunch = e->W;
-    const int tile = tile_of(t, e->W), dt = t->d[0].dtype;
-    const int vec = emu_plan(&t->d[0], n_max_of(t, e->W), e->G, bwd).vec;
+    const int tile = vpl.tile, dt = t->d[0].dtype, vec = vpl.vec;
     const unsigned nch = (unsigned)((t->d[0].c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
-    sbn_emu_launch_host(SBN_HOST_STATS, kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
-    sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, dt, tile, vec, &v, (unsigned)e->W * nch);
+    g_host_small += sbn_host_stats_stage(&vpl) == SBN_HOST_SMALL_STATS;
+    sbn_emu_launch_host(sbn_host_stats_stage(&vpl), kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
+    if (sbn_host_publishes(&vpl))
+      sbn_emu_launch_host(SBN_HOST_PUBLISH, kind, dt, tile, vec, &v, (unsigned)e->W * nch);
     sbn_emu_launch_host(SBN_HOST_GATHER, kind, dt, tile, vec, &v, (unsigned)(e->W * e->W));
     sbn_emu_launch_host(SBN_HOST_APPLY, kind, dt, tile, vec, &v, (unsigned)(e->W * e->G));
     return;
@@ -731,6 +744,7 @@ static void test_onchip_turns(void) {
    kernels 2 blocks per SM (check-sass.sh), the 16-byte onchip ones 1 with `hold_slots`
    shared-memory batches per thread (the scalar kernels have no onchip form). */
 #define H100_SMALL_GRID (4 * 132) /* the small kernels' co-resident grid there */
+#define H100_SMALL_TEAM_GRID (2 * 132) /* the team's small kernels' (a test's value) */
 static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
   sbn_plan_dev_t dev;
   memset(&dev, 0, sizeof dev);
@@ -743,6 +757,7 @@ static sbn_plan_dev_t h100_plan_dev(int hold_slots) {
       dev.occ[tile][vec][SBN_VAR_UNIT] = !tile && vec ? 2 : 0; /* built: 16-byte planes */
       dev.occ[tile][vec][SBN_VAR_SMALL] = tile ? 4 : 0;        /* built: tile units (the
                                                                    forward's 64 registers) */
+      dev.occ[tile][vec][SBN_VAR_SMALL_TEAM] = tile ? 2 : 0;   /* its own, and another */
     }
   dev.occ_min = 2; /* the lowest of the stream kernels' */
   dev.hold_slots[0] = dev.hold_slots[1] = hold_slots;
@@ -766,7 +781,7 @@ static void test_onchip_whole_planes(void) {
                 {sbnBFloat16, 1028, 0}}; /* whole vectors of 4 elements, not of 8 */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
-      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1, 0};
+      const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1, 0, 0};
       const sbn_plan_rank_t rk = {1, shapes[i].sp, 1};
       sbn_plan_t pl;
       int64_t detail = 0;
@@ -860,7 +875,7 @@ static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[E
     const int coop = st[kernel][0] == SBN_PLAN_OK ? kernel : SBN_KERNEL_STREAM;
     ASSERT_EQ_INT(st[kernel][1], st[coop][0]);
     if (st[kernel][1] != SBN_PLAN_OK) continue;
-    if (pl[coop][0].variant == SBN_VAR_SMALL) {
+    if (SBN_VAR_IS_SMALL(pl[coop][0].variant)) {
       ASSERT_TRUE(memcmp(&pl[kernel][1], &pl[coop][0], sizeof pl[0][0]) == 0);
       ASSERT_EQ_INT(sbn_host_stats_stage(&pl[kernel][1]), SBN_HOST_SMALL_STATS);
       ASSERT_EQ_INT(sbn_host_publishes(&pl[kernel][1]), 0);
@@ -909,7 +924,7 @@ static void test_plan_auto_stream(void) {
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     for (int kind = 0; kind < 2; kind++) {
       const sbn_plan_rank_t rk = {shapes[i].n, shapes[i].sp, 1};
-      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0, 1, 0};
+      const sbn_plan_op_t op = {kind, shapes[i].dt, shapes[i].nhwc, shapes[i].c, 0, 0, 1, 0, 0};
       sbn_plan_t pl[EMU_KERNELS][2];
       int st[EMU_KERNELS][2];
       plan_table(&op, &rk, 1, &dev, pl, st);
@@ -957,23 +972,51 @@ static void test_plan_auto_stream(void) {
       } else {
         ASSERT_TRUE(memcmp(&pl[SBN_KERNEL_SMALL][0], &pl[SBN_KERNEL_AUTO][0], sizeof pl[0][0]) == 0);
       }
-      for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k++) {
-        /* not for a team of more ranks, nor on the peer-pinned-host transport */
-        if (k == SBN_KERNEL_ONCHIP || k == SBN_KERNEL_STREAM) continue;
+      for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k++)
+        for (int team = 0; team < 2; team++) {
+          /* a rank of a team of more (team: not on the peer-pinned-host transport, where the
+             small kernel never runs): stream, but under SBN_KERNEL=small for such a team */
+          if (k == SBN_KERNEL_ONCHIP || k == SBN_KERNEL_STREAM) continue;
+          sbn_plan_op_t o = op;
+          o.kernel = k;
+          o.solo_team = 0;
+          o.small_team = team;
+          sbn_plan_t one;
+          int64_t detail = 0;
+          ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
+          ASSERT_EQ_INT(one.variant, team && k == SBN_KERNEL_SMALL && shapes[i].small ? SBN_VAR_SMALL_TEAM
+                                                                                    : SBN_VAR_STREAM);
+          if (one.variant == SBN_VAR_SMALL_TEAM) { /* a block per chunk, to its own grid */
+            const int64_t chunks = (shapes[i].c + 31) / 32;
+            ASSERT_EQ_INT(one.G, chunks < H100_SMALL_TEAM_GRID ? chunks : H100_SMALL_TEAM_GRID);
+          }
+        }
+      { /* the team's small kernels where not a block of each of 200 ranks fits at once
+           (occupancy 1 on 132 SMs; stream's 2 does): stream's plan, not a grid that
+           cannot be co-resident */
+        sbn_plan_dev_t d3 = dev;
+        d3.ranks_here = 200;
+        for (int t3 = 0; t3 < 2; t3++)
+          for (int v3 = 0; v3 < 2; v3++) d3.occ[t3][v3][SBN_VAR_SMALL_TEAM] = t3 ? 1 : 0;
         sbn_plan_op_t o = op;
-        o.kernel = k;
+        o.kernel = SBN_KERNEL_SMALL;
         o.solo_team = 0;
+        o.small_team = 1;
         sbn_plan_t one;
         int64_t detail = 0;
-        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &one, &detail), SBN_PLAN_OK);
+        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d3, &one, &detail), SBN_PLAN_OK);
         ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+        d3.ranks_here = 132; /* one block of each rank: the team's kernels, G 1 */
+        ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d3, &one, &detail), SBN_PLAN_OK);
+        ASSERT_EQ_INT(one.variant, shapes[i].small ? SBN_VAR_SMALL_TEAM : SBN_VAR_STREAM);
+        if (shapes[i].small) ASSERT_EQ_INT(one.G, 1);
       }
       for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k += SBN_KERNEL_SMALL) {
         /* the in-place backward's kernels (no small one: occupancy 0) run stream, under
            auto and SBN_KERNEL=small, on both paths */
         sbn_plan_dev_t d2 = dev;
         for (int t2 = 0; t2 < 2; t2++)
-          for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = 0;
+          for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = d2.occ[t2][v2][SBN_VAR_SMALL_TEAM] = 0;
         for (int host = 0; host < 2; host++) {
           sbn_plan_op_t o = op;
           o.kernel = k;
@@ -1009,7 +1052,7 @@ static void test_plan_auto_stream(void) {
         sbn_plan_dev_t d2 = dev;
         if (lowocc) d2.occ[0][1][SBN_VAR_UNIT] = d2.occ[0][1][SBN_VAR_STREAM] - 1;
         for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_UNIT; kernel += SBN_KERNEL_UNIT) {
-          const sbn_plan_op_t op = {kind, s8[k].dt, 0, 2048, 0, kernel, 1, 0};
+          const sbn_plan_op_t op = {kind, s8[k].dt, 0, 2048, 0, kernel, 1, 0, 0};
           const sbn_plan_rank_t rk = {2, s8[k].sp, 1};
           sbn_plan_t one;
           int64_t detail = 0;
@@ -1056,7 +1099,7 @@ static void test_plan_auto_stream(void) {
               }
               /* a rank sharing its GPU is one of a team of more */
               const sbn_plan_op_t op = {kind, more[i].dt, more[i].nhwc, more[i].c, 0, 0,
-                                        nr == 1 && !shared, 0};
+                                        nr == 1 && !shared, 0, !(nr == 1 && !shared)};
               sbn_plan_t pl[EMU_KERNELS][2];
               int st[EMU_KERNELS][2];
               plan_table(&op, rk, nr, &dev, pl, st);
@@ -1064,13 +1107,20 @@ static void test_plan_auto_stream(void) {
                         U = SBN_KERNEL_UNIT, M = SBN_KERNEL_SMALL;
               ASSERT_EQ_INT(st[U][0], st[S][0]);
               ASSERT_EQ_INT(st[M][0], st[S][0]);
-              /* small: one rank alone on its GPU, tile units of at most 64 rows */
+              /* small: tile units of at most 64 rows on every rank of the launch, on a GPU
+                 it does not share; auto's only for one rank alone (small_alone),
+                 SBN_KERNEL=small's for a team's launch too (small) */
               const int tile = (more[i].nhwc && more[i].c != 1) || more[i].sp == 1;
-              const int small = nr == 1 && !shared && tile && more[i].n[0] * more[i].sp <= 64;
+              int64_t rows_max = 0;
+              for (int q = 0; q < nr; q++)
+                if (more[i].n[q] * more[i].sp > rows_max) rows_max = more[i].n[q] * more[i].sp;
+              const int small = !shared && tile && rows_max <= 64;
+              const int small_alone = small && nr == 1;
               if (st[S][0] == SBN_PLAN_OK) {
-                if (small) {
-                  ASSERT_EQ_INT(pl[M][0].variant, SBN_VAR_SMALL);
-                  const int64_t chunks = (more[i].c + 31) / 32, gmax = (int64_t)H100_SMALL_GRID / here[h];
+                if (small) { /* a team of one's kernels, or a team's (their own occupancy) */
+                  ASSERT_EQ_INT(pl[M][0].variant, small_alone ? SBN_VAR_SMALL : SBN_VAR_SMALL_TEAM);
+                  const int64_t chunks = (more[i].c + 31) / 32,
+                                gmax = (int64_t)(small_alone ? H100_SMALL_GRID : H100_SMALL_TEAM_GRID) / here[h];
                   ASSERT_EQ_INT(pl[M][0].G, chunks < gmax ? chunks : gmax);
                 } else { /* what auto runs */
                   ASSERT_TRUE(memcmp(&pl[M][0], &pl[A][0], sizeof pl[M][0]) == 0);
@@ -1096,7 +1146,7 @@ static void test_plan_auto_stream(void) {
                 const int whole = more[i].sp % sbn_vec_of(more[i].dt) == 0;
                 const int takes = kind == SBN_OP_BACKWARD || whole || sbn_vec_of(more[i].dt) == 4;
                 const int au = pl[U][0].variant == SBN_VAR_UNIT && takes;
-                ASSERT_TRUE(memcmp(&pl[A][0], &pl[small ? M : au ? U : S][0], sizeof pl[A][0]) == 0);
+                ASSERT_TRUE(memcmp(&pl[A][0], &pl[small_alone ? M : au ? U : S][0], sizeof pl[A][0]) == 0);
                 ASSERT_EQ_INT(pl[S][0].variant, SBN_VAR_STREAM);
               }
               if (st[O][0] == SBN_PLAN_OK) ASSERT_EQ_INT(pl[O][0].variant, SBN_VAR_ONCHIP);
@@ -3049,10 +3099,10 @@ static void test_small_options(void) { small_options(); }
    must fail it. A forward of one row (one value per channel): sbnInvalidArgument, nothing
    written, as the stream kernel's gather. Only tile kernels are built, and none for the
    in-place backward (the plan finds no small kernel there). And a
-   launch the plan never makes (65 rows; small for a team of two): sbnInvalidUsage on
-   every rank, nothing written, no arrival, the epochs as they were. */
+   launch the plan never makes (65 rows): sbnInvalidUsage, nothing written, no arrival,
+   the epoch as it was. */
 static void small_failures(void) {
-  static const int64_t n3[1] = {3}, n1[1] = {1}, n2[2] = {2, 1};
+  static const int64_t n3[1] = {3}, n1[1] = {1};
   const struct {
     int64_t c, sp;
     const int64_t* n;
@@ -3097,12 +3147,227 @@ static void small_failures(void) {
               SBN_FAIL_("small kernel kind %d dtype %d tile %d vec %d epi %d: %s", kind, dt, tile, vec, epi,
                         built ? "built" : "not built");
           }
-  /* broken plans: 65 rows (one more than 8 a thread); small for a team of two */
+  /* a broken plan: 65 rows (one more than 8 a thread). (A team of two is a launch the
+     plan makes under SBN_KERNEL=small: test_small_teams.) */
   static const int64_t n5[1] = {5};
   broken_plan_refused(SBN_VAR_SMALL, 1, sbnLayoutNHWC, 13, n5, 1, 3205);
-  broken_plan_refused(SBN_VAR_SMALL, 2, sbnLayoutNHWC, 2, n2, 1, 3210);
 }
 static void test_small_failures(void) { small_failures(); }
+
+/* Team b's outputs, statistics and counts are team a's bits, on every rank. */
+static void same_team_bits(const team_t* a, const team_t* b) {
+  for (int r = 0; r < a->W; r++) {
+    const size_t cb = (size_t)a->d[r].c * sizeof(float);
+    ASSERT_MEMEQ(b->y[r], a->y[r], team_bytes(a, r));
+    ASSERT_MEMEQ(b->dx[r], a->dx[r], team_bytes(a, r));
+    ASSERT_MEMEQ(b->smean[r], a->smean[r], cb);
+    ASSERT_MEMEQ(b->sinv[r], a->sinv[r], cb);
+    ASSERT_MEMEQ(b->dw[r], a->dw[r], cb);
+    ASSERT_MEMEQ(b->db[r], a->db[r], cb);
+    ASSERT_MEMEQ(b->rm[r], a->rm[r], cb);
+    ASSERT_MEMEQ(b->rv[r], a->rv[r], cb);
+    ASSERT_EQ_INT(b->nbt[r], a->nbt[r]);
+  }
+}
+
+/* One forward and backward under SBN_KERNEL=small's plan of team a on the cooperative
+   kernel (one virtual launch, `variant`'s kernel) and of its twin b (the same inputs) on
+   the host path (small's statistics kernel, one launch for every rank): neither failed,
+   and b's outputs, statistics and counts are a's bits on every rank. */
+static void small_host_call(team_t* a, team_t* b, emu_team_t* ea, emu_team_t* eb, const sbnParams_t* p,
+                            int variant) {
+  team_poison(a);
+  team_poison(b);
+  const int small_before = g_launched[variant], host_before = g_host_small;
+  g_variant = SBN_VAR_SMALL;
+  for (int bwd = 0; bwd < 2; bwd++) {
+    emu_run_virtual(ea, a, bwd, p);
+    emu_run_host(eb, b, bwd, p, NULL, NULL);
+  }
+  g_variant = EMU_VAR_DEFAULT;
+  ASSERT_EQ_INT(g_launched[variant], small_before + 2);
+  ASSERT_EQ_INT(g_host_small, host_before + 2);
+  ASSERT_TRUE(err_words_clear(ea) && err_words_clear(eb));
+  same_team_bits(a, b);
+}
+
+/* The small kernel for teams of two or more ranks (SBN_VAR_SMALL_TEAM, SBN_KERNEL=small
+   only: coop_plan.h, sbn_small_team_applies): each block publishes its chunks' records and
+   merges every rank's in rank order. Virtual (one launch, slot s: blocks [s*G, (s+1)*G))
+   and per-rank launches, against the double reference and the CPU team (one_case: two
+   calls, both mailbox parities), uneven ranks, an empty one, a rank of one row in a team
+   of more (the team's count decides: no sbnInvalidArgument), W = 8, 64 rows a rank (the
+   most); per rank, a team whose ranks plan differently (a rank of 72 rows runs stream, the
+   others small: the same records, 32-channel chunks in rank order); the host path (small's
+   statistics kernel, one launch for the virtual team's ranks; the collective, the stream
+   apply) bitwise the cooperative kernel, W = 2 and 3; a peer that never launches:
+   sbnTimeout, nothing written; a rank stopped at its start: sbnAborted on both, nothing
+   written; launches the plan never makes refused (sbnInvalidUsage); the team's kernels
+   built where a team of one's are. A kernel that takes its rank's own values for the
+   team's (small_team_local) fails the reference. */
+static void small_teams(void) {
+  static const int64_t n2[2] = {1, 2}, n3[3] = {2, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1},
+                       n64[2] = {8, 8}, nmix[3] = {9, 2, 1};
+  static const struct {
+    int W, G;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int stream_ranks; /* per rank: ranks of more than SBN_SMALL_ROWS rows (stream) */
+  } cases[] = {
+      {2, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 0},  /* 3 chunks in 2 blocks */
+      {2, 1, sbnFloat32, sbnLayoutNCHW, 33, 1, n2, 0},  /* H*W = 1; rank 0 has one row */
+      {3, 1, sbnBFloat16, sbnLayoutNHWC, 40, 3, n3, 0}, /* an empty rank; 2 chunks in one block */
+      {8, 1, sbnFloat16, sbnLayoutNHWC, 36, 2, n8, 0},  /* W = 8, empty ranks; 2 chunks a block */
+      {2, 3, sbnFloat32, sbnLayoutNHWC, 96, 8, n64, 0}, /* 64 rows a rank, the most */
+      {3, 2, sbnFloat32, sbnLayoutNHWC, 70, 8, nmix, 1}, /* rank 0: 72 rows */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++)
+    for (int peer = 0; peer < 2 && !sbn_test_cur_failed_; peer++) {
+      const int W = cases[i].W, mixed = cases[i].stream_ranks;
+      const int ran = g_launched[SBN_VAR_SMALL_TEAM], ran_stream = g_launched[SBN_VAR_STREAM];
+      g_variant = SBN_VAR_SMALL;
+      one_case(W, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, peer,
+               5100 + 10 * i + (uint64_t)peer);
+      g_variant = EMU_VAR_DEFAULT;
+      /* 2 calls of forward and backward: a launch each (virtual: stream for the whole team
+         where a rank has more rows), or one per rank */
+      const int small_launches = peer ? W - mixed : mixed ? 0 : 1;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL_TEAM], ran + 4 * small_launches);
+      ASSERT_EQ_INT(g_launched[SBN_VAR_STREAM], ran_stream + 4 * (peer ? mixed : mixed ? 1 : 0));
+      if (sbn_test_cur_failed_) fprintf(stderr, "  in case %zu, %s\n", i, peer ? "per rank" : "virtual");
+    }
+  for (size_t i = 0; i < 5 && !sbn_test_cur_failed_; i++) { /* the host path's bits */
+    /* (not W = 8: the host path's emulated gather is W * W blocks of 256 threads at once,
+       past ThreadSanitizer's 8128, and this test is in the exchange list it runs) */
+    if (cases[i].W > 3) continue;
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.momentum = (i & 1) ? -1.0f : 0.1f;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    const int W = cases[i].W;
+    team_t a, b;
+    team_make(&a, W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL, 5200 + i);
+    team_make(&b, W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL, 5200 + i);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, W, cases[i].G, 60000);
+    emu_team_init(&eb, W, cases[i].G, 60000);
+    for (int call = 0; call < 2 && !sbn_test_cur_failed_; call++) {
+      small_host_call(&a, &b, &ea, &eb, &p, SBN_VAR_SMALL_TEAM);
+      team_new_inputs(&a, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
+      team_new_inputs(&b, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
+    }
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) fprintf(stderr, "  host path, case %zu\n", i);
+  }
+  { /* only rank 0 launches: its gather gives up after timeout_ms, nothing written */
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 1, 1, GEN_NORMAL, 5400);
+    team_poison(&t);
+    emu_team_t e;
+    emu_team_init(&e, 2, 2, 200);
+    const int launched[2] = {1, 0};
+    const int ran = g_launched[SBN_VAR_SMALL_TEAM];
+    g_variant = SBN_VAR_SMALL;
+    emu_run_peer(&e, &t, 0, &p, launched, NULL, NULL);
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL_TEAM], ran + 1);
+    ASSERT_EQ_INT(e.err[0], sbnTimeout);
+    ASSERT_TRUE(all_bytes(t.y[0], team_bytes(&t, 0), 0xff));
+    ASSERT_TRUE(all_bytes(t.smean[0], 80 * sizeof(float), 0xff));
+    ASSERT_EQ_INT(t.nbt[0], 0);
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  { /* per-rank plans of other G and variants, as the library makes them for ranks launched
+       by themselves: rank 0 (72 rows) on stream with G 6 (several blocks a chunk: the rank
+       barrier, its epoch advanced at its start), ranks 1 and 2 on the team's small kernels
+       with G 1 and 3. Two calls: the forward against the double reference, the backward
+       against the CPU team; the host path with the same plans (rank 0 stream's statistics
+       and PUBLISH, the others small's statistics kernel) bitwise the cooperative kernels */
+    static const int64_t nm[3] = {9, 2, 1};
+    const int64_t c = 72, sp = 8;
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t g, h, cpu;
+    team_make(&g, 3, sbnFloat32, sbnLayoutNHWC, c, sp, nm, 1, 1, GEN_NORMAL, 5470);
+    team_make(&h, 3, sbnFloat32, sbnLayoutNHWC, c, sp, nm, 1, 1, GEN_NORMAL, 5470);
+    team_make(&cpu, 3, sbnFloat32, sbnLayoutNHWC, c, sp, nm, 1, 1, GEN_NORMAL, 5470);
+    emu_team_t eg, eh;
+    emu_team_init(&eg, 3, 6, 60000);
+    emu_team_init(&eh, 3, 6, 60000);
+    const int vec = sbn_vec_shape_ok(1, c, sp, sbnFloat32);
+    const sbn_plan_t pl[3] = {{6, 1, vec, SBN_VAR_STREAM, 0},
+                              {1, 1, vec, SBN_VAR_SMALL_TEAM, 0},
+                              {3, 1, vec, SBN_VAR_SMALL_TEAM, 0}};
+    for (int call = 0; call < 2 && !sbn_test_cur_failed_; call++) {
+      team_poison(&g);
+      team_poison(&h);
+      team_poison(&cpu);
+      const int ran = g_launched[SBN_VAR_SMALL_TEAM], ran_stream = g_launched[SBN_VAR_STREAM];
+      emu_run_peer(&eg, &g, 0, &p, NULL, NULL, pl);
+      emu_run_host(&eh, &h, 0, &p, NULL, pl);
+      ASSERT_TRUE(err_words_clear(&eg) && err_words_clear(&eh));
+      ASSERT_OK(team_run(&cpu, 0, MODE_GROUP, 0, &p));
+      check_forward(&g, &p, tol_for(sbnFloat32));
+      if (sbn_test_cur_failed_) break;
+      emu_run_peer(&eg, &g, 1, &p, NULL, NULL, pl);
+      emu_run_host(&eh, &h, 1, &p, NULL, pl);
+      ASSERT_TRUE(err_words_clear(&eg) && err_words_clear(&eh));
+      check_backward_vs_cpu(&g, &cpu, &p);
+      if (sbn_test_cur_failed_) break;
+      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL_TEAM], ran + 4);
+      ASSERT_EQ_INT(g_launched[SBN_VAR_STREAM], ran_stream + 2);
+      same_team_bits(&g, &h);
+      team_new_inputs(&g, &(sbn_rng_t){5480u + (uint64_t)call}, GEN_NORMAL);
+      team_new_inputs(&h, &(sbn_rng_t){5480u + (uint64_t)call}, GEN_NORMAL);
+      team_new_inputs(&cpu, &(sbn_rng_t){5480u + (uint64_t)call}, GEN_NORMAL);
+    }
+    ASSERT_EQ_INT(eg.state[0].epoch, 4);
+    emu_team_free(&eg), emu_team_free(&eh);
+    team_free(&g), team_free(&h), team_free(&cpu);
+    if (sbn_test_cur_failed_) fprintf(stderr, "  per-rank plans of other G and variants\n");
+  }
+  { /* rank 0 stopped at its start (its stop word): sbnAborted on both ranks (rank 1's
+       gather sees the stop its failure set, well before the 60 s timeout), nothing
+       written on either */
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 1, 1, GEN_NORMAL, 5450);
+    team_poison(&t);
+    emu_team_t e;
+    emu_team_init(&e, 2, 2, 60000);
+    e.state[0].stop = (uint32_t)sbnAborted;
+    const int ran = g_launched[SBN_VAR_SMALL_TEAM];
+    g_variant = SBN_VAR_SMALL;
+    emu_run_virtual(&e, &t, 0, &p);
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL_TEAM], ran + 1);
+    for (int r = 0; r < 2; r++) {
+      ASSERT_EQ_INT(e.err[r], sbnAborted);
+      ASSERT_TRUE(all_bytes(t.y[r], team_bytes(&t, r), 0xff));
+      ASSERT_TRUE(all_bytes(t.smean[r], 80 * sizeof(float), 0xff));
+      ASSERT_EQ_INT(t.nbt[r], 0);
+    }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  /* launches the plan never makes: the team's kernels for a team of one, and for a team
+     whose ranks have 65 rows: sbnInvalidUsage on every rank, nothing written, no arrival */
+  static const int64_t n2r[1] = {2}, n55[2] = {5, 5};
+  broken_plan_refused(SBN_VAR_SMALL_TEAM, 1, sbnLayoutNHWC, 13, n2r, 1, 5460);
+  broken_plan_refused(SBN_VAR_SMALL_TEAM, 2, sbnLayoutNHWC, 13, n55, 1, 5461);
+  /* built where a team of one's small kernels are */
+  for (int kind = 0; kind < 2; kind++)
+    for (int dt = 0; dt < 3; dt++)
+      for (int tile = 0; tile < 2; tile++)
+        for (int vec = 0; vec < 2; vec++)
+          for (int epi = 0; epi < SBN_EPI_KINDS; epi++)
+            ASSERT_EQ_INT(sbn_emu_kernel_built(kind, dt, tile, vec, SBN_VAR_SMALL_TEAM, epi),
+                          sbn_emu_kernel_built(kind, dt, tile, vec, SBN_VAR_SMALL, epi));
+}
+static void test_small_teams(void) { small_teams(); }
 
 /* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
 
@@ -3225,30 +3490,10 @@ static void test_host_path_equals_small(void) {
     emu_team_init(&ea, 1, cases[i].G, 60000);
     emu_team_init(&eb, 1, cases[i].G, 60000);
     for (int call = 0; call < 3; call++) { /* running stats and nbt over calls */
-      team_poison(&a);
-      team_poison(&b);
-      const int small_before = g_launched[SBN_VAR_SMALL], host_before = g_host_small;
-      g_variant = SBN_VAR_SMALL;
-      for (int bwd = 0; bwd < 2; bwd++) {
-        emu_run_virtual(&ea, &a, bwd, &p);
-        emu_run_host(&eb, &b, bwd, &p, NULL, NULL);
-      }
-      g_variant = EMU_VAR_DEFAULT;
-      ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], small_before + 2);
-      ASSERT_EQ_INT(g_host_small, host_before + 2);
-      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      small_host_call(&a, &b, &ea, &eb, &p, SBN_VAR_SMALL);
+      CHECK_();
       if (cases[i].n[0] > 0) check_forward(&b, &p, tol_for(cases[i].dt)); /* the double reference */
       CHECK_();
-      const size_t cb = (size_t)c * sizeof(float);
-      ASSERT_MEMEQ(b.y[0], a.y[0], team_bytes(&a, 0));
-      ASSERT_MEMEQ(b.dx[0], a.dx[0], team_bytes(&a, 0));
-      ASSERT_MEMEQ(b.smean[0], a.smean[0], cb);
-      ASSERT_MEMEQ(b.sinv[0], a.sinv[0], cb);
-      ASSERT_MEMEQ(b.dw[0], a.dw[0], cb);
-      ASSERT_MEMEQ(b.db[0], a.db[0], cb);
-      ASSERT_MEMEQ(b.rm[0], a.rm[0], cb);
-      ASSERT_MEMEQ(b.rv[0], a.rv[0], cb);
-      ASSERT_EQ_INT(b.nbt[0], a.nbt[0]);
       team_new_inputs(&a, &(sbn_rng_t){4200u + (uint64_t)call}, cases[i].gen);
       team_new_inputs(&b, &(sbn_rng_t){4200u + (uint64_t)call}, cases[i].gen);
     }
@@ -3372,7 +3617,7 @@ static void emu_plan_shared_gpu(const team_t* t, int r0, int nranks, int bwd, in
                                 sbn_plan_t* pl) {
   const sbnTensorDesc_t* d = &t->d[r0];
   const sbn_plan_op_t op = {bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype,
-                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO, 0, 0};
+                            d->layout == sbnLayoutNHWC, d->c, host, SBN_KERNEL_AUTO, 0, 0, 0};
   sbn_plan_rank_t ranks[MAXW];
   for (int i = 0; i < nranks; i++) {
     const int r = r0 + i;
@@ -3981,6 +4226,7 @@ static const char* var_name(int v) {
          : v == SBN_VAR_STREAM ? "stream"
          : v == SBN_VAR_UNIT   ? "unit"
          : v == SBN_VAR_SMALL  ? "small"
+         : v == SBN_VAR_SMALL_TEAM ? "small-team"
                                : "stream-scalar";
 }
 static void each_variant_op(int W, const int64_t* n, sbnLayout_t lay, int64_t c, int64_t sp, int G,
@@ -4613,6 +4859,9 @@ static void weak_suite(uint64_t seed) {
   /* the small kernel: a team of one, 3 chunks in 2 blocks (its arrivals and epoch) */
   g_variant = SBN_VAR_SMALL;
   one_case(1, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n3, 0, seed + 3);
+  sbn_emu_weak_forget();
+  /* its team's kernels: 2 ranks, 3 chunks in 2 blocks (the publish and the gathers) */
+  one_case(2, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, (int)(seed & 1), seed + 4);
   g_variant = EMU_VAR_DEFAULT;
   sbn_emu_weak_forget();
   pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, seed);
@@ -4647,7 +4896,8 @@ static const struct {
                 {"small_reload", SBN_EMU_MUT_SMALL_RELOAD},
                 {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT},
                 {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X},
-                {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0}};
+                {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0},
+                {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -4666,7 +4916,8 @@ static int run_mutant(const char* name) {
       flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
       flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
       flag == SBN_EMU_MUT_SMALL_RELOAD || flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT ||
-      flag == SBN_EMU_MUT_SMALL_MASK_X || flag == SBN_EMU_MUT_SOLO_END_THREAD0) {
+      flag == SBN_EMU_MUT_SMALL_MASK_X || flag == SBN_EMU_MUT_SOLO_END_THREAD0 ||
+      flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -4675,6 +4926,8 @@ static int run_mutant(const char* name) {
       solo_arrivals();
     } else if (flag == SBN_EMU_MUT_SOLO_END_THREAD0) {
       solo_stopped_weak();
+    } else if (flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL) {
+      small_teams();
     } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
       gathers_per_block();
     } else if (flag == SBN_EMU_MUT_DZ_LATE) {
@@ -4790,6 +5043,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_small_vs_reference, 0);
   EMU_TEST(test_small_options, 0);
   EMU_TEST(test_small_failures, 1);
+  EMU_TEST(test_small_teams, 1);
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_plan_auto_stream, 0);

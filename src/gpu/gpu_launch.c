@@ -307,7 +307,8 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   const sbn_plan_op_t op = {kind, dt, round_ref(ops, nops)->desc.layout == sbnLayoutNHWC, o0->desc.c,
                             o0->algo == SBN_ALGO_HOST, o0->kernel,
                             team->nranks == 1 && gt->transport != SBN_TR_PEER_HOST,
-                            epi != SBN_EPI_NONE};
+                            epi != SBN_EPI_NONE,
+                            team->nranks > 1 && gt->transport != SBN_TR_PEER_HOST};
   sbn_plan_rank_t ranks[SBN_GPU_MAX_RANKS];
   for (int i = 0; i < nops; i++) {
     const sbn_op_t* o = ops[i];
@@ -351,7 +352,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
 static const char* plan_kernel_name(const sbn_plan_t* pl) {
   if (pl->variant == SBN_VAR_ONCHIP) return "onchip";
   if (pl->variant == SBN_VAR_UNIT) return "unit";
-  if (pl->variant == SBN_VAR_SMALL) return "small";
+  if (SBN_VAR_IS_SMALL(pl->variant)) return "small"; /* a team of one's or a team's */
   return pl->vec ? "stream" : "stream-scalar";
 }
 

@@ -61,7 +61,7 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               if (var == SBN_VAR_STREAM && (g->occ_min[e] == 0 || *occ < g->occ_min[e]))
                 g->occ_min[e] = *occ;
               /* (the small kernels use no workspace: not sized by them) */
-              if (var != SBN_VAR_SMALL && *occ > g->occ_max) g->occ_max = *occ;
+              if (!SBN_VAR_IS_SMALL(var) && *occ > g->occ_max) g->occ_max = *occ;
             }
   /* Load every other kernel a team may launch now (the host path's stages, inference):
      a build without machine code for this GPU is compiled from PTX by the driver at load,

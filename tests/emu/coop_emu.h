@@ -99,6 +99,9 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_SOLO_END_THREAD0 2097152 /* SBN_MUT_SOLO_END_THREAD0: the stream kernel's
                                                solo op ended by another thread than the one
                                                that made block 0's arrival */
+#define SBN_EMU_MUT_SMALL_TEAM_LOCAL 16777216 /* SBN_MUT_SMALL_TEAM_LOCAL: the team's small
+                                                 kernel takes its rank's own values for the
+                                                 team's */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

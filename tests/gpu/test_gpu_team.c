@@ -59,8 +59,9 @@ static int g_auto_unit_ran, g_auto_small_ran;
 static int g_unit;
 static int g_unit_ran;
 /* SBN_KERNEL=small (test_gpu_team_small, virtual_vs_cpu only; not with SBN_ALGO=nccl): a
-   team of one's ops of at most SBN_SMALL_ROWS rows in tile layout run the small kernel
-   (coop_plan.h: sbn_small_applies; auto runs small there too), everything else what auto
+   virtual team's ops of at most SBN_SMALL_ROWS rows a rank in tile layout run the small
+   kernel (coop_plan.h: sbn_small_applies for a team of one, where auto runs small too;
+   sbn_small_team_applies for more ranks, where auto does not), everything else what auto
    runs (auto_unit_expected: unit, else stream); as unit's, counted in g_small_ran, some
    must. */
 static int g_small;
@@ -362,13 +363,19 @@ static int unit_expected(const team_t* h) {
   return G < 2 * dd->c;
 }
 
-/* Whether the plan runs small for team h's op under SBN_KERNEL=small: a team of one on
-   device 0, tile units (NHWC of C > 1, or H*W = 1) of at most SBN_SMALL_ROWS rows (the plain ops,
-   which virtual_vs_cpu runs, have small kernels). */
+/* Whether the plan runs small for team h's op under SBN_KERNEL=small: a virtual team
+   (one GPU, not shared; a team of more ranks too: sbn_small_team_applies),
+   tile units (coop_plan.h: sbn_tile_layout) of at most SBN_SMALL_ROWS rows on every rank
+   (the plain ops, which virtual_vs_cpu runs, have small kernels). */
 static int small_expected(const team_t* h) {
+  int sp1 = 1;
+  int64_t rows_max = 0;
+  for (int r = 0; r < h->W; r++) {
+    sp1 &= h->d[r].spatial == 1;
+    if (h->d[r].n * h->d[r].spatial > rows_max) rows_max = h->d[r].n * h->d[r].spatial;
+  }
   const sbnTensorDesc_t* dd = &h->d[0];
-  return h->W == 1 && ((dd->layout == sbnLayoutNHWC && dd->c != 1) || dd->spatial == 1) &&
-         dd->n * dd->spatial <= SBN_SMALL_ROWS;
+  return sbn_tile_layout(dd->layout == sbnLayoutNHWC, dd->c, sp1) && rows_max <= SBN_SMALL_ROWS;
 }
 
 /* Whether auto runs unit for team h's plain op of `what` (OUT_FWD, OUT_BWD): where
@@ -382,7 +389,7 @@ static int auto_unit_expected(const team_t* h, int what) {
 /* Whether auto runs small for team h's plain op of `what`: where SBN_KERNEL=small would
    (small_expected) and sbn_small_auto takes it (coop_plan.h). */
 static int auto_small_expected(const team_t* h, int what) {
-  return small_expected(h) &&
+  return h->W == 1 && small_expected(h) &&
          sbn_small_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, h->d[0].dtype, 0);
 }
 /* Whether every rank of d ran what auto runs for team h's op of `what`: small where
