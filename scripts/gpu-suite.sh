@@ -224,7 +224,9 @@ fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
 # the last): a step past its limit is stopped and counted as failed, the others still run.
 # sanitize: the quick lists took ~280 s on an H200 (2026-11-26, commit 1599faa: 120 s were
-# not enough); with it the steps need two calls of the device tool (bench/notes/gpu-run.md)
+# not enough), 245-273 s on the runs since; with it the steps need two calls of the device
+# tool (bench/notes/gpu-run.md). 330 s: SBN_KERNEL=small's run under each tool added
+# (2026-12-05; ~5-10 s each, predicted from the onchip run's 1.5 s of tests under memcheck)
 # pytorch: test_torch_gpu.py compiles a small model four times (inductor on CUDA: ~20-40 s
 # each, predicted; not yet measured), so its step has 240 s
 # native: syncbn.torch's C++ operators compiled against the machine's PyTorch (~15 s on 2
@@ -238,7 +240,7 @@ fi
 # pip: the CUDA library built by pip (88 s on 2 cores here with the venv made and installed,
 # fewer on the GPU machine's 16),
 # then test_torch_gpu.py as in the pytorch step
-declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=300 [bench]=80 [fused]=150 [native]=60 [torch]=150
+declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=330 [bench]=80 [fused]=150 [native]=60 [torch]=150
   [pytorch]=240 [plot]=20 [pip]=360)
 
 OUTDIR=${1:-gpu-out}
@@ -346,10 +348,12 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
     # the onchip kernels run only when asked (auto: stream)
     sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     # and the unit kernel on every op where it applies (auto leaves the fp16/bf16 forwards
-    # of planes that are not whole vectors to stream). The small kernel is auto's wherever
-    # it applies: the run above has it, and SBN_ALGO=nccl's below the host path's small
-    # statistics kernel
+    # of planes that are not whole vectors to stream). A team of one's small kernel is
+    # auto's wherever it applies: the run above has it, and SBN_ALGO=nccl's below the host
+    # path's small statistics kernel; the team's small kernels (SBN_VAR_SMALL_TEAM) run
+    # only when asked: SBN_KERNEL=small's teams of two or more
     sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=small SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
