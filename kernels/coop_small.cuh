@@ -192,8 +192,13 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  if ((TEAM ? a.nranks < 2 : a.nranks != 1 || a.nlaunch != 1) || rows64 > SBN_SMALL_ROWS ||
-      a.host_words_at_start) {
+  bool refused = (TEAM ? a.nranks < 2 : a.nranks != 1 || a.nlaunch != 1) || rows64 > SBN_SMALL_ROWS ||
+                 a.host_words_at_start;
+  /* a team's launch of several ranks: refused by every slot if by one (the same code on
+     every rank of it, not sbnAborted from the stop words on the others) */
+SBN_NO_UNROLL
+  for (int q = 0; TEAM && q < a.nlaunch; q++) refused |= a.r[q].n * a.r[q].spatial > SBN_SMALL_ROWS;
+  if (refused) {
     /* a launch the plan never makes (sbn_small_applies, sbn_small_team_applies): the
        ranks record sbnInvalidUsage, nothing read or written, no arrival (after a barrier:
        no system-scope load before the first, check-sass.sh); a team's block 0 of each slot

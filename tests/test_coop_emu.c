@@ -3354,10 +3354,12 @@ static void small_teams(void) {
     team_free(&t);
   }
   /* launches the plan never makes: the team's kernels for a team of one, and for a team
-     whose ranks have 65 rows: sbnInvalidUsage on every rank, nothing written, no arrival */
-  static const int64_t n2r[1] = {2}, n55[2] = {5, 5};
+     of which one rank (or every rank) has 65 rows: sbnInvalidUsage on every rank (not
+     sbnAborted on the others), nothing written, no arrival */
+  static const int64_t n2r[1] = {2}, n55[2] = {5, 5}, n51[3] = {1, 5, 1};
   broken_plan_refused(SBN_VAR_SMALL_TEAM, 1, sbnLayoutNHWC, 13, n2r, 1, 5460);
   broken_plan_refused(SBN_VAR_SMALL_TEAM, 2, sbnLayoutNHWC, 13, n55, 1, 5461);
+  broken_plan_refused(SBN_VAR_SMALL_TEAM, 3, sbnLayoutNHWC, 13, n51, 2, 5462);
   /* built where a team of one's small kernels are */
   for (int kind = 0; kind < 2; kind++)
     for (int dt = 0; dt < 3; dt++)
