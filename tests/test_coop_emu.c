@@ -3198,38 +3198,40 @@ static void small_host_call(team_t* a, team_t* b, emu_team_t* ea, emu_team_t* eb
    calls, both mailbox parities), uneven ranks, an empty one, a rank of one row in a team
    of more (the team's count decides: no sbnInvalidArgument), W = 8, 64 rows a rank (the
    most); per rank, a team whose ranks plan differently (a rank of 72 rows runs stream, the
-   others small: the same records, 32-channel chunks in rank order); the host path (small's
-   statistics kernel, one launch for the virtual team's ranks; the collective, the stream
-   apply) bitwise the cooperative kernel, W = 2 and 3; a peer that never launches:
+   others small: the same records, 32-channel chunks in rank order), and per-rank plans of
+   other G and variants with the host path's bits on them; a peer that never launches:
    sbnTimeout, nothing written; a rank stopped at its start: sbnAborted on both, nothing
    written; launches the plan never makes refused (sbnInvalidUsage); the team's kernels
    built where a team of one's are. A kernel that takes its rank's own values for the
-   team's (small_team_local) fails the reference. */
+   team's (small_team_local) fails the reference. The host path on the virtual teams:
+   test_small_teams_host. */
+static const int64_t kSt2[2] = {1, 2}, kSt3[3] = {2, 0, 3}, kSt8[8] = {1, 1, 0, 2, 1, 1, 0, 1},
+                     kSt64[2] = {8, 8}, kStMix[3] = {9, 2, 1};
+typedef struct {
+  int W, G;
+  sbnDataType_t dt;
+  sbnLayout_t lay;
+  int64_t c, sp;
+  const int64_t* n;
+  int stream_ranks; /* per rank: ranks of more than SBN_SMALL_ROWS rows (stream) */
+} small_team_case_t;
+static const small_team_case_t kSmallTeamCases[] = {
+    {2, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, kSt2, 0},    /* 3 chunks in 2 blocks */
+    {2, 1, sbnFloat32, sbnLayoutNCHW, 33, 1, kSt2, 0},    /* H*W = 1; rank 0 has one row */
+    {3, 1, sbnBFloat16, sbnLayoutNHWC, 40, 3, kSt3, 0},   /* an empty rank; 2 chunks in one block */
+    {8, 1, sbnFloat16, sbnLayoutNHWC, 36, 2, kSt8, 0},    /* W = 8, empty ranks; 2 chunks a block */
+    {2, 3, sbnFloat32, sbnLayoutNHWC, 96, 8, kSt64, 0},   /* 64 rows a rank, the most */
+    {3, 2, sbnFloat32, sbnLayoutNHWC, 70, 8, kStMix, 1},  /* rank 0: 72 rows */
+};
 static void small_teams(void) {
-  static const int64_t n2[2] = {1, 2}, n3[3] = {2, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1},
-                       n64[2] = {8, 8}, nmix[3] = {9, 2, 1};
-  static const struct {
-    int W, G;
-    sbnDataType_t dt;
-    sbnLayout_t lay;
-    int64_t c, sp;
-    const int64_t* n;
-    int stream_ranks; /* per rank: ranks of more than SBN_SMALL_ROWS rows (stream) */
-  } cases[] = {
-      {2, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 0},  /* 3 chunks in 2 blocks */
-      {2, 1, sbnFloat32, sbnLayoutNCHW, 33, 1, n2, 0},  /* H*W = 1; rank 0 has one row */
-      {3, 1, sbnBFloat16, sbnLayoutNHWC, 40, 3, n3, 0}, /* an empty rank; 2 chunks in one block */
-      {8, 1, sbnFloat16, sbnLayoutNHWC, 36, 2, n8, 0},  /* W = 8, empty ranks; 2 chunks a block */
-      {2, 3, sbnFloat32, sbnLayoutNHWC, 96, 8, n64, 0}, /* 64 rows a rank, the most */
-      {3, 2, sbnFloat32, sbnLayoutNHWC, 70, 8, nmix, 1}, /* rank 0: 72 rows */
-  };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++)
+  const size_t ncases = sizeof kSmallTeamCases / sizeof kSmallTeamCases[0];
+  for (size_t i = 0; i < ncases && !sbn_test_cur_failed_; i++)
     for (int peer = 0; peer < 2 && !sbn_test_cur_failed_; peer++) {
-      const int W = cases[i].W, mixed = cases[i].stream_ranks;
+      const small_team_case_t* k = &kSmallTeamCases[i];
+      const int W = k->W, mixed = k->stream_ranks;
       const int ran = g_launched[SBN_VAR_SMALL_TEAM], ran_stream = g_launched[SBN_VAR_STREAM];
       g_variant = SBN_VAR_SMALL;
-      one_case(W, cases[i].G, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, peer,
-               5100 + 10 * i + (uint64_t)peer);
+      one_case(W, k->G, k->dt, k->lay, k->c, k->sp, k->n, peer, 5100 + 10 * i + (uint64_t)peer);
       g_variant = EMU_VAR_DEFAULT;
       /* 2 calls of forward and backward: a launch each (virtual: stream for the whole team
          where a rank has more rows), or one per rank */
@@ -3238,33 +3240,10 @@ static void small_teams(void) {
       ASSERT_EQ_INT(g_launched[SBN_VAR_STREAM], ran_stream + 4 * (peer ? mixed : mixed ? 1 : 0));
       if (sbn_test_cur_failed_) fprintf(stderr, "  in case %zu, %s\n", i, peer ? "per rank" : "virtual");
     }
-  for (size_t i = 0; i < 5 && !sbn_test_cur_failed_; i++) { /* the host path's bits */
-    /* (not W = 8: the host path's emulated gather is W * W blocks of 256 threads at once,
-       past ThreadSanitizer's 8128, and this test is in the exchange list it runs) */
-    if (cases[i].W > 3) continue;
-    sbnParams_t p = SBN_PARAMS_DEFAULT;
-    p.momentum = (i & 1) ? -1.0f : 0.1f;
-    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
-    const int W = cases[i].W;
-    team_t a, b;
-    team_make(&a, W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL, 5200 + i);
-    team_make(&b, W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1, GEN_NORMAL, 5200 + i);
-    emu_team_t ea, eb;
-    emu_team_init(&ea, W, cases[i].G, 60000);
-    emu_team_init(&eb, W, cases[i].G, 60000);
-    for (int call = 0; call < 2 && !sbn_test_cur_failed_; call++) {
-      small_host_call(&a, &b, &ea, &eb, &p, SBN_VAR_SMALL_TEAM);
-      team_new_inputs(&a, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
-      team_new_inputs(&b, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
-    }
-    emu_team_free(&ea), emu_team_free(&eb);
-    team_free(&a), team_free(&b);
-    if (sbn_test_cur_failed_) fprintf(stderr, "  host path, case %zu\n", i);
-  }
   { /* only rank 0 launches: its gather gives up after timeout_ms, nothing written */
     sbnParams_t p = SBN_PARAMS_DEFAULT;
     team_t t;
-    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 1, 1, GEN_NORMAL, 5400);
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, kSt2, 1, 1, GEN_NORMAL, 5400);
     team_poison(&t);
     emu_team_t e;
     emu_team_init(&e, 2, 2, 200);
@@ -3334,7 +3313,7 @@ static void small_teams(void) {
        written on either */
     sbnParams_t p = SBN_PARAMS_DEFAULT;
     team_t t;
-    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, n2, 1, 1, GEN_NORMAL, 5450);
+    team_make(&t, 2, sbnFloat32, sbnLayoutNHWC, 80, 2, kSt2, 1, 1, GEN_NORMAL, 5450);
     team_poison(&t);
     emu_team_t e;
     emu_team_init(&e, 2, 2, 60000);
@@ -3370,6 +3349,37 @@ static void small_teams(void) {
                           sbn_emu_kernel_built(kind, dt, tile, vec, SBN_VAR_SMALL, epi));
 }
 static void test_small_teams(void) { small_teams(); }
+
+/* The host path under SBN_KERNEL=small on test_small_teams' virtual teams (small's
+   statistics kernel, one launch for every rank; the collective; the stream apply): the
+   cooperative kernel's bits, W = 2, 3 and 8. (Not in the exchange list that runs under
+   ThreadSanitizer: the emulated host gather at W = 8 is 64 blocks of 256 threads at once,
+   past its 8128 threads.) */
+static void test_small_teams_host(void) {
+  const size_t ncases = sizeof kSmallTeamCases / sizeof kSmallTeamCases[0];
+  for (size_t i = 0; i < ncases && !sbn_test_cur_failed_; i++) {
+    const small_team_case_t* k = &kSmallTeamCases[i];
+    if (k->stream_ranks) continue; /* a virtual team of them runs stream */
+    sbnParams_t p = SBN_PARAMS_DEFAULT;
+    p.momentum = (i & 1) ? -1.0f : 0.1f;
+    p.grad_mode = (i & 1) ? sbnGradGlobal : sbnGradLocal;
+    const int W = k->W;
+    team_t a, b;
+    team_make(&a, W, k->dt, k->lay, k->c, k->sp, k->n, 1, 1, GEN_NORMAL, 5200 + i);
+    team_make(&b, W, k->dt, k->lay, k->c, k->sp, k->n, 1, 1, GEN_NORMAL, 5200 + i);
+    emu_team_t ea, eb;
+    emu_team_init(&ea, W, k->G, 60000);
+    emu_team_init(&eb, W, k->G, 60000);
+    for (int call = 0; call < 2 && !sbn_test_cur_failed_; call++) {
+      small_host_call(&a, &b, &ea, &eb, &p, SBN_VAR_SMALL_TEAM);
+      team_new_inputs(&a, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
+      team_new_inputs(&b, &(sbn_rng_t){5300u + (uint64_t)call}, GEN_NORMAL);
+    }
+    emu_team_free(&ea), emu_team_free(&eb);
+    team_free(&a), team_free(&b);
+    if (sbn_test_cur_failed_) fprintf(stderr, "  host path, case %zu\n", i);
+  }
+}
 
 /* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
 
@@ -5046,6 +5056,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_small_options, 0);
   EMU_TEST(test_small_failures, 1);
   EMU_TEST(test_small_teams, 1);
+  EMU_TEST(test_small_teams_host, 0);
   EMU_TEST(test_onchip_turns, 0);
   EMU_TEST(test_onchip_whole_planes, 0);
   EMU_TEST(test_plan_auto_stream, 0);
