@@ -449,12 +449,13 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
   const int tile = sbn_tile_layout(op->nhwc, op->c, sp1);
   /* the 16-byte kernels: every tensor 16-byte aligned, and a shape they serve */
   int vec = 1, whole = 1;
-  int64_t numel = 0;
+  int64_t numel = 0, rows_max = 0; /* the largest rank's elements, and rows (small) */
   for (int i = 0; i < nranks; i++) {
     vec &= ranks[i].aligned && sbn_vec_shape_ok(tile, op->c, ranks[i].sp, op->dtype);
     whole &= sbn_onchip_shape_ok(tile, ranks[i].sp, V);
-    const int64_t e = ranks[i].n * op->c * ranks[i].sp;
-    if (e > numel) numel = e;
+    const int64_t rows = ranks[i].n * ranks[i].sp;
+    if (rows > rows_max) rows_max = rows;
+    if (rows * op->c > numel) numel = rows * op->c;
   }
   /* auto runs stream, or unit where sbn_unit_auto takes it, or small where sbn_small_auto
      takes it (below). Until 1be20b9 it ran onchip where the tensors fit; on the H100
@@ -520,14 +521,11 @@ static inline int sbn_plan_launch(const sbn_plan_op_t* op, const sbn_plan_rank_t
      the stream apply (sbn_host_stats_stage), small's bits. */
   const int small = op->kernel == SBN_KERNEL_SMALL ||
                     (op->kernel == SBN_KERNEL_AUTO && sbn_small_auto(op->kind, op->dtype, op->epilogue));
-  int64_t rows_max = 0;
-  for (int i = 0; i < nranks; i++)
-    if (ranks[i].n * ranks[i].sp > rows_max) rows_max = ranks[i].n * ranks[i].sp;
   const int small_team =
       op->kernel == SBN_KERNEL_SMALL && sbn_small_team_applies(op->small_team, dev->shared, tile, rows_max);
   const int small_var = small_team ? SBN_VAR_SMALL_TEAM : SBN_VAR_SMALL;
   const int small_here =
-      small_team || (nranks == 1 && sbn_small_applies(op->solo_team, nranks, dev->shared, tile, rows_max));
+      small_team || sbn_small_applies(op->solo_team, nranks, dev->shared, tile, rows_max);
   /* (its own grid: at least a block per rank co-resident, else what auto runs) */
   const int64_t small_gmax = (int64_t)dev->occ[tile][vec][small_var] * dev->sms / dev->ranks_here;
   if (small && small_here && small_gmax >= 1) {

@@ -184,11 +184,9 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   static_assert(EPI == SBN_EPI_NONE || EPI == SBN_EPI_ACT, "the small kernels: plain or act");
   constexpr bool kEpi = EPI == SBN_EPI_ACT;
   SBN_SHARED(Smem, sm);
-  /* the chunks' records exchanged (publish_push, gather_chunk); launch slot s owns blocks
-     [s*G, (s+1)*G) (all W ranks of a virtual team, or one). A team of one: one slot */
-  constexpr bool team = TEAM;
-  const int slot = TEAM ? (int)(blockIdx.x / (unsigned)a.G) : 0;
-  const int b = TEAM ? (int)(blockIdx.x % (unsigned)a.G) : (int)blockIdx.x;
+  /* TEAM: the chunks' records exchanged (publish_push, gather_chunk), and launch slot s owns
+     blocks [s*G, (s+1)*G) (all W ranks of a virtual team, or one). A team of one: one slot */
+  const int slot = TEAM ? blockIdx.x / a.G : 0, b = TEAM ? blockIdx.x % a.G : blockIdx.x;
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
@@ -251,7 +249,7 @@ SBN_NO_UNROLL
   const uint64_t deadline = deadline_after(a.timeout_ns);
   /* one value per channel: the stream kernel's gather refuses it (no unbiased variance);
      every block alike, before any write (a team: the gather, from the team's count) */
-  if (KIND == SBN_OP_FORWARD && !team && rows == 1 && st == 0) st = sbnInvalidArgument;
+  if (KIND == SBN_OP_FORWARD && !TEAM && rows == 1 && st == 0) st = sbnInvalidArgument;
   /* every block read the epoch and nbt above (thread 0, before the barrier): it arrives
      (block 0 checks the arrivals before it advances them, at its end). The solo thread
      (warp 1) arrives, not thread 0: the arrival's fence waits for every access the thread
@@ -283,7 +281,7 @@ SBN_NO_UNROLL
         SBN_STAMP_BY(3, kSoloThread); /* arrived */
       }
     }
-    if (w == 0 && team) {
+    if (w == 0 && TEAM) {
       small_team_coefs<KIND>(a, R, rows64, j, k, deadline, in, q, sm);
     } else if (w == 0 && in) {
       /* the warps in order: the rank's values of the channel, which are the team's (a
@@ -296,7 +294,7 @@ SBN_NO_UNROLL
     }
     __syncthreads(); /* the coefficients before the outputs read them */
     int64_t m = rows; /* the team's values of a channel */
-    if (team) {
+    if (TEAM) {
       /* a failed gather: nothing written for this chunk or later ones (block-uniform) */
       const int gst = sm.status;
       if (gst != 0) {
@@ -363,7 +361,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   constexpr bool kEpi = KIND == SBN_OP_BACKWARD && EPI == SBN_EPI_ACT; /* the forward's sums read x only */
   SBN_SHARED(Smem, sm);
   /* launch slot s owns blocks [s*G, (s+1)*G) (a virtual team's ranks together, or one) */
-  const int slot = (int)(blockIdx.x / (unsigned)a.G), b = (int)(blockIdx.x % (unsigned)a.G);
+  const int slot = blockIdx.x / a.G, b = blockIdx.x % a.G;
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
