@@ -13,8 +13,11 @@
  * may set the abort word at any time), PEER_STOPS (the last rank launches one op fewer:
  * a peer that never arrives), SINGLE_BUFFER (the mutant: one record per source, no
  * parity), SOLO (the kernels' solo ops: no rank barrier; the blocks only arrive, and
- * block 0 advances the epoch at its end once every block of the op has arrived),
- * NO_ARRIVAL_WAIT (with SOLO, the mutant: block 0 advances it without that check),
+ * block 0 advances the epoch at its end once every block of the op has arrived), MIXED
+ * (the even ranks solo, the odd ones with the rank barrier: a team whose ranks' shapes
+ * differ, or whose ranks run different kernels, the small kernel for teams beside the
+ * stream kernel), NO_ARRIVAL_WAIT (with SOLO or MIXED, the mutant: a solo rank's block 0
+ * advances the epoch without that check),
  * IGNORE_SEEN (the mutant: a kernel queued behind a failure publishes anyway).
  *
  * Checked: (1) no rank merges a record written for another op (assertion in the wait);
@@ -36,6 +39,17 @@
 #endif
 #ifndef OPS
 #define OPS 3
+#endif
+
+/* whether rank r's kernels run solo ops (coop_kernel.cuh: `solo`, decided per rank from its
+   own geometry: one slice per chunk, or G == 1), so that in a team of uneven ranks some
+   ranks meet at their rank barrier and others only arrive */
+#if defined(SOLO)
+#define SOLO_RANK(r) 1
+#elif defined(MIXED)
+#define SOLO_RANK(r) ((r) % 2 == 0)
+#else
+#define SOLO_RANK(r) 0
 #endif
 
 #ifdef SINGLE_BUFFER
@@ -108,28 +122,26 @@ proctype Block(byte r; byte b) {
        failure words at their start (coop_kernel.cuh: sbn_coop_kernel) */
     d_step { k = epoch[r] + 1; seen = ANY_ERR; st = OK }
     assert(k == op || fail_op != 0); /* (5) */
-#ifdef SOLO
-    arrived[r]++; /* rank_arrive: a red, after the reads; nobody waits */
-#else
-    /* stage 2: the rank barrier, bounded by the deadline */
-    arrived[r]++;
     if
-    :: arrived[r] >= G * op -> skip
+    :: SOLO_RANK(r) -> arrived[r]++ /* rank_arrive: a red, after the reads; nobody waits */
+    :: else ->
+      /* stage 2: the rank barrier, bounded by the deadline */
+      arrived[r]++;
+      if
+      :: arrived[r] >= G * op -> skip
 #ifdef TIMEOUTS
-    :: true -> st = TIMEOUT
+      :: true -> st = TIMEOUT
 #endif
+      fi
     fi;
-#endif
     if
     :: st != OK -> record_error(r, op, st); goto next_op
     :: else -> skip
     fi;
-#ifndef SOLO
     if
-    :: b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier, aborted or not */
+    :: !SOLO_RANK(r) && b == 0 -> epoch[r] = k /* block 0 advances the epoch after the barrier, aborted or not */
     :: else -> skip
     fi;
-#endif
     if
 #ifndef IGNORE_SEEN
     :: seen -> record_error(r, op, ABORTED); goto advance
@@ -171,11 +183,10 @@ proctype Block(byte r; byte b) {
     :: else -> assert(fail_op == 0 || op <= fail_op) /* (4) */
     fi;
 advance:
-#ifdef SOLO
-    /* block 0, aborted or not: every block of the op arrived, then the epoch
+    /* a solo rank's block 0, aborted or not: every block of the op arrived, then the epoch
        (rank_arrivals_done, bounded by the deadline) */
     if
-    :: b == 0 ->
+    :: SOLO_RANK(r) && b == 0 ->
       if
 #ifdef NO_ARRIVAL_WAIT
       :: true -> epoch[r] = k
@@ -188,7 +199,6 @@ advance:
       fi
     :: else -> skip
     fi;
-#endif
 next_op:
     done[r]++;
     op++

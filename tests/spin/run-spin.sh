@@ -3,7 +3,8 @@
 # each configuration must give no error (assertions, invalid end states); the
 # single-buffer mutant must give a counterexample, and so must a peer that never
 # arrives when nothing can end the wait (the check can see a hang), and a solo op whose
-# block 0 advances the epoch before every block read it. Exits 77 without spin
+# block 0 advances the epoch before every block read it (in a team of solo ranks, and in
+# a team that mixes solo ranks with ranks that meet at the rank barrier). Exits 77 without spin
 # (1 under CI=true). Usage: run-spin.sh [all|model|mutant]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -54,6 +55,11 @@ if [ "$MODE" = all ] || [ "$MODE" = model ]; then
   check pass -DW=2 -DG=1 -DOPS=4 -DPEER_STOPS -DTIMEOUTS
   check pass -DW=2 -DG=2 -DOPS=3 -DSOLO
   check pass -DW=2 -DG=1 -DOPS=3 -DSOLO -DTIMEOUTS -DABORT
+  check pass -DW=3 -DG=1 -DOPS=3 -DSOLO
+  check pass -DW=2 -DG=2 -DOPS=3 -DMIXED
+  check pass -DW=3 -DG=1 -DOPS=3 -DMIXED
+  check pass -DW=2 -DG=1 -DOPS=3 -DMIXED -DTIMEOUTS -DABORT
+  check pass -DW=2 -DG=1 -DOPS=4 -DMIXED -DPEER_STOPS -DTIMEOUTS
 fi
 if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
   echo "mutants (a counterexample expected):"
@@ -61,6 +67,7 @@ if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
   check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DSINGLE_BUFFER
   check fail -DW=2 -DG=1 -DOPS=3 -DPEER_STOPS
   check fail -DW=2 -DG=2 -DOPS=3 -DSOLO -DNO_ARRIVAL_WAIT
+  check fail -DW=2 -DG=2 -DOPS=3 -DMIXED -DNO_ARRIVAL_WAIT
   check fail -DW=2 -DG=1 -DOPS=3 -DTIMEOUTS -DABORT -DIGNORE_SEEN
 fi
 [ $FAILED = 0 ] && echo "run-spin: OK" || echo "run-spin: FAILED"
