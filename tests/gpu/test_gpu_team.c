@@ -1443,18 +1443,23 @@ static void test_fused(void) {
 }
 
 /* ---- 6. CUDA graph ------------------------------------------------------------------ */
-/* A virtual team of 2 on one stream: a group with both ranks' forward, then a group with
-   both ranks' backward, captured into one graph and replayed; before each replay new x
+/* A virtual team of W on one stream: a group with every rank's forward, then a group with
+   every rank's backward, captured into one graph and replayed; before each replay new x
    and dy go into the SAME device buffers. A second team runs the same inputs eagerly.
    After every replay: every output bitwise equal between graph and eager, and the graph
    against the reference. momentum < 0 makes the running-stat factor 1/(nbt + 1) depend
    on the device-side num_batches_tracked, so a graph that baked the count in at capture
-   would drift; at the end num_batches_tracked == replays on both teams. */
-static void test_cuda_graph(void) {
+   would drift; at the end num_batches_tracked == replays on both teams. The captured ops
+   ran what auto runs for the shape (ran_auto_choice: small, unit or stream), so that each
+   kernel auto picks is replayed from a graph somewhere (PyTorch's reduce-overhead mode
+   captures a team of one's ops). */
+static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n_in, uint64_t seed) {
   const int replays = g_quick ? 10 : 100;
   const int dev0[MAXW] = {0};
-  int64_t n[MAXW] = {3, 2};
-  sbnComm_t cg[2] = {0}, ce[2] = {0};
+  int64_t n[MAXW] = {0};
+  for (int r = 0; r < W; r++) n[r] = n_in[r];
+  sbnComm_t cg[MAXW] = {0}, ce[MAXW] = {0};
+  cudaStream_t sg[MAXW], se_all[MAXW];
   team_t hg, he;
   dteam_t dg, de;
   cudaStream_t s = NULL, se = NULL;
@@ -1466,26 +1471,30 @@ static void test_cuda_graph(void) {
   const tol_t tol = tol_for(sbnFloat32);
   memset(&dg, 0, sizeof dg);
   memset(&de, 0, sizeof de);
-  team_make(&hg, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
-  team_make(&he, 2, sbnFloat32, sbnLayoutNHWC, 37, 64, n, 1, 1, GEN_NORMAL, 5000);
-  if (!init_virtual(cg, 2, 0, TEAM_TIMEOUT_MS) || !init_virtual(ce, 2, 0, TEAM_TIMEOUT_MS))
+  snprintf(g_case, sizeof g_case, "CUDA graph: W=%d fp32 %s c=%lld spatial=%lld n[0]=%lld", W,
+           lay == sbnLayoutNCHW ? "NCHW" : "NHWC", (long long)c, (long long)sp, (long long)n[0]);
+  team_make(&hg, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&he, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  if (!init_virtual(cg, W, 0, TEAM_TIMEOUT_MS) || !init_virtual(ce, W, 0, TEAM_TIMEOUT_MS))
     goto out;
   if (!CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) ||
       !CUDA_OK(cudaStreamCreateWithFlags(&se, cudaStreamNonBlocking)))
     goto out;
-  {
-    cudaStream_t sg2[2] = {s, s}, se2[2] = {se, se};
-    dteam_make(&dg, &hg, cg, dev0, sg2);
-    if (!sbn_test_cur_failed_) dteam_make(&de, &he, ce, dev0, se2);
-  }
+  for (int r = 0; r < W; r++) sg[r] = s, se_all[r] = se;
+  dteam_make(&dg, &hg, cg, dev0, sg);
+  if (!sbn_test_cur_failed_) dteam_make(&de, &he, ce, dev0, se_all);
   if (sbn_test_cur_failed_) goto out;
 
   /* capture (global mode, PyTorch's default: any unsafe CUDA call from any thread during
      the capture fails it) */
   if (!CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal))) goto out;
   {
+    const char* kf = "?";
+    const char* kb = "?";
     sbnResult_t rf = gpu_group(&dg, &hg, 0, 0, &p);
+    if (rf == sbnSuccess) (void)sbnCommGetKernel(dg.comm[0], &kf);
     sbnResult_t rb = gpu_group(&dg, &hg, 1, 0, &p);
+    if (rb == sbnSuccess) (void)sbnCommGetKernel(dg.comm[0], &kb);
     cudaError_t cerr = cudaStreamEndCapture(s, &graph); /* always end the capture */
     if (rf != sbnSuccess || rb != sbnSuccess) {
       SBN_FAIL_("ops during capture: forward %s, backward %s (%s)", sbnGetResultName(rf),
@@ -1493,10 +1502,15 @@ static void test_cuda_graph(void) {
       goto out;
     }
     if (!CUDA_OK(cerr)) goto out;
+    fprintf(stderr, "  %s: captured forward '%s', backward '%s'\n", g_case, kf, kb);
+    /* the backward was the last op: every rank ran auto's choice for it */
+    if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host &&
+        !ran_auto_choice(&dg, &hg, OUT_BWD, "auto"))
+      goto out;
   }
   if (!CUDA_OK(cudaGraphInstantiate(&exec, graph, 0))) goto out;
   /* capturing ran nothing: num_batches_tracked is still 0 */
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < W; r++) {
     int64_t nbt = -1;
     d2h(&nbt, dg.nbt[r], sizeof nbt);
     if (nbt != 0)
@@ -1533,7 +1547,7 @@ static void test_cuda_graph(void) {
       goto out;
     }
   }
-  for (int r = 0; r < 2; r++)
+  for (int r = 0; r < W; r++)
     if (hg.nbt[r] != replays || he.nbt[r] != replays)
       SBN_FAIL_("rank %d: num_batches_tracked graph %" PRId64 " eager %" PRId64 ", expected %d", r,
                 hg.nbt[r], he.nbt[r], replays);
@@ -1543,12 +1557,29 @@ out:
   if (graph) cudaGraphDestroy(graph);
   dteam_free(&dg);
   dteam_free(&de);
-  destroy_comms(cg, 2);
-  destroy_comms(ce, 2);
+  destroy_comms(cg, W);
+  destroy_comms(ce, W);
   if (s) cudaStreamDestroy(s);
   if (se) cudaStreamDestroy(se);
   team_free(&hg);
   team_free(&he);
+}
+
+static void test_cuda_graph(void) {
+  /* a virtual team of 2, NHWC of 192 and 128 rows: stream */
+  const int64_t n2[2] = {3, 2};
+  case_begin();
+  graph_case(2, sbnLayoutNHWC, 37, 64, n2, 5000);
+  case_end();
+  /* teams of one: (N, C) of 4 rows, BatchNorm1d's (a detection head's; S10's shape): small;
+     NCHW planes of 64 in 16-byte vectors, G < 2C: unit */
+  const int64_t n4[1] = {4}, n3[1] = {3};
+  case_begin();
+  graph_case(1, sbnLayoutNCHW, 40, 1, n4, 5100);
+  case_end();
+  case_begin();
+  graph_case(1, sbnLayoutNCHW, 16, 64, n3, 5200);
+  case_end();
 }
 
 /* ---- 10 (used by 7). sbnForwardInference on device pointers ---------------------------- */
