@@ -350,8 +350,9 @@ SBN_UNROLL
  * the collective (or, a team of one, nothing) and APPLY (the stream kernel's stage 5 from
  * the records) follow. No epochs, no arrivals: the stream orders the launches. A virtual
  * team's ranks are one launch (slot s: blocks [s*G, (s+1)*G)). A launch the plan never
- * makes (a rank of more than SBN_SMALL_ROWS rows) fails with sbnInvalidUsage for that rank
- * and writes no record of it; APPLY then writes nothing (the rank's stop word).
+ * makes (a rank of more than SBN_SMALL_ROWS rows) fails with sbnInvalidUsage for every
+ * rank of the launch, as the cooperative kernel's, and writes no record; APPLY then writes
+ * nothing (the ranks' stop words).
  */
 template <int KIND, int DT, int EPI>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
@@ -365,7 +366,12 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  if (rows64 > SBN_SMALL_ROWS) {
+  /* refused by every slot if by one (a virtual team's ranks: the same code on every rank,
+     not sbnAborted from the stop words on the others, as the team's small kernels) */
+  bool refused = false;
+SBN_NO_UNROLL
+  for (int q = 0; q < a.nlaunch; q++) refused |= a.r[q].n * a.r[q].spatial > SBN_SMALL_ROWS;
+  if (refused) {
     /* (after a barrier, as the small kernel's: record_error reads the error words in host
        memory, which no kernel does before its first barrier: check-sass.sh) */
     __syncthreads();

@@ -2729,9 +2729,10 @@ static void test_unit_equals_stream(void) { unit_equals_stream(); }
 /* A launch of `variant` that its plan never makes (the test's plan forced: g_unit_any),
    an fp32 forward of W ranks (8 channels, layout lay, spatial sp, n[r] each) on G blocks
    per rank: sbnInvalidUsage on every rank, nothing written (y, save_mean, nbt), no
-   arrival, the epochs as they were. */
-static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp, const int64_t* n, int G,
-                                uint64_t seed) {
+   arrival, the epochs as they were. host: the host path's launches of a virtual team on
+   that plan (emu_run_host), whose statistics kernel refuses it. */
+static void broken_plan_refused_on(int variant, int W, sbnLayout_t lay, int64_t sp, const int64_t* n, int G,
+                                   uint64_t seed, int host) {
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   team_t t;
   team_make(&t, W, sbnFloat32, lay, 8, sp, n, 1, 1, GEN_NORMAL, seed);
@@ -2740,7 +2741,10 @@ static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp,
   emu_team_init(&e, W, G, 60000);
   g_unit_any = 1;
   g_variant = variant;
-  emu_run_virtual(&e, &t, 0, &p);
+  if (host)
+    emu_run_host(&e, &t, 0, &p, NULL, NULL);
+  else
+    emu_run_virtual(&e, &t, 0, &p);
   g_variant = EMU_VAR_DEFAULT;
   g_unit_any = 0;
   for (int r = 0; r < W; r++) {
@@ -2753,6 +2757,10 @@ static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp,
   }
   emu_team_free(&e);
   team_free(&t);
+}
+static void broken_plan_refused(int variant, int W, sbnLayout_t lay, int64_t sp, const int64_t* n, int G,
+                                uint64_t seed) {
+  broken_plan_refused_on(variant, W, lay, sp, n, G, seed, 0);
 }
 
 static const char* var_name(int v); /* (below, with the variant loops) */
@@ -3379,6 +3387,10 @@ static void test_small_teams_host(void) {
     team_free(&a), team_free(&b);
     if (sbn_test_cur_failed_) fprintf(stderr, "  host path, case %zu\n", i);
   }
+  /* a plan the library never makes, a rank of 65 rows: small's statistics kernel refuses
+     it for every rank of the launch, as the team's kernels do (test_small_teams) */
+  static const int64_t n51[3] = {1, 5, 1};
+  broken_plan_refused_on(SBN_VAR_SMALL_TEAM, 3, sbnLayoutNHWC, 13, n51, 2, 5463, 1);
 }
 
 /* ---- the host-driven path (SBN_ALGO=nccl) ------------------------------------------- */
