@@ -523,6 +523,23 @@ static void describe_case(const case_t* k, const char* team) {
            (unsigned long long)k->seed);
 }
 
+/* Where run_case's seconds go (test_virtual_vs_cpu prints them): the device buffers
+   (cudaMalloc, uploads, poison, cudaFree), the GPU team's ops (each with its wait and its
+   outputs copied back: gpu_run), the CPU team's ops, the checks against the reference
+   and the CPU team, and the host tensors (made, filled, freed). A GPU run's test step
+   spends ~20 s in each run of test_virtual_vs_cpu, for ~234 cases of 22 M elements in
+   all: which of these it is decides what would make it shorter. */
+enum { T_DEV, T_GPU, T_CPU, T_CHECK, T_HOST, T_PARTS };
+static double g_case_s[T_PARTS];
+static double g_t_mark;
+static void t_mark(void) { g_t_mark = now_ms(); }
+/* adds the time since the last mark to `part`, and marks */
+static void t_add(int part) {
+  const double t = now_ms();
+  g_case_s[part] += (t - g_t_mark) / 1e3;
+  g_t_mark = t;
+}
+
 static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
   const tol_t tol = tol_for(k->dt);
   sbnParams_t p = SBN_PARAMS_DEFAULT;
@@ -533,16 +550,20 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     if (call) { /* fresh inputs, the same on both teams; running state carries on */
       team_new_inputs(c, &rc, k->s.gen);
       team_new_inputs(g, &rg, k->s.gen);
+      t_add(T_HOST);
       dteam_upload_inputs(d, g);
       dteam_poison(d, g, OUT_FWD | OUT_BWD);
+      t_add(T_DEV);
       CHECK_();
     }
     sbnResult_t rcpu = team_run(c, 0, MODE_GROUP, 0, &p);
+    t_add(T_CPU);
     if (rcpu != sbnSuccess) {
       SBN_FAIL_("CPU team forward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
       return;
     }
     const sbnResult_t rf = gpu_run(d, g, 0, k->mode, k->opts_fwd, &p);
+    t_add(T_GPU);
     if (kernel_ends_case(rf, OUT_FWD, d, g)) return;
     ASSERT_GPU_OK(rf, d);
     CHECK_();
@@ -550,6 +571,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     check_forward(g, &p, tol); /* vs reference; bitwise rank agreement */
     CHECK_();
     cmp_forward(g, c);
+    t_add(T_CHECK);
     CHECK_();
   }
   for (int gm = 0; gm < 2; gm++) {
@@ -565,14 +587,18 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     }
     team_poison_bwd(c);
     team_poison_bwd(g);
+    t_add(T_HOST);
     dteam_poison(d, g, OUT_BWD);
+    t_add(T_DEV);
     CHECK_();
     sbnResult_t rcpu = team_run(c, 1, MODE_GROUP, 0, &pb);
+    t_add(T_CPU);
     if (rcpu != sbnSuccess) {
       SBN_FAIL_("CPU team backward: %s (%s)", sbnGetResultName(rcpu), sbnGetLastError(NULL));
       return;
     }
     const sbnResult_t rb = gpu_run(d, g, 1, k->mode, k->opts_bwd, &pb);
+    t_add(T_GPU);
     if (kernel_ends_case(rb, OUT_BWD, d, g)) return;
     ASSERT_GPU_OK(rb, d);
     CHECK_();
@@ -580,6 +606,7 @@ static void case_body(const case_t* k, team_t* c, team_t* g, dteam_t* d) {
     check_backward_ref(g, &pb, k->opts_bwd, tol);
     CHECK_();
     cmp_backward(g, c, &pb, k->opts_bwd, -1);
+    t_add(T_CHECK);
     CHECK_();
   }
 }
@@ -591,21 +618,27 @@ static void run_case(const case_t* k, const char* team, const sbnComm_t* comms, 
   dteam_t d;
   cudaStream_t st[MAXW] = {0};
   describe_case(k, team);
+  t_mark();
   team_make(&c, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
             k->seed);
   team_make(&g, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
             k->seed);
   c.nbt_null = g.nbt_null = k->nbt_null;
+  t_add(T_HOST);
   if (k->streams) make_streams(st, k->W, dev);
   if (!sbn_test_cur_failed_)
     dteam_make(&d, &g, comms, dev, st);
   else
     memset(&d, 0, sizeof d);
+  t_add(T_DEV);
   if (!sbn_test_cur_failed_) case_body(k, &c, &g, &d);
+  t_mark(); /* (a case that ended early: its last part is not counted) */
   dteam_free(&d);
   destroy_streams(st, k->W);
+  t_add(T_DEV);
   team_free(&c);
   team_free(&g);
+  t_add(T_HOST);
 }
 
 /* ---- 1. virtual teams vs CPU team ----------------------------------------------------- */
@@ -620,6 +653,7 @@ static int quick_shape(int s) {
 
 static void test_virtual_vs_cpu(void) {
   int i = 0, nfail = 0, ncases = 0;
+  memset(g_case_s, 0, sizeof g_case_s);
   const int dev0[MAXW] = {0};
   for (int wi = 0; wi < NW; wi++) {
     int W = kW[wi];
@@ -645,6 +679,10 @@ static void test_virtual_vs_cpu(void) {
         }
   }
   fprintf(stderr, "  %d cases\n", ncases);
+  fprintf(stderr,
+          "  their seconds: device buffers %.2f, GPU ops %.2f, CPU team %.2f, checks %.2f, host "
+          "tensors %.2f\n",
+          g_case_s[T_DEV], g_case_s[T_GPU], g_case_s[T_CPU], g_case_s[T_CHECK], g_case_s[T_HOST]);
   if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host)
     fprintf(stderr, "  auto: %d ops ran unit (a team of one's, E32), %d ran small (E33)\n",
             g_auto_unit_ran, g_auto_small_ran);
