@@ -4566,6 +4566,7 @@ typedef struct {
   int nops, r;
   const sbnParams_t* p;
   unsigned delay_us; /* the last rank's late read (pipeline_case) */
+  int launched[SBN_VAR_COUNT]; /* the rank's launches of each variant (its own plan) */
 } pipe_rank_t;
 static void* pipe_rank_main(void* arg) {
   pipe_rank_t* pr = (pipe_rank_t*)arg;
@@ -4584,6 +4585,7 @@ static void* pipe_rank_main(void* arg) {
       if (pr->e->W > 1) a->r[0].dz_early = 0;
       const sbn_plan_t pl = emu_plan(d, d->n, pr->e->G, bwd);
       a->hold_slots = pl.hold_slots;
+      pr->launched[pl.variant]++;
       if (sbn_emu_launch(bwd ? SBN_OP_BACKWARD : SBN_OP_FORWARD, d->dtype, pl.tile, pl.vec, pl.variant, a,
                          (unsigned)pr->e->G) != 0)
         abort(); /* a kernel that is not built: a bug of the test's plan */
@@ -4592,8 +4594,9 @@ static void* pipe_rank_main(void* arg) {
   return NULL;
 }
 
-static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n,
-                          int nops, uint64_t seed) {
+/* launched[v] (may be NULL): the team's launches of each variant, summed over its ranks */
+static void pipeline_case_of(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n,
+                             int nops, uint64_t seed, int* launched) {
   enum { kMaxOps = 8 };
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   team_t ops[kMaxOps], cpu[kMaxOps];
@@ -4626,10 +4629,12 @@ static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, 
   pthread_t th[MAXW];
   pipe_rank_t pr[MAXW];
   for (int r = 0; r < W; r++) {
-    pr[r] = (pipe_rank_t){&e, ops, nops, r, &p, delay_us};
+    pr[r] = (pipe_rank_t){&e, ops, nops, r, &p, delay_us, {0}};
     pthread_create(&th[r], NULL, pipe_rank_main, &pr[r]);
   }
   for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+  for (int r = 0; launched != NULL && r < W; r++)
+    for (int v = 0; v < SBN_VAR_COUNT; v++) launched[v] += pr[r].launched[v];
   if (!err_words_clear(&e))
     SBN_FAIL_("pipeline W=%d G=%d: error words %d %d %d", W, G, e.err[0], e.err[1], e.err[2]);
   for (int i = 0; i < nops && err_words_clear(&e); i++) {
@@ -4643,10 +4648,43 @@ static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, 
   for (int i = 0; i < nops; i++) team_free(&ops[i]), team_free(&cpu[i]);
 }
 
+static void pipeline_case(int W, int G, sbnLayout_t lay, int64_t c, int64_t sp, const int64_t* n,
+                          int nops, uint64_t seed) {
+  pipeline_case_of(W, G, lay, c, sp, n, nops, seed, NULL);
+}
+
+/* The small kernel for teams in the pipeline (SBN_KERNEL=small, each rank its own plan):
+   every rank of at most 64 rows on it; and teams that mix it with a rank of 72 rows on
+   stream (its rank barrier and epoch advanced after it, beside the team kernel's solo
+   end: the SPIN model's MIXED), that rank the first or the last. Each case asks that its
+   ranks ran the variants it is for. A block of one chunk (G = 3 for 3 chunks) publishes
+   it before the late read, so that a peer one op ahead would overwrite the record being
+   read were there one buffer (the single-buffer mutant fails these cases); a block of two
+   chunks (the last case) publishes its second only after its first's late read, which
+   holds the peers back too (that case passes under the mutant). */
+static void pipeline_small_teams(uint64_t seed) {
+  static const int64_t n2[2] = {2, 1}, nm[3] = {9, 2, 1}, nm2[2] = {1, 9};
+  static const struct {
+    int W, G;
+    int64_t c;
+    const int64_t* n;
+    int stream_ops; /* launches of stream: a rank of 72 rows, forward and backward of 4 ops */
+  } cases[] = {{2, 3, 80, n2, 0}, {3, 3, 70, nm, 8}, {2, 3, 96, nm2, 8}, {2, 2, 80, n2, 0}};
+  g_variant = SBN_VAR_SMALL;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
+    int launched[SBN_VAR_COUNT] = {0};
+    pipeline_case_of(cases[i].W, cases[i].G, sbnLayoutNHWC, cases[i].c, 8, cases[i].n, 4, seed + i, launched);
+    ASSERT_EQ_INT(launched[SBN_VAR_STREAM], cases[i].stream_ops);
+    ASSERT_EQ_INT(launched[SBN_VAR_SMALL_TEAM], 8 * cases[i].W - cases[i].stream_ops);
+  }
+  g_variant = EMU_VAR_DEFAULT;
+}
+
 static void test_pipeline(void) {
   static const int64_t n2[2] = {2, 1}, n3[3] = {1, 2, 1};
   pipeline_case(2, 2, sbnLayoutNCHW, 40, 5, n2, 4, 1);
   pipeline_case(3, 1, sbnLayoutNHWC, 8, 3, n3, 4, 2);
+  pipeline_small_teams(3);
 }
 
 /* The emulator's scheduler: a warp that polls with collectives alone (no __nanosleep)
