@@ -621,8 +621,7 @@ static void run_case(const case_t* k, const char* team, const sbnComm_t* comms, 
   t_mark();
   team_make(&c, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
             k->seed);
-  team_make(&g, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
-            k->seed);
+  team_dup(&g, &c); /* the same inputs (team_util.h: what a second team_make would make) */
   c.nbt_null = g.nbt_null = k->nbt_null;
   t_add(T_HOST);
   if (k->streams) make_streams(st, k->W, dev);
@@ -719,8 +718,7 @@ static void repeat_case(const case_t* k, const char* team, const sbnComm_t* comm
   pb.grad_mode = sbnGradGlobal;
   team_make(&a, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
             k->seed);
-  team_make(&b, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
-            k->seed);
+  team_dup(&b, &a);
   memset(&d, 0, sizeof d);
   if (k->streams) make_streams(st, k->W, dev);
   if (!sbn_test_cur_failed_) dteam_make(&d, &a, comms, dev, st);
@@ -1512,7 +1510,7 @@ static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int6
   snprintf(g_case, sizeof g_case, "CUDA graph: W=%d fp32 %s c=%lld spatial=%lld n[0]=%lld", W,
            lay == sbnLayoutNCHW ? "NCHW" : "NHWC", (long long)c, (long long)sp, (long long)n[0]);
   team_make(&hg, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
-  team_make(&he, W, sbnFloat32, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_dup(&he, &hg);
   if (!init_virtual(cg, W, 0, TEAM_TIMEOUT_MS) || !init_virtual(ce, W, 0, TEAM_TIMEOUT_MS))
     goto out;
   if (!CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) ||
@@ -2163,8 +2161,7 @@ static void host_vs_coop_case(const case_t* k, const char* team, const sbnComm_t
   describe_case(k, team);
   team_make(&a, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
             k->seed);
-  team_make(&b, k->W, k->dt, k->lay, k->s.c, k->s.sp, k->s.n, k->affine, k->running, k->s.gen,
-            k->seed);
+  team_dup(&b, &a);
   memset(&d, 0, sizeof d);
   if (k->streams) make_streams(st, k->W, dev);
   if (!sbn_test_cur_failed_) dteam_make(&d, &a, comms, dev, st);
