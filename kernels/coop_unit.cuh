@@ -127,9 +127,17 @@ SBN_NO_UNROLL
   int gb = 0;
   for (int u = u0; st == 0 && u < u1; u++) {
     path.stats_unit(R, g, u, &gb, nullptr, sm); /* the warps' partials into sm.red */
-    /* the channel's parameters, loaded while the block's other warps finish stage 1 */
+    /* the channel's parameters, and the forward's running statistics, loaded while the
+       block's other warps finish stage 1: channel_outputs takes those instead of loading
+       them after the coefficients, a round trip of thread 0's (an L2 hit, ~0.6 us) that
+       put its share of stage 5 that much behind the block's other threads, every unit */
     ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
-    if (threadIdx.x == 0) q = load_params<KIND>(R, u, true);
+    RunningIn run = {0.0f, 0.0f};
+    if (threadIdx.x == 0) {
+      q = load_params<KIND>(R, u, true);
+      if (KIND == SBN_OP_FORWARD && R.running_mean != nullptr)
+        run = RunningIn{ld_param(R.running_mean + u), ld_param(R.running_var + u)};
+    }
     __syncthreads(); /* every warp's partial is in */
     if (u == u0) {
       SBN_STAMP(2); /* the first unit's stage 1 done */
@@ -142,7 +150,9 @@ SBN_NO_UNROLL
     __syncthreads(); /* the coefficients before stage 5 reads them */
     /* the channel's outputs (saved and running statistics; dweight, dbias): after the
        barrier, their stores (and the running statistics' loads) off the others' path */
-    if (threadIdx.x == 0) channel_outputs<KIND>(R, u, u % kChunk, g.rows, sm, false);
+    if (threadIdx.x == 0)
+      channel_outputs<KIND>(R, u, u % kChunk, g.rows, sm, false,
+                            KIND == SBN_OP_FORWARD ? &run : nullptr);
     if (u == u0) {
       SBN_STAMP(5); /* the first unit's channel finished */
       if (b == 0 && solo_thread) arrivals = ld_arrivals_gpu(&R.state->barrier);

@@ -2664,7 +2664,10 @@ static void unit_equals_stream(void) {
           ASSERT_EQ_INT((int64_t)(sbn_emu_count_kept(sx) + sbn_emu_count_kept(sdy)),
                         (bwd ? 2 : 1) * (int64_t)bytes);
         }
-        ASSERT_EQ_INT((int64_t)loads, cases[i].c * (bwd ? 3 : 2));
+        /* forward: weight, bias and (thread 0, with them, before the coefficients) the
+           running statistics; backward: weight, the saved mean and invstd; each asked of
+           L2 at the kernel's start */
+        ASSERT_EQ_INT((int64_t)loads, cases[i].c * (bwd ? 3 : a.running ? 4 : 2));
         ASSERT_EQ_INT((int64_t)hits, SBN_PREFETCH_PARAMS ? (int64_t)loads : 0);
         if (!bwd) {
           ASSERT_EQ_INT(a.nbt[0], call + 1);
