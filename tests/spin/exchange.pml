@@ -16,7 +16,8 @@
  * block 0 advances the epoch at its end once every block of the op has arrived), MIXED
  * (the even ranks solo, the odd ones with the rank barrier: a team whose ranks' shapes
  * differ, or whose ranks run different kernels, the small kernel for teams beside the
- * stream kernel), NO_ARRIVAL_WAIT (with SOLO or MIXED, the mutant: a solo rank's block 0
+ * stream kernel), MIXED_ODD (the odd ranks solo: with PEER_STOPS, the rank that stops is
+ * a solo one), NO_ARRIVAL_WAIT (with SOLO or MIXED, the mutant: a solo rank's block 0
  * advances the epoch without that check),
  * IGNORE_SEEN (the mutant: a kernel queued behind a failure publishes anyway).
  *
@@ -48,6 +49,8 @@
 #define SOLO_RANK(r) 1
 #elif defined(MIXED)
 #define SOLO_RANK(r) ((r) % 2 == 0)
+#elif defined(MIXED_ODD)
+#define SOLO_RANK(r) ((r) % 2 == 1)
 #else
 #define SOLO_RANK(r) 0
 #endif

@@ -57,9 +57,10 @@ if [ "$MODE" = all ] || [ "$MODE" = model ]; then
   check pass -DW=2 -DG=1 -DOPS=3 -DSOLO -DTIMEOUTS -DABORT
   check pass -DW=3 -DG=1 -DOPS=3 -DSOLO
   check pass -DW=2 -DG=2 -DOPS=3 -DMIXED
-  check pass -DW=3 -DG=1 -DOPS=3 -DMIXED
   check pass -DW=2 -DG=1 -DOPS=3 -DMIXED -DTIMEOUTS -DABORT
+  check pass -DW=2 -DG=1 -DOPS=3 -DMIXED_ODD -DTIMEOUTS -DABORT
   check pass -DW=2 -DG=1 -DOPS=4 -DMIXED -DPEER_STOPS -DTIMEOUTS
+  check pass -DW=2 -DG=1 -DOPS=4 -DMIXED_ODD -DPEER_STOPS -DTIMEOUTS
 fi
 if [ "$MODE" = all ] || [ "$MODE" = mutant ]; then
   echo "mutants (a counterexample expected):"
