@@ -1525,12 +1525,12 @@ static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int6
      the capture fails it) */
   if (!CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal))) goto out;
   {
-    const char* kf = "?";
-    const char* kb = "?";
+    /* each rank's kernel of the captured forward (sbnCommGetKernel: no CUDA call) */
+    const char* kf[MAXW];
+    for (int r = 0; r < W; r++) kf[r] = "?";
     sbnResult_t rf = gpu_group(&dg, &hg, 0, 0, &p);
-    if (rf == sbnSuccess) (void)sbnCommGetKernel(dg.comm[0], &kf);
+    for (int r = 0; rf == sbnSuccess && r < W; r++) (void)sbnCommGetKernel(dg.comm[r], &kf[r]);
     sbnResult_t rb = gpu_group(&dg, &hg, 1, 0, &p);
-    if (rb == sbnSuccess) (void)sbnCommGetKernel(dg.comm[0], &kb);
     cudaError_t cerr = cudaStreamEndCapture(s, &graph); /* always end the capture */
     if (rf != sbnSuccess || rb != sbnSuccess) {
       SBN_FAIL_("ops during capture: forward %s, backward %s (%s)", sbnGetResultName(rf),
@@ -1538,11 +1538,22 @@ static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int6
       goto out;
     }
     if (!CUDA_OK(cerr)) goto out;
-    fprintf(stderr, "  %s: captured forward '%s', backward '%s'\n", g_case, kf, kb);
-    /* the backward was the last op: every rank ran auto's choice for it */
-    if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host &&
-        !ran_auto_choice(&dg, &hg, OUT_BWD, "auto"))
-      goto out;
+    const char* kb = "?";
+    (void)sbnCommGetKernel(dg.comm[0], &kb);
+    fprintf(stderr, "  %s: captured forward '%s', backward '%s'\n", g_case, kf[0], kb);
+    /* every rank ran auto's choice for each op (the backward was the last: ran_auto_choice
+       reads it; the forward's as recorded, against what ran_auto_choice asks of it) */
+    if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host) {
+      const char* want = auto_small_expected(&hg, OUT_FWD)  ? "small"
+                         : auto_unit_expected(&hg, OUT_FWD) ? "unit"
+                                                             : "stream";
+      for (int r = 0; r < W; r++)
+        if (strncmp(kf[r], want, strlen(want)) != 0) {
+          SBN_FAIL_("auto: rank %d's captured forward ran '%s', not '%s'", r, kf[r], want);
+          goto out;
+        }
+      if (!ran_auto_choice(&dg, &hg, OUT_BWD, "auto")) goto out;
+    }
   }
   if (!CUDA_OK(cudaGraphInstantiate(&exec, graph, 0))) goto out;
   /* capturing ran nothing: num_batches_tracked is still 0 */
