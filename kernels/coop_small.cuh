@@ -173,6 +173,17 @@ __device__ __forceinline__ void small_team_coefs(const sbn_coop_args_t& a, const
   }
 }
 
+/* Whether a rank of the launch has more rows than the small kernels hold (a launch the
+   plan never makes): the kernels of a launch of several ranks (a virtual team's) refuse
+   it from every slot if one rank has, so that every rank records the same code, not
+   sbnAborted from the stop words on the others. */
+__device__ __forceinline__ bool launch_over_small_rows(const sbn_coop_args_t& a) {
+  bool over = false;
+SBN_NO_UNROLL
+  for (int q = 0; q < a.nlaunch; q++) over |= a.r[q].n * a.r[q].spatial > SBN_SMALL_ROWS;
+  return over;
+}
+
 template <int KIND, int DT, int EPI, bool TEAM>
 __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     sbn_small_kernel(const __grid_constant__ sbn_coop_args_t a) {
@@ -190,12 +201,9 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  bool refused = (TEAM ? a.nranks < 2 : a.nranks != 1 || a.nlaunch != 1) || rows64 > SBN_SMALL_ROWS ||
-                 a.host_words_at_start;
-  /* a team's launch of several ranks: refused by every slot if by one (the same code on
-     every rank of it, not sbnAborted from the stop words on the others) */
-SBN_NO_UNROLL
-  for (int q = 0; TEAM && q < a.nlaunch; q++) refused |= a.r[q].n * a.r[q].spatial > SBN_SMALL_ROWS;
+  const bool refused = (TEAM ? a.nranks < 2 : a.nranks != 1 || a.nlaunch != 1) ||
+                       rows64 > SBN_SMALL_ROWS || a.host_words_at_start ||
+                       (TEAM && launch_over_small_rows(a));
   if (refused) {
     /* a launch the plan never makes (sbn_small_applies, sbn_small_team_applies): the
        ranks record sbnInvalidUsage, nothing read or written, no arrival (after a barrier:
@@ -366,12 +374,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
   const sbn_coop_rank_t& R = a.r[slot];
   const int w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
   const int64_t rows64 = R.n * R.spatial;
-  /* refused by every slot if by one (a virtual team's ranks: the same code on every rank,
-     not sbnAborted from the stop words on the others, as the team's small kernels) */
-  bool refused = false;
-SBN_NO_UNROLL
-  for (int q = 0; q < a.nlaunch; q++) refused |= a.r[q].n * a.r[q].spatial > SBN_SMALL_ROWS;
-  if (refused) {
+  if (launch_over_small_rows(a)) {
     /* (after a barrier, as the small kernel's: record_error reads the error words in host
        memory, which no kernel does before its first barrier: check-sass.sh) */
     __syncthreads();
