@@ -392,13 +392,21 @@ static int auto_small_expected(const team_t* h, int what) {
   return h->W == 1 && small_expected(h) &&
          sbn_small_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, h->d[0].dtype, 0);
 }
-/* Whether every rank of d ran what auto runs for team h's op of `what`: small where
-   auto_small_expected, unit where auto_unit_expected, else stream (or its scalar form);
+/* The kernel auto runs for team h's op of `what`: small where auto_small_expected, unit
+   where auto_unit_expected, else stream (*prefix 1: or its scalar form). */
+static const char* auto_choice(const team_t* h, int what, int* prefix) {
+  *prefix = 0;
+  if (auto_small_expected(h, what)) return "small";
+  if (auto_unit_expected(h, what)) return "unit";
+  *prefix = 1;
+  return "stream";
+}
+/* Whether every rank of d ran what auto runs for team h's op of `what` (auto_choice);
    `asked` names SBN_KERNEL. */
 static int ran_auto_choice(const dteam_t* d, const team_t* h, int what, const char* asked) {
-  if (auto_small_expected(h, what)) return ranks_ran(d, h->W, "small", 0, asked);
-  return auto_unit_expected(h, what) ? ranks_ran(d, h->W, "unit", 0, asked)
-                                     : ranks_ran(d, h->W, "stream", 1, asked);
+  int prefix;
+  const char* want = auto_choice(h, what, &prefix);
+  return ranks_ran(d, h->W, want, prefix, asked);
 }
 
 static int kernel_ends_case(sbnResult_t res, int what, const dteam_t* d, const team_t* h) {
@@ -865,6 +873,17 @@ static void test_fwd_bwd_one_group(void) {
 }
 
 /* ---- 3. InitAll teams: one GPU listed 2 and 3 times ----------------------------------- */
+/* An InitAll team held across a test's cases (made on first use, as virt_team's; replaced
+   where a failed case left it aborted). test_host_path made and destroyed one per case
+   before (sbnCommInitAll, and for one rank its NCCL comm), most of the test's time: 17 s
+   of an H200 run's test step and 17-38 s under each compute-sanitizer tool (2026-11-30),
+   where its virtual cases take well under 1 s. */
+static sbnComm_t* held_all(sbnComm_t* comms, int W, const int* dev) {
+  if (comms[0] && !team_healthy(comms)) destroy_comms(comms, W);
+  if (!comms[0] && !init_all(comms, W, dev, TEAM_TIMEOUT_MS)) return NULL;
+  return comms;
+}
+
 static void test_initall_vs_cpu(void) {
   static const int d00[2] = {0, 0}, d000[3] = {0, 0, 0}, d01[2] = {0, 1};
   struct {
@@ -889,8 +908,7 @@ static void test_initall_vs_cpu(void) {
                rank 1's kernel behind rank 0's, which waits for rank 1 */
             k.streams = 1;
             case_begin();
-            if (comms[0] && !team_healthy(comms)) destroy_comms(comms, lists[l].W);
-            if (comms[0] || init_all(comms, lists[l].W, lists[l].dev, TEAM_TIMEOUT_MS))
+            if (held_all(comms, lists[l].W, lists[l].dev))
               run_case(&k, lists[l].name, comms, lists[l].dev);
             else
               describe_case(&k, lists[l].name);
@@ -1544,11 +1562,10 @@ static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int6
     /* every rank ran auto's choice for each op (the backward was the last: ran_auto_choice
        reads it; the forward's as recorded, against what ran_auto_choice asks of it) */
     if (!g_onchip && !g_unit && !g_small && !g_stream && !g_host) {
-      const char* want = auto_small_expected(&hg, OUT_FWD)  ? "small"
-                         : auto_unit_expected(&hg, OUT_FWD) ? "unit"
-                                                             : "stream";
+      int prefix;
+      const char* want = auto_choice(&hg, OUT_FWD, &prefix);
       for (int r = 0; r < W; r++)
-        if (strncmp(kf[r], want, strlen(want)) != 0) {
+        if (prefix ? strncmp(kf[r], want, strlen(want)) != 0 : strcmp(kf[r], want) != 0) {
           SBN_FAIL_("auto: rank %d's captured forward ran '%s', not '%s'", r, kf[r], want);
           goto out;
         }
@@ -2204,17 +2221,6 @@ static void host_vs_coop_case(const case_t* k, const char* team, const sbnComm_t
   destroy_streams(st, k->W);
   team_free(&a);
   team_free(&b);
-}
-
-/* An InitAll team held across test_host_path's cases (made on first use, as virt_team's;
-   replaced where a failed case left it aborted): a team made and destroyed per case
-   (sbnCommInitAll, and for one rank its NCCL comm) took most of the test's time, 17 s of
-   an H200 run's test step and 17-38 s under each compute-sanitizer tool (2026-11-30),
-   where its virtual cases take well under 1 s. */
-static sbnComm_t* held_all(sbnComm_t* comms, int W, const int* dev) {
-  if (comms[0] && !team_healthy(comms)) destroy_comms(comms, W);
-  if (!comms[0] && !init_all(comms, W, dev, TEAM_TIMEOUT_MS)) return NULL;
-  return comms;
 }
 
 static void test_host_path(void) {
