@@ -1,0 +1,313 @@
+"""syncbn.torch on torchvision's and timm's own models (the packages from PyPI, which CI's
+python step installs beside PyTorch), where test_torch_fused.py runs copies of their blocks
+and layers written as the packages write them: what a user's `convert_fused(model)` does
+to the models as the installed packages build them.
+
+convert_fused recognizes torchvision's ResNet blocks, its ResNet stem and its
+IntermediateLayerGetter by their forward's code being exactly the code it carries (the same
+bytecode), and timm's BatchNormAct2d by its children: a release of either package that
+changed them would leave the model unfused (or unconverted) without an error. Here, on the
+installed releases:
+
+- structure: every torchvision BasicBlock / Bottleneck becomes a FusedBasicBlock /
+  FusedBottleneck whose batch norms apply the ReLU; every batch norm followed by an
+  nn.ReLU in a module that runs its children in order (nn.Sequential and its subclasses
+  without a forward of their own, the ResNet stem, the backbone getter) takes it, a
+  FusedActivation in the ReLU's place; every timm BatchNormAct2d becomes a
+  SyncBatchNormAct, fused where its act is nn.ReLU; no batch norm is left unconverted;
+  the state_dict is the original's, key for key and bit for bit; revert_sync_batchnorm
+  gives back every module's class and an eval model bitwise the original's;
+- function: one training step (forward, backward with one output gradient, running
+  statistics) against the float64 original on the whole batch, on a CPU team of one or
+  two ranks (threads, each its share of the batch, as DDP's ranks).
+
+Tolerances. Outputs, running statistics and eval outputs: converted_matches'
+(rank_threads.py: fp32 within 1e-4 of float64). Gradients, each parameter's and the
+input's: within 0.2 of float64 in relative norm. That checks what the conversion wired
+(the blocks' residuals, which batch norm takes which activation, the gradients passed on),
+not the rounding, which test_torch_fused.py bounds layer by layer: in fp32 a ReLU whose
+input lies within rounding of 0 takes the other side of its mask, and a few images of a
+deep network carry such a flip into every gradient before it. On this file's models
+(2026-12-05; torch 2.15, torchvision 0.29.2, timm 1.0.31) the gradients of the converted
+model and of PyTorch's own fp32 model were either within ~1e-5 of float64 (no flip) or
+1e-2 to 3.2e-2 (resnet50, deeplabv3, regnetx_002: PyTorch's fp32 model too, 3.1e-2 at
+most), whichever the seed; a residual whose gradient is dropped (test_mutant_*) puts them
+at 0.95-1.0. A parameter whose exact gradient is 0 (the bias of a batch norm that only
+another batch norm reads) has float64 rounding for a reference: it is held to 1e-4 of the
+model's largest gradient norm instead.
+
+Without torchvision or timm this file says so and exits 77 (CI installs both: there any
+exit but 0 fails the step).
+"""
+
+import copy
+import sys
+import unittest
+
+try:
+    import torch
+    import torchvision
+    from torchvision.models import resnet as tv_resnet
+    from torchvision.models import segmentation as tv_segmentation
+    import timm
+    from timm.layers import BatchNormAct2d
+except ImportError as e:  # not a pass: CI's lanes count 77 as failed
+    print(f"test_torch_models.py: skipped: {e} (pip install torchvision timm)")
+    sys.exit(77)
+
+import syncbn
+import syncbn.torch as sbt
+from rank_threads import randomize_bn, run_ranks
+
+_BN = torch.nn.modules.batchnorm._BatchNorm
+
+
+def prepared(model, seed=1):
+    """model with its batch norms' weights of both signs, biases and running statistics
+    off their defaults (randomize_bn), its dropout off (p = 0: the ranks and the reference
+    must drop the same nothing), in training mode."""
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, _BN):
+            randomize_bn(m, g)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model.train()
+
+
+class Outputs(torch.nn.Module):
+    """A segmentation model's output dict as one tensor (its heads' maps along channels)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return torch.cat(list(self.model(x).values()), 1)
+
+
+def runs_in_order(m):
+    """Whether module m's forward runs its children one after another (so a batch norm and
+    the ReLU after it are a pair the converter fuses): nn.Sequential's own forward, or
+    torchvision's ResNet stem and backbone getter (children bn1, relu; items in order)."""
+    fwd = type(m).forward
+    return (fwd is torch.nn.Sequential.forward or isinstance(m, tv_resnet.ResNet)
+            or type(m).__name__ == "IntermediateLayerGetter")
+
+
+def expected_fusions(model):
+    """What convert_fused must fuse in model (qualified names, before conversion): the
+    torchvision blocks, the (batch norm, nn.ReLU) pairs of modules that run their children
+    in order, and the timm BatchNormAct2d layers whose act is nn.ReLU after an identity
+    drop."""
+    blocks, pairs, timm_relu, timm_other = [], [], [], []
+    for name, m in model.named_modules():
+        prefix = name + "." if name else ""
+        if type(m) in (tv_resnet.BasicBlock, tv_resnet.Bottleneck):
+            blocks.append(name)
+            continue
+        if isinstance(m, BatchNormAct2d):
+            fused = type(m.act) is torch.nn.ReLU and type(m.drop) is torch.nn.Identity
+            (timm_relu if fused else timm_other).append(name)
+        if runs_in_order(m):
+            kids = list(m.named_children())
+            for (a, ma), (b, mb) in zip(kids, kids[1:]):
+                if type(ma) is torch.nn.BatchNorm2d and type(mb) is torch.nn.ReLU:
+                    pairs.append((prefix + a, prefix + b))
+    return blocks, pairs, timm_relu, timm_other
+
+
+class ModelsTest(unittest.TestCase):
+    def check_structure(self, model, converted):
+        """convert_fused's result for model (see the module's docstring); returns the
+        counts found, for the caller's checks that the model has what it is there for."""
+        blocks, pairs, timm_relu, timm_other = expected_fusions(model)
+        for name in blocks:
+            fused = converted.get_submodule(name)
+            want = sbt.FusedBottleneck if type(model.get_submodule(name)) is tv_resnet.Bottleneck else sbt.FusedBasicBlock
+            self.assertIs(type(fused), want, name)
+            for bn in [c for c in ("bn1", "bn2", "bn3") if hasattr(fused, c)]:
+                self.assertEqual(getattr(fused, bn).activation, "relu", f"{name}.{bn}")
+        for bn, act in pairs:
+            self.assertEqual(converted.get_submodule(bn).activation, "relu", bn)
+            self.assertIs(type(converted.get_submodule(act)), sbt.FusedActivation, act)
+        for name in timm_relu + timm_other:
+            layer = converted.get_submodule(name)
+            self.assertIs(type(layer), sbt.SyncBatchNormAct, name)
+            fused = name in timm_relu
+            self.assertEqual(layer.activation, "relu" if fused else "identity", name)
+            self.assertEqual(type(layer.act) is sbt.FusedActivation, fused, name)
+        # no batch norm of PyTorch's or timm's left
+        left = [n for n, m in converted.named_modules() if isinstance(m, _BN) and not isinstance(m, sbt.SyncBatchNorm)]
+        self.assertEqual(left, [])
+        # the state_dict, key for key and bit for bit
+        a, b = model.state_dict(), converted.state_dict()
+        self.assertEqual(list(a), list(b))
+        for k in a:
+            self.assertTrue(torch.equal(a[k], b[k]), k)
+        return len(blocks), len(pairs), len(timm_relu), len(timm_other)
+
+    def check_revert(self, model, converted, x):
+        """revert_sync_batchnorm(converted): every module's class the original's, the
+        state_dict bitwise, and (eval) the original's outputs bitwise."""
+        reverted = sbt.revert_sync_batchnorm(copy.deepcopy(converted))
+        self.assertEqual([(n, type(m)) for n, m in reverted.named_modules()],
+                         [(n, type(m)) for n, m in model.named_modules()])
+        for k, v in model.state_dict().items():
+            self.assertTrue(torch.equal(reverted.state_dict()[k], v), k)
+        ref = copy.deepcopy(model).eval()
+        reverted.eval()
+        with torch.no_grad():
+            self.assertTrue(torch.equal(reverted(x), ref(x)))
+
+    def check_step(self, model, x, ranks=1):
+        """One training step of convert_fused(model) on a CPU team of `ranks` threads (the
+        batch split in order: 3 and 1 of 4 images at two ranks) against the float64
+        original on the whole batch (the module's docstring), then eval against it."""
+        parts = [(0, x.shape[0])] if ranks == 1 else [(0, 3), (3, x.shape[0])]
+        comms = syncbn.cpu_team(ranks, timeout_ms=120000)
+        try:
+            twins = [sbt.convert_fused(copy.deepcopy(model), comm=c) for c in comms]
+            ref = copy.deepcopy(model).double()
+            xd = x.double().requires_grad_()
+            y_ref = ref(xd)
+            g = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+            (y_ref * g).sum().backward()
+            ys, dxs = [None] * ranks, [None] * ranks
+
+            def rank(r):
+                a, b = parts[r]
+                xr = x[a:b].clone().requires_grad_()
+                y = twins[r](xr)
+                (y.double() * g[a:b]).sum().backward()
+                ys[r], dxs[r] = y, xr.grad
+
+            self.assertEqual(run_ranks(ranks, rank), [None] * ranks)
+            torch.testing.assert_close(torch.cat(ys).double(), y_ref.detach(), rtol=1e-4, atol=1e-4)
+
+            def within(name, got, want, scale):
+                if want.norm() <= 1e-9 * scale:  # exactly 0 (float64 rounding)
+                    self.assertLessEqual(got.norm().item(), 1e-4 * scale, name)
+                    return
+                err = ((got - want).norm() / want.norm()).item()
+                self.assertLessEqual(err, 0.2, f"{name}: relative error {err:.2e}")
+
+            scale = max(p.grad.norm().item() for p in ref.parameters())
+            within("dx", torch.cat(dxs).double(), xd.grad, xd.grad.norm().item())
+            named = [dict(t.named_parameters()) for t in twins]
+            for n, q in ref.named_parameters():
+                within(n, sum(t[n].grad for t in named).double(), q.grad, scale)
+            for t in twins:
+                for (n, b), (_, q) in zip(t.named_buffers(), ref.named_buffers()):
+                    torch.testing.assert_close(b.double() if b.is_floating_point() else b, q, rtol=1e-4, atol=1e-5,
+                                               msg=n)
+            twins[0].eval()
+            ref.eval()
+            with torch.no_grad():
+                torch.testing.assert_close(twins[0](x).double(), ref(x.double()), rtol=1e-4, atol=1e-4, msg="eval")
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def convert_one(self, model):
+        comm = syncbn.cpu_team(1)[0]
+        self.addCleanup(comm.destroy)
+        return sbt.convert_fused(copy.deepcopy(model), comm=comm)
+
+    def test_torchvision_resnet18(self):
+        """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two."""
+        torch.manual_seed(0)
+        model = prepared(tv_resnet.resnet18(num_classes=5))
+        x = torch.randn(4, 3, 96, 96)
+        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        self.assertEqual((blocks, pairs), (8, 1))  # layer1-4 x 2; the stem
+        self.check_step(model, x, ranks=1)
+        self.check_step(model, x, ranks=2)
+        self.check_revert(model, self.convert_one(model), x)
+
+    def test_torchvision_resnet50(self):
+        """Its 16 Bottlenecks and its stem fused; one step on a team of one."""
+        torch.manual_seed(0)
+        model = prepared(tv_resnet.resnet50(num_classes=5))
+        x = torch.randn(4, 3, 96, 96)
+        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        self.assertEqual((blocks, pairs), (16, 1))
+        self.check_step(model, x, ranks=1)
+        self.check_revert(model, self.convert_one(model), x)
+
+    def test_torchvision_deeplabv3(self):
+        """deeplabv3_resnet50 with its auxiliary head (a dilated ResNet-50 in an
+        IntermediateLayerGetter, the ASPP, the FCN head): its blocks, the getter's stem and
+        the heads' batch norm + ReLU Sequentials fused; one step on a team of two, its ASPP
+        pooling branch's batch norm over the two ranks' 1x1 maps."""
+        torch.manual_seed(0)
+        model = prepared(Outputs(tv_segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None,
+                                                                    num_classes=3, aux_loss=True)))
+        x = torch.randn(4, 3, 64, 64)
+        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        # the backbone's 16; the stem, the ASPP's 1x1 and three atrous branches, its
+        # projection, the head's 3x3, the auxiliary head's 3x3 (the pooling branch is a
+        # Sequential with a forward of its own: left as it is)
+        self.assertEqual((blocks, pairs), (16, 8))
+        self.check_step(model, x, ranks=2)
+        self.check_revert(model, self.convert_one(model), x)
+
+    def test_timm_regnet(self):
+        """timm's regnetx_002: BatchNormAct2d layers with ReLU (ConvNormAct), each a fused
+        SyncBatchNormAct; one step on a team of one."""
+        torch.manual_seed(0)
+        model = prepared(timm.create_model("regnetx_002", pretrained=False, num_classes=5))
+        x = torch.randn(4, 3, 96, 96)
+        _, _, relu, other = self.check_structure(model, self.convert_one(model))
+        self.assertGreater(relu, 0)
+        self.check_step(model, x)
+        self.check_revert(model, self.convert_one(model), x)
+
+    def test_timm_mobilenetv3(self):
+        """timm's mobilenetv3_small_050: BatchNormAct2d layers with hard-swish (converted,
+        their act run by PyTorch) and with ReLU (fused), and batch norms whose bias only
+        another batch norm reads (exact gradient 0); one step on a team of two."""
+        torch.manual_seed(0)
+        model = prepared(timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=5))
+        x = torch.randn(4, 3, 96, 96)
+        _, _, relu, other = self.check_structure(model, self.convert_one(model))
+        self.assertGreater(relu, 0)
+        self.assertGreater(other, 0)
+        self.check_step(model, x, ranks=2)
+        self.check_revert(model, self.convert_one(model), x)
+
+    def test_mutant_residual_gradient_dropped(self):
+        """The checks must catch a fused block whose residual gets no gradient (its
+        forward unchanged): check_step fails on resnet18 with it."""
+        norm = sbt._FusedBlock._norm
+
+        def detached(block, name, x, residual=None):
+            return norm(block, name, x, None if residual is None else residual.detach())
+
+        torch.manual_seed(0)
+        model = prepared(tv_resnet.resnet18(num_classes=5))
+        sbt._FusedBlock._norm = detached
+        try:
+            with self.assertRaisesRegex(AssertionError, "relative error"):
+                self.check_step(model, torch.randn(4, 3, 96, 96))
+        finally:
+            sbt._FusedBlock._norm = norm
+
+    def test_mutant_blocks_not_recognized(self):
+        """The checks must catch a converter that no longer recognizes torchvision's
+        blocks (as a torchvision release with other code would make it): check_structure
+        fails on resnet18 with convert_fused's block table emptied."""
+        model = prepared(tv_resnet.resnet18(num_classes=5))
+        blocks = sbt._BLOCKS
+        sbt._BLOCKS = ()
+        try:
+            converted = self.convert_one(model)
+        finally:
+            sbt._BLOCKS = blocks
+        with self.assertRaisesRegex(AssertionError, "layer1.0"):
+            self.check_structure(model, converted)
+
+
+if __name__ == "__main__":
+    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}")
+    unittest.main(verbosity=2)
