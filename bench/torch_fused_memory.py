@@ -32,6 +32,12 @@ on CUDA of one more step, profiled, from the caching allocator's records), and t
 held when the node began and what the node itself added (its gradients, a convolution's
 workspace).
 
+`--model deeplabv3_resnet50` / `smp_unet_resnet34`: a package's own model in place of the
+stack (torchvision's, segmentation_models_pytorch's), whose activations are nn.ReLU in place,
+as real segmentation models are built: the rows unfused, fused, fused in-place, the unfused
+model with its ReLUs made nn.LeakyReLU(0.01, inplace=True), and fused in place with
+relu_as_leaky=0.01 (the same function).
+
 Prints a table and the run's device, torch version, commit and date; --json PATH writes
 them. `python bench/torch_fused_memory.py` takes a few seconds on CPU (CI runs it);
 on a GPU: `python bench/torch_fused_memory.py --device cuda --batch 8 --size 256`.
@@ -114,6 +120,40 @@ def deeplab_like(width=32, classes=8, act_inplace=False, leaky_blocks=False):
         cba(2 * w, w, 1), cba(w, w, dilation=2), cba(w, w, dilation=4),
         cba(w, w, dilation=6), cba(w, w),
         nn.Conv2d(w, classes, 1))
+
+
+class _Maps(nn.Module):
+    """A segmentation model's output dict (torchvision's) as one tensor, its maps along
+    channels."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return torch.cat(list(self.model(x).values()), 1)
+
+
+def leaky_relus(model):
+    """model with every nn.ReLU module an nn.LeakyReLU(0.01, inplace=True): unfused, the
+    function that convert_fused(relu_as_leaky=0.01) gives it (a torchvision block's one
+    relu module serves its three places, as there)."""
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if type(child) is nn.ReLU:
+                setattr(m, name, nn.LeakyReLU(0.01, inplace=True))
+    return model
+
+
+def real_model(name, classes=21):
+    """A package's own model, made afresh: torchvision's deeplabv3_resnet50 (its maps as
+    one tensor) or segmentation_models_pytorch's Unet on a resnet34 encoder. Their
+    activations after batch norms are nn.ReLU, in place."""
+    if name == "deeplabv3_resnet50":
+        from torchvision.models import segmentation
+        return _Maps(segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=classes))
+    import segmentation_models_pytorch as smp
+    return smp.Unet("resnet34", encoder_weights=None, classes=classes)
 
 
 def saved_bytes(model, x):
@@ -256,6 +296,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--size", type=int, default=64, help="input height and width")
     ap.add_argument("--width", type=int, default=32, help="the stack's base channel count")
+    ap.add_argument("--model", default="stack", choices=("stack", "deeplabv3_resnet50", "smp_unet_resnet34"),
+                    help="the DeepLab-like stack (the default), or a package's own model (torchvision's, "
+                         "segmentation_models_pytorch's; installed beside PyTorch)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--json", help="write the results here too")
@@ -271,19 +314,23 @@ def main(argv=None):
     x = torch.randn(a.batch, 3, a.size, a.size).to(dev, dtype).contiguous(memory_format=fmt)
     # the same weights in each (seeded); "unfused, in-place act": nn.LeakyReLU(inplace=True),
     # which keeps one tensor fewer than nn.LeakyReLU() (its output over its input)
-    variants = {
-        "unfused": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width), comm=comm),
-        "unfused, in-place act": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width, act_inplace=True),
-                                                                    comm=comm),
-        "fused": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm),
-        "fused in-place": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm, inplace=True),
-        # the opt-in that changes the model (the blocks' ReLUs leaky), and the unfused model
-        # of the same function
-        "unfused, leaky blocks": lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width, leaky_blocks=True),
-                                                                    comm=comm),
-        "fused in-place, leaky": lambda: sbt.convert_fused(deeplab_like(a.width), comm=comm, inplace=True,
-                                                           relu_as_leaky=0.01),
-    }
+    if a.model == "stack":
+        make_model, unfused_leaky = (lambda: deeplab_like(a.width)), (lambda: deeplab_like(a.width, leaky_blocks=True))
+    else:  # a package's model: its activations are nn.ReLU, in place (torchvision's, smp's)
+        make_model, unfused_leaky = (lambda: real_model(a.model)), (lambda: leaky_relus(real_model(a.model)))
+    variants = {"unfused": lambda: sbt.convert_sync_batchnorm(make_model(), comm=comm)}
+    if a.model == "stack":  # its LeakyReLUs are not in place; this row's are
+        variants["unfused, in-place act"] = lambda: sbt.convert_sync_batchnorm(deeplab_like(a.width, act_inplace=True),
+                                                                               comm=comm)
+    variants.update({
+        "fused": lambda: sbt.convert_fused(make_model(), comm=comm),
+        "fused in-place": lambda: sbt.convert_fused(make_model(), comm=comm, inplace=True),
+        # the opt-in that changes the model (the ReLUs it fuses leaky: the stack's blocks'; a
+        # package's model's, all of them), and the unfused model of the same function
+        "unfused, leaky blocks" if a.model == "stack" else "unfused, leaky": lambda: sbt.convert_sync_batchnorm(
+            unfused_leaky(), comm=comm),
+        "fused in-place, leaky": lambda: sbt.convert_fused(make_model(), comm=comm, inplace=True, relu_as_leaky=0.01),
+    })
     rows = []
     for name, make in variants.items():
         torch.manual_seed(0)
@@ -316,7 +363,8 @@ def main(argv=None):
             "saved_measure": "bytes autograd saves (saved_tensors_hooks, storages once, parameters out)",
             "torch": torch.__version__, "syncbn": syncbn.__version__, "commit": git_commit(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "input": [a.batch, 3, a.size, a.size], "width": a.width, "dtype": a.dtype,
+            "model": a.model, "input": [a.batch, 3, a.size, a.size],
+            "width": a.width if a.model == "stack" else None, "dtype": a.dtype,
             "channels_last": a.channels_last}
     print("# " + ", ".join(f"{k} {v}" for k, v in meta.items()))
     print(f"{'model':<22} {'fused':>5} {'in-place':>8} {'activation MiB':>14} {'vs unfused':>10} "
