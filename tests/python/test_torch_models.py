@@ -136,7 +136,8 @@ class ModelsTest(unittest.TestCase):
         blocks, pairs, timm_relu, timm_other = expected_fusions(model)
         for name in blocks:
             fused = converted.get_submodule(name)
-            want = sbt.FusedBottleneck if type(model.get_submodule(name)) is tv_resnet.Bottleneck else sbt.FusedBasicBlock
+            bottleneck = type(model.get_submodule(name)) is tv_resnet.Bottleneck
+            want = sbt.FusedBottleneck if bottleneck else sbt.FusedBasicBlock
             self.assertIs(type(fused), want, name)
             for bn in [c for c in ("bn1", "bn2", "bn3") if hasattr(fused, c)]:
                 self.assertEqual(getattr(fused, bn).activation, "relu", f"{name}.{bn}")
