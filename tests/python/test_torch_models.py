@@ -255,104 +255,81 @@ class ModelsTest(unittest.TestCase):
         self.addCleanup(comm.destroy)
         return sbt.convert_fused(copy.deepcopy(model), comm=comm)
 
+    def check_model(self, make, size, ranks=(1,)):
+        """make()'s model (seeded, prepared) through check_structure, a step on each team
+        size of `ranks` (input 4 x 3 x size x size) and check_revert; returns the
+        structure's counts (blocks, pairs, timm layers with ReLU, other timm layers)."""
+        torch.manual_seed(0)
+        model = prepared(make())
+        x = torch.randn(4, 3, size, size)
+        counts = self.check_structure(model, self.convert_one(model))
+        for r in ranks:
+            self.check_step(model, x, ranks=r)
+        self.check_revert(model, self.convert_one(model), x)
+        return counts
+
     def test_torchvision_resnet18(self):
         """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two."""
-        torch.manual_seed(0)
-        model = prepared(tv_resnet.resnet18(num_classes=5))
-        x = torch.randn(4, 3, 96, 96)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(lambda: tv_resnet.resnet18(num_classes=5), 96, ranks=(1, 2))
         self.assertEqual((blocks, pairs), (8, 1))  # layer1-4 x 2; the stem
-        self.check_step(model, x, ranks=1)
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_torchvision_resnet50(self):
         """Its 16 Bottlenecks and its stem fused; one step on a team of one."""
-        torch.manual_seed(0)
-        model = prepared(tv_resnet.resnet50(num_classes=5))
-        x = torch.randn(4, 3, 96, 96)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(lambda: tv_resnet.resnet50(num_classes=5), 96)
         self.assertEqual((blocks, pairs), (16, 1))
-        self.check_step(model, x, ranks=1)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_torchvision_deeplabv3(self):
         """deeplabv3_resnet50 with its auxiliary head (a dilated ResNet-50 in an
         IntermediateLayerGetter, the ASPP, the FCN head): its blocks, the getter's stem and
         the heads' batch norm + ReLU Sequentials fused; one step on a team of two, its ASPP
         pooling branch's batch norm over the two ranks' 1x1 maps."""
-        torch.manual_seed(0)
-        model = prepared(Outputs(tv_segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None,
-                                                                    num_classes=3, aux_loss=True)))
-        x = torch.randn(4, 3, 64, 64)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(
+            lambda: Outputs(tv_segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=3,
+                                                               aux_loss=True)), 64, ranks=(2,))
         # the backbone's 16; the stem, the ASPP's 1x1 and three atrous branches, its
         # projection, the head's 3x3, the auxiliary head's 3x3 (the pooling branch is a
         # Sequential with a forward of its own: left as it is)
         self.assertEqual((blocks, pairs), (16, 8))
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_timm_regnet(self):
         """timm's regnetx_002: BatchNormAct2d layers with ReLU (ConvNormAct), each a fused
         SyncBatchNormAct; one step on a team of one."""
-        torch.manual_seed(0)
-        model = prepared(timm.create_model("regnetx_002", pretrained=False, num_classes=5))
-        x = torch.randn(4, 3, 96, 96)
-        _, _, relu, other = self.check_structure(model, self.convert_one(model))
+        _, _, relu, _ = self.check_model(lambda: timm.create_model("regnetx_002", pretrained=False, num_classes=5), 96)
         self.assertGreater(relu, 0)
-        self.check_step(model, x)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_timm_mobilenetv3(self):
         """timm's mobilenetv3_small_050: BatchNormAct2d layers with hard-swish (converted,
         their act run by PyTorch) and with ReLU (fused), and batch norms whose bias only
         another batch norm reads (exact gradient 0); one step on a team of two."""
-        torch.manual_seed(0)
-        model = prepared(timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=5))
-        x = torch.randn(4, 3, 96, 96)
-        _, _, relu, other = self.check_structure(model, self.convert_one(model))
+        _, _, relu, other = self.check_model(
+            lambda: timm.create_model("mobilenetv3_small_050", pretrained=False, num_classes=5), 96, ranks=(2,))
         self.assertGreater(relu, 0)
         self.assertGreater(other, 0)
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_smp_unet(self):
         """segmentation_models_pytorch's Unet on a resnet34 encoder (a subclass of
         torchvision's ResNet with a forward of its own: its blocks fused, its stem left
         alone) and its decoder's Conv2dReLU Sequentials; one step on a team of two."""
-        torch.manual_seed(0)
-        model = prepared(smp.Unet("resnet34", encoder_weights=None, classes=3))
-        x = torch.randn(4, 3, 64, 64)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(lambda: smp.Unet("resnet34", encoder_weights=None, classes=3), 64,
+                                               ranks=(2,))
         self.assertEqual((blocks, pairs), (16, 10))  # resnet34's 3 + 4 + 6 + 3; 5 decoder blocks x 2
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_smp_deeplabv3plus(self):
         """segmentation_models_pytorch's DeepLabV3Plus on a resnet50 encoder (dilated), its
         ASPP and decoder Sequentials; one step on a team of two."""
-        torch.manual_seed(0)
-        model = prepared(smp.DeepLabV3Plus("resnet50", encoder_weights=None, classes=3))
-        x = torch.randn(4, 3, 64, 64)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(
+            lambda: smp.DeepLabV3Plus("resnet50", encoder_weights=None, classes=3), 64, ranks=(2,))
         self.assertEqual(blocks, 16)
         self.assertGreater(pairs, 0)
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_smp_pspnet(self):
         """segmentation_models_pytorch's PSPNet on a resnet18 encoder of depth 3: the
         encoder's last stage is never run, its parameters get no gradient (none on the
         team either); one step on a team of two."""
-        torch.manual_seed(0)
-        model = prepared(smp.PSPNet("resnet18", encoder_weights=None, classes=3))
-        x = torch.randn(4, 3, 64, 64)
-        blocks, pairs, _, _ = self.check_structure(model, self.convert_one(model))
+        blocks, pairs, _, _ = self.check_model(lambda: smp.PSPNet("resnet18", encoder_weights=None, classes=3), 64,
+                                               ranks=(2,))
         self.assertEqual(blocks, 8)
         self.assertGreater(pairs, 0)
-        self.check_step(model, x, ranks=2)
-        self.check_revert(model, self.convert_one(model), x)
 
     def test_memory_of_relu_models(self):
         """bench/torch_fused_memory.py --model smp_unet_resnet34 (small input): on a model
