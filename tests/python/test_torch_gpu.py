@@ -37,7 +37,10 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
     model converted by nn.SyncBatchNorm does (losses, parameters, buffers within 1e-4);
   - compiled autograd (torch._dynamo.compiled_autograd, inductor) over an eager forward
     of the converted block and of its fused conversion: every gradient within 1e-5 of
-    eager autograd's from the same forward.
+    eager autograd's from the same forward;
+  - torchvision's resnet50 (convert_sync_batchnorm; convert_fused, NCHW and
+    channels_last) and deeplabv3_resnet50 (convert_fused) trained a step against their
+    float64 originals (model_checks.step_matches, test_torch_models.py's tolerances).
 """
 
 import copy
@@ -391,6 +394,45 @@ class TestTorchGpu(unittest.TestCase):
         self.assertTrue(torch.equal(x.grad, xr.grad))
         self.assertTrue(torch.equal(layer.weight.grad, ref.weight.grad))
         self.assertTrue(torch.equal(layer.running_var, ref.running_var))
+
+    def test_torchvision_models_vs_float64(self):
+        """torchvision's own models (the GPU image has torchvision; its absence fails),
+        converted and trained a step on the GPU against the float64 original
+        (model_checks.step_matches: outputs, gradients, running statistics, eval, the
+        reverted model): resnet50 at 4 x 3 x 224 x 224 by convert_sync_batchnorm (the plain
+        ops' kernels) and by convert_fused, the latter also channels_last (NHWC kernels),
+        and deeplabv3_resnet50 with its auxiliary head at 4 x 3 x 256 x 256 by convert_fused;
+        every torchvision block fused."""
+        from torchvision.models import resnet, segmentation
+
+        from model_checks import Outputs, prepared, step_matches
+
+        def fused_blocks(model):
+            return sum(isinstance(m, sbt.FusedBottleneck) for m in sbt.convert_fused(copy.deepcopy(model)).modules())
+
+        def sync(m, comm=None):
+            return sbt.convert_sync_batchnorm(m, comm=comm)
+
+        def fused(m, comm=None):
+            return sbt.convert_fused(m, comm=comm)
+
+        torch.manual_seed(0)
+        model = prepared(resnet.resnet50(num_classes=10)).cuda()
+        x = torch.randn(4, 3, 224, 224, device="cuda")
+        self.assertEqual(fused_blocks(model), 16)
+        for name, convert, fmt in (("sync", sync, torch.contiguous_format), ("fused", fused, torch.contiguous_format),
+                                   ("fused channels_last", fused, torch.channels_last)):
+            t0 = time.perf_counter()
+            with self.subTest(f"resnet50 {name}"):
+                step_matches(self, model.to(memory_format=fmt), x.contiguous(memory_format=fmt), [None], convert)
+            print(f"test_torch_gpu: resnet50 {name}: {time.perf_counter() - t0:.1f} s")
+        torch.manual_seed(0)
+        model = prepared(Outputs(segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=3,
+                                                                 aux_loss=True))).cuda()
+        self.assertEqual(fused_blocks(model), 16)
+        t0 = time.perf_counter()
+        step_matches(self, model, torch.randn(4, 3, 256, 256, device="cuda"), [None], fused)
+        print(f"test_torch_gpu: deeplabv3_resnet50 fused: {time.perf_counter() - t0:.1f} s")
 
     def test_binding_cost_printed(self):
         layer = sbt.SyncBatchNorm(512).cuda()

@@ -69,33 +69,9 @@ except ImportError as e:  # not a pass: CI's lanes count 77 as failed
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import randomize_bn, run_ranks
+from model_checks import Outputs, prepared, step_matches
 
 _BN = torch.nn.modules.batchnorm._BatchNorm
-
-
-def prepared(model, seed=1):
-    """model with its batch norms' weights of both signs, biases and running statistics
-    off their defaults (randomize_bn), its dropout off (p = 0: the ranks and the reference
-    must drop the same nothing), in training mode."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, _BN):
-            randomize_bn(m, g)
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):  # Dropout, Dropout2d, ...
-            m.p = 0.0
-    return model.train()
-
-
-class Outputs(torch.nn.Module):
-    """A segmentation model's output dict as one tensor (its heads' maps along channels)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return torch.cat(list(self.model(x).values()), 1)
 
 
 def runs_in_order(m):
@@ -176,76 +152,11 @@ class ModelsTest(unittest.TestCase):
             self.assertTrue(torch.equal(reverted(x), ref(x)))
 
     def check_step(self, model, x, ranks=1):
-        """One training step of convert_fused(model) on a CPU team of `ranks` threads (the
-        batch split in order: 3 and 1 of 4 images at two ranks) against the float64
-        original on the whole batch (the module's docstring), then eval against it."""
-        parts = [(0, x.shape[0])] if ranks == 1 else [(0, 3), (3, x.shape[0])]
+        """One training step of convert_fused(model) on a CPU team of `ranks` threads
+        against the float64 original (model_checks.step_matches)."""
         comms = syncbn.cpu_team(ranks, timeout_ms=120000)
         try:
-            twins = [sbt.convert_fused(copy.deepcopy(model), comm=c) for c in comms]
-            ref = copy.deepcopy(model).double()
-            fp32 = copy.deepcopy(model)  # PyTorch's own fp32 model: the outputs' yardstick
-            xd = x.double().requires_grad_()
-            y_ref = ref(xd)
-            with torch.no_grad():
-                atol = max(1e-4, 4 * (fp32(x).double() - y_ref).abs().max().item())
-            g = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-            (y_ref * g).sum().backward()
-            ys, dxs = [None] * ranks, [None] * ranks
-
-            def rank(r):
-                a, b = parts[r]
-                xr = x[a:b].clone().requires_grad_()
-                y = twins[r](xr)
-                (y.double() * g[a:b]).sum().backward()
-                ys[r], dxs[r] = y, xr.grad
-
-            self.assertEqual(run_ranks(ranks, rank), [None] * ranks)
-            torch.testing.assert_close(torch.cat(ys).double(), y_ref.detach(), rtol=1e-4, atol=atol)
-
-            def within(name, got, want, scale):
-                if want.norm() <= 1e-9 * scale:  # exactly 0 (float64 rounding)
-                    self.assertLessEqual(got.norm().item(), 1e-4 * scale, name)
-                    return
-                err = ((got - want).norm() / want.norm()).item()
-                self.assertLessEqual(err, 0.2, f"{name}: relative error {err:.2e}")
-
-            scale = max(p.grad.norm().item() for p in ref.parameters() if p.grad is not None)
-            within("dx", torch.cat(dxs).double(), xd.grad, xd.grad.norm().item())
-            named = [dict(t.named_parameters()) for t in twins]
-            for n, q in ref.named_parameters():
-                if q.grad is None:  # a part of the model the output does not use
-                    self.assertEqual([t[n].grad for t in named], [None] * ranks, n)
-                    continue
-                within(n, sum(t[n].grad for t in named).double(), q.grad, scale)
-            # the running statistics, by name; fp32's own (its forward above ran in training)
-            # are their yardstick
-            want, own = dict(ref.named_buffers()), dict(fp32.named_buffers())
-            for t in twins:
-                for n, b in t.named_buffers():
-                    if not b.is_floating_point():
-                        self.assertTrue(torch.equal(b, want[n]), n)
-                        continue
-                    batol = max(1e-5, 4 * (own[n].double() - want[n]).abs().max().item())
-                    torch.testing.assert_close(b.double(), want[n], rtol=1e-4, atol=batol, msg=n)
-            twins[0].eval()
-            ref.eval()
-            fp32.eval()
-            # the team's running statistics in PyTorch's model: checked above, they widen
-            # the yardstick by their own error only
-            fp32.load_state_dict(twins[0].state_dict())
-            with torch.no_grad():
-                y_ref = ref(x.double())
-                atol = max(1e-4, 4 * (fp32(x).double() - y_ref).abs().max().item())
-                y_eval = twins[0](x)
-                torch.testing.assert_close(y_eval.double(), y_ref, rtol=1e-4, atol=atol, msg="eval")
-            # the trained model reverted: its state bitwise the team's, and PyTorch's batch
-            # norm on it gives the team's eval outputs (two fp32 models: eval's tolerance)
-            reverted = sbt.revert_sync_batchnorm(copy.deepcopy(twins[0]))
-            for k, v in twins[0].state_dict().items():
-                self.assertTrue(torch.equal(reverted.state_dict()[k], v), k)
-            with torch.no_grad():
-                torch.testing.assert_close(reverted.eval()(x), y_eval, rtol=1e-4, atol=atol, msg="reverted")
+            step_matches(self, model, x, comms)
         finally:
             for c in comms:
                 c.destroy()
