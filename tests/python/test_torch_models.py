@@ -180,9 +180,13 @@ class ModelsTest(unittest.TestCase):
         return counts
 
     def test_torchvision_resnet18(self):
-        """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two."""
+        """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two; and on
+        the layers' own team (no comm given: test_torch_gpu.py's way, here a CPU team of
+        one without a process group)."""
         blocks, pairs, _, _ = self.check_model(lambda: tv_resnet.resnet18(num_classes=5), 96, ranks=(1, 2))
         self.assertEqual((blocks, pairs), (8, 1))  # layer1-4 x 2; the stem
+        torch.manual_seed(0)
+        step_matches(self, prepared(tv_resnet.resnet18(num_classes=5)), torch.randn(4, 3, 96, 96), [None])
 
     def test_torchvision_resnet50(self):
         """Its 16 Bottlenecks and its stem fused; one step on a team of one."""
