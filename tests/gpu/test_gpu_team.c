@@ -325,6 +325,10 @@ static void check_untouched(const dteam_t* d, const team_t* h, int r) {
   check_untouched_of(d, h, r, OUT_FWD | OUT_BWD, "a failed op");
 }
 
+/* Whether kernel name `kern` is `want` (prefix 1: or begins with it: stream's scalar form). */
+static int kernel_is(const char* kern, const char* want, int prefix) {
+  return prefix ? strncmp(kern, want, strlen(want)) == 0 : strcmp(kern, want) == 0;
+}
 /* Whether every rank of d ran kernel `want` in its last op (sbnCommGetKernel; `prefix`:
    any name that starts with it, e.g. "stream" for stream and stream-scalar); else fails
    the case, naming what SBN_KERNEL (`asked`) ran instead. */
@@ -332,8 +336,7 @@ static int ranks_ran(const dteam_t* d, int W, const char* want, int prefix, cons
   for (int r = 0; r < W; r++) {
     const char* kern = "?";
     const sbnResult_t e = sbnCommGetKernel(d->comm[r], &kern);
-    if (e != sbnSuccess ||
-        (prefix ? strncmp(kern, want, strlen(want)) != 0 : strcmp(kern, want) != 0)) {
+    if (e != sbnSuccess || !kernel_is(kern, want, prefix)) {
       SBN_FAIL_("SBN_KERNEL=%s: rank %d ran '%s' (%s)", asked, r, kern, sbnGetResultName(e));
       return 0;
     }
@@ -1565,7 +1568,7 @@ static void graph_case(int W, sbnLayout_t lay, int64_t c, int64_t sp, const int6
       int prefix;
       const char* want = auto_choice(&hg, OUT_FWD, &prefix);
       for (int r = 0; r < W; r++)
-        if (prefix ? strncmp(kf[r], want, strlen(want)) != 0 : strcmp(kf[r], want) != 0) {
+        if (!kernel_is(kf[r], want, prefix)) {
           SBN_FAIL_("auto: rank %d's captured forward ran '%s', not '%s'", r, kf[r], want);
           goto out;
         }
