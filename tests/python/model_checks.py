@@ -50,10 +50,15 @@ def step_matches(test, model, x, comms, convert=sbt.convert_fused):
     twins = [convert(copy.deepcopy(model), comm=c) for c in comms]
     ref = copy.deepcopy(model).double()
     fp32 = copy.deepcopy(model)  # PyTorch's own fp32 model: the outputs' yardstick
+
+    def outputs_atol(y_ref):
+        """max(1e-4, 4 x fp32's own distance from y_ref on x) (its forward runs here)"""
+        with torch.no_grad():
+            return max(1e-4, 4 * (fp32(x).double() - y_ref).abs().max().item())
+
     xd = x.double().requires_grad_()
     y_ref = ref(xd)
-    with torch.no_grad():
-        atol = max(1e-4, 4 * (fp32(x).double() - y_ref).abs().max().item())
+    atol = outputs_atol(y_ref)
     g = torch.randn(y_ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).to(x.device)
     (y_ref * g).sum().backward()
     ys, dxs = [None] * ranks, [None] * ranks
@@ -104,7 +109,7 @@ def step_matches(test, model, x, comms, convert=sbt.convert_fused):
     fp32.load_state_dict(twins[0].state_dict())
     with torch.no_grad():
         y_ref = ref(x.double())
-        atol = max(1e-4, 4 * (fp32(x).double() - y_ref).abs().max().item())
+        atol = outputs_atol(y_ref)
         y_eval = twins[0](x)
         torch.testing.assert_close(y_eval.double(), y_ref, rtol=1e-4, atol=atol, msg="eval")
     # the trained model reverted: its state bitwise the team's, and PyTorch's batch

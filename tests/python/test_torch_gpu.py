@@ -410,18 +410,13 @@ class TestTorchGpu(unittest.TestCase):
         def fused_blocks(model):
             return sum(isinstance(m, sbt.FusedBottleneck) for m in sbt.convert_fused(copy.deepcopy(model)).modules())
 
-        def sync(m, comm=None):
-            return sbt.convert_sync_batchnorm(m, comm=comm)
-
-        def fused(m, comm=None):
-            return sbt.convert_fused(m, comm=comm)
-
         torch.manual_seed(0)
         model = prepared(resnet.resnet50(num_classes=10)).cuda()
         x = torch.randn(4, 3, 224, 224, device="cuda")
         self.assertEqual(fused_blocks(model), 16)
-        for name, convert, fmt in (("sync", sync, torch.contiguous_format), ("fused", fused, torch.contiguous_format),
-                                   ("fused channels_last", fused, torch.channels_last)):
+        for name, convert, fmt in (("sync", sbt.convert_sync_batchnorm, torch.contiguous_format),
+                                   ("fused", sbt.convert_fused, torch.contiguous_format),
+                                   ("fused channels_last", sbt.convert_fused, torch.channels_last)):
             t0 = time.perf_counter()
             with self.subTest(f"resnet50 {name}"):
                 step_matches(self, model.to(memory_format=fmt), x.contiguous(memory_format=fmt), [None], convert)
@@ -431,7 +426,7 @@ class TestTorchGpu(unittest.TestCase):
                                                                  aux_loss=True))).cuda()
         self.assertEqual(fused_blocks(model), 16)
         t0 = time.perf_counter()
-        step_matches(self, model, torch.randn(4, 3, 256, 256, device="cuda"), [None], fused)
+        step_matches(self, model, torch.randn(4, 3, 256, 256, device="cuda"), [None], sbt.convert_fused)
         print(f"test_torch_gpu: deeplabv3_resnet50 fused: {time.perf_counter() - t0:.1f} s")
 
     def test_binding_cost_printed(self):

@@ -153,7 +153,12 @@ class ModelsTest(unittest.TestCase):
 
     def check_step(self, model, x, ranks=1):
         """One training step of convert_fused(model) on a CPU team of `ranks` threads
-        against the float64 original (model_checks.step_matches)."""
+        against the float64 original (model_checks.step_matches); ranks None: on the
+        layers' own team (no comm given: test_torch_gpu.py's way, here a CPU team of one
+        without a process group)."""
+        if ranks is None:
+            step_matches(self, model, x, [None])
+            return
         comms = syncbn.cpu_team(ranks, timeout_ms=120000)
         try:
             step_matches(self, model, x, comms)
@@ -168,7 +173,7 @@ class ModelsTest(unittest.TestCase):
 
     def check_model(self, make, size, ranks=(1,)):
         """make()'s model (seeded, prepared) through check_structure, a step on each team
-        size of `ranks` (input 4 x 3 x size x size) and check_revert; returns the
+        of `ranks` (check_step's; input 4 x 3 x size x size) and check_revert; returns the
         structure's counts (blocks, pairs, timm layers with ReLU, other timm layers)."""
         torch.manual_seed(0)
         model = prepared(make())
@@ -180,13 +185,10 @@ class ModelsTest(unittest.TestCase):
         return counts
 
     def test_torchvision_resnet18(self):
-        """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two; and on
-        the layers' own team (no comm given: test_torch_gpu.py's way, here a CPU team of
-        one without a process group)."""
-        blocks, pairs, _, _ = self.check_model(lambda: tv_resnet.resnet18(num_classes=5), 96, ranks=(1, 2))
+        """Its 8 BasicBlocks and its stem fused; one step, a team of one and of two, and on
+        the layers' own team (check_step's ranks None)."""
+        blocks, pairs, _, _ = self.check_model(lambda: tv_resnet.resnet18(num_classes=5), 96, ranks=(1, 2, None))
         self.assertEqual((blocks, pairs), (8, 1))  # layer1-4 x 2; the stem
-        torch.manual_seed(0)
-        step_matches(self, prepared(tv_resnet.resnet18(num_classes=5)), torch.randn(4, 3, 96, 96), [None])
 
     def test_torchvision_resnet50(self):
         """Its 16 Bottlenecks and its stem fused; one step on a team of one."""
