@@ -422,5 +422,14 @@ SBN_HD float sbn_recover_rcp(float weight, float bias, float unit, float min_wei
 SBN_HD float sbn_xmu_from_y(int act, float inv_slope, float y, float bias, float rcp) {
   return SBN_MUL(sbn_act_inverse(act, inv_slope, y) - bias, rcp);
 }
+/* The same for a forward with a residual, y = act(bn(x) + z) (sbnBackwardInPlaceEx):
+   ((act^-1(y) - z) - bias) * rcp, z the forward's residual at the element. z = 0 gives
+   sbn_xmu_from_y's bits (a - 0 is a, -0 and NaN included), so a kernel may pass 0 where it
+   has no z. One rounding more than sbn_xmu_from_y's, of bn(x) = act^-1(y) - z: with the
+   rounding y kept of act(bn(x) + z), x_hat is off by about (|bn(x) + z| u_y + |bn(x)|
+   2^-24) / |weight| (tolerances.md, "The in-place backward with a residual"). */
+SBN_HD float sbn_xmu_from_yz(int act, float inv_slope, float y, float z, float bias, float rcp) {
+  return SBN_MUL((sbn_act_inverse(act, inv_slope, y) - z) - bias, rcp);
+}
 
 #endif /* SYNCBN_BN_MATH_H_ */

@@ -31,7 +31,9 @@ struct Smem {
   float extra[kChunk][2]; /* fwd: invstd, var_unbiased; bwd: dweight, dbias */
   float xm[kChunk][2];    /* the backward's mask from x in the 16-byte tile kernels
                              (coop_vec.cuh: kXmaskTile): each channel's scale and bias, of
-                             stage 1's unit (stats_unit) and of the chunk in coef (set_coefs) */
+                             stage 1's unit (stats_unit) and of the chunk in coef (set_coefs);
+                             in the in-place backward's tile kernels, the recovery's bias and
+                             factor of the chunk in coef (set_coefs; kRecoverSmem) */
   float own[kChunk][kRec]; /* a team of one (`local`, coop_kernel.cuh): the record of the
                               chunk the block merged itself, kept here in place of its
                               mailbox (publish_chunk, gather_chunk) */
@@ -617,7 +619,8 @@ struct ChanParams {
   float w, b, mean, invstd;
 };
 template <int KIND>
-__device__ __forceinline__ ChanParams load_params(const sbn_coop_rank_t& R, int64_t c, bool in) {
+__device__ __forceinline__ ChanParams load_params(const sbn_coop_rank_t& R, int64_t c, bool in,
+                                                  bool recover_bias = false) {
   ChanParams q = {1.0f, 0.0f, 0.0f, 0.0f};
   if (in) {
     if (R.weight) q.w = ld_param(R.weight + c);
@@ -626,17 +629,23 @@ __device__ __forceinline__ ChanParams load_params(const sbn_coop_rank_t& R, int6
     } else {
       q.mean = ld_param(R.save_mean_in + c);
       q.invstd = ld_param(R.save_invstd + c);
-      if (R.xmask && R.bias) q.b = ld_param(R.bias + c); /* the mask from x's (sm.xm) */
+      /* the mask from x's (sm.xm), and the in-place backward's recovery where set_coefs
+         writes it (recover_bias: the tile kernels') */
+      if ((R.xmask || (recover_bias && R.recover)) && R.bias) q.b = ld_param(R.bias + c);
     }
   }
   return q;
 }
 /* The coefficients of a channel (sm.coef[slot], sm.extra[slot]) from the team's merged
-   values of it (gather_chunk: v, and this rank's own sums `mine`) over m values. */
+   values of it (gather_chunk: v, and this rank's own sums `mine`) over m values; sm.xm[slot]
+   the backward's: the mask from x's (scale, bias), or the in-place backward's recovery
+   (R.recover: bias, and sbn_recover_rcp's factor with the dtype's unit roundoff `unit`),
+   which the tile kernels' stage 5 reads there (coop_vec.cuh: kRecoverSmem; `unit` 0 where
+   no one reads it: plane units, which hold their one channel's in registers). */
 template <int KIND>
 __device__ __forceinline__ void set_coefs(const sbn_coop_rank_t& R, int slot, int64_t m,
                                           const float (&v)[3], const float (&mine)[2],
-                                          const ChanParams& q, Smem& sm) {
+                                          const ChanParams& q, Smem& sm, float unit = 0.0f) {
   if (KIND == SBN_OP_FORWARD) {
     sbn_partial_t gp = {(float)m, v[0], v[1], v[2]};
     sbn_stats_t s = sbn_stats_finalize(gp, m, R.eps);
@@ -652,8 +661,13 @@ __device__ __forceinline__ void set_coefs(const sbn_coop_rank_t& R, int slot, in
     sm.coef[slot][1] = kc.mean_dy;
     sm.coef[slot][2] = kc.xmu_scale;
     sm.coef[slot][3] = kc.scale;
-    sm.xm[slot][0] = kc.scale; /* the mask from x's: sbn_scale(weight, invstd), and the bias */
-    sm.xm[slot][1] = q.b;
+    if (unit > 0.0f && R.recover) { /* the recovery's (epi_coef's values, coop_vec.cuh), where read */
+      sm.xm[slot][0] = q.b;
+      sm.xm[slot][1] = sbn_recover_rcp(q.w, q.b, unit, SBN_RECOVER_MIN_WEIGHT, q.invstd);
+    } else {
+      sm.xm[slot][0] = kc.scale; /* the mask from x's: sbn_scale(weight, invstd), and the bias */
+      sm.xm[slot][1] = q.b;
+    }
     const float sdy = R.grad_global ? v[0] : mine[0];
     const float sdx = R.grad_global ? v[1] : mine[1];
     sm.extra[slot][0] = sbn_dweight(sdx, q.invstd, m);
@@ -694,12 +708,14 @@ __device__ __forceinline__ void channel_outputs(const sbn_coop_rank_t& R, int64_
    solo op's block 0 writes it at its end). `local`: the chunk's record is the block's
    own, in sm.own (publish_chunk). `same` (coef_shared of the block's previous unit and
    this one, which succeeded): sm.coef holds the chunk, and nothing is gathered or written
-   to shared memory: no barrier. Returns 0 or the failure (nothing written). */
+   to shared memory: no barrier. Returns 0 or the failure (nothing written). unit: the
+   dtype's unit roundoff in the in-place backward's kernels (set_coefs: the recovery's
+   factor), 0 in the others (a constant: their code stays as it was). */
 template <int KIND, bool TILE, bool HOST>
 __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
                             const sbn_geo_t& g, int grp, int p, uint32_t k, uint64_t deadline,
                             Smem& sm, bool nbt_here = true, bool local = false,
-                            bool same = false) {
+                            bool same = false, float unit = 0.0f) {
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
   const int64_t c0 = TILE ? (int64_t)grp * kChunk : grp;
   const int cw = TILE ? (int)(g.c - c0 < kChunk ? g.c - c0 : kChunk) : 1;
@@ -717,10 +733,11 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
          it instead of following the gather (forward: weight, bias; backward: the saved
          mean and invstd, weight); a team of one that merges the chunk itself, with no
          wait to overlap, asked L2 for them before its merge (publish_chunk) */
-      const ChanParams q = load_params<KIND>(R, c, mine_c);
+      const float tu = TILE ? unit : 0.0f; /* plane units hold their channel's own: none written */
+      const ChanParams q = load_params<KIND>(R, c, mine_c, TILE && tu > 0.0f);
       int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
                                         local ? sm.own[lane] : nullptr, g.rows);
-      if (st == 0 && mine_c) set_coefs<KIND>(R, slot, m, v, mine, q, sm);
+      if (st == 0 && mine_c) set_coefs<KIND>(R, slot, m, v, mine, q, sm, tu);
       __syncwarp(); /* every lane read sm.coef_chunk (above) before lane 0 replaces it */
       if (lane == 0) {
         sm.status = st;

@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
       /* no gather or barrier before a unit of the previous one's chunk (coef_shared) */
       const bool same = u > u0 && coef_shared<TILE>(g, u - 1, u);
       st = finish_coefs<KIND, TILE, false>(a, R, g, u % g.ngroups, u / g.ngroups, k, deadline, sm,
-                                           !solo, local, same);
+                                           !solo, local, same,
+                                           EPI == SBN_EPI_RECOVER ? sbn_dtype_unit(DT) : 0.0f);
       if (st != 0) break;
       if (u == u0) SBN_STAMP(5); /* the first unit's records gathered (stage 4) */
       nbt_due |= u == 0;

@@ -63,6 +63,8 @@
 #define SBN_MUT_SMALL_TEAM_LOCAL 16777216 /* the team's small kernel takes its rank's own
                                              values of a chunk for the team's (publishes,
                                              gathers nothing) */
+#define SBN_MUT_RECOVER_NO_Z 33554432 /* the in-place backward of a forward with a residual
+                                         recovers x from y as if there were no z */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

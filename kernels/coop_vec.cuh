@@ -223,7 +223,8 @@ __device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float
 /* ---- the data path of one variant ------------------------------------------------------ */
 /* EPI: 0 the plain ops; 1 the epilogue (SBN_EPI_ACT: an activation, z, dz); 2 the in-place
    backward (SBN_EPI_RECOVER: x - mean recovered from y, which the kernel reads in x's
-   place). A kernel of each, so that each keeps only the registers it needs. */
+   place, and from z where the forward had one: load_y). A kernel of each, so that each
+   keeps only the registers it needs. */
 template <int KIND, int DT, bool TILE, int VEC, bool ONCHIP, int EPI = SBN_EPI_NONE>
 struct VecPath {
   static constexpr int U = KIND == SBN_OP_FORWARD ? SBN_BATCH_FWD : SBN_BATCH_BWD;
@@ -254,6 +255,18 @@ struct VecPath {
      from what the stage holds anyway (stage 1: BwdAcc.mean; stage 5: the coefficients) */
   static constexpr bool kXmask = kBwdEpi && !kRecover;
   static constexpr bool kXmaskTile = kXmask && NCH > 1;
+  /* the in-place backward's stage 5 in the tile kernels (4 or 8 channels a thread): each
+     channel's coefficients, and its recovery's bias and factor, read from shared memory
+     for each position (sm.coef, sm.xm: set_coefs), not held in registers across the unit:
+     with a residual's z the fp16/bf16 16-byte stream kernels held 24-28 bytes past their
+     128 registers (check-sass.sh) */
+  static constexpr bool kRecoverSmem = kRecover && NCH > 1;
+  /* the in-place backward's stage 5 a position at a time (each position's dx and dz stored
+     before the next one's are computed), or the batch at once (then stored), whichever of
+     the two keeps the kernel within its registers with a residual's z (sm_90, CUDA 13.0,
+     spill bytes of the 16-byte stream kernels, position / batch: tile fp16 and bf16 0 / 28
+     with kRecoverSmem; plane bf16 0 / 20, fp16 4 / 0, fp32 0 / 0) */
+  static constexpr bool kRecoverByPos = kRecover && (NCH > 1 || DT == sbnBFloat16);
   /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
      at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
@@ -314,7 +327,8 @@ SBN_UNROLL
   /* The backward's epilogue: y's batch (the activation's mask) where the kernel reads it
      besides x and dy (an activation, x given), in stage 1 and again in stage 5 (the
      onchip kernels hold x and dy only); false: no y, or y is the batch's slot 0 (the
-     in-place backward). mean, xm: the mask from x's in the 16-byte tile kernels
+     in-place backward, which reads z's batch here where the forward had a residual:
+     true then, yb holding z). mean, xm: the mask from x's in the 16-byte tile kernels
      (kXmaskTile): the thread's channels' saved means, and their (scale, bias) in shared
      memory (sm.xm from the thread's first channel's slot). */
   static __device__ __forceinline__ bool load_y(const sbn_coop_rank_t& R, const Pos& bp, const Batch& bt,
@@ -373,6 +387,13 @@ SBN_UNROLL
       }
 SBN_UNROLL
       for (int k = 0; k < U; k++) yb[k] = load_pos<DT, VEC, kWholePos>(R.y, bp.idx(k), bp.mask(k, kFull), pol);
+      return true;
+    } else if constexpr (kRecover) {
+      /* the in-place backward of a forward with a residual (sbnBackwardInPlaceEx): z's
+         batch, which the recovery subtracts (sbn_xmu_from_yz); the mask is slot 0's y */
+      if (R.z == nullptr || SBN_MUTANT(SBN_MUT_RECOVER_NO_Z)) return false;
+SBN_UNROLL
+      for (int k = 0; k < U; k++) yb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
       return true;
     } else {
       return false;
@@ -603,9 +624,10 @@ SBN_UNROLL
           const float dy = grad_at(bt, k, e, ep, yb, has_y);
           float err, t;
           if (kRecover)
-            t = sbn_grad_term_xmu(
-                dy, sbn_xmu_from_y(ep.act, ep.inv_slope, elem_get<DT, VEC>(bt[k][0], e), ep.bias[ch], ep.rcp[ch]),
-                &err);
+            t = sbn_grad_term_xmu(dy,
+                                  sbn_xmu_from_yz(ep.act, ep.inv_slope, elem_get<DT, VEC>(bt[k][0], e),
+                                                  has_y ? elem_get<DT, VEC>(yb[k], e) : 0.0f, ep.bias[ch], ep.rcp[ch]),
+                                  &err);
           else
             t = sbn_grad_term(dy, elem_get<DT, VEC>(bt[k][0], e), A.mean[ch], &err);
           sbn_csum_add(&A.sdy[ch], dy);
@@ -890,7 +912,7 @@ SBN_NO_UNROLL
   /* The outputs of a batch in place of its x. EPI: forward, act(y + z) (zb: z's batch
      where has_z); backward, the gradient act'(y) dy (yb: y's batch where has_y, else
      slot 0; grad_at) in place of dy when `grads` (dz), and x - mean recovered from y in
-     the in-place backward's copy (kRecover). */
+     the in-place backward's copy (kRecover; and from z, yb's, where has_y). */
   template <int UB, bool RELU = false>
   static __device__ __forceinline__ void outputs(uint4 (&bt)[UB][NV], const float (&kc)[NCH][4],
                                                  const EpiCoef<NCH>& ep, const uint4 (&zb)[UB], bool has_z,
@@ -916,7 +938,11 @@ SBN_UNROLL
           const sbn_bwd_coef_t c4 = {kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]};
           const float gr = grad_at(bt, k, e, ep, yb, has_y);
           if (kRecover)
-            r = sbn_backward_dx_xmu(c4, sbn_xmu_from_y(ep.act, ep.inv_slope, xv, ep.bias[ch], ep.rcp[ch]), gr);
+            r = sbn_backward_dx_xmu(
+                c4,
+                sbn_xmu_from_yz(ep.act, ep.inv_slope, xv, has_y ? elem_get<DT, VEC>(yb[k], e) : 0.0f,
+                                ep.bias[ch], ep.rcp[ch]),
+                gr);
           else
             r = sbn_backward_dx(c4, xv, gr);
           if (kBwdEpi && grads) elem_set<DT, VEC>(bt[k][NV - 1], e, gr);
@@ -1022,6 +1048,47 @@ SBN_UNROLL
           for (int k = 0; k < U; k++) eb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
         }
         outputs(bt, kc, ep, eb, has_z, eb, false, false);
+      } else if constexpr (kRecover && !kRecoverByPos) {
+        /* the in-place backward, the batch at once (z's batch in eb where the forward had
+           a residual) */
+        const bool dz = R.dz != nullptr;
+        const bool has_z = load_y(R, bp, bt, ep, eb, pol, mean, sm.xm + slot0);
+        outputs(bt, kc, eg, eb, false, eb, has_z, dz);
+        if (dz) {
+SBN_UNROLL
+          for (int k = 0; k < U; k++)
+            store_pos<DT, VEC, kWholePos>(R.dz, bp.idx(k), bp.mask(k, kFull), bt[k][NV - 1]);
+        }
+        if (R.out != nullptr) store_batch(R, bp, bt);
+      } else if constexpr (kRecover) {
+        /* the in-place backward a position at a time (kRecoverByPos): a position's dx and
+           dz stored once computed, before the next position's, so that fewer values are
+           held at once */
+        const bool dz = R.dz != nullptr;
+        const bool has_z = load_y(R, bp, bt, ep, eb, pol, mean, sm.xm + slot0);
+SBN_UNROLL
+        for (int k = 0; k < U; k++) {
+          uint4 b1[1][NV], z1[1] = {eb[k]};
+SBN_UNROLL
+          for (int v = 0; v < NV; v++) b1[0][v] = bt[k][v];
+          if constexpr (kRecoverSmem) {
+            float kb[NCH][4];
+            EpiCoef<NCH> e1 = eg;
+SBN_UNROLL
+            for (int ch = 0; ch < NCH; ch++) {
+              kb[ch][0] = 0.0f; /* the mean: x - mean is recovered, not read */
+SBN_UNROLL
+              for (int q = 1; q < 4; q++) kb[ch][q] = *(volatile const float*)&sm.coef[slot0 + ch][q];
+              e1.bias[ch] = *(volatile const float*)&sm.xm[slot0 + ch][0];
+              e1.rcp[ch] = *(volatile const float*)&sm.xm[slot0 + ch][1];
+            }
+            outputs(b1, kb, e1, z1, false, z1, has_z, dz);
+          } else {
+            outputs(b1, kc, eg, z1, false, z1, has_z, dz);
+          }
+          if (dz) store_pos<DT, VEC, kWholePos>(R.dz, bp.idx(k), bp.mask(k, kFull), b1[0][NV - 1]);
+          if (R.out != nullptr) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), b1[0][0]);
+        }
       } else if constexpr (kBwdEpi) {
         const bool dz = R.dz != nullptr && !dzf;
         const bool has_y = !dzf && load_y(R, bp, bt, ep, eb, pol, mean, sm.xm + slot0);
@@ -1034,7 +1101,7 @@ SBN_UNROLL
       } else {
         outputs(bt, kc, ep, eb, false, eb, false, false);
       }
-      if (!kBwdEpi || R.out != nullptr) store_batch(R, bp, bt);
+      if (!kRecover && (!kBwdEpi || R.out != nullptr)) store_batch(R, bp, bt); /* kRecover: above */
     });
   }
 };

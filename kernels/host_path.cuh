@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, SBN_STREAM_BLOCKS_PER_SM)
     /* as the cooperative kernel's loop: no barrier between two units of one chunk */
     const bool same = u > u0 && coef_shared<TILE>(g, u - 1, u);
     st = finish_coefs<KIND, TILE, true>(a, R, g, u % g.ngroups, u / g.ngroups, 0u, 0u, sm, true,
-                                        false, same);
+                                        false, same, EPI == SBN_EPI_RECOVER ? sbn_dtype_unit(DT) : 0.0f);
     if (st != 0) break;
     int gb = 0;
     path.stage5_unit(R, g, u, &gb, nullptr, sm);

@@ -48,7 +48,8 @@ static sbnResult_t check_params(sbnComm_t comm, const char* fn, const sbnParams_
 /* The entry point's name, for messages. */
 static const char* op_fn(const sbn_op_t* op, int ex) {
   if (!ex) return sbn_op_name(op->kind);
-  return op->kind == SBN_OP_FORWARD ? "sbnForwardTrainEx" : "sbnBackwardEx";
+  if (op->kind == SBN_OP_FORWARD) return "sbnForwardTrainEx";
+  return ex == 2 ? "sbnBackwardInPlaceEx" : "sbnBackwardEx";
 }
 
 /* The first sbnEpilogue_t's size (size, activation, slope): a caller built against that
@@ -212,8 +213,9 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
     const int recover = op->x == NULL && op->y != NULL; /* the in-place backward */
     if (has_data && (op->dy == NULL || (op->x == NULL && !recover)))
       return sbn_fail(comm, sbnInvalidArgument,
-                      ex ? "%s: dy, and x or y (the in-place backward), must be non-NULL when n > 0"
-                         : "%s: x and dy must be non-NULL when n > 0", fn);
+                      ex == 2 ? "%s: y and dy must be non-NULL when n > 0"
+                      : ex    ? "%s: dy, and x or y (the in-place backward), must be non-NULL when n > 0"
+                              : "%s: x and dy must be non-NULL when n > 0", fn);
     if (op->save_mean == NULL || op->save_invstd == NULL)
       return sbn_fail(comm, sbnInvalidArgument, "%s: save_mean and save_invstd are required",
                       fn);
@@ -224,16 +226,16 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
       return sbn_fail(comm, sbnInvalidArgument,
                       "%s: x and y are the same memory: a forward that wrote y over x left no x for dx "
                       "and dweight; pass x NULL (the in-place backward recovers x from y: identity or "
-                      "leaky ReLU, no residual), or keep x", fn);
+                      "leaky ReLU; with a residual, sbnBackwardInPlaceEx), or keep x", fn);
     /* dx and dz are written while dy, x and y are read (the aliases above excepted), and
        dweight and dbias before the per-channel inputs are read for the last time (the dx
        coefficients read weight and save_*, the in-place backward bias) */
     const span_t outs[4] = {{"dz", op->dz, tensor}, {"dx", op->out, tensor}, {"dweight", op->dweight, chan},
                             {"dbias", op->dbias, chan}};
-    const span_t ins[7] = {{"x", op->x, tensor}, {"y", op->y, tensor}, {"dy", op->dy, tensor},
-                           {"weight", op->weight, chan}, {"bias", op->bias, chan},
+    const span_t ins[8] = {{"x", op->x, tensor}, {"y", op->y, tensor}, {"dy", op->dy, tensor},
+                           {"z", op->z, tensor}, {"weight", op->weight, chan}, {"bias", op->bias, chan},
                            {"save_mean", op->save_mean, chan}, {"save_invstd", op->save_invstd, chan}};
-    r = check_aliases(comm, fn, "backward", outs, 4, ins, 7);
+    r = check_aliases(comm, fn, "backward", outs, 4, ins, 8);
     if (r != sbnSuccess) return r;
     if (op->bias != NULL && op->weight == NULL)
       return sbn_fail(comm, sbnInvalidArgument,
@@ -253,10 +255,11 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
                         "%s: the in-place backward (x NULL) recovers x from y, which needs an invertible "
                         "activation (identity, or leaky ReLU with a slope >= FLT_MIN): %s is not", fn, what);
       }
-      if (op->dz != NULL)
+      if (op->dz != NULL && op->z == NULL)
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward (x NULL) recovers x from y, which a residual z "
-                        "(dz non-NULL) makes impossible: pass x", fn);
+                        "(dz non-NULL) makes impossible without z: pass z (sbnBackwardInPlaceEx) or x",
+                        fn);
       if ((op->weight == NULL) != (op->bias == NULL))
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward reads weight and bias: both set (affine) or "
@@ -335,8 +338,8 @@ static sbnResult_t forward_train(int ex, sbnComm_t comm, const sbnTensorDesc_t* 
   return submit(&op, desc, params, ex, epilogue);
 }
 
-static sbnResult_t backward(int ex, sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x, const void* y,
-                            const void* dy, void* dx, void* dz, const float* weight, const float* bias,
+static sbnResult_t backward(int ex, sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x, const void* z,
+                            const void* y, const void* dy, void* dx, void* dz, const float* weight, const float* bias,
                             const float* save_mean, const float* save_invstd, float* dweight, float* dbias,
                             const sbnParams_t* params, const sbnEpilogue_t* epilogue, sbnStream_t stream) {
   sbn_op_t op;
@@ -345,6 +348,7 @@ static sbnResult_t backward(int ex, sbnComm_t comm, const sbnTensorDesc_t* desc,
   op.stream = stream;
   op.comm = comm;
   op.x = x;
+  op.z = z; /* sbnBackwardInPlaceEx's: the forward's residual, which the recovery subtracts */
   op.y = y;
   op.dy = dy;
   op.out = dx;
@@ -382,8 +386,8 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
                                 const void* dy, void* dx, const float* weight,
                                 const float* save_mean, const float* save_invstd, float* dweight,
                                 float* dbias, const sbnParams_t* params, sbnStream_t stream) {
-  return backward(0, comm, desc, x, NULL, dy, dx, NULL, weight, NULL, save_mean, save_invstd, dweight, dbias,
-                  params, NULL, stream);
+  return backward(0, comm, desc, x, NULL, NULL, dy, dx, NULL, weight, NULL, save_mean, save_invstd, dweight,
+                  dbias, params, NULL, stream);
 }
 
 SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* x,
@@ -392,8 +396,18 @@ SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, c
                                   const float* save_invstd, float* dweight, float* dbias,
                                   const sbnParams_t* params, const sbnEpilogue_t* epilogue,
                                   sbnStream_t stream) {
-  return backward(1, comm, desc, x, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight, dbias, params,
-                  epilogue, stream);
+  return backward(1, comm, desc, x, NULL, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight, dbias,
+                  params, epilogue, stream);
+}
+
+SBN_API sbnResult_t sbnBackwardInPlaceEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* y,
+                                         const void* z, const void* dy, void* dx, void* dz,
+                                         const float* weight, const float* bias, const float* save_mean,
+                                         const float* save_invstd, float* dweight, float* dbias,
+                                         const sbnParams_t* params, const sbnEpilogue_t* epilogue,
+                                         sbnStream_t stream) {
+  return backward(2, comm, desc, NULL, z, y, dy, dx, dz, weight, bias, save_mean, save_invstd, dweight, dbias,
+                  params, epilogue, stream);
 }
 
 static sbnResult_t inference(const char* fn, const sbnTensorDesc_t* desc, const void* x, const void* z,

@@ -129,6 +129,9 @@ static void fill_rank(sbn_coop_rank_t* R, emu_team_t* e, team_t* t, int r, int b
       /* as gpu_launch.c: x NULL and y given (an empty rank passes neither) */
       R->recover = g_epi->recover && g_epi->y[r] != NULL;
       if (R->recover) R->x = g_epi->y[r];
+      /* as gpu_launch.c: the in-place backward's z (sbnBackwardInPlaceEx), x - mean
+         recovered from y and z */
+      if (R->recover) R->z = g_epi->z[r];
       /* as gpu_launch.c (x NULL in the in-place backward) */
       R->xmask = sbn_xmask_applies(g_epi->no_residual, R->act, R->recover ? NULL : R->x, R->y, R->dz);
     }
@@ -1394,6 +1397,9 @@ static void* ex_thread(void* arg) {
   if (!c->bwd)
     c->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], c->ep->z[r], t->y[r], t->w, t->b, t->rm[r], t->rv[r],
                                &t->nbt[r], t->smean[r], t->sinv[r], c->p, &e, NULL);
+  else if (c->ep->recover && c->ep->z[r] != NULL)
+    c->res = sbnBackwardInPlaceEx(comm, &t->d[r], c->ep->y[r], c->ep->z[r], t->dy[r], t->dx[r], c->ep->dz[r], t->w,
+                                  t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e, NULL);
   else
     c->res = sbnBackwardEx(comm, &t->d[r], c->ep->recover ? NULL : t->x[r], c->ep->y[r], t->dy[r], t->dx[r],
                            c->ep->dz[r], t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e, NULL);
@@ -1509,7 +1515,8 @@ static void epi_free(emu_epi_t* ep) {
 
 /* The kernels' epilogue against the CPU team's (itself against float64 in test_fused.c):
    ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
-   (identity, leaky), ReLU alone; every dtype and layout, uneven and empty ranks, W up to 8, every
+   (identity, leaky; without and with a residual: sbnBackwardInPlaceEx), ReLU alone; every
+   dtype and layout, uneven and empty ranks, W up to 8, every
    variant (stream, onchip, scalar; unit on a team of one's planes; small on a team of
    one's ops of few rows, but for the in-place backward), virtual and per-rank
    launches and the host path; then the host path, the per-rank launches, onchip and unit
@@ -1550,6 +1557,8 @@ static void test_fused_vs_cpu(void) {
   } epis[] = {{SBN_ACT_RELU, 1, 0}, {SBN_ACT_LEAKY, 0, 0}, {SBN_ACT_IDENTITY, 1, 0},
               {SBN_ACT_LEAKY, 1, 0}, /* dz of leaky ReLU: in stage 1 in fp32 (dz_first) */
               {SBN_ACT_LEAKY, 0, 1}, {SBN_ACT_IDENTITY, 0, 1},
+              {SBN_ACT_LEAKY, 1, 1}, {SBN_ACT_IDENTITY, 1, 1}, /* in place with a residual:
+                                                                  x from y and z, and dz */
               {SBN_ACT_RELU, 0, 0}}; /* the stream forward's whole ReLU batches (tile, fp32
                                         plane and scalar kernels) */
   static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
@@ -1648,8 +1657,9 @@ static void fused_counts_are(const team_t* t, int slot[2][FB_N], const int rd[FB
 }
 
 /* The epilogue's bytes on the onchip kernels: the forward reads x and z once and writes
-   y once; the in-place backward reads y (in x's place) and dy once and writes dx once;
-   the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
+   y once; the in-place backward reads y (in x's place) and dy once and writes dx once,
+   and with a residual z twice besides (both passes; the stream kernel reads y, dy and z
+   twice) and dz written once; the backward with ReLU and x reads x and dy once, y twice (its mask in stage 1 and in
    stage 5: the kernel holds x and dy only), and writes dx and dz once. Nothing else. And
    their values: the stream kernel's bits on a twin team (NCHW 1032: a thread's batches
    past the registers, held in shared memory). The stream kernel's backward with ReLU and
@@ -1660,17 +1670,19 @@ static void test_fused_bytes(void) {
   static const int64_t n2[2] = {3, 2};
   for (int dt = 0; dt < 3; dt++)
     for (int lay = 0; lay < 2; lay++)
-      for (int mode = 0; mode < 3; mode++) { /* forward; in-place backward; ReLU backward + dz */
+      for (int mode = 0; mode < 4; mode++) { /* forward; in-place backward; ReLU backward + dz;
+                                                the in-place backward with a residual + dz */
         sbnParams_t p = SBN_PARAMS_DEFAULT;
         team_t t;
         team_make(&t, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
         emu_team_t e;
         emu_team_init(&e, 2, 3, 60000);
-        emu_epi_t ep = {mode == 1 ? SBN_ACT_LEAKY : SBN_ACT_RELU, 0.1f, mode == 1, {0}, {0}, {0}, 0};
+        const int inplace = mode == 1 || mode == 3;
+        emu_epi_t ep = {inplace ? SBN_ACT_LEAKY : SBN_ACT_RELU, 0.1f, inplace, {0}, {0}, {0}, 0};
         sbn_rng_t zr = {420 + (uint64_t)dt};
         for (int r = 0; r < 2; r++) {
           ep.z[r] = gen_tensor(&t.d[r], &zr, GEN_NORMAL);
-          ep.dz[r] = mode == 2 ? calloc(1, team_bytes(&t, r)) : NULL;
+          ep.dz[r] = mode >= 2 ? calloc(1, team_bytes(&t, r)) : NULL;
           ep.y[r] = t.y[r];
         }
         g_epi = &ep;
@@ -1685,9 +1697,12 @@ static void test_fused_bytes(void) {
         g_variant = EMU_VAR_DEFAULT;
         g_epi = NULL;
         ASSERT_TRUE(err_words_clear(&e));
-        /* x, z, y, dy, dx, dz: reads, then writes */
-        static const int want_rd[3][FB_N] = {{1, 1, 0, 0, 0, 0}, {0, 0, 1, 1, 0, 0}, {1, 0, 2, 1, 0, 0}};
-        static const int want_wr[3][FB_N] = {{0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 0}, {0, 0, 0, 0, 1, 1}};
+        /* x, z, y, dy, dx, dz: reads, then writes (the in-place backward with a residual
+           holds y and dy, and reads z in both passes, as the x-based one reads y) */
+        static const int want_rd[4][FB_N] = {
+            {1, 1, 0, 0, 0, 0}, {0, 0, 1, 1, 0, 0}, {1, 0, 2, 1, 0, 0}, {0, 2, 1, 1, 0, 0}};
+        static const int want_wr[4][FB_N] = {
+            {0, 0, 1, 0, 0, 0}, {0, 0, 0, 0, 1, 0}, {0, 0, 0, 0, 1, 1}, {0, 0, 0, 0, 1, 1}};
         fused_counts_are(&t, slot, want_rd[mode], want_wr[mode], NULL);
         team_t u;
         team_make(&u, 2, (sbnDataType_t)dt, (sbnLayout_t)lay, 48, lay ? 9 : 1032, n2, 1, 1, GEN_NORMAL, 410 + dt);
@@ -1714,6 +1729,11 @@ static void test_fused_bytes(void) {
           static const int kept[FB_N] = {1, 0, 0, 0, 0, 0};
           fused_counts_are(&u, slot, rd, wr, kept);
         }
+        if (mode == 3) { /* the stream in-place backward with a residual: y, dy and z in both
+                            passes, dx and dz written in the second */
+          static const int rd[FB_N] = {0, 2, 2, 2, 0, 0}, wr[FB_N] = {0, 0, 0, 0, 1, 1};
+          fused_counts_are(&u, slot, rd, wr, NULL);
+        }
         for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
           const size_t b = team_bytes(&t, r), cb = 48 * sizeof(float);
           if (mode == 0) {
@@ -1722,7 +1742,7 @@ static void test_fused_bytes(void) {
           } else {
             ASSERT_MEMEQ(t.dx[r], u.dx[r], b);
             ASSERT_MEMEQ(t.dw[r], u.dw[r], cb);
-            if (mode == 2) ASSERT_MEMEQ(ep.dz[r], eq.dz[r], b);
+            if (mode >= 2) ASSERT_MEMEQ(ep.dz[r], eq.dz[r], b);
           }
         }
         epi_free(&eq);
@@ -4966,7 +4986,8 @@ static const struct {
                 {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT},
                 {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X},
                 {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0},
-                {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL}};
+                {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL},
+                {"recover_no_z", SBN_EMU_MUT_RECOVER_NO_Z}};
 
 /* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
    (some check fails on some seed); exit 0 iff it does. */
@@ -4986,7 +5007,7 @@ static int run_mutant(const char* name) {
       flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
       flag == SBN_EMU_MUT_SMALL_RELOAD || flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT ||
       flag == SBN_EMU_MUT_SMALL_MASK_X || flag == SBN_EMU_MUT_SOLO_END_THREAD0 ||
-      flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL) {
+      flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL || flag == SBN_EMU_MUT_RECOVER_NO_Z) {
     /* the kernels' own mutants: the counts of host accesses and of round trips, and the
        solo ops' arrivals, must see them (no weak model needed) */
     if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
@@ -5011,8 +5032,10 @@ static int run_mutant(const char* name) {
       small_failures();
     } else if (flag == SBN_EMU_MUT_SMALL_RELOAD) {
       small_options();
-    } else if (flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT || flag == SBN_EMU_MUT_SMALL_MASK_X) {
-      test_fused_vs_cpu(); /* the small runs against the CPU team's epilogue */
+    } else if (flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT || flag == SBN_EMU_MUT_SMALL_MASK_X ||
+               flag == SBN_EMU_MUT_RECOVER_NO_Z) {
+      test_fused_vs_cpu(); /* the small runs, and the in-place backward with a residual,
+                              against the CPU team's epilogue */
     } else {
       host_memory_success_paths();
       host_memory_waiting();

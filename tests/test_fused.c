@@ -99,8 +99,12 @@ static void* fused_call(void* arg) {
   } else {
     void* dz = a->where == 2 ? NULL : a->where == 1 ? t->dy[r] : a->f->dz[r];
     const int from_y = a->kind == 2 && !((a->f->keep_x >> r) & 1u);
-    a->res = sbnBackwardEx(comm, &t->d[r], from_y ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
-                           t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+    if (from_y && a->f->z[r] != NULL) /* the in-place backward of a forward with a residual */
+      a->res = sbnBackwardInPlaceEx(comm, &t->d[r], t->y[r], a->f->z[r], t->dy[r], t->dx[r], dz, t->w, t->b,
+                                    t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+    else
+      a->res = sbnBackwardEx(comm, &t->d[r], from_y ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
+                             t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   }
   return NULL;
 }
@@ -316,12 +320,16 @@ static double half_subnormal(sbnDataType_t dt) {
 
 /* e_i of the file's comment for the element whose stored output is y: v = act^-1(y) is off
    by |v| u plus y's absolute rounding (half a subnormal) divided by the slope on leaky
-   ReLU's negative side */
-static double recover_err(sbnDataType_t dt, epi_t e, double y, double b, double w, double mean_lo_bound) {
+   ReLU's negative side. With a residual z (sbnBackwardInPlaceEx), v is bn(x) + z: the
+   forward's fp32 sum rounds once more (|v| 2^-24), and so does the recovery's v - z
+   (|v - z| 2^-24); then v - z takes v's place in the recovery's roundings. */
+static double recover_err_z(sbnDataType_t dt, epi_t e, double y, double z, double b, double w,
+                            double mean_lo_bound) {
   const int neg = y <= 0 && e.act != sbnActivationIdentity;
   const double v = neg ? y / e.slope : y;
   const double tiny = half_subnormal(dt) / (neg ? e.slope : 1.0);
-  return (fabs(v) * unit_roundoff(dt) + tiny + fabs(v - b) * ldexp(1.0, -22)) / w + mean_lo_bound;
+  const double sums = z != 0.0 ? (fabs(v) + fabs(v - z)) * ldexp(1.0, -24) : 0.0;
+  return (fabs(v) * unit_roundoff(dt) + tiny + sums + fabs(v - z - b) * ldexp(1.0, -22)) / w + mean_lo_bound;
 }
 
 /* wb: NULL, or each channel's weight and bias (in place of fused_make's). signs: x = +-1
@@ -330,13 +338,21 @@ static double recover_err(sbnDataType_t dt, epi_t e, double y, double b, double 
    same y and the same rounding error, which the sums add up without cancelling (the
    bound's sum of |g| e_i is reached). keep_x: ranks that run the x-based backward in the
    same op (their elements' e_i is 0: the bound's team sums take the others' only) */
-static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale,
-                         const float (*wb)[2], gen_t gen, int signs, unsigned keep_x, uint64_t seed) {
+/* with_z: the forward had a residual z (N(0, z_scale^2)), which the in-place backward
+   takes (sbnBackwardInPlaceEx), and dz is asked for (checked against the reference's g) */
+static void recover_case_z(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale,
+                           const float (*wb)[2], gen_t gen, int signs, unsigned keep_x, int with_z, float z_scale,
+                           uint64_t seed) {
   int64_t n[MAXW] = {3, 2, 0, 4};
   const int W = 4;
   const int64_t c = 5, sp = 6;
   fused_t f;
-  fused_make(&f, W, dt, lay, c, sp, n, affine, 0, e, seed);
+  fused_make(&f, W, dt, lay, c, sp, n, affine, with_z, e, seed);
+  for (int r = 0; with_z && z_scale != 1.0f && r < W; r++)
+    for (int64_t i = 0; i < sbn_ref_numel(&f.t.d[r]); i++) {
+      const double v = sbn_ref_load(f.z0[r], dt, i) * z_scale;
+      sbn_ref_store(f.z0[r], dt, i, v), sbn_ref_store(f.z[r], dt, i, v);
+    }
   f.keep_x = keep_x;
   team_t* t = &f.t;
   if (gen != GEN_NORMAL) {
@@ -358,10 +374,15 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       if (wb) t->b[ci] = wb[ci][1];
     }
   ASSERT_OK(fused_run(&f, 0, Y_IN_X, NULL));
-  ASSERT_OK(fused_run(&f, 2, 2, NULL)); /* x NULL */
+  ASSERT_OK(fused_run(&f, 2, with_z ? 0 : 2, NULL)); /* x NULL; dz apart where z */
   ref_bwd_t o;
   ref_backward(&f, &o);
   tol_t tol = tol_for(dt);
+  for (int r = 0; with_z && r < W; r++) { /* dz = g, which needs no x */
+    const int64_t ne = sbn_ref_numel(&t->d[r]);
+    if (ne && !check_array("dz", f.dz[r], dt, o.dz[r], ne, tol.out_atol, tol.out_rtol)) break;
+  }
+#define ZAT(r, i) (f.z0[r] != NULL ? sbn_ref_load(f.z0[r], dt, i) : 0.0)
   for (int64_t ci = 0; ci < c; ci++) {
     const double w = affine ? fabs((double)t->w[ci]) : 1.0, b = affine ? (double)t->b[ci] : 0.0;
     const double is = t->sinv[0][ci];
@@ -376,7 +397,9 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
+          double ei = (keep_x >> r) & 1u ? 0.0
+                                         : recover_err_z(dt, e, sbn_ref_load(t->y[r], dt, i), ZAT(r, i), b, w,
+                                                         mean_lo_bound);
           double g = o.dz[r][i], xhat = xhat_of(t, r, i, ci);
           sum_abs_g_e += fabs(g) * ei, rank_abs_g_e[r] += fabs(g) * ei, sum_g_xhat += g * xhat;
           gmax = fmax(gmax, fabs(g));
@@ -396,15 +419,22 @@ static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine,
       for (int64_t ni = 0; ni < n[r]; ni++)
         for (int64_t si = 0; si < sp; si++) {
           int64_t i = sbn_ref_index(&t->d[r], ni, ci, si);
-          double ei = (keep_x >> r) & 1u ? 0.0 : recover_err(dt, e, sbn_ref_load(t->y[r], dt, i), b, w, mean_lo_bound);
+          double ei = (keep_x >> r) & 1u ? 0.0
+                                         : recover_err_z(dt, e, sbn_ref_load(t->y[r], dt, i), ZAT(r, i), b, w,
+                                                         mean_lo_bound);
           double xhat = xhat_of(t, r, i, ci);
           double bound = 2.0 * wabs * is * (ei * fabs(sum_g_xhat / (double)m) + fabs(xhat) * sum_abs_g_e / (double)m);
           ASSERT_CLOSE(sbn_ref_load(t->dx[r], dt, i), o.dx[r][i], dx_atol + bound, tol.out_rtol);
         }
     }
   }
+#undef ZAT
   ref_free(&o, W);
   fused_free(&f);
+}
+static void recover_case(sbnDataType_t dt, sbnLayout_t lay, epi_t e, int affine, float w_scale,
+                         const float (*wb)[2], gen_t gen, int signs, unsigned keep_x, uint64_t seed) {
+  recover_case_z(dt, lay, e, affine, w_scale, wb, gen, signs, keep_x, 0, 1.0f, seed);
 }
 
 static void test_inplace_backward_within_bound(void) {
@@ -448,6 +478,56 @@ static void test_inplace_backward_within_bound(void) {
     CHECK_();
     recover_case(dts[d], (sbnLayout_t)((d + 1) % 2), es[(d + 1) % 3], 1, 1.0f, NULL, GEN_NORMAL, 0, 0x9u, seed++);
     CHECK_();
+  }
+}
+
+/* The in-place backward of a forward with a residual (sbnBackwardInPlaceEx: x_hat from y
+   and z) against the x-based reference, within the bound of recover_err_z: every dtype,
+   layout, identity and leaky ReLU, affine or not; a residual 8 times the normalized
+   values (the bound grows with |bn(x) + z|); weights of 1e-3; ranks that choose x in the
+   same op; dz checked. Then: with z NULL it is sbnBackwardEx with x NULL, bit for bit. */
+static void test_inplace_backward_residual(void) {
+  const sbnDataType_t dts[] = {sbnFloat32, sbnFloat16, sbnBFloat16};
+  const epi_t es[] = {{sbnActivationIdentity, 0.01f}, {sbnActivationLeakyRelu, 0.01f},
+                      {sbnActivationLeakyRelu, 0.2f}};
+  uint64_t seed = 5700;
+  for (int d = 0; d < 3; d++)
+    for (int k = 0; k < 3; k++)
+      for (int affine = 0; affine < 2; affine++) {
+        recover_case_z(dts[d], (sbnLayout_t)((d + k + affine) % 2), es[k], affine, 1.0f, NULL, GEN_NORMAL, 0, 0u,
+                       1, 1.0f, seed++);
+        CHECK_();
+      }
+  for (int d = 0; d < 3; d++) {
+    recover_case_z(dts[d], (sbnLayout_t)(d % 2), es[1 + d % 2], 1, 1.0f, NULL, GEN_NORMAL, 0, 0u, 1, 8.0f, seed++);
+    CHECK_();
+    recover_case_z(dts[d], (sbnLayout_t)((d + 1) % 2), es[d], 1, 1.0f, NULL, GEN_NORMAL, 0, 0x9u, 1, 1.0f, seed++);
+    CHECK_();
+  }
+  recover_case_z(sbnFloat32, sbnLayoutNCHW, es[1], 1, 1e-3f, NULL, GEN_NORMAL, 0, 0u, 1, 1.0f, seed++);
+  CHECK_();
+  recover_case_z(sbnFloat32, sbnLayoutNHWC, es[2], 1, 1.0f, NULL, GEN_OFFSET, 0, 0u, 1, 1.0f, seed++);
+  CHECK_();
+
+  /* z NULL: sbnBackwardInPlaceEx is sbnBackwardEx with x NULL, bit for bit (a team of one) */
+  int64_t n[MAXW] = {3};
+  for (int d = 0; d < 3; d++) {
+    fused_t f;
+    fused_make(&f, 1, dts[d], (sbnLayout_t)(d % 2), 4, 5, n, 1, 0, es[1], seed++);
+    ASSERT_OK(fused_run(&f, 0, Y_IN_X, NULL));
+    ASSERT_OK(fused_run(&f, 2, 2, NULL)); /* sbnBackwardEx, x NULL */
+    team_t* t = &f.t;
+    const size_t bytes = team_bytes(t, 0);
+    void* dx = malloc(bytes);
+    float dw[4], db[4];
+    sbnEpilogue_t e = epilogue(es[1]);
+    ASSERT_OK(sbnBackwardInPlaceEx(team_comms(1)[0], &t->d[0], t->y[0], NULL, t->dy[0], dx, NULL, t->w, t->b,
+                                   t->smean[0], t->sinv[0], dw, db, NULL, &e, NULL));
+    ASSERT_MEMEQ(dx, t->dx[0], bytes);
+    ASSERT_MEMEQ(dw, t->dw[0], sizeof dw);
+    ASSERT_MEMEQ(db, t->db[0], sizeof db);
+    free(dx);
+    fused_free(&f);
   }
 }
 
@@ -622,6 +702,29 @@ static void test_refusals(void) {
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], f.dz[0], t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "residual") != NULL);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "sbnBackwardInPlaceEx") != NULL);
+  /* sbnBackwardInPlaceEx: ReLU; z under dx or dz (z is read in both passes); y NULL;
+     no_residual = 1 with a z */
+  {
+    void* z = f.dz[0]; /* any tensor: refused before it is read */
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                                    t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "invertible") != NULL);
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], z, NULL, t->w, t->b, t->smean[0],
+                                    t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "dx and z are the same memory") != NULL);
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], t->dx[0], z, t->w, t->b, t->smean[0],
+                                    t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "dz and z are the same memory") != NULL);
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], NULL, z, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                                    t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "sbnBackwardInPlaceEx: y and dy must be non-NULL") != NULL);
+    sbnEpilogue_t nores = leaky;
+    nores.no_residual = 1;
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
+                                    t->sinv[0], t->dw[0], t->db[0], NULL, &nores, NULL), sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "no_residual is 1 and z is given") != NULL);
+  }
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], NULL, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "y (the forward's output) is required") != NULL);
@@ -1072,6 +1175,7 @@ int main(void) {
   SBN_RUN(test_fused_uneven_empty_wide);
   SBN_RUN(test_identity_is_the_plain_op);
   SBN_RUN(test_inplace_backward_within_bound);
+  SBN_RUN(test_inplace_backward_residual);
   SBN_RUN(test_inplace_backward_zero_weight);
   SBN_RUN(test_inplace_backward_eps0);
   SBN_RUN(test_refusals);

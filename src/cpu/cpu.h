@@ -65,7 +65,8 @@ SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floa
 SBN_INTERNAL void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out);
 /* What the backward reads of a rank's tensors: g = dy * act'(y) (y NULL: identity, g =
    dy) and x - mean, from x, or, when x is NULL (the in-place backward), from y:
-   sbn_xmu_from_y's (act^-1(y) - bias) * rcp per channel (rcp = sbn_recover_rcp's). */
+   sbn_xmu_from_y's (act^-1(y) - bias) * rcp per channel (rcp = sbn_recover_rcp's), and
+   from z too where the forward had one (sbnBackwardInPlaceEx: sbn_xmu_from_yz). */
 typedef struct {
   const void* x;
   const void* y;
@@ -80,6 +81,7 @@ typedef struct {
   int xmask;
   const float* weight; /* [c] */
   const float* invstd; /* [c]: save_invstd */
+  const void* z;       /* x NULL: the forward's residual (NULL: none; sbnBackwardInPlaceEx) */
 } sbn_cpu_bwd_src_t;
 /* g and x - mean of `len` elements from element `at`, whose channel is ch (NCHW: the
    same for the run) or ch + i (nhwc: element i of the run). */

@@ -196,7 +196,7 @@ sbnResult_t sbn_cpu_backward(const sbn_op_t* op) {
   sbn_cpu_bwd_src_t src = {op->x, op->act != SBN_ACT_IDENTITY || op->x == NULL ? op->y : NULL, op->dy,
                            op->save_mean, op->act, op->slope, op->bias, NULL,
                            sbn_xmask_applies(op->no_residual, op->act, op->x, op->y, op->dz),
-                           op->weight, op->save_invstd};
+                           op->weight, op->save_invstd, op->x == NULL ? op->z : NULL};
   float* rcp = me->stats + 4 * c; /* after the 4c floats of the dx coefficients */
   if (op->x == NULL && d->n > 0) {
     for (int64_t ci = 0; ci < c; ci++)

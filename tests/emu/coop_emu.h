@@ -102,6 +102,8 @@ void sbn_emu_set_residency(unsigned max_blocks);
 #define SBN_EMU_MUT_SMALL_TEAM_LOCAL 16777216 /* SBN_MUT_SMALL_TEAM_LOCAL: the team's small
                                                  kernel takes its rank's own values for the
                                                  team's */
+#define SBN_EMU_MUT_RECOVER_NO_Z 33554432 /* SBN_MUT_RECOVER_NO_Z: the in-place backward with
+                                            a residual recovers x as if z were 0 */
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

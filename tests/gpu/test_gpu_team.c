@@ -1214,7 +1214,8 @@ static void test_usage_errors(void) {
    the rule is sure, its gradients bitwise the first's on the true y; and teams of one of few
    rows (ReLU with a residual on fp32 S10-like 1x1, leaky ReLU with one on bf16 NHWC), which
    run the small kernel under auto, and small's statistics then the stream apply under
-   SBN_ALGO=nccl (test_gpu_team_nccl runs this test too). */
+   SBN_ALGO=nccl (test_gpu_team_nccl runs this test too); the in-place backward with a
+   residual (sbnBackwardInPlaceEx: fp16 NHWC, bf16 and fp16 NCHW planes, fp32 identity). */
 typedef struct {
   sbnActivation_t act;
   int z, recover;
@@ -1249,6 +1250,9 @@ static void* fused_cpu_main(void* arg) {
   if (!f->bwd)
     f->res = sbnForwardTrainEx(f->comm, &h->d[r], h->x[r], f->z, h->y[r], h->w, h->b, h->rm[r], h->rv[r],
                                &h->nbt[r], h->smean[r], h->sinv[r], f->p, f->e, NULL);
+  else if (f->recover && f->z != NULL) /* the in-place backward with the forward's residual */
+    f->res = sbnBackwardInPlaceEx(f->comm, &h->d[r], f->y, f->z, h->dy[r], h->dx[r], f->dz, h->w, h->b, h->smean[r],
+                                  h->sinv[r], h->dw[r], h->db[r], f->p, f->e, NULL);
   else
     f->res = sbnBackwardEx(f->comm, &h->d[r], f->recover ? NULL : h->x[r], f->y, h->dy[r], h->dx[r],
                            f->z != NULL ? f->dz : NULL, h->w, h->b, h->smean[r], h->sinv[r], h->dw[r], h->db[r],
@@ -1324,7 +1328,10 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
   if (!sbn_test_cur_failed_) {
     sbnResult_t res = sbnGroupStart();
     for (int r = 0; r < W; r++)
-      if (res == sbnSuccess)
+      if (res == sbnSuccess && k->recover && k->z) /* x from y and the forward's z */
+        res = sbnBackwardInPlaceEx(d.comm[r], &h.d[r], d.y[r], z_d[r], d.dy[r], d.dx[r], dz_d[r], d.w[r], d.b[r],
+                                   d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
+      else if (res == sbnSuccess)
         res = sbnBackwardEx(d.comm[r], &h.d[r], k->recover ? NULL : d.x[r], d.y[r], d.dy[r], d.dx[r], dz_d[r],
                             d.w[r], d.b[r], d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
     sbnResult_t end = sbnGroupEnd();
@@ -1488,6 +1495,13 @@ static void test_fused(void) {
       /* a team of one's few rows: small (S10's 4 rows of 1x1; 32 rows of NHWC) */
       {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 40, 1, 4, 1},
       {sbnActivationLeakyRelu, 1, 0, sbnBFloat16, sbnLayoutNHWC, 64, 8, 4, 1},
+      /* the in-place backward with a residual (sbnBackwardInPlaceEx): the 16-byte tile
+         kernels (coefficients from shared memory), bf16 and fp16 planes (a position at a
+         time; the batch), fp32, identity */
+      {sbnActivationLeakyRelu, 1, 1, sbnFloat16, sbnLayoutNHWC, 64, 49, 3, 0},
+      {sbnActivationLeakyRelu, 1, 1, sbnBFloat16, sbnLayoutNCHW, 6, 1024, 3, 0},
+      {sbnActivationLeakyRelu, 1, 1, sbnFloat16, sbnLayoutNCHW, 6, 1024, 3, 0},
+      {sbnActivationIdentity, 1, 1, sbnFloat32, sbnLayoutNHWC, 40, 30, 2, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     case_begin();
