@@ -288,6 +288,7 @@ _BWDX_BUFS = (("x", "x", False), ("y", "x", False), ("dy", "x", False), ("dx", "
               ("weight", "c", False), ("bias", "c", False), ("save_mean", "c", False), ("save_invstd", "c", False),
               ("dweight", "c", True), ("dbias", "c", True))
 _INFX_BUFS = (_INF_BUFS[0], ("z", "x", False)) + _INF_BUFS[1:]
+_BWDIP_BUFS = (("y", "x", False), ("z", "x", False)) + _BWDX_BUFS[2:]  # sbnBackwardInPlaceEx
 
 
 def _epilogue(activation, slope):
@@ -542,24 +543,33 @@ class Comm:
 
     def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None, y=None, dz=None, bias=None,
-                 activation=IDENTITY, slope=0.01):
+                 activation=IDENTITY, slope=0.01, z=None):
         """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip).
         After a fused forward: y (its output: the activation's mask), dz (the residual's
         gradient), and x None for the in-place backward (x recovered from y, weight and
-        bias): sbnBackwardEx."""
+        bias): sbnBackwardEx; with z, the forward's residual, x recovered from y and z:
+        sbnBackwardInPlaceEx (x must be None then)."""
         with self._counted(_capi.lib.sbnBackward):  # a backward, plain or fused
-            plain = y is None and dz is None and bool(activation == IDENTITY)
-            fn = _capi.lib.sbnBackward if plain else _capi.lib.sbnBackwardEx
+            if z is not None and x is not None:
+                raise ValueError("syncbn: z (the forward's residual) is read by the in-place backward only: "
+                                 "pass x None")
+            plain = y is None and dz is None and z is None and bool(activation == IDENTITY)
             p = _params(eps, 0.1, grad_mode)
             if plain:
+                fn, name = _capi.lib.sbnBackward, "sbnBackward"
                 ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
                 tail = (ctypes.byref(p), _raw(stream))
+            elif z is not None:
+                fn, name = _capi.lib.sbnBackwardInPlaceEx, "sbnBackwardInPlaceEx"
+                ptrs = _bufs(d, self.host, _BWDIP_BUFS, (y, z, dy, dx, dz, weight, bias, save_mean, save_invstd,
+                                                         dweight, dbias))
+                tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
             else:
+                fn, name = _capi.lib.sbnBackwardEx, "sbnBackwardEx"
                 ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd,
                                                         dweight, dbias))
                 tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
-        self._call(fn, "sbnBackward" if plain else "sbnBackwardEx", ctypes.byref(d), *ptrs, *tail)
-
+        self._call(fn, name, ctypes.byref(d), *ptrs, *tail)
 
 def _raw(obj, what="stream", buffer=False):
     """The address behind obj without checks but its range (a stream, or buffers of a

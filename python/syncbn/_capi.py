@@ -203,6 +203,11 @@ _PROTOTYPES = {
         ctypes.c_int,
         [ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, ctypes.c_float, ctypes.POINTER(Epilogue), _P],
     ),
+    "sbnBackwardInPlaceEx": (
+        ctypes.c_int,
+        [_P, ctypes.POINTER(TensorDesc), _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+         ctypes.POINTER(Params), ctypes.POINTER(Epilogue), _P],
+    ),
 }
 for _name, (_res, _args) in _PROTOTYPES.items():
     _f = getattr(lib, _name)

@@ -10,7 +10,7 @@ with the epilogue).
     syncbn::batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out,
         Tensor? weight, Tensor? bias, Tensor stats, float eps, int comm, int activation,
         float slope, bool input_grad, bool residual_grad, bool weight_grad,
-        bool no_residual=False)
+        bool no_residual=False, Tensor? residual=None)
         -> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)
     syncbn::batch_norm_act_infer(Tensor input, Tensor? residual, Tensor running_mean,
         Tensor running_var, Tensor? weight, Tensor? bias, float eps, int activation,
@@ -32,12 +32,15 @@ where that sign is in doubt): the same gradients, fewer bytes read. The bias is 
 Autograd kernels pass it for a forward without a residual (ReLU, leaky ReLU, not in
 place), and keep the bias for it.
 
-``inplace`` (the train op) asks for the in-place backward: its Autograd kernel saves only
+``inplace`` (the train op) asks for the in-place backward: its Autograd kernel saves
 ``out`` (not the input), and the backward recovers x - mean from out, weight and bias
 (inplace_abn's rule; accuracy: bench/notes/tolerances.md). That needs an invertible
-activation (identity, or leaky ReLU with slope > 0) and no residual: ReLU, a slope of 0
-and a residual are refused with an error naming them. The backward op takes input None
-for it. The forward never writes over its input: out is a new tensor (the memory saved is
+activation (identity, or leaky ReLU with slope > 0): ReLU and a slope of 0 are refused
+with an error naming them. With a residual it saves the residual too, and the backward
+recovers x - mean from out and the residual (sbnBackwardInPlaceEx): a residual block's
+input, which its first convolution keeps anyway, so nothing is kept for x. The backward
+op takes input None for it, and ``residual`` the forward's residual (only then: with the
+input it is refused). The forward never writes over its input: out is a new tensor (the memory saved is
 what autograd keeps, not the forward's transient one).
 
 Their kernels and autograd come in the plain operators' two kinds, with the same checks
@@ -58,6 +61,7 @@ from ._ops import (_buffers, _bump, _call_comm, _check_infer_args, _check_input,
 
 _LIB = _capi.lib
 _fwdx_c, _bwdx_c, _infx_c = _LIB.sbnForwardTrainEx, _LIB.sbnBackwardEx, _LIB.sbnForwardInferenceEx
+_bwdip_c = _LIB.sbnBackwardInPlaceEx
 _byref = ctypes.byref
 
 ACTIVATIONS = {"identity": IDENTITY, "relu": RELU, "leaky_relu": LEAKY_RELU}
@@ -91,9 +95,9 @@ def takes_slope(slope):
     return math.isfinite(s) and s >= 0
 
 
-def check_activation(activation, slope, inplace, who, residual=False):
+def check_activation(activation, slope, inplace, who):
     """Refuses an unknown activation, a negative or non-finite slope, and what the
-    in-place backward cannot do (ReLU, slope 0 or below FLT_MIN, a residual), naming it
+    in-place backward cannot do (ReLU, slope 0 or below FLT_MIN), naming it
     (ValueError)."""
     if activation not in _ACT_NAMES:
         raise ValueError(f"{who}: activation {activation!r}: 0 (identity), 1 (relu) or 2 (leaky_relu)")
@@ -111,9 +115,6 @@ def check_activation(activation, slope, inplace, who, residual=False):
             raise ValueError(f"{who}: the in-place mode cannot take leaky_relu with slope {slope}: below float32's "
                              "smallest normal number (slope * v loses x's bits, and the in-place backward's "
                              "1 / slope overflows below ~2.9e-39); use a larger slope, or inplace=False")
-        if residual:
-            raise ValueError(f"{who}: the in-place mode cannot take a residual: x cannot be recovered from "
-                             "act(batch_norm(x) + residual); use inplace=False for a layer with a residual")
 
 
 def residual_like(z, x):
@@ -162,7 +163,7 @@ def _check_residual(x, z, who):
 def _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation, slope, inplace):
     who = "batch_norm_act_train"
     _check_input(x, who)
-    check_activation(activation, slope, inplace, f"syncbn.{who}", z is not None)
+    check_activation(activation, slope, inplace, f"syncbn.{who}")
     _check_residual(x, z, who)
     _check_train_args(x, weight, bias, running_mean, running_var, nbt, who)
 
@@ -196,13 +197,17 @@ def _train_fake(x, z, weight, bias, running_mean, running_var, nbt, eps, momentu
 
 
 # ---- syncbn::batch_norm_act_backward -----------------------------------------------------
-def _check_backward(dy, x, out, weight, bias, stats, activation, slope):
+def _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual=None):
     who = "batch_norm_act_backward"
     base = x if x is not None else out
     if base is None:
         raise RuntimeError(f"syncbn.{who}: input and out are both None (the in-place backward takes out)")
     _check_input(base, who)
     check_activation(activation, slope, x is None, f"syncbn.{who}")
+    if residual is not None and x is not None:
+        raise RuntimeError(f"syncbn.{who}: a residual is read by the in-place backward only (input None: x "
+                           "recovered from out and the residual); with the input, pass residual None")
+    _check_residual(base, residual, who)
     if out is None and activation != IDENTITY:
         raise RuntimeError(f"syncbn.{who}: out is None: {_ACT_NAMES[activation]}'s gradient needs the "
                            "forward's output")
@@ -228,8 +233,8 @@ def _backward_alloc(base, weight, input_grad, residual_grad, weight_grad):
 
 
 def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                     weight_grad, no_residual=False):
-    _check_backward(dy, x, out, weight, bias, stats, activation, slope)
+                     weight_grad, no_residual=False, residual=None):
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual)
     if x is not None:
         x, layout = _dense(x)
         base = x
@@ -252,6 +257,12 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
         dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
+    if residual is not None:  # the in-place backward of a forward with a residual
+        _call_comm(c, _bwdip_c, "syncbn.batch_norm_act_backward (sbnBackwardInPlaceEx)", _desc(base, layout),
+                   _ptr(out), residual.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
+                   dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp,
+                   dbp, _param(eps, 0.1), _epi(activation, slope), _stream(base))
+        return dx, dz, dwb
     _call_comm(c, _bwdx_c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", _desc(base, layout), _ptr(x),
                _ptr(out), dy.data_ptr(), dx.data_ptr() if input_grad else None,
                dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp,
@@ -260,8 +271,8 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
 
 
 def _backward_fake(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                   weight_grad, no_residual=False):
-    _check_backward(dy, x, out, weight, bias, stats, activation, slope)
+                   weight_grad, no_residual=False, residual=None):
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual)
     base, _ = _dense(x if x is not None else out)
     return _backward_alloc(base, weight, input_grad, residual_grad, weight_grad)
 
@@ -313,7 +324,8 @@ def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_act_train over `train` and `backward` (the
     operators, dispatched past autograd when `below`; or their kernels, eagerly, as
     _ops._train_function with `traced_backward`). It saves
-    the input and (for an activation) out; in-place: out only (x comes back from it).
+    the input and (for an activation) out; in-place: out, and the residual where there is
+    one (x comes back from them).
     A ReLU or leaky ReLU forward without a residual (not in place) also saves the bias,
     and its backward passes no_residual (the mask from x, which reads the bias)."""
 
@@ -328,12 +340,12 @@ def _train_function(train, backward, below, traced_backward=None):
             y, stats = _ops._forward_call(train, below, args)
             # the mask from x: a forward without a residual, of its own weight and bias
             ctx.no_residual = not inplace and activation != IDENTITY and z is None
-            if inplace:
-                _ops._save(ctx, None, y, weight, bias, stats)
+            if inplace:  # x comes back from out (and the residual: sbnBackwardInPlaceEx)
+                _ops._save(ctx, None, y, weight, bias, stats, z)
             elif activation == IDENTITY:  # no mask: out is not needed
-                _ops._save(ctx, x, None, weight, None, stats)
+                _ops._save(ctx, x, None, weight, None, stats, None)
             else:
-                _ops._save(ctx, x, y, weight, bias if ctx.no_residual else None, stats)
+                _ops._save(ctx, x, y, weight, bias if ctx.no_residual else None, stats, None)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
             ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
             ctx.twice = inplace or _ops._twice(x, weight)  # in place: the C++ node looks at out, which always does
@@ -343,13 +355,13 @@ def _train_function(train, backward, below, traced_backward=None):
         @staticmethod
         @_ops._once_differentiable
         def backward(ctx, dy, _dstats):
-            x, y, weight, bias, stats = _ops._saved(ctx, 5)
+            x, y, weight, bias, stats, z = _ops._saved(ctx, 6)
             _ops._anchor(ctx, x if x is not None else y, weight)
             need = ctx.needs_input_grad
             want_w = weight is not None and (need[2] or need[3])
             dx, dz, dwb = _ops._traced(backward, traced_backward, dy)(dy, x, y, weight, bias, stats, ctx.eps,
                                                                       ctx.comm, ctx.activation, ctx.slope, need[0],
-                                                                      need[1], want_w, ctx.no_residual)
+                                                                      need[1], want_w, ctx.no_residual, z)
             dw, db = _ops._weight_grads(dwb if want_w else None, weight, need[2], need[3])
             return (dx if need[0] else None, dz if need[1] else None, dw, db) + (None,) * 9
 
@@ -402,14 +414,15 @@ def _autograd_kernels(train, backward, infer):
         return out
 
     def backward_autograd(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
-                          weight_grad, no_residual=False):
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, out, weight, bias)):
+                          weight_grad, no_residual=False, residual=None):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (dy, x, out, weight, bias, residual)):
             raise RuntimeError("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
                                "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
                                "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
             return backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                            residual_grad, weight_grad, no_residual)
+                            residual_grad, weight_grad, no_residual, residual)
 
     def infer_autograd(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
         _ops._refusals("batch_norm_act_infer", running_mean, running_var, x, z, weight, bias)
@@ -427,7 +440,7 @@ SCHEMAS = {
                             "-> (Tensor out, Tensor stats)",
     "batch_norm_act_backward": "(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
                                "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, "
-                               "bool residual_grad, bool weight_grad, bool no_residual=False) "
+                               "bool residual_grad, bool weight_grad, bool no_residual=False, Tensor? residual=None) "
                                "-> (Tensor grad_input, Tensor grad_residual, Tensor grad_weight_bias)",
     "batch_norm_act_infer": "(Tensor input, Tensor? residual, Tensor running_mean, Tensor running_var, "
                             "Tensor? weight, Tensor? bias, float eps, int activation, float slope) -> Tensor",

@@ -235,12 +235,12 @@ class Native:
         so = ctypes.CDLL(str(path))  # the same loaded object: its extern "C" functions
         p = ctypes.c_void_p
         so.sbn_torch_bind.restype = ctypes.c_int
-        so.sbn_torch_bind.argtypes = [p] * 10
+        so.sbn_torch_bind.argtypes = [p] * 11
         lib = _capi.lib
         fns = [ctypes.cast(f, p) for f in (lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference,
                                            lib.sbnGetLastError, lib.sbnGetErrorString, lib.sbnGetResultName,
                                            lib.sbnCommDestroy, lib.sbnForwardTrainEx, lib.sbnBackwardEx,
-                                           lib.sbnForwardInferenceEx)]
+                                           lib.sbnForwardInferenceEx, lib.sbnBackwardInPlaceEx)]
         so.sbn_torch_bind(*fns)
         so.sbn_torch_comm_put.restype = None
         so.sbn_torch_comm_put.argtypes = [ctypes.c_int64, p, ctypes.c_int, ctypes.c_char_p]

@@ -344,9 +344,11 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     in eval (the running statistics: the same formula); ``forward(..., activate=False)``
     computes batch_norm(input) + residual, without the activation (and not in place).
     ``inplace=True``: autograd keeps only the output, not the input (the backward recovers
-    the input from it, as inplace_abn): for identity or leaky_relu with slope > 0 and no
-    residual (ReLU is not invertible: refused here, at construction). The output is still
-    a new tensor."""
+    the input from it, as inplace_abn): for identity or leaky_relu with slope > 0 (ReLU is
+    not invertible: refused here, at construction). With a residual it keeps the residual
+    too, and recovers the input from the output and the residual: nothing more where the
+    residual is kept anyway (a residual block's input, which its first convolution keeps).
+    The output is still a new tensor."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None, device=None, dtype=None, comm=None, activation="identity", slope=0.01,
@@ -452,10 +454,6 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise RuntimeError(f"syncbn.torch.SyncBatchNorm: {c} channels, "  # as F.batch_norm's for this
                                f"the layer has {self.num_features}")
         fused = residual is not None or act != _sbn.IDENTITY or inplace
-        if fused and residual is not None and inplace:
-            raise ValueError("syncbn.torch.SyncBatchNorm: the in-place mode cannot take a residual: x cannot be "
-                             "recovered from act(batch_norm(x) + residual); use inplace=False for a layer with "
-                             "a residual")
         # each buffer and parameter read once: an nn.Module's __getattr__ is ~0.5-1 us
         w, b = self.weight, self.bias
         if self._abs_weight and w is not None:  # InPlaceABNSync: the scale |weight| + eps
@@ -563,7 +561,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # (torch.compile, export, FX, fake, functional or meta tensors, modes): the operator
         plain = _plain(input)
         if plain:
-            _inference_refused(input, w, b, rm, rv, nbt, inplace)
+            _inference_refused(input, w, b, rm, rv, nbt, inplace, residual)
         if not fused:
             if plain:
                 return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, cid)
@@ -775,11 +773,17 @@ def _abs_eps(weight, eps):
     return torch.where(weight < 0, -weight, weight) + eps
 
 
-def _inference_refused(x, weight, bias, rm, rv, nbt, inplace):
+def _inference_refused(x, weight, bias, rm, rv, nbt, inplace, residual=None):
     """PyTorch's refusals of inference tensors (made under torch.inference_mode()) outside
     inference mode, raised before the training call writes anything (the running
     statistics were updated, then autograd refused to save x): a buffer the call updates in
-    place, an input the in-place mode overwrites, and an input autograd would save."""
+    place, an input the in-place mode overwrites, and an input autograd would save (the
+    in-place mode's residual too)."""
+    if (inplace and residual is not None and residual.is_inference() and not torch.is_inference_mode_enabled()
+            and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))):
+        raise RuntimeError("syncbn.torch.SyncBatchNorm: Inference tensors cannot be saved for backward: the "
+                           "residual was made under torch.inference_mode() (inplace=True keeps it for the "
+                           "backward); clone it, or call the layer under torch.no_grad() or inference mode")
     if not (x.is_inference() or (rm is not None and (rm.is_inference() or rv.is_inference()))
             or (nbt is not None and nbt.is_inference())) or torch.is_inference_mode_enabled():
         return
@@ -2043,8 +2047,12 @@ def _inplace_ok(inplace, act, slope):
 
 def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
     """The fused replacement of a torchvision BasicBlock / Bottleneck, or None; its ReLU a
-    leaky ReLU of slope relu_as_leaky where given, and then, with inplace, its layers
-    without the residual in place (the last one takes the residual: never in place)."""
+    leaky ReLU of slope relu_as_leaky where given, and then, with inplace, its layers in
+    place: those without the residual, and the last one (it takes the residual) where the
+    block has no downsample: its residual is then the block's input, which the first
+    convolution keeps anyway, so keeping it in place of x costs nothing (with a
+    downsample, the residual is the downsample's output, which nothing else keeps: as
+    large as x, and slower to recover from, so that layer keeps x)."""
     if not _no_hooks(m) or uses[id(m)] != 1 or _own_state(m):
         return None
     for forward, cls in _BLOCKS:
@@ -2066,8 +2074,9 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
         last = len(cls._convs) - 1
         for i, (_, bn) in enumerate(cls._convs):
             # within the block, a layer's input is its convolution's output (used by nothing
-            # else) and its output the next convolution's input (which does not write it)
-            getattr(fused, bn).set_activation(*act, i < last and _inplace_ok(inplace, *act))
+            # else) and its output the next convolution's input (which does not write it);
+            # the last layer's output is the block's, and its residual the block's input
+            getattr(fused, bn).set_activation(*act, (i < last or down is None) and _inplace_ok(inplace, *act))
         return fused
     return None
 
@@ -2300,8 +2309,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     set on it; a ConvModule subclass that defines more than its __init__; everything
     while a global module hook is registered
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
-    followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only); ReLU
-    layers and residuals cannot (not invertible) and stay as they are.
+    followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only,
+    and a block's last layer its residual: the block's input, kept anyway); ReLU layers cannot (not invertible) and
+    stay as they are.
 
     Each fused module keeps the layer it fused and where it was: where another module
     takes that place later (a framework's conversion: mmengine's revert_sync_batchnorm,
@@ -2320,9 +2330,10 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     ``relu`` module serves each). This CHANGES THE MODEL, as inplace_abn's networks are
     built (leaky ReLU, slope 0.01), so it is the caller's choice: the parameters and
     buffers load as before, but the function is another, and a model trained with ReLU
-    gives other outputs. With ``inplace=True`` those layers go in place too, but for a
-    block's last one (it takes the residual): a ReLU network then keeps about half the
-    activations it kept (bench/notes/fused-epilogue.md). revert_sync_batchnorm puts
+    gives other outputs. With ``inplace=True`` those layers go in place too, a block's
+    last one (it takes the residual) where the block has no downsample (the residual is
+    then the block's input, which its first convolution keeps anyway): a ReLU network
+    then keeps about half the activations it kept (bench/notes/fused-epilogue.md). revert_sync_batchnorm puts
     ``nn.LeakyReLU(SLOPE)`` where the ReLU was (a block's ``relu`` too): the function
     trained. ReLUs it does not fuse stay ReLUs: one not right after a batch norm, and those
     of the pairs and blocks it leaves alone (above: hooks, a batch norm used twice, ...)."""

@@ -556,9 +556,10 @@ class TestCapi(unittest.TestCase):
         """sbnForwardTrainEx / sbnBackwardEx through the wrapper on a team of two CPU ranks
         (uneven batches), against float64 PyTorch act(batch_norm(x) + z) over the whole
         batch and its autograd: y, dx, dz (z's gradient), dweight and dbias (GRAD_GLOBAL);
-        ReLU and leaky ReLU; then, for leaky ReLU, a forward without z and the in-place
-        backward (x None, recovered from y). fp32: 1e-4 (tests/test_fused.c's tolerances;
-        the in-place bound is ~1e-6 here)."""
+        ReLU and leaky ReLU; then, for leaky ReLU, the in-place backward with the residual
+        (x None and z: sbnBackwardInPlaceEx, x recovered from y and z), and a forward
+        without z and the in-place backward (x None, recovered from y). fp32: 1e-4
+        (tests/test_fused.c's tolerances; the in-place bound is ~1e-6 here)."""
         try:
             import torch
         except ImportError:
@@ -571,7 +572,7 @@ class TestCapi(unittest.TestCase):
             z = [rng.standard_normal((n, c, sp)).astype(np.float32) for n in ns]
             dy = [rng.standard_normal((n, c, sp)).astype(np.float32) for n in ns]
             w, b = (rng.random(c) + 0.5).astype(np.float32), (rng.random(c) - 0.5).astype(np.float32)
-            y, y2, dx, dz, dx2 = ([np.empty_like(v) for v in x] for _ in range(5))
+            y, y2, dx, dz, dx2, dx3, dz3 = ([np.empty_like(v) for v in x] for _ in range(7))
             sm, si = [np.empty(c, np.float32) for _ in ns], [np.empty(c, np.float32) for _ in ns]
             dw, db = [np.empty(c, np.float32) for _ in ns], [np.empty(c, np.float32) for _ in ns]
             comms = syncbn.cpu_team(2)
@@ -595,6 +596,9 @@ class TestCapi(unittest.TestCase):
                 on_ranks(lambda r: comms[r].backward(ds[r], x[r], dy[r], dx[r], sm[r], si[r], w, dw[r], db[r],
                                                      grad_mode=syncbn.GRAD_GLOBAL, y=y[r], dz=dz[r],
                                                      activation=act, slope=slope))
+                if act == syncbn.LEAKY_RELU:  # the in-place backward with z: x from y and z
+                    on_ranks(lambda r: comms[r].backward(ds[r], None, dy[r], dx3[r], sm[r], si[r], w, y=y[r],
+                                                         z=z[r], dz=dz3[r], bias=b, activation=act, slope=slope))
                 if act == syncbn.LEAKY_RELU:  # the in-place backward (a forward without z): x from y
                     on_ranks(lambda r: comms[r].forward_train(ds[r], x[r], y2[r], sm[r], si[r], w, b,
                                                               activation=act, slope=slope))
@@ -616,6 +620,8 @@ class TestCapi(unittest.TestCase):
                 np.testing.assert_allclose(dw[r], W.grad.numpy(), **close)
                 np.testing.assert_allclose(db[r], B.grad.numpy(), **close)
             if act == syncbn.LEAKY_RELU:
+                np.testing.assert_allclose(np.concatenate(dx3), X.grad.numpy(), **close)
+                np.testing.assert_allclose(np.concatenate(dz3), Z.grad.numpy(), **close)
                 X.grad = None
                 Y2 = F.leaky_relu(F.batch_norm(X, None, None, W, B, training=True, eps=1e-5), slope)
                 Y2.backward(torch.tensor(np.concatenate(dy), dtype=torch.float64))

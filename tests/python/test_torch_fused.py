@@ -56,15 +56,20 @@ def act_ref(v, activation, slope):
     return v
 
 
-def inplace_bound(V, Y, G, W, B, invstd, xhat, activation, slope, dtype):
+def inplace_bound(V, Y, G, W, B, invstd, xhat, activation, slope, dtype, Z=None):
     """The in-place backward's first-order error bound (tolerances.md), doubled: per
-    element for dx, per channel for dweight (all float64, whole batch)."""
+    element for dx, per channel for dweight (all float64, whole batch). Z: the residual
+    (V = batch_norm(x) + Z), which the recovery subtracts: two fp32 roundings more
+    (tolerances.md, "The in-place backward with a residual")."""
     shape = [1, -1] + [1] * (V.dim() - 2)
     dims = [0] + list(range(2, V.dim()))
     ones = [1, V.shape[1]] + [1] * (V.dim() - 2)
     w = W.abs().view(shape) if W is not None else torch.ones(ones, dtype=V.dtype)
     b = B.view(shape) if B is not None else torch.zeros(ones, dtype=V.dtype)
-    e = (V.abs() * UNIT[dtype] + (V - b).abs() * 2.0 ** -23) / w
+    if Z is None:
+        e = (V.abs() * UNIT[dtype] + (V - b).abs() * 2.0 ** -23) / w
+    else:
+        e = (V.abs() * (UNIT[dtype] + 2.0 ** -24) + (V - Z).abs() * 2.0 ** -24 + (V - Z - b).abs() * 2.0 ** -23) / w
     g = G if activation == "identity" else torch.where(Y > 0, G, G * (0.0 if activation == "relu" else slope))
     dweight = (g.abs() * e).sum(dims)
     m = V.numel() / V.shape[1]
@@ -142,7 +147,7 @@ class TestFusedLayer(unittest.TestCase):
                     xhat = (X.detach() - mean.view(1, -1, 1, 1)) * invstd.view(1, -1, 1, 1)
                     ex, exw = inplace_bound(V.detach(), Y.detach(), G, ref.weight.detach() if affine else None,
                                             ref.bias.detach() if affine else None, invstd, xhat, activation, slope,
-                                            dtype)
+                                            dtype, Z.detach() if residual else None)
                 o = 0
                 for r, n in enumerate(ns):
                     sl = slice(o, o + n)
@@ -175,16 +180,16 @@ class TestFusedLayer(unittest.TestCase):
             x = (torch.randn(2, c, *hw, dtype=torch.float64) + 1.0).to(dtype).contiguous(memory_format=fmt)
             z = torch.randn(2, c, *hw, dtype=torch.float64).to(dtype).contiguous(memory_format=fmt)
             xe, ze = x.clone().requires_grad_(), z.clone().requires_grad_()
-            ye = layers[0](xe, ze if residual and not inplace else None)
+            ye = layers[0](xe, ze if residual else None)
             g = torch.randn(ye.shape, dtype=torch.float64)
             (ye.double() * g).sum().backward()
             Xe, Ze = x.double().requires_grad_(), z.double().requires_grad_()
-            Ve = ref(Xe) + (Ze if residual and not inplace else 0)
+            Ve = ref(Xe) + (Ze if residual else 0)
             Ye = act_ref(Ve, activation, slope)
             (Ye * g.to(dtype).double()).sum().backward()
             assert_within(self, ye, Ye.detach(), rtol, atol, msg="eval y")
             assert_within(self, xe.grad, Xe.grad, rtol, atol, msg="eval dx")
-            if residual and not inplace:
+            if residual:
                 assert_within(self, ze.grad, Ze.grad, rtol, atol, msg="eval dz")
         finally:
             for cm in comms:
@@ -235,6 +240,18 @@ class TestFusedLayer(unittest.TestCase):
 
     def test_inplace_no_affine(self):
         self._case([2, 2], 3, (4, 4), activation="leaky_relu", residual=False, inplace=True, affine=False, seed=12)
+
+    def test_inplace_with_residual(self):
+        """In place with a residual (sbnBackwardInPlaceEx: x from y and the residual): fp32,
+        fp16 and bf16, both memory formats, uneven and empty ranks, identity and leaky
+        ReLU, affine or not, within the bound with the residual's roundings."""
+        self._case([2, 3], 4, (3, 3), activation="leaky_relu", slope=0.01, inplace=True, seed=15)
+        self._case([3, 0, 1], 4, (3, 3), channels_last=True, activation="identity", inplace=True, seed=16)
+        self._case([2, 2], 4, (3, 3), dtype=torch.float16, activation="leaky_relu", slope=0.2, inplace=True,
+                   seed=17)
+        self._case([2, 3], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, activation="leaky_relu",
+                   slope=0.1, inplace=True, seed=18)
+        self._case([2, 2], 3, (4, 4), activation="leaky_relu", inplace=True, affine=False, seed=19)
 
 
 def saved_storages(fn):
@@ -313,6 +330,36 @@ class TestSavedTensors(TeamOfOne):
         x = (torch.randn(4, 3, 5, 5) + 1).requires_grad_()
         saved, y = saved_storages(lambda: m(x))
         self.assertTrue({x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()} <= saved)
+
+    def test_inplace_with_residual_saves_the_output_and_the_residual(self):
+        """inplace=True with a residual: autograd keeps y and the residual, never x; the
+        residual's gradient is dy * act'(y), through the layer and through the operator. A
+        residual changed in place before the backward is autograd's error, not a wrong
+        gradient."""
+        for through_op in (False, True):
+            x = (torch.randn(4, 3, 5, 5) + 1).requires_grad_()
+            z = torch.randn(4, 3, 5, 5).requires_grad_()
+            m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+            if through_op:
+                fn = lambda: _fused.batch_norm_act_train(x, z, m.weight, m.bias, None, None, None, 1e-5, 0.1,  # noqa
+                                                         self.comm.id, syncbn.LEAKY_RELU, 0.01, True)[0]
+            else:
+                fn = lambda: m(x, z)  # noqa: E731
+            saved, y = saved_storages(fn)
+            self.assertNotIn(x.untyped_storage().data_ptr(), saved, f"saved x (through_op={through_op})")
+            self.assertIn(y.untyped_storage().data_ptr(), saved)
+            self.assertIn(z.untyped_storage().data_ptr(), saved)
+            g = torch.randn_like(y)
+            y.backward(g)
+            torch.testing.assert_close(z.grad, torch.where(y > 0, g, 0.01 * g))
+            self.assertIsNotNone(x.grad)
+        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+        x = (torch.randn(4, 3, 5) + 1).requires_grad_()
+        z = torch.randn(4, 3, 5)
+        y = m(x, z)
+        z.add_(1)
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            y.sum().backward()
 
     def test_modified_output_is_caught(self):
         """An in-place op on the saved output before the backward: autograd's error, not
@@ -549,9 +596,10 @@ class TestMemoryMeasure(TeamOfOne):
     def test_in_place_lowers_the_step_peak(self):
         """The stack of the report, small: the in-place layers keep y, not x, so both the
         saved bytes and the step's peak fall, and the peak holds at least the saved bytes.
-        With relu_as_leaky the blocks' layers without the residual go in place too: the
-        saved bytes fall by exactly those layers' x (y is the next convolution's input,
-        kept anyway), and the peak falls."""
+        With relu_as_leaky the blocks' layers go in place too (those with the residual where
+        the block has no downsample): the saved bytes fall by exactly those layers' x (y is
+        the next convolution's input, or the next block's, kept anyway, and the residual
+        the block's input, which its first convolution keeps), and the peak falls."""
         x = torch.randn(1, 3, 32, 32)
         got, models = {}, {}
         for kind, kw in (("fused", {}), ("in place", {"inplace": True}),
@@ -569,7 +617,10 @@ class TestMemoryMeasure(TeamOfOne):
         was = {n for n, m in models["in place"].named_modules() if isinstance(m, sbt.SyncBatchNorm) and m.inplace}
         new = [m for n, m in models["leaky in place"].named_modules()
                if isinstance(m, sbt.SyncBatchNorm) and m.inplace and n not in was]
-        self.assertEqual(len(new), 4)  # the two BasicBlocks' bn1, the Bottleneck's bn1 and bn2
+        # the two BasicBlocks' bn1, the Bottleneck's bn1 and bn2, and the last layer (it takes
+        # the residual) of the blocks without a downsample, the first BasicBlock's bn2 and the
+        # Bottleneck's bn3: their residual is the block's input, which conv1 keeps anyway
+        self.assertEqual(len(new), 6)
         x_bytes = []
         hooks = [m.register_forward_pre_hook(lambda m, a: x_bytes.append(a[0].nbytes)) for m in new]
         with torch.no_grad():
@@ -669,17 +720,22 @@ class TestRefusals(TeamOfOne):
         m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", slope=1e-30, inplace=True)
         m(torch.randn(2, 3, 4) + 1).sum().backward()  # 1e-30 is a float32 > 0: invertible, runs
 
-    def test_inplace_with_residual_refused(self):
-        m = sbt.SyncBatchNorm(3, comm=self.comm, activation="leaky_relu", inplace=True)
+    def test_backward_residual_refusals(self):
+        """The backward operator takes a residual for the in-place backward only (input
+        None): with the input it is refused, as is one of another shape; ReLU in place is
+        refused with or without one."""
         x = torch.randn(2, 3, 4)
-        with self.assertRaisesRegex(ValueError, "cannot take a residual"):
-            m(x, torch.randn(2, 3, 4))
-        with self.assertRaisesRegex(ValueError, "cannot take a residual"):
-            _fused.batch_norm_act_train(x, x, None, None, None, None, None, 1e-5, 0.1, self.comm.id,
-                                        syncbn.LEAKY_RELU, 0.01, True)
-        with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
-            _fused.batch_norm_act_backward(x, None, x, None, None, torch.zeros(2, 3), 1e-5, self.comm.id,
-                                           syncbn.RELU, 0.01, True, False, False)
+        st = torch.zeros(2, 3)
+        with self.assertRaisesRegex(RuntimeError, "a residual is read by the in-place backward only"):
+            _fused.batch_norm_act_backward(x, x, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
+                                           True, False, False, False, x)
+        with self.assertRaisesRegex(RuntimeError, r"residual has shape \(2, 3, 5\)"):
+            _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
+                                           True, False, False, False, torch.randn(2, 3, 5))
+        for z in (None, x):
+            with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
+                _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.RELU, 0.01,
+                                               True, False, False, False, z)
 
     def test_residual_refused_alike_in_eval_without_running_stats(self):
         """Eval without running statistics is PyTorch's batch norm, but its residual is
@@ -739,7 +795,7 @@ class TestOps(TeamOfOne):
     def test_opcheck_train(self):
         for dtype, cl, affine in self._cases():
             for act, residual, inplace in ((syncbn.RELU, True, False), (syncbn.LEAKY_RELU, False, True),
-                                           (syncbn.IDENTITY, True, False)):
+                                           (syncbn.IDENTITY, True, False), (syncbn.LEAKY_RELU, True, True)):
                 with self.subTest(dtype=dtype, cl=cl, affine=affine, act=act, inplace=inplace):
                     args = self._args(dtype, cl, affine, affine, residual)
                     momentum = None if affine and cl else 0.1
@@ -747,18 +803,21 @@ class TestOps(TeamOfOne):
                                           (*args, 1e-5, momentum, self.comm.id, act, 0.1, inplace))
 
     def test_opcheck_backward(self):
-        """With a residual (no_residual by default), in place, and without a residual
-        (no_residual True: the mask from x, the bias read)."""
+        """With a residual (no_residual by default), in place, without a residual
+        (no_residual True: the mask from x, the bias read), and in place with a residual
+        (the residual passed: sbnBackwardInPlaceEx)."""
         for dtype, cl, affine in self._cases():
-            for inplace, residual, no_residual in ((False, True, ()), (True, False, ()), (False, False, (True,))):
+            for inplace, residual, more in ((False, True, ()), (True, False, ()), (False, False, (True,)),
+                                            (True, True, (False, "z"))):
                 with self.subTest(dtype=dtype, cl=cl, affine=affine, inplace=inplace, residual=residual):
                     x, z, w, b, _, _, _ = self._args(dtype, cl, affine, False, residual, requires_grad=False)
                     y, stats = _fused.batch_norm_act_train(x, z, w, b, None, None, None, 1e-5, 0.1, self.comm.id,
                                                            syncbn.LEAKY_RELU, 0.1, inplace)
                     dy = torch.randn_like(y)
+                    more = tuple(z if m == "z" else m for m in more)  # in place with a residual: the residual
                     torch.library.opcheck(_fused.batch_norm_act_backward,
                                           (dy, None if inplace else x, y, w, b, stats, 1e-5, self.comm.id,
-                                           syncbn.LEAKY_RELU, 0.1, True, residual, affine, *no_residual))
+                                           syncbn.LEAKY_RELU, 0.1, True, residual, affine, *more))
 
     def test_opcheck_infer(self):
         for dtype, cl, affine in self._cases():
@@ -1323,8 +1382,8 @@ class TestConvert(TeamOfOne):
     def test_relu_as_leaky(self):
         """relu_as_leaky=SLOPE, an opt-in that changes the model (inplace_abn's networks):
         every ReLU the converter fuses becomes a leaky ReLU of that slope, a block's all of
-        them; with inplace=True each such layer goes in place but a block's last (it takes
-        the residual). The converted model is the float64 model with those ReLUs replaced
+        them; with inplace=True each such layer goes in place, a block's last (it takes the
+        residual) where the block has no downsample. The converted model is the float64 model with those ReLUs replaced
         by nn.LeakyReLU(SLOPE) by hand (training steps, gradients, buffers, eval), not the
         ReLU one, and reverts to it; the ReLU it does not fuse stays one; a slope that is
         not a real number >= FLT_MIN is refused before the model is touched. A block whose
@@ -1339,8 +1398,10 @@ class TestConvert(TeamOfOne):
             by_hand[i].relu = nn.LeakyReLU(0.2, inplace=True)
         x = torch.randn(4, 3, 8, 8)
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True, relu_as_leaky=0.2)
-        ip = {"1": True, "3.bn1": True, "3.bn2": False, "4.bn1": True, "4.bn2": False, "5.bn1": True,
-              "5.bn2": True, "5.bn3": False, "6.bn1": True, "6.bn2": True, "6.bn3": False, "8": True}
+        # a block's last layer (it takes the residual) in place where the block has no
+        # downsample (3, 5): its residual is the block's input
+        ip = {"1": True, "3.bn1": True, "3.bn2": True, "4.bn1": True, "4.bn2": False, "5.bn1": True,
+              "5.bn2": True, "5.bn3": True, "6.bn1": True, "6.bn2": True, "6.bn3": False, "8": True}
         self.assertEqual(fused_layers(conv), [(n, "leaky_relu", v) for n, v in ip.items()])
         self.assertEqual({n: m.slope for n, m in conv.named_modules() if getattr(m, "activation", "") == "leaky_relu"},
                          {n: 0.1 if n == "8" else 0.2 for n in ip})  # layer 8 was nn.LeakyReLU(0.1)
@@ -2753,16 +2814,18 @@ class TestVmap(TeamOfOne):
 
 class TestCompile(TeamOfOne):
     def test_fullgraph_trains_like_eager(self):
-        """A converted model (fused blocks and layers, one in place) trained 3 SGD steps
-        compiled (fullgraph) and eagerly: the same losses and parameters; 0 graph breaks;
-        the graphs call the fused operators."""
+        """A converted model (fused blocks and layers, in place with relu_as_leaky: the
+        blocks' last layers without a downsample in place with their residual) trained 3
+        SGD steps compiled (fullgraph) and eagerly: the same losses and parameters; 0 graph
+        breaks; the graphs call the fused operators."""
         from torch._dynamo.backends.common import aot_autograd
 
         torch.manual_seed(5)
         base = resnet_like()
         randomize_bn(base)
-        eager = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True)
-        model = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True)
+        eager = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True, relu_as_leaky=0.2)
+        model = sbt.convert_fused(copy.deepcopy(base), comm=self.comm, inplace=True, relu_as_leaky=0.2)
+        self.assertTrue(model[3].bn2.inplace and model[5].bn3.inplace)  # with their residual
         torch._dynamo.reset()
         try:
             compiled = torch.compile(model, fullgraph=True)
@@ -2814,17 +2877,20 @@ class TestCompiledAutograd(TeamOfOne):
     in place, evaluated): eager's gradients, one fused backward operator call per layer
     (test_torch_ops.py's TestCompiledAutograd has the mutants)."""
 
-    def _model(self, inplace):
+    def _model(self, inplace, relu_as_leaky=None):
         torch.manual_seed(7)
         base = resnet_like()
         randomize_bn(base)
-        return sbt.convert_fused(base, comm=self.comm, inplace=inplace)
+        return sbt.convert_fused(base, comm=self.comm, inplace=inplace, relu_as_leaky=relu_as_leaky)
 
     def test_fused_blocks(self):
-        for inplace in (False, True):
-            with self.subTest(inplace=inplace):
+        """Not in place, in place, and in place with relu_as_leaky (the blocks' last layers
+        without a downsample in place with their residual: the node keeps it)."""
+        for inplace, leaky in ((False, None), (True, None), (True, 0.2)):
+            with self.subTest(inplace=inplace, leaky=leaky):
                 x = torch.randn(4, 3, 8, 8, requires_grad=True)
-                compiled_autograd_matches_eager(self, self._model(inplace), (x,), "syncbn.batch_norm_act_backward", 12)
+                compiled_autograd_matches_eager(self, self._model(inplace, leaky), (x,),
+                                                "syncbn.batch_norm_act_backward", 12)
 
     def test_evaluated_fused_blocks(self):
         model = self._model(False)

@@ -73,6 +73,7 @@ struct Api {
   decltype(&sbnForwardTrainEx) forward_train_ex = nullptr;
   decltype(&sbnBackwardEx) backward_ex = nullptr;
   decltype(&sbnForwardInferenceEx) forward_inference_ex = nullptr;
+  decltype(&sbnBackwardInPlaceEx) backward_inplace_ex = nullptr;
 };
 Api api;
 
@@ -611,9 +612,8 @@ const char* act_name(int64_t a) {
 }
 
 // _fused.check_activation: an unknown activation, a slope that is negative or not finite,
-// and what the in-place backward cannot take (ReLU, slope 0 or below FLT_MIN, a residual);
-// ValueError.
-void check_activation(int64_t activation, double slope, bool inplace, const std::string& who, bool residual) {
+// and what the in-place backward cannot take (ReLU, slope 0 or below FLT_MIN); ValueError.
+void check_activation(int64_t activation, double slope, bool inplace, const std::string& who) {
   if (activation < sbnActivationIdentity || activation > sbnActivationLeakyRelu)
     fail_value(who + ": activation " + std::to_string(activation) + ": 0 (identity), 1 (relu) or 2 (leaky_relu)");
   // the library takes the slope as a float32: judged as that value (1e39 is not finite
@@ -635,9 +635,6 @@ void check_activation(int64_t activation, double slope, bool inplace, const std:
     fail_value(who + ": the in-place mode cannot take leaky_relu with slope " + py_float(slope) +
                ": below float32's smallest normal number (slope * v loses x's bits, and the in-place backward's "
                "1 / slope overflows below ~2.9e-39); use a larger slope, or inplace=False");
-  if (residual)
-    fail_value(who + ": the in-place mode cannot take a residual: x cannot be recovered from act(batch_norm(x) + "
-                     "residual); use inplace=False for a layer with a residual");
 }
 
 std::string format_name(const Tensor& t) {
@@ -682,7 +679,7 @@ std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<
                                             double slope, bool inplace) {
   const char* who = "batch_norm_act_train";
   check_input(input, who);
-  check_activation(activation, slope, inplace, std::string("syncbn.") + who, residual.has_value());
+  check_activation(activation, slope, inplace, std::string("syncbn.") + who);
   check_residual(input, residual, who);
   check_train_args(input, weight, bias, running_mean, running_var, nbt, who);
   const CommEntry c = find_comm(comm, input, who);
@@ -700,13 +697,17 @@ std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<
 // ---- syncbn::batch_norm_act_backward ---------------------------------------------------
 void check_act_backward(const Tensor& dy, const optional<Tensor>& x, const optional<Tensor>& out,
                         const optional<Tensor>& weight, const optional<Tensor>& bias, const Tensor& stats,
-                        int64_t activation, double slope) {
+                        int64_t activation, double slope, const optional<Tensor>& residual) {
   const char* who = "batch_norm_act_backward";
   if (!x.has_value() && !out.has_value())
     fail(std::string("syncbn.") + who + ": input and out are both None (the in-place backward takes out)");
   const Tensor& base = x.has_value() ? *x : *out;
   check_input(base, who);
-  check_activation(activation, slope, !x.has_value(), std::string("syncbn.") + who, false);
+  check_activation(activation, slope, !x.has_value(), std::string("syncbn.") + who);
+  if (residual.has_value() && x.has_value())
+    fail(std::string("syncbn.") + who + ": a residual is read by the in-place backward only (input None: x "
+         "recovered from out and the residual); with the input, pass residual None");
+  check_residual(base, residual, who);
   if (!out.has_value() && activation != sbnActivationIdentity)
     fail(std::string("syncbn.") + who + ": out is None: " + act_name(activation) +
          "'s gradient needs the forward's output");
@@ -736,8 +737,8 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
                                                        const optional<Tensor>& bias, const Tensor& stats, double eps,
                                                        int64_t comm, int64_t activation, double slope,
                                                        bool input_grad, bool residual_grad, bool weight_grad,
-                                                       bool no_residual) {
-  check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope);
+                                                       bool no_residual, const optional<Tensor>& residual) {
+  check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope, residual);
   optional<Tensor> x, y;
   sbnLayout_t layout;
   Tensor base;
@@ -765,6 +766,15 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
   const sbnEpilogue_t e = epilogue(activation, slope, no_residual);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
+  if (residual.has_value()) {  // the in-place backward of a forward with a residual
+    call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardInPlaceEx)", [&](sbnComm_t h) {
+      return api.backward_inplace_ex(h, &d, ptr<const void>(y), residual->data_ptr(), dy.data_ptr(),
+                                     input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
+                                     ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
+                                     dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
+    });
+    return {dx, dz, dwb};
+  }
   call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", [&](sbnComm_t h) {
     return api.backward_ex(h, &d, ptr<const void>(x), ptr<const void>(y), dy.data_ptr(),
                            input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
@@ -780,7 +790,7 @@ Tensor act_infer_kernel(const Tensor& input, const optional<Tensor>& residual, c
                         double eps, int64_t activation, double slope) {
   const char* who = "batch_norm_act_infer";
   check_input(input, who);
-  check_activation(activation, slope, false, std::string("syncbn.") + who, false);
+  check_activation(activation, slope, false, std::string("syncbn.") + who);
   check_residual(input, residual, who);
   check_infer_args(input, running_mean, running_var, weight, bias, who);
   const sbnEpilogue_t e = epilogue(activation, slope);
@@ -827,7 +837,7 @@ auto& act_backward_op() {
                        .typed<std::tuple<Tensor, Tensor, Tensor>(
                            const Tensor&, const optional<Tensor>&, const optional<Tensor>&, const optional<Tensor>&,
                            const optional<Tensor>&, const Tensor&, double, int64_t, int64_t, double, bool, bool,
-                           bool, bool)>();
+                           bool, bool, const optional<Tensor>&)>();
   return op;
 }
 auto& act_infer_op() {
@@ -1199,17 +1209,19 @@ optional<Tensor> opt(const Tensor& t) { return t.defined() ? optional<Tensor>(t)
 
 // Gradients of batch_norm_act_train's out, to (input, residual, weight, bias):
 // sbnBackwardEx. It keeps the input and (for an activation) out; in place: out and the
-// bias only (the input comes back from them). A ReLU or leaky ReLU forward without a
-// residual (not in place) keeps the bias too, and its backward passes no_residual (the
-// mask from x, which reads the bias).
-// Saved: the input, out (the node's output), the weight, the bias, stats.
-struct TrainActBackward : public SyncBNNode<TrainActBackward, 5> {
+// bias (the input comes back from them), and the residual where the forward had one
+// (sbnBackwardInPlaceEx: x from out and the residual). A ReLU or leaky ReLU forward
+// without a residual (not in place) keeps the bias too, and its backward passes
+// no_residual (the mask from x, which reads the bias).
+// Saved: the input, out (the node's output), the weight, the bias, stats, the residual.
+struct TrainActBackward : public SyncBNNode<TrainActBackward, 6> {
   static constexpr const char* kName = "SyncBatchNormActBackward";
-  static constexpr std::array<bool, 5> kOutput{false, true, false, false, false};
+  static constexpr std::array<bool, 6> kOutput{false, true, false, false, false, false};
 
   static variable_list run(const variable_list& grads, const std::vector<bool>& need,
-                           const std::array<Tensor, 5>& saved, const NodeConsts& k) {
-    const Tensor &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &stats = saved[4];
+                           const std::array<Tensor, 6>& saved, const NodeConsts& k) {
+    const Tensor &x = saved[0], &y = saved[1], &weight = saved[2], &bias = saved[3], &stats = saved[4],
+                 &z = saved[5];
     // the next edges: input (0), residual (1), weight (2), bias (3)
     const bool need_x = need[0];
     const bool need_z = need[1];
@@ -1220,7 +1232,8 @@ struct TrainActBackward : public SyncBNNode<TrainActBackward, 5> {
     const Tensor& shape_of = x.defined() ? x : y;
     const Tensor dy = grads[0].defined() ? grads[0] : at::zeros_like(shape_of);  // out unused: its gradient is 0
     auto [dx, dz, dwb] = act_backward_op().call(dy, opt(x), opt(y), opt(weight), opt(bias), stats, k.eps, k.comm,
-                                                k.activation, k.slope, need_x, need_z, want_w, k.no_residual);
+                                                k.activation, k.slope, need_x, need_z, want_w, k.no_residual,
+                                                opt(z));
     Tensor dw, db;
     if (want_w) {
       if (weight.scalar_type() != at::kFloat) dwb = dwb.to(weight.scalar_type());
@@ -1260,6 +1273,7 @@ std::tuple<Tensor, Tensor> act_train_autograd(const Tensor& x, const optional<Te
     n->save(2, weight.has_value() ? *weight : Tensor());
     if (inplace || no_residual) n->save(3, bias.has_value() ? *bias : Tensor());
     n->save(4, stats);
+    n->save(5, inplace && z.has_value() ? *z : Tensor());  // x comes back from out and z
     n->k.eps = eps;
     n->k.slope = slope;
     n->k.comm = comm;
@@ -1279,17 +1293,17 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
                                                          const optional<Tensor>& bias, const Tensor& stats, double eps,
                                                          int64_t comm, int64_t activation, double slope,
                                                          bool input_grad, bool residual_grad, bool weight_grad,
-                                                         bool no_residual) {
+                                                         bool no_residual, const optional<Tensor>& residual) {
   const optional<Tensor> dyo(dy);
   if (at::GradMode::is_enabled()) {
-    for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias})
+    for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias, &residual})
       if (t->has_value() && (*t)->requires_grad())
         fail("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
              "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad differentiate the backward)");
   }
   at::AutoDispatchBelowADInplaceOrView below;
   return act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                                residual_grad, weight_grad, no_residual);
+                                residual_grad, weight_grad, no_residual, residual);
 }
 
 // g * act'(out), PyTorch's rules and ops (_fused.act_grad): ReLU 0 where out <= 0 (NaN
@@ -1384,7 +1398,7 @@ SBN_LIBRARY(SBN_TORCH_NS, m) {
   m.def(
       "batch_norm_act_backward(Tensor grad_out, Tensor? input, Tensor? out, Tensor? weight, Tensor? bias, "
       "Tensor stats, float eps, int comm, int activation, float slope, bool input_grad, bool residual_grad, "
-      "bool weight_grad, bool no_residual=False) -> (Tensor grad_input, Tensor grad_residual, "
+      "bool weight_grad, bool no_residual=False, Tensor? residual=None) -> (Tensor grad_input, Tensor grad_residual, "
       "Tensor grad_weight_bias)",
       tags);
   m.def(
@@ -1428,7 +1442,8 @@ __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, v
                                                           void* forward_inference, void* last_error,
                                                           void* error_string, void* result_name,
                                                           void* comm_destroy, void* forward_train_ex,
-                                                          void* backward_ex, void* forward_inference_ex) {
+                                                          void* backward_ex, void* forward_inference_ex,
+                                                          void* backward_inplace_ex) {
   api.comm_destroy = reinterpret_cast<decltype(&sbnCommDestroy)>(comm_destroy);
   api.forward_train = reinterpret_cast<decltype(&sbnForwardTrain)>(forward_train);
   api.backward = reinterpret_cast<decltype(&sbnBackward)>(backward);
@@ -1439,6 +1454,7 @@ __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, v
   api.forward_train_ex = reinterpret_cast<decltype(&sbnForwardTrainEx)>(forward_train_ex);
   api.backward_ex = reinterpret_cast<decltype(&sbnBackwardEx)>(backward_ex);
   api.forward_inference_ex = reinterpret_cast<decltype(&sbnForwardInferenceEx)>(forward_inference_ex);
+  api.backward_inplace_ex = reinterpret_cast<decltype(&sbnBackwardInPlaceEx)>(backward_inplace_ex);
   return SBN_VERSION_CODE;
 }
 
