@@ -464,7 +464,8 @@ SBN_API sbnResult_t sbnForwardTrainEx(sbnComm_t comm, const sbnTensorDesc_t* des
    gives wrong gradients). x NULL: the in-place backward, which
    needs no copy of x: x_hat = (act^-1(y) - bias) / weight (identity, or leaky ReLU with a
    slope >= FLT_MIN: ReLU is not invertible, and a subnormal slope loses x's bits; and a
-   forward without z: dz must be NULL; with z, sbnBackwardInPlaceEx), so bias is read then (weight, bias NULL:
+   forward without z: dz must be NULL; with z, sbnBackwardInPlaceEx), so bias is read
+   then (weight, bias NULL:
    affine=False). By policy, a channel whose |weight| < max(SBN_RECOVER_MIN_WEIGHT,
    u * |bias|), u the dtype's unit roundoff (2^-24 fp32, 2^-11 fp16, 2^-8 bf16), has its
    x_hat taken as 0 (with weight 0, y is the bias and keeps no x; below the threshold,
@@ -511,8 +512,10 @@ SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, c
    NULL). With a z, x_hat = (act^-1(y) - z - bias) / weight: a forward that wrote
    y = act(bn(x) + z) over x needs no copy of x where z is kept anyway (a residual block's
    input, which its first convolution keeps). z must be the forward's, unchanged (nothing
-   can check it). The rules are sbnBackwardEx's in-place ones (identity, or leaky ReLU with
-   a slope >= FLT_MIN; the weight threshold's policy; every team runs it), and z is read,
+   can check it), so z over y, whole or in part, is refused: a forward that wrote y over z
+   left no z. The rules are sbnBackwardEx's in-place ones (identity, or leaky ReLU with a
+   slope >= FLT_MIN; the weight threshold's policy; dx == dy or y and dz == dy or y
+   allowed, each the whole buffer, dz == dx refused; every team runs it), and z is read,
    never written: dx and dz share no byte with it. dz = dy * act'(y) where asked, as
    sbnBackwardEx gives it. Accuracy: x_hat is off by about (|act^-1(y)| u + |bn(x)| 2^-24) /
    |weight| (the in-place backward's |act^-1(y)| u / |weight|, act^-1(y) being bn(x) + z,

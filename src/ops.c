@@ -257,9 +257,18 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
       }
       if (op->dz != NULL && op->z == NULL)
         return sbn_fail(comm, sbnInvalidArgument,
-                        "%s: the in-place backward (x NULL) recovers x from y, which a residual z "
-                        "(dz non-NULL) makes impossible without z: pass z (sbnBackwardInPlaceEx) or x",
+                        ex == 2 ? "%s: dz is the residual's gradient, and z is NULL: pass the forward's z"
+                                : "%s: the in-place backward (x NULL) recovers x from y, which a residual z "
+                                  "(dz non-NULL) makes impossible without z: pass z (sbnBackwardInPlaceEx) or x",
                         fn);
+      /* z over y (or a part of it): a forward that wrote y over z (allowed) left no z, and
+         the recovery would take y for it */
+      if (op->z != NULL && (uintptr_t)op->z < (uintptr_t)op->y + tensor &&
+          (uintptr_t)op->y < (uintptr_t)op->z + tensor)
+        return sbn_fail(comm, sbnInvalidArgument,
+                        "%s: z and y %s: a forward that wrote y over z left no z for the recovery; keep z "
+                        "(the forward may write y over x instead)",
+                        fn, op->z == op->y ? "are the same memory" : "overlap");
       if ((op->weight == NULL) != (op->bias == NULL))
         return sbn_fail(comm, sbnInvalidArgument,
                         "%s: the in-place backward reads weight and bias: both set (affine) or "

@@ -1866,6 +1866,83 @@ static void test_xmask_kernels(void) {
       }
 }
 
+/* The in-place backward with a residual (recover, z: sbnBackwardInPlaceEx) writing over the
+   buffers it reads, as the API allows (dx over y with dz over dy; dx over dy with dz over
+   y), bitwise the backward into buffers of their own, on stream and onchip: the stage 5 of
+   the recover kernels that stores a position at a time (the tile kernels with their
+   coefficients from shared memory, bf16 planes with positions cut by the plane's end) or
+   the batch at once (fp16 planes), where a store over y or dy must follow that position's
+   loads. */
+static void test_fused_recover_aliasing(void) {
+  static const int64_t n2[2] = {2, 1};
+  static const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+  } shapes[] = {{sbnFloat16, sbnLayoutNHWC, 16, 9},
+                {sbnBFloat16, sbnLayoutNCHW, 3, 1030},
+                {sbnFloat16, sbnLayoutNCHW, 3, 1030},
+                {sbnFloat32, sbnLayoutNHWC, 8, 20}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int v = 0; v < 2; v++)
+      for (int mode = 0; mode < 2 && !sbn_test_cur_failed_; mode++) {
+        sbnParams_t p = SBN_PARAMS_DEFAULT;
+        team_t a, b;
+        team_make(&a, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 450 + si);
+        team_make(&b, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 450 + si);
+        emu_team_t ea, eb;
+        emu_team_init(&ea, 2, 2, 60000);
+        emu_team_init(&eb, 2, 2, 60000);
+        emu_epi_t pa = {SBN_ACT_LEAKY, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
+        sbn_rng_t zr = {460 + si};
+        for (int r = 0; r < 2; r++) {
+          const size_t bytes = team_bytes(&a, r);
+          pa.z[r] = gen_tensor(&a.d[r], &zr, GEN_NORMAL);
+          pb.z[r] = dup_mem(pa.z[r], bytes);
+          pa.dz[r] = malloc(bytes);
+          pa.y[r] = a.y[r];
+          pb.y[r] = b.y[r];
+        }
+        g_variant = v ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
+        g_epi = &pa; /* a: the forward, then the backward into buffers of its own */
+        emu_run_virtual(&ea, &a, 0, &p);
+        pa.recover = 1;
+        emu_run_virtual(&ea, &a, 1, &p);
+        g_epi = &pb; /* b: the same forward, then the backward over its inputs */
+        emu_run_virtual(&eb, &b, 0, &p);
+        pb.recover = 1;
+        for (int r = 0; r < 2; r++) {
+          if (mode == 0) { /* dx over y (y moved into dx's buffer), dz over dy */
+            memcpy(b.dx[r], b.y[r], team_bytes(&b, r));
+            pb.y[r] = b.dx[r];
+            pb.dz[r] = b.dy[r];
+          } else { /* dx over dy (OPT_INPLACE), dz over y */
+            pb.dz[r] = b.y[r];
+          }
+        }
+        g_opts = mode == 1 ? OPT_INPLACE : 0;
+        emu_run_virtual(&eb, &b, 1, &p);
+        g_opts = 0;
+        g_epi = NULL;
+        g_variant = EMU_VAR_DEFAULT;
+        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+        for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+          const size_t bytes = team_bytes(&a, r), cb = (size_t)shapes[si].c * sizeof(float);
+          ASSERT_MEMEQ(mode == 0 ? b.dx[r] : b.dy[r], a.dx[r], bytes);
+          ASSERT_MEMEQ(mode == 0 ? b.dy[r] : b.y[r], pa.dz[r], bytes);
+          ASSERT_MEMEQ(b.dw[r], a.dw[r], cb);
+          ASSERT_MEMEQ(b.db[r], a.db[r], cb);
+        }
+        if (sbn_test_cur_failed_) fprintf(stderr, "  shape %zu variant %d mode %d\n", si, v, mode);
+        for (int r = 0; r < 2; r++) free(pb.z[r]), pb.z[r] = NULL;
+        epi_free(&pa);
+        emu_team_free(&ea);
+        emu_team_free(&eb);
+        team_free(&a);
+        team_free(&b);
+      }
+}
+
 /* The epilogue's aliasing and optional outputs on the kernels (stream and onchip): y
    written over z, and dz over dy, over x or over y, give the separate buffers' bits (the
    stream kernel writes dz in stage 1 only into a buffer of its own: dz_first); a backward
@@ -5148,6 +5225,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_fused_bytes, 0);
   EMU_TEST(test_xmask_kernels, 0);
   EMU_TEST(test_fused_aliasing, 0);
+  EMU_TEST(test_fused_recover_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_numeric_edges, 0);
   EMU_TEST(test_mismatch, 1);

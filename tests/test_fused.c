@@ -509,7 +509,9 @@ static void test_inplace_backward_residual(void) {
   recover_case_z(sbnFloat32, sbnLayoutNHWC, es[2], 1, 1.0f, NULL, GEN_OFFSET, 0, 0u, 1, 1.0f, seed++);
   CHECK_();
 
-  /* z NULL: sbnBackwardInPlaceEx is sbnBackwardEx with x NULL, bit for bit (a team of one) */
+  /* z NULL: sbnBackwardInPlaceEx runs the op sbnBackwardEx with x NULL runs (the same code
+     in the library: this checks the entry point's arguments, which a pair passed in the
+     wrong order would change) */
   int64_t n[MAXW] = {3};
   for (int d = 0; d < 3; d++) {
     fused_t f;
@@ -704,7 +706,7 @@ static void test_refusals(void) {
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "residual") != NULL);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "sbnBackwardInPlaceEx") != NULL);
   /* sbnBackwardInPlaceEx: ReLU; z under dx or dz (z is read in both passes); y NULL;
-     no_residual = 1 with a z */
+     no_residual = 1 with a z; z over y; dz without z */
   {
     void* z = f.dz[0]; /* any tensor: refused before it is read */
     ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
@@ -724,6 +726,21 @@ static void test_refusals(void) {
     ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], z, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                                     t->sinv[0], t->dw[0], t->db[0], NULL, &nores, NULL), sbnInvalidArgument);
     EXPECT_TRUE(strstr(sbnGetLastError(comm), "no_residual is 1 and z is given") != NULL);
+    /* z over y, whole or in part: a forward that wrote y over z left no z (the recovery
+       would take y for it) */
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b,
+                                    t->smean[0], t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL),
+               sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "z and y are the same memory: a forward that wrote y over z") != NULL);
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], (const char*)t->y[0] + 4, t->dy[0], t->dx[0], NULL,
+                                    t->w, t->b, t->smean[0], t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL),
+               sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "z and y overlap") != NULL);
+    /* dz asked for without z */
+    ASSERT_RES(sbnBackwardInPlaceEx(comm, &t->d[0], t->y[0], NULL, t->dy[0], t->dx[0], f.dz[0], t->w, t->b,
+                                    t->smean[0], t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL),
+               sbnInvalidArgument);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "pass the forward's z") != NULL);
   }
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], NULL, t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &relu, NULL), sbnInvalidArgument);
@@ -892,7 +909,11 @@ typedef struct {
   void* dx; /* the results, in buffers of their own */
   void* dz;
 } alias_call_t;
-enum { ALIAS_NONE, ALIAS_DX_X, ALIAS_DX_Y, ALIAS_DZ_X, ALIAS_DZ_Y, ALIAS_NONE_FROM_Y, ALIAS_DX_Y_FROM_Y };
+/* ..._FROM_Y: the in-place backward (x NULL; with the forward's z: sbnBackwardInPlaceEx,
+   whose dz, where there is a z, goes over dy with dx over y, and over y with dx over dy) */
+enum {
+  ALIAS_NONE, ALIAS_DX_X, ALIAS_DX_Y, ALIAS_DZ_X, ALIAS_DZ_Y, ALIAS_NONE_FROM_Y, ALIAS_DX_Y_FROM_Y, ALIAS_DX_DY_FROM_Y
+};
 
 static void* alias_call(void* arg) {
   alias_call_t* a = (alias_call_t*)arg;
@@ -904,17 +925,28 @@ static void* alias_call(void* arg) {
   void* dy = bytes ? dup_mem(t->dy0[r], bytes) : NULL;
   void* dx = bytes ? malloc(bytes) : NULL;
   void* dz = bytes ? malloc(bytes) : NULL;
-  const int from_y = a->mode == ALIAS_NONE_FROM_Y || a->mode == ALIAS_DX_Y_FROM_Y;
-  void* dx_at = a->mode == ALIAS_DX_X ? x : a->mode == ALIAS_DX_Y || a->mode == ALIAS_DX_Y_FROM_Y ? y : dx;
-  void* dz_at = from_y ? NULL : a->mode == ALIAS_DZ_X ? x : a->mode == ALIAS_DZ_Y ? y : dz;
+  const int from_y = a->mode >= ALIAS_NONE_FROM_Y;
+  void* z = from_y && bytes && a->f->z0[r] ? dup_mem(a->f->z0[r], bytes) : NULL;
+  void* dx_at = a->mode == ALIAS_DX_X ? x
+                : a->mode == ALIAS_DX_Y || a->mode == ALIAS_DX_Y_FROM_Y ? y
+                : a->mode == ALIAS_DX_DY_FROM_Y ? dy
+                                                : dx;
+  void* dz_at = from_y ? (z == NULL ? NULL : a->mode == ALIAS_DX_Y_FROM_Y ? dy : a->mode == ALIAS_DX_DY_FROM_Y ? y : dz)
+                : a->mode == ALIAS_DZ_X ? x
+                : a->mode == ALIAS_DZ_Y ? y
+                                        : dz;
   sbnEpilogue_t e = epilogue(a->f->e);
-  a->res = sbnBackwardEx(team_comms(t->W)[r], &t->d[r], from_y ? NULL : x, y, dy, dx_at, dz_at, t->w, t->b,
-                         t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+  if (z != NULL)
+    a->res = sbnBackwardInPlaceEx(team_comms(t->W)[r], &t->d[r], y, z, dy, dx_at, dz_at, t->w, t->b, t->smean[r],
+                                  t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+  else
+    a->res = sbnBackwardEx(team_comms(t->W)[r], &t->d[r], from_y ? NULL : x, y, dy, dx_at, dz_at, t->w, t->b,
+                           t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   if (bytes) {
     memcpy(a->dx, dx_at, bytes);
     if (dz_at) memcpy(a->dz, dz_at, bytes);
   }
-  free(x), free(y), free(dy), free(dx), free(dz);
+  free(x), free(y), free(dy), free(dx), free(dz), free(z);
   return NULL;
 }
 
@@ -983,19 +1015,19 @@ static void test_whole_aliases_equal_separate(void) {
             dx[r] = malloc(bytes), dz[r] = malloc(bytes), dx_ref[r] = malloc(bytes), dz_ref[r] = malloc(bytes);
             ASSERT_TRUE(dx[r] && dz[r] && dx_ref[r] && dz_ref[r]);
           }
-          /* the in-place backward takes identity or leaky ReLU, and a forward without z */
-          const int from_y_ok = es[k].act != sbnActivationRelu && !with_z;
+          /* the in-place backward takes identity or leaky ReLU (with z: sbnBackwardInPlaceEx) */
+          const int from_y_ok = es[k].act != sbnActivationRelu;
           for (int base = ALIAS_NONE; base <= (from_y_ok ? ALIAS_NONE_FROM_Y : ALIAS_NONE); base += ALIAS_NONE_FROM_Y) {
             ASSERT_OK(alias_run(&f, base, dx_ref, dz_ref));
             for (int r = 0; r < 2; r++) memcpy(dw_ref[r], t->dw[r], cb), memcpy(db_ref[r], t->db[r], cb);
             const int lo = base == ALIAS_NONE ? ALIAS_DX_X : ALIAS_DX_Y_FROM_Y;
-            const int hi = base == ALIAS_NONE ? ALIAS_DZ_Y : ALIAS_DX_Y_FROM_Y;
+            const int hi = base == ALIAS_NONE ? ALIAS_DZ_Y : ALIAS_DX_DY_FROM_Y;
             for (int mode = lo; mode <= hi; mode++) {
               ASSERT_OK(alias_run(&f, mode, dx, dz));
               for (int r = 0; r < 2; r++) {
                 const size_t bytes = team_bytes(t, r);
                 ASSERT_MEMEQ(dx[r], dx_ref[r], bytes);
-                if (base == ALIAS_NONE) ASSERT_MEMEQ(dz[r], dz_ref[r], bytes);
+                if (base == ALIAS_NONE || with_z) ASSERT_MEMEQ(dz[r], dz_ref[r], bytes);
                 ASSERT_MEMEQ(t->dw[r], dw_ref[r], cb);
                 ASSERT_MEMEQ(t->db[r], db_ref[r], cb);
               }

@@ -571,6 +571,7 @@ class Comm:
                 tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
         self._call(fn, name, ctypes.byref(d), *ptrs, *tail)
 
+
 def _raw(obj, what="stream", buffer=False):
     """The address behind obj without checks but its range (a stream, or buffers of a
     descriptor the library rejects anyway, or of an inference whose every buffer is an

@@ -197,7 +197,7 @@ def _train_fake(x, z, weight, bias, running_mean, running_var, nbt, eps, momentu
 
 
 # ---- syncbn::batch_norm_act_backward -----------------------------------------------------
-def _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual=None):
+def _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual=None, no_residual=False):
     who = "batch_norm_act_backward"
     base = x if x is not None else out
     if base is None:
@@ -207,6 +207,9 @@ def _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual
     if residual is not None and x is not None:
         raise RuntimeError(f"syncbn.{who}: a residual is read by the in-place backward only (input None: x "
                            "recovered from out and the residual); with the input, pass residual None")
+    if residual is not None and no_residual:
+        raise RuntimeError(f"syncbn.{who}: no_residual is True and a residual is given (no_residual says the "
+                           "forward had none)")
     _check_residual(base, residual, who)
     if out is None and activation != IDENTITY:
         raise RuntimeError(f"syncbn.{who}: out is None: {_ACT_NAMES[activation]}'s gradient needs the "
@@ -234,7 +237,7 @@ def _backward_alloc(base, weight, input_grad, residual_grad, weight_grad):
 
 def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
                      weight_grad, no_residual=False, residual=None):
-    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual)
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual, no_residual)
     if x is not None:
         x, layout = _dense(x)
         base = x
@@ -272,7 +275,7 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
 
 def _backward_fake(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
                    weight_grad, no_residual=False, residual=None):
-    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual)
+    _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual, no_residual)
     base, _ = _dense(x if x is not None else out)
     return _backward_alloc(base, weight, input_grad, residual_grad, weight_grad)
 

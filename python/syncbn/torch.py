@@ -2052,7 +2052,9 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
     block has no downsample: its residual is then the block's input, which the first
     convolution keeps anyway, so keeping it in place of x costs nothing (with a
     downsample, the residual is the downsample's output, which nothing else keeps: as
-    large as x, and slower to recover from, so that layer keeps x)."""
+    large as x, and slower to recover from, so that layer keeps x; an input that
+    residual_like converts, to the block's dtype or memory format, is a copy the size of
+    x: no saving there, and no loss)."""
     if not _no_hooks(m) or uses[id(m)] != 1 or _own_state(m):
         return None
     for forward, cls in _BLOCKS:

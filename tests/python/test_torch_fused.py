@@ -722,8 +722,9 @@ class TestRefusals(TeamOfOne):
 
     def test_backward_residual_refusals(self):
         """The backward operator takes a residual for the in-place backward only (input
-        None): with the input it is refused, as is one of another shape; ReLU in place is
-        refused with or without one."""
+        None): with the input it is refused, as are one of another shape and one with
+        no_residual True (the C++ and Python kernels alike, the fake one too); ReLU in place
+        is refused with or without one."""
         x = torch.randn(2, 3, 4)
         st = torch.zeros(2, 3)
         with self.assertRaisesRegex(RuntimeError, "a residual is read by the in-place backward only"):
@@ -732,6 +733,9 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(RuntimeError, r"residual has shape \(2, 3, 5\)"):
             _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
                                            True, False, False, False, torch.randn(2, 3, 5))
+        with self.assertRaisesRegex(RuntimeError, "no_residual is True and a residual is given"):
+            _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
+                                           True, False, False, True, x)
         for z in (None, x):
             with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
                 _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.RELU, 0.01,

@@ -697,7 +697,7 @@ std::tuple<Tensor, Tensor> act_train_kernel(const Tensor& input, const optional<
 // ---- syncbn::batch_norm_act_backward ---------------------------------------------------
 void check_act_backward(const Tensor& dy, const optional<Tensor>& x, const optional<Tensor>& out,
                         const optional<Tensor>& weight, const optional<Tensor>& bias, const Tensor& stats,
-                        int64_t activation, double slope, const optional<Tensor>& residual) {
+                        int64_t activation, double slope, const optional<Tensor>& residual, bool no_residual) {
   const char* who = "batch_norm_act_backward";
   if (!x.has_value() && !out.has_value())
     fail(std::string("syncbn.") + who + ": input and out are both None (the in-place backward takes out)");
@@ -707,6 +707,9 @@ void check_act_backward(const Tensor& dy, const optional<Tensor>& x, const optio
   if (residual.has_value() && x.has_value())
     fail(std::string("syncbn.") + who + ": a residual is read by the in-place backward only (input None: x "
          "recovered from out and the residual); with the input, pass residual None");
+  if (residual.has_value() && no_residual)
+    fail(std::string("syncbn.") + who + ": no_residual is True and a residual is given (no_residual says the "
+         "forward had none)");
   check_residual(base, residual, who);
   if (!out.has_value() && activation != sbnActivationIdentity)
     fail(std::string("syncbn.") + who + ": out is None: " + act_name(activation) +
@@ -738,7 +741,7 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
                                                        int64_t comm, int64_t activation, double slope,
                                                        bool input_grad, bool residual_grad, bool weight_grad,
                                                        bool no_residual, const optional<Tensor>& residual) {
-  check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope, residual);
+  check_act_backward(grad_out, input, out, weight, bias, stats, activation, slope, residual, no_residual);
   optional<Tensor> x, y;
   sbnLayout_t layout;
   Tensor base;
