@@ -27,6 +27,29 @@ def prepared(model, seed=1):
     return model.train()
 
 
+def _swap(model, old, new):
+    """model with every module of class `old` (exactly) replaced by new()."""
+    for m in list(model.modules()):
+        for name, child in list(m.named_children()):
+            if type(child) is old:
+                setattr(m, name, new())
+    return model
+
+
+def leaky(model, slope=0.01):
+    """A copy of model with every nn.ReLU an nn.LeakyReLU(slope, inplace=True): the function
+    convert_fused(relu_as_leaky=slope) gives the ReLU model (step_matches's reference for
+    convert_leaky_in_place)."""
+    return _swap(copy.deepcopy(model), torch.nn.ReLU, lambda: torch.nn.LeakyReLU(slope, inplace=True))
+
+
+def convert_leaky_in_place(m, comm=None, slope=0.01):
+    """step_matches's convert for a leaky(model) reference: m (a copy of the leaky model)
+    back to its nn.ReLUs, then convert_fused(inplace=True, relu_as_leaky=slope)."""
+    m = _swap(m, torch.nn.LeakyReLU, lambda: torch.nn.ReLU(inplace=True))
+    return sbt.convert_fused(m, comm=comm, inplace=True, relu_as_leaky=slope)
+
+
 class Outputs(torch.nn.Module):
     """A segmentation model's output dict as one tensor (its heads' maps along channels)."""
 

@@ -400,12 +400,14 @@ class TestTorchGpu(unittest.TestCase):
         converted and trained a step on the GPU against the float64 original
         (model_checks.step_matches: outputs, gradients, running statistics, eval, the
         reverted model): resnet50 at 4 x 3 x 224 x 224 by convert_sync_batchnorm (the plain
-        ops' kernels) and by convert_fused, the latter also channels_last (NHWC kernels),
-        and deeplabv3_resnet50 with its auxiliary head at 4 x 3 x 256 x 256 by convert_fused;
-        every torchvision block fused."""
+        ops' kernels) and by convert_fused, the latter also channels_last (NHWC kernels) and
+        in place with relu_as_leaky=0.01 (the in-place backward's kernels, the blocks' last
+        layers without a downsample with their residual: sbnBackwardInPlaceEx; against the
+        float64 model with leaky ReLUs), and deeplabv3_resnet50 with its auxiliary head at
+        4 x 3 x 256 x 256 by convert_fused; every torchvision block fused."""
         from torchvision.models import resnet, segmentation
 
-        from model_checks import Outputs, prepared, step_matches
+        from model_checks import Outputs, convert_leaky_in_place, leaky, prepared, step_matches
 
         def fused_blocks(model):
             return sum(isinstance(m, sbt.FusedBottleneck) for m in sbt.convert_fused(copy.deepcopy(model)).modules())
@@ -421,6 +423,11 @@ class TestTorchGpu(unittest.TestCase):
             with self.subTest(f"resnet50 {name}"):
                 step_matches(self, model.to(memory_format=fmt), x.contiguous(memory_format=fmt), [None], convert)
             print(f"test_torch_gpu: resnet50 {name}: {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
+        with self.subTest("resnet50 fused in place, leaky"):
+            step_matches(self, leaky(model.to(memory_format=torch.contiguous_format)), x, [None],
+                         convert_leaky_in_place)
+        print(f"test_torch_gpu: resnet50 fused in place, leaky: {time.perf_counter() - t0:.1f} s")
         torch.manual_seed(0)
         model = prepared(Outputs(segmentation.deeplabv3_resnet50(weights=None, weights_backbone=None, num_classes=3,
                                                                  aux_loss=True))).cuda()

@@ -69,7 +69,7 @@ except ImportError as e:  # not a pass: CI's lanes count 77 as failed
 
 import syncbn
 import syncbn.torch as sbt
-from model_checks import Outputs, prepared, step_matches
+from model_checks import Outputs, convert_leaky_in_place, leaky, prepared, step_matches
 
 _BN = torch.nn.modules.batchnorm._BatchNorm
 
@@ -209,11 +209,6 @@ class ModelsTest(unittest.TestCase):
         are (the function the option gives it)."""
         torch.manual_seed(0)
         relu_model = prepared(tv_resnet.resnet50(num_classes=5))
-        leaky = copy.deepcopy(relu_model)
-        for m in list(leaky.modules()):
-            for name, child in list(m.named_children()):
-                if type(child) is torch.nn.ReLU:
-                    setattr(m, name, torch.nn.LeakyReLU(0.01, inplace=True))
         converted = sbt.convert_fused(copy.deepcopy(relu_model), comm=self.convert_comm(), inplace=True,
                                       relu_as_leaky=0.01)
         blocks = [(n, m) for n, m in relu_model.named_modules() if type(m) is tv_resnet.Bottleneck]
@@ -225,17 +220,9 @@ class ModelsTest(unittest.TestCase):
         self.assertEqual(sum(block.downsample is None for _, block in blocks), 12)
         self.assertTrue(converted.bn1.inplace)
 
-        def convert(m, comm):
-            # m is a copy of the leaky model: back to its ReLUs, then the option
-            for mod in list(m.modules()):
-                for n, child in list(mod.named_children()):
-                    if type(child) is torch.nn.LeakyReLU:
-                        setattr(mod, n, torch.nn.ReLU(inplace=True))
-            return sbt.convert_fused(m, comm=comm, inplace=True, relu_as_leaky=0.01)
-
         comms = syncbn.cpu_team(2, timeout_ms=120000)
         try:
-            step_matches(self, leaky, torch.randn(4, 3, 96, 96), comms, convert)
+            step_matches(self, leaky(relu_model), torch.randn(4, 3, 96, 96), comms, convert_leaky_in_place)
         finally:
             for c in comms:
                 c.destroy()
