@@ -257,16 +257,16 @@ struct VecPath {
   static constexpr bool kXmaskTile = kXmask && NCH > 1;
   /* the in-place backward's stage 5 in the tile kernels (4 or 8 channels a thread): each
      channel's coefficients, and its recovery's bias and factor, read from shared memory
-     for each position (sm.coef, sm.xm: set_coefs), not held in registers across the unit:
+     for each batch (sm.coef, sm.xm: set_coefs), not held in registers across the unit:
      with a residual's z the fp16/bf16 16-byte stream kernels held 24-28 bytes past their
      128 registers (check-sass.sh) */
   static constexpr bool kRecoverSmem = kRecover && NCH > 1;
   /* the in-place backward's stage 5 a position at a time (each position's dx and dz stored
-     before the next one's are computed), or the batch at once (then stored), whichever of
-     the two keeps the kernel within its registers with a residual's z (sm_90, CUDA 13.0,
-     spill bytes of the 16-byte stream kernels, position / batch: tile fp16 and bf16 0 / 28
-     with kRecoverSmem; plane bf16 0 / 20, fp16 4 / 0, fp32 0 / 0) */
-  static constexpr bool kRecoverByPos = kRecover && (NCH > 1 || DT == sbnBFloat16);
+     before the next one's are computed) in the 16-byte bf16 plane kernels, the batch at
+     once elsewhere: whichever keeps the kernel within its registers with a residual's z
+     (sm_90, CUDA 13.0, spill bytes, position / batch: plane bf16 0 / 20, fp16 4 / 0, fp32
+     0 / 0; the tile kernels 0 / 0 with kRecoverSmem) */
+  static constexpr bool kRecoverByPos = kRecover && NCH == 1 && DT == sbnBFloat16;
   /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
      at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
      the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
@@ -1050,10 +1050,24 @@ SBN_UNROLL
         outputs(bt, kc, ep, eb, has_z, eb, false, false);
       } else if constexpr (kRecover && !kRecoverByPos) {
         /* the in-place backward, the batch at once (z's batch in eb where the forward had
-           a residual) */
+           a residual); the tile kernels' coefficients from shared memory (kRecoverSmem) */
         const bool dz = R.dz != nullptr;
         const bool has_z = load_y(R, bp, bt, ep, eb, pol, mean, sm.xm + slot0);
-        outputs(bt, kc, eg, eb, false, eb, has_z, dz);
+        if constexpr (kRecoverSmem) {
+          float kb[NCH][4];
+          EpiCoef<NCH> e1 = eg;
+SBN_UNROLL
+          for (int ch = 0; ch < NCH; ch++) {
+            kb[ch][0] = 0.0f; /* the mean: x - mean is recovered, not read */
+SBN_UNROLL
+            for (int q = 1; q < 4; q++) kb[ch][q] = *(volatile const float*)&sm.coef[slot0 + ch][q];
+            e1.bias[ch] = *(volatile const float*)&sm.xm[slot0 + ch][0];
+            e1.rcp[ch] = *(volatile const float*)&sm.xm[slot0 + ch][1];
+          }
+          outputs(bt, kb, e1, eb, false, eb, has_z, dz);
+        } else {
+          outputs(bt, kc, eg, eb, false, eb, has_z, dz);
+        }
         if (dz) {
 SBN_UNROLL
           for (int k = 0; k < U; k++)
@@ -1071,21 +1085,7 @@ SBN_UNROLL
           uint4 b1[1][NV], z1[1] = {eb[k]};
 SBN_UNROLL
           for (int v = 0; v < NV; v++) b1[0][v] = bt[k][v];
-          if constexpr (kRecoverSmem) {
-            float kb[NCH][4];
-            EpiCoef<NCH> e1 = eg;
-SBN_UNROLL
-            for (int ch = 0; ch < NCH; ch++) {
-              kb[ch][0] = 0.0f; /* the mean: x - mean is recovered, not read */
-SBN_UNROLL
-              for (int q = 1; q < 4; q++) kb[ch][q] = *(volatile const float*)&sm.coef[slot0 + ch][q];
-              e1.bias[ch] = *(volatile const float*)&sm.xm[slot0 + ch][0];
-              e1.rcp[ch] = *(volatile const float*)&sm.xm[slot0 + ch][1];
-            }
-            outputs(b1, kb, e1, z1, false, z1, has_z, dz);
-          } else {
-            outputs(b1, kc, eg, z1, false, z1, has_z, dz);
-          }
+          outputs(b1, kc, eg, z1, false, z1, has_z, dz);
           if (dz) store_pos<DT, VEC, kWholePos>(R.dz, bp.idx(k), bp.mask(k, kFull), b1[0][NV - 1]);
           if (R.out != nullptr) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), b1[0][0]);
         }

@@ -1869,10 +1869,10 @@ static void test_xmask_kernels(void) {
 /* The in-place backward with a residual (recover, z: sbnBackwardInPlaceEx) writing over the
    buffers it reads, as the API allows (dx over y with dz over dy; dx over dy with dz over
    y), bitwise the backward into buffers of their own, on stream and onchip: the stage 5 of
-   the recover kernels that stores a position at a time (the tile kernels with their
-   coefficients from shared memory, bf16 planes with positions cut by the plane's end) or
-   the batch at once (fp16 planes), where a store over y or dy must follow that position's
-   loads. */
+   the recover kernels that stores a position at a time (bf16 planes, with positions cut by
+   the plane's end) or the batch at once (the tile kernels with their coefficients from
+   shared memory, fp16 planes, fp32), where a store over y or dy must follow that
+   position's loads. */
 static void test_fused_recover_aliasing(void) {
   static const int64_t n2[2] = {2, 1};
   static const struct {
