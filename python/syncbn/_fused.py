@@ -144,20 +144,21 @@ def _format_name(t):
     return "contiguous" if fmt is torch.contiguous_format else "channels_last"
 
 
-def _check_residual(x, z, who):
+def _check_residual(x, z, who, base="input"):
+    """z against x, named `base` in the messages (the input; the in-place backward's out)."""
     if z is None:
         return
     _same_device(x, "residual", z, who)
     if z.shape != x.shape:
-        raise RuntimeError(f"syncbn.{who}: the residual has shape {tuple(z.shape)} and the input "
+        raise RuntimeError(f"syncbn.{who}: the residual has shape {tuple(z.shape)} and the {base} "
                            f"{tuple(x.shape)}: they must be equal")
     if z.dtype != x.dtype:
-        raise TypeError(f"syncbn.{who}: the residual is {z.dtype} and the input {x.dtype}: they must be equal")
+        raise TypeError(f"syncbn.{who}: the residual is {z.dtype} and the {base} {x.dtype}: they must be equal")
     fmt = _read_format(x)[0]
     if not z.is_contiguous(memory_format=fmt):
         read = "contiguous" if fmt is torch.contiguous_format else "channels_last"
         raise RuntimeError(f"syncbn.{who}: the residual's memory format ({_format_name(z)}) differs from the "
-                           f"input's ({read}, as the library reads it): the residual must be {read} too")
+                           f"{base}'s ({read}, as the library reads it): the residual must be {read} too")
 
 
 def _check_train(x, z, weight, bias, running_mean, running_var, nbt, activation, slope, inplace):
@@ -210,7 +211,7 @@ def _check_backward(dy, x, out, weight, bias, stats, activation, slope, residual
     if residual is not None and no_residual:
         raise RuntimeError(f"syncbn.{who}: no_residual is True and a residual is given (no_residual says the "
                            "forward had none)")
-    _check_residual(base, residual, who)
+    _check_residual(base, residual, who, "out")
     if out is None and activation != IDENTITY:
         raise RuntimeError(f"syncbn.{who}: out is None: {_ACT_NAMES[activation]}'s gradient needs the "
                            "forward's output")

@@ -730,7 +730,7 @@ class TestRefusals(TeamOfOne):
         with self.assertRaisesRegex(RuntimeError, "a residual is read by the in-place backward only"):
             _fused.batch_norm_act_backward(x, x, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
                                            True, False, False, False, x)
-        with self.assertRaisesRegex(RuntimeError, r"residual has shape \(2, 3, 5\)"):
+        with self.assertRaisesRegex(RuntimeError, r"residual has shape \(2, 3, 5\) and the out \(2, 3, 4\)"):
             _fused.batch_norm_act_backward(x, None, x, None, None, st, 1e-5, self.comm.id, syncbn.LEAKY_RELU, 0.01,
                                            True, False, False, False, torch.randn(2, 3, 5))
         with self.assertRaisesRegex(RuntimeError, "no_residual is True and a residual is given"):

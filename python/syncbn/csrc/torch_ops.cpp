@@ -643,20 +643,22 @@ std::string format_name(const Tensor& t) {
   return fmt == at::MemoryFormat::Contiguous ? "contiguous" : "channels_last";
 }
 
-void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who) {
+// z against x, named `base` in the messages (the input; the in-place backward's out).
+void check_residual(const Tensor& x, const optional<Tensor>& z, const char* who, const char* base = "input") {
   if (!z.has_value()) return;
   same_device(x, "residual", z, who);
+  const std::string b(base);
   if (z->sizes() != x.sizes())
-    fail(std::string("syncbn.") + who + ": the residual has shape " + shape_str(z->sizes()) + " and the input " +
+    fail(std::string("syncbn.") + who + ": the residual has shape " + shape_str(z->sizes()) + " and the " + b + " " +
          shape_str(x.sizes()) + ": they must be equal");
   if (z->scalar_type() != x.scalar_type())
-    fail_type(std::string("syncbn.") + who + ": the residual is " + dtype_name(z->scalar_type()) + " and the input " +
-              dtype_name(x.scalar_type()) + ": they must be equal");
+    fail_type(std::string("syncbn.") + who + ": the residual is " + dtype_name(z->scalar_type()) + " and the " + b +
+              " " + dtype_name(x.scalar_type()) + ": they must be equal");
   const at::MemoryFormat fmt = read_format(x).first;
   if (!z->is_contiguous(fmt)) {
     const std::string read = fmt == at::MemoryFormat::Contiguous ? "contiguous" : "channels_last";
-    fail(std::string("syncbn.") + who + ": the residual's memory format (" + format_name(*z) +
-         ") differs from the input's (" + read + ", as the library reads it): the residual must be " + read + " too");
+    fail(std::string("syncbn.") + who + ": the residual's memory format (" + format_name(*z) + ") differs from the " +
+         b + "'s (" + read + ", as the library reads it): the residual must be " + read + " too");
   }
 }
 
@@ -710,7 +712,7 @@ void check_act_backward(const Tensor& dy, const optional<Tensor>& x, const optio
   if (residual.has_value() && no_residual)
     fail(std::string("syncbn.") + who + ": no_residual is True and a residual is given (no_residual says the "
          "forward had none)");
-  check_residual(base, residual, who);
+  check_residual(base, residual, who, "out");
   if (!out.has_value() && activation != sbnActivationIdentity)
     fail(std::string("syncbn.") + who + ": out is None: " + act_name(activation) +
          "'s gradient needs the forward's output");
