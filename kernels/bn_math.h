@@ -415,20 +415,16 @@ SBN_HD float sbn_recover_rcp(float weight, float bias, float unit, float min_wei
   return (fabsf(weight) < least || s == 0.0f) ? 0.0f : 1.0f / s;
 }
 
-/* x - mean recovered from the forward's output: (act^-1(y) - bias) * rcp, rcp =
-   sbn_recover_rcp's: two products and a difference per element, no division (each
-   rounding is one ulp of the result at most: bench/notes/tolerances.md, "The in-place
-   backward"). The backward's sums and dx take x - mean, so this is all they need of x. */
-SBN_HD float sbn_xmu_from_y(int act, float inv_slope, float y, float bias, float rcp) {
-  return SBN_MUL(sbn_act_inverse(act, inv_slope, y) - bias, rcp);
-}
-/* The same for a forward with a residual, y = act(bn(x) + z) (sbnBackwardInPlaceEx):
-   ((act^-1(y) - z) - bias) * rcp, z the forward's residual at the element. z = 0 gives
-   sbn_xmu_from_y's bits (a - 0 is a, -0 and NaN included), so a kernel may pass 0 where it
-   has no z. One rounding more than sbn_xmu_from_y's, of bn(x) = act^-1(y) - z: with the
-   rounding y kept of act(bn(x) + z), x_hat is off by about (|bn(x) + z| u_y + |bn(x)|
-   2^-24) / |weight| (tolerances.md, "The in-place backward with a residual"). */
-SBN_HD float sbn_xmu_from_yz(int act, float inv_slope, float y, float z, float bias, float rcp) {
+/* x - mean recovered from the forward's output: ((act^-1(y) - z) - bias) * rcp, rcp =
+   sbn_recover_rcp's, z the forward's residual at the element (sbnBackwardInPlaceEx), 0
+   without one (a - 0 is a, -0 and NaN included: then the bits of (act^-1(y) - bias) * rcp):
+   two products and two differences per element, no division (each rounding is one ulp of
+   the result at most: bench/notes/tolerances.md, "The in-place backward"). z's difference
+   is the one rounding more: with the rounding y kept of act(bn(x) + z), x_hat is off by
+   about (|bn(x) + z| u_y + |bn(x)| 2^-24) / |weight| (tolerances.md, "The in-place
+   backward with a residual"). The backward's sums and dx take x - mean, so this is all
+   they need of x. */
+SBN_HD float sbn_xmu_from_y(int act, float inv_slope, float y, float z, float bias, float rcp) {
   return SBN_MUL((sbn_act_inverse(act, inv_slope, y) - z) - bias, rcp);
 }
 

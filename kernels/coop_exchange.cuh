@@ -734,7 +734,7 @@ __device__ int finish_coefs(const sbn_coop_args_t& a, const sbn_coop_rank_t& R,
          mean and invstd, weight); a team of one that merges the chunk itself, with no
          wait to overlap, asked L2 for them before its merge (publish_chunk) */
       const float tu = TILE ? unit : 0.0f; /* plane units hold their channel's own: none written */
-      const ChanParams q = load_params<KIND>(R, c, mine_c, TILE && tu > 0.0f);
+      const ChanParams q = load_params<KIND>(R, c, mine_c, tu > 0.0f);
       int st = gather_chunk<KIND, HOST>(a, R, j, k, deadline, &m, v, mine,
                                         local ? sm.own[lane] : nullptr, g.rows);
       if (st == 0 && mine_c) set_coefs<KIND>(R, slot, m, v, mine, q, sm, tu);

@@ -390,7 +390,7 @@ SBN_UNROLL
       return true;
     } else if constexpr (kRecover) {
       /* the in-place backward of a forward with a residual (sbnBackwardInPlaceEx): z's
-         batch, which the recovery subtracts (sbn_xmu_from_yz); the mask is slot 0's y */
+         batch, which the recovery subtracts (sbn_xmu_from_y); the mask is slot 0's y */
       if (R.z == nullptr || SBN_MUTANT(SBN_MUT_RECOVER_NO_Z)) return false;
 SBN_UNROLL
       for (int k = 0; k < U; k++) yb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
@@ -625,7 +625,7 @@ SBN_UNROLL
           float err, t;
           if (kRecover)
             t = sbn_grad_term_xmu(dy,
-                                  sbn_xmu_from_yz(ep.act, ep.inv_slope, elem_get<DT, VEC>(bt[k][0], e),
+                                  sbn_xmu_from_y(ep.act, ep.inv_slope, elem_get<DT, VEC>(bt[k][0], e),
                                                   has_y ? elem_get<DT, VEC>(yb[k], e) : 0.0f, ep.bias[ch], ep.rcp[ch]),
                                   &err);
           else
@@ -940,7 +940,7 @@ SBN_UNROLL
           if (kRecover)
             r = sbn_backward_dx_xmu(
                 c4,
-                sbn_xmu_from_yz(ep.act, ep.inv_slope, xv, has_y ? elem_get<DT, VEC>(yb[k], e) : 0.0f,
+                sbn_xmu_from_y(ep.act, ep.inv_slope, xv, has_y ? elem_get<DT, VEC>(yb[k], e) : 0.0f,
                                 ep.bias[ch], ep.rcp[ch]),
                 gr);
           else

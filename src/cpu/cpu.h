@@ -65,8 +65,8 @@ SBN_INTERNAL sbnResult_t sbn_cpu_exchange(sbnComm_t comm, uint32_t sig, int floa
 SBN_INTERNAL void sbn_cpu_local_stats(const sbnTensorDesc_t* d, const void* x, float* out);
 /* What the backward reads of a rank's tensors: g = dy * act'(y) (y NULL: identity, g =
    dy) and x - mean, from x, or, when x is NULL (the in-place backward), from y:
-   sbn_xmu_from_y's (act^-1(y) - bias) * rcp per channel (rcp = sbn_recover_rcp's), and
-   from z too where the forward had one (sbnBackwardInPlaceEx: sbn_xmu_from_yz). */
+   sbn_xmu_from_y's ((act^-1(y) - z) - bias) * rcp per channel (rcp = sbn_recover_rcp's;
+   z the forward's residual, sbnBackwardInPlaceEx's, or 0). */
 typedef struct {
   const void* x;
   const void* y;

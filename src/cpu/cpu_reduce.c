@@ -229,18 +229,12 @@ void sbn_cpu_bwd_run(const sbnTensorDesc_t* d, const sbn_cpu_bwd_src_t* s, int64
     for (int64_t i = 0; i < len; i++) g[i] = sbn_act_grad(s->act, s->slope, yb[i], g[i]);
   if (s->x == NULL) {
     const float inv_slope = sbn_inv_slope(s->act, s->slope);
-    if (s->z != NULL) {
-      float zb[SBN_RUN];
-      sbn_cpu_load(d->dtype, s->z, at, len, zb);
-      for (int64_t i = 0; i < len; i++) {
-        const int64_t c = nhwc ? ch + i : ch;
-        xmu[i] = sbn_xmu_from_yz(s->act, inv_slope, yb[i], zb[i], s->bias ? s->bias[c] : 0.0f, s->rcp[c]);
-      }
-    } else {
-      for (int64_t i = 0; i < len; i++) {
-        const int64_t c = nhwc ? ch + i : ch;
-        xmu[i] = sbn_xmu_from_y(s->act, inv_slope, yb[i], s->bias ? s->bias[c] : 0.0f, s->rcp[c]);
-      }
+    float zb[SBN_RUN];
+    if (s->z != NULL) sbn_cpu_load(d->dtype, s->z, at, len, zb);
+    for (int64_t i = 0; i < len; i++) {
+      const int64_t c = nhwc ? ch + i : ch;
+      xmu[i] = sbn_xmu_from_y(s->act, inv_slope, yb[i], s->z != NULL ? zb[i] : 0.0f, s->bias ? s->bias[c] : 0.0f,
+                              s->rcp[c]);
     }
   }
 }
