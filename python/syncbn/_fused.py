@@ -261,16 +261,16 @@ def _backward_kernel(dy, x, out, weight, bias, stats, eps, comm, activation, slo
         dbp = dwp + 4 * dwb.stride(0)  # a plain int, also under jit.trace (x.shape[1] is a tensor there)
     else:
         dwp = dbp = None
-    if residual is not None:  # the in-place backward of a forward with a residual
-        _call_comm(c, _bwdip_c, "syncbn.batch_norm_act_backward (sbnBackwardInPlaceEx)", _desc(base, layout),
-                   _ptr(out), residual.data_ptr(), dy.data_ptr(), dx.data_ptr() if input_grad else None,
-                   dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp,
-                   dbp, _param(eps, 0.1), _epi(activation, slope), _stream(base))
-        return dx, dz, dwb
-    _call_comm(c, _bwdx_c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", _desc(base, layout), _ptr(x),
-               _ptr(out), dy.data_ptr(), dx.data_ptr() if input_grad else None,
-               dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32), sp, sp + 4 * st.stride(0), dwp, dbp,
-               _param(eps, 0.1), _epi(activation, slope, no_residual), _stream(base))
+    # the in-place backward of a forward with a residual takes (out, residual) where
+    # sbnBackwardEx takes (input, out): the same arguments after them
+    if residual is not None:
+        fn, name, lead = _bwdip_c, "sbnBackwardInPlaceEx", (_ptr(out), residual.data_ptr())
+    else:
+        fn, name, lead = _bwdx_c, "sbnBackwardEx", (_ptr(x), _ptr(out))
+    _call_comm(c, fn, f"syncbn.batch_norm_act_backward ({name})", _desc(base, layout), *lead, dy.data_ptr(),
+               dx.data_ptr() if input_grad else None, dz.data_ptr() if residual_grad else None, _ptr(w32), _ptr(b32),
+               sp, sp + 4 * st.stride(0), dwp, dbp, _param(eps, 0.1), _epi(activation, slope, no_residual),
+               _stream(base))
     return dx, dz, dwb
 
 

@@ -771,21 +771,19 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_kernel(const Tensor& grad_out, c
   const sbnEpilogue_t e = epilogue(activation, slope, no_residual);
   const float* sp = st.data_ptr<float>();
   float* dwp = dwb_wanted ? dwb.data_ptr<float>() : nullptr;
-  if (residual.has_value()) {  // the in-place backward of a forward with a residual
-    call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardInPlaceEx)", [&](sbnComm_t h) {
-      return api.backward_inplace_ex(h, &d, ptr<const void>(y), residual->data_ptr(), dy.data_ptr(),
-                                     input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
-                                     ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
-                                     dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
-    });
-    return {dx, dz, dwb};
-  }
-  call_comm(c, "syncbn.batch_norm_act_backward (sbnBackwardEx)", [&](sbnComm_t h) {
-    return api.backward_ex(h, &d, ptr<const void>(x), ptr<const void>(y), dy.data_ptr(),
-                           input_grad ? dx.data_ptr() : nullptr, residual_grad ? dz.data_ptr() : nullptr,
-                           ptr<const float>(w32), ptr<const float>(b32), sp, sp + base.size(1), dwp,
-                           dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
-  });
+  // the in-place backward of a forward with a residual takes (y, z) where sbnBackwardEx
+  // takes (x, y): the same arguments after them
+  const bool inplace_z = residual.has_value();
+  const auto fn = inplace_z ? api.backward_inplace_ex : api.backward_ex;
+  const void* a0 = inplace_z ? ptr<const void>(y) : ptr<const void>(x);
+  const void* a1 = inplace_z ? residual->data_ptr() : ptr<const void>(y);
+  call_comm(c, inplace_z ? "syncbn.batch_norm_act_backward (sbnBackwardInPlaceEx)"
+                         : "syncbn.batch_norm_act_backward (sbnBackwardEx)",
+            [&](sbnComm_t h) {
+              return fn(h, &d, a0, a1, dy.data_ptr(), input_grad ? dx.data_ptr() : nullptr,
+                        residual_grad ? dz.data_ptr() : nullptr, ptr<const float>(w32), ptr<const float>(b32), sp,
+                        sp + base.size(1), dwp, dwp ? dwp + base.size(1) : nullptr, &p, &e, stream_of(base));
+            });
   return {dx, dz, dwb};
 }
 
