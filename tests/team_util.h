@@ -39,6 +39,19 @@ static inline void team_comms_destroy(void) {
 
 static inline size_t dt_size(sbnDataType_t dt) { return dt == sbnFloat32 ? 4 : 2; }
 
+/* The fused backward as the tests call it: sbnBackwardEx, or sbnBackwardInPlaceEx where x is
+   NULL and the forward's residual z is given (it takes (y, z) where sbnBackwardEx takes
+   (x, y); every other argument alike). z is not passed to sbnBackwardEx (an x-based
+   backward, or one without a residual, takes none). */
+static inline sbnResult_t backward_ex(sbnComm_t comm, const sbnTensorDesc_t* d, const void* x, const void* z,
+                                      const void* y, const void* dy, void* dx, void* dz, const float* w,
+                                      const float* b, const float* smean, const float* sinv, float* dw, float* db,
+                                      const sbnParams_t* p, const sbnEpilogue_t* e, sbnStream_t stream) {
+  if (x == NULL && z != NULL)
+    return sbnBackwardInPlaceEx(comm, d, y, z, dy, dx, dz, w, b, smean, sinv, dw, db, p, e, stream);
+  return sbnBackwardEx(comm, d, x, y, dy, dx, dz, w, b, smean, sinv, dw, db, p, e, stream);
+}
+
 /* ---- input generators ----------------------------------------------------------------- */
 typedef enum {
   GEN_NORMAL,    /* per-channel N(mu_c, sd_c), mu_c in [-2, 2], sd_c in [0.5, 2] */

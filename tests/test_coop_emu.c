@@ -1397,12 +1397,10 @@ static void* ex_thread(void* arg) {
   if (!c->bwd)
     c->res = sbnForwardTrainEx(comm, &t->d[r], t->x[r], c->ep->z[r], t->y[r], t->w, t->b, t->rm[r], t->rv[r],
                                &t->nbt[r], t->smean[r], t->sinv[r], c->p, &e, NULL);
-  else if (c->ep->recover && c->ep->z[r] != NULL)
-    c->res = sbnBackwardInPlaceEx(comm, &t->d[r], c->ep->y[r], c->ep->z[r], t->dy[r], t->dx[r], c->ep->dz[r], t->w,
-                                  t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e, NULL);
   else
-    c->res = sbnBackwardEx(comm, &t->d[r], c->ep->recover ? NULL : t->x[r], c->ep->y[r], t->dy[r], t->dx[r],
-                           c->ep->dz[r], t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e, NULL);
+    c->res = backward_ex(comm, &t->d[r], c->ep->recover ? NULL : t->x[r], c->ep->z[r], c->ep->y[r], t->dy[r],
+                         t->dx[r], c->ep->dz[r], t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], c->p, &e,
+                         NULL);
   return NULL;
 }
 static void cpu_ex_run(team_t* t, const emu_epi_t* ep, int bwd, const sbnParams_t* p) {

@@ -99,12 +99,8 @@ static void* fused_call(void* arg) {
   } else {
     void* dz = a->where == 2 ? NULL : a->where == 1 ? t->dy[r] : a->f->dz[r];
     const int from_y = a->kind == 2 && !((a->f->keep_x >> r) & 1u);
-    if (from_y && a->f->z[r] != NULL) /* the in-place backward of a forward with a residual */
-      a->res = sbnBackwardInPlaceEx(comm, &t->d[r], t->y[r], a->f->z[r], t->dy[r], t->dx[r], dz, t->w, t->b,
-                                    t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
-    else
-      a->res = sbnBackwardEx(comm, &t->d[r], from_y ? NULL : t->x[r], t->y[r], t->dy[r], t->dx[r], dz,
-                             t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+    a->res = backward_ex(comm, &t->d[r], from_y ? NULL : t->x[r], a->f->z[r], t->y[r], t->dy[r], t->dx[r], dz,
+                         t->w, t->b, t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   }
   return NULL;
 }
@@ -936,12 +932,8 @@ static void* alias_call(void* arg) {
                 : a->mode == ALIAS_DZ_Y ? y
                                         : dz;
   sbnEpilogue_t e = epilogue(a->f->e);
-  if (z != NULL)
-    a->res = sbnBackwardInPlaceEx(team_comms(t->W)[r], &t->d[r], y, z, dy, dx_at, dz_at, t->w, t->b, t->smean[r],
-                                  t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
-  else
-    a->res = sbnBackwardEx(team_comms(t->W)[r], &t->d[r], from_y ? NULL : x, y, dy, dx_at, dz_at, t->w, t->b,
-                           t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
+  a->res = backward_ex(team_comms(t->W)[r], &t->d[r], from_y ? NULL : x, z, y, dy, dx_at, dz_at, t->w, t->b,
+                       t->smean[r], t->sinv[r], t->dw[r], t->db[r], a->f->p, &e, NULL);
   if (bytes) {
     memcpy(a->dx, dx_at, bytes);
     if (dz_at) memcpy(a->dz, dz_at, bytes);

@@ -1250,13 +1250,10 @@ static void* fused_cpu_main(void* arg) {
   if (!f->bwd)
     f->res = sbnForwardTrainEx(f->comm, &h->d[r], h->x[r], f->z, h->y[r], h->w, h->b, h->rm[r], h->rv[r],
                                &h->nbt[r], h->smean[r], h->sinv[r], f->p, f->e, NULL);
-  else if (f->recover && f->z != NULL) /* the in-place backward with the forward's residual */
-    f->res = sbnBackwardInPlaceEx(f->comm, &h->d[r], f->y, f->z, h->dy[r], h->dx[r], f->dz, h->w, h->b, h->smean[r],
-                                  h->sinv[r], h->dw[r], h->db[r], f->p, f->e, NULL);
   else
-    f->res = sbnBackwardEx(f->comm, &h->d[r], f->recover ? NULL : h->x[r], f->y, h->dy[r], h->dx[r],
-                           f->z != NULL ? f->dz : NULL, h->w, h->b, h->smean[r], h->sinv[r], h->dw[r], h->db[r],
-                           f->p, f->e, NULL);
+    f->res = backward_ex(f->comm, &h->d[r], f->recover ? NULL : h->x[r], f->z, f->y, h->dy[r], h->dx[r],
+                         f->z != NULL ? f->dz : NULL, h->w, h->b, h->smean[r], h->sinv[r], h->dw[r], h->db[r], f->p,
+                         f->e, NULL);
   return NULL;
 }
 static void fused_cpu_run(fused_cpu_t* f, int W) {
@@ -1328,12 +1325,9 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
   if (!sbn_test_cur_failed_) {
     sbnResult_t res = sbnGroupStart();
     for (int r = 0; r < W; r++)
-      if (res == sbnSuccess && k->recover && k->z) /* x from y and the forward's z */
-        res = sbnBackwardInPlaceEx(d.comm[r], &h.d[r], d.y[r], z_d[r], d.dy[r], d.dx[r], dz_d[r], d.w[r], d.b[r],
-                                   d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
-      else if (res == sbnSuccess)
-        res = sbnBackwardEx(d.comm[r], &h.d[r], k->recover ? NULL : d.x[r], d.y[r], d.dy[r], d.dx[r], dz_d[r],
-                            d.w[r], d.b[r], d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
+      if (res == sbnSuccess) /* in place with a z: x from y and the forward's z */
+        res = backward_ex(d.comm[r], &h.d[r], k->recover ? NULL : d.x[r], z_d[r], d.y[r], d.dy[r], d.dx[r], dz_d[r],
+                          d.w[r], d.b[r], d.sm[r], d.si[r], d.dw[r], d.db[r], &p, &e, d.st[r]);
     sbnResult_t end = sbnGroupEnd();
     EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
     if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  backward: %s\n", sbnGetLastError(d.comm[0]));
