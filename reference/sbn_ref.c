@@ -151,7 +151,37 @@ static double ref_act_grad(int act, double slope, const void* y, sbnDataType_t d
   return yv > 0.0 ? dy : slope * dy;
 }
 
-void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
+/* The unit roundoff of a dtype's values: 2^-24 fp32, 2^-11 fp16, 2^-8 bf16. */
+static double ref_unit(sbnDataType_t dt) {
+  return dt == sbnFloat16 ? 0x1p-11 : dt == sbnBFloat16 ? 0x1p-8 : 0x1p-24;
+}
+
+/* What a backward takes for x: x itself (xs), or the forward's output y and residual z from
+   which the in-place backward recovers x_hat (ys, zs, bias). */
+typedef struct {
+  const void* const* xs; /* NULL: the in-place backward */
+  const void* const* zs; /* in place: NULL or per rank (NULL entries: no z) */
+  const float* bias;     /* in place: NULL is 0 */
+} ref_bwd_src_t;
+
+/* The backward's term of element i of rank r, channel ci: x - mean from x, whose sums take
+   * invstd (*ts = invstd); in place x_hat itself (*ts = 1): x_hat = (act^-1(y) - z - bias) /
+   weight, and 0 on a channel below the weight threshold of sbnBackwardEx's policy
+   (|weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|)). */
+static double ref_bwd_term(const ref_bwd_src_t* src, int r, const sbnTensorDesc_t* d, int64_t ci,
+                           int64_t i, const void* y, int act, double slope, double w, double mu) {
+  if (src->xs) return sbn_ref_load(src->xs[r], d->dtype, i) - mu;
+  const double b = src->bias ? (double)src->bias[ci] : 0.0;
+  if (fabs(w) < fmax((double)SBN_RECOVER_MIN_WEIGHT, ref_unit(d->dtype) * fabs(b))) return 0.0;
+  double a = sbn_ref_load(y, d->dtype, i);
+  if (act == sbnActivationLeakyRelu && !(a > 0.0)) a /= slope;
+  const double z = src->zs && src->zs[r] ? sbn_ref_load(src->zs[r], d->dtype, i) : 0.0;
+  return (a - z - b) / w;
+}
+
+/* sbn_ref_backward_ex's formulas on a term t per element (ref_bwd_term) and a per-channel
+   scale ts of it: dweight = ts * sum(g t), dx = w invstd (g - mean(g) - t ts^2 mean(g t)). */
+static void ref_backward(int nranks, const sbnTensorDesc_t* descs, const ref_bwd_src_t* src,
                          const void* const* ys, const void* const* dys, int act, double slope,
                          const float* weight, const double* mean, const double* invstd,
                          double* const* dxs, double* const* dzs, double* const* dweight_local,
@@ -160,7 +190,8 @@ void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* c
   int64_t total = 0;
   for (int r = 0; r < nranks; r++) total += descs[r].n * descs[r].spatial;
   for (int64_t ci = 0; ci < c; ci++) {
-    double mu = mean[ci], is = invstd[ci];
+    const double w = weight ? (double)weight[ci] : 1.0;
+    double mu = src->xs ? mean[ci] : 0.0, is = invstd[ci], ts = src->xs ? is : 1.0;
     double g_dy = 0.0, g_dyxmu = 0.0;
     for (int r = 0; r < nranks; r++) {
       const sbnTensorDesc_t* d = &descs[r];
@@ -172,17 +203,16 @@ void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* c
           double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
           if (dzs && dzs[r]) dzs[r][i] = g;
           l_dy += g;
-          l_dyxmu += g * (sbn_ref_load(xs[r], d->dtype, i) - mu);
+          l_dyxmu += g * ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu);
         }
-      if (dweight_local && dweight_local[r]) dweight_local[r][ci] = l_dyxmu * is;
+      if (dweight_local && dweight_local[r]) dweight_local[r][ci] = l_dyxmu * ts;
       if (dbias_local && dbias_local[r]) dbias_local[r][ci] = l_dy;
       g_dy += l_dy;
       g_dyxmu += l_dyxmu;
     }
-    if (dweight_global) dweight_global[ci] = g_dyxmu * is;
+    if (dweight_global) dweight_global[ci] = g_dyxmu * ts;
     if (dbias_global) dbias_global[ci] = g_dy;
     if (!dxs || total == 0) continue;
-    double w = weight ? (double)weight[ci] : 1.0;
     double mdy = g_dy / (double)total, mdyxmu = g_dyxmu / (double)total;
     for (int r = 0; r < nranks; r++) {
       const sbnTensorDesc_t* d = &descs[r];
@@ -192,11 +222,32 @@ void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* c
         for (int64_t si = 0; si < d->spatial; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si);
           double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
-          double xm = sbn_ref_load(xs[r], d->dtype, i) - mu;
-          dxs[r][i] = w * is * (g - mdy - xm * is * is * mdyxmu);
+          double xm = ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu);
+          dxs[r][i] = w * is * (g - mdy - xm * ts * ts * mdyxmu);
         }
     }
   }
+}
+
+void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,
+                         const void* const* ys, const void* const* dys, int act, double slope,
+                         const float* weight, const double* mean, const double* invstd,
+                         double* const* dxs, double* const* dzs, double* const* dweight_local,
+                         double* const* dbias_local, double* dweight_global, double* dbias_global) {
+  const ref_bwd_src_t src = {xs, NULL, NULL};
+  ref_backward(nranks, descs, &src, ys, dys, act, slope, weight, mean, invstd, dxs, dzs,
+               dweight_local, dbias_local, dweight_global, dbias_global);
+}
+
+void sbn_ref_backward_inplace(int nranks, const sbnTensorDesc_t* descs, const void* const* ys,
+                              const void* const* zs, const void* const* dys, int act, double slope,
+                              const float* weight, const float* bias, const double* invstd,
+                              double* const* dxs, double* const* dzs, double* const* dweight_local,
+                              double* const* dbias_local, double* dweight_global,
+                              double* dbias_global) {
+  const ref_bwd_src_t src = {NULL, zs, bias};
+  ref_backward(nranks, descs, &src, ys, dys, act, slope, weight, NULL, invstd, dxs, dzs,
+               dweight_local, dbias_local, dweight_global, dbias_global);
 }
 
 void sbn_ref_backward(int nranks, const sbnTensorDesc_t* descs, const void* const* xs,

@@ -60,6 +60,18 @@ void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* c
                          double* const* dxs, double* const* dzs, double* const* dweight_local,
                          double* const* dbias_local, double* dweight_global, double* dbias_global);
 
+/* The in-place backward (sbnBackwardInPlaceEx, and sbnBackwardEx with x NULL) as defined
+   on the y it is given: x_hat = (act^-1(y) - z - bias) / weight (act identity or leaky
+   ReLU; zs NULL or zs[r] NULL: z = 0; bias NULL: 0; weight NULL: 1), 0 on a channel whose
+   |weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|) (u the dtype's unit roundoff), then
+   sbn_ref_backward_ex's formulas with x_hat for (x - mean) * invstd. ys must be given. */
+void sbn_ref_backward_inplace(int nranks, const sbnTensorDesc_t* descs, const void* const* ys,
+                              const void* const* zs, const void* const* dys, int act, double slope,
+                              const float* weight, const float* bias, const double* invstd,
+                              double* const* dxs, double* const* dzs, double* const* dweight_local,
+                              double* const* dbias_local, double* dweight_global,
+                              double* dbias_global);
+
 /* The forward's epilogue on a normalized tensor y (double, in place): y = act(y + z)
    (z NULL: none; act: sbnActivation_t). */
 void sbn_ref_epilogue(const sbnTensorDesc_t* d, const void* z, int act, double slope, double* y);
