@@ -91,9 +91,28 @@ typedef enum {
 
 /* --epilogue: what the rows' ops compute after the normalization. none: sbnForwardTrain /
    sbnBackward; relu: y = relu(bn(x)); add-relu: y = relu(bn(x) + z) (a ResNet block's
-   last batch norm), the backward giving dz too (sbnForwardTrainEx / sbnBackwardEx). */
-enum { BENCH_EPI_NONE = 0, BENCH_EPI_RELU = 1, BENCH_EPI_ADD_RELU = 2 };
-extern const char* const kEpilogueNames[3];
+   last batch norm), the backward giving dz too (sbnForwardTrainEx / sbnBackwardEx).
+   leaky-inplace, add-leaky-inplace: the same with leaky ReLU (BENCH_LEAKY_SLOPE), and the
+   in-place backward, which takes y (and z) for x: sbnBackwardEx with x NULL, and
+   sbnBackwardInPlaceEx with z and dz (the forward writes y into its own buffer, as a layer
+   in place writes it over x: the same kernel and bytes, and x stays for the check). */
+enum {
+  BENCH_EPI_NONE = 0,
+  BENCH_EPI_RELU = 1,
+  BENCH_EPI_ADD_RELU = 2,
+  BENCH_EPI_LEAKY_INPLACE = 3,
+  BENCH_EPI_ADD_LEAKY_INPLACE = 4
+};
+#define BENCH_EPI_COUNT 5
+#define BENCH_LEAKY_SLOPE 0.01f
+extern const char* const kEpilogueNames[BENCH_EPI_COUNT];
+/* The epilogue has a residual z (and the backward dz); its backward is the in-place one. */
+static inline int epi_has_z(int e) {
+  return e == BENCH_EPI_ADD_RELU || e == BENCH_EPI_ADD_LEAKY_INPLACE;
+}
+static inline int epi_inplace(int e) {
+  return e == BENCH_EPI_LEAKY_INPLACE || e == BENCH_EPI_ADD_LEAKY_INPLACE;
+}
 
 typedef struct {
   bench_gpu_req_t gpu;
@@ -214,7 +233,7 @@ double bufs_bytes(int W, const sbnTensorDesc_t* d);
 /* Host buffers of W ranks: 0, or -1 when out of memory (nothing left allocated). */
 int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d);
 void bufs_free(bench_team_bufs_t* b);
-/* The epilogue's tensors of b (allocated by bufs_alloc): z (add-relu) and dz (any
+/* The epilogue's tensors of b (allocated by bufs_alloc): z (epi_has_z) and dz (any
    epilogue); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
 int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
 /* Running stats := (0, 1), num_batches_tracked := 0. */
@@ -265,7 +284,7 @@ enum {
   DIG_DWEIGHT,
   DIG_DBIAS,
   DIG_NBT,
-  DIG_DZ, /* --epilogue add-relu (the same bits as dx when absent: 0) */
+  DIG_DZ, /* an --epilogue with z (epi_has_z; 0 when absent) */
   DIG_COUNT
 };
 typedef struct {

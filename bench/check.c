@@ -66,7 +66,9 @@ static double gamma_k(double k, double u) {
 const char* const kSumsFormula =
     "gamma(D + 3) * sum|dy*(x-mean)*invstd| (dweight), gamma(D) * sum|dy| (dbias), gamma(k) = "
     "k*u/(1-k*u), u = 2^-24, D = 128 additions for a rank's sum, + W for the team's; the "
-    "backward's reference (dx, dweight, dbias) from the row's own save_mean and save_invstd";
+    "backward's reference (dx, dweight, dbias) from the row's own save_mean and save_invstd; "
+    "the in-place epilogues: gamma(D + 7) * sum|g * (|act^-1(y)| + |z| + |bias|) / weight| "
+    "(dweight), the reference from the row's own y (and z) and save_invstd";
 
 static double sum_tolerance(double abs_sum, int64_t terms, int depth, int extra_roundings,
                             double atol_rtol, double ref) {
@@ -172,8 +174,15 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
      the sums of |term| of dweight and of dbias, [W + 1][k] each */
   double* stat = malloc((size_t)k * (9 + 2 * ((size_t)W + 1)) * sizeof(double));
   /* --epilogue (relu; add-relu: z and dz): y = relu(bn(x) + z), the backward's mask from the
-     row's own y (as the ops take it), dz = relu'(y) dy */
-  const int epi = b->epilogue != BENCH_EPI_NONE, add = b->epilogue == BENCH_EPI_ADD_RELU;
+     row's own y (as the ops take it), dz = relu'(y) dy. The in-place epilogues: leaky ReLU,
+     and the backward's reference is the in-place backward's definition on the row's own y
+     (and z): x_hat = (act^-1(y) - z - bias) / weight in double, where the library recovers it
+     in fp32 (sbn_ref_backward_inplace); its accuracy against the x-based backward is the
+     tests' (bench/notes/tolerances.md), not the bench's */
+  const int epi = b->epilogue != BENCH_EPI_NONE, add = epi_has_z(b->epilogue),
+            inplace = epi_inplace(b->epilogue);
+  const int act = inplace ? sbnActivationLeakyRelu : sbnActivationRelu;
+  const double slope = inplace ? (double)BENCH_LEAKY_SLOPE : 0.0;
   void** xs = calloc((size_t)W * 4, sizeof(void*));         /* x, dy, z, y packed */
   double** outs = calloc((size_t)W * 5, sizeof(double*)); /* y, dx, dweight, dbias, dz */
   sbnTensorDesc_t* descs = malloc((size_t)W * sizeof *descs);
@@ -214,7 +223,8 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
   int64_t m = 0;
   sbn_ref_forward(W, descs, (const void* const*)xs, wk_w, wk_b, params.eps, mean, invstd, varu, &m,
                   outs);
-  for (int r = 0; epi && r < W; r++) sbn_ref_epilogue(&descs[r], xs[2 * W + r], sbnActivationRelu, 0.0, outs[r]);
+  for (int r = 0; epi && r < W; r++)
+    sbn_ref_epilogue(&descs[r], xs[2 * W + r], act, slope, outs[r]);
   for (int64_t j = 0; j < k; j++) {
     rm[j] = 0.0;
     rv[j] = 1.0;
@@ -229,14 +239,21 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
     lmean[j] = b->save_mean[0][chs[j]];
     linvstd[j] = b->save_invstd[0][chs[j]];
   }
-  if (epi)
+  if (inplace)
+    sbn_ref_backward_inplace(
+        W, descs, (const void* const*)(xs + 3 * W), add ? (const void* const*)(xs + 2 * W) : NULL,
+        (const void* const*)(xs + W), act, slope, wk_w, wk_b, linvstd, outs + W,
+        add ? outs + 4 * W : NULL, outs + 2 * W, outs + 3 * W, gdw, gdb);
+  else if (epi)
     sbn_ref_backward_ex(W, descs, (const void* const*)xs, (const void* const*)(xs + 3 * W),
-                        (const void* const*)(xs + W), sbnActivationRelu, 0.0, wk_w, lmean, linvstd, outs + W,
+                        (const void* const*)(xs + W), act, slope, wk_w, lmean, linvstd, outs + W,
                         add ? outs + 4 * W : NULL, outs + 2 * W, outs + 3 * W, gdw, gdb);
   else
     sbn_ref_backward(W, descs, (const void* const*)xs, (const void* const*)(xs + W), wk_w, lmean,
                      linvstd, outs + W, outs + 2 * W, outs + 3 * W, gdw, gdb);
-  /* sum |dy * (x - mean) * invstd| and sum |dy| per rank and channel, and over the team */
+  /* sum |dy * (x - mean) * invstd| and sum |dy| per rank and channel, and over the team (dy:
+     g = dy act'(y) after an activation); the in-place backward's terms g x_hat, whose
+     recovery's roundings are relative to |act^-1(y)| + |z| + |bias| over |weight|: those */
   for (int64_t q = 0; q < (W + 1) * k; q++) absw[q] = absb[q] = 0.0;
   for (int r = 0; r < W; r++)
     for (int64_t ni = 0; ni < n; ni++)
@@ -244,9 +261,15 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
         for (int64_t si = 0; si < S; si++) {
           const int64_t pi = (ni * k + j) * S + si;
           double dyv = sbn_ref_load(xs[W + r], d->dtype, pi);
-          if (epi) dyv = sbn_ref_load(xs[3 * W + r], d->dtype, pi) <= 0.0 ? 0.0 : dyv; /* g */
-          absw[r * k + j] +=
-              fabs(dyv * (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j]);
+          const double yv = epi ? sbn_ref_load(xs[3 * W + r], d->dtype, pi) : 0.0;
+          if (epi) dyv = yv > 0.0 ? dyv : slope * dyv; /* g */
+          double term = (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j];
+          if (inplace)
+            term = (fabs(yv > 0.0 ? yv : yv / slope) +
+                    (add ? fabs(sbn_ref_load(xs[2 * W + r], d->dtype, pi)) : 0.0) +
+                    fabs((double)wk_b[j])) /
+                   fabs((double)wk_w[j]);
+          absw[r * k + j] += fabs(dyv * term);
           absb[r * k + j] += fabs(dyv);
         }
   for (int r = 0; r < W; r++)
@@ -271,8 +294,10 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
       const int64_t a = (global ? W : r) * k + j;
       const double rw = global ? gdw[j] : outs[2 * W + r][j];
       const double rb = global ? gdb[j] : outs[3 * W + r][j];
+      /* the roundings of a term: x - mean, the product, * invstd; in place, the recovery's
+         y / slope (y * (1 / slope), two), - z, - bias, * (1 / weight) (two), and the product */
       check_value(row, "dweight", r, ci, -1, b->dweight[r][ci], rw,
-                  sum_tolerance(absw[a], terms, depth, 3, how->sums, rw), 0.0);
+                  sum_tolerance(absw[a], terms, depth, inplace ? 7 : 3, how->sums, rw), 0.0);
       check_value(row, "dbias", r, ci, -1, b->dbias[r][ci], rb,
                   sum_tolerance(absb[a], terms, depth, 0, how->sums, rb), 0.0);
       for (int64_t ni = 0; ni < n; ni++)
@@ -402,7 +427,7 @@ void digest_team(bench_digest_t* dg, const bench_team_bufs_t* b) {
     dg->d[r][DIG_DBIAS] = digest_bytes(b->dbias[r], cbytes);
     dg->d[r][DIG_NBT] = digest_bytes(&b->nbt[r], sizeof b->nbt[r]);
     /* dz where the op writes it (add-relu; the relu split path's g is not an output) */
-    dg->d[r][DIG_DZ] = b->epilogue == BENCH_EPI_ADD_RELU ? digest_bytes(b->dz[r], bytes) : 0;
+    dg->d[r][DIG_DZ] = epi_has_z(b->epilogue) ? digest_bytes(b->dz[r], bytes) : 0;
   }
   dg->W = b->W;
   dg->valid = 1;
@@ -418,7 +443,7 @@ void digest_compare(bench_row_t* row, const bench_digest_t* ref, const bench_tea
   char label[96];
   for (int r = 0; r < b->W; r++)
     for (int k = 0; k < DIG_COUNT; k++) {
-      if (k == DIG_DZ && b->epilogue != BENCH_EPI_ADD_RELU) continue; /* no dz */
+      if (k == DIG_DZ && !epi_has_z(b->epilogue)) continue; /* no dz */
       row->checked += k <= DIG_DX || k == DIG_DZ ? numel : k == DIG_NBT ? 1 : b->desc.c;
       if (got.d[r][k] != ref->d[r][k] && row->wrong++ < BENCH_MAX_WRONG_PRINTED)
         fprintf(stderr,

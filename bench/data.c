@@ -184,7 +184,7 @@ int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue) {
   b->epilogue = epilogue;
   if (epilogue == BENCH_EPI_NONE) return 0;
   int ok = (b->dz = calloc((size_t)b->W, sizeof(void*))) != NULL;
-  if (ok && epilogue == BENCH_EPI_ADD_RELU) ok = (b->z = calloc((size_t)b->W, sizeof(void*))) != NULL;
+  if (ok && epi_has_z(epilogue)) ok = (b->z = calloc((size_t)b->W, sizeof(void*))) != NULL;
   for (int r = 0; ok && r < b->W; r++)
     ok = (b->dz[r] = bmalloc(bytes)) != NULL && (!b->z || (b->z[r] = bmalloc(bytes)) != NULL);
   if (!ok) {
@@ -205,8 +205,8 @@ void bufs_reset_state(bench_team_bufs_t* b) {
 }
 
 /* Inputs: x ~ offset_c + scale_c * N(0,1), different per rank (rank r's data do not depend
-   on W); dy ~ N(0,1); z (add-relu) ~ N(0,1); affine weight in [0.5, 1.5], bias in
-   [-0.5, 0.5]; running stats start at (0, 1). */
+   on W); dy ~ N(0,1); z (add-relu, add-leaky-inplace) ~ N(0,1); affine weight in [0.5, 1.5],
+   bias in [-0.5, 0.5]; running stats start at (0, 1). */
 int bufs_init(bench_team_bufs_t* b, const char* shape_id) {
   const sbnTensorDesc_t* d = &b->desc;
   const uint64_t base = string_hash(shape_id);

@@ -16,21 +16,29 @@
    its sign in doubt, a few elements in a hundred thousand: bench/notes/fused-epilogue.md,
    "The mask from x"; until 2026-12-05 y read twice (a), once (b), 7|x| and 4|x|);
    add-relu adds z read (fwd) and dz written (bwd) to the plain op's, and its backward reads
-   y (a dz says there was a z: no mask from x). The split path and cuDNN's rows are held to
+   y (a dz says there was a z: no mask from x). The in-place epilogues move the bytes of
+   relu and add-relu: their backward reads y where those read x (leaky-inplace: y, dy, dx;
+   add-leaky-inplace: y, z and dy, dx and dz). The split path and cuDNN's rows are held to
    the same floors: the work is the same, whatever the kernels. */
-static const double kFloorA[3][2] = {{5.0, 3.0}, {5.0, 3.0}, {8.0, 4.0}};
-static const double kFloorB[3][2] = {{3.0, 2.0}, {3.0, 2.0}, {5.0, 3.0}};
+static const double kFloorA[BENCH_EPI_COUNT][2] = {
+    {5.0, 3.0}, {5.0, 3.0}, {8.0, 4.0}, {5.0, 3.0}, {8.0, 4.0}};
+static const double kFloorB[BENCH_EPI_COUNT][2] = {
+    {3.0, 2.0}, {3.0, 2.0}, {5.0, 3.0}, {3.0, 2.0}, {5.0, 3.0}};
 
 const char* const kFloorFormula =
     "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
     "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
     "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B; --epilogue relu: the same (the "
-    "mask from x: y not needed); add-relu: fwd +|x| (z), bwd +|x| (dz) and y read twice (a), once (b)";
+    "mask from x: y not needed); add-relu: fwd +|x| (z), bwd +|x| (dz) and y read twice (a), once "
+    "(b); "
+    "leaky-inplace, add-leaky-inplace: relu's, add-relu's (y read in x's place)";
 const char* const kBytesFormula =
     "GB/s/rk = a rank's bytes / median time, the bytes of floor (b): fwd 2*numel*es (read x, "
     "write y), bwd 3*numel*es (read x and dy, write dx); --epilogue: the fused op's (relu: the "
-    "same, the mask from x; add-relu: fwd 3*, bwd 5*: z read, y read, dz written); numel = "
-    "N*C*spatial, es = element size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one GPU)";
+    "same, the mask from x; add-relu: fwd 3*, bwd 5*: z read, y read, dz written; the in-place "
+    "ones: relu's, add-relu's); numel = "
+    "N*C*spatial, es = element size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one "
+    "GPU)";
 
 double row_x_bytes(const bench_row_t* r) {
   return (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);

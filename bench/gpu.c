@@ -195,7 +195,7 @@ int gpu_bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue, char* err, size_
   b->epilogue = epilogue;
   if (epilogue == BENCH_EPI_NONE) return 0;
   if (!(b->dz = calloc((size_t)b->W, sizeof(void*)))) goto oom;
-  if (epilogue == BENCH_EPI_ADD_RELU && !(b->z = calloc((size_t)b->W, sizeof(void*)))) goto oom;
+  if (epi_has_z(epilogue) && !(b->z = calloc((size_t)b->W, sizeof(void*)))) goto oom;
   for (int r = 0; bytes && r < b->W; r++) {
     GPU_TRY(cudaMalloc(&b->dz[r], bytes), "cudaMalloc (dz)");
     if (b->z) GPU_TRY(cudaMalloc(&b->z[r], bytes), "cudaMalloc (z)");

@@ -35,7 +35,8 @@ _Static_assert(sizeof kDtypeOrder / sizeof kDtypeOrder[0] == SBN_DTYPE_COUNT,
                "kDtypeOrder lists every dtype of SBN_DTYPES once");
 const char* const kLayoutNames[2] = {"NCHW", "NHWC"};
 const char* const kPathNames[5] = {"coop", "nccl", "cudnn", "split", "cpu"};
-const char* const kEpilogueNames[3] = {"none", "relu", "add-relu"}; /* BENCH_EPI_* order */
+const char* const kEpilogueNames[BENCH_EPI_COUNT] = {"none", "relu", "add-relu", "leaky-inplace",
+                                                     "add-leaky-inplace"}; /* BENCH_EPI_* order */
 static const char* const kGpuReqNames[3] = {"auto", "on", "off"}; /* bench_gpu_req_t order */
 
 static void usage(FILE* f, const char* argv0) {
@@ -74,7 +75,12 @@ static void usage(FILE* f, const char* argv0) {
           "                        ops, sbnForwardTrainEx / sbnBackwardEx); with it the path\n"
           "                        split is the plain coop op and a separate activation\n"
           "                        kernel, cudnn cuDNN's BN_ACTIVATION / BN_ADD_ACTIVATION\n"
-          "                        (where it has them)\n"
+          "                        (where it has them); leaky-inplace, add-leaky-inplace:\n"
+          "                        the same with leaky ReLU (slope 0.01), and the in-place\n"
+          "                        backward, which takes y (and z) for x (sbnBackwardEx with\n"
+          "                        x NULL, sbnBackwardInPlaceEx); the forward writes y into\n"
+          "                        its own buffer (the same kernel and bytes as over x); paths\n"
+          "                        coop and nccl only\n"
           "      --check-channels K  channels checked per row, spread over C, in [0, %d];\n"
           "                        0 = all (GPU default %d, CPU default %d)\n"
           "      --quick           the shapes %s (of the embedded table; every shape\n"
@@ -92,12 +98,10 @@ static void usage(FILE* f, const char* argv0) {
           "Exit status: 0 all correct, 1 a wrong value or a failed call, 2 usage error.\n",
           argv0, SBN_BENCH_HAVE_CUDA ? "with CUDA" : "without CUDA (CPU team only)",
           BENCH_MAX_RANK_LIST, SBN_MAX_GPU_TEAM_RANKS, BENCH_GPU_DEFAULT_RANKS, BENCH_CPU_MAX_RANKS,
-          BENCH_DEFAULT_RANKS,
-          BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS, BENCH_MAX_ITERS,
-          BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
-          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR,
-          BENCH_GPU_CHECK_CHANNELS, BENCH_CHECK_CHANNELS, BENCH_QUICK_SHAPES, BENCH_QUICK_RANKS,
-          BENCH_MEMORY_SHARE * 100);
+          BENCH_DEFAULT_RANKS, BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_ITERS, BENCH_DEFAULT_ITERS,
+          BENCH_MAX_ITERS, BENCH_GPU_DEFAULT_WARMUP, BENCH_DEFAULT_WARMUP, BENCH_MAX_DIVISOR,
+          BENCH_GPU_DEFAULT_SCALE, BENCH_DEFAULT_SCALE, BENCH_MAX_DIVISOR, BENCH_GPU_CHECK_CHANNELS,
+          BENCH_CHECK_CHANNELS, BENCH_QUICK_SHAPES, BENCH_QUICK_RANKS, BENCH_MEMORY_SHARE * 100);
 }
 
 static int usage_error(const char* argv0, const char* fmt, ...) {
@@ -297,12 +301,14 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
       o->paths_given = 1;
     } else if (!strcmp(name, "--epilogue")) {
       int found = 0;
-      for (int k = 0; k < 3; k++)
+      for (int k = 0; k < BENCH_EPI_COUNT; k++)
         if (ascii_casecmp(val, kEpilogueNames[k]) == 0) {
           o->epilogue = k;
           found = 1;
         }
-      if (!found) return usage_error(argv0, "%s '%s': none, relu or add-relu", name, val);
+      if (!found)
+        return usage_error(
+            argv0, "%s '%s': none, relu, add-relu, leaky-inplace or add-leaky-inplace", name, val);
     } else {
       int found = 0;
       for (int k = 0; k < 3; k++)
@@ -317,11 +323,22 @@ int opts_parse(int argc, char** argv, bench_opts_t* o) {
 }
 
 int opts_resolve(bench_opts_t* o, int gpu_mode, const char* why_cpu, const char* argv0) {
-  if (!o->paths_given) /* the default paths: the epilogue's compare fused and split too */
-    o->path_on[BENCH_PATH_SPLIT] = o->epilogue != BENCH_EPI_NONE;
-  if (o->path_on[BENCH_PATH_SPLIT] && o->epilogue == BENCH_EPI_NONE)
-    return usage_error(argv0, "--paths split: the plain op and an activation kernel, which needs --epilogue "
-                              "relu or add-relu");
+  const int inplace = epi_inplace(o->epilogue);
+  if (!o->paths_given) { /* the default paths: the epilogue's compare fused and split too */
+    o->path_on[BENCH_PATH_SPLIT] = o->epilogue != BENCH_EPI_NONE && !inplace;
+    if (inplace) o->path_on[BENCH_PATH_CUDNN] = 0;
+  }
+  if (o->path_on[BENCH_PATH_SPLIT] && (o->epilogue == BENCH_EPI_NONE || inplace))
+    return usage_error(argv0,
+                       "--paths split: the plain op and a ReLU kernel, which needs --epilogue "
+                       "relu or add-relu");
+  /* the in-place backward is the library's alone: cuDNN has no leaky ReLU in its fused batch
+     norm, nor a backward from y */
+  if (o->path_on[BENCH_PATH_CUDNN] && inplace)
+    return usage_error(argv0,
+                       "--paths cudnn with --epilogue %s: cuDNN's batch norm has no leaky ReLU and "
+                       "no backward from y (paths coop and nccl)",
+                       kEpilogueNames[o->epilogue]);
   if (gpu_mode) {
     if (o->nranks_list == 0)
       parse_int_list(o->quick ? BENCH_QUICK_RANKS : BENCH_GPU_DEFAULT_RANKS, 1,

@@ -152,6 +152,20 @@ static const char* checked_channels(const bench_opts_t* o) {
   snprintf(buf, sizeof buf, "<= %d", o->check_channels);
   return buf;
 }
+
+/* The header line of an in-place epilogue (--epilogue leaky-inplace, add-leaky-inplace). */
+static void print_inplace_line(const bench_opts_t* o, const char* who) {
+  const int z = epi_has_z(o->epilogue);
+  printf(
+      "# epilogue %s: %ssbnForwardTrainEx, y = leaky_relu(bn(x)%s, %g) into a buffer of its own "
+      "(the "
+      "kernel and bytes of y written over x, as a layer in place does), then the in-place backward "
+      "%s from y%s, x not given%s; the bytes of --epilogue %s, whose rows compare\n",
+      kEpilogueNames[o->epilogue], who, z ? " + z" : "", (double)BENCH_LEAKY_SLOPE,
+      z ? "sbnBackwardInPlaceEx" : "sbnBackwardEx (x NULL)", z ? " and z" : "", z ? ", dz" : "",
+      z ? "add-relu" : "relu");
+}
+
 static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   const bench_device_info_t* g = run->dev;
   char wl[160], ver[32];
@@ -210,7 +224,9 @@ static void print_gpu_lines(const bench_opts_t* o, const bench_run_t* run) {
   printf(
       "# forward: sbnForwardTrain (affine, running stats, eps 1e-5, momentum 0.1); "
       "backward: sbnBackward (sbnGradGlobal); cudnn: the same eps and momentum\n");
-  if (o->epilogue != BENCH_EPI_NONE)
+  if (epi_inplace(o->epilogue))
+    print_inplace_line(o, "coop and nccl run ");
+  else if (o->epilogue != BENCH_EPI_NONE)
     printf("# epilogue %s: coop and nccl run sbnForwardTrainEx / sbnBackwardEx, y = relu(bn(x)%s) and "
            "the backward's mask from y%s; split runs the plain coop op and bench/act.cu's kernel "
            "(t/coop of a split row: its time over the fused op's); cudnn runs "
@@ -238,7 +254,9 @@ static void print_cpu_lines(const bench_opts_t* o, const bench_run_t* run) {
       o->scale, o->scale, o->warmup, o->iters, checked_channels(o));
   printf("# shapes: %d from %s; sizes are per rank (= per GPU)\n", run->nshapes,
          run->shapes_source);
-  if (o->epilogue != BENCH_EPI_NONE)
+  if (epi_inplace(o->epilogue))
+    print_inplace_line(o, "");
+  else if (o->epilogue != BENCH_EPI_NONE)
     printf("# epilogue %s: sbnForwardTrainEx / sbnBackwardEx, y = relu(bn(x)%s)\n", kEpilogueNames[o->epilogue],
            o->epilogue == BENCH_EPI_ADD_RELU ? " + z" : "");
 }

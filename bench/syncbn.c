@@ -1,8 +1,8 @@
 /* syncbn.c — the library's paths: the CPU team (CPU mode), and on virtual GPU teams the
  * cooperative kernel (coop) and the host-driven path (nccl, SBN_ALGO=nccl); with
- * --epilogue their fused ops (sbnForwardTrainEx / sbnBackwardEx), and the split path: the
- * plain coop op and act.cu's activation kernel. Every call of a row goes through
- * team_call: one group for the whole team. */
+ * --epilogue their fused ops (sbnForwardTrainEx / sbnBackwardEx, the in-place epilogues'
+ * sbnBackwardInPlaceEx), and the split path: the plain coop op and act.cu's activation
+ * kernel. Every call of a row goes through team_call: one group for the whole team. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -43,20 +43,27 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
     note_failure(err, cap, "sbnGroupStart", -1, res, sbnGetLastError(NULL));
     return -1;
   }
-  /* the fused ops: ReLU, and add-relu's z and dz */
+  /* the fused ops: ReLU, and add-relu's z and dz; the in-place ones' leaky ReLU, and their
+     backward from y (and z), x not given */
+  const int inplace = epi_inplace(b->epilogue);
   sbnEpilogue_t epi = SBN_EPILOGUE_INITIALIZER;
-  epi.activation = sbnActivationRelu;
+  epi.activation = inplace ? sbnActivationLeakyRelu : sbnActivationRelu;
+  epi.slope = BENCH_LEAKY_SLOPE;
   epi.no_residual = b->epilogue == BENCH_EPI_RELU && mask_from_x();
   const int ex = b->epilogue != BENCH_EPI_NONE;
   for (int r = 0; r < b->W; r++) {
     void* z = b->z ? b->z[r] : NULL;
-    void* dz = b->epilogue == BENCH_EPI_ADD_RELU ? b->dz[r] : NULL;
+    void* dz = epi_has_z(b->epilogue) ? b->dz[r] : NULL;
     if (fwd && ex)
       res = sbnForwardTrainEx(comms[r], d, b->x[r], z, b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
                               &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, &epi, stream);
     else if (fwd)
       res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
                             &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
+    else if (inplace)
+      res = sbnBackwardInPlaceEx(comms[r], d, b->y[r], z, b->dy[r], b->dx[r], dz, b->weight,
+                                 b->bias, b->save_mean[r], b->save_invstd[r], b->dweight[r],
+                                 b->dbias[r], p, &epi, stream);
     else if (ex)
       res = sbnBackwardEx(comms[r], d, b->x[r], b->y[r], b->dy[r], b->dx[r], dz, b->weight, b->bias,
                           b->save_mean[r], b->save_invstd[r], b->dweight[r], b->dbias[r], p, &epi, stream);
@@ -64,7 +71,11 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
       res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
                         b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
     if (res != sbnSuccess) {
-      note_failure(err, cap, fwd ? (ex ? "sbnForwardTrainEx" : "sbnForwardTrain") : (ex ? "sbnBackwardEx" : "sbnBackward"),
+      note_failure(err, cap,
+                   fwd ? (ex ? "sbnForwardTrainEx" : "sbnForwardTrain")
+                       : (inplace ? "sbnBackwardInPlaceEx"
+                          : ex    ? "sbnBackwardEx"
+                                  : "sbnBackward"),
                    r, res, sbnGetLastError(comms[r]));
       failed = 1;
     }

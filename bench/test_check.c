@@ -20,7 +20,15 @@
  * with its exponent's top bit flipped is one wrong; (5) a y computed without the running
  * statistics (the call given (0, 1)) is wrong everywhere; (6) a running_mean value changed
  * after the call (the call must only read them) is one wrong. And (7) GPU-mode options
- * that plan no row are refused (opts_resolve). */
+ * that plan no row are refused (opts_resolve), as are the in-place epilogues with the split
+ * or cudnn path, which they leave out by default.
+ * And the in-place epilogue's check (--epilogue add-leaky-inplace: leaky ReLU, z, the
+ * backward sbnBackwardInPlaceEx from y and z) on the CPU team's results, fp32 NCHW, the team
+ * above with z ~ N(0, 1) and bufs_init's weights and biases, c0's dy = sign(x - mean) * a:
+ * (8) they pass; (9) dweight off by 1e-4 relative on c0 is caught on every rank (its
+ * bound, gamma(D + 7) * sum |g| (|act^-1(y)| + |z| + |bias|) / |weight|, is ~3e-5 of it
+ * there); (10) a backward given zeros for z (the residual ignored in the recovery) is
+ * caught in dx and dweight. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,7 +201,11 @@ static void no_row_refused(void) {
                {{"--paths", "cudnn", "-w", "2,4", "--epilogue", "add-relu"}, 2},
                {{"--paths", "cudnn", "-w", "1,2", "--epilogue", "relu"}, 0},
                {{"--paths", "cudnn", "-w", "2"}, 0}, /* cuDNN's inference rows */
-               {{"--paths", "coop", "-w", "2", "--epilogue", "relu"}, 0}};
+               {{"--paths", "coop", "-w", "2", "--epilogue", "relu"}, 0},
+               /* the in-place backward is the library's: no split or cudnn path */
+               {{"--paths", "cudnn", "-w", "1", "--epilogue", "leaky-inplace"}, 2},
+               {{"--paths", "coop,split", "--epilogue", "add-leaky-inplace"}, 2},
+               {{"--paths", "coop,nccl", "-w", "1", "--epilogue", "add-leaky-inplace"}, 0}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     char* argv[10] = {"sbn-bench"};
     int argc = 1;
@@ -205,6 +217,112 @@ static void no_row_refused(void) {
     EXPECT(rc == cases[k].want, "GPU options %s %s %s %s %s %s: %d, expected %d", argv[1], argv[2],
            argv[3], argv[4], argc > 5 ? argv[5] : "", argc > 6 ? argv[6] : "", rc, cases[k].want);
   }
+  /* without --paths, an in-place epilogue runs coop and nccl only (relu's adds split, cudnn) */
+  for (int e = BENCH_EPI_RELU; e < BENCH_EPI_COUNT; e++) {
+    char* argv[4] = {"sbn-bench", "--epilogue", (char*)kEpilogueNames[e]};
+    bench_opts_t o;
+    memset(&o, 0, sizeof o);
+    int rc = opts_parse(3, argv, &o);
+    if (rc == 0) rc = opts_resolve(&o, 1, "", "sbn-bench");
+    const int lib_only = epi_inplace(e);
+    EXPECT(rc == 0 && o.path_on[BENCH_PATH_COOP] && o.path_on[BENCH_PATH_NCCL] &&
+               o.path_on[BENCH_PATH_SPLIT] == !lib_only && o.path_on[BENCH_PATH_CUDNN] == !lib_only,
+           "--epilogue %s's default paths: rc %d, coop %d nccl %d split %d cudnn %d",
+           kEpilogueNames[e], rc, o.path_on[BENCH_PATH_COOP], o.path_on[BENCH_PATH_NCCL],
+           o.path_on[BENCH_PATH_SPLIT], o.path_on[BENCH_PATH_CUDNN]);
+  }
+}
+
+/* The in-place epilogue's ops on the CPU team (forward sbnForwardTrainEx with leaky ReLU and
+   z, backward sbnBackwardInPlaceEx from y and zb: the forward's z, or not); 0 or -1. */
+static int inplace_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnParams_t* p,
+                        void* const* zb) {
+  sbnEpilogue_t epi = SBN_EPILOGUE_INITIALIZER;
+  epi.activation = sbnActivationLeakyRelu;
+  epi.slope = BENCH_LEAKY_SLOPE;
+  if (sbnGroupStart() != sbnSuccess) return -1;
+  for (int r = 0; r < TW; r++) {
+    sbnResult_t res =
+        fwd ? sbnForwardTrainEx(comms[r], &b->desc, b->x[r], b->z[r], b->y[r], b->weight, b->bias,
+                                b->rm[r], b->rv[r], &b->nbt[r], b->save_mean[r], b->save_invstd[r],
+                                p, &epi, NULL)
+            : sbnBackwardInPlaceEx(comms[r], &b->desc, b->y[r], zb[r], b->dy[r], b->dx[r], b->dz[r],
+                                   b->weight, b->bias, b->save_mean[r], b->save_invstd[r],
+                                   b->dweight[r], b->dbias[r], p, &epi, NULL);
+    if (res != sbnSuccess) return -1;
+  }
+  return sbnGroupEnd() == sbnSuccess ? 0 : -1;
+}
+
+/* (8)-(10); the number of failures. */
+static int inplace_checked(const bench_shape_t* shape) {
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
+  const int before = failures;
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, TW, &d) != 0 || bufs_alloc_epilogue(&b, BENCH_EPI_ADD_LEAKY_INPLACE) != 0 ||
+      bufs_init(&b, shape->id) != 0) {
+    printf("FAIL: out of memory\n");
+    return 1;
+  }
+  float* zeros[TW] = {NULL};
+  sbnComm_t comms[TW];
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  sbnParams_t params = SBN_PARAMS_DEFAULT;
+  params.grad_mode = sbnGradGlobal;
+  if (sbnCommInitCpu(comms, TW, &cfg) != sbnSuccess ||
+      inplace_call(comms, &b, 1, &params, b.z) != 0) {
+    printf("FAIL: the CPU team's forward with leaky ReLU and z: %s\n", sbnGetLastError(NULL));
+    bufs_free(&b);
+    return 1;
+  }
+  for (int r = 0; r < TW; r++) { /* c0: every term of dweight positive */
+    const float* x = b.x[r];
+    float* dy = b.dy[r];
+    for (int64_t n = 0; n < TN; n++)
+      for (int64_t s = 0; s < TSP; s++) {
+        const double a = 0.5 + unif(40 + (uint64_t)r, (uint64_t)(n * TSP + s));
+        dy[n * TC * TSP + s] = (float)(x[n * TC * TSP + s] >= b.save_mean[r][0] ? a : -a);
+      }
+  }
+  for (int r = 0; r < TW; r++) zeros[r] = calloc(TC * TN * TSP, sizeof(float));
+  for (int mutant = 0; mutant < 2; mutant++) {
+    if (!zeros[TW - 1] ||
+        inplace_call(comms, &b, 0, &params, mutant ? (void* const*)zeros : b.z) != 0) {
+      EXPECT(0, "the CPU team's in-place backward (z %s): %s", mutant ? "zeros" : "the forward's",
+             sbnGetLastError(NULL));
+      break;
+    }
+    bench_row_t row = check(&b, shape);
+    if (mutant) { /* (10) */
+      EXPECT(row.wrong > TW * TC,
+             "a backward given zeros for z: %lld wrong (expected dx and dweight)",
+             (long long)row.wrong);
+      printf("in place, z ignored in the backward: %lld wrong, worst %.3g of tolerance (%s)\n",
+             (long long)row.wrong, row.worst, row.worst_what);
+      break;
+    }
+    EXPECT(row.error[0] == '\0' && row.wrong == 0,
+           "in place: %lld wrong (worst %.3g of tolerance: %s) %s", (long long)row.wrong, row.worst,
+           row.worst_what, row.error); /* (8) */
+    printf(
+        "in place, correct results: %lld values checked, %lld wrong, worst %.3g of tolerance "
+        "(%s)\n",
+        (long long)row.checked, (long long)row.wrong, row.worst, row.worst_what);
+    const float good = b.dweight[0][0]; /* (9) */
+    for (int r = 0; r < TW; r++) b.dweight[r][0] = (float)(good * (1.0 + 1e-4));
+    row = check(&b, shape);
+    EXPECT(row.wrong == TW && strncmp(row.worst_what, "dweight r", 9) == 0,
+           "in place, dweight c0 off by 1e-4 relative: %lld wrong (expected %d), worst %s",
+           (long long)row.wrong, TW, row.worst_what);
+    printf("in place, dweight c0 * (1 + 1e-4): %lld wrong, worst %.3g of tolerance (%s)\n",
+           (long long)row.wrong, row.worst, row.worst_what);
+  }
+  for (int r = 0; r < TW; r++) {
+    free(zeros[r]);
+    sbnCommDestroy(comms[r]);
+  }
+  bufs_free(&b);
+  return failures - before;
 }
 
 int main(void) {
@@ -287,8 +405,11 @@ int main(void) {
     for (int r = 0; r < TW; r++) v[r][wrong[k].c] = good;
   }
   bufs_free(&b);
-  const int cases = 3 + 6 * 4; /* the team check's 3; 4 per inference dtype x layout */
-  printf("%d passed, %d failed (%d of them the inference checks)\n",
-         cases - (failures > cases ? cases : failures), failures, infer_failures);
+  static const bench_shape_t ishape = {"P", TN, TC, TSP, 1, "test_check.c (in place)"};
+  const int inplace_failures = inplace_checked(&ishape);
+  const int cases =
+      3 + 6 * 4 + 3; /* the team check's 3; 4 per inference dtype x layout; in place 3 */
+  printf("%d passed, %d failed (%d of them the inference checks, %d the in-place ones)\n",
+         cases - (failures > cases ? cases : failures), failures, infer_failures, inplace_failures);
   return failures ? 1 : 0;
 }
