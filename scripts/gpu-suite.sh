@@ -35,7 +35,9 @@
 #             S1-S9 at W = 1, the fused ops (coop, nccl) against the split pair (the plain
 #             op + an activation kernel: the split rows' t/coop) and cuDNN's own fused ops
 #             (cudnn rows: BN_ACTIVATION / BN_ADD_ACTIVATION; refused, and said so, on fp32
-#             NCHW); the plain coop op on the same cells (fused-plain-*.json); then
+#             NCHW); the plain coop op on the same cells (fused-plain-*.json); the
+#             in-place backward's rows, --epilogue add-leaky-inplace and leaky-inplace
+#             (fp32 NCHW, bf16 NHWC; S2, S4, S5, S8, S9; coop and nccl); then
 #             bench/torch_fused_memory.py --device cuda, the activation memory of a
 #             converted DeepLab-like stack and the autograd node at its peak; JSON each
 #   native    syncbn.torch's C++ operators built against the machine's PyTorch (python/syncbn/
@@ -236,7 +238,7 @@ fi
 # twice (~10 s each, predicted): 150 s
 # fused: 216 rows of S1-S9 (the 180 rows before the relu fp32 NCHW run: 67 s on an H200,
 # 2026-11-28; the H200 run of 2026-11-27 took 0.3 s a plain row with its
-# check: ~60 s) and the memory bench
+# check: ~60 s), the in-place backward's 40 rows (~12 s) and the memory bench
 # pip: the CUDA library built by pip (88 s on 2 cores here with the venv made and installed,
 # fewer on the GPU machine's 16),
 # then test_torch_gpu.py as in the pytorch step
@@ -405,6 +407,16 @@ step_fused() {
     --json "$OUTDIR/fused-plain-fp32.json" || rc=1
   "$BENCH" --gpu on --only $only -w 1 --paths coop --dtype fp16,bf16 --layout NHWC \
     --json "$OUTDIR/fused-plain-half.json" || rc=1
+  # the in-place backward (x recovered from y, and z): the bytes of add-relu's and relu's
+  # fused ops, whose rows above it is compared with (bench/notes/fused-epilogue.md, "The
+  # in-place backward's time"); coop and nccl, on five of the shapes
+  local e
+  for e in add-leaky-inplace leaky-inplace; do
+    "$BENCH" --gpu on --epilogue $e --only S2,S4,S5,S8,S9 -w 1 --dtype fp32 --layout NCHW \
+      --json "$OUTDIR/fused-$e-fp32.json" || rc=1
+    "$BENCH" --gpu on --epilogue $e --only S2,S4,S5,S8,S9 -w 1 --dtype bf16 --layout NHWC \
+      --json "$OUTDIR/fused-$e-bf16.json" || rc=1
+  done
   PYTHONPATH="$PYPKG${PYTHONPATH:+:$PYTHONPATH}" SYNCBN_LIBRARY="$SBNLIB" \
     "$PYTHON" "$PYDIR/torch_fused_memory.py" --device cuda --batch 8 --size 256 \
     --json "$OUTDIR/fused-memory.json" || rc=1
