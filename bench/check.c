@@ -67,8 +67,9 @@ const char* const kSumsFormula =
     "gamma(D + 3) * sum|dy*(x-mean)*invstd| (dweight), gamma(D) * sum|dy| (dbias), gamma(k) = "
     "k*u/(1-k*u), u = 2^-24, D = 128 additions for a rank's sum, + W for the team's; the "
     "backward's reference (dx, dweight, dbias) from the row's own save_mean and save_invstd; "
-    "the in-place epilogues: gamma(D + 7) * sum|g * (|act^-1(y)| + |z| + |bias|) / weight| "
-    "(dweight), the reference from the row's own y (and z) and save_invstd";
+    "the in-place epilogues: gamma(D + 10) * sum|g * (|act^-1(y)| + |z| + |bias|) / weight| "
+    "(dweight), gamma(D + 1) * sum|g| (dbias), the reference from the row's own y (and z) and "
+    "save_invstd";
 
 static double sum_tolerance(double abs_sum, int64_t terms, int depth, int extra_roundings,
                             double atol_rtol, double ref) {
@@ -264,11 +265,13 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
           const double yv = epi ? sbn_ref_load(xs[3 * W + r], d->dtype, pi) : 0.0;
           if (epi) dyv = yv > 0.0 ? dyv : slope * dyv; /* g */
           double term = (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j];
-          if (inplace)
-            term = (fabs(yv > 0.0 ? yv : yv / slope) +
-                    (add ? fabs(sbn_ref_load(xs[2 * W + r], d->dtype, pi)) : 0.0) +
-                    fabs((double)wk_b[j])) /
-                   fabs((double)wk_w[j]);
+          if (inplace) /* (a weight of 0: x_hat 0 by the policy, no term) */
+            term = wk_w[j] == 0.0f
+                       ? 0.0
+                       : (fabs(yv > 0.0 ? yv : yv / slope) +
+                          (add ? fabs(sbn_ref_load(xs[2 * W + r], d->dtype, pi)) : 0.0) +
+                          fabs((double)wk_b[j])) /
+                             fabs((double)wk_w[j]);
           absw[r * k + j] += fabs(dyv * term);
           absb[r * k + j] += fabs(dyv);
         }
@@ -294,12 +297,14 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
       const int64_t a = (global ? W : r) * k + j;
       const double rw = global ? gdw[j] : outs[2 * W + r][j];
       const double rb = global ? gdb[j] : outs[3 * W + r][j];
-      /* the roundings of a term: x - mean, the product, * invstd; in place, the recovery's
-         y / slope (y * (1 / slope), two), - z, - bias, * (1 / weight) (two), and the product */
+      /* the roundings of a term: x - mean, the product, * invstd; in place (bn_math.h
+         sbn_xmu_from_y, sbn_recover_rcp), the recovery's y * (1 / slope) (two), - z,
+         - bias, * 1 / (weight * invstd) (three), leaky's g = slope * dy, the product and
+         * invstd: 10. dbias: leaky's g, one (ReLU's g is dy or 0, exact) */
       check_value(row, "dweight", r, ci, -1, b->dweight[r][ci], rw,
-                  sum_tolerance(absw[a], terms, depth, inplace ? 7 : 3, how->sums, rw), 0.0);
+                  sum_tolerance(absw[a], terms, depth, inplace ? 10 : 3, how->sums, rw), 0.0);
       check_value(row, "dbias", r, ci, -1, b->dbias[r][ci], rb,
-                  sum_tolerance(absb[a], terms, depth, 0, how->sums, rb), 0.0);
+                  sum_tolerance(absb[a], terms, depth, inplace ? 1 : 0, how->sums, rb), 0.0);
       for (int64_t ni = 0; ni < n; ni++)
         for (int64_t si = 0; si < S; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si), pi = (ni * k + j) * S + si;

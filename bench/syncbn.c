@@ -60,22 +60,23 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
     else if (fwd)
       res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
                             &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
-    else if (inplace)
+    else if (inplace && z)
       res = sbnBackwardInPlaceEx(comms[r], d, b->y[r], z, b->dy[r], b->dx[r], dz, b->weight,
                                  b->bias, b->save_mean[r], b->save_invstd[r], b->dweight[r],
                                  b->dbias[r], p, &epi, stream);
-    else if (ex)
-      res = sbnBackwardEx(comms[r], d, b->x[r], b->y[r], b->dy[r], b->dx[r], dz, b->weight, b->bias,
-                          b->save_mean[r], b->save_invstd[r], b->dweight[r], b->dbias[r], p, &epi, stream);
+    else if (ex) /* the in-place backward without z: x NULL */
+      res = sbnBackwardEx(comms[r], d, inplace ? NULL : b->x[r], b->y[r], b->dy[r], b->dx[r], dz,
+                          b->weight, b->bias, b->save_mean[r], b->save_invstd[r], b->dweight[r],
+                          b->dbias[r], p, &epi, stream);
     else
       res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
                         b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
     if (res != sbnSuccess) {
       note_failure(err, cap,
                    fwd ? (ex ? "sbnForwardTrainEx" : "sbnForwardTrain")
-                       : (inplace ? "sbnBackwardInPlaceEx"
-                          : ex    ? "sbnBackwardEx"
-                                  : "sbnBackward"),
+                       : (inplace && z ? "sbnBackwardInPlaceEx"
+                          : ex         ? "sbnBackwardEx"
+                                       : "sbnBackward"),
                    r, res, sbnGetLastError(comms[r]));
       failed = 1;
     }

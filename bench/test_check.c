@@ -26,9 +26,10 @@
  * backward sbnBackwardInPlaceEx from y and z) on the CPU team's results, fp32 NCHW, the team
  * above with z ~ N(0, 1) and bufs_init's weights and biases, c0's dy = sign(x - mean) * a:
  * (8) they pass; (9) dweight off by 1e-4 relative on c0 is caught on every rank (its
- * bound, gamma(D + 7) * sum |g| (|act^-1(y)| + |z| + |bias|) / |weight|, is ~3e-5 of it
+ * bound, gamma(D + 10) * sum |g| (|act^-1(y)| + |z| + |bias|) / |weight|, is ~2e-5 of it
  * there); (10) a backward given zeros for z (the residual ignored in the recovery) is
- * caught in dx and dweight. */
+ * caught in dx, and in dweight on every rank and channel with the right dx put back;
+ * (11) one dz value wrong is one wrong. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,7 +255,7 @@ static int inplace_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
   return sbnGroupEnd() == sbnSuccess ? 0 : -1;
 }
 
-/* (8)-(10); the number of failures. */
+/* (8)-(11); the number of failures. */
 static int inplace_checked(const bench_shape_t* shape) {
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
   const int before = failures;
@@ -264,7 +265,7 @@ static int inplace_checked(const bench_shape_t* shape) {
     printf("FAIL: out of memory\n");
     return 1;
   }
-  float* zeros[TW] = {NULL};
+  float *zeros[TW] = {NULL}, *good_dx[TW] = {NULL};
   sbnComm_t comms[TW];
   sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
   sbnParams_t params = SBN_PARAMS_DEFAULT;
@@ -284,23 +285,36 @@ static int inplace_checked(const bench_shape_t* shape) {
         dy[n * TC * TSP + s] = (float)(x[n * TC * TSP + s] >= b.save_mean[r][0] ? a : -a);
       }
   }
-  for (int r = 0; r < TW; r++) zeros[r] = calloc(TC * TN * TSP, sizeof(float));
+  for (int r = 0; r < TW; r++) {
+    zeros[r] = calloc(TC * TN * TSP, sizeof(float));
+    good_dx[r] = malloc(TC * TN * TSP * sizeof(float));
+  }
   for (int mutant = 0; mutant < 2; mutant++) {
-    if (!zeros[TW - 1] ||
+    if (!zeros[TW - 1] || !good_dx[TW - 1] ||
         inplace_call(comms, &b, 0, &params, mutant ? (void* const*)zeros : b.z) != 0) {
       EXPECT(0, "the CPU team's in-place backward (z %s): %s", mutant ? "zeros" : "the forward's",
              sbnGetLastError(NULL));
       break;
     }
-    bench_row_t row = check(&b, shape);
-    if (mutant) { /* (10) */
-      EXPECT(row.wrong > TW * TC,
-             "a backward given zeros for z: %lld wrong (expected dx and dweight)",
-             (long long)row.wrong);
-      printf("in place, z ignored in the backward: %lld wrong, worst %.3g of tolerance (%s)\n",
-             (long long)row.wrong, row.worst, row.worst_what);
+    bench_row_t row;
+    if (mutant) { /* (10): dx put back, so that dweight alone must show it */
+      row = check(&b, shape);
+      const int64_t all_wrong = row.wrong;
+      for (int r = 0; r < TW; r++) memcpy(b.dx[r], good_dx[r], TC * TN * TSP * sizeof(float));
+      row = check(&b, shape);
+      EXPECT(all_wrong > TW * TC && row.wrong == TW * TC &&
+                 strncmp(row.worst_what, "dweight r", 9) == 0,
+             "a backward given zeros for z: %lld wrong (expected dx's and dweight's), with dx put "
+             "back "
+             "%lld (expected %d, dweight's), worst %s",
+             (long long)all_wrong, (long long)row.wrong, TW * TC, row.worst_what);
+      printf(
+          "in place, z ignored in the backward: %lld wrong; with the right dx, %lld, worst %.3g of "
+          "tolerance (%s)\n",
+          (long long)all_wrong, (long long)row.wrong, row.worst, row.worst_what);
       break;
     }
+    row = check(&b, shape);
     EXPECT(row.error[0] == '\0' && row.wrong == 0,
            "in place: %lld wrong (worst %.3g of tolerance: %s) %s", (long long)row.wrong, row.worst,
            row.worst_what, row.error); /* (8) */
@@ -308,6 +322,7 @@ static int inplace_checked(const bench_shape_t* shape) {
         "in place, correct results: %lld values checked, %lld wrong, worst %.3g of tolerance "
         "(%s)\n",
         (long long)row.checked, (long long)row.wrong, row.worst, row.worst_what);
+    for (int r = 0; r < TW; r++) memcpy(good_dx[r], b.dx[r], TC * TN * TSP * sizeof(float));
     const float good = b.dweight[0][0]; /* (9) */
     for (int r = 0; r < TW; r++) b.dweight[r][0] = (float)(good * (1.0 + 1e-4));
     row = check(&b, shape);
@@ -316,9 +331,23 @@ static int inplace_checked(const bench_shape_t* shape) {
            (long long)row.wrong, TW, row.worst_what);
     printf("in place, dweight c0 * (1 + 1e-4): %lld wrong, worst %.3g of tolerance (%s)\n",
            (long long)row.wrong, row.worst, row.worst_what);
+    for (int r = 0; r < TW; r++) b.dweight[r][0] = good;
+    /* (11) one dz value wrong: rank 1, element (n 1, c 2, s 7) */
+    float* dz1 = b.dz[1];
+    const int64_t at = (1 * TC + 2) * TSP + 7;
+    const float dz_good = dz1[at];
+    dz1[at] = dz_good + 0.5f;
+    row = check(&b, shape);
+    EXPECT(row.wrong == 1 && strncmp(row.worst_what, "dz r1 c2", 8) == 0,
+           "in place, one dz value off by 0.5: %lld wrong (expected 1), worst %s",
+           (long long)row.wrong, row.worst_what);
+    printf("in place, one dz value off by 0.5: %lld wrong (%s)\n", (long long)row.wrong,
+           row.worst_what);
+    dz1[at] = dz_good;
   }
   for (int r = 0; r < TW; r++) {
     free(zeros[r]);
+    free(good_dx[r]);
     sbnCommDestroy(comms[r]);
   }
   bufs_free(&b);
@@ -407,8 +436,8 @@ int main(void) {
   bufs_free(&b);
   static const bench_shape_t ishape = {"P", TN, TC, TSP, 1, "test_check.c (in place)"};
   const int inplace_failures = inplace_checked(&ishape);
-  const int cases =
-      3 + 6 * 4 + 3; /* the team check's 3; 4 per inference dtype x layout; in place 3 */
+  /* the team check's 3; 4 per inference dtype x layout; in place 4 */
+  const int cases = 3 + 6 * 4 + 4;
   printf("%d passed, %d failed (%d of them the inference checks, %d the in-place ones)\n",
          cases - (failures > cases ? cases : failures), failures, infer_failures, inplace_failures);
   return failures ? 1 : 0;

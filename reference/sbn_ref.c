@@ -167,12 +167,15 @@ typedef struct {
 /* The backward's term of element i of rank r, channel ci: x - mean from x, whose sums take
    * invstd (*ts = invstd); in place x_hat itself (*ts = 1): x_hat = (act^-1(y) - z - bias) /
    weight, and 0 on a channel below the weight threshold of sbnBackwardEx's policy
-   (|weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|)). */
+   (|weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|)), or of invstd 0 (a constant channel
+   with eps 0: y is the bias, and the x-based backward's terms are 0 there too). */
 static double ref_bwd_term(const ref_bwd_src_t* src, int r, const sbnTensorDesc_t* d, int64_t ci,
-                           int64_t i, const void* y, int act, double slope, double w, double mu) {
+                           int64_t i, const void* y, int act, double slope, double w, double mu,
+                           double is) {
   if (src->xs) return sbn_ref_load(src->xs[r], d->dtype, i) - mu;
   const double b = src->bias ? (double)src->bias[ci] : 0.0;
-  if (fabs(w) < fmax((double)SBN_RECOVER_MIN_WEIGHT, ref_unit(d->dtype) * fabs(b))) return 0.0;
+  if (fabs(w) < fmax((double)SBN_RECOVER_MIN_WEIGHT, ref_unit(d->dtype) * fabs(b)) || w * is == 0.0)
+    return 0.0;
   double a = sbn_ref_load(y, d->dtype, i);
   if (act == sbnActivationLeakyRelu && !(a > 0.0)) a /= slope;
   const double z = src->zs && src->zs[r] ? sbn_ref_load(src->zs[r], d->dtype, i) : 0.0;
@@ -203,7 +206,7 @@ static void ref_backward(int nranks, const sbnTensorDesc_t* descs, const ref_bwd
           double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
           if (dzs && dzs[r]) dzs[r][i] = g;
           l_dy += g;
-          l_dyxmu += g * ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu);
+          l_dyxmu += g * ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu, is);
         }
       if (dweight_local && dweight_local[r]) dweight_local[r][ci] = l_dyxmu * ts;
       if (dbias_local && dbias_local[r]) dbias_local[r][ci] = l_dy;
@@ -222,7 +225,7 @@ static void ref_backward(int nranks, const sbnTensorDesc_t* descs, const ref_bwd
         for (int64_t si = 0; si < d->spatial; si++) {
           int64_t i = sbn_ref_index(d, ni, ci, si);
           double g = ref_act_grad(act, slope, y, d->dtype, i, sbn_ref_load(dys[r], d->dtype, i));
-          double xm = ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu);
+          double xm = ref_bwd_term(src, r, d, ci, i, y, act, slope, w, mu, is);
           dxs[r][i] = w * is * (g - mdy - xm * ts * ts * mdyxmu);
         }
     }

@@ -62,9 +62,11 @@ void sbn_ref_backward_ex(int nranks, const sbnTensorDesc_t* descs, const void* c
 
 /* The in-place backward (sbnBackwardInPlaceEx, and sbnBackwardEx with x NULL) as defined
    on the y it is given: x_hat = (act^-1(y) - z - bias) / weight (act identity or leaky
-   ReLU; zs NULL or zs[r] NULL: z = 0; bias NULL: 0; weight NULL: 1), 0 on a channel whose
-   |weight| < max(SBN_RECOVER_MIN_WEIGHT, u |bias|) (u the dtype's unit roundoff), then
-   sbn_ref_backward_ex's formulas with x_hat for (x - mean) * invstd. ys must be given. */
+   ReLU, the invertible ones: any other act is taken as identity; zs NULL or zs[r] NULL:
+   z = 0; bias NULL: 0; weight NULL: 1), 0 on a channel whose |weight| <
+   max(SBN_RECOVER_MIN_WEIGHT, u |bias|) (u the dtype's unit roundoff) or whose weight *
+   invstd is 0, then sbn_ref_backward_ex's formulas with x_hat for (x - mean) * invstd. ys
+   must be given. */
 void sbn_ref_backward_inplace(int nranks, const sbnTensorDesc_t* descs, const void* const* ys,
                               const void* const* zs, const void* const* dys, int act, double slope,
                               const float* weight, const float* bias, const double* invstd,
