@@ -267,10 +267,11 @@ struct VecPath {
      (sm_90, CUDA 13.0, spill bytes, position / batch: plane bf16 0 / 20, fp16 4 / 0, fp32
      0 / 0; the tile kernels 0 / 0 with kRecoverSmem) */
   static constexpr bool kRecoverByPos = kRecover && NCH == 1 && DT == sbnBFloat16;
-  /* the stream forward's stage 5 of a ReLU without z, in whole batches with the ReLU known
-     at compile time (stage5_unit), where a second copy of the stage-5 loop fits: not in
-     the 16-byte fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696
-     instructions (check-sass.sh's bound: 8192) with a 24-byte spill */
+  /* the stream forward's stage 5 of a ReLU or leaky ReLU without z, in whole batches with
+     the activation known at compile time (stage5_unit; which of the two, a flag uniform
+     over the launch), where a second copy of the stage-5 loop fits: not in the 16-byte
+     fp16/bf16 plane kernels (VEC 8), which it takes from 7352 to 8696 instructions
+     (check-sass.sh's bound: 8192) with a 24-byte spill */
   static constexpr bool kReluBatches = kFwdEpi && !ONCHIP && (TILE || VEC <= 4);
   /* and of a ReLU with z, in batches of x and z with the ReLU compiled in (stage5_fwd_epi_stream's
      MODE 2): a third copy of the loop, in the tile kernels only. In the fp32 plane kernels
@@ -278,6 +279,10 @@ struct VecPath {
      with H = 4, 8280 with H = 3, 8080 with H = 2 (the batch of MODE 0: no gain on the tile
      kernels, bench/notes/fused-epilogue.md); they take MODE 0 in larger batches instead */
   static constexpr bool kReluZ = kFwdEpi && !ONCHIP && TILE;
+  /* leaky ReLU with z in MODE 2 too, where its slope fits: the fp32 tile kernels (VEC 4;
+     the scalar ones). In the 16-byte fp16/bf16 ones (VEC 8, at 128 registers) the slope
+     and the select spill 20 bytes (sm_90, CUDA 13.0): leaky ReLU with z takes MODE 0 there */
+  static constexpr bool kReluZLeaky = kReluZ && VEC < 8;
 
 #ifdef SBN_COOP_EMU
   /* the emulation's C++: turn_hold moves slots a thread never loaded (fewer than NBR
@@ -910,10 +915,11 @@ SBN_NO_UNROLL
 
   /* ---- stage 5 ---- */
   /* The outputs of a batch in place of its x. EPI: forward, act(y + z) (zb: z's batch
-     where has_z); backward, the gradient act'(y) dy (yb: y's batch where has_y, else
+     where has_z; ACTK: 0 the activation sbn_act's, 1 ReLU compiled in, 2 ReLU or leaky
+     ReLU compiled in, which one ep.act's, the same over the launch); backward, the gradient act'(y) dy (yb: y's batch where has_y, else
      slot 0; grad_at) in place of dy when `grads` (dz), and x - mean recovered from y in
      the in-place backward's copy (kRecover; and from z, yb's, where has_y). */
-  template <int UB, bool RELU = false>
+  template <int UB, int ACTK = 0>
   static __device__ __forceinline__ void outputs(uint4 (&bt)[UB][NV], const float (&kc)[NCH][4],
                                                  const EpiCoef<NCH>& ep, const uint4 (&zb)[UB], bool has_z,
                                                  const uint4 (&yb)[UB], bool has_y, bool grads) {
@@ -929,8 +935,11 @@ SBN_UNROLL
           r = sbn_forward_y(xv, kc[ch][0], kc[ch][1], kc[ch][2], kc[ch][3]);
           if constexpr (kFwdEpi) {
             if (has_z) r += elem_get<DT, VEC>(zb[k], e);
-            if constexpr (RELU)
-              r = r < 0.0f ? 0.0f : r; /* sbn_act's ReLU (NaN and -0 kept), known here */
+            /* sbn_act's ReLU (NaN and -0 kept) and leaky ReLU, their expressions as its */
+            if constexpr (ACTK == 2)
+              r = ep.act == SBN_ACT_LEAKY ? (r > 0.0f ? r : SBN_MUL(ep.slope, r)) : (r < 0.0f ? 0.0f : r);
+            else if constexpr (ACTK == 1)
+              r = r < 0.0f ? 0.0f : r;
             else
               r = sbn_act(ep.act, ep.slope, r);
           }
@@ -959,11 +968,11 @@ SBN_UNROLL
      (the fp16 plane kernels are at 128 registers: check-sass.sh), but 3 of U = 4 in the
      fp32 plane kernels. The y of a batch is stored before the next batch's loads (y may be
      x's or z's memory: they stay behind). MODE (the caller has checked): 0 any
-     activation, z where given; 1 a ReLU without z, in whole batches of H = U positions, x alone (a plain batch's registers and loads in
-     flight); 2 a ReLU with z (the tile kernels), x and z of H positions: U (at most 4) in
+     activation, z where given; 1 a ReLU or leaky ReLU without z, in whole batches of H = U positions, x alone (a plain batch's registers and loads in
+     flight); 2 a ReLU with z (the tile kernels; leaky ReLU too in the fp32 ones: kReluZLeaky), x and z of H positions: U (at most 4) in
      4-element and scalar vectors, twice a plain batch's loads in flight (a position moves
      1.5x a plain one's bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4
-     spill 32 B at their 128 registers (check-sass.sh). 1 and 2 have the ReLU compiled in. */
+     spill 32 B at their 128 registers (check-sass.sh). 1 and 2 have the activation compiled in (outputs' ACTK). */
   template <int MODE = 0>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {
@@ -983,7 +992,8 @@ SBN_UNROLL
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
         if (has_z) zb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
       }
-      outputs<H, MODE != 0>(bt, kc, ep, zb, has_z, zb, false, false);
+      outputs<H, MODE == 1 || (MODE == 2 && kReluZLeaky) ? 2 : MODE == 2 ? 1 : 0>(bt, kc, ep, zb, has_z, zb, false,
+                                                                                 false);
 SBN_UNROLL
       for (int k = 0; k < H; k++) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
     }
@@ -1017,14 +1027,14 @@ SBN_UNROLL
     if constexpr (EPI != SBN_EPI_NONE) epi_coef(R, g, grp, true, ep);
     if constexpr (kFwdEpi && !ONCHIP) {
       if constexpr (kReluBatches) {
-        if (R.z == nullptr && R.act == SBN_ACT_RELU) {
+        if (R.z == nullptr && (R.act == SBN_ACT_RELU || R.act == SBN_ACT_LEAKY)) {
           stage5_fwd_epi_stream<1>(R, wk, kc, ep, pol);
           *gb += nb;
           return;
         }
       }
       if constexpr (kReluZ) {
-        if (R.z != nullptr && R.act == SBN_ACT_RELU) {
+        if (R.z != nullptr && (R.act == SBN_ACT_RELU || (kReluZLeaky && R.act == SBN_ACT_LEAKY))) {
           stage5_fwd_epi_stream<2>(R, wk, kc, ep, pol);
           *gb += nb;
           return;
