@@ -234,7 +234,7 @@ double bufs_bytes(int W, const sbnTensorDesc_t* d);
 int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d);
 void bufs_free(bench_team_bufs_t* b);
 /* The epilogue's tensors of b (allocated by bufs_alloc): z (epi_has_z) and dz (any
-   epilogue); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
+   epilogue but leaky-inplace); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
 int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
 /* Running stats := (0, 1), num_batches_tracked := 0. */
 void bufs_reset_state(bench_team_bufs_t* b);
