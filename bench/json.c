@@ -8,7 +8,9 @@
  *   "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO 8601), mode "cpu" | "gpu",
  *   why_cpu (CPU mode: why not the GPU; null in GPU mode), path (the path under test:
  *   "coop", CPU mode "cpu"; every row has its own), paths [the paths run: "coop", "nccl",
- *   "cudnn", "split" (--epilogue); CPU mode ["cpu"]], team "virtual" |
+ *   "cudnn", "split" (--epilogue); CPU mode ["cpu"]], epilogue (--epilogue's: "none",
+ *   "relu", "add-relu", "leaky-inplace", "add-leaky-inplace"; each row of the main table
+ *   carries it too), team "virtual" |
  *   "cpu", device (GPU mode {index, name, arch "sm_90", pci, sm_count, l2_bytes, memory_bytes}; CPU mode a
  *   string: the CPU team and why not the GPU; a GPU run that failed before it had a device,
  *   the reason as a string, with the device's fields below null, complete and ok false), driver_version (cudaDriverGetVersion: the
