@@ -279,9 +279,11 @@ struct VecPath {
      with H = 4, 8280 with H = 3, 8080 with H = 2 (the batch of MODE 0: no gain on the tile
      kernels, bench/notes/fused-epilogue.md); they take MODE 0 in larger batches instead */
   static constexpr bool kReluZ = kFwdEpi && !ONCHIP && TILE;
-  /* leaky ReLU with z in MODE 2 too, where its slope fits: the fp32 tile kernels (VEC 4;
-     the scalar ones). In the 16-byte fp16/bf16 ones (VEC 8, at 128 registers) the slope
-     and the select spill 20 bytes (sm_90, CUDA 13.0): leaky ReLU with z takes MODE 0 there */
+  /* leaky ReLU with z in MODE 2 too, where its slope fits: the tile kernels below VEC 8,
+     fp32's (VEC 4) and every dtype's scalar ones (VEC 1). In the 16-byte fp16/bf16 ones
+     (VEC 8, at 128 registers) the slope and the select spill 20 bytes (sm_90, CUDA 13.0):
+     leaky ReLU with z takes MODE 0 there. (MODE 1 and 2 are ReLU's and leaky ReLU's only:
+     ACTK 2 computes ReLU for any other act, and the dispatch sends no other there.) */
   static constexpr bool kReluZLeaky = kReluZ && VEC < 8;
 
 #ifdef SBN_COOP_EMU
@@ -968,11 +970,13 @@ SBN_UNROLL
      (the fp16 plane kernels are at 128 registers: check-sass.sh), but 3 of U = 4 in the
      fp32 plane kernels. The y of a batch is stored before the next batch's loads (y may be
      x's or z's memory: they stay behind). MODE (the caller has checked): 0 any
-     activation, z where given; 1 a ReLU or leaky ReLU without z, in whole batches of H = U positions, x alone (a plain batch's registers and loads in
-     flight); 2 a ReLU with z (the tile kernels; leaky ReLU too in the fp32 ones: kReluZLeaky), x and z of H positions: U (at most 4) in
+     activation, z where given; 1 a ReLU or leaky ReLU without z, in whole batches of H = U
+     positions, x alone (a plain batch's registers and loads in flight); 2 a ReLU with z (the tile
+     kernels; leaky ReLU too below VEC 8: kReluZLeaky), x and z of H positions: U (at most 4) in
      4-element and scalar vectors, twice a plain batch's loads in flight (a position moves
      1.5x a plain one's bytes); 3 in the 16-byte fp16/bf16 ones, 1.5x the loads, where 4
-     spill 32 B at their 128 registers (check-sass.sh). 1 and 2 have the activation compiled in (outputs' ACTK). */
+     spill 32 B at their 128 registers (check-sass.sh). 1 and 2 have the activation compiled in
+     (outputs' ACTK). */
   template <int MODE = 0>
   __device__ __forceinline__ void stage5_fwd_epi_stream(const sbn_coop_rank_t& R, Walk& wk, const float (&kc)[NCH][4],
                                                         const EpiCoef<NCH>& ep, uint64_t pol) {

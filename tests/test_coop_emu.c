@@ -2292,6 +2292,79 @@ static void test_fused_relu_inplace(void) {
   }
 }
 
+/* The stream forward's loops with the activation compiled in (stage 5's MODE 1 and 2,
+   outputs' ACTK: ReLU, and leaky ReLU since 2026-12-05) keep sbn_act's bits where they are
+   least forgiving: channel 1 (a NaN weight) stays NaN, and channel 2 (x constant, so x -
+   mean is 0; weight -1, bias -0, z -0 where given) gives y = -0, kept -0 by ReLU (-0 < 0 is
+   false) and by leaky ReLU (slope * -0). ReLU and leaky ReLU, without and with z, on every
+   kind of kernel that has those loops: the fp32 planes (VEC 4: MODE 1), the fp32 tiles
+   (VEC 4: MODE 1 and 2), the bf16 and fp16 tiles (VEC 8: MODE 1, and 2 for ReLU) and the
+   scalar kernels (MODE 1 and 2); the stream kernel's y bitwise the onchip kernel's (no
+   such loop: sbn_act), the scalar kernels' channels 1 and 2 as those. A leaky ReLU that
+   gives +0 for -0, or 0 for NaN, passes the other tests (a fresh-eyes review's mutants). */
+static void test_fused_act_signs(void) {
+  static const int64_t n2[2] = {2, 1};
+  static const struct {
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+  } cs[] = {{sbnFloat32, sbnLayoutNCHW, 3, 64},
+            {sbnFloat32, sbnLayoutNHWC, 32, 9},
+            {sbnBFloat16, sbnLayoutNHWC, 16, 9},
+            {sbnFloat16, sbnLayoutNHWC, 16, 9}};
+  static const int variants[3] = {SBN_VAR_STREAM, SBN_VAR_ONCHIP, EMU_VAR_SCALAR};
+  const sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0] && !sbn_test_cur_failed_; i++)
+    for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
+      const int act = k & 1 ? SBN_ACT_LEAKY : SBN_ACT_RELU, with_z = k >> 1;
+      void* ys[2][MAXW] = {{0}}; /* the stream and onchip launches' y */
+      for (int run = 0; run < 3 && !sbn_test_cur_failed_; run++) {
+        team_t t;
+        team_make(&t, 2, cs[i].dt, cs[i].lay, cs[i].c, cs[i].sp, n2, 1, 1, GEN_NORMAL, 490 + i);
+        t.w[1] = NAN;
+        t.w[2] = -1.0f;
+        t.b[2] = -0.0f;
+        emu_epi_t ep = {act, 0.1f, 0, {0}, {0}, {0}, 0};
+        sbn_rng_t rng = {700 + i};
+        for (int r = 0; r < 2; r++) {
+          if (with_z) ep.z[r] = gen_tensor(&t.d[r], &rng, GEN_NORMAL);
+          for (int64_t ni = 0; ni < n2[r]; ni++)
+            for (int64_t si = 0; si < cs[i].sp; si++) {
+              const int64_t at = sbn_ref_index(&t.d[r], ni, 2, si);
+              sbn_ref_store(t.x[r], cs[i].dt, at, 0.5);
+              if (with_z) sbn_ref_store(ep.z[r], cs[i].dt, at, -0.0);
+            }
+        }
+        emu_team_t e;
+        emu_team_init(&e, 2, 2, 60000);
+        g_epi = &ep;
+        g_variant = variants[run];
+        emu_run_virtual(&e, &t, 0, &p);
+        g_epi = NULL;
+        g_variant = EMU_VAR_DEFAULT;
+        ASSERT_TRUE(err_words_clear(&e));
+        for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
+          int64_t nan1 = 0, neg0 = 0;
+          for (int64_t ni = 0; ni < n2[r]; ni++)
+            for (int64_t si = 0; si < cs[i].sp; si++) {
+              const double y1 = sbn_ref_load(t.y[r], cs[i].dt, sbn_ref_index(&t.d[r], ni, 1, si));
+              const double y2 = sbn_ref_load(t.y[r], cs[i].dt, sbn_ref_index(&t.d[r], ni, 2, si));
+              nan1 += isnan(y1);
+              neg0 += y2 == 0.0 && signbit(y2);
+            }
+          ASSERT_EQ_INT(nan1, n2[r] * cs[i].sp);
+          ASSERT_EQ_INT(neg0, n2[r] * cs[i].sp);
+          if (run < 2) ys[run][r] = dup_mem(t.y[r], team_bytes(&t, r));
+          if (run == 1) ASSERT_MEMEQ(ys[1][r], ys[0][r], team_bytes(&t, r));
+        }
+        epi_free(&ep);
+        emu_team_free(&e);
+        team_free(&t);
+      }
+      for (int r = 0; r < 2; r++) free(ys[0][r]), free(ys[1][r]);
+    }
+}
+
 /* The kernels' statistics of a channel holding a NaN (on one rank) or an infinity (on the
    other): save_invstd, running_var and y NaN on every rank, running_mean not finite, as the
    CPU team gives (test_forward's test_non_finite_values) and PyTorch's variance is NaN; the
@@ -5255,6 +5328,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_solo_arrivals, 1);
   EMU_TEST(test_solo_stopped_weak, 0);
   EMU_TEST(test_fused_relu_inplace, 0);
+  EMU_TEST(test_fused_act_signs, 0);
   EMU_TEST(test_non_finite_values, 0);
   EMU_TEST(test_scheduler_liveness, 0);
   team_comms_destroy();
