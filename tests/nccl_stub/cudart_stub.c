@@ -120,10 +120,21 @@ void cudart_stub_reset(void) {
   pthread_mutex_unlock(&mu);
 }
 
-static int device_count(void) {
+/* CUDA_STUB_DEVICES as the process started, read once: the library's threads (the host
+   path's watchdog calls cudaSetDevice) must not call getenv while a test's main thread
+   calls setenv or unsetenv, which move the environment under them (glibc: a SEGV in
+   getenv, seen once under AddressSanitizer) */
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+static int ndevices;
+static void devices_read(void) {
   const char* v = getenv("CUDA_STUB_DEVICES");
-  int n = v != NULL ? atoi(v) : 2;
-  return n < 0 ? 0 : n;
+  const int n = v != NULL ? atoi(v) : 2;
+  ndevices = n < 0 ? 0 : n;
+}
+__attribute__((constructor)) static void devices_at_load(void) { pthread_once(&devices_once, devices_read); }
+static int device_count(void) {
+  pthread_once(&devices_once, devices_read);
+  return ndevices;
 }
 
 static cudaError_t remember(void** out, size_t bytes, enum cudaMemoryType type) {
