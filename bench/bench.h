@@ -113,6 +113,11 @@ static inline int epi_has_z(int e) {
 static inline int epi_inplace(int e) {
   return e == BENCH_EPI_LEAKY_INPLACE || e == BENCH_EPI_ADD_LEAKY_INPLACE;
 }
+/* The rows have a dz buffer: the ops' with z, and the relu split pair's g (leaky-inplace has
+   neither). */
+static inline int epi_has_dz(int e) {
+  return e != BENCH_EPI_NONE && e != BENCH_EPI_LEAKY_INPLACE;
+}
 
 typedef struct {
   bench_gpu_req_t gpu;
@@ -233,8 +238,8 @@ double bufs_bytes(int W, const sbnTensorDesc_t* d);
 /* Host buffers of W ranks: 0, or -1 when out of memory (nothing left allocated). */
 int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d);
 void bufs_free(bench_team_bufs_t* b);
-/* The epilogue's tensors of b (allocated by bufs_alloc): z (epi_has_z) and dz (any
-   epilogue but leaky-inplace); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
+/* The epilogue's tensors of b (allocated by bufs_alloc): z (epi_has_z) and dz
+   (epi_has_dz); 0, or -1 when out of memory (b freed). Before bufs_init, which fills z. */
 int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue);
 /* Running stats := (0, 1), num_batches_tracked := 0. */
 void bufs_reset_state(bench_team_bufs_t* b);

@@ -78,6 +78,14 @@ static double sum_tolerance(double abs_sum, int64_t terms, int depth, int extra_
          atol_rtol * (1.0 + fabs(ref));
 }
 
+/* What the in-place backward's recovery of x_hat from y (and z) rounds relative to, for
+   sum_tolerance: (|act^-1(y)| + |z| + |bias|) / |weight| (leaky ReLU's inverse; 0 at a weight
+   of 0, whose x_hat is 0 by the policy). */
+static double recover_scale(double y, double slope, double z, float bias, float weight) {
+  if (weight == 0.0f) return 0.0;
+  return (fabs(y > 0.0 ? y : y / slope) + fabs(z) + fabs((double)bias)) / fabs((double)weight);
+}
+
 static void check_value(bench_row_t* row, const char* what, int rank, int64_t ci, int64_t i,
                         double got, double ref, double tol_abs, double tol_rel) {
   double err = fabs(got - ref);
@@ -264,14 +272,11 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
           double dyv = sbn_ref_load(xs[W + r], d->dtype, pi);
           const double yv = epi ? sbn_ref_load(xs[3 * W + r], d->dtype, pi) : 0.0;
           if (epi) dyv = yv > 0.0 ? dyv : slope * dyv; /* g */
-          double term = (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j];
-          if (inplace) /* (a weight of 0: x_hat 0 by the policy, no term) */
-            term = wk_w[j] == 0.0f
-                       ? 0.0
-                       : (fabs(yv > 0.0 ? yv : yv / slope) +
-                          (add ? fabs(sbn_ref_load(xs[2 * W + r], d->dtype, pi)) : 0.0) +
-                          fabs((double)wk_b[j])) /
-                             fabs((double)wk_w[j]);
+          const double term =
+              inplace
+                  ? recover_scale(yv, slope, add ? sbn_ref_load(xs[2 * W + r], d->dtype, pi) : 0.0,
+                                  wk_b[j], wk_w[j])
+                  : (sbn_ref_load(xs[r], d->dtype, pi) - lmean[j]) * linvstd[j];
           absw[r * k + j] += fabs(dyv * term);
           absb[r * k + j] += fabs(dyv);
         }

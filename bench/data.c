@@ -182,8 +182,7 @@ int bufs_alloc(bench_team_bufs_t* b, int W, const sbnTensorDesc_t* d) {
 int bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue) {
   const size_t bytes = tensor_bytes(&b->desc);
   b->epilogue = epilogue;
-  /* dz: the ops' with z, and the relu split pair's g; leaky-inplace has none */
-  if (epilogue == BENCH_EPI_NONE || epilogue == BENCH_EPI_LEAKY_INPLACE) return 0;
+  if (!epi_has_dz(epilogue)) return 0;
   int ok = (b->dz = calloc((size_t)b->W, sizeof(void*))) != NULL;
   if (ok && epi_has_z(epilogue)) ok = (b->z = calloc((size_t)b->W, sizeof(void*))) != NULL;
   for (int r = 0; ok && r < b->W; r++)

@@ -29,16 +29,14 @@ const char* const kFloorFormula =
     "floor / median time x 100, B = copy bandwidth of this run; |x| = bytes of ALL W ranks' x: "
     "fwd (a) 3|x|/B (x read twice, y written), (b) 2|x|/B (each tensor once); bwd (a) "
     "5|x|/B (x and dy read twice, dx written), (b) 3|x|/B; --epilogue relu: the same (the "
-    "mask from x: y not needed); add-relu: fwd +|x| (z), bwd +|x| (dz) and y read twice (a), once "
-    "(b); "
-    "leaky-inplace, add-leaky-inplace: relu's, add-relu's (y read in x's place)";
+    "mask from x: y not needed); add-relu: fwd +|x| (z), bwd +|x| (dz) and y read twice (a), "
+    "once (b); leaky-inplace, add-leaky-inplace: relu's, add-relu's (y read in x's place)";
 const char* const kBytesFormula =
     "GB/s/rk = a rank's bytes / median time, the bytes of floor (b): fwd 2*numel*es (read x, "
     "write y), bwd 3*numel*es (read x and dy, write dx); --epilogue: the fused op's (relu: the "
     "same, the mask from x; add-relu: fwd 3*, bwd 5*: z read, y read, dz written; the in-place "
-    "ones: relu's, add-relu's); numel = "
-    "N*C*spatial, es = element size; GB/s all = W x GB/s/rk (GPU mode: all W ranks share the one "
-    "GPU)";
+    "ones: relu's, add-relu's); numel = N*C*spatial, es = element size; GB/s all = W x "
+    "GB/s/rk (GPU mode: all W ranks share the one GPU)";
 
 double row_x_bytes(const bench_row_t* r) {
   return (double)(r->shape->n * r->shape->c * r->spatial) * (double)dtype_size(r->dtype);

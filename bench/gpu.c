@@ -193,8 +193,7 @@ fail:
 int gpu_bufs_alloc_epilogue(bench_team_bufs_t* b, int epilogue, char* err, size_t cap) {
   const size_t bytes = tensor_bytes(&b->desc);
   b->epilogue = epilogue;
-  /* dz: the ops' with z, and the relu split pair's g; leaky-inplace has none */
-  if (epilogue == BENCH_EPI_NONE || epilogue == BENCH_EPI_LEAKY_INPLACE) return 0;
+  if (!epi_has_dz(epilogue)) return 0;
   if (!(b->dz = calloc((size_t)b->W, sizeof(void*)))) goto oom;
   if (epi_has_z(epilogue) && !(b->z = calloc((size_t)b->W, sizeof(void*)))) goto oom;
   for (int r = 0; bytes && r < b->W; r++) {

@@ -158,9 +158,8 @@ static void print_inplace_line(const bench_opts_t* o, const char* who) {
   const int z = epi_has_z(o->epilogue);
   printf(
       "# epilogue %s: %ssbnForwardTrainEx, y = leaky_relu(bn(x)%s, %g) into a buffer of its own "
-      "(the "
-      "kernel and bytes of y written over x, as a layer in place does), then the in-place backward "
-      "%s from y%s, x not given%s; the bytes of --epilogue %s, whose rows compare\n",
+      "(the kernel and bytes of y written over x, as a layer in place does), then the in-place "
+      "backward %s from y%s, x not given%s; the bytes of --epilogue %s, whose rows compare\n",
       kEpilogueNames[o->epilogue], who, z ? " + z" : "", (double)BENCH_LEAKY_SLOPE,
       z ? "sbnBackwardInPlaceEx" : "sbnBackwardEx (x NULL)", z ? " and z" : "", z ? ", dz" : "",
       z ? "add-relu" : "relu");

@@ -54,30 +54,33 @@ static double team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const s
   for (int r = 0; r < b->W; r++) {
     void* z = b->z ? b->z[r] : NULL;
     void* dz = epi_has_z(b->epilogue) ? b->dz[r] : NULL;
-    if (fwd && ex)
-      res = sbnForwardTrainEx(comms[r], d, b->x[r], z, b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
-                              &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, &epi, stream);
-    else if (fwd)
+    const char* fn; /* the call made, for its failure */
+    if (fwd && ex) {
+      fn = "sbnForwardTrainEx";
+      res = sbnForwardTrainEx(comms[r], d, b->x[r], z, b->y[r], b->weight, b->bias, b->rm[r],
+                              b->rv[r], &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, &epi,
+                              stream);
+    } else if (fwd) {
+      fn = "sbnForwardTrain";
       res = sbnForwardTrain(comms[r], d, b->x[r], b->y[r], b->weight, b->bias, b->rm[r], b->rv[r],
                             &b->nbt[r], b->save_mean[r], b->save_invstd[r], p, stream);
-    else if (inplace && z)
+    } else if (inplace && z) {
+      fn = "sbnBackwardInPlaceEx";
       res = sbnBackwardInPlaceEx(comms[r], d, b->y[r], z, b->dy[r], b->dx[r], dz, b->weight,
                                  b->bias, b->save_mean[r], b->save_invstd[r], b->dweight[r],
                                  b->dbias[r], p, &epi, stream);
-    else if (ex) /* the in-place backward without z: x NULL */
+    } else if (ex) { /* the in-place backward without z: x NULL */
+      fn = "sbnBackwardEx";
       res = sbnBackwardEx(comms[r], d, inplace ? NULL : b->x[r], b->y[r], b->dy[r], b->dx[r], dz,
                           b->weight, b->bias, b->save_mean[r], b->save_invstd[r], b->dweight[r],
                           b->dbias[r], p, &epi, stream);
-    else
+    } else {
+      fn = "sbnBackward";
       res = sbnBackward(comms[r], d, b->x[r], b->dy[r], b->dx[r], b->weight, b->save_mean[r],
                         b->save_invstd[r], b->dweight[r], b->dbias[r], p, stream);
+    }
     if (res != sbnSuccess) {
-      note_failure(err, cap,
-                   fwd ? (ex ? "sbnForwardTrainEx" : "sbnForwardTrain")
-                       : (inplace && z ? "sbnBackwardInPlaceEx"
-                          : ex         ? "sbnBackwardEx"
-                                       : "sbnBackward"),
-                   r, res, sbnGetLastError(comms[r]));
+      note_failure(err, cap, fn, r, res, sbnGetLastError(comms[r]));
       failed = 1;
     }
   }
