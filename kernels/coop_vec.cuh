@@ -986,6 +986,9 @@ SBN_UNROLL
     constexpr int H0 = !TILE && VEC == 4 ? (U < 3 ? U : 3) : U > 1 ? U / 2 : 1;
     constexpr int H = MODE == 1 ? U : MODE == 2 ? (U < HZ ? U : HZ) : H0;
     const bool has_z = MODE == 2 || (MODE == 0 && R.z != nullptr);
+    /* outputs' activation: sbn_act's (MODE 0), or compiled in: ReLU or leaky ReLU (MODE 1, and
+       MODE 2 where kReluZLeaky), ReLU alone (MODE 2 in the 16-byte fp16/bf16 tile kernels) */
+    constexpr int ACTK = MODE == 1 || (MODE == 2 && kReluZLeaky) ? 2 : MODE == 2 ? 1 : 0;
     const int nbh = (int)((wk.K + H - 1) / H);
     for (int b = 0; b < nbh; b++) {
       BatchPos<TILE, H, WHOLE> bp;
@@ -996,8 +999,7 @@ SBN_UNROLL
         bt[k][0] = load_pos<DT, VEC, kWholePos>(R.x, bp.idx(k), bp.mask(k, kFull), pol);
         if (has_z) zb[k] = load_pos<DT, VEC, kWholePos>(R.z, bp.idx(k), bp.mask(k, kFull), pol);
       }
-      outputs<H, MODE == 1 || (MODE == 2 && kReluZLeaky) ? 2 : MODE == 2 ? 1 : 0>(bt, kc, ep, zb, has_z, zb, false,
-                                                                                 false);
+      outputs<H, ACTK>(bt, kc, ep, zb, has_z, zb, false, false);
 SBN_UNROLL
       for (int k = 0; k < H; k++) store_pos<DT, VEC, kWholePos>(R.out, bp.idx(k), bp.mask(k, kFull), bt[k][0]);
     }
