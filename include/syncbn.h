@@ -305,15 +305,15 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    "unit" (a team of one's channels one after the other, each read again right after its
    statistics), "small" (a team of one's op of few rows: every value loaded once into
    registers), or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
-   SBN_KERNEL=auto (stream, or stream-scalar; unit for a team of one's ops without an
-   epilogue where unit applies, but for the forward of fp16/bf16 planes that are not whole
-   16-byte vectors; small wherever small applies), onchip (where the rank's tensors fit on
+   SBN_KERNEL=auto (stream, or stream-scalar; unit for a team of one's ops where unit
+   applies, but for the forward of fp16/bf16 planes that are not whole 16-byte vectors;
+   small wherever small applies), onchip (where the rank's tensors fit on
    chip as whole 16-byte vectors, not for sbnCommInitAll ranks sharing a GPU; else
    sbnUnsupported; SBN_ALGO=nccl runs "host" whatever it asks, with the bits of the
    cooperative kernel that SBN_KERNEL would run), stream, unit (where
    it applies: a team of one, NCHW (or C = 1) with H*W > 1 a multiple of 4 (fp32) / 8 (fp16, bf16)
    or at least 1024, 16-byte aligned tensors, fewer than twice as many blocks as
-   channels; else what auto runs), or small (where it applies: a team of one, NHWC with
+   channels; else stream or stream-scalar), or small (where it applies: a team of one, NHWC with
    C > 1 or H*W = 1, N*H*W at most 64, not the in-place backward (sbnBackwardEx with x NULL);
    else what auto runs) (the first kernel, "legacy", was
    removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */

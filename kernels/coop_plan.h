@@ -295,11 +295,13 @@ static SBN_ARGS_HD int sbn_unit_applies(int solo_team, int nranks, int shared, i
    forward of S8 bf16, whose 97x97 planes are not whole 16-byte vectors (the walk over their
    pieces is instruction-bound, and unit adds its per-channel wait to it; S8 fp32, whose
    planes are not whole vectors either, gains 0.85x). So auto takes unit but for the forward
-   of planes that are not whole vectors in a 16-bit dtype, and not for an epilogue's kernels
-   or the in-place backward's (never measured with unit: auto runs stream there). whole:
-   every rank's planes are whole vectors (sbn_onchip_shape_ok). */
+   of planes that are not whole vectors in a 16-bit dtype. The epilogue's kernels and the
+   in-place backward's too (E40, not yet measured apart: the same stages with z, y or dz
+   beside x, the same bits as stream's), so that a fused op never runs slower than its
+   plain op on unit followed by an activation kernel (the reason sbn_small_auto gives for
+   small). whole: every rank's planes are whole vectors (sbn_onchip_shape_ok). */
 static SBN_ARGS_HD int sbn_unit_auto(int kind, int dtype, int whole, int epilogue) {
-  if (epilogue) return 0;
+  (void)epilogue;
   return !(kind == SBN_OP_FORWARD && sbn_vec_of(dtype) == 8 && !whole);
 }
 
@@ -398,7 +400,8 @@ typedef struct {
                     kernels read the error words at their start, made the rank's decision by
                     the rank barrier): the unit and small variants may serve it */
   int epilogue;  /* the round runs the kernels of an epilogue or of the in-place backward
-                    (sbn_gpu_round_epi != SBN_EPI_NONE); 0: the plain op's (sbn_unit_auto) */
+                    (sbn_gpu_round_epi != SBN_EPI_NONE); 0: the plain op's (sbn_unit_auto
+                    and sbn_small_auto take both alike) */
   int small_team; /* the team has two or more ranks and is not on the peer-pinned-host
                      transport: SBN_KERNEL=small may serve it (sbn_small_team_applies) */
 } sbn_plan_op_t;

@@ -786,7 +786,7 @@ static void test_onchip_whole_planes(void) {
     for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_ONCHIP; kernel++) {
       const sbn_plan_op_t op = {SBN_OP_FORWARD, shapes[i].dt, 0, 8, 0, kernel, 1, 0, 0};
       const sbn_plan_rank_t rk = {1, shapes[i].sp, 1};
-      sbn_plan_t pl;
+      sbn_plan_t pl = {0}; /* (read below after a failed ASSERT too) */
       int64_t detail = 0;
       const int st = sbn_plan_round(&op, &rk, 1, 0, &dev, &pl, &detail);
       const int vec_ok = sbn_vec_shape_ok(0, 8, shapes[i].sp, shapes[i].dt);
@@ -900,7 +900,7 @@ static void check_host_plans(const sbn_plan_t pl[EMU_KERNELS][2], const int st[E
    unit with stream's plan where sbn_unit_auto takes it (a plain op where unit applies, but
    for the forward of fp16/bf16 planes that are not whole vectors: E32's one loss, S8 bf16),
    or small with its own G where small applies (a team of one's tile units of at most 64
-   rows: S10, the empty op; E33), its epilogue's kernels too;
+   rows: S10, the empty op; E33), the epilogue's kernels too on both (E40);
    SBN_KERNEL=onchip runs onchip where it holds the tensors and refuses the rest; the host
    path (stream stages, but small's statistics on small's plan) takes the G the cooperative
    kernel takes under the same SBN_KERNEL (same slices, same bits: bench and test_host_path
@@ -941,7 +941,7 @@ static void test_plan_auto_stream(void) {
       if (!small) ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].G, G_stream);
       ASSERT_EQ_INT(pl[SBN_KERNEL_AUTO][0].hold_slots, 0);
       { /* auto's plan is small's where small applies, unit's where it runs unit, else
-           stream's; with an epilogue, small's where small applies, else stream's */
+           stream's; with an epilogue (or the in-place backward) the same (E40) */
         sbn_plan_t a = pl[SBN_KERNEL_AUTO][0];
         const int like = small ? SBN_KERNEL_SMALL : auto_unit ? SBN_KERNEL_UNIT : SBN_KERNEL_STREAM;
         ASSERT_TRUE(memcmp(&a, &pl[like][0], sizeof a) == 0);
@@ -949,7 +949,7 @@ static void test_plan_auto_stream(void) {
         o.epilogue = 1;
         int64_t detail = 0;
         ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &dev, &a, &detail), SBN_PLAN_OK);
-        ASSERT_TRUE(memcmp(&a, &pl[small ? SBN_KERNEL_SMALL : SBN_KERNEL_STREAM][0], sizeof a) == 0);
+        ASSERT_TRUE(memcmp(&a, &pl[like][0], sizeof a) == 0);
       }
       const int holds = shapes[i].holds;
       if (holds) {
@@ -1015,8 +1015,9 @@ static void test_plan_auto_stream(void) {
         if (shapes[i].small) ASSERT_EQ_INT(one.G, 1);
       }
       for (int k = SBN_KERNEL_AUTO; k <= SBN_KERNEL_SMALL; k += SBN_KERNEL_SMALL) {
-        /* the in-place backward's kernels (no small one: occupancy 0) run stream, under
-           auto and SBN_KERNEL=small, on both paths */
+        /* the in-place backward's kernels (no small one: occupancy 0) run unit where auto
+           runs unit (E40), else stream, under auto and SBN_KERNEL=small; the host path its
+           stream stages */
         sbn_plan_dev_t d2 = dev;
         for (int t2 = 0; t2 < 2; t2++)
           for (int v2 = 0; v2 < 2; v2++) d2.occ[t2][v2][SBN_VAR_SMALL] = d2.occ[t2][v2][SBN_VAR_SMALL_TEAM] = 0;
@@ -1028,7 +1029,7 @@ static void test_plan_auto_stream(void) {
           sbn_plan_t one;
           int64_t detail = 0;
           ASSERT_EQ_INT(sbn_plan_round(&o, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
-          ASSERT_EQ_INT(one.variant, SBN_VAR_STREAM);
+          ASSERT_EQ_INT(one.variant, auto_unit && !host ? SBN_VAR_UNIT : SBN_VAR_STREAM);
         }
       }
       check_host_plans(pl, st); /* onchip's G where it holds, else stream's */
@@ -1042,7 +1043,8 @@ static void test_plan_auto_stream(void) {
      vectors of 4 either) unit both ways; bf16 with whole planes (96x97) unit both ways,
      with planes of whole vectors of 4 but not of 8 (1028) as 97x97; fp16 as bf16. And unit
      only where its kernels hold as many blocks per SM as stream's (the grid must stay
-     co-resident): one block fewer, auto and SBN_KERNEL=unit run stream. */
+     co-resident): one block fewer, auto and SBN_KERNEL=unit run stream. The same with an
+     epilogue (E40). */
   static const struct {
     sbnDataType_t dt;
     int64_t sp;
@@ -1051,20 +1053,24 @@ static void test_plan_auto_stream(void) {
             {sbnBFloat16, 1028, 0},    {sbnFloat16, 97 * 97, 0}, {sbnFloat16, 1032, 1}};
   for (size_t k = 0; k < sizeof s8 / sizeof s8[0]; k++)
     for (int kind = 0; kind < 2; kind++)
-      for (int lowocc = 0; lowocc < 2; lowocc++) {
+      for (int lowocc = 0; lowocc < 4; lowocc++) {
+        const int epi = lowocc >> 1; /* (bit 1: the op has an epilogue) */
         sbn_plan_dev_t d2 = dev;
-        if (lowocc) d2.occ[0][1][SBN_VAR_UNIT] = d2.occ[0][1][SBN_VAR_STREAM] - 1;
+        if (lowocc & 1) d2.occ[0][1][SBN_VAR_UNIT] = d2.occ[0][1][SBN_VAR_STREAM] - 1;
         for (int kernel = SBN_KERNEL_AUTO; kernel <= SBN_KERNEL_UNIT; kernel += SBN_KERNEL_UNIT) {
-          const sbn_plan_op_t op = {kind, s8[k].dt, 0, 2048, 0, kernel, 1, 0, 0};
+          const sbn_plan_op_t op = {kind, s8[k].dt, 0, 2048, 0, kernel, 1, epi, 0};
           const sbn_plan_rank_t rk = {2, s8[k].sp, 1};
           sbn_plan_t one;
           int64_t detail = 0;
           ASSERT_EQ_INT(sbn_plan_round(&op, &rk, 1, 0, &d2, &one, &detail), SBN_PLAN_OK);
           ASSERT_EQ_INT(one.G, 264);
-          const int unit = !lowocc && (kernel == SBN_KERNEL_UNIT || kind == SBN_OP_BACKWARD || s8[k].fwd_unit);
+          const int unit = !(lowocc & 1) &&
+                           (kernel == SBN_KERNEL_UNIT || kind == SBN_OP_BACKWARD || s8[k].fwd_unit);
           ASSERT_EQ_INT(one.variant, unit ? SBN_VAR_UNIT : SBN_VAR_STREAM);
           if (sbn_test_cur_failed_) {
-            fprintf(stderr, "  S8 case %zu, kind %d, low occupancy %d, SBN_KERNEL %d\n", k, kind, lowocc, kernel);
+            fprintf(stderr,
+                    "  S8 case %zu, kind %d, low occupancy %d, epilogue %d, SBN_KERNEL %d\n", k,
+                    kind, lowocc & 1, epi, kernel);
             return;
           }
         }

@@ -803,6 +803,10 @@ static void test_inference_kernel(void) {
   }
 }
 
+/* What auto runs for a team of one (an NCCL team of one and a virtual one), the plain op
+   and ReLU's alike (coop_plan.h: sbn_unit_auto, sbn_small_auto): unit on NCHW planes but
+   the forward of fp16/bf16 planes that are not whole vectors, small on few rows of tile
+   units, else stream; and what the host path launches for each. */
 static void test_team_of_one_kernel(void) {
   stub_case(NULL);
   static const struct {
@@ -812,8 +816,9 @@ static void test_team_of_one_kernel(void) {
     int relu;
     const char *fwd, *bwd;
   } cases[] = {{sbnFloat32, sbnLayoutNCHW, 4096, 0, "unit", "unit"},
-               {sbnFloat32, sbnLayoutNCHW, 4096, 1, "stream", "stream"},
+               {sbnFloat32, sbnLayoutNCHW, 4096, 1, "unit", "unit"},
                {sbnBFloat16, sbnLayoutNCHW, 1030, 0, "stream", "unit"},
+               {sbnBFloat16, sbnLayoutNCHW, 1030, 1, "stream", "unit"},
                {sbnBFloat16, sbnLayoutNCHW, 1032, 0, "unit", "unit"},
                {sbnFloat32, sbnLayoutNCHW, 1, 0, "small", "small"},
                {sbnBFloat16, sbnLayoutNCHW, 1, 1, "small", "small"},
