@@ -43,8 +43,9 @@ static char g_case[512]; /* the current case, printed when it fails */
    that ran must say "onchip" (sbnCommGetKernel); some must run. Otherwise (auto), every
    op must say "small" where auto takes it (small_expected: since E33's A/B, a team of
    one's ops of at most SBN_SMALL_ROWS rows in tile layout), "unit" where auto takes that
-   (auto_unit_expected: since E32's A/B, a team of one's plain ops where unit applies, but
-   for the forward of fp16/bf16 planes that are not whole vectors), else "stream" or
+   (auto_unit_expected: since E32's A/B, a team of one's ops where unit applies, but for
+   the forward of fp16/bf16 planes that are not whole vectors; the fused ops' too since
+   E40: test_fused's teams of one), else "stream" or
    "stream-scalar"; counted in g_auto_small_ran and g_auto_unit_ran.
    SBN_KERNEL=stream: every op must say "stream" or "stream-scalar". */
 static int g_onchip;
@@ -381,9 +382,9 @@ static int small_expected(const team_t* h) {
   return sbn_tile_layout(dd->layout == sbnLayoutNHWC, dd->c, sp1) && rows_max <= SBN_SMALL_ROWS;
 }
 
-/* Whether auto runs unit for team h's plain op of `what` (OUT_FWD, OUT_BWD): where
-   SBN_KERNEL=unit would (unit_expected) and sbn_unit_auto takes it (coop_plan.h: not the
-   forward of fp16/bf16 planes that are not whole 16-byte vectors). */
+/* Whether auto runs unit for team h's op of `what` (OUT_FWD, OUT_BWD), plain or fused:
+   where SBN_KERNEL=unit would (unit_expected) and sbn_unit_auto takes it (coop_plan.h:
+   not the forward of fp16/bf16 planes that are not whole 16-byte vectors). */
 static int auto_unit_expected(const team_t* h, int what) {
   const sbnTensorDesc_t* dd = &h->d[0];
   return unit_expected(h) && sbn_unit_auto(what == OUT_BWD ? SBN_OP_BACKWARD : SBN_OP_FORWARD, dd->dtype,
@@ -1215,7 +1216,11 @@ static void test_usage_errors(void) {
    rows (ReLU with a residual on fp32 S10-like 1x1, leaky ReLU with one on bf16 NHWC), which
    run the small kernel under auto, and small's statistics then the stream apply under
    SBN_ALGO=nccl (test_gpu_team_nccl runs this test too); the in-place backward with a
-   residual (sbnBackwardInPlaceEx: fp16 NHWC, bf16 and fp16 NCHW planes, fp32 identity). */
+   residual (sbnBackwardInPlaceEx: fp16 NHWC, bf16 and fp16 NCHW planes, fp32 identity);
+   and teams of one's NCHW planes, which run unit under auto (E40: ReLU with a residual,
+   ReLU alone with the mask from x, the in-place backward with and without a residual; the
+   forward of fp16 planes that are not whole vectors stream), the stream stages on unit's
+   plan under SBN_ALGO=nccl. */
 typedef struct {
   sbnActivation_t act;
   int z, recover;
@@ -1224,9 +1229,11 @@ typedef struct {
   int64_t c, sp;
   int64_t n0; /* rank 0's N (0: an empty rank, which passes no z: the launch's kernel is
                  still the epilogue's, coop_args.h: sbn_epi_of) */
-  int team_of_one; /* a team of one (rank 0 alone): the small kernel's few rows under auto,
-                      small's statistics and the stream apply under SBN_ALGO=nccl (where
-                      APPLY writes dz: gpu_launch.c, fill_args' dz_early); else 2 ranks */
+  int team_of_one; /* a team of one (rank 0 alone): what auto runs (auto_choice: the small
+                      kernel's few rows, unit's planes), small's statistics and the stream
+                      apply under SBN_ALGO=nccl (where APPLY writes dz: gpu_launch.c,
+                      fill_args' dz_early) or the stream stages; else 2 ranks. Not the
+                      in-place backward on few rows (no small kernel: stream) */
 } fused_gpu_case_t;
 
 /* The CPU team's sbnForwardTrainEx / sbnBackwardEx of one rank on the host mirror (a
@@ -1264,12 +1271,16 @@ static void fused_cpu_run(fused_cpu_t* f, int W) {
     if (f[r].res != sbnSuccess) SBN_FAIL_("CPU team rank %d: %s", r, sbnGetLastError(f[r].comm));
 }
 
-/* Every rank of d ran `want` (sbnCommGetKernel), after the op of `what`. */
-static void fused_ran(const dteam_t* d, int W, const char* want, const char* what) {
-  for (int r = 0; r < W; r++) {
+/* Every rank of d ran what auto runs for team h's op of `what` (OUT_FWD, OUT_BWD:
+   auto_choice), or "host" under SBN_ALGO=nccl (sbnCommGetKernel). */
+static void fused_ran(const dteam_t* d, const team_t* h, int what) {
+  int prefix = 0;
+  const char* want = g_host ? "host" : auto_choice(h, what, &prefix);
+  for (int r = 0; r < h->W; r++) {
     const char* kern = "";
-    if (sbnCommGetKernel(d->comm[r], &kern) != sbnSuccess || strcmp(kern, want) != 0)
-      SBN_FAIL_("%s: rank %d ran '%s', not '%s'", what, r, kern, want);
+    if (sbnCommGetKernel(d->comm[r], &kern) != sbnSuccess || !kernel_is(kern, want, prefix))
+      SBN_FAIL_("%s: rank %d ran '%s', not '%s'", what == OUT_BWD ? "backward" : "forward", r, kern,
+                want);
   }
 }
 
@@ -1320,7 +1331,7 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
     sbnResult_t end = sbnGroupEnd();
     EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
     if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  forward: %s\n", sbnGetLastError(d.comm[0]));
-    if (k->team_of_one) fused_ran(&d, W, g_host ? "host" : "small", "forward");
+    if (k->team_of_one) fused_ran(&d, &h, OUT_FWD);
   }
   if (!sbn_test_cur_failed_) {
     sbnResult_t res = sbnGroupStart();
@@ -1331,7 +1342,7 @@ static void fused_gpu_case(const fused_gpu_case_t* k, uint64_t seed) {
     sbnResult_t end = sbnGroupEnd();
     EXPECT_TRUE(res == sbnSuccess && end == sbnSuccess);
     if (res != sbnSuccess || end != sbnSuccess) fprintf(stderr, "  backward: %s\n", sbnGetLastError(d.comm[0]));
-    if (k->team_of_one) fused_ran(&d, W, g_host ? "host" : "small", "backward");
+    if (k->team_of_one) fused_ran(&d, &h, OUT_BWD);
   }
   if (!sbn_test_cur_failed_ && CUDA_OK(cudaDeviceSynchronize())) {
     for (int r = 0; r < W; r++) {
@@ -1489,6 +1500,12 @@ static void test_fused(void) {
       /* a team of one's few rows: small (S10's 4 rows of 1x1; 32 rows of NHWC) */
       {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 40, 1, 4, 1},
       {sbnActivationLeakyRelu, 1, 0, sbnBFloat16, sbnLayoutNHWC, 64, 8, 4, 1},
+      /* a team of one's planes: unit (G < 2C), the in-place backward's unit kernels too; the
+         forward of fp16 planes of 1030 (not whole vectors of 8) stream */
+      {sbnActivationRelu, 1, 0, sbnFloat32, sbnLayoutNCHW, 37, 1024, 3, 1},
+      {sbnActivationRelu, 0, 0, sbnFloat32, sbnLayoutNCHW, 24, 1031, 3, 1},
+      {sbnActivationLeakyRelu, 1, 1, sbnBFloat16, sbnLayoutNCHW, 6, 1024, 3, 1},
+      {sbnActivationLeakyRelu, 0, 1, sbnFloat16, sbnLayoutNCHW, 8, 1030, 3, 1},
       /* the in-place backward with a residual (sbnBackwardInPlaceEx): the 16-byte tile
          kernels (coefficients from shared memory), bf16 and fp16 planes (a position at a
          time; the batch), fp32, identity */
