@@ -167,9 +167,9 @@ static void fill_common(sbn_coop_args_t* a, emu_team_t* e, const sbnTensorDesc_t
    chosen per launch as the library's plan does, for the test's own G: the 16-byte kernels where the shape
    allows them (sbn_vec_shape_ok; host memory from malloc is 16-byte aligned); onchip
    with the shared-memory batches the geometry needs (the bound of coop_plan.h). */
-/* The variant between tests: stream, the library's auto but for a team of one's plain
-   planes (unit there, with stream's bits: test_unit_equals_stream; onchip runs by name:
-   test_onchip_equals_stream, the variant loops). */
+/* The variant between tests: stream, the library's auto but for a team of one's planes
+   (unit there, with stream's bits: test_unit_equals_stream, test_fused_vs_cpu; onchip
+   runs by name: test_onchip_equals_stream, the variant loops). */
 #define EMU_VAR_DEFAULT SBN_VAR_STREAM
 static int g_variant = EMU_VAR_DEFAULT;
 /* g_variant's third value, for the tests only: the stream variant's scalar kernels (one
@@ -1527,7 +1527,7 @@ static void epi_free(emu_epi_t* ep) {
    equal the virtual stream launch bitwise (y, dx, dz, dweight, dbias). */
 static void test_fused_vs_cpu(void) {
   static const int64_t n1[1] = {3}, n2[2] = {2, 1}, n3[3] = {2, 0, 3}, n8[8] = {1, 1, 0, 2, 1, 1, 0, 1};
-  static const int64_t n0[3] = {0, 2, 1};
+  static const int64_t n0[3] = {0, 2, 1}, nz1[1] = {0};
   struct {
     int W, G;
     sbnDataType_t dt;
@@ -1555,6 +1555,16 @@ static void test_fused_vs_cpu(void) {
                                                              of 3 (MODE 0) and a remainder */
       {1, 2, sbnFloat16, sbnLayoutNHWC, 40, 5, n1, 1},    /* 15 rows: the small kernel too */
       {1, 1, sbnFloat32, sbnLayoutNCHW, 33, 1, n1, 0},    /* 3 rows, H*W = 1, affine=False: small */
+      /* a team of one's planes, which auto runs on unit (E40): bf16 and fp16 whole
+         vectors and pieces (the 16-bit in-place backward a position at a time), fp32
+         pieces, two chunks of many units a block, the empty op */
+      {1, 2, sbnBFloat16, sbnLayoutNCHW, 3, 1024, n1, 1},
+      {1, 2, sbnBFloat16, sbnLayoutNCHW, 3, 1030, n1, 1},
+      {1, 3, sbnFloat16, sbnLayoutNCHW, 4, 1032, n1, 0},
+      {1, 2, sbnFloat16, sbnLayoutNCHW, 3, 1030, n1, 1},
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 3, 1031, n1, 1},
+      {1, 3, sbnBFloat16, sbnLayoutNCHW, 35, 64, n1, 1},
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 3, 64, nz1, 1},
   };
   static const struct {
     int act, z, recover;
@@ -1578,7 +1588,7 @@ static void test_fused_vs_cpu(void) {
         const int how = run == 3 ? EPI_PEER : run == 4 ? EPI_HOST : EPI_VIRTUAL;
         if (how == EPI_PEER && cases[i].W == 1) continue;
         if (run == 5 && !(cases[i].W == 1 && cases[i].lay == sbnLayoutNCHW && cases[i].sp > 1))
-          continue; /* unit: a team of one's planes (cases 0 and 9 run it) */
+          continue; /* unit: a team of one's planes (cases 0, 9 and 12-18 run it) */
         if (run == 6 && !(cases[i].W == 1 && (cases[i].lay == sbnLayoutNHWC || cases[i].sp == 1) &&
                           cases[i].n[0] * cases[i].sp <= SBN_SMALL_ROWS && !epis[k].recover))
           continue; /* small: a team of one's ops of few rows (cases 10 and 11), not the
