@@ -5129,81 +5129,60 @@ static void test_weak_memory(void) {
   for (uint64_t s = 1; s <= g_weak_seeds; s++) weak_suite(s);
 }
 
+/* The host accesses' counts must see these (no weak model needed). */
+static void host_memory_counts(void) {
+  host_memory_success_paths();
+  host_memory_waiting();
+}
+
+/* The mutants: the primitives' (check NULL: the weak suite over seeds must catch them) and
+   the kernels' own, each caught by one test without the weak model: the counts of host
+   accesses and of round trips, the solo ops' arrivals, the outputs. */
 static const struct {
   const char* name;
   int flag;
-} kMutants[] = {{"publish_fence", SBN_EMU_MUT_PUBLISH_FENCE},
-                {"poll_acquire", SBN_EMU_MUT_POLL_ACQUIRE},
-                {"barrier_fence", SBN_EMU_MUT_BARRIER_FENCE},
-                {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER},
-                {"host_at_start", SBN_EMU_MUT_HOST_AT_START},
-                {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK},
-                {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER},
-                {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT},
-                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE},
-                {"param_prefetch_next", SBN_EMU_MUT_PARAM_PREFETCH_NEXT},
-                {"dz_late", SBN_EMU_MUT_DZ_LATE},
-                {"unit_late_stop", SBN_EMU_MUT_UNIT_LATE_STOP},
-                {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT},
-                {"small_late_stop", SBN_EMU_MUT_SMALL_LATE_STOP},
-                {"small_reload", SBN_EMU_MUT_SMALL_RELOAD},
-                {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT},
-                {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X},
-                {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0},
-                {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL},
-                {"recover_no_z", SBN_EMU_MUT_RECOVER_NO_Z}};
+  void (*check)(void);
+} kMutants[] = {{"publish_fence", SBN_EMU_MUT_PUBLISH_FENCE, NULL},
+                {"poll_acquire", SBN_EMU_MUT_POLL_ACQUIRE, NULL},
+                {"barrier_fence", SBN_EMU_MUT_BARRIER_FENCE, NULL},
+                {"single_buffer", SBN_EMU_MUT_SINGLE_BUFFER, NULL},
+                {"host_at_start", SBN_EMU_MUT_HOST_AT_START, host_memory_counts},
+                {"host_every_block", SBN_EMU_MUT_HOST_EVERY_BLOCK, host_memory_counts},
+                {"second_barrier", SBN_EMU_MUT_SECOND_BARRIER, exchange_hops},
+                {"no_arrival_wait", SBN_EMU_MUT_NO_ARRIVAL_WAIT, solo_arrivals},
+                {"no_coef_reuse", SBN_EMU_MUT_NO_COEF_REUSE, gathers_per_block},
+                {"param_prefetch_next", SBN_EMU_MUT_PARAM_PREFETCH_NEXT, param_prefetch},
+                {"dz_late", SBN_EMU_MUT_DZ_LATE, test_fused_bytes},
+                {"unit_late_stop", SBN_EMU_MUT_UNIT_LATE_STOP, unit_failures},
+                {"unit_first_slot", SBN_EMU_MUT_UNIT_FIRST_SLOT, unit_equals_stream},
+                {"small_late_stop", SBN_EMU_MUT_SMALL_LATE_STOP, small_failures},
+                {"small_reload", SBN_EMU_MUT_SMALL_RELOAD, small_options},
+                /* the small runs, and the in-place backward with a residual, against the
+                   CPU team's epilogue */
+                {"small_z_after_act", SBN_EMU_MUT_SMALL_Z_AFTER_ACT, test_fused_vs_cpu},
+                {"small_mask_x", SBN_EMU_MUT_SMALL_MASK_X, test_fused_vs_cpu},
+                {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0, solo_stopped_weak},
+                {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL, small_teams},
+                {"recover_no_z", SBN_EMU_MUT_RECOVER_NO_Z, test_fused_vs_cpu}};
 
-/* `test_coop_emu mutant NAME`: the weak suite on a mutant of the primitives must FAIL
-   (some check fails on some seed); exit 0 iff it does. */
-static int run_mutant(const char* name) {
-  int flag = 0;
+/* The index in kMutants of the mutant called name, or -1. */
+static int mutant_index(const char* name) {
   for (size_t i = 0; i < sizeof kMutants / sizeof kMutants[0]; i++)
-    if (strcmp(name, kMutants[i].name) == 0) flag = kMutants[i].flag;
-  if (flag == 0) {
+    if (strcmp(name, kMutants[i].name) == 0) return (int)i;
+  return -1;
+}
+
+/* `test_coop_emu mutant NAME`: the mutant must FAIL its check (a kernel's mutant), or the
+   weak suite on some seed (a primitive's); exit 0 iff it does. */
+static int run_mutant(const char* name) {
+  const int m = mutant_index(name);
+  if (m < 0) {
     fprintf(stderr, "unknown mutant '%s'\n", name);
     return 2;
   }
-  sbn_emu_set_mutant(flag);
-  if (flag == SBN_EMU_MUT_HOST_AT_START || flag == SBN_EMU_MUT_HOST_EVERY_BLOCK ||
-      flag == SBN_EMU_MUT_SECOND_BARRIER || flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT ||
-      flag == SBN_EMU_MUT_NO_COEF_REUSE || flag == SBN_EMU_MUT_DZ_LATE ||
-      flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT || flag == SBN_EMU_MUT_UNIT_LATE_STOP ||
-      flag == SBN_EMU_MUT_UNIT_FIRST_SLOT || flag == SBN_EMU_MUT_SMALL_LATE_STOP ||
-      flag == SBN_EMU_MUT_SMALL_RELOAD || flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT ||
-      flag == SBN_EMU_MUT_SMALL_MASK_X || flag == SBN_EMU_MUT_SOLO_END_THREAD0 ||
-      flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL || flag == SBN_EMU_MUT_RECOVER_NO_Z) {
-    /* the kernels' own mutants: the counts of host accesses and of round trips, and the
-       solo ops' arrivals, must see them (no weak model needed) */
-    if (flag == SBN_EMU_MUT_SECOND_BARRIER) {
-      exchange_hops();
-    } else if (flag == SBN_EMU_MUT_NO_ARRIVAL_WAIT) {
-      solo_arrivals();
-    } else if (flag == SBN_EMU_MUT_SOLO_END_THREAD0) {
-      solo_stopped_weak();
-    } else if (flag == SBN_EMU_MUT_SMALL_TEAM_LOCAL) {
-      small_teams();
-    } else if (flag == SBN_EMU_MUT_NO_COEF_REUSE) {
-      gathers_per_block();
-    } else if (flag == SBN_EMU_MUT_DZ_LATE) {
-      test_fused_bytes();
-    } else if (flag == SBN_EMU_MUT_PARAM_PREFETCH_NEXT) {
-      param_prefetch();
-    } else if (flag == SBN_EMU_MUT_UNIT_LATE_STOP) {
-      unit_failures();
-    } else if (flag == SBN_EMU_MUT_UNIT_FIRST_SLOT) {
-      unit_equals_stream();
-    } else if (flag == SBN_EMU_MUT_SMALL_LATE_STOP) {
-      small_failures();
-    } else if (flag == SBN_EMU_MUT_SMALL_RELOAD) {
-      small_options();
-    } else if (flag == SBN_EMU_MUT_SMALL_Z_AFTER_ACT || flag == SBN_EMU_MUT_SMALL_MASK_X ||
-               flag == SBN_EMU_MUT_RECOVER_NO_Z) {
-      test_fused_vs_cpu(); /* the small runs, and the in-place backward with a residual,
-                              against the CPU team's epilogue */
-    } else {
-      host_memory_success_paths();
-      host_memory_waiting();
-    }
+  sbn_emu_set_mutant(kMutants[m].flag);
+  if (kMutants[m].check != NULL) {
+    kMutants[m].check();
     sbn_emu_set_mutant(0);
     const int caught = sbn_test_failures_ > 0;
     printf("mutant %s: %s (%d failed checks)\n", name, caught ? "CAUGHT" : "NOT CAUGHT",
@@ -5228,11 +5207,9 @@ static int run_mutant(const char* name) {
    reports one; the values here stay right: x86 is stronger than what the code asks). */
 static int run_race(const char* name) {
   static const int64_t n2[2] = {2, 1};
-  int flag = 0;
-  for (size_t i = 0; i < sizeof kMutants / sizeof kMutants[0]; i++)
-    if (strcmp(name, kMutants[i].name) == 0) flag = kMutants[i].flag;
-  if (flag == 0) return 2;
-  sbn_emu_set_mutant(flag);
+  const int m = mutant_index(name);
+  if (m < 0) return 2;
+  sbn_emu_set_mutant(kMutants[m].flag);
   one_case(2, 2, sbnFloat32, sbnLayoutNCHW, 40, 5, n2, 1, 3);
   sbn_emu_set_mutant(0);
   return 0;
