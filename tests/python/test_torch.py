@@ -619,6 +619,34 @@ class TestTorch(unittest.TestCase):
         finally:
             comms[0].destroy()
 
+    def test_training_call_bumps_the_running_statistics_versions(self):
+        """A training call writes the running statistics in place and says so to autograd
+        (their version counters, as an in-place op's): a graph that saved them before (an
+        evaluated call with grad enabled) raises at its backward instead of differentiating
+        with the updated statistics, as nn.BatchNorm2d's silently does (docs/PYTHON.md,
+        "Running statistics and the backward"). Plain and fused."""
+        comms = syncbn.cpu_team(1)
+        try:
+            for kw in ({}, {"activation": "relu"}):
+                torch.manual_seed(5)
+                m = sbt.SyncBatchNorm(3, comm=comms[0], **kw)
+                x = torch.randn(4, 3, 2, 2)
+                before = (m.running_mean._version, m.running_var._version, m.num_batches_tracked._version)
+                m(x)
+                after = (m.running_mean._version, m.running_var._version, m.num_batches_tracked._version)
+                self.assertEqual([a - b for a, b in zip(after, before)], [1, 1, 1], kw)
+                m.eval()
+                target = m(x.clone().requires_grad_())  # saves running_var for its backward
+                m.train()
+                m(x)
+                with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+                    target.sum().backward()
+                m.eval()
+                target = m(x.clone().requires_grad_())
+                target.sum().backward()  # nothing written since: it runs
+        finally:
+            comms[0].destroy()
+
     def test_reconversion_takes_the_new_team(self):
         """convert_sync_batchnorm of a converted model puts every layer on the new
         process_group and comm, as nn.SyncBatchNorm's converter does with its own layers:
