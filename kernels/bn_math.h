@@ -223,15 +223,22 @@ SBN_HD sbn_bwd_coef_t sbn_backward_coefficients(float sum_dy, float sum_dy_xmu, 
      channel of values ~1e-20 with eps 1e-44) has a finite invstd whose square overflows
      fp32, which made every dx of the channel inf where the exact one fits
      (test_backward: test_backward_tiny_variance) */
-  k.xmu_scale = SBN_MUL(invstd, SBN_MUL(invstd, SBN_MUL(sum_dy_xmu, inv_m)));
+  /* invstd 0 (a channel whose sum of squared deviations overflowed fp32, or a constant one
+     with eps = 0): y did not depend on x, so the term is 0, where 0 * sum_dy_xmu was NaN
+     once that sum overflowed too (dy * (x - mean) of values ~1e19: test_forward's
+     test_m2_overflow) */
+  k.xmu_scale =
+      invstd != 0.0f ? SBN_MUL(invstd, SBN_MUL(invstd, SBN_MUL(sum_dy_xmu, inv_m))) : 0.0f;
   k.scale = sbn_scale(weight, invstd);
   return k;
 }
 
 /* dweight of a channel from its (local or team) sum dy * (x - mean), the team's count m:
-   0 for m == 0 (no values anywhere: an empty sum, also where eps = 0 made invstd inf). */
+   0 for m == 0 (no values anywhere: an empty sum, also where eps = 0 made invstd inf), and
+   for invstd 0 (y the bias: sbn_backward_coefficients), whatever the sum (inf or NaN once
+   it overflowed). */
 SBN_HD float sbn_dweight(float sum_dy_xmu, float invstd, int64_t m) {
-  return m > 0 ? SBN_MUL(sum_dy_xmu, invstd) : 0.0f;
+  return m > 0 && invstd != 0.0f ? SBN_MUL(sum_dy_xmu, invstd) : 0.0f;
 }
 
 /* dx from x - mean (xmu) and the gradient dy reaching the normalization. */

@@ -2182,9 +2182,10 @@ static void test_emulated_semantics(void) {
 
 /* The kernels on the CPU team's numeric edge cases (test_forward): two ranks far apart
    and of very uneven size (one element of 1e5 to 7.7e5 and 2^20 of N(0, 1), in both
-   orders: the exchange's merge moves the mean from the larger rank, sbn_partial_merge); an outlier as
-   a rank's first element (each thread's run has its own shift); eps = 0 with a constant
-   channel (save_invstd 0, y the bias, dx and dweight 0, as PyTorch). */
+   orders: the exchange's merge moves the mean from the larger rank, sbn_partial_merge); an outlier
+   as a rank's first element (each thread's run has its own shift); eps = 0 with a constant channel
+   (save_invstd 0, y the bias, dx and dweight 0, as PyTorch); a channel whose sum of squared
+   deviations overflows fp32 (the same, and with sums dy * (x - mean) that overflow). */
 static void test_numeric_edges(void) {
   sbnParams_t p = SBN_PARAMS_DEFAULT;
   emu_team_t e;
@@ -2248,6 +2249,49 @@ static void test_numeric_edges(void) {
         }
       }
     }
+    emu_team_free(&e);
+    team_free(&t);
+  }
+  { /* channel 0's sum of squared deviations beyond fp32 (+-1.5e19 on two ranks: test_forward's
+       test_m2_overflow): save_invstd 0, y the bias, running_var +inf; then dy 2^65 there,
+       whose dy * (x - mean) overflow, so the sum is inf - inf: dx and dweight 0 all the same,
+       dbias 2^68, x-based and recovered from y */
+    sbnParams_t pg = p;
+    pg.grad_mode = sbnGradGlobal;
+    int64_t n[2] = {2, 2};
+    team_t t;
+    team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 2, 2, n, 1, 1, GEN_NORMAL, 94);
+    for (int r = 0; r < 2; r++)
+      for (int64_t i = 0; i < 2; i++)
+        for (int64_t s = 0; s < 2; s++) {
+          const int64_t k = sbn_ref_index(&t.d[r], i, 0, s);
+          ((float*)t.x[r])[k] = ((float*)t.x0[r])[k] = (i + s) % 2 ? -1.5e19f : 1.5e19f;
+          ((float*)t.dy[r])[k] = ((float*)t.dy0[r])[k] = 0x1p65f;
+        }
+    emu_team_init(&e, 2, 2, 60000);
+    emu_run_virtual(&e, &t, 0, &pg);
+    for (int r = 0; r < 2; r++) {
+      ASSERT_TRUE(t.sinv[r][0] == 0.0f && isfinite(t.sinv[r][1]) && isinf(t.rv[r][0]));
+      for (int64_t i = 0; i < 4; i++)
+        ASSERT_TRUE(((float*)t.y[r])[sbn_ref_index(&t.d[r], i / 2, 0, i % 2)] == t.b[0]);
+    }
+    for (int recover = 0; recover < 2 && !sbn_test_cur_failed_; recover++) {
+      emu_epi_t ep = {sbnActivationIdentity, 0.01f, 1, {NULL}, {t.y[0], t.y[1]}, {NULL}, 0};
+      g_epi = recover ? &ep : NULL;
+      team_poison_bwd(&t);
+      emu_run_virtual(&e, &t, 1, &pg);
+      g_epi = NULL;
+      for (int r = 0; r < 2; r++) {
+        ASSERT_TRUE(t.dw[r][0] == 0.0f && t.db[r][0] == 0x1p68f && isfinite(t.dw[r][1]));
+        for (int64_t i = 0; i < 2; i++)
+          for (int64_t s = 0; s < 2; s++) {
+            ASSERT_TRUE(((float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 0, s)] == 0.0f);
+            ASSERT_TRUE(isfinite(((float*)t.dx[r])[sbn_ref_index(&t.d[r], i, 1, s)]));
+          }
+      }
+      if (sbn_test_cur_failed_) fprintf(stderr, "  m2 overflow, recover %d\n", recover);
+    }
+    ASSERT_TRUE(err_words_clear(&e));
     emu_team_free(&e);
     team_free(&t);
   }

@@ -490,8 +490,9 @@ static void test_eps0_constant_channel(void) {
 /* A channel whose variance fits in fp32 but whose sum of squared deviations does not
    (docs/API.md, "Accuracy"): +-1.5e19 on each of two ranks (mean 0, biased variance
    2.25e38 < FLT_MAX, the sum 8 * 2.25e38 > FLT_MAX): save_invstd 0, y the bias, running_var
-   +inf, the backward's dx and dweight 0, the call a success, no NaN anywhere; the other
-   channel bit for bit what the same team gives without it. */
+   +inf, the backward's dx and dweight 0 (also where dy * (x - mean) overflows), the call a
+   success, no NaN anywhere; the other channel bit for bit what the same team gives without
+   it. */
 static void test_m2_overflow(void) {
   sbnParams_t p = params(1e-5f, 0.1f), pb = p;
   pb.grad_mode = sbnGradGlobal;
@@ -521,6 +522,17 @@ static void test_m2_overflow(void) {
   }
   ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
   check_zero_invstd_backward(&t);
+  /* and dy of 2^65 (~3.7e19) on that channel, whose dy * (x - mean) of ~5.5e38 overflow too: its
+     sum is inf - inf = NaN, which 0 * made every dx and dweight NaN (sum_dy 2^68 fits, exactly) */
+  for (int r = 0; r < 2; r++)
+    for (int64_t i = 0; i < 2; i++)
+      for (int64_t s = 0; s < 2; s++) {
+        const int64_t k = sbn_ref_index(&t.d[r], i, 0, s);
+        ((float*)t.dy[r])[k] = ((float*)t.dy0[r])[k] = 0x1p65f;
+      }
+  ASSERT_OK(team_run(&t, 1, MODE_GROUP, 0, &pb));
+  check_zero_invstd_backward(&t);
+  for (int r = 0; r < 2; r++) ASSERT_TRUE(t.db[r][0] == 0x1p68f);
   team_free(&t);
   team_free(&clean);
 }
