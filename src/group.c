@@ -440,8 +440,17 @@ static sbnResult_t number_round(const sbn_op_t* const* round, int w, void* ctx) 
   return sbnSuccess;
 }
 
+/* A refusal of the whole group (nothing run): its detail, recorded for the thread
+   (sbnGetLastError(NULL)), also on every comm queued in it, where a caller following
+   sbnGetErrorString's "sbnGetLastError(comm) has the detail" looks (it read ""). */
+static void note_on_queued_comms(void) {
+  const char* detail = sbn_error_text(NULL);
+  for (size_t i = 0; i < group.n; i++) sbn_note(group.ops[i].comm, detail);
+}
+
 /* Runs every (team, local rank) queue of the threaded teams (CPU teams) on its own
-   thread, the first on the calling thread, the rounds one after the other. */
+   thread, the first on the calling thread, the rounds one after the other. Where it cannot start
+   them (memory, a thread), nothing is run and the detail is on every queued comm too. */
 static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   size_t nq = 0;
   for (size_t j = 0; j < nt; j++)
@@ -458,6 +467,7 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
                            ? sbn_fail(NULL, sbnSystemError, "out of host memory (group)")
                            : for_each_round(teams, nt, 1, number_round, &gate);
   if (result != sbnSuccess) {
+    note_on_queued_comms();
     free(qs);
     free(idx);
     free(args);
@@ -500,6 +510,7 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
         (!have_attr || pthread_create(&qs[i].thread, NULL, worker_main, &args[i]) != 0)) {
       result = sbn_fail(NULL, sbnSystemError,
                         "sbnGroupEnd: could not create a thread for rank work; nothing was run");
+      note_on_queued_comms();
       break;
     }
     qs[i].started = 1;
@@ -534,14 +545,6 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   free(gate.ordinal);
   free(gate.width);
   return result;
-}
-
-/* A refusal of the whole group (nothing run): its detail, recorded for the thread
-   (sbnGetLastError(NULL)), also on every comm queued in it, where a caller following
-   sbnGetErrorString's "sbnGetLastError(comm) has the detail" looks (it read ""). */
-static void note_on_queued_comms(void) {
-  const char* detail = sbn_error_text(NULL);
-  for (size_t i = 0; i < group.n; i++) sbn_note(group.ops[i].comm, detail);
 }
 
 SBN_API sbnResult_t sbnGroupEnd(void) {

@@ -542,8 +542,9 @@ static void test_split_group(void) {
 /* sbnGroupEnd that cannot start a rank's thread (syncbn.h: sbnSystemError, nothing run):
    a team of 3 in one group, whose queues 1 and 2 get threads; the first start fails (both
    tries: with the library's stack size, then without), or the first succeeds and the
-   second fails. No rank's buffer is written, and the team is still in step: the same
-   group again runs, num_batches_tracked 1 on every rank. */
+   second fails. No rank's buffer is written, the detail is on every queued comm as on the
+   thread, and the team is still in step: the same group again runs, num_batches_tracked 1
+   on every rank. */
 static void test_group_thread_start_fails(void) {
   for (int after = 0; after < 2; after++) {
     sbnComm_t comms[3];
@@ -559,6 +560,8 @@ static void test_group_thread_start_fails(void) {
     ASSERT_RES(g, sbnSystemError);
     EXPECT_TRUE(unused == 0); /* both tries of the failing start were made */
     EXPECT_TRUE(strstr(sbnGetLastError(NULL), "could not create a thread") != NULL);
+    for (int r = 0; r < 3; r++) /* and on every queued comm (USAGE.md: a group that runs nothing) */
+      EXPECT_TRUE(strstr(sbnGetLastError(comms[r]), "could not create a thread") != NULL);
     ASSERT_MEMEQ(b, snap, sizeof b);
     ASSERT_OK(sbnGroupStart());
     for (int r = 0; r < 3; r++) ASSERT_OK(fwd(comms[r], &b[r]));
