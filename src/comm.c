@@ -25,17 +25,28 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
   return sbn_team_create(&sbn_cpu_team_ops, nranks, 0, nranks, &cfg, NULL, comms);
 }
 
+/* A GPU team wider than the kernels' parameter block (syncbn.h: sbnUnsupported), refused
+   before the team is made: its per-rank allocations would come first (seconds and GBs
+   for 10^7 ranks, sbnSystemError where they fail) */
+static sbnResult_t gpu_team_width(const char* who, int nranks) {
+  if (nranks <= SBN_MAX_GPU_TEAM_RANKS) return sbnSuccess;
+  return sbn_fail(NULL, sbnUnsupported, "%s: GPU teams have at most %d ranks, got %d", who,
+                  SBN_MAX_GPU_TEAM_RANKS, nranks);
+}
+
 SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlist,
                                    const sbnConfig_t* config) {
   if (comms == NULL || devlist == NULL || ndev < 1)
     return sbn_fail(NULL, sbnInvalidArgument,
                     "sbnCommInitAll: comms and devlist must be non-NULL and ndev >= 1");
+  sbnResult_t r = gpu_team_width("sbnCommInitAll", ndev);
+  if (r != sbnSuccess) return r;
   for (int i = 0; i < ndev; i++)
     if (devlist[i] < 0)
       return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitAll: devlist[%d] = %d is negative", i,
                       devlist[i]);
   sbn_cfg_t cfg;
-  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
   sbn_team_init_t init = {devlist, NULL, 0};
   r = sbn_team_create(&sbn_gpu_peer_team_ops, ndev, 0, ndev, &cfg, &init, comms);
@@ -49,8 +60,10 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   if (comms == NULL || nranks < 1 || device < 0)
     return sbn_fail(NULL, sbnInvalidArgument,
                     "sbnCommInitVirtual: comms must be non-NULL, nranks >= 1, device >= 0");
+  sbnResult_t r = gpu_team_width("sbnCommInitVirtual", nranks);
+  if (r != sbnSuccess) return r;
   sbn_cfg_t cfg;
-  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
   sbn_team_init_t init = {&device, NULL, 0};
   r = sbn_team_create(&sbn_gpu_virtual_team_ops, nranks, 0, nranks, &cfg, &init, comms);

@@ -10,6 +10,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep, setenv */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -761,6 +762,35 @@ static void test_split_failure_detail(void) {
   if (sbn_test_cur_failed_) return;
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(parent[r]));
+}
+
+/* A GPU team wider than SBN_MAX_GPU_TEAM_RANKS (syncbn.h: sbnUnsupported) is refused
+   before the team is made, in every build: with every calloc of this thread failing, the
+   refusal is the same, naming the width, and comms[0] is not written. The team's per-rank
+   allocations came first (sbnSystemError here; for 10^7 ranks seconds and GBs before the
+   refusal). */
+static void test_gpu_team_too_wide_refused_first(void) {
+  static const int devs[SBN_MAX_GPU_TEAM_RANKS + 1]; /* device 0 for every rank */
+  const int widths[2] = {SBN_MAX_GPU_TEAM_RANKS + 1, INT_MAX};
+  char want[96];
+  for (int k = 0; k < 2; k++) {
+    sbnComm_t comms[1] = {SENTINEL_COMM};
+    snprintf(want, sizeof want, "GPU teams have at most %d ranks, got %d", SBN_MAX_GPU_TEAM_RANKS,
+             widths[k]);
+    fail_calloc_here = 1;
+    const sbnResult_t rv = sbnCommInitVirtual(comms, widths[k], 0, NULL);
+    fail_calloc_here = 0;
+    ASSERT_RES(rv, sbnUnsupported);
+    EXPECT_TRUE(strstr(sbnGetLastError(NULL), want) != NULL);
+    if (k == 0) { /* (a devlist as long as the team) */
+      fail_calloc_here = 1;
+      const sbnResult_t ra = sbnCommInitAll(comms, widths[k], devs, NULL);
+      fail_calloc_here = 0;
+      ASSERT_RES(ra, sbnUnsupported);
+      EXPECT_TRUE(strstr(sbnGetLastError(NULL), want) != NULL);
+    }
+    ASSERT_TRUE(comms[0] == SENTINEL_COMM);
+  }
 }
 
 /* A thread-per-rank split whose last rank calls in time but reaches the rendezvous after
@@ -1779,6 +1809,7 @@ int main(void) {
   SBN_RUN(test_split_wait_monotonic);
   SBN_RUN(test_split_late_rank);
   SBN_RUN(test_split_failure_detail);
+  SBN_RUN(test_gpu_team_too_wide_refused_first);
   SBN_RUN(test_multi_op_group);
   SBN_RUN(test_group_queue_out_of_memory);
   SBN_RUN(test_group_stops_at_failure);
