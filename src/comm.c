@@ -48,7 +48,7 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
   sbn_cfg_t cfg;
   r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  sbn_team_init_t init = {devlist, NULL, 0};
+  sbn_team_init_t init = {devlist, NULL, 0, NULL};
   r = sbn_team_create(&sbn_gpu_peer_team_ops, ndev, 0, ndev, &cfg, &init, comms);
   if (r != sbnSuccess)
     return sbn_fail(NULL, r, "sbnCommInitAll: %s", sbn_error_text(NULL));
@@ -65,7 +65,7 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   sbn_cfg_t cfg;
   r = sbn_config_resolve(config, &cfg);
   if (r != sbnSuccess) return r;
-  sbn_team_init_t init = {&device, NULL, 0};
+  sbn_team_init_t init = {&device, NULL, 0, NULL};
   r = sbn_team_create(&sbn_gpu_virtual_team_ops, nranks, 0, nranks, &cfg, &init, comms);
   if (r != sbnSuccess)
     return sbn_fail(NULL, r, "sbnCommInitVirtual: %s", sbn_error_text(NULL));

@@ -114,6 +114,8 @@ typedef struct {
                             team takes it as its own and attach sets nccl = NULL (what
                             the caller still holds after a failure is the caller's) */
   int adopt;
+  const _Atomic int* stop; /* NCCL teams made by sbnCommSplit: the parent team's abort word,
+                              which ends the init's waits (sbnCommAbort of the parent) */
 } sbn_team_init_t;
 
 /* State shared by every rank of a team. */

@@ -39,12 +39,15 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
 }
 
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
-   finishing its own init or last call (bounded by the deadline). */
-static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
-  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline, NULL);
-  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline, NULL);
+   finishing its own init or last call (bounded by the deadline, and ended by *stop where
+   given: a split's parent team aborted). */
+static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline,
+                              const _Atomic int* stop) {
+  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline, stop);
   if (nr == ncclSuccess)
-    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline, NULL);
+    nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline, stop);
+  if (nr == ncclSuccess)
+    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline, stop);
   if (nr != ncclSuccess) return nccl_fail(nccl, nr, "ncclCommCount/UserRank");
   return sbnSuccess;
 }
@@ -96,9 +99,11 @@ static int transport_from_env(void) {
   return -1;
 }
 
-/* Element-wise min over the team of v[0..n-1], n <= SBN_AGREE_MAX (bounded by the timeout). */
+/* Element-wise min over the team of v[0..n-1], n <= SBN_AGREE_MAX (bounded by the timeout,
+   and ended by *stop where given: a split's parent team aborted). */
 #define SBN_AGREE_MAX 8
-static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, int n) {
+static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, int n,
+                             const _Atomic int* stop) {
   sbnResult_t r = sbnSuccess;
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
   for (int i = 0; i < n; i++) gt->hscratch[i] = v[i];
@@ -107,7 +112,7 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
      "cudaMemcpyAsync");
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.AllReduce(gt->dscratch, gt->dscratch, (size_t)n, ncclInt32, ncclMin, comm, gt->aux),
-      &comm, 1, deadline, NULL);
+      &comm, 1, deadline, stop);
   if (nr != ncclSuccess) return nccl_fail(comm, nr, "ncclAllReduce (agreement)");
   CU(cudaMemcpyAsync(gt->hscratch, gt->dscratch, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
                      gt->aux),
@@ -116,6 +121,8 @@ static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, i
     cudaError_t e = cudaStreamQuery(gt->aux);
     if (e == cudaSuccess) break;
     if (e != cudaErrorNotReady) CU(e, "cudaStreamQuery");
+    if (stop != NULL && atomic_load(stop) != 0)
+      return sbn_fail(NULL, sbnAborted, "the team's agreement was ended by an abort");
     if (sbn_mono_ns() > deadline)
       return sbn_fail(NULL, sbnTimeout,
                       "the team's ranks did not all arrive within %lld ms",
@@ -200,13 +207,15 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
    the comm is no longer usable for other calls). NCCL's thread writes the handle when the
    registration is done, which may be after a timeout, when gt is gone: it goes to a slot
    of its own on the heap (gt->win_slot, made by window_alloc: nothing here fails before
-   the collective call), never freed after a timeout (sbn_gpu_park). */
-static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n) {
+   the collective call), never freed after a timeout (sbn_gpu_park). *stop, where given,
+   ends the wait as the timeout does (a split's parent team aborted). */
+static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, size_t n,
+                           const _Atomic int* stop) {
 #if SBN_NCCL_DEVICE_API
   ncclWindow_t* slot = gt->win_slot;
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
-      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, NULL);
+      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, stop);
   gt->win_slot = NULL;
   if (nr == ncclInProgress) { /* NCCL may still write the slot: never freed */
     sbn_gpu_park(slot);
@@ -234,7 +243,7 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
   }
   return 1;
 #else
-  (void)gt, (void)comm;
+  (void)gt, (void)comm, (void)stop;
   snprintf(why, n, "no NCCL device API in this build");
   return 0;
 #endif
@@ -254,6 +263,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int w = team->nranks, me = team->first_local;
   const int adopt = init->adopt;
   struct ncclComm* nccl = init->nccl;
+  const _Atomic int* stop = init->stop; /* a split's parent team's abort word, or NULL */
   if (adopt) init->nccl = NULL;
   sbnResult_t r = sbnSuccess;
   int prev = 0, dev = -1;
@@ -261,7 +271,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
      wait for this rank in a collective) */
   const int mode = transport_from_env();
   const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
-  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
+  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, stop);
   if (nr != ncclSuccess) {
     if (adopt) sbn_nccl.CommAbort(nccl);
     return nccl_fail(nccl, nr, "ncclCommCuDevice");
@@ -362,7 +372,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
      floats per channel) must refuse to team up, not exchange garbage */
   const int rec = (int)sizeof(sbn_mail_rec_t);
   int v[7] = {mine == sbnSuccess, obstacle == NULL, mode == 1 ? -1 : 0, mc, -mc, rec, -rec};
-  r = agree_min(gt, comm, v, 7);
+  r = agree_min(gt, comm, v, 7, stop);
   if (r != sbnSuccess) goto out;
   if (!v[0]) {
     r = mine != sbnSuccess
@@ -390,10 +400,10 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   if (v[1]) {
     /* agreement 2: every rank has its part; then all register (collective) */
     int ok = window_alloc(gt, why, sizeof why);
-    r = agree_min(gt, comm, &ok, 1);
+    r = agree_min(gt, comm, &ok, 1, stop);
     if (r != sbnSuccess) goto out;
     if (ok) {
-      ok = window_register(gt, comm, why, sizeof why);
+      ok = window_register(gt, comm, why, sizeof why, stop);
       if (ok < 0) {
         r = sbn_fail(NULL, sbnTimeout,
                      "ncclCommWindowRegister did not finish within %lld ms",
@@ -401,7 +411,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
         goto out;
       }
       int reg = ok; /* agreement 3: a usable window on every rank */
-      r = agree_min(gt, comm, &reg, 1);
+      r = agree_min(gt, comm, &reg, 1, stop);
       if (r != sbnSuccess) goto out;
       if (reg) gt->transport = SBN_TR_NCCL_WINDOW;
       if (!reg) obstacle = ok ? "the symmetric window is not usable on another rank" : why;
@@ -535,8 +545,8 @@ static void nccl_abort(sbn_team_t* team) {
   if (sbn_gpu_abort_comms_now(gt, 1, sbn_gpu_host_pending(gt))) sbn_nccl_abort_all(gt);
 }
 
-static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
-                               sbnComm_t* out);
+static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic int* stop,
+                               const sbn_cfg_t* cfg, sbnComm_t* out);
 
 /* sbnCommSplit: ncclCommSplit of the team's comm (collective over the team's processes),
    and a team made of the child, which it adopts. color[0], key[0]: this process's rank.
@@ -588,24 +598,33 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
     result[0] = NULL;
     return sbnSuccess;
   }
-  r = nccl_create(child, 1, &team->cfg, &result[0]);
-  if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommSplit: %s", sbn_error_text(NULL));
-  return sbnSuccess;
+  /* the new team's init, whose waits (its agreements, the window's registration) end when
+     this team is aborted, as the split's did */
+  r = nccl_create(child, 1, &team->abort_reason, &team->cfg, &result[0]);
+  if (r == sbnSuccess) return sbnSuccess;
+  const int after = atomic_load(&team->abort_reason);
+  if (after != sbnSuccess)
+    return sbn_fail(NULL, sbnAborted,
+                    "sbnCommSplit: the team was aborted (%s) while the new team's init waited for "
+                    "its ranks; no comm was made",
+                    sbnGetResultName((sbnResult_t)after));
+  return sbn_fail(NULL, r, "sbnCommSplit: %s", sbn_error_text(NULL));
 }
 
 static const sbn_team_ops_t nccl_team_ops =
     SBN_GPU_TEAM_OPS("NCCL", nccl_attach, nccl_detach, nccl_abort, nccl_split);
 
 /* This process's rank of a team made from `nccl` (adopt: the team takes it as its own;
-   otherwise it makes its own duplicate). */
-static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t* cfg,
-                               sbnComm_t* out) {
+   otherwise it makes its own duplicate). stop: a split's parent team's abort word, which
+   ends the init's waits, or NULL. */
+static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic int* stop,
+                               const sbn_cfg_t* cfg, sbnComm_t* out) {
   int nranks = 0, rank = 0;
-  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000);
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000, stop);
   if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
     r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
   if (r == sbnSuccess) {
-    sbn_team_init_t init = {NULL, nccl, adopt};
+    sbn_team_init_t init = {NULL, nccl, adopt, stop};
     r = sbn_team_create(&nccl_team_ops, nranks, rank, 1, cfg, &init, out);
     nccl = init.nccl; /* NULL once attach took it */
   }
@@ -617,7 +636,7 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const sbn_cfg_t
 sbnResult_t sbn_nccl_team_create(struct ncclComm* nccl, const sbn_cfg_t* cfg, sbnComm_t* comm) {
   const char* why = NULL;
   if (sbn_nccl_load(&why) != sbnSuccess) return sbn_fail(NULL, sbnUnsupported, "%s", why);
-  return nccl_create(nccl, 0, cfg, comm);
+  return nccl_create(nccl, 0, NULL, cfg, comm);
 }
 
 _Static_assert(sizeof(ncclUniqueId) == SBN_NCCL_UNIQUE_ID_BYTES, "sbnNcclUniqueId_t is ncclUniqueId");
@@ -653,7 +672,7 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
     sbn_nccl.CommAbort(c); /* local and immediate: the peers that came time out alike */
     return r;
   }
-  return nccl_create(c, 1, cfg, comm);
+  return nccl_create(c, 1, NULL, cfg, comm);
 }
 
 #endif /* SYNCBN_HAVE_NCCL; without NCCL the front's entry points are nccl_none.c's */

@@ -47,6 +47,10 @@ static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
 static int events_pending;      /* every event says its work is not done */
 static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
+static int new_streams_pending; /* streams made from here never finish their work */
+#define STUB_MAX_PENDING_STREAMS 16
+static void* pending_streams[STUB_MAX_PENDING_STREAMS];
+static int npending_streams;
 
 void cudart_stub_set_capturing(int on) {
   pthread_mutex_lock(&mu);
@@ -117,6 +121,14 @@ void cudart_stub_reset(void) {
   last_violation[0] = '\0';
   nlaunched = 0;
   last_grid = 0;
+  new_streams_pending = 0;
+  npending_streams = 0;
+  pthread_mutex_unlock(&mu);
+}
+
+void cudart_stub_set_new_streams_pending(int on) {
+  pthread_mutex_lock(&mu);
+  new_streams_pending = on;
   pthread_mutex_unlock(&mu);
 }
 
@@ -323,15 +335,34 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   (void)flags;
   *s = malloc(1);
-  return *s != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (*s == NULL) return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&mu);
+  if (new_streams_pending && npending_streams < STUB_MAX_PENDING_STREAMS)
+    pending_streams[npending_streams++] = *s;
+  pthread_mutex_unlock(&mu);
+  return cudaSuccess;
+}
+/* Whether s is one of cudart_stub_set_new_streams_pending's (mu held); removed with drop. */
+static int stream_pending(cudaStream_t s, int drop) {
+  for (int i = 0; i < npending_streams; i++)
+    if (pending_streams[i] == (void*)s) {
+      if (drop) pending_streams[i] = pending_streams[--npending_streams];
+      return 1;
+    }
+  return 0;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  pthread_mutex_lock(&mu);
+  (void)stream_pending(s, 1);
+  pthread_mutex_unlock(&mu);
   free(s);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
+  pthread_mutex_lock(&mu);
+  const int pending = stream_pending(s, 0);
+  pthread_mutex_unlock(&mu);
+  return pending ? cudaErrorNotReady : cudaSuccess;
 }
 /* The stand-in's kernels do nothing: a stream has nothing to wait for (a cooperative
    kernel still counts as running until a cudaDeviceSynchronize on its device). */

@@ -31,6 +31,10 @@ void cudart_stub_set_capturing(int on);
 /* From here every event says its work is not done (cudaEventQuery: cudaErrorNotReady)
    when `on`, as an event behind a collective that waits for a peer. */
 void cudart_stub_set_events_pending(int on);
+/* From here (while `on`) the streams made never finish their work: cudaStreamQuery says
+   cudaErrorNotReady for them, as for a stream behind a collective that waits for a peer
+   (up to 16 such streams; the older ones finish as before). */
+void cudart_stub_set_new_streams_pending(int on);
 /* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
    (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
 void cudart_stub_set_occupancy_fails(int on);
@@ -40,7 +44,7 @@ void cudart_stub_set_occupancy_fails(int on);
 #define CUDA_STUB_LAUNCH_LOG 64
 int cudart_stub_launches(const void** fns, int max);
 /* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
-   query, the violations and the launches. */
+   query, the violations, the launches and the pending streams. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -1095,13 +1095,18 @@ static void* waiter_main(void* p) {
   w->t_end = now_ms();
   return NULL;
 }
+/* hang: the NCCL call that never finishes; NULL: the streams made from here never finish
+   (cudart_stub_set_new_streams_pending: a split's new team's agreement, whose ncclAllReduce
+   returns while its stream waits for the peer), the wait seen once that call is made */
 static void abort_while_waiting(const char* transport, const char* hang, int split, int kernel) {
   const double timeout = 10000.0, prompt = 2000.0; /* the wait's end: at once, not the timeout */
+  const char* waits = hang != NULL ? "never finishes" : "ncclAllReduce";
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL;
   ASSERT_OK(team_of_one(&comm, transport, (int64_t)timeout));
   stub_case(hang); /* from here: the team's made */
+  if (hang == NULL) cudart_stub_set_new_streams_pending(1);
   tensors_t t;
   tensors_alloc(&t, 0);
   if (kernel) kernel_in_flight(comm, &t); /* (its comm then aborted at the destroy) */
@@ -1112,17 +1117,18 @@ static void abort_while_waiting(const char* transport, const char* hang, int spl
   /* the call waits in its collective once the stand-in says it never finishes (an abort
      before that would be refused by the team's check, testing nothing here) */
   const double s0 = now_ms();
-  while (!nccl_stub_log_has("never finishes") && now_ms() - s0 < timeout / 2) {
+  while (!nccl_stub_log_has(waits) && now_ms() - s0 < timeout / 2) {
     struct timespec ts = {0, 1000000L};
     nanosleep(&ts, NULL);
   }
-  const int waiting = nccl_stub_log_has("never finishes");
+  const int waiting = nccl_stub_log_has(waits);
   struct timespec ts = {0, 50 * 1000000L};
   nanosleep(&ts, NULL); /* into the settle's polls */
   const double a0 = now_ms();
   const sbnResult_t ar = sbnCommAbort(comm);
   const double a1 = now_ms();
   pthread_join(th, NULL);
+  cudart_stub_set_new_streams_pending(0);
   fprintf(stderr, "  %s %s: the abort returned after %.1f ms; the call %s %.1f ms after the abort: %s\n",
           transport_of(comm), split ? "sbnCommSplit" : "forward", a1 - a0, sbnGetResultName(w.r), w.t_end - a0,
           sbnGetLastError(comm));
@@ -1150,6 +1156,22 @@ static void test_abort_while_split_waits_host(void) {
    device is idle, not while the kernel may write through its window */
 static void test_abort_while_split_waits_lsa(void) {
   abort_while_waiting(NULL, "ncclCommSplit", 1, 1);
+}
+/* ncclCommSplit done, the new team's init waits for its ranks (its agreement, an
+   ncclAllReduce; its window's registration): the abort of the team split ends that wait
+   too, sbnAborted at once (it waited out the timeout: sbnTimeout) */
+static void test_abort_while_split_child_agrees_host(void) {
+  abort_while_waiting("host", "ncclAllReduce", 1, 0);
+}
+static void test_abort_while_split_child_agrees_lsa(void) {
+  abort_while_waiting(NULL, "ncclAllReduce", 1, 0);
+}
+static void test_abort_while_split_child_registers(void) {
+  abort_while_waiting(NULL, "ncclCommWindowRegister", 1, 0);
+}
+/* (its ncclAllReduce enqueued, its stream never done) */
+static void test_abort_while_split_child_agreement_runs(void) {
+  abort_while_waiting("host", NULL, 1, 0);
 }
 
 /* sbnCommDestroy whose ncclCommFinalize never finishes: the destroy returns (bounded by the
@@ -1472,6 +1494,10 @@ int main(void) {
   SBN_RUN(test_abort_while_op_waits_lsa);
   SBN_RUN(test_abort_while_split_waits_host);
   SBN_RUN(test_abort_while_split_waits_lsa);
+  SBN_RUN(test_abort_while_split_child_agrees_host);
+  SBN_RUN(test_abort_while_split_child_agrees_lsa);
+  SBN_RUN(test_abort_while_split_child_registers);
+  SBN_RUN(test_abort_while_split_child_agreement_runs);
   SBN_RUN(test_initall_abort_ends_collective);
   SBN_RUN(test_stuck_initall_comms);
   return sbn_test_exit();
