@@ -213,7 +213,8 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
    Environment SBN_NCCL_TRANSPORT: auto (default), lsa (the in-kernel path or
    sbnUnsupported), host. sbnCommSplit on an NCCL comm is collective over its team (one
    call per process, inside a group or not). sbnCommDestroy on an NCCL comm is collective
-   too (NCCL deregisters the window), except after the team was aborted.
+   too (NCCL deregisters the window), except after the team was aborted or one of its
+   kernels reported a failure (read or not: sbnCommGetAsyncError).
    NCCL is loaded at its first use, not linked (the libnccl.so.2 the program already
    loaded, else the one found at build time, else the loader's libnccl.so.2;
    SBN_NCCL_LIBRARY=PATH instead). sbnUnsupported in builds without NCCL, when NCCL

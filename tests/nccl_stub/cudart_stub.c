@@ -51,6 +51,8 @@ static int new_streams_pending; /* streams made from here never finish their wor
 #define STUB_MAX_PENDING_STREAMS 16
 static void* pending_streams[STUB_MAX_PENDING_STREAMS];
 static int npending_streams;
+static void (*sync_hook)(void*); /* cudart_stub_on_sync's, until it is called */
+static void* sync_arg;
 
 void cudart_stub_set_capturing(int on) {
   pthread_mutex_lock(&mu);
@@ -121,6 +123,8 @@ void cudart_stub_reset(void) {
   last_violation[0] = '\0';
   nlaunched = 0;
   last_grid = 0;
+  sync_hook = NULL;
+  sync_arg = NULL;
   new_streams_pending = 0;
   npending_streams = 0;
   pthread_mutex_unlock(&mu);
@@ -129,6 +133,13 @@ void cudart_stub_reset(void) {
 void cudart_stub_set_new_streams_pending(int on) {
   pthread_mutex_lock(&mu);
   new_streams_pending = on;
+  pthread_mutex_unlock(&mu);
+}
+
+void cudart_stub_on_sync(void (*fn)(void*), void* arg) {
+  pthread_mutex_lock(&mu);
+  sync_hook = fn;
+  sync_arg = arg;
   pthread_mutex_unlock(&mu);
 }
 
@@ -259,9 +270,19 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  void (*fn)(void*) = NULL;
+  void* arg = NULL;
   pthread_mutex_lock(&mu);
-  if (current_device >= 0 && current_device < STUB_MAX_DEVICES) in_flight[current_device] = 0;
+  if (current_device >= 0 && current_device < STUB_MAX_DEVICES) {
+    if (in_flight[current_device] > 0 && sync_hook != NULL) { /* its kernels end now */
+      fn = sync_hook;
+      arg = sync_arg;
+      sync_hook = NULL;
+    }
+    in_flight[current_device] = 0;
+  }
   pthread_mutex_unlock(&mu);
+  if (fn != NULL) fn(arg);
   return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) {

@@ -38,13 +38,17 @@ void cudart_stub_set_new_streams_pending(int on);
 /* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
    (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
 void cudart_stub_set_occupancy_fails(int on);
+/* From here the next cudaDeviceSynchronize on a device with a cooperative launch in flight
+   calls fn(arg) before it returns, once: what those kernels did as they ended (a kernel
+   that waited for a missing peer writes its failure word at its deadline). NULL: none. */
+void cudart_stub_on_sync(void (*fn)(void*), void* arg);
 /* The kernels launched (cudaLaunchKernel, cudaLaunchKernelExC) since the last reset, in
    launch order: up to `max` of them into fns[] (may be NULL). Returns how many there were
    (at most CUDA_STUB_LAUNCH_LOG are kept). */
 #define CUDA_STUB_LAUNCH_LOG 64
 int cudart_stub_launches(const void** fns, int max);
 /* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
-   query, the violations, the launches and the pending streams. */
+   query, the violations, the launches, cudart_stub_on_sync's call and the pending streams. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -1174,6 +1174,55 @@ static void test_abort_while_split_child_agreement_runs(void) {
   abort_while_waiting("host", NULL, 1, 0);
 }
 
+/* What a cooperative kernel that waited for a missing peer writes at its deadline: its
+   failure word (sbn_gpu_poll reads it). */
+static void kernel_timed_out(void* gt) {
+  __atomic_store_n(&((struct sbn_gpu_team*)gt)->err[0], (int)sbnTimeout, __ATOMIC_SEQ_CST);
+}
+/* sbnCommDestroy of an nccl-lsa team after a kernel reported a failure that no call read
+   (no sbnCommGetAsyncError, no op since), or (running) while a kernel still waits, which
+   reports it as it ends (at the destroy's cudaDeviceSynchronize): the team is counted
+   aborted, so the destroy makes no collective call that the failed peer never makes (the
+   window's deregistration, which never finishes here, then ncclCommFinalize): the comm
+   aborted, at once. The teardown waited out the timeout, then aborted. */
+static void destroy_after_kernel_failure(int running) {
+  const double timeout = 5000.0;
+  stub_case("ncclCommWindowDeregister");
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, NULL, (int64_t)timeout));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
+  struct sbn_gpu_team* gt = sbn_gpu(comm->team);
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  if (running) {
+    kernel_in_flight(comm, &t);
+    CHECK_();
+    cudart_stub_on_sync(kernel_timed_out, gt);
+  } else {
+    kernel_timed_out(gt);
+  }
+  const double t0 = now_ms();
+  const sbnResult_t dr = sbnCommDestroy(comm);
+  const double took = now_ms() - t0;
+  tensors_free(&t);
+  fprintf(stderr, "  destroy: %s after %.1f ms\n", sbnGetResultName(dr), took);
+  unsetenv("NCCL_STUB_HANG"); /* (not stub_case: its reset would clear what ASSERT_CLEAN reads) */
+  ASSERT_OK(dr);
+  ASSERT_NO_RECORD("ncclCommWindowDeregister");
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_RECORD("ncclCommAbort");
+  EXPECT_TRUE(took < timeout / 2);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_destroy_after_unread_kernel_failure(void) {
+  destroy_after_kernel_failure(0);
+}
+static void test_destroy_while_kernel_fails(void) {
+  destroy_after_kernel_failure(1);
+}
+
 /* sbnCommDestroy whose ncclCommFinalize never finishes: the destroy returns (bounded by the
    timeout), the comm aborted. */
 static void test_stuck_finalize(void) {
@@ -1498,6 +1547,8 @@ int main(void) {
   SBN_RUN(test_abort_while_split_child_agrees_lsa);
   SBN_RUN(test_abort_while_split_child_registers);
   SBN_RUN(test_abort_while_split_child_agreement_runs);
+  SBN_RUN(test_destroy_after_unread_kernel_failure);
+  SBN_RUN(test_destroy_while_kernel_fails);
   SBN_RUN(test_initall_abort_ends_collective);
   SBN_RUN(test_stuck_initall_comms);
   return sbn_test_exit();
