@@ -20,7 +20,7 @@ def rows_of(path):
         return {}, None
     out = {}
     for r in d.get("rows", []) + d.get("latency", []):
-        if r.get("error") or "us_fwd" not in r:
+        if r.get("error") or r.get("us_fwd") is None:  # failed, or skipped (null times)
             continue
         key = (r["path"], r["shape"], r["dtype"], r["layout"], r["ranks"])
         out[key] = (r["us_fwd"], r["us_bwd"], r.get("kernel"))
