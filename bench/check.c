@@ -10,7 +10,7 @@
 #include "sbn_ref.h"
 
 /* The library's dweight and dbias are held to the rounding bound alone (sum_tolerance). */
-const bench_check_t kCheckLibrary = {TOL_STAT, TOL_F32, TOL_HALF, 0.0, 1};
+const bench_check_t kCheckLibrary = {TOL_STAT, TOL_F32, TOL_F16, TOL_BF16, 0.0, 1};
 /* cuDNN rows (a baseline this project does not own) are checked on y, dx, save_mean,
    save_invstd, dweight and dbias, not on the running statistics (cuDNN's running-variance
    convention and update are its own business). Tolerance: 10x the library's for the
@@ -21,7 +21,8 @@ const bench_check_t kCheckLibrary = {TOL_STAT, TOL_F32, TOL_HALF, 0.0, 1};
    mistake gives errors of order 1. fp16/bf16 outputs keep 1e-2 (their rounding dominates).
    dweight and dbias: 1e-3 on top of the library's rounding bound (cuDNN's order is not
    ours, so the bound alone is not its contract). */
-const bench_check_t kCheckCudnn = {TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF, TOL_CUDNN_F32, 0};
+const bench_check_t kCheckCudnn = {TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF,
+                                   TOL_CUDNN_HALF, TOL_CUDNN_F32, 0};
 
 /* gamma(k) = k*u / (1 - k*u): a bound of the relative error of k roundings (Higham,
    "Accuracy and Stability of Numerical Algorithms", 2nd ed., lemma 3.1). */
@@ -172,7 +173,7 @@ void check_row(bench_row_t* row, const bench_team_bufs_t* b, int calls, int kmax
   const int64_t C = d->c, S = d->spatial, n = d->n;
   const int64_t k = (kmax <= 0 || kmax >= C) ? C : kmax;
   const size_t es = dtype_size(d->dtype);
-  const double tol_out = d->dtype == sbnFloat32 ? how->f32 : how->half;
+  const double tol_out = bench_tol_out(how, d->dtype);
   const int64_t pn = n * k * S; /* packed elements per rank */
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
   int ok = 1;
@@ -472,7 +473,7 @@ void check_inference(bench_row_t* row, const bench_team_bufs_t* b, int kmax, con
   const int64_t C = d->c, S = d->spatial, n = d->n;
   const int64_t k = (kmax <= 0 || kmax >= C) ? C : kmax;
   const size_t es = dtype_size(d->dtype);
-  const double tol = d->dtype == sbnFloat32 ? how->f32 : how->half;
+  const double tol = bench_tol_out(how, d->dtype);
   const int64_t pn = n * k * S;
   const sbnParams_t params = SBN_PARAMS_DEFAULT;
   int64_t* chs = malloc((size_t)k * sizeof *chs);

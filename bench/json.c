@@ -456,8 +456,8 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   json_string(f, kFloorFormula);
   fprintf(f, ",\n  \"ratio\": ");
   json_string(f, kRatioFormula);
-  fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"half\": %g},\n", TOL_STAT, TOL_F32,
-          TOL_HALF);
+  fprintf(f, ",\n  \"tolerance\": {\"stat\": %g, \"fp32\": %g, \"fp16\": %g, \"bf16\": %g},\n",
+          TOL_STAT, TOL_F32, TOL_F16, TOL_BF16);
   fprintf(f, "  \"tolerance_cudnn\": {\"stat\": %g, \"fp32\": %g, \"half\": %g, \"sums\": %g},\n",
           TOL_CUDNN_STAT, TOL_CUDNN_F32, TOL_CUDNN_HALF, TOL_CUDNN_F32);
   fprintf(f, "  \"tolerance_sums\": {\"depth\": %d, \"u\": %.9g, \"formula\": ", BENCH_SUM_DEPTH,

@@ -453,10 +453,12 @@ static void print_inference(const bench_run_t* run, const bench_row_t* inf, int 
   if (ncopy && run->dev) /* CPU mode's copy is a memcpy: not the target's copy */
     printf("# inference target t/copy <= %.1f (against the timed copy of x): met by %d of %d library rows\n",
            BENCH_INFER_TARGET, ncopy_met, ncopy);
-  printf("# inference #wrong: y on the checked channels outside |got-ref| <= atol + rtol*|ref| (fp32 %g, "
-         "fp16/bf16 %g; cudnn rows %g, %g; reference: double, sbn_ref_inference of the same running "
-         "statistics), plus running_mean and running_var not bitwise what the call was given\n",
-         TOL_F32, TOL_HALF, TOL_CUDNN_F32, TOL_CUDNN_HALF);
+  printf(
+      "# inference #wrong: y on the checked channels outside |got-ref| <= atol + rtol*|ref| "
+      "(fp32 %g, fp16 %g, bf16 %g; cudnn rows %g, %g; reference: double, sbn_ref_inference of "
+      "the same running statistics), plus running_mean and running_var not bitwise what the "
+      "call was given\n",
+      TOL_F32, TOL_F16, TOL_BF16, TOL_CUDNN_F32, TOL_CUDNN_HALF);
 }
 
 /* Median of the speed ratios t_path / t_coop over the main table's rows of one path. */
@@ -497,12 +499,12 @@ void report_footer(const bench_run_t* run, const bench_results_t* res) {
     printf("# %%fl(a), %%fl(b): %s; B = %.1f GB/s\n", kFloorFormula, run->B);
     printf(
         "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
-        "%g, fp16/bf16 %g; reference: double, sbn_ref over all W ranks) in y, dx, save_mean, "
+        "%g, fp16 %g, bf16 %g; reference: double, sbn_ref over all W ranks) in y, dx, save_mean, "
         "save_invstd, running stats, and dweight, dbias (team sums) outside %s, on the checked "
         "channels of one more forward + backward, plus broken bitwise guarantees (ranks agree "
         "on the statistics and the team sums; nccl rows: every output bitwise the coop row's, "
         "one per differing buffer)\n",
-        TOL_STAT, TOL_F32, TOL_HALF, kSumsFormula);
+        TOL_STAT, TOL_F32, TOL_F16, TOL_BF16, kSumsFormula);
     printf(
         "#         cudnn rows: y, dx, save_mean, save_invstd (not the running stats) at 10x: "
         "statistics %g, fp32 %g, fp16/bf16 %g, dweight and dbias at %g (1 + |ref|) on top of "
@@ -512,10 +514,10 @@ void report_footer(const bench_run_t* run, const bench_results_t* res) {
   } else {
     printf(
         "# #wrong: checked values outside |got-ref| <= atol + rtol*|ref| (statistics %g, fp32 "
-        "%g, fp16/bf16 %g; reference: double, sbn_ref) in y, dx, save_mean, save_invstd, "
+        "%g, fp16 %g, bf16 %g; reference: double, sbn_ref) in y, dx, save_mean, save_invstd, "
         "running stats, and dweight, dbias outside %s, on the checked channels, plus broken "
         "bitwise guarantees (ranks agree; NCHW == NHWC)\n",
-        TOL_STAT, TOL_F32, TOL_HALF, kSumsFormula);
+        TOL_STAT, TOL_F32, TOL_F16, TOL_BF16, kSumsFormula);
   }
   printf("# tol used: worst |got-ref| / tolerance of the row (1.0 = at the limit)\n");
   if (run->dev)

@@ -17,7 +17,8 @@
  * 1e-4 (1 + |ref|), let both through).
  * And the inference rows' check (check_inference) on sbnForwardInference's host results,
  * fp32, bf16 and fp16, NCHW and NHWC: (3) they pass, every channel checked; (4) one y value
- * with its exponent's top bit flipped is one wrong; (5) a y computed without the running
+ * with its exponent's top bit flipped is one wrong, and (4b) fp16's y rounded through bf16
+ * is wrong (fp16's tolerance, not bf16's); (5) a y computed without the running
  * statistics (the call given (0, 1)) is wrong everywhere; (6) a running_mean value changed
  * after the call (the call must only read them) is one wrong. And (7) GPU-mode options
  * that plan no row are refused (opts_resolve), as are the in-place epilogues with the split
@@ -36,6 +37,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "sbn_ref.h"
 
 #define TW 2 /* ranks */
 #define TN 2
@@ -172,6 +174,27 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
          kLayoutNames[l], (long long)row.wrong, row.worst_what);
   printf("; one y flipped: %lld wrong", (long long)row.wrong);
   flip_exponent(b.y[0], t, at);
+  /* (4b) fp16: every y rounded through bf16 on the way (8 significant bits, as a conversion
+     through the wrong type would): errors up to 2^-8 |y|, beyond fp16's 2e-3 (1 + |y|)
+     where |y| is a few and the rounding near its half ulp (~4 % of these values); bf16's
+     1e-2, which fp16 had, let every one through */
+  if (t == sbnFloat16) {
+    uint16_t* y = b.y[0];
+    uint16_t* keep = malloc((size_t)numel * sizeof *keep);
+    memcpy(keep, y, (size_t)numel * sizeof *keep);
+    for (int64_t i = 0; i < numel; i++) {
+      uint16_t bf;
+      sbn_ref_store(&bf, sbnBFloat16, 0, sbn_ref_load(y, sbnFloat16, i));
+      sbn_ref_store(y, sbnFloat16, i, sbn_ref_load(&bf, sbnBFloat16, 0));
+    }
+    row = infer_check(&b, &shape);
+    EXPECT(row.wrong > numel / 100,
+           "inference fp16 %s, y rounded through bf16: %lld wrong of %lld (expected > 1%%)",
+           kLayoutNames[l], (long long)row.wrong, (long long)numel);
+    printf("; y through bf16: %lld of %lld wrong", (long long)row.wrong, (long long)numel);
+    memcpy(y, keep, (size_t)numel * sizeof *keep);
+    free(keep);
+  }
   /* (6) a running statistic the call changed */
   b.rm[0][5] += 0.25f;
   row = infer_check(&b, &shape);
@@ -436,8 +459,8 @@ int main(void) {
   bufs_free(&b);
   static const bench_shape_t ishape = {"P", TN, TC, TSP, 1, "test_check.c (in place)"};
   const int inplace_failures = inplace_checked(&ishape);
-  /* the team check's 3; 4 per inference dtype x layout; in place 4 */
-  const int cases = 3 + 6 * 4 + 4;
+  /* the team check's 3; 4 per inference dtype x layout, 5 for fp16's; in place 4 */
+  const int cases = 3 + 6 * 4 + 2 + 4;
   printf("%d passed, %d failed (%d of them the inference checks, %d the in-place ones)\n",
          cases - (failures > cases ? cases : failures), failures, infer_failures, inplace_failures);
   return failures ? 1 : 0;
