@@ -384,13 +384,15 @@ typedef struct {
   double grad_atol, grad_rtol; /* dweight, dbias */
 } tol_t;
 
-/* DESIGN.md: statistics 1e-5/1e-5; fp32 outputs and grads 1e-4/1e-4; fp16/bf16 outputs
-   1e-2/1e-2 against the reference of the rounded input. Statistics and dweight/dbias are
+/* DESIGN.md: statistics 1e-5/1e-5; fp32 outputs and grads 1e-4/1e-4; fp16 outputs
+   2e-3/2e-3 and bf16 outputs 1e-2/1e-2 (a few half ulps of each: 2^-11 and 2^-8
+   relative; fp16's had bf16's 1e-2, ~20 of its ulps) against the reference of the rounded
+   input. Statistics and dweight/dbias are
    accumulated in fp32 from exactly widened inputs, so they keep fp32 tolerances for every
    dtype. */
 static inline tol_t tol_for(sbnDataType_t dt) {
   tol_t t = {1e-5, 1e-5, 1e-4, 1e-4, 1e-4, 1e-4};
-  if (dt != sbnFloat32) t.out_atol = t.out_rtol = 1e-2;
+  if (dt != sbnFloat32) t.out_atol = t.out_rtol = dt == sbnFloat16 ? 2e-3 : 1e-2;
   return t;
 }
 
