@@ -444,6 +444,8 @@ void row_note_append(bench_row_t* row, const char* text);
 /* Latency row of (W, q: 0 tiny, 1 empty, path coop or nccl), NULL where it did not run. */
 bench_row_t* lat_slot(bench_row_t* lat, int W, int q, int path);
 const bench_row_t* lat_row(const bench_row_t* lat, int W, int q, int path);
+/* The latency table of W = 1..lat_w (report_footer's), to stdout. */
+void print_latency(const bench_row_t* lat, int lat_w);
 /* Adds a finished row to the totals. */
 void results_add(bench_results_t* res, const bench_row_t* r);
 /* "2.28.9" from the library's version code; "unknown" when negative. */

@@ -353,18 +353,21 @@ void report_row(const bench_run_t* run, const bench_row_t* r) {
   fflush(stdout);
 }
 
-static void print_latency(const bench_row_t* lat, int lat_w) {
+void print_latency(const bench_row_t* lat, int lat_w) {
   printf(
       "#\n# latency: fp32 NCHW, C=512; tiny = N=4, 1x1 per rank (like S10); empty = n=0 on "
       "every rank (the launches and the exchange, no data). Median us: GPU = CUDA events, "
-      "host = the enqueueing calls; exch = empty(W) - empty(W=1) of the same path: what the "
-      "exchange with W-1 peers adds\n");
+      "host = the enqueueing calls; exch = empty(W) - empty(W=1) of the same path and kernel: "
+      "what the exchange with W-1 peers adds ('-' where W = 1 ran another kernel: auto runs "
+      "small for a team of one; SBN_KERNEL=stream times one kernel at every W); kernel: the "
+      "empty op's (forward/backward where they differ)\n");
   printf("#%9s", "");
   print_title("tiny", 35);
   print_title("empty", 35);
   print_title("exch", 15);
-  printf("\n# %2s %-5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %7s %7s\n", "W", "path", "fwd", "bwd",
-         "host fwd", "host bwd", "fwd", "bwd", "host fwd", "host bwd", "fwd", "bwd", "#wrong");
+  printf("\n# %2s %-5s %8s %8s %8s %8s %8s %8s %8s %8s %7s %7s %7s  %s\n", "W", "path", "fwd",
+         "bwd", "host fwd", "host bwd", "fwd", "bwd", "host fwd", "host bwd", "fwd", "bwd",
+         "#wrong", "kernel");
   for (int W = 1; W <= lat_w; W++)
     for (int p = 0; p < 2; p++) {
       const bench_row_t* rq[2] = {lat_row(lat, W, 0, p), lat_row(lat, W, 1, p)};
@@ -381,12 +384,14 @@ static void print_latency(const bench_row_t* lat, int lat_w) {
       }
       const bench_row_t* e1 = lat_row(lat, 1, 1, p);
       for (int fwd = 1; fwd >= 0; fwd--) {
-        if (W > 1 && row_timed(rq[1]) && row_timed(e1))
+        if (W > 1 && row_timed(rq[1]) && row_timed(e1) &&
+            strcmp(rq[1]->kernel[fwd], e1->kernel[fwd]) == 0)
           printf(" %7.1f", rq[1]->t[fwd].med - e1->t[fwd].med);
         else
           printf(" %7s", "-");
       }
-      printf(" %7" PRId64 "\n", wrong);
+      char kl[52];
+      printf(" %7" PRId64 "  %s\n", wrong, rq[1] ? kernel_label(rq[1], kl, sizeof kl) : "-");
       for (int q = 0; q < 2; q++)
         if (rq[q] && rq[q]->error[0])
           printf("#   W=%d %s %s FAILED: %s\n", W, kPathNames[p], rq[q]->shape->id, rq[q]->error);

@@ -30,11 +30,13 @@
  * bound, gamma(D + 10) * sum |g| (|act^-1(y)| + |z| + |bias|) / |weight|, is ~2e-5 of it
  * there); (10) a backward given zeros for z (the residual ignored in the recovery) is
  * caught in dx, and in dweight on every rank and channel with the right dx put back;
- * (11) one dz value wrong is one wrong. */
+ * (11) one dz value wrong is one wrong. And (12) the latency table's exch only against a
+ * W = 1 row of the same kernel. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* dup, dup2: print_latency's output */
 
 #include "bench.h"
 #include "sbn_ref.h"
@@ -214,6 +216,55 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
   return failures - before;
 }
 
+/* (12) The latency table's exch (print_latency, to a file here): empty(W) - empty(1) only
+   where W = 1's empty op ran the same kernel ('-' for small at W = 1 against stream at
+   W = 2, whose difference is not the exchange's), and each empty row's kernel. */
+static void latency_exch(void) {
+  static const bench_shape_t empty = {"empty", 0, 512, 1, 1, "test_check.c (latency)"};
+  for (int same = 0; same < 2; same++) {
+    bench_row_t lat[2 * 2 * 2];
+    memset(lat, 0, sizeof lat);
+    for (int W = 1; W <= 2; W++) {
+      bench_row_t* r = lat_slot(lat, W, 1, BENCH_PATH_COOP);
+      r->shape = &empty;
+      r->W = W;
+      r->path = BENCH_PATH_COOP;
+      r->t[1].med = W == 1 ? 6.0 : 9.5; /* forward */
+      r->t[0].med = W == 1 ? 5.0 : 8.0;
+      const char* k = W == 1 && !same ? "small" : "stream";
+      snprintf(r->kernel[1], sizeof r->kernel[1], "%s", k);
+      snprintf(r->kernel[0], sizeof r->kernel[0], "%s", k);
+    }
+    char buf[4096] = "";
+    FILE* f = tmpfile();
+    fflush(stdout);
+    const int saved = dup(1);
+    if (f == NULL || saved < 0 || dup2(fileno(f), 1) < 0) {
+      EXPECT(0, "latency: no temporary file");
+      return;
+    }
+    print_latency(lat, 2);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    rewind(f);
+    const size_t got = fread(buf, 1, sizeof buf - 1, f);
+    buf[got] = '\0';
+    fclose(f);
+    const char* w2 = strstr(buf, "\n   2 coop");
+    EXPECT(w2 != NULL, "latency: no W = 2 coop line in:\n%s", buf);
+    if (w2 == NULL) continue;
+    char line[256];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(w2 + 1, "\n"), w2 + 1);
+    const int exch = strstr(line, "     3.5     3.0") != NULL,
+              dash = strstr(line, "       -       -") != NULL;
+    EXPECT(same ? exch : dash && !exch, "latency, W = 1 %s: the W = 2 line is '%s'",
+           same ? "stream (exch 3.5 / 3.0 expected)" : "small ('-' expected)", line);
+    EXPECT(strstr(line, "stream") != NULL, "latency: the W = 2 line names no kernel: '%s'", line);
+    printf("latency exch, W = 1 %s: %s\n", same ? "stream" : "small", line);
+  }
+}
+
 /* GPU mode's options that plan no row (cuDNN's rows are W = 1's; an --epilogue run has no
    inference rows) are refused (exit status 2) before any work, where such a run checked
    nothing and said OK; the same with a 1 in -w, or without --epilogue, plan rows. */
@@ -384,6 +435,7 @@ int main(void) {
   for (int t = 0; t < 3; t++)
     for (int l = 0; l < 2; l++) inference_checked(kInferDtypes[t], (sbnLayout_t)l);
   const int infer_failures = failures;
+  latency_exch();
   static const bench_shape_t shape = {"T", TN, TC, TSP, 1, "test_check.c"};
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
   bench_team_bufs_t b;
@@ -459,8 +511,9 @@ int main(void) {
   bufs_free(&b);
   static const bench_shape_t ishape = {"P", TN, TC, TSP, 1, "test_check.c (in place)"};
   const int inplace_failures = inplace_checked(&ishape);
-  /* the team check's 3; 4 per inference dtype x layout, 5 for fp16's; in place 4 */
-  const int cases = 3 + 6 * 4 + 2 + 4;
+  /* the team check's 3; 4 per inference dtype x layout, 5 for fp16's; in place 4; the
+     latency table's 6 */
+  const int cases = 3 + 6 * 4 + 2 + 4 + 6;
   printf("%d passed, %d failed (%d of them the inference checks, %d the in-place ones)\n",
          cases - (failures > cases ? cases : failures), failures, infer_failures, inplace_failures);
   return failures ? 1 : 0;
