@@ -325,8 +325,9 @@ SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
    nest) are validated at once and queued; sbnGroupEnd runs them. A CPU team runs its
    ranks on threads inside sbnGroupEnd and returns when done: threads it starts for that
    call (one per rank the group holds ops for, over all its CPU teams, less one: tens of
-   us per group) and allocates its queues, so it can fail with sbnSystemError (nothing
-   run) where the system cannot start them or has no memory; ranks called from one thread
+   us per group) and allocates its queues, so it can fail with sbnSystemError (no CPU
+   team's op run; the detail on their comms too; a GPU team's ops in the same group were
+   issued before) where the system cannot start them or has no memory; ranks called from one thread
    each outside a group start none. If any call in the group
    failed, or a team has ranks missing (or unequal op counts), sbnGroupEnd runs NOTHING
    and returns sbnInvalidUsage. Otherwise it runs each team's rounds (the i-th op of

@@ -442,15 +442,20 @@ static sbnResult_t number_round(const sbn_op_t* const* round, int w, void* ctx) 
 
 /* A refusal of the whole group (nothing run): its detail, recorded for the thread
    (sbnGetLastError(NULL)), also on every comm queued in it, where a caller following
-   sbnGetErrorString's "sbnGetLastError(comm) has the detail" looks (it read ""). */
-static void note_on_queued_comms(void) {
+   sbnGetErrorString's "sbnGetLastError(comm) has the detail" looks (it read ""); with
+   threaded_only, on the comms of the threaded teams (CPU teams) only: run_ops' refusal,
+   when the other teams' ops and the splits have run. */
+static void note_on_queued_comms(int threaded_only) {
   const char* detail = sbn_error_text(NULL);
-  for (size_t i = 0; i < group.n; i++) sbn_note(group.ops[i].comm, detail);
+  for (size_t i = 0; i < group.n; i++)
+    if (!threaded_only || group.ops[i].comm->team->ops->threaded)
+      sbn_note(group.ops[i].comm, detail);
 }
 
 /* Runs every (team, local rank) queue of the threaded teams (CPU teams) on its own
    thread, the first on the calling thread, the rounds one after the other. Where it cannot start
-   them (memory, a thread), nothing is run and the detail is on every queued comm too. */
+   them (memory, a thread), none of them is run and the detail is on their comms too (the
+   other teams' ops and the group's splits have run before). */
 static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
   size_t nq = 0;
   for (size_t j = 0; j < nt; j++)
@@ -467,7 +472,7 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
                            ? sbn_fail(NULL, sbnSystemError, "out of host memory (group)")
                            : for_each_round(teams, nt, 1, number_round, &gate);
   if (result != sbnSuccess) {
-    note_on_queued_comms();
+    note_on_queued_comms(1);
     free(qs);
     free(idx);
     free(args);
@@ -509,8 +514,9 @@ static sbnResult_t run_ops(sbn_team_t* const* teams, size_t nt) {
     if (pthread_create(&qs[i].thread, have_attr ? &attr : NULL, worker_main, &args[i]) != 0 &&
         (!have_attr || pthread_create(&qs[i].thread, NULL, worker_main, &args[i]) != 0)) {
       result = sbn_fail(NULL, sbnSystemError,
-                        "sbnGroupEnd: could not create a thread for rank work; nothing was run");
-      note_on_queued_comms();
+                        "sbnGroupEnd: could not create a thread for rank work; no CPU team's op "
+                        "was run");
+      note_on_queued_comms(1);
       break;
     }
     qs[i].started = 1;
@@ -557,7 +563,7 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     r = sbn_fail(NULL, sbnInvalidUsage,
                  "sbnGroupEnd: a call in this group failed (%s: %s); nothing was run",
                  sbnGetResultName(group.failed), group.failed_detail);
-    note_on_queued_comms();
+    note_on_queued_comms(0);
     group_reset();
     sbn_nocancel_end(cancel);
     return r;
@@ -566,11 +572,11 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
   size_t nt = 0;
   if (teams == NULL) {
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (group)");
-    note_on_queued_comms(); /* nothing was run */
+    note_on_queued_comms(0); /* nothing was run */
   } else {
     r = check_complete(teams, &nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 0);
-    if (r != sbnSuccess) note_on_queued_comms(); /* nothing was run */
+    if (r != sbnSuccess) note_on_queued_comms(0); /* nothing was run */
     if (r == sbnSuccess) r = run_splits(teams, nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 1);
     if (r == sbnSuccess) { /* the queued ops count now (internal.h: sbnComm.calls) */

@@ -1296,14 +1296,18 @@ static void test_initall_abort_ends_collective(void) {
    this test with -Wl,--wrap=calloc and -Wl,--wrap=pthread_create; the stand-ins are shared
    libraries, whose calls are not wrapped): while `armed` in the calling thread, the
    fail_at-th (from 0) of its callocs, or of its thread starts (`thread`), fails as an
-   exhausted heap's or process's would. Threads the call starts count nothing. */
+   exhausted heap's or process's would, and the count - 1 after it (0: that one alone).
+   Threads the call starts count nothing. */
 typedef struct {
   int armed, thread, fail_at;
   int seen, hit; /* calls of the kind counted; whether the failure was given */
+  int count;
 } fault_t;
 static _Thread_local fault_t fault;
 static int fault_now(int thread) {
-  if (!fault.armed || fault.thread != thread || fault.seen++ != fault.fail_at) return 0;
+  if (!fault.armed || fault.thread != thread) return 0;
+  const int k = fault.seen++;
+  if (k < fault.fail_at || k >= fault.fail_at + (fault.count > 0 ? fault.count : 1)) return 0;
   fault.hit = 1;
   return 1;
 }
@@ -1317,6 +1321,40 @@ int __wrap_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)
 int __wrap_pthread_create(pthread_t* th, const pthread_attr_t* attr, void* (*fn)(void*),
                           void* arg) {
   return fault_now(1) ? EAGAIN : __real_pthread_create(th, attr, fn, arg);
+}
+
+/* A group of a GPU team's op (a virtual team of one) beside a CPU team's (two ranks), whose
+   rank thread cannot start (both tries: with the library's stack size, then without):
+   sbnSystemError; the CPU comms' detail says so, the GPU comm's does not (its op was issued
+   before the CPU team's threads: "nothing was run" was wrong for it). */
+static void test_group_thread_fails_beside_gpu_team(void) {
+  stub_case(NULL);
+  sbnComm_t virt = NULL, cpu[2];
+  ASSERT_OK(sbnCommInitVirtual(&virt, 1, 0, NULL));
+  ASSERT_OK(sbnCommInitCpu(cpu, 2, NULL));
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 4, 8};
+  float *gx = dalloc(64 * sizeof(float)), *gy = dalloc(64 * sizeof(float)),
+        *gm = dalloc(4 * sizeof(float)), *gi = dalloc(4 * sizeof(float));
+  static float hx[2][64], hy[2][64], hm[2][4], hi[2][4];
+  ASSERT_OK(sbnGroupStart());
+  ASSERT_OK(sbnForwardTrain(virt, &d, gx, gy, NULL, NULL, NULL, NULL, NULL, gm, gi, NULL, NULL));
+  for (int r = 0; r < 2; r++)
+    ASSERT_OK(sbnForwardTrain(cpu[r], &d, hx[r], hy[r], NULL, NULL, NULL, NULL, NULL, hm[r], hi[r],
+                              NULL, NULL));
+  fault = (fault_t){1, 1, 0, 0, 0, 2};
+  const sbnResult_t g = sbnGroupEnd();
+  fault.armed = 0;
+  fprintf(stderr, "  sbnGroupEnd: %s; cpu: '%s'\n", sbnGetResultName(g), sbnGetLastError(cpu[0]));
+  fprintf(stderr, "  virtual: '%s'\n", sbnGetLastError(virt)); /* (one buffer a thread) */
+  ASSERT_RES(g, sbnSystemError);
+  for (int r = 0; r < 2; r++)
+    EXPECT_TRUE(strstr(sbnGetLastError(cpu[r]), "could not create a thread") != NULL);
+  EXPECT_TRUE(strstr(sbnGetLastError(virt), "could not create a thread") == NULL);
+  cudaDeviceSynchronize();
+  void* all[] = {gx, gy, gm, gi};
+  for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) cudaFree(all[k]);
+  ASSERT_OK(sbnCommDestroy(virt));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(cpu[r]));
 }
 
 /* The record's first line that begins with `prefix`, or NULL. */
@@ -1420,7 +1458,7 @@ static void fault_sweep(int via, const char* transport, int thread) {
       unsetenv("SBN_NCCL_TRANSPORT");
     cudaSetDevice(0);
     sbnComm_t comm = UNTOUCHED_COMM;
-    fault = (fault_t){1, thread, k, 0, 0};
+    fault = (fault_t){1, thread, k, 0, 0, 0};
     const sbnResult_t r = via == VIA_CALLER_COMM ? sbnCommInitNccl(&comm, nc, &cfg)
                           : via == VIA_ID        ? sbnCommInitNcclRank(&comm, &id, 1, 0, &cfg)
                                                  : sbnCommSplit(parent, 0, 0, &comm);
@@ -1549,6 +1587,7 @@ int main(void) {
   SBN_RUN(test_abort_while_split_child_agreement_runs);
   SBN_RUN(test_destroy_after_unread_kernel_failure);
   SBN_RUN(test_destroy_while_kernel_fails);
+  SBN_RUN(test_group_thread_fails_beside_gpu_team);
   SBN_RUN(test_initall_abort_ends_collective);
   SBN_RUN(test_stuck_initall_comms);
   return sbn_test_exit();
