@@ -39,15 +39,13 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
 }
 
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
-   finishing its own init or last call (bounded by the deadline, and ended by *stop where
-   given: a split's parent team aborted). */
-static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline,
-                              const _Atomic int* stop) {
-  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline, stop);
+   finishing its own init or last call (bounded by the deadline; a split's child is ready:
+   nccl_split_settled waited for its init). */
+static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t deadline) {
+  ncclResult_t nr = sbn_nccl_settle(ncclSuccess, &nccl, 1, deadline, NULL);
+  if (nr == ncclSuccess) nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline, NULL);
   if (nr == ncclSuccess)
-    nr = sbn_nccl_settle(sbn_nccl.CommCount(nccl, nranks), &nccl, 1, deadline, stop);
-  if (nr == ncclSuccess)
-    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline, stop);
+    nr = sbn_nccl_settle(sbn_nccl.CommUserRank(nccl, rank), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) return nccl_fail(nccl, nr, "ncclCommCount/UserRank");
   return sbnSuccess;
 }
@@ -263,7 +261,8 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int w = team->nranks, me = team->first_local;
   const int adopt = init->adopt;
   struct ncclComm* nccl = init->nccl;
-  const _Atomic int* stop = init->stop; /* a split's parent team's abort word, or NULL */
+  /* a split's parent team's abort word, or NULL: ends the waits for the ranks below */
+  const _Atomic int* stop = init->stop;
   if (adopt) init->nccl = NULL;
   sbnResult_t r = sbnSuccess;
   int prev = 0, dev = -1;
@@ -271,7 +270,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
      wait for this rank in a collective) */
   const int mode = transport_from_env();
   const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
-  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, stop);
+  ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     if (adopt) sbn_nccl.CommAbort(nccl);
     return nccl_fail(nccl, nr, "ncclCommCuDevice");
@@ -632,11 +631,12 @@ static const sbn_team_ops_t nccl_team_ops =
 
 /* This process's rank of a team made from `nccl` (adopt: the team takes it as its own;
    otherwise it makes its own duplicate). stop: a split's parent team's abort word, which
-   ends the init's waits, or NULL. */
+   ends the init's waits for its ranks (its agreements, the window's registration), or
+   NULL. */
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic int* stop,
                                const sbn_cfg_t* cfg, sbnComm_t* out) {
   int nranks = 0, rank = 0;
-  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000, stop);
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000);
   if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
     r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
   if (r == sbnSuccess) {
