@@ -1,9 +1,9 @@
 /* json.c — the one JSON writer (--json FILE), for both modes. A regular file is written whole
  * after every row (a temporary file beside it, renamed over it: valid JSON at any moment, a
  * run cut short leaves the rows it finished); anything else (a pipe) once, at the end. The
- * schema, schema 4 (every key always present; null where the mode has no value):
+ * schema, schema 5 (every key always present; null where the mode has no value):
  *
- * Top level: schema 4, complete (false while the run goes on, or when it was cut short),
+ * Top level: schema 5, complete (false while the run goes on, or when it was cut short),
  *   rows_planned, latency_planned, inference_planned (the rows the run meant to write), tool
  *   "sbn-bench", library_version "0.1.0", commit, date (UTC, ISO 8601), mode "cpu" | "gpu",
  *   why_cpu (CPU mode: why not the GPU; null in GPU mode), path (the path under test:
@@ -28,7 +28,7 @@
  *   mode: the W list; CPU mode: the team size, a number), latency_ranks [1..max W] ([] in
  *   CPU mode), scale, warmup, iters, l2_flush_bytes (null in CPU mode), check_channels,
  *   grad_mode "global" | "local" (CPU mode: the library's default), timing, shapes_source,
- *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, half},
+ *   bytes, floors and ratio (the formulas, as text), tolerance {stat, fp32, fp16, bf16},
  *   tolerance_sums {depth, u, formula} (the bound of dweight and dbias: check.c),
  *   tolerance_cudnn {stat, fp32, half, sums}, inference_formula (the bytes, floor and x_copy
  *   of the inference rows, as text), inference_running_stats (the running statistics the
@@ -87,7 +87,9 @@
  * latency_planned (a file may hold part of a run), tolerance_sums and tolerance_cudnn.sums;
  * rows and latency hold the finished rows only. Schema 4 adds the inference table:
  * inference_planned, inference_formula, inference_running_stats, inference_target and
- * inference (finished rows only); every key of schema 3 is unchanged. */
+ * inference (finished rows only); every key of schema 3 is unchanged. Schema 5: tolerance's
+ * half (fp16 and bf16 alike, 1e-2) is fp16 (2e-3) and bf16 (1e-2); tolerance_cudnn keeps half;
+ * nothing else changed. */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include <errno.h>
 #include <inttypes.h>
@@ -379,7 +381,7 @@ static void json_emit(FILE* f, const bench_opts_t* o, const bench_run_t* run,
   int nlat = 0;
   for (int i = 0; i < res->nlat; i++) nlat += res->lat[i].shape != NULL;
   fprintf(f,
-          "{\n  \"schema\": 4,\n  \"complete\": %s,\n  \"rows_planned\": %d,\n"
+          "{\n  \"schema\": 5,\n  \"complete\": %s,\n  \"rows_planned\": %d,\n"
           "  \"latency_planned\": %d,\n  \"inference_planned\": %d,\n  \"tool\": \"sbn-bench\",\n"
           "  \"library_version\": ",
           complete ? "true" : "false", res->nrows, nlat, res->ninf);

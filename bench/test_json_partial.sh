@@ -43,7 +43,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
 problems = []
-if d.get("schema") != 4: problems.append(f"schema {d.get('schema')}, expected 4")
+if d.get("schema") != 5: problems.append(f"schema {d.get('schema')}, expected 5")
 if not isinstance(d.get("inference"), list): problems.append("no inference list")
 # CPU mode: one inference row per main row (every shape x dtype x layout at W = 1)
 if d.get("inference_planned") != d.get("rows_planned"):

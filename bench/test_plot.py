@@ -185,9 +185,9 @@ def test_sbn_bench_floors(d):
     """The floors of sbn-bench's CPU-mode JSON: there in every row, the values of the
     definition (asserted here, independently of bench/floors.c)."""
     rows = d.get("rows", [])
-    check(d.get("schema") == 4 and d.get("mode") == "cpu" and len(rows) == 8 and
+    check(d.get("schema") == 5 and d.get("mode") == "cpu" and len(rows) == 8 and
           d.get("complete") is True and d.get("rows_planned") == 8,
-          "sbn-bench JSON: schema 4, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
+          "sbn-bench JSON: schema 5, CPU mode, complete, 8 rows (2 shapes x 2 dtypes x 2 layouts)")
     check(all(SCHEMA2_ROW_KEYS <= set(x) for x in rows), "sbn-bench CPU rows have every schema-2 row key")
     ok = True
     for x in rows:
