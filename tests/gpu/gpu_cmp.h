@@ -49,7 +49,8 @@ static const char* dt_name(sbnDataType_t dt) {
    margin of one), plus an absolute 1e-5: near y == 0 the dtype's ulp is tiny (fp16
    subnormals, 6e-8) while the fp32 value carries an absolute error of a few ulps of its
    largest term (~10 -> ~4e-6), which rounding cannot remove. This is 1-2 orders tighter
-   than the 1e-2 relative that the dtype outputs get against the double reference. */
+   than the 2e-3 (fp16) and 1e-2 (bf16) relative that the dtype outputs get against the
+   double reference. */
 #define GC_HALF_ULPS 2.0
 #define GC_HALF_ATOL 1e-5
 /* dweight and dbias are fp32 sums of a rank's (local) or the team's (global) terms

@@ -33,7 +33,8 @@ void cudart_stub_set_capturing(int on);
 void cudart_stub_set_events_pending(int on);
 /* From here (while `on`) the streams made never finish their work: cudaStreamQuery says
    cudaErrorNotReady for them, as for a stream behind a collective that waits for a peer
-   (up to 16 such streams; the older ones finish as before). */
+   (the first 16 such streams; those made after them finish as before; cudaStreamSynchronize
+   does not wait for them). */
 void cudart_stub_set_new_streams_pending(int on);
 /* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
    (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
