@@ -198,6 +198,10 @@ SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
    an NCCL team's own (nccl_team.c) call them and do its part. */
 SBN_INTERNAL void sbn_gpu_detach(sbn_team_t* team);
 SBN_INTERNAL sbnResult_t sbn_gpu_poll(const sbn_team_t* team);
+/* The failure the team's error words hold (kernels', or a peer's pushed through the
+   window; the cause before the sbnAborted of the ranks it aborted), sbnSuccess if none:
+   sbn_gpu_poll's, without its watchdog. */
+SBN_INTERNAL sbnResult_t sbn_gpu_err_words(const struct sbn_gpu_team* gt);
 /* The host's abort reaches this process's kernels (sbn_gpu_stop_ranks). */
 SBN_INTERNAL void sbn_gpu_abort(sbn_team_t* team);
 SBN_INTERNAL const char* sbn_gpu_transport(const sbn_team_t* team);

@@ -456,6 +456,17 @@ sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt) {
   return sbnSuccess;
 }
 
+sbnResult_t sbn_gpu_err_words(const struct sbn_gpu_team* gt) {
+  sbnResult_t worst = sbnSuccess;
+  if (gt->err == NULL) return worst; /* (a team whose attach failed before making them) */
+  for (int q = 0; q <= gt->nranks; q++) {
+    int v = __atomic_load_n(&gt->err[q], __ATOMIC_SEQ_CST);
+    /* the cause (timeout, mismatch, count of 1) before the ranks it aborted */
+    if (v != 0 && (worst == sbnSuccess || worst == sbnAborted)) worst = (sbnResult_t)v;
+  }
+  return worst;
+}
+
 sbnResult_t sbn_gpu_poll(const sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
   /* the watchdog thread aborts stuck collectives; polling only reads the error words, so it
@@ -463,13 +474,7 @@ sbnResult_t sbn_gpu_poll(const sbn_team_t* team) {
      the team has no such thread (above), the watchdog runs here, and an abort it makes
      waits (bounded by the timeout) for its copies into the stop words. */
   if (!gt->watchdog_ok) host_watchdog(gt);
-  sbnResult_t worst = sbnSuccess;
-  for (int q = 0; q <= gt->nranks; q++) {
-    int v = __atomic_load_n(&gt->err[q], __ATOMIC_SEQ_CST);
-    /* the cause (timeout, mismatch, count of 1) before the ranks it aborted */
-    if (v != 0 && (worst == sbnSuccess || worst == sbnAborted)) worst = (sbnResult_t)v;
-  }
-  return worst;
+  return sbn_gpu_err_words(gt);
 }
 
 const char* sbn_gpu_transport(const sbn_team_t* team) {

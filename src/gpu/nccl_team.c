@@ -457,15 +457,6 @@ out:
   return sbnSuccess;
 }
 
-/* Whether a kernel of the team reported a failure in its error words (sbn_gpu_poll's
-   words: its own, or a peer's pushed through the window). */
-static int kernel_failed(const struct sbn_gpu_team* gt) {
-  if (gt->err == NULL) return 0;
-  for (int q = 0; q <= gt->nranks; q++)
-    if (__atomic_load_n(&gt->err[q], __ATOMIC_SEQ_CST) != 0) return 1;
-  return 0;
-}
-
 /* The NCCL team's part of sbn_gpu_team_free: releases the window and the team's comm
    (finalized and destroyed, or aborted when the team was, or when a kernel reported a
    failure by the time the device is idle: its peers may never make the collective calls). */
@@ -483,7 +474,7 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
      counts as aborted, as reading it would have made it, and the collective teardown below
      (the window's deregistration, ncclCommFinalize) would wait the timeout out for the
      peer that failed */
-  aborted |= kernel_failed(gt);
+  aborted |= sbn_gpu_err_words(gt) != sbnSuccess;
   if (comm != NULL && !dead) {
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
     ncclResult_t nr = ncclSuccess;
