@@ -198,6 +198,10 @@ static const void* dx_result(const rank_op_t* o) {
 #define OUT_TOL_F32 1e-4
 #define OUT_TOL_F16 2e-3
 #define OUT_TOL_BF16 1e-2
+/* The outputs' (y, dx) tolerance of dtype dt. */
+static double out_tol(sbnDataType_t dt) {
+  return dt == sbnFloat32 ? OUT_TOL_F32 : dt == sbnFloat16 ? OUT_TOL_F16 : OUT_TOL_BF16;
+}
 #define GRAD_TOL 1e-4
 
 typedef struct {
@@ -265,7 +269,7 @@ static int check_forward(const char* part, const spec_t* s, int r, const team_da
     failf(part, s->k, r, "num_batches_tracked %lld, expected %lld", (long long)o->nbt, (long long)s->nbt0 + 1);
     bad++;
   }
-  double tol = s->dt == sbnFloat32 ? OUT_TOL_F32 : s->dt == sbnFloat16 ? OUT_TOL_F16 : OUT_TOL_BF16;
+  double tol = out_tol(s->dt);
   int64_t ne = sbn_ref_numel(&o->d);
   for (int64_t i = 0; i < ne; i++) {
     double got = sbn_ref_load(o->y, s->dt, i);
@@ -318,9 +322,7 @@ static int check_backward(const char* part, const spec_t* s, int r, const team_d
     }
   }
   if (!o->dx_null) {
-    double tol = s->dt == sbnFloat32   ? OUT_TOL_F32
-                 : s->dt == sbnFloat16 ? OUT_TOL_F16
-                                       : OUT_TOL_BF16;
+    double tol = out_tol(s->dt);
     int64_t ne = sbn_ref_numel(&o->d);
     for (int64_t i = 0; i < ne; i++) {
       double got = sbn_ref_load(dx_result(o), s->dt, i);
