@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Tests of bench/targets.py (issue 13's and 51's targets) on files made here: each target's
+comparison at its boundary, the on-chip fit (the backward's inputs are x and dy), which files
+count, a cell judged once, the exchange only between rows of the same kernel, and the exit
+codes. No torch.
+
+    python3 bench/test_targets.py [TARGETS_PY]
+
+TARGETS_PY: the script to test (a mutant's path; by default the one beside this file).
+"""
+
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = sys.argv.pop(1) if len(sys.argv) > 1 else os.path.join(HERE, "targets.py")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+_spec = importlib.util.spec_from_file_location("targets_under_test", SCRIPT)
+tg = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tg)
+
+L2 = 100  # bytes: the device's L2 in these files
+
+
+def op(us, fa=None, fb=None):
+    return {"us_median": us, "floor_a_us": fa, "floor_b_us": fb}
+
+
+def brow(path, shape="S2", fwd=10.0, bwd=20.0, ranks=1, dtype="fp32", layout="NCHW", bytes_x=40,
+         fa=(1.0, 1.0), fb=(1.0, 1.0), kernel="stream", wrong=0, error=None, epilogue=None):
+    r = {"path": path, "shape": shape, "dtype": dtype, "layout": layout, "ranks": ranks,
+         "bytes_x_total": bytes_x, "kernel": {"fwd": kernel, "bwd": kernel},
+         "fwd": op(fwd, fa[0], fb[0]), "bwd": op(bwd, fa[1], fb[1]), "wrong": wrong, "error": error}
+    if epilogue:
+        r["epilogue"] = epilogue
+    return r
+
+
+def bench(rows, latency=(), inference=(), env=None, epilogue="none", l2=L2):
+    return {"tool": "sbn-bench", "mode": "gpu", "epilogue": epilogue, "sbn_kernel_env": env,
+            "sbn_algo_env": None, "device": {"l2_bytes": l2}, "complete": True,
+            "inference_target": 1.1, "rows": list(rows), "latency": list(latency),
+            "inference": list(inference)}
+
+
+def files(*tops):
+    return [{"path": f"f{i}.json", "kind": tg.kind_of(t), "top": t} for i, t in enumerate(tops)]
+
+
+def judged(tops, target):
+    return tg.judge(files(*tops)).v[target]
+
+
+def one(tops, target, label):
+    v = [x for x in judged(tops, target) if x["label"] == label]
+    assert len(v) == 1, (label, [x["label"] for x in judged(tops, target)])
+    return v[0]
+
+
+class Floor(unittest.TestCase):
+    def test_bound_at_its_edge_and_the_fit(self):
+        # x 60 of an L2 of 100: the forward's input fits (floor (b)), the backward's x and dy
+        # (120) do not (floor (a))
+        r = brow("coop", fwd=1.15 * 6.0, bwd=1.25 * 10.0, bytes_x=60, fa=(9.0, 10.0), fb=(6.0, 8.0))
+        f = one([bench([r])], "floor", "S2 fp32 NCHW W1 fwd")
+        self.assertTrue(f["met"])
+        self.assertIn("floor (b)", f["text"])
+        b = one([bench([r])], "floor", "S2 fp32 NCHW W1 bwd")
+        self.assertTrue(b["met"], b)
+        self.assertIn("floor (a)", b["text"])
+        r2 = brow("coop", fwd=1.15 * 6.0 * 1.001, bwd=1.25 * 10.0 * 1.001, bytes_x=60,
+                  fa=(9.0, 10.0), fb=(6.0, 8.0))
+        self.assertFalse(one([bench([r2])], "floor", "S2 fp32 NCHW W1 fwd")["met"])
+        self.assertFalse(one([bench([r2])], "floor", "S2 fp32 NCHW W1 bwd")["met"])
+
+    def test_inputs_at_the_l2_fit(self):
+        r = brow("coop", bytes_x=L2 // 2, fwd=2.0, bwd=2.0, fa=(1.0, 1.0), fb=(2.0, 2.0))
+        self.assertIn("floor (b)", one([bench([r])], "floor", "S2 fp32 NCHW W1 bwd")["text"])
+        r = brow("coop", bytes_x=L2 // 2 + 1, fwd=2.0, bwd=2.0, fa=(1.0, 1.0), fb=(2.0, 2.0))
+        self.assertIn("floor (a)", one([bench([r])], "floor", "S2 fp32 NCHW W1 bwd")["text"])
+
+    def test_s10_and_other_paths_are_not_judged(self):
+        v = judged([bench([brow("coop", shape="S10"), brow("nccl"), brow("cudnn")])], "floor")
+        self.assertEqual(v, [])
+
+    def test_no_l2_no_verdict(self):
+        out = tg.judge(files(bench([brow("coop")], l2=None)))
+        self.assertEqual(out.v["floor"], [])
+        self.assertTrue(out.notes["floor"])
+
+    def test_only_the_plain_op_as_users_run_it(self):
+        r = brow("coop", fwd=100.0)
+        self.assertEqual(judged([bench([r], env="stream")], "floor"), [])
+        self.assertEqual(judged([bench([r], epilogue="relu")], "floor"), [])
+        self.assertEqual(len(judged([bench([r])], "floor")), 2)
+
+    def test_a_cell_is_judged_once_from_the_first_file(self):
+        a = bench([brow("coop", fwd=1.0, bwd=1.0)])
+        b = bench([brow("coop", fwd=100.0, bwd=100.0)])
+        v = judged([a, b], "floor")
+        self.assertEqual(len(v), 2)
+        self.assertTrue(all(x["met"] and x["src"] == "f0.json" for x in v))
+
+    def test_a_wrong_row_is_no_comparison(self):
+        self.assertEqual(judged([bench([brow("coop", wrong=1)])], "floor"), [])
+
+
+class Ratios(unittest.TestCase):
+    def test_cudnn_needs_more_where_the_inputs_fit(self):
+        fit = [brow("coop", bytes_x=40), brow("cudnn", fwd=13.0, bwd=12.999, bytes_x=40)]
+        self.assertTrue(one([bench(fit)], "cudnn", "S2 fp32 NCHW W1 fwd")["met"])  # 1.3
+        self.assertFalse(one([bench(fit)], "cudnn", "S2 fp32 NCHW W1 bwd")["met"])  # 0.65
+        # x 80: the forward's input fits (1.3), the backward's x and dy (160) do not (1.0)
+        big = [brow("coop", bytes_x=80), brow("cudnn", fwd=12.99, bwd=20.0, bytes_x=80)]
+        f, b = (one([bench(big)], "cudnn", "S2 fp32 NCHW W1 " + o) for o in ("fwd", "bwd"))
+        self.assertEqual((f["bound"], f["met"]), (1.3, False))
+        self.assertEqual((b["bound"], b["met"]), (1.0, True))
+        big[1]["bwd"]["us_median"] = 19.99
+        self.assertFalse(one([bench(big)], "cudnn", "S2 fp32 NCHW W1 bwd")["met"])
+
+    def test_cudnn_only_at_w1(self):
+        rows = [brow("coop", ranks=8), brow("cudnn")]
+        self.assertEqual([x["label"] for x in judged([bench(rows)], "cudnn")], [])
+
+    def test_nccl_at_the_same_w_and_s10(self):
+        rows = [brow("coop", ranks=8, bytes_x=400), brow("nccl", ranks=8, fwd=10.5, bwd=20.0, bytes_x=400),
+                brow("nccl", ranks=1, fwd=1000.0, bwd=1000.0, bytes_x=400),
+                brow("coop", shape="S10", fwd=1.0, bwd=1.0), brow("nccl", shape="S10", fwd=3.0, bwd=2.99)]
+        v = {x["label"]: x for x in judged([bench(rows)], "nccl")}
+        self.assertTrue(v["S2 fp32 NCHW W8 fwd"]["met"])  # 1.05, W = 8's own row
+        self.assertFalse(v["S2 fp32 NCHW W8 bwd"]["met"])
+        self.assertTrue(v["S10 fp32 NCHW W1 fwd"]["met"])
+        self.assertFalse(v["S10 fp32 NCHW W1 bwd"]["met"])
+        self.assertEqual(v["S10 fp32 NCHW W1 fwd"]["bound"], 3.0)
+
+    def test_pytorch_from_its_own_file(self):
+        coop = bench([brow("coop", bytes_x=80)])  # forward fits, backward does not
+        seq = {"tool": "torch_baseline", "rows": [
+            brow("torch_syncbn", fwd=18.0, bwd=22.99, bytes_x=80),
+            brow("torch_syncbn", fwd=1.0, bwd=1.0, bytes_x=80, epilogue="relu")]}
+        v = {x["label"]: x for x in judged([coop, seq], "pytorch")}
+        self.assertEqual(set(v), {"S2 fp32 NCHW fwd", "S2 fp32 NCHW bwd"})
+        self.assertTrue(v["S2 fp32 NCHW fwd"]["met"])  # 1.8
+        self.assertFalse(v["S2 fp32 NCHW bwd"]["met"])  # 1.1495 < 1.15
+
+
+class Latency(unittest.TestCase):
+    def test_s10(self):
+        ok = brow("coop", shape="S10", fwd=6.0, bwd=4.0)
+        self.assertTrue(one([bench([ok])], "s10", "S10 fp32 NCHW W1")["met"])
+        no = brow("coop", shape="S10", fwd=6.0, bwd=4.01)
+        self.assertFalse(one([bench([no])], "s10", "S10 fp32 NCHW W1")["met"])
+
+    def test_exchange_between_rows_of_one_kernel(self):
+        lat = [brow("coop", shape="tiny", fwd=6.0, bwd=6.0, kernel="small"),
+               brow("coop", shape="tiny", fwd=16.0, bwd=16.0, ranks=8, kernel="stream")]
+        out = tg.judge(files(bench([], latency=lat)))
+        self.assertEqual(out.v["exchange"], [])  # small at W = 1, stream at 8: no pair
+        self.assertTrue(out.notes["exchange"])
+        lat = [brow("coop", shape="tiny", fwd=12.0, bwd=9.0),
+               brow("coop", shape="tiny", fwd=14.0, bwd=11.01, ranks=8),
+               brow("coop", shape="tiny", fwd=99.0, bwd=99.0, ranks=9)]  # beyond W = 8
+        v = {x["label"]: x for x in judged([bench([], latency=lat, env="stream")], "exchange")}
+        self.assertEqual(set(v), {"tiny fp32 NCHW W8 fwd SBN_KERNEL=stream (stream)",
+                                  "tiny fp32 NCHW W8 bwd SBN_KERNEL=stream (stream)"})
+        self.assertTrue(v["tiny fp32 NCHW W8 fwd SBN_KERNEL=stream (stream)"]["met"])
+        self.assertFalse(v["tiny fp32 NCHW W8 bwd SBN_KERNEL=stream (stream)"]["met"])
+
+    def test_inference(self):
+        inf = [{"path": "coop", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.1,
+                "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
+               {"path": "coop", "shape": "S8", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.1001,
+                "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
+               {"path": "cudnn", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 9.0,
+                "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0}]
+        v = {x["label"]: x["met"] for x in judged([bench([], inference=inf)], "inference")}
+        self.assertEqual(v, {"S5 fp32 NCHW": True, "S8 fp32 NCHW": False})
+
+
+class Fused(unittest.TestCase):
+    def test_split_over_fused(self):
+        rows = [brow("coop", epilogue="relu"), brow("split", fwd=13.0, epilogue="relu"),
+                brow("coop", shape="S3", epilogue="relu"), brow("split", shape="S3", fwd=12.99, epilogue="relu")]
+        v = {x["label"]: x["met"] for x in judged([bench(rows, epilogue="relu")], "fused")}
+        self.assertEqual(v, {"S2 fp32 NCHW W1 fwd relu": True, "S3 fp32 NCHW W1 fwd relu": False})
+
+    def test_memory(self):
+        mem = {"meta": {}, "rows": [
+            {"model": "unfused", "inplace_layers": 0, "ratio": 1.0, "bytes": 100},
+            {"model": "fused in-place", "inplace_layers": 8, "ratio": 0.6, "bytes": 60},
+            {"model": "fused in-place, leaky", "inplace_layers": 12, "ratio": 0.61, "bytes": 61}]}
+        v = {x["label"]: x["met"] for x in judged([mem], "memory")}
+        self.assertEqual(v, {"fused in-place": True, "fused in-place, leaky": False})
+
+    def test_wrong(self):
+        top = bench([brow("coop"), brow("nccl", wrong=2), brow("cudnn", error="boom")])
+        v = judged([top], "wrong")
+        self.assertEqual(sorted((x["label"], x["met"]) for x in v),
+                         [("cudnn S2 fp32 NCHW W1 (rows)", False), ("nccl S2 fp32 NCHW W1 (rows)", False)])
+        self.assertTrue(all(x["met"] for x in judged([bench([brow("coop")])], "wrong")))
+
+
+class Command(unittest.TestCase):
+    def run_main(self, argv):
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            rc = tg.main(argv)
+        return rc, buf.getvalue()
+
+    def test_exit_codes_and_summary(self):
+        with tempfile.TemporaryDirectory() as d:
+            good, bad = os.path.join(d, "bench.json"), os.path.join(d, "other.json")
+            with open(good, "w") as f:
+                json.dump(bench([brow("coop"), brow("cudnn", fwd=20.0, bwd=40.0)]), f)
+            with open(bad, "w") as f:
+                json.dump({"rows": []}, f)
+            rc, text = self.run_main([good])
+            self.assertEqual(rc, 0)
+            self.assertIn("## floor", text)
+            self.assertIn("cudnn      met by 2 of 2", text)
+            rc, text = self.run_main(["--summary", good])
+            self.assertEqual(rc, 0)
+            self.assertNotIn("## floor", text)
+            self.assertIn("floor      met by 0 of 2", text)
+            self.assertIn("wrong      1 file(s) with every row right; 0 row(s) wrong or failed", text)
+            self.assertEqual(self.run_main([good, bad])[0], 2)
+            self.assertEqual(self.run_main([os.path.join(d, "none.json")])[0], 2)
+            self.assertEqual(self.run_main([])[0], 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
