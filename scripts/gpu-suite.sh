@@ -10,12 +10,12 @@
 #       naming them relative to DIR (scripts/prebuilt_ctest.py), the bench's Python scripts,
 #       the compute-sanitizer suppressions, this script, BUILD-INFO. DIR runs from any path.
 #   DIR/gpu-suite.sh [OUTDIR] [steps...]       on the GPU machine, in a prebuilt folder: no
-#       build; steps env probe test sanitize bench native torch pytorch plot, each under a time
+#       build; steps env probe test sanitize bench native torch pytorch plot targets, each under a time
 #       limit so that the whole ends within 9 minutes (LIMITS below), the sanitizers on the quick case lists,
 #       sbn-bench --quick. OUTDIR (default ./gpu-out) then holds summary.txt and
 #       gpu-suite.tar.gz (every step's log, the JSON, the charts, results.md).
 #   scripts/gpu-suite.sh [OUTDIR] [steps...]   on a GPU machine, from a source tree: steps
-#       env build probe test sanitize bench native torch pytorch plot; the build into build/gpu; the sanitizers
+#       env build probe test sanitize bench native torch pytorch plot targets; the build into build/gpu; the sanitizers
 #       on the full case lists; the bench's default run and its kernel variants. No limits.
 # (Two helpers for other scripts, below the functions: nccl-root, with-libs CMD.)
 #
@@ -59,6 +59,9 @@
 #             test_torch_gpu.py against that install (no SYNCBN_LIBRARY, no PYTHONPATH);
 #             pip-install.log
 #   plot      bench/plot.py: PNG charts + results.md from the JSON files (needs matplotlib)
+#   targets   bench/targets.py: issue 13's and 51's targets row by row from the steps' JSON
+#             (targets.txt; the summary, per target met by N of M, in the log); a report that
+#             fails only on a file it cannot read, or on no file at all
 # PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are found at run
 # time in the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON (their lib folders go
 # first on LD_LIBRARY_PATH), else where the loader finds them.
@@ -205,7 +208,7 @@ if [ -f "$HERE/BUILD-INFO" ]; then
   SBNLIB=$HERE/python/libsyncbn.so
   TORCHGPU=$HERE/python/test_torch_gpu.py
   SUPP=$HERE/sanitizer-supp.xml
-  DEFAULT_STEPS=(env probe test sanitize bench fused native torch pytorch plot)
+  DEFAULT_STEPS=(env probe test sanitize bench fused native torch pytorch plot targets)
   QUICK=1
 else
   PREBUILT=0
@@ -220,7 +223,7 @@ else
   SBNLIB=$BUILD/src/libsyncbn.so
   TORCHGPU=tests/python/test_torch_gpu.py
   SUPP=scripts/compute-sanitizer-supp.xml
-  DEFAULT_STEPS=(env build probe test sanitize bench fused native torch pytorch plot)
+  DEFAULT_STEPS=(env build probe test sanitize bench fused native torch pytorch plot targets)
   QUICK=${SBN_SUITE_QUICK:-0}
 fi
 # Seconds per step in a prebuilt run (9 minutes in all, and the archive is written after
@@ -243,7 +246,7 @@ fi
 # fewer on the GPU machine's 16),
 # then test_torch_gpu.py as in the pytorch step
 declare -A LIMITS=([env]=15 [probe]=30 [test]=200 [sanitize]=330 [bench]=80 [fused]=150 [native]=60 [torch]=150
-  [pytorch]=240 [plot]=20 [pip]=360)
+  [pytorch]=240 [plot]=20 [targets]=20 [pip]=360)
 
 OUTDIR=${1:-gpu-out}
 shift || true
@@ -385,9 +388,11 @@ step_bench() {
   SBN_KERNEL=stream SBN_INFER=plane "$BENCH" --gpu on "${quick[@]}" --only S2,S5 -w 1 --paths coop --layout NCHW \
     --json "$OUTDIR/bench-stream.json" || return 1
   # and stream where auto runs small (a team of one's ops of at most 64 rows: S10 and the
-  # latency rows at W = 1; E33): the kernel auto ran there before
-  echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S10 -w 1 --paths coop"
-  SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S10 -w 1 --paths coop \
+  # latency rows at W = 1; E33): the kernel auto ran there before; at W = 1 and 8, so that
+  # its latency rows (W = 1..8, stream at each) give the exchange's cost per rank, which
+  # bench.json's cannot (small at W = 1, stream above: bench/targets.py, exchange)
+  echo "+ SBN_KERNEL=stream sbn-bench --gpu on ${quick[*]} --only S10 -w 1,8 --paths coop"
+  SBN_KERNEL=stream "$BENCH" --gpu on "${quick[@]}" --only S10 -w 1,8 --paths coop \
     --json "$OUTDIR/bench-stream-s10.json"
 }
 
@@ -528,6 +533,19 @@ step_plot() {
   local files=()
   for f in "$OUTDIR/bench.json" "$OUTDIR/torch.json"; do [ -f "$f" ] && files+=("$f"); done
   "$PYTHON" "$PYDIR/plot.py" --out "$OUTDIR/plots" "${files[@]}"
+}
+
+step_targets() {
+  # the main bench file first (a cell several files hold is judged from the first), then
+  # the others that targets.py reads: the bench's variants, the fused step's, torch.json
+  local files=() f
+  for f in "$OUTDIR/bench.json" "$OUTDIR"/bench-*.json "$OUTDIR"/fused-*.json "$OUTDIR/torch.json"; do
+    [ -f "$f" ] && files+=("$f")
+  done
+  [ ${#files[@]} -gt 0 ] || { echo "targets: no JSON in $OUTDIR (the bench, fused and torch steps write it)"; return 1; }
+  "$PYTHON" "$PYDIR/targets.py" "${files[@]}" >"$OUTDIR/targets.txt" || return 1
+  echo "+ targets.py ${files[*]##*/} > targets.txt"
+  "$PYTHON" "$PYDIR/targets.py" --summary "${files[@]}"
 }
 
 declare -A RESULT
