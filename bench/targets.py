@@ -317,7 +317,7 @@ def judge_memory(files, out):
             q = r.get("ratio")
             if (r.get("inplace_layers") or 0) > 0 and isinstance(q, (int, float)):
                 out.at_most("memory", str(r.get("model")), q, MEMORY,
-                            f"{r.get('bytes', 0) / 2**20:.1f} MiB over the unfused model's",
+                            f"{r.get('bytes', 0) / 2**20:.1f} MiB of activation memory; q: over the unfused model's",
                             f["path"])
 
 
