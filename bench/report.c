@@ -358,9 +358,10 @@ void print_latency(const bench_row_t* lat, int lat_w) {
       "#\n# latency: fp32 NCHW, C=512; tiny = N=4, 1x1 per rank (like S10); empty = n=0 on "
       "every rank (the launches and the exchange, no data). Median us: GPU = CUDA events, "
       "host = the enqueueing calls; exch = empty(W) - empty(W=1) of the same path and kernel: "
-      "what the exchange with W-1 peers adds ('-' where W = 1 ran another kernel: auto runs "
-      "small for a team of one; SBN_KERNEL=stream times one kernel at every W); kernel: the "
-      "empty op's (forward/backward where they differ)\n");
+      "what the exchange with W-1 peers adds ('-' where W = 1 ran another kernel or team: auto "
+      "runs small for a team of one, SBN_KERNEL=stream times one kernel at every W; the nccl "
+      "path's W = 1 is an sbnCommInitAll team with NCCL's collective, its W > 1 virtual teams "
+      "with a gather kernel); kernel: the empty op's (forward/backward where they differ)\n");
   printf("#%9s", "");
   print_title("tiny", 35);
   print_title("empty", 35);
@@ -384,8 +385,11 @@ void print_latency(const bench_row_t* lat, int lat_w) {
       }
       const bench_row_t* e1 = lat_row(lat, 1, 1, p);
       for (int fwd = 1; fwd >= 0; fwd--) {
+        /* the same kernel and the same team (the row's note: the nccl path's W = 1 team is
+           an sbnCommInitAll one with NCCL's collective, its W > 1 teams virtual ones with a
+           gather kernel; both say "host") */
         if (W > 1 && row_timed(rq[1]) && row_timed(e1) &&
-            strcmp(rq[1]->kernel[fwd], e1->kernel[fwd]) == 0)
+            strcmp(rq[1]->kernel[fwd], e1->kernel[fwd]) == 0 && strcmp(rq[1]->note, e1->note) == 0)
           printf(" %7.1f", rq[1]->t[fwd].med - e1->t[fwd].med);
         else
           printf(" %7s", "-");

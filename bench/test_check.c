@@ -217,23 +217,37 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
 }
 
 /* (12) The latency table's exch (print_latency, to a file here): empty(W) - empty(1) only
-   where W = 1's empty op ran the same kernel ('-' for small at W = 1 against stream at
-   W = 2, whose difference is not the exchange's), and each empty row's kernel. */
+   where W = 1's empty op ran the same kernel on the same kind of team ('-' for small at W = 1
+   against stream at W = 2, and for the nccl path's sbnCommInitAll team of one against its
+   virtual team of two, both "host": neither difference is the exchange's), and each empty
+   row's kernel. */
 static void latency_exch(void) {
   static const bench_shape_t empty = {"empty", 0, 512, 1, 1, "test_check.c (latency)"};
-  for (int same = 0; same < 2; same++) {
+  static const struct {
+    int path;
+    const char *k1, *k2, *note1, *note2;
+    int exch; /* whether the W = 2 line shows the difference */
+  } cases[] = {
+      {BENCH_PATH_COOP, "small", "stream", "", "", 0},
+      {BENCH_PATH_COOP, "stream", "stream", "", "", 1},
+      {BENCH_PATH_NCCL, "host", "host", "sbnCommInitAll", "virtual", 0},
+      {BENCH_PATH_NCCL, "host", "host", "virtual", "virtual", 1},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const int p = cases[c].path;
     bench_row_t lat[2 * 2 * 2];
     memset(lat, 0, sizeof lat);
     for (int W = 1; W <= 2; W++) {
-      bench_row_t* r = lat_slot(lat, W, 1, BENCH_PATH_COOP);
+      bench_row_t* r = lat_slot(lat, W, 1, p);
       r->shape = &empty;
       r->W = W;
-      r->path = BENCH_PATH_COOP;
+      r->path = p;
       r->t[1].med = W == 1 ? 6.0 : 9.5; /* forward */
       r->t[0].med = W == 1 ? 5.0 : 8.0;
-      const char* k = W == 1 && !same ? "small" : "stream";
+      const char* k = W == 1 ? cases[c].k1 : cases[c].k2;
       snprintf(r->kernel[1], sizeof r->kernel[1], "%s", k);
       snprintf(r->kernel[0], sizeof r->kernel[0], "%s", k);
+      snprintf(r->note, sizeof r->note, "%s", W == 1 ? cases[c].note1 : cases[c].note2);
     }
     char buf[4096] = "";
     FILE* f = tmpfile();
@@ -251,17 +265,22 @@ static void latency_exch(void) {
     const size_t got = fread(buf, 1, sizeof buf - 1, f);
     buf[got] = '\0';
     fclose(f);
-    const char* w2 = strstr(buf, "\n   2 coop");
-    EXPECT(w2 != NULL, "latency: no W = 2 coop line in:\n%s", buf);
+    char head[32];
+    snprintf(head, sizeof head, "\n   2 %-5s", kPathNames[p]);
+    const char* w2 = strstr(buf, head);
+    EXPECT(w2 != NULL, "latency: no W = 2 %s line in:\n%s", kPathNames[p], buf);
     if (w2 == NULL) continue;
     char line[256];
     snprintf(line, sizeof line, "%.*s", (int)strcspn(w2 + 1, "\n"), w2 + 1);
     const int exch = strstr(line, "     3.5     3.0") != NULL,
               dash = strstr(line, "       -       -") != NULL;
-    EXPECT(same ? exch : dash && !exch, "latency, W = 1 %s: the W = 2 line is '%s'",
-           same ? "stream (exch 3.5 / 3.0 expected)" : "small ('-' expected)", line);
-    EXPECT(strstr(line, "stream") != NULL, "latency: the W = 2 line names no kernel: '%s'", line);
-    printf("latency exch, W = 1 %s: %s\n", same ? "stream" : "small", line);
+    EXPECT(cases[c].exch ? exch : dash && !exch,
+           "latency, %s %s/%s at W = 1/2: the W = 2 line is '%s'", kPathNames[p], cases[c].k1,
+           cases[c].note1, line);
+    EXPECT(strstr(line, cases[c].k2) != NULL, "latency: the W = 2 line names no kernel: '%s'",
+           line);
+    printf("latency exch, %s %s (%s) at W = 1: %s\n", kPathNames[p], cases[c].k1, cases[c].note1,
+           line);
   }
 }
 
