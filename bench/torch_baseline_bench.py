@@ -12,7 +12,7 @@ import time
 
 from torch_baseline_ops import CudaOps, EmulatedOps
 from torch_baseline_util import (COPY_REPS, EPS, HOST_REF_CALLS, MAX_WRONG_PRINTED, MOMENTUM, TOL_F32,
-                                 TOL_HALF, copy_us, cuda_driver_version, fnv1a, median, num, nvidia_driver,
+                                 TOL_BF16, TOL_F16, copy_us, cuda_driver_version, fnv1a, median, num, nvidia_driver,
                                  times_stats, torch_own_bound)
 
 # ---- the benchmark (torch imported only here) ------------------------------------------------
@@ -582,7 +582,7 @@ class Bench:
                 "save_mean": mean, "save_invstd": invstd}
         if z is not None:
             refs["dz"] = dys
-        tol_out = TOL_F32 if dtype == "fp32" else TOL_HALF
+        tol_out = {"fp32": TOL_F32, "fp16": TOL_F16, "bf16": TOL_BF16}[dtype]
         for name, ref in refs.items():
             if name not in got:
                 continue

@@ -7,7 +7,11 @@ import subprocess
 import time
 
 TOL_F32 = 1e-4
-TOL_HALF = 1e-2
+# fp16 y and dx: 11 significant bits, a value rounded once is within 2^-11 (4.9e-4) of
+# the exact one; 2e-3 is ~4 of its ulps, as sbn-bench's (bench/check.c). bf16: 8 bits,
+# 2^-8 (3.9e-3); 1e-2 is ~2.5 of its ulps.
+TOL_F16 = 2e-3
+TOL_BF16 = 1e-2
 EPS = 1e-5
 MOMENTUM = 0.1
 COPY_REPS = 20
