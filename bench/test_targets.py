@@ -42,9 +42,9 @@ def brow(path, shape="S2", fwd=10.0, bwd=20.0, ranks=1, dtype="fp32", layout="NC
     return r
 
 
-def bench(rows, latency=(), inference=(), env=None, epilogue="none", l2=L2):
-    return {"tool": "sbn-bench", "mode": "gpu", "epilogue": epilogue, "sbn_kernel_env": env,
-            "sbn_algo_env": None, "device": {"l2_bytes": l2}, "complete": True,
+def bench(rows, latency=(), inference=(), env=None, epilogue="none", l2=L2, algo=None, mode="gpu"):
+    return {"tool": "sbn-bench", "mode": mode, "epilogue": epilogue, "sbn_kernel_env": env,
+            "sbn_algo_env": algo, "device": {"l2_bytes": l2}, "complete": True,
             "inference_target": 1.1, "rows": list(rows), "latency": list(latency),
             "inference": list(inference)}
 
@@ -98,6 +98,8 @@ class Floor(unittest.TestCase):
         r = brow("coop", fwd=100.0)
         self.assertEqual(judged([bench([r], env="stream")], "floor"), [])
         self.assertEqual(judged([bench([r], epilogue="relu")], "floor"), [])
+        self.assertEqual(judged([bench([r], algo="nccl")], "floor"), [])
+        self.assertEqual(judged([bench([r], mode="cpu")], "floor"), [])
         self.assertEqual(len(judged([bench([r])], "floor")), 2)
 
     def test_a_cell_is_judged_once_from_the_first_file(self):
@@ -140,14 +142,38 @@ class Ratios(unittest.TestCase):
         self.assertEqual(v["S10 fp32 NCHW W1 fwd"]["bound"], 3.0)
 
     def test_pytorch_from_its_own_file(self):
-        coop = bench([brow("coop", bytes_x=80)])  # forward fits, backward does not
-        seq = {"tool": "torch_baseline", "rows": [
+        coop = bench([brow("coop", bytes_x=80), brow("coop", shape="S10", fwd=1.0, bwd=1.0)])
+        # forward fits, backward does not; the fused layer's row first: not the plain op's
+        seq = {"tool": "torch_baseline", "mode": "gpu", "rows": [
+            brow("torch_syncbn", fwd=1.0, bwd=1.0, bytes_x=80, epilogue="relu"),
             brow("torch_syncbn", fwd=18.0, bwd=22.99, bytes_x=80),
-            brow("torch_syncbn", fwd=1.0, bwd=1.0, bytes_x=80, epilogue="relu")]}
+            brow("torch_syncbn", shape="S10", fwd=4.0, bwd=3.99)]}
         v = {x["label"]: x for x in judged([coop, seq], "pytorch")}
-        self.assertEqual(set(v), {"S2 fp32 NCHW fwd", "S2 fp32 NCHW bwd"})
+        self.assertEqual(set(v), {"S2 fp32 NCHW fwd", "S2 fp32 NCHW bwd", "S10 fp32 NCHW fwd",
+                                  "S10 fp32 NCHW bwd"})
         self.assertTrue(v["S2 fp32 NCHW fwd"]["met"])  # 1.8
         self.assertFalse(v["S2 fp32 NCHW bwd"]["met"])  # 1.1495 < 1.15
+        self.assertEqual((v["S10 fp32 NCHW fwd"]["bound"], v["S10 fp32 NCHW fwd"]["met"]), (4.0, True))
+        self.assertFalse(v["S10 fp32 NCHW bwd"]["met"])
+
+    def test_pytorch_dry_run_is_no_baseline(self):
+        coop = bench([brow("coop")])
+        seq = {"tool": "torch_baseline", "mode": "cpu-dryrun", "rows": [brow("torch_syncbn", fwd=1e4)]}
+        out = tg.judge(files(coop, seq))
+        self.assertEqual(out.v["pytorch"], [])
+        self.assertTrue(out.notes["pytorch"])
+
+    def test_cudnn_s10(self):
+        rows = [brow("coop", shape="S10", fwd=1.0, bwd=1.0),
+                brow("cudnn", shape="S10", fwd=1.3, bwd=1.29)]
+        v = {x["label"]: x for x in judged([bench(rows)], "cudnn")}
+        self.assertEqual((v["S10 fp32 NCHW W1 fwd"]["bound"], v["S10 fp32 NCHW W1 fwd"]["met"]), (1.3, True))
+        self.assertFalse(v["S10 fp32 NCHW W1 bwd"]["met"])
+
+    def test_a_failed_comparison_row_is_no_comparison(self):
+        rows = [brow("coop"), brow("cudnn", error="refused"), brow("nccl", wrong=1)]
+        self.assertEqual(judged([bench(rows)], "cudnn"), [])
+        self.assertEqual(judged([bench(rows)], "nccl"), [])
 
 
 class Latency(unittest.TestCase):
@@ -173,11 +199,11 @@ class Latency(unittest.TestCase):
         self.assertFalse(v["tiny fp32 NCHW W8 bwd SBN_KERNEL=stream (stream)"]["met"])
 
     def test_inference(self):
-        inf = [{"path": "coop", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.1,
+        inf = [{"path": "cudnn", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 9.0,
+                "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
+               {"path": "coop", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.1,
                 "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
                {"path": "coop", "shape": "S8", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.1001,
-                "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
-               {"path": "cudnn", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 9.0,
                 "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0}]
         v = {x["label"]: x["met"] for x in judged([bench([], inference=inf)], "inference")}
         self.assertEqual(v, {"S5 fp32 NCHW": True, "S8 fp32 NCHW": False})
@@ -197,6 +223,12 @@ class Fused(unittest.TestCase):
             {"model": "fused in-place, leaky", "inplace_layers": 12, "ratio": 0.61, "bytes": 61}]}
         v = {x["label"]: x["met"] for x in judged([mem], "memory")}
         self.assertEqual(v, {"fused in-place": True, "fused in-place, leaky": False})
+        # a model the library refused: a miss of both targets, not a row left out
+        mem["rows"][1] = {"model": "fused in-place", "inplace_layers": 8, "bytes": None, "error": "sbnNotSupported"}
+        v = {x["label"]: x["met"] for x in judged([mem], "memory")}
+        self.assertEqual(v, {"fused in-place": False, "fused in-place, leaky": False})
+        self.assertEqual([(x["label"], x["met"]) for x in judged([mem], "wrong")],
+                         [("model fused in-place (rows)", False)])
 
     def test_wrong(self):
         top = bench([brow("coop"), brow("nccl", wrong=2), brow("cudnn", error="boom")])
@@ -204,6 +236,17 @@ class Fused(unittest.TestCase):
         self.assertEqual(sorted((x["label"], x["met"]) for x in v),
                          [("cudnn S2 fp32 NCHW W1 (rows)", False), ("nccl S2 fp32 NCHW W1 (rows)", False)])
         self.assertTrue(all(x["met"] for x in judged([bench([brow("coop")])], "wrong")))
+        lat = [brow("coop", shape="tiny", wrong=1)]
+        inf = [{"path": "coop", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 1.0,
+                "error": "boom", "wrong": 0}]
+        v = judged([bench([brow("coop")], latency=lat, inference=inf)], "wrong")
+        self.assertEqual(sorted(x["label"] for x in v if not x["met"]),
+                         ["coop S5 fp32 NCHW (inference)", "coop tiny fp32 NCHW W1 (latency)"])
+        # torch_baseline's empty op that PyTorch rejects: reported there, not a failure
+        rejected = brow("torch_syncbn", shape="empty", error="ValueError: ...")
+        rejected["note"] = "PyTorch rejected the empty op: reported, not a failure"
+        top = {"tool": "torch_baseline", "mode": "gpu", "rows": [brow("torch_syncbn")], "latency": [rejected]}
+        self.assertEqual([(x["label"], x["met"]) for x in judged([top], "wrong")], [("1 rows", True)])
 
 
 class Command(unittest.TestCase):
@@ -229,6 +272,11 @@ class Command(unittest.TestCase):
             self.assertNotIn("## floor", text)
             self.assertIn("floor      met by 0 of 2", text)
             self.assertIn("wrong      1 file(s) with every row right; 0 row(s) wrong or failed", text)
+            part = os.path.join(d, "part.json")
+            with open(part, "w") as f:
+                json.dump(dict(bench([brow("coop")]), complete=False), f)
+            rc, text = self.run_main(["--summary", part])
+            self.assertIn("complete false", text)
             self.assertEqual(self.run_main([good, bad])[0], 2)
             self.assertEqual(self.run_main([os.path.join(d, "none.json")])[0], 2)
             self.assertEqual(self.run_main([])[0], 2)
