@@ -693,6 +693,20 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   const int checked = n == ops[0]->comm->team->nranks;
   /* the host-driven path takes the whole round too: one NCCL group, or one device */
   if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n, checked);
+  /* a peer team's ranks launch one by one: every rank's plan first, so that a refusal
+     (SBN_KERNEL=onchip where one rank's tensors do not fit on its GPU, or on ranks that
+     share a GPU) comes before any launch. Where the round holds the whole team, nothing
+     ran and no peer waits for it: the team stays usable. Otherwise a rank of another call
+     may have launched already and waits for this one: launch_ops aborts the team. */
+  for (int q = 0; q < n; q++) {
+    sbn_plan_t pl[1];
+    const sbnResult_t refused = plan_round(&ops[q], 1, pl);
+    if (refused == sbnSuccess) continue;
+    *failed = q;
+    if (!checked) return launch_ops(&ops[q], 1, checked);
+    sbn_note(ops[q]->comm, sbn_error_text(NULL));
+    return refused;
+  }
   sbnResult_t r = sbnSuccess;
   for (int q = 0; q < n && r == sbnSuccess; q++) {
     *failed = q;

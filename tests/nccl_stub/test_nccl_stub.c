@@ -19,7 +19,9 @@
  *     caller's comm left to the caller, the team's own comm aborted;
  *   - a rank whose init fails (each of its callocs and thread starts in turn) tells its
  *     peers through the agreement (the record's values), and leaves nothing behind; an
- *     sbnCommSplit fails on no rank before the parent's ncclCommSplit.
+ *     sbnCommSplit fails on no rank before the parent's ncclCommSplit;
+ *   - a group of an sbnCommInitAll team's ranks that one rank's plan refuses
+ *     (SBN_KERNEL=onchip) launches no kernel and leaves the team usable.
  * The kernels are no-ops here: no value is checked (the GPU suites do that).
  * Environment: the stand-in's (NCCL_STUB_POLLS, NCCL_STUB_RETURN) as CTest sets them. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
@@ -666,6 +668,70 @@ static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int
     return 0;
   }
   return cudart_stub_last_coop_grid();
+}
+
+/* One cooperative forward (fp32 NCHW, C 64, H*W 1024) of each rank of an sbnCommInitAll
+   team of two devices, rank r's batch n[r], in one group: its result and each rank's. */
+static sbnResult_t pair_forward(sbnComm_t comms[2], const int64_t n[2], sbnResult_t f[2]) {
+  const int64_t c = 64, sp = 1024;
+  void* p[2][8];
+  cudaStream_t s[2] = {NULL, NULL};
+  for (int r = 0; r < 2; r++) {
+    cudaSetDevice(r);
+    const size_t big = (size_t)(n[r] * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
+    for (int i = 0; i < 8; i++) p[r][i] = dalloc(i < 2 ? big : i == 7 ? sizeof(int64_t) : small);
+    cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
+  }
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  sbnGroupStart();
+  for (int r = 0; r < 2; r++) {
+    const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n[r], c, sp};
+    f[r] = sbnForwardTrain(comms[r], &d, p[r][0], p[r][1], NULL, NULL, p[r][2], p[r][3], p[r][7],
+                           p[r][4], p[r][5], NULL, s[r]);
+  }
+  const sbnResult_t ge = sbnGroupEnd();
+  if (ge != sbnSuccess) fprintf(stderr, "  sbnGroupEnd: %s\n", sbnGetLastError(NULL));
+  setenv("SBN_ALGO", "nccl", 1);
+  for (int r = 0; r < 2; r++) { /* a rank's kernel writes its peer's memory: both idle first */
+    cudaSetDevice(r);
+    cudaDeviceSynchronize();
+  }
+  for (int r = 0; r < 2; r++) {
+    cudaStreamDestroy(s[r]);
+    for (int i = 0; i < 8; i++) cudaFree(p[r][i]);
+  }
+  return ge;
+}
+
+/* SBN_KERNEL=onchip on an sbnCommInitAll team whose ranks' batches differ: rank 0's fits on
+   chip, rank 1's (64 times as large) does not. In one group, every rank's plan comes before
+   any launch: the group is refused (sbnUnsupported) with no kernel launched, and the team
+   stays usable: the next group, without SBN_KERNEL, runs. (Before, rank 0's kernel was
+   launched, then rank 1's refusal aborted the team for good.) */
+static void test_onchip_refusal_launches_nothing(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  const int64_t uneven[2] = {1, 64}, fits[2] = {1, 1};
+  sbnResult_t f[2];
+  setenv("SBN_KERNEL", "onchip", 1);
+  const sbnResult_t both_fit = pair_forward(comms, fits, f); /* rank 1's batch alone decides */
+  const int launched = cudart_stub_launches(NULL, 0);
+  cudart_stub_reset();
+  const sbnResult_t ge = pair_forward(comms, uneven, f);
+  unsetenv("SBN_KERNEL");
+  ASSERT_OK(both_fit);
+  ASSERT_EQ_INT(launched, 2);
+  ASSERT_EQ_INT(ge, sbnUnsupported);
+  ASSERT_TRUE(strstr(sbnGetLastError(NULL), "does not fit on chip") != NULL);
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 0);
+  ASSERT_OK(pair_forward(comms, uneven, f));
+  ASSERT_OK(f[0]);
+  ASSERT_OK(f[1]);
+  ASSERT_TRUE(cudart_stub_launches(NULL, 0) == 2);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_CLEAN();
 }
 
 /* A team whose ranks wait in-kernel for other GPUs leaves SMs free beside its cooperative
@@ -1566,6 +1632,7 @@ int main(void) {
   SBN_RUN(test_initall);
   SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_grid_leaves_sms_free);
+  SBN_RUN(test_onchip_refusal_launches_nothing);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
   SBN_RUN(test_stop_slots);
