@@ -23,6 +23,12 @@
  * hook) until rank 1 has run the forward and been destroyed; rank 0's forward must succeed.
  * test_poll_order_deadline_mutant, without the read after the abort, must fail it.
  *
+ * A wait that runs out aborts the team (sbnTimeout) whatever the peer does after the last
+ * read: test_own_timeout_at_deadline holds rank 0 at the same place until rank 1 has run the
+ * forward (and is not destroyed); rank 0's forward must say sbnTimeout (the team is aborted,
+ * its wait ran out), not succeed and leave the abort unsaid, which
+ * test_poll_order_own_timeout_mutant (the epoch's success taken whatever the abort) does.
+ *
  * And the hook counts a long wait's polls: test_long_wait_naps (a wait of 1 s naps longer
  * as it goes on), which test_poll_order_naps_mutant (naps of 20 us throughout) must fail.
  */
@@ -103,17 +109,18 @@ static sbnResult_t forward(rank_t* r) {
 }
 
 /* Rank 1's thread: once `go` is set (rank 0 waits in a hook), the same forward as rank 0,
-   then its destroy; then `gone`. */
+   then its destroy (unless keep); then `gone`. */
 typedef struct {
   rank_t* r;
   atomic_int *go, *gone;
+  int keep;
 } rank1_t;
 
 static void* rank1_main(void* arg) {
   rank1_t* a = (rank1_t*)arg;
   (void)wait_flag(a->go); /* (not set: the hook never held rank 0, which the test asserts) */
   a->r->fwd = forward(a->r);
-  a->r->destroy = sbnCommDestroy(a->r->comm);
+  if (!a->keep) a->r->destroy = sbnCommDestroy(a->r->comm);
   atomic_store(a->gone, 1);
   return NULL;
 }
@@ -141,10 +148,10 @@ static void say_results(const rank_t* rk, sbnComm_t comm0) {
    (rank 1 goes on if the hook never ran: the test's hook count then fails it), the join
    and the results' line. */
 static void run_pair(rank_t* rk, sbnComm_t* comms, int64_t timeout_ms, int* armed, atomic_int* go,
-                     atomic_int* gone) {
+                     atomic_int* gone, int keep) {
   team_pair(rk, comms, timeout_ms);
   pthread_t th;
-  rank1_t one = {&rk[1], go, gone};
+  rank1_t one = {&rk[1], go, gone, keep};
   ASSERT_TRUE(pthread_create(&th, NULL, rank1_main, &one) == 0);
   *armed = 1;
   rk[0].fwd = forward(&rk[0]);
@@ -159,7 +166,7 @@ static void team_stats_right(const rank_t* rk);
 static void test_destroy_between_reads(void) {
   static rank_t rk[W];
   sbnComm_t comms[W];
-  run_pair(rk, comms, 20000, &hook_armed, &in_hook, &rank1_gone);
+  run_pair(rk, comms, 20000, &hook_armed, &in_hook, &rank1_gone, 0);
   if (sbn_test_cur_failed_) return;
   /* the team is aborted now (rank 1 left): rank 0's next op says so, and writes nothing */
   float mean0[C], invstd0[C];
@@ -204,7 +211,7 @@ static void test_destroy_at_deadline(void) {
   static rank_t late[W];
   sbnComm_t comms[W];
   /* rank 0's wait runs out (100 ms); rank 1 starts only then */
-  run_pair(late, comms, 100, &deadline_armed, &in_deadline, &late_gone);
+  run_pair(late, comms, 100, &deadline_armed, &in_deadline, &late_gone, 0);
   if (sbn_test_cur_failed_) return;
   ASSERT_OK(sbnCommDestroy(comms[0]));
   /* the hook held rank 0 past its deadline while rank 1 finished: else this cannot fail */
@@ -214,6 +221,29 @@ static void test_destroy_at_deadline(void) {
   ASSERT_OK(late[1].destroy);
   ASSERT_OK(late[0].fwd);
   team_stats_right(late); /* rank 0 merged the records rank 1 saw */
+}
+
+/* Rank 0's wait runs out (100 ms) and rank 1 runs the forward only then, while the deadline
+   hook holds rank 0 between its last read and its abort; rank 1 stays. Rank 1's forward found
+   rank 0's record: it succeeds. Rank 0's abort (its own timeout) took effect: its forward
+   says sbnTimeout and writes nothing, and the team's next op on rank 1 says it was aborted. */
+static void test_own_timeout_at_deadline(void) {
+  static rank_t own[W];
+  sbnComm_t comms[W];
+  atomic_store(&deadline_stops, 0);
+  atomic_store(&in_deadline, 0);
+  atomic_store(&late_gone, 0);
+  run_pair(own, comms, 100, &deadline_armed, &in_deadline, &late_gone, 1);
+  if (sbn_test_cur_failed_) return;
+  const sbnResult_t next = forward(&own[1]);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_EQ_INT(atomic_load(&deadline_stops), 1); /* else this cannot fail */
+  ASSERT_EQ_INT(atomic_load(&deadline_saw_gone), 1);
+  ASSERT_OK(own[1].fwd);
+  ASSERT_RES(own[0].fwd, sbnTimeout);
+  for (int c = 0; c < C; c++) ASSERT_TRUE(isnan(own[0].mean[c])); /* nothing written */
+  ASSERT_RES(next, sbnAborted);
 }
 
 /* Rank 1's thread for test_long_wait_naps: its forward after delay_ms. */
@@ -265,6 +295,7 @@ int main(void) {
   unsetenv("SBN_TIMEOUT_MS");
   SBN_RUN(test_destroy_between_reads);
   SBN_RUN(test_destroy_at_deadline);
+  SBN_RUN(test_own_timeout_at_deadline);
   SBN_RUN(test_long_wait_naps);
   return sbn_test_exit();
 }

@@ -84,10 +84,14 @@ static sbnResult_t wait_epoch(sbn_team_t* t, const uint32_t* epoch, uint32_t k,
       DEADLINE_HOOK(epoch, k);
       sbn_team_abort(t, sbnTimeout);
       /* the abort word, then the epoch again, as above: the peer may have published,
-         finished and been destroyed since the epoch was read (test_poll_order holds a
-         rank here until that has happened) */
+         finished and been destroyed since the epoch was read, whose departure aborted the
+         team first: the op completes (test_poll_order holds a rank here until that has
+         happened). Where the abort that took effect is a timeout (this wait's), the team
+         is aborted whatever came since: the call says so (sbnTimeout), where it would
+         succeed and leave the team aborted unsaid. */
       reason = atomic_load_explicit(&t->abort_reason, memory_order_acquire);
-      if (__atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k) return sbnSuccess; /* published since */
+      if (reason != sbnTimeout && __atomic_load_n(epoch, __ATOMIC_ACQUIRE) == k)
+        return sbnSuccess; /* published since */
       *expired = 1;
       return (sbnResult_t)reason;
     }
