@@ -697,8 +697,9 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
      (SBN_KERNEL=onchip where one rank's tensors do not fit on its GPU, or on ranks that
      share a GPU) comes before any launch. Where the round holds the whole team, nothing
      ran and no peer waits for it: the team stays usable. Otherwise a rank of another call
-     may have launched already and waits for this one: launch_ops aborts the team. */
-  for (int q = 0; q < n; q++) {
+     may have launched already and waits for this one: launch_ops aborts the team. A lone
+     op (a team of one, or a rank's own call) plans as it launches: nothing before it. */
+  for (int q = 0; q < n && n > 1; q++) {
     sbn_plan_t pl[1];
     const sbnResult_t refused = plan_round(&ops[q], 1, pl);
     if (refused == sbnSuccess) continue;
