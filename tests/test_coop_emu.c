@@ -1521,8 +1521,8 @@ static void epi_free(emu_epi_t* ep) {
    ReLU with a residual, leaky ReLU, identity with a residual, the in-place backward
    (identity, leaky; without and with a residual: sbnBackwardInPlaceEx), ReLU alone; every
    dtype and layout, uneven and empty ranks, W up to 8, every
-   variant (stream, onchip, scalar; unit on a team of one's planes; small on a team of
-   one's ops of few rows, but for the in-place backward), virtual and per-rank
+   variant (stream, onchip, scalar; unit on a team of one's planes; small on ops of few
+   rows, a team of one's and a team's, but for the in-place backward), virtual and per-rank
    launches and the host path; then the host path, the per-rank launches, onchip and unit
    equal the virtual stream launch bitwise (y, dx, dz, dweight, dbias). */
 static void test_fused_vs_cpu(void) {
@@ -1589,10 +1589,13 @@ static void test_fused_vs_cpu(void) {
         if (how == EPI_PEER && cases[i].W == 1) continue;
         if (run == 5 && !(cases[i].W == 1 && cases[i].lay == sbnLayoutNCHW && cases[i].sp > 1))
           continue; /* unit: a team of one's planes (cases 0, 9 and 12-18 run it) */
-        if (run == 6 && !(cases[i].W == 1 && (cases[i].lay == sbnLayoutNHWC || cases[i].sp == 1) &&
-                          cases[i].n[0] * cases[i].sp <= SBN_SMALL_ROWS && !epis[k].recover))
-          continue; /* small: a team of one's ops of few rows (cases 10 and 11), not the
-                       in-place backward */
+        int64_t rows_max = 0; /* a rank's rows, the most */
+        for (int r = 0; r < cases[i].W; r++)
+          if (cases[i].n[r] * cases[i].sp > rows_max) rows_max = cases[i].n[r] * cases[i].sp;
+        if (run == 6 && !((cases[i].lay == sbnLayoutNHWC || cases[i].sp == 1) &&
+                          rows_max <= SBN_SMALL_ROWS && !epis[k].recover))
+          continue; /* small: ops of few rows (cases 10 and 11: a team of one's; 1 and 3: a
+                       team's, SBN_KERNEL=small's), not the in-place backward */
         team_t g, cpu;
         team_make(&g, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n,
                   cases[i].affine, 1, GEN_NORMAL, seed);
@@ -1609,11 +1612,12 @@ static void test_fused_vs_cpu(void) {
         emu_team_init(&e, cases[i].W, cases[i].G, 60000);
         emu_epi_t ep = {epis[k].act, 0.1f, epis[k].recover, {0}, {0}, {0}, 0};
         g_variant = var;
-        const int units_before = g_launched[SBN_VAR_UNIT], smalls_before = g_launched[SBN_VAR_SMALL];
+        const int small_var = cases[i].W == 1 ? SBN_VAR_SMALL : SBN_VAR_SMALL_TEAM;
+        const int units_before = g_launched[SBN_VAR_UNIT], smalls_before = g_launched[small_var];
         fused_run_and_check(&g, &cpu, &e, &ep, epis[k].z, how, &p, seed);
         g_variant = EMU_VAR_DEFAULT;
         if (run == 5) ASSERT_TRUE(g_launched[SBN_VAR_UNIT] >= units_before + 2); /* both ops */
-        if (run == 6) ASSERT_EQ_INT(g_launched[SBN_VAR_SMALL], smalls_before + 2);
+        if (run == 6) ASSERT_EQ_INT(g_launched[small_var], smalls_before + 2);
         for (int r = 0; r < cases[i].W && !sbn_test_cur_failed_; r++) {
           const size_t bytes = team_bytes(&g, r), cb = (size_t)cases[i].c * sizeof(float);
           const void* out[3] = {g.y[r], g.dx[r], ep.dz[r]};
