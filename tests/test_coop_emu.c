@@ -2069,6 +2069,75 @@ static void test_fused_aliasing(void) {
     }
 }
 
+/* The epilogue's aliasing on a team of one's kernels, unit (planes) and small (few rows),
+   as test_fused_aliasing's on stream and onchip: ReLU with z, y written over z; then the
+   backward with dz over dy (mode 0), dx over dy and dz over y (mode 1: y is the mask's
+   source, read before dz is written over it), or dz over x (mode 2: x is read again in
+   stage 5 after dz is known, so unit's stage 1 must not write dz there: dz_first); each
+   output bitwise the op's on separate buffers, and every op on the kernel asked for. */
+static void test_fused_aliasing_solo(void) {
+  static const int64_t n2[1] = {2}, n3[1] = {3};
+  static const struct {
+    int var;
+    sbnDataType_t dt;
+    sbnLayout_t lay;
+    int64_t c, sp;
+    const int64_t* n;
+    int G;
+  } k[] = {{SBN_VAR_UNIT, sbnFloat32, sbnLayoutNCHW, 3, 64, n2, 2},
+           {SBN_VAR_UNIT, sbnBFloat16, sbnLayoutNCHW, 3, 64, n2, 2},
+           {SBN_VAR_SMALL, sbnFloat16, sbnLayoutNHWC, 40, 5, n3, 2},
+           {SBN_VAR_SMALL, sbnFloat32, sbnLayoutNCHW, 33, 1, n3, 1}};
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+    for (int mode = 0; mode < 3; mode++) {
+      sbnParams_t p = SBN_PARAMS_DEFAULT;
+      team_t a, b;
+      team_make(&a, 1, k[i].dt, k[i].lay, k[i].c, k[i].sp, k[i].n, 1, 1, GEN_NORMAL, 6100 + i);
+      team_make(&b, 1, k[i].dt, k[i].lay, k[i].c, k[i].sp, k[i].n, 1, 1, GEN_NORMAL, 6100 + i);
+      emu_team_t ea, eb;
+      emu_team_init(&ea, 1, k[i].G, 60000);
+      emu_team_init(&eb, 1, k[i].G, 60000);
+      const size_t bytes = team_bytes(&a, 0), cb = (size_t)k[i].c * sizeof(float);
+      emu_epi_t pa = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
+      sbn_rng_t zr = {6200 + i};
+      pa.z[0] = gen_tensor(&a.d[0], &zr, GEN_NORMAL);
+      pa.dz[0] = malloc(bytes);
+      pa.y[0] = a.y[0];
+      memcpy(b.y[0], pa.z[0], bytes); /* b: y over z */
+      pb.z[0] = b.y[0];
+      pb.y[0] = b.y[0];
+      const int ran = g_launched[k[i].var];
+      g_variant = k[i].var;
+      g_epi = &pa;
+      emu_run_virtual(&ea, &a, 0, &p);
+      emu_run_virtual(&ea, &a, 1, &p);
+      g_epi = &pb;
+      emu_run_virtual(&eb, &b, 0, &p);
+      pb.dz[0] = mode == 0 ? b.dy[0] : mode == 1 ? b.y[0] : b.x[0];
+      g_opts = mode == 1 ? OPT_INPLACE : 0;
+      emu_run_virtual(&eb, &b, 1, &p);
+      g_opts = 0;
+      g_epi = NULL;
+      g_variant = EMU_VAR_DEFAULT;
+      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      ASSERT_EQ_INT(g_launched[k[i].var], ran + 4);
+      ASSERT_MEMEQ(pb.dz[0], pa.dz[0], bytes);
+      ASSERT_MEMEQ(mode == 1 ? b.dy[0] : b.dx[0], a.dx[0], bytes);
+      ASSERT_MEMEQ(b.dw[0], a.dw[0], cb);
+      ASSERT_MEMEQ(b.db[0], a.db[0], cb);
+      if (mode != 1) ASSERT_MEMEQ(b.y[0], a.y[0], bytes); /* (mode 1: dz is there now) */
+      epi_free(&pa);
+      emu_team_free(&ea);
+      emu_team_free(&eb);
+      team_free(&a);
+      team_free(&b);
+      if (sbn_test_cur_failed_) {
+        fprintf(stderr, "  case %zu, mode %d\n", i, mode);
+        return;
+      }
+    }
+}
+
 /* A virtual launch and separate per-rank launches run the same code: the same bits. */
 static void test_virtual_equals_peer(void) {
   static const int64_t n[2] = {2, 1};
@@ -5337,6 +5406,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_fused_bytes, 0);
   EMU_TEST(test_xmask_kernels, 0);
   EMU_TEST(test_fused_aliasing, 0);
+  EMU_TEST(test_fused_aliasing_solo, 0);
   EMU_TEST(test_fused_recover_aliasing, 0);
   EMU_TEST(test_emulated_semantics, 0);
   EMU_TEST(test_numeric_edges, 0);
