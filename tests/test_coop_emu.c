@@ -3794,7 +3794,8 @@ static void test_host_path_equals_coop(void) {
    test_small_vs_reference (kSmallCases) with at most EMU_MAXC channels (S10's 4 rows of
    1x1, 64 rows, 6 rows near 6e4 in fp16, 4 chunks in 2 blocks, idle blocks, the empty op,
    2 rows, one channel). Then the epilogue (ReLU with z, leaky ReLU, the
-   identity with z, leaky ReLU with z and dz) on two of them, against the CPU team
+   identity with z, leaky ReLU with z and dz) on four of them (fp32 S10, 64 rows of bf16,
+   6 rows of fp16, fp32 idle blocks), against the CPU team
    (fused_run_and_check) and the small kernel's bits (dz too). Each host op ran small's
    statistics kernel (g_host_small): the library's bits do not depend on SBN_ALGO
    (docs/USAGE.md, "Determinism"). A host path that takes stream's statistics on small's
@@ -3836,7 +3837,7 @@ static void test_host_path_equals_small(void) {
   static const struct {
     int act, z;
   } epis[] = {{SBN_ACT_RELU, 1}, {SBN_ACT_LEAKY, 0}, {SBN_ACT_IDENTITY, 1}, {SBN_ACT_LEAKY, 1}};
-  static const size_t fused_cases[] = {0, 4};
+  static const size_t fused_cases[] = {0, 1, 2, 4}; /* fp32, bf16, fp16, fp32 */
   for (size_t fi = 0; fi < sizeof fused_cases / sizeof fused_cases[0]; fi++)
     for (size_t k = 0; k < sizeof epis / sizeof epis[0]; k++) {
       const size_t i = fused_cases[fi];
