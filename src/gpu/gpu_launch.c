@@ -38,7 +38,12 @@ static sbnResult_t check_pointers(const sbn_op_t* op) {
     if (ps[i].p == NULL) continue;
     struct cudaPointerAttributes at;
     memset(&at, 0, sizeof at);
-    if (cudaPointerGetAttributes(&at, ps[i].p) != cudaSuccess) (void)cudaGetLastError();
+    const cudaError_t e = cudaPointerGetAttributes(&at, ps[i].p);
+    if (e != cudaSuccess) { /* the runtime's failure (CUDA 11 and later answer for host memory) */
+      (void)cudaGetLastError();
+      return sbn_fail(op->comm, sbnCudaError, "%s: cudaPointerGetAttributes(%s): %s",
+                      sbn_op_name(op->kind), ps[i].name, cudaGetErrorString(e));
+    }
     if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
       return sbn_fail(op->comm, sbnInvalidArgument,
                       "%s: %s (%p) is not device memory: a GPU team's tensors live on the "
@@ -426,8 +431,13 @@ static void fill_args(sbn_coop_args_t* a, const sbn_op_t* const* ops, int nops,
   a->G = pl->G;
   a->nchunks_max = gt->nchunks_max;
   a->hold_slots = pl->hold_slots;
+}
+
+/* What ran each rank's op (sbnCommGetKernel), once it has been launched. */
+static void note_kernel(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl) {
   for (int i = 0; i < nops; i++)
-    atomic_store(&ops[i]->comm->kernel, host ? "host" : plan_kernel_name(pl));
+    atomic_store(&ops[i]->comm->kernel,
+                 ops[0]->algo == SBN_ALGO_HOST ? "host" : plan_kernel_name(pl));
 }
 
 /* One launch of `fn` (cooperative or not) with the argument block. */
@@ -469,8 +479,10 @@ static cudaError_t host_stats(sbn_coop_args_t* a, int kind, int dt, const sbn_pl
    the work queued on the others' streams, and their streams wait for it. The cooperative
    kernel is one launch (all of a virtual team's ranks, or one rank). The host path's
    stages are one launch for a virtual team's ranks (one plan), one per rank otherwise
-   (each rank's own plan: tile and width may differ, so may the kernels). */
-static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl, int checked) {
+   (each rank's own plan: tile and width may differ, so may the kernels). *launched: set
+   once a kernel of the op is queued. */
+static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const sbn_plan_t* pl,
+                                     int checked, int* launched) {
   static _Thread_local sbn_coop_args_t a; /* 3.6 KB: not on the stack */
   const sbn_op_t* o0 = ops[0];
   struct sbn_gpu_team* gt = sbn_gpu(o0->comm->team);
@@ -497,12 +509,14 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     CU(launch(sbn_coop_kernel_ptr(kind, dt, pl[0].tile, pl[0].vec, pl[0].variant, sbn_args_epilogue(&a)),
               (unsigned)(nops * pl[0].G), 1, dyn, &a, s0),
        "cooperative launch (cudaLaunchKernelExC)");
+    *launched = 1;
   } else {
     const unsigned nch = (unsigned)((o0->desc.c + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
     const int per = gt->transport == SBN_TR_VIRTUAL ? nops : 1; /* ranks per launch */
     for (int i = 0; i < nops; i += per) {
       fill_args(&a, &ops[i], per, &pl[i], checked);
       CU(host_stats(&a, kind, dt, &pl[i], (unsigned)per, nch, s0), "host path: statistics kernel launch");
+      *launched = 1;
     }
     if (gt->nranks > 1) { /* in place of ncclAllGather: NCCL cannot have 2 ranks on a GPU */
       fill_args(&a, ops, nops, &pl[0], checked);
@@ -518,6 +532,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
          "host path: apply kernel launch");
     }
   }
+  note_kernel(ops, nops, &pl[0]);
   if (joined) {
     CU(cudaEventRecord(g0->ev, s0), "cudaEventRecord");
     for (int i = 1; i < nops; i++) {
@@ -608,6 +623,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     CU(launch(sbn_host_kernel_ptr(SBN_HOST_APPLY, kind, dt, pl[i].tile, pl[i].vec, sbn_args_epilogue(&one)),
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
+    note_kernel(&ops[i], 1, &pl[i]);
     /* the watchdog times this launch; a graph capture's cannot be (a captured event cannot
        be queried, and a replay is not watched): the team then counts as pending for good */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -649,6 +665,7 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked)
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   sbnResult_t r = sbnSuccess;
+  int launched = 0; /* a kernel of the op queued (launch_one_device) */
 
   int prev = 0;
   cudaGetDevice(&prev);
@@ -670,15 +687,17 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked)
       return r;
     }
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
-    r = launch_one_device(ops, nops, pl, checked);
+    r = launch_one_device(ops, nops, pl, checked, &launched);
   }
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
     sbn_note(o0->comm, sbn_error_text(NULL));
     /* the team's other ranks may have launched already and would wait for this one until
-       the timeout: abort the team (their kernels see the error word and return) */
-    if (gt->nranks > 1) {
+       the timeout: abort the team (their kernels see the error word and return); and a
+       kernel of this op that runs stops there. A virtual team's launch runs every rank:
+       where none of its kernels was queued, nobody waits and the team goes on. */
+    if (gt->nranks > 1 && (gt->transport != SBN_TR_VIRTUAL || launched)) {
       sbn_team_abort(team, r);
       team->ops->abort(team);
     }

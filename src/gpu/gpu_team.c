@@ -193,7 +193,11 @@ static int enable_peers(const gpu_rank_t* ranks, int w) {
   for (int a = 0; a < w; a++)
     for (int b = 0; b < w; b++) {
       int da = ranks[a].device, db = ranks[b].device;
-      if (da == db || cudaSetDevice(da) != cudaSuccess) continue;
+      if (da == db) continue;
+      if (cudaSetDevice(da) != cudaSuccess) { /* no access enabled from da: not peer */
+        (void)cudaGetLastError();
+        return 0;
+      }
       cudaError_t e = cudaDeviceEnablePeerAccess(db, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();

@@ -48,6 +48,10 @@ static int capturing;           /* every stream says it is capturing a graph */
 static int events_pending;      /* every event says its work is not done */
 static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
 static int new_streams_pending; /* streams made from here never finish their work */
+static int coop_launch_fails;   /* a cooperative cudaLaunchKernelExC fails (nothing queued) */
+static int pointer_query_fails; /* cudaPointerGetAttributes fails */
+static int set_device_fail_dev = -1, set_device_fail_nth;    /* the nth cudaSetDevice(dev) fails */
+static int peer_enabled[STUB_MAX_DEVICES][STUB_MAX_DEVICES]; /* [from][to] */
 #define STUB_MAX_PENDING_STREAMS 16
 static void* pending_streams[STUB_MAX_PENDING_STREAMS];
 static int npending_streams;
@@ -68,6 +72,29 @@ void cudart_stub_set_occupancy_fails(int on) {
   pthread_mutex_lock(&mu);
   occupancy_fails = on;
   pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_coop_launch_fails(int on) {
+  pthread_mutex_lock(&mu);
+  coop_launch_fails = on;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_pointer_query_fails(int on) {
+  pthread_mutex_lock(&mu);
+  pointer_query_fails = on;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_fail_set_device(int device, int nth) {
+  pthread_mutex_lock(&mu);
+  set_device_fail_dev = device;
+  set_device_fail_nth = nth;
+  pthread_mutex_unlock(&mu);
+}
+int cudart_stub_peer_enabled(int from, int to) {
+  pthread_mutex_lock(&mu);
+  const int on = from >= 0 && from < STUB_MAX_DEVICES && to >= 0 && to < STUB_MAX_DEVICES &&
+                 peer_enabled[from][to];
+  pthread_mutex_unlock(&mu);
+  return on;
 }
 
 unsigned cudart_stub_last_coop_grid(void) {
@@ -119,6 +146,10 @@ void cudart_stub_reset(void) {
   capturing = 0;
   events_pending = 0;
   occupancy_fails = 0;
+  coop_launch_fails = 0;
+  pointer_query_fails = 0;
+  set_device_fail_dev = -1;
+  memset(peer_enabled, 0, sizeof peer_enabled);
   violations = 0;
   last_violation[0] = '\0';
   nlaunched = 0;
@@ -240,6 +271,11 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 cudaError_t cudaSetDevice(int device) {
   if (device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
+  pthread_mutex_lock(&mu);
+  const int fail = device == set_device_fail_dev && --set_device_fail_nth == 0;
+  if (fail) set_device_fail_dev = -1;
+  pthread_mutex_unlock(&mu);
+  if (fail) return cudaErrorDevicesUnavailable;
   current_device = device;
   return cudaSuccess;
 }
@@ -266,7 +302,12 @@ cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
-  (void)peer, (void)flags;
+  (void)flags;
+  pthread_mutex_lock(&mu);
+  if (current_device >= 0 && current_device < STUB_MAX_DEVICES && peer >= 0 &&
+      peer < STUB_MAX_DEVICES)
+    peer_enabled[current_device][peer] = 1;
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
@@ -311,6 +352,10 @@ cudaError_t cudaFreeHost(void* p) {
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {
   memset(at, 0, sizeof *at);
+  pthread_mutex_lock(&mu);
+  const int fails = pointer_query_fails;
+  pthread_mutex_unlock(&mu);
+  if (fails) return cudaErrorInitializationError;
   at->type = cudaMemoryTypeUnregistered;
   at->device = -1;
   const char* c = ptr;
@@ -459,6 +504,13 @@ cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args,
 }
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {
   (void)args;
+  int coop = 0;
+  for (unsigned i = 0; i < cfg->numAttrs; i++)
+    coop |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
+  pthread_mutex_lock(&mu);
+  const int fails = coop && coop_launch_fails;
+  pthread_mutex_unlock(&mu);
+  if (fails) return cudaErrorCooperativeLaunchTooLarge; /* nothing queued, not logged */
   log_launch(fn);
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {

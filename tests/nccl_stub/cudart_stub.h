@@ -39,6 +39,15 @@ void cudart_stub_set_new_streams_pending(int on);
 /* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
    (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
 void cudart_stub_set_occupancy_fails(int on);
+/* From here (while `on`) a cooperative cudaLaunchKernelExC fails
+   (cudaErrorCooperativeLaunchTooLarge) with nothing queued; cudaPointerGetAttributes fails
+   (cudaErrorInitializationError). */
+void cudart_stub_set_coop_launch_fails(int on);
+void cudart_stub_set_pointer_query_fails(int on);
+/* The nth cudaSetDevice(device) from here fails (cudaErrorDevicesUnavailable), once. */
+void cudart_stub_fail_set_device(int device, int nth);
+/* Whether cudaDeviceEnablePeerAccess(to) was called on device `from` since the reset. */
+int cudart_stub_peer_enabled(int from, int to);
 /* From here the next cudaDeviceSynchronize on a device with a cooperative launch in flight
    calls fn(arg) before it returns, once: what those kernels did as they ended (a kernel
    that waited for a missing peer writes its failure word at its deadline). NULL: none. */
@@ -49,7 +58,8 @@ void cudart_stub_on_sync(void (*fn)(void*), void* arg);
 #define CUDA_STUB_LAUNCH_LOG 64
 int cudart_stub_launches(const void** fns, int max);
 /* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
-   query, the violations, the launches, cudart_stub_on_sync's call and the pending streams. */
+   query, launch, pointer query and cudaSetDevice, the peer access enabled, the violations,
+   the launches, cudart_stub_on_sync's call and the pending streams. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

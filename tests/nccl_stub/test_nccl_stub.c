@@ -734,6 +734,94 @@ static void test_onchip_refusal_launches_nothing(void) {
   ASSERT_CLEAN();
 }
 
+/* A virtual team of two whose cooperative launch fails with nothing queued (the stand-in's
+   cudaErrorCooperativeLaunchTooLarge): the group says sbnCudaError, sbnCommGetKernel still
+   says "none" (nothing ran), and the team goes on: nobody waits for a launch that runs
+   every rank, so it is not aborted, and the next group runs. */
+static void test_virtual_launch_failure_keeps_team(void) {
+  stub_case(NULL);
+  sbnComm_t v[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitVirtual(v, 2, 0, NULL));
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 0);
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  sbnResult_t f[2][2], ge[2];
+  const char* kernel[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) { /* 0: the launch fails; 1: it does not */
+    cudart_stub_set_coop_launch_fails(k == 0);
+    ASSERT_OK(sbnGroupStart());
+    f[k][0] = forward(v[0], &t[0]), f[k][1] = forward(v[1], &t[1]); /* queued */
+    ge[k] = sbnGroupEnd();
+    (void)sbnCommGetKernel(v[0], &kernel[k]);
+    if (k == 0) fprintf(stderr, "  failed launch: %s\n", sbnGetLastError(NULL));
+  }
+  cudart_stub_set_coop_launch_fails(0);
+  setenv("SBN_ALGO", "nccl", 1);
+  cudaSetDevice(0);
+  cudaDeviceSynchronize();
+  ASSERT_OK(sbnCommDestroy(v[0]));
+  ASSERT_OK(sbnCommDestroy(v[1]));
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  for (int k = 0; k < 2; k++) ASSERT_TRUE(f[k][0] == sbnSuccess && f[k][1] == sbnSuccess);
+  ASSERT_EQ_INT(ge[0], sbnCudaError);
+  ASSERT_TRUE(kernel[0] != NULL && strcmp(kernel[0], "none") == 0);
+  ASSERT_OK(ge[1]);
+  ASSERT_TRUE(kernel[1] != NULL && strcmp(kernel[1], "none") != 0);
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 1);
+  ASSERT_CLEAN();
+}
+
+/* A runtime that cannot say where a tensor lives (cudaPointerGetAttributes fails) is the
+   runtime's failure, sbnCudaError, not the caller's tensor: an op refused for it, nothing
+   launched. */
+static void test_pointer_query_failure(void) {
+  stub_case(NULL);
+  sbnComm_t v = NULL;
+  ASSERT_OK(sbnCommInitVirtual(&v, 1, 0, NULL));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  unsetenv("SBN_ALGO");
+  cudart_stub_set_pointer_query_fails(1);
+  const sbnResult_t f = forward(v, &t);
+  cudart_stub_set_pointer_query_fails(0);
+  setenv("SBN_ALGO", "nccl", 1);
+  const int named = strstr(sbnGetLastError(v), "cudaPointerGetAttributes") != NULL;
+  ASSERT_OK(sbnCommDestroy(v));
+  tensors_free(&t);
+  ASSERT_EQ_INT(f, sbnCudaError);
+  ASSERT_TRUE(named);
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 0);
+  ASSERT_CLEAN();
+}
+
+/* An sbnCommInitAll team of two devices whose cudaSetDevice(1) fails once, at each of its
+   calls in turn: the init fails, or its transport is "peer" only where each device enabled
+   peer access to the other (the kernels read the other device's mailboxes), else another
+   transport. At least one such failure lands where peer access is enabled. */
+static void test_peer_transport_needs_access(void) {
+  int other = 0; /* inits that succeeded without the peer transport */
+  for (int nth = 1; nth <= 16 && !sbn_test_cur_failed_; nth++) {
+    stub_case(NULL);
+    cudart_stub_fail_set_device(1, nth);
+    sbnComm_t comms[2] = {NULL, NULL};
+    const sbnResult_t r = init_all_two(comms, TIMEOUT_MS);
+    cudart_stub_fail_set_device(-1, 0);
+    if (r != sbnSuccess) continue;
+    const int peer = strcmp(transport_of(comms[0]), "peer") == 0;
+    const int both = cudart_stub_peer_enabled(0, 1) && cudart_stub_peer_enabled(1, 0);
+    other += !peer;
+    ASSERT_OK(sbnCommDestroy(comms[0]));
+    ASSERT_OK(sbnCommDestroy(comms[1]));
+    if (peer && !both)
+      SBN_FAIL_("cudaSetDevice(1) call %d failed: transport peer without peer access both ways",
+                nth);
+    ASSERT_CLEAN();
+  }
+  ASSERT_TRUE(other > 0);
+}
+
 /* A team whose ranks wait in-kernel for other GPUs leaves SMs free beside its cooperative
    grid (SBN_SM_MARGIN, default 32, never more than half the device), so that a kernel
    that blocks on another GPU (DDP's NCCL all-reduce on another stream) finds room and the
@@ -1633,6 +1721,9 @@ int main(void) {
   SBN_RUN(test_destroy_two_devices_kernels_running);
   SBN_RUN(test_grid_leaves_sms_free);
   SBN_RUN(test_onchip_refusal_launches_nothing);
+  SBN_RUN(test_virtual_launch_failure_keeps_team);
+  SBN_RUN(test_pointer_query_failure);
+  SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
   SBN_RUN(test_stop_slots);
