@@ -657,8 +657,9 @@ out:
 
 /* Launches a virtual team's op of every rank as ONE cooperative launch (nops == nranks,
    in rank order), or one rank's op of a peer team (nops == 1), or the host path's ranks
-   of this process together. */
-static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked) {
+   of this process together. first: the first launch of a round that holds the whole team
+   (no rank of it can be waiting yet). */
+static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked, int first) {
   const sbn_op_t* o0 = ops[0];
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -695,9 +696,11 @@ out:
     sbn_note(o0->comm, sbn_error_text(NULL));
     /* the team's other ranks may have launched already and would wait for this one until
        the timeout: abort the team (their kernels see the error word and return); and a
-       kernel of this op that runs stops there. A virtual team's launch runs every rank:
-       where none of its kernels was queued, nobody waits and the team goes on. */
-    if (gt->nranks > 1 && (gt->transport != SBN_TR_VIRTUAL || launched)) {
+       kernel of this op that runs stops there. A virtual team's launch runs every rank,
+       and before the first launch of a round that holds the whole team no rank runs:
+       there, where none of the op's kernels was queued, nobody waits and the team goes
+       on. */
+    if (gt->nranks > 1 && (!(gt->transport == SBN_TR_VIRTUAL || first) || launched)) {
       sbn_team_abort(team, r);
       team->ops->abort(team);
     }
@@ -711,7 +714,8 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   /* a round of every rank: sbn_gpu_check compared their ops (fill_args) */
   const int checked = n == ops[0]->comm->team->nranks;
   /* the host-driven path takes the whole round too: one NCCL group, or one device */
-  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST) return launch_ops(ops, n, checked);
+  if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST)
+    return launch_ops(ops, n, checked, 0);
   /* a peer team's ranks launch one by one: every rank's plan first, so that a refusal
      (SBN_KERNEL=onchip where one rank's tensors do not fit on its GPU, or on ranks that
      share a GPU) comes before any launch. Where the round holds the whole team, nothing
@@ -723,14 +727,14 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
     const sbnResult_t refused = plan_round(&ops[q], 1, pl);
     if (refused == sbnSuccess) continue;
     *failed = q;
-    if (!checked) return launch_ops(&ops[q], 1, checked);
+    if (!checked) return launch_ops(&ops[q], 1, checked, 0);
     sbn_note(ops[q]->comm, sbn_error_text(NULL));
     return refused;
   }
   sbnResult_t r = sbnSuccess;
   for (int q = 0; q < n && r == sbnSuccess; q++) {
     *failed = q;
-    r = launch_ops(&ops[q], 1, checked);
+    r = launch_ops(&ops[q], 1, checked, checked && q == 0);
   }
   return r;
 }

@@ -773,6 +773,32 @@ static void test_virtual_launch_failure_keeps_team(void) {
   ASSERT_CLEAN();
 }
 
+/* The same on an sbnCommInitAll team of two devices, whose ranks launch one by one: rank
+   0's launch fails with nothing queued, so no rank of the round runs or waits; the group
+   says sbnCudaError with no kernel launched, and the team goes on (the next group runs).
+   Had rank 0's launch succeeded and rank 1's failed, rank 0's kernel would wait for rank
+   1: the team is then aborted, as before (not tested here: the stand-in fails every
+   cooperative launch while the switch is on). */
+static void test_initall_first_launch_failure_keeps_team(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  const int64_t n[2] = {1, 1};
+  sbnResult_t f[2];
+  cudart_stub_set_coop_launch_fails(1);
+  const sbnResult_t failed = pair_forward(comms, n, f);
+  cudart_stub_set_coop_launch_fails(0);
+  const int launched = cudart_stub_launches(NULL, 0);
+  const sbnResult_t next = pair_forward(comms, n, f);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_EQ_INT(failed, sbnCudaError);
+  ASSERT_EQ_INT(launched, 0);
+  ASSERT_OK(next);
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 2);
+  ASSERT_CLEAN();
+}
+
 /* A runtime that cannot say where a tensor lives (cudaPointerGetAttributes fails) is the
    runtime's failure, sbnCudaError, not the caller's tensor: an op refused for it, nothing
    launched. */
@@ -1722,6 +1748,7 @@ int main(void) {
   SBN_RUN(test_grid_leaves_sms_free);
   SBN_RUN(test_onchip_refusal_launches_nothing);
   SBN_RUN(test_virtual_launch_failure_keeps_team);
+  SBN_RUN(test_initall_first_launch_failure_keeps_team);
   SBN_RUN(test_pointer_query_failure);
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
