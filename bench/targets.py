@@ -57,6 +57,8 @@ report: exit 0 whatever it finds, 2 on a file it cannot read or does not know. N
 import json
 import sys
 
+from torch_targets import median_us, valid  # beside this file (no torch in it)
+
 FLOOR = {"fwd": 1.15, "bwd": 1.25}
 CUDNN = {"S10": 1.3, "fit": 1.3, "else": 1.0}  # S10 fits on chip
 NCCL = {"S10": 3.0, "fit": 1.4, "else": 1.05}
@@ -109,17 +111,6 @@ def l2_of(f):
 
 
 # ---- rows --------------------------------------------------------------------------------------
-def valid(r):
-    """A row whose times count: it ran (no error) and its values were right."""
-    return r.get("error") is None and not r.get("wrong")
-
-
-def us(r, op):
-    o = (r or {}).get(op)
-    v = o.get("us_median") if isinstance(o, dict) else None
-    return v if isinstance(v, (int, float)) and v > 0 else None
-
-
 def cell(r):
     return (r.get("shape"), r.get("dtype"), r.get("layout"))
 
@@ -183,7 +174,7 @@ def judge_floor(files, out):
             if r.get("path") != "coop" or r.get("shape") == "S10" or not valid(r):
                 continue
             for op in OPS:
-                t, fit = us(r, op), fits(r, op, l2)
+                t, fit = median_us(r, op), fits(r, op, l2)
                 if t is None or not out.once("floor", cell(r), r.get("ranks"), op):
                     continue
                 if fit is None:
@@ -209,9 +200,9 @@ def judge_ratio(files, out, target, other, rule):
                 continue
             if target == "cudnn" and r.get("ranks") != 1:
                 continue
-            o = others.get((cell(r), r.get("ranks") if target != "cudnn" else 1))
+            o = others.get((cell(r), r.get("ranks")))  # (cudnn: 1, as the coop rows here)
             for op in OPS:
-                t, to, c = us(r, op), us(o, op), size_class(r, op, l2)
+                t, to, c = median_us(r, op), median_us(o, op), size_class(r, op, l2)
                 if t is None or to is None or c is None:
                     continue
                 if not out.once(target, cell(r), r.get("ranks"), op):
@@ -236,7 +227,7 @@ def judge_pytorch(files, out):
                 continue
             c, l2 = coop.get(cell(r), (None, None))
             for op in OPS:
-                t, ts = us(c, op), us(r, op)
+                t, ts = median_us(c, op), median_us(r, op)
                 k = size_class(c, op, l2) if c else None
                 if t is None or ts is None or k is None or not out.once("pytorch", cell(r), op):
                     continue
@@ -248,7 +239,7 @@ def judge_s10(files, out):
     for f in filter(plain, files):
         for r in f["top"]["rows"]:
             if r.get("path") == "coop" and r.get("shape") == "S10" and r.get("ranks") == 1 and valid(r):
-                tf, tb = us(r, "fwd"), us(r, "bwd")
+                tf, tb = median_us(r, "fwd"), median_us(r, "bwd")
                 if tf is None or tb is None or not out.once("s10", cell(r)):
                     continue
                 out.at_most("s10", name(r), tf + tb, S10_US, f"{tf:.1f} + {tb:.1f} us", f["path"])
@@ -270,7 +261,7 @@ def judge_exchange(files, out):
                 continue
             base = one[cell(r)]
             for op in OPS:
-                t1, tw = us(base, op), us(r, op)
+                t1, tw = median_us(base, op), median_us(r, op)
                 k1, kw = (base.get("kernel") or {}).get(op), (r.get("kernel") or {}).get(op)
                 if t1 is None or tw is None:
                     continue
@@ -312,7 +303,7 @@ def judge_fused(files, out):
             if r.get("path") != "split" or not valid(r) or r.get("shape") == "S10":
                 continue
             c = coop.get((cell(r), r.get("ranks"), r.get("epilogue")))
-            ts, tc = us(r, "fwd"), us(c, "fwd")
+            ts, tc = median_us(r, "fwd"), median_us(c, "fwd")
             if ts is None or tc is None or not out.once("fused", cell(r), r.get("ranks"), r.get("epilogue")):
                 continue
             out.at_least("fused", f"{name(r, 'fwd')} {r.get('epilogue')}", ts / tc, FUSED,
