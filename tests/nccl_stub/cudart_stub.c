@@ -58,30 +58,32 @@ static int npending_streams;
 static void (*sync_hook)(void*); /* cudart_stub_on_sync's, until it is called */
 static void* sync_arg;
 
-void cudart_stub_set_capturing(int on) {
+/* A switch of the stand-in, set and read under its lock (the library's threads read them). */
+static void set_switch(int* sw, int on) {
   pthread_mutex_lock(&mu);
-  capturing = on;
+  *sw = on;
   pthread_mutex_unlock(&mu);
+}
+static int get_switch(const int* sw) {
+  pthread_mutex_lock(&mu);
+  const int on = *sw;
+  pthread_mutex_unlock(&mu);
+  return on;
+}
+void cudart_stub_set_capturing(int on) {
+  set_switch(&capturing, on);
 }
 void cudart_stub_set_events_pending(int on) {
-  pthread_mutex_lock(&mu);
-  events_pending = on;
-  pthread_mutex_unlock(&mu);
+  set_switch(&events_pending, on);
 }
 void cudart_stub_set_occupancy_fails(int on) {
-  pthread_mutex_lock(&mu);
-  occupancy_fails = on;
-  pthread_mutex_unlock(&mu);
+  set_switch(&occupancy_fails, on);
 }
 void cudart_stub_set_coop_launch_fails(int on) {
-  pthread_mutex_lock(&mu);
-  coop_launch_fails = on;
-  pthread_mutex_unlock(&mu);
+  set_switch(&coop_launch_fails, on);
 }
 void cudart_stub_set_pointer_query_fails(int on) {
-  pthread_mutex_lock(&mu);
-  pointer_query_fails = on;
-  pthread_mutex_unlock(&mu);
+  set_switch(&pointer_query_fails, on);
 }
 void cudart_stub_fail_set_device(int device, int nth) {
   pthread_mutex_lock(&mu);
@@ -162,9 +164,7 @@ void cudart_stub_reset(void) {
 }
 
 void cudart_stub_set_new_streams_pending(int on) {
-  pthread_mutex_lock(&mu);
-  new_streams_pending = on;
-  pthread_mutex_unlock(&mu);
+  set_switch(&new_streams_pending, on);
 }
 
 void cudart_stub_on_sync(void (*fn)(void*), void* arg) {
@@ -352,10 +352,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {
   memset(at, 0, sizeof *at);
-  pthread_mutex_lock(&mu);
-  const int fails = pointer_query_fails;
-  pthread_mutex_unlock(&mu);
-  if (fails) return cudaErrorInitializationError;
+  if (get_switch(&pointer_query_fails)) return cudaErrorInitializationError;
   at->type = cudaMemoryTypeUnregistered;
   at->device = -1;
   const char* c = ptr;
@@ -442,9 +439,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* status) {
   (void)s;
-  pthread_mutex_lock(&mu);
-  *status = capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
-  pthread_mutex_unlock(&mu);
+  *status = get_switch(&capturing) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
@@ -466,10 +461,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   (void)e;
-  pthread_mutex_lock(&mu);
-  const int pending = events_pending;
-  pthread_mutex_unlock(&mu);
-  return pending ? cudaErrorNotReady : cudaSuccess;
+  return get_switch(&events_pending) ? cudaErrorNotReady : cudaSuccess;
 }
 
 /* ---- kernels: known to exist, launched as no-ops ---------------------------------------- */
@@ -486,10 +478,7 @@ cudaError_t cudaFuncSetAttribute(const void* fn, enum cudaFuncAttribute attr, in
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void* fn, int threads,
                                                           size_t dyn) {
   (void)fn, (void)threads, (void)dyn;
-  pthread_mutex_lock(&mu);
-  const int fails = occupancy_fails;
-  pthread_mutex_unlock(&mu);
-  if (fails) return cudaErrorInvalidDeviceFunction;
+  if (get_switch(&occupancy_fails)) return cudaErrorInvalidDeviceFunction;
   *blocks = CUDA_STUB_BLOCKS_PER_SM;
   return cudaSuccess;
 }
@@ -507,10 +496,8 @@ cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, v
   int coop = 0;
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     coop |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
-  pthread_mutex_lock(&mu);
-  const int fails = coop && coop_launch_fails;
-  pthread_mutex_unlock(&mu);
-  if (fails) return cudaErrorCooperativeLaunchTooLarge; /* nothing queued, not logged */
+  if (coop && get_switch(&coop_launch_fails))
+    return cudaErrorCooperativeLaunchTooLarge; /* nothing queued, not logged */
   log_launch(fn);
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {
