@@ -625,45 +625,53 @@ static void test_destroy_two_devices_kernels_running(void) {
   ASSERT_CLEAN();
 }
 
-/* The cooperative grid of one rank's forward on (n, c, sp) fp32 NCHW tensors of the
-   stand-in's device 0, in a group with the team's other comm, on `other_device`, when
-   `other` is not NULL. */
-static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int64_t n, int64_t c,
-                          int64_t sp) {
-  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n, c, sp};
-  const size_t big = (size_t)(n * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
+/* One cooperative forward (fp32 NCHW, C c, H*W sp) of nr ranks (1 or 2): comms[r] on
+   device devs[r] with batch n[r], each on a stream of its own (ranks sharing a device need
+   them), two in one group; f[r] each call's result. Returns the group's result (one rank:
+   its call's). Every device idle before the tensors are freed: a rank's kernel writes its
+   peer's memory. */
+static sbnResult_t coop_forward(const sbnComm_t* comms, int nr, const int* devs, const int64_t* n,
+                                int64_t c, int64_t sp, sbnResult_t* f) {
   void* p[2][8];
-  const int devs[2] = {0, other_device};
-  for (int r = 0; r < (other ? 2 : 1); r++) {
+  cudaStream_t s[2] = {NULL, NULL};
+  for (int r = 0; r < nr; r++) {
     cudaSetDevice(devs[r]);
+    const size_t big = (size_t)(n[r] * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
     for (int i = 0; i < 8; i++) p[r][i] = dalloc(i < 2 ? big : i == 7 ? sizeof(int64_t) : small);
-  }
-  cudaStream_t s[2] = {NULL, NULL}; /* ranks sharing a device need streams of their own */
-  for (int r = 0; r < (other ? 2 : 1); r++) {
-    cudaSetDevice(devs[r]);
     cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
   }
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
-  sbnResult_t r0 = sbnSuccess, r1 = sbnSuccess, ge = sbnSuccess;
-  if (other) sbnGroupStart();
-  r0 = sbnForwardTrain(comm, &d, p[0][0], p[0][1], NULL, NULL, p[0][2], p[0][3], p[0][7], p[0][4],
-                       p[0][5], NULL, s[0]);
-  if (other) {
-    r1 = sbnForwardTrain(other, &d, p[1][0], p[1][1], NULL, NULL, p[1][2], p[1][3], p[1][7],
-                         p[1][4], p[1][5], NULL, s[1]);
-    ge = sbnGroupEnd();
+  if (nr > 1) sbnGroupStart();
+  for (int r = 0; r < nr; r++) {
+    const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n[r], c, sp};
+    f[r] = sbnForwardTrain(comms[r], &d, p[r][0], p[r][1], NULL, NULL, p[r][2], p[r][3], p[r][7],
+                           p[r][4], p[r][5], NULL, s[r]);
   }
+  const sbnResult_t ge = nr > 1 ? sbnGroupEnd() : f[0];
   setenv("SBN_ALGO", "nccl", 1);
-  for (int r = 0; r < (other ? 2 : 1); r++) {
+  for (int r = 0; r < nr; r++) {
     cudaSetDevice(devs[r]);
     cudaDeviceSynchronize();
   }
-  for (int r = 0; r < (other ? 2 : 1); r++) {
+  for (int r = 0; r < nr; r++) {
     cudaStreamDestroy(s[r]);
     for (int i = 0; i < 8; i++) cudaFree(p[r][i]);
   }
-  if (r0 != sbnSuccess || r1 != sbnSuccess || ge != sbnSuccess) {
-    fprintf(stderr, "  op: %d %d %d: %s / %s / %s\n", r0, r1, ge, sbnGetLastError(comm),
+  return ge;
+}
+
+/* The cooperative grid of one rank's forward on (n, c, sp) fp32 NCHW tensors of the
+   stand-in's device 0, in a group with the team's other comm, on `other_device`, when
+   `other` is not NULL; 0 where the op failed. */
+static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int64_t n, int64_t c,
+                          int64_t sp) {
+  const sbnComm_t comms[2] = {comm, other};
+  const int devs[2] = {0, other_device};
+  const int64_t ns[2] = {n, n};
+  sbnResult_t f[2] = {sbnSuccess, sbnSuccess};
+  const sbnResult_t ge = coop_forward(comms, other ? 2 : 1, devs, ns, c, sp, f);
+  if (f[0] != sbnSuccess || f[1] != sbnSuccess || ge != sbnSuccess) {
+    fprintf(stderr, "  op: %d %d %d: %s / %s / %s\n", f[0], f[1], ge, sbnGetLastError(comm),
             other ? sbnGetLastError(other) : "", sbnGetLastError(NULL));
     return 0;
   }
@@ -673,33 +681,9 @@ static unsigned coop_grid(sbnComm_t comm, sbnComm_t other, int other_device, int
 /* One cooperative forward (fp32 NCHW, C 64, H*W 1024) of each rank of an sbnCommInitAll
    team of two devices, rank r's batch n[r], in one group: its result and each rank's. */
 static sbnResult_t pair_forward(sbnComm_t comms[2], const int64_t n[2], sbnResult_t f[2]) {
-  const int64_t c = 64, sp = 1024;
-  void* p[2][8];
-  cudaStream_t s[2] = {NULL, NULL};
-  for (int r = 0; r < 2; r++) {
-    cudaSetDevice(r);
-    const size_t big = (size_t)(n[r] * c * sp) * sizeof(float), small = (size_t)c * sizeof(float);
-    for (int i = 0; i < 8; i++) p[r][i] = dalloc(i < 2 ? big : i == 7 ? sizeof(int64_t) : small);
-    cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
-  }
-  unsetenv("SBN_ALGO"); /* the cooperative kernel */
-  sbnGroupStart();
-  for (int r = 0; r < 2; r++) {
-    const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, n[r], c, sp};
-    f[r] = sbnForwardTrain(comms[r], &d, p[r][0], p[r][1], NULL, NULL, p[r][2], p[r][3], p[r][7],
-                           p[r][4], p[r][5], NULL, s[r]);
-  }
-  const sbnResult_t ge = sbnGroupEnd();
+  static const int devs[2] = {0, 1};
+  const sbnResult_t ge = coop_forward(comms, 2, devs, n, 64, 1024, f);
   if (ge != sbnSuccess) fprintf(stderr, "  sbnGroupEnd: %s\n", sbnGetLastError(NULL));
-  setenv("SBN_ALGO", "nccl", 1);
-  for (int r = 0; r < 2; r++) { /* a rank's kernel writes its peer's memory: both idle first */
-    cudaSetDevice(r);
-    cudaDeviceSynchronize();
-  }
-  for (int r = 0; r < 2; r++) {
-    cudaStreamDestroy(s[r]);
-    for (int i = 0; i < 8; i++) cudaFree(p[r][i]);
-  }
   return ge;
 }
 
