@@ -658,8 +658,10 @@ out:
 /* Launches a virtual team's op of every rank as ONE cooperative launch (nops == nranks,
    in rank order), or one rank's op of a peer team (nops == 1), or the host path's ranks
    of this process together. first: the first launch of a round that holds the whole team
-   (no rank of it can be waiting yet). */
-static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked, int first) {
+   (no rank of it can be waiting yet); planned: the op's plan where sbn_gpu_run made it
+   (one op), else NULL. */
+static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked, int first,
+                              const sbn_plan_t* planned) {
   const sbn_op_t* o0 = ops[0];
   sbn_team_t* team = o0->comm->team;
   struct sbn_gpu_team* gt = sbn_gpu(team);
@@ -676,17 +678,11 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked,
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
   } else {
-    r = plan_round(ops, nops, pl);
-    if (r != sbnSuccess) {
-      sbn_note(o0->comm, sbn_error_text(NULL));
-      /* nothing launched, device unchanged; where the ranks launch separately the others
-         may have launched already and would wait for this one: abort the team */
-      if (gt->transport != SBN_TR_VIRTUAL && gt->nranks > 1) {
-        sbn_team_abort(team, r);
-        team->ops->abort(team); /* its table's: an NCCL team's tells the other processes */
-      }
-      return r;
-    }
+    if (planned != NULL)
+      pl[0] = *planned;
+    else
+      r = plan_round(ops, nops, pl);
+    if (r != sbnSuccess) goto out; /* nothing launched, device unchanged */
     if (prev != g0->device) CU(cudaSetDevice(g0->device), "cudaSetDevice");
     r = launch_one_device(ops, nops, pl, checked, &launched);
   }
@@ -700,9 +696,10 @@ out:
        and before the first launch of a round that holds the whole team no rank runs:
        there, where none of the op's kernels was queued, nobody waits and the team goes
        on. */
-    if (gt->nranks > 1 && (!(gt->transport == SBN_TR_VIRTUAL || first) || launched)) {
+    const int none_waits = (gt->transport == SBN_TR_VIRTUAL || first) && !launched;
+    if (gt->nranks > 1 && !none_waits) {
       sbn_team_abort(team, r);
-      team->ops->abort(team);
+      team->ops->abort(team); /* its table's: an NCCL team's tells the other processes */
     }
   }
   return r;
@@ -715,26 +712,26 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   const int checked = n == ops[0]->comm->team->nranks;
   /* the host-driven path takes the whole round too: one NCCL group, or one device */
   if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST)
-    return launch_ops(ops, n, checked, 0);
+    return launch_ops(ops, n, checked, 0, NULL);
   /* a peer team's ranks launch one by one: every rank's plan first, so that a refusal
      (SBN_KERNEL=onchip where one rank's tensors do not fit on its GPU, or on ranks that
      share a GPU) comes before any launch. Where the round holds the whole team, nothing
      ran and no peer waits for it: the team stays usable. Otherwise a rank of another call
      may have launched already and waits for this one: launch_ops aborts the team. A lone
      op (a team of one, or a rank's own call) plans as it launches: nothing before it. */
+  sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   for (int q = 0; q < n && n > 1; q++) {
-    sbn_plan_t pl[1];
-    const sbnResult_t refused = plan_round(&ops[q], 1, pl);
+    const sbnResult_t refused = plan_round(&ops[q], 1, &pl[q]);
     if (refused == sbnSuccess) continue;
     *failed = q;
-    if (!checked) return launch_ops(&ops[q], 1, checked, 0);
+    if (!checked) return launch_ops(&ops[q], 1, checked, 0, NULL);
     sbn_note(ops[q]->comm, sbn_error_text(NULL));
     return refused;
   }
   sbnResult_t r = sbnSuccess;
   for (int q = 0; q < n && r == sbnSuccess; q++) {
     *failed = q;
-    r = launch_ops(&ops[q], 1, checked, checked && q == 0);
+    r = launch_ops(&ops[q], 1, checked, checked && q == 0, n > 1 ? &pl[q] : NULL);
   }
   return r;
 }
