@@ -1884,6 +1884,48 @@ static void test_xmask_kernels(void) {
       }
 }
 
+/* Two teams of the same tensors for the epilogue's aliasing tests: a runs into buffers of
+   its own, b over its inputs, each on its emulated team of G blocks a rank. pa is a's
+   epilogue (activation act, slope 0.1; z drawn from zseed, dz of its own, y a's), pb the
+   same activation with no tensor: each test points it where its b writes. */
+typedef struct {
+  team_t a, b;
+  emu_team_t ea, eb;
+  emu_epi_t pa, pb;
+} alias_pair_t;
+
+static void alias_pair_make(alias_pair_t* s, int W, int G, sbnDataType_t dt, sbnLayout_t lay,
+                            int64_t c, int64_t sp, const int64_t* n, int act, uint64_t seed,
+                            uint64_t zseed) {
+  team_make(&s->a, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  team_make(&s->b, W, dt, lay, c, sp, n, 1, 1, GEN_NORMAL, seed);
+  emu_team_init(&s->ea, W, G, 60000);
+  emu_team_init(&s->eb, W, G, 60000);
+  const emu_epi_t e = {act, 0.1f, 0, {0}, {0}, {0}, 0};
+  s->pa = s->pb = e;
+  sbn_rng_t zr = {zseed};
+  for (int r = 0; r < W; r++) {
+    s->pa.z[r] = gen_tensor(&s->a.d[r], &zr, GEN_NORMAL);
+    s->pa.dz[r] = malloc(team_bytes(&s->a, r));
+    s->pa.y[r] = s->a.y[r];
+  }
+}
+
+/* Frees the pair and pa's tensors; pb's are the test's. */
+static void alias_pair_free(alias_pair_t* s) {
+  epi_free(&s->pa);
+  emu_team_free(&s->ea);
+  emu_team_free(&s->eb);
+  team_free(&s->a);
+  team_free(&s->b);
+}
+
+/* Rank r's dweight and dbias (c channels) bitwise equal in teams x and y. */
+static void assert_same_dwdb(const team_t* x, const team_t* y, int r, int64_t c) {
+  ASSERT_MEMEQ(x->dw[r], y->dw[r], (size_t)c * sizeof(float));
+  ASSERT_MEMEQ(x->db[r], y->db[r], (size_t)c * sizeof(float));
+}
+
 /* The in-place backward with a residual (recover, z: sbnBackwardInPlaceEx) writing over the
    buffers it reads, as the API allows (dx over y with dz over dy; dx over dy with dz over
    y), bitwise the backward into buffers of their own, on stream and onchip: the stage 5 of
@@ -1905,59 +1947,45 @@ static void test_fused_recover_aliasing(void) {
     for (int v = 0; v < 2; v++)
       for (int mode = 0; mode < 2 && !sbn_test_cur_failed_; mode++) {
         sbnParams_t p = SBN_PARAMS_DEFAULT;
-        team_t a, b;
-        team_make(&a, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 450 + si);
-        team_make(&b, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 450 + si);
-        emu_team_t ea, eb;
-        emu_team_init(&ea, 2, 2, 60000);
-        emu_team_init(&eb, 2, 2, 60000);
-        emu_epi_t pa = {SBN_ACT_LEAKY, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
-        sbn_rng_t zr = {460 + si};
+        alias_pair_t s;
+        alias_pair_make(&s, 2, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2,
+                        SBN_ACT_LEAKY, 450 + si, 460 + si);
         for (int r = 0; r < 2; r++) {
-          const size_t bytes = team_bytes(&a, r);
-          pa.z[r] = gen_tensor(&a.d[r], &zr, GEN_NORMAL);
-          pb.z[r] = dup_mem(pa.z[r], bytes);
-          pa.dz[r] = malloc(bytes);
-          pa.y[r] = a.y[r];
-          pb.y[r] = b.y[r];
+          s.pb.z[r] = dup_mem(s.pa.z[r], team_bytes(&s.a, r));
+          s.pb.y[r] = s.b.y[r];
         }
         g_variant = v ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
-        g_epi = &pa; /* a: the forward, then the backward into buffers of its own */
-        emu_run_virtual(&ea, &a, 0, &p);
-        pa.recover = 1;
-        emu_run_virtual(&ea, &a, 1, &p);
-        g_epi = &pb; /* b: the same forward, then the backward over its inputs */
-        emu_run_virtual(&eb, &b, 0, &p);
-        pb.recover = 1;
+        g_epi = &s.pa; /* a: the forward, then the backward into buffers of its own */
+        emu_run_virtual(&s.ea, &s.a, 0, &p);
+        s.pa.recover = 1;
+        emu_run_virtual(&s.ea, &s.a, 1, &p);
+        g_epi = &s.pb; /* b: the same forward, then the backward over its inputs */
+        emu_run_virtual(&s.eb, &s.b, 0, &p);
+        s.pb.recover = 1;
         for (int r = 0; r < 2; r++) {
           if (mode == 0) { /* dx over y (y moved into dx's buffer), dz over dy */
-            memcpy(b.dx[r], b.y[r], team_bytes(&b, r));
-            pb.y[r] = b.dx[r];
-            pb.dz[r] = b.dy[r];
+            memcpy(s.b.dx[r], s.b.y[r], team_bytes(&s.b, r));
+            s.pb.y[r] = s.b.dx[r];
+            s.pb.dz[r] = s.b.dy[r];
           } else { /* dx over dy (OPT_INPLACE), dz over y */
-            pb.dz[r] = b.y[r];
+            s.pb.dz[r] = s.b.y[r];
           }
         }
         g_opts = mode == 1 ? OPT_INPLACE : 0;
-        emu_run_virtual(&eb, &b, 1, &p);
+        emu_run_virtual(&s.eb, &s.b, 1, &p);
         g_opts = 0;
         g_epi = NULL;
         g_variant = EMU_VAR_DEFAULT;
-        ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+        ASSERT_TRUE(err_words_clear(&s.ea) && err_words_clear(&s.eb));
         for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
-          const size_t bytes = team_bytes(&a, r), cb = (size_t)shapes[si].c * sizeof(float);
-          ASSERT_MEMEQ(mode == 0 ? b.dx[r] : b.dy[r], a.dx[r], bytes);
-          ASSERT_MEMEQ(mode == 0 ? b.dy[r] : b.y[r], pa.dz[r], bytes);
-          ASSERT_MEMEQ(b.dw[r], a.dw[r], cb);
-          ASSERT_MEMEQ(b.db[r], a.db[r], cb);
+          const size_t bytes = team_bytes(&s.a, r);
+          ASSERT_MEMEQ(mode == 0 ? s.b.dx[r] : s.b.dy[r], s.a.dx[r], bytes);
+          ASSERT_MEMEQ(mode == 0 ? s.b.dy[r] : s.b.y[r], s.pa.dz[r], bytes);
+          assert_same_dwdb(&s.b, &s.a, r, shapes[si].c);
         }
         if (sbn_test_cur_failed_) fprintf(stderr, "  shape %zu variant %d mode %d\n", si, v, mode);
-        for (int r = 0; r < 2; r++) free(pb.z[r]), pb.z[r] = NULL;
-        epi_free(&pa);
-        emu_team_free(&ea);
-        emu_team_free(&eb);
-        team_free(&a);
-        team_free(&b);
+        for (int r = 0; r < 2; r++) free(s.pb.z[r]);
+        alias_pair_free(&s);
       }
 }
 
@@ -1975,53 +2003,44 @@ static void test_fused_aliasing(void) {
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
     for (int v = 0; v < 2; v++) {
       sbnParams_t p = SBN_PARAMS_DEFAULT;
-      team_t a, b;
-      team_make(&a, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 430 + si);
-      team_make(&b, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2, 1, 1, GEN_NORMAL, 430 + si);
-      emu_team_t ea, eb;
-      emu_team_init(&ea, 2, 2, 60000);
-      emu_team_init(&eb, 2, 2, 60000);
-      emu_epi_t pa = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
-      sbn_rng_t zr = {440 + si};
+      alias_pair_t s;
+      alias_pair_make(&s, 2, 2, shapes[si].dt, shapes[si].lay, shapes[si].c, shapes[si].sp, n2,
+                      SBN_ACT_RELU, 430 + si, 440 + si);
+      team_t *a = &s.a, *b = &s.b;
       for (int r = 0; r < 2; r++) {
-        const size_t bytes = team_bytes(&a, r);
-        pa.z[r] = gen_tensor(&a.d[r], &zr, GEN_NORMAL);
-        pa.dz[r] = malloc(bytes);
-        pa.y[r] = a.y[r];
-        memcpy(b.y[r], pa.z[r], bytes); /* b: y over z, dz over dy */
-        pb.z[r] = b.y[r];
-        pb.dz[r] = b.dy[r];
-        pb.y[r] = b.y[r];
+        memcpy(b->y[r], s.pa.z[r], team_bytes(a, r)); /* b: y over z, dz over dy */
+        s.pb.z[r] = b->y[r];
+        s.pb.dz[r] = b->dy[r];
+        s.pb.y[r] = b->y[r];
       }
       g_variant = v ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
-      g_epi = &pa;
-      emu_run_virtual(&ea, &a, 0, &p);
-      emu_run_virtual(&ea, &a, 1, &p);
-      g_epi = &pb;
-      emu_run_virtual(&eb, &b, 0, &p);
-      emu_run_virtual(&eb, &b, 1, &p);
+      g_epi = &s.pa;
+      emu_run_virtual(&s.ea, a, 0, &p);
+      emu_run_virtual(&s.ea, a, 1, &p);
+      g_epi = &s.pb;
+      emu_run_virtual(&s.eb, b, 0, &p);
+      emu_run_virtual(&s.eb, b, 1, &p);
       for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
-        const size_t bytes = team_bytes(&a, r), cb = (size_t)shapes[si].c * sizeof(float);
-        ASSERT_MEMEQ(a.y[r], b.y[r], bytes);
-        ASSERT_MEMEQ(a.dx[r], b.dx[r], bytes);
-        ASSERT_MEMEQ(pa.dz[r], b.dy[r], bytes);
-        ASSERT_MEMEQ(a.dw[r], b.dw[r], cb);
-        ASSERT_MEMEQ(a.db[r], b.db[r], cb);
+        const size_t bytes = team_bytes(a, r);
+        ASSERT_MEMEQ(a->y[r], b->y[r], bytes);
+        ASSERT_MEMEQ(a->dx[r], b->dx[r], bytes);
+        ASSERT_MEMEQ(s.pa.dz[r], b->dy[r], bytes);
+        assert_same_dwdb(a, b, r, shapes[si].c);
       }
       /* dx NULL, dz given: dz again, dx untouched */
-      void* dz0[2] = {dup_mem(pa.dz[0], team_bytes(&a, 0)), dup_mem(pa.dz[1], team_bytes(&a, 1))};
-      team_poison_bwd(&a);
-      for (int r = 0; r < 2; r++) memset(pa.dz[r], 0xff, team_bytes(&a, r));
-      g_epi = &pa;
+      void* dz0[2] = {dup_mem(s.pa.dz[0], team_bytes(a, 0)), dup_mem(s.pa.dz[1], team_bytes(a, 1))};
+      team_poison_bwd(a);
+      for (int r = 0; r < 2; r++) memset(s.pa.dz[r], 0xff, team_bytes(a, r));
+      g_epi = &s.pa;
       g_opts = OPT_DX_NULL;
-      emu_run_virtual(&ea, &a, 1, &p);
+      emu_run_virtual(&s.ea, a, 1, &p);
       g_opts = 0;
       g_epi = NULL;
       g_variant = EMU_VAR_DEFAULT;
-      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      ASSERT_TRUE(err_words_clear(&s.ea) && err_words_clear(&s.eb));
       for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
-        ASSERT_MEMEQ(pa.dz[r], dz0[r], team_bytes(&a, r));
-        ASSERT_TRUE(all_bytes(a.dx[r], team_bytes(&a, r), 0xff));
+        ASSERT_MEMEQ(s.pa.dz[r], dz0[r], team_bytes(a, r));
+        ASSERT_TRUE(all_bytes(a->dx[r], team_bytes(a, r), 0xff));
       }
       /* dz over x (q 0) and over y (q 1): a's dx and dz, and dz in that buffer */
       for (int q = 0; q < 2 && !sbn_test_cur_failed_; q++) {
@@ -2031,7 +2050,7 @@ static void test_fused_aliasing(void) {
         emu_team_init(&ec, 2, 2, 60000);
         emu_epi_t pc = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0};
         for (int r = 0; r < 2; r++) {
-          pc.z[r] = dup_mem(pa.z[r], team_bytes(&a, r));
+          pc.z[r] = dup_mem(s.pa.z[r], team_bytes(a, r));
           pc.y[r] = c.y[r];
         }
         g_variant = v ? SBN_VAR_ONCHIP : SBN_VAR_STREAM;
@@ -2043,11 +2062,10 @@ static void test_fused_aliasing(void) {
         g_variant = EMU_VAR_DEFAULT;
         ASSERT_TRUE(err_words_clear(&ec));
         for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++) {
-          const size_t bytes = team_bytes(&a, r), cb = (size_t)shapes[si].c * sizeof(float);
-          ASSERT_MEMEQ(c.dx[r], b.dx[r], bytes);
-          ASSERT_MEMEQ(pc.dz[r], b.dy[r], bytes); /* b's dz, over its dy */
-          ASSERT_MEMEQ(c.dw[r], b.dw[r], cb);
-          ASSERT_MEMEQ(c.db[r], b.db[r], cb);
+          const size_t bytes = team_bytes(a, r);
+          ASSERT_MEMEQ(c.dx[r], b->dx[r], bytes);
+          ASSERT_MEMEQ(pc.dz[r], b->dy[r], bytes); /* b's dz, over its dy */
+          assert_same_dwdb(&c, b, r, shapes[si].c);
         }
         if (sbn_test_cur_failed_) fprintf(stderr, "  dz over %s\n", q == 0 ? "x" : "y");
         for (int r = 0; r < 2; r++) pc.dz[r] = NULL; /* c's own buffers */
@@ -2056,12 +2074,7 @@ static void test_fused_aliasing(void) {
         team_free(&c);
       }
       free(dz0[0]), free(dz0[1]);
-      for (int r = 0; r < 2; r++) pb.z[r] = pb.dz[r] = NULL; /* b's own buffers */
-      epi_free(&pa);
-      emu_team_free(&ea);
-      emu_team_free(&eb);
-      team_free(&a);
-      team_free(&b);
+      alias_pair_free(&s);
       if (sbn_test_cur_failed_) {
         fprintf(stderr, "  shape %zu variant %s\n", si, v ? "onchip" : "stream");
         return;
@@ -2091,46 +2104,34 @@ static void test_fused_aliasing_solo(void) {
   for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
     for (int mode = 0; mode < 3; mode++) {
       sbnParams_t p = SBN_PARAMS_DEFAULT;
-      team_t a, b;
-      team_make(&a, 1, k[i].dt, k[i].lay, k[i].c, k[i].sp, k[i].n, 1, 1, GEN_NORMAL, 6100 + i);
-      team_make(&b, 1, k[i].dt, k[i].lay, k[i].c, k[i].sp, k[i].n, 1, 1, GEN_NORMAL, 6100 + i);
-      emu_team_t ea, eb;
-      emu_team_init(&ea, 1, k[i].G, 60000);
-      emu_team_init(&eb, 1, k[i].G, 60000);
-      const size_t bytes = team_bytes(&a, 0), cb = (size_t)k[i].c * sizeof(float);
-      emu_epi_t pa = {SBN_ACT_RELU, 0.1f, 0, {0}, {0}, {0}, 0}, pb = pa;
-      sbn_rng_t zr = {6200 + i};
-      pa.z[0] = gen_tensor(&a.d[0], &zr, GEN_NORMAL);
-      pa.dz[0] = malloc(bytes);
-      pa.y[0] = a.y[0];
-      memcpy(b.y[0], pa.z[0], bytes); /* b: y over z */
-      pb.z[0] = b.y[0];
-      pb.y[0] = b.y[0];
+      alias_pair_t s;
+      alias_pair_make(&s, 1, k[i].G, k[i].dt, k[i].lay, k[i].c, k[i].sp, k[i].n, SBN_ACT_RELU,
+                      6100 + i, 6200 + i);
+      team_t *a = &s.a, *b = &s.b;
+      const size_t bytes = team_bytes(a, 0);
+      memcpy(b->y[0], s.pa.z[0], bytes); /* b: y over z */
+      s.pb.z[0] = b->y[0];
+      s.pb.y[0] = b->y[0];
       const int ran = g_launched[k[i].var];
       g_variant = k[i].var;
-      g_epi = &pa;
-      emu_run_virtual(&ea, &a, 0, &p);
-      emu_run_virtual(&ea, &a, 1, &p);
-      g_epi = &pb;
-      emu_run_virtual(&eb, &b, 0, &p);
-      pb.dz[0] = mode == 0 ? b.dy[0] : mode == 1 ? b.y[0] : b.x[0];
+      g_epi = &s.pa;
+      emu_run_virtual(&s.ea, a, 0, &p);
+      emu_run_virtual(&s.ea, a, 1, &p);
+      g_epi = &s.pb;
+      emu_run_virtual(&s.eb, b, 0, &p);
+      s.pb.dz[0] = mode == 0 ? b->dy[0] : mode == 1 ? b->y[0] : b->x[0];
       g_opts = mode == 1 ? OPT_INPLACE : 0;
-      emu_run_virtual(&eb, &b, 1, &p);
+      emu_run_virtual(&s.eb, b, 1, &p);
       g_opts = 0;
       g_epi = NULL;
       g_variant = EMU_VAR_DEFAULT;
-      ASSERT_TRUE(err_words_clear(&ea) && err_words_clear(&eb));
+      ASSERT_TRUE(err_words_clear(&s.ea) && err_words_clear(&s.eb));
       ASSERT_EQ_INT(g_launched[k[i].var], ran + 4);
-      ASSERT_MEMEQ(pb.dz[0], pa.dz[0], bytes);
-      ASSERT_MEMEQ(mode == 1 ? b.dy[0] : b.dx[0], a.dx[0], bytes);
-      ASSERT_MEMEQ(b.dw[0], a.dw[0], cb);
-      ASSERT_MEMEQ(b.db[0], a.db[0], cb);
-      if (mode != 1) ASSERT_MEMEQ(b.y[0], a.y[0], bytes); /* (mode 1: dz is there now) */
-      epi_free(&pa);
-      emu_team_free(&ea);
-      emu_team_free(&eb);
-      team_free(&a);
-      team_free(&b);
+      ASSERT_MEMEQ(s.pb.dz[0], s.pa.dz[0], bytes);
+      ASSERT_MEMEQ(mode == 1 ? b->dy[0] : b->dx[0], a->dx[0], bytes);
+      assert_same_dwdb(b, a, 0, k[i].c);
+      if (mode != 1) ASSERT_MEMEQ(b->y[0], a->y[0], bytes); /* (mode 1: dz is there now) */
+      alias_pair_free(&s);
       if (sbn_test_cur_failed_) {
         fprintf(stderr, "  case %zu, mode %d\n", i, mode);
         return;
