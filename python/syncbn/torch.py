@@ -2039,10 +2039,45 @@ def _fused_act(was, relu_as_leaky):
     return was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
 
 
-def _inplace_ok(inplace, act, slope):
-    """Whether a fused layer of this activation goes in place under convert_fused's inplace:
-    an invertible activation (leaky ReLU with a slope the in-place backward takes)."""
-    return inplace and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN
+# The in-place backward's weight threshold (syncbn.h: SBN_RECOVER_MIN_WEIGHT): a channel of
+# |weight| below it recovers no x from its output, and its weight gets a gradient of 0.
+_RECOVER_MIN_WEIGHT = 1e-5
+
+
+class _InPlace:
+    """convert_fused's inplace (truthy as given), and the layers it left out of place though
+    their activation is invertible (_inplace_ok): their weights, for its warning."""
+
+    def __init__(self, on):
+        self.on, self.kept = on, []
+
+    def __bool__(self):
+        return self.on
+
+
+def _recovers(bn):
+    """Whether every channel of layer bn has |weight| >= the in-place backward's threshold
+    (or no weight: affine=False, weight 1), so that in place its weight gets gradients. A
+    weight of 0 does not: one initialized to 0 (torchvision's zero_init_residual, timm's
+    zero_init_last: a residual block's last batch norm) would stay 0 in place. A weight on
+    the meta device (no values yet) is taken as recoverable."""
+    w = getattr(bn, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.is_meta:
+        return True
+    return not bool((w.detach().abs() < _RECOVER_MIN_WEIGHT).any())
+
+
+def _inplace_ok(inplace, act, slope, bn):
+    """Whether layer bn, fused with this activation, goes in place under convert_fused's
+    inplace: an invertible activation (leaky ReLU with a slope the in-place backward takes)
+    and a weight it recovers x with (_recovers; a layer that fails only that is noted in
+    inplace.kept, and keeps its input)."""
+    if not (inplace and act == "leaky_relu" and _fused.slope32(slope) >= _fused._FLT_MIN):
+        return False
+    if not _recovers(bn):
+        inplace.kept.append(bn)
+        return False
+    return True
 
 
 def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
@@ -2078,7 +2113,8 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
             # within the block, a layer's input is its convolution's output (used by nothing
             # else) and its output the next convolution's input (which does not write it);
             # the last layer's output is the block's, and its residual the block's input
-            getattr(fused, bn).set_activation(*act, (i < last or down is None) and _inplace_ok(inplace, *act))
+            layer = getattr(fused, bn)
+            layer.set_activation(*act, (i < last or down is None) and _inplace_ok(inplace, *act, layer))
         return fused
     return None
 
@@ -2230,7 +2266,7 @@ def _fuse(module, uses, inplace, relu_as_leaky, after=()):
             continue
         # in place: an invertible activation, and no module after it known to write over
         # the output autograd keeps
-        seq[i + 1] = (act_name, _fuse_into(bn, module, act_name, was, relu_as_leaky, inplace and not writes,
+        seq[i + 1] = (act_name, _fuse_into(bn, module, act_name, was, relu_as_leaky, inplace if not writes else False,
                                            bn_name))
 
 
@@ -2242,7 +2278,7 @@ def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace, bn_name=None):
     activation itself when another module takes bn's place there (a Sequential's pair)."""
     act_mod = parent._modules[name]
     act = _fused_act(was, relu_as_leaky)
-    bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act))
+    bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act, bn))
     site = None if bn_name is None else _Site(parent, bn_name, bn)
     parent._modules[name] = FusedActivation(act_mod, site).train(act_mod.training)
     return parent._modules[name]
@@ -2313,7 +2349,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     (with a RuntimeWarning). ``inplace=True``: the fused leaky ReLU layers (slope > 0) not
     followed by a module that writes its input (``inplace=True``) become in-place (autograd keeps their output only,
     and a block's last layer its residual: the block's input, kept anyway); ReLU layers cannot (not invertible) and
-    stay as they are.
+    stay as they are, and so does a layer one of whose weight's channels is below 1e-5 in magnitude (a weight
+    initialized to 0, as zero_init_residual does: in place it would get no gradient and stay 0), with a
+    RuntimeWarning that names such layers.
 
     Each fused module keeps the layer it fused and where it was: where another module
     takes that place later (a framework's conversion: mmengine's revert_sync_batchnorm,
@@ -2339,7 +2377,7 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     ``nn.LeakyReLU(SLOPE)`` where the ReLU was (a block's ``relu`` too): the function
     trained. ReLUs it does not fuse stay ReLUs: one not right after a batch norm, and those
     of the pairs and blocks it leaves alone (above: hooks, a batch norm used twice, ...)."""
-    inplace = _flag(inplace, "inplace", "syncbn.torch.convert_fused")  # before anything changes
+    inplace = _InPlace(_flag(inplace, "inplace", "syncbn.torch.convert_fused"))  # before anything changes
     if relu_as_leaky is not None:
         relu_as_leaky = _leaky_slope(relu_as_leaky)
     # hooked modules (the batch norms keep their hooks through the conversion): a hook
@@ -2362,6 +2400,15 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     _fuse(module, uses, inplace, relu_as_leaky)
     for m in module.modules():
         _fuse_own_act(m, inplace, relu_as_leaky)
+    if inplace.kept:
+        kept = {id(m) for m in inplace.kept}
+        names = [n or "(the module itself)" for n, m in module.named_modules() if id(m) in kept]
+        warnings.warn(f"syncbn.torch.convert_fused: {len(names)} fused layer(s) keep their input (not in place) "
+                      f"though inplace=True: a channel of their weight is below {_RECOVER_MIN_WEIGHT:g} in "
+                      "magnitude (initialized to 0, as zero_init_residual does), which the in-place backward "
+                      "gives no gradient, so the weight would stay there: " + ", ".join(names) + ". Convert "
+                      "after loading the weights, or call such a layer's set_activation(..., inplace=True) once "
+                      "they are loaded", RuntimeWarning, stacklevel=2)
     return module
 
 

@@ -1464,6 +1464,46 @@ class TestConvert(TeamOfOne):
         self.assertEqual((type(rev[3].relu), rev[3].relu.negative_slope, rev[4].relu), (nn.LeakyReLU, 0.3, rev[4].relu))
         self.assertIs(type(rev[4].relu), nn.ReLU)
 
+    def test_zero_weight_stays_out_of_place(self):
+        """With inplace=True, a layer the converter would put in place but one of whose
+        weight's channels is below the in-place backward's threshold (1e-5: a weight of 0
+        gets no gradient in place, so a weight initialized to 0 would stay 0, as
+        torchvision's zero_init_residual and timm's zero_init_last make a block's last batch
+        norm) keeps its input, and one RuntimeWarning names every such layer; a weight at
+        the threshold goes in place. The zero weights then train: their gradient is the
+        float64 model's (nonzero), the model's steps as its own."""
+        torch.manual_seed(6)
+        model = resnet_like()
+        randomize_bn(model)
+        with torch.no_grad():
+            model[3].bn2.weight.zero_()  # zero_init_residual's BasicBlock (no downsample)
+            model[5].bn3.weight.zero_()  # ... and Bottleneck
+            model[3].bn1.weight[2] = 0.0  # one channel of a layer without the residual
+            model[1].weight[0] = -5e-6  # a Sequential's pair, below the threshold in magnitude
+            model[5].bn1.weight[1] = 1e-5  # at the threshold: recovered, in place
+        by_hand = copy.deepcopy(model)
+        by_hand[2] = nn.LeakyReLU(0.2, inplace=True)
+        for i in (3, 4, 5, 6):
+            by_hand[i].relu = nn.LeakyReLU(0.2, inplace=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=True, relu_as_leaky=0.2)
+        msgs = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertIn("4 fused layer(s) keep their input", msgs[0])
+        self.assertIn(": 1, 3.bn1, 3.bn2, 5.bn3. ", msgs[0])
+        ip = {"1": False, "3.bn1": False, "3.bn2": False, "4.bn1": True, "4.bn2": False, "5.bn1": True,
+              "5.bn2": True, "5.bn3": False, "6.bn1": True, "6.bn2": True, "6.bn3": False, "8": True}
+        self.assertEqual(fused_layers(conv), [(n, "leaky_relu", v) for n, v in ip.items()])
+        self._matches(by_hand, x=torch.randn(4, 3, 8, 8), converted=conv, steps=1)
+        for layer in (conv[3].bn2, conv[5].bn3):  # (a layer in place would have 0)
+            self.assertGreater(layer.weight.grad.abs().max().item(), 1e-2)
+        # no such layer: no warning
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sbt.convert_fused(resnet_like(), comm=self.comm, inplace=True, relu_as_leaky=0.2)
+        self.assertEqual([w for w in caught if issubclass(w.category, RuntimeWarning)], [])
+
     def test_blocks_keep_modes_and_take_any_input(self):
         """A fused block keeps each child's training mode (a frozen batch norm in eval stays
         so), and takes the inputs torchvision's `out += identity` takes: another memory
