@@ -777,8 +777,8 @@ def _inference_refused(x, weight, bias, rm, rv, nbt, inplace, residual=None):
     """PyTorch's refusals of inference tensors (made under torch.inference_mode()) outside
     inference mode, raised before the training call writes anything (the running
     statistics were updated, then autograd refused to save x): a buffer the call updates in
-    place, an input the in-place mode overwrites, and an input autograd would save (the
-    in-place mode's residual too)."""
+    place, and an input autograd would save (x; in the in-place mode, which saves its
+    output instead and never writes x, the residual)."""
     if (inplace and residual is not None and residual.is_inference() and not torch.is_inference_mode_enabled()
             and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))):
         raise RuntimeError("syncbn.torch.SyncBatchNorm: Inference tensors cannot be saved for backward: the "
@@ -787,13 +787,12 @@ def _inference_refused(x, weight, bias, rm, rv, nbt, inplace, residual=None):
     if not (x.is_inference() or (rm is not None and (rm.is_inference() or rv.is_inference()))
             or (nbt is not None and nbt.is_inference())) or torch.is_inference_mode_enabled():
         return
-    for name, t in (("running_mean", rm), ("running_var", rv), ("num_batches_tracked", nbt),
-                    ("the input (inplace=True overwrites it)", x if inplace else None)):
+    for name, t in (("running_mean", rm), ("running_var", rv), ("num_batches_tracked", nbt)):
         if t is not None and t.is_inference():
             raise RuntimeError(f"syncbn.torch.SyncBatchNorm: Inplace update to inference tensor outside InferenceMode "
                                f"is not allowed: {name} was made under torch.inference_mode(); clone it, or train "
                                f"inside inference mode")
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (weight, bias)):
+    if not inplace and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (weight, bias)):
         raise RuntimeError("syncbn.torch.SyncBatchNorm: Inference tensors cannot be saved for backward: the input "
                            "was made under torch.inference_mode(); clone it, or call the layer under "
                            "torch.no_grad() or inference mode")

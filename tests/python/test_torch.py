@@ -402,10 +402,11 @@ class TestTorch(unittest.TestCase):
 
     def test_inference_tensors_refused_before_anything_is_written(self):
         """Tensors made under torch.inference_mode() in a training call outside it:
-        PyTorch's two RuntimeErrors (an input autograd must save; buffers updated in place;
-        and an input the in-place mode overwrites), raised before the call writes anything
-        (the running statistics were updated, then autograd refused to save x). Inside
-        inference mode, or with nothing to save (no_grad), the call runs as nn's does."""
+        PyTorch's two RuntimeErrors (an input autograd must save; buffers updated in place),
+        raised before the call writes anything (the running statistics were updated, then
+        autograd refused to save x). Inside inference mode, or with nothing to save
+        (no_grad), the call runs as nn's does; so does an in-place layer's (it saves its
+        output, never writes its input), with grad enabled too: the gradients of a clone."""
         comms = syncbn.cpu_team(1)
         try:
             with torch.inference_mode():
@@ -415,8 +416,7 @@ class TestTorch(unittest.TestCase):
             relu_inplace = sbt.SyncBatchNorm(3, comm=comms[0], activation="leaky_relu", inplace=True)
             for m, x, grad, msg in ((fresh, xi, True, "Inference tensors cannot be saved for backward: the input"),
                                     (made_inside, torch.randn(4, 3, 5), True, "running_mean was made under"),
-                                    (made_inside, torch.randn(4, 3, 5), False, "running_mean was made under"),
-                                    (relu_inplace, xi, False, "the input \\(inplace=True overwrites it\\)")):
+                                    (made_inside, torch.randn(4, 3, 5), False, "running_mean was made under")):
                 with torch.set_grad_enabled(grad), self.assertRaisesRegex(RuntimeError, msg):
                     m(x)
                 self.assertEqual(int(m.num_batches_tracked), 0)
@@ -434,6 +434,19 @@ class TestTorch(unittest.TestCase):
             with torch.inference_mode():  # inside inference mode: trains, as nn does
                 made_inside(xi)
             self.assertEqual(int(made_inside.num_batches_tracked), 1)
+            # in place: the inference input is read, never written nor saved
+            twin = copy.deepcopy(relu_inplace)
+            for grad in (False, True):
+                with torch.set_grad_enabled(grad):
+                    y, want = relu_inplace(xi), twin(xi.clone())
+                self.assertTrue(torch.equal(y, want))
+                self.assertTrue(torch.equal(xi, x0))
+                if grad:
+                    (y * want.detach()).sum().backward()
+                    (want * want.detach()).sum().backward()
+                    self.assertTrue(torch.equal(relu_inplace.weight.grad, twin.weight.grad))
+                    self.assertTrue(torch.equal(relu_inplace.bias.grad, twin.bias.grad))
+            self.assertEqual(int(relu_inplace.num_batches_tracked), 2)
         finally:
             comms[0].destroy()
 
