@@ -432,8 +432,9 @@ typedef struct {
                                  kernels and the host path's (NCHW and NHWC); the small
                                  kernel (a team of one's ops of at most 64 rows) reads y as
                                  with 0. 0 (default): the mask from y. The forwards
-                                 (sbnForwardTrainEx, sbnForwardInferenceEx) refuse 1 with a
-                                 z; elsewhere it changes nothing. 0 or 1 */
+                                 (sbnForwardTrainEx, sbnForwardInferenceEx) and
+                                 sbnBackwardInPlaceEx refuse 1 with a z; elsewhere it
+                                 changes nothing. 0 or 1 */
   int reserved;               /* 0 */
 } sbnEpilogue_t;
 #define SBN_EPILOGUE_INITIALIZER { sizeof(sbnEpilogue_t), sbnActivationIdentity, 0.01f, 0, 0 }
@@ -522,7 +523,11 @@ SBN_API sbnResult_t sbnBackwardEx(sbnComm_t comm, const sbnTensorDesc_t* desc, c
    sbnBackwardEx gives it. Accuracy: x_hat is off by about (|act^-1(y)| u + |bn(x)| 2^-24) /
    |weight| (the in-place backward's |act^-1(y)| u / |weight|, act^-1(y) being bn(x) + z,
    so a large residual costs in proportion; bench/notes/tolerances.md, "The in-place
-   backward with a residual"). GPU teams read z in both of the kernel's passes (the
+   backward with a residual"). The weight threshold's policy sees the bias only, not z: a
+   channel whose |weight| is below u |act^-1(y)| gets x_hat off by more than 1 where that
+   holds, and a dweight without a correct digit (bf16 with |z| ~ 1 wants |weight| well
+   above 2^-8 |z|; a channel whose weight may come that near 0 is for the x-based
+   backward). GPU teams read z in both of the kernel's passes (the
    statistics and dx), as they read y: the small kernel does not run it. */
 SBN_API sbnResult_t sbnBackwardInPlaceEx(sbnComm_t comm, const sbnTensorDesc_t* desc, const void* y,
                                          const void* z, const void* dy, void* dx, void* dz,
