@@ -304,8 +304,9 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    of 4 (fp32) / 8 (fp16, bf16), NCHW (or C = 1) with H*W not a multiple of it and below
    1024; C = 1 runs as NCHW whichever layout is named, so that its bits do not depend on it),
    "unit" (a team of one's channels one after the other, each read again right after its
-   statistics), "small" (a team of one's op of few rows: every value loaded once into
-   registers), or "host" (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
+   statistics), "small" (a team of one's op of few rows, or under SBN_KERNEL=small a team's
+   whose ranks each have few: every value loaded once into registers), or "host"
+   (SBN_ALGO=nccl); "none" before the first op. Chosen per call:
    SBN_KERNEL=auto (stream, or stream-scalar; unit for a team of one's ops where unit
    applies, but for the forward of fp16/bf16 planes that are not whole 16-byte vectors;
    small wherever small applies), onchip (where the rank's tensors fit on
@@ -316,7 +317,9 @@ SBN_API sbnResult_t sbnCommGetTransport(sbnComm_t comm, const char** transport);
    or at least 1024, 16-byte aligned tensors, fewer than twice as many blocks as
    channels; else stream or stream-scalar), or small (where it applies: a team of one, NHWC with
    C > 1 or H*W = 1, N*H*W at most 64, not the in-place backward (sbnBackwardEx with x NULL);
-   else what auto runs) (the first kernel, "legacy", was
+   also a team of two or more ranks whose ranks launched each have at most 64 rows, but for
+   sbnCommInitAll ranks on GPUs without peer access and ranks sharing a GPU; else what auto
+   runs) (the first kernel, "legacy", was
    removed in 0.1.0: SBN_KERNEL=legacy fails with sbnInvalidArgument). */
 SBN_API sbnResult_t sbnCommGetKernel(sbnComm_t comm, const char** kernel);
 
