@@ -317,6 +317,30 @@ class TestCapi(unittest.TestCase):
         for c in comms:
             c.destroy()
 
+    def test_python_md_signatures(self):
+        """PYTHON.md's signatures of the three operations (their order differs from C's, so
+        the text is what a caller writes from) are the wrapper's: the same parameters in
+        the same order, each default the value its name gives in syncbn. A parameter added,
+        moved or given another default without the text fails it."""
+        import inspect
+
+        text = (ROOT / "docs" / "PYTHON.md").read_text()
+        block = re.search(r"```python\n *(Comm\.forward_train\(.*?)```", text, re.S)
+        self.assertIsNotNone(block, "PYTHON.md: no ```python block of the operations' signatures")
+        calls = re.findall(r"^ *([\w.]+)\((.*?)\)$", block.group(1), re.S | re.M)
+        self.assertEqual([c[0] for c in calls], ["Comm.forward_train", "Comm.backward", "forward_inference"])
+        fns = {"Comm.forward_train": syncbn.Comm.forward_train, "Comm.backward": syncbn.Comm.backward,
+               "forward_inference": syncbn.forward_inference}
+        for name, args in calls:
+            doc = []
+            for a in " ".join(args.split()).split(", "):
+                key, _, default = a.partition("=")
+                doc.append((key, eval(default, vars(syncbn)) if default else inspect.Parameter.empty))  # noqa: S307
+            params = [p for p in inspect.signature(fns[name]).parameters.values() if p.name != "self"]
+            got = [(p.name, p.default) for p in params]
+            self.assertEqual([("desc" if k == "desc" else k, v) for k, v in doc],
+                             [("desc" if k == "d" else k, v) for k, v in got], name)
+
     def test_buffers_checked_before_c(self):
         """What the wrapper can see of an array or tensor is checked against the
         descriptor before C: an undersized array (which crashed the interpreter), a wrong
