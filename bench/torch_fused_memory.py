@@ -42,6 +42,8 @@ Prints a table and the run's device, torch version, commit and date; --json PATH
 them. `python bench/torch_fused_memory.py` takes a few seconds on CPU (CI runs it);
 on a GPU: `python bench/torch_fused_memory.py --device cuda --batch 8 --size 256`.
 A fused row that fails (its error) says so in its line instead of failing the run.
+Exit status 0; 77 (skipped, and says why) for --device cuda where PyTorch sees no CUDA
+device; 2 for a usage error.
 """
 
 import argparse
@@ -58,6 +60,8 @@ import torch.nn as nn  # noqa: E402
 
 import syncbn  # noqa: E402
 import syncbn.torch as sbt  # noqa: E402
+
+EXIT_SKIP = 77  # CTest's SKIP_RETURN_CODE, as the other bench scripts'
 from torch_baseline_util import git_commit  # beside this file (no torch in it)
 
 
@@ -304,6 +308,10 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print(f"torch_fused_memory: SKIP: no CUDA device for PyTorch {torch.__version__} "
+              f"(torch.cuda.is_available() is False; CUDA build: {torch.version.cuda})", flush=True)
+        return EXIT_SKIP
     if dev.type == "cuda":
         torch.cuda.set_device(0)
         comm = syncbn.nccl_team(syncbn.nccl_unique_id(), 1, 0)

@@ -20,6 +20,7 @@ import copy
 import functools
 from collections import OrderedDict
 import gc
+import io
 import os
 import pickle
 import sys
@@ -552,6 +553,16 @@ class TestMemoryMeasure(TeamOfOne):
         self.assertEqual(torch_fused_memory.peak_of([(t, b, tot + 1000) for t, b, tot in recs]), 250)
         self.assertEqual(torch_fused_memory.peak_of([(1, -8, 992), (2, 4, 996)]), 0)
         self.assertEqual(torch_fused_memory.peak_of([]), 0)
+
+    @unittest.skipIf(torch.cuda.is_available(), "a CUDA device is here: --device cuda measures")
+    def test_cuda_without_a_device_skips(self):
+        """--device cuda where PyTorch sees no CUDA device: exit 77 (a skip, as the other
+        bench scripts'), with a line that says why, not a traceback from torch.cuda."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = torch_fused_memory.main(["--device", "cuda"])
+        self.assertEqual(rc, 77)
+        self.assertIn("torch_fused_memory: SKIP: no CUDA device", out.getvalue())
 
     def test_peak_where(self):
         """The node around the peak, the innermost of nested ones, and what was held when it
