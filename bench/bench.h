@@ -323,7 +323,8 @@ typedef double (*bench_op_fn)(void* ctx, int fwd, char* err, size_t cap);
 /* warmup + iters calls of op; samples[iters] := the wall time of each timed one. 0 or -1. */
 int time_wall(bench_op_fn op, void* ctx, int fwd, const bench_opts_t* o, double* samples, char* err,
               size_t cap);
-/* The row's timings of one op from the samples (sorts them). */
+/* Timings of one op from the samples (sorts them): into t, or into the row's t[fwd]. */
+void times_set(bench_times_t* t, double* op_us, double* host_us, int iters);
 void row_set_times(bench_row_t* row, int fwd, double* op_us, double* host_us, int iters);
 
 /* ---- floors (floors.c)

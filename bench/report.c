@@ -22,7 +22,8 @@ static const char* const kGpuPathLegend[3] = {
     "small (a team of one's few rows) small's statistics kernel for stats and publish; its "
     "outputs must be bitwise the coop row's",
     "cudnn = cudnnBatchNormalizationForwardTrainingEx / BackwardEx, CUDNN_BATCHNORM_OPS_BN, "
-    "mode SPATIAL_PERSISTENT (SPATIAL where cuDNN refuses it), W = 1 only: one GPU, no sync"};
+    "the faster of modes SPATIAL_PERSISTENT and SPATIAL (forward + backward), W = 1 only: one "
+    "GPU, no sync"};
 
 /* Column widths: the row's description, one op (time, GB/s/rk, GB/s all; in GPU mode also
    % of floor (a), (b) and t/coop). */

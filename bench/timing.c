@@ -38,8 +38,11 @@ int time_wall(bench_op_fn op, void* ctx, int fwd, const bench_opts_t* o, double*
   return 0;
 }
 
-void row_set_times(bench_row_t* row, int fwd, double* op_us, double* host_us, int iters) {
-  bench_times_t* t = &row->t[fwd];
+void times_set(bench_times_t* t, double* op_us, double* host_us, int iters) {
   times_stats(op_us, iters, &t->med, &t->min, &t->p90);
   t->host_med = median(host_us, iters);
+}
+
+void row_set_times(bench_row_t* row, int fwd, double* op_us, double* host_us, int iters) {
+  times_set(&row->t[fwd], op_us, host_us, iters);
 }
