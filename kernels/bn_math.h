@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define SBN_HD static __host__ __device__ __forceinline__
@@ -87,6 +88,34 @@ SBN_HD float sbn_two_sum(float a, float b, float* err) {
   float bb = s - a;
   *err = (a - (s - bb)) + (b - bb);
   return s;
+}
+
+/* Whether a count went past a power of two from a to b (0 <= a < b, exact integers):
+   b's binary exponent is above a's (0 to anything counts). A run that re-centres its
+   shift there (sbn_recentre) does so about log2(count) times. */
+SBN_HD int sbn_count_doubled(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return (__float_as_uint(b) >> 23) != (__float_as_uint(a) >> 23);
+#else
+  uint32_t ua, ub;
+  memcpy(&ua, &a, sizeof ua);
+  memcpy(&ub, &b, sizeof ub);
+  return (ub >> 23) != (ua >> 23);
+#endif
+}
+
+/* A run's state shift + mean (mean: of x - shift) moved, exactly, to shift' + mean' with
+   shift' = fl(shift + mean) and |mean'| <= ulp(shift')/2 (TwoSum: the same value). Each
+   update of a run's fp32 mean rounds by ~u |mean|, the distance from the shift to the
+   run's mean: with the shift its first element, an outlier there (a zero-padded row
+   before constant values) made those roundings u |mean - first| each, all of one sign,
+   up to ~400 u sigma in the channel's mean. Re-centred whenever the count doubles, the
+   shift follows the run's mean, and the roundings are u times the distance from it
+   (bench/notes/tolerances.md, "The forward's mean": below 1 u sigma there). */
+SBN_HD void sbn_recentre(float* shift, float* mean) {
+  float lo;
+  *shift = sbn_two_sum(*shift, *mean, &lo);
+  *mean = lo;
 }
 
 /* The partial of elements x = shift + x' from the Welford state of x'. Callers pick

@@ -65,6 +65,8 @@
                                              gathers nothing) */
 #define SBN_MUT_RECOVER_NO_Z 33554432 /* the in-place backward of a forward with a residual
                                          recovers x from y as if there were no z */
+#define SBN_MUT_NO_RECENTRE 67108864 /* a thread's forward run keeps its first element as
+                                        its shift (no sbn_recentre when its count doubles) */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

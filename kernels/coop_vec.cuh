@@ -186,7 +186,8 @@ template <int VEC, bool WHOLE> struct Walker<false, VEC, WHOLE> {
 /* ---- per-thread accumulators ----------------------------------------------------------- */
 template <int NCH> struct FwdAcc {
   float count;      /* values merged so far (the same for every channel of the thread) */
-  float shift[NCH]; /* the thread's first value of each channel */
+  float shift[NCH]; /* the thread's first value of each channel, then its running mean
+                       whenever count doubles (sbn_recentre) */
   float mean[NCH];  /* of x - shift */
   float m2[NCH];
 };
@@ -566,7 +567,12 @@ SBN_UNROLL
           }
         fwd_merge(A, e, mb, q, wb);
       }
+      const float before = A.count;
       A.count += nb;
+      if (sbn_count_doubled(before, A.count) && !SBN_MUTANT(SBN_MUT_NO_RECENTRE)) {
+SBN_UNROLL
+        for (int e = 0; e < NCH; e++) sbn_recentre(&A.shift[e], &A.mean[e]);
+      }
     } else { /* one channel; the batch's elements in (position, element) order */
       if (A.count == 0.0f) { /* a thread's first position has an element */
         const unsigned m0 = WHOLE ? kFull : bp.mask(0, kFull);
@@ -613,7 +619,10 @@ SBN_UNROLL
             }
         fwd_merge(A, 0, mb, q, nb / (A.count + nb));
       }
+      const float before = A.count;
       A.count += nb;
+      if (sbn_count_doubled(before, A.count) && !SBN_MUTANT(SBN_MUT_NO_RECENTRE))
+        sbn_recentre(&A.shift[0], &A.mean[0]);
     }
   }
 

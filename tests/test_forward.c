@@ -446,6 +446,33 @@ static void test_outlier_first(void) {
   team_free(&t);
 }
 
+/* An outlier at the start of every run: chunks of 32 values [0, D x 31] (D = 1.1046652:
+   each Welford update of the chunk's mean rounds by u |mean - 0| of one sign), repeated
+   over the channel (identical chunks merge exactly, so one chunk's error is the
+   channel's), at W = 1 and over 8 uneven ranks: the mean y implies within 4 u sigma of
+   the exact one (tolerances.md, "The forward's mean"; 0.4 measured). With the shift the
+   chunk's first element for the whole chunk it was 38 u sigma (a review's case: y off by
+   3e-6 at |y| <= 5.6, within y's tolerance, 1e-5, which this does not rely on). */
+static void test_outlier_first_in_every_chunk(void) {
+  sbnParams_t p = params(1e-5f, 0.1f);
+  const float D = 0x1.1acb56p+0f;
+  for (int W = 1; W <= 8; W += 7) {
+    int64_t n[MAXW] = {0};
+    for (int r = 0; r < W; r++) n[r] = W == 1 ? 8 : 1 + (r % 3 == 0);
+    team_t t;
+    team_make(&t, W, sbnFloat32, sbnLayoutNCHW, 1, 32 * 512, n, 0, 1, GEN_NORMAL, 1715);
+    team_drop_backward(&t);
+    for (int r = 0; r < W; r++)
+      for (int64_t k = 0; k < n[r] * 32 * 512; k++)
+        ((float*)t.x[r])[k] = ((float*)t.x0[r])[k] = k % 32 == 0 ? 0.0f : D;
+    forward_and_check(&t, MODE_GROUP, 0, &p, tol_tight_fp32());
+    const double e = implied_mean_error_u(&t, &p, 0);
+    if (fabs(e) > 4.0) SBN_FAIL_("W = %d: the mean y implies is %.2f u sigma off (at most 4)", W, e);
+    team_free(&t);
+    if (sbn_test_cur_failed_) return;
+  }
+}
+
 /* The backward (team gradient sums) of a team of two channels whose channel 0 has
    save_invstd 0 (nothing to normalize by) and channel 1 a finite one: channel 0's dx and
    dweight are 0 and its dbias finite, channel 1's dx and dweight finite. */
@@ -634,6 +661,7 @@ int main(void) {
   SBN_RUN(test_count_past_2_24);
   SBN_RUN(test_uneven_ranks_far_apart);
   SBN_RUN(test_outlier_first);
+  SBN_RUN(test_outlier_first_in_every_chunk);
   SBN_RUN(test_eps0_constant_channel);
   SBN_RUN(test_m2_overflow);
   team_comms_destroy();

@@ -78,11 +78,18 @@ static void welford_tree_start(welford_tree_t* t) {
 /* One element. Each chunk is shifted by its own first element, as each GPU thread's run
    is: one shift for the channel (its first element) let an outlier there put
    u |mean - shift| into the whole mean, 6e-4 for 2^24 elements of 1e4 + N(0, 1) after a
-   first element of 1000; now it weighs only in its chunk's share. */
+   first element of 1000; now it weighs only in its chunk's share, and only until the
+   chunk's count doubles (sbn_recentre). */
 static void welford_tree_push(welford_tree_t* t, float v) {
   if (t->chunk.count == 0.0f) t->shift = v;
   sbn_welford_push(&t->chunk, v - t->shift);
-  if (t->chunk.count < (float)SBN_CHUNK) return;
+  if (t->chunk.count < (float)SBN_CHUNK) {
+    /* the shift re-centred on the chunk's mean at counts 2, 4, 8, 16 (as each GPU thread's
+       run whenever its count doubles): an outlier first is the shift of a few elements only */
+    if (sbn_count_doubled(t->chunk.count - 1.0f, t->chunk.count))
+      sbn_recentre(&t->shift, &t->chunk.mean);
+    return;
+  }
   sbn_partial_t w = sbn_partial_from_shifted(t->chunk, t->shift);
   int l = 0;
   for (uint64_t i = t->chunks; i & 1; i >>= 1, l++) w = sbn_partial_merge(level_get(t, l), w);
