@@ -309,6 +309,33 @@ static int cudnn_prepare(bench_cudnn_ctx_t* k, char* err, size_t cap) {
 fail:
   return -1;
 }
+
+/* A row's tensor as cuDNN's 4-d descriptor takes it: its data type, and the shape's own H
+   and W where spatial is H*W (--scale 1), else (spatial, 1) (batch norm does not care how
+   the spatial extent is split). 0, the row skipped and its note saying why, where the
+   tensor does not fit int strides. */
+static int cudnn_geometry(bench_row_t* row, sbnTensorDesc_t* d, cudnnDataType_t* dt, int* h,
+                          int* w) {
+  *d = row_desc(row);
+  if (d->n * d->c * d->spatial > INT_MAX || d->c > INT_MAX || d->n > INT_MAX ||
+      d->spatial > INT_MAX) {
+    row->skipped = 1;
+    snprintf(row->note, sizeof row->note,
+             "not run: %" PRId64 " elements do not fit a cuDNN 4-d descriptor (int strides)",
+             d->n * d->c * d->spatial);
+    return 0;
+  }
+  *dt = d->dtype == sbnFloat32    ? CUDNN_DATA_FLOAT
+        : d->dtype == sbnBFloat16 ? CUDNN_DATA_BFLOAT16
+                                  : CUDNN_DATA_HALF;
+  *h = (int)d->spatial;
+  *w = 1;
+  if (row->shape->h * row->shape->w == d->spatial) {
+    *h = (int)row->shape->h;
+    *w = (int)row->shape->w;
+  }
+  return 1;
+}
 #endif /* SBN_BENCH_HAVE_CUDNN_H */
 
 /* The start of a cuDNN row: 1 when it may run; 0 after saying why not (an earlier CUDA
@@ -327,9 +354,10 @@ static int cudnn_row_may_run(bench_row_t* row, bench_gpu_t* g, bench_cudnn_t* cu
 }
 
 /* One cuDNN row (W = 1: one GPU, no sync) on rank 0's inputs of host_all: its own device
-   buffers, descriptors, workspace; the timed forward and backward of each mode cuDNN takes
-   (SPATIAL_PERSISTENT, SPATIAL), the faster kept; then the check run in that mode. A combination cuDNN does not support,
-   or cuDNN not loadable, makes a skipped row (note says why), not a failure. */
+   buffers, descriptors, workspace; the timed forward and backward of each mode cuDNN
+   takes (SPATIAL_PERSISTENT, SPATIAL), the faster kept; then the check run in that mode.
+   A combination cuDNN does not support, or cuDNN not loadable, makes a skipped row (note
+   says why), not a failure. */
 void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
                const bench_team_bufs_t* host_all, bench_cudnn_t* cu) {
   if (!cudnn_row_may_run(row, g, cu)) return;
@@ -339,14 +367,10 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
 #else
   char* err = row->error;
   const size_t cap = sizeof row->error;
-  const sbnTensorDesc_t d = row_desc(row);
-  if (d.n * d.c * d.spatial > INT_MAX || d.c > INT_MAX || d.n > INT_MAX || d.spatial > INT_MAX) {
-    row->skipped = 1;
-    snprintf(row->note, sizeof row->note,
-             "not run: %" PRId64 " elements do not fit a cuDNN 4-d descriptor (int strides)",
-             d.n * d.c * d.spatial);
-    return;
-  }
+  sbnTensorDesc_t d;
+  cudnnDataType_t dt;
+  int h, w;
+  if (!cudnn_geometry(row, &d, &dt, &h, &w)) return;
   static const char* const kOpsNames[3] = {"CUDNN_BATCHNORM_OPS_BN",
                                            "CUDNN_BATCHNORM_OPS_BN_ACTIVATION (ReLU)",
                                            "CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION (ReLU)"};
@@ -354,16 +378,6 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
                                             "CUDNN_BATCHNORM_SPATIAL"};
   static const cudnnBatchNormMode_t kModes[2] = {CUDNN_BATCHNORM_SPATIAL_PERSISTENT,
                                                  CUDNN_BATCHNORM_SPATIAL};
-  const cudnnDataType_t dt = d.dtype == sbnFloat32    ? CUDNN_DATA_FLOAT
-                             : d.dtype == sbnBFloat16 ? CUDNN_DATA_BFLOAT16
-                                                      : CUDNN_DATA_HALF;
-  /* the shape's own H and W when spatial is H*W (--scale 1), else (spatial, 1): BN does not
-     care how the spatial extent is split */
-  int h = (int)d.spatial, w = 1;
-  if (row->shape->h * row->shape->w == d.spatial) {
-    h = (int)row->shape->h;
-    w = (int)row->shape->w;
-  }
   bench_team_bufs_t host = *host_all; /* rank 0 only */
   host.W = 1;
   bench_team_bufs_t dev;
@@ -589,22 +603,10 @@ void cudnn_infer_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
              "cuDNN not available: %.200s has no cudnnBatchNormalizationForwardInference", cu->info->from);
     return;
   }
-  const sbnTensorDesc_t d = row_desc(row);
-  if (d.n * d.c * d.spatial > INT_MAX || d.c > INT_MAX || d.n > INT_MAX || d.spatial > INT_MAX) {
-    row->skipped = 1;
-    snprintf(row->note, sizeof row->note,
-             "not run: %" PRId64 " elements do not fit a cuDNN 4-d descriptor (int strides)",
-             d.n * d.c * d.spatial);
-    return;
-  }
-  const cudnnDataType_t dt = d.dtype == sbnFloat32    ? CUDNN_DATA_FLOAT
-                             : d.dtype == sbnBFloat16 ? CUDNN_DATA_BFLOAT16
-                                                      : CUDNN_DATA_HALF;
-  int h = (int)d.spatial, w = 1; /* as cudnn_row */
-  if (row->shape->h * row->shape->w == d.spatial) {
-    h = (int)row->shape->h;
-    w = (int)row->shape->w;
-  }
+  sbnTensorDesc_t d;
+  cudnnDataType_t dt;
+  int h, w;
+  if (!cudnn_geometry(row, &d, &dt, &h, &w)) return;
   /* rank 0's host buffers of this input set, whose running statistics and y this row
      overwrites: its inference rows run after all its main rows (main.c) */
   bench_team_bufs_t host = *host_all;
