@@ -484,8 +484,11 @@ void cudnn_row(bench_row_t* row, bench_gpu_t* g, const bench_opts_t* o,
     const int documented = fused && d.dtype == sbnFloat16 && d.layout == sbnLayoutNHWC;
     const int bad_param = cat == CUDNN_STATUS_BAD_PARAM && !documented;
     /* a refusal of one mode where the other may run (PERSISTENT first; SPATIAL after
-       PERSISTENT ran) is noted; anything else is an error */
-    const int refusal = cat == CUDNN_STATUS_NOT_SUPPORTED || bad_param;
+       PERSISTENT ran: cuDNN documents the fused ops in PERSISTENT, and may refuse them in
+       SPATIAL as a bad parameter, the documented case too) is noted; anything else is an
+       error */
+    const int refusal = cat == CUDNN_STATUS_NOT_SUPPORTED || bad_param ||
+                        (chosen >= 0 && cat == CUDNN_STATUS_BAD_PARAM);
     const int other_mode = m == 0 || chosen >= 0;
     const int fused_refused = fused && bad_param;
     if (!(refusal && other_mode) && !fused_refused && !cudnn_not_supported(st)) {

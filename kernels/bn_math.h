@@ -119,8 +119,9 @@ SBN_HD void sbn_recentre(float* shift, float* mean) {
 }
 
 /* The partial of elements x = shift + x' from the Welford state of x'. Callers pick
-   shift = one of the run's elements (its first): then x - shift is exact when x is within
-   a factor 2 of shift, and the Welford run sees small, centered values. The run's fp32
+   shift = one of the run's elements (its first), then re-centre it on the run's mean as the
+   run grows (sbn_recentre): x - shift is exact when x is within a factor 2 of shift, and the
+   Welford run sees small, centered values. The run's fp32
    mean of x' is good to ~u |mean - shift|, which a shift far from the rest (an outlier
    first) makes large: the run must be short, so that its share of the team's mean is
    small (one shift for 2^24 elements, an outlier 1000 among 1e4 + N(0, 1), put 6e-4 into

@@ -4,7 +4,8 @@
  *
  * Stage 1 of a unit, per thread: its positions in batches of U (all U loads issued before
  * the first use). A forward batch gives, per channel, the two-pass statistics of its
- * values d = x - shift (shift: the thread's first element of the channel): mean_b =
+ * values d = x - shift (shift: the thread's first element of the channel, then its running
+ * mean whenever its count doubles: sbn_recentre): mean_b =
  * sum(d) / cnt, m2_b = sum((d - mean_b)^2), merged into the thread's running (count,
  * mean, m2) with Chan's formula: one division per batch, none per element. A backward
  * batch adds each element's dy and dy * (x - mean) (with its rounding errors:

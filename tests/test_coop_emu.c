@@ -2146,8 +2146,8 @@ static void test_fused_aliasing_solo(void) {
    doubles (sbn_recentre), the mean y implies is within 4 u sigma of the exact one
    (tolerances.md, "The forward's mean"; 0.0-0.4 here, 38-62 without the re-centring:
    `test_coop_emu mutant no_recentre`). One block (G = 1:
-   runs of 1024 values a thread), on the stream, unit and onchip kernels' stage 1, plane
-   and tile layouts (fp32 NCHW, one channel of 512 x 512 after a row of 512 zeros; fp32
+   runs of 1024 values a thread), on the stream and unit kernels' stage 1 (onchip's is
+   stream's, bitwise: test_onchip_equals_stream), plane and tile layouts (fp32 NCHW, one channel of 512 x 512 after a row of 512 zeros; fp32
    NHWC, 4 channels of 65536 rows after 256 zero rows). */
 static void test_outlier_first_in_every_run(void) {
   static const int64_t n1[1] = {1};

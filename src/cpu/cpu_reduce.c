@@ -56,7 +56,7 @@ typedef struct {
 
 typedef struct {
   sbn_welford_t chunk;  /* the chunk being filled, of x - shift */
-  float shift;          /* the chunk's first element */
+  float shift;          /* the chunk's first element, then its mean at counts 2, 4, 8, 16 */
   uint64_t chunks;      /* completed chunks so far: its bits are the occupied levels */
   level_t level[SBN_LEVELS];
 } welford_tree_t;
