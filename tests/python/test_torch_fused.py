@@ -81,14 +81,31 @@ def inplace_bound(V, Y, G, W, B, invstd, xhat, activation, slope, dtype, Z=None)
 
 
 def assert_within(test, got, want, rtol, atol, extra=0.0, msg=""):
+    """got within atol + rtol |want| + extra of want, element by element, of want's shape; a
+    NaN in got is off unless want has a NaN there (err <= lim is False for NaN, where
+    err > lim was False too: an all-NaN output passed)."""
+    test.assertEqual(tuple(got.shape), tuple(want.shape), f"{msg}: shape")
     if want.numel() == 0:
         return
     got, want = got.detach(), want.detach()
     err = (got.double() - want).abs()
     lim = atol + rtol * want.abs() + extra
-    bad = err > lim
+    bad = ~(err <= lim) & ~(got.isnan() & want.isnan())
     test.assertFalse(bool(bad.any()), f"{msg}: {int(bad.sum())} elements off, max excess "
-                                      f"{float((err - lim).max()):.3g}")
+                                      f"{float((err - lim).nan_to_num(nan=float('inf')).max()):.3g}")
+
+
+class TestAssertWithin(unittest.TestCase):
+    def test_nan_and_shape_are_off(self):
+        """The tests' value check: a NaN where the reference has a number, an inf, or another
+        shape fails it; a NaN where the reference has one, and values within the bound,
+        pass (err > lim let an all-NaN output pass)."""
+        want = torch.tensor([1.0, 2.0, float("nan")], dtype=torch.float64)
+        assert_within(self, torch.tensor([1.0, 2.0 + 1e-7, float("nan")]), want, 1e-5, 1e-5, msg="close")
+        for got in (torch.tensor([float("nan"), 2.0, float("nan")]), torch.tensor([1.0, float("inf"), 0.0]),
+                    torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 2.0, float("nan")]])):
+            with self.assertRaises(AssertionError, msg=str(got)):
+                assert_within(self, got, want, 1e-5, 1e-5, msg="off")
 
 
 class TestFusedLayer(unittest.TestCase):
