@@ -1068,6 +1068,7 @@ def main():
                 import matplotlib  # noqa: F401
             except ImportError as e:
                 test_plot(tmp, False)  # results.md's tables need no matplotlib
+                test_plot_without_matplotlib(tmp)  # matplotlib's absence: here for real
                 test_history(tmp, False)  # nor the history table
                 if failures:
                     print(f"{len(failures)} failed")
