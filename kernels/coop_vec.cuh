@@ -222,6 +222,19 @@ __device__ __forceinline__ void fwd_merge(FwdAcc<NCH>& A, int e, float mb, float
   }
 }
 
+/* nb more values merged into the thread's statistics: its count, and where the count
+   passed a power of two, each channel's shift re-centred on its running mean
+   (sbn_recentre: the same value). */
+template <int NCH>
+__device__ __forceinline__ void fwd_count(FwdAcc<NCH>& A, float nb) {
+  const float before = A.count;
+  A.count += nb;
+  if (sbn_count_doubled(before, A.count) && !SBN_MUTANT(SBN_MUT_NO_RECENTRE)) {
+SBN_UNROLL
+    for (int e = 0; e < NCH; e++) sbn_recentre(&A.shift[e], &A.mean[e]);
+  }
+}
+
 /* ---- the data path of one variant ------------------------------------------------------ */
 /* EPI: 0 the plain ops; 1 the epilogue (SBN_EPI_ACT: an activation, z, dz); 2 the in-place
    backward (SBN_EPI_RECOVER: x - mean recovered from y, which the kernel reads in x's
@@ -568,12 +581,7 @@ SBN_UNROLL
           }
         fwd_merge(A, e, mb, q, wb);
       }
-      const float before = A.count;
-      A.count += nb;
-      if (sbn_count_doubled(before, A.count) && !SBN_MUTANT(SBN_MUT_NO_RECENTRE)) {
-SBN_UNROLL
-        for (int e = 0; e < NCH; e++) sbn_recentre(&A.shift[e], &A.mean[e]);
-      }
+      fwd_count(A, nb);
     } else { /* one channel; the batch's elements in (position, element) order */
       if (A.count == 0.0f) { /* a thread's first position has an element */
         const unsigned m0 = WHOLE ? kFull : bp.mask(0, kFull);
@@ -620,10 +628,7 @@ SBN_UNROLL
             }
         fwd_merge(A, 0, mb, q, nb / (A.count + nb));
       }
-      const float before = A.count;
-      A.count += nb;
-      if (sbn_count_doubled(before, A.count) && !SBN_MUTANT(SBN_MUT_NO_RECENTRE))
-        sbn_recentre(&A.shift[0], &A.mean[0]);
+      fwd_count(A, nb);
     }
   }
 
