@@ -507,13 +507,13 @@ static inline void check_forward(team_t* t, const sbnParams_t* p, tol_t tol) {
   if (ok) check_rank_agreement(t);
 }
 
-/* The error of channel ch's mean that a team's forward output y implies, in units of
-   2^-24 times the channel's standard deviation (tolerances.md, "The forward's mean"):
-   y - y_exact is -(mean' - mean) invstd weight at every element, so the average of
-   y - y_exact over the channel's elements (sbn_ref_forward's float64 y) over invstd
+/* err[ch]: the error of channel ch's mean that a team's forward output y implies, in
+   units of 2^-24 times the channel's standard deviation (tolerances.md, "The forward's
+   mean"): y - y_exact is -(mean' - mean) invstd weight at every element, so the average
+   of y - y_exact over the channel's elements (sbn_ref_forward's float64 y) over invstd
    weight is the mean the library normalized with less the exact one (the rounding of
    invstd averages out: the x - mean sum to 0). fp32 teams, weights not 0. */
-static inline double implied_mean_error_u(const team_t* t, const sbnParams_t* p, int64_t ch) {
+static inline void implied_mean_errors_u(const team_t* t, const sbnParams_t* p, double* err) {
   const int W = t->W;
   const int64_t c = t->d[0].c;
   double *mean = dvec(c), *invstd = dvec(c), *varu = dvec(c);
@@ -525,19 +525,20 @@ static inline double implied_mean_error_u(const team_t* t, const sbnParams_t* p,
     xs[r] = t->x0[r];
   }
   sbn_ref_forward(W, t->d, xs, t->w, t->b, (double)p->eps, mean, invstd, varu, &m, ys);
-  double sum = 0.0;
-  for (int r = 0; r < W; r++)
-    for (int64_t i = 0; i < t->d[r].n; i++)
-      for (int64_t s = 0; s < t->d[r].spatial; s++) {
-        const int64_t k = sbn_ref_index(&t->d[r], i, ch, s);
-        sum += (double)((const float*)t->y[r])[k] - ys[r][k];
-      }
-  const double w = t->w ? (double)t->w[ch] : 1.0;
-  const double sd = sqrt(varu[ch] * (double)(m - 1) / (double)m);
-  const double err = -(sum / (double)m) / (invstd[ch] * w) / sd / ldexp(1.0, -24);
+  for (int64_t ch = 0; ch < c; ch++) {
+    double sum = 0.0;
+    for (int r = 0; r < W; r++)
+      for (int64_t i = 0; i < t->d[r].n; i++)
+        for (int64_t s = 0; s < t->d[r].spatial; s++) {
+          const int64_t k = sbn_ref_index(&t->d[r], i, ch, s);
+          sum += (double)((const float*)t->y[r])[k] - ys[r][k];
+        }
+    const double w = t->w ? (double)t->w[ch] : 1.0;
+    const double sd = sqrt(varu[ch] * (double)(m - 1) / (double)m);
+    err[ch] = -(sum / (double)m) / (invstd[ch] * w) / sd / ldexp(1.0, -24);
+  }
   for (int r = 0; r < W; r++) free(ys[r]);
   free(mean), free(invstd), free(varu);
-  return err;
 }
 
 /* Runs a forward in `mode` and checks it. */

@@ -466,7 +466,8 @@ static void test_outlier_first_in_every_chunk(void) {
       for (int64_t k = 0; k < n[r] * 32 * 512; k++)
         ((float*)t.x[r])[k] = ((float*)t.x0[r])[k] = k % 32 == 0 ? 0.0f : D;
     forward_and_check(&t, MODE_GROUP, 0, &p, tol_tight_fp32());
-    const double e = implied_mean_error_u(&t, &p, 0);
+    double e;
+    implied_mean_errors_u(&t, &p, &e);
     if (fabs(e) > 4.0) SBN_FAIL_("W = %d: the mean y implies is %.2f u sigma off (at most 4)", W, e);
     team_free(&t);
     if (sbn_test_cur_failed_) return;
