@@ -60,9 +60,9 @@ import torch.nn as nn  # noqa: E402
 
 import syncbn  # noqa: E402
 import syncbn.torch as sbt  # noqa: E402
+from torch_baseline_util import git_commit  # beside this file (no torch in it)
 
 EXIT_SKIP = 77  # CTest's SKIP_RETURN_CODE, as the other bench scripts'
-from torch_baseline_util import git_commit  # beside this file (no torch in it)
 
 
 def conv_bn_act(i, o, k=3, stride=1, dilation=1, act_inplace=False):
