@@ -18,7 +18,7 @@ import pathlib
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 c_float_p = ctypes.POINTER(ctypes.c_float)
 
-# Mirrors of syncbn.h (tests/python/test_capi.py compares them with the header).
+# Mirrors of syncbn.h (tests/python/test_capi.py: test_constants_match_header).
 SBN_CONFIG_MAGIC = 0x5B4E4366
 SBN_CONFIG_VERSION = 1
 SBN_DEFAULT_TIMEOUT_MS = 300000

@@ -2038,8 +2038,9 @@ def _fused_act(was, relu_as_leaky):
     return was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
 
 
-# The in-place backward's weight threshold (syncbn.h: SBN_RECOVER_MIN_WEIGHT): a channel of
-# |weight| below it recovers no x from its output, and its weight gets a gradient of 0.
+# The in-place backward's weight threshold (syncbn.h: SBN_RECOVER_MIN_WEIGHT; test_capi.py
+# holds the two equal): a channel of |weight| below it recovers no x from its output, and
+# its weight gets a gradient of 0.
 _RECOVER_MIN_WEIGHT = 1e-5
 
 

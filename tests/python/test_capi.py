@@ -16,6 +16,7 @@ relative) plus the input's own.
 
 import copy
 import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import pickle
@@ -94,6 +95,47 @@ class TestCapi(unittest.TestCase):
                 syncbn.Config.timeout_ms.offset, ctypes.sizeof(syncbn.Params), syncbn.Params.grad_mode.offset,
                 ctypes.sizeof(Epilogue), Epilogue.slope.offset]
         self.assertEqual(got, want)
+
+    def test_constants_match_header(self):
+        # The package's copies of syncbn.h's constants (syncbn._capi, syncbn, syncbn.torch),
+        # each against what the C compiler reads in the header: a copy that drifts (the
+        # in-place weight threshold, an enum value) would pass everything else unnoticed.
+        cc = shutil.which(os.environ.get("CC", "cc"))
+        self.assertIsNotNone(cc, "a C compiler is needed to read the header's constants")
+        from syncbn import _capi
+
+        ints = {
+            "SBN_CONFIG_MAGIC": _capi.SBN_CONFIG_MAGIC, "SBN_CONFIG_VERSION": _capi.SBN_CONFIG_VERSION,
+            "SBN_DEFAULT_TIMEOUT_MS": _capi.SBN_DEFAULT_TIMEOUT_MS,
+            "SBN_DEFAULT_MAX_CHANNELS": _capi.SBN_DEFAULT_MAX_CHANNELS,
+            "SBN_MAX_CPU_TEAM_RANKS": _capi.SBN_MAX_CPU_TEAM_RANKS, "sbnInvalidUsage": syncbn._INVALID_USAGE,
+            "sbnFloat32": syncbn.FLOAT32, "sbnFloat16": syncbn.FLOAT16, "sbnBFloat16": syncbn.BFLOAT16,
+            "sbnLayoutNCHW": syncbn.NCHW, "sbnLayoutNHWC": syncbn.NHWC,
+            "sbnGradLocal": syncbn.GRAD_LOCAL, "sbnGradGlobal": syncbn.GRAD_GLOBAL,
+            "sbnActivationIdentity": syncbn.IDENTITY, "sbnActivationRelu": syncbn.RELU,
+            "sbnActivationLeakyRelu": syncbn.LEAKY_RELU,
+        }
+        floats = {}
+        if importlib.util.find_spec("torch") is None:
+            print("test_constants_match_header: no torch: syncbn.torch's SBN_RECOVER_MIN_WEIGHT not checked")
+        else:
+            import syncbn.torch as st
+
+            floats["SBN_RECOVER_MIN_WEIGHT"] = st._RECOVER_MIN_WEIGHT
+        body = "".join(f'  printf("{k} %lld\\n", (long long)({k}));\n' for k in ints)
+        body += "".join(f'  printf("{k} %.9g\\n", (double)({k}));\n' for k in floats)
+        src = f'#include <stdio.h>\n#include "syncbn.h"\nint main(void) {{\n{body}  return 0;\n}}\n'
+        with tempfile.TemporaryDirectory() as d:
+            c = pathlib.Path(d) / "consts.c"
+            c.write_text(src)
+            exe = pathlib.Path(d) / "consts"
+            subprocess.run([cc, "-I", str(ROOT / "include"), str(c), "-o", str(exe)], check=True)
+            out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+        header = dict(line.split() for line in out.splitlines())
+        for k, v in ints.items():
+            self.assertEqual(int(header[k]), v, k)
+        for k, v in floats.items():  # the header's float, as C reads it, within its own rounding
+            self.assertAlmostEqual(float(header[k]), v, delta=abs(v) * 2.0 ** -23, msg=k)
 
     def _team_case(self, layout, dtype, ns, c, sp, momentum, seed):
         rng = np.random.default_rng(seed)
