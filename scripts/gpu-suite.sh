@@ -62,6 +62,11 @@
 #   targets   bench/targets.py: issue 13's and 51's targets row by row from the steps' JSON
 #             (targets.txt; the summary, per target met by N of M, in the log); a report that
 #             fails only on a file it cannot read, or on no file at all
+# SBN_SUITE_DEADLINE (prebuilt runs): seconds from the start by which every step has ended:
+# each step's limit is cut to what is left (less 5 s for timeout's KILL), and a step with
+# nothing left is "not run". Give it below the call's own outer `timeout`: that one stops
+# only this script, not the step it is running (a step is its own process group), which
+# would go on using the GPU while the next command is timed, and leave no summary.
 # PYTHON selects the interpreter with torch (default python3). NCCL and cuDNN are found at run
 # time in the nvidia-nccl-cu13 / nvidia-cudnn-cu13 wheels of PYTHON (their lib folders go
 # first on LD_LIBRARY_PATH), else where the loader finds them.
@@ -297,11 +302,11 @@ step_test() {
   # ctest's output goes to the log as it comes (a step or a call cut short keeps what ran)
   # and to a copy that is read for skips; every test's own output, passed ones included
   # (test_gpu_margin's counts and times), is ctest's LastTest.log, kept as test-output.log
+  # by the loop below, also when the step is stopped at its limit
   local copy rc
   copy=$(mktemp "${TMPDIR:-/tmp}/gpu-suite-test.XXXXXX") || return 1
   ctest --test-dir "$TESTS" -L 'gpu|prebuilt' --output-on-failure 2>&1 | tee "$copy"
   rc=${PIPESTATUS[0]}
-  cp "$TESTS/Testing/Temporary/LastTest.log" "$OUTDIR/test-output.log" 2>/dev/null
   # grep: 0 a skip, 1 none, 2 the copy unreadable (a failure too)
   local g=0
   grep -Eq '(test_gpu|test_nccl_team|example_ddp_step).*Skipped' "$copy" || g=$?
@@ -347,18 +352,22 @@ print("cudaSetDevice(9999) =", ctypes.CDLL(lib).cudaSetDevice(9999))'
     echo "!! control: memcheck with the suppressions exited $crc, not 99: they hide more than NCCL's probes"
     rc=1
   fi
+  # The unit and small kernels first, under every tool: no sanitizer has run them yet, and
+  # a step stopped at its limit (SBN_SUITE_DEADLINE) keeps what ran. The unit kernel on
+  # every op where it applies (auto leaves the fp16/bf16 forwards of planes that are not
+  # whole vectors to stream); the team's small kernels (SBN_VAR_SMALL_TEAM) run only when
+  # asked: SBN_KERNEL=small's teams of two or more. A team of one's small kernel is auto's
+  # wherever it applies (the plain test_gpu_team runs below have it), and SBN_ALGO=nccl's
+  # below the host path's small statistics kernel.
+  for tool in memcheck racecheck synccheck; do
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
+    sanitize_one $tool "${q[@]}" SBN_KERNEL=small SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
+  done
   for tool in memcheck racecheck synccheck; do
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_math" || rc=1
     sanitize_one $tool "${q[@]}" -- "$BIN/test_gpu_team" || rc=1
     # the onchip kernels run only when asked (auto: stream)
     sanitize_one $tool "${q[@]}" SBN_KERNEL=onchip SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
-    # and the unit kernel on every op where it applies (auto leaves the fp16/bf16 forwards
-    # of planes that are not whole vectors to stream). A team of one's small kernel is
-    # auto's wherever it applies: the run above has it, and SBN_ALGO=nccl's below the host
-    # path's small statistics kernel; the team's small kernels (SBN_VAR_SMALL_TEAM) run
-    # only when asked: SBN_KERNEL=small's teams of two or more
-    sanitize_one $tool "${q[@]}" SBN_KERNEL=unit SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
-    sanitize_one $tool "${q[@]}" SBN_KERNEL=small SBN_TEST_ONLY=virtual_vs_cpu -- "$BIN/test_gpu_team" || rc=1
     sanitize_one $tool "${q[@]}" SBN_ALGO=nccl \
       SBN_TEST_ONLY=virtual_vs_cpu,fwd_bwd_one_group,initall_vs_cpu -- "$BIN/test_gpu_team" || rc=1
   done
@@ -565,6 +574,10 @@ for step in "${STEPS[@]}"; do
     exit 2
   fi
 done
+DEADLINE=${SBN_SUITE_DEADLINE:-}
+case "$DEADLINE" in
+  "" | *[!0-9]*) [ -z "$DEADLINE" ] || { echo "SBN_SUITE_DEADLINE '$DEADLINE': give whole seconds" >&2; exit 2; } ;;
+esac
 # A prebuilt run archives OUTDIR's files and removes them (the device tool returns few
 # files): OUTDIR must then be new or empty, so that nothing else in it is taken.
 if [ $PREBUILT = 1 ] && [ -d "$OUTDIR" ] && [ -n "$(ls -A -- "$OUTDIR")" ]; then
@@ -576,19 +589,32 @@ mkdir -p -- "$OUTDIR" && OUTDIR=$(cd -- "$OUTDIR" && pwd -P) && [ -n "$OUTDIR" ]
 for step in "${STEPS[@]}"; do
   echo "==> $step"
   t0=$SECONDS
-  if [ $PREBUILT = 1 ] && [ -n "${LIMITS[$step]:-}" ]; then
+  lim=${LIMITS[$step]:-}
+  if [ $PREBUILT = 1 ] && [ -n "$lim" ] && [ -n "$DEADLINE" ]; then
+    left=$((DEADLINE - SECONDS - 5)) # from the script's start; timeout's KILL comes 5 s after its TERM
+    [ $left -lt "$lim" ] && lim=$left
+    if [ $lim -le 0 ]; then
+      RESULT[$step]="not run (SBN_SUITE_DEADLINE=$DEADLINE s reached)"
+      FAILED=1
+      echo "==> $step: ${RESULT[$step]}"
+      continue
+    fi
+  fi
+  if [ $PREBUILT = 1 ] && [ -n "$lim" ]; then
     # the step in a subshell under a limit (timeout sends TERM, then KILL 5 s later)
     export -f "step_$step" sanitize_one wheel_root pip_install_and_test 2>/dev/null
     export HERE PYTHON ARCH PREBUILT TESTS BIN BENCH PROBE PYDIR PYPKG SBNLIB TORCHGPU SUPP QUICK OUTDIR LD_LIBRARY_PATH
-    timeout -k 5 "${LIMITS[$step]}" bash -c "step_$step" >"$OUTDIR/$step.log" 2>&1
+    timeout -k 5 "$lim" bash -c "step_$step" >"$OUTDIR/$step.log" 2>&1
   else
     "step_$step" >"$OUTDIR/$step.log" 2>&1
   fi
   rc=$?
+  # every test's own output, a test step cut short included
+  [ "$step" = test ] && cp "$TESTS/Testing/Temporary/LastTest.log" "$OUTDIR/test-output.log" 2>/dev/null
   if [ $rc -eq 0 ]; then
     RESULT[$step]="ok"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    RESULT[$step]="FAILED (stopped at its limit of ${LIMITS[$step]} s)"
+    RESULT[$step]="FAILED (stopped at its limit of $lim s)"
     FAILED=1
   else
     RESULT[$step]="FAILED ($rc)"

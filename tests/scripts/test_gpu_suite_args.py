@@ -12,15 +12,21 @@ in a throwaway source tree, with no GPU:
 - `prebuild DIR` with a DIR that is no prebuilt folder, or '.': exit 2, DIR kept; an older
   prebuilt folder (BUILD-INFO) or an unfinished one (its mark) is taken;
 - an empty OUTDIR and a new one: the env step runs (it fails without nvidia-smi: exit 1; 0
-  on a GPU machine) and OUTDIR holds summary.txt and gpu-suite.tar.gz with env.log in it.
+  on a GPU machine) and OUTDIR holds summary.txt and gpu-suite.tar.gz with env.log in it;
+- SBN_SUITE_DEADLINE: a step that would run past it (a stand-in nvidia-smi that sleeps) is
+  stopped there with everything it started, the next step is "not run", and the run ends
+  by itself, packed, before an outer `timeout` a little longer would have cut it (that one
+  stops the script but not the step it runs).
 Usage: test_gpu_suite_args.py [SCRIPT] (default scripts/gpu-suite.sh; CTest gives mutants).
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -51,6 +57,41 @@ def listing(folder):
             with open(os.path.join(root, f), "rb") as fh:
                 out[os.path.relpath(os.path.join(root, f), folder)] = fh.read()
     return out
+
+
+def deadline_case(tmp, suite, work):
+    """SBN_SUITE_DEADLINE=7: the env step's limit (15 s) cut to 7 - 5 = 2 s or less; the stand-in
+    nvidia-smi would sleep 6 s and then leave a mark. The outer timeout (12 s) is what call 1
+    of next-gpu-run.md puts around the suite."""
+    fake = os.path.join(tmp, "fakebin")
+    os.makedirs(fake)
+    mark = os.path.join(tmp, "late-mark")
+    stub = os.path.join(fake, "nvidia-smi")
+    with open(stub, "w") as f:
+        f.write(f"#!/bin/sh\nsleep 6\ntouch '{mark}'\n")
+    os.chmod(stub, 0o755)
+    outdir = os.path.join(tmp, "dl")
+    env = dict(os.environ, PATH=fake + os.pathsep + os.environ["PATH"], SBN_SUITE_DEADLINE="7")
+    t0 = time.monotonic()
+    p = subprocess.run(["timeout", "-k", "2", "12", "bash", suite, outdir, "env", "targets"], cwd=work,
+                       env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    out = p.stdout + p.stderr
+    check(p.returncode == 1, f"deadline: the run ends by itself, failed (exit {p.returncode}, 124: the outer timeout)")
+    check(took < 7, f"deadline: ended within SBN_SUITE_DEADLINE ({took:.1f} s of 7)")
+    # 7 - 5 less the seconds the script took to get there (its own start: 0-1)
+    check(re.search(r"env: FAILED \(stopped at its limit of [12] s\)", out) is not None,
+          f"deadline: env cut to 1-2 s ({out.strip()[-300:]!r})")
+    check("targets: not run (SBN_SUITE_DEADLINE=7 s reached)" in out, "deadline: targets not run")
+    names = sorted(os.listdir(outdir)) if os.path.isdir(outdir) else []
+    check(names == ["gpu-suite.tar.gz", "summary.txt"], f"deadline: OUTDIR packed ({names})")
+    time.sleep(max(0.0, 6.5 - took))
+    check(not os.path.exists(mark), "deadline: the stopped step's stand-in nvidia-smi did not go on")
+    env["SBN_SUITE_DEADLINE"] = "7s"
+    p = subprocess.run(["bash", suite, os.path.join(tmp, "dl2"), "env"], cwd=work, env=env,
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 2 and not os.path.exists(os.path.join(tmp, "dl2")),
+          f"deadline: SBN_SUITE_DEADLINE=7s refused, nothing written (exit {p.returncode})")
 
 
 def main():
@@ -132,6 +173,7 @@ def main():
                     packed = t.getnames()
             check("env.log" in packed, f"prebuilt run, {what}: env.log in the archive ({packed})")
             check(listing(work) == work_before, f"prebuilt run, {what}: the current folder unchanged")
+        deadline_case(tmp, suite, work)
     print(f"{checks.failures} failed")
     return 1 if checks.failures else 0
 
