@@ -416,9 +416,12 @@ def _traced(kernel, op, dy):
     """What a backward calls with the incoming gradient dy: the kernel, or the operator `op`
     where dynamo traces the backward (compiled autograd over an eager forward: a kernel is
     opaque to it, the operator has a fake kernel) or where dy is batched
-    (autograd.grad(is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True):
-    the dispatcher runs the operator once per gradient)."""
-    return op if op is not None and (torch.compiler.is_compiling() or _legacy_batched(dy)) else kernel
+    (autograd.grad(is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True);
+    torch.func.vmap over autograd.grad, whose dy is a functorch wrapper: the dispatcher runs
+    the operator once per gradient; a kernel would take the address of a tensor that has no
+    storage)."""
+    wrapped = _legacy_batched(dy) or _wrapped(dy)
+    return op if op is not None and (torch.compiler.is_compiling() or wrapped) else kernel
 
 
 _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "

@@ -733,24 +733,29 @@ class TestAutogradAndLifetimes(unittest.TestCase):
 
     def test_grads_batched(self):
         """autograd.grad(is_grads_batched=True) (torch.autograd.functional.jacobian's
-        vectorize=True): a training layer's gradients for a batch of incoming gradients
-        equal one backward per incoming gradient, plain and fused with a residual, on both
-        kinds of operators (the Python ones took the batched gradient's address: 'Cannot
-        access data pointer of Tensor that doesn't have storage')."""
+        vectorize=True), and torch.func.vmap over autograd.grad: a training layer's
+        gradients for a batch of incoming gradients equal one backward per incoming
+        gradient, plain, fused with a residual, and in place (leaky ReLU, with a residual),
+        on both kinds of operators (the Python ones took the batched gradient's address:
+        'Cannot access data pointer of Tensor that doesn't have storage', under vmap too)."""
         torch.manual_seed(8)
-        for kw in ({}, {"activation": "relu"}):
-            with self.subTest(**kw):
-                m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
-                x = torch.randn(4, 3, 2, 2, requires_grad=True)
-                z = torch.randn(4, 3, 2, 2, requires_grad=True)
-                y = m(x, z) if kw else m(x)
-                inputs = (x, z, m.weight) if kw else (x, m.weight)
-                v = torch.randn(5, *y.shape)
-                got = torch.autograd.grad(y, inputs, v, is_grads_batched=True, retain_graph=True)
-                for i in range(v.shape[0]):
-                    want = torch.autograd.grad(y, inputs, v[i], retain_graph=True)
-                    for g, w in zip(got, want):
-                        torch.testing.assert_close(g[i], w, rtol=1e-6, atol=1e-6)
+        for kw in ({}, {"activation": "relu"}, {"activation": "leaky_relu", "slope": 0.1, "inplace": True}):
+            for how in ("is_grads_batched", "vmap"):
+                with self.subTest(how=how, **kw):
+                    m = sbt.SyncBatchNorm(3, comm=self.comm, **kw)
+                    x = torch.randn(4, 3, 2, 2, requires_grad=True)
+                    z = torch.randn(4, 3, 2, 2, requires_grad=True)
+                    y = m(x, z) if kw else m(x)
+                    inputs = (x, z, m.weight) if kw else (x, m.weight)
+                    v = torch.randn(5, *y.shape)
+                    if how == "vmap":
+                        got = torch.func.vmap(lambda u: torch.autograd.grad(y, inputs, u, retain_graph=True))(v)
+                    else:
+                        got = torch.autograd.grad(y, inputs, v, is_grads_batched=True, retain_graph=True)
+                    for i in range(v.shape[0]):
+                        want = torch.autograd.grad(y, inputs, v[i], retain_graph=True)
+                        for g, w in zip(got, want):
+                            torch.testing.assert_close(g[i], w, rtol=1e-6, atol=1e-6)
 
     def test_eval_double_backward(self):
         """An evaluated layer (no exchange: torch ops in its backward) is twice
