@@ -252,11 +252,11 @@ SBN_NO_UNROLL
   }
   return seen;
 }
-/* At a kernel's start (the publishing blocks' last warp; `local`: every block's): has the
-   team failed? The device words. (The peer-pinned-host transport, whose ranks cannot
+/* At a kernel's start (the last warp of every block with units): has the team failed?
+   The device words. (The peer-pinned-host transport, whose ranks cannot
    reach each other's stop words, reads the host words too: in the cooperative kernel
    block 0 alone, before it arrives at the rank barrier, turning a failure it sees into
-   the rank's stop word, which every publishing block reads again after the barrier, so
+   the rank's stop word, which every block reads again after the barrier, so
    that the rank's blocks publish all their chunks or none; in APPLY after the block's
    first barrier. Its mailboxes are in host memory anyway.) */
 __device__ __forceinline__ int start_words_lane(const sbn_coop_args_t& a, const sbn_coop_rank_t& R) {

@@ -46,9 +46,9 @@
  * block write its rank's error word (mapped host memory, read by sbnCommGetAsyncError)
  * and the stop words of the launch's ranks, and return. No __trap: the context stays
  * usable. A kernel queued behind a failure of the team (or replayed after sbnCommAbort)
- * publishes nothing: its publishing blocks (and every block of a team of one that merges
- * its chunks itself, `local`, which waits for no one) read the rank's stop word (and NCCL
- * teams' failure words) at their start and look at them before they publish (after a
+ * publishes nothing and writes nothing: every block with units reads the rank's stop word
+ * (and NCCL teams' failure words) at its start and looks at them before it publishes or
+ * gathers (after a
  * failure some peer may not have finished reading this rank's previous records, so the double
  * buffering no longer protects them; a rank whose previous kernel succeeded saw every
  * rank's records of it, so every peer had finished the kernel before: publishing is safe,
@@ -88,11 +88,16 @@ __global__ void __launch_bounds__(kThreads, VAR == SBN_VAR_STREAM ? SBN_STREAM_B
   const int u0 = sbn_unit_begin(&g, b, a.G), u1 = sbn_unit_begin(&g, b + 1, a.G); /* its units */
   int j0, j1; /* the chunks it publishes (coop_plan.h) */
   sbn_pub_chunks(&g, u0, u1, &j0, &j1);
-  /* Blocks that publish, and every block of a team of one that merges its chunks itself
-     (`local`: it waits for no one), load the rank's stop word and NCCL teams' failure
-     words now (device memory; the last warp's lanes) and look at them after the barrier.
-     No host memory: see coop_exchange.cuh, "failures". */
-  const bool looks = local || j1 > j0;
+  /* Every block with units loads the rank's stop word and NCCL teams' failure words now
+     (device memory; the last warp's lanes) and looks at them after the barrier. No host
+     memory: see coop_exchange.cuh, "failures". A block that publishes nothing must look
+     too: after an op whose block 0 timed out at the barrier (the epoch not advanced)
+     while a late block of the rank still published at its epoch k, the rank's next op
+     runs with k again and finds that chunk's records of k (the failed op's) in every
+     rank's mailbox; a waiter that had not looked would merge them and write its units
+     (test_coop_emu: test_stale_epoch_after_timeout). The rank's failure set its stop
+     word, which the next op's blocks all see. */
+  const bool looks = local || j1 > j0 || (u1 > u0 && !SBN_MUTANT(SBN_MUT_WAITER_BLIND));
   int err_seen = 0;
   if (looks && (int)(threadIdx.x >> 5) == kWarps - 1) err_seen = start_words_lane(a, R);
   path.xm_first(R, g, u0, u1, sm); /* the tile mask from x's first unit: its round trip here */

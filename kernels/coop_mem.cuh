@@ -67,6 +67,9 @@
                                          recovers x from y as if there were no z */
 #define SBN_MUT_NO_RECENTRE 67108864 /* a thread's forward run keeps its first element as
                                         its shift (no sbn_recentre when its count doubles) */
+#define SBN_MUT_WAITER_BLIND                            \
+  134217728 /* blocks that publish no chunk do not look \
+               at the stop words at their start */
 /* Stage stamps: the probe (bench/probe.cu) defines SBN_STAMP(i) to record %globaltimer
    per block at the cooperative kernel's stage boundaries; nothing in the library. */
 #ifndef SBN_STAMP

@@ -5139,6 +5139,65 @@ static void test_limited_residency(void) {
   team_free(&ref);
 }
 
+/* A failed op must leave the rank's next op nothing to merge. Virtual launch, W = 2, G = 4,
+   NCHW C = 64 (two chunks), H*W = 8, n = 2 per rank: block 0 publishes chunk 0, block 2
+   chunk 1, blocks 1 and 3 publish nothing and wait for chunks 0 and 1. Op 1: rank 0's
+   block 2 stalls after its stage 1 for 10 x the 200 ms timeout (sbn_emu_set_stall), so
+   rank 0's block 0 times out at the rank barrier and leaves the epoch at 0; block 2 then
+   passes the barrier (block 0's arrival counted), and, having read the stop word before
+   the failure, publishes chunk 1 at epoch 1 into both mailboxes, beside rank 1's chunk 1
+   of epoch 1. Op 2 (new inputs) on rank 0 runs with k = 1 again: its block 3 finds every
+   rank's chunk-1 record at epoch 1, op 1's. It must look at the stop word (set by op 1's
+   failure) and write nothing; a block that did not look (SBN_MUT_WAITER_BLIND:
+   test_coop_emu_mutant_waiter_blind) merged op 1's statistics into op 2's y and
+   save_mean for channels 48-63. The setup is asserted first (the geometry, the epoch left
+   behind, the late records), so that the check cannot pass with no stale record there. */
+static void test_stale_epoch_after_timeout(void) {
+  static const int64_t n[2] = {2, 2};
+  const int64_t C = 64, SP = 8;
+  const int G = 4;
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  const sbn_geo_t g = sbn_geo_make(2, C, SP, 0, 1, G);
+  int pub[4][2], chunk_last[4];
+  for (int b = 0; b < G; b++) {
+    const int u0 = sbn_unit_begin(&g, b, G), u1 = sbn_unit_begin(&g, b + 1, G);
+    sbn_pub_chunks(&g, u0, u1, &pub[b][0], &pub[b][1]);
+    chunk_last[b] = u1 > u0 ? sbn_unit_chunk(&g, u1 - 1) : -1;
+  }
+  ASSERT_TRUE(pub[2][0] == 1 && pub[2][1] == 2);             /* block 2 publishes chunk 1 */
+  ASSERT_TRUE(pub[3][0] == pub[3][1] && chunk_last[3] == 1); /* block 3 waits for it only */
+  team_t ref, t;
+  team_make(&ref, 2, sbnFloat32, sbnLayoutNCHW, C, SP, n, 1, 1, GEN_NORMAL, 8);
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, C, SP, n, 1, 1, GEN_NORMAL, 8);
+  emu_team_t e;
+  emu_team_init(&e, 2, G, 200);
+  sbn_emu_set_stall(2, 2000); /* rank 0's block 2 */
+  emu_run_virtual(&e, &t, 0, &p);
+  sbn_emu_set_stall(-1, 0);
+  ASSERT_TRUE(e.err[0] == sbnTimeout || e.err[0] == sbnAborted);
+  ASSERT_EQ_INT(e.state[0].epoch, 0); /* block 0's barrier timed out: not advanced */
+  int late = 0; /* chunk 1's records of epoch 1 (parity 1) in rank 0's mailbox */
+  for (int q = 0; q < 2; q++) late += e.mail[0][sbn_mail_index(q, 1u, 1, e.nchunks)].epoch == 1u;
+  ASSERT_EQ_INT(late, 2);
+  /* op 2: the unrestricted run of the same inputs and initial state is the reference */
+  sbn_rng_t r1 = {777u}, r2 = {777u};
+  team_new_inputs(&t, &r1, GEN_NORMAL);
+  team_new_inputs(&ref, &r2, GEN_NORMAL);
+  team_reset_running(&t); /* op 1's late block 2 may have written its channels' */
+  emu_team_t er;
+  emu_team_init(&er, 2, G, 60000);
+  emu_run_virtual(&er, &ref, 0, &p);
+  ASSERT_TRUE(err_words_clear(&er));
+  emu_run_virtual(&e, &t, 0, &p);
+  ASSERT_TRUE(e.err[0] != 0); /* the team failed in op 1 */
+  const char* bad = failed_rank_writes(&t, &ref, 0);
+  if (bad) SBN_FAIL_("rank 0 failed op 2 (%d) and wrote other values into %s", e.err[0], bad);
+  emu_team_free(&er);
+  emu_team_free(&e);
+  team_free(&t);
+  team_free(&ref);
+}
+
 /* ---- solo ops: arrivals instead of the rank barrier --------------------------------------- */
 /* An op whose chunks each lie in one block (tile units, P == 1: coop_kernel.cuh) runs
    without the rank barrier; block 0 advances the epoch and writes num_batches_tracked at
@@ -5337,7 +5396,8 @@ static const struct {
                 {"solo_end_thread0", SBN_EMU_MUT_SOLO_END_THREAD0, solo_stopped_weak},
                 {"small_team_local", SBN_EMU_MUT_SMALL_TEAM_LOCAL, small_teams},
                 {"recover_no_z", SBN_EMU_MUT_RECOVER_NO_Z, test_fused_vs_cpu},
-                {"no_recentre", SBN_EMU_MUT_NO_RECENTRE, test_outlier_first_in_every_run}};
+                {"no_recentre", SBN_EMU_MUT_NO_RECENTRE, test_outlier_first_in_every_run},
+                {"waiter_blind", SBN_EMU_MUT_WAITER_BLIND, test_stale_epoch_after_timeout}};
 
 /* The index in kMutants of the mutant called name, or -1. */
 static int mutant_index(const char* name) {
@@ -5494,6 +5554,7 @@ int main(int argc, char** argv) {
   EMU_TEST(test_pipeline, 1);
   EMU_TEST(test_pipeline_small_teams, 0);
   EMU_TEST(test_limited_residency, 1);
+  EMU_TEST(test_stale_epoch_after_timeout, 1);
   EMU_TEST(test_solo_arrivals, 1);
   EMU_TEST(test_solo_stopped_weak, 0);
   EMU_TEST(test_fused_relu_inplace, 0);

@@ -19,7 +19,22 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
   return static_cast<const sbn_emu_window_t*>(win)->part[peer] + off;
 }
 
+/* sbn_emu_set_stall: the stalled block's threads yield until the deadline at the kernel's
+   stamp 2 (stage 1 done); the library's builds define no stamp (coop_mem.cuh). */
+static std::atomic<int> g_stall_block{-1};
+static std::atomic<uint64_t> g_stall_until_ns{0};
+#define SBN_STAMP(i)                                                                  \
+  do {                                                                                \
+    if ((i) == 2 && (int)blockIdx.x == g_stall_block.load(std::memory_order_relaxed)) \
+      while (globaltimer_ns() < g_stall_until_ns.load(std::memory_order_relaxed))     \
+        emu::spin_yield();                                                            \
+  } while (0)
 #include "coop.cu"
+
+extern "C" void sbn_emu_set_stall(int block, unsigned ms) {
+  g_stall_until_ns.store(globaltimer_ns() + (uint64_t)ms * 1000000ull);
+  g_stall_block.store(block);
+}
 
 static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_HOST_EVERY_BLOCK == SBN_MUT_HOST_WORDS_EVERY_BLOCK &&
@@ -29,7 +44,8 @@ static_assert(SBN_EMU_MUT_HOST_AT_START == SBN_MUT_HOST_WORDS_AT_START &&
                   SBN_EMU_MUT_SMALL_LATE_STOP == SBN_MUT_SMALL_LATE_STOP &&
                   SBN_EMU_MUT_SMALL_RELOAD == SBN_MUT_SMALL_RELOAD &&
                   SBN_EMU_MUT_SMALL_Z_AFTER_ACT == SBN_MUT_SMALL_Z_AFTER_ACT &&
-                  SBN_EMU_MUT_SMALL_MASK_X == SBN_MUT_SMALL_MASK_X,
+                  SBN_EMU_MUT_SMALL_MASK_X == SBN_MUT_SMALL_MASK_X &&
+                  SBN_EMU_MUT_WAITER_BLIND == SBN_MUT_WAITER_BLIND,
               "coop_emu.h's names of the kernels' mutants");
 
 /* ---- the scheduler ------------------------------------------------------------------- */

@@ -65,6 +65,10 @@ void sbn_emu_set_jitter(unsigned max_us);
 void sbn_emu_set_acquire_delay(unsigned us);
 /* At most max_blocks blocks of a launch resident at a time (0: all). */
 void sbn_emu_set_residency(unsigned max_blocks);
+/* Block `block` (blockIdx.x; -1: none) of the cooperative kernel's launches stays between
+   its stage 1 and the rank barrier (SBN_STAMP(2)) until `ms` milliseconds after this call:
+   a block descheduled or starved for longer than the team's timeout. */
+void sbn_emu_set_stall(int block, unsigned ms);
 /* Mutants of the memory-ordering primitives (weak model only; 0: none): */
 #define SBN_EMU_MUT_PUBLISH_FENCE 1 /* the flag's st.release.sys becomes relaxed */
 #define SBN_EMU_MUT_POLL_ACQUIRE 2  /* the poll's ld.acquire.sys becomes relaxed */
@@ -104,6 +108,10 @@ void sbn_emu_set_residency(unsigned max_blocks);
                                                  team's */
 #define SBN_EMU_MUT_RECOVER_NO_Z 33554432 /* SBN_MUT_RECOVER_NO_Z: the in-place backward with
                                             a residual recovers x as if z were 0 */
+#define SBN_EMU_MUT_WAITER_BLIND                                                             \
+  134217728                              /* SBN_MUT_WAITER_BLIND: the stream kernel's blocks \
+                                            that publish nothing do not look at the stop     \
+                                            words at their start */
 #define SBN_EMU_MUT_NO_RECENTRE 67108864 /* SBN_MUT_NO_RECENTRE: a thread's forward run keeps
                                             its first element as its shift */
 void sbn_emu_set_mutant(int flags);
