@@ -19,7 +19,15 @@
  * stream kernel), MIXED_ODD (the odd ranks solo: with PEER_STOPS, the rank that stops is
  * a solo one), NO_ARRIVAL_WAIT (with SOLO or MIXED, the mutant: a solo rank's block 0
  * advances the epoch without that check),
- * IGNORE_SEEN (the mutant: a kernel queued behind a failure publishes anyway).
+ * IGNORE_SEEN (the mutant: a kernel queued behind a failure publishes anyway),
+ * B0_BARRIER_TIMEOUT (only block 0's barrier may give up, nothing else times out: a block
+ * of the rank that arrives after block 0 timed out, late, still passes it and publishes,
+ * and the rank's epoch stays where it was), WAITER (with G >= 3: the last block of each
+ * rank publishes nothing and waits for chunk G - 2, which block G - 2 publishes: a block
+ * whose units lie in a chunk another block of its rank publishes), WAITER_BLIND (the
+ * mutant: that block does not look at `seen`), ADV_ON_TIMEOUT (the mutant: block 0
+ * advances the epoch though its barrier gave up), SOLO_ADV_ON_TIMEOUT (the mutant: a solo
+ * rank's block 0 advances it though not every block arrived).
  *
  * Checked: (1) no rank merges a record written for another op (assertion in the wait);
  * (2) no record is overwritten before its reader read it, unless that reader has failed
@@ -111,6 +119,15 @@ inline record_error(r, op, code) {
   }
 }
 
+/* the chunk block b publishes (or none) and the chunk it waits for */
+#ifdef WAITER
+#define PUBS(b) ((b) < G - 1)
+#define CH(b) (PUBS(b) -> (b) : (G - 2))
+#else
+#define PUBS(b) 1
+#define CH(b) (b)
+#endif
+
 proctype Block(byte r; byte b) {
   byte op = 1, k, q, d, dst, st;
   bit seen;
@@ -121,8 +138,8 @@ proctype Block(byte r; byte b) {
 #endif
   :: else ->
     (done[r] >= G * (op - 1)); /* the rank's previous kernel has ended */
-    /* every block reads the epoch before the barrier; publishing blocks read the
-       failure words at their start (coop_kernel.cuh: sbn_coop_kernel) */
+    /* every block reads the epoch before the barrier, and the failure words at its start
+       (coop_kernel.cuh: sbn_coop_kernel, `looks`) */
     d_step { k = epoch[r] + 1; seen = ANY_ERR; st = OK }
     assert(k == op || fail_op != 0); /* (5) */
     if
@@ -135,10 +152,20 @@ proctype Block(byte r; byte b) {
 #ifdef TIMEOUTS
       :: true -> st = TIMEOUT
 #endif
+#ifdef B0_BARRIER_TIMEOUT
+      :: b == 0 -> st = TIMEOUT
+#endif
       fi
     fi;
     if
-    :: st != OK -> record_error(r, op, st); goto next_op
+    :: st != OK ->
+#ifdef ADV_ON_TIMEOUT
+      if
+      :: b == 0 && !SOLO_RANK(r) -> epoch[r] = k
+      :: else -> skip
+      fi;
+#endif
+      record_error(r, op, st); goto next_op
     :: else -> skip
     fi;
     if
@@ -146,34 +173,36 @@ proctype Block(byte r; byte b) {
     :: else -> skip
     fi;
     if
-#ifndef IGNORE_SEEN
+#if defined(WAITER_BLIND)
+    :: seen && PUBS(b) -> record_error(r, op, ABORTED); goto advance
+#elif !defined(IGNORE_SEEN)
     :: seen -> record_error(r, op, ABORTED); goto advance
 #endif
     :: else -> skip
     fi;
-    dst = 0;
+    dst = (PUBS(b) -> 0 : W);
     do
     :: dst == W -> break
     :: dst < W ->
       /* (2): the record this overwrites was read, or its reader has failed */
-      assert(mail[dst].pending[RIDX(r, k, b)] == 0 || err[dst] != 0);
+      assert(mail[dst].pending[RIDX(r, k, CH(b))] == 0 || err[dst] != 0);
       d_step {
-        mail[dst].rec[RIDX(r, k, b)].data = k;
-        mail[dst].pending[RIDX(r, k, b)] = 1
+        mail[dst].rec[RIDX(r, k, CH(b))].data = k;
+        mail[dst].pending[RIDX(r, k, CH(b))] = 1
       }
-      mail[dst].rec[RIDX(r, k, b)].flag = k; /* st.release.sys after the data */
+      mail[dst].rec[RIDX(r, k, CH(b))].flag = k; /* st.release.sys after the data */
       dst++
     od;
-    /* stage 4: every rank's record of chunk b */
+    /* stage 4: every rank's record of its chunk */
     q = 0;
     do
     :: q == W -> break
     :: q < W ->
       if
-      :: mail[r].rec[RIDX(q, k, b)].flag == k ->
-        d = mail[r].rec[RIDX(q, k, b)].data; /* the data after the flag */
-        assert(d == k);                       /* (1) */
-        mail[r].pending[RIDX(q, k, b)] = 0;
+      :: mail[r].rec[RIDX(q, k, CH(b))].flag == k ->
+        d = mail[r].rec[RIDX(q, k, CH(b))].data; /* the data after the flag */
+        assert(d == k);                          /* (1) */
+        mail[r].pending[RIDX(q, k, CH(b))] = 0;
         q++
       :: ANY_ERR -> st = ABORTED; break
 #ifdef TIMEOUTS
@@ -197,7 +226,11 @@ advance:
       :: arrived[r] >= G * op -> epoch[r] = k
 #endif
 #ifdef TIMEOUTS
-      :: true -> record_error(r, op, TIMEOUT)
+      :: true ->
+#ifdef SOLO_ADV_ON_TIMEOUT
+        epoch[r] = k;
+#endif
+        record_error(r, op, TIMEOUT)
 #endif
       fi
     :: else -> skip
@@ -235,7 +268,7 @@ init {
 #endif
   }
   (_nr_pr == 1); /* every block (and the host) has ended */
-#if !defined(TIMEOUTS) && !defined(ABORT) && !defined(PEER_STOPS)
+#if !defined(TIMEOUTS) && !defined(ABORT) && !defined(PEER_STOPS) && !defined(B0_BARRIER_TIMEOUT)
   /* (4) without failures: every op of every rank succeeded */
   do
   :: i == W * OPS -> break
