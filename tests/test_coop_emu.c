@@ -5142,7 +5142,7 @@ static void test_limited_residency(void) {
 /* A failed op must leave the rank's next op nothing to merge. Virtual launch, W = 2, G = 4,
    NCHW C = 64 (two chunks), H*W = 8, n = 2 per rank: block 0 publishes chunk 0, block 2
    chunk 1, blocks 1 and 3 publish nothing and wait for chunks 0 and 1. Op 1: rank 0's
-   block 2 stalls after its stage 1 for 10 x the 200 ms timeout (sbn_emu_set_stall), so
+   block 2 stalls after its stage 1 for 20 x the 200 ms timeout (sbn_emu_set_stall), so
    rank 0's block 0 times out at the rank barrier and leaves the epoch at 0; block 2 then
    passes the barrier (block 0's arrival counted), and, having read the stop word before
    the failure, publishes chunk 1 at epoch 1 into both mailboxes, beside rank 1's chunk 1
@@ -5171,7 +5171,7 @@ static void test_stale_epoch_after_timeout(void) {
   team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, C, SP, n, 1, 1, GEN_NORMAL, 8);
   emu_team_t e;
   emu_team_init(&e, 2, G, 200);
-  sbn_emu_set_stall(2, 2000); /* rank 0's block 2 */
+  sbn_emu_set_stall(2, 4000); /* rank 0's block 2 */
   emu_run_virtual(&e, &t, 0, &p);
   sbn_emu_set_stall(-1, 0);
   ASSERT_TRUE(e.err[0] == sbnTimeout || e.err[0] == sbnAborted);

@@ -19,20 +19,30 @@ inline void* sbn_window_peer(const void* win, int64_t off, int peer) {
   return static_cast<const sbn_emu_window_t*>(win)->part[peer] + off;
 }
 
-/* sbn_emu_set_stall: the stalled block's threads yield until the deadline at the kernel's
-   stamp 2 (stage 1 done); the library's builds define no stamp (coop_mem.cuh). */
+/* sbn_emu_set_stall: the stalled block's threads yield at the kernel's stamp 2 (stage 1
+   done) until g_stall_ns after the first of them got there (counted from there, not from
+   the call: under ThreadSanitizer a launch takes seconds to reach it); the library's
+   builds define no stamp (coop_mem.cuh). */
 static std::atomic<int> g_stall_block{-1};
-static std::atomic<uint64_t> g_stall_until_ns{0};
+static std::atomic<uint64_t> g_stall_ns{0}, g_stall_until_ns{0};
+static void stall_here() {
+  uint64_t until = g_stall_until_ns.load();
+  if (until == 0) {
+    const uint64_t mine = globaltimer_ns() + g_stall_ns.load();
+    until = g_stall_until_ns.compare_exchange_strong(until, mine) ? mine : until;
+  }
+  while (globaltimer_ns() < until) emu::spin_yield();
+}
 #define SBN_STAMP(i)                                                                  \
   do {                                                                                \
     if ((i) == 2 && (int)blockIdx.x == g_stall_block.load(std::memory_order_relaxed)) \
-      while (globaltimer_ns() < g_stall_until_ns.load(std::memory_order_relaxed))     \
-        emu::spin_yield();                                                            \
+      stall_here();                                                                   \
   } while (0)
 #include "coop.cu"
 
 extern "C" void sbn_emu_set_stall(int block, unsigned ms) {
-  g_stall_until_ns.store(globaltimer_ns() + (uint64_t)ms * 1000000ull);
+  g_stall_ns.store((uint64_t)ms * 1000000ull);
+  g_stall_until_ns.store(0);
   g_stall_block.store(block);
 }
 

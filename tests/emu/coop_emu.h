@@ -66,8 +66,9 @@ void sbn_emu_set_acquire_delay(unsigned us);
 /* At most max_blocks blocks of a launch resident at a time (0: all). */
 void sbn_emu_set_residency(unsigned max_blocks);
 /* Block `block` (blockIdx.x; -1: none) of the cooperative kernel's launches stays between
-   its stage 1 and the rank barrier (SBN_STAMP(2)) until `ms` milliseconds after this call:
-   a block descheduled or starved for longer than the team's timeout. */
+   its stage 1 and the rank barrier (SBN_STAMP(2)) for `ms` milliseconds, counted from when
+   it first gets there after this call: a block descheduled or starved for longer than the
+   team's timeout. */
 void sbn_emu_set_stall(int block, unsigned ms);
 /* Mutants of the memory-ordering primitives (weak model only; 0: none): */
 #define SBN_EMU_MUT_PUBLISH_FENCE 1 /* the flag's st.release.sys becomes relaxed */
