@@ -577,6 +577,7 @@ done
 DEADLINE=${SBN_SUITE_DEADLINE:-}
 case "$DEADLINE" in
   "" | *[!0-9]*) [ -z "$DEADLINE" ] || { echo "SBN_SUITE_DEADLINE '$DEADLINE': give whole seconds" >&2; exit 2; } ;;
+  *) DEADLINE=$((10#$DEADLINE)) ;; # decimal: 0460 is not octal here
 esac
 # A prebuilt run archives OUTDIR's files and removes them (the device tool returns few
 # files): OUTDIR must then be new or empty, so that nothing else in it is taken.

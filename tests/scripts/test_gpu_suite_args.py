@@ -60,7 +60,7 @@ def listing(folder):
 
 
 def deadline_case(tmp, suite, work):
-    """SBN_SUITE_DEADLINE=7: the env step's limit (15 s) cut to 7 - 5 = 2 s or less; the stand-in
+    """SBN_SUITE_DEADLINE=07 (7 s): the env step's limit (15 s) cut to 7 - 5 = 2 s or less; the stand-in
     nvidia-smi would sleep 6 s and then leave a mark. The outer timeout (12 s) is what call 1
     of next-gpu-run.md puts around the suite."""
     fake = os.path.join(tmp, "fakebin")
@@ -71,7 +71,9 @@ def deadline_case(tmp, suite, work):
         f.write(f"#!/bin/sh\nsleep 6\ntouch '{mark}'\n")
     os.chmod(stub, 0o755)
     outdir = os.path.join(tmp, "dl")
-    env = dict(os.environ, PATH=fake + os.pathsep + os.environ["PATH"], SBN_SUITE_DEADLINE="7")
+    # "07": decimal, as a user means it (bash arithmetic would read it as octal; "08" stopped
+    # the step loop with an empty summary and exit 0)
+    env = dict(os.environ, PATH=fake + os.pathsep + os.environ["PATH"], SBN_SUITE_DEADLINE="07")
     t0 = time.monotonic()
     p = subprocess.run(["timeout", "-k", "2", "12", "bash", suite, outdir, "env", "targets"], cwd=work,
                        env=env, capture_output=True, text=True, timeout=60)
