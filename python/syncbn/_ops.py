@@ -419,9 +419,8 @@ def _traced(kernel, op, dy):
     (autograd.grad(is_grads_batched=True), torch.autograd.functional.jacobian(vectorize=True);
     torch.func.vmap over autograd.grad, whose dy is a functorch wrapper: the dispatcher runs
     the operator once per gradient; a kernel would take the address of a tensor that has no
-    storage)."""
-    wrapped = _legacy_batched(dy) or _wrapped(dy)
-    return op if op is not None and (torch.compiler.is_compiling() or wrapped) else kernel
+    storage). is_compiling() first: dynamo cannot trace the two functorch checks."""
+    return op if op is not None and (torch.compiler.is_compiling() or _legacy_batched(dy) or _wrapped(dy)) else kernel
 
 
 _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
