@@ -109,12 +109,10 @@ void sbn_emu_set_stall(int block, unsigned ms);
                                                  team's */
 #define SBN_EMU_MUT_RECOVER_NO_Z 33554432 /* SBN_MUT_RECOVER_NO_Z: the in-place backward with
                                             a residual recovers x as if z were 0 */
-#define SBN_EMU_MUT_WAITER_BLIND                                                             \
-  134217728                              /* SBN_MUT_WAITER_BLIND: the stream kernel's blocks \
-                                            that publish nothing do not look at the stop     \
-                                            words at their start */
 #define SBN_EMU_MUT_NO_RECENTRE 67108864 /* SBN_MUT_NO_RECENTRE: a thread's forward run keeps
                                             its first element as its shift */
+/* SBN_MUT_WAITER_BLIND: the stream kernel's waiting blocks skip the stop word at start */
+#define SBN_EMU_MUT_WAITER_BLIND 134217728
 void sbn_emu_set_mutant(int flags);
 /* Accesses of the kernels to host memory: sbn_emu_host_track registers [p, p + bytes)
    as mapped host memory (at most 16 ranges; sbn_emu_host_reset clears them and the

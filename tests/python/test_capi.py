@@ -53,6 +53,16 @@ def run_ranks(comms, fn):
     return errs
 
 
+def _header_program_output(cc, src):
+    """The stdout of the C program src, compiled with cc against the tree's include/syncbn.h."""
+    with tempfile.TemporaryDirectory() as d:
+        c = pathlib.Path(d) / "prog.c"
+        c.write_text(src)
+        exe = pathlib.Path(d) / "prog"
+        subprocess.run([cc, "-I", str(ROOT / "include"), str(c), "-o", str(exe)], check=True)
+        return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+
+
 def to_nc(x, layout):
     """(n, c, spatial) view of a rank's tensor in either layout, as float64."""
     x = np.asarray(x, dtype=np.float64)
@@ -81,12 +91,7 @@ class TestCapi(unittest.TestCase):
             " sizeof(sbnParams_t), offsetof(sbnParams_t, grad_mode), sizeof(sbnEpilogue_t),"
             " offsetof(sbnEpilogue_t, slope)); return 0; }\n"
         )
-        with tempfile.TemporaryDirectory() as d:
-            c = pathlib.Path(d) / "sizes.c"
-            c.write_text(src)
-            exe = pathlib.Path(d) / "sizes"
-            subprocess.run([cc, "-I", str(ROOT / "include"), str(c), "-o", str(exe)], check=True)
-            got = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+        got = [int(v) for v in _header_program_output(cc, src).split()]
         import ctypes
 
         from syncbn._capi import Epilogue
@@ -125,13 +130,7 @@ class TestCapi(unittest.TestCase):
         body = "".join(f'  printf("{k} %lld\\n", (long long)({k}));\n' for k in ints)
         body += "".join(f'  printf("{k} %.9g\\n", (double)({k}));\n' for k in floats)
         src = f'#include <stdio.h>\n#include "syncbn.h"\nint main(void) {{\n{body}  return 0;\n}}\n'
-        with tempfile.TemporaryDirectory() as d:
-            c = pathlib.Path(d) / "consts.c"
-            c.write_text(src)
-            exe = pathlib.Path(d) / "consts"
-            subprocess.run([cc, "-I", str(ROOT / "include"), str(c), "-o", str(exe)], check=True)
-            out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-        header = dict(line.split() for line in out.splitlines())
+        header = dict(line.split() for line in _header_program_output(cc, src).splitlines())
         for k, v in ints.items():
             self.assertEqual(int(header[k]), v, k)
         for k, v in floats.items():  # the header's float, as C reads it, within its own rounding
