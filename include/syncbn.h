@@ -392,8 +392,9 @@ SBN_API sbnResult_t sbnBackward(sbnComm_t comm, const sbnTensorDesc_t* desc, con
 /* Eval mode: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias (weight and
    bias NULL: affine=False). No team, no synchronization. The pointers are either all
    host memory (computed on the CPU, stream ignored) or all device memory (one kernel on
-   `stream`, on the device that holds running_mean); a mix is sbnInvalidArgument. Both
-   compute the same bits. */
+   `stream`, on the device that holds running_mean; a tensor of another device is
+   sbnInvalidArgument); a mix is sbnInvalidArgument. Both compute the same bits (a NaN
+   output's sign and payload aside). */
 SBN_API sbnResult_t sbnForwardInference(const sbnTensorDesc_t* desc, const void* x, void* y,
                                         const float* weight, const float* bias,
                                         const float* running_mean, const float* running_var,

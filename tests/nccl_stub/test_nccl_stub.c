@@ -967,6 +967,66 @@ static void test_inference_kernel(void) {
   }
 }
 
+/* sbnForwardInference runs on the device of running_mean: a tensor of another device
+   (x, z, y, weight, bias, running_var in turn on device 1) is sbnInvalidArgument that names
+   it, with nothing launched, y untouched and the current device as it was; all on device 1
+   runs there (one launch) and leaves device 0 current. */
+static void test_inference_one_device(void) {
+  stub_case(NULL);
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 4, 64};
+  const size_t bytes = (size_t)(d.n * d.c * d.spatial) * sizeof(float),
+               chan = (size_t)d.c * sizeof(float);
+  enum { X, Z, Y, W, B, MEAN, VAR, NT };
+  static const char* const names[NT] = {"x",          "z", "y", "weight", "bias", "running_mean",
+                                        "running_var"};
+  void* t[2][NT];
+  for (int dev = 0; dev < 2; dev++) {
+    cudaSetDevice(dev);
+    for (int k = 0; k < NT; k++) t[dev][k] = dalloc(k <= Y ? bytes : chan);
+  }
+  cudaSetDevice(0);
+  const sbnEpilogue_t epi = SBN_EPILOGUE_INITIALIZER;
+  for (int odd = -1; odd < NT && !sbn_test_cur_failed_; odd++) {
+    if (odd == MEAN) continue;
+    void* a[NT];
+    for (int k = 0; k < NT; k++) a[k] = t[odd == k ? 1 : 0][k];
+    memset(a[Y], 0x5a, bytes);
+    cudart_stub_reset();
+    const sbnResult_t r =
+        sbnForwardInferenceEx(&d, a[X], a[Z], a[Y], a[W], a[B], a[MEAN], a[VAR], 1e-5f, &epi, NULL);
+    const void* fns[CUDA_STUB_LAUNCH_LOG];
+    const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
+    int cur = -1;
+    cudaGetDevice(&cur);
+    ASSERT_EQ_INT(cur, 0);
+    if (odd < 0) {
+      ASSERT_OK(r);
+      ASSERT_EQ_INT(n, 1);
+      continue;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "%s is memory of device 1", names[odd]);
+    if (r != sbnInvalidArgument || n != 0 || strstr(sbnGetLastError(NULL), want) == NULL)
+      SBN_FAIL_("%s on device 1: result %d, %d launches, '%s'", names[odd], (int)r, n,
+                sbnGetLastError(NULL));
+    for (size_t i = 0; i < bytes; i++)
+      if (((unsigned char*)a[Y])[i] != 0x5a) {
+        SBN_FAIL_("%s on device 1: y byte %zu written", names[odd], i);
+        break;
+      }
+  }
+  /* all on device 1, device 0 current: the op runs on device 1 and gives device 0 back */
+  cudart_stub_reset();
+  ASSERT_OK(sbnForwardInferenceEx(&d, t[1][X], t[1][Z], t[1][Y], t[1][W], t[1][B], t[1][MEAN],
+                                  t[1][VAR], 1e-5f, &epi, NULL));
+  int cur = -1;
+  cudaGetDevice(&cur);
+  ASSERT_EQ_INT(cur, 0);
+  cudaDeviceSynchronize();
+  for (int dev = 0; dev < 2; dev++)
+    for (int k = 0; k < NT; k++) cudaFree(t[dev][k]);
+}
+
 /* What auto runs for a team of one (an NCCL team of one and a virtual one), the plain op
    and ReLU's alike (coop_plan.h: sbn_unit_auto, sbn_small_auto): unit on NCHW planes but
    the forward of fp16/bf16 planes that are not whole vectors, small on few rows of tile
@@ -1737,6 +1797,7 @@ int main(void) {
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
+  SBN_RUN(test_inference_one_device);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
