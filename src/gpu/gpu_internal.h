@@ -54,8 +54,8 @@ typedef struct {
      not built; epi: SBN_EPI_*, the plain kernels and the epilogue's), the onchip ones with
      their dynamic shared memory */
   int occ[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2][2][SBN_VAR_COUNT];
-  int occ_min[SBN_EPI_KINDS]; /* the lowest of the stream ones of each kind (ranks
-                                 sharing a GPU): the plain ops' G as before the epilogue */
+  int occ_min; /* the lowest of the stream ones of every kind (ranks sharing a GPU: their
+                  G whatever their op's epilogue) */
   int occ_max; /* the highest of them all but the small kernels' (the workspace is sized
                   by it; they use none) */
   int hold_slots[SBN_EPI_KINDS][SBN_OP_KINDS][SBN_DTYPE_COUNT][2]; /* onchip: shared-memory batches

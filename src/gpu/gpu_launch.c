@@ -327,7 +327,7 @@ static sbnResult_t plan_round(const sbn_op_t* const* ops, int nops, sbn_plan_t* 
   dev.ranks_here = gt->transport == SBN_TR_VIRTUAL ? nops : g0->share;
   dev.shared = peer_team(gt) && g0->share > 1;
   memcpy(dev.occ, g0->occ[epi][kind][dt], sizeof dev.occ);
-  dev.occ_min = g0->occ_min[epi];
+  dev.occ_min = g0->occ_min;
   memcpy(dev.hold_slots, g0->hold_slots[epi][kind][dt], sizeof dev.hold_slots);
   int64_t detail = 0;
   switch (sbn_plan_round(&op, ranks, nops, gt->transport == SBN_TR_VIRTUAL, &dev, pl, &detail)) {

@@ -57,9 +57,11 @@ sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev) {
               if (*occ < 1)
                 return sbn_fail(NULL, sbnUnsupported,
                                 "device %d cannot hold a block of the cooperative kernel", dev);
-              /* ranks sharing a GPU run stream only (plan_round): occ_min is theirs */
-              if (var == SBN_VAR_STREAM && (g->occ_min[e] == 0 || *occ < g->occ_min[e]))
-                g->occ_min[e] = *occ;
+              /* ranks sharing a GPU run stream only (plan_round): occ_min is theirs, the
+                 lowest of every kind's, so that a rank's G does not hang on its own op's
+                 epilogue, which the host path plans from the round's (the same bits) */
+              if (var == SBN_VAR_STREAM && (g->occ_min == 0 || *occ < g->occ_min))
+                g->occ_min = *occ;
               /* (the small kernels use no workspace: not sized by them) */
               if (!SBN_VAR_IS_SMALL(var) && *occ > g->occ_max) g->occ_max = *occ;
             }
