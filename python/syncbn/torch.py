@@ -181,7 +181,8 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
     made collectively at the first call and cached. CUDA devices only. ``max_channels``:
     the widest layer it must take; a cached team narrower than that is replaced by a new
     one (made collectively: every rank asks at the same layer) of max(max_channels,
-    4096) channels."""
+    4096) channels. ``timeout_ms`` applies to a team it makes (a cached team keeps its
+    own). A ValueError in a process outside the group."""
     if not _dist_ready():
         raise RuntimeError(
             "syncbn.torch.SyncBatchNorm: no team (comm=None) and torch.distributed is not initialized: "
@@ -192,6 +193,10 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
                          f"team's ranks are the threads of one process (comm=, a rank of syncbn.cpu_team), "
                          f"which a rank of another process cannot join")
     group = process_group if process_group is not None else _dist.group.WORLD
+    if _dist.get_rank(group) < 0:  # torch's answer for a process outside the group
+        raise ValueError(f"syncbn.torch.team_for: this process (global rank {_dist.get_rank()}) is not in the "
+                         f"process group: it has no rank in the group's team (a SyncBatchNorm of that group "
+                         f"runs batch norm on its own batch there, as nn.SyncBatchNorm does)")
     key = (group, device.index)
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
     with _TEAMS_LOCK:
@@ -362,8 +367,9 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     convert_sync_batchnorm = None  # set below: the classmethod nn.SyncBatchNorm has
     _comm = None  # class defaults: layers pickled before these attributes existed
-    _group_comm = None  # the process group's team on _group_device, found at the first training call
-    _group_device = None
+    _group_comm = None  # the team of _group_pg (process_group) on _group_device, found at the first training
+    _group_device = None  # call (False: this process is not in the group)
+    _group_pg = None
     _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
     _slope = 0.01
     _inplace = False
@@ -409,8 +415,12 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
-        self._group_comm = team_for(self.process_group, device, max_channels=self.num_features)
-        self._group_device = device
+        """The team of process_group on device, kept with the group it is of (a layer given
+        another group finds that group's); False where this process is not in the group."""
+        group = self.process_group
+        outside = _dist.get_rank(group if group is not None else _dist.group.WORLD) < 0
+        self._group_comm = False if outside else team_for(group, device, max_channels=self.num_features)
+        self._group_device, self._group_pg = device, group
         return self._group_comm
 
     @property
@@ -516,28 +526,31 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite as a float32 (the library's), "
                              f"got {float(self.momentum)!r}")
         comm, cid, size = self._comm, None, 1
-        if comm is None:
-            if not _dist_ready():  # no process group: this thread's team of one, asked at every call
-                if _compiling():
-                    # a team of a constant width: PyTorch 2.4's Dynamo makes num_features symbolic
-                    # once a frame is compiled again with another (a second model), and takes no
-                    # symbolic int in assume_constant_result ("SymNodeVariable() is not a
-                    # constant"); each comparison is a guard, the width the least power of two
-                    # times the default's that holds the layer
-                    width = _GROUP_TEAM_CHANNELS
-                    while self.num_features > width:
-                        width *= 2
-                    cid = _own_team_id_traced(input.device, width)
-                else:
-                    comm = _own_team(input.device, self.num_features)
-            else:
-                comm = self._group_comm
-                if comm is None or self._group_device != input.device:  # once: later calls find it here
-                    comm = self._find_group_team(input.device)
-        elif comm.max_channels is not None and self.num_features > comm.max_channels:
+        if comm is None and _dist_ready():
+            comm = self._group_comm
+            # once per group and device (later calls find it here), and again for another
+            # process_group assigned since: nn.SyncBatchNorm reads it at every call
+            if comm is None or self._group_device != input.device or self._group_pg is not self.process_group:
+                comm = self._find_group_team(input.device)
+            if comm is False:  # not in the group: nn.SyncBatchNorm runs batch norm on this rank's batch
+                comm = None
+        elif comm is not None and comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
                              f"(syncbn.cpu_team(W, max_channels=...) or syncbn.nccl_team(..., max_channels=...))")
+        if comm is None:  # no process group, or not in it: this thread's team of one, asked at every call
+            if _compiling():
+                # a team of a constant width: PyTorch 2.4's Dynamo makes num_features symbolic
+                # once a frame is compiled again with another (a second model), and takes no
+                # symbolic int in assume_constant_result ("SymNodeVariable() is not a
+                # constant"); each comparison is a guard, the width the least power of two
+                # times the default's that holds the layer
+                width = _GROUP_TEAM_CHANNELS
+                while self.num_features > width:
+                    width *= 2
+                cid = _own_team_id_traced(input.device, width)
+            else:
+                comm = _own_team(input.device, self.num_features)
         if comm is not None:
             cid, size = comm.id, comm._size
         if size == 1 and input.numel() == input.shape[1]:  # nn.BatchNorm's check, for a team of one

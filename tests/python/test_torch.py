@@ -12,6 +12,7 @@ fp16/bf16 y within one rounding of the output and the input's own (fp16 2e-3, bf
 """
 
 import copy
+import textwrap
 import functools
 import gc
 import threading
@@ -909,6 +910,106 @@ class TestTorch(unittest.TestCase):
                     torch.nn.SyncBatchNorm(3)(torch.randn(2, 3, 4))
             finally:
                 dist.destroy_process_group()
+
+    def test_process_group_reassigned(self):
+        """The layer's team follows its process_group, which nn.SyncBatchNorm reads at every
+        call: a group assigned after the first training call is looked up at the next one,
+        eager and compiled (the groups' teams, CUDA-only, stood in for by CPU teams of one,
+        one per group)."""
+        import tempfile
+
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        teams, asked = {}, []
+
+        def stand_in(group, device, timeout_ms=None, max_channels=None):
+            asked.append(group)
+            return teams.setdefault(group, syncbn.cpu_team(1)[0])
+
+        real_team_for = sbt.team_for
+        sbt.team_for = stand_in
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+                try:
+                    sub = dist.new_group([0])
+                    for compiled in (False, True):
+                        asked.clear()
+                        m = sbt.SyncBatchNorm(3)
+                        f = torch.compile(m, backend="eager") if compiled else m
+                        x = torch.randn(4, 3, 5)
+                        f(x)
+                        f(x)
+                        self.assertEqual(asked, [None], f"compiled {compiled}")  # once, then kept
+                        self.assertIs(m._group_comm, teams[None])
+                        m.process_group = sub
+                        y = f(x)
+                        self.assertEqual(asked, [None, sub], f"compiled {compiled}")
+                        self.assertIs(m._group_comm, teams[sub])
+                        torch.testing.assert_close(y, F.batch_norm(x, None, None, m.weight, m.bias, True),
+                                                   rtol=3e-5, atol=3e-5)
+                        m.process_group = None  # and back
+                        f(x)
+                        self.assertEqual(asked, [None, sub, None], f"compiled {compiled}")
+                        self.assertIs(m._group_comm, teams[None])
+                finally:
+                    dist.destroy_process_group()
+        finally:
+            sbt.team_for = real_team_for
+            for t in teams.values():
+                t.destroy()
+
+    def test_process_group_outside(self):
+        """A process outside the layer's process group (world of two, the group rank 1's)
+        runs batch norm on its own batch, as nn.SyncBatchNorm does (its world size -1: no
+        sync), running statistics included; team_for says it is not in the group. Rank 1's
+        team of the group is stood in for by a CPU team of one (the groups' teams are
+        CUDA-only), which refuses a process outside the group as team_for does."""
+        import subprocess
+        import sys
+        import tempfile
+
+        child = textwrap.dedent("""
+            import sys
+            import torch
+            import torch.distributed as dist
+            import syncbn
+            import syncbn.torch as sbt
+            rank, store = int(sys.argv[1]), sys.argv[2]
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+            sub = dist.new_group([1])
+            real_team_for, teams = sbt.team_for, {}
+            def stand_in(group, device, timeout_ms=None, max_channels=None):
+                if dist.get_rank(group if group is not None else dist.group.WORLD) < 0:
+                    raise ValueError("stand-in team_for: not in the group")
+                return teams.setdefault(group, syncbn.cpu_team(1)[0])
+            sbt.team_for = stand_in
+            torch.manual_seed(rank)
+            x = torch.randn(4, 3, 5) * 2 + 1
+            m, ref = sbt.SyncBatchNorm(3, process_group=sub), torch.nn.BatchNorm1d(3)
+            for _ in range(2):
+                torch.testing.assert_close(m(x), ref(x), rtol=3e-5, atol=3e-5)
+            for k in ("running_mean", "running_var", "num_batches_tracked"):
+                torch.testing.assert_close(getattr(m, k), getattr(ref, k), rtol=3e-5, atol=3e-5)
+            print("rank", rank, "outside" if m._group_comm is False else "team", flush=True)
+            if rank == 0:
+                try:
+                    real_team_for(sub, torch.device("cuda", 0))
+                except ValueError as e:
+                    print("team_for:", "global rank 0) is not in the process group" in str(e), flush=True)
+            dist.barrier()
+            dist.destroy_process_group()
+        """)
+        with tempfile.TemporaryDirectory() as d:
+            procs = [subprocess.Popen([sys.executable, "-c", child, str(r), f"{d}/store"], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for r in range(2)]
+            outs = [p.communicate(timeout=300)[0] for p in procs]
+        for r, (p, out) in enumerate(zip(procs, outs)):
+            self.assertEqual(p.returncode, 0, f"rank {r}:\n{out}")
+        self.assertIn("rank 0 outside", outs[0])
+        self.assertIn("team_for: True", outs[0])
+        self.assertIn("rank 1 team", outs[1])
 
     def test_missing_rank_raises_timeout(self):
         comms = syncbn.cpu_team(2, timeout_ms=300)
