@@ -225,6 +225,11 @@ static uint32_t gpu_sig(const sbn_op_t* op) {
   return !numbered_team(sbn_gpu(op->comm->team)) || rank_graphed(op) ? sbn_sig_unnumbered(sig) : sig;
 }
 
+/* Whether s is the legacy default stream: NULL or its explicit handle, cudaStreamLegacy. */
+static int legacy_stream(sbnStream_t s) {
+  return s == NULL || (cudaStream_t)s == cudaStreamLegacy;
+}
+
 sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   const sbn_op_t* o0 = ops[0];
   const sbn_team_t* team = o0->comm->team;
@@ -268,20 +273,21 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
                         (o->x == NULL ? o : ops[j])->comm->rank, (o->x == NULL ? ops[j] : o)->comm->rank);
   }
   /* ranks of a peer team that share a GPU are separate launches that must run at the same
-     time: on one stream (or the legacy NULL stream) the second waits for the first, which
-     waits for the second until the timeout */
+     time: on one stream (or the legacy default stream, by either of its handles, which
+     every blocking stream waits for and which waits for them) the second waits for the
+     first, which waits for the second until the timeout */
   if (peer_team(gt) && o0->algo == SBN_ALGO_COOP)
     for (int i = 0; i < nops; i++)
       for (int j = i + 1; j < nops; j++) {
         const sbn_op_t *a = ops[i], *b = ops[j];
         if (gt->ranks[a->comm->rank].device != gt->ranks[b->comm->rank].device)
           continue;
-        if (a->stream == NULL || b->stream == NULL || a->stream == b->stream)
+        if (legacy_stream(a->stream) || legacy_stream(b->stream) || a->stream == b->stream)
           return sbn_fail(NULL, sbnInvalidUsage,
-                          "ranks %d and %d share device %d and must run at the "
-                          "same time: give each its own non-NULL stream; nothing was run",
-                          a->comm->rank, b->comm->rank,
-                          gt->ranks[a->comm->rank].device);
+                          "ranks %d and %d share device %d and must run at the same time: give "
+                          "each its own stream (not the legacy default stream, NULL or "
+                          "cudaStreamLegacy); nothing was run",
+                          a->comm->rank, b->comm->rank, gt->ranks[a->comm->rank].device);
       }
   /* the host path without NCCL comms runs a team's ranks together, on one device */
   if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && team->nranks > 1 && !has_nccl(gt) &&

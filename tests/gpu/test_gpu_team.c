@@ -1118,9 +1118,9 @@ out:
 }
 
 /* An InitAll team whose ranks share a GPU, in one group with both ranks on the same
-   stream (or the legacy NULL stream): the two launches would serialize, the first waiting
-   for the second until the timeout, so sbnGroupEnd refuses with sbnInvalidUsage at once
-   and runs nothing; the team stays usable. */
+   stream (or the legacy stream: NULL, cudaStreamLegacy): the two launches would serialize, the
+   first waiting for the second until the timeout, so sbnGroupEnd refuses with sbnInvalidUsage at
+   once and runs nothing; the team stays usable. */
 static void usage_shared_stream(void) {
   const int dev00[2] = {0, 0};
   int64_t n[MAXW] = {2, 3};
@@ -1139,11 +1139,15 @@ static void usage_shared_stream(void) {
     cudaStream_t st[2] = {s, s};
     dteam_make(&d, &h, all, dev00, st);
   }
-  for (int variant = 0; variant < 2 && !sbn_test_cur_failed_; variant++) {
+  for (int variant = 0; variant < 3 && !sbn_test_cur_failed_; variant++) {
     d.st[0] = d.st[1] = variant == 0 ? s : NULL;
+    if (variant == 2) d.st[0] = cudaStreamLegacy; /* the legacy stream's other handle */
     sbnResult_t r = gpu_group(&d, &h, 0, 0, &p);
     if (r != sbnInvalidUsage) {
-      SBN_FAIL_("%s stream for both ranks: %s, expected sbnInvalidUsage", variant ? "NULL" : "one",
+      SBN_FAIL_("%s: %s, expected sbnInvalidUsage",
+                variant == 0   ? "one stream for both ranks"
+                : variant == 1 ? "the NULL stream for both ranks"
+                               : "cudaStreamLegacy and NULL",
                 sbnGetResultName(r));
       break;
     }

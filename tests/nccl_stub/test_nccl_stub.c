@@ -967,6 +967,63 @@ static void test_inference_kernel(void) {
   }
 }
 
+/* Ranks of an sbnCommInitAll team that share a GPU, in one group: the legacy default
+   stream by either handle (NULL, cudaStreamLegacy) for one of them, or one stream for both
+   (cudaStreamPerThread from one thread included), is sbnInvalidUsage with nothing launched
+   (the launches would serialize and time out); two streams of their own, or the
+   per-thread stream beside another, run. */
+static void test_shared_gpu_streams(void) {
+  stub_case(NULL);
+  const int same[2] = {0, 0};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  sbnComm_t comms[2] = {NULL, NULL};
+  tensors_t t[2];
+  cudaStream_t own[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitAll(comms, 2, same, &cfg));
+  for (int q = 0; q < 2; q++) {
+    tensors_alloc(&t[q], 0);
+    cudaStreamCreateWithFlags(&own[q], cudaStreamNonBlocking);
+  }
+  const struct {
+    cudaStream_t s0, s1;
+    int ok;
+  } cases[] = {{own[0], own[1], 1},
+               {cudaStreamPerThread, own[1], 1},
+               {NULL, own[1], 0},
+               {own[0], NULL, 0},
+               {cudaStreamLegacy, own[1], 0},
+               {own[0], cudaStreamLegacy, 0},
+               {cudaStreamPerThread, cudaStreamLegacy, 0},
+               {cudaStreamLegacy, cudaStreamLegacy, 0},
+               {own[0], own[0], 0},
+               {cudaStreamPerThread, cudaStreamPerThread, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
+    const cudaStream_t st[2] = {cases[i].s0, cases[i].s1};
+    cudart_stub_reset();
+    unsetenv("SBN_ALGO"); /* the cooperative kernel */
+    sbnGroupStart();
+    for (int q = 0; q < 2; q++)
+      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
+                      t[q].rvar, t[q].nbt, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
+    const sbnResult_t r = sbnGroupEnd();
+    setenv("SBN_ALGO", "nccl", 1);
+    const void* fns[CUDA_STUB_LAUNCH_LOG];
+    const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
+    if (cases[i].ok ? (r != sbnSuccess || n == 0)
+                    : (r != sbnInvalidUsage || n != 0 ||
+                       strstr(sbnGetLastError(comms[0]), "not the legacy default stream") == NULL))
+      SBN_FAIL_("case %zu: %s, %d launches (%s)", i, sbnGetResultName(r), n,
+                sbnGetLastError(comms[0]));
+    cudaDeviceSynchronize();
+  }
+  for (int q = 0; q < 2; q++) {
+    ASSERT_OK(sbnCommDestroy(comms[q]));
+    tensors_free(&t[q]);
+    cudaStreamDestroy(own[q]);
+  }
+  ASSERT_CLEAN();
+}
+
 /* sbnForwardInference runs on the device of running_mean: a tensor of another device
    (x, z, y, weight, bias, running_var in turn on device 1) is sbnInvalidArgument that names
    it, with nothing launched, y untouched and the current device as it was; all on device 1
@@ -1798,6 +1855,7 @@ int main(void) {
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
   SBN_RUN(test_inference_one_device);
+  SBN_RUN(test_shared_gpu_streams);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
