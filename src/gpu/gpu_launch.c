@@ -498,6 +498,7 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
   sbnResult_t r = sbnSuccess;
   cudaStream_t s0 = (cudaStream_t)o0->stream;
   int joined = 0;
+  int was[SBN_GPU_MAX_RANKS], marked = 0; /* the ranks' graphed marks before this launch */
   for (int i = 1; i < nops; i++) {
     cudaStream_t si = (cudaStream_t)ops[i]->stream;
     if (si == s0) continue;
@@ -506,8 +507,14 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     CU(cudaStreamWaitEvent(s0, ev, 0), "cudaStreamWaitEvent");
     joined = 1;
   }
-  /* every kernel of the round goes on s0: its capture marks every rank of it (fill_args) */
-  if (numbered_team(gt) && stream_capturing(s0)) mark_graphed(ops, nops);
+  /* every kernel of the round goes on s0: its capture marks every rank of it (fill_args);
+     a capture that queues none of them captured nothing, and leaves the marks as they were
+     (out:) */
+  if (numbered_team(gt) && stream_capturing(s0)) {
+    for (int i = 0; i < nops; i++) was[i] = rank_graphed(ops[i]);
+    mark_graphed(ops, nops);
+    marked = 1;
+  }
   if (o0->algo == SBN_ALGO_COOP) {
     const size_t dyn =
         pl[0].variant == SBN_VAR_ONCHIP ? (size_t)sbn_hold_bytes(kind, pl[0].hold_slots) : 0;
@@ -547,6 +554,9 @@ static sbnResult_t launch_one_device(const sbn_op_t* const* ops, int nops, const
     }
   }
 out:
+  for (int i = 0; marked && !*launched && i < nops; i++)
+    if (!was[i])
+      atomic_store_explicit(&gt->ranks[ops[i]->comm->rank].graphed, 0, memory_order_relaxed);
   return r;
 }
 

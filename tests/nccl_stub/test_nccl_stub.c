@@ -1024,6 +1024,70 @@ static void test_shared_gpu_streams(void) {
   ASSERT_CLEAN();
 }
 
+/* A group of an sbnCommInitAll team under a CUDA graph capture whose first cooperative
+   launch fails captured nothing: sbnCudaError, the team usable, and its ranks still carry
+   their call numbers, so a call refused on rank 0 alone is found at the next group (ranks
+   out of step), as without the capture. A capture that launched marks them for good:
+   then the same refusal passes unseen (USAGE.md: a rank that captured carries no count). */
+static void test_failed_capture_keeps_count(void) {
+  stub_case(NULL);
+  const int devs[2] = {0, 1};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  tensors_t t[2];
+  cudaStream_t st[2] = {NULL, NULL};
+  for (int q = 0; q < 2; q++) {
+    tensors_alloc(&t[q], q);
+    cudaStreamCreateWithFlags(&st[q], cudaStreamNonBlocking);
+  }
+  unsetenv("SBN_ALGO"); /* the cooperative kernel */
+  for (int capture_launches = 0; capture_launches < 2 && !sbn_test_cur_failed_;
+       capture_launches++) {
+    sbnComm_t comms[2] = {NULL, NULL};
+    ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+    cudart_stub_set_capturing(1);
+    cudart_stub_set_coop_launch_fails(!capture_launches);
+    sbnGroupStart();
+    for (int q = 0; q < 2; q++)
+      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
+                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
+    const sbnResult_t captured = sbnGroupEnd();
+    cudart_stub_set_capturing(0);
+    cudart_stub_set_coop_launch_fails(0);
+    ASSERT_EQ_INT(captured, capture_launches ? sbnSuccess : sbnCudaError);
+    sbnGroupStart(); /* eager: the team is usable */
+    for (int q = 0; q < 2; q++)
+      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
+                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
+    ASSERT_OK(sbnGroupEnd());
+    /* a call refused on rank 0 alone (desc NULL): it counts there */
+    ASSERT_EQ_INT(sbnForwardTrain(comms[0], NULL, t[0].x, t[0].y, NULL, NULL, NULL, NULL, NULL,
+                                  t[0].smean, t[0].sinvstd, NULL, (sbnStream_t)st[0]),
+                  sbnInvalidArgument);
+    sbnGroupStart();
+    for (int q = 0; q < 2; q++)
+      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
+                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
+    const sbnResult_t r = sbnGroupEnd();
+    if (capture_launches
+            ? r != sbnSuccess
+            : r != sbnInvalidUsage || strstr(sbnGetLastError(NULL), "out of step") == NULL)
+      SBN_FAIL_("capture %s: the group after rank 0's refused call: %s (%s)",
+                capture_launches ? "launched" : "failed", sbnGetResultName(r),
+                sbnGetLastError(NULL));
+    for (int q = 0; q < 2; q++) {
+      cudaSetDevice(q);
+      cudaDeviceSynchronize();
+    }
+    if (r != sbnSuccess) sbnCommAbort(comms[0]);
+    for (int q = 0; q < 2; q++) sbnCommDestroy(comms[q]);
+  }
+  setenv("SBN_ALGO", "nccl", 1);
+  for (int q = 0; q < 2; q++) {
+    tensors_free(&t[q]);
+    cudaStreamDestroy(st[q]);
+  }
+}
+
 /* sbnForwardInference runs on the device of running_mean: a tensor of another device
    (x, z, y, weight, bias, running_var in turn on device 1) is sbnInvalidArgument that names
    it, with nothing launched, y untouched and the current device as it was; all on device 1
@@ -1856,6 +1920,7 @@ int main(void) {
   SBN_RUN(test_inference_kernel);
   SBN_RUN(test_inference_one_device);
   SBN_RUN(test_shared_gpu_streams);
+  SBN_RUN(test_failed_capture_keeps_count);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
