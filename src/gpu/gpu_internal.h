@@ -146,6 +146,20 @@ static inline int sbn_gpu_round_epi(const sbn_op_t* const* ops, int nops) {
   return sbn_epi_of(rec, act);
 }
 
+/* Relaxed about other threads' CUDA graph captures until sbn_capture_restore: while a
+   thread captures in global mode (PyTorch's default), CUDA refuses the "potentially
+   unsafe" calls of every thread not in relaxed mode (allocations and frees,
+   synchronizations, stream and event queries) and invalidates that capture. The abort and
+   the destroy make such calls, from whatever thread calls them. */
+static inline enum cudaStreamCaptureMode sbn_capture_relaxed(void) {
+  enum cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&m);
+  return m;
+}
+static inline void sbn_capture_restore(enum cudaStreamCaptureMode m) {
+  cudaThreadExchangeStreamCaptureMode(&m);
+}
+
 /* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */
 /* CLOCK_MONOTONIC in nanoseconds: the host's deadlines. */
 SBN_INTERNAL int64_t sbn_mono_ns(void);

@@ -94,6 +94,7 @@ out:
 void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
                        void (*release)(struct sbn_gpu_team* gt, int aborted)) {
   if (gt == NULL) return;
+  const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
   /* an aborted team's kernels may still wait for peers that will never come */
   if (aborted) sbn_gpu_stop_ranks(gt);
   int prev = 0;
@@ -161,6 +162,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   if (gt->err) cudaFreeHost((void*)gt->err);
   cudaSetDevice(prev);
   (void)cudaGetLastError();
+  sbn_capture_restore(mode);
   free(gt->ranks);
   free(gt);
 }
@@ -513,8 +515,10 @@ const sbn_team_ops_t sbn_gpu_virtual_team_ops = SBN_GPU_TEAM_OPS(
    once, so that a host-path collective waiting for a rank returns (the cooperative kernels
    never use those comms: aborting them under a running kernel is safe). */
 static void peer_abort(sbn_team_t* team) {
+  const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
   sbn_gpu_abort(team);
   sbn_nccl_abort_all(sbn_gpu(team));
+  sbn_capture_restore(mode);
 }
 const sbn_team_ops_t sbn_gpu_peer_team_ops =
     SBN_GPU_TEAM_OPS("GPU peer", peer_attach, sbn_gpu_detach, peer_abort, gpu_split);

@@ -520,6 +520,7 @@ static void nccl_detach(sbn_team_t* team) {
    only where a host-path collective is pending: see the end). */
 static void nccl_abort(sbn_team_t* team) {
   struct sbn_gpu_team* gt = sbn_gpu(team);
+  const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
   sbn_gpu_abort(team);
   int prev = 0;
   cudaGetDevice(&prev);
@@ -549,6 +550,7 @@ static void nccl_abort(sbn_team_t* team) {
      after its device is idle (nccl_release): its kernels, which may still be running
      (they end once they see the stop word), write through the window */
   if (sbn_gpu_abort_comms_now(gt, 1, sbn_gpu_host_pending(gt))) sbn_nccl_abort_all(gt);
+  sbn_capture_restore(mode);
 }
 
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic int* stop,

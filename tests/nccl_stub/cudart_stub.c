@@ -45,6 +45,9 @@ static unsigned last_grid;      /* blocks of the last cudaLaunchKernel */
 static const void* launched[CUDA_STUB_LAUNCH_LOG]; /* the kernels launched since the reset */
 static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
+static int foreign_capture;     /* another thread captures a graph in global mode */
+/* this thread's capture mode (cudaThreadExchangeStreamCaptureMode) */
+static _Thread_local enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
 static int events_pending;      /* every event says its work is not done */
 static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
 static int new_streams_pending; /* streams made from here never finish their work */
@@ -72,6 +75,23 @@ static int get_switch(const int* sw) {
 }
 void cudart_stub_set_capturing(int on) {
   set_switch(&capturing, on);
+}
+void cudart_stub_set_foreign_capture(int on) {
+  set_switch(&foreign_capture, on);
+}
+/* CUDA's rule while another thread captures a graph in global mode: a "potentially
+   unsafe" call (an allocation or free, a synchronization, a stream or event query) from a
+   thread not in relaxed mode fails (cudaErrorStreamCaptureUnsupported) and invalidates
+   that capture. Such a call counts as a violation here. */
+static int capture_forbids(const char* call) {
+  if (!get_switch(&foreign_capture) || thread_mode == cudaStreamCaptureModeRelaxed) return 0;
+  pthread_mutex_lock(&mu);
+  violations++;
+  snprintf(last_violation, sizeof last_violation,
+           "%s outside relaxed capture mode while another thread captures a graph (global mode)",
+           call);
+  pthread_mutex_unlock(&mu);
+  return 1;
 }
 void cudart_stub_set_events_pending(int on) {
   set_switch(&events_pending, on);
@@ -146,6 +166,8 @@ void cudart_stub_reset(void) {
   pthread_mutex_lock(&mu);
   memset(in_flight, 0, sizeof in_flight);
   capturing = 0;
+  foreign_capture = 0;
+  thread_mode = cudaStreamCaptureModeGlobal;
   events_pending = 0;
   occupancy_fails = 0;
   coop_launch_fails = 0;
@@ -311,6 +333,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize(void) {
+  if (capture_forbids("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
   void (*fn)(void*) = NULL;
   void* arg = NULL;
   pthread_mutex_lock(&mu);
@@ -338,16 +361,20 @@ const char* cudaGetErrorString(cudaError_t e) {
 
 /* ---- memory ------------------------------------------------------------------------- */
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  if (capture_forbids("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
   return remember(p, bytes, cudaMemoryTypeDevice);
 }
 cudaError_t cudaFree(void* p) {
+  if (capture_forbids("cudaFree")) return cudaErrorStreamCaptureUnsupported;
   return forget(p, cudaMemoryTypeDevice);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
+  if (capture_forbids("cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
   (void)flags;
   return remember(p, bytes, cudaMemoryTypeHost);
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (capture_forbids("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
   return forget(p, cudaMemoryTypeHost);
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {
@@ -373,6 +400,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const voi
    rank's stop word, sbn_gpu_stop_ranks, made by two aborting threads at once) are not a
    data race of the stand-in's own under ThreadSanitizer, where the hardware has none. */
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind kind) {
+  if (capture_forbids("cudaMemcpy")) return cudaErrorStreamCaptureUnsupported;
   (void)kind;
   if (((uintptr_t)dst | (uintptr_t)src | bytes) % sizeof(uint32_t) == 0 &&
       ((const char*)src + bytes <= (char*)dst || (char*)dst + bytes <= (const char*)src)) {
@@ -422,6 +450,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (capture_forbids("cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
   pthread_mutex_lock(&mu);
   const int pending = stream_pending(s, 0);
   pthread_mutex_unlock(&mu);
@@ -430,6 +459,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 /* The stand-in's kernels do nothing: a stream has nothing to wait for (a cooperative
    kernel still counts as running until a cudaDeviceSynchronize on its device). */
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (capture_forbids("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
   (void)s;
   return cudaSuccess;
 }
@@ -443,7 +473,9 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* 
   return cudaSuccess;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
-  *mode = cudaStreamCaptureModeGlobal;
+  const enum cudaStreamCaptureMode old = thread_mode;
+  thread_mode = *mode;
+  *mode = old;
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
@@ -460,6 +492,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (capture_forbids("cudaEventQuery")) return cudaErrorStreamCaptureUnsupported;
   (void)e;
   return get_switch(&events_pending) ? cudaErrorNotReady : cudaSuccess;
 }

@@ -28,6 +28,11 @@ const char* cudart_stub_last_violation(void);
 /* From here every stream says it is capturing a graph (cudaStreamIsCapturing) when `on`;
    nothing else of a capture is modelled. */
 void cudart_stub_set_capturing(int on);
+/* From here (while `on`) another thread captures a graph in global mode: a thread not in
+   relaxed mode (cudaThreadExchangeStreamCaptureMode, modelled per thread) that allocates,
+   frees, synchronizes or queries a stream or an event gets
+   cudaErrorStreamCaptureUnsupported, and the stand-in counts a violation. */
+void cudart_stub_set_foreign_capture(int on);
 /* From here every event says its work is not done (cudaEventQuery: cudaErrorNotReady)
    when `on`, as an event behind a collective that waits for a peer. */
 void cudart_stub_set_events_pending(int on);

@@ -494,6 +494,49 @@ static void abort_after_host_op(int captured) {
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
+/* sbnCommAbort and sbnCommDestroy while another thread captures a CUDA graph in global
+   mode (PyTorch's default): their queries, synchronizations and frees run relaxed about
+   captures, so that capture stays valid (the stand-in counts no violation) and they still
+   do their work: an "nccl-lsa" team whose host-path collective is pending has its comm
+   aborted (as test_abort_with_host_op_pending's, where the query that finds it pending
+   failed and read as "not pending"); an sbnCommInitAll team of two devices is aborted and
+   destroyed. */
+static void test_abort_destroy_under_foreign_capture(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_set_events_pending(1);
+  const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
+  tensors_free(&t);
+  ASSERT_OK(fr);
+  nccl_stub_reset();
+  cudart_stub_set_foreign_capture(1);
+  const sbnResult_t ar = sbnCommAbort(comm);
+  cudart_stub_set_events_pending(0);
+  const sbnResult_t dr = sbnCommDestroy(comm);
+  cudart_stub_set_foreign_capture(0);
+  ASSERT_OK(ar);
+  ASSERT_OK(dr);
+  ASSERT_RECORD("ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  sbnComm_t comms[2] = {NULL, NULL};
+  const int devs[2] = {0, 1};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  cudart_stub_set_foreign_capture(1);
+  const sbnResult_t ar2 = sbnCommAbort(comms[0]);
+  const sbnResult_t d0 = sbnCommDestroy(comms[0]), d1 = sbnCommDestroy(comms[1]);
+  cudart_stub_set_foreign_capture(0);
+  ASSERT_OK(ar2);
+  ASSERT_OK(d0);
+  ASSERT_OK(d1);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
 static void test_abort_after_captured_host_op(void) {
   abort_after_host_op(1);
 }
@@ -1905,6 +1948,7 @@ int main(void) {
   SBN_RUN(test_abort_host);
   SBN_RUN(test_abort_after_captured_host_op);
   SBN_RUN(test_abort_with_host_op_pending);
+  SBN_RUN(test_abort_destroy_under_foreign_capture);
   SBN_RUN(test_abort_window_kernel_running);
   SBN_RUN(test_abort_sets_stop_words);
   SBN_RUN(test_abort_two_devices_stop_words);
