@@ -94,9 +94,13 @@ sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, const voi
   cudaGetDevice(&prev);
   dev = prev;
   memset(&at, 0, sizeof at);
-  if (cudaPointerGetAttributes(&at, running_mean) == cudaSuccess && at.type == cudaMemoryTypeDevice)
+  /* a failed query's error is not left for the caller's next check (nor is a pending one
+     of the caller's taken where none failed) */
+  const cudaError_t qe = cudaPointerGetAttributes(&at, running_mean);
+  if (qe != cudaSuccess)
+    (void)cudaGetLastError();
+  else if (at.type == cudaMemoryTypeDevice)
     dev = at.device;
-  (void)cudaGetLastError();
   /* the kernel runs on dev: another device's tensor would be read or written through a
      peer mapping, or fault and take the context with it */
   const struct {
@@ -108,7 +112,7 @@ sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, const voi
     if (ps[i].p == NULL) continue;
     memset(&at, 0, sizeof at);
     const cudaError_t e = cudaPointerGetAttributes(&at, ps[i].p);
-    (void)cudaGetLastError();
+    if (e != cudaSuccess) (void)cudaGetLastError();
     if (e == cudaSuccess && at.type == cudaMemoryTypeDevice && at.device != dev)
       return sbn_fail(
           NULL, sbnInvalidArgument,
