@@ -289,6 +289,20 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
                           "cudaStreamLegacy); nothing was run",
                           a->comm->rank, b->comm->rank, gt->ranks[a->comm->rank].device);
       }
+  /* a group's ops run now, or all at a graph's replay: a rank whose stream captures beside
+     one whose stream does not would wait, run now, for a peer that runs at the replay
+     (capture every rank's stream, joined by events, or put the ranks on one stream) */
+  for (int i = 1; i < nops; i++)
+    if (stream_capturing((cudaStream_t)ops[i]->stream) !=
+        stream_capturing((cudaStream_t)o0->stream)) {
+      const int cap =
+          stream_capturing((cudaStream_t)o0->stream) ? o0->comm->rank : ops[i]->comm->rank;
+      return sbn_fail(NULL, sbnInvalidUsage,
+                      "rank %d's stream captures a CUDA graph and rank %d's does not: the ranks of "
+                      "a group run together, now or at the graph's replay (capture every rank's "
+                      "stream); nothing was run",
+                      cap, cap == o0->comm->rank ? ops[i]->comm->rank : o0->comm->rank);
+    }
   /* the host path without NCCL comms runs a team's ranks together, on one device */
   if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && team->nranks > 1 && !has_nccl(gt) &&
       !(whole_team && one_device_round(ops, nops)))

@@ -46,6 +46,7 @@ static const void* launched[CUDA_STUB_LAUNCH_LOG]; /* the kernels launched since
 static int nlaunched;
 static int capturing;           /* every stream says it is capturing a graph */
 static int foreign_capture;     /* another thread captures a graph in global mode */
+static void* capturing_stream;  /* this one stream says it is capturing a graph */
 /* this thread's capture mode (cudaThreadExchangeStreamCaptureMode) */
 static _Thread_local enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
 static int events_pending;      /* every event says its work is not done */
@@ -75,6 +76,11 @@ static int get_switch(const int* sw) {
 }
 void cudart_stub_set_capturing(int on) {
   set_switch(&capturing, on);
+}
+void cudart_stub_set_capturing_stream(cudaStream_t s) {
+  pthread_mutex_lock(&mu);
+  capturing_stream = (void*)s;
+  pthread_mutex_unlock(&mu);
 }
 void cudart_stub_set_foreign_capture(int on) {
   set_switch(&foreign_capture, on);
@@ -166,6 +172,7 @@ void cudart_stub_reset(void) {
   pthread_mutex_lock(&mu);
   memset(in_flight, 0, sizeof in_flight);
   capturing = 0;
+  capturing_stream = NULL;
   foreign_capture = 0;
   thread_mode = cudaStreamCaptureModeGlobal;
   events_pending = 0;
@@ -468,8 +475,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* status) {
-  (void)s;
-  *status = get_switch(&capturing) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  pthread_mutex_lock(&mu);
+  const int on = capturing || (s != NULL && (void*)s == capturing_stream);
+  pthread_mutex_unlock(&mu);
+  *status = on ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
 cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {

@@ -28,6 +28,9 @@ const char* cudart_stub_last_violation(void);
 /* From here every stream says it is capturing a graph (cudaStreamIsCapturing) when `on`;
    nothing else of a capture is modelled. */
 void cudart_stub_set_capturing(int on);
+/* From here stream s (not NULL) says it is capturing a graph, the others not (unless
+   cudart_stub_set_capturing); NULL: none. */
+void cudart_stub_set_capturing_stream(cudaStream_t s);
 /* From here (while `on`) another thread captures a graph in global mode: a thread not in
    relaxed mode (cudaThreadExchangeStreamCaptureMode, modelled per thread) that allocates,
    frees, synchronizes or queries a stream or an event gets

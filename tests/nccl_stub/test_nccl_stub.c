@@ -1131,6 +1131,67 @@ static void test_failed_capture_keeps_count(void) {
   }
 }
 
+/* A group of an sbnCommInitAll team (two devices) whose rank 0's stream captures a CUDA
+   graph and rank 1's does not (or the other way): sbnInvalidUsage naming both, nothing
+   launched, the team usable (the captured rank would run at the replay, the other now,
+   waiting for it until the timeout); both streams capturing, or neither, run. On the
+   cooperative path and the host path. */
+static void test_group_mixed_capture(void) {
+  stub_case(NULL);
+  const int devs[2] = {0, 1};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  sbnComm_t comms[2] = {NULL, NULL};
+  tensors_t t[2];
+  cudaStream_t st[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  for (int q = 0; q < 2; q++) {
+    tensors_alloc(&t[q], q);
+    cudaStreamCreateWithFlags(&st[q], cudaStreamNonBlocking);
+  }
+  for (int host = 0; host < 2 && !sbn_test_cur_failed_; host++)
+    for (int c = 0; c < 4 && !sbn_test_cur_failed_;
+         c++) { /* 0: rank 0's, 1: rank 1's, 2: both, 3: none */
+      cudart_stub_reset();
+      if (host)
+        setenv("SBN_ALGO", "nccl", 1);
+      else
+        unsetenv("SBN_ALGO");
+      if (c < 2) cudart_stub_set_capturing_stream(st[c]);
+      cudart_stub_set_capturing(c == 2);
+      sbnGroupStart();
+      for (int q = 0; q < 2; q++)
+        sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
+                        t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
+      const sbnResult_t r = sbnGroupEnd();
+      cudart_stub_set_capturing_stream(NULL);
+      cudart_stub_set_capturing(0);
+      const void* fns[CUDA_STUB_LAUNCH_LOG];
+      const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
+      char want[64];
+      snprintf(want, sizeof want, "rank %d's stream captures a CUDA graph and rank %d's does not",
+               c, 1 - c);
+      if (c < 2 ? (r != sbnInvalidUsage || n != 0 || strstr(sbnGetLastError(NULL), want) == NULL)
+                : r != sbnSuccess || n == 0)
+        SBN_FAIL_("%s path, %s capturing: %s, %d launches (%s)", host ? "host" : "cooperative",
+                  c == 0   ? "rank 0's stream"
+                  : c == 1 ? "rank 1's stream"
+                  : c == 2 ? "both"
+                           : "none",
+                  sbnGetResultName(r), n, sbnGetLastError(NULL));
+      for (int q = 0; q < 2; q++) {
+        cudaSetDevice(q);
+        cudaDeviceSynchronize();
+      }
+    }
+  setenv("SBN_ALGO", "nccl", 1);
+  for (int q = 0; q < 2; q++) {
+    ASSERT_OK(sbnCommDestroy(comms[q]));
+    tensors_free(&t[q]);
+    cudaStreamDestroy(st[q]);
+  }
+  ASSERT_CLEAN();
+}
+
 /* sbnForwardInference runs on the device of running_mean: a tensor of another device
    (x, z, y, weight, bias, running_var in turn on device 1) is sbnInvalidArgument that names
    it, with nothing launched, y untouched and the current device as it was; all on device 1
@@ -1965,6 +2026,7 @@ int main(void) {
   SBN_RUN(test_inference_one_device);
   SBN_RUN(test_shared_gpu_streams);
   SBN_RUN(test_failed_capture_keeps_count);
+  SBN_RUN(test_group_mixed_capture);
   SBN_RUN(test_stop_slots);
   SBN_RUN(test_stuck_split_of_callers_comm);
   SBN_RUN(test_stuck_split_child_init);
