@@ -418,10 +418,20 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         """The team of process_group on device, kept with the group it is of (a layer given
         another group finds that group's); False where this process is not in the group."""
         group = self.process_group
-        outside = _dist.get_rank(group if group is not None else _dist.group.WORLD) < 0
-        self._group_comm = False if outside else team_for(group, device, max_channels=self.num_features)
+        if device.type == "cuda" and _dist.get_rank(group if group is not None else _dist.group.WORLD) < 0:
+            self._group_comm = False
+        else:  # (a CPU tensor: team_for's ValueError, in the group or not, as nn.SyncBatchNorm's)
+            self._group_comm = team_for(group, device, max_channels=self.num_features)
         self._group_device, self._group_pg = device, group
         return self._group_comm
+
+    def __getstate__(self):
+        # the group's team is this process's, found for a group that may be gone by now (and
+        # a ProcessGroup pickles not): a copy or a loaded layer finds its team again
+        state = super().__getstate__()
+        for k in ("_group_comm", "_group_device", "_group_pg"):
+            state.pop(k, None)
+        return state
 
     @property
     def comm(self):

@@ -916,6 +916,7 @@ class TestTorch(unittest.TestCase):
         call: a group assigned after the first training call is looked up at the next one,
         eager and compiled (the groups' teams, CUDA-only, stood in for by CPU teams of one,
         one per group)."""
+        import pickle
         import tempfile
 
         import torch.distributed as dist
@@ -950,6 +951,11 @@ class TestTorch(unittest.TestCase):
                         torch.testing.assert_close(y, F.batch_norm(x, None, None, m.weight, m.bias, True),
                                                    rtol=3e-5, atol=3e-5)
                         m.process_group = None  # and back
+                        # copies and pickles hold no team, nor the group it was found for (a
+                        # ProcessGroup pickles not): they find their own at their first call
+                        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+                            self.assertIsNone(c._group_comm)
+                            self.assertIsNone(c._group_pg)
                         f(x)
                         self.assertEqual(asked, [None, sub, None], f"compiled {compiled}")
                         self.assertIs(m._group_comm, teams[None])
@@ -961,11 +967,13 @@ class TestTorch(unittest.TestCase):
                 t.destroy()
 
     def test_process_group_outside(self):
-        """A process outside the layer's process group (world of two, the group rank 1's)
-        runs batch norm on its own batch, as nn.SyncBatchNorm does (its world size -1: no
-        sync), running statistics included; team_for says it is not in the group. Rank 1's
-        team of the group is stood in for by a CPU team of one (the groups' teams are
-        CUDA-only), which refuses a process outside the group as team_for does."""
+        """A process outside the layer's process group (world of two, the group rank 1's):
+        for a GPU's tensor the layer takes no team of the group (it runs batch norm on its
+        own batch on a team of one, as nn.SyncBatchNorm does there: world size -1, no sync;
+        asked here without a GPU: the layer's lookup), and team_for says it is not in the
+        group; a CPU tensor raises a ValueError, as nn.SyncBatchNorm's. Rank 1's team of
+        the group is stood in for by a CPU team of one (the groups' teams are CUDA-only),
+        which refuses a process outside the group as team_for does."""
         import subprocess
         import sys
         import tempfile
@@ -988,12 +996,23 @@ class TestTorch(unittest.TestCase):
             torch.manual_seed(rank)
             x = torch.randn(4, 3, 5) * 2 + 1
             m, ref = sbt.SyncBatchNorm(3, process_group=sub), torch.nn.BatchNorm1d(3)
-            for _ in range(2):
-                torch.testing.assert_close(m(x), ref(x), rtol=3e-5, atol=3e-5)
-            for k in ("running_mean", "running_var", "num_batches_tracked"):
-                torch.testing.assert_close(getattr(m, k), getattr(ref, k), rtol=3e-5, atol=3e-5)
-            print("rank", rank, "outside" if m._group_comm is False else "team", flush=True)
-            if rank == 0:
+            if rank == 1:  # in the group: its team (a stand-in team of one: batch norm)
+                for _ in range(2):
+                    torch.testing.assert_close(m(x), ref(x), rtol=3e-5, atol=3e-5)
+                for k in ("running_mean", "running_var", "num_batches_tracked"):
+                    torch.testing.assert_close(getattr(m, k), getattr(ref, k), rtol=3e-5, atol=3e-5)
+                print("rank 1 team", m._group_comm is teams[sub], flush=True)
+            else:
+                # a CPU tensor: a ValueError, as nn.SyncBatchNorm's (whatever the group)
+                for layer in (m, torch.nn.SyncBatchNorm(3, process_group=sub)):
+                    try:
+                        layer(x)
+                        print("rank 0", type(layer).__module__, "ran", flush=True)
+                    except ValueError:
+                        print("rank 0", type(layer).__module__, "ValueError", flush=True)
+                # a GPU's tensor: no team (its team of one, nn.SyncBatchNorm's batch norm), asked
+                # of the group without a device or a collective
+                print("rank 0 outside", m._find_group_team(torch.device("cuda", 0)) is False, flush=True)
                 try:
                     real_team_for(sub, torch.device("cuda", 0))
                 except ValueError as e:
@@ -1007,9 +1026,11 @@ class TestTorch(unittest.TestCase):
             outs = [p.communicate(timeout=300)[0] for p in procs]
         for r, (p, out) in enumerate(zip(procs, outs)):
             self.assertEqual(p.returncode, 0, f"rank {r}:\n{out}")
-        self.assertIn("rank 0 outside", outs[0])
+        self.assertIn("rank 0 syncbn.torch ValueError", outs[0])
+        self.assertIn("rank 0 torch.nn.modules.batchnorm ValueError", outs[0])
+        self.assertIn("rank 0 outside True", outs[0])
         self.assertIn("team_for: True", outs[0])
-        self.assertIn("rank 1 team", outs[1])
+        self.assertIn("rank 1 team True", outs[1])
 
     def test_missing_rank_raises_timeout(self):
         comms = syncbn.cpu_team(2, timeout_ms=300)
