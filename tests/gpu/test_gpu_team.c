@@ -1141,13 +1141,14 @@ static void usage_shared_stream(void) {
   }
   for (int variant = 0; variant < 3 && !sbn_test_cur_failed_; variant++) {
     d.st[0] = d.st[1] = variant == 0 ? s : NULL;
-    if (variant == 2) d.st[0] = cudaStreamLegacy; /* the legacy stream's other handle */
+    if (variant == 2)
+      d.st[0] = cudaStreamLegacy, d.st[1] = s; /* the legacy stream's other handle */
     sbnResult_t r = gpu_group(&d, &h, 0, 0, &p);
     if (r != sbnInvalidUsage) {
       SBN_FAIL_("%s: %s, expected sbnInvalidUsage",
                 variant == 0   ? "one stream for both ranks"
                 : variant == 1 ? "the NULL stream for both ranks"
-                               : "cudaStreamLegacy and NULL",
+                               : "cudaStreamLegacy and a stream",
                 sbnGetResultName(r));
       break;
     }

@@ -87,15 +87,15 @@ void cudart_stub_set_foreign_capture(int on) {
 }
 /* CUDA's rule while another thread captures a graph in global mode: a "potentially
    unsafe" call (an allocation or free, a synchronization, a stream or event query) from a
-   thread not in relaxed mode fails (cudaErrorStreamCaptureUnsupported) and invalidates
+   thread in global mode fails (cudaErrorStreamCaptureUnsupported) and invalidates
    that capture. Such a call counts as a violation here. */
 static int capture_forbids(const char* call) {
-  if (!get_switch(&foreign_capture) || thread_mode == cudaStreamCaptureModeRelaxed) return 0;
+  /* (thread-local and relaxed threads are not bound by another thread's capture) */
+  if (!get_switch(&foreign_capture) || thread_mode != cudaStreamCaptureModeGlobal) return 0;
   pthread_mutex_lock(&mu);
   violations++;
   snprintf(last_violation, sizeof last_violation,
-           "%s outside relaxed capture mode while another thread captures a graph (global mode)",
-           call);
+           "%s in global capture mode while another thread captures a graph (global mode)", call);
   pthread_mutex_unlock(&mu);
   return 1;
 }

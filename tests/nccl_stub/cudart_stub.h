@@ -31,8 +31,8 @@ void cudart_stub_set_capturing(int on);
 /* From here stream s (not NULL) says it is capturing a graph, the others not (unless
    cudart_stub_set_capturing); NULL: none. */
 void cudart_stub_set_capturing_stream(cudaStream_t s);
-/* From here (while `on`) another thread captures a graph in global mode: a thread not in
-   relaxed mode (cudaThreadExchangeStreamCaptureMode, modelled per thread) that allocates,
+/* From here (while `on`) another thread captures a graph in global mode: a thread in
+   global mode (cudaThreadExchangeStreamCaptureMode, modelled per thread) that allocates,
    frees, synchronizes or queries a stream or an event gets
    cudaErrorStreamCaptureUnsupported, and the stand-in counts a violation. */
 void cudart_stub_set_foreign_capture(int on);

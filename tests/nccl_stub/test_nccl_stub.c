@@ -499,8 +499,9 @@ static void abort_after_host_op(int captured) {
    captures, so that capture stays valid (the stand-in counts no violation) and they still
    do their work: an "nccl-lsa" team whose host-path collective is pending has its comm
    aborted (as test_abort_with_host_op_pending's, where the query that finds it pending
-   failed and read as "not pending"); an sbnCommInitAll team of two devices is aborted and
-   destroyed. */
+   failed and read as "not pending"); an sbnCommInitAll team of two devices is aborted (its
+   NCCL comms too: the stand-in's abort frees device memory, as NCCL's does) and destroyed.
+   A caller's own capture mode (thread-local) is as it was after each. */
 static void test_abort_destroy_under_foreign_capture(void) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
@@ -536,6 +537,19 @@ static void test_abort_destroy_under_foreign_capture(void) {
   ASSERT_OK(d1);
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  /* a caller in thread-local mode: its mode as it was after the abort and the destroy */
+  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
+  enum cudaStreamCaptureMode mine = cudaStreamCaptureModeThreadLocal;
+  cudaThreadExchangeStreamCaptureMode(&mine);
+  ASSERT_OK(sbnCommAbort(comms[0]));
+  enum cudaStreamCaptureMode after_abort = cudaStreamCaptureModeThreadLocal;
+  cudaThreadExchangeStreamCaptureMode(&after_abort);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  mine = cudaStreamCaptureModeGlobal;
+  cudaThreadExchangeStreamCaptureMode(&mine);
+  ASSERT_EQ_INT((int)after_abort, (int)cudaStreamCaptureModeThreadLocal);
+  ASSERT_EQ_INT((int)mine, (int)cudaStreamCaptureModeThreadLocal);
 }
 static void test_abort_after_captured_host_op(void) {
   abort_after_host_op(1);
