@@ -1181,7 +1181,7 @@ static void test_group_mixed_capture(void) {
       cudart_stub_set_capturing(0);
       const void* fns[CUDA_STUB_LAUNCH_LOG];
       const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
-      char want[64];
+      char want[96];
       snprintf(want, sizeof want, "rank %d's stream captures a CUDA graph and rank %d's does not",
                c, 1 - c);
       if (c < 2 ? (r != sbnInvalidUsage || n != 0 || strstr(sbnGetLastError(NULL), want) == NULL)
