@@ -1024,6 +1024,45 @@ static void test_inference_kernel(void) {
   }
 }
 
+/* Two ranks' tensors (rank q's on device devs[q]) and streams of their own, for the group
+   tests below. */
+typedef struct {
+  tensors_t t[2];
+  cudaStream_t st[2];
+} duo_t;
+static void duo_alloc(duo_t* p, const int devs[2]) {
+  for (int q = 0; q < 2; q++) {
+    tensors_alloc(&p->t[q], devs[q]);
+    p->st[q] = NULL;
+    cudaStreamCreateWithFlags(&p->st[q], cudaStreamNonBlocking);
+  }
+}
+static void duo_free(duo_t* p) {
+  for (int q = 0; q < 2; q++) {
+    tensors_free(&p->t[q]);
+    cudaStreamDestroy(p->st[q]);
+  }
+}
+/* An sbnCommInitAll team of two ranks on devs, and a duo of tensors and streams for it. */
+static sbnResult_t duo_team(sbnComm_t comms[2], duo_t* p, const int devs[2]) {
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  comms[0] = comms[1] = NULL;
+  const sbnResult_t r = sbnCommInitAll(comms, 2, devs, &cfg);
+  if (r == sbnSuccess) duo_alloc(p, devs);
+  return r;
+}
+/* Both ranks' forward in one group, rank q's on st[q] (st NULL: the pair's own streams);
+   sbnGroupEnd's result. */
+static sbnResult_t duo_group_forward(const sbnComm_t comms[2], duo_t* p, const cudaStream_t* st) {
+  sbnGroupStart();
+  for (int q = 0; q < 2; q++) {
+    tensors_t* t = &p->t[q];
+    sbnForwardTrain(comms[q], &g_desc, t->x, t->y, t->weight, t->bias, t->rmean, t->rvar, NULL,
+                    t->smean, t->sinvstd, NULL, (sbnStream_t)(st != NULL ? st[q] : p->st[q]));
+  }
+  return sbnGroupEnd();
+}
+
 /* Ranks of an sbnCommInitAll team that share a GPU, in one group: the legacy default
    stream by either handle (NULL, cudaStreamLegacy) for one of them, or one stream for both
    (cudaStreamPerThread from one thread included), is sbnInvalidUsage with nothing launched
@@ -1032,15 +1071,10 @@ static void test_inference_kernel(void) {
 static void test_shared_gpu_streams(void) {
   stub_case(NULL);
   const int same[2] = {0, 0};
-  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
-  sbnComm_t comms[2] = {NULL, NULL};
-  tensors_t t[2];
-  cudaStream_t own[2] = {NULL, NULL};
-  ASSERT_OK(sbnCommInitAll(comms, 2, same, &cfg));
-  for (int q = 0; q < 2; q++) {
-    tensors_alloc(&t[q], 0);
-    cudaStreamCreateWithFlags(&own[q], cudaStreamNonBlocking);
-  }
+  sbnComm_t comms[2];
+  duo_t p;
+  ASSERT_OK(duo_team(comms, &p, same));
+  const cudaStream_t* own = p.st;
   const struct {
     cudaStream_t s0, s1;
     int ok;
@@ -1058,11 +1092,7 @@ static void test_shared_gpu_streams(void) {
     const cudaStream_t st[2] = {cases[i].s0, cases[i].s1};
     cudart_stub_reset();
     unsetenv("SBN_ALGO"); /* the cooperative kernel */
-    sbnGroupStart();
-    for (int q = 0; q < 2; q++)
-      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
-                      t[q].rvar, t[q].nbt, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
-    const sbnResult_t r = sbnGroupEnd();
+    const sbnResult_t r = duo_group_forward(comms, &p, st);
     setenv("SBN_ALGO", "nccl", 1);
     const void* fns[CUDA_STUB_LAUNCH_LOG];
     const int n = cudart_stub_launches(fns, CUDA_STUB_LAUNCH_LOG);
@@ -1073,11 +1103,8 @@ static void test_shared_gpu_streams(void) {
                 sbnGetLastError(comms[0]));
     cudaDeviceSynchronize();
   }
-  for (int q = 0; q < 2; q++) {
-    ASSERT_OK(sbnCommDestroy(comms[q]));
-    tensors_free(&t[q]);
-    cudaStreamDestroy(own[q]);
-  }
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  duo_free(&p);
   ASSERT_CLEAN();
 }
 
@@ -1090,12 +1117,8 @@ static void test_failed_capture_keeps_count(void) {
   stub_case(NULL);
   const int devs[2] = {0, 1};
   const sbnConfig_t cfg = case_config(TIMEOUT_MS);
-  tensors_t t[2];
-  cudaStream_t st[2] = {NULL, NULL};
-  for (int q = 0; q < 2; q++) {
-    tensors_alloc(&t[q], q);
-    cudaStreamCreateWithFlags(&st[q], cudaStreamNonBlocking);
-  }
+  duo_t p;
+  duo_alloc(&p, devs);
   unsetenv("SBN_ALGO"); /* the cooperative kernel */
   for (int capture_launches = 0; capture_launches < 2 && !sbn_test_cur_failed_;
        capture_launches++) {
@@ -1103,28 +1126,16 @@ static void test_failed_capture_keeps_count(void) {
     ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
     cudart_stub_set_capturing(1);
     cudart_stub_set_coop_launch_fails(!capture_launches);
-    sbnGroupStart();
-    for (int q = 0; q < 2; q++)
-      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
-                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
-    const sbnResult_t captured = sbnGroupEnd();
+    const sbnResult_t captured = duo_group_forward(comms, &p, NULL);
     cudart_stub_set_capturing(0);
     cudart_stub_set_coop_launch_fails(0);
     ASSERT_EQ_INT(captured, capture_launches ? sbnSuccess : sbnCudaError);
-    sbnGroupStart(); /* eager: the team is usable */
-    for (int q = 0; q < 2; q++)
-      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
-                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
-    ASSERT_OK(sbnGroupEnd());
+    ASSERT_OK(duo_group_forward(comms, &p, NULL)); /* eager: the team is usable */
     /* a call refused on rank 0 alone (desc NULL): it counts there */
-    ASSERT_EQ_INT(sbnForwardTrain(comms[0], NULL, t[0].x, t[0].y, NULL, NULL, NULL, NULL, NULL,
-                                  t[0].smean, t[0].sinvstd, NULL, (sbnStream_t)st[0]),
+    ASSERT_EQ_INT(sbnForwardTrain(comms[0], NULL, p.t[0].x, p.t[0].y, NULL, NULL, NULL, NULL, NULL,
+                                  p.t[0].smean, p.t[0].sinvstd, NULL, (sbnStream_t)p.st[0]),
                   sbnInvalidArgument);
-    sbnGroupStart();
-    for (int q = 0; q < 2; q++)
-      sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
-                      t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
-    const sbnResult_t r = sbnGroupEnd();
+    const sbnResult_t r = duo_group_forward(comms, &p, NULL);
     if (capture_launches
             ? r != sbnSuccess
             : r != sbnInvalidUsage || strstr(sbnGetLastError(NULL), "out of step") == NULL)
@@ -1139,10 +1150,7 @@ static void test_failed_capture_keeps_count(void) {
     for (int q = 0; q < 2; q++) sbnCommDestroy(comms[q]);
   }
   setenv("SBN_ALGO", "nccl", 1);
-  for (int q = 0; q < 2; q++) {
-    tensors_free(&t[q]);
-    cudaStreamDestroy(st[q]);
-  }
+  duo_free(&p);
 }
 
 /* A group of an sbnCommInitAll team (two devices) whose rank 0's stream captures a CUDA
@@ -1153,30 +1161,19 @@ static void test_failed_capture_keeps_count(void) {
 static void test_group_mixed_capture(void) {
   stub_case(NULL);
   const int devs[2] = {0, 1};
-  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
-  sbnComm_t comms[2] = {NULL, NULL};
-  tensors_t t[2];
-  cudaStream_t st[2] = {NULL, NULL};
-  ASSERT_OK(sbnCommInitAll(comms, 2, devs, &cfg));
-  for (int q = 0; q < 2; q++) {
-    tensors_alloc(&t[q], q);
-    cudaStreamCreateWithFlags(&st[q], cudaStreamNonBlocking);
-  }
+  sbnComm_t comms[2];
+  duo_t p;
+  ASSERT_OK(duo_team(comms, &p, devs));
   for (int host = 0; host < 2 && !sbn_test_cur_failed_; host++)
-    for (int c = 0; c < 4 && !sbn_test_cur_failed_;
-         c++) { /* 0: rank 0's, 1: rank 1's, 2: both, 3: none */
+    for (int c = 0; c < 4 && !sbn_test_cur_failed_; c++) { /* rank 0's, rank 1's, both, none */
       cudart_stub_reset();
       if (host)
         setenv("SBN_ALGO", "nccl", 1);
       else
         unsetenv("SBN_ALGO");
-      if (c < 2) cudart_stub_set_capturing_stream(st[c]);
+      if (c < 2) cudart_stub_set_capturing_stream(p.st[c]);
       cudart_stub_set_capturing(c == 2);
-      sbnGroupStart();
-      for (int q = 0; q < 2; q++)
-        sbnForwardTrain(comms[q], &g_desc, t[q].x, t[q].y, t[q].weight, t[q].bias, t[q].rmean,
-                        t[q].rvar, NULL, t[q].smean, t[q].sinvstd, NULL, (sbnStream_t)st[q]);
-      const sbnResult_t r = sbnGroupEnd();
+      const sbnResult_t r = duo_group_forward(comms, &p, NULL);
       cudart_stub_set_capturing_stream(NULL);
       cudart_stub_set_capturing(0);
       const void* fns[CUDA_STUB_LAUNCH_LOG];
@@ -1198,11 +1195,8 @@ static void test_group_mixed_capture(void) {
       }
     }
   setenv("SBN_ALGO", "nccl", 1);
-  for (int q = 0; q < 2; q++) {
-    ASSERT_OK(sbnCommDestroy(comms[q]));
-    tensors_free(&t[q]);
-    cudaStreamDestroy(st[q]);
-  }
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  duo_free(&p);
   ASSERT_CLEAN();
 }
 
