@@ -292,11 +292,10 @@ sbnResult_t sbn_gpu_check(const sbn_op_t* const* ops, int nops) {
   /* a group's ops run now, or all at a graph's replay: a rank whose stream captures beside
      one whose stream does not would wait, run now, for a peer that runs at the replay
      (capture every rank's stream, joined by events, or put the ranks on one stream) */
+  const int cap0 = nops > 1 ? stream_capturing((cudaStream_t)o0->stream) : 0;
   for (int i = 1; i < nops; i++)
-    if (stream_capturing((cudaStream_t)ops[i]->stream) !=
-        stream_capturing((cudaStream_t)o0->stream)) {
-      const int cap =
-          stream_capturing((cudaStream_t)o0->stream) ? o0->comm->rank : ops[i]->comm->rank;
+    if (stream_capturing((cudaStream_t)ops[i]->stream) != cap0) {
+      const int cap = cap0 ? o0->comm->rank : ops[i]->comm->rank;
       return sbn_fail(NULL, sbnInvalidUsage,
                       "rank %d's stream captures a CUDA graph and rank %d's does not: the ranks of "
                       "a group run together, now or at the graph's replay (capture every rank's "
