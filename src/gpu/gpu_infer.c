@@ -103,24 +103,11 @@ sbnResult_t sbn_gpu_inference(const sbnTensorDesc_t* d, const void* x, const voi
     dev = at.device;
   /* the kernel runs on dev: another device's tensor would be read or written through a
      peer mapping, or fault and take the context with it */
-  const struct {
-    const void* p;
-    const char* name;
-  } ps[] = {{x, "x"},           {z, "z"},       {y, "y"},
-            {weight, "weight"}, {bias, "bias"}, {running_var, "running_var"}};
-  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
-    if (ps[i].p == NULL) continue;
-    memset(&at, 0, sizeof at);
-    const cudaError_t e = cudaPointerGetAttributes(&at, ps[i].p);
-    if (e != cudaSuccess) (void)cudaGetLastError();
-    if (e == cudaSuccess && at.type == cudaMemoryTypeDevice && at.device != dev)
-      return sbn_fail(
-          NULL, sbnInvalidArgument,
-          "inference: %s is memory of device %d, the op runs on device %d (running_mean's, "
-          "or the current one for managed memory): every tensor must be on that device; "
-          "nothing was run",
-          ps[i].name, at.device, dev);
-  }
+  const sbn_tensor_arg_t ts[] = {{x, "x"},           {z, "z"},       {y, "y"},
+                                 {weight, "weight"}, {bias, "bias"}, {running_var, "running_var"}};
+  r = sbn_gpu_check_tensors(NULL, "inference", ts, sizeof ts / sizeof ts[0], dev,
+                            "running_mean's, or the current one for managed memory", 0);
+  if (r != sbnSuccess) return r;
   if (dev != prev) CU(cudaSetDevice(dev), "cudaSetDevice");
   CU(inference_launch(d, x, z, y, weight, bias, running_mean, running_var, eps, act, slope, plane_only,
                       (cudaStream_t)stream),

@@ -172,6 +172,20 @@ SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
    rank's stop word (device memory) through its stop_stream, waited for (bounded); where
    that fails, it says so at SBN_DEBUG=WARN. */
 SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
+/* One tensor argument of an op: its pointer (NULL: not given) and its name in messages. */
+typedef struct {
+  const void* p;
+  const char* name;
+} sbn_tensor_arg_t;
+/* sbnSuccess when each given tensor of ts[n] is memory of device dev, else the first
+   failure, recorded for comm (NULL: the thread) as "who: name ..." (one
+   cudaPointerGetAttributes each; a failed query's error is cleared). Another device's
+   memory: sbnInvalidArgument, the message saying whose device dev is (dev_whose). strict
+   (the training ops) also refuses host memory (sbnInvalidArgument) and a failed query
+   (sbnCudaError); without it both pass (the inference kernel reads a mapped pointer). */
+SBN_INTERNAL sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who,
+                                               const sbn_tensor_arg_t* ts, size_t n, int dev,
+                                               const char* dev_whose, int strict);
 /* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns); first
    the host's abort word, so that kernels queued behind the collective write nothing. Not
    with nccl_lock held. */

@@ -14,47 +14,24 @@
    sbnInvalidArgument naming the first that is not (one cudaPointerGetAttributes each). */
 static sbnResult_t check_pointers(const sbn_op_t* op) {
   const struct sbn_gpu_team* gt = sbn_gpu(op->comm->team);
-  const int dev = gt->ranks[op->comm->rank].device;
   const int fwd = op->kind == SBN_OP_FORWARD;
-  const struct {
-    const void* p;
-    const char* name;
-  } ps[] = {{op->x, "x"},
-            {op->out, fwd ? "y" : "dx"},
-            {fwd ? NULL : op->dy, "dy"},
-            {op->z, "z"},
-            {op->y, "y"},
-            {op->dz, "dz"},
-            {op->weight, "weight"},
-            {op->bias, "bias"},
-            {op->running_mean, "running_mean"},
-            {op->running_var, "running_var"},
-            {op->num_batches_tracked, "num_batches_tracked"},
-            {op->save_mean, "save_mean"},
-            {op->save_invstd, "save_invstd"},
-            {op->dweight, "dweight"},
-            {op->dbias, "dbias"}};
-  for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
-    if (ps[i].p == NULL) continue;
-    struct cudaPointerAttributes at;
-    memset(&at, 0, sizeof at);
-    const cudaError_t e = cudaPointerGetAttributes(&at, ps[i].p);
-    if (e != cudaSuccess) { /* the runtime's failure (CUDA 11 and later answer for host memory) */
-      (void)cudaGetLastError();
-      return sbn_fail(op->comm, sbnCudaError, "%s: cudaPointerGetAttributes(%s): %s",
-                      sbn_op_name(op->kind), ps[i].name, cudaGetErrorString(e));
-    }
-    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
-      return sbn_fail(op->comm, sbnInvalidArgument,
-                      "%s: %s (%p) is not device memory: a GPU team's tensors live on the "
-                      "rank's device (%d)",
-                      sbn_op_name(op->kind), ps[i].name, ps[i].p, dev);
-    if (at.type == cudaMemoryTypeDevice && at.device != dev)
-      return sbn_fail(op->comm, sbnInvalidArgument,
-                      "%s: %s is memory of device %d, but this rank's device is %d",
-                      sbn_op_name(op->kind), ps[i].name, at.device, dev);
-  }
-  return sbnSuccess;
+  const sbn_tensor_arg_t ts[] = {{op->x, "x"},
+                                 {op->out, fwd ? "y" : "dx"},
+                                 {fwd ? NULL : op->dy, "dy"},
+                                 {op->z, "z"},
+                                 {op->y, "y"},
+                                 {op->dz, "dz"},
+                                 {op->weight, "weight"},
+                                 {op->bias, "bias"},
+                                 {op->running_mean, "running_mean"},
+                                 {op->running_var, "running_var"},
+                                 {op->num_batches_tracked, "num_batches_tracked"},
+                                 {op->save_mean, "save_mean"},
+                                 {op->save_invstd, "save_invstd"},
+                                 {op->dweight, "dweight"},
+                                 {op->dbias, "dbias"}};
+  return sbn_gpu_check_tensors(op->comm, sbn_op_name(op->kind), ts, sizeof ts / sizeof ts[0],
+                               gt->ranks[op->comm->rank].device, "this rank's device", 1);
 }
 
 /* SBN_ALGO_COOP or SBN_ALGO_HOST, or -1 (an unknown value; the detail is recorded). */

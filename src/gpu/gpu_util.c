@@ -7,6 +7,7 @@
 #include "gpu/gpu_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Memory NCCL may still write after a call that did not settle (the slot of a comm or a
    window handle, sbn_nccl_settle's rule): never freed, a pointer or a few per timeout,
@@ -50,6 +51,33 @@ sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
                   no_image ? "; syncbn's kernels were not built for this GPU or driver: rebuild "
                              "with CMAKE_CUDA_ARCHITECTURES naming its architecture (README)"
                            : "");
+}
+
+sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who, const sbn_tensor_arg_t* ts,
+                                  size_t n, int dev, const char* dev_whose, int strict) {
+  for (size_t i = 0; i < n; i++) {
+    if (ts[i].p == NULL) continue;
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    const cudaError_t e = cudaPointerGetAttributes(&at, ts[i].p);
+    if (e != cudaSuccess) { /* the runtime's failure (CUDA 11 and later answer for host memory) */
+      (void)cudaGetLastError();
+      if (!strict) continue;
+      return sbn_fail(comm, sbnCudaError, "%s: cudaPointerGetAttributes(%s): %s", who, ts[i].name,
+                      cudaGetErrorString(e));
+    }
+    if (strict && at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: %s (%p) is not device memory: the op's tensors live on device %d "
+                      "(%s); nothing was run",
+                      who, ts[i].name, ts[i].p, dev, dev_whose);
+    if (at.type == cudaMemoryTypeDevice && at.device != dev)
+      return sbn_fail(comm, sbnInvalidArgument,
+                      "%s: %s is memory of device %d, but the op runs on device %d (%s): every "
+                      "tensor must be on that device; nothing was run",
+                      who, ts[i].name, at.device, dev, dev_whose);
+  }
+  return sbnSuccess;
 }
 
 /* The kernels read no host memory on their success path (coop_exchange.cuh,

@@ -863,6 +863,61 @@ static void test_pointer_query_failure(void) {
   ASSERT_CLEAN();
 }
 
+/* A training op given a tensor of another device, or of host memory, in each of its
+   places in turn: sbnInvalidArgument naming the tensor, nothing launched, y unwritten. */
+static void test_training_pointer_checks(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  sbnComm_t v = NULL;
+  ASSERT_OK(sbnCommInitVirtual(&v, 1, 0, NULL));
+  tensors_t t, other;
+  tensors_alloc(&other, 1);
+  tensors_alloc(&t, 0);
+  const size_t big = (size_t)N_ * C_ * S_ * sizeof(float);
+  void* host = malloc(big);
+  ASSERT_TRUE(host != NULL);
+  float** places[] = {&t.x, &t.y, &t.weight, &t.bias, &t.rmean, &t.rvar, &t.smean, &t.sinvstd};
+  const char* names[] = {"x",           "y",         "weight",     "bias", "running_mean",
+                         "running_var", "save_mean", "save_invstd"};
+  float** others[] = {&other.x,     &other.y,    &other.weight, &other.bias,
+                      &other.rmean, &other.rvar, &other.smean,  &other.sinvstd};
+  float* y0 = t.y;
+  for (size_t k = 0; k < sizeof places / sizeof places[0] && !sbn_test_cur_failed_; k++)
+    for (int kind = 0; kind < 2; kind++) { /* 0: device 1's memory, 1: host memory */
+      float* keep = *places[k];
+      *places[k] = kind ? host : *others[k];
+      memset(y0, 0x5a, big);
+      cudart_stub_reset();
+      const sbnResult_t r = forward(v, &t);
+      *places[k] = keep;
+      const int n = cudart_stub_launches(NULL, 0);
+      char want[64];
+      snprintf(want, sizeof want, kind ? "%s (" : "%s is memory of device 1", names[k]);
+      const char* msg = sbnGetLastError(v);
+      if (r != sbnInvalidArgument || n != 0 || strstr(msg, want) == NULL ||
+          (kind && strstr(msg, "is not device memory") == NULL))
+        SBN_FAIL_("%s in %s memory: result %d, %d launches, '%s'", names[k],
+                  kind ? "host" : "device 1's", (int)r, n, msg);
+      for (size_t i = 0; i < big; i++)
+        if (((unsigned char*)y0)[i] != 0x5a) {
+          SBN_FAIL_("%s in %s memory: y byte %zu written", names[k], kind ? "host" : "device 1's",
+                    i);
+          break;
+        }
+    }
+  /* every tensor on the rank's device: the op runs */
+  cudart_stub_reset();
+  ASSERT_OK(forward(v, &t));
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 1);
+  ASSERT_OK(sbnCommDestroy(v));
+  setenv("SBN_ALGO", "nccl", 1);
+  free(host);
+  tensors_free(&t);
+  tensors_free(&other);
+  cudaSetDevice(0);
+  ASSERT_CLEAN();
+}
+
 /* An sbnCommInitAll team of two devices whose cudaSetDevice(1) fails once, at each of its
    calls in turn: the init fails, or its transport is "peer" only where each device enabled
    peer access to the other (the kernels read the other device's mailboxes), else another
@@ -2028,6 +2083,7 @@ int main(void) {
   SBN_RUN(test_virtual_launch_failure_keeps_team);
   SBN_RUN(test_initall_first_launch_failure_keeps_team);
   SBN_RUN(test_pointer_query_failure);
+  SBN_RUN(test_training_pointer_checks);
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
