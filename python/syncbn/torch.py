@@ -176,6 +176,12 @@ _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collect
 _GROUP_TEAM_CHANNELS = 4096  # the least max_channels of a process group's team (the library's default)
 
 
+def _outside_group(group):
+    """Whether this process has no rank in the process group (None: the default group):
+    torch's rank there is -1."""
+    return _dist.get_rank(group if group is not None else _dist.group.WORLD) < 0
+
+
 def team_for(process_group, device, timeout_ms=None, max_channels=None):
     """The syncbn team of (process_group, device): one rank per process of the group,
     made collectively at the first call and cached. CUDA devices only. ``max_channels``:
@@ -193,7 +199,7 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
                          f"team's ranks are the threads of one process (comm=, a rank of syncbn.cpu_team), "
                          f"which a rank of another process cannot join")
     group = process_group if process_group is not None else _dist.group.WORLD
-    if _dist.get_rank(group) < 0:  # torch's answer for a process outside the group
+    if _outside_group(group):
         raise ValueError(f"syncbn.torch.team_for: this process (global rank {_dist.get_rank()}) is not in the "
                          f"process group: it has no rank in the group's team (a SyncBatchNorm of that group "
                          f"runs batch norm on its own batch there, as nn.SyncBatchNorm does)")
@@ -418,7 +424,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         """The team of process_group on device, kept with the group it is of (a layer given
         another group finds that group's); False where this process is not in the group."""
         group = self.process_group
-        if device.type == "cuda" and _dist.get_rank(group if group is not None else _dist.group.WORLD) < 0:
+        if device.type == "cuda" and _outside_group(group):
             self._group_comm = False
         else:  # (a CPU tensor: team_for's ValueError, in the group or not, as nn.SyncBatchNorm's)
             self._group_comm = team_for(group, device, max_channels=self.num_features)
