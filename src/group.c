@@ -292,52 +292,72 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
   return sbnSuccess;
 }
 
-/* Runs the group's splits, round by round, one team at a time. */
-static sbnResult_t run_splits(sbn_team_t* const* teams, size_t nt) {
-  for (size_t j = 0; j < nt; j++) {
-    sbn_team_t* t = teams[j];
-    int w = t->nlocal;
-    int* color = malloc((size_t)w * sizeof *color);
-    int* key = malloc((size_t)w * sizeof *key);
-    sbnComm_t* res = malloc((size_t)w * sizeof *res);
-    sbn_op_t** round = malloc((size_t)w * sizeof *round);
-    size_t* next = calloc((size_t)w, sizeof *next); /* per rank: where to look for its next split */
-    sbnResult_t r = sbnSuccess;
-    if (!color || !key || !res || !round || !next)
-      r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
-    while (r == sbnSuccess) {
-      int found = 0;
-      for (int q = 0; q < w; q++) {
-        round[q] = NULL;
-        for (size_t i = next[q]; i < group.n; i++) {
-          sbn_op_t* op = &group.ops[i];
-          if (op->kind == SBN_OP_SPLIT && op->comm->team == t && op->comm->local == q) {
-            round[q] = op;
-            next[q] = i + 1;
-            break;
-          }
+/* Makes team t's splits of the group, round by round (round i: the i-th split of each of
+   its local ranks). A failure's detail is also on each rank's comm of the failed round. */
+static sbnResult_t split_team(sbn_team_t* t) {
+  int w = t->nlocal;
+  int* color = malloc((size_t)w * sizeof *color);
+  int* key = malloc((size_t)w * sizeof *key);
+  sbnComm_t* res = malloc((size_t)w * sizeof *res);
+  sbn_op_t** round = malloc((size_t)w * sizeof *round);
+  size_t* next = calloc((size_t)w, sizeof *next); /* per rank: where to look for its next split */
+  sbnResult_t r = sbnSuccess;
+  if (!color || !key || !res || !round || !next)
+    r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
+  while (r == sbnSuccess) {
+    int found = 0;
+    for (int q = 0; q < w; q++) {
+      round[q] = NULL;
+      for (size_t i = next[q]; i < group.n; i++) {
+        sbn_op_t* op = &group.ops[i];
+        if (op->kind == SBN_OP_SPLIT && op->comm->team == t && op->comm->local == q) {
+          round[q] = op;
+          next[q] = i + 1;
+          break;
         }
-        if (round[q] == NULL) break;
-        color[q] = round[q]->color;
-        key[q] = round[q]->key;
-        found++;
       }
-      if (found < w) break; /* counts are equal per rank (checked), so no split is left */
-      if (atomic_load(&t->abort_reason) != sbnSuccess) {
-        r = sbn_fail(NULL, sbnAborted, "sbnGroupEnd: split on an aborted team");
-        break;
-      }
-      r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
-      for (int q = 0; q < w; q++) {
-        if (r == sbnSuccess) *round[q]->newcomm = res[q];
-        else sbn_note(round[q]->comm, sbn_error_text(NULL)); /* the detail on each rank's comm */
-      }
+      if (round[q] == NULL) break;
+      color[q] = round[q]->color;
+      key[q] = round[q]->key;
+      found++;
     }
-    free(color);
-    free(key);
-    free(res);
-    free(round);
-    free(next);
+    if (found < w) break; /* counts are equal per rank (checked), so no split is left */
+    sbn_team_poll(t);     /* a failure a GPU team's kernel reported since the call aborts it */
+    const int reason = atomic_load(&t->abort_reason);
+    if (reason != sbnSuccess)
+      r = sbn_fail(NULL, sbnAborted,
+                   "sbnGroupEnd: split on an aborted team (that of comm %p, rank %d; %s): it "
+                   "and the splits of the teams called after it were not made",
+                   (void*)round[0]->comm, round[0]->comm->rank,
+                   sbnGetResultName((sbnResult_t)reason));
+    else
+      r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
+    for (int q = 0; q < w; q++) {
+      if (r == sbnSuccess)
+        *round[q]->newcomm = res[q];
+      else
+        sbn_note(round[q]->comm, sbn_error_text(NULL)); /* the detail on each rank's comm */
+    }
+  }
+  free(color);
+  free(key);
+  free(res);
+  free(round);
+  free(next);
+  return r;
+}
+
+/* Runs the group's splits one team at a time, in the order of each team's first split in
+   the queue (not of its first call of any kind: where the ops stand in the queue does not
+   change the order in which an NCCL team's processes reach their collective splits). */
+static sbnResult_t run_splits(void) {
+  for (size_t i = 0; i < group.n; i++) {
+    if (group.ops[i].kind != SBN_OP_SPLIT) continue;
+    sbn_team_t* t = group.ops[i].comm->team;
+    size_t k = 0;
+    while (k < i && !(group.ops[k].kind == SBN_OP_SPLIT && group.ops[k].comm->team == t)) k++;
+    if (k < i) continue; /* made with the team's first split */
+    const sbnResult_t r = split_team(t);
     if (r != sbnSuccess) return r;
   }
   return sbnSuccess;
@@ -577,7 +597,10 @@ SBN_API sbnResult_t sbnGroupEnd(void) {
     r = check_complete(teams, &nt);
     if (r == sbnSuccess) r = rounds(teams, nt, 0);
     if (r != sbnSuccess) note_on_queued_comms(0); /* nothing was run */
-    if (r == sbnSuccess) r = run_splits(teams, nt);
+    if (r == sbnSuccess) {
+      r = run_splits();
+      if (r != sbnSuccess) note_on_queued_comms(0); /* no op was run */
+    }
     if (r == sbnSuccess) r = rounds(teams, nt, 1);
     if (r == sbnSuccess) { /* the queued ops count now (internal.h: sbnComm.calls) */
       for (size_t i = 0; i < group.n; i++) {

@@ -601,11 +601,17 @@ static void test_split_in_group_with_ops(void) {
   ASSERT_OK(sbnGroupEnd());
   ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float));
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sa[r]));
-  /* two teams' splits, the second team aborted before sbnGroupEnd: in either order */
+  /* two teams' splits, team B aborted before sbnGroupEnd: in either order, and with an op
+     of team A queued before every split (the splits' order is that of each team's first
+     split, not of its first call: before, A's op put A's splits first). No op runs. */
   for (int b_first = 0; b_first < 2; b_first++) {
     ASSERT_OK(sbnCommInitCpu(bt, 2, &cfg));
     for (int r = 0; r < 2; r++) sa[r] = sb[r] = SENTINEL_COMM;
+    static bufs_t snap[2];
+    for (int r = 0; r < 2; r++) bufs_init(&b[r], 2, 3, 1, 480 + (uint64_t)r);
+    memcpy(snap, b, sizeof snap);
     ASSERT_OK(sbnGroupStart());
+    for (int r = 0; r < 2; r++) ASSERT_OK(fwd(a[r], &b[r]));
     for (int pass = 0; pass < 2; pass++) {
       const int team_b = pass == 0 ? b_first : !b_first;
       for (int r = 0; r < 2; r++)
@@ -614,7 +620,11 @@ static void test_split_in_group_with_ops(void) {
     ASSERT_OK(sbnCommAbort(bt[0]));
     ASSERT_RES(sbnGroupEnd(), sbnAborted);
     EXPECT_TRUE(strstr(sbnGetLastError(NULL), "split on an aborted team") != NULL);
+    ASSERT_MEMEQ(b, snap, sizeof snap); /* A's op was not run */
     for (int r = 0; r < 2; r++) {
+      /* the failure's detail on every comm of the group, not on the thread's slot alone */
+      EXPECT_TRUE(strstr(sbnGetLastError(a[r]), "split on an aborted team") != NULL);
+      EXPECT_TRUE(strstr(sbnGetLastError(bt[r]), "split on an aborted team") != NULL);
       EXPECT_TRUE(sb[r] == SENTINEL_COMM); /* the aborted team's: untouched */
       if (b_first) EXPECT_TRUE(sa[r] == SENTINEL_COMM); /* after it: untouched */
       else EXPECT_TRUE(sa[r] != SENTINEL_COMM && sa[r] != NULL); /* before it: made */
