@@ -111,9 +111,9 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
 
 /* ---- split ------------------------------------------------------------------------ */
 
+/* The split's arguments and the team's state (comm checked and claimed: a comm another
+   thread holds is refused for that first, as an op is). */
 static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
-  sbnResult_t r = sbn_comm_check(comm, "sbnCommSplit");
-  if (r != sbnSuccess) return r;
   if (newcomm == NULL) return sbn_fail(comm, sbnInvalidArgument, "sbnCommSplit: newcomm is NULL");
   if (color < SBN_SPLIT_NOCOLOR)
     return sbn_fail(comm, sbnInvalidArgument,
@@ -134,8 +134,9 @@ static sbnResult_t run_split(const sbn_op_t* op) {
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm) {
   const int cancel = sbn_nocancel_begin(); /* no cancellation point while the comm is claimed */
   int claimed = 0;
-  sbnResult_t r = split_check(comm, color, newcomm);
+  sbnResult_t r = sbn_comm_check(comm, "sbnCommSplit");
   if (r == sbnSuccess) r = sbn_comm_claim(comm, "sbnCommSplit", &claimed);
+  if (r == sbnSuccess) r = split_check(comm, color, newcomm);
   sbn_op_t op;
   memset(&op, 0, sizeof op);
   op.kind = SBN_OP_SPLIT;

@@ -1674,9 +1674,38 @@ static void test_one_rank_two_threads(void) {
   ASSERT_OK(fwd(comms[0], &b[0]));
   ASSERT_OK(fwd(comms[1], &b[1]));
   ASSERT_OK(sbnGroupEnd());
+  /* the holder's comm refused to another thread's split whatever the split's arguments and
+     the team's state (its claim is checked first, as an op's): before, a split with
+     newcomm NULL, or on a team aborted since, got their own errors, and their details
+     went over the holder's */
+  sbnComm_t held[2];
+  ASSERT_OK(sbnCommInitCpu(held, 2, &cfg));
+  pthread_cond_destroy(&h.cv);
+  pthread_mutex_destroy(&h.mu);
+  memset(&h, 0, sizeof h);
+  h.comms = held;
+  h.b = b;
+  pthread_mutex_init(&h.mu, NULL);
+  pthread_cond_init(&h.cv, NULL);
+  ASSERT_TRUE(pthread_create(&th, NULL, holder_main, &h) == 0);
+  holder_wait(&h, 1);
+  ASSERT_OK(h.q0);
+  ASSERT_RES(sbnCommSplit(held[0], 0, 0, NULL), sbnInvalidUsage);
+  ASSERT_OK(sbnCommAbort(held[1]));
+  ASSERT_RES(sbnCommSplit(held[0], 0, 0, &sub), sbnInvalidUsage);
+  EXPECT_TRUE(strstr(sbnGetLastError(held[0]), "in use by another thread") != NULL);
+  ASSERT_TRUE(sub == SENTINEL_COMM);
+  pthread_mutex_lock(&h.mu);
+  h.stage = 2;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  pthread_join(th, NULL);
+  ASSERT_RES(h.q1, sbnAborted); /* the holder's own calls see the abort */
+  ASSERT_RES(h.end, sbnInvalidUsage);
   pthread_cond_destroy(&h.cv);
   pthread_mutex_destroy(&h.mu);
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  for (int r = 0; r < 2; r++) (void)sbnCommDestroy(held[r]);
 }
 
 /* pthread_cancel of a rank's thread while it waits in a thread-per-rank split: the call
