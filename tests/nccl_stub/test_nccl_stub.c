@@ -863,6 +863,35 @@ static void test_pointer_query_failure(void) {
   ASSERT_CLEAN();
 }
 
+/* sbnCommSplit of a virtual team of two from one thread outside a group: refused at once
+   (sbnInvalidUsage, *newcomm untouched, the team alive), as its ops are; before, it waited
+   the whole timeout for a peer call that cannot come and aborted the team. Inside a group
+   the split is made. */
+static void test_virtual_split_outside_group(void) {
+  stub_case(NULL);
+  sbnConfig_t cfg = case_config(60000);
+  sbnComm_t v[2], sub[2];
+  ASSERT_OK(sbnCommInitVirtual(v, 2, 0, &cfg));
+  sub[0] = sub[1] = (sbnComm_t)&cfg;
+  const double t0 = now_ms();
+  ASSERT_RES(sbnCommSplit(v[0], 0, 0, &sub[0]), sbnInvalidUsage);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_TRUE(strstr(sbnGetLastError(v[0]), "inside a group") != NULL);
+  ASSERT_TRUE(sub[0] == (sbnComm_t)&cfg);
+  sbnResult_t async = sbnSystemError;
+  ASSERT_OK(sbnCommGetAsyncError(v[1], &async));
+  ASSERT_RES(async, sbnSuccess);
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommSplit(v[r], 0, 1 - r, &sub[r]));
+  ASSERT_OK(sbnGroupEnd());
+  int rank = -1;
+  ASSERT_OK(sbnCommRank(sub[0], &rank));
+  ASSERT_EQ_INT(rank, 1);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(sub[r]));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(v[r]));
+  ASSERT_CLEAN();
+}
+
 /* A training op given a tensor of another device, or of host memory, in each of its
    places in turn: sbnInvalidArgument naming the tensor, nothing launched, y unwritten. */
 static void test_training_pointer_checks(void) {
@@ -2084,6 +2113,7 @@ int main(void) {
   SBN_RUN(test_initall_first_launch_failure_keeps_team);
   SBN_RUN(test_pointer_query_failure);
   SBN_RUN(test_training_pointer_checks);
+  SBN_RUN(test_virtual_split_outside_group);
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
