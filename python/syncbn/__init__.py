@@ -368,7 +368,6 @@ class Comm:
         self._calls_lock = threading.Lock()
         self._team = None  # the list of the team's Comms in this process (cpu_team)
         self.id = next(Comm._ids)
-        Comm._by_id[self.id] = self
         t = ctypes.c_char_p()
         _check(_capi.lib.sbnCommGetTransport(self._h, ctypes.byref(t)), "sbnCommGetTransport", self._h)
         self._transport = t.value.decode()
@@ -376,7 +375,11 @@ class Comm:
         n = ctypes.c_int()
         _check(_capi.lib.sbnCommCount(self._h, ctypes.byref(n)), "sbnCommCount", self._h)
         self._size = n.value
+        # known by id and handed over to the C++ operators at once, under the lock that the
+        # first import of syncbn.torch holds while it hands over the comms known by then:
+        # each comm is handed over once, whole
         with Comm._native_lock:
+            Comm._by_id[self.id] = self
             if Comm._native is not None:
                 Comm._native.comm_put(self)
 

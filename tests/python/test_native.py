@@ -123,6 +123,37 @@ class TestLoaded(unittest.TestCase):
         self.assertIsInstance(err, syncbn.SyncBNError)
         self.assertEqual((err.name, err.detail), ("sbnInvalidUsage", "no live comm has id 1000000000: it was destroyed"))
 
+    def test_comm_handed_over_twice_stays_live(self):
+        """A comm handed over to the operators a second time (the first import's hand-over of
+        the comms alive by then, beside the comm's own) keeps its one owner: before, the
+        second replaced the first, whose release destroyed the live comm under the layer."""
+        comm = syncbn.cpu_team(1)[0]
+        _ops.NATIVE.comm_put(comm)
+        x = torch.randn(4, 3, 5)
+        torch.testing.assert_close(syncbn.torch.SyncBatchNorm(3, comm=comm)(x), torch.nn.BatchNorm1d(3)(x),
+                                   rtol=1e-5, atol=1e-5)
+        self.assertEqual(_ops.NATIVE.comm_live(comm.id), 1)
+        comm.destroy()
+        self.assertEqual(_ops.NATIVE.comm_live(comm.id), 0)
+
+    def test_exit_while_an_op_waits(self):
+        """The process exits while a daemon thread's operator call waits for a peer that
+        never calls: exit status 0. Before, the operators' table of comms was destroyed at
+        exit, destroying the comm under the waiting call, whose thread then ended inside a
+        noexcept frame while Python finalized: std::terminate, status 134."""
+        r = run_python("""
+            import threading, time, torch, syncbn, syncbn.torch as sbt
+            from syncbn import _ops
+            assert _ops.NATIVE is not None
+            comms = syncbn.cpu_team(2, timeout_ms=20000)
+            layer = sbt.SyncBatchNorm(3, comm=comms[0])
+            threading.Thread(target=lambda: layer(torch.randn(4, 3, 5)), daemon=True).start()
+            time.sleep(0.5)
+            print("exiting", flush=True)
+        """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["exiting"])
+
 
 class TestLibraryErrorText(unittest.TestCase):
     def test_library_error_parsed(self):
@@ -319,6 +350,40 @@ class TestCommsBeforeLoad(unittest.TestCase):
         self.assertIn("(4, 3, 5)", r.stdout)
         if _native.mode() == "1":
             self.assertIn("native", r.stdout)
+
+    def test_comm_made_while_the_operators_load(self):
+        """A team made by one thread while another imports syncbn.torch (which hands the
+        comms alive by then over to the C++ operators) is handed over once: both ranks run.
+        Its Comm's library calls are slowed down, so that the import's hand-over runs while
+        the team is being made (where a comm was known by id before it was handed over, both
+        handed it over, and the second hand-over destroyed it)."""
+        r = run_python("""
+            import threading, time, torch, syncbn
+            from syncbn import _capi
+            real = _capi.lib.sbnCommCount
+            class Slow:
+                argtypes = real.argtypes
+                def __call__(self, *a):
+                    time.sleep(1.0)
+                    return real(*a)
+            _capi.lib.sbnCommCount = Slow()
+            box = {}
+            t = threading.Thread(target=lambda: box.setdefault("comms", syncbn.cpu_team(2, timeout_ms=20000)))
+            t.start()
+            time.sleep(0.3)
+            import syncbn.torch as sbt
+            t.join()
+            _capi.lib.sbnCommCount = real
+            layers = [sbt.SyncBatchNorm(3, comm=c) for c in box["comms"]]
+            out = {}
+            ts = [threading.Thread(target=lambda r=r: out.setdefault(r, layers[r](torch.randn(4, 3, 5)).shape))
+                  for r in range(2)]
+            [x.start() for x in ts]
+            [x.join() for x in ts]
+            print(sorted(out), tuple(out.get(0, ())))
+        """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "[0, 1] (4, 3, 5)", r.stderr)
 
 
 if __name__ == "__main__":

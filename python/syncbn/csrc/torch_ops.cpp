@@ -98,8 +98,12 @@ struct CommEntry {
   // a team of one that threads share (sbn_torch_comm_serial): its calls one at a time
   std::shared_ptr<std::mutex> serial;
 };
-std::mutex comms_mutex;
-std::unordered_map<int64_t, CommEntry> comms;
+// Made once and never destroyed: at the process's exit the table's destructor would destroy
+// every comm, waking an operator call still waiting in another thread while Python
+// finalizes (its thread then ends inside a noexcept frame: std::terminate); the comms are
+// left to the exit, as the Python operators leave theirs.
+std::mutex& comms_mutex = *new std::mutex;
+std::unordered_map<int64_t, CommEntry>& comms = *new std::unordered_map<int64_t, CommEntry>;
 
 // Destroys the comm of entry `id` (in the table; `lock` holds comms_mutex) now if no
 // operator call is using it: sbnCommDestroy's result; else -1: the entry leaves the table
@@ -1464,10 +1468,12 @@ __attribute__((visibility("default"))) int sbn_torch_bind(void* forward_train, v
 // syncbn.Comm hands over a live comm: from now on it is destroyed here (sbn_torch_comm_drop).
 __attribute__((visibility("default"))) void sbn_torch_comm_put(int64_t id, void* handle, int host,
                                                                const char* transport) {
+  std::lock_guard<std::mutex> lock(comms_mutex);
+  // handed over already: kept (a second owner would destroy the live comm as it replaced it)
+  if (comms.count(id) != 0) return;
   auto owner = std::make_shared<CommOwner>();
   owner->handle = static_cast<sbnComm_t>(handle);
-  std::lock_guard<std::mutex> lock(comms_mutex);
-  comms[id] = CommEntry{std::move(owner), host != 0, transport};
+  comms.emplace(id, CommEntry{std::move(owner), host != 0, transport});
 }
 
 // syncbn.Comm's destroy: the comm leaves the table (calls from now on say it was
