@@ -522,7 +522,7 @@ class Comm:
             return f"<syncbn.Comm id={self.id} destroyed>"
         return f"<syncbn.Comm id={self.id} rank {self.rank} of {self._size}, {self._transport}>"
 
-    def forward_train(self, d, x, y, save_mean, save_invstd, weight=None, bias=None,
+    def forward_train(self, desc, x, y, save_mean, save_invstd, weight=None, bias=None,
                       running_mean=None, running_var=None, num_batches_tracked=None,
                       eps=1e-5, momentum=0.1, grad_mode=GRAD_LOCAL, stream=None, z=None,
                       activation=IDENTITY, slope=0.01):
@@ -535,16 +535,16 @@ class Comm:
             fn = _capi.lib.sbnForwardTrain if plain else _capi.lib.sbnForwardTrainEx
             p = _params(eps, momentum, grad_mode)
             if plain:
-                ptrs = _bufs(d, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
+                ptrs = _bufs(desc, self.host, _FWD_BUFS, (x, y, weight, bias, running_mean, running_var,
                                                        num_batches_tracked, save_mean, save_invstd))
                 tail = (ctypes.byref(p), _raw(stream))
             else:
-                ptrs = _bufs(d, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
+                ptrs = _bufs(desc, self.host, _FWDX_BUFS, (x, z, y, weight, bias, running_mean, running_var,
                                                         num_batches_tracked, save_mean, save_invstd))
                 tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
-        self._call(fn, "sbnForwardTrain" if plain else "sbnForwardTrainEx", ctypes.byref(d), *ptrs, *tail)
+        self._call(fn, "sbnForwardTrain" if plain else "sbnForwardTrainEx", ctypes.byref(desc), *ptrs, *tail)
 
-    def backward(self, d, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
+    def backward(self, desc, x, dy, dx, save_mean, save_invstd, weight=None, dweight=None,
                  dbias=None, eps=1e-5, grad_mode=GRAD_LOCAL, stream=None, y=None, dz=None, bias=None,
                  activation=IDENTITY, slope=0.01, z=None):
         """sbnBackward on this rank (dx None: no input gradient; dweight/dbias None: skip).
@@ -560,19 +560,19 @@ class Comm:
             p = _params(eps, 0.1, grad_mode)
             if plain:
                 fn, name = _capi.lib.sbnBackward, "sbnBackward"
-                ptrs = _bufs(d, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
+                ptrs = _bufs(desc, self.host, _BWD_BUFS, (x, dy, dx, weight, save_mean, save_invstd, dweight, dbias))
                 tail = (ctypes.byref(p), _raw(stream))
             elif z is not None:
                 fn, name = _capi.lib.sbnBackwardInPlaceEx, "sbnBackwardInPlaceEx"
-                ptrs = _bufs(d, self.host, _BWDIP_BUFS, (y, z, dy, dx, dz, weight, bias, save_mean, save_invstd,
+                ptrs = _bufs(desc, self.host, _BWDIP_BUFS, (y, z, dy, dx, dz, weight, bias, save_mean, save_invstd,
                                                          dweight, dbias))
                 tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
             else:
                 fn, name = _capi.lib.sbnBackwardEx, "sbnBackwardEx"
-                ptrs = _bufs(d, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd,
+                ptrs = _bufs(desc, self.host, _BWDX_BUFS, (x, y, dy, dx, dz, weight, bias, save_mean, save_invstd,
                                                         dweight, dbias))
                 tail = (ctypes.byref(p), ctypes.byref(_epilogue(activation, slope)), _raw(stream))
-        self._call(fn, name, ctypes.byref(d), *ptrs, *tail)
+        self._call(fn, name, ctypes.byref(desc), *ptrs, *tail)
 
 
 def _raw(obj, what="stream", buffer=False):
@@ -658,7 +658,7 @@ def _is_host(obj, what="x"):
     raise TypeError(f"syncbn: {what} is not a pointer, an array or a tensor: {type(obj).__name__}")
 
 
-def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,
+def forward_inference(desc, x, y, running_mean, running_var, weight=None, bias=None, eps=1e-5,
                       stream=None, z=None, activation=IDENTITY, slope=0.01):
     """sbnForwardInference: y = (x - running_mean) / sqrt(running_var + eps) * weight + bias,
     all pointers host memory or all device memory of one GPU (x decides which: y, z, the
@@ -675,12 +675,12 @@ def forward_inference(d, x, y, running_mean, running_var, weight=None, bias=None
         if host is not None:
             break
     if z is None and activation == IDENTITY:
-        ptrs = _bufs(d, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
+        ptrs = _bufs(desc, host, _INF_BUFS, (x, y, weight, bias, running_mean, running_var))
         _check(
-            _capi.lib.sbnForwardInference(ctypes.byref(d), *ptrs, ctypes.c_float(eps), _raw(stream)),
+            _capi.lib.sbnForwardInference(ctypes.byref(desc), *ptrs, ctypes.c_float(eps), _raw(stream)),
             "sbnForwardInference")
         return
-    ptrs = _bufs(d, host, _INFX_BUFS, (x, z, y, weight, bias, running_mean, running_var))
+    ptrs = _bufs(desc, host, _INFX_BUFS, (x, z, y, weight, bias, running_mean, running_var))
     e = _epilogue(activation, slope)
-    _check(_capi.lib.sbnForwardInferenceEx(ctypes.byref(d), *ptrs, ctypes.c_float(eps), ctypes.byref(e),
+    _check(_capi.lib.sbnForwardInferenceEx(ctypes.byref(desc), *ptrs, ctypes.c_float(eps), ctypes.byref(e),
                                            _raw(stream)), "sbnForwardInferenceEx")
