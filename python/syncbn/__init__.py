@@ -444,6 +444,32 @@ class Comm:
         finally:
             self._leave()
 
+    # syncbn.torch's Python operators' calls in flight (of _calls), and the handle a
+    # destroy() made while only such calls were in flight left to the last of them
+    _op_calls = 0
+    _deferred = None
+
+    def _op_call(self, fn, what, *args):
+        """_call for syncbn.torch's operators: a destroy() while only their calls are in
+        flight returns at once (calls from then on say the comm was destroyed), and the
+        last of them destroys the comm as it returns, as the C++ operators do."""
+        with self._calls_lock:
+            h = self._live()
+            self._calls += 1
+            self._op_calls += 1
+        try:
+            _check(fn(h, *args), what, h)
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
+                self._op_calls -= 1
+                last = self._deferred if self._calls == 0 else None
+                if last is not None:
+                    self._deferred = None
+            if last is not None:
+                with Comm._native_lock:
+                    self._release(last)
+
     @property
     def rank(self):
         r = ctypes.c_int()
@@ -480,19 +506,29 @@ class Comm:
             with self._calls_lock:
                 if not self._h.value:
                     return
+                if self._calls and self._calls == self._op_calls:  # syncbn.torch's operators' only
+                    self._deferred, self._h = self._h, ctypes.c_void_p()  # the last of them destroys it
+                    return
                 if self._calls:  # another thread's call has the handle (not yet inside the library)
                     raise SyncBNError(_INVALID_USAGE, "sbnCommDestroy",
                                       "sbnCommDestroy: the comm is in use by another thread's call; nothing "
                                       "was done")
                 h, self._h = self._h, ctypes.c_void_p()
-            # the C++ operators own it: destroyed now, or after their call using it
-            r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
-            if r == -2:
-                r = _capi.lib.sbnCommDestroy(h)
-            if r == _INVALID_USAGE:  # refused: another thread's call on it runs; the comm stays as it was
-                self._h = h
+            r = self._release(h, collected)
             if r > 0:  # the refusal's detail is on the comm (live), another failure's on the thread
                 _check(r, "sbnCommDestroy", self._h if r == _INVALID_USAGE else None)
+
+    def _release(self, h, collected=False):
+        """Destroys handle h, taken from this Comm (Comm._native_lock held): sbnCommDestroy's
+        result, or the C++ operators' (they own a comm handed to them: destroyed now, or
+        after their call using it); refused (sbnInvalidUsage: another thread's call on it
+        runs), the Comm has it back, as it was."""
+        r = -2 if Comm._native is None else Comm._native.comm_drop(self.id, collected)
+        if r == -2:
+            r = _capi.lib.sbnCommDestroy(h)
+        if r == _INVALID_USAGE:
+            self._h = h
+        return r
 
     def __copy__(self):
         return self  # a rank of a team is one resource: copies of a layer share it

@@ -563,49 +563,52 @@ class TestTorch(unittest.TestCase):
     def test_destroy_while_an_operator_call_enters(self):
         """The Python operators (the fallback; and every kernel of the fused layer's Python
         path): destroy() from another thread between an operator's taking the comm's handle
-        and the library's call is refused (sbnInvalidUsage), and the call runs on the live
-        comm with the right values. Before, the operators read the handle bare: the destroy
-        went through and the call handed the library a freed comm."""
+        and the library's call returns at once, the call runs on the live comm with the
+        right values, and the comm is destroyed as the call returns (the C++ operators'
+        rule, PYTHON.md). Before, the operators read the handle bare: the destroy went
+        through and the call handed the library a freed comm; then the destroy was refused
+        (sbnInvalidUsage), where PYTHON.md says it is done when the call returns."""
         from syncbn import _fused, _ops
 
-        comm = syncbn.cpu_team(1)[0]
         torch.manual_seed(11)
         x, dy, z = torch.randn(3, 2, 5), torch.randn(3, 2, 5), torch.randn(3, 2, 5)
         w, b = torch.rand(2) + 0.5, torch.rand(2)
         ref = torch.nn.functional.batch_norm(x.double(), None, None, w.double(), b.double(), True, 0.1, 1e-5)
-        stats = _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, comm.id)[1]
+        with syncbn.cpu_team(1)[0] as c:
+            stats = _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, c.id)[1]
         relu, none = _fused.ACTIVATIONS["relu"], _fused.ACTIVATIONS["identity"]
         calls = [
-            (_ops, "_fwd_c", lambda: _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, comm.id)[0]),
-            (_ops, "_bwd_c", lambda: _ops._backward_kernel(dy, x, w, stats, 1e-5, comm.id, True, True)[0]),
-            (_fused, "_fwdx_c", lambda: _fused._train_kernel(x, z, w, b, None, None, None, 1e-5, 0.1, comm.id,
-                                                              relu, 0.0, False)[0]),
-            (_fused, "_bwdx_c", lambda: _fused._backward_kernel(dy, x, None, w, b, stats, 1e-5, comm.id, none, 0.0,
-                                                                 True, False, True)[0]),
+            (_ops, "_fwd_c", lambda i: _ops._train_kernel(x, w, b, None, None, None, 1e-5, 0.1, i)[0]),
+            (_ops, "_bwd_c", lambda i: _ops._backward_kernel(dy, x, w, stats, 1e-5, i, True, True)[0]),
+            (_fused, "_fwdx_c", lambda i: _fused._train_kernel(x, z, w, b, None, None, None, 1e-5, 0.1, i,
+                                                                relu, 0.0, False)[0]),
+            (_fused, "_bwdx_c", lambda i: _fused._backward_kernel(dy, x, None, w, b, stats, 1e-5, i, none, 0.0,
+                                                                   True, False, True)[0]),
         ]
         expected = [ref, None, torch.relu(ref + z.double()), None]
-        try:
-            for (module, name, call), want in zip(calls, expected):
-                real, seen = getattr(module, name), []
+        for (module, name, call), want in zip(calls, expected):
+            comm = syncbn.cpu_team(1)[0]
+            real, seen = getattr(module, name), []
 
-                def entering(h, *args, real=real, seen=seen):  # the call, handle taken, library not yet called
-                    t = threading.Thread(target=lambda: seen.append(destroy_result(comm)))
-                    t.start()
-                    t.join()
-                    return real(h, *args)
+            def entering(h, *args, real=real, seen=seen, comm=comm):  # handle taken, library not yet called
+                t = threading.Thread(target=lambda: seen.append(destroy_result(comm)))
+                t.start()
+                t.join()
+                seen.append(repr(comm))
+                return real(h, *args)
 
-                setattr(module, name, entering)
-                try:
-                    got = call()
-                finally:
-                    setattr(module, name, real)
-                self.assertEqual(seen, ["sbnInvalidUsage"], name)
-                if want is not None:
-                    torch.testing.assert_close(got.double(), want, rtol=3e-5, atol=3e-5)
-                self.assertEqual(comm.rank, 0)  # live
-        finally:
-            comm.destroy()
-        self.assertIn("destroyed", repr(comm))
+            setattr(module, name, entering)
+            try:
+                got = call(comm.id)
+            finally:
+                setattr(module, name, real)
+            self.assertEqual(seen, ["destroyed", f"<syncbn.Comm id={comm.id} destroyed>"], name)
+            if want is not None:
+                torch.testing.assert_close(got.double(), want, rtol=3e-5, atol=3e-5)
+            with self.assertRaisesRegex(syncbn.SyncBNError, "destroyed"):  # gone for later calls
+                call(comm.id)
+            self.assertIsNone(comm._deferred, name)  # destroyed by the call's return
+            comm.destroy()  # a second destroy: nothing to do
 
     def test_momentum_none_without_num_batches_tracked(self):
         """momentum None with num_batches_tracked set to None (a checkpoint without it, a
