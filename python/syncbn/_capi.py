@@ -149,7 +149,7 @@ def _load():
         except OSError as e:
             tried.append(f"{path} ({e})")
     raise ImportError(
-        "syncbn: libsyncbn.so not found (SYNCBN_LIBRARY names one explicitly); tried: "
+        "syncbn: no libsyncbn.so found that loads (SYNCBN_LIBRARY names one explicitly); tried: "
         + "; ".join(tried)
     )
 
@@ -210,7 +210,11 @@ _PROTOTYPES = {
     ),
 }
 for _name, (_res, _args) in _PROTOTYPES.items():
-    _f = getattr(lib, _name)
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:  # an ImportError, as for a library not found: `except ImportError` guards take it
+        raise ImportError(f"syncbn: {library_path} is not libsyncbn, or one older than this package: it has no "
+                          f"{_name} (SYNCBN_LIBRARY: {os.environ.get('SYNCBN_LIBRARY') or 'not set'})") from None
     _f.restype = _res
     _f.argtypes = _args
 

@@ -196,12 +196,27 @@ def built_library(defines=(), stale=None):
     def same(st):
         return stale is not None and _stat_key(st) == _stat_key(stale)
 
+    # a build of this very file (source, PyTorch, compiler command) failed before: its
+    # failure again at once, rather than a compile per import and per waiting process
+    failed = d / (out.stem + ".failed")
+
+    def failed_before():
+        try:
+            why = failed.read_text().strip()
+        except OSError:
+            return
+        raise RuntimeError(f"{why} (an earlier build's failure: delete {failed} to build again)")
+
     if out.is_file() and not same(out.stat()):
         return out
+    if stale is None:
+        failed_before()
     with open(d / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same file
         if out.is_file() and not same(out.stat()):
             return out
+        if stale is None:
+            failed_before()
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
         os.close(fd)
         try:
@@ -211,8 +226,12 @@ def built_library(defines=(), stale=None):
             if r.returncode != 0:
                 log = d / (out.stem + ".log")
                 log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
-                raise RuntimeError(f"the C++ operators did not compile (exit {r.returncode}); the compiler's output "
-                                   f"is in {log}")
+                why = f"the C++ operators did not compile (exit {r.returncode}); the compiler's output is in {log}"
+                try:
+                    failed.write_text(why + "\n")
+                except OSError:
+                    pass
+                raise RuntimeError(why)
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep other users of a shared cache out

@@ -23,6 +23,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import unittest
@@ -357,6 +358,27 @@ class TestCapi(unittest.TestCase):
             self.assertTrue(np.all(np.isfinite(env["y"][r])))
         for c in comms:
             c.destroy()
+
+    def test_wrong_library_is_an_import_error(self):
+        """SYNCBN_LIBRARY naming a library that is not libsyncbn (here the C math library),
+        or a file that does not load: ImportError (what an `except ImportError` guard takes),
+        saying which. Before, the first gave AttributeError naming a missing symbol, and the
+        second said "not found" of a file that exists."""
+        import ctypes.util
+
+        libm = ctypes.util.find_library("m")
+        with tempfile.NamedTemporaryFile(suffix=".so") as junk:
+            junk.write(b"not a library")
+            junk.flush()
+            for lib, says in ((libm, "is not libsyncbn"), (junk.name, "no libsyncbn.so found that loads")):
+                env = dict(os.environ, SYNCBN_LIBRARY=lib)
+                r = subprocess.run([sys.executable, "-c", "import syncbn"], env=env, capture_output=True,
+                                   text=True, timeout=300)
+                self.assertNotEqual(r.returncode, 0, lib)
+                last = r.stderr.strip().splitlines()[-1]
+                self.assertTrue(last.startswith("ImportError: syncbn: "), last)
+                self.assertIn(says, last)
+                self.assertIn(lib if lib == junk.name else "sbnGetErrorString", last)
 
     def test_python_md_signatures(self):
         """PYTHON.md's signatures of the three operations (their order differs from C's, so

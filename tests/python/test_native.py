@@ -198,6 +198,35 @@ class TestBuildFailure(unittest.TestCase):
                 self.assertTrue(log.read_text().startswith("false -O2 -std=c++20"))
             self.assertEqual(list(pathlib.Path(cache).glob("*.so")), [])  # nothing half-built left
 
+    def test_failed_build_not_tried_again(self):
+        """A second import with the cache of a failed build compiles nothing: it falls back
+        at once, saying the failure is an earlier build's and how to build again. Before,
+        every import compiled again (twice where compiled autograd is asked for), and the
+        processes that waited for a build each compiled in turn."""
+        if self.why is not None:
+            self.skipTest(f"nothing is compiled here: {self.why}")
+        with tempfile.TemporaryDirectory() as d:
+            calls = pathlib.Path(d) / "calls"
+            cxx = pathlib.Path(d) / "cxx"
+            cxx.write_text(f'#!/bin/sh\necho x >> "{calls}"\nexit 1\n')
+            cxx.chmod(0o755)
+            cache = pathlib.Path(d) / "cache"
+            counts, errs = [], []
+            for _ in range(2):
+                r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX=str(cxx), SYNCBN_CACHE_DIR=cache)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(r.stdout.split(), ["python"])
+                counts.append(len(calls.read_text().splitlines()))
+                errs.append(r.stderr)
+            tries = 2 if "-DSBN_TORCH_COMPILED_AUTOGRAD" in _native.features() else 1
+            self.assertEqual(counts, [tries, tries])  # none by the second import
+            self.assertIn("the C++ operators did not compile (exit 1)", errs[1])
+            self.assertIn("an earlier build's failure: delete", errs[1])
+            for marker in cache.glob("*.failed"):  # deleted: the next import compiles again
+                marker.unlink()
+            run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX=str(cxx), SYNCBN_CACHE_DIR=cache)
+            self.assertEqual(len(calls.read_text().splitlines()), 2 * tries)
+
     def test_auto_warns_and_trains_with_the_python_operators(self):
         with tempfile.TemporaryDirectory() as cache:
             r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX="false", SYNCBN_CACHE_DIR=cache)
