@@ -120,10 +120,11 @@ static sbnResult_t split_check(sbnComm_t comm, int color, sbnComm_t* newcomm) {
                     "sbnCommSplit: color must be >= 0 or SBN_SPLIT_NOCOLOR, got %d", color);
   /* as its ops (gpu_launch.c): one thread's call could only wait out the timeout */
   if (!sbn_group_active() && comm->team->ops == &sbn_gpu_virtual_team_ops && comm->team->nranks > 1)
-    return sbn_fail(comm, sbnInvalidUsage,
-                    "sbnCommSplit: a virtual team of %d ranks is split inside a group: call it "
-                    "for every rank between sbnGroupStart and sbnGroupEnd; nothing was done",
-                    comm->team->nranks);
+    return sbn_fail(
+        comm, sbnInvalidUsage,
+        "sbnCommSplit: a virtual team of %d ranks is split only inside a group: call it "
+        "for every rank between sbnGroupStart and sbnGroupEnd; nothing was done",
+        comm->team->nranks);
   return sbn_comm_check_alive(comm);
 }
 

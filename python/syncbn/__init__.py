@@ -302,7 +302,7 @@ def _bufs(d, host, spec, objs):
     can be checked: host None (unknown), or a descriptor the library rejects (and then
     writes nothing)."""
     if not isinstance(d, TensorDesc):
-        raise TypeError(f"syncbn: d must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
+        raise TypeError(f"syncbn: desc must be a syncbn.TensorDesc (syncbn.desc(...)), got {type(d).__name__}")
     if host is None or not _sane(d):
         return [_raw(o, name, buffer=True) for (name, _, _), o in zip(spec, objs)]
     sizes = {"x": (d.n * d.c * d.spatial, d.dtype), "c": (d.c, "f32"), "1": (1, "i64")}

@@ -198,7 +198,7 @@ def built_library(defines=(), stale=None):
 
     # a build of this very file (source, PyTorch, compiler command) failed before: its
     # failure again at once, rather than a compile per import and per waiting process
-    failed = d / (out.stem + ".failed")
+    failed = out.with_name(out.name + ".failed")
 
     def failed_before():
         try:
@@ -227,10 +227,13 @@ def built_library(defines=(), stale=None):
                 log = d / (out.stem + ".log")
                 log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
                 why = f"the C++ operators did not compile (exit {r.returncode}); the compiler's output is in {log}"
-                try:
-                    failed.write_text(why + "\n")
-                except OSError:
-                    pass
+                # not where the compiler was killed (a signal: memory, several ranks compiling
+                # at once) or the disk was full: another try may well build
+                if r.returncode > 0 and "No space left on device" not in r.stdout + r.stderr:
+                    try:
+                        failed.write_text(why + "\n")
+                    except OSError:
+                        pass
                 raise RuntimeError(why)
             umask = os.umask(0)
             os.umask(umask)

@@ -876,7 +876,7 @@ static void test_virtual_split_outside_group(void) {
   const double t0 = now_ms();
   ASSERT_RES(sbnCommSplit(v[0], 0, 0, &sub[0]), sbnInvalidUsage);
   ASSERT_TRUE(now_ms() - t0 < 30000);
-  ASSERT_TRUE(strstr(sbnGetLastError(v[0]), "inside a group") != NULL);
+  ASSERT_TRUE(strstr(sbnGetLastError(v[0]), "split only inside a group") != NULL);
   ASSERT_TRUE(sub[0] == (sbnComm_t)&cfg);
   sbnResult_t async = sbnSystemError;
   ASSERT_OK(sbnCommGetAsyncError(v[1], &async));

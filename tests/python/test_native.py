@@ -226,6 +226,15 @@ class TestBuildFailure(unittest.TestCase):
                 marker.unlink()
             run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX=str(cxx), SYNCBN_CACHE_DIR=cache)
             self.assertEqual(len(calls.read_text().splitlines()), 2 * tries)
+            # a compiler killed by a signal (out of memory) marks nothing: tried again
+            cxx.write_text(f'#!/bin/sh\necho x >> "{calls}"\nkill -9 $$\n')
+            cache = pathlib.Path(d) / "cache-killed"
+            for _ in range(2):
+                r = run_python(TRAIN_ONE_STEP, SYNCBN_TORCH_NATIVE="auto", CXX=str(cxx), SYNCBN_CACHE_DIR=cache)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertNotIn("an earlier build's failure", r.stderr)
+            self.assertEqual(len(calls.read_text().splitlines()), 4 * tries)
+            self.assertEqual(list(cache.glob("*.failed")), [])
 
     def test_auto_warns_and_trains_with_the_python_operators(self):
         with tempfile.TemporaryDirectory() as cache:

@@ -568,7 +568,7 @@ class TestTorch(unittest.TestCase):
         rule, PYTHON.md). Before, the operators read the handle bare: the destroy went
         through and the call handed the library a freed comm; then the destroy was refused
         (sbnInvalidUsage), where PYTHON.md says it is done when the call returns."""
-        from syncbn import _fused, _ops
+        from syncbn import _capi, _fused, _ops
 
         torch.manual_seed(11)
         x, dy, z = torch.randn(3, 2, 5), torch.randn(3, 2, 5), torch.randn(3, 2, 5)
@@ -597,12 +597,25 @@ class TestTorch(unittest.TestCase):
                 seen.append(repr(comm))
                 return real(h, *args)
 
+            destroys, lib_destroy = [], _capi.lib.sbnCommDestroy
+
+            def counted_destroy(h, lib_destroy=lib_destroy, destroys=destroys):
+                destroys.append(h)
+                return lib_destroy(h)
+
             setattr(module, name, entering)
+            _capi.lib.sbnCommDestroy = counted_destroy
             try:
                 got = call(comm.id)
             finally:
                 setattr(module, name, real)
+                _capi.lib.sbnCommDestroy = lib_destroy
             self.assertEqual(seen, ["destroyed", f"<syncbn.Comm id={comm.id} destroyed>"], name)
+            # destroyed once, as the call returned (by the C++ operators' table where they own it)
+            if _ops.NATIVE is not None:
+                self.assertEqual(_ops.NATIVE.comm_live(comm.id), 0, name)
+            else:
+                self.assertEqual(len(destroys), 1, name)
             if want is not None:
                 torch.testing.assert_close(got.double(), want, rtol=3e-5, atol=3e-5)
             with self.assertRaisesRegex(syncbn.SyncBNError, "destroyed"):  # gone for later calls
