@@ -1621,6 +1621,14 @@ static void holder_wait(holder_t* h, int stage) {
   while (h->stage != stage) pthread_cond_wait(&h->cv, &h->mu);
   pthread_mutex_unlock(&h->mu);
 }
+/* Lets A go on (stage 2: its second op and sbnGroupEnd) and waits for it to end. */
+static void holder_go_on(holder_t* h, pthread_t th) {
+  pthread_mutex_lock(&h->mu);
+  h->stage = 2;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  pthread_join(th, NULL);
+}
 static void test_one_rank_two_threads(void) {
   sbnConfig_t cfg = config_ms(10000);
   sbnComm_t comms[2];
@@ -1650,11 +1658,7 @@ static void test_one_rank_two_threads(void) {
   ASSERT_RES(sbnGroupEnd(), sbnInvalidUsage);
   ASSERT_MEMEQ(&mine, &snap, sizeof mine);
   ASSERT_TRUE(sub == SENTINEL_COMM);
-  pthread_mutex_lock(&h.mu);
-  h.stage = 2;
-  pthread_cond_broadcast(&h.cv);
-  pthread_mutex_unlock(&h.mu);
-  pthread_join(th, NULL);
+  holder_go_on(&h, th);
   ASSERT_OK(h.q1);
   ASSERT_OK(h.end);
   ASSERT_MEMEQ(b[0].sm, b[1].sm, 3 * sizeof(float)); /* the team's mean, on both ranks */
@@ -1695,11 +1699,7 @@ static void test_one_rank_two_threads(void) {
   ASSERT_RES(sbnCommSplit(held[0], 0, 0, &sub), sbnInvalidUsage);
   EXPECT_TRUE(strstr(sbnGetLastError(held[0]), "in use by another thread") != NULL);
   ASSERT_TRUE(sub == SENTINEL_COMM);
-  pthread_mutex_lock(&h.mu);
-  h.stage = 2;
-  pthread_cond_broadcast(&h.cv);
-  pthread_mutex_unlock(&h.mu);
-  pthread_join(th, NULL);
+  holder_go_on(&h, th);
   ASSERT_RES(h.q1, sbnAborted); /* the holder's own calls see the abort */
   ASSERT_RES(h.end, sbnInvalidUsage);
   pthread_cond_destroy(&h.cv);
