@@ -293,7 +293,8 @@ static sbnResult_t check_complete(sbn_team_t** teams, size_t* nteams) {
 }
 
 /* Makes team t's splits of the group, round by round (round i: the i-th split of each of
-   its local ranks). A failure's detail is also on each rank's comm of the failed round. */
+   its local ranks). A failure's detail is the thread's (sbnGroupEnd puts it on every
+   queued comm). */
 static sbnResult_t split_team(sbn_team_t* t) {
   int w = t->nlocal;
   int* color = malloc((size_t)w * sizeof *color);
@@ -332,12 +333,7 @@ static sbnResult_t split_team(sbn_team_t* t) {
                    sbnGetResultName((sbnResult_t)reason));
     else
       r = t->ops->split(t, color, key, res); /* NCCL teams: collective with the other processes */
-    for (int q = 0; q < w; q++) {
-      if (r == sbnSuccess)
-        *round[q]->newcomm = res[q];
-      else
-        sbn_note(round[q]->comm, sbn_error_text(NULL)); /* the detail on each rank's comm */
-    }
+    for (int q = 0; r == sbnSuccess && q < w; q++) *round[q]->newcomm = res[q];
   }
   free(color);
   free(key);
