@@ -401,16 +401,31 @@ class Comm:
             raise SyncBNError(2, "syncbn.Comm", "the comm was destroyed")
         return self._h
 
-    def _enter(self):
-        """The live handle for one call, counted in flight until _leave()."""
+    # syncbn.torch's Python operators' calls in flight (of _calls), and the handle a
+    # destroy() made while only such calls were in flight left to the last of them
+    _op_calls = 0
+    _deferred = None
+
+    def _enter(self, op=False):
+        """The live handle for one call, counted in flight until _leave(op); op: a call of
+        syncbn.torch's operators, during which a destroy() returns at once and the last
+        such call destroys the comm as it returns (_leave), as the C++ operators do."""
         with self._calls_lock:
             h = self._live()
             self._calls += 1
+            self._op_calls += op
             return h
 
-    def _leave(self):
+    def _leave(self, op=False):
         with self._calls_lock:
             self._calls -= 1
+            self._op_calls -= op
+            last = self._deferred if self._calls == 0 else None  # (only op calls were left then)
+            if last is not None:
+                self._deferred = None
+        if last is not None:
+            with Comm._native_lock:
+                self._release(last)
 
     @contextlib.contextmanager
     def _counted(self, fn):
@@ -436,39 +451,14 @@ class Comm:
                     self._leave()
             raise
 
-    def _call(self, fn, what, *args):
-        """fn(handle, *args), a call in flight meanwhile; SyncBNError where it fails."""
-        h = self._enter()
+    def _call(self, fn, what, *args, op=False):
+        """fn(handle, *args), a call in flight meanwhile (op: syncbn.torch's operators',
+        _enter); SyncBNError where it fails."""
+        h = self._enter(op)
         try:
             _check(fn(h, *args), what, h)
         finally:
-            self._leave()
-
-    # syncbn.torch's Python operators' calls in flight (of _calls), and the handle a
-    # destroy() made while only such calls were in flight left to the last of them
-    _op_calls = 0
-    _deferred = None
-
-    def _op_call(self, fn, what, *args):
-        """_call for syncbn.torch's operators: a destroy() while only their calls are in
-        flight returns at once (calls from then on say the comm was destroyed), and the
-        last of them destroys the comm as it returns, as the C++ operators do."""
-        with self._calls_lock:
-            h = self._live()
-            self._calls += 1
-            self._op_calls += 1
-        try:
-            _check(fn(h, *args), what, h)
-        finally:
-            with self._calls_lock:
-                self._calls -= 1
-                self._op_calls -= 1
-                last = self._deferred if self._calls == 0 else None
-                if last is not None:
-                    self._deferred = None
-            if last is not None:
-                with Comm._native_lock:
-                    self._release(last)
+            self._leave(op)
 
     @property
     def rank(self):

@@ -175,12 +175,12 @@ def _comm(comm_id, x, who):
 
 
 def _call_comm(c, fn, what, *args):
-    """fn(c's handle, *args) by Comm._op_call (counted as c's call in flight: a destroy()
-    from another thread meanwhile is done when the call returns, where it could free the
-    comm between reading the handle and the library's call; SyncBNError naming `what`
-    where it fails), one at a time where c's calls are serialized."""
+    """fn(c's handle, *args) by Comm._call as an operator's call (counted as c's call in
+    flight: a destroy() from another thread meanwhile is done when the call returns, where
+    it could free the comm between reading the handle and the library's call; SyncBNError
+    naming `what` where it fails), one at a time where c's calls are serialized."""
     with c._serial:
-        c._op_call(fn, what, *args)
+        c._call(fn, what, *args, op=True)
 
 
 # ---- the C call's small structs, made once per distinct value ------------------------------

@@ -1054,7 +1054,7 @@ class TestAutogradAndLifetimes(unittest.TestCase):
         """A comm destroyed while an operator call on it waits (rank 0 in its exchange)
         is gone at once for later calls and destroyed when the call returns; the call
         completes with its peer. The C++ operators' table and the Python operators
-        (Comm._op_call) alike."""
+        (Comm._call with op=True) alike."""
         comms = syncbn.cpu_team(2, timeout_ms=20000)
         ids = [c.id for c in comms]
         xs = [torch.randn(3, 4, 5) for _ in ids]
