@@ -329,6 +329,45 @@ class TestCapi(unittest.TestCase):
         with self.assertRaises(syncbn.SyncBNError):
             comm.rank
 
+    def test_with_block_keeps_its_exception(self):
+        """`with comm:` whose block raised while another thread's call holds the comm: the
+        destroy is refused, the block's exception goes on (with the refusal as a note,
+        Python 3.11+) and the comm stays live; a block that did not raise gets the
+        refusal itself."""
+        comm = syncbn.cpu_team(1)[0]
+        real = syncbn._capi.lib.sbnCommRank
+        inside, release = threading.Event(), threading.Event()
+
+        def held(h, out):  # another thread's call, holding the comm until released
+            inside.set()
+            release.wait(30)
+            return real(h, out)
+
+        syncbn._capi.lib.sbnCommRank = held
+        t = threading.Thread(target=lambda: comm.rank)
+        t.start()
+        try:
+            self.assertTrue(inside.wait(30))
+            with self.assertRaises(KeyError) as cm:
+                with comm:
+                    raise KeyError("the block's")
+            self.assertEqual(cm.exception.args, ("the block's",))
+            if hasattr(cm.exception, "add_note"):
+                self.assertIn("sbnInvalidUsage", " ".join(cm.exception.__notes__))
+            with self.assertRaises(syncbn.SyncBNError) as cm2:
+                with comm:
+                    pass
+            self.assertEqual(cm2.exception.name, "sbnInvalidUsage")
+        finally:
+            release.set()
+            t.join()
+            syncbn._capi.lib.sbnCommRank = real
+        self.assertEqual(comm.rank, 0)  # live after both refusals
+        with comm:
+            pass
+        with self.assertRaises(syncbn.SyncBNError):
+            comm.rank
+
     def test_missing_rank_times_out(self):
         """One rank never calls: the other's call raises sbnTimeout (no hang)."""
         comms = syncbn.cpu_team(2, timeout_ms=300)
