@@ -131,8 +131,14 @@ static void compare(void* gpu[W], void* cpu[W]) {
 
 int main(void) {
   int ndev = 0;
-  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-    printf("gpu_team: SKIPPED: no CUDA device\n");
+  const cudaError_t count_err = cudaGetDeviceCount(&ndev);
+  if (count_err != cudaSuccess || ndev == 0) {
+    /* the runtime says "driver version is insufficient" also where there is no driver */
+    printf("gpu_team: SKIPPED: %s\n",
+           count_err == cudaErrorInsufficientDriver
+               ? "no usable NVIDIA driver (none on this machine, or older than this build's CUDA)"
+           : count_err != cudaSuccess ? cudaGetErrorString(count_err)
+                                      : "no CUDA device (the driver sees none)");
     return 77;
   }
   void *gpu_out[W] = {NULL, NULL}, *cpu_out[W] = {NULL, NULL}, *dblock[W] = {NULL, NULL};
