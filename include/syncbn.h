@@ -246,8 +246,9 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
                                         int rank, const sbnConfig_t* config);
 /* Sub-teams (PyTorch process_group, apex bn_group): collective over the parent's ranks.
    For in-process teams it is called for every rank inside one sbnGroupStart/End pair
-   (*newcomm is written by sbnGroupEnd), or, for CPU teams, by one thread per rank
-   outside a group (each call blocks until the team meets, bounded by the timeout).
+   (*newcomm is written by sbnGroupEnd), or, for CPU and sbnCommInitAll teams, by one
+   thread per rank outside a group (each call blocks until the team meets, bounded by the
+   timeout; a virtual team's is refused there, sbnInvalidUsage).
    Ranks with the same color >= 0 form a team, ordered by key then parent rank; color
    SBN_SPLIT_NOCOLOR gives *newcomm = NULL. New comms inherit the parent's config. */
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm);

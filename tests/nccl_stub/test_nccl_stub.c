@@ -892,6 +892,50 @@ static void test_virtual_split_outside_group(void) {
   ASSERT_CLEAN();
 }
 
+/* sbnCommSplit of an sbnCommInitAll team called one thread per rank outside a group (as
+   its ops may be): each call waits for the other, the last one makes the split, and both
+   get their comm of the new team, ordered by key, on the parent's transport. */
+typedef struct {
+  sbnComm_t comm, sub;
+  int key;
+  sbnResult_t r;
+} split_rank_t;
+static void* split_rank_main(void* p) {
+  split_rank_t* s = p;
+  s->r = sbnCommSplit(s->comm, 0, s->key, &s->sub);
+  return NULL;
+}
+static void test_initall_split_one_thread_per_rank(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  split_rank_t s[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    s[r] = (split_rank_t){comms[r], NULL, 1 - r, sbnSystemError};
+    ASSERT_TRUE(pthread_create(&th[r], NULL, split_rank_main, &s[r]) == 0);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  const char *parent = NULL, *child = NULL;
+  ASSERT_OK(sbnCommGetTransport(comms[0], &parent));
+  for (int r = 0; r < 2; r++) {
+    ASSERT_OK(s[r].r);
+    ASSERT_TRUE(s[r].sub != NULL);
+    int rank = -1, count = -1;
+    ASSERT_OK(sbnCommRank(s[r].sub, &rank));
+    ASSERT_OK(sbnCommCount(s[r].sub, &count));
+    ASSERT_EQ_INT(rank, 1 - r);
+    ASSERT_EQ_INT(count, 2);
+    ASSERT_OK(sbnCommGetTransport(s[r].sub, &child));
+    ASSERT_TRUE(strcmp(child, parent) == 0);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(s[r].sub));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
 /* A training op given a tensor of another device, or of host memory, in each of its
    places in turn: sbnInvalidArgument naming the tensor, nothing launched, y unwritten. */
 static void test_training_pointer_checks(void) {
@@ -2114,6 +2158,7 @@ int main(void) {
   SBN_RUN(test_pointer_query_failure);
   SBN_RUN(test_training_pointer_checks);
   SBN_RUN(test_virtual_split_outside_group);
+  SBN_RUN(test_initall_split_one_thread_per_rank);
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
