@@ -248,7 +248,10 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
    For in-process teams it is called for every rank inside one sbnGroupStart/End pair
    (*newcomm is written by sbnGroupEnd), or, for CPU and sbnCommInitAll teams, by one
    thread per rank outside a group (each call blocks until the team meets, bounded by the
-   timeout; a virtual team's is refused there, sbnInvalidUsage).
+   timeout; a virtual team's is refused there, sbnInvalidUsage). Such a wait ends at once,
+   with nothing made, when the team is aborted (sbnAborted, whatever the reason; sbnTimeout
+   where the wait ran out) or one of its ranks is destroyed (sbnInvalidUsage for an
+   sbnCommInitAll team, which that destroy does not abort).
    Ranks with the same color >= 0 form a team, ordered by key then parent rank; color
    SBN_SPLIT_NOCOLOR gives *newcomm = NULL. New comms inherit the parent's config. */
 SBN_API sbnResult_t sbnCommSplit(sbnComm_t comm, int color, int key, sbnComm_t* newcomm);
@@ -287,7 +290,8 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
      finishing an op the destroyed rank took part in. A peer's later op waits in its
      kernel for the destroyed rank until the team's timeout, then ends with sbnTimeout
      (sbnCommGetAsyncError) and aborts the team; a group lacking the destroyed rank is
-     sbnInvalidUsage (its team is incomplete).
+     sbnInvalidUsage (its team is incomplete), and so is a thread-per-rank sbnCommSplit
+     (sbnCommInitAll), at once, also for a rank that was waiting in it.
    - NCCL teams: the peers are other processes and learn of neither a destroy nor a
      process's exit; their waits end at the team's timeout, as sbnTimeout, or as
      sbnNcclError where NCCL reports the lost peer first. (Destroy is collective for them

@@ -131,7 +131,8 @@ typedef struct sbn_team {
      returns at once, and its comm may then be destroyed; the team is freed only after them */
   _Atomic int aborting;
   /* Threaded teams (ops->threaded): the rank whose sbnCommDestroy aborted the team while
-     other local ranks lived, -1 when none (sbn_comm_release; sbn_team_departed) */
+     other local ranks lived; other teams of several local ranks: the first rank destroyed
+     (no abort); -1 when none (sbn_comm_release; sbn_team_departed) */
   _Atomic int departed;
   /* sbnCommSplit driven one thread per rank: the local ranks meet here (team.c) */
   pthread_mutex_t split_mu;
@@ -231,7 +232,9 @@ SBN_INTERNAL sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, 
    with other local ranks still alive, it first records the rank (team->departed) and
    aborts the team with sbnAborted: the peers' waits return at once and name it. Teams
    whose ops run asynchronously (GPU, NCCL) are not aborted: a peer's kernel may still
-   be finishing an op that the destroyed rank took part in. */
+   be finishing an op that the destroyed rank took part in; those with several local
+   ranks record the rank too and wake the ranks waiting in a thread-per-rank split, which
+   fail (sbn_split_rendezvous). */
 SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
 /* The rank whose sbnCommDestroy aborted the team (a destroy racing sbnCommAbort may be
    named too: both happened), or -1 (the team is not aborted with sbnAborted, or was

@@ -189,6 +189,19 @@ void sbn_comm_release(sbnComm_t comm) {
   comm_free(comm);
   /* this rank's reference keeps t alive until the fetch_sub below */
   if (t->ops->threaded && atomic_load(&t->refs) > 1) team_depart(t, rank);
+  if (!t->ops->threaded && t->nlocal > 1) {
+    /* Not aborted (kernels may still finish an op it took part in), but a thread-per-rank
+       split can no longer meet: its waiting ranks wake and fail (sbn_split_rendezvous).
+       Under split_mu, so that no other rank's destroy frees t before the broadcast. */
+    pthread_mutex_lock(&t->split_mu);
+    int none = -1;
+    atomic_compare_exchange_strong(&t->departed, &none, rank);
+    const int last = atomic_fetch_sub(&t->refs, 1) == 1;
+    pthread_cond_broadcast(&t->split_cv);
+    pthread_mutex_unlock(&t->split_mu);
+    if (last) team_free(t);
+    return;
+  }
   if (atomic_fetch_sub(&t->refs, 1) == 1) team_free(t);
 }
 
@@ -253,7 +266,7 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     deadline.tv_sec++;
     deadline.tv_nsec -= 1000000000L;
   }
-  sbnResult_t r;
+  sbnResult_t r = sbnSuccess;
   int missing = -1; /* the first local rank that had not called when the wait ended */
   char failed[sizeof t->split_detail] = ""; /* the split was tried and failed: why */
   pthread_mutex_lock(&t->split_mu);
@@ -266,7 +279,11 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
      rank whose wait ran out, or a peer's abort, either comes first and every rank fails,
      or comes after the split and every rank has its comm). */
   const int late = atomic_load(&t->abort_reason) != sbnSuccess; /* aborted before this call */
-  if (++t->split_arrived == t->nlocal && !late) {
+  /* a rank destroyed (a team that is not aborted by it: sbn_comm_release) never calls */
+  int lost = !late && !t->ops->threaded && atomic_load(&t->refs) < t->nlocal;
+  if (lost) {
+    t->split_here[comm->local] = 0;
+  } else if (++t->split_arrived == t->nlocal && !late) {
     t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
     if (t->split_status != sbnSuccess) /* for every rank: the cause is in this thread's slot */
       snprintf(t->split_detail, sizeof t->split_detail, "%s", sbn_error_text(NULL));
@@ -275,7 +292,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     t->split_gen++;
     pthread_cond_broadcast(&t->split_cv);
   }
-  for (;;) {
+  int why = sbnSuccess; /* the abort's reason */
+  for (; !lost;) {
     if (t->split_gen != gen) {
       r = t->split_status;
       if (r == sbnSuccess) *newcomm = t->split_result[comm->local];
@@ -283,11 +301,19 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
       else snprintf(failed, sizeof failed, "%s", t->split_detail[0] ? t->split_detail : "(no detail)");
       break;
     }
-    int reason = atomic_load(&t->abort_reason);
-    if (reason != sbnSuccess) {
-      r = (sbnResult_t)reason;
+    why = atomic_load(&t->abort_reason);
+    if (why != sbnSuccess) {
+      /* sbnTimeout, or sbnAborted whatever stopped the team (a peer's launch failure,
+         sbnCommAbort...), as a check before the call gives (sbn_comm_check_alive) */
+      r = why == sbnTimeout ? sbnTimeout : sbnAborted;
       for (int i = 0; r == sbnTimeout && i < t->nlocal && missing < 0; i++)
         if (!t->split_here[i]) missing = i; /* a timeout's cause (an abort has its own) */
+      break;
+    }
+    if (!t->ops->threaded && atomic_load(&t->refs) < t->nlocal) { /* one destroyed meanwhile */
+      t->split_here[comm->local] = 0;
+      t->split_arrived--;
+      lost = 1;
       break;
     }
     if (pthread_cond_timedwait(&t->split_cv, &t->split_mu, &deadline) != 0 &&
@@ -295,6 +321,11 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
       team_abort_locked(t, sbnTimeout); /* no split was made: none will be */
   }
   pthread_mutex_unlock(&t->split_mu);
+  if (lost)
+    return sbn_fail(comm, sbnInvalidUsage,
+                    "sbnCommSplit: rank %d of the team was destroyed (sbnCommDestroy), so the "
+                    "team's ranks cannot all call; no split was made",
+                    atomic_load(&t->departed));
   if (r == sbnSuccess) return sbnSuccess;
   if (failed[0] != '\0') return sbn_fail(comm, r, "sbnCommSplit: no split was made: %s", failed);
   const int gone = sbn_team_departed(t);
@@ -307,12 +338,14 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     return sbn_fail(comm, r,
                     "sbnCommSplit: rank %d called after the team was aborted (%s); no split "
                     "was made",
-                    comm->rank, sbnGetResultName(r));
+                    comm->rank, sbnGetResultName((sbnResult_t)why));
   if (missing >= 0)
     return sbn_fail(comm, r,
                     "sbnCommSplit: sbnTimeout: rank %d waited for rank %d, which had not "
                     "called sbnCommSplit within the team's timeout",
                     comm->rank, t->first_local + missing);
-  return sbn_fail(comm, r, "sbnCommSplit: %s while waiting for the team's other ranks",
-                  sbnGetResultName(r));
+  return sbn_fail(comm, r,
+                  "sbnCommSplit: the team was aborted (%s) while rank %d waited for the "
+                  "team's other ranks; no split was made",
+                  sbnGetResultName((sbnResult_t)why), comm->rank);
 }

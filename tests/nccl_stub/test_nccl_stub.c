@@ -936,6 +936,68 @@ static void test_initall_split_one_thread_per_rank(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* A thread-per-rank split of an sbnCommInitAll team whose other rank fails its launch
+   (the team aborted with sbnCudaError) meanwhile: the waiting rank's split returns
+   sbnAborted, as a call after the abort does, naming the reason; it returned the peer's
+   sbnCudaError, a CUDA error this call never had. */
+static void test_initall_split_aborted_by_peer(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, 60000));
+  split_rank_t s = {comms[0], (sbnComm_t)&s, 0, sbnSystemError};
+  pthread_t th;
+  const double t0 = now_ms();
+  ASSERT_TRUE(pthread_create(&th, NULL, split_rank_main, &s) == 0);
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL); /* rank 0 waits in the split */
+  tensors_t t;
+  tensors_alloc(&t, 1);
+  cudart_stub_set_coop_launch_fails(1);
+  const sbnResult_t f = forward(comms[1], &t);
+  cudart_stub_set_coop_launch_fails(0);
+  pthread_join(th, NULL);
+  tensors_free(&t);
+  ASSERT_RES(f, sbnCudaError);
+  ASSERT_RES(s.r, sbnAborted);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_TRUE(s.sub == (sbnComm_t)&s);
+  ASSERT_TRUE(strstr(sbnGetLastError(comms[0]), "aborted (sbnCudaError)") != NULL);
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  ASSERT_CLEAN();
+}
+
+/* A rank of an sbnCommInitAll team destroyed while the other waits in a thread-per-rank
+   split: that split returns at once (sbnInvalidUsage, naming the rank, *newcomm
+   untouched), as a group lacking the rank is refused, and so does a later one; the team
+   is not aborted (a GPU team's destroy does not abort it). The split waited out the
+   team's timeout and then aborted the team. */
+static void test_initall_split_peer_destroyed(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, 60000));
+  split_rank_t s = {comms[0], (sbnComm_t)&s, 0, sbnSystemError};
+  pthread_t th;
+  const double t0 = now_ms();
+  ASSERT_TRUE(pthread_create(&th, NULL, split_rank_main, &s) == 0);
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL); /* rank 0 waits in the split */
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  pthread_join(th, NULL);
+  ASSERT_RES(s.r, sbnInvalidUsage);
+  ASSERT_TRUE(now_ms() - t0 < 30000);
+  ASSERT_TRUE(s.sub == (sbnComm_t)&s);
+  ASSERT_TRUE(strstr(sbnGetLastError(comms[0]), "rank 1 of the team was destroyed") != NULL);
+  sbnComm_t again = (sbnComm_t)&s;
+  ASSERT_RES(sbnCommSplit(comms[0], 0, 0, &again), sbnInvalidUsage);
+  ASSERT_TRUE(again == (sbnComm_t)&s);
+  sbnResult_t async = sbnSystemError;
+  ASSERT_OK(sbnCommGetAsyncError(comms[0], &async));
+  ASSERT_RES(async, sbnSuccess);
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_CLEAN();
+}
+
 /* A training op given a tensor of another device, or of host memory, in each of its
    places in turn: sbnInvalidArgument naming the tensor, nothing launched, y unwritten. */
 static void test_training_pointer_checks(void) {
@@ -2159,6 +2221,8 @@ int main(void) {
   SBN_RUN(test_training_pointer_checks);
   SBN_RUN(test_virtual_split_outside_group);
   SBN_RUN(test_initall_split_one_thread_per_rank);
+  SBN_RUN(test_initall_split_aborted_by_peer);
+  SBN_RUN(test_initall_split_peer_destroyed);
   SBN_RUN(test_peer_transport_needs_access);
   SBN_RUN(test_team_of_one_kernel);
   SBN_RUN(test_inference_kernel);
