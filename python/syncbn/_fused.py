@@ -419,14 +419,10 @@ def _autograd_kernels(train, backward, infer):
 
     def backward_autograd(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad, residual_grad,
                           weight_grad, no_residual=False, residual=None):
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (dy, x, out, weight, bias, residual)):
-            raise RuntimeError("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
-                               "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
-                               "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
-            return backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                            residual_grad, weight_grad, no_residual, residual)
+            grads = backward(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
+                             residual_grad, weight_grad, no_residual, residual)
+        return _ops._not_twice(grads, (dy, x if x is not None else out, weight))
 
     def infer_autograd(x, z, running_mean, running_var, weight, bias, eps, activation, slope):
         _ops._refusals("batch_norm_act_infer", running_mean, running_var, x, z, weight, bias)

@@ -424,7 +424,8 @@ def _traced(kernel, op, dy):
 
 
 _NOT_TWICE = ("syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
-              "create_graph=True and torch.func.grad differentiate the backward)")
+              "a second derivative of a training layer, through create_graph=True or nested torch.func "
+              "transforms)")
 
 
 class _NotTwice(torch.autograd.Function):
@@ -478,6 +479,19 @@ def _once_differentiable(fn):
         return err(*[None if t is None else t.detach().requires_grad_() for t in outputs])
 
     return wrapper
+
+
+def _not_twice(outputs, inputs):
+    """The backward operators' gradients where the op's inputs require grad (called with
+    create_graph=True, or under torch.func's grad transforms): on _NotTwice's node, whose
+    edges are those inputs, as the C++ operators' Autograd kernels give them
+    (once_differentiable); a second derivative raises there."""
+    if not torch.is_grad_enabled():
+        return outputs
+    edges = [t for t in inputs if t is not None and t.requires_grad]
+    if not edges:
+        return outputs
+    return _NotTwice.apply(len(outputs), *outputs, *edges)
 
 
 def _twice(x, weight):
@@ -634,12 +648,9 @@ def _autograd_kernels(train, backward, infer):
         return out
 
     def backward_autograd(dy, x, weight, stats, eps, comm, input_grad, weight_grad):
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (dy, x, weight)):
-            raise RuntimeError("syncbn.batch_norm_backward is not differentiable (no double backward through "
-                               "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad "
-                               "differentiate the backward)")
         with torch._C._AutoDispatchBelowAutograd():
-            return backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
+            out = backward(dy, x, weight, stats, eps, comm, input_grad, weight_grad)
+        return _not_twice(out, (dy, x, weight))
 
     def infer_autograd(x, running_mean, running_var, weight, bias, eps):
         _refusals("batch_norm_infer", running_mean, running_var, x, weight, bias)

@@ -101,8 +101,8 @@ except (ImportError, AttributeError):  # a PyTorch without them: the operators r
 
 _PY_OPS_GRAD = ("syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp or jacrev: the Python "
                 "operators (SYNCBN_TORCH_NATIVE=0, or the fallback where the C++ ones did not build) take none of "
-                "them; the C++ operators take vjp and jacrev (grad of a training layer is refused on both: it "
-                "differentiates the backward, which is not differentiable); an evaluated layer takes them all")
+                "them; the C++ operators take them all (first derivatives: the training backward is not "
+                "differentiable); an evaluated layer takes them all")
 
 
 def _under(kinds):

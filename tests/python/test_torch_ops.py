@@ -889,21 +889,72 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                 for got, want in zip(*out):
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
-    def test_func_grad_says_why(self):
-        """torch.func.grad differentiates the backward (it needs the double backward the
-        layer does not have): the C++ operators' error says so; the layer says that the
-        Python ones take no grad transform (their autograd.Function has no setup_context:
-        PyTorch's own error named neither syncbn nor a way out), before anything is
-        written."""
+    def test_func_grad_of_training_layer(self):
+        """torch.func.grad of a training layer, plain and fused, to its input and to its
+        parameters (functional_call) on the C++ operators equals float64 F.batch_norm's;
+        the running statistics count each call once. A second derivative (grad of grad,
+        to x or to the weight) raises the layer's error. Before, grad raised at first
+        order, after the forward had updated the running statistics, and once it ran, the
+        backward's detach() cut the outer level's history: a second derivative of 0. The
+        Python operators take no grad transform and say so before anything is written."""
+        torch.manual_seed(12)
+        x, c = torch.randn(4, 3, 3, 2), torch.randn(4, 3, 3, 2)
+        for act in ("identity", "relu", "leaky_relu"):
+            m = sbt.SyncBatchNorm(3, comm=self.comm, activation=act, slope=0.1)
+            with torch.no_grad():
+                m.weight.copy_(torch.tensor([1.2, -0.7, 0.4]))
+                m.bias.copy_(torch.tensor([0.1, 0.3, -0.2]))
+            post = {"identity": lambda t: t, "relu": torch.relu, "leaky_relu": lambda t: F.leaky_relu(t, 0.1)}[act]
+            params = {k: v.detach() for k, v in m.named_parameters()}
+            rparams = {k: v.double() for k, v in params.items()}
+
+            def ref(v, p, post=post):
+                return post(F.batch_norm(v, None, None, p["weight"], p["bias"], True, 0.0, 1e-5))
+
+            def loss_x(v, m=m):
+                return (m(v) * c).pow(2).sum()
+
+            def loss_p(p, m=m):
+                return (torch.func.functional_call(m, p, (x,)) * c).pow(2).sum()
+
+            if _ops.NATIVE is None:
+                with self.assertRaisesRegex(RuntimeError, r"syncbn.torch.SyncBatchNorm in training under torch.func's "
+                                                          r"grad, vjp or jacrev: the Python operators \(SYNCBN_TORCH_"
+                                                          r"NATIVE=0"):
+                    torch.func.grad(loss_x)(x)
+                self.assertEqual(int(m.num_batches_tracked), 0)
+                continue
+            with self.subTest(activation=act):
+                got = torch.func.grad(loss_x)(x)
+                want = torch.func.grad(lambda v: (ref(v, rparams) * c.double()).pow(2).sum())(x.double())
+                torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+                got = torch.func.grad(loss_p)(params)
+                want = torch.func.grad(lambda p: (ref(x.double(), p) * c.double()).pow(2).sum())(rparams)
+                for k in want:
+                    torch.testing.assert_close(got[k].double(), want[k], rtol=1e-5,
+                                               atol=1e-5 * want[k].abs().max().item())
+                self.assertEqual(int(m.num_batches_tracked), 2)
+                with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
+                                                          "differentiable"):
+                    torch.func.grad(lambda v: torch.func.grad(loss_x)(v).pow(2).sum())(x)
+                with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not "
+                                                          "differentiable"):
+                    torch.func.grad(lambda p: torch.func.grad(
+                        lambda v: (torch.func.functional_call(m, p, (v,)) * c).pow(3).sum())(x).pow(2).sum())(params)
+        # the backward operator called with an incoming gradient that requires grad: the
+        # gradients of the call without grad, on the node that raises when differentiated
+        # (both kinds; it raised at the call before)
+        xs, w = torch.randn(4, 3, 2), torch.tensor([1.2, -0.7, 0.4])
+        _, stats = _ops.batch_norm_train(xs, w, torch.zeros(3), None, None, None, 1e-5, 0.1, self.comm.id)
+        dy = torch.randn(4, 3, 2, requires_grad=True)
+        dx, dwb = _ops.batch_norm_backward(dy, xs, w, stats, 1e-5, self.comm.id, True, True)
+        with torch.no_grad():
+            dx0, dwb0 = _ops.batch_norm_backward(dy, xs, w, stats, 1e-5, self.comm.id, True, True)
+        self.assertTrue(torch.equal(dx, dx0) and torch.equal(dwb, dwb0))
+        self.assertTrue(dx.requires_grad and dwb.requires_grad)
+        with self.assertRaisesRegex(RuntimeError, "^syncbn.torch.SyncBatchNorm's backward is not differentiable"):
+            dx.pow(2).sum().backward()
         m = sbt.SyncBatchNorm(3, comm=self.comm)
-        with self.assertRaisesRegex(RuntimeError, "no double backward through syncbn.torch.SyncBatchNorm: "
-                                                  "create_graph=True and torch.func.grad differentiate the backward"
-                                    if _ops.NATIVE is not None else
-                                    r"syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp or "
-                                    r"jacrev: the Python operators \(SYNCBN_TORCH_NATIVE=0"):
-            torch.func.grad(lambda v: m(v).square().sum())(torch.randn(4, 3, 2))
-        if _ops.NATIVE is None:
-            self.assertEqual(int(m.num_batches_tracked), 0)
         # jvp is not grad: on both kinds the operator's own forward-mode error
         with self.assertRaisesRegex(RuntimeError, r"syncbn.batch_norm_train: forward-mode AD \(jvp, dual tensors\) "
                                                   r"is not implemented"):
@@ -995,7 +1046,7 @@ class TestAutogradAndLifetimes(unittest.TestCase):
 
             if _ops.NATIVE is None:
                 with self.assertRaisesRegex(RuntimeError, "the Python operators .* take none of them; the C\\+\\+ "
-                                                          "operators take vjp and jacrev"):
+                                                          "operators take them all"):
                     torch.func.jacrev(m)(x)
                 continue
             with warnings.catch_warnings():

@@ -1023,22 +1023,35 @@ bool any_requires_grad(std::initializer_list<const optional<Tensor>*> ts) {
 // create_graph=True: the gradients computed here get an Error node, so that
 // differentiating them raises (as autograd.Function's once_differentiable does) instead
 // of giving a second derivative that leaves this backward out.
-void once_differentiable(variable_list& outputs, const Tensor& dy, const Tensor& x, const Tensor& weight) {
+// inputs: what the backward computed its gradients from (the incoming gradient, x or the
+// saved output, the weight; undefined ones allowed): where one requires grad, the node,
+// whose edges they are, so that a second derivative taken to any of them reaches it.
+void once_differentiable(variable_list& outputs, const variable_list& inputs) {
   if (!at::GradMode::is_enabled()) return;
-  if (!(dy.requires_grad() || x.requires_grad() || (weight.defined() && weight.requires_grad()))) return;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return;
   NodePtr err = new_node<torch::autograd::Error>(
       "syncbn.torch.SyncBatchNorm's backward is not differentiable (no double backward through it: "
-      "create_graph=True and torch.func.grad differentiate the backward)",
-      torch::autograd::collect_next_edges(dy, x, weight));
-  // on an alias of each: should a gradient be a tensor the caller holds (the incoming one
-  // itself), its own history stays as it is. detach(), not tensor_data(): under vmap (the
-  // rows of jacrev, vmap of a vjp function) a gradient is a batched tensor, whose
-  // tensor_data() raises "accessing 'data' under vmap transform is not allowed"
-  for (Tensor& t : outputs)
-    if (t.defined()) {
-      t = t.detach();
-      torch::autograd::set_history(t, err);
-    }
+      "a second derivative of a training layer, through create_graph=True or nested torch.func "
+      "transforms)",
+      torch::autograd::collect_next_edges(inputs));
+  // The gradients are the backward operators' fresh outputs, each given the node as it is:
+  // not through detach(), which under nested torch.func transforms runs at every level and
+  // cut the outer levels' history (the backward operator's own node there: a second
+  // derivative of 0 instead of this error). An output that is one of the inputs (none is
+  // today) goes on an alias, so that a tensor the caller holds keeps its history (detach(),
+  // not tensor_data(): under vmap a gradient is a batched tensor, whose tensor_data()
+  // raises "accessing 'data' under vmap transform is not allowed").
+  for (Tensor& t : outputs) {
+    if (!t.defined()) continue;
+    for (const Tensor& in : inputs)
+      if (in.defined() && t.is_same(in)) {
+        t = t.detach();
+        break;
+      }
+    torch::autograd::set_history(t, err);
+  }
 }
 
 // Gradients of batch_norm_train's out, to (input, weight, bias): sbnBackward.
@@ -1066,7 +1079,7 @@ struct TrainBackward : public SyncBNNode<TrainBackward, 3> {
       if (need_b) db = dwb.select(0, 1);
     }
     variable_list out{need_x ? dx : Tensor(), dw, db};
-    once_differentiable(out, dy, x, weight);
+    once_differentiable(out, {dy, x, weight});
     return out;
   }
 };
@@ -1112,12 +1125,18 @@ std::tuple<Tensor, Tensor> train_autograd(const Tensor& x, const optional<Tensor
 std::tuple<Tensor, Tensor> backward_autograd(const Tensor& dy, const Tensor& x, const optional<Tensor>& weight,
                                              const Tensor& stats, double eps, int64_t comm, bool input_grad,
                                              bool weight_grad) {
-  if (at::GradMode::is_enabled() &&
-      (dy.requires_grad() || x.requires_grad() || (weight.has_value() && weight->requires_grad())))
-    fail("syncbn.batch_norm_backward is not differentiable (no double backward through "
-         "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad differentiate the backward)");
-  at::AutoDispatchBelowADInplaceOrView below;
-  return backward_op().call(dy, x, weight, stats, eps, comm, input_grad, weight_grad);
+  // Reached with inputs that require grad under torch.func's grad transforms (grad, vjp,
+  // jacrev run the layer's backward with create_graph=True, at their level): the
+  // gradients, with once_differentiable's node, as the node's eager backward gives them
+  // under create_graph=True; a second derivative raises there.
+  std::tuple<Tensor, Tensor> r;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    r = backward_op().call(dy, x, weight, stats, eps, comm, input_grad, weight_grad);
+  }
+  variable_list out{std::get<0>(r), std::get<1>(r)};
+  once_differentiable(out, {dy, x, weight.has_value() ? *weight : Tensor()});
+  return {out[0], out[1]};
 }
 
 // The eval batch norm's gradients, with torch ops, for g (float32): the gradient reaching
@@ -1248,7 +1267,7 @@ struct TrainActBackward : public SyncBNNode<TrainActBackward, 6> {
       if (need_b) db = dwb.select(0, 1);
     }
     variable_list out{need_x ? dx : Tensor(), need_z ? dz : Tensor(), dw, db};
-    once_differentiable(out, dy, shape_of, weight);
+    once_differentiable(out, {dy, shape_of, weight});
     return out;
   }
 };
@@ -1301,16 +1320,17 @@ std::tuple<Tensor, Tensor, Tensor> act_backward_autograd(const Tensor& dy, const
                                                          int64_t comm, int64_t activation, double slope,
                                                          bool input_grad, bool residual_grad, bool weight_grad,
                                                          bool no_residual, const optional<Tensor>& residual) {
-  const optional<Tensor> dyo(dy);
-  if (at::GradMode::is_enabled()) {
-    for (const optional<Tensor>* t : {&dyo, &x, &out, &weight, &bias, &residual})
-      if (t->has_value() && (*t)->requires_grad())
-        fail("syncbn.batch_norm_act_backward is not differentiable (no double backward through "
-             "syncbn.torch.SyncBatchNorm: create_graph=True and torch.func.grad differentiate the backward)");
+  // as backward_autograd
+  std::tuple<Tensor, Tensor, Tensor> r;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    r = act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
+                               residual_grad, weight_grad, no_residual, residual);
   }
-  at::AutoDispatchBelowADInplaceOrView below;
-  return act_backward_op().call(dy, x, out, weight, bias, stats, eps, comm, activation, slope, input_grad,
-                                residual_grad, weight_grad, no_residual, residual);
+  const auto val = [](const optional<Tensor>& t) { return t.has_value() ? *t : Tensor(); };
+  variable_list grads{std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+  once_differentiable(grads, {dy, x.has_value() ? *x : val(out), val(weight)});
+  return {grads[0], grads[1], grads[2]};
 }
 
 // g * act'(out), PyTorch's rules and ops (_fused.act_grad): ReLU 0 where out <= 0 (NaN
