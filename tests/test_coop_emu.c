@@ -1800,19 +1800,24 @@ static void test_xmask_kernels(void) {
     int plane; /* y read only where the rule is not sure: 1 in 16-byte positions (the plane
                   kernels, and the tile kernels' pixels of 4 or 8 channels), 2 element by
                   element (the scalar kernels only) */
+    int tiny;  /* channel 0's weight 1e-6 and bias 0 (a zero-initialised weight a few steps
+                  on): |bn(x)| below fp16's least subnormal on ~2 % of its elements, y
+                  stored 0 there, where only fp16's own floor keeps the rule unsure */
   } cases[] = {
-      {2, 3, sbnFloat32, sbnLayoutNCHW, 3, 1032, n2, GEN_OFFSET, 1},
-      {1, 2, sbnFloat32, sbnLayoutNCHW, 2, 1200, n1, GEN_NORMAL, 1}, /* unit applies */
-      {3, 2, sbnBFloat16, sbnLayoutNCHW, 5, 64, n3, GEN_NORMAL, 1},  /* an empty rank */
-      {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, GEN_NORMAL, 1}, /* odd planes: pieces */
-      {2, 2, sbnFloat32, sbnLayoutNHWC, 40, 6, n2, GEN_OFFSET, 1},   /* tile: 2 chunks */
-      {2, 2, sbnBFloat16, sbnLayoutNHWC, 32, 9, n2, GEN_NORMAL, 1},
-      {2, 3, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1},  /* 3 chunks, a unit a block */
-      {2, 2, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1},  /* 2 units in block 0 */
-      {2, 7, sbnFloat32, sbnLayoutNHWC, 40, 40, n2, GEN_OFFSET, 1},  /* 2 chunks, 3 slices */
-      {2, 2, sbnFloat32, sbnLayoutNHWC, 5, 9, n2, GEN_NORMAL, 2},    /* C = 5: the scalar
+      {2, 3, sbnFloat32, sbnLayoutNCHW, 3, 1032, n2, GEN_OFFSET, 1, 0},
+      {1, 2, sbnFloat32, sbnLayoutNCHW, 2, 1200, n1, GEN_NORMAL, 1, 0}, /* unit applies */
+      {3, 2, sbnBFloat16, sbnLayoutNCHW, 5, 64, n3, GEN_NORMAL, 1, 0},  /* an empty rank */
+      {2, 2, sbnFloat16, sbnLayoutNCHW, 2, 1030, n2, GEN_NORMAL, 1, 0}, /* odd planes: pieces */
+      {2, 2, sbnFloat32, sbnLayoutNHWC, 40, 6, n2, GEN_OFFSET, 1, 0},   /* tile: 2 chunks */
+      {2, 2, sbnBFloat16, sbnLayoutNHWC, 32, 9, n2, GEN_NORMAL, 1, 0},
+      {2, 3, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1, 0},  /* 3 units, 3 blocks */
+      {2, 2, sbnFloat16, sbnLayoutNHWC, 72, 40, n2, GEN_NORMAL, 1, 0},  /* 2 units in block 0 */
+      {2, 7, sbnFloat32, sbnLayoutNHWC, 40, 40, n2, GEN_OFFSET, 1, 0},  /* 2 chunks, 3 slices */
+      {2, 2, sbnFloat32, sbnLayoutNHWC, 5, 9, n2, GEN_NORMAL, 2, 0},    /* C = 5: the scalar
                                                                         kernels, one channel
                                                                         a thread */
+      {1, 2, sbnFloat16, sbnLayoutNCHW, 2, 1032, n1, GEN_NORMAL, 1, 1}, /* a tiny weight */
+      {1, 2, sbnFloat16, sbnLayoutNHWC, 8, 64, n1, GEN_NORMAL, 1, 1},
   };
   static const int acts[2] = {SBN_ACT_RELU, SBN_ACT_LEAKY};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -1825,6 +1830,10 @@ static void test_xmask_kernels(void) {
         team_t t;
         team_make(&t, cases[i].W, cases[i].dt, cases[i].lay, cases[i].c, cases[i].sp, cases[i].n, 1, 1,
                   cases[i].gen, 700 + 10 * i + (uint64_t)a);
+        if (cases[i].tiny) {
+          t.w[0] = 1e-6f;
+          t.b[0] = 0.0f;
+        }
         emu_team_t e;
         emu_team_init(&e, cases[i].W, cases[i].G, 60000);
         emu_epi_t ep = {acts[a], 0.1f, 0, {0}, {0}, {0}, 0};
@@ -2191,6 +2200,81 @@ static void test_outlier_first_in_every_run(void) {
     emu_team_free(&e);
     team_free(&t);
   }
+}
+
+/* Offset data (1e4 + N(0, 1)) on NCHW planes that are not whole vectors (odd planes of
+   1024 elements or more, walked in unaligned pieces): a thread's run takes its shift from
+   the first element of its first vector that its mask keeps, not a masked-out one (0),
+   which would leave the run's mean of x - shift at 1e4 and its rounding at u 1e4 a batch
+   (27-42 u sigma of the mean y implies; 3000 at 1e6). Checked as
+   test_outlier_first_in_every_run checks it: within 4 u sigma, and y within
+   tol_tight_fp32, on the stream and unit kernels. */
+static void test_odd_planes_offset_mean(void) {
+  static const int64_t n4[1] = {4}, n8[1] = {8};
+  static const struct {
+    int64_t c, sp;
+    const int64_t* n;
+    int G, var;
+  } k[] = {{2, 1031, n4, 1, SBN_VAR_STREAM},
+           {2, 1031, n4, 2, SBN_VAR_UNIT},
+           {3, 1025, n8, 1, SBN_VAR_STREAM},
+           {2, 2049, n4, 1, SBN_VAR_UNIT}};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    team_t t;
+    team_make(&t, 1, sbnFloat32, sbnLayoutNCHW, k[i].c, k[i].sp, k[i].n, 1, 1, GEN_OFFSET,
+              6400 + i);
+    emu_team_t e;
+    emu_team_init(&e, 1, k[i].G, 60000);
+    const int ran = g_launched[k[i].var];
+    g_variant = k[i].var;
+    emu_run_virtual(&e, &t, 0, &p);
+    g_variant = EMU_VAR_DEFAULT;
+    ASSERT_TRUE(err_words_clear(&e));
+    ASSERT_EQ_INT(g_launched[k[i].var], ran + 1);
+    check_forward(&t, &p, tol_tight_fp32());
+    const int failed = sbn_test_cur_failed_;
+    double err[3]; /* (k[i].c <= 3) */
+    implied_mean_errors_u(&t, &p, err);
+    for (int64_t ci = 0; ci < k[i].c; ci++)
+      if (fabs(err[ci]) > 4.0) {
+        SBN_FAIL_("case %zu channel %" PRId64
+                  ": the mean y implies is %.1f u sigma off (at most 4)",
+                  i, ci, err[ci]);
+        break;
+      }
+    if (sbn_test_cur_failed_ != failed) fprintf(stderr, "  case %zu\n", i);
+    emu_team_free(&e);
+    team_free(&t);
+  }
+}
+
+/* The host path's forward with momentum None (the cumulative average: factor 1 / (count
+   + 1)) when its apply kernel's blocks do not all run at once (one block resident at a
+   time, as under compute-sanitizer or beside another launch): every block takes the count
+   of before the op (nbt_snap), not the live one that block 0 has already advanced; the
+   running statistics of the later blocks' channels against the reference, over three
+   calls. */
+static void test_host_path_count_snapshot(void) {
+  static const int64_t n2[1] = {2};
+  sbnParams_t p = SBN_PARAMS_DEFAULT;
+  p.momentum = -1.0f; /* None */
+  team_t t;
+  team_make(&t, 1, sbnFloat32, sbnLayoutNCHW, 4, 40, n2, 1, 1, GEN_NORMAL, 6500);
+  emu_team_t e;
+  emu_team_init(&e, 1, 2, 60000);
+  for (int call = 0; call < 3 && !sbn_test_cur_failed_; call++) {
+    team_poison(&t);
+    sbn_emu_set_residency(1);
+    emu_run_host(&e, &t, 0, &p, NULL, NULL);
+    sbn_emu_set_residency(0);
+    ASSERT_TRUE(err_words_clear(&e));
+    check_forward(&t, &p, tol_for(sbnFloat32));
+    if (sbn_test_cur_failed_) fprintf(stderr, "  call %d\n", call);
+    team_new_inputs(&t, &(sbn_rng_t){6510u + (uint64_t)call}, GEN_NORMAL);
+  }
+  emu_team_free(&e);
+  team_free(&t);
 }
 
 /* A virtual launch and separate per-rank launches run the same code: the same bits. */
@@ -3254,6 +3338,7 @@ static const small_case_t kSmallCases[] = {
     {sbnBFloat16, sbnLayoutNCHW, 512, 1, kSmallN0, 16, GEN_NORMAL}, /* the empty op */
     {sbnFloat32, sbnLayoutNHWC, 70, 2, kSmallN1, 3, GEN_OFFSET},    /* 2 rows */
     {sbnFloat16, sbnLayoutNCHW, 1, 1, kSmallN4, 1, GEN_NORMAL},     /* one channel */
+    {sbnFloat32, sbnLayoutNHWC, 32, 16, kSmallN4, 2, GEN_OFFSET}, /* 64 rows: each thread's shift */
 };
 static void small_vs_reference(void) {
   static const int64_t n2[1] = {2};
@@ -5508,6 +5593,8 @@ int main(int argc, char** argv) {
   EMU_TEST(test_unit_equals_stream, 0);
   EMU_TEST(test_unit_failures, 1);
   EMU_TEST(test_small_vs_reference, 0);
+  EMU_TEST(test_odd_planes_offset_mean, 0);
+  EMU_TEST(test_host_path_count_snapshot, 0);
   EMU_TEST(test_small_options, 0);
   EMU_TEST(test_small_failures, 1);
   EMU_TEST(test_small_teams, 1);
