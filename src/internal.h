@@ -236,9 +236,9 @@ SBN_INTERNAL sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, 
    ranks record the rank too and wake the ranks waiting in a thread-per-rank split, which
    fail (sbn_split_rendezvous). */
 SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
-/* The rank whose sbnCommDestroy aborted the team (a destroy racing sbnCommAbort may be
-   named too: both happened), or -1 (the team is not aborted with sbnAborted, or was
-   aborted before any rank left). */
+/* The rank whose sbnCommDestroy aborted a threaded team (a destroy racing sbnCommAbort
+   may be named too: both happened), or -1 (the team is not aborted with sbnAborted, was
+   aborted before any rank left, or is not threaded: its destroys abort nothing). */
 SBN_INTERNAL int sbn_team_departed(const sbn_team_t* team);
 /* Validates a comm handle; on failure records the detail on the thread slot. */
 SBN_INTERNAL sbnResult_t sbn_comm_check(sbnComm_t comm, const char* fn);

@@ -42,7 +42,9 @@ sbnResult_t sbn_comm_check_alive(sbnComm_t comm) {
 
 int sbn_team_departed(const sbn_team_t* t) {
   /* departed is stored before the abort it causes (sbn_comm_release), so a reader that
-     saw that abort sees the rank */
+     saw that abort sees the rank; the other teams record a destroyed rank without an
+     abort, so their aborts are never its */
+  if (!t->ops->threaded) return -1;
   if (atomic_load_explicit(&t->abort_reason, memory_order_acquire) != sbnAborted) return -1;
   return atomic_load_explicit(&t->departed, memory_order_acquire);
 }

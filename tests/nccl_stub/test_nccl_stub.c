@@ -994,6 +994,11 @@ static void test_initall_split_peer_destroyed(void) {
   sbnResult_t async = sbnSystemError;
   ASSERT_OK(sbnCommGetAsyncError(comms[0], &async));
   ASSERT_RES(async, sbnSuccess);
+  /* an abort after it is not the destroy's: a later call says the team was aborted, not
+     that rank 1's destroy aborted it */
+  ASSERT_OK(sbnCommAbort(comms[0]));
+  ASSERT_RES(sbnCommSplit(comms[0], 0, 0, &again), sbnAborted);
+  ASSERT_TRUE(strstr(sbnGetLastError(comms[0]), "was destroyed") == NULL);
   ASSERT_OK(sbnCommDestroy(comms[0]));
   ASSERT_CLEAN();
 }
