@@ -936,6 +936,18 @@ static void test_initall_split_one_thread_per_rank(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* An sbnCommInitAll team of two (stand-in devices, a minute's timeout) whose rank 0 has
+   been waiting 300 ms in a thread-per-rank split (s: the call's record; *th its thread,
+   to join); 0 where it could not be made. */
+static int rank0_in_split(sbnComm_t comms[2], split_rank_t* s, pthread_t* th) {
+  if (init_all_two(comms, 60000) != sbnSuccess) return 0;
+  *s = (split_rank_t){comms[0], (sbnComm_t)s, 0, sbnSystemError};
+  if (pthread_create(th, NULL, split_rank_main, s) != 0) return 0;
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL);
+  return 1;
+}
+
 /* A thread-per-rank split of an sbnCommInitAll team whose other rank fails its launch
    (the team aborted with sbnCudaError) meanwhile: the waiting rank's split returns
    sbnAborted, as a call after the abort does, naming the reason; it returned the peer's
@@ -944,13 +956,10 @@ static void test_initall_split_aborted_by_peer(void) {
   stub_case(NULL);
   unsetenv("SBN_ALGO");
   sbnComm_t comms[2] = {NULL, NULL};
-  ASSERT_OK(init_all_two(comms, 60000));
-  split_rank_t s = {comms[0], (sbnComm_t)&s, 0, sbnSystemError};
+  split_rank_t s;
   pthread_t th;
   const double t0 = now_ms();
-  ASSERT_TRUE(pthread_create(&th, NULL, split_rank_main, &s) == 0);
-  struct timespec ts = {0, 300 * 1000000L};
-  nanosleep(&ts, NULL); /* rank 0 waits in the split */
+  ASSERT_TRUE(rank0_in_split(comms, &s, &th));
   tensors_t t;
   tensors_alloc(&t, 1);
   cudart_stub_set_coop_launch_fails(1);
@@ -975,13 +984,10 @@ static void test_initall_split_aborted_by_peer(void) {
 static void test_initall_split_peer_destroyed(void) {
   stub_case(NULL);
   sbnComm_t comms[2] = {NULL, NULL};
-  ASSERT_OK(init_all_two(comms, 60000));
-  split_rank_t s = {comms[0], (sbnComm_t)&s, 0, sbnSystemError};
+  split_rank_t s;
   pthread_t th;
   const double t0 = now_ms();
-  ASSERT_TRUE(pthread_create(&th, NULL, split_rank_main, &s) == 0);
-  struct timespec ts = {0, 300 * 1000000L};
-  nanosleep(&ts, NULL); /* rank 0 waits in the split */
+  ASSERT_TRUE(rank0_in_split(comms, &s, &th));
   ASSERT_OK(sbnCommDestroy(comms[1]));
   pthread_join(th, NULL);
   ASSERT_RES(s.r, sbnInvalidUsage);
