@@ -328,6 +328,56 @@ class TestTorch(unittest.TestCase):
         finally:
             comms[0].destroy()
 
+    def test_eps_zero_in_eval_and_momentum_zero_in_training(self):
+        """What nn.BatchNorm2d takes at the edges of the refusals: eps 0 in eval (only a
+        negative one is refused there), and momentum 0 in training (the running statistics
+        stay, num_batches_tracked counts the batch)."""
+        torch.manual_seed(21)
+        comms = syncbn.cpu_team(1)
+        try:
+            x = torch.randn(4, 3, 2, 2)
+            ref = torch.nn.BatchNorm2d(3, eps=0.0).double().eval()
+            with torch.no_grad():
+                ref.running_mean.uniform_(-0.5, 0.5)
+                ref.running_var.uniform_(0.5, 1.5)
+                ref.weight.uniform_(0.5, 1.5)
+                ref.bias.uniform_(-0.5, 0.5)
+            m = sbt.SyncBatchNorm(3, eps=0.0, comm=comms[0]).eval()
+            m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ref.state_dict().items()})
+            torch.testing.assert_close(m(x).double(), ref(x.double()), rtol=1e-5, atol=1e-5)
+
+            ref = torch.nn.BatchNorm2d(3, momentum=0.0).double()
+            m = sbt.SyncBatchNorm(3, momentum=0.0, comm=comms[0])
+            torch.testing.assert_close(m(x).double(), ref(x.double()), rtol=1e-5, atol=1e-5)
+            self.assertTrue(torch.equal(m.running_mean, torch.zeros(3)))
+            self.assertTrue(torch.equal(m.running_var, torch.ones(3)))
+            self.assertEqual(int(m.num_batches_tracked), int(ref.num_batches_tracked))
+            self.assertEqual(int(m.num_batches_tracked), 1)
+        finally:
+            for c in comms:
+                c.destroy()
+
+    def test_convert_and_revert_keep_settings(self):
+        """convert_sync_batchnorm and revert_sync_batchnorm keep what PyTorch's converter
+        keeps: eps, momentum (None too), the qconfig of eager-mode quantization-aware
+        training; the reverted layer's eval output is the original's."""
+        torch.manual_seed(22)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4, eps=0.1, momentum=None))
+        with torch.no_grad():
+            model[1].running_mean.uniform_(-0.5, 0.5)
+            model[1].running_var.uniform_(0.5, 1.5)
+        model[1].qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+        conv = sbt.convert_sync_batchnorm(copy.deepcopy(model))
+        self.assertIsInstance(conv[1], sbt.SyncBatchNorm)
+        self.assertEqual((conv[1].eps, conv[1].momentum), (0.1, None))
+        self.assertEqual(repr(conv[1].qconfig), repr(model[1].qconfig))  # (a copy's)
+        back = sbt.revert_sync_batchnorm(copy.deepcopy(conv))
+        self.assertIs(type(back[1]), torch.nn.BatchNorm2d)
+        self.assertEqual((back[1].eps, back[1].momentum), (0.1, None))
+        self.assertEqual(repr(back[1].qconfig), repr(model[1].qconfig))
+        x = torch.randn(2, 3, 4, 4)
+        torch.testing.assert_close(back.eval()(x), model.eval()(x), rtol=0, atol=0)
+
     def test_eps_and_momentum_refused(self):
         """eps <= 0 in training, < 0 in eval: F.batch_norm's ValueError; a negative momentum
         (the library would read it as None's cumulative average): a ValueError, from the

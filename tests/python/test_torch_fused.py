@@ -1640,6 +1640,24 @@ class TestConvert(TeamOfOne):
         self.assertEqual(fused_layers(c), [])
         self._matches(sk, torch.randn(2, 4, 5, 5), c, steps=1)
 
+        # subclasses of nn.ReLU / nn.LeakyReLU with their own forward (a clamp, a scaled
+        # leaky ReLU) are other functions: kept, not fused as the plain activation
+        class ReLU1(nn.ReLU):
+            def forward(self, x):
+                return x.clamp(0.0, 1.0)
+
+        class Leaky2(nn.LeakyReLU):
+            def forward(self, x):
+                return 2.0 * super().forward(x)
+
+        for act in (ReLU1(), Leaky2(0.1, inplace=True)):  # (a plain leaky ReLU is fused in place)
+            sub = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), act)
+            randomize_bn(sub)
+            c = sbt.convert_fused(copy.deepcopy(sub), comm=self.comm)
+            self.assertEqual(fused_layers(c), [], type(act).__name__)
+            self.assertIs(type(c[2]), type(act))
+            self._matches(sub, torch.randn(2, 3, 5, 5), c, steps=1)
+
         class Scaled(BasicBlock):  # torchvision's forward, a parameter of its own (a fused block would drop it)
             def __init__(self, *args):
                 super().__init__(*args)
