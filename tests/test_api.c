@@ -240,6 +240,20 @@ static void test_init_cpu_bad(void) {
   ASSERT_OK(sbnCommDestroy(comms[1]));
   ASSERT_OK(sbnCommInitCpu(comms, 1, NULL));
   ASSERT_OK(sbnCommDestroy(comms[0]));
+  cfg = good;
+  cfg.max_channels = (int64_t)1 << 20; /* USAGE.md's [1, 2^20] */
+  ASSERT_OK(sbnCommInitCpu(comms, 1, &cfg));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  /* a team of SBN_MAX_CPU_TEAM_RANKS ranks (its comms only: no op runs) */
+  sbnComm_t* most = calloc(SBN_MAX_CPU_TEAM_RANKS, sizeof *most);
+  ASSERT_TRUE(most != NULL);
+  cfg = good;
+  cfg.max_channels = 1;
+  const sbnResult_t r = sbnCommInitCpu(most, SBN_MAX_CPU_TEAM_RANKS, &cfg);
+  for (int q = 0; r == sbnSuccess && q < SBN_MAX_CPU_TEAM_RANKS; q++)
+    ASSERT_OK(sbnCommDestroy(most[q]));
+  free(most);
+  ASSERT_OK(r);
 }
 
 static void test_init_env_timeout_bad(void) {

@@ -640,6 +640,21 @@ static void test_inference_host(void) {
       }
 }
 
+/* Inference keeps 1 / sqrt(running_var + eps) as PyTorch's eval does (API.md,
+   "Semantics"): with running_var 0 and eps 0 that is infinite, so x - running_mean of 0
+   gives NaN, of one sign +-inf; not the training rule's invstd of 0 for a variance of 0
+   (which would give the bias everywhere). */
+static void test_inference_zero_variance(void) {
+  const sbnTensorDesc_t desc = {sbnFloat32, sbnLayoutNCHW, 1, 1, 4};
+  const float x[4] = {1.0f, 2.0f, 0.5f, 1.0f}, w[1] = {1.0f}, b[1] = {0.25f}, rm[1] = {1.0f},
+              rv[1] = {0.0f};
+  float y[4] = {0};
+  ASSERT_OK(sbnForwardInference(&desc, x, y, w, b, rm, rv, 0.0f, NULL));
+  ASSERT_TRUE(isnan(y[0]) && isnan(y[3]));
+  ASSERT_TRUE(isinf(y[1]) && y[1] > 0);
+  ASSERT_TRUE(isinf(y[2]) && y[2] < 0);
+}
+
 int main(void) {
   SBN_RUN(test_team_equals_concat_fp32);
   SBN_RUN(test_team_vs_single_rank);
@@ -658,6 +673,7 @@ int main(void) {
   SBN_RUN(test_bn1d);
   SBN_RUN(test_non_finite_values);
   SBN_RUN(test_inference_host);
+  SBN_RUN(test_inference_zero_variance);
   SBN_RUN(test_larger_shapes);
   SBN_RUN(test_count_past_2_24);
   SBN_RUN(test_uneven_ranks_far_apart);

@@ -757,10 +757,18 @@ static void test_refusals(void) {
   ASSERT_OK(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                           t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL));
   memcpy(t->dx[0], before, bytes);
+  /* a later field set: each byte past the struct is looked at, the last one too */
+  for (size_t at = sizeof(sbnEpilogue_t); at < sizeof later; at++) {
+    unsigned char* tail = (unsigned char*)&later + sizeof(sbnEpilogue_t); /* (padding too) */
+    memset(tail, 0, sizeof later - sizeof(sbnEpilogue_t));
+    ((unsigned char*)&later)[at] = 1;
+    ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b,
+                             t->smean[0], t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL),
+               sbnUnsupported);
+    EXPECT_TRUE(strstr(sbnGetLastError(comm), "does not know") != NULL);
+    ASSERT_TRUE(memcmp(t->dx[0], before, bytes) == 0);
+  }
   later.more[2] = 1.0f;
-  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
-                           t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL), sbnUnsupported);
-  EXPECT_TRUE(strstr(sbnGetLastError(comm), "does not know") != NULL);
   later.e.size = (size_t)SBN_EPILOGUE_MAX_SIZE + 1; /* garbage: refused before any byte past the struct is read */
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &later.e, NULL), sbnInvalidArgument);
@@ -809,6 +817,15 @@ static void test_refusals(void) {
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, NULL, t->b, t->smean[0],
                            t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "a bias without a weight") != NULL);
+  /* the in-place backward given a weight and no bias (it would recover x as if the bias
+     were 0): refused, nothing written */
+  void* dx_now = dup_mem(t->dx[0], team_bytes(t, 0));
+  ASSERT_RES(sbnBackwardEx(comm, &t->d[0], NULL, t->y[0], t->dy[0], t->dx[0], NULL, t->w, NULL,
+                           t->smean[0], t->sinv[0], t->dw[0], t->db[0], NULL, &leaky, NULL),
+             sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm), "the in-place backward reads weight and bias") != NULL);
+  ASSERT_MEMEQ(t->dx[0], dx_now, team_bytes(t, 0));
+  free(dx_now);
   ASSERT_RES(sbnBackwardEx(comm, &t->d[0], t->x[0], t->y[0], t->dy[0], t->dx[0], NULL, t->w, t->b, t->smean[0],
                            t->sinv[0], t->w, t->db[0], NULL, &leaky, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "dweight and weight are the same memory") != NULL);
