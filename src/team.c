@@ -281,11 +281,7 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
      rank whose wait ran out, or a peer's abort, either comes first and every rank fails,
      or comes after the split and every rank has its comm). */
   const int late = atomic_load(&t->abort_reason) != sbnSuccess; /* aborted before this call */
-  /* a rank destroyed (a team that is not aborted by it: sbn_comm_release) never calls */
-  int lost = !late && !t->ops->threaded && atomic_load(&t->refs) < t->nlocal;
-  if (lost) {
-    t->split_here[comm->local] = 0;
-  } else if (++t->split_arrived == t->nlocal && !late) {
+  if (++t->split_arrived == t->nlocal && !late) {
     t->split_status = t->ops->split(t, t->split_color, t->split_key, t->split_result);
     if (t->split_status != sbnSuccess) /* for every rank: the cause is in this thread's slot */
       snprintf(t->split_detail, sizeof t->split_detail, "%s", sbn_error_text(NULL));
@@ -295,7 +291,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
     pthread_cond_broadcast(&t->split_cv);
   }
   int why = sbnSuccess; /* the abort's reason */
-  for (; !lost;) {
+  int lost = 0;         /* a rank was destroyed, before this call or during its wait */
+  for (;;) {
     if (t->split_gen != gen) {
       r = t->split_status;
       if (r == sbnSuccess) *newcomm = t->split_result[comm->local];
@@ -312,7 +309,8 @@ sbnResult_t sbn_split_rendezvous(sbnComm_t comm, int color, int key, sbnComm_t* 
         if (!t->split_here[i]) missing = i; /* a timeout's cause (an abort has its own) */
       break;
     }
-    if (!t->ops->threaded && atomic_load(&t->refs) < t->nlocal) { /* one destroyed meanwhile */
+    /* a destroyed rank never calls (a team its destroy does not abort: sbn_comm_release) */
+    if (!t->ops->threaded && atomic_load(&t->refs) < t->nlocal) {
       t->split_here[comm->local] = 0;
       t->split_arrived--;
       lost = 1;
