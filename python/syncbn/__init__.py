@@ -538,12 +538,11 @@ class Comm:
         """Destroys the comm. Where the block raised and the destroy fails (refused: another
         thread's call on the comm runs), the block's exception goes on, the destroy's
         error added to it as a note (Python 3.11+), and the comm stays live."""
-        if exc is None:
-            self.destroy()
-            return
         try:
             self.destroy()
         except SyncBNError as e:
+            if exc is None:
+                raise
             if hasattr(exc, "add_note"):
                 exc.add_note(f"syncbn.Comm: leaving the with block, destroy() failed: {e}")
 
