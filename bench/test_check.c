@@ -28,10 +28,25 @@
  * above with z ~ N(0, 1) and bufs_init's weights and biases, c0's dy = sign(x - mean) * a:
  * (8) they pass; (9) dweight off by 1e-4 relative on c0 is caught on every rank (its
  * bound, gamma(D + 10) * sum |g| (|act^-1(y)| + |z| + |bias|) / |weight|, is ~2e-5 of it
- * there); (10) a backward given zeros for z (the residual ignored in the recovery) is
- * caught in dx, and in dweight on every rank and channel with the right dx put back;
+ * there), (9b) right at 0.7 times that bound and wrong at 1.5 times; (10) a backward given
+ * zeros for z (the residual ignored in the recovery) is caught in dx, and in dweight on every
+ * rank and channel with the right dx put back;
  * (11) one dz value wrong is one wrong. And (12) the latency table's exch only against a
- * W = 1 row of the same kernel. */
+ * W = 1 row of the same kernel.
+ * On the team's right results, each kind of value made wrong where the check looks: (13) a
+ * NaN in y (wrong, the worst infinite), (14) one y value, (15) each statistic (save_mean,
+ * save_invstd, running_mean, running_var) of one channel on every rank, (16)
+ * num_batches_tracked, (17) one rank's save_mean or team dweight one ulp from rank 0's
+ * (bitwise), (18) a y in the last channel with --check-channels 2, (19) dweight and dbias at
+ * 0.7 (right) and 1.5 (wrong) times their bound, (20) cuDNN's tolerances (the running
+ * statistics not compared), (21) the nccl rows' digests (one ulp in one rank's dbias); and
+ * (4c) the digests see the last element of a y whose bytes are no whole number of words,
+ * and (4d) the inference check with --check-channels 2 looks at the last channel.
+ * And what the verdicts read: (22) the floors and the inference rows' x copy (op_derived,
+ * infer_derived) against the definition, (23) the totals (results_add), the table's % of
+ * floor and t/coop columns, the footer's inference target count and median t_path / t_coop,
+ * (24) the JSON's wrong, error, ok, bytes_x_total, l2_bytes, kernels, t_over_coop, and no
+ * bare inf. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +95,10 @@ static int team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnP
   return sbnGroupEnd() == sbnSuccess ? 0 : -1;
 }
 
-/* check_row on b as the GPU rows are checked (one forward + backward, team sums). */
-static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+/* check_row on b as the GPU rows are checked (one forward + backward, team sums), on kmax
+   channels (0: all) at how's tolerances. */
+static bench_row_t check_as(bench_team_bufs_t* b, const bench_shape_t* shape, int kmax,
+                            const bench_check_t* how) {
   bench_row_t row;
   memset(&row, 0, sizeof row);
   row.shape = shape;
@@ -90,8 +107,11 @@ static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
   row.layout = sbnLayoutNCHW;
   row.W = TW;
   row.path = BENCH_PATH_CPU;
-  check_row(&row, b, 1, 0, NULL, sbnGradGlobal, &kCheckLibrary);
+  check_row(&row, b, 1, kmax, NULL, sbnGradGlobal, how);
   return row;
+}
+static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+  return check_as(b, shape, 0, &kCheckLibrary);
 }
 
 /* parse_nvidia_driver on /proc/driver/nvidia/version's first line, and on what it is not. */
@@ -129,7 +149,7 @@ static void flip_exponent(void* y, sbnDataType_t t, int64_t i) {
     ((uint16_t*)y)[i] ^= 0x4000u;
 }
 
-static bench_row_t infer_check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+static bench_row_t infer_check_k(bench_team_bufs_t* b, const bench_shape_t* shape, int kmax) {
   bench_row_t row;
   memset(&row, 0, sizeof row);
   row.shape = shape;
@@ -139,8 +159,11 @@ static bench_row_t infer_check(bench_team_bufs_t* b, const bench_shape_t* shape)
   row.W = 1;
   row.path = BENCH_PATH_CPU;
   row.inference = 1;
-  check_inference(&row, b, 0, &kCheckLibrary); /* every channel */
+  check_inference(&row, b, kmax, &kCheckLibrary);
   return row;
+}
+static bench_row_t infer_check(bench_team_bufs_t* b, const bench_shape_t* shape) {
+  return infer_check_k(b, shape, 0); /* every channel */
 }
 
 /* (3)-(6) for one dtype and layout; the number of failures. */
@@ -176,6 +199,16 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
          kLayoutNames[l], (long long)row.wrong, row.worst_what);
   printf("; one y flipped: %lld wrong", (long long)row.wrong);
   flip_exponent(b.y[0], t, at);
+  /* (4d) --check-channels 2: the first and the LAST channel (44); a wrong y there is found */
+  const int64_t at_last = l == sbnLayoutNCHW ? (2 * d.c + d.c - 1) * d.spatial + 6
+                                             : (2 * d.spatial + 6) * d.c + d.c - 1;
+  flip_exponent(b.y[0], t, at_last);
+  row = infer_check_k(&b, &shape, 2);
+  EXPECT(row.wrong == 1 && strstr(row.worst_what, "y r0 c44") != NULL,
+         "inference %s %s, --check-channels 2, one y value of the last channel wrong: %lld wrong "
+         "(expected 1), worst %s",
+         kDtypeNames[t], kLayoutNames[l], (long long)row.wrong, row.worst_what);
+  flip_exponent(b.y[0], t, at_last);
   /* (4b) fp16: every y rounded through bf16 on the way (8 significant bits, as a conversion
      through the wrong type would): errors up to 2^-8 |y|, beyond fp16's 2e-3 (1 + |y|)
      where |y| is a few and the rounding near its half ulp (~4 % of these values); bf16's
@@ -196,6 +229,22 @@ static int inference_checked(sbnDataType_t t, sbnLayout_t l) {
     printf("; y through bf16: %lld of %lld wrong", (long long)row.wrong, (long long)numel);
     memcpy(y, keep, (size_t)numel * sizeof *keep);
     free(keep);
+  }
+  /* (4c) the nccl rows' bitwise check (digests) sees y's last element: numel * size is no
+     whole number of 8-byte words here */
+  {
+    static bench_digest_t dg;
+    bench_row_t drow;
+    memset(&drow, 0, sizeof drow);
+    drow.shape = &shape;
+    digest_team(&dg, &b);
+    unsigned char* last = (unsigned char*)b.y[0] + (size_t)(numel - 1) * dtype_size(t);
+    *last ^= 1;
+    digest_compare(&drow, &dg, &b);
+    EXPECT(drow.wrong == 1,
+           "inference %s %s, y's last element one bit off the digest's: %lld wrong (expected 1)",
+           kDtypeNames[t], kLayoutNames[l], (long long)drow.wrong);
+    *last ^= 1;
   }
   /* (6) a running statistic the call changed */
   b.rm[0][5] += 0.25f;
@@ -424,6 +473,35 @@ static int inplace_checked(const bench_shape_t* shape) {
            (long long)row.wrong, TW, row.worst_what);
     printf("in place, dweight c0 * (1 + 1e-4): %lld wrong, worst %.3g of tolerance (%s)\n",
            (long long)row.wrong, row.worst, row.worst_what);
+    /* (9b) the bound itself, as kSumsFormula writes it for the in-place backward: dweight of
+       c0 at 0.7 (right) and 1.5 (wrong) times gamma(D + 10) sum |g (|act^-1(y)| + |z| +
+       |bias|) / weight|, g = dy where y > 0, else slope dy (D = BENCH_SUM_DEPTH + W), about
+       the reference sum g (act^-1(y) - z - bias) / weight, both from this test's own sums */
+    {
+      const double slope = BENCH_LEAKY_SLOPE, wt = b.weight[0], bs = b.bias[0];
+      double ref = 0.0, abs_sum = 0.0;
+      for (int r = 0; r < TW; r++)
+        for (int64_t n = 0; n < TN; n++)
+          for (int64_t s = 0; s < TSP; s++) {
+            const int64_t i = n * TC * TSP + s;
+            const double y = ((const float*)b.y[r])[i], z = ((const float*)b.z[r])[i],
+                         dy = ((const float*)b.dy[r])[i];
+            const double g = y > 0.0 ? dy : slope * dy, a = y > 0.0 ? y : y / slope;
+            ref += g * (a - z - bs) / wt;
+            abs_sum += fabs(g * (fabs(a) + fabs(z) + fabs(bs)) / wt);
+          }
+      const double k = BENCH_SUM_DEPTH + TW + 10, u = 1.0 / 16777216.0;
+      const double bound = k * u / (1.0 - k * u) * abs_sum;
+      for (int f = 0; f < 2; f++) {
+        const double by = f ? 1.5 : 0.7;
+        for (int r = 0; r < TW; r++) b.dweight[r][0] = (float)(ref + by * bound);
+        row = check(&b, shape);
+        EXPECT(row.wrong == (f ? TW : 0),
+               "in place, dweight c0 at %.1f times its bound (%.3g): %lld wrong (expected %d), "
+               "worst %.3g (%s)",
+               by, bound, (long long)row.wrong, f ? TW : 0, row.worst, row.worst_what);
+      }
+    }
     for (int r = 0; r < TW; r++) b.dweight[r][0] = good;
     /* (11) one dz value wrong: rank 1, element (n 1, c 2, s 7) */
     float* dz1 = b.dz[1];
@@ -445,6 +523,471 @@ static int inplace_checked(const bench_shape_t* shape) {
   }
   bufs_free(&b);
   return failures - before;
+}
+
+/* What print(arg) writes to stdout, into buf (cut at cap - 1); 0, or -1 without a
+   temporary file. */
+static int captured(void (*print)(const void*), const void* arg, char* buf, size_t cap) {
+  buf[0] = '\0';
+  FILE* f = tmpfile();
+  fflush(stdout);
+  const int saved = dup(1);
+  if (f == NULL || saved < 0 || dup2(fileno(f), 1) < 0) {
+    if (f) fclose(f);
+    if (saved >= 0) close(saved);
+    return -1;
+  }
+  print(arg);
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  rewind(f);
+  const size_t got = fread(buf, 1, cap - 1, f);
+  buf[got] = '\0';
+  fclose(f);
+  return 0;
+}
+
+/* One float moved by one ulp (away from zero). */
+static float ulp_up(float v) {
+  return nextafterf(v, v < 0.0f ? -INFINITY : INFINITY);
+}
+
+/* (13)-(21) on the team's right results b: each kind of value the check compares, made
+   wrong where the check looks (and put back), is counted; how many, and where. */
+static void team_wrongs(bench_team_bufs_t* b, const bench_shape_t* shape) {
+  bench_row_t row;
+  /* (13) a NaN in y: wrong (a NaN compares false with any tolerance), the worst infinite */
+  float* y1 = b->y[1];
+  const int64_t at = (1 * TC + 2) * TSP + 5; /* rank 1: n 1, c 2, s 5 */
+  const float y_good = y1[at];
+  y1[at] = NAN;
+  row = check(b, shape);
+  EXPECT(row.wrong == 1 && isinf(row.worst) && strncmp(row.worst_what, "y r1 c2", 7) == 0,
+         "a NaN in y: %lld wrong (expected 1), worst %g (expected inf) at %s", (long long)row.wrong,
+         row.worst, row.worst_what);
+  /* (14) y off by 0.01: 1e-4 (1 + |y|) allows less wherever |y| < 99 */
+  y1[at] = y_good + 0.01f;
+  row = check(b, shape);
+  EXPECT(row.wrong == 1 && strncmp(row.worst_what, "y r1 c2", 7) == 0,
+         "one y value off by 0.01: %lld wrong (expected 1), worst %s", (long long)row.wrong,
+         row.worst_what);
+  y1[at] = y_good;
+  /* (15) each statistic of channel 2 off by 1e-4 on every rank (the ranks still agree):
+     its tolerance is 1e-5 (1 + |ref|), its values here within 2 of 0 */
+  struct {
+    const char* what;
+    float** v;
+    double by;
+  } stats[4] = {{"save_mean", b->save_mean, 1e-4},
+                {"save_invstd", b->save_invstd, 1e-4},
+                {"running_mean", b->rm, 1e-4},
+                {"running_var", b->rv, 1e-4}};
+  for (int q = 0; q < 4; q++) {
+    const float good = stats[q].v[0][2];
+    for (int r = 0; r < TW; r++) stats[q].v[r][2] = (float)(good + stats[q].by);
+    row = check(b, shape);
+    char where[32];
+    snprintf(where, sizeof where, "%s r", stats[q].what);
+    EXPECT(row.wrong == TW && strncmp(row.worst_what, where, strlen(where)) == 0,
+           "%s of channel 2 off by %g on every rank: %lld wrong (expected %d), worst %s",
+           stats[q].what, stats[q].by, (long long)row.wrong, TW, row.worst_what);
+    for (int r = 0; r < TW; r++) stats[q].v[r][2] = good;
+  }
+  /* (16) num_batches_tracked: 2 after one call, on every rank */
+  for (int r = 0; r < TW; r++) b->nbt[r] = 2;
+  row = check(b, shape);
+  EXPECT(row.wrong == TW, "num_batches_tracked 2 after one call: %lld wrong (expected %d)",
+         (long long)row.wrong, TW);
+  for (int r = 0; r < TW; r++) b->nbt[r] = 1;
+  /* (17) one rank's save_mean, and one rank's team dweight, one ulp from rank 0's: within
+     every tolerance, but the ranks must agree bitwise */
+  float* keep[2] = {&b->save_mean[1][1], &b->dweight[1][1]};
+  for (int q = 0; q < 2; q++) {
+    const float good = *keep[q];
+    *keep[q] = ulp_up(good);
+    row = check(b, shape);
+    EXPECT(row.wrong == 1,
+           "rank 1's %s of channel 1 one ulp from rank 0's: %lld wrong (expected 1)",
+           q ? "dweight" : "save_mean", (long long)row.wrong);
+    *keep[q] = good;
+  }
+  /* (18) --check-channels 2: the first and the LAST channel; a wrong y in the last is found */
+  float* y0 = b->y[0];
+  const int64_t last = (0 * TC + (TC - 1)) * TSP + 9;
+  const float last_good = y0[last];
+  y0[last] = last_good + 0.5f;
+  row = check_as(b, shape, 2, &kCheckLibrary);
+  EXPECT(row.wrong == 1 && strncmp(row.worst_what, "y r0 c3", 7) == 0,
+         "--check-channels 2, a wrong y in the last channel: %lld wrong (expected 1), worst %s",
+         (long long)row.wrong, row.worst_what);
+  y0[last] = last_good;
+  /* (19) the bound itself: dweight of c0 (every term positive: sum |term| = the sum) and dbias
+     of c1 (every dy positive), the team sums at 0.7 and 1.5 times gamma(D + 3) sum |term|,
+     gamma(D) sum |dy| (D = BENCH_SUM_DEPTH + W), from this test's own double sums */
+  const double u = 1.0 / 16777216.0;
+  for (int q = 0; q < 2; q++) {
+    const int64_t c = q; /* c0 dweight, c1 dbias */
+    double sum = 0.0;
+    for (int r = 0; r < TW; r++)
+      for (int64_t n = 0; n < TN; n++)
+        for (int64_t s = 0; s < TSP; s++) {
+          const int64_t i = (n * TC + c) * TSP + s;
+          const double dy = ((const float*)b->dy[r])[i];
+          sum += q ? dy
+                   : dy * (((const float*)b->x[r])[i] - (double)b->save_mean[0][c]) *
+                         (double)b->save_invstd[0][c];
+        }
+    const double k = BENCH_SUM_DEPTH + TW + (q ? 0 : 3), bound = k * u / (1.0 - k * u) * fabs(sum);
+    float** v = q ? b->dbias : b->dweight;
+    const float good = v[0][c];
+    for (int f = 0; f < 2; f++) {
+      const double by = f ? 1.5 : 0.7;
+      for (int r = 0; r < TW; r++) v[r][c] = (float)(sum + by * bound);
+      row = check(b, shape);
+      EXPECT(row.wrong == (f ? TW : 0),
+             "%s of channel %lld at %.1f times its bound (%.3g): %lld wrong (expected %d), "
+             "worst %.3g (%s)",
+             q ? "dbias" : "dweight", (long long)c, by, bound, (long long)row.wrong, f ? TW : 0,
+             row.worst, row.worst_what);
+    }
+    for (int r = 0; r < TW; r++) v[r][c] = good;
+  }
+  /* (20) cuDNN's rows: its tolerances (10x, and 1e-3 (1 + |ref|) on top of the sums' bound),
+     not the running statistics; a y or dweight beyond them is still wrong */
+  row = check_as(b, shape, 0, &kCheckCudnn);
+  EXPECT(row.wrong == 0, "cuDNN's check of the right results: %lld wrong", (long long)row.wrong);
+  const float rm_good = b->rm[0][1];
+  for (int r = 0; r < TW; r++) b->rm[r][1] = rm_good + 1.0f;
+  row = check_as(b, shape, 0, &kCheckCudnn);
+  EXPECT(row.wrong == 0,
+         "cuDNN's check, running_mean changed: %lld wrong (expected 0: not compared)",
+         (long long)row.wrong);
+  for (int r = 0; r < TW; r++) b->rm[r][1] = rm_good;
+  y1[at] = (float)(y_good + 3e-3 * (1.0 + fabs(y_good)));
+  row = check_as(b, shape, 0, &kCheckCudnn);
+  EXPECT(row.wrong == 1, "cuDNN's check, y off by 3e-3 (1 + |y|): %lld wrong (expected 1)",
+         (long long)row.wrong);
+  y1[at] = y_good;
+  const float dw_good = b->dweight[0][0];
+  for (int r = 0; r < TW; r++) b->dweight[r][0] = (float)(dw_good * (1.0 + 3e-3));
+  row = check_as(b, shape, 0, &kCheckCudnn);
+  EXPECT(row.wrong == TW, "cuDNN's check, dweight c0 * (1 + 3e-3): %lld wrong (expected %d)",
+         (long long)row.wrong, TW);
+  for (int r = 0; r < TW; r++) b->dweight[r][0] = dw_good;
+  /* (21) the nccl rows' bitwise check against the coop row's digests: the same bits pass,
+     one ulp in one rank's dbias of the last channel is one wrong */
+  static bench_digest_t dg;
+  digest_team(&dg, b);
+  memset(&row, 0, sizeof row);
+  row.shape = shape;
+  digest_compare(&row, &dg, b);
+  EXPECT(row.wrong == 0 && row.checked > 0, "digests of the same buffers: %lld wrong",
+         (long long)row.wrong);
+  const float db_good = b->dbias[1][TC - 1];
+  b->dbias[1][TC - 1] = ulp_up(db_good);
+  digest_compare(&row, &dg, b);
+  EXPECT(row.wrong == 1, "rank 1's dbias c3 one ulp off the coop row's: %lld wrong (expected 1)",
+         (long long)row.wrong);
+  b->dbias[1][TC - 1] = db_good;
+  printf("team checks (13)-(21) done\n");
+}
+
+/* (22) The floors and ratios of one op (op_derived, infer_derived) at B = 1000 GB/s, a row
+   of W = 3 ranks of 1 MiB each: the bytes of the definition (asserted here: fwd (a) 3|x|, (b)
+   2|x|, bwd (a) 5|x|, (b) 3|x| of all W ranks; a z adds |x| to the forward, y read and dz
+   written to the backward: +3|x| (a), +2|x| (b); relu and the in-place ones as the plain
+   op's, or add-relu's), floor us = bytes / B, % = floor / time; no time, no %. */
+static void floors_checked(void) {
+  static const bench_shape_t shape = {"F", 4, 64, 32, 32, "test_check.c (floors)"};
+  const double B = 1000.0, x = 4.0 * 64 * 1024 * 4, xa = 3 * x; /* one rank's, all ranks' */
+  bench_row_t r;
+  memset(&r, 0, sizeof r);
+  r.shape = &shape;
+  r.spatial = 1024;
+  r.dtype = sbnFloat32;
+  r.W = 3;
+  r.path = BENCH_PATH_COOP;
+  r.t[1].med = 20.0;
+  r.t[0].med = 40.0;
+  int bad = 0;
+  for (int e = 0; e < BENCH_EPI_COUNT; e++)
+    for (int fwd = 0; fwd < 2; fwd++) {
+      r.epilogue = e;
+      const int z = epi_has_z(e);
+      const double ka = fwd ? 3 + z : 5 + 3 * z, kb = fwd ? 2 + z : 3 + 2 * z;
+      const bench_op_derived_t d = op_derived(&r, fwd, B);
+      const double want[8] = {kb * x,
+                              kb * xa,
+                              ka * xa,
+                              kb * xa,
+                              ka * xa / 1e6,
+                              kb * xa / 1e6,
+                              ka * xa / 1e6 / r.t[fwd].med * 100,
+                              kb * xa / 1e6 / r.t[fwd].med * 100};
+      const double got[8] = {d.bytes_rank, d.bytes_total, d.floor_a_bytes, d.floor_b_bytes,
+                             d.floor_a_us, d.floor_b_us,  d.pct_a,         d.pct_b};
+      for (int q = 0; q < 8; q++)
+        if (!(fabs(got[q] - want[q]) <= 1e-12 * want[q])) {
+          printf("FAIL: op_derived, epilogue %s %s, value %d: %.9g, expected %.9g\n",
+                 kEpilogueNames[e], fwd ? "fwd" : "bwd", q, got[q], want[q]);
+          bad = 1;
+        }
+    }
+  r.epilogue = BENCH_EPI_NONE;
+  r.skipped = 1; /* a row that did not run has no time, so no rate and no % */
+  const bench_op_derived_t d = op_derived(&r, 1, B);
+  EXPECT(!bad && isnan(d.gbps_rank) && isnan(d.pct_a) && d.floor_a_bytes == 3 * xa,
+         "op_derived: the floors above, and none of a row that did not run (gbps %g, %% %g)",
+         d.gbps_rank, d.pct_a);
+  /* the inference rows: 2|x| (W = 1), floor = 2|x| / B, x_copy = t / floor; a cudnn row's
+     copy is its coop row's */
+  bench_row_t c, k;
+  memset(&c, 0, sizeof c);
+  c.shape = &shape;
+  c.spatial = 1024;
+  c.dtype = sbnFloat32;
+  c.W = 1;
+  c.path = BENCH_PATH_COOP;
+  c.inference = 1;
+  c.t[1].med = 3.0; /* the call */
+  c.t[0].med = 2.5; /* the copy of x */
+  k = c;
+  k.path = BENCH_PATH_CUDNN;
+  k.coop = &c;
+  k.t[1].med = 6.0;
+  k.t[0].med = 99.0; /* unused in a cudnn row */
+  const bench_infer_derived_t ic = infer_derived(&c, B), ik = infer_derived(&k, B);
+  const double fl = 2 * x / 1e6;
+  EXPECT(ic.bytes == 2 * x && fabs(ic.floor_us - fl) <= 1e-12 * fl &&
+             fabs(ic.ratio - 3.0 / fl) <= 1e-12 * ic.ratio && ic.copy_us == 2.5 &&
+             ic.t_over_copy == 3.0 / 2.5 && ik.copy_us == 2.5 && ik.t_over_copy == 6.0 / 2.5,
+         "infer_derived: bytes %g, floor %g us, x copy %g, copy %g us, t/copy %g; cudnn's copy %g "
+         "us, t/copy %g",
+         ic.bytes, ic.floor_us, ic.ratio, ic.copy_us, ic.t_over_copy, ik.copy_us, ik.t_over_copy);
+}
+
+/* (23) The totals (results_add): wrong values and failed rows counted, the worst of the
+   rows that ran; the table's t/coop (path over coop) and % of the floors in their columns;
+   the footer's inference target count (library rows only, x copy <= 1.1) and median
+   t_path / t_coop. */
+static const bench_run_t* g_run;
+static const bench_row_t* g_row;
+static const bench_results_t* g_res;
+static void print_row(const void* a) {
+  (void)a;
+  report_row(g_run, g_row);
+}
+static void print_footer(const void* a) {
+  (void)a;
+  report_footer(g_run, g_res);
+}
+static void report_checked(void) {
+  static const bench_shape_t shape = {"R", 4, 64, 32, 32, "test_check.c (report)"};
+  bench_row_t rows[4];
+  memset(rows, 0, sizeof rows);
+  for (int i = 0; i < 4; i++) {
+    rows[i].shape = &shape;
+    rows[i].spatial = 1024;
+    rows[i].W = 1;
+    rows[i].done = 1;
+  }
+  rows[0].wrong = 2;
+  rows[0].worst = 3.0;
+  snprintf(rows[1].error, sizeof rows[1].error, "failed");
+  rows[2].skipped = 1;
+  rows[2].worst = 99.0;
+  rows[3].worst = 0.5;
+  bench_results_t res;
+  memset(&res, 0, sizeof res);
+  for (int i = 0; i < 4; i++) results_add(&res, &rows[i]);
+  EXPECT(res.wrong == 2 && res.failed == 1 && res.skipped == 1 && res.worst == &rows[0],
+         "results_add: wrong %lld (expected 2), failed %d (1), skipped %d (1), worst row %d (0)",
+         (long long)res.wrong, res.failed, res.skipped, res.worst ? (int)(res.worst - rows) : -1);
+
+  /* a cudnn row at 2x and 3x coop's time (1 MiB of x, B = 1000 GB/s) */
+  bench_device_info_t dev;
+  memset(&dev, 0, sizeof dev);
+  bench_run_t run;
+  memset(&run, 0, sizeof run);
+  run.dev = &dev;
+  run.B = 1000.0;
+  bench_row_t coop, cud;
+  memset(&coop, 0, sizeof coop);
+  coop.shape = &shape;
+  coop.spatial = 1024;
+  coop.W = 1;
+  coop.done = 1;
+  coop.t[1].med = 10.0;
+  coop.t[0].med = 10.0;
+  cud = coop;
+  cud.path = BENCH_PATH_CUDNN;
+  cud.coop = &coop;
+  cud.t[1].med = 20.0;
+  cud.t[0].med = 30.0;
+  char buf[8192], want[64];
+  g_run = &run;
+  g_row = &cud;
+  const double x = 1048576.0;
+  if (captured(print_row, NULL, buf, sizeof buf) == 0) {
+    for (int fwd = 1; fwd >= 0; fwd--) {
+      const double t = cud.t[fwd].med, a = (fwd ? 3 : 5) * x / 1e6, bb = (fwd ? 2 : 3) * x / 1e6;
+      snprintf(want, sizeof want, " %7.1f %7.1f %6s", a / t * 100, bb / t * 100,
+               fwd ? "2.00" : "3.00");
+      EXPECT(strstr(buf, want) != NULL,
+             "report_row: no '%s' (%s: %% of floor (a), (b), t/coop) in '%s'", want,
+             fwd ? "fwd" : "bwd", buf);
+    }
+  } else {
+    EXPECT(0, "report_row: no temporary file");
+  }
+  /* the footer: inference rows at x copy 1.05 and 1.5 (coop) and 1.0 (cudnn: not the
+     library's), a nccl row at 2x (fwd) and 3x (bwd) coop's time */
+  bench_row_t main_rows[2] = {coop, cud}, inf[3];
+  main_rows[1].path = BENCH_PATH_NCCL;
+  main_rows[1].coop = &main_rows[0];
+  memset(inf, 0, sizeof inf);
+  const double fl = 2 * x / 1e6, q[3] = {1.05, 1.5, 1.0};
+  for (int i = 0; i < 3; i++) {
+    inf[i] = coop;
+    inf[i].inference = 1;
+    inf[i].path = i == 2 ? BENCH_PATH_CUDNN : BENCH_PATH_COOP;
+    inf[i].coop = i == 2 ? &inf[0] : NULL;
+    inf[i].t[1].med = q[i] * fl;
+    inf[i].t[0].med = fl;
+  }
+  bench_results_t fr;
+  memset(&fr, 0, sizeof fr);
+  fr.rows = main_rows;
+  fr.nrows = 2;
+  fr.inf = inf;
+  fr.ninf = 3;
+  g_res = &fr;
+  if (captured(print_footer, NULL, buf, sizeof buf) == 0) {
+    EXPECT(strstr(buf, "# inference target x copy <= 1.1: met by 1 of 2 library rows") != NULL,
+           "report_footer: not 'met by 1 of 2 library rows' in:\n%s", buf);
+    EXPECT(strstr(buf, "# t_nccl / t_coop, median over 1 rows: fwd 2.00, bwd 3.00") != NULL,
+           "report_footer: not the nccl row's fwd 2.00, bwd 3.00 in:\n%s", buf);
+  } else {
+    EXPECT(0, "report_footer: no temporary file");
+  }
+}
+
+/* (24) The JSON (json_write) of a GPU run: each row's wrong and error, the totals, and ok
+   false while anything is wrong or failed; bytes_x_total all W ranks'; the device's L2; the
+   kernel per op; a cudnn inference row's t over coop's; never a bare inf (not JSON). */
+static int json_has(const char* path, const char* const* want, int nwant, const char* const* absent,
+                    int nabsent, const char* what) {
+  static char buf[65536];
+  FILE* f = fopen(path, "r");
+  size_t got = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f) fclose(f);
+  buf[got] = '\0';
+  int ok = got > 0;
+  for (int i = 0; i < nwant; i++)
+    if (!strstr(buf, want[i])) {
+      printf("FAIL: the JSON (%s) has no '%s'\n", what, want[i]);
+      ok = 0;
+    }
+  for (int i = 0; i < nabsent; i++)
+    if (strstr(buf, absent[i])) {
+      printf("FAIL: the JSON (%s) has '%s'\n", what, absent[i]);
+      ok = 0;
+    }
+  if (!ok) printf("%s\n", buf);
+  return ok;
+}
+static void json_checked(void) {
+  static const bench_shape_t shape = {"J", 4, 64, 32, 32, "test_check.c (json)"};
+  bench_opts_t o;
+  memset(&o, 0, sizeof o);
+  o.ranks_list[0] = 1;
+  o.ranks_list[1] = 2;
+  o.nranks_list = 2;
+  o.path_on[BENCH_PATH_COOP] = o.path_on[BENCH_PATH_CUDNN] = 1;
+  o.scale = o.iters = 1;
+  bench_device_info_t dev;
+  memset(&dev, 0, sizeof dev);
+  dev.l2_bytes = 50 << 20;
+  dev.copy_gbps = 1000.0;
+  bench_run_t run;
+  memset(&run, 0, sizeof run);
+  run.dev = &dev;
+  run.B = 1000.0;
+  run.shapes_source = "test_check.c";
+  run.nccl.version = run.cudnn.version = -1;
+  bench_row_t rows[2], inf[2];
+  memset(rows, 0, sizeof rows);
+  for (int i = 0; i < 2; i++) {
+    rows[i].shape = &shape;
+    rows[i].spatial = 1024;
+    rows[i].done = 1;
+  }
+  rows[0].W = 2; /* coop at W = 2: 1 MiB of x per rank */
+  rows[0].t[1].med = 10.0;
+  rows[0].t[0].med = 20.0;
+  rows[0].checked = 100;
+  rows[0].wrong = 3;
+  snprintf(rows[0].kernel[1], sizeof rows[0].kernel[1], "onchip");
+  snprintf(rows[0].kernel[0], sizeof rows[0].kernel[0], "stream");
+  rows[1].W = 1;
+  rows[1].path = BENCH_PATH_CUDNN;
+  snprintf(rows[1].error, sizeof rows[1].error, "boom");
+  memset(inf, 0, sizeof inf);
+  for (int i = 0; i < 2; i++) {
+    inf[i] = rows[0];
+    inf[i].W = 1;
+    inf[i].wrong = 0;
+    inf[i].inference = 1;
+    inf[i].t[0].med = 2.0;
+  }
+  inf[0].t[1].med = 0.0; /* a time of 0: rates and ratios infinite, written null */
+  inf[1].path = BENCH_PATH_CUDNN;
+  inf[1].coop = &inf[0];
+  inf[1].t[1].med = 6.0;
+  bench_results_t res;
+  memset(&res, 0, sizeof res);
+  res.rows = rows;
+  res.nrows = 2;
+  res.inf = inf;
+  res.ninf = 2;
+  for (int i = 0; i < 2; i++) results_add(&res, &rows[i]);
+  const char* path = "test_check_json.json";
+  bench_json_t j;
+  if (json_open(&j, path) != 0) {
+    EXPECT(0, "json_open %s", path);
+    return;
+  }
+  static const char* const want[] = {"\"checked\": 100, \"wrong\": 3,",
+                                     "\"error\": \"boom\"",
+                                     "\"wrong\": 3,\n  \"failed_rows\": 1,",
+                                     "\"ok\": false",
+                                     "\"bytes_x_rank\": 1048576, \"bytes_x_total\": 2097152",
+                                     "\"l2_bytes\": 52428800",
+                                     "\"kernel\": {\"fwd\": \"onchip\", \"bwd\": \"stream\"}",
+                                     "\"us_fwd\": 10, \"us_bwd\": 20"};
+  static const char* const never[] = {": inf", ": -inf", ": nan", ": -nan", "\"ok\": true"};
+  EXPECT(json_write(&j, &o, &run, &res, 1) == 0 &&
+             json_has(path, want, 8, never, 5, "wrong and failed"),
+         "the JSON of a run with wrong values and a failed row");
+  /* ok false with only wrong values, with only a failed row; true with neither */
+  inf[0].t[1].med = 3.0;
+  static const char* const ratio[] = {"\"t_over_coop\": 2,"};
+  static const char *const is_ok[] = {"\"ok\": true"}, *not_ok[] = {"\"ok\": false"};
+  res.failed = 0;
+  EXPECT(
+      json_write(&j, &o, &run, &res, 1) == 0 && json_has(path, not_ok, 1, is_ok, 1, "wrong only"),
+      "the JSON of a run with wrong values only: ok false");
+  res.wrong = 0;
+  res.failed = 1;
+  EXPECT(
+      json_write(&j, &o, &run, &res, 1) == 0 && json_has(path, not_ok, 1, is_ok, 1, "failed only"),
+      "the JSON of a run with a failed row only: ok false");
+  res.failed = 0;
+  EXPECT(json_write(&j, &o, &run, &res, 1) == 0 && json_has(path, is_ok, 1, not_ok, 1, "right") &&
+             json_has(path, ratio, 1, NULL, 0, "cudnn inference t/coop"),
+         "the JSON of a run with nothing wrong: ok true, cudnn's inference at 2x coop's");
+  remove(path);
 }
 
 int main(void) {
@@ -527,12 +1070,16 @@ int main(void) {
            (long long)wrong[k].c, (long long)row.wrong, row.worst, row.worst_what);
     for (int r = 0; r < TW; r++) v[r][wrong[k].c] = good;
   }
+  team_wrongs(&b, &shape);
   bufs_free(&b);
   static const bench_shape_t ishape = {"P", TN, TC, TSP, 1, "test_check.c (in place)"};
   const int inplace_failures = inplace_checked(&ishape);
-  /* the team check's 3; 4 per inference dtype x layout, 5 for fp16's; in place 4; the
-     latency table's 6 */
-  const int cases = 3 + 6 * 4 + 2 + 4 + 6;
+  floors_checked();
+  report_checked();
+  json_checked();
+  /* the team check's 3; 6 per inference dtype x layout, 7 for fp16's; in place 6; the
+     latency table's 6; the team's wrong values 20; floors 2, report 5, JSON 4 */
+  const int cases = 3 + 6 * 6 + 2 + 6 + 6 + 20 + 2 + 5 + 4;
   printf("%d passed, %d failed (%d of them the inference checks, %d the in-place ones)\n",
          cases - (failures > cases ? cases : failures), failures, infer_failures, inplace_failures);
   return failures ? 1 : 0;

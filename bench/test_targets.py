@@ -90,9 +90,10 @@ class Floor(unittest.TestCase):
         self.assertEqual(v, [])
 
     def test_no_l2_no_verdict(self):
-        out = tg.judge(files(bench([brow("coop")], l2=None)))
-        self.assertEqual(out.v["floor"], [])
-        self.assertTrue(out.notes["floor"])
+        for l2 in (None, 0):  # 0: the device's L2 not known, not an L2 nothing fits in
+            out = tg.judge(files(bench([brow("coop")], l2=l2)))
+            self.assertEqual(out.v["floor"], [])
+            self.assertTrue(out.notes["floor"])
 
     def test_only_the_plain_op_as_users_run_it(self):
         r = brow("coop", fwd=100.0)
@@ -111,6 +112,25 @@ class Floor(unittest.TestCase):
 
     def test_a_wrong_row_is_no_comparison(self):
         self.assertEqual(judged([bench([brow("coop", wrong=1)])], "floor"), [])
+
+    def test_each_w_of_a_cell_judged(self):
+        # the same cell at W = 1 and W = 8: each W its own verdicts (a miss at W = 8 counts)
+        rows = [brow("coop", fwd=1.0, bwd=1.0), brow("coop", ranks=8, fwd=100.0, bwd=100.0, bytes_x=400)]
+        v = {x["label"]: x["met"] for x in judged([bench(rows)], "floor")}
+        self.assertEqual(v, {"S2 fp32 NCHW W1 fwd": True, "S2 fp32 NCHW W1 bwd": True,
+                             "S2 fp32 NCHW W8 fwd": False, "S2 fp32 NCHW W8 bwd": False})
+
+    def test_the_fit_counts_every_rank(self):
+        # W = 8, one rank's x 10 of the L2's 100: the forward's inputs (80) fit, the backward's
+        # x and dy of all ranks (160) do not, however small one rank's are
+        r = dict(brow("coop", ranks=8, bytes_x=80, fa=(9.0, 10.0), fb=(6.0, 8.0)), bytes_x_rank=10)
+        self.assertIn("floor (b)", one([bench([r])], "floor", "S2 fp32 NCHW W8 fwd")["text"])
+        self.assertIn("floor (a)", one([bench([r])], "floor", "S2 fp32 NCHW W8 bwd")["text"])
+
+    def test_a_zero_floor_is_no_verdict(self):
+        out = tg.judge(files(bench([brow("coop", fb=(0.0, 0.0))])))
+        self.assertEqual(out.v["floor"], [])
+        self.assertEqual(len(out.notes["floor"]), 2)
 
 
 class Ratios(unittest.TestCase):
@@ -163,6 +183,50 @@ class Ratios(unittest.TestCase):
         self.assertEqual(out.v["pytorch"], [])
         self.assertTrue(out.notes["pytorch"])
 
+    def test_pytorch_where_the_inputs_fit_at_its_edge(self):
+        coop = bench([brow("coop", bytes_x=40)])
+        seq = {"tool": "torch_baseline", "mode": "gpu",
+               "rows": [brow("torch_syncbn", fwd=17.99, bwd=18.0, bytes_x=40)]}
+        v = {x["label"]: x for x in judged([coop, seq], "pytorch")}
+        self.assertEqual((v["S2 fp32 NCHW fwd"]["bound"], v["S2 fp32 NCHW fwd"]["met"]), (1.8, False))
+        self.assertEqual((v["S2 fp32 NCHW bwd"]["bound"], v["S2 fp32 NCHW bwd"]["met"]), (1.8, False))
+
+    def test_pytorch_against_the_plain_coop_row_of_w1_from_the_first_file(self):
+        # the C op's time is the coop row of ranks 1 of the first plain file: not a file run
+        # under SBN_KERNEL (even given first), not the W = 8 row, not a later file's
+        stream = bench([brow("coop", fwd=1.0, bwd=1.0)], env="stream")
+        first = bench([brow("coop", ranks=8, fwd=1.0, bwd=1.0), brow("coop", fwd=10.0, bwd=10.0)])
+        later = bench([brow("coop", fwd=100.0, bwd=100.0)])
+        seq = {"tool": "torch_baseline", "mode": "gpu", "rows": [brow("torch_syncbn", fwd=20.0, bwd=20.0)]}
+        v = judged([stream, first, later, seq], "pytorch")
+        self.assertEqual([(x["q"], x["src"]) for x in v], [(2.0, "f3.json"), (2.0, "f3.json")])
+
+    def test_pytorch_only_its_valid_op_sequence(self):
+        # nn.SyncBatchNorm's op sequence (torch_syncbn) and a right row of it: not torch_bn, not
+        # a row with wrong values, whichever comes first
+        coop = bench([brow("coop", fwd=10.0, bwd=10.0)])
+        seq = {"tool": "torch_baseline", "mode": "gpu", "rows": [
+            brow("torch_bn", fwd=50.0, bwd=50.0), brow("torch_syncbn", fwd=60.0, bwd=60.0, wrong=4),
+            brow("torch_syncbn", fwd=12.0, bwd=12.0)]}
+        v = judged([coop, seq], "pytorch")
+        self.assertEqual([(x["q"], x["met"]) for x in v], [(1.2, False), (1.2, False)])
+
+    def test_wrong_library_rows_meet_nothing(self):
+        # the coop rows (main table, S10, latency, fused) had wrong values: no verdict of any
+        # target may rest on their times, however good
+        rows = [brow("coop", fwd=1.0, bwd=1.0, wrong=3), brow("cudnn", fwd=50.0, bwd=50.0),
+                brow("nccl", fwd=50.0, bwd=50.0), brow("coop", shape="S10", fwd=1.0, bwd=1.0, wrong=1)]
+        lat = [brow("coop", shape="tiny", fwd=6.0, bwd=6.0),
+               brow("coop", shape="tiny", ranks=8, fwd=6.5, bwd=6.5, wrong=2)]
+        fused = bench([brow("coop", fwd=1.0, epilogue="relu", wrong=5), brow("split", fwd=50.0, epilogue="relu")],
+                      epilogue="relu")
+        seq = {"tool": "torch_baseline", "mode": "gpu", "rows": [brow("torch_syncbn", fwd=50.0, bwd=50.0),
+                                                                brow("torch_syncbn", shape="S10", fwd=50.0, bwd=50.0)]}
+        out = tg.judge(files(bench(rows, latency=lat), fused, seq))
+        for target in ("floor", "cudnn", "nccl", "pytorch", "s10", "exchange", "fused"):
+            self.assertEqual(out.v[target], [], target)
+        self.assertEqual(sum(not x["met"] for x in out.v["wrong"]), 4)
+
     def test_cudnn_s10(self):
         rows = [brow("coop", shape="S10", fwd=1.0, bwd=1.0),
                 brow("cudnn", shape="S10", fwd=1.3, bwd=1.29)]
@@ -198,6 +262,28 @@ class Latency(unittest.TestCase):
         self.assertTrue(v["tiny fp32 NCHW W8 fwd SBN_KERNEL=stream (stream)"]["met"])
         self.assertFalse(v["tiny fp32 NCHW W8 bwd SBN_KERNEL=stream (stream)"]["met"])
 
+    def test_s10_at_w1_only(self):
+        rows = [brow("coop", shape="S10", ranks=8, fwd=1.0, bwd=1.0), brow("coop", shape="S10", fwd=6.0, bwd=5.0)]
+        v = judged([bench(rows)], "s10")
+        self.assertEqual([(x["label"], x["met"]) for x in v], [("S10 fp32 NCHW W1", False)])
+
+    def test_exchange_of_the_coop_path_of_the_plain_op(self):
+        # the nccl path's latency rows are not the exchange's (its W = 1 team is another kind);
+        # nor are a fused op's (--epilogue)
+        lat = [brow("coop", shape="tiny", fwd=6.0, bwd=6.0), brow("coop", shape="tiny", fwd=9.0, bwd=9.0, ranks=8),
+               brow("nccl", shape="tiny", fwd=1.0, bwd=1.0), brow("nccl", shape="tiny", fwd=90.0, bwd=90.0, ranks=8)]
+        v = judged([bench([], latency=lat, env="stream")], "exchange")
+        self.assertEqual(sorted((x["label"], x["q"], x["met"]) for x in v),
+                         [("tiny fp32 NCHW W8 bwd SBN_KERNEL=stream (stream)", 3.0, False),
+                          ("tiny fp32 NCHW W8 fwd SBN_KERNEL=stream (stream)", 3.0, False)])
+        self.assertEqual(judged([bench([], latency=lat, env="stream", epilogue="relu")], "exchange"), [])
+
+    def test_inference_of_the_plain_op_files(self):
+        inf = lambda q: [{"path": "coop", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": q,
+                          "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0}]
+        v = judged([bench([], inference=inf(1.0), env="stream"), bench([], inference=inf(2.0))], "inference")
+        self.assertEqual([(x["q"], x["met"], x["src"]) for x in v], [(2.0, False, "f1.json")])
+
     def test_inference(self):
         inf = [{"path": "cudnn", "shape": "S5", "dtype": "fp32", "layout": "NCHW", "x_copy": 9.0,
                 "us_median": 70.0, "floor_us": 63.6, "error": None, "wrong": 0},
@@ -215,6 +301,16 @@ class Fused(unittest.TestCase):
                 brow("coop", shape="S3", epilogue="relu"), brow("split", shape="S3", fwd=12.99, epilogue="relu")]
         v = {x["label"]: x["met"] for x in judged([bench(rows, epilogue="relu")], "fused")}
         self.assertEqual(v, {"S2 fp32 NCHW W1 fwd relu": True, "S3 fp32 NCHW W1 fwd relu": False})
+
+    def test_split_rows_that_count(self):
+        # S10 is no fused target; a wrong split row, or a file run under SBN_KERNEL, no comparison
+        rows = [brow("coop", shape="S10", epilogue="relu"), brow("split", shape="S10", fwd=13.0, epilogue="relu"),
+                brow("coop", epilogue="relu"), brow("split", fwd=13.0, epilogue="relu", wrong=1)]
+        self.assertEqual(judged([bench(rows, epilogue="relu")], "fused"), [])
+        ok = [brow("coop", epilogue="relu"), brow("split", fwd=13.0, epilogue="relu")]
+        self.assertEqual(judged([bench(ok, epilogue="relu", env="stream")], "fused"), [])
+        self.assertEqual(judged([bench(ok, epilogue="relu", algo="nccl")], "fused"), [])
+        self.assertEqual(len(judged([bench(ok, epilogue="relu")], "fused")), 1)
 
     def test_memory(self):
         mem = {"meta": {}, "rows": [
@@ -247,6 +343,9 @@ class Fused(unittest.TestCase):
         rejected["note"] = "PyTorch rejected the empty op: reported, not a failure"
         top = {"tool": "torch_baseline", "mode": "gpu", "rows": [brow("torch_syncbn")], "latency": [rejected]}
         self.assertEqual([(x["label"], x["met"]) for x in judged([top], "wrong")], [("1 rows", True)])
+        rejected["wrong"] = 3  # the note excuses a rejection, not wrong values
+        self.assertEqual([(x["label"], x["met"]) for x in judged([top], "wrong")],
+                         [("torch_syncbn empty fp32 NCHW W1 (latency)", False)])
 
 
 class Command(unittest.TestCase):
@@ -266,12 +365,23 @@ class Command(unittest.TestCase):
             rc, text = self.run_main([good])
             self.assertEqual(rc, 0)
             self.assertIn("## floor", text)
+            # each row: its mark, the measured quotient and the rule
+            self.assertRegex(text, r"(?m)^  MISS S2 fp32 NCHW W1 fwd +10 <= 1.15 +t 10.0 us")
+            self.assertRegex(text, r"(?m)^  ok   S2 fp32 NCHW W1 fwd +2 >= 1.3 +coop 10.0 us")
             self.assertIn("cudnn      met by 2 of 2", text)
             rc, text = self.run_main(["--summary", good])
             self.assertEqual(rc, 0)
             self.assertNotIn("## floor", text)
             self.assertIn("floor      met by 0 of 2", text)
             self.assertIn("wrong      1 file(s) with every row right; 0 row(s) wrong or failed", text)
+            # the summary's worst row: the furthest from its bound, whichever way the rule goes
+            two = os.path.join(d, "two.json")
+            with open(two, "w") as f:
+                json.dump(bench([brow("coop", fwd=2.0, bwd=2.0), brow("coop", shape="S5", fwd=3.0, bwd=3.0),
+                                 brow("cudnn", fwd=1.8, bwd=1.8), brow("cudnn", shape="S5", fwd=1.5, bwd=1.5)]), f)
+            rc, text = self.run_main(["--summary", two])
+            self.assertIn("floor      met by 0 of 4; worst S5 fp32 NCHW W1 fwd: 3 (<= 1.15)", text)
+            self.assertIn("cudnn      met by 0 of 4; worst S5 fp32 NCHW W1 fwd: 0.5 (>= 1.3)", text)
             part = os.path.join(d, "part.json")
             with open(part, "w") as f:
                 json.dump(dict(bench([brow("coop")]), complete=False), f)

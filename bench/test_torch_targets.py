@@ -76,6 +76,14 @@ class Targets(unittest.TestCase):
         v = tt.judge([row("syncbn_torch", 60.0, 60.0), seq], {})
         self.assertIsNone(verdict(v, "syncbn_torch", "fwd")["seq"])
 
+    def test_no_time_is_no_verdict(self):
+        # a median of 0 (or none) is no measurement: neither met nor missed
+        c = row("coop", 10.0, 10.0)
+        v = tt.judge([row("syncbn_torch", 0.0, None), row("torch_syncbn", 30.0, 30.0)], coop_of(c))
+        for op in ("fwd", "bwd"):
+            self.assertIsNone(verdict(v, "syncbn_torch", op)["gpu"])
+            self.assertIsNone(verdict(v, "syncbn_torch", op)["seq"])
+
     def test_slow_host_marked(self):
         rows = [row("syncbn_torch", 1, 1, ref=4.0), row("syncbn_torch", 1, 1, shape="S10", ref=6.5)]
         v = tt.judge(rows, {}, slow_factor=1.5, median_ref=4.0)
@@ -104,6 +112,9 @@ class Targets(unittest.TestCase):
             # S10's coop row had wrong values: no bound there
             self.assertIn("# syncbn_torch fwd: gpu 1 of 1, seq 1 of 1, host 1 of 1", text)
             self.assertIn("# syncbn_torch bwd: gpu 0 of 1, seq 0 of 1, host 1 of 1", text)
+            # the row's marks: gpu (40 > 1.1 x 9 + 2) and seq (40 >= 35) missed, host met
+            self.assertRegex(text, r"syncbn_torch +S2 +fp32 NCHW none +bwd \| +40.0 +9.0 +11.9 MISS \| "
+                                   r"+35.0 MISS \| +90.0 +95.0 +ok")
             slow = [ln for ln in text.splitlines() if ln.endswith("slow host")]
             self.assertEqual(len(slow), 2, text)  # S10's fwd and bwd lines
             self.assertTrue(all(" S10 " in ln for ln in slow), slow)
