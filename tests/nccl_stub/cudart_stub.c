@@ -4,7 +4,7 @@
  * load time to register kernels/coop.cu's fat binary.
  *
  * What it models: CUDA_STUB_DEVICES devices (default 2) that support cooperative
- * launches; device memory is host memory (calloc) remembered with its device, so
+ * launches; device memory is host memory (malloc, poisoned) remembered with its device, so
  * cudaPointerGetAttributes tells device, pinned host and unknown memory apart and copies
  * are memcpy; every stream and event is always complete; a kernel launch does nothing and
  * succeeds. Nothing here computes a kernel's result: the tests that use it check the
@@ -60,6 +60,13 @@ static int peer_enabled[STUB_MAX_DEVICES][STUB_MAX_DEVICES]; /* [from][to] */
 static void* pending_streams[STUB_MAX_PENDING_STREAMS];
 static int npending_streams;
 static void (*sync_hook)(void*); /* cudart_stub_on_sync's, until it is called */
+static cudart_stub_launch_t launch_log[CUDA_STUB_LAUNCH_LOG]; /* the launches' configurations */
+static size_t keep_args; /* bytes of the argument block kept per launch */
+static cudart_stub_step_t steps[CUDA_STUB_STEP_LOG];
+static int nsteps;
+static size_t nstreams, nevents; /* live */
+static int no_peer_access;       /* cudaDeviceCanAccessPeer says no */
+static int coop_fail_nth;        /* the nth cooperative launch from here fails (0: none) */
 static void* sync_arg;
 
 /* A switch of the stand-in, set and read under its lock (the library's threads read them). */
@@ -139,9 +146,19 @@ unsigned cudart_stub_last_grid(void) {
   return g;
 }
 
-static void log_launch(const void* fn) {
+static void log_step(char what, cudaStream_t s, cudaEvent_t e, int launch);
+static void log_launch(const void* fn, unsigned grid, unsigned block, size_t dyn, int coop,
+                       cudaStream_t s, void** args) {
   pthread_mutex_lock(&mu);
-  if (nlaunched < CUDA_STUB_LAUNCH_LOG) launched[nlaunched] = fn;
+  if (nlaunched < CUDA_STUB_LAUNCH_LOG) {
+    cudart_stub_launch_t* l = &launch_log[nlaunched];
+    launched[nlaunched] = fn;
+    l->fn = fn, l->grid = grid, l->block = block, l->dyn = dyn, l->cooperative = coop;
+    l->device = current_device, l->stream = s;
+    memset(l->args, 0, sizeof l->args);
+    if (keep_args > 0 && args != NULL && args[0] != NULL) memcpy(l->args, args[0], keep_args);
+  }
+  log_step('L', s, NULL, nlaunched);
   nlaunched++;
   pthread_mutex_unlock(&mu);
 }
@@ -151,6 +168,53 @@ int cudart_stub_launches(const void** fns, int max) {
   for (int i = 0; fns != NULL && i < n && i < max && i < CUDA_STUB_LAUNCH_LOG; i++) fns[i] = launched[i];
   pthread_mutex_unlock(&mu);
   return n;
+}
+
+int cudart_stub_launch_at(int i, cudart_stub_launch_t* out) {
+  pthread_mutex_lock(&mu);
+  const int ok = i >= 0 && i < nlaunched && i < CUDA_STUB_LAUNCH_LOG;
+  if (ok) *out = launch_log[i];
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
+void cudart_stub_keep_args(size_t bytes) {
+  pthread_mutex_lock(&mu);
+  keep_args = bytes < CUDA_STUB_ARGS_BYTES ? bytes : CUDA_STUB_ARGS_BYTES;
+  pthread_mutex_unlock(&mu);
+}
+/* (mu held) */
+static void log_step(char what, cudaStream_t s, cudaEvent_t e, int launch) {
+  if (nsteps < CUDA_STUB_STEP_LOG) steps[nsteps] = (cudart_stub_step_t){what, s, e, launch};
+  nsteps++;
+}
+int cudart_stub_steps(cudart_stub_step_t* out, int max) {
+  pthread_mutex_lock(&mu);
+  const int n = nsteps;
+  for (int i = 0; out != NULL && i < n && i < max && i < CUDA_STUB_STEP_LOG; i++) out[i] = steps[i];
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+size_t cudart_stub_live(void) {
+  pthread_mutex_lock(&mu);
+  const size_t n = nallocs + nstreams + nevents;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+size_t cudart_stub_size_of(const void* p) {
+  size_t bytes = 0;
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < nallocs; i++)
+    if (allocs[i].p == p) bytes = allocs[i].bytes;
+  pthread_mutex_unlock(&mu);
+  return bytes;
+}
+void cudart_stub_set_no_peer_access(int off) {
+  set_switch(&no_peer_access, off);
+}
+void cudart_stub_fail_coop_launch_nth(int nth) {
+  pthread_mutex_lock(&mu);
+  coop_fail_nth = nth;
+  pthread_mutex_unlock(&mu);
 }
 
 int cudart_stub_in_flight(int device) {
@@ -185,6 +249,10 @@ void cudart_stub_reset(void) {
   last_violation[0] = '\0';
   nlaunched = 0;
   last_grid = 0;
+  nsteps = 0;
+  keep_args = 0;
+  no_peer_access = 0;
+  coop_fail_nth = 0;
   sync_hook = NULL;
   sync_arg = NULL;
   new_streams_pending = 0;
@@ -222,8 +290,9 @@ static int device_count(void) {
 
 static cudaError_t remember(void** out, size_t bytes, enum cudaMemoryType type) {
   if (out == NULL) return cudaErrorInvalidValue;
-  void* p = calloc(1, bytes ? bytes : 1);
+  void* p = malloc(bytes ? bytes : 1);
   if (p == NULL) return cudaErrorMemoryAllocation;
+  memset(p, CUDA_STUB_POISON, bytes ? bytes : 1); /* not zeroed, as real memory is not */
   pthread_mutex_lock(&mu);
   if (nallocs == cap_allocs) {
     size_t cap = cap_allocs ? 2 * cap_allocs : 64;
@@ -327,7 +396,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
   return cudaSuccess;
 }
 cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
-  *can = device != peer;
+  *can = device != peer && !get_switch(&no_peer_access);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
@@ -435,6 +504,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   *s = malloc(1);
   if (*s == NULL) return cudaErrorMemoryAllocation;
   pthread_mutex_lock(&mu);
+  nstreams++;
   if (new_streams_pending && npending_streams < STUB_MAX_PENDING_STREAMS)
     pending_streams[npending_streams++] = *s;
   pthread_mutex_unlock(&mu);
@@ -452,6 +522,7 @@ static int stream_pending(cudaStream_t s, int drop) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   pthread_mutex_lock(&mu);
   (void)stream_pending(s, 1);
+  if (s != NULL) nstreams--;
   pthread_mutex_unlock(&mu);
   free(s);
   return cudaSuccess;
@@ -471,7 +542,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
-  (void)s, (void)e, (void)flags;
+  (void)flags;
+  pthread_mutex_lock(&mu);
+  log_step('W', s, e, -1);
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus* status) {
@@ -490,14 +564,23 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   (void)flags;
   *e = malloc(1);
-  return *e != NULL ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (*e == NULL) return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&mu);
+  nevents++;
+  pthread_mutex_unlock(&mu);
+  return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  pthread_mutex_lock(&mu);
+  if (e != NULL) nevents--;
+  pthread_mutex_unlock(&mu);
   free(e);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  (void)e, (void)s;
+  pthread_mutex_lock(&mu);
+  log_step('R', s, e, -1);
+  pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
@@ -526,21 +609,25 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
 }
 cudaError_t cudaLaunchKernel(const void* fn, dim3 grid, dim3 block, void** args, size_t dyn,
                              cudaStream_t s) {
-  (void)block, (void)args, (void)dyn, (void)s;
-  log_launch(fn);
+  log_launch(fn, grid.x * grid.y * grid.z, block.x * block.y * block.z, dyn, 0, s, args);
   pthread_mutex_lock(&mu);
   last_grid = grid.x * grid.y * grid.z;
   pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* cfg, const void* fn, void** args) {
-  (void)args;
   int coop = 0;
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     coop |= cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative;
   if (coop && get_switch(&coop_launch_fails))
     return cudaErrorCooperativeLaunchTooLarge; /* nothing queued, not logged */
-  log_launch(fn);
+  pthread_mutex_lock(&mu);
+  const int fail_now = coop && coop_fail_nth > 0 && --coop_fail_nth == 0;
+  pthread_mutex_unlock(&mu);
+  if (fail_now) return cudaErrorCooperativeLaunchTooLarge; /* (cudart_stub_fail_coop_launch_nth) */
+  log_launch(fn, cfg->gridDim.x * cfg->gridDim.y * cfg->gridDim.z,
+             cfg->blockDim.x * cfg->blockDim.y * cfg->blockDim.z, cfg->dynamicSmemBytes, coop,
+             cfg->stream, args);
   for (unsigned i = 0; i < cfg->numAttrs; i++)
     if (cfg->attrs[i].id == cudaLaunchAttributeCooperative && cfg->attrs[i].val.cooperative) {
       pthread_mutex_lock(&mu);

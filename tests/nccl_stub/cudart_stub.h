@@ -3,6 +3,7 @@
 #ifndef SYNCBN_TESTS_CUDART_STUB_H_
 #define SYNCBN_TESTS_CUDART_STUB_H_
 
+#include <cuda_runtime_api.h>
 #include <stddef.h>
 
 /* The live device allocations (cudaMalloc) of exactly `bytes` bytes, in no particular
@@ -65,9 +66,53 @@ void cudart_stub_on_sync(void (*fn)(void*), void* arg);
    (at most CUDA_STUB_LAUNCH_LOG are kept). */
 #define CUDA_STUB_LAUNCH_LOG 64
 int cudart_stub_launches(const void** fns, int max);
+/* The launches since the last reset, in launch order (the first CUDA_STUB_LAUNCH_LOG):
+   each one's kernel, grid and block (x only: the library launches 1-D), dynamic shared
+   memory, whether it was cooperative, its device and stream, and the first bytes of its
+   first parameter (the argument block) as it was at the launch: as many as
+   cudart_stub_keep_args said (0, the default: none; at most CUDA_STUB_ARGS_BYTES). Returns
+   whether launch i was logged. */
+#define CUDA_STUB_ARGS_BYTES 8192
+typedef struct {
+  const void* fn;
+  unsigned grid, block;
+  size_t dyn;
+  int cooperative;
+  int device;
+  cudaStream_t stream;
+  unsigned char args[CUDA_STUB_ARGS_BYTES];
+} cudart_stub_launch_t;
+int cudart_stub_launch_at(int i, cudart_stub_launch_t* out);
+void cudart_stub_keep_args(size_t bytes);
+/* The stream steps since the last reset, in the order they were issued: a launch ('L',
+   its index in the launch log), an event recorded on a stream ('R'), a stream made to wait
+   for an event ('W'). Returns how many there were (at most CUDA_STUB_STEP_LOG are kept). */
+#define CUDA_STUB_STEP_LOG 64
+typedef struct {
+  char what;
+  cudaStream_t stream;
+  cudaEvent_t event;
+  int launch;
+} cudart_stub_step_t;
+int cudart_stub_steps(cudart_stub_step_t* out, int max);
+/* What the runtime holds for the process: live allocations (device and pinned host),
+   streams and events. */
+size_t cudart_stub_live(void);
+/* The bytes of the live allocation (device or pinned host) that begins at p; 0 if none. */
+size_t cudart_stub_size_of(const void* p);
+/* From here cudaDeviceCanAccessPeer says no for every pair while `off` (as on GPUs
+   without P2P: the library puts the mailboxes in pinned host memory). */
+void cudart_stub_set_no_peer_access(int off);
+/* The nth cooperative cudaLaunchKernelExC from here fails (cudaErrorCooperativeLaunchTooLarge,
+   nothing queued), once; 0: none. */
+void cudart_stub_fail_coop_launch_nth(int nth);
+/* New memory (cudaMalloc, cudaHostAlloc) is filled with CUDA_STUB_POISON bytes, as real
+   memory is not zeroed: what the library reads before it writes is garbage. */
+#define CUDA_STUB_POISON 0xA5
 /* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
    query, launch, pointer query and cudaSetDevice, the peer access enabled, the violations,
-   the launches, cudart_stub_on_sync's call and the pending streams. */
+   the launches, cudart_stub_on_sync's call, the pending streams, the steps, the kept
+   argument bytes, the peer access refused and the nth launch to fail. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */

@@ -21,7 +21,11 @@
  *     peers through the agreement (the record's values), and leaves nothing behind; an
  *     sbnCommSplit fails on no rank before the parent's ncclCommSplit;
  *   - a group of an sbnCommInitAll team's ranks that one rank's plan refuses
- *     (SBN_KERNEL=onchip) launches no kernel and leaves the team usable.
+ *     (SBN_KERNEL=onchip) launches no kernel and leaves the team usable;
+ *   - the cooperative path's host code, from what the stand-in logs of each launch (grid,
+ *     block, dynamic shared memory, stream, argument block) and of the streams (events
+ *     recorded and waited for): the plan, the arguments, the streams joined, the refusals
+ *     (nothing launched), the current device kept, every runtime object given back.
  * The kernels are no-ops here: no value is checked (the GPU suites do that).
  * Environment: the stand-in's (NCCL_STUB_POLLS, NCCL_STUB_RETURN) as CTest sets them. */
 #define _POSIX_C_SOURCE 200809L /* setenv, unsetenv, clock_gettime */
@@ -2196,6 +2200,682 @@ static void test_init_fault_thread_told(void) {
   fault_sweeps(1);
 }
 
+/* ---- the cooperative path's host code: what a launch is given ---------------------------- */
+
+/* A buffer of `bytes` of device dev's memory (the current device is left at dev). */
+static void* dalloc_on(int dev, size_t bytes) {
+  cudaSetDevice(dev);
+  return dalloc(bytes);
+}
+
+/* Whether `bytes` bytes at p are all zero. */
+static int all_zero(const void* p, size_t bytes) {
+  for (size_t i = 0; i < bytes; i++)
+    if (((const unsigned char*)p)[i] != 0) return 0;
+  return 1;
+}
+
+/* The step of the stand-in's stream log at or after `from` of kind `what` on stream s
+   (event e, where not NULL), or -1. */
+static int step_find(const cudart_stub_step_t* st, int n, int from, char what, cudaStream_t s,
+                     cudaEvent_t e) {
+  for (int i = from; i < n; i++)
+    if (st[i].what == what && st[i].stream == s && (e == NULL || st[i].event == e)) return i;
+  return -1;
+}
+
+/* A virtual team of two on device 0, each rank on a stream of its own, one cooperative
+   forward in one group (fp32 NCHW, 2 x 64 x 4096 per rank: as many blocks as the device
+   holds): ONE cooperative launch of 256-thread blocks, all co-resident (the stand-in's
+   device holds CUDA_STUB_SMS x CUDA_STUB_BLOCKS_PER_SM: G of each rank is half of them),
+   on rank 0's stream after the work queued on rank 1's (an event recorded there, waited
+   for on rank 0's), and rank 1's stream waits for the launch (an event recorded after it).
+   Its argument block carries each rank's parameters and the config's timeout; the
+   mailboxes it is given hold the team's records (two parities) and are zero at the first
+   op, the error words and the rank states too (cudaMalloc'd memory is not zeroed: the
+   stand-in poisons it); each rank's workspace holds its partials. */
+static void test_virtual_launch_args(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  sbnComm_t v[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitVirtual(v, 2, 0, &cfg));
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 64, 4096};
+  const size_t big = (size_t)(d.n * d.c * d.spatial) * sizeof(float),
+               ch = (size_t)d.c * sizeof(float);
+  void* p[2][4];
+  cudaStream_t s[2];
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < 4; i++) p[r][i] = dalloc_on(0, i < 2 ? big : ch);
+    cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
+  }
+  const sbnParams_t prm = {0.01f, 0.25f, sbnGradGlobal};
+  cudart_stub_reset();
+  cudart_stub_keep_args(sizeof(sbn_coop_args_t));
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++)
+    ASSERT_OK(sbnForwardTrain(v[r], &d, p[r][0], p[r][1], NULL, NULL, NULL, NULL, NULL, p[r][2],
+                              p[r][3], &prm, (sbnStream_t)s[r]));
+  const sbnResult_t ge = sbnGroupEnd();
+  if (ge != sbnSuccess) fprintf(stderr, "  sbnGroupEnd: %s\n", sbnGetLastError(NULL));
+  static cudart_stub_launch_t l;
+  cudart_stub_step_t st[CUDA_STUB_STEP_LOG];
+  const int nst = cudart_stub_steps(st, CUDA_STUB_STEP_LOG);
+  const int nl = cudart_stub_launches(NULL, 0);
+  const int got = cudart_stub_launch_at(0, &l);
+  cudaSetDevice(0);
+  cudaDeviceSynchronize();
+  ASSERT_OK(ge);
+  ASSERT_EQ_INT(nl, 1);
+  ASSERT_TRUE(got);
+  const sbn_coop_args_t* a = (const sbn_coop_args_t*)l.args;
+  ASSERT_TRUE(l.cooperative);
+  ASSERT_EQ_INT(l.block, SBN_GPU_THREADS);
+  ASSERT_EQ_INT(l.grid, CUDA_STUB_SMS * CUDA_STUB_BLOCKS_PER_SM);
+  ASSERT_EQ_INT(a->nlaunch, 2);
+  ASSERT_EQ_INT(a->nranks, 2);
+  ASSERT_EQ_INT((int64_t)a->G * a->nlaunch, l.grid);
+  ASSERT_EQ_INT(a->c, d.c);
+  ASSERT_EQ_INT(a->timeout_ns, (int64_t)TIMEOUT_MS * 1000000);
+  ASSERT_EQ_INT(a->nstop, 2);
+  for (int r = 0; r < 2; r++) {
+    const sbn_coop_rank_t* R = &a->r[r];
+    ASSERT_EQ_INT(R->rank, r);
+    ASSERT_TRUE(R->x == p[r][0] && R->out == p[r][1]);
+    ASSERT_TRUE(R->eps == prm.eps && R->momentum == prm.momentum && R->grad_global == 1);
+    ASSERT_EQ_INT(R->n, d.n);
+    ASSERT_EQ_INT(R->spatial, d.spatial);
+    ASSERT_TRUE(a->stop[r] == &R->state->stop);
+    ASSERT_TRUE(all_zero(R->state, sizeof *R->state));
+    /* the workspace: SBN_GPU_PART_FLOATS per (slice, channel) entry, max(G * 32, C + 32) */
+    const int64_t entries = (int64_t)a->G * SBN_GPU_CHUNK > d.c + SBN_GPU_CHUNK
+                                ? (int64_t)a->G * SBN_GPU_CHUNK
+                                : d.c + SBN_GPU_CHUNK;
+    if (cudart_stub_size_of(R->part) < (size_t)(SBN_GPU_PART_FLOATS * entries) * sizeof(float))
+      SBN_FAIL_("rank %d's workspace: %zu bytes for %lld entries", r, cudart_stub_size_of(R->part),
+                (long long)entries);
+    /* its mailbox: every rank's records of the max_channels, in two parities */
+    const size_t mail = (size_t)a->nranks * 2 * (size_t)a->nchunks_max * sizeof(sbn_mail_rec_t);
+    ASSERT_EQ_INT(a->nchunks_max, (cfg.max_channels + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
+    if (cudart_stub_size_of(a->mail[r]) < mail || !all_zero(a->mail[r], mail))
+      SBN_FAIL_("rank %d's mailbox: %zu bytes (want %zu), zero: %d", r,
+                cudart_stub_size_of(a->mail[r]), mail,
+                cudart_stub_size_of(a->mail[r]) >= mail && all_zero(a->mail[r], mail));
+  }
+  for (int q = 0; q <= 2; q++) ASSERT_EQ_INT(a->err[q], 0);
+  /* the streams: rank 1's work before the launch, the launch before rank 1's later work */
+  const int launch = step_find(st, nst, 0, 'L', s[0], NULL);
+  const int rec1 = step_find(st, nst, 0, 'R', s[1], NULL);
+  const int wait0 = rec1 < 0 ? -1 : step_find(st, nst, rec1, 'W', s[0], st[rec1].event);
+  const int rec0 = launch < 0 ? -1 : step_find(st, nst, launch, 'R', s[0], NULL);
+  const int wait1 = rec0 < 0 ? -1 : step_find(st, nst, rec0, 'W', s[1], st[rec0].event);
+  if (launch < 0 || rec1 < 0 || wait0 < 0 || wait0 > launch || rec0 < 0 || wait1 < 0)
+    SBN_FAIL_(
+        "streams not joined around the launch (steps: launch %d, rank 1's record %d, rank 0's "
+        "wait %d, rank 0's record %d, rank 1's wait %d)",
+        launch, rec1, wait0, rec0, wait1);
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < 4; i++) cudaFree(p[r][i]);
+    cudaStreamDestroy(s[r]);
+  }
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(v[r]));
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* An sbnCommInitAll team of two devices without peer access ("peer-pinned-host": the
+   mailboxes in pinned host memory, no access to the peer's stop word): its kernels read
+   the error words at their start, at the host-memory poll interval. Both ranks' launches
+   carry their call number, and under a CUDA graph capture none (a replay does not pass
+   the host). */
+static void test_peer_host_launch_args(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  cudart_stub_set_no_peer_access(1);
+  sbnComm_t comms[2] = {NULL, NULL};
+  duo_t p;
+  const int devs[2] = {0, 1};
+  ASSERT_OK(duo_team(comms, &p, devs));
+  ASSERT_TRUE(strcmp(transport_of(comms[0]), "peer-pinned-host") == 0);
+  static cudart_stub_launch_t l[2];
+  for (int capture = 0; capture < 2 && !sbn_test_cur_failed_; capture++) {
+    cudart_stub_reset();
+    cudart_stub_set_no_peer_access(1);
+    cudart_stub_set_capturing(capture);
+    cudart_stub_keep_args(sizeof(sbn_coop_args_t));
+    const sbnResult_t ge = duo_group_forward(comms, &p, NULL);
+    cudart_stub_set_capturing(0);
+    ASSERT_OK(ge);
+    ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 2);
+    for (int q = 0; q < 2; q++) {
+      ASSERT_TRUE(cudart_stub_launch_at(q, &l[q]));
+      const sbn_coop_args_t* a = (const sbn_coop_args_t*)l[q].args;
+      ASSERT_EQ_INT(l[q].device, q);
+      ASSERT_EQ_INT(a->host_words_at_start, 1);
+      ASSERT_EQ_INT(a->host_poll_ns, SBN_HOST_POLL_NS);
+      ASSERT_EQ_INT(a->nstop, 1);
+      if ((sbn_sig_call(a->sig) == SBN_SIG_UNNUMBERED) != capture)
+        SBN_FAIL_("rank %d's launch %s: call number %u", q, capture ? "captured" : "eager",
+                  sbn_sig_call(a->sig));
+    }
+    for (int q = 0; q < 2; q++) {
+      cudaSetDevice(q);
+      cudaDeviceSynchronize();
+    }
+  }
+  cudart_stub_set_no_peer_access(0);
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  duo_free(&p);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* A round that the host refuses runs nothing (no launch, y untouched) and leaves the
+   team usable: a virtual team of two whose call has SBN_ALGO set to no known value (the
+   call refused, sbnInvalidArgument), whose ranks ask for different paths (coop and
+   nccl), mix the in-place backward (x NULL) with the x-based one, or hold one element per
+   channel between them (sbnInvalidArgument, "Expected more than 1 value per channel"),
+   and its op called outside a group (one launch runs every rank: sbnInvalidUsage). */
+static void test_virtual_round_refusals(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  sbnComm_t v[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitVirtual(v, 2, 0, NULL));
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 0);
+  const size_t big = (size_t)N_ * C_ * S_ * sizeof(float);
+  for (int k = 0; k < 6 && !sbn_test_cur_failed_; k++) {
+    for (int r = 0; r < 2; r++) memset(t[r].y, 0x5a, big), memset(t[r].dx, 0x5a, big);
+    cudart_stub_reset();
+    sbnResult_t call[2] = {sbnSuccess, sbnSuccess}, ge = sbnSuccess, want_call = sbnSuccess,
+                want = sbnInvalidUsage;
+    const char* says = NULL;
+    if (k == 4) { /* outside a group */
+      ge = forward(v[0], &t[0]);
+      says = "ONE launch for all its ranks";
+    } else {
+      sbnGroupStart();
+      for (int r = 0; r < 2; r++) {
+        if (k == 0 && r == 1) setenv("SBN_ALGO", "no-such-path", 1);
+        if (k == 1 && r == 1) setenv("SBN_ALGO", "nccl", 1);
+        if (k == 2) { /* rank 0 in place (x NULL, y given), rank 1 x-based */
+          call[r] = sbnBackwardEx(v[r], &g_desc, r ? t[r].x : NULL, r ? NULL : t[r].y, t[r].dy,
+                                  t[r].dx, NULL, NULL, NULL, t[r].smean, t[r].sinvstd, NULL, NULL,
+                                  NULL, NULL, NULL);
+        } else if (k == 3) { /* one element per channel in the team */
+          const sbnTensorDesc_t d1 = {sbnFloat32, sbnLayoutNCHW, 1 - r, C_, 1};
+          call[r] = sbnForwardTrain(v[r], &d1, t[r].x, t[r].y, NULL, NULL, NULL, NULL, NULL,
+                                    t[r].smean, t[r].sinvstd, NULL, NULL);
+        } else {
+          call[r] = forward(v[r], &t[r]);
+        }
+        unsetenv("SBN_ALGO");
+      }
+      ge = sbnGroupEnd();
+      if (k == 0) want_call = sbnInvalidArgument, says = "SBN_ALGO='no-such-path'";
+      if (k == 1) says = "must run the same path";
+      if (k == 2) says = "in-place backward";
+      if (k == 3) want = sbnInvalidArgument, says = "Expected more than 1 value per channel";
+      if (k == 5) want = sbnSuccess; /* the team goes on */
+    }
+    const int n = cudart_stub_launches(NULL, 0);
+    const char* msg = sbnGetLastError(k == 0 ? v[1] : k == 4 ? v[0] : NULL);
+    if (call[0] != sbnSuccess || call[1] != want_call || ge != want ||
+        (want != sbnSuccess) != (n == 0) || (says != NULL && strstr(msg, says) == NULL))
+      SBN_FAIL_("case %d: calls %s %s, %s, %d launches ('%s')", k, sbnGetResultName(call[0]),
+                sbnGetResultName(call[1]), sbnGetResultName(ge), n, msg);
+    for (int r = 0; r < 2 && want != sbnSuccess; r++)
+      if (!(((unsigned char*)t[r].y)[0] == 0x5a && ((unsigned char*)t[r].dx)[0] == 0x5a))
+        SBN_FAIL_("case %d: rank %d's output written", k, r);
+    sbnResult_t async = sbnSystemError;
+    ASSERT_OK(sbnCommGetAsyncError(v[0], &async));
+    ASSERT_RES(async, sbnSuccess);
+  }
+  cudaSetDevice(0);
+  cudaDeviceSynchronize();
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(v[r]));
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* The backward's tensors and the epilogue's (dy, dx, dweight, dbias; z of the forward, y
+   and dz of sbnBackwardEx) on another device: sbnInvalidArgument naming the tensor,
+   nothing launched, dx unwritten (test_training_pointer_checks: the forward's). */
+static void test_backward_pointer_checks(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  sbnComm_t v = NULL;
+  ASSERT_OK(sbnCommInitVirtual(&v, 1, 0, NULL));
+  tensors_t t, o;
+  tensors_alloc(&o, 1);
+  tensors_alloc(&t, 0);
+  const size_t big = (size_t)N_ * C_ * S_ * sizeof(float);
+  void* z0 = dalloc_on(0, big);
+  void* z1 = dalloc_on(1, big);
+  cudaSetDevice(0);
+  const sbnEpilogue_t relu = {sizeof(sbnEpilogue_t), sbnActivationRelu, 0.01f, 0, 0};
+  static const char* const names[] = {"dy", "dx", "dweight", "dbias", "z", "y", "dz"};
+  for (int k = 0; k < 7 && !sbn_test_cur_failed_; k++) {
+    memset(t.dx, 0x5a, big);
+    cudart_stub_reset();
+    sbnResult_t r;
+    if (k < 4) {
+      r = sbnBackward(v, &g_desc, t.x, k == 0 ? o.dy : t.dy, k == 1 ? o.dx : t.dx, t.weight,
+                      t.smean, t.sinvstd, k == 2 ? o.dweight : t.dweight,
+                      k == 3 ? o.dbias : t.dbias, NULL, NULL);
+    } else if (k == 4) {
+      r = sbnForwardTrainEx(v, &g_desc, t.x, z1, t.dx, NULL, NULL, NULL, NULL, NULL, t.smean,
+                            t.sinvstd, NULL, &relu, NULL);
+    } else {
+      r = sbnBackwardEx(v, &g_desc, t.x, k == 5 ? o.y : t.y, t.dy, t.dx, k == 6 ? z1 : z0, NULL,
+                        NULL, t.smean, t.sinvstd, NULL, NULL, NULL, &relu, NULL);
+    }
+    const int n = cudart_stub_launches(NULL, 0);
+    char want[64];
+    snprintf(want, sizeof want, "%s is memory of device 1", names[k]);
+    if (r != sbnInvalidArgument || n != 0 || strstr(sbnGetLastError(v), want) == NULL)
+      SBN_FAIL_("%s on device 1: %s, %d launches ('%s')", names[k], sbnGetResultName(r), n,
+                sbnGetLastError(v));
+    if (((unsigned char*)t.dx)[0] != 0x5a)
+      SBN_FAIL_("%s on device 1: the output written", names[k]);
+  }
+  cudart_stub_reset(); /* the same on device 0: runs */
+  ASSERT_OK(sbnBackwardEx(v, &g_desc, t.x, t.y, t.dy, t.dx, z0, NULL, NULL, t.smean, t.sinvstd,
+                          NULL, NULL, NULL, &relu, NULL));
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 1);
+  cudaDeviceSynchronize();
+  ASSERT_OK(sbnCommDestroy(v));
+  tensors_free(&t);
+  tensors_free(&o);
+  cudaFree(z0), cudaFree(z1);
+  cudaSetDevice(0);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* What the plan reads of a round: the 16-byte kernels only where every tensor is 16-byte
+   aligned (SBN_KERNEL=stream on a team of one: the backward's dy, the forward's z one
+   element off: "stream-scalar"); onchip's launch with the dynamic shared memory its
+   held batches take; onchip refused for ranks that share a GPU (sbnUnsupported, nothing
+   launched: their separate grids must be co-resident). */
+static void test_plan_reads_round(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  sbnComm_t v = NULL;
+  ASSERT_OK(sbnCommInitVirtual(&v, 1, 0, NULL));
+  const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 64, 4096};
+  const size_t big = (size_t)(d.n * d.c * d.spatial) * sizeof(float) + 16,
+               ch = (size_t)d.c * sizeof(float);
+  char* b[5];
+  for (int i = 0; i < 5; i++) b[i] = dalloc_on(0, big);
+  float *sm = dalloc_on(0, ch), *si = dalloc_on(0, ch);
+  const sbnEpilogue_t relu = {sizeof(sbnEpilogue_t), sbnActivationRelu, 0.01f, 0, 0};
+  setenv("SBN_KERNEL", "stream", 1);
+  for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) { /* aligned, then one element off */
+    const int off = (k & 1) * 4;
+    const char* kernel = "";
+    const sbnResult_t r =
+        k < 2 ? sbnBackward(v, &d, b[0], b[1] + off, b[2], NULL, sm, si, NULL, NULL, NULL, NULL)
+              : sbnForwardTrainEx(v, &d, b[0], b[3] + off, b[4], NULL, NULL, NULL, NULL, NULL, sm,
+                                  si, NULL, &relu, NULL);
+    ASSERT_OK(r);
+    ASSERT_OK(sbnCommGetKernel(v, &kernel));
+    if (strcmp(kernel, off ? "stream-scalar" : "stream") != 0)
+      SBN_FAIL_("%s with %s %s: ran '%s'", k < 2 ? "backward" : "forward", k < 2 ? "dy" : "z",
+                off ? "one element off" : "aligned", kernel);
+  }
+  setenv("SBN_KERNEL", "onchip", 1);
+  const sbnTensorDesc_t small = {sbnFloat32, sbnLayoutNCHW, 1, 64,
+                                 1024}; /* fits (test_onchip_refusal_launches_nothing) */
+  cudart_stub_reset();
+  cudart_stub_keep_args(sizeof(sbn_coop_args_t));
+  const sbnResult_t onchip =
+      sbnForwardTrain(v, &small, b[0], b[1], NULL, NULL, NULL, NULL, NULL, sm, si, NULL, NULL);
+  if (onchip != sbnSuccess) fprintf(stderr, "  onchip: %s\n", sbnGetLastError(v));
+  ASSERT_OK(onchip);
+  static cudart_stub_launch_t l;
+  ASSERT_TRUE(cudart_stub_launch_at(0, &l));
+  const sbn_coop_args_t* a = (const sbn_coop_args_t*)l.args;
+  if (a->hold_slots < 1 || l.dyn != (size_t)sbn_hold_bytes(SBN_OP_FORWARD, a->hold_slots))
+    SBN_FAIL_("onchip: %d slots held, %zu bytes of dynamic shared memory", a->hold_slots, l.dyn);
+  cudaDeviceSynchronize();
+  ASSERT_OK(sbnCommDestroy(v));
+  /* ranks sharing a GPU */
+  sbnComm_t two[2] = {NULL, NULL};
+  const int same[2] = {0, 0};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  ASSERT_OK(sbnCommInitAll(two, 2, same, &cfg));
+  cudaStream_t s[2];
+  for (int r = 0; r < 2; r++) cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking);
+  cudart_stub_reset();
+  sbnGroupStart();
+  for (int r = 0; r < 2; r++)
+    sbnForwardTrain(two[r], &small, b[2 * r], b[2 * r + 1], NULL, NULL, NULL, NULL, NULL, sm, si,
+                    NULL, (sbnStream_t)s[r]);
+  const sbnResult_t ge = sbnGroupEnd();
+  unsetenv("SBN_KERNEL");
+  if (ge != sbnUnsupported || cudart_stub_launches(NULL, 0) != 0 ||
+      strstr(sbnGetLastError(NULL), "ranks sharing a GPU") == NULL)
+    SBN_FAIL_("onchip on ranks sharing a GPU: %s, %d launches ('%s')", sbnGetResultName(ge),
+              cudart_stub_launches(NULL, 0), sbnGetLastError(NULL));
+  cudaDeviceSynchronize();
+  for (int r = 0; r < 2; r++) {
+    cudaStreamDestroy(s[r]);
+    ASSERT_OK(sbnCommDestroy(two[r]));
+  }
+  for (int i = 0; i < 5; i++) cudaFree(b[i]);
+  cudaFree(sm), cudaFree(si);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* The host path of a virtual team of two (no NCCL: a gather kernel in its place): the
+   statistics and publish stages of both ranks in one launch each, the gather of every
+   rank's records for every rank (nops x nranks blocks), the apply; of a team of one: no
+   gather, its apply reading its own records. */
+static void test_virtual_host_path_launches(void) {
+  stub_case(NULL);
+  setenv("SBN_ALGO", "nccl", 1);
+  for (int w = 1; w <= 2 && !sbn_test_cur_failed_; w++) {
+    sbnComm_t v[2] = {NULL, NULL};
+    ASSERT_OK(sbnCommInitVirtual(v, w, 0, NULL));
+    const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, 2, 64, 4096}; /* stream's plan */
+    const size_t big = (size_t)(d.n * d.c * d.spatial) * sizeof(float),
+                 ch = (size_t)d.c * sizeof(float);
+    void* p[2][4];
+    for (int r = 0; r < w; r++)
+      for (int i = 0; i < 4; i++) p[r][i] = dalloc_on(0, i < 2 ? big : ch);
+    cudart_stub_reset();
+    cudart_stub_keep_args(sizeof(sbn_coop_args_t));
+    sbnGroupStart();
+    for (int r = 0; r < w; r++)
+      sbnForwardTrain(v[r], &d, p[r][0], p[r][1], NULL, NULL, NULL, NULL, NULL, p[r][2], p[r][3],
+                      NULL, NULL);
+    const sbnResult_t ge = sbnGroupEnd();
+    ASSERT_OK(ge);
+    const int stages[4] = {SBN_HOST_STATS, SBN_HOST_PUBLISH, SBN_HOST_GATHER, SBN_HOST_APPLY};
+    const int n = cudart_stub_launches(NULL, 0);
+    static cudart_stub_launch_t l;
+    int k = 0;
+    for (int s = 0; s < 4; s++) {
+      if (stages[s] == SBN_HOST_GATHER && w == 1) continue;
+      const void* want =
+          sbn_host_kernel_ptr(stages[s], SBN_OP_FORWARD, sbnFloat32, 0, 1, SBN_EPI_NONE);
+      if (!cudart_stub_launch_at(k, &l) || l.fn != want) {
+        SBN_FAIL_("team of %d: launch %d (of %d) is not host stage %d", w, k, n, stages[s]);
+        break;
+      }
+      const sbn_coop_args_t* a = (const sbn_coop_args_t*)l.args;
+      if (stages[s] == SBN_HOST_GATHER) ASSERT_EQ_INT(l.grid, w * w);
+      if (stages[s] == SBN_HOST_APPLY) {
+        ASSERT_EQ_INT(l.grid, w * a->G);
+        if (w == 1 && a->r[0].mail != a->r[0].send)
+          SBN_FAIL_("team of one: its apply reads %p, not its own records %p", (void*)a->r[0].mail,
+                    (void*)a->r[0].send);
+      }
+      k++;
+    }
+    ASSERT_EQ_INT(n, k);
+    cudaDeviceSynchronize();
+    for (int r = 0; r < w; r++) ASSERT_OK(sbnCommDestroy(v[r]));
+    for (int r = 0; r < w; r++)
+      for (int i = 0; i < 4; i++) cudaFree(p[r][i]);
+  }
+  ASSERT_CLEAN();
+}
+
+/* The caller's current device is as it was (device 0) after an sbnCommInitAll team's
+   init on devices 0 and 1, after rank 1's op alone (on device 1), and after the destroy. */
+static void test_current_device_kept(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  tensors_t t;
+  tensors_alloc(&t, 1);
+  cudaSetDevice(0);
+  sbnComm_t comms[2] = {NULL, NULL};
+  int now = -1;
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  cudaGetDevice(&now);
+  if (now != 0) SBN_FAIL_("device %d current after sbnCommInitAll (device 0 before)", now);
+  cudaSetDevice(0);
+  ASSERT_OK(forward(comms[1], &t));
+  cudaGetDevice(&now);
+  if (now != 0) SBN_FAIL_("device %d current after rank 1's op (device 0 before)", now);
+  cudaSetDevice(0);
+  ASSERT_OK(sbnCommAbort(comms[0])); /* (rank 0 never comes) */
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  cudaGetDevice(&now);
+  if (now != 0) SBN_FAIL_("device %d current after sbnCommDestroy (device 0 before)", now);
+  tensors_free(&t);
+  cudaSetDevice(0);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* An in-process GPU team gives back everything it took of the runtime (memory, streams,
+   events): at its destroy, after ops, for a virtual team and an sbnCommInitAll one; and
+   when its init fails (cudaSetDevice(1) failing at each of its calls in turn). */
+static void test_teams_release_everything(void) {
+  stub_case(NULL);
+  unsetenv("SBN_ALGO");
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 1);
+  cudaSetDevice(0);
+  const size_t live0 = cudart_stub_live();
+  for (int kind = 0; kind < 2 && !sbn_test_cur_failed_; kind++) {
+    sbnComm_t comms[2] = {NULL, NULL};
+    ASSERT_OK(kind ? init_all_two(comms, TIMEOUT_MS) : sbnCommInitVirtual(comms, 2, 0, NULL));
+    sbnGroupStart();
+    for (int r = 0; r < 2; r++) forward(comms[r], &t[kind ? r : 0]);
+    ASSERT_OK(sbnGroupEnd());
+    for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+    if (cudart_stub_live() != live0)
+      SBN_FAIL_("%s team: %zu runtime objects live after its destroy, %zu before its init",
+                kind ? "sbnCommInitAll" : "virtual", cudart_stub_live(), live0);
+  }
+  int failed = 0;
+  for (int nth = 1; nth <= 16 && !sbn_test_cur_failed_; nth++) {
+    cudart_stub_fail_set_device(1, nth);
+    sbnComm_t comms[2] = {NULL, NULL};
+    const sbnResult_t r = init_all_two(comms, TIMEOUT_MS);
+    cudart_stub_fail_set_device(-1, 0);
+    cudaSetDevice(0);
+    if (r == sbnSuccess) {
+      for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+    } else {
+      failed++;
+    }
+    if (cudart_stub_live() != live0)
+      SBN_FAIL_("cudaSetDevice(1) call %d failed (init: %s): %zu runtime objects live, %zu before",
+                nth, sbnGetResultName(r), cudart_stub_live(), live0);
+  }
+  ASSERT_TRUE(failed > 0);
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  cudaSetDevice(0);
+  setenv("SBN_ALGO", "nccl", 1);
+  ASSERT_CLEAN();
+}
+
+/* The team's failure is the cause a kernel wrote, not the sbnAborted of the ranks it
+   stopped: rank 1's kernel timed out (its word), rank 0's was aborted by it (its word
+   sbnAborted, read first): sbnCommGetAsyncError says sbnTimeout. */
+static void test_err_words_cause_first(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  struct sbn_gpu_team* gt = sbn_gpu(comms[0]->team);
+  __atomic_store_n(&gt->err[0], (int)sbnAborted, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&gt->err[1], (int)sbnTimeout, __ATOMIC_SEQ_CST);
+  sbnResult_t async = sbnSuccess;
+  ASSERT_OK(sbnCommGetAsyncError(comms[0], &async));
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  ASSERT_RES(async, sbnTimeout);
+  ASSERT_CLEAN();
+}
+
+/* sbnCommAbort of an sbnCommInitAll team without NCCL comms (two ranks on device 0: NCCL
+   refuses two ranks on one GPU) reaches both ranks' stop words. */
+static void test_abort_without_nccl_stop_words(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  const int same[2] = {0, 0};
+  const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+  ASSERT_OK(sbnCommInitAll(comms, 2, same, &cfg));
+  ASSERT_TRUE(sbn_gpu(comms[0]->team)->nccl == NULL);
+  ASSERT_OK(sbnCommAbort(comms[0]));
+  const struct sbn_gpu_team* gt = sbn_gpu(comms[0]->team);
+  for (int q = 0; q < 2; q++) ASSERT_EQ_INT(gt->ranks[q].state->stop, sbnAborted);
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  ASSERT_CLEAN();
+}
+
+/* A group of an sbnCommInitAll team whose rank 0 launched and rank 1's launch failed:
+   rank 0's kernel would wait for rank 1 until the timeout, so the team is aborted (both
+   stop words say so, the failure reported on both comms) and the group says why. */
+static void test_second_launch_failure_aborts(void) {
+  stub_case(NULL);
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  const int64_t n[2] = {2, 2};
+  sbnResult_t f[2];
+  cudart_stub_fail_coop_launch_nth(2);
+  const sbnResult_t ge = pair_forward(comms, n, f);
+  cudart_stub_fail_coop_launch_nth(0);
+  ASSERT_RES(ge, sbnCudaError);
+  ASSERT_EQ_INT(cudart_stub_launches(NULL, 0), 1);
+  const struct sbn_gpu_team* gt = sbn_gpu(comms[0]->team);
+  for (int q = 0; q < 2; q++) ASSERT_EQ_INT(gt->ranks[q].state->stop, sbnAborted);
+  for (int q = 0; q < 2; q++) {
+    sbnResult_t async = sbnSuccess;
+    ASSERT_OK(sbnCommGetAsyncError(comms[q], &async));
+    if (async == sbnSuccess) SBN_FAIL_("rank %d: the team was not aborted", q);
+  }
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  ASSERT_CLEAN();
+}
+
+/* A device index past the last device (the stand-in has 2) is the caller's error,
+   sbnInvalidArgument naming it, nothing written; not a CUDA error of the init. */
+static void test_device_past_the_last(void) {
+  stub_case(NULL);
+  const int devs[2] = {0, 2};
+  const sbnComm_t sentinel = (sbnComm_t)&devs;
+  sbnComm_t comms[2] = {sentinel, sentinel};
+  ASSERT_RES(sbnCommInitAll(comms, 2, devs, NULL), sbnInvalidArgument);
+  ASSERT_TRUE(strstr(sbnGetLastError(NULL), "device 2 does not exist") != NULL);
+  ASSERT_RES(sbnCommInitVirtual(comms, 2, 2, NULL), sbnInvalidArgument);
+  ASSERT_TRUE(strstr(sbnGetLastError(NULL), "device 2 does not exist") != NULL);
+  ASSERT_TRUE(comms[0] == sentinel && comms[1] == sentinel);
+  ASSERT_CLEAN();
+}
+
+/* sbnForwardInferenceEx's kernel and arguments: the tile kernel for H*W = 1 (NCHW) and
+   NHWC, its 16-byte variant only where C is a multiple of the vector width; the scalar
+   plane kernel where z or y is not 16-byte aligned; the leaky ReLU's slope and z in the
+   arguments; nothing launched for an empty batch. */
+static void test_inference_kernel_ex(void) {
+  stub_case(NULL);
+  static const struct {
+    sbnLayout_t lay;
+    int64_t n, c, sp;
+    int zoff, yoff; /* elements off 16-byte alignment */
+    int kind, vec;  /* what runs (kind -1: nothing) */
+  } cases[] = {
+      {sbnLayoutNCHW, 64, 6, 1, 0, 0, SBN_INFER_TILE, 0},
+      {sbnLayoutNCHW, 64, 8, 1, 0, 0, SBN_INFER_TILE, 1},
+      {sbnLayoutNHWC, 8, 6, 16, 0, 0, SBN_INFER_TILE, 0},
+      {sbnLayoutNHWC, 8, 8, 16, 0, 0, SBN_INFER_TILE, 1},
+      {sbnLayoutNCHW, 2, 4, 4096, 1, 0, SBN_INFER_PLANE, 0},
+      {sbnLayoutNCHW, 2, 4, 4096, 0, 1, SBN_INFER_PLANE, 0},
+      {sbnLayoutNCHW, 2, 4, 4096, 0, 0, SBN_INFER_FLAT, 1},
+      {sbnLayoutNCHW, 0, 4, 4096, 0, 0, -1, 0},
+  };
+  sbnEpilogue_t leaky = SBN_EPILOGUE_INITIALIZER;
+  leaky.activation = sbnActivationLeakyRelu;
+  leaky.slope = 0.25f;
+  unsetenv("SBN_INFER");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !sbn_test_cur_failed_; i++) {
+    const sbnTensorDesc_t d = {sbnFloat32, cases[i].lay, cases[i].n, cases[i].c, cases[i].sp};
+    const size_t bytes = (size_t)(d.n * d.c * d.spatial) * sizeof(float) + 16;
+    float *x = dalloc_on(0, bytes), *z = dalloc_on(0, bytes), *y = dalloc_on(0, bytes),
+          *st = dalloc_on(0, (size_t)d.c * 4 * sizeof(float));
+    cudart_stub_reset();
+    cudart_stub_keep_args(sizeof(sbn_infer_args_t));
+    const sbnResult_t r =
+        sbnForwardInferenceEx(&d, x, z + cases[i].zoff, y + cases[i].yoff, st, st + d.c,
+                              st + 2 * d.c, st + 3 * d.c, 1e-5f, &leaky, NULL);
+    static cudart_stub_launch_t l;
+    const int n = cudart_stub_launches(NULL, 0);
+    const int got = cudart_stub_launch_at(0, &l);
+    cudaDeviceSynchronize();
+    cudaFree(x), cudaFree(z), cudaFree(y), cudaFree(st);
+    ASSERT_OK(r);
+    if (cases[i].kind < 0) {
+      if (n != 0) SBN_FAIL_("case %zu (empty): %d launches", i, n);
+      continue;
+    }
+    const void* want = sbn_infer_kernel_ptr(sbnFloat32, cases[i].kind, cases[i].vec, 1);
+    const sbn_infer_args_t* a = (const sbn_infer_args_t*)l.args;
+    if (n != 1 || !got || want == NULL || l.fn != want)
+      SBN_FAIL_("case %zu: %d launches, not the %s kernel (%s)", i, n,
+                cases[i].kind == SBN_INFER_TILE   ? "tile"
+                : cases[i].kind == SBN_INFER_FLAT ? "flat"
+                                                  : "plane",
+                cases[i].vec ? "16-byte" : "scalar");
+    else if (a->act != SBN_ACT_LEAKY || a->slope != 0.25f || a->z != z + cases[i].zoff)
+      SBN_FAIL_("case %zu: act %d, slope %g, z %p (want %d, 0.25, %p)", i, a->act, (double)a->slope,
+                a->z, SBN_ACT_LEAKY, (const void*)(z + cases[i].zoff));
+  }
+  ASSERT_CLEAN();
+}
+
+/* The host path of an sbnCommInitAll team without NCCL comms (two ranks on device 0) runs
+   only a round of every rank: one rank's op alone is refused (sbnInvalidUsage, nothing
+   launched) and the team is not aborted (nobody was launched to wait for it). */
+static void test_host_path_without_nccl_whole_team(void) {
+  stub_case(NULL);
+  setenv("SBN_ALGO", "nccl", 1);
+  sbnComm_t comms[2] = {NULL, NULL};
+  duo_t p;
+  const int same[2] = {0, 0};
+  ASSERT_OK(duo_team(comms, &p, same));
+  cudart_stub_reset();
+  tensors_t* t = &p.t[0];
+  const sbnResult_t r = sbnForwardTrain(comms[0], &g_desc, t->x, t->y, NULL, NULL, NULL, NULL, NULL,
+                                        t->smean, t->sinvstd, NULL, (sbnStream_t)p.st[0]);
+  const int n = cudart_stub_launches(NULL, 0);
+  sbnResult_t async = sbnSystemError;
+  ASSERT_OK(sbnCommGetAsyncError(comms[1], &async));
+  if (r != sbnInvalidUsage || n != 0 ||
+      strstr(sbnGetLastError(comms[0]), "has no NCCL comm") == NULL)
+    SBN_FAIL_("rank 0's host-path op alone: %s, %d launches ('%s')", sbnGetResultName(r), n,
+              sbnGetLastError(comms[0]));
+  ASSERT_RES(async, sbnSuccess);
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+  duo_free(&p);
+  ASSERT_CLEAN();
+}
+
+/* An "nccl-host" team (no window: no in-kernel exchange) runs the host path whatever
+   SBN_ALGO says: unset, its op is not the cooperative kernel. */
+static void test_nccl_host_team_takes_host_path(void) {
+  stub_case(NULL);
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", TIMEOUT_MS));
+  ASSERT_TRUE(strcmp(transport_of(comm), "nccl-host") == 0);
+  unsetenv("SBN_ALGO");
+  ops_ok(comm); /* sbnCommGetKernel: "host" */
+  setenv("SBN_ALGO", "nccl", 1);
+  CHECK_();
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_CLEAN();
+}
+
 int main(void) {
   /* every op on the host path, whose NCCL calls are the subject; the configs' timeouts */
   setenv("SBN_ALGO", "nccl", 1);
@@ -2263,5 +2943,20 @@ int main(void) {
   SBN_RUN(test_group_thread_fails_beside_gpu_team);
   SBN_RUN(test_initall_abort_ends_collective);
   SBN_RUN(test_stuck_initall_comms);
+  SBN_RUN(test_virtual_launch_args);
+  SBN_RUN(test_peer_host_launch_args);
+  SBN_RUN(test_virtual_round_refusals);
+  SBN_RUN(test_backward_pointer_checks);
+  SBN_RUN(test_plan_reads_round);
+  SBN_RUN(test_virtual_host_path_launches);
+  SBN_RUN(test_current_device_kept);
+  SBN_RUN(test_teams_release_everything);
+  SBN_RUN(test_err_words_cause_first);
+  SBN_RUN(test_abort_without_nccl_stop_words);
+  SBN_RUN(test_second_launch_failure_aborts);
+  SBN_RUN(test_device_past_the_last);
+  SBN_RUN(test_inference_kernel_ex);
+  SBN_RUN(test_host_path_without_nccl_whole_team);
+  SBN_RUN(test_nccl_host_team_takes_host_path);
   return sbn_test_exit();
 }
