@@ -55,6 +55,7 @@ static struct {
   int polls, return_in_progress;
   char hang_fn[64];
   int hang_n, hang_seen;
+  int peer_k, peer_n, peer_v[16], reduce_seen; /* NCCL_STUB_PEER_MIN */
 } cfg;
 static char* record;
 static size_t record_len, record_cap;
@@ -84,6 +85,15 @@ static void read_env(void) {
   cfg.return_in_progress = v != NULL && strcmp(v, "inprogress") == 0;
   parse_fn(getenv("NCCL_STUB_HANG"), cfg.hang_fn, sizeof cfg.hang_fn, &cfg.hang_n);
   cfg.hang_seen = 0;
+  /* "k:v0,v1,...": the values a peer gives the k-th int32 min ncclAllReduce */
+  cfg.peer_k = cfg.peer_n = cfg.reduce_seen = 0;
+  v = getenv("NCCL_STUB_PEER_MIN");
+  char* end = NULL;
+  if (v != NULL && (cfg.peer_k = (int)strtol(v, &end, 10)) > 0 && *end == ':')
+    for (const char* q = end + 1; cfg.peer_n < 16; q = end + 1) {
+      cfg.peer_v[cfg.peer_n++] = (int)strtol(q, &end, 10);
+      if (*end != ',') break;
+    }
 }
 
 __attribute__((constructor)) static void stub_load(void) {
@@ -497,6 +507,9 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     reduce_args(args, sizeof args, send, count, type, op);
     const size_t elem = type == ncclInt32 || type == ncclFloat32 ? 4 : 1;
     if (send != recv) memmove(recv, send, count * elem); /* the min/sum of one rank */
+    if (type == ncclInt32 && op == ncclMin && ++cfg.reduce_seen == cfg.peer_k)
+      for (size_t i = 0; i < count && i < (size_t)cfg.peer_n; i++) /* and a peer's */
+        if (cfg.peer_v[i] < ((int32_t*)recv)[i]) ((int32_t*)recv)[i] = cfg.peer_v[i];
     r = operate(comm, "ncclAllReduce");
   }
   done_note_args("ncclAllReduce", comm, args, r);
@@ -507,14 +520,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
   (void)stream;
+  char args[64] = "";
   pthread_mutex_lock(&mu);
   ncclResult_t r = check_comm(comm, "ncclAllGather");
   if (r == ncclSuccess) {
     const size_t bytes = count * (type == ncclUint8 || type == ncclInt8 ? 1 : 4);
+    snprintf(args, sizeof args, " %zu bytes", bytes);
     memmove((char*)recv + (size_t)comm->rank * bytes, send, bytes); /* this rank's part */
     r = operate(comm, "ncclAllGather");
   }
-  done_note("ncclAllGather", comm, r);
+  done_note_args("ncclAllGather", comm, args, r);
   pthread_mutex_unlock(&mu);
   return r;
 }

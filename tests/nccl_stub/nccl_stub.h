@@ -11,6 +11,10 @@
  *   NCCL_STUB_HANG=fn[:n]    the n-th operation (default 1) of NCCL function fn stays in
  *                            progress forever: a peer that never comes ("init (split
  *                            child)": the init of a split's child)
+ *   NCCL_STUB_PEER_MIN=k:v0,v1,...  a peer's values in the k-th int32 min ncclAllReduce
+ *                            (from 1; the library's agreements): each result is the min
+ *                            of this rank's value and the peer's (a rank that failed its
+ *                            init, or whose config differs)
  * A violation is a call NCCL 2.28.9 refuses or that corrupts memory: a call on a comm
  * whose previous operation is still in progress (refused with ncclInvalidArgument and
  * "Attempt to use communicator before the previous operation returned ncclSuccess"),
@@ -24,7 +28,9 @@ void nccl_stub_reset(void);
 /* The calls since the last reset, one line each ("fn cN ... -> result"), repeated polls
    folded into one line; violations start with "VIOLATION". An int32 min ncclAllReduce
    (the library's agreements) shows what this rank gave it: "ncclAllReduce cN int32 min
-   [1,1,0,64,-64,...] -> result". Valid until the next call. */
+   [1,1,0,64,-64,...] -> result", what it gave, before a peer's (NCCL_STUB_PEER_MIN); an
+   ncclAllGather the bytes each rank gives: "ncclAllGather cN 128 bytes -> result". Valid
+   until the next call. */
 const char* nccl_stub_log(void);
 /* Whether the record holds `text`, read under its lock (while other threads call NCCL). */
 int nccl_stub_log_has(const char* text);

@@ -1,8 +1,10 @@
 /* test_nccl_load.c — how libsyncbn finds NCCL (src/gpu/nccl_api.c), on the library's objects
  * without a GPU. One scenario per process (a load that succeeded is kept), named by argv[1]:
  * - (none): a failed load is not remembered (a later call, after the program made NCCL
- *   loadable, succeeds), and an NCCL 2.17 first on LD_LIBRARY_PATH (set by CTest) is not
- *   taken: the NCCL CMake found at build time is;
+ *   loadable, succeeds), an NCCL 2.17 (SBN_NCCL_LIBRARY=libnccl.so.2, which the loader finds
+ *   first on LD_LIBRARY_PATH, set by CTest) is refused for the function it lacks, and is not
+ *   taken by the default search either: the NCCL CMake found at build time is; a success
+ *   is kept (SBN_NCCL_LIBRARY is not read again);
  * - loader: a usable NCCL first on LD_LIBRARY_PATH (the stand-in, tests/nccl_stub) that the
  *   program has not loaded is not taken either: the build's NCCL is, whose headers syncbn
  *   was compiled with;
@@ -38,6 +40,11 @@ static void test_failure_not_kept(void) {
   ASSERT_RES(sbn_nccl_load(&why), sbnUnsupported);
   printf("  with a missing SBN_NCCL_LIBRARY: %s\n", why);
   ASSERT_TRUE(strstr(why, "/nonexistent/syncbn-test/libnccl.so.2") != NULL);
+  /* one that opens but lacks syncbn's functions (old_nccl.c: ncclGetVersion alone) */
+  setenv("SBN_NCCL_LIBRARY", "libnccl.so.2", 1);
+  ASSERT_RES(sbn_nccl_load(&why), sbnUnsupported);
+  printf("  with SBN_NCCL_LIBRARY an NCCL 2.17: %s\n", why);
+  ASSERT_TRUE(strstr(why, "lacks ncclGetErrorString") != NULL);
   unsetenv("SBN_NCCL_LIBRARY");
   /* the default search now: nothing loaded yet, so the build's NCCL before the old one on
      the path */
@@ -48,7 +55,10 @@ static void test_failure_not_kept(void) {
   ASSERT_TRUE(version >= 21800);
   ASSERT_TRUE(sbn_nccl.CommSplit != NULL);
   ASSERT_TRUE(loaded_from(SBN_NCCL_LIBRARY_PATH));
-  ASSERT_OK(sbn_nccl_load(&why)); /* kept */
+  setenv("SBN_NCCL_LIBRARY", "/nonexistent/syncbn-test/libnccl.so.2", 1);
+  ASSERT_OK(sbn_nccl_load(&why)); /* kept: nothing is searched again */
+  unsetenv("SBN_NCCL_LIBRARY");
+  ASSERT_TRUE(loaded_from(SBN_NCCL_LIBRARY_PATH));
 }
 
 static void test_build_before_loader(void) {

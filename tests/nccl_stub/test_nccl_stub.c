@@ -88,6 +88,11 @@ static const char* record_line_from(const char* from, const char* prefix) {
   return NULL;
 }
 
+/* The record's first line that begins with `prefix`, or NULL. */
+static const char* record_line(const char* prefix) {
+  return record_line_from(nccl_stub_log(), prefix);
+}
+
 /* The record has these lines' beginnings, in this order (other lines between them). */
 static int record_has(const char* const* lines, int n) {
   const char* at = nccl_stub_log();
@@ -162,6 +167,19 @@ static sbnConfig_t case_config(int64_t timeout_ms) {
   return cfg;
 }
 
+/* sbnCommInitNccl into *comm as the caller left it (a failed init writes nothing). */
+static sbnResult_t init_nccl_into(sbnComm_t* comm, ncclComm_t nc, const char* transport,
+                                  int64_t timeout_ms) {
+  const sbnConfig_t cfg = case_config(timeout_ms);
+  if (transport != NULL)
+    setenv("SBN_NCCL_TRANSPORT", transport, 1);
+  else
+    unsetenv("SBN_NCCL_TRANSPORT");
+  sbnResult_t r = sbnCommInitNccl(comm, nc, &cfg);
+  unsetenv("SBN_NCCL_TRANSPORT");
+  if (r != sbnSuccess) fprintf(stderr, "  init: %s\n", sbnGetLastError(NULL));
+  return r;
+}
 static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transport,
                              int64_t timeout_ms) {
   const sbnConfig_t cfg = case_config(timeout_ms);
@@ -247,6 +265,39 @@ static void ops_ok(sbnComm_t comm) {
   ASSERT_RES(async, sbnSuccess);
 }
 
+/* Whether the record's ncclAllGathers (the host path's) are `n` calls, each of a rank's
+   records of the team's max_channels (64 here, whatever the op's channels: every rank's
+   collective of one size); `distinct`: each on a comm of its own (one round's ranks). */
+static int allgathers_ok(int n, int distinct) {
+  const char* const prefix = "ncclAllGather c";
+  char want[48];
+  snprintf(want, sizeof want, " %zu bytes ",
+           (size_t)((64 + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK) * sizeof(sbn_mail_rec_t));
+  int ids[8], k = 0;
+  for (const char* p = record_line(prefix); p != NULL; p = record_line_from(p + 1, prefix)) {
+    const char* eol = strchr(p, '\n');
+    const char* b = strstr(p, want);
+    if (b == NULL || (eol != NULL && b > eol) || k == 8) {
+      fprintf(stderr, "an ncclAllGather does not give%s(the records of 64 channels)\n", want);
+      print_record();
+      return 0;
+    }
+    ids[k] = atoi(p + strlen(prefix));
+    for (int i = 0; i < k && distinct; i++)
+      if (ids[i] == ids[k]) {
+        fprintf(stderr, "two ncclAllGathers of one round on c%d\n", ids[k]);
+        print_record();
+        return 0;
+      }
+    k++;
+  }
+  if (k != n) {
+    fprintf(stderr, "%d ncclAllGather(s) in the record, expected %d\n", k, n);
+    print_record();
+  }
+  return k == n;
+}
+
 /* ---- the cases ---------------------------------------------------------------------------- */
 
 /* A blocking caller comm (as ncclCommInitRank makes, and as test_nccl_team and ddp_step
@@ -286,6 +337,7 @@ static void test_init_host_nonblocking_caller(void) {
   ASSERT_RECORD("ncclCommSplit", "ncclAllReduce", "ncclAllGather", "ncclCommFinalize",
                 "ncclCommDestroy");
   ASSERT_NO_RECORD("ncclCommWindowRegister");
+  ASSERT_TRUE(allgathers_ok(2, 0)); /* the forward's and the backward's */
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0 + 1);
   ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
   ASSERT_CLEAN();
@@ -652,6 +704,7 @@ static void test_initall(void) {
   ASSERT_RECORD("ncclCommInitRankConfig", "ncclCommInitRankConfig", "ncclGroupEnd", "ncclAllGather",
                 "ncclAllGather", "ncclGroupEnd", "ncclCommFinalize", "ncclCommFinalize",
                 "ncclGroupEnd", "ncclCommDestroy", "ncclCommDestroy");
+  ASSERT_TRUE(allgathers_ok(2, 1)); /* one group: rank 0's comm, rank 1's */
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
@@ -1631,17 +1684,20 @@ static void test_abort_two_devices_stop_words(void) {
 
 /* ---- a peer that never comes ------------------------------------------------------------ */
 
-/* sbnCommInitNccl with NCCL call `hang` never finishing: sbnTimeout, not before the
-   timeout; every comm the library made is released; the caller's comm is the caller's
-   (aborted here by the test when its own split hangs on it: the library must not have). */
+/* sbnCommInitNccl with NCCL call `hang` never finishing (NULL: the streams made from here
+   never finish, as abort_while_waiting's): sbnTimeout, not before the timeout; every comm
+   the library made is released; the caller's comm is the caller's (aborted here by the
+   test when its own split hangs on it: the library must not have). */
 static void init_stuck(const char* hang, const char* transport) {
   stub_case(hang);
   const int live0 = nccl_stub_live_comms();
   ncclComm_t nc = caller_comm(0, 1);
   sbnComm_t comm = NULL;
+  if (hang == NULL) cudart_stub_set_new_streams_pending(1);
   const double t0 = now_ms();
   const sbnResult_t r = init_nccl(&comm, nc, transport, STUCK_TIMEOUT_MS);
   const double waited = now_ms() - t0;
+  cudart_stub_set_new_streams_pending(0);
   ASSERT_RES(r, sbnTimeout);
   ASSERT_TRUE(comm == NULL);
   ASSERT_NOT_BEFORE_TIMEOUT(waited);
@@ -1657,6 +1713,11 @@ static void test_stuck_split_child_init(void) {
 }
 static void test_stuck_agreement(void) {
   init_stuck("ncclAllReduce", NULL);
+}
+/* the agreement's ncclAllReduce issued, its stream never done (a peer that never makes the
+   call): the wait for the result's copy ends at the timeout too */
+static void test_stuck_agreement_runs(void) {
+  init_stuck(NULL, "host");
 }
 static void test_stuck_window_register(void) {
   init_stuck("ncclCommWindowRegister", NULL);
@@ -1723,6 +1784,12 @@ static void test_stuck_team_split(void) {
   ASSERT_NOT_BEFORE_TIMEOUT(waited);
   ASSERT_TRUE(sub == (sbnComm_t)&sub);
   EXPECT_TRUE(nccl_stub_violations() == 0); /* none at the split */
+  sbnResult_t a = sbnSuccess;
+  EXPECT_TRUE(sbnCommGetAsyncError(comm, &a) == sbnSuccess);
+  EXPECT_TRUE(a == sbnTimeout); /* the cause, not the sbnAborted of the stop word */
+  /* a peer that came late: NCCL writes the child into the split's slot after the timeout,
+     until the parent comm is aborted (at the destroy here); the destroy aborts it too */
+  *sbn_gpu(comm->team)->split_slot = caller_comm(0, 1);
   const sbnResult_t fr = forward(comm, &t);
   tensors_free(&t);
   ASSERT_RES(fr, sbnAborted);
@@ -1900,7 +1967,7 @@ static void test_stuck_finalize(void) {
 
 /* sbnCommInitAll whose NCCL comms never finish their init: the team works without them
    (the coop path does not need them), and a host-path op says why it cannot run. */
-static void test_stuck_initall_comms(void) {
+static void stuck_initall_comms(void) {
   stub_case("ncclCommInitRankConfig");
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comms[2] = {NULL, NULL};
@@ -1917,7 +1984,22 @@ static void test_stuck_initall_comms(void) {
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
-
+/* also where rank 1's comm is ready at its first poll (NCCL_STUB_POLLS=0): the group's wait
+   fails on rank 0's, whatever the comms after it say */
+static void test_stuck_initall_comms(void) {
+  const char* polls = getenv("NCCL_STUB_POLLS");
+  char saved[32];
+  snprintf(saved, sizeof saved, "%s", polls != NULL ? polls : "");
+  for (int at_once = 0; at_once < 2 && !sbn_test_cur_failed_; at_once++) {
+    if (at_once) setenv("NCCL_STUB_POLLS", "0", 1);
+    stuck_initall_comms();
+  }
+  if (polls != NULL)
+    setenv("NCCL_STUB_POLLS", saved, 1);
+  else
+    unsetenv("NCCL_STUB_POLLS");
+  nccl_stub_reset();
+}
 
 /* An sbnCommInitAll team whose host-path collective may wait for a rank (its event
    pending): sbnCommAbort aborts the team's NCCL comms at once (ncclCommAbort in the record
@@ -1948,6 +2030,222 @@ static void test_initall_abort_ends_collective(void) {
   tensors_free(&t[1]);
   if (!aborted_at_abort) fprintf(stderr, "  no ncclCommAbort at sbnCommAbort:\n%s", nccl_stub_log());
   EXPECT_TRUE(aborted_at_abort);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* ---- what a peer gives the agreements (NCCL_STUB_PEER_MIN) --------------------------------- */
+
+/* sbnCommInitNccl of a team of one (SBN_NCCL_TRANSPORT `transport`) whose agreement `peer`
+   ("k:v0,v1,...": the k-th; 1: ready, lsa possible, lsa required (-1), max_channels, its
+   negation, the record's size, its negation; 2: the window part allocated; 3: the window
+   usable) also holds a peer's values: the peer's part of the outcome reaches this rank.
+   `want` the init's result; on success the comm says `transport_want` and runs ops, else
+   `says` is in the detail; either way nothing is left behind, and a failed init wrote no
+   comm. `registered`: whether the record has the window's registration. */
+static void peer_case(const char* peer, const char* transport, sbnResult_t want,
+                      const char* transport_want, const char* says, int registered) {
+  setenv("NCCL_STUB_PEER_MIN", peer, 1);
+  stub_case(NULL);
+  unsetenv("NCCL_STUB_PEER_MIN"); /* read by the reset */
+  const int live0 = nccl_stub_live_comms();
+  ncclComm_t nc = caller_comm(0, 1);
+  sbnComm_t comm = (sbnComm_t)&comm; /* a failed init writes nothing */
+  const sbnResult_t r = init_nccl_into(&comm, nc, transport, TIMEOUT_MS);
+  fprintf(stderr, "  peer %s, transport %s: %s %s\n", peer, transport ? transport : "auto",
+          sbnGetResultName(r), r == sbnSuccess ? transport_of(comm) : sbnGetLastError(NULL));
+  const int reg = nccl_stub_log_has("ncclCommWindowRegister c");
+  if (r == sbnSuccess) {
+    EXPECT_TRUE(transport_want != NULL && strcmp(transport_of(comm), transport_want) == 0);
+    ops_ok(comm);
+    EXPECT_TRUE(sbnCommDestroy(comm) == sbnSuccess);
+  } else {
+    EXPECT_TRUE(comm == (sbnComm_t)&comm);
+    EXPECT_TRUE(says != NULL && strstr(sbnGetLastError(NULL), says) != NULL);
+  }
+  ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+  ASSERT_RES(r, want);
+  ASSERT_EQ_INT(reg, registered);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+/* A peer whose init failed, or whose config or build differs: every rank fails, this one
+   with the peer's reason, not its own. */
+static void test_peer_failed_or_differs(void) {
+  peer_case("1:0", NULL, sbnInvalidUsage, NULL, "another rank of the team failed its init", 0);
+  CHECK_();
+  peer_case("1:1,1,0,32", NULL, sbnInvalidArgument, NULL, "max_channels differ", 0);
+  CHECK_();
+  peer_case("1:1,1,0,64,-64,0,-100000", NULL, sbnInvalidUsage, NULL, "different records", 0);
+}
+/* The transport every rank can use: a peer without the in-kernel transport makes it
+   nccl-host (no window), which SBN_NCCL_TRANSPORT=lsa refuses; a peer that requires it
+   refuses this rank's nccl-host; a peer without its window part, or whose window is not
+   usable, makes it nccl-host too. */
+static void test_peer_transport(void) {
+  peer_case("1:1,0", NULL, sbnSuccess, "nccl-host", NULL, 0);
+  CHECK_();
+  peer_case("1:1,0", "lsa", sbnUnsupported, NULL, "SBN_NCCL_TRANSPORT=lsa", 0);
+  CHECK_();
+  peer_case("1:1,1,-1", "host", sbnUnsupported, NULL, "SBN_NCCL_TRANSPORT=lsa", 0);
+  CHECK_();
+  peer_case("2:0", NULL, sbnSuccess, "nccl-host", NULL, 0);
+  CHECK_();
+  peer_case("3:0", NULL, sbnSuccess, "nccl-host", NULL, 1);
+}
+
+/* NCCL registers the window, but not as a symmetric one (no P2P between the GPUs,
+   NCCL_CUMEM_ENABLE=0, NCCL_WIN_ENABLE=0: a handle that is no device memory; here the query
+   of the handle fails, which says no more): the team takes nccl-host, and
+   SBN_NCCL_TRANSPORT=lsa is refused; nothing is left behind. */
+static void test_window_not_symmetric(void) {
+  for (int lsa = 0; lsa < 2; lsa++) {
+    stub_case(NULL);
+    const int live0 = nccl_stub_live_comms();
+    ncclComm_t nc = caller_comm(0, 1);
+    sbnComm_t comm = (sbnComm_t)&comm; /* a failed init writes nothing */
+    cudart_stub_set_pointer_query_fails(1);
+    const sbnResult_t r = init_nccl_into(&comm, nc, lsa ? "lsa" : NULL, TIMEOUT_MS);
+    cudart_stub_set_pointer_query_fails(0);
+    const int said = strstr(sbnGetLastError(NULL), "not as a symmetric window") != NULL;
+    const int host = r == sbnSuccess && strcmp(transport_of(comm), "nccl-host") == 0;
+    if (r == sbnSuccess) {
+      ops_ok(comm);
+      EXPECT_TRUE(sbnCommDestroy(comm) == sbnSuccess);
+    }
+    ASSERT_TRUE(ncclCommDestroy(nc) == ncclSuccess);
+    ASSERT_RES(r, lsa ? sbnUnsupported : sbnSuccess);
+    if (lsa) {
+      ASSERT_TRUE(comm == (sbnComm_t)&comm);
+      ASSERT_TRUE(said);
+    } else {
+      ASSERT_TRUE(host);
+      ASSERT_RECORD("ncclCommWindowRegister", "ncclCommWindowDeregister", "ncclCommFinalize");
+    }
+    ASSERT_CLEAN();
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  }
+}
+
+/* sbnCommSplit of an "nccl-host" team whose ncclCommSplit never finishes: sbnTimeout, the
+   team's async error sbnTimeout (the cause, not the sbnAborted of its stop word), its comm
+   aborted at once (no kernel writes through a window: the split's collective goes with it),
+   the stop word set; later ops sbnAborted, the destroy makes no collective call. */
+static void test_stuck_team_split_host(void) {
+  stub_case("ncclCommSplit:2");
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL, sub = (sbnComm_t)&sub;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  const double t0 = now_ms();
+  const sbnResult_t sr = sbnCommSplit(comm, 0, 0, &sub);
+  const double waited = now_ms() - t0;
+  const int aborted_at_split = nccl_stub_log_has("ncclCommAbort"); /* before the destroy */
+  sbnResult_t a = sbnSuccess;
+  const sbnResult_t ar = sbnCommGetAsyncError(comm, &a);
+  const int stop0 = (int)sbn_gpu(comm->team)->ranks[0].state->stop; /* the team's own */
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  const sbnResult_t fr = forward(comm, &t);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_RES(sr, sbnTimeout);
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
+  ASSERT_TRUE(sub == (sbnComm_t)&sub);
+  ASSERT_TRUE(aborted_at_split);
+  ASSERT_OK(ar);
+  ASSERT_RES(a, sbnTimeout);
+  ASSERT_EQ_INT(stop0, sbnAborted);
+  ASSERT_RES(fr, sbnAborted);
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* A host-path op whose collective never completes (its event never done: a peer that never
+   comes), and nobody calls sbnCommAbort: the team's watchdog ends it at the timeout. The
+   async error says sbnTimeout (not before the timeout), the comm is aborted, the stop word
+   says sbnAborted (an APPLY queued behind the collective writes nothing), a later op is
+   refused with sbnAborted and calls no NCCL function, the destroy finalizes nothing. */
+static void test_watchdog_ends_stuck_host_op(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_set_events_pending(1);
+  const double t0 = now_ms();
+  const sbnResult_t fr = forward(comm, &t);
+  nccl_stub_reset(); /* the record from here */
+  sbnResult_t a = sbnSuccess;
+  while (sbnCommGetAsyncError(comm, &a) == sbnSuccess && a == sbnSuccess &&
+         now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
+    struct timespec ts = {0, 2000000L};
+    nanosleep(&ts, NULL);
+  }
+  const double waited = now_ms() - t0;
+  fprintf(stderr, "  async error %s after %.1f ms\n", sbnGetResultName(a), waited);
+  const int stop0 = (int)sbn_gpu(comm->team)->ranks[0].state->stop; /* the team's own */
+  const sbnResult_t again = forward(comm, &t);
+  const int aborted = nccl_stub_log_has("ncclCommAbort"),
+            gathered = nccl_stub_log_has("ncclAllGather");
+  cudart_stub_set_events_pending(0);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_OK(fr);
+  ASSERT_RES(a, sbnTimeout);
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
+  ASSERT_TRUE(aborted); /* by the watchdog, before the destroy */
+  ASSERT_EQ_INT(stop0, sbnAborted);
+  ASSERT_RES(again, sbnAborted);
+  ASSERT_TRUE(!gathered); /* the later op called no NCCL function */
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommDestroy, without sbnCommAbort, of an sbnCommInitAll team whose host-path
+   collective may still wait for a rank (its event not done): its NCCL comms are aborted,
+   not finalized (ncclCommFinalize would wait for the collective, and the device sync after
+   it for ever). */
+static void test_destroy_initall_host_op_pending(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
+  tensors_t t[2];
+  tensors_alloc(&t[0], 0);
+  tensors_alloc(&t[1], 1);
+  cudart_stub_set_events_pending(1);
+  ASSERT_OK(sbnGroupStart());
+  const sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
+  ASSERT_OK(sbnGroupEnd());
+  ASSERT_OK(f0);
+  ASSERT_OK(f1);
+  nccl_stub_reset();
+  const sbnResult_t d0 = sbnCommDestroy(comms[0]), d1 = sbnCommDestroy(comms[1]);
+  cudart_stub_set_events_pending(0);
+  tensors_free(&t[0]);
+  tensors_free(&t[1]);
+  ASSERT_OK(d0);
+  ASSERT_OK(d1);
+  ASSERT_RECORD("ncclCommAbort", "ncclCommAbort");
+  ASSERT_NO_RECORD("ncclCommFinalize");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* sbnCommDestroy of an sbnCommInitAll team whose ncclCommFinalize never finishes: the destroy
+   returns (bounded by the timeout), every comm aborted, none destroyed while in progress. */
+static void test_stuck_finalize_initall(void) {
+  stub_case("ncclCommFinalize");
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  ASSERT_OK(sbnCommDestroy(comms[1]));
+  ASSERT_RECORD("ncclCommFinalize", "ncclCommFinalize", "ncclCommAbort", "ncclCommAbort");
+  ASSERT_NO_RECORD("ncclCommDestroy");
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
@@ -2017,11 +2315,6 @@ static void test_group_thread_fails_beside_gpu_team(void) {
   for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) cudaFree(all[k]);
   ASSERT_OK(sbnCommDestroy(virt));
   for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(cpu[r]));
-}
-
-/* The record's first line that begins with `prefix`, or NULL. */
-static const char* record_line(const char* prefix) {
-  return record_line_from(nccl_stub_log(), prefix);
 }
 
 #define AGREEMENT "ncclAllReduce c" /* an agreement's line: "ncclAllReduce cN int32 min [...]" */
@@ -2930,6 +3223,14 @@ int main(void) {
   SBN_RUN(test_stuck_allgather_host);
   SBN_RUN(test_stuck_team_split);
   SBN_RUN(test_stuck_finalize);
+  SBN_RUN(test_stuck_agreement_runs);
+  SBN_RUN(test_peer_failed_or_differs);
+  SBN_RUN(test_peer_transport);
+  SBN_RUN(test_window_not_symmetric);
+  SBN_RUN(test_stuck_team_split_host);
+  SBN_RUN(test_watchdog_ends_stuck_host_op);
+  SBN_RUN(test_destroy_initall_host_op_pending);
+  SBN_RUN(test_stuck_finalize_initall);
   SBN_RUN(test_abort_while_op_waits_host);
   SBN_RUN(test_abort_while_op_waits_lsa);
   SBN_RUN(test_abort_while_split_waits_host);
