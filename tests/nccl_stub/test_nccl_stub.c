@@ -2185,7 +2185,14 @@ static void test_watchdog_ends_stuck_host_op(void) {
   }
   const double waited = now_ms() - t0;
   fprintf(stderr, "  async error %s after %.1f ms\n", sbnGetResultName(a), waited);
-  const int stop0 = (int)sbn_gpu(comm->team)->ranks[0].state->stop; /* the team's own */
+  /* the watchdog's abort goes on after the error word it set: the stop word, then the
+     comm's abort, its last step (the stand-in's record, under its lock, orders the two) */
+  while (!nccl_stub_log_has("ncclCommAbort") && now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
+    struct timespec ts = {0, 2000000L};
+    nanosleep(&ts, NULL);
+  }
+  const int stop0 = (int)__atomic_load_n(&sbn_gpu(comm->team)->ranks[0].state->stop,
+                                         __ATOMIC_ACQUIRE); /* the team's own */
   const sbnResult_t again = forward(comm, &t);
   const int aborted = nccl_stub_log_has("ncclCommAbort"),
             gathered = nccl_stub_log_has("ncclAllGather");
