@@ -263,7 +263,10 @@ SBN_API sbnResult_t sbnCommCount(sbnComm_t comm, int* count);
    a global count of 1). */
 SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_error);
 /* Aborts the whole team: ops waiting for peers return sbnAborted at once, later ops
-   return sbnAborted without running. Idempotent. */
+   return sbnAborted without running. Idempotent. GPU teams: it waits for its stop signal to
+   reach each rank's device, bounded by the comm's timeout once for the team's life (a
+   device that never finishes the copy costs one timeout in all: a second sbnCommAbort and
+   the destroy do not wait for it again). */
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops

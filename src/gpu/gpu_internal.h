@@ -69,6 +69,8 @@ typedef struct {
   cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
   cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
                                   beside the rank's kernels (sbn_gpu_stop_ranks) */
+  _Atomic int stop_sent;       /* ... that copy: 0 not queued, 1 being queued, 2 queued (once
+                                  for the team's life: the word only ever becomes sbnAborted) */
   _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
   /* an op of this rank was launched under a CUDA graph capture: from then on its ops carry
      no call number (gpu_launch.c: gpu_sig; its replays do not pass through the host, so
@@ -97,6 +99,10 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  /* The end of the abort's waits (CLOCK_MONOTONIC ns; 0: no abort yet): the first abort's
+     time plus timeout_ms, for every wait of every later abort and of the destroy
+     (sbn_gpu_stop_deadline), so that a copy that does not land costs one timeout in all */
+  _Atomic int64_t stop_deadline;
   _Atomic int host_captured; /* a host-path op was launched under a graph capture: its
                                 replays are not watched, so a collective may be pending */
   _Atomic int host_stuck; /* a collective's wait (a host-path op's, a split's) was ended by
@@ -119,6 +125,7 @@ struct sbn_gpu_team {
                        a registration that did not finish (sbn_gpu_park), freed at the
                        release if unused) */
   cudaStream_t aux; /* init collectives, abort notification */
+  _Atomic int abort_notified; /* ... that notification queued (nccl_abort: once) */
   int* dscratch;    /* init agreement (nccl_team.c): SBN_AGREE_MAX ints of device memory, */
   int* hscratch;    /* and as many of pinned host memory */
 };
@@ -172,6 +179,8 @@ SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
    rank's stop word (device memory) through its stop_stream, waited for (bounded); where
    that fails, it says so at SBN_DEBUG=WARN. */
 SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
+/* The team's abort deadline (stop_deadline), set by the first call: now + timeout_ms. */
+SBN_INTERNAL int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt);
 /* One tensor argument of an op: its pointer (NULL: not given) and its name in messages. */
 typedef struct {
   const void* p;

@@ -86,15 +86,31 @@ sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who, const sbn_ten
    own non-blocking stream. A copy engine runs it beside a kernel that fills every SM.
    It is waited for, so that a kernel that starts after this returns (one queued behind
    a stuck collective, a graph replayed after sbnCommAbort) sees it at its start; the
-   wait is bounded by the comm's timeout. Where a copy cannot be made (a context in an
+   wait is bounded by the comm's timeout, once for the team's life: the copy is queued
+   once (the word only ever becomes sbnAborted), and every later call (another thread's
+   abort, the destroy, sbn_nccl_abort_all) waits for it until the first call's deadline
+   (stop_deadline), so that an abort of a device whose copies do not finish returns
+   within one timeout, not one per wait. Where a copy cannot be made (a context in an
    error state), a waiting kernel's watcher still reads the abort word itself. Called
    from any thread, also one capturing a graph: relaxed about captures. */
+int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt) {
+  int64_t d = 0;
+  const int64_t mine = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  return atomic_compare_exchange_strong(&gt->stop_deadline, &d, mine) ? mine : d;
+}
+
+static void nap_20us(void) {
+  struct timespec ts = {0, 20000};
+  nanosleep(&ts, NULL);
+}
+
 void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   if (gt->err == NULL) return;
   /* an atomic store: aborts of the team's threads (a host-path op's failure, the
      watchdog, sbnCommAbort) may run at once and store the same word */
   __atomic_store_n(&gt->err[gt->nranks], (int)sbnAborted, __ATOMIC_SEQ_CST);
   if (gt->ranks == NULL) return;
+  const int64_t deadline = sbn_gpu_stop_deadline(gt);
   int prev = 0;
   cudaGetDevice(&prev);
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -103,24 +119,30 @@ void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   for (int q = 0; q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
     if (!g->present || g->state == NULL) continue; /* nothing of this rank runs here */
+    int none = 0; /* queued, or being queued, by an earlier call: not again */
+    if (!atomic_compare_exchange_strong(&g->stop_sent, &none, 1)) continue;
     if (g->stop_stream == NULL || cudaSetDevice(g->device) != cudaSuccess ||
         cudaMemcpyAsync(&g->state->stop, (const void*)&gt->err[gt->nranks], sizeof(uint32_t),
                         cudaMemcpyHostToDevice, g->stop_stream) != cudaSuccess) {
       (void)cudaGetLastError();
+      atomic_store(&g->stop_sent, 0); /* a later call tries again */
       unsent = 1;
+    } else {
+      atomic_store(&g->stop_sent, 2);
     }
   }
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
   for (int q = 0; q < gt->nranks; q++) {
     gpu_rank_t* g = &gt->ranks[q];
-    if (!g->present || g->state == NULL || g->stop_stream == NULL ||
-        cudaSetDevice(g->device) != cudaSuccess)
+    if (!g->present || g->state == NULL) continue;
+    while (atomic_load(&g->stop_sent) == 1 && sbn_mono_ns() < deadline) nap_20us();
+    if (atomic_load(&g->stop_sent) != 2) {
+      unsent = 1;
       continue;
-    cudaError_t e;
-    while ((e = cudaStreamQuery(g->stop_stream)) == cudaErrorNotReady && sbn_mono_ns() < deadline) {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
     }
+    if (cudaSetDevice(g->device) != cudaSuccess) continue;
+    cudaError_t e;
+    while ((e = cudaStreamQuery(g->stop_stream)) == cudaErrorNotReady && sbn_mono_ns() < deadline)
+      nap_20us();
     if (e != cudaSuccess) unsent = 1;
   }
   (void)cudaGetLastError();

@@ -530,13 +530,18 @@ static void nccl_abort(sbn_team_t* team) {
      kernel that sees the abort word). */
   if (gt->nccl_lock_ok) pthread_rwlock_rdlock(&gt->nccl_lock);
 #if SBN_NCCL_DEVICE_API
-  /* the other processes' kernels waiting for this rank return now */
+  /* the other processes' kernels waiting for this rank return now; once (a failure word,
+     once written, stays: a later abort's would change nothing, and would queue behind a
+     notification that did not land) */
   if (gt->transport == SBN_TR_NCCL_WINDOW && gt->win != NULL && !atomic_load(&gt->nccl_dead) &&
-      cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess)
+      cudaSetDevice(gt->ranks[gt->local].device) == cudaSuccess &&
+      !atomic_exchange(&gt->abort_notified, 1))
     sbn_gpu_notify_launch(gt->win, sbn_window_fail_off(gt->nranks, gt->nchunks_max), gt->local,
                           gt->nranks, sbnAborted, gt->aux);
 #endif
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  /* the abort's deadline, which sbn_gpu_abort's wait for the stop words began: one
+     timeout for both waits, not one each */
+  const int64_t deadline = sbn_gpu_stop_deadline(gt);
   while (gt->aux != NULL && cudaStreamQuery(gt->aux) == cudaErrorNotReady &&
          sbn_mono_ns() < deadline) {
     struct timespec ts = {0, 100000};

@@ -3034,6 +3034,58 @@ static void test_abort_without_nccl_stop_words(void) {
   ASSERT_CLEAN();
 }
 
+/* s replaced by a stream that never finishes (a wedged device's copy engine). */
+static void stall_stream(cudaStream_t* s) {
+  cudaStreamDestroy(*s);
+  cudart_stub_set_new_streams_pending(1);
+  cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+  cudart_stub_set_new_streams_pending(0);
+}
+
+/* sbnCommAbort where no copy finishes (every rank's stop-word stream and an NCCL team's aux
+   stream, which carries its notification, never done): the abort's waits share one
+   deadline, the first abort's time plus the timeout, so sbnCommAbort returns within about
+   one timeout, and a second sbnCommAbort and the destroy after it do not wait again. (Each
+   wait had a timeout of its own: an "nccl-host" team's sbnCommAbort took 3 timeouts, the
+   stop words' wait, the aux stream's and the stop words' again before the comm's abort,
+   and its destroy a 4th.) For an "nccl-host" and an "nccl-lsa" team of one, and an
+   sbnCommInitAll team of two devices. */
+static void test_abort_waits_one_timeout(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[3] = {"nccl-host", "nccl-lsa", "InitAll"};
+  for (int k = 0; k < 3 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    sbnComm_t comms[2] = {NULL, NULL};
+    const int n = k == 2 ? 2 : 1;
+    ASSERT_OK(k == 2 ? init_all_two(comms, STUCK_TIMEOUT_MS)
+                     : team_of_one(&comms[0], k == 0 ? "host" : NULL, STUCK_TIMEOUT_MS));
+    if (k < 2) ASSERT_TRUE(strcmp(transport_of(comms[0]), kind[k]) == 0);
+    struct sbn_gpu_team* gt = sbn_gpu(comms[0]->team);
+    for (int q = 0; q < gt->nranks; q++)
+      if (gt->ranks[q].present) stall_stream(&gt->ranks[q].stop_stream);
+    if (gt->aux != NULL) stall_stream(&gt->aux);
+    double t0 = now_ms();
+    ASSERT_OK(sbnCommAbort(comms[0]));
+    const double first = now_ms() - t0;
+    t0 = now_ms();
+    (void)sbnCommAbort(comms[n - 1]);
+    const double again = now_ms() - t0;
+    t0 = now_ms();
+    for (int q = 0; q < n; q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+    const double destroy = now_ms() - t0;
+    printf("  %s: sbnCommAbort %.0f ms, again %.0f ms, destroy %.0f ms (timeout %.0f ms)\n",
+           kind[k], first, again, destroy, T);
+    /* the first waits the timeout out (nothing lands); 0.5 T of slack for a slow machine,
+       below the 2 T of a second wait */
+    if (first < T || first > 1.5 * T || again > 0.5 * T || destroy > 0.5 * T)
+      SBN_FAIL_(
+          "%s: sbnCommAbort %.0f ms (expected %.0f-%.0f), a second %.0f ms and the "
+          "destroy %.0f ms (expected below %.0f)",
+          kind[k], first, T, 1.5 * T, again, destroy, 0.5 * T);
+  }
+  ASSERT_CLEAN();
+}
+
 /* A group of an sbnCommInitAll team whose rank 0 launched and rank 1's launch failed:
    rank 0's kernel would wait for rank 1 until the timeout, so the team is aborted (both
    stop words say so, the failure reported on both comms) and the group says why. */
@@ -3261,6 +3313,7 @@ int main(void) {
   SBN_RUN(test_teams_release_everything);
   SBN_RUN(test_err_words_cause_first);
   SBN_RUN(test_abort_without_nccl_stop_words);
+  SBN_RUN(test_abort_waits_one_timeout);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
   SBN_RUN(test_inference_kernel_ex);
