@@ -123,8 +123,8 @@ typedef struct {
    sbnGetLastError and the queries may be called from any thread at any time. A thread
    that exits with a group open frees its queue and gives its comms back (its ops never
    run). A destroy that races a call still entering the library (not yet holding the
-   comm) is undefined behaviour, as with free(). The calls that wait for other ranks (ops, sbnGroupEnd, splits, destroys) run
-   with the calling thread's cancellation disabled: a pthread_cancel takes effect at the
+   comm) is undefined behaviour, as with free(). The calls that wait for other ranks (ops, sbnGroupEnd, splits, destroys) and
+   sbnCommAbort run with the calling thread's cancellation disabled: a pthread_cancel takes effect at the
    thread's next cancellation point after the call has returned. */
 
 /* Color for sbnCommSplit: this rank joins no sub-team (*newcomm = NULL). */
@@ -265,8 +265,8 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
 /* Aborts the whole team: ops waiting for peers return sbnAborted at once, later ops
    return sbnAborted without running. Idempotent. GPU teams: it waits for its stop signal to
    reach each rank's device, bounded by the comm's timeout once for the team's life (a
-   device that never finishes the copy costs one timeout in all: a second sbnCommAbort and
-   the destroy do not wait for it again). */
+   device that never finishes the copy costs one timeout in all: a second sbnCommAbort
+   does not wait for it again). */
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops

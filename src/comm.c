@@ -188,7 +188,11 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm) {
   sbnResult_t r = sbn_comm_check(comm, "sbnCommAbort");
   if (r != sbnSuccess) return r;
+  /* it waits (a GPU team's stop words, bounded): a cancellation there would leave the
+     team's count of aborts in progress, which its destroy waits for, and NCCL's lock held */
+  const int cancel = sbn_nocancel_begin();
   sbn_team_abort_waiting(comm->team);
+  sbn_nocancel_end(cancel);
   return sbnSuccess;
 }
 

@@ -70,7 +70,7 @@ typedef struct {
   cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
                                   beside the rank's kernels (sbn_gpu_stop_ranks) */
   _Atomic int stop_sent;       /* ... that copy: 0 not queued, 1 being queued, 2 queued (once
-                                  for the team's life: the word only ever becomes sbnAborted) */
+                                  for the team's life: the word, once set, never returns to 0) */
   _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
   /* an op of this rank was launched under a CUDA graph capture: from then on its ops carry
      no call number (gpu_launch.c: gpu_sig; its replays do not pass through the host, so

@@ -80,19 +80,6 @@ sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who, const sbn_ten
   return sbnSuccess;
 }
 
-/* The kernels read no host memory on their success path (coop_exchange.cuh,
-   "failures"): the host's abort reaches them through each rank's stop word in device
-   memory, a 4-byte copy from the abort word (pinned host memory, set first) on the rank's
-   own non-blocking stream. A copy engine runs it beside a kernel that fills every SM.
-   It is waited for, so that a kernel that starts after this returns (one queued behind
-   a stuck collective, a graph replayed after sbnCommAbort) sees it at its start; the
-   wait is bounded by the comm's timeout, once for the team's life: the copy is queued
-   once (the word only ever becomes sbnAborted), and every later call (another thread's
-   abort, the destroy, sbn_nccl_abort_all) waits for it until the first call's deadline
-   (stop_deadline), so that an abort of a device whose copies do not finish returns
-   within one timeout, not one per wait. Where a copy cannot be made (a context in an
-   error state), a waiting kernel's watcher still reads the abort word itself. Called
-   from any thread, also one capturing a graph: relaxed about captures. */
 int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt) {
   int64_t d = 0;
   const int64_t mine = sbn_mono_ns() + gt->timeout_ms * 1000000;
@@ -104,6 +91,19 @@ static void nap_20us(void) {
   nanosleep(&ts, NULL);
 }
 
+/* The kernels read no host memory on their success path (coop_exchange.cuh,
+   "failures"): the host's abort reaches them through each rank's stop word in device
+   memory, a 4-byte copy from the abort word (pinned host memory, set first) on the rank's
+   own non-blocking stream. A copy engine runs it beside a kernel that fills every SM.
+   It is waited for, so that a kernel that starts after this returns (one queued behind
+   a stuck collective, a graph replayed after sbnCommAbort) sees it at its start; the
+   wait is bounded by the comm's timeout, once for the team's life: the copy is queued
+   once (the word, once set, never returns to 0), and every later call (another thread's
+   abort, the destroy, sbn_nccl_abort_all) waits for it until the first call's deadline
+   (stop_deadline), so that an abort of a device whose copies do not finish returns
+   within one timeout, not one per wait. Where a copy cannot be made (a context in an
+   error state), a waiting kernel's watcher still reads the abort word itself. Called
+   from any thread, also one capturing a graph: relaxed about captures. */
 void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   if (gt->err == NULL) return;
   /* an atomic store: aborts of the team's threads (a host-path op's failure, the
