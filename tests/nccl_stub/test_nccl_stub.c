@@ -2002,11 +2002,14 @@ static void test_stuck_initall_comms(void) {
 }
 
 /* An sbnCommInitAll team whose host-path collective may wait for a rank (its event
-   pending): sbnCommAbort aborts the team's NCCL comms at once (ncclCommAbort in the record
-   before sbnCommAbort returns), which is what makes such a collective return; the
-   stand-in has no collective that waits, so that return itself is not observed here.
-   Before, the comms were aborted only by the watchdog, at the timeout. */
-static void test_initall_abort_ends_collective(void) {
+   pending), then, where `abort`, sbnCommAbort, and the destroy of both comms:
+   - sbnCommAbort aborts the team's NCCL comms at once (ncclCommAbort in the record before
+     sbnCommAbort returns), which is what makes such a collective return; the stand-in has
+     no collective that waits, so that return itself is not observed here. Before, the
+     comms were aborted only by the watchdog, at the timeout.
+   - without it, the destroy aborts the comms too, and finalizes none (ncclCommFinalize
+     would wait for the collective, and the device sync after it for ever). */
+static void initall_op_pending(int abort) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comms[2] = {NULL, NULL};
@@ -2021,17 +2024,28 @@ static void test_initall_abort_ends_collective(void) {
   ASSERT_OK(f0);
   ASSERT_OK(f1);
   nccl_stub_reset();
-  ASSERT_OK(sbnCommAbort(comms[0]));
+  const sbnResult_t a = abort ? sbnCommAbort(comms[0]) : sbnSuccess;
   const int aborted_at_abort = nccl_stub_log_has("ncclCommAbort");
+  const sbnResult_t d0 = sbnCommDestroy(comms[0]), d1 = sbnCommDestroy(comms[1]);
   cudart_stub_set_events_pending(0);
-  ASSERT_OK(sbnCommDestroy(comms[0]));
-  ASSERT_OK(sbnCommDestroy(comms[1]));
   tensors_free(&t[0]);
   tensors_free(&t[1]);
-  if (!aborted_at_abort) fprintf(stderr, "  no ncclCommAbort at sbnCommAbort:\n%s", nccl_stub_log());
-  EXPECT_TRUE(aborted_at_abort);
+  ASSERT_OK(a);
+  ASSERT_OK(d0);
+  ASSERT_OK(d1);
+  if (abort && !aborted_at_abort)
+    fprintf(stderr, "  no ncclCommAbort at sbnCommAbort:\n%s", nccl_stub_log());
+  EXPECT_TRUE(!abort || aborted_at_abort);
+  ASSERT_RECORD("ncclCommAbort", "ncclCommAbort");
+  ASSERT_NO_RECORD("ncclCommFinalize");
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_initall_abort_ends_collective(void) {
+  initall_op_pending(1);
+}
+static void test_destroy_initall_host_op_pending(void) {
+  initall_op_pending(0);
 }
 
 /* ---- what a peer gives the agreements (NCCL_STUB_PEER_MIN) --------------------------------- */
@@ -2206,37 +2220,6 @@ static void test_watchdog_ends_stuck_host_op(void) {
   ASSERT_EQ_INT(stop0, sbnAborted);
   ASSERT_RES(again, sbnAborted);
   ASSERT_TRUE(!gathered); /* the later op called no NCCL function */
-  ASSERT_NO_RECORD("ncclCommFinalize");
-  ASSERT_CLEAN();
-  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
-}
-
-/* sbnCommDestroy, without sbnCommAbort, of an sbnCommInitAll team whose host-path
-   collective may still wait for a rank (its event not done): its NCCL comms are aborted,
-   not finalized (ncclCommFinalize would wait for the collective, and the device sync after
-   it for ever). */
-static void test_destroy_initall_host_op_pending(void) {
-  stub_case(NULL);
-  const int live0 = nccl_stub_live_comms();
-  sbnComm_t comms[2] = {NULL, NULL};
-  ASSERT_OK(init_all_two(comms, TIMEOUT_MS));
-  tensors_t t[2];
-  tensors_alloc(&t[0], 0);
-  tensors_alloc(&t[1], 1);
-  cudart_stub_set_events_pending(1);
-  ASSERT_OK(sbnGroupStart());
-  const sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
-  ASSERT_OK(sbnGroupEnd());
-  ASSERT_OK(f0);
-  ASSERT_OK(f1);
-  nccl_stub_reset();
-  const sbnResult_t d0 = sbnCommDestroy(comms[0]), d1 = sbnCommDestroy(comms[1]);
-  cudart_stub_set_events_pending(0);
-  tensors_free(&t[0]);
-  tensors_free(&t[1]);
-  ASSERT_OK(d0);
-  ASSERT_OK(d1);
-  ASSERT_RECORD("ncclCommAbort", "ncclCommAbort");
   ASSERT_NO_RECORD("ncclCommFinalize");
   ASSERT_CLEAN();
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
