@@ -698,16 +698,21 @@ static void team_wrongs(bench_team_bufs_t* b, const bench_shape_t* shape) {
    2|x|, bwd (a) 5|x|, (b) 3|x| of all W ranks; a z adds |x| to the forward, y read and dz
    written to the backward: +3|x| (a), +2|x| (b); relu and the in-place ones as the plain
    op's, or add-relu's), floor us = bytes / B, % = floor / time; no time, no %. */
+/* A row of shape (1024 values per plane, fp32) at W ranks on path, the rest 0. */
+static bench_row_t row_of(const bench_shape_t* shape, int W, int path) {
+  bench_row_t r;
+  memset(&r, 0, sizeof r);
+  r.shape = shape;
+  r.spatial = 1024;
+  r.dtype = sbnFloat32;
+  r.W = W;
+  r.path = path;
+  return r;
+}
 static void floors_checked(void) {
   static const bench_shape_t shape = {"F", 4, 64, 32, 32, "test_check.c (floors)"};
   const double B = 1000.0, x = 4.0 * 64 * 1024 * 4, xa = 3 * x; /* one rank's, all ranks' */
-  bench_row_t r;
-  memset(&r, 0, sizeof r);
-  r.shape = &shape;
-  r.spatial = 1024;
-  r.dtype = sbnFloat32;
-  r.W = 3;
-  r.path = BENCH_PATH_COOP;
+  bench_row_t r = row_of(&shape, 3, BENCH_PATH_COOP);
   r.t[1].med = 20.0;
   r.t[0].med = 40.0;
   int bad = 0;
@@ -742,13 +747,7 @@ static void floors_checked(void) {
          d.gbps_rank, d.pct_a);
   /* the inference rows: 2|x| (W = 1), floor = 2|x| / B, x_copy = t / floor; a cudnn row's
      copy is its coop row's */
-  bench_row_t c, k;
-  memset(&c, 0, sizeof c);
-  c.shape = &shape;
-  c.spatial = 1024;
-  c.dtype = sbnFloat32;
-  c.W = 1;
-  c.path = BENCH_PATH_COOP;
+  bench_row_t c = row_of(&shape, 1, BENCH_PATH_COOP), k;
   c.inference = 1;
   c.t[1].med = 3.0; /* the call */
   c.t[0].med = 2.5; /* the copy of x */

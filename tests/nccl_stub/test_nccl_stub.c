@@ -182,16 +182,8 @@ static sbnResult_t init_nccl_into(sbnComm_t* comm, ncclComm_t nc, const char* tr
 }
 static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transport,
                              int64_t timeout_ms) {
-  const sbnConfig_t cfg = case_config(timeout_ms);
-  if (transport != NULL)
-    setenv("SBN_NCCL_TRANSPORT", transport, 1);
-  else
-    unsetenv("SBN_NCCL_TRANSPORT");
   *comm = NULL;
-  sbnResult_t r = sbnCommInitNccl(comm, nc, &cfg);
-  unsetenv("SBN_NCCL_TRANSPORT");
-  if (r != sbnSuccess) fprintf(stderr, "  init: %s\n", sbnGetLastError(NULL));
-  return r;
+  return init_nccl_into(comm, nc, transport, timeout_ms);
 }
 
 /* An NCCL team of one made from a nonblocking caller comm of device 0, which is then
