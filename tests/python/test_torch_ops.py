@@ -19,6 +19,10 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
 - compiled autograd over an eager forward: eager's gradients, the backward operator in
   its graph (mutants: the C++ nodes without compiled_args, a Python backward calling its
   kernel);
+- each argument, called directly: every refusal of the plain operators' checks, with its
+  message and nothing written; eps in every call that reads it; a gradient to an input
+  that alone requires grad; autograd.grad to some inputs; the backward operator without a
+  weight (its fake kernel's shapes);
 - refusals: a tensor argument on another device than the input, a comm that is not a
   syncbn.Comm, one value per channel (ValueError, as nn.BatchNorm), a destroyed peer
   (at once, naming it), the error text (the specific message first).
@@ -1165,6 +1169,208 @@ t0.join()
 for r in (0, 1):
     print(f"rank {r}: {res[r]}")
 """
+
+
+def _act(y, activation, slope):
+    """float64 PyTorch's activation of a fused layer (None: identity)."""
+    if activation == "relu":
+        return F.relu(y)
+    if activation == "leaky_relu":
+        return F.leaky_relu(y, slope)
+    return y
+
+
+# each fused case: (layer keyword arguments, a residual)
+FUSED = (({}, False), ({"activation": "relu"}, True), ({"activation": "leaky_relu", "slope": 0.2}, True))
+
+
+class TestOperatorArguments(TeamOfOne):
+    """What each argument of the operators does, called directly and through the layers,
+    on both kinds of operators (C++ and Python; CI runs this file with each):
+
+    - every refusal of the plain operators' argument checks (shape, pairing, dtype of
+      each argument) with its message, and nothing written: the running statistics and
+      num_batches_tracked as they were;
+    - eps reaches every call that reads it: the training forward (whose statistics the
+      backward reads: the library's backward takes invstd, not eps), the eval forward and
+      its gradients, plain and fused, at eps 0.5 (where 1e-5 in place of it is off by
+      ~10 %), against float64 PyTorch within 1e-5 (outputs of order 1) and 1e-4
+      (gradients: sums of 20 products of order 1);
+    - a gradient reaches an input that alone requires grad (bias, weight, the residual):
+      training and eval, plain and fused;
+    - autograd.grad to some of the inputs (the weight alone, while x and z require grad):
+      the right values and no error (a gradient of the wrong shape for x raised);
+    - the backward operator without a weight and weight_grad True: grad_weight_bias is
+      empty, as its fake kernel says."""
+
+    def _ref_train(self, x, w, b, z, eps, activation=None, slope=0.01):
+        y = F.batch_norm(x, None, None, w, b, True, 0.0, eps)
+        return _act(y + z if z is not None else y, activation, slope)
+
+    def test_argument_refusals_write_nothing(self):
+        train, backward, infer = (torch.ops.syncbn.batch_norm_train.default,
+                                  torch.ops.syncbn.batch_norm_backward.default,
+                                  torch.ops.syncbn.batch_norm_infer.default)
+        cid = self.comm.id
+        x = torch.randn(4, 3, 5)
+        one = torch.ones(3)
+        rm, rv, nbt = torch.full((3,), 0.5), torch.full((3,), 2.0), torch.tensor(7)
+        stats = torch.ones(2, 3)
+        cases = (
+            ("weight (3, 1)", lambda: train(x, one.view(3, 1), None, rm, rv, nbt, 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: weight has shape \(3, 1\); the input has 3 channels, so it must be "
+                           r"\(3,\)$"),
+            ("bias (1, 3)", lambda: train(x, one, one.view(1, 3), rm, rv, nbt, 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: bias has shape \(1, 3\);"),
+            ("running_var (3, 1)", lambda: train(x, one, one, rm, rv.view(3, 1), nbt, 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: running_var has shape \(3, 1\);"),
+            ("running_mean alone", lambda: train(x, one, one, rm, None, nbt, 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: running_mean and running_var come together \(both or neither\)$"),
+            ("running_var alone", lambda: train(x, one, one, None, rv, nbt, 1e-5, 0.1, cid),
+             RuntimeError, "batch_norm_train: running_mean and running_var come together"),
+            ("bias without weight", lambda: train(x, None, one, rm, rv, nbt, 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: a bias without a weight \(the library takes both or neither\)$"),
+            ("num_batches_tracked float", lambda: train(x, one, one, rm, rv, torch.tensor(7.0), 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: num_batches_tracked must be one int64 \(got torch.float32, 1 "
+                           r"elements\)$"),
+            ("num_batches_tracked int32", lambda: train(x, one, one, rm, rv, torch.tensor(7, dtype=torch.int32),
+                                                        1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: num_batches_tracked must be one int64 \(got torch.int32, 1 elements\)$"),
+            ("num_batches_tracked two", lambda: train(x, one, one, rm, rv, torch.tensor([7, 7]), 1e-5, 0.1, cid),
+             RuntimeError, r"batch_norm_train: num_batches_tracked must be one int64 \(got torch.int64, 2 elements\)$"),
+            ("grad_out float64", lambda: backward(x.double(), x, one, stats, 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: grad_out is torch.float64 \(4, 3, 5\); the input is torch.float32 "
+                           r"\(4, 3, 5\)$"),
+            ("grad_out (4, 3, 4)", lambda: backward(x[..., :4], x, one, stats, 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: grad_out is torch.float32 \(4, 3, 4\)"),
+            ("stats (3, 2)", lambda: backward(x, x, one, stats.t(), 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
+                           r"torch.float32 \(3, 2\)$"),
+            ("stats (2, 4)", lambda: backward(x, x, one, torch.ones(2, 4), 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got torch.float32 \(2, 4\)$"),
+            ("stats float64", lambda: backward(x, x, one, stats.double(), 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got torch.float64 \(2, 3\)$"),
+            ("backward weight (3, 1)", lambda: backward(x, x, one.view(3, 1), stats, 1e-5, cid, True, True),
+             RuntimeError, r"batch_norm_backward: weight has shape \(3, 1\)"),
+            ("infer running_mean (1, 3)", lambda: infer(x, rm.view(1, 3), rv, one, one, 1e-5),
+             RuntimeError, r"batch_norm_infer: running_mean has shape \(1, 3\)"),
+            ("infer bias without weight", lambda: infer(x, rm, rv, None, one, 1e-5),
+             RuntimeError, r"batch_norm_infer: a bias without a weight \(the library takes both or neither\)$"),
+        )
+        for name, call, err, pattern in cases:
+            with self.subTest(name):
+                rm.fill_(0.5), rv.fill_(2.0), nbt.fill_(7)  # (as they were, after a mutant's write)
+                with self.assertRaisesRegex(err, r"^syncbn\." + pattern):
+                    call()
+                self.assertTrue(torch.equal(rm, torch.full((3,), 0.5)))
+                self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
+                self.assertEqual(int(nbt), 7)
+        # the same buffers taken: the checks refuse what is wrong only
+        train(x, one, one, rm, rv, nbt, 1e-5, 0.1, cid)
+        self.assertEqual(int(nbt), 8)
+
+    def test_eps_reaches_every_call(self):
+        eps = 0.5
+        torch.manual_seed(31)
+        X, Z = torch.randn(4, 3, 5, dtype=torch.float64) * 0.7, torch.randn(4, 3, 5, dtype=torch.float64)
+        G = torch.randn(4, 3, 5, dtype=torch.float64)
+        for kw, res in (({}, False),) + FUSED:
+            act, slope = kw.get("activation"), kw.get("slope", 0.01)
+            m = sbt.SyncBatchNorm(3, eps=eps, comm=self.comm, **kw)
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+            for train in (True, False):
+                with self.subTest(**kw, residual=res, train=train):
+                    m.train(train)
+                    if not train:
+                        with torch.no_grad():
+                            m.running_mean.uniform_(-0.5, 0.5)
+                            m.running_var.uniform_(0.2, 0.6)
+                    x, z = X.float().requires_grad_(), Z.float().requires_grad_()
+                    w, b = (t.detach().double().requires_grad_() for t in (m.weight, m.bias))
+                    xr, zr = X.clone().requires_grad_(), Z.clone().requires_grad_()
+                    rm, rv = m.running_mean.double(), m.running_var.double()
+                    y = m(x, z) if res else m(x)
+                    yr = F.batch_norm(xr, None if train else rm, None if train else rv, w, b, train, 0.0, eps)
+                    yr = _act(yr + zr if res else yr, act, slope)
+                    torch.testing.assert_close(y.double(), yr, rtol=1e-5, atol=1e-5)
+                    m.weight.grad = m.bias.grad = None
+                    (y.double() * G).sum().backward()
+                    (yr * G).sum().backward()
+                    got = [x.grad, m.weight.grad, m.bias.grad] + ([z.grad] if res else [])
+                    want = [xr.grad, w.grad, b.grad] + ([zr.grad] if res else [])
+                    for name, g, gr in zip(("x", "weight", "bias", "z"), got, want):
+                        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-4, msg=name)
+
+    def test_gradient_to_one_input(self):
+        torch.manual_seed(32)
+        X, Z = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+        G = torch.randn(4, 3, 5, dtype=torch.float64)
+        for (kw, res), train in itertools.product((({}, False),) + FUSED, (True, False)):
+            act, slope = kw.get("activation"), kw.get("slope", 0.01)
+            for alone in ("weight", "bias") + (("z",) if res else ()):
+                with self.subTest(**kw, residual=res, train=train, alone=alone):
+                    m = sbt.SyncBatchNorm(3, comm=self.comm, **kw).train(train)
+                    with torch.no_grad():
+                        m.weight.uniform_(0.5, 1.5)
+                        m.bias.uniform_(-0.5, 0.5)
+                        m.running_var.uniform_(0.5, 1.5)
+                    rm, rv = m.running_mean.double(), m.running_var.double()
+                    w, b = (t.detach().double().requires_grad_(alone == n) for t, n in
+                            ((m.weight, "weight"), (m.bias, "bias")))
+                    m.weight.requires_grad_(alone == "weight")
+                    m.bias.requires_grad_(alone == "bias")
+                    z, zr = Z.float().requires_grad_(alone == "z"), Z.clone().requires_grad_(alone == "z")
+                    y = m(X.float(), z) if res else m(X.float())
+                    yr = F.batch_norm(X, None if train else rm, None if train else rv, w, b, train, 0.0, 1e-5)
+                    yr = _act(yr + zr if res else yr, act, slope)
+                    self.assertTrue(y.requires_grad)
+                    (y.double() * G).sum().backward()
+                    (yr * G).sum().backward()
+                    got, want = {"weight": (m.weight.grad, w.grad), "bias": (m.bias.grad, b.grad),
+                                 "z": (z.grad, zr.grad)}[alone]
+                    self.assertIsNotNone(got)
+                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+    def test_gradient_of_some_inputs(self):
+        torch.manual_seed(33)
+        X, Z = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+        G = torch.randn(4, 3, 5, dtype=torch.float64)
+        for (kw, res), train in itertools.product((({}, False),) + FUSED, (True, False)):
+            act, slope = kw.get("activation"), kw.get("slope", 0.01)
+            for wanted in ("weight", "x"):
+                with self.subTest(**kw, residual=res, train=train, wanted=wanted):
+                    m = sbt.SyncBatchNorm(3, comm=self.comm, **kw).train(train)
+                    with torch.no_grad():
+                        m.weight.uniform_(0.5, 1.5)
+                        m.running_var.uniform_(0.5, 1.5)
+                    rm, rv = m.running_mean.double(), m.running_var.double()
+                    x, z = X.float().requires_grad_(), Z.float().requires_grad_()
+                    xr, zr = X.clone().requires_grad_(), Z.clone().requires_grad_()
+                    w, b = (t.detach().double().requires_grad_() for t in (m.weight, m.bias))
+                    y = m(x, z) if res else m(x)
+                    yr = F.batch_norm(xr, None if train else rm, None if train else rv, w, b, train, 0.0, 1e-5)
+                    yr = _act(yr + zr if res else yr, act, slope)
+                    (got,) = torch.autograd.grad((y.double() * G).sum(), [m.weight if wanted == "weight" else x])
+                    (want,) = torch.autograd.grad((yr * G).sum(), [w if wanted == "weight" else xr])
+                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                    self.assertIsNone(x.grad)
+                    self.assertIsNone(m.weight.grad)
+
+    def test_backward_operator_without_weight(self):
+        x = torch.randn(4, 3, 5)
+        _, stats = torch.ops.syncbn.batch_norm_train(x, None, None, None, None, None, 1e-5, 0.1, self.comm.id)
+        for input_grad in (False, True):
+            with self.subTest(input_grad=input_grad):
+                dx, dwb = torch.ops.syncbn.batch_norm_backward(x, x, None, stats, 1e-5, self.comm.id, input_grad,
+                                                               True)
+                with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+                    fdx, fdwb = torch.ops.syncbn.batch_norm_backward(
+                        mode.from_tensor(x), mode.from_tensor(x), None, mode.from_tensor(stats), 1e-5,
+                        self.comm.id, input_grad, True)
+                self.assertEqual(tuple(dwb.shape), (0,))
+                self.assertEqual((dx.shape, dwb.shape, dwb.dtype), (fdx.shape, fdwb.shape, fdwb.dtype))
 
 
 class TestRefusals(unittest.TestCase):
