@@ -23,6 +23,8 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
   - CUDA graph capture of the layer's forward + backward on a team, replayed: output,
     input gradient and weight gradient bitwise equal to eager (the library's epochs live
     on the device);
+  - a tensor argument on another device than the input (host against CUDA, each
+    operator): a RuntimeError naming it, nothing written;
   - the C++ operators are what runs (unless SYNCBN_TORCH_NATIVE=0), and on the caller's
     current stream: a side stream delayed by a GPU sleep gives the default stream's
     output and gradients bitwise;
@@ -367,6 +369,50 @@ class TestTorchGpu(unittest.TestCase):
         if _native.mode() == "0":
             self.skipTest("SYNCBN_TORCH_NATIVE=0")
         self.assertIsNotNone(_ops.NATIVE, _ops.NATIVE_WHY)
+
+    def test_tensors_on_another_device(self):
+        """A CUDA input with one tensor argument on the host, or a host input with a CUDA
+        weight (the dispatcher runs the CUDA kernel for both): a RuntimeError naming the
+        argument and both devices, from each operator, before anything is written (the
+        library would otherwise read a host pointer on the device). The meta-device twin
+        of this test, on CPU, is test_torch_ops' test_parameters_on_another_device."""
+        ops = torch.ops.syncbn
+        comm = syncbn.cpu_team(1)[0]  # (the device checks come before the comm's)
+        try:
+            xh, statsh, nbth = torch.randn(4, 3, 5), torch.ones(2, 3), torch.zeros((), dtype=torch.int64)
+            x, stats = xh.to("cuda"), statsh.to("cuda")
+            one, cpu1 = torch.ones(3, device="cuda"), torch.ones(3)
+            rm, rv, nbt = torch.zeros(3, device="cuda"), torch.ones(3, device="cuda"), nbth.to("cuda")
+            cid = comm.id
+            cases = (
+                ("weight", lambda: ops.batch_norm_train(x, cpu1, one, rm, rv, nbt, 1e-5, 0.1, cid)),
+                ("bias", lambda: ops.batch_norm_train(x, one, cpu1, rm, rv, nbt, 1e-5, 0.1, cid)),
+                ("running_mean", lambda: ops.batch_norm_train(x, one, one, cpu1 * 0, rv, nbt, 1e-5, 0.1, cid)),
+                ("running_var", lambda: ops.batch_norm_train(x, one, one, rm, cpu1, nbt, 1e-5, 0.1, cid)),
+                ("num_batches_tracked", lambda: ops.batch_norm_train(x, one, one, rm, rv, nbth, 1e-5, 0.1, cid)),
+                ("grad_out", lambda: ops.batch_norm_backward(xh, x, one, stats, 1e-5, cid, True, True)),
+                ("stats", lambda: ops.batch_norm_backward(x, x, one, statsh, 1e-5, cid, True, True)),
+                ("weight", lambda: ops.batch_norm_backward(x, x, cpu1, stats, 1e-5, cid, True, True)),
+                ("running_mean", lambda: ops.batch_norm_infer(x, cpu1 * 0, rv, one, one, 1e-5)),
+                ("bias", lambda: ops.batch_norm_infer(x, rm, rv, one, cpu1, 1e-5)),
+                ("residual", lambda: ops.batch_norm_act_train(x, xh, one, one, rm, rv, nbt, 1e-5, 0.1, cid,
+                                                                syncbn.RELU, 0.0, False)),
+                ("residual", lambda: ops.batch_norm_act_infer(x, xh, rm, rv, one, one, 1e-5, syncbn.RELU,
+                                                                0.0)),
+            )
+            for i, (name, call) in enumerate(cases):
+                with self.subTest(i=i, name=name):
+                    with self.assertRaisesRegex(RuntimeError, rf"{name} is on cpu and the input on cuda:0: every "
+                                                              "tensor argument must be on the input's device"):
+                        call()
+                    torch.cuda.synchronize()
+                    self.assertTrue(torch.equal(rm, torch.zeros(3, device="cuda")))
+                    self.assertTrue(torch.equal(rv, torch.ones(3, device="cuda")))
+                    self.assertEqual(int(nbt), 0)
+            with self.assertRaisesRegex(RuntimeError, "weight is on cuda:0 and the input on cpu"):
+                ops.batch_norm_train(xh, one, None, None, None, None, 1e-5, 0.1, cid)
+        finally:
+            comm.destroy()
 
     def test_runs_on_the_current_stream(self):
         """Forward and backward go on the caller's current stream: on a side stream whose
