@@ -38,8 +38,8 @@ import syncbn
 import syncbn.torch as sbt
 from rank_threads import TeamOfOne, converted_matches, run_ranks
 from syncbn import _fused, _ops
-from test_torch_ops import (compiled_autograd_matches_eager, compiled_autograd_on, compiled_autograd_supported,
-                            mutant_ops, needs_vmap_rules)
+from test_torch_ops import (act_ref, compiled_autograd_matches_eager, compiled_autograd_on,
+                            compiled_autograd_supported, mutant_ops, needs_vmap_rules)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure)
@@ -47,14 +47,6 @@ import torch_fused_memory  # noqa: E402 (bench/: the memory report's CPU measure
 TOL = {torch.float32: (3e-5, 3e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 PTOL = {torch.float32: (1e-4, 1e-4), torch.float16: (8e-3, 8e-3), torch.bfloat16: (6.4e-2, 6.4e-2)}
 UNIT = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
-
-
-def act_ref(v, activation, slope):
-    if activation == "relu":
-        return F.relu(v)
-    if activation == "leaky_relu":
-        return F.leaky_relu(v, slope)
-    return v
 
 
 def inplace_bound(V, Y, G, W, B, invstd, xhat, activation, slope, dtype, Z=None):

@@ -1171,13 +1171,13 @@ for r in (0, 1):
 """
 
 
-def _act(y, activation, slope):
+def act_ref(v, activation, slope):
     """float64 PyTorch's activation of a fused layer (None: identity)."""
     if activation == "relu":
-        return F.relu(y)
+        return F.relu(v)
     if activation == "leaky_relu":
-        return F.leaky_relu(y, slope)
-    return y
+        return F.leaky_relu(v, slope)
+    return v
 
 
 # each fused case: (layer keyword arguments, a residual)
@@ -1198,14 +1198,37 @@ class TestOperatorArguments(TeamOfOne):
       (gradients: sums of 20 products of order 1);
     - a gradient reaches an input that alone requires grad (bias, weight, the residual):
       training and eval, plain and fused;
-    - autograd.grad to some of the inputs (the weight alone, while x and z require grad):
-      the right values and no error (a gradient of the wrong shape for x raised);
+    - autograd.grad to some of the inputs (the weight alone, or x alone, while the others
+      require grad): the right values and no error (a gradient of the wrong shape for x
+      raised);
     - the backward operator without a weight and weight_grad True: grad_weight_bias is
       empty, as its fake kernel says."""
 
-    def _ref_train(self, x, w, b, z, eps, activation=None, slope=0.01):
-        y = F.batch_norm(x, None, None, w, b, True, 0.0, eps)
-        return _act(y + z if z is not None else y, activation, slope)
+    def _pair(self, kw, res, train, grad, eps=1e-5):
+        """A layer of `kw` (with a residual: res) in training or eval, its weight, bias and
+        running statistics drawn, on a fresh float64 batch, and float64 PyTorch's batch norm
+        (+ residual, activation) beside it; the inputs named in `grad` ("x", "z", "weight",
+        "bias") require grad. Returns (ours, theirs): the layer's output and the inputs by
+        name, fp32 and float64."""
+        X, Z = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
+        m = sbt.SyncBatchNorm(3, eps=eps, comm=self.comm, **kw).train(train)
+        with torch.no_grad():
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.uniform_(-0.5, 0.5)
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.2, 0.6)
+        rm, rv = m.running_mean.double(), m.running_var.double()
+        ours = {"x": X.float(), "z": Z.float(), "weight": m.weight, "bias": m.bias}
+        theirs = {"x": X, "z": Z, "weight": m.weight.detach().double(), "bias": m.bias.detach().double()}
+        for name in ours:
+            ours[name].requires_grad_(name in grad)  # (leaves: the fp32 copies, the layer's parameters)
+            theirs[name] = theirs[name].clone().requires_grad_(name in grad)
+        y = m(ours["x"], ours["z"]) if res else m(ours["x"])
+        t = theirs
+        yr = F.batch_norm(t["x"], None if train else rm, None if train else rv, t["weight"], t["bias"], train, 0.0,
+                          eps)
+        yr = act_ref(yr + t["z"] if res else yr, kw.get("activation"), kw.get("slope", 0.01))
+        return (y, ours), (yr, theirs)
 
     def test_argument_refusals_write_nothing(self):
         train, backward, infer = (torch.ops.syncbn.batch_norm_train.default,
@@ -1270,93 +1293,43 @@ class TestOperatorArguments(TeamOfOne):
         self.assertEqual(int(nbt), 8)
 
     def test_eps_reaches_every_call(self):
-        eps = 0.5
         torch.manual_seed(31)
-        X, Z = torch.randn(4, 3, 5, dtype=torch.float64) * 0.7, torch.randn(4, 3, 5, dtype=torch.float64)
         G = torch.randn(4, 3, 5, dtype=torch.float64)
-        for kw, res in (({}, False),) + FUSED:
-            act, slope = kw.get("activation"), kw.get("slope", 0.01)
-            m = sbt.SyncBatchNorm(3, eps=eps, comm=self.comm, **kw)
-            with torch.no_grad():
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-            for train in (True, False):
-                with self.subTest(**kw, residual=res, train=train):
-                    m.train(train)
-                    if not train:
-                        with torch.no_grad():
-                            m.running_mean.uniform_(-0.5, 0.5)
-                            m.running_var.uniform_(0.2, 0.6)
-                    x, z = X.float().requires_grad_(), Z.float().requires_grad_()
-                    w, b = (t.detach().double().requires_grad_() for t in (m.weight, m.bias))
-                    xr, zr = X.clone().requires_grad_(), Z.clone().requires_grad_()
-                    rm, rv = m.running_mean.double(), m.running_var.double()
-                    y = m(x, z) if res else m(x)
-                    yr = F.batch_norm(xr, None if train else rm, None if train else rv, w, b, train, 0.0, eps)
-                    yr = _act(yr + zr if res else yr, act, slope)
-                    torch.testing.assert_close(y.double(), yr, rtol=1e-5, atol=1e-5)
-                    m.weight.grad = m.bias.grad = None
-                    (y.double() * G).sum().backward()
-                    (yr * G).sum().backward()
-                    got = [x.grad, m.weight.grad, m.bias.grad] + ([z.grad] if res else [])
-                    want = [xr.grad, w.grad, b.grad] + ([zr.grad] if res else [])
-                    for name, g, gr in zip(("x", "weight", "bias", "z"), got, want):
-                        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-4, msg=name)
+        for (kw, res), train in itertools.product((({}, False),) + FUSED, (True, False)):
+            with self.subTest(**kw, residual=res, train=train):
+                names = ("x", "weight", "bias") + (("z",) if res else ())
+                (y, ours), (yr, theirs) = self._pair(kw, res, train, names, eps=0.5)
+                torch.testing.assert_close(y.double(), yr, rtol=1e-5, atol=1e-5)
+                (y.double() * G).sum().backward()
+                (yr * G).sum().backward()
+                for name in names:
+                    torch.testing.assert_close(ours[name].grad.double(), theirs[name].grad, rtol=1e-4, atol=1e-4,
+                                               msg=name)
 
     def test_gradient_to_one_input(self):
         torch.manual_seed(32)
-        X, Z = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
         G = torch.randn(4, 3, 5, dtype=torch.float64)
         for (kw, res), train in itertools.product((({}, False),) + FUSED, (True, False)):
-            act, slope = kw.get("activation"), kw.get("slope", 0.01)
             for alone in ("weight", "bias") + (("z",) if res else ()):
                 with self.subTest(**kw, residual=res, train=train, alone=alone):
-                    m = sbt.SyncBatchNorm(3, comm=self.comm, **kw).train(train)
-                    with torch.no_grad():
-                        m.weight.uniform_(0.5, 1.5)
-                        m.bias.uniform_(-0.5, 0.5)
-                        m.running_var.uniform_(0.5, 1.5)
-                    rm, rv = m.running_mean.double(), m.running_var.double()
-                    w, b = (t.detach().double().requires_grad_(alone == n) for t, n in
-                            ((m.weight, "weight"), (m.bias, "bias")))
-                    m.weight.requires_grad_(alone == "weight")
-                    m.bias.requires_grad_(alone == "bias")
-                    z, zr = Z.float().requires_grad_(alone == "z"), Z.clone().requires_grad_(alone == "z")
-                    y = m(X.float(), z) if res else m(X.float())
-                    yr = F.batch_norm(X, None if train else rm, None if train else rv, w, b, train, 0.0, 1e-5)
-                    yr = _act(yr + zr if res else yr, act, slope)
+                    (y, ours), (yr, theirs) = self._pair(kw, res, train, (alone,))
                     self.assertTrue(y.requires_grad)
                     (y.double() * G).sum().backward()
                     (yr * G).sum().backward()
-                    got, want = {"weight": (m.weight.grad, w.grad), "bias": (m.bias.grad, b.grad),
-                                 "z": (z.grad, zr.grad)}[alone]
-                    self.assertIsNotNone(got)
-                    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+                    self.assertIsNotNone(ours[alone].grad)
+                    torch.testing.assert_close(ours[alone].grad.double(), theirs[alone].grad, rtol=1e-4, atol=1e-4)
 
     def test_gradient_of_some_inputs(self):
         torch.manual_seed(33)
-        X, Z = torch.randn(4, 3, 5, dtype=torch.float64), torch.randn(4, 3, 5, dtype=torch.float64)
         G = torch.randn(4, 3, 5, dtype=torch.float64)
         for (kw, res), train in itertools.product((({}, False),) + FUSED, (True, False)):
-            act, slope = kw.get("activation"), kw.get("slope", 0.01)
             for wanted in ("weight", "x"):
                 with self.subTest(**kw, residual=res, train=train, wanted=wanted):
-                    m = sbt.SyncBatchNorm(3, comm=self.comm, **kw).train(train)
-                    with torch.no_grad():
-                        m.weight.uniform_(0.5, 1.5)
-                        m.running_var.uniform_(0.5, 1.5)
-                    rm, rv = m.running_mean.double(), m.running_var.double()
-                    x, z = X.float().requires_grad_(), Z.float().requires_grad_()
-                    xr, zr = X.clone().requires_grad_(), Z.clone().requires_grad_()
-                    w, b = (t.detach().double().requires_grad_() for t in (m.weight, m.bias))
-                    y = m(x, z) if res else m(x)
-                    yr = F.batch_norm(xr, None if train else rm, None if train else rv, w, b, train, 0.0, 1e-5)
-                    yr = _act(yr + zr if res else yr, act, slope)
-                    (got,) = torch.autograd.grad((y.double() * G).sum(), [m.weight if wanted == "weight" else x])
-                    (want,) = torch.autograd.grad((yr * G).sum(), [w if wanted == "weight" else xr])
+                    (y, ours), (yr, theirs) = self._pair(kw, res, train, ("x", "z", "weight", "bias"))
+                    (got,) = torch.autograd.grad((y.double() * G).sum(), [ours[wanted]])
+                    (want,) = torch.autograd.grad((yr * G).sum(), [theirs[wanted]])
                     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
-                    self.assertIsNone(x.grad)
-                    self.assertIsNone(m.weight.grad)
+                    self.assertTrue(all(ours[n].grad is None for n in ours))
 
     def test_backward_operator_without_weight(self):
         x = torch.randn(4, 3, 5)
