@@ -18,7 +18,7 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
   that reads the batch size as an int, the mutant, compiles three);
 - compiled autograd over an eager forward: eager's gradients, the backward operator in
   its graph (mutants: the C++ nodes without compiled_args, a Python backward calling its
-  kernel);
+  kernel); a model's copy on another comm is a graph of its own, on that comm;
 - each argument, called directly: every refusal of the plain operators' checks, with its
   message and nothing written; eps in every call that reads it; a gradient to an input
   that alone requires grad; autograd.grad to some inputs; the backward operator without a
@@ -363,6 +363,33 @@ class TestCompiledAutograd(TeamOfOne):
         model.eval()
         x = torch.randn(4, 3, 8, 8, requires_grad=True)
         compiled_autograd_matches_eager(self, model, (x,), "syncbn.batch_norm_backward", 0)
+
+    def test_each_layer_on_its_own_comm(self):
+        """Two backwards under one compiled autograd context, of the same model on two
+        comms: the first on comm a, then, a destroyed, the copy on comm b. The comm is part
+        of each node's key (a constant of the compiled graph), so the second backward is a
+        graph of its own, on b, with eager's gradients; a graph reused from the first would
+        call the backward operator with a's id ("no live comm"). Plain and fused layers."""
+        torch.manual_seed(7)
+        base = small_model()
+        x = torch.randn(4, 3, 8, 8)
+        for convert in (sbt.convert_sync_batchnorm, sbt.convert_fused):
+            with self.subTest(convert=convert.__name__):
+                a, b = syncbn.cpu_team(1)[0], syncbn.cpu_team(1)[0]
+                try:
+                    ma, mb = convert(copy.deepcopy(base), comm=a), convert(copy.deepcopy(base), comm=b)
+                    want = torch.autograd.grad(mb(x).square().mean(), list(mb.parameters()))
+                    codes = []
+                    with compiled_autograd_on(codes):
+                        ma(x).square().mean().backward()
+                        a.destroy()
+                        mb(x).square().mean().backward()
+                    self.assertEqual(len(codes), 2)
+                    for i, (p, w) in enumerate(zip(mb.parameters(), want)):
+                        torch.testing.assert_close(p.grad, w, rtol=1e-6, atol=1e-7, msg=f"gradient {i}")
+                finally:
+                    a.destroy()  # (again: a no-op)
+                    b.destroy()
 
     def _op_backward(self, train):
         x, w, b, rm, rv, nbt = train_args(self.comm, torch.float32, False, True, True)
