@@ -896,7 +896,8 @@ class TestTorch(unittest.TestCase):
     def test_backward_after_the_layer_is_collected(self):
         """A layer and its comm deleted between the forward and the backward (nn.SyncBatchNorm's
         backward keeps its process group): the backward runs, with the float64 reference's
-        gradients, plain and fused; the comm is destroyed once the graph is gone. An explicit
+        gradients, plain and fused; the comm is destroyed once the graph is gone, also where
+        the backward never ran (the fused node keeps its output without a cycle). An explicit
         destroy() still ends the comm at once: the backward raises. A peer collected without
         its backward: the pinned rank's backward raises, never waits for it."""
         import gc
@@ -930,6 +931,28 @@ class TestTorch(unittest.TestCase):
                 del y
                 gc.collect()
                 self.assertFalse(alive(cid, ref), "the comm outlives its graph")
+        for kw in ({}, {"activation": "leaky_relu", "slope": 0.2}, {"activation": "relu"}):
+            with self.subTest(**kw, backward=False):  # a graph dropped without its backward
+                comm = syncbn.cpu_team(1)[0]
+                cid, ref = comm.id, weakref.ref(comm)
+                m = sbt.SyncBatchNorm(3, comm=comm, **kw)
+                y = m(x0.float().requires_grad_())
+                del m, comm
+                gc.collect()
+                self.assertTrue(alive(cid, ref), "the graph keeps the comm")
+                del y  # (a node that saved its output as an input would keep itself, and the comm)
+                gc.collect()
+                self.assertFalse(alive(cid, ref), "the comm outlives its graph")
+        for kw in ({}, {"activation": "relu"}):
+            with self.subTest(**kw, backward=False, eval=True):  # no comm: what the node saved
+                m = sbt.SyncBatchNorm(3, **kw).eval()
+                y, w = m(x0.float().requires_grad_()), weakref.ref(m.weight)
+                del m
+                gc.collect()
+                self.assertIsNotNone(w(), "the graph keeps the weight")
+                del y
+                gc.collect()
+                self.assertIsNone(w(), "the weight outlives its graph")
 
         comm = syncbn.cpu_team(1)[0]
         y = sbt.SyncBatchNorm(3, comm=comm)(x0.float().requires_grad_())
