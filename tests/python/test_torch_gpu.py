@@ -399,6 +399,8 @@ class TestTorchGpu(unittest.TestCase):
                                                                 syncbn.RELU, 0.0, False)),
                 ("residual", lambda: ops.batch_norm_act_infer(x, xh, rm, rv, one, one, 1e-5, syncbn.RELU,
                                                                 0.0)),
+                ("out", lambda: ops.batch_norm_act_backward(x, x, xh, one, one, stats, 1e-5, cid, syncbn.RELU, 0.0,
+                                                            True, False, True)),
             )
             for i, (name, call) in enumerate(cases):
                 with self.subTest(i=i, name=name):

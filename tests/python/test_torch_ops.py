@@ -19,8 +19,8 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
 - compiled autograd over an eager forward: eager's gradients, the backward operator in
   its graph (mutants: the C++ nodes without compiled_args, a Python backward calling its
   kernel); a model's copy on another comm is a graph of its own, on that comm;
-- each argument, called directly: every refusal of the plain operators' checks, with its
-  message and nothing written; eps in every call that reads it; a gradient to an input
+- each argument, called directly: every refusal of the plain operators' checks (and the
+  fused ones' that test_torch_fused leaves out), with its message and nothing written; eps in every call that reads it; a gradient to an input
   that alone requires grad; autograd.grad to some inputs; the backward operator without a
   weight (its fake kernel's shapes);
 - refusals: a tensor argument on another device than the input, a comm that is not a
@@ -1216,8 +1216,9 @@ class TestOperatorArguments(TeamOfOne):
     on both kinds of operators (C++ and Python; CI runs this file with each):
 
     - every refusal of the plain operators' argument checks (shape, pairing, dtype of
-      each argument) with its message, and nothing written: the running statistics and
-      num_batches_tracked as they were;
+      each argument), and the fused operators' that test_torch_fused leaves out, with its
+      message, and nothing written: the running statistics and num_batches_tracked as they
+      were;
     - eps reaches every call that reads it: the training forward (whose statistics the
       backward reads: the library's backward takes invstd, not eps), the eval forward and
       its gradients, plain and fused, at eps 0.5 (where 1e-5 in place of it is off by
@@ -1318,6 +1319,55 @@ class TestOperatorArguments(TeamOfOne):
         # the same buffers taken: the checks refuse what is wrong only
         train(x, one, one, rm, rv, nbt, 1e-5, 0.1, cid)
         self.assertEqual(int(nbt), 8)
+
+    def test_fused_argument_refusals_write_nothing(self):
+        """The fused operators' checks that test_torch_fused's refusal tests leave out (the
+        residual's dtype, an unknown activation, the backward's out and grad_out against
+        its base, its stats), each with its message, nothing written."""
+        ops, cid, relu = torch.ops.syncbn, self.comm.id, syncbn.RELU
+        x = torch.randn(4, 3, 5)
+        one, stats = torch.ones(3), torch.ones(2, 3)
+        rm, rv, nbt = torch.full((3,), 0.5), torch.full((3,), 2.0), torch.tensor(7)
+        cases = (
+            ("residual float64", lambda: ops.batch_norm_act_train(x, x.double(), one, one, rm, rv, nbt, 1e-5, 0.1, cid,
+                                                                  relu, 0.0, False),
+             TypeError, r"batch_norm_act_train: the residual is torch.float64 and the input torch.float32: they must "
+                        "be equal$"),
+            ("activation 3", lambda: ops.batch_norm_act_train(x, None, one, one, rm, rv, nbt, 1e-5, 0.1, cid, 3, 0.0,
+                                                              False),
+             ValueError, r"batch_norm_act_train: activation 3: 0 \(identity\), 1 \(relu\) or 2 \(leaky_relu\)$"),
+            ("infer residual float16", lambda: ops.batch_norm_act_infer(x, x.half(), rm, rv, one, one, 1e-5, relu, 0.0),
+             TypeError, "batch_norm_act_infer: the residual is torch.float16 and the input torch.float32"),
+            ("backward without input and out", lambda: ops.batch_norm_act_backward(
+                x, None, None, one, one, stats, 1e-5, cid, relu, 0.0, True, False, True),
+             RuntimeError, r"batch_norm_act_backward: input and out are both None \(the in-place backward takes "
+                           r"out\)$"),
+            ("backward relu without out", lambda: ops.batch_norm_act_backward(
+                x, x, None, one, one, stats, 1e-5, cid, relu, 0.0, True, False, True),
+             RuntimeError, "batch_norm_act_backward: out is None: relu's gradient needs the forward's output$"),
+            ("backward out float64", lambda: ops.batch_norm_act_backward(
+                x, x, x.double(), one, one, stats, 1e-5, cid, relu, 0.0, True, False, True),
+             RuntimeError, r"batch_norm_act_backward: out is torch.float64 \(4, 3, 5\); the input is torch.float32 "
+                           r"\(4, 3, 5\)$"),
+            ("backward grad_out (4, 3, 4), in place", lambda: ops.batch_norm_act_backward(
+                x[..., :4], None, x, one, one, stats, 1e-5, cid, syncbn.LEAKY_RELU, 0.1, True, False, True),
+             RuntimeError, r"batch_norm_act_backward: grad_out is torch.float32 \(4, 3, 4\); the out is "
+                           r"torch.float32 \(4, 3, 5\)$"),
+            ("backward stats (2, 4)", lambda: ops.batch_norm_act_backward(
+                x, x, x, one, one, torch.ones(2, 4), 1e-5, cid, relu, 0.0, True, False, True),
+             RuntimeError, r"batch_norm_act_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
+                           r"torch.float32 \(2, 4\)$"),
+        )
+        for name, call, err, pattern in cases:
+            with self.subTest(name):
+                rm.fill_(0.5), rv.fill_(2.0), nbt.fill_(7)
+                x0 = x.clone()
+                with self.assertRaisesRegex(err, r"^syncbn\." + pattern):
+                    call()
+                self.assertTrue(torch.equal(rm, torch.full((3,), 0.5)))
+                self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
+                self.assertEqual(int(nbt), 7)
+                self.assertTrue(torch.equal(x, x0))
 
     def test_eps_reaches_every_call(self):
         torch.manual_seed(31)
