@@ -218,6 +218,15 @@ class TestOpcheck(TeamOfOne):
                 rm, rv = torch.randn(4), torch.rand(4) + 0.5
                 torch.library.opcheck(_ops.batch_norm_infer, (x, rm, rv, w, b, 1e-5))
 
+    def test_operators_are_pt2_compliant(self):
+        """Every operator, plain and fused, carries pt2_compliant_tag (what opcheck's tests
+        vouch for; torch.compile trusts the tag), on both kinds of operators."""
+        from syncbn import _fused
+
+        for name in (*_ops._SCHEMAS, *_fused.SCHEMAS):
+            with self.subTest(name):
+                self.assertIn(torch.Tag.pt2_compliant_tag, getattr(torch.ops.syncbn, name).default.tags)
+
     def test_layouts_and_values(self):
         """The operators' outputs (through the layer, eager and by the operator) equal a
         float64 batch norm: y and stats within 3e-5, in the input's memory format."""
