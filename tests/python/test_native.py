@@ -109,7 +109,8 @@ class TestLoaded(unittest.TestCase):
     def test_without_python_headers(self):
         """Built without Python's headers (-USBN_TORCH_PYTHON, as where they are not
         installed): a failed call raises RuntimeError with SyncBNError's text, which the
-        layer's eager calls turn into SyncBNError (_ops._library_error)."""
+        layer's eager calls turn into SyncBNError (_ops._library_error); one value per
+        channel, ValueError, as nn.BatchNorm's."""
         ns = "syncbn_nopython"
         native = _native.Native(_native.built_library([f"-DSBN_TORCH_NS={ns}", "-USBN_TORCH_PYTHON"]))
         self.assertTrue(native.path)
@@ -122,6 +123,18 @@ class TestLoaded(unittest.TestCase):
         err = _ops._library_error(cm.exception)
         self.assertIsInstance(err, syncbn.SyncBNError)
         self.assertEqual((err.name, err.detail), ("sbnInvalidUsage", "no live comm has id 1000000000: it was destroyed"))
+        # one value per channel: a ValueError there too (as nn.BatchNorm's), with the text
+        comm = syncbn.cpu_team(1)[0]
+        try:
+            native.comm_put(comm)
+            with self.assertRaises(ValueError) as cm:
+                op(torch.randn(1, 3), None, None, None, None, None, 1e-5, 0.1, comm.id)
+            self.assertNotIsInstance(cm.exception, syncbn.SyncBNError)
+            self.assertRegex(str(cm.exception).splitlines()[0], r"^syncbn\.batch_norm_train \(sbnForwardTrain\): "
+                                                                 r"Expected more than 1 value per channel .*"
+                                                                 r"\[sbnInvalidArgument\]$")
+        finally:
+            comm.destroy()
 
     def test_comm_handed_over_twice_stays_live(self):
         """A comm handed over to the operators a second time (the first import's hand-over of

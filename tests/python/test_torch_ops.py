@@ -1470,9 +1470,10 @@ class TestRefusals(unittest.TestCase):
             sbt.convert_sync_batchnorm(torch.nn.BatchNorm2d(3), comm=object())
 
     def test_one_value_per_channel_is_a_value_error(self):
-        """nn.BatchNorm2d's ValueError, for a team of one (checked before the call) and for
-        a team whose whole batch has one value per channel (the library's check): both a
-        syncbn.SyncBNError too (PYTHON.md's exception table), with or without comm=."""
+        """nn.BatchNorm2d's ValueError, for a team of one (checked before the call), for
+        the operators called directly and for a team whose whole batch has one value per
+        channel (the library's check): each a syncbn.SyncBNError too (PYTHON.md's exception
+        table), with or without comm=."""
         comm = syncbn.cpu_team(1)[0]
         try:
             for m in (sbt.SyncBatchNorm(3, comm=comm), sbt.SyncBatchNorm(3)):
@@ -1481,6 +1482,15 @@ class TestRefusals(unittest.TestCase):
                 self.assertIsInstance(cm.exception, syncbn.SyncBNError)
             with self.assertRaises(ValueError):
                 torch.nn.BatchNorm1d(3)(torch.randn(1, 3))  # PyTorch's own, the same type
+            # the operators called directly: the library's check, the same exception
+            x1, ops = torch.randn(1, 3), torch.ops.syncbn
+            for call in (lambda: ops.batch_norm_train(x1, None, None, None, None, None, 1e-5, 0.1, comm.id),
+                         lambda: ops.batch_norm_act_train(x1, None, None, None, None, None, None, 1e-5, 0.1, comm.id,
+                                                          syncbn.RELU, 0.0, False)):
+                with self.assertRaisesRegex(ValueError, r"^syncbn\.batch_norm(_act)?_train \(sbnForwardTrain(Ex)?\): "
+                                                        "Expected more than 1 value per channel") as cm:
+                    call()
+                self.assertIsInstance(cm.exception, syncbn.SyncBNError)
         finally:
             comm.destroy()
         comms = syncbn.cpu_team(2, timeout_ms=60000)
