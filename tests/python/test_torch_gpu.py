@@ -374,8 +374,9 @@ class TestTorchGpu(unittest.TestCase):
         """A CUDA input with one tensor argument on the host, or a host input with a CUDA
         weight (the dispatcher runs the CUDA kernel for both): a RuntimeError naming the
         argument and both devices, from each operator, before anything is written (the
-        library would otherwise read a host pointer on the device). The meta-device twin
-        of this test, on CPU, is test_torch_ops' test_parameters_on_another_device."""
+        library would otherwise read a host pointer on the device). CUDA tensors on a CPU
+        team and host tensors on the GPU team: refused, naming the team. The meta-device
+        twin of this test, on CPU, is test_torch_ops' test_parameters_on_another_device."""
         ops = torch.ops.syncbn
         comm = syncbn.cpu_team(1)[0]  # (the device checks come before the comm's)
         try:
@@ -413,6 +414,17 @@ class TestTorchGpu(unittest.TestCase):
                     self.assertEqual(int(nbt), 0)
             with self.assertRaisesRegex(RuntimeError, "weight is on cuda:0 and the input on cpu"):
                 ops.batch_norm_train(xh, one, None, None, None, None, 1e-5, 0.1, cid)
+            # every tensor on one device, and a team of the other kind: refused by the team
+            with self.assertRaisesRegex(RuntimeError, r"batch_norm_train: the input is on cuda:0, and the team "
+                                                      r"\(cpu\) takes CPU tensors$"):
+                ops.batch_norm_train(x, one, one, rm, rv, nbt, 1e-5, 0.1, cid)
+            gpu = sbt.team_for(None, torch.device("cuda", 0))
+            with self.assertRaisesRegex(RuntimeError, r"batch_norm_train: the input is on cpu, and the team \(.*\) "
+                                                      "takes CUDA tensors$"):
+                ops.batch_norm_train(xh, None, None, None, None, None, 1e-5, 0.1, gpu.id)
+            torch.cuda.synchronize()
+            self.assertTrue(torch.equal(rm, torch.zeros(3, device="cuda")))
+            self.assertEqual(int(nbt), 0)
         finally:
             comm.destroy()
 
