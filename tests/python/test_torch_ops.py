@@ -33,6 +33,7 @@ import copy
 import gc
 import itertools
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -1377,6 +1378,29 @@ class TestOperatorArguments(TeamOfOne):
                 self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
                 self.assertEqual(int(nbt), 7)
                 self.assertTrue(torch.equal(x, x0))
+
+    def test_numbers_in_messages_as_python_writes_them(self):
+        """A refused slope (and momentum) is named in the message as Python's repr writes
+        it: the C++ operators format doubles themselves (py_float), so every branch of
+        that is held to repr here: integral values ("-2.0"), the exponent's thresholds
+        (1e-4 and 1e-5, 1e15 and 1e16), the shortest round-trip digits, values past
+        float32's range, NaN and infinity. (A negative slope that is 0 as a float32 is
+        taken, as the library reads it.)"""
+        ops, cid, x = torch.ops.syncbn, self.comm.id, torch.randn(4, 3, 5)
+        values = (-2.0, -1.0, -100.0, -0.1, -2.5, -1e-4, -1.5e-4, -1e-5, -1.25e-5, -123456.75, -1e15, -9.5e15,
+                  -1e16, -1.5e16, -1e22, -1.0 / 3.0, -3.4e38, -1e39, -1e300, -float("inf"),
+                  float("nan"), -0.0001234, -12345678901234567.0)
+        for v in values:
+            with self.subTest(v=v):
+                with self.assertRaises(ValueError) as cm:
+                    ops.batch_norm_act_train(x, None, None, None, None, None, None, 1e-5, 0.1, cid,
+                                             syncbn.LEAKY_RELU, v, False)
+                self.assertIn(f"slope {v!r}: leaky ReLU's negative slope must be finite and >= 0", str(cm.exception))
+        for v in (-2.0, -1e-5, -1e16):
+            with self.subTest(momentum=v):
+                with self.assertRaisesRegex(ValueError, "^syncbn: momentum must be >= 0 \\(None: the cumulative "
+                                                        f"average\\), got {re.escape(repr(v))}$"):
+                    ops.batch_norm_train(x, None, None, None, None, None, 1e-5, v, cid)
 
     def test_eps_reaches_every_call(self):
         torch.manual_seed(31)
