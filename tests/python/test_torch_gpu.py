@@ -24,7 +24,8 @@ Not yet run on a GPU: these are the checks the next GPU run makes.
     input gradient and weight gradient bitwise equal to eager (the library's epochs live
     on the device);
   - a tensor argument on another device than the input (host against CUDA, each
-    operator): a RuntimeError naming it, nothing written;
+    operator), or tensors of the other kind than the team's: a RuntimeError naming it,
+    nothing written;
   - the C++ operators are what runs (unless SYNCBN_TORCH_NATIVE=0), and on the caller's
     current stream: a side stream delayed by a GPU sleep gives the default stream's
     output and gradients bitwise;

@@ -20,9 +20,10 @@ batch_norm_infer) and the layer under torch.compile, on CPU teams; the binding's
   its graph (mutants: the C++ nodes without compiled_args, a Python backward calling its
   kernel); a model's copy on another comm is a graph of its own, on that comm;
 - each argument, called directly: every refusal of the plain operators' checks (and the
-  fused ones' that test_torch_fused leaves out), with its message and nothing written; eps in every call that reads it; a gradient to an input
-  that alone requires grad; autograd.grad to some inputs; the backward operator without a
-  weight (its fake kernel's shapes);
+  fused ones' that test_torch_fused leaves out), with its message and nothing written;
+  eps in every call that reads it; a gradient to an input that alone requires grad;
+  autograd.grad to some inputs; the backward operator without a weight (its fake
+  kernel's shapes); the numbers in the messages as Python's repr writes them;
 - refusals: a tensor argument on another device than the input, a comm that is not a
   syncbn.Comm, one value per channel (ValueError, as nn.BatchNorm), a destroyed peer
   (at once, naming it), the error text (the specific message first).
@@ -1262,11 +1263,25 @@ class TestOperatorArguments(TeamOfOne):
             ours[name].requires_grad_(name in grad)  # (leaves: the fp32 copies, the layer's parameters)
             theirs[name] = theirs[name].clone().requires_grad_(name in grad)
         y = m(ours["x"], ours["z"]) if res else m(ours["x"])
-        t = theirs
-        yr = F.batch_norm(t["x"], None if train else rm, None if train else rv, t["weight"], t["bias"], train, 0.0,
-                          eps)
-        yr = act_ref(yr + t["z"] if res else yr, kw.get("activation"), kw.get("slope", 0.01))
+        yr = F.batch_norm(theirs["x"], None if train else rm, None if train else rv, theirs["weight"],
+                          theirs["bias"], train, 0.0, eps)
+        yr = act_ref(yr + theirs["z"] if res else yr, kw.get("activation"), kw.get("slope", 0.01))
         return (y, ours), (yr, theirs)
+
+    def _refused(self, cases, x, rm, rv, nbt):
+        """Each of `cases` ((name, call, exception type, message pattern after "syncbn."))
+        raises that exception with that message and writes nothing: x, rm (0.5), rv (2.0)
+        and nbt (7) as they were (set again before each call, after a mutant's write)."""
+        x0 = x.clone()
+        for name, call, err, pattern in cases:
+            with self.subTest(name):
+                rm.fill_(0.5), rv.fill_(2.0), nbt.fill_(7)
+                with self.assertRaisesRegex(err, r"^syncbn\." + pattern):
+                    call()
+                self.assertTrue(torch.equal(rm, torch.full((3,), 0.5)))
+                self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
+                self.assertEqual(int(nbt), 7)
+                self.assertTrue(torch.equal(x, x0))
 
     def test_argument_refusals_write_nothing(self):
         train, backward, infer = (torch.ops.syncbn.batch_norm_train.default,
@@ -1308,9 +1323,11 @@ class TestOperatorArguments(TeamOfOne):
              RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
                            r"torch.float32 \(3, 2\)$"),
             ("stats (2, 4)", lambda: backward(x, x, one, torch.ones(2, 4), 1e-5, cid, True, True),
-             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got torch.float32 \(2, 4\)$"),
+             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
+                           r"torch.float32 \(2, 4\)$"),
             ("stats float64", lambda: backward(x, x, one, stats.double(), 1e-5, cid, True, True),
-             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got torch.float64 \(2, 3\)$"),
+             RuntimeError, r"batch_norm_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
+                           r"torch.float64 \(2, 3\)$"),
             ("backward weight (3, 1)", lambda: backward(x, x, one.view(3, 1), stats, 1e-5, cid, True, True),
              RuntimeError, r"batch_norm_backward: weight has shape \(3, 1\)"),
             ("infer running_mean (1, 3)", lambda: infer(x, rm.view(1, 3), rv, one, one, 1e-5),
@@ -1318,14 +1335,7 @@ class TestOperatorArguments(TeamOfOne):
             ("infer bias without weight", lambda: infer(x, rm, rv, None, one, 1e-5),
              RuntimeError, r"batch_norm_infer: a bias without a weight \(the library takes both or neither\)$"),
         )
-        for name, call, err, pattern in cases:
-            with self.subTest(name):
-                rm.fill_(0.5), rv.fill_(2.0), nbt.fill_(7)  # (as they were, after a mutant's write)
-                with self.assertRaisesRegex(err, r"^syncbn\." + pattern):
-                    call()
-                self.assertTrue(torch.equal(rm, torch.full((3,), 0.5)))
-                self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
-                self.assertEqual(int(nbt), 7)
+        self._refused(cases, x, rm, rv, nbt)
         # the same buffers taken: the checks refuse what is wrong only
         train(x, one, one, rm, rv, nbt, 1e-5, 0.1, cid)
         self.assertEqual(int(nbt), 8)
@@ -1368,16 +1378,7 @@ class TestOperatorArguments(TeamOfOne):
              RuntimeError, r"batch_norm_act_backward: stats must be float32 \(2, 3\) \(the forward's\), got "
                            r"torch.float32 \(2, 4\)$"),
         )
-        for name, call, err, pattern in cases:
-            with self.subTest(name):
-                rm.fill_(0.5), rv.fill_(2.0), nbt.fill_(7)
-                x0 = x.clone()
-                with self.assertRaisesRegex(err, r"^syncbn\." + pattern):
-                    call()
-                self.assertTrue(torch.equal(rm, torch.full((3,), 0.5)))
-                self.assertTrue(torch.equal(rv, torch.full((3,), 2.0)))
-                self.assertEqual(int(nbt), 7)
-                self.assertTrue(torch.equal(x, x0))
+        self._refused(cases, x, rm, rv, nbt)
 
     def test_numbers_in_messages_as_python_writes_them(self):
         """A refused slope (and momentum) is named in the message as Python's repr writes
