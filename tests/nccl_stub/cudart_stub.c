@@ -15,12 +15,14 @@
  * cudaFree of one device's memory while another device may run such a kernel is a
  * violation (cudart_stub_violations): that kernel may write the freed memory through
  * peer access, and a real cudaFree does not wait for another device's kernels. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cudart_stub.h"
 
@@ -68,6 +70,8 @@ static size_t nstreams, nevents; /* live */
 static int no_peer_access;       /* cudaDeviceCanAccessPeer says no */
 static int coop_fail_nth;        /* the nth cooperative launch from here fails (0: none) */
 static void* sync_arg;
+static int devices_busy; /* a kernel that never ends runs on every device */
+static pthread_cond_t busy_cv = PTHREAD_COND_INITIALIZER; /* devices_busy went off */
 
 /* A switch of the stand-in, set and read under its lock (the library's threads read them). */
 static void set_switch(int* sw, int on) {
@@ -80,6 +84,30 @@ static int get_switch(const int* sw) {
   const int on = *sw;
   pthread_mutex_unlock(&mu);
   return on;
+}
+/* A call that waits for the device (cudaDeviceSynchronize; cudaFree and cudaFreeHost,
+   which synchronize it in CUDA) while devices_busy: until it is switched off, or for
+   CUDA_STUB_BUSY_MAX_MS at most, then a violation (a library waiting without a bound). */
+static void wait_while_busy(const char* call) {
+  pthread_mutex_lock(&mu);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += CUDA_STUB_BUSY_MAX_MS / 1000;
+  int late = 0;
+  while (devices_busy && !late) late = pthread_cond_timedwait(&busy_cv, &mu, &until) != 0;
+  if (late && devices_busy) {
+    violations++;
+    snprintf(last_violation, sizeof last_violation,
+             "%s waited %d ms on a busy device (a kernel that never ends)", call,
+             CUDA_STUB_BUSY_MAX_MS);
+  }
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_devices_busy(int on) {
+  pthread_mutex_lock(&mu);
+  devices_busy = on;
+  if (!on) pthread_cond_broadcast(&busy_cv);
+  pthread_mutex_unlock(&mu);
 }
 void cudart_stub_set_capturing(int on) {
   set_switch(&capturing, on);
@@ -257,6 +285,8 @@ void cudart_stub_reset(void) {
   sync_arg = NULL;
   new_streams_pending = 0;
   npending_streams = 0;
+  devices_busy = 0;
+  pthread_cond_broadcast(&busy_cv);
   pthread_mutex_unlock(&mu);
 }
 
@@ -410,6 +440,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 }
 cudaError_t cudaDeviceSynchronize(void) {
   if (capture_forbids("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
+  wait_while_busy("cudaDeviceSynchronize");
   void (*fn)(void*) = NULL;
   void* arg = NULL;
   pthread_mutex_lock(&mu);
@@ -442,6 +473,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (capture_forbids("cudaFree")) return cudaErrorStreamCaptureUnsupported;
+  if (p != NULL) wait_while_busy("cudaFree");
   return forget(p, cudaMemoryTypeDevice);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
@@ -451,6 +483,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (capture_forbids("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
+  if (p != NULL) wait_while_busy("cudaFreeHost");
   return forget(p, cudaMemoryTypeHost);
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {

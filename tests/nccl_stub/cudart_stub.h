@@ -45,6 +45,13 @@ void cudart_stub_set_events_pending(int on);
    (the first 16 such streams; those made after them finish as before; cudaStreamSynchronize
    does not wait for them). */
 void cudart_stub_set_new_streams_pending(int on);
+/* From here (while `on`) every device runs a kernel that never ends (a collective waiting
+   for a dead peer): cudaDeviceSynchronize, cudaFree and cudaFreeHost (which synchronize
+   the device in CUDA) wait until it is switched off, from another thread, or for
+   CUDA_STUB_BUSY_MAX_MS at most, then return as usual and count a violation (a wait with no
+   bound). Streams and events are not affected. */
+#define CUDA_STUB_BUSY_MAX_MS 10000
+void cudart_stub_set_devices_busy(int on);
 /* From here cudaOccupancyMaxActiveBlocksPerMultiprocessor fails
    (cudaErrorInvalidDeviceFunction) when `on`, as for a kernel the device cannot run. */
 void cudart_stub_set_occupancy_fails(int on);
@@ -112,7 +119,7 @@ void cudart_stub_fail_coop_launch_nth(int nth);
 /* Forgets the kernels in flight, the capturing, the pending events, the failing occupancy
    query, launch, pointer query and cudaSetDevice, the peer access enabled, the violations,
    the launches, cudart_stub_on_sync's call, the pending streams, the steps, the kept
-   argument bytes, the peer access refused and the nth launch to fail. */
+   argument bytes, the peer access refused, the nth launch to fail and the busy devices. */
 void cudart_stub_reset(void);
 
 #endif /* SYNCBN_TESTS_CUDART_STUB_H_ */
