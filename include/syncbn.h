@@ -73,7 +73,8 @@ SBN_API const char* sbnGetErrorString(sbnResult_t r);
    out-of-range codes). */
 SBN_API const char* sbnGetResultName(sbnResult_t r);
 /* Detail of the last failure on `comm` (or, for comm == NULL, of the last failure of a
-   call on this thread that had no comm: init functions, sbnGroupEnd, inference).
+   call on this thread that had no comm: init functions, sbnGroupEnd, inference, and an
+   sbnCommDestroy whose sbnTimeout released the comm).
    Thread-safe: the text is copied into a per-thread buffer, valid until this thread's
    next call of sbnGetLastError. "" when there was no failure. Never NULL. */
 SBN_API const char* sbnGetLastError(sbnComm_t comm);
@@ -272,11 +273,22 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops
    queued in another thread's open group, sbnInvalidUsage (nothing done: "one thread at a
    time per comm", above); with ops queued in this thread's open group, sbnInvalidUsage
-   too, and that group's sbnGroupEnd then runs nothing (a failed call of the group); destroy a comm whose call waits after that call has returned
-   (sbnCommAbort ends the wait at once). A destroy racing a call that is still entering
-   the library, before it holds the comm, is undefined behaviour, as any use of a freed
-   handle. As with free(), the handle is invalid afterwards: using it, or destroying it again, is undefined behaviour (its
-   memory is released; the library does not keep a registry of live handles).
+   too, and that group's sbnGroupEnd then runs nothing (a failed call of the group);
+   destroy a comm whose call waits after that call has returned (sbnCommAbort ends the
+   wait at once). A destroy racing a call that is still entering the library, before it
+   holds the comm, is undefined behaviour, as any use of a freed handle. As with free(),
+   the handle is invalid afterwards: using it, or destroying it again, is undefined
+   behaviour (its memory is released; the library does not keep a registry of live
+   handles).
+   The last rank's destroy of a GPU or NCCL team waits for the team's devices to finish
+   their work (CUDA frees device memory only on an idle device, so every kernel on them
+   counts, the program's own included) for up to 2 x timeout_ms; past that it returns
+   sbnTimeout, the detail on this thread (sbnGetLastError(NULL): "sbnCommDestroy: device 0
+   did not finish its work within ..."), and the handle is released all the same: a
+   thread of the library frees the team's device memory, streams, events and NCCL comm
+   when the devices finish (a kernel that never ends, a collective waiting for a dead
+   peer, keeps them for good; the library must stay loaded meanwhile: no dlclose). Every
+   other failure leaves the handle as it was.
    A rank destroyed while other ranks of its team live leaves a team none of whose ops can
    complete again. What its peers see:
    - CPU teams (sbnCommInitCpu): at once. A CPU team's ops are synchronous, so the

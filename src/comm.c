@@ -228,7 +228,7 @@ SBN_API sbnResult_t sbnCommDestroy(sbnComm_t comm) {
   const int cancel = sbn_nocancel_begin();
   int claimed = 0; /* kept: the comm is freed */
   r = sbn_comm_claim(comm, "sbnCommDestroy", &claimed);
-  if (r == sbnSuccess) sbn_comm_release(comm);
+  if (r == sbnSuccess) r = sbn_comm_release(comm); /* sbnTimeout: see sbn_gpu_team_release */
   sbn_nocancel_end(cancel);
   return r;
 }

@@ -196,8 +196,11 @@ typedef struct sbn_team_ops {
      that can fail (the comms are made before it), so that a collective attach's success
      is the team's on every rank. */
   sbnResult_t (*attach)(sbn_team_t* team, sbn_team_init_t* init);
-  /* Frees team->impl (the last local comm was destroyed). */
-  void (*detach)(sbn_team_t* team);
+  /* Frees team->impl (the last local comm was destroyed). sbnSuccess, or sbnTimeout with
+     the detail on the thread (sbn_fail(NULL, ...)): the backend's devices did not finish
+     their work in time, and what is left of team->impl is freed later, when they do (a GPU
+     team's release thread). team->impl is NULL afterwards either way. */
+  sbnResult_t (*detach)(sbn_team_t* team);
   /* At the call, after the front's argument checks: the backend's own checks of the op
      and its per-call choices (op->algo, op->kernel). in_group: inside sbnGroupStart/End.
      May be NULL. */
@@ -234,8 +237,9 @@ SBN_INTERNAL sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, 
    whose ops run asynchronously (GPU, NCCL) are not aborted: a peer's kernel may still
    be finishing an op that the destroyed rank took part in; those with several local
    ranks record the rank too and wake the ranks waiting in a thread-per-rank split, which
-   fail (sbn_split_rendezvous). */
-SBN_INTERNAL void sbn_comm_release(sbnComm_t comm);
+   fail (sbn_split_rendezvous). Returns the detach's result where this was the team's last
+   comm (sbnTimeout, detail on the thread: see detach), else sbnSuccess. */
+SBN_INTERNAL sbnResult_t sbn_comm_release(sbnComm_t comm);
 /* The rank whose sbnCommDestroy aborted a threaded team (a destroy racing sbnCommAbort
    may be named too: both happened), or -1 (the team is not aborted with sbnAborted, was
    aborted before any rank left, or is not threaded: its destroys abort nothing). */

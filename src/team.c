@@ -71,14 +71,14 @@ void sbn_team_abort_waiting(sbn_team_t* team) {
   atomic_fetch_sub(&team->aborting, 1);
 }
 
-static void team_free(sbn_team_t* t) {
-  if (t == NULL) return;
+static sbnResult_t team_free(sbn_team_t* t) {
+  if (t == NULL) return sbnSuccess;
   /* an sbnCommAbort whose waiter returned, and whose comm was destroyed, still running */
   while (atomic_load(&t->aborting) != 0) {
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
   }
-  if (t->impl != NULL) t->ops->detach(t);
+  const sbnResult_t r = t->impl != NULL ? t->ops->detach(t) : sbnSuccess;
   pthread_mutex_destroy(&t->split_mu);
   pthread_cond_destroy(&t->split_cv);
   free(t->split_color);
@@ -86,6 +86,7 @@ static void team_free(sbn_team_t* t) {
   free(t->split_here);
   free(t->split_result);
   free(t);
+  return r;
 }
 
 static void comm_free(sbnComm_t c) {
@@ -123,7 +124,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   }
   if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_here ||
       !t->split_result || !clock_ok) {
-    team_free(t);
+    (void)team_free(t);
     free(made);
     if (!clock_ok)
       return sbn_fail(NULL, sbnSystemError,
@@ -159,7 +160,7 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
   if (r != sbnSuccess) {
     for (size_t i = 0; i < nl; i++) comm_free(made[i]);
     free(made);
-    team_free(t);
+    (void)team_free(t); /* no impl: nothing of a backend to wait for */
     return r;
   }
   memcpy(comms, made, nl * sizeof *made);
@@ -185,7 +186,7 @@ static void team_depart(sbn_team_t* t, int rank) {
   sbn_team_abort_waiting(t);
 }
 
-void sbn_comm_release(sbnComm_t comm) {
+sbnResult_t sbn_comm_release(sbnComm_t comm) {
   sbn_team_t* t = comm->team;
   const int rank = comm->rank;
   comm_free(comm);
@@ -201,10 +202,9 @@ void sbn_comm_release(sbnComm_t comm) {
     const int last = atomic_fetch_sub(&t->refs, 1) == 1;
     pthread_cond_broadcast(&t->split_cv);
     pthread_mutex_unlock(&t->split_mu);
-    if (last) team_free(t);
-    return;
+    return last ? team_free(t) : sbnSuccess;
   }
-  if (atomic_fetch_sub(&t->refs, 1) == 1) team_free(t);
+  return atomic_fetch_sub(&t->refs, 1) == 1 ? team_free(t) : sbnSuccess;
 }
 
 /* ---- split ------------------------------------------------------------------------ */
@@ -246,7 +246,7 @@ sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int
   }
   if (r != sbnSuccess) {
     for (int q = 0; made != NULL && q < w; q++)
-      if (made[q] != NULL) sbn_comm_release(made[q]);
+      if (made[q] != NULL) (void)sbn_comm_release(made[q]);
   } else {
     memcpy(result, made, (size_t)w * sizeof *made);
   }

@@ -4,7 +4,7 @@
 
 #include "cpu.h"
 
-static void cpu_detach(sbn_team_t* team) {
+static sbnResult_t cpu_detach(sbn_team_t* team) {
   sbn_cpu_team_t* ct = sbn_cpu_team(team);
   for (int q = 0; ct->ranks != NULL && q < team->nranks; q++) {
     free(ct->ranks[q].local);
@@ -14,6 +14,7 @@ static void cpu_detach(sbn_team_t* team) {
   free(ct->mail);
   free(ct);
   team->impl = NULL;
+  return sbnSuccess;
 }
 
 static sbnResult_t cpu_attach(sbn_team_t* team, sbn_team_init_t* init) {
@@ -33,7 +34,7 @@ static sbnResult_t cpu_attach(sbn_team_t* team, sbn_team_init_t* init) {
     ok = ct->ranks[q].local != NULL && ct->ranks[q].stats != NULL;
   }
   if (!ok) {
-    cpu_detach(team);
+    (void)cpu_detach(team);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (team of %d, max_channels %zu)",
                     team->nranks, mc);
   }

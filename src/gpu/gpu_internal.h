@@ -231,9 +231,19 @@ static inline int sbn_gpu_abort_comms_now(const struct sbn_gpu_team* gt, int abo
    is freed. */
 SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
                                     void (*release)(struct sbn_gpu_team* gt, int aborted));
+/* The destroy's sbn_gpu_team_free: run on a thread of its own (signals blocked), which the
+   call waits for up to 2 x timeout_ms. sbnSuccess when it finished; else sbnTimeout (the
+   detail on the thread, naming the devices): the thread goes on alone and frees the team
+   when the devices finish (a kernel that never ends keeps it for ever). Without a thread
+   (pthread_create failed), sbn_gpu_team_free on this one. */
+SBN_INTERNAL sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
+                                              void (*release)(struct sbn_gpu_team* gt,
+                                                              int aborted));
+/* The releases that outlived their destroy and are still running (tests). */
+SBN_INTERNAL int sbn_gpu_releases_pending(void);
 /* Table entries shared by every GPU team. detach and abort are the in-process teams';
    an NCCL team's own (nccl_team.c) call them and do its part. */
-SBN_INTERNAL void sbn_gpu_detach(sbn_team_t* team);
+SBN_INTERNAL sbnResult_t sbn_gpu_detach(sbn_team_t* team);
 SBN_INTERNAL sbnResult_t sbn_gpu_poll(const sbn_team_t* team);
 /* The failure the team's error words hold (kernels', or a peer's pushed through the
    window; the cause before the sbnAborted of the ranks it aborted), sbnSuccess if none:

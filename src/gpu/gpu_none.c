@@ -12,7 +12,10 @@ static sbnResult_t none_attach(sbn_team_t* team, sbn_team_init_t* init) {
 }
 
 /* Never reached: no team of these tables is ever made. */
-static void none_detach(sbn_team_t* team) { (void)team; }
+static sbnResult_t none_detach(sbn_team_t* team) {
+  (void)team;
+  return sbnSuccess;
+}
 static sbnResult_t none_run(const sbn_op_t* const* round, int n, int* failed) {
   (void)round, (void)n;
   *failed = 0;

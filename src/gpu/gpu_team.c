@@ -13,6 +13,7 @@
  * (enabled here), otherwise all of them live in pinned, mapped host memory.
  */
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,9 +179,136 @@ int sbn_gpu_host_pending(const struct sbn_gpu_team* gt) {
   return pending;
 }
 
-void sbn_gpu_detach(sbn_team_t* team) {
-  sbn_gpu_team_free(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, NULL);
+/* ---- the destroy's bound: sbn_gpu_team_free on a thread of its own ------------------- */
+/* Its waits for the devices (cudaDeviceSynchronize, and cudaFree, which synchronizes its
+   device) end when every kernel on them has, the program's own included: a kernel that
+   never ends (a collective of another library waiting for a dead peer) would keep the
+   destroy for ever. So the release runs on a thread that the destroy waits for up to its
+   deadline; past it, the destroy returns sbnTimeout and the thread goes on alone, freeing
+   the team when the devices finish. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
+  int done;          /* the team is freed */
+  int abandoned;     /* the destroy returned first: the thread frees this record */
+  struct sbn_gpu_team* gt;
+  int aborted;
+  void (*release)(struct sbn_gpu_team* gt, int aborted);
+} releaser_t;
+
+static _Atomic int releases_left; /* abandoned releases still running */
+
+int sbn_gpu_releases_pending(void) {
+  return atomic_load(&releases_left);
+}
+
+static void releaser_free(releaser_t* rl) {
+  pthread_cond_destroy(&rl->cv);
+  pthread_mutex_destroy(&rl->mu);
+  free(rl);
+}
+
+static void* releaser_main(void* arg) {
+  releaser_t* rl = arg;
+  sbn_gpu_team_free(rl->gt, rl->aborted, rl->release);
+  pthread_mutex_lock(&rl->mu);
+  rl->done = 1;
+  const int abandoned = rl->abandoned;
+  pthread_cond_signal(&rl->cv);
+  pthread_mutex_unlock(&rl->mu);
+  if (abandoned) {
+    releaser_free(rl);
+    atomic_fetch_sub(&releases_left, 1);
+  }
+  return NULL;
+}
+
+/* "device 0" or "devices 0, 1" (the present ranks' devices, each once) into buf; returns
+   how many. */
+static int name_devices(const struct sbn_gpu_team* gt, char* buf, size_t cap) {
+  int seen[SBN_MAX_GPU_TEAM_RANKS], n = 0;
+  for (int q = 0; gt->ranks != NULL && q < gt->nranks && n < SBN_MAX_GPU_TEAM_RANKS; q++) {
+    int again = !gt->ranks[q].present;
+    for (int i = 0; i < n && !again; i++) again = seen[i] == gt->ranks[q].device;
+    if (!again) seen[n++] = gt->ranks[q].device;
+  }
+  size_t len = (size_t)snprintf(buf, cap, "%s", n > 1 ? "devices " : "device ");
+  for (int i = 0; i < n && len < cap; i++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%d", i > 0 ? ", " : "", seen[i]);
+  return n;
+}
+
+sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
+                                 void (*release)(struct sbn_gpu_team* gt, int aborted)) {
+  if (gt == NULL) return sbnSuccess;
+  /* the release's own waits are each bounded by the timeout (a kernel waiting for a peer,
+     an NCCL comm's finalize); the second timeout covers the one after the other */
+  const int64_t deadline = sbn_mono_ns() + 2 * gt->timeout_ms * 1000000;
+  char devices[96];
+  const int ndevices = name_devices(gt, devices, sizeof devices);
+  const long long timeout_ms = (long long)gt->timeout_ms;
+  releaser_t* rl = calloc(1, sizeof *rl);
+  pthread_condattr_t ca;
+  int made = rl != NULL && pthread_condattr_init(&ca) == 0;
+  if (made) {
+    made = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+           pthread_cond_init(&rl->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+  }
+  if (made && pthread_mutex_init(&rl->mu, NULL) != 0) {
+    pthread_cond_destroy(&rl->cv);
+    made = 0;
+  }
+  pthread_t th;
+  if (made) {
+    rl->gt = gt, rl->aborted = aborted, rl->release = release;
+    /* the thread may outlive the call: no signal of the program's is delivered to it */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    made = pthread_create(&th, NULL, releaser_main, rl) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!made) releaser_free(rl);
+  } else {
+    free(rl);
+  }
+  if (!made) { /* no thread (out of resources): on this one, unbounded, as before */
+    sbn_gpu_team_free(gt, aborted, release);
+    return sbnSuccess;
+  }
+  pthread_mutex_lock(&rl->mu);
+  while (!rl->done) {
+    const int64_t now = sbn_mono_ns();
+    if (now >= deadline) break;
+    const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+    pthread_cond_timedwait(&rl->cv, &rl->mu, &until);
+  }
+  const int done = rl->done;
+  if (!done) {
+    rl->abandoned = 1;
+    atomic_fetch_add(&releases_left, 1);
+  }
+  pthread_mutex_unlock(&rl->mu);
+  if (done) {
+    pthread_join(th, NULL);
+    releaser_free(rl);
+    return sbnSuccess;
+  }
+  pthread_detach(th);
+  return sbn_fail(NULL, sbnTimeout,
+                  "sbnCommDestroy: %s did not finish %s work within 2 x timeout_ms (%lld ms): "
+                  "a kernel that never ends (a collective waiting for a dead peer, a hung kernel "
+                  "of the program's). The handle is released; the team's device memory, "
+                  "streams, events and NCCL comm are freed by a thread of the library once "
+                  "that work ends",
+                  devices, ndevices > 1 ? "their" : "its", 2 * timeout_ms);
+}
+
+sbnResult_t sbn_gpu_detach(sbn_team_t* team) {
+  const sbnResult_t r =
+      sbn_gpu_team_release(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, NULL);
   team->impl = NULL;
+  return r;
 }
 
 /* Peer access between every pair of distinct devices: 1 (enabled), 0 (some pair lacks it). */

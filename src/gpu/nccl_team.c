@@ -510,9 +510,11 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
 }
 
 /* The table's detach: sbn_gpu_detach's, with the window and the comm released. */
-static void nccl_detach(sbn_team_t* team) {
-  sbn_gpu_team_free(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, nccl_release);
+static sbnResult_t nccl_detach(sbn_team_t* team) {
+  const sbnResult_t r = sbn_gpu_team_release(
+      sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, nccl_release);
   team->impl = NULL;
+  return r;
 }
 
 /* The table's abort (sbnCommAbort, a failed launch): this process's kernels

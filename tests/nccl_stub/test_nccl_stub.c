@@ -3115,6 +3115,71 @@ static void test_cancel_in_abort(void) {
   ASSERT_CLEAN();
 }
 
+/* sbnCommDestroy while every device runs a kernel that never ends (another library's
+   collective waiting for a dead peer, which cudaDeviceSynchronize and cudaFree wait for):
+   the last comm's destroy returns sbnTimeout after 2 x the timeout, naming the devices,
+   with the team's memory, streams and events still held; they are freed by the library's
+   thread once the devices finish. A destroy that is not the team's last waits for nothing.
+   (The destroy synchronized the devices with no bound: it returned only at the stand-in's
+   cap, CUDA_STUB_BUSY_MAX_MS, with a violation.) For a virtual team of two, an
+   sbnCommInitAll team of two devices, and "nccl-host" and "nccl-lsa" teams of one. */
+static void test_destroy_on_a_busy_device(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[4] = {"virtual", "InitAll", "nccl-host", "nccl-lsa"};
+  static const char* const names[4] = {"sbnCommDestroy: device 0 did not finish its work",
+                                       "sbnCommDestroy: devices 0, 1 did not finish their work",
+                                       "sbnCommDestroy: device 0 did not finish its work",
+                                       "sbnCommDestroy: device 0 did not finish its work"};
+  for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    const size_t before = cudart_stub_live();
+    sbnComm_t comms[2] = {NULL, NULL};
+    const int n = k < 2 ? 2 : 1;
+    if (k == 0) {
+      const sbnConfig_t cfg = case_config(STUCK_TIMEOUT_MS);
+      ASSERT_OK(sbnCommInitVirtual(comms, 2, 0, &cfg));
+    } else if (k == 1) {
+      ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
+    } else {
+      ASSERT_OK(team_of_one(&comms[0], k == 2 ? "host" : NULL, STUCK_TIMEOUT_MS));
+      ASSERT_TRUE(strcmp(transport_of(comms[0]), kind[k]) == 0);
+    }
+    cudart_stub_set_devices_busy(1);
+    double t0 = now_ms();
+    const sbnResult_t first = n == 2 ? sbnCommDestroy(comms[0]) : sbnSuccess;
+    const double first_ms = now_ms() - t0;
+    t0 = now_ms();
+    const sbnResult_t r = sbnCommDestroy(comms[n - 1]);
+    const double waited = now_ms() - t0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
+    const int pending = sbn_gpu_releases_pending();
+    const size_t held = cudart_stub_live();
+    cudart_stub_set_devices_busy(0); /* the devices finish: the release goes on */
+    t0 = now_ms();
+    while (sbn_gpu_releases_pending() != 0 && now_ms() - t0 < 20 * T) {
+      struct timespec ts = {0, 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    printf("  %s: the destroy %.0f ms (timeout %.0f ms), the release %.0f ms after the devices\n",
+           kind[k], waited, T, now_ms() - t0);
+    ASSERT_OK(first);
+    if (first_ms >= T) SBN_FAIL_("%s: the first destroy took %.0f ms", kind[k], first_ms);
+    ASSERT_RES(r, sbnTimeout);
+    if (waited < 2 * T || waited >= 3 * T)
+      SBN_FAIL_("%s: the destroy returned after %.0f ms (expected %.0f up to %.0f)", kind[k],
+                waited, 2 * T, 3 * T);
+    if (strstr(why, names[k]) == NULL)
+      SBN_FAIL_("%s: sbnGetLastError(NULL) says '%s', not '%s'", kind[k], why, names[k]);
+    ASSERT_EQ_INT(pending, 1);
+    if (held <= before)
+      SBN_FAIL_("%s: the team's resources were released under a busy device", kind[k]);
+    ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+    ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+    ASSERT_CLEAN();
+  }
+}
+
 /* A group of an sbnCommInitAll team whose rank 0 launched and rank 1's launch failed:
    rank 0's kernel would wait for rank 1 until the timeout, so the team is aborted (both
    stop words say so, the failure reported on both comms) and the group says why. */
@@ -3344,6 +3409,7 @@ int main(void) {
   SBN_RUN(test_abort_without_nccl_stop_words);
   SBN_RUN(test_abort_waits_one_timeout);
   SBN_RUN(test_cancel_in_abort);
+  SBN_RUN(test_destroy_on_a_busy_device);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
   SBN_RUN(test_inference_kernel_ex);
