@@ -28,6 +28,14 @@
  * occupancy x SMs: the shape asks for 2048 blocks (SBN_MAX_RANK_BLOCKS), more than any
  * GPU of up to 256 SMs at 8 blocks per SM holds.
  *
+ * The same blocker stands for a kernel that never ends (a collective waiting for a dead
+ * peer) in test_destroy_beside_a_held_device: one block held for DESTROY_HOLD_MS, the last
+ * destroy of a team of one with a timeout of DESTROY_TIMEOUT_MS returns sbnTimeout after
+ * twice that, naming the device, while the blocker still holds (it is released by the
+ * host after the destroy returned, and must end released, not timed out); a new team on
+ * the device then runs. (The destroy waited in cudaDeviceSynchronize until the blocker's
+ * hold expired, then returned sbnSuccess.)
+ *
  * CUDA_LAUNCH_BLOCKING (the blocker's launch would return only when its hold expires),
  * SBN_ALGO, SBN_TIMEOUT_MS and SBN_SM_MARGIN are cleared at the start, SBN_KERNEL set to
  * stream.
@@ -48,6 +56,8 @@
 _Static_assert(K_SMS <= SM_BLOCKER_MAX_BLOCKS, "the blocker marks at most SM_BLOCKER_MAX_BLOCKS blocks");
 #define HOLD_MS 3000   /* the blocker's longest hold */
 #define ARRIVE_MS 10000
+#define DESTROY_TIMEOUT_MS 300 /* test_destroy_beside_a_held_device's team */
+#define DESTROY_HOLD_MS 8000   /* its blocker's hold: well past the destroy's 2 x 300 ms */
 
 static const sbnTensorDesc_t g_desc = {sbnFloat32, sbnLayoutNCHW, 64, 64, 64 * 64};
 static sbnComm_t g_comm;
@@ -157,6 +167,76 @@ static void test_full_grid_waits(void) {
   ASSERT_EQ_INT(o.timed_out, K_SMS);
 }
 
+/* The last destroy of a team on a device that a kernel holds: bounded (sbnTimeout after
+   2 x timeout_ms, the device named), the blocker still holding; then released by the
+   host, and a new team on the device runs an op. */
+static void test_destroy_beside_a_held_device(void) {
+  sbnComm_t c = NULL, again = NULL;
+  sm_blocker_state_t* st = NULL;
+  cudaStream_t sb = NULL;
+  char why[512] = "";
+  sbnResult_t r = sbnNumResults, f = sbnNumResults, d = sbnNumResults;
+  double waited = 0.0;
+  int still_held = -1, released = -1, y_ok = 0;
+  if (!init_virtual(&c, 1, 0, DESTROY_TIMEOUT_MS)) return;
+  if (!CUDA_OK(cudaHostAlloc((void**)&st, sizeof *st, cudaHostAllocMapped))) {
+    sbnCommDestroy(c);
+    return;
+  }
+  memset(st, 0, sizeof *st);
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking)) ||
+      !CUDA_OK(sm_blocker_launch(st, 1, DESTROY_HOLD_MS, sb))) {
+    sbnCommDestroy(c);
+    goto done;
+  }
+  double t0 = now_ms();
+  while (sm_blocker_count(st->arrived, 1, 1u) < 1 && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
+  if (sm_blocker_count(st->arrived, 1, 1u) < 1) {
+    SBN_FAIL_("the blocker's block not resident after %d ms", ARRIVE_MS);
+    st->flag = 1u;
+    sbnCommDestroy(c);
+    goto done;
+  }
+  t0 = now_ms();
+  r = sbnCommDestroy(c);
+  waited = now_ms() - t0;
+  snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
+  still_held = sm_blocker_count(st->ended, 1, 0u);
+  st->flag = 1u; /* the kernel ends: the library's thread frees the team */
+  if (!CUDA_OK(cudaDeviceSynchronize())) goto done;
+  released = sm_blocker_count(st->ended, 1, 1u);
+  fprintf(stderr, "  the destroy beside a held device: %s after %.1f ms (timeout %d ms): %s\n",
+          sbnGetResultName(r), waited, DESTROY_TIMEOUT_MS, why);
+  /* the device after it: a new team's op, checked against the reference */
+  if (!init_virtual(&again, 1, 0, 60000)) goto done;
+  f = sbnForwardTrain(again, &g_desc, g_dx, g_dy, NULL, NULL, NULL, NULL, NULL, (float*)g_dmean,
+                      (float*)g_dinvstd, NULL, NULL);
+  y_ok = CUDA_OK(cudaDeviceSynchronize()) &&
+         CUDA_OK(cudaMemcpy(g_hy, g_dy, numel() * sizeof(float), cudaMemcpyDeviceToHost));
+  d = sbnCommDestroy(again);
+done:
+  cudaDeviceSynchronize();
+  if (sb) cudaStreamDestroy(sb);
+  if (st) cudaFreeHost(st);
+  CHECK_();
+  ASSERT_RES(r, sbnTimeout);
+  if (waited < 2 * DESTROY_TIMEOUT_MS || waited > 2 * DESTROY_TIMEOUT_MS + 1000)
+    SBN_FAIL_("the destroy returned after %.1f ms (expected %d up to %d)", waited,
+              2 * DESTROY_TIMEOUT_MS, 2 * DESTROY_TIMEOUT_MS + 1000);
+  if (strstr(why, "sbnCommDestroy: device 0 did not finish its work") == NULL)
+    SBN_FAIL_("sbnGetLastError(NULL) says '%s'", why);
+  ASSERT_EQ_INT(still_held, 1); /* the blocker held the device all through the destroy */
+  ASSERT_EQ_INT(released, 1);   /* and ended at the host's flag, not at its hold */
+  ASSERT_OK(f);
+  ASSERT_OK(d);
+  ASSERT_TRUE(y_ok);
+  if (!sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
+                              __LINE__)) {
+    sbn_test_failures_++;
+    sbn_test_cur_failed_++;
+  }
+}
+
 static int setup(void) {
   const size_t n = numel();
   g_hx = (float*)malloc(n * sizeof(float));
@@ -213,6 +293,7 @@ int main(void) {
   SBN_RUN(test_margin_runs_beside);
   SBN_RUN(test_full_grid_waits);
   SBN_RUN(test_margin_runs_beside);
+  SBN_RUN(test_destroy_beside_a_held_device);
   sbnCommDestroy(g_comm);
   cudaFree(g_dx);
   cudaFree(g_dy);
