@@ -282,13 +282,15 @@ SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
    handles).
    The last rank's destroy of a GPU or NCCL team waits for the team's devices to finish
    their work (CUDA frees device memory only on an idle device, so every kernel on them
-   counts, the program's own included) for up to 2 x timeout_ms; past that it returns
-   sbnTimeout, the detail on this thread (sbnGetLastError(NULL): "sbnCommDestroy: device 0
-   did not finish its work within ..."), and the handle is released all the same: a
-   thread of the library frees the team's device memory, streams, events and NCCL comm
-   when the devices finish (a kernel that never ends, a collective waiting for a dead
-   peer, keeps them for good; the library must stay loaded meanwhile: no dlclose). Every
-   other failure leaves the handle as it was.
+   counts, the program's own included) for up to timeout_ms in each of its waits for them,
+   beside its own steps that are bounded by the timeout (an aborted team's stop words, an
+   NCCL comm's deregistration and finalize). Past that it returns sbnTimeout, the detail
+   on this thread (sbnGetLastError(NULL): "sbnCommDestroy: device 0 did not finish its
+   work within timeout_ms ..."), and the handle is released all the same: a thread of the
+   library frees the team's device memory, streams, events and NCCL comm when the devices
+   finish (a kernel that never ends, a collective waiting for a dead peer, keeps them for
+   good; the library must stay loaded meanwhile: no dlclose). Every other failure leaves
+   the handle as it was.
    A rank destroyed while other ranks of its team live leaves a team none of whose ops can
    complete again. What its peers see:
    - CPU teams (sbnCommInitCpu): at once. A CPU team's ops are synchronous, so the

@@ -103,6 +103,8 @@ struct sbn_gpu_team {
      time plus timeout_ms, for every wait of every later abort and of the destroy
      (sbn_gpu_stop_deadline), so that a copy that does not land costs one timeout in all */
   _Atomic int64_t stop_deadline;
+  void* releaser;            /* the destroy's release record while a release thread frees the team
+                                (sbn_gpu_team_release), else NULL */
   _Atomic int host_captured; /* a host-path op was launched under a graph capture: its
                                 replays are not watched, so a collective may be pending */
   _Atomic int host_stuck; /* a collective's wait (a host-path op's, a split's) was ended by
@@ -232,13 +234,20 @@ static inline int sbn_gpu_abort_comms_now(const struct sbn_gpu_team* gt, int abo
 SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
                                     void (*release)(struct sbn_gpu_team* gt, int aborted));
 /* The destroy's sbn_gpu_team_free: run on a thread of its own (signals blocked), which the
-   call waits for up to 2 x timeout_ms. sbnSuccess when it finished; else sbnTimeout (the
-   detail on the thread, naming the devices): the thread goes on alone and frees the team
-   when the devices finish (a kernel that never ends keeps it for ever). Without a thread
-   (pthread_create failed), sbn_gpu_team_free on this one. */
+   call waits for until the release's budget runs out: timeout_ms from the call, moved by
+   sbn_gpu_release_budget around the release's own bounded steps. sbnSuccess when it
+   finished; else sbnTimeout (the detail on the thread, naming the devices): the thread
+   goes on alone and frees the team when the devices finish (a kernel that never ends
+   keeps it for ever). Without a thread (pthread_create failed), sbn_gpu_team_free on this
+   one. */
 SBN_INTERNAL sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
                                               void (*release)(struct sbn_gpu_team* gt,
                                                               int aborted));
+/* The destroy waits for the release until from_ns + timeout_ms (CLOCK_MONOTONIC ns):
+   called before a step of the release that a deadline of its own bounds (from_ns: that
+   deadline), and after it (from_ns: now), so that each step gets its bound and each wait
+   for the devices timeout_ms. Nothing outside a release thread (gt->releaser NULL). */
+SBN_INTERNAL void sbn_gpu_release_budget(struct sbn_gpu_team* gt, int64_t from_ns);
 /* The releases that outlived their destroy and are still running (tests). */
 SBN_INTERNAL int sbn_gpu_releases_pending(void);
 /* Table entries shared by every GPU team. detach and abort are the in-process teams';

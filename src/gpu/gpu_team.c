@@ -97,7 +97,11 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   if (gt == NULL) return;
   const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
   /* an aborted team's kernels may still wait for peers that will never come */
-  if (aborted) sbn_gpu_stop_ranks(gt);
+  if (aborted) {
+    sbn_gpu_release_budget(gt, sbn_gpu_stop_deadline(gt)); /* the stop words' wait's end */
+    sbn_gpu_stop_ranks(gt);
+    sbn_gpu_release_budget(gt, sbn_mono_ns());
+  }
   int prev = 0;
   cudaGetDevice(&prev);
   if (gt->watchdog_ok) {
@@ -117,12 +121,14 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   if (gt->nccl != NULL && !atomic_load(&gt->nccl_dead)) {
     /* finalize every comm in one group (one thread for several ranks), then destroy */
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    sbn_gpu_release_budget(gt, deadline);
     ncclResult_t nr = sbn_nccl.GroupStart();
     for (int q = 0; q < gt->nranks && nr == ncclSuccess; q++)
       if (gt->nccl[q]) nr = sbn_nccl.CommFinalize(gt->nccl[q]);
     ncclResult_t ne = sbn_nccl.GroupEnd();
     if (nr == ncclSuccess) nr = ne;
     nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline, NULL); /* every comm of the group */
+    sbn_gpu_release_budget(gt, sbn_mono_ns());
     if (nr != ncclSuccess) {
       sbn_nccl_abort_all(gt);
     } else {
@@ -191,6 +197,8 @@ typedef struct {
   pthread_cond_t cv; /* CLOCK_MONOTONIC */
   int done;          /* the team is freed */
   int abandoned;     /* the destroy returned first: the thread frees this record */
+  int64_t deadline;  /* the destroy waits until then (sbn_gpu_release_budget) */
+  int64_t timeout_ns;
   struct sbn_gpu_team* gt;
   int aborted;
   void (*release)(struct sbn_gpu_team* gt, int aborted);
@@ -200,6 +208,15 @@ static _Atomic int releases_left; /* abandoned releases still running */
 
 int sbn_gpu_releases_pending(void) {
   return atomic_load(&releases_left);
+}
+
+void sbn_gpu_release_budget(struct sbn_gpu_team* gt, int64_t from_ns) {
+  releaser_t* rl = gt->releaser;
+  if (rl == NULL) return;
+  pthread_mutex_lock(&rl->mu);
+  rl->deadline = from_ns + rl->timeout_ns;
+  pthread_cond_signal(&rl->cv); /* the destroy waits until the new deadline */
+  pthread_mutex_unlock(&rl->mu);
 }
 
 static void releaser_free(releaser_t* rl) {
@@ -241,9 +258,7 @@ static int name_devices(const struct sbn_gpu_team* gt, char* buf, size_t cap) {
 sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
                                  void (*release)(struct sbn_gpu_team* gt, int aborted)) {
   if (gt == NULL) return sbnSuccess;
-  /* the release's own waits are each bounded by the timeout (a kernel waiting for a peer,
-     an NCCL comm's finalize); the second timeout covers the one after the other */
-  const int64_t deadline = sbn_mono_ns() + 2 * gt->timeout_ms * 1000000;
+  const int64_t t0 = sbn_mono_ns();
   char devices[96];
   const int ndevices = name_devices(gt, devices, sizeof devices);
   const long long timeout_ms = (long long)gt->timeout_ms;
@@ -262,13 +277,19 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
   pthread_t th;
   if (made) {
     rl->gt = gt, rl->aborted = aborted, rl->release = release;
+    rl->timeout_ns = gt->timeout_ms * 1000000;
+    rl->deadline = t0 + rl->timeout_ns; /* the first wait for the devices */
+    gt->releaser = rl;
     /* the thread may outlive the call: no signal of the program's is delivered to it */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     made = pthread_create(&th, NULL, releaser_main, rl) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!made) releaser_free(rl);
+    if (!made) {
+      gt->releaser = NULL;
+      releaser_free(rl);
+    }
   } else {
     free(rl);
   }
@@ -278,8 +299,8 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
   }
   pthread_mutex_lock(&rl->mu);
   while (!rl->done) {
-    const int64_t now = sbn_mono_ns();
-    if (now >= deadline) break;
+    const int64_t deadline = rl->deadline; /* moved by the release (under rl->mu) */
+    if (sbn_mono_ns() >= deadline) break;
     const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
     pthread_cond_timedwait(&rl->cv, &rl->mu, &until);
   }
@@ -296,12 +317,12 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
   }
   pthread_detach(th);
   return sbn_fail(NULL, sbnTimeout,
-                  "sbnCommDestroy: %s did not finish %s work within 2 x timeout_ms (%lld ms): "
-                  "a kernel that never ends (a collective waiting for a dead peer, a hung kernel "
+                  "sbnCommDestroy: %s did not finish %s work within timeout_ms (%lld ms): a "
+                  "kernel still running (a collective waiting for a dead peer, a hung kernel "
                   "of the program's). The handle is released; the team's device memory, "
                   "streams, events and NCCL comm are freed by a thread of the library once "
                   "that work ends",
-                  devices, ndevices > 1 ? "their" : "its", 2 * timeout_ms);
+                  devices, ndevices > 1 ? "their" : "its", timeout_ms);
 }
 
 sbnResult_t sbn_gpu_detach(sbn_team_t* team) {

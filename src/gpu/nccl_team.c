@@ -477,6 +477,7 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
   aborted |= sbn_gpu_err_words(gt) != sbnSuccess;
   if (comm != NULL && !dead) {
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    sbn_gpu_release_budget(gt, deadline); /* the collective teardown is bounded */
     ncclResult_t nr = ncclSuccess;
     /* an aborted team's peers may never make the collective calls below */
     if (!aborted && gt->win != NULL) {
@@ -487,6 +488,7 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
     }
     if (!aborted && nr == ncclSuccess)
       nr = sbn_nccl_settle(sbn_nccl.CommFinalize(comm), &comm, 1, deadline, NULL);
+    sbn_gpu_release_budget(gt, sbn_mono_ns());
     if (!aborted && nr == ncclSuccess)
       sbn_nccl.CommDestroy(comm);
     else

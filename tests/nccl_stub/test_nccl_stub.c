@@ -3117,19 +3117,21 @@ static void test_cancel_in_abort(void) {
 
 /* sbnCommDestroy while every device runs a kernel that never ends (another library's
    collective waiting for a dead peer, which cudaDeviceSynchronize and cudaFree wait for):
-   the last comm's destroy returns sbnTimeout after 2 x the timeout, naming the devices,
-   with the team's memory, streams and events still held; they are freed by the library's
+   the last comm's destroy returns sbnTimeout after the timeout, naming the devices, with
+   the team's memory, streams and events still held; they are freed by the library's
    thread once the devices finish. A destroy that is not the team's last waits for nothing.
    (The destroy synchronized the devices with no bound: it returned only at the stand-in's
    cap, CUDA_STUB_BUSY_MAX_MS, with a violation.) For a virtual team of two, an
-   sbnCommInitAll team of two devices, and "nccl-host" and "nccl-lsa" teams of one. */
+   sbnCommInitAll team of two devices (its NCCL comms' finalize comes first, and moves the
+   budget), and "nccl-host" and "nccl-lsa" teams of one. */
 static void test_destroy_on_a_busy_device(void) {
   const double T = STUCK_TIMEOUT_MS;
   static const char* const kind[4] = {"virtual", "InitAll", "nccl-host", "nccl-lsa"};
-  static const char* const names[4] = {"sbnCommDestroy: device 0 did not finish its work",
-                                       "sbnCommDestroy: devices 0, 1 did not finish their work",
-                                       "sbnCommDestroy: device 0 did not finish its work",
-                                       "sbnCommDestroy: device 0 did not finish its work"};
+  static const char* const names[4] = {
+      "sbnCommDestroy: device 0 did not finish its work within timeout_ms",
+      "sbnCommDestroy: devices 0, 1 did not finish their work within timeout_ms",
+      "sbnCommDestroy: device 0 did not finish its work within timeout_ms",
+      "sbnCommDestroy: device 0 did not finish its work within timeout_ms"};
   for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
     stub_case(NULL);
     const size_t before = cudart_stub_live();
@@ -3166,9 +3168,9 @@ static void test_destroy_on_a_busy_device(void) {
     ASSERT_OK(first);
     if (first_ms >= T) SBN_FAIL_("%s: the first destroy took %.0f ms", kind[k], first_ms);
     ASSERT_RES(r, sbnTimeout);
-    if (waited < 2 * T || waited >= 3 * T)
+    if (waited < T || waited >= 2 * T)
       SBN_FAIL_("%s: the destroy returned after %.0f ms (expected %.0f up to %.0f)", kind[k],
-                waited, 2 * T, 3 * T);
+                waited, T, 2 * T);
     if (strstr(why, names[k]) == NULL)
       SBN_FAIL_("%s: sbnGetLastError(NULL) says '%s', not '%s'", kind[k], why, names[k]);
     ASSERT_EQ_INT(pending, 1);
@@ -3178,6 +3180,51 @@ static void test_destroy_on_a_busy_device(void) {
     ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
     ASSERT_CLEAN();
   }
+}
+
+static void* devices_free_later(void* ms) {
+  const long t = *(const long*)ms;
+  struct timespec ts = {t / 1000, (t % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  cudart_stub_set_devices_busy(0);
+  return NULL;
+}
+
+/* The destroy's budget is per wait: an "nccl-host" team of one whose device is busy for
+   0.9 of the timeout (the program's own kernel, ending) and whose comm's finalize never
+   settles (a peer that exited after its last op) returns sbnSuccess after ~1.9 timeouts:
+   the device's wait had its timeout, then the finalize its own, then the abort. (A single
+   timeout for the whole release cut it at the finalize with sbnTimeout.) */
+static void test_destroy_budget_per_wait(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  stub_case("ncclCommFinalize");
+  const size_t before = cudart_stub_live();
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  cudart_stub_set_devices_busy(1);
+  static long busy_ms = STUCK_TIMEOUT_MS * 9 / 10;
+  pthread_t th;
+  if (pthread_create(&th, NULL, devices_free_later, &busy_ms) != 0) {
+    cudart_stub_set_devices_busy(0);
+    SBN_FAIL_("pthread_create");
+    return;
+  }
+  const double t0 = now_ms();
+  const sbnResult_t r = sbnCommDestroy(comm);
+  const double waited = now_ms() - t0;
+  pthread_join(th, NULL);
+  printf("  the destroy %.0f ms (device busy %ld ms, finalize stuck, timeout %.0f ms)\n", waited,
+         busy_ms, T);
+  ASSERT_OK(r);
+  if (waited < 1.9 * T || waited >= 3 * T)
+    SBN_FAIL_("the destroy returned after %.0f ms (expected %.0f up to %.0f)", waited, 1.9 * T,
+              3 * T);
+  ASSERT_RECORD("ncclCommFinalize", "ncclCommAbort");
+  ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+  ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  ASSERT_CLEAN();
 }
 
 /* A group of an sbnCommInitAll team whose rank 0 launched and rank 1's launch failed:
@@ -3410,6 +3457,7 @@ int main(void) {
   SBN_RUN(test_abort_waits_one_timeout);
   SBN_RUN(test_cancel_in_abort);
   SBN_RUN(test_destroy_on_a_busy_device);
+  SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
   SBN_RUN(test_inference_kernel_ex);
