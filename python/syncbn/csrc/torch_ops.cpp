@@ -109,10 +109,11 @@ std::unordered_map<int64_t, CommEntry>& comms = *new std::unordered_map<int64_t,
 // operator call is using it: sbnCommDestroy's result; else -1: the entry leaves the table
 // (calls from now on say it was destroyed) and the last such call's release destroys it.
 // While the library's destroy runs (the lock released) the entry stays in the table,
-// marked destroying: no call can take it, and pins still count. Done, the entry leaves;
-// refused (sbnInvalidUsage: a call on the comm from another thread, outside these
-// operators, still runs), it stays as it was. (A refused destroy at a pin's release, or at
-// the last call's release (~CommOwner), has no one to tell: the comm then stays, unused.)
+// marked destroying: no call can take it, and pins still count. Done (or sbnTimeout, the
+// handle released all the same), the entry leaves; refused (sbnInvalidUsage: a call on
+// the comm from another thread, outside these operators, still runs), it stays as it
+// was. (A refused destroy at a pin's release, or at the last call's release
+// (~CommOwner), has no one to tell: the comm then stays, unused.)
 int destroy_entry(std::unique_lock<std::mutex>& lock, int64_t id) {
   auto it = comms.find(id);
   std::shared_ptr<CommOwner> owner = it->second.owner;
@@ -126,7 +127,9 @@ int destroy_entry(std::unique_lock<std::mutex>& lock, int64_t id) {
   const int r = static_cast<int>(api.comm_destroy(h));
   lock.lock();
   it = comms.find(id);  // still there: a destroying entry leaves only here
-  if (r == sbnSuccess) {
+  // sbnTimeout: the team's devices did not finish in time, and the handle is released all
+  // the same (the library frees the team later): the entry leaves as for a success
+  if (r == sbnSuccess || r == sbnTimeout) {
     owner->handle = nullptr;
     if (it != comms.end()) comms.erase(it);
   } else if (it != comms.end()) {
