@@ -535,9 +535,10 @@ class Comm:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        """Destroys the comm. Where the block raised and the destroy fails (refused: another
-        thread's call on the comm runs), the block's exception goes on, the destroy's
-        error added to it as a note (Python 3.11+), and the comm stays live."""
+        """Destroys the comm. Where the block raised and the destroy fails, the block's
+        exception goes on, the destroy's error added to it as a note (Python 3.11+): refused
+        (another thread's call on the comm runs), the comm stays live; sbnTimeout (a GPU
+        team's devices did not finish in time), it is destroyed all the same."""
         try:
             self.destroy()
         except SyncBNError as e:

@@ -92,16 +92,21 @@ out:
   return r;
 }
 
+/* sbn_gpu_stop_ranks in the release: its wait for the stop words is bounded by the team's
+   stop deadline, so the destroy waits that out (sbn_gpu_release_budget); an
+   sbn_nccl_abort_all after it finds them sent and does not wait again. */
+static void stop_ranks_in_release(struct sbn_gpu_team* gt) {
+  sbn_gpu_release_budget(gt, sbn_gpu_stop_deadline(gt));
+  sbn_gpu_stop_ranks(gt);
+  sbn_gpu_release_budget(gt, sbn_mono_ns());
+}
+
 void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
                        void (*release)(struct sbn_gpu_team* gt, int aborted)) {
   if (gt == NULL) return;
   const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
   /* an aborted team's kernels may still wait for peers that will never come */
-  if (aborted) {
-    sbn_gpu_release_budget(gt, sbn_gpu_stop_deadline(gt)); /* the stop words' wait's end */
-    sbn_gpu_stop_ranks(gt);
-    sbn_gpu_release_budget(gt, sbn_mono_ns());
-  }
+  if (aborted) stop_ranks_in_release(gt);
   int prev = 0;
   cudaGetDevice(&prev);
   if (gt->watchdog_ok) {
@@ -112,7 +117,10 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   if (gt->nccl != NULL) {
     /* a collective still waiting for a peer would never finish: abort instead of destroy */
     const int stuck = sbn_gpu_host_pending(gt);
-    if (sbn_gpu_abort_comms_now(gt, aborted, stuck)) sbn_nccl_abort_all(gt);
+    if (sbn_gpu_abort_comms_now(gt, aborted, stuck)) {
+      stop_ranks_in_release(gt);
+      sbn_nccl_abort_all(gt);
+    }
     aborted |= stuck;
   }
 #endif
@@ -130,6 +138,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
     nr = sbn_nccl_settle(nr, gt->nccl, gt->nranks, deadline, NULL); /* every comm of the group */
     sbn_gpu_release_budget(gt, sbn_mono_ns());
     if (nr != ncclSuccess) {
+      stop_ranks_in_release(gt);
       sbn_nccl_abort_all(gt);
     } else {
       for (int q = 0; q < gt->nranks; q++)
@@ -213,6 +222,8 @@ int sbn_gpu_releases_pending(void) {
 void sbn_gpu_release_budget(struct sbn_gpu_team* gt, int64_t from_ns) {
   releaser_t* rl = gt->releaser;
   if (rl == NULL) return;
+  const int64_t now = sbn_mono_ns();
+  if (from_ns < now) from_ns = now; /* a deadline passed (an abort's, long ago): no wait left */
   pthread_mutex_lock(&rl->mu);
   rl->deadline = from_ns + rl->timeout_ns;
   pthread_cond_signal(&rl->cv); /* the destroy waits until the new deadline */
