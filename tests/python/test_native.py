@@ -15,7 +15,9 @@ be built.
 - two processes that import together with an empty cache: both load, one of them
   builds (the lock; builds.txt has one line);
 - a cached library that does not load is built again, with a warning;
-- a comm made before the operators were loaded is in their table (a layer runs on it).
+- a comm made before the operators were loaded is in their table (a layer runs on it);
+- a destroy that returns sbnTimeout (the handle released all the same) takes the comm out
+  of their table.
 
 The subprocess tests run `python -c` with this process's environment (PYTHONPATH,
 SYNCBN_LIBRARY) and a cache of their own; those of the cache's files and lock build with a
@@ -148,6 +150,52 @@ class TestLoaded(unittest.TestCase):
         self.assertEqual(_ops.NATIVE.comm_live(comm.id), 1)
         comm.destroy()
         self.assertEqual(_ops.NATIVE.comm_live(comm.id), 0)
+
+    def test_destroy_that_times_out_leaves_the_table(self):
+        """sbnCommDestroy's sbnTimeout (a GPU team's devices did not finish: the handle is
+        released all the same) takes the comm out of the operators' table, as a success does,
+        and the layer's next call says it was destroyed. A CPU team's destroy never times out,
+        so the library's destroy is wrapped (the operators' binding) to return sbnTimeout after
+        destroying. Before, the entry stayed with the released handle for the next call."""
+        r = run_python("""
+            import ctypes, torch, syncbn, syncbn.torch as sbt
+            from syncbn import _capi, _ops
+            assert _ops.NATIVE is not None
+            lib = _capi.lib
+            so = ctypes.CDLL(_ops.NATIVE.path)  # the loaded operators: rebind their library calls
+            so.sbn_torch_bind.restype = ctypes.c_int
+            so.sbn_torch_bind.argtypes = [ctypes.c_void_p] * 11
+
+            @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+            def destroy_timed_out(h):
+                assert lib.sbnCommDestroy(h) == 0
+                return 7  # sbnTimeout
+
+            fns = [ctypes.cast(f, ctypes.c_void_p) for f in (
+                lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference, lib.sbnGetLastError,
+                lib.sbnGetErrorString, lib.sbnGetResultName, destroy_timed_out, lib.sbnForwardTrainEx,
+                lib.sbnBackwardEx, lib.sbnForwardInferenceEx, lib.sbnBackwardInPlaceEx)]
+            so.sbn_torch_bind(*fns)
+            comm = syncbn.cpu_team(1)[0]
+            layer = sbt.SyncBatchNorm(3, comm=comm)
+            layer(torch.randn(4, 3, 5))
+            print("live", _ops.NATIVE.comm_live(comm.id))
+            try:
+                comm.destroy()
+                print("destroyed")
+            except syncbn.SyncBNError as e:
+                print("raised", e.name)
+            live = _ops.NATIVE.comm_live(comm.id)
+            print("live", live)
+            if live == 0:  # else the next call would take the released handle
+                try:
+                    layer(torch.randn(4, 3, 5))
+                    print("ran")
+                except RuntimeError as e:
+                    print("then", "destroyed" in str(e))
+        """)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["live", "1", "raised", "sbnTimeout", "live", "0", "then", "True"])
 
     def test_exit_while_an_op_waits(self):
         """The process exits while a daemon thread's operator call waits for a peer that
