@@ -42,6 +42,10 @@ typedef struct {
 /* A decimal integer in [lo, hi] from an environment variable's text v, into *out: digits
    only, nothing around them (no sign, no whitespace: " 400" and "400 " are refused alike,
    where strtoll took the first and not the second). 1 if so, 0 otherwise. */
+/* pthread_cond_init on CLOCK_MONOTONIC, the clock of the library's waits (a step of the
+   wall clock neither ends a wait early nor stretches it): 1, or 0 with cv not made
+   (team.c). */
+SBN_INTERNAL int sbn_cond_init_monotonic(pthread_cond_t* cv);
 SBN_INTERNAL int sbn_env_int(const char* v, long long lo, long long hi, long long* out);
 SBN_INTERNAL sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out);
 

@@ -71,6 +71,15 @@ void sbn_team_abort_waiting(sbn_team_t* team) {
   atomic_fetch_sub(&team->aborting, 1);
 }
 
+int sbn_cond_init_monotonic(pthread_cond_t* cv) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca) != 0) return 0;
+  const int ok =
+      pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(cv, &ca) == 0;
+  pthread_condattr_destroy(&ca);
+  return ok;
+}
+
 static sbnResult_t team_free(sbn_team_t* t) {
   if (t == NULL) return sbnSuccess;
   /* an sbnCommAbort whose waiter returned, and whose comm was destroyed, still running */
@@ -111,15 +120,8 @@ sbnResult_t sbn_team_create(const sbn_team_ops_t* ops, int nranks, int first_loc
     t->split_here = calloc(nl, 1);
     t->split_result = calloc(nl, sizeof(sbnComm_t));
     pthread_mutex_init(&t->split_mu, NULL);
-    /* the split's wait measures its timeout on the monotonic clock, as the ops' waits do
-       (a step of the wall clock neither ends it early nor stretches it) */
-    pthread_condattr_t ca;
-    clock_ok = pthread_condattr_init(&ca) == 0;
-    if (clock_ok) {
-      clock_ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-                 pthread_cond_init(&t->split_cv, &ca) == 0;
-      pthread_condattr_destroy(&ca);
-    }
+    /* the split's wait measures its timeout on the monotonic clock, as the ops' waits do */
+    clock_ok = sbn_cond_init_monotonic(&t->split_cv);
     if (!clock_ok) pthread_cond_init(&t->split_cv, NULL); /* for team_free's destroy */
   }
   if (t == NULL || made == NULL || !t->split_color || !t->split_key || !t->split_here ||

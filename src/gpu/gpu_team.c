@@ -270,21 +270,17 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
                                  void (*release)(struct sbn_gpu_team* gt, int aborted)) {
   if (gt == NULL) return sbnSuccess;
   const int64_t t0 = sbn_mono_ns();
+  /* the message's parts now: past the deadline the thread may be freeing gt */
   char devices[96];
   const int ndevices = name_devices(gt, devices, sizeof devices);
   const long long timeout_ms = (long long)gt->timeout_ms;
   releaser_t* rl = calloc(1, sizeof *rl);
-  pthread_condattr_t ca;
-  int made = rl != NULL && pthread_condattr_init(&ca) == 0;
-  if (made) {
-    made = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-           pthread_cond_init(&rl->cv, &ca) == 0;
-    pthread_condattr_destroy(&ca);
-  }
+  int made = rl != NULL && sbn_cond_init_monotonic(&rl->cv);
   if (made && pthread_mutex_init(&rl->mu, NULL) != 0) {
     pthread_cond_destroy(&rl->cv);
     made = 0;
   }
+  if (!made) free(rl);
   pthread_t th;
   if (made) {
     rl->gt = gt, rl->aborted = aborted, rl->release = release;
@@ -301,8 +297,6 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
       gt->releaser = NULL;
       releaser_free(rl);
     }
-  } else {
-    free(rl);
   }
   if (!made) { /* no thread (out of resources): on this one, unbounded, as before */
     sbn_gpu_team_free(gt, aborted, release);
