@@ -74,6 +74,29 @@ typedef struct {
 
 static size_t numel(void) { return (size_t)sbn_ref_numel(&g_desc); }
 
+/* sm_blocker on `blocks` SMs for at most hold_ms, on a stream of its own (*sb), its state
+   in mapped host memory (*st, zeroed); waits until every block is resident, ARRIVE_MS at
+   most. Returns how many are (short of `blocks`: a failure, and the blocker let go), or -1
+   where a CUDA call failed. *st and *sb, where made, are the caller's to free after a
+   cudaDeviceSynchronize. */
+static int blocker_start(int blocks, int hold_ms, sm_blocker_state_t** st, cudaStream_t* sb) {
+  *st = NULL;
+  if (!CUDA_OK(cudaHostAlloc((void**)st, sizeof **st, cudaHostAllocMapped))) return -1;
+  memset(*st, 0, sizeof **st);
+  if (!CUDA_OK(cudaStreamCreateWithFlags(sb, cudaStreamNonBlocking)) ||
+      !CUDA_OK(sm_blocker_launch(*st, blocks, hold_ms, *sb)))
+    return -1;
+  const double t0 = now_ms();
+  while (sm_blocker_count((*st)->arrived, blocks, 1u) < blocks && now_ms() - t0 < ARRIVE_MS)
+    sleep_ms(1);
+  const int resident = sm_blocker_count((*st)->arrived, blocks, 1u);
+  if (resident != blocks) {
+    SBN_FAIL_("%d of the blocker's %d blocks resident after %d ms", resident, blocks, ARRIVE_MS);
+    (*st)->flag = 1u;
+  }
+  return resident;
+}
+
 /* The blocker on K_SMS SMs, then (once all its blocks are resident) the op with
    SBN_SM_MARGIN=margin and the release on another stream; the outputs checked. */
 static void run_beside_blocker(const char* margin, outcome_t* out) {
@@ -84,24 +107,12 @@ static void run_beside_blocker(const char* margin, outcome_t* out) {
   double t0 = 0.0;
   float mean[64], invstd[64];
   const char* kernel = "?";
-  CUDA_CHECK(cudaHostAlloc((void**)&st, sizeof *st, cudaHostAllocMapped));
-  memset(st, 0, sizeof *st);
-  if (!CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking)) ||
-      !CUDA_OK(cudaStreamCreateWithFlags(&so, cudaStreamNonBlocking)))
-    goto done;
-  if (!CUDA_OK(cudaMemset(g_dy, GPU_POISON, numel() * sizeof(float))) ||
+  if (!CUDA_OK(cudaStreamCreateWithFlags(&so, cudaStreamNonBlocking)) ||
+      !CUDA_OK(cudaMemset(g_dy, GPU_POISON, numel() * sizeof(float))) ||
       !CUDA_OK(cudaDeviceSynchronize()))
     goto done;
-  if (!CUDA_OK(sm_blocker_launch(st, K_SMS, HOLD_MS, sb))) goto done;
-  t0 = now_ms();
-  while (sm_blocker_count(st->arrived, K_SMS, 1u) < K_SMS && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
-  out->resident = sm_blocker_count(st->arrived, K_SMS, 1u);
-  if (out->resident != K_SMS) {
-    SBN_FAIL_("%d of the blocker's %d blocks resident after %d ms", out->resident, K_SMS,
-              ARRIVE_MS);
-    st->flag = 1u;
-    goto done;
-  }
+  out->resident = blocker_start(K_SMS, HOLD_MS, &st, &sb);
+  if (out->resident != K_SMS) goto done;
   setenv("SBN_SM_MARGIN", margin, 1);
   t0 = now_ms();
   out->r = sbnForwardTrain(g_comm, &g_desc, g_dx, g_dy, NULL, NULL, NULL, NULL, NULL,
@@ -179,25 +190,11 @@ static void test_destroy_beside_a_held_device(void) {
   double waited = 0.0;
   int still_held = -1, released = -1, y_ok = 0;
   if (!init_virtual(&c, 1, 0, DESTROY_TIMEOUT_MS)) return;
-  if (!CUDA_OK(cudaHostAlloc((void**)&st, sizeof *st, cudaHostAllocMapped))) {
-    sbnCommDestroy(c);
-    return;
-  }
-  memset(st, 0, sizeof *st);
-  if (!CUDA_OK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking)) ||
-      !CUDA_OK(sm_blocker_launch(st, 1, DESTROY_HOLD_MS, sb))) {
+  if (blocker_start(1, DESTROY_HOLD_MS, &st, &sb) != 1) {
     sbnCommDestroy(c);
     goto done;
   }
-  double t0 = now_ms();
-  while (sm_blocker_count(st->arrived, 1, 1u) < 1 && now_ms() - t0 < ARRIVE_MS) sleep_ms(1);
-  if (sm_blocker_count(st->arrived, 1, 1u) < 1) {
-    SBN_FAIL_("the blocker's block not resident after %d ms", ARRIVE_MS);
-    st->flag = 1u;
-    sbnCommDestroy(c);
-    goto done;
-  }
-  t0 = now_ms();
+  const double t0 = now_ms();
   r = sbnCommDestroy(c);
   waited = now_ms() - t0;
   snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
