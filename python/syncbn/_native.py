@@ -249,6 +249,12 @@ def built_library(defines=(), stale=None):
     return out
 
 
+# The library's calls the C++ operators make, in sbn_torch_bind's order (csrc/torch_ops.cpp)
+BOUND_CALLS = ("sbnForwardTrain", "sbnBackward", "sbnForwardInference", "sbnGetLastError", "sbnGetErrorString",
+               "sbnGetResultName", "sbnCommDestroy", "sbnForwardTrainEx", "sbnBackwardEx", "sbnForwardInferenceEx",
+               "sbnBackwardInPlaceEx")
+
+
 class Native:
     """The loaded C++ operators: `path`, and the comm registry's two functions."""
 
@@ -257,13 +263,8 @@ class Native:
         so = ctypes.CDLL(str(path))  # the same loaded object: its extern "C" functions
         p = ctypes.c_void_p
         so.sbn_torch_bind.restype = ctypes.c_int
-        so.sbn_torch_bind.argtypes = [p] * 11
-        lib = _capi.lib
-        fns = [ctypes.cast(f, p) for f in (lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference,
-                                           lib.sbnGetLastError, lib.sbnGetErrorString, lib.sbnGetResultName,
-                                           lib.sbnCommDestroy, lib.sbnForwardTrainEx, lib.sbnBackwardEx,
-                                           lib.sbnForwardInferenceEx, lib.sbnBackwardInPlaceEx)]
-        so.sbn_torch_bind(*fns)
+        so.sbn_torch_bind.argtypes = [p] * len(BOUND_CALLS)
+        so.sbn_torch_bind(*(ctypes.cast(getattr(_capi.lib, name), p) for name in BOUND_CALLS))
         so.sbn_torch_comm_put.restype = None
         so.sbn_torch_comm_put.argtypes = [ctypes.c_int64, p, ctypes.c_int, ctypes.c_char_p]
         so.sbn_torch_comm_drop.restype = ctypes.c_int

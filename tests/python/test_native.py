@@ -159,23 +159,20 @@ class TestLoaded(unittest.TestCase):
         destroying. Before, the entry stayed with the released handle for the next call."""
         r = run_python("""
             import ctypes, torch, syncbn, syncbn.torch as sbt
-            from syncbn import _capi, _ops
+            from syncbn import _capi, _native, _ops
             assert _ops.NATIVE is not None
             lib = _capi.lib
             so = ctypes.CDLL(_ops.NATIVE.path)  # the loaded operators: rebind their library calls
             so.sbn_torch_bind.restype = ctypes.c_int
-            so.sbn_torch_bind.argtypes = [ctypes.c_void_p] * 11
+            so.sbn_torch_bind.argtypes = [ctypes.c_void_p] * len(_native.BOUND_CALLS)
 
             @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
             def destroy_timed_out(h):
                 assert lib.sbnCommDestroy(h) == 0
                 return 7  # sbnTimeout
 
-            fns = [ctypes.cast(f, ctypes.c_void_p) for f in (
-                lib.sbnForwardTrain, lib.sbnBackward, lib.sbnForwardInference, lib.sbnGetLastError,
-                lib.sbnGetErrorString, lib.sbnGetResultName, destroy_timed_out, lib.sbnForwardTrainEx,
-                lib.sbnBackwardEx, lib.sbnForwardInferenceEx, lib.sbnBackwardInPlaceEx)]
-            so.sbn_torch_bind(*fns)
+            so.sbn_torch_bind(*(ctypes.cast(destroy_timed_out if name == "sbnCommDestroy" else getattr(lib, name),
+                                            ctypes.c_void_p) for name in _native.BOUND_CALLS))
             comm = syncbn.cpu_team(1)[0]
             layer = sbt.SyncBatchNorm(3, comm=comm)
             layer(torch.randn(4, 3, 5))
