@@ -54,6 +54,7 @@ static _Thread_local enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureM
 static int events_pending;      /* every event says its work is not done */
 static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
 static int new_streams_pending; /* streams made from here never finish their work */
+static int next_streams_pending; /* ... the next this many streams made */
 static int coop_launch_fails;   /* a cooperative cudaLaunchKernelExC fails (nothing queued) */
 static int pointer_query_fails; /* cudaPointerGetAttributes fails */
 static int set_device_fail_dev = -1, set_device_fail_nth;    /* the nth cudaSetDevice(dev) fails */
@@ -284,6 +285,7 @@ void cudart_stub_reset(void) {
   sync_hook = NULL;
   sync_arg = NULL;
   new_streams_pending = 0;
+  next_streams_pending = 0;
   npending_streams = 0;
   devices_busy = 0;
   pthread_cond_broadcast(&busy_cv);
@@ -292,6 +294,9 @@ void cudart_stub_reset(void) {
 
 void cudart_stub_set_new_streams_pending(int on) {
   set_switch(&new_streams_pending, on);
+}
+void cudart_stub_pend_next_streams(int n) {
+  set_switch(&next_streams_pending, n);
 }
 
 void cudart_stub_on_sync(void (*fn)(void*), void* arg) {
@@ -530,6 +535,10 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   if (bytes) memset(p, value, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+  (void)stream; /* done at once, as every stand-in copy (a pending stream still says so) */
+  return cudaMemset(p, value, bytes);
+}
 
 /* ---- streams and events: always complete ---------------------------------------------- */
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
@@ -538,8 +547,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (*s == NULL) return cudaErrorMemoryAllocation;
   pthread_mutex_lock(&mu);
   nstreams++;
-  if (new_streams_pending && npending_streams < STUB_MAX_PENDING_STREAMS)
+  if ((new_streams_pending || next_streams_pending > 0) &&
+      npending_streams < STUB_MAX_PENDING_STREAMS) {
     pending_streams[npending_streams++] = *s;
+    if (next_streams_pending > 0) next_streams_pending--;
+  }
   pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }

@@ -45,6 +45,9 @@ void cudart_stub_set_events_pending(int on);
    (the first 16 such streams; those made after them finish as before; cudaStreamSynchronize
    does not wait for them). */
 void cudart_stub_set_new_streams_pending(int on);
+/* The next n streams made never finish their work, as cudart_stub_set_new_streams_pending's
+   (the streams after them finish; 0 cancels what is left of n). */
+void cudart_stub_pend_next_streams(int n);
 /* From here (while `on`) every device runs a kernel that never ends (a collective waiting
    for a dead peer): cudaDeviceSynchronize, cudaFree and cudaFreeHost (which synchronize
    the device in CUDA) wait until it is switched off, from another thread, or for
