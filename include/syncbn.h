@@ -174,6 +174,13 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
      recorded after one op and waited for before the next). Two ops of one comm that can
      run at once share its exchange slots: their results are undefined (the call numbers
      make most such mixes an asynchronous sbnInvalidUsage, "ranks out of step").
+   Their init (sbnCommInitAll, sbnCommInitVirtual, sbnCommInitNccl, sbnCommInitNcclRank, and
+   the new team of an sbnCommSplit) waits for its own work on the device only, never for the
+   program's: a kernel that never ends there (a collective waiting for a dead peer) does
+   not keep it. Its own work (zeroing the team's memory) not done within timeout_ms gives
+   sbnTimeout ("the team's init: device 0 did not zero the team's memory ..."). A failed
+   init frees what it made as sbnCommDestroy does (below), bounded alike, and returns its
+   own error. CUDA may still wait for the device inside its own calls (loading kernels).
    At most SBN_MAX_GPU_TEAM_RANKS ranks. sbnUnsupported in builds without CUDA, without a
    device, or on a device without cooperative launch. */
 

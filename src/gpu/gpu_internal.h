@@ -68,7 +68,8 @@ typedef struct {
   cudaEvent_t ev;
   cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
   cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
-                                  beside the rank's kernels (sbn_gpu_stop_ranks) */
+                                  beside the rank's kernels (sbn_gpu_stop_ranks); before it,
+                                  the init's zeroing of the rank's memory */
   _Atomic int stop_sent;       /* ... that copy: 0 not queued, 1 being queued, 2 queued (once
                                   for the team's life: the word, once set, never returns to 0) */
   _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
@@ -183,6 +184,14 @@ SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
 SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
 /* The team's abort deadline (stop_deadline), set by the first call: now + timeout_ms. */
 SBN_INTERNAL int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt);
+/* The init's wait for its own work on device `device` (the zeroing of the team's memory,
+   queued on stream s): until deadline (CLOCK_MONOTONIC ns) at most, never for the
+   device's other work, as cudaDeviceSynchronize would (a kernel of the program's that
+   never ends); *stop, where given, ends it as the timeout does (a split's parent team
+   aborted). sbnSuccess; a CUDA failure; sbnTimeout or sbnAborted, the detail on the
+   thread. */
+SBN_INTERNAL sbnResult_t sbn_gpu_init_settle(const struct sbn_gpu_team* gt, cudaStream_t s,
+                                             int device, int64_t deadline, const _Atomic int* stop);
 /* One tensor argument of an op: its pointer (NULL: not given) and its name in messages. */
 typedef struct {
   const void* p;
@@ -211,7 +220,8 @@ SBN_INTERNAL sbnResult_t sbn_gpu_watchdog_start(struct sbn_gpu_team* gt);
 SBN_INTERNAL sbnResult_t sbn_gpu_query_device(gpu_rank_t* g, int dev);
 /* A rank's device state (state, workspace, host-path records for a team of nranks,
    events) on its device (current); its mailbox too when `mail` (device or pinned host
-   memory per the transport). */
+   memory per the transport). Zeroed on the rank's stop_stream: the init waits for it
+   (sbn_gpu_init_settle) before the team is used. */
 SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                             int64_t max_channels, int mail);
 /* 1 when a host-path op of some rank (its APPLY after an ncclAllGather) was launched and
@@ -243,6 +253,11 @@ SBN_INTERNAL void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
 SBN_INTERNAL sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
                                               void (*release)(struct sbn_gpu_team* gt,
                                                               int aborted));
+/* A failed init's release of what it made (gt->timeout_ms set): sbn_gpu_team_release's,
+   bounded as a destroy is (freeing device memory waits for the whole device), with the
+   init's own failure kept on the thread where the release ran out of time. */
+SBN_INTERNAL void sbn_gpu_init_undo(struct sbn_gpu_team* gt,
+                                    void (*release)(struct sbn_gpu_team* gt, int aborted));
 /* The destroy waits for the release until from_ns + timeout_ms (CLOCK_MONOTONIC ns):
    called before a step of the release that a deadline of its own bounds (from_ns: that
    deadline), and after it (from_ns: now), so that each step gets its bound and each wait

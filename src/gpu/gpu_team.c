@@ -330,6 +330,13 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
                   devices, ndevices > 1 ? "their" : "its", timeout_ms);
 }
 
+void sbn_gpu_init_undo(struct sbn_gpu_team* gt,
+                       void (*release)(struct sbn_gpu_team* gt, int aborted)) {
+  char why[512]; /* the init's failure, which the release's own sbnTimeout would replace */
+  snprintf(why, sizeof why, "%s", sbn_error_text(NULL));
+  if (sbn_gpu_team_release(gt, 0, release) != sbnSuccess) sbn_note(NULL, why);
+}
+
 sbnResult_t sbn_gpu_detach(sbn_team_t* team) {
   const sbnResult_t r =
       sbn_gpu_team_release(sbn_gpu(team), atomic_load(&team->abort_reason) != sbnSuccess, NULL);
@@ -450,8 +457,13 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
   size_t part_bytes = SBN_GPU_PART_FLOATS * entries * sizeof(float);
   size_t mail_bytes = (size_t)w * 2 * (size_t)gt->nchunks_max * sizeof(sbn_mail_rec_t);
   g->present = 1;
+  /* The zeroing runs on the rank's own non-blocking stream, which the init waits for
+     (sbn_gpu_init_settle): on the legacy default stream it would queue behind the
+     program's work on blocking streams, and a wait for the whole device would wait for a
+     kernel of the program's that never ends. */
+  CU(cudaStreamCreateWithFlags(&g->stop_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   CU(cudaMalloc((void**)&g->state, sizeof(sbn_rank_state_t)), "cudaMalloc (rank state)");
-  CU(cudaMemset(g->state, 0, sizeof(sbn_rank_state_t)), "cudaMemset");
+  CU(cudaMemsetAsync(g->state, 0, sizeof(sbn_rank_state_t), g->stop_stream), "cudaMemsetAsync");
   CU(cudaMalloc((void**)&g->part, part_bytes), "cudaMalloc (workspace)");
   if (mail && sbn_mail_on_host(gt)) {
     CU(cudaHostAlloc((void**)&g->mail, mail_bytes, cudaHostAllocPortable | cudaHostAllocMapped),
@@ -459,11 +471,10 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
     memset(g->mail, 0, mail_bytes);
   } else if (mail) {
     CU(cudaMalloc((void**)&g->mail, mail_bytes), "cudaMalloc (mailbox)");
-    CU(cudaMemset(g->mail, 0, mail_bytes), "cudaMemset");
+    CU(cudaMemsetAsync(g->mail, 0, mail_bytes, g->stop_stream), "cudaMemsetAsync");
   }
   CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
   CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
-  CU(cudaStreamCreateWithFlags(&g->stop_stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t nrec = (size_t)gt->nchunks_max;
   CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
   CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
@@ -500,6 +511,7 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
   gt->nranks = w;
   gt->local = -1;
   gt->transport = SBN_TR_VIRTUAL;
+  gt->timeout_ms = team->cfg.timeout_ms;
   gt->nchunks_max = (int)((team->cfg.max_channels + SBN_GPU_CHUNK - 1) / SBN_GPU_CHUNK);
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   if (gt->ranks == NULL) {
@@ -528,17 +540,18 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
     r = sbn_gpu_rank_alloc(gt, &gt->ranks[q], team->cfg.max_channels, 1);
     if (r != sbnSuccess) goto out;
   }
-  gt->timeout_ms = team->cfg.timeout_ms;
   r = nccl_attach(gt);
   if (r != sbnSuccess) goto out;
+  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000; /* the zeroing, all ranks */
   for (int q = 0; q < w; q++) {
     CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
-    CU(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); /* the memsets are done */
+    r = sbn_gpu_init_settle(gt, gt->ranks[q].stop_stream, gt->ranks[q].device, deadline, NULL);
+    if (r != sbnSuccess) goto out;
   }
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    sbn_gpu_team_free(gt, 0, NULL);
+    sbn_gpu_init_undo(gt, NULL);
     return r;
   }
   team->impl = gt;

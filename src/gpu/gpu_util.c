@@ -91,6 +91,23 @@ static void nap_20us(void) {
   nanosleep(&ts, NULL);
 }
 
+sbnResult_t sbn_gpu_init_settle(const struct sbn_gpu_team* gt, cudaStream_t s, int device,
+                                int64_t deadline, const _Atomic int* stop) {
+  cudaError_t e;
+  while ((e = cudaStreamQuery(s)) == cudaErrorNotReady && sbn_mono_ns() < deadline &&
+         (stop == NULL || atomic_load(stop) == 0))
+    nap_20us();
+  if (e == cudaSuccess) return sbnSuccess;
+  if (e != cudaErrorNotReady) return sbn_cuda_fail(e, "cudaStreamQuery (the init's zeroing)");
+  if (stop != NULL && atomic_load(stop) != 0)
+    return sbn_fail(NULL, sbnAborted, "the team's init (its zeroing) was ended by an abort");
+  return sbn_fail(NULL, sbnTimeout,
+                  "the team's init: device %d did not zero the team's memory within timeout_ms "
+                  "(%lld ms): its SMs are held by kernels that do not end (a collective waiting "
+                  "for a dead peer, a hung kernel of the program's); no comm was made",
+                  device, (long long)gt->timeout_ms);
+}
+
 /* The kernels read no host memory on their success path (coop_exchange.cuh,
    "failures"): the host's abort reaches them through each rank's stop word in device
    memory, a 4-byte copy from the abort word (pinned host memory, set first) on the rank's

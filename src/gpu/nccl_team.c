@@ -168,8 +168,9 @@ static const char* lsa_obstacle(ncclComm_t comm, int nranks, char* buf, size_t n
 /* Allocates and zeroes this rank's part of the window, and the slot its registration
    writes the handle into: 1, or 0 with the reason in why. Everything the registration
    needs is made here, before the agreement that every rank has its part: a rank that
-   failed after it would skip the collective registration its peers make. */
-static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
+   failed after it would skip the collective registration its peers make. The zeroing's
+   wait ends at the timeout, or at *stop where given. */
+static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n, const _Atomic int* stop) {
 #if SBN_NCCL_DEVICE_API
   gt->win_slot = calloc(1, sizeof(ncclWindow_t));
   if (gt->win_slot == NULL) {
@@ -184,16 +185,22 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n) {
     return 0;
   }
   /* zeroed before registering: the peers write into it only after every rank's
-     registration and the agreement after it */
-  if (cudaMemset(gt->win_buf, 0, gt->win_bytes) != cudaSuccess ||
-      cudaDeviceSynchronize() != cudaSuccess) {
+     registration and the agreement after it (on the team's stream, waited for within the
+     timeout: not behind the device's other work) */
+  if (cudaMemsetAsync(gt->win_buf, 0, gt->win_bytes, gt->aux) != cudaSuccess) {
     (void)cudaGetLastError();
-    snprintf(why, n, "cudaMemset of the window failed");
+    snprintf(why, n, "cudaMemsetAsync of the window failed");
+    return 0;
+  }
+  const int me = gt->local;
+  if (sbn_gpu_init_settle(gt, gt->aux, gt->ranks[me].device,
+                          sbn_mono_ns() + gt->timeout_ms * 1000000, stop) != sbnSuccess) {
+    snprintf(why, n, "%s", sbn_error_text(NULL));
     return 0;
   }
   return 1;
 #else
-  (void)gt;
+  (void)gt, (void)stop;
   snprintf(why, n, "no NCCL device API in this build");
   return 0;
 #endif
@@ -351,8 +358,9 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
       mine = sbn_fail(NULL, sbnSystemError, "out of host memory (the splits' slot)");
   }
   if (mine == sbnSuccess) mine = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
-  if (mine == sbnSuccess && cudaDeviceSynchronize() != cudaSuccess)
-    mine = sbn_cuda_fail(cudaGetLastError(), "cudaDeviceSynchronize");
+  if (mine == sbnSuccess)
+    mine = sbn_gpu_init_settle(gt, g->stop_stream, dev, sbn_mono_ns() + gt->timeout_ms * 1000000,
+                               stop); /* the zeroing */
   /* The host path's watchdog (its collectives, also SBN_ALGO=nccl calls), here so that a
      failure to start it is agreed on too: after the last agreement nothing may fail on
      one rank alone (its peers would keep a team that can only time out). It watches
@@ -398,7 +406,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int require = v[2] < 0;
   if (v[1]) {
     /* agreement 2: every rank has its part; then all register (collective) */
-    int ok = window_alloc(gt, why, sizeof why);
+    int ok = window_alloc(gt, why, sizeof why, stop);
     r = agree_min(gt, comm, &ok, 1, stop);
     if (r != sbnSuccess) goto out;
     if (ok) {
@@ -440,7 +448,7 @@ out:
       gt->nccl[me] = NULL;
     }
     atomic_store(&gt->nccl_dead, 1);
-    sbn_gpu_team_free(gt, 0, nccl_release);
+    sbn_gpu_init_undo(gt, nccl_release);
     return r;
   }
   team->impl = gt;

@@ -34,7 +34,9 @@
  * that, naming the device, while the blocker still holds (it is released by the
  * host after the destroy returned, and must end released, not timed out); a new team on
  * the device then runs. (The destroy waited in cudaDeviceSynchronize until the blocker's
- * hold expired, then returned sbnSuccess.)
+ * hold expired, then returned sbnSuccess.) test_init_beside_a_held_device holds it the same
+ * way while a team is made: the init returns sbnSuccess within a second, the blocker still
+ * holding (it waited for the whole device, until the hold expired).
  *
  * CUDA_LAUNCH_BLOCKING (the blocker's launch would return only when its hold expires),
  * SBN_ALGO, SBN_TIMEOUT_MS and SBN_SM_MARGIN are cleared at the start, SBN_KERNEL set to
@@ -234,6 +236,58 @@ done:
   }
 }
 
+/* A team's init beside a kernel that holds the device (one block, for DESTROY_HOLD_MS):
+   the init waits for its own work only (the zeroing of the team's memory, on its own
+   stream), so it returns sbnSuccess while the blocker still holds; once the host releases
+   the blocker, the team's op runs. (The init synchronized the whole device: it returned
+   sbnSuccess only when the blocker's hold expired, DESTROY_HOLD_MS later.) The library's
+   kernels were loaded by the earlier teams of this process: no module load runs here. */
+static void test_init_beside_a_held_device(void) {
+  sbnComm_t c = NULL;
+  sm_blocker_state_t* st = NULL;
+  cudaStream_t sb = NULL;
+  sbnResult_t r = sbnNumResults, f = sbnNumResults, d = sbnNumResults;
+  double took = 0.0;
+  int still_held = -1, released = -1, y_ok = 0;
+  char why[512] = "";
+  if (blocker_start(1, DESTROY_HOLD_MS, &st, &sb) != 1) goto done;
+  const sbnConfig_t cfg = config_ms(DESTROY_TIMEOUT_MS);
+  const double t0 = now_ms();
+  r = sbnCommInitVirtual(&c, 1, 0, &cfg);
+  took = now_ms() - t0;
+  snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
+  still_held = sm_blocker_count(st->ended, 1, 0u);
+  st->flag = 1u; /* the blocker ends */
+  if (!CUDA_OK(cudaDeviceSynchronize())) goto done;
+  released = sm_blocker_count(st->ended, 1, 1u);
+  fprintf(stderr, "  the init beside a held device: %s after %.1f ms (timeout %d ms)%s%s\n",
+          sbnGetResultName(r), took, DESTROY_TIMEOUT_MS, r == sbnSuccess ? "" : ": ",
+          r == sbnSuccess ? "" : why);
+  if (r != sbnSuccess) goto done;
+  f = sbnForwardTrain(c, &g_desc, g_dx, g_dy, NULL, NULL, NULL, NULL, NULL, (float*)g_dmean,
+                      (float*)g_dinvstd, NULL, NULL);
+  y_ok = CUDA_OK(cudaDeviceSynchronize()) &&
+         CUDA_OK(cudaMemcpy(g_hy, g_dy, numel() * sizeof(float), cudaMemcpyDeviceToHost));
+  d = sbnCommDestroy(c);
+done:
+  cudaDeviceSynchronize();
+  if (sb) cudaStreamDestroy(sb);
+  if (st) cudaFreeHost(st);
+  CHECK_();
+  ASSERT_OK(r);
+  if (took > 1000.0) SBN_FAIL_("the init took %.1f ms beside the held device", took);
+  ASSERT_EQ_INT(still_held, 1); /* the blocker held the device all through the init */
+  ASSERT_EQ_INT(released, 1);   /* and ended at the host's flag, not at its hold */
+  ASSERT_OK(f);
+  ASSERT_OK(d);
+  ASSERT_TRUE(y_ok);
+  if (!sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
+                              __LINE__)) {
+    sbn_test_failures_++;
+    sbn_test_cur_failed_++;
+  }
+}
+
 static int setup(void) {
   const size_t n = numel();
   g_hx = (float*)malloc(n * sizeof(float));
@@ -291,6 +345,7 @@ int main(void) {
   SBN_RUN(test_full_grid_waits);
   SBN_RUN(test_margin_runs_beside);
   SBN_RUN(test_destroy_beside_a_held_device);
+  SBN_RUN(test_init_beside_a_held_device);
   sbnCommDestroy(g_comm);
   cudaFree(g_dx);
   cudaFree(g_dy);

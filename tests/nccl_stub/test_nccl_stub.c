@@ -1816,18 +1816,23 @@ static void* waiter_main(void* p) {
   w->t_end = now_ms();
   return NULL;
 }
-/* hang: the NCCL call that never finishes; NULL: the streams made from here never finish
-   (cudart_stub_set_new_streams_pending: a split's new team's agreement, whose ncclAllReduce
-   returns while its stream waits for the peer), the wait seen once that call is made */
+/* hang: the NCCL call that never finishes; NULL: the next stream made never finishes
+   (cudart_stub_pend_next_streams: a split's new team's first, its agreement's, whose
+   ncclAllReduce returns while the stream waits for the peer; the init's zeroing, on a
+   stream made after it, finishes), the wait seen once that call is made; ZEROING: the
+   next two streams (the new team's zeroing on the second never finishes: the init waits
+   in it, before its agreement), the wait taken as begun once its ncclCommSplit is made */
+static const char ZEROING[] = "(the split's new team's zeroing)";
 static void abort_while_waiting(const char* transport, const char* hang, int split, int kernel) {
   const double timeout = 10000.0, prompt = 2000.0; /* the wait's end: at once, not the timeout */
-  const char* waits = hang != NULL ? "never finishes" : "ncclAllReduce";
+  const int zeroing = hang == ZEROING;
+  const char* waits = zeroing ? "ncclCommSplit" : hang != NULL ? "never finishes" : "ncclAllReduce";
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL;
   ASSERT_OK(team_of_one(&comm, transport, (int64_t)timeout));
-  stub_case(hang); /* from here: the team's made */
-  if (hang == NULL) cudart_stub_set_new_streams_pending(1);
+  stub_case(zeroing ? NULL : hang); /* from here: the team's made */
+  if (hang == NULL || zeroing) cudart_stub_pend_next_streams(zeroing ? 2 : 1);
   tensors_t t;
   tensors_alloc(&t, 0);
   if (kernel) kernel_in_flight(comm, &t); /* (its comm then aborted at the destroy) */
@@ -1849,7 +1854,7 @@ static void abort_while_waiting(const char* transport, const char* hang, int spl
   const sbnResult_t ar = sbnCommAbort(comm);
   const double a1 = now_ms();
   pthread_join(th, NULL);
-  cudart_stub_set_new_streams_pending(0);
+  cudart_stub_pend_next_streams(0);
   fprintf(stderr, "  %s %s: the abort returned after %.1f ms; the call %s %.1f ms after the abort: %s\n",
           transport_of(comm), split ? "sbnCommSplit" : "forward", a1 - a0, sbnGetResultName(w.r), w.t_end - a0,
           sbnGetLastError(comm));
@@ -1893,6 +1898,10 @@ static void test_abort_while_split_child_registers(void) {
 /* (its ncclAllReduce enqueued, its stream never done) */
 static void test_abort_while_split_child_agreement_runs(void) {
   abort_while_waiting("host", NULL, 1, 0);
+}
+/* (before its agreement: the zeroing of its memory, on its own stream, never done) */
+static void test_abort_while_split_child_zeroes(void) {
+  abort_while_waiting("host", ZEROING, 1, 0);
 }
 
 /* What a cooperative kernel that waited for a missing peer writes at its deadline: its
@@ -3115,6 +3124,26 @@ static void test_cancel_in_abort(void) {
   ASSERT_CLEAN();
 }
 
+/* A team of `kind` (0 virtual of two, 1 sbnCommInitAll of two devices, 2 "nccl-host" and
+   3 "nccl-lsa" of one) into comms, with the timeout T. */
+static sbnResult_t init_kind(int kind, sbnComm_t comms[2], int64_t T) {
+  if (kind == 0) {
+    const sbnConfig_t cfg = case_config(T);
+    return sbnCommInitVirtual(comms, 2, 0, &cfg);
+  }
+  if (kind == 1) return init_all_two(comms, T);
+  return team_of_one(&comms[0], kind == 2 ? "host" : NULL, T);
+}
+
+/* Waits (20 timeouts at most) until no abandoned release runs. */
+static void wait_releases(void) {
+  const double t0 = now_ms();
+  while (sbn_gpu_releases_pending() != 0 && now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* sbnCommDestroy while every device runs a kernel that never ends (another library's
    collective waiting for a dead peer, which cudaDeviceSynchronize and cudaFree wait for):
    the last comm's destroy returns sbnTimeout after the timeout, naming the devices, with
@@ -3137,15 +3166,8 @@ static void test_destroy_on_a_busy_device(void) {
     const size_t before = cudart_stub_live();
     sbnComm_t comms[2] = {NULL, NULL};
     const int n = k < 2 ? 2 : 1;
-    if (k == 0) {
-      const sbnConfig_t cfg = case_config(STUCK_TIMEOUT_MS);
-      ASSERT_OK(sbnCommInitVirtual(comms, 2, 0, &cfg));
-    } else if (k == 1) {
-      ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
-    } else {
-      ASSERT_OK(team_of_one(&comms[0], k == 2 ? "host" : NULL, STUCK_TIMEOUT_MS));
-      ASSERT_TRUE(strcmp(transport_of(comms[0]), kind[k]) == 0);
-    }
+    ASSERT_OK(init_kind(k, comms, STUCK_TIMEOUT_MS));
+    if (k >= 2) ASSERT_TRUE(strcmp(transport_of(comms[0]), kind[k]) == 0);
     cudart_stub_set_devices_busy(1);
     double t0 = now_ms();
     const sbnResult_t first = n == 2 ? sbnCommDestroy(comms[0]) : sbnSuccess;
@@ -3159,10 +3181,7 @@ static void test_destroy_on_a_busy_device(void) {
     const size_t held = cudart_stub_live();
     cudart_stub_set_devices_busy(0); /* the devices finish: the release goes on */
     t0 = now_ms();
-    while (sbn_gpu_releases_pending() != 0 && now_ms() - t0 < 20 * T) {
-      struct timespec ts = {0, 1000000L};
-      nanosleep(&ts, NULL);
-    }
+    wait_releases();
     printf("  %s: the destroy %.0f ms (timeout %.0f ms), the release %.0f ms after the devices\n",
            kind[k], waited, T, now_ms() - t0);
     ASSERT_OK(first);
@@ -3226,6 +3245,121 @@ static void test_destroy_budget_per_wait(void) {
   ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
   ASSERT_CLEAN();
+}
+
+/* A team's init while every device runs a kernel that never ends: the init waits for its
+   own work only (the zeroing of the team's memory, on the rank's own stream), so it
+   returns sbnSuccess at once, and the team's ops and destroy run once the devices finish.
+   (The init synchronized whole devices: it returned only at the stand-in's cap,
+   CUDA_STUB_BUSY_MAX_MS, with a violation.) For every kind of team. */
+static void test_init_on_a_busy_device(void) {
+  static const char* const kind[4] = {"virtual", "InitAll", "nccl-host", "nccl-lsa"};
+  for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    const size_t before = cudart_stub_live();
+    sbnComm_t comms[2] = {NULL, NULL};
+    cudart_stub_set_devices_busy(1);
+    const double t0 = now_ms();
+    const sbnResult_t r = init_kind(k, comms, STUCK_TIMEOUT_MS);
+    const double took = now_ms() - t0;
+    cudart_stub_set_devices_busy(0);
+    printf("  %s: the init beside busy devices %.1f ms\n", kind[k], took);
+    ASSERT_OK(r);
+    if (took >= STUCK_TIMEOUT_MS)
+      SBN_FAIL_("%s: the init took %.0f ms beside busy devices", kind[k], took);
+    if (k >= 2 && strcmp(transport_of(comms[0]), kind[k]) != 0)
+      SBN_FAIL_("%s: the team's transport is %s", kind[k], transport_of(comms[0]));
+    for (int q = 0; q < (k < 2 ? 2 : 1); q++) ASSERT_OK(sbnCommDestroy(comms[q]));
+    ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+    ASSERT_CLEAN();
+  }
+}
+
+/* An init whose own zeroing never finishes (every stream it makes stays busy: a device
+   whose SMs are all held) gives sbnTimeout after the timeout, naming the device, and
+   leaves nothing made (the team's release runs as a destroy's). In-process teams (an
+   NCCL team's agreement runs on its stream too, and times out in its own words). */
+static void test_init_zeroing_bounded(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[2] = {"virtual", "InitAll"};
+  for (int k = 0; k < 2 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    const size_t before = cudart_stub_live();
+    sbnComm_t comms[2] = {NULL, NULL};
+    cudart_stub_set_new_streams_pending(1);
+    const double t0 = now_ms();
+    const sbnResult_t r = init_kind(k, comms, STUCK_TIMEOUT_MS);
+    const double took = now_ms() - t0;
+    cudart_stub_set_new_streams_pending(0);
+    char why[512];
+    snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
+    printf("  %s: the init %.0f ms (timeout %.0f ms): %s\n", kind[k], took, T, why);
+    ASSERT_RES(r, sbnTimeout);
+    if (took < T || took >= 2 * T)
+      SBN_FAIL_("%s: the init returned after %.0f ms (expected %.0f up to %.0f)", kind[k], took, T,
+                2 * T);
+    if (strstr(why,
+               "the team's init: device 0 did not zero the team's memory within "
+               "timeout_ms (300 ms)") == NULL)
+      SBN_FAIL_("%s: sbnGetLastError(NULL) says '%s'", kind[k], why);
+    ASSERT_TRUE(comms[0] == NULL && comms[1] == NULL);
+    wait_releases();
+    ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+    ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+    ASSERT_CLEAN();
+  }
+}
+
+/* An init that fails while every device runs a kernel that never ends: freeing what it
+   made waits for the devices, so that release is bounded as a destroy's is. The init
+   returns its own failure, what it made held until the devices finish, then freed by the
+   library's thread. (It freed them on the caller's thread, with no bound: the stand-in's
+   cap, then a violation.) The in-process teams fail at their zeroing (streams that never
+   finish: sbnTimeout after the timeout, then the release's timeout), an "nccl-host" team
+   at its occupancy query (after its agreement's stream and scratch memory: the release's
+   timeout). */
+static void test_init_failure_on_a_busy_device(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[3] = {"virtual", "InitAll", "nccl-host"};
+  static const char* const says[3] = {"did not zero the team's memory",
+                                      "did not zero the team's memory",
+                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"};
+  for (int k = 0; k < 3 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    const size_t before = cudart_stub_live();
+    const double lo = k < 2 ? 2 * T : T; /* the zeroing's wait, then the release's */
+    sbnComm_t comms[2] = {NULL, NULL};
+    cudart_stub_set_devices_busy(1);
+    if (k < 2)
+      cudart_stub_set_new_streams_pending(1);
+    else
+      cudart_stub_set_occupancy_fails(1);
+    const double t0 = now_ms();
+    const sbnResult_t r = init_kind(k, comms, STUCK_TIMEOUT_MS);
+    const double took = now_ms() - t0;
+    cudart_stub_set_new_streams_pending(0);
+    cudart_stub_set_occupancy_fails(0);
+    char why[512];
+    snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
+    const int pending = sbn_gpu_releases_pending();
+    const size_t held = cudart_stub_live();
+    cudart_stub_set_devices_busy(0);
+    wait_releases();
+    printf("  %s: the failed init %.0f ms (timeout %.0f ms): %s\n", kind[k], took, T, why);
+    if (r == sbnSuccess || (k == 2 && r == sbnTimeout))
+      SBN_FAIL_("%s: the init returned %s", kind[k], sbnGetResultName(r));
+    if (took < lo || took >= lo + T)
+      SBN_FAIL_("%s: the init returned after %.0f ms (expected %.0f up to %.0f)", kind[k], took, lo,
+                lo + T);
+    if (strstr(why, says[k]) == NULL)
+      SBN_FAIL_("%s: sbnGetLastError(NULL) says '%s', not the init's failure", kind[k], why);
+    ASSERT_TRUE(comms[0] == NULL && comms[1] == NULL);
+    ASSERT_EQ_INT(pending, 1);
+    if (held <= before) SBN_FAIL_("%s: nothing was held under the busy device", kind[k]);
+    ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+    ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+    ASSERT_CLEAN();
+  }
 }
 
 /* A group of an sbnCommInitAll team whose rank 0 launched and rank 1's launch failed:
@@ -3440,6 +3574,7 @@ int main(void) {
   SBN_RUN(test_abort_while_split_child_agrees_lsa);
   SBN_RUN(test_abort_while_split_child_registers);
   SBN_RUN(test_abort_while_split_child_agreement_runs);
+  SBN_RUN(test_abort_while_split_child_zeroes);
   SBN_RUN(test_destroy_after_unread_kernel_failure);
   SBN_RUN(test_destroy_while_kernel_fails);
   SBN_RUN(test_group_thread_fails_beside_gpu_team);
@@ -3458,6 +3593,9 @@ int main(void) {
   SBN_RUN(test_abort_waits_one_timeout);
   SBN_RUN(test_cancel_in_abort);
   SBN_RUN(test_destroy_on_a_busy_device);
+  SBN_RUN(test_init_on_a_busy_device);
+  SBN_RUN(test_init_zeroing_bounded);
+  SBN_RUN(test_init_failure_on_a_busy_device);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
