@@ -407,7 +407,17 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     @property
     def inplace(self):
+        """The in-place mode. Setting it is set_activation with the activation and slope as
+        they are (ValueError for ReLU in place): code written for PyTorch's modules turns
+        in-place ops off with ``if hasattr(m, "inplace"): m.inplace = False``."""
         return self._inplace
+
+    @inplace.setter
+    def inplace(self, value):
+        self._set_inplace(value)
+
+    def _set_inplace(self, value):
+        self.set_activation(self.activation, self._slope, value)
 
     def extra_repr(self):
         s = super().extra_repr()
@@ -489,7 +499,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if not input.is_floating_point():  # (also where eval runs PyTorch's batch norm below)
             _check_dtype(input)
         if not self.training:
-            if not 0.0 <= self.eps < _F32_INF:  # F.batch_norm's ValueError for eps < 0; the library's
+            if not 0.0 <= float(self.eps) < _F32_INF:  # F.batch_norm's ValueError for eps < 0; the library's
                 _bad_eps(self.eps, "non-negative")  # rule (finite), as a ValueError too
             plain = _plain(input)  # (not under torch.compile)
             rm, rv = self.running_mean, self.running_var
@@ -531,11 +541,11 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         _check_dtype(input)
         if _functorch_level() is not None and _ops.NATIVE is None and _under(_GRAD):
             raise RuntimeError(_PY_OPS_GRAD)  # (under jvp: the operator's forward-mode error)
-        if not _F32_ZERO < self.eps < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
+        if not _F32_ZERO < float(self.eps) < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN
         # or infinite, the library refuses it
-        if self.track_running_stats and self.momentum is not None and not 0.0 <= self.momentum < _F32_INF:
+        if self.track_running_stats and self.momentum is not None and not 0.0 <= float(self.momentum) < _F32_INF:
             if self.momentum < 0.0:
                 raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be >= 0 (None: the cumulative average), "
                                  f"got {float(self.momentum)!r}")
@@ -715,6 +725,9 @@ class ABNSync(_Then, SyncBatchNorm):
             SyncBatchNorm.set_activation(self, activation, slope, inplace)
         self._abn_act, self._param = activation, param
         return self
+
+    def _set_inplace(self, value):
+        self.set_activation(self._abn_act, self._param, value)
 
     @property
     def activation(self):

@@ -18,6 +18,7 @@ import gc
 import threading
 import time
 import unittest
+import warnings
 
 import numpy as np  # noqa: F401 (torch's CPU ops need it at import in some builds)
 import torch
@@ -377,6 +378,30 @@ class TestTorch(unittest.TestCase):
         self.assertEqual(repr(back[1].qconfig), repr(model[1].qconfig))
         x = torch.randn(2, 3, 4, 4)
         torch.testing.assert_close(back.eval()(x), model.eval()(x), rtol=0, atol=0)
+
+    def test_numpy_float32_eps_and_momentum(self):
+        """eps and momentum given as NumPy float32s (read from a config, say) run as
+        nn.BatchNorm2d runs them, with no warning: the layer's range checks compared them
+        with float32's bound, which NumPy cast to a float32 with "overflow encountered in
+        cast", a failure where warnings are errors (pytest's filterwarnings)."""
+        import numpy as np
+
+        torch.manual_seed(23)
+        comms = syncbn.cpu_team(1)
+        try:
+            x = torch.randn(4, 3, 2, 2)
+            kw = {"eps": np.float32(1e-3), "momentum": np.float32(0.25)}
+            ref = torch.nn.BatchNorm2d(3, **kw)
+            m = sbt.SyncBatchNorm(3, comm=comms[0], **kw)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                y, want = m(x), ref(x)
+                torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(m.running_var, ref.running_var, rtol=1e-6, atol=1e-6)
+                m.eval(), ref.eval()
+                torch.testing.assert_close(m(x), ref(x), rtol=1e-5, atol=1e-5)
+        finally:
+            comms[0].destroy()
 
     def test_eps_and_momentum_refused(self):
         """eps <= 0 in training, < 0 in eval: F.batch_norm's ValueError; a negative momentum

@@ -708,6 +708,48 @@ class TestRefusals(TeamOfOne):
                 self.comm.forward_train(d, x, y, save_mean=m, save_invstd=s, **kw)
             self.assertFalse(y.any() or m.any() or s.any())  # nothing written
 
+    def test_inplace_set_as_an_attribute(self):
+        """``if hasattr(m, "inplace"): m.inplace = False``, which code written for PyTorch's
+        modules runs over a model to turn in-place ops off (YOLOv5's advice for tracing,
+        Grad-CAM and Opacus helpers), switches a fused layer's in-place mode as
+        set_activation does, its activation and slope kept; the backward then saves x again
+        and gives the same gradients. ReLU in place is refused as at construction, the layer
+        unchanged; inplace_abn's layers keep their activation_param."""
+        torch.manual_seed(31)
+        seq = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.Conv2d(4, 4, 1),
+                            nn.BatchNorm2d(4), nn.ReLU())
+        model = sbt.convert_fused(seq, comm=self.comm, inplace=True)
+        self.assertEqual(fused_layers(model), [("1", "leaky_relu", True), ("4", "relu", False)])
+        slope = model[1].slope
+        x = torch.randn(2, 3, 5, 5)
+        model(x).square().sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        for m in model.modules():
+            if hasattr(m, "inplace"):
+                m.inplace = False
+        self.assertEqual(fused_layers(model), [("1", "leaky_relu", False), ("4", "relu", False)])
+        self.assertEqual(model[1].slope, slope)
+        model(x).square().sum().backward()
+        for g, w in zip((p.grad for p in model.parameters()), want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        model[1].inplace = True
+        self.assertEqual(fused_layers(model), [("1", "leaky_relu", True), ("4", "relu", False)])
+        with self.assertRaisesRegex(ValueError, "ReLU is not invertible"):
+            model[4].inplace = True
+        self.assertEqual(fused_layers(model), [("1", "leaky_relu", True), ("4", "relu", False)])
+        with self.assertRaisesRegex(TypeError, "inplace must be True or False, got 'no'"):
+            model[1].inplace = "no"
+        abn = sbt.InPlaceABNSync(4, activation="leaky_relu", activation_param=0.3, comm=self.comm)
+        self.assertTrue(abn.inplace)
+        abn.inplace = False
+        self.assertEqual((abn.activation, abn.activation_param, abn.inplace), ("leaky_relu", 0.3, False))
+        elu = sbt.ABNSync(4, activation="elu", activation_param=0.5, comm=self.comm)
+        elu.inplace = False
+        with self.assertRaisesRegex(ValueError, "not elu"):
+            elu.inplace = True
+        self.assertEqual((elu.activation, elu.activation_param, elu.inplace), ("elu", 0.5, False))
+
     def test_slope_judged_as_the_float32_the_library_takes(self):
         """A slope that is 0 as a float32 is ReLU for the in-place mode (refused at
         construction, not by the library at the first backward); one beyond float32's
