@@ -191,8 +191,9 @@ static sbnResult_t init_nccl(sbnComm_t* comm, ncclComm_t nc, const char* transpo
 static sbnResult_t team_of_one(sbnComm_t* comm, const char* transport, int64_t timeout_ms) {
   ncclComm_t nc = caller_comm(0, 1);
   const sbnResult_t r = init_nccl(comm, nc, transport, timeout_ms);
+  const ncclResult_t d = ncclCommDestroy(nc); /* the caller's, after a failed init too */
   if (r != sbnSuccess) return r;
-  if (ncclCommDestroy(nc) != ncclSuccess) {
+  if (d != ncclSuccess) {
     fprintf(stderr, "  ncclCommDestroy of the caller's comm failed\n");
     return sbnNcclError;
   }
