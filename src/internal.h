@@ -58,6 +58,8 @@ typedef int sbn_op_kind_t;
 typedef struct {
   sbn_op_kind_t kind;
   sbnComm_t comm;
+  const char* fn;      /* the entry point, for messages ("sbnForwardTrainEx", ...; set at
+                          the call: NULL in ops the library makes itself) */
   uint32_t call;       /* the rank's call number (comm->calls at the call), in the op's
                           signature (sbn_op_signature) */
   sbnTensorDesc_t desc;
@@ -107,6 +109,11 @@ SBN_INTERNAL const char* sbn_sig_describe(uint32_t sig, char* buf, size_t n);
 SBN_INTERNAL const char* sbn_sig_mismatch(int ra, uint32_t a, int rb, uint32_t b, char* buf, size_t n);
 /* "sbnForwardTrain" or "sbnBackward". */
 SBN_INTERNAL const char* sbn_op_name(sbn_op_kind_t kind);
+/* The entry point an op came from, for messages ("sbnBackwardInPlaceEx"); its kind's name
+   where it has none. */
+static inline const char* sbn_op_fn(const sbn_op_t* op) {
+  return op->fn != NULL ? op->fn : sbn_op_name(op->kind);
+}
 
 /* ---- teams and comms ------------------------------------------------------------------- */
 struct sbn_team_ops;

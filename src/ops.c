@@ -287,6 +287,7 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
 static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params,
                           int ex, const sbnEpilogue_t* epilogue) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
+  op->fn = op_fn(op, ex);
   const int in_group = sbn_group_active();
   /* no cancellation point between the claim and its release (front.h) */
   const int cancel = sbn_nocancel_begin();

@@ -30,7 +30,7 @@ static sbnResult_t check_pointers(const sbn_op_t* op) {
                                  {op->save_invstd, "save_invstd"},
                                  {op->dweight, "dweight"},
                                  {op->dbias, "dbias"}};
-  return sbn_gpu_check_tensors(op->comm, sbn_op_name(op->kind), ts, sizeof ts / sizeof ts[0],
+  return sbn_gpu_check_tensors(op->comm, sbn_op_fn(op), ts, sizeof ts / sizeof ts[0],
                                gt->ranks[op->comm->rank].device, "this rank's device", 1);
 }
 
@@ -93,7 +93,7 @@ sbnResult_t sbn_gpu_prepare(sbn_op_t* op, int in_group) {
     return sbn_fail(op->comm, sbnInvalidUsage,
                     "%s: a virtual team of %d ranks runs each op as ONE launch for all its ranks: "
                     "call the op for every rank between sbnGroupStart and sbnGroupEnd",
-                    sbn_op_name(op->kind), team->nranks);
+                    sbn_op_fn(op), team->nranks);
   return sbnSuccess;
 }
 

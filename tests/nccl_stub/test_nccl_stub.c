@@ -1101,6 +1101,28 @@ static void test_training_pointer_checks(void) {
           break;
         }
     }
+  /* the message names the entry point called (it said sbnForwardTrain or sbnBackward for
+     the Ex ones) */
+  sbnEpilogue_t leaky = SBN_EPILOGUE_INITIALIZER;
+  leaky.activation = sbnActivationLeakyRelu;
+  leaky.slope = 0.5f;
+  for (int e = 0; e < 3 && !sbn_test_cur_failed_; e++) {
+    static const char* const fn[3] = {"sbnForwardTrainEx: x is memory of device 1",
+                                      "sbnBackwardEx: x is memory of device 1",
+                                      "sbnBackwardInPlaceEx: y is memory of device 1"};
+    cudart_stub_reset();
+    const sbnResult_t r =
+        e == 0 ? sbnForwardTrainEx(v, &g_desc, other.x, NULL, t.y, t.weight, t.bias, t.rmean,
+                                   t.rvar, t.nbt, t.smean, t.sinvstd, NULL, &leaky, NULL)
+        : e == 1
+            ? sbnBackwardEx(v, &g_desc, other.x, t.y, t.dy, t.dx, NULL, t.weight, t.bias, t.smean,
+                            t.sinvstd, t.dweight, t.dbias, NULL, &leaky, NULL)
+            : sbnBackwardInPlaceEx(v, &g_desc, other.y, NULL, t.dy, t.dx, NULL, t.weight, t.bias,
+                                   t.smean, t.sinvstd, t.dweight, t.dbias, NULL, &leaky, NULL);
+    ASSERT_RES(r, sbnInvalidArgument);
+    if (strstr(sbnGetLastError(v), fn[e]) == NULL)
+      SBN_FAIL_("'%s', not '%s'", sbnGetLastError(v), fn[e]);
+  }
   /* every tensor on the rank's device: the op runs */
   cudart_stub_reset();
   ASSERT_OK(forward(v, &t));
