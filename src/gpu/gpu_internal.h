@@ -100,6 +100,9 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  int init_failed;       /* NCCL teams: the init failed, its peers maybe inside a collective
+                            with this rank: the release aborts the comm (nccl_release), on
+                            the release thread (ncclCommAbort frees device memory) */
   /* The end of the abort's waits (CLOCK_MONOTONIC ns; 0: no abort yet): the first abort's
      time plus timeout_ms, for every wait of every later abort and of the destroy
      (sbn_gpu_stop_deadline), so that a copy that does not land costs one timeout in all */

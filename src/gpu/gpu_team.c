@@ -172,11 +172,14 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
     else
       cudaFree(g->mail);
   }
+  /* (each only where it was made: on a thread with no current device, cudaFree(NULL) would
+     make device 0's context) */
   if (gt->aux) cudaStreamDestroy(gt->aux);
-  cudaFree(gt->dscratch);
-  cudaFreeHost(gt->hscratch);
+  if (gt->dscratch) cudaFree(gt->dscratch);
+  if (gt->hscratch) cudaFreeHost(gt->hscratch);
   if (gt->err) cudaFreeHost((void*)gt->err);
-  cudaSetDevice(prev);
+  int now = prev; /* back to prev only where it moved: no context made for the restore */
+  if (cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev);
   (void)cudaGetLastError();
   sbn_capture_restore(mode);
   free(gt->ranks);
@@ -236,8 +239,23 @@ static void releaser_free(releaser_t* rl) {
   free(rl);
 }
 
+/* The device a release thread makes current first: where the team has memory (a present
+   rank's device; an NCCL team's, or an in-process team's first rank's, where only its
+   error words or agreement's scratch were made), -1 where it has none. Not device 0 by
+   default: cudaSetDevice makes a device's primary context, and the release restores the
+   device that was current at its start. */
+static int release_device(const struct sbn_gpu_team* gt) {
+  if (gt->ranks == NULL) return -1;
+  for (int q = 0; q < gt->nranks; q++)
+    if (gt->ranks[q].present) return gt->ranks[q].device;
+  if (gt->aux == NULL && gt->dscratch == NULL && gt->hscratch == NULL && gt->err == NULL) return -1;
+  return gt->ranks[gt->local >= 0 ? gt->local : 0].device;
+}
+
 static void* releaser_main(void* arg) {
   releaser_t* rl = arg;
+  const int dev = release_device(rl->gt);
+  if (dev >= 0 && cudaSetDevice(dev) != cudaSuccess) (void)cudaGetLastError();
   sbn_gpu_team_free(rl->gt, rl->aborted, rl->release);
   pthread_mutex_lock(&rl->mu);
   rl->done = 1;

@@ -380,6 +380,9 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   const int rec = (int)sizeof(sbn_mail_rec_t);
   int v[7] = {mine == sbnSuccess, obstacle == NULL, mode == 1 ? -1 : 0, mc, -mc, rec, -rec};
   r = agree_min(gt, comm, v, 7, stop);
+  /* an agreement that failed after this rank's own failure (its stream behind a zeroing
+     that never finished, say): this rank's cause */
+  if (r != sbnSuccess && mine != sbnSuccess) r = sbn_fail(NULL, mine, "%s", mine_why);
   if (r != sbnSuccess) goto out;
   if (!v[0]) {
     r = mine != sbnSuccess
@@ -407,7 +410,10 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   if (v[1]) {
     /* agreement 2: every rank has its part; then all register (collective) */
     int ok = window_alloc(gt, why, sizeof why, stop);
+    const int mine_ok = ok;
     r = agree_min(gt, comm, &ok, 1, stop);
+    if (r != sbnSuccess && !mine_ok && gt->win_buf != NULL) /* this rank's cause: its zeroing */
+      r = sbn_fail(NULL, r, "%s", why);
     if (r != sbnSuccess) goto out;
     if (ok) {
       ok = window_register(gt, comm, why, sizeof why, stop);
@@ -423,7 +429,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
       if (reg) gt->transport = SBN_TR_NCCL_WINDOW;
       if (!reg) obstacle = ok ? "the symmetric window is not usable on another rank" : why;
     } else {
-      obstacle = gt->win_buf != NULL ? "another rank could not allocate its window part" : why;
+      obstacle = mine_ok ? "another rank could not allocate or zero its window part" : why;
     }
   } else if (obstacle == NULL) {
     obstacle = "another rank cannot use the in-kernel transport (see its SBN_DEBUG=INFO)";
@@ -442,12 +448,10 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
 out:
   cudaSetDevice(prev);
   if (r != sbnSuccess) {
-    /* the peers may be inside a collective with this rank: abort, do not destroy */
-    if (gt->nccl != NULL && gt->nccl[me] != NULL) {
-      sbn_nccl.CommAbort(gt->nccl[me]);
-      gt->nccl[me] = NULL;
-    }
-    atomic_store(&gt->nccl_dead, 1);
+    /* the peers may be inside a collective with this rank: the comm is aborted, not
+       finalized, by the release (nccl_release), on its thread: ncclCommAbort frees device
+       memory, which waits for the whole device */
+    gt->init_failed = 1;
     sbn_gpu_init_undo(gt, nccl_release);
     return r;
   }
@@ -482,7 +486,7 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
      counts as aborted, as reading it would have made it, and the collective teardown below
      (the window's deregistration, ncclCommFinalize) would wait the timeout out for the
      peer that failed */
-  aborted |= sbn_gpu_err_words(gt) != sbnSuccess;
+  aborted |= sbn_gpu_err_words(gt) != sbnSuccess || gt->init_failed;
   if (comm != NULL && !dead) {
     const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
     sbn_gpu_release_budget(gt, deadline); /* the collective teardown is bounded */

@@ -250,6 +250,10 @@ static void test_init_beside_a_held_device(void) {
   double took = 0.0;
   int still_held = -1, released = -1, y_ok = 0;
   char why[512] = "";
+  /* y poisoned: it holds the earlier tests' right answer otherwise */
+  if (!CUDA_OK(cudaMemset(g_dy, GPU_POISON, numel() * sizeof(float))) ||
+      !CUDA_OK(cudaDeviceSynchronize()))
+    goto done;
   if (blocker_start(1, DESTROY_HOLD_MS, &st, &sb) != 1) goto done;
   const sbnConfig_t cfg = config_ms(DESTROY_TIMEOUT_MS);
   const double t0 = now_ms();
@@ -269,8 +273,10 @@ static void test_init_beside_a_held_device(void) {
   y_ok = CUDA_OK(cudaDeviceSynchronize()) &&
          CUDA_OK(cudaMemcpy(g_hy, g_dy, numel() * sizeof(float), cudaMemcpyDeviceToHost));
   d = sbnCommDestroy(c);
+  c = NULL;
 done:
   cudaDeviceSynchronize();
+  if (c) sbnCommDestroy(c);
   if (sb) cudaStreamDestroy(sb);
   if (st) cudaFreeHost(st);
   CHECK_();

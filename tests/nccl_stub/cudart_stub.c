@@ -37,6 +37,7 @@ typedef struct {
 static alloc_t* allocs;
 static size_t nallocs, cap_allocs;
 static _Thread_local int current_device;
+static unsigned devices_set; /* the devices cudaSetDevice made current, from any thread */
 
 #define STUB_MAX_DEVICES 8
 static int in_flight[STUB_MAX_DEVICES]; /* cooperative launches not yet synchronized */
@@ -89,7 +90,7 @@ static int get_switch(const int* sw) {
 /* A call that waits for the device (cudaDeviceSynchronize; cudaFree and cudaFreeHost,
    which synchronize it in CUDA) while devices_busy: until it is switched off, or for
    CUDA_STUB_BUSY_MAX_MS at most, then a violation (a library waiting without a bound). */
-static void wait_while_busy(const char* call) {
+void cudart_stub_wait_while_busy(const char* call) {
   pthread_mutex_lock(&mu);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
@@ -286,6 +287,7 @@ void cudart_stub_reset(void) {
   sync_arg = NULL;
   new_streams_pending = 0;
   next_streams_pending = 0;
+  devices_set = 0;
   npending_streams = 0;
   devices_busy = 0;
   pthread_cond_broadcast(&busy_cv);
@@ -297,6 +299,12 @@ void cudart_stub_set_new_streams_pending(int on) {
 }
 void cudart_stub_pend_next_streams(int n) {
   set_switch(&next_streams_pending, n);
+}
+unsigned cudart_stub_devices_set(void) {
+  pthread_mutex_lock(&mu);
+  const unsigned m = devices_set;
+  pthread_mutex_unlock(&mu);
+  return m;
 }
 
 void cudart_stub_on_sync(void (*fn)(void*), void* arg) {
@@ -407,6 +415,7 @@ cudaError_t cudaSetDevice(int device) {
   pthread_mutex_lock(&mu);
   const int fail = device == set_device_fail_dev && --set_device_fail_nth == 0;
   if (fail) set_device_fail_dev = -1;
+  if (!fail) devices_set |= 1u << device;
   pthread_mutex_unlock(&mu);
   if (fail) return cudaErrorDevicesUnavailable;
   current_device = device;
@@ -445,7 +454,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 }
 cudaError_t cudaDeviceSynchronize(void) {
   if (capture_forbids("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
-  wait_while_busy("cudaDeviceSynchronize");
+  cudart_stub_wait_while_busy("cudaDeviceSynchronize");
   void (*fn)(void*) = NULL;
   void* arg = NULL;
   pthread_mutex_lock(&mu);
@@ -478,7 +487,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (capture_forbids("cudaFree")) return cudaErrorStreamCaptureUnsupported;
-  if (p != NULL) wait_while_busy("cudaFree");
+  if (p != NULL) cudart_stub_wait_while_busy("cudaFree");
   return forget(p, cudaMemoryTypeDevice);
 }
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
@@ -488,7 +497,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int flags) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (capture_forbids("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
-  if (p != NULL) wait_while_busy("cudaFreeHost");
+  if (p != NULL) cudart_stub_wait_while_busy("cudaFreeHost");
   return forget(p, cudaMemoryTypeHost);
 }
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* at, const void* ptr) {
@@ -531,13 +540,20 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaM
   (void)stream;
   return cudaMemcpy(dst, src, bytes, kind);
 }
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+/* A memset on `stream` (NULL: the legacy default stream, cudaMemset's), done at once, as
+   every stand-in copy (a pending stream still says so); its stream in the steps. */
+static cudaError_t memset_on(void* p, int value, size_t bytes, cudaStream_t stream) {
+  pthread_mutex_lock(&mu);
+  log_step('M', stream, NULL, -1);
+  pthread_mutex_unlock(&mu);
   if (bytes) memset(p, value, bytes);
   return cudaSuccess;
 }
+cudaError_t cudaMemset(void* p, int value, size_t bytes) {
+  return memset_on(p, value, bytes, NULL);
+}
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
-  (void)stream; /* done at once, as every stand-in copy (a pending stream still says so) */
-  return cudaMemset(p, value, bytes);
+  return memset_on(p, value, bytes, stream);
 }
 
 /* ---- streams and events: always complete ---------------------------------------------- */
@@ -576,6 +592,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   if (capture_forbids("cudaStreamQuery")) return cudaErrorStreamCaptureUnsupported;
   pthread_mutex_lock(&mu);
   const int pending = stream_pending(s, 0);
+  if (!pending) log_step('Q', s, NULL, -1);
   pthread_mutex_unlock(&mu);
   return pending ? cudaErrorNotReady : cudaSuccess;
 }

@@ -48,6 +48,16 @@ void cudart_stub_set_new_streams_pending(int on);
 /* The next n streams made never finish their work, as cudart_stub_set_new_streams_pending's
    (the streams after them finish; 0 cancels what is left of n). */
 void cudart_stub_pend_next_streams(int n);
+/* The devices cudaSetDevice made current since the last reset, from any thread (bit d:
+   device d). On CUDA, that call makes the device's primary context, ~0.5 GB of its
+   memory: a library that makes device 0 current in a process whose work is on device 1
+   costs device 0 that memory. */
+unsigned cudart_stub_devices_set(void);
+/* What a call that waits for the device does while cudart_stub_set_devices_busy is on:
+   waits until it is switched off, or CUDA_STUB_BUSY_MAX_MS, then a violation naming
+   `call` (cudaDeviceSynchronize, cudaFree, cudaFreeHost; the NCCL stand-in's
+   ncclCommAbort, which frees the comm's device memory). */
+void cudart_stub_wait_while_busy(const char* call);
 /* From here (while `on`) every device runs a kernel that never ends (a collective waiting
    for a dead peer): cudaDeviceSynchronize, cudaFree and cudaFreeHost (which synchronize
    the device in CUDA) wait until it is switched off, from another thread, or for
@@ -96,7 +106,8 @@ int cudart_stub_launch_at(int i, cudart_stub_launch_t* out);
 void cudart_stub_keep_args(size_t bytes);
 /* The stream steps since the last reset, in the order they were issued: a launch ('L',
    its index in the launch log), an event recorded on a stream ('R'), a stream made to wait
-   for an event ('W'). Returns how many there were (at most CUDA_STUB_STEP_LOG are kept). */
+   for an event ('W'), a cudaMemsetAsync ('M'), a cudaStreamQuery that found the stream's
+   work done ('Q'). Returns how many there were (at most CUDA_STUB_STEP_LOG are kept). */
 #define CUDA_STUB_STEP_LOG 64
 typedef struct {
   char what;

@@ -617,7 +617,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   /* NCCL's abort frees the comm's device memory, a call CUDA refuses outside relaxed mode
      while another thread captures a graph (cudart_stub_set_foreign_capture) */
-  if (comm != NULL) (void)cudaFree(NULL);
+  if (comm != NULL) {
+    (void)cudaFree(NULL);
+    cudart_stub_wait_while_busy("ncclCommAbort"); /* (that memory's free waits for the device) */
+  }
   pthread_mutex_lock(&mu);
   ncclResult_t r = ncclSuccess;
   int id = 0;

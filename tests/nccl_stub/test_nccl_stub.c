@@ -3288,6 +3288,27 @@ static void test_init_on_a_busy_device(void) {
     cudart_stub_set_devices_busy(0);
     printf("  %s: the init beside busy devices %.1f ms\n", kind[k], took);
     ASSERT_OK(r);
+    /* every memset of the init on a stream of its own (not the legacy default stream,
+       which queues behind the program's blocking streams), found done later by a query of
+       that stream: the init waited for each, every rank's */
+    cudart_stub_step_t st[CUDA_STUB_STEP_LOG];
+    const int ns = cudart_stub_steps(st, CUDA_STUB_STEP_LOG);
+    int memsets = 0;
+    for (int i = 0; i < ns && i < CUDA_STUB_STEP_LOG; i++) {
+      if (st[i].what != 'M') continue;
+      memsets++;
+      int waited = 0;
+      for (int j = i + 1; j < ns && j < CUDA_STUB_STEP_LOG && !waited; j++)
+        waited = st[j].what == 'Q' && st[j].stream == st[i].stream;
+      if (st[i].stream == NULL || !waited)
+        SBN_FAIL_("%s: the init's memset %d %s", kind[k], memsets,
+                  st[i].stream == NULL ? "on the legacy default stream" : "not waited for");
+    }
+    if (ns > CUDA_STUB_STEP_LOG || memsets < (k < 2    ? 4
+                                              : k == 2 ? 1
+                                                       : 2)) /* state, mailboxes;
+                                                       an NCCL team's window */
+      SBN_FAIL_("%s: %d steps, %d memsets", kind[k], ns, memsets);
     if (took >= STUCK_TIMEOUT_MS)
       SBN_FAIL_("%s: the init took %.0f ms beside busy devices", kind[k], took);
     if (k >= 2 && strcmp(transport_of(comms[0]), kind[k]) != 0)
@@ -3300,12 +3321,14 @@ static void test_init_on_a_busy_device(void) {
 
 /* An init whose own zeroing never finishes (every stream it makes stays busy: a device
    whose SMs are all held) gives sbnTimeout after the timeout, naming the device, and
-   leaves nothing made (the team's release runs as a destroy's). In-process teams (an
-   NCCL team's agreement runs on its stream too, and times out in its own words). */
+   leaves nothing made (the team's release runs as a destroy's). An "nccl-host" team's
+   agreement after it, on a stream of its own that never finishes either, takes its
+   timeout too: the zeroing's failure is still the one reported (it was the agreement's,
+   "did not all arrive"). */
 static void test_init_zeroing_bounded(void) {
   const double T = STUCK_TIMEOUT_MS;
-  static const char* const kind[2] = {"virtual", "InitAll"};
-  for (int k = 0; k < 2 && !sbn_test_cur_failed_; k++) {
+  static const char* const kind[3] = {"virtual", "InitAll", "nccl-host"};
+  for (int k = 0; k < 3 && !sbn_test_cur_failed_; k++) {
     stub_case(NULL);
     const size_t before = cudart_stub_live();
     sbnComm_t comms[2] = {NULL, NULL};
@@ -3318,9 +3341,10 @@ static void test_init_zeroing_bounded(void) {
     snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
     printf("  %s: the init %.0f ms (timeout %.0f ms): %s\n", kind[k], took, T, why);
     ASSERT_RES(r, sbnTimeout);
-    if (took < T || took >= 2 * T)
-      SBN_FAIL_("%s: the init returned after %.0f ms (expected %.0f up to %.0f)", kind[k], took, T,
-                2 * T);
+    const double lo = k < 2 ? T : 2 * T; /* the zeroing's wait (then the agreement's) */
+    if (took < lo || took >= lo + T)
+      SBN_FAIL_("%s: the init returned after %.0f ms (expected %.0f up to %.0f)", kind[k], took, lo,
+                lo + T);
     if (strstr(why,
                "the team's init: device 0 did not zero the team's memory within "
                "timeout_ms (300 ms)") == NULL)
@@ -3331,6 +3355,46 @@ static void test_init_zeroing_bounded(void) {
     ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
     ASSERT_CLEAN();
   }
+}
+
+/* A program whose work is on device 1 (its current device) makes, uses and destroys a team
+   there, and has an init fail there: the library's release thread never makes device 0
+   current, which on CUDA makes device 0's primary context (~0.5 GB of its memory, in
+   every process of a job on other GPUs). The thread started on CUDA's default, device 0,
+   and the release restored it at its end. For a virtual team of one and an sbnCommInitAll
+   team of device 1. */
+static void test_release_leaves_device_0_alone(void) {
+  for (int k = 0; k < 2 && !sbn_test_cur_failed_; k++) {
+    for (int fail = 0; fail < 2 && !sbn_test_cur_failed_; fail++) {
+      stub_case(NULL);
+      ASSERT_TRUE(cudaSetDevice(1) == cudaSuccess);
+      const sbnConfig_t cfg = case_config(TIMEOUT_MS);
+      const int dev = 1;
+      sbnComm_t c = NULL;
+      cudart_stub_set_occupancy_fails(fail); /* fails before anything is made on the device */
+      const sbnResult_t r =
+          k == 0 ? sbnCommInitVirtual(&c, 1, dev, &cfg) : sbnCommInitAll(&c, 1, &dev, &cfg);
+      cudart_stub_set_occupancy_fails(0);
+      if (!fail) {
+        ASSERT_OK(r);
+        tensors_t t;
+        tensors_alloc(&t, 1);
+        ASSERT_OK(forward(c, &t));
+        ASSERT_TRUE(cudaDeviceSynchronize() == cudaSuccess);
+        tensors_free(&t);
+        ASSERT_OK(sbnCommDestroy(c));
+      } else {
+        ASSERT_TRUE(r != sbnSuccess && c == NULL);
+      }
+      wait_releases();
+      if (cudart_stub_devices_set() != 1u << 1)
+        SBN_FAIL_("%s%s: devices made current 0x%x (device 1 only: 0x2)",
+                  k == 0 ? "virtual" : "InitAll", fail ? ", a failed init" : "",
+                  cudart_stub_devices_set());
+      ASSERT_CLEAN();
+    }
+  }
+  cudaSetDevice(0);
 }
 
 /* An init that fails while every device runs a kernel that never ends: freeing what it
@@ -3619,6 +3683,7 @@ int main(void) {
   SBN_RUN(test_init_on_a_busy_device);
   SBN_RUN(test_init_zeroing_bounded);
   SBN_RUN(test_init_failure_on_a_busy_device);
+  SBN_RUN(test_release_leaves_device_0_alone);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
