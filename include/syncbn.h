@@ -106,8 +106,9 @@ typedef struct {
   unsigned magic;
   unsigned version; /* filled by SBN_CONFIG_INITIALIZER */
   int64_t timeout_ms;   /* in-op wait for peers, > 0; default 300000; env SBN_TIMEOUT_MS overrides */
-  int64_t max_channels; /* workspace is sized at init (no allocation inside ops; a CPU team's
-                           group starts threads: see sbnGroupEnd); default 4096 */
+  int64_t max_channels; /* the widest op's C, in [1, 2^20]; workspace is sized at init (no
+                           allocation inside ops; a CPU team's group starts threads: see
+                           sbnGroupEnd); default 4096 */
 } sbnConfig_t;
 #define SBN_CONFIG_INITIALIZER                                                              \
   { sizeof(sbnConfig_t), SBN_CONFIG_MAGIC, SBN_CONFIG_VERSION, SBN_DEFAULT_TIMEOUT_MS,       \

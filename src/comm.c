@@ -14,7 +14,7 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
     return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitCpu: nranks must be in [1, %d], got %d",
                     SBN_MAX_CPU_TEAM_RANKS, nranks);
   sbn_cfg_t cfg;
-  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  sbnResult_t r = sbn_config_resolve("sbnCommInitCpu", config, &cfg);
   if (r != sbnSuccess) return r;
   if (nranks > 256)
     sbn_log(SBN_LOG_WARN,
@@ -46,7 +46,7 @@ SBN_API sbnResult_t sbnCommInitAll(sbnComm_t* comms, int ndev, const int* devlis
       return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitAll: devlist[%d] = %d is negative", i,
                       devlist[i]);
   sbn_cfg_t cfg;
-  r = sbn_config_resolve(config, &cfg);
+  r = sbn_config_resolve("sbnCommInitAll", config, &cfg);
   if (r != sbnSuccess) return r;
   sbn_team_init_t init = {devlist, NULL, 0, NULL};
   r = sbn_team_create(&sbn_gpu_peer_team_ops, ndev, 0, ndev, &cfg, &init, comms);
@@ -63,7 +63,7 @@ SBN_API sbnResult_t sbnCommInitVirtual(sbnComm_t* comms, int nranks, int device,
   sbnResult_t r = gpu_team_width("sbnCommInitVirtual", nranks);
   if (r != sbnSuccess) return r;
   sbn_cfg_t cfg;
-  r = sbn_config_resolve(config, &cfg);
+  r = sbn_config_resolve("sbnCommInitVirtual", config, &cfg);
   if (r != sbnSuccess) return r;
   sbn_team_init_t init = {&device, NULL, 0, NULL};
   r = sbn_team_create(&sbn_gpu_virtual_team_ops, nranks, 0, nranks, &cfg, &init, comms);
@@ -77,7 +77,7 @@ SBN_API sbnResult_t sbnCommInitNccl(sbnComm_t* comm, struct ncclComm* nccl,
   if (comm == NULL || nccl == NULL)
     return sbn_fail(NULL, sbnInvalidArgument, "sbnCommInitNccl: comm and nccl must be non-NULL");
   sbn_cfg_t cfg;
-  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  sbnResult_t r = sbn_config_resolve("sbnCommInitNccl", config, &cfg);
   if (r != sbnSuccess) return r;
   r = sbn_nccl_team_create(nccl, &cfg, comm);
   if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNccl: %s", sbn_error_text(NULL));
@@ -102,7 +102,7 @@ SBN_API sbnResult_t sbnCommInitNcclRank(sbnComm_t* comm, const sbnNcclUniqueId_t
                     "sbnCommInitNcclRank: need nranks >= 1 and 0 <= rank < nranks; got rank %d of %d",
                     rank, nranks);
   sbn_cfg_t cfg;
-  sbnResult_t r = sbn_config_resolve(config, &cfg);
+  sbnResult_t r = sbn_config_resolve("sbnCommInitNcclRank", config, &cfg);
   if (r != sbnSuccess) return r;
   r = sbn_nccl_team_create_rank(id->internal, nranks, rank, &cfg, comm);
   if (r != sbnSuccess) return sbn_fail(NULL, r, "sbnCommInitNcclRank: %s", sbn_error_text(NULL));

@@ -22,20 +22,21 @@ int sbn_env_int(const char* v, long long lo, long long hi, long long* out) {
   return 1;
 }
 
-sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
+sbnResult_t sbn_config_resolve(const char* fn, const sbnConfig_t* in, sbn_cfg_t* out) {
   sbn_cfg_t cfg = {SBN_DEFAULT_TIMEOUT_MS, SBN_DEFAULT_MAX_CHANNELS};
   if (in != NULL) {
     if (in->size != sizeof(sbnConfig_t) || in->magic != SBN_CONFIG_MAGIC ||
         in->version != SBN_CONFIG_VERSION)
       return sbn_fail(NULL, sbnInvalidArgument,
-                      "config was not initialized with SBN_CONFIG_INITIALIZER "
+                      "%s: config was not initialized with SBN_CONFIG_INITIALIZER "
                       "(size %zu, magic 0x%x, version %u)",
-                      in->size, in->magic, in->version);
+                      fn, in->size, in->magic, in->version);
     if (in->timeout_ms <= 0)
-      return sbn_fail(NULL, sbnInvalidArgument, "config.timeout_ms must be > 0, got %lld",
+      return sbn_fail(NULL, sbnInvalidArgument, "%s: config.timeout_ms must be > 0, got %lld", fn,
                       (long long)in->timeout_ms);
     if (in->max_channels < 1 || in->max_channels > SBN_MAX_CHANNELS_LIMIT)
-      return sbn_fail(NULL, sbnInvalidArgument, "config.max_channels must be in [1, %d], got %lld",
+      return sbn_fail(NULL, sbnInvalidArgument,
+                      "%s: config.max_channels must be in [1, %d], got %lld", fn,
                       SBN_MAX_CHANNELS_LIMIT, (long long)in->max_channels);
     cfg.timeout_ms = in->timeout_ms;
     cfg.max_channels = in->max_channels;
@@ -44,9 +45,9 @@ sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out) {
   if (env != NULL && env[0] != '\0') { /* empty: as unset, as the other SBN_ variables */
     long long v = 0;
     if (!sbn_env_int(env, 1, LLONG_MAX, &v))
-      return sbn_fail(NULL, sbnInvalidArgument,
-                      "SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds; digits only)",
-                      env);
+      return sbn_fail(
+          NULL, sbnInvalidArgument,
+          "%s: SBN_TIMEOUT_MS='%s' is not a positive integer (milliseconds; digits only)", fn, env);
     cfg.timeout_ms = v;
     sbn_log(SBN_LOG_INFO, "timeout %lld ms from SBN_TIMEOUT_MS", v);
   }

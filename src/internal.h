@@ -47,7 +47,9 @@ typedef struct {
    (team.c). */
 SBN_INTERNAL int sbn_cond_init_monotonic(pthread_cond_t* cv);
 SBN_INTERNAL int sbn_env_int(const char* v, long long lo, long long hi, long long* out);
-SBN_INTERNAL sbnResult_t sbn_config_resolve(const sbnConfig_t* in, sbn_cfg_t* out);
+/* The team's settings from `in` (NULL: the defaults) and SBN_TIMEOUT_MS; a refusal's
+   detail names `fn`, the init called. */
+SBN_INTERNAL sbnResult_t sbn_config_resolve(const char* fn, const sbnConfig_t* in, sbn_cfg_t* out);
 
 /* ---- ops ------------------------------------------------------------------------------ */
 /* SBN_OP_FORWARD, SBN_OP_BACKWARD (kernels/bn_op.h), or a split queued in a group. */

@@ -232,6 +232,13 @@ static void test_init_cpu_bad(void) {
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
   cfg = good; cfg.max_channels = ((int64_t)1 << 20) + 1;
   EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitCpu(comms, 2, &cfg));
+  /* the detail names the init called */
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL),
+                     "sbnCommInitCpu: config.max_channels must be in [1, 1048576], got 1048577") != NULL);
+  cfg = good; cfg.timeout_ms = 0;
+  EXPECT_INIT_REJECTED(sbnInvalidArgument, sbnCommInitVirtual(comms, 1, 0, &cfg));
+  EXPECT_TRUE(strstr(sbnGetLastError(NULL), "sbnCommInitVirtual: config.timeout_ms must be > 0, got 0") !=
+              NULL);
 
   /* the limits themselves are valid */
   cfg = good; cfg.max_channels = 1; cfg.timeout_ms = 1;
