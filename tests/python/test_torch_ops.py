@@ -1587,7 +1587,7 @@ class TestRefusals(unittest.TestCase):
         with self.assertRaisesRegex(syncbn.SyncBNError, "destroyed"):
             m(torch.randn(2, 3, 4))
 
-    def test_cuda_team_refuses_cpu_tensors_and_back(self):
+    def test_cpu_team_takes_cpu_tensors_and_a_dead_id_is_refused(self):
         """A CPU team takes CPU tensors only (its ops read host memory). A destroyed comm's
         id: the operator called directly raises SyncBNError's text (a SyncBNError from the
         Python operators, a RuntimeError from the C++ ones; the layer raises SyncBNError
