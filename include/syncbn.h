@@ -276,7 +276,10 @@ SBN_API sbnResult_t sbnCommGetAsyncError(sbnComm_t comm, sbnResult_t* async_erro
    return sbnAborted without running. Idempotent. GPU teams: it waits for its stop signal to
    reach each rank's device, bounded by the comm's timeout once for the team's life (a
    device that never finishes the copy costs one timeout in all: a second sbnCommAbort
-   does not wait for it again). */
+   does not wait for it again), and for the abort of the team's NCCL comms
+   (ncclCommAbort, which frees device memory and so waits for every kernel on the
+   device) until the same deadline: behind a kernel that never ends, that abort goes on in
+   a thread of the library, and the team's destroy waits for it as for the devices. */
 SBN_API sbnResult_t sbnCommAbort(sbnComm_t comm);
 /* Releases this rank's handle; the team's shared state goes with its last rank.
    NULL is accepted. While another thread's call on the comm runs, or the comm has ops

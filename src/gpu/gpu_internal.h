@@ -100,6 +100,8 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
+  int aborts_running;    /* sbn_nccl_abort_all's threads still aborting the team's comms
+                            (under gpu_util.c's abort lock; sbn_nccl_aborts_wait) */
   int init_failed;       /* NCCL teams: the init failed, its peers maybe inside a collective
                             with this rank: the release aborts the comm (nccl_release), on
                             the release thread (ncclCommAbort frees device memory) */
@@ -185,6 +187,10 @@ SBN_INTERNAL sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what);
    rank's stop word (device memory) through its stop_stream, waited for (bounded); where
    that fails, it says so at SBN_DEBUG=WARN. */
 SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
+/* A thread of the library that may outlive the call that starts it (a release's, an
+   abort's): every signal blocked in it, so that none of the program's is delivered there.
+   1 if it was made. */
+SBN_INTERNAL int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg);
 /* The team's abort deadline (stop_deadline), set by the first call: now + timeout_ms. */
 SBN_INTERNAL int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt);
 /* The init's wait for its own work on device `device` (the zeroing of the team's memory,
@@ -211,8 +217,13 @@ SBN_INTERNAL sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who,
                                                const char* dev_whose, int strict);
 /* Aborts the team's NCCL comms once (a collective stuck on a missing peer returns); first
    the host's abort word, so that kernels queued behind the collective write nothing. Not
-   with nccl_lock held. */
+   with nccl_lock held. ncclCommAbort runs on a thread of the library, waited for until
+   the abort's deadline (sbn_gpu_stop_deadline): it frees device memory, which waits for
+   the whole device. */
 SBN_INTERNAL void sbn_nccl_abort_all(struct sbn_gpu_team* gt);
+/* Waits (no bound: the release's thread) until every thread of sbn_nccl_abort_all's for
+   the team has returned from ncclCommAbort (which unmaps an NCCL team's window). */
+SBN_INTERNAL void sbn_nccl_aborts_wait(struct sbn_gpu_team* gt);
 
 /* ---- gpu_team.c: resources, error words, the tables' other entries ------------------ */
 /* Starts the watchdog thread of a team with NCCL comms (and its lock); safe before the

@@ -13,7 +13,6 @@
  * (enabled here), otherwise all of them live in pinned, mapped host memory.
  */
 #include <inttypes.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,6 +122,9 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
     }
     aborted |= stuck;
   }
+  /* an abort's ncclCommAbort still running (on its thread: sbnCommAbort's, an op's, the
+     watchdog's, the one above) unmaps the window and frees memory of the comm's */
+  sbn_nccl_aborts_wait(gt);
 #endif
   if (release != NULL) release(gt, aborted); /* NCCL team: window, comm */
 #if SYNCBN_HAVE_NCCL
@@ -140,6 +142,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
     if (nr != ncclSuccess) {
       stop_ranks_in_release(gt);
       sbn_nccl_abort_all(gt);
+      sbn_nccl_aborts_wait(gt); /* (its thread writes gt when it ends) */
     } else {
       for (int q = 0; q < gt->nranks; q++)
         if (gt->nccl[q]) sbn_nccl.CommDestroy(gt->nccl[q]);
@@ -305,12 +308,7 @@ sbnResult_t sbn_gpu_team_release(struct sbn_gpu_team* gt, int aborted,
     rl->timeout_ns = gt->timeout_ms * 1000000;
     rl->deadline = t0 + rl->timeout_ns; /* the first wait for the devices */
     gt->releaser = rl;
-    /* the thread may outlive the call: no signal of the program's is delivered to it */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    made = pthread_create(&th, NULL, releaser_main, rl) == 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    made = sbn_gpu_thread_start(&th, releaser_main, rl);
     if (!made) {
       gt->releaser = NULL;
       releaser_free(rl);

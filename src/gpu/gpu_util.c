@@ -6,6 +6,7 @@
  * and it on none of them (scripts/import-graph.py). */
 #include "gpu/gpu_internal.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,6 +176,113 @@ void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   cudaSetDevice(prev);
 }
 
+int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  const int made = pthread_create(th, NULL, fn, arg) == 0;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return made;
+}
+
+#if SYNCBN_HAVE_NCCL
+/* ---- ncclCommAbort within the abort's deadline ---------------------------------------- */
+/* ncclCommAbort frees the comm's device memory, which waits for the whole device: behind a
+   kernel of the program's that never ends (another library's collective waiting for a dead
+   peer), for ever. So the comms are aborted on a thread of the library (every signal
+   blocked), which the caller waits for until the abort's deadline (sbn_gpu_stop_deadline:
+   the first abort's time plus timeout_ms, once for the team's life); past it the thread
+   goes on alone. The team's release waits for such threads before it frees anything NCCL
+   may still touch in them (sbn_nccl_aborts_wait). */
+typedef struct {
+  ncclComm_t comms[SBN_GPU_MAX_RANKS];
+  int n;
+  int done, abandoned; /* under abort_mu */
+  struct sbn_gpu_team* gt;
+} aborter_t;
+static pthread_mutex_t abort_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t abort_cv; /* CLOCK_MONOTONIC; every abort thread's end */
+static pthread_once_t abort_once = PTHREAD_ONCE_INIT;
+static int abort_cv_ok;
+
+static void abort_cv_init(void) {
+  abort_cv_ok = sbn_cond_init_monotonic(&abort_cv);
+}
+
+static void* aborter_main(void* arg) {
+  aborter_t* a = arg;
+  /* relaxed about captures, as its caller was (its frees must not invalidate a graph
+     another thread captures) */
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  for (int i = 0; i < a->n; i++) sbn_nccl.CommAbort(a->comms[i]);
+  pthread_mutex_lock(&abort_mu);
+  a->done = 1;
+  a->gt->aborts_running--; /* gt is not touched after the unlock: its release may free it */
+  const int abandoned = a->abandoned;
+  pthread_cond_broadcast(&abort_cv);
+  pthread_mutex_unlock(&abort_mu);
+  if (abandoned) free(a);
+  return NULL;
+}
+
+static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
+  if (n == 0) return;
+  pthread_once(&abort_once, abort_cv_init);
+  aborter_t* a = abort_cv_ok ? calloc(1, sizeof *a) : NULL;
+  pthread_t th;
+  int made = a != NULL;
+  if (made) {
+    memcpy(a->comms, dead, (size_t)n * sizeof *dead);
+    a->n = n, a->gt = gt;
+    pthread_mutex_lock(&abort_mu);
+    gt->aborts_running++;
+    pthread_mutex_unlock(&abort_mu);
+    made = sbn_gpu_thread_start(&th, aborter_main, a);
+    if (!made) {
+      pthread_mutex_lock(&abort_mu);
+      gt->aborts_running--;
+      pthread_mutex_unlock(&abort_mu);
+      free(a);
+    }
+  }
+  if (!made) { /* no thread: on this one, unbounded, as before */
+    for (int i = 0; i < n; i++) sbn_nccl.CommAbort(dead[i]);
+    return;
+  }
+  const int64_t deadline = sbn_gpu_stop_deadline(gt);
+  /* past already: a release after an abort long ago, which waits for the thread itself
+     (sbn_nccl_aborts_wait) */
+  const int late = sbn_mono_ns() >= deadline;
+  pthread_mutex_lock(&abort_mu);
+  while (!a->done && sbn_mono_ns() < deadline) {
+    const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+    pthread_cond_timedwait(&abort_cv, &abort_mu, &until);
+  }
+  const int done = a->done;
+  if (!done) a->abandoned = 1;
+  pthread_mutex_unlock(&abort_mu);
+  if (done) {
+    pthread_join(th, NULL);
+    free(a);
+  } else {
+    pthread_detach(th);
+    if (!late)
+      sbn_log(SBN_LOG_WARN,
+              "GPU team: ncclCommAbort did not return within the abort's timeout "
+              "(a kernel that never ends holds the device); it goes on in a "
+              "thread of the library");
+  }
+}
+
+void sbn_nccl_aborts_wait(struct sbn_gpu_team* gt) {
+  pthread_once(&abort_once, abort_cv_init);
+  pthread_mutex_lock(&abort_mu);
+  while (gt->aborts_running > 0) pthread_cond_wait(&abort_cv, &abort_mu);
+  pthread_mutex_unlock(&abort_mu);
+}
+#endif
+
 void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
@@ -194,7 +302,7 @@ void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
         gt->nccl[q] = NULL;
       }
   if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
-  for (int i = 0; i < ndead; i++) sbn_nccl.CommAbort(dead[i]);
+  abort_bounded(gt, dead, ndead);
 #else
   (void)gt;
 #endif

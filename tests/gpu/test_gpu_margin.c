@@ -180,6 +180,24 @@ static void test_full_grid_waits(void) {
   ASSERT_EQ_INT(o.timed_out, K_SMS);
 }
 
+/* What the destroy and init tests beside a held device check once the blocker is gone: it
+   held the device all through the library's call (still_held) and ended at the host's
+   flag, not at its hold (released); the team's forward (f) and destroy (d) succeeded, and
+   y, copied back (y_ok), is the reference's. */
+static void after_the_blocker(int still_held, int released, sbnResult_t f, sbnResult_t d,
+                              int y_ok) {
+  ASSERT_EQ_INT(still_held, 1);
+  ASSERT_EQ_INT(released, 1);
+  ASSERT_OK(f);
+  ASSERT_OK(d);
+  ASSERT_TRUE(y_ok);
+  if (!sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
+                              __LINE__)) {
+    sbn_test_failures_++;
+    sbn_test_cur_failed_++;
+  }
+}
+
 /* The last destroy of a team on a device that a kernel holds: bounded (sbnTimeout after
    timeout_ms, the device named), the blocker still holding; then released by the host,
    and a new team on the device runs an op. */
@@ -224,16 +242,7 @@ done:
               DESTROY_TIMEOUT_MS, DESTROY_TIMEOUT_MS + 1000);
   if (strstr(why, "sbnCommDestroy: device 0 did not finish its work within timeout_ms") == NULL)
     SBN_FAIL_("sbnGetLastError(NULL) says '%s'", why);
-  ASSERT_EQ_INT(still_held, 1); /* the blocker held the device all through the destroy */
-  ASSERT_EQ_INT(released, 1);   /* and ended at the host's flag, not at its hold */
-  ASSERT_OK(f);
-  ASSERT_OK(d);
-  ASSERT_TRUE(y_ok);
-  if (!sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
-                              __LINE__)) {
-    sbn_test_failures_++;
-    sbn_test_cur_failed_++;
-  }
+  after_the_blocker(still_held, released, f, d, y_ok);
 }
 
 /* A team's init beside a kernel that holds the device (one block, for DESTROY_HOLD_MS):
@@ -282,16 +291,7 @@ done:
   CHECK_();
   ASSERT_OK(r);
   if (took > 1000.0) SBN_FAIL_("the init took %.1f ms beside the held device", took);
-  ASSERT_EQ_INT(still_held, 1); /* the blocker held the device all through the init */
-  ASSERT_EQ_INT(released, 1);   /* and ended at the host's flag, not at its hold */
-  ASSERT_OK(f);
-  ASSERT_OK(d);
-  ASSERT_TRUE(y_ok);
-  if (!sbn_check_close_array_("y", g_hy, g_ry, numel(), GC_OUT_ATOL, GC_OUT_RTOL, __FILE__,
-                              __LINE__)) {
-    sbn_test_failures_++;
-    sbn_test_cur_failed_++;
-  }
+  after_the_blocker(still_held, released, f, d, y_ok);
 }
 
 static int setup(void) {

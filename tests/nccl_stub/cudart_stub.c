@@ -73,6 +73,7 @@ static int no_peer_access;       /* cudaDeviceCanAccessPeer says no */
 static int coop_fail_nth;        /* the nth cooperative launch from here fails (0: none) */
 static void* sync_arg;
 static int devices_busy; /* a kernel that never ends runs on every device */
+static int aborts_held;  /* the NCCL stand-in's ncclCommAbort waits (cudart_stub_abort_gate) */
 static pthread_cond_t busy_cv = PTHREAD_COND_INITIALIZER; /* devices_busy went off */
 
 /* A switch of the stand-in, set and read under its lock (the library's threads read them). */
@@ -87,22 +88,35 @@ static int get_switch(const int* sw) {
   pthread_mutex_unlock(&mu);
   return on;
 }
-/* A call that waits for the device (cudaDeviceSynchronize; cudaFree and cudaFreeHost,
-   which synchronize it in CUDA) while devices_busy: until it is switched off, or for
-   CUDA_STUB_BUSY_MAX_MS at most, then a violation (a library waiting without a bound). */
-void cudart_stub_wait_while_busy(const char* call) {
+/* A call that waits while *flag (devices_busy, aborts_held): until it is switched off, or
+   for CUDA_STUB_BUSY_MAX_MS at most, then a violation (a library waiting without a bound). */
+static void wait_while(const int* flag, const char* call, const char* why) {
   pthread_mutex_lock(&mu);
   struct timespec until;
   clock_gettime(CLOCK_REALTIME, &until);
   until.tv_sec += CUDA_STUB_BUSY_MAX_MS / 1000;
   int late = 0;
-  while (devices_busy && !late) late = pthread_cond_timedwait(&busy_cv, &mu, &until) != 0;
-  if (late && devices_busy) {
+  while (*flag && !late) late = pthread_cond_timedwait(&busy_cv, &mu, &until) != 0;
+  if (late && *flag) {
     violations++;
-    snprintf(last_violation, sizeof last_violation,
-             "%s waited %d ms on a busy device (a kernel that never ends)", call,
-             CUDA_STUB_BUSY_MAX_MS);
+    snprintf(last_violation, sizeof last_violation, "%s waited %d ms %s", call,
+             CUDA_STUB_BUSY_MAX_MS, why);
   }
+  pthread_mutex_unlock(&mu);
+}
+/* A call that waits for the device (cudaDeviceSynchronize; cudaFree and cudaFreeHost,
+   which synchronize it in CUDA) while devices_busy. */
+void cudart_stub_wait_while_busy(const char* call) {
+  wait_while(&devices_busy, call, "on a busy device (a kernel that never ends)");
+}
+void cudart_stub_abort_gate(void) {
+  wait_while(&aborts_held, "ncclCommAbort", "held (cudart_stub_hold_aborts)");
+  cudart_stub_wait_while_busy("ncclCommAbort");
+}
+void cudart_stub_hold_aborts(int on) {
+  pthread_mutex_lock(&mu);
+  aborts_held = on;
+  if (!on) pthread_cond_broadcast(&busy_cv);
   pthread_mutex_unlock(&mu);
 }
 void cudart_stub_set_devices_busy(int on) {
@@ -290,6 +304,7 @@ void cudart_stub_reset(void) {
   devices_set = 0;
   npending_streams = 0;
   devices_busy = 0;
+  aborts_held = 0;
   pthread_cond_broadcast(&busy_cv);
   pthread_mutex_unlock(&mu);
 }

@@ -56,8 +56,14 @@ unsigned cudart_stub_devices_set(void);
 /* What a call that waits for the device does while cudart_stub_set_devices_busy is on:
    waits until it is switched off, or CUDA_STUB_BUSY_MAX_MS, then a violation naming
    `call` (cudaDeviceSynchronize, cudaFree, cudaFreeHost; the NCCL stand-in's
-   ncclCommAbort, which frees the comm's device memory). */
+   ncclCommAbort, which frees the comm's device memory: cudart_stub_abort_gate). */
 void cudart_stub_wait_while_busy(const char* call);
+/* The NCCL stand-in's ncclCommAbort's wait: while cudart_stub_hold_aborts is on (a
+   violation past CUDA_STUB_BUSY_MAX_MS), then as cudart_stub_wait_while_busy. */
+void cudart_stub_abort_gate(void);
+/* From here (while `on`) ncclCommAbort waits, the devices otherwise idle: an abort stuck
+   alone (switched off from another thread). */
+void cudart_stub_hold_aborts(int on);
 /* From here (while `on`) every device runs a kernel that never ends (a collective waiting
    for a dead peer): cudaDeviceSynchronize, cudaFree and cudaFreeHost (which synchronize
    the device in CUDA) wait until it is switched off, from another thread, or for

@@ -619,7 +619,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
      while another thread captures a graph (cudart_stub_set_foreign_capture) */
   if (comm != NULL) {
     (void)cudaFree(NULL);
-    cudart_stub_wait_while_busy("ncclCommAbort"); /* (that memory's free waits for the device) */
+    cudart_stub_abort_gate(); /* (that memory's free waits for the device) */
   }
   pthread_mutex_lock(&mu);
   ncclResult_t r = ncclSuccess;

@@ -3275,17 +3275,25 @@ static void test_destroy_budget_per_wait(void) {
    returns sbnSuccess at once, and the team's ops and destroy run once the devices finish.
    (The init synchronized whole devices: it returned only at the stand-in's cap,
    CUDA_STUB_BUSY_MAX_MS, with a violation.) For every kind of team. */
+/* init_kind's team of `kind` made with the stand-in's switch `beside` on (switched off
+   after); *took: the init's milliseconds. */
+static sbnResult_t init_beside(int kind, sbnComm_t comms[2], void (*beside)(int on), double* took) {
+  beside(1);
+  const double t0 = now_ms();
+  const sbnResult_t r = init_kind(kind, comms, STUCK_TIMEOUT_MS);
+  *took = now_ms() - t0;
+  beside(0);
+  return r;
+}
+
 static void test_init_on_a_busy_device(void) {
   static const char* const kind[4] = {"virtual", "InitAll", "nccl-host", "nccl-lsa"};
   for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
     stub_case(NULL);
     const size_t before = cudart_stub_live();
     sbnComm_t comms[2] = {NULL, NULL};
-    cudart_stub_set_devices_busy(1);
-    const double t0 = now_ms();
-    const sbnResult_t r = init_kind(k, comms, STUCK_TIMEOUT_MS);
-    const double took = now_ms() - t0;
-    cudart_stub_set_devices_busy(0);
+    double took = 0.0;
+    const sbnResult_t r = init_beside(k, comms, cudart_stub_set_devices_busy, &took);
     printf("  %s: the init beside busy devices %.1f ms\n", kind[k], took);
     ASSERT_OK(r);
     /* every memset of the init on a stream of its own (not the legacy default stream,
@@ -3332,11 +3340,8 @@ static void test_init_zeroing_bounded(void) {
     stub_case(NULL);
     const size_t before = cudart_stub_live();
     sbnComm_t comms[2] = {NULL, NULL};
-    cudart_stub_set_new_streams_pending(1);
-    const double t0 = now_ms();
-    const sbnResult_t r = init_kind(k, comms, STUCK_TIMEOUT_MS);
-    const double took = now_ms() - t0;
-    cudart_stub_set_new_streams_pending(0);
+    double took = 0.0;
+    const sbnResult_t r = init_beside(k, comms, cudart_stub_set_new_streams_pending, &took);
     char why[512];
     snprintf(why, sizeof why, "%s", sbnGetLastError(NULL));
     printf("  %s: the init %.0f ms (timeout %.0f ms): %s\n", kind[k], took, T, why);
@@ -3355,6 +3360,101 @@ static void test_init_zeroing_bounded(void) {
     ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
     ASSERT_CLEAN();
   }
+}
+
+/* sbnCommAbort while every device runs a kernel that never ends: ncclCommAbort frees the
+   comm's device memory, which waits for the device (the stand-in's does while busy), so it
+   runs on a thread of the library, waited for until the abort's deadline (the first
+   abort's time plus the timeout): sbnCommAbort returns sbnSuccess after about the timeout,
+   the team's ops are refused (sbnAborted), the last destroy returns sbnTimeout (its release
+   waits for that thread), and everything is freed once the devices finish. (ncclCommAbort
+   ran on the caller's thread: the stand-in's cap, then a violation.) An sbnCommInitAll team
+   of two devices (its host path's comms) and an "nccl-host" team of one; and that team with
+   its ncclCommAbort held alone, the devices idle: the release still waits for the abort's
+   thread before it frees the team (which that thread writes when it ends, as NCCL unmaps
+   an "nccl-lsa" team's window there), so the destroy still gives sbnTimeout. */
+static void test_abort_on_a_busy_device(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[3] = {"InitAll", "nccl-host", "nccl-host, ncclCommAbort held"};
+  for (int k = 0; k < 3 && !sbn_test_cur_failed_; k++) {
+    stub_case(NULL);
+    const size_t before = cudart_stub_live();
+    const int live0 = nccl_stub_live_comms();
+    sbnComm_t comms[2] = {NULL, NULL};
+    const int n = k == 0 ? 2 : 1;
+    ASSERT_OK(init_kind(k == 0 ? 1 : 2, comms, STUCK_TIMEOUT_MS));
+    tensors_t t;
+    tensors_alloc(&t, 0);
+    if (k < 2)
+      cudart_stub_set_devices_busy(1);
+    else
+      cudart_stub_hold_aborts(1);
+    double t0 = now_ms();
+    const sbnResult_t ar = sbnCommAbort(comms[0]);
+    const double abort_ms = now_ms() - t0;
+    const sbnResult_t fr = forward(comms[n - 1], &t);
+    const sbnResult_t first = n == 2 ? sbnCommDestroy(comms[0]) : sbnSuccess;
+    t0 = now_ms();
+    const sbnResult_t dr = sbnCommDestroy(comms[n - 1]);
+    const double destroy_ms = now_ms() - t0;
+    const int pending = sbn_gpu_releases_pending();
+    cudart_stub_set_devices_busy(0);
+    cudart_stub_hold_aborts(0);
+    wait_releases();
+    tensors_free(&t);
+    printf("  %s: sbnCommAbort %.0f ms, the destroy %.0f ms (timeout %.0f ms)\n", kind[k], abort_ms,
+           destroy_ms, T);
+    ASSERT_OK(ar);
+    if (abort_ms < 0.9 * T || abort_ms >= 2 * T)
+      SBN_FAIL_("%s: sbnCommAbort returned after %.0f ms (expected %.0f up to %.0f)", kind[k],
+                abort_ms, T, 2 * T);
+    ASSERT_RES(fr, sbnAborted);
+    ASSERT_OK(first);
+    ASSERT_RES(dr, sbnTimeout);
+    if (destroy_ms >= 2 * T) SBN_FAIL_("%s: the destroy took %.0f ms", kind[k], destroy_ms);
+    ASSERT_EQ_INT(pending, 1);
+    ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+    ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+    ASSERT_CLEAN();
+  }
+}
+
+/* The destroy of an sbnCommInitAll team whose comms' finalize never settles aborts the
+   comms instead (sbn_nccl_abort_all), on a thread of the library; with that ncclCommAbort
+   held (cudart_stub_hold_aborts), the release waits for it before it frees the team, which
+   the thread writes when it ends: the destroy returns sbnTimeout, the team held until the
+   abort returns. (Without that wait the team was freed under the abort's thread, which
+   then wrote freed memory: AddressSanitizer's heap-use-after-free.) */
+static void test_destroy_waits_for_its_abort(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  stub_case("ncclCommFinalize");
+  const size_t before = cudart_stub_live();
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
+  ASSERT_OK(sbnCommDestroy(comms[0]));
+  cudart_stub_hold_aborts(1);
+  const double t0 = now_ms();
+  const sbnResult_t r = sbnCommDestroy(comms[1]);
+  const double took = now_ms() - t0;
+  struct timespec third = {0, STUCK_TIMEOUT_MS / 3 * 1000000L};
+  nanosleep(&third, NULL); /* (a release that did not wait has freed the team by now) */
+  const int pending = sbn_gpu_releases_pending();
+  const size_t held = cudart_stub_live();
+  cudart_stub_hold_aborts(0);
+  wait_releases();
+  printf("  the destroy %.0f ms (finalize stuck, its abort held, timeout %.0f ms)\n", took, T);
+  ASSERT_RES(r, sbnTimeout);
+  if (took < 2 * T || took >= 4 * T)
+    SBN_FAIL_("the destroy returned after %.0f ms (expected %.0f up to %.0f)", took, 2 * T, 4 * T);
+  ASSERT_EQ_INT(pending, 1);
+  if (held <= before) SBN_FAIL_("the team was freed while its comm's abort was held");
+  ASSERT_RECORD("ncclCommFinalize", "ncclCommAbort");
+  ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+  ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  ASSERT_CLEAN();
 }
 
 /* A program whose work is on device 1 (its current device) makes, uses and destroys a team
@@ -3684,6 +3784,8 @@ int main(void) {
   SBN_RUN(test_init_zeroing_bounded);
   SBN_RUN(test_init_failure_on_a_busy_device);
   SBN_RUN(test_release_leaves_device_0_alone);
+  SBN_RUN(test_abort_on_a_busy_device);
+  SBN_RUN(test_destroy_waits_for_its_abort);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
