@@ -197,6 +197,9 @@ int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg) {
 typedef struct {
   ncclComm_t comms[SBN_GPU_MAX_RANKS];
   int n;
+  int device;          /* made current first (-1: none): NCCL's abort restores the thread's device
+                          at its end, CUDA's default device 0 on a new thread, whose context that
+                          would make */
   int done, abandoned; /* under abort_mu */
   struct sbn_gpu_team* gt;
 } aborter_t;
@@ -211,6 +214,7 @@ static void abort_cv_init(void) {
 
 static void* aborter_main(void* arg) {
   aborter_t* a = arg;
+  if (a->device >= 0 && cudaSetDevice(a->device) != cudaSuccess) (void)cudaGetLastError();
   /* relaxed about captures, as its caller was (its frees must not invalidate a graph
      another thread captures) */
   enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -234,7 +238,9 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
   int made = a != NULL;
   if (made) {
     memcpy(a->comms, dead, (size_t)n * sizeof *dead);
-    a->n = n, a->gt = gt;
+    a->n = n, a->gt = gt, a->device = -1;
+    for (int q = 0; gt->ranks != NULL && q < gt->nranks && a->device < 0; q++)
+      if (gt->ranks[q].present) a->device = gt->ranks[q].device;
     pthread_mutex_lock(&abort_mu);
     gt->aborts_running++;
     pthread_mutex_unlock(&abort_mu);
@@ -242,6 +248,7 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     if (!made) {
       pthread_mutex_lock(&abort_mu);
       gt->aborts_running--;
+      pthread_cond_broadcast(&abort_cv);
       pthread_mutex_unlock(&abort_mu);
       free(a);
     }
@@ -251,9 +258,8 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     return;
   }
   const int64_t deadline = sbn_gpu_stop_deadline(gt);
-  /* past already: a release after an abort long ago, which waits for the thread itself
-     (sbn_nccl_aborts_wait) */
-  const int late = sbn_mono_ns() >= deadline;
+  /* a release waits for the thread itself (sbn_nccl_aborts_wait): no warning there */
+  const int quiet = gt->releaser != NULL;
   pthread_mutex_lock(&abort_mu);
   while (!a->done && sbn_mono_ns() < deadline) {
     const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
@@ -267,7 +273,7 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     free(a);
   } else {
     pthread_detach(th);
-    if (!late)
+    if (!quiet)
       sbn_log(SBN_LOG_WARN,
               "GPU team: ncclCommAbort did not return within the abort's timeout "
               "(a kernel that never ends holds the device); it goes on in a "

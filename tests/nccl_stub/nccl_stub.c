@@ -617,9 +617,21 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   /* NCCL's abort frees the comm's device memory, a call CUDA refuses outside relaxed mode
      while another thread captures a graph (cudart_stub_set_foreign_capture) */
+  int dev = -1;
   if (comm != NULL) {
+    pthread_mutex_lock(&mu);
+    if (comm->magic == STUB_COMM_MAGIC) dev = comm->device;
+    pthread_mutex_unlock(&mu);
+  }
+  if (comm != NULL) {
+    /* on the comm's device, the caller's made current again after, as NCCL's does (on a
+       thread that never set one: cudaSetDevice(0), device 0's context on CUDA) */
+    int saved = 0;
+    cudaGetDevice(&saved);
+    if (dev >= 0 && saved != dev) cudaSetDevice(dev);
     (void)cudaFree(NULL);
     cudart_stub_abort_gate(); /* (that memory's free waits for the device) */
+    if (dev >= 0 && saved != dev) cudaSetDevice(saved);
   }
   pthread_mutex_lock(&mu);
   ncclResult_t r = ncclSuccess;

@@ -3458,38 +3458,45 @@ static void test_destroy_waits_for_its_abort(void) {
 }
 
 /* A program whose work is on device 1 (its current device) makes, uses and destroys a team
-   there, and has an init fail there: the library's release thread never makes device 0
-   current, which on CUDA makes device 0's primary context (~0.5 GB of its memory, in
-   every process of a job on other GPUs). The thread started on CUDA's default, device 0,
-   and the release restored it at its end. For a virtual team of one and an sbnCommInitAll
-   team of device 1. */
+   there, has an init fail there, and aborts a team there: neither the library's release
+   thread nor its abort thread makes device 0 current, which on CUDA makes device 0's
+   primary context (~0.5 GB of its memory, in every process of a job on other GPUs). The
+   release thread started on CUDA's default, device 0, and restored it at its end; the
+   abort thread's ncclCommAbort (NCCL's restores the thread's device after it works on the
+   comm's, as the stand-in's now does) did the same. For a virtual team of one, an
+   sbnCommInitAll team of device 1 and an NCCL team made from an id on device 1. */
 static void test_release_leaves_device_0_alone(void) {
-  for (int k = 0; k < 2 && !sbn_test_cur_failed_; k++) {
-    for (int fail = 0; fail < 2 && !sbn_test_cur_failed_; fail++) {
+  static const char* const kind[3] = {"virtual", "InitAll", "NCCL from an id"};
+  static const char* const mode[3] = {"", ", a failed init", ", aborted"};
+  for (int k = 0; k < 3 && !sbn_test_cur_failed_; k++) {
+    for (int m = 0; m < 3 && !sbn_test_cur_failed_; m++) {
       stub_case(NULL);
       ASSERT_TRUE(cudaSetDevice(1) == cudaSuccess);
       const sbnConfig_t cfg = case_config(TIMEOUT_MS);
       const int dev = 1;
       sbnComm_t c = NULL;
-      cudart_stub_set_occupancy_fails(fail); /* fails before anything is made on the device */
-      const sbnResult_t r =
-          k == 0 ? sbnCommInitVirtual(&c, 1, dev, &cfg) : sbnCommInitAll(&c, 1, &dev, &cfg);
+      sbnNcclUniqueId_t id;
+      if (k == 2) ASSERT_OK(sbnGetNcclUniqueId(&id));
+      cudart_stub_set_occupancy_fails(m == 1); /* fails before anything is made on the device */
+      const sbnResult_t r = k == 0   ? sbnCommInitVirtual(&c, 1, dev, &cfg)
+                            : k == 1 ? sbnCommInitAll(&c, 1, &dev, &cfg)
+                                     : sbnCommInitNcclRank(&c, &id, 1, 0, &cfg);
       cudart_stub_set_occupancy_fails(0);
-      if (!fail) {
+      if (m != 1) {
         ASSERT_OK(r);
         tensors_t t;
         tensors_alloc(&t, 1);
         ASSERT_OK(forward(c, &t));
         ASSERT_TRUE(cudaDeviceSynchronize() == cudaSuccess);
         tensors_free(&t);
+        if (m == 2) ASSERT_OK(sbnCommAbort(c));
         ASSERT_OK(sbnCommDestroy(c));
       } else {
         ASSERT_TRUE(r != sbnSuccess && c == NULL);
       }
       wait_releases();
       if (cudart_stub_devices_set() != 1u << 1)
-        SBN_FAIL_("%s%s: devices made current 0x%x (device 1 only: 0x2)",
-                  k == 0 ? "virtual" : "InitAll", fail ? ", a failed init" : "",
+        SBN_FAIL_("%s%s: devices made current 0x%x (device 1 only: 0x2)", kind[k], mode[m],
                   cudart_stub_devices_set());
       ASSERT_CLEAN();
     }
