@@ -258,8 +258,6 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     return;
   }
   const int64_t deadline = sbn_gpu_stop_deadline(gt);
-  /* a release waits for the thread itself (sbn_nccl_aborts_wait): no warning there */
-  const int quiet = gt->releaser != NULL;
   pthread_mutex_lock(&abort_mu);
   while (!a->done && sbn_mono_ns() < deadline) {
     const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
@@ -273,11 +271,12 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     free(a);
   } else {
     pthread_detach(th);
-    if (!quiet)
-      sbn_log(SBN_LOG_WARN,
-              "GPU team: ncclCommAbort did not return within the abort's timeout "
-              "(a kernel that never ends holds the device); it goes on in a "
-              "thread of the library");
+    /* (also in a release whose abort came long after the first: it then waits for the
+       thread itself, sbn_nccl_aborts_wait) */
+    sbn_log(SBN_LOG_WARN,
+            "GPU team: ncclCommAbort has not returned by the abort's deadline (a "
+            "kernel that never ends holds the device?); it goes on in a thread "
+            "of the library");
   }
 }
 
