@@ -39,13 +39,13 @@ typedef struct {
   int64_t max_channels;
 } sbn_cfg_t;
 
-/* A decimal integer in [lo, hi] from an environment variable's text v, into *out: digits
-   only, nothing around them (no sign, no whitespace: " 400" and "400 " are refused alike,
-   where strtoll took the first and not the second). 1 if so, 0 otherwise. */
 /* pthread_cond_init on CLOCK_MONOTONIC, the clock of the library's waits (a step of the
    wall clock neither ends a wait early nor stretches it): 1, or 0 with cv not made
    (team.c). */
 SBN_INTERNAL int sbn_cond_init_monotonic(pthread_cond_t* cv);
+/* A decimal integer in [lo, hi] from an environment variable's text v, into *out: digits
+   only, nothing around them (no sign, no whitespace: " 400" and "400 " are refused alike,
+   where strtoll took the first and not the second). 1 if so, 0 otherwise. */
 SBN_INTERNAL int sbn_env_int(const char* v, long long lo, long long hi, long long* out);
 /* The team's settings from `in` (NULL: the defaults) and SBN_TIMEOUT_MS; a refusal's
    detail names `fn`, the init called. */

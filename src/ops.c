@@ -170,7 +170,7 @@ static size_t chan_bytes(const sbnTensorDesc_t* d) { return (size_t)d->c * sizeo
 
 static sbnResult_t check_op(const sbn_op_t* op, int ex) {
   sbnComm_t comm = op->comm;
-  const char* fn = op_fn(op, ex);
+  const char* fn = op->fn; /* (submit's, set first) */
   sbnResult_t r = check_desc(comm, fn, &op->desc);
   if (r != sbnSuccess) return r;
   r = check_params(comm, fn, &op->params);
@@ -287,13 +287,13 @@ static sbnResult_t check_op(const sbn_op_t* op, int ex) {
 static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnParams_t* params,
                           int ex, const sbnEpilogue_t* epilogue) {
   static const sbnParams_t defaults = SBN_PARAMS_DEFAULT;
-  op->fn = op_fn(op, ex);
+  op->fn = op_fn(op, ex); /* the name in every message below, and the backends' */
   const int in_group = sbn_group_active();
   /* no cancellation point between the claim and its release (front.h) */
   const int cancel = sbn_nocancel_begin();
-  sbnResult_t r = sbn_comm_check(op->comm, op_fn(op, ex));
+  sbnResult_t r = sbn_comm_check(op->comm, op->fn);
   int claimed = 0;
-  if (r == sbnSuccess) r = sbn_comm_claim(op->comm, op_fn(op, ex), &claimed);
+  if (r == sbnSuccess) r = sbn_comm_claim(op->comm, op->fn, &claimed);
   /* the call number (internal.h: sbnComm.calls): a call counts at once, refused below or
      not, but in a group of a team whose ranks all live here, where the ops it queued count
      when the group runs (group.c) */
@@ -307,9 +307,9 @@ static sbnResult_t submit(sbn_op_t* op, const sbnTensorDesc_t* desc, const sbnPa
     }
   }
   if (r == sbnSuccess && desc == NULL)
-    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op_fn(op, ex));
+    r = sbn_fail(op->comm, sbnInvalidArgument, "%s: desc is NULL", op->fn);
   if (r == sbnSuccess)
-    r = read_epilogue(op->comm, op_fn(op, ex), epilogue, op->z, &op->act, &op->slope, &op->no_residual);
+    r = read_epilogue(op->comm, op->fn, epilogue, op->z, &op->act, &op->slope, &op->no_residual);
   if (r == sbnSuccess) {
     op->desc = *desc;
     op->params = params ? *params : defaults;
