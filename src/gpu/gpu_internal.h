@@ -191,6 +191,14 @@ SBN_INTERNAL void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt);
    abort's): every signal blocked in it, so that none of the program's is delivered there.
    1 if it was made. */
 SBN_INTERNAL int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg);
+/* The first present rank's device, -1 where no rank is present. */
+SBN_INTERNAL int sbn_gpu_present_device(const struct sbn_gpu_team* gt);
+/* A library thread's first step: `device` current (-1: none made current), and relaxed
+   about graph captures (its queries and frees must not invalidate a graph another thread
+   captures). CUDA's default device on a new thread is 0: a call that needs a context
+   there, cudaSetDevice(0) included, makes device 0's primary context (~0.5 GB) in a
+   process whose team is on another GPU. */
+SBN_INTERNAL void sbn_gpu_thread_enter(int device);
 /* The team's abort deadline (stop_deadline), set by the first call: now + timeout_ms. */
 SBN_INTERNAL int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt);
 /* The init's wait for its own work on device `device` (the zeroing of the team's memory,

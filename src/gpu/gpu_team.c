@@ -248,17 +248,15 @@ static void releaser_free(releaser_t* rl) {
    default: cudaSetDevice makes a device's primary context, and the release restores the
    device that was current at its start. */
 static int release_device(const struct sbn_gpu_team* gt) {
-  if (gt->ranks == NULL) return -1;
-  for (int q = 0; q < gt->nranks; q++)
-    if (gt->ranks[q].present) return gt->ranks[q].device;
+  const int present = sbn_gpu_present_device(gt);
+  if (present >= 0 || gt->ranks == NULL) return present;
   if (gt->aux == NULL && gt->dscratch == NULL && gt->hscratch == NULL && gt->err == NULL) return -1;
   return gt->ranks[gt->local >= 0 ? gt->local : 0].device;
 }
 
 static void* releaser_main(void* arg) {
   releaser_t* rl = arg;
-  const int dev = release_device(rl->gt);
-  if (dev >= 0 && cudaSetDevice(dev) != cudaSuccess) (void)cudaGetLastError();
+  sbn_gpu_thread_enter(release_device(rl->gt));
   sbn_gpu_team_free(rl->gt, rl->aborted, rl->release);
   pthread_mutex_lock(&rl->mu);
   rl->done = 1;
@@ -619,15 +617,8 @@ static void host_watchdog(struct sbn_gpu_team* gt) {
 static void* watchdog_main(void* arg) {
   struct sbn_gpu_team* gt = arg;
   /* on one of the team's devices (a query on the default device 0 would make a context
-     there in every process), and relaxed about captures: a query from here must not
-     invalidate a CUDA graph another thread is capturing */
-  for (int q = 0; q < gt->nranks; q++)
-    if (gt->ranks[q].present) {
-      cudaSetDevice(gt->ranks[q].device);
-      break;
-    }
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
+     there in every process), and relaxed about captures */
+  sbn_gpu_thread_enter(sbn_gpu_present_device(gt));
   (void)cudaGetLastError();
   while (!atomic_load(&gt->watchdog_stop)) {
     host_watchdog(gt);

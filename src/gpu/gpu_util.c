@@ -176,6 +176,18 @@ void sbn_gpu_stop_ranks(struct sbn_gpu_team* gt) {
   cudaSetDevice(prev);
 }
 
+int sbn_gpu_present_device(const struct sbn_gpu_team* gt) {
+  for (int q = 0; gt->ranks != NULL && q < gt->nranks; q++)
+    if (gt->ranks[q].present) return gt->ranks[q].device;
+  return -1;
+}
+
+void sbn_gpu_thread_enter(int device) {
+  if (device >= 0 && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+}
+
 int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg) {
   sigset_t all, old;
   sigfillset(&all);
@@ -214,11 +226,7 @@ static void abort_cv_init(void) {
 
 static void* aborter_main(void* arg) {
   aborter_t* a = arg;
-  if (a->device >= 0 && cudaSetDevice(a->device) != cudaSuccess) (void)cudaGetLastError();
-  /* relaxed about captures, as its caller was (its frees must not invalidate a graph
-     another thread captures) */
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  cudaThreadExchangeStreamCaptureMode(&mode);
+  sbn_gpu_thread_enter(a->device); /* (relaxed about captures, as its caller was) */
   for (int i = 0; i < a->n; i++) sbn_nccl.CommAbort(a->comms[i]);
   pthread_mutex_lock(&abort_mu);
   a->done = 1;
@@ -238,9 +246,7 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
   int made = a != NULL;
   if (made) {
     memcpy(a->comms, dead, (size_t)n * sizeof *dead);
-    a->n = n, a->gt = gt, a->device = -1;
-    for (int q = 0; gt->ranks != NULL && q < gt->nranks && a->device < 0; q++)
-      if (gt->ranks[q].present) a->device = gt->ranks[q].device;
+    a->n = n, a->gt = gt, a->device = sbn_gpu_present_device(gt);
     pthread_mutex_lock(&abort_mu);
     gt->aborts_running++;
     pthread_mutex_unlock(&abort_mu);
