@@ -181,8 +181,9 @@ SBN_API sbnResult_t sbnCommInitCpu(sbnComm_t* comms, int nranks, const sbnConfig
    not keep it. Its own work (zeroing the team's memory) not done within timeout_ms gives
    sbnTimeout ("the team's init: device 0 did not zero the team's memory ..."). A failed
    init frees what it made as sbnCommDestroy does (below), bounded alike, and returns its
-   own error. CUDA may still wait for the device inside its own calls (loading kernels,
-   allocating).
+   own error; an NCCL comm it made that did not finish its own init (a rank that never
+   called) is aborted as sbnCommAbort does, waited for up to timeout_ms more. CUDA may
+   still wait for the device inside its own calls (loading kernels, allocating).
    At most SBN_MAX_GPU_TEAM_RANKS ranks. sbnUnsupported in builds without CUDA, without a
    device, or on a device without cooperative launch. */
 

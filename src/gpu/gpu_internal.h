@@ -345,6 +345,13 @@ SBN_INTERNAL sbnResult_t sbn_gpu_run(const sbn_op_t* const* round, int n, int* f
    abort_reason: sbnCommAbort ends the wait at once; NULL: no such word), or ncclSuccess. */
 SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comms, int n,
                                           int64_t deadline_ns, const _Atomic int* stop);
+/* ncclCommAbort of comms[0..n-1] (NULLs skipped), as sbn_nccl_abort_all's: on a
+   thread of the library, on `device` (-1: the caller's current device, where NCCL made a
+   comm of this thread), waited for until timeout_ms from now, past which it goes on alone
+   (a failed init's comms: their abort waits for the device, behind a kernel that never
+   ends). gt (or NULL) counts the threads that its release waits for (sbn_nccl_aborts_wait). */
+SBN_INTERNAL void sbn_nccl_abort_comms(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n,
+                                       int device, int64_t timeout_ms);
 #endif
 
 #define CU(call, what)                                \

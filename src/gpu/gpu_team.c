@@ -441,8 +441,8 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
              "NCCL comm init (ncclCommInitRankConfig x %d) failed: %s (%s)", w,
              nr == ncclInProgress ? "timed out" : sbn_nccl.GetErrorString(nr),
              sbn_nccl.GetLastError(NULL));
-    for (int q = 0; q < w; q++)
-      if (gt->nccl[q]) sbn_nccl.CommAbort(gt->nccl[q]);
+    /* (on a thread: the abort waits for the devices) */
+    sbn_nccl_abort_comms(gt, gt->nccl, w, devs[0], gt->timeout_ms);
     /* after a timeout NCCL may still write a comm it had not written yet: never freed */
     if (nr != ncclInProgress)
       free(gt->nccl);

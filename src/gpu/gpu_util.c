@@ -198,14 +198,16 @@ int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg) {
 }
 
 #if SYNCBN_HAVE_NCCL
-/* ---- ncclCommAbort within the abort's deadline ---------------------------------------- */
+/* ---- ncclCommAbort within a deadline ------------------------------------------------- */
 /* ncclCommAbort frees the comm's device memory, which waits for the whole device: behind a
    kernel of the program's that never ends (another library's collective waiting for a dead
-   peer), for ever. So the comms are aborted on a thread of the library (every signal
-   blocked), which the caller waits for until the abort's deadline (sbn_gpu_stop_deadline:
-   the first abort's time plus timeout_ms, once for the team's life); past it the thread
-   goes on alone. The team's release waits for such threads before it frees anything NCCL
-   may still touch in them (sbn_nccl_aborts_wait). */
+   peer), for ever. So the library aborts comms on a thread of its own (every signal
+   blocked), which the caller waits for until a deadline; past it the thread goes on alone.
+   A team's abort (sbn_nccl_abort_all) waits until the abort's deadline
+   (sbn_gpu_stop_deadline: the first abort's time plus timeout_ms, once for the team's
+   life), and the team's release waits for such threads before it frees anything NCCL may
+   still touch in them (sbn_nccl_aborts_wait). A failed init's comms are aborted the same
+   way (sbn_nccl_abort_comms), given timeout_ms from their abort. */
 typedef struct {
   ncclComm_t comms[SBN_GPU_MAX_RANKS];
   int n;
@@ -213,7 +215,7 @@ typedef struct {
                           at its end, CUDA's default device 0 on a new thread, whose context that
                           would make */
   int done, abandoned; /* under abort_mu */
-  struct sbn_gpu_team* gt;
+  struct sbn_gpu_team* gt; /* whose aborts_running counts this thread, or NULL */
 } aborter_t;
 static pthread_mutex_t abort_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t abort_cv; /* CLOCK_MONOTONIC; every abort thread's end */
@@ -227,10 +229,12 @@ static void abort_cv_init(void) {
 static void* aborter_main(void* arg) {
   aborter_t* a = arg;
   sbn_gpu_thread_enter(a->device); /* (relaxed about captures, as its caller was) */
-  for (int i = 0; i < a->n; i++) sbn_nccl.CommAbort(a->comms[i]);
+  for (int i = 0; i < a->n; i++)
+    if (a->comms[i] != NULL) sbn_nccl.CommAbort(a->comms[i]);
   pthread_mutex_lock(&abort_mu);
   a->done = 1;
-  a->gt->aborts_running--; /* gt is not touched after the unlock: its release may free it */
+  /* gt is not touched after the unlock: its release may free it */
+  if (a->gt != NULL) a->gt->aborts_running--;
   const int abandoned = a->abandoned;
   pthread_cond_broadcast(&abort_cv);
   pthread_mutex_unlock(&abort_mu);
@@ -238,32 +242,35 @@ static void* aborter_main(void* arg) {
   return NULL;
 }
 
-static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
+/* ncclCommAbort of comms[0..n-1] (n <= SBN_GPU_MAX_RANKS) on a thread on `device`, waited
+   for until the deadline; gt (or NULL) counts the thread until it returns. */
+static void abort_within(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n, int device,
+                         int64_t deadline) {
   if (n == 0) return;
   pthread_once(&abort_once, abort_cv_init);
   aborter_t* a = abort_cv_ok ? calloc(1, sizeof *a) : NULL;
   pthread_t th;
   int made = a != NULL;
   if (made) {
-    memcpy(a->comms, dead, (size_t)n * sizeof *dead);
-    a->n = n, a->gt = gt, a->device = sbn_gpu_present_device(gt);
+    memcpy(a->comms, comms, (size_t)n * sizeof *comms);
+    a->n = n, a->gt = gt, a->device = device;
     pthread_mutex_lock(&abort_mu);
-    gt->aborts_running++;
+    if (gt != NULL) gt->aborts_running++;
     pthread_mutex_unlock(&abort_mu);
     made = sbn_gpu_thread_start(&th, aborter_main, a);
     if (!made) {
       pthread_mutex_lock(&abort_mu);
-      gt->aborts_running--;
+      if (gt != NULL) gt->aborts_running--;
       pthread_cond_broadcast(&abort_cv);
       pthread_mutex_unlock(&abort_mu);
       free(a);
     }
   }
   if (!made) { /* no thread: on this one, unbounded, as before */
-    for (int i = 0; i < n; i++) sbn_nccl.CommAbort(dead[i]);
+    for (int i = 0; i < n; i++)
+      if (comms[i] != NULL) sbn_nccl.CommAbort(comms[i]);
     return;
   }
-  const int64_t deadline = sbn_gpu_stop_deadline(gt);
   pthread_mutex_lock(&abort_mu);
   while (!a->done && sbn_mono_ns() < deadline) {
     const struct timespec until = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
@@ -280,10 +287,21 @@ static void abort_bounded(struct sbn_gpu_team* gt, ncclComm_t* dead, int n) {
     /* (also in a release whose abort came long after the first: it then waits for the
        thread itself, sbn_nccl_aborts_wait) */
     sbn_log(SBN_LOG_WARN,
-            "GPU team: ncclCommAbort has not returned by the abort's deadline (a "
-            "kernel that never ends holds the device?); it goes on in a thread "
-            "of the library");
+            "ncclCommAbort has not returned by its deadline (a kernel that never ends holds "
+            "the device?); it goes on in a thread of the library");
   }
+}
+
+void sbn_nccl_abort_comms(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n, int device,
+                          int64_t timeout_ms) {
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    device = -1;
+  }
+  const int64_t deadline = sbn_mono_ns() + timeout_ms * 1000000;
+  for (int i = 0; i < n; i += SBN_GPU_MAX_RANKS)
+    abort_within(gt, comms + i, n - i < SBN_GPU_MAX_RANKS ? n - i : SBN_GPU_MAX_RANKS, device,
+                 deadline);
 }
 
 void sbn_nccl_aborts_wait(struct sbn_gpu_team* gt) {
@@ -313,7 +331,8 @@ void sbn_nccl_abort_all(struct sbn_gpu_team* gt) {
         gt->nccl[q] = NULL;
       }
   if (gt->nccl_lock_ok) pthread_rwlock_unlock(&gt->nccl_lock);
-  abort_bounded(gt, dead, ndead);
+  if (ndead > 0)
+    abort_within(gt, dead, ndead, sbn_gpu_present_device(gt), sbn_gpu_stop_deadline(gt));
 #else
   (void)gt;
 #endif

@@ -672,6 +672,15 @@ static sbnResult_t init_all_two(sbnComm_t comms[2], int64_t timeout_ms) {
   return sbnCommInitAll(comms, 2, devs, &cfg);
 }
 
+/* Waits (20 timeouts at most) until no abandoned release runs. */
+static void wait_releases(void) {
+  const double t0 = now_ms();
+  while (sbn_gpu_releases_pending() != 0 && now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* sbnCommInitAll on two (stand-in) devices: its NCCL comms, made in one group, settle
    before the host path's group of ncclAllGather uses them; finalized in a group. */
 static void test_initall(void) {
@@ -3158,15 +3167,6 @@ static sbnResult_t init_kind(int kind, sbnComm_t comms[2], int64_t T) {
   return team_of_one(&comms[0], kind == 2 ? "host" : NULL, T);
 }
 
-/* Waits (20 timeouts at most) until no abandoned release runs. */
-static void wait_releases(void) {
-  const double t0 = now_ms();
-  while (sbn_gpu_releases_pending() != 0 && now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
-    struct timespec ts = {0, 1000000L};
-    nanosleep(&ts, NULL);
-  }
-}
-
 /* sbnCommDestroy while every device runs a kernel that never ends (another library's
    collective waiting for a dead peer, which cudaDeviceSynchronize and cudaFree wait for):
    the last comm's destroy returns sbnTimeout after the timeout, naming the devices, with
@@ -3455,6 +3455,85 @@ static void test_destroy_waits_for_its_abort(void) {
   ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
   ASSERT_CLEAN();
+}
+
+/* Waits (up to 20 timeouts) until the stand-in NCCL's live comms are `live`. */
+static void wait_live_comms(int live) {
+  const double t0 = now_ms();
+  while (nccl_stub_live_comms() != live && now_ms() - t0 < 20.0 * STUCK_TIMEOUT_MS) {
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* An init whose NCCL comm never finishes its own init (a peer that never comes) aborts it,
+   and ncclCommAbort waits for the device (it frees the comm's device memory): behind a
+   kernel that never ends, for ever. With the stand-in's ncclCommAbort held
+   (cudart_stub_hold_aborts), each init returns its own failure after its timeout and at
+   most one more (the abort's, on a thread of the library), the comm still live, and the
+   comm is aborted once the hold ends. (ncclCommAbort ran on the caller's thread: the
+   stand-in's cap, CUDA_STUB_BUSY_MAX_MS, then a violation.) For:
+   - sbnCommInitNcclRank, the id's comm ("ncclCommInitRankConfig"): sbnTimeout after 2 T;
+   - sbnCommInitNccl, the split child of the caller's comm ("init (split child)"): the same;
+   - sbnCommSplit of an NCCL team, its child ("init (split child):2", the team's own comm
+     being the first): sbnTimeout after 3 T, the team then aborted as after any split's
+     timeout (its own comm's abort, held too, waits until the abort's deadline);
+   - sbnCommInitAll's host-path comms ("ncclCommInitRankConfig"): sbnSuccess after 2 T,
+     the team working without them, as test_stuck_initall_comms's. */
+static void test_failed_init_abort_bounded(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  static const char* const kind[4] = {"sbnCommInitNcclRank", "sbnCommInitNccl", "sbnCommSplit",
+                                      "sbnCommInitAll"};
+  static const char* const hang[4] = {"ncclCommInitRankConfig", "init (split child)",
+                                      "init (split child):2", "ncclCommInitRankConfig"};
+  static const int waits[4] = {2, 2, 3, 2}; /* timeouts the call waits out */
+  for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
+    stub_case(hang[k]);
+    const int live0 = nccl_stub_live_comms();
+    sbnComm_t comms[2] = {NULL, NULL}, sub = (sbnComm_t)&sub;
+    ncclComm_t nc = NULL;
+    sbnNcclUniqueId_t id;
+    if (k == 0) ASSERT_OK(sbnGetNcclUniqueId(&id));
+    if (k == 1) nc = caller_comm(0, 1);
+    if (k == 2) ASSERT_OK(team_of_one(&comms[0], "host", STUCK_TIMEOUT_MS));
+    const int live1 = nccl_stub_live_comms(); /* (k 1, 2: the caller's comm, the team's) */
+    cudart_stub_hold_aborts(1);
+    const double t0 = now_ms();
+    sbnResult_t r = sbnSuccess;
+    if (k == 0) r = init_rank(&comms[0], &id, 2, 0, STUCK_TIMEOUT_MS);
+    if (k == 1) r = init_nccl(&comms[0], nc, NULL, STUCK_TIMEOUT_MS);
+    if (k == 2) r = sbnCommSplit(comms[0], 0, 0, &sub);
+    if (k == 3) r = init_all_two(comms, STUCK_TIMEOUT_MS);
+    const double took = now_ms() - t0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", sbnGetLastError(k == 2 ? comms[0] : NULL));
+    const int held = nccl_stub_live_comms();
+    cudart_stub_hold_aborts(0);
+    printf("  %s: %s after %.0f ms (timeout %.0f ms): %s\n", kind[k], sbnGetResultName(r), took, T,
+           k == 3 ? "-" : why);
+    if (took < waits[k] * T || took >= (waits[k] + 1) * T)
+      SBN_FAIL_("%s: the call returned after %.0f ms (expected %.0f up to %.0f)", kind[k], took,
+                waits[k] * T, (waits[k] + 1) * T);
+    if (held <= live1) SBN_FAIL_("%s: the comm was aborted while its abort was held", kind[k]);
+    if (k < 3) {
+      ASSERT_RES(r, sbnTimeout);
+      if (strstr(why, "did not complete within the timeout") == NULL)
+        SBN_FAIL_("%s: sbnGetLastError says '%s', not the init's timeout", kind[k], why);
+      ASSERT_TRUE(k == 2 ? sub == (sbnComm_t)&sub : comms[0] == NULL);
+    } else {
+      ASSERT_OK(r);
+    }
+    wait_live_comms(live1 - (k == 2));
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live1 - (k == 2)); /* (a split aborts its team's comm) */
+    if (k == 1) ASSERT_TRUE(ncclCommAbort(nc) == ncclSuccess); /* the caller's */
+    if (k >= 2) ASSERT_OK(sbnCommDestroy(comms[0]));
+    if (k == 3) ASSERT_OK(sbnCommDestroy(comms[1]));
+    wait_releases();
+    ASSERT_RECORD("ncclCommAbort");
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+    unsetenv("NCCL_STUB_HANG"); /* (not stub_case: its reset would clear what ASSERT_CLEAN reads) */
+    ASSERT_CLEAN();
+  }
 }
 
 /* A program whose work is on device 1 (its current device) makes, uses and destroys a team
@@ -3793,6 +3872,7 @@ int main(void) {
   SBN_RUN(test_release_leaves_device_0_alone);
   SBN_RUN(test_abort_on_a_busy_device);
   SBN_RUN(test_destroy_waits_for_its_abort);
+  SBN_RUN(test_failed_init_abort_bounded);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
