@@ -222,6 +222,7 @@ sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int
   sbnResult_t r = sbnSuccess;
   if (!order || !devs || !done || !made || !sub)
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (split)");
+  int failed_color = -1;
   for (int first = 0; first < w && r == sbnSuccess; first++) {
     if (done[first] || color[first] < 0) continue;
     /* members of this color, insertion-sorted by (key, parent rank) */
@@ -245,10 +246,21 @@ sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int
     r = sbn_team_create(parent->ops, m, 0, m, &parent->cfg, &init, sub);
     if (r == sbnSuccess)
       for (int i = 0; i < m; i++) made[order[i]] = sub[i];
+    else
+      failed_color = color[first];
   }
   if (r != sbnSuccess) {
+    /* the release of the colours made may fail too (a destroy's sbnTimeout on a busy
+       device) and say so in this thread's slot: the split's own failure is the one kept */
+    char why[512];
+    if (failed_color >= 0)
+      snprintf(why, sizeof why, "sbnCommSplit: the new team of colour %d: %s", failed_color,
+               sbn_error_text(NULL));
+    else
+      snprintf(why, sizeof why, "%s", sbn_error_text(NULL));
     for (int q = 0; made != NULL && q < w; q++)
       if (made[q] != NULL) (void)sbn_comm_release(made[q]);
+    sbn_note(NULL, why);
   } else {
     memcpy(result, made, (size_t)w * sizeof *made);
   }

@@ -995,6 +995,54 @@ static void test_initall_split_one_thread_per_rank(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* sbnCommSplit of an sbnCommInitAll team into one colour per rank (in a group), where the
+   second colour's init fails (its first cudaSetDevice(1)) while the devices are busy: the
+   split releases the first colour's new team, whose release waits out the timeout
+   (sbnTimeout, "sbnCommDestroy: ... did not finish its work"), and still returns the
+   second colour's own failure and message, on every rank. (The release's message replaced
+   the split's: sbnCudaError said "did not finish its work".) No comm written; everything
+   freed once the devices finish; the parent team works on. */
+static void test_split_failure_keeps_its_message(void) {
+  const double T = STUCK_TIMEOUT_MS;
+  stub_case(NULL);
+  const size_t before = cudart_stub_live();
+  sbnComm_t comms[2] = {NULL, NULL};
+  ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
+  const size_t parent = cudart_stub_live();
+  cudaSetDevice(0);
+  sbnComm_t sub[2] = {(sbnComm_t)&sub, (sbnComm_t)&sub};
+  cudart_stub_set_devices_busy(1);
+  cudart_stub_fail_set_device(1, 1);
+  const double t0 = now_ms();
+  ASSERT_OK(sbnGroupStart());
+  for (int r = 0; r < 2; r++) (void)sbnCommSplit(comms[r], r, 0, &sub[r]);
+  const sbnResult_t gr = sbnGroupEnd();
+  const double took = now_ms() - t0;
+  cudart_stub_fail_set_device(-1, 0);
+  char why[2][512];
+  for (int r = 0; r < 2; r++) snprintf(why[r], sizeof why[r], "%s", sbnGetLastError(comms[r]));
+  cudart_stub_set_devices_busy(0);
+  wait_releases();
+  printf("  the split: %s after %.0f ms (timeout %.0f ms): %s\n", sbnGetResultName(gr), took, T,
+         why[0]);
+  ASSERT_RES(gr, sbnCudaError);
+  for (int r = 0; r < 2; r++) {
+    if (strstr(why[r], "sbnCommSplit: the new team of colour 1: cudaSetDevice") == NULL ||
+        strstr(why[r], "did not finish") != NULL)
+      SBN_FAIL_("rank %d: sbnGetLastError says '%s', not the second colour's failure", r, why[r]);
+  }
+  ASSERT_TRUE(sub[0] == (sbnComm_t)&sub && sub[1] == (sbnComm_t)&sub);
+  if (took >= 2 * T) SBN_FAIL_("the split took %.0f ms", took);
+  ASSERT_EQ_INT(sbn_gpu_releases_pending(), 0);
+  ASSERT_EQ_INT((int)cudart_stub_live(), (int)parent);
+  const int64_t n[2] = {2, 2};
+  sbnResult_t f[2];
+  ASSERT_OK(pair_forward(comms, n, f));
+  for (int r = 0; r < 2; r++) ASSERT_OK(sbnCommDestroy(comms[r]));
+  ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+  ASSERT_CLEAN();
+}
+
 /* An sbnCommInitAll team of two (stand-in devices, a minute's timeout) whose rank 0 has
    been waiting 300 ms in a thread-per-rank split (s: the call's record; *th its thread,
    to join); 0 where it could not be made. */
@@ -3873,6 +3921,7 @@ int main(void) {
   SBN_RUN(test_abort_on_a_busy_device);
   SBN_RUN(test_destroy_waits_for_its_abort);
   SBN_RUN(test_failed_init_abort_bounded);
+  SBN_RUN(test_split_failure_keeps_its_message);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
