@@ -113,17 +113,18 @@ void cudart_stub_abort_gate(void) {
   wait_while(&aborts_held, "ncclCommAbort", "held (cudart_stub_hold_aborts)");
   cudart_stub_wait_while_busy("ncclCommAbort");
 }
-void cudart_stub_hold_aborts(int on) {
+/* Sets a flag that wait_while waits on, waking its waiters when it goes off. */
+static void set_wait_flag(int* flag, int on) {
   pthread_mutex_lock(&mu);
-  aborts_held = on;
+  *flag = on;
   if (!on) pthread_cond_broadcast(&busy_cv);
   pthread_mutex_unlock(&mu);
 }
+void cudart_stub_hold_aborts(int on) {
+  set_wait_flag(&aborts_held, on);
+}
 void cudart_stub_set_devices_busy(int on) {
-  pthread_mutex_lock(&mu);
-  devices_busy = on;
-  if (!on) pthread_cond_broadcast(&busy_cv);
-  pthread_mutex_unlock(&mu);
+  set_wait_flag(&devices_busy, on);
 }
 void cudart_stub_set_capturing(int on) {
   set_switch(&capturing, on);
