@@ -100,8 +100,9 @@ struct sbn_gpu_team {
 #endif
   char nccl_why[320];    /* why there is no NCCL comm (NCCL teams: why "nccl-host") */
   _Atomic int nccl_dead; /* the NCCL comms were aborted (timeout) */
-  int aborts_running;    /* sbn_nccl_abort_all's threads still aborting the team's comms
-                            (under gpu_util.c's abort lock; sbn_nccl_aborts_wait) */
+  int aborts_running;    /* threads still aborting the team's comms (sbn_nccl_abort_all's, a
+                            failed host-path init's: sbn_nccl_abort_comms; under gpu_util.c's
+                            abort lock; sbn_nccl_aborts_wait) */
   int init_failed;       /* NCCL teams: the init failed, its peers maybe inside a collective
                             with this rank: the release aborts the comm (nccl_release), on
                             the release thread (ncclCommAbort frees device memory) */
@@ -347,11 +348,12 @@ SBN_INTERNAL ncclResult_t sbn_nccl_settle(ncclResult_t r, const ncclComm_t* comm
                                           int64_t deadline_ns, const _Atomic int* stop);
 /* ncclCommAbort of comms[0..n-1] (NULLs skipped), as sbn_nccl_abort_all's: on a
    thread of the library, on `device` (-1: the caller's current device, where NCCL made a
-   comm of this thread), waited for until timeout_ms from now, past which it goes on alone
-   (a failed init's comms: their abort waits for the device, behind a kernel that never
-   ends). gt (or NULL) counts the threads that its release waits for (sbn_nccl_aborts_wait). */
+   comm of this thread), waited for until deadline_ns (CLOCK_MONOTONIC: a failed init's
+   comms, timeout_ms from their abort), past which it goes on alone (their abort waits for
+   the device, behind a kernel that never ends). gt (or NULL) counts the threads that its
+   release waits for (sbn_nccl_aborts_wait). */
 SBN_INTERNAL void sbn_nccl_abort_comms(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n,
-                                       int device, int64_t timeout_ms);
+                                       int device, int64_t deadline_ns);
 #endif
 
 #define CU(call, what)                                \

@@ -442,7 +442,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
              nr == ncclInProgress ? "timed out" : sbn_nccl.GetErrorString(nr),
              sbn_nccl.GetLastError(NULL));
     /* (on a thread: the abort waits for the devices) */
-    sbn_nccl_abort_comms(gt, gt->nccl, w, devs[0], gt->timeout_ms);
+    sbn_nccl_abort_comms(gt, gt->nccl, w, devs[0], sbn_mono_ns() + gt->timeout_ms * 1000000);
     /* after a timeout NCCL may still write a comm it had not written yet: never freed */
     if (nr != ncclInProgress)
       free(gt->nccl);

@@ -207,7 +207,8 @@ int sbn_gpu_thread_start(pthread_t* th, void* (*fn)(void*), void* arg) {
    (sbn_gpu_stop_deadline: the first abort's time plus timeout_ms, once for the team's
    life), and the team's release waits for such threads before it frees anything NCCL may
    still touch in them (sbn_nccl_aborts_wait). A failed init's comms are aborted the same
-   way (sbn_nccl_abort_comms), given timeout_ms from their abort. */
+   way (sbn_nccl_abort_comms), given timeout_ms from their abort (a split's child stuck in
+   its init, the team's abort's deadline: that abort follows). */
 typedef struct {
   ncclComm_t comms[SBN_GPU_MAX_RANKS];
   int n;
@@ -293,15 +294,14 @@ static void abort_within(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n
 }
 
 void sbn_nccl_abort_comms(struct sbn_gpu_team* gt, const ncclComm_t* comms, int n, int device,
-                          int64_t timeout_ms) {
+                          int64_t deadline_ns) {
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     device = -1;
   }
-  const int64_t deadline = sbn_mono_ns() + timeout_ms * 1000000;
   for (int i = 0; i < n; i += SBN_GPU_MAX_RANKS)
     abort_within(gt, comms + i, n - i < SBN_GPU_MAX_RANKS ? n - i : SBN_GPU_MAX_RANKS, device,
-                 deadline);
+                 deadline_ns);
 }
 
 void sbn_nccl_aborts_wait(struct sbn_gpu_team* gt) {

@@ -54,15 +54,17 @@ static sbnResult_t nccl_query(ncclComm_t nccl, int* nranks, int* rank, int64_t d
    then the child. *child: the new comm, ready, or NULL (color NCCL_SPLIT_NOCOLOR).
    sbnTimeout when the parent's split did not finish by the deadline (a rank of the parent
    has not made the call): the parent is left to the caller to abort. Any other failure
-   aborts the child (sbn_nccl_abort_comms: waited for up to timeout_ms more). NCCL writes
-   the child into *slot when the parent's part is done, even after a timeout, so the slot
-   is the caller's, on the heap: *unsettled = 1 where NCCL may still write it (until the
-   parent is aborted), else 0 and *slot NULL again. Nothing here fails before the parent's
-   call: a rank that failed there would leave its peers waiting in theirs. `what` names the
-   call in the detail. */
+   aborts the child (sbn_nccl_abort_comms: waited for up to timeout_ms more; a child stuck
+   in its init, when parent_gt is the team split, until that team's abort's deadline, as
+   its caller aborts that team next). NCCL writes the child into *slot when the parent's
+   part is done, even after a timeout, so the slot is the caller's, on the heap:
+   *unsettled = 1 where NCCL may still write it (until the parent is aborted), else 0 and
+   *slot NULL again. Nothing here fails before the parent's call: a rank that failed there
+   would leave its peers waiting in theirs. `what` names the call in the detail. */
 static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int64_t deadline,
-                                      int64_t timeout_ms, const _Atomic int* stop, const char* what,
-                                      ncclComm_t* slot, ncclComm_t* child, int* unsettled) {
+                                      int64_t timeout_ms, struct sbn_gpu_team* parent_gt,
+                                      const _Atomic int* stop, const char* what, ncclComm_t* slot,
+                                      ncclComm_t* child, int* unsettled) {
   *child = NULL;
   *unsettled = 0;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -80,9 +82,15 @@ static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int
     return sbn_fail(NULL, sbnNcclError, "%s: NCCL returned no comm for colour %d", what, color);
   if (nr == ncclSuccess) nr = sbn_nccl_settle(ncclSuccess, &c, 1, deadline, stop); /* its init */
   if (nr != ncclSuccess) {
-    /* on the parent's device, current here (callers); timeout_ms more at most */
-    if (c != NULL) sbn_nccl_abort_comms(NULL, &c, 1, -1, timeout_ms);
-    return nccl_fail(parent, nr, what);
+    const sbnResult_t failed = nccl_fail(parent, nr, what); /* before the abort's own text */
+    /* on the parent's device, current here (callers), within timeout_ms; a team's split
+       whose child is stuck (a timeout, the team's abort) aborts that team next
+       (nccl_split): within the same deadline, the team's abort's */
+    const int64_t until = parent_gt != NULL && nr == ncclInProgress
+                              ? sbn_gpu_stop_deadline(parent_gt)
+                              : sbn_mono_ns() + timeout_ms * 1000000;
+    if (c != NULL) sbn_nccl_abort_comms(NULL, &c, 1, -1, until);
+    return failed;
   }
   *child = c;
   return sbnSuccess;
@@ -282,13 +290,15 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     const sbnResult_t failed = nccl_fail(nccl, nr, "ncclCommCuDevice");
-    if (adopt) sbn_nccl_abort_comms(NULL, &nccl, 1, -1, team->cfg.timeout_ms);
+    if (adopt)
+      sbn_nccl_abort_comms(NULL, &nccl, 1, -1, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
     return failed;
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
   if (gt == NULL) {
-    if (adopt) sbn_nccl_abort_comms(NULL, &nccl, 1, dev, team->cfg.timeout_ms);
+    if (adopt)
+      sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
   }
   gt->nranks = w;
@@ -299,7 +309,8 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
   if (gt->ranks == NULL || gt->nccl == NULL) {
-    if (adopt) sbn_nccl_abort_comms(NULL, &nccl, 1, dev, team->cfg.timeout_ms);
+    if (adopt)
+      sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team of %d ranks)", w);
     goto out;
   }
@@ -320,7 +331,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
       goto out;
     }
     int unsettled = 0;
-    r = nccl_split_settled(nccl, 0, me, deadline, team->cfg.timeout_ms, NULL,
+    r = nccl_split_settled(nccl, 0, me, deadline, team->cfg.timeout_ms, NULL, NULL,
                            "ncclCommSplit (the team's own comm)", slot, &child, &unsettled);
     /* unsettled: NCCL may still write it (the parent is the caller's, never aborted here) */
     if (!unsettled)
@@ -609,7 +620,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   cudaSetDevice(gt->ranks[gt->local].device);
   sbnResult_t r =
       nccl_split_settled(parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0],
-                         key[0], sbn_mono_ns() + gt->timeout_ms * 1000000, gt->timeout_ms,
+                         key[0], sbn_mono_ns() + gt->timeout_ms * 1000000, gt->timeout_ms, gt,
                          &team->abort_reason, "sbnCommSplit: ncclCommSplit", gt->split_slot, &child,
                          &gt->split_unsettled); /* unsettled: the team is aborted below */
   cudaSetDevice(prev);
@@ -667,7 +678,7 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic i
   if (r != sbnSuccess && adopt && nccl != NULL) {
     int dev = -1;
     if (sbn_nccl.CommCuDevice(nccl, &dev) != ncclSuccess) dev = -1;
-    sbn_nccl_abort_comms(NULL, &nccl, 1, dev, cfg->timeout_ms);
+    sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + cfg->timeout_ms * 1000000);
   }
   return r;
 }
@@ -709,7 +720,7 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   if (nr != ncclSuccess) {
     const sbnResult_t r = nccl_fail(c, nr, "ncclCommInitRankConfig");
     /* local: the peers that came time out alike. NCCL made it on this thread's device */
-    sbn_nccl_abort_comms(NULL, &c, 1, -1, cfg->timeout_ms);
+    sbn_nccl_abort_comms(NULL, &c, 1, -1, sbn_mono_ns() + cfg->timeout_ms * 1000000);
     return r;
   }
   return nccl_create(c, 1, NULL, cfg, comm);

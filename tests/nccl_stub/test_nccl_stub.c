@@ -3524,8 +3524,9 @@ static void wait_live_comms(int live) {
    - sbnCommInitNcclRank, the id's comm ("ncclCommInitRankConfig"): sbnTimeout after 2 T;
    - sbnCommInitNccl, the split child of the caller's comm ("init (split child)"): the same;
    - sbnCommSplit of an NCCL team, its child ("init (split child):2", the team's own comm
-     being the first): sbnTimeout after 3 T, the team then aborted as after any split's
-     timeout (its own comm's abort, held too, waits until the abort's deadline);
+     being the first): sbnTimeout after 2 T, the team then aborted as after any split's
+     timeout, the child's abort and the team's within the team's abort's deadline (its own
+     comm's abort, held too: 3 T when the child's had a deadline of its own);
    - sbnCommInitAll's host-path comms ("ncclCommInitRankConfig"): sbnSuccess after 2 T,
      the team working without them, as test_stuck_initall_comms's. */
 static void test_failed_init_abort_bounded(void) {
@@ -3534,7 +3535,7 @@ static void test_failed_init_abort_bounded(void) {
                                       "sbnCommInitAll"};
   static const char* const hang[4] = {"ncclCommInitRankConfig", "init (split child)",
                                       "init (split child):2", "ncclCommInitRankConfig"};
-  static const int waits[4] = {2, 2, 3, 2}; /* timeouts the call waits out */
+  static const int waits[4] = {2, 2, 2, 2}; /* timeouts the call waits out */
   for (int k = 0; k < 4 && !sbn_test_cur_failed_; k++) {
     stub_case(hang[k]);
     const int live0 = nccl_stub_live_comms();
