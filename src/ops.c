@@ -152,11 +152,13 @@ static sbnResult_t check_aliases(sbnComm_t comm, const char* fn, const char* wha
                         "be the same memory as another only where the API allows it, and then whole)",
                         fn, a->name, b->name, a0 > b0 ? a->name : b->name,
                         (unsigned long long)(a0 > b0 ? a0 - b0 : b0 - a0), a0 > b0 ? b->name : a->name);
+      /* (of different sizes: a per-channel array at a tensor's address) */
+      const char* same = a->bytes == b->bytes ? "are the same memory" : "start at the same address";
       return sbn_fail(comm, sbnInvalidArgument,
-                      is_out ? "%s: %s and %s are the same memory: one would be lost"
-                             : "%s: %s and %s are the same memory: the %s reads the second after it "
-                               "writes the first",
-                      fn, a->name, b->name, what);
+                      is_out
+                          ? "%s: %s and %s %s: one would be lost"
+                          : "%s: %s and %s %s: the %s reads the second after it writes the first",
+                      fn, a->name, b->name, same, what);
     }
   }
   return sbnSuccess;

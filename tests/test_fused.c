@@ -838,6 +838,12 @@ static void test_refusals(void) {
   ASSERT_RES(sbnBackward(comm, &t->d[0], t->x[0], t->dy[0], t->dx[0], t->w, t->smean[0], t->sinv[0], t->dw[0],
                          t->dw[0], NULL, NULL), sbnInvalidArgument);
   EXPECT_TRUE(strstr(sbnGetLastError(comm), "dbias and dweight are the same memory: one would be lost") != NULL);
+  /* a per-channel output at a tensor's address: the same start, not the same memory */
+  ASSERT_RES(sbnBackward(comm, &t->d[0], t->x[0], t->dy[0], t->dx[0], t->w, t->smean[0], t->sinv[0],
+                         t->dx[0], t->db[0], NULL, NULL),
+             sbnInvalidArgument);
+  EXPECT_TRUE(strstr(sbnGetLastError(comm),
+                     "dweight and dx start at the same address: one would be lost") != NULL);
   EXPECT_TRUE(memcmp(w0, t->w, cb) == 0 && memcmp(b0, t->b, cb) == 0 && memcmp(si0, t->sinv[0], cb) == 0);
   free(w0);
   free(b0);
