@@ -127,8 +127,9 @@ typedef struct {
                             team takes it as its own and attach sets nccl = NULL (what
                             the caller still holds after a failure is the caller's) */
   int adopt;
-  const _Atomic int* stop; /* NCCL teams made by sbnCommSplit: the parent team's abort word,
-                              which ends the init's waits (sbnCommAbort of the parent) */
+  const _Atomic int* stop; /* teams made by sbnCommSplit: the parent team's abort word, which
+                              ends the init's waits (sbnCommAbort of the parent; an
+                              in-process GPU team's: its zeroing's) */
 } sbn_team_init_t;
 
 /* State shared by every rank of a team. */

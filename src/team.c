@@ -239,6 +239,9 @@ sbnResult_t sbn_split_in_process(sbn_team_t* parent, const int* color, const int
     }
     sbn_team_init_t init;
     memset(&init, 0, sizeof init);
+    /* the parent's abort ends the new team's waits (a GPU team's zeroing; split by a group:
+       a thread-per-rank split holds split_mu, which the abort waits for) */
+    init.stop = &parent->abort_reason;
     if (rank_devices != NULL) {
       for (int i = 0; i < m; i++) devs[i] = rank_devices[order[i]];
       init.devices = devs;

@@ -498,8 +498,10 @@ out:
 }
 
 /* An in-process team: rank q on devices[q], or every rank on devices[0] (virt: one launch
-   for all of them). On failure team->impl stays NULL. */
-static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
+   for all of them). stop: a split's parent team's abort word, which ends the wait for the
+   zeroing (NULL: none). On failure team->impl stays NULL. */
+static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt,
+                              const _Atomic int* stop) {
   const int w = team->nranks;
   sbnResult_t r = sbnSuccess;
   int prev = 0, ndev = 0;
@@ -559,7 +561,7 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt) {
   const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000; /* the zeroing, all ranks */
   for (int q = 0; q < w; q++) {
     CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
-    r = sbn_gpu_init_settle(gt, gt->ranks[q].stop_stream, gt->ranks[q].device, deadline, NULL);
+    r = sbn_gpu_init_settle(gt, gt->ranks[q].stop_stream, gt->ranks[q].device, deadline, stop);
     if (r != sbnSuccess) goto out;
   }
 out:
@@ -677,10 +679,10 @@ static sbnResult_t gpu_split(sbn_team_t* team, const int* color, const int* key,
 }
 
 static sbnResult_t virtual_attach(sbn_team_t* team, sbn_team_init_t* init) {
-  return gpu_attach(team, init->devices, 1);
+  return gpu_attach(team, init->devices, 1, init->stop);
 }
 static sbnResult_t peer_attach(sbn_team_t* team, sbn_team_init_t* init) {
-  return gpu_attach(team, init->devices, 0);
+  return gpu_attach(team, init->devices, 0, init->stop);
 }
 
 const sbn_team_ops_t sbn_gpu_virtual_team_ops = SBN_GPU_TEAM_OPS(

@@ -1984,6 +1984,71 @@ static void test_abort_while_split_child_zeroes(void) {
   abort_while_waiting("host", ZEROING, 1, 0);
 }
 
+/* sbnCommSplit of a virtual team of two in a group (one thread), whose new team's zeroing
+   never finishes (its streams pending), and sbnCommAbort of the parent from another
+   thread while the split waits for it: the parent's abort ends that wait, as it ends an
+   NCCL split's (test_abort_while_split_child_zeroes): sbnAborted at once, naming the
+   abort, no comm written, nothing left. (The wait ran out the timeout: sbnTimeout.) */
+typedef struct {
+  sbnComm_t* parent;
+  sbnComm_t sub[2];
+  sbnResult_t r;
+  double t_end;
+  char why[512];
+} group_split_t;
+static void* group_split_main(void* p) {
+  group_split_t* g = p;
+  sbnResult_t r = sbnGroupStart();
+  for (int q = 0; q < 2 && r == sbnSuccess; q++) r = sbnCommSplit(g->parent[q], 0, q, &g->sub[q]);
+  const sbnResult_t ge = sbnGroupEnd();
+  g->r = r != sbnSuccess ? r : ge;
+  g->t_end = now_ms();
+  snprintf(g->why, sizeof g->why, "%s", sbnGetLastError(NULL));
+  return NULL;
+}
+static void test_abort_while_in_process_split_zeroes(void) {
+  const double timeout = 10000.0, prompt = 2000.0;
+  stub_case(NULL);
+  const size_t before = cudart_stub_live();
+  const sbnConfig_t cfg = case_config((int64_t)timeout);
+  sbnComm_t v[2] = {NULL, NULL};
+  ASSERT_OK(sbnCommInitVirtual(v, 2, 0, &cfg));
+  cudart_stub_reset(); /* from here: the split's steps */
+  cudart_stub_set_new_streams_pending(1);
+  group_split_t g = {v, {(sbnComm_t)&g, (sbnComm_t)&g}, sbnSystemError, 0.0, ""};
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, group_split_main, &g) == 0);
+  /* the new team's memset issued (then its wait; an abort before the split would be
+     refused by the group, testing nothing here) */
+  int zeroing = 0;
+  const double s0 = now_ms();
+  while (!zeroing && now_ms() - s0 < timeout / 2) {
+    cudart_stub_step_t st[CUDA_STUB_STEP_LOG];
+    const int n = cudart_stub_steps(st, CUDA_STUB_STEP_LOG);
+    for (int i = 0; i < n && i < CUDA_STUB_STEP_LOG; i++) zeroing |= st[i].what == 'M';
+    struct timespec ts = {0, 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  struct timespec ts = {0, 50 * 1000000L};
+  nanosleep(&ts, NULL); /* into the zeroing's polls */
+  const double a0 = now_ms();
+  const sbnResult_t ar = sbnCommAbort(v[0]);
+  pthread_join(th, NULL);
+  cudart_stub_set_new_streams_pending(0);
+  fprintf(stderr, "  the split %s %.1f ms after the abort: %s\n", sbnGetResultName(g.r),
+          g.t_end - a0, g.why);
+  EXPECT_TRUE(zeroing);
+  ASSERT_OK(ar);
+  ASSERT_RES(g.r, sbnAborted);
+  EXPECT_TRUE(g.t_end - a0 < prompt);
+  EXPECT_TRUE(strstr(g.why, "ended by an abort") != NULL);
+  ASSERT_TRUE(g.sub[0] == (sbnComm_t)&g && g.sub[1] == (sbnComm_t)&g);
+  for (int q = 0; q < 2; q++) ASSERT_OK(sbnCommDestroy(v[q]));
+  wait_releases();
+  ASSERT_EQ_INT((int)cudart_stub_live(), (int)before);
+  ASSERT_CLEAN();
+}
+
 /* What a cooperative kernel that waited for a missing peer writes at its deadline: its
    failure word (sbn_gpu_poll reads it). */
 static void kernel_timed_out(void* gt) {
@@ -3923,6 +3988,7 @@ int main(void) {
   SBN_RUN(test_destroy_waits_for_its_abort);
   SBN_RUN(test_failed_init_abort_bounded);
   SBN_RUN(test_split_failure_keeps_its_message);
+  SBN_RUN(test_abort_while_in_process_split_zeroes);
   SBN_RUN(test_destroy_budget_per_wait);
   SBN_RUN(test_second_launch_failure_aborts);
   SBN_RUN(test_device_past_the_last);
