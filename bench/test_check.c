@@ -989,6 +989,103 @@ static void json_checked(void) {
   remove(path);
 }
 
+/* The layout check (check_row with a keep, as the bench's CPU rows run it): a shape's NCHW
+   row keeps its bits, and its NHWC row, the same values in the other layout, must have
+   them. A right pair gives no wrong; an NHWC row whose y, dx, save_mean or dweight is one
+   ulp off (within the reference's tolerance, so only the bitwise check can see it) gives
+   wrongs; and a keep of another shape is not compared. The bench's own rows only ever
+   showed that a right pair passes. */
+static int layout_row(bench_layout_keep_t* keep, const bench_shape_t* shape, sbnLayout_t lay,
+                      int flip, int64_t* wrong) {
+  const sbnTensorDesc_t d = {sbnFloat32, lay, TN, TC, TSP};
+  bench_team_bufs_t b;
+  if (bufs_alloc(&b, TW, &d) != 0) return -1;
+  for (int64_t c = 0; c < TC; c++) {
+    b.weight[c] = 1.0f + 0.25f * (float)c;
+    b.bias[c] = 0.5f - 0.125f * (float)c;
+  }
+  for (int r = 0; r < TW; r++)
+    for (int64_t n = 0; n < TN; n++)
+      for (int64_t c = 0; c < TC; c++)
+        for (int64_t sp = 0; sp < TSP; sp++) {
+          const uint64_t logical = (uint64_t)((n * TC + c) * TSP + sp); /* the NCHW index */
+          const int64_t i = lay == sbnLayoutNCHW ? (int64_t)logical : (n * TSP + sp) * TC + c;
+          ((float*)b.x[r])[i] = (float)(0.5 * (double)c + gauss(40 + (uint64_t)r, logical));
+          ((float*)b.dy[r])[i] = (float)gauss(50 + (uint64_t)r, logical);
+        }
+  bufs_reset_state(&b);
+  sbnComm_t comms[TW];
+  sbnConfig_t cfg = SBN_CONFIG_INITIALIZER;
+  sbnParams_t params = SBN_PARAMS_DEFAULT;
+  params.grad_mode = sbnGradGlobal;
+  int rc = sbnCommInitCpu(comms, TW, &cfg) == sbnSuccess && team_call(comms, &b, 1, &params) == 0 &&
+                   team_call(comms, &b, 0, &params) == 0
+               ? 0
+               : -1;
+  if (rc == 0 && flip) { /* one ulp up: rank 0's channel 1, its second element; the team's
+                            statistics and sums on every rank (the ranks must agree) */
+    const int64_t i = lay == sbnLayoutNCHW ? TSP + 1 : TC + 1;
+    float *y = b.y[0], *dx = b.dx[0];
+    if (flip == 1) y[i] = nextafterf(y[i], INFINITY);
+    if (flip == 2) dx[i] = nextafterf(dx[i], INFINITY);
+    for (int r = 0; r < TW; r++) {
+      if (flip == 3) b.save_mean[r][1] = nextafterf(b.save_mean[r][1], INFINITY);
+      if (flip == 4) b.dweight[r][1] = nextafterf(b.dweight[r][1], INFINITY);
+    }
+  }
+  if (rc == 0) {
+    bench_row_t row;
+    memset(&row, 0, sizeof row);
+    row.shape = shape;
+    row.spatial = TSP;
+    row.dtype = sbnFloat32;
+    row.layout = lay;
+    row.W = TW;
+    row.path = BENCH_PATH_CPU;
+    check_row(&row, &b, 1, 0, keep, sbnGradGlobal, &kCheckLibrary);
+    *wrong = row.wrong;
+    if (row.error[0]) rc = -1;
+  }
+  for (int r = 0; r < TW; r++) sbnCommDestroy(comms[r]);
+  bufs_free(&b);
+  return rc;
+}
+static void layout_keep_checked(void) {
+  static const bench_shape_t shape = {"L", TN, TC, TSP, 1, "test_check.c"};
+  static const bench_shape_t other = {"M", TN, TC, TSP, 1, "test_check.c"};
+  static const char* const what[5] = {"nothing", "y", "dx", "save_mean", "dweight"};
+  for (int flip = 0; flip < 5; flip++) {
+    bench_layout_keep_t keep;
+    memset(&keep, 0, sizeof keep);
+    int64_t kept = -1, compared = -1;
+    const int ok = layout_row(&keep, &shape, sbnLayoutNCHW, 0, &kept) == 0 &&
+                   layout_row(&keep, &shape, sbnLayoutNHWC, flip, &compared) == 0;
+    EXPECT(ok, "layout check, %s off: a row failed to run", what[flip]);
+    EXPECT(kept == 0, "layout check: the NCHW row has %lld wrong", (long long)kept);
+    if (flip == 0)
+      EXPECT(compared == 0, "layout check: the right NHWC row has %lld wrong", (long long)compared);
+    else
+      EXPECT(compared > 0, "layout check: an NHWC row whose %s is one ulp off has no wrong",
+             what[flip]);
+    keep_free(&keep);
+    /* the same row without a keep: the reference's tolerances let one ulp through, so the
+       wrongs above are the layout check's */
+    int64_t alone = -1;
+    EXPECT(layout_row(NULL, &shape, sbnLayoutNHWC, flip, &alone) == 0 && alone == 0,
+           "layout check: the NHWC row, %s one ulp off, checked alone has %lld wrong", what[flip],
+           (long long)alone);
+  }
+  /* kept for another shape: no comparison, so even a row one ulp off passes */
+  bench_layout_keep_t keep;
+  memset(&keep, 0, sizeof keep);
+  int64_t kept = -1, compared = -1;
+  const int ok = layout_row(&keep, &other, sbnLayoutNCHW, 0, &kept) == 0 &&
+                 layout_row(&keep, &shape, sbnLayoutNHWC, 1, &compared) == 0;
+  EXPECT(ok && kept == 0 && compared == 0,
+         "layout check: a keep of another shape was compared (%lld wrong)", (long long)compared);
+  keep_free(&keep);
+}
+
 int main(void) {
   if (nvidia_driver_parsed() != 0) return 1;
   no_row_refused();
@@ -997,6 +1094,7 @@ int main(void) {
     for (int l = 0; l < 2; l++) inference_checked(kInferDtypes[t], (sbnLayout_t)l);
   const int infer_failures = failures;
   latency_exch();
+  layout_keep_checked();
   static const bench_shape_t shape = {"T", TN, TC, TSP, 1, "test_check.c"};
   const sbnTensorDesc_t d = {sbnFloat32, sbnLayoutNCHW, TN, TC, TSP};
   bench_team_bufs_t b;
