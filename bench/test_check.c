@@ -95,20 +95,25 @@ static int team_call(sbnComm_t* comms, bench_team_bufs_t* b, int fwd, const sbnP
   return sbnGroupEnd() == sbnSuccess ? 0 : -1;
 }
 
-/* check_row on b as the GPU rows are checked (one forward + backward, team sums), on kmax
-   channels (0: all) at how's tolerances. */
-static bench_row_t check_as(bench_team_bufs_t* b, const bench_shape_t* shape, int kmax,
-                            const bench_check_t* how) {
+/* check_row on b (fp32, b's layout) as the GPU rows are checked (one forward + backward,
+   team sums), on kmax channels (0: all) at how's tolerances; with keep, the CPU rows' layout
+   check too. */
+static bench_row_t check_kept(const bench_team_bufs_t* b, const bench_shape_t* shape, int kmax,
+                              const bench_check_t* how, bench_layout_keep_t* keep) {
   bench_row_t row;
   memset(&row, 0, sizeof row);
   row.shape = shape;
   row.spatial = TSP;
   row.dtype = sbnFloat32;
-  row.layout = sbnLayoutNCHW;
+  row.layout = b->desc.layout;
   row.W = TW;
   row.path = BENCH_PATH_CPU;
-  check_row(&row, b, 1, kmax, NULL, sbnGradGlobal, how);
+  check_row(&row, b, 1, kmax, keep, sbnGradGlobal, how);
   return row;
+}
+static bench_row_t check_as(bench_team_bufs_t* b, const bench_shape_t* shape, int kmax,
+                            const bench_check_t* how) {
+  return check_kept(b, shape, kmax, how, NULL);
 }
 static bench_row_t check(bench_team_bufs_t* b, const bench_shape_t* shape) {
   return check_as(b, shape, 0, &kCheckLibrary);
@@ -1034,15 +1039,7 @@ static int layout_row(bench_layout_keep_t* keep, const bench_shape_t* shape, sbn
     }
   }
   if (rc == 0) {
-    bench_row_t row;
-    memset(&row, 0, sizeof row);
-    row.shape = shape;
-    row.spatial = TSP;
-    row.dtype = sbnFloat32;
-    row.layout = lay;
-    row.W = TW;
-    row.path = BENCH_PATH_CPU;
-    check_row(&row, &b, 1, 0, keep, sbnGradGlobal, &kCheckLibrary);
+    const bench_row_t row = check_kept(&b, shape, 0, &kCheckLibrary, keep);
     *wrong = row.wrong;
     if (row.error[0]) rc = -1;
   }
