@@ -1662,6 +1662,7 @@ def _no_hooks(m):
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+
 class _Site:
     """Where convert_fused gave a batch norm an activation: the layer, owner's child `name`
     then. The layer is held (its activation is what to apply once another module has taken
@@ -1838,9 +1839,32 @@ def _take_block(out, block, hooks=False):
     out.training = block.training
 
 
-class _FusedBlock(torch.nn.Module):
+_MISSING = object()
+
+
+class _TypeAttrs:
+    """For a module that replaced another (block_type, its class): what that class gives
+    that the replacement does not (a torchvision block's ``expansion``, a ConvModule's
+    ``init_weights``): a method bound to this module, a property's value, a static or class
+    method, a class attribute, as on the module it replaced."""
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)  # parameters, buffers, children
+        except AttributeError:
+            cls = self.__dict__.get("block_type")
+            if name.startswith("__") or not isinstance(cls, type):
+                raise
+            attr = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), _MISSING)
+            if attr is _MISSING:  # (the class's own, not its metaclass's: type.mro is no method of it)
+                raise
+        return attr.__get__(self, cls) if hasattr(type(attr), "__get__") else attr
+
+
+class _FusedBlock(_TypeAttrs, torch.nn.Module):
     """A torchvision BasicBlock / Bottleneck after convert_fused: the same children (so the
-    same parameters and state_dict keys) and attributes, its batch norms fused: the
+    same parameters and state_dict keys) and attributes (its class's too: ``expansion``,
+    _TypeAttrs), its batch norms fused: the
     activation into each, and the last one's residual add + ReLU into that one. Another
     module put in a batch norm's place (a framework's conversion) runs as torchvision's
     block runs it: that module, then (the add and) the activation the batch norm applied."""
@@ -1903,7 +1927,6 @@ _BLOCKS = ((_basic_block_forward, FusedBasicBlock), (_bottleneck_forward, FusedB
 # weight and bias (conv.forward replaced by that function for the call) and the norm is
 # skipped.
 _CONV_MODULE = ("mmcv.cnn.bricks.conv_module", "ConvModule")
-_MISSING = object()
 
 
 # What a subclass of ConvModule may define and still be fused: its __init__ and what Python
@@ -1923,7 +1946,7 @@ def _conv_module_class(m):
     return None
 
 
-class FusedConvModule(torch.nn.Module):
+class FusedConvModule(_TypeAttrs, torch.nn.Module):
     """An mmcv ``ConvModule`` (order conv, norm, act) after convert_fused: the same children
     (so the same parameters and state_dict keys; its ``activate`` a FusedActivation) and
     attributes, and ``norm`` (the batch norm), its batch norm applying the activation in
@@ -1950,20 +1973,6 @@ class FusedConvModule(torch.nn.Module):
     @property
     def norm(self):
         return self._modules[self.norm_name]
-
-    def __getattr__(self, name):
-        try:
-            return super().__getattr__(name)  # parameters, buffers, children
-        except AttributeError:
-            cls = self.__dict__.get("block_type")
-            if name.startswith("__") or not isinstance(cls, type):
-                raise
-            attr = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), _MISSING)
-            if attr is _MISSING:  # (the class's own, not its metaclass's: type.mro is no method of it)
-                raise
-        # the ConvModule class's: a method bound to this module, a property's value, a
-        # static or class method, a class attribute
-        return attr.__get__(self, cls) if hasattr(type(attr), "__get__") else attr
 
     def forward(self, x, activate=True, norm=True):
         if type(x) is not _Tensor:
@@ -2393,7 +2402,10 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     and a block's last layer its residual: the block's input, kept anyway); ReLU layers cannot (not invertible) and
     stay as they are, and so does a layer one of whose weight's channels is below 1e-5 in magnitude (a weight
     initialized to 0, as zero_init_residual does: in place it would get no gradient and stay 0), with a
-    RuntimeWarning that names such layers.
+    RuntimeWarning that names such layers. That check is of the weights at conversion, in float32's bound: a
+    channel that training drives below the bound later gets no gradient from then on, and in fp16 / bf16
+    (autocast) the bound is max(1e-5, u * |bias|), u the dtype's unit roundoff, with the recovery less accurate
+    as |weight| nears it (docs/PYTHON.md, "inplace=True"): keep inplace=False for such training.
 
     Each fused module keeps the layer it fused and where it was: where another module
     takes that place later (a framework's conversion: mmengine's revert_sync_batchnorm,
@@ -2405,7 +2417,9 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     What it cannot see: code that calls a Sequential's children one by one itself (a
     feature extractor that keeps the output of each index) would read the fused batch
     norm's output with the activation applied; convert such a model with
-    ``convert_sync_batchnorm``.
+    ``convert_sync_batchnorm``. Nor a FusedActivation replaced, deleted or moved away
+    after it (the batch norm still applies the activation): edit first, or
+    revert_sync_batchnorm, edit, and convert again.
 
     ``relu_as_leaky=SLOPE`` (a real number >= float32's smallest normal, 1.18e-38; None,
     the default, changes nothing): every ReLU it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one

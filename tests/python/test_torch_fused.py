@@ -1285,6 +1285,11 @@ class TestConvert(TeamOfOne):
         self.assertIsInstance(conv[6], sbt.FusedBottleneck)
         self.assertIs(conv[4].block_type, BasicBlock)
         self.assertEqual(conv[4].stride, 2)
+        # the block class's attributes, as on the block (torchvision's ResNet reads
+        # block.expansion; a fused block had none: AttributeError)
+        self.assertEqual((conv[3].expansion, conv[5].expansion), (1, 4))
+        with self.assertRaises(AttributeError):
+            conv[3].not_an_attribute
         self.assertIsInstance(conv[2], nn.Identity)
         self.assertIsInstance(conv[9], nn.Identity)
         self.assertIsInstance(conv[14], nn.ReLU)  # not right after its batch norm: kept
