@@ -474,7 +474,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         # first, as nn.SyncBatchNorm's forward does: a subclass's (a 4D-only layer's) refuses
         # what it does not take
         self._check_input_dim(input)
-        if activate:
+        if activate and not (self.__dict__.get(_PAIRED) and _unfused_now(self)):
             return self._run(input, residual, self._act, self._slope, self._inplace)
         return self._run(input, residual, _sbn.IDENTITY, self._slope, False)  # batch_norm(input) + residual
 
@@ -1662,6 +1662,27 @@ def _no_hooks(m):
                 or getattr(m, "_backward_pre_hooks", None))
 
 
+# A layer that convert_fused gave the activation of the module after it (a Sequential's
+# pair, a block's batch norm, a ConvModule's norm) runs as the pair ran while a hook sees
+# its output or its output's gradient: its forward and backward hooks, its own or global
+# ones, registered after the conversion (a distillation's hook on the features before the
+# ReLU, a pruning mask written into the output). It then computes the batch norm alone,
+# and what runs after it (the FusedActivation, the block, the ConvModule) the activation,
+# in PyTorch's ops (_unfused_now). Forward pre-hooks see its input only.
+_PAIRED = "_paired"  # the layer's __dict__ key, set by convert_fused (_fuse_into, _fused_block)
+
+
+def _unfused_now(layer):
+    """Whether layer, fused by convert_fused with the module after it, runs its batch norm
+    alone (a hook sees its output)."""
+    if not layer.__dict__.get(_PAIRED):
+        return False
+    if layer._forward_hooks or layer._backward_hooks or getattr(layer, "_backward_pre_hooks", None):
+        return True
+    mod = torch.nn.modules.module
+    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_backward_hooks", None)
+                or getattr(mod, "_global_backward_pre_hooks", None))
+
 
 class _Site:
     """Where convert_fused gave a batch norm an activation: the layer, owner's child `name`
@@ -1804,9 +1825,12 @@ class FusedActivation(torch.nn.Identity):
 
     def forward(self, input):
         site = self._site
-        if site is None or _runs_there(site, self):
+        if site is None:
             return input
-        return _act_after(site, input)
+        kind, mod = _locate(site, self)
+        if kind is not None and not _unfused_now(site.layer if mod is None else mod):
+            return input
+        return _act_after(site, input)  # (another module there, or the layer ran alone)
 
     def extra_repr(self):
         return f"{self.replaced!r} fused into the batch norm before it"
@@ -1887,7 +1911,10 @@ class _FusedBlock(_TypeAttrs, torch.nn.Module):
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
         if site is None or _runs_there(site, asker=self):
-            return bn(x) if residual is None else bn(x, residual)
+            if not _unfused_now(bn):
+                return bn(x) if residual is None else bn(x, residual)
+            if site is None:  # (pickled before sites: the layer there is the block's)
+                return _epilogue(bn(x), residual, bn._act, bn.slope)
         return _act_after(site, bn(x), residual)
 
     def forward(self, x):
@@ -2003,7 +2030,7 @@ class FusedConvModule(_TypeAttrs, torch.nn.Module):
         else:
             x = conv(x)
         there, act, slope = self._norm_applies()
-        if there:
+        if there and not (norm and activate and _unfused_now(bn)):
             if norm:  # act(batch_norm(x)) in one op, or without act
                 x = bn(x) if activate else bn(x, activate=False)
                 return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
@@ -2011,7 +2038,8 @@ class FusedConvModule(_TypeAttrs, torch.nn.Module):
             # another norm in its place (mmengine's revert_sync_batchnorm, which its Runner
             # runs when not distributed, puts a plain batch norm there; mmcv's fuse_conv_bn an
             # nn.Identity, the batch norm folded into conv): the norm, then the activation
-            # the batch norm applied, as the ConvModule would
+            # the batch norm applied, as the ConvModule would; or the batch norm itself, a
+            # hook seeing its output (_unfused_now: it runs alone)
             x = bn(x)
         return kids["activate"](_epilogue(x, None, act, slope)) if activate else x
 
@@ -2166,6 +2194,7 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
             # the last layer's output is the block's, and its residual the block's input
             layer = getattr(fused, bn)
             layer.set_activation(*act, (i < last or down is None) and _inplace_ok(inplace, *act, layer))
+            layer.__dict__[_PAIRED] = True
         return fused
     return None
 
@@ -2330,6 +2359,8 @@ def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace, bn_name=None):
     act_mod = parent._modules[name]
     act = _fused_act(was, relu_as_leaky)
     bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act, bn))
+    if bn is not parent:  # (a SyncBatchNormAct's own act: its output is act(...) either way)
+        bn.__dict__[_PAIRED] = True
     site = None if bn_name is None else _Site(parent, bn_name, bn)
     parent._modules[name] = FusedActivation(act_mod, site).train(act_mod.training)
     return parent._modules[name]
@@ -2419,7 +2450,10 @@ def convert_fused(module, process_group=None, comm=None, inplace=False, relu_as_
     norm's output with the activation applied; convert such a model with
     ``convert_sync_batchnorm``. Nor a FusedActivation replaced, deleted or moved away
     after it (the batch norm still applies the activation): edit first, or
-    revert_sync_batchnorm, edit, and convert again.
+    revert_sync_batchnorm, edit, and convert again. A hook registered later on a fused
+    batch norm (forward or backward, its own or global) is followed: while it is there
+    the layer runs its batch norm alone (_unfused_now), and the hook sees the output before
+    the activation, as on the original.
 
     ``relu_as_leaky=SLOPE`` (a real number >= float32's smallest normal, 1.18e-38; None,
     the default, changes nothing): every ReLU it fuses becomes a leaky ReLU of that slope, a torchvision block's all of them (its one

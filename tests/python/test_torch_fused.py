@@ -1300,6 +1300,57 @@ class TestConvert(TeamOfOne):
         self.assertEqual(conv[8].slope, 0.1)
         self._matches(model, torch.randn(4, 3, 8, 8), conv)
 
+    def test_hooks_registered_after_conversion(self):
+        """A hook registered on a fused batch norm after convert_fused sees what it sees on
+        the original: the batch norm's output before the activation (a Sequential's pairs,
+        ReLU and leaky ReLU, in place or not; a block's batch norms, the last one before the
+        residual add; a ConvModule's norm is TestConvModule's), and one that writes into it
+        in place (a shift: it does not commute with the activation, as a scaling would)
+        trains as on the original: the layer runs its batch norm alone while such a hook is
+        there, and what comes after it the activation. A global forward hook alike. Before,
+        the hooks saw the activated output (its minimum 0 after a ReLU) and the shifted
+        models differed. Against the float64 original with the same hooks."""
+        names = ["1", "3.bn1", "3.bn2", "5.bn3", "8"]  # ReLU pair, block, block's last, bottleneck's, leaky pair
+
+        def hooked(model, seen):
+            def hook_for(name):
+                def hook(module, inputs, output):
+                    seen.setdefault(name, output.detach().double().clone())
+                    output.sub_(0.2)  # (in place, as a pruning mask is written)
+                return hook
+            return [model.get_submodule(n).register_forward_hook(hook_for(n)) for n in names]
+
+        for inplace in (False, True):
+            torch.manual_seed(3)
+            model = resnet_like()
+            randomize_bn(model)
+            conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm, inplace=inplace)
+            self.assertEqual(conv[8].inplace, inplace)
+            seen_ref, seen = {}, {}
+            hooked(model, seen_ref)
+            handles = hooked(conv, seen)
+            x = torch.randn(4, 3, 8, 8)
+            self._matches(model, x, conv)  # outputs, gradients, buffers, training and eval
+            for n in names:
+                self.assertLess(float(seen[n].min()), 0.0, n)  # before the activation
+                torch.testing.assert_close(seen[n], seen_ref[n], rtol=1e-4, atol=1e-4, msg=n)
+            for h in handles:
+                h.remove()
+            layer = conv.get_submodule("3.bn2")
+            self.assertFalse(sbt._unfused_now(layer))  # fused again
+            # a global forward hook (it sees every module's output)
+            got = []
+            handle = torch.nn.modules.module.register_module_forward_hook(
+                lambda m, i, o: got.append(float(o.min())) if m is layer else None)
+            try:
+                self.assertTrue(sbt._unfused_now(layer))
+                conv.train()
+                out = conv(x)
+            finally:
+                handle.remove()
+            self.assertLess(got[0], 0.0)  # the block's last batch norm, before the add and the ReLU
+            self.assertTrue(bool(torch.isfinite(out).all()))
+
     def test_loads_a_batchnorm_checkpoint(self):
         torch.manual_seed(1)
         model = resnet_like()

@@ -443,16 +443,27 @@ class TestConvModule(TeamOfOne):
         conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
         self.assertIs(type(conv[0]), sbt.FusedConvModule)
         seen = {"orig": [], "fused": []}
+        outs = {"orig": [], "fused": []}  # what the norm's hook sees: its output, before the activation
+        def norm_hook(key):
+            def hook(mod, i, o):
+                seen[key].append("norm")
+                outs[key].append(o.detach().clone())
+            return hook
+
         for key, m in (("orig", model[0]), ("fused", conv[0])):
-            m.norm.register_forward_hook(lambda mod, i, o, key=key: seen[key].append("norm"))
+            m.norm.register_forward_hook(norm_hook(key))
             m.activate.register_forward_pre_hook(lambda mod, i, key=key: seen[key].append("act"))
         x = torch.randn(2, C, 4, 4)
+        results = {"orig": [], "fused": []}
         for activate in (True, False):
             for norm in (True, False):
-                model[0](x, activate, norm)
-                conv[0](x, activate, norm)
+                results["orig"].append(model[0](x, activate, norm))
+                results["fused"].append(conv[0](x, activate, norm))
         self.assertEqual(seen["fused"], seen["orig"])
         self.assertEqual(seen["orig"], ["norm", "act", "act", "norm"])
+        for a, b in zip(outs["fused"] + results["fused"], outs["orig"] + results["orig"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        self.assertLess(float(outs["fused"][0].min()), 0.0)  # (the leaky ReLU's input: it saw the output)
         for m in (model[0], conv[0]):
             torch.manual_seed(8)
             m.init_weights()
