@@ -601,6 +601,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         plain = _plain(input)
         if plain:
             _inference_refused(input, w, b, rm, rv, nbt, inplace, residual)
+            if inplace and input.dtype in _HALF_U and input.dtype not in self.__dict__.get("_half_checked", ()):
+                _warn_half_inplace(self, input.dtype, w, b)
         if not fused:
             if plain:
                 return _train_eager(input, w, b, rm, rv, nbt, self.eps, momentum, cid)
@@ -2115,6 +2117,37 @@ def _fused_act(was, relu_as_leaky):
     """The (activation, slope) a fused layer takes for an activation module's was: a ReLU's
     is the leaky ReLU of convert_fused's relu_as_leaky where given."""
     return was if was[0] != "relu" or relu_as_leaky is None else ("leaky_relu", relu_as_leaky)
+
+
+# The unit roundoff of the half dtypes, for the in-place backward's bound (syncbn.h:
+# sbnBackwardEx): a channel of |weight| below max(1e-5, u |bias|) recovers no x in place,
+# and one within _HALF_MARGIN times that recovers x_hat to worse than ~1 / _HALF_MARGIN (the
+# output's rounding, u |bias|, divided by the weight).
+_HALF_U = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+_HALF_MARGIN = 16
+
+
+def _warn_half_inplace(layer, dtype, w, b):
+    """Once per layer and half dtype (its first eager in-place training call in it): a
+    RuntimeWarning where a channel's |weight| is below max(1e-5, _HALF_MARGIN u |bias|): in
+    place its weight gets a gradient that is off by more than ~6 %, or 0. The check reads
+    the weights at that call (one synchronization, once); later training may move them."""
+    checked = layer.__dict__.get("_half_checked")
+    layer.__dict__["_half_checked"] = (checked or frozenset()) | {dtype}
+    if w is None:  # (no affine parameters: weight 1, bias 0)
+        return
+    bound = _HALF_MARGIN * _HALF_U[dtype]
+    low = w.detach().float().abs()
+    low = low < (b.detach().float().abs() * bound).clamp_min(_RECOVER_MIN_WEIGHT) if b is not None else \
+        low < _RECOVER_MIN_WEIGHT
+    n = int(low.sum())
+    if n:
+        warnings.warn(f"syncbn.torch.SyncBatchNorm: in place in {str(dtype).replace('torch.', '')}: {n} of "
+                      f"{low.numel()} channels have |weight| below max(1e-5, {_HALF_MARGIN} u |bias|) (u = "
+                      f"{_HALF_U[dtype]:g}, the dtype's unit roundoff): the in-place backward recovers their input "
+                      f"from the rounded output to worse than ~{100 // _HALF_MARGIN} % (below u |bias|, not at all: "
+                      f"their weight's gradient is 0). Set inplace=False on this layer for training in this "
+                      f"dtype (docs/PYTHON.md, \"inplace=True\")", RuntimeWarning, stacklevel=4)
 
 
 # The in-place backward's weight threshold (syncbn.h: SBN_RECOVER_MIN_WEIGHT; test_capi.py

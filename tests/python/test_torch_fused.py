@@ -241,6 +241,36 @@ class TestFusedLayer(unittest.TestCase):
         self._case([2, 3], 4, (3, 3), dtype=torch.bfloat16, channels_last=True, activation="leaky_relu",
                    slope=0.2, residual=False, inplace=True, seed=11)
 
+    def test_inplace_half_warns_small_weights(self):
+        """In place in fp16 or bf16, a channel whose |weight| is below 16 u |bias| (u the
+        dtype's unit roundoff) has its weight's gradient 0 (below u |bias|) or off by more
+        than ~6 %: the layer's first eager training call in that dtype warns, naming how many
+        channels (once per layer and dtype; not in float32, not where the weights are far
+        from it). Why: bf16's channel of weight 3e-4 (below u |bias| = 0.0039) gets a
+        gradient of exactly 0."""
+        comm = syncbn.cpu_team(1)[0]
+        cases = ((torch.bfloat16, [1.0, 2e-3, 0.5, 3e-4], 2), (torch.float16, [1.0, 2e-3, 0.5, 3e-4], 2),
+                 (torch.float16, [1.0, 0.5, 0.8, 0.7], 0), (torch.float32, [1.0, 2e-3, 0.5, 3e-4], 0))
+        for dtype, weight, warned in cases:
+            layer = sbt.SyncBatchNorm(4, comm=comm, activation="leaky_relu", slope=0.1, inplace=True)
+            with torch.no_grad():
+                layer.weight.copy_(torch.tensor(weight))
+                layer.bias.copy_(torch.tensor([0.1, 1.0, 0.2, 1.0]))
+            x = torch.randn(4, 4, 3, 3).to(dtype)
+            for call in range(2):
+                with warnings.catch_warnings(record=True) as got:
+                    warnings.simplefilter("always")
+                    layer(x).float().sum().backward()
+                said = [str(w.message) for w in got if issubclass(w.category, RuntimeWarning)
+                        and "in place in" in str(w.message)]
+                if warned and call == 0:
+                    self.assertEqual(len(said), 1, (dtype, said))
+                    self.assertIn(f"{warned} of 4 channels", said[0])
+                else:
+                    self.assertEqual(said, [], (dtype, call))
+            if dtype == torch.bfloat16:
+                self.assertEqual(float(layer.weight.grad[3]), 0.0)
+
     def test_bias_false(self):
         """bias=False: a weight and no bias, with a residual, and in place (whose backward
         recovers x from y with a bias of 0)."""
