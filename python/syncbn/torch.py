@@ -464,17 +464,24 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if input.dim() < 2:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input, residual=None, *, activate=True):
+    def forward(self, input, residual=None, *, activate=True, _alone=None):
+        pair = self.__dict__.get(_PAIRED)
         if type(input) is not _Tensor or (residual is not None and type(residual) is not _Tensor):
             # (a plain tensor is no torch.fx.Proxy)
-            traced = _fx_leaf(self, input, residual, None if activate is True else {"activate": activate},
-                              residual is None and self._act == _sbn.IDENTITY)
+            kw = {} if activate is True else {"activate": activate}
+            if pair is not None and activate and _unfused_now(self):
+                kw["_alone"] = True  # (hooked: traced into the graph, which keeps this choice)
+            traced = _fx_leaf(self, input, residual, kw or None, residual is None and self._act == _sbn.IDENTITY)
             if traced is not None:
                 return traced
         # first, as nn.SyncBatchNorm's forward does: a subclass's (a 4D-only layer's) refuses
         # what it does not take
         self._check_input_dim(input)
-        if activate and not (self.__dict__.get(_PAIRED) and _unfused_now(self)):
+        if pair is not None and activate:
+            # a hook sees the output: the batch norm alone, the activation by what follows
+            pair.alone = alone = _unfused_now(self) if _alone is None else bool(_alone)
+            activate = not alone
+        if activate:
             return self._run(input, residual, self._act, self._slope, self._inplace)
         return self._run(input, residual, _sbn.IDENTITY, self._slope, False)  # batch_norm(input) + residual
 
@@ -1472,7 +1479,7 @@ def _unfuse(m, plain, done):
                 plain.add(id(mod))
     if out is not m and isinstance(m, FusedConvModule):  # its activate: what runs right after its norm
         norm, slot = out._modules.get(m.norm_name), out._modules.get("activate")
-        _, act, slope = m._norm_applies()
+        _, act, slope, _ = m._norm_applies()
         mod = None if m._site is None else _locate(m._site, asker=m)[1]
         if isinstance(norm, SyncBatchNorm) and (mod is norm or m._site is None):  # the layer, or a copy, there
             _restore_act(norm, out, "activate", plain)
@@ -1671,13 +1678,24 @@ def _no_hooks(m):
 # ReLU, a pruning mask written into the output). It then computes the batch norm alone,
 # and what runs after it (the FusedActivation, the block, the ConvModule) the activation,
 # in PyTorch's ops (_unfused_now). Forward pre-hooks see its input only.
-_PAIRED = "_paired"  # the layer's __dict__ key, set by convert_fused (_fuse_into, _fused_block)
+_PAIRED = "_paired"  # the layer's __dict__ key for its _Pair, set by convert_fused
+
+
+class _Pair:
+    """convert_fused's mark on a layer that it gave the activation of the module after it
+    (_fuse_into, _fused_block). alone: whether the layer's last call ran its batch norm
+    alone, which the FusedActivation after it reads, rather than asking the hooks again (a
+    hook that removes itself, a traced graph's recorded choice). Copied with the layer
+    (deepcopy, pickle), shared by its replicas (nn.DataParallel's shallow copies)."""
+
+    def __init__(self):
+        self.alone = False
 
 
 def _unfused_now(layer):
     """Whether layer, fused by convert_fused with the module after it, runs its batch norm
     alone (a hook sees its output)."""
-    if not layer.__dict__.get(_PAIRED):
+    if layer.__dict__.get(_PAIRED) is None:
         return False
     if layer._forward_hooks or layer._backward_hooks or getattr(layer, "_backward_pre_hooks", None):
         return True
@@ -1829,9 +1847,16 @@ class FusedActivation(torch.nn.Identity):
         site = self._site
         if site is None:
             return input
+        if type(input) is not _Tensor:
+            # torch.fx: a node of its own, so that the traced module asks where it runs
+            traced = _fx_leaf(self, input, None, norm_only=False)
+            if traced is not None:
+                return traced
         kind, mod = _locate(site, self)
-        if kind is not None and not _unfused_now(site.layer if mod is None else mod):
-            return input
+        if kind is not None:
+            pair = (site.layer if mod is None else mod).__dict__.get(_PAIRED)
+            if pair is None or not pair.alone:  # (the layer's last call: its activation applied)
+                return input
         return _act_after(site, input)  # (another module there, or the layer ran alone)
 
     def extra_repr(self):
@@ -1908,15 +1933,16 @@ class _FusedBlock(_TypeAttrs, torch.nn.Module):
 
     def _norm(self, name, x, residual=None):
         """Batch norm `name` on x, then the activation, after adding residual where given:
-        the fused layer's one op, or (another module in its place) that module, then the
-        add and the activation the layer applied, in PyTorch's ops."""
+        the fused layer's one op, or (another module in its place, or the layer with a hook
+        on its output, _unfused_now) that module, then the add and the activation the layer
+        applied, in PyTorch's ops."""
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
-        if site is None or _runs_there(site, asker=self):
-            if not _unfused_now(bn):
-                return bn(x) if residual is None else bn(x, residual)
-            if site is None:  # (pickled before sites: the layer there is the block's)
-                return _epilogue(bn(x), residual, bn._act, bn.slope)
+        kind, mod = ("child", bn) if site is None else _locate(site, asker=self)
+        if kind is not None and not _unfused_now(bn if mod is None else mod):
+            return bn(x) if residual is None else bn(x, residual)
+        if site is None:  # (pickled before sites: the layer there is the block's)
+            return _epilogue(bn(x), residual, bn._act, bn.slope)
         return _act_after(site, bn(x), residual)
 
     def forward(self, x):
@@ -2031,8 +2057,8 @@ class FusedConvModule(_TypeAttrs, torch.nn.Module):
             norm = False
         else:
             x = conv(x)
-        there, act, slope = self._norm_applies()
-        if there and not (norm and activate and _unfused_now(bn)):
+        there, act, slope, layer = self._norm_applies()
+        if there and not (norm and activate and _unfused_now(layer)):
             if norm:  # act(batch_norm(x)) in one op, or without act
                 x = bn(x) if activate else bn(x, activate=False)
                 return kids["activate"](x) if activate else x  # (the identity: its hooks run, as the activation's)
@@ -2048,18 +2074,18 @@ class FusedConvModule(_TypeAttrs, torch.nn.Module):
     def _norm_applies(self):
         """(whether its batch norm, or a layer of syncbn's with an activation, runs in the
         norm's place (_locate), the activation applied there or to apply after the norm, its
-        slope)."""
+        slope, that layer (the one inside a wrapper there) or the module there)."""
         site = self._site
         if site is not None:
             kind, mod = _locate(site, asker=self)
             layer = site.layer if mod is None else mod
-            return kind is not None, layer._act, layer.slope
+            return kind is not None, layer._act, layer.slope, layer
         # pickled before sites: the norm's class tells, and what it applied was recorded
         bn = self._modules[self.norm_name]
         if isinstance(bn, SyncBatchNorm):
-            return True, bn._act, bn.slope
+            return True, bn._act, bn.slope, bn
         act, slope = self.__dict__.get("_applied") or ("identity", 0.01)
-        return False, _fused.ACTIVATIONS[act], slope
+        return False, _fused.ACTIVATIONS[act], slope, bn
 
 
 def _fused_conv_module(m, uses, inplace=False, relu_as_leaky=None):
@@ -2227,7 +2253,7 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
             # the last layer's output is the block's, and its residual the block's input
             layer = getattr(fused, bn)
             layer.set_activation(*act, (i < last or down is None) and _inplace_ok(inplace, *act, layer))
-            layer.__dict__[_PAIRED] = True
+            layer.__dict__[_PAIRED] = _Pair()
         return fused
     return None
 
@@ -2393,7 +2419,7 @@ def _fuse_into(bn, parent, name, was, relu_as_leaky, inplace, bn_name=None):
     act = _fused_act(was, relu_as_leaky)
     bn.set_activation(act[0], act[1], _inplace_ok(inplace, *act, bn))
     if bn is not parent:  # (a SyncBatchNormAct's own act: its output is act(...) either way)
-        bn.__dict__[_PAIRED] = True
+        bn.__dict__[_PAIRED] = _Pair()
     site = None if bn_name is None else _Site(parent, bn_name, bn)
     parent._modules[name] = FusedActivation(act_mod, site).train(act_mod.training)
     return parent._modules[name]

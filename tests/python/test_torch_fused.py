@@ -1381,6 +1381,67 @@ class TestConvert(TeamOfOne):
             self.assertLess(got[0], 0.0)  # the block's last batch norm, before the add and the ReLU
             self.assertTrue(bool(torch.isfinite(out).all()))
 
+    def test_hooks_after_conversion_edge_cases(self):
+        """What follows a fused batch norm reads the layer's own choice (its last call ran
+        the batch norm alone or not), not the hooks again: a hook that removes itself (the
+        "grab the features once" kind) on a ReLU pair and a leaky one; a block's batch norm
+        inside a one-child wrapper put there (as checkpoint_wrapper), the hook on the layer
+        inside; a torch.fx trace of the model (the FusedActivation a node that asks at run
+        time) with a hook registered after tracing, and one traced with a hook removed after
+        it (the graph keeps the hook's ops and the choice it was traced with). Each against
+        the float64 original, the same hooks on it (a shift of the output: the leaky ReLU
+        applied twice, or not at all, would show). Before, the first and the last lost or
+        doubled the activation, and the wrapped block lost it."""
+        class Wrap(nn.Module):  # a one-child wrapper that calls its child
+            def __init__(self, m):
+                super().__init__()
+                self.m = m
+
+            def forward(self, *args, **kwargs):
+                return self.m(*args, **kwargs)
+
+        def shift(module, inputs, output):
+            return output - 0.2
+
+        torch.manual_seed(4)
+        model = resnet_like().eval()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm).eval()
+        ref = copy.deepcopy(model).double()
+        x = torch.randn(2, 3, 8, 8)
+
+        def close(got, want, what):
+            torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4, msg=what)
+
+        # a hook that removes itself, on each model, once
+        for name in ("1", "8"):
+            for m in (conv, ref):
+                handle = [None]
+
+                def once(module, inputs, output, handle=handle):
+                    handle[0].remove()
+                    return output - 0.2
+                handle[0] = m.get_submodule(name).register_forward_hook(once)
+            close(conv(x), ref(x.double()), f"one-shot hook on {name}")
+            close(conv(x), ref(x.double()), f"after the one-shot hook on {name}")
+        # a block's batch norm wrapped, the hook on the layer inside
+        wrapped = copy.deepcopy(conv)
+        wrapped[3].bn1 = Wrap(wrapped[3].bn1)
+        wrapped[3].bn1.m.register_forward_hook(shift)
+        ref_hooked = copy.deepcopy(ref)
+        ref_hooked[3].bn1.register_forward_hook(shift)
+        close(wrapped(x), ref_hooked(x.double()), "wrapped block layer")
+        # torch.fx: a hook registered after tracing; a traced hook removed after tracing
+        traced = torch.fx.symbolic_trace(conv)
+        handle = conv[8].register_forward_hook(shift)
+        ref_hooked = copy.deepcopy(ref)
+        ref_hooked[8].register_forward_hook(shift)
+        close(traced(x), ref_hooked(x.double()), "fx, hook registered after tracing")
+        traced_hooked = torch.fx.symbolic_trace(conv)
+        handle.remove()
+        close(traced_hooked(x), ref_hooked(x.double()), "fx, traced with the hook, removed after")
+        close(traced(x), ref(x.double()), "fx, the hook removed")
+
     def test_loads_a_batchnorm_checkpoint(self):
         torch.manual_seed(1)
         model = resnet_like()
