@@ -1392,14 +1392,6 @@ class TestConvert(TeamOfOne):
         the float64 original, the same hooks on it (a shift of the output: the leaky ReLU
         applied twice, or not at all, would show). Before, the first and the last lost or
         doubled the activation, and the wrapped block lost it."""
-        class Wrap(nn.Module):  # a one-child wrapper that calls its child
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, *args, **kwargs):
-                return self.m(*args, **kwargs)
-
         def shift(module, inputs, output):
             return output - 0.2
 
@@ -1426,8 +1418,8 @@ class TestConvert(TeamOfOne):
             close(conv(x), ref(x.double()), f"after the one-shot hook on {name}")
         # a block's batch norm wrapped, the hook on the layer inside
         wrapped = copy.deepcopy(conv)
-        wrapped[3].bn1 = Wrap(wrapped[3].bn1)
-        wrapped[3].bn1.m.register_forward_hook(shift)
+        wrapped[3].bn1 = Calls(wrapped[3].bn1)
+        wrapped[3].bn1.module.register_forward_hook(shift)
         ref_hooked = copy.deepcopy(ref)
         ref_hooked[3].bn1.register_forward_hook(shift)
         close(wrapped(x), ref_hooked(x.double()), "wrapped block layer")

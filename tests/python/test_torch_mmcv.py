@@ -479,21 +479,12 @@ class TestConvModule(TeamOfOne):
         # the norm inside a one-child wrapper put in its place (as checkpoint_wrapper), a hook
         # that shifts its output on the layer inside: the activation after the shift, as on
         # the original (it was lost: the module asked the wrapper whether a hook was there)
-
-        class Wrap(nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, *args, **kwargs):
-                return self.m(*args, **kwargs)
-
         plain = nn.ModuleList([ConvModule(C, C, 3, padding=1, norm_cfg={"type": "BN"},
                                           act_cfg={"type": "LeakyReLU", "negative_slope": 0.1})])
         fresh = sbt.convert_fused(copy.deepcopy(plain), comm=self.comm)
         self.assertIs(type(fresh[0]), sbt.FusedConvModule)
         inner = fresh[0].norm
-        fresh[0]._modules[fresh[0].norm_name] = Wrap(inner)
+        fresh[0]._modules[fresh[0].norm_name] = Calls(inner)
         for m in (inner, plain[0].norm):
             m.register_forward_hook(lambda mod, i, o: o - 0.2)
         torch.testing.assert_close(fresh[0](x), plain[0](x), rtol=1e-5, atol=1e-5)
