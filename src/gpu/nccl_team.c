@@ -38,6 +38,12 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
                   sbn_nccl.GetLastError(comm));
 }
 
+/* One comm that no team holds (a failed init's) aborted as sbn_nccl_abort_comms does, on
+   `device` (-1: this thread's), waited for up to timeout_ms from now. */
+static void abort_alone(ncclComm_t c, int device, int64_t timeout_ms) {
+  sbn_nccl_abort_comms(NULL, &c, 1, device, sbn_mono_ns() + timeout_ms * 1000000);
+}
+
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
    finishing its own init or last call (bounded by the deadline; a split's child is ready:
    nccl_split_settled waited for its init). */
@@ -290,15 +296,13 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     const sbnResult_t failed = nccl_fail(nccl, nr, "ncclCommCuDevice");
-    if (adopt)
-      sbn_nccl_abort_comms(NULL, &nccl, 1, -1, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
+    if (adopt) abort_alone(nccl, -1, team->cfg.timeout_ms);
     return failed;
   }
   cudaGetDevice(&prev);
   struct sbn_gpu_team* gt = calloc(1, sizeof *gt);
   if (gt == NULL) {
-    if (adopt)
-      sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
+    if (adopt) abort_alone(nccl, dev, team->cfg.timeout_ms);
     return sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team)");
   }
   gt->nranks = w;
@@ -309,8 +313,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   gt->ranks = calloc((size_t)w, sizeof *gt->ranks);
   gt->nccl = calloc((size_t)w, sizeof *gt->nccl);
   if (gt->ranks == NULL || gt->nccl == NULL) {
-    if (adopt)
-      sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + team->cfg.timeout_ms * 1000000);
+    if (adopt) abort_alone(nccl, dev, team->cfg.timeout_ms);
     r = sbn_fail(NULL, sbnSystemError, "out of host memory (NCCL team of %d ranks)", w);
     goto out;
   }
@@ -678,7 +681,7 @@ static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic i
   if (r != sbnSuccess && adopt && nccl != NULL) {
     int dev = -1;
     if (sbn_nccl.CommCuDevice(nccl, &dev) != ncclSuccess) dev = -1;
-    sbn_nccl_abort_comms(NULL, &nccl, 1, dev, sbn_mono_ns() + cfg->timeout_ms * 1000000);
+    abort_alone(nccl, dev, cfg->timeout_ms);
   }
   return r;
 }
@@ -720,7 +723,7 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   if (nr != ncclSuccess) {
     const sbnResult_t r = nccl_fail(c, nr, "ncclCommInitRankConfig");
     /* local: the peers that came time out alike. NCCL made it on this thread's device */
-    sbn_nccl_abort_comms(NULL, &c, 1, -1, sbn_mono_ns() + cfg->timeout_ms * 1000000);
+    abort_alone(c, -1, cfg->timeout_ms);
     return r;
   }
   return nccl_create(c, 1, NULL, cfg, comm);
