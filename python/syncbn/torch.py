@@ -1659,16 +1659,26 @@ def _same_code(f, g):
         "co_code", "co_names", "co_varnames", "co_consts", "co_argcount", "co_kwonlyargcount", "co_freevars"))
 
 
+def _global_output_hooks():
+    """Whether a global module hook that sees a module's output or its gradient is
+    registered (forward, backward, backward pre-hooks)."""
+    mod = torch.nn.modules.module
+    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_backward_hooks", None)
+                or getattr(mod, "_global_backward_pre_hooks", None))
+
+
 def _global_hooks():
     """Whether a global module hook is registered (it sees every module's input or output)."""
-    mod = torch.nn.modules.module
-    return any(getattr(mod, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
-                                                     "_global_backward_hooks", "_global_backward_pre_hooks"))
+    return _global_output_hooks() or bool(getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None))
+
+
+def _output_hooks(m):
+    """Whether module m has a hook of its own that sees its output or its gradient."""
+    return bool(m._forward_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None))
 
 
 def _no_hooks(m):
-    return not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or getattr(m, "_backward_pre_hooks", None))
+    return not (m._forward_pre_hooks or _output_hooks(m))
 
 
 # A layer that convert_fused gave the activation of the module after it (a Sequential's
@@ -1695,13 +1705,7 @@ class _Pair:
 def _unfused_now(layer):
     """Whether layer, fused by convert_fused with the module after it, runs its batch norm
     alone (a hook sees its output)."""
-    if layer.__dict__.get(_PAIRED) is None:
-        return False
-    if layer._forward_hooks or layer._backward_hooks or getattr(layer, "_backward_pre_hooks", None):
-        return True
-    mod = torch.nn.modules.module
-    return bool(getattr(mod, "_global_forward_hooks", None) or getattr(mod, "_global_backward_hooks", None)
-                or getattr(mod, "_global_backward_pre_hooks", None))
+    return layer.__dict__.get(_PAIRED) is not None and (_output_hooks(layer) or _global_output_hooks())
 
 
 class _Site:
@@ -2162,10 +2166,9 @@ def _warn_half_inplace(layer, dtype, w, b):
     layer.__dict__["_half_checked"] = (checked or frozenset()) | {dtype}
     if w is None:  # (no affine parameters: weight 1, bias 0)
         return
-    bound = _HALF_MARGIN * _HALF_U[dtype]
-    low = w.detach().float().abs()
-    low = low < (b.detach().float().abs() * bound).clamp_min(_RECOVER_MIN_WEIGHT) if b is not None else \
-        low < _RECOVER_MIN_WEIGHT
+    bound = _RECOVER_MIN_WEIGHT if b is None else \
+        (b.detach().float().abs() * (_HALF_MARGIN * _HALF_U[dtype])).clamp_min(_RECOVER_MIN_WEIGHT)
+    low = w.detach().float().abs() < bound
     n = int(low.sum())
     if n:
         warnings.warn(f"syncbn.torch.SyncBatchNorm: in place in {str(dtype).replace('torch.', '')}: {n} of "
