@@ -17,13 +17,13 @@ The team: ``comm=`` (a ``syncbn.Comm``: a CPU team's rank for CPU tensors, the p
 tests), set at construction, by ``convert_sync_batchnorm(..., comm=)`` or
 ``module.comm = ...``; otherwise, for CUDA tensors in an initialized ``torch.distributed``,
 the team of the layer's ``process_group`` (the world by default) on the tensor's GPU:
-made at its first use and cached (``team_for``): rank 0 of the group makes an NCCL
-unique id (``sbnGetNcclUniqueId``), the group broadcasts it (``broadcast_object_list``),
-and every rank calls ``sbnCommInitNcclRank``, where the library makes the NCCL comm
-itself, nonblocking, bounded by the team's timeout (tests/python/test_torch_gpu.py,
-scripts/gpu-suite.sh's ``pytorch`` step, on a GPU). A missing
-rank raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout, in an
-op or in the team's creation; the group's broadcast before it waits as PyTorch's
+made at its first use and cached while the group lives (``team_for``): rank 0 of the
+group makes an NCCL unique id (``sbnGetNcclUniqueId``), the group broadcasts it
+(``broadcast_object_list``), and every rank calls ``sbnCommInitNcclRank``, where the
+library makes the NCCL comm itself, nonblocking, bounded by the team's timeout
+(tests/python/test_torch_gpu.py, scripts/gpu-suite.sh's ``pytorch`` step, on a GPU). A
+missing rank raises ``syncbn.SyncBNError`` named ``sbnTimeout`` after the team's timeout,
+in an op or in the team's creation; the group's broadcast before it waits as PyTorch's
 collectives do (its process group's timeout). Without ``comm=`` and without a process
 group, where nn.SyncBatchNorm runs PyTorch's batch norm on the rank's batch alone: a team
 of one on the tensor's device (``_own_team``).
@@ -171,9 +171,29 @@ def _plain(x):
 
 
 # ---- teams from torch.distributed process groups (CUDA tensors) ------------------------
-_TEAMS = {}  # (group, device index) -> syncbn.Comm
+# group -> {device index: syncbn.Comm}; held weakly by the group: once torch.distributed has
+# dropped a group (destroy_process_group) and no layer names it, its teams are destroyed
+_TEAMS = weakref.WeakKeyDictionary()
 _TEAMS_LOCK = threading.Lock()  # one creation at a time: a team is made collectively
 _GROUP_TEAM_CHANNELS = 4096  # the least max_channels of a process group's team (the library's default)
+
+
+def _group_of(process_group):
+    """The process group a layer's process_group names: itself, or for None the default
+    group as it is now (a ProcessGroup; another one after destroy_process_group and
+    init_process_group)."""
+    return process_group if process_group is not None else _dist.group.WORLD
+
+
+def _drop_destroyed_groups():
+    """Drops the teams of the groups torch.distributed no longer knows (destroyed while
+    something still holds the group): they were made of its ranks, and are destroyed once
+    no layer's autograd node holds them. _TEAMS_LOCK held."""
+    for group in list(_TEAMS.keys()):
+        try:
+            _dist.get_process_group_ranks(group)
+        except (KeyError, ValueError, RuntimeError):
+            del _TEAMS[group]
 
 
 def _outside_group(group):
@@ -198,17 +218,17 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
                          f"synchronizes no CPU tensors across processes (nn.SyncBatchNorm neither); a CPU "
                          f"team's ranks are the threads of one process (comm=, a rank of syncbn.cpu_team), "
                          f"which a rank of another process cannot join")
-    group = process_group if process_group is not None else _dist.group.WORLD
+    group = _group_of(process_group)
     if _outside_group(group):
         raise ValueError(f"syncbn.torch.team_for: this process (global rank {_dist.get_rank()}) is not in the "
                          f"process group: it has no rank in the group's team (a SyncBatchNorm of that group "
                          f"runs batch norm on its own batch there, as nn.SyncBatchNorm does)")
-    key = (group, device.index)
     channels = max(_GROUP_TEAM_CHANNELS, int(max_channels or 0))
     with _TEAMS_LOCK:
-        team = _TEAMS.get(key)
+        team = _TEAMS.get(group, {}).get(device.index)
         if team is not None and (max_channels is None or team.max_channels >= max_channels):
             return team
+        _drop_destroyed_groups()
         rank, size = _dist.get_rank(group), _dist.get_world_size(group)
         box = [None]
         if rank == 0:  # a failure here reaches every rank, not only rank 0
@@ -224,14 +244,21 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
             raise RuntimeError(f"syncbn.torch: rank 0 of the group could not make the team's NCCL id: {box[0][1]}")
         with torch.cuda.device(device):
             team = _sbn.nccl_team(box[0], size, rank, timeout_ms=timeout_ms, max_channels=channels)
-        _TEAMS[key] = team
+        _TEAMS.setdefault(group, {})[device.index] = team
         return team
 
 
 def _dist_ready():
-    """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing;
-    torch.compile folds it to a constant)."""
-    return _dist.is_available() and _dist.is_initialized()
+    """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing).
+    The default group is read first for torch.compile, which guards it (a graph is traced
+    again once the group is destroyed or made again), where it folds is_initialized() to a
+    constant without a guard: a graph traced with a group would run on after
+    destroy_process_group, on the destroyed group's team. (Not `WORLD is not None`, which
+    PyTorch 2.4's Dynamo answers True for a default group of None.)"""
+    if not _dist.is_available():
+        return False
+    _dist.group.WORLD  # noqa: B018 (read for torch.compile's guard)
+    return _dist.is_initialized()
 
 
 # Teams of one: where nn.SyncBatchNorm, with no process group, runs PyTorch's batch norm on
@@ -431,14 +458,15 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
 
     @torch.compiler.disable  # collective, once per (group, device): run eagerly, never traced
     def _find_group_team(self, device):
-        """The team of process_group on device, kept with the group it is of (a layer given
-        another group finds that group's); False where this process is not in the group."""
+        """The team of process_group on device, kept with the group it is of (_group_of: a
+        layer given another group, or whose default group was made again, finds that
+        group's); False where this process is not in the group."""
         group = self.process_group
         if device.type == "cuda" and _outside_group(group):
             self._group_comm = False
         else:  # (a CPU tensor: team_for's ValueError, in the group or not, as nn.SyncBatchNorm's)
             self._group_comm = team_for(group, device, max_channels=self.num_features)
-        self._group_device, self._group_pg = device, group
+        self._group_device, self._group_pg = device, _group_of(group)
         return self._group_comm
 
     def __getstate__(self):
@@ -562,11 +590,19 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
         if comm is None and _dist_ready():
             comm = self._group_comm
             # once per group and device (later calls find it here), and again for another
-            # process_group assigned since: nn.SyncBatchNorm reads it at every call
-            if comm is None or self._group_device != input.device or self._group_pg is not self.process_group:
+            # process_group assigned since, or a default group made again (destroy_process_group,
+            # init_process_group): nn.SyncBatchNorm reads the group at every call. By id():
+            # torch.compile guards the ids it is given, where it would compare two groups with
+            # `is` once, as it traces (a graph that found a new team would look it up again at
+            # every call)
+            if (comm is None or self._group_device != input.device
+                    or id(self._group_pg) != id(_group_of(self.process_group))):
                 comm = self._find_group_team(input.device)
             if comm is False:  # not in the group: nn.SyncBatchNorm runs batch norm on this rank's batch
                 comm = None
+        elif comm is None and self._group_pg is not None:
+            # no process group now (destroyed): the layer lets go of the last one's team
+            self._group_comm = self._group_device = self._group_pg = None
         elif comm is not None and comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "

@@ -1080,6 +1080,120 @@ class TestTorch(unittest.TestCase):
             for t in teams.values():
                 t.destroy()
 
+    def test_default_group_made_again(self):
+        """destroy_process_group, then init_process_group: a layer of the default group
+        (process_group None) takes the new group's team at its next training call, as
+        nn.SyncBatchNorm syncs over the new group; without a process group between them it
+        runs batch norm on its own batch and lets go of the old group's team (and of the
+        group). Eager and compiled (the graph's guards: the default group, which
+        is_initialized() asks); the teams stood in for by CPU teams of one, one per group."""
+        import tempfile
+        import weakref
+
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        made, asked = [], []  # (the group, weakly; its team); the calls
+
+        def stand_in(group, device, timeout_ms=None, max_channels=None):
+            group = dist.group.WORLD if group is None else group
+            asked.append(1)
+            team = next((t for g, t in made if g() is group), None)
+            if team is None:
+                team = syncbn.cpu_team(1)[0]
+                made.append((weakref.ref(group), team))
+            return team
+
+        real_team_for = sbt.team_for
+        sbt.team_for = stand_in
+        x = torch.randn(4, 3, 5)
+        try:
+            for compiled in (False, True):
+                made.clear()
+                asked.clear()
+                m = sbt.SyncBatchNorm(3)
+                f = torch.compile(m, backend="eager") if compiled else m
+                for world in range(3):  # (from the second to the third, no call between)
+                    with tempfile.TemporaryDirectory() as d:
+                        dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
+                        try:
+                            for _ in range(2):
+                                torch.testing.assert_close(f(x), F.batch_norm(x, None, None, m.weight, m.bias, True),
+                                                           rtol=3e-5, atol=3e-5)
+                            what = f"compiled {compiled}, world {world}"
+                            self.assertEqual((len(made), len(asked)), (world + 1, world + 1), what)  # once a group
+                            self.assertIs(made[-1][0](), dist.group.WORLD, what)
+                            self.assertIs(m._group_comm, made[-1][1], what)
+                        finally:
+                            dist.destroy_process_group()
+                    if world == 1:
+                        continue
+                    # no process group: its own batch, and nothing of the last group kept
+                    torch.testing.assert_close(f(x), F.batch_norm(x, None, None, m.weight, m.bias, True),
+                                               rtol=3e-5, atol=3e-5)
+                    self.assertIsNone(m._group_comm, what)
+                    self.assertIsNone(m._group_pg, what)
+                    if not compiled:  # (a compiled graph may hold the group it guards: team_for
+                        gc.collect()  # drops its teams then, test_process_group_teams_released)
+                        self.assertIsNone(made[-1][0](), what)
+        finally:
+            sbt.team_for = real_team_for
+            for _, t in made:
+                t.destroy()
+            torch._dynamo.reset()
+
+    def test_process_group_teams_released(self):
+        """team_for's teams are held by their group, weakly: a group destroyed and dropped
+        takes its teams with it (destroyed once nothing holds them), and a group destroyed
+        while something still holds it loses its teams at the next team that is made (its
+        ranks' team is of no use to a later group). The teams stood in for by CPU teams of
+        one (made for a GPU here without one: the lookup asks nothing of the device), the
+        NCCL id by a failure (no team is made)."""
+        import tempfile
+        import weakref
+
+        import torch.distributed as dist
+
+        gpu = torch.device("cuda", 0)
+        real_id = sbt._sbn.nccl_unique_id
+
+        def no_id():
+            raise syncbn.SyncBNError(4, "ncclGetUniqueId", "stand-in: no NCCL id")
+
+        sbt._sbn.nccl_unique_id = no_id
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                dist.init_process_group("gloo", init_method=f"file://{d}/a", rank=0, world_size=1)
+                held = dist.group.WORLD
+                team = syncbn.cpu_team(1)[0]
+                sbt._TEAMS[held] = {0: team}
+                self.assertIs(sbt.team_for(None, gpu), team)  # found, not made
+                kept = weakref.ref(team)
+                del team
+                dist.destroy_process_group()  # held here: its teams stay, for now
+                gc.collect()
+                self.assertIsNotNone(kept())
+                dist.init_process_group("gloo", init_method=f"file://{d}/b", rank=0, world_size=1)
+                try:
+                    with self.assertRaisesRegex(RuntimeError, "could not make the team's NCCL id: .*stand-in"):
+                        sbt.team_for(None, gpu)
+                    self.assertNotIn(held, sbt._TEAMS)  # the destroyed group's, dropped
+                    gc.collect()
+                    self.assertIsNone(kept())  # and destroyed
+                    team = syncbn.cpu_team(1)[0]
+                    sbt._TEAMS[dist.group.WORLD] = {0: team}
+                    self.assertIs(sbt.team_for(None, gpu), team)
+                    kept = weakref.ref(team)
+                    del team
+                finally:
+                    dist.destroy_process_group()  # and held by nothing: its teams go with it
+                gc.collect()
+                self.assertIsNone(kept())
+                self.assertEqual(len(sbt._TEAMS), 0)
+        finally:
+            sbt._sbn.nccl_unique_id = real_id
+            sbt._TEAMS.clear()
+
     def test_process_group_outside(self):
         """A process outside the layer's process group (world of two, the group rank 1's):
         for a GPU's tensor the layer takes no team of the group (it runs batch norm on its
