@@ -1085,7 +1085,8 @@ class TestTorch(unittest.TestCase):
         (process_group None) takes the new group's team at its next training call, as
         nn.SyncBatchNorm syncs over the new group; without a process group between them it
         runs batch norm on its own batch and lets go of the old group's team (and of the
-        group). Eager and compiled (the graph's guards: the default group, which
+        group). A team that failed (aborted) is left so: the next group's team takes over.
+        Eager and compiled (the graph's guards: the default group, which
         is_initialized() asks); the teams stood in for by CPU teams of one, one per group."""
         import tempfile
         import weakref
@@ -1124,6 +1125,10 @@ class TestTorch(unittest.TestCase):
                             self.assertEqual((len(made), len(asked)), (world + 1, world + 1), what)  # once a group
                             self.assertIs(made[-1][0](), dist.group.WORLD, what)
                             self.assertIs(m._group_comm, made[-1][1], what)
+                            if world == 0:  # a team that failed: the next group's team takes over
+                                made[-1][1].abort()
+                                with self.assertRaisesRegex(syncbn.SyncBNError, "sbnAborted"):
+                                    f(x)
                         finally:
                             dist.destroy_process_group()
                     if world == 1:
