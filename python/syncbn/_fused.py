@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, Comm, _capi, _ops, _raise
+from . import IDENTITY, LEAKY_RELU, NCHW, NHWC, RELU, _capi, _ops, _raise
 from ._ops import (_buffers, _bump, _call_comm, _check_infer_args, _check_input, _check_train_args, _comm,
                    _dense, _desc, _f32, _f32_bias, _infer_grads, _like_x, _param, _ptr, _read_format,
                    _same_device, _stream, _vectors, _write_back)
@@ -351,7 +351,7 @@ def _train_function(train, backward, below, traced_backward=None):
             else:
                 _ops._save(ctx, x, y, weight, bias if ctx.no_residual else None, stats, None)
             ctx.eps, ctx.comm, ctx.activation, ctx.slope = eps, comm, activation, slope
-            ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
+            ctx.comm_kept = _ops._kept_comm(comm, x)
             ctx.twice = inplace or _ops._twice(x, weight)  # in place: the C++ node looks at out, which always does
             ctx.mark_non_differentiable(stats)
             return y, stats

@@ -36,6 +36,7 @@ import warnings
 
 import torch
 from torch.autograd import forward_ad as _fwad
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 
 from . import (FLOAT16, FLOAT32, BFLOAT16, GRAD_LOCAL, NCHW, NHWC, Comm, SyncBNError, SyncBNValueError, TensorDesc,
                _VALUE_ERRORS, _capi, _native, _raise)
@@ -535,6 +536,13 @@ def _weight_grads(dwb, weight, need_w, need_b):
     return dwb[0] if need_w else None, dwb[1] if need_b else None
 
 
+def _kept_comm(comm, x):
+    """The Comm of id `comm`, for an autograd node to keep while its backward may call it
+    (Comm._end): none for a node of fake tensors (torch.compile's tracing, whose graph keeps
+    them: a team it kept would outlive its process group, and no backward of it runs)."""
+    return Comm._by_id.get(comm) if type(x) is torch.Tensor or not _is_fake(x) else None  # (is_fake: ~2 us)
+
+
 def _train_function(train, backward, below, traced_backward=None):
     """The autograd.Function of batch_norm_train over `train` and `backward` (the
     operators, inside the Autograd kernel: `below` dispatches past autograd; or their
@@ -550,7 +558,7 @@ def _train_function(train, backward, below, traced_backward=None):
                                                     comm))
             _save(ctx, x, weight, stats)
             ctx.eps, ctx.comm = eps, comm
-            ctx.comm_kept = Comm._by_id.get(comm)  # live while the backward may call it (Comm._end)
+            ctx.comm_kept = _kept_comm(comm, x)
             ctx.twice = _twice(x, weight)
             ctx.mark_non_differentiable(stats)
             return y, stats

@@ -185,6 +185,29 @@ def _group_of(process_group):
     return process_group if process_group is not None else _dist.group.WORLD
 
 
+def _dynamo_wraps_groups():
+    """Whether torch.compile's Dynamo wraps a ProcessGroup in a ProcessGroupVariable
+    (PyTorch 2.4): it guards every read of a group by identity and folds `is` under those
+    guards, and id() of one is a graph break. Later ones take a group as a script object:
+    they guard the ids id() is given, and fold `is` once as they trace, unguarded."""
+    try:
+        from torch._dynamo.variables import distributed
+    except Exception:  # noqa: BLE001 (no Dynamo: no torch.compile to serve)
+        return False
+    return hasattr(distributed, "ProcessGroupVariable")
+
+
+# Whether the layer's team is of the group it now names, compared as torch.compile guards
+# it (a graph traced again for another group; where it is not guarded, a graph that found
+# a new team would look for it again at every call, or run on the old one)
+if _dynamo_wraps_groups():
+    def _same_group(a, b):
+        return a is b
+else:
+    def _same_group(a, b):
+        return id(a) == id(b)
+
+
 def _drop_destroyed_groups():
     """Drops the teams of the groups torch.distributed no longer knows (destroyed while
     something still holds the group): they were made of its ranks, and are destroyed once
@@ -248,17 +271,26 @@ def team_for(process_group, device, timeout_ms=None, max_channels=None):
         return team
 
 
+_DIST_AVAILABLE = _dist.is_available()
+
+
+def _default_group():
+    """The default process group, or None where torch.distributed has none (nn.SyncBatchNorm
+    syncs only where is_initialized()). The group is read for torch.compile, which guards
+    it (a graph is traced again once it is destroyed or made again), and whether there is
+    one asked of is_initialized(), which it folds to a constant without a guard (alone, a
+    graph traced with a group would run on after destroy_process_group, on the destroyed
+    group's team): PyTorch 2.4's Dynamo answers `WORLD is not None` True for a WORLD of
+    None."""
+    if not _DIST_AVAILABLE:
+        return None
+    world = _dist.group.WORLD
+    return world if _dist.is_initialized() else None
+
+
 def _dist_ready():
-    """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing).
-    The default group is read first for torch.compile, which guards it (a graph is traced
-    again once the group is destroyed or made again), where it folds is_initialized() to a
-    constant without a guard: a graph traced with a group would run on after
-    destroy_process_group, on the destroyed group's team. (Not `WORLD is not None`, which
-    PyTorch 2.4's Dynamo answers True for a default group of None.)"""
-    if not _dist.is_available():
-        return False
-    _dist.group.WORLD  # noqa: B018 (read for torch.compile's guard)
-    return _dist.is_initialized()
+    """Whether torch.distributed has a process group (nn.SyncBatchNorm's test for syncing)."""
+    return _default_group() is not None
 
 
 # Teams of one: where nn.SyncBatchNorm, with no process group, runs PyTorch's batch norm on
@@ -587,21 +619,22 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             raise ValueError(f"syncbn.torch.SyncBatchNorm: momentum must be finite as a float32 (the library's), "
                              f"got {float(self.momentum)!r}")
         comm, cid, size = self._comm, None, 1
-        if comm is None and _dist_ready():
+        world = _default_group() if comm is None else None
+        if world is not None:
             comm = self._group_comm
             # once per group and device (later calls find it here), and again for another
             # process_group assigned since, or a default group made again (destroy_process_group,
-            # init_process_group): nn.SyncBatchNorm reads the group at every call. By id():
-            # torch.compile guards the ids it is given, where it would compare two groups with
-            # `is` once, as it traces (a graph that found a new team would look it up again at
-            # every call)
-            if (comm is None or self._group_device != input.device
-                    or id(self._group_pg) != id(_group_of(self.process_group))):
+            # init_process_group): nn.SyncBatchNorm reads the group at every call
+            group = self.process_group
+            if group is None:
+                group = world
+            if comm is None or self._group_device != input.device or not _same_group(self._group_pg, group):
                 comm = self._find_group_team(input.device)
             if comm is False:  # not in the group: nn.SyncBatchNorm runs batch norm on this rank's batch
                 comm = None
         elif comm is None and self._group_pg is not None:
-            # no process group now (destroyed): the layer lets go of the last one's team
+            # no process group now (destroyed): the layer lets go of the last one's team (an
+            # evaluated layer, which asks for no team, at its next training call)
             self._group_comm = self._group_device = self._group_pg = None
         elif comm is not None and comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "

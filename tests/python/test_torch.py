@@ -1086,28 +1086,36 @@ class TestTorch(unittest.TestCase):
         nn.SyncBatchNorm syncs over the new group; without a process group between them it
         runs batch norm on its own batch and lets go of the old group's team (and of the
         group). A team that failed (aborted) is left so: the next group's team takes over.
-        Eager and compiled (the graph's guards: the default group, which
-        is_initialized() asks); the teams stood in for by CPU teams of one, one per group."""
+        Each group's team is destroyed once the next one is made (eager: once its group is
+        gone). Eager and compiled (the graph's guards: the default group, which
+        is_initialized() asks; no graph break once the team is found). The teams stood in
+        for by CPU teams of one, kept in team_for's cache as team_for keeps them."""
         import tempfile
         import weakref
 
         import torch.distributed as dist
         import torch.nn.functional as F
 
-        made, asked = [], []  # (the group, weakly; its team); the calls
+        made, asked = [], []  # weak references to the teams made, in order; the calls
 
         def stand_in(group, device, timeout_ms=None, max_channels=None):
-            group = dist.group.WORLD if group is None else group
+            group = sbt._group_of(group)
             asked.append(1)
-            team = next((t for g, t in made if g() is group), None)
-            if team is None:
-                team = syncbn.cpu_team(1)[0]
-                made.append((weakref.ref(group), team))
+            with sbt._TEAMS_LOCK:  # (the part of team_for that needs no GPU)
+                team = sbt._TEAMS.get(group, {}).get(device.index)
+                if team is None:
+                    sbt._drop_destroyed_groups()
+                    team = sbt._TEAMS.setdefault(group, {})[device.index] = syncbn.cpu_team(1)[0]
+                    made.append(weakref.ref(team))
             return team
 
         real_team_for = sbt.team_for
         sbt.team_for = stand_in
         x = torch.randn(4, 3, 5)
+
+        def right(y):
+            torch.testing.assert_close(y, F.batch_norm(x, None, None, m.weight, m.bias, True), rtol=3e-5, atol=3e-5)
+
         try:
             for compiled in (False, True):
                 made.clear()
@@ -1115,36 +1123,40 @@ class TestTorch(unittest.TestCase):
                 m = sbt.SyncBatchNorm(3)
                 f = torch.compile(m, backend="eager") if compiled else m
                 for world in range(3):  # (from the second to the third, no call between)
+                    what = f"compiled {compiled}, world {world}"
                     with tempfile.TemporaryDirectory() as d:
                         dist.init_process_group("gloo", init_method=f"file://{d}/store", rank=0, world_size=1)
                         try:
-                            for _ in range(2):
-                                torch.testing.assert_close(f(x), F.batch_norm(x, None, None, m.weight, m.bias, True),
-                                                           rtol=3e-5, atol=3e-5)
-                            what = f"compiled {compiled}, world {world}"
+                            group = weakref.ref(dist.group.WORLD)
+                            right(f(x))
+                            right(f(x))
                             self.assertEqual((len(made), len(asked)), (world + 1, world + 1), what)  # once a group
-                            self.assertIs(made[-1][0](), dist.group.WORLD, what)
-                            self.assertIs(m._group_comm, made[-1][1], what)
+                            self.assertIs(sbt._TEAMS[group()][None], made[-1](), what)
+                            self.assertIs(m._group_comm, made[-1](), what)
+                            gc.collect()
+                            self.assertEqual([t() is not None for t in made], [False] * world + [True], what)
                             if world == 0:  # a team that failed: the next group's team takes over
-                                made[-1][1].abort()
+                                made[-1]().abort()
                                 with self.assertRaisesRegex(syncbn.SyncBNError, "sbnAborted"):
                                     f(x)
+                            if compiled and world == 2:  # once the team is found: one graph
+                                torch._dynamo.reset()
+                                right(torch.compile(m, backend="eager", fullgraph=True)(x))
                         finally:
                             dist.destroy_process_group()
                     if world == 1:
                         continue
                     # no process group: its own batch, and nothing of the last group kept
-                    torch.testing.assert_close(f(x), F.batch_norm(x, None, None, m.weight, m.bias, True),
-                                               rtol=3e-5, atol=3e-5)
+                    right(f(x))
                     self.assertIsNone(m._group_comm, what)
                     self.assertIsNone(m._group_pg, what)
-                    if not compiled:  # (a compiled graph may hold the group it guards: team_for
-                        gc.collect()  # drops its teams then, test_process_group_teams_released)
-                        self.assertIsNone(made[-1][0](), what)
+                    if not compiled:  # (a compiled graph may hold the group it guards: its
+                        gc.collect()  # team goes when the next one is made, as checked above)
+                        self.assertIsNone(group(), what)
+                        self.assertIsNone(made[-1](), what)
         finally:
             sbt.team_for = real_team_for
-            for _, t in made:
-                t.destroy()
+            sbt._TEAMS.clear()
             torch._dynamo.reset()
 
     def test_process_group_teams_released(self):
