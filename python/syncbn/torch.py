@@ -435,6 +435,7 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     _group_comm = None  # the team of _group_pg (process_group) on _group_device, found at the first training
     _group_device = None  # call (False: this process is not in the group)
     _group_pg = None
+    _group_world = None  # the default group then (a group is not used past its world's end)
     _act = _sbn.IDENTITY  # the fused epilogue (set_activation); identity, no in-place: the plain layer
     _slope = 0.01
     _inplace = False
@@ -498,14 +499,28 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             self._group_comm = False
         else:  # (a CPU tensor: team_for's ValueError, in the group or not, as nn.SyncBatchNorm's)
             self._group_comm = team_for(group, device, max_channels=self.num_features)
-        self._group_device, self._group_pg = device, _group_of(group)
+        self._group_device, self._group_pg, self._group_world = device, _group_of(group), _dist.group.WORLD
         return self._group_comm
+
+    def _forget_group(self):
+        """Forgets the team found for process_group (found again at the next training call
+        that asks for one)."""
+        self._group_comm = self._group_device = self._group_pg = self._group_world = None
+
+    @torch.compiler.disable  # once after destroy_process_group: run eagerly
+    def _let_go_of_group(self):
+        """No process group now (destroyed): the layer lets go of the last one's team, and
+        team_for of the teams of the groups destroyed (a compiled graph may hold a group, and
+        so its teams, until the next team is made)."""
+        self._forget_group()
+        with _TEAMS_LOCK:
+            _drop_destroyed_groups()
 
     def __getstate__(self):
         # the group's team is this process's, found for a group that may be gone by now (and
         # a ProcessGroup pickles not): a copy or a loaded layer finds its team again
         state = super().__getstate__()
-        for k in ("_group_comm", "_group_device", "_group_pg"):
+        for k in ("_group_comm", "_group_device", "_group_pg", "_group_world"):
             state.pop(k, None)
         return state
 
@@ -519,6 +534,8 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
     @comm.setter
     def comm(self, value):
         self._comm = _check_comm(value, "syncbn.torch.SyncBatchNorm")
+        if "_group_comm" in self.__dict__:  # a team of the process group found before: not kept
+            self._forget_group()
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
@@ -628,14 +645,17 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
             group = self.process_group
             if group is None:
                 group = world
-            if comm is None or self._group_device != input.device or not _same_group(self._group_pg, group):
+            # (and a group of a default group since destroyed: its team not used past it, as
+            # nn.SyncBatchNorm's collectives on such a group raise)
+            if (comm is None or self._group_device != input.device or not _same_group(self._group_pg, group)
+                    or not _same_group(self._group_world, world)):
                 comm = self._find_group_team(input.device)
             if comm is False:  # not in the group: nn.SyncBatchNorm runs batch norm on this rank's batch
                 comm = None
         elif comm is None and self._group_pg is not None:
             # no process group now (destroyed): the layer lets go of the last one's team (an
             # evaluated layer, which asks for no team, at its next training call)
-            self._group_comm = self._group_device = self._group_pg = None
+            self._let_go_of_group()
         elif comm is not None and comm.max_channels is not None and self.num_features > comm.max_channels:
             raise ValueError(f"syncbn.torch.SyncBatchNorm: {self.num_features} channels, and its team (comm=) takes "
                              f"at most {comm.max_channels}: make the team with max_channels >= {self.num_features} "
@@ -838,7 +858,7 @@ class ABNSync(_Then, SyncBatchNorm):
         team is found again at the next training call; a layer given ``comm=`` runs on that
         team whatever its group, as a SyncBatchNorm's process_group)."""
         self.process_group = group
-        self._group_comm = self._group_device = None
+        self._forget_group()
 
     def _then(self, y):
         return F.elu(y, self._param) if self._abn_act == "elu" else y
@@ -1031,7 +1051,7 @@ def _convert(module, process_group, comm):
         if isinstance(m, SyncBatchNorm):  # moved in place
             m.process_group = process_group
             m.comm = comm
-            m._group_comm = m._group_device = None  # the previous group's team
+            m._forget_group()  # the previous group's team
             return m
         if isinstance(kinds.get(id(m)), type):  # inplace_abn's layer: its syncbn class
             out = _take_state(kinds[id(m)](m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats,

@@ -1086,10 +1086,13 @@ class TestTorch(unittest.TestCase):
         nn.SyncBatchNorm syncs over the new group; without a process group between them it
         runs batch norm on its own batch and lets go of the old group's team (and of the
         group). A team that failed (aborted) is left so: the next group's team takes over.
-        Each group's team is destroyed once the next one is made (eager: once its group is
-        gone). Eager and compiled (the graph's guards: the default group, which
-        is_initialized() asks; no graph break once the team is found). The teams stood in
-        for by CPU teams of one, kept in team_for's cache as team_for keeps them."""
+        Each group's team is destroyed once the next one is made, or once the layer finds no
+        process group. A layer given a group of a default group since made again raises as
+        team_for does for it (a ValueError: not registered), where it ran on that group's
+        team; a layer given comm= forgets its group's team. Eager and compiled (the graph's
+        guards: the default group, which is_initialized() asks; no graph break once the team
+        is found). The teams stood in for by CPU teams of one, kept in team_for's cache as
+        team_for keeps them."""
         import tempfile
         import weakref
 
@@ -1101,6 +1104,8 @@ class TestTorch(unittest.TestCase):
         def stand_in(group, device, timeout_ms=None, max_channels=None):
             group = sbt._group_of(group)
             asked.append(1)
+            if sbt._outside_group(group):  # (a destroyed group: its ValueError)
+                raise ValueError("stand-in team_for: not in the group")
             with sbt._TEAMS_LOCK:  # (the part of team_for that needs no GPU)
                 team = sbt._TEAMS.get(group, {}).get(device.index)
                 if team is None:
@@ -1135,10 +1140,28 @@ class TestTorch(unittest.TestCase):
                             self.assertIs(m._group_comm, made[-1](), what)
                             gc.collect()
                             self.assertEqual([t() is not None for t in made], [False] * world + [True], what)
+                            if world == 0 and not compiled:  # comm= given: the group's team forgotten
+                                c, n = sbt.SyncBatchNorm(3), len(asked)
+                                c(x)
+                                self.assertIs(c._group_comm, made[-1](), what)
+                                c.comm = own = syncbn.cpu_team(1)[0]
+                                self.assertIsNone(c._group_comm, what)
+                                right(c(x))
+                                del c, own, asked[n:]  # (the calls counted are m's)
                             if world == 0:  # a team that failed: the next group's team takes over
                                 made[-1]().abort()
                                 with self.assertRaisesRegex(syncbn.SyncBNError, "sbnAborted"):
                                     f(x)
+                            if world == 1:  # a layer given a group of this default group
+                                e, n = sbt.SyncBatchNorm(3, process_group=dist.new_group([0])), len(asked)
+                                e(x)
+                                self.assertEqual(len(made), 3, what)
+                                del made[-1], asked[n:]  # (its team is no default group's)
+                            if world == 2:  # its group's world ended: team_for's error, as for it
+                                n = len(asked)
+                                with self.assertRaisesRegex(ValueError, "not registered|not in the group"):
+                                    e(x)
+                                del e, asked[n:]
                             if compiled and world == 2:  # once the team is found: one graph
                                 torch._dynamo.reset()
                                 right(torch.compile(m, backend="eager", fullgraph=True)(x))
@@ -1150,10 +1173,10 @@ class TestTorch(unittest.TestCase):
                     right(f(x))
                     self.assertIsNone(m._group_comm, what)
                     self.assertIsNone(m._group_pg, what)
-                    if not compiled:  # (a compiled graph may hold the group it guards: its
-                        gc.collect()  # team goes when the next one is made, as checked above)
+                    gc.collect()
+                    self.assertIsNone(made[-1](), what)
+                    if not compiled:  # (a compiled graph may hold the group it guards)
                         self.assertIsNone(group(), what)
-                        self.assertIsNone(made[-1](), what)
         finally:
             sbt.team_for = real_team_for
             sbt._TEAMS.clear()
