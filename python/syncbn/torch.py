@@ -95,10 +95,16 @@ try:
     # the transforms whose rule the operators lack: jvp; with the Python operators, grad too
     _BEYOND = frozenset((_TT.Jvp,) if _ops.NATIVE is not None else (_TT.Jvp, _TT.Grad))
     _GRAD = frozenset((_TT.Grad,))  # grad, vjp, jacrev
+    _FUNCTIONALIZE = frozenset((_TT.Functionalize,))
 except (ImportError, AttributeError):  # a PyTorch without them: the operators refuse jvp
-    _interpreters, _BEYOND, _GRAD = (lambda: ()), frozenset(), frozenset()
+    _interpreters, _BEYOND, _GRAD, _FUNCTIONALIZE = (lambda: ()), frozenset(), frozenset(), frozenset()
 
 
+_FUNCTIONALIZE_TRAINING = (
+    "syncbn.torch.SyncBatchNorm in training under torch.func.functionalize: its operator writes the running "
+    "statistics in place, and functionalize takes no custom operator that writes its inputs (PyTorch's rule); "
+    "nothing was written. torch.compile and torch.export functionalize it (auto_functionalized); an evaluated "
+    "layer runs under functionalize")
 _PY_OPS_GRAD = ("syncbn.torch.SyncBatchNorm in training under torch.func's grad, vjp or jacrev: the Python "
                 "operators (SYNCBN_TORCH_NATIVE=0, or the fallback where the C++ ones did not build) take none of "
                 "them; the C++ operators take them all (first derivatives: the training backward is not "
@@ -623,8 +629,11 @@ class SyncBatchNorm(_OptionalBias, torch.nn.SyncBatchNorm):
                 return _infer_act_eager(input, residual, rm, rv, w, b, self.eps, act, slope)
             return _INFER_ACT(input, residual, rm, rv, w, b, self.eps, act, slope)
         _check_dtype(input)
-        if _functorch_level() is not None and _ops.NATIVE is None and _under(_GRAD):
-            raise RuntimeError(_PY_OPS_GRAD)  # (under jvp: the operator's forward-mode error)
+        if _functorch_level() is not None:
+            if _ops.NATIVE is None and _under(_GRAD):
+                raise RuntimeError(_PY_OPS_GRAD)  # (under jvp: the operator's forward-mode error)
+            if _under(_FUNCTIONALIZE):  # (PyTorch's own error names an alias annotation)
+                raise RuntimeError(_FUNCTIONALIZE_TRAINING)
         if not _F32_ZERO < float(self.eps) < _F32_INF:  # F.batch_norm's rule (> 0), and the library's (a float32)
             _bad_eps(self.eps, "positive during training")
         # a negative momentum: the library would read it as None's cumulative average; NaN

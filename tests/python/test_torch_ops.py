@@ -1002,6 +1002,29 @@ class TestAutogradAndLifetimes(unittest.TestCase):
                                                   r"is not implemented"):
             torch.func.jvp(m, (torch.randn(4, 3, 2),), (torch.randn(4, 3, 2),))
 
+    def test_functionalize(self):
+        """torch.func.functionalize: a training layer (plain, fused, without running
+        statistics) raises the layer's error, which says why (its operator writes its inputs,
+        which functionalize takes from no custom operator) and what does (torch.compile,
+        torch.export), before anything is written; an evaluated layer runs, as eagerly."""
+        x = torch.randn(4, 3, 5) * 2 + 1
+        layers = (sbt.SyncBatchNorm(3, comm=self.comm), sbt.SyncBatchNorm(3, comm=self.comm, activation="relu"),
+                  sbt.SyncBatchNorm(3, comm=self.comm, track_running_stats=False))
+        for m in layers:
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+            before = {k: v.clone() for k, v in m.state_dict().items()}
+            with self.assertRaisesRegex(RuntimeError, r"^syncbn.torch.SyncBatchNorm in training under "
+                                                      r"torch.func.functionalize: .* nothing was written"):
+                torch.func.functionalize(m)(x)
+            for k, v in m.state_dict().items():
+                self.assertTrue(torch.equal(v, before[k]), k)
+            if m.track_running_stats:
+                m(x)  # (running statistics of this batch)
+                m.eval()
+                torch.testing.assert_close(torch.func.functionalize(m)(x), m(x), rtol=0, atol=0)
+
     def test_no_forward_mode_ad(self):
         x, t = torch.randn(4, 3), torch.randn(4, 3)
         rm, rv = torch.zeros(3), torch.ones(3)
