@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, converted_matches, run_ranks
+from rank_threads import TeamOfOne, converted_matches, run_ranks, team_of_two_matches
 from syncbn import _fused, _ops
 from test_torch_ops import (act_ref, compiled_autograd_matches_eager, compiled_autograd_on,
                             compiled_autograd_supported, mutant_ops, needs_vmap_rules)
@@ -1111,6 +1111,18 @@ class Calls(nn.Module):
         return self.module(*args, **kwargs)
 
 
+class Checkpointed(nn.Module):
+    """A module run under activation checkpointing (torch.utils.checkpoint: its forward
+    again in the backward, its activations not kept), reentrant or not."""
+
+    def __init__(self, module, reentrant):
+        super().__init__()
+        self.module, self.reentrant = module, reentrant
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.module, x, use_reentrant=self.reentrant)
+
+
 def replica(module):
     """A replica of module as torch.nn.parallel.replicate makes one for nn.DataParallel (on
     one device: the same parameters and buffers): each module's
@@ -1329,6 +1341,34 @@ class TestConvert(TeamOfOne):
                                 "6.bn2": "relu", "6.bn3": "relu", "8": "leaky_relu"})
         self.assertEqual(conv[8].slope, 0.1)
         self._matches(model, torch.randn(4, 3, 8, 8), conv)
+
+    def test_activation_checkpointing(self):
+        """torch.utils.checkpoint (reentrant and not) around layers converted plainly, fused
+        and fused in place (the segment starting at an in-place layer, which writes over the
+        segment's input): the float64 original's outputs, gradients (the input's too) and
+        buffers, the running statistics updated again by the backward's recomputation as the
+        original's; on a team of two the recomputation's collective forward runs in each
+        rank's backward (no wait for a peer that does not come)."""
+        for reentrant in (False, True):
+            torch.manual_seed(11)
+            model = nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1),
+                Checkpointed(nn.Sequential(nn.BatchNorm2d(8), nn.LeakyReLU(0.1, inplace=True), nn.Conv2d(8, 8, 1),
+                                           nn.BatchNorm2d(8), nn.ReLU(inplace=True), BasicBlock(8, 8)), reentrant),
+                nn.Conv2d(8, 4, 1))
+            randomize_bn(model)
+            x = torch.randn(4, 3, 8, 8)
+            for how, convert in (("plain", lambda m: sbt.convert_sync_batchnorm(m, comm=self.comm)),
+                                 ("fused", lambda m: sbt.convert_fused(m, comm=self.comm)),
+                                 ("in place", lambda m: sbt.convert_fused(m, comm=self.comm, inplace=True))):
+                with self.subTest(reentrant=reentrant, how=how):
+                    conv = convert(copy.deepcopy(model))
+                    self.assertEqual(len(fused_layers(conv)), 0 if how == "plain" else 4)
+                    if how == "in place":
+                        self.assertTrue(conv[1].module[0].inplace)
+                    converted_matches(self, model, x, conv, input_grad=True)
+                    self.assertEqual(int(conv[1].module[0].num_batches_tracked), 4)  # 2 steps, 2 forwards each
+            team_of_two_matches(self, model, lambda m, c: sbt.convert_fused(m, comm=c, inplace=True), x, 4)
 
     def test_hooks_registered_after_conversion(self):
         """A hook registered on a fused batch norm after convert_fused sees what it sees on
