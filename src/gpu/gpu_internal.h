@@ -179,6 +179,9 @@ static inline void sbn_capture_restore(enum cudaStreamCaptureMode m) {
 /* ---- gpu_util.c: below the teams, shared by every GPU file -------------------------- */
 /* CLOCK_MONOTONIC in nanoseconds: the host's deadlines. */
 SBN_INTERNAL int64_t sbn_mono_ns(void);
+/* The deadline timeout_ms from now, on sbn_mono_ns's clock (no overflow: config.c clamps
+   timeout_ms to ~100 years). */
+SBN_INTERNAL int64_t sbn_deadline_in(int64_t timeout_ms);
 /* Keeps p (memory NCCL may still write: never freed) reachable for leak checkers. */
 SBN_INTERNAL void sbn_gpu_park(void* p);
 /* Records a CUDA failure (sbnUnsupported without a device, driver or kernel image for

@@ -588,7 +588,7 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     goto out;
   }
   {
-    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
     ncclComm_t comms[SBN_GPU_MAX_RANKS];
     for (int i = 0; i < nops; i++) comms[i] = gt->nccl[ops[i]->comm->rank];
     ncclResult_t nr = sbn_nccl.GroupStart();

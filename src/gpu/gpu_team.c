@@ -130,7 +130,7 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl != NULL && !atomic_load(&gt->nccl_dead)) {
     /* finalize every comm in one group (one thread for several ranks), then destroy */
-    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
     sbn_gpu_release_budget(gt, deadline);
     ncclResult_t nr = sbn_nccl.GroupStart();
     for (int q = 0; q < gt->nranks && nr == ncclSuccess; q++)
@@ -420,7 +420,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
   ncclUniqueId id;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
   int prev = 0;
   cudaGetDevice(&prev);
   ncclResult_t nr = sbn_nccl.GetUniqueId(&id);
@@ -442,7 +442,7 @@ static sbnResult_t nccl_attach(struct sbn_gpu_team* gt) {
              nr == ncclInProgress ? "timed out" : sbn_nccl.GetErrorString(nr),
              sbn_nccl.GetLastError(NULL));
     /* (on a thread: the abort waits for the devices) */
-    sbn_nccl_abort_comms(gt, gt->nccl, w, devs[0], sbn_mono_ns() + gt->timeout_ms * 1000000);
+    sbn_nccl_abort_comms(gt, gt->nccl, w, devs[0], sbn_deadline_in(gt->timeout_ms));
     /* after a timeout NCCL may still write a comm it had not written yet: never freed */
     if (nr != ncclInProgress)
       free(gt->nccl);
@@ -558,7 +558,7 @@ static sbnResult_t gpu_attach(sbn_team_t* team, const int* devices, int virt,
   }
   r = nccl_attach(gt);
   if (r != sbnSuccess) goto out;
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000; /* the zeroing, all ranks */
+  const int64_t deadline = sbn_deadline_in(gt->timeout_ms); /* the zeroing, all ranks */
   for (int q = 0; q < w; q++) {
     CU(cudaSetDevice(gt->ranks[q].device), "cudaSetDevice");
     r = sbn_gpu_init_settle(gt, gt->ranks[q].stop_stream, gt->ranks[q].device, deadline, stop);

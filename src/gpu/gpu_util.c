@@ -39,6 +39,10 @@ int64_t sbn_mono_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int64_t sbn_deadline_in(int64_t timeout_ms) {
+  return sbn_mono_ns() + timeout_ms * 1000000;
+}
+
 sbnResult_t sbn_cuda_fail(cudaError_t e, const char* what) {
   (void)cudaGetLastError(); /* clear a non-sticky error so later calls start clean */
   /* kernels built for other GPUs (CMAKE_CUDA_ARCHITECTURES), or PTX newer than the driver */
@@ -83,7 +87,7 @@ sbnResult_t sbn_gpu_check_tensors(sbnComm_t comm, const char* who, const sbn_ten
 
 int64_t sbn_gpu_stop_deadline(struct sbn_gpu_team* gt) {
   int64_t d = 0;
-  const int64_t mine = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  const int64_t mine = sbn_deadline_in(gt->timeout_ms);
   return atomic_compare_exchange_strong(&gt->stop_deadline, &d, mine) ? mine : d;
 }
 

@@ -41,7 +41,7 @@ static sbnResult_t nccl_fail(ncclComm_t comm, ncclResult_t nr, const char* what)
 /* One comm that no team holds (a failed init's) aborted as sbn_nccl_abort_comms does, on
    `device` (-1: this thread's), waited for up to timeout_ms from now. */
 static void abort_alone(ncclComm_t c, int device, int64_t timeout_ms) {
-  sbn_nccl_abort_comms(NULL, &c, 1, device, sbn_mono_ns() + timeout_ms * 1000000);
+  sbn_nccl_abort_comms(NULL, &c, 1, device, sbn_deadline_in(timeout_ms));
 }
 
 /* The rank and size of `nccl`, once it is ready: a caller's nonblocking comm may still be
@@ -94,7 +94,7 @@ static sbnResult_t nccl_split_settled(ncclComm_t parent, int color, int key, int
        (nccl_split): within the same deadline, the team's abort's */
     const int64_t until = parent_gt != NULL && nr == ncclInProgress
                               ? sbn_gpu_stop_deadline(parent_gt)
-                              : sbn_mono_ns() + timeout_ms * 1000000;
+                              : sbn_deadline_in(timeout_ms);
     if (c != NULL) sbn_nccl_abort_comms(NULL, &c, 1, -1, until);
     return failed;
   }
@@ -119,7 +119,7 @@ static int transport_from_env(void) {
 static sbnResult_t agree_min(struct sbn_gpu_team* gt, ncclComm_t comm, int* v, int n,
                              const _Atomic int* stop) {
   sbnResult_t r = sbnSuccess;
-  const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+  const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
   for (int i = 0; i < n; i++) gt->hscratch[i] = v[i];
   CU(cudaMemcpyAsync(gt->dscratch, gt->hscratch, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
                      gt->aux),
@@ -209,8 +209,8 @@ static int window_alloc(struct sbn_gpu_team* gt, char* why, size_t n, const _Ato
     return 0;
   }
   const int me = gt->local;
-  if (sbn_gpu_init_settle(gt, gt->aux, gt->ranks[me].device,
-                          sbn_mono_ns() + gt->timeout_ms * 1000000, stop) != sbnSuccess) {
+  if (sbn_gpu_init_settle(gt, gt->aux, gt->ranks[me].device, sbn_deadline_in(gt->timeout_ms),
+                          stop) != sbnSuccess) {
     snprintf(why, n, "%s", sbn_error_text(NULL));
     return 0;
   }
@@ -236,7 +236,7 @@ static int window_register(struct sbn_gpu_team* gt, ncclComm_t comm, char* why, 
   ncclWindow_t* slot = gt->win_slot;
   ncclResult_t nr = sbn_nccl_settle(
       sbn_nccl.CommWindowRegister(comm, gt->win_buf, gt->win_bytes, slot, NCCL_WIN_COLL_SYMMETRIC),
-      &comm, 1, sbn_mono_ns() + gt->timeout_ms * 1000000, stop);
+      &comm, 1, sbn_deadline_in(gt->timeout_ms), stop);
   gt->win_slot = NULL;
   if (nr == ncclInProgress) { /* NCCL may still write the slot: never freed */
     sbn_gpu_park(slot);
@@ -292,7 +292,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   /* a bad value is reported on every rank after the first agreement (the others would
      wait for this rank in a collective) */
   const int mode = transport_from_env();
-  const int64_t deadline = sbn_mono_ns() + team->cfg.timeout_ms * 1000000;
+  const int64_t deadline = sbn_deadline_in(team->cfg.timeout_ms);
   ncclResult_t nr = sbn_nccl_settle(sbn_nccl.CommCuDevice(nccl, &dev), &nccl, 1, deadline, NULL);
   if (nr != ncclSuccess) {
     const sbnResult_t failed = nccl_fail(nccl, nr, "ncclCommCuDevice");
@@ -376,7 +376,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   }
   if (mine == sbnSuccess) mine = sbn_gpu_rank_alloc(gt, g, team->cfg.max_channels, 0);
   if (mine == sbnSuccess)
-    mine = sbn_gpu_init_settle(gt, g->stop_stream, dev, sbn_mono_ns() + gt->timeout_ms * 1000000,
+    mine = sbn_gpu_init_settle(gt, g->stop_stream, dev, sbn_deadline_in(gt->timeout_ms),
                                stop); /* the zeroing */
   /* The host path's watchdog (its collectives, also SBN_ALGO=nccl calls), here so that a
      failure to start it is agreed on too: after the last agreement nothing may fail on
@@ -505,7 +505,7 @@ static void nccl_release(struct sbn_gpu_team* gt, int aborted) {
      peer that failed */
   aborted |= sbn_gpu_err_words(gt) != sbnSuccess || gt->init_failed;
   if (comm != NULL && !dead) {
-    const int64_t deadline = sbn_mono_ns() + gt->timeout_ms * 1000000;
+    const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
     sbn_gpu_release_budget(gt, deadline); /* the collective teardown is bounded */
     ncclResult_t nr = ncclSuccess;
     /* an aborted team's peers may never make the collective calls below */
@@ -623,7 +623,7 @@ static sbnResult_t nccl_split(sbn_team_t* team, const int* color, const int* key
   cudaSetDevice(gt->ranks[gt->local].device);
   sbnResult_t r =
       nccl_split_settled(parent, color[0] == SBN_SPLIT_NOCOLOR ? NCCL_SPLIT_NOCOLOR : color[0],
-                         key[0], sbn_mono_ns() + gt->timeout_ms * 1000000, gt->timeout_ms, gt,
+                         key[0], sbn_deadline_in(gt->timeout_ms), gt->timeout_ms, gt,
                          &team->abort_reason, "sbnCommSplit: ncclCommSplit", gt->split_slot, &child,
                          &gt->split_unsettled); /* unsettled: the team is aborted below */
   cudaSetDevice(prev);
@@ -668,7 +668,7 @@ static const sbn_team_ops_t nccl_team_ops =
 static sbnResult_t nccl_create(struct ncclComm* nccl, int adopt, const _Atomic int* stop,
                                const sbn_cfg_t* cfg, sbnComm_t* out) {
   int nranks = 0, rank = 0;
-  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_mono_ns() + cfg->timeout_ms * 1000000);
+  sbnResult_t r = nccl_query(nccl, &nranks, &rank, sbn_deadline_in(cfg->timeout_ms));
   if (r == sbnSuccess && (nranks < 1 || rank < 0 || rank >= nranks))
     r = sbn_fail(NULL, sbnInvalidArgument, "the NCCL comm says rank %d of %d", rank, nranks);
   if (r == sbnSuccess) {
@@ -716,7 +716,7 @@ sbnResult_t sbn_nccl_team_create_rank(const char* id, int nranks, int rank, cons
   ncclConfig_t nc = NCCL_CONFIG_INITIALIZER;
   nc.blocking = 0;
   ncclComm_t c = NULL;
-  const int64_t deadline = sbn_mono_ns() + cfg->timeout_ms * 1000000;
+  const int64_t deadline = sbn_deadline_in(cfg->timeout_ms);
   ncclResult_t nr = sbn_nccl.CommInitRankConfig(&c, nranks, uid, rank, &nc);
   if (c == NULL) return nccl_fail(NULL, nr == ncclSuccess ? ncclInternalError : nr, "ncclCommInitRankConfig");
   nr = sbn_nccl_settle(nr, &c, 1, deadline, NULL);
