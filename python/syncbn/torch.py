@@ -1105,6 +1105,34 @@ _BN_PROTOCOL = (frozenset(vars(torch.nn.Module)) | frozenset(vars(torch.nn.modul
     "__repr__", "__setstate__", "__getstate__", "__dir__"}
 
 
+# What Python itself puts in a class's namespace (a class body's annotations: Python 3.14's
+# __annotate_func__ is callable), never a method of the protocol
+_CLASS_MACHINERY = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+                              "__annotate__", "__annotate_func__", "__annotations_cache__", "__firstlineno__",
+                              "__static_attributes__", "__classcell__"})
+
+
+def _protocol_overrides(m, protocol):
+    """The names in `protocol` (methods of torch.nn.Module's, a batch norm's) that m's class,
+    or a class it derives from outside torch, defines: a fused or converted replacement
+    runs its own, not those (a train() that keeps a frozen batch norm in eval, a state_dict
+    loader of its own)."""
+    own = []
+    for cls in type(m).__mro__:
+        if cls.__module__.startswith("torch."):
+            break
+        own += [k for k, v in vars(cls).items() if k in protocol and k not in own and k not in _CLASS_MACHINERY
+                and (callable(v) or isinstance(v, (staticmethod, classmethod, property)))]
+    return own
+
+
+# The methods of torch.nn.Module's protocol that a torchvision block's class of its own may
+# not define and still be fused (_fused_block): all but those the fused block has of its
+# own (forward is compared apart)
+_MODULE_PROTOCOL = frozenset(vars(torch.nn.Module)) - {
+    "__init__", "forward", "extra_repr", "_get_name", "__repr__", "__setstate__", "__getstate__", "__dir__"}
+
+
 def _conversion(m, name):
     """What the converter makes of a batch norm m that is not syncbn's SyncBatchNorm: "act"
     (a SyncBatchNormAct: a class with its own forward whose child modules are drop and act,
@@ -1135,12 +1163,7 @@ def _conversion(m, name):
     if "forward" in vars(m):
         raise ValueError(f"{who} has a forward set on the layer itself, which a SyncBatchNorm would not run: nothing "
                          "was converted")
-    own = []
-    for cls in type(m).__mro__:
-        if cls.__module__.startswith("torch."):
-            break
-        own += [k for k, v in vars(cls).items() if k in _BN_PROTOCOL and k not in own
-                and (callable(v) or isinstance(v, (staticmethod, classmethod, property)))]
+    own = _protocol_overrides(m, _BN_PROTOCOL)
     if own:
         raise ValueError(f"{who} is of a class that defines {', '.join(map(repr, own))} of torch.nn.Module's own "
                          "methods, which a SyncBatchNorm would not (a train() that keeps the layer frozen in eval, "
@@ -2020,45 +2043,77 @@ class _FusedBlock(_TypeAttrs, torch.nn.Module):
     _TypeAttrs), its batch norms fused: the
     activation into each, and the last one's residual add + ReLU into that one. Another
     module put in a batch norm's place (a framework's conversion) runs as torchvision's
-    block runs it: that module, then (the add and) the activation the batch norm applied."""
+    block runs it: that module, then (the add and) the activation the batch norm applied.
+    While a hook would see its ``relu`` called (_hooked_relu), it runs torchvision's way:
+    each batch norm alone, (the add,) then ``relu``."""
 
     _convs = ()
     _sites = None  # (a module pickled before sites existed)
 
     def __init__(self, block):
         super().__init__()
-        _take_block(self, block)
+        _take_block(self, block, hooks=True)  # (its state_dict hooks: it has no other, _fused_block)
         self.block_type = type(block)  # what it was (a class: not part of the state_dict)
         # each batch norm's site (_locate): where another module takes its place (a
         # framework's conversion), the block applies the activation (and the add) itself
         self.__dict__["_sites"] = {bn: _Site(_ASKER, bn, self._modules.get(bn)) for _, bn in self._convs}
 
-    def _norm(self, name, x, residual=None):
+    def _norm(self, name, x, residual=None, relu=None):
         """Batch norm `name` on x, then the activation, after adding residual where given:
         the fused layer's one op, or (another module in its place, or the layer with a hook
         on its output, _unfused_now) that module, then the add and the activation the layer
-        applied, in PyTorch's ops."""
+        applied, in PyTorch's ops; relu: the block's ReLU module where it must run as a
+        module (_hooked_relu), after the batch norm alone and the add."""
         bn = getattr(self, name)
         site = None if self._sites is None else self._sites.get(name)
         kind, mod = ("child", bn) if site is None else _locate(site, asker=self)
+        if relu is not None:
+            # as torchvision's block runs it: the batch norm alone (or the module in its
+            # place), the add, then the ReLU module, whose hooks see its call
+            y = bn(x) if kind is None else bn(x, activate=False)
+            return relu(y if residual is None else y + residual)
         if kind is not None and not _unfused_now(bn if mod is None else mod):
             return bn(x) if residual is None else bn(x, residual)
         if site is None:  # (pickled before sites: the layer there is the block's)
             return _epilogue(bn(x), residual, bn._act, bn.slope)
         return _act_after(site, bn(x), residual)
 
+    def _hooked_relu(self):
+        """The block's relu child where a hook would see it called (one of its own, or a
+        global module hook, registered after the conversion: a feature extractor's, an
+        activation clip's) and it is the function the batch norms apply (a ReLU; not where
+        relu_as_leaky made them leaky ReLUs, nor where another module took its place, which
+        the block does not follow), and every batch norm can run without its activation: a
+        layer of syncbn's or another module in its place, not one inside a wrapper there
+        (checkpoint_wrapper's: it applies its ReLU), nor a block compiled where the
+        layers cannot be followed (_locate: "unknown"); else None (the hook then runs at
+        none of the block's ReLUs, not at some)."""
+        relu = self._modules.get("relu")
+        if type(relu) is not torch.nn.ReLU or (_no_hooks(relu) and not _global_hooks()):
+            return None
+        for _, name in self._convs:
+            site = None if self._sites is None else self._sites.get(name)
+            layer = self._modules.get(name) if site is None else site.layer
+            if getattr(layer, "activation", None) != "relu":
+                return None
+            kind = "child" if site is None else _locate(site, asker=self)[0]
+            if kind is not None and (kind != "child" or not isinstance(self._modules.get(name), SyncBatchNorm)):
+                return None
+        return relu
+
     def forward(self, x):
         out = x
         last = len(self._convs) - 1
+        relu = self._hooked_relu()
         for i, (conv, bn) in enumerate(self._convs):
             out = getattr(self, conv)(out)
             if i < last:
-                out = self._norm(bn, out)  # its ReLU fused
+                out = self._norm(bn, out, relu=relu)  # its ReLU fused
         identity = x if self.downsample is None else self.downsample(x)
         # torchvision's `out += identity` takes any strides and dtype, and an identity that
         # broadcasts to out's shape; the fused layer takes it as residual_like makes it
         identity = _fused.residual_like(identity, out)
-        return self._norm(self._convs[last][1], out, identity)  # ReLU(bn(out) + identity)
+        return self._norm(self._convs[last][1], out, identity, relu)  # ReLU(bn(out) + identity)
 
 
 class FusedBasicBlock(_FusedBlock):
@@ -2088,8 +2143,7 @@ _CONV_MODULE = ("mmcv.cnn.bricks.conv_module", "ConvModule")
 
 # What a subclass of ConvModule may define and still be fused: its __init__ and what Python
 # gives every class
-_CLASS_METADATA = frozenset({"__module__", "__doc__", "__init__", "__annotations__", "__firstlineno__",
-                             "__static_attributes__"})
+_CLASS_METADATA = _CLASS_MACHINERY | {"__init__"}
 
 
 def _conv_module_class(m):
@@ -2121,7 +2175,7 @@ class FusedConvModule(_TypeAttrs, torch.nn.Module):
 
     def __init__(self, module):
         super().__init__()
-        _take_block(self, module)
+        _take_block(self, module, hooks=True)  # (its state_dict hooks: it has no other, _fused_conv_module)
         self.block_type = type(module)  # what it was (a class: not part of the state_dict)
         # its batch norm's site (_locate): where another norm takes its place, the module
         # applies the activation the batch norm applied after that norm
@@ -2328,8 +2382,10 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
     downsample, the residual is the downsample's output, which nothing else keeps: as
     large as x, and slower to recover from, so that layer keeps x; an input that
     residual_like converts, to the block's dtype or memory format, is a copy the size of
-    x: no saving there, and no loss)."""
-    if not _no_hooks(m) or uses[id(m)] != 1 or _own_state(m):
+    x: no saving there, and no loss). A block whose class defines a method of
+    torch.nn.Module's protocol (a train() that keeps a batch norm frozen in eval, a
+    state_dict loader of its own) is left alone: the fused block would not run it."""
+    if not _no_hooks(m) or uses[id(m)] != 1 or _own_state(m) or _protocol_overrides(m, _MODULE_PROTOCOL):
         return None
     for forward, cls in _BLOCKS:
         if not _same_code(type(m).forward, forward):
@@ -2360,8 +2416,10 @@ def _fused_block(m, uses, inplace=False, relu_as_leaky=None):
 
 
 def _runs_children_in_order(m):
-    """An nn.Sequential (or a subclass) that keeps Sequential.forward."""
-    return isinstance(m, torch.nn.Sequential) and type(m).forward is torch.nn.Sequential.forward
+    """An nn.Sequential (or a subclass) that keeps Sequential.forward, and the iteration over
+    its children that forward runs (a subclass's __iter__ may skip some)."""
+    return (isinstance(m, torch.nn.Sequential) and type(m).forward is torch.nn.Sequential.forward
+            and type(m).__iter__ is torch.nn.Sequential.__iter__)
 
 
 def _run_order(m):

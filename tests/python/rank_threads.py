@@ -122,6 +122,20 @@ class Group:
         raise TypeError("cannot pickle 'Group' object")
 
 
+def legacy_state_dict_hooks(m, name):
+    """m with a load_state_dict pre-hook that renames the keys of an older checkpoint's
+    "norm1." to "<name>." (its child's), and a state_dict hook that adds a key "tag": hooks
+    a converter must keep."""
+    import torch
+
+    def pre(module, state_dict, prefix, *args):
+        for k in [k for k in state_dict if k.startswith(prefix + "norm1.")]:
+            state_dict[prefix + name + "." + k[len(prefix + "norm1."):]] = state_dict.pop(k)
+    m._register_load_state_dict_pre_hook(pre, with_module=True)  # (the public name: PyTorch 2.5 on)
+    m._register_state_dict_hook(lambda mod, sd, prefix, local: sd.__setitem__(prefix + "tag", torch.ones(1)))
+    return m
+
+
 def randomize_bn(m, g):
     """Batch norm m's weight of both signs (0.5 to 1.5 in size), bias in [-0.5, 0.5] and
     running statistics off their defaults (mean in [-0.2, 0.2], variance in [0.5, 2]),

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, converted_matches, run_ranks, team_of_two_matches
+from rank_threads import TeamOfOne, converted_matches, legacy_state_dict_hooks, run_ranks, team_of_two_matches
 from syncbn import _fused, _ops
 from test_torch_ops import (act_ref, compiled_autograd_matches_eager, compiled_autograd_on,
                             compiled_autograd_supported, mutant_ops, needs_vmap_rules)
@@ -1006,7 +1006,7 @@ def conv3x3(i, o, stride=1):
 
 
 class BasicBlock(nn.Module):
-    expansion = 1
+    expansion: int = 1
 
     def __init__(self, inplanes, planes, stride=1, downsample=None):
         super().__init__()
@@ -1038,7 +1038,7 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    expansion = 4
+    expansion: int = 4
 
     def __init__(self, inplanes, planes, stride=1, downsample=None):
         super().__init__()
@@ -2312,6 +2312,135 @@ class TestConvert(TeamOfOne):
         back = sbt.revert_sync_batchnorm(conv)
         back(x.requires_grad_()).sum().backward()
         self.assertEqual(grads, [x.shape])
+
+    def test_block_relu_hooked_after_conversion(self):
+        """A hook registered on a fused block's ReLU after convert_fused (an activation clip,
+        a feature extractor's) runs as on the original block, each time the block applies
+        its ReLU, and sees what it saw there: the block then runs torchvision's way, each
+        batch norm alone (the last one's residual added after it) and the ReLU module on
+        its output. Before, the ReLU child was never called, its hook never ran and the
+        clipped model differed. Against the float64 original with the same hooks, a
+        BasicBlock (its ReLU twice) and a Bottleneck (three times); with the hooks removed
+        the block is fused again; a global forward hook sees the ReLU's calls too."""
+        torch.manual_seed(4)
+        model = resnet_like()
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIsInstance(conv[3], sbt.FusedBasicBlock)
+        self.assertIsInstance(conv[5], sbt.FusedBottleneck)
+
+        def clipped(m, calls):
+            def pre(module, inputs):
+                calls.append(float(inputs[0].min()))  # the ReLU's input: the batch norm's (+ residual)
+
+            def hook(module, inputs, output):
+                return output.clamp(max=0.5)
+            return [h for n in ("3.relu", "5.relu") for h in (m.get_submodule(n).register_forward_pre_hook(pre),
+                                                               m.get_submodule(n).register_forward_hook(hook))]
+
+        calls_ref, calls = [], []
+        clipped(model, calls_ref)
+        handles = clipped(conv, calls)
+        x = torch.randn(4, 3, 8, 8)
+        converted_matches(self, model, x, conv, input_grad=True)
+        self.assertEqual(len(calls), len(calls_ref))
+        self.assertEqual(len(calls), 3 * (2 + 3))  # two training steps and eval, 2 + 3 ReLU calls each
+        self.assertLess(min(calls), 0.0)  # (before the ReLU)
+        for h in handles:
+            h.remove()
+        self.assertIsNone(conv[3]._hooked_relu())  # fused again
+        seen = []
+        relu = conv[3].relu
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: seen.append(m) if m is relu else None)
+        try:
+            self.assertIs(conv[3]._hooked_relu(), relu)
+            conv(x)
+        finally:
+            handle.remove()
+        self.assertEqual(len(seen), 2)
+        # a batch norm inside a wrapper put in its place applies its ReLU itself: the hook
+        # then runs at none of the block's ReLUs (not at the others only)
+        calls = []
+        conv[5]._modules["bn2"] = Calls(conv[5].bn2)
+        clipped(conv, calls)
+        self.assertIsNotNone(conv[3]._hooked_relu())
+        self.assertIsNone(conv[5]._hooked_relu())
+        conv(x)
+        self.assertEqual(len(calls), 2)  # the BasicBlock's two
+
+    def test_blocks_whose_class_or_hooks_fusing_would_drop(self):
+        """What a fused block would not keep stops or follows the fusing, as for batch
+        norms: a torchvision block of a class that defines a method of nn.Module's protocol
+        (a train() that keeps its first batch norm frozen in eval, a state_dict loader of
+        its own) is left alone, its batch norms converted, and trains as the original; a
+        block with a state_dict or load_state_dict hook is fused and keeps the hook (a
+        ConvModule's: TestConvModule) (a checkpoint with the hook's old key names loads into the converted
+        model as into the original; the hook's extra key is in its state_dict); an
+        nn.Sequential subclass whose __iter__ skips children (Sequential.forward runs
+        what it gives) is not fused. Before, the first two were fused and lost them (bn1
+        trained; the checkpoint loaded nothing), and the Sequential's skipped ReLU ran in
+        its batch norm."""
+
+        class FrozenFirst(BasicBlock):
+            def train(self, mode=True):
+                super().train(mode)
+                self.bn1.eval()
+                return self
+
+        class LegacyKeys(BasicBlock):
+            def _load_from_state_dict(self, state_dict, prefix, *args):
+                for k in [k for k in state_dict if k.startswith(prefix + "norm1.")]:
+                    state_dict[prefix + "bn1." + k[len(prefix + "norm1."):]] = state_dict.pop(k)
+                super()._load_from_state_dict(state_dict, prefix, *args)
+
+        torch.manual_seed(6)
+        model = nn.Sequential(nn.Conv2d(3, 4, 1), FrozenFirst(4, 4), LegacyKeys(4, 4)).train()
+        self.assertFalse(model[1].bn1.training)
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertEqual([type(m) for m in conv], [nn.Conv2d, FrozenFirst, LegacyKeys])
+        # what Python puts in a class's namespace is no method of the protocol (3.14 puts an
+        # annotated class body's __annotate_func__ there, a function: torchvision's blocks
+        # annotate expansion)
+        annotated = type("Annotated", (BasicBlock,), {"__annotate_func__": lambda format: {"expansion": int},
+                                                      "__annotations_cache__": {}})
+        as_on_314 = sbt._MODULE_PROTOCOL | {"__annotate_func__", "__annotations_cache__"}  # (nn.Module's too there)
+        self.assertEqual(sbt._protocol_overrides(annotated(4, 4), as_on_314), [])
+        self.assertEqual(sbt._protocol_overrides(FrozenFirst(4, 4), as_on_314), ["train"])
+        self.assertIsInstance(sbt.convert_fused(nn.Sequential(annotated(4, 4)), comm=self.comm)[0],
+                              sbt.FusedBasicBlock)
+        self.assertIsInstance(conv[1].bn1, sbt.SyncBatchNorm)
+        conv.eval().train()
+        self.assertFalse(conv[1].bn1.training)
+        converted_matches(self, model, torch.randn(4, 3, 6, 6), conv, input_grad=True)
+
+        def renamed(block):  # bn1's keys as an older checkpoint named them
+            return {k.replace("bn1.", "norm1."): v.clone() + 1.0 for k, v in block.state_dict().items()}
+
+        old = renamed(conv[2])
+        conv[2].load_state_dict(old)  # (the class's own loader: the block left alone)
+        self.assertTrue(torch.equal(conv[2].bn1.weight, old["norm1.weight"]))
+        fused = sbt.convert_fused(nn.Sequential(legacy_state_dict_hooks(BasicBlock(4, 4), "bn1")), comm=self.comm)[0]
+        self.assertIsInstance(fused, sbt.FusedBasicBlock)
+        self.assertIn("tag", fused.state_dict())
+        old = {k.replace("bn1.", "norm1."): v + 1.0 for k, v in fused.state_dict().items() if k != "tag"}
+        fused.load_state_dict(old)
+        self.assertTrue(torch.equal(fused.bn1.weight, old["norm1.weight"]))
+
+        class Switchable(nn.Sequential):
+            def __init__(self, *mods, off=()):
+                super().__init__(*mods)
+                self.off = set(off)
+
+            def __iter__(self):
+                return (m for i, m in enumerate(self._modules.values()) if i not in self.off)
+
+        model = Switchable(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 1), off={2})
+        randomize_bn(model)
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIs(type(conv[2]), nn.ReLU)
+        converted_matches(self, model, torch.randn(4, 3, 5, 5), conv, input_grad=True)
 
     def test_reverted_epilogues_convert_back(self):
         """revert_sync_batchnorm then convert_sync_batchnorm gives back each layer's

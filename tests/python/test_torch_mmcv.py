@@ -41,7 +41,8 @@ from mmcv.cnn.bricks.conv_module import efficient_conv_bn_eval_forward  # noqa: 
 from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402
 
 import syncbn.torch as sbt  # noqa: E402
-from rank_threads import Group, TeamOfOne, converted_matches, randomize_bn, team_of_two_matches  # noqa: E402
+from rank_threads import (Group, TeamOfOne, converted_matches, legacy_state_dict_hooks, randomize_bn,  # noqa: E402
+                         team_of_two_matches)
 from test_torch_fused import Calls, resnet_like  # noqa: E402
 
 C = 5
@@ -488,6 +489,20 @@ class TestConvModule(TeamOfOne):
         for m in (inner, plain[0].norm):
             m.register_forward_hook(lambda mod, i, o: o - 0.2)
         torch.testing.assert_close(fresh[0](x), plain[0](x), rtol=1e-5, atol=1e-5)
+
+    def test_state_dict_hooks_kept(self):
+        """A ConvModule's state_dict and load_state_dict hooks stay with it when fused (it
+        has no other: a forward hook leaves it alone): a checkpoint with the hook's old key
+        names loads into the fused module as into the original, and the hook's extra key is
+        in its state_dict. Before, the fused module dropped them: "Missing key(s)"."""
+        model = nn.ModuleList([legacy_state_dict_hooks(ConvModule(C, C, 3, padding=1, norm_cfg={"type": "BN"}), "bn")])
+        conv = sbt.convert_fused(copy.deepcopy(model), comm=self.comm)
+        self.assertIs(type(conv[0]), sbt.FusedConvModule)
+        for m in (model[0], conv[0]):
+            self.assertIn("tag", m.state_dict())
+            old = {k.replace("bn.", "norm1."): v + 1.0 for k, v in m.state_dict().items() if k != "tag"}
+            m.load_state_dict(old)
+            self.assertTrue(torch.equal(m.norm.weight, old["norm1.weight"]))
 
     def test_traced(self):
         """torch.fx traces a model that calls a fused ConvModule, with activate=False and with
