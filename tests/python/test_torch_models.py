@@ -315,8 +315,8 @@ class ModelsTest(unittest.TestCase):
         forward unchanged): check_step fails on resnet18 with it."""
         norm = sbt._FusedBlock._norm
 
-        def detached(block, name, x, residual=None):
-            return norm(block, name, x, None if residual is None else residual.detach())
+        def detached(block, name, x, residual=None, relu=None):
+            return norm(block, name, x, None if residual is None else residual.detach(), relu)
 
         torch.manual_seed(0)
         model = prepared(tv_resnet.resnet18(num_classes=5))
