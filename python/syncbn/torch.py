@@ -1096,13 +1096,17 @@ def _convert(module, process_group, comm):
 
 # What a batch norm may hold and still be what its class's forward computes with it
 _BN_STATE = frozenset(("weight", "bias", "running_mean", "running_var", "num_batches_tracked"))
-# The methods of a module's protocol (torch.nn.Module's, a batch norm's) that a batch norm
-# class of its own defines and a SyncBatchNorm would not run: all of them but those that
-# change nothing it would lose (forward is asked apart)
-_BN_PROTOCOL = (frozenset(vars(torch.nn.Module)) | frozenset(vars(torch.nn.modules.batchnorm._NormBase))
-                | frozenset(vars(_BatchNorm))) - {
-    "__init__", "forward", "_check_input_dim", "reset_parameters", "reset_running_stats", "extra_repr", "_get_name",
-    "__repr__", "__setstate__", "__getstate__", "__dir__"}
+# The methods of torch.nn.Module's protocol that a module's class of its own may define and
+# still be replaced (a torchvision block fused, _fused_block; a batch norm converted): all
+# but those that change nothing the replacement would lose (forward is compared apart)
+_MODULE_KEEPS = frozenset({"__init__", "forward", "extra_repr", "_get_name", "__repr__", "__setstate__",
+                           "__getstate__", "__dir__"})
+_MODULE_PROTOCOL = frozenset(vars(torch.nn.Module)) - _MODULE_KEEPS
+# The same for a batch norm class: nn.Module's and a batch norm's, which a SyncBatchNorm
+# would not run, but the checks and resets it runs alike
+_BN_PROTOCOL = _MODULE_PROTOCOL | (
+    (frozenset(vars(torch.nn.modules.batchnorm._NormBase)) | frozenset(vars(_BatchNorm)))
+    - _MODULE_KEEPS - {"_check_input_dim", "reset_parameters", "reset_running_stats"})
 
 
 # What Python itself puts in a class's namespace (a class body's annotations: Python 3.14's
@@ -1124,13 +1128,6 @@ def _protocol_overrides(m, protocol):
         own += [k for k, v in vars(cls).items() if k in protocol and k not in own and k not in _CLASS_MACHINERY
                 and (callable(v) or isinstance(v, (staticmethod, classmethod, property)))]
     return own
-
-
-# The methods of torch.nn.Module's protocol that a torchvision block's class of its own may
-# not define and still be fused (_fused_block): all but those the fused block has of its
-# own (forward is compared apart)
-_MODULE_PROTOCOL = frozenset(vars(torch.nn.Module)) - {
-    "__init__", "forward", "extra_repr", "_get_name", "__repr__", "__setstate__", "__getstate__", "__dir__"}
 
 
 def _conversion(m, name):
