@@ -136,6 +136,13 @@ def legacy_state_dict_hooks(m, name):
     return m
 
 
+def legacy_checkpoint(m, name):
+    """m's state_dict, each value + 1, with its child `name`'s keys as an older checkpoint
+    named them ("norm1."), without legacy_state_dict_hooks' "tag": what those hooks (or a
+    loader of the class's own) load back into `name`."""
+    return {k.replace(name + ".", "norm1."): v + 1.0 for k, v in m.state_dict().items() if k != "tag"}
+
+
 def randomize_bn(m, g):
     """Batch norm m's weight of both signs (0.5 to 1.5 in size), bias in [-0.5, 0.5] and
     running statistics off their defaults (mean in [-0.2, 0.2], variance in [0.5, 2]),

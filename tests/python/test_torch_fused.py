@@ -36,7 +36,8 @@ import torch.nn.functional as F
 
 import syncbn
 import syncbn.torch as sbt
-from rank_threads import TeamOfOne, converted_matches, legacy_state_dict_hooks, run_ranks, team_of_two_matches
+from rank_threads import (TeamOfOne, converted_matches, legacy_checkpoint, legacy_state_dict_hooks, run_ranks,
+                          team_of_two_matches)
 from syncbn import _fused, _ops
 from test_torch_ops import (act_ref, compiled_autograd_matches_eager, compiled_autograd_on,
                             compiled_autograd_supported, mutant_ops, needs_vmap_rules)
@@ -2374,9 +2375,10 @@ class TestConvert(TeamOfOne):
         norms: a torchvision block of a class that defines a method of nn.Module's protocol
         (a train() that keeps its first batch norm frozen in eval, a state_dict loader of
         its own) is left alone, its batch norms converted, and trains as the original; a
-        block with a state_dict or load_state_dict hook is fused and keeps the hook (a
-        ConvModule's: TestConvModule) (a checkpoint with the hook's old key names loads into the converted
-        model as into the original; the hook's extra key is in its state_dict); an
+        block with a state_dict or load_state_dict hook is fused and keeps the hook: a
+        checkpoint with the hook's old key names loads into the converted model as into the
+        original, and the hook's extra key is in its state_dict (a ConvModule's:
+        TestConvModule's test_state_dict_hooks_kept); an
         nn.Sequential subclass whose __iter__ skips children (Sequential.forward runs
         what it gives) is not fused. Before, the first two were fused and lost them (bn1
         trained; the checkpoint loaded nothing), and the Sequential's skipped ReLU ran in
@@ -2415,16 +2417,13 @@ class TestConvert(TeamOfOne):
         self.assertFalse(conv[1].bn1.training)
         converted_matches(self, model, torch.randn(4, 3, 6, 6), conv, input_grad=True)
 
-        def renamed(block):  # bn1's keys as an older checkpoint named them
-            return {k.replace("bn1.", "norm1."): v.clone() + 1.0 for k, v in block.state_dict().items()}
-
-        old = renamed(conv[2])
+        old = legacy_checkpoint(conv[2], "bn1")
         conv[2].load_state_dict(old)  # (the class's own loader: the block left alone)
         self.assertTrue(torch.equal(conv[2].bn1.weight, old["norm1.weight"]))
         fused = sbt.convert_fused(nn.Sequential(legacy_state_dict_hooks(BasicBlock(4, 4), "bn1")), comm=self.comm)[0]
         self.assertIsInstance(fused, sbt.FusedBasicBlock)
         self.assertIn("tag", fused.state_dict())
-        old = {k.replace("bn1.", "norm1."): v + 1.0 for k, v in fused.state_dict().items() if k != "tag"}
+        old = legacy_checkpoint(fused, "bn1")
         fused.load_state_dict(old)
         self.assertTrue(torch.equal(fused.bn1.weight, old["norm1.weight"]))
 

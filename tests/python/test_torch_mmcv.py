@@ -41,8 +41,8 @@ from mmcv.cnn.bricks.conv_module import efficient_conv_bn_eval_forward  # noqa: 
 from mmcv.ops import SyncBatchNorm as MMSyncBN  # noqa: E402
 
 import syncbn.torch as sbt  # noqa: E402
-from rank_threads import (Group, TeamOfOne, converted_matches, legacy_state_dict_hooks, randomize_bn,  # noqa: E402
-                         team_of_two_matches)
+from rank_threads import (Group, TeamOfOne, converted_matches, legacy_checkpoint, legacy_state_dict_hooks,  # noqa: E402
+                         randomize_bn, team_of_two_matches)
 from test_torch_fused import Calls, resnet_like  # noqa: E402
 
 C = 5
@@ -500,7 +500,7 @@ class TestConvModule(TeamOfOne):
         self.assertIs(type(conv[0]), sbt.FusedConvModule)
         for m in (model[0], conv[0]):
             self.assertIn("tag", m.state_dict())
-            old = {k.replace("bn.", "norm1."): v + 1.0 for k, v in m.state_dict().items() if k != "tag"}
+            old = legacy_checkpoint(m, "bn")
             m.load_state_dict(old)
             self.assertTrue(torch.equal(m.norm.weight, old["norm1.weight"]))
 
