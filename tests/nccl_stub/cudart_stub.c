@@ -6,9 +6,9 @@
  * What it models: CUDA_STUB_DEVICES devices (default 2) that support cooperative
  * launches; device memory is host memory (malloc, poisoned) remembered with its device, so
  * cudaPointerGetAttributes tells device, pinned host and unknown memory apart and copies
- * are memcpy; every stream and event is always complete; a kernel launch does nothing and
- * succeeds. Nothing here computes a kernel's result: the tests that use it check the
- * host's protocol (NCCL calls, waits, results), never values.
+ * are memcpy; every stream and event is complete, but for the holds below; a kernel launch
+ * does nothing and succeeds. Nothing here computes a kernel's result: the tests that use
+ * it check the host's protocol (NCCL calls, waits, results), never values.
  *
  * One thing about kernels is kept: a cooperative launch (the kernels that write their
  * peers' memory) counts as running on its device until a cudaDeviceSynchronize there. A
@@ -52,7 +52,24 @@ static int foreign_capture;     /* another thread captures a graph in global mod
 static void* capturing_stream;  /* this one stream says it is capturing a graph */
 /* this thread's capture mode (cudaThreadExchangeStreamCaptureMode) */
 static _Thread_local enum cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
-static int events_pending;      /* every event says its work is not done */
+/* Holds on a stream: work queued ahead (a test's, cudart_stub_hold_stream) or a collective
+   that waits for a peer (cudart_stub_collective while collectives_stuck). An event recorded
+   on a stream is not done until every hold that stream had at its record is let go; one
+   recorded before a hold is not held by it. */
+#define STUB_MAX_HOLDS 32
+typedef struct {
+  cudaStream_t s;
+  int on;
+  int collective; /* a stuck collective's (let go with cudart_stub_set_collectives_stuck(0)) */
+  unsigned gen;   /* a hold's number, never reused: an event held by an old hold of a slot is
+                     not held by the slot's new one */
+} hold_t;
+static hold_t holds[STUB_MAX_HOLDS];
+static unsigned next_gen = 1;
+static int collectives_stuck; /* a collective issued from here never completes */
+typedef struct {
+  unsigned held[STUB_MAX_HOLDS]; /* the gen of each hold slot at the last record (0: none) */
+} stub_event_t;
 static int occupancy_fails;     /* cudaOccupancyMaxActiveBlocksPerMultiprocessor fails */
 static int new_streams_pending; /* streams made from here never finish their work */
 static int next_streams_pending; /* ... the next this many streams made */
@@ -151,8 +168,42 @@ static int capture_forbids(const char* call) {
   pthread_mutex_unlock(&mu);
   return 1;
 }
-void cudart_stub_set_events_pending(int on) {
-  set_switch(&events_pending, on);
+/* (mu held) A hold on s (collective: a stuck collective's); 0 when every slot is taken. */
+static int hold_add(cudaStream_t s, int collective) {
+  for (int i = 0; i < STUB_MAX_HOLDS; i++)
+    if (!holds[i].on) {
+      holds[i] = (hold_t){s, 1, collective, next_gen++};
+      return 1;
+    }
+  violations++;
+  snprintf(last_violation, sizeof last_violation, "more than %d stream holds", STUB_MAX_HOLDS);
+  return 0;
+}
+void cudart_stub_hold_stream(cudaStream_t s) {
+  pthread_mutex_lock(&mu);
+  (void)hold_add(s, 0);
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_release_stream(cudaStream_t s) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < STUB_MAX_HOLDS; i++)
+    if (holds[i].on && !holds[i].collective && holds[i].s == s) holds[i].on = 0;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_set_collectives_stuck(int on) {
+  pthread_mutex_lock(&mu);
+  collectives_stuck = on;
+  for (int i = 0; !on && i < STUB_MAX_HOLDS; i++)
+    if (holds[i].collective) holds[i].on = 0;
+  pthread_mutex_unlock(&mu);
+}
+void cudart_stub_collective(cudaStream_t s) {
+  pthread_mutex_lock(&mu);
+  int held = 0; /* (one stuck collective holds all behind it) */
+  for (int i = 0; i < STUB_MAX_HOLDS; i++)
+    held |= holds[i].on && holds[i].collective && holds[i].s == s;
+  if (collectives_stuck && !held) (void)hold_add(s, 1);
+  pthread_mutex_unlock(&mu);
 }
 void cudart_stub_set_occupancy_fails(int on) {
   set_switch(&occupancy_fails, on);
@@ -284,7 +335,8 @@ void cudart_stub_reset(void) {
   capturing_stream = NULL;
   foreign_capture = 0;
   thread_mode = cudaStreamCaptureModeGlobal;
-  events_pending = 0;
+  memset(holds, 0, sizeof holds);
+  collectives_stuck = 0;
   occupancy_fails = 0;
   coop_launch_fails = 0;
   pointer_query_fails = 0;
@@ -641,7 +693,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   (void)flags;
-  *e = malloc(1);
+  *e = calloc(1, sizeof(stub_event_t));
   if (*e == NULL) return cudaErrorMemoryAllocation;
   pthread_mutex_lock(&mu);
   nevents++;
@@ -658,13 +710,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   pthread_mutex_lock(&mu);
   log_step('R', s, e, -1);
+  stub_event_t* ev = (stub_event_t*)e;
+  for (int i = 0; i < STUB_MAX_HOLDS; i++)
+    ev->held[i] = holds[i].on && holds[i].s == s ? holds[i].gen : 0;
   pthread_mutex_unlock(&mu);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (capture_forbids("cudaEventQuery")) return cudaErrorStreamCaptureUnsupported;
-  (void)e;
-  return get_switch(&events_pending) ? cudaErrorNotReady : cudaSuccess;
+  const stub_event_t* ev = (const stub_event_t*)e;
+  int held = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < STUB_MAX_HOLDS; i++)
+    held |= ev->held[i] != 0 && holds[i].on && holds[i].gen == ev->held[i];
+  pthread_mutex_unlock(&mu);
+  return held ? cudaErrorNotReady : cudaSuccess;
 }
 
 /* ---- kernels: known to exist, launched as no-ops ---------------------------------------- */

@@ -37,9 +37,17 @@ void cudart_stub_set_capturing_stream(cudaStream_t s);
    frees, synchronizes or queries a stream or an event gets
    cudaErrorStreamCaptureUnsupported, and the stand-in counts a violation. */
 void cudart_stub_set_foreign_capture(int on);
-/* From here every event says its work is not done (cudaEventQuery: cudaErrorNotReady)
-   when `on`, as an event behind a collective that waits for a peer. */
-void cudart_stub_set_events_pending(int on);
+/* Stream s is held from here, as behind work queued ahead that has not finished: an event
+   recorded on it while held is not done (cudaEventQuery: cudaErrorNotReady) until
+   cudart_stub_release_stream(s); one recorded before is not held. */
+void cudart_stub_hold_stream(cudaStream_t s);
+void cudart_stub_release_stream(cudaStream_t s);
+/* From here (while `on`) a collective issued on a stream never completes, as one that
+   waits for a peer that does not come: the NCCL stand-in's ncclAllGather calls
+   cudart_stub_collective(stream), which holds that stream (as cudart_stub_hold_stream)
+   until collectives_stuck is switched off. */
+void cudart_stub_set_collectives_stuck(int on);
+void cudart_stub_collective(cudaStream_t s);
 /* From here (while `on`) the streams made never finish their work: cudaStreamQuery says
    cudaErrorNotReady for them, as for a stream behind a collective that waits for a peer
    (the first 16 such streams; those made after them finish as before; cudaStreamSynchronize

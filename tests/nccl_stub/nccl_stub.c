@@ -519,7 +519,6 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   char args[64] = "";
   pthread_mutex_lock(&mu);
   ncclResult_t r = check_comm(comm, "ncclAllGather");
@@ -531,6 +530,9 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
   }
   done_note_args("ncclAllGather", comm, args, r);
   pthread_mutex_unlock(&mu);
+  /* queued on its stream: what is recorded there after it waits for it (a stuck one:
+     cudart_stub_set_collectives_stuck) */
+  if (r == ncclSuccess || r == ncclInProgress) cudart_stub_collective(stream);
   return r;
 }
 

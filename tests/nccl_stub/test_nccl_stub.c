@@ -515,9 +515,9 @@ static void test_abort_host(void) {
    a peer that never comes: sbnCommAbort aborts the comm at once (a destroy that waited
    for the device first could wait forever). captured: the op ran under a graph capture,
    whose replays are not watched (the stand-in's capture is only cudaStreamIsCapturing's
-   answer); else its collective has not completed (its event not done, pending from
-   before the op: the team's watchdog, every 20 ms, must never see it done, or it forgets
-   the op as finished before the abort). */
+   answer); else its collective has not completed (collectives stuck from before the op:
+   its done event never done, so the team's watchdog, every 20 ms, never forgets the op as
+   finished before the abort). */
 static void abort_after_host_op(int captured) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
@@ -529,14 +529,14 @@ static void abort_after_host_op(int captured) {
   if (captured)
     cudart_stub_set_capturing(1);
   else
-    cudart_stub_set_events_pending(1);
+    cudart_stub_set_collectives_stuck(1);
   const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
   cudart_stub_set_capturing(0);
   tensors_free(&t);
   ASSERT_OK(fr);
-  nccl_stub_reset(); /* the records from here (not cudart_stub_reset: events stay pending) */
+  nccl_stub_reset(); /* the records from here (not cudart_stub_reset: it stays stuck) */
   const sbnResult_t ar = sbnCommAbort(comm);
-  cudart_stub_set_events_pending(0);
+  cudart_stub_set_collectives_stuck(0);
   ASSERT_OK(ar);
   ASSERT_RECORD("ncclCommAbort");
   ASSERT_OK(sbnCommDestroy(comm));
@@ -558,14 +558,14 @@ static void test_abort_destroy_under_foreign_capture(void) {
   ASSERT_OK(team_of_one(&comm, NULL, TIMEOUT_MS));
   tensors_t t;
   tensors_alloc(&t, 0);
-  cudart_stub_set_events_pending(1);
+  cudart_stub_set_collectives_stuck(1);
   const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
   tensors_free(&t);
   ASSERT_OK(fr);
   nccl_stub_reset();
   cudart_stub_set_foreign_capture(1);
   const sbnResult_t ar = sbnCommAbort(comm);
-  cudart_stub_set_events_pending(0);
+  cudart_stub_set_collectives_stuck(0);
   const sbnResult_t dr = sbnCommDestroy(comm);
   cudart_stub_set_foreign_capture(0);
   ASSERT_OK(ar);
@@ -2147,8 +2147,8 @@ static void test_stuck_initall_comms(void) {
   nccl_stub_reset();
 }
 
-/* An sbnCommInitAll team whose host-path collective may wait for a rank (its event
-   pending), then, where `abort`, sbnCommAbort, and the destroy of both comms:
+/* An sbnCommInitAll team whose host-path collective may wait for a rank (collectives
+   stuck), then, where `abort`, sbnCommAbort, and the destroy of both comms:
    - sbnCommAbort aborts the team's NCCL comms at once (ncclCommAbort in the record before
      sbnCommAbort returns), which is what makes such a collective return; the stand-in has
      no collective that waits, so that return itself is not observed here. Before, the
@@ -2163,7 +2163,7 @@ static void initall_op_pending(int abort) {
   tensors_t t[2];
   tensors_alloc(&t[0], 0);
   tensors_alloc(&t[1], 1);
-  cudart_stub_set_events_pending(1);
+  cudart_stub_set_collectives_stuck(1);
   ASSERT_OK(sbnGroupStart());
   const sbnResult_t f0 = forward(comms[0], &t[0]), f1 = forward(comms[1], &t[1]);
   ASSERT_OK(sbnGroupEnd());
@@ -2173,7 +2173,7 @@ static void initall_op_pending(int abort) {
   const sbnResult_t a = abort ? sbnCommAbort(comms[0]) : sbnSuccess;
   const int aborted_at_abort = nccl_stub_log_has("ncclCommAbort");
   const sbnResult_t d0 = sbnCommDestroy(comms[0]), d1 = sbnCommDestroy(comms[1]);
-  cudart_stub_set_events_pending(0);
+  cudart_stub_set_collectives_stuck(0);
   tensors_free(&t[0]);
   tensors_free(&t[1]);
   ASSERT_OK(a);
@@ -2321,7 +2321,7 @@ static void test_stuck_team_split_host(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
-/* A host-path op whose collective never completes (its event never done: a peer that never
+/* A host-path op whose collective never completes (collectives stuck: a peer that never
    comes), and nobody calls sbnCommAbort: the team's watchdog ends it at the timeout. The
    async error says sbnTimeout (not before the timeout), the comm is aborted, the stop word
    says sbnAborted (an APPLY queued behind the collective writes nothing), a later op is
@@ -2333,7 +2333,7 @@ static void test_watchdog_ends_stuck_host_op(void) {
   ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
   tensors_t t;
   tensors_alloc(&t, 0);
-  cudart_stub_set_events_pending(1);
+  cudart_stub_set_collectives_stuck(1);
   const double t0 = now_ms();
   const sbnResult_t fr = forward(comm, &t);
   nccl_stub_reset(); /* the record from here */
@@ -2356,7 +2356,7 @@ static void test_watchdog_ends_stuck_host_op(void) {
   const sbnResult_t again = forward(comm, &t);
   const int aborted = nccl_stub_log_has("ncclCommAbort"),
             gathered = nccl_stub_log_has("ncclAllGather");
-  cudart_stub_set_events_pending(0);
+  cudart_stub_set_collectives_stuck(0);
   tensors_free(&t);
   ASSERT_OK(sbnCommDestroy(comm));
   ASSERT_OK(fr);
