@@ -656,7 +656,7 @@ out:
     sbn_nccl_abort_all(gt);
   }
 #else
-  (void)ops, (void)nops;
+  (void)ops, (void)nops, (void)checked;
 #endif
   return r;
 }
