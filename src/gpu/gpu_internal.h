@@ -45,6 +45,30 @@ typedef enum {
    host path. */
 enum { SBN_ALGO_COOP = 0, SBN_ALGO_HOST = 1 };
 
+/* The host path's ops of one rank in flight (NCCL comms), which the watchdog times
+   (host_watchdog): a slot per op, its `start` event recorded on the op's stream before its
+   first kernel and its `done` event after its APPLY. An op is timed from when the watchdog
+   first finds its start done (the work queued ahead of it on its stream has finished: a
+   long queue is not a stuck peer), and every op in flight is watched (a stuck collective
+   is found while the host goes on issuing ops behind it, or on other streams). */
+enum { SBN_WATCH_FREE = 0, SBN_WATCH_TAKEN = 1, SBN_WATCH_ARMED = 2 };
+enum {
+  SBN_WATCH_FIRST = 4, /* slots made at the init */
+  SBN_WATCH_MAX = 1024 /* at most (more ops in flight: the launch waits for one to end) */
+};
+typedef struct {
+  cudaEvent_t start, done;
+  int64_t started_ns; /* CLOCK_MONOTONIC ns the watchdog first found `start` done (0: not yet) */
+  int state;          /* SBN_WATCH_FREE; _TAKEN: its launch under way (the launching thread's,
+                         never queried); _ARMED: both recorded, an op in flight */
+} sbn_watch_slot_t;
+typedef struct {
+  pthread_mutex_t mu; /* the slots, their states and started_ns */
+  int mu_ok;
+  sbn_watch_slot_t* slot;
+  int n; /* slots made (each with both events) */
+} sbn_watch_t;
+
 typedef struct {
   int present; /* the rank lives in this process (NCCL teams: only `local`) */
   int device;
@@ -66,13 +90,12 @@ typedef struct {
   sbn_mail_rec_t* send; /* host path: this rank's records [chunk] */
   sbn_mail_rec_t* recv; /* host path: every rank's records [src][chunk] */
   cudaEvent_t ev;
-  cudaEvent_t ev_done;         /* host path with NCCL: recorded after the last op's APPLY */
   cudaStream_t stop_stream;    /* non-blocking: the abort's copy into state->stop runs here,
                                   beside the rank's kernels (sbn_gpu_stop_ranks); before it,
                                   the init's zeroing of the rank's memory */
   _Atomic int stop_sent;       /* ... that copy: 0 not queued, 1 being queued, 2 queued (once
                                   for the team's life: the word, once set, never returns to 0) */
-  _Atomic int64_t launched_ns; /* ... launched at this CLOCK_MONOTONIC time (0: none) */
+  sbn_watch_t watch;           /* host path with NCCL: the ops in flight, for the watchdog */
   /* an op of this rank was launched under a CUDA graph capture: from then on its ops carry
      no call number (gpu_launch.c: gpu_sig; its replays do not pass through the host, so
      its count cannot follow them) */
@@ -253,7 +276,17 @@ SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t*
 /* 1 when a host-path op of some rank (its APPLY after an ncclAllGather) was launched and
    has not completed, or was ever captured in a graph (a replay is not watched): a
    collective that may wait for a peer that does not come. */
-SBN_INTERNAL int sbn_gpu_host_pending(const struct sbn_gpu_team* gt);
+SBN_INTERNAL int sbn_gpu_host_pending(struct sbn_gpu_team* gt);
+/* A free watch slot of rank g for a host-path op about to launch (current device: g's),
+   into *slot and its events into ev[0] (start) and ev[1] (done), SBN_WATCH_TAKEN: a free
+   one, else one whose op has ended, else a new one (up to SBN_WATCH_MAX; at the most, it
+   waits for an op to end until timeout_ms, the team's abort (*stop) or its comms' abort).
+   Nothing is launched before it. */
+SBN_INTERNAL sbnResult_t sbn_watch_take(struct sbn_gpu_team* gt, gpu_rank_t* g,
+                                        const _Atomic int* stop, int* slot, cudaEvent_t ev[2]);
+/* The taken slot's op is launched, both events recorded (`armed`: the watchdog times it
+   from now), or it was not (the slot is free again). */
+SBN_INTERNAL void sbn_watch_put(gpu_rank_t* g, int slot, int armed);
 /* Whether an aborted (`aborted`) team's NCCL comms are aborted now, before its devices are
    idle: where a host-path collective is pending (`pending`, sbn_gpu_host_pending: it
    could wait forever), or where no kernel writes through memory the comm maps. An

@@ -557,8 +557,11 @@ out:
    workspace. The records are of max_channels, so ranks running different ops (thread
    mode) still make collectives of one size, and APPLY reports the mismatch. The comms
    are nonblocking: the group is issued under the read lock and waited for, bounded by
-   the timeout; any failure once the group has started aborts the team's comms. */
-static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int checked) {
+   the timeout; any failure once the group has started aborts the team's comms. *launched:
+   a kernel of the op was queued (launch_ops: none, and no rank waits where the round holds
+   the whole team). */
+static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int checked,
+                                    int* launched) {
   sbnResult_t r = sbnSuccess;
 #if SYNCBN_HAVE_NCCL
   struct sbn_gpu_team* gt = sbn_gpu(ops[0]->comm->team);
@@ -568,9 +571,23 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
   static _Thread_local sbn_coop_args_t one; /* 3.6 KB: not on the stack */
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   int locked = 0, started = 0;
+  const _Atomic int* stop = &ops[0]->comm->team->abort_reason; /* sbnCommAbort's, a failure's */
+  /* each op's watch slot (-1: none) and its events: start, done (host_watchdog) */
+  int slot[SBN_GPU_MAX_RANKS];
+  cudaEvent_t ev[SBN_GPU_MAX_RANKS][2];
+  for (int i = 0; i < nops; i++) slot[i] = -1;
   for (int i = 0; i < nops; i++) {
     r = plan_round(&ops[i], 1, &pl[i]);
     if (r != sbnSuccess) return r;
+  }
+  /* the slots first, before anything is launched; none under a graph capture (a captured
+     event cannot be queried, and a replay is not watched: see the APPLYs) */
+  for (int i = 0; i < nops; i++) {
+    gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
+    CU(cudaSetDevice(g->device), "cudaSetDevice");
+    if (stream_capturing((cudaStream_t)ops[i]->stream)) continue;
+    r = sbn_watch_take(gt, g, stop, &slot[i], ev[i]);
+    if (r != sbnSuccess) goto out;
   }
   for (int i = 0; i < nops; i++) {
     const gpu_rank_t* g = &gt->ranks[ops[i]->comm->rank];
@@ -578,11 +595,13 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
     CU(cudaSetDevice(g->device), "cudaSetDevice"); /* first: the capture is asked of its stream */
     if (numbered_team(gt) && stream_capturing(s)) mark_graphed(&ops[i], 1); /* (fill_args) */
     fill_args(&one, &ops[i], 1, &pl[i], checked);
+    /* the op begins here: what its stream runs before it is not the op's time */
+    if (slot[i] >= 0) CU(cudaEventRecord(ev[i][0], s), "cudaEventRecord");
     CU(host_stats(&one, kind, dt, &pl[i], 1u, nch, s), "host path: statistics kernel launch");
+    *launched = 1;
   }
   pthread_rwlock_rdlock(&gt->nccl_lock);
   locked = 1;
-  const _Atomic int* stop = &ops[0]->comm->team->abort_reason; /* sbnCommAbort's, a failure's */
   if (atomic_load(&gt->nccl_dead) || atomic_load(stop) != sbnSuccess) {
     r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
     goto out;
@@ -630,20 +649,23 @@ static sbnResult_t launch_host_nccl(const sbn_op_t* const* ops, int nops, int ch
               (unsigned)pl[i].G, 0, 0, &one, s),
        "host path: apply kernel launch");
     note_kernel(&ops[i], 1, &pl[i]);
-    /* the watchdog times this launch; a graph capture's cannot be (a captured event cannot
-       be queried, and a replay is not watched): the team then counts as pending for good */
+    /* the watchdog times this op from its start; a graph capture's cannot be (a captured
+       event cannot be queried, and a replay is not watched): the team then counts as
+       pending for good */
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CU(cudaStreamIsCapturing(s, &cs), "cudaStreamIsCapturing");
-    if (cs == cudaStreamCaptureStatusNone) {
-      atomic_store(&g->launched_ns, 0);
-      CU(cudaEventRecord(g->ev_done, s), "cudaEventRecord");
-      atomic_store(&g->launched_ns, sbn_mono_ns());
+    if (cs == cudaStreamCaptureStatusNone && slot[i] >= 0) {
+      CU(cudaEventRecord(ev[i][1], s), "cudaEventRecord");
+      sbn_watch_put(g, slot[i], 1);
+      slot[i] = -1;
     } else {
       atomic_store(&gt->host_captured, 1);
     }
   }
 out:
   if (locked) pthread_rwlock_unlock(&gt->nccl_lock);
+  for (int i = 0; i < nops; i++) /* an op not launched whole: its slot free again */
+    if (slot[i] >= 0) sbn_watch_put(&gt->ranks[ops[i]->comm->rank], slot[i], 0);
   /* collectives may be queued that wait for ranks which will not come: abort them; after
      an abort ended the wait, through the team's abort first (an NCCL team notifies the
      other processes through the window, which the comms' abort unmaps: sbnCommAbort's
@@ -656,7 +678,7 @@ out:
     sbn_nccl_abort_all(gt);
   }
 #else
-  (void)ops, (void)nops, (void)checked;
+  (void)ops, (void)nops, (void)checked, (void)launched;
 #endif
   return r;
 }
@@ -674,12 +696,13 @@ static sbnResult_t launch_ops(const sbn_op_t* const* ops, int nops, int checked,
   const gpu_rank_t* g0 = &gt->ranks[o0->comm->rank];
   sbn_plan_t pl[SBN_GPU_MAX_RANKS];
   sbnResult_t r = sbnSuccess;
-  int launched = 0; /* a kernel of the op queued (launch_one_device) */
+  int launched = 0; /* a kernel of the op queued (launch_one_device, launch_host_nccl) */
 
   int prev = 0;
   cudaGetDevice(&prev);
   if (o0->algo == SBN_ALGO_HOST && has_nccl(gt)) {
-    r = launch_host_nccl(ops, nops, checked); /* InitAll (a rank per GPU) or NCCL team: own plans */
+    /* InitAll (a rank per GPU) or NCCL team: own plans */
+    r = launch_host_nccl(ops, nops, checked, &launched);
   } else if (o0->algo == SBN_ALGO_HOST && peer_team(gt) && gt->nranks > 1 &&
              !one_device_round(ops, nops)) {
     r = sbn_fail(NULL, sbnInvalidUsage, "SBN_ALGO=nccl: %s", gt->nccl_why); /* checked before */
@@ -716,9 +739,10 @@ sbnResult_t sbn_gpu_run(const sbn_op_t* const* ops, int n, int* failed) {
   *failed = 0;
   /* a round of every rank: sbn_gpu_check compared their ops (fill_args) */
   const int checked = n == ops[0]->comm->team->nranks;
-  /* the host-driven path takes the whole round too: one NCCL group, or one device */
+  /* the host-driven path takes the whole round too: one NCCL group, or one device; where
+     the round holds the whole team, no rank waits before its first launch */
   if (gt->transport == SBN_TR_VIRTUAL || ops[0]->algo == SBN_ALGO_HOST)
-    return launch_ops(ops, n, checked, 0, NULL);
+    return launch_ops(ops, n, checked, checked && ops[0]->algo == SBN_ALGO_HOST, NULL);
   /* a peer team's ranks launch one by one: every rank's plan first, so that a refusal
      (SBN_KERNEL=onchip where one rank's tensors do not fit on its GPU, or on ranks that
      share a GPU) comes before any launch. Where the round holds the whole team, nothing

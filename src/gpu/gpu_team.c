@@ -162,7 +162,10 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
     gpu_rank_t* g = &gt->ranks[q];
     if (!g->present || cudaSetDevice(g->device) != cudaSuccess) continue;
     if (g->ev) cudaEventDestroy(g->ev);
-    if (g->ev_done) cudaEventDestroy(g->ev_done);
+    for (int i = 0; i < g->watch.n; i++) {
+      cudaEventDestroy(g->watch.slot[i].start);
+      cudaEventDestroy(g->watch.slot[i].done);
+    }
     if (g->stop_stream) cudaStreamDestroy(g->stop_stream);
     cudaFree(g->state);
     cudaFree(g->part);
@@ -185,19 +188,118 @@ void sbn_gpu_team_free(struct sbn_gpu_team* gt, int aborted,
   if (cudaGetDevice(&now) == cudaSuccess && now != prev) cudaSetDevice(prev);
   (void)cudaGetLastError();
   sbn_capture_restore(mode);
+  for (int q = 0; gt->ranks && q < gt->nranks; q++) {
+    free(gt->ranks[q].watch.slot);
+    if (gt->ranks[q].watch.mu_ok) pthread_mutex_destroy(&gt->ranks[q].watch.mu);
+  }
   free(gt->ranks);
   free(gt);
 }
 
-int sbn_gpu_host_pending(const struct sbn_gpu_team* gt) {
+int sbn_gpu_host_pending(struct sbn_gpu_team* gt) {
   /* a replay may be waiting (unknown), or a collective left unfinished at an abort */
   int pending = atomic_load(&gt->host_captured) || atomic_load(&gt->host_stuck);
-  for (int q = 0; gt->ranks != NULL && q < gt->nranks && !pending; q++)
-    if (gt->ranks[q].present && atomic_load(&gt->ranks[q].launched_ns) != 0 &&
-        cudaEventQuery(gt->ranks[q].ev_done) == cudaErrorNotReady)
-      pending = 1;
+  for (int q = 0; gt->ranks != NULL && q < gt->nranks && !pending; q++) {
+    sbn_watch_t* w = &gt->ranks[q].watch;
+    if (!gt->ranks[q].present || !w->mu_ok) continue;
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n && !pending; i++)
+      pending = w->slot[i].state == SBN_WATCH_ARMED &&
+                cudaEventQuery(w->slot[i].done) == cudaErrorNotReady;
+    pthread_mutex_unlock(&w->mu);
+  }
   (void)cudaGetLastError();
   return pending;
+}
+
+/* ---- the host path's ops in flight (sbn_watch_t) --------------------------------------- */
+/* More slots of w, `to` in all (w->mu held, or the init's; the rank's device current): an
+   sbn_fail's result where it fails (no host memory; an event not made), the slots made so
+   far kept. */
+static sbnResult_t watch_grow(sbn_watch_t* w, int to) {
+  sbn_watch_slot_t* more = w->slot == NULL ? calloc((size_t)to, sizeof *more)
+                                           : realloc(w->slot, (size_t)to * sizeof *more);
+  if (more == NULL)
+    return sbn_fail(NULL, sbnSystemError, "out of host memory (the host path's watch)");
+  w->slot = more;
+  while (w->n < to) {
+    sbn_watch_slot_t* sl = &w->slot[w->n];
+    *sl = (sbn_watch_slot_t){0};
+    if (cudaEventCreateWithFlags(&sl->start, cudaEventDisableTiming) != cudaSuccess) break;
+    if (cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming) != cudaSuccess) {
+      cudaEventDestroy(sl->start);
+      break;
+    }
+    w->n++;
+  }
+  (void)cudaGetLastError();
+  if (w->n == to) return sbnSuccess;
+  return sbn_fail(NULL, sbnCudaError, "cudaEventCreate failed (the host path's watch)");
+}
+
+/* A free slot of w, else one whose op has ended (freed here), else -1 (w->mu held). */
+static int watch_free_slot(sbn_watch_t* w) {
+  for (int i = 0; i < w->n; i++)
+    if (w->slot[i].state == SBN_WATCH_FREE) return i;
+  int found = -1;
+  for (int i = 0; i < w->n; i++)
+    if (w->slot[i].state == SBN_WATCH_ARMED &&
+        cudaEventQuery(w->slot[i].done) != cudaErrorNotReady) {
+      w->slot[i].state = SBN_WATCH_FREE; /* (a failure shows in the error words) */
+      if (found < 0) found = i;
+    }
+  (void)cudaGetLastError();
+  return found;
+}
+
+sbnResult_t sbn_watch_take(struct sbn_gpu_team* gt, gpu_rank_t* g, const _Atomic int* stop,
+                           int* slot, cudaEvent_t ev[2]) {
+  sbn_watch_t* w = &g->watch;
+  const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
+  /* its queries relaxed about another thread's graph capture (the watchdog's are) */
+  const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
+  sbnResult_t r = sbnSuccess;
+  pthread_mutex_lock(&w->mu);
+  int i = watch_free_slot(w);
+  if (i < 0 && w->n < SBN_WATCH_MAX) {
+    const int n0 = w->n;
+    r = watch_grow(w, w->n * 2 < SBN_WATCH_MAX ? w->n * 2 : SBN_WATCH_MAX);
+    if (w->n > n0) r = sbnSuccess, i = n0; /* (those it made will do) */
+  }
+  /* SBN_WATCH_MAX ops in flight: as CUDA's own launch queue does when full, wait for one
+     to end (bounded: a stuck one is the watchdog's, whose abort ends this wait) */
+  while (r == sbnSuccess && i < 0) {
+    pthread_mutex_unlock(&w->mu);
+    if (atomic_load(&gt->nccl_dead) || atomic_load(stop) != sbnSuccess)
+      r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
+    else if (sbn_mono_ns() >= deadline)
+      r = sbn_fail(
+          NULL, sbnTimeout,
+          "rank %d has %d host-path ops in flight, and none ended within timeout_ms (%lld ms)",
+          (int)(g - gt->ranks), SBN_WATCH_MAX, (long long)gt->timeout_ms);
+    else {
+      struct timespec ts = {0, 1000000}; /* 1 ms */
+      nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&w->mu);
+    if (r == sbnSuccess) i = watch_free_slot(w);
+  }
+  if (i >= 0) {
+    w->slot[i].state = SBN_WATCH_TAKEN;
+    w->slot[i].started_ns = 0;
+    *slot = i;
+    ev[0] = w->slot[i].start; /* (the array may move when another op's take grows it) */
+    ev[1] = w->slot[i].done;
+  }
+  pthread_mutex_unlock(&w->mu);
+  sbn_capture_restore(mode);
+  return r;
+}
+
+void sbn_watch_put(gpu_rank_t* g, int slot, int armed) {
+  pthread_mutex_lock(&g->watch.mu);
+  g->watch.slot[slot].state = armed ? SBN_WATCH_ARMED : SBN_WATCH_FREE;
+  pthread_mutex_unlock(&g->watch.mu);
 }
 
 /* ---- the destroy's bound: sbn_gpu_team_free on a thread of its own ------------------- */
@@ -488,7 +590,13 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
     CU(cudaMemsetAsync(g->mail, 0, mail_bytes, g->stop_stream), "cudaMemsetAsync");
   }
   CU(cudaEventCreateWithFlags(&g->ev, cudaEventDisableTiming), "cudaEventCreate");
-  CU(cudaEventCreateWithFlags(&g->ev_done, cudaEventDisableTiming), "cudaEventCreate");
+  if (pthread_mutex_init(&g->watch.mu, NULL) != 0) {
+    r = sbn_fail(NULL, sbnSystemError, "pthread_mutex_init failed");
+    goto out;
+  }
+  g->watch.mu_ok = 1;
+  r = watch_grow(&g->watch, SBN_WATCH_FIRST);
+  if (r != sbnSuccess) goto out;
   const size_t nrec = (size_t)gt->nchunks_max;
   CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
   CU(cudaMalloc((void**)&g->recv, (size_t)w * nrec * sizeof(sbn_mail_rec_t)),
@@ -578,37 +686,43 @@ out:
 }
 
 /* The host path's watchdog (NCCL comms only; the kernels' own waits are bounded
-   in-kernel): a rank whose last op has not completed timeout_ms after its launch waits in
-   a collective for a peer that does not come. The team's NCCL comms are aborted (the
-   collective returns) and the rank's error word says sbnTimeout. It runs in the team's
-   watchdog thread every 20 ms (watchdog_main), or when the host polls where the team has
-   no such thread (a team whose thread could not start is not made: this is for a team
-   without NCCL comms, which has nothing to watch). */
+   in-kernel): an op of a rank that began (its start event done) and has not completed
+   timeout_ms after the watchdog first found it begun waits in a collective for a peer that
+   does not come. The team's NCCL comms are aborted (the collective returns) and the rank's
+   error word says sbnTimeout. Every op in flight is watched (sbn_watch_t); one whose start
+   is not done waits behind other work on its stream, which is not timed. It runs in the
+   team's watchdog thread every 20 ms (watchdog_main), or when the host polls where the
+   team has no such thread (a team whose thread could not start is not made: this is for
+   a team without NCCL comms, which has nothing to watch). */
 static void host_watchdog(struct sbn_gpu_team* gt) {
 #if SYNCBN_HAVE_NCCL
   if (gt->nccl == NULL || atomic_load(&gt->nccl_dead)) return;
   const int64_t now = sbn_mono_ns();
   for (int q = 0; q < gt->nranks; q++) {
-    gpu_rank_t* g = &gt->ranks[q];
-    int64_t t0 = atomic_load(&g->launched_ns);
-    if (t0 == 0) continue;
-    cudaError_t e = cudaEventQuery(g->ev_done);
-    if (e == cudaErrorNotReady) {
-      /* the event may be a newer launch's than t0 (another thread's op since): only the
-         launch t0 belongs to can time out */
-      if (atomic_load(&g->launched_ns) != t0) continue;
-      if (now - t0 > gt->timeout_ms * 1000000) {
-        /* the rank's first cause stays (one its kernel, or another thread, wrote) */
-        int none = 0;
-        __atomic_compare_exchange_n(&gt->err[q], &none, (int)sbnTimeout, 0, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST);
-        sbn_nccl_abort_all(gt); /* sets the abort word first: queued APPLYs write nothing */
-        return;
+    sbn_watch_t* w = &gt->ranks[q].watch;
+    if (!gt->ranks[q].present || !w->mu_ok) continue;
+    int stuck = 0;
+    pthread_mutex_lock(&w->mu);
+    for (int i = 0; i < w->n && !stuck; i++) {
+      sbn_watch_slot_t* sl = &w->slot[i];
+      if (sl->state != SBN_WATCH_ARMED) continue;
+      if (cudaEventQuery(sl->done) != cudaErrorNotReady) {
+        sl->state = SBN_WATCH_FREE; /* done (a failure shows at the next launch) */
+      } else if (sl->started_ns == 0) {
+        if (cudaEventQuery(sl->start) == cudaSuccess) sl->started_ns = now;
+      } else if (now - sl->started_ns > gt->timeout_ms * 1000000) {
+        stuck = 1;
       }
-    } else {
-      (void)cudaGetLastError();
-      /* done (a failure shows at the next launch); keep a newer launch's time */
-      atomic_compare_exchange_strong(&g->launched_ns, &t0, 0);
+    }
+    (void)cudaGetLastError();
+    pthread_mutex_unlock(&w->mu);
+    if (stuck) {
+      /* the rank's first cause stays (one its kernel, or another thread, wrote) */
+      int none = 0;
+      __atomic_compare_exchange_n(&gt->err[q], &none, (int)sbnTimeout, 0, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+      sbn_nccl_abort_all(gt); /* sets the abort word first: queued APPLYs write nothing */
+      return;
     }
   }
 #else

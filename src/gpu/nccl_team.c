@@ -381,7 +381,7 @@ static sbnResult_t nccl_attach(sbn_team_t* team, sbn_team_init_t* init) {
   /* The host path's watchdog (its collectives, also SBN_ALGO=nccl calls), here so that a
      failure to start it is agreed on too: after the last agreement nothing may fail on
      one rank alone (its peers would keep a team that can only time out). It watches
-     launches only (every launched_ns is 0 until the first op) and the failure path stops
+     launched ops only (no slot is armed until the first op) and the failure path stops
      it before anything is released (sbn_gpu_team_free). */
   if (mine == sbnSuccess) mine = sbn_gpu_watchdog_start(gt);
   char mine_why[256];

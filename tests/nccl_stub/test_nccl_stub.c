@@ -517,8 +517,9 @@ static void test_abort_host(void) {
    whose replays are not watched (the stand-in's capture is only cudaStreamIsCapturing's
    answer); else its collective has not completed (collectives stuck from before the op:
    its done event never done, so the team's watchdog, every 20 ms, never forgets the op as
-   finished before the abort). */
-static void abort_after_host_op(int captured) {
+   finished before the abort). second: an op before it held its first watch slot (queued
+   behind held work, which ended before the abort): the stuck one is in the second slot. */
+static void abort_after_host_op(int captured, int second) {
   stub_case(NULL);
   const int live0 = nccl_stub_live_comms();
   sbnComm_t comm = NULL;
@@ -526,13 +527,17 @@ static void abort_after_host_op(int captured) {
   ASSERT_TRUE(strcmp(transport_of(comm), "nccl-lsa") == 0);
   tensors_t t;
   tensors_alloc(&t, 0);
+  if (second) cudart_stub_hold_stream(NULL);
+  const sbnResult_t f0 = second ? forward(comm, &t) : sbnSuccess;
   if (captured)
     cudart_stub_set_capturing(1);
   else
     cudart_stub_set_collectives_stuck(1);
   const sbnResult_t fr = forward(comm, &t); /* SBN_ALGO=nccl: the host path */
   cudart_stub_set_capturing(0);
+  if (second) cudart_stub_release_stream(NULL); /* the first op ends; the stuck one begins */
   tensors_free(&t);
+  ASSERT_OK(f0);
   ASSERT_OK(fr);
   nccl_stub_reset(); /* the records from here (not cudart_stub_reset: it stays stuck) */
   const sbnResult_t ar = sbnCommAbort(comm);
@@ -601,10 +606,12 @@ static void test_abort_destroy_under_foreign_capture(void) {
   ASSERT_EQ_INT((int)mine, (int)cudaStreamCaptureModeThreadLocal);
 }
 static void test_abort_after_captured_host_op(void) {
-  abort_after_host_op(1);
+  abort_after_host_op(1, 0);
 }
 static void test_abort_with_host_op_pending(void) {
-  abort_after_host_op(0);
+  abort_after_host_op(0, 0);
+  CHECK_();
+  abort_after_host_op(0, 1);
 }
 
 /* sbnCommAbort of an "nccl-lsa" team while this rank's cooperative kernel may still run
@@ -2371,6 +2378,315 @@ static void test_watchdog_ends_stuck_host_op(void) {
   ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
 }
 
+/* Polls the comm's async error every 2 ms until it reports one or `until_ms` (now_ms's
+   clock) has passed; returns it. */
+static sbnResult_t async_error_by(sbnComm_t comm, double until_ms) {
+  sbnResult_t a = sbnSuccess;
+  while (sbnCommGetAsyncError(comm, &a) == sbnSuccess && a == sbnSuccess && now_ms() < until_ms) {
+    struct timespec ts = {0, 2000000L};
+    nanosleep(&ts, NULL);
+  }
+  return a;
+}
+
+/* A host-path op queued behind work on its stream that lasts three timeouts (the stream
+   held: the op's start not done): that is no stuck peer. The watchdog times an op from
+   its start, so nothing is reported and no comm aborted; once the work ahead ends, the op
+   ends, and a later op and the destroy (a finalize, no abort) work. Before, the watchdog
+   timed an op from its launch and aborted the team at the first timeout. */
+static void test_watchdog_times_from_the_start(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_hold_stream(NULL); /* the op's stream: the default one */
+  const double t0 = now_ms();
+  const sbnResult_t fr = forward(comm, &t);
+  nccl_stub_reset(); /* the record from here */
+  const sbnResult_t a = async_error_by(comm, t0 + 3.0 * STUCK_TIMEOUT_MS);
+  const int aborted = nccl_stub_log_has("ncclCommAbort");
+  cudart_stub_release_stream(NULL);
+  const sbnResult_t again = forward(comm, &t);
+  const sbnResult_t a2 = async_error_by(comm, now_ms() + 100.0); /* (the watchdog's turns) */
+  tensors_free(&t);
+  const sbnResult_t dr = sbnCommDestroy(comm);
+  fprintf(stderr, "  held %.0f ms (timeout %d ms): async error %s, then %s\n", now_ms() - t0,
+          STUCK_TIMEOUT_MS, sbnGetResultName(a), sbnGetResultName(a2));
+  ASSERT_OK(fr);
+  ASSERT_RES(a, sbnSuccess);
+  ASSERT_TRUE(!aborted);
+  ASSERT_OK(again);
+  ASSERT_RES(a2, sbnSuccess);
+  ASSERT_OK(dr);
+  ASSERT_RECORD("ncclCommFinalize");
+  ASSERT_NO_RECORD("ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* A host-path op whose collective never completes while the host goes on issuing ops
+   behind it, one every half timeout (a training loop that does not wait for its GPU): the
+   watchdog reports sbnTimeout about one timeout after the stuck op began, while the ops
+   are still issued, and aborts the comm. Before, it timed only the latest launch, whose
+   clock each new op restarted: nothing was reported until the ops stopped. */
+static void test_watchdog_finds_a_stuck_op_behind_later_ones(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  const double T = STUCK_TIMEOUT_MS;
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_set_collectives_stuck(1);
+  const double t0 = now_ms();
+  const sbnResult_t fr = forward(comm, &t);
+  sbnResult_t a = sbnSuccess, later = sbnSuccess;
+  int issued = 1;
+  while (a == sbnSuccess && later == sbnSuccess && now_ms() - t0 < 6.0 * T) {
+    a = async_error_by(comm, now_ms() + T / 2);
+    if (a == sbnSuccess) later = forward(comm, &t), issued++;
+  }
+  const double waited = now_ms() - t0;
+  if (a == sbnSuccess) a = async_error_by(comm, now_ms()); /* (a refused op's cause) */
+  fprintf(stderr, "  async error %s after %.1f ms, %d ops issued (the last: %s)\n",
+          sbnGetResultName(a), waited, issued, sbnGetResultName(later));
+  cudart_stub_set_collectives_stuck(0);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  ASSERT_OK(fr);
+  ASSERT_RES(a, sbnTimeout);
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
+  /* one timeout from the stuck op's start, plus the watchdog's 20 ms turns (the first sees
+     the start, a later one the timeout) and a slow (sanitized) run's margin */
+  EXPECT_TRUE(waited < 2.5 * T);
+  EXPECT_TRUE(issued >= 2); /* ops were issued behind it meanwhile */
+  ASSERT_RECORD("ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* A host-path forward of every rank of `comms` (w of them: a team of one, or both ranks
+   of an sbnCommInitAll pair in one group): its first failure. */
+static sbnResult_t forward_all(sbnComm_t* comms, tensors_t* t, int w) {
+  if (w == 1) return forward(comms[0], &t[0]);
+  sbnResult_t r = sbnGroupStart(), f[2] = {sbnSuccess, sbnSuccess};
+  for (int q = 0; q < w && r == sbnSuccess; q++) f[q] = forward(comms[q], &t[q]);
+  const sbnResult_t e = sbnGroupEnd();
+  return r != sbnSuccess ? r : e != sbnSuccess ? e : f[0] != sbnSuccess ? f[0] : f[1];
+}
+
+/* SBN_WATCH_MAX host-path ops in flight (their stream held: none starts), then one more:
+   the rank has no watch slot left, and the op waits for one as CUDA's full launch queue
+   would, bounded: sbnTimeout after the timeout, nothing launched, no failure reported for
+   the team (its ops in flight are not stuck: they have not begun), and the team not
+   aborted: the call held every rank of it (a team of one; `pair`: both ranks of an
+   sbnCommInitAll team in one group), so no rank waits for the op. Once the work ahead
+   ends, the ops end, their slots are free again and the next op runs. The ops before it
+   made the slots beyond the first SBN_WATCH_FIRST as they were needed. */
+static void watch_slots_full(int pair) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms(), w = pair ? 2 : 1;
+  sbnComm_t comms[2] = {NULL, NULL};
+  if (pair)
+    ASSERT_OK(init_all_two(comms, STUCK_TIMEOUT_MS));
+  else
+    ASSERT_OK(team_of_one(&comms[0], "host", STUCK_TIMEOUT_MS));
+  tensors_t t[2];
+  for (int q = 0; q < w; q++) tensors_alloc(&t[q], q);
+  cudart_stub_hold_stream(NULL);
+  int ok = 0;
+  for (int k = 0; k < SBN_WATCH_MAX; k++) ok += forward_all(comms, t, w) == sbnSuccess;
+  nccl_stub_reset(); /* the record from here */
+  const int launches0 = cudart_stub_launches(NULL, 0);
+  const double t0 = now_ms();
+  const sbnResult_t full = forward_all(comms, t, w);
+  const double waited = now_ms() - t0;
+  const int launches1 = cudart_stub_launches(NULL, 0);
+  char why[256];
+  snprintf(why, sizeof why, "%s", sbnGetLastError(comms[0]));
+  sbnResult_t a = sbnSystemError;
+  const sbnResult_t ar = sbnCommGetAsyncError(comms[0], &a);
+  const int aborted = nccl_stub_log_has("ncclCommAbort");
+  cudart_stub_release_stream(NULL);
+  const sbnResult_t next = forward_all(comms, t, w);
+  for (int q = 0; q < w; q++) tensors_free(&t[q]);
+  sbnResult_t dr = sbnSuccess;
+  for (int q = 0; q < w; q++) {
+    const sbnResult_t d = sbnCommDestroy(comms[q]);
+    if (dr == sbnSuccess) dr = d;
+  }
+  fprintf(stderr, "  %s: %d of %d ops; then %s after %.1f ms: %s\n",
+          pair ? "InitAll pair" : "team of one", ok, SBN_WATCH_MAX, sbnGetResultName(full), waited,
+          why);
+  ASSERT_EQ_INT(ok, SBN_WATCH_MAX);
+  ASSERT_RES(full, sbnTimeout);
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
+  EXPECT_TRUE(strstr(why, "host-path ops in flight") != NULL);
+  ASSERT_EQ_INT(launches1, launches0); /* nothing of it launched */
+  ASSERT_OK(ar);
+  ASSERT_RES(a, sbnSuccess);
+  ASSERT_TRUE(!aborted);
+  ASSERT_OK(next);
+  ASSERT_OK(dr);
+  ASSERT_NO_RECORD("ncclCommAbort");
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+static void test_watch_slots_full_bounded(void) {
+  watch_slots_full(0);
+  CHECK_();
+  watch_slots_full(1);
+}
+
+/* sbnCommAbort from another thread while an op waits for a watch slot (SBN_WATCH_MAX ops in
+   flight behind held work): the wait ends at the abort with sbnAborted, long before the
+   timeout. */
+typedef struct {
+  sbnComm_t comm;
+  double at_ms; /* when it called sbnCommAbort */
+} later_abort_t;
+static void* abort_after_50ms(void* arg) {
+  later_abort_t* b = arg;
+  struct timespec ts = {0, 50 * 1000000L};
+  nanosleep(&ts, NULL);
+  b->at_ms = now_ms();
+  (void)sbnCommAbort(b->comm);
+  return NULL;
+}
+static void test_watch_slots_full_abort_ends_the_wait(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_hold_stream(NULL);
+  int ok = 0;
+  for (int k = 0; k < SBN_WATCH_MAX; k++) ok += forward(comm, &t) == sbnSuccess;
+  later_abort_t b = {comm, 0.0};
+  pthread_t th;
+  ASSERT_TRUE(pthread_create(&th, NULL, abort_after_50ms, &b) == 0);
+  const double t0 = now_ms();
+  const sbnResult_t full = forward(comm, &t);
+  const double end = now_ms();
+  pthread_join(th, NULL);
+  cudart_stub_release_stream(NULL);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  fprintf(stderr, "  %s after %.1f ms (the abort at %.1f ms)\n", sbnGetResultName(full),
+          end - t0, b.at_ms - t0);
+  ASSERT_EQ_INT(ok, SBN_WATCH_MAX);
+  ASSERT_RES(full, sbnAborted);
+  EXPECT_TRUE(end - t0 < 0.5 * STUCK_TIMEOUT_MS);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* Host-path ops that fail after their watch slot was taken (the nth cudaSetDevice of the op
+   failing: nth 1 before the take, 2 after it), SBN_WATCH_MAX + 1 of them: each gives its
+   slot back, so the next op runs at once (were one kept, the ops after 1024 failures would
+   find no slot and wait out the timeout). */
+static void test_failed_ops_give_back_their_slots(void) {
+  for (int nth = 1; nth <= 2; nth++) {
+    stub_case(NULL);
+    const int live0 = nccl_stub_live_comms();
+    sbnComm_t comm = NULL;
+    ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+    tensors_t t;
+    tensors_alloc(&t, 0);
+    int failed = 0;
+    for (int k = 0; k < SBN_WATCH_MAX + 1; k++) {
+      cudart_stub_fail_set_device(0, nth);
+      failed += forward(comm, &t) != sbnSuccess;
+      cudart_stub_fail_set_device(-1, 0);
+    }
+    const double t0 = now_ms();
+    const sbnResult_t next = forward(comm, &t);
+    const double took = now_ms() - t0;
+    tensors_free(&t);
+    ASSERT_OK(sbnCommDestroy(comm));
+    fprintf(stderr, "  cudaSetDevice %d of the op failing: %d ops failed; the next %s in %.1f ms\n",
+            nth, failed, sbnGetResultName(next), took);
+    ASSERT_EQ_INT(failed, SBN_WATCH_MAX + 1);
+    ASSERT_OK(next);
+    EXPECT_TRUE(took < 0.5 * STUCK_TIMEOUT_MS);
+    ASSERT_CLEAN();
+    ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+  }
+}
+
+/* A slot used again: its last op began (the watchdog saw its start) and ended; the next op
+   there waits behind held work for three timeouts. It is timed from its own start, not its
+   slot's last one: no timeout. */
+static void test_watch_slot_used_again_times_afresh(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudart_stub_set_collectives_stuck(1);
+  const sbnResult_t f1 = forward(comm, &t); /* begins; its collective waits */
+  const struct timespec ts = {0, 100 * 1000000L};
+  nanosleep(&ts, NULL); /* the watchdog sees it begun (every 20 ms) */
+  cudart_stub_set_collectives_stuck(0); /* the peer came */
+  nanosleep(&ts, NULL); /* the watchdog frees its slot, every other one free too */
+  cudart_stub_hold_stream(NULL);
+  const sbnResult_t f2 = forward(comm, &t); /* a slot whose last op began 200 ms ago */
+  const sbnResult_t a = async_error_by(comm, now_ms() + 3.0 * STUCK_TIMEOUT_MS);
+  cudart_stub_release_stream(NULL);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  fprintf(stderr, "  async error %s\n", sbnGetResultName(a));
+  ASSERT_OK(f1);
+  ASSERT_OK(f2);
+  ASSERT_RES(a, sbnSuccess);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
+/* Two ops of a rank in flight on two streams the caller did not order (API.md, "Streams":
+   their results are undefined, but nothing may hang): the first waits behind work on its
+   stream for longer than the whole case (it never starts here), the second's collective
+   never completes. The watchdog times each op on its own: the second's stuck collective
+   is reported about one timeout after it began, whatever the first does (a watchdog of
+   the oldest op in flight alone would wait for the first for ever). */
+static void test_watchdog_times_every_op_in_flight(void) {
+  stub_case(NULL);
+  const int live0 = nccl_stub_live_comms();
+  const double T = STUCK_TIMEOUT_MS;
+  sbnComm_t comm = NULL;
+  ASSERT_OK(team_of_one(&comm, "host", STUCK_TIMEOUT_MS));
+  tensors_t t;
+  tensors_alloc(&t, 0);
+  cudaStream_t s[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) cudaStreamCreateWithFlags(&s[k], cudaStreamNonBlocking);
+  cudart_stub_hold_stream(s[0]);
+  cudart_stub_set_collectives_stuck(1);
+  const double t0 = now_ms();
+  sbnResult_t fr[2];
+  for (int k = 0; k < 2; k++)
+    fr[k] = sbnForwardTrain(comm, &g_desc, t.x, t.y, t.weight, t.bias, t.rmean, t.rvar, t.nbt,
+                            t.smean, t.sinvstd, NULL, s[k]);
+  const sbnResult_t a = async_error_by(comm, t0 + 4.0 * T);
+  const double waited = now_ms() - t0;
+  fprintf(stderr, "  async error %s after %.1f ms\n", sbnGetResultName(a), waited);
+  cudart_stub_set_collectives_stuck(0);
+  cudart_stub_release_stream(s[0]);
+  tensors_free(&t);
+  ASSERT_OK(sbnCommDestroy(comm));
+  for (int k = 0; k < 2; k++) cudaStreamDestroy(s[k]);
+  ASSERT_OK(fr[0]);
+  ASSERT_OK(fr[1]);
+  ASSERT_RES(a, sbnTimeout);
+  ASSERT_NOT_BEFORE_TIMEOUT(waited);
+  EXPECT_TRUE(waited < 2.5 * T);
+  ASSERT_CLEAN();
+  ASSERT_EQ_INT(nccl_stub_live_comms(), live0);
+}
+
 /* sbnCommDestroy of an sbnCommInitAll team whose ncclCommFinalize never finishes: the destroy
    returns (bounded by the timeout), every comm aborted, none destroyed while in progress. */
 static void test_stuck_finalize_initall(void) {
@@ -2574,6 +2890,11 @@ static void fault_sweep(int via, const char* transport, int thread) {
         SBN_FAIL_("%s (%s %d failing) wrote *comm: %p", via_names[via], kind, k, (void*)comm);
       if (thread && strstr(e, "watchdog") == NULL) /* this rank's cause, not "another rank" */
         SBN_FAIL_("%s: the watchdog's failure is not named: %s", via_names[via], e);
+      /* named as what it is (sbnUnsupported where it made SBN_NCCL_TRANSPORT=lsa impossible) */
+      if (!thread && (strstr(e, "out of host memory") == NULL ||
+                      (r != sbnSystemError && r != sbnUnsupported)))
+        SBN_FAIL_("%s (%s %d failing): %s, not \"out of host memory\": %s", via_names[via],
+                  kind, k, sbnGetResultName(r), e);
       if (ok != 0 && ok != -1) {
         SBN_FAIL_(
             "%s (transport %s, %s %d failing) failed after its last agreement said "
@@ -3951,6 +4272,13 @@ int main(void) {
   SBN_RUN(test_window_not_symmetric);
   SBN_RUN(test_stuck_team_split_host);
   SBN_RUN(test_watchdog_ends_stuck_host_op);
+  SBN_RUN(test_watchdog_times_from_the_start);
+  SBN_RUN(test_watchdog_finds_a_stuck_op_behind_later_ones);
+  SBN_RUN(test_watchdog_times_every_op_in_flight);
+  SBN_RUN(test_watch_slots_full_bounded);
+  SBN_RUN(test_watch_slots_full_abort_ends_the_wait);
+  SBN_RUN(test_failed_ops_give_back_their_slots);
+  SBN_RUN(test_watch_slot_used_again_times_afresh);
   SBN_RUN(test_destroy_initall_host_op_pending);
   SBN_RUN(test_stuck_finalize_initall);
   SBN_RUN(test_abort_while_op_waits_host);
