@@ -245,6 +245,24 @@ static void test_momentum_several_calls(void) {
   several_calls(1.0f, 2, 912); /* running stats = this batch's */
 }
 
+/* momentum = 1: running = (1 - 1) * running + 1 * batch is the batch's statistic exactly,
+   however far the old one was (1e8 here: a stale statistic). So running_mean is save_mean
+   bit for bit on every rank, and running_var the reference's unbiased variance (the
+   forward's check). An update computed as running + factor * (batch - running), equal in
+   exact arithmetic, loses the batch's value to the 1e8 and fails both. */
+static void test_momentum_one_forgets_the_old_stats(void) {
+  sbnParams_t p = params(1e-5f, 1.0f);
+  int64_t n[MAXW] = {2, 3};
+  team_t t;
+  team_make(&t, 2, sbnFloat32, sbnLayoutNCHW, 3, 10, n, 1, 1, GEN_NORMAL, 913);
+  for (int64_t ci = 0; ci < 3; ci++) t.rm0[ci] = 1e8f, t.rv0[ci] = 1e8f;
+  team_reset_running(&t);
+  forward_and_check(&t, MODE_GROUP, 0, &p, tol_for(sbnFloat32));
+  for (int r = 0; r < 2 && !sbn_test_cur_failed_; r++)
+    for (int ci = 0; ci < 3; ci++) ASSERT_BITEQ_F32(t.rm[r][ci], t.smean[r][ci]);
+  team_free(&t);
+}
+
 /* The params are each rank's own (syncbn.h, sbnParams_t): ranks that pass different eps
    and momentum share the team's mean and variance and each use their own eps for
    save_invstd and y, and their own momentum (a cumulative one included) for their running
@@ -666,6 +684,7 @@ int main(void) {
   SBN_RUN(test_nchw_equals_nhwc_bitwise);
   SBN_RUN(test_momentum_cumulative);
   SBN_RUN(test_momentum_several_calls);
+  SBN_RUN(test_momentum_one_forgets_the_old_stats);
   SBN_RUN(test_params_are_each_ranks);
   SBN_RUN(test_no_affine_no_running);
   SBN_RUN(test_in_place);
