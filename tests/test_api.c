@@ -628,6 +628,15 @@ static void test_inference_bad_args(void) {
   EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, NULL, 1e-5f);
   EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, -1e-5f);
   EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, NAN);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, INFINITY);
+  /* y shares a byte with another buffer: its last element is running_mean's first; weight
+     inside y */
+  const int64_t numel = base.n * base.c * base.spatial;
+  EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->y + numel - 1, b->rv, 1e-5f);
+  EXPECT_INF_BAD(&d, b->x, b->y, b->y + 5, b->b, b->rm, b->rv, 1e-5f);
+  /* more than 2^48 elements (n == 0 counts c * spatial alone) */
+  d = base; d.n = 0; d.c = 1; d.spatial = ((int64_t)1 << 48) + 1;
+  EXPECT_INF_BAD(&d, NULL, NULL, b->w, b->b, b->rm, b->rv, 1e-5f);
   d = base; d.dtype = (sbnDataType_t)9;
   EXPECT_INF_BAD(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 1e-5f);
   d = base; d.layout = (sbnLayout_t)-1;
@@ -648,6 +657,8 @@ static void test_inference_bad_args(void) {
   ASSERT_OK(sbnForwardInference(&d, NULL, NULL, b->w, b->b, b->rm, b->rv, 1e-5f, NULL));
   d.n = 1; d.spatial = 1;
   ASSERT_OK(sbnForwardInference(&d, b->x, b->y, b->w, b->b, b->rm, b->rv, 0.0f, NULL));
+  d.n = 0; d.c = 1; d.spatial = (int64_t)1 << 48; /* 2^48 exactly: not above the bound */
+  ASSERT_OK(sbnForwardInference(&d, NULL, NULL, b->w, b->b, b->rm, b->rv, 1e-5f, NULL));
 #undef EXPECT_INF_BAD
 #undef INF_
 }
