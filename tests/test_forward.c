@@ -583,6 +583,26 @@ static void test_m2_overflow(void) {
   team_free(&clean);
 }
 
+/* API.md's example of an infinity among a channel's values (a CPU team, one rank, a channel
+   of four values, in both layouts): 1, 2, 3, inf and 1, inf, 2, 3 give save_mean NaN (the
+   compensated sum's correction is inf - inf), where PyTorch's mean is +inf; save_invstd is
+   NaN, as PyTorch's variance. API.md said the first gave +inf, which no test checked. */
+static void test_infinity_in_a_short_run(void) {
+  sbnComm_t c = NULL;
+  ASSERT_OK(sbnCommInitCpu(&c, 1, NULL));
+  const float runs[2][4] = {{1.0f, 2.0f, 3.0f, INFINITY}, {1.0f, INFINITY, 2.0f, 3.0f}};
+  for (int k = 0; k < 2 && !sbn_test_cur_failed_; k++)
+    for (int lay = 0; lay < 2 && !sbn_test_cur_failed_; lay++) {
+      /* one channel: NCHW (1, 1, 4) and NHWC (4, 1, 1) hold the four values in this order */
+      const sbnTensorDesc_t d = {sbnFloat32, (sbnLayout_t)lay, lay ? 4 : 1, 1, lay ? 1 : 4};
+      float y[4], sm = 0.0f, si = 0.0f;
+      ASSERT_OK(sbnForwardTrain(c, &d, runs[k], y, NULL, NULL, NULL, NULL, NULL, &sm, &si, NULL, NULL));
+      EXPECT_TRUE(isnan(sm));
+      EXPECT_TRUE(isnan(si));
+    }
+  ASSERT_OK(sbnCommDestroy(c));
+}
+
 /* A NaN in one channel (on one rank) and an infinity in another: those channels' save_invstd,
    running_var and y are NaN on every rank, as PyTorch's batch norm gives NaN variances there
    (a running_var that stayed finite would hide the corruption: the clamp of a rounded m2 took
@@ -685,6 +705,7 @@ int main(void) {
   SBN_RUN(test_momentum_cumulative);
   SBN_RUN(test_momentum_several_calls);
   SBN_RUN(test_momentum_one_forgets_the_old_stats);
+  SBN_RUN(test_infinity_in_a_short_run);
   SBN_RUN(test_params_are_each_ranks);
   SBN_RUN(test_no_affine_no_running);
   SBN_RUN(test_in_place);
