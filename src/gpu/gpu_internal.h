@@ -277,6 +277,11 @@ SBN_INTERNAL sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t*
    has not completed, or was ever captured in a graph (a replay is not watched): a
    collective that may wait for a peer that does not come. */
 SBN_INTERNAL int sbn_gpu_host_pending(struct sbn_gpu_team* gt);
+/* ---- gpu_util.c: the host path's ops in flight (sbn_watch_t; host_watchdog reads them) */
+/* More slots of w, `to` in all (w->mu held, or the init's; the rank's device current): an
+   sbn_fail's result where it fails (no host memory; an event not made), the slots made so
+   far kept. */
+SBN_INTERNAL sbnResult_t sbn_watch_grow(sbn_watch_t* w, int to);
 /* A free watch slot of rank g for a host-path op about to launch (current device: g's),
    into *slot and its events into ev[0] (start) and ev[1] (done), SBN_WATCH_TAKEN: a free
    one, else one whose op has ended, else a new one (up to SBN_WATCH_MAX; at the most, it

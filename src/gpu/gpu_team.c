@@ -212,96 +212,6 @@ int sbn_gpu_host_pending(struct sbn_gpu_team* gt) {
   return pending;
 }
 
-/* ---- the host path's ops in flight (sbn_watch_t) --------------------------------------- */
-/* More slots of w, `to` in all (w->mu held, or the init's; the rank's device current): an
-   sbn_fail's result where it fails (no host memory; an event not made), the slots made so
-   far kept. */
-static sbnResult_t watch_grow(sbn_watch_t* w, int to) {
-  sbn_watch_slot_t* more = w->slot == NULL ? calloc((size_t)to, sizeof *more)
-                                           : realloc(w->slot, (size_t)to * sizeof *more);
-  if (more == NULL)
-    return sbn_fail(NULL, sbnSystemError, "out of host memory (the host path's watch)");
-  w->slot = more;
-  while (w->n < to) {
-    sbn_watch_slot_t* sl = &w->slot[w->n];
-    *sl = (sbn_watch_slot_t){0};
-    if (cudaEventCreateWithFlags(&sl->start, cudaEventDisableTiming) != cudaSuccess) break;
-    if (cudaEventCreateWithFlags(&sl->done, cudaEventDisableTiming) != cudaSuccess) {
-      cudaEventDestroy(sl->start);
-      break;
-    }
-    w->n++;
-  }
-  (void)cudaGetLastError();
-  if (w->n == to) return sbnSuccess;
-  return sbn_fail(NULL, sbnCudaError, "cudaEventCreate failed (the host path's watch)");
-}
-
-/* A free slot of w, else one whose op has ended (freed here), else -1 (w->mu held). */
-static int watch_free_slot(sbn_watch_t* w) {
-  for (int i = 0; i < w->n; i++)
-    if (w->slot[i].state == SBN_WATCH_FREE) return i;
-  int found = -1;
-  for (int i = 0; i < w->n; i++)
-    if (w->slot[i].state == SBN_WATCH_ARMED &&
-        cudaEventQuery(w->slot[i].done) != cudaErrorNotReady) {
-      w->slot[i].state = SBN_WATCH_FREE; /* (a failure shows in the error words) */
-      if (found < 0) found = i;
-    }
-  (void)cudaGetLastError();
-  return found;
-}
-
-sbnResult_t sbn_watch_take(struct sbn_gpu_team* gt, gpu_rank_t* g, const _Atomic int* stop,
-                           int* slot, cudaEvent_t ev[2]) {
-  sbn_watch_t* w = &g->watch;
-  const int64_t deadline = sbn_deadline_in(gt->timeout_ms);
-  /* its queries relaxed about another thread's graph capture (the watchdog's are) */
-  const enum cudaStreamCaptureMode mode = sbn_capture_relaxed();
-  sbnResult_t r = sbnSuccess;
-  pthread_mutex_lock(&w->mu);
-  int i = watch_free_slot(w);
-  if (i < 0 && w->n < SBN_WATCH_MAX) {
-    const int n0 = w->n;
-    r = watch_grow(w, w->n * 2 < SBN_WATCH_MAX ? w->n * 2 : SBN_WATCH_MAX);
-    if (w->n > n0) r = sbnSuccess, i = n0; /* (those it made will do) */
-  }
-  /* SBN_WATCH_MAX ops in flight: as CUDA's own launch queue does when full, wait for one
-     to end (bounded: a stuck one is the watchdog's, whose abort ends this wait) */
-  while (r == sbnSuccess && i < 0) {
-    pthread_mutex_unlock(&w->mu);
-    if (atomic_load(&gt->nccl_dead) || atomic_load(stop) != sbnSuccess)
-      r = sbn_fail(NULL, sbnAborted, "the team's NCCL comms were aborted");
-    else if (sbn_mono_ns() >= deadline)
-      r = sbn_fail(
-          NULL, sbnTimeout,
-          "rank %d has %d host-path ops in flight, and none ended within timeout_ms (%lld ms)",
-          (int)(g - gt->ranks), SBN_WATCH_MAX, (long long)gt->timeout_ms);
-    else {
-      struct timespec ts = {0, 1000000}; /* 1 ms */
-      nanosleep(&ts, NULL);
-    }
-    pthread_mutex_lock(&w->mu);
-    if (r == sbnSuccess) i = watch_free_slot(w);
-  }
-  if (i >= 0) {
-    w->slot[i].state = SBN_WATCH_TAKEN;
-    w->slot[i].started_ns = 0;
-    *slot = i;
-    ev[0] = w->slot[i].start; /* (the array may move when another op's take grows it) */
-    ev[1] = w->slot[i].done;
-  }
-  pthread_mutex_unlock(&w->mu);
-  sbn_capture_restore(mode);
-  return r;
-}
-
-void sbn_watch_put(gpu_rank_t* g, int slot, int armed) {
-  pthread_mutex_lock(&g->watch.mu);
-  g->watch.slot[slot].state = armed ? SBN_WATCH_ARMED : SBN_WATCH_FREE;
-  pthread_mutex_unlock(&g->watch.mu);
-}
-
 /* ---- the destroy's bound: sbn_gpu_team_free on a thread of its own ------------------- */
 /* Its waits for the devices (cudaDeviceSynchronize, and cudaFree, which synchronizes its
    device) end when every kernel on them has, the program's own included: a kernel that
@@ -595,7 +505,7 @@ sbnResult_t sbn_gpu_rank_alloc(struct sbn_gpu_team* gt, gpu_rank_t* g, int64_t m
     goto out;
   }
   g->watch.mu_ok = 1;
-  r = watch_grow(&g->watch, SBN_WATCH_FIRST);
+  r = sbn_watch_grow(&g->watch, SBN_WATCH_FIRST);
   if (r != sbnSuccess) goto out;
   const size_t nrec = (size_t)gt->nchunks_max;
   CU(cudaMalloc((void**)&g->send, nrec * sizeof(sbn_mail_rec_t)), "cudaMalloc (host path)");
