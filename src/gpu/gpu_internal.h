@@ -289,8 +289,8 @@ SBN_INTERNAL sbnResult_t sbn_watch_grow(sbn_watch_t* w, int to);
    Nothing is launched before it. */
 SBN_INTERNAL sbnResult_t sbn_watch_take(struct sbn_gpu_team* gt, gpu_rank_t* g,
                                         const _Atomic int* stop, int* slot, cudaEvent_t ev[2]);
-/* The taken slot's op is launched, both events recorded (`armed`: the watchdog times it
-   from now), or it was not (the slot is free again). */
+/* The taken slot's op is launched, both events recorded (`armed`: the watchdog watches it
+   from now, and times it from its start), or it was not (the slot is free again). */
 SBN_INTERNAL void sbn_watch_put(gpu_rank_t* g, int slot, int armed);
 /* Whether an aborted (`aborted`) team's NCCL comms are aborted now, before its devices are
    idle: where a host-path collective is pending (`pending`, sbn_gpu_host_pending: it
